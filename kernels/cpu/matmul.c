@@ -1,0 +1,1 @@
+/* matmul.c: not written yet */

@@ -1,0 +1,25 @@
+/* matmul — y = x · Wᵀ (+ bias) on the CPU with the weight in its stored type.
+ *
+ * W is (n, k) row-major in any dtype of kernels/core/dtype.h (quantized rows are blocks along k);
+ * x is (m, k) f32, y is (m, n) f32, bias (n) f32 or NULL. Accumulation is in f32 or wider; the whole
+ * weight is never expanded to f32 (rows are dequantized into a small per-thread buffer and reused for all m
+ * rows of x). Work is split over output rows with the thread pool; deterministic for a given pool size.
+ */
+#ifndef FERRY_KERN_CPU_MATMUL_H
+#define FERRY_KERN_CPU_MATMUL_H
+
+#include <stdint.h>
+
+#include "kernels/core/dtype.h"
+
+struct tpool;
+
+/* Returns FERRY_ERR_INVALID on bad shape (k not a multiple of the block size, m/n/k <= 0). */
+int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
+                    int k, struct tpool *tp);
+
+/* Reference: plain loops, each weight element dequantized with quant/dequant.h, double accumulation. */
+int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
+                        int k);
+
+#endif

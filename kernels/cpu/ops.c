@@ -1,0 +1,1 @@
+/* ops.c: not written yet */

@@ -1,0 +1,40 @@
+/* ops — the small element-wise and row-wise ops of a Llama forward pass on the CPU, f32 activations.
+ *
+ * Each op has a plain reference (`_ref`) used by tests; the unsuffixed version is the one the runtime calls
+ * (vectorizable loops, optionally threaded). Shapes are in the comments; rows are contiguous.
+ */
+#ifndef FERRY_KERN_CPU_OPS_H
+#define FERRY_KERN_CPU_OPS_H
+
+#include <stdint.h>
+
+#include "kernels/core/dtype.h"
+#include "kernels/core/rope.h"
+
+struct tpool;
+
+/* x (m, d) = rows tokens[i] of the table (n_rows, d) in dtype tt, dequantized. Token ids must be checked by
+ * the caller (FERRY_ERR_RANGE otherwise). */
+int kern_cpu_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens, int m);
+
+/* y (m, d) = x / sqrt(mean(x^2) + eps) * w, w (d) f32. y may alias x. */
+void kern_cpu_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps);
+void kern_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int m, int d, float eps);
+
+/* Rotary frequencies: inv_freq (rope_dim/2) for base theta, with llama3/linear scaling applied. */
+void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc);
+
+/* In-place rotary embedding of x (m, n_heads, head_dim) at positions pos (m). The first rope_dim dims of
+ * each head rotate. INTERLEAVED rotates pairs (2i, 2i+1); HALF rotates pairs (i, i + rope_dim/2).
+ * Angles are computed as pos * inv_freq[i] in f32 then cos/sin in double precision (matches HF to ~1e-7). */
+void kern_cpu_rope(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
+                   const float *inv_freq, enum rope_style style);
+void kern_cpu_rope_ref(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
+                       const float *inv_freq, enum rope_style style);
+
+/* gate (n) = silu(gate) * up, silu(a) = a / (1 + exp(-a)). */
+void kern_cpu_silu_mul(float *gate, const float *up, int64_t n);
+/* y (n) += x (n). */
+void kern_cpu_add(float *y, const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,1 @@
+/* threadpool.c: not written yet */

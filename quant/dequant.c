@@ -1,0 +1,1 @@
+/* dequant.c: not written yet */

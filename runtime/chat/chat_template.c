@@ -1,0 +1,1 @@
+/* chat_template.c: not written yet */

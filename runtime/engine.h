@@ -1,0 +1,70 @@
+/* engine — the runtime's seam: one call runs a forward pass over a batch of tokens from many sequences.
+ *
+ * The scheduler (server/) builds a `struct batch` each iteration (prefill chunks and decode tokens of many
+ * sequences) and calls engine_step(); the engine owns the weights, the paged KV cache and its block tables,
+ * the backend (CPU today; CUDA later) and its threads. Sequences are slots 0..n_seqs-1; a slot's KV blocks
+ * are taken as its positions grow and returned by engine_seq_free(). Positions of a sequence must be
+ * written in order without gaps (pos 0 first). One thread calls the engine at a time.
+ * Usage: engine_init → (engine_step ...; engine_seq_free ...)* → engine_free.
+ */
+#ifndef FERRY_ENGINE_H
+#define FERRY_ENGINE_H
+
+#include <stdint.h>
+
+#include "weights/model_file.h"
+
+enum engine_backend { ENGINE_BACKEND_AUTO = 0, ENGINE_BACKEND_CPU = 1, ENGINE_BACKEND_CUDA = 2 };
+
+struct engine_params {
+    enum engine_backend backend;
+    int n_threads;        /* CPU worker threads; 0 = online cores */
+    int ctx_size;         /* max positions of one sequence; 0 = min(model's trained context, 4096) */
+    int n_seqs;           /* sequence slots (the server's --parallel) */
+    int kv_tokens;        /* KV pool capacity in positions over all sequences; 0 = n_seqs * ctx_size */
+    int max_batch_tokens; /* largest n_tokens of one engine_step */
+    int deterministic;    /* fixed reduction orders (the CPU backend always is) */
+};
+
+struct engine_params engine_default_params(void);
+
+struct batch {
+    int n_tokens;         /* decode tokens + prefill chunk tokens */
+    int32_t *tokens;      /* (n_tokens) token ids */
+    int32_t *pos;         /* (n_tokens) position of each token in its sequence */
+    int32_t *seq;         /* (n_tokens) sequence slot of each token */
+    uint8_t *want_logits; /* (n_tokens) 1 where the caller needs this row's logits */
+};
+
+struct engine_stats {
+    int kv_blocks_total;
+    int kv_blocks_used;
+    int kv_block_size;         /* positions per block */
+    uint64_t steps;            /* engine_step calls */
+    uint64_t tokens;           /* tokens processed */
+    double busy_seconds;       /* wall time inside engine_step */
+    const char *backend;       /* "cpu" or "cuda" */
+};
+
+struct engine;
+
+int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p, char err[256]);
+void engine_free(struct engine *e);
+
+const struct llm_hparams *engine_hparams(const struct engine *e);
+int engine_ctx_size(const struct engine *e);
+int engine_n_seqs(const struct engine *e);
+
+/* Runs the batch. logits receives one row of n_vocab floats per token with want_logits set, in batch order.
+ * Errors: FERRY_ERR_INVALID (bad token id, seq or pos out of order), FERRY_ERR_RANGE (position past
+ * ctx_size or KV pool exhausted: nothing of the batch is kept in that case). */
+int engine_step(struct engine *e, const struct batch *b, float *logits);
+
+/* Forgets the sequence and returns its KV blocks to the pool. Always succeeds for a valid slot. */
+int engine_seq_free(struct engine *e, int seq);
+/* Number of positions stored for the sequence (its next position). */
+int engine_seq_len(const struct engine *e, int seq);
+
+void engine_get_stats(const struct engine *e, struct engine_stats *st);
+
+#endif

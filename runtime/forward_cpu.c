@@ -1,0 +1,1 @@
+/* forward_cpu.c: not written yet */

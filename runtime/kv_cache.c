@@ -1,0 +1,1 @@
+/* kv_cache.c: not written yet */

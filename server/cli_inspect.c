@@ -1,0 +1,1 @@
+/* cli_inspect.c: not written yet */

@@ -1,0 +1,1 @@
+/* cli_run.c: not written yet */

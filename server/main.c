@@ -1,0 +1,1 @@
+/* main.c: not written yet */

@@ -1,0 +1,1 @@
+/* options.c: not written yet */

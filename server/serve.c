@@ -1,0 +1,1 @@
+/* serve.c: not written yet */

@@ -1,0 +1,1 @@
+/* gguf.c: not written yet */

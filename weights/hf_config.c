@@ -1,0 +1,1 @@
+/* hf_config.c: not written yet */

@@ -1,0 +1,1 @@
+/* model_file.c: not written yet */

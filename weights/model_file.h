@@ -1,0 +1,80 @@
+/* model_file — one opened model, whatever its format: hyperparameters, tensors under one internal naming,
+ * and where its tokenizer and chat template live.
+ *
+ * MODEL is a GGUF file or a Hugging Face directory (config.json + model.safetensors or
+ * model.safetensors.index.json with shards, tokenizer.json, tokenizer_config.json).
+ * Tensor names are GGUF's ("token_embd.weight", "blk.7.attn_q.weight", "blk.7.attn_q.bias",
+ * "blk.7.ffn_down.weight", "output_norm.weight", "output.weight"...); HF names are mapped on open.
+ * Tensor data is borrowed from read-only mmaps and stays valid until model_file_close().
+ * Matrices are row-major (rows, cols) = (ne[1], ne[0]): a linear layer is (n_out, n_in).
+ * Rotary layout: llama.cpp's GGUF conversion permutes Q/K rows of llama-arch models so rotary pairs are
+ * adjacent (ROPE_STYLE_INTERLEAVED); HF checkpoints (and GGUF qwen2) use rotate-half pairs (ROPE_STYLE_HALF).
+ * The weights are never permuted; the rope kernel takes the style.
+ */
+#ifndef FERRY_MODEL_FILE_H
+#define FERRY_MODEL_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/core/dtype.h"
+#include "kernels/core/rope.h"
+
+struct gguf;
+
+enum model_format { MODEL_FORMAT_GGUF = 0, MODEL_FORMAT_HF = 1 };
+
+struct llm_hparams {
+    char arch[32];       /* "llama", "mistral", "qwen2" */
+    int n_vocab;
+    int dim;             /* hidden size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;        /* dim / n_heads unless the file says otherwise */
+    int ffn_dim;         /* intermediate size */
+    int ctx_train;       /* max_position_embeddings / context_length */
+    float norm_eps;      /* RMSNorm epsilon */
+    float rope_theta;    /* base, default 10000 */
+    int rope_dim;        /* rotary dimensions per head (== head_dim for the Llama family) */
+    enum rope_style rope_style;
+    struct rope_scaling rope_scaling;
+    int tied_embeddings; /* 1 when there is no output.weight and the head reuses token_embd.weight */
+    int qkv_bias;        /* 1 when attn_q/k/v have biases (Qwen2) */
+};
+
+struct wtensor {
+    char name[96];       /* internal name, NUL-terminated */
+    enum dtype type;
+    int n_dims;          /* 1..4 */
+    int64_t ne[4];       /* GGUF order: ne[0] is the contiguous (row) dimension; unused dims are 1 */
+    const void *data;    /* borrowed from the mmap */
+    size_t nbytes;
+};
+
+struct model_file {
+    enum model_format format;
+    struct llm_hparams hp;
+    int n_tensors;
+    struct wtensor *tensors;   /* (n_tensors) */
+    struct gguf *gguf;         /* GGUF only: the parsed file, for tokenizer.ggml.* metadata; else NULL */
+    char *dir;                 /* HF only: the directory (tokenizer.json, tokenizer_config.json); else NULL */
+    char *chat_template;       /* the model's own template (GGUF tokenizer.chat_template or HF
+                                * tokenizer_config.json chat_template), NUL-terminated, or NULL */
+    uint64_t file_bytes;       /* total size of the mapped weight files */
+    void *priv;                /* mappings; owned */
+};
+
+/* Progress callback for long loads: done/total bytes checked so far. May be NULL. */
+typedef void (*model_file_progress_fn)(uint64_t done, uint64_t total, void *user);
+
+/* Opens a GGUF file or an HF directory. On error returns a negative status and fills err with one line
+ * naming the file, key/tensor and byte offset. Never crashes or allocates absurdly on hostile input. */
+int model_file_open(const char *path, struct model_file **out, model_file_progress_fn progress, void *user,
+                    char err[256]);
+void model_file_close(struct model_file *mf); /* accepts NULL and half-built objects */
+
+/* The tensor with this internal name, or NULL. */
+const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name);
+
+#endif
