@@ -1,1 +1,104 @@
-/* kv_cache.c: not written yet */
+/* kv_cache — paged block pool (see kv_cache.h). */
+#include "runtime/kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+
+int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
+                  int pool_tokens, int block_size)
+{
+    memset(kv, 0, sizeof *kv);
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 || block_size <= 0 ||
+        pool_tokens <= 0)
+        return FERRY_ERR_INVALID;
+    kv->n_layers = n_layers;
+    kv->n_kv_heads = n_kv_heads;
+    kv->head_dim = head_dim;
+    kv->block_size = block_size;
+    kv->n_seqs = n_seqs;
+    kv->ctx_size = ctx_size;
+    kv->max_blocks = (ctx_size + block_size - 1) / block_size;
+    kv->n_blocks = (pool_tokens + block_size - 1) / block_size;
+    size_t per_layer = (size_t)kv->n_blocks * block_size * n_kv_heads * head_dim;
+    kv->k = malloc(per_layer * n_layers * sizeof(float));
+    kv->v = malloc(per_layer * n_layers * sizeof(float));
+    kv->block_table = malloc((size_t)n_seqs * kv->max_blocks * sizeof(int32_t));
+    kv->n_held = calloc((size_t)n_seqs, sizeof(int32_t));
+    kv->seq_len = calloc((size_t)n_seqs, sizeof(int32_t));
+    kv->free_list = malloc((size_t)kv->n_blocks * sizeof(int32_t));
+    if (!kv->k || !kv->v || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->free_list) {
+        kv_cache_free(kv);
+        return FERRY_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < (size_t)n_seqs * kv->max_blocks; i++) kv->block_table[i] = -1;
+    /* Stack order: block 0 is handed out first. */
+    for (int i = 0; i < kv->n_blocks; i++) kv->free_list[i] = kv->n_blocks - 1 - i;
+    kv->n_free = kv->n_blocks;
+    return FERRY_OK;
+}
+
+void kv_cache_free(struct kv_cache *kv)
+{
+    if (!kv) return;
+    free(kv->k);
+    free(kv->v);
+    free(kv->block_table);
+    free(kv->n_held);
+    free(kv->seq_len);
+    free(kv->free_list);
+    memset(kv, 0, sizeof *kv);
+}
+
+size_t kv_cache_bytes(const struct kv_cache *kv)
+{
+    return 2 * (size_t)kv->n_layers * kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim *
+           sizeof(float);
+}
+
+int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
+{
+    if (seq < 0 || seq >= kv->n_seqs || n_pos < 0 || n_pos > kv->ctx_size) return FERRY_ERR_RANGE;
+    int need = (n_pos + kv->block_size - 1) / kv->block_size;
+    int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
+    while (kv->n_held[seq] < need) {
+        if (kv->n_free == 0) return FERRY_ERR_RANGE;
+        row[kv->n_held[seq]++] = kv->free_list[--kv->n_free];
+    }
+    return FERRY_OK;
+}
+
+void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos)
+{
+    if (seq < 0 || seq >= kv->n_seqs) return;
+    int keep = (n_pos + kv->block_size - 1) / kv->block_size;
+    int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
+    while (kv->n_held[seq] > keep) {
+        int b = row[--kv->n_held[seq]];
+        row[kv->n_held[seq]] = -1;
+        kv->free_list[kv->n_free++] = b;
+    }
+}
+
+void kv_cache_seq_free(struct kv_cache *kv, int seq)
+{
+    if (seq < 0 || seq >= kv->n_seqs) return;
+    kv_cache_trim(kv, seq, 0);
+    kv->seq_len[seq] = 0;
+}
+
+struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer)
+{
+    size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim;
+    return (struct kv_layer_view){
+        .k = kv->k + per_layer * layer,
+        .v = kv->v + per_layer * layer,
+        .n_blocks = kv->n_blocks,
+        .block_size = kv->block_size,
+        .block_table = kv->block_table,
+        .max_blocks = kv->max_blocks,
+        .n_kv_heads = kv->n_kv_heads,
+        .head_dim = kv->head_dim,
+    };
+}

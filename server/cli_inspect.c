@@ -1,1 +1,139 @@
-/* cli_inspect.c: not written yet */
+/* cli_inspect — `ferry inspect --model PATH [--json]`: the model's metadata, its tensors by type, its
+ * tokenizer and chat template, and the placement the engine would use. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/tokenizer.h"
+#include "server/cli.h"
+
+static void inspect_usage(FILE *f)
+{
+    fprintf(f, "usage: ferry inspect --model PATH [--json]\n\n"
+               "  --model PATH   GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
+               "  --json         machine-readable output\n");
+}
+
+static const char *rope_style_name(enum rope_style s) { return s == ROPE_STYLE_HALF ? "half" : "interleaved"; }
+static const char *rope_scaling_name(enum rope_scaling_type t)
+{
+    return t == ROPE_SCALING_LLAMA3 ? "llama3" : t == ROPE_SCALING_LINEAR ? "linear" : "none";
+}
+
+int cli_inspect_main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *model = getenv("FERRY_MODEL");
+    int as_json = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:jh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'j': as_json = 1; break;
+        case 'h': inspect_usage(stdout); return 0;
+        default: inspect_usage(stderr); return 2;
+        }
+    }
+    if (!model || optind < argc) {
+        inspect_usage(stderr);
+        return 2;
+    }
+    cli_log_init(LOG_LEVEL_WARN);
+    struct model_file *mf = NULL;
+    if (cli_open_model(model, &mf)) return 1;
+    const struct llm_hparams *hp = &mf->hp;
+
+    uint64_t bytes_by_type[DTYPE_COUNT] = {0};
+    int count_by_type[DTYPE_COUNT] = {0};
+    uint64_t total = 0;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        bytes_by_type[mf->tensors[i].type] += mf->tensors[i].nbytes;
+        count_by_type[mf->tensors[i].type]++;
+        total += mf->tensors[i].nbytes;
+    }
+    struct tokenizer *tok = NULL;
+    char err[256] = "";
+    int tok_rc = tokenizer_init(&tok, mf, err);
+
+    json_t *root = json_object();
+    json_object_set_new(root, "path", json_string(model));
+    json_object_set_new(root, "format", json_string(mf->format == MODEL_FORMAT_GGUF ? "gguf" : "hf"));
+    json_object_set_new(root, "arch", json_string(hp->arch));
+    json_t *h = json_object();
+    json_object_set_new(h, "n_vocab", json_integer(hp->n_vocab));
+    json_object_set_new(h, "dim", json_integer(hp->dim));
+    json_object_set_new(h, "n_layers", json_integer(hp->n_layers));
+    json_object_set_new(h, "n_heads", json_integer(hp->n_heads));
+    json_object_set_new(h, "n_kv_heads", json_integer(hp->n_kv_heads));
+    json_object_set_new(h, "head_dim", json_integer(hp->head_dim));
+    json_object_set_new(h, "ffn_dim", json_integer(hp->ffn_dim));
+    json_object_set_new(h, "ctx_train", json_integer(hp->ctx_train));
+    json_object_set_new(h, "norm_eps", json_real(hp->norm_eps));
+    json_object_set_new(h, "rope_theta", json_real(hp->rope_theta));
+    json_object_set_new(h, "rope_dim", json_integer(hp->rope_dim));
+    json_object_set_new(h, "rope_style", json_string(rope_style_name(hp->rope_style)));
+    json_object_set_new(h, "rope_scaling", json_string(rope_scaling_name(hp->rope_scaling.type)));
+    json_object_set_new(h, "tied_embeddings", json_boolean(hp->tied_embeddings));
+    json_object_set_new(h, "qkv_bias", json_boolean(hp->qkv_bias));
+    json_object_set_new(root, "hparams", h);
+    json_t *types = json_object();
+    for (int t = 0; t < DTYPE_COUNT; t++)
+        if (count_by_type[t]) {
+            json_t *e = json_object();
+            json_object_set_new(e, "tensors", json_integer(count_by_type[t]));
+            json_object_set_new(e, "bytes", json_integer((json_int_t)bytes_by_type[t]));
+            json_object_set_new(types, dtype_name((enum dtype)t), e);
+        }
+    json_object_set_new(root, "n_tensors", json_integer(mf->n_tensors));
+    json_object_set_new(root, "tensor_bytes", json_integer((json_int_t)total));
+    json_object_set_new(root, "types", types);
+    json_t *tk = json_object();
+    if (tok_rc == 0) {
+        json_object_set_new(tk, "n_vocab", json_integer(tokenizer_n_vocab(tok)));
+        json_object_set_new(tk, "bos", json_integer(tokenizer_bos(tok)));
+        json_object_set_new(tk, "eos", json_integer(tokenizer_eos(tok)));
+        json_object_set_new(tk, "add_bos", json_boolean(tokenizer_add_bos(tok)));
+    } else {
+        json_object_set_new(tk, "error", json_string(err));
+    }
+    json_object_set_new(root, "tokenizer", tk);
+    json_object_set_new(root, "chat_template", mf->chat_template ? json_string(mf->chat_template) : json_null());
+    /* Placement: the CPU backend computes every layer from host memory. */
+    json_object_set_new(root, "placement", json_string("cpu: all layers"));
+
+    if (as_json) {
+        char *s = json_dumps(root, JSON_INDENT(2));
+        if (s) puts(s);
+        free(s);
+    } else {
+        printf("model        %s (%s, arch %s)\n", model, mf->format == MODEL_FORMAT_GGUF ? "GGUF" : "Hugging Face",
+               hp->arch);
+        printf("shape        %d layers, dim %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n", hp->n_layers,
+               hp->dim, hp->ffn_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
+        printf("context      %d trained; rope theta %g, %d dims, %s pairs, scaling %s\n", hp->ctx_train,
+               hp->rope_theta, hp->rope_dim, rope_style_name(hp->rope_style),
+               rope_scaling_name(hp->rope_scaling.type));
+        printf("norm eps     %g; tied embeddings %s; qkv bias %s\n", hp->norm_eps, hp->tied_embeddings ? "yes" : "no",
+               hp->qkv_bias ? "yes" : "no");
+        printf("tensors      %d, %.1f MiB\n", mf->n_tensors, total / 1048576.0);
+        for (int t = 0; t < DTYPE_COUNT; t++)
+            if (count_by_type[t])
+                printf("  %-6s     %4d tensors, %.1f MiB\n", dtype_name((enum dtype)t), count_by_type[t],
+                       bytes_by_type[t] / 1048576.0);
+        if (tok_rc == 0)
+            printf("tokenizer    %d tokens, bos %d, eos %d, add_bos %s\n", tokenizer_n_vocab(tok), tokenizer_bos(tok),
+                   tokenizer_eos(tok), tokenizer_add_bos(tok) ? "yes" : "no");
+        else
+            printf("tokenizer    unavailable: %s\n", err);
+        printf("chat template %s\n", mf->chat_template ? "yes (the model's own)" : "none (use --chat-template)");
+        printf("placement    cpu: all layers\n");
+    }
+    json_decref(root);
+    tokenizer_free(tok);
+    model_file_close(mf);
+    return 0;
+}

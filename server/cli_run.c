@@ -1,1 +1,534 @@
-/* cli_run.c: not written yet */
+/* cli_run — `ferry run`: one generation from the command line (the stable interface of DESIGN.md).
+ *
+ *   ferry run --model PATH (--prompt TEXT | --prompt-tokens 1,2,3 | --chat --message role:text ...)
+ *             [--max-tokens N] [--temperature T] [--seed S] [--json] [--dump-logits FILE] ...
+ * --json prints {"prompt_tokens":[...],"tokens":[...],"text":"..."}; --dump-logits writes the logits of the
+ * last prompt position as little-endian float32. Works without a tokenizer when given token ids.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/core/status.h"
+#include "runtime/chat_template.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+#include "server/cli.h"
+
+#define MAX_MESSAGES 256
+
+struct run_opts {
+    const char *model;
+    const char *prompt;
+    const char *prompt_tokens;
+    int chat;
+    const char *messages_file;
+    struct chat_msg msgs[MAX_MESSAGES];
+    int n_msgs;
+    const char *chat_template;
+    int max_tokens;
+    struct sampler_params sp;
+    int seed_given;
+    int json;
+    const char *dump_logits;
+    int threads;
+    int ctx_size;
+    int bos; /* -1 = the model's default */
+    int ignore_eos;
+    int log_level;
+};
+
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry run --model PATH (--prompt TEXT | --prompt-tokens IDS | --chat ...) [options]\n\n"
+            "  --model PATH           GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
+            "  --prompt TEXT          prompt text (needs the model's tokenizer)\n"
+            "  --prompt-tokens IDS    prompt as comma-separated token ids (no tokenizer needed)\n"
+            "  --chat                 render messages with the model's chat template\n"
+            "  --message ROLE:TEXT    a chat message (repeatable; implies --chat)\n"
+            "  --messages FILE        chat messages as a JSON array of {role, content} (implies --chat)\n"
+            "  --chat-template NAME   built-in template instead of the model's (chatml, llama2, llama3,\n"
+            "                         mistral, gemma, phi3, zephyr)\n"
+            "  --max-tokens N         tokens to generate (default 128)\n"
+            "  --temperature T        0 = greedy (default 0.8)\n"
+            "  --top-k K              (default 40; 0 = off)\n"
+            "  --top-p P              (default 0.95; 1 = off)\n"
+            "  --min-p P              (default 0.05; 0 = off)\n"
+            "  --repeat-penalty R     (default 1 = off)\n"
+            "  --presence-penalty P   (default 0)\n"
+            "  --frequency-penalty P  (default 0)\n"
+            "  --seed S               sampling seed (default: from the clock, printed with --json)\n"
+            "  --bos / --no-bos       force adding BOS or not (default: the model's metadata)\n"
+            "  --ignore-eos           keep generating past end-of-generation tokens\n"
+            "  --json                 print {\"prompt_tokens\",\"tokens\",\"text\"} as JSON\n"
+            "  --dump-logits FILE     write the last prompt position's logits (float32 LE)\n"
+            "  --threads N            CPU threads (default: all cores)\n"
+            "  --ctx-size N           context length (default: the model's, at most 4096)\n"
+            "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *s, float lo, float hi, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* "1,2,3" → ids; returns the count or -1. */
+static int parse_ids(const char *s, int32_t **out)
+{
+    int cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *grown = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!grown) {
+                free(ids);
+                return -1;
+            }
+            ids = grown;
+        }
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    *out = ids;
+    return n;
+}
+
+static int add_message(struct run_opts *o, const char *spec)
+{
+    const char *colon = strchr(spec, ':');
+    if (!colon || colon == spec || o->n_msgs == MAX_MESSAGES) return -1;
+    o->msgs[o->n_msgs].role = strndup(spec, (size_t)(colon - spec));
+    o->msgs[o->n_msgs].content = strdup(colon + 1);
+    o->n_msgs++;
+    return 0;
+}
+
+static int load_messages(struct run_opts *o, const char *path)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root || !json_is_array(root)) {
+        fprintf(stderr, "ferry: %s: %s\n", path, root ? "expected a JSON array of messages" : jerr.text);
+        json_decref(root);
+        return -1;
+    }
+    size_t i;
+    json_t *m;
+    json_array_foreach(root, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        const char *content = json_string_value(json_object_get(m, "content"));
+        if (!role || !content || o->n_msgs == MAX_MESSAGES) {
+            fprintf(stderr, "ferry: %s: message %zu needs string fields role and content\n", path, i);
+            json_decref(root);
+            return -1;
+        }
+        o->msgs[o->n_msgs].role = strdup(role);
+        o->msgs[o->n_msgs].content = strdup(content);
+        o->n_msgs++;
+    }
+    json_decref(root);
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct run_opts *o)
+{
+    enum { O_PROMPT_TOKENS = 256, O_MESSAGE, O_MESSAGES, O_CHAT_TEMPLATE, O_MAX_TOKENS, O_TEMP, O_TOP_K, O_TOP_P,
+           O_MIN_P, O_REPEAT, O_PRESENCE, O_FREQUENCY, O_SEED, O_JSON, O_DUMP, O_THREADS, O_CTX, O_BOS, O_NO_BOS,
+           O_IGNORE_EOS, O_LOG };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"prompt-tokens", required_argument, 0, O_PROMPT_TOKENS},
+        {"chat", no_argument, 0, 'c'},
+        {"message", required_argument, 0, O_MESSAGE},
+        {"messages", required_argument, 0, O_MESSAGES},
+        {"chat-template", required_argument, 0, O_CHAT_TEMPLATE},
+        {"max-tokens", required_argument, 0, O_MAX_TOKENS},
+        {"temperature", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOP_K},
+        {"top-p", required_argument, 0, O_TOP_P},
+        {"min-p", required_argument, 0, O_MIN_P},
+        {"repeat-penalty", required_argument, 0, O_REPEAT},
+        {"presence-penalty", required_argument, 0, O_PRESENCE},
+        {"frequency-penalty", required_argument, 0, O_FREQUENCY},
+        {"seed", required_argument, 0, O_SEED},
+        {"json", no_argument, 0, O_JSON},
+        {"dump-logits", required_argument, 0, O_DUMP},
+        {"threads", required_argument, 0, O_THREADS},
+        {"ctx-size", required_argument, 0, O_CTX},
+        {"bos", no_argument, 0, O_BOS},
+        {"no-bos", no_argument, 0, O_NO_BOS},
+        {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+        {"log-level", required_argument, 0, O_LOG},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    o->model = getenv("FERRY_MODEL");
+    o->max_tokens = 128;
+    o->sp = sampler_default_params();
+    o->sp.temperature = 0.8f;
+    o->sp.top_k = 40;
+    o->sp.top_p = 0.95f;
+    o->sp.min_p = 0.05f;
+    o->bos = -1;
+    o->log_level = LOG_LEVEL_WARN;
+    int c, bad = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:ch", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case O_PROMPT_TOKENS: o->prompt_tokens = optarg; break;
+        case 'c': o->chat = 1; break;
+        case O_MESSAGE:
+            o->chat = 1;
+            if (add_message(o, optarg)) {
+                fprintf(stderr, "ferry: --message wants ROLE:TEXT (at most %d messages)\n", MAX_MESSAGES);
+                bad = 1;
+            }
+            break;
+        case O_MESSAGES: o->chat = 1; o->messages_file = optarg; break;
+        case O_CHAT_TEMPLATE: o->chat_template = optarg; break;
+        case O_MAX_TOKENS: bad |= parse_int(optarg, 0, 1 << 20, &o->max_tokens) ? 1 : 0; break;
+        case O_TEMP: bad |= parse_float(optarg, 0, 100, &o->sp.temperature) ? 1 : 0; break;
+        case O_TOP_K: bad |= parse_int(optarg, 0, INT_MAX, &o->sp.top_k) ? 1 : 0; break;
+        case O_TOP_P: bad |= parse_float(optarg, 1e-6f, 1, &o->sp.top_p) ? 1 : 0; break;
+        case O_MIN_P: bad |= parse_float(optarg, 0, 1, &o->sp.min_p) ? 1 : 0; break;
+        case O_REPEAT: bad |= parse_float(optarg, 1e-3f, 100, &o->sp.repetition_penalty) ? 1 : 0; break;
+        case O_PRESENCE: bad |= parse_float(optarg, -2, 2, &o->sp.presence_penalty) ? 1 : 0; break;
+        case O_FREQUENCY: bad |= parse_float(optarg, -2, 2, &o->sp.frequency_penalty) ? 1 : 0; break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            o->sp.seed = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end) bad = 1;
+            o->seed_given = 1;
+            break;
+        }
+        case O_JSON: o->json = 1; break;
+        case O_DUMP: o->dump_logits = optarg; break;
+        case O_THREADS: bad |= parse_int(optarg, 0, 1024, &o->threads) ? 1 : 0; break;
+        case O_CTX: bad |= parse_int(optarg, 1, 1 << 20, &o->ctx_size) ? 1 : 0; break;
+        case O_BOS: o->bos = 1; break;
+        case O_NO_BOS: o->bos = 0; break;
+        case O_IGNORE_EOS: o->ignore_eos = 1; break;
+        case O_LOG:
+            if ((o->log_level = cli_log_level_parse(optarg)) < 0) bad = 1;
+            break;
+        case 'h': run_usage(stdout); exit(0);
+        default: bad = 1;
+        }
+        if (bad) {
+            if (c != '?' && optarg) fprintf(stderr, "ferry run: invalid value '%s' for option %s\n", optarg,
+                                            argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry run: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->model) {
+        fprintf(stderr, "ferry run: --model is required\n");
+        return -1;
+    }
+    int n_src = !!o->prompt + !!o->prompt_tokens + !!o->chat;
+    if (n_src != 1) {
+        fprintf(stderr, "ferry run: give exactly one of --prompt, --prompt-tokens, --chat/--message\n");
+        return -1;
+    }
+    if (o->messages_file && load_messages(o, o->messages_file)) return -1;
+    if (o->chat && o->n_msgs == 0) {
+        fprintf(stderr, "ferry run: --chat needs --message ROLE:TEXT or --messages FILE\n");
+        return -1;
+    }
+    if (!o->seed_given) o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    return 0;
+}
+
+/* Tokenizes the prompt according to the options. */
+static int build_prompt(const struct run_opts *o, const struct model_file *mf, const struct tokenizer *tok,
+                        int32_t **ids, int *n_ids)
+{
+    if (o->prompt_tokens) {
+        *n_ids = parse_ids(o->prompt_tokens, ids);
+        if (*n_ids <= 0) {
+            fprintf(stderr, "ferry run: --prompt-tokens wants comma-separated non-negative ids\n");
+            return -1;
+        }
+        return 0;
+    }
+    char *rendered = NULL;
+    const char *text = o->prompt;
+    size_t len = text ? strlen(text) : 0;
+    int parse_special = 0;
+    if (o->chat) {
+        const char *tmpl = o->chat_template ? chat_template_builtin(o->chat_template) : mf->chat_template;
+        if (!tmpl) {
+            fprintf(stderr, "ferry run: %s; pass --chat-template NAME (chatml, llama2, llama3, mistral, gemma, "
+                            "phi3, zephyr)\n",
+                    o->chat_template ? "unknown chat template name" : "the model has no chat template");
+            return -1;
+        }
+        int32_t bos = tokenizer_bos(tok), eos = tokenizer_eos(tok);
+        const char *bos_s = bos >= 0 ? tokenizer_token_str(tok, bos) : "";
+        const char *eos_s = eos >= 0 ? tokenizer_token_str(tok, eos) : "";
+        char err[256] = "";
+        int rc = chat_template_render(tmpl, o->msgs, o->n_msgs, 1, bos_s ? bos_s : "", eos_s ? eos_s : "",
+                                      &rendered, &len, err);
+        if (rc) {
+            fprintf(stderr, "ferry run: chat template: %s\n", err);
+            return -1;
+        }
+        text = rendered;
+        parse_special = 1;
+    }
+    int add_bos = o->bos >= 0 ? o->bos : tokenizer_add_bos(tok);
+    if (o->chat && add_bos && tokenizer_bos(tok) >= 0) {
+        /* Templates that write the BOS text themselves must not get a second one. */
+        const char *bos_s = tokenizer_token_str(tok, tokenizer_bos(tok));
+        if (bos_s && *bos_s && !strncmp(text, bos_s, strlen(bos_s))) add_bos = 0;
+    }
+    int cap = (int)(len + 16 < INT_MAX / 4 ? len + 16 : INT_MAX / 4);
+    *ids = malloc((size_t)cap * sizeof **ids);
+    int n = *ids ? tokenizer_encode(tok, text, len, add_bos, parse_special, *ids, cap) : FERRY_ERR_NOMEM;
+    free(rendered);
+    if (n < 0 || n > cap) {
+        fprintf(stderr, "ferry run: cannot tokenize the prompt: %s\n", ferry_status_str(n < 0 ? n : FERRY_ERR_INTERNAL));
+        return -1;
+    }
+    *n_ids = n;
+    return 0;
+}
+
+/* Appends bytes to a growing buffer. */
+static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*cap ? *cap * 2 : 256) + n;
+        char *g = realloc(*buf, nc);
+        if (!g) return -1;
+        *buf = g;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int cli_run_main(int argc, char **argv)
+{
+    struct run_opts o = {0};
+    if (parse_args(argc, argv, &o)) {
+        fprintf(stderr, "(see ferry run --help)\n");
+        return 2;
+    }
+    cli_log_init(o.log_level);
+    int status = 1;
+    struct model_file *mf = NULL;
+    struct tokenizer *tok = NULL;
+    struct engine *eng = NULL;
+    struct sampler *smp = NULL;
+    int32_t *prompt = NULL, *gen = NULL;
+    float *logits = NULL;
+    char *text = NULL;
+    size_t text_len = 0, text_cap = 0;
+    char err[256] = "";
+    int n_prompt = 0, n_gen = 0;
+
+    if (cli_open_model(o.model, &mf)) goto out;
+    int rc = tokenizer_init(&tok, mf, err);
+    if (rc) {
+        tok = NULL;
+        if (!o.prompt_tokens) {
+            fprintf(stderr, "ferry run: this model's tokenizer cannot be loaded (%s): use --prompt-tokens\n", err);
+            goto out;
+        }
+    }
+    if (build_prompt(&o, mf, tok, &prompt, &n_prompt)) goto out;
+
+    struct engine_params ep = engine_default_params();
+    ep.n_threads = o.threads;
+    ep.ctx_size = o.ctx_size;
+    ep.n_seqs = 1;
+    if ((rc = engine_init(&eng, mf, &ep, err))) {
+        fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
+        goto out;
+    }
+    const int n_vocab = engine_hparams(eng)->n_vocab, ctx = engine_ctx_size(eng);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= n_vocab) {
+            fprintf(stderr, "ferry run: prompt token %d at index %d is outside the vocabulary (%d)\n", prompt[i], i,
+                    n_vocab);
+            goto out;
+        }
+    if (n_prompt >= ctx) {
+        fprintf(stderr, "ferry run: the prompt has %d tokens; the context holds %d\n", n_prompt, ctx);
+        goto out;
+    }
+    if (o.max_tokens > ctx - n_prompt) o.max_tokens = ctx - n_prompt;
+    if ((rc = sampler_init(&smp, &o.sp, n_vocab))) {
+        fprintf(stderr, "ferry run: invalid sampling parameters\n");
+        goto out;
+    }
+    logits = malloc((size_t)n_vocab * sizeof *logits);
+    gen = malloc(((size_t)o.max_tokens + 1) * sizeof *gen);
+    int32_t *bt = malloc(512 * 3 * sizeof(int32_t));
+    uint8_t *want = malloc(512);
+    if (!logits || !gen || !bt || !want) {
+        free(bt);
+        free(want);
+        fprintf(stderr, "ferry run: out of memory\n");
+        goto out;
+    }
+
+    /* Prefill in chunks of the engine's batch size; logits only for the last prompt position. */
+    double t0 = now_s();
+    struct batch b = {.tokens = bt, .pos = bt + 512, .seq = bt + 1024, .want_logits = want};
+    for (int start = 0; start < n_prompt && !rc; start += 512) {
+        int n = n_prompt - start < 512 ? n_prompt - start : 512;
+        for (int i = 0; i < n; i++) {
+            bt[i] = prompt[start + i];
+            b.pos[i] = start + i;
+            b.seq[i] = 0;
+            want[i] = start + i == n_prompt - 1;
+        }
+        b.n_tokens = n;
+        rc = engine_step(eng, &b, logits);
+    }
+    double t1 = now_s();
+    if (rc) {
+        fprintf(stderr, "ferry run: forward pass failed: %s\n", ferry_status_str(rc));
+        free(bt);
+        free(want);
+        goto out;
+    }
+    if (o.dump_logits) {
+        FILE *f = fopen(o.dump_logits, "wb");
+        if (!f || fwrite(logits, sizeof(float), (size_t)n_vocab, f) != (size_t)n_vocab || fclose(f)) {
+            fprintf(stderr, "ferry run: cannot write %s: %s\n", o.dump_logits, strerror(errno));
+            free(bt);
+            free(want);
+            goto out;
+        }
+    }
+    for (int i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i]);
+
+    struct detok dt;
+    if (tok) detok_init(&dt, tok);
+    char piece[1024];
+    for (n_gen = 0; n_gen < o.max_tokens; n_gen++) {
+        int32_t t = sampler_sample(smp, logits);
+        if (tok && !o.ignore_eos && tokenizer_is_eog(tok, t)) break;
+        gen[n_gen] = t;
+        sampler_accept(smp, t);
+        if (tok) {
+            int n = detok_push(&dt, t, piece, sizeof piece);
+            if (n > 0) {
+                buf_append(&text, &text_len, &text_cap, piece, (size_t)n);
+                if (!o.json) {
+                    fwrite(piece, 1, (size_t)n, stdout);
+                    fflush(stdout);
+                }
+            }
+        }
+        if (n_gen + 1 == o.max_tokens) {
+            n_gen++;
+            break;
+        }
+        bt[0] = t;
+        b.pos[0] = n_prompt + n_gen;
+        b.seq[0] = 0;
+        want[0] = 1;
+        b.n_tokens = 1;
+        if ((rc = engine_step(eng, &b, logits))) {
+            fprintf(stderr, "\nferry run: forward pass failed: %s\n", ferry_status_str(rc));
+            break;
+        }
+    }
+    if (tok) {
+        int n = detok_flush(&dt, piece, sizeof piece);
+        if (n > 0) {
+            buf_append(&text, &text_len, &text_cap, piece, (size_t)n);
+            if (!o.json) fwrite(piece, 1, (size_t)n, stdout);
+        }
+    }
+    double t2 = now_s();
+    free(bt);
+    free(want);
+    if (rc) goto out;
+
+    if (o.json) {
+        json_t *root = json_object(), *pt = json_array(), *gt = json_array();
+        for (int i = 0; i < n_prompt; i++) json_array_append_new(pt, json_integer(prompt[i]));
+        for (int i = 0; i < n_gen; i++) json_array_append_new(gt, json_integer(gen[i]));
+        json_object_set_new(root, "prompt_tokens", pt);
+        json_object_set_new(root, "tokens", gt);
+        /* Byte tokens can produce invalid UTF-8; jansson refuses it, so such text is replaced by null. */
+        json_t *js = tok ? json_stringn(text ? text : "", text_len) : NULL;
+        json_object_set_new(root, "text", js ? js : json_null());
+        json_object_set_new(root, "seed", json_integer((json_int_t)o.sp.seed));
+        char *s = json_dumps(root, JSON_COMPACT);
+        if (s) puts(s);
+        free(s);
+        json_decref(root);
+    } else {
+        putchar('\n');
+    }
+    fprintf(stderr, "ferry run: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)\n",
+            n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-9), n_gen, t2 - t1, n_gen > 1 ? (n_gen - 1) / (t2 - t1 + 1e-9) : 0.0);
+    status = 0;
+out:
+    free(text);
+    free(logits);
+    free(gen);
+    free(prompt);
+    sampler_free(smp);
+    engine_free(eng);
+    tokenizer_free(tok);
+    model_file_close(mf);
+    for (int i = 0; i < o.n_msgs; i++) {
+        free((char *)o.msgs[i].role);
+        free((char *)o.msgs[i].content);
+    }
+    return status;
+}

@@ -1,0 +1,46 @@
+/* kv_cache — a paged KV cache: one pool of fixed-size blocks shared by all sequence slots.
+ *
+ * Layout per layer: k, v (n_blocks, block_size, n_kv_heads, head_dim) f32 (the CPU backend's precision).
+ * Each slot has a row of the block table (max_blocks ids, -1 = none) and a length (positions stored).
+ * Blocks are taken from a free list as a slot grows (kv_cache_reserve) and all come back on
+ * kv_cache_seq_free. Everything is allocated once in kv_cache_init; nothing per token.
+ * Invariant: block b is either on the free list or in exactly one slot's row.
+ */
+#ifndef FERRY_KV_CACHE_H
+#define FERRY_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/attention.h"
+
+struct kv_cache {
+    int n_layers, n_kv_heads, head_dim;
+    int block_size;       /* positions per block */
+    int n_blocks;         /* blocks in the pool */
+    int n_seqs;           /* slots */
+    int max_blocks;       /* blocks per slot = ceil(ctx_size / block_size) */
+    int ctx_size;         /* max positions per slot */
+    float *k, *v;         /* (n_layers, n_blocks, block_size, n_kv_heads*head_dim) f32 */
+    int32_t *block_table; /* (n_seqs, max_blocks) */
+    int32_t *n_held;      /* (n_seqs) blocks held by each slot */
+    int32_t *seq_len;     /* (n_seqs) positions stored */
+    int32_t *free_list;   /* (n_blocks) stack of free block ids */
+    int n_free;
+};
+
+int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
+                  int pool_tokens, int block_size);
+void kv_cache_free(struct kv_cache *kv);
+size_t kv_cache_bytes(const struct kv_cache *kv);
+
+/* Makes sure slot `seq` holds blocks for positions [0, n_pos). FERRY_ERR_RANGE when the pool is empty or
+ * n_pos > ctx_size; blocks taken before the failure stay with the slot (the caller may trim). */
+int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos);
+/* Returns the slot's blocks beyond what n_pos positions need. */
+void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos);
+void kv_cache_seq_free(struct kv_cache *kv, int seq);
+
+struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer);
+
+#endif

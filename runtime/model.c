@@ -1,0 +1,148 @@
+/* model — builds per-layer views over a model_file's tensors and checks every shape (see model.h). */
+#include "runtime/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "kernels/cpu/ops.h"
+#include "quant/dequant.h"
+
+static int find_matrix(const struct model_file *mf, const char *name, int64_t rows, int64_t cols,
+                       struct wview *out, char err[256])
+{
+    const struct wtensor *t = model_file_tensor(mf, name);
+    if (!t) {
+        snprintf(err, 256, "missing tensor %s", name);
+        return FERRY_ERR_NOT_FOUND;
+    }
+    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+        snprintf(err, 256, "tensor %s has shape [%lld, %lld], expected [%lld, %lld] (ne0 first)", name,
+                 (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
+        return FERRY_ERR_FORMAT;
+    }
+    *out = (struct wview){.data = t->data, .type = t->type, .rows = rows, .cols = cols};
+    return FERRY_OK;
+}
+
+/* An f32 copy of a 1-D tensor of n elements; *out stays NULL when optional and absent. */
+static int load_vector(const struct model_file *mf, const char *name, int64_t n, int optional, float **out,
+                       char err[256])
+{
+    *out = NULL;
+    const struct wtensor *t = model_file_tensor(mf, name);
+    if (!t) {
+        if (optional) return FERRY_OK;
+        snprintf(err, 256, "missing tensor %s", name);
+        return FERRY_ERR_NOT_FOUND;
+    }
+    if (t->ne[0] != n || t->ne[1] * t->ne[2] * t->ne[3] != 1) {
+        snprintf(err, 256, "tensor %s has %lld elements, expected %lld", name, (long long)t->ne[0],
+                 (long long)n);
+        return FERRY_ERR_FORMAT;
+    }
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) return FERRY_ERR_NOMEM;
+    int rc = dequant_row(t->type, t->data, v, n);
+    if (rc) {
+        free(v);
+        snprintf(err, 256, "tensor %s: cannot convert type %s to f32", name, dtype_name(t->type));
+        return rc;
+    }
+    *out = v;
+    return FERRY_OK;
+}
+
+static uint64_t wview_bytes(const struct wview *w) { return dtype_row_size(w->type, w->cols) * w->rows; }
+
+int model_init(struct model *m, const struct model_file *mf, char err[256])
+{
+    memset(m, 0, sizeof *m);
+    m->hp = mf->hp;
+    const struct llm_hparams *hp = &m->hp;
+    if (hp->n_layers <= 0 || hp->dim <= 0 || hp->n_heads <= 0 || hp->n_kv_heads <= 0 || hp->head_dim <= 0 ||
+        hp->n_heads % hp->n_kv_heads || hp->ffn_dim <= 0 || hp->n_vocab <= 0 || hp->rope_dim <= 0 ||
+        hp->rope_dim > hp->head_dim || hp->rope_dim % 2) {
+        snprintf(err, 256, "inconsistent hyperparameters (layers %d dim %d heads %d/%d head_dim %d rope_dim %d)",
+                 hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->rope_dim);
+        return FERRY_ERR_FORMAT;
+    }
+    const int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim,
+                  kvd = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim;
+    int rc;
+    char name[96];
+    if ((rc = find_matrix(mf, "token_embd.weight", hp->n_vocab, dim, &m->tok_embd, err))) goto fail;
+    if (model_file_tensor(mf, "output.weight")) {
+        if ((rc = find_matrix(mf, "output.weight", hp->n_vocab, dim, &m->output, err))) goto fail;
+    } else {
+        m->output = m->tok_embd;
+    }
+    if ((rc = load_vector(mf, "output_norm.weight", dim, 0, &m->output_norm, err))) goto fail;
+    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = FERRY_ERR_NOMEM;
+        goto fail;
+    }
+    m->weight_bytes = wview_bytes(&m->output);
+    for (int l = 0; l < hp->n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+#define MAT(field, suffix, r, c)                                                                             \
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                     \
+    if ((rc = find_matrix(mf, name, r, c, &L->field, err))) goto fail;                                      \
+    m->weight_bytes += wview_bytes(&L->field);
+#define VEC(field, suffix, n, opt)                                                                           \
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                     \
+    if ((rc = load_vector(mf, name, n, opt, &L->field, err))) goto fail;
+        MAT(wq, "attn_q.weight", qd, dim);
+        MAT(wk, "attn_k.weight", kvd, dim);
+        MAT(wv, "attn_v.weight", kvd, dim);
+        MAT(wo, "attn_output.weight", dim, qd);
+        MAT(w_gate, "ffn_gate.weight", ffn, dim);
+        MAT(w_up, "ffn_up.weight", ffn, dim);
+        MAT(w_down, "ffn_down.weight", dim, ffn);
+        VEC(attn_norm, "attn_norm.weight", dim, 0);
+        VEC(ffn_norm, "ffn_norm.weight", dim, 0);
+        VEC(bq, "attn_q.bias", qd, 1);
+        VEC(bk, "attn_k.bias", kvd, 1);
+        VEC(bv, "attn_v.bias", kvd, 1);
+#undef MAT
+#undef VEC
+    }
+    m->inv_freq = malloc((size_t)(hp->rope_dim / 2) * sizeof(float));
+    if (!m->inv_freq) {
+        rc = FERRY_ERR_NOMEM;
+        goto fail;
+    }
+    kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
+    /* GGUF llama3 files bake the scaling into per-frequency divisors. */
+    float *factors = NULL;
+    if ((rc = load_vector(mf, "rope_freqs.weight", hp->rope_dim / 2, 1, &factors, err))) goto fail;
+    if (factors) {
+        for (int i = 0; i < hp->rope_dim / 2; i++) m->inv_freq[i] /= factors[i];
+        free(factors);
+    }
+    return FERRY_OK;
+fail:
+    model_free(m);
+    return rc;
+}
+
+void model_free(struct model *m)
+{
+    if (!m) return;
+    if (m->layers) {
+        for (int l = 0; l < m->hp.n_layers; l++) {
+            struct model_layer *L = &m->layers[l];
+            free(L->attn_norm);
+            free(L->ffn_norm);
+            free(L->bq);
+            free(L->bk);
+            free(L->bv);
+        }
+    }
+    free(m->layers);
+    free(m->output_norm);
+    free(m->inv_freq);
+    memset(m, 0, sizeof *m);
+}

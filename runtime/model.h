@@ -1,0 +1,46 @@
+/* model — the Llama-family network as the forward pass sees it: hyperparameters and per-layer weight views.
+ *
+ * Built from a model_file (borrowed: the file must outlive the model). Matrices stay in their stored type
+ * and memory (mmap); only the small 1-D tensors (norm weights, biases) are converted to f32 copies that the
+ * model owns. Rotary inverse frequencies (with llama3/linear scaling and GGUF rope_freqs factors) are
+ * precomputed here. Usage: model_init → forward passes → model_free.
+ */
+#ifndef FERRY_MODEL_H
+#define FERRY_MODEL_H
+
+#include <stdint.h>
+
+#include "kernels/core/dtype.h"
+#include "weights/model_file.h"
+
+/* A row-major matrix (rows, cols) in its stored type: a linear layer is (n_out, n_in). */
+struct wview {
+    const void *data;
+    enum dtype type;
+    int64_t rows;
+    int64_t cols;
+};
+
+struct model_layer {
+    float *attn_norm;            /* (dim) f32 */
+    struct wview wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
+    float *bq, *bk, *bv;         /* (n_heads*hd), (n_kv*hd), (n_kv*hd) f32 or NULL */
+    float *ffn_norm;             /* (dim) f32 */
+    struct wview w_gate, w_up;   /* (ffn, dim) */
+    struct wview w_down;         /* (dim, ffn) */
+};
+
+struct model {
+    struct llm_hparams hp;
+    struct wview tok_embd;       /* (n_vocab, dim) */
+    struct wview output;         /* (n_vocab, dim); token_embd when tied */
+    float *output_norm;          /* (dim) f32 */
+    struct model_layer *layers;  /* (n_layers) */
+    float *inv_freq;             /* (rope_dim/2) f32 */
+    uint64_t weight_bytes;       /* bytes of all matrices read per forward pass */
+};
+
+int model_init(struct model *m, const struct model_file *mf, char err[256]);
+void model_free(struct model *m);
+
+#endif
