@@ -1,1 +1,231 @@
-/* matmul.c: not written yet */
+/* matmul — y (m, n) = x (m, k) · Wᵀ (+ bias) with W (n, k) in its stored type, f32 accumulation.
+ *
+ * Work: the n output rows are cut into contiguous ranges, one per pool thread (a static partition). A thread
+ * walks k in chunks of KC columns (sized so that the (m, KC) slice of x stays in L2) and, inside a chunk, its
+ * rows in groups of NR: the group's (NR, KC) weight tile is read in place (F32, and F16/BF16 converted in
+ * registers) or dequantized once into a small stack buffer (quantized types), then multiplied against all m
+ * rows of x, MR rows at a time, by a register-blocked micro-kernel (MR*NR vector accumulators).
+ * Every output element is the same sequence of f32 operations whatever the pool size (the vector lanes are
+ * reduced in a fixed order and chunk partial sums are added in k order), so results are deterministic and
+ * even independent of the thread count. m = 1 (decode) is the same code with MR = 1: W streams once.
+ */
+#include "kernels/cpu/matmul.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels/core/fp16.h"
+#include "kernels/core/status.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/dequant.h"
+
+#if defined(__AVX512F__)
+#define VL 16
+#else
+#define VL 8
+#endif
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vfu __attribute__((vector_size(VL * 4), aligned(4)));      /* unaligned f32 load */
+typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2)));   /* unaligned 16-bit load */
+typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
+
+#define MR 4           /* rows of x per micro-kernel call */
+#define NR 4           /* rows of W per tile */
+#define KC_MAX 4096    /* columns per chunk for dequantized tiles: the tile is NR*KC_MAX f32 = 64 KiB */
+#define X_L2_BYTES (512 * 1024)  /* budget for the (m, KC) slice of x */
+
+enum wkind { WK_F32 = 0, WK_F16 = 1, WK_BF16 = 2 };
+
+static inline vf load_w(const void *w, ptrdiff_t off, enum wkind kind)
+{
+    if (kind == WK_F32) return *(const vfu *)((const float *)w + off);
+    if (kind == WK_BF16) {
+        vu32 u = __builtin_convertvector(*(const vhu *)((const uint16_t *)w + off), vu32);
+        return (vf)(u << 16);
+    }
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + off)));
+#elif defined(__F16C__)
+    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + off)));
+#else
+    vf r;
+    for (int l = 0; l < VL; l++) r[l] = f16_to_f32(((const uint16_t *)w + off)[l]);
+    return r;
+#endif
+}
+
+static inline float load_w1(const void *w, ptrdiff_t off, enum wkind kind)
+{
+    if (kind == WK_F32) return ((const float *)w)[off];
+    if (kind == WK_BF16) return bf16_to_f32(((const uint16_t *)w)[off]);
+    return f16_to_f32(((const uint16_t *)w)[off]);
+}
+
+static inline float hsum(vf v)
+{
+    /* Fixed pairwise order. */
+#if VL == 16
+    float s[8];
+    for (int l = 0; l < 8; l++) s[l] = v[l] + v[l + 8];
+#else
+    float s[8];
+    for (int l = 0; l < 8; l++) s[l] = v[l];
+#endif
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* out[i*NR + j] = Σ_c x[i*ldx + c] * w[j*ldw + c] for c < kc, i < mr, j < nr. */
+static inline __attribute__((always_inline)) void micro(float *out, const float *x, ptrdiff_t ldx, const void *w,
+                                                        ptrdiff_t ldw, int kc, int mr, int nr, enum wkind kind)
+{
+    vf acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (vf){0};
+    const int kv = kc - kc % VL;
+    for (int c = 0; c < kv; c += VL) {
+        vf wv[NR];
+        for (int j = 0; j < nr; j++) wv[j] = load_w(w, j * ldw + c, kind);
+        for (int i = 0; i < mr; i++) {
+            const vf xv = *(const vfu *)(x + i * ldx + c);
+            for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float s = hsum(acc[i][j]);
+            for (int c = kv; c < kc; c++) s += x[i * ldx + c] * load_w1(w, j * ldw + c, kind);
+            out[i * NR + j] = s;
+        }
+}
+
+#define MICRO_CASE(kind, mr, nr)                                                                             \
+    case (mr) * 8 + (nr): micro(out, x, ldx, w, ldw, kc, mr, nr, kind); return;
+#define MICRO_ROW(kind, mr)                                                                                  \
+    MICRO_CASE(kind, mr, 1) MICRO_CASE(kind, mr, 2) MICRO_CASE(kind, mr, 3) MICRO_CASE(kind, mr, 4)
+#define MICRO_FN(name, kind)                                                                                 \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,   \
+                     int nr)                                                                                 \
+    {                                                                                                        \
+        switch (mr * 8 + nr) {                                                                               \
+            MICRO_ROW(kind, 1) MICRO_ROW(kind, 2) MICRO_ROW(kind, 3) MICRO_ROW(kind, 4)                      \
+        }                                                                                                    \
+    }
+MICRO_FN(micro_f32, WK_F32)
+MICRO_FN(micro_f16, WK_F16)
+MICRO_FN(micro_bf16, WK_BF16)
+
+typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,
+                         int nr);
+
+struct mm_ctx {
+    float *y;          /* (m, n) */
+    const float *x;    /* (m, k) */
+    const uint8_t *w;  /* (n, row_bytes) */
+    enum dtype wt;
+    const float *bias; /* (n) or NULL */
+    int m, n, k;
+    size_t row_bytes;
+    int kc;            /* columns per chunk */
+    int n_threads;
+};
+
+static void mm_task(void *arg, int t)
+{
+    const struct mm_ctx *c = arg;
+    const int n_groups = (c->n + NR - 1) / NR;
+    const int g0 = (int)((int64_t)n_groups * t / c->n_threads), g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
+    if (g0 >= g1) return;
+    const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
+    const int m = c->m, k = c->k;
+    const int quantized = c->wt != DTYPE_F32 && c->wt != DTYPE_F16 && c->wt != DTYPE_BF16;
+    micro_fn mk = c->wt == DTYPE_F16 ? micro_f16 : c->wt == DTYPE_BF16 ? micro_bf16 : micro_f32;
+    const size_t esz = c->wt == DTYPE_F32 ? 4 : 2;
+    float tile[NR * KC_MAX] __attribute__((aligned(64)));
+    float out[MR * NR];
+
+    for (int k0 = 0; k0 < k; k0 += c->kc) {
+        const int kc = k - k0 < c->kc ? k - k0 : c->kc;
+        for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
+            const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
+            const void *wp;
+            ptrdiff_t ldw;
+            if (quantized) {
+                const size_t off = dtype_row_size(c->wt, k0);
+                for (int j = 0; j < nr; j++)
+                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * kc, kc);
+                wp = tile;
+                ldw = kc;
+            } else {
+                wp = c->w + (size_t)j0 * c->row_bytes + (size_t)k0 * esz;
+                ldw = k;
+            }
+            for (int i0 = 0; i0 < m; i0 += MR) {
+                const int mr = m - i0 < MR ? m - i0 : MR;
+                mk(out, c->x + (size_t)i0 * k + k0, k, wp, ldw, kc, mr, nr);
+                for (int i = 0; i < mr; i++) {
+                    float *yr = c->y + (size_t)(i0 + i) * c->n + j0;
+                    if (k0 == 0)
+                        for (int j = 0; j < nr; j++) yr[j] = out[i * NR + j];
+                    else
+                        for (int j = 0; j < nr; j++) yr[j] += out[i * NR + j];
+                }
+            }
+        }
+    }
+    if (c->bias)
+        for (int i = 0; i < m; i++)
+            for (int j = j_lo; j < j_hi; j++) c->y[(size_t)i * c->n + j] += c->bias[j];
+}
+
+static int mm_check(const float *y, const float *x, const void *w, enum dtype wt, int m, int n, int k)
+{
+    if (!y || !x || !w || !dtype_valid(wt) || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
+    if (k % dtype_block_size(wt)) return FERRY_ERR_INVALID;
+    return FERRY_OK;
+}
+
+int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n, int k,
+                    struct tpool *tp)
+{
+    int st = mm_check(y, x, w, wt, m, n, k);
+    if (st) return st;
+    struct mm_ctx c = {.y = y, .x = x, .w = w, .wt = wt, .bias = bias, .m = m, .n = n, .k = k,
+                       .row_bytes = dtype_row_size(wt, k), .n_threads = tpool_size(tp)};
+    /* KC: a multiple of 256 (whole K-quant blocks) keeping the x slice in L2; whole rows when that fits. */
+    int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
+    kc = kc / 256 * 256;
+    if (kc < 256) kc = 256;
+    const int quantized = wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16;
+    if (quantized && kc > KC_MAX) kc = KC_MAX;
+    if (kc >= k) kc = k;
+    c.kc = (int)kc;
+    /* Tiny products are not worth waking the pool for. */
+    const int n_tasks = (int64_t)m * n * k < 32 * 1024 ? 1 : c.n_threads;
+    if (n_tasks == 1) c.n_threads = 1;
+    tpool_run(tp, mm_task, &c, n_tasks);
+    return FERRY_OK;
+}
+
+int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
+                        int k)
+{
+    int st = mm_check(y, x, w, wt, m, n, k);
+    if (st) return st;
+    const size_t row_bytes = dtype_row_size(wt, k);
+    const int bs = dtype_block_size(wt);
+    const size_t bsz = dtype_type_size(wt);
+    for (int j = 0; j < n; j++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)j * row_bytes;
+        for (int i = 0; i < m; i++) {
+            double acc = bias ? bias[j] : 0.0;
+            for (int b = 0; b < k / bs; b++) {
+                float blk[256];
+                dequant_row(wt, wr + (size_t)b * bsz, blk, bs);
+                for (int e = 0; e < bs; e++) acc += (double)x[(size_t)i * k + b * bs + e] * blk[e];
+            }
+            y[(size_t)i * n + j] = (float)acc;
+        }
+    }
+    return FERRY_OK;
+}

@@ -1,1 +1,193 @@
-/* ops.c: not written yet */
+/* ops — embedding lookup, RMSNorm, rotary embedding, SiLU gate and residual add on the CPU (see ops.h).
+ *
+ * Precision follows Hugging Face transformers in fp32, because the runtime's logits are compared with it:
+ * RMSNorm squares and sums in double, rounds the mean to f32 and scales by an f32 rsqrt, then multiplies by
+ * the weight (HF: weight * (x * rsqrt(var + eps))). Rotary frequencies are computed in f32 in the same order
+ * as HF's _compute_default_rope_parameters / _compute_llama3_parameters, and angles as f32(pos) * inv_freq
+ * rounded to f32, with cos/sin evaluated in double and rounded. The float steps that must not be fused into
+ * FMAs go through f32_keep(), which forces a rounding to f32.
+ */
+#include "kernels/cpu/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "quant/dequant.h"
+
+/* Rounds to f32 and stops the compiler from contracting the surrounding expression into an FMA. */
+static inline float f32_keep(float v)
+{
+    volatile float r = v;
+    return r;
+}
+
+int kern_cpu_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens, int m)
+{
+    if (!x || !table || !tokens || d <= 0 || m < 0 || n_rows <= 0 || !dtype_valid(tt)) return FERRY_ERR_INVALID;
+    const size_t row_bytes = dtype_row_size(tt, d);
+    if (row_bytes == 0) return FERRY_ERR_INVALID;
+    for (int i = 0; i < m; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_rows) return FERRY_ERR_RANGE;
+    for (int i = 0; i < m; i++) {
+        int st = dequant_row(tt, (const uint8_t *)table + (size_t)tokens[i] * row_bytes, x + (size_t)i * d, d);
+        if (st) return st;
+    }
+    return FERRY_OK;
+}
+
+/* ---- RMSNorm --------------------------------------------------------------------------------------------- */
+
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16), aligned(4)));
+
+static double sum_squares(const float *x, int d)
+{
+    v4d a0 = {0}, a1 = {0};
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        v4d x0 = __builtin_convertvector(*(const v4f *)(x + i), v4d);
+        v4d x1 = __builtin_convertvector(*(const v4f *)(x + i + 4), v4d);
+        a0 += x0 * x0;
+        a1 += x1 * x1;
+    }
+    v4d a = a0 + a1;
+    double s = (a[0] + a[2]) + (a[1] + a[3]);
+    for (; i < d; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+void kern_cpu_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps)
+{
+    for (int r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * d;
+        float *yr = y + (size_t)r * d;
+        const float var = (float)(sum_squares(xr, d) / d);
+        const float s = (float)(1.0 / sqrt((double)(var + eps)));
+        for (int i = 0; i < d; i++) yr[i] = w[i] * (xr[i] * s);
+    }
+}
+
+void kern_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int m, int d, float eps)
+{
+    for (int r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * d;
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+        const double s = 1.0 / sqrt(ss / d + eps);
+        for (int i = 0; i < d; i++) y[(size_t)r * d + i] = (float)((double)w[i] * xr[i] * s);
+    }
+}
+
+/* ---- rotary embedding ------------------------------------------------------------------------------------ */
+
+void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc)
+{
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all f32. */
+        const float e = f32_keep((float)(2 * i) / (float)rope_dim);
+        const float p = (float)pow((double)theta, (double)e);
+        inv_freq[i] = f32_keep(1.0f / p);
+    }
+    if (!sc || sc->type == ROPE_SCALING_NONE) return;
+    if (sc->type == ROPE_SCALING_LINEAR) {
+        for (int i = 0; i < half; i++) inv_freq[i] = f32_keep(inv_freq[i] / sc->factor);
+        return;
+    }
+    /* llama3, as transformers' _compute_llama3_parameters. torch evaluates `python_scalar / tensor` as
+     * reciprocal(tensor) * scalar, and converts python scalars to f32 before the element-wise op. */
+    const float factor = sc->factor, lo = sc->low_freq_factor, hi = sc->high_freq_factor;
+    const float old_ctx = (float)sc->orig_ctx;
+    const float lo_wavelen = (float)((double)sc->orig_ctx / (double)lo);
+    const float hi_wavelen = (float)((double)sc->orig_ctx / (double)hi);
+    const float two_pi = (float)(2.0 * M_PI);
+    const float hi_minus_lo = (float)((double)hi - (double)lo);
+    for (int i = 0; i < half; i++) {
+        const float f = inv_freq[i];
+        const float wavelen = f32_keep(f32_keep(1.0f / f) * two_pi);
+        float fl = wavelen > lo_wavelen ? f32_keep(f / factor) : f;
+        const float smooth = f32_keep(f32_keep(f32_keep(f32_keep(1.0f / wavelen) * old_ctx) - lo) / hi_minus_lo);
+        const float smoothed =
+            f32_keep(f32_keep(f32_keep(f32_keep(1.0f - smooth) * fl) / factor) + f32_keep(smooth * fl));
+        const int medium = !(wavelen < hi_wavelen) && !(wavelen > lo_wavelen);
+        inv_freq[i] = medium ? smoothed : fl;
+    }
+}
+
+/* Rotates one head given cs[i] = (cos, sin) of pair i. */
+static inline void rope_head(float *h, const float *cs, int rope_dim, enum rope_style style)
+{
+    const int half = rope_dim / 2;
+    if (style == ROPE_STYLE_HALF) {
+        for (int i = 0; i < half; i++) {
+            const float a = h[i], b = h[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+            h[i] = a * c - b * s;
+            h[i + half] = b * c + a * s;
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            const float a = h[2 * i], b = h[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+            h[2 * i] = a * c - b * s;
+            h[2 * i + 1] = b * c + a * s;
+        }
+    }
+}
+
+#define ROPE_MAX_PAIRS 1024
+
+void kern_cpu_rope(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
+                   const float *inv_freq, enum rope_style style)
+{
+    const int half = rope_dim / 2;
+    if (half > ROPE_MAX_PAIRS) {
+        kern_cpu_rope_ref(x, pos, m, n_heads, head_dim, rope_dim, inv_freq, style);
+        return;
+    }
+    float cs[2 * ROPE_MAX_PAIRS];
+    for (int t = 0; t < m; t++) {
+        const float p = (float)pos[t];
+        for (int i = 0; i < half; i++) {
+            const double ang = (double)(p * inv_freq[i]);
+            double s, c;
+            sincos(ang, &s, &c);
+            cs[2 * i] = (float)c;
+            cs[2 * i + 1] = (float)s;
+        }
+        for (int h = 0; h < n_heads; h++) rope_head(x + ((size_t)t * n_heads + h) * head_dim, cs, rope_dim, style);
+    }
+}
+
+void kern_cpu_rope_ref(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
+                       const float *inv_freq, enum rope_style style)
+{
+    const int half = rope_dim / 2;
+    for (int t = 0; t < m; t++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                const float ang = (float)pos[t] * inv_freq[i];
+                const double c = cos((double)ang), s = sin((double)ang);
+                const int ia = style == ROPE_STYLE_HALF ? i : 2 * i;
+                const int ib = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
+                const double a = v[ia], b = v[ib];
+                v[ia] = (float)(a * c - b * s);
+                v[ib] = (float)(b * c + a * s);
+            }
+        }
+}
+
+/* ---- element-wise ---------------------------------------------------------------------------------------- */
+
+void kern_cpu_silu_mul(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kern_cpu_add(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
