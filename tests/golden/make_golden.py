@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""make_golden.py — tiny random Hugging Face models and their reference outputs from transformers.
+
+Writes, under tests/golden/models/NAME/: config.json + model.safetensors (the model), and
+tests/golden/NAME.json: for several prompts (token ids, lengths 1..200) the last-position logits and 24 greedy
+tokens computed by transformers in float32 (weights stored in f32/f16/bf16 are upcast exactly, so ferry's fp32
+CPU path computes the same function). The smallest top-2 logit margin along each greedy path is recorded;
+the seeds below were picked so that every margin is far above fp32 rounding noise.
+
+Models (odd sizes on purpose):
+  llama_mha_f32     Llama, multi-head attention, f32, untied, 3 layers
+  llama3_gqa_f16    Llama-3 style: GQA 8/2, rope_scaling llama3, tied embeddings, theta 5e5, f16
+  qwen2_bias_bf16   Qwen2: q/k/v biases, GQA 7/1, theta 1e6, bf16 (config in transformers 5's rope_parameters form)
+Run: python3 tests/golden/make_golden.py  (needs torch, transformers, safetensors; CI uses the committed output)
+"""
+import json
+import os
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N_GREEDY = 24
+PROMPT_LENGTHS = [1, 7, 33, 200]
+
+
+def init_weights(model, seed):
+    """Weights large enough that logits spread out (random tiny models are otherwise near-ties everywhere)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        with torch.no_grad():
+            if p.dim() == 1:
+                if "norm" in name:
+                    p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                else:  # biases
+                    p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[1]
+                scale = 1.0 if "embed" in name else 1.5 / fan_in**0.5
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+
+
+def greedy(model, ids, n):
+    out, margins = [], []
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            top2 = torch.topk(logits, 2).values
+            margins.append(float(top2[0] - top2[1]))
+            t = int(torch.argmax(logits))
+            out.append(t)
+            ids.append(t)
+    return out, min(margins)
+
+
+def make(name, cfg_cls, model_cls, cfg_kwargs, dtype, seed, classic_config=False):
+    torch.manual_seed(seed)
+    cfg = cfg_cls(**cfg_kwargs)
+    model = model_cls(cfg).eval()
+    init_weights(model, seed)
+    model = model.to(dtype)  # round the weights to the storage type ...
+    out_dir = os.path.join(HERE, "models", name)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        p = os.path.join(out_dir, extra)
+        if os.path.exists(p):
+            os.remove(p)
+    if classic_config:
+        # Checkpoints in the wild (Llama 3.1, Qwen2...) carry rope_theta/rope_scaling at the top level;
+        # transformers 5 writes rope_parameters. Keep one model in each form so both are read.
+        cfg_path = os.path.join(out_dir, "config.json")
+        with open(cfg_path) as f:
+            c = json.load(f)
+        rp = c.pop("rope_parameters")
+        c["rope_theta"] = rp.pop("rope_theta")
+        if rp.get("rope_type", "default") != "default":
+            c["rope_scaling"] = rp
+        with open(cfg_path, "w") as f:
+            json.dump(c, f, indent=2)
+        assert model_cls.from_pretrained(out_dir).config.rope_parameters["rope_type"] == rp.get("rope_type", "default")
+    ref = model.float().eval()  # ... and compute the reference in fp32 from exactly those values
+    g = torch.Generator().manual_seed(seed + 1)
+    cases = []
+    for n in PROMPT_LENGTHS:
+        ids = torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
+        with torch.no_grad():
+            logits = ref(torch.tensor([ids])).logits[0, -1]
+        toks, margin = greedy(ref, ids, N_GREEDY)
+        cases.append({"prompt_tokens": ids, "logits": [float(x) for x in logits], "greedy_tokens": toks,
+                      "min_top2_margin": margin})
+        print(f"{name}: prompt {n:3d} min top-2 margin {margin:.4f} logit absmax {float(logits.abs().max()):.2f}")
+    with open(os.path.join(HERE, name + ".json"), "w") as f:
+        json.dump({"model": f"models/{name}", "dtype": str(dtype).replace("torch.", ""), "cases": cases}, f)
+
+
+def main():
+    make("llama_mha_f32", LlamaConfig, LlamaForCausalLM, dict(
+        vocab_size=257, hidden_size=48, intermediate_size=100, num_hidden_layers=3, num_attention_heads=6,
+        num_key_value_heads=6, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), torch.float32, seed=11, classic_config=True)
+    make("llama3_gqa_f16", LlamaConfig, LlamaForCausalLM, dict(
+        vocab_size=311, hidden_size=64, intermediate_size=136, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2), torch.float16, seed=23, classic_config=True)
+    make("qwen2_bias_bf16", Qwen2Config, Qwen2ForCausalLM, dict(
+        vocab_size=263, hidden_size=56, intermediate_size=90, num_hidden_layers=2, num_attention_heads=7,
+        num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, use_sliding_window=False), torch.bfloat16, seed=37)
+
+
+if __name__ == "__main__":
+    main()
