@@ -1,1 +1,331 @@
-/* options.c: not written yet */
+/* options — the server's option table and the one parser that reads it from the environment and argv.
+ *
+ * Each row names the option, its type, bounds and default (as text, parsed through the same path as user
+ * input, so --help shows exactly what is applied). Environment first, argv second: the last word wins.
+ */
+#include "server/options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+
+enum opt_type { OPT_STR, OPT_INT, OPT_I64, OPT_SIZE, OPT_BOOL, OPT_KEYS, OPT_ENUM };
+
+struct opt_row {
+    const char *name;   /* long option without dashes; env var is FERRY_<NAME> */
+    enum opt_type type;
+    size_t off;         /* offset into struct serve_options */
+    int64_t lo, hi;     /* bounds for numbers */
+    const char *def;    /* default as text, NULL = unset */
+    const char *choices; /* OPT_ENUM: "a|b|c" */
+    const char *help;
+};
+
+#define OFF(f) offsetof(struct serve_options, f)
+
+static const struct opt_row rows[] = {
+    {"model", OPT_STR, OFF(model), 0, 0, NULL, NULL, "GGUF file or Hugging Face directory (required)"},
+    {"host", OPT_STR, OFF(host), 0, 0, "127.0.0.1", NULL, "address to bind"},
+    {"port", OPT_INT, OFF(port), 0, 65535, "8080", NULL, "TCP port (0 = any free port, logged)"},
+    {"api-key", OPT_KEYS, OFF(api_keys), 0, 0, NULL, NULL,
+     "accepted bearer key (repeatable; env: one key); none = no auth"},
+    {"api-key-file", OPT_STR, OFF(api_key_file), 0, 0, NULL, NULL, "file with one key per line"},
+    {"ctx-size", OPT_INT, OFF(ctx_size), 0, 1 << 20, "0", NULL,
+     "positions per sequence (0 = min(model's, 4096))"},
+    {"parallel", OPT_INT, OFF(parallel), 1, 1024, "4", NULL, "sequences decoded at once (slots)"},
+    {"max-batch-tokens", OPT_INT, OFF(max_batch_tokens), 1, 1 << 20, "512", NULL,
+     "tokens per engine step (decode + prefill chunks)"},
+    {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},
+    {"max-queue", OPT_INT, OFF(max_queue), 0, 1 << 20, "64", NULL,
+     "sequences waiting for a slot before 503 + Retry-After"},
+    {"body-limit", OPT_SIZE, OFF(body_limit), 1024, (int64_t)1 << 30, "1MiB", NULL,
+     "largest request body (413 above)"},
+    {"timeout", OPT_INT, OFF(timeout), 0, 86400 * 7, "600", NULL,
+     "seconds a request may take, queue included (0 = none)"},
+    {"conn-timeout", OPT_INT, OFF(conn_timeout), 1, 86400, "30", NULL,
+     "seconds an idle or stalled connection is kept"},
+    {"max-connections", OPT_INT, OFF(max_connections), 1, 65536, "256", NULL, "concurrent connections"},
+    {"shutdown-timeout", OPT_INT, OFF(shutdown_timeout), 0, 86400, "10", NULL,
+     "seconds to finish in-flight requests on SIGTERM/SIGINT before cutting them"},
+    {"cors-origin", OPT_STR, OFF(cors_origin), 0, 0, NULL, NULL,
+     "Access-Control-Allow-Origin value (e.g. * ); unset = no CORS headers"},
+    {"chat-template", OPT_STR, OFF(chat_template), 0, 0, NULL, NULL,
+     "builtin template name (chatml, llama2, llama3, mistral, gemma, phi3, zephyr) over the model's"},
+    {"public-health", OPT_BOOL, OFF(public_health), 0, 1, "0", NULL, "/health and /metrics need no API key"},
+    {"log-level", OPT_ENUM, OFF(log_level), 0, 0, "info", "error|warn|info|debug", "log verbosity"},
+    {"served-model-name", OPT_STR, OFF(served_model_name), 0, 0, NULL, NULL,
+     "model id in the API (default: file name of --model)"},
+    {"seed", OPT_I64, OFF(seed), -1, INT64_MAX, "-1", NULL,
+     "seed for requests without one (-1 = random per request)"},
+    {"gpu-memory", OPT_SIZE, OFF(gpu_memory), 0, INT64_MAX, "0", NULL,
+     "GPU memory budget (CUDA backend; not used yet: accepted and logged)"},
+    {"reserve-vram", OPT_SIZE, OFF(reserve_vram), 0, INT64_MAX, "0", NULL,
+     "VRAM left free (CUDA backend; not used yet: accepted and logged)"},
+    {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
+     "layers resident on the GPU (-1 = planner; not used yet: accepted and logged)"},
+    {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
+     "quantize weights at load (not used yet: accepted and logged)"},
+    {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, "0", NULL,
+     "fixed reduction orders (passed to the engine; the CPU backend always is)"},
+};
+#define N_ROWS (int)(sizeof rows / sizeof rows[0])
+
+static int parse_i64(const char *s, int64_t *v)
+{
+    if (!s || !*s) return -1;
+    errno = 0;
+    char *end;
+    long long x = strtoll(s, &end, 10);
+    if (errno || *end) return -1;
+    *v = x;
+    return 0;
+}
+
+static int parse_size(const char *s, int64_t *v)
+{
+    if (!s || !*s) return -1;
+    errno = 0;
+    char *end;
+    double x = strtod(s, &end);
+    if (errno || end == s || x < 0) return -1;
+    double mul = 1;
+    while (*end == ' ') end++;
+    switch (tolower((unsigned char)*end)) {
+    case 0: break;
+    case 'b': mul = 1; end++; break;
+    case 'k': mul = 1024.0; end++; break;
+    case 'm': mul = 1024.0 * 1024; end++; break;
+    case 'g': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: return -1;
+    }
+    if (mul > 1) {
+        if (*end == 'i' || *end == 'I') end++;
+        if (*end == 'b' || *end == 'B') end++;
+    }
+    if (*end) return -1;
+    x *= mul;
+    if (x > 9.0e18) return -1;
+    *v = (int64_t)x;
+    return 0;
+}
+
+static int parse_bool(const char *s, int *v)
+{
+    if (!s) return -1;
+    if (!strcasecmp(s, "1") || !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on")) {
+        *v = 1;
+        return 0;
+    }
+    if (!strcasecmp(s, "0") || !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off")) {
+        *v = 0;
+        return 0;
+    }
+    return -1;
+}
+
+static int choice_ok(const char *choices, const char *s)
+{
+    size_t n = strlen(s);
+    const char *p = choices;
+    while (p && *p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, s, n)) return 1;
+        p = bar ? bar + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Applies one textual value to a row; `from` names the source for the error message. */
+static int apply(struct serve_options *o, const struct opt_row *r, const char *val, const char *from,
+                 char err[256])
+{
+    char *base = (char *)o + r->off;
+    int64_t v = 0;
+    switch (r->type) {
+    case OPT_STR:
+        if (!val || !*val) {
+            snprintf(err, 256, "%s: --%s needs a non-empty value", from, r->name);
+            return FERRY_ERR_INVALID;
+        }
+        *(const char **)base = val;
+        return 0;
+    case OPT_ENUM:
+        if (!val || !choice_ok(r->choices, val)) {
+            snprintf(err, 256, "%s: --%s must be one of %s, got '%s'", from, r->name, r->choices,
+                     val ? val : "");
+            return FERRY_ERR_INVALID;
+        }
+        *(const char **)base = val;
+        return 0;
+    case OPT_KEYS:
+        if (!val || !*val) {
+            snprintf(err, 256, "%s: --%s needs a non-empty value", from, r->name);
+            return FERRY_ERR_INVALID;
+        }
+        if (o->n_api_keys >= SERVE_MAX_API_KEYS) {
+            snprintf(err, 256, "%s: at most %d API keys", from, SERVE_MAX_API_KEYS);
+            return FERRY_ERR_INVALID;
+        }
+        o->api_keys[o->n_api_keys++] = val;
+        return 0;
+    case OPT_BOOL: {
+        int b;
+        if (parse_bool(val, &b)) {
+            snprintf(err, 256, "%s: --%s takes true/false/1/0, got '%s'", from, r->name, val ? val : "");
+            return FERRY_ERR_INVALID;
+        }
+        *(int *)base = b;
+        return 0;
+    }
+    case OPT_INT:
+    case OPT_I64:
+    case OPT_SIZE: {
+        int bad = r->type == OPT_SIZE ? parse_size(val, &v) : parse_i64(val, &v);
+        if (bad) {
+            snprintf(err, 256, "%s: --%s: '%s' is not a %s", from, r->name, val ? val : "",
+                     r->type == OPT_SIZE ? "size (e.g. 512KiB, 4GiB)" : "integer");
+            return FERRY_ERR_INVALID;
+        }
+        if (v < r->lo || v > r->hi) {
+            snprintf(err, 256, "%s: --%s=%s is out of range [%lld, %lld]", from, r->name, val,
+                     (long long)r->lo, (long long)r->hi);
+            return FERRY_ERR_INVALID;
+        }
+        if (r->type == OPT_INT) *(int *)base = (int)v;
+        else *(int64_t *)base = v;
+        return 0;
+    }
+    }
+    return FERRY_ERR_INVALID;
+}
+
+struct serve_options serve_options_default(void)
+{
+    struct serve_options o;
+    memset(&o, 0, sizeof o);
+    char err[256];
+    for (int i = 0; i < N_ROWS; i++)
+        if (rows[i].def) ASSERT(apply(&o, &rows[i], rows[i].def, "default", err) == 0);
+    return o;
+}
+
+static void env_name(const char *name, char *out, size_t cap)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(out, cap, "FERRY_");
+    for (const char *p = name; *p && n + 1 < cap; p++) out[n++] = *p == '-' ? '_' : (char)toupper(*p);
+    out[n] = 0;
+}
+
+int serve_options_parse(struct serve_options *o, int argc, char **argv, char err[256])
+{
+    err[0] = 0;
+    for (int i = 0; i < N_ROWS; i++) {
+        char env[64];
+        env_name(rows[i].name, env, sizeof env);
+        const char *v = getenv(env);
+        if (v && apply(o, &rows[i], v, env, err)) return FERRY_ERR_INVALID;
+    }
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            o->help = 1;
+            continue;
+        }
+        if (strncmp(arg, "--", 2)) {
+            snprintf(err, 256, "unexpected argument '%s' (options start with --; see --help)", arg);
+            return FERRY_ERR_INVALID;
+        }
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const struct opt_row *r = NULL;
+        for (int i = 0; i < N_ROWS; i++)
+            if (strlen(rows[i].name) == nlen && !strncmp(rows[i].name, name, nlen)) r = &rows[i];
+        if (!r) {
+            snprintf(err, 256, "unknown option '%.*s' (see --help)", (int)(nlen + 2), arg);
+            return FERRY_ERR_INVALID;
+        }
+        const char *val;
+        if (eq) val = eq + 1;
+        else if (r->type == OPT_BOOL) val = "1";
+        else if (a + 1 < argc) val = argv[++a];
+        else {
+            snprintf(err, 256, "option --%s needs a value", r->name);
+            return FERRY_ERR_INVALID;
+        }
+        if (apply(o, r, val, "argv", err)) return FERRY_ERR_INVALID;
+    }
+    return 0;
+}
+
+int serve_options_load_key_file(struct serve_options *o, char err[256])
+{
+    if (!o->api_key_file) return 0;
+    FILE *f = fopen(o->api_key_file, "r");
+    if (!f) {
+        snprintf(err, 256, "--api-key-file %s: %s", o->api_key_file, strerror(errno));
+        return FERRY_ERR_IO;
+    }
+    char line[1024];
+    int rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *s = line;
+        while (isspace((unsigned char)*s)) s++;
+        size_t n = strlen(s);
+        while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+        if (!n || *s == '#') continue;
+        if (o->n_api_keys >= SERVE_MAX_API_KEYS || o->n_owned >= SERVE_MAX_API_KEYS) {
+            snprintf(err, 256, "--api-key-file %s: at most %d keys", o->api_key_file, SERVE_MAX_API_KEYS);
+            rc = FERRY_ERR_INVALID;
+            break;
+        }
+        char *k = strdup(s);
+        if (!k) {
+            rc = FERRY_ERR_NOMEM;
+            break;
+        }
+        o->owned[o->n_owned++] = k;
+        o->api_keys[o->n_api_keys++] = k;
+    }
+    fclose(f);
+    return rc;
+}
+
+void serve_options_help(FILE *f)
+{
+    fprintf(f, "usage: ferry serve --model PATH [options]\n\n"
+               "OpenAI-compatible HTTP server. Every option also reads from the environment variable shown.\n\n");
+    for (int i = 0; i < N_ROWS; i++) {
+        const struct opt_row *r = &rows[i];
+        char env[64], lhs[64];
+        env_name(r->name, env, sizeof env);
+        const char *meta = r->type == OPT_BOOL ? "" : r->type == OPT_SIZE ? " SIZE" :
+                           r->type == OPT_INT || r->type == OPT_I64 ? " N" : r->type == OPT_ENUM ? " WORD" :
+                           " TEXT";
+        snprintf(lhs, sizeof lhs, "--%s%s", r->name, meta);
+        fprintf(f, "  %-26s %s\n", lhs, r->help);
+        fprintf(f, "  %-26s env %s", "", env);
+        if (r->type == OPT_ENUM) fprintf(f, ", one of %s", r->choices);
+        if ((r->type == OPT_INT || r->type == OPT_I64) && r->hi > r->lo)
+            fprintf(f, ", range [%lld, %lld]", (long long)r->lo, (long long)r->hi);
+        if (r->def) fprintf(f, ", default %s", r->def);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "  %-26s this text\n", "--help");
+}
+
+void serve_options_free(struct serve_options *o)
+{
+    if (!o) return;
+    for (int i = 0; i < o->n_owned; i++) free(o->owned[i]);
+    o->n_owned = 0;
+}

@@ -1,0 +1,145 @@
+/* metrics — counters and histograms behind /metrics, in the Prometheus text exposition format 0.0.4. */
+#include "server/metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double seconds_bounds[METRICS_N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                         0.25,  0.5,    1,     2.5,  5,     10,  30};
+static const double tokens_bounds[METRICS_N_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                                        4096, 8192};
+static const double request_bounds[METRICS_N_BUCKETS] = {0.01, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                                         5,    10,   20,  30,   60,  120, 300};
+
+void metrics_init(struct metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    m->ttft.bounds = seconds_bounds;
+    m->itl.bounds = seconds_bounds;
+    m->batch_tokens.bounds = tokens_bounds;
+    m->request_seconds.bounds = request_bounds;
+    m->loading = 1;
+}
+
+void metrics_free(struct metrics *m)
+{
+    if (m) pthread_mutex_destroy(&m->mu);
+}
+
+void metrics_count_status(struct metrics *m, int code)
+{
+    pthread_mutex_lock(&m->mu);
+    int i;
+    for (i = 0; i < METRICS_N_STATUS && m->status_code[i] && m->status_code[i] != code; i++) {}
+    if (i < METRICS_N_STATUS) {
+        m->status_code[i] = code;
+        m->status_count[i]++;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* Caller may or may not hold m->mu: histograms are only touched here, under it. */
+void metrics_observe(struct metrics *m, struct histogram *h, double v)
+{
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < METRICS_N_BUCKETS && v > h->bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 64;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void render_hist(struct sbuf *b, const char *name, const char *help, const struct histogram *h)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < METRICS_N_BUCKETS; i++) {
+        cum += h->counts[i];
+        sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[METRICS_N_BUCKETS];
+    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum,
+              name, h->sum, name, (unsigned long long)h->n);
+}
+
+char *metrics_render(struct metrics *m, size_t *len)
+{
+    struct sbuf b = {malloc(4096), 0, 4096, 0};
+    if (!b.p) return NULL;
+    b.p[0] = 0;
+    pthread_mutex_lock(&m->mu);
+    sb_printf(&b, "# HELP ferry_requests_total HTTP requests completed, by status code.\n"
+                  "# TYPE ferry_requests_total counter\n");
+    for (int i = 0; i < METRICS_N_STATUS && m->status_code[i]; i++)
+        sb_printf(&b, "ferry_requests_total{status=\"%d\"} %llu\n", m->status_code[i],
+                  (unsigned long long)m->status_count[i]);
+#define COUNTER(n, h, v)                                                                                     \
+    sb_printf(&b, "# HELP " n " " h "\n# TYPE " n " counter\n" n " %llu\n", (unsigned long long)(v))
+#define GAUGE(n, h, fmt, v) sb_printf(&b, "# HELP " n " " h "\n# TYPE " n " gauge\n" n " " fmt "\n", v)
+    COUNTER("ferry_prompt_tokens_total", "Prompt tokens prefilled.", m->prompt_tokens);
+    COUNTER("ferry_generated_tokens_total", "Tokens generated.", m->generated_tokens);
+    COUNTER("ferry_requests_cancelled_total", "Sequences cancelled (client gone, timeout, shutdown).",
+            m->requests_cancelled);
+    COUNTER("ferry_requests_rejected_total", "Requests refused because the queue was full.",
+            m->requests_rejected);
+    COUNTER("ferry_engine_steps_total", "engine_step calls.", m->engine_steps);
+    GAUGE("ferry_engine_busy_seconds_total", "Wall time spent inside engine_step.", "%.6f",
+          m->engine_busy_seconds);
+    GAUGE("ferry_queue_depth", "Sequences waiting for a slot.", "%d", m->queue_depth);
+    GAUGE("ferry_running_sequences", "Sequences holding a slot.", "%d", m->running_seqs);
+    GAUGE("ferry_batch_tokens", "Tokens in the last engine step.", "%d", m->last_batch_tokens);
+    GAUGE("ferry_kv_blocks_used", "KV cache blocks in use.", "%d", m->kv_blocks_used);
+    GAUGE("ferry_kv_blocks_total", "KV cache blocks in the pool.", "%d", m->kv_blocks_total);
+    GAUGE("ferry_model_loading", "1 while the model loads.", "%d", m->loading);
+    render_hist(&b, "ferry_time_to_first_token_seconds", "Time from request arrival to first token.",
+                &m->ttft);
+    render_hist(&b, "ferry_inter_token_latency_seconds", "Time between tokens of one sequence.", &m->itl);
+    render_hist(&b, "ferry_batch_size_tokens", "Tokens per engine step.", &m->batch_tokens);
+    render_hist(&b, "ferry_request_duration_seconds", "Time from arrival to completion of a request.",
+                &m->request_seconds);
+    pthread_mutex_unlock(&m->mu);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}

@@ -1,0 +1,45 @@
+/* metrics — the server's counters, gauges and histograms, rendered as Prometheus text.
+ *
+ * All updates take one mutex (they are a few per token, far below the cost of a step). Histograms have
+ * fixed bucket bounds in seconds or tokens. The engine thread owns the gauges it reports (running
+ * sequences, batch size, KV blocks); HTTP threads count requests by status when they complete.
+ * Usage: metrics_init(&m) → metrics_* updates from any thread → metrics_render(&m, &buf) → metrics_free.
+ */
+#ifndef FERRY_SERVER_METRICS_H
+#define FERRY_SERVER_METRICS_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define METRICS_N_BUCKETS 14
+#define METRICS_N_STATUS 16
+
+struct histogram {
+    const double *bounds; /* (METRICS_N_BUCKETS) upper bounds, ascending */
+    uint64_t counts[METRICS_N_BUCKETS + 1]; /* last: +Inf */
+    double sum;
+    uint64_t n;
+};
+
+struct metrics {
+    pthread_mutex_t mu;
+    int status_code[METRICS_N_STATUS];
+    uint64_t status_count[METRICS_N_STATUS];
+    uint64_t prompt_tokens, generated_tokens, requests_cancelled, requests_rejected;
+    struct histogram ttft, itl, batch_tokens, request_seconds;
+    int queue_depth, running_seqs, last_batch_tokens;
+    int kv_blocks_used, kv_blocks_total;
+    uint64_t engine_steps;
+    double engine_busy_seconds;
+    int loading; /* 1 until the model is ready */
+};
+
+void metrics_init(struct metrics *m);
+void metrics_free(struct metrics *m);
+void metrics_count_status(struct metrics *m, int http_status);
+void metrics_observe(struct metrics *m, struct histogram *h, double v);
+/* Renders into a malloc'd NUL-terminated buffer; returns NULL when out of memory. */
+char *metrics_render(struct metrics *m, size_t *len);
+
+#endif

@@ -1,0 +1,59 @@
+/* options — the server's configuration as ONE table (name, env var, type, bounds, default, help).
+ *
+ * The table drives argv parsing (`--name VALUE`, `--name=VALUE`, bare `--flag` for booleans), the
+ * environment (FERRY_<NAME>, dashes as underscores, read before argv so argv wins) and `--help`.
+ * Strings point into argv/environ or into allocations freed by serve_options_free(); sizes accept
+ * K/M/G[iB] suffixes. Usage: o = serve_options_default(); serve_options_parse(&o, argc, argv, err);
+ * ... serve_options_free(&o).
+ */
+#ifndef FERRY_SERVER_OPTIONS_H
+#define FERRY_SERVER_OPTIONS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define SERVE_MAX_API_KEYS 16
+
+struct serve_options {
+    const char *model;             /* GGUF file or HF directory; required */
+    const char *host;              /* bind address */
+    int port;                      /* 0 = any free port (logged) */
+    const char *api_keys[SERVE_MAX_API_KEYS]; /* --api-key, repeatable */
+    int n_api_keys;
+    const char *api_key_file;      /* one key per line, '#' comments */
+    int ctx_size;                  /* positions per sequence; 0 = engine default */
+    int parallel;                  /* sequence slots */
+    int max_batch_tokens;          /* tokens per engine step */
+    int threads;                   /* CPU threads; 0 = online cores */
+    int max_queue;                 /* waiting sequences before 503 */
+    int64_t body_limit;            /* bytes */
+    int timeout;                   /* seconds per request (queue + generation); 0 = none */
+    int conn_timeout;              /* seconds an idle connection is kept */
+    int max_connections;
+    int shutdown_timeout;          /* seconds to drain on SIGTERM before cutting requests */
+    const char *cors_origin;       /* Access-Control-Allow-Origin value; NULL = no CORS headers */
+    const char *chat_template;     /* builtin template name overriding the model's */
+    int public_health;             /* 1: /health and /metrics need no key */
+    const char *log_level;         /* error|warn|info|debug */
+    const char *served_model_name; /* NULL = file name of --model */
+    int64_t seed;                  /* default seed when a request gives none; -1 = random per request */
+    int64_t gpu_memory;            /* placeholders for the CUDA backend (bytes; 0 = unset) */
+    int64_t reserve_vram;
+    int gpu_layers;                /* -1 = planner decides */
+    const char *quant;             /* none|int8|int4 */
+    int deterministic;
+    int help;                      /* --help was given */
+    char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
+    int n_owned;
+};
+
+struct serve_options serve_options_default(void);
+/* Applies FERRY_* environment variables, then argv[1..] (argv[0] is the subcommand). Returns 0 or
+ * FERRY_ERR_INVALID with err naming the option and the problem. Does not check that --model is set. */
+int serve_options_parse(struct serve_options *o, int argc, char **argv, char err[256]);
+/* Reads --api-key-file into api_keys. */
+int serve_options_load_key_file(struct serve_options *o, char err[256]);
+void serve_options_help(FILE *f);
+void serve_options_free(struct serve_options *o);
+
+#endif

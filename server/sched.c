@@ -1,0 +1,623 @@
+/* sched — continuous batching: the queue, the engine thread, sampling, stops and detokenization.
+ *
+ * Invariants: only the engine thread calls the engine, samplers and detokenizers; everything HTTP threads
+ * read (choice text, logprobs, finish, request error/cancel, the queue) changes under s->mu. A choice holds
+ * a slot from admission to CHOICE_DONE and its KV blocks are freed in the same iteration it finishes or is
+ * found cancelled. Sampling happens outside the lock; results are published under it.
+ */
+#include "server/sched.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "runtime/engine.h"
+#include "server/metrics.h"
+
+struct sched {
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;        /* engine thread waits here when idle */
+    pthread_t thread;
+    int started, stop;
+    struct engine *e;
+    const struct tokenizer *tok;
+    struct metrics *m;
+    struct sched_params p;
+    int n_slots, n_vocab, ctx;
+    /* queue (under mu) */
+    struct choice *qhead, *qtail;
+    int n_queued;
+    int in_flight;                 /* requests submitted and not finished */
+    struct choice **run;           /* (n_slots) running choices in admission order; changed by the engine
+                                    * thread under mu, so readable under mu */
+    int n_run;
+    /* engine thread only */
+    int *slot_free;                /* (n_slots) 1 when free */
+    int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
+    uint8_t *b_want;
+    struct choice **row_owner;     /* (n_slots) choice of each logits row */
+    float *logits;                 /* (n_slots, n_vocab) */
+    float *scratch;                /* (n_vocab) raw row kept for logprobs */
+};
+
+double sched_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct sreq *sreq_new(void)
+{
+    struct sreq *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    r->refs = 1;
+    r->logprobs = -1;
+    r->n = 1;
+    return r;
+}
+
+static void sreq_free(struct sreq *r)
+{
+    if (!r) return;
+    for (int i = 0; i < r->n_choices; i++) {
+        free(r->choices[i].text);
+        free(r->choices[i].lps);
+        free(r->choices[i].hold);
+    }
+    free(r->choices);
+    for (int i = 0; i < r->n_prompts; i++) {
+        if (r->prompts) free(r->prompts[i]);
+        if (r->prompt_texts) free(r->prompt_texts[i]);
+    }
+    free(r->prompts);
+    free(r->prompt_texts);
+    free(r->n_prompt_toks);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    free(r->bias);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* ---- lifecycle ---------------------------------------------------------------------------------- */
+
+static void *engine_main(void *arg);
+
+int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, struct metrics *m,
+               const struct sched_params *p)
+{
+    *out = NULL;
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s) return FERRY_ERR_NOMEM;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_work, NULL);
+    s->e = e;
+    s->tok = t;
+    s->m = m;
+    s->p = *p;
+    s->n_slots = engine_n_seqs(e);
+    s->n_vocab = engine_hparams(e)->n_vocab;
+    s->ctx = engine_ctx_size(e);
+    if (s->p.max_batch_tokens < s->n_slots) s->p.max_batch_tokens = s->n_slots;
+    size_t nb = (size_t)s->p.max_batch_tokens;
+    s->run = calloc((size_t)s->n_slots, sizeof *s->run);
+    s->slot_free = malloc((size_t)s->n_slots * sizeof *s->slot_free);
+    s->b_tokens = malloc(nb * sizeof(int32_t));
+    s->b_pos = malloc(nb * sizeof(int32_t));
+    s->b_seq = malloc(nb * sizeof(int32_t));
+    s->b_want = malloc(nb);
+    s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
+    s->logits = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof(float));
+    s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
+    if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
+        !s->logits || !s->scratch) {
+        sched_free(s);
+        return FERRY_ERR_NOMEM;
+    }
+    for (int i = 0; i < s->n_slots; i++) s->slot_free[i] = 1;
+    *out = s;
+    return 0;
+}
+
+int sched_start(struct sched *s)
+{
+    if (pthread_create(&s->thread, NULL, engine_main, s)) return FERRY_ERR_NOMEM;
+    s->started = 1;
+    return 0;
+}
+
+void sched_stop(struct sched *s)
+{
+    if (!s || !s->started) return;
+    sched_cancel_all(s, FERRY_ERR_CANCELLED);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    s->started = 0;
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s) return;
+    sched_stop(s);
+    free(s->run);
+    free(s->slot_free);
+    free(s->b_tokens);
+    free(s->b_pos);
+    free(s->b_seq);
+    free(s->b_want);
+    free(s->row_owner);
+    free(s->logits);
+    free(s->scratch);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+void sched_lock(struct sched *s) { pthread_mutex_lock(&s->mu); }
+void sched_unlock(struct sched *s) { pthread_mutex_unlock(&s->mu); }
+
+void sched_wait(struct sched *s, struct sreq *req, int ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&req->cv, &s->mu, &ts);
+}
+
+int sched_in_flight(struct sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->in_flight;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* With mu held: drops one reference. */
+static void req_unref_locked(struct sreq *r)
+{
+    if (--r->refs == 0) sreq_free(r);
+}
+
+void sched_release(struct sched *s, struct sreq *req)
+{
+    if (!req) return;
+    if (!s) {
+        req_unref_locked(req);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    req_unref_locked(req);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* With mu held: a choice reaches CHOICE_DONE; the request finishes with its last choice. */
+static void choice_done_locked(struct sched *s, struct choice *c, const char *finish)
+{
+    struct sreq *r = c->req;
+    if (c->state == CHOICE_DONE) return;
+    c->state = CHOICE_DONE;
+    if (finish && !c->finish) c->finish = finish;
+    r->n_done++;
+    pthread_cond_broadcast(&r->cv);
+    if (r->n_done == r->n_choices) {
+        s->in_flight--;
+        metrics_observe(s->m, &s->m->request_seconds, sched_now() - r->t_arrival);
+        req_unref_locked(r);
+    }
+}
+
+int sched_submit(struct sched *s, struct sreq *req)
+{
+    pthread_mutex_lock(&s->mu);
+    int free_slots = s->n_slots - s->n_run;
+    if (s->stop || s->n_queued + req->n_choices > s->p.max_queue + (free_slots > 0 ? free_slots : 0)) {
+        pthread_mutex_unlock(&s->mu);
+        return s->stop ? FERRY_ERR_CANCELLED : FERRY_ERR_BUSY;
+    }
+    req->refs++;
+    s->in_flight++;
+    for (int i = 0; i < req->n_choices; i++) {
+        struct choice *c = &req->choices[i];
+        c->state = CHOICE_QUEUED;
+        c->qnext = NULL;
+        if (s->qtail) s->qtail->qnext = c;
+        else s->qhead = c;
+        s->qtail = c;
+        s->n_queued++;
+    }
+    pthread_mutex_lock(&s->m->mu);
+    s->m->queue_depth = s->n_queued;
+    pthread_mutex_unlock(&s->m->mu);
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* With mu held: removes the request's queued choices from the queue. */
+static void unqueue_locked(struct sched *s, struct sreq *req)
+{
+    struct choice **pp = &s->qhead, *prev = NULL;
+    while (*pp) {
+        struct choice *c = *pp;
+        if (c->req == req) {
+            *pp = c->qnext;
+            if (s->qtail == c) s->qtail = prev;
+            s->n_queued--;
+            choice_done_locked(s, c, NULL);
+        } else {
+            prev = c;
+            pp = &c->qnext;
+        }
+    }
+}
+
+void sched_cancel(struct sched *s, struct sreq *req, int status)
+{
+    pthread_mutex_lock(&s->mu);
+    if (req->n_done < req->n_choices && !req->cancelled) {
+        req->cancelled = status;
+        if (req->n_done < req->n_choices) {
+            pthread_mutex_lock(&s->m->mu);
+            s->m->requests_cancelled++;
+            pthread_mutex_unlock(&s->m->mu);
+        }
+        /* the request may be freed inside: keep it alive until we are done with it */
+        req->refs++;
+        unqueue_locked(s, req);
+        pthread_cond_broadcast(&req->cv);
+        req_unref_locked(req);
+        pthread_cond_signal(&s->cv_work);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_cancel_all(struct sched *s, int status)
+{
+    pthread_mutex_lock(&s->mu);
+    /* queued choices: cut now; running ones: flag their requests, the engine thread reaps them */
+    while (s->qhead) {
+        struct sreq *r = s->qhead->req;
+        if (!r->cancelled) r->cancelled = status;
+        r->refs++;
+        unqueue_locked(s, r);
+        pthread_cond_broadcast(&r->cv);
+        req_unref_locked(r);
+    }
+    for (int i = 0; i < s->n_run; i++)
+        if (!s->run[i]->req->cancelled) s->run[i]->req->cancelled = status;
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- the engine thread ---------------------------------------------------------------------------- */
+
+static int buf_append(char **p, size_t *len, size_t *cap, const char *src, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*cap ? *cap * 2 : 256);
+        while (nc < *len + n + 1) nc *= 2;
+        char *q = realloc(*p, nc);
+        if (!q) return FERRY_ERR_NOMEM;
+        *p = q;
+        *cap = nc;
+    }
+    memcpy(*p + *len, src, n);
+    *len += n;
+    (*p)[*len] = 0;
+    return 0;
+}
+
+/* Earliest offset of any stop string in t[0..len), or -1. */
+static long stop_find(const struct sreq *r, const char *t, size_t len)
+{
+    long best = -1;
+    for (int i = 0; i < r->n_stops; i++) {
+        const char *hit = memmem(t, len, r->stops[i], strlen(r->stops[i]));
+        if (hit && (best < 0 || hit - t < best)) best = hit - t;
+    }
+    return best;
+}
+
+/* Length of the longest suffix of t[0..len) that is a proper prefix of some stop string: those bytes may
+ * still become a stop and must be held back. */
+static size_t stop_holdback(const struct sreq *r, const char *t, size_t len)
+{
+    size_t best = 0;
+    for (int i = 0; i < r->n_stops; i++) {
+        size_t sl = strlen(r->stops[i]);
+        size_t k = sl - 1 < len ? sl - 1 : len;
+        for (; k > best; k--)
+            if (!memcmp(t + len - k, r->stops[i], k)) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Outside the lock: samples the next token of c from its logits row and decides what text is released. */
+static void process_row(struct sched *s, struct choice *c, float *row)
+{
+    struct sreq *r = c->req;
+    c->has_lp = 0;
+    c->fin = NULL;
+    c->release = 0;
+    if (r->logprobs >= 0) memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof(float));
+    int32_t tok = sampler_sample(c->smp, row);
+    if (tok < 0 || tok >= s->n_vocab) tok = 0; /* a sampler bug must not index out of range */
+    if (r->logprobs >= 0) {
+        struct lp_entry *e = &c->lp_stage;
+        e->id = tok;
+        e->n_top = r->logprobs > SCHED_MAX_TOP_LOGPROBS ? SCHED_MAX_TOP_LOGPROBS : r->logprobs;
+        e->lp = sampler_logprob(s->scratch, s->n_vocab, tok, e->n_top, e->top_id, e->top_lp);
+        c->has_lp = 1;
+    }
+    sampler_accept(c->smp, tok);
+    c->n_gen++;
+    c->last = tok;
+    char buf[4096];
+    int eog = tokenizer_is_eog(s->tok, tok);
+    int length = c->n_gen >= r->max_tokens || c->n_prompt + c->n_gen >= s->ctx;
+    if (!eog) {
+        int k = detok_push(&c->dt, tok, buf, sizeof buf);
+        if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
+    }
+    if (eog || length) {
+        int k = detok_flush(&c->dt, buf, sizeof buf);
+        if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
+    }
+    long at = stop_find(r, c->hold ? c->hold : "", c->hold_len);
+    if (at >= 0) {
+        c->hold_len = (size_t)at;
+        c->release = (size_t)at;
+        c->fin = "stop";
+    } else if (eog) {
+        c->release = c->hold_len;
+        c->fin = "stop";
+    } else if (length) {
+        c->release = c->hold_len;
+        c->fin = "length";
+    } else {
+        c->release = c->hold_len - stop_holdback(r, c->hold, c->hold_len);
+    }
+}
+
+/* With mu held: the running choice at run[i] leaves its slot (KV blocks freed now). */
+static void retire_locked(struct sched *s, int i, const char *finish)
+{
+    struct choice *c = s->run[i];
+    engine_seq_free(s->e, c->slot);
+    s->slot_free[c->slot] = 1;
+    sampler_free(c->smp);
+    c->smp = NULL;
+    memmove(&s->run[i], &s->run[i + 1], (size_t)(s->n_run - i - 1) * sizeof *s->run);
+    s->n_run--;
+    choice_done_locked(s, c, finish);
+}
+
+/* With mu held: admits c into a free slot. */
+static int admit_locked(struct sched *s, struct choice *c)
+{
+    struct sreq *r = c->req;
+    int slot = 0;
+    while (!s->slot_free[slot]) slot++;
+    struct sampler_params sp = r->sp;
+    sp.seed = r->sp.seed + (uint64_t)c->index;
+    sp.logit_bias = r->bias;
+    sp.n_logit_bias = r->n_bias;
+    int rc = sampler_init(&c->smp, &sp, s->n_vocab);
+    if (rc) return rc;
+    engine_seq_free(s->e, slot); /* a slot always starts empty */
+    s->slot_free[slot] = 0;
+    c->slot = slot;
+    c->n_fed = c->n_gen = 0;
+    c->hold_len = 0;
+    c->state = CHOICE_RUNNING;
+    detok_init(&c->dt, s->tok);
+    s->run[s->n_run++] = c;
+    return 0;
+}
+
+static void cut_expired_locked(struct sched *s, double now)
+{
+    for (struct choice *c = s->qhead; c; c = c->qnext) {
+        struct sreq *r = c->req;
+        if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
+            r->cancelled = FERRY_ERR_TIMEOUT;
+            pthread_cond_broadcast(&r->cv);
+        }
+    }
+    for (int i = 0; i < s->n_run; i++) {
+        struct sreq *r = s->run[i]->req;
+        if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
+            r->cancelled = FERRY_ERR_TIMEOUT;
+            pthread_cond_broadcast(&r->cv);
+        }
+    }
+    /* queued choices of cancelled requests leave the queue */
+    for (struct choice *c = s->qhead; c;) {
+        struct sreq *r = c->req;
+        if (r->cancelled) {
+            r->refs++;
+            unqueue_locked(s, r);
+            req_unref_locked(r);
+            c = s->qhead;
+        } else {
+            c = c->qnext;
+        }
+    }
+}
+
+static void *engine_main(void *arg)
+{
+    struct sched *s = arg;
+    struct engine_stats st;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        double now = sched_now();
+        cut_expired_locked(s, now);
+        int n_cut = 0;
+        for (int i = 0; i < s->n_run;) {
+            struct sreq *r = s->run[i]->req;
+            if (r->cancelled || r->error) {
+                retire_locked(s, i, NULL);
+                n_cut++;
+            } else {
+                i++;
+            }
+        }
+        while (s->qhead && s->n_run < s->n_slots) {
+            struct choice *c = s->qhead;
+            s->qhead = c->qnext;
+            if (!s->qhead) s->qtail = NULL;
+            s->n_queued--;
+            if (c->req->max_tokens == 0) {
+                choice_done_locked(s, c, "length");
+                continue;
+            }
+            int rc = admit_locked(s, c);
+            if (rc) {
+                c->req->error = rc;
+                snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
+                         ferry_status_str(rc));
+                choice_done_locked(s, c, NULL);
+            }
+        }
+        pthread_mutex_lock(&s->m->mu);
+        s->m->queue_depth = s->n_queued;
+        s->m->running_seqs = s->n_run;
+        pthread_mutex_unlock(&s->m->mu);
+        if (s->n_run == 0) {
+            if (s->stop) break;
+            pthread_cond_wait(&s->cv_work, &s->mu);
+            continue;
+        }
+
+        /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
+        int n = 0, rows = 0, n_prefill = 0;
+        for (int i = 0; i < s->n_run; i++) {
+            struct choice *c = s->run[i];
+            c->chunk = 0;
+            if (c->n_fed < c->n_prompt) continue;
+            s->b_tokens[n] = c->last;
+            s->b_pos[n] = c->n_prompt + c->n_gen - 1;
+            s->b_seq[n] = c->slot;
+            s->b_want[n] = 1;
+            s->row_owner[rows++] = c;
+            n++;
+        }
+        for (int i = 0; i < s->n_run && n < s->p.max_batch_tokens; i++) {
+            struct choice *c = s->run[i];
+            if (c->n_fed >= c->n_prompt) continue;
+            int k = c->n_prompt - c->n_fed;
+            if (k > s->p.max_batch_tokens - n) k = s->p.max_batch_tokens - n;
+            for (int j = 0; j < k; j++) {
+                s->b_tokens[n] = c->prompt[c->n_fed + j];
+                s->b_pos[n] = c->n_fed + j;
+                s->b_seq[n] = c->slot;
+                s->b_want[n] = 0;
+                n++;
+            }
+            c->chunk = k;
+            n_prefill += k;
+            if (c->n_fed + k == c->n_prompt) {
+                s->b_want[n - 1] = 1;
+                s->row_owner[rows++] = c;
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want};
+        double t0 = sched_now();
+        int rc = engine_step(s->e, &b, s->logits);
+        double t1 = sched_now();
+        if (rc == 0)
+            for (int i = 0; i < rows; i++) process_row(s, s->row_owner[i], s->logits + (size_t)i * s->n_vocab);
+        engine_get_stats(s->e, &st);
+        double t2 = sched_now();
+
+        pthread_mutex_lock(&s->mu);
+        if (rc) {
+            FLOG_ERROR("engine_step over %d tokens failed: %s", n, ferry_status_str(rc));
+            for (int i = 0; i < s->n_run; i++) {
+                struct sreq *r = s->run[i]->req;
+                r->error = rc;
+                snprintf(r->errmsg, sizeof r->errmsg, "the engine failed: %s", ferry_status_str(rc));
+                pthread_cond_broadcast(&r->cv);
+            }
+            continue; /* reaped at the top of the loop */
+        }
+        for (int i = 0; i < s->n_run; i++) s->run[i]->n_fed += s->run[i]->chunk;
+        int n_gen_tokens = 0;
+        for (int i = 0; i < rows; i++) {
+            struct choice *c = s->row_owner[i];
+            struct sreq *r = c->req;
+            n_gen_tokens++;
+            if (c->n_gen == 1) metrics_observe(s->m, &s->m->ttft, t2 - r->t_arrival);
+            else metrics_observe(s->m, &s->m->itl, t2 - c->t_last);
+            c->t_last = t2;
+            if (c->release) {
+                if (buf_append(&c->text, &c->text_len, &c->text_cap, c->hold, c->release)) {
+                    r->error = FERRY_ERR_NOMEM;
+                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+                }
+                memmove(c->hold, c->hold + c->release, c->hold_len - c->release);
+                c->hold_len -= c->release;
+            }
+            if (c->has_lp) {
+                if (c->n_lps == c->lps_cap) {
+                    int nc = c->lps_cap ? c->lps_cap * 2 : 16;
+                    struct lp_entry *q = realloc(c->lps, (size_t)nc * sizeof *q);
+                    if (q) {
+                        c->lps = q;
+                        c->lps_cap = nc;
+                    }
+                }
+                if (c->n_lps < c->lps_cap) c->lps[c->n_lps++] = c->lp_stage;
+            }
+            c->n_completion = c->n_gen;
+            pthread_cond_broadcast(&r->cv);
+        }
+        for (int i = 0; i < s->n_run;) {
+            struct choice *c = s->run[i];
+            if (c->fin && c->n_fed == c->n_prompt) {
+                const char *f = c->fin;
+                c->fin = NULL;
+                retire_locked(s, i, f);
+            } else {
+                i++;
+            }
+        }
+        pthread_mutex_lock(&s->m->mu);
+        s->m->prompt_tokens += (uint64_t)n_prefill;
+        s->m->generated_tokens += (uint64_t)n_gen_tokens;
+        s->m->engine_steps++;
+        s->m->engine_busy_seconds += t1 - t0;
+        s->m->last_batch_tokens = n;
+        s->m->kv_blocks_used = st.kv_blocks_used;
+        s->m->kv_blocks_total = st.kv_blocks_total;
+        s->m->running_seqs = s->n_run;
+        pthread_mutex_unlock(&s->m->mu);
+        metrics_observe(s->m, &s->m->batch_tokens, n);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
