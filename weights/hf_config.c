@@ -1,1 +1,250 @@
-/* hf_config.c: not written yet */
+/* hf_config — see hf_config.h. Every field is type- and range-checked; a wrong one is named in err. */
+#include "weights/hf_config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "weights/mapfile.h"
+
+#define HF_MAX_DIM (1 << 30) /* no sane size field is larger */
+
+static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, 256, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* An integer field in 1..HF_MAX_DIM; absent or null gives def (def < 0: required). */
+static int get_int(json_t *o, const char *key, int def, int *out, const char *file, char *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (def < 0) return fail(err, FERRY_ERR_FORMAT, "%s: missing key '%s'", file, key);
+        *out = def;
+        return FERRY_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > HF_MAX_DIM)
+        return fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not an integer in 1..%d", file, key, HF_MAX_DIM);
+    *out = (int)json_integer_value(v);
+    return FERRY_OK;
+}
+
+/* A positive finite number (integer or real); absent or null gives def (def < 0: required). */
+static int get_pos(json_t *o, const char *key, double def, float *out, const char *file, char *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (def < 0) return fail(err, FERRY_ERR_FORMAT, "%s: missing key '%s'", file, key);
+        *out = (float)def;
+        return FERRY_OK;
+    }
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(d > 0) || !isfinite((float)d))
+        return fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a positive number", file, key);
+    *out = (float)d;
+    return FERRY_OK;
+}
+
+static int get_bool(json_t *o, const char *key, int def, int *out, const char *file, char *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return FERRY_OK;
+    }
+    if (!json_is_boolean(v)) return fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a boolean", file, key);
+    *out = json_is_true(v);
+    return FERRY_OK;
+}
+
+static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
+{
+    const char *f = "config.json";
+    memset(out, 0, sizeof *out);
+    out->type = ROPE_SCALING_NONE;
+    if (!rs || json_is_null(rs)) return FERRY_OK;
+    if (!json_is_object(rs)) return fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_scaling' is not an object", f);
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t || json_is_null(t)) t = json_object_get(rs, "type");
+    const char *ts = json_string_value(t);
+    if (!ts) return fail(err, FERRY_ERR_FORMAT, "%s: rope_scaling has no string 'rope_type' or 'type'", f);
+    int rc;
+    if (strcmp(ts, "default") == 0) return FERRY_OK;
+    if (strcmp(ts, "linear") == 0) {
+        out->type = ROPE_SCALING_LINEAR;
+        return get_pos(rs, "factor", -1, &out->factor, "config.json rope_scaling", err);
+    }
+    if (strcmp(ts, "llama3") == 0) {
+        out->type = ROPE_SCALING_LLAMA3;
+        const char *g = "config.json rope_scaling";
+        if ((rc = get_pos(rs, "factor", -1, &out->factor, g, err))) return rc;
+        if ((rc = get_pos(rs, "low_freq_factor", -1, &out->low_freq_factor, g, err))) return rc;
+        if ((rc = get_pos(rs, "high_freq_factor", -1, &out->high_freq_factor, g, err))) return rc;
+        if ((rc = get_int(rs, "original_max_position_embeddings", -1, &out->orig_ctx, g, err))) return rc;
+        if (out->high_freq_factor <= out->low_freq_factor)
+            return fail(err, FERRY_ERR_FORMAT, "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
+        return FERRY_OK;
+    }
+    return fail(err, FERRY_ERR_UNSUPPORTED, "%s: rope_scaling type '%.40s' is not supported (llama3, linear)", f,
+                ts);
+}
+
+int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char err[256])
+{
+    const char *f = "config.json";
+    memset(hp, 0, sizeof *hp);
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return fail(err, FERRY_ERR_FORMAT, "%s at offset %d: %.150s", f, je.position, je.text);
+    int rc = FERRY_OK;
+    if (!json_is_object(root)) {
+        rc = fail(err, FERRY_ERR_FORMAT, "%s: not a JSON object", f);
+        goto out;
+    }
+
+    /* The architecture: architectures[0], else model_type. */
+    static const struct {
+        const char *cls, *type, *arch;
+    } archs[] = {{"LlamaForCausalLM", "llama", "llama"},
+                 {"MistralForCausalLM", "mistral", "mistral"},
+                 {"Qwen2ForCausalLM", "qwen2", "qwen2"}};
+    json_t *ja = json_object_get(root, "architectures");
+    const char *cls = json_is_array(ja) ? json_string_value(json_array_get(ja, 0)) : NULL;
+    const char *mt = json_string_value(json_object_get(root, "model_type"));
+    const char *arch = NULL;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        if (cls ? strcmp(cls, archs[i].cls) == 0 : (mt && strcmp(mt, archs[i].type) == 0)) arch = archs[i].arch;
+    }
+    if (!arch) {
+        rc = fail(err, FERRY_ERR_UNSUPPORTED,
+                  "%s: architecture '%.60s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                  "Qwen2ForCausalLM)", f, cls ? cls : mt ? mt : "(none)");
+        goto out;
+    }
+    snprintf(hp->arch, sizeof hp->arch, "%s", arch);
+
+    if ((rc = get_int(root, "hidden_size", -1, &hp->dim, f, err))) goto out;
+    if ((rc = get_int(root, "intermediate_size", -1, &hp->ffn_dim, f, err))) goto out;
+    if ((rc = get_int(root, "num_hidden_layers", -1, &hp->n_layers, f, err))) goto out;
+    if ((rc = get_int(root, "num_attention_heads", -1, &hp->n_heads, f, err))) goto out;
+    if ((rc = get_int(root, "num_key_value_heads", hp->n_heads, &hp->n_kv_heads, f, err))) goto out;
+    if ((rc = get_int(root, "head_dim", hp->dim / hp->n_heads > 0 ? hp->dim / hp->n_heads : 1, &hp->head_dim, f,
+                      err)))
+        goto out;
+    if ((rc = get_int(root, "vocab_size", -1, &hp->n_vocab, f, err))) goto out;
+    if ((rc = get_int(root, "max_position_embeddings", 2048, &hp->ctx_train, f, err))) goto out;
+    if ((rc = get_pos(root, "rms_norm_eps", 1e-6, &hp->norm_eps, f, err))) goto out;
+    if ((rc = get_pos(root, "rope_theta", 10000.0, &hp->rope_theta, f, err))) goto out;
+    if ((rc = get_bool(root, "tie_word_embeddings", 0, &hp->tied_embeddings, f, err))) goto out;
+    if ((rc = parse_rope_scaling(json_object_get(root, "rope_scaling"), &hp->rope_scaling, err))) goto out;
+    hp->rope_dim = hp->head_dim;
+    hp->rope_style = ROPE_STYLE_HALF;
+    hp->qkv_bias = strcmp(arch, "qwen2") == 0;
+
+    int ab = 0, mb = 0;
+    if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
+    if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
+    if (ab || mb) {
+        rc = fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f, ab ? "attention_bias" : "mlp_bias");
+        goto out;
+    }
+    json_t *hact = json_object_get(root, "hidden_act");
+    if (hact && json_is_string(hact) && strcmp(json_string_value(hact), "silu") != 0) {
+        rc = fail(err, FERRY_ERR_UNSUPPORTED, "%s: hidden_act '%.40s' is not supported (silu)", f,
+                  json_string_value(hact));
+        goto out;
+    }
+    int sw = 0;
+    if ((rc = get_bool(root, "use_sliding_window", 0, &sw, f, err))) goto out;
+    if (sw) FLOG_WARN("%s: use_sliding_window is set; ferry attends to the full context", f);
+out:
+    json_decref(root);
+    return rc;
+}
+
+static int join(char *buf, size_t n, const char *dir, const char *name, char *err)
+{
+    if ((size_t)snprintf(buf, n, "%s/%s", dir, name) >= n)
+        return fail(err, FERRY_ERR_INVALID, "path too long: %.100s/%s", dir, name);
+    return FERRY_OK;
+}
+
+int hf_config_load(const char *dir, struct llm_hparams *hp, char err[256])
+{
+    char path[4096];
+    int rc = join(path, sizeof path, dir, "config.json", err);
+    if (rc) return rc;
+    char *buf;
+    size_t len;
+    if ((rc = mapfile_read_small(path, HF_MAX_JSON, &buf, &len, err))) return rc;
+    rc = hf_config_parse(buf, len, hp, err);
+    free(buf);
+    return rc;
+}
+
+int hf_chat_template_parse(const char *json, size_t len, char **out, char err[256])
+{
+    *out = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json at offset %d: %.150s", je.position, je.text);
+    int rc = FERRY_OK;
+    json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
+    const char *tpl = NULL;
+    if (json_is_string(ct)) {
+        tpl = json_string_value(ct);
+    } else if (json_is_array(ct)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(ct, i, e)
+        {
+            const char *name = json_string_value(json_object_get(e, "name"));
+            if (name && strcmp(name, "default") == 0) tpl = json_string_value(json_object_get(e, "template"));
+        }
+        if (!tpl) FLOG_WARN("tokenizer_config.json: chat_template list has no \"default\" entry");
+    } else if (ct && !json_is_null(ct)) {
+        rc = fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json: chat_template is neither a string nor a list");
+    }
+    if (tpl && !(*out = strdup(tpl))) rc = fail(err, FERRY_ERR_NOMEM, "out of memory");
+    json_decref(root);
+    return rc;
+}
+
+int hf_chat_template_load(const char *dir, char **out, char err[256])
+{
+    *out = NULL;
+    char path[4096];
+    int rc = join(path, sizeof path, dir, "tokenizer_config.json", err);
+    if (rc) return rc;
+    char *buf;
+    size_t len;
+    rc = mapfile_read_small(path, HF_MAX_JSON, &buf, &len, err);
+    if (rc == FERRY_OK) {
+        rc = hf_chat_template_parse(buf, len, out, err);
+        free(buf);
+        if (rc || *out) return rc;
+    } else if (rc != FERRY_ERR_NOT_FOUND) {
+        return rc;
+    }
+    if ((rc = join(path, sizeof path, dir, "chat_template.jinja", err))) return rc;
+    rc = mapfile_read_small(path, HF_MAX_JSON, &buf, &len, err);
+    if (rc == FERRY_ERR_NOT_FOUND) return FERRY_OK;
+    if (rc) return rc;
+    if (strlen(buf) != len) {
+        free(buf);
+        return fail(err, FERRY_ERR_FORMAT, "chat_template.jinja: contains a NUL byte");
+    }
+    *out = buf;
+    return FERRY_OK;
+}

@@ -1,1 +1,513 @@
-/* model_file.c: not written yet */
+/* model_file — one opened model, GGUF file or Hugging Face directory, under GGUF tensor names (see
+ * model_file.h).
+ *
+ * GGUF: hyperparameters from {arch}.* keys, tensors as they are. HF: hyperparameters from config.json,
+ * tensors from model.safetensors or the shards named by model.safetensors.index.json, renamed to GGUF names
+ * and with shapes reversed (HF [out, in] is ne = {in, out}). Both end in model_file_validate, so a model that
+ * opens has every tensor the forward pass reads, with the right shape.
+ */
+#include "weights/model_file.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "weights/gguf.h"
+#include "weights/hf_config.h"
+#include "weights/mapfile.h"
+#include "weights/safetensors.h"
+
+#define PROGRESS_STEP (64ull << 20) /* bytes between progress reports */
+#define MAX_LAYERS 4096
+
+struct mf_priv {
+    int n_st;
+    struct safetensors **st; /* (n_st) HF shards */
+};
+
+static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, 256, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b && b[1] ? b + 1 : path;
+}
+
+/* Reports mapping progress every PROGRESS_STEP bytes of registered tensors, and once at the end. */
+struct progress {
+    model_file_progress_fn fn;
+    void *user;
+    uint64_t done, total, next;
+};
+static void progress_add(struct progress *p, uint64_t n)
+{
+    p->done += n;
+    if (p->fn && p->done >= p->next) {
+        p->fn(p->done, p->total, p->user);
+        while (p->next <= p->done) p->next += PROGRESS_STEP;
+    }
+}
+
+const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name)
+{
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- GGUF */
+
+/* A positive u32 hyperparameter {arch}.{key}; def < 0 means required. */
+static int gguf_hp(const struct gguf *g, const char *arch, const char *key, int def, int *out, char *err)
+{
+    char k[96];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    uint32_t v;
+    int rc = gguf_get_u32(g, k, &v);
+    if (rc == FERRY_ERR_NOT_FOUND && def >= 0) {
+        *out = def;
+        return FERRY_OK;
+    }
+    if (rc == FERRY_ERR_NOT_FOUND) return fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
+    if (rc || v < 1 || v > (1u << 30))
+        return fail(err, FERRY_ERR_FORMAT, "key '%s' is not an integer in 1..2^30 (type %d)", k,
+                    (int)gguf_kv_type(g, gguf_find_key(g, k)));
+    *out = (int)v;
+    return FERRY_OK;
+}
+
+static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, float def, float *out, char *err)
+{
+    char k[96];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    int rc = gguf_get_f32(g, k, out);
+    if (rc == FERRY_ERR_NOT_FOUND && def >= 0) {
+        *out = def;
+        return FERRY_OK;
+    }
+    if (rc == FERRY_ERR_NOT_FOUND) return fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
+    if (rc || !(*out > 0) || *out > 1e30f) return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a positive number", k);
+    return FERRY_OK;
+}
+
+static int open_gguf(struct model_file *mf, const char *path, struct progress *pr, char *err)
+{
+    int rc = gguf_open(path, &mf->gguf, err);
+    if (rc) return rc;
+    const struct gguf *g = mf->gguf;
+    mf->file_bytes = gguf_file_size(g);
+    struct llm_hparams *hp = &mf->hp;
+
+    struct gguf_str s;
+    rc = gguf_get_str(g, "general.architecture", &s);
+    if (rc) return fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s", rc == FERRY_ERR_NOT_FOUND ?
+                        "missing" : "not a string");
+    if (s.len == 0 || s.len >= sizeof hp->arch || memchr(s.ptr, '\0', s.len))
+        return fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (llama, mistral, qwen2)",
+                    (int)(s.len < 40 ? s.len : 40), s.ptr);
+    memcpy(hp->arch, s.ptr, s.len);
+    hp->arch[s.len] = '\0';
+    const char *a = hp->arch;
+    if (strcmp(a, "llama") != 0 && strcmp(a, "mistral") != 0 && strcmp(a, "qwen2") != 0) {
+        for (char *c = hp->arch; *c; c++)
+            if (*c < 0x20 || *c >= 0x7f) *c = '?';
+        return fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2)", a);
+    }
+    if ((rc = gguf_hp(g, a, "context_length", -1, &hp->ctx_train, err))) return rc;
+    if ((rc = gguf_hp(g, a, "embedding_length", -1, &hp->dim, err))) return rc;
+    if ((rc = gguf_hp(g, a, "feed_forward_length", -1, &hp->ffn_dim, err))) return rc;
+    if ((rc = gguf_hp(g, a, "block_count", -1, &hp->n_layers, err))) return rc;
+    if ((rc = gguf_hp(g, a, "attention.head_count", -1, &hp->n_heads, err))) return rc;
+    if ((rc = gguf_hp(g, a, "attention.head_count_kv", hp->n_heads, &hp->n_kv_heads, err))) return rc;
+    if ((rc = gguf_hp(g, a, "attention.key_length", hp->dim / hp->n_heads, &hp->head_dim, err))) return rc;
+    if ((rc = gguf_hp(g, a, "rope.dimension_count", hp->head_dim, &hp->rope_dim, err))) return rc;
+    if ((rc = gguf_hp_f(g, a, "attention.layer_norm_rms_epsilon", -1, &hp->norm_eps, err))) return rc;
+    if ((rc = gguf_hp_f(g, a, "rope.freq_base", 10000.0f, &hp->rope_theta, err))) return rc;
+    hp->rope_style = strcmp(a, "qwen2") == 0 ? ROPE_STYLE_HALF : ROPE_STYLE_INTERLEAVED;
+
+    /* Rope scaling: rope.scaling.type (+ factor), or the older rope.scale_linear. */
+    char k[96];
+    hp->rope_scaling.type = ROPE_SCALING_NONE;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+    rc = gguf_get_str(g, k, &s);
+    if (rc == FERRY_OK) {
+        if (s.len == 6 && memcmp(s.ptr, "linear", 6) == 0) {
+            hp->rope_scaling.type = ROPE_SCALING_LINEAR;
+            if ((rc = gguf_hp_f(g, a, "rope.scaling.factor", -1, &hp->rope_scaling.factor, err))) return rc;
+        } else if (!(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
+            return fail(err, FERRY_ERR_UNSUPPORTED, "key '%s': rope scaling '%.*s' is not supported (none, linear)",
+                        k, (int)(s.len < 32 ? s.len : 32), s.ptr);
+        }
+    } else if (rc != FERRY_ERR_NOT_FOUND) {
+        return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a string", k);
+    } else {
+        float f = 0;
+        if ((rc = gguf_hp_f(g, a, "rope.scale_linear", 0.0f, &f, err))) return rc;
+        if (f > 0 && f != 1.0f) {
+            hp->rope_scaling.type = ROPE_SCALING_LINEAR;
+            hp->rope_scaling.factor = f;
+        }
+    }
+    snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a);
+    uint32_t oc;
+    if (gguf_get_u32(g, k, &oc) == FERRY_OK && oc <= (1u << 30)) hp->rope_scaling.orig_ctx = (int)oc;
+
+    /* Tensors, names as they are (the reader bounds them to 95 bytes). */
+    int n = gguf_n_tensors(g);
+    mf->tensors = calloc(n ? (size_t)n : 1, sizeof *mf->tensors);
+    if (!mf->tensors) return fail(err, FERRY_ERR_NOMEM, "out of memory for %d tensors", n);
+    for (int i = 0; i < n; i++) {
+        const struct gguf_tensor_info *ti = gguf_tensor(g, i);
+        struct wtensor *w = &mf->tensors[i];
+        pr->total += ti->nbytes;
+        memcpy(w->name, ti->name.ptr, ti->name.len);
+        w->name[ti->name.len] = '\0';
+        w->type = ti->type;
+        w->n_dims = ti->n_dims;
+        memcpy(w->ne, ti->ne, sizeof w->ne);
+        w->data = ti->data;
+        w->nbytes = ti->nbytes;
+    }
+    mf->n_tensors = n;
+    for (int i = 0; i < n; i++) progress_add(pr, mf->tensors[i].nbytes);
+
+    const struct wtensor *te = model_file_tensor(mf, "token_embd.weight");
+    if (!te) return fail(err, FERRY_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+    if (te->ne[1] > (1 << 30)) return fail(err, FERRY_ERR_FORMAT, "tensor 'token_embd.weight': absurd vocab size");
+    hp->n_vocab = (int)te->ne[1];
+    hp->tied_embeddings = model_file_tensor(mf, "output.weight") == NULL;
+    hp->qkv_bias = model_file_tensor(mf, "blk.0.attn_q.bias") != NULL;
+
+    if (gguf_get_str(g, "tokenizer.chat_template", &s) == FERRY_OK) {
+        if (memchr(s.ptr, '\0', s.len)) return fail(err, FERRY_ERR_FORMAT, "key 'tokenizer.chat_template' has a NUL");
+        mf->chat_template = strndup(s.ptr, s.len);
+        if (!mf->chat_template) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    }
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- Hugging Face */
+
+/* HF name -> GGUF name; 0 when it maps, -1 for names ferry does not use. */
+static int hf_map_name(const char *hf, char out[96])
+{
+    static const struct {
+        const char *hf, *gguf;
+    } top[] = {{"model.embed_tokens.weight", "token_embd.weight"},
+               {"model.norm.weight", "output_norm.weight"},
+               {"lm_head.weight", "output.weight"}};
+    static const struct {
+        const char *hf, *gguf;
+    } layer[] = {
+        {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},   {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"}, {"self_attn.o_proj.bias", "attn_output.bias"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},    {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},    {"input_layernorm.weight", "attn_norm.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    };
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (strcmp(hf, top[i].hf) == 0) return snprintf(out, 96, "%s", top[i].gguf), 0;
+    const char *p = "model.layers.";
+    if (strncmp(hf, p, strlen(p)) != 0) return -1;
+    const char *d = hf + strlen(p);
+    int nd = 0, li = 0;
+    while (d[nd] >= '0' && d[nd] <= '9' && nd < 5) li = li * 10 + (d[nd++] - '0');
+    if (nd == 0 || d[nd] != '.' || (nd > 1 && d[0] == '0') || li >= MAX_LAYERS) return -1;
+    for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
+        if (strcmp(d + nd + 1, layer[i].hf) == 0) return snprintf(out, 96, "blk.%d.%s", li, layer[i].gguf), 0;
+    return -1;
+}
+
+static int add_shard(struct model_file *mf, const char *dir, const char *file, struct progress *pr, char *err)
+{
+    struct mf_priv *pv = mf->priv;
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path)
+        return fail(err, FERRY_ERR_INVALID, "path too long: %.100s/%.60s", dir, file);
+    struct safetensors *st;
+    int rc = safetensors_open(path, &st, err);
+    if (rc) return rc;
+    pv->st[pv->n_st++] = st;
+    mf->file_bytes += safetensors_file_size(st);
+    int n = safetensors_n_tensors(st);
+    struct wtensor *nt = realloc(mf->tensors, ((size_t)mf->n_tensors + (size_t)n + 1) * sizeof *nt);
+    if (!nt) return fail(err, FERRY_ERR_NOMEM, "out of memory for tensors of %.60s", file);
+    mf->tensors = nt;
+    for (int i = 0; i < n; i++) {
+        const struct st_tensor *t = safetensors_tensor(st, i);
+        char name[96];
+        if (hf_map_name(t->name, name) != 0) {
+            FLOG_DEBUG("%s: ignoring tensor '%s'", file, t->name);
+            continue;
+        }
+        if (t->dtype < 0)
+            return fail(err, FERRY_ERR_UNSUPPORTED, "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file,
+                        t->name, t->dtype_str);
+        if (t->n_dims < 1 || t->n_dims > 4)
+            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file, t->name,
+                        t->n_dims);
+        if (model_file_tensor(mf, name))
+            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards", file, t->name);
+        struct wtensor *w = &mf->tensors[mf->n_tensors];
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", name);
+        w->type = (enum dtype)t->dtype;
+        w->n_dims = t->n_dims;
+        for (int dd = 0; dd < 4; dd++) w->ne[dd] = 1;
+        for (int dd = 0; dd < t->n_dims; dd++) {
+            w->ne[dd] = t->shape[t->n_dims - 1 - dd];
+            if (w->ne[dd] < 1)
+                return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has an empty dimension", file, t->name);
+        }
+        w->data = t->data;
+        w->nbytes = t->nbytes;
+        mf->n_tensors++;
+    }
+    progress_add(pr, safetensors_file_size(st));
+    return FERRY_OK;
+}
+
+static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, char *err)
+{
+    int rc;
+    if (!(mf->dir = strdup(dir))) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if ((rc = hf_config_load(dir, &mf->hp, err))) return rc;
+    int config_tied = mf->hp.tied_embeddings;
+    if ((rc = hf_chat_template_load(dir, &mf->chat_template, err))) return rc;
+    struct mf_priv *pv = mf->priv;
+
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= sizeof path)
+        return fail(err, FERRY_ERR_INVALID, "path too long: %.100s", dir);
+    char *buf;
+    size_t len;
+    rc = mapfile_read_small(path, HF_MAX_JSON, &buf, &len, err);
+    if (rc == FERRY_ERR_NOT_FOUND) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
+            if (stat(path, &sb) == 0)
+                return fail(err, FERRY_ERR_UNSUPPORTED, "%.100s: only safetensors weights are read, not "
+                            "pytorch_model.bin", base_name(dir));
+            return fail(err, FERRY_ERR_NOT_FOUND, "%.100s: no model.safetensors or model.safetensors.index.json",
+                        base_name(dir));
+        }
+        if (!(pv->st = calloc(1, sizeof *pv->st))) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+        pr->total = (uint64_t)sb.st_size;
+        if ((rc = add_shard(mf, dir, "model.safetensors", pr, err))) return rc;
+    } else if (rc) {
+        return rc;
+    } else {
+        struct st_index ix;
+        rc = st_index_parse(buf, len, &ix, err);
+        free(buf);
+        if (rc) return rc;
+        if (!(pv->st = calloc((size_t)ix.n_files + 1, sizeof *pv->st))) {
+            st_index_free(&ix);
+            return fail(err, FERRY_ERR_NOMEM, "out of memory");
+        }
+        for (int i = 0; i < ix.n_files; i++) {
+            struct stat sb;
+            char sp[4096];
+            snprintf(sp, sizeof sp, "%s/%s", dir, ix.files[i]);
+            if (stat(sp, &sb) == 0) pr->total += (uint64_t)sb.st_size;
+        }
+        for (int i = 0; i < ix.n_files && rc == FERRY_OK; i++) rc = add_shard(mf, dir, ix.files[i], pr, err);
+        for (int i = 0; i < ix.n_entries && rc == FERRY_OK; i++) {
+            if (!safetensors_find(pv->st[ix.file_of[i]], ix.names[i]))
+                rc = fail(err, FERRY_ERR_FORMAT, "index lists tensor '%.80s' in %.60s but that shard lacks it",
+                          ix.names[i], ix.files[ix.file_of[i]]);
+        }
+        st_index_free(&ix);
+        if (rc) return rc;
+    }
+
+    /* tied_embeddings means "no output.weight": a tied checkpoint that also stores lm_head keeps it. */
+    int has_out = model_file_tensor(mf, "output.weight") != NULL;
+    if (!has_out && !config_tied)
+        return fail(err, FERRY_ERR_FORMAT, "missing tensor 'lm_head.weight' (config.json says tie_word_embeddings "
+                    "is false)");
+    mf->hp.tied_embeddings = !has_out;
+    if (model_file_tensor(mf, "blk.0.attn_q.bias")) mf->hp.qkv_bias = 1;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static int is_float(enum dtype t) { return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16; }
+
+/* The tensor `name` must exist (unless optional) with exactly n_dims dims {a, b}; float_only for norms. */
+static int want(const struct model_file *mf, const char *name, int n_dims, int64_t a, int64_t b, int float_only,
+                char *err)
+{
+    const struct wtensor *t = model_file_tensor(mf, name);
+    if (!t) return fail(err, FERRY_ERR_FORMAT, "missing tensor '%s'", name);
+    int64_t e[4] = {a, n_dims > 1 ? b : 1, 1, 1};
+    if (t->ne[0] != e[0] || t->ne[1] != e[1] || t->ne[2] != 1 || t->ne[3] != 1) {
+        if (n_dims == 1)
+            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                        (long long)a);
+        return fail(err, FERRY_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                    name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                    (long long)a, (long long)b);
+    }
+    if (float_only && !is_float(t->type))
+        return fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' has type %s; F32, F16 or BF16 expected", name,
+                    dtype_name(t->type));
+    return FERRY_OK;
+}
+
+int model_file_validate(const struct model_file *mf, char err[256])
+{
+    const struct llm_hparams *hp = &mf->hp;
+    if (hp->dim < 1 || hp->n_layers < 1 || hp->n_heads < 1 || hp->n_kv_heads < 1 || hp->head_dim < 1 ||
+        hp->ffn_dim < 1 || hp->n_vocab < 1 || hp->ctx_train < 1)
+        return fail(err, FERRY_ERR_FORMAT, "hyperparameters must be positive (dim %d, layers %d, heads %d/%d, "
+                    "head_dim %d, ffn %d, vocab %d, ctx %d)", hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
+                    hp->head_dim, hp->ffn_dim, hp->n_vocab, hp->ctx_train);
+    if (hp->n_layers > MAX_LAYERS) return fail(err, FERRY_ERR_FORMAT, "%d layers is more than %d", hp->n_layers,
+                                               MAX_LAYERS);
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return fail(err, FERRY_ERR_FORMAT, "%d attention heads is not a multiple of %d kv heads", hp->n_heads,
+                    hp->n_kv_heads);
+    if (hp->head_dim % 2 != 0 || hp->rope_dim < 2 || hp->rope_dim % 2 != 0 || hp->rope_dim > hp->head_dim)
+        return fail(err, FERRY_ERR_FORMAT, "rotary dims %d must be even and at most head_dim %d (even)",
+                    hp->rope_dim, hp->head_dim);
+    if (!(hp->norm_eps > 0) || !(hp->rope_theta > 0))
+        return fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive", hp->norm_eps,
+                    hp->rope_theta);
+    const struct rope_scaling *rs = &hp->rope_scaling;
+    if (rs->type != ROPE_SCALING_NONE && !(rs->factor > 0))
+        return fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);
+    if (rs->type == ROPE_SCALING_LLAMA3 && (rs->orig_ctx < 1 || !(rs->high_freq_factor > rs->low_freq_factor)))
+        return fail(err, FERRY_ERR_FORMAT, "llama3 rope scaling needs original context and high > low freq factor");
+
+    int64_t dim = hp->dim, q = (int64_t)hp->n_heads * hp->head_dim, kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    int64_t ffn = hp->ffn_dim, vocab = hp->n_vocab;
+    int rc;
+    if ((rc = want(mf, "token_embd.weight", 2, dim, vocab, 0, err))) return rc;
+    if ((rc = want(mf, "output_norm.weight", 1, dim, 1, 1, err))) return rc;
+    if (!hp->tied_embeddings && (rc = want(mf, "output.weight", 2, dim, vocab, 0, err))) return rc;
+    if (model_file_tensor(mf, "rope_freqs.weight")) {
+        if ((rc = want(mf, "rope_freqs.weight", 1, hp->rope_dim / 2, 1, 1, err))) return rc;
+        if (model_file_tensor(mf, "rope_freqs.weight")->type != DTYPE_F32)
+            return fail(err, FERRY_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' must be F32");
+    }
+    for (int l = 0; l < hp->n_layers; l++) {
+        static const struct {
+            const char *name;
+            int which; /* shape selector, see below */
+        } per_layer[] = {
+            {"attn_norm.weight", 0}, {"attn_q.weight", 1}, {"attn_k.weight", 2},   {"attn_v.weight", 2},
+            {"attn_output.weight", 3}, {"ffn_norm.weight", 0}, {"ffn_gate.weight", 4}, {"ffn_up.weight", 4},
+            {"ffn_down.weight", 5},
+        };
+        for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s", l, per_layer[i].name);
+            switch (per_layer[i].which) {
+            case 0: rc = want(mf, name, 1, dim, 1, 1, err); break;
+            case 1: rc = want(mf, name, 2, dim, q, 0, err); break;
+            case 2: rc = want(mf, name, 2, dim, kv, 0, err); break;
+            case 3: rc = want(mf, name, 2, q, dim, 0, err); break;
+            case 4: rc = want(mf, name, 2, dim, ffn, 0, err); break;
+            default: rc = want(mf, name, 2, ffn, dim, 0, err); break;
+            }
+            if (rc) return rc;
+        }
+        if (hp->qkv_bias) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.attn_q.bias", l);
+            if ((rc = want(mf, name, 1, q, 1, 1, err))) return rc;
+            snprintf(name, sizeof name, "blk.%d.attn_k.bias", l);
+            if ((rc = want(mf, name, 1, kv, 1, 1, err))) return rc;
+            snprintf(name, sizeof name, "blk.%d.attn_v.bias", l);
+            if ((rc = want(mf, name, 1, kv, 1, 1, err))) return rc;
+        }
+    }
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- open/close */
+
+int model_file_open(const char *path, struct model_file **out, model_file_progress_fn progress, void *user,
+                    char err[256])
+{
+    *out = NULL;
+    err[0] = '\0';
+    struct stat sb;
+    if (stat(path, &sb) != 0) return fail(err, FERRY_ERR_NOT_FOUND, "%.200s: no such file or directory", path);
+    struct model_file *mf = calloc(1, sizeof *mf);
+    struct mf_priv *pv = calloc(1, sizeof *pv);
+    if (!mf || !pv) {
+        free(mf);
+        free(pv);
+        return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    }
+    mf->priv = pv;
+    struct progress pr = {.fn = progress, .user = user, .next = PROGRESS_STEP};
+    char e2[256] = "";
+    int rc;
+    if (S_ISDIR(sb.st_mode)) {
+        mf->format = MODEL_FORMAT_HF;
+        rc = open_hf(mf, path, &pr, e2);
+    } else {
+        mf->format = MODEL_FORMAT_GGUF;
+        char magic[4] = {0};
+        FILE *f = fopen(path, "rb");
+        size_t got = f ? fread(magic, 1, 4, f) : 0;
+        if (f) fclose(f);
+        if (!f)
+            rc = fail(e2, FERRY_ERR_IO, "cannot open");
+        else if (got != 4 || memcmp(magic, "GGUF", 4) != 0)
+            rc = fail(e2, FERRY_ERR_FORMAT, "neither a GGUF file (bad magic at offset 0) nor a directory");
+        else
+            rc = open_gguf(mf, path, &pr, e2);
+    }
+    if (rc == FERRY_OK) rc = model_file_validate(mf, e2);
+    if (rc) {
+        /* gguf_open already names the file; everything else gets the model's name in front. */
+        const char *b = base_name(path);
+        if (strncmp(e2, b, strlen(b) < 60 ? strlen(b) : 60) == 0)
+            snprintf(err, 256, "%s", e2);
+        else
+            snprintf(err, 256, "%.60s: %.190s", b, e2);
+        model_file_close(mf);
+        return rc;
+    }
+    if (progress) progress(pr.done, pr.total, user);
+    *out = mf;
+    return FERRY_OK;
+}
+
+void model_file_close(struct model_file *mf)
+{
+    if (!mf) return;
+    struct mf_priv *pv = mf->priv;
+    if (pv) {
+        for (int i = 0; i < pv->n_st; i++) safetensors_close(pv->st[i]);
+        free(pv->st);
+        free(pv);
+    }
+    gguf_close(mf->gguf);
+    free(mf->tensors);
+    free(mf->dir);
+    free(mf->chat_template);
+    free(mf);
+}

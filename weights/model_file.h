@@ -77,4 +77,10 @@ void model_file_close(struct model_file *mf); /* accepts NULL and half-built obj
 /* The tensor with this internal name, or NULL. */
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name);
 
+/* Checks the hyperparameters and that every tensor a Llama-family forward pass reads exists with the shape
+ * the hyperparameters imply (norms and biases in F32/F16/BF16; rope_freqs.weight, if present, F32 of
+ * rope_dim/2). FERRY_OK or FERRY_ERR_FORMAT with err naming the tensor, its shape and the expected one.
+ * model_file_open calls it. */
+int model_file_validate(const struct model_file *mf, char err[256]);
+
 #endif
