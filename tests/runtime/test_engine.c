@@ -1,0 +1,177 @@
+/* test_engine — the engine seam: batching many sequences equals running them one at a time, the KV pool
+ * is all-or-nothing per step, and bad batches are refused without damage. Uses the tiny committed model. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/engine.h"
+
+static struct model_file *mf;
+
+static struct engine *open_engine(int n_seqs, int kv_tokens, int threads)
+{
+    char path[1024], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/llama3_gqa_f16", getenv("FERRY_SRC"));
+    if (!mf) cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), 0, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.n_seqs = n_seqs;
+    p.ctx_size = 256;
+    p.kv_tokens = kv_tokens;
+    p.n_threads = threads;
+    p.max_batch_tokens = 128;
+    struct engine *e = NULL;
+    cr_assert_eq(engine_init(&e, mf, &p, err), 0, "%s", err);
+    return e;
+}
+
+static void close_all(struct engine *e)
+{
+    engine_free(e);
+    model_file_close(mf);
+    mf = NULL;
+}
+
+static int step1(struct engine *e, int seq, int pos, int32_t tok, float *logits)
+{
+    uint8_t w = 1;
+    struct batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .want_logits = &w};
+    return engine_step(e, &b, logits);
+}
+
+/* Three sequences of different lengths, prefilled and decoded interleaved in shared batches, give the
+ * same logits as each sequence alone. */
+Test(engine, batched_equals_sequential)
+{
+    struct engine *e = open_engine(3, 0, 2);
+    const int V = engine_hparams(e)->n_vocab;
+    enum { L0 = 5, L1 = 17, L2 = 40 };
+    const int lens[3] = {L0, L1, L2};
+    int32_t prompts[3][64];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < lens[s]; i++) prompts[s][i] = (int32_t)((s * 37 + i * 11 + 3) % V);
+    /* Alone: last-position logits for each prompt, then 4 more steps feeding fixed tokens. */
+    float *alone = malloc((size_t)3 * 5 * V * sizeof(float));
+    for (int s = 0; s < 3; s++) {
+        engine_seq_free(e, 0);
+        for (int i = 0; i < lens[s]; i++)
+            cr_assert_eq(step1(e, 0, i, prompts[s][i], alone + ((size_t)s * 5) * V), 0);
+        for (int k = 1; k < 5; k++)
+            cr_assert_eq(step1(e, 0, lens[s] + k - 1, (int32_t)(k * 7 % V), alone + ((size_t)s * 5 + k) * V), 0);
+    }
+    engine_seq_free(e, 0);
+    /* Together: one batch with all three prompts, then batches of one decode token per sequence. */
+    int32_t tok[128], pos[128], seq[128];
+    uint8_t want[128];
+    int n = 0;
+    for (int i = 0; i < L2; i++)
+        for (int s = 0; s < 3; s++)
+            if (i < lens[s]) {
+                tok[n] = prompts[s][i], pos[n] = i, seq[n] = s, want[n] = i == lens[s] - 1;
+                n++;
+            }
+    float *together = malloc((size_t)3 * V * sizeof(float));
+    struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, together), 0);
+    /* Rows come out in batch order: the order in which each prompt's last token appears. */
+    int order[3], k = 0;
+    for (int i = 0; i < n; i++)
+        if (want[i]) order[k++] = seq[i];
+    for (int r = 0; r < 3; r++)
+        for (int v = 0; v < V; v++)
+            cr_assert_float_eq(together[(size_t)r * V + v], alone[((size_t)order[r] * 5) * V + v], 1e-4,
+                               "prefill seq %d logit %d", order[r], v);
+    for (int kk = 1; kk < 5; kk++) {
+        for (int s = 0; s < 3; s++) {
+            tok[s] = (int32_t)(kk * 7 % V), pos[s] = lens[s] + kk - 1, seq[s] = 2 - s, want[s] = 1;
+            tok[s] = (int32_t)(kk * 7 % V);
+            pos[s] = lens[2 - s] + kk - 1;
+        }
+        b.n_tokens = 3;
+        cr_assert_eq(engine_step(e, &b, together), 0);
+        for (int s = 0; s < 3; s++)
+            for (int v = 0; v < V; v++)
+                cr_assert_float_eq(together[(size_t)s * V + v], alone[((size_t)(2 - s) * 5 + kk) * V + v], 1e-4,
+                                   "decode step %d seq %d logit %d", kk, 2 - s, v);
+    }
+    free(alone);
+    free(together);
+    close_all(e);
+}
+
+Test(engine, pool_exhaustion_keeps_state)
+{
+    /* 3 blocks of 16 positions for two slots. */
+    struct engine *e = open_engine(2, 48, 1);
+    const int V = engine_hparams(e)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof(float) * 64);
+    int32_t tok[64], pos[64], seq[64];
+    uint8_t want[64] = {0};
+    for (int i = 0; i < 40; i++) tok[i] = i % V, pos[i] = i, seq[i] = 0;
+    struct batch b = {.n_tokens = 40, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, lg), 0);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.kv_blocks_used, 3);
+    /* Slot 1 needs a block; none is left: refused, and slot 0 is untouched. */
+    for (int i = 0; i < 2; i++) tok[i] = 5, pos[i] = i, seq[i] = 1;
+    b.n_tokens = 2;
+    cr_assert_eq(engine_step(e, &b, lg), FERRY_ERR_RANGE);
+    cr_assert_eq(engine_seq_len(e, 0), 40);
+    cr_assert_eq(engine_seq_len(e, 1), 0);
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.kv_blocks_used, 3);
+    /* Freeing slot 0 returns its blocks; slot 1 then fits. */
+    cr_assert_eq(engine_seq_free(e, 0), 0);
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    cr_assert_eq(engine_step(e, &b, lg), 0);
+    cr_assert_eq(engine_seq_len(e, 1), 2);
+    free(lg);
+    close_all(e);
+}
+
+Test(engine, bad_batches_are_refused)
+{
+    struct engine *e = open_engine(2, 0, 1);
+    const int V = engine_hparams(e)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof(float));
+    cr_assert_eq(step1(e, 0, 0, V, lg), FERRY_ERR_INVALID);      /* token id out of range */
+    cr_assert_eq(step1(e, 0, 0, -1, lg), FERRY_ERR_INVALID);     /* negative id */
+    cr_assert_eq(step1(e, 2, 0, 1, lg), FERRY_ERR_INVALID);      /* no such slot */
+    cr_assert_eq(step1(e, 0, 1, 1, lg), FERRY_ERR_INVALID);      /* gap: slot 0 is empty */
+    cr_assert_eq(step1(e, 0, 256, 1, lg), FERRY_ERR_INVALID);    /* gap past the context */
+    cr_assert_eq(step1(e, 0, 0, 1, lg), 0);
+    cr_assert_eq(step1(e, 0, 1, 2, lg), 0);
+    /* Two tokens of one slot out of order in one batch. */
+    int32_t tok[2] = {1, 2}, pos[2] = {3, 2}, seq[2] = {0, 0};
+    uint8_t want[2] = {0, 1};
+    struct batch b = {.n_tokens = 2, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, lg), FERRY_ERR_INVALID);
+    cr_assert_eq(engine_seq_len(e, 0), 2);
+    struct batch empty = {.n_tokens = 0};
+    cr_assert_eq(engine_step(e, &empty, lg), FERRY_ERR_INVALID);
+    free(lg);
+    close_all(e);
+}
+
+/* Rewinding a slot (rewriting its tail) gives the logits of the rewritten sequence. */
+Test(engine, rewind_rewrites_tail)
+{
+    struct engine *e = open_engine(1, 0, 1);
+    const int V = engine_hparams(e)->n_vocab;
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i < 20; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 3 % V), a), 0);
+    /* Rewind to position 10 and write a different token there. */
+    cr_assert_eq(step1(e, 0, 10, 99, a), 0);
+    cr_assert_eq(engine_seq_len(e, 0), 11);
+    engine_seq_free(e, 0);
+    for (int i = 0; i < 10; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 3 % V), b), 0);
+    cr_assert_eq(step1(e, 0, 10, 99, b), 0);
+    for (int v = 0; v < V; v++) cr_assert_eq(a[v], b[v], "logit %d", v);
+    free(a);
+    free(b);
+    close_all(e);
+}

