@@ -84,11 +84,9 @@ Test(engine, batched_equals_sequential)
             cr_assert_float_eq(together[(size_t)r * V + v], alone[((size_t)order[r] * 5) * V + v], 1e-4,
                                "prefill seq %d logit %d", order[r], v);
     for (int kk = 1; kk < 5; kk++) {
-        for (int s = 0; s < 3; s++) {
-            tok[s] = (int32_t)(kk * 7 % V), pos[s] = lens[s] + kk - 1, seq[s] = 2 - s, want[s] = 1;
-            tok[s] = (int32_t)(kk * 7 % V);
-            pos[s] = lens[2 - s] + kk - 1;
-        }
+        /* Row s carries sequence 2-s: the batch order differs from the slot order on purpose. */
+        for (int s = 0; s < 3; s++)
+            tok[s] = (int32_t)(kk * 7 % V), pos[s] = lens[2 - s] + kk - 1, seq[s] = 2 - s, want[s] = 1;
         b.n_tokens = 3;
         cr_assert_eq(engine_step(e, &b, together), 0);
         for (int s = 0; s < 3; s++)
