@@ -1,0 +1,99 @@
+/* Paged causal GQA attention against the double-precision two-pass reference: three sequences interleaved in
+ * one batch (a decode token, a prefill chunk, a short prompt), block_size 16 not dividing the lengths, blocks
+ * assigned out of order, GQA ratios 1, 2 and 4, positions 0..300; bitwise determinism across runs and pool
+ * sizes; kv_store writes where the block table says.
+ *
+ * Tolerance: outputs are convex combinations of |v| <= 1; f32 dot products and expf against double give
+ * errors around 1e-6, so atol 1e-5 + rtol 1e-5. A wrong block, head or position is an O(0.1) error. */
+#include "kt_common.h"
+
+#include "kernels/core/status.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/threadpool.h"
+
+#define BS 16
+#define N_SEQ 3
+#define MAX_BLOCKS 24 /* 24 * 16 = 384 positions per sequence */
+
+static void run_case(int n_heads, int n_kv_heads, int head_dim)
+{
+    const int len[N_SEQ] = {301, 77, 5}; /* positions 0..len-1 exist after this step */
+    const int n_blocks = N_SEQ * MAX_BLOCKS;
+    const size_t row = (size_t)n_kv_heads * head_dim;
+    float *kc = malloc(sizeof(float) * n_blocks * BS * row), *vc = malloc(sizeof(float) * n_blocks * BS * row);
+    /* Poison: a read of an unwritten row shows up as a huge error. */
+    for (size_t i = 0; i < (size_t)n_blocks * BS * row; i++) kc[i] = vc[i] = 1e6f;
+    int32_t table[N_SEQ * MAX_BLOCKS];
+    /* Blocks handed out in a scrambled order: block id = (7 * i + 3) mod n_blocks. */
+    for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++) table[i] = (7 * i + 3) % n_blocks;
+    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim};
+
+    /* History: everything before this step's tokens, stored one sequence at a time. */
+    const int first_new[N_SEQ] = {300, 60, 0};
+    for (int s = 0; s < N_SEQ; s++)
+        for (int p = 0; p < first_new[s]; p++) {
+            float kn[512], vn[512];
+            kt_fill(kn, row, -1.0f, 1.0f);
+            kt_fill(vn, row, -1.0f, 1.0f);
+            const int32_t sq = s, ps = p;
+            kern_cpu_kv_store(&kv, kn, vn, &sq, &ps, 1);
+        }
+    /* This step's batch, interleaved: seq 1 chunk 60..76, seq 0 decode at 300, seq 2 prompt 0..4. */
+    int32_t seq[32], pos[32];
+    int m = 0;
+    for (int i = 0; i < 17; i++) {
+        seq[m] = 1, pos[m++] = 60 + i;
+        if (i == 5) seq[m] = 0, pos[m++] = 300;
+        if (i % 4 == 1 && i / 4 < 5) seq[m] = 2, pos[m++] = i / 4;
+    }
+    for (int p = 4; p < 5; p++) seq[m] = 2, pos[m++] = p;
+    cr_assert_eq(m, 17 + 1 + 5);
+    float *kn = malloc(sizeof(float) * m * row), *vn = malloc(sizeof(float) * m * row);
+    kt_fill(kn, (size_t)m * row, -1.0f, 1.0f);
+    kt_fill(vn, (size_t)m * row, -1.0f, 1.0f);
+    kern_cpu_kv_store(&kv, kn, vn, seq, pos, m);
+    for (int i = 0; i < m; i++) {
+        const int blk = table[seq[i] * MAX_BLOCKS + pos[i] / BS];
+        const float *kr = kc + ((size_t)blk * BS + pos[i] % BS) * row;
+        cr_assert(memcmp(kr, kn + i * row, row * 4) == 0, "kv_store token %d", i);
+    }
+    (void)len;
+
+    const size_t qn = (size_t)m * n_heads * head_dim;
+    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn), *out2 = malloc(sizeof(float) * qn);
+    float *ref = malloc(sizeof(float) * qn);
+    kt_fill(q, qn, -1.0f, 1.0f);
+    const float scale = 1.0f / sqrtf((float)head_dim) * 3.0f; /* sharper than usual: exercises the max shift */
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
+    kern_cpu_attention(out, q, &kv, seq, pos, m, n_heads, scale, tp);
+    kern_cpu_attention_ref(ref, q, &kv, seq, pos, m, n_heads, scale);
+    char what[96];
+    snprintf(what, sizeof what, "attention heads=%d kv=%d hd=%d", n_heads, n_kv_heads, head_dim);
+    kt_check_close(what, out, ref, qn, 1e-5, 1e-5);
+    kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, tp);
+    cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: two runs differ", what);
+    kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, NULL);
+    cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: 1 vs 2 threads differ", what);
+    /* Position 0 attends to itself only: the output is its own v row. */
+    for (int i = 0; i < m; i++)
+        if (pos[i] == 0)
+            for (int h = 0; h < n_heads; h++)
+                for (int d = 0; d < head_dim; d++)
+                    cr_assert_float_eq(out[((size_t)i * n_heads + h) * head_dim + d],
+                                       vn[i * row + (size_t)(h / (n_heads / n_kv_heads)) * head_dim + d], 1e-6f);
+    tpool_free(tp);
+    free(kc);
+    free(vc);
+    free(kn);
+    free(vn);
+    free(q);
+    free(out);
+    free(out2);
+    free(ref);
+}
+
+Test(attention, gqa_ratio_1) { kt_seed(21); run_case(2, 2, 64); }
+Test(attention, gqa_ratio_2) { kt_seed(22); run_case(4, 2, 40); }
+Test(attention, gqa_ratio_4) { kt_seed(23); run_case(8, 2, 128); }
+Test(attention, gqa_single_kv_head_odd_dim) { kt_seed(24); run_case(3, 1, 17); }
