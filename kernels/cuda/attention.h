@@ -1,0 +1,65 @@
+/* attention (CUDA) — causal grouped-query attention over a paged f16 KV cache, on the GPU.
+ *
+ * The cache has the layout and block-table semantics of kernels/cpu/attention.h, with f16 elements:
+ *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) f16
+ * Sequence s maps position p to block block_table[s*max_blocks + p/block_size], row p%block_size.
+ * Token i of a batch belongs to seq[i] at position pos[i] and attends to positions 0..pos[i] of its sequence
+ * (already stored with kern_cuda_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads).
+ * One kernel serves both phases (FlashAttention-style: K/V tiles of 64 positions staged in shared memory,
+ * online softmax in f32, the score matrix never materialised beyond one 16x64 tile):
+ *   PREFILL: a block takes up to 16 query rows (consecutive tokens x the query heads of one KV head), so each
+ *            K/V tile read from memory serves them all; tokens of different sequences in one tile are handled
+ *            one run of equal seq at a time (correct for any batch, fastest when chunks are long).
+ *   DECODE:  a block takes one token (its query heads of one KV head) and the KV range is split over blocks
+ *            (flash-decoding); partial (max, sum, output) go to the workspace and a second kernel merges them
+ *            with a log-sum-exp in a fixed order. One long sequence fills the GPU.
+ * Splits are also used in PREFILL when the grid would be too small. Deterministic: no atomics anywhere.
+ * All pointers are device memory except `kv` itself (a host struct holding device pointers).
+ */
+#ifndef FERRY_KERN_CUDA_ATTENTION_H
+#define FERRY_KERN_CUDA_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kern_cuda_kv_layer {
+    uint16_t *k;                /* (n_blocks, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
+    uint16_t *v;                /* same shape */
+    int n_blocks;
+    int block_size;             /* positions per block */
+    const int32_t *block_table; /* (n_seqs, max_blocks) block ids, device */
+    int max_blocks;             /* blocks per sequence row of block_table */
+    int n_kv_heads;
+    int head_dim;               /* a multiple of 8, at most 256 */
+};
+
+enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
+
+/* Writes k_new/v_new (m, n_kv_heads*head_dim) f32, rounded to f16, to the cache rows of (seq[i], pos[i]).
+ * A (seq, pos) whose block id is outside [0, n_blocks) is skipped on the device (the caller checks). */
+int kern_cuda_kv_store(const struct kern_cuda_kv_layer *kv, const float *k_new, const float *v_new,
+                       const int32_t *seq, const int32_t *pos, int m, cudaStream_t stream);
+
+/* Workspace bytes kern_cuda_attention uses at most for this batch shape; max_len = 1 + the largest pos. */
+size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len);
+
+/* out (m, n_heads*head_dim) f32 = softmax(q kᵀ * scale) v per token and head; q (m, n_heads, head_dim) f32.
+ * max_len: 1 + the largest pos[i] in the batch (the host knows it); it sizes the KV split only, so a wrong
+ * value costs speed, not correctness (<= 0: max_blocks*block_size). ws/ws_bytes: device workspace for the
+ * split partials; with less than kern_cuda_attention_ws_size() fewer splits are used (none when ws is NULL).
+ * AUTO picks DECODE for m <= 16 and PREFILL otherwise. */
+int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_layer *kv, const int32_t *seq,
+                        const int32_t *pos, int m, int n_heads, float scale, int max_len,
+                        enum kern_cuda_attn_mode mode, void *ws, size_t ws_bytes, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,305 @@
+/* matmul (CUDA) — the GEMV / skinny-GEMM kernel for decode batches and the cuBLAS path for larger ones; see
+ * matmul.h for the contract.
+ *
+ * GEMV design: one warp per output row; each lane streams 16-byte chunks of the weight row (4 in flight before
+ * the first use, loaded with L1::no_allocate so that x keeps L1), multiplies them with up to 16 rows of x (f32,
+ * read through L1, shared by the 4 warps of a block) and the warp reduces with shuffles in a fixed order.
+ * Weight bytes are read exactly once per call, so the time is n*k*sizeof(w) / bandwidth plus the x traffic
+ * through L1, which grows with m.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/matmul.h"
+
+#define GEMV_WARPS 4
+#define GEMV_UNROLL 4
+#define CUBLAS_WS_BYTES (32u << 20)
+
+struct kern_cuda_ctx {
+    cublasHandle_t handle;
+    void *xbuf;          /* (max_x_elems) f16 or bf16: x rounded to the weight's type */
+    size_t max_x_elems;
+    void *cublas_ws;     /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
+};
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* GEMV kernels */
+
+enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2 };
+
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+template <int WT> __device__ __forceinline__ void unpack16(uint4 v, float *f)
+{
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    if (WT == WT_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[i] = __uint_as_float(u[i]);
+    } else if (WT == WT_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h = *reinterpret_cast<const __half2 *>(&u[i]);
+            float2 t = __half22float2(h);
+            f[2 * i] = t.x;
+            f[2 * i + 1] = t.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+}
+
+template <int WT, int M>
+__device__ __forceinline__ void gemv_fma(float (&acc)[M], const uint4 wv, const float *const (&xr)[M], int e0)
+{
+    constexpr int VEC = WT == WT_F32 ? 4 : 8;
+    float wf[VEC];
+    unpack16<WT>(wv, wf);
+#pragma unroll
+    for (int mi = 0; mi < M; mi++) {
+        const float4 *xp = reinterpret_cast<const float4 *>(xr[mi] + e0);
+#pragma unroll
+        for (int q = 0; q < VEC / 4; q++) {
+            const float4 xv = __ldg(xp + q);
+            acc[mi] += wf[4 * q] * xv.x + wf[4 * q + 1] * xv.y + wf[4 * q + 2] * xv.z + wf[4 * q + 3] * xv.w;
+        }
+    }
+}
+
+template <int M>
+__device__ __forceinline__ void gemv_store(float (&acc)[M], float *y, const float *bias, int m, int n, int row)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int mi = 0; mi < M; mi++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[mi] += __shfl_xor_sync(0xffffffffu, acc[mi], o);
+    }
+    const float b = bias ? bias[row] : 0.0f;
+#pragma unroll
+    for (int mi = 0; mi < M; mi++)
+        if (lane == mi && mi < m) y[(size_t)mi * n + row] = acc[mi] + b;
+}
+
+/* W rows are 16-byte aligned: k % VEC == 0 and w, x 16-byte aligned. Rows of x past m repeat the last row (their
+ * results are not stored), so the inner loop has no guard. */
+template <int WT, int M>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_vec_kernel(float *y, const float *x, const uint4 *w,
+                                                                   const float *bias, int m, int n, int k)
+{
+    constexpr int VEC = WT == WT_F32 ? 4 : 8;
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= n) return;
+    const int nc = k / VEC;
+    const uint4 *wr = w + (size_t)row * nc;
+    const float *xr[M];
+#pragma unroll
+    for (int mi = 0; mi < M; mi++) xr[mi] = x + (size_t)(mi < m ? mi : m - 1) * k;
+    float acc[M];
+#pragma unroll
+    for (int mi = 0; mi < M; mi++) acc[mi] = 0.0f;
+
+    int c = lane;
+    for (; c + 32 * (GEMV_UNROLL - 1) < nc; c += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = ld_stream(wr + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) gemv_fma<WT, M>(acc, wv[u], xr, (c + 32 * u) * VEC);
+    }
+    for (; c < nc; c += 32) gemv_fma<WT, M>(acc, ld_stream(wr + c), xr, c * VEC);
+    gemv_store<M>(acc, y, bias, m, n, row);
+}
+
+template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t i)
+{
+    if (WT == WT_F32) return ((const float *)w)[i];
+    if (WT == WT_F16) return __half2float(((const __half *)w)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
+}
+
+/* Any k and alignment (2-byte weights, 4-byte x): element-wise loads, same reduction order per lane. */
+template <int WT, int M>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_scalar_kernel(float *y, const float *x, const void *w,
+                                                                      const float *bias, int m, int n, int k)
+{
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= n) return;
+    float acc[M];
+#pragma unroll
+    for (int mi = 0; mi < M; mi++) acc[mi] = 0.0f;
+    for (int e = lane; e < k; e += 32) {
+        const float wf = load_w<WT>(w, (size_t)row * k + e);
+#pragma unroll
+        for (int mi = 0; mi < M; mi++) acc[mi] += wf * x[(size_t)(mi < m ? mi : m - 1) * k + e];
+    }
+    gemv_store<M>(acc, y, bias, m, n, row);
+}
+
+template <int WT, int M>
+static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k, bool vec,
+                       cudaStream_t st)
+{
+    const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (vec) {
+        gemv_vec_kernel<WT, M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k);
+        FCUDA_LAUNCH_CHECK("gemv_vec_kernel");
+    } else {
+        gemv_scalar_kernel<WT, M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, w, bias, m, n, k);
+        FCUDA_LAUNCH_CHECK("gemv_scalar_kernel");
+    }
+    return FERRY_OK;
+}
+
+template <int WT>
+static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k, bool vec,
+                     cudaStream_t st)
+{
+    if (m <= 1) return gemv_launch<WT, 1>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 2) return gemv_launch<WT, 2>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 4) return gemv_launch<WT, 4>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 8) return gemv_launch<WT, 8>(y, x, w, bias, m, n, k, vec, st);
+    return gemv_launch<WT, 16>(y, x, w, bias, m, n, k, vec, st);
+}
+
+static int check_args(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n, int k)
+{
+    if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
+    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16) return FERRY_ERR_UNSUPPORTED;
+    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (bias && !FCUDA_ALIGNED(bias, 4))) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(w, wt == DTYPE_F32 ? 4 : 2)) return FERRY_ERR_INVALID;
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt, const float *bias,
+                                     int m, int n, int k, cudaStream_t stream)
+{
+    int rc = check_args(y, x, w, wt, bias, m, n, k);
+    if (rc) return rc;
+    const int vec_elems = wt == DTYPE_F32 ? 4 : 8;
+    const bool vec = k % vec_elems == 0 && FCUDA_ALIGNED(w, 16) && FCUDA_ALIGNED(x, 16);
+    for (int i = 0; i < m; i += KERN_CUDA_GEMV_MAX_M) {
+        const int mt = m - i < KERN_CUDA_GEMV_MAX_M ? m - i : KERN_CUDA_GEMV_MAX_M;
+        float *yt = y + (size_t)i * n;
+        const float *xt = x + (size_t)i * k;
+        if (wt == DTYPE_F32) rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
+        else if (wt == DTYPE_F16) rc = gemv_tile<WT_F16>(yt, xt, w, bias, mt, n, k, vec, stream);
+        else rc = gemv_tile<WT_BF16>(yt, xt, w, bias, mt, n, k, vec, stream);
+        if (rc) return rc;
+    }
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* cuBLAS path */
+
+__global__ void round_x_kernel(void *dst, const float *x, int64_t n, int to_bf16)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (to_bf16) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x[i]);
+        else ((__half *)dst)[i] = __float2half_rn(x[i]);
+    }
+}
+
+__global__ void add_bias_kernel(float *y, const float *bias, int64_t total, int n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % n];
+}
+
+extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems)
+{
+    if (!out) return FERRY_ERR_INVALID;
+    *out = NULL;
+    struct kern_cuda_ctx *c = (struct kern_cuda_ctx *)calloc(1, sizeof *c);
+    if (!c) return FERRY_ERR_NOMEM;
+    cublasStatus_t bs = cublasCreate(&c->handle);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        FLOG_ERROR("%s:%d: cublasCreate failed: %s", __FILE__, __LINE__, cublasGetStatusString(bs));
+        c->handle = NULL;
+        kern_cuda_ctx_free(c);
+        return FERRY_ERR_CUDA;
+    }
+    c->max_x_elems = max_x_elems;
+    if ((max_x_elems && cudaMalloc(&c->xbuf, max_x_elems * 2) != cudaSuccess) ||
+        cudaMalloc(&c->cublas_ws, CUBLAS_WS_BYTES) != cudaSuccess) {
+        (void)cudaGetLastError();
+        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed", max_x_elems * 2 + CUBLAS_WS_BYTES);
+        kern_cuda_ctx_free(c);
+        return FERRY_ERR_DEVICE_MEM;
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+extern "C" void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx)
+{
+    if (!ctx) return;
+    if (ctx->handle) cublasDestroy(ctx->handle);
+    cudaFree(ctx->xbuf);
+    cudaFree(ctx->cublas_ws);
+    free(ctx);
+}
+
+extern "C" size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx)
+{
+    return ctx ? ctx->max_x_elems * 2 + CUBLAS_WS_BYTES : 0;
+}
+
+extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
+                                       enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream)
+{
+    int rc = check_args(y, x, w, wt, bias, m, n, k);
+    if (rc) return rc;
+    if (!ctx) return FERRY_ERR_INVALID;
+    FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
+    FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
+    const float one = 1.0f, zero = 0.0f;
+    if (wt == DTYPE_F32) {
+        FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x,
+                                 CUDA_R_32F, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else {
+        const cudaDataType_t t = wt == DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        const int64_t rows_fit = ctx->max_x_elems / (size_t)k;
+        if (rows_fit < 1) return FERRY_ERR_RANGE;
+        for (int i = 0; i < m; i += (int)(rows_fit < m ? rows_fit : m)) {
+            const int mt = (int)(m - i < rows_fit ? m - i : rows_fit);
+            const int64_t ne = (int64_t)mt * k;
+            round_x_kernel<<<fcuda_blocks(ne, 256), 256, 0, stream>>>(ctx->xbuf, x + (size_t)i * k, ne,
+                                                                      wt == DTYPE_BF16);
+            FCUDA_LAUNCH_CHECK("round_x_kernel");
+            FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k, ctx->xbuf, t, k,
+                                     &zero, y + (size_t)i * n, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    if (bias) {
+        const int64_t total = (int64_t)m * n;
+        add_bias_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(y, bias, total, n);
+        FCUDA_LAUNCH_CHECK("add_bias_kernel");
+    }
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
+                                const float *bias, int m, int n, int k, cudaStream_t stream)
+{
+    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx) return kern_cuda_matmul_gemv(y, x, w, wt, bias, m, n, k, stream);
+    return kern_cuda_matmul_cublas(ctx, y, x, w, wt, bias, m, n, k, stream);
+}

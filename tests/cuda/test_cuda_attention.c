@@ -1,0 +1,261 @@
+/* CUDA paged attention and KV store against a double-precision two-pass softmax on random data.
+ *
+ * The cache is filled with random f16 values in blocks placed at shuffled pool positions; the reference reads
+ * the same f16 values, so the only differences are f32 rounding in the kernel: the tolerance is a max abs error
+ * of 2e-5 on outputs of magnitude ~0.1-1 (softmax weights sum to 1 and |v| <= 1), plus a tensor rel err 1e-5.
+ * Sequence lengths 1, 7, 64, 129, 1000 and 8192; GQA ratios 1, 4, 8 and 24 (more heads than one block takes);
+ * head_dim 8 (stories260K), 64, 96, 128, 256; block sizes 7, 16, 32; prefill, decode and auto modes.
+ */
+#include "tests/cuda/cuda_test.h"
+
+#include "kernels/cuda/attention.h"
+
+struct cache {
+    int n_heads, n_kv, D, bs, n_seqs, max_blocks, n_blocks;
+    int *len;         /* (n_seqs) positions filled */
+    int32_t *bt;      /* (n_seqs, max_blocks) */
+    uint16_t *k, *v;  /* (n_blocks, bs, n_kv, D) f16 */
+    struct kern_cuda_kv_layer dev;
+};
+
+static void cache_init(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
+{
+    c->n_heads = n_heads, c->n_kv = n_kv, c->D = D, c->bs = bs, c->n_seqs = n_seqs;
+    c->len = malloc(n_seqs * sizeof(int));
+    memcpy(c->len, len, n_seqs * sizeof(int));
+    int maxl = 1, total = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (len[s] > maxl) maxl = len[s];
+        total += (len[s] + bs - 1) / bs;
+    }
+    c->max_blocks = (maxl + bs - 1) / bs + 1;
+    c->n_blocks = total + 3;
+    /* A shuffled pool: block ids handed out in random order, with spare blocks between. */
+    int *perm = malloc(c->n_blocks * sizeof(int));
+    for (int i = 0; i < c->n_blocks; i++) perm[i] = i;
+    for (int i = c->n_blocks - 1; i > 0; i--) {
+        int j = irand(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    c->bt = malloc((size_t)n_seqs * c->max_blocks * 4);
+    int next = 0;
+    for (int s = 0; s < n_seqs; s++)
+        for (int b = 0; b < c->max_blocks; b++)
+            c->bt[(size_t)s * c->max_blocks + b] = b < (len[s] + bs - 1) / bs ? perm[next++] : -1;
+    free(perm);
+    const size_t ne = (size_t)c->n_blocks * bs * n_kv * D;
+    c->k = malloc(ne * 2);
+    c->v = malloc(ne * 2);
+    for (size_t i = 0; i < ne; i++) {
+        c->k[i] = f32_to_f16(frand());
+        c->v[i] = f32_to_f16(frand());
+    }
+    c->dev.k = dev_upload(c->k, ne * 2);
+    c->dev.v = dev_upload(c->v, ne * 2);
+    c->dev.n_blocks = c->n_blocks;
+    c->dev.block_size = bs;
+    c->dev.block_table = dev_upload(c->bt, (size_t)n_seqs * c->max_blocks * 4);
+    c->dev.max_blocks = c->max_blocks;
+    c->dev.n_kv_heads = n_kv;
+    c->dev.head_dim = D;
+}
+
+static void cache_free(struct cache *c)
+{
+    cudaFree(c->dev.k);
+    cudaFree(c->dev.v);
+    cudaFree((void *)c->dev.block_table);
+    free(c->len); free(c->bt); free(c->k); free(c->v);
+}
+
+static const uint16_t *cache_row(const struct cache *c, const uint16_t *base, int s, int p, int kvh)
+{
+    int blk = c->bt[(size_t)s * c->max_blocks + p / c->bs];
+    return base + (((size_t)blk * c->bs + p % c->bs) * c->n_kv + kvh) * c->D;
+}
+
+static void ref_attention(double *out, const float *q, const struct cache *c, const int32_t *seq,
+                          const int32_t *pos, int m, float scale)
+{
+    const int D = c->D, G = c->n_heads / c->n_kv;
+    double *sc = malloc(((size_t)pos[0] + 1) * 8);
+    int cap = pos[0] + 1;
+    for (int i = 0; i < m; i++) {
+        if (pos[i] + 1 > cap) { cap = pos[i] + 1; sc = realloc(sc, (size_t)cap * 8); }
+        for (int h = 0; h < c->n_heads; h++) {
+            const float *qh = q + ((size_t)i * c->n_heads + h) * D;
+            double mx = -INFINITY, sum = 0;
+            for (int p = 0; p <= pos[i]; p++) {
+                const uint16_t *kr = cache_row(c, c->k, seq[i], p, h / G);
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)qh[d] * f16_to_f32(kr[d]);
+                sc[p] = s * scale;
+                if (sc[p] > mx) mx = sc[p];
+            }
+            for (int p = 0; p <= pos[i]; p++) sum += (sc[p] = exp(sc[p] - mx));
+            double *o = out + ((size_t)i * c->n_heads + h) * D;
+            for (int d = 0; d < D; d++) o[d] = 0;
+            for (int p = 0; p <= pos[i]; p++) {
+                const uint16_t *vr = cache_row(c, c->v, seq[i], p, h / G);
+                for (int d = 0; d < D; d++) o[d] += sc[p] / sum * f16_to_f32(vr[d]);
+            }
+        }
+    }
+    free(sc);
+}
+
+/* Runs the batch (seq, pos) in `mode` with and without a workspace and compares both with the reference. */
+static void run_case(const struct cache *c, const int32_t *seq, const int32_t *pos, int m,
+                     enum kern_cuda_attn_mode mode, const char *what)
+{
+    const size_t nq = (size_t)m * c->n_heads * c->D;
+    const float scale = 1.0f / sqrtf((float)c->D);
+    float *q = host_rand(nq, -1, 1), *got = malloc(nq * 4), *got2 = malloc(nq * 4);
+    double *ref = malloc(nq * 8);
+    ref_attention(ref, q, c, seq, pos, m, scale);
+    int max_len = 0;
+    for (int i = 0; i < m; i++) if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
+    float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4);
+    int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
+    const size_t wsb = kern_cuda_attention_ws_size(m, c->n_heads, c->D, max_len);
+    void *ws = dev_alloc(wsb);
+    /* 0: full workspace (splits); 1: the same again, bitwise equal; 2: no workspace (one split) */
+    for (int variant = 0; variant < 3; variant++) {
+        CU_OK(cudaMemset(dout, 0xFF, nq * 4));
+        int rc = kern_cuda_attention(dout, dq, &c->dev, dseq, dpos, m, c->n_heads, scale, max_len, mode,
+                                     variant == 2 ? NULL : ws, variant == 2 ? 0 : wsb, 0);
+        cr_assert_eq(rc, FERRY_OK, "%s: rc %d", what, rc);
+        dev_download(variant == 1 ? got2 : got, dout, nq * 4);
+        if (variant == 1) {
+            cr_assert(memcmp(got, got2, nq * 4) == 0, "%s: two identical runs differ", what);
+            continue;
+        }
+        double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
+        cr_assert(ea <= 2e-5 && er <= 1e-5, "%s (mode %d, variant %d): max abs err %g, rel err %g", what, mode,
+                  variant, ea, er);
+    }
+    cudaFree(dq); cudaFree(dout); cudaFree(dseq); cudaFree(dpos); cudaFree(ws);
+    free(q); free(got); free(got2); free(ref);
+}
+
+/* Every position of every sequence (a prefill batch), and the last position of each (a decode batch). */
+static void check_config(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, const char *what)
+{
+    struct cache c;
+    cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    int total = 0;
+    for (int s = 0; s < n_seqs; s++) total += len[s];
+    int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
+    int m = 0;
+    for (int s = 0; s < n_seqs; s++)
+        for (int p = 0; p < len[s]; p++) seq[m] = s, pos[m++] = p;
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s prefill", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_PREFILL, buf);
+    snprintf(buf, sizeof buf, "%s prefill-as-decode", what);
+    if (m <= 1300) run_case(&c, seq, pos, m, KERN_ATTN_DECODE, buf);
+    m = 0;
+    for (int s = 0; s < n_seqs; s++) seq[m] = s, pos[m++] = len[s] - 1;
+    snprintf(buf, sizeof buf, "%s decode", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_DECODE, buf);
+    snprintf(buf, sizeof buf, "%s decode-auto", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_AUTO, buf);
+    snprintf(buf, sizeof buf, "%s decode-as-prefill", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_PREFILL, buf);
+    free(seq); free(pos);
+    cache_free(&c);
+}
+
+static const int lens[] = {1, 7, 64, 129, 1000};
+
+Test(cuda_attention, gqa1_d64)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(21);
+    check_config(2, 2, 64, 16, lens, 5, "G=1 D=64 bs=16");
+}
+
+Test(cuda_attention, gqa4_d128)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(22);
+    check_config(8, 2, 128, 16, lens, 5, "G=4 D=128 bs=16");
+}
+
+Test(cuda_attention, gqa8_d64_bs7)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(23);
+    check_config(8, 1, 64, 7, lens, 5, "G=8 D=64 bs=7");
+}
+
+Test(cuda_attention, small_and_wide_heads)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(24);
+    const int l2[] = {3, 50, 129};
+    check_config(8, 4, 8, 7, l2, 3, "stories-like D=8");
+    check_config(24, 1, 96, 16, l2, 3, "G=24 D=96");
+    check_config(4, 2, 256, 32, l2, 3, "D=256");
+}
+
+Test(cuda_attention, long_context_8192)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(25);
+    const int l3[] = {8192, 7, 1000};
+    struct cache c;
+    cache_init(&c, 8, 2, 128, 32, 3, l3);
+    /* A decode batch: the last token of each sequence. */
+    int32_t seq[64], pos[64];
+    for (int s = 0; s < 3; s++) seq[s] = s, pos[s] = l3[s] - 1;
+    run_case(&c, seq, pos, 3, KERN_ATTN_DECODE, "8192 decode");
+    run_case(&c, seq, pos, 1, KERN_ATTN_AUTO, "8192 decode alone");
+    /* A mixed batch: a 40-token prefill chunk at the end of the long sequence, interleaved with the others. */
+    int m = 0;
+    for (int i = 0; i < 40; i++) {
+        seq[m] = 0, pos[m++] = 8152 + i;
+        if (i == 10) seq[m] = 1, pos[m++] = 6;
+        if (i == 20) seq[m] = 2, pos[m++] = 999;
+    }
+    run_case(&c, seq, pos, m, KERN_ATTN_PREFILL, "8192 mixed prefill chunk");
+    run_case(&c, seq, pos, m, KERN_ATTN_DECODE, "8192 mixed as decode");
+    cache_free(&c);
+}
+
+Test(cuda_attention, kv_store_writes_the_right_rows)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(26);
+    const int l[] = {40, 9};
+    struct cache c;
+    cache_init(&c, 4, 2, 16, 8, 2, l);
+    const int m = 5, row = c.n_kv * c.D;
+    int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 39, 3};
+    float *kn = host_rand((size_t)m * row, -3, 3), *vn = host_rand((size_t)m * row, -3, 3);
+    float *dk = dev_upload(kn, (size_t)m * row * 4), *dv = dev_upload(vn, (size_t)m * row * 4);
+    int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
+    cr_assert_eq(kern_cuda_kv_store(&c.dev, dk, dv, ds, dp, m, 0), FERRY_OK);
+    const size_t ne = (size_t)c.n_blocks * c.bs * row;
+    uint16_t *gk = malloc(ne * 2), *gv = malloc(ne * 2);
+    dev_download(gk, c.dev.k, ne * 2);
+    dev_download(gv, c.dev.v, ne * 2);
+    /* Expected: the old cache with the five rows replaced by the f16-rounded inputs. */
+    for (int i = 0; i < m; i++) {
+        uint16_t *ek = (uint16_t *)cache_row(&c, c.k, seq[i], pos[i], 0);
+        uint16_t *ev = (uint16_t *)cache_row(&c, c.v, seq[i], pos[i], 0);
+        for (int e = 0; e < row; e++) {
+            ek[e] = f32_to_f16(kn[(size_t)i * row + e]);
+            ev[e] = f32_to_f16(vn[(size_t)i * row + e]);
+        }
+    }
+    cr_assert(memcmp(gk, c.k, ne * 2) == 0, "K pool differs from expected");
+    cr_assert(memcmp(gv, c.v, ne * 2) == 0, "V pool differs from expected");
+    struct kern_cuda_kv_layer bad = c.dev;
+    bad.head_dim = 12;
+    cr_assert_eq(kern_cuda_kv_store(&bad, dk, dv, ds, dp, m, 0), FERRY_ERR_UNSUPPORTED);
+    cudaFree(dk); cudaFree(dv); cudaFree(ds); cudaFree(dp);
+    free(kn); free(vn); free(gk); free(gv);
+    cache_free(&c);
+}

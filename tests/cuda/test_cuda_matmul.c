@@ -1,0 +1,125 @@
+/* CUDA matmul (GEMV path and cuBLAS path) against a double-precision reference on random data, odd shapes.
+ *
+ * Tolerances (relative error of the whole y tensor):
+ *   GEMV, any weight type: 1e-5 (each w*x product is exact in f32, only the f32 sums round);
+ *   cuBLAS f16: 1e-3 (x is rounded to f16 once: 2^-11 relative per element, averaged over k);
+ *   cuBLAS bf16: 8e-3 (x rounded to bf16: 2^-8 per element);  cuBLAS f32: 1e-5.
+ */
+#include "tests/cuda/cuda_test.h"
+
+#include "kernels/cuda/matmul.h"
+
+struct wbuf {
+    void *host;  /* stored weights, (n, k) in type t */
+    float *vals; /* their values as f32 */
+};
+
+static struct wbuf make_w(enum dtype t, int n, int k)
+{
+    struct wbuf w;
+    const size_t ne = (size_t)n * k;
+    w.vals = malloc(ne * 4);
+    w.host = malloc(ne * 4);
+    for (size_t i = 0; i < ne; i++) {
+        float f = frand() * 0.5f;
+        if (t == DTYPE_F32) ((float *)w.host)[i] = f;
+        if (t == DTYPE_F16) { uint16_t h = f32_to_f16(f); ((uint16_t *)w.host)[i] = h; f = f16_to_f32(h); }
+        if (t == DTYPE_BF16) { uint16_t h = f32_to_bf16(f); ((uint16_t *)w.host)[i] = h; f = bf16_to_f32(h); }
+        w.vals[i] = f;
+    }
+    return w;
+}
+
+static void ref_matmul(double *y, const float *x, const float *w, const float *bias, int m, int n, int k)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = bias ? bias[j] : 0.0;
+            for (int e = 0; e < k; e++) s += (double)x[(size_t)i * k + e] * w[(size_t)j * k + e];
+            y[(size_t)i * n + j] = s;
+        }
+}
+
+enum path { PATH_GEMV, PATH_CUBLAS, PATH_AUTO };
+
+static void check(struct kern_cuda_ctx *ctx, enum path path, enum dtype t, int m, int n, int k, int with_bias,
+                  double tol)
+{
+    struct wbuf w = make_w(t, n, k);
+    float *x = host_rand((size_t)m * k, -1, 1), *bias = with_bias ? host_rand(n, -1, 1) : NULL;
+    double *ref = malloc((size_t)m * n * 8);
+    float *y = malloc((size_t)m * n * 4), *y2 = malloc((size_t)m * n * 4);
+    ref_matmul(ref, x, w.vals, bias, m, n, k);
+    void *dw = dev_upload(w.host, (size_t)n * k * (t == DTYPE_F32 ? 4 : 2));
+    float *dx = dev_upload(x, (size_t)m * k * 4), *db = bias ? dev_upload(bias, n * 4) : NULL;
+    float *dy = dev_poison((size_t)m * n * 4);
+    for (int rep = 0; rep < 2; rep++) {
+        CU_OK(cudaMemset(dy, 0xFF, (size_t)m * n * 4));
+        int rc = path == PATH_GEMV ? kern_cuda_matmul_gemv(dy, dx, dw, t, db, m, n, k, 0)
+               : path == PATH_CUBLAS ? kern_cuda_matmul_cublas(ctx, dy, dx, dw, t, db, m, n, k, 0)
+                                     : kern_cuda_matmul(ctx, dy, dx, dw, t, db, m, n, k, 0);
+        cr_assert_eq(rc, FERRY_OK, "rc %d", rc);
+        dev_download(rep ? y2 : y, dy, (size_t)m * n * 4);
+    }
+    double e = rel_err(y, ref, (size_t)m * n);
+    cr_assert(e <= tol, "path %d %s m=%d n=%d k=%d bias=%d: rel err %g > %g", path, dtype_name(t), m, n, k,
+              with_bias, e, tol);
+    cr_assert(memcmp(y, y2, (size_t)m * n * 4) == 0, "path %d %s m=%d: two runs differ", path, dtype_name(t), m);
+    cudaFree(dw); cudaFree(dx); cudaFree(db); cudaFree(dy);
+    free(w.host); free(w.vals); free(x); free(bias); free(ref); free(y); free(y2);
+}
+
+static const enum dtype types[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
+
+Test(cuda_matmul, gemv_vector_path)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(11);
+    const int ms[] = {1, 2, 3, 5, 8, 13, 16};
+    for (int ti = 0; ti < 3; ti++)
+        for (int mi = 0; mi < 7; mi++) {
+            check(NULL, PATH_GEMV, types[ti], ms[mi], 257, 1032, mi % 2, 1e-5);
+        }
+    check(NULL, PATH_GEMV, DTYPE_F16, 4, 3, 4096, 1, 1e-5);
+    check(NULL, PATH_GEMV, DTYPE_F16, 1, 1001, 8, 0, 1e-5);
+}
+
+Test(cuda_matmul, gemv_scalar_path_and_large_m)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(12);
+    for (int ti = 0; ti < 3; ti++) {
+        check(NULL, PATH_GEMV, types[ti], 3, 33, 70, 1, 1e-5);   /* k % 8 != 0: scalar path */
+        check(NULL, PATH_GEMV, types[ti], 16, 65, 13, 0, 1e-5);
+        check(NULL, PATH_GEMV, types[ti], 21, 40, 96, 1, 1e-5); /* m > 16: tiles of 16 */
+    }
+}
+
+Test(cuda_matmul, cublas_path)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(13);
+    struct kern_cuda_ctx *ctx = NULL;
+    cr_assert_eq(kern_cuda_ctx_init(&ctx, 40 * 1000), FERRY_OK); /* small: m=64, k=1000 runs in chunks */
+    const double tol[] = {1e-3, 8e-3, 1e-5};
+    for (int ti = 0; ti < 3; ti++) {
+        check(ctx, PATH_CUBLAS, types[ti], 17, 131, 1000, 1, tol[ti]);
+        check(ctx, PATH_CUBLAS, types[ti], 64, 77, 1000, 0, tol[ti]);
+        check(ctx, PATH_AUTO, types[ti], 33, 250, 264, 1, tol[ti]);
+    }
+    check(ctx, PATH_AUTO, DTYPE_F16, 7, 250, 264, 1, 1e-5); /* auto picks GEMV for m <= 16 */
+    cr_assert(kern_cuda_ctx_bytes(ctx) >= 80000);
+    kern_cuda_ctx_free(ctx);
+}
+
+Test(cuda_matmul, rejects)
+{
+    SKIP_WITHOUT_GPU();
+    float *d = dev_alloc(4096);
+    cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_Q4_0, NULL, 1, 1, 32, 0), FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_F16, NULL, 0, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_matmul_gemv(d, d, (char *)d + 1, DTYPE_F16, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_matmul_cublas(NULL, d, d, d, DTYPE_F16, NULL, 20, 1, 32, 0), FERRY_ERR_INVALID);
+    kern_cuda_ctx_free(NULL);
+    cudaFree(d);
+}

@@ -1,0 +1,219 @@
+/* CUDA element-wise and row-wise ops against double-precision references on random data, odd shapes. */
+#include "tests/cuda/cuda_test.h"
+
+#include "kernels/core/dtype.h"
+
+/* ---- embed ---- */
+
+static float ref_elem(const uint8_t *row, enum dtype t, int j)
+{
+    uint16_t h;
+    switch (t) {
+    case DTYPE_F32: { float f; memcpy(&f, row + 4 * j, 4); return f; }
+    case DTYPE_F16: memcpy(&h, row + 2 * j, 2); return f16_to_f32(h);
+    case DTYPE_BF16: memcpy(&h, row + 2 * j, 2); return bf16_to_f32(h);
+    default: {
+        const uint8_t *b = row + (size_t)(j / 32) * 34;
+        memcpy(&h, b, 2);
+        return f16_to_f32(h) * (float)(int8_t)b[2 + j % 32];
+    }
+    }
+}
+
+static void check_embed(enum dtype t, int d)
+{
+    const int n_rows = 37, m = 13;
+    const size_t rb = dtype_row_size(t, d);
+    uint8_t *table = malloc(rb * n_rows);
+    for (size_t i = 0; i < rb * n_rows; i++) table[i] = (uint8_t)rng_u64();
+    /* Make every stored value finite: rewrite as proper values of the type. */
+    for (int r = 0; r < n_rows; r++) {
+        uint8_t *row = table + rb * r;
+        if (t == DTYPE_F32) for (int j = 0; j < d; j++) { float f = frand(); memcpy(row + 4 * j, &f, 4); }
+        if (t == DTYPE_F16) for (int j = 0; j < d; j++) { uint16_t h = f32_to_f16(frand()); memcpy(row + 2 * j, &h, 2); }
+        if (t == DTYPE_BF16) for (int j = 0; j < d; j++) { uint16_t h = f32_to_bf16(frand()); memcpy(row + 2 * j, &h, 2); }
+        if (t == DTYPE_Q8_0) for (int b = 0; b < d / 32; b++) { uint16_t h = f32_to_f16(0.01f + 0.1f * (frand() + 1)); memcpy(row + 34 * b, &h, 2); }
+    }
+    int32_t tok[13];
+    for (int i = 0; i < m; i++) tok[i] = irand(n_rows);
+    tok[0] = 0;
+    tok[1] = n_rows - 1;
+    tok[5] = n_rows; /* out of range: a row of zeros, no fault */
+    void *dt = dev_upload(table, rb * n_rows);
+    int32_t *dtok = dev_upload(tok, sizeof tok);
+    float *dx = dev_poison((size_t)m * d * 4);
+    cr_assert_eq(kern_cuda_embed(dx, dt, t, n_rows, d, dtok, m, 0), FERRY_OK);
+    float *x = malloc((size_t)m * d * 4);
+    dev_download(x, dx, (size_t)m * d * 4);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < d; j++) {
+            float want = i == 5 ? 0.0f : ref_elem(table + rb * tok[i], t, j);
+            cr_assert_eq(x[(size_t)i * d + j], want, "%s row %d col %d: got %g want %g", dtype_name(t), i, j,
+                         x[(size_t)i * d + j], want);
+        }
+    cudaFree(dt);
+    cudaFree(dtok);
+    cudaFree(dx);
+    free(table);
+    free(x);
+}
+
+Test(cuda_ops, embed_all_types)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(1);
+    check_embed(DTYPE_F32, 77);
+    check_embed(DTYPE_F16, 77);
+    check_embed(DTYPE_BF16, 77);
+    check_embed(DTYPE_Q8_0, 96);
+}
+
+Test(cuda_ops, embed_rejects)
+{
+    SKIP_WITHOUT_GPU();
+    float *dx = dev_alloc(64);
+    int32_t *dt = dev_alloc(64);
+    cr_assert_eq(kern_cuda_embed(dx, dt, DTYPE_Q4_0, 4, 32, dt, 1, 0), FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_embed(dx, dt, DTYPE_Q8_0, 4, 33, dt, 1, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_embed(dx, dt, DTYPE_F32, 4, 0, dt, 1, 0), FERRY_ERR_INVALID);
+    cudaFree(dx);
+    cudaFree(dt);
+}
+
+/* ---- rmsnorm ---- */
+
+static void ref_rmsnorm(double *y, const float *x, const float *w, int m, int d, float eps)
+{
+    for (int i = 0; i < m; i++) {
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)x[(size_t)i * d + j] * x[(size_t)i * d + j];
+        double inv = 1.0 / sqrt(ss / d + eps);
+        for (int j = 0; j < d; j++) y[(size_t)i * d + j] = x[(size_t)i * d + j] * inv * w[j];
+    }
+}
+
+Test(cuda_ops, rmsnorm_odd_shapes)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(2);
+    const int ds[] = {1, 33, 4099};
+    for (int c = 0; c < 3; c++) {
+        const int m = 7, d = ds[c];
+        const size_t n = (size_t)m * d;
+        float *x = host_rand(n, -3, 3), *w = host_rand(d, 0.5f, 1.5f), *y = malloc(n * 4);
+        double *ref = malloc(n * 8);
+        ref_rmsnorm(ref, x, w, m, d, 1e-5f);
+        float *dx = dev_upload(x, n * 4), *dw = dev_upload(w, d * 4), *dy = dev_poison(n * 4);
+        cr_assert_eq(kern_cuda_rmsnorm(dy, dx, dw, m, d, 1e-5f, 0), FERRY_OK);
+        dev_download(y, dy, n * 4);
+        double e = rel_err(y, ref, n);
+        cr_assert(e <= 1e-6, "d=%d rel err %g > 1e-6", d, e);
+        /* in place */
+        cr_assert_eq(kern_cuda_rmsnorm(dx, dx, dw, m, d, 1e-5f, 0), FERRY_OK);
+        dev_download(y, dx, n * 4);
+        e = rel_err(y, ref, n);
+        cr_assert(e <= 1e-6, "in place d=%d rel err %g", d, e);
+        cudaFree(dx); cudaFree(dw); cudaFree(dy);
+        free(x); free(w); free(y); free(ref);
+    }
+    cr_assert_eq(kern_cuda_rmsnorm((float *)16, (float *)16, (float *)16, 1, 0, 1e-5f, 0), FERRY_ERR_INVALID);
+}
+
+Test(cuda_ops, add_rmsnorm_fused)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(3);
+    const int m = 5, d = 1031;
+    const size_t n = (size_t)m * d;
+    float *r = host_rand(n, -2, 2), *dl = host_rand(n, -2, 2), *w = host_rand(d, 0.5f, 1.5f);
+    float *sum = malloc(n * 4), *got = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) sum[i] = r[i] + dl[i];
+    double *ref = malloc(n * 8), *sref = malloc(n * 8);
+    ref_rmsnorm(ref, sum, w, m, d, 1e-6f);
+    for (size_t i = 0; i < n; i++) sref[i] = sum[i];
+    float *dr = dev_upload(r, n * 4), *dd = dev_upload(dl, n * 4), *dw = dev_upload(w, d * 4), *dy = dev_poison(n * 4);
+    cr_assert_eq(kern_cuda_add_rmsnorm(dr, dd, dy, dw, m, d, 1e-6f, 0), FERRY_OK);
+    dev_download(got, dr, n * 4);
+    cr_assert(rel_err(got, sref, n) == 0.0, "residual sum is not exact");
+    dev_download(got, dy, n * 4);
+    double e = rel_err(got, ref, n);
+    cr_assert(e <= 1e-6, "rel err %g", e);
+    cr_assert_eq(kern_cuda_add_rmsnorm(dr, dd, dr, dw, m, d, 1e-6f, 0), FERRY_ERR_INVALID);
+    cudaFree(dr); cudaFree(dd); cudaFree(dw); cudaFree(dy);
+    free(r); free(dl); free(w); free(sum); free(got); free(ref); free(sref);
+}
+
+/* ---- rope ---- */
+
+static void check_rope(enum rope_style style, int head_dim, int rope_dim)
+{
+    const int m = 5, nh = 3, half = rope_dim / 2;
+    const size_t n = (size_t)m * nh * head_dim;
+    float *x = host_rand(n, -2, 2), *got = malloc(n * 4), *inv = malloc(half * 4);
+    double *ref = malloc(n * 8);
+    for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / rope_dim);
+    int32_t pos[5] = {0, 1, 17, 4095, 8191 - irand(100)};
+    for (size_t i = 0; i < n; i++) ref[i] = x[i];
+    for (int t = 0; t < m; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < half; i++) {
+                const size_t b = ((size_t)t * nh + h) * head_dim;
+                const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i, i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
+                const float angle = (float)pos[t] * inv[i];
+                const double c = cos((double)angle), s = sin((double)angle);
+                ref[b + i0] = x[b + i0] * c - (double)x[b + i1] * s;
+                ref[b + i1] = x[b + i0] * s + (double)x[b + i1] * c;
+            }
+    float *dx = dev_upload(x, n * 4), *dinv = dev_upload(inv, half * 4);
+    int32_t *dpos = dev_upload(pos, sizeof pos);
+    cr_assert_eq(kern_cuda_rope(dx, dpos, m, nh, head_dim, rope_dim, dinv, style, 0), FERRY_OK);
+    dev_download(got, dx, n * 4);
+    double e = max_abs_err(got, ref, n);
+    cr_assert(e <= 2e-6, "style %d rope_dim %d/%d: max abs err %g > 2e-6", style, rope_dim, head_dim, e);
+    for (int t = 0; t < m; t++) /* dims past rope_dim are untouched, bit for bit */
+        for (int h = 0; h < nh; h++)
+            for (int j = rope_dim; j < head_dim; j++) {
+                size_t k = ((size_t)t * nh + h) * head_dim + j;
+                cr_assert_eq(got[k], x[k]);
+            }
+    cudaFree(dx); cudaFree(dinv); cudaFree(dpos);
+    free(x); free(got); free(inv); free(ref);
+}
+
+Test(cuda_ops, rope_both_styles_partial)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(4);
+    check_rope(ROPE_STYLE_INTERLEAVED, 12, 12);
+    check_rope(ROPE_STYLE_HALF, 12, 12);
+    check_rope(ROPE_STYLE_INTERLEAVED, 14, 8);
+    check_rope(ROPE_STYLE_HALF, 14, 8);
+    check_rope(ROPE_STYLE_HALF, 128, 128);
+    cr_assert_eq(kern_cuda_rope((float *)16, (int32_t *)16, 1, 1, 8, 7, (float *)16, ROPE_STYLE_HALF, 0),
+                 FERRY_ERR_INVALID);
+}
+
+/* ---- element-wise ---- */
+
+Test(cuda_ops, silu_mul_and_add)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(5);
+    const int64_t n = 100003;
+    float *g = host_rand(n, -8, 8), *u = host_rand(n, -2, 2), *got = malloc(n * 4);
+    double *ref = malloc(n * 8);
+    for (int64_t i = 0; i < n; i++) ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+    float *dg = dev_upload(g, n * 4), *du = dev_upload(u, n * 4);
+    cr_assert_eq(kern_cuda_silu_mul(dg, du, n, 0), FERRY_OK);
+    dev_download(got, dg, n * 4);
+    double e = rel_err(got, ref, n);
+    cr_assert(e <= 1e-6, "silu_mul rel err %g", e);
+
+    float *dg2 = dev_upload(g, n * 4);
+    cr_assert_eq(kern_cuda_add(dg2, du, n, 0), FERRY_OK);
+    dev_download(got, dg2, n * 4);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(got[i], g[i] + u[i], "add at %ld", (long)i);
+    cr_assert_eq(kern_cuda_add(dg2, du, -1, 0), FERRY_ERR_INVALID);
+    cudaFree(dg); cudaFree(du); cudaFree(dg2);
+    free(g); free(u); free(got); free(ref);
+}
