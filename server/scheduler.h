@@ -1,4 +1,4 @@
-/* sched — the scheduler and the engine thread: a FIFO queue of sequences, continuous batching at
+/* scheduler — the scheduler and the engine thread: a FIFO queue of sequences, continuous batching at
  * iteration level, chunked prefill, sampling, stop conditions and streaming detokenization.
  *
  * HTTP threads build a `struct sreq` (api.c), sched_submit() it, then read its choices' outputs under
@@ -8,8 +8,8 @@
  * first served into free slots, and runs one engine_step over all decode tokens plus prefill chunks up to
  * max_batch_tokens. Stop strings are held back until they can no longer match, so they never leak.
  */
-#ifndef FERRY_SERVER_SCHED_H
-#define FERRY_SERVER_SCHED_H
+#ifndef FERRY_SERVER_SCHEDULER_H
+#define FERRY_SERVER_SCHEDULER_H
 
 #include <pthread.h>
 #include <stddef.h>

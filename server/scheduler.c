@@ -1,11 +1,11 @@
-/* sched — continuous batching: the queue, the engine thread, sampling, stops and detokenization.
+/* scheduler — continuous batching: the queue, the engine thread, sampling, stops and detokenization.
  *
  * Invariants: only the engine thread calls the engine, samplers and detokenizers; everything HTTP threads
  * read (choice text, logprobs, finish, request error/cancel, the queue) changes under s->mu. A choice holds
  * a slot from admission to CHOICE_DONE and its KV blocks are freed in the same iteration it finishes or is
  * found cancelled. Sampling happens outside the lock; results are published under it.
  */
-#include "server/sched.h"
+#include "server/scheduler.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,0 +1,932 @@
+/* api — OpenAI request parsing/validation and response rendering (JSON bodies and SSE chunks).
+ *
+ * Request fields follow OpenAI's semantics and defaults; null means absent; unknown fields are ignored.
+ * Output text is sanitized to valid UTF-8 before it is put into JSON (a model can emit broken bytes).
+ */
+#include "server/api.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/core/status.h"
+#include "runtime/chat_template.h"
+#include "runtime/tokenizer.h"
+
+#define API_MAX_PROMPTS 128
+#define API_MAX_N 128
+#define API_MAX_STOPS 16
+#define API_MAX_STOP_LEN 1024
+#define API_MAX_BIAS 4096
+
+/* ---- small helpers ------------------------------------------------------------------------------- */
+
+void strbuf_add(struct strbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 1024;
+        while (nc < b->len + n + 1) nc *= 2;
+        char *q = realloc(b->p, nc);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void strbuf_free(struct strbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+char *utf8_sanitize(const char *s, size_t n, size_t *out_len)
+{
+    char *o = malloc(n * 3 + 1);
+    if (!o) return NULL;
+    size_t j = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        size_t k = 0;
+        unsigned cp = 0;
+        if (c < 0x80) k = 1, cp = c;
+        else if (c >= 0xc2 && c <= 0xdf) k = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) k = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) k = 4, cp = c & 0x07;
+        int ok = k > 0 && i + k <= n;
+        for (size_t m = 1; ok && m < k; m++) {
+            if ((u[i + m] & 0xc0) != 0x80) ok = 0;
+            else cp = (cp << 6) | (u[i + m] & 0x3f);
+        }
+        if (ok && ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff))))
+            ok = 0;
+        if (c == 0) ok = 0; /* NUL would cut C strings downstream */
+        if (ok) {
+            memcpy(o + j, s + i, k);
+            j += k;
+            i += k;
+        } else {
+            memcpy(o + j, "\xef\xbf\xbd", 3);
+            j += 3;
+            i += 1;
+        }
+    }
+    o[j] = 0;
+    if (out_len) *out_len = j;
+    return o;
+}
+
+static json_t *jstr(const char *s, size_t n)
+{
+    size_t m;
+    char *c = utf8_sanitize(s ? s : "", s ? n : 0, &m);
+    if (!c) return json_null();
+    json_t *j = json_stringn_nocheck(c, m);
+    free(c);
+    return j ? j : json_null();
+}
+
+static char *dump(json_t *j, size_t *len)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (s && len) *len = strlen(s);
+    return s;
+}
+
+/* ---- errors ---------------------------------------------------------------------------------------- */
+
+int api_http_status(int status, const char **type, const char **code)
+{
+    const char *t = "server_error", *c = NULL;
+    int http = 500;
+    switch (status) {
+    case FERRY_ERR_INVALID:
+    case FERRY_ERR_FORMAT:
+    case FERRY_ERR_RANGE:
+    case FERRY_ERR_UNSUPPORTED: http = 400, t = "invalid_request_error"; break;
+    case FERRY_ERR_NOT_FOUND: http = 404, t = "invalid_request_error", c = "model_not_found"; break;
+    case SERVE_ERR_NO_ROUTE: http = 404, t = "invalid_request_error", c = "not_found"; break;
+    case SERVE_ERR_UNAUTHORIZED: http = 401, t = "invalid_request_error", c = "invalid_api_key"; break;
+    case SERVE_ERR_METHOD: http = 405, t = "invalid_request_error", c = "method_not_allowed"; break;
+    case SERVE_ERR_TOO_LARGE: http = 413, t = "invalid_request_error", c = "request_too_large"; break;
+    case FERRY_ERR_BUSY: http = 503, t = "server_overloaded", c = "queue_full"; break;
+    case SERVE_ERR_LOADING: http = 503, t = "unavailable_error", c = "model_loading"; break;
+    case SERVE_ERR_SHUTDOWN:
+    case FERRY_ERR_CANCELLED: http = 503, t = "unavailable_error", c = "shutting_down"; break;
+    case FERRY_ERR_TIMEOUT: http = 504, t = "timeout_error", c = "request_timeout"; break;
+    case FERRY_ERR_NOMEM: http = 503, t = "server_error", c = "out_of_memory"; break;
+    default: http = 500, t = "server_error"; break;
+    }
+    if (type) *type = t;
+    if (code) *code = c;
+    return http;
+}
+
+char *api_error_body(int status, const char *msg, const char *param, size_t *len)
+{
+    const char *type, *code;
+    api_http_status(status, &type, &code);
+    json_t *e = json_object();
+    json_object_set_new(e, "message", jstr(msg, strlen(msg)));
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set_new(e, "param", param ? json_string(param) : json_null());
+    json_object_set_new(e, "code", code ? json_string(code) : json_null());
+    json_t *o = json_object();
+    json_object_set_new(o, "error", e);
+    return dump(o, len);
+}
+
+#define FAIL(st, prm, ...)                                                                                   \
+    do {                                                                                                     \
+        e->status = (st);                                                                                    \
+        e->param = (prm);                                                                                    \
+        snprintf(e->msg, sizeof e->msg, __VA_ARGS__);                                                        \
+        return (st);                                                                                         \
+    } while (0)
+
+/* ---- field readers: 1 = present, 0 = absent or null, negative = wrong type/range (e filled) ------------ */
+
+static int get_num(json_t *o, const char *k, double lo, double hi, double *v, struct api_err *e)
+{
+    json_t *j = json_object_get(o, k);
+    if (!j || json_is_null(j)) return 0;
+    if (!json_is_number(j)) FAIL(FERRY_ERR_INVALID, k, "'%s' must be a number", k);
+    double x = json_number_value(j);
+    if (!isfinite(x) || x < lo || x > hi) FAIL(FERRY_ERR_INVALID, k, "'%s' must be in [%g, %g], got %g", k, lo, hi, x);
+    *v = x;
+    return 1;
+}
+
+static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *v, struct api_err *e)
+{
+    json_t *j = json_object_get(o, k);
+    if (!j || json_is_null(j)) return 0;
+    long long x;
+    if (json_is_integer(j)) x = json_integer_value(j);
+    else if (json_is_real(j) && json_real_value(j) == floor(json_real_value(j)) && fabs(json_real_value(j)) < 9e18)
+        x = (long long)json_real_value(j);
+    else FAIL(FERRY_ERR_INVALID, k, "'%s' must be an integer", k);
+    if (x < lo || x > hi) FAIL(FERRY_ERR_INVALID, k, "'%s' must be in [%lld, %lld], got %lld", k, lo, hi, x);
+    *v = x;
+    return 1;
+}
+
+static int get_bool(json_t *o, const char *k, int *v, struct api_err *e)
+{
+    json_t *j = json_object_get(o, k);
+    if (!j || json_is_null(j)) return 0;
+    if (!json_is_boolean(j)) FAIL(FERRY_ERR_INVALID, k, "'%s' must be a boolean", k);
+    *v = json_is_true(j);
+    return 1;
+}
+
+static int get_str(json_t *o, const char *k, const char **v, struct api_err *e)
+{
+    json_t *j = json_object_get(o, k);
+    if (!j || json_is_null(j)) return 0;
+    if (!json_is_string(j)) FAIL(FERRY_ERR_INVALID, k, "'%s' must be a string", k);
+    *v = json_string_value(j);
+    return 1;
+}
+
+#define TRY(x)                                                                                               \
+    do {                                                                                                     \
+        int rc_ = (x);                                                                                       \
+        if (rc_ < 0) goto fail;                                                                              \
+    } while (0)
+
+/* Tokenizes text into a malloc'd array. */
+static int encode_alloc(const struct api_ctx *a, const char *text, size_t len, int add_bos, int special,
+                        int32_t **out, int *n_out)
+{
+    int cap = (int)(len / 2) + 16;
+    if (cap > 1 << 22) cap = 1 << 22;
+    for (int tries = 0; tries < 2; tries++) {
+        int32_t *ids = malloc((size_t)cap * sizeof *ids);
+        if (!ids) return FERRY_ERR_NOMEM;
+        int n = tokenizer_encode(a->tok, text, len, add_bos, special, ids, cap);
+        if (n < 0) {
+            free(ids);
+            return n;
+        }
+        if (n <= cap) {
+            *out = ids;
+            *n_out = n;
+            return 0;
+        }
+        free(ids);
+        cap = n;
+    }
+    return FERRY_ERR_INTERNAL;
+}
+
+static char *decode_alloc(const struct api_ctx *a, const int32_t *ids, int n, size_t *len)
+{
+    char *s = NULL;
+    size_t l = 0;
+    if (tokenizer_decode(a->tok, ids, n, 0, &s, &l)) return NULL;
+    if (len) *len = l;
+    return s;
+}
+
+static uint64_t random_seed(void)
+{
+    static uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* Reads one prompt of token ids. */
+static int parse_token_array(const struct api_ctx *a, json_t *arr, int32_t **out, int *n, struct api_err *e)
+{
+    size_t m = json_array_size(arr);
+    int32_t *ids = malloc((m ? m : 1) * sizeof *ids);
+    if (!ids) FAIL(FERRY_ERR_NOMEM, "prompt", "out of memory");
+    for (size_t i = 0; i < m; i++) {
+        json_t *t = json_array_get(arr, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= a->n_vocab) {
+            free(ids);
+            FAIL(FERRY_ERR_INVALID, "prompt", "token ids in 'prompt' must be integers in [0, %d)", a->n_vocab);
+        }
+        ids[i] = (int32_t)json_integer_value(t);
+    }
+    *out = ids;
+    *n = (int)m;
+    return 0;
+}
+
+/* Fills r->prompts from a completions "prompt". */
+static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, struct api_err *e)
+{
+    if (!p || json_is_null(p)) FAIL(FERRY_ERR_INVALID, "prompt", "'prompt' is required");
+    json_t *list[API_MAX_PROMPTS];
+    int kinds[API_MAX_PROMPTS]; /* 0 string, 1 token array, 2 whole top-level token array */
+    int np = 0;
+    if (json_is_string(p)) {
+        list[0] = p, kinds[0] = 0, np = 1;
+    } else if (json_is_array(p)) {
+        size_t m = json_array_size(p);
+        if (m == 0) FAIL(FERRY_ERR_INVALID, "prompt", "'prompt' must not be empty");
+        json_t *first = json_array_get(p, 0);
+        if (json_is_integer(first)) {
+            list[0] = p, kinds[0] = 1, np = 1;
+        } else {
+            if (m > API_MAX_PROMPTS) FAIL(FERRY_ERR_INVALID, "prompt", "at most %d prompts per request", API_MAX_PROMPTS);
+            for (size_t i = 0; i < m; i++) {
+                json_t *x = json_array_get(p, i);
+                if (json_is_string(x)) kinds[np] = 0;
+                else if (json_is_array(x) && json_array_size(x) > 0) kinds[np] = 1;
+                else FAIL(FERRY_ERR_INVALID, "prompt", "'prompt' must be a string, an array of strings, an array of token ids or an array of non-empty arrays of token ids");
+                list[np++] = x;
+            }
+        }
+    } else {
+        FAIL(FERRY_ERR_INVALID, "prompt", "'prompt' must be a string, an array of strings or token ids");
+    }
+    r->n_prompts = np;
+    r->prompts = calloc((size_t)np, sizeof *r->prompts);
+    r->prompt_texts = calloc((size_t)np, sizeof *r->prompt_texts);
+    r->n_prompt_toks = calloc((size_t)np, sizeof *r->n_prompt_toks);
+    if (!r->prompts || !r->prompt_texts || !r->n_prompt_toks) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+    for (int i = 0; i < np; i++) {
+        if (kinds[i] == 0) {
+            const char *s = json_string_value(list[i]);
+            size_t len = json_string_length(list[i]);
+            int rc = encode_alloc(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
+            if (rc) FAIL(rc, "prompt", "cannot tokenize the prompt: %s", ferry_status_str(rc));
+            r->prompt_texts[i] = strdup(s);
+        } else {
+            int rc = parse_token_array(a, list[i], &r->prompts[i], &r->n_prompt_toks[i], e);
+            if (rc) return rc;
+        }
+        if (r->n_prompt_toks[i] == 0) FAIL(FERRY_ERR_INVALID, "prompt", "the prompt is empty (0 tokens)");
+    }
+    return 0;
+}
+
+/* Renders the chat messages through the template and tokenizes them into one prompt. */
+static int parse_messages(const struct api_ctx *a, struct sreq *r, json_t *msgs, struct api_err *e)
+{
+    if (!msgs || json_is_null(msgs)) FAIL(FERRY_ERR_INVALID, "messages", "'messages' is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        FAIL(FERRY_ERR_INVALID, "messages", "'messages' must be a non-empty array");
+    size_t m = json_array_size(msgs);
+    if (m > 4096) FAIL(FERRY_ERR_INVALID, "messages", "at most 4096 messages");
+    struct chat_msg *cm = calloc(m, sizeof *cm);
+    char **owned = calloc(m, sizeof *owned);
+    char *rendered = NULL;
+    int rc = 0;
+    if (!cm || !owned) {
+        e->status = rc = FERRY_ERR_NOMEM, e->param = NULL, snprintf(e->msg, sizeof e->msg, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < m; i++) {
+        json_t *x = json_array_get(msgs, i);
+        json_t *role = json_object_get(x, "role"), *content = json_object_get(x, "content");
+        if (!json_is_object(x) || !json_is_string(role)) {
+            e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
+            snprintf(e->msg, sizeof e->msg, "messages[%zu] must be an object with a string 'role'", i);
+            goto out;
+        }
+        cm[i].role = json_string_value(role);
+        if (!content || json_is_null(content)) {
+            cm[i].content = "";
+        } else if (json_is_string(content)) {
+            cm[i].content = json_string_value(content);
+        } else if (json_is_array(content)) {
+            struct strbuf b = {0};
+            for (size_t k = 0; k < json_array_size(content); k++) {
+                json_t *part = json_array_get(content, k);
+                json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+                if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text)) {
+                    strbuf_free(&b);
+                    e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
+                    snprintf(e->msg, sizeof e->msg, "messages[%zu].content[%zu]: only {\"type\":\"text\",\"text\":...} parts are supported", i, k);
+                    goto out;
+                }
+                strbuf_add(&b, json_string_value(text), json_string_length(text));
+            }
+            strbuf_add(&b, "", 0);
+            if (b.oom) {
+                strbuf_free(&b);
+                e->status = rc = FERRY_ERR_NOMEM, e->param = NULL, snprintf(e->msg, sizeof e->msg, "out of memory");
+                goto out;
+            }
+            owned[i] = b.p;
+            cm[i].content = b.p;
+        } else {
+            e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
+            snprintf(e->msg, sizeof e->msg, "messages[%zu].content must be a string or an array of text parts", i);
+            goto out;
+        }
+    }
+    size_t rlen = 0;
+    char terr[256] = "";
+    rc = chat_template_render(a->chat_tmpl, cm, (int)m, 1, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : "",
+                              &rendered, &rlen, terr);
+    if (rc) {
+        e->status = rc == FERRY_ERR_NOMEM ? rc : FERRY_ERR_INVALID, e->param = "messages";
+        snprintf(e->msg, sizeof e->msg, "the chat template failed: %.200s", terr[0] ? terr : ferry_status_str(rc));
+        rc = e->status;
+        goto out;
+    }
+    int add_bos = tokenizer_add_bos(a->tok);
+    if (add_bos && a->bos_str && a->bos_str[0] && !strncmp(rendered, a->bos_str, strlen(a->bos_str))) add_bos = 0;
+    r->n_prompts = 1;
+    r->prompts = calloc(1, sizeof *r->prompts);
+    r->prompt_texts = calloc(1, sizeof *r->prompt_texts);
+    r->n_prompt_toks = calloc(1, sizeof *r->n_prompt_toks);
+    if (!r->prompts || !r->prompt_texts || !r->n_prompt_toks) {
+        e->status = rc = FERRY_ERR_NOMEM, e->param = NULL, snprintf(e->msg, sizeof e->msg, "out of memory");
+        goto out;
+    }
+    rc = encode_alloc(a, rendered, rlen, add_bos, 1, &r->prompts[0], &r->n_prompt_toks[0]);
+    if (rc) {
+        e->status = rc, e->param = "messages";
+        snprintf(e->msg, sizeof e->msg, "cannot tokenize the rendered chat: %s", ferry_status_str(rc));
+        goto out;
+    }
+    if (r->n_prompt_toks[0] == 0) {
+        e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
+        snprintf(e->msg, sizeof e->msg, "the rendered chat is empty (0 tokens)");
+    }
+out:
+    if (owned)
+        for (size_t i = 0; i < m; i++) free(owned[i]);
+    free(owned);
+    free(cm);
+    free(rendered);
+    return rc;
+}
+
+static int parse_stop(struct sreq *r, json_t *j, struct api_err *e)
+{
+    if (!j || json_is_null(j)) return 0;
+    json_t *one[1] = {j};
+    json_t **items = one;
+    size_t m = 1;
+    if (json_is_array(j)) {
+        m = json_array_size(j);
+        if (m > API_MAX_STOPS) FAIL(FERRY_ERR_INVALID, "stop", "at most %d stop sequences", API_MAX_STOPS);
+        items = NULL;
+    } else if (!json_is_string(j)) {
+        FAIL(FERRY_ERR_INVALID, "stop", "'stop' must be a string or an array of strings");
+    }
+    r->stops = calloc(m ? m : 1, sizeof *r->stops);
+    if (!r->stops) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+    for (size_t i = 0; i < m; i++) {
+        json_t *x = items ? items[i] : json_array_get(j, i);
+        if (!json_is_string(x)) FAIL(FERRY_ERR_INVALID, "stop", "'stop' must be a string or an array of strings");
+        size_t l = json_string_length(x);
+        if (l > API_MAX_STOP_LEN) FAIL(FERRY_ERR_INVALID, "stop", "stop sequences are at most %d bytes", API_MAX_STOP_LEN);
+        if (l == 0 || memchr(json_string_value(x), 0, l)) continue;
+        r->stops[r->n_stops] = strdup(json_string_value(x));
+        if (!r->stops[r->n_stops]) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+        r->n_stops++;
+    }
+    return 0;
+}
+
+static int parse_bias(const struct api_ctx *a, struct sreq *r, json_t *j, struct api_err *e)
+{
+    if (!j || json_is_null(j)) return 0;
+    if (!json_is_object(j)) FAIL(FERRY_ERR_INVALID, "logit_bias", "'logit_bias' must be an object of token id → bias");
+    size_t m = json_object_size(j);
+    if (m > API_MAX_BIAS) FAIL(FERRY_ERR_INVALID, "logit_bias", "at most %d logit_bias entries", API_MAX_BIAS);
+    r->bias = calloc(m ? m : 1, sizeof *r->bias);
+    if (!r->bias) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        char *end;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || id < 0 || id >= a->n_vocab)
+            FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", key, a->n_vocab);
+        if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
+            FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
+        r->bias[r->n_bias].token = (int32_t)id;
+        r->bias[r->n_bias].bias = (float)json_number_value(v);
+        r->n_bias++;
+    }
+    return 0;
+}
+
+static void make_id(char *out, size_t cap, const char *prefix)
+{
+    uint64_t x = random_seed();
+    snprintf(out, cap, "%s%016llx", prefix, (unsigned long long)x);
+}
+
+int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *body, size_t len,
+                      struct sreq **out, struct api_err *e)
+{
+    *out = NULL;
+    memset(e, 0, sizeof *e);
+    json_error_t jerr;
+    json_t *o = json_loadb(body, len, 0, &jerr);
+    if (!o) {
+        e->status = FERRY_ERR_INVALID;
+        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+        return e->status;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        e->status = FERRY_ERR_INVALID;
+        snprintf(e->msg, sizeof e->msg, "the request body must be a JSON object");
+        return e->status;
+    }
+    struct sreq *r = sreq_new();
+    if (!r) {
+        json_decref(o);
+        e->status = FERRY_ERR_NOMEM;
+        snprintf(e->msg, sizeof e->msg, "out of memory");
+        return e->status;
+    }
+    r->kind = kind;
+    r->sp = sampler_default_params();
+    r->sp.temperature = 1.0f;
+    r->sp.top_p = 1.0f;
+    double d;
+    long long ll;
+    int b;
+    const char *str = NULL;
+
+    if (get_str(o, "model", &str, e) < 0) goto fail;
+    if (str && strcmp(str, a->model_name)) {
+        e->status = FERRY_ERR_NOT_FOUND, e->param = "model";
+        snprintf(e->msg, sizeof e->msg, "The model '%.100s' does not exist; this server serves '%.100s'", str, a->model_name);
+        goto fail;
+    }
+    str = NULL;
+    TRY(get_str(o, "user", &str, e));
+    if (get_num(o, "temperature", 0, 2, &d, e) > 0) r->sp.temperature = (float)d;
+    if (e->status) goto fail;
+    if (get_num(o, "top_p", 0, 1, &d, e) > 0) r->sp.top_p = (float)d;
+    if (e->status) goto fail;
+    if (get_int(o, "top_k", 0, INT_MAX, &ll, e) > 0) r->sp.top_k = (int)ll;
+    if (e->status) goto fail;
+    if (get_num(o, "min_p", 0, 1, &d, e) > 0) r->sp.min_p = (float)d;
+    if (e->status) goto fail;
+    if (get_num(o, "repetition_penalty", 1e-3, 100, &d, e) > 0) r->sp.repetition_penalty = (float)d;
+    if (e->status) goto fail;
+    if (get_num(o, "presence_penalty", -2, 2, &d, e) > 0) r->sp.presence_penalty = (float)d;
+    if (e->status) goto fail;
+    if (get_num(o, "frequency_penalty", -2, 2, &d, e) > 0) r->sp.frequency_penalty = (float)d;
+    if (e->status) goto fail;
+    if (get_int(o, "n", 1, API_MAX_N, &ll, e) > 0) r->n = (int)ll;
+    if (e->status) goto fail;
+    if (get_bool(o, "stream", &b, e) > 0) r->stream = b;
+    if (e->status) goto fail;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            e->status = FERRY_ERR_INVALID, e->param = "stream_options";
+            snprintf(e->msg, sizeof e->msg, "'stream_options' must be an object");
+            goto fail;
+        }
+        if (get_bool(so, "include_usage", &b, e) > 0) r->include_usage = b;
+        if (e->status) goto fail;
+    }
+    if (get_int(o, "seed", LLONG_MIN, LLONG_MAX, &ll, e) > 0) r->sp.seed = (uint64_t)ll;
+    else if (e->status) goto fail;
+    else r->sp.seed = a->default_seed >= 0 ? (uint64_t)a->default_seed : random_seed();
+    if (parse_stop(r, json_object_get(o, "stop"), e)) goto fail;
+    if (parse_bias(a, r, json_object_get(o, "logit_bias"), e)) goto fail;
+    if (kind == SREQ_COMPLETION) {
+        json_t *lp = json_object_get(o, "logprobs");
+        if (lp && json_is_boolean(lp)) r->logprobs = json_is_true(lp) ? 0 : -1;
+        else if (get_int(o, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0) r->logprobs = (int)ll;
+        if (e->status) goto fail;
+        if (get_bool(o, "echo", &b, e) > 0) r->echo = b;
+        if (e->status) goto fail;
+    } else {
+        if (get_bool(o, "logprobs", &b, e) > 0 && b) r->logprobs = 0;
+        if (e->status) goto fail;
+        if (get_int(o, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0 && r->logprobs >= 0) r->logprobs = (int)ll;
+        if (e->status) goto fail;
+    }
+    long long max_tokens = -1;
+    if (get_int(o, "max_tokens", 0, LLONG_MAX, &ll, e) > 0) max_tokens = ll;
+    if (e->status) goto fail;
+    if (kind == SREQ_CHAT && get_int(o, "max_completion_tokens", 0, LLONG_MAX, &ll, e) > 0) max_tokens = ll;
+    if (e->status) goto fail;
+
+    if (kind == SREQ_COMPLETION) {
+        if (parse_prompt(a, r, json_object_get(o, "prompt"), e)) goto fail;
+    } else {
+        if (parse_messages(a, r, json_object_get(o, "messages"), e)) goto fail;
+    }
+    if ((long long)r->n_prompts * r->n > API_MAX_N) {
+        e->status = FERRY_ERR_INVALID, e->param = "n";
+        snprintf(e->msg, sizeof e->msg, "prompts × n must be at most %d", API_MAX_N);
+        goto fail;
+    }
+    int longest = 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        r->prompt_tokens += r->n_prompt_toks[i];
+        if (r->n_prompt_toks[i] > longest) longest = r->n_prompt_toks[i];
+    }
+    if (longest >= a->ctx_size) {
+        e->status = FERRY_ERR_RANGE, e->param = kind == SREQ_CHAT ? "messages" : "prompt";
+        snprintf(e->msg, sizeof e->msg, "This model's maximum context length is %d tokens, but the prompt has %d tokens",
+                 a->ctx_size, longest);
+        goto fail;
+    }
+    if (max_tokens >= 0 && longest + max_tokens > a->ctx_size) {
+        e->status = FERRY_ERR_RANGE, e->param = kind == SREQ_CHAT && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+        snprintf(e->msg, sizeof e->msg, "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the prompt, %lld for the completion)",
+                 a->ctx_size, longest + max_tokens, longest, max_tokens);
+        goto fail;
+    }
+    if (max_tokens < 0) {
+        max_tokens = a->ctx_size - longest;
+        if (kind == SREQ_COMPLETION && max_tokens > 16) max_tokens = 16; /* OpenAI's default for completions */
+    }
+    r->max_tokens = (int)max_tokens;
+
+    r->n_choices = r->n_prompts * r->n;
+    r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
+    if (!r->choices) {
+        e->status = FERRY_ERR_NOMEM;
+        snprintf(e->msg, sizeof e->msg, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < r->n_choices; i++) {
+        struct choice *c = &r->choices[i];
+        c->req = r;
+        c->index = i;
+        c->prompt = r->prompts[i / r->n];
+        c->n_prompt = r->n_prompt_toks[i / r->n];
+        c->slot = -1;
+    }
+    make_id(r->id, sizeof r->id, kind == SREQ_CHAT ? "chatcmpl-" : "cmpl-");
+    r->created = (long long)time(NULL);
+    r->t_arrival = sched_now();
+    r->deadline = a->timeout > 0 ? r->t_arrival + a->timeout : 0;
+    json_decref(o);
+    *out = r;
+    return 0;
+fail:
+    if (!e->status) e->status = FERRY_ERR_INVALID;
+    json_decref(o);
+    sched_release(NULL, r);
+    return e->status;
+}
+
+/* ---- rendering -------------------------------------------------------------------------------------- */
+
+static char *token_text(const struct api_ctx *a, int32_t id, size_t *len)
+{
+    char *s = NULL;
+    size_t l = 0;
+    if (tokenizer_decode(a->tok, &id, 1, 1, &s, &l) || !s) {
+        *len = 0;
+        return NULL;
+    }
+    *len = l;
+    return s;
+}
+
+static json_t *bytes_array(const char *s, size_t n)
+{
+    json_t *b = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(b, json_integer((unsigned char)s[i]));
+    return b;
+}
+
+/* Logprobs of entries [from, to) in the format of the request's endpoint. `*offset` tracks text_offset. */
+static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, const struct choice *c, int from, int to,
+                               size_t *offset)
+{
+    if (r->kind == SREQ_CHAT) {
+        json_t *content = json_array();
+        for (int i = from; i < to; i++) {
+            const struct lp_entry *le = &c->lps[i];
+            size_t l;
+            char *t = token_text(a, le->id, &l);
+            json_t *tops = json_array();
+            for (int k = 0; k < le->n_top; k++) {
+                size_t tl;
+                char *tt = token_text(a, le->top_id[k], &tl);
+                json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", jstr(tt, tl), "logprob",
+                                                      (double)le->top_lp[k], "bytes", bytes_array(tt ? tt : "", tl)));
+                free(tt);
+            }
+            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", jstr(t, l), "logprob", (double)le->lp,
+                                                      "bytes", bytes_array(t ? t : "", l), "top_logprobs", tops));
+            free(t);
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int i = from; i < to; i++) {
+        const struct lp_entry *le = &c->lps[i];
+        size_t l;
+        char *t = token_text(a, le->id, &l);
+        json_array_append_new(tokens, jstr(t, l));
+        json_array_append_new(lps, json_real(le->lp));
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += l;
+        free(t);
+        json_t *top = json_object();
+        for (int k = 0; k < le->n_top; k++) {
+            size_t tl;
+            char *tt = token_text(a, le->top_id[k], &tl);
+            size_t sl;
+            char *san = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
+            if (san) json_object_set_new(top, san, json_real(le->top_lp[k]));
+            free(san);
+            free(tt);
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+static json_t *usage_obj(const struct sreq *r)
+{
+    int gen = 0;
+    for (int i = 0; i < r->n_choices; i++) gen += r->choices[i].n_completion;
+    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->prompt_tokens, "completion_tokens", gen, "total_tokens",
+                     r->prompt_tokens + gen);
+}
+
+static json_t *envelope(const struct api_ctx *a, const struct sreq *r, int chunk)
+{
+    const char *obj = r->kind == SREQ_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", obj, "created", (json_int_t)r->created, "model",
+                     a->model_name);
+}
+
+char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
+{
+    json_t *o = envelope(a, r, 0);
+    json_t *choices = json_array();
+    for (int i = 0; i < r->n_choices; i++) {
+        struct choice *c = &r->choices[i];
+        json_t *lp = json_null();
+        size_t offset = 0;
+        const char *pt = r->echo ? r->prompt_texts[i / r->n] : NULL;
+        char *decoded = NULL;
+        size_t plen = 0;
+        if (r->echo && !pt) {
+            decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
+            pt = decoded;
+        } else if (pt) {
+            plen = strlen(pt);
+        }
+        if (r->logprobs >= 0) {
+            offset = plen;
+            lp = render_logprobs(a, r, c, 0, c->n_lps, &offset);
+        }
+        json_t *ch;
+        if (r->kind == SREQ_CHAT) {
+            json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));
+            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "message", msg, "logprobs", lp, "finish_reason", c->finish);
+        } else {
+            struct strbuf t = {0};
+            if (pt) strbuf_add(&t, pt, plen);
+            strbuf_add(&t, c->text ? c->text : "", c->text_len);
+            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", jstr(t.p, t.len), "logprobs", lp, "finish_reason",
+                           c->finish);
+            strbuf_free(&t);
+        }
+        free(decoded);
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage_obj(r));
+    return dump(o, len);
+}
+
+static void sse(struct strbuf *out, json_t *j)
+{
+    size_t len;
+    char *s = dump(j, &len);
+    if (!s) {
+        out->oom = 1;
+        return;
+    }
+    strbuf_add(out, "data: ", 6);
+    strbuf_add(out, s, len);
+    strbuf_add(out, "\n\n", 2);
+    free(s);
+}
+
+void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done)
+{
+    *done = 0;
+    for (int i = 0; i < r->n_choices; i++) {
+        struct choice *c = &r->choices[i];
+        if (!c->head_sent) {
+            c->head_sent = 1;
+            if (r->kind == SREQ_CHAT) {
+                json_t *o = envelope(a, r, 1);
+                json_object_set_new(o, "choices", json_pack("[{s:i,s:{s:s,s:s},s:n,s:n}]", "index", i, "delta", "role",
+                                                            "assistant", "content", "", "logprobs", "finish_reason"));
+                sse(out, o);
+            } else if (r->echo) {
+                const char *pt = r->prompt_texts[i / r->n];
+                char *decoded = NULL;
+                size_t plen = 0;
+                if (!pt) pt = decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
+                else plen = strlen(pt);
+                json_t *o = envelope(a, r, 1);
+                json_object_set_new(o, "choices", json_pack("[{s:i,s:o,s:n,s:n}]", "index", i, "text", jstr(pt, plen),
+                                                            "logprobs", "finish_reason"));
+                sse(out, o);
+                free(decoded);
+            }
+        }
+        if (c->text_len > c->sent || c->lps_sent < c->n_lps) {
+            json_t *lp = json_null();
+            size_t offset = c->sent;
+            if (r->logprobs >= 0) lp = render_logprobs(a, r, c, c->lps_sent, c->n_lps, &offset);
+            json_t *text = jstr(c->text + c->sent, c->text_len - c->sent);
+            json_t *o = envelope(a, r, 1);
+            if (r->kind == SREQ_CHAT)
+                json_object_set_new(o, "choices", json_pack("[{s:i,s:{s:o},s:o,s:n}]", "index", i, "delta", "content",
+                                                            text, "logprobs", lp, "finish_reason"));
+            else
+                json_object_set_new(o, "choices", json_pack("[{s:i,s:o,s:o,s:n}]", "index", i, "text", text, "logprobs",
+                                                            lp, "finish_reason"));
+            sse(out, o);
+            c->sent = c->text_len;
+            c->lps_sent = c->n_lps;
+        }
+        if (c->state == CHOICE_DONE && c->finish && !c->finish_sent && !r->cancelled && !r->error) {
+            c->finish_sent = 1;
+            json_t *o = envelope(a, r, 1);
+            if (r->kind == SREQ_CHAT)
+                json_object_set_new(o, "choices", json_pack("[{s:i,s:{},s:n,s:s}]", "index", i, "delta", "logprobs",
+                                                            "finish_reason", c->finish));
+            else
+                json_object_set_new(o, "choices", json_pack("[{s:i,s:s,s:n,s:s}]", "index", i, "text", "", "logprobs",
+                                                            "finish_reason", c->finish));
+            sse(out, o);
+        }
+    }
+    if (r->n_done < r->n_choices) return;
+    if (r->cancelled || r->error) {
+        int st = r->error ? r->error : r->cancelled;
+        const char *msg = r->error ? r->errmsg : r->cancelled == FERRY_ERR_TIMEOUT ? "the request timed out" : "the request was cancelled";
+        size_t len;
+        char *body = api_error_body(st, msg, NULL, &len);
+        if (body) {
+            strbuf_add(out, "data: ", 6);
+            strbuf_add(out, body, len);
+            strbuf_add(out, "\n\n", 2);
+            free(body);
+        }
+    } else if (r->include_usage) {
+        json_t *o = envelope(a, r, 1);
+        json_object_set_new(o, "choices", json_array());
+        json_object_set_new(o, "usage", usage_obj(r));
+        sse(out, o);
+    }
+    strbuf_add(out, "data: [DONE]\n\n", 14);
+    *done = 1;
+}
+
+/* ---- small endpoints -------------------------------------------------------------------------------- */
+
+char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len)
+{
+    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i}}", "id", a->model_name, "object", "model", "created",
+                          (json_int_t)time(NULL), "owned_by", "ferry", "meta", "n_ctx", a->ctx_size, "n_vocab", a->n_vocab);
+    if (only_id) return dump(m, len);
+    return dump(json_pack("{s:s,s:[o]}", "object", "list", "data", m), len);
+}
+
+static json_t *load_object(const char *body, size_t len, struct api_err *e)
+{
+    json_error_t jerr;
+    json_t *o = json_loadb(body, len, 0, &jerr);
+    if (!o) {
+        e->status = FERRY_ERR_INVALID;
+        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        e->status = FERRY_ERR_INVALID;
+        snprintf(e->msg, sizeof e->msg, "the request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len, struct api_err *e)
+{
+    memset(e, 0, sizeof *e);
+    json_t *o = load_object(body, len, e);
+    if (!o) return e->status;
+    json_t *c = json_object_get(o, "content");
+    if (!c) c = json_object_get(o, "prompt");
+    int add_special = 0, parse_special = 0;
+    if (!json_is_string(c)) {
+        json_decref(o);
+        FAIL(FERRY_ERR_INVALID, "content", "'content' must be a string");
+    }
+    if (get_bool(o, "add_special", &add_special, e) < 0 || get_bool(o, "parse_special", &parse_special, e) < 0) {
+        json_decref(o);
+        return e->status;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = encode_alloc(a, json_string_value(c), json_string_length(c), add_special && tokenizer_add_bos(a->tok),
+                          parse_special, &ids, &n);
+    json_decref(o);
+    if (rc) FAIL(rc, "content", "cannot tokenize: %s", ferry_status_str(rc));
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    *out = dump(json_pack("{s:o}", "tokens", arr), out_len);
+    return *out ? 0 : FERRY_ERR_NOMEM;
+}
+
+int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len, struct api_err *e)
+{
+    memset(e, 0, sizeof *e);
+    json_t *o = load_object(body, len, e);
+    if (!o) return e->status;
+    json_t *t = json_object_get(o, "tokens");
+    if (!json_is_array(t)) {
+        json_decref(o);
+        FAIL(FERRY_ERR_INVALID, "tokens", "'tokens' must be an array of token ids");
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (parse_token_array(a, t, &ids, &n, e)) {
+        json_decref(o);
+        e->param = "tokens";
+        return e->status;
+    }
+    json_decref(o);
+    size_t l = 0;
+    char *s = decode_alloc(a, ids, n, &l);
+    free(ids);
+    if (!s) FAIL(FERRY_ERR_INTERNAL, NULL, "cannot detokenize");
+    *out = dump(json_pack("{s:o}", "content", jstr(s, l)), out_len);
+    free(s);
+    return *out ? 0 : FERRY_ERR_NOMEM;
+}

@@ -1,0 +1,79 @@
+/* api — the OpenAI wire format: request JSON → struct sreq, outputs → JSON bodies and SSE chunks, errors.
+ *
+ * Parsing validates every field (type, range) and fills err with a message naming the field; unknown
+ * fields are ignored. JSON objects never leave this file: the scheduler sees native structs only.
+ * Rendering functions read a request's outputs and must be called with the scheduler lock held.
+ * Status codes: ferry's (kernels/core/status.h) plus the few HTTP-only ones below, mapped to an HTTP
+ * status, error type and code by api_http_status() — the one place where that mapping lives.
+ */
+#ifndef FERRY_SERVER_API_H
+#define FERRY_SERVER_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/scheduler.h"
+
+/* HTTP-only statuses (below every ferry status). */
+enum {
+    SERVE_ERR_UNAUTHORIZED = -101, /* 401 */
+    SERVE_ERR_METHOD = -102,       /* 405 */
+    SERVE_ERR_TOO_LARGE = -103,    /* 413 */
+    SERVE_ERR_LOADING = -104,      /* 503 while the model loads */
+    SERVE_ERR_NO_ROUTE = -105,     /* 404 */
+    SERVE_ERR_SHUTDOWN = -106,     /* 503 while draining */
+};
+
+struct api_ctx {
+    const struct tokenizer *tok;
+    const char *model_name;
+    const char *chat_tmpl;       /* template source */
+    const char *bos_str, *eos_str;
+    int ctx_size;                /* positions per sequence */
+    int n_vocab;                 /* valid token ids: [0, n_vocab) */
+    int64_t default_seed;        /* -1 = random */
+    double timeout;              /* seconds per request, 0 = none */
+};
+
+struct api_err {
+    int status;                  /* ferry or SERVE_ERR_* status */
+    const char *param;           /* offending field or NULL */
+    char msg[256];
+};
+
+/* A growable byte buffer. */
+struct strbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+void strbuf_add(struct strbuf *b, const char *s, size_t n);
+void strbuf_free(struct strbuf *b);
+
+/* HTTP status for a status code; *type and *code get OpenAI's error type and code (code may be NULL). */
+int api_http_status(int status, const char **type, const char **code);
+/* {"error":{"message","type","param","code"}} as a malloc'd string. */
+char *api_error_body(int status, const char *msg, const char *param, size_t *len);
+
+/* Parses and validates a /v1/completions or /v1/chat/completions body; renders the chat template and
+ * tokenizes. *out is a new request (refs 1) with its choices laid out. */
+int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *body, size_t len,
+                      struct sreq **out, struct api_err *e);
+
+/* With the scheduler lock held, for a request whose choices are all done: the non-streamed body. */
+char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len);
+/* With the scheduler lock held: appends SSE events for everything new since the last call; sets *done
+ * once `data: [DONE]` has been appended. */
+void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
+
+/* /v1/models, /tokenize, /detokenize bodies. */
+char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len);
+int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                 struct api_err *e);
+int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                   struct api_err *e);
+
+/* Copies s[0..n) replacing invalid UTF-8 with U+FFFD; malloc'd, NUL-terminated. */
+char *utf8_sanitize(const char *s, size_t n, size_t *out_len);
+
+#endif
