@@ -33,9 +33,18 @@
 #include "kernels/core/status.h"
 #include "quant/blocks.h"
 
+/* 16-lane vectors (GCC/Clang extensions): one AVX-512 register, two AVX2 ones, or plain loops elsewhere.
+ * The lane-wise arithmetic is exactly the scalar expression, so results do not depend on the vector width. */
+typedef uint8_t v16u8 __attribute__((vector_size(16), aligned(1)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v16fu __attribute__((vector_size(64), aligned(4)));
+
+static inline v16f v16_from_u8(v16u8 q) { return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16f); }
+
 /* ---- dequantization ---------------------------------------------------------------------------------- */
 
-static void deq_q8_0(const struct block_q8_0 *b, float *y, int64_t nb)
+static void deq_q8_0(const struct block_q8_0 *restrict b, float *restrict y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QK8_0) {
         const float d = f16_to_f32(b[i].d);
@@ -43,25 +52,23 @@ static void deq_q8_0(const struct block_q8_0 *b, float *y, int64_t nb)
     }
 }
 
-static void deq_q4_0(const struct block_q4_0 *b, float *y, int64_t nb)
+static void deq_q4_0(const struct block_q4_0 *restrict b, float *restrict y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QK4_0) {
         const float d = f16_to_f32(b[i].d);
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            y[j] = d * (float)((b[i].qs[j] & 15) - 8);
-            y[j + QK4_0 / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
-        }
+        const v16u8 q = *(const v16u8 *)b[i].qs;
+        *(v16fu *)y = d * (v16_from_u8(q & 15) - 8.0f);
+        *(v16fu *)(y + 16) = d * (v16_from_u8(q >> 4) - 8.0f);
     }
 }
 
-static void deq_q4_1(const struct block_q4_1 *b, float *y, int64_t nb)
+static void deq_q4_1(const struct block_q4_1 *restrict b, float *restrict y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QK4_1) {
         const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
-        for (int j = 0; j < QK4_1 / 2; j++) {
-            y[j] = d * (float)(b[i].qs[j] & 15) + m;
-            y[j + QK4_1 / 2] = d * (float)(b[i].qs[j] >> 4) + m;
-        }
+        const v16u8 q = *(const v16u8 *)b[i].qs;
+        *(v16fu *)y = d * v16_from_u8(q & 15) + m;
+        *(v16fu *)(y + 16) = d * v16_from_u8(q >> 4) + m;
     }
 }
 
@@ -76,7 +83,7 @@ static void q4_k_scale_min(int i, const uint8_t *s, uint8_t *sc, uint8_t *mn)
     }
 }
 
-static void deq_q4_k(const struct block_q4_k *b, float *y, int64_t nb)
+static void deq_q4_k(const struct block_q4_k *restrict b, float *restrict y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
         const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
@@ -93,23 +100,24 @@ static void deq_q4_k(const struct block_q4_k *b, float *y, int64_t nb)
     }
 }
 
-static void deq_q6_k(const struct block_q6_k *b, float *y, int64_t nb)
+static void deq_q6_k(const struct block_q6_k *restrict b, float *restrict y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
         const float d = f16_to_f32(b[i].d);
         const uint8_t *ql = b[i].ql, *qh = b[i].qh;
         const int8_t *sc = b[i].scales;
         for (int h = 0; h < 2; h++, y += 128, ql += 64, qh += 32, sc += 8) {
-            for (int l = 0; l < 32; l++) {
-                const int is = l / 16;
-                const int q0 = ((ql[l] & 15) | ((qh[l] >> 0 & 3) << 4)) - 32;
-                const int q1 = ((ql[l + 32] & 15) | ((qh[l] >> 2 & 3) << 4)) - 32;
-                const int q2 = ((ql[l] >> 4) | ((qh[l] >> 4 & 3) << 4)) - 32;
-                const int q3 = ((ql[l + 32] >> 4) | ((qh[l] >> 6 & 3) << 4)) - 32;
-                y[l] = d * (float)sc[is] * (float)q0;
-                y[l + 32] = d * (float)sc[is + 2] * (float)q1;
-                y[l + 64] = d * (float)sc[is + 4] * (float)q2;
-                y[l + 96] = d * (float)sc[is + 6] * (float)q3;
+            for (int is = 0; is < 2; is++) {
+                /* l in [16*is, 16*is + 16): the four scales are fixed, so the loop vectorizes. */
+                const float s0 = d * (float)sc[is], s1 = d * (float)sc[is + 2];
+                const float s2 = d * (float)sc[is + 4], s3 = d * (float)sc[is + 6];
+                const int l = 16 * is;
+                const v16u8 a = *(const v16u8 *)(ql + l), c = *(const v16u8 *)(ql + l + 32);
+                const v16u8 h2 = *(const v16u8 *)(qh + l);
+                *(v16fu *)(y + l) = s0 * (v16_from_u8((a & 15) | ((h2 & 3) << 4)) - 32.0f);
+                *(v16fu *)(y + l + 32) = s1 * (v16_from_u8((c & 15) | ((h2 >> 2 & 3) << 4)) - 32.0f);
+                *(v16fu *)(y + l + 64) = s2 * (v16_from_u8((a >> 4) | ((h2 >> 4 & 3) << 4)) - 32.0f);
+                *(v16fu *)(y + l + 96) = s3 * (v16_from_u8((c >> 4) | ((h2 >> 6 & 3) << 4)) - 32.0f);
             }
         }
     }
@@ -125,7 +133,11 @@ int dequant_row(enum dtype t, const void *src, float *dst, int64_t n)
     case DTYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return FERRY_OK;
     case DTYPE_F16: {
         const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(h[i]);
+        int64_t i = 0;
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(h + i))));
+#endif
+        for (; i < n; i++) dst[i] = f16_to_f32(h[i]);
         return FERRY_OK;
     }
     case DTYPE_BF16: {
