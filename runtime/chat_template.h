@@ -16,12 +16,34 @@ struct chat_msg {
     const char *content; /* UTF-8, NUL-terminated */
 };
 
-/* Renders; *out is malloc'd and NUL-terminated. err gets a one-line message on failure. */
+/* Bounds of one render; exceeding any is FERRY_ERR_RANGE, never a crash or unbounded memory. */
+struct chat_template_params {
+    size_t max_output;    /* bytes of rendered text (default 4 MiB) */
+    size_t max_memory;    /* bytes of working memory (default 64 MiB + 16x the message bytes) */
+    long long max_steps;  /* evaluation steps: statements + expression nodes (default 1M) */
+    int max_depth;        /* nesting of evaluation, macro calls included (default 400) */
+};
+struct chat_template_params chat_template_default_params(void);
+
+/* Renders; *out is malloc'd and NUL-terminated. err gets a one-line message on failure.
+ * bos_token/eos_token may be NULL (then undefined in the template, as in Jinja).
+ * Errors: FERRY_ERR_FORMAT malformed template, FERRY_ERR_UNSUPPORTED construct outside the subset (both
+ * name the byte offset in the template, after CRLF->LF normalisation), FERRY_ERR_INVALID runtime error
+ * (raise_exception: err is exactly its message; type errors, undefined access), FERRY_ERR_RANGE a bound
+ * was exceeded, FERRY_ERR_NOMEM. */
 int chat_template_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
                          const char *bos_token, const char *eos_token, char **out, size_t *out_len,
                          char err[256]);
 
+/* The same with explicit bounds (params NULL: defaults). */
+int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
+                            const char *bos_token, const char *eos_token, const struct chat_template_params *params,
+                            char **out, size_t *out_len, char err[256]);
+
 /* The source of a built-in template by name, or NULL. */
 const char *chat_template_builtin(const char *name);
+
+/* The names of the built-in templates, NULL-terminated. */
+const char *const *chat_template_builtin_names(void);
 
 #endif
