@@ -1,0 +1,120 @@
+/* tok_decode — tokenizer_decode() and the streaming detokenizer.
+ *
+ * Every token's decoded bytes are precomputed by tok_finish (t->piece): SPM pieces with '▁' as ' ' and
+ * <0xNN> as the raw byte, byte-level pieces through GPT-2's reverse byte map, added tokens as their text.
+ * CONTROL and UNKNOWN tokens render only when render_special (tokenizer_decode) — the stream never renders
+ * them. The leading space of the first piece is kept (text continues a prompt).
+ *
+ * detok_push holds back the bytes of a UTF-8 sequence that is still incomplete at the end of what it has
+ * seen; bytes that can never complete (an invalid lead, a broken sequence) go out as they are, so the
+ * concatenation of all pushes and the final flush is exactly the byte concatenation of the pieces.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/tok/tok_impl.h"
+#include "runtime/tok/unicode.h"
+
+static int piece_visible(const struct tokenizer *t, int32_t id, int render_special)
+{
+    int ty = t->type[id];
+    return render_special || (ty != TOK_TYPE_CONTROL && ty != TOK_TYPE_UNKNOWN);
+}
+
+int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, int render_special, char **out,
+                     size_t *out_len)
+{
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (!t || n < 0 || (n > 0 && !ids)) return FERRY_ERR_INVALID;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab) return FERRY_ERR_RANGE;
+        if (piece_visible(t, ids[i], render_special)) total += (size_t)t->piece_len[ids[i]];
+    }
+    char *s = malloc(total + 1);
+    if (!s) return FERRY_ERR_NOMEM;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!piece_visible(t, ids[i], render_special)) continue;
+        memcpy(s + k, t->piece[ids[i]], (size_t)t->piece_len[ids[i]]);
+        k += (size_t)t->piece_len[ids[i]];
+    }
+    s[k] = 0;
+    *out = s;
+    if (out_len) *out_len = k;
+    return FERRY_OK;
+}
+
+void detok_init(struct detok *d, const struct tokenizer *t)
+{
+    memset(d, 0, sizeof *d);
+    d->t = t;
+}
+
+/* Length of the tail of s[0, n) that is a valid but incomplete UTF-8 sequence (0..3). */
+static int incomplete_tail(const unsigned char *s, size_t n)
+{
+    for (int back = 1; back <= 3 && (size_t)back <= n; back++) {
+        unsigned char c = s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
+        int need = utf8_len(c);
+        if (need == 1) return 0; /* ASCII or an invalid lead: nothing to wait for */
+        return need > back ? back : 0;
+    }
+    return 0;
+}
+
+int detok_push(struct detok *d, int32_t id, char *out, size_t cap)
+{
+    const struct tokenizer *t = d->t;
+    if (!t || !out) return FERRY_ERR_INVALID;
+    if (id < 0 || id >= t->n_vocab) return FERRY_ERR_RANGE;
+    size_t pl = piece_visible(t, id, 0) ? (size_t)t->piece_len[id] : 0;
+    const unsigned char *p = (const unsigned char *)t->piece[id];
+    size_t total = (size_t)d->n_pend + pl;
+    /* Decide how much of pend + piece stays pending, without building the concatenation. */
+    int keep;
+    if (pl >= 3) {
+        keep = incomplete_tail(p, pl);
+    } else {
+        unsigned char tmp[8];
+        memcpy(tmp, d->pend, (size_t)d->n_pend);
+        memcpy(tmp + d->n_pend, p, pl);
+        keep = incomplete_tail(tmp, total);
+    }
+    size_t emit = total - (size_t)keep;
+    if (emit + 1 > cap) return FERRY_ERR_RANGE;
+    unsigned char all_tail[8];
+    /* The pending tail comes from the end of pend + piece. */
+    size_t np = (size_t)d->n_pend;
+    for (int i = 0; i < keep; i++) {
+        size_t pos = total - (size_t)keep + (size_t)i;
+        all_tail[i] = pos < np ? d->pend[pos] : p[pos - np];
+    }
+    size_t k = 0;
+    size_t from_pend = emit < np ? emit : np;
+    memcpy(out, d->pend, from_pend);
+    k = from_pend;
+    if (emit > np) {
+        memcpy(out + k, p, emit - np);
+        k += emit - np;
+    }
+    out[k] = 0;
+    memcpy(d->pend, all_tail, (size_t)keep);
+    d->n_pend = keep;
+    d->n_seen++;
+    return (int)k;
+}
+
+int detok_flush(struct detok *d, char *out, size_t cap)
+{
+    if (!out) return FERRY_ERR_INVALID;
+    if ((size_t)d->n_pend + 1 > cap) return FERRY_ERR_RANGE;
+    int k = d->n_pend;
+    memcpy(out, d->pend, (size_t)k);
+    out[k] = 0;
+    d->n_pend = 0;
+    return k;
+}
