@@ -1,0 +1,296 @@
+/* bench_cuda — times the CUDA kernels at Llama-2-7B shapes on one GPU and prints a table.
+ *
+ * Ceiling: a device-to-device copy of 1 GiB, counting bytes read plus written. Each figure is the median of
+ * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the batch
+ * size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate among copies
+ * spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
+ * Usage: bench_cuda [--quick]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/core/fp16.h"
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/ops.h"
+
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));           \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+#define FK(call)                                                                                             \
+    do {                                                                                                     \
+        int rc_ = (call);                                                                                    \
+        if (rc_ != FERRY_OK) {                                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ferry_status_str(rc_));           \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static cudaStream_t st;
+static int samples = 31;
+
+typedef void (*bench_fn)(void *arg, int iter);
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median milliseconds per call of fn over samples of `batch` calls each. */
+static double time_ms(bench_fn fn, void *arg, int batch)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    int it = 0;
+    for (int i = 0; i < 5; i++) fn(arg, it++);
+    CK(cudaStreamSynchronize(st));
+    double *t = malloc(samples * sizeof(double));
+    for (int s = 0; s < samples; s++) {
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < batch; i++) fn(arg, it++);
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t[s] = ms / batch;
+    }
+    qsort(t, samples, sizeof(double), cmp_d);
+    double med = t[samples / 2];
+    free(t);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return med;
+}
+
+/* Fills a device buffer with random f16 values in [-0.5, 0.5] (a 16 MiB random pattern, repeated). */
+static void fill_f16(void *d, size_t bytes)
+{
+    const size_t pat = 16u << 20;
+    uint16_t *h = malloc(pat);
+    for (size_t i = 0; i < pat / 2; i++) h[i] = f32_to_f16((float)((double)rand() / RAND_MAX - 0.5));
+    for (size_t off = 0; off < bytes; off += pat) CK(cudaMemcpy((char *)d + off, h, bytes - off < pat ? bytes - off : pat, cudaMemcpyHostToDevice));
+    free(h);
+}
+static void fill_f32(float *d, size_t n)
+{
+    float *h = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = (float)((double)rand() / RAND_MAX * 2 - 1);
+    CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+    free(h);
+}
+
+/* ---- copy ceiling ---- */
+struct copy_arg { void *a, *b; size_t bytes; };
+static void copy_fn(void *p, int i)
+{
+    struct copy_arg *c = p;
+    CK(cudaMemcpyAsync(i % 2 ? c->a : c->b, i % 2 ? c->b : c->a, c->bytes, cudaMemcpyDeviceToDevice, st));
+}
+
+/* ---- matmul ---- */
+struct mm_arg {
+    struct kern_cuda_ctx *ctx;
+    float *y, *x;
+    char *w;
+    size_t wbytes;
+    int copies, m, n, k, cublas;
+};
+static void mm_fn(void *p, int i)
+{
+    struct mm_arg *a = p;
+    const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
+    if (a->cublas) FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, DTYPE_F16, NULL, a->m, a->n, a->k, st));
+    else FK(kern_cuda_matmul_gemv(a->y, a->x, w, DTYPE_F16, NULL, a->m, a->n, a->k, st));
+}
+
+/* ---- attention ---- */
+struct att_arg {
+    struct kern_cuda_kv_layer kv;
+    float *out, *q;
+    int32_t *seq, *pos;
+    int m, n_heads, max_len;
+    void *ws;
+    size_t ws_bytes;
+    enum kern_cuda_attn_mode mode;
+};
+static void att_fn(void *p, int i)
+{
+    struct att_arg *a = p;
+    FK(kern_cuda_attention(a->out, a->q, &a->kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len, a->mode,
+                           a->ws, a->ws_bytes, st));
+}
+
+/* ---- rmsnorm ---- */
+struct norm_arg { float *y, *x, *w, *r; int m, d, fused; };
+static void norm_fn(void *p, int i)
+{
+    struct norm_arg *a = p;
+    if (a->fused) FK(kern_cuda_add_rmsnorm(a->r, a->x, a->y, a->w, a->m, a->d, 1e-5f, st));
+    else FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
+}
+
+static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill, double ceil_gbs)
+{
+    const int D = 128, bs = 16;
+    struct att_arg a;
+    memset(&a, 0, sizeof a);
+    const int blocks_per_seq = (ctx + bs - 1) / bs;
+    const int n_seqs = prefill ? 1 : m;
+    a.kv.n_blocks = blocks_per_seq * n_seqs;
+    a.kv.block_size = bs;
+    a.kv.max_blocks = blocks_per_seq;
+    a.kv.n_kv_heads = n_kv;
+    a.kv.head_dim = D;
+    const size_t kvb = (size_t)a.kv.n_blocks * bs * n_kv * D * 2;
+    CK(cudaMalloc((void **)&a.kv.k, kvb));
+    CK(cudaMalloc((void **)&a.kv.v, kvb));
+    fill_f16(a.kv.k, kvb);
+    fill_f16(a.kv.v, kvb);
+    int32_t *bt = malloc((size_t)a.kv.n_blocks * 4), *seq = malloc(m * 4), *pos = malloc(m * 4);
+    for (int i = 0; i < a.kv.n_blocks; i++) bt[i] = (int32_t)((i * 7919LL) % a.kv.n_blocks); /* scattered */
+    for (int i = 0; i < m; i++) {
+        seq[i] = prefill ? 0 : i;
+        pos[i] = prefill ? i : ctx - 1;
+    }
+    int32_t *dbt;
+    CK(cudaMalloc((void **)&dbt, (size_t)a.kv.n_blocks * 4));
+    CK(cudaMemcpy(dbt, bt, (size_t)a.kv.n_blocks * 4, cudaMemcpyHostToDevice));
+    a.kv.block_table = dbt;
+    CK(cudaMalloc((void **)&a.seq, m * 4));
+    CK(cudaMalloc((void **)&a.pos, m * 4));
+    CK(cudaMemcpy(a.seq, seq, m * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.pos, pos, m * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&a.q, (size_t)m * n_heads * D * 4));
+    CK(cudaMalloc((void **)&a.out, (size_t)m * n_heads * D * 4));
+    fill_f32(a.q, (size_t)m * n_heads * D);
+    a.m = m;
+    a.n_heads = n_heads;
+    a.max_len = ctx;
+    a.mode = prefill ? KERN_ATTN_PREFILL : KERN_ATTN_DECODE;
+    a.ws_bytes = kern_cuda_attention_ws_size(m, n_heads, D, ctx);
+    if (a.ws_bytes) CK(cudaMalloc(&a.ws, a.ws_bytes));
+    const double ms = time_ms(att_fn, &a, 10);
+    if (prefill) {
+        const double flops = 4.0 * n_heads * D * ((double)m * (m + 1) / 2);
+        printf("%-34s %10.4f ms %9.1f TFLOP/s   (causal, %d tokens)\n", name, ms, flops / ms / 1e9, m);
+    } else {
+        const double bytes = (double)m * ctx * n_kv * D * 2 * 2;
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (KV bytes)\n", name, ms, bytes / ms / 1e6,
+               100.0 * bytes / ms / 1e6 / ceil_gbs);
+    }
+    cudaFree(a.kv.k); cudaFree(a.kv.v); cudaFree(dbt); cudaFree(a.seq); cudaFree(a.pos); cudaFree(a.q);
+    cudaFree(a.out); cudaFree(a.ws);
+    free(bt); free(seq); free(pos);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--quick")) samples = 7;
+    if (kern_cuda_device_count() <= 0) {
+        fprintf(stderr, "bench_cuda: no CUDA device\n");
+        return 77;
+    }
+    srand(1);
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB, %.1f GiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+           prop.totalGlobalMem / 1073741824.0);
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    /* Ceiling. */
+    struct copy_arg c = {NULL, NULL, 1u << 30};
+    CK(cudaMalloc(&c.a, c.bytes));
+    CK(cudaMalloc(&c.b, c.bytes));
+    fill_f16(c.a, c.bytes);
+    const double copy_ms = time_ms(copy_fn, &c, 3);
+    const double ceil_gbs = 2.0 * c.bytes / copy_ms / 1e6;
+    printf("%-34s %10.4f ms %9.1f GB/s  (read + write, 1 GiB)\n", "d2d copy ceiling", copy_ms, ceil_gbs);
+    cudaFree(c.a);
+    cudaFree(c.b);
+
+    /* GEMV and cuBLAS at Llama-2-7B shapes, f16 weights. */
+    const int shapes[4][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
+    const size_t pool_bytes = 512u << 20;
+    char *pool;
+    CK(cudaMalloc((void **)&pool, pool_bytes + ((size_t)32000 * 4096 * 2)));
+    fill_f16(pool, pool_bytes + ((size_t)32000 * 4096 * 2));
+    struct kern_cuda_ctx *ctx;
+    FK(kern_cuda_ctx_init(&ctx, (size_t)512 * 11008));
+    float *x, *y;
+    CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
+    CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));
+    fill_f32(x, (size_t)512 * 11008);
+    const int ms_[3] = {1, 4, 16};
+    double gemv_total[3] = {0, 0, 0}, bytes_total = 0;
+    for (int si = 0; si < 4; si++) {
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0};
+        a.wbytes = (size_t)a.n * a.k * 2;
+        a.copies = (int)(pool_bytes / a.wbytes);
+        if (a.copies < 1) a.copies = 1;
+        bytes_total += a.wbytes;
+        for (int mi = 0; mi < 3; mi++) {
+            a.m = ms_[mi];
+            const double ms = time_ms(mm_fn, &a, 20);
+            gemv_total[mi] += ms;
+            char name[64];
+            snprintf(name, sizeof name, "gemv f16 %5dx%-5d m=%d", a.n, a.k, a.m);
+            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, a.wbytes / ms / 1e6,
+                   100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
+        }
+    }
+    for (int mi = 0; mi < 3; mi++)
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (one of each shape)\n",
+               ms_[mi] == 1 ? "gemv f16 all shapes m=1" : ms_[mi] == 4 ? "gemv f16 all shapes m=4" : "gemv f16 all shapes m=16",
+               gemv_total[mi], bytes_total / gemv_total[mi] / 1e6, 100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs);
+    for (int si = 0; si < 4; si++) {
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1};
+        a.wbytes = (size_t)a.n * a.k * 2;
+        a.copies = (int)(pool_bytes / a.wbytes);
+        if (a.copies < 1) a.copies = 1;
+        const double ms = time_ms(mm_fn, &a, 10);
+        char name[64];
+        snprintf(name, sizeof name, "cublas f16 %5dx%-5d m=512", a.n, a.k);
+        printf("%-34s %10.4f ms %9.1f TFLOP/s\n", name, ms, 2.0 * a.m * a.n * a.k / ms / 1e9);
+    }
+    kern_cuda_ctx_free(ctx);
+    cudaFree(pool);
+
+    /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128. */
+    bench_attention("attn decode l2-7b ctx=512 b=1", 32, 32, 512, 1, 0, ceil_gbs);
+    bench_attention("attn decode l2-7b ctx=8192 b=1", 32, 32, 8192, 1, 0, ceil_gbs);
+    bench_attention("attn decode l2-7b ctx=512 b=16", 32, 32, 512, 16, 0, ceil_gbs);
+    bench_attention("attn decode l3-8b ctx=8192 b=1", 32, 8, 8192, 1, 0, ceil_gbs);
+    bench_attention("attn prefill l2-7b 512", 32, 32, 512, 512, 1, ceil_gbs);
+    bench_attention("attn prefill l3-8b 512", 32, 8, 512, 512, 1, ceil_gbs);
+
+    /* rmsnorm at d=4096. */
+    const int nm[3] = {1, 16, 512};
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 3; i++) {
+            struct norm_arg a = {y, x, x + 4096 * 512, y + 4096 * 512, nm[i], 4096, f};
+            fill_f32(a.r, (size_t)4096 * 512);
+            const double ms = time_ms(norm_fn, &a, 20);
+            const double bytes = (f ? 4.0 : 2.0) * nm[i] * 4096 * 4 + 4096 * 4;
+            char name[64];
+            snprintf(name, sizeof name, "%s d=4096 m=%d", f ? "add_rmsnorm" : "rmsnorm", nm[i]);
+            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, bytes / ms / 1e6,
+                   100.0 * bytes / ms / 1e6 / ceil_gbs);
+        }
+    cudaFree(x);
+    cudaFree(y);
+    CK(cudaStreamDestroy(st));
+    return 0;
+}

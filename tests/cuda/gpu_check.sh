@@ -1,0 +1,77 @@
+#!/bin/sh
+# gpu_check.sh — on a GPU machine: build the CUDA kernels, their tests and benches, run the 'cuda' test suite
+# and the benches, and save every log to $OUT (./out when OUT is unset).
+#
+# Run from the repository root: tests/cuda/gpu_check.sh [--build-only] [--no-bench] [--sanitize]
+# If ./.debs holds the packages of ../shared/tools/offline-debs.sh (a host with no package access), they are
+# unpacked into /opt/deps as that script's header says. The build runs on a copy of the tree in /tmp, where
+# tests/bench_cuda is wired into tests/meson.build if the checkout does not do it yet; the checkout is not
+# touched. Only this module's targets are built, so unfinished modules elsewhere do not stop it.
+set -u
+src=$(pwd)
+out=${OUT:-$src/out}
+mkdir -p "$out"
+build_only=0 bench=1 sanitize=0
+for a in "$@"; do
+    case $a in
+    --build-only) build_only=1 ;;
+    --no-bench) bench=0 ;;
+    --sanitize) sanitize=1 ;;
+    *) echo "gpu_check.sh: unknown option $a" >&2; exit 2 ;;
+    esac
+done
+log() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+if [ -d .debs ] && ls .debs/*.deb >/dev/null 2>&1; then
+    if [ ! -d /opt/deps/usr ]; then
+        for f in .debs/*.deb; do dpkg -x "$f" /opt/deps; done
+        sed -i '/^Requires.private/d' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+    fi
+    export PKG_CONFIG_SYSROOT_DIR=/opt/deps
+    export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
+    export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PATH=$PATH:/opt/deps/usr/bin:/usr/local/cuda/bin
+fi
+
+{ date -u; uname -a; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm,power.limit --format=csv 2>&1; nvcc --version 2>&1 | tail -2; } > "$out/machine.txt"
+log "machine: $(sed -n 3p "$out/machine.txt")"
+
+work=/tmp/ferry-gpu-src
+rm -rf "$work" && mkdir -p "$work"
+tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git -cf - . | tar -C "$work" -xf -
+grep -q "bench_cuda" "$work/tests/meson.build" || echo "subdir('bench_cuda')" >> "$work/tests/meson.build"
+cd "$work" || exit 1
+
+if ! meson setup build -Dcuda=enabled -Dtests=enabled -Dserver=disabled > "$out/setup.log" 2>&1; then
+    log "meson setup FAILED (see setup.log)"; tail -30 "$out/setup.log"; exit 1
+fi
+targets="tests/cuda/test_cuda_ops tests/cuda/test_cuda_matmul tests/cuda/test_cuda_attention tests/bench_cuda/bench_cuda"
+if ! ninja -C build $targets > "$out/build.log" 2>&1; then
+    log "build FAILED (see build.log)"; grep -E "error" "$out/build.log" | head -30; exit 1
+fi
+log "build ok"
+[ $build_only = 1 ] && exit 0
+
+set -o pipefail 2>/dev/null || true
+meson test -C build --suite cuda --no-rebuild --print-errorlogs > "$out/tests.log" 2>&1
+rc=$?
+cp build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
+log "tests rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
+for t in ops matmul attention; do
+    ./build/tests/cuda/test_cuda_$t --verbose 2>&1 | grep -E "FAIL|SKIP|Synthesis|Assertion" | head -5 >> "$out/summary.txt"
+done
+
+if [ $sanitize = 1 ] && command -v compute-sanitizer >/dev/null; then
+    timeout 120 compute-sanitizer --tool memcheck ./build/tests/cuda/test_cuda_ops > "$out/sanitize.log" 2>&1
+    timeout 120 compute-sanitizer --tool memcheck ./build/tests/cuda/test_cuda_attention --filter 'cuda_attention/small_and_wide_heads' >> "$out/sanitize.log" 2>&1
+    timeout 150 compute-sanitizer --tool racecheck ./build/tests/cuda/test_cuda_attention --filter 'cuda_attention/small_and_wide_heads' >> "$out/sanitize.log" 2>&1
+    log "sanitizer: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize.log" | tr '\n' ' ')"
+fi
+
+if [ $bench = 1 ]; then
+    timeout 300 ./build/tests/bench_cuda/bench_cuda > "$out/bench.log" 2>&1
+    log "bench rc=$?"
+    cat "$out/bench.log"
+fi
+cat "$out/summary.txt"
+exit $rc
