@@ -257,6 +257,10 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
         if (t->dtype < 0)
             return fail(err, FERRY_ERR_UNSUPPORTED, "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file,
                         t->name, t->dtype_str);
+        /* Kernels load elements directly: the mapping is page-aligned, so this checks the file offset. */
+        if ((uintptr_t)t->data % (t->dtype == DTYPE_F32 ? 4 : 2) != 0)
+            return fail(err, FERRY_ERR_UNSUPPORTED, "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
+                        "element size", file, t->name, (size_t)t->offset);
         if (t->n_dims < 1 || t->n_dims > 4)
             return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file, t->name,
                         t->n_dims);

@@ -132,6 +132,7 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
                     (unsigned long long)(st->data_start + off[0]), (unsigned long long)(off[1] - off[0]),
                     t->dtype_str, (unsigned long long)nb);
     t->data = st->base + st->data_start + off[0];
+    t->offset = st->data_start + off[0];
     t->nbytes = (size_t)nb;
     t->name = strdup(key);
     if (!t->name) return fail(err, FERRY_ERR_NOMEM, "out of memory");
@@ -187,6 +188,7 @@ static int parse(struct safetensors *st, char *err)
     int rc = FERRY_OK;
     struct span *sp = NULL;
     uint64_t *offs = NULL;
+    size_t n_spans = 0;
     if (!json_is_object(root)) {
         rc = fail(err, FERRY_ERR_FORMAT, "header at offset 8 is not a JSON object");
         goto out;
@@ -213,11 +215,12 @@ static int parse(struct safetensors *st, char *err)
             st->t[i].name = NULL;
             goto out;
         }
-        sp[i] = (struct span){offs[2 * i], offs[2 * i + 1], i};
+        if (offs[2 * i + 1] > offs[2 * i]) sp[n_spans++] = (struct span){offs[2 * i], offs[2 * i + 1], i};
         st->n_tensors++;
     }
-    qsort(sp, (size_t)st->n_tensors, sizeof *sp, span_cmp);
-    for (int i = 1; i < st->n_tensors; i++) {
+    /* Empty tensors take no bytes and overlap nothing. */
+    qsort(sp, n_spans, sizeof *sp, span_cmp);
+    for (size_t i = 1; i < n_spans; i++) {
         if (sp[i].begin < sp[i - 1].end) {
             char a[80], b[80];
             rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at file offset %llu: data overlaps tensor '%s'",

@@ -26,6 +26,7 @@ struct st_tensor {
     int n_dims;            /* 0..ST_MAX_DIMS (0 is a scalar) */
     int64_t shape[ST_MAX_DIMS]; /* file order: shape[0] is the outermost dimension; >= 0 */
     const void *data;      /* (nbytes) borrowed from the mapping */
+    uint64_t offset;       /* byte offset of data in the file */
     size_t nbytes;
 };
 
