@@ -32,7 +32,8 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 
 #define MR 4           /* rows of x per micro-kernel call */
 #define NR 4           /* rows of W per tile */
-#define KC_MAX 4096    /* columns per chunk for dequantized tiles: the tile is NR*KC_MAX f32 = 64 KiB */
+#define KC_MAX 1024    /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
+#define TILE_PAD 16    /* floats added to the tile's row stride */
 #define X_L2_BYTES (512 * 1024)  /* budget for the (m, KC) slice of x */
 
 enum wkind { WK_F32 = 0, WK_F16 = 1, WK_BF16 = 2 };
@@ -99,16 +100,63 @@ static inline __attribute__((always_inline)) void micro(float *out, const float 
         }
 }
 
+/* Pins a value in a vector register: stops GCC from re-reading it from memory as an FMA operand. */
+#if defined(__x86_64__)
+#define IN_REG(v) __asm__("" : "+v"(v))
+#else
+#define IN_REG(v) ((void)0)
+#endif
+
+/* The hot 4x4 case written out with named registers: GCC keeps them in registers this way, where the array
+ * form above makes it reload x rows and fold repeated W loads into the FMAs. Same arithmetic per element. */
+static inline __attribute__((always_inline)) void micro44(float *out, const float *x, ptrdiff_t ldx, const void *w,
+                                                          ptrdiff_t ldw, int kc, enum wkind kind)
+{
+    vf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+    vf a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    const int kv = kc - kc % VL;
+    for (int c = 0; c < kv; c += VL) {
+        vf w0 = load_w(w, c, kind), w1 = load_w(w, ldw + c, kind);
+        vf w2 = load_w(w, 2 * ldw + c, kind), w3 = load_w(w, 3 * ldw + c, kind);
+        IN_REG(w0);
+        IN_REG(w1);
+        IN_REG(w2);
+        IN_REG(w3);
+        vf xv = *(const vfu *)(x0 + c);
+        IN_REG(xv);
+        a00 += xv * w0, a01 += xv * w1, a02 += xv * w2, a03 += xv * w3;
+        xv = *(const vfu *)(x1 + c);
+        IN_REG(xv);
+        a10 += xv * w0, a11 += xv * w1, a12 += xv * w2, a13 += xv * w3;
+        xv = *(const vfu *)(x2 + c);
+        IN_REG(xv);
+        a20 += xv * w0, a21 += xv * w1, a22 += xv * w2, a23 += xv * w3;
+        xv = *(const vfu *)(x3 + c);
+        IN_REG(xv);
+        a30 += xv * w0, a31 += xv * w1, a32 += xv * w2, a33 += xv * w3;
+    }
+    const vf acc[MR][NR] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) {
+            float s = hsum(acc[i][j]);
+            for (int c = kv; c < kc; c++) s += x[i * ldx + c] * load_w1(w, j * ldw + c, kind);
+            out[i * NR + j] = s;
+        }
+}
+
 #define MICRO_CASE(kind, mr, nr)                                                                             \
     case (mr) * 8 + (nr): micro(out, x, ldx, w, ldw, kc, mr, nr, kind); return;
 #define MICRO_ROW(kind, mr)                                                                                  \
-    MICRO_CASE(kind, mr, 1) MICRO_CASE(kind, mr, 2) MICRO_CASE(kind, mr, 3) MICRO_CASE(kind, mr, 4)
+    MICRO_CASE(kind, mr, 1) MICRO_CASE(kind, mr, 2) MICRO_CASE(kind, mr, 3)
 #define MICRO_FN(name, kind)                                                                                 \
     static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,   \
                      int nr)                                                                                 \
     {                                                                                                        \
         switch (mr * 8 + nr) {                                                                               \
             MICRO_ROW(kind, 1) MICRO_ROW(kind, 2) MICRO_ROW(kind, 3) MICRO_ROW(kind, 4)                      \
+            MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4)                             \
+        case 4 * 8 + 4: micro44(out, x, ldx, w, ldw, kc, kind); return;                                      \
         }                                                                                                    \
     }
 MICRO_FN(micro_f32, WK_F32)
@@ -138,10 +186,14 @@ static void mm_task(void *arg, int t)
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
     const int m = c->m, k = c->k;
+    /* Quantized rows are always dequantized into the tile; plain rows too when they are reused (m > 2), so
+     * the micro-kernel reads a contiguous, L1-resident tile whose padded row stride avoids cache-set
+     * conflicts. For m <= 2 plain rows stream straight from memory, converted in registers. */
     const int quantized = c->wt != DTYPE_F32 && c->wt != DTYPE_F16 && c->wt != DTYPE_BF16;
-    micro_fn mk = c->wt == DTYPE_F16 ? micro_f16 : c->wt == DTYPE_BF16 ? micro_bf16 : micro_f32;
+    const int use_tile = quantized || m > 2;
+    micro_fn mk = use_tile || c->wt == DTYPE_F32 ? micro_f32 : c->wt == DTYPE_F16 ? micro_f16 : micro_bf16;
     const size_t esz = c->wt == DTYPE_F32 ? 4 : 2;
-    float tile[NR * KC_MAX] __attribute__((aligned(64)));
+    float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
     float out[MR * NR];
 
     for (int k0 = 0; k0 < k; k0 += c->kc) {
@@ -150,12 +202,12 @@ static void mm_task(void *arg, int t)
             const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
             const void *wp;
             ptrdiff_t ldw;
-            if (quantized) {
+            if (use_tile) {
                 const size_t off = dtype_row_size(c->wt, k0);
+                ldw = kc + TILE_PAD;
                 for (int j = 0; j < nr; j++)
-                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * kc, kc);
+                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * ldw, kc);
                 wp = tile;
-                ldw = kc;
             } else {
                 wp = c->w + (size_t)j0 * c->row_bytes + (size_t)k0 * esz;
                 ldw = k;
@@ -192,12 +244,14 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     if (st) return st;
     struct mm_ctx c = {.y = y, .x = x, .w = w, .wt = wt, .bias = bias, .m = m, .n = n, .k = k,
                        .row_bytes = dtype_row_size(wt, k), .n_threads = tpool_size(tp)};
-    /* KC: a multiple of 256 (whole K-quant blocks) keeping the x slice in L2; whole rows when that fits. */
+    /* KC: a multiple of 256 (whole K-quant blocks) that keeps the W tile in L1 and the (m, KC) slice of x in
+     * L2. With m <= 2 nothing is reused from cache, so plain types take whole rows (no partial sums). */
+    const int quantized = wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16;
     int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
-    const int quantized = wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16;
-    if (quantized && kc > KC_MAX) kc = KC_MAX;
+    if (kc > KC_MAX) kc = KC_MAX;
+    if (m <= 2 && !quantized) kc = k; /* no tile then */
     if (kc >= k) kc = k;
     c.kc = (int)kc;
     /* Tiny products are not worth waking the pool for. */
