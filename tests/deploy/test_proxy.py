@@ -26,6 +26,7 @@ KEY = "deploy-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "Once upon a time"
 STARTUP_S = 60
+MODEL_NAME = "ferry-deploy-test"
 
 
 # ---- HTTP helpers --------------------------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ def stream(port, body, headers=None, timeout=120):
 
 
 def completion_body(max_tokens, stream_=False, prompt=PROMPT):
-    return {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream_}
+    return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream_}
 
 
 def metrics(port):
@@ -101,7 +102,7 @@ class Replica:
         self.port, self.name = port, name
         self.log = pathlib.Path(logdir) / f"ferry-{name}.log"
         env = dict(os.environ, FERRY_MODEL=str(model), FERRY_HOST="127.0.0.1", FERRY_PORT=str(port),
-                   FERRY_API_KEY=KEY, FERRY_PUBLIC_HEALTH="1", FERRY_THREADS="1", FERRY_LOG_LEVEL="info")
+                   FERRY_API_KEY=KEY, FERRY_SERVED_MODEL_NAME=MODEL_NAME, FERRY_PUBLIC_HEALTH="1", FERRY_THREADS="1", FERRY_LOG_LEVEL="info")
         self.proc = subprocess.Popen([str(exe), "serve"], env=env, stdout=self.log.open("wb"),
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -219,8 +220,8 @@ def _assert_streamed_while_generating(events, label):
     # after the first token while the last comes after the last one.
     assert t_last - t_first >= 0.4 * total, (
         f"{label}: first event at {t_first*1000:.1f} ms, last at {t_last*1000:.1f} ms of {total*1000:.1f} ms")
-    distinct = len({round(t, 3) for t, _ in data})
-    assert distinct >= len(data) // 2, f"{label}: events arrived in {distinct} bursts"
+    reads = len({t for t, _ in data})  # events read from the socket together share one time
+    assert reads >= 10, f"{label}: {len(data)} events arrived in {reads} reads"
 
 
 def test_stream_through_proxy_arrives_while_generating(deployment):

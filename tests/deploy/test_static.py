@@ -168,7 +168,8 @@ def test_dockerfile_stages():
     assert by["cpu"]["from"].startswith("debian:") and by["cpu"]["from"].endswith("-slim")
     for name in ("build-cuda", "build-cpu"):
         runs = " ".join(v for i, v in by[name]["ins"] if i == "RUN")
-        assert "-Dnative=false" in runs, f"{name}: -march=native must not leak into an image"
+        assert "-Dnative=${FERRY_NATIVE}" in runs and ("ARG", "FERRY_NATIVE=false") in by[name]["ins"], \
+            f"{name}: -march=native must not leak into an image by default"
     assert "-Dcuda=enabled" in " ".join(v for i, v in by["build-cuda"]["ins"])
     assert "-Dcuda=disabled" in " ".join(v for i, v in by["build-cpu"]["ins"])
     for name in ("cpu", "cuda"):
@@ -180,7 +181,7 @@ def test_dockerfile_stages():
         assert ("EXPOSE", "8080") in ins
         assert any(i == "VOLUME" and "/models" in v for i, v in ins)
         env = " ".join(v for i, v in ins if i == "ENV")
-        for var in ("FERRY_MODEL=/models/", "FERRY_HOST=0.0.0.0", "FERRY_PORT=8080"):
+        for var in ("FERRY_MODEL=/models/", "FERRY_HOST=0.0.0.0", "FERRY_PORT=8080", "FERRY_PUBLIC_HEALTH=1"):
             assert var in env, f"{name}: ENV {var}"
         assert kinds.index("USER") > max(k for k, i in enumerate(kinds) if i == "RUN"), f"{name}: USER after every RUN"
         assert any(i == "ENTRYPOINT" for i in kinds) and ("CMD", '["serve"]') in ins
@@ -268,6 +269,7 @@ def test_compose_structure():
         assert any(v.startswith("models:/models") for v in svc["volumes"]), name
         assert svc["network_mode"] == "host" and env["FERRY_HOST"] == "127.0.0.1", name
         assert svc["build"]["target"] == "cuda" and svc["read_only"] is True
+        assert str(env["FERRY_PUBLIC_HEALTH"]) == "1", f"{name}: the image HEALTHCHECK carries no key"
     assert sorted(ferry_ports) == upstream_ports, "compose replicas must be nginx's upstream servers"
     assert any("nginx/ferry.conf:/etc/nginx/conf.d/default.conf" in v for v in s["nginx"]["volumes"])
     assert "models" in c["volumes"]
