@@ -226,6 +226,7 @@ static void choice_done_locked(struct sched *s, struct choice *c, const char *fi
 
 int sched_submit(struct sched *s, struct sreq *req)
 {
+    if (req->n_choices > s->n_slots + s->p.max_queue) return FERRY_ERR_RANGE; /* could never be admitted */
     pthread_mutex_lock(&s->mu);
     int free_slots = s->n_slots - s->n_run;
     if (s->stop || s->n_queued + req->n_choices > s->p.max_queue + (free_slots > 0 ? free_slots : 0)) {

@@ -238,6 +238,8 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
             pthread_mutex_unlock(&S->metrics.mu);
             return respond_error(h, rc, NULL, "the server is busy: the queue is full; retry later");
         }
+        if (rc == FERRY_ERR_RANGE)
+            return respond_error(h, rc, "n", "the request has more sequences (prompts × n) than --parallel + --max-queue");
         return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
     }
     h->req = r;

@@ -1,0 +1,158 @@
+"""Fixtures for the server tests: a real `ferry serve` on 127.0.0.1 with stories260K on the CPU backend.
+
+FERRY_BUILD (the meson build root) locates the binary, FERRY_TESTDATA the model and llama.cpp goldens.
+run_pytest.py checks both before pytest starts, so a missing file is a skip with a message, never a pass.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+BUILD = os.environ.get("FERRY_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+TESTDATA = os.environ.get("FERRY_TESTDATA", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "testdata"))
+FERRY = os.path.join(BUILD, "server", "ferry")
+MODEL = os.path.join(TESTDATA, "models", "stories260K.gguf")
+GOLDENS = os.path.join(TESTDATA, "goldens")
+MODEL_NAME = "stories260K.gguf"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `ferry serve` process; stop() sends SIGTERM and returns the exit status."""
+
+    def __init__(self, *args, env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = f"/tmp/ferry-serve-test-{self.port}.log"
+        self.log = open(self.log_path, "w")
+        cmd = [FERRY, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1"] + list(args)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ferry serve exited {self.proc.returncode}: {self.read_log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except urllib.error.HTTPError as e:
+                if e.code == 401:  # health behind the key: the socket is up; wait until /v1/models answers
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("ferry serve did not become healthy: " + self.read_log())
+
+    def read_log(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def metrics(self, headers=None):
+        req = urllib.request.Request(self.url + "/metrics", headers=headers or {})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server("--parallel", "4", "--conn-timeout", "2", "--max-queue", "256")
+    yield s
+    rc = s.stop()
+    assert rc == 0, s.read_log()
+
+
+def post(url, body, headers=None, timeout=60):
+    """POST JSON (or raw bytes); returns (status, headers, parsed body or raw text)."""
+    data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    req = urllib.request.Request(url, data=data, headers=h, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            status, hdrs = r.status, r.headers
+    except urllib.error.HTTPError as e:
+        raw, status, hdrs = e.read(), e.code, e.headers
+    try:
+        return status, hdrs, json.loads(raw)
+    except ValueError:
+        return status, hdrs, raw.decode("utf-8", "replace")
+
+
+def get(url, headers=None, method="GET"):
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            raw, status, hdrs = r.read(), r.status, r.headers
+    except urllib.error.HTTPError as e:
+        raw, status, hdrs = e.read(), e.code, e.headers
+    try:
+        return status, hdrs, json.loads(raw)
+    except ValueError:
+        return status, hdrs, raw.decode("utf-8", "replace")
+
+
+def sse_events(url, body, headers=None, timeout=60):
+    """Streams a request; returns the list of parsed `data:` payloads (the string "[DONE]" kept as is)."""
+    data = json.dumps(body).encode()
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    req = urllib.request.Request(url, data=data, headers=h, method="POST")
+    events = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        buf = b""
+        for chunk in iter(lambda: r.read1(65536), b""):
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                assert ev.startswith(b"data: "), ev
+                payload = ev[6:]
+                events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return events
+
+
+def assert_error(status, body, want_status, param=None):
+    assert status == want_status, (status, body)
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"], err
+    assert isinstance(err["type"], str) and err["type"], err
+    if param is not None:
+        assert err["param"] == param, err

@@ -1,0 +1,571 @@
+"""HTTP-level tests of `ferry serve`: OpenAI compatibility (curl, the official `openai` package), streaming,
+stops, n, seeds, logprobs, batching invariance, the bad-input matrix, disconnects, auth, CORS, SIGTERM.
+
+Independent references: llama.cpp's greedy tokens and logits for stories260K (FERRY_TESTDATA/goldens);
+everything else is checked against the server's own one-at-a-time, non-streamed answer.
+"""
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import GOLDENS, MODEL_NAME, Server, assert_error, get, post, sse_events
+
+openai = pytest.importorskip("openai")
+
+
+def complete(server, **body):
+    body.setdefault("temperature", 0)
+    status, _, out = post(server.url + "/v1/completions", body)
+    assert status == 200, out
+    return out
+
+
+def stream_text(server, path, body):
+    events = sse_events(server.url + path, dict(body, stream=True))
+    assert events[-1] == "[DONE]"
+    texts, finishes = {}, {}
+    for ev in events[:-1]:
+        for ch in ev["choices"]:
+            i = ch["index"]
+            piece = ch["delta"].get("content") if "delta" in ch else ch["text"]
+            texts[i] = texts.get(i, "") + (piece or "")
+            if ch.get("finish_reason"):
+                assert i not in finishes, "two finish chunks"
+                finishes[i] = ch["finish_reason"]
+    return texts, finishes, events
+
+
+# ---- basics ---------------------------------------------------------------------------------------------
+
+
+def test_health_and_models(server):
+    status, _, body = get(server.url + "/health")
+    assert (status, body) == (200, {"status": "ok"})
+    status, _, body = get(server.url + "/v1/models")
+    assert status == 200 and body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [MODEL_NAME]
+    status, _, body = get(server.url + "/v1/models/" + MODEL_NAME)
+    assert status == 200 and body["id"] == MODEL_NAME
+    status, _, body = get(server.url + "/v1/models/nope")
+    assert_error(status, body, 404)
+
+
+def test_greedy_matches_llama_cpp(server):
+    """Greedy text through the server equals llama.cpp's (tokenizer + forward + sampler + detokenizer)."""
+    path = os.path.join(GOLDENS, "stories260K_greedy.json")
+    if not os.path.exists(path):
+        pytest.skip("missing FILE: " + path)
+    cases = json.load(open(path))
+    assert cases
+    for case in cases[:4]:
+        out = complete(server, prompt=case["prompt"], max_tokens=case["n_predict"])
+        assert out["choices"][0]["text"] == case["generated_text"], case["prompt"]
+        assert out["usage"]["prompt_tokens"] == len(case["prompt_tokens"])
+        assert out["usage"]["completion_tokens"] == case["n_predict"]
+        assert out["choices"][0]["finish_reason"] == "length"
+        # the same prompt as token ids gives the same tokens
+        out2 = complete(server, prompt=case["prompt_tokens"], max_tokens=case["n_predict"])
+        assert out2["choices"][0]["text"] == case["generated_text"]
+
+
+def test_logprobs_match_llama_cpp_logits(server):
+    path = os.path.join(GOLDENS, "stories260K_logits_once.f32")
+    meta = os.path.join(GOLDENS, "stories260K_logits_once.json")
+    if not os.path.exists(path) or not os.path.exists(meta):
+        pytest.skip("missing FILE: " + path)
+    logits = struct.unpack("<512f", open(path, "rb").read())
+    m = max(logits)
+    lse = m + math.log(sum(math.exp(x - m) for x in logits))
+    ref = sorted(((x - lse, i) for i, x in enumerate(logits)), reverse=True)
+    prompt = json.load(open(meta))["prompt_tokens"]
+    out = complete(server, prompt=prompt, max_tokens=3, logprobs=5)
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 3
+    assert abs(lp["token_logprobs"][0] - ref[0][0]) < 5e-3
+    tops = sorted(lp["top_logprobs"][0].values(), reverse=True)
+    assert len(tops) == 5
+    for got, (want, _) in zip(tops, ref[:5]):  # f32 with another summation order than llama.cpp's
+        assert abs(got - want) < 5e-3
+    assert "".join(lp["tokens"]) == out["choices"][0]["text"]
+    assert lp["text_offset"][0] == 0
+    # chat logprobs: one entry per generated token, each with bytes and top alternatives
+    status, _, chat = post(server.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                                 "max_tokens": 4, "temperature": 0, "logprobs": True,
+                                                                 "top_logprobs": 2})
+    assert status == 200, chat
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"] == 4
+    for e in content:
+        assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 2
+        assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] or e["bytes"]
+        assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
+        assert abs(e["top_logprobs"][0]["logprob"] - e["logprob"]) < 1e-6  # greedy takes the best
+
+
+def test_stream_equals_nonstream(server):
+    prompts = ["Once upon a time", "The cat sat", "Lily and Tom went to the park"]
+    for p in prompts:
+        full = complete(server, prompt=p, max_tokens=48)["choices"][0]
+        texts, finishes, events = stream_text(server, "/v1/completions", {"prompt": p, "max_tokens": 48, "temperature": 0})
+        assert texts[0] == full["text"] and finishes[0] == full["finish_reason"]
+        assert all(ev["object"] == "text_completion" for ev in events[:-1])
+        assert len({ev["id"] for ev in events[:-1]}) == 1
+    body = {"messages": [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A story"}],
+            "max_tokens": 40, "temperature": 0}
+    status, _, full = post(server.url + "/v1/chat/completions", body)
+    assert status == 200
+    assert full["object"] == "chat.completion" and full["choices"][0]["message"]["role"] == "assistant"
+    texts, finishes, events = stream_text(server, "/v1/chat/completions", body)
+    assert texts[0] == full["choices"][0]["message"]["content"]
+    assert finishes[0] == full["choices"][0]["finish_reason"]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(ev["object"] == "chat.completion.chunk" for ev in events[:-1])
+
+
+def test_stream_include_usage(server):
+    events = sse_events(server.url + "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 7, "temperature": 0,
+                                                         "stream": True, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 7
+    assert usage["usage"]["prompt_tokens"] == 5 and usage["usage"]["total_tokens"] == 12
+
+
+def test_openai_sdk(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == [MODEL_NAME]
+    c = client.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=20, temperature=0)
+    ref = complete(server, prompt="Once upon a time", max_tokens=20)["choices"][0]["text"]
+    assert c.choices[0].text == ref and c.usage.completion_tokens == 20
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=MODEL_NAME, prompt="Once upon a time", max_tokens=20, temperature=0, stream=True) if ch.choices)
+    assert streamed == ref
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    r = client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=24, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].finish_reason in ("stop", "length")
+    parts = []
+    for ch in client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=24, temperature=0,
+                                             stream=True, stream_options={"include_usage": True}):
+        if ch.choices and ch.choices[0].delta.content:
+            parts.append(ch.choices[0].delta.content)
+        if ch.usage:
+            assert ch.usage.completion_tokens == r.usage.completion_tokens
+    assert "".join(parts) == r.choices[0].message.content
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1, temperature=7)
+
+
+def test_curl(server):
+    out = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", server.url + "/v1/chat/completions",
+                          "-H", "Content-Type: application/json",
+                          "-d", json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hello"}],
+                                            "max_tokens": 8, "temperature": 0})],
+                         capture_output=True, text=True, timeout=30)
+    body, code = out.stdout.rsplit("\n", 1)
+    assert code == "200", out
+    j = json.loads(body)
+    assert j["choices"][0]["message"]["content"] and j["usage"]["completion_tokens"] <= 8
+    out = subprocess.run(["curl", "-sSN", server.url + "/v1/completions", "-d",
+                          json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "stream": True, "temperature": 0})],
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout.rstrip().endswith("data: [DONE]")
+
+
+# ---- sampling controls -------------------------------------------------------------------------------------
+
+
+def test_stop_sequences(server):
+    base = complete(server, prompt="Once upon a time", max_tokens=60, logprobs=0)["choices"][0]
+    text, toks = base["text"], base["logprobs"]["tokens"]
+    assert "".join(toks) == text
+    # a stop string that spans a token boundary: tail of token 5 + head of token 6
+    off = sum(len(t) for t in toks[:6])
+    stop_split = text[off - 2:off + 2]
+    assert len(stop_split) == 4 and stop_split in text
+    for stop in (stop_split, [" little", stop_split], "."):
+        stops = stop if isinstance(stop, list) else [stop]
+        cut = min(text.index(s) for s in stops if s in text)
+        want = text[:cut]
+        out = complete(server, prompt="Once upon a time", max_tokens=60, stop=stop)["choices"][0]
+        assert out["text"] == want and out["finish_reason"] == "stop", (stop, out)
+        texts, finishes, events = stream_text(server, "/v1/completions",
+                                              {"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0, "stop": stop})
+        assert texts[0] == want and finishes[0] == "stop"
+        for ev in events[:-1]:  # no chunk ever carries a piece of the stop string past the cut
+            for s in stops:
+                assert s not in ev["choices"][0]["text"]
+    # a stop string that never occurs changes nothing
+    out = complete(server, prompt="Once upon a time", max_tokens=60, stop=["zzqx"])["choices"][0]
+    assert out["text"] == text and out["finish_reason"] == "length"
+
+
+def test_n_and_seeds(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.0, "n": 3, "seed": 1234}
+    a = complete(server, **body)
+    b = complete(server, **body)
+    assert [c["index"] for c in a["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in a["choices"]] == [c["text"] for c in b["choices"]]
+    assert len({c["text"] for c in a["choices"]}) > 1, "n choices should differ at temperature 1"
+    assert a["usage"]["completion_tokens"] == sum(1 for _ in range(3)) * 24 or a["usage"]["completion_tokens"] <= 72
+    c = complete(server, **dict(body, seed=99))
+    assert [x["text"] for x in c["choices"]] != [x["text"] for x in a["choices"]]
+    # streamed n>1 reproduces the same texts
+    texts, finishes, _ = stream_text(server, "/v1/completions", body)
+    assert [texts[i] for i in range(3)] == [x["text"] for x in a["choices"]]
+    # chat n=2
+    status, _, chat = post(server.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                                 "n": 2, "max_tokens": 6, "seed": 5})
+    assert status == 200 and [c["index"] for c in chat["choices"]] == [0, 1]
+    # several prompts × n
+    out = complete(server, prompt=["Once upon a time", "The dog"], n=2, max_tokens=4, temperature=0)
+    assert len(out["choices"]) == 4
+    assert out["choices"][0]["text"] == out["choices"][1]["text"] != out["choices"][2]["text"]
+
+
+def test_penalties_bias_and_echo(server):
+    base = complete(server, prompt="Once upon a time", max_tokens=8)["choices"][0]["text"]
+    # a huge negative bias on the greedy first token (",": 432) changes the output
+    out = complete(server, prompt="Once upon a time", max_tokens=8, logit_bias={"432": -100})["choices"][0]["text"]
+    assert not out.startswith(",") and out != base
+    out = complete(server, prompt="Once upon a time", max_tokens=8, echo=True)["choices"][0]["text"]
+    assert out == "Once upon a time" + base
+    for extra in ({"presence_penalty": 1.5}, {"frequency_penalty": 1.5}, {"repetition_penalty": 1.3},
+                  {"top_k": 5, "temperature": 0.8, "seed": 1}, {"top_p": 0.5, "temperature": 0.8, "seed": 1},
+                  {"min_p": 0.1, "temperature": 0.8, "seed": 1}, {"user": "someone"}):
+        out = complete(server, prompt="Once upon a time", max_tokens=8, **extra)
+        assert out["usage"]["completion_tokens"] >= 1
+    out = complete(server, prompt="Once upon a time", max_tokens=0, echo=True)
+    assert out["choices"][0]["text"] == "Once upon a time" and out["usage"]["completion_tokens"] == 0
+
+
+def test_concurrent_equals_sequential(server):
+    words = ["Once upon a time", "The cat", "Tom had a red ball", "Lily was sad", "One day", "The sun",
+             "A little bird", "Mom said", "The park was", "Ben and Sue", "There was a dog", "The big tree",
+             "She saw a", "He wanted to", "In the forest", "The boat"]
+    bodies = [{"prompt": w, "max_tokens": 40, "temperature": 0} for w in words]
+    seq = [complete(server, **b)["choices"][0]["text"] for b in bodies]
+    with ThreadPoolExecutor(16) as ex:
+        par = list(ex.map(lambda b: complete(server, **b)["choices"][0]["text"], bodies))
+    assert par == seq
+    # streamed and concurrent too
+    with ThreadPoolExecutor(16) as ex:
+        par = list(ex.map(lambda b: stream_text(server, "/v1/completions", b)[0][0], bodies))
+    assert par == seq
+
+
+def test_tokenize_detokenize(server):
+    path = os.path.join(GOLDENS, "stories260K_tokenize.json")
+    if not os.path.exists(path):
+        pytest.skip("missing FILE: " + path)
+    for case in json.load(open(path))[:6]:
+        if not case["parse_special"]:
+            continue
+        status, _, out = post(server.url + "/tokenize", {"content": case["text"], "add_special": True,
+                                                          "parse_special": True})
+        assert status == 200 and out["tokens"] == case["tokens"], case
+    status, _, out = post(server.url + "/detokenize", {"tokens": [403, 407, 261, 378]})
+    assert status == 200 and out["content"].strip() == "Once upon a time"
+
+
+# ---- bad input --------------------------------------------------------------------------------------------
+
+
+BAD = [
+    (b"{not json", 400, None),
+    (b"[1,2,3]", 400, None),
+    (b"", 400, None),
+    (b'{"prompt": "hi", "max_tokens": 4, "x": \xff\xfe}', 400, None),
+    (b'{"prompt": "\xc3\x28 invalid utf8", "max_tokens": 4}', 400, None),
+    ({"max_tokens": 4}, 400, "prompt"),
+    ({"prompt": 5}, 400, "prompt"),
+    ({"prompt": []}, 400, "prompt"),
+    ({"prompt": [1, "a"]}, 400, "prompt"),
+    ({"prompt": [99999]}, 400, "prompt"),
+    ({"prompt": [-1]}, 400, "prompt"),
+    ({"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "hi", "temperature": 5}, 400, "temperature"),
+    ({"prompt": "hi", "top_p": 2}, 400, "top_p"),
+    ({"prompt": "hi", "max_tokens": "x"}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 10 ** 9}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 1.5}, 400, "max_tokens"),
+    ({"prompt": "hi", "n": 0}, 400, "n"),
+    ({"prompt": "hi", "n": 1000}, 400, "n"),
+    ({"prompt": "hi", "n": True}, 400, "n"),
+    ({"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ({"prompt": "hi", "stop": 5}, 400, "stop"),
+    ({"prompt": "hi", "stop": ["a"] * 17}, 400, "stop"),
+    ({"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    ({"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ({"prompt": "hi", "logit_bias": []}, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 1000}}, 400, "logit_bias"),
+    ({"prompt": "hi", "seed": "x"}, 400, "seed"),
+    ({"prompt": "hi", "stream_options": 3}, 400, "stream_options"),
+    ({"prompt": "hi", "model": "other-model"}, 404, "model"),
+    ({"prompt": [5] * 3000}, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_completion_input(server, body, status, param):
+    st, _, out = post(server.url + "/v1/completions", body)
+    assert_error(st, out, status, param)
+
+
+def test_bad_input_messages_and_limits(server):
+    url = server.url + "/v1/chat/completions"
+    for body, param in (({"messages": "hi"}, "messages"), ({"messages": []}, "messages"),
+                        ({"messages": [{"content": "x"}]}, "messages"),
+                        ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+                        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+                        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10 ** 6},
+                         "max_completion_tokens")):
+        st, _, out = post(url, body)
+        assert_error(st, out, 400, param)
+    st, _, out = post(server.url + "/v1/completions", {"prompt": [5] * 3000})
+    assert "2048" in out["error"]["message"]  # the limit is named
+    st, _, out = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 10 ** 9})
+    assert "2048" in out["error"]["message"]
+    # unknown fields are ignored; text parts in chat content are accepted
+    st, _, out = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2, "frobnicate": {"a": [1]}})
+    assert st == 200
+    st, _, out = post(url, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 2})
+    assert st == 200
+    # huge body → 413 (drained politely below 16× the limit, cut above)
+    big = json.dumps({"prompt": "a" * (2 << 20)}).encode()
+    st, _, out = post(server.url + "/v1/completions", big)
+    assert_error(st, out, 413)
+    # routes and methods
+    st, _, out = get(server.url + "/nope")
+    assert_error(st, out, 404)
+    st, hdrs, out = get(server.url + "/v1/completions")
+    assert_error(st, out, 405)
+    assert "POST" in hdrs["Allow"]
+    st, _, out = post(server.url + "/health", {})
+    assert_error(st, out, 405)
+    # and the server still serves
+    assert complete(server, prompt="Once upon a time", max_tokens=3)["usage"]["completion_tokens"] == 3
+
+
+def test_huge_body_far_over_limit(server):
+    """A Content-Length far over the limit is refused before the body is read."""
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 1000000000\r\n\r\n{\"prompt\":")
+    s.settimeout(5)
+    resp = s.recv(65536)
+    s.close()
+    assert resp.startswith(b"HTTP/1.1 413"), resp[:100]
+    assert complete(server, prompt="hi", max_tokens=1)["usage"]["completion_tokens"] == 1
+
+
+def test_slow_clients(server):
+    """Stalled clients (half a header, half a body) are dropped after --conn-timeout; others are served."""
+    stalled = []
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    stalled.append(s)
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    stalled.append(s)
+    t0 = time.time()
+    assert complete(server, prompt="Once upon a time", max_tokens=5)["usage"]["completion_tokens"] == 5
+    for s in stalled:
+        s.settimeout(10)
+        try:
+            data = s.recv(65536)
+            while data and not data.endswith(b"\r\n\r\n") and b"HTTP/1.1" not in data:
+                data = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            data = b""
+        s.close()
+    assert time.time() - t0 < 9, "stalled connections were not dropped"
+    st, _, _ = get(server.url + "/health")
+    assert st == 200
+
+
+def test_disconnect_frees_slot(server):
+    before = server.metrics().get("ferry_requests_cancelled_total", 0)
+    for stream in (True, False):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 1, "seed": 1,
+                           "stream": stream}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+        if stream:
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        else:
+            time.sleep(0.1)
+        s.close()
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        m = server.metrics()
+        if m["ferry_running_sequences"] == 0 and m["ferry_requests_cancelled_total"] >= before + 2:
+            break
+        time.sleep(0.05)
+    m = server.metrics()
+    assert m["ferry_requests_cancelled_total"] >= before + 2
+    assert m["ferry_running_sequences"] == 0 and m["ferry_queue_depth"] == 0
+    assert complete(server, prompt="hi", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_metrics_text(server):
+    complete(server, prompt="Once upon a time", max_tokens=4)
+    st, hdrs, text = get(server.url + "/metrics")
+    assert st == 200 and hdrs["Content-Type"].startswith("text/plain")
+    m = server.metrics()
+    assert m['ferry_requests_total{status="200"}'] >= 1
+    assert m["ferry_generated_tokens_total"] >= 4 and m["ferry_prompt_tokens_total"] >= 5
+    assert m["ferry_time_to_first_token_seconds_count"] >= 1
+    assert m['ferry_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["ferry_time_to_first_token_seconds_count"]
+    assert m["ferry_kv_blocks_total"] > 0 and m["ferry_model_loading"] == 0
+    for line in text.splitlines():  # exposition format: comments or "name{labels} value"
+        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or len(line.rsplit(" ", 1)) == 2
+
+
+def test_keep_alive(server):
+    """Several requests, streamed ones included, on one connection."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    for stream in (True, False, True):
+        c.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 3, "stream": stream}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        assert r.status == 200 and (b"[DONE]" in body) == stream
+    c.close()
+
+
+# ---- separate servers: auth + CORS, queue full, timeout, SIGTERM ------------------------------------------
+
+
+def test_api_key_and_cors(tmp_path):
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("# keys\nfilekey\n")
+    s = Server("--api-key", "k1", "--api-key", "k2", "--api-key-file", str(keyfile), "--cors-origin", "*",
+               "--public-health")
+    try:
+        st, _, body = get(s.url + "/health")
+        assert st == 200  # --public-health
+        for hdr in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer k1x"},
+                    {"Authorization": "Bearer k"}, {"Authorization": "Basic k1"}):
+            st, _, body = get(s.url + "/v1/models", hdr)
+            assert_error(st, body, 401)
+            st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1}, hdr)
+            assert_error(st, body, 401)
+        for key in ("k1", "k2", "filekey"):
+            st, hdrs, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1},
+                                  {"Authorization": "Bearer " + key})
+            assert st == 200 and hdrs["Access-Control-Allow-Origin"] == "*"
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="k2", max_retries=0)
+        assert client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        bad = openai.OpenAI(base_url=s.url + "/v1", api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2)
+        st, hdrs, _ = get(s.url + "/v1/completions", {"Origin": "http://example.com",
+                                                      "Access-Control-Request-Method": "POST"}, method="OPTIONS")
+        assert st == 204 and hdrs["Access-Control-Allow-Origin"] == "*"
+        assert "Authorization" in hdrs["Access-Control-Allow-Headers"]
+    finally:
+        assert s.stop() == 0
+    s = Server("--api-key", "k1")  # without --public-health, /health and /metrics need the key
+    try:
+        st, _, body = get(s.url + "/health")
+        assert_error(st, body, 401)
+        st, _, body = get(s.url + "/metrics")
+        assert_error(st, body, 401)
+        st, _, body = get(s.url + "/health", {"Authorization": "Bearer k1"})
+        assert st == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_queue_full_and_timeout():
+    s = Server("--parallel", "1", "--max-queue", "3", "--timeout", "1")
+    try:
+        long_body = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 1, "seed": 3, "n": 1}
+        results = {}
+
+        def run():
+            results["long"] = post(s.url + "/v1/completions", dict(long_body, n=4))
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.2)
+        st, hdrs, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert_error(st, body, 503)  # 1 running + 3 queued: full
+        assert hdrs["Retry-After"] == "1"
+        st, hdrs, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 5})
+        assert_error(st, body, 400, "n")  # more than --parallel + --max-queue could ever hold
+        t.join(30)
+        st, _, body = results["long"]  # 4 × 2000 tokens through one slot cannot finish in 1 s
+        assert_error(st, body, 504)
+        m = s.metrics()
+        assert m["ferry_requests_rejected_total"] >= 1
+        assert m["ferry_running_sequences"] == 0 and m["ferry_queue_depth"] == 0
+        st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert st == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_drains():
+    s = Server("--shutdown-timeout", "20")
+    got = {}
+
+    def run():
+        got["events"] = sse_events(s.url + "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 400,
+                                                               "temperature": 0, "stream": True})
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 5
+    while time.time() < deadline and s.metrics().get("ferry_running_sequences", 0) == 0:
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(30)
+    rc = s.proc.wait(30)
+    assert rc == 0, s.read_log()
+    events = got["events"]
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", s.port), timeout=1).close()
+    log = s.read_log()
+    assert "draining" in log and "exit 0" in log
+    s.stop()
+
+
+def test_sigterm_cuts_after_timeout():
+    s = Server("--shutdown-timeout", "0", "--parallel", "1")
+    got = {}
+
+    def run():
+        try:
+            got["r"] = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2000, "n": 8, "temperature": 1})
+        except Exception as e:  # noqa: BLE001 — a cut connection is acceptable too
+            got["r"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGINT)
+    rc = s.proc.wait(20)
+    t.join(10)
+    assert rc == 0 and time.time() - t0 < 10
+    r = got["r"]
+    if isinstance(r, tuple):
+        assert_error(r[0], r[2], 503)
+    s.stop()
