@@ -371,3 +371,6 @@ def test_k8s_structure():
         f'{m["pods"]["metric"]["name"]} ' in (SRC / "server" / "metrics.c").read_text()
     for r in kus["resources"]:
         assert (K8S / r).is_file(), r
+    # The kustomization's image names are the ones the pod spec uses.
+    used = {x["image"].split(":")[0] for x in pod["containers"] + pod["initContainers"]}
+    assert {i["name"] for i in kus["images"]} == used
