@@ -339,15 +339,18 @@ def test_zz_sigterm_drains_replica_and_proxy_fails_over(deployment):
     out = {}
 
     def run_stream():
+        out["t0"] = time.monotonic()
         out["r"] = stream(b.port, completion_body(n, True))
 
     t = threading.Thread(target=run_stream)
     t.start()
     time.sleep(min(0.1, dt / 4))
+    t_term = time.monotonic()
     b.proc.send_signal(signal.SIGTERM)
     t.join(60)
     st, _, events = out["r"]
     assert st == 200 and events and events[-1][1] == "[DONE]", f"stream cut by SIGTERM: {events[-3:]}"
+    assert out["t0"] + events[-1][0] > t_term, "the stream ended before SIGTERM: nothing was drained"
     assert b.proc.wait(30) == 0, b.log_tail()
     for _ in range(4):
         st, _, body = request(ngx.port, "POST", "/v1/completions", completion_body(4), headers=AUTH)
