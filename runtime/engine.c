@@ -13,6 +13,10 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "runtime/forward_cpu.h"
+#ifdef FERRY_CUDA
+#include "kernels/cuda/ops.h"
+#include "runtime/forward_cuda.h"
+#endif
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
@@ -22,7 +26,11 @@ struct engine {
     struct engine_params p;
     struct model model;
     struct kv_cache kv;
-    struct forward_cpu *fwd;
+    struct forward_cpu *fwd;   /* CPU backend, or NULL */
+#ifdef FERRY_CUDA
+    struct forward_cuda *cuda; /* CUDA backend, or NULL */
+#endif
+    char placement[2048];
     int32_t *new_len; /* (n_seqs) scratch: the length each slot will have after the step, or -1 */
     int32_t *first;   /* (n_seqs) scratch: the first position the step writes in each slot */
     struct engine_stats stats;
@@ -38,6 +46,10 @@ struct engine_params engine_default_params(void)
         .kv_tokens = 0,
         .max_batch_tokens = 512,
         .deterministic = 0,
+        .gpu_memory = 0,
+        .reserve_vram = (int64_t)1 << 30,
+        .gpu_layers = -1,
+        .n_slots = 0,
     };
 }
 
@@ -52,6 +64,9 @@ void engine_free(struct engine *e)
 {
     if (!e) return;
     forward_cpu_free(e->fwd);
+#ifdef FERRY_CUDA
+    forward_cuda_free(e->cuda);
+#endif
     kv_cache_free(&e->kv);
     model_free(&e->model);
     free(e->new_len);
@@ -63,10 +78,15 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
 {
     *out = NULL;
     struct engine_params p = *params;
+    int use_cuda = 0;
+#ifdef FERRY_CUDA
+    use_cuda = p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && kern_cuda_device_count() > 0);
+#else
     if (p.backend == ENGINE_BACKEND_CUDA) {
-        snprintf(err, 256, "the CUDA backend is not available in this build of the engine yet");
+        snprintf(err, 256, "this build of ferry has no CUDA backend (nvcc was not found at build time)");
         return FERRY_ERR_UNSUPPORTED;
     }
+#endif
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
         p.ctx_size < 0 || p.kv_tokens < 0) {
         snprintf(err, 256, "invalid engine parameters (n_seqs %d, max_batch_tokens %d, ctx_size %d)", p.n_seqs,
@@ -82,14 +102,26 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;
     rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK);
+                       ENGINE_KV_BLOCK, !use_cuda);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
     }
-    if ((rc = forward_cpu_init(&e->fwd, &e->model, p.max_batch_tokens, p.n_threads))) {
-        snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
-        goto fail;
+#ifdef FERRY_CUDA
+    if (use_cuda) {
+        struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens, .gpu_memory = p.gpu_memory,
+                                         .reserve_vram = p.reserve_vram, .gpu_layers = p.gpu_layers,
+                                         .n_slots = p.n_slots};
+        if ((rc = forward_cuda_init(&e->cuda, &e->model, &e->kv, &cp, err))) goto fail;
+        device_map_format(forward_cuda_map(e->cuda), e->placement, sizeof e->placement);
+    }
+#endif
+    if (!use_cuda) {
+        if ((rc = forward_cpu_init(&e->fwd, &e->model, p.max_batch_tokens, p.n_threads))) {
+            snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
+            goto fail;
+        }
+        snprintf(e->placement, sizeof e->placement, "cpu: all layers (%d threads)", forward_cpu_threads(e->fwd));
     }
     e->new_len = malloc((size_t)p.n_seqs * sizeof(int32_t));
     e->first = malloc((size_t)p.n_seqs * sizeof(int32_t));
@@ -97,12 +129,11 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
         rc = FERRY_ERR_NOMEM;
         goto fail;
     }
-    e->stats.backend = "cpu";
+    e->stats.backend = use_cuda ? "cuda" : "cpu";
     e->stats.kv_blocks_total = e->kv.n_blocks;
     e->stats.kv_block_size = e->kv.block_size;
-    FLOG_INFO("engine: cpu backend, %d threads, ctx %d, %d slots, KV pool %d positions (%.1f MiB)",
-              forward_cpu_threads(e->fwd), p.ctx_size, p.n_seqs, e->kv.n_blocks * e->kv.block_size,
-              kv_cache_bytes(&e->kv) / 1048576.0);
+    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB)", e->stats.backend, p.ctx_size,
+              p.n_seqs, e->kv.n_blocks * e->kv.block_size, kv_cache_bytes(&e->kv, use_cuda ? 2 : 4) / 1048576.0);
     *out = e;
     return FERRY_OK;
 fail:
@@ -154,7 +185,12 @@ int engine_step(struct engine *e, const struct batch *b, float *logits)
     for (int s = 0; s < n_seqs && !rc; s++)
         if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
     if (!rc) {
-        rc = forward_cpu_run(e->fwd, &e->model, &e->kv, b, logits);
+#ifdef FERRY_CUDA
+        if (e->cuda)
+            rc = forward_cuda_run(e->cuda, &e->model, &e->kv, b, logits);
+        else
+#endif
+            rc = forward_cpu_run(e->fwd, &e->model, &e->kv, b, logits);
         /* A failed pass may have overwritten the slots from their first written position on. */
         for (int s = 0; s < n_seqs; s++)
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];
@@ -172,4 +208,22 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
 {
     *st = e->stats;
     st->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
+#ifdef FERRY_CUDA
+    if (e->cuda) {
+        const struct device_map *m = forward_cuda_map(e->cuda);
+        struct forward_cuda_stats cs;
+        forward_cuda_get_stats(e->cuda, &cs);
+        st->n_resident = m->n_resident;
+        st->n_streamed = m->n_streamed;
+        st->n_slots = m->n_slots;
+        st->bytes_streamed = cs.bytes_streamed;
+        st->copy_seconds = cs.copy_seconds;
+        st->stall_seconds = cs.stall_seconds;
+        st->vram_budget = cs.vram_budget;
+        st->vram_planned = cs.vram_planned;
+        st->vram_used = cs.vram_used;
+    }
+#endif
 }
+
+const char *engine_placement(const struct engine *e) { return e->placement; }

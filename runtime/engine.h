@@ -23,7 +23,12 @@ struct engine_params {
     int n_seqs;           /* sequence slots (the server's --parallel) */
     int kv_tokens;        /* KV pool capacity in positions over all sequences; 0 = n_seqs * ctx_size */
     int max_batch_tokens; /* largest n_tokens of one engine_step */
-    int deterministic;    /* fixed reduction orders (the CPU backend always is) */
+    int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions) */
+    /* CUDA placement (see runtime/device_map.h). */
+    int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
+    int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
+    int gpu_layers;       /* resident layers; -1 = as many as fit */
+    int n_slots;          /* streaming ring size; 0 = the planner's choice */
 };
 
 struct engine_params engine_default_params(void);
@@ -44,6 +49,12 @@ struct engine_stats {
     uint64_t tokens;           /* tokens processed */
     double busy_seconds;       /* wall time inside engine_step */
     const char *backend;       /* "cpu" or "cuda" */
+    /* CUDA backend only (zero on the CPU). */
+    int n_resident, n_streamed, n_slots;
+    uint64_t bytes_streamed;   /* weight bytes copied host→device */
+    double copy_seconds;       /* copy-stream time for those bytes */
+    double stall_seconds;      /* compute time spent waiting for copies */
+    uint64_t vram_budget, vram_planned, vram_used;
 };
 
 struct engine;
@@ -66,5 +77,8 @@ int engine_seq_free(struct engine *e, int seq);
 int engine_seq_len(const struct engine *e, int seq);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
+
+/* A human-readable description of where the layers live (the device_map), or "cpu: all layers". */
+const char *engine_placement(const struct engine *e);
 
 #endif

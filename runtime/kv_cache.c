@@ -7,7 +7,7 @@
 #include "kernels/core/status.h"
 
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
-                  int pool_tokens, int block_size)
+                  int pool_tokens, int block_size, int host_data)
 {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 || block_size <= 0 ||
@@ -22,13 +22,15 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
     kv->max_blocks = (ctx_size + block_size - 1) / block_size;
     kv->n_blocks = (pool_tokens + block_size - 1) / block_size;
     size_t per_layer = (size_t)kv->n_blocks * block_size * n_kv_heads * head_dim;
-    kv->k = malloc(per_layer * n_layers * sizeof(float));
-    kv->v = malloc(per_layer * n_layers * sizeof(float));
+    if (host_data) {
+        kv->k = malloc(per_layer * n_layers * sizeof(float));
+        kv->v = malloc(per_layer * n_layers * sizeof(float));
+    }
     kv->block_table = malloc((size_t)n_seqs * kv->max_blocks * sizeof(int32_t));
     kv->n_held = calloc((size_t)n_seqs, sizeof(int32_t));
     kv->seq_len = calloc((size_t)n_seqs, sizeof(int32_t));
     kv->free_list = malloc((size_t)kv->n_blocks * sizeof(int32_t));
-    if (!kv->k || !kv->v || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->free_list) {
+    if ((host_data && (!kv->k || !kv->v)) || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->free_list) {
         kv_cache_free(kv);
         return FERRY_ERR_NOMEM;
     }
@@ -51,10 +53,9 @@ void kv_cache_free(struct kv_cache *kv)
     memset(kv, 0, sizeof *kv);
 }
 
-size_t kv_cache_bytes(const struct kv_cache *kv)
+size_t kv_cache_bytes(const struct kv_cache *kv, size_t elem_size)
 {
-    return 2 * (size_t)kv->n_layers * kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim *
-           sizeof(float);
+    return 2 * (size_t)kv->n_layers * kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim * elem_size;
 }
 
 int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
@@ -92,8 +93,8 @@ struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer)
 {
     size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim;
     return (struct kv_layer_view){
-        .k = kv->k + per_layer * layer,
-        .v = kv->v + per_layer * layer,
+        .k = kv->k ? kv->k + per_layer * layer : NULL,
+        .v = kv->v ? kv->v + per_layer * layer : NULL,
         .n_blocks = kv->n_blocks,
         .block_size = kv->block_size,
         .block_table = kv->block_table,

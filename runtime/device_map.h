@@ -1,0 +1,51 @@
+/* device_map — where each transformer layer's weights live during a forward pass on the GPU, and why.
+ *
+ * Placements: PLACEMENT_GPU (resident in device memory), PLACEMENT_STREAM (pinned host memory, copied into
+ * one of a ring of n_slots device slots just before use). PLACEMENT_CPU (computed on the host) is reserved
+ * for a later backend; the planner never chooses it yet. The output head is always resident; the token
+ * embedding is gathered on the host (only the rows a batch needs cross the link).
+ * The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it anywhere):
+ *   budget = fixed (KV pool, activations, workspaces) + head + resident layers + slot ring (if any streams).
+ * Streamed layers are spread evenly between resident ones so every copy hides behind resident compute.
+ */
+#ifndef FERRY_DEVICE_MAP_H
+#define FERRY_DEVICE_MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum placement { PLACEMENT_GPU = 0, PLACEMENT_STREAM = 1, PLACEMENT_CPU = 2 };
+
+struct device_map_input {
+    int n_layers;
+    uint64_t layer_bytes; /* device bytes of one layer's weights (all layers have the same shapes) */
+    uint64_t head_bytes;  /* output head + final norm */
+    uint64_t fixed_bytes; /* KV pool + activations + workspaces */
+    uint64_t budget;      /* device bytes the plan may use */
+    int gpu_layers;       /* -1: as many as fit; else exactly this many resident */
+    int n_slots;          /* ring size when some layers stream; 0: the planner's choice (2) */
+    double h2d_bytes_per_s; /* measured pinned host→device rate (for the prediction) */
+    double hbm_bytes_per_s; /* measured device memory rate (for the prediction) */
+};
+
+struct device_map {
+    int n_layers;
+    enum placement *where; /* (n_layers) */
+    int n_resident;
+    int n_streamed;
+    int n_slots;            /* 0 when nothing streams */
+    uint64_t layer_bytes;
+    uint64_t bytes_total;   /* fixed + head + resident + slots: what the plan allocates */
+    uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
+    double predicted_step_s; /* batch-1 decode step: max(streamed bytes / h2d, all weight bytes / hbm) */
+};
+
+/* Fills out (free with device_map_free). FERRY_ERR_DEVICE_MEM with a message naming the minimum budget when
+ * the budget is too small; FERRY_ERR_INVALID for gpu_layers outside [-1, n_layers]. */
+int device_map_plan(const struct device_map_input *in, struct device_map *out, char err[256]);
+void device_map_free(struct device_map *m);
+
+/* One line per run of equal placements plus a summary; returns the length written (snprintf semantics). */
+int device_map_format(const struct device_map *m, char *buf, size_t cap);
+
+#endif

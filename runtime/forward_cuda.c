@@ -1,0 +1,673 @@
+/* forward_cuda — see forward_cuda.h for the contract.
+ *
+ * Sections: layer images (how one layer's tensors are packed into one block), init (plan, arena, uploads),
+ * streaming (the slot ring), the forward pass, stats.
+ */
+#include "runtime/forward_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/core/fp16.h"
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/ops.h"
+#include "quant/dequant.h"
+
+/* One checking macro for the CUDA runtime calls of this file: names the call and returns FERRY_ERR_CUDA. */
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t ck_e_ = (call);                                                                          \
+        if (ck_e_ != cudaSuccess) {                                                                          \
+            FLOG_ERROR("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(ck_e_));        \
+            return FERRY_ERR_CUDA;                                                                           \
+        }                                                                                                    \
+    } while (0)
+#define RC(call)                                                                                             \
+    do {                                                                                                     \
+        int rc_ = (call);                                                                                    \
+        if (rc_) return rc_;                                                                                 \
+    } while (0)
+
+#define ALIGN 256
+static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Layer images */
+
+enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, N_MATS };
+enum { V_ATTN_NORM, V_FFN_NORM, V_BQ, V_BK, V_BV, N_VECS };
+
+/* Where each tensor of a layer sits inside its packed block, and the type it has there. */
+struct layer_layout {
+    size_t mat_off[N_MATS];
+    enum dtype mat_type[N_MATS];
+    size_t vec_off[N_VECS]; /* SIZE_MAX when absent */
+    size_t bytes;
+};
+
+/* Device pointers of one layer for one step (resident block or a slot). */
+struct dev_layer {
+    const void *mat[N_MATS];
+    enum dtype mat_type[N_MATS];
+    const float *vec[N_VECS];
+};
+
+static enum dtype device_type(enum dtype t) { return t == DTYPE_F32 || t == DTYPE_BF16 ? t : DTYPE_F16; }
+
+static const struct wview *layer_mat(const struct model_layer *L, int i)
+{
+    const struct wview *m[N_MATS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return m[i];
+}
+
+static const float *layer_vec(const struct model_layer *L, int i)
+{
+    const float *v[N_VECS] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
+    return v[i];
+}
+
+static size_t vec_len(const struct llm_hparams *hp, int i)
+{
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    const size_t n[N_VECS] = {(size_t)hp->dim, (size_t)hp->dim, qd, kvd, kvd};
+    return n[i];
+}
+
+static void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp, struct layer_layout *lay)
+{
+    size_t off = 0;
+    for (int i = 0; i < N_MATS; i++) {
+        const struct wview *w = layer_mat(L, i);
+        lay->mat_type[i] = device_type(w->type);
+        lay->mat_off[i] = off;
+        off = align_up(off + dtype_row_size(lay->mat_type[i], w->cols) * (size_t)w->rows);
+    }
+    for (int i = 0; i < N_VECS; i++) {
+        if (!layer_vec(L, i)) {
+            lay->vec_off[i] = SIZE_MAX;
+            continue;
+        }
+        lay->vec_off[i] = off;
+        off = align_up(off + vec_len(hp, i) * sizeof(float));
+    }
+    lay->bytes = off;
+}
+
+/* Copies (or converts to f16) a matrix into dst, which holds it in device_type(w->type). */
+static int pack_matrix(const struct wview *w, void *dst, float *row_tmp)
+{
+    size_t row_bytes = dtype_row_size(w->type, w->cols);
+    if (device_type(w->type) == w->type) {
+        memcpy(dst, w->data, row_bytes * (size_t)w->rows);
+        return FERRY_OK;
+    }
+    uint16_t *out = dst;
+    for (int64_t r = 0; r < w->rows; r++) {
+        RC(dequant_row(w->type, (const char *)w->data + row_bytes * r, row_tmp, w->cols));
+        for (int64_t c = 0; c < w->cols; c++) out[r * w->cols + c] = f32_to_f16(row_tmp[c]);
+    }
+    return FERRY_OK;
+}
+
+static int pack_layer(const struct model_layer *L, const struct llm_hparams *hp, const struct layer_layout *lay,
+                      void *dst, float *row_tmp)
+{
+    for (int i = 0; i < N_MATS; i++) RC(pack_matrix(layer_mat(L, i), (char *)dst + lay->mat_off[i], row_tmp));
+    for (int i = 0; i < N_VECS; i++)
+        if (lay->vec_off[i] != SIZE_MAX)
+            memcpy((char *)dst + lay->vec_off[i], layer_vec(L, i), vec_len(hp, i) * sizeof(float));
+    return FERRY_OK;
+}
+
+static void dev_layer_at(struct dev_layer *d, const struct layer_layout *lay, const void *base)
+{
+    for (int i = 0; i < N_MATS; i++) {
+        d->mat[i] = (const char *)base + lay->mat_off[i];
+        d->mat_type[i] = lay->mat_type[i];
+    }
+    for (int i = 0; i < N_VECS; i++)
+        d->vec[i] = lay->vec_off[i] == SIZE_MAX ? NULL : (const float *)((const char *)base + lay->vec_off[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* State */
+
+struct forward_cuda {
+    struct device_map map;
+    int max_tokens;
+    int n_layers;
+    struct layer_layout *layouts; /* (n_layers) */
+    void *arena;                  /* the one device allocation */
+    size_t arena_bytes;
+    struct kern_cuda_ctx *kctx;
+    cudaStream_t compute, copy;
+
+    /* Weights. */
+    void **resident;           /* (n_layers) device block of a resident layer, else NULL */
+    void **host_block;         /* (n_layers) pinned block of a streamed layer, else NULL */
+    void *host_pinned;         /* one pinned allocation holding every streamed block */
+    void **slot;               /* (n_slots) device slots */
+    int *stream_order;         /* (n_streamed) layer index of the i-th streamed layer of a pass */
+    uint64_t stream_n;         /* streamed uses so far (across steps) */
+    cudaEvent_t *copy_done;    /* (n_slots) */
+    cudaEvent_t *slot_free;    /* (n_slots) */
+    cudaEvent_t *copy_t0, *copy_t1; /* (2*n_streamed) timing of the copy for use n, at n mod 2S */
+    cudaEvent_t *wait_t0, *wait_t1; /* (n_streamed) compute-stream stall around the wait for the i-th use */
+    void *head;                /* output head (n_vocab, dim) in head_type */
+    enum dtype head_type;
+    float *out_norm;           /* (dim) */
+    float *inv_freq;           /* (rope_dim/2) device */
+
+    /* KV pool (f16) and its block table mirror. */
+    uint16_t *k_cache, *v_cache; /* (n_layers, n_blocks, block_size, kvd) f16 */
+    int32_t *d_block_table;      /* (n_seqs, max_blocks) */
+
+    /* Activations. */
+    float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u, *logits;
+    int32_t *d_ints;             /* tokens | pos | seq, (3, max_tokens) */
+    void *attn_ws;
+    size_t attn_ws_bytes;
+
+    /* Pinned staging. */
+    float *h_x;                  /* (max_tokens, dim) embeddings gathered on the host */
+    int32_t *h_ints;             /* (3*max_tokens + n_seqs*max_blocks) */
+    float *h_logits;             /* (max_tokens, n_vocab) */
+
+    struct forward_cuda_stats stats;
+};
+
+const struct device_map *forward_cuda_map(const struct forward_cuda *f) { return &f->map; }
+void forward_cuda_get_stats(const struct forward_cuda *f, struct forward_cuda_stats *st) { *st = f->stats; }
+
+static void destroy_events(cudaEvent_t *ev, int n)
+{
+    if (!ev) return;
+    for (int i = 0; i < n; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    free(ev);
+}
+
+void forward_cuda_free(struct forward_cuda *f)
+{
+    if (!f) return;
+    if (f->compute) cudaStreamSynchronize(f->compute);
+    if (f->copy) cudaStreamSynchronize(f->copy);
+    int k = f->map.n_slots, S = f->map.n_streamed;
+    destroy_events(f->copy_done, k);
+    destroy_events(f->slot_free, k);
+    destroy_events(f->copy_t0, 2 * S);
+    destroy_events(f->copy_t1, 2 * S);
+    destroy_events(f->wait_t0, S);
+    destroy_events(f->wait_t1, S);
+    kern_cuda_ctx_free(f->kctx);
+    if (f->arena) cudaFree(f->arena);
+    if (f->host_pinned) cudaFreeHost(f->host_pinned);
+    if (f->h_x) cudaFreeHost(f->h_x);
+    if (f->h_ints) cudaFreeHost(f->h_ints);
+    if (f->h_logits) cudaFreeHost(f->h_logits);
+    if (f->compute) cudaStreamDestroy(f->compute);
+    if (f->copy) cudaStreamDestroy(f->copy);
+    free(f->layouts);
+    free(f->resident);
+    free(f->host_block);
+    free(f->slot);
+    free(f->stream_order);
+    device_map_free(&f->map);
+    free(f);
+}
+
+static int create_events(cudaEvent_t **out, int n, unsigned flags)
+{
+    *out = calloc((size_t)(n > 0 ? n : 1), sizeof **out);
+    if (!*out) return FERRY_ERR_NOMEM;
+    for (int i = 0; i < n; i++) CK(cudaEventCreateWithFlags(&(*out)[i], flags));
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Bandwidth probes (for the planner's prediction and `ferry bench`'s ceilings) */
+
+void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
+{
+    *h2d = *d2d = 0;
+    const size_t bytes = 256u << 20;
+    void *host = NULL, *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess) goto out;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) goto out;
+    memset(host, 1, bytes);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float ms = 0;
+    cudaMemcpy(a, host, bytes, cudaMemcpyHostToDevice); /* warm-up */
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < 4; i++) cudaMemcpyAsync(a, host, bytes, cudaMemcpyHostToDevice, 0);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    if (cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) *h2d = 4.0 * bytes / (ms * 1e-3);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < 8; i++) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    /* A device copy reads and writes every byte. */
+    if (cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) *d2d = 2.0 * 8 * bytes / (ms * 1e-3);
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    if (host) cudaFreeHost(host);
+    cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Init */
+
+struct carve {
+    char *base;
+    size_t off, cap;
+};
+
+static void *carve(struct carve *c, size_t bytes)
+{
+    size_t at = align_up(c->off);
+    if (at + bytes > c->cap) return NULL;
+    c->off = at + bytes;
+    return c->base + at;
+}
+
+/* Device bytes of the activations for max_tokens rows. */
+static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, int max_blocks)
+{
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t floats = (size_t)T * (3 * (size_t)hp->dim + 2 * qd + 2 * kvd + 2 * (size_t)hp->ffn_dim + hp->n_vocab);
+    return floats * sizeof(float) + 12 * ALIGN + (size_t)3 * T * sizeof(int32_t) +
+           (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float);
+}
+
+static int upload_layers(struct forward_cuda *f, const struct model *m)
+{
+    const struct llm_hparams *hp = &m->hp;
+    size_t max_bytes = f->map.layer_bytes;
+    int64_t max_cols = hp->dim > hp->ffn_dim ? hp->dim : hp->ffn_dim;
+    if ((int64_t)hp->n_heads * hp->head_dim > max_cols) max_cols = (int64_t)hp->n_heads * hp->head_dim;
+    float *row_tmp = malloc((size_t)max_cols * sizeof(float));
+    void *staging[2] = {NULL, NULL};
+    cudaEvent_t staged[2] = {NULL, NULL};
+    int rc = FERRY_ERR_NOMEM;
+    if (!row_tmp) goto out;
+    rc = FERRY_ERR_CUDA;
+    for (int i = 0; i < 2; i++)
+        if (cudaHostAlloc(&staging[i], max_bytes, cudaHostAllocDefault) != cudaSuccess ||
+            cudaEventCreateWithFlags(&staged[i], cudaEventDisableTiming) != cudaSuccess)
+            goto out;
+    int n_up = 0;
+    for (int l = 0; l < f->n_layers; l++) {
+        void *dst;
+        if (f->resident[l]) {
+            /* Double-buffered: pack layer l while the copy of layer l-1 runs. */
+            int s = n_up++ & 1;
+            if (cudaEventSynchronize(staged[s]) != cudaSuccess) goto out;
+            dst = staging[s];
+            if ((rc = pack_layer(&m->layers[l], hp, &f->layouts[l], dst, row_tmp))) goto out;
+            rc = FERRY_ERR_CUDA;
+            if (cudaMemcpyAsync(f->resident[l], dst, f->layouts[l].bytes, cudaMemcpyHostToDevice, f->copy) !=
+                    cudaSuccess ||
+                cudaEventRecord(staged[s], f->copy) != cudaSuccess)
+                goto out;
+        } else {
+            if ((rc = pack_layer(&m->layers[l], hp, &f->layouts[l], f->host_block[l], row_tmp))) goto out;
+        }
+        FLOG_DEBUG("forward_cuda: layer %d packed (%s)", l, f->resident[l] ? "gpu" : "stream");
+    }
+    rc = cudaStreamSynchronize(f->copy) == cudaSuccess ? FERRY_OK : FERRY_ERR_CUDA;
+out:
+    for (int i = 0; i < 2; i++) {
+        if (staged[i]) cudaEventDestroy(staged[i]);
+        if (staging[i]) cudaFreeHost(staging[i]);
+    }
+    free(row_tmp);
+    return rc;
+}
+
+static int upload_head(struct forward_cuda *f, const struct model *m)
+{
+    const struct wview *w = &m->output;
+    size_t bytes = dtype_row_size(f->head_type, w->cols) * (size_t)w->rows;
+    void *h = malloc(bytes);
+    float *row = malloc((size_t)w->cols * sizeof(float));
+    int rc = FERRY_ERR_NOMEM;
+    if (h && row && !(rc = pack_matrix(w, h, row))) {
+        rc = cudaMemcpy(f->head, h, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? FERRY_OK : FERRY_ERR_CUDA;
+        if (!rc)
+            rc = cudaMemcpy(f->out_norm, m->output_norm, (size_t)m->hp.dim * sizeof(float),
+                            cudaMemcpyHostToDevice) == cudaSuccess
+                     ? FERRY_OK
+                     : FERRY_ERR_CUDA;
+    }
+    free(h);
+    free(row);
+    return rc;
+}
+
+static int issue_copy(struct forward_cuda *f, uint64_t n);
+
+int forward_cuda_init(struct forward_cuda **out, const struct model *m, const struct kv_cache *kv,
+                      const struct forward_cuda_params *p, char err[256])
+{
+    *out = NULL;
+    const struct llm_hparams *hp = &m->hp;
+    if (kern_cuda_device_count() <= 0) {
+        snprintf(err, 256, "no CUDA device");
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    if (hp->head_dim % 8 || hp->head_dim > 256) {
+        snprintf(err, 256, "head_dim %d is not supported by the CUDA attention (multiple of 8, <= 256)", hp->head_dim);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    struct forward_cuda *f = calloc(1, sizeof *f);
+    if (!f) return FERRY_ERR_NOMEM;
+    int rc = FERRY_ERR_NOMEM;
+    const int L = hp->n_layers, T = p->max_tokens;
+    f->n_layers = L;
+    f->max_tokens = T;
+    f->layouts = calloc((size_t)L, sizeof *f->layouts);
+    f->resident = calloc((size_t)L, sizeof *f->resident);
+    f->host_block = calloc((size_t)L, sizeof *f->host_block);
+    if (!f->layouts || !f->resident || !f->host_block) goto fail;
+    size_t layer_bytes = 0;
+    for (int l = 0; l < L; l++) {
+        layer_layout_of(&m->layers[l], hp, &f->layouts[l]);
+        if (f->layouts[l].bytes > layer_bytes) layer_bytes = f->layouts[l].bytes;
+    }
+    f->head_type = device_type(m->output.type);
+    size_t head_bytes = align_up(dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows) +
+                        align_up((size_t)hp->dim * sizeof(float));
+    const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    const size_t kv_elems = (size_t)L * kv->n_blocks * kv->block_size * kvd;
+    f->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
+    size_t max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
+    if ((size_t)T * hp->n_heads * hp->head_dim > max_x) max_x = (size_t)T * hp->n_heads * hp->head_dim;
+
+    rc = FERRY_ERR_CUDA;
+    if (cudaStreamCreateWithFlags(&f->compute, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&f->copy, cudaStreamNonBlocking) != cudaSuccess) {
+        snprintf(err, 256, "cannot create CUDA streams");
+        goto fail;
+    }
+    if ((rc = kern_cuda_ctx_init(&f->kctx, max_x))) {
+        snprintf(err, 256, "cannot create the cuBLAS context");
+        goto fail;
+    }
+    size_t fixed = align_up(2 * kv_elems * sizeof(uint16_t)) + activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) +
+                   align_up(f->attn_ws_bytes) + kern_cuda_ctx_bytes(f->kctx);
+
+    /* Budget: explicit, or what the card has free minus the reserve. */
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    uint64_t budget = p->gpu_memory > 0 ? (uint64_t)p->gpu_memory
+                                        : (free_b + kern_cuda_ctx_bytes(f->kctx) > (size_t)p->reserve_vram
+                                               ? free_b + kern_cuda_ctx_bytes(f->kctx) - (uint64_t)p->reserve_vram
+                                               : 0);
+    double h2d = 0, d2d = 0;
+    forward_cuda_measure_bandwidth(&h2d, &d2d);
+    struct device_map_input in = {.n_layers = L, .layer_bytes = layer_bytes, .head_bytes = head_bytes,
+                                  .fixed_bytes = fixed, .budget = budget, .gpu_layers = p->gpu_layers,
+                                  .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = d2d};
+    if ((rc = device_map_plan(&in, &f->map, err))) goto fail;
+    f->stats.vram_budget = budget;
+    f->stats.vram_planned = f->map.bytes_total;
+    char desc[2048];
+    device_map_format(&f->map, desc, sizeof desc);
+    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB", h2d / 1e9, d2d / 1e9,
+              budget / 1073741824.0);
+    FLOG_INFO("%s", desc);
+
+    /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init). */
+    f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx);
+    if (cudaMalloc(&f->arena, f->arena_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)", f->arena_bytes / 1073741824.0,
+                 free_b / 1073741824.0);
+        rc = FERRY_ERR_DEVICE_MEM;
+        goto fail;
+    }
+    struct carve c = {.base = f->arena, .off = 0, .cap = f->arena_bytes};
+    f->k_cache = carve(&c, kv_elems * sizeof(uint16_t));
+    f->v_cache = carve(&c, kv_elems * sizeof(uint16_t));
+    f->x = carve(&c, (size_t)T * hp->dim * sizeof(float));
+    f->xn = carve(&c, (size_t)T * hp->dim * sizeof(float));
+    f->tmp = carve(&c, (size_t)T * hp->dim * sizeof(float));
+    f->q = carve(&c, (size_t)T * hp->n_heads * hp->head_dim * sizeof(float));
+    f->att = carve(&c, (size_t)T * hp->n_heads * hp->head_dim * sizeof(float));
+    f->k = carve(&c, (size_t)T * kvd * sizeof(float));
+    f->v = carve(&c, (size_t)T * kvd * sizeof(float));
+    f->g = carve(&c, (size_t)T * hp->ffn_dim * sizeof(float));
+    f->u = carve(&c, (size_t)T * hp->ffn_dim * sizeof(float));
+    f->logits = carve(&c, (size_t)T * hp->n_vocab * sizeof(float));
+    f->d_ints = carve(&c, (size_t)3 * T * sizeof(int32_t));
+    f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
+    f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
+    f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
+    f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
+    f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
+    int S = f->map.n_streamed, k = f->map.n_slots;
+    f->slot = calloc((size_t)(k > 0 ? k : 1), sizeof *f->slot);
+    f->stream_order = calloc((size_t)(S > 0 ? S : 1), sizeof *f->stream_order);
+    if (!f->slot || !f->stream_order) {
+        rc = FERRY_ERR_NOMEM;
+        goto fail;
+    }
+    for (int l = 0, si = 0; l < L; l++) {
+        if (f->map.where[l] == PLACEMENT_GPU)
+            f->resident[l] = carve(&c, layer_bytes);
+        else
+            f->stream_order[si++] = l;
+    }
+    for (int i = 0; i < k; i++) f->slot[i] = carve(&c, layer_bytes);
+    if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->k || !f->v || !f->g ||
+        !f->u || !f->logits || !f->d_ints || !f->d_block_table || !f->attn_ws || !f->inv_freq || !f->head ||
+        !f->out_norm || (k && !f->slot[k - 1])) {
+        snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan", f->arena_bytes);
+        rc = FERRY_ERR_INTERNAL;
+        goto fail;
+    }
+    rc = FERRY_ERR_CUDA;
+    if (cudaMemcpy(f->inv_freq, m->inv_freq, (size_t)(hp->rope_dim / 2) * sizeof(float), cudaMemcpyHostToDevice) !=
+        cudaSuccess)
+        goto fail;
+
+    /* Pinned host memory: staging, and one block for every streamed layer. */
+    if (cudaHostAlloc((void **)&f->h_x, (size_t)T * hp->dim * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
+        cudaHostAlloc((void **)&f->h_ints, ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) * sizeof(int32_t),
+                      cudaHostAllocDefault) != cudaSuccess ||
+        cudaHostAlloc((void **)&f->h_logits, (size_t)T * hp->n_vocab * sizeof(float), cudaHostAllocDefault) !=
+            cudaSuccess) {
+        snprintf(err, 256, "cannot pin host staging memory");
+        goto fail;
+    }
+    if (S) {
+        FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers", (double)S * layer_bytes / 1073741824.0, S);
+        if (cudaHostAlloc(&f->host_pinned, (size_t)S * layer_bytes, cudaHostAllocWriteCombined) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(err, 256, "cannot pin %.2f GiB of host memory for the streamed layers",
+                     (double)S * layer_bytes / 1073741824.0);
+            rc = FERRY_ERR_NOMEM;
+            goto fail;
+        }
+        for (int i = 0; i < S; i++) f->host_block[f->stream_order[i]] = (char *)f->host_pinned + (size_t)i * layer_bytes;
+    }
+    if ((rc = create_events(&f->copy_done, k, cudaEventDisableTiming)) ||
+        (rc = create_events(&f->slot_free, k, cudaEventDisableTiming)) ||
+        (rc = create_events(&f->copy_t0, 2 * S, cudaEventDefault)) ||
+        (rc = create_events(&f->copy_t1, 2 * S, cudaEventDefault)) ||
+        (rc = create_events(&f->wait_t0, S, cudaEventDefault)) || (rc = create_events(&f->wait_t1, S, cudaEventDefault))) {
+        snprintf(err, 256, "cannot create CUDA events");
+        goto fail;
+    }
+    if ((rc = upload_layers(f, m)) || (rc = upload_head(f, m))) {
+        snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
+        goto fail;
+    }
+    /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN. */
+    if (cudaMemset(f->k_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
+        cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess)
+        goto fail;
+    for (int i = 0; i < k; i++)
+        if ((rc = issue_copy(f, (uint64_t)i))) goto fail;
+    cudaMemGetInfo(&free_b, &total_b);
+    f->stats.vram_used = total_b - free_b;
+    *out = f;
+    return FERRY_OK;
+fail:
+    if (!err[0]) snprintf(err, 256, "CUDA backend initialisation failed (%s)", ferry_status_str(rc));
+    forward_cuda_free(f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Streaming */
+
+/* Queues the copy for streamed use n into slot n mod k, after the compute stream has released that slot. */
+static int issue_copy(struct forward_cuda *f, uint64_t n)
+{
+    const int k = f->map.n_slots, S = f->map.n_streamed;
+    const int s = (int)(n % (uint64_t)k), l = f->stream_order[n % (uint64_t)S];
+    const int e = (int)(n % (uint64_t)(2 * S));
+    CK(cudaStreamWaitEvent(f->copy, f->slot_free[s], 0));
+    CK(cudaEventRecord(f->copy_t0[e], f->copy));
+    CK(cudaMemcpyAsync(f->slot[s], f->host_block[l], f->layouts[l].bytes, cudaMemcpyHostToDevice, f->copy));
+    CK(cudaEventRecord(f->copy_t1[e], f->copy));
+    CK(cudaEventRecord(f->copy_done[s], f->copy));
+    return FERRY_OK;
+}
+
+/* The weights of layer l for this step; for a streamed layer, waits (on the device) for its copy. */
+static int layer_acquire(struct forward_cuda *f, int l, int step_use, struct dev_layer *d)
+{
+    if (f->resident[l]) {
+        dev_layer_at(d, &f->layouts[l], f->resident[l]);
+        return FERRY_OK;
+    }
+    const int s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
+    CK(cudaEventRecord(f->wait_t0[step_use], f->compute));
+    CK(cudaStreamWaitEvent(f->compute, f->copy_done[s], 0));
+    CK(cudaEventRecord(f->wait_t1[step_use], f->compute));
+    dev_layer_at(d, &f->layouts[l], f->slot[s]);
+    return FERRY_OK;
+}
+
+static int layer_release(struct forward_cuda *f, int l)
+{
+    if (f->resident[l]) return FERRY_OK;
+    const int s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
+    CK(cudaEventRecord(f->slot_free[s], f->compute));
+    RC(issue_copy(f, f->stream_n + (uint64_t)f->map.n_slots));
+    f->stream_n++;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Forward */
+
+static int linear(struct forward_cuda *f, float *y, const float *x, const void *w, enum dtype t, const float *bias,
+                  int m, int64_t rows, int64_t cols)
+{
+    return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
+}
+
+int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
+                     float *logits)
+{
+    const struct llm_hparams *hp = &m->hp;
+    const int n = b->n_tokens, dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
+    const int qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    cudaStream_t cs = f->compute;
+
+    /* Host side: embeddings, ids and the block table go up in two copies. */
+    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, dim, b->tokens, n));
+    int max_len = 0;
+    for (int i = 0; i < n; i++) {
+        f->h_ints[i] = b->tokens[i];
+        f->h_ints[f->max_tokens + i] = b->pos[i];
+        f->h_ints[2 * f->max_tokens + i] = b->seq[i];
+        if (b->pos[i] + 1 > max_len) max_len = b->pos[i] + 1;
+    }
+    size_t bt = (size_t)kv->n_seqs * kv->max_blocks;
+    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table, bt * sizeof(int32_t));
+    CK(cudaMemcpyAsync(f->x, f->h_x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, cs));
+    CK(cudaMemcpyAsync(f->d_ints, f->h_ints, (3 * (size_t)f->max_tokens) * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
+    CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t), cudaMemcpyHostToDevice,
+                       cs));
+    const int32_t *d_pos = f->d_ints + f->max_tokens, *d_seq = f->d_ints + 2 * f->max_tokens;
+    const size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kvd;
+
+    int step_use = 0;
+    const uint64_t first_use = f->stream_n;
+    for (int l = 0; l < hp->n_layers; l++) {
+        struct dev_layer d;
+        RC(layer_acquire(f, l, step_use, &d));
+        struct kern_cuda_kv_layer view = {.k = f->k_cache + per_layer * l, .v = f->v_cache + per_layer * l,
+                                          .n_blocks = kv->n_blocks, .block_size = kv->block_size,
+                                          .block_table = f->d_block_table, .max_blocks = kv->max_blocks,
+                                          .n_kv_heads = hp->n_kv_heads, .head_dim = hd};
+        RC(kern_cuda_rmsnorm(f->xn, f->x, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
+        RC(linear(f, f->q, f->xn, d.mat[M_Q], d.mat_type[M_Q], d.vec[V_BQ], n, qd, dim));
+        RC(linear(f, f->k, f->xn, d.mat[M_K], d.mat_type[M_K], d.vec[V_BK], n, kvd, dim));
+        RC(linear(f, f->v, f->xn, d.mat[M_V], d.mat_type[M_V], d.vec[V_BV], n, kvd, dim));
+        RC(kern_cuda_rope(f->q, d_pos, n, hp->n_heads, hd, hp->rope_dim, f->inv_freq, hp->rope_style, cs));
+        RC(kern_cuda_rope(f->k, d_pos, n, hp->n_kv_heads, hd, hp->rope_dim, f->inv_freq, hp->rope_style, cs));
+        RC(kern_cuda_kv_store(&view, f->k, f->v, d_seq, d_pos, n, cs));
+        RC(kern_cuda_attention(f->att, f->q, &view, d_seq, d_pos, n, hp->n_heads, scale, max_len, KERN_ATTN_AUTO,
+                               f->attn_ws, f->attn_ws_bytes, cs));
+        RC(linear(f, f->tmp, f->att, d.mat[M_O], d.mat_type[M_O], NULL, n, dim, qd));
+        RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_FFN_NORM], n, dim, hp->norm_eps, cs));
+        RC(linear(f, f->g, f->xn, d.mat[M_GATE], d.mat_type[M_GATE], NULL, n, ffn, dim));
+        RC(linear(f, f->u, f->xn, d.mat[M_UP], d.mat_type[M_UP], NULL, n, ffn, dim));
+        RC(kern_cuda_silu_mul(f->g, f->u, (int64_t)n * ffn, cs));
+        RC(linear(f, f->tmp, f->g, d.mat[M_DOWN], d.mat_type[M_DOWN], NULL, n, dim, ffn));
+        RC(kern_cuda_add(f->x, f->tmp, (int64_t)n * dim, cs));
+        if (!f->resident[l]) step_use++;
+        RC(layer_release(f, l));
+    }
+
+    /* Rows that want logits are gathered (device-to-device), normed and projected. */
+    int n_out = 0;
+    for (int i = 0; i < n; i++)
+        if (b->want_logits[i]) {
+            CK(cudaMemcpyAsync(f->xn + (size_t)n_out * dim, f->x + (size_t)i * dim, dim * sizeof(float),
+                               cudaMemcpyDeviceToDevice, cs));
+            n_out++;
+        }
+    if (n_out) {
+        RC(kern_cuda_rmsnorm(f->xn, f->xn, f->out_norm, n_out, dim, hp->norm_eps, cs));
+        RC(linear(f, f->logits, f->xn, f->head, f->head_type, NULL, n_out, hp->n_vocab, dim));
+        CK(cudaMemcpyAsync(f->h_logits, f->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
+                           cudaMemcpyDeviceToHost, cs));
+    }
+    CK(cudaStreamSynchronize(cs));
+    if (n_out) memcpy(logits, f->h_logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+
+    /* Streaming figures of this step: every copy it used has completed. */
+    const int S = f->map.n_streamed;
+    for (int i = 0; i < step_use; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, f->wait_t0[i], f->wait_t1[i]) == cudaSuccess) f->stats.stall_seconds += ms * 1e-3;
+        int e = (int)((first_use + (uint64_t)i) % (uint64_t)(2 * S));
+        if (cudaEventElapsedTime(&ms, f->copy_t0[e], f->copy_t1[e]) == cudaSuccess) f->stats.copy_seconds += ms * 1e-3;
+        f->stats.bytes_streamed += f->layouts[f->stream_order[(first_use + (uint64_t)i) % (uint64_t)S]].bytes;
+    }
+    cudaGetLastError();
+    return FERRY_OK;
+}
