@@ -404,8 +404,11 @@ static struct jv select_items(struct jctx *c, struct jv seq, const struct jargs 
 {
     struct jlist *l = jv_iter_list(c, seq, A->off);
     struct jv out = jv_list(c, 0);
-    struct jargs TA = {.pos = A->pos + skip + 1, .npos = A->npos - skip - 1, .off = A->off};
-    if (TA.npos < 0) TA.npos = 0;
+    struct jargs TA = {.off = A->off};
+    if (A->npos > skip + 1) {
+        TA.pos = A->pos + skip + 1;
+        TA.npos = A->npos - skip - 1;
+    }
     for (size_t i = 0; i < l->n; i++) {
         struct jv item = attr.type == JV_STR ? jv_getitem(c, l->v[i], attr, A->off) : l->v[i];
         int t;
@@ -583,7 +586,7 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
             return out;
         }
         struct jv fname = want_str(c, arg_or(A, 0, NULL, jv_undef(NULL, 0)), "map", off);
-        struct jargs FA = {.pos = A->pos + 1, .npos = A->npos - 1, .off = off};
+        struct jargs FA = {.pos = A->npos > 1 ? A->pos + 1 : NULL, .npos = A->npos > 1 ? A->npos - 1 : 0, .off = off};
         for (size_t i = 0; i < l->n; i++) jlist_push(c, out.l, japply_filter(c, fname.s.p, fname.s.n, l->v[i], &FA));
         return out;
     }
