@@ -374,3 +374,54 @@ def test_k8s_structure():
     # The kustomization's image names are the ones the pod spec uses.
     used = {x["image"].split(":")[0] for x in pod["containers"] + pod["initContainers"]}
     assert {i["name"] for i in kus["images"]} == used
+
+
+def test_cpu_image_has_the_libraries_ferry_needs():
+    """Every shared library the ferry binary built here links against comes from a package that the `cpu` runtime
+    stage installs, or from the base image's essential libc6/libgcc-s1 (bookworm-slim)."""
+    exe = ferry_binary()
+    if not exe:
+        pytest.skip("ferry binary not built: no NEEDED list to check")
+    if not (shutil.which("readelf") and shutil.which("dpkg")):
+        pytest.skip("readelf or dpkg missing")
+    _, stages = _stages()
+    cpu = next(s for s in stages if s["name"] == "cpu")
+    allowed = set(_apt_packages(cpu)) | {"libc6", "libgcc-s1"}
+    needed = re.findall(r"\(NEEDED\).*\[(.+?)\]", run(["readelf", "-d", str(exe)]).stdout)
+    assert needed, "readelf found no NEEDED entries"
+    cache = run(["ldconfig", "-p"]).stdout
+    for so in needed:
+        m = re.search(rf"^\s*{re.escape(so)} \(libc6,x86-64[^)]*\) => (\S+)", cache, re.M)
+        assert m, f"{so} not in the loader cache"
+        owner = run(["dpkg", "-S", os.path.realpath(m.group(1))])
+        if owner.returncode != 0:  # dpkg records the /lib path where /usr/lib is the real one (merged /usr)
+            owner = run(["dpkg", "-S", m.group(1)])
+        assert owner.returncode == 0, f"{so}: no package owns {m.group(1)}"
+        pkg = owner.stdout.split(":", 1)[0].strip()
+        assert pkg in allowed, f"{so} comes from {pkg}, which the cpu image does not install"
+
+
+def test_site_fits_debians_nginx_conf(need_nginx, tmp_path):
+    """deploy/nginx/ferry.conf dropped into Debian's stock nginx.conf (as the README says) passes nginx -t."""
+    stock = pathlib.Path("/etc/nginx/nginx.conf")
+    if not stock.exists():
+        pytest.skip("no Debian /etc/nginx here")
+    etc = tmp_path / "etc"
+    shutil.copytree("/etc/nginx", etc, symlinks=False, ignore_dangling_symlinks=True,
+                    ignore=shutil.ignore_patterns("sites-enabled", "conf.d"))
+    (etc / "conf.d").mkdir()
+    (etc / "sites-enabled").mkdir()
+    (etc / "conf.d" / "ferry.conf").write_text((DEPLOY / "nginx" / "ferry.conf").read_text())
+    # Debian's default site listens on port 80 too: nginx -t accepts both (the README removes it).
+    if pathlib.Path("/etc/nginx/sites-available/default").exists():
+        shutil.copy("/etc/nginx/sites-available/default", etc / "sites-enabled" / "default")
+    mods = list((etc / "modules-enabled").glob("*.conf")) if (etc / "modules-enabled").is_dir() else []
+    for f in [etc / "nginx.conf", *(etc / "conf.d").glob("*.conf"), *(etc / "sites-enabled").iterdir(), *mods]:
+        t = f.read_text().replace("/etc/nginx/", f"{etc}/").replace("/var/log/nginx/", f"{tmp_path}/")
+        t = t.replace("load_module modules/", "load_module /usr/share/nginx/modules/")
+        t = t.replace("/run/nginx.pid", f"{tmp_path}/nginx.pid")
+        if os.geteuid() != 0:
+            t = re.sub(r"^user .*;$", "", t, flags=re.M)
+        f.write_text(t)
+    rc, out = nginx_test(tmp_path, etc / "nginx.conf")
+    assert rc == 0, out
