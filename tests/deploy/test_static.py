@@ -425,3 +425,26 @@ def test_site_fits_debians_nginx_conf(need_nginx, tmp_path):
         f.write_text(t)
     rc, out = nginx_test(tmp_path, etc / "nginx.conf")
     assert rc == 0, out
+
+
+def test_dockerfile_cpu_build_commands_compile(tmp_path):
+    """The `build-cpu` stage's meson/ninja commands, run on a clean export of the committed tree (what `COPY . .`
+    sees, minus .dockerignore): catches code that only compiles with -march=native. Slow (a full build), so it runs
+    only with FERRY_DEPLOY_BUILD=1."""
+    if os.environ.get("FERRY_DEPLOY_BUILD") != "1":
+        pytest.skip("portable build of the Dockerfile's cpu stage not run (set FERRY_DEPLOY_BUILD=1; ~1 min)")
+    if not (SRC / ".git").exists() or not shutil.which("git"):
+        pytest.skip("not a git checkout")
+    _, stages = _stages()
+    stage = next(s for s in stages if s["name"] == "build-cpu")
+    cmd = next(v for i, v in stage["ins"] if i == "RUN" and "meson setup" in v)
+    cmd = cmd.replace("${FERRY_NATIVE}", "false").replace("/build", str(tmp_path / "build"))
+    cmd = cmd.replace("/out/ferry", str(tmp_path / "out" / "ferry"))
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    r = subprocess.run(f"git -C {SRC} archive HEAD | tar -x -C {ctx}", shell=True, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = run(["sh", "-c", cmd], cwd=str(ctx), timeout=900)
+    errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower()][:10]
+    assert r.returncode == 0, "\n".join(errors) or (r.stdout + r.stderr)[-3000:]
+    assert os.access(tmp_path / "out" / "ferry", os.X_OK)
