@@ -167,6 +167,10 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     int sw = 0;
     if ((rc = get_bool(root, "use_sliding_window", 0, &sw, f, err))) goto out;
     if (sw) FLOG_WARN("%s: use_sliding_window is set; ferry attends to the full context", f);
+    json_t *swin = json_object_get(root, "sliding_window");
+    if (strcmp(arch, "mistral") == 0 && json_is_integer(swin) && json_integer_value(swin) < hp->ctx_train)
+        FLOG_WARN("%s: sliding_window %lld is ignored; ferry attends to the full context", f,
+                  (long long)json_integer_value(swin));
 out:
     json_decref(root);
     return rc;
