@@ -1,13 +1,15 @@
 /* matmul — y (m, n) = x (m, k) · Wᵀ (+ bias) with W (n, k) in its stored type, f32 accumulation.
  *
- * Work: the n output rows are cut into contiguous ranges, one per pool thread (a static partition). A thread
- * walks k in chunks of KC columns (sized so that the (m, KC) slice of x stays in L2) and, inside a chunk, its
- * rows in groups of NR: the group's (NR, KC) weight tile is read in place (F32, and F16/BF16 converted in
- * registers) or dequantized once into a small stack buffer (quantized types), then multiplied against all m
- * rows of x, MR rows at a time, by a register-blocked micro-kernel (MR*NR vector accumulators).
- * Every output element is the same sequence of f32 operations whatever the pool size (the vector lanes are
- * reduced in a fixed order and chunk partial sums are added in k order), so results are deterministic and
- * even independent of the thread count. m = 1 (decode) is the same code with MR = 1: W streams once.
+ * Work: the n output rows are cut into contiguous ranges, one per pool thread (a static partition), walked in
+ * groups of NR rows. Two regimes:
+ *  - m > 2 (prefill, batches): k is walked in chunks of KC columns (the (m, KC) slice of x stays in L2); each
+ *    group's (NR, KC) slice of W is dequantized/converted once into a small padded f32 stack tile (L1) and
+ *    multiplied against all m rows of x, MR at a time, by a register-blocked MR x NR micro-kernel.
+ *  - m <= 2 (decode): rows stream from memory once, decoded in registers (F16/BF16 conversion, Q8_0/Q4_0/Q4_1
+ *    block decoding), whole rows at a time; K-quants still go through the tile (faster for them).
+ * Every output element is the same sequence of f32 operations whatever the pool size (vector lanes are
+ * reduced in a fixed order, chunk partial sums are added in k order, and the path depends only on m and the
+ * dtype), so results are deterministic and even independent of the thread count.
  */
 #include "kernels/cpu/matmul.h"
 
@@ -17,6 +19,7 @@
 #include "kernels/core/fp16.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/threadpool.h"
+#include "quant/blocks.h"
 #include "quant/dequant.h"
 
 #if defined(__AVX512F__)
@@ -36,31 +39,75 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define TILE_PAD 16    /* floats added to the tile's row stride */
 #define X_L2_BYTES (512 * 1024)  /* budget for the (m, KC) slice of x */
 
-enum wkind { WK_F32 = 0, WK_F16 = 1, WK_BF16 = 2 };
+/* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by byte). */
+#if defined(__x86_64__)
+#define IN_REG(v) __asm__("" : "+v"(v))
+#else
+#define IN_REG(v) ((void)0)
+#endif
 
-static inline vf load_w(const void *w, ptrdiff_t off, enum wkind kind)
+/* How the micro-kernel reads W: plain types convert in registers; the quantized kinds decode VL elements of a
+ * block row in registers (used for m <= 2, where a dequantized tile would never be reused; K-quants always
+ * go through the tile). */
+enum wkind { WK_F32, WK_F16, WK_BF16, WK_Q8_0, WK_Q4_0, WK_Q4_1 };
+
+typedef uint8_t vu8 __attribute__((vector_size(VL), aligned(1)));
+typedef int32_t vi32 __attribute__((vector_size(VL * 4)));
+
+static inline vf vf_from_u8(vu8 q) { return __builtin_convertvector(__builtin_convertvector(q, vi32), vf); }
+
+/* VL elements of row w starting at element c (a multiple of VL). */
+static inline vf load_w(const void *w, ptrdiff_t c, enum wkind kind)
 {
-    if (kind == WK_F32) return *(const vfu *)((const float *)w + off);
-    if (kind == WK_BF16) {
-        vu32 u = __builtin_convertvector(*(const vhu *)((const uint16_t *)w + off), vu32);
+    switch (kind) {
+    case WK_F32: return *(const vfu *)((const float *)w + c);
+    case WK_BF16: {
+        vu32 u = __builtin_convertvector(*(const vhu *)((const uint16_t *)w + c), vu32);
         return (vf)(u << 16);
     }
+    case WK_F16: {
 #if defined(__AVX512F__)
-    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + off)));
+        return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + c)));
 #elif defined(__F16C__)
-    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + off)));
+        return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + c)));
 #else
-    vf r;
-    for (int l = 0; l < VL; l++) r[l] = f16_to_f32(((const uint16_t *)w + off)[l]);
-    return r;
+        vf r;
+        for (int l = 0; l < VL; l++) r[l] = f16_to_f32(((const uint16_t *)w + c)[l]);
+        return r;
 #endif
+    }
+    case WK_Q8_0: {
+        const struct block_q8_0 *b = (const struct block_q8_0 *)w + c / QK8_0;
+        /* GCC 12 scalarizes a direct i8 -> i32 conversion of a loaded vector: load into a register first,
+         * widen as unsigned and sign-extend with an xor/sub. */
+        vu8 raw;
+        memcpy(&raw, b->qs + c % QK8_0, sizeof raw);
+        IN_REG(raw);
+        const vi32 q = __builtin_convertvector(raw, vi32);
+        return f16_to_f32(b->d) * __builtin_convertvector((q ^ 128) - 128, vf);
+    }
+    case WK_Q4_0: {
+        const struct block_q4_0 *b = (const struct block_q4_0 *)w + c / QK4_0;
+        const int o = (int)(c % QK4_0);
+        const vu8 q = *(const vu8 *)(b->qs + o % 16);
+        return f16_to_f32(b->d) * (vf_from_u8(o < 16 ? q & 15 : q >> 4) - 8.0f);
+    }
+    case WK_Q4_1: {
+        const struct block_q4_1 *b = (const struct block_q4_1 *)w + c / QK4_1;
+        const int o = (int)(c % QK4_1);
+        const vu8 q = *(const vu8 *)(b->qs + o % 16);
+        return f16_to_f32(b->d) * vf_from_u8(o < 16 ? q & 15 : q >> 4) + f16_to_f32(b->m);
+    }
+    }
+    return (vf){0};
 }
 
-static inline float load_w1(const void *w, ptrdiff_t off, enum wkind kind)
+/* One element (the k % VL tail of plain types; quantized rows have no tail). */
+static inline float load_w1(const void *w, ptrdiff_t c, enum wkind kind)
 {
-    if (kind == WK_F32) return ((const float *)w)[off];
-    if (kind == WK_BF16) return bf16_to_f32(((const uint16_t *)w)[off]);
-    return f16_to_f32(((const uint16_t *)w)[off]);
+    if (kind == WK_F32) return ((const float *)w)[c];
+    if (kind == WK_BF16) return bf16_to_f32(((const uint16_t *)w)[c]);
+    return f16_to_f32(((const uint16_t *)w)[c]);
 }
 
 static inline float hsum(vf v)
@@ -76,7 +123,9 @@ static inline float hsum(vf v)
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* out[i*NR + j] = Σ_c x[i*ldx + c] * w[j*ldw + c] for c < kc, i < mr, j < nr. */
+#define WROW(w, ldw, j) ((const void *)((const uint8_t *)(w) + (j) * (ldw)))
+
+/* out[i*NR + j] = Σ_c x[i*ldx + c] * W_j[c] for c < kc, i < mr, j < nr; row W_j starts ldw*j bytes after w. */
 static inline __attribute__((always_inline)) void micro(float *out, const float *x, ptrdiff_t ldx, const void *w,
                                                         ptrdiff_t ldw, int kc, int mr, int nr, enum wkind kind)
 {
@@ -86,7 +135,7 @@ static inline __attribute__((always_inline)) void micro(float *out, const float 
     const int kv = kc - kc % VL;
     for (int c = 0; c < kv; c += VL) {
         vf wv[NR];
-        for (int j = 0; j < nr; j++) wv[j] = load_w(w, j * ldw + c, kind);
+        for (int j = 0; j < nr; j++) wv[j] = load_w(WROW(w, ldw, j), c, kind);
         for (int i = 0; i < mr; i++) {
             const vf xv = *(const vfu *)(x + i * ldx + c);
             for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
@@ -95,17 +144,10 @@ static inline __attribute__((always_inline)) void micro(float *out, const float 
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             float s = hsum(acc[i][j]);
-            for (int c = kv; c < kc; c++) s += x[i * ldx + c] * load_w1(w, j * ldw + c, kind);
+            for (int c = kv; c < kc; c++) s += x[i * ldx + c] * load_w1(WROW(w, ldw, j), c, kind);
             out[i * NR + j] = s;
         }
 }
-
-/* Pins a value in a vector register: stops GCC from re-reading it from memory as an FMA operand. */
-#if defined(__x86_64__)
-#define IN_REG(v) __asm__("" : "+v"(v))
-#else
-#define IN_REG(v) ((void)0)
-#endif
 
 /* The hot 4x4 case written out with named registers: GCC keeps them in registers this way, where the array
  * form above makes it reload x rows and fold repeated W loads into the FMAs. Same arithmetic per element. */
@@ -117,8 +159,8 @@ static inline __attribute__((always_inline)) void micro44(float *out, const floa
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     const int kv = kc - kc % VL;
     for (int c = 0; c < kv; c += VL) {
-        vf w0 = load_w(w, c, kind), w1 = load_w(w, ldw + c, kind);
-        vf w2 = load_w(w, 2 * ldw + c, kind), w3 = load_w(w, 3 * ldw + c, kind);
+        vf w0 = load_w(WROW(w, ldw, 0), c, kind), w1 = load_w(WROW(w, ldw, 1), c, kind);
+        vf w2 = load_w(WROW(w, ldw, 2), c, kind), w3 = load_w(WROW(w, ldw, 3), c, kind);
         IN_REG(w0);
         IN_REG(w1);
         IN_REG(w2);
@@ -140,7 +182,7 @@ static inline __attribute__((always_inline)) void micro44(float *out, const floa
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) {
             float s = hsum(acc[i][j]);
-            for (int c = kv; c < kc; c++) s += x[i * ldx + c] * load_w1(w, j * ldw + c, kind);
+            for (int c = kv; c < kc; c++) s += x[i * ldx + c] * load_w1(WROW(w, ldw, j), c, kind);
             out[i * NR + j] = s;
         }
 }
@@ -162,6 +204,19 @@ static inline __attribute__((always_inline)) void micro44(float *out, const floa
 MICRO_FN(micro_f32, WK_F32)
 MICRO_FN(micro_f16, WK_F16)
 MICRO_FN(micro_bf16, WK_BF16)
+
+/* Quantized rows read in place, for m <= 2 only. */
+#define MICRO_Q_FN(name, kind)                                                                               \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,   \
+                     int nr)                                                                                 \
+    {                                                                                                        \
+        switch (mr * 8 + nr) {                                                                               \
+            MICRO_ROW(kind, 1) MICRO_ROW(kind, 2) MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4)              \
+        }                                                                                                    \
+    }
+MICRO_Q_FN(micro_q8_0, WK_Q8_0)
+MICRO_Q_FN(micro_q4_0, WK_Q4_0)
+MICRO_Q_FN(micro_q4_1, WK_Q4_1)
 
 typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,
                          int nr);
@@ -186,13 +241,22 @@ static void mm_task(void *arg, int t)
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
     const int m = c->m, k = c->k;
-    /* Quantized rows are always dequantized into the tile; plain rows too when they are reused (m > 2), so
-     * the micro-kernel reads a contiguous, L1-resident tile whose padded row stride avoids cache-set
-     * conflicts. For m <= 2 plain rows stream straight from memory, converted in registers. */
-    const int quantized = c->wt != DTYPE_F32 && c->wt != DTYPE_F16 && c->wt != DTYPE_BF16;
-    const int use_tile = quantized || m > 2;
-    micro_fn mk = use_tile || c->wt == DTYPE_F32 ? micro_f32 : c->wt == DTYPE_F16 ? micro_f16 : micro_bf16;
-    const size_t esz = c->wt == DTYPE_F32 ? 4 : 2;
+    /* When rows are reused (m > 2) they are dequantized/converted into the tile, so the micro-kernel reads a
+     * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
+     * stream straight from memory and are decoded in registers (whole rows, kc = k), except K-quants, whose
+     * per-vector scale unpacking makes the block-at-a-time dequantization into the tile faster. */
+    const int use_tile = m > 2 || c->wt == DTYPE_Q4_K || c->wt == DTYPE_Q6_K; /* K-quants decode faster whole */
+    micro_fn mk = micro_f32;
+    if (!use_tile) {
+        switch (c->wt) {
+        case DTYPE_F16: mk = micro_f16; break;
+        case DTYPE_BF16: mk = micro_bf16; break;
+        case DTYPE_Q8_0: mk = micro_q8_0; break;
+        case DTYPE_Q4_0: mk = micro_q4_0; break;
+        case DTYPE_Q4_1: mk = micro_q4_1; break;
+        default: break;
+        }
+    }
     float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
     float out[MR * NR];
 
@@ -204,13 +268,14 @@ static void mm_task(void *arg, int t)
             ptrdiff_t ldw;
             if (use_tile) {
                 const size_t off = dtype_row_size(c->wt, k0);
-                ldw = kc + TILE_PAD;
+                const int stride = kc + TILE_PAD;
                 for (int j = 0; j < nr; j++)
-                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * ldw, kc);
+                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * stride, kc);
                 wp = tile;
+                ldw = (ptrdiff_t)stride * 4;
             } else {
-                wp = c->w + (size_t)j0 * c->row_bytes + (size_t)k0 * esz;
-                ldw = k;
+                wp = c->w + (size_t)j0 * c->row_bytes + dtype_row_size(c->wt, k0);
+                ldw = (ptrdiff_t)c->row_bytes;
             }
             for (int i0 = 0; i0 < m; i0 += MR) {
                 const int mr = m - i0 < MR ? m - i0 : MR;
@@ -245,13 +310,12 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     struct mm_ctx c = {.y = y, .x = x, .w = w, .wt = wt, .bias = bias, .m = m, .n = n, .k = k,
                        .row_bytes = dtype_row_size(wt, k), .n_threads = tpool_size(tp)};
     /* KC: a multiple of 256 (whole K-quant blocks) that keeps the W tile in L1 and the (m, KC) slice of x in
-     * L2. With m <= 2 nothing is reused from cache, so plain types take whole rows (no partial sums). */
-    const int quantized = wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16;
+     * L2. With m <= 2 there is no tile and nothing to reuse: whole rows (no partial sums). */
     int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
     if (kc > KC_MAX) kc = KC_MAX;
-    if (m <= 2 && !quantized) kc = k; /* no tile then */
+    if (m <= 2 && wt != DTYPE_Q4_K && wt != DTYPE_Q6_K) kc = k; /* the same condition as "no tile" in mm_task */
     if (kc >= k) kc = k;
     c.kc = (int)kc;
     /* Tiny products are not worth waking the pool for. */
