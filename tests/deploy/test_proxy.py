@@ -331,6 +331,39 @@ def test_both_replicas_serve(deployment):
     assert all(x > y for x, y in zip(after, before)), f"prompt tokens before {before}, after {after}"
 
 
+def _unit_exec_start_post():
+    """ExecStartPost= of deploy/ferry.service as argv, the way systemd reads it: continuation lines joined,
+    quotes honoured, `$$` turned into `$`."""
+    import shlex
+    text = (DEPLOY / "ferry.service").read_text().replace("\\\n", " ")
+    line = next(l for l in text.splitlines() if l.startswith("ExecStartPost="))
+    return shlex.split(line.split("=", 1)[1].replace("$$", "$"))
+
+
+def _healthcheck_cmd(stage="cpu"):
+    text = (DEPLOY / "Dockerfile").read_text()
+    part = text.split(f" AS {stage}\n", 1)[1]
+    m = re.search(r"HEALTHCHECK [^\n]*\\\n\s*CMD (\[.*?\])\n", part)
+    return json.loads(m.group(1))
+
+
+def test_readiness_and_health_commands_run(deployment):
+    """The systemd unit's readiness poll and the image's HEALTHCHECK, run as they are written, against a ready
+    replica (they succeed) and a port where nothing listens (the poll keeps waiting, the check fails)."""
+    a = deployment["replicas"][0]
+    dead = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+    poll = _unit_exec_start_post()
+    for host in ("127.0.0.1", "0.0.0.0"):
+        r = subprocess.run(poll, env=dict(base, FERRY_HOST=host, FERRY_PORT=str(a.port)), timeout=20)
+        assert r.returncode == 0
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(poll, env=dict(base, FERRY_PORT=str(dead)), timeout=3, capture_output=True)
+    hc = _healthcheck_cmd()
+    assert subprocess.run(hc, env=dict(base, FERRY_PORT=str(a.port)), timeout=10).returncode == 0
+    assert subprocess.run(hc, env=dict(base, FERRY_PORT=str(dead)), timeout=10, capture_output=True).returncode == 1
+
+
 def test_zz_sigterm_drains_replica_and_proxy_fails_over(deployment):
     """Runs last (it stops replica b): an in-flight stream on b completes after SIGTERM, b exits 0, and requests
     through nginx keep succeeding on a."""
