@@ -74,7 +74,9 @@ void engine_free(struct engine *e)
     free(e);
 }
 
-int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *params, char err[256])
+/* Takes ownership of *model (freed on failure too). */
+static int engine_create(struct engine **out, struct model *model, const struct engine_params *params,
+                         char err[256])
 {
     *out = NULL;
     struct engine_params p = *params;
@@ -84,6 +86,7 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
 #else
     if (p.backend == ENGINE_BACKEND_CUDA) {
         snprintf(err, 256, "this build of ferry has no CUDA backend (nvcc was not found at build time)");
+        model_free(model);
         return FERRY_ERR_UNSUPPORTED;
     }
 #endif
@@ -91,12 +94,17 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
         p.ctx_size < 0 || p.kv_tokens < 0) {
         snprintf(err, 256, "invalid engine parameters (n_seqs %d, max_batch_tokens %d, ctx_size %d)", p.n_seqs,
                  p.max_batch_tokens, p.ctx_size);
+        model_free(model);
         return FERRY_ERR_INVALID;
     }
     struct engine *e = calloc(1, sizeof *e);
-    if (!e) return FERRY_ERR_NOMEM;
-    int rc = model_init(&e->model, mf, err);
-    if (rc) goto fail;
+    if (!e) {
+        model_free(model);
+        return FERRY_ERR_NOMEM;
+    }
+    e->model = *model;
+    memset(model, 0, sizeof *model);
+    int rc;
     const struct llm_hparams *hp = &e->model.hp;
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
@@ -140,6 +148,23 @@ fail:
     engine_free(e);
     return rc;
 }
+
+int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p, char err[256])
+{
+    struct model m;
+    int rc = model_init(&m, mf, err);
+    return rc ? rc : engine_create(out, &m, p, err);
+}
+
+int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enum dtype wt,
+                          const struct engine_params *p, char err[256])
+{
+    struct model m;
+    int rc = model_init_synthetic(&m, hp, wt, 0x5eed, p->n_threads, err);
+    return rc ? rc : engine_create(out, &m, p, err);
+}
+
+uint64_t engine_weight_bytes(const struct engine *e) { return e->model.weight_bytes; }
 
 const struct llm_hparams *engine_hparams(const struct engine *e) { return &e->model.hp; }
 int engine_ctx_size(const struct engine *e) { return e->p.ctx_size; }

@@ -60,6 +60,9 @@ struct engine_stats {
 struct engine;
 
 int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p, char err[256]);
+/* An engine over a synthetic model of shape hp with random weights of type wt (benchmarks; see model.h). */
+int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enum dtype wt,
+                          const struct engine_params *p, char err[256]);
 void engine_free(struct engine *e);
 
 const struct llm_hparams *engine_hparams(const struct engine *e);
@@ -78,6 +81,8 @@ int engine_seq_len(const struct engine *e, int seq);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 
+/* Bytes of weights one forward pass reads (all matrices incl. the output head). */
+uint64_t engine_weight_bytes(const struct engine *e);
 /* A human-readable description of where the layers live (the device_map), or "cpu: all layers". */
 const char *engine_placement(const struct engine *e);
 

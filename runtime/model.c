@@ -1,12 +1,15 @@
 /* model — builds per-layer views over a model_file's tensors and checks every shape (see model.h). */
 #include "runtime/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/core/fp16.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/threadpool.h"
 #include "quant/dequant.h"
 
 static int find_matrix(const struct model_file *mf, const char *name, int64_t rows, int64_t cols,
@@ -144,5 +147,105 @@ void model_free(struct model *m)
     free(m->layers);
     free(m->output_norm);
     free(m->inv_freq);
+    free(m->owned);
     memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Synthetic models */
+
+struct fill_job {
+    void *base;
+    size_t n_elems;
+    enum dtype type;
+    uint64_t seed;
+    int n_tasks;
+};
+
+/* Values uniform in about [-0.05, 0.05): large enough to be far from zero, small enough that activations stay
+ * finite through 80 layers of random weights. */
+static void fill_task(void *ctx, int task)
+{
+    const struct fill_job *j = ctx;
+    size_t per = (j->n_elems + (size_t)j->n_tasks - 1) / (size_t)j->n_tasks;
+    size_t lo = per * (size_t)task, hi = lo + per < j->n_elems ? lo + per : j->n_elems;
+    uint64_t x = j->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(task + 1));
+    for (size_t i = lo; i < hi; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        float v = ((float)(x >> 40) * 0x1.0p-24f - 0.5f) * 0.1f;
+        if (j->type == DTYPE_F32)
+            ((float *)j->base)[i] = v;
+        else if (j->type == DTYPE_F16)
+            ((uint16_t *)j->base)[i] = f32_to_f16(v);
+        else
+            ((uint16_t *)j->base)[i] = f32_to_bf16(v);
+    }
+}
+
+static float *unit_vector(size_t n, float jitter_seed)
+{
+    float *v = malloc(n * sizeof *v);
+    if (v)
+        for (size_t i = 0; i < n; i++) v[i] = 1.0f + 0.01f * sinf((float)i + jitter_seed);
+    return v;
+}
+
+int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed, int n_threads,
+                         char err[256])
+{
+    memset(m, 0, sizeof *m);
+    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16) {
+        snprintf(err, 256, "synthetic weights must be F32, F16 or BF16");
+        return FERRY_ERR_INVALID;
+    }
+    m->hp = *hp;
+    const int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim,
+                  kvd = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim, V = hp->n_vocab;
+    const size_t es = dtype_type_size(wt);
+    const size_t per_layer = (size_t)(qd * dim + 2 * kvd * dim + dim * qd + 3 * ffn * dim);
+    const size_t total = (size_t)V * dim * (hp->tied_embeddings ? 1 : 2) + per_layer * (size_t)hp->n_layers;
+    m->owned = malloc(total * es);
+    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+    m->output_norm = unit_vector((size_t)dim, 0.5f);
+    m->inv_freq = malloc((size_t)(hp->rope_dim / 2) * sizeof(float));
+    if (!m->owned || !m->layers || !m->output_norm || !m->inv_freq) {
+        snprintf(err, 256, "cannot allocate %.1f GiB for synthetic weights", total * es / 1073741824.0);
+        model_free(m);
+        return FERRY_ERR_NOMEM;
+    }
+    struct tpool *tp = NULL;
+    tpool_init(&tp, n_threads);
+    struct fill_job job = {.base = m->owned, .n_elems = total, .type = wt, .seed = seed ? seed : 1,
+                           .n_tasks = 4 * tpool_size(tp)};
+    tpool_run(tp, fill_task, &job, job.n_tasks);
+    tpool_free(tp);
+    char *cur = m->owned;
+#define NEXT(view, r, c)                                                                                         do {                                                                                                             (view) = (struct wview){.data = cur, .type = wt, .rows = (r), .cols = (c)};                                  cur += (size_t)(r) * (size_t)(c) * es;                                                                   } while (0)
+    NEXT(m->tok_embd, V, dim);
+    if (hp->tied_embeddings)
+        m->output = m->tok_embd;
+    else
+        NEXT(m->output, V, dim);
+    for (int l = 0; l < hp->n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        NEXT(L->wq, qd, dim);
+        NEXT(L->wk, kvd, dim);
+        NEXT(L->wv, kvd, dim);
+        NEXT(L->wo, dim, qd);
+        NEXT(L->w_gate, ffn, dim);
+        NEXT(L->w_up, ffn, dim);
+        NEXT(L->w_down, dim, ffn);
+        L->attn_norm = unit_vector((size_t)dim, (float)l);
+        L->ffn_norm = unit_vector((size_t)dim, (float)l + 0.25f);
+        if (!L->attn_norm || !L->ffn_norm) {
+            model_free(m);
+            return FERRY_ERR_NOMEM;
+        }
+    }
+#undef NEXT
+    m->weight_bytes = (uint64_t)(per_layer * (size_t)hp->n_layers + (size_t)V * dim) * es;
+    kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
+    return FERRY_OK;
 }

@@ -38,9 +38,15 @@ struct model {
     struct model_layer *layers;  /* (n_layers) */
     float *inv_freq;             /* (rope_dim/2) f32 */
     uint64_t weight_bytes;       /* bytes of all matrices read per forward pass */
+    void *owned;                 /* synthetic models: the one allocation holding every matrix */
 };
 
 int model_init(struct model *m, const struct model_file *mf, char err[256]);
+/* A model of the shape hp (arch, dims, rope fields) whose matrices are random, non-zero values of type wt
+ * (F32, F16 or BF16) drawn from a seeded generator, with unit-scale norms: for benchmarks at real shapes
+ * without a file. Filling many GB uses `n_threads` threads (0 = all cores). */
+int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed, int n_threads,
+                         char err[256]);
 void model_free(struct model *m);
 
 #endif

@@ -70,6 +70,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cli_run_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cli_inspect_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cli_bench_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) {
 #ifdef FERRY_SERVER
         return serve_main(argc - 1, argv + 1);

@@ -1,0 +1,375 @@
+/* cli_bench — `ferry bench`: prefill and decode throughput of the engine, next to the ceilings it measures.
+ *
+ *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b) [--gpu-memory SIZE]
+ *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--long-context 8192]
+ *               [--cpu] [--json]
+ * Each figure is a median over repeated timed steps after a warm-up step. Decode at batch B: B sequences with
+ * a short prompt each, then steps of one token per sequence; tokens/s = B / step time. Weight bandwidth =
+ * weight bytes read per step / step time (the ceiling is the measured device-to-device copy rate); with
+ * streamed layers the achieved link rate is bytes streamed / copy time (ceiling: the measured pinned copy).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/core/status.h"
+#include "runtime/engine.h"
+#include "server/cli.h"
+#ifdef FERRY_CUDA
+#include "runtime/forward_cuda.h"
+#endif
+
+#define MAX_BATCHES 8
+
+struct preset {
+    const char *name;
+    int dim, ffn, layers, heads, kv_heads, vocab;
+    float theta;
+};
+
+static const struct preset presets[] = {
+    {"llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0f},
+    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 500000.0f},
+    {"llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 10000.0f},
+    {"llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0f},
+};
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f, "usage: ferry bench (--model PATH | --synthetic NAME) [options]\n\n"
+               "  --model PATH          GGUF file or Hugging Face directory\n"
+               "  --synthetic NAME      random f16 weights of a real shape: llama-2-7b, llama-3-8b, llama-2-13b,\n"
+               "                        llama-2-70b\n"
+               "  --dtype f16|bf16|f32  synthetic weight type (default f16)\n"
+               "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
+               "  --reserve-vram SIZE   (default 1GiB)\n"
+               "  --gpu-layers N        resident layers (default: as many as fit)\n"
+               "  --slots K             streaming ring size (default: planner's choice)\n"
+               "  --cpu                 run on the CPU backend even when a GPU is present\n"
+               "  --threads N           CPU threads (default: all cores)\n"
+               "  --batches LIST        decode batch sizes (default 1,4,16,64)\n"
+               "  --prefill N           prompt length of the prefill test (default 512; 0 = skip)\n"
+               "  --decode-steps N      timed decode steps per batch size (default 16)\n"
+               "  --long-context N      also decode one sequence at context N (default 0 = skip)\n"
+               "  --json                print the results as JSON\n");
+}
+
+int cli_parse_size(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
+    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib") || !strcasecmp(end, "kb")) mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib") || !strcasecmp(end, "mb")) mul = 1048576.0;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib") || !strcasecmp(end, "gb")) mul = 1073741824.0;
+    else if (!strcasecmp(end, "t") || !strcasecmp(end, "tib") || !strcasecmp(end, "tb")) mul = 1099511627776.0;
+    else return -1;
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+struct bench_ctx {
+    struct engine *e;
+    int n_vocab;
+    int32_t *tok, *pos, *seq;
+    uint8_t *want;
+    float *logits;
+    int max_tokens;
+};
+
+/* Prefills `len` tokens into slot s, in chunks of the engine's batch size. */
+static int prefill_slot(struct bench_ctx *c, int s, int len)
+{
+    for (int start = 0; start < len; start += c->max_tokens) {
+        int n = len - start < c->max_tokens ? len - start : c->max_tokens;
+        for (int i = 0; i < n; i++) {
+            c->tok[i] = (int32_t)((start + i) * 7 + s * 13 + 1) % c->n_vocab;
+            c->pos[i] = start + i;
+            c->seq[i] = s;
+            c->want[i] = start + i == len - 1;
+        }
+        struct batch b = {.n_tokens = n, .tokens = c->tok, .pos = c->pos, .seq = c->seq, .want_logits = c->want};
+        int rc = engine_step(c->e, &b, c->logits);
+        if (rc) return rc;
+    }
+    return FERRY_OK;
+}
+
+/* One decode step for slots 0..B-1 at position p. */
+static int decode_step(struct bench_ctx *c, int B, int p)
+{
+    for (int s = 0; s < B; s++) {
+        c->tok[s] = (int32_t)(p * 31 + s) % c->n_vocab;
+        c->pos[s] = p;
+        c->seq[s] = s;
+        c->want[s] = 1;
+    }
+    struct batch b = {.n_tokens = B, .tokens = c->tok, .pos = c->pos, .seq = c->seq, .want_logits = c->want};
+    return engine_step(c->e, &b, c->logits);
+}
+
+struct decode_result {
+    int batch;
+    double step_s;        /* median */
+    double tok_s;
+    double weight_gbs;    /* weight bytes / step time */
+    double link_gbs;      /* streamed bytes / copy time (0 when nothing streams) */
+    double stall_ms;      /* per step */
+};
+
+int cli_bench_main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},        {"synthetic", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'},        {"gpu-memory", required_argument, 0, 'g'},
+        {"reserve-vram", required_argument, 0, 'r'}, {"gpu-layers", required_argument, 0, 'l'},
+        {"slots", required_argument, 0, 'k'},        {"cpu", no_argument, 0, 'c'},
+        {"threads", required_argument, 0, 't'},      {"batches", required_argument, 0, 'b'},
+        {"prefill", required_argument, 0, 'p'},      {"decode-steps", required_argument, 0, 'n'},
+        {"long-context", required_argument, 0, 'L'}, {"json", no_argument, 0, 'j'},
+        {"log-level", required_argument, 0, 'v'},    {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model = NULL, *synthetic = NULL;
+    enum dtype wt = DTYPE_F16;
+    struct engine_params ep = engine_default_params();
+    int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0, as_json = 0;
+    int log_level = LOG_LEVEL_INFO, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 's': synthetic = optarg; break;
+        case 'd':
+            if (!strcmp(optarg, "f16")) wt = DTYPE_F16;
+            else if (!strcmp(optarg, "bf16")) wt = DTYPE_BF16;
+            else if (!strcmp(optarg, "f32")) wt = DTYPE_F32;
+            else goto bad;
+            break;
+        case 'g': if (cli_parse_size(optarg, &ep.gpu_memory)) goto bad; break;
+        case 'r': if (cli_parse_size(optarg, &ep.reserve_vram)) goto bad; break;
+        case 'l': ep.gpu_layers = atoi(optarg); break;
+        case 'k': ep.n_slots = atoi(optarg); break;
+        case 'c': ep.backend = ENGINE_BACKEND_CPU; break;
+        case 't': ep.n_threads = atoi(optarg); break;
+        case 'b': {
+            n_batches = 0;
+            for (char *tok = strtok(optarg, ","); tok && n_batches < MAX_BATCHES; tok = strtok(NULL, ","))
+                if ((batches[n_batches++] = atoi(tok)) <= 0) goto bad;
+            if (!n_batches) goto bad;
+            break;
+        }
+        case 'p': prefill = atoi(optarg); break;
+        case 'n': steps = atoi(optarg); break;
+        case 'L': long_ctx = atoi(optarg); break;
+        case 'j': as_json = 1; break;
+        case 'v': if ((log_level = cli_log_level_parse(optarg)) < 0) goto bad; break;
+        case 'h': bench_usage(stdout); return 0;
+        default: goto bad;
+        }
+    }
+    if (!model == !synthetic || prefill < 0 || steps <= 0 || long_ctx < 0) goto bad;
+    cli_log_init(log_level);
+
+    int max_b = 1;
+    for (int i = 0; i < n_batches; i++)
+        if (batches[i] > max_b) max_b = batches[i];
+    const int prompt = 32;
+    ep.n_seqs = max_b;
+    ep.max_batch_tokens = prefill > max_b ? (prefill > 512 ? 512 : prefill) : max_b;
+    if (ep.max_batch_tokens < max_b) ep.max_batch_tokens = max_b;
+    ep.ctx_size = long_ctx + prompt + steps + 8 > prefill + 8 ? long_ctx + prompt + steps + 8 : prefill + 8;
+    if (ep.ctx_size < prompt + steps + 8) ep.ctx_size = prompt + steps + 8;
+    int need = max_b * (prompt + steps + 2);
+    if (prefill + 16 > need) need = prefill + 16;
+    if (long_ctx + steps + 16 > need) need = long_ctx + steps + 16;
+    ep.kv_tokens = need + 32 * max_b; /* slack for the pool's block granularity */
+
+    struct model_file *mf = NULL;
+    struct engine *e = NULL;
+    char err[256] = "";
+    int rc;
+    const char *name = model;
+    double t_load = now_s();
+    if (synthetic) {
+        const struct preset *pr = NULL;
+        for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+            if (!strcmp(presets[i].name, synthetic)) pr = &presets[i];
+        if (!pr) {
+            fprintf(stderr, "ferry bench: unknown synthetic model '%s'\n", synthetic);
+            return 2;
+        }
+        struct llm_hparams hp = {.n_vocab = pr->vocab, .dim = pr->dim, .n_layers = pr->layers, .n_heads = pr->heads,
+                                 .n_kv_heads = pr->kv_heads, .head_dim = pr->dim / pr->heads, .ffn_dim = pr->ffn,
+                                 .ctx_train = 8192, .norm_eps = 1e-5f, .rope_theta = pr->theta,
+                                 .rope_dim = pr->dim / pr->heads, .rope_style = ROPE_STYLE_HALF};
+        snprintf(hp.arch, sizeof hp.arch, "llama");
+        name = pr->name;
+        rc = engine_init_synthetic(&e, &hp, wt, &ep, err);
+    } else {
+        if (cli_open_model(model, &mf)) return 1;
+        rc = engine_init(&e, mf, &ep, err);
+    }
+    if (rc) {
+        fprintf(stderr, "ferry bench: %s (%s)\n", err, ferry_status_str(rc));
+        model_file_close(mf);
+        return 1;
+    }
+    t_load = now_s() - t_load;
+
+    struct bench_ctx bc = {.e = e, .n_vocab = engine_hparams(e)->n_vocab, .max_tokens = ep.max_batch_tokens};
+    int rows = ep.max_batch_tokens;
+    bc.tok = malloc((size_t)rows * 3 * sizeof(int32_t));
+    bc.pos = bc.tok + rows;
+    bc.seq = bc.tok + 2 * rows;
+    bc.want = malloc((size_t)rows);
+    bc.logits = malloc((size_t)rows * bc.n_vocab * sizeof(float));
+    double *times = malloc(((size_t)steps + 4) * sizeof(double));
+    if (!bc.tok || !bc.want || !bc.logits || !times) {
+        fprintf(stderr, "ferry bench: out of memory\n");
+        return 1;
+    }
+    struct engine_stats st0, st1;
+    engine_get_stats(e, &st0);
+    double h2d = 0, d2d = 0;
+#ifdef FERRY_CUDA
+    if (!strcmp(st0.backend, "cuda")) forward_cuda_measure_bandwidth(&h2d, &d2d);
+#endif
+    const double wbytes = (double)engine_weight_bytes(e);
+
+    /* Prefill: one sequence, `prefill` tokens, timed twice after a warm-up; report the better. */
+    double prefill_tok_s = 0;
+    if (prefill > 0) {
+        double best = 1e30;
+        for (int r = 0; r < 3 && !rc; r++) {
+            engine_seq_free(e, 0);
+            double t0 = now_s();
+            rc = prefill_slot(&bc, 0, prefill);
+            double t = now_s() - t0;
+            if (r > 0 && t < best) best = t;
+        }
+        engine_seq_free(e, 0);
+        if (rc) goto step_failed;
+        prefill_tok_s = prefill / best;
+    }
+
+    struct decode_result res[MAX_BATCHES + 1];
+    int n_res = 0;
+    for (int bi = 0; bi <= n_batches; bi++) {
+        int B = bi < n_batches ? batches[bi] : 1;
+        int ctx0 = prompt;
+        if (bi == n_batches) {
+            if (!long_ctx) break;
+            ctx0 = long_ctx;
+        }
+        for (int s = 0; s < B && !rc; s++) rc = prefill_slot(&bc, s, ctx0);
+        if (!rc) rc = decode_step(&bc, B, ctx0); /* warm-up */
+        engine_get_stats(e, &st0);
+        for (int i = 0; i < steps && !rc; i++) {
+            double t0 = now_s();
+            rc = decode_step(&bc, B, ctx0 + 1 + i);
+            times[i] = now_s() - t0;
+        }
+        engine_get_stats(e, &st1);
+        for (int s = 0; s < B; s++) engine_seq_free(e, s);
+        if (rc) goto step_failed;
+        qsort(times, (size_t)steps, sizeof *times, cmp_double);
+        struct decode_result *r = &res[n_res++];
+        r->batch = B;
+        r->step_s = times[steps / 2];
+        r->tok_s = B / r->step_s;
+        r->weight_gbs = wbytes / r->step_s / 1e9;
+        double copy = st1.copy_seconds - st0.copy_seconds;
+        r->link_gbs = copy > 0 ? (double)(st1.bytes_streamed - st0.bytes_streamed) / copy / 1e9 : 0;
+        r->stall_ms = (st1.stall_seconds - st0.stall_seconds) / steps * 1e3;
+        if (bi == n_batches) r->batch = -long_ctx; /* marks the long-context row */
+    }
+    engine_get_stats(e, &st1);
+
+    if (as_json) {
+        json_t *root = json_object(), *dec = json_array();
+        json_object_set_new(root, "model", json_string(name));
+        json_object_set_new(root, "backend", json_string(st1.backend));
+        json_object_set_new(root, "placement", json_string(engine_placement(e)));
+        json_object_set_new(root, "weight_bytes", json_integer((json_int_t)wbytes));
+        json_object_set_new(root, "load_seconds", json_real(t_load));
+        json_object_set_new(root, "ceiling_h2d_gbs", json_real(h2d / 1e9));
+        json_object_set_new(root, "ceiling_hbm_gbs", json_real(d2d / 1e9));
+        json_object_set_new(root, "prefill_tokens", json_integer(prefill));
+        json_object_set_new(root, "prefill_tok_s", json_real(prefill_tok_s));
+        json_object_set_new(root, "vram_budget", json_integer((json_int_t)st1.vram_budget));
+        json_object_set_new(root, "vram_planned", json_integer((json_int_t)st1.vram_planned));
+        json_object_set_new(root, "vram_used_device", json_integer((json_int_t)st1.vram_used));
+        for (int i = 0; i < n_res; i++) {
+            json_t *d = json_object();
+            json_object_set_new(d, "batch", json_integer(res[i].batch > 0 ? res[i].batch : 1));
+            json_object_set_new(d, "context", json_integer(res[i].batch > 0 ? prompt : -res[i].batch));
+            json_object_set_new(d, "step_ms", json_real(res[i].step_s * 1e3));
+            json_object_set_new(d, "tok_s", json_real(res[i].tok_s));
+            json_object_set_new(d, "weight_gbs", json_real(res[i].weight_gbs));
+            json_object_set_new(d, "link_gbs", json_real(res[i].link_gbs));
+            json_object_set_new(d, "stall_ms_per_step", json_real(res[i].stall_ms));
+            json_array_append_new(dec, d);
+        }
+        json_object_set_new(root, "decode", dec);
+        char *s = json_dumps(root, JSON_INDENT(2));
+        if (s) puts(s);
+        free(s);
+        json_decref(root);
+    } else {
+        printf("model     %s (%s backend, %.2f GiB of weights read per step, loaded in %.1f s)\n", name, st1.backend,
+               wbytes / 1073741824.0, t_load);
+        printf("%s", engine_placement(e));
+        if (engine_placement(e)[strlen(engine_placement(e)) - 1] != '\n') putchar('\n');
+        if (h2d > 0)
+            printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write)\n", h2d / 1e9,
+                   d2d / 1e9);
+        if (st1.vram_budget)
+            printf("vram      budget %.2f GiB, planned %.2f GiB, in use on the device %.2f GiB\n",
+                   st1.vram_budget / 1073741824.0, st1.vram_planned / 1073741824.0, st1.vram_used / 1073741824.0);
+        if (prefill) printf("prefill   %d tokens: %.0f tokens/s\n", prefill, prefill_tok_s);
+        printf("%-8s %-8s %10s %12s %12s %10s %10s %12s\n", "batch", "context", "step ms", "tokens/s", "weights GB/s",
+               "% of HBM", "link GB/s", "stall ms/step");
+        for (int i = 0; i < n_res; i++) {
+            int B = res[i].batch > 0 ? res[i].batch : 1, ctx = res[i].batch > 0 ? prompt : -res[i].batch;
+            printf("%-8d %-8d %10.2f %12.1f %12.1f %9.0f%% %10.1f %12.2f\n", B, ctx, res[i].step_s * 1e3, res[i].tok_s,
+                   res[i].weight_gbs, d2d > 0 ? 100.0 * res[i].weight_gbs * 1e9 / d2d : 0.0, res[i].link_gbs,
+                   res[i].stall_ms);
+        }
+    }
+    free(bc.tok);
+    free(bc.want);
+    free(bc.logits);
+    free(times);
+    engine_free(e);
+    model_file_close(mf);
+    return 0;
+step_failed:
+    fprintf(stderr, "ferry bench: engine step failed: %s\n", ferry_status_str(rc));
+    engine_free(e);
+    model_file_close(mf);
+    return 1;
+bad:
+    bench_usage(stderr);
+    return 2;
+}
