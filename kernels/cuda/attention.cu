@@ -87,6 +87,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
     const int tt = tid % ATT_T, rg = tid / ATT_T;
     const int NP = D / 2, groups = ATT_THREADS / NP;
     const int dp = tid % NP, g = tid / NP;
+    /* Tile copy: 16-byte chunk c8 of every step-th row. */
+    const int cpr = D / 8, step = ATT_THREADS / cpr;
+    const int c8 = tid % cpr, t_first = tid / cpr;
 
     for (int rs = 0; rs < ntok;) {
         const int sq = p.seq[i0 + rs];
@@ -107,20 +110,24 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 
         for (int t0 = lo; t0 < hi; t0 += ATT_T) {
             const int nt = min(ATT_T, hi - t0);
-            /* K/V tile copy. */
-            const int cpr = D / 8;
-            for (int idx = tid; idx < nt * cpr; idx += ATT_THREADS) {
-                const int t = idx / cpr, c = idx % cpr;
-                const int pp = t0 + t;
-                const int bi = pp / p.block_size;
-                const int blk = bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
-                if (blk >= 0 && blk < p.n_blocks) {
-                    const size_t off = (((size_t)blk * p.block_size + pp % p.block_size) * p.n_kv + kvh) * D + c * 8;
-                    cp_async16(Ks + t * DS + c * 8, p.k + off);
-                    cp_async16(Vs + t * DS + c * 8, p.v + off);
-                } else {
-                    *(uint4 *)(Ks + t * DS + c * 8) = make_uint4(0, 0, 0, 0);
-                    *(uint4 *)(Vs + t * DS + c * 8) = make_uint4(0, 0, 0, 0);
+            /* K/V tile copy: thread (t_first, c) copies 16-byte chunk c of rows t_first, t_first + step, ...
+             * Rows nt..nt4-1 are zeroed so that the 4-wide P·V loop reads finite values there (P is 0). */
+            const int nt4 = min(ATT_T, (nt + 3) & ~3);
+            if (t_first < step) {
+                for (int t = t_first; t < nt4; t += step) {
+                    __half *kd = Ks + t * DS + c8 * 8, *vd = Vs + t * DS + c8 * 8;
+                    const int pp = t0 + t;
+                    const int bi = pp / p.block_size;
+                    const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
+                    if (blk >= 0 && blk < p.n_blocks) {
+                        const size_t off =
+                            (((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D + c8 * 8;
+                        cp_async16(kd, p.k + off);
+                        cp_async16(vd, p.v + off);
+                    } else {
+                        *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+                        *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+                    }
                 }
             }
             cp_async_wait_all();
@@ -145,12 +152,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 #pragma unroll
                     for (int j = 0; j < ATT_RMAX / 2; j++) {
                         const int r = rg + 2 * j;
-                        if (r < R) {
-                            const float4 qa = *(const float4 *)(Qs + r * D + dc);
-                            const float4 qb = *(const float4 *)(Qs + r * D + dc + 4);
-                            s[j] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
-                                    qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                        }
+                        if (r >= R) break;
+                        const float4 qa = *(const float4 *)(Qs + r * D + dc);
+                        const float4 qb = *(const float4 *)(Qs + r * D + dc + 4);
+                        s[j] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                                qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
                     }
                 }
                 const int pp = t0 + tt;
@@ -199,16 +205,20 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
                         o[j][1] *= al;
                     }
                 }
-                for (int t = 0; t < nt; t++) {
-                    const float2 vv = __half22float2(*(const __half2 *)(Vs + t * DS + 2 * dp));
+                const int nt4 = min(ATT_T, (nt + 3) & ~3);
+                for (int t = 0; t < nt4; t += 4) {
+                    const __half *vb = Vs + t * DS + 2 * dp;
+                    const float2 v0 = __half22float2(*(const __half2 *)vb);
+                    const float2 v1 = __half22float2(*(const __half2 *)(vb + DS));
+                    const float2 v2 = __half22float2(*(const __half2 *)(vb + 2 * DS));
+                    const float2 v3 = __half22float2(*(const __half2 *)(vb + 3 * DS));
 #pragma unroll
                     for (int j = 0; j < ATT_RMAX; j++) {
                         const int r = g + groups * j;
-                        if (r < R) {
-                            const float pr = Ss[r * ATT_T + t];
-                            o[j][0] += pr * vv.x;
-                            o[j][1] += pr * vv.y;
-                        }
+                        if (r >= R) break;
+                        const float4 pr = *(const float4 *)(Ss + r * ATT_T + t);
+                        o[j][0] += pr.x * v0.x + pr.y * v1.x + pr.z * v2.x + pr.w * v3.x;
+                        o[j][1] += pr.x * v0.y + pr.y * v1.y + pr.z * v2.y + pr.w * v3.y;
                     }
                 }
             }

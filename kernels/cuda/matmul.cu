@@ -1,9 +1,10 @@
 /* matmul (CUDA) — the GEMV / skinny-GEMM kernel for decode batches and the cuBLAS path for larger ones; see
  * matmul.h for the contract.
  *
- * GEMV design: one warp per output row; each lane streams 16-byte chunks of the weight row (4 in flight before
- * the first use, loaded with L1::no_allocate so that x keeps L1), multiplies them with up to 16 rows of x (f32,
- * read through L1, shared by the 4 warps of a block) and the warp reduces with shuffles in a fixed order.
+ * GEMV design: one warp per R output rows (R = 1..4 by m); each lane streams 16-byte chunks of the weight rows
+ * (up to 8 in flight before the first use, loaded with L1::no_allocate so that x keeps L1), multiplies them with
+ * up to 16 rows of x (f32, read through L1, each x chunk used for the R rows) and the warp reduces with shuffles
+ * in a fixed order.
  * Weight bytes are read exactly once per call, so the time is n*k*sizeof(w) / bandwidth plus the x traffic
  * through L1, which grows with m.
  */
@@ -63,67 +64,90 @@ template <int WT> __device__ __forceinline__ void unpack16(uint4 v, float *f)
     }
 }
 
-template <int WT, int M>
-__device__ __forceinline__ void gemv_fma(float (&acc)[M], const uint4 wv, const float *const (&xr)[M], int e0)
+/* acc[mi][r] += w_r · x_mi over the VEC elements starting at e0: each x chunk is loaded once for the R rows. */
+template <int WT, int M, int R>
+__device__ __forceinline__ void gemv_fma(float (&acc)[M][R], const uint4 (&wv)[R], const float *const (&xr)[M], int e0)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
-    float wf[VEC];
-    unpack16<WT>(wv, wf);
+    float wf[R][VEC];
+#pragma unroll
+    for (int r = 0; r < R; r++) unpack16<WT>(wv[r], wf[r]);
 #pragma unroll
     for (int mi = 0; mi < M; mi++) {
         const float4 *xp = reinterpret_cast<const float4 *>(xr[mi] + e0);
 #pragma unroll
         for (int q = 0; q < VEC / 4; q++) {
             const float4 xv = __ldg(xp + q);
-            acc[mi] += wf[4 * q] * xv.x + wf[4 * q + 1] * xv.y + wf[4 * q + 2] * xv.z + wf[4 * q + 3] * xv.w;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[mi][r] += wf[r][4 * q] * xv.x + wf[r][4 * q + 1] * xv.y + wf[r][4 * q + 2] * xv.z +
+                              wf[r][4 * q + 3] * xv.w;
         }
     }
 }
 
-template <int M>
-__device__ __forceinline__ void gemv_store(float (&acc)[M], float *y, const float *bias, int m, int n, int row)
+template <int M, int R>
+__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const float *bias, int m, int n, int row0)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[mi] += __shfl_xor_sync(0xffffffffu, acc[mi], o);
-    }
-    const float b = bias ? bias[row] : 0.0f;
-#pragma unroll
     for (int mi = 0; mi < M; mi++)
-        if (lane == mi && mi < m) y[(size_t)mi * n + row] = acc[mi] + b;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], o);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = row0 + r;
+        if (row >= n) break;
+        const float b = bias ? bias[row] : 0.0f;
+#pragma unroll
+        for (int mi = 0; mi < M; mi++)
+            if (lane == ((mi * R + r) & 31) && mi < m) y[(size_t)mi * n + row] = acc[mi][r] + b;
+    }
 }
 
-/* W rows are 16-byte aligned: k % VEC == 0 and w, x 16-byte aligned. Rows of x past m repeat the last row (their
- * results are not stored), so the inner loop has no guard. */
-template <int WT, int M>
+/* Each warp computes R consecutive output rows; W rows are 16-byte aligned (k % VEC == 0, w and x 16-byte
+ * aligned). Rows of x past m repeat the last row and rows of W past n repeat the last one (their results are
+ * not stored), so the inner loop has no guard. U chunks per row are in flight per lane before the first use. */
+template <int WT, int M, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_vec_kernel(float *y, const float *x, const uint4 *w,
                                                                    const float *bias, int m, int n, int k)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    if (row >= n) return;
+    const int row0 = (blockIdx.x * GEMV_WARPS + threadIdx.x / 32) * R;
+    if (row0 >= n) return;
     const int nc = k / VEC;
-    const uint4 *wr = w + (size_t)row * nc;
+    const uint4 *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)(row0 + r < n ? row0 + r : n - 1) * nc;
     const float *xr[M];
 #pragma unroll
     for (int mi = 0; mi < M; mi++) xr[mi] = x + (size_t)(mi < m ? mi : m - 1) * k;
-    float acc[M];
+    float acc[M][R];
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) acc[mi] = 0.0f;
+    for (int mi = 0; mi < M; mi++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[mi][r] = 0.0f;
 
     int c = lane;
-    for (; c + 32 * (GEMV_UNROLL - 1) < nc; c += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL];
+    for (; c + 32 * (U - 1) < nc; c += 32 * U) {
+        uint4 wv[U][R];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) wv[u] = ld_stream(wr + c + 32 * u);
+        for (int u = 0; u < U; u++)
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) gemv_fma<WT, M>(acc, wv[u], xr, (c + 32 * u) * VEC);
+            for (int r = 0; r < R; r++) wv[u][r] = ld_stream(wr[r] + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++) gemv_fma<WT, M, R>(acc, wv[u], xr, (c + 32 * u) * VEC);
     }
-    for (; c < nc; c += 32) gemv_fma<WT, M>(acc, ld_stream(wr + c), xr, c * VEC);
-    gemv_store<M>(acc, y, bias, m, n, row);
+    for (; c < nc; c += 32) {
+        uint4 wv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) wv[r] = ld_stream(wr[r] + c);
+        gemv_fma<WT, M, R>(acc, wv, xr, c * VEC);
+    }
+    gemv_store<M, R>(acc, y, bias, m, n, row0);
 }
 
 template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t i)
@@ -133,7 +157,7 @@ template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t 
     return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
 }
 
-/* Any k and alignment (2-byte weights, 4-byte x): element-wise loads, same reduction order per lane. */
+/* Any k and alignment (2-byte weights, 4-byte x): element-wise loads, one row per warp. */
 template <int WT, int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_scalar_kernel(float *y, const float *x, const void *w,
                                                                       const float *bias, int m, int n, int k)
@@ -141,47 +165,107 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_scalar_kernel(float *y, 
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     if (row >= n) return;
-    float acc[M];
+    float acc[M][1];
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) acc[mi] = 0.0f;
+    for (int mi = 0; mi < M; mi++) acc[mi][0] = 0.0f;
     for (int e = lane; e < k; e += 32) {
         const float wf = load_w<WT>(w, (size_t)row * k + e);
 #pragma unroll
-        for (int mi = 0; mi < M; mi++) acc[mi] += wf * x[(size_t)(mi < m ? mi : m - 1) * k + e];
+        for (int mi = 0; mi < M; mi++) acc[mi][0] += wf * x[(size_t)(mi < m ? mi : m - 1) * k + e];
     }
-    gemv_store<M>(acc, y, bias, m, n, row);
+    gemv_store<M, 1>(acc, y, bias, m, n, row);
 }
 
-template <int WT, int M>
+/* Q8_0 weights (blocks of 32: f16 scale d, 32 int8 q; 34 bytes, so only 2-byte aligned): lane j of the warp takes
+ * blocks j, j+32, ... of the row; y += d * Σ q·x per block. The warp's 2-byte loads of 32 neighbouring blocks
+ * cover 1088 contiguous bytes, so each weight byte still comes from memory once (L1 serves the rest). */
+template <int M>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q8_kernel(float *y, const float *x, const uint8_t *w,
+                                                                  const float *bias, int m, int n, int k)
+{
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= n) return;
+    const int nb = k / 32;
+    const uint8_t *wr = w + (size_t)row * nb * 34;
+    float acc[M][1];
+#pragma unroll
+    for (int mi = 0; mi < M; mi++) acc[mi][0] = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+        const unsigned short *bp = (const unsigned short *)(wr + (size_t)b * 34);
+        const float d = __half2float(__ushort_as_half(__ldg(bp)));
+        float qf[32];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const unsigned short u = __ldg(bp + 1 + i);
+            qf[2 * i] = (float)(int8_t)(u & 0xff);
+            qf[2 * i + 1] = (float)(int8_t)(u >> 8);
+        }
+#pragma unroll
+        for (int mi = 0; mi < M; mi++) {
+            const float *xp = x + (size_t)(mi < m ? mi : m - 1) * k + (size_t)b * 32;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) s += qf[i] * xp[i];
+            acc[mi][0] += d * s;
+        }
+    }
+    gemv_store<M, 1>(acc, y, bias, m, n, row);
+}
+
+template <int M>
+static int gemv_q8_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+                          cudaStream_t st)
+{
+    const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
+    gemv_q8_kernel<M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint8_t *)w, bias, m, n, k);
+    FCUDA_LAUNCH_CHECK("gemv_q8_kernel");
+    return FERRY_OK;
+}
+
+static int gemv_q8_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+                        cudaStream_t st)
+{
+    if (m <= 1) return gemv_q8_launch<1>(y, x, w, bias, m, n, k, st);
+    if (m <= 4) return gemv_q8_launch<4>(y, x, w, bias, m, n, k, st);
+    return gemv_q8_launch<16>(y, x, w, bias, m, n, k, st);
+}
+
+template <int WT, int M, int R, int U>
 static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k, bool vec,
                        cudaStream_t st)
 {
-    const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
     if (vec) {
-        gemv_vec_kernel<WT, M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k);
+        const int rows_per_block = GEMV_WARPS * R;
+        const unsigned blocks = (unsigned)((n + rows_per_block - 1) / rows_per_block);
+        gemv_vec_kernel<WT, M, R, U><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k);
         FCUDA_LAUNCH_CHECK("gemv_vec_kernel");
     } else {
+        const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
         gemv_scalar_kernel<WT, M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, w, bias, m, n, k);
         FCUDA_LAUNCH_CHECK("gemv_scalar_kernel");
     }
     return FERRY_OK;
 }
 
+/* Rows per warp R and chunks in flight U by m: more rows per warp share each x load (x traffic through L1 per
+ * weight byte is 2*M/R for 2-byte weights), at the price of registers (M*R accumulators). */
 template <int WT>
 static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k, bool vec,
                      cudaStream_t st)
 {
-    if (m <= 1) return gemv_launch<WT, 1>(y, x, w, bias, m, n, k, vec, st);
-    if (m <= 2) return gemv_launch<WT, 2>(y, x, w, bias, m, n, k, vec, st);
-    if (m <= 4) return gemv_launch<WT, 4>(y, x, w, bias, m, n, k, vec, st);
-    if (m <= 8) return gemv_launch<WT, 8>(y, x, w, bias, m, n, k, vec, st);
-    return gemv_launch<WT, 16>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 1) return gemv_launch<WT, 1, 1, 4>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 4) return gemv_launch<WT, 4, 4, 2>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 8) return gemv_launch<WT, 8, 4, 2>(y, x, w, bias, m, n, k, vec, st);
+    return gemv_launch<WT, 16, 4, 1>(y, x, w, bias, m, n, k, vec, st);
 }
 
 static int check_args(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n, int k)
 {
     if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
-    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16) return FERRY_ERR_UNSUPPORTED;
+    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16 && wt != DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
+    if (wt == DTYPE_Q8_0 && k % 32) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (bias && !FCUDA_ALIGNED(bias, 4))) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(w, wt == DTYPE_F32 ? 4 : 2)) return FERRY_ERR_INVALID;
     return FERRY_OK;
@@ -198,7 +282,8 @@ extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, en
         const int mt = m - i < KERN_CUDA_GEMV_MAX_M ? m - i : KERN_CUDA_GEMV_MAX_M;
         float *yt = y + (size_t)i * n;
         const float *xt = x + (size_t)i * k;
-        if (wt == DTYPE_F32) rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
+        if (wt == DTYPE_Q8_0) rc = gemv_q8_tile(yt, xt, w, bias, mt, n, k, stream);
+        else if (wt == DTYPE_F32) rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
         else if (wt == DTYPE_F16) rc = gemv_tile<WT_F16>(yt, xt, w, bias, mt, n, k, vec, stream);
         else rc = gemv_tile<WT_BF16>(yt, xt, w, bias, mt, n, k, vec, stream);
         if (rc) return rc;
@@ -268,6 +353,7 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
     int rc = check_args(y, x, w, wt, bias, m, n, k);
     if (rc) return rc;
     if (!ctx) return FERRY_ERR_INVALID;
+    if (wt == DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
     FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
     FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
     const float one = 1.0f, zero = 0.0f;
@@ -300,6 +386,7 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
 extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
                                 const float *bias, int m, int n, int k, cudaStream_t stream)
 {
-    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx) return kern_cuda_matmul_gemv(y, x, w, wt, bias, m, n, k, stream);
+    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || wt == DTYPE_Q8_0)
+        return kern_cuda_matmul_gemv(y, x, w, wt, bias, m, n, k, stream);
     return kern_cuda_matmul_cublas(ctx, y, x, w, wt, bias, m, n, k, stream);
 }

@@ -107,13 +107,14 @@ struct mm_arg {
     char *w;
     size_t wbytes;
     int copies, m, n, k, cublas;
+    enum dtype wt;
 };
 static void mm_fn(void *p, int i)
 {
     struct mm_arg *a = p;
     const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->cublas) FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, DTYPE_F16, NULL, a->m, a->n, a->k, st));
-    else FK(kern_cuda_matmul_gemv(a->y, a->x, w, DTYPE_F16, NULL, a->m, a->n, a->k, st));
+    if (a->cublas) FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+    else FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
 }
 
 /* ---- attention ---- */
@@ -236,7 +237,7 @@ int main(int argc, char **argv)
     const int ms_[3] = {1, 4, 16};
     double gemv_total[3] = {0, 0, 0}, bytes_total = 0;
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
@@ -255,8 +256,21 @@ int main(int argc, char **argv)
         printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (one of each shape)\n",
                ms_[mi] == 1 ? "gemv f16 all shapes m=1" : ms_[mi] == 4 ? "gemv f16 all shapes m=4" : "gemv f16 all shapes m=16",
                gemv_total[mi], bytes_total / gemv_total[mi] / 1e6, 100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs);
+    /* Other weight types at one shape (the pool's f16 pattern read as bf16 / Q8_0: finite values). */
+    const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
+    for (int oi = 0; oi < 2; oi++)
+        for (int mi = 0; mi < 3; mi += 2) {
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi]};
+            a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
+            a.copies = (int)(pool_bytes / a.wbytes);
+            const double ms = time_ms(mm_fn, &a, 20);
+            char name[64];
+            snprintf(name, sizeof name, "gemv %s 11008x4096  m=%d", dtype_name(a.wt), a.m);
+            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, a.wbytes / ms / 1e6,
+                   100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
+        }
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # gpu_check.sh — on a GPU machine: build the CUDA kernels, their tests and benches, run the 'cuda' test suite
 # and the benches, and save every log to $OUT (./out when OUT is unset).
 #
@@ -52,7 +52,6 @@ fi
 log "build ok"
 [ $build_only = 1 ] && exit 0
 
-set -o pipefail 2>/dev/null || true
 meson test -C build --suite cuda --no-rebuild --print-errorlogs > "$out/tests.log" 2>&1
 rc=$?
 cp build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null

@@ -4,6 +4,7 @@
  *   GEMV, any weight type: 1e-5 (each w*x product is exact in f32, only the f32 sums round);
  *   cuBLAS f16: 1e-3 (x is rounded to f16 once: 2^-11 relative per element, averaged over k);
  *   cuBLAS bf16: 8e-3 (x rounded to bf16: 2^-8 per element);  cuBLAS f32: 1e-5.
+ * Q8_0 weights are compared with their dequantized values (f16 scale x int8), GEMV tolerance.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -20,6 +21,19 @@ static struct wbuf make_w(enum dtype t, int n, int k)
     const size_t ne = (size_t)n * k;
     w.vals = malloc(ne * 4);
     w.host = malloc(ne * 4);
+    if (t == DTYPE_Q8_0) { /* blocks of 32: f16 scale, 32 int8 */
+        uint8_t *b = w.host;
+        for (size_t blk = 0; blk < ne / 32; blk++, b += 34) {
+            uint16_t h = f32_to_f16(frand() * 0.01f);
+            memcpy(b, &h, 2);
+            for (int i = 0; i < 32; i++) {
+                int8_t q = (int8_t)(irand(255) - 127);
+                b[2 + i] = (uint8_t)q;
+                w.vals[blk * 32 + i] = f16_to_f32(h) * (float)q;
+            }
+        }
+        return w;
+    }
     for (size_t i = 0; i < ne; i++) {
         float f = frand() * 0.5f;
         if (t == DTYPE_F32) ((float *)w.host)[i] = f;
@@ -50,7 +64,7 @@ static void check(struct kern_cuda_ctx *ctx, enum path path, enum dtype t, int m
     double *ref = malloc((size_t)m * n * 8);
     float *y = malloc((size_t)m * n * 4), *y2 = malloc((size_t)m * n * 4);
     ref_matmul(ref, x, w.vals, bias, m, n, k);
-    void *dw = dev_upload(w.host, (size_t)n * k * (t == DTYPE_F32 ? 4 : 2));
+    void *dw = dev_upload(w.host, dtype_row_size(t, k) * n);
     float *dx = dev_upload(x, (size_t)m * k * 4), *db = bias ? dev_upload(bias, n * 4) : NULL;
     float *dy = dev_poison((size_t)m * n * 4);
     for (int rep = 0; rep < 2; rep++) {
@@ -93,6 +107,22 @@ Test(cuda_matmul, gemv_scalar_path_and_large_m)
         check(NULL, PATH_GEMV, types[ti], 16, 65, 13, 0, 1e-5);
         check(NULL, PATH_GEMV, types[ti], 21, 40, 96, 1, 1e-5); /* m > 16: tiles of 16 */
     }
+}
+
+Test(cuda_matmul, gemv_q8_0)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(14);
+    const int ms[] = {1, 3, 16, 20};
+    for (int mi = 0; mi < 4; mi++) check(NULL, PATH_GEMV, DTYPE_Q8_0, ms[mi], 77, 320, mi % 2, 1e-5);
+    struct kern_cuda_ctx *ctx = NULL;
+    cr_assert_eq(kern_cuda_ctx_init(&ctx, 1 << 16), FERRY_OK);
+    check(ctx, PATH_AUTO, DTYPE_Q8_0, 40, 33, 4096, 1, 1e-5); /* auto keeps Q8_0 on the GEMV path */
+    float *d = dev_alloc(1 << 16);
+    cr_assert_eq(kern_cuda_matmul_cublas(ctx, d, d, d, DTYPE_Q8_0, NULL, 20, 1, 32, 0), FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_Q8_0, NULL, 1, 1, 48, 0), FERRY_ERR_INVALID);
+    cudaFree(d);
+    kern_cuda_ctx_free(ctx);
 }
 
 Test(cuda_matmul, cublas_path)
