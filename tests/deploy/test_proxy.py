@@ -97,14 +97,47 @@ def metrics(port):
 
 # ---- the deployment under test -------------------------------------------------------------------------------------
 
+NOBODY = 65534
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+
+
+def _set_mdwe():
+    """In the child before exec: refuse W+X memory, as MemoryDenyWriteExecute=yes does (inherited across exec)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0)
+
+
+def sandbox_prefix(exe, model):
+    """(argv prefix, notes): what of deploy/ferry.service's sandbox can be had here without systemd --
+    no new privileges, an empty capability bounding set, and, when root, an unprivileged uid (DynamicUser)."""
+    sp = tool("setpriv")
+    if not sp:
+        return [], ["setpriv missing: replica b runs unsandboxed"]
+    pre = [sp, "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
+    notes = []
+    if os.geteuid() == 0:
+        user = ["--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups"]
+        ok = subprocess.run(pre + user + ["sh", "-c", f'test -x "{exe}" && test -r "{model}"'], timeout=10)
+        if ok.returncode == 0:
+            pre += user
+        else:
+            notes.append(f"uid {NOBODY} cannot read {exe} or {model}: replica b keeps uid 0")
+    return pre, notes
+
+
 class Replica:
-    def __init__(self, exe, model, port, logdir, name):
-        self.port, self.name = port, name
+    def __init__(self, exe, model, port, logdir, name, sandbox=False):
+        self.port, self.name, self.notes = port, name, []
         self.log = pathlib.Path(logdir) / f"ferry-{name}.log"
         env = dict(os.environ, FERRY_MODEL=str(model), FERRY_HOST="127.0.0.1", FERRY_PORT=str(port),
-                   FERRY_API_KEY=KEY, FERRY_SERVED_MODEL_NAME=MODEL_NAME, FERRY_PUBLIC_HEALTH="1", FERRY_THREADS="1", FERRY_LOG_LEVEL="info")
-        self.proc = subprocess.Popen([str(exe), "serve"], env=env, stdout=self.log.open("wb"),
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                   FERRY_API_KEY=KEY, FERRY_SERVED_MODEL_NAME=MODEL_NAME, FERRY_PUBLIC_HEALTH="1", FERRY_THREADS="1",
+                   FERRY_LOG_LEVEL="info")
+        pre, preexec = [], None
+        if sandbox:
+            pre, self.notes = sandbox_prefix(exe, model)
+            preexec = _set_mdwe
+        self.proc = subprocess.Popen(pre + [str(exe), "serve"], env=env, stdout=self.log.open("wb"),
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=preexec)
 
     def log_tail(self, n=3000):
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
@@ -173,7 +206,8 @@ def deployment(tmp_path_factory):
     if h.returncode != 0 or "--port" not in h.stdout + h.stderr:
         pytest.skip(f"`{exe} serve` is not available in this build: {(h.stdout + h.stderr)[-300:]}")
     tmp = tmp_path_factory.mktemp("deploy")
-    reps = [Replica(exe, model, free_port(), tmp, n) for n in ("a", "b")]
+    # Replica a runs plain, replica b in what can be had of the systemd unit's sandbox (see test_sandboxed_replica).
+    reps = [Replica(exe, model, free_port(), tmp, "a"), Replica(exe, model, free_port(), tmp, "b", sandbox=True)]
     ngx = None
     try:
         deadline = time.monotonic() + STARTUP_S
@@ -362,6 +396,27 @@ def test_readiness_and_health_commands_run(deployment):
     hc = _healthcheck_cmd()
     assert subprocess.run(hc, env=dict(base, FERRY_PORT=str(a.port)), timeout=10).returncode == 0
     assert subprocess.run(hc, env=dict(base, FERRY_PORT=str(dead)), timeout=10, capture_output=True).returncode == 1
+
+
+def test_sandboxed_replica(deployment):
+    """Replica b (which every test above also used) runs as deploy/ferry.service would confine it, as far as that
+    works without systemd: NoNewPrivileges, CapabilityBoundingSet= (empty), MemoryDenyWriteExecute (the kernel's
+    PR_SET_MDWE), and an unprivileged uid like DynamicUser's."""
+    b = deployment["replicas"][1]
+    status = pathlib.Path(f"/proc/{b.proc.pid}/status").read_text()
+    field = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
+    assert field["Name"].strip() == "ferry", "setpriv execs ferry in place"
+    if not tool("setpriv"):
+        pytest.skip("setpriv missing: replica b ran unsandboxed")
+    assert field["NoNewPrivs"].strip() == "1"
+    assert int(field["CapBnd"], 16) == 0 and int(field["CapEff"], 16) == 0
+    if os.geteuid() == 0 and not b.notes:
+        assert field["Uid"].split()[0] == str(NOBODY)
+    assert b.healthy()
+    st, _, body = request(b.port, "POST", "/v1/completions", completion_body(8), headers=AUTH)
+    assert st == 200, body[:300]
+    if b.notes:
+        pytest.skip("; ".join(b.notes))
 
 
 def test_zz_sigterm_drains_replica_and_proxy_fails_over(deployment):
