@@ -54,6 +54,7 @@ struct jlist {
     size_t n, cap;
     struct jv *v; /* (cap) */
     int tuple;    /* printed with () */
+    int gen;      /* a Jinja generator (map/select/items/reverse results): always truthy, no len() */
 };
 
 struct jdict {

@@ -380,10 +380,10 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
     if (NAME_IS("ge") || NAME_IS(">=")) return jv_compare(c, v, a0, off) >= 0;
     if (NAME_IS("in")) return jv_contains(c, a0, v, off);
     if (NAME_IS("odd") || NAME_IS("even") || NAME_IS("divisibleby")) {
-        int64_t x = want_int(c, v, name, off);
+        int64_t x = want_int(c, v, "test odd/even/divisibleby", off);
         if (NAME_IS("odd")) return x % 2 != 0;
         if (NAME_IS("even")) return x % 2 == 0;
-        int64_t d = want_int(c, a0, name, off);
+        int64_t d = want_int(c, a0, "test divisibleby", off);
         if (d == 0) jfail(c, FERRY_ERR_INVALID, off, "division by zero");
         return d == -1 || x % d == 0;
     }
@@ -420,6 +420,7 @@ static struct jv select_items(struct jctx *c, struct jv seq, const struct jargs 
         }
         if (t == keep) jlist_push(c, out.l, l->v[i]);
     }
+    out.l->gen = 1;
     return out;
 }
 
@@ -489,7 +490,9 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
     if (NAME_IS("length") || NAME_IS("count")) {
         switch (v.type) {
         case JV_STR: return jv_int((int64_t)jutf8_len(v.s.p, v.s.n));
-        case JV_LIST: return jv_int((int64_t)v.l->n);
+        case JV_LIST:
+            if (v.l->gen) jfail(c, FERRY_ERR_INVALID, off, "object of type 'generator' has no len() (use '| list')");
+            return jv_int((int64_t)v.l->n);
         case JV_DICT:
         case JV_NS: return jv_int((int64_t)v.d->n);
         case JV_UNDEF: return jv_int(0);
@@ -529,7 +532,7 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         return jbuf_take(&b);
     }
     if (NAME_IS("string")) return jv_to_str(c, v);
-    if (NAME_IS("safe")) return v;
+    if (NAME_IS("safe")) return jv_to_str(c, v); /* Markup: a string from here on */
     if (NAME_IS("int")) return to_int(c, v, arg_or(A, 0, "default", jv_int(0)));
     if (NAME_IS("float")) {
         struct jv dflt = arg_or(A, 0, "default", jv_float(0.0));
@@ -565,13 +568,18 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         struct jlist *l = jv_iter_list(c, v, off);
         struct jv out = jv_list(c, l->n);
         for (size_t i = l->n; i > 0; i--) jlist_push(c, out.l, l->v[i - 1]);
+        out.l->gen = 1; /* reversed() iterator */
         return out;
     }
-    if (NAME_IS("items")) return items_of(c, v, off);
-    if (NAME_IS("indent")) return do_indent(c, jv_to_str(c, v), A);
+    if (NAME_IS("items")) { /* a generator in Jinja */
+        struct jv r = items_of(c, v, off);
+        r.l->gen = 1;
+        return r;
+    }
+    if (NAME_IS("indent")) return do_indent(c, want_str(c, v, "indent", off), A);
     if (NAME_IS("select") || NAME_IS("reject")) return select_items(c, v, A, 0, jv_none(), name[0] == 's');
     if (NAME_IS("selectattr") || NAME_IS("rejectattr")) {
-        struct jv attr = want_str(c, arg_or(A, 0, NULL, jv_undef(NULL, 0)), name, off);
+        struct jv attr = want_str(c, arg_or(A, 0, NULL, jv_undef(NULL, 0)), "selectattr/rejectattr", off);
         return select_items(c, v, A, 1, attr, name[0] == 's');
     }
     if (NAME_IS("map")) {
@@ -583,11 +591,13 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
                 struct jv x = jv_getitem(c, l->v[i], attr, off);
                 jlist_push(c, out.l, x.type == JV_UNDEF ? dflt : x);
             }
+            out.l->gen = 1;
             return out;
         }
         struct jv fname = want_str(c, arg_or(A, 0, NULL, jv_undef(NULL, 0)), "map", off);
         struct jargs FA = {.pos = A->npos > 1 ? A->pos + 1 : NULL, .npos = A->npos > 1 ? A->npos - 1 : 0, .off = off};
         for (size_t i = 0; i < l->n; i++) jlist_push(c, out.l, japply_filter(c, fname.s.p, fname.s.n, l->v[i], &FA));
+        out.l->gen = 1;
         return out;
     }
     jfail(c, FERRY_ERR_UNSUPPORTED, off, "unsupported filter '%.*s'", (int)(n > 40 ? 40 : n), name);

@@ -104,6 +104,7 @@ struct jv jv_getitem(struct jctx *c, struct jv obj, struct jv key, size_t off)
         return v ? *v : jv_undef(key.type == JV_STR ? key.s.p : NULL, key.s.n);
     }
     case JV_LIST:
+        if (obj.l->gen) return jv_undef(NULL, 0);
         if (!as_index(key, &i)) break;
         if (i < 0) i += (int64_t)obj.l->n;
         if (i < 0 || (uint64_t)i >= obj.l->n) return jv_undef(NULL, 0);
@@ -162,8 +163,8 @@ static void slice_indices(struct jctx *c, struct jv s0, struct jv s1, struct jv 
 static struct jv do_slice(struct jctx *c, struct jv obj, struct jv s0, struct jv s1, struct jv s2, size_t off)
 {
     if (obj.type == JV_UNDEF) jfail_undefined(c, obj, off);
-    if (obj.type != JV_LIST && obj.type != JV_STR)
-        jfail(c, FERRY_ERR_INVALID, off, "'%s' object is not subscriptable", jv_type_name(obj));
+    if ((obj.type != JV_LIST && obj.type != JV_STR) || (obj.type == JV_LIST && obj.l->gen)) /* Jinja slices directly */
+        jfail(c, FERRY_ERR_INVALID, off, "'%s' object is not subscriptable", obj.type == JV_LIST ? "generator" : jv_type_name(obj));
     int64_t len, start, stop, step;
     size_t *cps = NULL;
     if (obj.type == JV_LIST) {
@@ -294,7 +295,7 @@ static struct jv binary(struct jctx *c, int op, struct jv a, struct jv b, size_t
         memcpy(p + a.s.n, b.s.p, b.s.n);
         return jv_str(p, a.s.n + b.s.n);
     }
-    if (op == JOP_ADD && a.type == JV_LIST && b.type == JV_LIST) {
+    if (op == JOP_ADD && a.type == JV_LIST && b.type == JV_LIST && !a.l->gen && !b.l->gen) {
         struct jv out = jv_list(c, a.l->n + b.l->n);
         for (size_t i = 0; i < a.l->n; i++) jlist_push(c, out.l, a.l->v[i]);
         for (size_t i = 0; i < b.l->n; i++) jlist_push(c, out.l, b.l->v[i]);

@@ -618,8 +618,10 @@ static struct jnode *parse_filter_expr(struct jctx *c, struct jnode *n)
             next_tok(c);
             size_t off = cur(c)->off;
             struct jv name = expect_name(c);
-            while (is_op(c, ".")) { /* dotted filter names are not in the subset */
-                jfail(c, FERRY_ERR_UNSUPPORTED, off, "unsupported dotted filter name");
+            while (is_op(c, ".")) { /* dotted names parse (as in Jinja) and fail as unknown when applied */
+                next_tok(c);
+                struct jv part = expect_name(c);
+                name = jv_str(c->src + off, (size_t)(part.s.p + part.s.n - (c->src + off)));
             }
             struct jnode *f = node(c, JN_FILTER, off);
             f->val = name;
@@ -635,6 +637,11 @@ static struct jnode *parse_filter_expr(struct jctx *c, struct jnode *n)
                 t->op = 1;
             }
             t->val = expect_name(c);
+            while (is_op(c, ".")) { /* dotted test names parse and fail as unknown when applied */
+                next_tok(c);
+                struct jv part = expect_name(c);
+                t->val = jv_str(c->src + off, (size_t)(part.s.p + part.s.n - (c->src + off)));
+            }
             t->a = n;
             struct jtok *k = cur(c);
             if (is_op(c, "(")) {
@@ -853,7 +860,7 @@ static struct jnode *parse_if(struct jctx *c, size_t off)
 {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
     struct jnode *n = node(c, JN_IF, off);
-    n->a = parse_tuple(c, 1);
+    n->a = parse_tuple(c, 0); /* as Jinja: `{% if a if b else c %}` is a syntax error */
     expect_block_end(c);
     n->b = parse_body(c, ends, off, "if");
     struct jtok *kw = next_tok(c);

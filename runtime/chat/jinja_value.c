@@ -171,7 +171,7 @@ int jv_truthy(struct jv v)
     case JV_INT: return v.i != 0;
     case JV_FLOAT: return v.f != 0.0;
     case JV_STR: return v.s.n != 0;
-    case JV_LIST: return v.l->n != 0;
+    case JV_LIST: return v.l->gen || v.l->n != 0;
     case JV_DICT: return v.d->n != 0;
     default: return 1;
     }
@@ -192,6 +192,7 @@ int jv_equal(struct jv a, struct jv b)
     case JV_NONE: return 1;
     case JV_STR: return a.s.n == b.s.n && memcmp(a.s.p, b.s.p, a.s.n) == 0;
     case JV_LIST:
+        if (a.l->gen || b.l->gen) return a.l == b.l;
         if (a.l->n != b.l->n) return 0;
         for (size_t i = 0; i < a.l->n; i++)
             if (!jv_equal(a.l->v[i], b.l->v[i])) return 0;
@@ -337,7 +338,12 @@ void jv_write_repr(struct jctx *c, struct jbuf *b, struct jv v)
     if (++c->depth > c->max_depth) jfail(c, FERRY_ERR_RANGE, JNO_OFF, "value nested too deeply");
     switch (v.type) {
     case JV_STR: write_str_repr(c, b, v.s.p, v.s.n); break;
+    case JV_UNDEF: put_cstr(c, b, "Undefined"); break;
     case JV_LIST: {
+        if (v.l->gen) {
+            put_cstr(c, b, "<generator object>");
+            break;
+        }
         jbuf_putc(c, b, v.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.l->n; i++) {
             if (i) jbuf_put(c, b, ", ", 2);
@@ -447,6 +453,7 @@ void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int 
         break;
     case JV_STR: write_json_str(c, b, v.s.p, v.s.n); break;
     case JV_LIST:
+        if (v.l->gen) jfail(c, FERRY_ERR_INVALID, off, "Object of type generator is not JSON serializable");
         if (v.l->n == 0) {
             put_cstr(c, b, "[]");
             break;

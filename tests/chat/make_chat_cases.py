@@ -142,6 +142,9 @@ FEATURES = {
     "filter_precedence": "{{ 'a' + ' b ' | trim + 'c' }}|{{ -3 | abs }}|{{ not 'x' is defined }}|{{ messages | length > 2 }}",
     "int_overflow_free": "{{ 2 ** 62 }} {{ 9223372036854775807 }} {{ -9223372036854775807 - 1 }}",
     "float_repr": "{{ 1/3 }} {{ 2.5e-5 }} {{ 1e16 }} {{ 123456789.0 }} {{ 100.0 / 3 }} {{ 1e-4 }} {{ 0.5 }} {{ -0.0 }} {{ 3 * 1.1 }}",
+    "generator_truthiness": "{% if messages | selectattr('role', 'equalto', 'nobody') %}gen-truthy{% endif %}|{% if messages | selectattr('role', 'equalto', 'nobody') | list %}no{% else %}list-falsy{% endif %}|{{ messages | selectattr('role', 'equalto', 'user') | first }}|{{ (messages | map(attribute='role'))[0] }}",
+    "undefined_in_list": "{{ [nope, 1] }}",
+    "dotted_filter_untaken": "{% if false %}{{ x | tojson.keys }}{% endif %}ok",
     "crlf_source": "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n",
     "trailing_newline": "x\n\n",
 }
