@@ -96,7 +96,7 @@ static void roundtrip(const char *name)
     int n_bad = 0, n_skipped = 0;
     /* Some vocabs lack the byte-level character of bytes their training data never had (StarCoder, Refact
      * and Falcon have no token for some of 0xF1..0xF4, the leads of planes 4-16, and Falcon none for 14 ASCII
-     * control characters such as \\v): text with such a byte cannot
+     * control characters such as \v): text with such a byte cannot
      * round-trip under any implementation, so those strings are skipped (and counted). */
     int missing[256] = {0};
     for (int b = 0; b < 256; b++) {
