@@ -17,6 +17,7 @@ static struct engine *open_engine(int n_seqs, int kv_tokens, int threads)
     snprintf(path, sizeof path, "%s/tests/golden/models/llama3_gqa_f16", getenv("FERRY_SRC"));
     if (!mf) cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), 0, "%s", err);
     struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CPU; /* the reference backend; tests/runtime/test_gpu_e2e.c compares CUDA to it */
     p.n_seqs = n_seqs;
     p.ctx_size = 256;
     p.kv_tokens = kv_tokens;

