@@ -1,0 +1,76 @@
+#!/bin/bash
+# run.sh — on a GPU machine (the lent H200): build all of ferry with CUDA, run the CUDA and runtime suites
+# (kernels vs CPU references, the CUDA engine vs the CPU engine, placements), then `ferry bench` on a
+# Llama-2-7B-shaped synthetic model fully resident and with 4 and 8 GiB budgets. Logs go to $OUT.
+#
+#   tests/gpu/run.sh [--no-bench] [--bench-only]
+# Expects .debs (../shared/tools/offline-debs.sh) and optionally .gpu-data (a copy of ../shared/testdata's
+# models and goldens) carried beside the tree.
+set -u
+src=$(pwd)
+out=${OUT:-$src/out}
+mkdir -p "$out"
+bench=1 tests=1
+for a in "$@"; do
+  case $a in
+  --no-bench) bench=0 ;;
+  --bench-only) tests=0 ;;
+  esac
+done
+log() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+if [ -d .debs ]; then
+  if [ ! -d /opt/deps/usr ]; then
+    for f in .debs/*.deb; do dpkg -x "$f" /opt/deps; done
+    sed -i '/^Requires.private/d' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+  fi
+  export PKG_CONFIG_SYSROOT_DIR=/opt/deps
+  export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
+  export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$PATH:/opt/deps/usr/bin:/usr/local/cuda/bin
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$out/machine.txt" 2>&1
+log "machine: $(tail -1 "$out/machine.txt")"
+
+work=/tmp/ferry-e2e
+rm -rf "$work" && mkdir -p "$work"
+# The committed tree when git is there (work in progress elsewhere in the checkout cannot break the run).
+if git -C "$src" rev-parse HEAD >/dev/null 2>&1; then
+  git -C "$src" archive HEAD | tar -C "$work" -xf -
+else
+  tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git -cf - . | tar -C "$work" -xf -
+fi
+cd "$work" || exit 1
+# The suite reads ../shared/testdata; on this machine a carried copy stands in for it.
+[ -d "$src/.gpu-data" ] && mkdir -p ../shared && rm -rf ../shared/testdata && cp -r "$src/.gpu-data" ../shared/testdata
+
+if ! meson setup build -Dcuda=enabled -Dnative=true > "$out/setup.log" 2>&1; then
+  log "meson setup FAILED"; tail -30 "$out/setup.log"; exit 1
+fi
+if ! ninja -C build > "$out/build.log" 2>&1; then
+  log "build FAILED"; grep -E "error" "$out/build.log" | head -30; exit 1
+fi
+log "build ok"
+
+rc=0
+if [ $tests = 1 ]; then
+  meson test -C build --suite cuda --suite runtime --no-rebuild --print-errorlogs --num-processes 1 > "$out/tests.log" 2>&1
+  rc=$?
+  cp build/meson-logs/testlog.txt "$out/testlog.txt"
+  log "tests rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
+  FERRY_SRC=$work FERRY_TESTDATA=$work/../shared/testdata ./build/tests/runtime/test_gpu_e2e --verbose 2>&1 |
+    grep -E "PASS|FAIL|SKIP|WARN|Assertion|differs|Synthesis" | head -40 | tee -a "$out/summary.txt"
+  ./build/server/ferry run --model ../shared/testdata/models/stories260K.gguf --prompt-tokens 1,403,407,261,378 \
+    --max-tokens 32 --temperature 0 --json --log-level info > "$out/run_gpu.json" 2> "$out/run_gpu.err"
+  log "ferry run on GPU: $(head -c 400 "$out/run_gpu.json")"
+fi
+if [ $bench = 1 ]; then
+  B=./build/server/ferry
+  timeout 280 $B bench --synthetic llama-2-7b --batches 1,4,16,64 --prefill 512 --decode-steps 16 --long-context 8192 \
+    > "$out/bench_7b_full.txt" 2>&1; log "bench full rc=$?"; cat "$out/bench_7b_full.txt" | grep -v "^[0-9:.]* info" | tee -a "$out/summary.txt"
+  timeout 150 $B bench --synthetic llama-2-7b --gpu-memory 4GiB --batches 1,4,16 --prefill 512 --decode-steps 6 \
+    > "$out/bench_7b_4g.txt" 2>&1; log "bench 4GiB rc=$?"; grep -v "^[0-9:.]* info" "$out/bench_7b_4g.txt" | tee -a "$out/summary.txt"
+  timeout 120 $B bench --synthetic llama-2-7b --gpu-memory 8GiB --batches 1,16 --prefill 512 --decode-steps 6 \
+    > "$out/bench_7b_8g.txt" 2>&1; log "bench 8GiB rc=$?"; grep -v "^[0-9:.]* info" "$out/bench_7b_8g.txt" | tee -a "$out/summary.txt"
+fi
+exit $rc
