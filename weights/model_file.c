@@ -102,10 +102,10 @@ static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, fl
     return FERRY_OK;
 }
 
-static int open_gguf(struct model_file *mf, const char *path, struct progress *pr, char *err)
+/* Fills mf from mf->gguf, already opened. */
+static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 {
-    int rc = gguf_open(path, &mf->gguf, err);
-    if (rc) return rc;
+    int rc;
     const struct gguf *g = mf->gguf;
     mf->file_bytes = gguf_file_size(g);
     struct llm_hparams *hp = &mf->hp;
@@ -482,7 +482,8 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
         else if (got != 4 || memcmp(magic, "GGUF", 4) != 0)
             rc = fail(e2, FERRY_ERR_FORMAT, "neither a GGUF file (bad magic at offset 0) nor a directory");
         else
-            rc = open_gguf(mf, path, &pr, e2);
+            rc = gguf_open(path, &mf->gguf, e2);
+        if (rc == FERRY_OK) rc = from_gguf(mf, &pr, e2);
     }
     if (rc == FERRY_OK) rc = model_file_validate(mf, e2);
     if (rc) {
@@ -496,6 +497,31 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
         return rc;
     }
     if (progress) progress(pr.done, pr.total, user);
+    *out = mf;
+    return FERRY_OK;
+}
+
+int model_file_open_gguf_mem(const void *buf, size_t size, struct model_file **out, char err[256])
+{
+    *out = NULL;
+    err[0] = '\0';
+    struct model_file *mf = calloc(1, sizeof *mf);
+    struct mf_priv *pv = calloc(1, sizeof *pv);
+    if (!mf || !pv) {
+        free(mf);
+        free(pv);
+        return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    }
+    mf->priv = pv;
+    mf->format = MODEL_FORMAT_GGUF;
+    struct progress pr = {.next = PROGRESS_STEP};
+    int rc = gguf_open_mem(buf, size, &mf->gguf, err);
+    if (rc == FERRY_OK) rc = from_gguf(mf, &pr, err);
+    if (rc == FERRY_OK) rc = model_file_validate(mf, err);
+    if (rc) {
+        model_file_close(mf);
+        return rc;
+    }
     *out = mf;
     return FERRY_OK;
 }

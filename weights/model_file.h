@@ -73,6 +73,8 @@ typedef void (*model_file_progress_fn)(uint64_t done, uint64_t total, void *user
 int model_file_open(const char *path, struct model_file **out, model_file_progress_fn progress, void *user,
                     char err[256]);
 void model_file_close(struct model_file *mf); /* accepts NULL and half-built objects */
+/* A GGUF model over a caller-owned buffer that must outlive it (fuzzing, tests); same checks as a file. */
+int model_file_open_gguf_mem(const void *buf, size_t size, struct model_file **out, char err[256]);
 
 /* The tensor with this internal name, or NULL. */
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name);

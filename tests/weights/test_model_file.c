@@ -133,6 +133,23 @@ Test(model_file, gguf_v2_llama_q8_tied_rope_freqs)
     model_file_close(mf);
 }
 
+Test(model_file, gguf_from_memory)
+{
+    char p[4096], err[256];
+    FILE *f = fopen(wt_fixture(p, sizeof p, "qwen2.gguf"), "rb");
+    cr_assert_not_null(f);
+    static uint8_t buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    struct model_file *mf;
+    cr_assert_eq(model_file_open_gguf_mem(buf, n, &mf, err), FERRY_OK, "%s", err);
+    cr_assert_eq(mf->hp.head_dim, 6);
+    cr_assert_eq((const uint8_t *)model_file_tensor(mf, "output_norm.weight")->data > buf, 1);
+    model_file_close(mf);
+    cr_assert_eq(model_file_open_gguf_mem(buf, n / 2, &mf, err), FERRY_ERR_FORMAT);
+    cr_assert_null(mf);
+}
+
 Test(model_file, gguf_qwen2_biases_half_rope)
 {
     char p[4096];
