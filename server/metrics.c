@@ -121,8 +121,9 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_requests_rejected_total", "Requests refused because the queue was full.",
             m->requests_rejected);
     COUNTER("ferry_engine_steps_total", "engine_step calls.", m->engine_steps);
-    GAUGE("ferry_engine_busy_seconds_total", "Wall time spent inside engine_step.", "%.6f",
-          m->engine_busy_seconds);
+    sb_printf(&b, "# HELP ferry_engine_busy_seconds_total Wall time spent inside engine_step.\n"
+                  "# TYPE ferry_engine_busy_seconds_total counter\nferry_engine_busy_seconds_total %.6f\n",
+              m->engine_busy_seconds);
     GAUGE("ferry_queue_depth", "Sequences waiting for a slot.", "%d", m->queue_depth);
     GAUGE("ferry_running_sequences", "Sequences holding a slot.", "%d", m->running_seqs);
     GAUGE("ferry_batch_tokens", "Tokens in the last engine step.", "%d", m->last_batch_tokens);

@@ -1,0 +1,194 @@
+/* Unit tests of the server's pure parts: the option table (env vs argv, bounds, sizes, help), the one
+ * status → HTTP mapping, the OpenAI error object, and the UTF-8 sanitizer applied to model output. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/core/status.h"
+#include "server/api.h"
+#include "server/options.h"
+
+static int parse(struct serve_options *o, char err[256], int argc, char **argv)
+{
+    *o = serve_options_default();
+    return serve_options_parse(o, argc, argv, err);
+}
+
+Test(options, defaults)
+{
+    struct serve_options o = serve_options_default();
+    cr_assert_str_eq(o.host, "127.0.0.1");
+    cr_assert_eq(o.port, 8080);
+    cr_assert_eq(o.parallel, 4);
+    cr_assert_eq(o.body_limit, 1 << 20);
+    cr_assert_eq(o.seed, -1);
+    cr_assert_eq(o.gpu_layers, -1);
+    cr_assert_str_eq(o.quant, "none");
+    cr_assert_null(o.model);
+    cr_assert_eq(o.n_api_keys, 0);
+}
+
+Test(options, env_then_argv)
+{
+    setenv("FERRY_PORT", "9001", 1);
+    setenv("FERRY_PARALLEL", "7", 1);
+    setenv("FERRY_PUBLIC_HEALTH", "true", 1);
+    setenv("FERRY_BODY_LIMIT", "512KiB", 1);
+    char *argv[] = {"serve", "--port", "9002", "--model=/m.gguf", "--api-key", "a", "--api-key", "b", "--deterministic"};
+    struct serve_options o;
+    char err[256];
+    cr_assert_eq(parse(&o, err, 9, argv), 0, "%s", err);
+    cr_assert_eq(o.port, 9002, "argv wins over the environment");
+    cr_assert_eq(o.parallel, 7);
+    cr_assert_eq(o.public_health, 1);
+    cr_assert_eq(o.body_limit, 512 * 1024);
+    cr_assert_str_eq(o.model, "/m.gguf");
+    cr_assert_eq(o.n_api_keys, 2);
+    cr_assert_str_eq(o.api_keys[1], "b");
+    cr_assert_eq(o.deterministic, 1);
+}
+
+Test(options, sizes)
+{
+    char *argv[] = {"serve", "--gpu-memory", "4GiB", "--reserve-vram", "1.5G", "--body-limit", "2048"};
+    struct serve_options o;
+    char err[256];
+    cr_assert_eq(parse(&o, err, 7, argv), 0, "%s", err);
+    cr_assert_eq(o.gpu_memory, 4LL << 30);
+    cr_assert_eq(o.reserve_vram, 3LL << 29);
+    cr_assert_eq(o.body_limit, 2048);
+}
+
+Test(options, errors_name_the_option)
+{
+    struct {
+        int argc;
+        char *argv[4];
+        const char *want;
+    } cases[] = {
+        {3, {"serve", "--port", "70000"}, "--port"},
+        {3, {"serve", "--port", "12x"}, "--port"},
+        {3, {"serve", "--parallel", "0"}, "--parallel"},
+        {2, {"serve", "--bogus"}, "--bogus"},
+        {2, {"serve", "--model"}, "--model"},
+        {3, {"serve", "--log-level", "loud"}, "--log-level"},
+        {3, {"serve", "--quant", "int3"}, "--quant"},
+        {3, {"serve", "--body-limit", "12 parsecs"}, "--body-limit"},
+        {3, {"serve", "--public-health=maybe", NULL}, "--public-health"},
+        {2, {"serve", "positional"}, "positional"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct serve_options o;
+        char err[256] = "";
+        cr_assert_eq(parse(&o, err, cases[i].argc, cases[i].argv), FERRY_ERR_INVALID, "case %zu", i);
+        cr_assert(strstr(err, cases[i].want), "case %zu: '%s' should name %s", i, err, cases[i].want);
+    }
+    setenv("FERRY_PORT", "-5", 1);
+    char *argv[] = {"serve"};
+    struct serve_options o;
+    char err[256] = "";
+    cr_assert_eq(parse(&o, err, 1, argv), FERRY_ERR_INVALID);
+    cr_assert(strstr(err, "FERRY_PORT"), "%s", err);
+}
+
+Test(options, help_lists_every_option_and_env)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    serve_options_help(f);
+    fclose(f);
+    const char *must[] = {"--model", "FERRY_MODEL", "--api-key", "--api-key-file", "--ctx-size", "--parallel",
+                          "--max-batch-tokens", "--threads", "--max-queue", "--body-limit", "--timeout",
+                          "--shutdown-timeout", "--cors-origin", "--chat-template", "--public-health",
+                          "--log-level", "--served-model-name", "--seed", "--gpu-memory", "--reserve-vram",
+                          "--gpu-layers", "--quant", "--deterministic", "FERRY_SHUTDOWN_TIMEOUT", "default 8080"};
+    for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) cr_assert(strstr(buf, must[i]), "help lacks %s", must[i]);
+    free(buf);
+}
+
+Test(options, key_file)
+{
+    char path[] = "/tmp/ferry-keys-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("# comment\n\n  key-one  \nkey-two\n", f);
+    fclose(f);
+    struct serve_options o = serve_options_default();
+    o.api_key_file = path;
+    char err[256];
+    cr_assert_eq(serve_options_load_key_file(&o, err), 0, "%s", err);
+    cr_assert_eq(o.n_api_keys, 2);
+    cr_assert_str_eq(o.api_keys[0], "key-one");
+    cr_assert_str_eq(o.api_keys[1], "key-two");
+    serve_options_free(&o);
+    unlink(path);
+    o = serve_options_default();
+    o.api_key_file = "/nonexistent/keys";
+    cr_assert_eq(serve_options_load_key_file(&o, err), FERRY_ERR_IO);
+    cr_assert(strstr(err, "/nonexistent/keys"));
+}
+
+Test(api, status_mapping)
+{
+    struct {
+        int st, http;
+    } m[] = {{FERRY_ERR_INVALID, 400}, {FERRY_ERR_RANGE, 400}, {FERRY_ERR_FORMAT, 400},
+             {FERRY_ERR_UNSUPPORTED, 400}, {FERRY_ERR_NOT_FOUND, 404}, {SERVE_ERR_NO_ROUTE, 404},
+             {SERVE_ERR_UNAUTHORIZED, 401}, {SERVE_ERR_METHOD, 405}, {SERVE_ERR_TOO_LARGE, 413},
+             {FERRY_ERR_BUSY, 503}, {SERVE_ERR_LOADING, 503}, {SERVE_ERR_SHUTDOWN, 503},
+             {FERRY_ERR_TIMEOUT, 504}, {FERRY_ERR_INTERNAL, 500}, {FERRY_ERR_IO, 500}, {FERRY_ERR_CUDA, 500}};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        const char *type = NULL, *code = NULL;
+        cr_assert_eq(api_http_status(m[i].st, &type, &code), m[i].http, "status %d", m[i].st);
+        cr_assert(type && *type);
+    }
+}
+
+Test(api, error_object)
+{
+    size_t len;
+    char *body = api_error_body(FERRY_ERR_INVALID, "bad \"temperature\" \xff", "temperature", &len);
+    cr_assert_not_null(body);
+    json_error_t je;
+    json_t *o = json_loads(body, 0, &je);
+    cr_assert_not_null(o, "%s: %s", body, je.text);
+    json_t *e = json_object_get(o, "error");
+    cr_assert_eq(json_object_size(o), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    cr_assert_str_eq(json_string_value(json_object_get(e, "param")), "temperature");
+    cr_assert(json_is_null(json_object_get(e, "code")));
+    cr_assert(strstr(json_string_value(json_object_get(e, "message")), "\xef\xbf\xbd"), "invalid byte replaced");
+    json_decref(o);
+    free(body);
+}
+
+Test(api, utf8_sanitize)
+{
+    struct {
+        const char *in;
+        size_t n;
+        const char *out;
+    } c[] = {
+        {"plain", 5, "plain"},
+        {"\xc3\xa9t\xc3\xa9", 5, "\xc3\xa9t\xc3\xa9"},
+        {"\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80"},
+        {"a\xff" "b", 3, "a\xef\xbf\xbd" "b"},
+        {"\xe2\x82", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* truncated sequence */
+        {"\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* overlong */
+        {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* surrogate */
+        {"a\0b", 3, "a\xef\xbf\xbd" "b"},                            /* NUL */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        size_t n;
+        char *s = utf8_sanitize(c[i].in, c[i].n, &n);
+        cr_assert_not_null(s);
+        cr_assert_eq(n, strlen(c[i].out), "case %zu", i);
+        cr_assert_str_eq(s, c[i].out, "case %zu", i);
+        free(s);
+    }
+}
