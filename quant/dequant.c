@@ -30,6 +30,9 @@
 #include <string.h>
 
 #include "kernels/core/fp16.h"
+
+/* Vector-returning static helpers are never called across an ABI boundary. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/core/status.h"
 #include "quant/blocks.h"
 

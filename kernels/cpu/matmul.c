@@ -17,15 +17,21 @@
 #include <string.h>
 
 #include "kernels/core/fp16.h"
+
+/* Vector-returning static helpers are never called across an ABI boundary. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/core/status.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
 #include "quant/dequant.h"
 
+/* Vector length in floats: one register of the widest ISA the build targets. */
 #if defined(__AVX512F__)
 #define VL 16
-#else
+#elif defined(__AVX__)
 #define VL 8
+#else
+#define VL 4
 #endif
 
 typedef float vf __attribute__((vector_size(VL * 4)));
@@ -40,8 +46,10 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define X_L2_BYTES (512 * 1024)  /* budget for the (m, KC) slice of x */
 
 /* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by byte). */
-#if defined(__x86_64__)
+#if defined(__x86_64__) && defined(__AVX512F__)
 #define IN_REG(v) __asm__("" : "+v"(v))
+#elif defined(__x86_64__) && defined(__AVX__)
+#define IN_REG(v) __asm__("" : "+x"(v))
 #else
 #define IN_REG(v) ((void)0)
 #endif
@@ -113,14 +121,17 @@ static inline float load_w1(const void *w, ptrdiff_t c, enum wkind kind)
 static inline float hsum(vf v)
 {
     /* Fixed pairwise order. */
-#if VL == 16
-    float s[8];
-    for (int l = 0; l < 8; l++) s[l] = v[l] + v[l + 8];
+#if VL == 4
+    return (v[0] + v[2]) + (v[1] + v[3]);
 #else
     float s[8];
+#if VL == 16
+    for (int l = 0; l < 8; l++) s[l] = v[l] + v[l + 8];
+#else
     for (int l = 0; l < 8; l++) s[l] = v[l];
 #endif
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+#endif
 }
 
 #define WROW(w, ldw, j) ((const void *)((const uint8_t *)(w) + (j) * (ldw)))
