@@ -104,6 +104,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
             row_m[tid] = -INFINITY;
             row_l[tid] = 0.0f;
         }
+        /* The reset must be visible before the write-out below even when this split holds no position of the
+         * run and the tile loop (whose barriers would order it) does not run: racecheck found this one. */
+        __syncthreads();
         float o[ATT_RMAX][2];
 #pragma unroll
         for (int j = 0; j < ATT_RMAX; j++) o[j][0] = o[j][1] = 0.0f;
