@@ -19,13 +19,14 @@ TESTDATA = pathlib.Path(os.environ.get("FERRY_TESTDATA") or SRC.parent / "shared
 
 
 def ferry_binary():
-    """FERRY_BIN, else $FERRY_BUILD/server/ferry, else build/server/ferry; None when none exists."""
+    """FERRY_BIN, else $FERRY_BUILD/server/ferry, build/server/ferry, build-deploy/server/ferry; None if none."""
     cands = []
     if os.environ.get("FERRY_BIN"):
         cands.append(pathlib.Path(os.environ["FERRY_BIN"]))
     if os.environ.get("FERRY_BUILD"):
         cands.append(pathlib.Path(os.environ["FERRY_BUILD"]) / "server" / "ferry")
     cands.append(SRC / "build" / "server" / "ferry")
+    cands.append(SRC / "build-deploy" / "server" / "ferry")  # tests/deploy/run.sh builds it there when needed
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return c

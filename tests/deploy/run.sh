@@ -9,6 +9,8 @@
 # Env:   FERRY_BIN      ferry binary (default: $FERRY_BUILD/server/ferry, else build/server/ferry)
 #        FERRY_TESTDATA test data (default: ../shared/testdata); the model is models/stories260K.gguf
 #        FERRY_DEPLOY_MODEL  another GGUF for the proxy tests
+#        FERRY_DEPLOY_REQUIRE_SERVER=1  a missing binary or model fails the proxy tests instead of skipping them
+#        FERRY_DEPLOY_BUILD=1  also run the Dockerfile's cpu build commands on a clean export (~1 min)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 src=$(cd "$here/../.." && pwd)
@@ -53,12 +55,26 @@ fi
 $py -c 'import pytest, yaml' || { log "pytest and pyyaml are required"; exit 1; }
 
 # ---- the ferry binary ---------------------------------------------------------------------------------------------
+# Found as FERRY_BIN, $FERRY_BUILD/server/ferry or build/server/ferry; else built here into build-deploy/ (CPU only).
 if [ -z "${FERRY_BIN:-}" ]; then
-    for b in "${FERRY_BUILD:-}/server/ferry" "$src/build/server/ferry"; do
+    for b in "${FERRY_BUILD:-}/server/ferry" "$src/build/server/ferry" "$src/build-deploy/server/ferry"; do
         if [ -x "$b" ]; then export FERRY_BIN="$b"; break; fi
     done
 fi
-log "ferry binary: ${FERRY_BIN:-none found (proxy tests skip)}"
+if [ -z "${FERRY_BIN:-}" ] && command -v meson >/dev/null && command -v ninja >/dev/null; then
+    log "no ferry binary: building build-deploy/server/ferry (-Dcuda=disabled -Dtests=disabled)"
+    blog="$src/build-deploy/deploy-build.log"
+    mkdir -p "$src/build-deploy"
+    if { [ -f "$src/build-deploy/build.ninja" ] ||
+         meson setup "$src/build-deploy" "$src" -Dcuda=disabled -Dtests=disabled; } >"$blog.tmp" 2>&1 &&
+       mv "$blog.tmp" "$blog" && ninja -C "$src/build-deploy" server/ferry >>"$blog" 2>&1; then
+        export FERRY_BIN="$src/build-deploy/server/ferry"
+    else
+        log "building ferry failed (tail of the log below): the proxy tests skip"
+        tail -15 "$blog"* >&2
+    fi
+fi
+log "ferry binary: ${FERRY_BIN:-none found (proxy tests skip; FERRY_DEPLOY_REQUIRE_SERVER=1 makes that a failure)}"
 
 cd "$here"
 exec $py -m pytest -p no:cacheprovider -rs -v "$@" test_static.py test_proxy.py

@@ -192,19 +192,27 @@ class Nginx:
                 self.proc.wait()
 
 
+def _missing(why):
+    """Skips, or fails when FERRY_DEPLOY_REQUIRE_SERVER=1 (for a CI that must run these tests)."""
+    if os.environ.get("FERRY_DEPLOY_REQUIRE_SERVER") == "1":
+        pytest.fail(why + " (FERRY_DEPLOY_REQUIRE_SERVER=1)")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     if not tool("nginx"):
-        pytest.skip("nginx not installed (tests/deploy/run.sh installs nginx-light from Debian)")
+        _missing("nginx not installed (tests/deploy/run.sh installs nginx-light from Debian)")
     exe = ferry_binary()
     if exe is None:
-        pytest.skip("ferry binary not built (looked at $FERRY_BIN, $FERRY_BUILD/server/ferry, build/server/ferry)")
+        _missing("ferry binary not built (looked at $FERRY_BIN, $FERRY_BUILD/server/ferry, build/server/ferry, "
+                 "build-deploy/server/ferry)")
     model, why = test_model()
     if model is None:
-        pytest.skip(why)
+        _missing(why)
     h = subprocess.run([str(exe), "serve", "--help"], capture_output=True, text=True, timeout=20)
     if h.returncode != 0 or "--port" not in h.stdout + h.stderr:
-        pytest.skip(f"`{exe} serve` is not available in this build: {(h.stdout + h.stderr)[-300:]}")
+        _missing(f"`{exe} serve` is not available in this build: {(h.stdout + h.stderr)[-300:]}")
     tmp = tmp_path_factory.mktemp("deploy")
     # Replica a runs plain, replica b in what can be had of the systemd unit's sandbox (see test_sandboxed_replica).
     reps = [Replica(exe, model, free_port(), tmp, "a"), Replica(exe, model, free_port(), tmp, "b", sandbox=True)]
