@@ -20,13 +20,13 @@
 #error "gguf.c reads little-endian files by memcpy and needs a little-endian host"
 #endif
 
-#define GGUF_MAGIC "GGUF"
+#define GGUF_MAGIC             "GGUF"
 #define GGUF_DEFAULT_ALIGNMENT 32
-#define GGUF_MAX_NAME 95       /* tensor names must fit struct wtensor's name[96] */
-#define GGUF_MAX_KEY 65535     /* the spec's bound on key length */
-#define GGUF_MAX_NEST 8        /* nested arrays deeper than this are rejected (bounded recursion) */
-#define GGUF_MIN_KV_BYTES 13   /* u64 key len + 1 key byte + u32 type + 1-byte value */
-#define GGUF_MIN_TI_BYTES 33   /* u64 name len + 1 name byte + u32 n_dims + u64 ne + u32 type + u64 offset */
+#define GGUF_MAX_NAME          95    /* tensor names must fit struct wtensor's name[96] */
+#define GGUF_MAX_KEY           65535 /* the spec's bound on key length */
+#define GGUF_MAX_NEST          8     /* nested arrays deeper than this are rejected (bounded recursion) */
+#define GGUF_MIN_KV_BYTES      13    /* u64 key len + 1 key byte + u32 type + 1-byte value */
+#define GGUF_MIN_TI_BYTES      33 /* u64 name len + 1 name byte + u32 n_dims + u64 ne + u32 type + u64 offset */
 
 /* ---------------------------------------------------------------- types */
 
@@ -42,14 +42,14 @@ struct gguf_kv {
 struct gguf {
     const uint8_t *base; /* (size) bytes: the mapping or the caller's buffer */
     size_t size;
-    struct mapfile map;  /* gguf_open only */
+    struct mapfile map; /* gguf_open only */
     uint32_t version;
     int n_kv;
-    struct gguf_kv *kv;  /* (n_kv) */
+    struct gguf_kv *kv; /* (n_kv) */
     int n_tensors;
     struct gguf_tensor_info *ti; /* (n_tensors) */
     size_t alignment;
-    size_t data_start;   /* byte offset of the tensor data section */
+    size_t data_start; /* byte offset of the tensor data section */
 };
 
 /* The reader's cursor: everything read goes through rd_need, which checks the remaining bytes. */
@@ -85,7 +85,10 @@ static const char *san(char out[80], const char *p, size_t len)
     return out;
 }
 
-static size_t rd_left(const struct rd *r) { return r->size - r->pos; }
+static size_t rd_left(const struct rd *r)
+{
+    return r->size - r->pos;
+}
 
 static int rd_need(struct rd *r, size_t n, const char *what, const char *name)
 {
@@ -156,12 +159,26 @@ static int rd_str(struct rd *r, struct gguf_str *s, size_t max_len, const char *
 static int vtype_size(uint32_t t)
 {
     switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
-    case GGUF_TYPE_STRING: case GGUF_TYPE_ARRAY: return 0;
-    default: return -1;
+    case GGUF_TYPE_UINT8:
+    case GGUF_TYPE_INT8:
+    case GGUF_TYPE_BOOL:
+        return 1;
+    case GGUF_TYPE_UINT16:
+    case GGUF_TYPE_INT16:
+        return 2;
+    case GGUF_TYPE_UINT32:
+    case GGUF_TYPE_INT32:
+    case GGUF_TYPE_FLOAT32:
+        return 4;
+    case GGUF_TYPE_UINT64:
+    case GGUF_TYPE_INT64:
+    case GGUF_TYPE_FLOAT64:
+        return 8;
+    case GGUF_TYPE_STRING:
+    case GGUF_TYPE_ARRAY:
+        return 0;
+    default:
+        return -1;
     }
 }
 
@@ -177,10 +194,10 @@ static size_t vtype_min_bytes(uint32_t t)
 static const char *ggml_type_name(uint32_t t)
 {
     static const char *const names[] = {
-        "F32",     "F16",    "Q4_0",   "Q4_1",  NULL,     NULL,    "Q5_0",   "Q5_1",   "Q8_0",  "Q8_1",
-        "Q2_K",    "Q3_K",   "Q4_K",   "Q5_K",  "Q6_K",   "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
-        "IQ4_NL",  "IQ3_S",  "IQ2_S",  "IQ4_XS", "I8",    "I16",   "I32",    "I64",    "F64",   "IQ1_M",
-        "BF16",    NULL,     NULL,     NULL,    "TQ1_0",  "TQ2_0", NULL,     NULL,     NULL,    "MXFP4",
+        "F32",    "F16",   "Q4_0",  "Q4_1",   NULL,    NULL,    "Q5_0",    "Q5_1",   "Q8_0",    "Q8_1",
+        "Q2_K",   "Q3_K",  "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
+        "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",    "I16",   "I32",     "I64",    "F64",     "IQ1_M",
+        "BF16",   NULL,    NULL,    NULL,     "TQ1_0", "TQ2_0", NULL,      NULL,     NULL,      "MXFP4",
     };
     return t < sizeof names / sizeof names[0] ? names[t] : NULL;
 }
@@ -196,7 +213,8 @@ static uint64_t hash_bytes(const char *p, size_t n)
 
 /* Inserts names[i] for i in 0..n-1 into an open-addressing table; returns the index of the first
  * duplicate found (the later one), -1 when all are distinct, or -2 on allocation failure. */
-static long long find_duplicate(const struct gguf_str *(*get)(const void *, size_t), const void *ctx, size_t n)
+static long long find_duplicate(const struct gguf_str *(*get)(const void *, size_t), const void *ctx,
+                                size_t n)
 {
     size_t cap = 16;
     while (cap < 2 * n) cap *= 2;
@@ -221,7 +239,10 @@ static long long find_duplicate(const struct gguf_str *(*get)(const void *, size
     return dup;
 }
 
-static const struct gguf_str *kv_key_at(const void *ctx, size_t i) { return &((const struct gguf_kv *)ctx)[i].key; }
+static const struct gguf_str *kv_key_at(const void *ctx, size_t i)
+{
+    return &((const struct gguf_kv *)ctx)[i].key;
+}
 static const struct gguf_str *ti_name_at(const void *ctx, size_t i)
 {
     return &((const struct gguf_tensor_info *)ctx)[i].name;
@@ -238,9 +259,10 @@ static int skip_array_body(struct rd *r, uint32_t et, uint64_t n, int depth, con
     int es = vtype_size(et);
     if (es > 0) {
         if (n > rd_left(r) / (size_t)es)
-            return fail(r->err, FERRY_ERR_FORMAT,
-                        "key '%s' at offset %zu: array of %llu elements of %d bytes exceeds the %zu bytes left",
-                        san(sk, key, strlen(key)), r->pos, (unsigned long long)n, es, rd_left(r));
+            return fail(
+                r->err, FERRY_ERR_FORMAT,
+                "key '%s' at offset %zu: array of %llu elements of %d bytes exceeds the %zu bytes left",
+                san(sk, key, strlen(key)), r->pos, (unsigned long long)n, es, rd_left(r));
         r->pos += (size_t)n * (size_t)es;
         return FERRY_OK;
     }
@@ -308,8 +330,8 @@ static int parse_kv(struct gguf *g, struct rd *r, struct gguf_kv *kv)
     rc = rd_u32(r, &t, "value type of key", kz);
     if (rc) return rc;
     if (vtype_size(t) < 0)
-        return fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown value type %u", san(key, kz, strlen(kz)),
-                    tat, t);
+        return fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown value type %u",
+                    san(key, kz, strlen(kz)), tat, t);
     kv->type = (enum gguf_vtype)t;
     if (t != GGUF_TYPE_ARRAY) {
         kv->off = r->pos;
@@ -325,8 +347,9 @@ static int parse_kv(struct gguf *g, struct rd *r, struct gguf_kv *kv)
     if (et == GGUF_TYPE_STRING) {
         /* n <= remaining/8 was checked, so this table is at most the size of the file. */
         kv->str_offs = malloc((size_t)(n ? n : 1) * sizeof *kv->str_offs);
-        if (!kv->str_offs) return fail(r->err, FERRY_ERR_NOMEM, "key '%s': out of memory for %llu strings", kz,
-                                       (unsigned long long)n);
+        if (!kv->str_offs)
+            return fail(r->err, FERRY_ERR_NOMEM, "key '%s': out of memory for %llu strings", kz,
+                        (unsigned long long)n);
         for (uint64_t i = 0; i < n; i++) {
             kv->str_offs[i] = r->pos;
             struct gguf_str s;
@@ -351,7 +374,8 @@ static int parse_tensor_info(struct rd *r, struct gguf_tensor_info *ti, uint64_t
     size_t dat = r->pos;
     if ((rc = rd_u32(r, &nd, "n_dims of tensor", sn))) return rc;
     if (nd < 1 || nd > 4)
-        return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: n_dims %u not in 1..4", sn, dat, nd);
+        return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: n_dims %u not in 1..4", sn, dat,
+                    nd);
     ti->n_dims = (int)nd;
     int64_t nel = 1;
     for (int d = 0; d < 4; d++) ti->ne[d] = 1;
@@ -360,10 +384,12 @@ static int parse_tensor_info(struct rd *r, struct gguf_tensor_info *ti, uint64_t
         size_t nat = r->pos;
         if ((rc = rd_u64(r, &ne, "shape of tensor", sn))) return rc;
         if (ne < 1 || ne > (uint64_t)INT64_MAX)
-            return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: ne[%u] = %llu is not in 1..2^63-1",
-                        sn, nat, d, (unsigned long long)ne);
+            return fail(r->err, FERRY_ERR_FORMAT,
+                        "tensor '%s' at offset %zu: ne[%u] = %llu is not in 1..2^63-1", sn, nat, d,
+                        (unsigned long long)ne);
         if (__builtin_mul_overflow(nel, (int64_t)ne, &nel))
-            return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: element count overflows", sn, nat);
+            return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: element count overflows", sn,
+                        nat);
         ti->ne[d] = (int64_t)ne;
     }
     uint32_t t;
@@ -372,8 +398,8 @@ static int parse_tensor_info(struct rd *r, struct gguf_tensor_info *ti, uint64_t
     if (!dtype_valid(t)) {
         const char *gn = ggml_type_name(t);
         if (gn)
-            return fail(r->err, FERRY_ERR_UNSUPPORTED, "tensor '%s' at offset %zu: type %s (%u) is not supported",
-                        sn, tat, gn, t);
+            return fail(r->err, FERRY_ERR_UNSUPPORTED,
+                        "tensor '%s' at offset %zu: type %s (%u) is not supported", sn, tat, gn, t);
         return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: unknown ggml type %u", sn, tat, t);
     }
     ti->type = (enum dtype)t;
@@ -400,27 +426,31 @@ static int parse(struct gguf *g, char *err)
     r.pos = 4;
     if ((rc = rd_u32(&r, &g->version, "version", NULL))) return rc;
     if (g->version == 1)
-        return fail(err, FERRY_ERR_UNSUPPORTED, "GGUF version 1 at offset 4 is not supported (only v2 and v3)");
+        return fail(err, FERRY_ERR_UNSUPPORTED,
+                    "GGUF version 1 at offset 4 is not supported (only v2 and v3)");
     if (g->version != 2 && g->version != 3) {
         if (g->version >= 0x01000000u)
             return fail(err, FERRY_ERR_UNSUPPORTED,
                         "GGUF version %u at offset 4: a big-endian file? only little-endian v2/v3 are read",
                         g->version);
-        return fail(err, FERRY_ERR_UNSUPPORTED, "GGUF version %u at offset 4 is not supported (only v2 and v3)",
-                    g->version);
+        return fail(err, FERRY_ERR_UNSUPPORTED,
+                    "GGUF version %u at offset 4 is not supported (only v2 and v3)", g->version);
     }
     uint64_t n_tensors, n_kv;
     if ((rc = rd_u64(&r, &n_tensors, "tensor count", NULL))) return rc;
     if ((rc = rd_u64(&r, &n_kv, "metadata count", NULL))) return rc;
     if (n_kv > rd_left(&r) / GGUF_MIN_KV_BYTES || n_kv > INT32_MAX)
-        return fail(err, FERRY_ERR_FORMAT, "metadata count %llu at offset 16 is impossible with %zu bytes left",
+        return fail(err, FERRY_ERR_FORMAT,
+                    "metadata count %llu at offset 16 is impossible with %zu bytes left",
                     (unsigned long long)n_kv, rd_left(&r));
     if (n_tensors > rd_left(&r) / GGUF_MIN_TI_BYTES || n_tensors > INT32_MAX)
         return fail(err, FERRY_ERR_FORMAT, "tensor count %llu at offset 8 is impossible with %zu bytes left",
                     (unsigned long long)n_tensors, rd_left(&r));
 
     g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
-    if (!g->kv) return fail(err, FERRY_ERR_NOMEM, "out of memory for %llu metadata entries", (unsigned long long)n_kv);
+    if (!g->kv)
+        return fail(err, FERRY_ERR_NOMEM, "out of memory for %llu metadata entries",
+                    (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
         g->n_kv = (int)i + 1; /* so that gguf_close frees what was allocated so far */
         if ((rc = parse_kv(g, &r, &g->kv[i]))) return rc;
@@ -436,8 +466,8 @@ static int parse(struct gguf *g, char *err)
     if (ai >= 0) {
         uint32_t a;
         if (gguf_get_u32(g, "general.alignment", &a) != FERRY_OK || a == 0 || (a & (a - 1)) != 0)
-            return fail(err, FERRY_ERR_FORMAT, "key 'general.alignment' at offset %zu: not a power-of-two u32",
-                        g->kv[ai].off);
+            return fail(err, FERRY_ERR_FORMAT,
+                        "key 'general.alignment' at offset %zu: not a power-of-two u32", g->kv[ai].off);
         g->alignment = a;
     }
 
@@ -472,8 +502,9 @@ static int parse(struct gguf *g, char *err)
     size_t pad = (g->alignment - r.pos % g->alignment) % g->alignment;
     g->data_start = r.pos + pad; /* r.pos <= size, pad < 2^32: no overflow */
     if (n_tensors > 0 && g->data_start > g->size) {
-        rc = fail(err, FERRY_ERR_FORMAT, "truncated: tensor data would start at offset %zu, file has %zu bytes",
-                  g->data_start, g->size);
+        rc = fail(err, FERRY_ERR_FORMAT,
+                  "truncated: tensor data would start at offset %zu, file has %zu bytes", g->data_start,
+                  g->size);
         goto out;
     }
     size_t data_size = n_tensors > 0 ? g->size - g->data_start : 0;
@@ -482,29 +513,34 @@ static int parse(struct gguf *g, char *err)
         san(sn, ti->name.ptr, ti->name.len);
         size_t row = dtype_row_size(ti->type, ti->ne[0]);
         if (row == 0) {
-            rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: row length %lld is not a multiple of %s's "
-                      "block size %d", sn, info_at[i], (long long)ti->ne[0], dtype_name(ti->type),
-                      dtype_block_size(ti->type));
+            rc = fail(err, FERRY_ERR_FORMAT,
+                      "tensor '%s' at offset %zu: row length %lld is not a multiple of %s's "
+                      "block size %d",
+                      sn, info_at[i], (long long)ti->ne[0], dtype_name(ti->type), dtype_block_size(ti->type));
             goto out;
         }
         size_t nb = row;
         for (int d = 1; d < 4; d++) {
             if (__builtin_mul_overflow(nb, (size_t)ti->ne[d], &nb)) {
-                rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: byte size overflows", sn, info_at[i]);
+                rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: byte size overflows", sn,
+                          info_at[i]);
                 goto out;
             }
         }
         if (offsets[i] % g->alignment != 0) {
-            rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: data offset %llu is not a multiple of the "
-                      "alignment %zu", sn, info_at[i], (unsigned long long)offsets[i], g->alignment);
+            rc = fail(err, FERRY_ERR_FORMAT,
+                      "tensor '%s' at offset %zu: data offset %llu is not a multiple of the "
+                      "alignment %zu",
+                      sn, info_at[i], (unsigned long long)offsets[i], g->alignment);
             goto out;
         }
         if (offsets[i] > data_size || nb > data_size - offsets[i]) {
-            rc = fail(err, FERRY_ERR_FORMAT,
-                      "tensor '%s' at offset %zu: data [%llu, +%zu) at file offset %zu+%llu runs past the end of "
-                      "the file (%zu bytes)",
-                      sn, info_at[i], (unsigned long long)offsets[i], nb, g->data_start,
-                      (unsigned long long)offsets[i], g->size);
+            rc = fail(
+                err, FERRY_ERR_FORMAT,
+                "tensor '%s' at offset %zu: data [%llu, +%zu) at file offset %zu+%llu runs past the end of "
+                "the file (%zu bytes)",
+                sn, info_at[i], (unsigned long long)offsets[i], nb, g->data_start,
+                (unsigned long long)offsets[i], g->size);
             goto out;
         }
         ti->data = g->base + g->data_start + offsets[i];
@@ -594,10 +630,22 @@ void gguf_close(struct gguf *g)
 
 /* ---------------------------------------------------------------- accessors */
 
-uint32_t gguf_version(const struct gguf *g) { return g->version; }
-size_t gguf_file_size(const struct gguf *g) { return g->size; }
-int gguf_n_kv(const struct gguf *g) { return g->n_kv; }
-int gguf_n_tensors(const struct gguf *g) { return g->n_tensors; }
+uint32_t gguf_version(const struct gguf *g)
+{
+    return g->version;
+}
+size_t gguf_file_size(const struct gguf *g)
+{
+    return g->size;
+}
+int gguf_n_kv(const struct gguf *g)
+{
+    return g->n_kv;
+}
+int gguf_n_tensors(const struct gguf *g)
+{
+    return g->n_tensors;
+}
 
 const struct gguf_tensor_info *gguf_tensor(const struct gguf *g, int i)
 {
@@ -620,22 +668,57 @@ struct gguf_str gguf_kv_key(const struct gguf *g, int i)
 
 enum gguf_vtype gguf_kv_type(const struct gguf *g, int i)
 {
-    return (i >= 0 && i < g->n_kv) ? g->kv[i].type : (enum gguf_vtype)-1;
+    return (i >= 0 && i < g->n_kv) ? g->kv[i].type : (enum gguf_vtype) - 1;
 }
 
 /* A scalar at p of type t as a signed 128-bit integer; 0 if t is an integer type, -1 otherwise. */
 static int load_int(const uint8_t *p, uint32_t t, __int128 *v)
 {
     switch (t) {
-    case GGUF_TYPE_UINT8: *v = *p; return 0;
-    case GGUF_TYPE_INT8: *v = (int8_t)*p; return 0;
-    case GGUF_TYPE_UINT16: { uint16_t x; memcpy(&x, p, 2); *v = x; return 0; }
-    case GGUF_TYPE_INT16: { int16_t x; memcpy(&x, p, 2); *v = x; return 0; }
-    case GGUF_TYPE_UINT32: { uint32_t x; memcpy(&x, p, 4); *v = x; return 0; }
-    case GGUF_TYPE_INT32: { int32_t x; memcpy(&x, p, 4); *v = x; return 0; }
-    case GGUF_TYPE_UINT64: { uint64_t x; memcpy(&x, p, 8); *v = x; return 0; }
-    case GGUF_TYPE_INT64: { int64_t x; memcpy(&x, p, 8); *v = x; return 0; }
-    default: return -1;
+    case GGUF_TYPE_UINT8:
+        *v = *p;
+        return 0;
+    case GGUF_TYPE_INT8:
+        *v = (int8_t)*p;
+        return 0;
+    case GGUF_TYPE_UINT16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        *v = x;
+        return 0;
+    }
+    case GGUF_TYPE_INT16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        *v = x;
+        return 0;
+    }
+    case GGUF_TYPE_UINT32: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        *v = x;
+        return 0;
+    }
+    case GGUF_TYPE_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        *v = x;
+        return 0;
+    }
+    case GGUF_TYPE_UINT64: {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        *v = x;
+        return 0;
+    }
+    case GGUF_TYPE_INT64: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        *v = x;
+        return 0;
+    }
+    default:
+        return -1;
     }
 }
 
@@ -681,7 +764,8 @@ int gguf_get_i64(const struct gguf *g, const char *key, int64_t *out)
     const struct gguf_kv *kv = kv_get(g, key);
     if (!kv) return FERRY_ERR_NOT_FOUND;
     __int128 v;
-    if (load_int(g->base + kv->off, kv->type, &v) != 0 || v < INT64_MIN || v > INT64_MAX) return FERRY_ERR_FORMAT;
+    if (load_int(g->base + kv->off, kv->type, &v) != 0 || v < INT64_MIN || v > INT64_MAX)
+        return FERRY_ERR_FORMAT;
     *out = (int64_t)v;
     return FERRY_OK;
 }
@@ -742,7 +826,8 @@ static const struct gguf_kv *num_arr(const struct gguf *g, const char *key, uint
 {
     const struct gguf_kv *kv = kv_get(g, key);
     *rc = FERRY_OK;
-    if (!kv) *rc = FERRY_ERR_NOT_FOUND;
+    if (!kv)
+        *rc = FERRY_ERR_NOT_FOUND;
     else if (kv->type != GGUF_TYPE_ARRAY || vtype_size(kv->elem) <= 0 || kv->elem == GGUF_TYPE_BOOL)
         *rc = FERRY_ERR_FORMAT;
     else if (n != kv->n)

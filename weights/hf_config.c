@@ -95,8 +95,8 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
             return fail(err, FERRY_ERR_FORMAT, "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
         return FERRY_OK;
     }
-    return fail(err, FERRY_ERR_UNSUPPORTED, "%s: rope_scaling type '%.40s' is not supported (llama3, linear)", f,
-                ts);
+    return fail(err, FERRY_ERR_UNSUPPORTED, "%s: rope_scaling type '%.40s' is not supported (llama3, linear)",
+                f, ts);
 }
 
 int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char err[256])
@@ -123,12 +123,17 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     const char *mt = json_string_value(json_object_get(root, "model_type"));
     const char *arch = NULL;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
-        if (cls ? strcmp(cls, archs[i].cls) == 0 : (mt && strcmp(mt, archs[i].type) == 0)) arch = archs[i].arch;
+        if (cls ? strcmp(cls, archs[i].cls) == 0 : (mt && strcmp(mt, archs[i].type) == 0))
+            arch = archs[i].arch;
     }
     if (!arch) {
         rc = fail(err, FERRY_ERR_UNSUPPORTED,
                   "%s: architecture '%.60s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                  "Qwen2ForCausalLM)", f, cls ? cls : mt ? mt : "(none)");
+                  "Qwen2ForCausalLM)",
+                  f,
+                  cls  ? cls
+                  : mt ? mt
+                       : "(none)");
         goto out;
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", arch);
@@ -138,8 +143,8 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     if ((rc = get_int(root, "num_hidden_layers", -1, &hp->n_layers, f, err))) goto out;
     if ((rc = get_int(root, "num_attention_heads", -1, &hp->n_heads, f, err))) goto out;
     if ((rc = get_int(root, "num_key_value_heads", hp->n_heads, &hp->n_kv_heads, f, err))) goto out;
-    if ((rc = get_int(root, "head_dim", hp->dim / hp->n_heads > 0 ? hp->dim / hp->n_heads : 1, &hp->head_dim, f,
-                      err)))
+    if ((rc = get_int(root, "head_dim", hp->dim / hp->n_heads > 0 ? hp->dim / hp->n_heads : 1, &hp->head_dim,
+                      f, err)))
         goto out;
     if ((rc = get_int(root, "vocab_size", -1, &hp->n_vocab, f, err))) goto out;
     if ((rc = get_int(root, "max_position_embeddings", 2048, &hp->ctx_train, f, err))) goto out;
@@ -155,7 +160,8 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
     if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
     if (ab || mb) {
-        rc = fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f, ab ? "attention_bias" : "mlp_bias");
+        rc = fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
+                  ab ? "attention_bias" : "mlp_bias");
         goto out;
     }
     json_t *hact = json_object_get(root, "hidden_act");
@@ -202,7 +208,8 @@ int hf_chat_template_parse(const char *json, size_t len, char **out, char err[25
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json at offset %d: %.150s", je.position, je.text);
+        return fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json at offset %d: %.150s", je.position,
+                    je.text);
     int rc = FERRY_OK;
     json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
     const char *tpl = NULL;
@@ -218,7 +225,8 @@ int hf_chat_template_parse(const char *json, size_t len, char **out, char err[25
         }
         if (!tpl) FLOG_WARN("tokenizer_config.json: chat_template list has no \"default\" entry");
     } else if (ct && !json_is_null(ct)) {
-        rc = fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json: chat_template is neither a string nor a list");
+        rc = fail(err, FERRY_ERR_FORMAT,
+                  "tokenizer_config.json: chat_template is neither a string nor a list");
     }
     if (tpl && !(*out = strdup(tpl))) rc = fail(err, FERRY_ERR_NOMEM, "out of memory");
     json_decref(root);

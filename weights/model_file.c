@@ -22,7 +22,7 @@
 #include "weights/safetensors.h"
 
 #define PROGRESS_STEP (64ull << 20) /* bytes between progress reports */
-#define MAX_LAYERS 4096
+#define MAX_LAYERS    4096
 
 struct mf_priv {
     int n_st;
@@ -88,7 +88,8 @@ static int gguf_hp(const struct gguf *g, const char *arch, const char *key, int 
     return FERRY_OK;
 }
 
-static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, float def, float *out, char *err)
+static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, float def, float *out,
+                     char *err)
 {
     char k[96];
     snprintf(k, sizeof k, "%s.%s", arch, key);
@@ -98,7 +99,8 @@ static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, fl
         return FERRY_OK;
     }
     if (rc == FERRY_ERR_NOT_FOUND) return fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
-    if (rc || !(*out > 0) || *out > 1e30f) return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a positive number", k);
+    if (rc || !(*out > 0) || *out > 1e30f)
+        return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a positive number", k);
     return FERRY_OK;
 }
 
@@ -112,10 +114,12 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 
     struct gguf_str s;
     rc = gguf_get_str(g, "general.architecture", &s);
-    if (rc) return fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s", rc == FERRY_ERR_NOT_FOUND ?
-                        "missing" : "not a string");
+    if (rc)
+        return fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s",
+                    rc == FERRY_ERR_NOT_FOUND ? "missing" : "not a string");
     if (s.len == 0 || s.len >= sizeof hp->arch || memchr(s.ptr, '\0', s.len))
-        return fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (llama, mistral, qwen2)",
+        return fail(err, FERRY_ERR_UNSUPPORTED,
+                    "architecture '%.*s' is not supported (llama, mistral, qwen2)",
                     (int)(s.len < 40 ? s.len : 40), s.ptr);
     memcpy(hp->arch, s.ptr, s.len);
     hp->arch[s.len] = '\0';
@@ -123,7 +127,8 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     if (strcmp(a, "llama") != 0 && strcmp(a, "mistral") != 0 && strcmp(a, "qwen2") != 0) {
         for (char *c = hp->arch; *c; c++)
             if (*c < 0x20 || *c >= 0x7f) *c = '?';
-        return fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2)", a);
+        return fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2)",
+                    a);
     }
     if ((rc = gguf_hp(g, a, "context_length", -1, &hp->ctx_train, err))) return rc;
     if ((rc = gguf_hp(g, a, "embedding_length", -1, &hp->dim, err))) return rc;
@@ -147,8 +152,9 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
             hp->rope_scaling.type = ROPE_SCALING_LINEAR;
             if ((rc = gguf_hp_f(g, a, "rope.scaling.factor", -1, &hp->rope_scaling.factor, err))) return rc;
         } else if (!(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
-            return fail(err, FERRY_ERR_UNSUPPORTED, "key '%s': rope scaling '%.*s' is not supported (none, linear)",
-                        k, (int)(s.len < 32 ? s.len : 32), s.ptr);
+            return fail(err, FERRY_ERR_UNSUPPORTED,
+                        "key '%s': rope scaling '%.*s' is not supported (none, linear)", k,
+                        (int)(s.len < 32 ? s.len : 32), s.ptr);
         }
     } else if (rc != FERRY_ERR_NOT_FOUND) {
         return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a string", k);
@@ -185,13 +191,15 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 
     const struct wtensor *te = model_file_tensor(mf, "token_embd.weight");
     if (!te) return fail(err, FERRY_ERR_FORMAT, "missing tensor 'token_embd.weight'");
-    if (te->ne[1] > (1 << 30)) return fail(err, FERRY_ERR_FORMAT, "tensor 'token_embd.weight': absurd vocab size");
+    if (te->ne[1] > (1 << 30))
+        return fail(err, FERRY_ERR_FORMAT, "tensor 'token_embd.weight': absurd vocab size");
     hp->n_vocab = (int)te->ne[1];
     hp->tied_embeddings = model_file_tensor(mf, "output.weight") == NULL;
     hp->qkv_bias = model_file_tensor(mf, "blk.0.attn_q.bias") != NULL;
 
     if (gguf_get_str(g, "tokenizer.chat_template", &s) == FERRY_OK) {
-        if (memchr(s.ptr, '\0', s.len)) return fail(err, FERRY_ERR_FORMAT, "key 'tokenizer.chat_template' has a NUL");
+        if (memchr(s.ptr, '\0', s.len))
+            return fail(err, FERRY_ERR_FORMAT, "key 'tokenizer.chat_template' has a NUL");
         mf->chat_template = strndup(s.ptr, s.len);
         if (!mf->chat_template) return fail(err, FERRY_ERR_NOMEM, "out of memory");
     }
@@ -211,12 +219,18 @@ static int hf_map_name(const char *hf, char out[96])
     static const struct {
         const char *hf, *gguf;
     } layer[] = {
-        {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.q_proj.bias", "attn_q.bias"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},   {"self_attn.k_proj.bias", "attn_k.bias"},
-        {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.v_proj.bias", "attn_v.bias"},
-        {"self_attn.o_proj.weight", "attn_output.weight"}, {"self_attn.o_proj.bias", "attn_output.bias"},
-        {"mlp.gate_proj.weight", "ffn_gate.weight"},    {"mlp.up_proj.weight", "ffn_up.weight"},
-        {"mlp.down_proj.weight", "ffn_down.weight"},    {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.o_proj.bias", "attn_output.bias"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+        {"input_layernorm.weight", "attn_norm.weight"},
         {"post_attention_layernorm.weight", "ffn_norm.weight"},
     };
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
@@ -255,17 +269,21 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
             continue;
         }
         if (t->dtype < 0)
-            return fail(err, FERRY_ERR_UNSUPPORTED, "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file,
-                        t->name, t->dtype_str);
+            return fail(err, FERRY_ERR_UNSUPPORTED,
+                        "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file, t->name,
+                        t->dtype_str);
         /* Kernels load elements directly: the mapping is page-aligned, so this checks the file offset. */
         if ((uintptr_t)t->data % (t->dtype == DTYPE_F32 ? 4 : 2) != 0)
-            return fail(err, FERRY_ERR_UNSUPPORTED, "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
-                        "element size", file, t->name, (size_t)t->offset);
+            return fail(err, FERRY_ERR_UNSUPPORTED,
+                        "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
+                        "element size",
+                        file, t->name, (size_t)t->offset);
         if (t->n_dims < 1 || t->n_dims > 4)
-            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file, t->name,
-                        t->n_dims);
+            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file,
+                        t->name, t->n_dims);
         if (model_file_tensor(mf, name))
-            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards", file, t->name);
+            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards", file,
+                        t->name);
         struct wtensor *w = &mf->tensors[mf->n_tensors];
         memset(w, 0, sizeof *w);
         snprintf(w->name, sizeof w->name, "%s", name);
@@ -275,7 +293,8 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
         for (int dd = 0; dd < t->n_dims; dd++) {
             w->ne[dd] = t->shape[t->n_dims - 1 - dd];
             if (w->ne[dd] < 1)
-                return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has an empty dimension", file, t->name);
+                return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has an empty dimension", file,
+                            t->name);
         }
         w->data = t->data;
         w->nbytes = t->nbytes;
@@ -306,10 +325,12 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
         if (stat(path, &sb) != 0) {
             snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
             if (stat(path, &sb) == 0)
-                return fail(err, FERRY_ERR_UNSUPPORTED, "%.100s: only safetensors weights are read, not "
-                            "pytorch_model.bin", base_name(dir));
-            return fail(err, FERRY_ERR_NOT_FOUND, "%.100s: no model.safetensors or model.safetensors.index.json",
-                        base_name(dir));
+                return fail(err, FERRY_ERR_UNSUPPORTED,
+                            "%.100s: only safetensors weights are read, not "
+                            "pytorch_model.bin",
+                            base_name(dir));
+            return fail(err, FERRY_ERR_NOT_FOUND,
+                        "%.100s: no model.safetensors or model.safetensors.index.json", base_name(dir));
         }
         if (!(pv->st = calloc(1, sizeof *pv->st))) return fail(err, FERRY_ERR_NOMEM, "out of memory");
         pr->total = (uint64_t)sb.st_size;
@@ -334,8 +355,9 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
         for (int i = 0; i < ix.n_files && rc == FERRY_OK; i++) rc = add_shard(mf, dir, ix.files[i], pr, err);
         for (int i = 0; i < ix.n_entries && rc == FERRY_OK; i++) {
             if (!safetensors_find(pv->st[ix.file_of[i]], ix.names[i]))
-                rc = fail(err, FERRY_ERR_FORMAT, "index lists tensor '%.80s' in %.60s but that shard lacks it",
-                          ix.names[i], ix.files[ix.file_of[i]]);
+                rc =
+                    fail(err, FERRY_ERR_FORMAT, "index lists tensor '%.80s' in %.60s but that shard lacks it",
+                         ix.names[i], ix.files[ix.file_of[i]]);
         }
         st_index_free(&ix);
         if (rc) return rc;
@@ -344,7 +366,8 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
     /* tied_embeddings means "no output.weight": a tied checkpoint that also stores lm_head keeps it. */
     int has_out = model_file_tensor(mf, "output.weight") != NULL;
     if (!has_out && !config_tied)
-        return fail(err, FERRY_ERR_FORMAT, "missing tensor 'lm_head.weight' (config.json says tie_word_embeddings "
+        return fail(err, FERRY_ERR_FORMAT,
+                    "missing tensor 'lm_head.weight' (config.json says tie_word_embeddings "
                     "is false)");
     mf->hp.tied_embeddings = !has_out;
     if (model_file_tensor(mf, "blk.0.attn_q.bias")) mf->hp.qkv_bias = 1;
@@ -353,22 +376,27 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
 
 /* ---------------------------------------------------------------- validation */
 
-static int is_float(enum dtype t) { return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16; }
+static int is_float(enum dtype t)
+{
+    return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16;
+}
 
 /* The tensor `name` must exist (unless optional) with exactly n_dims dims {a, b}; float_only for norms. */
-static int want(const struct model_file *mf, const char *name, int n_dims, int64_t a, int64_t b, int float_only,
-                char *err)
+static int want(const struct model_file *mf, const char *name, int n_dims, int64_t a, int64_t b,
+                int float_only, char *err)
 {
     const struct wtensor *t = model_file_tensor(mf, name);
     if (!t) return fail(err, FERRY_ERR_FORMAT, "missing tensor '%s'", name);
     int64_t e[4] = {a, n_dims > 1 ? b : 1, 1, 1};
     if (t->ne[0] != e[0] || t->ne[1] != e[1] || t->ne[2] != 1 || t->ne[3] != 1) {
         if (n_dims == 1)
-            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]",
-                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+            return fail(err, FERRY_ERR_FORMAT,
+                        "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]", name,
+                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                         (long long)a);
-        return fail(err, FERRY_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
-                    name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+        return fail(err, FERRY_ERR_FORMAT,
+                    "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+                    (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                     (long long)a, (long long)b);
     }
     if (float_only && !is_float(t->type))
@@ -382,11 +410,13 @@ int model_file_validate(const struct model_file *mf, char err[256])
     const struct llm_hparams *hp = &mf->hp;
     if (hp->dim < 1 || hp->n_layers < 1 || hp->n_heads < 1 || hp->n_kv_heads < 1 || hp->head_dim < 1 ||
         hp->ffn_dim < 1 || hp->n_vocab < 1 || hp->ctx_train < 1)
-        return fail(err, FERRY_ERR_FORMAT, "hyperparameters must be positive (dim %d, layers %d, heads %d/%d, "
-                    "head_dim %d, ffn %d, vocab %d, ctx %d)", hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
-                    hp->head_dim, hp->ffn_dim, hp->n_vocab, hp->ctx_train);
-    if (hp->n_layers > MAX_LAYERS) return fail(err, FERRY_ERR_FORMAT, "%d layers is more than %d", hp->n_layers,
-                                               MAX_LAYERS);
+        return fail(err, FERRY_ERR_FORMAT,
+                    "hyperparameters must be positive (dim %d, layers %d, heads %d/%d, "
+                    "head_dim %d, ffn %d, vocab %d, ctx %d)",
+                    hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->ffn_dim,
+                    hp->n_vocab, hp->ctx_train);
+    if (hp->n_layers > MAX_LAYERS)
+        return fail(err, FERRY_ERR_FORMAT, "%d layers is more than %d", hp->n_layers, MAX_LAYERS);
     if (hp->n_heads % hp->n_kv_heads != 0)
         return fail(err, FERRY_ERR_FORMAT, "%d attention heads is not a multiple of %d kv heads", hp->n_heads,
                     hp->n_kv_heads);
@@ -399,10 +429,13 @@ int model_file_validate(const struct model_file *mf, char err[256])
     const struct rope_scaling *rs = &hp->rope_scaling;
     if (rs->type != ROPE_SCALING_NONE && !(rs->factor > 0))
         return fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);
-    if (rs->type == ROPE_SCALING_LLAMA3 && (rs->orig_ctx < 1 || !(rs->high_freq_factor > rs->low_freq_factor)))
-        return fail(err, FERRY_ERR_FORMAT, "llama3 rope scaling needs original context and high > low freq factor");
+    if (rs->type == ROPE_SCALING_LLAMA3 &&
+        (rs->orig_ctx < 1 || !(rs->high_freq_factor > rs->low_freq_factor)))
+        return fail(err, FERRY_ERR_FORMAT,
+                    "llama3 rope scaling needs original context and high > low freq factor");
 
-    int64_t dim = hp->dim, q = (int64_t)hp->n_heads * hp->head_dim, kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    int64_t dim = hp->dim, q = (int64_t)hp->n_heads * hp->head_dim,
+            kv = (int64_t)hp->n_kv_heads * hp->head_dim;
     int64_t ffn = hp->ffn_dim, vocab = hp->n_vocab;
     int rc;
     if ((rc = want(mf, "token_embd.weight", 2, dim, vocab, 0, err))) return rc;
@@ -418,20 +451,32 @@ int model_file_validate(const struct model_file *mf, char err[256])
             const char *name;
             int which; /* shape selector, see below */
         } per_layer[] = {
-            {"attn_norm.weight", 0}, {"attn_q.weight", 1}, {"attn_k.weight", 2},   {"attn_v.weight", 2},
-            {"attn_output.weight", 3}, {"ffn_norm.weight", 0}, {"ffn_gate.weight", 4}, {"ffn_up.weight", 4},
-            {"ffn_down.weight", 5},
+            {"attn_norm.weight", 0}, {"attn_q.weight", 1},      {"attn_k.weight", 2},
+            {"attn_v.weight", 2},    {"attn_output.weight", 3}, {"ffn_norm.weight", 0},
+            {"ffn_gate.weight", 4},  {"ffn_up.weight", 4},      {"ffn_down.weight", 5},
         };
         for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
             char name[96];
             snprintf(name, sizeof name, "blk.%d.%s", l, per_layer[i].name);
             switch (per_layer[i].which) {
-            case 0: rc = want(mf, name, 1, dim, 1, 1, err); break;
-            case 1: rc = want(mf, name, 2, dim, q, 0, err); break;
-            case 2: rc = want(mf, name, 2, dim, kv, 0, err); break;
-            case 3: rc = want(mf, name, 2, q, dim, 0, err); break;
-            case 4: rc = want(mf, name, 2, dim, ffn, 0, err); break;
-            default: rc = want(mf, name, 2, ffn, dim, 0, err); break;
+            case 0:
+                rc = want(mf, name, 1, dim, 1, 1, err);
+                break;
+            case 1:
+                rc = want(mf, name, 2, dim, q, 0, err);
+                break;
+            case 2:
+                rc = want(mf, name, 2, dim, kv, 0, err);
+                break;
+            case 3:
+                rc = want(mf, name, 2, q, dim, 0, err);
+                break;
+            case 4:
+                rc = want(mf, name, 2, dim, ffn, 0, err);
+                break;
+            default:
+                rc = want(mf, name, 2, ffn, dim, 0, err);
+                break;
             }
             if (rc) return rc;
         }
@@ -456,7 +501,8 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
     *out = NULL;
     err[0] = '\0';
     struct stat sb;
-    if (stat(path, &sb) != 0) return fail(err, FERRY_ERR_NOT_FOUND, "%.200s: no such file or directory", path);
+    if (stat(path, &sb) != 0)
+        return fail(err, FERRY_ERR_NOT_FOUND, "%.200s: no such file or directory", path);
     struct model_file *mf = calloc(1, sizeof *mf);
     struct mf_priv *pv = calloc(1, sizeof *pv);
     if (!mf || !pv) {

@@ -20,12 +20,12 @@
 struct safetensors {
     const uint8_t *base; /* (size) bytes */
     size_t size;
-    struct mapfile map;  /* safetensors_open only */
-    size_t data_start;   /* 8 + header length */
+    struct mapfile map; /* safetensors_open only */
+    size_t data_start;  /* 8 + header length */
     int n_tensors;
     struct st_tensor *t; /* (n_tensors) */
     int n_meta;
-    char **meta;         /* (2 * n_meta) key, value, key, value... */
+    char **meta; /* (2 * n_meta) key, value, key, value... */
 };
 
 static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -72,8 +72,8 @@ static int span_cmp(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
 }
 
-static int parse_entry(struct safetensors *st, const char *key, json_t *v, struct st_tensor *t, uint64_t data_size,
-                       uint64_t off[2], char *err)
+static int parse_entry(struct safetensors *st, const char *key, json_t *v, struct st_tensor *t,
+                       uint64_t data_size, uint64_t off[2], char *err)
 {
     char sn[80];
     san(sn, key);
@@ -82,9 +82,10 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
            *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2)
-        return fail(err, FERRY_ERR_FORMAT,
-                    "tensor '%s' in header at offset 8: needs string dtype, array shape, [begin, end] data_offsets",
-                    sn);
+        return fail(
+            err, FERRY_ERR_FORMAT,
+            "tensor '%s' in header at offset 8: needs string dtype, array shape, [begin, end] data_offsets",
+            sn);
     const char *ds = json_string_value(jd);
     int es = 0;
     t->dtype = -1;
@@ -102,14 +103,15 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
     }
     size_t nd = json_array_size(js);
     if (nd > ST_MAX_DIMS)
-        return fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' in header at offset 8: %zu dimensions (at most %d)", sn,
-                    nd, ST_MAX_DIMS);
+        return fail(err, FERRY_ERR_UNSUPPORTED,
+                    "tensor '%s' in header at offset 8: %zu dimensions (at most %d)", sn, nd, ST_MAX_DIMS);
     t->n_dims = (int)nd;
     uint64_t nb = (uint64_t)es;
     for (size_t d = 0; d < nd; d++) {
         json_t *x = json_array_get(js, d);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: shape[%zu] is not a size", sn, d);
+            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: shape[%zu] is not a size",
+                        sn, d);
         t->shape[d] = (int64_t)json_integer_value(x);
         if (__builtin_mul_overflow(nb, (uint64_t)t->shape[d], &nb))
             return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: byte size overflows", sn);
@@ -117,14 +119,14 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
     for (int i = 0; i < 2; i++) {
         json_t *x = json_array_get(jo, (size_t)i);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: data_offsets[%d] is not a size",
-                        sn, i);
+            return fail(err, FERRY_ERR_FORMAT,
+                        "tensor '%s' in header at offset 8: data_offsets[%d] is not a size", sn, i);
         off[i] = (uint64_t)json_integer_value(x);
     }
     if (off[0] > off[1] || off[1] > data_size)
         return fail(err, FERRY_ERR_FORMAT,
-                    "tensor '%s': data [%llu, %llu) at file offset %zu is outside the %llu-byte data section", sn,
-                    (unsigned long long)off[0], (unsigned long long)off[1], st->data_start,
+                    "tensor '%s': data [%llu, %llu) at file offset %zu is outside the %llu-byte data section",
+                    sn, (unsigned long long)off[0], (unsigned long long)off[1], st->data_start,
                     (unsigned long long)data_size);
     if (off[1] - off[0] != nb)
         return fail(err, FERRY_ERR_FORMAT,
@@ -152,8 +154,8 @@ static int parse_meta(struct safetensors *st, json_t *m, char *err)
     {
         char sk[80];
         if (!json_is_string(v))
-            return fail(err, FERRY_ERR_FORMAT, "__metadata__ key '%s' in header at offset 8: value is not a string",
-                        san(sk, k));
+            return fail(err, FERRY_ERR_FORMAT,
+                        "__metadata__ key '%s' in header at offset 8: value is not a string", san(sk, k));
         st->meta[2 * st->n_meta] = strdup(k);
         st->meta[2 * st->n_meta + 1] = strdup(json_string_value(v));
         st->n_meta++;
@@ -166,14 +168,16 @@ static int parse_meta(struct safetensors *st, json_t *m, char *err)
 static int parse(struct safetensors *st, char *err)
 {
     if (st->size < 8)
-        return fail(err, FERRY_ERR_FORMAT, "truncated: %zu bytes, the header length at offset 0 needs 8", st->size);
+        return fail(err, FERRY_ERR_FORMAT, "truncated: %zu bytes, the header length at offset 0 needs 8",
+                    st->size);
     uint64_t hlen;
     memcpy(&hlen, st->base, 8);
     if (hlen > ST_MAX_HEADER)
         return fail(err, FERRY_ERR_FORMAT, "header length %llu at offset 0 exceeds the %u-byte limit",
                     (unsigned long long)hlen, ST_MAX_HEADER);
     if (hlen > st->size - 8)
-        return fail(err, FERRY_ERR_FORMAT, "truncated: header length %llu at offset 0 but only %zu bytes follow",
+        return fail(err, FERRY_ERR_FORMAT,
+                    "truncated: header length %llu at offset 0 but only %zu bytes follow",
                     (unsigned long long)hlen, st->size - 8);
     if (hlen < 2 || st->base[8] != '{')
         return fail(err, FERRY_ERR_FORMAT, "header at offset 8 is not a JSON object");
@@ -287,8 +291,14 @@ void safetensors_close(struct safetensors *st)
     free(st);
 }
 
-int safetensors_n_tensors(const struct safetensors *st) { return st->n_tensors; }
-size_t safetensors_file_size(const struct safetensors *st) { return st->size; }
+int safetensors_n_tensors(const struct safetensors *st)
+{
+    return st->n_tensors;
+}
+size_t safetensors_file_size(const struct safetensors *st)
+{
+    return st->size;
+}
 
 const struct st_tensor *safetensors_tensor(const struct safetensors *st, int i)
 {
@@ -313,7 +323,8 @@ const char *safetensors_metadata(const struct safetensors *st, const char *key)
 
 static int plain_file_name(const char *s)
 {
-    return s[0] && strchr(s, '/') == NULL && strchr(s, '\\') == NULL && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+    return s[0] && strchr(s, '/') == NULL && strchr(s, '\\') == NULL && strcmp(s, ".") != 0 &&
+           strcmp(s, "..") != 0;
 }
 
 int st_index_parse(const char *json, size_t len, struct st_index *out, char err[256])
@@ -322,7 +333,8 @@ int st_index_parse(const char *json, size_t len, struct st_index *out, char err[
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json at offset %d: %.150s", je.position, je.text);
+        return fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json at offset %d: %.150s", je.position,
+                    je.text);
     int rc = FERRY_OK;
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
@@ -344,8 +356,10 @@ int st_index_parse(const char *json, size_t len, struct st_index *out, char err[
         char sk[80], sf[80];
         const char *f = json_string_value(v);
         if (!f || !plain_file_name(f)) {
-            rc = fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json: weight_map['%s'] = '%s' is not a plain "
-                      "file name", san(sk, k), f ? san(sf, f) : "(not a string)");
+            rc = fail(err, FERRY_ERR_FORMAT,
+                      "model.safetensors.index.json: weight_map['%s'] = '%s' is not a plain "
+                      "file name",
+                      san(sk, k), f ? san(sf, f) : "(not a string)");
             goto out;
         }
         int fi = -1;

@@ -14,19 +14,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ST_MAX_DIMS 8
+#define ST_MAX_DIMS   8
 #define ST_MAX_HEADER (100u * 1024 * 1024) /* bytes; larger JSON headers are rejected */
 
 struct safetensors;
 
 struct st_tensor {
-    const char *name;      /* NUL-terminated, owned by the safetensors */
-    char dtype_str[12];    /* as written in the file: "F32", "BF16", "I64", ... */
-    int dtype;             /* enum dtype for F32/F16/BF16; -1 for the other safetensors dtypes */
-    int n_dims;            /* 0..ST_MAX_DIMS (0 is a scalar) */
+    const char *name;           /* NUL-terminated, owned by the safetensors */
+    char dtype_str[12];         /* as written in the file: "F32", "BF16", "I64", ... */
+    int dtype;                  /* enum dtype for F32/F16/BF16; -1 for the other safetensors dtypes */
+    int n_dims;                 /* 0..ST_MAX_DIMS (0 is a scalar) */
     int64_t shape[ST_MAX_DIMS]; /* file order: shape[0] is the outermost dimension; >= 0 */
-    const void *data;      /* (nbytes) borrowed from the mapping */
-    uint64_t offset;       /* byte offset of data in the file */
+    const void *data;           /* (nbytes) borrowed from the mapping */
+    uint64_t offset;            /* byte offset of data in the file */
     size_t nbytes;
 };
 
@@ -45,10 +45,10 @@ size_t safetensors_file_size(const struct safetensors *st);
 /* model.safetensors.index.json, parsed: the distinct shard files and which one holds each tensor. */
 struct st_index {
     int n_files;
-    char **files;    /* (n_files) plain file names (no '/', never "." or ".."), owned */
+    char **files; /* (n_files) plain file names (no '/', never "." or ".."), owned */
     int n_entries;
-    char **names;    /* (n_entries) tensor names, owned */
-    int *file_of;    /* (n_entries) index into files */
+    char **names; /* (n_entries) tensor names, owned */
+    int *file_of; /* (n_entries) index into files */
 };
 int st_index_parse(const char *json, size_t len, struct st_index *out, char err[256]);
 void st_index_free(struct st_index *ix); /* accepts a zeroed or half-built struct */

@@ -1,4 +1,5 @@
-// SOURCES: weights/gguf.c weights/model_file.c weights/safetensors.c weights/hf_config.c weights/mapfile.c kernels/core/dtype.c kernels/core/status.c kernels/core/log.c
+// SOURCES: weights/gguf.c weights/model_file.c weights/safetensors.c weights/hf_config.c
+// SOURCES: weights/mapfile.c kernels/core/dtype.c kernels/core/status.c kernels/core/log.c
 // LIBS: -ljansson -lm
 /* libFuzzer target for the GGUF reader and the model_file layer over it (hyperparameters, validation): any
  * input must be rejected with a message or accepted with every view inside the buffer. Built and run by
@@ -72,7 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (model_file_open_gguf_mem(data, size, &mf, err) == FERRY_OK) {
         const struct llm_hparams *hp = &mf->hp;
         if (hp->n_heads % hp->n_kv_heads || hp->head_dim < 1 || hp->n_vocab < 1) abort();
-        for (int i = 0; i < mf->n_tensors; i++) inside(data, size, mf->tensors[i].data, mf->tensors[i].nbytes);
+        for (int i = 0; i < mf->n_tensors; i++)
+            inside(data, size, mf->tensors[i].data, mf->tensors[i].nbytes);
         if (!model_file_tensor(mf, "token_embd.weight")) abort();
         model_file_close(mf);
     } else if (err[0] == '\0') {

@@ -6,6 +6,7 @@
 # Each target declares what it links in comment lines near its top (paths relative to the repo root):
 #   // SOURCES: weights/gguf.c kernels/core/status.c ...
 #   // LIBS: -ljansson -lm
+# (a key may repeat on several lines, to stay within the 110-column format; the values are joined)
 #   // MAXLEN: 65536            (optional, default 65536)
 # Seeds come from tests/fuzz/corpus/NAME/ (copied, so new inputs stay in build-fuzz/); a dictionary from
 # tests/fuzz/NAME.dict if present. Crash inputs land in build-fuzz/artifacts/. Exit status: 0 when every
@@ -35,8 +36,8 @@ if ! "$CC" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" 2>"$pr
 fi
 rm -rf "$probe"
 
-field() { # field FILE NAME: the value of "// NAME: ..." in the first 10 lines
-    head -n 10 "$1" | sed -n "s|^// $2:[[:space:]]*||p" | head -n 1
+field() { # field FILE NAME: the values of every "// NAME: ..." line in the first 10 lines, joined
+    head -n 10 "$1" | sed -n "s|^// $2:[[:space:]]*||p" | tr '\n' ' '
 }
 
 status=0
@@ -46,7 +47,7 @@ for src in tests/fuzz/fuzz_*.c; do
     if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
     sources=$(field "$src" SOURCES)
     libs=$(field "$src" LIBS)
-    maxlen=$(field "$src" MAXLEN)
+    maxlen=$(field "$src" MAXLEN | tr -d ' ')
     maxlen=${maxlen:-65536}
     echo "== $name: building"
     # shellcheck disable=SC2086

@@ -28,8 +28,8 @@ static void check_tensors(struct gguf *g, json_t *exp_tensors)
         const struct gguf_tensor_info *t = gguf_tensor(g, i);
         json_t *e = json_array_get(exp_tensors, (size_t)i);
         const char *name = json_string_value(json_object_get(e, "name"));
-        cr_assert(t->name.len == strlen(name) && memcmp(t->name.ptr, name, t->name.len) == 0, "tensor %d is %.*s",
-                  i, (int)t->name.len, t->name.ptr);
+        cr_assert(t->name.len == strlen(name) && memcmp(t->name.ptr, name, t->name.len) == 0,
+                  "tensor %d is %.*s", i, (int)t->name.len, t->name.ptr);
         wt_check_tensor(e, name, (int)t->type, t->ne, t->n_dims, t->data, t->nbytes);
     }
 }
@@ -340,15 +340,15 @@ Test(gguf, seeded_bit_flips_never_crash, .timeout = 60)
 /* A small valid file, with knobs for each hostile variant. */
 struct knobs {
     uint32_t magic_ok, version;
-    uint64_t n_tensors, n_kv;     /* as written (may lie) */
+    uint64_t n_tensors, n_kv; /* as written (may lie) */
     int kv_dup, tensor_dup;
-    uint64_t key_len;             /* 0: the real length */
-    uint64_t str_len;             /* of general.name's value; 0: real */
-    uint64_t arr_len;             /* of the u32 array; 0: real */
-    uint32_t arr_type;            /* element type of the array (default u32) */
-    int nest;                     /* depth of a nested-array key (0: none) */
-    uint32_t align_type, align;   /* general.alignment (align_type 0: no key) */
-    uint32_t value_type;          /* type of general.name (default string) */
+    uint64_t key_len;           /* 0: the real length */
+    uint64_t str_len;           /* of general.name's value; 0: real */
+    uint64_t arr_len;           /* of the u32 array; 0: real */
+    uint32_t arr_type;          /* element type of the array (default u32) */
+    int nest;                   /* depth of a nested-array key (0: none) */
+    uint32_t align_type, align; /* general.alignment (align_type 0: no key) */
+    uint32_t value_type;        /* type of general.name (default string) */
     uint32_t n_dims;
     uint64_t ne[4];
     uint32_t ttype;
@@ -357,9 +357,19 @@ struct knobs {
 
 static struct knobs defaults(void)
 {
-    return (struct knobs){.magic_ok = 1, .version = 3, .n_tensors = 2, .n_kv = 4, .arr_type = GGUF_TYPE_UINT32,
-                          .align_type = GGUF_TYPE_UINT32, .align = 64, .value_type = GGUF_TYPE_STRING, .n_dims = 2,
-                          .ne = {32, 2, 1, 1}, .ttype = 0, .offset0 = 0, .offset1 = 256};
+    return (struct knobs){.magic_ok = 1,
+                          .version = 3,
+                          .n_tensors = 2,
+                          .n_kv = 4,
+                          .arr_type = GGUF_TYPE_UINT32,
+                          .align_type = GGUF_TYPE_UINT32,
+                          .align = 64,
+                          .value_type = GGUF_TYPE_STRING,
+                          .n_dims = 2,
+                          .ne = {32, 2, 1, 1},
+                          .ttype = 0,
+                          .offset0 = 0,
+                          .offset1 = 256};
 }
 
 static struct wt_buf build(struct knobs k)

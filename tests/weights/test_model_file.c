@@ -127,8 +127,8 @@ Test(model_file, gguf_v2_llama_q8_tied_rope_freqs)
     cr_assert(rf && rf->ne[0] == 4 && rf->type == DTYPE_F32);
     cr_assert_null(model_file_tensor(mf, "output.weight"));
     cr_assert_eq(model_file_tensor(mf, "blk.0.attn_q.weight")->type, DTYPE_Q8_0);
-    cr_assert_str_eq(mf->chat_template, json_string_value(json_object_get(json_object_get(e, "hp"),
-                                                                           "chat_template")));
+    cr_assert_str_eq(mf->chat_template,
+                     json_string_value(json_object_get(json_object_get(e, "hp"), "chat_template")));
     json_decref(exp);
     model_file_close(mf);
 }
@@ -305,7 +305,8 @@ Test(model_file, hf_errors)
     d = copy_dir("hf_llama");
     edit_config(d, "hidden_size", "20");
     edit_config(d, "head_dim", "4");
-    expect_open_fail(d, FERRY_ERR_FORMAT, "tensor 'token_embd.weight' has shape [16, 40, 1, 1], expected [20, 40]");
+    expect_open_fail(d, FERRY_ERR_FORMAT,
+                     "tensor 'token_embd.weight' has shape [16, 40, 1, 1], expected [20, 40]");
     rm_dir(d);
 
     d = copy_dir("hf_llama");
@@ -339,7 +340,8 @@ Test(model_file, hf_errors)
     rm_dir(d);
 
     d = copy_dir("hf_llama");
-    write_file(d, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"../../etc/passwd\"}}");
+    write_file(d, "model.safetensors.index.json",
+               "{\"weight_map\": {\"model.norm.weight\": \"../../etc/passwd\"}}");
     expect_open_fail(d, FERRY_ERR_FORMAT, "not a plain file name");
     rm_dir(d);
 
@@ -350,7 +352,8 @@ Test(model_file, hf_errors)
     rm_dir(d);
 
     d = copy_dir("hf_llama");
-    write_file(d, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"gone.safetensors\"}}");
+    write_file(d, "model.safetensors.index.json",
+               "{\"weight_map\": {\"model.norm.weight\": \"gone.safetensors\"}}");
     expect_open_fail(d, FERRY_ERR_NOT_FOUND, "gone.safetensors");
     rm_dir(d);
 
@@ -374,7 +377,8 @@ Test(model_file, hf_errors)
 }
 
 /* Rewrites `from` to `to` (same length) everywhere in a copy of a fixture file. */
-static const char *patched_copy(const char *fixture, const char *from, const char *to, size_t fl, long truncate_at)
+static const char *patched_copy(const char *fixture, const char *from, const char *to, size_t fl,
+                                long truncate_at)
 {
     static char tmp[64];
     char src[4096];
@@ -396,7 +400,8 @@ static const char *patched_copy(const char *fixture, const char *from, const cha
 
 Test(model_file, gguf_errors)
 {
-    const char *p = patched_copy("v2_llama.gguf", "\x05\0\0\0\0\0\0\0llama", "\x05\0\0\0\0\0\0\0gemma", 13, -1);
+    const char *p =
+        patched_copy("v2_llama.gguf", "\x05\0\0\0\0\0\0\0llama", "\x05\0\0\0\0\0\0\0gemma", 13, -1);
     expect_open_fail(p, FERRY_ERR_UNSUPPORTED, "architecture 'gemma' is not supported");
     unlink(p);
     p = patched_copy("v2_llama.gguf", "blk.0.ffn_up.weight", "blk.0.ffn_xx.weight", 19, -1);
@@ -444,9 +449,10 @@ static void st_expect(const char *header, size_t data_len, int want_rc, const ch
 Test(safetensors, valid_minimal_with_metadata)
 {
     float data[6] = {1, 2, 3, 4, 5, 6};
-    const char *h = "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"F16\",\"shape\":[2],"
-                    "\"data_offsets\":[16,20]},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-                    "\"i\":{\"dtype\":\"I64\",\"shape\":[3,0],\"data_offsets\":[16,16]}}  ";
+    const char *h =
+        "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"F16\",\"shape\":[2],"
+        "\"data_offsets\":[16,20]},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+        "\"i\":{\"dtype\":\"I64\",\"shape\":[3,0],\"data_offsets\":[16,16]}}  ";
     struct wt_buf b = {0};
     wt_u64(&b, strlen(h));
     wt_put(&b, h, strlen(h));
@@ -485,14 +491,17 @@ Test(safetensors, hostile_headers)
     st_expect("{\"a\":1}", 0, FERRY_ERR_FORMAT, "tensor 'a'");
     st_expect("{\"a\":{\"dtype\":\"F99\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FERRY_ERR_UNSUPPORTED,
               "unknown dtype 'F99'");
-    st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, FERRY_ERR_FORMAT, "shape[0]");
+    st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, FERRY_ERR_FORMAT,
+              "shape[0]");
     st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,8]}}", 4, FERRY_ERR_FORMAT,
               "outside the 4-byte data section");
     st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8, FERRY_ERR_FORMAT,
               "4 bytes but shape x F32 needs 8");
-    st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 8, FERRY_ERR_FORMAT, "outside");
-    st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 8,
-              FERRY_ERR_FORMAT, "overflows");
+    st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 8, FERRY_ERR_FORMAT,
+              "outside");
+    st_expect(
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 8,
+        FERRY_ERR_FORMAT, "overflows");
     st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999]}}", 8,
               FERRY_ERR_FORMAT, NULL);
     st_expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -521,8 +530,9 @@ Test(hf_config, defaults_and_variants)
 {
     char err[256];
     struct llm_hparams hp;
-    const char *c = "{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
-                    "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":100}";
+    const char *c =
+        "{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":100}";
     cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
     cr_assert_str_eq(hp.arch, "mistral");
     cr_assert_eq(hp.n_kv_heads, 8, "kv heads default to heads");
@@ -562,7 +572,8 @@ Test(hf_config, defaults_and_variants)
 Test(hf_config, chat_templates)
 {
     char err[256], *t;
-    const char *c = "{\"chat_template\":[{\"name\":\"rag\",\"template\":\"R\"},{\"name\":\"default\",\"template\":\"D\"}]}";
+    const char *c = "{\"chat_template\":[{\"name\":\"rag\",\"template\":\"R\"},{\"name\":\"default\","
+                    "\"template\":\"D\"}]}";
     cr_assert_eq(hf_chat_template_parse(c, strlen(c), &t, err), FERRY_OK);
     cr_assert_str_eq(t, "D");
     free(t);

@@ -101,8 +101,14 @@ static inline void wt_put(struct wt_buf *b, const void *src, size_t n)
     memcpy(b->p + b->n, src, n);
     b->n += n;
 }
-static inline void wt_u32(struct wt_buf *b, uint32_t v) { wt_put(b, &v, 4); }
-static inline void wt_u64(struct wt_buf *b, uint64_t v) { wt_put(b, &v, 8); }
+static inline void wt_u32(struct wt_buf *b, uint32_t v)
+{
+    wt_put(b, &v, 4);
+}
+static inline void wt_u64(struct wt_buf *b, uint64_t v)
+{
+    wt_put(b, &v, 8);
+}
 static inline void wt_str(struct wt_buf *b, const char *s)
 {
     wt_u64(b, strlen(s));
