@@ -6,9 +6,12 @@
  * accumulation error at 8192 positions: ~6e-6 relative).
  * Sequence lengths 1, 7, 64, 129, 1000 and 8192; GQA ratios 1, 4, 8 and 24 (more heads than one block takes);
  * head_dim 8 (stories260K), 64, 96, 128, 256; block sizes 7, 16, 32; prefill, decode and auto modes.
+ * The local reference is checked against the CPU oracle kern_cpu_attention_ref (same cache layout and block table,
+ * f32 elements holding the f16 values) by a test that needs no GPU and so also runs in CI.
  */
 #include "tests/cuda/cuda_test.h"
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
 
 struct cache {
@@ -19,7 +22,7 @@ struct cache {
     struct kern_cuda_kv_layer dev;
 };
 
-static void cache_init(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
+static void cache_init_host(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
 {
     c->n_heads = n_heads, c->n_kv = n_kv, c->D = D, c->bs = bs, c->n_seqs = n_seqs;
     c->len = malloc(n_seqs * sizeof(int));
@@ -52,6 +55,13 @@ static void cache_init(struct cache *c, int n_heads, int n_kv, int D, int bs, in
         c->k[i] = f32_to_f16(frand());
         c->v[i] = f32_to_f16(frand());
     }
+    memset(&c->dev, 0, sizeof c->dev);
+}
+
+static void cache_init(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
+{
+    cache_init_host(c, n_heads, n_kv, D, bs, n_seqs, len);
+    const size_t ne = (size_t)c->n_blocks * bs * n_kv * D;
     c->dev.k = dev_upload(c->k, ne * 2);
     c->dev.v = dev_upload(c->v, ne * 2);
     c->dev.n_blocks = c->n_blocks;
@@ -259,4 +269,31 @@ Test(cuda_attention, kv_store_writes_the_right_rows)
     cudaFree(dk); cudaFree(dv); cudaFree(ds); cudaFree(dp);
     free(kn); free(vn); free(gk); free(gv);
     cache_free(&c);
+}
+
+/* The local reference agrees with kern_cpu_attention_ref on the same cache (as f32) and batch. */
+Test(cuda_attention, reference_matches_cpu_oracle)
+{
+    rng_seed(27);
+    const int l[] = {1, 40, 129};
+    struct cache c;
+    cache_init_host(&c, 8, 2, 16, 7, 3, l);
+    const size_t ne = (size_t)c.n_blocks * c.bs * c.n_kv * c.D;
+    float *k32 = malloc(ne * 4), *v32 = malloc(ne * 4);
+    for (size_t i = 0; i < ne; i++) {
+        k32[i] = f16_to_f32(c.k[i]);
+        v32[i] = f16_to_f32(c.v[i]);
+    }
+    struct kv_layer_view view = {k32, v32, c.n_blocks, c.bs, c.bt, c.max_blocks, c.n_kv, c.D};
+    int32_t seq[8] = {0, 1, 1, 2, 2, 1, 2, 2}, pos[8] = {0, 0, 39, 0, 128, 20, 64, 100};
+    const int m = 8;
+    const size_t nq = (size_t)m * c.n_heads * c.D;
+    float *q = host_rand(nq, -1, 1), *cpu = malloc(nq * 4);
+    double *ref = malloc(nq * 8);
+    ref_attention(ref, q, &c, seq, pos, m, 0.25f);
+    kern_cpu_attention_ref(cpu, q, &view, seq, pos, m, c.n_heads, 0.25f);
+    double e = max_abs_err(cpu, ref, nq);
+    cr_assert(e <= 1e-6, "local ref vs kern_cpu_attention_ref max abs err %g", e);
+    free(k32); free(v32); free(q); free(cpu); free(ref);
+    free(c.len); free(c.bt); free(c.k); free(c.v);
 }

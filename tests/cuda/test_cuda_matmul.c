@@ -5,9 +5,11 @@
  *   cuBLAS f16: 1e-3 (x is rounded to f16 once: 2^-11 relative per element, averaged over k);
  *   cuBLAS bf16: 8e-3 (x rounded to bf16: 2^-8 per element);  cuBLAS f32: 1e-5.
  * Q8_0 weights are compared with their dequantized values (f16 scale x int8), GEMV tolerance.
+ * The local reference is checked against the CPU oracle kern_cpu_matmul_ref (no GPU needed, runs in CI).
  */
 #include "tests/cuda/cuda_test.h"
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
 
 struct wbuf {
@@ -152,4 +154,22 @@ Test(cuda_matmul, rejects)
     cr_assert_eq(kern_cuda_matmul_cublas(NULL, d, d, d, DTYPE_F16, NULL, 20, 1, 32, 0), FERRY_ERR_INVALID);
     kern_cuda_ctx_free(NULL);
     cudaFree(d);
+}
+
+/* The local reference (double sums of the stored weights' values) agrees with kern_cpu_matmul_ref. */
+Test(cuda_matmul, reference_matches_cpu_oracle)
+{
+    rng_seed(15);
+    const enum dtype all[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_0};
+    for (int ti = 0; ti < 4; ti++) {
+        const int m = 3, n = 37, k = 128;
+        struct wbuf w = make_w(all[ti], n, k);
+        float *x = host_rand((size_t)m * k, -1, 1), *bias = host_rand(n, -1, 1), *y = malloc((size_t)m * n * 4);
+        double *ref = malloc((size_t)m * n * 8);
+        ref_matmul(ref, x, w.vals, bias, m, n, k);
+        cr_assert_eq(kern_cpu_matmul_ref(y, x, w.host, all[ti], bias, m, n, k), FERRY_OK);
+        double e = rel_err(y, ref, (size_t)m * n);
+        cr_assert(e <= 1e-6, "%s: local ref vs kern_cpu_matmul_ref rel err %g", dtype_name(all[ti]), e);
+        free(w.host); free(w.vals); free(x); free(bias); free(y); free(ref);
+    }
 }

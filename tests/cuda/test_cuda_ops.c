@@ -1,7 +1,10 @@
-/* CUDA element-wise and row-wise ops against double-precision references on random data, odd shapes. */
+/* CUDA element-wise and row-wise ops against double-precision references on random data, odd shapes.
+ * The local references are themselves checked against the CPU oracle (kern_cpu_*_ref, kernels/cpu/ops.h) by
+ * the `references_match_cpu_oracle` test, which needs no GPU and so also runs in CI. */
 #include "tests/cuda/cuda_test.h"
 
 #include "kernels/core/dtype.h"
+#include "kernels/cpu/ops.h"
 
 /* ---- embed ---- */
 
@@ -216,4 +219,85 @@ Test(cuda_ops, silu_mul_and_add)
     cr_assert_eq(kern_cuda_add(dg2, du, -1, 0), FERRY_ERR_INVALID);
     cudaFree(dg); cudaFree(du); cudaFree(dg2);
     free(g); free(u); free(got); free(ref);
+}
+
+/* ---- the local references mirror the CPU oracle (no GPU needed) ---- */
+
+Test(cuda_ops, references_match_cpu_oracle)
+{
+    rng_seed(6);
+    /* embed: every type, exact */
+    const enum dtype ts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0};
+    for (int ti = 0; ti < 4; ti++) {
+        const enum dtype t = ts[ti];
+        const int d = 96, n_rows = 5;
+        const size_t rb = dtype_row_size(t, d);
+        uint8_t *table = malloc(rb * n_rows);
+        for (size_t i = 0; i < rb * n_rows; i += 2) {
+            uint16_t h = t == DTYPE_BF16 ? f32_to_bf16(frand()) : f32_to_f16(frand() * 0.1f);
+            memcpy(table + i, &h, 2);
+        }
+        int32_t tok[3] = {4, 0, 2};
+        float *x = malloc(3 * d * 4);
+        cr_assert_eq(kern_cpu_embed(x, table, t, n_rows, d, tok, 3), FERRY_OK);
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < d; j++) {
+                float want = ref_elem(table + rb * tok[i], t, j);
+                cr_assert(x[i * d + j] == want || (isnan(want) && isnan(x[i * d + j])), "%s embed %d,%d: %g vs %g",
+                          dtype_name(t), i, j, x[i * d + j], want);
+            }
+        free(table);
+        free(x);
+    }
+    /* rmsnorm */
+    {
+        const int m = 3, d = 1001;
+        float *x = host_rand((size_t)m * d, -3, 3), *w = host_rand(d, 0.5f, 1.5f), *y = malloc((size_t)m * d * 4);
+        double *ref = malloc((size_t)m * d * 8);
+        ref_rmsnorm(ref, x, w, m, d, 1e-5f);
+        kern_cpu_rmsnorm_ref(y, x, w, m, d, 1e-5f);
+        double e = rel_err(y, ref, (size_t)m * d);
+        cr_assert(e <= 1e-6, "rmsnorm: local ref vs kern_cpu_rmsnorm_ref rel err %g", e);
+        free(x); free(w); free(y); free(ref);
+    }
+    /* rope, both styles, partial rotation, large positions */
+    for (int style = 0; style < 2; style++) {
+        const int m = 4, nh = 2, hd = 14, rd = 10, half = rd / 2;
+        const size_t n = (size_t)m * nh * hd;
+        float *x = host_rand(n, -2, 2), *cpu = malloc(n * 4), *inv = malloc(half * 4);
+        double *ref = malloc(n * 8);
+        for (int i = 0; i < half; i++) inv[i] = (float)pow(500000.0, -2.0 * i / rd);
+        int32_t pos[4] = {0, 3, 1000, 8190};
+        memcpy(cpu, x, n * 4);
+        kern_cpu_rope_ref(cpu, pos, m, nh, hd, rd, inv, (enum rope_style)style);
+        for (size_t i = 0; i < n; i++) ref[i] = x[i];
+        for (int t = 0; t < m; t++)
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < half; i++) {
+                    const size_t b = ((size_t)t * nh + h) * hd;
+                    const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i, i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
+                    const float angle = (float)pos[t] * inv[i];
+                    const double c = cos((double)angle), sn = sin((double)angle);
+                    ref[b + i0] = x[b + i0] * c - (double)x[b + i1] * sn;
+                    ref[b + i1] = x[b + i0] * sn + (double)x[b + i1] * c;
+                }
+        double e = max_abs_err(cpu, ref, n);
+        cr_assert(e <= 2e-6, "rope style %d: local ref vs kern_cpu_rope_ref max abs err %g", style, e);
+        free(x); free(cpu); free(inv); free(ref);
+    }
+    /* silu_mul and add */
+    {
+        const int64_t n = 1003;
+        float *g = host_rand(n, -8, 8), *u = host_rand(n, -2, 2), *a = malloc(n * 4);
+        double *ref = malloc(n * 8);
+        memcpy(a, g, n * 4);
+        kern_cpu_silu_mul(a, u, n);
+        for (int64_t i = 0; i < n; i++) ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        double e = rel_err(a, ref, n);
+        cr_assert(e <= 1e-6, "silu_mul: formula vs kern_cpu_silu_mul rel err %g", e);
+        memcpy(a, g, n * 4);
+        kern_cpu_add(a, u, n);
+        for (int64_t i = 0; i < n; i++) cr_assert_eq(a[i], g[i] + u[i]);
+        free(g); free(u); free(a); free(ref);
+    }
 }
