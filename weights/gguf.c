@@ -458,8 +458,9 @@ static int parse(struct gguf *g, char *err)
     long long dup = find_duplicate(kv_key_at, g->kv, (size_t)n_kv);
     if (dup == -2) return fail(err, FERRY_ERR_NOMEM, "out of memory checking metadata keys");
     if (dup >= 0)
-        return fail(err, FERRY_ERR_FORMAT, "duplicate metadata key '%s' (entry %lld)",
-                    san(sn, g->kv[dup].key.ptr, g->kv[dup].key.len), dup);
+        return fail(err, FERRY_ERR_FORMAT, "duplicate metadata key '%s' at offset %zu (entry %lld)",
+                    san(sn, g->kv[dup].key.ptr, g->kv[dup].key.len),
+                    (size_t)((const uint8_t *)g->kv[dup].key.ptr - g->base) - 8, dup);
 
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
     int ai = gguf_find_key(g, "general.alignment");

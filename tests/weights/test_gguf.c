@@ -492,7 +492,7 @@ Test(gguf, hostile_magic_version_alignment)
     k = defaults(), k.align_type = GGUF_TYPE_FLOAT32, k.align = 0x42000000; /* 32.0f */
     expect_fail(k, FERRY_ERR_FORMAT, "general.alignment");
     k = defaults(), k.kv_dup = 1;
-    expect_fail(k, FERRY_ERR_FORMAT, "duplicate metadata key 'general.architecture'");
+    expect_fail(k, FERRY_ERR_FORMAT, "duplicate metadata key 'general.architecture' at offset 69");
 }
 
 Test(gguf, hostile_tensor_infos)
