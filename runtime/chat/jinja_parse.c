@@ -273,6 +273,7 @@ static void lex(struct jctx *c, struct lexer *L)
         if (text_len) tok_push(L, JT_TEXT, pos, s + pos, text_len);
         size_t i = t + 2 + (mod == '-' || mod == '+');
         if (kind == '#') {
+            if (i >= n) break; /* Jinja ignores a `{#` that ends the template */
             size_t e = i;
             while (e + 1 < n && !(s[e] == '#' && s[e + 1] == '}')) e++;
             if (e + 1 >= n) jfail(c, FERRY_ERR_FORMAT, t, "unclosed comment");
