@@ -30,7 +30,7 @@ def free_port():
 class Server:
     """One `ferry serve` process; stop() sends SIGTERM and returns the exit status."""
 
-    def __init__(self, *args, env=None):
+    def __init__(self, *args, env=None, key=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/ferry-serve-test-{self.port}.log"
@@ -42,12 +42,10 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ferry serve exited {self.proc.returncode}: {self.read_log()}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                hdrs = {"Authorization": "Bearer " + key} if key else {}
+                with urllib.request.urlopen(urllib.request.Request(self.url + "/health", headers=hdrs), timeout=1) as r:
                     if r.status == 200:
                         return
-            except urllib.error.HTTPError as e:
-                if e.code == 401:  # health behind the key: the socket is up; wait until /v1/models answers
-                    return
             except OSError:
                 pass
             time.sleep(0.05)

@@ -22,6 +22,6 @@ for mod in ("pytest", "openai"):
     except ImportError:
         print(f"SKIP missing python package: {mod} (pip install pytest openai)")
         sys.exit(77)
-files = [os.path.join(here, f) for f in sys.argv[1:]] or [here]
+files = [os.path.join(here, a) if a.endswith(".py") else a for a in sys.argv[1:]] or [here]
 cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", here] + files
 sys.exit(subprocess.call(cmd, cwd=here))

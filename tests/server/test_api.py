@@ -480,7 +480,7 @@ def test_api_key_and_cors(tmp_path):
         assert "Authorization" in hdrs["Access-Control-Allow-Headers"]
     finally:
         assert s.stop() == 0
-    s = Server("--api-key", "k1")  # without --public-health, /health and /metrics need the key
+    s = Server("--api-key", "k1", key="k1")  # without --public-health, /health and /metrics need the key
     try:
         st, _, body = get(s.url + "/health")
         assert_error(st, body, 401)
