@@ -234,6 +234,11 @@ def deployment(tmp_path_factory):
             ngx.stop()
         for r in reps:
             r.stop()
+        keep = os.environ.get("FERRY_DEPLOY_KEEP_LOGS")  # a folder to copy the replica and nginx logs into
+        if keep:
+            import shutil
+            for f in list(tmp.glob("ferry-*.log")) + list(tmp.glob("nginx*/*.log")):
+                shutil.copy(f, pathlib.Path(keep) / (f.parent.name + "-" + f.name if "nginx" in f.parent.name else f.name))
 
 
 def long_stream_tokens(port):
