@@ -3,6 +3,7 @@
  * For shapes (m, n, k) = (1, 4096, 4096) (decode) and (64, 4096, 4096) (prefill) and 1 and 2 threads (or the
  * counts given as arguments), prints GB/s of weight bytes read (n * row_bytes per call) and GFLOP/s, best of
  * a few timed runs after a warm-up. Weights are 4096x4096, so f32 is 64 MiB: larger than any cache here.
+ * The ceiling printed first is a plain streaming read (vector sums) of a 256 MiB buffer with the same pool.
  * Usage: bench_cpu_matmul [threads...]
  */
 #include <stdint.h>
@@ -60,6 +61,49 @@ static void *make_weight(enum dtype t, int n, int k)
     return w;
 }
 
+struct bw_ctx {
+    const float *a;
+    int64_t n;
+    int n_threads;
+    float sink[64];
+};
+
+typedef float v8f __attribute__((vector_size(32)));
+
+static void bw_task(void *arg, int t)
+{
+    struct bw_ctx *c = arg;
+    const int64_t lo = c->n * t / c->n_threads / 32 * 32, hi = c->n * (t + 1) / c->n_threads / 32 * 32;
+    v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (int64_t i = lo; i < hi; i += 32) {
+        s0 += *(const v8f *)(c->a + i);
+        s1 += *(const v8f *)(c->a + i + 8);
+        s2 += *(const v8f *)(c->a + i + 16);
+        s3 += *(const v8f *)(c->a + i + 24);
+    }
+    const v8f s = s0 + s1 + s2 + s3;
+    c->sink[t] = s[0] + s[7];
+}
+
+/* Best-of-5 streaming read rate in GB/s. */
+static double read_bandwidth(struct tpool *tp)
+{
+    const int64_t n = 64ll << 20; /* 256 MiB of f32 */
+    float *a = aligned_alloc(64, (size_t)n * 4);
+    if (!a) return 0;
+    for (int64_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    struct bw_ctx c = {.a = a, .n = n, .n_threads = tpool_size(tp)};
+    double best = 1e9;
+    for (int r = 0; r < 5; r++) {
+        const double t0 = now_s();
+        tpool_run(tp, bw_task, &c, c.n_threads);
+        const double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    free(a);
+    return (double)n * 4 / best * 1e-9;
+}
+
 int main(int argc, char **argv)
 {
     int threads[8] = {1, 2}, n_thr = 2;
@@ -69,6 +113,12 @@ int main(int argc, char **argv)
     }
     const enum dtype types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q6_K};
     const int shapes[2][3] = {{1, 4096, 4096}, {64, 4096, 4096}};
+    for (int ci = 0; ci < n_thr; ci++) {
+        struct tpool *tp = NULL;
+        if (tpool_init(&tp, threads[ci]) != 0) return 1;
+        printf("ceiling: streaming read with %d thread(s): %.2f GB/s\n", tpool_size(tp), read_bandwidth(tp));
+        tpool_free(tp);
+    }
     printf("%-5s %4s %5s %5s %3s %10s %9s %9s\n", "type", "m", "n", "k", "thr", "ms/call", "GB/s(W)", "GFLOP/s");
     for (int s = 0; s < 2; s++) {
         const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
