@@ -368,7 +368,8 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
     if (NAME_IS("boolean")) return v.type == JV_BOOL;
     if (NAME_IS("true")) return v.type == JV_BOOL && v.i;
     if (NAME_IS("false")) return v.type == JV_BOOL && !v.i;
-    if (NAME_IS("sequence")) return v.type == JV_STR || v.type == JV_LIST || v.type == JV_DICT;
+    if (NAME_IS("sequence")) /* Jinja: has len() and [] -- Undefined does */
+        return v.type == JV_STR || (v.type == JV_LIST && !v.l->gen) || v.type == JV_DICT || v.type == JV_UNDEF;
     if (NAME_IS("mapping")) return v.type == JV_DICT;
     if (NAME_IS("iterable")) return v.type == JV_STR || v.type == JV_LIST || v.type == JV_DICT || v.type == JV_UNDEF;
     if (NAME_IS("callable")) return v.type == JV_FUNC || v.type == JV_MACRO;
@@ -379,6 +380,11 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
     if (NAME_IS("gt") || NAME_IS("greaterthan") || NAME_IS(">")) return jv_compare(c, v, a0, off) > 0;
     if (NAME_IS("ge") || NAME_IS(">=")) return jv_compare(c, v, a0, off) >= 0;
     if (NAME_IS("in")) return jv_contains(c, a0, v, off);
+    if ((NAME_IS("odd") || NAME_IS("even")) && v.type == JV_FLOAT) {
+        double m = fmod(v.f, 2.0);
+        if (m < 0) m += 2.0;
+        return NAME_IS("odd") ? m == 1.0 : m == 0.0;
+    }
     if (NAME_IS("odd") || NAME_IS("even") || NAME_IS("divisibleby")) {
         int64_t x = want_int(c, v, "test odd/even/divisibleby", off);
         if (NAME_IS("odd")) return x % 2 != 0;
