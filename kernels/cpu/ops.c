@@ -90,7 +90,7 @@ void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struc
     for (int i = 0; i < half; i++) {
         /* HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all f32. */
         const float e = f32_keep((float)(2 * i) / (float)rope_dim);
-        const float p = (float)pow((double)theta, (double)e);
+        const float p = (float)pow((double)theta, (double)e); /* correctly rounded; torch is within 1 ulp */
         inv_freq[i] = f32_keep(1.0f / p);
     }
     if (!sc || sc->type == ROPE_SCALING_NONE) return;
