@@ -29,6 +29,11 @@ int tokenizer_add_bos(const struct tokenizer *t); /* 1 when encoding a prompt sh
 int tokenizer_is_eog(const struct tokenizer *t, int32_t id);
 /* The vocabulary string of a token (as stored, e.g. "▁the" or "Ġthe"), borrowed; NULL when out of range. */
 const char *tokenizer_token_str(const struct tokenizer *t, int32_t id);
+/* The id of the token whose vocabulary string is exactly s[0, len) (e.g. "<|im_end|>"), or -1. */
+int32_t tokenizer_find(const struct tokenizer *t, const char *s, size_t len);
+/* The decoded bytes of one token (what tokenizer_decode renders for it with render_special), borrowed;
+ * *len gets the byte count (not NUL-terminated in general: byte tokens may be 0x00). NULL when out of range. */
+const char *tokenizer_piece(const struct tokenizer *t, int32_t id, size_t *len);
 
 /* Encodes len bytes of text. Writes up to cap ids to out and returns the total count (which may exceed
  * cap: call again with a larger buffer), or a negative status. add_bos prepends BOS if the vocab has one. */

@@ -360,3 +360,15 @@ const char *tokenizer_token_str(const struct tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_vocab ? t->text[id] : NULL;
 }
+
+int32_t tokenizer_find(const struct tokenizer *t, const char *s, size_t len)
+{
+    return s ? tok_lookup(t, s, len) : -1;
+}
+
+const char *tokenizer_piece(const struct tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab) return NULL;
+    if (len) *len = (size_t)t->piece_len[id];
+    return t->piece[id];
+}

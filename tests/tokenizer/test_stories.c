@@ -123,6 +123,13 @@ Test(stories, metadata_and_buffer_protocol)
     cr_assert_eq(tokenizer_eos(t), 2);
     cr_assert(tokenizer_is_eog(t, 2));
     cr_assert(!tokenizer_is_eog(t, 1));
+    cr_assert_eq(tokenizer_find(t, "<s>", 3), 1);
+    cr_assert_eq(tokenizer_find(t, "\xe2\x96\x81He", 5), 346);
+    cr_assert_eq(tokenizer_find(t, "no such token", 13), -1);
+    size_t pl = 0;
+    cr_assert_str_eq(tokenizer_piece(t, 346, &pl), " He");
+    cr_assert_eq(pl, 3);
+    cr_assert_null(tokenizer_piece(t, 512, &pl));
     /* Too small a buffer: the total count comes back and the prefix is written. */
     int32_t small[3] = {-5, -5, -5};
     int n = tokenizer_encode(t, "Hello world", 11, 1, 1, small, 2);
