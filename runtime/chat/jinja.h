@@ -185,6 +185,8 @@ size_t jutf8_offset(const char *p, size_t n, size_t k);
 int jutf8_decode(const char *p, size_t n, size_t *adv); /* one code point; invalid byte -> itself */
 int jis_space(int cp);                                  /* Python str.isspace() */
 
+/* Lexer: c->src into c->toks (jinja_lex.c). */
+void jinja_lex(struct jctx *c);
 /* Front end: lex + parse the whole template into a JN_BODY. */
 struct jnode *jinja_parse(struct jctx *c);
 /* Evaluator: render the body into c->out with the given root frame. */
