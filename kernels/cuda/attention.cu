@@ -1,12 +1,13 @@
-/* attention (CUDA) — KV store and the tiled online-softmax attention kernel (prefill tiles and split-K decode),
- * with the log-sum-exp merge of splits; see attention.h for the contract.
+/* attention (CUDA) — KV store and the tiled online-softmax attention kernel (prefill tiles and split-K
+ * decode), with the log-sum-exp merge of splits; see attention.h for the contract.
  *
  * One block = up to ATT_RMAX query rows (tokens x query heads sharing one KV head) x one KV range (a split).
- * Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte chunks), scores S = q·k for
- * all rows are computed with each thread holding one position and up to 8 rows (k read once from shared memory,
- * q broadcast), the rows' running max/sum are updated by one warp per row, and P·V is accumulated in registers
- * (each thread owns a pair of output dims for up to 16 rows). Rows whose tokens belong to other sequences than
- * the current run, positions past the token's own, and positions outside the split are masked to -inf.
+ * Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte chunks), scores S = q·k
+ * for all rows are computed with each thread holding one position and up to 8 rows (k read once from shared
+ * memory, q broadcast), the rows' running max/sum are updated by one warp per row, and P·V is accumulated in
+ * registers (each thread owns a pair of output dims for up to 16 rows). Rows whose tokens belong to other
+ * sequences than the current run, positions past the token's own, and positions outside the split are masked
+ * to -inf.
  */
 #include <cuda_fp16.h>
 #include <math.h>
@@ -15,20 +16,20 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
 
-#define ATT_T 64       /* positions per K/V tile */
+#define ATT_T       64 /* positions per K/V tile */
 #define ATT_THREADS 128
-#define ATT_RMAX 16    /* query rows per block */
-#define ATT_DMAX 256
-#define ATT_KPAD 8     /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
+#define ATT_RMAX    16 /* query rows per block */
+#define ATT_DMAX    256
+#define ATT_KPAD    8 /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
 
 struct att_params {
-    float *out;           /* (m, n_heads, D) */
-    const float *q;       /* (m, n_heads, D) */
-    const __half *k, *v;  /* cache */
+    float *out;          /* (m, n_heads, D) */
+    const float *q;      /* (m, n_heads, D) */
+    const __half *k, *v; /* cache */
     const int32_t *bt;
     const int32_t *seq, *pos;
-    float *ws_o;          /* (n_split, m, n_heads, D) unnormalised partial outputs */
-    float2 *ws_ml;        /* (n_split, m, n_heads) running max and sum */
+    float *ws_o;   /* (n_split, m, n_heads, D) unnormalised partial outputs */
+    float2 *ws_ml; /* (n_split, m, n_heads) running max and sum */
     int n_blocks, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
     float scale;
@@ -59,10 +60,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     const int D = p.D, DS = p.D + ATT_KPAD;
-    float *Qs = (float *)smem;                                    /* (ATT_RMAX, D) */
-    __half *Ks = (__half *)(Qs + ATT_RMAX * D);                   /* (ATT_T, DS) */
-    __half *Vs = Ks + ATT_T * DS;                                 /* (ATT_T, DS) */
-    float *Ss = (float *)(Vs + ATT_T * DS);                       /* (ATT_RMAX, ATT_T) */
+    float *Qs = (float *)smem;                  /* (ATT_RMAX, D) */
+    __half *Ks = (__half *)(Qs + ATT_RMAX * D); /* (ATT_T, DS) */
+    __half *Vs = Ks + ATT_T * DS;               /* (ATT_T, DS) */
+    float *Ss = (float *)(Vs + ATT_T * DS);     /* (ATT_RMAX, ATT_T) */
     float *row_m = Ss + ATT_RMAX * ATT_T, *row_l = row_m + ATT_RMAX, *row_a = row_l + ATT_RMAX;
     int *row_pos = (int *)(row_a + ATT_RMAX);
 
@@ -124,7 +125,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
                     const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
                     if (blk >= 0 && blk < p.n_blocks) {
                         const size_t off =
-                            (((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D + c8 * 8;
+                            (((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D +
+                            c8 * 8;
                         cp_async16(kd, p.k + off);
                         cp_async16(vd, p.v + off);
                     } else {
@@ -253,7 +255,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 }
 
 /* out = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the splits in order. One block per (token, head). */
-__global__ void attn_merge_kernel(float *out, const float *ws_o, const float2 *ws_ml, int n_split, int rows, int D)
+__global__ void attn_merge_kernel(float *out, const float *ws_o, const float2 *ws_ml, int n_split, int rows,
+                                  int D)
 {
     const size_t row = blockIdx.x;
     float M = -INFINITY;
@@ -274,12 +277,13 @@ __global__ void attn_merge_kernel(float *out, const float *ws_o, const float2 *w
     }
 }
 
-__global__ void kv_store_kernel(__half *kc, __half *vc, const float *k_new, const float *v_new, const int32_t *seq,
-                                const int32_t *pos, const int32_t *bt, int m, int row_elems, int n_blocks,
-                                int block_size, int max_blocks)
+__global__ void kv_store_kernel(__half *kc, __half *vc, const float *k_new, const float *v_new,
+                                const int32_t *seq, const int32_t *pos, const int32_t *bt, int m,
+                                int row_elems, int n_blocks, int block_size, int max_blocks)
 {
     const int64_t total = (int64_t)m * row_elems;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
         const int tok = (int)(i / row_elems), e = (int)(i % row_elems);
         const int pp = pos[tok];
         if (pp < 0 || pp / block_size >= max_blocks) continue;
@@ -291,7 +295,8 @@ __global__ void kv_store_kernel(__half *kc, __half *vc, const float *k_new, cons
     }
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* host side */
 
 struct att_plan {
@@ -319,7 +324,8 @@ static size_t split_bytes(int n_split, int m, int n_heads, int D)
     return (size_t)n_split * m * n_heads * ((size_t)D + 2) * sizeof(float);
 }
 
-static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode, size_t ws_bytes)
+static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode,
+                                 size_t ws_bytes)
 {
     struct att_plan pl;
     const int G = n_heads / n_kv;
@@ -361,7 +367,8 @@ static size_t attn_smem_bytes(int D)
 static int check_kv(const struct kern_cuda_kv_layer *kv)
 {
     if (!kv || !kv->k || !kv->v || !kv->block_table) return FERRY_ERR_INVALID;
-    if (kv->n_blocks <= 0 || kv->block_size <= 0 || kv->max_blocks <= 0 || kv->n_kv_heads <= 0) return FERRY_ERR_INVALID;
+    if (kv->n_blocks <= 0 || kv->block_size <= 0 || kv->max_blocks <= 0 || kv->n_kv_heads <= 0)
+        return FERRY_ERR_INVALID;
     if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX) return FERRY_ERR_UNSUPPORTED;
     if (!FCUDA_ALIGNED(kv->k, 16) || !FCUDA_ALIGNED(kv->v, 16) || !FCUDA_ALIGNED(kv->block_table, 4))
         return FERRY_ERR_INVALID;
@@ -374,7 +381,8 @@ extern "C" int kern_cuda_kv_store(const struct kern_cuda_kv_layer *kv, const flo
     int rc = check_kv(kv);
     if (rc) return rc;
     if (!k_new || !v_new || !seq || !pos || m < 0) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(k_new, 4) || !FCUDA_ALIGNED(v_new, 4) || !FCUDA_ALIGNED(seq, 4) || !FCUDA_ALIGNED(pos, 4))
+    if (!FCUDA_ALIGNED(k_new, 4) || !FCUDA_ALIGNED(v_new, 4) || !FCUDA_ALIGNED(seq, 4) ||
+        !FCUDA_ALIGNED(pos, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
     const int row = kv->n_kv_heads * kv->head_dim;
@@ -392,10 +400,12 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
 {
     int rc = check_kv(kv);
     if (rc) return rc;
-    if (!out || !q || !seq || !pos || m < 0 || n_heads <= 0 || n_heads % kv->n_kv_heads) return FERRY_ERR_INVALID;
+    if (!out || !q || !seq || !pos || m < 0 || n_heads <= 0 || n_heads % kv->n_kv_heads)
+        return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(out, 16) || !FCUDA_ALIGNED(q, 16) || !FCUDA_ALIGNED(seq, 4) || !FCUDA_ALIGNED(pos, 4))
         return FERRY_ERR_INVALID;
-    if (mode != KERN_ATTN_AUTO && mode != KERN_ATTN_PREFILL && mode != KERN_ATTN_DECODE) return FERRY_ERR_INVALID;
+    if (mode != KERN_ATTN_AUTO && mode != KERN_ATTN_PREFILL && mode != KERN_ATTN_DECODE)
+        return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
     const int D = kv->head_dim;
     if (max_len <= 0 || max_len > kv->max_blocks * kv->block_size) max_len = kv->max_blocks * kv->block_size;
@@ -439,7 +449,8 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     attn_kernel<<<grid, ATT_THREADS, smem, stream>>>(p);
     FCUDA_LAUNCH_CHECK("attn_kernel");
     if (pl.n_split > 1) {
-        attn_merge_kernel<<<(unsigned)m * n_heads, 128, 0, stream>>>(out, p.ws_o, p.ws_ml, pl.n_split, m * n_heads, D);
+        attn_merge_kernel<<<(unsigned)m * n_heads, 128, 0, stream>>>(out, p.ws_o, p.ws_ml, pl.n_split,
+                                                                     m * n_heads, D);
         FCUDA_LAUNCH_CHECK("attn_merge_kernel");
     }
     return FERRY_OK;

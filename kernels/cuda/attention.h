@@ -29,14 +29,14 @@ extern "C" {
 #endif
 
 struct kern_cuda_kv_layer {
-    uint16_t *k;                /* (n_blocks, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
-    uint16_t *v;                /* same shape */
+    uint16_t *k; /* (n_blocks, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
+    uint16_t *v; /* same shape */
     int n_blocks;
     int block_size;             /* positions per block */
     const int32_t *block_table; /* (n_seqs, max_blocks) block ids, device */
     int max_blocks;             /* blocks per sequence row of block_table */
     int n_kv_heads;
-    int head_dim;               /* a multiple of 8, at most 256 */
+    int head_dim; /* a multiple of 8, at most 256 */
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };

@@ -17,7 +17,10 @@ extern "C" {
 }
 
 /* NULL when the status is a success, else the library's message. */
-static inline const char *fcuda_error_str(cudaError_t e) { return e == cudaSuccess ? nullptr : cudaGetErrorString(e); }
+static inline const char *fcuda_error_str(cudaError_t e)
+{
+    return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
 static inline const char *fcuda_error_str(cublasStatus_t e)
 {
     return e == CUBLAS_STATUS_SUCCESS ? nullptr : cublasGetStatusString(e);
@@ -36,7 +39,8 @@ static inline const char *fcuda_error_str(cublasStatus_t e)
     do {                                                                                                     \
         cudaError_t fcuda_e_ = cudaGetLastError();                                                           \
         if (fcuda_e_ != cudaSuccess) {                                                                       \
-            FLOG_ERROR("%s:%d: launch of %s failed: %s", __FILE__, __LINE__, name, cudaGetErrorString(fcuda_e_)); \
+            FLOG_ERROR("%s:%d: launch of %s failed: %s", __FILE__, __LINE__, name,                           \
+                       cudaGetErrorString(fcuda_e_));                                                        \
             return FERRY_ERR_CUDA;                                                                           \
         }                                                                                                    \
     } while (0)

@@ -1,12 +1,11 @@
 /* matmul (CUDA) — the GEMV / skinny-GEMM kernel for decode batches and the cuBLAS path for larger ones; see
  * matmul.h for the contract.
  *
- * GEMV design: one warp per R output rows (R = 1..4 by m); each lane streams 16-byte chunks of the weight rows
- * (up to 8 in flight before the first use, loaded with L1::no_allocate so that x keeps L1), multiplies them with
- * up to 16 rows of x (f32, read through L1, each x chunk used for the R rows) and the warp reduces with shuffles
- * in a fixed order.
- * Weight bytes are read exactly once per call, so the time is n*k*sizeof(w) / bandwidth plus the x traffic
- * through L1, which grows with m.
+ * GEMV design: one warp per R output rows (R = 1..4 by m); each lane streams 16-byte chunks of the weight
+ * rows (up to 8 in flight before the first use, loaded with L1::no_allocate so that x keeps L1), multiplies
+ * them with up to 16 rows of x (f32, read through L1, each x chunk used for the R rows) and the warp reduces
+ * with shuffles in a fixed order. Weight bytes are read exactly once per call, so the time is n*k*sizeof(w) /
+ * bandwidth plus the x traffic through L1, which grows with m.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,18 +15,19 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/matmul.h"
 
-#define GEMV_WARPS 4
-#define GEMV_UNROLL 4
+#define GEMV_WARPS      4
+#define GEMV_UNROLL     4
 #define CUBLAS_WS_BYTES (32u << 20)
 
 struct kern_cuda_ctx {
     cublasHandle_t handle;
-    void *xbuf;          /* (max_x_elems) f16 or bf16: x rounded to the weight's type */
+    void *xbuf; /* (max_x_elems) f16 or bf16: x rounded to the weight's type */
     size_t max_x_elems;
-    void *cublas_ws;     /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
+    void *cublas_ws; /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
 };
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* GEMV kernels */
 
 enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2 };
@@ -64,9 +64,11 @@ template <int WT> __device__ __forceinline__ void unpack16(uint4 v, float *f)
     }
 }
 
-/* acc[mi][r] += w_r · x_mi over the VEC elements starting at e0: each x chunk is loaded once for the R rows. */
+/* acc[mi][r] += w_r · x_mi over the VEC elements starting at e0: each x chunk is loaded once for the R rows.
+ */
 template <int WT, int M, int R>
-__device__ __forceinline__ void gemv_fma(float (&acc)[M][R], const uint4 (&wv)[R], const float *const (&xr)[M], int e0)
+__device__ __forceinline__ void gemv_fma(float (&acc)[M][R], const uint4 (&wv)[R],
+                                         const float *const (&xr)[M], int e0)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     float wf[R][VEC];
@@ -87,7 +89,8 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[M][R], const uint4 (&wv)[R
 }
 
 template <int M, int R>
-__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const float *bias, int m, int n, int row0)
+__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const float *bias, int m, int n,
+                                           int row0)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -109,10 +112,11 @@ __device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const f
 
 /* Each warp computes R consecutive output rows; W rows are 16-byte aligned (k % VEC == 0, w and x 16-byte
  * aligned). Rows of x past m repeat the last row and rows of W past n repeat the last one (their results are
- * not stored), so the inner loop has no guard. U chunks per row are in flight per lane before the first use. */
+ * not stored), so the inner loop has no guard. U chunks per row are in flight per lane before the first use.
+ */
 template <int WT, int M, int R, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_vec_kernel(float *y, const float *x, const uint4 *w,
-                                                                   const float *bias, int m, int n, int k)
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_vec_kernel(float *y, const float *x, const uint4 *w, const float *bias, int m, int n, int k)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     const int lane = threadIdx.x % 32;
@@ -159,8 +163,8 @@ template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t 
 
 /* Any k and alignment (2-byte weights, 4-byte x): element-wise loads, one row per warp. */
 template <int WT, int M>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_scalar_kernel(float *y, const float *x, const void *w,
-                                                                      const float *bias, int m, int n, int k)
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_scalar_kernel(float *y, const float *x, const void *w, const float *bias, int m, int n, int k)
 {
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
@@ -176,12 +180,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_scalar_kernel(float *y, 
     gemv_store<M, 1>(acc, y, bias, m, n, row);
 }
 
-/* Q8_0 weights (blocks of 32: f16 scale d, 32 int8 q; 34 bytes, so only 2-byte aligned): lane j of the warp takes
- * blocks j, j+32, ... of the row; y += d * Σ q·x per block. The warp's 2-byte loads of 32 neighbouring blocks
- * cover 1088 contiguous bytes, so each weight byte still comes from memory once (L1 serves the rest). */
+/* Q8_0 weights (blocks of 32: f16 scale d, 32 int8 q; 34 bytes, so only 2-byte aligned): lane j of the warp
+ * takes blocks j, j+32, ... of the row; y += d * Σ q·x per block. The warp's 2-byte loads of 32 neighbouring
+ * blocks cover 1088 contiguous bytes, so each weight byte still comes from memory once (L1 serves the rest).
+ */
 template <int M>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q8_kernel(float *y, const float *x, const uint8_t *w,
-                                                                  const float *bias, int m, int n, int k)
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q8_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k)
 {
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
@@ -232,13 +237,14 @@ static int gemv_q8_tile(float *y, const float *x, const void *w, const float *bi
 }
 
 template <int WT, int M, int R, int U>
-static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k, bool vec,
-                       cudaStream_t st)
+static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+                       bool vec, cudaStream_t st)
 {
     if (vec) {
         const int rows_per_block = GEMV_WARPS * R;
         const unsigned blocks = (unsigned)((n + rows_per_block - 1) / rows_per_block);
-        gemv_vec_kernel<WT, M, R, U><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k);
+        gemv_vec_kernel<WT, M, R, U>
+            <<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k);
         FCUDA_LAUNCH_CHECK("gemv_vec_kernel");
     } else {
         const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
@@ -251,8 +257,8 @@ static int gemv_launch(float *y, const float *x, const void *w, const float *bia
 /* Rows per warp R and chunks in flight U by m: more rows per warp share each x load (x traffic through L1 per
  * weight byte is 2*M/R for 2-byte weights), at the price of registers (M*R accumulators). */
 template <int WT>
-static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k, bool vec,
-                     cudaStream_t st)
+static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+                     bool vec, cudaStream_t st)
 {
     if (m <= 1) return gemv_launch<WT, 1, 1, 4>(y, x, w, bias, m, n, k, vec, st);
     if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, x, w, bias, m, n, k, vec, st);
@@ -261,18 +267,21 @@ static int gemv_tile(float *y, const float *x, const void *w, const float *bias,
     return gemv_launch<WT, 16, 4, 1>(y, x, w, bias, m, n, k, vec, st);
 }
 
-static int check_args(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n, int k)
+static int check_args(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
+                      int k)
 {
     if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
-    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16 && wt != DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
+    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16 && wt != DTYPE_Q8_0)
+        return FERRY_ERR_UNSUPPORTED;
     if (wt == DTYPE_Q8_0 && k % 32) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (bias && !FCUDA_ALIGNED(bias, 4))) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (bias && !FCUDA_ALIGNED(bias, 4)))
+        return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(w, wt == DTYPE_F32 ? 4 : 2)) return FERRY_ERR_INVALID;
     return FERRY_OK;
 }
 
-extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt, const float *bias,
-                                     int m, int n, int k, cudaStream_t stream)
+extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt,
+                                     const float *bias, int m, int n, int k, cudaStream_t stream)
 {
     int rc = check_args(y, x, w, wt, bias, m, n, k);
     if (rc) return rc;
@@ -282,29 +291,38 @@ extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, en
         const int mt = m - i < KERN_CUDA_GEMV_MAX_M ? m - i : KERN_CUDA_GEMV_MAX_M;
         float *yt = y + (size_t)i * n;
         const float *xt = x + (size_t)i * k;
-        if (wt == DTYPE_Q8_0) rc = gemv_q8_tile(yt, xt, w, bias, mt, n, k, stream);
-        else if (wt == DTYPE_F32) rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
-        else if (wt == DTYPE_F16) rc = gemv_tile<WT_F16>(yt, xt, w, bias, mt, n, k, vec, stream);
-        else rc = gemv_tile<WT_BF16>(yt, xt, w, bias, mt, n, k, vec, stream);
+        if (wt == DTYPE_Q8_0)
+            rc = gemv_q8_tile(yt, xt, w, bias, mt, n, k, stream);
+        else if (wt == DTYPE_F32)
+            rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
+        else if (wt == DTYPE_F16)
+            rc = gemv_tile<WT_F16>(yt, xt, w, bias, mt, n, k, vec, stream);
+        else
+            rc = gemv_tile<WT_BF16>(yt, xt, w, bias, mt, n, k, vec, stream);
         if (rc) return rc;
     }
     return FERRY_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* cuBLAS path */
 
 __global__ void round_x_kernel(void *dst, const float *x, int64_t n, int to_bf16)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        if (to_bf16) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x[i]);
-        else ((__half *)dst)[i] = __float2half_rn(x[i]);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (to_bf16)
+            ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x[i]);
+        else
+            ((__half *)dst)[i] = __float2half_rn(x[i]);
     }
 }
 
 __global__ void add_bias_kernel(float *y, const float *bias, int64_t total, int n)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
         y[i] += bias[i % n];
 }
 
@@ -348,7 +366,8 @@ extern "C" size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx)
 }
 
 extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
-                                       enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream)
+                                       enum dtype wt, const float *bias, int m, int n, int k,
+                                       cudaStream_t stream)
 {
     int rc = check_args(y, x, w, wt, bias, m, n, k);
     if (rc) return rc;
@@ -359,7 +378,8 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
     const float one = 1.0f, zero = 0.0f;
     if (wt == DTYPE_F32) {
         FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x,
-                                 CUDA_R_32F, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                 CUDA_R_32F, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
     } else {
         const cudaDataType_t t = wt == DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
         const int64_t rows_fit = ctx->max_x_elems / (size_t)k;
@@ -370,9 +390,9 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
             round_x_kernel<<<fcuda_blocks(ne, 256), 256, 0, stream>>>(ctx->xbuf, x + (size_t)i * k, ne,
                                                                       wt == DTYPE_BF16);
             FCUDA_LAUNCH_CHECK("round_x_kernel");
-            FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k, ctx->xbuf, t, k,
-                                     &zero, y + (size_t)i * n, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT));
+            FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k,
+                                     ctx->xbuf, t, k, &zero, y + (size_t)i * n, CUDA_R_32F, n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         }
     }
     if (bias) {
@@ -383,8 +403,8 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
     return FERRY_OK;
 }
 
-extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
-                                const float *bias, int m, int n, int k, cudaStream_t stream)
+extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
+                                enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream)
 {
     if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || wt == DTYPE_Q8_0)
         return kern_cuda_matmul_gemv(y, x, w, wt, bias, m, n, k, stream);

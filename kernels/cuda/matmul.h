@@ -29,7 +29,8 @@ extern "C" {
 struct kern_cuda_ctx;
 
 /* Creates the cuBLAS handle and a workspace for x rounded to f16/bf16 of max_x_elems elements (max m*k of the
- * cuBLAS path; larger products are done in row chunks that fit). Returns FERRY_ERR_CUDA / FERRY_ERR_DEVICE_MEM. */
+ * cuBLAS path; larger products are done in row chunks that fit). Returns FERRY_ERR_CUDA /
+ * FERRY_ERR_DEVICE_MEM. */
 int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems);
 /* Accepts NULL and a half-built context. */
 void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx);
@@ -41,8 +42,8 @@ size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx);
 int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
                      const float *bias, int m, int n, int k, cudaStream_t stream);
 /* The two paths, for tests and benches: the GEMV one takes any m (in tiles of 16), the cuBLAS one any m. */
-int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
-                          int k, cudaStream_t stream);
+int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m,
+                          int n, int k, cudaStream_t stream);
 int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
                             const float *bias, int m, int n, int k, cudaStream_t stream);
 

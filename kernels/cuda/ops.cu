@@ -1,5 +1,5 @@
-/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add), rotary embedding, SiLU-gated
- * activation and residual add; see ops.h for the contracts.
+/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add), rotary embedding,
+ * SiLU-gated activation and residual add; see ops.h for the contracts.
  *
  * Row-wise ops run one block per row with a fixed-order tree reduction (deterministic); element-wise ops are
  * grid-stride loops with coalesced f32 accesses, which reach the memory bandwidth without vector loads.
@@ -23,15 +23,19 @@ extern "C" int kern_cuda_device_count(void)
     return n;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* embed */
 
 __device__ __forceinline__ float load_elem(const void *row, enum dtype t, int j)
 {
     switch (t) {
-    case DTYPE_F32: return ((const float *)row)[j];
-    case DTYPE_F16: return __half2float(((const __half *)row)[j]);
-    case DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[j]);
+    case DTYPE_F32:
+        return ((const float *)row)[j];
+    case DTYPE_F16:
+        return __half2float(((const __half *)row)[j]);
+    case DTYPE_BF16:
+        return __bfloat162float(((const __nv_bfloat16 *)row)[j]);
     default: { /* Q8_0: blocks of 32: f16 scale, 32 int8 */
         const uint8_t *b = (const uint8_t *)row + (size_t)(j / 32) * 34;
         __half d;
@@ -41,8 +45,8 @@ __device__ __forceinline__ float load_elem(const void *row, enum dtype t, int j)
     }
 }
 
-__global__ void embed_kernel(float *x, const uint8_t *table, enum dtype tt, size_t row_bytes, int n_rows, int d,
-                             const int32_t *tokens)
+__global__ void embed_kernel(float *x, const uint8_t *table, enum dtype tt, size_t row_bytes, int n_rows,
+                             int d, const int32_t *tokens)
 {
     const int i = blockIdx.x;
     const int tok = tokens[i];
@@ -55,11 +59,12 @@ __global__ void embed_kernel(float *x, const uint8_t *table, enum dtype tt, size
     for (int j = threadIdx.x; j < d; j += blockDim.x) xr[j] = load_elem(row, tt, j);
 }
 
-extern "C" int kern_cuda_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens,
-                               int m, cudaStream_t stream)
+extern "C" int kern_cuda_embed(float *x, const void *table, enum dtype tt, int n_rows, int d,
+                               const int32_t *tokens, int m, cudaStream_t stream)
 {
     if (!x || !table || !tokens || m < 0 || d <= 0 || n_rows <= 0) return FERRY_ERR_INVALID;
-    if (tt != DTYPE_F32 && tt != DTYPE_F16 && tt != DTYPE_BF16 && tt != DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
+    if (tt != DTYPE_F32 && tt != DTYPE_F16 && tt != DTYPE_BF16 && tt != DTYPE_Q8_0)
+        return FERRY_ERR_UNSUPPORTED;
     size_t row_bytes = dtype_row_size(tt, d);
     if (row_bytes == 0 || !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(tokens, 4)) return FERRY_ERR_INVALID;
     if (tt != DTYPE_Q8_0 && !FCUDA_ALIGNED(table, tt == DTYPE_F32 ? 4 : 2)) return FERRY_ERR_INVALID;
@@ -69,7 +74,8 @@ extern "C" int kern_cuda_embed(float *x, const void *table, enum dtype tt, int n
     return FERRY_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* rmsnorm */
 
 /* Sum over the block in a fixed order: warp trees, then warp 0 over the warp sums. Every thread gets it. */
@@ -98,7 +104,8 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int d, 
     for (int j = threadIdx.x; j < d; j += blockDim.x) y[off + j] = x[off + j] * inv * w[j];
 }
 
-__global__ void add_rmsnorm_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps)
+__global__ void add_rmsnorm_kernel(float *resid, const float *delta, float *y, const float *w, int d,
+                                   float eps)
 {
     __shared__ float red[33];
     const size_t off = (size_t)blockIdx.x * d;
@@ -137,7 +144,8 @@ extern "C" int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y,
     return FERRY_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* rope */
 
 __global__ void rope_kernel(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
@@ -145,7 +153,8 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int m, int n_heads, in
 {
     const int half = rope_dim / 2;
     const int64_t total = (int64_t)m * n_heads * half;
-    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
         const int i = (int)(t % half);
         const int64_t th = t / half; /* token * n_heads + head */
         const int tok = (int)(th / n_heads);
@@ -168,21 +177,24 @@ extern "C" int kern_cuda_rope(float *x, const int32_t *pos, int m, int n_heads, 
     if (!x || !pos || !inv_freq || m < 0 || n_heads <= 0 || head_dim <= 0) return FERRY_ERR_INVALID;
     if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2) return FERRY_ERR_INVALID;
     if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(pos, 4) || !FCUDA_ALIGNED(inv_freq, 4)) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(pos, 4) || !FCUDA_ALIGNED(inv_freq, 4))
+        return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
     const int64_t total = (int64_t)m * n_heads * (rope_dim / 2);
-    rope_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(x, pos, m, n_heads, head_dim, rope_dim, inv_freq,
-                                                              style == ROPE_STYLE_HALF);
+    rope_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(x, pos, m, n_heads, head_dim, rope_dim,
+                                                              inv_freq, style == ROPE_STYLE_HALF);
     FCUDA_LAUNCH_CHECK("rope_kernel");
     return FERRY_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* element-wise */
 
 __global__ void silu_mul_kernel(float *gate, const float *up, int64_t n)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
         const float a = gate[i];
         gate[i] = a / (1.0f + expf(-a)) * up[i];
     }
@@ -190,7 +202,8 @@ __global__ void silu_mul_kernel(float *gate, const float *up, int64_t n)
 
 __global__ void add_kernel(float *y, const float *x, int64_t n)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
 

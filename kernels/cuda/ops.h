@@ -1,8 +1,8 @@
 /* ops (CUDA) — the element-wise and row-wise ops of a Llama forward pass on the GPU, f32 activations.
  *
  * Same shapes and semantics as kernels/cpu/ops.h; every pointer is device memory unless stated, every call is
- * asynchronous on `stream` and returns a ferry status (FERRY_ERR_INVALID for bad shapes or misaligned pointers,
- * FERRY_ERR_UNSUPPORTED for a dtype this backend does not run, FERRY_ERR_CUDA when a launch fails).
+ * asynchronous on `stream` and returns a ferry status (FERRY_ERR_INVALID for bad shapes or misaligned
+ * pointers, FERRY_ERR_UNSUPPORTED for a dtype this backend does not run, FERRY_ERR_CUDA when a launch fails).
  * Reductions use a fixed order (no atomics), so results are bitwise reproducible run to run.
  * f32 pointers must be 4-byte aligned; nothing else is required of them.
  */
@@ -26,8 +26,8 @@ int kern_cuda_device_count(void);
 /* x (m, d) f32 = rows tokens[i] (device, m) of table (n_rows, d) in dtype tt (F32, F16, BF16, Q8_0).
  * The caller checks token ids (the CPU entry returns FERRY_ERR_RANGE); an id outside [0, n_rows) on the
  * device gives a row of zeros instead of an out-of-bounds read. */
-int kern_cuda_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens, int m,
-                    cudaStream_t stream);
+int kern_cuda_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens,
+                    int m, cudaStream_t stream);
 
 /* y (m, d) = x / sqrt(mean(x^2) + eps) * w, w (d) f32; y may alias x. */
 int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps, cudaStream_t stream);
@@ -37,9 +37,10 @@ int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, fl
 int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
                           cudaStream_t stream);
 
-/* In place, x (m, n_heads, head_dim) rotated at positions pos (device, m); the first rope_dim dims of each head
- * rotate, pairs as in kernels/core/rope.h. inv_freq (rope_dim/2) f32 on the device (computed on the host with
- * kern_cpu_rope_freqs and uploaded once). Angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU. */
+/* In place, x (m, n_heads, head_dim) rotated at positions pos (device, m); the first rope_dim dims of each
+ * head rotate, pairs as in kernels/core/rope.h. inv_freq (rope_dim/2) f32 on the device (computed on the host
+ * with kern_cpu_rope_freqs and uploaded once). Angle = pos * inv_freq[i] in f32, cos/sin in double, like the
+ * CPU. */
 int kern_cuda_rope(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
                    const float *inv_freq, enum rope_style style, cudaStream_t stream);
 

@@ -1,9 +1,9 @@
 /* bench_cuda — times the CUDA kernels at Llama-2-7B shapes on one GPU and prints a table.
  *
  * Ceiling: a device-to-device copy of 1 GiB, counting bytes read plus written. Each figure is the median of
- * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the batch
- * size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate among copies
- * spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
+ * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the
+ * batch size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate
+ * among copies spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
  * Usage: bench_cuda [--quick]
  */
 #include <math.h>
@@ -32,7 +32,7 @@
     do {                                                                                                     \
         int rc_ = (call);                                                                                    \
         if (rc_ != FERRY_OK) {                                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ferry_status_str(rc_));           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ferry_status_str(rc_));            \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -81,7 +81,8 @@ static void fill_f16(void *d, size_t bytes)
     const size_t pat = 16u << 20;
     uint16_t *h = malloc(pat);
     for (size_t i = 0; i < pat / 2; i++) h[i] = f32_to_f16((float)((double)rand() / RAND_MAX - 0.5));
-    for (size_t off = 0; off < bytes; off += pat) CK(cudaMemcpy((char *)d + off, h, bytes - off < pat ? bytes - off : pat, cudaMemcpyHostToDevice));
+    for (size_t off = 0; off < bytes; off += pat)
+        CK(cudaMemcpy((char *)d + off, h, bytes - off < pat ? bytes - off : pat, cudaMemcpyHostToDevice));
     free(h);
 }
 static void fill_f32(float *d, size_t n)
@@ -93,7 +94,10 @@ static void fill_f32(float *d, size_t n)
 }
 
 /* ---- copy ceiling ---- */
-struct copy_arg { void *a, *b; size_t bytes; };
+struct copy_arg {
+    void *a, *b;
+    size_t bytes;
+};
 static void copy_fn(void *p, int i)
 {
     struct copy_arg *c = p;
@@ -113,8 +117,10 @@ static void mm_fn(void *p, int i)
 {
     struct mm_arg *a = p;
     const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->cublas) FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
-    else FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+    if (a->cublas)
+        FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+    else
+        FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
 }
 
 /* ---- attention ---- */
@@ -130,20 +136,26 @@ struct att_arg {
 static void att_fn(void *p, int i)
 {
     struct att_arg *a = p;
-    FK(kern_cuda_attention(a->out, a->q, &a->kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len, a->mode,
-                           a->ws, a->ws_bytes, st));
+    FK(kern_cuda_attention(a->out, a->q, &a->kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len,
+                           a->mode, a->ws, a->ws_bytes, st));
 }
 
 /* ---- rmsnorm ---- */
-struct norm_arg { float *y, *x, *w, *r; int m, d, fused; };
+struct norm_arg {
+    float *y, *x, *w, *r;
+    int m, d, fused;
+};
 static void norm_fn(void *p, int i)
 {
     struct norm_arg *a = p;
-    if (a->fused) FK(kern_cuda_add_rmsnorm(a->r, a->x, a->y, a->w, a->m, a->d, 1e-5f, st));
-    else FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
+    if (a->fused)
+        FK(kern_cuda_add_rmsnorm(a->r, a->x, a->y, a->w, a->m, a->d, 1e-5f, st));
+    else
+        FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
 }
 
-static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill, double ceil_gbs)
+static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill,
+                            double ceil_gbs)
 {
     const int D = 128, bs = 16;
     struct att_arg a;
@@ -192,9 +204,17 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
         printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (KV bytes)\n", name, ms, bytes / ms / 1e6,
                100.0 * bytes / ms / 1e6 / ceil_gbs);
     }
-    cudaFree(a.kv.k); cudaFree(a.kv.v); cudaFree(dbt); cudaFree(a.seq); cudaFree(a.pos); cudaFree(a.q);
-    cudaFree(a.out); cudaFree(a.ws);
-    free(bt); free(seq); free(pos);
+    cudaFree(a.kv.k);
+    cudaFree(a.kv.v);
+    cudaFree(dbt);
+    cudaFree(a.seq);
+    cudaFree(a.pos);
+    cudaFree(a.q);
+    cudaFree(a.out);
+    cudaFree(a.ws);
+    free(bt);
+    free(seq);
+    free(pos);
 }
 
 int main(int argc, char **argv)
@@ -207,8 +227,8 @@ int main(int argc, char **argv)
     srand(1);
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB, %.1f GiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
-           prop.totalGlobalMem / 1073741824.0);
+    printf("device: %s, %d SMs, L2 %d MB, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20, prop.totalGlobalMem / 1073741824.0);
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
     /* Ceiling. */
@@ -254,8 +274,11 @@ int main(int argc, char **argv)
     }
     for (int mi = 0; mi < 3; mi++)
         printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (one of each shape)\n",
-               ms_[mi] == 1 ? "gemv f16 all shapes m=1" : ms_[mi] == 4 ? "gemv f16 all shapes m=4" : "gemv f16 all shapes m=16",
-               gemv_total[mi], bytes_total / gemv_total[mi] / 1e6, 100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs);
+               ms_[mi] == 1   ? "gemv f16 all shapes m=1"
+               : ms_[mi] == 4 ? "gemv f16 all shapes m=4"
+                              : "gemv f16 all shapes m=16",
+               gemv_total[mi], bytes_total / gemv_total[mi] / 1e6,
+               100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs);
     /* Other weight types at one shape (the pool's f16 pattern read as bf16 / Q8_0: finite values). */
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)

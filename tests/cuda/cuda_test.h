@@ -28,7 +28,10 @@
 #define CU_OK(call) cr_assert_eq((call), cudaSuccess, "%s failed", #call)
 
 static uint64_t test_rng = 0x9E3779B97F4A7C15ull;
-static inline void rng_seed(uint64_t s) { test_rng = s * 0x9E3779B97F4A7C15ull + 1; }
+static inline void rng_seed(uint64_t s)
+{
+    test_rng = s * 0x9E3779B97F4A7C15ull + 1;
+}
 static inline uint64_t rng_u64(void)
 {
     test_rng ^= test_rng << 13;
@@ -37,8 +40,14 @@ static inline uint64_t rng_u64(void)
     return test_rng;
 }
 /* Uniform in [-1, 1). */
-static inline float frand(void) { return (float)((double)(rng_u64() >> 11) * 0x1.0p-53 * 2.0 - 1.0); }
-static inline int irand(int n) { return (int)(rng_u64() % (uint64_t)n); }
+static inline float frand(void)
+{
+    return (float)((double)(rng_u64() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+static inline int irand(int n)
+{
+    return (int)(rng_u64() % (uint64_t)n);
+}
 
 static inline float *host_rand(size_t n, float lo, float hi)
 {

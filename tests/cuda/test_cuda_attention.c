@@ -1,13 +1,13 @@
 /* CUDA paged attention and KV store against a double-precision two-pass softmax on random data.
  *
  * The cache is filled with random f16 values in blocks placed at shuffled pool positions; the reference reads
- * the same f16 values, so the only differences are f32 rounding in the kernel (scores, expf, sums of up to 8192
- * terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5 (estimated f32
- * accumulation error at 8192 positions: ~6e-6 relative).
- * Sequence lengths 1, 7, 64, 129, 1000 and 8192; GQA ratios 1, 4, 8 and 24 (more heads than one block takes);
- * head_dim 8 (stories260K), 64, 96, 128, 256; block sizes 7, 16, 32; prefill, decode and auto modes.
- * The local reference is checked against the CPU oracle kern_cpu_attention_ref (same cache layout and block table,
- * f32 elements holding the f16 values) by a test that needs no GPU and so also runs in CI.
+ * the same f16 values, so the only differences are f32 rounding in the kernel (scores, expf, sums of up to
+ * 8192 terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5 (estimated
+ * f32 accumulation error at 8192 positions: ~6e-6 relative). Sequence lengths 1, 7, 64, 129, 1000 and 8192;
+ * GQA ratios 1, 4, 8 and 24 (more heads than one block takes); head_dim 8 (stories260K), 64, 96, 128, 256;
+ * block sizes 7, 16, 32; prefill, decode and auto modes. The local reference is checked against the CPU
+ * oracle kern_cpu_attention_ref (same cache layout and block table, f32 elements holding the f16 values) by a
+ * test that needs no GPU and so also runs in CI.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -16,9 +16,9 @@
 
 struct cache {
     int n_heads, n_kv, D, bs, n_seqs, max_blocks, n_blocks;
-    int *len;         /* (n_seqs) positions filled */
-    int32_t *bt;      /* (n_seqs, max_blocks) */
-    uint16_t *k, *v;  /* (n_blocks, bs, n_kv, D) f16 */
+    int *len;        /* (n_seqs) positions filled */
+    int32_t *bt;     /* (n_seqs, max_blocks) */
+    uint16_t *k, *v; /* (n_blocks, bs, n_kv, D) f16 */
     struct kern_cuda_kv_layer dev;
 };
 
@@ -77,7 +77,10 @@ static void cache_free(struct cache *c)
     cudaFree(c->dev.k);
     cudaFree(c->dev.v);
     cudaFree((void *)c->dev.block_table);
-    free(c->len); free(c->bt); free(c->k); free(c->v);
+    free(c->len);
+    free(c->bt);
+    free(c->k);
+    free(c->v);
 }
 
 static const uint16_t *cache_row(const struct cache *c, const uint16_t *base, int s, int p, int kvh)
@@ -93,7 +96,10 @@ static void ref_attention(double *out, const float *q, const struct cache *c, co
     double *sc = malloc(((size_t)pos[0] + 1) * 8);
     int cap = pos[0] + 1;
     for (int i = 0; i < m; i++) {
-        if (pos[i] + 1 > cap) { cap = pos[i] + 1; sc = realloc(sc, (size_t)cap * 8); }
+        if (pos[i] + 1 > cap) {
+            cap = pos[i] + 1;
+            sc = realloc(sc, (size_t)cap * 8);
+        }
         for (int h = 0; h < c->n_heads; h++) {
             const float *qh = q + ((size_t)i * c->n_heads + h) * D;
             double mx = -INFINITY, sum = 0;
@@ -126,7 +132,8 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     double *ref = malloc(nq * 8);
     ref_attention(ref, q, c, seq, pos, m, scale);
     int max_len = 0;
-    for (int i = 0; i < m; i++) if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
+    for (int i = 0; i < m; i++)
+        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
     float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4);
     int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
     const size_t wsb = kern_cuda_attention_ws_size(m, c->n_heads, c->D, max_len);
@@ -143,11 +150,18 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
             continue;
         }
         double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
-        cr_assert(ea <= 2e-5 && er <= 3e-5, "%s (mode %d, variant %d): max abs err %g, rel err %g", what, mode,
-                  variant, ea, er);
+        cr_assert(ea <= 2e-5 && er <= 3e-5, "%s (mode %d, variant %d): max abs err %g, rel err %g", what,
+                  mode, variant, ea, er);
     }
-    cudaFree(dq); cudaFree(dout); cudaFree(dseq); cudaFree(dpos); cudaFree(ws);
-    free(q); free(got); free(got2); free(ref);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dseq);
+    cudaFree(dpos);
+    cudaFree(ws);
+    free(q);
+    free(got);
+    free(got2);
+    free(ref);
 }
 
 /* Every position of every sequence (a prefill batch), and the last position of each (a decode batch). */
@@ -174,7 +188,8 @@ static void check_config(int n_heads, int n_kv, int D, int bs, const int *len, i
     run_case(&c, seq, pos, m, KERN_ATTN_AUTO, buf);
     snprintf(buf, sizeof buf, "%s decode-as-prefill", what);
     run_case(&c, seq, pos, m, KERN_ATTN_PREFILL, buf);
-    free(seq); free(pos);
+    free(seq);
+    free(pos);
     cache_free(&c);
 }
 
@@ -223,7 +238,8 @@ Test(cuda_attention, long_context_8192)
     for (int s = 0; s < 3; s++) seq[s] = s, pos[s] = l3[s] - 1;
     run_case(&c, seq, pos, 3, KERN_ATTN_DECODE, "8192 decode");
     run_case(&c, seq, pos, 1, KERN_ATTN_AUTO, "8192 decode alone");
-    /* A mixed batch: a 40-token prefill chunk at the end of the long sequence, interleaved with the others. */
+    /* A mixed batch: a 40-token prefill chunk at the end of the long sequence, interleaved with the others.
+     */
     int m = 0;
     for (int i = 0; i < 40; i++) {
         seq[m] = 0, pos[m++] = 8152 + i;
@@ -266,8 +282,14 @@ Test(cuda_attention, kv_store_writes_the_right_rows)
     struct kern_cuda_kv_layer bad = c.dev;
     bad.head_dim = 12;
     cr_assert_eq(kern_cuda_kv_store(&bad, dk, dv, ds, dp, m, 0), FERRY_ERR_UNSUPPORTED);
-    cudaFree(dk); cudaFree(dv); cudaFree(ds); cudaFree(dp);
-    free(kn); free(vn); free(gk); free(gv);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(ds);
+    cudaFree(dp);
+    free(kn);
+    free(vn);
+    free(gk);
+    free(gv);
     cache_free(&c);
 }
 
@@ -294,6 +316,13 @@ Test(cuda_attention, reference_matches_cpu_oracle)
     kern_cpu_attention_ref(cpu, q, &view, seq, pos, m, c.n_heads, 0.25f);
     double e = max_abs_err(cpu, ref, nq);
     cr_assert(e <= 1e-6, "local ref vs kern_cpu_attention_ref max abs err %g", e);
-    free(k32); free(v32); free(q); free(cpu); free(ref);
-    free(c.len); free(c.bt); free(c.k); free(c.v);
+    free(k32);
+    free(v32);
+    free(q);
+    free(cpu);
+    free(ref);
+    free(c.len);
+    free(c.bt);
+    free(c.k);
+    free(c.v);
 }

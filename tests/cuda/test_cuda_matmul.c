@@ -39,8 +39,16 @@ static struct wbuf make_w(enum dtype t, int n, int k)
     for (size_t i = 0; i < ne; i++) {
         float f = frand() * 0.5f;
         if (t == DTYPE_F32) ((float *)w.host)[i] = f;
-        if (t == DTYPE_F16) { uint16_t h = f32_to_f16(f); ((uint16_t *)w.host)[i] = h; f = f16_to_f32(h); }
-        if (t == DTYPE_BF16) { uint16_t h = f32_to_bf16(f); ((uint16_t *)w.host)[i] = h; f = bf16_to_f32(h); }
+        if (t == DTYPE_F16) {
+            uint16_t h = f32_to_f16(f);
+            ((uint16_t *)w.host)[i] = h;
+            f = f16_to_f32(h);
+        }
+        if (t == DTYPE_BF16) {
+            uint16_t h = f32_to_bf16(f);
+            ((uint16_t *)w.host)[i] = h;
+            f = bf16_to_f32(h);
+        }
         w.vals[i] = f;
     }
     return w;
@@ -71,18 +79,28 @@ static void check(struct kern_cuda_ctx *ctx, enum path path, enum dtype t, int m
     float *dy = dev_poison((size_t)m * n * 4);
     for (int rep = 0; rep < 2; rep++) {
         CU_OK(cudaMemset(dy, 0xFF, (size_t)m * n * 4));
-        int rc = path == PATH_GEMV ? kern_cuda_matmul_gemv(dy, dx, dw, t, db, m, n, k, 0)
-               : path == PATH_CUBLAS ? kern_cuda_matmul_cublas(ctx, dy, dx, dw, t, db, m, n, k, 0)
-                                     : kern_cuda_matmul(ctx, dy, dx, dw, t, db, m, n, k, 0);
+        int rc = path == PATH_GEMV     ? kern_cuda_matmul_gemv(dy, dx, dw, t, db, m, n, k, 0)
+                 : path == PATH_CUBLAS ? kern_cuda_matmul_cublas(ctx, dy, dx, dw, t, db, m, n, k, 0)
+                                       : kern_cuda_matmul(ctx, dy, dx, dw, t, db, m, n, k, 0);
         cr_assert_eq(rc, FERRY_OK, "rc %d", rc);
         dev_download(rep ? y2 : y, dy, (size_t)m * n * 4);
     }
     double e = rel_err(y, ref, (size_t)m * n);
     cr_assert(e <= tol, "path %d %s m=%d n=%d k=%d bias=%d: rel err %g > %g", path, dtype_name(t), m, n, k,
               with_bias, e, tol);
-    cr_assert(memcmp(y, y2, (size_t)m * n * 4) == 0, "path %d %s m=%d: two runs differ", path, dtype_name(t), m);
-    cudaFree(dw); cudaFree(dx); cudaFree(db); cudaFree(dy);
-    free(w.host); free(w.vals); free(x); free(bias); free(ref); free(y); free(y2);
+    cr_assert(memcmp(y, y2, (size_t)m * n * 4) == 0, "path %d %s m=%d: two runs differ", path, dtype_name(t),
+              m);
+    cudaFree(dw);
+    cudaFree(dx);
+    cudaFree(db);
+    cudaFree(dy);
+    free(w.host);
+    free(w.vals);
+    free(x);
+    free(bias);
+    free(ref);
+    free(y);
+    free(y2);
 }
 
 static const enum dtype types[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
@@ -105,7 +123,7 @@ Test(cuda_matmul, gemv_scalar_path_and_large_m)
     SKIP_WITHOUT_GPU();
     rng_seed(12);
     for (int ti = 0; ti < 3; ti++) {
-        check(NULL, PATH_GEMV, types[ti], 3, 33, 70, 1, 1e-5);   /* k % 8 != 0: scalar path */
+        check(NULL, PATH_GEMV, types[ti], 3, 33, 70, 1, 1e-5); /* k % 8 != 0: scalar path */
         check(NULL, PATH_GEMV, types[ti], 16, 65, 13, 0, 1e-5);
         check(NULL, PATH_GEMV, types[ti], 21, 40, 96, 1, 1e-5); /* m > 16: tiles of 16 */
     }
@@ -121,7 +139,8 @@ Test(cuda_matmul, gemv_q8_0)
     cr_assert_eq(kern_cuda_ctx_init(&ctx, 1 << 16), FERRY_OK);
     check(ctx, PATH_AUTO, DTYPE_Q8_0, 40, 33, 4096, 1, 1e-5); /* auto keeps Q8_0 on the GEMV path */
     float *d = dev_alloc(1 << 16);
-    cr_assert_eq(kern_cuda_matmul_cublas(ctx, d, d, d, DTYPE_Q8_0, NULL, 20, 1, 32, 0), FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_matmul_cublas(ctx, d, d, d, DTYPE_Q8_0, NULL, 20, 1, 32, 0),
+                 FERRY_ERR_UNSUPPORTED);
     cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_Q8_0, NULL, 1, 1, 48, 0), FERRY_ERR_INVALID);
     cudaFree(d);
     kern_cuda_ctx_free(ctx);
@@ -164,12 +183,18 @@ Test(cuda_matmul, reference_matches_cpu_oracle)
     for (int ti = 0; ti < 4; ti++) {
         const int m = 3, n = 37, k = 128;
         struct wbuf w = make_w(all[ti], n, k);
-        float *x = host_rand((size_t)m * k, -1, 1), *bias = host_rand(n, -1, 1), *y = malloc((size_t)m * n * 4);
+        float *x = host_rand((size_t)m * k, -1, 1), *bias = host_rand(n, -1, 1),
+              *y = malloc((size_t)m * n * 4);
         double *ref = malloc((size_t)m * n * 8);
         ref_matmul(ref, x, w.vals, bias, m, n, k);
         cr_assert_eq(kern_cpu_matmul_ref(y, x, w.host, all[ti], bias, m, n, k), FERRY_OK);
         double e = rel_err(y, ref, (size_t)m * n);
         cr_assert(e <= 1e-6, "%s: local ref vs kern_cpu_matmul_ref rel err %g", dtype_name(all[ti]), e);
-        free(w.host); free(w.vals); free(x); free(bias); free(y); free(ref);
+        free(w.host);
+        free(w.vals);
+        free(x);
+        free(bias);
+        free(y);
+        free(ref);
     }
 }

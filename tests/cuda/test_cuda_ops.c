@@ -12,9 +12,17 @@ static float ref_elem(const uint8_t *row, enum dtype t, int j)
 {
     uint16_t h;
     switch (t) {
-    case DTYPE_F32: { float f; memcpy(&f, row + 4 * j, 4); return f; }
-    case DTYPE_F16: memcpy(&h, row + 2 * j, 2); return f16_to_f32(h);
-    case DTYPE_BF16: memcpy(&h, row + 2 * j, 2); return bf16_to_f32(h);
+    case DTYPE_F32: {
+        float f;
+        memcpy(&f, row + 4 * j, 4);
+        return f;
+    }
+    case DTYPE_F16:
+        memcpy(&h, row + 2 * j, 2);
+        return f16_to_f32(h);
+    case DTYPE_BF16:
+        memcpy(&h, row + 2 * j, 2);
+        return bf16_to_f32(h);
     default: {
         const uint8_t *b = row + (size_t)(j / 32) * 34;
         memcpy(&h, b, 2);
@@ -32,10 +40,26 @@ static void check_embed(enum dtype t, int d)
     /* Make every stored value finite: rewrite as proper values of the type. */
     for (int r = 0; r < n_rows; r++) {
         uint8_t *row = table + rb * r;
-        if (t == DTYPE_F32) for (int j = 0; j < d; j++) { float f = frand(); memcpy(row + 4 * j, &f, 4); }
-        if (t == DTYPE_F16) for (int j = 0; j < d; j++) { uint16_t h = f32_to_f16(frand()); memcpy(row + 2 * j, &h, 2); }
-        if (t == DTYPE_BF16) for (int j = 0; j < d; j++) { uint16_t h = f32_to_bf16(frand()); memcpy(row + 2 * j, &h, 2); }
-        if (t == DTYPE_Q8_0) for (int b = 0; b < d / 32; b++) { uint16_t h = f32_to_f16(0.01f + 0.1f * (frand() + 1)); memcpy(row + 34 * b, &h, 2); }
+        if (t == DTYPE_F32)
+            for (int j = 0; j < d; j++) {
+                float f = frand();
+                memcpy(row + 4 * j, &f, 4);
+            }
+        if (t == DTYPE_F16)
+            for (int j = 0; j < d; j++) {
+                uint16_t h = f32_to_f16(frand());
+                memcpy(row + 2 * j, &h, 2);
+            }
+        if (t == DTYPE_BF16)
+            for (int j = 0; j < d; j++) {
+                uint16_t h = f32_to_bf16(frand());
+                memcpy(row + 2 * j, &h, 2);
+            }
+        if (t == DTYPE_Q8_0)
+            for (int b = 0; b < d / 32; b++) {
+                uint16_t h = f32_to_f16(0.01f + 0.1f * (frand() + 1));
+                memcpy(row + 34 * b, &h, 2);
+            }
     }
     int32_t tok[13];
     for (int i = 0; i < m; i++) tok[i] = irand(n_rows);
@@ -116,8 +140,13 @@ Test(cuda_ops, rmsnorm_odd_shapes)
         dev_download(y, dx, n * 4);
         e = rel_err(y, ref, n);
         cr_assert(e <= 1e-6, "in place d=%d rel err %g", d, e);
-        cudaFree(dx); cudaFree(dw); cudaFree(dy);
-        free(x); free(w); free(y); free(ref);
+        cudaFree(dx);
+        cudaFree(dw);
+        cudaFree(dy);
+        free(x);
+        free(w);
+        free(y);
+        free(ref);
     }
     cr_assert_eq(kern_cuda_rmsnorm((float *)16, (float *)16, (float *)16, 1, 0, 1e-5f, 0), FERRY_ERR_INVALID);
 }
@@ -134,7 +163,8 @@ Test(cuda_ops, add_rmsnorm_fused)
     double *ref = malloc(n * 8), *sref = malloc(n * 8);
     ref_rmsnorm(ref, sum, w, m, d, 1e-6f);
     for (size_t i = 0; i < n; i++) sref[i] = sum[i];
-    float *dr = dev_upload(r, n * 4), *dd = dev_upload(dl, n * 4), *dw = dev_upload(w, d * 4), *dy = dev_poison(n * 4);
+    float *dr = dev_upload(r, n * 4), *dd = dev_upload(dl, n * 4), *dw = dev_upload(w, d * 4),
+          *dy = dev_poison(n * 4);
     cr_assert_eq(kern_cuda_add_rmsnorm(dr, dd, dy, dw, m, d, 1e-6f, 0), FERRY_OK);
     dev_download(got, dr, n * 4);
     cr_assert(rel_err(got, sref, n) == 0.0, "residual sum is not exact");
@@ -142,8 +172,17 @@ Test(cuda_ops, add_rmsnorm_fused)
     double e = rel_err(got, ref, n);
     cr_assert(e <= 1e-6, "rel err %g", e);
     cr_assert_eq(kern_cuda_add_rmsnorm(dr, dd, dr, dw, m, d, 1e-6f, 0), FERRY_ERR_INVALID);
-    cudaFree(dr); cudaFree(dd); cudaFree(dw); cudaFree(dy);
-    free(r); free(dl); free(w); free(sum); free(got); free(ref); free(sref);
+    cudaFree(dr);
+    cudaFree(dd);
+    cudaFree(dw);
+    cudaFree(dy);
+    free(r);
+    free(dl);
+    free(w);
+    free(sum);
+    free(got);
+    free(ref);
+    free(sref);
 }
 
 /* ---- rope ---- */
@@ -161,7 +200,8 @@ static void check_rope(enum rope_style style, int head_dim, int rope_dim)
         for (int h = 0; h < nh; h++)
             for (int i = 0; i < half; i++) {
                 const size_t b = ((size_t)t * nh + h) * head_dim;
-                const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i, i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
+                const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i,
+                          i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
                 const float angle = (float)pos[t] * inv[i];
                 const double c = cos((double)angle), s = sin((double)angle);
                 ref[b + i0] = x[b + i0] * c - (double)x[b + i1] * s;
@@ -179,8 +219,13 @@ static void check_rope(enum rope_style style, int head_dim, int rope_dim)
                 size_t k = ((size_t)t * nh + h) * head_dim + j;
                 cr_assert_eq(got[k], x[k]);
             }
-    cudaFree(dx); cudaFree(dinv); cudaFree(dpos);
-    free(x); free(got); free(inv); free(ref);
+    cudaFree(dx);
+    cudaFree(dinv);
+    cudaFree(dpos);
+    free(x);
+    free(got);
+    free(inv);
+    free(ref);
 }
 
 Test(cuda_ops, rope_both_styles_partial)
@@ -217,8 +262,13 @@ Test(cuda_ops, silu_mul_and_add)
     dev_download(got, dg2, n * 4);
     for (int64_t i = 0; i < n; i++) cr_assert_eq(got[i], g[i] + u[i], "add at %ld", (long)i);
     cr_assert_eq(kern_cuda_add(dg2, du, -1, 0), FERRY_ERR_INVALID);
-    cudaFree(dg); cudaFree(du); cudaFree(dg2);
-    free(g); free(u); free(got); free(ref);
+    cudaFree(dg);
+    cudaFree(du);
+    cudaFree(dg2);
+    free(g);
+    free(u);
+    free(got);
+    free(ref);
 }
 
 /* ---- the local references mirror the CPU oracle (no GPU needed) ---- */
@@ -243,8 +293,8 @@ Test(cuda_ops, references_match_cpu_oracle)
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < d; j++) {
                 float want = ref_elem(table + rb * tok[i], t, j);
-                cr_assert(x[i * d + j] == want || (isnan(want) && isnan(x[i * d + j])), "%s embed %d,%d: %g vs %g",
-                          dtype_name(t), i, j, x[i * d + j], want);
+                cr_assert(x[i * d + j] == want || (isnan(want) && isnan(x[i * d + j])),
+                          "%s embed %d,%d: %g vs %g", dtype_name(t), i, j, x[i * d + j], want);
             }
         free(table);
         free(x);
@@ -252,13 +302,17 @@ Test(cuda_ops, references_match_cpu_oracle)
     /* rmsnorm */
     {
         const int m = 3, d = 1001;
-        float *x = host_rand((size_t)m * d, -3, 3), *w = host_rand(d, 0.5f, 1.5f), *y = malloc((size_t)m * d * 4);
+        float *x = host_rand((size_t)m * d, -3, 3), *w = host_rand(d, 0.5f, 1.5f),
+              *y = malloc((size_t)m * d * 4);
         double *ref = malloc((size_t)m * d * 8);
         ref_rmsnorm(ref, x, w, m, d, 1e-5f);
         kern_cpu_rmsnorm_ref(y, x, w, m, d, 1e-5f);
         double e = rel_err(y, ref, (size_t)m * d);
         cr_assert(e <= 1e-6, "rmsnorm: local ref vs kern_cpu_rmsnorm_ref rel err %g", e);
-        free(x); free(w); free(y); free(ref);
+        free(x);
+        free(w);
+        free(y);
+        free(ref);
     }
     /* rope, both styles, partial rotation, large positions */
     for (int style = 0; style < 2; style++) {
@@ -275,7 +329,8 @@ Test(cuda_ops, references_match_cpu_oracle)
             for (int h = 0; h < nh; h++)
                 for (int i = 0; i < half; i++) {
                     const size_t b = ((size_t)t * nh + h) * hd;
-                    const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i, i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
+                    const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i,
+                              i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
                     const float angle = (float)pos[t] * inv[i];
                     const double c = cos((double)angle), sn = sin((double)angle);
                     ref[b + i0] = x[b + i0] * c - (double)x[b + i1] * sn;
@@ -283,7 +338,10 @@ Test(cuda_ops, references_match_cpu_oracle)
                 }
         double e = max_abs_err(cpu, ref, n);
         cr_assert(e <= 2e-6, "rope style %d: local ref vs kern_cpu_rope_ref max abs err %g", style, e);
-        free(x); free(cpu); free(inv); free(ref);
+        free(x);
+        free(cpu);
+        free(inv);
+        free(ref);
     }
     /* silu_mul and add */
     {
@@ -298,6 +356,9 @@ Test(cuda_ops, references_match_cpu_oracle)
         memcpy(a, g, n * 4);
         kern_cpu_add(a, u, n);
         for (int64_t i = 0; i < n; i++) cr_assert_eq(a[i], g[i] + u[i]);
-        free(g); free(u); free(a); free(ref);
+        free(g);
+        free(u);
+        free(a);
+        free(ref);
     }
 }
