@@ -22,6 +22,8 @@ struct serve_options {
     int n_api_keys;
     const char *api_key_file;      /* one key per line, '#' comments */
     int ctx_size;                  /* positions per sequence; 0 = engine default */
+    int kv_tokens;                 /* KV pool positions over all sequences; 0 = parallel * ctx */
+    const char *backend;           /* auto|cpu|cuda */
     int parallel;                  /* sequence slots */
     int max_batch_tokens;          /* tokens per engine step */
     int threads;                   /* CPU threads; 0 = online cores */

@@ -8,6 +8,7 @@
 #include "server/scheduler.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,8 @@ struct sched {
     struct metrics *m;
     struct sched_params p;
     int n_slots, n_vocab, ctx;
+    int kv_blocks, kv_block;       /* KV pool: blocks and positions per block */
+    int kv_reserved;               /* blocks promised to running choices (engine thread, under mu) */
     /* queue (under mu) */
     struct choice *qhead, *qtail;
     int n_queued;
@@ -108,6 +111,10 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->n_slots = engine_n_seqs(e);
     s->n_vocab = engine_hparams(e)->n_vocab;
     s->ctx = engine_ctx_size(e);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    s->kv_block = st.kv_block_size > 0 ? st.kv_block_size : 1;
+    s->kv_blocks = st.kv_blocks_total > 0 ? st.kv_blocks_total : INT32_MAX / 2;
     if (s->p.max_batch_tokens < s->n_slots) s->p.max_batch_tokens = s->n_slots;
     size_t nb = (size_t)s->p.max_batch_tokens;
     s->run = calloc((size_t)s->n_slots, sizeof *s->run);
@@ -224,9 +231,20 @@ static void choice_done_locked(struct sched *s, struct choice *c, const char *fi
     }
 }
 
+/* KV blocks a choice may use at most: its prompt plus max_tokens, rounded up to whole blocks. Admission
+ * reserves them, so a running sequence never finds the pool exhausted mid-generation. */
+static int kv_need(const struct sched *s, const struct choice *c)
+{
+    long long pos = (long long)c->n_prompt + c->req->max_tokens;
+    if (pos > s->ctx) pos = s->ctx;
+    return (int)((pos + s->kv_block - 1) / s->kv_block);
+}
+
 int sched_submit(struct sched *s, struct sreq *req)
 {
     if (req->n_choices > s->n_slots + s->p.max_queue) return FERRY_ERR_RANGE; /* could never be admitted */
+    for (int i = 0; i < req->n_choices; i++)
+        if (kv_need(s, &req->choices[i]) > s->kv_blocks) return FERRY_ERR_DEVICE_MEM; /* nor this */
     pthread_mutex_lock(&s->mu);
     int free_slots = s->n_slots - s->n_run;
     if (s->stop || s->n_queued + req->n_choices > s->p.max_queue + (free_slots > 0 ? free_slots : 0)) {
@@ -406,6 +424,7 @@ static void retire_locked(struct sched *s, int i, const char *finish)
 {
     struct choice *c = s->run[i];
     engine_seq_free(s->e, c->slot);
+    s->kv_reserved -= kv_need(s, c);
     s->slot_free[c->slot] = 1;
     sampler_free(c->smp);
     c->smp = NULL;
@@ -427,6 +446,7 @@ static int admit_locked(struct sched *s, struct choice *c)
     int rc = sampler_init(&c->smp, &sp, s->n_vocab);
     if (rc) return rc;
     engine_seq_free(s->e, slot); /* a slot always starts empty */
+    s->kv_reserved += kv_need(s, c);
     s->slot_free[slot] = 0;
     c->slot = slot;
     c->n_fed = c->n_gen = 0;
@@ -487,6 +507,8 @@ static void *engine_main(void *arg)
         }
         while (s->qhead && s->n_run < s->n_slots) {
             struct choice *c = s->qhead;
+            /* first come first served: the head waits for KV room rather than being overtaken */
+            if (c->req->max_tokens > 0 && s->kv_reserved + kv_need(s, c) > s->kv_blocks) break;
             s->qhead = c->qnext;
             if (!s->qhead) s->qtail = NULL;
             s->n_queued--;
@@ -502,9 +524,12 @@ static void *engine_main(void *arg)
                 choice_done_locked(s, c, NULL);
             }
         }
+        engine_get_stats(s->e, &st);
         pthread_mutex_lock(&s->m->mu);
         s->m->queue_depth = s->n_queued;
         s->m->running_seqs = s->n_run;
+        s->m->kv_blocks_used = st.kv_blocks_used;
+        s->m->kv_blocks_total = st.kv_blocks_total;
         pthread_mutex_unlock(&s->m->mu);
         if (s->n_run == 0) {
             if (s->stop) break;
@@ -552,7 +577,6 @@ static void *engine_main(void *arg)
         double t1 = sched_now();
         if (rc == 0)
             for (int i = 0; i < rows; i++) process_row(s, s->row_owner[i], s->logits + (size_t)i * s->n_vocab);
-        engine_get_stats(s->e, &st);
         double t2 = sched_now();
 
         pthread_mutex_lock(&s->mu);
@@ -613,8 +637,6 @@ static void *engine_main(void *arg)
         s->m->engine_steps++;
         s->m->engine_busy_seconds += t1 - t0;
         s->m->last_batch_tokens = n;
-        s->m->kv_blocks_used = st.kv_blocks_used;
-        s->m->kv_blocks_total = st.kv_blocks_total;
         s->m->running_seqs = s->n_run;
         pthread_mutex_unlock(&s->m->mu);
         metrics_observe(s->m, &s->m->batch_tokens, n);

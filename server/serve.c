@@ -66,6 +66,7 @@ struct hreq {
     struct server *S;
     struct MHD_Connection *conn;
     uint64_t id;
+    char rid[72];              /* the client's X-Request-Id when it is sane, else our counter */
     double t0;
     char method[16];
     char path[128];
@@ -86,9 +87,7 @@ static int load_state(struct server *S) { return __atomic_load_n(&S->state, __AT
 
 static void add_common_headers(struct hreq *h, struct MHD_Response *resp)
 {
-    char id[32];
-    snprintf(id, sizeof id, "%llu", (unsigned long long)h->id);
-    MHD_add_response_header(resp, "X-Request-Id", id);
+    MHD_add_response_header(resp, "X-Request-Id", h->rid);
     if (h->S->opt.cors_origin) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", h->S->opt.cors_origin);
         if (strcmp(h->S->opt.cors_origin, "*")) MHD_add_response_header(resp, "Vary", "Origin");
@@ -140,7 +139,7 @@ static enum MHD_Result respond_error(struct hreq *h, int status, const char *par
     size_t len = 0;
     char *body = api_error_body(status, msg, param, &len);
     int http = api_http_status(status, NULL, NULL);
-    if (http >= 500) FLOG_WARN("req %llu: %d %s", (unsigned long long)h->id, http, msg);
+    if (http >= 500) FLOG_WARN("req %s: %d %s", h->rid, http, msg);
     return respond_json(h, http, body, len);
 }
 
@@ -240,6 +239,8 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
         }
         if (rc == FERRY_ERR_RANGE)
             return respond_error(h, rc, "n", "the request has more sequences (prompts × n) than --parallel + --max-queue");
+        if (rc == FERRY_ERR_DEVICE_MEM)
+            return respond_error(h, FERRY_ERR_RANGE, "max_tokens", "prompt + max_tokens needs more KV cache than the server's whole pool (--kv-tokens)");
         return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
     }
     h->req = r;
@@ -389,6 +390,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         h->t0 = sched_now();
         snprintf(h->method, sizeof h->method, "%s", method);
         snprintf(h->path, sizeof h->path, "%s", url);
+        const char *rid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+        size_t rl = rid ? strlen(rid) : 0;
+        int sane = rl > 0 && rl < sizeof h->rid;
+        for (size_t i = 0; sane && i < rl; i++)
+            sane = (rid[i] >= '0' && rid[i] <= '9') || (rid[i] >= 'a' && rid[i] <= 'z') || (rid[i] >= 'A' && rid[i] <= 'Z') ||
+                   rid[i] == '-' || rid[i] == '_' || rid[i] == '.' || rid[i] == ':';
+        if (sane) memcpy(h->rid, rid, rl + 1);
+        else snprintf(h->rid, sizeof h->rid, "%llu", (unsigned long long)h->id);
         *con_cls = h;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -432,7 +441,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (h->gen_counted) __atomic_sub_fetch(&S->active_gen, 1, __ATOMIC_ACQ_REL);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !h->note) h->note = "connection-error";
     int status = h->status ? h->status : 499; /* never answered: the client went away */
-    FLOG_INFO("access req=%llu %s %s %d %.1fms%s%s", (unsigned long long)h->id, h->method, h->path, status,
+    FLOG_INFO("access req=%s %s %s %d %.1fms%s%s", h->rid, h->method, h->path, status,
               (sched_now() - h->t0) * 1e3, h->note ? " " : "", h->note ? h->note : "");
     metrics_count_status(&S->metrics, status);
     strbuf_free(&h->body);
@@ -471,6 +480,11 @@ static void loader_main(void *arg)
     ep.n_seqs = S->opt.parallel;
     ep.max_batch_tokens = S->opt.max_batch_tokens < S->opt.parallel ? S->opt.parallel : S->opt.max_batch_tokens;
     ep.deterministic = S->opt.deterministic;
+    ep.kv_tokens = S->opt.kv_tokens;
+    ep.backend = !strcmp(S->opt.backend, "cpu") ? ENGINE_BACKEND_CPU : !strcmp(S->opt.backend, "cuda") ? ENGINE_BACKEND_CUDA : ENGINE_BACKEND_AUTO;
+    ep.gpu_memory = S->opt.gpu_memory;
+    ep.reserve_vram = S->opt.reserve_vram;
+    ep.gpu_layers = S->opt.gpu_layers;
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err, ferry_status_str(rc));
@@ -649,8 +663,7 @@ int serve_main(int argc, char **argv)
         while (b > 0 && p[b - 1] != '/') b--;
         snprintf(S->model_name, sizeof S->model_name, "%.*s", (int)(n - b), p + b);
     }
-    if (S->opt.gpu_memory || S->opt.reserve_vram || S->opt.gpu_layers >= 0 || strcmp(S->opt.quant, "none"))
-        FLOG_WARN("--gpu-memory/--reserve-vram/--gpu-layers/--quant are accepted but not used yet (no CUDA backend)");
+    if (strcmp(S->opt.quant, "none")) FLOG_WARN("--quant %s is accepted but not used yet", S->opt.quant);
     signal(SIGPIPE, SIG_IGN);
     metrics_init(&S->metrics);
     S->state = STATE_LOADING;

@@ -435,6 +435,14 @@ def test_metrics_text(server):
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or len(line.rsplit(" ", 1)) == 2
 
 
+def test_request_id(server):
+    st, hdrs, _ = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1}, {"X-Request-Id": "abc-123"})
+    assert st == 200 and hdrs["X-Request-Id"] == "abc-123"
+    st, hdrs, _ = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1}, {"X-Request-Id": "bad id\x01"})
+    assert st == 200 and hdrs["X-Request-Id"].isdigit()  # an insane id is replaced by the server's own
+    assert "access req=abc-123 POST /v1/completions 200" in server.read_log()
+
+
 def test_keep_alive(server):
     """Several requests, streamed ones included, on one connection."""
     import http.client
@@ -517,6 +525,24 @@ def test_queue_full_and_timeout():
         assert m["ferry_running_sequences"] == 0 and m["ferry_queue_depth"] == 0
         st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert st == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_kv_admission():
+    """A KV pool smaller than parallel × ctx: admission reserves prompt + max_tokens, so sequences wait for
+    room instead of failing mid-generation, and results equal the unconstrained ones."""
+    s = Server("--parallel", "4", "--kv-tokens", "256")
+    try:
+        bodies = [{"prompt": p, "max_tokens": 150, "temperature": 0} for p in ("Once upon a time", "The cat", "Lily", "Tom")]
+        seq = [complete(s, **b)["choices"][0]["text"] for b in bodies]
+        with ThreadPoolExecutor(4) as ex:
+            par = list(ex.map(lambda b: complete(s, **b)["choices"][0]["text"], bodies))
+        assert par == seq
+        st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 400})
+        assert_error(st, body, 400, "max_tokens")
+        m = s.metrics()
+        assert m["ferry_kv_blocks_used"] == 0 and m["ferry_kv_blocks_total"] > 0
     finally:
         assert s.stop() == 0
 
