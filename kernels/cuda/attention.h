@@ -15,6 +15,8 @@
  *            with a log-sum-exp in a fixed order. One long sequence fills the GPU.
  * Splits are also used in PREFILL when the grid would be too small. Deterministic: no atomics anywhere.
  * All pointers are device memory except `kv` itself (a host struct holding device pointers).
+ * The caller guarantees seq[i] < the rows of block_table and pos[i] < max_blocks*block_size with the blocks
+ * present (the runtime's KV cache does); block ids outside [0, n_blocks) read as zeros instead of faulting.
  */
 #ifndef FERRY_KERN_CUDA_ATTENTION_H
 #define FERRY_KERN_CUDA_ATTENTION_H
