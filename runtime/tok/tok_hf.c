@@ -131,7 +131,8 @@ static int32_t cfg_token(const struct tokenizer *t, const json_t *cfg, const cha
     return s ? tok_lookup(t, s, strlen(s)) : -1;
 }
 
-static int hf_build(struct tokenizer **out, const json_t *root, const json_t *cfg, char err[256])
+static int hf_build(struct tokenizer **out, const json_t *root, const json_t *cfg, const json_t *gen_cfg,
+                    char err[256])
 {
     const json_t *model = json_object_get(root, "model");
     const char *mty = jstr(model, "type");
@@ -252,6 +253,12 @@ static int hf_build(struct tokenizer **out, const json_t *root, const json_t *cf
         if (json_is_boolean(ae)) t->add_eos = json_is_true(ae);
     }
     rc = tok_finish(t, err);
+    /* generation_config.json's eos_token_id (an id or a list: Llama 3 Instruct lists <|eot_id|> there)
+     * also ends generations. */
+    const json_t *gen = json_object_get(gen_cfg, "eos_token_id");
+    if (rc == FERRY_OK && json_is_integer(gen)) tok_add_eog(t, (int32_t)json_integer_value(gen));
+    if (rc == FERRY_OK)
+        json_array_foreach(gen, i, v) if (json_is_integer(v)) tok_add_eog(t, (int32_t)json_integer_value(v));
 out:
     if (rc != FERRY_OK) goto fail;
     *out = t;
@@ -279,9 +286,12 @@ int tokenizer_init_hf(struct tokenizer **out, const char *dir, char err[256])
     }
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     json_t *cfg = json_load_file(path, 0, &je); /* optional */
-    int rc = hf_build(out, root, cfg, err);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    json_t *gen = json_load_file(path, 0, &je); /* optional */
+    int rc = hf_build(out, root, cfg, gen, err);
     json_decref(root);
     json_decref(cfg);
+    json_decref(gen);
     return rc;
 }
 

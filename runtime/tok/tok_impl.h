@@ -93,6 +93,8 @@ int tok_add_merge_str(struct tokenizer *t, const char *a, size_t alen, const cha
 /* Builds the lookup tables; call once all tokens are set, before merges are added. */
 int tok_build_map(struct tokenizer *t);
 int tok_finish(struct tokenizer *t, char err[256]);
+/* Marks a token as ending a generation (tokenizer_is_eog); ids out of range are ignored. */
+void tok_add_eog(struct tokenizer *t, int32_t id);
 int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
 /* Rank of merging tokens a and b (and the merged id in *result), or -1 when they do not merge. */
 int tok_merge_rank(const struct tokenizer *t, int32_t a, int32_t b, int32_t *result);

@@ -194,11 +194,11 @@ static int byte_token_value(const char *s, int len)
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-static const struct tokenizer *g_sort_tok; /* qsort has no context argument; finish runs at load only */
-static int cmp_special(const void *a, const void *b)
+static int cmp_special(const void *a, const void *b, void *ctx)
 {
+    const struct tokenizer *t = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    int lx = g_sort_tok->len[x], ly = g_sort_tok->len[y];
+    int lx = t->len[x], ly = t->len[y];
     if (lx != ly) return ly - lx;
     return x - y;
 }
@@ -260,7 +260,7 @@ static int build_piece(struct tokenizer *t, int id)
     return FERRY_OK;
 }
 
-static void add_eog(struct tokenizer *t, int32_t id)
+void tok_add_eog(struct tokenizer *t, int32_t id)
 {
     if (id < 0 || id >= t->n_vocab) return;
     for (int i = 0; i < t->n_eog; i++)
@@ -294,8 +294,7 @@ int tok_finish(struct tokenizer *t, char err[256])
         if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) && t->len[id] > 0)
             t->specials[t->n_specials++] = id;
     }
-    g_sort_tok = t;
-    qsort(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special);
+    qsort_r(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special, t);
     for (int id = 0; id < t->n_vocab; id++) {
         if (build_piece(t, id) != FERRY_OK) return FERRY_ERR_NOMEM;
     }
@@ -306,13 +305,14 @@ int tok_finish(struct tokenizer *t, char err[256])
         snprintf(err, 256, "tokenizer: eos id %d out of range (n_vocab %d)", t->eos, t->n_vocab);
         t->eos = -1;
     }
-    add_eog(t, t->eos);
-    add_eog(t, t->eot);
+    tok_add_eog(t, t->eos);
+    tok_add_eog(t, t->eot);
     static const char *const eog_names[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>",
-                                            "<|end|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>"};
+                                            "<|end|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>",
+                                            "<|eom_id|>"};
     for (size_t i = 0; i < sizeof eog_names / sizeof eog_names[0]; i++) {
         int32_t id = tok_lookup(t, eog_names[i], strlen(eog_names[i]));
-        if (id >= 0 && t->type[id] != TOK_TYPE_NORMAL) add_eog(t, id);
+        if (id >= 0 && t->type[id] != TOK_TYPE_NORMAL) tok_add_eog(t, id);
     }
     if (t->add_bos && t->bos < 0) t->add_bos = 0;
     return FERRY_OK;

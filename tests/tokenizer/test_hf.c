@@ -64,8 +64,9 @@ static void run_dir(const char *name)
 Test(hf, llama2_style_tokenizer_json) { run_dir("hf_stories_llama2"); }
 Test(hf, metaspace_style_tokenizer_json) { run_dir("hf_stories_metaspace"); }
 
-/* Writes text as dir/tokenizer.json and returns tokenizer_init_hf's status (err filled). */
-static int load_text(const char *json_text, char err[256])
+/* Writes text as dir/tokenizer.json (and gen as generation_config.json when not NULL) and returns
+ * tokenizer_init_hf's status (err filled); the tokenizer goes to *out when out is not NULL. */
+static int load_files(const char *json_text, const char *gen, struct tokenizer **out, char err[256])
 {
     char dir[] = "/tmp/ferry_tok_bad_XXXXXX";
     cr_assert(mkdtemp(dir));
@@ -75,12 +76,54 @@ static int load_text(const char *json_text, char err[256])
     cr_assert(f);
     fputs(json_text, f);
     fclose(f);
+    char gpath[200];
+    snprintf(gpath, sizeof gpath, "%s/generation_config.json", dir);
+    if (gen) {
+        f = fopen(gpath, "w");
+        cr_assert(f);
+        fputs(gen, f);
+        fclose(f);
+    }
     struct tokenizer *t = NULL;
     int rc = tokenizer_init_hf(&t, dir, err);
-    tokenizer_free(t);
+    if (out) *out = t;
+    else tokenizer_free(t);
     remove(path);
+    remove(gpath);
     rmdir(dir);
     return rc;
+}
+
+static int load_text(const char *json_text, char err[256])
+{
+    return load_files(json_text, NULL, NULL, err);
+}
+
+/* ignore_merges (Llama 3): a word that is a token is emitted whole. Expected ids from HF tokenizers:
+ * vocab a b c ab bc abc x, merges "b c" then "a b": "abc" -> [0, 4] normally, [5] with ignore_merges;
+ * "abcx" -> [0, 4, 6] either way. Also: generation_config.json eos_token_id lists end generations. */
+Test(hf, ignore_merges_and_generation_config)
+{
+    const char *fmt = "{\"model\": {\"type\": \"BPE\", \"ignore_merges\": %s, \"vocab\": {\"a\": 0, \"b\": 1, "
+                      "\"c\": 2, \"ab\": 3, \"bc\": 4, \"abc\": 5, \"x\": 6}, \"merges\": [\"b c\", [\"a\", \"b\"]]}}";
+    char json[512], err[256] = "";
+    for (int im = 0; im < 2; im++) {
+        snprintf(json, sizeof json, fmt, im ? "true" : "false");
+        struct tokenizer *t = NULL;
+        cr_assert_eq(load_files(json, im ? "{\"eos_token_id\": [6, 4, 99]}" : NULL, &t, err), FERRY_OK, "%s", err);
+        int n;
+        int32_t *ids = tt_encode(t, "abc", 3, 0, 0, &n);
+        int32_t exp0[] = {0, 4}, exp1[] = {5}, exp2[] = {0, 4, 6};
+        cr_assert(im ? tt_ids_equal("abc", ids, n, exp1, 1) : tt_ids_equal("abc", ids, n, exp0, 2));
+        free(ids);
+        ids = tt_encode(t, "abcx", 4, 0, 0, &n);
+        cr_assert(tt_ids_equal("abcx", ids, n, exp2, 3));
+        free(ids);
+        cr_assert_eq(tokenizer_is_eog(t, 6), im, "generation_config eos_token_id");
+        cr_assert_eq(tokenizer_is_eog(t, 4), im);
+        cr_assert(!tokenizer_is_eog(t, 0));
+        tokenizer_free(t);
+    }
 }
 
 #define MINI_VOCAB "\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]"
