@@ -149,9 +149,24 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     if ((rc = get_int(root, "vocab_size", -1, &hp->n_vocab, f, err))) goto out;
     if ((rc = get_int(root, "max_position_embeddings", 2048, &hp->ctx_train, f, err))) goto out;
     if ((rc = get_pos(root, "rms_norm_eps", 1e-6, &hp->norm_eps, f, err))) goto out;
-    if ((rc = get_pos(root, "rope_theta", 10000.0, &hp->rope_theta, f, err))) goto out;
+    /* transformers >= 5 writes rope_parameters {rope_type, rope_theta, factor, ...} instead of top-level
+     * rope_theta and rope_scaling; the top-level keys win when both are present. */
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (rp && !json_is_null(rp) && !json_is_object(rp)) {
+        rc = fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_parameters' is not an object", f);
+        goto out;
+    }
+    json_t *jt = json_object_get(root, "rope_theta");
+    if ((!jt || json_is_null(jt)) && json_is_object(rp)) {
+        if ((rc = get_pos(rp, "rope_theta", 10000.0, &hp->rope_theta, "config.json rope_parameters", err)))
+            goto out;
+    } else if ((rc = get_pos(root, "rope_theta", 10000.0, &hp->rope_theta, f, err))) {
+        goto out;
+    }
     if ((rc = get_bool(root, "tie_word_embeddings", 0, &hp->tied_embeddings, f, err))) goto out;
-    if ((rc = parse_rope_scaling(json_object_get(root, "rope_scaling"), &hp->rope_scaling, err))) goto out;
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if ((!rs || json_is_null(rs)) && json_is_object(rp)) rs = rp;
+    if ((rc = parse_rope_scaling(rs, &hp->rope_scaling, err))) goto out;
     hp->rope_dim = hp->head_dim;
     hp->rope_style = ROPE_STYLE_HALF;
     hp->qkv_bias = strcmp(arch, "qwen2") == 0;

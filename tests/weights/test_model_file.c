@@ -554,6 +554,23 @@ Test(hf_config, defaults_and_variants)
     cr_assert_eq(hp.rope_scaling.type, ROPE_SCALING_LINEAR);
     cr_assert_float_eq(hp.rope_scaling.factor, 2.0f, 0);
 
+    /* transformers 5: rope_parameters carries theta and the scaling. */
+    c = "{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":56,\"intermediate_size\":90,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":7,\"num_key_value_heads\":1,\"vocab_size\":263,"
+        "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    cr_assert_float_eq(hp.rope_theta, 1e6f, 0);
+    cr_assert_eq(hp.rope_scaling.type, ROPE_SCALING_NONE);
+    c = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":100,\"rope_parameters\":"
+        "{\"rope_theta\":500000,\"rope_type\":\"llama3\",\"factor\":32,\"low_freq_factor\":1,"
+        "\"high_freq_factor\":4,\"original_max_position_embeddings\":8192}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    cr_assert_float_eq(hp.rope_theta, 500000.0f, 0);
+    cr_assert_eq(hp.rope_scaling.type, ROPE_SCALING_LLAMA3);
+    cr_assert_float_eq(hp.rope_scaling.factor, 32.0f, 0);
+    cr_assert_eq(hp.rope_scaling.orig_ctx, 8192);
+
     c = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
         "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":100,"
         "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}";
