@@ -78,6 +78,7 @@ struct hreq {
     struct strbuf sse;         /* SSE bytes not yet handed to MHD */
     size_t sse_off;
     int sse_done;
+    double t_last_out;         /* when the stream last handed bytes to MHD */
     const char *note;          /* extra word for the access log */
 };
 
@@ -202,6 +203,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             memcpy(buf, h->sse.p + h->sse_off, n);
             h->sse_off += n;
             if (h->sse_off == h->sse.len) h->sse_off = h->sse.len = 0;
+            h->t_last_out = sched_now();
             return (ssize_t)n;
         }
         if (h->sse_done) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -213,10 +215,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         }
         sched_unlock(S->sched);
         if (h->sse.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (h->sse.len == 0 && !h->sse_done && client_gone(h)) {
-            h->note = "client-gone";
-            sched_cancel(S->sched, h->req, FERRY_ERR_CANCELLED);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (h->sse.len == 0 && !h->sse_done) {
+            if (client_gone(h)) {
+                h->note = "client-gone";
+                sched_cancel(S->sched, h->req, FERRY_ERR_CANCELLED);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            /* an SSE comment while nothing comes (queued, long prefill): the connection's idle timeout
+             * measures the client, and a stream that says nothing for that long would be cut */
+            double ping = S->opt.conn_timeout / 2.0 < 10 ? S->opt.conn_timeout / 2.0 : 10;
+            if (sched_now() - h->t_last_out >= ping) strbuf_add(&h->sse, ": ping\n\n", 8);
         }
     }
 }
@@ -245,9 +253,8 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
     }
     h->req = r;
     h->gen_counted = 1;
+    h->t_last_out = sched_now();
     __atomic_add_fetch(&S->active_gen, 1, __ATOMIC_ACQ_REL);
-    /* generation may outlast the idle timeout: suspend it, on_completed restores it */
-    MHD_set_connection_option(h->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (r->stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, h, NULL);
         if (!resp) return MHD_NO;
@@ -260,6 +267,8 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
         MHD_destroy_response(resp);
         return ret;
     }
+    /* a non-streamed answer may take longer than the idle timeout: suspend it until the body is queued */
+    MHD_set_connection_option(h->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     sched_lock(S->sched);
     while (r->n_done < r->n_choices) {
         sched_wait(S->sched, r, 200);
@@ -436,7 +445,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (h->req) {
         sched_cancel(S->sched, h->req, FERRY_ERR_CANCELLED); /* no-op when it finished */
         sched_release(S->sched, h->req);
-        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->opt.conn_timeout);
     }
     if (h->gen_counted) __atomic_sub_fetch(&S->active_gen, 1, __ATOMIC_ACQ_REL);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !h->note) h->note = "connection-error";

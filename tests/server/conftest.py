@@ -139,6 +139,8 @@ def sse_events(url, body, headers=None, timeout=60):
             buf += chunk
             while b"\n\n" in buf:
                 ev, buf = buf.split(b"\n\n", 1)
+                if ev.startswith(b":"):  # SSE comment (keep-alive ping)
+                    continue
                 assert ev.startswith(b"data: "), ev
                 payload = ev[6:]
                 events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))

@@ -547,6 +547,28 @@ def test_kv_admission():
         assert s.stop() == 0
 
 
+def test_queued_stream_outlives_idle_timeout():
+    """A stream waiting in the queue longer than --conn-timeout is kept alive with SSE comments."""
+    import urllib.request
+    s = Server("--parallel", "1", "--conn-timeout", "1")
+    try:
+        t = threading.Thread(target=post, args=(s.url + "/v1/completions",
+                                                {"prompt": "hi", "max_tokens": 1900, "n": 3, "temperature": 1}))
+        t.start()
+        time.sleep(0.2)
+        req = urllib.request.Request(s.url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "stream": True,
+                                                      "temperature": 0}).encode())
+        t0 = time.time()
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+        t.join(60)
+        assert time.time() - t0 > 1.5, "the stream was not queued long enough to test anything"
+        assert b": ping" in raw and raw.endswith(b"data: [DONE]\n\n")
+    finally:
+        assert s.stop() == 0
+
+
 def test_sigterm_drains():
     s = Server("--shutdown-timeout", "20")
     got = {}
