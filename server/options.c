@@ -193,8 +193,8 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
     case OPT_SIZE: {
         int bad = r->type == OPT_SIZE ? parse_size(val, &v) : parse_i64(val, &v);
         if (bad) {
-            snprintf(err, 256, "%s: --%s: '%s' is not a %s", from, r->name, val ? val : "",
-                     r->type == OPT_SIZE ? "size (e.g. 512KiB, 4GiB)" : "integer");
+            snprintf(err, 256, "%s: --%s: '%s' is not %s", from, r->name, val ? val : "",
+                     r->type == OPT_SIZE ? "a size (e.g. 512KiB, 4GiB)" : "an integer");
             return FERRY_ERR_INVALID;
         }
         if (v < r->lo || v > r->hi) {

@@ -13,6 +13,8 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -359,6 +361,47 @@ def test_bad_input_messages_and_limits(server):
     assert complete(server, prompt="Once upon a time", max_tokens=3)["usage"]["completion_tokens"] == 3
 
 
+def test_mutated_bodies_never_500(server):
+    """300 byte-level mutations of valid requests: every answer is a 200 or a 4xx error object, never a 5xx,
+    and the server keeps serving."""
+    import random
+    rng = random.Random(1234)
+    seeds = [json.dumps({"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0.5, "stop": ["x", "yz"],
+                         "n": 2, "logprobs": 2, "seed": 7, "logit_bias": {"5": 1}}).encode(),
+             json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True,
+                         "stream_options": {"include_usage": True}, "top_logprobs": 1, "logprobs": True}).encode()]
+    for i in range(300):
+        b = bytearray(seeds[i % 2])
+        for _ in range(rng.randint(1, 4)):
+            op, pos = rng.randint(0, 2), rng.randrange(len(b))
+            if op == 0:
+                b[pos] = rng.randrange(256)
+            elif op == 1:
+                b.insert(pos, rng.choice(b'{}[]",:0123456789-.eE\\u\xff'))
+            elif len(b) > 1:
+                del b[pos]
+        path = "/v1/completions" if i % 2 == 0 else "/v1/chat/completions"
+        req = urllib.request.Request(server.url + path, data=bytes(b), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        assert status == 200 or 400 <= status < 500, (status, bytes(b), raw[:300])
+        if status != 200:
+            assert_error(status, json.loads(raw), status)
+    assert complete(server, prompt="hi", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_chunked_upload_over_limit(server):
+    big = b"x" * (1100 * 1024)
+    out = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Transfer-Encoding: chunked",
+                          "-H", "Content-Type: application/json", "--data-binary", "@-", server.url + "/v1/completions"],
+                         input=big, capture_output=True, timeout=30)
+    assert out.stdout == b"413", out
+
+
 def test_huge_body_far_over_limit(server):
     """A Content-Length far over the limit is refused before the body is read."""
     s = socket.create_connection(("127.0.0.1", server.port))
@@ -549,7 +592,6 @@ def test_kv_admission():
 
 def test_queued_stream_outlives_idle_timeout():
     """A stream waiting in the queue longer than --conn-timeout is kept alive with SSE comments."""
-    import urllib.request
     s = Server("--parallel", "1", "--conn-timeout", "1")
     try:
         t = threading.Thread(target=post, args=(s.url + "/v1/completions",
