@@ -8,6 +8,8 @@ tokenizers.models.BPE, with SmolLM2's tokenizer.json settings (no normalizer; pr
 Sequence[Digits(individual_digits=True), ByteLevel(add_prefix_space=False, use_regex=True)]; ByteLevel
 decoder; the CONTROL tokens as special added tokens). parse_special=true cases use that tokenizer;
 parse_special=false cases use the same one without added tokens (special-token text is plain text).
+llama3_cases / qwen2_cases: the same vocab under the Llama 3 and Qwen2 tokenizer.json settings (their Split
+regex + ByteLevel(use_regex=False); Llama 3 with ignore_merges, Qwen2 with NFC), parse_special=true.
 As a cross-check, transformers' own GGUF loader (AutoTokenizer.from_pretrained(gguf_file=...)) must agree
 on every case its converter can represent (it has no Digits split: non-ASCII numerals are left out).
 
@@ -21,7 +23,11 @@ import sys
 import unicodedata
 
 import gguf
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+          r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -109,6 +115,28 @@ def main():
         return tok
 
     tok_sp, tok_plain = build(True), build(False)
+
+    # The Llama 3 and Qwen2 tokenizer.json setups (Split with their regex + ByteLevel without regex; Llama 3
+    # with ignore_merges, Qwen2 with an NFC normalizer) on this vocab: the test writes the same tokenizer.json
+    # and checks ferry's loader and splitter end to end on a real 49k vocab.
+    def build_style(style):
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False,
+                                   ignore_merges=(style == "llama3")))
+        tok.normalizer = normalizers.NFC() if style == "qwen2" else None
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3 if style == "llama3" else QWEN2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i in range(len(tokens)) if types[i] == 3])
+        return tok
+
+    styles = {}
+    for style in ("llama3", "qwen2"):
+        tok = build_style(style)
+        styles[style] = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids}
+                         for t in CASES + SPECIAL_CASES if unicodedata.is_normalized("NFC", t)]
     out = []
     for text in CASES:
         ids = tok_plain.encode(text, add_special_tokens=False).ids
@@ -139,13 +167,18 @@ def main():
         "bos": int(f["tokenizer.ggml.bos_token_id"].contents()),
         "eos": int(f["tokenizer.ggml.eos_token_id"].contents()),
         "cases": out,
+        "llama3_cases": styles["llama3"],
+        "qwen2_cases": styles["qwen2"],
     }
     with open(os.path.join(HERE, "smollm2_cases.json"), "w", encoding="utf-8") as fo:
         # One case per line keeps the file small and its diffs readable.
-        head = {k: v for k, v in doc.items() if k != "cases"}
-        fo.write(json.dumps(head, ensure_ascii=False)[:-1] + ', "cases": [\n')
-        fo.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in out))
-        fo.write("\n]}\n")
+        head = {k: v for k, v in doc.items() if not k.endswith("cases")}
+        fo.write(json.dumps(head, ensure_ascii=False)[:-1])
+        for key in ("cases", "llama3_cases", "qwen2_cases"):
+            fo.write(', "%s": [\n' % key)
+            fo.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in doc[key]))
+            fo.write("\n]")
+        fo.write("}\n")
     print("wrote %d cases" % len(out), file=sys.stderr)
 
 

@@ -9,7 +9,9 @@
  *
  * The same cases are run twice: through tokenizer_init_gguf, and through tokenizer_init_hf on a
  * tokenizer.json + tokenizer_config.json that this test writes from the GGUF's vocab and merges with
- * SmolLM2's settings (Digits + ByteLevel pre-tokenizer, ByteLevel decoder, special added tokens). */
+ * SmolLM2's settings (Digits + ByteLevel pre-tokenizer, ByteLevel decoder, special added tokens), and with
+ * the Llama 3 and Qwen2 settings (their Split regex + ByteLevel, ignore_merges / NFC) against the
+ * llama3_cases / qwen2_cases that HF tokenizers gives for those settings on this vocab. */
 #include <jansson.h>
 
 #include "toktest.h"
@@ -49,18 +51,19 @@ static json_t *load_cases(void)
     return doc;
 }
 
-static void run_cases(const struct tokenizer *t, const char *how)
+static void run_cases(const struct tokenizer *t, const char *how, const char *key)
 {
     json_t *doc = load_cases();
     cr_assert_eq(tokenizer_n_vocab(t), json_integer_value(json_object_get(doc, "n_vocab")));
-    json_t *cases = json_object_get(doc, "cases"), *c;
+    json_t *cases = json_object_get(doc, key), *c;
     size_t i;
     int n_bad = 0;
     cr_assert(json_array_size(cases) >= 40);
     json_array_foreach(cases, i, c)
     {
         json_t *jt = json_object_get(c, "text"), *jids = json_object_get(c, "ids");
-        int special = json_is_true(json_object_get(c, "parse_special"));
+        json_t *ps = json_object_get(c, "parse_special");
+        int special = ps ? json_is_true(ps) : 1;
         int ne = (int)json_array_size(jids);
         int32_t *exp = malloc((size_t)(ne + 1) * sizeof *exp);
         for (int k = 0; k < ne; k++) exp[k] = (int32_t)json_integer_value(json_array_get(jids, (size_t)k));
@@ -91,7 +94,7 @@ Test(smollm2, gguf_cases_match_hf_tokenizers)
     char err[256] = "";
     int rc = tt_load_gguf(path, &t, err);
     cr_assert_eq(rc, FERRY_OK, "%s: %s", path, err);
-    run_cases(t, "gguf");
+    run_cases(t, "gguf", "cases");
     /* Metadata: no BOS added, eos <|im_end|> = 2, end-of-generation tokens. */
     cr_assert_eq(tokenizer_add_bos(t), 0);
     cr_assert_eq(tokenizer_eos(t), 2);
@@ -117,7 +120,12 @@ Test(smollm2, gguf_cases_match_hf_tokenizers)
 }
 
 /* Writes dir/tokenizer.json and dir/tokenizer_config.json from the GGUF's tokenizer metadata. */
-static void write_hf_dir(const char *gguf_path, const char *dir, int merges_as_lists)
+enum hf_style { STYLE_SMOLLM = 0, STYLE_LLAMA3 = 1, STYLE_QWEN2 = 2 };
+#define LLAMA3_RE(N)                                                                                         \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" N                                        \
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+static void write_hf_dir(const char *gguf_path, const char *dir, int merges_as_lists, enum hf_style style)
 {
     struct gguf *g;
     char err[256];
@@ -163,6 +171,18 @@ static void write_hf_dir(const char *gguf_path, const char *dir, int merges_as_l
         "end_of_word_suffix", "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges",
         merges);
     cr_assert(root);
+    if (style != STYLE_SMOLLM) {
+        /* Llama 3 / Qwen2: their Split regex, then ByteLevel without its own regex. */
+        json_t *pre = json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type", "Sequence",
+                                "pretokenizers", "type", "Split", "pattern", "Regex",
+                                style == STYLE_LLAMA3 ? LLAMA3_RE("{1,3}") : LLAMA3_RE(""), "behavior", "Isolated",
+                                "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
+                                "use_regex", 0);
+        cr_assert(pre);
+        json_object_set_new(root, "pre_tokenizer", pre);
+        json_object_set_new(json_object_get(root, "model"), "ignore_merges", json_boolean(style == STYLE_LLAMA3));
+        if (style == STYLE_QWEN2) json_object_set_new(root, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    }
     char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     cr_assert_eq(json_dump_file(root, path, JSON_COMPACT), 0);
@@ -176,12 +196,12 @@ static void write_hf_dir(const char *gguf_path, const char *dir, int merges_as_l
     gguf_close(g);
 }
 
-static void run_hf(int merges_as_lists)
+static void run_hf(int merges_as_lists, enum hf_style style)
 {
     char *path = smollm2_path();
     char dir[] = "/tmp/ferry_tok_hf_XXXXXX";
     cr_assert(mkdtemp(dir));
-    write_hf_dir(path, dir, merges_as_lists);
+    write_hf_dir(path, dir, merges_as_lists, style);
     struct tokenizer *t = NULL;
     char err[256] = "";
     int rc = tokenizer_init_hf(&t, dir, err);
@@ -189,7 +209,9 @@ static void run_hf(int merges_as_lists)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
     cr_assert_eq(rc, FERRY_OK, "tokenizer_init_hf: %s", err);
-    run_cases(t, merges_as_lists ? "tokenizer.json (list merges)" : "tokenizer.json");
+    static const char *const keys[] = {"cases", "llama3_cases", "qwen2_cases"};
+    static const char *const hows[] = {"tokenizer.json", "tokenizer.json (Llama 3 style)", "tokenizer.json (Qwen2 style)"};
+    run_cases(t, merges_as_lists ? "tokenizer.json (list merges)" : hows[style], keys[style]);
     cr_assert_eq(tokenizer_eos(t), 2);
     cr_assert_eq(tokenizer_bos(t), 1);
     cr_assert_eq(tokenizer_add_bos(t), 0);
@@ -198,5 +220,8 @@ static void run_hf(int merges_as_lists)
     free(path);
 }
 
-Test(smollm2, tokenizer_json_cases_match_hf_tokenizers, .timeout = 60) { run_hf(0); }
-Test(smollm2, tokenizer_json_list_merges, .timeout = 60) { run_hf(1); }
+Test(smollm2, tokenizer_json_cases_match_hf_tokenizers, .timeout = 60) { run_hf(0, STYLE_SMOLLM); }
+Test(smollm2, tokenizer_json_list_merges, .timeout = 60) { run_hf(1, STYLE_SMOLLM); }
+/* The Llama 3 and Qwen2 pre-tokenizer settings (and ignore_merges, NFC) on the SmolLM2 vocab. */
+Test(smollm2, tokenizer_json_llama3_style, .timeout = 60) { run_hf(0, STYLE_LLAMA3); }
+Test(smollm2, tokenizer_json_qwen2_style, .timeout = 60) { run_hf(0, STYLE_QWEN2); }
