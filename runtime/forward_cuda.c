@@ -37,6 +37,8 @@
     } while (0)
 
 #define ALIGN 256
+#define GRAPH_MAX_TOKENS 16 /* decode batches up to this size replay graphs */
+#define GRAPH_LENS 8        /* max_len buckets 256 .. 32768 */
 static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -181,6 +183,9 @@ struct forward_cuda {
     int32_t *h_ints;             /* (3*max_tokens + n_seqs*max_blocks) */
     float *h_logits;             /* (max_tokens, n_vocab) */
 
+    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS), or NULL. */
+    cudaGraphExec_t *graphs;
+
     struct forward_cuda_stats stats;
 };
 
@@ -207,6 +212,11 @@ void forward_cuda_free(struct forward_cuda *f)
     destroy_events(f->copy_t1, 2 * S);
     destroy_events(f->wait_t0, S);
     destroy_events(f->wait_t1, S);
+    if (f->graphs) {
+        for (int i = 0; i < GRAPH_MAX_TOKENS * GRAPH_LENS; i++)
+            if (f->graphs[i]) cudaGraphExecDestroy(f->graphs[i]);
+        free(f->graphs);
+    }
     kern_cuda_ctx_free(f->kctx);
     if (f->arena) cudaFree(f->arena);
     if (f->host_pinned) cudaFreeHost(f->host_pinned);
@@ -378,6 +388,10 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     if (!f) return FERRY_ERR_NOMEM;
     int rc = FERRY_ERR_NOMEM;
     const int L = hp->n_layers, T = p->max_tokens;
+    /* Device memory free before this backend takes any (the CUDA context itself is created here). */
+    size_t free_start = 0, total_start = 0;
+    cudaFree(0);
+    cudaMemGetInfo(&free_start, &total_start);
     f->n_layers = L;
     f->max_tokens = T;
     f->layouts = calloc((size_t)L, sizeof *f->layouts);
@@ -524,8 +538,11 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         goto fail;
     for (int i = 0; i < k; i++)
         if ((rc = issue_copy(f, (uint64_t)i))) goto fail;
+    /* Graphs need a fixed set of kernels and no cross-stream waits: only when nothing streams. */
+    if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS"))
+        f->graphs = calloc((size_t)GRAPH_MAX_TOKENS * GRAPH_LENS, sizeof *f->graphs);
     cudaMemGetInfo(&free_b, &total_b);
-    f->stats.vram_used = total_b - free_b;
+    f->stats.vram_used = free_start > free_b ? free_start - free_b : 0;
     *out = f;
     return FERRY_OK;
 fail:
@@ -585,27 +602,27 @@ static int linear(struct forward_cuda *f, float *y, const float *x, const void *
     return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
 }
 
-int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
-                     float *logits)
+/* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
+ * launch shapes small enough to capture each once as a graph, and gives every placement the same splits
+ * (so their results stay bitwise equal). */
+static int bucket_len(int max_len, int cap)
+{
+    int b = 256;
+    while (b < max_len) b *= 2;
+    return b < cap ? b : cap;
+}
+
+/* Everything a step does on the device, from the uploads of the staged inputs to the download of the logits.
+ * Enqueued on the compute stream; capturable as a graph when no layer streams. */
+static int enqueue_step(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, int n,
+                        const uint8_t *want, int max_len, int *n_out_p, int *step_use_p)
 {
     const struct llm_hparams *hp = &m->hp;
-    const int n = b->n_tokens, dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
+    const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     const int qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
     cudaStream_t cs = f->compute;
-
-    /* Host side: embeddings, ids and the block table go up in two copies. */
-    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, dim, b->tokens, n));
-    int max_len = 0;
-    for (int i = 0; i < n; i++) {
-        f->h_ints[i] = b->tokens[i];
-        f->h_ints[f->max_tokens + i] = b->pos[i];
-        f->h_ints[2 * f->max_tokens + i] = b->seq[i];
-        if (b->pos[i] + 1 > max_len) max_len = b->pos[i] + 1;
-    }
     size_t bt = (size_t)kv->n_seqs * kv->max_blocks;
-    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table, bt * sizeof(int32_t));
     CK(cudaMemcpyAsync(f->x, f->h_x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, cs));
     CK(cudaMemcpyAsync(f->d_ints, f->h_ints, (3 * (size_t)f->max_tokens) * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
     CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t), cudaMemcpyHostToDevice,
@@ -614,7 +631,6 @@ int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct
     const size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kvd;
 
     int step_use = 0;
-    const uint64_t first_use = f->stream_n;
     for (int l = 0; l < hp->n_layers; l++) {
         struct dev_layer d;
         RC(layer_acquire(f, l, step_use, &d));
@@ -645,18 +661,84 @@ int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct
     /* Rows that want logits are gathered (device-to-device), normed and projected. */
     int n_out = 0;
     for (int i = 0; i < n; i++)
-        if (b->want_logits[i]) {
-            CK(cudaMemcpyAsync(f->xn + (size_t)n_out * dim, f->x + (size_t)i * dim, dim * sizeof(float),
-                               cudaMemcpyDeviceToDevice, cs));
+        if (want[i]) {
+            if (n_out != i)
+                CK(cudaMemcpyAsync(f->x + (size_t)n_out * dim, f->x + (size_t)i * dim, dim * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, cs));
             n_out++;
         }
     if (n_out) {
-        RC(kern_cuda_rmsnorm(f->xn, f->xn, f->out_norm, n_out, dim, hp->norm_eps, cs));
+        RC(kern_cuda_rmsnorm(f->xn, f->x, f->out_norm, n_out, dim, hp->norm_eps, cs));
         RC(linear(f, f->logits, f->xn, f->head, f->head_type, NULL, n_out, hp->n_vocab, dim));
         CK(cudaMemcpyAsync(f->h_logits, f->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
                            cudaMemcpyDeviceToHost, cs));
     }
-    CK(cudaStreamSynchronize(cs));
+    *n_out_p = n_out;
+    *step_use_p = step_use;
+    return FERRY_OK;
+}
+
+/* The graph for a decode step of n tokens that all want logits, at a max_len bucket; captured on first use. */
+static int step_graph(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, int n,
+                      const uint8_t *want, int max_len, cudaGraphExec_t *out)
+{
+    int li = 0;
+    while ((256 << li) < max_len) li++;
+    cudaGraphExec_t *slot = &f->graphs[(size_t)(n - 1) * GRAPH_LENS + (size_t)li];
+    if (!*slot) {
+        int n_out, uses;
+        cudaGraph_t g = NULL;
+        CK(cudaStreamBeginCapture(f->compute, cudaStreamCaptureModeThreadLocal));
+        int rc = enqueue_step(f, m, kv, n, want, max_len, &n_out, &uses);
+        cudaError_t ce = cudaStreamEndCapture(f->compute, &g);
+        if (rc || ce != cudaSuccess) {
+            if (g) cudaGraphDestroy(g);
+            cudaGetLastError();
+            return rc ? rc : FERRY_ERR_CUDA;
+        }
+        ce = cudaGraphInstantiate(slot, g, 0);
+        cudaGraphDestroy(g);
+        if (ce != cudaSuccess) {
+            *slot = NULL;
+            cudaGetLastError();
+            return FERRY_ERR_CUDA;
+        }
+    }
+    *out = *slot;
+    return FERRY_OK;
+}
+
+int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
+                     float *logits)
+{
+    const struct llm_hparams *hp = &m->hp;
+    const int n = b->n_tokens, dim = hp->dim;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+
+    /* Host side: embeddings, ids and the block table are staged in pinned memory. */
+    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, dim, b->tokens, n));
+    int max_len = 0, all_want = 1;
+    for (int i = 0; i < n; i++) {
+        f->h_ints[i] = b->tokens[i];
+        f->h_ints[f->max_tokens + i] = b->pos[i];
+        f->h_ints[2 * f->max_tokens + i] = b->seq[i];
+        if (b->pos[i] + 1 > max_len) max_len = b->pos[i] + 1;
+        all_want &= b->want_logits[i] != 0;
+    }
+    max_len = bucket_len(max_len, kv->max_blocks * kv->block_size);
+    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
+
+    const uint64_t first_use = f->stream_n;
+    int n_out = 0, step_use = 0;
+    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && max_len <= (256 << (GRAPH_LENS - 1))) {
+        cudaGraphExec_t g;
+        RC(step_graph(f, m, kv, n, b->want_logits, max_len, &g));
+        CK(cudaGraphLaunch(g, f->compute));
+        n_out = n;
+    } else {
+        RC(enqueue_step(f, m, kv, n, b->want_logits, max_len, &n_out, &step_use));
+    }
+    CK(cudaStreamSynchronize(f->compute));
     if (n_out) memcpy(logits, f->h_logits, (size_t)n_out * hp->n_vocab * sizeof(float));
 
     /* Streaming figures of this step: every copy it used has completed. */

@@ -34,7 +34,7 @@ struct forward_cuda_stats {
     double stall_seconds;    /* compute-stream time spent waiting for copies */
     uint64_t vram_budget;
     uint64_t vram_planned;   /* bytes the plan allocates */
-    uint64_t vram_used;      /* device bytes in use on the card after init (cudaMemGetInfo), all processes */
+    uint64_t vram_used;      /* device bytes this backend took (cudaMemGetInfo before and after init) */
 };
 
 struct forward_cuda;

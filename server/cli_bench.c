@@ -319,7 +319,7 @@ int cli_bench_main(int argc, char **argv)
         json_object_set_new(root, "prefill_tok_s", json_real(prefill_tok_s));
         json_object_set_new(root, "vram_budget", json_integer((json_int_t)st1.vram_budget));
         json_object_set_new(root, "vram_planned", json_integer((json_int_t)st1.vram_planned));
-        json_object_set_new(root, "vram_used_device", json_integer((json_int_t)st1.vram_used));
+        json_object_set_new(root, "vram_taken", json_integer((json_int_t)st1.vram_used));
         for (int i = 0; i < n_res; i++) {
             json_t *d = json_object();
             json_object_set_new(d, "batch", json_integer(res[i].batch > 0 ? res[i].batch : 1));
@@ -345,7 +345,7 @@ int cli_bench_main(int argc, char **argv)
             printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write)\n", h2d / 1e9,
                    d2d / 1e9);
         if (st1.vram_budget)
-            printf("vram      budget %.2f GiB, planned %.2f GiB, in use on the device %.2f GiB\n",
+            printf("vram      budget %.2f GiB, planned %.2f GiB, taken from the device %.2f GiB\n",
                    st1.vram_budget / 1073741824.0, st1.vram_planned / 1073741824.0, st1.vram_used / 1073741824.0);
         if (prefill) printf("prefill   %d tokens: %.0f tokens/s\n", prefill, prefill_tok_s);
         printf("%-8s %-8s %10s %12s %12s %10s %10s %12s\n", "batch", "context", "step ms", "tokens/s", "weights GB/s",
