@@ -2,7 +2,8 @@
  *
  * For shapes (m, n, k) = (1, 4096, 4096) (decode) and (64, 4096, 4096) (prefill) and 1 and 2 threads (or the
  * counts given as arguments), prints GB/s of weight bytes read (n * row_bytes per call) and GFLOP/s, best of
- * a few timed runs after a warm-up. Weights are 4096x4096, so f32 is 64 MiB: larger than any cache here.
+ * a few timed runs after a warm-up. Each call reads a different copy of the weight, from a rotation of at least
+ * 512 MiB, so no call finds its weight in cache (this machine's L3 is 32 MiB; some keep part of 64 MiB).
  * The ceiling printed first is a plain streaming read (vector sums) of a 256 MiB buffer with the same pool.
  * Usage: bench_cpu_matmul [threads...]
  */
@@ -70,16 +71,22 @@ struct bw_ctx {
 
 typedef float v8f __attribute__((vector_size(32)));
 
+/* Each thread reads its slice in 64 KiB pieces, each as 4 concurrent 16 KiB streams — the access pattern of
+ * the matmul reading 4 weight rows of 4096 f32 at a time, which the prefetchers serve best. */
 static void bw_task(void *arg, int t)
 {
     struct bw_ctx *c = arg;
-    const int64_t lo = c->n * t / c->n_threads / 32 * 32, hi = c->n * (t + 1) / c->n_threads / 32 * 32;
+    const int64_t piece = 16384, q = piece / 4;
+    const int64_t lo = c->n * t / c->n_threads / piece * piece, hi = c->n * (t + 1) / c->n_threads / piece * piece;
     v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    for (int64_t i = lo; i < hi; i += 32) {
-        s0 += *(const v8f *)(c->a + i);
-        s1 += *(const v8f *)(c->a + i + 8);
-        s2 += *(const v8f *)(c->a + i + 16);
-        s3 += *(const v8f *)(c->a + i + 24);
+    for (int64_t b = lo; b < hi; b += piece) {
+        const float *p0 = c->a + b, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
+        for (int64_t i = 0; i < q; i += 8) {
+            s0 += *(const v8f *)(p0 + i);
+            s1 += *(const v8f *)(p1 + i);
+            s2 += *(const v8f *)(p2 + i);
+            s3 += *(const v8f *)(p3 + i);
+        }
     }
     const v8f s = s0 + s1 + s2 + s3;
     c->sink[t] = s[0] + s[7];
@@ -126,17 +133,26 @@ int main(int argc, char **argv)
         for (int i = 0; i < m * k; i++) x[i] = frand();
         for (unsigned ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
             const enum dtype t = types[ti];
-            void *w = make_weight(t, n, k);
-            const double wbytes = (double)dtype_row_size(t, k) * n;
+            const size_t wsize = dtype_row_size(t, k) * (size_t)n;
+            const int n_copies = (int)((512u << 20) / wsize) + 1;
+            uint8_t *w0 = make_weight(t, n, k);
+            uint8_t **w = malloc(sizeof(*w) * n_copies);
+            w[0] = w0;
+            for (int cp = 1; cp < n_copies; cp++) {
+                w[cp] = aligned_alloc(64, (wsize + 63) / 64 * 64);
+                memcpy(w[cp], w0, wsize);
+            }
+            const double wbytes = (double)wsize;
+            int rot = 0;
             for (int ci = 0; ci < n_thr; ci++) {
                 struct tpool *tp = NULL;
                 if (tpool_init(&tp, threads[ci]) != 0) return 1;
-                kern_cpu_matmul(y, x, w, t, NULL, m, n, k, tp); /* warm-up */
+                kern_cpu_matmul(y, x, w[rot++ % n_copies], t, NULL, m, n, k, tp); /* warm-up */
                 double best = 1e9;
                 const int reps = m == 1 ? 20 : 3;
                 for (int r = 0; r < reps; r++) {
                     const double t0 = now_s();
-                    kern_cpu_matmul(y, x, w, t, NULL, m, n, k, tp);
+                    kern_cpu_matmul(y, x, w[rot++ % n_copies], t, NULL, m, n, k, tp);
                     const double dt = now_s() - t0;
                     if (dt < best) best = dt;
                 }
@@ -145,6 +161,7 @@ int main(int argc, char **argv)
                 fflush(stdout);
                 tpool_free(tp);
             }
+            for (int cp = 0; cp < n_copies; cp++) free(w[cp]);
             free(w);
         }
         free(x);
