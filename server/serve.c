@@ -123,7 +123,16 @@ static enum MHD_Result respond(struct hreq *h, int http, const char *ctype, char
 
 static enum MHD_Result respond_json(struct hreq *h, int http, char *body, size_t len)
 {
-    if (!body) return respond(h, 500, "application/json", strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"), 84);
+    if (!body) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+        struct MHD_Response *resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        h->status = 500;
+        enum MHD_Result r = MHD_queue_response(h->conn, 500, resp);
+        MHD_destroy_response(resp);
+        return r;
+    }
     return respond(h, http, "application/json", body, len);
 }
 

@@ -575,7 +575,7 @@ def test_queue_full_and_timeout():
 def test_kv_admission():
     """A KV pool smaller than parallel × ctx: admission reserves prompt + max_tokens, so sequences wait for
     room instead of failing mid-generation, and results equal the unconstrained ones."""
-    s = Server("--parallel", "4", "--kv-tokens", "256")
+    s = Server("--parallel", "4", "--kv-tokens", "256", "--served-model-name", "tiny-stories")
     try:
         bodies = [{"prompt": p, "max_tokens": 150, "temperature": 0} for p in ("Once upon a time", "The cat", "Lily", "Tom")]
         seq = [complete(s, **b)["choices"][0]["text"] for b in bodies]
@@ -586,6 +586,11 @@ def test_kv_admission():
         assert_error(st, body, 400, "max_tokens")
         m = s.metrics()
         assert m["ferry_kv_blocks_used"] == 0 and m["ferry_kv_blocks_total"] > 0
+        st, _, body = get(s.url + "/v1/models")  # --served-model-name
+        assert [d["id"] for d in body["data"]] == ["tiny-stories"]
+        assert complete(s, prompt="hi", max_tokens=1, model="tiny-stories")["model"] == "tiny-stories"
+        st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "model": MODEL_NAME})
+        assert_error(st, body, 404, "model")
     finally:
         assert s.stop() == 0
 
