@@ -44,11 +44,12 @@ cd "$work" || exit 1
 # The suite reads ../shared/testdata; on this machine a carried copy stands in for it.
 [ -d "$src/.gpu-data" ] && mkdir -p ../shared && rm -rf ../shared/testdata && cp -r "$src/.gpu-data" ../shared/testdata
 
-if ! meson setup build -Dcuda=enabled -Dnative=true > "$out/setup.log" 2>&1; then
-  log "meson setup FAILED"; tail -30 "$out/setup.log"; exit 1
+# At most 8 files come back: logs stay in /tmp unless a step fails.
+if ! meson setup build -Dcuda=enabled -Dnative=true > /tmp/setup.log 2>&1; then
+  cp /tmp/setup.log "$out/"; log "meson setup FAILED"; tail -30 /tmp/setup.log; exit 1
 fi
-if ! ninja -C build > "$out/build.log" 2>&1; then
-  log "build FAILED"; grep -E "error" "$out/build.log" | head -30; exit 1
+if ! ninja -C build > /tmp/build.log 2>&1; then
+  cp /tmp/build.log "$out/"; log "build FAILED"; grep -E "error" /tmp/build.log | head -30; exit 1
 fi
 log "build ok"
 
@@ -56,21 +57,23 @@ rc=0
 if [ $tests = 1 ]; then
   meson test -C build --suite cuda --suite runtime --no-rebuild --print-errorlogs --num-processes 1 > "$out/tests.log" 2>&1
   rc=$?
-  cp build/meson-logs/testlog.txt "$out/testlog.txt"
   log "tests rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
   FERRY_SRC=$work FERRY_TESTDATA=$work/../shared/testdata ./build/tests/runtime/test_gpu_e2e --verbose 2>&1 |
     grep -E "PASS|FAIL|SKIP|WARN|Assertion|differs|Synthesis" | head -40 | tee -a "$out/summary.txt"
   ./build/server/ferry run --model ../shared/testdata/models/stories260K.gguf --prompt-tokens 1,403,407,261,378 \
-    --max-tokens 32 --temperature 0 --json --log-level info > "$out/run_gpu.json" 2> "$out/run_gpu.err"
-  log "ferry run on GPU: $(head -c 400 "$out/run_gpu.json")"
+    --max-tokens 32 --temperature 0 --json --log-level info > /tmp/run_gpu.json 2> /tmp/run_gpu.err
+  log "ferry run on GPU: $(head -c 400 /tmp/run_gpu.json) $(tail -1 /tmp/run_gpu.err)"
 fi
 if [ $bench = 1 ]; then
   B=./build/server/ferry
-  timeout 280 $B bench --synthetic llama-2-7b --batches 1,4,16,64 --prefill 512 --decode-steps 16 --long-context 8192 \
-    > "$out/bench_7b_full.txt" 2>&1; log "bench full rc=$?"; cat "$out/bench_7b_full.txt" | grep -v "^[0-9:.]* info" | tee -a "$out/summary.txt"
-  timeout 150 $B bench --synthetic llama-2-7b --gpu-memory 4GiB --batches 1,4,16 --prefill 512 --decode-steps 6 \
-    > "$out/bench_7b_4g.txt" 2>&1; log "bench 4GiB rc=$?"; grep -v "^[0-9:.]* info" "$out/bench_7b_4g.txt" | tee -a "$out/summary.txt"
-  timeout 120 $B bench --synthetic llama-2-7b --gpu-memory 8GiB --batches 1,16 --prefill 512 --decode-steps 6 \
-    > "$out/bench_7b_8g.txt" 2>&1; log "bench 8GiB rc=$?"; grep -v "^[0-9:.]* info" "$out/bench_7b_8g.txt" | tee -a "$out/summary.txt"
+  bench() { # name, args...
+    local name=$1; shift
+    echo "### ferry bench $*" >> "$out/bench.txt"
+    timeout 280 $B bench "$@" >> "$out/bench.txt" 2>&1; log "bench $name rc=$?"
+  }
+  bench full --synthetic llama-2-7b --batches 1,4,16,64 --prefill 512 --decode-steps 16 --long-context 8192
+  bench 4GiB --synthetic llama-2-7b --gpu-memory 4GiB --batches 1,4,16 --prefill 512 --decode-steps 6
+  bench 8GiB --synthetic llama-2-7b --gpu-memory 8GiB --batches 1,16 --prefill 512 --decode-steps 6
+  grep -v "^[0-9:.]* info\|  layers" "$out/bench.txt"
 fi
 exit $rc
