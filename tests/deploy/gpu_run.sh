@@ -1,8 +1,9 @@
 #!/bin/bash
 # gpu_run.sh — on the lent GPU machine: build ferry as the Dockerfile's build-cuda stage does (-Dcuda=enabled
-# -Dnative=false -Dserver=enabled -Dtests=disabled) from the committed tree, then run tests/deploy/test_proxy.py
-# against two CUDA replicas behind Debian's nginx (replica b under no-new-privs, no capabilities, PR_SET_MDWE and
-# uid 65534, as deploy/ferry.service confines it). Not run in CI (no GPU there).
+# -Dnative=false -Dserver=enabled -Dtests=disabled) from the committed tree (or, without git, the copy of the
+# checkout the machine was given), then run tests/deploy/test_proxy.py against two CUDA replicas behind Debian's
+# nginx (replica b under no-new-privs, no capabilities, PR_SET_MDWE and uid 65534, as deploy/ferry.service
+# confines it). Not run in CI (no GPU there).
 #
 # The machine has no package access: carry .debs (../shared/tools/offline-debs.sh) and build-deploy/gpu-kit with
 #   debs/nginx_*.deb, wheels/ (pytest and its dependencies), stories260K.gguf
@@ -29,7 +30,12 @@ log "nginx: $(nginx -v 2>&1)"
 
 work=/tmp/ferry-deploy-gpu
 rm -rf "$work" && mkdir -p "$work"
-git -C "$src" archive HEAD | tar -C "$work" -xf -
+# The committed tree when git is there; else the copy of the working tree the machine was given.
+if git -C "$src" rev-parse HEAD >/dev/null 2>&1; then
+    git -C "$src" archive HEAD | tar -C "$work" -xf -
+else
+    tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git -cf - . | tar -C "$work" -xf -
+fi
 cd "$work" || exit 1
 if ! meson setup /tmp/ferry-deploy-build --buildtype=release -Dnative=false -Dcuda=enabled -Dserver=enabled \
         -Dtests=disabled > "$out/setup.log" 2>&1; then
