@@ -76,6 +76,46 @@ def render_site(listen_port, upstream_ports, tmp, text=None):
     return text
 
 
+def nginx_version():
+    r = subprocess.run([tool("nginx"), "-v"], capture_output=True, text=True)
+    m = re.search(r"nginx/(\d+)\.(\d+)\.(\d+)", r.stdout + r.stderr)
+    return tuple(int(x) for x in m.groups()) if m else (0, 0, 0)
+
+
+def self_signed_cert(tmp):
+    """(cert, key) for CN=localhost, made with openssl; None when openssl is missing."""
+    if not shutil.which("openssl"):
+        return None
+    tmp = pathlib.Path(tmp)
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def enable_tls_block(site_text, tls_port, cert, key, tmp):
+    """Uncomments the TLS server block at the end of ferry.conf, as an operator would, pointing it at a test
+    certificate and port. On nginx < 1.25.1 `http2 on;` becomes `listen ... ssl http2`, as the block's comment says."""
+    lines = site_text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("# server {"))
+    end = max(i for i, l in enumerate(lines) if l.startswith("# }"))
+    block = [l[2:] if l.startswith("# ") else l.lstrip("#") for l in lines[start:end + 1]]
+    text = "\n".join(block)
+    old_nginx = nginx_version() < (1, 25, 1)
+    listen = f"listen 127.0.0.1:{tls_port} ssl{' http2' if old_nginx else ''};"
+    text, n = re.subn(r"^(\s*)listen 443 ssl;", rf"\g<1>{listen}", text, flags=re.M)
+    assert n == 1, "TLS block: expected one `listen 443 ssl;`"
+    text = re.sub(r"^\s*listen \[::\]:443 ssl;\n", "", text, flags=re.M)
+    if old_nginx:
+        text = re.sub(r"^\s*http2 on;.*\n", "", text, flags=re.M)
+    text, n1 = re.subn(r"(ssl_certificate\s+)\S+;", rf"\g<1>{cert};", text)
+    text, n2 = re.subn(r"(ssl_certificate_key\s+)\S+;", rf"\g<1>{key};", text)
+    assert n1 == n2 == 1, "TLS block: expected ssl_certificate and ssl_certificate_key"
+    text, n = re.subn(r"access_log /var/log/nginx/access\.log", f"access_log {tmp}/access.log", text)
+    assert n == 1
+    return site_text + "\n" + text + "\n"
+
+
 def render_main(tmp, site_path):
     """A main nginx.conf around the site, everything under tmp; `user` only when running as root."""
     user = ""
@@ -104,10 +144,14 @@ http {{
 """
 
 
-def write_nginx_conf(tmp, listen_port, upstream_ports, site_text=None):
+def write_nginx_conf(tmp, listen_port, upstream_ports, site_text=None, tls=None):
+    """tls: None, or (port, cert, key) to turn on the site's commented TLS block as well."""
     tmp = pathlib.Path(tmp)
     site = tmp / "ferry.conf"
-    site.write_text(render_site(listen_port, upstream_ports, tmp, site_text))
+    text = render_site(listen_port, upstream_ports, tmp, site_text)
+    if tls:
+        text = enable_tls_block(text, *tls, tmp)
+    site.write_text(text)
     main = tmp / "nginx.conf"
     main.write_text(render_main(tmp, site))
     return main

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -20,7 +21,8 @@ import zlib
 
 import pytest
 
-from conftest import DEPLOY, ferry_binary, free_port, nginx_cmd, nginx_test, test_model, tool, write_nginx_conf
+from conftest import (DEPLOY, ferry_binary, free_port, nginx_cmd, nginx_test, self_signed_cert, test_model, tool,
+                      write_nginx_conf)
 
 KEY = "deploy-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -31,9 +33,19 @@ MODEL_NAME = "ferry-deploy-test"
 
 # ---- HTTP helpers --------------------------------------------------------------------------------------------------
 
-def request(port, method, path, body=None, headers=None, timeout=60):
+def connect(port, timeout, tls=False):
+    if not tls:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the test's self-signed certificate
+    return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=ctx)
+
+
+def request(port, method, path, body=None, headers=None, timeout=60, tls=False):
     """Returns (status, headers dict lower-cased, body bytes)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = connect(port, timeout, tls)
     h = dict(headers or {})
     data = None
     if body is not None:
@@ -47,11 +59,11 @@ def request(port, method, path, body=None, headers=None, timeout=60):
         conn.close()
 
 
-def stream(port, body, headers=None, timeout=120):
+def stream(port, body, headers=None, timeout=120, tls=False):
     """POSTs a streamed completion as a browser or the openai client would (Accept-Encoding: gzip); returns
     (status, headers, events) with events = [(t_arrival, data_str)], times in seconds from the moment the request
     was sent, each taken when the bytes completing the event's line were read (and decompressed, if gzip)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = connect(port, timeout, tls)
     h = {"Content-Type": "application/json", "Accept-Encoding": "gzip", **AUTH, **(headers or {})}
     t0 = time.monotonic()
     conn.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers=h)
@@ -160,11 +172,16 @@ class Replica:
 
 
 class Nginx:
-    def __init__(self, tmp, upstream_ports, site_text=None):
+    def __init__(self, tmp, upstream_ports, site_text=None, tls=False):
         self.tmp = pathlib.Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.conf = write_nginx_conf(self.tmp, self.port, upstream_ports, site_text)
+        self.tls_port = None
+        tls_arg = None
+        if tls:
+            self.tls_port = free_port()
+            tls_arg = (self.tls_port, *self_signed_cert(self.tmp))
+        self.conf = write_nginx_conf(self.tmp, self.port, upstream_ports, site_text, tls_arg)
         rc, out = nginx_test(self.tmp, self.conf)
         assert rc == 0, out
         self.proc = subprocess.Popen(nginx_cmd(self.tmp, self.conf, "-g", "daemon off;"),
@@ -236,7 +253,6 @@ def deployment(tmp_path_factory):
             r.stop()
         keep = os.environ.get("FERRY_DEPLOY_KEEP_LOGS")  # a folder to copy the replica and nginx logs into
         if keep:
-            import shutil
             for f in list(tmp.glob("ferry-*.log")) + list(tmp.glob("nginx*/*.log")):
                 shutil.copy(f, pathlib.Path(keep) / (f.parent.name + "-" + f.name if "nginx" in f.parent.name else f.name))
 
@@ -301,6 +317,28 @@ def test_buffered_proxy_control_is_caught(deployment):
             _assert_streamed_while_generating(events, "buffered control")
     finally:
         ctl.stop()
+
+
+def test_tls_block_serves_and_streams(deployment):
+    """The site's commented TLS block, uncommented with a test certificate: completions over HTTPS equal direct
+    ones, and a streamed completion still arrives while it is generated."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl missing: no test certificate")
+    reps = deployment["replicas"]
+    ngx = Nginx(deployment["tmp"] / "nginx-tls", [r.port for r in reps], tls=True)
+    try:
+        body = completion_body(24)
+        st, _, b = request(ngx.tls_port, "POST", "/v1/completions", body, headers=AUTH, tls=True)
+        assert st == 200, b[:300]
+        direct = json.loads(request(reps[0].port, "POST", "/v1/completions", body, headers=AUTH)[2])
+        assert json.loads(b)["choices"][0]["text"] == direct["choices"][0]["text"]
+        assert request(ngx.tls_port, "POST", "/v1/completions", body, tls=True)[0] == 401
+        n, _, dt = long_stream_tokens(reps[0].port)
+        st, _, events = stream(ngx.tls_port, completion_body(n, True), tls=True)
+        assert st == 200
+        _assert_streamed_while_generating(events, f"TLS proxy, {n} tokens ({dt:.2f} s direct)")
+    finally:
+        ngx.stop()
 
 
 def test_nonstreamed_via_proxy_equals_direct(deployment):

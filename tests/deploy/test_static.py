@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import DEPLOY, SRC, ferry_binary, free_port, nginx_test, tool, write_nginx_conf
+from conftest import DEPLOY, SRC, ferry_binary, free_port, nginx_test, self_signed_cert, tool, write_nginx_conf
 
 FERRY_UID = 10001  # USER in deploy/Dockerfile, runAsUser in deploy/k8s/deployment.yaml
 
@@ -31,6 +31,17 @@ def test_nginx_accepts_shipped_site(need_nginx, tmp_path):
     rc, out = nginx_test(tmp_path, conf)
     assert rc == 0, out
     assert "test is successful" in out
+
+
+def test_nginx_accepts_site_with_tls_block(need_nginx, tmp_path):
+    """The commented TLS server block, uncommented with a certificate filled in, is valid nginx."""
+    cert = self_signed_cert(tmp_path)
+    if cert is None:
+        pytest.skip("openssl missing: no test certificate")
+    conf = write_nginx_conf(tmp_path, free_port(), [free_port(), free_port()], tls=(free_port(), *cert))
+    assert re.search(r"^\s*ssl_certificate_key \S+;", (tmp_path / "ferry.conf").read_text(), re.M), "block not enabled"
+    rc, out = nginx_test(tmp_path, conf)
+    assert rc == 0, out
 
 
 def test_nginx_rejects_broken_site(need_nginx, tmp_path):
