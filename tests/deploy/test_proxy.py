@@ -333,6 +333,7 @@ def test_tls_block_serves_and_streams(deployment):
         direct = json.loads(request(reps[0].port, "POST", "/v1/completions", body, headers=AUTH)[2])
         assert json.loads(b)["choices"][0]["text"] == direct["choices"][0]["text"]
         assert request(ngx.tls_port, "POST", "/v1/completions", body, tls=True)[0] == 401
+        assert request(ngx.tls_port, "GET", "/metrics", tls=True)[0] == 404
         n, _, dt = long_stream_tokens(reps[0].port)
         st, _, events = stream(ngx.tls_port, completion_body(n, True), tls=True)
         assert st == 200
