@@ -472,3 +472,17 @@ def test_dockerfile_cpu_build_commands_compile(tmp_path):
     errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower()][:10]
     assert r.returncode == 0, "\n".join(errors) or (r.stdout + r.stderr)[-3000:]
     assert os.access(tmp_path / "out" / "ferry", os.X_OK)
+
+
+def test_nginx_tls_block_matches_plain_server():
+    """The commented TLS server repeats `location /` of the plain one (the file says it must): no drift."""
+    text = (DEPLOY / "nginx" / "ferry.conf").read_text()
+    _, plain = _location_root(text)
+    tls_lines = [l[2:] if l.startswith("# ") else l.lstrip("#") for l in text.splitlines() if l.startswith("#")]
+    m = re.search(r"^    location / \{\n(.*?)\n    \}", "\n".join(tls_lines), re.S | re.M)
+    assert m, "no `location /` in the TLS block"
+
+    def directives(block):
+        return sorted(l.split("#", 1)[0].strip() for l in block.splitlines() if l.split("#", 1)[0].strip())
+
+    assert directives(m.group(1)) == directives(plain)
