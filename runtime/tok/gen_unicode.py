@@ -10,6 +10,13 @@ Each range [lo, hi] carries a set of flags (UCAT_* in unicode.h):
   SPACE   \\s     = the Unicode White_Space property (what Oniguruma and Rust regex use for \\s)
 Code points outside every range have no flags. Adjacent code points with equal flags are merged into one
 range, so the table stays small (a few thousand entries) and is searched by bisection.
+
+For NFC (the normalizer of Qwen2's tokenizer.json) it also writes:
+  ucd_ccc[]     ranges of equal non-zero canonical combining class
+  ucd_decomp[]  canonical decompositions {cp, first, second (0 for a singleton), composes}, sorted by cp
+                (Hangul syllables are algorithmic and not listed); composes = 1 for primary composites,
+                i.e. pairs that NFC recomposes (not excluded from composition)
+  ucd_comp[]    indices into ucd_decomp of the composing pairs, sorted by (first, second)
 """
 import sys
 import unicodedata
@@ -58,6 +65,42 @@ def main():
         out.write('   ' + ''.join(' {0x%X, 0x%X, %d},' % r for r in ranges[i:i + 4]) + '\n')
     out.write('};\n')
     out.write('const int ucat_n_ranges = %d;\n' % len(ranges))
+
+    ccc = []
+    for cp in range(0x110000):
+        c = unicodedata.combining(chr(cp))
+        if not c:
+            continue
+        if ccc and ccc[-1][1] == cp - 1 and ccc[-1][2] == c:
+            ccc[-1][1] = cp
+        else:
+            ccc.append([cp, cp, c])
+    out.write('\nconst struct ucd_ccc_range ucd_ccc[] = {\n')
+    for i in range(0, len(ccc), 4):
+        out.write('   ' + ''.join(' {0x%X, 0x%X, %d},' % tuple(r) for r in ccc[i:i + 4]) + '\n')
+    out.write('};\nconst int ucd_n_ccc = %d;\n' % len(ccc))
+
+    dec = []
+    for cp in range(0x110000):
+        if 0xAC00 <= cp < 0xAC00 + 11172:
+            continue
+        d = unicodedata.decomposition(chr(cp))
+        if not d or d.startswith('<'):
+            continue
+        parts = [int(x, 16) for x in d.split()]
+        second = parts[1] if len(parts) == 2 else 0
+        composes = int(len(parts) == 2 and
+                       unicodedata.normalize('NFC', unicodedata.normalize('NFD', chr(cp))) == chr(cp))
+        dec.append((cp, parts[0], second, composes))
+    out.write('\nconst struct ucd_decomp ucd_decomp[] = {\n')
+    for i in range(0, len(dec), 4):
+        out.write('   ' + ''.join(' {0x%X, 0x%X, 0x%X, %d},' % d for d in dec[i:i + 4]) + '\n')
+    out.write('};\nconst int ucd_n_decomp = %d;\n' % len(dec))
+    comp = sorted((i for i, d in enumerate(dec) if d[3]), key=lambda i: (dec[i][1], dec[i][2]))
+    out.write('\nconst uint16_t ucd_comp[] = {\n')
+    for i in range(0, len(comp), 12):
+        out.write('   ' + ''.join(' %d,' % c for c in comp[i:i + 12]) + '\n')
+    out.write('};\nconst int ucd_n_comp = %d;\n' % len(comp))
 
 
 if __name__ == '__main__':

@@ -416,7 +416,15 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
             prev_special = 1;
             continue;
         }
-        rc = encode_fragment(&e, text + f[i].off, f[i].len, f[i].off == 0, prev_special, &wbuf, &wcap);
+        if (t->nfc) {
+            char *norm;
+            size_t nlen;
+            rc = unicode_nfc(text + f[i].off, f[i].len, &norm, &nlen);
+            if (rc == FERRY_OK) rc = encode_fragment(&e, norm, nlen, f[i].off == 0, prev_special, &wbuf, &wcap);
+            free(norm);
+        } else {
+            rc = encode_fragment(&e, text + f[i].off, f[i].len, f[i].off == 0, prev_special, &wbuf, &wcap);
+        }
         prev_special = 0;
     }
     free(f);

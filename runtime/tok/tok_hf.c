@@ -14,6 +14,7 @@
 
 struct hf_cfg {
     int bytelevel;
+    int nfc;
     int norm;          /* enum tok_norm */
     int prepend;       /* normalizer Prepend("▁") */
     int meta_prepend;
@@ -54,8 +55,13 @@ static int hf_normalizer(const json_t *n, struct hf_cfg *c, char err[256])
             return FERRY_OK;
         }
     }
-    if (type_is(n, "NFC") || type_is(n, "NFKC")) {
-        FLOG_WARN("tokenizer.json: %s normalization is not implemented; text is used as given", jstr(n, "type"));
+    if (type_is(n, "NFC")) {
+        c->nfc = 1;
+        return FERRY_OK;
+    }
+    if (type_is(n, "NFKC")) {
+        FLOG_WARN("tokenizer.json: NFKC normalization is not implemented; NFC is used instead");
+        c->nfc = 1;
         return FERRY_OK;
     }
     snprintf(err, 256, "tokenizer.json: unsupported normalizer \"%.40s\"", jstr(n, "type") ? jstr(n, "type") : "?");
@@ -216,6 +222,7 @@ static int hf_build(struct tokenizer **out, const json_t *root, const json_t *cf
     t->byte_fallback = byte_fallback;
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     t->norm = c.norm;
+    t->nfc = c.nfc;
     t->add_space_prefix = c.prepend;
     t->meta_prepend = c.meta_prepend;
     if (c.bytelevel && c.norm != TOK_NORM_NONE) {

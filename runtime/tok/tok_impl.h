@@ -64,6 +64,7 @@ struct tokenizer {
     int byte_fallback;  /* unknown characters become <0xNN> tokens */
     int ignore_merges;  /* a word that is a token is emitted whole (Llama 3) */
     int add_space_prefix; /* TOK_NORM_SPM: '▁' before a fragment at the start or after a special token */
+    int nfc;            /* text fragments are put in Unicode NFC first (Qwen2's tokenizer.json) */
     int meta_prepend;   /* TOK_NORM_METASPACE: 0 never, 1 first fragment only, 2 always */
     struct pretok pre;
 

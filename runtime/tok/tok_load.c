@@ -9,7 +9,7 @@
  *
  * tokenizer.json (model type BPE): vocab, merges ("a b" or ["a", "b"]), byte_fallback, ignore_merges,
  * unk_token, added_tokens (special -> CONTROL, else USER_DEFINED; lstrip/rstrip), normalizer (Prepend "▁",
- * Replace " " -> "▁", NFC/NFKC treated as identity), pre_tokenizer (Sequence, Split with a known regex,
+ * Replace " " -> "▁", NFC; NFKC is approximated by NFC), pre_tokenizer (Sequence, Split with a known regex,
  * ByteLevel, Digits, Metaspace), post_processor (TemplateProcessing: BOS). tokenizer_config.json may
  * override add_bos_token, add_eos_token, bos_token, eos_token. Anything else is FERRY_ERR_UNSUPPORTED.
  */

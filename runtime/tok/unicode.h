@@ -33,6 +33,27 @@ uint32_t utf8_decode(const unsigned char *s, size_t n, int *len);
 /* Encodes cp (< 0x110000) into out (>= 4 bytes); returns the byte count. */
 int utf8_encode(uint32_t cp, char *out);
 
+/* Canonical data for NFC (unicode_tables.c). */
+struct ucd_ccc_range {
+    uint32_t lo, hi;
+    uint8_t ccc;
+};
+struct ucd_decomp {
+    uint32_t cp, first, second; /* second = 0 for a singleton decomposition */
+    uint8_t composes;           /* 1: NFC recomposes first+second into cp */
+};
+extern const struct ucd_ccc_range ucd_ccc[];
+extern const int ucd_n_ccc;
+extern const struct ucd_decomp ucd_decomp[];
+extern const int ucd_n_decomp;
+extern const uint16_t ucd_comp[];
+extern const int ucd_n_comp;
+
+/* Unicode Normalization Form C of s[0, n) into a malloc'd buffer (*out, *out_len; NUL-terminated).
+ * Bytes that are not valid UTF-8 are copied through unchanged and block composition across them.
+ * Returns FERRY_OK or FERRY_ERR_NOMEM. */
+int unicode_nfc(const char *s, size_t n, char **out, size_t *out_len);
+
 /* GPT-2's bytes_to_unicode: byte -> code point, and the reverse (-1 for code points that are no byte). */
 uint32_t bytelevel_cp(unsigned char b);
 int bytelevel_byte(uint32_t cp);

@@ -73,6 +73,12 @@ CASES = [
     "ﬁ ligature, ½ fraction, ² superscript, Ⅻ roman",
     "\x00\x01 control \x7f chars",
 ]
+NFD_CASES = [
+    "cafe\u0301 nai\u0308ve re\u0301sume\u0301",
+    "\u1100\u1161\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af",
+    "A\u030angstro\u0308m \u212b \u2126",
+    "e\u0301\u0323 q\u0307\u0323 <|im_end|>",
+]
 SPECIAL_CASES = [
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
     "<|endoftext|>",
@@ -135,8 +141,16 @@ def main():
     styles = {}
     for style in ("llama3", "qwen2"):
         tok = build_style(style)
-        styles[style] = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids}
-                         for t in CASES + SPECIAL_CASES if unicodedata.is_normalized("NFC", t)]
+        texts = [t for t in CASES + SPECIAL_CASES if unicodedata.is_normalized("NFC", t)]
+        if style == "qwen2":
+            texts += NFD_CASES  # the NFC normalizer changes these before splitting
+        styles[style] = []
+        for t in texts:
+            case = {"text": t, "ids": tok.encode(t, add_special_tokens=False).ids}
+            if not unicodedata.is_normalized("NFC", t):
+                case["decoded"] = tok.decode(case["ids"], skip_special_tokens=False)
+                assert case["decoded"] == unicodedata.normalize("NFC", t)
+            styles[style].append(case)
     out = []
     for text in CASES:
         ids = tok_plain.encode(text, add_special_tokens=False).ids

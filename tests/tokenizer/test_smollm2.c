@@ -75,7 +75,9 @@ static void run_cases(const struct tokenizer *t, const char *how, const char *ke
         char *dec;
         size_t dl;
         cr_assert_eq(tokenizer_decode(t, got, ng, 1, &dec, &dl), FERRY_OK);
-        if (dl != json_string_length(jt) || memcmp(dec, json_string_value(jt), dl) != 0) {
+        json_t *jd = json_object_get(c, "decoded"); /* the NFC text, where normalization changed it */
+        if (!jd) jd = jt;
+        if (dl != json_string_length(jd) || memcmp(dec, json_string_value(jd), dl) != 0) {
             cr_log_error("%s: decode(encode) differs", what);
             n_bad++;
         }
