@@ -175,7 +175,15 @@ void jbuf_put(struct jctx *c, struct jbuf *b, const char *p, size_t n);
 void jbuf_putc(struct jctx *c, struct jbuf *b, char ch);
 void jv_write_str(struct jctx *c, struct jbuf *b, struct jv v);  /* str(v); undefined is empty */
 void jv_write_repr(struct jctx *c, struct jbuf *b, struct jv v); /* repr(v) */
-void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int level, int sort_keys, size_t off);
+/* json.dumps options as HF's tojson filter passes them. */
+struct jjson_opts {
+    int indent;          /* -1: none (one line), else newline + indent_str per level */
+    struct jv indent_str; /* the per-level indent (a string) when indent >= 0 */
+    int ascii;           /* ensure_ascii: non-ASCII as \uXXXX */
+    struct jv item_sep, key_sep;
+    int sort_keys;
+};
+void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjson_opts *o, int level, size_t off);
 struct jv jv_to_str(struct jctx *c, struct jv v);
 struct jv jbuf_take(struct jbuf *b);
 

@@ -526,15 +526,30 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         struct jv cnt = arg_or(A, 2, "count", jv_none());
         return str_replace(c, s, old, nw, cnt.type == JV_NONE ? -1 : want_int(c, cnt, "replace", off));
     }
-    if (NAME_IS("tojson")) {
-        struct jv ind = arg_or(A, 0, "indent", jv_none());
-        int indent = -1;
-        if (ind.type != JV_NONE) {
+    if (NAME_IS("tojson")) { /* HF: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+        struct jjson_opts o = {.indent = -1};
+        o.ascii = jv_truthy(arg_or(A, 0, "ensure_ascii", jv_bool(0)));
+        struct jv ind = arg_or(A, 1, "indent", jv_none()), seps = arg_or(A, 2, "separators", jv_none());
+        if (ind.type == JV_STR) {
+            o.indent = 0;
+            o.indent_str = ind;
+        } else if (ind.type != JV_NONE) {
             int64_t k = want_int(c, ind, "tojson indent", off);
-            indent = k < 0 ? 0 : k > 64 ? 64 : (int)k;
+            k = k < 0 ? 0 : k > 64 ? 64 : k;
+            o.indent = (int)k;
+            o.indent_str = jv_str("                                                                ", (size_t)k);
         }
+        o.item_sep = jv_str(o.indent >= 0 ? "," : ", ", o.indent >= 0 ? 1 : 2);
+        o.key_sep = jv_str(": ", 2);
+        if (seps.type != JV_NONE) {
+            if (seps.type != JV_LIST || seps.l->n != 2 || seps.l->v[0].type != JV_STR || seps.l->v[1].type != JV_STR)
+                jfail(c, FERRY_ERR_INVALID, off, "tojson separators must be a pair of strings");
+            o.item_sep = seps.l->v[0];
+            o.key_sep = seps.l->v[1];
+        }
+        o.sort_keys = jv_truthy(arg_or(A, 3, "sort_keys", jv_bool(0)));
         struct jbuf b = {0};
-        jv_write_json(c, &b, v, indent, 0, jv_truthy(arg_or(A, -1, "sort_keys", jv_bool(0))), off);
+        jv_write_json(c, &b, v, &o, 0, off);
         return jbuf_take(&b);
     }
     if (NAME_IS("string")) return jv_to_str(c, v);

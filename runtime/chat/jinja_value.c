@@ -398,12 +398,12 @@ struct jv jv_to_str(struct jctx *c, struct jv v)
     return jbuf_take(&b);
 }
 
-static void write_json_str(struct jctx *c, struct jbuf *b, const char *p, size_t n)
+static void write_json_str(struct jctx *c, struct jbuf *b, const char *p, size_t n, int ascii)
 {
     jbuf_putc(c, b, '"');
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)p[i];
-        char esc[8];
+        char esc[16];
         switch (ch) {
         case '"': jbuf_put(c, b, "\\\"", 2); break;
         case '\\': jbuf_put(c, b, "\\\\", 2); break;
@@ -416,6 +416,18 @@ static void write_json_str(struct jctx *c, struct jbuf *b, const char *p, size_t
             if (ch < 0x20) {
                 snprintf(esc, sizeof esc, "\\u%04x", ch);
                 jbuf_put(c, b, esc, 6);
+            } else if (ch >= 0x80 && ascii) {
+                size_t adv;
+                unsigned cp = (unsigned)jutf8_decode(p + i, n - i, &adv);
+                if (cp >= 0x10000) {
+                    cp -= 0x10000;
+                    snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+                    jbuf_put(c, b, esc, 12);
+                } else {
+                    snprintf(esc, sizeof esc, "\\u%04x", cp);
+                    jbuf_put(c, b, esc, 6);
+                }
+                i += adv - 1;
             } else {
                 jbuf_putc(c, b, (char)ch);
             }
@@ -424,10 +436,10 @@ static void write_json_str(struct jctx *c, struct jbuf *b, const char *p, size_t
     jbuf_putc(c, b, '"');
 }
 
-static void json_newline(struct jctx *c, struct jbuf *b, int indent, int level)
+static void json_newline(struct jctx *c, struct jbuf *b, const struct jjson_opts *o, int level)
 {
     jbuf_putc(c, b, '\n');
-    for (int i = 0; i < indent * level; i++) jbuf_putc(c, b, ' ');
+    for (int i = 0; i < level; i++) jbuf_put(c, b, o->indent_str.s.p, o->indent_str.s.n);
 }
 
 static int key_less(struct jv a, struct jv b)
@@ -437,11 +449,10 @@ static int key_less(struct jv a, struct jv b)
     return r < 0 || (r == 0 && a.s.n < b.s.n);
 }
 
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys=...) as HF's tojson calls it. */
-void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int level, int sort_keys, size_t off)
+/* json.dumps(v, ensure_ascii, indent, separators, sort_keys) as HF's tojson calls it. */
+void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjson_opts *o, int level, size_t off)
 {
     if (++c->depth > c->max_depth) jfail(c, FERRY_ERR_RANGE, off, "value nested too deeply for tojson");
-    const char *sep = indent >= 0 ? "," : ", ";
     switch (v.type) {
     case JV_NONE: put_cstr(c, b, "null"); break;
     case JV_BOOL: put_cstr(c, b, v.i ? "true" : "false"); break;
@@ -451,7 +462,7 @@ void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int 
         else if (isinf(v.f)) put_cstr(c, b, v.f < 0 ? "-Infinity" : "Infinity");
         else write_float(c, b, v.f);
         break;
-    case JV_STR: write_json_str(c, b, v.s.p, v.s.n); break;
+    case JV_STR: write_json_str(c, b, v.s.p, v.s.n, o->ascii); break;
     case JV_LIST:
         if (v.l->gen) jfail(c, FERRY_ERR_INVALID, off, "Object of type generator is not JSON serializable");
         if (v.l->n == 0) {
@@ -460,11 +471,11 @@ void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int 
         }
         jbuf_putc(c, b, '[');
         for (size_t i = 0; i < v.l->n; i++) {
-            if (i) put_cstr(c, b, sep);
-            if (indent >= 0) json_newline(c, b, indent, level + 1);
-            jv_write_json(c, b, v.l->v[i], indent, level + 1, sort_keys, off);
+            if (i) jbuf_put(c, b, o->item_sep.s.p, o->item_sep.s.n);
+            if (o->indent >= 0) json_newline(c, b, o, level + 1);
+            jv_write_json(c, b, v.l->v[i], o, level + 1, off);
         }
-        if (indent >= 0) json_newline(c, b, indent, level);
+        if (o->indent >= 0) json_newline(c, b, o, level);
         jbuf_putc(c, b, ']');
         break;
     case JV_DICT: {
@@ -478,7 +489,7 @@ void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int 
                 jfail(c, FERRY_ERR_UNSUPPORTED, off, "tojson: only string dict keys are supported");
             order[i] = i;
         }
-        if (sort_keys) /* insertion sort: dicts in templates are small */
+        if (o->sort_keys) /* insertion sort: dicts in templates are small */
             for (size_t i = 1; i < v.d->n; i++)
                 for (size_t j = i; j > 0 && key_less(v.d->k[order[j]], v.d->k[order[j - 1]]); j--) {
                     size_t t = order[j];
@@ -487,13 +498,13 @@ void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, int indent, int 
                 }
         jbuf_putc(c, b, '{');
         for (size_t i = 0; i < v.d->n; i++) {
-            if (i) put_cstr(c, b, sep);
-            if (indent >= 0) json_newline(c, b, indent, level + 1);
-            write_json_str(c, b, v.d->k[order[i]].s.p, v.d->k[order[i]].s.n);
-            jbuf_put(c, b, ": ", 2);
-            jv_write_json(c, b, v.d->v[order[i]], indent, level + 1, sort_keys, off);
+            if (i) jbuf_put(c, b, o->item_sep.s.p, o->item_sep.s.n);
+            if (o->indent >= 0) json_newline(c, b, o, level + 1);
+            write_json_str(c, b, v.d->k[order[i]].s.p, v.d->k[order[i]].s.n, o->ascii);
+            jbuf_put(c, b, o->key_sep.s.p, o->key_sep.s.n);
+            jv_write_json(c, b, v.d->v[order[i]], o, level + 1, off);
         }
-        if (indent >= 0) json_newline(c, b, indent, level);
+        if (o->indent >= 0) json_newline(c, b, o, level);
         jbuf_putc(c, b, '}');
         break;
     }

@@ -123,6 +123,7 @@ FEATURES = {
     "filters_default": "{{ undefined_var | default('dflt') }} {{ '' | default('empty', true) }} {{ '' | default('kept') }}| {{ none | default('n') }} {{ undefined_var | d('x') }}",
     "filters_convert": "{{ '42' | int + 1 }} {{ '3.7' | int }} {{ 'x' | int }} {{ 3.9 | int }} {{ 2 | float }} {{ 12 | string ~ 'a' }} {{ -3 | abs }} {{ 'y' | int(7) }}",
     "filters_tojson": "{{ messages[0] | tojson }} {{ [1, 'ü', none, true, 1.5] | tojson }} {{ {'a': [1, 2], 'b': {}} | tojson(indent=2) }} {{ 'q\"\\\\\\n\\t' | tojson }} {{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}",
+    "filters_tojson_opts": "{{ {'k': 'é🤖', 'n': [1, {}]} | tojson(true) }}|{{ {'a': [1, 2]} | tojson(indent='--') }}|{{ {'a': [1, 2], 'b': 'x'} | tojson(separators=(',', ':')) }}|{{ [1, [2]] | tojson(indent=0) }}|{{ {'b': 1, 'a': {'d': 1, 'c': 2}} | tojson(false, 1, none, true) }}",
     "filters_items": "{% for k, v in {'x': 1, 'y': 2} | items %}{{ k }}{{ v }}{% endfor %}",
     "filters_select": "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | join('|') }} {{ messages | rejectattr('role', 'eq', 'user') | list | length }} {{ [0, 1, 2, 3] | select('odd') | list }} {{ [0, '', 'a'] | select | list }} {{ messages | selectattr('role') | list | length }}",
     "filters_indent": "{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(3, true) }}",
