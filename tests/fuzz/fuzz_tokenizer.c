@@ -3,7 +3,8 @@
 // MAXLEN: 16384
 /* fuzz_tokenizer — libFuzzer target for the tokenizer: the input is text, encoded with parse_special off and
  * on by every loaded vocab, decoded whole and streamed; the input read as token ids is decoded and streamed
- * too. Checks: no crash or sanitizer report, encode's count protocol, and streamed pieces == whole decode.
+ * too, and the text goes through NFC twice. Checks: no crash or sanitizer report, encode's count protocol,
+ * streamed pieces == whole decode, NFC(NFC(x)) == NFC(x).
  *
  * Vocabs, loaded once: $FERRY_FUZZ_VOCAB (one GGUF path, or several separated by ':'), else the llama-spm
  * (SentencePiece) and gpt-2 (byte-level BPE) vocabs in $FERRY_TESTDATA/vocab (default
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/tok/unicode.h"
 #include "runtime/tokenizer.h"
 #include "weights/gguf.h"
 
@@ -81,6 +83,13 @@ static void check_decode(const struct tokenizer *t, const int32_t *ids, int n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (n_vocabs < 0) load_vocabs();
+    /* NFC (tokenizer.json normalizers): idempotent, and ASCII stays as is. */
+    char *nfc = NULL, *nfc2 = NULL;
+    size_t nl = 0, nl2 = 0;
+    if (unicode_nfc((const char *)data, size, &nfc, &nl) != FERRY_OK) abort();
+    if (unicode_nfc(nfc, nl, &nfc2, &nl2) != FERRY_OK || nl2 != nl || memcmp(nfc, nfc2, nl) != 0) abort();
+    free(nfc);
+    free(nfc2);
     for (int v = 0; v < n_vocabs; v++) {
         const struct tokenizer *t = vocabs[v];
         for (int special = 0; special < 2; special++) {
