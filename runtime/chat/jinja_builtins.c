@@ -482,6 +482,58 @@ static struct jv do_indent(struct jctx *c, struct jv s, const struct jargs *A)
     return jbuf_take(&b);
 }
 
+/* sort/unique/min/max compare keys: the item or its attribute, strings lower-cased unless case_sensitive. */
+static struct jv sort_key(struct jctx *c, struct jv item, struct jv attr, int case_sensitive, size_t off)
+{
+    struct jv k = attr.type == JV_STR ? jv_getitem(c, item, attr, off) : item;
+    if (k.type == JV_STR && !case_sensitive) k = str_case(c, k, CASE_LOWER);
+    return k;
+}
+
+/* Stable merge sort of (key, item) pairs by key; O(n log n) so large lists stay cheap. */
+static void merge_sort(struct jctx *c, struct jv *keys, struct jv *items, struct jv *tk, struct jv *ti, size_t n,
+                       int reverse, size_t off)
+{
+    if (n < 2) return;
+    size_t h = n / 2;
+    merge_sort(c, keys, items, tk, ti, h, reverse, off);
+    merge_sort(c, keys + h, items + h, tk, ti, n - h, reverse, off);
+    size_t i = 0, j = h, k = 0;
+    while (i < h || j < n) {
+        int take_left = j >= n;
+        if (i < h && j < n) {
+            int r = jv_compare(c, keys[i], keys[j], off);
+            take_left = reverse ? r >= 0 : r <= 0;
+        } else if (i < h) {
+            take_left = 1;
+        }
+        size_t from = take_left ? i++ : j++;
+        tk[k] = keys[from];
+        ti[k++] = items[from];
+    }
+    memcpy(keys, tk, n * sizeof *keys);
+    memcpy(items, ti, n * sizeof *items);
+}
+
+static struct jv do_sort(struct jctx *c, struct jv v, const struct jargs *A, int reverse_pos, int cs_pos, int attr_pos)
+{
+    struct jlist *l = jv_iter_list(c, v, A->off);
+    int reverse = reverse_pos >= 0 && jv_truthy(arg_or(A, reverse_pos, "reverse", jv_bool(0)));
+    int cs = jv_truthy(arg_or(A, cs_pos, "case_sensitive", jv_bool(0)));
+    struct jv attr = arg_or(A, attr_pos, "attribute", jv_none());
+    size_t n = l->n;
+    struct jv out = jv_list(c, n);
+    struct jv *keys = jalloc(c, (n + 1) * sizeof *keys), *tk = jalloc(c, (n + 1) * sizeof *tk);
+    struct jv *ti = jalloc(c, (n + 1) * sizeof *ti);
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = sort_key(c, l->v[i], attr, cs, A->off);
+        out.l->v[i] = l->v[i];
+    }
+    out.l->n = n;
+    merge_sort(c, keys, out.l->v, tk, ti, n, reverse, A->off);
+    return out;
+}
+
 struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v, const struct jargs *A)
 {
     size_t off = A->off;
@@ -620,6 +672,44 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         for (size_t i = 0; i < l->n; i++) jlist_push(c, out.l, japply_filter(c, fname.s.p, fname.s.n, l->v[i], &FA));
         out.l->gen = 1;
         return out;
+    }
+    if (NAME_IS("sort")) return do_sort(c, v, A, 0, 1, 2);
+    if (NAME_IS("min") || NAME_IS("max")) {
+        struct jv sorted = do_sort(c, v, A, -1, 0, 1);
+        if (sorted.l->n == 0) return jv_undef(NULL, 0);
+        return name[1] == 'i' ? sorted.l->v[0] : sorted.l->v[sorted.l->n - 1];
+    }
+    if (NAME_IS("unique")) { /* first occurrence wins; a generator in Jinja */
+        struct jlist *l = jv_iter_list(c, v, off);
+        int cs = jv_truthy(arg_or(A, 0, "case_sensitive", jv_bool(0)));
+        struct jv attr = arg_or(A, 1, "attribute", jv_none()), out = jv_list(c, 0), seen = jv_list(c, 0);
+        for (size_t i = 0; i < l->n; i++) {
+            struct jv k = sort_key(c, l->v[i], attr, cs, off);
+            if (k.type == JV_LIST || k.type == JV_DICT) jfail(c, FERRY_ERR_INVALID, off, "unhashable type: '%s'", jv_type_name(k));
+            if (jv_contains(c, seen, k, off)) continue;
+            jlist_push(c, seen.l, k);
+            jlist_push(c, out.l, l->v[i]);
+        }
+        out.l->gen = 1;
+        return out;
+    }
+    if (NAME_IS("sum")) {
+        struct jlist *l = jv_iter_list(c, v, off);
+        struct jv attr = arg_or(A, 0, "attribute", jv_none()), acc = arg_or(A, 1, "start", jv_int(0));
+        for (size_t i = 0; i < l->n; i++) {
+            struct jv x = attr.type == JV_STR ? jv_getitem(c, l->v[i], attr, off) : l->v[i];
+            if ((acc.type != JV_INT && acc.type != JV_FLOAT && acc.type != JV_BOOL) ||
+                (x.type != JV_INT && x.type != JV_FLOAT && x.type != JV_BOOL))
+                jfail(c, FERRY_ERR_INVALID, off, "sum: unsupported operand types '%s' and '%s'", jv_type_name(acc), jv_type_name(x));
+            if (acc.type == JV_FLOAT || x.type == JV_FLOAT) {
+                acc = jv_float((acc.type == JV_FLOAT ? acc.f : (double)acc.i) + (x.type == JV_FLOAT ? x.f : (double)x.i));
+            } else {
+                int64_t r;
+                if (__builtin_add_overflow(acc.i, x.i, &r)) jfail(c, FERRY_ERR_RANGE, off, "integer overflow");
+                acc = jv_int(r);
+            }
+        }
+        return acc;
     }
     jfail(c, FERRY_ERR_UNSUPPORTED, off, "unsupported filter '%.*s'", (int)(n > 40 ? 40 : n), name);
 }
