@@ -1,10 +1,28 @@
 /* chat_template — renders a list of chat messages through a model's Jinja chat template.
  *
- * Implements the Jinja subset that real chat templates use (for/if/elif/else, set, namespace, loop
- * variables, string concatenation and slicing, common filters and tests, raise_exception,
- * add_generation_prompt, bos_token/eos_token); anything else is a clear FERRY_ERR_UNSUPPORTED naming the
- * construct and its byte offset. Built-in templates (chatml, llama2, llama3, mistral, gemma, phi3, zephyr)
- * serve models without one and the --chat-template override. Rendering is bounded in output size and steps.
+ * Implements the Jinja subset that real chat templates use, with the semantics of HF's
+ * apply_chat_template (jinja2 sandbox, trim_blocks + lstrip_blocks, loopcontrols, raise_exception,
+ * strftime_now, HF's tojson); anything else is a clear FERRY_ERR_UNSUPPORTED naming the construct and
+ * its byte offset. Built-in templates (chatml, llama2, llama3, mistral, gemma, phi3, zephyr) serve
+ * models without one and the --chat-template override. Rendering is bounded in output size, memory,
+ * steps and depth. Thread-safe: a render shares no state with another.
+ *
+ * Supported: text, {{ }}, {% %}, {# #}, `-`/`+` whitespace control; if/elif/else, for (loop.index,
+ * index0, revindex, revindex0, first, last, length, previtem, nextitem, cycle; `for a, b in`; `if`
+ * filter; else), break/continue, set (names, tuples, `ns.attr`, block set), macro (positional,
+ * keyword, defaults), generation blocks; None/bool/int/float/str/list/tuple/dict/namespace values;
+ * + - * / // % ** ~, comparisons (chained), and/or/not, in/not in, ternary, [] index, [a:b:c] slices
+ * (code points), . attributes, list/dict/tuple literals; filters trim upper lower capitalize title
+ * length count first last join default/d replace tojson string int float abs list reverse items
+ * indent safe select reject selectattr rejectattr map sort unique min max sum; str methods strip
+ * lstrip rstrip upper lower title capitalize startswith endswith split replace join find count;
+ * dict get items keys values; tests defined undefined none string number integer float boolean true
+ * false sequence mapping iterable callable equalto/eq ne lt le gt ge in odd even divisibleby lower
+ * upper; globals range namespace dict raise_exception strftime_now; Undefined like Jinja's default.
+ * Context: messages (dicts with role, content), add_generation_prompt, bos_token, eos_token, and
+ * tools = documents = None as HF passes them.
+ * Not supported: include/extends/import/block, raw, call blocks, filter blocks, recursive loops,
+ * printf-style `%` formatting, str.format, macro varargs/caller; case mapping is ASCII-only.
  */
 #ifndef FERRY_CHAT_TEMPLATE_H
 #define FERRY_CHAT_TEMPLATE_H
