@@ -5,6 +5,14 @@
  * in the text are recognised only when parse_special is set (chat templates set it; user text does not).
  * Decoding is streaming-safe through struct detok: it never emits half a UTF-8 sequence, and the
  * concatenation of the pieces it emits equals tokenizer_decode() of the whole sequence.
+ *
+ * Supported (runtime/tok/): GGUF tokenizer.ggml.model "llama" (SentencePiece BPE by scores, byte fallback,
+ * add_space_prefix) and "gpt2" (byte-level BPE by merge rank) with the tokenizer.ggml.pre splits of
+ * llama.cpp (default, gpt-2, llama3/llama-bpe, qwen2, smollm, starcoder, refact, falcon, mpt,
+ * deepseek-llm, deepseek-coder, command-r, olmo, ...); tokenizer.json with model BPE (byte-level or
+ * '▁'/byte_fallback), Split regexes of those families, ByteLevel, Digits, Metaspace, Prepend/Replace, NFC.
+ * Not supported (FERRY_ERR_UNSUPPORTED with a message): WordPiece (bert), Unigram (t5), RWKV, unknown
+ * split regexes. A tokenizer is immutable after init: encode/decode may run from several threads.
  */
 #ifndef FERRY_TOKENIZER_H
 #define FERRY_TOKENIZER_H

@@ -50,7 +50,7 @@ struct mergemap {
 
 struct tokenizer {
     int n_vocab;
-    char **text;       /* (n_vocab) token strings as stored, NUL-terminated, owned by pool */
+    char **text;       /* (n_vocab) token strings as stored, NUL-terminated, owned */
     int32_t *len;      /* (n_vocab) byte length of text */
     float *score;      /* (n_vocab) SPM scores (0 when absent) */
     uint8_t *type;     /* (n_vocab) enum tok_type */
@@ -80,19 +80,17 @@ struct tokenizer {
     int n_specials;
     int32_t eog[16];
     int n_eog;
-
-    /* string storage */
-    char *pool;
-    size_t pool_len, pool_cap;
 };
 
 int tok_alloc(struct tokenizer **out, int n_vocab);
-/* Copies the string (len bytes) into the pool as token id. */
+/* Sets token id to a copy of s[0, len) (owned by the tokenizer) with its score and enum tok_type. */
 int tok_set_token(struct tokenizer *t, int id, const char *s, size_t len, float score, int type);
 /* Registers merge `a b` with the given rank (ids of a and b, looked up after all tokens are set). */
 int tok_add_merge_str(struct tokenizer *t, const char *a, size_t alen, const char *b, size_t blen, int rank);
-/* Builds the lookup tables; call once all tokens are set, before merges are added. */
+/* Builds the string -> id table; call once all tokens are set, before merges are added. Ids never set
+ * become empty UNUSED tokens. */
 int tok_build_map(struct tokenizer *t);
+/* Byte tokens, the special-token list (longest first), decoded pieces, EOG set; clamps bad special ids. */
 int tok_finish(struct tokenizer *t, char err[256]);
 /* Marks a token as ending a generation (tokenizer_is_eog); ids out of range are ignored. */
 void tok_add_eog(struct tokenizer *t, int32_t id);

@@ -340,7 +340,6 @@ void tokenizer_free(struct tokenizer *t)
     free(t->merges.result);
     free(t->specials);
     pretok_free(&t->pre);
-    free(t->pool);
     free(t);
 }
 
