@@ -44,7 +44,14 @@ struct sched {
     uint8_t *b_want;
     struct choice **row_owner;     /* (n_slots) choice of each logits row */
     float *logits;                 /* (n_slots, n_vocab) */
-    float *scratch;                /* (n_vocab) raw row kept for logprobs */
+    float *scratch;                /* (n_slots, n_vocab) raw rows kept for logprobs */
+    /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
+    pthread_t *workers;
+    int n_workers;
+    pthread_mutex_t wmu;
+    pthread_cond_t wgo, wdone;
+    uint64_t wgen;                 /* bumped for each parallel sampling round */
+    int wstop, wrows, wnext, wbusy;
 };
 
 double sched_now(void)
@@ -95,6 +102,7 @@ static void sreq_free(struct sreq *r)
 /* ---- lifecycle ---------------------------------------------------------------------------------- */
 
 static void *engine_main(void *arg);
+static void *sample_worker(void *arg);
 
 int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, struct metrics *m,
                const struct sched_params *p)
@@ -104,6 +112,9 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     if (!s) return FERRY_ERR_NOMEM;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
+    pthread_mutex_init(&s->wmu, NULL);
+    pthread_cond_init(&s->wgo, NULL);
+    pthread_cond_init(&s->wdone, NULL);
     s->e = e;
     s->tok = t;
     s->m = m;
@@ -125,7 +136,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->b_want = malloc(nb);
     s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
     s->logits = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof(float));
-    s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
+    s->scratch = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
         !s->logits || !s->scratch) {
         sched_free(s);
@@ -138,6 +149,16 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
 
 int sched_start(struct sched *s)
 {
+    int want = s->p.sample_threads - 1; /* the engine thread samples too */
+    if (want > s->n_slots - 1) want = s->n_slots - 1;
+    if (want > 0) {
+        s->workers = calloc((size_t)want, sizeof *s->workers);
+        if (!s->workers) return FERRY_ERR_NOMEM;
+        for (int i = 0; i < want; i++) {
+            if (pthread_create(&s->workers[i], NULL, sample_worker, s)) break;
+            s->n_workers++;
+        }
+    }
     if (pthread_create(&s->thread, NULL, engine_main, s)) return FERRY_ERR_NOMEM;
     s->started = 1;
     return 0;
@@ -153,6 +174,12 @@ void sched_stop(struct sched *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->started = 0;
+    pthread_mutex_lock(&s->wmu);
+    s->wstop = 1;
+    pthread_cond_broadcast(&s->wgo);
+    pthread_mutex_unlock(&s->wmu);
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    s->n_workers = 0;
 }
 
 void sched_free(struct sched *s)
@@ -168,6 +195,10 @@ void sched_free(struct sched *s)
     free(s->row_owner);
     free(s->logits);
     free(s->scratch);
+    free(s->workers);
+    pthread_cond_destroy(&s->wgo);
+    pthread_cond_destroy(&s->wdone);
+    pthread_mutex_destroy(&s->wmu);
     pthread_cond_destroy(&s->cv_work);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -379,14 +410,15 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     c->has_lp = 0;
     c->fin = NULL;
     c->release = 0;
-    if (r->logprobs >= 0) memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof(float));
+    float *raw = s->scratch + (size_t)(row - s->logits);
+    if (r->logprobs >= 0) memcpy(raw, row, (size_t)s->n_vocab * sizeof(float));
     int32_t tok = sampler_sample(c->smp, row);
     if (tok < 0 || tok >= s->n_vocab) tok = 0; /* a sampler bug must not index out of range */
     if (r->logprobs >= 0) {
         struct lp_entry *e = &c->lp_stage;
         e->id = tok;
         e->n_top = r->logprobs > SCHED_MAX_TOP_LOGPROBS ? SCHED_MAX_TOP_LOGPROBS : r->logprobs;
-        e->lp = sampler_logprob(s->scratch, s->n_vocab, tok, e->n_top, e->top_id, e->top_lp);
+        e->lp = sampler_logprob(raw, s->n_vocab, tok, e->n_top, e->top_id, e->top_lp);
         c->has_lp = 1;
     }
     sampler_accept(c->smp, tok);
@@ -487,6 +519,54 @@ static void cut_expired_locked(struct sched *s, double now)
     }
 }
 
+/* Takes rows off the shared counter until none is left. */
+static void sample_some(struct sched *s)
+{
+    for (;;) {
+        int i = __atomic_fetch_add(&s->wnext, 1, __ATOMIC_ACQ_REL);
+        if (i >= s->wrows) return;
+        process_row(s, s->row_owner[i], s->logits + (size_t)i * s->n_vocab);
+    }
+}
+
+static void *sample_worker(void *arg)
+{
+    struct sched *s = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->wmu);
+    for (;;) {
+        while (s->wgen == seen && !s->wstop) pthread_cond_wait(&s->wgo, &s->wmu);
+        if (s->wstop) break;
+        seen = s->wgen;
+        pthread_mutex_unlock(&s->wmu);
+        sample_some(s);
+        pthread_mutex_lock(&s->wmu);
+        if (--s->wbusy == 0) pthread_cond_signal(&s->wdone);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return NULL;
+}
+
+/* Samples the step's rows: on the engine thread alone for a few rows, with the workers otherwise. */
+static void sample_rows(struct sched *s, int rows)
+{
+    s->wrows = rows;
+    s->wnext = 0;
+    if (s->n_workers == 0 || rows < 4) {
+        sample_some(s);
+        return;
+    }
+    pthread_mutex_lock(&s->wmu);
+    s->wbusy = s->n_workers;
+    s->wgen++;
+    pthread_cond_broadcast(&s->wgo);
+    pthread_mutex_unlock(&s->wmu);
+    sample_some(s);
+    pthread_mutex_lock(&s->wmu);
+    while (s->wbusy > 0) pthread_cond_wait(&s->wdone, &s->wmu);
+    pthread_mutex_unlock(&s->wmu);
+}
+
 static void *engine_main(void *arg)
 {
     struct sched *s = arg;
@@ -576,7 +656,7 @@ static void *engine_main(void *arg)
         int rc = engine_step(s->e, &b, s->logits);
         double t1 = sched_now();
         if (rc == 0)
-            for (int i = 0; i < rows; i++) process_row(s, s->row_owner[i], s->logits + (size_t)i * s->n_vocab);
+            sample_rows(s, rows);
         double t2 = sched_now();
 
         pthread_mutex_lock(&s->mu);

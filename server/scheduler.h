@@ -105,6 +105,7 @@ struct sreq {
 struct sched_params {
     int max_queue;               /* waiting sequences beyond the free slots */
     int max_batch_tokens;
+    int sample_threads;          /* threads sampling the rows of one step (engine thread included) */
 };
 
 struct sched;

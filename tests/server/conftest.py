@@ -35,7 +35,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/ferry-serve-test-{self.port}.log"
         self.log = open(self.log_path, "w")
-        cmd = [FERRY, "serve", "--model", model, "--port", str(self.port), "--threads", "1"] + list(args)
+        threads = [] if "--threads" in args else ["--threads", "1"]
+        cmd = [FERRY, "serve", "--model", model, "--port", str(self.port)] + threads + list(args)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -88,7 +89,8 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server():
-    s = Server("--parallel", "4", "--conn-timeout", "2", "--max-queue", "256")
+    # --threads 2: the engine's pool and the parallel sampling workers are both exercised
+    s = Server("--parallel", "4", "--conn-timeout", "2", "--max-queue", "256", "--threads", "2")
     yield s
     rc = s.stop()
     assert rc == 0, s.read_log()

@@ -263,6 +263,12 @@ def test_concurrent_equals_sequential(server):
     with ThreadPoolExecutor(16) as ex:
         par = list(ex.map(lambda b: stream_text(server, "/v1/completions", b)[0][0], bodies))
     assert par == seq
+    # seeded sampling is just as independent of batching and of which thread samples a row
+    bodies = [{"prompt": w, "max_tokens": 40, "temperature": 0.9, "seed": i} for i, w in enumerate(words)]
+    seq = [complete(server, **b)["choices"][0]["text"] for b in bodies]
+    with ThreadPoolExecutor(16) as ex:
+        par = list(ex.map(lambda b: complete(server, **b)["choices"][0]["text"], bodies))
+    assert par == seq
 
 
 def test_tokenize_detokenize(server):
