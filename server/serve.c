@@ -44,6 +44,8 @@ struct server {
     uv_timer_t drain_timer;
     uv_thread_t loader;
     int loader_started, loader_done, closing;
+    pthread_mutex_t load_mu;   /* orders the loader's final uv_async_send against abandoning it */
+    int abandoned;             /* shutdown came during the load: the loader must not touch the loop */
     int state;                 /* enum server_state, atomic */
     int was_ready;             /* the model finished loading (atomic) */
     struct model_file *mf;
@@ -540,7 +542,9 @@ static void loader_main(void *arg)
     if (rc) snprintf(S->load_err, sizeof S->load_err, "cannot start the scheduler: %s", ferry_status_str(rc));
 done:
     S->load_rc = rc;
-    uv_async_send(&S->loaded);
+    pthread_mutex_lock(&S->load_mu);
+    if (!S->abandoned) uv_async_send(&S->loaded);
+    pthread_mutex_unlock(&S->load_mu);
 }
 
 /* Closes the loop's handles so uv_run returns; the async handle stays open until the loader has sent. */
@@ -550,8 +554,13 @@ static void close_all(struct server *S)
     uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int, (uv_handle_t *)&S->drain_timer};
     for (int i = 0; i < 3; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
-    if ((S->loader_done || !S->loader_started) && !uv_is_closing((uv_handle_t *)&S->loaded))
-        uv_close((uv_handle_t *)&S->loaded, NULL);
+    if (S->loader_started && !S->loader_done) {
+        /* a load cannot be interrupted (a slow disk, a huge file): leave it behind, the process exits */
+        pthread_mutex_lock(&S->load_mu);
+        S->abandoned = 1;
+        pthread_mutex_unlock(&S->load_mu);
+    }
+    if (!uv_is_closing((uv_handle_t *)&S->loaded)) uv_close((uv_handle_t *)&S->loaded, NULL);
 }
 
 static void on_loaded(uv_async_t *a)
@@ -684,6 +693,7 @@ int serve_main(int argc, char **argv)
     }
     if (strcmp(S->opt.quant, "none")) FLOG_WARN("--quant %s is accepted but not used yet", S->opt.quant);
     signal(SIGPIPE, SIG_IGN);
+    pthread_mutex_init(&S->load_mu, NULL);
     metrics_init(&S->metrics);
     S->state = STATE_LOADING;
 
@@ -718,6 +728,13 @@ int serve_main(int argc, char **argv)
     uv_loop_close(&S->loop);
 
     /* in dependency order, reversed: no new requests, then the engine thread, then what it used */
+    if (S->abandoned) {
+        MHD_stop_daemon(S->mhd);
+        FLOG_WARN("shut down while the model was loading; not waiting for the load");
+        ret = S->exit_code;
+        FLOG_INFO("ferry serve: exit %d", ret);
+        return ret; /* S stays allocated: the loader thread still uses it until the process exits */
+    }
     if (S->drain_cut == 0 && S->sched) sched_cancel_all(S->sched, FERRY_ERR_CANCELLED);
     MHD_stop_daemon(S->mhd);
     if (S->loader_started) uv_thread_join(&S->loader);

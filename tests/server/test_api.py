@@ -692,3 +692,42 @@ def test_smollm2_instruct_chat():
         assert "".join(parts) == text
     finally:
         assert s.stop() == 0
+
+
+def test_loading_state_and_shutdown_while_loading(tmp_path):
+    """The socket is bound before the model loads: /health says 503 loading, the API 503 + Retry-After;
+    SIGTERM during the load exits 0 without waiting for it (here the 'model' is a FIFO nobody writes)."""
+    fifo = str(tmp_path / "model.gguf")
+    os.mkfifo(fifo)
+    port = __import__("conftest").free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = subprocess.Popen([__import__("conftest").FERRY, "serve", "--model", fifo, "--port", str(port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 10
+        st = None
+        while time.time() < deadline:
+            try:
+                st, _, body = get(url + "/health")
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert (st, body) == (503, {"status": "loading"})
+        st, hdrs, body = post(url + "/v1/completions", {"prompt": "hi"})
+        assert_error(st, body, 503)
+        assert hdrs["Retry-After"] == "1"
+        st, _, body = get(url + "/metrics")
+        assert st == 200 and "ferry_model_loading 1" in body
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == 0
+        # a model that fails to load: the server says why and exits 1
+        p = subprocess.Popen([__import__("conftest").FERRY, "serve", "--model", fifo, "--port", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with open(fifo, "wb") as f:
+            f.write(b"not a model")
+        assert p.wait(10) == 1
+        assert b"cannot open model" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
