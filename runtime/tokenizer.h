@@ -10,7 +10,8 @@
  * add_space_prefix) and "gpt2" (byte-level BPE by merge rank) with the tokenizer.ggml.pre splits of
  * llama.cpp (default, gpt-2, llama3/llama-bpe, qwen2, smollm, starcoder, refact, falcon, mpt,
  * deepseek-llm, deepseek-coder, command-r, olmo, ...); tokenizer.json with model BPE (byte-level or
- * '▁'/byte_fallback), Split regexes of those families, ByteLevel, Digits, Metaspace, Prepend/Replace, NFC.
+ * '▁'/byte_fallback), Split regexes of those families, ByteLevel (add_prefix_space only as the first
+ * split), Digits, Metaspace, Prepend/Replace, NFC (NFKC approximated by NFC).
  * Not supported (FERRY_ERR_UNSUPPORTED with a message): WordPiece (bert), Unigram (t5), RWKV, unknown
  * split regexes. A tokenizer is immutable after init: encode/decode may run from several threads.
  */

@@ -278,6 +278,13 @@ static int encode_fragment(struct enc *e, const char *text, size_t len, int at_s
         src = e->buf;
         n = k;
     }
+    if (t->prefix_space && n > 0 && src[0] != ' ') {
+        if (buf_reserve(e, n + 2) != FERRY_OK) return FERRY_ERR_NOMEM;
+        e->buf[0] = ' ';
+        memcpy(e->buf + 1, src, n);
+        src = e->buf;
+        n++;
+    }
     if (n == 0) return FERRY_OK;
     if (t->algo == TOK_ALGO_SPM) return spm_word(e, src, (int)n);
 

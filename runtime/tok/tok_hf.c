@@ -14,6 +14,7 @@
 
 struct hf_cfg {
     int bytelevel;
+    int prefix_space;
     int nfc;
     int norm;          /* enum tok_norm */
     int prepend;       /* normalizer Prepend("▁") */
@@ -96,8 +97,12 @@ static int hf_pretok(const json_t *p, struct tokenizer *t, struct hf_cfg *c, cha
     if (strcmp(ty, "ByteLevel") == 0) {
         c->bytelevel = 1;
         if (json_is_true(json_object_get(p, "add_prefix_space"))) {
-            snprintf(err, 256, "tokenizer.json: ByteLevel add_prefix_space=true is not supported");
-            return FERRY_ERR_UNSUPPORTED;
+            /* HF prepends ' ' to each piece ByteLevel sees; as the first stage those are the text fragments. */
+            if (t->pre.n_stages > 0) {
+                snprintf(err, 256, "tokenizer.json: ByteLevel add_prefix_space=true after other splits is not supported");
+                return FERRY_ERR_UNSUPPORTED;
+            }
+            c->prefix_space = 1;
         }
         const json_t *ur = json_object_get(p, "use_regex");
         if (!ur || json_is_true(ur)) {
@@ -223,6 +228,7 @@ static int hf_build(struct tokenizer **out, const json_t *root, const json_t *cf
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     t->norm = c.norm;
     t->nfc = c.nfc;
+    t->prefix_space = c.prefix_space;
     t->add_space_prefix = c.prepend;
     t->meta_prepend = c.meta_prepend;
     if (c.bytelevel && c.norm != TOK_NORM_NONE) {

@@ -65,6 +65,8 @@ struct tokenizer {
     int ignore_merges;  /* a word that is a token is emitted whole (Llama 3) */
     int add_space_prefix; /* TOK_NORM_SPM: '▁' before a fragment at the start or after a special token */
     int nfc;            /* text fragments are put in Unicode NFC first (Qwen2's tokenizer.json) */
+    int prefix_space;   /* byte-level: ' ' before each text fragment that does not start with one (HF
+                         * ByteLevel add_prefix_space) */
     int meta_prepend;   /* TOK_NORM_METASPACE: 0 never, 1 first fragment only, 2 always */
     struct pretok pre;
 

@@ -10,8 +10,9 @@
  * tokenizer.json (model type BPE): vocab, merges ("a b" or ["a", "b"]), byte_fallback, ignore_merges,
  * unk_token, added_tokens (special -> CONTROL, else USER_DEFINED; lstrip/rstrip), normalizer (Prepend "▁",
  * Replace " " -> "▁", NFC; NFKC is approximated by NFC), pre_tokenizer (Sequence, Split with a known regex,
- * ByteLevel, Digits, Metaspace), post_processor (TemplateProcessing: BOS). tokenizer_config.json may
- * override add_bos_token, add_eos_token, bos_token, eos_token. Anything else is FERRY_ERR_UNSUPPORTED.
+ * ByteLevel (add_prefix_space when first), Digits, Metaspace), post_processor (TemplateProcessing: BOS).
+ * tokenizer_config.json may override add_bos_token, add_eos_token, bos_token, eos_token;
+ * generation_config.json's eos_token_id adds end-of-generation ids. Anything else is FERRY_ERR_UNSUPPORTED.
  */
 #include <ctype.h>
 #include <jansson.h>

@@ -9,7 +9,8 @@ Sequence[Digits(individual_digits=True), ByteLevel(add_prefix_space=False, use_r
 decoder; the CONTROL tokens as special added tokens). parse_special=true cases use that tokenizer;
 parse_special=false cases use the same one without added tokens (special-token text is plain text).
 llama3_cases / qwen2_cases: the same vocab under the Llama 3 and Qwen2 tokenizer.json settings (their Split
-regex + ByteLevel(use_regex=False); Llama 3 with ignore_merges, Qwen2 with NFC), parse_special=true.
+regex + ByteLevel(use_regex=False); Llama 3 with ignore_merges, Qwen2 with NFC), parse_special=true;
+prefix_cases: ByteLevel(add_prefix_space=True) alone (GPT-2/RoBERTa style), with the decoded text.
 As a cross-check, transformers' own GGUF loader (AutoTokenizer.from_pretrained(gguf_file=...)) must agree
 on every case its converter can represent (it has no Digits split: non-ASCII numerals are left out).
 
@@ -129,17 +130,21 @@ def main():
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False,
                                    ignore_merges=(style == "llama3")))
         tok.normalizer = normalizers.NFC() if style == "qwen2" else None
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3 if style == "llama3" else QWEN2), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ])
+        if style == "prefix":
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+        else:
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(LLAMA3 if style == "llama3" else QWEN2), behavior="isolated",
+                                     invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            ])
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                 for i in range(len(tokens)) if types[i] == 3])
         return tok
 
     styles = {}
-    for style in ("llama3", "qwen2"):
+    for style in ("llama3", "qwen2", "prefix"):
         tok = build_style(style)
         texts = [t for t in CASES + SPECIAL_CASES if unicodedata.is_normalized("NFC", t)]
         if style == "qwen2":
@@ -147,8 +152,9 @@ def main():
         styles[style] = []
         for t in texts:
             case = {"text": t, "ids": tok.encode(t, add_special_tokens=False).ids}
-            if not unicodedata.is_normalized("NFC", t):
+            if not unicodedata.is_normalized("NFC", t) or style == "prefix":
                 case["decoded"] = tok.decode(case["ids"], skip_special_tokens=False)
+            if not unicodedata.is_normalized("NFC", t):
                 assert case["decoded"] == unicodedata.normalize("NFC", t)
             styles[style].append(case)
     out = []
@@ -183,12 +189,13 @@ def main():
         "cases": out,
         "llama3_cases": styles["llama3"],
         "qwen2_cases": styles["qwen2"],
+        "prefix_cases": styles["prefix"],
     }
     with open(os.path.join(HERE, "smollm2_cases.json"), "w", encoding="utf-8") as fo:
         # One case per line keeps the file small and its diffs readable.
         head = {k: v for k, v in doc.items() if not k.endswith("cases")}
         fo.write(json.dumps(head, ensure_ascii=False)[:-1])
-        for key in ("cases", "llama3_cases", "qwen2_cases"):
+        for key in ("cases", "llama3_cases", "qwen2_cases", "prefix_cases"):
             fo.write(', "%s": [\n' % key)
             fo.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in doc[key]))
             fo.write("\n]")

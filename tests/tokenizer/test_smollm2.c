@@ -75,7 +75,7 @@ static void run_cases(const struct tokenizer *t, const char *how, const char *ke
         char *dec;
         size_t dl;
         cr_assert_eq(tokenizer_decode(t, got, ng, 1, &dec, &dl), FERRY_OK);
-        json_t *jd = json_object_get(c, "decoded"); /* the NFC text, where normalization changed it */
+        json_t *jd = json_object_get(c, "decoded"); /* where normalization changed the text (NFC, prefix) */
         if (!jd) jd = jt;
         if (dl != json_string_length(jd) || memcmp(dec, json_string_value(jd), dl) != 0) {
             cr_log_error("%s: decode(encode) differs", what);
@@ -122,7 +122,7 @@ Test(smollm2, gguf_cases_match_hf_tokenizers)
 }
 
 /* Writes dir/tokenizer.json and dir/tokenizer_config.json from the GGUF's tokenizer metadata. */
-enum hf_style { STYLE_SMOLLM = 0, STYLE_LLAMA3 = 1, STYLE_QWEN2 = 2 };
+enum hf_style { STYLE_SMOLLM = 0, STYLE_LLAMA3 = 1, STYLE_QWEN2 = 2, STYLE_PREFIX = 3 };
 #define LLAMA3_RE(N)                                                                                         \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" N                                        \
     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
@@ -173,7 +173,10 @@ static void write_hf_dir(const char *gguf_path, const char *dir, int merges_as_l
         "end_of_word_suffix", "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges",
         merges);
     cr_assert(root);
-    if (style != STYLE_SMOLLM) {
+    if (style == STYLE_PREFIX) {
+        json_object_set_new(root, "pre_tokenizer", json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel",
+                                                             "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1));
+    } else if (style != STYLE_SMOLLM) {
         /* Llama 3 / Qwen2: their Split regex, then ByteLevel without its own regex. */
         json_t *pre = json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type", "Sequence",
                                 "pretokenizers", "type", "Split", "pattern", "Regex",
@@ -211,8 +214,9 @@ static void run_hf(int merges_as_lists, enum hf_style style)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
     cr_assert_eq(rc, FERRY_OK, "tokenizer_init_hf: %s", err);
-    static const char *const keys[] = {"cases", "llama3_cases", "qwen2_cases"};
-    static const char *const hows[] = {"tokenizer.json", "tokenizer.json (Llama 3 style)", "tokenizer.json (Qwen2 style)"};
+    static const char *const keys[] = {"cases", "llama3_cases", "qwen2_cases", "prefix_cases"};
+    static const char *const hows[] = {"tokenizer.json", "tokenizer.json (Llama 3 style)", "tokenizer.json (Qwen2 style)",
+                                       "tokenizer.json (ByteLevel add_prefix_space)"};
     run_cases(t, merges_as_lists ? "tokenizer.json (list merges)" : hows[style], keys[style]);
     cr_assert_eq(tokenizer_eos(t), 2);
     cr_assert_eq(tokenizer_bos(t), 1);
@@ -227,3 +231,4 @@ Test(smollm2, tokenizer_json_list_merges, .timeout = 60) { run_hf(1, STYLE_SMOLL
 /* The Llama 3 and Qwen2 pre-tokenizer settings (and ignore_merges, NFC) on the SmolLM2 vocab. */
 Test(smollm2, tokenizer_json_llama3_style, .timeout = 60) { run_hf(0, STYLE_LLAMA3); }
 Test(smollm2, tokenizer_json_qwen2_style, .timeout = 60) { run_hf(0, STYLE_QWEN2); }
+Test(smollm2, tokenizer_json_bytelevel_prefix_space, .timeout = 60) { run_hf(0, STYLE_PREFIX); }
