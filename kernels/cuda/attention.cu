@@ -40,9 +40,14 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async_wait_all()
+__device__ __forceinline__ void cp_async_commit()
 {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+/* Waits until at most N of this thread's committed groups are pending. */
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ float warp_max(float v)
@@ -56,14 +61,17 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+/* ST = 1: each K/V tile is copied, waited for, then used. ST = 2: two K/V buffers; the copy of tile i+1 is
+ * issued before tile i is used, so the block-table lookups and the copy latency overlap the math. */
+template <int ST>
 __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     const int D = p.D, DS = p.D + ATT_KPAD;
-    float *Qs = (float *)smem;                  /* (ATT_RMAX, D) */
-    __half *Ks = (__half *)(Qs + ATT_RMAX * D); /* (ATT_T, DS) */
-    __half *Vs = Ks + ATT_T * DS;               /* (ATT_T, DS) */
-    float *Ss = (float *)(Vs + ATT_T * DS);     /* (ATT_RMAX, ATT_T) */
+    float *Qs = (float *)smem;                    /* (ATT_RMAX, D) */
+    __half *Kb = (__half *)(Qs + ATT_RMAX * D);   /* (ST, ATT_T, DS) */
+    __half *Vb = Kb + ST * ATT_T * DS;            /* (ST, ATT_T, DS) */
+    float *Ss = (float *)(Vb + ST * ATT_T * DS);  /* (ATT_RMAX, ATT_T) */
     float *row_m = Ss + ATT_RMAX * ATT_T, *row_l = row_m + ATT_RMAX, *row_a = row_l + ATT_RMAX;
     int *row_pos = (int *)(row_a + ATT_RMAX);
 
@@ -112,14 +120,16 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 #pragma unroll
         for (int j = 0; j < ATT_RMAX; j++) o[j][0] = o[j][1] = 0.0f;
 
-        for (int t0 = lo; t0 < hi; t0 += ATT_T) {
+        /* K/V tile copy of the tile at t0 into buffer b: thread (t_first, c) copies 16-byte chunk c of rows
+         * t_first, t_first + step, ... Rows nt..nt4-1 are zeroed so that the 4-wide P·V loop reads finite
+         * values there (P is 0). */
+        auto copy_tile = [&](int t0, int b) {
             const int nt = min(ATT_T, hi - t0);
-            /* K/V tile copy: thread (t_first, c) copies 16-byte chunk c of rows t_first, t_first + step, ...
-             * Rows nt..nt4-1 are zeroed so that the 4-wide P·V loop reads finite values there (P is 0). */
             const int nt4 = min(ATT_T, (nt + 3) & ~3);
+            __half *Kd = Kb + b * ATT_T * DS, *Vd = Vb + b * ATT_T * DS;
             if (t_first < step) {
                 for (int t = t_first; t < nt4; t += step) {
-                    __half *kd = Ks + t * DS + c8 * 8, *vd = Vs + t * DS + c8 * 8;
+                    __half *kd = Kd + t * DS + c8 * 8, *vd = Vd + t * DS + c8 * 8;
                     const int pp = t0 + t;
                     const int bi = pp / p.block_size;
                     const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
@@ -135,7 +145,25 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
                     }
                 }
             }
-            cp_async_wait_all();
+            cp_async_commit();
+        };
+
+        if (ST == 2 && lo < hi) copy_tile(lo, 0);
+        for (int t0 = lo, it = 0; t0 < hi; t0 += ATT_T, it++) {
+            const int nt = min(ATT_T, hi - t0);
+            const int cur = ST == 2 ? it & 1 : 0;
+            const __half *Ks = Kb + cur * ATT_T * DS, *Vs = Vb + cur * ATT_T * DS;
+            if (ST == 2) {
+                /* Buffer cur^1 was last read in the previous iteration, before its closing barrier. */
+                if (t0 + ATT_T < hi)
+                    copy_tile(t0 + ATT_T, cur ^ 1);
+                else
+                    cp_async_commit(); /* an empty group keeps the count: wait<1> below is then tile cur */
+                cp_async_wait<1>();
+            } else {
+                copy_tile(t0, 0);
+                cp_async_wait<0>();
+            }
             __syncthreads();
 
             /* Scores. */
@@ -324,8 +352,9 @@ static size_t split_bytes(int n_split, int m, int n_heads, int D)
     return (size_t)n_split * m * n_heads * ((size_t)D + 2) * sizeof(float);
 }
 
+/* occ: blocks of attn_kernel resident per SM; the splits fill one wave of occ * SMs blocks. */
 static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode,
-                                 size_t ws_bytes)
+                                 size_t ws_bytes, int occ)
 {
     struct att_plan pl;
     const int G = n_heads / n_kv;
@@ -334,9 +363,9 @@ static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_le
     pl.qt = decode ? 1 : (ATT_RMAX / pl.gb > 0 ? ATT_RMAX / pl.gb : 1);
     pl.n_tiles = (m + pl.qt - 1) / pl.qt;
     const int64_t base = (int64_t)pl.n_tiles * n_kv * pl.n_hsub;
-    const int64_t target = 4LL * sm_count();
+    const int64_t target = (int64_t)occ * sm_count();
     const int max_split = (max_len + ATT_T - 1) / ATT_T;
-    int ns = base >= target ? 1 : (int)((target + base - 1) / base);
+    int ns = base >= target ? 1 : (int)(target / base);
     if (ns > max_split) ns = max_split;
     const size_t per = split_bytes(1, m, n_heads, D);
     if (ns > 1 && (size_t)ns * per > ws_bytes) ns = (int)(ws_bytes / per);
@@ -350,18 +379,62 @@ static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_le
     return pl;
 }
 
-extern "C" size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len)
+static size_t attn_smem_bytes(int D, int stages)
 {
-    if (m <= 0 || n_heads <= 0 || head_dim <= 0 || max_len <= 0) return 0;
-    /* Decode tiles with one KV head give the most splits; bound by that. */
-    struct att_plan pl = make_plan(m, n_heads, 1, head_dim, max_len, true, SIZE_MAX);
-    return pl.n_split > 1 ? split_bytes(pl.n_split, m, n_heads, head_dim) : 0;
+    return (size_t)ATT_RMAX * D * 4 + 2 * (size_t)stages * ATT_T * (D + ATT_KPAD) * 2 +
+           (size_t)ATT_RMAX * ATT_T * 4 + 4 * ATT_RMAX * 4;
 }
 
-static size_t attn_smem_bytes(int D)
+static int g_stages = 2; /* K/V buffers per block: kern_cuda_attention_set_stages */
+
+extern "C" void kern_cuda_attention_set_stages(int stages)
 {
-    return (size_t)ATT_RMAX * D * 4 + 2 * (size_t)ATT_T * (D + ATT_KPAD) * 2 + (size_t)ATT_RMAX * ATT_T * 4 +
-           4 * ATT_RMAX * 4;
+    g_stages = stages == 1 ? 1 : 2;
+}
+
+/* Raises the dynamic shared-memory limit of both kernel variants once (up to head_dim ATT_DMAX). */
+static int attn_prepare(void)
+{
+    static bool done = false;
+    if (!done) {
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)attn_smem_bytes(ATT_DMAX, 1)));
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)attn_smem_bytes(ATT_DMAX, 2)));
+        done = true;
+    }
+    return FERRY_OK;
+}
+
+/* Resident blocks per SM of the variant at head_dim D (cached; 2 if the query fails). */
+static int blocks_per_sm(int D, int stages)
+{
+    static int cache[2][ATT_DMAX / 8 + 1];
+    int *c = &cache[stages - 1][D / 8];
+    if (!*c) {
+        int nb = 0;
+        if (attn_prepare() == FERRY_OK &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, stages == 1 ? attn_kernel<1> : attn_kernel<2>,
+                                                          ATT_THREADS, attn_smem_bytes(D, stages)) ==
+                cudaSuccess &&
+            nb > 0)
+            *c = nb;
+        else {
+            (void)cudaGetLastError();
+            return 2;
+        }
+    }
+    return *c;
+}
+
+extern "C" size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len)
+{
+    if (m <= 0 || n_heads <= 0 || head_dim <= 0 || max_len <= 0 || head_dim > ATT_DMAX) return 0;
+    /* Decode tiles with one KV head give the most splits, and the variant with more resident blocks; bound by
+     * that. */
+    const int occ = max(blocks_per_sm(head_dim, 1), blocks_per_sm(head_dim, 2));
+    struct att_plan pl = make_plan(m, n_heads, 1, head_dim, max_len, true, SIZE_MAX, occ);
+    return pl.n_split > 1 ? split_bytes(pl.n_split, m, n_heads, head_dim) : 0;
 }
 
 static int check_kv(const struct kern_cuda_kv_layer *kv)
@@ -411,7 +484,11 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     if (max_len <= 0 || max_len > kv->max_blocks * kv->block_size) max_len = kv->max_blocks * kv->block_size;
     const bool decode = mode == KERN_ATTN_DECODE || (mode == KERN_ATTN_AUTO && m <= 16);
     if (!ws || !FCUDA_ALIGNED(ws, 16)) ws_bytes = 0;
-    const struct att_plan pl = make_plan(m, n_heads, kv->n_kv_heads, D, max_len, decode, ws_bytes);
+    rc = attn_prepare();
+    if (rc) return rc;
+    const int stages = g_stages;
+    const struct att_plan pl =
+        make_plan(m, n_heads, kv->n_kv_heads, D, max_len, decode, ws_bytes, blocks_per_sm(D, stages));
 
     att_params p;
     p.out = out;
@@ -438,15 +515,12 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     p.chunk = pl.chunk;
     p.scale = scale;
 
-    const size_t smem = attn_smem_bytes(D);
-    static bool attr_set = false;
-    if (!attr_set) {
-        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)attn_smem_bytes(ATT_DMAX)));
-        attr_set = true;
-    }
+    const size_t smem = attn_smem_bytes(D, stages);
     const dim3 grid((unsigned)pl.n_tiles, (unsigned)(kv->n_kv_heads * pl.n_hsub), (unsigned)pl.n_split);
-    attn_kernel<<<grid, ATT_THREADS, smem, stream>>>(p);
+    if (stages == 1)
+        attn_kernel<1><<<grid, ATT_THREADS, smem, stream>>>(p);
+    else
+        attn_kernel<2><<<grid, ATT_THREADS, smem, stream>>>(p);
     FCUDA_LAUNCH_CHECK("attn_kernel");
     if (pl.n_split > 1) {
         attn_merge_kernel<<<(unsigned)m * n_heads, 128, 0, stream>>>(out, p.ws_o, p.ws_ml, pl.n_split,

@@ -39,6 +39,7 @@
 
 static cudaStream_t st;
 static int samples = 31;
+static int use_graph = 0; /* time_ms replays a captured batch instead of launching it (no launch gaps) */
 
 typedef void (*bench_fn)(void *arg, int iter);
 
@@ -57,16 +58,31 @@ static double time_ms(bench_fn fn, void *arg, int batch)
     int it = 0;
     for (int i = 0; i < 5; i++) fn(arg, it++);
     CK(cudaStreamSynchronize(st));
+    cudaGraphExec_t ge = NULL;
+    if (use_graph) { /* the batch captured once (weights still rotate inside it), replayed per sample */
+        cudaGraph_t gr;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < batch; i++) fn(arg, it++);
+        CK(cudaStreamEndCapture(st, &gr));
+        CK(cudaGraphInstantiate(&ge, gr, 0));
+        CK(cudaGraphDestroy(gr));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaStreamSynchronize(st));
+    }
     double *t = malloc(samples * sizeof(double));
     for (int s = 0; s < samples; s++) {
         CK(cudaEventRecord(a, st));
-        for (int i = 0; i < batch; i++) fn(arg, it++);
+        if (ge)
+            CK(cudaGraphLaunch(ge, st));
+        else
+            for (int i = 0; i < batch; i++) fn(arg, it++);
         CK(cudaEventRecord(b, st));
         CK(cudaEventSynchronize(b));
         float ms;
         CK(cudaEventElapsedTime(&ms, a, b));
         t[s] = ms / batch;
     }
+    if (ge) CK(cudaGraphExecDestroy(ge));
     qsort(t, samples, sizeof(double), cmp_d);
     double med = t[samples / 2];
     free(t);
@@ -196,13 +212,16 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
     a.ws_bytes = kern_cuda_attention_ws_size(m, n_heads, D, ctx);
     if (a.ws_bytes) CK(cudaMalloc(&a.ws, a.ws_bytes));
     const double ms = time_ms(att_fn, &a, 10);
+    use_graph = 1;
+    const double gms = time_ms(att_fn, &a, 10);
+    use_graph = 0;
     if (prefill) {
         const double flops = 4.0 * n_heads * D * ((double)m * (m + 1) / 2);
         printf("%-34s %10.4f ms %9.1f TFLOP/s   (causal, %d tokens)\n", name, ms, flops / ms / 1e9, m);
     } else {
         const double bytes = (double)m * ctx * n_kv * D * 2 * 2;
-        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (KV bytes)\n", name, ms, bytes / ms / 1e6,
-               100.0 * bytes / ms / 1e6 / ceil_gbs);
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (KV bytes)\n", name, ms,
+               bytes / ms / 1e6, 100.0 * bytes / ms / 1e6 / ceil_gbs, gms, 100.0 * bytes / gms / 1e6 / ceil_gbs);
     }
     cudaFree(a.kv.k);
     cudaFree(a.kv.v);
@@ -254,35 +273,42 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
     CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));
     fill_f32(x, (size_t)512 * 11008);
-    const int ms_[3] = {1, 4, 16};
-    double gemv_total[3] = {0, 0, 0}, bytes_total = 0;
+    enum { NMS = 5 };
+    const int ms_[NMS] = {1, 2, 4, 8, 16};
+    double gemv_total[NMS] = {0}, gemv_gtotal[NMS] = {0}, bytes_total = 0;
     for (int si = 0; si < 4; si++) {
         struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
         bytes_total += a.wbytes;
-        for (int mi = 0; mi < 3; mi++) {
+        for (int mi = 0; mi < NMS; mi++) {
             a.m = ms_[mi];
             const double ms = time_ms(mm_fn, &a, 20);
+            use_graph = 1;
+            const double gms = time_ms(mm_fn, &a, 20);
+            use_graph = 0;
             gemv_total[mi] += ms;
+            gemv_gtotal[mi] += gms;
             char name[64];
             snprintf(name, sizeof name, "gemv f16 %5dx%-5d m=%d", a.n, a.k, a.m);
-            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, a.wbytes / ms / 1e6,
-                   100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
+            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%%\n", name, ms,
+                   a.wbytes / ms / 1e6, 100.0 * a.wbytes / ms / 1e6 / ceil_gbs, gms,
+                   100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
         }
     }
-    for (int mi = 0; mi < 3; mi++)
-        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy   (one of each shape)\n",
-               ms_[mi] == 1   ? "gemv f16 all shapes m=1"
-               : ms_[mi] == 4 ? "gemv f16 all shapes m=4"
-                              : "gemv f16 all shapes m=16",
-               gemv_total[mi], bytes_total / gemv_total[mi] / 1e6,
-               100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs);
+    for (int mi = 0; mi < NMS; mi++) {
+        char name[64];
+        snprintf(name, sizeof name, "gemv f16 all shapes m=%d", ms_[mi]);
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (one of each shape)\n",
+               name, gemv_total[mi], bytes_total / gemv_total[mi] / 1e6,
+               100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs, gemv_gtotal[mi],
+               100.0 * bytes_total / gemv_gtotal[mi] / 1e6 / ceil_gbs);
+    }
     /* Other weight types at one shape (the pool's f16 pattern read as bf16 / Q8_0: finite values). */
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)
-        for (int mi = 0; mi < 3; mi += 2) {
+        for (int mi = 0; mi < NMS; mi += 2) {
             struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi]};
             a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
             a.copies = (int)(pool_bytes / a.wbytes);
@@ -292,6 +318,16 @@ int main(int argc, char **argv)
             printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, a.wbytes / ms / 1e6,
                    100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
         }
+    { /* cuBLAS at m = 16, for comparison with the skinny path */
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16};
+        a.wbytes = (size_t)a.n * a.k * 2;
+        a.copies = (int)(pool_bytes / a.wbytes);
+        use_graph = 1;
+        const double gms = time_ms(mm_fn, &a, 20);
+        use_graph = 0;
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy (graph)\n", "cublas f16 11008x4096 m=16", gms,
+               a.wbytes / gms / 1e6, 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
+    }
     for (int si = 0; si < 4; si++) {
         struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
@@ -306,12 +342,19 @@ int main(int argc, char **argv)
     cudaFree(pool);
 
     /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128. */
-    bench_attention("attn decode l2-7b ctx=512 b=1", 32, 32, 512, 1, 0, ceil_gbs);
-    bench_attention("attn decode l2-7b ctx=8192 b=1", 32, 32, 8192, 1, 0, ceil_gbs);
-    bench_attention("attn decode l2-7b ctx=512 b=16", 32, 32, 512, 16, 0, ceil_gbs);
-    bench_attention("attn decode l3-8b ctx=8192 b=1", 32, 8, 8192, 1, 0, ceil_gbs);
-    bench_attention("attn prefill l2-7b 512", 32, 32, 512, 512, 1, ceil_gbs);
-    bench_attention("attn prefill l3-8b 512", 32, 8, 512, 512, 1, ceil_gbs);
+    /* Two K/V buffers per block (the default), then one (kern_cuda_attention_set_stages). */
+    for (int stg = 2; stg >= 1; stg--) {
+        kern_cuda_attention_set_stages(stg);
+        printf("attention, %d K/V buffer(s) per block:\n", stg);
+        bench_attention("attn decode l2-7b ctx=512 b=1", 32, 32, 512, 1, 0, ceil_gbs);
+        bench_attention("attn decode l2-7b ctx=8192 b=1", 32, 32, 8192, 1, 0, ceil_gbs);
+        bench_attention("attn decode l2-7b ctx=512 b=16", 32, 32, 512, 16, 0, ceil_gbs);
+        bench_attention("attn decode l3-8b ctx=8192 b=1", 32, 8, 8192, 1, 0, ceil_gbs);
+        bench_attention("attn decode l3-8b ctx=8192 b=16", 32, 8, 8192, 16, 0, ceil_gbs);
+        bench_attention("attn prefill l2-7b 512", 32, 32, 512, 512, 1, ceil_gbs);
+        bench_attention("attn prefill l3-8b 512", 32, 8, 512, 512, 1, ceil_gbs);
+    }
+    kern_cuda_attention_set_stages(0);
 
     /* rmsnorm at d=4096. */
     const int nm[3] = {1, 16, 512};

@@ -138,11 +138,14 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
     const size_t wsb = kern_cuda_attention_ws_size(m, c->n_heads, c->D, max_len);
     void *ws = dev_alloc(wsb);
-    /* 0: full workspace (splits); 1: the same again, bitwise equal; 2: no workspace (one split) */
-    for (int variant = 0; variant < 3; variant++) {
+    /* 0: full workspace (splits); 1: the same again, bitwise equal; 2: no workspace (one split); 3: full
+     * workspace with one K/V buffer per block instead of two (kern_cuda_attention_set_stages) */
+    for (int variant = 0; variant < 4; variant++) {
         CU_OK(cudaMemset(dout, 0xFF, nq * 4));
+        kern_cuda_attention_set_stages(variant == 3 ? 1 : 0);
         int rc = kern_cuda_attention(dout, dq, &c->dev, dseq, dpos, m, c->n_heads, scale, max_len, mode,
                                      variant == 2 ? NULL : ws, variant == 2 ? 0 : wsb, 0);
+        kern_cuda_attention_set_stages(0);
         cr_assert_eq(rc, FERRY_OK, "%s: rc %d", what, rc);
         dev_download(variant == 1 ? got2 : got, dout, nq * 4);
         if (variant == 1) {

@@ -1,9 +1,15 @@
 /* CUDA matmul (GEMV path and cuBLAS path) against a double-precision reference on random data, odd shapes.
  *
- * Tolerances (relative error of the whole y tensor):
- *   GEMV, any weight type: 1e-5 (each w*x product is exact in f32, only the f32 sums round);
- *   cuBLAS f16: 1e-3 (x is rounded to f16 once: 2^-11 relative per element, averaged over k);
- *   cuBLAS bf16: 8e-3 (x rounded to bf16: 2^-8 per element);  cuBLAS f32: 1e-5.
+ * Tolerances (relative error of the whole y tensor against the exact reference):
+ *   GEMV m = 1 (any weight type), GEMV f32 weights, GEMV scalar path (k % 8 != 0): 1e-5 (each w*x product is
+ *     exact in f32, only the f32 sums round);
+ *   GEMV m >= 2 with f16/bf16 weights (tensor cores, x rounded to the weight type) and cuBLAS: f16 1e-3 (x is
+ *     rounded to f16 once: 2^-11 relative per element, averaged over k), bf16 8e-3 (2^-8 per element);
+ *     cuBLAS f32: 1e-5.
+ * The paths that round x are also compared with a reference computed from x rounded (round-to-nearest-even)
+ * to the weight type: 5e-5 there (f16/bf16 products are exact in f32; what is left is the tensor cores' f32
+ * accumulation, ~1e-6..1e-5 at these k), which is far below the rounding error itself (f16 ~3e-4), so it checks
+ * that x is rounded exactly once and to the right type.
  * Q8_0 weights are compared with their dequantized values (f16 scale x int8), GEMV tolerance.
  * The local reference is checked against the CPU oracle kern_cpu_matmul_ref (no GPU needed, runs in CI).
  */
@@ -66,6 +72,24 @@ static void ref_matmul(double *y, const float *x, const float *w, const float *b
 
 enum path { PATH_GEMV, PATH_CUBLAS, PATH_AUTO };
 
+/* x rounded to the weight type, as the tensor-core paths do. */
+static float *round_x(const float *x, size_t n, enum dtype t)
+{
+    float *r = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        r[i] = t == DTYPE_F16 ? f16_to_f32(f32_to_f16(x[i])) : t == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
+    return r;
+}
+
+/* Whether this call rounds x to the weight type (tensor cores): cuBLAS f16/bf16, GEMV m >= 2 f16/bf16 on the
+ * vector path (k % 8 == 0; the test buffers are 16-byte aligned). */
+static int rounds_x(enum path path, enum dtype t, int m, int k)
+{
+    if (t != DTYPE_F16 && t != DTYPE_BF16) return 0;
+    if (path == PATH_CUBLAS || (path == PATH_AUTO && m > 16)) return 1;
+    return m >= 2 && k % 8 == 0;
+}
+
 static void check(struct kern_cuda_ctx *ctx, enum path path, enum dtype t, int m, int n, int k, int with_bias,
                   double tol)
 {
@@ -88,6 +112,14 @@ static void check(struct kern_cuda_ctx *ctx, enum path path, enum dtype t, int m
     double e = rel_err(y, ref, (size_t)m * n);
     cr_assert(e <= tol, "path %d %s m=%d n=%d k=%d bias=%d: rel err %g > %g", path, dtype_name(t), m, n, k,
               with_bias, e, tol);
+    if (rounds_x(path, t, m, k)) {
+        float *xr = round_x(x, (size_t)m * k, t);
+        ref_matmul(ref, xr, w.vals, bias, m, n, k);
+        const double er = rel_err(y, ref, (size_t)m * n);
+        cr_assert(er <= 5e-5, "path %d %s m=%d n=%d k=%d: rel err vs rounded-x reference %g > 5e-5", path,
+                  dtype_name(t), m, n, k, er);
+        free(xr);
+    }
     cr_assert(memcmp(y, y2, (size_t)m * n * 4) == 0, "path %d %s m=%d: two runs differ", path, dtype_name(t),
               m);
     cudaFree(dw);
@@ -109,13 +141,28 @@ Test(cuda_matmul, gemv_vector_path)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(11);
-    const int ms[] = {1, 2, 3, 5, 8, 13, 16};
+    const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16};
     for (int ti = 0; ti < 3; ti++)
-        for (int mi = 0; mi < 7; mi++) {
-            check(NULL, PATH_GEMV, types[ti], ms[mi], 257, 1032, mi % 2, 1e-5);
+        for (int mi = 0; mi < 8; mi++) {
+            const double tol = ms[mi] == 1 || types[ti] == DTYPE_F32 ? 1e-5 : types[ti] == DTYPE_F16 ? 1e-3 : 8e-3;
+            check(NULL, PATH_GEMV, types[ti], ms[mi], 257, 1032, mi % 2, tol); /* k = 16*64 + 8: ragged step */
         }
-    check(NULL, PATH_GEMV, DTYPE_F16, 4, 3, 4096, 1, 1e-5);
+    check(NULL, PATH_GEMV, DTYPE_F16, 4, 3, 4096, 1, 1e-3);
     check(NULL, PATH_GEMV, DTYPE_F16, 1, 1001, 8, 0, 1e-5);
+    check(NULL, PATH_GEMV, DTYPE_BF16, 16, 5, 8, 1, 8e-3);
+}
+
+/* The tensor-core kernel splits k over 8, 4, 2 or 1 warps by n (thresholds for 132 SMs: n <= 8448, 16896,
+ * 33792): one shape per split count, ragged k and m, rows not a multiple of the 32-row warp tile. */
+Test(cuda_matmul, gemv_tensor_core_splits)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(16);
+    check(NULL, PATH_GEMV, DTYPE_F16, 16, 300, 4096, 1, 1e-3);
+    check(NULL, PATH_GEMV, DTYPE_F16, 6, 9000, 264, 0, 1e-3);
+    check(NULL, PATH_GEMV, DTYPE_BF16, 9, 17001, 128, 1, 8e-3);
+    check(NULL, PATH_GEMV, DTYPE_F16, 3, 34000, 72, 0, 1e-3);
+    check(NULL, PATH_GEMV, DTYPE_BF16, 2, 40, 11008, 1, 8e-3);
 }
 
 Test(cuda_matmul, gemv_scalar_path_and_large_m)
@@ -125,7 +172,8 @@ Test(cuda_matmul, gemv_scalar_path_and_large_m)
     for (int ti = 0; ti < 3; ti++) {
         check(NULL, PATH_GEMV, types[ti], 3, 33, 70, 1, 1e-5); /* k % 8 != 0: scalar path */
         check(NULL, PATH_GEMV, types[ti], 16, 65, 13, 0, 1e-5);
-        check(NULL, PATH_GEMV, types[ti], 21, 40, 96, 1, 1e-5); /* m > 16: tiles of 16 */
+        /* m > 16: tiles of 16 (tensor cores for f16/bf16: x rounded) */
+        check(NULL, PATH_GEMV, types[ti], 21, 40, 96, 1, types[ti] == DTYPE_F32 ? 1e-5 : 8e-3);
     }
 }
 
@@ -158,7 +206,8 @@ Test(cuda_matmul, cublas_path)
         check(ctx, PATH_CUBLAS, types[ti], 64, 77, 1000, 0, tol[ti]);
         check(ctx, PATH_AUTO, types[ti], 33, 250, 264, 1, tol[ti]);
     }
-    check(ctx, PATH_AUTO, DTYPE_F16, 7, 250, 264, 1, 1e-5); /* auto picks GEMV for m <= 16 */
+    check(ctx, PATH_AUTO, DTYPE_F16, 7, 250, 264, 1, 1e-3);
+    check(ctx, PATH_AUTO, DTYPE_F16, 1, 250, 264, 1, 1e-5); /* auto keeps m = 1 on the exact GEMV path */
     cr_assert(kern_cuda_ctx_bytes(ctx) >= 80000);
     kern_cuda_ctx_free(ctx);
 }
