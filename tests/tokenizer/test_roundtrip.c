@@ -4,7 +4,8 @@
  *  - streaming: the concatenation of detok_push pieces + detok_flush equals tokenizer_decode, on random id
  *    sequences (byte tokens splitting multi-byte sequences included); when the whole text is valid UTF-8,
  *    every streamed piece is valid UTF-8 by itself (no half sequences);
- *  - speed: a 100 KB prompt encodes in well under a second (the merge loops are O(n log n)). */
+ *  - speed: a 100 KB prompt encodes in well under a second of CPU (the merge loops are O(n log n); a
+ *    quadratic loop would take minutes on the one-long-word and repeated-letter inputs). */
 #include <time.h>
 
 #include "toktest.h"
@@ -229,7 +230,8 @@ Test(stream, deepseek_llm) { stream_vocab("deepseek-llm"); }
 static double now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    /* CPU time of this process: the check is about the algorithm, not about how busy the machine is. */
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -259,7 +261,7 @@ static void speed(const char *name)
         double dt = now_s() - t0;
         cr_assert(m > 0);
         cr_log_info("%s: %zu bytes of %s -> %d tokens in %.3f s", name, n, kinds[kind], m, dt);
-        cr_expect(dt < 0.5, "%s: encoding %zu bytes of %s took %.3f s", name, n, kinds[kind], dt);
+        cr_expect(dt < 0.75, "%s: encoding %zu bytes of %s took %.3f s of CPU", name, n, kinds[kind], dt);
     }
     free(ids);
     free(text);
