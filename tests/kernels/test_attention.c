@@ -75,6 +75,12 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: two runs differ", what);
     kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, NULL);
     cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: 1 vs 2 threads differ", what);
+    /* A single decode token (too few KV heads to keep the pool busy: tasks are split per query head). */
+    for (int i = 0; i < m; i += 7) {
+        kern_cpu_attention(out2, q + (size_t)i * n_heads * head_dim, &kv, seq + i, pos + i, 1, n_heads, scale, tp);
+        cr_assert(memcmp(out2, out + (size_t)i * n_heads * head_dim, sizeof(float) * n_heads * head_dim) == 0,
+                  "%s: token %d alone differs from the batch", what, i);
+    }
     /* Position 0 attends to itself only: the output is its own v row. */
     for (int i = 0; i < m; i++)
         if (pos[i] == 0)
@@ -97,3 +103,29 @@ Test(attention, gqa_ratio_1) { kt_seed(21); run_case(2, 2, 64); }
 Test(attention, gqa_ratio_2) { kt_seed(22); run_case(4, 2, 40); }
 Test(attention, gqa_ratio_4) { kt_seed(23); run_case(8, 2, 128); }
 Test(attention, gqa_single_kv_head_odd_dim) { kt_seed(24); run_case(3, 1, 17); }
+
+Test(attention, long_sequence_prefetch_path)
+{
+    /* 4100 positions x 8 KV heads x 64 dims: K+V is 16 MiB, above the size where rows are prefetched. */
+    kt_seed(25);
+    const int len = 4100, bs = 32, nkv = 8, hd = 64, nh = 16, max_blocks = (len + bs - 1) / bs;
+    const size_t row = (size_t)nkv * hd, cells = (size_t)max_blocks * bs * row;
+    float *kc = malloc(sizeof(float) * cells), *vc = malloc(sizeof(float) * cells);
+    kt_fill(kc, cells, -1.0f, 1.0f);
+    kt_fill(vc, cells, -1.0f, 1.0f);
+    int32_t *table = malloc(sizeof(int32_t) * max_blocks);
+    for (int i = 0; i < max_blocks; i++) table[i] = max_blocks - 1 - i; /* reversed */
+    struct kv_layer_view kv = {kc, vc, max_blocks, bs, table, max_blocks, nkv, hd};
+    const int32_t seq[3] = {0, 0, 0}, pos[3] = {4099, 2000, 33};
+    float q[3 * 16 * 64], out[3 * 16 * 64], ref[3 * 16 * 64];
+    kt_fill(q, sizeof q / sizeof q[0], -1.0f, 1.0f);
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
+    kern_cpu_attention(out, q, &kv, seq, pos, 3, nh, 0.125f, tp);
+    kern_cpu_attention_ref(ref, q, &kv, seq, pos, 3, nh, 0.125f);
+    kt_check_close("attention long sequence", out, ref, sizeof q / sizeof q[0], 1e-5, 1e-5);
+    tpool_free(tp);
+    free(kc);
+    free(vc);
+    free(table);
+}
