@@ -7,7 +7,8 @@ Quantized blocks (gguf-py is the independent reference for ggml's layouts):
   <T>.deq      gguf.quants.dequantize of those blocks, 3072 f32
   for F16 and BF16: 4096 random 16-bit patterns (no NaN) and their f32 values.
 Quantizers (gguf.quants.quantize, bit-exact ports of ggml's quantize_row_*_ref):
-  quant_in.f32   3072 f32 inputs (random blocks, plus an all-zero, a constant and a one-hot block)
+  quant_in.f32   3072 f32 inputs (random blocks, plus an all-zero, a constant, a one-hot block and blocks of
+                 exact rounding ties for each quantizer)
   <T>.quant      gguf-py's quantization of quant_in for Q8_0, Q4_0, Q4_1
   fp16_in.f32    4096 f32 over the whole f16 range (subnormals, overflow, exact ties)
   fp16_out.u16   numpy's float16 conversion (round to nearest even); bf16_out.u16 gguf-py's BF16 quantize
@@ -81,6 +82,10 @@ def quant_fixtures():
     x[32:64] = 0.75          # Q4_1: max == min
     x[64:96] = 0.0
     x[70] = -2.5             # one-hot, negative extreme
+    # Exact ties of each quantizer's rounding (ggml and gguf-py both round them away from zero / up):
+    x[96:128] = np.array([127.0] + [k + 0.5 for k in range(-15, 16)], np.float32)       # Q8_0: d = 1
+    x[128:160] = np.array([-8.0] + [k - 0.5 for k in range(-7, 8)] * 2 + [0.5], np.float32)  # Q4_0: d = 1
+    x[160:192] = np.array([0.0, 15.0] + [k + 0.5 for k in range(0, 15)] * 2, np.float32)  # Q4_1: d = 1, m = 0
     write("quant_in.f32", x)
     for qt, name in [(QT.Q8_0, "Q8_0"), (QT.Q4_0, "Q4_0"), (QT.Q4_1, "Q4_1")]:
         write(name + ".quant", gguf.quants.quantize(x.reshape(1, -1), qt).reshape(-1))
