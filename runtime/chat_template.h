@@ -36,10 +36,10 @@ struct chat_msg {
 
 /* Bounds of one render; exceeding any is FERRY_ERR_RANGE, never a crash or unbounded memory. */
 struct chat_template_params {
-    size_t max_output;    /* bytes of rendered text (default 4 MiB) */
-    size_t max_memory;    /* bytes of working memory (default 64 MiB + 16x the message bytes) */
-    long long max_steps;  /* evaluation steps: statements + expression nodes (default 1M) */
-    int max_depth;        /* nesting of evaluation, macro calls included (default 400) */
+    size_t max_output;   /* bytes of rendered text (default 4 MiB) */
+    size_t max_memory;   /* bytes of working memory (default 64 MiB + 16x the message bytes) */
+    long long max_steps; /* evaluation steps: statements + expression nodes (default 1M) */
+    int max_depth;       /* nesting of evaluation, macro calls included (default 400) */
 };
 struct chat_template_params chat_template_default_params(void);
 
@@ -54,9 +54,10 @@ int chat_template_render(const char *tmpl, const struct chat_msg *msgs, int n_ms
                          char err[256]);
 
 /* The same with explicit bounds (params NULL: defaults). */
-int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
-                            const char *bos_token, const char *eos_token, const struct chat_template_params *params,
-                            char **out, size_t *out_len, char err[256]);
+int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
+                            int add_generation_prompt, const char *bos_token, const char *eos_token,
+                            const struct chat_template_params *params, char **out, size_t *out_len,
+                            char err[256]);
 
 /* The source of a built-in template by name, or NULL. */
 const char *chat_template_builtin(const char *name);

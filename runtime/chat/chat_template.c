@@ -23,50 +23,70 @@ struct builtin {
 
 static const struct builtin builtins[] = {
     /* ChatML as in teknium/OpenHermes-2.5-Mistral-7B */
-    {"chatml", "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-               "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"},
+    {"chatml",
+     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif "
+     "%}"},
     /* meta-llama/Llama-2-7b-chat-hf */
     {"llama2",
      "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
-     "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif "
+     "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false "
+     "%}{% endif "
      "%}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
-     "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+     "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
+     "if "
      "loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
-     "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
-     "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] "
+     "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif "
+     "%}{% if "
+     "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif "
+     "message['role'] "
      "== 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"},
     /* meta-llama/Meta-Llama-3-8B-Instruct */
-    {"llama3",
-     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
-     "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
-     "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
-     "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"},
+    {"llama3", "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+               "'<|start_header_id|>' + "
+               "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if "
+               "loop.index0 == 0 "
+               "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if "
+               "add_generation_prompt %}{{ "
+               "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"},
     /* mistralai/Mistral-7B-Instruct-v0.2 */
-    {"mistral",
-     "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
-     "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
-     "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
-     "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles "
-     "are supported!') }}{% endif %}{% endfor %}"},
+    {"mistral", "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+                "(loop.index0 % 2 == 0) %}{{ "
+                "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% "
+                "endif %}{% if "
+                "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif "
+                "message['role'] == "
+                "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user "
+                "and assistant roles "
+                "are supported!') }}{% endif %}{% endfor %}"},
     /* google/gemma-7b-it */
     {"gemma",
-     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% "
+     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') "
+     "}}{% "
      "endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
-     "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
-     "(message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif "
-     "%}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if "
+     "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
+     "if "
+     "(message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] "
+     "%}{% endif "
+     "%}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor "
+     "%}{% if "
      "add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}"},
     /* microsoft/Phi-3-mini-4k-instruct */
-    {"phi3",
-     "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
-     "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif "
-     "message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor "
-     "%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"},
+    {"phi3", "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
+             "message['content'] + "
+             "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+             "'<|end|>\n'}}{% elif "
+             "message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% "
+             "endif %}{% endfor "
+             "%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"},
     /* HuggingFaceH4/zephyr-7b-beta */
     {"zephyr",
-     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
-     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% "
-     "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif "
+     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
+     "message['content'] + "
+     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + "
+     "eos_token }}\n{% "
+     "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% "
+     "endif "
      "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
 };
 
@@ -83,7 +103,8 @@ const char *chat_template_builtin(const char *name)
 const char *const *chat_template_builtin_names(void)
 {
     /* a constant table (no lazy init, so no race); chat_template_builtin() is the source of truth */
-    static const char *const names[] = {"chatml", "llama2", "llama3", "mistral", "gemma", "phi3", "zephyr", NULL};
+    static const char *const names[] = {"chatml", "llama2", "llama3", "mistral",
+                                        "gemma",  "phi3",   "zephyr", NULL};
     _Static_assert(sizeof names / sizeof *names == N_BUILTINS + 1, "names and builtins differ");
     return names;
 }
@@ -120,9 +141,10 @@ static struct jv cstr_value(struct jctx *c, const char *s)
     return jv_str(jstrdup(c, s, n), n);
 }
 
-int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
-                            const char *bos_token, const char *eos_token, const struct chat_template_params *params,
-                            char **out, size_t *out_len, char err[256])
+int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
+                            int add_generation_prompt, const char *bos_token, const char *eos_token,
+                            const struct chat_template_params *params, char **out, size_t *out_len,
+                            char err[256])
 {
     if (err) err[0] = 0;
     if (out) *out = NULL;
@@ -134,7 +156,8 @@ int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n
     struct chat_template_params p = params ? *params : chat_template_default_params();
     size_t msg_bytes = 0;
     for (int i = 0; i < n_msgs; i++)
-        msg_bytes += (msgs[i].role ? strlen(msgs[i].role) : 0) + (msgs[i].content ? strlen(msgs[i].content) : 0);
+        msg_bytes +=
+            (msgs[i].role ? strlen(msgs[i].role) : 0) + (msgs[i].content ? strlen(msgs[i].content) : 0);
     if (p.max_memory == 0) p.max_memory = ((size_t)64 << 20) + 16 * msg_bytes + 4 * strlen(tmpl);
 
     struct jctx *c = calloc(1, sizeof *c);
@@ -195,7 +218,8 @@ int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n
 }
 
 int chat_template_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
-                         const char *bos_token, const char *eos_token, char **out, size_t *out_len, char err[256])
+                         const char *bos_token, const char *eos_token, char **out, size_t *out_len,
+                         char err[256])
 {
     return chat_template_render_ex(tmpl, msgs, n_msgs, add_generation_prompt, bos_token, eos_token, NULL, out,
                                    out_len, err);

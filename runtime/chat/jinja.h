@@ -25,7 +25,20 @@ struct jarena {
 
 /* ---- values --------------------------------------------------------------------------------------- */
 
-enum jv_type { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS, JV_FUNC, JV_MACRO, JV_LOOP };
+enum jv_type {
+    JV_UNDEF,
+    JV_NONE,
+    JV_BOOL,
+    JV_INT,
+    JV_FLOAT,
+    JV_STR,
+    JV_LIST,
+    JV_DICT,
+    JV_NS,
+    JV_FUNC,
+    JV_MACRO,
+    JV_LOOP
+};
 
 enum jfunc { JF_RANGE, JF_NAMESPACE, JF_RAISE, JF_STRFTIME, JF_DICT };
 
@@ -43,10 +56,10 @@ struct jv {
             const char *p; /* JV_STR: bytes (UTF-8, not NUL-terminated); JV_UNDEF: the missing name or NULL */
             size_t n;
         } s;
-        struct jlist *l;        /* JV_LIST */
-        struct jdict *d;        /* JV_DICT, JV_NS (mutable attributes) */
-        struct jloop *loop;     /* JV_LOOP */
-        const struct jnode *m;  /* JV_MACRO */
+        struct jlist *l;       /* JV_LIST */
+        struct jdict *d;       /* JV_DICT, JV_NS (mutable attributes) */
+        struct jloop *loop;    /* JV_LOOP */
+        const struct jnode *m; /* JV_MACRO */
     };
 };
 
@@ -70,7 +83,16 @@ struct jloop {
 /* ---- tokens and AST ------------------------------------------------------------------------------- */
 
 enum jtok_type {
-    JT_TEXT, JT_VAR_BEGIN, JT_VAR_END, JT_BLOCK_BEGIN, JT_BLOCK_END, JT_NAME, JT_INT, JT_FLOAT, JT_STRING, JT_OP,
+    JT_TEXT,
+    JT_VAR_BEGIN,
+    JT_VAR_END,
+    JT_BLOCK_BEGIN,
+    JT_BLOCK_END,
+    JT_NAME,
+    JT_INT,
+    JT_FLOAT,
+    JT_STRING,
+    JT_OP,
     JT_EOF
 };
 
@@ -85,26 +107,67 @@ struct jtok {
 
 enum jn_kind {
     /* statements */
-    JN_BODY, JN_TEXT, JN_OUTPUT, JN_IF, JN_FOR, JN_SET, JN_MACRO, JN_BREAK, JN_CONTINUE,
+    JN_BODY,
+    JN_TEXT,
+    JN_OUTPUT,
+    JN_IF,
+    JN_FOR,
+    JN_SET,
+    JN_MACRO,
+    JN_BREAK,
+    JN_CONTINUE,
     /* expressions */
-    JN_CONST, JN_NAME, JN_ATTR, JN_INDEX, JN_SLICE, JN_CALL, JN_FILTER, JN_TEST, JN_NEG, JN_POS, JN_NOT, JN_AND,
-    JN_OR, JN_BIN, JN_CMP, JN_COND, JN_LIST, JN_TUPLE, JN_DICT
+    JN_CONST,
+    JN_NAME,
+    JN_ATTR,
+    JN_INDEX,
+    JN_SLICE,
+    JN_CALL,
+    JN_FILTER,
+    JN_TEST,
+    JN_NEG,
+    JN_POS,
+    JN_NOT,
+    JN_AND,
+    JN_OR,
+    JN_BIN,
+    JN_CMP,
+    JN_COND,
+    JN_LIST,
+    JN_TUPLE,
+    JN_DICT
 };
 
-enum jop { JOP_ADD, JOP_SUB, JOP_MUL, JOP_DIV, JOP_FDIV, JOP_MOD, JOP_POW, JOP_CAT,
-           JOP_EQ, JOP_NE, JOP_LT, JOP_LE, JOP_GT, JOP_GE, JOP_IN, JOP_NOTIN };
+enum jop {
+    JOP_ADD,
+    JOP_SUB,
+    JOP_MUL,
+    JOP_DIV,
+    JOP_FDIV,
+    JOP_MOD,
+    JOP_POW,
+    JOP_CAT,
+    JOP_EQ,
+    JOP_NE,
+    JOP_LT,
+    JOP_LE,
+    JOP_GT,
+    JOP_GE,
+    JOP_IN,
+    JOP_NOTIN
+};
 
 struct jnode {
     int kind; /* enum jn_kind */
     int op;   /* JN_BIN/JN_CMP: enum jop; JN_TEST: negated; JN_SET: 1 = namespace attribute target */
     size_t off;
-    struct jv val;             /* JN_CONST value; name of JN_NAME/JN_ATTR/JN_FILTER/JN_TEST/JN_MACRO/set attr */
+    struct jv val; /* JN_CONST value; name of JN_NAME/JN_ATTR/JN_FILTER/JN_TEST/JN_MACRO/set attr */
     struct jnode *a, *b, *c, *d;
-    struct jnode **kids;       /* body statements, call args, list items, dict key/value pairs, slice parts */
+    struct jnode **kids; /* body statements, call args, list items, dict key/value pairs, slice parts */
     int nkids;
-    struct jv *names;          /* JN_FOR/JN_SET targets, JN_MACRO parameters */
+    struct jv *names; /* JN_FOR/JN_SET targets, JN_MACRO parameters */
     int nnames;
-    struct jv *kwnames;        /* call keyword arguments */
+    struct jv *kwnames; /* call keyword arguments */
     struct jnode **kwvals;
     int nkw;
 };
@@ -177,13 +240,14 @@ void jv_write_str(struct jctx *c, struct jbuf *b, struct jv v);  /* str(v); unde
 void jv_write_repr(struct jctx *c, struct jbuf *b, struct jv v); /* repr(v) */
 /* json.dumps options as HF's tojson filter passes them. */
 struct jjson_opts {
-    int indent;          /* -1: none (one line), else newline + indent_str per level */
+    int indent;           /* -1: none (one line), else newline + indent_str per level */
     struct jv indent_str; /* the per-level indent (a string) when indent >= 0 */
-    int ascii;           /* ensure_ascii: non-ASCII as \uXXXX */
+    int ascii;            /* ensure_ascii: non-ASCII as \uXXXX */
     struct jv item_sep, key_sep;
     int sort_keys;
 };
-void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjson_opts *o, int level, size_t off);
+void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjson_opts *o, int level,
+                   size_t off);
 struct jv jv_to_str(struct jctx *c, struct jv v);
 struct jv jbuf_take(struct jbuf *b);
 

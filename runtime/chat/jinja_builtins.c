@@ -91,9 +91,18 @@ static struct jv str_strip(struct jv s, struct jv chars, int left, int right)
     return jv_str(s.s.p + a, b - a);
 }
 
-static char up(char ch) { return ch >= 'a' && ch <= 'z' ? (char)(ch - 32) : ch; }
-static char low(char ch) { return ch >= 'A' && ch <= 'Z' ? (char)(ch + 32) : ch; }
-static int alpha(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'); }
+static char up(char ch)
+{
+    return ch >= 'a' && ch <= 'z' ? (char)(ch - 32) : ch;
+}
+static char low(char ch)
+{
+    return ch >= 'A' && ch <= 'Z' ? (char)(ch + 32) : ch;
+}
+static int alpha(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z');
+}
 
 enum casing { CASE_UPPER, CASE_LOWER, CASE_CAPITALIZE, CASE_PYTITLE, CASE_JTITLE };
 
@@ -104,16 +113,22 @@ static struct jv str_case(struct jctx *c, struct jv s, int mode)
     for (size_t i = 0; i < s.s.n; i++) {
         char ch = s.s.p[i];
         switch (mode) {
-        case CASE_UPPER: p[i] = up(ch); break;
-        case CASE_LOWER: p[i] = low(ch); break;
-        case CASE_CAPITALIZE: p[i] = i == 0 ? up(ch) : low(ch); break;
+        case CASE_UPPER:
+            p[i] = up(ch);
+            break;
+        case CASE_LOWER:
+            p[i] = low(ch);
+            break;
+        case CASE_CAPITALIZE:
+            p[i] = i == 0 ? up(ch) : low(ch);
+            break;
         case CASE_PYTITLE: /* str.title(): a cased letter after an uncased character starts a word */
             p[i] = prev_cased ? low(ch) : up(ch);
             prev_cased = alpha(ch);
             break;
         default: { /* Jinja's title filter: words start after -, whitespace, ( { [ < */
-            int sep = ch == '-' || ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v' ||
-                      ch == '(' || ch == '{' || ch == '[' || ch == '<';
+            int sep = ch == '-' || ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' ||
+                      ch == '\v' || ch == '(' || ch == '{' || ch == '[' || ch == '<';
             p[i] = sep ? ch : word_start ? up(ch) : low(ch);
             word_start = sep;
         }
@@ -161,7 +176,8 @@ static struct jv str_split(struct jctx *c, struct jv s, struct jv sep, int64_t m
     if (sep.type == JV_STR) {
         if (sep.s.n == 0) jfail(c, FERRY_ERR_INVALID, off, "empty separator");
         for (;;) {
-            const char *hit = (maxsplit < 0 || splits < maxsplit) ? memmem(s.s.p + i, n - i, sep.s.p, sep.s.n) : NULL;
+            const char *hit =
+                (maxsplit < 0 || splits < maxsplit) ? memmem(s.s.p + i, n - i, sep.s.p, sep.s.n) : NULL;
             if (!hit) {
                 jlist_push(c, out.l, jv_str(s.s.p + i, n - i));
                 return out;
@@ -235,7 +251,8 @@ static struct jv items_of(struct jctx *c, struct jv d, size_t off)
 
 /* ---- methods -------------------------------------------------------------------------------------- */
 
-int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, const struct jargs *A, struct jv *out)
+int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, const struct jargs *A,
+                 struct jv *out)
 {
     size_t off = A->off;
     struct jv a0 = arg_or(A, 0, NULL, jv_none()), a1 = arg_or(A, 1, NULL, jv_none());
@@ -243,20 +260,28 @@ int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, cons
         if (NAME_IS("strip") || NAME_IS("lstrip") || NAME_IS("rstrip")) {
             if (a0.type != JV_NONE) want_str(c, a0, "strip", off);
             *out = str_strip(obj, a0, name[0] != 'r', name[0] != 'l');
-        } else if (NAME_IS("upper")) *out = str_case(c, obj, CASE_UPPER);
-        else if (NAME_IS("lower")) *out = str_case(c, obj, CASE_LOWER);
-        else if (NAME_IS("capitalize")) *out = str_case(c, obj, CASE_CAPITALIZE);
-        else if (NAME_IS("title")) *out = str_case(c, obj, CASE_PYTITLE);
-        else if (NAME_IS("startswith")) *out = jv_bool(str_affix(c, obj, a0, 0, off));
-        else if (NAME_IS("endswith")) *out = jv_bool(str_affix(c, obj, a0, 1, off));
+        } else if (NAME_IS("upper"))
+            *out = str_case(c, obj, CASE_UPPER);
+        else if (NAME_IS("lower"))
+            *out = str_case(c, obj, CASE_LOWER);
+        else if (NAME_IS("capitalize"))
+            *out = str_case(c, obj, CASE_CAPITALIZE);
+        else if (NAME_IS("title"))
+            *out = str_case(c, obj, CASE_PYTITLE);
+        else if (NAME_IS("startswith"))
+            *out = jv_bool(str_affix(c, obj, a0, 0, off));
+        else if (NAME_IS("endswith"))
+            *out = jv_bool(str_affix(c, obj, a0, 1, off));
         else if (NAME_IS("split")) {
             struct jv sep = arg_or(A, 0, "sep", jv_none());
             if (sep.type != JV_NONE) want_str(c, sep, "split", off);
-            *out = str_split(c, obj, sep, want_int(c, arg_or(A, 1, "maxsplit", jv_int(-1)), "split", off), off);
+            *out =
+                str_split(c, obj, sep, want_int(c, arg_or(A, 1, "maxsplit", jv_int(-1)), "split", off), off);
         } else if (NAME_IS("replace")) {
             want_str(c, a0, "replace", off);
             want_str(c, a1, "replace", off);
-            *out = str_replace(c, obj, a0, a1, want_int(c, arg_or(A, 2, "count", jv_int(-1)), "replace", off));
+            *out =
+                str_replace(c, obj, a0, a1, want_int(c, arg_or(A, 2, "count", jv_int(-1)), "replace", off));
         } else if (NAME_IS("join")) {
             *out = join(c, jv_iter_list(c, a0, off), obj, jv_none(), off);
         } else if (NAME_IS("find") || NAME_IS("count")) {
@@ -281,8 +306,10 @@ int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, cons
         if (NAME_IS("get")) {
             struct jv *v = jdict_get(obj.d, a0);
             *out = v ? *v : a1;
-        } else if (NAME_IS("items")) *out = items_of(c, obj, off);
-        else if (NAME_IS("keys")) *out = (struct jv){.type = JV_LIST, .l = jv_iter_list(c, obj, off)};
+        } else if (NAME_IS("items"))
+            *out = items_of(c, obj, off);
+        else if (NAME_IS("keys"))
+            *out = (struct jv){.type = JV_LIST, .l = jv_iter_list(c, obj, off)};
         else if (NAME_IS("values")) {
             *out = jv_list(c, obj.d->n);
             for (size_t i = 0; i < obj.d->n; i++) jlist_push(c, out->l, obj.d->v[i]);
@@ -317,7 +344,8 @@ struct jv jcall_global(struct jctx *c, int fn, const struct jargs *A)
         }
         if (step == 0) jfail(c, FERRY_ERR_INVALID, off, "range() arg 3 must not be zero");
         double count = ceil(((double)stop - (double)start) / (double)step);
-        if (count > 100000) jfail(c, FERRY_ERR_RANGE, off, "range too big (%.0f items, the limit is 100000)", count);
+        if (count > 100000)
+            jfail(c, FERRY_ERR_RANGE, off, "range too big (%.0f items, the limit is 100000)", count);
         struct jv out = jv_list(c, count > 0 ? (size_t)count : 0);
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) jlist_push(c, out.l, jv_int(i));
         return out;
@@ -328,7 +356,8 @@ struct jv jcall_global(struct jctx *c, int fn, const struct jargs *A)
         if (A->npos > 1) jfail(c, FERRY_ERR_INVALID, off, "expected at most 1 positional argument");
         if (A->npos == 1) {
             if (A->pos[0].type != JV_DICT) jfail(c, FERRY_ERR_INVALID, off, "expected a mapping argument");
-            for (size_t i = 0; i < A->pos[0].d->n; i++) jdict_set(c, d.d, A->pos[0].d->k[i], A->pos[0].d->v[i]);
+            for (size_t i = 0; i < A->pos[0].d->n; i++)
+                jdict_set(c, d.d, A->pos[0].d->k[i], A->pos[0].d->v[i]);
         }
         for (int k = 0; k < A->nkw; k++) jdict_set(c, d.d, A->kwn[k], A->kwv[k]);
         if (fn == JF_NAMESPACE) d.type = JV_NS;
@@ -369,9 +398,11 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
     if (NAME_IS("true")) return v.type == JV_BOOL && v.i;
     if (NAME_IS("false")) return v.type == JV_BOOL && !v.i;
     if (NAME_IS("sequence")) /* Jinja: has len() and [] -- Undefined does */
-        return v.type == JV_STR || (v.type == JV_LIST && !v.l->gen) || v.type == JV_DICT || v.type == JV_UNDEF;
+        return v.type == JV_STR || (v.type == JV_LIST && !v.l->gen) || v.type == JV_DICT ||
+               v.type == JV_UNDEF;
     if (NAME_IS("mapping")) return v.type == JV_DICT;
-    if (NAME_IS("iterable")) return v.type == JV_STR || v.type == JV_LIST || v.type == JV_DICT || v.type == JV_UNDEF;
+    if (NAME_IS("iterable"))
+        return v.type == JV_STR || v.type == JV_LIST || v.type == JV_DICT || v.type == JV_UNDEF;
     if (NAME_IS("callable")) return v.type == JV_FUNC || v.type == JV_MACRO;
     if (NAME_IS("equalto") || NAME_IS("eq") || NAME_IS("==") || NAME_IS("sameas")) return jv_equal(v, a0);
     if (NAME_IS("ne") || NAME_IS("!=")) return !jv_equal(v, a0);
@@ -396,7 +427,8 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
     if (NAME_IS("lower") || NAME_IS("upper")) {
         if (v.type != JV_STR) return 0;
         for (size_t i = 0; i < v.s.n; i++)
-            if (NAME_IS("lower") ? (v.s.p[i] >= 'A' && v.s.p[i] <= 'Z') : (v.s.p[i] >= 'a' && v.s.p[i] <= 'z'))
+            if (NAME_IS("lower") ? (v.s.p[i] >= 'A' && v.s.p[i] <= 'Z')
+                                 : (v.s.p[i] >= 'a' && v.s.p[i] <= 'z'))
                 return 0;
         return 1;
     }
@@ -406,7 +438,8 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
 /* ---- filters -------------------------------------------------------------------------------------- */
 
 /* select/reject/selectattr/rejectattr: args after `skip` are (test name, test args...). */
-static struct jv select_items(struct jctx *c, struct jv seq, const struct jargs *A, int skip, struct jv attr, int keep)
+static struct jv select_items(struct jctx *c, struct jv seq, const struct jargs *A, int skip, struct jv attr,
+                              int keep)
 {
     struct jlist *l = jv_iter_list(c, seq, A->off);
     struct jv out = jv_list(c, 0);
@@ -463,7 +496,8 @@ static struct jv do_indent(struct jctx *c, struct jv s, const struct jargs *A)
         memset(p, ' ', (size_t)k);
         pad = jv_str(p, (size_t)k);
     }
-    int first = jv_truthy(arg_or(A, 1, "first", jv_bool(0))), blank = jv_truthy(arg_or(A, 2, "blank", jv_bool(0)));
+    int first = jv_truthy(arg_or(A, 1, "first", jv_bool(0))),
+        blank = jv_truthy(arg_or(A, 2, "blank", jv_bool(0)));
     struct jbuf b = {0};
     size_t i = 0;
     int line = 0;
@@ -491,8 +525,8 @@ static struct jv sort_key(struct jctx *c, struct jv item, struct jv attr, int ca
 }
 
 /* Stable merge sort of (key, item) pairs by key; O(n log n) so large lists stay cheap. */
-static void merge_sort(struct jctx *c, struct jv *keys, struct jv *items, struct jv *tk, struct jv *ti, size_t n,
-                       int reverse, size_t off)
+static void merge_sort(struct jctx *c, struct jv *keys, struct jv *items, struct jv *tk, struct jv *ti,
+                       size_t n, int reverse, size_t off)
 {
     if (n < 2) return;
     size_t h = n / 2;
@@ -515,7 +549,8 @@ static void merge_sort(struct jctx *c, struct jv *keys, struct jv *items, struct
     memcpy(items, ti, n * sizeof *items);
 }
 
-static struct jv do_sort(struct jctx *c, struct jv v, const struct jargs *A, int reverse_pos, int cs_pos, int attr_pos)
+static struct jv do_sort(struct jctx *c, struct jv v, const struct jargs *A, int reverse_pos, int cs_pos,
+                         int attr_pos)
 {
     struct jlist *l = jv_iter_list(c, v, A->off);
     int reverse = reverse_pos >= 0 && jv_truthy(arg_or(A, reverse_pos, "reverse", jv_bool(0)));
@@ -547,14 +582,19 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
     if (NAME_IS("title")) return str_case(c, jv_to_str(c, v), CASE_JTITLE);
     if (NAME_IS("length") || NAME_IS("count")) {
         switch (v.type) {
-        case JV_STR: return jv_int((int64_t)jutf8_len(v.s.p, v.s.n));
+        case JV_STR:
+            return jv_int((int64_t)jutf8_len(v.s.p, v.s.n));
         case JV_LIST:
-            if (v.l->gen) jfail(c, FERRY_ERR_INVALID, off, "object of type 'generator' has no len() (use '| list')");
+            if (v.l->gen)
+                jfail(c, FERRY_ERR_INVALID, off, "object of type 'generator' has no len() (use '| list')");
             return jv_int((int64_t)v.l->n);
         case JV_DICT:
-        case JV_NS: return jv_int((int64_t)v.d->n);
-        case JV_UNDEF: return jv_int(0);
-        default: jfail(c, FERRY_ERR_INVALID, off, "object of type '%s' has no len()", jv_type_name(v));
+        case JV_NS:
+            return jv_int((int64_t)v.d->n);
+        case JV_UNDEF:
+            return jv_int(0);
+        default:
+            jfail(c, FERRY_ERR_INVALID, off, "object of type '%s' has no len()", jv_type_name(v));
         }
     }
     if (NAME_IS("first") || NAME_IS("last")) {
@@ -578,7 +618,8 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         struct jv cnt = arg_or(A, 2, "count", jv_none());
         return str_replace(c, s, old, nw, cnt.type == JV_NONE ? -1 : want_int(c, cnt, "replace", off));
     }
-    if (NAME_IS("tojson")) { /* HF: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+    if (NAME_IS("tojson")) { /* HF: tojson(x, ensure_ascii=False, indent=None, separators=None,
+                                sort_keys=False) */
         struct jjson_opts o = {.indent = -1};
         o.ascii = jv_truthy(arg_or(A, 0, "ensure_ascii", jv_bool(0)));
         struct jv ind = arg_or(A, 1, "indent", jv_none()), seps = arg_or(A, 2, "separators", jv_none());
@@ -589,12 +630,14 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
             int64_t k = want_int(c, ind, "tojson indent", off);
             k = k < 0 ? 0 : k > 64 ? 64 : k;
             o.indent = (int)k;
-            o.indent_str = jv_str("                                                                ", (size_t)k);
+            o.indent_str =
+                jv_str("                                                                ", (size_t)k);
         }
         o.item_sep = jv_str(o.indent >= 0 ? "," : ", ", o.indent >= 0 ? 1 : 2);
         o.key_sep = jv_str(": ", 2);
         if (seps.type != JV_NONE) {
-            if (seps.type != JV_LIST || seps.l->n != 2 || seps.l->v[0].type != JV_STR || seps.l->v[1].type != JV_STR)
+            if (seps.type != JV_LIST || seps.l->n != 2 || seps.l->v[0].type != JV_STR ||
+                seps.l->v[1].type != JV_STR)
                 jfail(c, FERRY_ERR_INVALID, off, "tojson separators must be a pair of strings");
             o.item_sep = seps.l->v[0];
             o.key_sep = seps.l->v[1];
@@ -668,8 +711,10 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
             return out;
         }
         struct jv fname = want_str(c, arg_or(A, 0, NULL, jv_undef(NULL, 0)), "map", off);
-        struct jargs FA = {.pos = A->npos > 1 ? A->pos + 1 : NULL, .npos = A->npos > 1 ? A->npos - 1 : 0, .off = off};
-        for (size_t i = 0; i < l->n; i++) jlist_push(c, out.l, japply_filter(c, fname.s.p, fname.s.n, l->v[i], &FA));
+        struct jargs FA = {
+            .pos = A->npos > 1 ? A->pos + 1 : NULL, .npos = A->npos > 1 ? A->npos - 1 : 0, .off = off};
+        for (size_t i = 0; i < l->n; i++)
+            jlist_push(c, out.l, japply_filter(c, fname.s.p, fname.s.n, l->v[i], &FA));
         out.l->gen = 1;
         return out;
     }
@@ -685,7 +730,8 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         struct jv attr = arg_or(A, 1, "attribute", jv_none()), out = jv_list(c, 0), seen = jv_list(c, 0);
         for (size_t i = 0; i < l->n; i++) {
             struct jv k = sort_key(c, l->v[i], attr, cs, off);
-            if (k.type == JV_LIST || k.type == JV_DICT) jfail(c, FERRY_ERR_INVALID, off, "unhashable type: '%s'", jv_type_name(k));
+            if (k.type == JV_LIST || k.type == JV_DICT)
+                jfail(c, FERRY_ERR_INVALID, off, "unhashable type: '%s'", jv_type_name(k));
             if (jv_contains(c, seen, k, off)) continue;
             jlist_push(c, seen.l, k);
             jlist_push(c, out.l, l->v[i]);
@@ -700,12 +746,15 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
             struct jv x = attr.type == JV_STR ? jv_getitem(c, l->v[i], attr, off) : l->v[i];
             if ((acc.type != JV_INT && acc.type != JV_FLOAT && acc.type != JV_BOOL) ||
                 (x.type != JV_INT && x.type != JV_FLOAT && x.type != JV_BOOL))
-                jfail(c, FERRY_ERR_INVALID, off, "sum: unsupported operand types '%s' and '%s'", jv_type_name(acc), jv_type_name(x));
+                jfail(c, FERRY_ERR_INVALID, off, "sum: unsupported operand types '%s' and '%s'",
+                      jv_type_name(acc), jv_type_name(x));
             if (acc.type == JV_FLOAT || x.type == JV_FLOAT) {
-                acc = jv_float((acc.type == JV_FLOAT ? acc.f : (double)acc.i) + (x.type == JV_FLOAT ? x.f : (double)x.i));
+                acc = jv_float((acc.type == JV_FLOAT ? acc.f : (double)acc.i) +
+                               (x.type == JV_FLOAT ? x.f : (double)x.i));
             } else {
                 int64_t r;
-                if (__builtin_add_overflow(acc.i, x.i, &r)) jfail(c, FERRY_ERR_RANGE, off, "integer overflow");
+                if (__builtin_add_overflow(acc.i, x.i, &r))
+                    jfail(c, FERRY_ERR_RANGE, off, "integer overflow");
                 acc = jv_int(r);
             }
         }

@@ -36,21 +36,24 @@ struct jv jframe_lookup(const struct jframe *f, const char *name, size_t n)
     return jv_undef(name, n);
 }
 
-static void frame_set(struct jctx *c, struct jframe *f, struct jv name, struct jv v) { jdict_set(c, &f->vars, name, v); }
+static void frame_set(struct jctx *c, struct jframe *f, struct jv name, struct jv v)
+{
+    jdict_set(c, &f->vars, name, v);
+}
 
 static void tick(struct jctx *c, size_t off)
 {
     if (++c->steps > c->max_steps)
         jfail(c, FERRY_ERR_RANGE, off, "template exceeded %lld evaluation steps", (long long)c->max_steps);
-    if (++c->depth > c->max_depth) jfail(c, FERRY_ERR_RANGE, off, "template recursion deeper than %d", c->max_depth);
+    if (++c->depth > c->max_depth)
+        jfail(c, FERRY_ERR_RANGE, off, "template recursion deeper than %d", c->max_depth);
 }
 
 /* ---- attribute and item access -------------------------------------------------------------------- */
 
 __attribute__((noreturn)) void jfail_undefined(struct jctx *c, struct jv u, size_t off)
 {
-    if (u.s.p)
-        jfail(c, FERRY_ERR_INVALID, off, "'%.*s' is undefined", (int)(u.s.n > 60 ? 60 : u.s.n), u.s.p);
+    if (u.s.p) jfail(c, FERRY_ERR_INVALID, off, "'%.*s' is undefined", (int)(u.s.n > 60 ? 60 : u.s.n), u.s.p);
     jfail(c, FERRY_ERR_INVALID, off, "use of an undefined value");
 }
 
@@ -67,7 +70,8 @@ static struct jv loop_attr(struct jctx *c, struct jloop *l, const char *name, si
     if (IS("depth")) return jv_int(1);
     if (IS("depth0")) return jv_int(0);
     if (IS("previtem")) return l->index0 > 0 ? l->items->v[l->index0 - 1] : jv_undef("previtem", 8);
-    if (IS("nextitem")) return l->index0 + 1 < l->length ? l->items->v[l->index0 + 1] : jv_undef("nextitem", 8);
+    if (IS("nextitem"))
+        return l->index0 + 1 < l->length ? l->items->v[l->index0 + 1] : jv_undef("nextitem", 8);
 #undef IS
     (void)c;
     return jv_undef(name, n);
@@ -76,14 +80,17 @@ static struct jv loop_attr(struct jctx *c, struct jloop *l, const char *name, si
 struct jv jv_getattr(struct jctx *c, struct jv obj, const char *name, size_t n, size_t off)
 {
     switch (obj.type) {
-    case JV_UNDEF: jfail_undefined(c, obj, off);
+    case JV_UNDEF:
+        jfail_undefined(c, obj, off);
     case JV_DICT:
     case JV_NS: {
         struct jv *v = jdict_gets(obj.d, name, n);
         return v ? *v : jv_undef(name, n);
     }
-    case JV_LOOP: return loop_attr(c, obj.loop, name, n);
-    default: return jv_undef(name, n);
+    case JV_LOOP:
+        return loop_attr(c, obj.loop, name, n);
+    default:
+        return jv_undef(name, n);
     }
 }
 
@@ -98,7 +105,8 @@ struct jv jv_getitem(struct jctx *c, struct jv obj, struct jv key, size_t off)
 {
     int64_t i;
     switch (obj.type) {
-    case JV_UNDEF: jfail_undefined(c, obj, off);
+    case JV_UNDEF:
+        jfail_undefined(c, obj, off);
     case JV_DICT: {
         struct jv *v = jdict_get(obj.d, key);
         return v ? *v : jv_undef(key.type == JV_STR ? key.s.p : NULL, key.s.n);
@@ -119,15 +127,16 @@ struct jv jv_getitem(struct jctx *c, struct jv obj, struct jv key, size_t off)
         jutf8_decode(obj.s.p + a, obj.s.n - a, &adv);
         return jv_str(obj.s.p + a, adv);
     }
-    default: break;
+    default:
+        break;
     }
     if (key.type == JV_STR) return jv_getattr(c, obj, key.s.p, key.s.n, off);
     return jv_undef(NULL, 0);
 }
 
 /* Python's slice.indices(): normalised start/stop/step for a sequence of length len. */
-static void slice_indices(struct jctx *c, struct jv s0, struct jv s1, struct jv s2, int64_t len, int64_t *start,
-                          int64_t *stop, int64_t *step, size_t off)
+static void slice_indices(struct jctx *c, struct jv s0, struct jv s1, struct jv s2, int64_t len,
+                          int64_t *start, int64_t *stop, int64_t *step, size_t off)
 {
     *step = 1;
     if (s2.type != JV_NONE && s2.type != JV_UNDEF) {
@@ -163,8 +172,10 @@ static void slice_indices(struct jctx *c, struct jv s0, struct jv s1, struct jv 
 static struct jv do_slice(struct jctx *c, struct jv obj, struct jv s0, struct jv s1, struct jv s2, size_t off)
 {
     if (obj.type == JV_UNDEF) jfail_undefined(c, obj, off);
-    if ((obj.type != JV_LIST && obj.type != JV_STR) || (obj.type == JV_LIST && obj.l->gen)) /* Jinja slices directly */
-        jfail(c, FERRY_ERR_INVALID, off, "'%s' object is not subscriptable", obj.type == JV_LIST ? "generator" : jv_type_name(obj));
+    if ((obj.type != JV_LIST && obj.type != JV_STR) ||
+        (obj.type == JV_LIST && obj.l->gen)) /* Jinja slices directly */
+        jfail(c, FERRY_ERR_INVALID, off, "'%s' object is not subscriptable",
+              obj.type == JV_LIST ? "generator" : jv_type_name(obj));
     int64_t len, start, stop, step;
     size_t *cps = NULL;
     if (obj.type == JV_LIST) {
@@ -199,10 +210,17 @@ static struct jv do_slice(struct jctx *c, struct jv obj, struct jv s0, struct jv
 
 /* ---- operators ------------------------------------------------------------------------------------ */
 
-static int is_num(struct jv v) { return v.type == JV_INT || v.type == JV_BOOL || v.type == JV_FLOAT; }
-static double as_f(struct jv v) { return v.type == JV_FLOAT ? v.f : (double)v.i; }
+static int is_num(struct jv v)
+{
+    return v.type == JV_INT || v.type == JV_BOOL || v.type == JV_FLOAT;
+}
+static double as_f(struct jv v)
+{
+    return v.type == JV_FLOAT ? v.f : (double)v.i;
+}
 
-__attribute__((noreturn)) static void type_error(struct jctx *c, const char *op, struct jv a, struct jv b, size_t off)
+__attribute__((noreturn)) static void type_error(struct jctx *c, const char *op, struct jv a, struct jv b,
+                                                 size_t off)
 {
     if (a.type == JV_UNDEF) jfail_undefined(c, a, off);
     if (b.type == JV_UNDEF) jfail_undefined(c, b, off);
@@ -330,9 +348,12 @@ int jv_contains(struct jctx *c, struct jv hay, struct jv needle, size_t off)
         for (size_t i = 0; i < hay.l->n; i++)
             if (jv_equal(hay.l->v[i], needle)) return 1;
         return 0;
-    case JV_DICT: return jdict_get(hay.d, needle) != NULL;
-    case JV_UNDEF: return 0;
-    default: jfail(c, FERRY_ERR_INVALID, off, "argument of type '%s' is not iterable", jv_type_name(hay));
+    case JV_DICT:
+        return jdict_get(hay.d, needle) != NULL;
+    case JV_UNDEF:
+        return 0;
+    default:
+        jfail(c, FERRY_ERR_INVALID, off, "argument of type '%s' is not iterable", jv_type_name(hay));
     }
 }
 
@@ -363,14 +384,22 @@ int jv_compare(struct jctx *c, struct jv a, struct jv b, size_t off)
 static int compare(struct jctx *c, int op, struct jv a, struct jv b, size_t off)
 {
     switch (op) {
-    case JOP_EQ: return jv_equal(a, b);
-    case JOP_NE: return !jv_equal(a, b);
-    case JOP_IN: return jv_contains(c, b, a, off);
-    case JOP_NOTIN: return !jv_contains(c, b, a, off);
-    case JOP_LT: return jv_compare(c, a, b, off) < 0;
-    case JOP_LE: return jv_compare(c, a, b, off) <= 0;
-    case JOP_GT: return jv_compare(c, a, b, off) > 0;
-    default: return jv_compare(c, a, b, off) >= 0;
+    case JOP_EQ:
+        return jv_equal(a, b);
+    case JOP_NE:
+        return !jv_equal(a, b);
+    case JOP_IN:
+        return jv_contains(c, b, a, off);
+    case JOP_NOTIN:
+        return !jv_contains(c, b, a, off);
+    case JOP_LT:
+        return jv_compare(c, a, b, off) < 0;
+    case JOP_LE:
+        return jv_compare(c, a, b, off) <= 0;
+    case JOP_GT:
+        return jv_compare(c, a, b, off) > 0;
+    default:
+        return jv_compare(c, a, b, off) >= 0;
     }
 }
 
@@ -378,8 +407,10 @@ static int compare(struct jctx *c, int op, struct jv a, struct jv b, size_t off)
 struct jlist *jv_iter_list(struct jctx *c, struct jv v, size_t off)
 {
     switch (v.type) {
-    case JV_LIST: return v.l;
-    case JV_UNDEF: return jv_list(c, 0).l;
+    case JV_LIST:
+        return v.l;
+    case JV_UNDEF:
+        return jv_list(c, 0).l;
     case JV_DICT: {
         struct jv out = jv_list(c, v.d->n);
         for (size_t i = 0; i < v.d->n; i++) jlist_push(c, out.l, v.d->k[i]);
@@ -395,7 +426,8 @@ struct jlist *jv_iter_list(struct jctx *c, struct jv v, size_t off)
         }
         return out.l;
     }
-    default: jfail(c, FERRY_ERR_INVALID, off, "'%s' object is not iterable", jv_type_name(v));
+    default:
+        jfail(c, FERRY_ERR_INVALID, off, "'%s' object is not iterable", jv_type_name(v));
     }
 }
 
@@ -416,8 +448,8 @@ static void eval_args(struct jctx *c, const struct jnode *n, struct jframe *f, s
 static struct jv call_macro(struct jctx *c, const struct jnode *m, const struct jargs *A)
 {
     if (A->npos > m->nnames)
-        jfail(c, FERRY_ERR_INVALID, A->off, "macro '%.*s' takes %d arguments, got %d", (int)m->val.s.n, m->val.s.p,
-              m->nnames, A->npos);
+        jfail(c, FERRY_ERR_INVALID, A->off, "macro '%.*s' takes %d arguments, got %d", (int)m->val.s.n,
+              m->val.s.p, m->nnames, A->npos);
     struct jframe frame = {.parent = c->root};
     for (int i = 0; i < m->nnames; i++) {
         struct jv v = jv_undef(m->names[i].s.p, m->names[i].s.n);
@@ -438,8 +470,8 @@ static struct jv call_macro(struct jctx *c, const struct jnode *m, const struct 
         int known = 0;
         for (int i = 0; i < m->nnames; i++) known |= jv_equal(A->kwn[k], m->names[i]);
         if (!known)
-            jfail(c, FERRY_ERR_INVALID, A->off, "macro '%.*s' has no parameter '%.*s'", (int)m->val.s.n, m->val.s.p,
-                  (int)A->kwn[k].s.n, A->kwn[k].s.p);
+            jfail(c, FERRY_ERR_INVALID, A->off, "macro '%.*s' has no parameter '%.*s'", (int)m->val.s.n,
+                  m->val.s.p, (int)A->kwn[k].s.n, A->kwn[k].s.p);
     }
     struct jbuf buf = {0}, *saved = c->out;
     c->out = &buf;
@@ -461,8 +493,8 @@ static struct jv eval_call(struct jctx *c, const struct jnode *n, struct jframe 
         if (jcall_method(c, obj, n->a->val.s.p, n->a->val.s.n, &A, &out)) return out;
         callee = jv_getattr(c, obj, n->a->val.s.p, n->a->val.s.n, n->a->off);
         if (callee.type != JV_MACRO && callee.type != JV_FUNC)
-            jfail(c, FERRY_ERR_UNSUPPORTED, n->a->off, "unsupported method '%.*s' of '%s'", (int)n->a->val.s.n,
-                  n->a->val.s.p, jv_type_name(obj));
+            jfail(c, FERRY_ERR_UNSUPPORTED, n->a->off, "unsupported method '%.*s' of '%s'",
+                  (int)n->a->val.s.n, n->a->val.s.p, jv_type_name(obj));
     } else {
         callee = jeval(c, n->a, f);
         eval_args(c, n, f, &A);
@@ -480,9 +512,15 @@ struct jv jeval(struct jctx *c, const struct jnode *n, struct jframe *f)
     tick(c, n->off);
     struct jv r;
     switch (n->kind) {
-    case JN_CONST: r = n->val; break;
-    case JN_NAME: r = jframe_lookup(f, n->val.s.p, n->val.s.n); break;
-    case JN_ATTR: r = jv_getattr(c, jeval(c, n->a, f), n->val.s.p, n->val.s.n, n->off); break;
+    case JN_CONST:
+        r = n->val;
+        break;
+    case JN_NAME:
+        r = jframe_lookup(f, n->val.s.p, n->val.s.n);
+        break;
+    case JN_ATTR:
+        r = jv_getattr(c, jeval(c, n->a, f), n->val.s.p, n->val.s.n, n->off);
+        break;
     case JN_INDEX: {
         struct jv obj = jeval(c, n->a, f);
         r = jv_getitem(c, obj, jeval(c, n->b, f), n->off);
@@ -494,7 +532,9 @@ struct jv jeval(struct jctx *c, const struct jnode *n, struct jframe *f)
         r = do_slice(c, obj, s[0], s[1], s[2], n->off);
         break;
     }
-    case JN_CALL: r = eval_call(c, n, f); break;
+    case JN_CALL:
+        r = eval_call(c, n, f);
+        break;
     case JN_FILTER: {
         struct jv subj = jeval(c, n->a, f);
         struct jargs A;
@@ -515,16 +555,22 @@ struct jv jeval(struct jctx *c, const struct jnode *n, struct jframe *f)
         struct jv v = jeval(c, n->a, f);
         if (!is_num(v)) {
             if (v.type == JV_UNDEF) jfail_undefined(c, v, n->off);
-            jfail(c, FERRY_ERR_INVALID, n->off, "bad operand type for unary %c: '%s'", n->kind == JN_NEG ? '-' : '+',
-                  jv_type_name(v));
+            jfail(c, FERRY_ERR_INVALID, n->off, "bad operand type for unary %c: '%s'",
+                  n->kind == JN_NEG ? '-' : '+', jv_type_name(v));
         }
-        if (n->kind == JN_POS) r = v.type == JV_BOOL ? jv_int(v.i) : v;
-        else if (v.type == JV_FLOAT) r = jv_float(-v.f);
-        else if (v.i == INT64_MIN) jfail(c, FERRY_ERR_RANGE, n->off, "integer overflow");
-        else r = jv_int(-v.i);
+        if (n->kind == JN_POS)
+            r = v.type == JV_BOOL ? jv_int(v.i) : v;
+        else if (v.type == JV_FLOAT)
+            r = jv_float(-v.f);
+        else if (v.i == INT64_MIN)
+            jfail(c, FERRY_ERR_RANGE, n->off, "integer overflow");
+        else
+            r = jv_int(-v.i);
         break;
     }
-    case JN_NOT: r = jv_bool(!jv_truthy(jeval(c, n->a, f))); break;
+    case JN_NOT:
+        r = jv_bool(!jv_truthy(jeval(c, n->a, f)));
+        break;
     case JN_AND: {
         struct jv a = jeval(c, n->a, f);
         r = jv_truthy(a) ? jeval(c, n->b, f) : a;
@@ -546,8 +592,10 @@ struct jv jeval(struct jctx *c, const struct jnode *n, struct jframe *f)
         break;
     }
     case JN_COND:
-        if (jv_truthy(jeval(c, n->a, f))) r = jeval(c, n->b, f);
-        else r = n->c ? jeval(c, n->c, f) : jv_undef(NULL, 0);
+        if (jv_truthy(jeval(c, n->a, f)))
+            r = jeval(c, n->b, f);
+        else
+            r = n->c ? jeval(c, n->c, f) : jv_undef(NULL, 0);
         break;
     case JN_LIST:
     case JN_TUPLE:
@@ -560,11 +608,13 @@ struct jv jeval(struct jctx *c, const struct jnode *n, struct jframe *f)
         for (int i = 0; i + 1 < n->nkids; i += 2) {
             struct jv k = jeval(c, n->kids[i], f);
             if (k.type == JV_LIST || k.type == JV_DICT || k.type == JV_UNDEF)
-                jfail(c, FERRY_ERR_INVALID, n->kids[i]->off, "unhashable dict key of type '%s'", jv_type_name(k));
+                jfail(c, FERRY_ERR_INVALID, n->kids[i]->off, "unhashable dict key of type '%s'",
+                      jv_type_name(k));
             jdict_set(c, r.d, k, jeval(c, n->kids[i + 1], f));
         }
         break;
-    default: jfail(c, FERRY_ERR_INTERNAL, n->off, "bad expression node %d", n->kind);
+    default:
+        jfail(c, FERRY_ERR_INTERNAL, n->off, "bad expression node %d", n->kind);
     }
     c->depth--;
     return r;
@@ -572,7 +622,8 @@ struct jv jeval(struct jctx *c, const struct jnode *n, struct jframe *f)
 
 /* ---- statements ----------------------------------------------------------------------------------- */
 
-static void bind_targets(struct jctx *c, struct jframe *f, const struct jv *names, int nnames, struct jv v, size_t off)
+static void bind_targets(struct jctx *c, struct jframe *f, const struct jv *names, int nnames, struct jv v,
+                         size_t off)
 {
     if (nnames == 1) {
         frame_set(c, f, names[0], v);
@@ -647,20 +698,40 @@ void jrender(struct jctx *c, const struct jnode *n, struct jframe *f)
     case JN_BODY:
         for (int i = 0; i < n->nkids && !c->flow; i++) jrender(c, n->kids[i], f);
         break;
-    case JN_TEXT: jbuf_put(c, c->out, n->val.s.p, n->val.s.n); break;
-    case JN_OUTPUT: jv_write_str(c, c->out, jeval(c, n->a, f)); break;
-    case JN_IF:
-        if (jv_truthy(jeval(c, n->a, f))) jrender(c, n->b, f);
-        else if (n->c) jrender(c, n->c, f);
+    case JN_TEXT:
+        jbuf_put(c, c->out, n->val.s.p, n->val.s.n);
         break;
-    case JN_FOR: render_for(c, n, f); break;
-    case JN_SET: render_set(c, n, f); break;
-    case JN_MACRO: frame_set(c, f, n->val, (struct jv){.type = JV_MACRO, .m = n}); break;
-    case JN_BREAK: c->flow = 1; break;
-    case JN_CONTINUE: c->flow = 2; break;
-    default: jfail(c, FERRY_ERR_INTERNAL, n->off, "bad statement node %d", n->kind);
+    case JN_OUTPUT:
+        jv_write_str(c, c->out, jeval(c, n->a, f));
+        break;
+    case JN_IF:
+        if (jv_truthy(jeval(c, n->a, f)))
+            jrender(c, n->b, f);
+        else if (n->c)
+            jrender(c, n->c, f);
+        break;
+    case JN_FOR:
+        render_for(c, n, f);
+        break;
+    case JN_SET:
+        render_set(c, n, f);
+        break;
+    case JN_MACRO:
+        frame_set(c, f, n->val, (struct jv){.type = JV_MACRO, .m = n});
+        break;
+    case JN_BREAK:
+        c->flow = 1;
+        break;
+    case JN_CONTINUE:
+        c->flow = 2;
+        break;
+    default:
+        jfail(c, FERRY_ERR_INTERNAL, n->off, "bad statement node %d", n->kind);
     }
     c->depth--;
 }
 
-void jinja_render(struct jctx *c, const struct jnode *body) { jrender(c, body, c->root); }
+void jinja_render(struct jctx *c, const struct jnode *body)
+{
+    jrender(c, body, c->root);
+}

@@ -32,7 +32,8 @@ void jfail_undefined(struct jctx *c, struct jv u, size_t off) __attribute__((nor
 /* jinja_builtins.c */
 struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v, const struct jargs *A);
 int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const struct jargs *A);
-int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, const struct jargs *A, struct jv *out);
+int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, const struct jargs *A,
+                 struct jv *out);
 struct jv jcall_global(struct jctx *c, int fn, const struct jargs *A);
 
 #endif

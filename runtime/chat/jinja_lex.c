@@ -17,9 +17,18 @@
 
 /* ---- lexer ---------------------------------------------------------------------------------------- */
 
-static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
-static int is_alpha(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_'; }
-static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+static int is_ws(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v';
+}
+static int is_alpha(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+}
+static int is_digit(char ch)
+{
+    return ch >= '0' && ch <= '9';
+}
 
 struct lexer {
     struct jctx *c;
@@ -97,24 +106,52 @@ static size_t lex_string(struct lexer *L, size_t i)
         i += 2;
         int nhex = 0;
         switch (e) {
-        case 'n': jbuf_putc(c, &b, '\n'); break;
-        case 't': jbuf_putc(c, &b, '\t'); break;
-        case 'r': jbuf_putc(c, &b, '\r'); break;
-        case 'a': jbuf_putc(c, &b, '\a'); break;
-        case 'b': jbuf_putc(c, &b, '\b'); break;
-        case 'f': jbuf_putc(c, &b, '\f'); break;
-        case 'v': jbuf_putc(c, &b, '\v'); break;
-        case '\\': jbuf_putc(c, &b, '\\'); break;
-        case '\'': jbuf_putc(c, &b, '\''); break;
-        case '"': jbuf_putc(c, &b, '"'); break;
-        case '\n': break;
-        case 'x': nhex = 2; break;
-        case 'u': nhex = 4; break;
-        case 'U': nhex = 8; break;
+        case 'n':
+            jbuf_putc(c, &b, '\n');
+            break;
+        case 't':
+            jbuf_putc(c, &b, '\t');
+            break;
+        case 'r':
+            jbuf_putc(c, &b, '\r');
+            break;
+        case 'a':
+            jbuf_putc(c, &b, '\a');
+            break;
+        case 'b':
+            jbuf_putc(c, &b, '\b');
+            break;
+        case 'f':
+            jbuf_putc(c, &b, '\f');
+            break;
+        case 'v':
+            jbuf_putc(c, &b, '\v');
+            break;
+        case '\\':
+            jbuf_putc(c, &b, '\\');
+            break;
+        case '\'':
+            jbuf_putc(c, &b, '\'');
+            break;
+        case '"':
+            jbuf_putc(c, &b, '"');
+            break;
+        case '\n':
+            break;
+        case 'x':
+            nhex = 2;
+            break;
+        case 'u':
+            nhex = 4;
+            break;
+        case 'U':
+            nhex = 8;
+            break;
         default:
             if (e >= '0' && e <= '7') {
                 unsigned v = (unsigned)(e - '0');
-                for (int k = 0; k < 2 && i < c->src_len && s[i] >= '0' && s[i] <= '7'; k++) v = v * 8 + (unsigned)(s[i++] - '0');
+                for (int k = 0; k < 2 && i < c->src_len && s[i] >= '0' && s[i] <= '7'; k++)
+                    v = v * 8 + (unsigned)(s[i++] - '0');
                 put_utf8(c, &b, v, i);
             } else {
                 jbuf_putc(c, &b, '\\');
@@ -218,7 +255,8 @@ static size_t lex_tag(struct lexer *L, size_t i, int is_block, int *strip_after,
                 tok_push(L, JT_OP, i, s + i, 1);
                 i += 1;
             } else {
-                jfail(c, FERRY_ERR_FORMAT, i, "unexpected character '%c' in tag", ch >= 0x20 && ch < 0x7f ? ch : '?');
+                jfail(c, FERRY_ERR_FORMAT, i, "unexpected character '%c' in tag",
+                      ch >= 0x20 && ch < 0x7f ? ch : '?');
             }
         }
     }
@@ -291,7 +329,7 @@ static void lex(struct jctx *c, struct lexer *L)
             /* {% raw %} changes lexing; it is not part of the subset. */
             size_t k = i;
             while (k < n && is_ws(s[k])) k++;
-            if (n - k >= 3 && memcmp(s + k, "raw", 3) == 0 && (k + 3 >= n || !is_alpha(s[k + 3]) ))
+            if (n - k >= 3 && memcmp(s + k, "raw", 3) == 0 && (k + 3 >= n || !is_alpha(s[k + 3])))
                 jfail(c, FERRY_ERR_UNSUPPORTED, t, "unsupported tag 'raw'");
         }
         tok_push(L, is_block ? JT_BLOCK_BEGIN : JT_VAR_BEGIN, t, s + t, 2);

@@ -16,7 +16,10 @@
 
 /* ---- parser helpers ------------------------------------------------------------------------------- */
 
-static struct jtok *cur(struct jctx *c) { return &c->toks[c->pos]; }
+static struct jtok *cur(struct jctx *c)
+{
+    return &c->toks[c->pos];
+}
 static struct jtok *next_tok(struct jctx *c)
 {
     struct jtok *t = &c->toks[c->pos];
@@ -43,7 +46,8 @@ static int tok_is_name(struct jtok *t, const char *name)
 
 static void describe(struct jtok *t, char *buf, size_t cap)
 {
-    static const char *tn[] = {"text", "'{{'", "'}}'", "'{%'", "'%}'", "name", "integer", "float", "string", "operator", "end of template"};
+    static const char *tn[] = {"text",    "'{{'",  "'}}'",   "'{%'",     "'%}'",           "name",
+                               "integer", "float", "string", "operator", "end of template"};
     if (t->type == JT_NAME || t->type == JT_OP)
         snprintf(buf, cap, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->p);
     else
@@ -124,7 +128,8 @@ static void parse_call_args(struct jctx *c, struct jnode *n)
     while (!is_op(c, ")")) {
         if (args.n || nkw) expect_op(c, ",");
         if (is_op(c, ")")) break;
-        if (is_op(c, "*") || is_op(c, "**")) jfail(c, FERRY_ERR_UNSUPPORTED, cur(c)->off, "unsupported *args/**kwargs in call");
+        if (is_op(c, "*") || is_op(c, "**"))
+            jfail(c, FERRY_ERR_UNSUPPORTED, cur(c)->off, "unsupported *args/**kwargs in call");
         if (cur(c)->type == JT_NAME && c->toks[c->pos + 1].type == JT_OP && c->toks[c->pos + 1].n == 1 &&
             c->toks[c->pos + 1].p[0] == '=') {
             struct jv name = expect_name(c);
@@ -158,9 +163,12 @@ static struct jnode *parse_primary(struct jctx *c)
     case JT_NAME: {
         next_tok(c);
         n = node(c, JN_CONST, t->off);
-        if (tok_is_name(t, "true") || tok_is_name(t, "True")) n->val = jv_bool(1);
-        else if (tok_is_name(t, "false") || tok_is_name(t, "False")) n->val = jv_bool(0);
-        else if (tok_is_name(t, "none") || tok_is_name(t, "None")) n->val = jv_none();
+        if (tok_is_name(t, "true") || tok_is_name(t, "True"))
+            n->val = jv_bool(1);
+        else if (tok_is_name(t, "false") || tok_is_name(t, "False"))
+            n->val = jv_bool(0);
+        else if (tok_is_name(t, "none") || tok_is_name(t, "None"))
+            n->val = jv_none();
         else {
             n->kind = JN_NAME;
             n->val = jv_str(t->p, t->n);
@@ -241,7 +249,8 @@ static struct jnode *parse_primary(struct jctx *c)
             return n;
         }
         break;
-    default: break;
+    default:
+        break;
     }
     unexpected(c, "an expression");
 }
@@ -281,7 +290,8 @@ static struct jnode *parse_subscript(struct jctx *c, struct jnode *obj)
         if (is_op(c, "]")) break;
         if (parts[k]) unexpected(c, "':' or ']'");
         parts[k] = parse_expr(c, 1);
-        if (!is_slice && is_op(c, ",")) jfail(c, FERRY_ERR_UNSUPPORTED, cur(c)->off, "unsupported tuple subscript");
+        if (!is_slice && is_op(c, ","))
+            jfail(c, FERRY_ERR_UNSUPPORTED, cur(c)->off, "unsupported tuple subscript");
     }
     next_tok(c);
     c->parse_depth--;
@@ -349,10 +359,11 @@ static struct jnode *parse_filter_expr(struct jctx *c, struct jnode *n)
             struct jtok *k = cur(c);
             if (is_op(c, "(")) {
                 parse_call_args(c, t);
-            } else if ((k->type == JT_NAME || k->type == JT_STRING || k->type == JT_INT || k->type == JT_FLOAT ||
-                        is_op(c, "[") || is_op(c, "{")) &&
+            } else if ((k->type == JT_NAME || k->type == JT_STRING || k->type == JT_INT ||
+                        k->type == JT_FLOAT || is_op(c, "[") || is_op(c, "{")) &&
                        !is_name(c, "else") && !is_name(c, "or") && !is_name(c, "and")) {
-                if (is_name(c, "is")) jfail(c, FERRY_ERR_FORMAT, k->off, "cannot chain multiple tests with 'is'");
+                if (is_name(c, "is"))
+                    jfail(c, FERRY_ERR_FORMAT, k->off, "cannot chain multiple tests with 'is'");
                 struct jnode *arg = parse_postfix(c, parse_primary(c));
                 t->kids = jalloc(c, sizeof *t->kids);
                 t->kids[0] = arg;
@@ -412,7 +423,11 @@ static struct jnode *parse_math2(struct jctx *c)
 {
     struct jnode *l = parse_pow(c);
     for (;;) {
-        int op = is_op(c, "*") ? JOP_MUL : is_op(c, "/") ? JOP_DIV : is_op(c, "//") ? JOP_FDIV : is_op(c, "%") ? JOP_MOD : -1;
+        int op = is_op(c, "*")    ? JOP_MUL
+                 : is_op(c, "/")  ? JOP_DIV
+                 : is_op(c, "//") ? JOP_FDIV
+                 : is_op(c, "%")  ? JOP_MOD
+                                  : -1;
         if (op < 0) return l;
         size_t off = next_tok(c)->off;
         l = binop(c, JN_BIN, op, off, l, parse_pow(c));
@@ -444,8 +459,14 @@ static struct jnode *parse_compare(struct jctx *c)
 {
     struct jnode *l = parse_math1(c), *result = NULL;
     for (;;) {
-        int op = is_op(c, "==") ? JOP_EQ : is_op(c, "!=") ? JOP_NE : is_op(c, "<") ? JOP_LT : is_op(c, "<=") ? JOP_LE
-               : is_op(c, ">") ? JOP_GT : is_op(c, ">=") ? JOP_GE : is_name(c, "in") ? JOP_IN : -1;
+        int op = is_op(c, "==")     ? JOP_EQ
+                 : is_op(c, "!=")   ? JOP_NE
+                 : is_op(c, "<")    ? JOP_LT
+                 : is_op(c, "<=")   ? JOP_LE
+                 : is_op(c, ">")    ? JOP_GT
+                 : is_op(c, ">=")   ? JOP_GE
+                 : is_name(c, "in") ? JOP_IN
+                                    : -1;
         size_t off = cur(c)->off;
         if (op < 0 && is_name(c, "not") && tok_is_name(&c->toks[c->pos + 1], "in")) {
             next_tok(c);
@@ -593,7 +614,8 @@ static struct jnode *parse_for(struct jctx *c, size_t off)
         next_tok(c);
         n->d = parse_expr(c, 1);
     }
-    if (is_name(c, "recursive")) jfail(c, FERRY_ERR_UNSUPPORTED, cur(c)->off, "unsupported recursive for loop");
+    if (is_name(c, "recursive"))
+        jfail(c, FERRY_ERR_UNSUPPORTED, cur(c)->off, "unsupported recursive for loop");
     expect_block_end(c);
     c->loop_depth++;
     n->b = parse_body(c, ends, off, "for");
@@ -686,7 +708,8 @@ static struct jnode *parse_statement(struct jctx *c, size_t off)
     if (tok_is_name(kw, "set")) return parse_set(c, off);
     if (tok_is_name(kw, "macro")) return parse_macro(c, off);
     if (tok_is_name(kw, "break") || tok_is_name(kw, "continue")) {
-        if (!c->loop_depth) jfail(c, FERRY_ERR_FORMAT, kw->off, "'%.*s' outside of a loop", (int)kw->n, kw->p);
+        if (!c->loop_depth)
+            jfail(c, FERRY_ERR_FORMAT, kw->off, "'%.*s' outside of a loop", (int)kw->n, kw->p);
         expect_block_end(c);
         return node(c, tok_is_name(kw, "break") ? JN_BREAK : JN_CONTINUE, off);
     }
@@ -698,7 +721,8 @@ static struct jnode *parse_statement(struct jctx *c, size_t off)
         expect_block_end(c);
         return b;
     }
-    static const char *const known[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endgeneration", NULL};
+    static const char *const known[] = {"elif",   "else",     "endif",         "endfor",
+                                        "endset", "endmacro", "endgeneration", NULL};
     for (int i = 0; known[i]; i++)
         if (tok_is_name(kw, known[i])) jfail(c, FERRY_ERR_FORMAT, kw->off, "unexpected '%s'", known[i]);
     jfail(c, FERRY_ERR_UNSUPPORTED, kw->off, "unsupported tag '%.*s'", (int)(kw->n > 40 ? 40 : kw->n), kw->p);

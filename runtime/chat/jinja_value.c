@@ -80,13 +80,34 @@ char *jstrdup(struct jctx *c, const char *p, size_t n)
 
 /* ---- constructors and containers ------------------------------------------------------------------ */
 
-struct jv jv_undef(const char *name, size_t n) { return (struct jv){.type = JV_UNDEF, .s = {name, n}}; }
-struct jv jv_none(void) { return (struct jv){.type = JV_NONE}; }
-struct jv jv_bool(int b) { return (struct jv){.type = JV_BOOL, .i = b != 0}; }
-struct jv jv_int(int64_t i) { return (struct jv){.type = JV_INT, .i = i}; }
-struct jv jv_float(double f) { return (struct jv){.type = JV_FLOAT, .f = f}; }
-struct jv jv_str(const char *p, size_t n) { return (struct jv){.type = JV_STR, .s = {p ? p : "", n}}; }
-struct jv jv_cstr(const char *s) { return jv_str(s, strlen(s)); }
+struct jv jv_undef(const char *name, size_t n)
+{
+    return (struct jv){.type = JV_UNDEF, .s = {name, n}};
+}
+struct jv jv_none(void)
+{
+    return (struct jv){.type = JV_NONE};
+}
+struct jv jv_bool(int b)
+{
+    return (struct jv){.type = JV_BOOL, .i = b != 0};
+}
+struct jv jv_int(int64_t i)
+{
+    return (struct jv){.type = JV_INT, .i = i};
+}
+struct jv jv_float(double f)
+{
+    return (struct jv){.type = JV_FLOAT, .f = f};
+}
+struct jv jv_str(const char *p, size_t n)
+{
+    return (struct jv){.type = JV_STR, .s = {p ? p : "", n}};
+}
+struct jv jv_cstr(const char *s)
+{
+    return jv_str(s, strlen(s));
+}
 
 struct jv jv_list(struct jctx *c, size_t cap)
 {
@@ -166,18 +187,28 @@ int jv_truthy(struct jv v)
 {
     switch (v.type) {
     case JV_UNDEF:
-    case JV_NONE: return 0;
+    case JV_NONE:
+        return 0;
     case JV_BOOL:
-    case JV_INT: return v.i != 0;
-    case JV_FLOAT: return v.f != 0.0;
-    case JV_STR: return v.s.n != 0;
-    case JV_LIST: return v.l->gen || v.l->n != 0;
-    case JV_DICT: return v.d->n != 0;
-    default: return 1;
+    case JV_INT:
+        return v.i != 0;
+    case JV_FLOAT:
+        return v.f != 0.0;
+    case JV_STR:
+        return v.s.n != 0;
+    case JV_LIST:
+        return v.l->gen || v.l->n != 0;
+    case JV_DICT:
+        return v.d->n != 0;
+    default:
+        return 1;
     }
 }
 
-static int is_num(struct jv v) { return v.type == JV_INT || v.type == JV_BOOL || v.type == JV_FLOAT; }
+static int is_num(struct jv v)
+{
+    return v.type == JV_INT || v.type == JV_BOOL || v.type == JV_FLOAT;
+}
 
 int jv_equal(struct jv a, struct jv b)
 {
@@ -189,8 +220,10 @@ int jv_equal(struct jv a, struct jv b)
     if (a.type != b.type) return 0;
     switch (a.type) {
     case JV_UNDEF:
-    case JV_NONE: return 1;
-    case JV_STR: return a.s.n == b.s.n && memcmp(a.s.p, b.s.p, a.s.n) == 0;
+    case JV_NONE:
+        return 1;
+    case JV_STR:
+        return a.s.n == b.s.n && memcmp(a.s.p, b.s.p, a.s.n) == 0;
     case JV_LIST:
         if (a.l->gen || b.l->gen) return a.l == b.l;
         if (a.l->n != b.l->n) return 0;
@@ -204,18 +237,22 @@ int jv_equal(struct jv a, struct jv b)
             if (!o || !jv_equal(a.d->v[i], *o)) return 0;
         }
         return 1;
-    case JV_NS: return a.d == b.d;
-    case JV_FUNC: return a.i == b.i;
-    case JV_MACRO: return a.m == b.m;
-    case JV_LOOP: return a.loop == b.loop;
+    case JV_NS:
+        return a.d == b.d;
+    case JV_FUNC:
+        return a.i == b.i;
+    case JV_MACRO:
+        return a.m == b.m;
+    case JV_LOOP:
+        return a.loop == b.loop;
     }
     return 0;
 }
 
 const char *jv_type_name(struct jv v)
 {
-    static const char *names[] = {"undefined", "NoneType", "bool",      "int",      "float",    "str",
-                                  "list",      "dict",     "Namespace", "function", "Macro",    "LoopContext"};
+    static const char *names[] = {"undefined", "NoneType", "bool",      "int",      "float", "str",
+                                  "list",      "dict",     "Namespace", "function", "Macro", "LoopContext"};
     if (v.type == JV_LIST && v.l->tuple) return "tuple";
     return names[v.type];
 }
@@ -242,11 +279,20 @@ void jbuf_put(struct jctx *c, struct jbuf *b, const char *p, size_t n)
         jfail(c, FERRY_ERR_RANGE, JNO_OFF, "rendered output exceeds %zu bytes", c->max_output);
 }
 
-void jbuf_putc(struct jctx *c, struct jbuf *b, char ch) { jbuf_put(c, b, &ch, 1); }
+void jbuf_putc(struct jctx *c, struct jbuf *b, char ch)
+{
+    jbuf_put(c, b, &ch, 1);
+}
 
-struct jv jbuf_take(struct jbuf *b) { return jv_str(b->n ? b->p : "", b->n); }
+struct jv jbuf_take(struct jbuf *b)
+{
+    return jv_str(b->n ? b->p : "", b->n);
+}
 
-static void put_cstr(struct jctx *c, struct jbuf *b, const char *s) { jbuf_put(c, b, s, strlen(s)); }
+static void put_cstr(struct jctx *c, struct jbuf *b, const char *s)
+{
+    jbuf_put(c, b, s, strlen(s));
+}
 
 /* Python's repr(float): the shortest digits that round-trip, scientific below 1e-4 and from 1e16. */
 static void write_float(struct jctx *c, struct jbuf *b, double f)
@@ -281,7 +327,8 @@ static void write_float(struct jctx *c, struct jbuf *b, double f)
             outb[o++] = '.';
             for (int i = 1; i < nd; i++) outb[o++] = digits[i];
         }
-        o += snprintf(outb + o, sizeof outb - (size_t)o, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+        o +=
+            snprintf(outb + o, sizeof outb - (size_t)o, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
     } else if (exp < 0) {
         outb[o++] = '0';
         outb[o++] = '.';
@@ -337,8 +384,12 @@ void jv_write_repr(struct jctx *c, struct jbuf *b, struct jv v)
 {
     if (++c->depth > c->max_depth) jfail(c, FERRY_ERR_RANGE, JNO_OFF, "value nested too deeply");
     switch (v.type) {
-    case JV_STR: write_str_repr(c, b, v.s.p, v.s.n); break;
-    case JV_UNDEF: put_cstr(c, b, "Undefined"); break;
+    case JV_STR:
+        write_str_repr(c, b, v.s.p, v.s.n);
+        break;
+    case JV_UNDEF:
+        put_cstr(c, b, "Undefined");
+        break;
     case JV_LIST: {
         if (v.l->gen) {
             put_cstr(c, b, "<generator object>");
@@ -367,7 +418,9 @@ void jv_write_repr(struct jctx *c, struct jbuf *b, struct jv v)
         if (v.type == JV_NS) jbuf_putc(c, b, '>');
         break;
     }
-    default: jv_write_str(c, b, v); break;
+    default:
+        jv_write_str(c, b, v);
+        break;
     }
     c->depth--;
 }
@@ -375,18 +428,37 @@ void jv_write_repr(struct jctx *c, struct jbuf *b, struct jv v)
 void jv_write_str(struct jctx *c, struct jbuf *b, struct jv v)
 {
     switch (v.type) {
-    case JV_UNDEF: break;
-    case JV_NONE: put_cstr(c, b, "None"); break;
-    case JV_BOOL: put_cstr(c, b, v.i ? "True" : "False"); break;
-    case JV_INT: write_int(c, b, v.i); break;
-    case JV_FLOAT: write_float(c, b, v.f); break;
-    case JV_STR: jbuf_put(c, b, v.s.p, v.s.n); break;
+    case JV_UNDEF:
+        break;
+    case JV_NONE:
+        put_cstr(c, b, "None");
+        break;
+    case JV_BOOL:
+        put_cstr(c, b, v.i ? "True" : "False");
+        break;
+    case JV_INT:
+        write_int(c, b, v.i);
+        break;
+    case JV_FLOAT:
+        write_float(c, b, v.f);
+        break;
+    case JV_STR:
+        jbuf_put(c, b, v.s.p, v.s.n);
+        break;
     case JV_LIST:
     case JV_DICT:
-    case JV_NS: jv_write_repr(c, b, v); break;
-    case JV_FUNC: put_cstr(c, b, "<built-in function>"); break;
-    case JV_MACRO: put_cstr(c, b, "<Macro>"); break;
-    case JV_LOOP: put_cstr(c, b, "<LoopContext>"); break;
+    case JV_NS:
+        jv_write_repr(c, b, v);
+        break;
+    case JV_FUNC:
+        put_cstr(c, b, "<built-in function>");
+        break;
+    case JV_MACRO:
+        put_cstr(c, b, "<Macro>");
+        break;
+    case JV_LOOP:
+        put_cstr(c, b, "<LoopContext>");
+        break;
     }
 }
 
@@ -405,13 +477,27 @@ static void write_json_str(struct jctx *c, struct jbuf *b, const char *p, size_t
         unsigned char ch = (unsigned char)p[i];
         char esc[16];
         switch (ch) {
-        case '"': jbuf_put(c, b, "\\\"", 2); break;
-        case '\\': jbuf_put(c, b, "\\\\", 2); break;
-        case '\n': jbuf_put(c, b, "\\n", 2); break;
-        case '\r': jbuf_put(c, b, "\\r", 2); break;
-        case '\t': jbuf_put(c, b, "\\t", 2); break;
-        case '\b': jbuf_put(c, b, "\\b", 2); break;
-        case '\f': jbuf_put(c, b, "\\f", 2); break;
+        case '"':
+            jbuf_put(c, b, "\\\"", 2);
+            break;
+        case '\\':
+            jbuf_put(c, b, "\\\\", 2);
+            break;
+        case '\n':
+            jbuf_put(c, b, "\\n", 2);
+            break;
+        case '\r':
+            jbuf_put(c, b, "\\r", 2);
+            break;
+        case '\t':
+            jbuf_put(c, b, "\\t", 2);
+            break;
+        case '\b':
+            jbuf_put(c, b, "\\b", 2);
+            break;
+        case '\f':
+            jbuf_put(c, b, "\\f", 2);
+            break;
         default:
             if (ch < 0x20) {
                 snprintf(esc, sizeof esc, "\\u%04x", ch);
@@ -450,19 +536,31 @@ static int key_less(struct jv a, struct jv b)
 }
 
 /* json.dumps(v, ensure_ascii, indent, separators, sort_keys) as HF's tojson calls it. */
-void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjson_opts *o, int level, size_t off)
+void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjson_opts *o, int level,
+                   size_t off)
 {
     if (++c->depth > c->max_depth) jfail(c, FERRY_ERR_RANGE, off, "value nested too deeply for tojson");
     switch (v.type) {
-    case JV_NONE: put_cstr(c, b, "null"); break;
-    case JV_BOOL: put_cstr(c, b, v.i ? "true" : "false"); break;
-    case JV_INT: write_int(c, b, v.i); break;
-    case JV_FLOAT:
-        if (isnan(v.f)) put_cstr(c, b, "NaN");
-        else if (isinf(v.f)) put_cstr(c, b, v.f < 0 ? "-Infinity" : "Infinity");
-        else write_float(c, b, v.f);
+    case JV_NONE:
+        put_cstr(c, b, "null");
         break;
-    case JV_STR: write_json_str(c, b, v.s.p, v.s.n, o->ascii); break;
+    case JV_BOOL:
+        put_cstr(c, b, v.i ? "true" : "false");
+        break;
+    case JV_INT:
+        write_int(c, b, v.i);
+        break;
+    case JV_FLOAT:
+        if (isnan(v.f))
+            put_cstr(c, b, "NaN");
+        else if (isinf(v.f))
+            put_cstr(c, b, v.f < 0 ? "-Infinity" : "Infinity");
+        else
+            write_float(c, b, v.f);
+        break;
+    case JV_STR:
+        write_json_str(c, b, v.s.p, v.s.n, o->ascii);
+        break;
     case JV_LIST:
         if (v.l->gen) jfail(c, FERRY_ERR_INVALID, off, "Object of type generator is not JSON serializable");
         if (v.l->n == 0) {
@@ -508,7 +606,8 @@ void jv_write_json(struct jctx *c, struct jbuf *b, struct jv v, const struct jjs
         jbuf_putc(c, b, '}');
         break;
     }
-    default: jfail(c, FERRY_ERR_INVALID, off, "Object of type %s is not JSON serializable", jv_type_name(v));
+    default:
+        jfail(c, FERRY_ERR_INVALID, off, "Object of type %s is not JSON serializable", jv_type_name(v));
     }
     c->depth--;
 }
@@ -560,7 +659,7 @@ size_t jutf8_offset(const char *p, size_t n, size_t k)
 
 int jis_space(int cp)
 {
-    return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-           cp == 0x3000;
+    return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
+           cp == 0x205f || cp == 0x3000;
 }

@@ -32,8 +32,8 @@ static void show_diff(const char *name, const char *want, size_t want_len, const
 {
     size_t i = 0;
     while (i < want_len && i < got_len && want[i] == got[i]) i++;
-    cr_log_error("%s: first difference at byte %zu (want %zu bytes, got %zu)\n  want: %.80s\n  got:  %.80s", name, i,
-                 want_len, got_len, want + (i > 20 ? i - 20 : 0), got + (i > 20 ? i - 20 : 0));
+    cr_log_error("%s: first difference at byte %zu (want %zu bytes, got %zu)\n  want: %.80s\n  got:  %.80s",
+                 name, i, want_len, got_len, want + (i > 20 ? i - 20 : 0), got + (i > 20 ? i - 20 : 0));
 }
 
 /* Runs every case whose name starts with `prefix`; returns the number checked. */
@@ -45,10 +45,12 @@ static int run_cases(const char *prefix)
     size_t idx;
     json_t *cs;
     int checked = 0, failed = 0;
-    json_array_foreach(cases, idx, cs) {
+    json_array_foreach(cases, idx, cs)
+    {
         const char *name = json_string_value(json_object_get(cs, "name"));
         if (strncmp(name, prefix, strlen(prefix)) != 0) continue;
-        const char *tmpl = json_string_value(json_object_get(templates, json_string_value(json_object_get(cs, "template"))));
+        const char *tmpl =
+            json_string_value(json_object_get(templates, json_string_value(json_object_get(cs, "template"))));
         cr_assert_not_null(tmpl, "%s: template missing", name);
         json_t *jm = json_object_get(cs, "messages");
         int n = (int)json_array_size(jm);
@@ -59,9 +61,10 @@ static int run_cases(const char *prefix)
         }
         char *out = NULL, err[256];
         size_t out_len = 0;
-        int rc = chat_template_render(tmpl, msgs, n, json_is_true(json_object_get(cs, "add_generation_prompt")),
-                                      json_string_value(json_object_get(cs, "bos_token")),
-                                      json_string_value(json_object_get(cs, "eos_token")), &out, &out_len, err);
+        int rc =
+            chat_template_render(tmpl, msgs, n, json_is_true(json_object_get(cs, "add_generation_prompt")),
+                                 json_string_value(json_object_get(cs, "bos_token")),
+                                 json_string_value(json_object_get(cs, "eos_token")), &out, &out_len, err);
         json_t *want = json_object_get(cs, "expected");
         const char *kind = json_string_value(json_object_get(cs, "error"));
         if (want) {
@@ -93,15 +96,42 @@ static int run_cases(const char *prefix)
     return checked;
 }
 
-Test(chat_reference, builtin_chatml) { cr_assert_geq(run_cases("chatml/"), 12); }
-Test(chat_reference, builtin_llama2) { cr_assert_geq(run_cases("llama2/"), 12); }
-Test(chat_reference, builtin_llama3) { cr_assert_geq(run_cases("llama3/"), 12); }
-Test(chat_reference, builtin_mistral) { cr_assert_geq(run_cases("mistral/"), 12); }
-Test(chat_reference, builtin_gemma) { cr_assert_geq(run_cases("gemma/"), 12); }
-Test(chat_reference, builtin_phi3) { cr_assert_geq(run_cases("phi3/"), 12); }
-Test(chat_reference, builtin_zephyr) { cr_assert_geq(run_cases("zephyr/"), 12); }
-Test(chat_reference, smollm2_gguf_template) { cr_assert_geq(run_cases("smollm2/"), 12); }
-Test(chat_reference, language_features) { cr_assert_geq(run_cases("feature/"), 50); }
+Test(chat_reference, builtin_chatml)
+{
+    cr_assert_geq(run_cases("chatml/"), 12);
+}
+Test(chat_reference, builtin_llama2)
+{
+    cr_assert_geq(run_cases("llama2/"), 12);
+}
+Test(chat_reference, builtin_llama3)
+{
+    cr_assert_geq(run_cases("llama3/"), 12);
+}
+Test(chat_reference, builtin_mistral)
+{
+    cr_assert_geq(run_cases("mistral/"), 12);
+}
+Test(chat_reference, builtin_gemma)
+{
+    cr_assert_geq(run_cases("gemma/"), 12);
+}
+Test(chat_reference, builtin_phi3)
+{
+    cr_assert_geq(run_cases("phi3/"), 12);
+}
+Test(chat_reference, builtin_zephyr)
+{
+    cr_assert_geq(run_cases("zephyr/"), 12);
+}
+Test(chat_reference, smollm2_gguf_template)
+{
+    cr_assert_geq(run_cases("smollm2/"), 12);
+}
+Test(chat_reference, language_features)
+{
+    cr_assert_geq(run_cases("feature/"), 50);
+}
 
 /* The committed reference must carry the same built-in texts as the library (make_chat_cases.py reads
  * them from chat_template.c; this catches an edit without regenerating). */
@@ -151,7 +181,8 @@ static void expect_error(const char *tmpl, int want_rc, const char *want_substr)
 
 Test(chat_errors, raise_exception_message_surfaces)
 {
-    expect_error("ok{{ raise_exception('Bad role: ' ~ messages[1].role) }}", FERRY_ERR_INVALID, "Bad role: user");
+    expect_error("ok{{ raise_exception('Bad role: ' ~ messages[1].role) }}", FERRY_ERR_INVALID,
+                 "Bad role: user");
     char *out, err[256];
     render("{{ raise_exception('exact') }}", &out, err);
     cr_expect_str_eq(err, "exact");
@@ -193,18 +224,20 @@ Test(chat_errors, runtime_errors)
 
 Test(chat_bounds, runaway_loops_stop)
 {
-    expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", FERRY_ERR_RANGE,
-                 "steps");
+    expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                 FERRY_ERR_RANGE, "steps");
     expect_error("{{ range(1000000000) | length }}", FERRY_ERR_RANGE, "range too big");
 }
 
 Test(chat_bounds, output_and_memory_are_bounded)
 {
-    expect_error("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", FERRY_ERR_RANGE, "output exceeds");
+    expect_error("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", FERRY_ERR_RANGE,
+                 "output exceeds");
     expect_error("{{ 'x' * 9000000000000 }}", FERRY_ERR_RANGE, "too large");
-    expect_error("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
-                 "{% endfor %}{{ ns.s | length }}",
-                 FERRY_ERR_RANGE, "memory");
+    expect_error(
+        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+        "{% endfor %}{{ ns.s | length }}",
+        FERRY_ERR_RANGE, "memory");
 }
 
 Test(chat_bounds, recursion_is_bounded)
@@ -233,18 +266,21 @@ Test(chat_bounds, custom_params)
     cr_expect_eq(rc, FERRY_ERR_RANGE);
     p = chat_template_default_params();
     p.max_steps = 1000;
-    rc = chat_template_render_ex("{% for i in range(2000) %}{% endfor %}", CONV, 3, 0, NULL, NULL, &p, &out, &len, err);
+    rc = chat_template_render_ex("{% for i in range(2000) %}{% endfor %}", CONV, 3, 0, NULL, NULL, &p, &out,
+                                 &len, err);
     cr_expect_eq(rc, FERRY_ERR_RANGE, "%s", err);
 }
 
 Test(chat_api, basics)
 {
-    expect_render("{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}{{ eos_token }}",
-                  "<s>[system:sys][user:hi][assistant:yo]</s>");
+    expect_render(
+        "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}{{ eos_token }}",
+        "<s>[system:sys][user:hi][assistant:yo]</s>");
     /* NULL tokens are undefined, as in Jinja */
     char *out, err[256];
     size_t len;
-    int rc = chat_template_render("[{{ bos_token }}|{{ bos_token is defined }}]", CONV, 3, 0, NULL, NULL, &out, &len, err);
+    int rc = chat_template_render("[{{ bos_token }}|{{ bos_token is defined }}]", CONV, 3, 0, NULL, NULL,
+                                  &out, &len, err);
     cr_assert_eq(rc, FERRY_OK, "%s", err);
     cr_expect_str_eq(out, "[|False]");
     cr_expect_eq(len, strlen(out));
@@ -264,9 +300,11 @@ Test(chat_api, builtins_render_smoke)
     for (int i = 0; names[i]; i++) {
         char *out = NULL, err[256];
         size_t len;
-        int rc = chat_template_render(chat_template_builtin(names[i]), conv, 1, 1, "<s>", "</s>", &out, &len, err);
+        int rc =
+            chat_template_render(chat_template_builtin(names[i]), conv, 1, 1, "<s>", "</s>", &out, &len, err);
         cr_expect_eq(rc, FERRY_OK, "%s: %s", names[i], err);
-        cr_expect(rc != FERRY_OK || strstr(out, "What is the capital of France?") != NULL, "%s: %s", names[i], out);
+        cr_expect(rc != FERRY_OK || strstr(out, "What is the capital of France?") != NULL, "%s: %s", names[i],
+                  out);
         free(out);
     }
 }
