@@ -10,40 +10,40 @@
 #include <assert.h>
 #include <stdint.h>
 
-#define QK8_0 32
-#define QK4_0 32
-#define QK4_1 32
-#define QK_K 256
+#define QK8_0        32
+#define QK4_0        32
+#define QK4_1        32
+#define QK_K         256
 #define K_SCALE_SIZE 12
 
 struct block_q8_0 {
-    uint16_t d;        /* f16 scale */
-    int8_t qs[QK8_0];  /* x = d * qs */
+    uint16_t d;       /* f16 scale */
+    int8_t qs[QK8_0]; /* x = d * qs */
 };
 
 struct block_q4_0 {
-    uint16_t d;             /* f16 scale */
-    uint8_t qs[QK4_0 / 2];  /* low nibbles: elements 0..15, high nibbles: 16..31; x = d * (q - 8) */
+    uint16_t d;            /* f16 scale */
+    uint8_t qs[QK4_0 / 2]; /* low nibbles: elements 0..15, high nibbles: 16..31; x = d * (q - 8) */
 };
 
 struct block_q4_1 {
-    uint16_t d;             /* f16 scale */
-    uint16_t m;             /* f16 minimum */
-    uint8_t qs[QK4_1 / 2];  /* as q4_0; x = d * q + m */
+    uint16_t d;            /* f16 scale */
+    uint16_t m;            /* f16 minimum */
+    uint8_t qs[QK4_1 / 2]; /* as q4_0; x = d * q + m */
 };
 
 struct block_q4_k {
-    uint16_t d;                    /* f16 super-block scale of the 6-bit scales */
-    uint16_t dmin;                 /* f16 super-block scale of the 6-bit mins */
-    uint8_t scales[K_SCALE_SIZE];  /* 8 scales + 8 mins, 6 bits each, packed (see dequant.c) */
-    uint8_t qs[QK_K / 2];          /* 4-bit quants, 64 elements per 32 bytes (low then high nibbles) */
+    uint16_t d;                   /* f16 super-block scale of the 6-bit scales */
+    uint16_t dmin;                /* f16 super-block scale of the 6-bit mins */
+    uint8_t scales[K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each, packed (see dequant.c) */
+    uint8_t qs[QK_K / 2];         /* 4-bit quants, 64 elements per 32 bytes (low then high nibbles) */
 };
 
 struct block_q6_k {
-    uint8_t ql[QK_K / 2];      /* low 4 bits of the quants */
-    uint8_t qh[QK_K / 4];      /* high 2 bits of the quants */
-    int8_t scales[QK_K / 16];  /* 8-bit scales of the 16 sub-blocks of 16 */
-    uint16_t d;                /* f16 super-block scale */
+    uint8_t ql[QK_K / 2];     /* low 4 bits of the quants */
+    uint8_t qh[QK_K / 4];     /* high 2 bits of the quants */
+    int8_t scales[QK_K / 16]; /* 8-bit scales of the 16 sub-blocks of 16 */
+    uint16_t d;               /* f16 super-block scale */
 };
 
 static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 size");

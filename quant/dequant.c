@@ -43,7 +43,10 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 
-static inline v16f v16_from_u8(v16u8 q) { return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16f); }
+static inline v16f v16_from_u8(v16u8 q)
+{
+    return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16f);
+}
 
 /* ---- dequantization ---------------------------------------------------------------------------------- */
 
@@ -133,12 +136,15 @@ int dequant_row(enum dtype t, const void *src, float *dst, int64_t n)
     if (n % bs) return FERRY_ERR_INVALID;
     const int64_t nb = n / bs;
     switch (t) {
-    case DTYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return FERRY_OK;
+    case DTYPE_F32:
+        memmove(dst, src, (size_t)n * sizeof(float));
+        return FERRY_OK;
     case DTYPE_F16: {
         const uint16_t *h = src;
         int64_t i = 0;
 #if defined(__F16C__)
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(h + i))));
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(h + i))));
 #endif
         for (; i < n; i++) dst[i] = f16_to_f32(h[i]);
         return FERRY_OK;
@@ -148,12 +154,23 @@ int dequant_row(enum dtype t, const void *src, float *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
         return FERRY_OK;
     }
-    case DTYPE_Q8_0: deq_q8_0(src, dst, nb); return FERRY_OK;
-    case DTYPE_Q4_0: deq_q4_0(src, dst, nb); return FERRY_OK;
-    case DTYPE_Q4_1: deq_q4_1(src, dst, nb); return FERRY_OK;
-    case DTYPE_Q4_K: deq_q4_k(src, dst, nb); return FERRY_OK;
-    case DTYPE_Q6_K: deq_q6_k(src, dst, nb); return FERRY_OK;
-    default: return FERRY_ERR_UNSUPPORTED;
+    case DTYPE_Q8_0:
+        deq_q8_0(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q4_0:
+        deq_q4_0(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q4_1:
+        deq_q4_1(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q4_K:
+        deq_q4_k(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q6_K:
+        deq_q6_k(src, dst, nb);
+        return FERRY_OK;
+    default:
+        return FERRY_ERR_UNSUPPORTED;
     }
 }
 
@@ -219,7 +236,9 @@ int quant_row(enum dtype t, const float *src, void *dst, int64_t n)
     if (n % dtype_block_size(t)) return FERRY_ERR_INVALID;
     const int64_t nb = n / dtype_block_size(t);
     switch (t) {
-    case DTYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return FERRY_OK;
+    case DTYPE_F32:
+        memmove(dst, src, (size_t)n * sizeof(float));
+        return FERRY_OK;
     case DTYPE_F16: {
         uint16_t *h = dst;
         for (int64_t i = 0; i < n; i++) h[i] = f32_to_f16(src[i]);
@@ -230,9 +249,16 @@ int quant_row(enum dtype t, const float *src, void *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(src[i]);
         return FERRY_OK;
     }
-    case DTYPE_Q8_0: quant_q8_0(src, dst, nb); return FERRY_OK;
-    case DTYPE_Q4_0: quant_q4_0(src, dst, nb); return FERRY_OK;
-    case DTYPE_Q4_1: quant_q4_1(src, dst, nb); return FERRY_OK;
-    default: return FERRY_ERR_UNSUPPORTED;
+    case DTYPE_Q8_0:
+        quant_q8_0(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q4_0:
+        quant_q4_0(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q4_1:
+        quant_q4_1(src, dst, nb);
+        return FERRY_OK;
+    default:
+        return FERRY_ERR_UNSUPPORTED;
     }
 }

@@ -17,20 +17,21 @@
 
 #include "kernels/cpu/threadpool.h"
 
-#define ATT_CHUNK 32     /* positions scored at a time */
-#define ATT_MAX_GROUP 16 /* query heads one task may take */
-#define ATT_MAX_ACC 2048 /* floats of accumulators in one task: heads * head_dim */
+#define ATT_CHUNK          32         /* positions scored at a time */
+#define ATT_MAX_GROUP      16         /* query heads one task may take */
+#define ATT_MAX_ACC        2048       /* floats of accumulators in one task: heads * head_dim */
 #define ATT_PREFETCH_BYTES (8u << 20) /* K+V of a sequence's layer beyond which rows are prefetched */
 
-static inline const float *kv_row(const struct kv_layer_view *kv, const float *base, int seq, int pos, int kvh)
+static inline const float *kv_row(const struct kv_layer_view *kv, const float *base, int seq, int pos,
+                                  int kvh)
 {
     const int32_t blk = kv->block_table[(size_t)seq * kv->max_blocks + pos / kv->block_size];
     const size_t row = (size_t)blk * kv->block_size + pos % kv->block_size;
     return base + (row * kv->n_kv_heads + kvh) * kv->head_dim;
 }
 
-void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new, const int32_t *seq,
-                       const int32_t *pos, int m)
+void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new,
+                       const int32_t *seq, const int32_t *pos, int m)
 {
     const size_t w = (size_t)kv->n_kv_heads * kv->head_dim;
     for (int i = 0; i < m; i++) {
@@ -47,8 +48,8 @@ struct att_ctx {
     const struct kv_layer_view *kv;
     const int32_t *seq, *pos;
     int n_heads;
-    int group;  /* query heads per KV head */
-    int split;  /* tasks per (token, KV head): each takes group/split query heads */
+    int group; /* query heads per KV head */
+    int split; /* tasks per (token, KV head): each takes group/split query heads */
     float scale;
 };
 
@@ -155,13 +156,21 @@ void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *
     }
     /* One task per (token, KV head) reads each K/V row once for the whole group; when that leaves fewer
      * than two tasks per thread (a decode step of a model with few KV heads), or the group's accumulators
-     * do not fit, groups are split into one task per head. The arithmetic of a head is the same either way. */
+     * do not fit, groups are split into one task per head. The arithmetic of a head is the same either way.
+     */
     int split = 1;
     if ((int64_t)m * kv->n_kv_heads < 2 * (int64_t)tpool_size(tp) || group > ATT_MAX_GROUP ||
         group * kv->head_dim > ATT_MAX_ACC)
         split = group;
-    struct att_ctx c = {.out = out, .q = q, .kv = kv, .seq = seq, .pos = pos, .n_heads = n_heads,
-                        .group = group, .split = split, .scale = scale};
+    struct att_ctx c = {.out = out,
+                        .q = q,
+                        .kv = kv,
+                        .seq = seq,
+                        .pos = pos,
+                        .n_heads = n_heads,
+                        .group = group,
+                        .split = split,
+                        .scale = scale};
     tpool_run(tp, att_task, &c, m * kv->n_kv_heads * split);
 }
 

@@ -35,17 +35,18 @@
 #endif
 
 typedef float vf __attribute__((vector_size(VL * 4)));
-typedef float vfu __attribute__((vector_size(VL * 4), aligned(4)));      /* unaligned f32 load */
-typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2)));   /* unaligned 16-bit load */
+typedef float vfu __attribute__((vector_size(VL * 4), aligned(4)));    /* unaligned f32 load */
+typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2))); /* unaligned 16-bit load */
 typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 
-#define MR 4           /* rows of x per micro-kernel call */
-#define NR 4           /* rows of W per tile */
-#define KC_MAX 1024    /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
-#define TILE_PAD 16    /* floats added to the tile's row stride */
-#define X_L2_BYTES (512 * 1024)  /* budget for the (m, KC) slice of x */
+#define MR         4            /* rows of x per micro-kernel call */
+#define NR         4            /* rows of W per tile */
+#define KC_MAX     1024         /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
+#define TILE_PAD   16           /* floats added to the tile's row stride */
+#define X_L2_BYTES (512 * 1024) /* budget for the (m, KC) slice of x */
 
-/* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by byte). */
+/* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by
+ * byte). */
 #if defined(__x86_64__) && defined(__AVX512F__)
 #define IN_REG(v) __asm__("" : "+v"(v))
 #elif defined(__x86_64__) && defined(__AVX__)
@@ -62,13 +63,17 @@ enum wkind { WK_F32, WK_F16, WK_BF16, WK_Q8_0, WK_Q4_0, WK_Q4_1 };
 typedef uint8_t vu8 __attribute__((vector_size(VL), aligned(1)));
 typedef int32_t vi32 __attribute__((vector_size(VL * 4)));
 
-static inline vf vf_from_u8(vu8 q) { return __builtin_convertvector(__builtin_convertvector(q, vi32), vf); }
+static inline vf vf_from_u8(vu8 q)
+{
+    return __builtin_convertvector(__builtin_convertvector(q, vi32), vf);
+}
 
 /* VL elements of row w starting at element c (a multiple of VL). */
 static inline vf load_w(const void *w, ptrdiff_t c, enum wkind kind)
 {
     switch (kind) {
-    case WK_F32: return *(const vfu *)((const float *)w + c);
+    case WK_F32:
+        return *(const vfu *)((const float *)w + c);
     case WK_BF16: {
         vu32 u = __builtin_convertvector(*(const vhu *)((const uint16_t *)w + c), vu32);
         return (vf)(u << 16);
@@ -136,9 +141,11 @@ static inline float hsum(vf v)
 
 #define WROW(w, ldw, j) ((const void *)((const uint8_t *)(w) + (j) * (ldw)))
 
-/* out[i*NR + j] = Σ_c x[i*ldx + c] * W_j[c] for c < kc, i < mr, j < nr; row W_j starts ldw*j bytes after w. */
-static inline __attribute__((always_inline)) void micro(float *out, const float *x, ptrdiff_t ldx, const void *w,
-                                                        ptrdiff_t ldw, int kc, int mr, int nr, enum wkind kind)
+/* out[i*NR + j] = Σ_c x[i*ldx + c] * W_j[c] for c < kc, i < mr, j < nr; row W_j starts ldw*j bytes after w.
+ */
+static inline __attribute__((always_inline)) void micro(float *out, const float *x, ptrdiff_t ldx,
+                                                        const void *w, ptrdiff_t ldw, int kc, int mr, int nr,
+                                                        enum wkind kind)
 {
     vf acc[MR][NR];
     for (int i = 0; i < mr; i++)
@@ -162,8 +169,8 @@ static inline __attribute__((always_inline)) void micro(float *out, const float 
 
 /* The hot 4x4 case written out with named registers: GCC keeps them in registers this way, where the array
  * form above makes it reload x rows and fold repeated W loads into the FMAs. Same arithmetic per element. */
-static inline __attribute__((always_inline)) void micro44(float *out, const float *x, ptrdiff_t ldx, const void *w,
-                                                          ptrdiff_t ldw, int kc, enum wkind kind)
+static inline __attribute__((always_inline)) void
+micro44(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, enum wkind kind)
 {
     vf a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     vf a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
@@ -189,7 +196,8 @@ static inline __attribute__((always_inline)) void micro44(float *out, const floa
         IN_REG(xv);
         a30 += xv * w0, a31 += xv * w1, a32 += xv * w2, a33 += xv * w3;
     }
-    const vf acc[MR][NR] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+    const vf acc[MR][NR] = {
+        {a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) {
             float s = hsum(acc[i][j]);
@@ -199,17 +207,21 @@ static inline __attribute__((always_inline)) void micro44(float *out, const floa
 }
 
 #define MICRO_CASE(kind, mr, nr)                                                                             \
-    case (mr) * 8 + (nr): micro(out, x, ldx, w, ldw, kc, mr, nr, kind); return;
-#define MICRO_ROW(kind, mr)                                                                                  \
-    MICRO_CASE(kind, mr, 1) MICRO_CASE(kind, mr, 2) MICRO_CASE(kind, mr, 3)
+    case (mr)*8 + (nr):                                                                                      \
+        micro(out, x, ldx, w, ldw, kc, mr, nr, kind);                                                        \
+        return;
+#define MICRO_ROW(kind, mr) MICRO_CASE(kind, mr, 1) MICRO_CASE(kind, mr, 2) MICRO_CASE(kind, mr, 3)
 #define MICRO_FN(name, kind)                                                                                 \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,   \
-                     int nr)                                                                                 \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,        \
+                     int mr, int nr)                                                                         \
     {                                                                                                        \
         switch (mr * 8 + nr) {                                                                               \
-            MICRO_ROW(kind, 1) MICRO_ROW(kind, 2) MICRO_ROW(kind, 3) MICRO_ROW(kind, 4)                      \
-            MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4)                             \
-        case 4 * 8 + 4: micro44(out, x, ldx, w, ldw, kc, kind); return;                                      \
+            MICRO_ROW(kind, 1)                                                                               \
+                    MICRO_ROW(kind, 2) MICRO_ROW(kind, 3) MICRO_ROW(kind, 4) MICRO_CASE(kind, 1, 4)          \
+                        MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4) case 4 *                               \
+                    8 +                                                                                      \
+                4 : micro44(out, x, ldx, w, ldw, kc, kind);                                                  \
+            return;                                                                                          \
         }                                                                                                    \
     }
 MICRO_FN(micro_f32, WK_F32)
@@ -218,8 +230,8 @@ MICRO_FN(micro_bf16, WK_BF16)
 
 /* Quantized rows read in place, for m <= 2 only. */
 #define MICRO_Q_FN(name, kind)                                                                               \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,   \
-                     int nr)                                                                                 \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,        \
+                     int mr, int nr)                                                                         \
     {                                                                                                        \
         switch (mr * 8 + nr) {                                                                               \
             MICRO_ROW(kind, 1) MICRO_ROW(kind, 2) MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4)              \
@@ -229,18 +241,18 @@ MICRO_Q_FN(micro_q8_0, WK_Q8_0)
 MICRO_Q_FN(micro_q4_0, WK_Q4_0)
 MICRO_Q_FN(micro_q4_1, WK_Q4_1)
 
-typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc, int mr,
-                         int nr);
+typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,
+                         int mr, int nr);
 
 struct mm_ctx {
-    float *y;          /* (m, n) */
-    const float *x;    /* (m, k) */
-    const uint8_t *w;  /* (n, row_bytes) */
+    float *y;         /* (m, n) */
+    const float *x;   /* (m, k) */
+    const uint8_t *w; /* (n, row_bytes) */
     enum dtype wt;
     const float *bias; /* (n) or NULL */
     int m, n, k;
     size_t row_bytes;
-    int kc;            /* columns per chunk */
+    int kc; /* columns per chunk */
     int n_threads;
 };
 
@@ -248,7 +260,8 @@ static void mm_task(void *arg, int t)
 {
     const struct mm_ctx *c = arg;
     const int n_groups = (c->n + NR - 1) / NR;
-    const int g0 = (int)((int64_t)n_groups * t / c->n_threads), g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
+    const int g0 = (int)((int64_t)n_groups * t / c->n_threads),
+              g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
     const int m = c->m, k = c->k;
@@ -256,16 +269,28 @@ static void mm_task(void *arg, int t)
      * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
      * stream straight from memory and are decoded in registers (whole rows, kc = k), except K-quants, whose
      * per-vector scale unpacking makes the block-at-a-time dequantization into the tile faster. */
-    const int use_tile = m > 2 || c->wt == DTYPE_Q4_K || c->wt == DTYPE_Q6_K; /* K-quants decode faster whole */
+    const int use_tile =
+        m > 2 || c->wt == DTYPE_Q4_K || c->wt == DTYPE_Q6_K; /* K-quants decode faster whole */
     micro_fn mk = micro_f32;
     if (!use_tile) {
         switch (c->wt) {
-        case DTYPE_F16: mk = micro_f16; break;
-        case DTYPE_BF16: mk = micro_bf16; break;
-        case DTYPE_Q8_0: mk = micro_q8_0; break;
-        case DTYPE_Q4_0: mk = micro_q4_0; break;
-        case DTYPE_Q4_1: mk = micro_q4_1; break;
-        default: break;
+        case DTYPE_F16:
+            mk = micro_f16;
+            break;
+        case DTYPE_BF16:
+            mk = micro_bf16;
+            break;
+        case DTYPE_Q8_0:
+            mk = micro_q8_0;
+            break;
+        case DTYPE_Q4_0:
+            mk = micro_q4_0;
+            break;
+        case DTYPE_Q4_1:
+            mk = micro_q4_1;
+            break;
+        default:
+            break;
         }
     }
     float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
@@ -281,7 +306,8 @@ static void mm_task(void *arg, int t)
                 const size_t off = dtype_row_size(c->wt, k0);
                 const int stride = kc + TILE_PAD;
                 for (int j = 0; j < nr; j++)
-                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * stride, kc);
+                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off,
+                                tile + (size_t)j * stride, kc);
                 wp = tile;
                 ldw = (ptrdiff_t)stride * 4;
             } else {
@@ -313,20 +339,29 @@ static int mm_check(const float *y, const float *x, const void *w, enum dtype wt
     return FERRY_OK;
 }
 
-int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n, int k,
-                    struct tpool *tp)
+int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
+                    int k, struct tpool *tp)
 {
     int st = mm_check(y, x, w, wt, m, n, k);
     if (st) return st;
-    struct mm_ctx c = {.y = y, .x = x, .w = w, .wt = wt, .bias = bias, .m = m, .n = n, .k = k,
-                       .row_bytes = dtype_row_size(wt, k), .n_threads = tpool_size(tp)};
+    struct mm_ctx c = {.y = y,
+                       .x = x,
+                       .w = w,
+                       .wt = wt,
+                       .bias = bias,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .row_bytes = dtype_row_size(wt, k),
+                       .n_threads = tpool_size(tp)};
     /* KC: a multiple of 256 (whole K-quant blocks) that keeps the W tile in L1 and the (m, KC) slice of x in
      * L2. With m <= 2 there is no tile and nothing to reuse: whole rows (no partial sums). */
     int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
     if (kc > KC_MAX) kc = KC_MAX;
-    if (m <= 2 && wt != DTYPE_Q4_K && wt != DTYPE_Q6_K) kc = k; /* the same condition as "no tile" in mm_task */
+    if (m <= 2 && wt != DTYPE_Q4_K && wt != DTYPE_Q6_K)
+        kc = k; /* the same condition as "no tile" in mm_task */
     if (kc >= k) kc = k;
     c.kc = (int)kc;
     /* Tiny products are not worth waking the pool for. */
@@ -336,8 +371,8 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     return FERRY_OK;
 }
 
-int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
-                        int k)
+int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m,
+                        int n, int k)
 {
     int st = mm_check(y, x, w, wt, m, n, k);
     if (st) return st;

@@ -25,21 +25,25 @@ static inline float f32_keep(float v)
     return r;
 }
 
-int kern_cpu_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens, int m)
+int kern_cpu_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens,
+                   int m)
 {
-    if (!x || !table || !tokens || d <= 0 || m < 0 || n_rows <= 0 || !dtype_valid(tt)) return FERRY_ERR_INVALID;
+    if (!x || !table || !tokens || d <= 0 || m < 0 || n_rows <= 0 || !dtype_valid(tt))
+        return FERRY_ERR_INVALID;
     const size_t row_bytes = dtype_row_size(tt, d);
     if (row_bytes == 0) return FERRY_ERR_INVALID;
     for (int i = 0; i < m; i++)
         if (tokens[i] < 0 || tokens[i] >= n_rows) return FERRY_ERR_RANGE;
     for (int i = 0; i < m; i++) {
-        int st = dequant_row(tt, (const uint8_t *)table + (size_t)tokens[i] * row_bytes, x + (size_t)i * d, d);
+        int st =
+            dequant_row(tt, (const uint8_t *)table + (size_t)tokens[i] * row_bytes, x + (size_t)i * d, d);
         if (st) return st;
     }
     return FERRY_OK;
 }
 
-/* ---- RMSNorm --------------------------------------------------------------------------------------------- */
+/* ---- RMSNorm ---------------------------------------------------------------------------------------------
+ */
 
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16), aligned(4)));
@@ -82,7 +86,8 @@ void kern_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int m, int d
     }
 }
 
-/* ---- rotary embedding ------------------------------------------------------------------------------------ */
+/* ---- rotary embedding ------------------------------------------------------------------------------------
+ */
 
 void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc)
 {
@@ -110,7 +115,8 @@ void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struc
         const float f = inv_freq[i];
         const float wavelen = f32_keep(f32_keep(1.0f / f) * two_pi);
         float fl = wavelen > lo_wavelen ? f32_keep(f / factor) : f;
-        const float smooth = f32_keep(f32_keep(f32_keep(f32_keep(1.0f / wavelen) * old_ctx) - lo) / hi_minus_lo);
+        const float smooth =
+            f32_keep(f32_keep(f32_keep(f32_keep(1.0f / wavelen) * old_ctx) - lo) / hi_minus_lo);
         const float smoothed =
             f32_keep(f32_keep(f32_keep(f32_keep(1.0f - smooth) * fl) / factor) + f32_keep(smooth * fl));
         const int medium = !(wavelen < hi_wavelen) && !(wavelen > lo_wavelen);
@@ -157,7 +163,8 @@ void kern_cpu_rope(float *x, const int32_t *pos, int m, int n_heads, int head_di
             cs[2 * i] = (float)c;
             cs[2 * i + 1] = (float)s;
         }
-        for (int h = 0; h < n_heads; h++) rope_head(x + ((size_t)t * n_heads + h) * head_dim, cs, rope_dim, style);
+        for (int h = 0; h < n_heads; h++)
+            rope_head(x + ((size_t)t * n_heads + h) * head_dim, cs, rope_dim, style);
     }
 }
 
@@ -180,7 +187,8 @@ void kern_cpu_rope_ref(float *x, const int32_t *pos, int m, int n_heads, int hea
         }
 }
 
-/* ---- element-wise ---------------------------------------------------------------------------------------- */
+/* ---- element-wise ----------------------------------------------------------------------------------------
+ */
 
 /* exp on a vector of 8 floats: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and Cephes' expf minimax
  * polynomial for e^r (about 1 ulp), scaled by 2^n through the exponent bits. Inputs are clamped to
@@ -192,7 +200,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 
 static inline v8f v8_exp(v8f x)
 {
-    const v8i lo = x < -87.0f, hi = x > 88.0f; /* lane masks (0 or -1) */
+    const v8i lo = x<-87.0f, hi = x> 88.0f; /* lane masks (0 or -1) */
     x = (v8f)(((v8i)x & ~(lo | hi)) | ((v8i)((v8f){0} - 87.0f) & lo) | ((v8i)((v8f){0} + 88.0f) & hi));
     const v8f t = x * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
     const v8f n = t - 12582912.0f;

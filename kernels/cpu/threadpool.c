@@ -38,12 +38,12 @@ struct tpool_worker {
 };
 
 struct tpool {
-    int n_threads;                 /* workers + the caller */
-    struct tpool_worker *workers;  /* (n_threads - 1) */
-    _Atomic uint32_t gen;          /* bumped once per job (and on shutdown) */
-    _Atomic uint32_t remaining;    /* workers that have not finished the current job */
-    _Atomic int n_sleepers;        /* workers asleep (or about to be) on gen */
-    _Atomic int caller_sleeping;   /* the caller is asleep (or about to be) on remaining */
+    int n_threads;                /* workers + the caller */
+    struct tpool_worker *workers; /* (n_threads - 1) */
+    _Atomic uint32_t gen;         /* bumped once per job (and on shutdown) */
+    _Atomic uint32_t remaining;   /* workers that have not finished the current job */
+    _Atomic int n_sleepers;       /* workers asleep (or about to be) on gen */
+    _Atomic int caller_sleeping;  /* the caller is asleep (or about to be) on remaining */
     _Atomic int stop;
     tpool_fn fn;
     void *ctx;
@@ -136,7 +136,10 @@ void tpool_free(struct tpool *tp)
     free(tp);
 }
 
-int tpool_size(const struct tpool *tp) { return tp ? tp->n_threads : 1; }
+int tpool_size(const struct tpool *tp)
+{
+    return tp ? tp->n_threads : 1;
+}
 
 void tpool_run(struct tpool *tp, tpool_fn fn, void *ctx, int n_tasks)
 {

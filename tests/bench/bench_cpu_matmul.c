@@ -2,10 +2,10 @@
  *
  * For shapes (m, n, k) = (1, 4096, 4096) (decode) and (64, 4096, 4096) (prefill) and 1 and 2 threads (or the
  * counts given as arguments), prints GB/s of weight bytes read (n * row_bytes per call) and GFLOP/s, best of
- * a few timed runs after a warm-up. Each call reads a different copy of the weight, from a rotation of at least
- * 512 MiB, so no call finds its weight in cache (this machine's L3 is 32 MiB; some keep part of 64 MiB).
- * The ceiling printed first is a plain streaming read (vector sums) of a 256 MiB buffer with the same pool.
- * Usage: bench_cpu_matmul [threads...]
+ * a few timed runs after a warm-up. Each call reads a different copy of the weight, from a rotation of at
+ * least 512 MiB, so no call finds its weight in cache (this machine's L3 is 32 MiB; some keep part of 64
+ * MiB). The ceiling printed first is a plain streaming read (vector sums) of a 256 MiB buffer with the same
+ * pool. Usage: bench_cpu_matmul [threads...]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -77,7 +77,8 @@ static void bw_task(void *arg, int t)
 {
     struct bw_ctx *c = arg;
     const int64_t piece = 16384, q = piece / 4;
-    const int64_t lo = c->n * t / c->n_threads / piece * piece, hi = c->n * (t + 1) / c->n_threads / piece * piece;
+    const int64_t lo = c->n * t / c->n_threads / piece * piece,
+                  hi = c->n * (t + 1) / c->n_threads / piece * piece;
     v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
     for (int64_t b = lo; b < hi; b += piece) {
         const float *p0 = c->a + b, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
@@ -118,7 +119,8 @@ int main(int argc, char **argv)
         n_thr = 0;
         for (int i = 1; i < argc && n_thr < 8; i++) threads[n_thr++] = atoi(argv[i]);
     }
-    const enum dtype types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q6_K};
+    const enum dtype types[] = {DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0,
+                                DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q6_K};
     const int shapes[2][3] = {{1, 4096, 4096}, {64, 4096, 4096}};
     for (int ci = 0; ci < n_thr; ci++) {
         struct tpool *tp = NULL;
@@ -126,7 +128,8 @@ int main(int argc, char **argv)
         printf("ceiling: streaming read with %d thread(s): %.2f GB/s\n", tpool_size(tp), read_bandwidth(tp));
         tpool_free(tp);
     }
-    printf("%-5s %4s %5s %5s %3s %10s %9s %9s\n", "type", "m", "n", "k", "thr", "ms/call", "GB/s(W)", "GFLOP/s");
+    printf("%-5s %4s %5s %5s %3s %10s %9s %9s\n", "type", "m", "n", "k", "thr", "ms/call", "GB/s(W)",
+           "GFLOP/s");
     for (int s = 0; s < 2; s++) {
         const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
         float *x = malloc(sizeof(float) * m * k), *y = malloc(sizeof(float) * m * n);

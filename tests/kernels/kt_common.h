@@ -12,7 +12,10 @@
 
 static uint64_t kt_rng_state = 0x9E3779B97F4A7C15ull;
 
-static inline void kt_seed(uint64_t s) { kt_rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
+static inline void kt_seed(uint64_t s)
+{
+    kt_rng_state = s * 0x9E3779B97F4A7C15ull + 1;
+}
 
 static inline uint64_t kt_next(void)
 {
@@ -23,7 +26,10 @@ static inline uint64_t kt_next(void)
 }
 
 /* Uniform in [lo, hi). */
-static inline float kt_uniform(float lo, float hi) { return lo + (hi - lo) * (float)((kt_next() >> 40) * 0x1.0p-24); }
+static inline float kt_uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((kt_next() >> 40) * 0x1.0p-24);
+}
 
 static inline void kt_fill(float *x, size_t n, float lo, float hi)
 {
@@ -56,7 +62,7 @@ static inline void *kt_load(const char *name, size_t *len)
 #define KT_LOAD(var, name, len)                                                                              \
     do {                                                                                                     \
         var = kt_load(name, &(len));                                                                         \
-        if (!(var)) cr_skip_test("missing FILE: tests/kernels/data/%s (run make_quant_fixtures.py)", name); \
+        if (!(var)) cr_skip_test("missing FILE: tests/kernels/data/%s (run make_quant_fixtures.py)", name);  \
     } while (0)
 
 /* Asserts every element is within atol + rtol*|ref|; names the worst element on failure. */
@@ -76,7 +82,8 @@ static inline void kt_check_close(const char *what, const float *got, const floa
             worst = i;
         }
     }
-    cr_assert(bad == 0, "%s: %d of %zu elements out of tolerance (atol %g, rtol %g); worst [%zu] got %.9g ref %.9g",
+    cr_assert(bad == 0,
+              "%s: %d of %zu elements out of tolerance (atol %g, rtol %g); worst [%zu] got %.9g ref %.9g",
               what, bad, n, atol, rtol, worst, (double)got[worst], (double)ref[worst]);
 }
 

@@ -11,8 +11,8 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/threadpool.h"
 
-#define BS 16
-#define N_SEQ 3
+#define BS         16
+#define N_SEQ      3
 #define MAX_BLOCKS 24 /* 24 * 16 = 384 positions per sequence */
 
 static void run_case(int n_heads, int n_kv_heads, int head_dim)
@@ -20,7 +20,8 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     const int len[N_SEQ] = {301, 77, 5}; /* positions 0..len-1 exist after this step */
     const int n_blocks = N_SEQ * MAX_BLOCKS;
     const size_t row = (size_t)n_kv_heads * head_dim;
-    float *kc = malloc(sizeof(float) * n_blocks * BS * row), *vc = malloc(sizeof(float) * n_blocks * BS * row);
+    float *kc = malloc(sizeof(float) * n_blocks * BS * row),
+          *vc = malloc(sizeof(float) * n_blocks * BS * row);
     /* Poison: a read of an unwritten row shows up as a huge error. */
     for (size_t i = 0; i < (size_t)n_blocks * BS * row; i++) kc[i] = vc[i] = 1e6f;
     int32_t table[N_SEQ * MAX_BLOCKS];
@@ -60,10 +61,12 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     (void)len;
 
     const size_t qn = (size_t)m * n_heads * head_dim;
-    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn), *out2 = malloc(sizeof(float) * qn);
+    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn),
+          *out2 = malloc(sizeof(float) * qn);
     float *ref = malloc(sizeof(float) * qn);
     kt_fill(q, qn, -1.0f, 1.0f);
-    const float scale = 1.0f / sqrtf((float)head_dim) * 3.0f; /* sharper than usual: exercises the max shift */
+    const float scale =
+        1.0f / sqrtf((float)head_dim) * 3.0f; /* sharper than usual: exercises the max shift */
     struct tpool *tp;
     cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
     kern_cpu_attention(out, q, &kv, seq, pos, m, n_heads, scale, tp);
@@ -77,7 +80,8 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: 1 vs 2 threads differ", what);
     /* A single decode token (too few KV heads to keep the pool busy: tasks are split per query head). */
     for (int i = 0; i < m; i += 7) {
-        kern_cpu_attention(out2, q + (size_t)i * n_heads * head_dim, &kv, seq + i, pos + i, 1, n_heads, scale, tp);
+        kern_cpu_attention(out2, q + (size_t)i * n_heads * head_dim, &kv, seq + i, pos + i, 1, n_heads, scale,
+                           tp);
         cr_assert(memcmp(out2, out + (size_t)i * n_heads * head_dim, sizeof(float) * n_heads * head_dim) == 0,
                   "%s: token %d alone differs from the batch", what, i);
     }
@@ -87,7 +91,8 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
             for (int h = 0; h < n_heads; h++)
                 for (int d = 0; d < head_dim; d++)
                     cr_assert_float_eq(out[((size_t)i * n_heads + h) * head_dim + d],
-                                       vn[i * row + (size_t)(h / (n_heads / n_kv_heads)) * head_dim + d], 1e-6f);
+                                       vn[i * row + (size_t)(h / (n_heads / n_kv_heads)) * head_dim + d],
+                                       1e-6f);
     tpool_free(tp);
     free(kc);
     free(vc);
@@ -99,10 +104,26 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     free(ref);
 }
 
-Test(attention, gqa_ratio_1) { kt_seed(21); run_case(2, 2, 64); }
-Test(attention, gqa_ratio_2) { kt_seed(22); run_case(4, 2, 40); }
-Test(attention, gqa_ratio_4) { kt_seed(23); run_case(8, 2, 128); }
-Test(attention, gqa_single_kv_head_odd_dim) { kt_seed(24); run_case(3, 1, 17); }
+Test(attention, gqa_ratio_1)
+{
+    kt_seed(21);
+    run_case(2, 2, 64);
+}
+Test(attention, gqa_ratio_2)
+{
+    kt_seed(22);
+    run_case(4, 2, 40);
+}
+Test(attention, gqa_ratio_4)
+{
+    kt_seed(23);
+    run_case(8, 2, 128);
+}
+Test(attention, gqa_single_kv_head_odd_dim)
+{
+    kt_seed(24);
+    run_case(3, 1, 17);
+}
 
 Test(attention, long_sequence_prefetch_path)
 {

@@ -42,7 +42,9 @@ static void *random_weight(enum dtype t, int n, int k)
                 bl->d = f32_to_f16(kt_uniform(-0.0005f, 0.0005f));
             }
             break;
-        default: cr_assert_eq(quant_row(t, row, wr, k), FERRY_OK); break;
+        default:
+            cr_assert_eq(quant_row(t, row, wr, k), FERRY_OK);
+            break;
         }
     }
     free(row);
@@ -69,7 +71,8 @@ static void check_type(enum dtype t, const struct shape *shapes, int n_shapes)
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             const float *b = with_bias ? bias : NULL;
             char what[128];
-            snprintf(what, sizeof what, "matmul %s m=%d n=%d k=%d bias=%d", dtype_name(t), m, n, k, with_bias);
+            snprintf(what, sizeof what, "matmul %s m=%d n=%d k=%d bias=%d", dtype_name(t), m, n, k,
+                     with_bias);
             cr_assert_eq(kern_cpu_matmul_ref(ref, x, w, t, b, m, n, k), FERRY_OK);
             cr_assert_eq(kern_cpu_matmul(y, x, w, t, b, m, n, k, tp), FERRY_OK);
             kt_check_close(what, y, ref, (size_t)m * n, 1e-4, 1e-5);
@@ -89,22 +92,46 @@ static void check_type(enum dtype t, const struct shape *shapes, int n_shapes)
     tpool_free(tp);
 }
 
-static const struct shape plain_shapes[] = {{1, 37, 1001}, {3, 13, 333}, {17, 37, 1001}, {130, 37, 1001},
-                                            {1, 5, 7}, {2, 3, 4099}};
-static const struct shape q32_shapes[] = {{1, 37, 32 * 37}, {3, 13, 32 * 5}, {17, 37, 32 * 37}, {130, 37, 32 * 37},
-                                          {1, 9, 32 * 161}, {5, 1, 32}};
-static const struct shape qk_shapes[] = {{1, 37, 256 * 5}, {3, 13, 256}, {17, 37, 256 * 5}, {130, 21, 256 * 5},
-                                         {1, 7, 256 * 17}};
+static const struct shape plain_shapes[] = {{1, 37, 1001},   {3, 13, 333}, {17, 37, 1001},
+                                            {130, 37, 1001}, {1, 5, 7},    {2, 3, 4099}};
+static const struct shape q32_shapes[] = {{1, 37, 32 * 37},   {3, 13, 32 * 5},  {17, 37, 32 * 37},
+                                          {130, 37, 32 * 37}, {1, 9, 32 * 161}, {5, 1, 32}};
+static const struct shape qk_shapes[] = {
+    {1, 37, 256 * 5}, {3, 13, 256}, {17, 37, 256 * 5}, {130, 21, 256 * 5}, {1, 7, 256 * 17}};
 #define N_OF(a) (int)(sizeof(a) / sizeof((a)[0]))
 
-Test(matmul, f32) { check_type(DTYPE_F32, plain_shapes, N_OF(plain_shapes)); }
-Test(matmul, f16) { check_type(DTYPE_F16, plain_shapes, N_OF(plain_shapes)); }
-Test(matmul, bf16) { check_type(DTYPE_BF16, plain_shapes, N_OF(plain_shapes)); }
-Test(matmul, q8_0) { check_type(DTYPE_Q8_0, q32_shapes, N_OF(q32_shapes)); }
-Test(matmul, q4_0) { check_type(DTYPE_Q4_0, q32_shapes, N_OF(q32_shapes)); }
-Test(matmul, q4_1) { check_type(DTYPE_Q4_1, q32_shapes, N_OF(q32_shapes)); }
-Test(matmul, q4_k) { check_type(DTYPE_Q4_K, qk_shapes, N_OF(qk_shapes)); }
-Test(matmul, q6_k) { check_type(DTYPE_Q6_K, qk_shapes, N_OF(qk_shapes)); }
+Test(matmul, f32)
+{
+    check_type(DTYPE_F32, plain_shapes, N_OF(plain_shapes));
+}
+Test(matmul, f16)
+{
+    check_type(DTYPE_F16, plain_shapes, N_OF(plain_shapes));
+}
+Test(matmul, bf16)
+{
+    check_type(DTYPE_BF16, plain_shapes, N_OF(plain_shapes));
+}
+Test(matmul, q8_0)
+{
+    check_type(DTYPE_Q8_0, q32_shapes, N_OF(q32_shapes));
+}
+Test(matmul, q4_0)
+{
+    check_type(DTYPE_Q4_0, q32_shapes, N_OF(q32_shapes));
+}
+Test(matmul, q4_1)
+{
+    check_type(DTYPE_Q4_1, q32_shapes, N_OF(q32_shapes));
+}
+Test(matmul, q4_k)
+{
+    check_type(DTYPE_Q4_K, qk_shapes, N_OF(qk_shapes));
+}
+Test(matmul, q6_k)
+{
+    check_type(DTYPE_Q6_K, qk_shapes, N_OF(qk_shapes));
+}
 
 Test(matmul, ref_matches_hand_computed)
 {
@@ -128,11 +155,12 @@ Test(matmul, rejects_bad_shapes)
     cr_assert_eq(kern_cpu_matmul_ref(y, x, w, DTYPE_Q4_K, NULL, 1, 1, 32), FERRY_ERR_INVALID);
 }
 
-/* ---- thread pool ---------------------------------------------------------------------------------------- */
+/* ---- thread pool ----------------------------------------------------------------------------------------
+ */
 
 struct tp_probe {
-    int *count;   /* (n) times each task ran */
-    int *owner;   /* (n) the thread-ish id that ran it (address of a stack variable, bucketed) */
+    int *count; /* (n) times each task ran */
+    int *owner; /* (n) the thread-ish id that ran it (address of a stack variable, bucketed) */
 };
 
 static _Thread_local int tls_marker;
@@ -156,7 +184,8 @@ Test(threadpool, every_task_once_contiguous_static_partition)
             memset(count, 0, sizeof count);
             struct tp_probe p = {count, owner};
             tpool_run(tp, tp_count, &p, n);
-            for (int i = 0; i < n; i++) cr_assert_eq(count[i], 1, "nt=%d n=%d task %d ran %d times", nt, n, i, count[i]);
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(count[i], 1, "nt=%d n=%d task %d ran %d times", nt, n, i, count[i]);
             for (int i = n; i < 1000; i++) cr_assert_eq(count[i], 0);
             if (n == 999) {
                 /* Static partition: the same tasks land on the same threads on a second run. */

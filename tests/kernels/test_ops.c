@@ -19,14 +19,18 @@ Test(ops, embed_every_dtype)
         const enum dtype t = types[ti];
         const size_t rb = dtype_row_size(t, d);
         uint8_t *table = malloc(rb * n_rows);
-        for (int r = 0; r < n_rows; r++) cr_assert_eq(quant_row(t, src + (size_t)r * d, table + rb * r, d), FERRY_OK);
+        for (int r = 0; r < n_rows; r++)
+            cr_assert_eq(quant_row(t, src + (size_t)r * d, table + rb * r, d), FERRY_OK);
         cr_assert_eq(kern_cpu_embed(x, table, t, n_rows, d, tok, 5), FERRY_OK);
         for (int i = 0; i < 5; i++) {
             cr_assert_eq(dequant_row(t, table + rb * tok[i], row, d), FERRY_OK);
             cr_assert(memcmp(row, x + (size_t)i * d, sizeof row) == 0, "%s token %d", dtype_name(t), i);
             /* And the decoded row is close to the source row (the quantization step of each type). */
-            const float tol = t == DTYPE_F32 ? 0 : t == DTYPE_F16 ? 2e-3f : t == DTYPE_BF16 ? 2e-2f
-                                                   : t == DTYPE_Q8_0 ? 3.0f / 127 : 0.4f;
+            const float tol = t == DTYPE_F32    ? 0
+                              : t == DTYPE_F16  ? 2e-3f
+                              : t == DTYPE_BF16 ? 2e-2f
+                              : t == DTYPE_Q8_0 ? 3.0f / 127
+                                                : 0.4f;
             for (int e = 0; e < d; e++)
                 cr_assert(fabsf(x[(size_t)i * d + e] - src[(size_t)tok[i] * d + e]) <= tol, "%s [%d,%d]",
                           dtype_name(t), i, e);
@@ -100,9 +104,11 @@ Test(ops, rope_freqs_match_transformers)
         kern_cpu_rope_freqs(f, rope_cfgs[c].dim, rope_cfgs[c].theta, &rope_cfgs[c].sc);
         cr_assert_leq((off + rope_cfgs[c].dim / 2) * 4, n);
         for (int i = 0; i < rope_cfgs[c].dim / 2; i++) {
-            /* Same f32 operations in the same order: at most 1 ulp apart (torch's powf vs our rounded pow). */
+            /* Same f32 operations in the same order: at most 1 ulp apart (torch's powf vs our rounded pow).
+             */
             const int32_t a = (int32_t)fp32_to_bits(f[i]), b = (int32_t)fp32_to_bits(want[off + i]);
-            cr_assert(abs(a - b) <= 1, "config %u inv_freq[%d] = %.9g, transformers %.9g", c, i, f[i], want[off + i]);
+            cr_assert(abs(a - b) <= 1, "config %u inv_freq[%d] = %.9g, transformers %.9g", c, i, f[i],
+                      want[off + i]);
         }
         off += rope_cfgs[c].dim / 2;
     }

@@ -31,8 +31,9 @@ static void check_dequant(enum dtype t, const char *name)
             if (first < 0) first = i;
             mismatches++;
         }
-    cr_assert_eq(mismatches, 0, "%s: %d of %ld values differ from gguf-py; first [%ld] got %.9g want %.9g", name,
-                 mismatches, (long)n, (long)first, first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+    cr_assert_eq(mismatches, 0, "%s: %d of %ld values differ from gguf-py; first [%ld] got %.9g want %.9g",
+                 name, mismatches, (long)n, (long)first, first >= 0 ? got[first] : 0.0,
+                 first >= 0 ? want[first] : 0.0);
     /* A row in the middle of the data (not block 0) also decodes alone. */
     const int bs = dtype_block_size(t);
     const int64_t off = (n / bs / 2) * bs;
@@ -43,13 +44,34 @@ static void check_dequant(enum dtype t, const char *name)
     free(want);
 }
 
-Test(quant, dequant_q8_0) { check_dequant(DTYPE_Q8_0, "Q8_0"); }
-Test(quant, dequant_q4_0) { check_dequant(DTYPE_Q4_0, "Q4_0"); }
-Test(quant, dequant_q4_1) { check_dequant(DTYPE_Q4_1, "Q4_1"); }
-Test(quant, dequant_q4_k) { check_dequant(DTYPE_Q4_K, "Q4_K"); }
-Test(quant, dequant_q6_k) { check_dequant(DTYPE_Q6_K, "Q6_K"); }
-Test(quant, dequant_f16) { check_dequant(DTYPE_F16, "F16"); }
-Test(quant, dequant_bf16) { check_dequant(DTYPE_BF16, "BF16"); }
+Test(quant, dequant_q8_0)
+{
+    check_dequant(DTYPE_Q8_0, "Q8_0");
+}
+Test(quant, dequant_q4_0)
+{
+    check_dequant(DTYPE_Q4_0, "Q4_0");
+}
+Test(quant, dequant_q4_1)
+{
+    check_dequant(DTYPE_Q4_1, "Q4_1");
+}
+Test(quant, dequant_q4_k)
+{
+    check_dequant(DTYPE_Q4_K, "Q4_K");
+}
+Test(quant, dequant_q6_k)
+{
+    check_dequant(DTYPE_Q6_K, "Q6_K");
+}
+Test(quant, dequant_f16)
+{
+    check_dequant(DTYPE_F16, "F16");
+}
+Test(quant, dequant_bf16)
+{
+    check_dequant(DTYPE_BF16, "BF16");
+}
 
 static void check_quant(enum dtype t, const char *name)
 {
@@ -72,8 +94,8 @@ static void check_quant(enum dtype t, const char *name)
             if (first < 0) first = (long)b;
             bad_blocks++;
         }
-    cr_assert_eq(bad_blocks, 0, "%s: %d blocks differ from gguf-py's quantize, first block %ld", name, bad_blocks,
-                 first);
+    cr_assert_eq(bad_blocks, 0, "%s: %d blocks differ from gguf-py's quantize, first block %ld", name,
+                 bad_blocks, first);
     /* Round trip: within half a step plus the f16 rounding of d (127 steps of at most 2^-11 d), for Q8_0. */
     if (t == DTYPE_Q8_0) {
         float *back = malloc(nx);
@@ -81,7 +103,8 @@ static void check_quant(enum dtype t, const char *name)
         const struct block_q8_0 *bl = (const void *)got;
         for (int64_t i = 0; i < n; i++) {
             const float d = f16_to_f32(bl[i / 32].d);
-            cr_assert(fabsf(back[i] - x[i]) <= 0.5f * d + 127.0f * d * 0x1p-11f + 1e-7f, "Q8_0 round trip [%ld]", (long)i);
+            cr_assert(fabsf(back[i] - x[i]) <= 0.5f * d + 127.0f * d * 0x1p-11f + 1e-7f,
+                      "Q8_0 round trip [%ld]", (long)i);
         }
         free(back);
     }
@@ -90,9 +113,18 @@ static void check_quant(enum dtype t, const char *name)
     free(want);
 }
 
-Test(quant, quant_q8_0) { check_quant(DTYPE_Q8_0, "Q8_0"); }
-Test(quant, quant_q4_0) { check_quant(DTYPE_Q4_0, "Q4_0"); }
-Test(quant, quant_q4_1) { check_quant(DTYPE_Q4_1, "Q4_1"); }
+Test(quant, quant_q8_0)
+{
+    check_quant(DTYPE_Q8_0, "Q8_0");
+}
+Test(quant, quant_q4_0)
+{
+    check_quant(DTYPE_Q4_0, "Q4_0");
+}
+Test(quant, quant_q4_1)
+{
+    check_quant(DTYPE_Q4_1, "Q4_1");
+}
 
 Test(quant, fp16_conversions_round_like_numpy)
 {
@@ -103,9 +135,10 @@ Test(quant, fp16_conversions_round_like_numpy)
     KT_LOAD(h, "fp16_out.u16", nh);
     KT_LOAD(b, "bf16_out.u16", nb);
     for (size_t i = 0; i < nf / 4; i++) {
-        cr_assert_eq(f32_to_f16(f[i]), h[i], "f32_to_f16(%.9g) = 0x%04x, numpy 0x%04x", f[i], f32_to_f16(f[i]), h[i]);
-        cr_assert_eq(f32_to_bf16(f[i]), b[i], "f32_to_bf16(%.9g) = 0x%04x, gguf-py 0x%04x", f[i], f32_to_bf16(f[i]),
-                     b[i]);
+        cr_assert_eq(f32_to_f16(f[i]), h[i], "f32_to_f16(%.9g) = 0x%04x, numpy 0x%04x", f[i],
+                     f32_to_f16(f[i]), h[i]);
+        cr_assert_eq(f32_to_bf16(f[i]), b[i], "f32_to_bf16(%.9g) = 0x%04x, gguf-py 0x%04x", f[i],
+                     f32_to_bf16(f[i]), b[i]);
         /* Every finite f16 converts back to an f32 that converts to the same bits. */
         if ((h[i] & 0x7C00) != 0x7C00) cr_assert_eq(f32_to_f16(f16_to_f32(h[i])), h[i]);
     }
