@@ -17,11 +17,11 @@
 #include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
 
-#define API_MAX_PROMPTS 128
-#define API_MAX_N 128
-#define API_MAX_STOPS 16
+#define API_MAX_PROMPTS  128
+#define API_MAX_N        128
+#define API_MAX_STOPS    16
 #define API_MAX_STOP_LEN 1024
-#define API_MAX_BIAS 4096
+#define API_MAX_BIAS     4096
 
 /* ---- small helpers ------------------------------------------------------------------------------- */
 
@@ -60,16 +60,23 @@ char *utf8_sanitize(const char *s, size_t n, size_t *out_len)
         unsigned c = u[i];
         size_t k = 0;
         unsigned cp = 0;
-        if (c < 0x80) k = 1, cp = c;
-        else if (c >= 0xc2 && c <= 0xdf) k = 2, cp = c & 0x1f;
-        else if (c >= 0xe0 && c <= 0xef) k = 3, cp = c & 0x0f;
-        else if (c >= 0xf0 && c <= 0xf4) k = 4, cp = c & 0x07;
+        if (c < 0x80)
+            k = 1, cp = c;
+        else if (c >= 0xc2 && c <= 0xdf)
+            k = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            k = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            k = 4, cp = c & 0x07;
         int ok = k > 0 && i + k <= n;
         for (size_t m = 1; ok && m < k; m++) {
-            if ((u[i + m] & 0xc0) != 0x80) ok = 0;
-            else cp = (cp << 6) | (u[i + m] & 0x3f);
+            if ((u[i + m] & 0xc0) != 0x80)
+                ok = 0;
+            else
+                cp = (cp << 6) | (u[i + m] & 0x3f);
         }
-        if (ok && ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff))))
+        if (ok && ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+                   (k == 4 && (cp < 0x10000 || cp > 0x10ffff))))
             ok = 0;
         if (c == 0) ok = 0; /* NUL would cut C strings downstream */
         if (ok) {
@@ -115,19 +122,43 @@ int api_http_status(int status, const char **type, const char **code)
     case FERRY_ERR_INVALID:
     case FERRY_ERR_FORMAT:
     case FERRY_ERR_RANGE:
-    case FERRY_ERR_UNSUPPORTED: http = 400, t = "invalid_request_error"; break;
-    case FERRY_ERR_NOT_FOUND: http = 404, t = "invalid_request_error", c = "model_not_found"; break;
-    case SERVE_ERR_NO_ROUTE: http = 404, t = "invalid_request_error", c = "not_found"; break;
-    case SERVE_ERR_UNAUTHORIZED: http = 401, t = "invalid_request_error", c = "invalid_api_key"; break;
-    case SERVE_ERR_METHOD: http = 405, t = "invalid_request_error", c = "method_not_allowed"; break;
-    case SERVE_ERR_TOO_LARGE: http = 413, t = "invalid_request_error", c = "request_too_large"; break;
-    case FERRY_ERR_BUSY: http = 503, t = "server_overloaded", c = "queue_full"; break;
-    case SERVE_ERR_LOADING: http = 503, t = "unavailable_error", c = "model_loading"; break;
+    case FERRY_ERR_UNSUPPORTED:
+        http = 400, t = "invalid_request_error";
+        break;
+    case FERRY_ERR_NOT_FOUND:
+        http = 404, t = "invalid_request_error", c = "model_not_found";
+        break;
+    case SERVE_ERR_NO_ROUTE:
+        http = 404, t = "invalid_request_error", c = "not_found";
+        break;
+    case SERVE_ERR_UNAUTHORIZED:
+        http = 401, t = "invalid_request_error", c = "invalid_api_key";
+        break;
+    case SERVE_ERR_METHOD:
+        http = 405, t = "invalid_request_error", c = "method_not_allowed";
+        break;
+    case SERVE_ERR_TOO_LARGE:
+        http = 413, t = "invalid_request_error", c = "request_too_large";
+        break;
+    case FERRY_ERR_BUSY:
+        http = 503, t = "server_overloaded", c = "queue_full";
+        break;
+    case SERVE_ERR_LOADING:
+        http = 503, t = "unavailable_error", c = "model_loading";
+        break;
     case SERVE_ERR_SHUTDOWN:
-    case FERRY_ERR_CANCELLED: http = 503, t = "unavailable_error", c = "shutting_down"; break;
-    case FERRY_ERR_TIMEOUT: http = 504, t = "timeout_error", c = "request_timeout"; break;
-    case FERRY_ERR_NOMEM: http = 503, t = "server_error", c = "out_of_memory"; break;
-    default: http = 500, t = "server_error"; break;
+    case FERRY_ERR_CANCELLED:
+        http = 503, t = "unavailable_error", c = "shutting_down";
+        break;
+    case FERRY_ERR_TIMEOUT:
+        http = 504, t = "timeout_error", c = "request_timeout";
+        break;
+    case FERRY_ERR_NOMEM:
+        http = 503, t = "server_error", c = "out_of_memory";
+        break;
+    default:
+        http = 500, t = "server_error";
+        break;
     }
     if (type) *type = t;
     if (code) *code = c;
@@ -164,7 +195,8 @@ static int get_num(json_t *o, const char *k, double lo, double hi, double *v, st
     if (!j || json_is_null(j)) return 0;
     if (!json_is_number(j)) FAIL(FERRY_ERR_INVALID, k, "'%s' must be a number", k);
     double x = json_number_value(j);
-    if (!isfinite(x) || x < lo || x > hi) FAIL(FERRY_ERR_INVALID, k, "'%s' must be in [%g, %g], got %g", k, lo, hi, x);
+    if (!isfinite(x) || x < lo || x > hi)
+        FAIL(FERRY_ERR_INVALID, k, "'%s' must be in [%g, %g], got %g", k, lo, hi, x);
     *v = x;
     return 1;
 }
@@ -174,10 +206,13 @@ static int get_int(json_t *o, const char *k, long long lo, long long hi, long lo
     json_t *j = json_object_get(o, k);
     if (!j || json_is_null(j)) return 0;
     long long x;
-    if (json_is_integer(j)) x = json_integer_value(j);
-    else if (json_is_real(j) && json_real_value(j) == floor(json_real_value(j)) && fabs(json_real_value(j)) < 9e18)
+    if (json_is_integer(j))
+        x = json_integer_value(j);
+    else if (json_is_real(j) && json_real_value(j) == floor(json_real_value(j)) &&
+             fabs(json_real_value(j)) < 9e18)
         x = (long long)json_real_value(j);
-    else FAIL(FERRY_ERR_INVALID, k, "'%s' must be an integer", k);
+    else
+        FAIL(FERRY_ERR_INVALID, k, "'%s' must be an integer", k);
     if (x < lo || x > hi) FAIL(FERRY_ERR_INVALID, k, "'%s' must be in [%lld, %lld], got %lld", k, lo, hi, x);
     *v = x;
     return 1;
@@ -246,7 +281,8 @@ static uint64_t random_seed(void)
     static uint64_t counter;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+                 (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull);
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     x ^= x >> 33;
@@ -263,7 +299,8 @@ static int parse_token_array(const struct api_ctx *a, json_t *arr, int32_t **out
         json_t *t = json_array_get(arr, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= a->n_vocab) {
             free(ids);
-            FAIL(FERRY_ERR_INVALID, "prompt", "token ids in 'prompt' must be integers in [0, %d)", a->n_vocab);
+            FAIL(FERRY_ERR_INVALID, "prompt", "token ids in 'prompt' must be integers in [0, %d)",
+                 a->n_vocab);
         }
         ids[i] = (int32_t)json_integer_value(t);
     }
@@ -288,12 +325,18 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
         if (json_is_integer(first)) {
             list[0] = p, kinds[0] = 1, np = 1;
         } else {
-            if (m > API_MAX_PROMPTS) FAIL(FERRY_ERR_INVALID, "prompt", "at most %d prompts per request", API_MAX_PROMPTS);
+            if (m > API_MAX_PROMPTS)
+                FAIL(FERRY_ERR_INVALID, "prompt", "at most %d prompts per request", API_MAX_PROMPTS);
             for (size_t i = 0; i < m; i++) {
                 json_t *x = json_array_get(p, i);
-                if (json_is_string(x)) kinds[np] = 0;
-                else if (json_is_array(x) && json_array_size(x) > 0) kinds[np] = 1;
-                else FAIL(FERRY_ERR_INVALID, "prompt", "'prompt' must be a string, an array of strings, an array of token ids or an array of non-empty arrays of token ids");
+                if (json_is_string(x))
+                    kinds[np] = 0;
+                else if (json_is_array(x) && json_array_size(x) > 0)
+                    kinds[np] = 1;
+                else
+                    FAIL(FERRY_ERR_INVALID, "prompt",
+                         "'prompt' must be a string, an array of strings, an array of token ids or an array "
+                         "of non-empty arrays of token ids");
                 list[np++] = x;
             }
         }
@@ -309,7 +352,8 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
         if (kinds[i] == 0) {
             const char *s = json_string_value(list[i]);
             size_t len = json_string_length(list[i]);
-            int rc = encode_alloc(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
+            int rc =
+                encode_alloc(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
             if (rc) FAIL(rc, "prompt", "cannot tokenize the prompt: %s", ferry_status_str(rc));
             r->prompt_texts[i] = strdup(s);
         } else {
@@ -355,10 +399,14 @@ static int parse_messages(const struct api_ctx *a, struct sreq *r, json_t *msgs,
             for (size_t k = 0; k < json_array_size(content); k++) {
                 json_t *part = json_array_get(content, k);
                 json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-                if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text)) {
+                if (!json_is_string(type) || strcmp(json_string_value(type), "text") ||
+                    !json_is_string(text)) {
                     strbuf_free(&b);
                     e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
-                    snprintf(e->msg, sizeof e->msg, "messages[%zu].content[%zu]: only {\"type\":\"text\",\"text\":...} parts are supported", i, k);
+                    snprintf(e->msg, sizeof e->msg,
+                             "messages[%zu].content[%zu]: only {\"type\":\"text\",\"text\":...} parts are "
+                             "supported",
+                             i, k);
                     goto out;
                 }
                 strbuf_add(&b, json_string_value(text), json_string_length(text));
@@ -366,29 +414,33 @@ static int parse_messages(const struct api_ctx *a, struct sreq *r, json_t *msgs,
             strbuf_add(&b, "", 0);
             if (b.oom) {
                 strbuf_free(&b);
-                e->status = rc = FERRY_ERR_NOMEM, e->param = NULL, snprintf(e->msg, sizeof e->msg, "out of memory");
+                e->status = rc = FERRY_ERR_NOMEM, e->param = NULL,
+                snprintf(e->msg, sizeof e->msg, "out of memory");
                 goto out;
             }
             owned[i] = b.p;
             cm[i].content = b.p;
         } else {
             e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
-            snprintf(e->msg, sizeof e->msg, "messages[%zu].content must be a string or an array of text parts", i);
+            snprintf(e->msg, sizeof e->msg,
+                     "messages[%zu].content must be a string or an array of text parts", i);
             goto out;
         }
     }
     size_t rlen = 0;
     char terr[256] = "";
-    rc = chat_template_render(a->chat_tmpl, cm, (int)m, 1, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : "",
-                              &rendered, &rlen, terr);
+    rc = chat_template_render(a->chat_tmpl, cm, (int)m, 1, a->bos_str ? a->bos_str : "",
+                              a->eos_str ? a->eos_str : "", &rendered, &rlen, terr);
     if (rc) {
         e->status = rc == FERRY_ERR_NOMEM ? rc : FERRY_ERR_INVALID, e->param = "messages";
-        snprintf(e->msg, sizeof e->msg, "the chat template failed: %.200s", terr[0] ? terr : ferry_status_str(rc));
+        snprintf(e->msg, sizeof e->msg, "the chat template failed: %.200s",
+                 terr[0] ? terr : ferry_status_str(rc));
         rc = e->status;
         goto out;
     }
     int add_bos = tokenizer_add_bos(a->tok);
-    if (add_bos && a->bos_str && a->bos_str[0] && !strncmp(rendered, a->bos_str, strlen(a->bos_str))) add_bos = 0;
+    if (add_bos && a->bos_str && a->bos_str[0] && !strncmp(rendered, a->bos_str, strlen(a->bos_str)))
+        add_bos = 0;
     r->n_prompts = 1;
     r->prompts = calloc(1, sizeof *r->prompts);
     r->prompt_texts = calloc(1, sizeof *r->prompt_texts);
@@ -433,9 +485,11 @@ static int parse_stop(struct sreq *r, json_t *j, struct api_err *e)
     if (!r->stops) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
     for (size_t i = 0; i < m; i++) {
         json_t *x = items ? items[i] : json_array_get(j, i);
-        if (!json_is_string(x)) FAIL(FERRY_ERR_INVALID, "stop", "'stop' must be a string or an array of strings");
+        if (!json_is_string(x))
+            FAIL(FERRY_ERR_INVALID, "stop", "'stop' must be a string or an array of strings");
         size_t l = json_string_length(x);
-        if (l > API_MAX_STOP_LEN) FAIL(FERRY_ERR_INVALID, "stop", "stop sequences are at most %d bytes", API_MAX_STOP_LEN);
+        if (l > API_MAX_STOP_LEN)
+            FAIL(FERRY_ERR_INVALID, "stop", "stop sequences are at most %d bytes", API_MAX_STOP_LEN);
         if (l == 0 || memchr(json_string_value(x), 0, l)) continue;
         r->stops[r->n_stops] = strdup(json_string_value(x));
         if (!r->stops[r->n_stops]) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
@@ -447,9 +501,11 @@ static int parse_stop(struct sreq *r, json_t *j, struct api_err *e)
 static int parse_bias(const struct api_ctx *a, struct sreq *r, json_t *j, struct api_err *e)
 {
     if (!j || json_is_null(j)) return 0;
-    if (!json_is_object(j)) FAIL(FERRY_ERR_INVALID, "logit_bias", "'logit_bias' must be an object of token id → bias");
+    if (!json_is_object(j))
+        FAIL(FERRY_ERR_INVALID, "logit_bias", "'logit_bias' must be an object of token id → bias");
     size_t m = json_object_size(j);
-    if (m > API_MAX_BIAS) FAIL(FERRY_ERR_INVALID, "logit_bias", "at most %d logit_bias entries", API_MAX_BIAS);
+    if (m > API_MAX_BIAS)
+        FAIL(FERRY_ERR_INVALID, "logit_bias", "at most %d logit_bias entries", API_MAX_BIAS);
     r->bias = calloc(m ? m : 1, sizeof *r->bias);
     if (!r->bias) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
     const char *key;
@@ -459,7 +515,8 @@ static int parse_bias(const struct api_ctx *a, struct sreq *r, json_t *j, struct
         char *end;
         long id = strtol(key, &end, 10);
         if (!*key || *end || id < 0 || id >= a->n_vocab)
-            FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", key, a->n_vocab);
+            FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", key,
+                 a->n_vocab);
         if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
             FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
         r->bias[r->n_bias].token = (int32_t)id;
@@ -484,7 +541,8 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     json_t *o = json_loadb(body, len, 0, &jerr);
     if (!o) {
         e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+                 jerr.text);
         return e->status;
     }
     if (!json_is_object(o)) {
@@ -510,9 +568,10 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     const char *str = NULL;
 
     if (get_str(o, "model", &str, e) < 0) goto fail;
-    if (str && strcmp(str, a->model_name)) {
+    if (str && !a->any_model && strcmp(str, a->model_name)) {
         e->status = FERRY_ERR_NOT_FOUND, e->param = "model";
-        snprintf(e->msg, sizeof e->msg, "The model '%.100s' does not exist; this server serves '%.100s'", str, a->model_name);
+        snprintf(e->msg, sizeof e->msg, "The model '%.100s' does not exist; this server serves '%.100s'", str,
+                 a->model_name);
         goto fail;
     }
     str = NULL;
@@ -545,22 +604,28 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         if (get_bool(so, "include_usage", &b, e) > 0) r->include_usage = b;
         if (e->status) goto fail;
     }
-    if (get_int(o, "seed", LLONG_MIN, LLONG_MAX, &ll, e) > 0) r->sp.seed = (uint64_t)ll;
-    else if (e->status) goto fail;
-    else r->sp.seed = a->default_seed >= 0 ? (uint64_t)a->default_seed : random_seed();
+    if (get_int(o, "seed", LLONG_MIN, LLONG_MAX, &ll, e) > 0)
+        r->sp.seed = (uint64_t)ll;
+    else if (e->status)
+        goto fail;
+    else
+        r->sp.seed = a->default_seed >= 0 ? (uint64_t)a->default_seed : random_seed();
     if (parse_stop(r, json_object_get(o, "stop"), e)) goto fail;
     if (parse_bias(a, r, json_object_get(o, "logit_bias"), e)) goto fail;
     if (kind == SREQ_COMPLETION) {
         json_t *lp = json_object_get(o, "logprobs");
-        if (lp && json_is_boolean(lp)) r->logprobs = json_is_true(lp) ? 0 : -1;
-        else if (get_int(o, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0) r->logprobs = (int)ll;
+        if (lp && json_is_boolean(lp))
+            r->logprobs = json_is_true(lp) ? 0 : -1;
+        else if (get_int(o, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0)
+            r->logprobs = (int)ll;
         if (e->status) goto fail;
         if (get_bool(o, "echo", &b, e) > 0) r->echo = b;
         if (e->status) goto fail;
     } else {
         if (get_bool(o, "logprobs", &b, e) > 0 && b) r->logprobs = 0;
         if (e->status) goto fail;
-        if (get_int(o, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0 && r->logprobs >= 0) r->logprobs = (int)ll;
+        if (get_int(o, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0 && r->logprobs >= 0)
+            r->logprobs = (int)ll;
         if (e->status) goto fail;
     }
     long long max_tokens = -1;
@@ -586,19 +651,25 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     }
     if (longest >= a->ctx_size) {
         e->status = FERRY_ERR_RANGE, e->param = kind == SREQ_CHAT ? "messages" : "prompt";
-        snprintf(e->msg, sizeof e->msg, "This model's maximum context length is %d tokens, but the prompt has %d tokens",
+        snprintf(e->msg, sizeof e->msg,
+                 "This model's maximum context length is %d tokens, but the prompt has %d tokens",
                  a->ctx_size, longest);
         goto fail;
     }
     if (max_tokens >= 0 && longest + max_tokens > a->ctx_size) {
-        e->status = FERRY_ERR_RANGE, e->param = kind == SREQ_CHAT && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-        snprintf(e->msg, sizeof e->msg, "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the prompt, %lld for the completion)",
+        e->status = FERRY_ERR_RANGE,
+        e->param = kind == SREQ_CHAT && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
+                                                                                    : "max_tokens";
+        snprintf(e->msg, sizeof e->msg,
+                 "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the "
+                 "prompt, %lld for the completion)",
                  a->ctx_size, longest + max_tokens, longest, max_tokens);
         goto fail;
     }
     if (max_tokens < 0) {
         max_tokens = a->ctx_size - longest;
-        if (kind == SREQ_COMPLETION && max_tokens > 16) max_tokens = 16; /* OpenAI's default for completions */
+        if (kind == SREQ_COMPLETION && max_tokens > 16)
+            max_tokens = 16; /* OpenAI's default for completions */
     }
     r->max_tokens = (int)max_tokens;
 
@@ -653,8 +724,8 @@ static json_t *bytes_array(const char *s, size_t n)
 }
 
 /* Logprobs of entries [from, to) in the format of the request's endpoint. `*offset` tracks text_offset. */
-static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, const struct choice *c, int from, int to,
-                               size_t *offset)
+static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, const struct choice *c,
+                               int from, int to, size_t *offset)
 {
     if (r->kind == SREQ_CHAT) {
         json_t *content = json_array();
@@ -667,11 +738,13 @@ static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, co
                 size_t tl;
                 char *tt = token_text(a, le->top_id[k], &tl);
                 json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", jstr(tt, tl), "logprob",
-                                                      (double)le->top_lp[k], "bytes", bytes_array(tt ? tt : "", tl)));
+                                                      (double)le->top_lp[k], "bytes",
+                                                      bytes_array(tt ? tt : "", tl)));
                 free(tt);
             }
-            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", jstr(t, l), "logprob", (double)le->lp,
-                                                      "bytes", bytes_array(t ? t : "", l), "top_logprobs", tops));
+            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", jstr(t, l), "logprob",
+                                                     (double)le->lp, "bytes", bytes_array(t ? t : "", l),
+                                                     "top_logprobs", tops));
             free(t);
         }
         return json_pack("{s:o}", "content", content);
@@ -706,15 +779,16 @@ static json_t *usage_obj(const struct sreq *r)
 {
     int gen = 0;
     for (int i = 0; i < r->n_choices; i++) gen += r->choices[i].n_completion;
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->prompt_tokens, "completion_tokens", gen, "total_tokens",
-                     r->prompt_tokens + gen);
+    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->prompt_tokens, "completion_tokens", gen,
+                     "total_tokens", r->prompt_tokens + gen);
 }
 
 static json_t *envelope(const struct api_ctx *a, const struct sreq *r, int chunk)
 {
-    const char *obj = r->kind == SREQ_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
-    return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", obj, "created", (json_int_t)r->created, "model",
-                     a->model_name);
+    const char *obj =
+        r->kind == SREQ_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", obj, "created", (json_int_t)r->created,
+                     "model", a->model_name);
 }
 
 char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
@@ -741,13 +815,14 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
         json_t *ch;
         if (r->kind == SREQ_CHAT) {
             json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));
-            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "message", msg, "logprobs", lp, "finish_reason", c->finish);
+            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "message", msg, "logprobs", lp, "finish_reason",
+                           c->finish);
         } else {
             struct strbuf t = {0};
             if (pt) strbuf_add(&t, pt, plen);
             strbuf_add(&t, c->text ? c->text : "", c->text_len);
-            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", jstr(t.p, t.len), "logprobs", lp, "finish_reason",
-                           c->finish);
+            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", jstr(t.p, t.len), "logprobs", lp,
+                           "finish_reason", c->finish);
             strbuf_free(&t);
         }
         free(decoded);
@@ -781,18 +856,22 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
             c->head_sent = 1;
             if (r->kind == SREQ_CHAT) {
                 json_t *o = envelope(a, r, 1);
-                json_object_set_new(o, "choices", json_pack("[{s:i,s:{s:s,s:s},s:n,s:n}]", "index", i, "delta", "role",
-                                                            "assistant", "content", "", "logprobs", "finish_reason"));
+                json_object_set_new(o, "choices",
+                                    json_pack("[{s:i,s:{s:s,s:s},s:n,s:n}]", "index", i, "delta", "role",
+                                              "assistant", "content", "", "logprobs", "finish_reason"));
                 sse(out, o);
             } else if (r->echo) {
                 const char *pt = r->prompt_texts[i / r->n];
                 char *decoded = NULL;
                 size_t plen = 0;
-                if (!pt) pt = decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
-                else plen = strlen(pt);
+                if (!pt)
+                    pt = decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
+                else
+                    plen = strlen(pt);
                 json_t *o = envelope(a, r, 1);
-                json_object_set_new(o, "choices", json_pack("[{s:i,s:o,s:n,s:n}]", "index", i, "text", jstr(pt, plen),
-                                                            "logprobs", "finish_reason"));
+                json_object_set_new(o, "choices",
+                                    json_pack("[{s:i,s:o,s:n,s:n}]", "index", i, "text", jstr(pt, plen),
+                                              "logprobs", "finish_reason"));
                 sse(out, o);
                 free(decoded);
             }
@@ -804,11 +883,13 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
             json_t *text = jstr(c->text + c->sent, c->text_len - c->sent);
             json_t *o = envelope(a, r, 1);
             if (r->kind == SREQ_CHAT)
-                json_object_set_new(o, "choices", json_pack("[{s:i,s:{s:o},s:o,s:n}]", "index", i, "delta", "content",
-                                                            text, "logprobs", lp, "finish_reason"));
+                json_object_set_new(o, "choices",
+                                    json_pack("[{s:i,s:{s:o},s:o,s:n}]", "index", i, "delta", "content", text,
+                                              "logprobs", lp, "finish_reason"));
             else
-                json_object_set_new(o, "choices", json_pack("[{s:i,s:o,s:o,s:n}]", "index", i, "text", text, "logprobs",
-                                                            lp, "finish_reason"));
+                json_object_set_new(o, "choices",
+                                    json_pack("[{s:i,s:o,s:o,s:n}]", "index", i, "text", text, "logprobs", lp,
+                                              "finish_reason"));
             sse(out, o);
             c->sent = c->text_len;
             c->lps_sent = c->n_lps;
@@ -817,18 +898,22 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
             c->finish_sent = 1;
             json_t *o = envelope(a, r, 1);
             if (r->kind == SREQ_CHAT)
-                json_object_set_new(o, "choices", json_pack("[{s:i,s:{},s:n,s:s}]", "index", i, "delta", "logprobs",
-                                                            "finish_reason", c->finish));
+                json_object_set_new(o, "choices",
+                                    json_pack("[{s:i,s:{},s:n,s:s}]", "index", i, "delta", "logprobs",
+                                              "finish_reason", c->finish));
             else
-                json_object_set_new(o, "choices", json_pack("[{s:i,s:s,s:n,s:s}]", "index", i, "text", "", "logprobs",
-                                                            "finish_reason", c->finish));
+                json_object_set_new(o, "choices",
+                                    json_pack("[{s:i,s:s,s:n,s:s}]", "index", i, "text", "", "logprobs",
+                                              "finish_reason", c->finish));
             sse(out, o);
         }
     }
     if (r->n_done < r->n_choices) return;
     if (r->cancelled || r->error) {
         int st = r->error ? r->error : r->cancelled;
-        const char *msg = r->error ? r->errmsg : r->cancelled == FERRY_ERR_TIMEOUT ? "the request timed out" : "the request was cancelled";
+        const char *msg = r->error                            ? r->errmsg
+                          : r->cancelled == FERRY_ERR_TIMEOUT ? "the request timed out"
+                                                              : "the request was cancelled";
         size_t len;
         char *body = api_error_body(st, msg, NULL, &len);
         if (body) {
@@ -852,7 +937,8 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
 char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len)
 {
     json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i}}", "id", a->model_name, "object", "model", "created",
-                          (json_int_t)time(NULL), "owned_by", "ferry", "meta", "n_ctx", a->ctx_size, "n_vocab", a->n_vocab);
+                          (json_int_t)time(NULL), "owned_by", "ferry", "meta", "n_ctx", a->ctx_size,
+                          "n_vocab", a->n_vocab);
     if (only_id) return dump(m, len);
     return dump(json_pack("{s:s,s:[o]}", "object", "list", "data", m), len);
 }
@@ -863,7 +949,8 @@ static json_t *load_object(const char *body, size_t len, struct api_err *e)
     json_t *o = json_loadb(body, len, 0, &jerr);
     if (!o) {
         e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+                 jerr.text);
         return NULL;
     }
     if (!json_is_object(o)) {
@@ -875,7 +962,8 @@ static json_t *load_object(const char *body, size_t len, struct api_err *e)
     return o;
 }
 
-int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len, struct api_err *e)
+int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                 struct api_err *e)
 {
     memset(e, 0, sizeof *e);
     json_t *o = load_object(body, len, e);
@@ -887,14 +975,15 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
         json_decref(o);
         FAIL(FERRY_ERR_INVALID, "content", "'content' must be a string");
     }
-    if (get_bool(o, "add_special", &add_special, e) < 0 || get_bool(o, "parse_special", &parse_special, e) < 0) {
+    if (get_bool(o, "add_special", &add_special, e) < 0 ||
+        get_bool(o, "parse_special", &parse_special, e) < 0) {
         json_decref(o);
         return e->status;
     }
     int32_t *ids = NULL;
     int n = 0;
-    int rc = encode_alloc(a, json_string_value(c), json_string_length(c), add_special && tokenizer_add_bos(a->tok),
-                          parse_special, &ids, &n);
+    int rc = encode_alloc(a, json_string_value(c), json_string_length(c),
+                          add_special && tokenizer_add_bos(a->tok), parse_special, &ids, &n);
     json_decref(o);
     if (rc) FAIL(rc, "content", "cannot tokenize: %s", ferry_status_str(rc));
     json_t *arr = json_array();
@@ -904,7 +993,8 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
     return *out ? 0 : FERRY_ERR_NOMEM;
 }
 
-int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len, struct api_err *e)
+int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                   struct api_err *e)
 {
     memset(e, 0, sizeof *e);
     json_t *o = load_object(body, len, e);

@@ -27,17 +27,18 @@ enum {
 struct api_ctx {
     const struct tokenizer *tok;
     const char *model_name;
-    const char *chat_tmpl;       /* template source */
+    int any_model;         /* accept any "model" value */
+    const char *chat_tmpl; /* template source */
     const char *bos_str, *eos_str;
-    int ctx_size;                /* positions per sequence */
-    int n_vocab;                 /* valid token ids: [0, n_vocab) */
-    int64_t default_seed;        /* -1 = random */
-    double timeout;              /* seconds per request, 0 = none */
+    int ctx_size;         /* positions per sequence */
+    int n_vocab;          /* valid token ids: [0, n_vocab) */
+    int64_t default_seed; /* -1 = random */
+    double timeout;       /* seconds per request, 0 = none */
 };
 
 struct api_err {
-    int status;                  /* ferry or SERVE_ERR_* status */
-    const char *param;           /* offending field or NULL */
+    int status;        /* ferry or SERVE_ERR_* status */
+    const char *param; /* offending field or NULL */
     char msg[256];
 };
 

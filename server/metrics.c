@@ -7,9 +7,9 @@
 #include <string.h>
 
 static const double seconds_bounds[METRICS_N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                         0.25,  0.5,    1,     2.5,  5,     10,  30};
-static const double tokens_bounds[METRICS_N_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
-                                                        4096, 8192};
+                                                         0.25,  0.5,    1,     2.5,  5,     10,   30};
+static const double tokens_bounds[METRICS_N_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
+                                                        128, 256, 512, 1024, 2048, 4096, 8192};
 static const double request_bounds[METRICS_N_BUCKETS] = {0.01, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
                                                          5,    10,   20,  30,   60,  120, 300};
 
@@ -33,7 +33,8 @@ void metrics_count_status(struct metrics *m, int code)
 {
     pthread_mutex_lock(&m->mu);
     int i;
-    for (i = 0; i < METRICS_N_STATUS && m->status_code[i] && m->status_code[i] != code; i++) {}
+    for (i = 0; i < METRICS_N_STATUS && m->status_code[i] && m->status_code[i] != code; i++) {
+    }
     if (i < METRICS_N_STATUS) {
         m->status_code[i] = code;
         m->status_count[i]++;
@@ -121,8 +122,9 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_requests_rejected_total", "Requests refused because the queue was full.",
             m->requests_rejected);
     COUNTER("ferry_engine_steps_total", "engine_step calls.", m->engine_steps);
-    sb_printf(&b, "# HELP ferry_engine_busy_seconds_total Wall time spent inside engine_step.\n"
-                  "# TYPE ferry_engine_busy_seconds_total counter\nferry_engine_busy_seconds_total %.6f\n",
+    sb_printf(&b,
+              "# HELP ferry_engine_busy_seconds_total Wall time spent inside engine_step.\n"
+              "# TYPE ferry_engine_busy_seconds_total counter\nferry_engine_busy_seconds_total %.6f\n",
               m->engine_busy_seconds);
     GAUGE("ferry_queue_depth", "Sequences waiting for a slot.", "%d", m->queue_depth);
     GAUGE("ferry_running_sequences", "Sequences holding a slot.", "%d", m->running_seqs);

@@ -13,10 +13,10 @@
 #include <stdint.h>
 
 #define METRICS_N_BUCKETS 14
-#define METRICS_N_STATUS 16
+#define METRICS_N_STATUS  16
 
 struct histogram {
-    const double *bounds; /* (METRICS_N_BUCKETS) upper bounds, ascending */
+    const double *bounds;                   /* (METRICS_N_BUCKETS) upper bounds, ascending */
     uint64_t counts[METRICS_N_BUCKETS + 1]; /* last: +Inf */
     double sum;
     uint64_t n;

@@ -18,11 +18,11 @@
 enum opt_type { OPT_STR, OPT_INT, OPT_I64, OPT_SIZE, OPT_BOOL, OPT_KEYS, OPT_ENUM };
 
 struct opt_row {
-    const char *name;   /* long option without dashes; env var is FERRY_<NAME> */
+    const char *name; /* long option without dashes; env var is FERRY_<NAME> */
     enum opt_type type;
-    size_t off;         /* offset into struct serve_options */
-    int64_t lo, hi;     /* bounds for numbers */
-    const char *def;    /* default as text, NULL = unset */
+    size_t off;          /* offset into struct serve_options */
+    int64_t lo, hi;      /* bounds for numbers */
+    const char *def;     /* default as text, NULL = unset */
     const char *choices; /* OPT_ENUM: "a|b|c" */
     const char *help;
 };
@@ -39,8 +39,10 @@ static const struct opt_row rows[] = {
     {"ctx-size", OPT_INT, OFF(ctx_size), 0, 1 << 20, "0", NULL,
      "positions per sequence (0 = min(model's, 4096))"},
     {"kv-tokens", OPT_INT, OFF(kv_tokens), 0, 1 << 30, "0", NULL,
-     "KV cache positions over all sequences (0 = parallel x ctx-size); admission reserves prompt + max_tokens"},
-    {"backend", OPT_ENUM, OFF(backend), 0, 0, "auto", "auto|cpu|cuda", "compute backend (auto = CUDA when built and a GPU is present)"},
+     "KV cache positions over all sequences (0 = parallel x ctx-size); admission reserves prompt + "
+     "max_tokens"},
+    {"backend", OPT_ENUM, OFF(backend), 0, 0, "auto", "auto|cpu|cuda",
+     "compute backend (auto = CUDA when built and a GPU is present)"},
     {"parallel", OPT_INT, OFF(parallel), 1, 1024, "4", NULL, "sequences decoded at once (slots)"},
     {"max-batch-tokens", OPT_INT, OFF(max_batch_tokens), 1, 1 << 20, "512", NULL,
      "tokens per engine step (decode + prefill chunks)"},
@@ -64,6 +66,8 @@ static const struct opt_row rows[] = {
     {"log-level", OPT_ENUM, OFF(log_level), 0, 0, "info", "error|warn|info|debug", "log verbosity"},
     {"served-model-name", OPT_STR, OFF(served_model_name), 0, 0, NULL, NULL,
      "model id in the API (default: file name of --model)"},
+    {"any-model", OPT_BOOL, OFF(any_model), 0, 1, "0", NULL,
+     "accept any \"model\" in requests (clients with a hard-coded name) instead of answering 404"},
     {"seed", OPT_I64, OFF(seed), -1, INT64_MAX, "-1", NULL,
      "seed for requests without one (-1 = random per request)"},
     {"gpu-memory", OPT_SIZE, OFF(gpu_memory), 0, INT64_MAX, "0", NULL,
@@ -100,13 +104,30 @@ static int parse_size(const char *s, int64_t *v)
     double mul = 1;
     while (*end == ' ') end++;
     switch (tolower((unsigned char)*end)) {
-    case 0: break;
-    case 'b': mul = 1; end++; break;
-    case 'k': mul = 1024.0; end++; break;
-    case 'm': mul = 1024.0 * 1024; end++; break;
-    case 'g': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: return -1;
+    case 0:
+        break;
+    case 'b':
+        mul = 1;
+        end++;
+        break;
+    case 'k':
+        mul = 1024.0;
+        end++;
+        break;
+    case 'm':
+        mul = 1024.0 * 1024;
+        end++;
+        break;
+    case 'g':
+        mul = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    case 't':
+        mul = 1024.0 * 1024 * 1024 * 1024;
+        end++;
+        break;
+    default:
+        return -1;
     }
     if (mul > 1) {
         if (*end == 'i' || *end == 'I') end++;
@@ -202,8 +223,10 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
                      (long long)r->lo, (long long)r->hi);
             return FERRY_ERR_INVALID;
         }
-        if (r->type == OPT_INT) *(int *)base = (int)v;
-        else *(int64_t *)base = v;
+        if (r->type == OPT_INT)
+            *(int *)base = (int)v;
+        else
+            *(int64_t *)base = v;
         return 0;
     }
     }
@@ -258,9 +281,12 @@ int serve_options_parse(struct serve_options *o, int argc, char **argv, char err
             return FERRY_ERR_INVALID;
         }
         const char *val;
-        if (eq) val = eq + 1;
-        else if (r->type == OPT_BOOL) val = "1";
-        else if (a + 1 < argc) val = argv[++a];
+        if (eq)
+            val = eq + 1;
+        else if (r->type == OPT_BOOL)
+            val = "1";
+        else if (a + 1 < argc)
+            val = argv[++a];
         else {
             snprintf(err, 256, "option --%s needs a value", r->name);
             return FERRY_ERR_INVALID;
@@ -305,15 +331,18 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
 
 void serve_options_help(FILE *f)
 {
-    fprintf(f, "usage: ferry serve --model PATH [options]\n\n"
-               "OpenAI-compatible HTTP server. Every option also reads from the environment variable shown.\n\n");
+    fprintf(
+        f, "usage: ferry serve --model PATH [options]\n\n"
+           "OpenAI-compatible HTTP server. Every option also reads from the environment variable shown.\n\n");
     for (int i = 0; i < N_ROWS; i++) {
         const struct opt_row *r = &rows[i];
         char env[64], lhs[64];
         env_name(r->name, env, sizeof env);
-        const char *meta = r->type == OPT_BOOL ? "" : r->type == OPT_SIZE ? " SIZE" :
-                           r->type == OPT_INT || r->type == OPT_I64 ? " N" : r->type == OPT_ENUM ? " WORD" :
-                           " TEXT";
+        const char *meta = r->type == OPT_BOOL                        ? ""
+                           : r->type == OPT_SIZE                      ? " SIZE"
+                           : r->type == OPT_INT || r->type == OPT_I64 ? " N"
+                           : r->type == OPT_ENUM                      ? " WORD"
+                                                                      : " TEXT";
         snprintf(lhs, sizeof lhs, "--%s%s", r->name, meta);
         fprintf(f, "  %-26s %s\n", lhs, r->help);
         fprintf(f, "  %-26s env %s", "", env);

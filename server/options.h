@@ -15,22 +15,22 @@
 #define SERVE_MAX_API_KEYS 16
 
 struct serve_options {
-    const char *model;             /* GGUF file or HF directory; required */
-    const char *host;              /* bind address */
-    int port;                      /* 0 = any free port (logged) */
+    const char *model;                        /* GGUF file or HF directory; required */
+    const char *host;                         /* bind address */
+    int port;                                 /* 0 = any free port (logged) */
     const char *api_keys[SERVE_MAX_API_KEYS]; /* --api-key, repeatable */
     int n_api_keys;
-    const char *api_key_file;      /* one key per line, '#' comments */
-    int ctx_size;                  /* positions per sequence; 0 = engine default */
-    int kv_tokens;                 /* KV pool positions over all sequences; 0 = parallel * ctx */
-    const char *backend;           /* auto|cpu|cuda */
-    int parallel;                  /* sequence slots */
-    int max_batch_tokens;          /* tokens per engine step */
-    int threads;                   /* CPU threads; 0 = online cores */
-    int max_queue;                 /* waiting sequences before 503 */
-    int64_t body_limit;            /* bytes */
-    int timeout;                   /* seconds per request (queue + generation); 0 = none */
-    int conn_timeout;              /* seconds an idle connection is kept */
+    const char *api_key_file; /* one key per line, '#' comments */
+    int ctx_size;             /* positions per sequence; 0 = engine default */
+    int kv_tokens;            /* KV pool positions over all sequences; 0 = parallel * ctx */
+    const char *backend;      /* auto|cpu|cuda */
+    int parallel;             /* sequence slots */
+    int max_batch_tokens;     /* tokens per engine step */
+    int threads;              /* CPU threads; 0 = online cores */
+    int max_queue;            /* waiting sequences before 503 */
+    int64_t body_limit;       /* bytes */
+    int timeout;              /* seconds per request (queue + generation); 0 = none */
+    int conn_timeout;         /* seconds an idle connection is kept */
     int max_connections;
     int shutdown_timeout;          /* seconds to drain on SIGTERM before cutting requests */
     const char *cors_origin;       /* Access-Control-Allow-Origin value; NULL = no CORS headers */
@@ -38,13 +38,14 @@ struct serve_options {
     int public_health;             /* 1: /health and /metrics need no key */
     const char *log_level;         /* error|warn|info|debug */
     const char *served_model_name; /* NULL = file name of --model */
+    int any_model;                 /* 1: accept any "model" value instead of 404 */
     int64_t seed;                  /* default seed when a request gives none; -1 = random per request */
     int64_t gpu_memory;            /* placeholders for the CUDA backend (bytes; 0 = unset) */
     int64_t reserve_vram;
-    int gpu_layers;                /* -1 = planner decides */
-    const char *quant;             /* none|int8|int4 */
+    int gpu_layers;    /* -1 = planner decides */
+    const char *quant; /* none|int8|int4 */
     int deterministic;
-    int help;                      /* --help was given */
+    int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
     int n_owned;
 };

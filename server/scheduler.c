@@ -21,7 +21,7 @@
 
 struct sched {
     pthread_mutex_t mu;
-    pthread_cond_t cv_work;        /* engine thread waits here when idle */
+    pthread_cond_t cv_work; /* engine thread waits here when idle */
     pthread_t thread;
     int started, stop;
     struct engine *e;
@@ -29,28 +29,28 @@ struct sched {
     struct metrics *m;
     struct sched_params p;
     int n_slots, n_vocab, ctx;
-    int kv_blocks, kv_block;       /* KV pool: blocks and positions per block */
-    int kv_reserved;               /* blocks promised to running choices (engine thread, under mu) */
+    int kv_blocks, kv_block; /* KV pool: blocks and positions per block */
+    int kv_reserved;         /* blocks promised to running choices (engine thread, under mu) */
     /* queue (under mu) */
     struct choice *qhead, *qtail;
     int n_queued;
-    int in_flight;                 /* requests submitted and not finished */
-    struct choice **run;           /* (n_slots) running choices in admission order; changed by the engine
-                                    * thread under mu, so readable under mu */
+    int in_flight;       /* requests submitted and not finished */
+    struct choice **run; /* (n_slots) running choices in admission order; changed by the engine
+                          * thread under mu, so readable under mu */
     int n_run;
     /* engine thread only */
-    int *slot_free;                /* (n_slots) 1 when free */
+    int *slot_free;                    /* (n_slots) 1 when free */
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
-    struct choice **row_owner;     /* (n_slots) choice of each logits row */
-    float *logits;                 /* (n_slots, n_vocab) */
-    float *scratch;                /* (n_slots, n_vocab) raw rows kept for logprobs */
+    struct choice **row_owner; /* (n_slots) choice of each logits row */
+    float *logits;             /* (n_slots, n_vocab) */
+    float *scratch;            /* (n_slots, n_vocab) raw rows kept for logprobs */
     /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
     pthread_t *workers;
     int n_workers;
     pthread_mutex_t wmu;
     pthread_cond_t wgo, wdone;
-    uint64_t wgen;                 /* bumped for each parallel sampling round */
+    uint64_t wgen; /* bumped for each parallel sampling round */
     int wstop, wrows, wnext, wbusy;
 };
 
@@ -204,8 +204,14 @@ void sched_free(struct sched *s)
     free(s);
 }
 
-void sched_lock(struct sched *s) { pthread_mutex_lock(&s->mu); }
-void sched_unlock(struct sched *s) { pthread_mutex_unlock(&s->mu); }
+void sched_lock(struct sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+}
+void sched_unlock(struct sched *s)
+{
+    pthread_mutex_unlock(&s->mu);
+}
 
 void sched_wait(struct sched *s, struct sreq *req, int ms)
 {
@@ -288,8 +294,10 @@ int sched_submit(struct sched *s, struct sreq *req)
         struct choice *c = &req->choices[i];
         c->state = CHOICE_QUEUED;
         c->qnext = NULL;
-        if (s->qtail) s->qtail->qnext = c;
-        else s->qhead = c;
+        if (s->qtail)
+            s->qtail->qnext = c;
+        else
+            s->qhead = c;
         s->qtail = c;
         s->n_queued++;
     }
@@ -655,8 +663,7 @@ static void *engine_main(void *arg)
         double t0 = sched_now();
         int rc = engine_step(s->e, &b, s->logits);
         double t1 = sched_now();
-        if (rc == 0)
-            sample_rows(s, rows);
+        if (rc == 0) sample_rows(s, rows);
         double t2 = sched_now();
 
         pthread_mutex_lock(&s->mu);
@@ -676,8 +683,10 @@ static void *engine_main(void *arg)
             struct choice *c = s->row_owner[i];
             struct sreq *r = c->req;
             n_gen_tokens++;
-            if (c->n_gen == 1) metrics_observe(s->m, &s->m->ttft, t2 - r->t_arrival);
-            else metrics_observe(s->m, &s->m->itl, t2 - c->t_last);
+            if (c->n_gen == 1)
+                metrics_observe(s->m, &s->m->ttft, t2 - r->t_arrival);
+            else
+                metrics_observe(s->m, &s->m->itl, t2 - c->t_last);
             c->t_last = t2;
             if (c->release) {
                 if (buf_append(&c->text, &c->text_len, &c->text_cap, c->hold, c->release)) {

@@ -26,7 +26,7 @@ struct metrics;
 enum sreq_kind { SREQ_COMPLETION = 0, SREQ_CHAT = 1 };
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
 
-struct lp_entry {                /* one generated token's log-probabilities */
+struct lp_entry { /* one generated token's log-probabilities */
     int32_t id;
     float lp;
     int n_top;
@@ -36,33 +36,33 @@ struct lp_entry {                /* one generated token's log-probabilities */
 
 struct sreq;
 
-struct choice {                  /* one sequence: (prompt i, sample j) of a request */
+struct choice { /* one sequence: (prompt i, sample j) of a request */
     struct sreq *req;
-    int index;                   /* choices[] index = prompt * n + j */
-    const int32_t *prompt;       /* (n_prompt) borrowed from req */
+    int index;             /* choices[] index = prompt * n + j */
+    const int32_t *prompt; /* (n_prompt) borrowed from req */
     int n_prompt;
-    struct choice *qnext;        /* queue link */
+    struct choice *qnext; /* queue link */
     /* engine thread only */
     int slot, n_fed, n_gen;
     int32_t last;
     struct sampler *smp;
     struct detok dt;
-    char *hold;                  /* text held back while it may be the start of a stop string */
+    char *hold; /* text held back while it may be the start of a stop string */
     size_t hold_len, hold_cap;
     double t_last;
-    int chunk;                   /* prompt tokens in the current step */
-    size_t release;              /* bytes of hold to publish after this step */
-    const char *fin;             /* finish decided in this step */
+    int chunk;       /* prompt tokens in the current step */
+    size_t release;  /* bytes of hold to publish after this step */
+    const char *fin; /* finish decided in this step */
     int has_lp;
-    struct lp_entry lp_stage;    /* logprobs of this step's token */
+    struct lp_entry lp_stage; /* logprobs of this step's token */
     /* shared, under the scheduler mutex */
     enum choice_state state;
-    char *text;                  /* released text (never contains a stop string) */
+    char *text; /* released text (never contains a stop string) */
     size_t text_len, text_cap;
-    struct lp_entry *lps;        /* (n_lps) when logprobs were asked */
+    struct lp_entry *lps; /* (n_lps) when logprobs were asked */
     int n_lps, lps_cap;
-    const char *finish;          /* "stop", "length" or NULL while running */
-    int n_completion;            /* tokens generated */
+    const char *finish; /* "stop", "length" or NULL while running */
+    int n_completion;   /* tokens generated */
     /* HTTP thread only: streaming progress */
     size_t sent;
     int lps_sent, head_sent, finish_sent;
@@ -70,42 +70,42 @@ struct choice {                  /* one sequence: (prompt i, sample j) of a requ
 
 struct sreq {
     enum sreq_kind kind;
-    char id[48];                 /* "cmpl-..." / "chatcmpl-..." */
-    long long created;           /* unix seconds */
-    double t_arrival;            /* monotonic seconds */
-    double deadline;             /* monotonic seconds; 0 = none */
+    char id[48];       /* "cmpl-..." / "chatcmpl-..." */
+    long long created; /* unix seconds */
+    double t_arrival;  /* monotonic seconds */
+    double deadline;   /* monotonic seconds; 0 = none */
     /* parsed parameters */
-    struct sampler_params sp;    /* sp.seed is the base: choice j uses seed + j */
-    struct logit_bias *bias;     /* (n_bias) owned */
+    struct sampler_params sp; /* sp.seed is the base: choice j uses seed + j */
+    struct logit_bias *bias;  /* (n_bias) owned */
     int n_bias;
-    int max_tokens;              /* per choice */
-    int n;                       /* choices per prompt */
+    int max_tokens; /* per choice */
+    int n;          /* choices per prompt */
     int stream, include_usage;
-    int logprobs;                /* -1 off, else number of top alternatives (0..20) */
+    int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
-    char **stops;                /* (n_stops) owned, non-empty */
+    char **stops; /* (n_stops) owned, non-empty */
     int n_stops;
     /* prompts */
     int n_prompts;
-    int32_t **prompts;           /* (n_prompts) owned token arrays */
-    int *n_prompt_toks;          /* (n_prompts) */
-    char **prompt_texts;         /* (n_prompts) owned, for echo; may hold NULLs */
-    int prompt_tokens;           /* sum of n_prompt_toks */
-    int n_choices;               /* n_prompts * n */
-    struct choice *choices;      /* (n_choices) */
+    int32_t **prompts;      /* (n_prompts) owned token arrays */
+    int *n_prompt_toks;     /* (n_prompts) */
+    char **prompt_texts;    /* (n_prompts) owned, for echo; may hold NULLs */
+    int prompt_tokens;      /* sum of n_prompt_toks */
+    int n_choices;          /* n_prompts * n */
+    struct choice *choices; /* (n_choices) */
     /* shared, under the scheduler mutex */
-    pthread_cond_t cv;           /* signalled on every new output, finish or error */
-    int n_done;                  /* choices in CHOICE_DONE */
-    int cancelled;               /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
-    int error;                   /* 0 or the status of an engine failure */
+    pthread_cond_t cv; /* signalled on every new output, finish or error */
+    int n_done;        /* choices in CHOICE_DONE */
+    int cancelled;     /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
+    int error;         /* 0 or the status of an engine failure */
     char errmsg[160];
     int refs;
 };
 
 struct sched_params {
-    int max_queue;               /* waiting sequences beyond the free slots */
+    int max_queue; /* waiting sequences beyond the free slots */
     int max_batch_tokens;
-    int sample_threads;          /* threads sampling the rows of one step (engine thread included) */
+    int sample_threads; /* threads sampling the rows of one step (engine thread included) */
 };
 
 struct sched;
@@ -115,8 +115,8 @@ struct sreq *sreq_new(void);
 
 int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, struct metrics *m,
                const struct sched_params *p);
-int sched_start(struct sched *s);          /* spawns the engine thread */
-void sched_stop(struct sched *s);          /* cancels everything, joins the engine thread */
+int sched_start(struct sched *s); /* spawns the engine thread */
+void sched_stop(struct sched *s); /* cancels everything, joins the engine thread */
 void sched_free(struct sched *s);
 
 /* Queues every choice of req (FCFS). Returns FERRY_ERR_BUSY when the queue is full (nothing queued),
@@ -137,6 +137,6 @@ void sched_wait(struct sched *s, struct sreq *req, int ms);
 /* Requests submitted and not yet finished. */
 int sched_in_flight(struct sched *s);
 
-double sched_now(void);                    /* monotonic seconds */
+double sched_now(void); /* monotonic seconds */
 
 #endif

@@ -44,10 +44,10 @@ struct server {
     uv_timer_t drain_timer;
     uv_thread_t loader;
     int loader_started, loader_done, closing;
-    pthread_mutex_t load_mu;   /* orders the loader's final uv_async_send against abandoning it */
-    int abandoned;             /* shutdown came during the load: the loader must not touch the loop */
-    int state;                 /* enum server_state, atomic */
-    int was_ready;             /* the model finished loading (atomic) */
+    pthread_mutex_t load_mu; /* orders the loader's final uv_async_send against abandoning it */
+    int abandoned;           /* shutdown came during the load: the loader must not touch the loop */
+    int state;               /* enum server_state, atomic */
+    int was_ready;           /* the model finished loading (atomic) */
     struct model_file *mf;
     struct tokenizer *tok;
     struct engine *eng;
@@ -55,8 +55,8 @@ struct server {
     struct api_ctx api;
     char model_name[256];
     struct metrics metrics;
-    int active_gen;            /* completion requests between submit and completion (atomic) */
-    uint64_t next_id;          /* atomic */
+    int active_gen;   /* completion requests between submit and completion (atomic) */
+    uint64_t next_id; /* atomic */
     double drain_start;
     int drain_cut;
     int exit_code;
@@ -68,23 +68,26 @@ struct hreq {
     struct server *S;
     struct MHD_Connection *conn;
     uint64_t id;
-    char rid[72];              /* the client's X-Request-Id when it is sane, else our counter */
+    char rid[72]; /* the client's X-Request-Id when it is sane, else our counter */
     double t0;
     char method[16];
     char path[128];
     struct strbuf body;
     int too_big;
-    int status;                /* HTTP status sent, for the access log */
-    struct sreq *req;          /* completion request, or NULL */
-    int gen_counted;           /* counted in S->active_gen */
-    struct strbuf sse;         /* SSE bytes not yet handed to MHD */
+    int status;        /* HTTP status sent, for the access log */
+    struct sreq *req;  /* completion request, or NULL */
+    int gen_counted;   /* counted in S->active_gen */
+    struct strbuf sse; /* SSE bytes not yet handed to MHD */
     size_t sse_off;
     int sse_done;
-    double t_last_out;         /* when the stream last handed bytes to MHD */
-    const char *note;          /* extra word for the access log */
+    double t_last_out; /* when the stream last handed bytes to MHD */
+    const char *note;  /* extra word for the access log */
 };
 
-static int load_state(struct server *S) { return __atomic_load_n(&S->state, __ATOMIC_ACQUIRE); }
+static int load_state(struct server *S)
+{
+    return __atomic_load_n(&S->state, __ATOMIC_ACQUIRE);
+}
 
 /* ---- responses ------------------------------------------------------------------------------------ */
 
@@ -95,14 +98,15 @@ static void add_common_headers(struct hreq *h, struct MHD_Response *resp)
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", h->S->opt.cors_origin);
         if (strcmp(h->S->opt.cors_origin, "*")) MHD_add_response_header(resp, "Vary", "Origin");
     }
-    if (load_state(h->S) == STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (load_state(h->S) == STATE_DRAINING)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
 /* Queues a response whose body is taken over (freed by MHD). */
 static enum MHD_Result respond(struct hreq *h, int http, const char *ctype, char *body, size_t len)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!resp) {
         free(body);
         return MHD_NO;
@@ -126,8 +130,10 @@ static enum MHD_Result respond(struct hreq *h, int http, const char *ctype, char
 static enum MHD_Result respond_json(struct hreq *h, int http, char *body, size_t len)
 {
     if (!body) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
-        struct MHD_Response *resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        static const char oom[] = "{\"error\":{\"message\":\"out of "
+                                  "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
         if (!resp) return MHD_NO;
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
         h->status = 500;
@@ -182,7 +188,8 @@ static int key_ok(const struct server *S, const char *got)
         const char *k = S->opt.api_keys[i];
         size_t kl = strlen(k);
         volatile unsigned char diff = (unsigned char)(gl != kl);
-        for (size_t j = 0; j < kl; j++) diff |= (unsigned char)((j < gl ? (unsigned char)got[j] : 0) ^ (unsigned char)k[j]);
+        for (size_t j = 0; j < kl; j++)
+            diff |= (unsigned char)((j < gl ? (unsigned char)got[j] : 0) ^ (unsigned char)k[j]);
         ok |= diff == 0;
     }
     return ok;
@@ -257,9 +264,12 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
             return respond_error(h, rc, NULL, "the server is busy: the queue is full; retry later");
         }
         if (rc == FERRY_ERR_RANGE)
-            return respond_error(h, rc, "n", "the request has more sequences (prompts × n) than --parallel + --max-queue");
+            return respond_error(
+                h, rc, "n", "the request has more sequences (prompts × n) than --parallel + --max-queue");
         if (rc == FERRY_ERR_DEVICE_MEM)
-            return respond_error(h, FERRY_ERR_RANGE, "max_tokens", "prompt + max_tokens needs more KV cache than the server's whole pool (--kv-tokens)");
+            return respond_error(
+                h, FERRY_ERR_RANGE, "max_tokens",
+                "prompt + max_tokens needs more KV cache than the server's whole pool (--kv-tokens)");
         return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
     }
     h->req = r;
@@ -267,7 +277,8 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
     h->t_last_out = sched_now();
     __atomic_add_fetch(&S->active_gen, 1, __ATOMIC_ACQ_REL);
     if (r->stream) {
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, h, NULL);
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, h, NULL);
         if (!resp) return MHD_NO;
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -294,7 +305,10 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
     }
     int st = r->error ? r->error : r->cancelled;
     char msg[200];
-    snprintf(msg, sizeof msg, "%s", r->error ? r->errmsg : st == FERRY_ERR_TIMEOUT ? "the request timed out" : "the request was cancelled");
+    snprintf(msg, sizeof msg, "%s",
+             r->error                  ? r->errmsg
+             : st == FERRY_ERR_TIMEOUT ? "the request timed out"
+                                       : "the request was cancelled");
     size_t len = 0;
     char *body = st ? NULL : api_render_full(&S->api, r, &len);
     sched_unlock(S->sched);
@@ -305,7 +319,17 @@ static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
 
 /* ---- routing ------------------------------------------------------------------------------------------ */
 
-enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE };
+enum route {
+    R_NONE,
+    R_HEALTH,
+    R_METRICS,
+    R_MODELS,
+    R_MODEL,
+    R_COMPLETIONS,
+    R_CHAT,
+    R_TOKENIZE,
+    R_DETOKENIZE
+};
 
 static enum route match(const char *path, const char **method_needed)
 {
@@ -351,19 +375,27 @@ static enum MHD_Result route(struct hreq *h)
         MHD_destroy_response(resp);
         return r;
     }
-    if (!authorized(h)) return respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+    if (!authorized(h))
+        return respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
+                             "a valid API key is required (Authorization: Bearer KEY)");
     const char *need = NULL;
     enum route rt = match(h->path, &need);
-    if (rt == R_NONE) return respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %.100s", h->method, h->path);
+    if (rt == R_NONE)
+        return respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %.100s", h->method, h->path);
     int head = !strcmp(h->method, "HEAD") && !strcmp(need, "GET");
     if (strcmp(h->method, need) && !head)
-        return respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", h->method, h->path, need);
+        return respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", h->method,
+                             h->path, need);
     if (h->too_big)
-        return respond_error(h, SERVE_ERR_TOO_LARGE, NULL, "the request body is larger than the limit of %lld bytes",
+        return respond_error(h, SERVE_ERR_TOO_LARGE, NULL,
+                             "the request body is larger than the limit of %lld bytes",
                              (long long)S->opt.body_limit);
     int state = load_state(S);
     if (rt == R_HEALTH) {
-        const char *st = state == STATE_READY ? "ok" : state == STATE_LOADING ? "loading" : state == STATE_DRAINING ? "shutting_down" : "error";
+        const char *st = state == STATE_READY      ? "ok"
+                         : state == STATE_LOADING  ? "loading"
+                         : state == STATE_DRAINING ? "shutting_down"
+                                                   : "error";
         char *b = NULL;
         if (asprintf(&b, "{\"status\":\"%s\"}", st) < 0) b = NULL;
         return respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
@@ -378,7 +410,8 @@ static enum MHD_Result route(struct hreq *h)
         return respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
     if (rt == R_MODELS || rt == R_MODEL) {
         if (rt == R_MODEL && strcmp(h->path + 11, S->api.model_name))
-            return respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%.100s' does not exist", h->path + 11);
+            return respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%.100s' does not exist",
+                                 h->path + 11);
         size_t len = 0;
         char *b = api_models_body(&S->api, rt == R_MODEL ? h->path + 11 : NULL, &len);
         return respond_json(h, 200, b, len);
@@ -387,17 +420,22 @@ static enum MHD_Result route(struct hreq *h)
         struct api_err e;
         char *out = NULL;
         size_t len = 0;
-        int rc = rt == R_TOKENIZE ? api_tokenize(&S->api, h->body.p ? h->body.p : "", h->body.len, &out, &len, &e)
-                                  : api_detokenize(&S->api, h->body.p ? h->body.p : "", h->body.len, &out, &len, &e);
-        if (rc) return respond_error(h, e.status ? e.status : rc, e.param, "%s", e.msg[0] ? e.msg : ferry_status_str(rc));
+        int rc = rt == R_TOKENIZE
+                     ? api_tokenize(&S->api, h->body.p ? h->body.p : "", h->body.len, &out, &len, &e)
+                     : api_detokenize(&S->api, h->body.p ? h->body.p : "", h->body.len, &out, &len, &e);
+        if (rc)
+            return respond_error(h, e.status ? e.status : rc, e.param, "%s",
+                                 e.msg[0] ? e.msg : ferry_status_str(rc));
         return respond_json(h, 200, out, len);
     }
-    if (state != STATE_READY) return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
+    if (state != STATE_READY)
+        return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
     return handle_completion(h, rt == R_CHAT ? SREQ_CHAT : SREQ_COMPLETION);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
 {
     struct server *S = cls;
     struct hreq *h = *con_cls;
@@ -414,10 +452,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         size_t rl = rid ? strlen(rid) : 0;
         int sane = rl > 0 && rl < sizeof h->rid;
         for (size_t i = 0; sane && i < rl; i++)
-            sane = (rid[i] >= '0' && rid[i] <= '9') || (rid[i] >= 'a' && rid[i] <= 'z') || (rid[i] >= 'A' && rid[i] <= 'Z') ||
-                   rid[i] == '-' || rid[i] == '_' || rid[i] == '.' || rid[i] == ':';
-        if (sane) memcpy(h->rid, rid, rl + 1);
-        else snprintf(h->rid, sizeof h->rid, "%llu", (unsigned long long)h->id);
+            sane = (rid[i] >= '0' && rid[i] <= '9') || (rid[i] >= 'a' && rid[i] <= 'z') ||
+                   (rid[i] >= 'A' && rid[i] <= 'Z') || rid[i] == '-' || rid[i] == '_' || rid[i] == '.' ||
+                   rid[i] == ':';
+        if (sane)
+            memcpy(h->rid, rid, rl + 1);
+        else
+            snprintf(h->rid, sizeof h->rid, "%llu", (unsigned long long)h->id);
         *con_cls = h;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -425,7 +466,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (n > (unsigned long long)S->opt.body_limit) h->too_big = 1;
             /* far too large to drain politely: answer now, MHD closes the connection after */
             if (n > (unsigned long long)S->opt.body_limit * 16)
-                return respond_error(h, SERVE_ERR_TOO_LARGE, NULL, "the request body is larger than the limit of %lld bytes",
+                return respond_error(h, SERVE_ERR_TOO_LARGE, NULL,
+                                     "the request body is larger than the limit of %lld bytes",
                                      (long long)S->opt.body_limit);
         }
         return MHD_YES;
@@ -447,7 +489,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return route(h);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
 {
     struct server *S = cls;
     struct hreq *h = *con_cls;
@@ -485,33 +528,41 @@ static void loader_main(void *arg)
     char err[256] = "";
     int rc = model_file_open(S->opt.model, &S->mf, NULL, NULL, err);
     if (rc) {
-        snprintf(S->load_err, sizeof S->load_err, "cannot open model %s: %.180s (%s)", S->opt.model, err, ferry_status_str(rc));
+        snprintf(S->load_err, sizeof S->load_err, "cannot open model %s: %.180s (%s)", S->opt.model, err,
+                 ferry_status_str(rc));
         goto done;
     }
     rc = tokenizer_init(&S->tok, S->mf, err);
     if (rc) {
-        snprintf(S->load_err, sizeof S->load_err, "cannot load the tokenizer: %.200s (%s)", err, ferry_status_str(rc));
+        snprintf(S->load_err, sizeof S->load_err, "cannot load the tokenizer: %.200s (%s)", err,
+                 ferry_status_str(rc));
         goto done;
     }
     struct engine_params ep = engine_default_params();
     ep.n_threads = S->opt.threads;
     ep.ctx_size = S->opt.ctx_size;
     ep.n_seqs = S->opt.parallel;
-    ep.max_batch_tokens = S->opt.max_batch_tokens < S->opt.parallel ? S->opt.parallel : S->opt.max_batch_tokens;
+    ep.max_batch_tokens =
+        S->opt.max_batch_tokens < S->opt.parallel ? S->opt.parallel : S->opt.max_batch_tokens;
     ep.deterministic = S->opt.deterministic;
     ep.kv_tokens = S->opt.kv_tokens;
-    ep.backend = !strcmp(S->opt.backend, "cpu") ? ENGINE_BACKEND_CPU : !strcmp(S->opt.backend, "cuda") ? ENGINE_BACKEND_CUDA : ENGINE_BACKEND_AUTO;
+    ep.backend = !strcmp(S->opt.backend, "cpu")    ? ENGINE_BACKEND_CPU
+                 : !strcmp(S->opt.backend, "cuda") ? ENGINE_BACKEND_CUDA
+                                                   : ENGINE_BACKEND_AUTO;
     ep.gpu_memory = S->opt.gpu_memory;
     ep.reserve_vram = S->opt.reserve_vram;
     ep.gpu_layers = S->opt.gpu_layers;
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {
-        snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err, ferry_status_str(rc));
+        snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err,
+                 ferry_status_str(rc));
         goto done;
     }
     const char *tmpl = NULL;
-    if (S->opt.chat_template) tmpl = chat_template_builtin(S->opt.chat_template);
-    else if (S->mf->chat_template) tmpl = S->mf->chat_template;
+    if (S->opt.chat_template)
+        tmpl = chat_template_builtin(S->opt.chat_template);
+    else if (S->mf->chat_template)
+        tmpl = S->mf->chat_template;
     else {
         tmpl = chat_template_builtin("chatml");
         FLOG_WARN("the model has no chat template: /v1/chat/completions uses the builtin 'chatml'");
@@ -525,6 +576,7 @@ static void loader_main(void *arg)
     struct api_ctx *a = &S->api;
     a->tok = S->tok;
     a->model_name = S->model_name;
+    a->any_model = S->opt.any_model;
     a->chat_tmpl = tmpl;
     int32_t bos = tokenizer_bos(S->tok), eos = tokenizer_eos(S->tok);
     a->bos_str = bos >= 0 ? tokenizer_token_str(S->tok, bos) : "";
@@ -551,7 +603,8 @@ done:
 static void close_all(struct server *S)
 {
     S->closing = 1;
-    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int, (uv_handle_t *)&S->drain_timer};
+    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int,
+                         (uv_handle_t *)&S->drain_timer};
     for (int i = 0; i < 3; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     if (S->loader_started && !S->loader_done) {
@@ -584,8 +637,8 @@ static void on_loaded(uv_async_t *a)
         close_all(S);
         return;
     }
-    FLOG_INFO("model ready: %s (ctx %d, %d slots, max batch %d tokens, vocab %d)", S->model_name, S->api.ctx_size,
-              S->opt.parallel, S->opt.max_batch_tokens, S->api.n_vocab);
+    FLOG_INFO("model ready: %s (ctx %d, %d slots, max batch %d tokens, vocab %d)", S->model_name,
+              S->api.ctx_size, S->opt.parallel, S->opt.max_batch_tokens, S->api.n_vocab);
 }
 
 static void on_drain_tick(uv_timer_t *t)
@@ -640,7 +693,8 @@ static struct MHD_Daemon *start_http(struct server *S, char err[256])
         snprintf(err, 256, "--host %s: %s", S->opt.host, gai_strerror(g));
         return NULL;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    unsigned flags =
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)S->opt.port, NULL, NULL, on_request, S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
@@ -648,7 +702,9 @@ static struct MHD_Daemon *start_http(struct server *S, char err[256])
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)S->opt.max_connections, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S,
         MHD_OPTION_END);
     freeaddrinfo(ai);
-    if (!d) snprintf(err, 256, "cannot listen on %s:%d (address in use or not available)", S->opt.host, S->opt.port);
+    if (!d)
+        snprintf(err, 256, "cannot listen on %s:%d (address in use or not available)", S->opt.host,
+                 S->opt.port);
     return d;
 }
 

@@ -539,7 +539,7 @@ def test_api_key_and_cors(tmp_path):
         assert "Authorization" in hdrs["Access-Control-Allow-Headers"]
     finally:
         assert s.stop() == 0
-    s = Server("--api-key", "k1", key="k1")  # without --public-health, /health and /metrics need the key
+    s = Server("--api-key", "k1", "--any-model", key="k1")  # without --public-health, /health and /metrics need the key
     try:
         st, _, body = get(s.url + "/health")
         assert_error(st, body, 401)
@@ -547,6 +547,9 @@ def test_api_key_and_cors(tmp_path):
         assert_error(st, body, 401)
         st, _, body = get(s.url + "/health", {"Authorization": "Bearer k1"})
         assert st == 200
+        st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1, "model": "gpt-4o-mini"},
+                           {"Authorization": "Bearer k1"})
+        assert st == 200 and body["model"] == MODEL_NAME  # --any-model
     finally:
         assert s.stop() == 0
 

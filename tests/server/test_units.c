@@ -37,7 +37,8 @@ Test(options, env_then_argv)
     setenv("FERRY_PARALLEL", "7", 1);
     setenv("FERRY_PUBLIC_HEALTH", "true", 1);
     setenv("FERRY_BODY_LIMIT", "512KiB", 1);
-    char *argv[] = {"serve", "--port", "9002", "--model=/m.gguf", "--api-key", "a", "--api-key", "b", "--deterministic"};
+    char *argv[] = {"serve", "--port",    "9002", "--model=/m.gguf", "--api-key",
+                    "a",     "--api-key", "b",    "--deterministic"};
     struct serve_options o;
     char err[256];
     cr_assert_eq(parse(&o, err, 9, argv), 0, "%s", err);
@@ -101,12 +102,33 @@ Test(options, help_lists_every_option_and_env)
     FILE *f = open_memstream(&buf, &len);
     serve_options_help(f);
     fclose(f);
-    const char *must[] = {"--model", "FERRY_MODEL", "--api-key", "--api-key-file", "--ctx-size", "--parallel",
-                          "--max-batch-tokens", "--threads", "--max-queue", "--body-limit", "--timeout",
-                          "--shutdown-timeout", "--cors-origin", "--chat-template", "--public-health",
-                          "--log-level", "--served-model-name", "--seed", "--gpu-memory", "--reserve-vram",
-                          "--gpu-layers", "--quant", "--deterministic", "FERRY_SHUTDOWN_TIMEOUT", "default 8080"};
-    for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) cr_assert(strstr(buf, must[i]), "help lacks %s", must[i]);
+    const char *must[] = {"--model",
+                          "FERRY_MODEL",
+                          "--api-key",
+                          "--api-key-file",
+                          "--ctx-size",
+                          "--parallel",
+                          "--max-batch-tokens",
+                          "--threads",
+                          "--max-queue",
+                          "--body-limit",
+                          "--timeout",
+                          "--shutdown-timeout",
+                          "--cors-origin",
+                          "--chat-template",
+                          "--public-health",
+                          "--log-level",
+                          "--served-model-name",
+                          "--seed",
+                          "--gpu-memory",
+                          "--reserve-vram",
+                          "--gpu-layers",
+                          "--quant",
+                          "--deterministic",
+                          "FERRY_SHUTDOWN_TIMEOUT",
+                          "default 8080"};
+    for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
+        cr_assert(strstr(buf, must[i]), "help lacks %s", must[i]);
     free(buf);
 }
 
@@ -137,11 +159,12 @@ Test(api, status_mapping)
 {
     struct {
         int st, http;
-    } m[] = {{FERRY_ERR_INVALID, 400}, {FERRY_ERR_RANGE, 400}, {FERRY_ERR_FORMAT, 400},
-             {FERRY_ERR_UNSUPPORTED, 400}, {FERRY_ERR_NOT_FOUND, 404}, {SERVE_ERR_NO_ROUTE, 404},
-             {SERVE_ERR_UNAUTHORIZED, 401}, {SERVE_ERR_METHOD, 405}, {SERVE_ERR_TOO_LARGE, 413},
-             {FERRY_ERR_BUSY, 503}, {SERVE_ERR_LOADING, 503}, {SERVE_ERR_SHUTDOWN, 503},
-             {FERRY_ERR_TIMEOUT, 504}, {FERRY_ERR_INTERNAL, 500}, {FERRY_ERR_IO, 500}, {FERRY_ERR_CUDA, 500}};
+    } m[] = {{FERRY_ERR_INVALID, 400},      {FERRY_ERR_RANGE, 400},     {FERRY_ERR_FORMAT, 400},
+             {FERRY_ERR_UNSUPPORTED, 400},  {FERRY_ERR_NOT_FOUND, 404}, {SERVE_ERR_NO_ROUTE, 404},
+             {SERVE_ERR_UNAUTHORIZED, 401}, {SERVE_ERR_METHOD, 405},    {SERVE_ERR_TOO_LARGE, 413},
+             {FERRY_ERR_BUSY, 503},         {SERVE_ERR_LOADING, 503},   {SERVE_ERR_SHUTDOWN, 503},
+             {FERRY_ERR_TIMEOUT, 504},      {FERRY_ERR_INTERNAL, 500},  {FERRY_ERR_IO, 500},
+             {FERRY_ERR_CUDA, 500}};
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
         const char *type = NULL, *code = NULL;
         cr_assert_eq(api_http_status(m[i].st, &type, &code), m[i].http, "status %d", m[i].st);
@@ -162,7 +185,8 @@ Test(api, error_object)
     cr_assert_str_eq(json_string_value(json_object_get(e, "type")), "invalid_request_error");
     cr_assert_str_eq(json_string_value(json_object_get(e, "param")), "temperature");
     cr_assert(json_is_null(json_object_get(e, "code")));
-    cr_assert(strstr(json_string_value(json_object_get(e, "message")), "\xef\xbf\xbd"), "invalid byte replaced");
+    cr_assert(strstr(json_string_value(json_object_get(e, "message")), "\xef\xbf\xbd"),
+              "invalid byte replaced");
     json_decref(o);
     free(body);
 }
@@ -177,11 +201,17 @@ Test(api, utf8_sanitize)
         {"plain", 5, "plain"},
         {"\xc3\xa9t\xc3\xa9", 5, "\xc3\xa9t\xc3\xa9"},
         {"\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80"},
-        {"a\xff" "b", 3, "a\xef\xbf\xbd" "b"},
+        {"a\xff"
+         "b",
+         3,
+         "a\xef\xbf\xbd"
+         "b"},
         {"\xe2\x82", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* truncated sequence */
         {"\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* overlong */
         {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* surrogate */
-        {"a\0b", 3, "a\xef\xbf\xbd" "b"},                            /* NUL */
+        {"a\0b", 3,
+         "a\xef\xbf\xbd"
+         "b"}, /* NUL */
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         size_t n;
