@@ -211,6 +211,10 @@ void jfail(struct jctx *c, int status, size_t off, const char *fmt, ...)
 #define JNO_OFF ((size_t)-1)
 
 void *jalloc(struct jctx *c, size_t n);
+/* Work accounting: long scans and copies cost steps in proportion to their size, so the step bound is
+ * also a time bound (strings: 1 step per 256 bytes, containers: 1 per element). */
+void jcharge(struct jctx *c, uint64_t steps);
+uint64_t jv_cost(struct jv v);
 void jarena_free(struct jarena *a);
 char *jstrdup(struct jctx *c, const char *p, size_t n);
 

@@ -254,6 +254,7 @@ static struct jv items_of(struct jctx *c, struct jv d, size_t off)
 int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, const struct jargs *A,
                  struct jv *out)
 {
+    jcharge(c, jv_cost(obj));
     size_t off = A->off;
     struct jv a0 = arg_or(A, 0, NULL, jv_none()), a1 = arg_or(A, 1, NULL, jv_none());
     if (obj.type == JV_STR) {
@@ -565,12 +566,14 @@ static struct jv do_sort(struct jctx *c, struct jv v, const struct jargs *A, int
         out.l->v[i] = l->v[i];
     }
     out.l->n = n;
+    for (size_t m = n; m > 1; m /= 2) jcharge(c, n); /* n log n comparisons */
     merge_sort(c, keys, out.l->v, tk, ti, n, reverse, A->off);
     return out;
 }
 
 struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v, const struct jargs *A)
 {
+    jcharge(c, jv_cost(v));
     size_t off = A->off;
     if (NAME_IS("trim") || NAME_IS("strip")) {
         struct jv chars = arg_or(A, 0, "chars", jv_none());
@@ -732,7 +735,7 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
             struct jv k = sort_key(c, l->v[i], attr, cs, off);
             if (k.type == JV_LIST || k.type == JV_DICT)
                 jfail(c, FERRY_ERR_INVALID, off, "unhashable type: '%s'", jv_type_name(k));
-            if (jv_contains(c, seen, k, off)) continue;
+            if (jv_contains(c, seen, k, off)) continue; /* charges seen.n: quadratic work is bounded */
             jlist_push(c, seen.l, k);
             jlist_push(c, out.l, l->v[i]);
         }

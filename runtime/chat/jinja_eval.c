@@ -119,6 +119,7 @@ struct jv jv_getitem(struct jctx *c, struct jv obj, struct jv key, size_t off)
         return obj.l->v[i];
     case JV_STR: {
         if (!as_index(key, &i)) break;
+        jcharge(c, jv_cost(obj));
         int64_t len = (int64_t)jutf8_len(obj.s.p, obj.s.n);
         if (i < 0) i += len;
         if (i < 0 || i >= len) return jv_undef(NULL, 0);
@@ -338,6 +339,7 @@ static int str_find(struct jv hay, struct jv needle)
 
 int jv_contains(struct jctx *c, struct jv hay, struct jv needle, size_t off)
 {
+    jcharge(c, jv_cost(hay));
     switch (hay.type) {
     case JV_STR:
         if (needle.type != JV_STR)
@@ -383,6 +385,7 @@ int jv_compare(struct jctx *c, struct jv a, struct jv b, size_t off)
 
 static int compare(struct jctx *c, int op, struct jv a, struct jv b, size_t off)
 {
+    if (op != JOP_IN && op != JOP_NOTIN) jcharge(c, jv_cost(a) < jv_cost(b) ? jv_cost(a) : jv_cost(b));
     switch (op) {
     case JOP_EQ:
         return jv_equal(a, b);

@@ -35,9 +35,33 @@ void jfail(struct jctx *c, int status, size_t off, const char *fmt, ...)
     longjmp(c->fail, 1);
 }
 
+void jcharge(struct jctx *c, uint64_t steps)
+{
+    if (steps > (uint64_t)INT64_MAX - (uint64_t)c->steps || c->steps + (int64_t)steps > c->max_steps)
+        jfail(c, FERRY_ERR_RANGE, JNO_OFF, "template exceeded %lld evaluation steps",
+              (long long)c->max_steps);
+    c->steps += (int64_t)steps;
+}
+
+uint64_t jv_cost(struct jv v)
+{
+    switch (v.type) {
+    case JV_STR:
+        return 1 + v.s.n / 256;
+    case JV_LIST:
+        return 1 + v.l->n;
+    case JV_DICT:
+    case JV_NS:
+        return 1 + v.d->n;
+    default:
+        return 1;
+    }
+}
+
 void *jalloc(struct jctx *c, size_t n)
 {
     struct jarena *a = &c->arena;
+    jcharge(c, n / 256);
     n = (n + 15) & ~(size_t)15;
     if (n == 0) n = 16;
     if (n > a->limit || a->used > a->limit - n)

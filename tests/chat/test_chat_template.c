@@ -227,6 +227,14 @@ Test(chat_bounds, runaway_loops_stop)
     expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                  FERRY_ERR_RANGE, "steps");
     expect_error("{{ range(1000000000) | length }}", FERRY_ERR_RANGE, "range too big");
+    /* work inside one step (scans of big strings and lists, quadratic filters) is charged too */
+    expect_error("{% set big = 'x' * 4000000 %}{% for i in range(100000) %}{% if 'zz' in big %}{% endif %}{% "
+                 "endfor %}",
+                 FERRY_ERR_RANGE, "steps");
+    expect_error("{{ range(100000) | unique | list | length }}", FERRY_ERR_RANGE, "steps");
+    expect_error("{% set l = range(100000) | list %}{% for i in range(100000) %}{% if -1 in l %}{% endif "
+                 "%}{% endfor %}",
+                 FERRY_ERR_RANGE, "steps");
 }
 
 Test(chat_bounds, output_and_memory_are_bounded)
