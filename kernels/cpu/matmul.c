@@ -5,8 +5,8 @@
  *  - m > 2 (prefill, batches): k is walked in chunks of KC columns (the (m, KC) slice of x stays in L2); each
  *    group's (NR, KC) slice of W is dequantized/converted once into a small padded f32 stack tile (L1) and
  *    multiplied against all m rows of x, MR at a time, by a register-blocked MR x NR micro-kernel.
- *  - m <= 2 (decode): rows stream from memory once, decoded in registers (F16/BF16 conversion, Q8_0/Q4_0/Q4_1
- *    block decoding), whole rows at a time; K-quants still go through the tile (faster for them).
+ *  - m <= 2 (decode): rows stream from memory once, decoded in registers (F16/BF16 conversion, block
+ *    decoding of Q8_0/Q4_0/Q4_1, and of Q4_K/Q6_K with scales unpacked once per sub-block), whole rows.
  * Every output element is the same sequence of f32 operations whatever the pool size (vector lanes are
  * reduced in a fixed order, chunk partial sums are added in k order, and the path depends only on m and the
  * dtype), so results are deterministic and even independent of the thread count.
@@ -56,8 +56,8 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #endif
 
 /* How the micro-kernel reads W: plain types convert in registers; the quantized kinds decode VL elements of a
- * block row in registers (used for m <= 2, where a dequantized tile would never be reused; K-quants always
- * go through the tile). */
+ * block row in registers (used for m <= 2, where a dequantized tile would never be reused; K-quants have
+ * their own loops below). */
 enum wkind { WK_F32, WK_F16, WK_BF16, WK_Q8_0, WK_Q4_0, WK_Q4_1 };
 
 typedef uint8_t vu8 __attribute__((vector_size(VL), aligned(1)));
@@ -217,8 +217,10 @@ micro44(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw,
     {                                                                                                        \
         switch (mr * 8 + nr) {                                                                               \
             MICRO_ROW(kind, 1)                                                                               \
-                    MICRO_ROW(kind, 2) MICRO_ROW(kind, 3) MICRO_ROW(kind, 4) MICRO_CASE(kind, 1, 4)          \
-                        MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4) case 4 *                               \
+            MICRO_ROW(kind, 2)                                                                               \
+            MICRO_ROW(kind, 3)                                                                               \
+                    MICRO_ROW(kind, 4) MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4)                         \
+                        MICRO_CASE(kind, 3, 4) case 4 *                                                      \
                     8 +                                                                                      \
                 4 : micro44(out, x, ldx, w, ldw, kc, kind);                                                  \
             return;                                                                                          \
@@ -240,6 +242,114 @@ MICRO_FN(micro_bf16, WK_BF16)
 MICRO_Q_FN(micro_q8_0, WK_Q8_0)
 MICRO_Q_FN(micro_q4_0, WK_Q4_0)
 MICRO_Q_FN(micro_q4_1, WK_Q4_1)
+
+/* K-quants for m <= 2: a dedicated walk over super-blocks, so that scales and minimums are unpacked once per
+ * sub-block and row rather than once per vector. */
+static inline __attribute__((always_inline)) void kq_q4_k(float *out, const float *x, ptrdiff_t ldx,
+                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
+{
+    vf acc[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (vf){0};
+    for (int b = 0; b < k / QK_K; b++) {
+        const struct block_q4_k *bl[NR];
+        float d[NR], dm[NR];
+        for (int j = 0; j < nr; j++) {
+            bl[j] = (const struct block_q4_k *)WROW(w, ldw, j) + b;
+            d[j] = f16_to_f32(bl[j]->d);
+            dm[j] = f16_to_f32(bl[j]->dmin);
+        }
+        for (int sub = 0; sub < 8; sub++) {
+            const int p = sub / 2, hi = sub & 1;
+            float d1[NR], m1[NR];
+            for (int j = 0; j < nr; j++) {
+                const uint8_t *sc = bl[j]->scales;
+                const int scl = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 15) | ((sc[sub - 4] >> 6) << 4);
+                const int mn = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+                d1[j] = d[j] * (float)scl;
+                m1[j] = dm[j] * (float)mn;
+            }
+            for (int v = 0; v < 32; v += VL) {
+                const int c = b * QK_K + sub * 32 + v;
+                vf wv[NR];
+                for (int j = 0; j < nr; j++) {
+                    vu8 q;
+                    memcpy(&q, bl[j]->qs + 32 * p + v, sizeof q);
+                    wv[j] = d1[j] * vf_from_u8(hi ? q >> 4 : q & 15) - m1[j];
+                }
+                for (int i = 0; i < mr; i++) {
+                    const vf xv = *(const vfu *)(x + i * ldx + c);
+                    for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum(acc[i][j]);
+}
+
+static inline __attribute__((always_inline)) void kq_q6_k(float *out, const float *x, ptrdiff_t ldx,
+                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
+{
+    vf acc[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = (vf){0};
+    for (int b = 0; b < k / QK_K; b++) {
+        const struct block_q6_k *bl[NR];
+        float d[NR];
+        for (int j = 0; j < nr; j++) {
+            bl[j] = (const struct block_q6_k *)((const uint8_t *)WROW(w, ldw, j) +
+                                                (size_t)b * sizeof(struct block_q6_k));
+            d[j] = f16_to_f32(bl[j]->d);
+        }
+        /* Element 128h + 32g + l (l < 32) takes scale 8h + l/16 + 2g; the four g share the ql/qh bytes. */
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l += VL) {
+                vu8 q[NR][4];
+                float s[NR][4];
+                for (int j = 0; j < nr; j++) {
+                    vu8 a0, a1, hb;
+                    memcpy(&a0, bl[j]->ql + 64 * h + l, sizeof a0);
+                    memcpy(&a1, bl[j]->ql + 64 * h + l + 32, sizeof a1);
+                    memcpy(&hb, bl[j]->qh + 32 * h + l, sizeof hb);
+                    q[j][0] = (a0 & 15) | ((hb & 3) << 4);
+                    q[j][1] = (a1 & 15) | (((hb >> 2) & 3) << 4);
+                    q[j][2] = (a0 >> 4) | (((hb >> 4) & 3) << 4);
+                    q[j][3] = (a1 >> 4) | (((hb >> 6) & 3) << 4);
+                    for (int g = 0; g < 4; g++) s[j][g] = d[j] * (float)bl[j]->scales[8 * h + l / 16 + 2 * g];
+                }
+                for (int g = 0; g < 4; g++) {
+                    const int c = b * QK_K + 128 * h + 32 * g + l;
+                    vf wv[NR];
+                    for (int j = 0; j < nr; j++) wv[j] = s[j][g] * (vf_from_u8(q[j][g]) - 32.0f);
+                    for (int i = 0; i < mr; i++) {
+                        const vf xv = *(const vfu *)(x + i * ldx + c);
+                        for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
+                    }
+                }
+            }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum(acc[i][j]);
+}
+
+#define KQ_CASE(fn, mr, nr)                                                                                  \
+    case (mr)*8 + (nr):                                                                                      \
+        fn(out, x, ldx, w, ldw, kc, mr, nr);                                                                 \
+        return;
+#define KQ_FN(name, fn)                                                                                      \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,        \
+                     int mr, int nr)                                                                         \
+    {                                                                                                        \
+        switch (mr * 8 + nr) {                                                                               \
+            KQ_CASE(fn, 1, 1)                                                                                \
+            KQ_CASE(fn, 1, 2)                                                                                \
+            KQ_CASE(fn, 1, 3) KQ_CASE(fn, 1, 4) KQ_CASE(fn, 2, 1) KQ_CASE(fn, 2, 2) KQ_CASE(fn, 2, 3)        \
+                KQ_CASE(fn, 2, 4)                                                                            \
+        }                                                                                                    \
+    }
+KQ_FN(micro_q4_k, kq_q4_k)
+KQ_FN(micro_q6_k, kq_q6_k)
 
 typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,
                          int mr, int nr);
@@ -267,10 +377,8 @@ static void mm_task(void *arg, int t)
     const int m = c->m, k = c->k;
     /* When rows are reused (m > 2) they are dequantized/converted into the tile, so the micro-kernel reads a
      * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
-     * stream straight from memory and are decoded in registers (whole rows, kc = k), except K-quants, whose
-     * per-vector scale unpacking makes the block-at-a-time dequantization into the tile faster. */
-    const int use_tile =
-        m > 2 || c->wt == DTYPE_Q4_K || c->wt == DTYPE_Q6_K; /* K-quants decode faster whole */
+     * stream straight from memory and are decoded in registers (whole rows, kc = k). */
+    const int use_tile = m > 2;
     micro_fn mk = micro_f32;
     if (!use_tile) {
         switch (c->wt) {
@@ -288,6 +396,12 @@ static void mm_task(void *arg, int t)
             break;
         case DTYPE_Q4_1:
             mk = micro_q4_1;
+            break;
+        case DTYPE_Q4_K:
+            mk = micro_q4_k;
+            break;
+        case DTYPE_Q6_K:
+            mk = micro_q6_k;
             break;
         default:
             break;
@@ -360,8 +474,7 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
     if (kc > KC_MAX) kc = KC_MAX;
-    if (m <= 2 && wt != DTYPE_Q4_K && wt != DTYPE_Q6_K)
-        kc = k; /* the same condition as "no tile" in mm_task */
+    if (m <= 2) kc = k; /* the same condition as "no tile" in mm_task */
     if (kc >= k) kc = k;
     c.kc = (int)kc;
     /* Tiny products are not worth waking the pool for. */
