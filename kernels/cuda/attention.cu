@@ -385,11 +385,11 @@ static size_t attn_smem_bytes(int D, int stages)
            (size_t)ATT_RMAX * ATT_T * 4 + 4 * ATT_RMAX * 4;
 }
 
-static int g_stages = 2; /* K/V buffers per block: kern_cuda_attention_set_stages */
+static int g_stages = 1; /* K/V buffers per block: kern_cuda_attention_set_stages (1 measured faster, NOTES.md) */
 
 extern "C" void kern_cuda_attention_set_stages(int stages)
 {
-    g_stages = stages == 1 ? 1 : 2;
+    g_stages = stages == 2 ? 2 : 1;
 }
 
 /* Raises the dynamic shared-memory limit of both kernel variants once (up to head_dim ATT_DMAX). */

@@ -305,6 +305,24 @@ int main(int argc, char **argv)
                100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs, gemv_gtotal[mi],
                100.0 * bytes_total / gemv_gtotal[mi] / 1e6 / ceil_gbs);
     }
+    /* Both warp-tile heights of the tensor-core kernel forced (the default picks 16 rows for n <= 4224). */
+    for (int rows = 16; rows <= 32; rows += 16) {
+        kern_cuda_matmul_set_mma_rows(rows);
+        for (int si = 0; si < 4; si++)
+            for (int mi = 2; mi < NMS; mi += 2) {
+                struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], shapes[si][0], shapes[si][1], 0, DTYPE_F16};
+                a.wbytes = (size_t)a.n * a.k * 2;
+                a.copies = (int)(pool_bytes / a.wbytes);
+                use_graph = 1;
+                const double gms = time_ms(mm_fn, &a, 20);
+                use_graph = 0;
+                char name[64];
+                snprintf(name, sizeof name, "gemv f16 %5dx%-5d m=%d rows%d", a.n, a.k, a.m, rows);
+                printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy (graph)\n", name, gms, a.wbytes / gms / 1e6,
+                       100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
+            }
+    }
+    kern_cuda_matmul_set_mma_rows(0);
     /* Other weight types at one shape (the pool's f16 pattern read as bf16 / Q8_0: finite values). */
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)
@@ -342,8 +360,8 @@ int main(int argc, char **argv)
     cudaFree(pool);
 
     /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128. */
-    /* Two K/V buffers per block (the default), then one (kern_cuda_attention_set_stages). */
-    for (int stg = 2; stg >= 1; stg--) {
+    /* One K/V buffer per block (the default), then two (kern_cuda_attention_set_stages). */
+    for (int stg = 1; stg <= 2; stg++) {
         kern_cuda_attention_set_stages(stg);
         printf("attention, %d K/V buffer(s) per block:\n", stg);
         bench_attention("attn decode l2-7b ctx=512 b=1", 32, 32, 512, 1, 0, ceil_gbs);

@@ -139,10 +139,10 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     const size_t wsb = kern_cuda_attention_ws_size(m, c->n_heads, c->D, max_len);
     void *ws = dev_alloc(wsb);
     /* 0: full workspace (splits); 1: the same again, bitwise equal; 2: no workspace (one split); 3: full
-     * workspace with one K/V buffer per block instead of two (kern_cuda_attention_set_stages) */
+     * workspace with two K/V buffers per block instead of one (kern_cuda_attention_set_stages) */
     for (int variant = 0; variant < 4; variant++) {
         CU_OK(cudaMemset(dout, 0xFF, nq * 4));
-        kern_cuda_attention_set_stages(variant == 3 ? 1 : 0);
+        kern_cuda_attention_set_stages(variant == 3 ? 2 : 0);
         int rc = kern_cuda_attention(dout, dq, &c->dev, dseq, dpos, m, c->n_heads, scale, max_len, mode,
                                      variant == 2 ? NULL : ws, variant == 2 ? 0 : wsb, 0);
         kern_cuda_attention_set_stages(0);
