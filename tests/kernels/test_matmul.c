@@ -95,9 +95,10 @@ static void check_type(enum dtype t, const struct shape *shapes, int n_shapes)
 static const struct shape plain_shapes[] = {{1, 37, 1001},   {3, 13, 333}, {17, 37, 1001},
                                             {130, 37, 1001}, {1, 5, 7},    {2, 3, 4099}};
 static const struct shape q32_shapes[] = {{1, 37, 32 * 37},   {3, 13, 32 * 5},  {17, 37, 32 * 37},
-                                          {130, 37, 32 * 37}, {1, 9, 32 * 161}, {5, 1, 32}};
-static const struct shape qk_shapes[] = {
-    {1, 37, 256 * 5}, {3, 13, 256}, {17, 37, 256 * 5}, {130, 21, 256 * 5}, {1, 7, 256 * 17}};
+                                          {130, 37, 32 * 37}, {1, 9, 32 * 161}, {5, 1, 32},
+                                          {2, 11, 32 * 9}};
+static const struct shape qk_shapes[] = {{1, 37, 256 * 5},   {3, 13, 256},     {17, 37, 256 * 5},
+                                         {130, 21, 256 * 5}, {1, 7, 256 * 17}, {2, 11, 256 * 3}};
 #define N_OF(a) (int)(sizeof(a) / sizeof((a)[0]))
 
 Test(matmul, f32)
