@@ -166,6 +166,42 @@ int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enu
 
 uint64_t engine_weight_bytes(const struct engine *e) { return e->model.weight_bytes; }
 
+int engine_plan(const struct model_file *mf, const struct engine_params *params, char *buf, size_t cap, char err[256])
+{
+#ifdef FERRY_CUDA
+    struct engine_params p = *params;
+    struct model m;
+    struct kv_cache kv;
+    struct device_map map;
+    int rc = model_init(&m, mf, err);
+    if (rc) return rc;
+    if (p.ctx_size == 0) p.ctx_size = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
+    if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
+    rc = kv_cache_init(&kv, m.hp.n_layers, m.hp.n_kv_heads, m.hp.head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
+                       ENGINE_KV_BLOCK, 0);
+    if (!rc) {
+        struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens, .gpu_memory = p.gpu_memory,
+                                         .reserve_vram = p.reserve_vram, .gpu_layers = p.gpu_layers,
+                                         .n_slots = p.n_slots};
+        rc = forward_cuda_plan_offline(&m, &kv, &cp, 54.9e9, 4.18e12, &map, err);
+        if (!rc) {
+            device_map_format(&map, buf, cap);
+            device_map_free(&map);
+        }
+        kv_cache_free(&kv);
+    }
+    model_free(&m);
+    return rc;
+#else
+    (void)mf;
+    (void)params;
+    (void)buf;
+    (void)cap;
+    snprintf(err, 256, "this build has no CUDA backend");
+    return FERRY_ERR_UNSUPPORTED;
+#endif
+}
+
 const struct llm_hparams *engine_hparams(const struct engine *e) { return &e->model.hp; }
 int engine_ctx_size(const struct engine *e) { return e->p.ctx_size; }
 int engine_n_seqs(const struct engine *e) { return e->p.n_seqs; }

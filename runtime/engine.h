@@ -81,6 +81,12 @@ int engine_seq_len(const struct engine *e, int seq);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 
+/* The placement engine_init would choose on a CUDA device for these parameters (p->gpu_memory must be set),
+ * computed without touching a device; the prediction uses the reference H200's measured ceilings
+ * (54.9 GB/s pinned host→device, 4.18 TB/s device copy). Writes device_map_format's text into buf.
+ * FERRY_ERR_UNSUPPORTED in a build without CUDA; FERRY_ERR_DEVICE_MEM (err names the minimum) when too small. */
+int engine_plan(const struct model_file *mf, const struct engine_params *p, char *buf, size_t cap, char err[256]);
+
 /* Bytes of weights one forward pass reads (all matrices incl. the output head). */
 uint64_t engine_weight_bytes(const struct engine *e);
 /* A human-readable description of where the layers live (the device_map), or "cpu: all layers". */

@@ -369,6 +369,53 @@ static int upload_head(struct forward_cuda *f, const struct model *m)
     return rc;
 }
 
+/* What a plan has to fit, from the model's shapes and the KV pool's geometry (no device needed). */
+struct plan_sizes {
+    size_t layer_bytes;   /* the largest layer image */
+    size_t head_bytes;    /* output head + final norm */
+    size_t fixed_bytes;   /* KV pool (f16), activations, attention workspace; cuBLAS's context not included */
+    size_t attn_ws_bytes;
+    size_t max_x;         /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
+};
+
+static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, struct layer_layout *layouts,
+                          struct plan_sizes *ps)
+{
+    const struct llm_hparams *hp = &m->hp;
+    memset(ps, 0, sizeof *ps);
+    for (int l = 0; l < hp->n_layers; l++) {
+        struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
+        layer_layout_of(&m->layers[l], hp, lay);
+        if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
+    }
+    ps->head_bytes = align_up(dtype_row_size(device_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
+                     align_up((size_t)hp->dim * sizeof(float));
+    const size_t kv_elems = (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
+    ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
+    ps->fixed_bytes = 2 * align_up(kv_elems * sizeof(uint16_t)) + activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) +
+                      align_up(ps->attn_ws_bytes);
+    ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
+    if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x) ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+}
+
+int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv, const struct forward_cuda_params *p,
+                              double h2d, double hbm, struct device_map *out, char err[256])
+{
+    struct plan_sizes ps;
+    plan_sizes_of(m, kv, p->max_tokens, NULL, &ps);
+    /* The cuBLAS context: x rounded to f16 plus its 32 MiB workspace (as kern_cuda_ctx_init sizes it). */
+    const size_t ctx_bytes = ps.max_x * 2 + (32u << 20);
+    if (p->gpu_memory <= 0) {
+        snprintf(err, 256, "give --gpu-memory SIZE to plan without a device");
+        return FERRY_ERR_INVALID;
+    }
+    struct device_map_input in = {.n_layers = m->hp.n_layers, .layer_bytes = ps.layer_bytes,
+                                  .head_bytes = ps.head_bytes, .fixed_bytes = ps.fixed_bytes + ctx_bytes,
+                                  .budget = (uint64_t)p->gpu_memory, .gpu_layers = p->gpu_layers,
+                                  .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = hbm};
+    return device_map_plan(&in, out, err);
+}
+
 static int issue_copy(struct forward_cuda *f, uint64_t n);
 
 int forward_cuda_init(struct forward_cuda **out, const struct model *m, const struct kv_cache *kv,
@@ -398,19 +445,13 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->resident = calloc((size_t)L, sizeof *f->resident);
     f->host_block = calloc((size_t)L, sizeof *f->host_block);
     if (!f->layouts || !f->resident || !f->host_block) goto fail;
-    size_t layer_bytes = 0;
-    for (int l = 0; l < L; l++) {
-        layer_layout_of(&m->layers[l], hp, &f->layouts[l]);
-        if (f->layouts[l].bytes > layer_bytes) layer_bytes = f->layouts[l].bytes;
-    }
-    f->head_type = device_type(m->output.type);
-    size_t head_bytes = align_up(dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows) +
-                        align_up((size_t)hp->dim * sizeof(float));
+    struct plan_sizes ps;
+    plan_sizes_of(m, kv, T, f->layouts, &ps);
+    const size_t layer_bytes = ps.layer_bytes, head_bytes = ps.head_bytes;
     const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     const size_t kv_elems = (size_t)L * kv->n_blocks * kv->block_size * kvd;
-    f->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
-    size_t max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
-    if ((size_t)T * hp->n_heads * hp->head_dim > max_x) max_x = (size_t)T * hp->n_heads * hp->head_dim;
+    f->head_type = device_type(m->output.type);
+    f->attn_ws_bytes = ps.attn_ws_bytes;
 
     rc = FERRY_ERR_CUDA;
     if (cudaStreamCreateWithFlags(&f->compute, cudaStreamNonBlocking) != cudaSuccess ||
@@ -418,12 +459,11 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         snprintf(err, 256, "cannot create CUDA streams");
         goto fail;
     }
-    if ((rc = kern_cuda_ctx_init(&f->kctx, max_x))) {
+    if ((rc = kern_cuda_ctx_init(&f->kctx, ps.max_x))) {
         snprintf(err, 256, "cannot create the cuBLAS context");
         goto fail;
     }
-    size_t fixed = align_up(2 * kv_elems * sizeof(uint16_t)) + activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) +
-                   align_up(f->attn_ws_bytes) + kern_cuda_ctx_bytes(f->kctx);
+    size_t fixed = ps.fixed_bytes + kern_cuda_ctx_bytes(f->kctx);
 
     /* Budget: explicit, or what the card has free minus the reserve. */
     size_t free_b = 0, total_b = 0;

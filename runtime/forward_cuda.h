@@ -49,6 +49,11 @@ void forward_cuda_get_stats(const struct forward_cuda *f, struct forward_cuda_st
 int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
                      float *logits);
 
+/* The device_map forward_cuda_init would choose for budget p->gpu_memory, computed without a device, with the
+ * given ceilings (bytes/s) for the prediction. For `ferry inspect`. */
+int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv, const struct forward_cuda_params *p,
+                              double h2d, double hbm, struct device_map *out, char err[256]);
+
 /* Measured rates for the planner: pinned host→device and device→device bandwidth, bytes/s (0 on failure). */
 void forward_cuda_measure_bandwidth(double *h2d, double *d2d);
 

@@ -7,14 +7,20 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/engine.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 
 static void inspect_usage(FILE *f)
 {
-    fprintf(f, "usage: ferry inspect --model PATH [--json]\n\n"
-               "  --model PATH   GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
-               "  --json         machine-readable output\n");
+    fprintf(f, "usage: ferry inspect --model PATH [--gpu-memory SIZE [--gpu-layers N] [--ctx-size N] [--parallel N]]\n"
+               "                     [--json]\n\n"
+               "  --model PATH        GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
+               "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget (e.g. 4GiB)\n"
+               "  --gpu-layers N      resident layers (default: as many as fit)\n"
+               "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
+               "  --parallel N        sequences (default 1)\n"
+               "  --json              machine-readable output\n");
 }
 
 static const char *rope_style_name(enum rope_style s) { return s == ROPE_STYLE_HALF ? "half" : "interleaved"; }
@@ -26,14 +32,27 @@ static const char *rope_scaling_name(enum rope_scaling_type t)
 int cli_inspect_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"model", required_argument, 0, 'm'},      {"json", no_argument, 0, 'j'},
+        {"gpu-memory", required_argument, 0, 'g'}, {"gpu-layers", required_argument, 0, 'l'},
+        {"ctx-size", required_argument, 0, 'c'},   {"parallel", required_argument, 0, 'p'},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     const char *model = getenv("FERRY_MODEL");
     int as_json = 0, c;
+    struct engine_params ep = engine_default_params();
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:jh", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': as_json = 1; break;
+        case 'g':
+            if (cli_parse_size(optarg, &ep.gpu_memory) || ep.gpu_memory <= 0) {
+                fprintf(stderr, "ferry inspect: invalid --gpu-memory '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'l': ep.gpu_layers = atoi(optarg); break;
+        case 'c': ep.ctx_size = atoi(optarg); break;
+        case 'p': ep.n_seqs = atoi(optarg); break;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return 2;
         }
@@ -102,8 +121,15 @@ int cli_inspect_main(int argc, char **argv)
     }
     json_object_set_new(root, "tokenizer", tk);
     json_object_set_new(root, "chat_template", mf->chat_template ? json_string(mf->chat_template) : json_null());
-    /* Placement: the CPU backend computes every layer from host memory. */
-    json_object_set_new(root, "placement", json_string("cpu: all layers"));
+    /* Placement: on the CPU every layer is computed from host memory; with a GPU budget, the planner's map. */
+    char plan[4096] = "cpu: all layers";
+    int plan_rc = 0;
+    if (ep.gpu_memory > 0) {
+        char perr[256] = "";
+        plan_rc = engine_plan(mf, &ep, plan, sizeof plan, perr);
+        if (plan_rc) snprintf(plan, sizeof plan, "no plan: %s", perr);
+    }
+    json_object_set_new(root, "placement", json_string(plan));
 
     if (as_json) {
         char *s = json_dumps(root, JSON_INDENT(2));
@@ -130,10 +156,10 @@ int cli_inspect_main(int argc, char **argv)
         else
             printf("tokenizer    unavailable: %s\n", err);
         printf("chat template %s\n", mf->chat_template ? "yes (the model's own)" : "none (use --chat-template)");
-        printf("placement    cpu: all layers\n");
+        printf("placement    %s%s", plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }
     json_decref(root);
     tokenizer_free(tok);
     model_file_close(mf);
-    return 0;
+    return plan_rc ? 1 : 0;
 }
