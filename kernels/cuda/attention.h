@@ -48,7 +48,8 @@ enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_
 int kern_cuda_kv_store(const struct kern_cuda_kv_layer *kv, const float *k_new, const float *v_new,
                        const int32_t *seq, const int32_t *pos, int m, cudaStream_t stream);
 
-/* Workspace bytes kern_cuda_attention uses at most for this batch shape; max_len = 1 + the largest pos. */
+/* Workspace bytes kern_cuda_attention uses at most for any batch of up to m tokens (so one workspace sized
+ * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos. */
 size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len);
 
 /* out (m, n_heads*head_dim) f32 = softmax(q kᵀ * scale) v per token and head; q (m, n_heads, head_dim) f32.

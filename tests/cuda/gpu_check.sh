@@ -68,9 +68,9 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer >/dev/null; then
     echo "memcheck attention rc=$?" >> "$out/sanitize.log"
     timeout 90 compute-sanitizer --tool racecheck ./build/tests/cuda/test_cuda_attention --filter 'cuda_attention/small_and_wide_heads' >> "$out/sanitize.log" 2>&1
     echo "racecheck attention rc=$?" >> "$out/sanitize.log"
-    timeout 60 compute-sanitizer --tool memcheck ./build/tests/cuda/test_cuda_matmul --filter 'cuda_matmul/gemv_vector_path' >> "$out/sanitize.log" 2>&1
+    timeout 90 compute-sanitizer --tool memcheck ./build/tests/cuda/test_cuda_matmul --filter 'cuda_matmul/gemv_*' >> "$out/sanitize.log" 2>&1
     echo "memcheck matmul rc=$?" >> "$out/sanitize.log"
-    timeout 60 compute-sanitizer --tool racecheck ./build/tests/cuda/test_cuda_matmul --filter 'cuda_matmul/gemv_vector_path' >> "$out/sanitize.log" 2>&1
+    timeout 90 compute-sanitizer --tool racecheck ./build/tests/cuda/test_cuda_matmul --filter 'cuda_matmul/gemv_tensor_core_splits' >> "$out/sanitize.log" 2>&1
     echo "racecheck matmul rc=$?" >> "$out/sanitize.log"
     log "sanitizer: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY| rc=' "$out/sanitize.log" | tr '\n' ' ')"
 fi

@@ -329,3 +329,21 @@ Test(cuda_attention, reference_matches_cpu_oracle)
     free(c.k);
     free(c.v);
 }
+
+/* The runtime sizes one workspace for its largest batch (e.g. 512 tokens) and decodes single tokens with it:
+ * the size must cover every smaller batch, and a one-token decode at long context must get splits. */
+Test(cuda_attention, ws_size_covers_smaller_batches)
+{
+    SKIP_WITHOUT_GPU();
+    const int shapes[3][3] = {{32, 128, 8192}, {32, 128, 4096}, {8, 64, 2048}};
+    for (int si = 0; si < 3; si++) {
+        const int nh = shapes[si][0], D = shapes[si][1], len = shapes[si][2];
+        const size_t big = kern_cuda_attention_ws_size(512, nh, D, len);
+        cr_assert(kern_cuda_attention_ws_size(1, nh, D, len) > 0, "no splits for one token at %d", len);
+        for (int m = 1; m <= 512; m++) {
+            const size_t s = kern_cuda_attention_ws_size(m, nh, D, len);
+            cr_assert(s <= big, "ws_size(%d) = %zu > ws_size(512) = %zu", m, s, big);
+            cr_assert(s >= kern_cuda_attention_ws_size(m > 1 ? m - 1 : 1, nh, D, len), "not monotone at %d", m);
+        }
+    }
+}
