@@ -154,6 +154,10 @@ void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *
         kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
         return;
     }
+    /* Tiny steps (a small model's decode token) are not worth waking the pool for. */
+    int64_t work = 0;
+    for (int t = 0; t < m; t++) work += (int64_t)(pos[t] + 1) * n_heads * kv->head_dim;
+    if (work < 32 * 1024) tp = NULL;
     /* One task per (token, KV head) reads each K/V row once for the whole group; when that leaves fewer
      * than two tasks per thread (a decode step of a model with few KV heads), or the group's accumulators
      * do not fit, groups are split into one task per head. The arithmetic of a head is the same either way.
