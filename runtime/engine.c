@@ -106,6 +106,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     memset(model, 0, sizeof *model);
     int rc;
     const struct llm_hparams *hp = &e->model.hp;
+    if (p.quant_int8 && (rc = model_quantize_int8(&e->model, err))) goto fail;
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;

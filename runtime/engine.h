@@ -24,6 +24,7 @@ struct engine_params {
     int kv_tokens;        /* KV pool capacity in positions over all sequences; 0 = n_seqs * ctx_size */
     int max_batch_tokens; /* largest n_tokens of one engine_step */
     int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions) */
+    int quant_int8;       /* quantize F32/F16/BF16 matrices to Q8_0 at load (model_quantize_int8) */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */

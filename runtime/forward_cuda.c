@@ -17,6 +17,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/convert.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "quant/dequant.h"
@@ -62,7 +63,12 @@ struct dev_layer {
     const float *vec[N_VECS];
 };
 
-static enum dtype device_type(enum dtype t) { return t == DTYPE_F32 || t == DTYPE_BF16 ? t : DTYPE_F16; }
+/* The type a matrix has on the device: F32/F16/BF16/Q8_0 as stored (the GEMV reads them all); other GGUF
+ * quants are converted to F16 at load. */
+static enum dtype device_type(enum dtype t)
+{
+    return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_Q8_0 ? t : DTYPE_F16;
+}
 
 static const struct wview *layer_mat(const struct model_layer *L, int i)
 {
@@ -177,6 +183,7 @@ struct forward_cuda {
     int32_t *d_ints;             /* tokens | pos | seq, (3, max_tokens) */
     void *attn_ws;
     size_t attn_ws_bytes;
+    uint16_t *conv;              /* f16 scratch for a Q8_0 matrix in a prefill GEMM, or NULL */
 
     /* Pinned staging. */
     float *h_x;                  /* (max_tokens, dim) embeddings gathered on the host */
@@ -376,6 +383,7 @@ struct plan_sizes {
     size_t fixed_bytes;   /* KV pool (f16), activations, attention workspace; cuBLAS's context not included */
     size_t attn_ws_bytes;
     size_t max_x;         /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
+    size_t conv_bytes;    /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
 };
 
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, struct layer_layout *layouts,
@@ -387,13 +395,20 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
         layer_layout_of(&m->layers[l], hp, lay);
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
+        for (int i = 0; i < N_MATS; i++) {
+            const struct wview *w = layer_mat(&m->layers[l], i);
+            if (lay->mat_type[i] == DTYPE_Q8_0 && (size_t)(w->rows * w->cols) * 2 > ps->conv_bytes)
+                ps->conv_bytes = (size_t)(w->rows * w->cols) * 2;
+        }
     }
+    if (device_type(m->output.type) == DTYPE_Q8_0 && (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
+        ps->conv_bytes = (size_t)(m->output.rows * m->output.cols) * 2;
     ps->head_bytes = align_up(dtype_row_size(device_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
                      align_up((size_t)hp->dim * sizeof(float));
     const size_t kv_elems = (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
     ps->fixed_bytes = 2 * align_up(kv_elems * sizeof(uint16_t)) + activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) +
-                      align_up(ps->attn_ws_bytes);
+                      align_up(ps->attn_ws_bytes) + align_up(ps->conv_bytes);
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x) ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
 }
@@ -511,6 +526,7 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->d_ints = carve(&c, (size_t)3 * T * sizeof(int32_t));
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
+    f->conv = ps.conv_bytes ? carve(&c, ps.conv_bytes) : NULL;
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
@@ -530,7 +546,7 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->k || !f->v || !f->g ||
         !f->u || !f->logits || !f->d_ints || !f->d_block_table || !f->attn_ws || !f->inv_freq || !f->head ||
-        !f->out_norm || (k && !f->slot[k - 1])) {
+        !f->out_norm || (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan", f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
         goto fail;
@@ -639,6 +655,12 @@ static int layer_release(struct forward_cuda *f, int l)
 static int linear(struct forward_cuda *f, float *y, const float *x, const void *w, enum dtype t, const float *bias,
                   int m, int64_t rows, int64_t cols)
 {
+    /* Prefill-sized products with Q8_0 weights: convert to f16 once, then the tensor-core GEMM. */
+    if (t == DTYPE_Q8_0 && m > KERN_CUDA_GEMV_MAX_M) {
+        RC(kern_cuda_q8_0_to_f16(f->conv, w, rows, cols, f->compute));
+        w = f->conv;
+        t = DTYPE_F16;
+    }
     return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
 }
 

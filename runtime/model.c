@@ -131,6 +131,69 @@ fail:
     return rc;
 }
 
+/* Every matrix a forward pass multiplies by (the embedding is gathered, never multiplied, except when tied). */
+static int model_matrices(struct model *m, struct wview **out)
+{
+    int n = 0;
+    out[n++] = &m->output;
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        struct wview *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) out[n++] = v[i];
+    }
+    return n;
+}
+
+int model_quantize_int8(struct model *m, char err[256])
+{
+    const int n_max = 1 + 7 * m->hp.n_layers;
+    struct wview **mats = malloc((size_t)n_max * sizeof *mats);
+    int64_t cols = m->hp.ffn_dim > m->hp.dim ? m->hp.ffn_dim : m->hp.dim;
+    if ((int64_t)m->hp.n_heads * m->hp.head_dim > cols) cols = (int64_t)m->hp.n_heads * m->hp.head_dim;
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!mats || !row) {
+        free(mats);
+        free(row);
+        return FERRY_ERR_NOMEM;
+    }
+    int n = model_matrices(m, mats);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        struct wview *w = mats[i];
+        if ((w->type == DTYPE_F32 || w->type == DTYPE_F16 || w->type == DTYPE_BF16) && w->cols % 32 == 0)
+            total += dtype_row_size(DTYPE_Q8_0, w->cols) * (size_t)w->rows;
+    }
+    char *buf = total ? malloc(total) : NULL;
+    if (total && !buf) {
+        free(mats);
+        free(row);
+        snprintf(err, 256, "cannot allocate %.1f MiB for int8 weights", total / 1048576.0);
+        return FERRY_ERR_NOMEM;
+    }
+    size_t off = 0;
+    uint64_t bytes = m->weight_bytes;
+    for (int i = 0; i < n; i++) {
+        struct wview *w = mats[i];
+        if (!((w->type == DTYPE_F32 || w->type == DTYPE_F16 || w->type == DTYPE_BF16) && w->cols % 32 == 0)) continue;
+        /* The output head may be the tied embedding: quantize a copy, the embedding itself stays exact. */
+        const size_t src_row = dtype_row_size(w->type, w->cols), dst_row = dtype_row_size(DTYPE_Q8_0, w->cols);
+        char *dst = buf + off;
+        for (int64_t r = 0; r < w->rows; r++) {
+            dequant_row(w->type, (const char *)w->data + src_row * r, row, w->cols);
+            quant_row(DTYPE_Q8_0, row, dst + dst_row * r, w->cols);
+        }
+        bytes -= src_row * (uint64_t)w->rows;
+        bytes += dst_row * (uint64_t)w->rows;
+        *w = (struct wview){.data = dst, .type = DTYPE_Q8_0, .rows = w->rows, .cols = w->cols};
+        off += dst_row * (size_t)w->rows;
+    }
+    m->weight_bytes = bytes;
+    m->quant_owned = buf;
+    free(mats);
+    free(row);
+    return FERRY_OK;
+}
+
 void model_free(struct model *m)
 {
     if (!m) return;
@@ -148,6 +211,7 @@ void model_free(struct model *m)
     free(m->output_norm);
     free(m->inv_freq);
     free(m->owned);
+    free(m->quant_owned);
     memset(m, 0, sizeof *m);
 }
 

@@ -39,9 +39,14 @@ struct model {
     float *inv_freq;             /* (rope_dim/2) f32 */
     uint64_t weight_bytes;       /* bytes of all matrices read per forward pass */
     void *owned;                 /* synthetic models: the one allocation holding every matrix */
+    void *quant_owned;           /* matrices quantized at load, or NULL */
 };
 
 int model_init(struct model *m, const struct model_file *mf, char err[256]);
+/* `--quant int8`: converts every F32/F16/BF16 matrix (rows a multiple of 32) to Q8_0 — groups of 32 along a
+ * row, symmetric absmax, one f16 scale per group (ggml's reference quantizer) — in memory the model owns.
+ * Matrices already quantized in the file, and the token embedding (gathered, not multiplied), are kept. */
+int model_quantize_int8(struct model *m, char err[256]);
 /* A model of the shape hp (arch, dims, rope fields) whose matrices are random, non-zero values of type wt
  * (F32, F16 or BF16) drawn from a seeded generator, with unit-scale norms: for benchmarks at real shapes
  * without a file. Filling many GB uses `n_threads` threads (0 = all cores). */

@@ -42,6 +42,8 @@ struct run_opts {
     int bos; /* -1 = the model's default */
     int ignore_eos;
     int log_level;
+    int quant_int8;
+    enum engine_backend backend;
 };
 
 static void run_usage(FILE *f)
@@ -70,6 +72,8 @@ static void run_usage(FILE *f)
             "  --json                 print {\"prompt_tokens\",\"tokens\",\"text\"} as JSON\n"
             "  --dump-logits FILE     write the last prompt position's logits (float32 LE)\n"
             "  --threads N            CPU threads (default: all cores)\n"
+            "  --quant int8           quantize F32/F16/BF16 matrices to Q8_0 at load\n"
+            "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
 }
@@ -165,7 +169,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 {
     enum { O_PROMPT_TOKENS = 256, O_MESSAGE, O_MESSAGES, O_CHAT_TEMPLATE, O_MAX_TOKENS, O_TEMP, O_TOP_K, O_TOP_P,
            O_MIN_P, O_REPEAT, O_PRESENCE, O_FREQUENCY, O_SEED, O_JSON, O_DUMP, O_THREADS, O_CTX, O_BOS, O_NO_BOS,
-           O_IGNORE_EOS, O_LOG };
+           O_IGNORE_EOS, O_LOG, O_QUANT, O_BACKEND };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
@@ -191,6 +195,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"no-bos", no_argument, 0, O_NO_BOS},
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"log-level", required_argument, 0, O_LOG},
+        {"quant", required_argument, 0, O_QUANT},
+        {"backend", required_argument, 0, O_BACKEND},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -245,6 +251,16 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_IGNORE_EOS: o->ignore_eos = 1; break;
         case O_LOG:
             if ((o->log_level = cli_log_level_parse(optarg)) < 0) bad = 1;
+            break;
+        case O_QUANT:
+            if (strcmp(optarg, "int8")) bad = 1;
+            o->quant_int8 = 1;
+            break;
+        case O_BACKEND:
+            if (!strcmp(optarg, "auto")) o->backend = ENGINE_BACKEND_AUTO;
+            else if (!strcmp(optarg, "cpu")) o->backend = ENGINE_BACKEND_CPU;
+            else if (!strcmp(optarg, "cuda")) o->backend = ENGINE_BACKEND_CUDA;
+            else bad = 1;
             break;
         case 'h': run_usage(stdout); exit(0);
         default: bad = 1;
@@ -390,6 +406,8 @@ int cli_run_main(int argc, char **argv)
     ep.n_threads = o.threads;
     ep.ctx_size = o.ctx_size;
     ep.n_seqs = 1;
+    ep.quant_int8 = o.quant_int8;
+    ep.backend = o.backend;
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;
@@ -513,6 +531,7 @@ int cli_run_main(int argc, char **argv)
         json_decref(root);
     } else {
         putchar('\n');
+        fflush(stdout);
     }
     fprintf(stderr, "ferry run: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)\n",
             n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-9), n_gen, t2 - t1, n_gen > 1 ? (n_gen - 1) / (t2 - t1 + 1e-9) : 0.0);

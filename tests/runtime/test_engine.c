@@ -174,3 +174,48 @@ Test(engine, rewind_rewrites_tail)
     free(b);
     close_all(e);
 }
+
+/* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes per
+ * weight; here all but ffn_down, whose rows are 136 long) and the logits stay close: Q8_0 rounds each weight to
+ * 1/254 of its group's absmax, about 0.5% relative error per product, so the logits of a 2-layer model stay
+ * within a few percent of the logit range. */
+Test(engine, quant_int8_stays_close)
+{
+    char path[1024], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/llama3_gqa_f16", getenv("FERRY_SRC"));
+    struct model_file *f = NULL;
+    cr_assert_eq(model_file_open(path, &f, NULL, NULL, err), 0, "%s", err);
+    struct engine *e[2];
+    for (int q = 0; q < 2; q++) {
+        struct engine_params p = engine_default_params();
+        p.backend = ENGINE_BACKEND_CPU;
+        p.ctx_size = 64;
+        p.quant_int8 = q;
+        cr_assert_eq(engine_init(&e[q], f, &p, err), 0, "%s", err);
+    }
+    double ratio = (double)engine_weight_bytes(e[0]) / (double)engine_weight_bytes(e[1]);
+    /* Per layer: q,k,v,o,gate,up shrink by 2*32/34, ffn_down (136x64 f16) stays; the tied head (311x64) shrinks. */
+    const double hd = 64, qd = 64, kvd = 16, ffn = 136, V0 = 311;
+    const double layer16 = 2 * (qd * hd + 2 * kvd * hd + hd * qd + 2 * ffn * hd), down = 2 * hd * ffn;
+    const double want = (2 * (layer16 + down) + 2 * V0 * hd) / (2 * (layer16 * 34 / 64 + down) + V0 * hd * 34 / 32);
+    cr_expect_float_eq(ratio, want, 1e-6, "f16/int8 weight bytes ratio %g, expected %g", ratio, want);
+    const int V = engine_hparams(e[0])->n_vocab;
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i < 12; i++) {
+        cr_assert_eq(step1(e[0], 0, i, (int32_t)(i * 5 % V), a), 0);
+        cr_assert_eq(step1(e[1], 0, i, (int32_t)(i * 5 % V), b), 0);
+    }
+    double maxref = 0, worst = 0, diff_sum = 0;
+    for (int v = 0; v < V; v++) {
+        maxref = fmax(maxref, fabs(a[v]));
+        worst = fmax(worst, fabs(a[v] - b[v]));
+        diff_sum += fabs(a[v] - b[v]);
+    }
+    cr_expect_leq(worst, 0.05 * maxref, "int8 logits differ by %g (max|ref| %g)", worst, maxref);
+    cr_expect_gt(diff_sum, 0.0, "quantization changed nothing: the int8 path was not taken");
+    free(a);
+    free(b);
+    engine_free(e[0]);
+    engine_free(e[1]);
+    model_file_close(f);
+}

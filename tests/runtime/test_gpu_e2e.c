@@ -30,9 +30,12 @@ static struct model_file *open_model(const char *path)
     return mf;
 }
 
+static int quant_int8; /* set by a test before compare_backends */
+
 static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers, int n_slots, int n_seqs)
 {
     struct engine_params p = engine_default_params();
+    p.quant_int8 = quant_int8;
     p.backend = be;
     p.n_seqs = n_seqs;
     p.ctx_size = 512;
@@ -120,6 +123,15 @@ static char *src_path(const char *rel)
 Test(gpu_e2e, llama_mha_f32_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/llama_mha_f32"), 200); }
 Test(gpu_e2e, llama3_gqa_f16_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/llama3_gqa_f16"), 33); }
 Test(gpu_e2e, qwen2_bias_bf16_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/qwen2_bias_bf16"), 7); }
+
+/* Q8_0 on both sides: the GPU's GEMV (decode) and Q8_0→f16 + tensor-core GEMM (prefill of 33 rows) against
+ * the CPU's Q8_0 matmul. */
+Test(gpu_e2e, llama3_gqa_int8_matches_cpu)
+{
+    require_gpu();
+    quant_int8 = 1;
+    compare_backends(src_path("tests/golden/models/llama3_gqa_f16"), 33);
+}
 
 Test(gpu_e2e, stories260K_matches_cpu)
 {
