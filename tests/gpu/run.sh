@@ -71,9 +71,15 @@ if [ $bench = 1 ]; then
     echo "### ferry bench $*" >> "$out/bench.txt"
     timeout 280 $B bench "$@" >> "$out/bench.txt" 2>&1; log "bench $name rc=$?"
   }
-  bench full --synthetic llama-2-7b --batches 1,4,16,64 --prefill 512 --decode-steps 16 --long-context 8192
-  bench 4GiB --synthetic llama-2-7b --gpu-memory 4GiB --batches 1,4,16 --prefill 512 --decode-steps 6
-  bench 8GiB --synthetic llama-2-7b --gpu-memory 8GiB --batches 1,16 --prefill 512 --decode-steps 6
+  if [ "${FERRY_GPU_QUICK:-0}" = 1 ]; then # the short set, for a nearly spent device budget
+    bench full --synthetic llama-2-7b --batches 1,16,64 --prefill 512 --decode-steps 16 --long-context 8192
+    bench 4GiB-int8 --synthetic llama-2-7b --gpu-memory 4GiB --quant int8 --batches 1,16 --prefill 512 --decode-steps 6
+  else
+    bench full --synthetic llama-2-7b --batches 1,4,16,64 --prefill 512 --decode-steps 16 --long-context 8192
+    bench 4GiB --synthetic llama-2-7b --gpu-memory 4GiB --batches 1,4,16 --prefill 512 --decode-steps 6
+    bench 8GiB --synthetic llama-2-7b --gpu-memory 8GiB --batches 1,16 --prefill 512 --decode-steps 6
+    bench 4GiB-int8 --synthetic llama-2-7b --gpu-memory 4GiB --quant int8 --batches 1,16 --prefill 512 --decode-steps 6
+  fi
   grep -v "^[0-9:.]* info\|  layers" "$out/bench.txt"
 fi
 exit $rc
