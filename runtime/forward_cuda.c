@@ -344,7 +344,8 @@ static int upload_layers(struct forward_cuda *f, const struct model *m)
         } else {
             if ((rc = pack_layer(&m->layers[l], hp, &f->layouts[l], f->host_block[l], row_tmp))) goto out;
         }
-        FLOG_DEBUG("forward_cuda: layer %d packed (%s)", l, f->resident[l] ? "gpu" : "stream");
+        if ((l + 1) % 8 == 0 || l + 1 == f->n_layers)
+            FLOG_INFO("uploading weights: %d/%d layers (%d resident so far)", l + 1, f->n_layers, n_up);
     }
     rc = cudaStreamSynchronize(f->copy) == cudaSuccess ? FERRY_OK : FERRY_ERR_CUDA;
 out:
