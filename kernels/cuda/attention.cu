@@ -21,8 +21,6 @@
 #define ATT_RMAX    16 /* query rows per block */
 #define ATT_DMAX    256
 #define ATT_KPAD    8 /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
-/* Tile rows one thread copies at most: ATT_T / (ATT_THREADS / (D/8)), largest at D = ATT_DMAX. */
-#define ATT_CPR_MAX (ATT_T * ATT_DMAX / 8 / ATT_THREADS)
 
 struct att_params {
     float *out;          /* (m, n_heads, D) */
@@ -66,7 +64,7 @@ __device__ __forceinline__ float warp_sum(float v)
 /* ST = 1: each K/V tile is copied, waited for, then used. ST = 2: two K/V buffers; the copy of tile i+1 is
  * issued before tile i is used, so the block-table lookups and the copy latency overlap the math. */
 template <int ST>
-__global__ void __launch_bounds__(ATT_THREADS, 5) attn_kernel(const att_params p)
+__global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     const int D = p.D, DS = p.D + ATT_KPAD;
@@ -125,32 +123,20 @@ __global__ void __launch_bounds__(ATT_THREADS, 5) attn_kernel(const att_params p
         /* K/V tile copy of the tile at t0 into buffer b: thread (t_first, c) copies 16-byte chunk c of rows
          * t_first, t_first + step, ... Rows nt..nt4-1 are zeroed so that the 4-wide P·V loop reads finite
          * values there (P is 0). */
-        /* All of a thread's block-table reads are issued before its first copy: with the copies (volatile
-         * asm) between them the reads were serialised, one memory latency per row (up to ATT_CPR_MAX rows). */
         auto copy_tile = [&](int t0, int b) {
             const int nt = min(ATT_T, hi - t0);
             const int nt4 = min(ATT_T, (nt + 3) & ~3);
             __half *Kd = Kb + b * ATT_T * DS, *Vd = Vb + b * ATT_T * DS;
             if (t_first < step) {
-                int rowoff[ATT_CPR_MAX]; /* cache row (blk * block_size + row in block), or -1 */
-#pragma unroll
-                for (int i = 0; i < ATT_CPR_MAX; i++) {
-                    const int t = t_first + i * step;
-                    rowoff[i] = -1;
-                    if (t < nt) {
-                        const int pp = t0 + t;
-                        const int bi = pp / p.block_size;
-                        const int blk = bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
-                        if (blk >= 0 && blk < p.n_blocks) rowoff[i] = blk * p.block_size + (pp - bi * p.block_size);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < ATT_CPR_MAX; i++) {
-                    const int t = t_first + i * step;
-                    if (t >= nt4) break;
+                for (int t = t_first; t < nt4; t += step) {
                     __half *kd = Kd + t * DS + c8 * 8, *vd = Vd + t * DS + c8 * 8;
-                    if (rowoff[i] >= 0) {
-                        const size_t off = ((size_t)rowoff[i] * p.n_kv + kvh) * D + c8 * 8;
+                    const int pp = t0 + t;
+                    const int bi = pp / p.block_size;
+                    const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
+                    if (blk >= 0 && blk < p.n_blocks) {
+                        const size_t off =
+                            (((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D +
+                            c8 * 8;
                         cp_async16(kd, p.k + off);
                         cp_async16(vd, p.v + off);
                     } else {

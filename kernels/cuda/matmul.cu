@@ -159,21 +159,20 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* Skinny GEMM on tensor cores, m = 2..16, f16/bf16 weights (mma.sync m16n8k16, f32 accumulation).
  *
  * W is the A operand (16 output rows x 16 k per MMA), x^T the B operand (16 k x 8 batch rows), so one warp
- * covers AT*16 output rows (AT A tiles) x NT*8 batch rows. The k order inside an MMA is free as long as A and
- * B agree, so thread (g = lane/4, t = lane%4) loads its A fragment straight from memory: per step of 64 k it
- * loads W[row][64s + 8t .. +8] and W[row][64s + 32 + 8t .. +8] (16 bytes each, L1::no_allocate) for rows g,
- * g+8 (, g+16, g+24), and the same 8+8 k of x rows g and g+8 (f32), rounded to the weight type with
- * round-to-nearest. Half 0 (k +0..3) of each 16-byte piece feeds one MMA and half 1 (k +4..7) the next: A regs
- * {a0,a1,a2,a3} = {W[g] word0, W[g+8] word0, W[g] word1, W[g+8] word1}, B regs {x(k0,k1), x(k2,k3)}, i.e.
- * logical k {2t,2t+1,2t+8,2t+9} <-> physical k {8t..8t+3}.
- * x pieces are copied with cp.async into this thread's own shared-memory slots one step ahead (no barrier:
- * the thread that copies is the one that reads), and the next step's W is loaded into registers before the
- * current step's MMAs, so neither latency is exposed once the pipeline runs.
+ * covers MMA_ROWS = 32 output rows (two A tiles) x NT*8 batch rows. The k order inside an MMA is free as long
+ * as A and B agree, so thread (g = lane/4, t = lane%4) loads its A fragment straight from memory: per step of
+ * 64 k it loads W[row][64s + 8t .. +8] and W[row][64s + 32 + 8t .. +8] (16 bytes each, L1::no_allocate) for
+ * rows g, g+8, g+16, g+24, and the same 8+8 k of x rows g and g+8 (f32 through L1, rounded to the weight type
+ * with round-to-nearest). Half 0 (k +0..3) of each 16-byte piece feeds one MMA and half 1 (k +4..7) the next:
+ * MMA A regs {a0,a1,a2,a3} = {W[g] word0, W[g+8] word0, W[g] word1, W[g+8] word1}, B regs {x(k0,k1),
+ * x(k2,k3)}, i.e. logical k {2t,2t+1,2t+8,2t+9} <-> physical k {8t..8t+3}.
  * A block of MMA_WARPS warps holds T = MMA_WARPS/S warp tiles x S splits of k: split j takes steps j, j+S,
- * ... (the block's warps read neighbouring W ranges at the same time) and the S partial tiles are summed
- * through shared memory in split order: deterministic, no atomics.
+ * ... (so the block's warps read neighbouring x and W ranges at the same time) and the S partial tiles are
+ * summed through shared memory in split order: deterministic, no atomics. The next step's W is loaded before
+ * the current one is multiplied (two steps, 8 KB per warp, in flight).
  */
 #define MMA_WARPS 8
+#define MMA_ROWS  32
 
 template <int WT> __device__ __forceinline__ uint32_t pack2(float a, float b)
 {
@@ -201,73 +200,40 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void mma_cp_async16(void *smem, const void *gmem)
-{
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
-}
-__device__ __forceinline__ void mma_cp_commit()
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void mma_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 /* W pieces of step s for this thread: [piece][row set]; chunks past the row's end read as zeros. */
-template <int AT>
-__device__ __forceinline__ void mma_load_w(uint4 (&wv)[2][2 * AT], const uint4 *const (&wr)[2 * AT], int s,
-                                           int t, int nc)
+__device__ __forceinline__ void mma_load_w(uint4 (&wv)[2][4], const uint4 *const (&wr)[4], int s, int t, int nc)
 {
 #pragma unroll
     for (int pc = 0; pc < 2; pc++) {
         const int c = s * 8 + pc * 4 + t;
 #pragma unroll
-        for (int i = 0; i < 2 * AT; i++) wv[pc][i] = c < nc ? ld_stream(wr[i] + c) : make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < 4; i++) wv[pc][i] = c < nc ? ld_stream(wr[i] + c) : make_uint4(0, 0, 0, 0);
     }
 }
 
-/* x pieces of step s into this thread's slots xs[(pc*NT + j)*2 + h][lane] (one commit group per step). */
-template <int NT>
-__device__ __forceinline__ void mma_copy_x(float4 *xs, const float *const (&xr)[NT], int s, int t, int nc,
-                                           int lane)
+template <int WT, int NT>
+__device__ __forceinline__ void mma_step(float (&acc)[2][NT][4], const uint4 (&wv)[2][4],
+                                         const float *const (&xr)[NT], int s, int t, int nc)
 {
 #pragma unroll
     for (int pc = 0; pc < 2; pc++) {
         const int c = s * 8 + pc * 4 + t;
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float4 *d = xs + ((pc * NT + j) * 2 + h) * 32 + lane;
-                if (c < nc)
-                    mma_cp_async16(d, xr[j] + (size_t)c * 8 + 4 * h);
-                else
-                    *d = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-    }
-    mma_cp_commit();
-}
-
-template <int WT, int NT, int AT>
-__device__ __forceinline__ void mma_step(float (&acc)[AT][NT][4], const uint4 (&wv)[2][2 * AT],
-                                         const float4 *xs, int lane)
-{
-#pragma unroll
-    for (int pc = 0; pc < 2; pc++) {
         uint32_t bx[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const float4 lo = xs[((pc * NT + j) * 2) * 32 + lane];
-            const float4 hi = xs[((pc * NT + j) * 2 + 1) * 32 + lane];
-            bx[j][0] = pack2<WT>(lo.x, lo.y);
-            bx[j][1] = pack2<WT>(lo.z, lo.w);
-            bx[j][2] = pack2<WT>(hi.x, hi.y);
-            bx[j][3] = pack2<WT>(hi.z, hi.w);
+            if (c < nc) {
+                const float4 lo = __ldg(reinterpret_cast<const float4 *>(xr[j] + (size_t)c * 8));
+                const float4 hi = __ldg(reinterpret_cast<const float4 *>(xr[j] + (size_t)c * 8 + 4));
+                bx[j][0] = pack2<WT>(lo.x, lo.y);
+                bx[j][1] = pack2<WT>(lo.z, lo.w);
+                bx[j][2] = pack2<WT>(hi.x, hi.y);
+                bx[j][3] = pack2<WT>(hi.z, hi.w);
+            } else {
+                bx[j][0] = bx[j][1] = bx[j][2] = bx[j][3] = 0u;
+            }
         }
 #pragma unroll
-        for (int at = 0; at < AT; at++) {
+        for (int at = 0; at < 2; at++) {
             const uint4 r0 = wv[pc][2 * at], r8 = wv[pc][2 * at + 1]; /* rows g and g+8 of A tile at */
 #pragma unroll
             for (int j = 0; j < NT; j++) {
@@ -278,94 +244,75 @@ __device__ __forceinline__ void mma_step(float (&acc)[AT][NT][4], const uint4 (&
     }
 }
 
-/* Dynamic shared memory: x slots (MMA_WARPS, 2 buffers, NT*4, 32) float4, then the split sums (MMA_WARPS,
- * AT*NT*4, 32) float. */
-static size_t mma_smem_bytes(int NT, int AT)
-{
-    return (size_t)MMA_WARPS * 2 * NT * 4 * 32 * 16 + (size_t)MMA_WARPS * AT * NT * 4 * 32 * 4;
-}
-
 /* Needs k % 8 == 0 and w, x 16-byte aligned; m <= NT*8. */
-template <int WT, int NT, int AT>
+template <int WT, int NT>
 __global__ void __launch_bounds__(MMA_WARPS * 32, 2)
     gemm_mma_kernel(float *y, const float *x, const uint4 *w, const float *bias, int m, int n, int k, int S)
 {
-    extern __shared__ __align__(16) unsigned char mma_smem[];
+    __shared__ float red[MMA_WARPS][2 * NT * 4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    float4 *xs = reinterpret_cast<float4 *>(mma_smem) + (size_t)warp * 2 * NT * 4 * 32; /* this warp's */
-    float *red = reinterpret_cast<float *>(reinterpret_cast<float4 *>(mma_smem) + MMA_WARPS * 2 * NT * 4 * 32);
     const int g = lane / 4, t = lane % 4;
     const int T = MMA_WARPS / S, tile = warp / S, split = warp % S;
-    const int row0 = (blockIdx.x * T + tile) * AT * 16;
+    const int row0 = (blockIdx.x * T + tile) * MMA_ROWS;
     const int nc = k / 8, nsteps = (k + 63) / 64;
-    const uint4 *wr[2 * AT];
+    const uint4 *wr[4];
 #pragma unroll
-    for (int i = 0; i < 2 * AT; i++) wr[i] = w + (size_t)min(row0 + g + 8 * i, n - 1) * nc;
+    for (int i = 0; i < 4; i++) wr[i] = w + (size_t)min(row0 + g + 8 * i, n - 1) * nc;
     const float *xr[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) xr[j] = x + (size_t)min(g + 8 * j, m - 1) * k;
-    float acc[AT][NT][4];
+    float acc[2][NT][4];
 #pragma unroll
-    for (int at = 0; at < AT; at++)
+    for (int at = 0; at < 2; at++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[at][j][e] = 0.0f;
 
     if (row0 < n && split < nsteps) {
-        uint4 cur[2][2 * AT], nxt[2][2 * AT];
-        mma_copy_x<NT>(xs, xr, split, t, nc, lane);
-        mma_load_w<AT>(cur, wr, split, t, nc);
-        int b = 0;
+        uint4 cur[2][4], nxt[2][4];
+        mma_load_w(cur, wr, split, t, nc);
         for (int s = split; s < nsteps; s += S) {
             const bool more = s + S < nsteps;
-            if (more) {
-                mma_copy_x<NT>(xs + (b ^ 1) * NT * 4 * 32, xr, s + S, t, nc, lane);
-                mma_load_w<AT>(nxt, wr, s + S, t, nc);
-                mma_cp_wait<1>();
-            } else {
-                mma_cp_wait<0>();
-            }
-            mma_step<WT, NT, AT>(acc, cur, xs + b * NT * 4 * 32, lane);
+            if (more) mma_load_w(nxt, wr, s + S, t, nc);
+            mma_step<WT, NT>(acc, cur, xr, s, t, nc);
             if (more) {
 #pragma unroll
                 for (int pc = 0; pc < 2; pc++)
 #pragma unroll
-                    for (int i = 0; i < 2 * AT; i++) cur[pc][i] = nxt[pc][i];
+                    for (int i = 0; i < 4; i++) cur[pc][i] = nxt[pc][i];
             }
-            b ^= 1;
         }
     }
     if (S > 1) {
 #pragma unroll
-        for (int at = 0; at < AT; at++)
+        for (int at = 0; at < 2; at++)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) red[((warp * AT + at) * NT * 4 + j * 4 + e) * 32 + lane] = acc[at][j][e];
+                for (int e = 0; e < 4; e++) red[warp][(at * NT + j) * 4 + e][lane] = acc[at][j][e];
         __syncthreads();
         if (split != 0) return;
         for (int o = 1; o < S; o++)
 #pragma unroll
-            for (int at = 0; at < AT; at++)
+            for (int at = 0; at < 2; at++)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[at][j][e] += red[(((warp + o) * AT + at) * NT * 4 + j * 4 + e) * 32 + lane];
+                    for (int e = 0; e < 4; e++) acc[at][j][e] += red[warp + o][(at * NT + j) * 4 + e][lane];
     }
     /* C fragment: e = 0,1 -> row g, batch rows 2t, 2t+1; e = 2,3 -> row g+8. */
 #pragma unroll
-    for (int at = 0; at < AT; at++)
+    for (int at = 0; at < 2; at++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int row = row0 + 16 * at + g + (e >= 2 ? 8 : 0);
             if (row >= n) continue;
-            const float bv = bias ? bias[row] : 0.0f;
+            const float b = bias ? bias[row] : 0.0f;
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const int mi = 8 * j + 2 * t + (e & 1);
-                if (mi < m) y[(size_t)mi * n + row] = acc[at][j][e] + bv;
+                if (mi < m) y[(size_t)mi * n + row] = acc[at][j][e] + b;
             }
         }
 }
@@ -386,54 +333,28 @@ static int sm_count(void)
     return cached;
 }
 
-static int g_mma_rows = 0; /* kern_cuda_matmul_set_mma_rows */
-
-extern "C" void kern_cuda_matmul_set_mma_rows(int rows)
-{
-    g_mma_rows = rows == 16 || rows == 32 ? rows : 0;
-}
-
 /* Splits of k per warp tile: the most (up to MMA_WARPS) that keep the grid within two blocks per SM. */
-static int mma_splits(int n, int rows)
+static int mma_splits(int n)
 {
-    const int64_t tiles = (n + rows - 1) / rows, cap = 2LL * MMA_WARPS * sm_count();
+    const int64_t tiles = (n + MMA_ROWS - 1) / MMA_ROWS, cap = 2LL * MMA_WARPS * sm_count();
     int S = MMA_WARPS;
     while (S > 1 && tiles * S > cap) S /= 2;
     return S;
 }
 
-template <int WT, int NT, int AT>
-static int gemm_mma_launch_t(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                             cudaStream_t st)
-{
-    static bool attr_set = false;
-    const size_t smem = mma_smem_bytes(NT, AT);
-    if (!attr_set) {
-        FCUDA_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<WT, NT, AT>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
-    }
-    const int S = mma_splits(n, AT * 16), T = MMA_WARPS / S;
-    const int tiles = (n + AT * 16 - 1) / (AT * 16);
-    const unsigned blocks = (unsigned)((tiles + T - 1) / T);
-    gemm_mma_kernel<WT, NT, AT><<<blocks, MMA_WARPS * 32, smem, st>>>(y, x, (const uint4 *)w, bias, m, n, k, S);
-    FCUDA_LAUNCH_CHECK("gemm_mma_kernel");
-    return FERRY_OK;
-}
-
-/* 16-row warp tiles when they still allow 8 splits of k in one wave (small n: twice the warps in flight),
- * else 32-row tiles (each x fragment serves two A tiles). */
 template <int WT>
 static int gemm_mma_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                            cudaStream_t st)
 {
-    int rows = g_mma_rows;
-    if (!rows) rows = (int64_t)((n + 15) / 16) * MMA_WARPS <= 2LL * MMA_WARPS * sm_count() ? 16 : 32;
-    if (rows == 16)
-        return m <= 8 ? gemm_mma_launch_t<WT, 1, 1>(y, x, w, bias, m, n, k, st)
-                      : gemm_mma_launch_t<WT, 2, 1>(y, x, w, bias, m, n, k, st);
-    return m <= 8 ? gemm_mma_launch_t<WT, 1, 2>(y, x, w, bias, m, n, k, st)
-                  : gemm_mma_launch_t<WT, 2, 2>(y, x, w, bias, m, n, k, st);
+    const int S = mma_splits(n), T = MMA_WARPS / S;
+    const int tiles = (n + MMA_ROWS - 1) / MMA_ROWS;
+    const unsigned blocks = (unsigned)((tiles + T - 1) / T);
+    if (m <= 8)
+        gemm_mma_kernel<WT, 1><<<blocks, MMA_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k, S);
+    else
+        gemm_mma_kernel<WT, 2><<<blocks, MMA_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k, S);
+    FCUDA_LAUNCH_CHECK("gemm_mma_kernel");
+    return FERRY_OK;
 }
 
 template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t i)

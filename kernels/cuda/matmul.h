@@ -49,10 +49,6 @@ int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt
 int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
                             const float *bias, int m, int n, int k, cudaStream_t stream);
 
-/* Tuning hook for tests and benches: output rows per warp of the tensor-core kernel (m = 2..16, f16/bf16):
- * 16, 32, or 0 for the choice by n (the default). Not thread-safe: call it before launching work. */
-void kern_cuda_matmul_set_mma_rows(int rows);
-
 #ifdef __cplusplus
 }
 #endif

@@ -305,24 +305,6 @@ int main(int argc, char **argv)
                100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs, gemv_gtotal[mi],
                100.0 * bytes_total / gemv_gtotal[mi] / 1e6 / ceil_gbs);
     }
-    /* Both warp-tile heights of the tensor-core kernel forced (the default picks 16 rows for n <= 4224). */
-    for (int rows = 16; rows <= 32; rows += 16) {
-        kern_cuda_matmul_set_mma_rows(rows);
-        for (int si = 0; si < 4; si++)
-            for (int mi = 2; mi < NMS; mi += 2) {
-                struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], shapes[si][0], shapes[si][1], 0, DTYPE_F16};
-                a.wbytes = (size_t)a.n * a.k * 2;
-                a.copies = (int)(pool_bytes / a.wbytes);
-                use_graph = 1;
-                const double gms = time_ms(mm_fn, &a, 20);
-                use_graph = 0;
-                char name[64];
-                snprintf(name, sizeof name, "gemv f16 %5dx%-5d m=%d rows%d", a.n, a.k, a.m, rows);
-                printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy (graph)\n", name, gms, a.wbytes / gms / 1e6,
-                       100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
-            }
-    }
-    kern_cuda_matmul_set_mma_rows(0);
     /* Other weight types at one shape (the pool's f16 pattern read as bf16 / Q8_0: finite values). */
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)

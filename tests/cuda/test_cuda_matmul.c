@@ -152,25 +152,17 @@ Test(cuda_matmul, gemv_vector_path)
     check(NULL, PATH_GEMV, DTYPE_BF16, 16, 5, 8, 1, 8e-3);
 }
 
-/* The tensor-core kernel has 16- and 32-row warp tiles (picked by n; forced here through
- * kern_cuda_matmul_set_mma_rows) and splits k over 8, 4, 2 or 1 warps by n (for 132 SMs and 32-row tiles:
- * n <= 8448, 16896, 33792; half that with 16-row tiles): shapes across those, ragged k and m, rows not a
- * multiple of the warp tile. */
+/* The tensor-core kernel splits k over 8, 4, 2 or 1 warps by n (thresholds for 132 SMs: n <= 8448, 16896,
+ * 33792): one shape per split count, ragged k and m, rows not a multiple of the 32-row warp tile. */
 Test(cuda_matmul, gemv_tensor_core_splits)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(16);
-    const int rows[3] = {0, 16, 32};
-    for (int ri = 0; ri < 3; ri++) {
-        kern_cuda_matmul_set_mma_rows(rows[ri]);
-        check(NULL, PATH_GEMV, DTYPE_F16, 16, 300, 4096, 1, 1e-3);
-        check(NULL, PATH_GEMV, DTYPE_F16, 6, 9000, 264, 0, 1e-3);
-        check(NULL, PATH_GEMV, DTYPE_BF16, 9, 17001, 128, 1, 8e-3);
-        check(NULL, PATH_GEMV, DTYPE_F16, 3, 34000, 72, 0, 1e-3);
-        check(NULL, PATH_GEMV, DTYPE_BF16, 2, 40, 11008, 1, 8e-3);
-        check(NULL, PATH_GEMV, DTYPE_F16, 13, 257, 1032, 0, 1e-3);
-    }
-    kern_cuda_matmul_set_mma_rows(0);
+    check(NULL, PATH_GEMV, DTYPE_F16, 16, 300, 4096, 1, 1e-3);
+    check(NULL, PATH_GEMV, DTYPE_F16, 6, 9000, 264, 0, 1e-3);
+    check(NULL, PATH_GEMV, DTYPE_BF16, 9, 17001, 128, 1, 8e-3);
+    check(NULL, PATH_GEMV, DTYPE_F16, 3, 34000, 72, 0, 1e-3);
+    check(NULL, PATH_GEMV, DTYPE_BF16, 2, 40, 11008, 1, 8e-3);
 }
 
 Test(cuda_matmul, gemv_scalar_path_and_large_m)
