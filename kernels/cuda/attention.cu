@@ -63,15 +63,14 @@ __device__ __forceinline__ float warp_sum(float v)
 
 /* ST = 1: each K/V tile is copied, waited for, then used. ST = 2: two K/V buffers; the copy of tile i+1 is
  * issued before tile i is used, so the block-table lookups and the copy latency overlap the math. */
-template <int ST>
-__global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
+template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     const int D = p.D, DS = p.D + ATT_KPAD;
-    float *Qs = (float *)smem;                    /* (ATT_RMAX, D) */
-    __half *Kb = (__half *)(Qs + ATT_RMAX * D);   /* (ST, ATT_T, DS) */
-    __half *Vb = Kb + ST * ATT_T * DS;            /* (ST, ATT_T, DS) */
-    float *Ss = (float *)(Vb + ST * ATT_T * DS);  /* (ATT_RMAX, ATT_T) */
+    float *Qs = (float *)smem;                   /* (ATT_RMAX, D) */
+    __half *Kb = (__half *)(Qs + ATT_RMAX * D);  /* (ST, ATT_T, DS) */
+    __half *Vb = Kb + ST * ATT_T * DS;           /* (ST, ATT_T, DS) */
+    float *Ss = (float *)(Vb + ST * ATT_T * DS); /* (ATT_RMAX, ATT_T) */
     float *row_m = Ss + ATT_RMAX * ATT_T, *row_l = row_m + ATT_RMAX, *row_a = row_l + ATT_RMAX;
     int *row_pos = (int *)(row_a + ATT_RMAX);
 
@@ -385,7 +384,8 @@ static size_t attn_smem_bytes(int D, int stages)
            (size_t)ATT_RMAX * ATT_T * 4 + 4 * ATT_RMAX * 4;
 }
 
-static int g_stages = 1; /* K/V buffers per block: kern_cuda_attention_set_stages (1 measured faster, NOTES.md) */
+static int g_stages =
+    1; /* K/V buffers per block: kern_cuda_attention_set_stages (1 measured faster, NOTES.md) */
 
 extern "C" void kern_cuda_attention_set_stages(int stages)
 {
@@ -415,8 +415,8 @@ static int blocks_per_sm(int D, int stages)
         int nb = 0;
         if (attn_prepare() == FERRY_OK &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, stages == 1 ? attn_kernel<1> : attn_kernel<2>,
-                                                          ATT_THREADS, attn_smem_bytes(D, stages)) ==
-                cudaSuccess &&
+                                                          ATT_THREADS,
+                                                          attn_smem_bytes(D, stages)) == cudaSuccess &&
             nb > 0)
             *c = nb;
         else {

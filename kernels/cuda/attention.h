@@ -61,9 +61,10 @@ int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_la
                         const int32_t *pos, int m, int n_heads, float scale, int max_len,
                         enum kern_cuda_attn_mode mode, void *ws, size_t ws_bytes, cudaStream_t stream);
 
-/* Tuning hook for tests and benches: K/V tile buffers per block, 1 (copy, wait, compute; the default) or 2 (the
- * next tile's copy overlaps the current tile's math, but twice the shared memory: slower on the H200, see
- * kernels/cuda/NOTES.md). Any other value selects the default. Not thread-safe: call it before launching work. */
+/* Tuning hook for tests and benches: K/V tile buffers per block, 1 (copy, wait, compute; the default) or 2
+ * (the next tile's copy overlaps the current tile's math, but twice the shared memory: slower on the H200,
+ * see kernels/cuda/NOTES.md). Any other value selects the default. Not thread-safe: call it before launching
+ * work. */
 void kern_cuda_attention_set_stages(int stages);
 
 #ifdef __cplusplus

@@ -201,7 +201,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
 }
 
 /* W pieces of step s for this thread: [piece][row set]; chunks past the row's end read as zeros. */
-__device__ __forceinline__ void mma_load_w(uint4 (&wv)[2][4], const uint4 *const (&wr)[4], int s, int t, int nc)
+__device__ __forceinline__ void mma_load_w(uint4 (&wv)[2][4], const uint4 *const (&wr)[4], int s, int t,
+                                           int nc)
 {
 #pragma unroll
     for (int pc = 0; pc < 2; pc++) {

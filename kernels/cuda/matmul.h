@@ -3,14 +3,14 @@
  * Same contract as kernels/cpu/matmul.h: W (n, k) row-major in F16, BF16, F32 or Q8_0, x (m, k) f32, y (m, n)
  * f32, bias (n) f32 or NULL, all device memory. Two paths, picked by shape:
  *   m <= KERN_CUDA_GEMV_MAX_M: a custom GEMV / skinny GEMM that streams W once with 16-byte loads. m = 1, f32
- *     weights and rows that are not 16-byte aligned: f32 math (products exact, f32 accumulation). m = 2..16 with
- *     f16/bf16 weights: tensor cores (mma.sync), x rounded to the weight's type, f32 accumulation, so the error
- *     is that of one rounding of x as on the cuBLAS path;
- *   m >  KERN_CUDA_GEMV_MAX_M: cuBLAS on tensor cores (cublasGemmEx, f32 accumulation); x is first rounded to
- *     the weight's type (f16/bf16) in the context's workspace, so the error is that of one rounding of x.
- *   Q8_0 weights always take the GEMV path (a Q8_0-specific kernel, 2-byte loads; m > 16 in tiles of 16).
- * A context owns the cuBLAS handle and the workspaces (allocated once at init, never per call); it belongs to
- * one thread (the engine thread). Results are bitwise reproducible for a given shape and device.
+ *     weights and rows that are not 16-byte aligned: f32 math (products exact, f32 accumulation). m = 2..16
+ * with f16/bf16 weights: tensor cores (mma.sync), x rounded to the weight's type, f32 accumulation, so the
+ * error is that of one rounding of x as on the cuBLAS path; m >  KERN_CUDA_GEMV_MAX_M: cuBLAS on tensor cores
+ * (cublasGemmEx, f32 accumulation); x is first rounded to the weight's type (f16/bf16) in the context's
+ * workspace, so the error is that of one rounding of x. Q8_0 weights always take the GEMV path (a
+ * Q8_0-specific kernel, 2-byte loads; m > 16 in tiles of 16). A context owns the cuBLAS handle and the
+ * workspaces (allocated once at init, never per call); it belongs to one thread (the engine thread). Results
+ * are bitwise reproducible for a given shape and device.
  */
 #ifndef FERRY_KERN_CUDA_MATMUL_H
 #define FERRY_KERN_CUDA_MATMUL_H

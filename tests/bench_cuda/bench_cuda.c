@@ -221,7 +221,8 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
     } else {
         const double bytes = (double)m * ctx * n_kv * D * 2 * 2;
         printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (KV bytes)\n", name, ms,
-               bytes / ms / 1e6, 100.0 * bytes / ms / 1e6 / ceil_gbs, gms, 100.0 * bytes / gms / 1e6 / ceil_gbs);
+               bytes / ms / 1e6, 100.0 * bytes / ms / 1e6 / ceil_gbs, gms,
+               100.0 * bytes / gms / 1e6 / ceil_gbs);
     }
     cudaFree(a.kv.k);
     cudaFree(a.kv.v);

@@ -343,7 +343,8 @@ Test(cuda_attention, ws_size_covers_smaller_batches)
         for (int m = 1; m <= 512; m++) {
             const size_t s = kern_cuda_attention_ws_size(m, nh, D, len);
             cr_assert(s <= big, "ws_size(%d) = %zu > ws_size(512) = %zu", m, s, big);
-            cr_assert(s >= kern_cuda_attention_ws_size(m > 1 ? m - 1 : 1, nh, D, len), "not monotone at %d", m);
+            cr_assert(s >= kern_cuda_attention_ws_size(m > 1 ? m - 1 : 1, nh, D, len), "not monotone at %d",
+                      m);
         }
     }
 }

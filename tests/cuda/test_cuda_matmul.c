@@ -8,10 +8,10 @@
  *     cuBLAS f32: 1e-5.
  * The paths that round x are also compared with a reference computed from x rounded (round-to-nearest-even)
  * to the weight type: 5e-5 there (f16/bf16 products are exact in f32; what is left is the tensor cores' f32
- * accumulation, ~1e-6..1e-5 at these k), which is far below the rounding error itself (f16 ~3e-4), so it checks
- * that x is rounded exactly once and to the right type.
- * Q8_0 weights are compared with their dequantized values (f16 scale x int8), GEMV tolerance.
- * The local reference is checked against the CPU oracle kern_cpu_matmul_ref (no GPU needed, runs in CI).
+ * accumulation, ~1e-6..1e-5 at these k), which is far below the rounding error itself (f16 ~3e-4), so it
+ * checks that x is rounded exactly once and to the right type. Q8_0 weights are compared with their
+ * dequantized values (f16 scale x int8), GEMV tolerance. The local reference is checked against the CPU
+ * oracle kern_cpu_matmul_ref (no GPU needed, runs in CI).
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -77,7 +77,9 @@ static float *round_x(const float *x, size_t n, enum dtype t)
 {
     float *r = malloc(n * 4);
     for (size_t i = 0; i < n; i++)
-        r[i] = t == DTYPE_F16 ? f16_to_f32(f32_to_f16(x[i])) : t == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
+        r[i] = t == DTYPE_F16    ? f16_to_f32(f32_to_f16(x[i]))
+               : t == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(x[i]))
+                                 : x[i];
     return r;
 }
 
@@ -144,8 +146,11 @@ Test(cuda_matmul, gemv_vector_path)
     const int ms[] = {1, 2, 3, 5, 8, 9, 13, 16};
     for (int ti = 0; ti < 3; ti++)
         for (int mi = 0; mi < 8; mi++) {
-            const double tol = ms[mi] == 1 || types[ti] == DTYPE_F32 ? 1e-5 : types[ti] == DTYPE_F16 ? 1e-3 : 8e-3;
-            check(NULL, PATH_GEMV, types[ti], ms[mi], 257, 1032, mi % 2, tol); /* k = 16*64 + 8: ragged step */
+            const double tol = ms[mi] == 1 || types[ti] == DTYPE_F32 ? 1e-5
+                               : types[ti] == DTYPE_F16              ? 1e-3
+                                                                     : 8e-3;
+            check(NULL, PATH_GEMV, types[ti], ms[mi], 257, 1032, mi % 2,
+                  tol); /* k = 16*64 + 8: ragged step */
         }
     check(NULL, PATH_GEMV, DTYPE_F16, 4, 3, 4096, 1, 1e-3);
     check(NULL, PATH_GEMV, DTYPE_F16, 1, 1001, 8, 0, 1e-5);
