@@ -20,12 +20,17 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
+/* How streamed layers reach the kernels. RING is the product; LRU and ZEROCOPY exist as measured baselines for
+ * `ferry bench --stream-policy` (runtime/NOTES.md has the numbers that decided it). */
+enum stream_policy { STREAM_RING = 0, STREAM_LRU = 1, STREAM_ZEROCOPY = 2 };
+
 struct forward_cuda_params {
     int max_tokens;       /* rows of one step */
     int64_t gpu_memory;   /* budget in bytes; 0: free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 */
     int gpu_layers;       /* -1: as many as fit */
     int n_slots;          /* 0: the planner's choice */
+    enum stream_policy policy;
 };
 
 struct forward_cuda_stats {
