@@ -16,6 +16,10 @@
 #include <string.h>
 
 #include "kernels/cpu/threadpool.h"
+#include "kernels/cpu/vexp.h"
+
+/* Vector-passing static helpers are never called across an ABI boundary. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 #define ATT_CHUNK          32         /* positions scored at a time */
 #define ATT_MAX_GROUP      16         /* query heads one task may take */
@@ -52,9 +56,6 @@ struct att_ctx {
     int split; /* tasks per (token, KV head): each takes group/split query heads */
     float scale;
 };
-
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v8fu __attribute__((vector_size(32), aligned(4)));
 
 static inline float dot(const float *a, const float *b, int d)
 {
@@ -115,10 +116,10 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
                 for (int d = 0; d < hd; d++) acc[g * hd + d] *= r;
                 mx[g] = cmx;
             }
-            for (int j = 0; j < len; j++) {
-                sc[g][j] = expf(sc[g][j] - mx[g]);
-                sum[g] += sc[g][j];
-            }
+            int j = 0;
+            for (; j + 8 <= len; j += 8) *(v8fu *)&sc[g][j] = v8_exp(*(v8fu *)&sc[g][j] - mx[g]);
+            for (; j < len; j++) sc[g][j] = expf(sc[g][j] - mx[g]);
+            for (j = 0; j < len; j++) sum[g] += sc[g][j];
         }
         for (int j = 0; j < len; j++) {
             const float *v = vr + j * stride;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "kernels/cpu/vexp.h"
 #include "quant/dequant.h"
 
 /* Vector-returning static helpers are never called across an ABI boundary. */
@@ -190,33 +191,8 @@ void kern_cpu_rope_ref(float *x, const int32_t *pos, int m, int n_heads, int hea
 /* ---- element-wise ----------------------------------------------------------------------------------------
  */
 
-/* exp on a vector of 8 floats: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and Cephes' expf minimax
- * polynomial for e^r (about 1 ulp), scaled by 2^n through the exponent bits. Inputs are clamped to
- * [-87, 88] (no overflow to inf, no subnormal results), which silu below does not notice: for |a| > 87,
- * 1 + e^-a is either exactly 1 or so large that the quotient underflows towards 0 either way. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v8fu __attribute__((vector_size(32), aligned(4)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8f v8_exp(v8f x)
-{
-    const v8i lo = x<-87.0f, hi = x> 88.0f; /* lane masks (0 or -1) */
-    x = (v8f)(((v8i)x & ~(lo | hi)) | ((v8i)((v8f){0} - 87.0f) & lo) | ((v8i)((v8f){0} + 88.0f) & hi));
-    const v8f t = x * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
-    const v8f n = t - 12582912.0f;
-    v8f r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    const v8f z = r * r;
-    v8f y = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.0f;
-    const v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return y * (v8f)e;
-}
-
+/* For |a| > 87 the vector exp is clamped, which silu does not notice: 1 + e^-a is then either exactly 1 or
+ * so large that the quotient underflows towards 0 either way. */
 void kern_cpu_silu_mul(float *gate, const float *up, int64_t n)
 {
     int64_t i = 0;

@@ -1,11 +1,17 @@
 /* threadpool — a fixed pool of pthreads running one parallel-for at a time (see threadpool.h).
  *
- * Dispatch is a generation counter: tpool_run publishes (fn, ctx, n_tasks), bumps `gen` and the workers,
- * spinning briefly on `gen` and then sleeping on it with a futex, pick the new job up. Thread t (the caller
- * is thread 0) runs tasks [t*n/T, (t+1)*n/T): a static partition, so the same pool size always gives the
- * same thread the same tasks. Completion is a countdown of the workers; the caller spins on it, then sleeps.
- * Futex wake-ups are only issued when someone has announced it is (about to be) asleep, so a busy pool
- * issues no system calls at all.
+ * A job is published as one 64-bit claim word, (n_tasks << 32) | next: the caller and the workers take tasks
+ * one at a time by compare-and-swap on it, and count finished tasks in `done`; tpool_run returns when
+ * done == n_tasks. The caller starts at once and the workers join as they wake, so a worker that the OS has
+ * not scheduled (a busy machine) never holds up a job unless it is preempted in the middle of a task.
+ * Waking is a generation counter: workers spin briefly on `gen`, then sleep on it with a futex; the caller,
+ * after its share, spins on `done`, then sleeps on it. Futex wake-ups are only issued when someone has said
+ * it is (about to be) asleep, so a busy pool makes no system calls.
+ * Safety of late workers: a worker whose claim CAS succeeds with next < n holds a task of the *current* job
+ * (the word carries n and next), and the caller does not publish the next job before that task is counted
+ * in `done`; so fn/ctx read after a successful claim are always those of the job the task belongs to.
+ * Results: which thread runs a task varies from run to run, but fn(ctx, i) depends only on i in every
+ * kernel of ferry, so results are bitwise reproducible and independent of the pool size.
  */
 #include "kernels/cpu/threadpool.h"
 
@@ -33,21 +39,20 @@
 
 struct tpool_worker {
     struct tpool *tp;
-    int index;
     pthread_t thread;
 };
 
 struct tpool {
     int n_threads;                /* workers + the caller */
     struct tpool_worker *workers; /* (n_threads - 1) */
+    _Atomic uint64_t claim;       /* (n_tasks << 32) | next task to hand out */
+    _Atomic uint32_t done;        /* tasks of the current job finished */
     _Atomic uint32_t gen;         /* bumped once per job (and on shutdown) */
-    _Atomic uint32_t remaining;   /* workers that have not finished the current job */
     _Atomic int n_sleepers;       /* workers asleep (or about to be) on gen */
-    _Atomic int caller_sleeping;  /* the caller is asleep (or about to be) on remaining */
+    _Atomic int caller_sleeping;  /* the caller is asleep (or about to be) on done */
     _Atomic int stop;
-    tpool_fn fn;
-    void *ctx;
-    int n_tasks;
+    tpool_fn _Atomic fn;
+    void *_Atomic ctx;
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
@@ -60,11 +65,28 @@ static void futex_wake(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static void tpool_run_slice(struct tpool *tp, int t)
+/* Takes the next task of the current job: its index, or -1 when all are handed out. */
+static int tpool_claim(struct tpool *tp)
 {
-    const int64_t n = tp->n_tasks, nt = tp->n_threads;
-    const int lo = (int)(n * t / nt), hi = (int)(n * (t + 1) / nt);
-    for (int i = lo; i < hi; i++) tp->fn(tp->ctx, i);
+    uint64_t c = atomic_load(&tp->claim);
+    for (;;) {
+        const uint32_t next = (uint32_t)c, n = (uint32_t)(c >> 32);
+        if (next >= n) return -1;
+        if (atomic_compare_exchange_weak(&tp->claim, &c, c + 1)) return (int)next;
+    }
+}
+
+/* Runs tasks until none is left; returns how many this thread ran. */
+static void tpool_work(struct tpool *tp, int is_caller)
+{
+    int i;
+    while ((i = tpool_claim(tp)) >= 0) {
+        /* Valid: our task keeps the job from completing, so fn/ctx cannot change under us. */
+        atomic_load (&tp->fn)(atomic_load(&tp->ctx), i);
+        const uint32_t n = (uint32_t)(atomic_load(&tp->claim) >> 32);
+        if (atomic_fetch_add(&tp->done, 1) + 1 == n && !is_caller && atomic_load(&tp->caller_sleeping))
+            futex_wake(&tp->done);
+    }
 }
 
 static void *tpool_worker_main(void *arg)
@@ -87,9 +109,7 @@ static void *tpool_worker_main(void *arg)
         }
         seen = g;
         if (atomic_load(&tp->stop)) return NULL;
-        tpool_run_slice(tp, w->index);
-        if (atomic_fetch_sub(&tp->remaining, 1) == 1 && atomic_load(&tp->caller_sleeping))
-            futex_wake(&tp->remaining);
+        tpool_work(tp, 0);
     }
 }
 
@@ -114,7 +134,6 @@ int tpool_init(struct tpool **out, int n_threads)
     for (int i = 1; i < n_threads; i++) {
         struct tpool_worker *w = &tp->workers[i - 1];
         w->tp = tp;
-        w->index = i;
         if (pthread_create(&w->thread, NULL, tpool_worker_main, w) != 0) {
             tpool_free(tp);
             return FERRY_ERR_NOMEM;
@@ -148,22 +167,23 @@ void tpool_run(struct tpool *tp, tpool_fn fn, void *ctx, int n_tasks)
         for (int i = 0; i < n_tasks; i++) fn(ctx, i);
         return;
     }
-    tp->fn = fn;
-    tp->ctx = ctx;
-    tp->n_tasks = n_tasks;
-    atomic_store(&tp->remaining, (uint32_t)(tp->n_threads - 1));
+    /* The previous job is complete (done == its n), so no thread can be reading fn/ctx now. */
+    atomic_store(&tp->fn, fn);
+    atomic_store(&tp->ctx, ctx);
+    atomic_store(&tp->done, 0);
+    atomic_store(&tp->claim, (uint64_t)(uint32_t)n_tasks << 32);
     atomic_fetch_add(&tp->gen, 1);
     if (atomic_load(&tp->n_sleepers) > 0) futex_wake(&tp->gen);
-    tpool_run_slice(tp, 0);
-    uint32_t r;
+    tpool_work(tp, 1);
+    uint32_t d;
     int spins = 0;
-    while ((r = atomic_load(&tp->remaining)) != 0) {
+    while ((d = atomic_load(&tp->done)) != (uint32_t)n_tasks) {
         if (++spins < TPOOL_SPIN) {
             cpu_relax();
             continue;
         }
         atomic_store(&tp->caller_sleeping, 1);
-        if ((r = atomic_load(&tp->remaining)) != 0) futex_wait(&tp->remaining, r);
+        if ((d = atomic_load(&tp->done)) != (uint32_t)n_tasks) futex_wait(&tp->done, d);
         atomic_store(&tp->caller_sleeping, 0);
         spins = 0;
     }

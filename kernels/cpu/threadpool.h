@@ -1,9 +1,11 @@
 /* threadpool — a fixed set of worker threads that run one parallel-for at a time.
  *
- * tpool_run(tp, fn, ctx, n) calls fn(ctx, i) for i in [0, n) spread over the workers plus the calling thread
- * and returns when all calls are done. Tasks are split in fixed contiguous ranges (thread t gets the t-th
- * slice), so a given pool size always assigns the same work to the same thread: results are deterministic.
- * A NULL pool runs everything on the caller. Not reentrant: one tpool_run at a time per pool.
+ * tpool_run(tp, fn, ctx, n) calls fn(ctx, i) once for each i in [0, n), spread over the workers plus the
+ * calling thread, and returns when all calls are done. Tasks are handed out one at a time, so which thread
+ * runs task i varies (a worker the OS has not scheduled yet simply gets fewer): callers make fn(ctx, i)
+ * depend on i only — the work of task i is fixed by i (for example the i-th of n contiguous slices) — and
+ * then results are deterministic whatever the pool size or the machine's load. Calls with different i may
+ * run concurrently. A NULL pool runs everything on the caller. Not reentrant: one tpool_run at a time per pool.
  */
 #ifndef FERRY_THREADPOOL_H
 #define FERRY_THREADPOOL_H

@@ -161,46 +161,49 @@ Test(matmul, rejects_bad_shapes)
 
 struct tp_probe {
     int *count; /* (n) times each task ran */
-    int *owner; /* (n) the thread-ish id that ran it (address of a stack variable, bucketed) */
 };
-
-static _Thread_local int tls_marker;
 
 static void tp_count(void *ctx, int i)
 {
     struct tp_probe *p = ctx;
     __atomic_fetch_add(&p->count[i], 1, __ATOMIC_RELAXED);
-    p->owner[i] = (int)(((uintptr_t)&tls_marker >> 4) & 0x7fffffff);
 }
 
-Test(threadpool, every_task_once_contiguous_static_partition)
+Test(threadpool, every_task_exactly_once)
 {
     for (int nt = 1; nt <= 4; nt++) {
         struct tpool *tp;
         cr_assert_eq(tpool_init(&tp, nt), FERRY_OK);
         cr_assert_eq(tpool_size(tp), nt);
-        int count[1000], owner[1000], owner2[1000];
-        for (int rep = 0; rep < 300; rep++) {
+        int count[1000];
+        for (int rep = 0; rep < 2000; rep++) {
             const int n = (rep * 37) % 1000 + (rep % 3 == 0 ? 0 : 1);
             memset(count, 0, sizeof count);
-            struct tp_probe p = {count, owner};
+            struct tp_probe p = {count};
             tpool_run(tp, tp_count, &p, n);
             for (int i = 0; i < n; i++)
                 cr_assert_eq(count[i], 1, "nt=%d n=%d task %d ran %d times", nt, n, i, count[i]);
             for (int i = n; i < 1000; i++) cr_assert_eq(count[i], 0);
-            if (n == 999) {
-                /* Static partition: the same tasks land on the same threads on a second run. */
-                memcpy(owner2, owner, sizeof owner);
-                tpool_run(tp, tp_count, &p, n);
-                cr_assert(memcmp(owner, owner2, sizeof(int) * n) == 0, "nt=%d: partition changed", nt);
-                int changes = 0;
-                for (int i = 1; i < n; i++) changes += owner[i] != owner[i - 1];
-                cr_assert_eq(changes, nt - 1, "nt=%d: %d owner changes, slices not contiguous", nt, changes);
-            }
         }
         tpool_free(tp);
     }
     cr_assert_eq(tpool_size(NULL), 1);
+}
+
+/* More threads than cores (the CI machine has 2): workers are often not running when a job is published and
+ * the caller takes their share; every job must still complete with each task run once. */
+Test(threadpool, oversubscribed_pool)
+{
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 8), FERRY_OK);
+    int count[64];
+    struct tp_probe p = {count};
+    for (int rep = 0; rep < 3000; rep++) {
+        memset(count, 0, sizeof count);
+        tpool_run(tp, tp_count, &p, 1 + rep % 64);
+        for (int i = 0; i < 1 + rep % 64; i++) cr_assert_eq(count[i], 1, "rep %d task %d", rep, i);
+    }
+    tpool_free(tp);
 }
 
 static void tp_sleepy(void *ctx, int i)
@@ -214,8 +217,8 @@ Test(threadpool, survives_idle_sleep_and_wakeup)
     /* Long enough between runs that the workers fall asleep on the futex, then get woken. */
     struct tpool *tp;
     cr_assert_eq(tpool_init(&tp, 3), FERRY_OK);
-    int count[64], owner[64];
-    struct tp_probe p = {count, owner};
+    int count[64];
+    struct tp_probe p = {count};
     for (int rep = 0; rep < 5; rep++) {
         memset(count, 0, sizeof count);
         tpool_run(tp, tp_count, &p, 64);
