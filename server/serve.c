@@ -693,8 +693,8 @@ static struct MHD_Daemon *start_http(struct server *S, char err[256])
         snprintf(err, 256, "--host %s: %s", S->opt.host, gai_strerror(g));
         return NULL;
     }
-    unsigned flags =
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC; /* poll: no FD_SETSIZE limit */
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)S->opt.port, NULL, NULL, on_request, S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
