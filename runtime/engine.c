@@ -120,7 +120,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda) {
         struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens, .gpu_memory = p.gpu_memory,
                                          .reserve_vram = p.reserve_vram, .gpu_layers = p.gpu_layers,
-                                         .n_slots = p.n_slots, .policy = (enum stream_policy)p.stream_policy};
+                                         .n_slots = p.n_slots};
         if ((rc = forward_cuda_init(&e->cuda, &e->model, &e->kv, &cp, err))) goto fail;
         device_map_format(forward_cuda_map(e->cuda), e->placement, sizeof e->placement);
     }

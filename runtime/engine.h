@@ -30,7 +30,6 @@ struct engine_params {
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
     int gpu_layers;       /* resident layers; -1 = as many as fit */
     int n_slots;          /* streaming ring size; 0 = the planner's choice */
-    int stream_policy;    /* enum stream_policy (forward_cuda.h): 0 ring (default); 1 LRU, 2 zero-copy baselines */
 };
 
 struct engine_params engine_default_params(void);

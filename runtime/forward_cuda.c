@@ -165,11 +165,6 @@ struct forward_cuda {
     void **slot;               /* (n_slots) device slots */
     int *stream_order;         /* (n_streamed) layer index of the i-th streamed layer of a pass */
     uint64_t stream_n;         /* streamed uses so far (across steps) */
-    enum stream_policy policy;
-    int cur_slot;              /* slot of the streamed layer being computed */
-    int *slot_layer;           /* LRU: (n_slots) layer held by each slot, -1 = none */
-    uint64_t *slot_last;       /* LRU: (n_slots) last use of each slot */
-    void **host_dev;           /* ZEROCOPY: (n_layers) device mapping of each streamed host block */
     cudaEvent_t *copy_done;    /* (n_slots) */
     cudaEvent_t *slot_free;    /* (n_slots) */
     cudaEvent_t *copy_t0, *copy_t1; /* (2*n_streamed) timing of the copy for use n, at n mod 2S */
@@ -242,9 +237,6 @@ void forward_cuda_free(struct forward_cuda *f)
     free(f->host_block);
     free(f->slot);
     free(f->stream_order);
-    free(f->slot_layer);
-    free(f->slot_last);
-    free(f->host_dev);
     device_map_free(&f->map);
     free(f);
 }
@@ -540,13 +532,9 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
     int S = f->map.n_streamed, k = f->map.n_slots;
-    f->policy = p->policy;
     f->slot = calloc((size_t)(k > 0 ? k : 1), sizeof *f->slot);
     f->stream_order = calloc((size_t)(S > 0 ? S : 1), sizeof *f->stream_order);
-    f->slot_layer = malloc((size_t)(k > 0 ? k : 1) * sizeof *f->slot_layer);
-    f->slot_last = calloc((size_t)(k > 0 ? k : 1), sizeof *f->slot_last);
-    f->host_dev = calloc((size_t)L, sizeof *f->host_dev);
-    if (!f->slot || !f->stream_order || !f->slot_layer || !f->slot_last || !f->host_dev) {
+    if (!f->slot || !f->stream_order) {
         rc = FERRY_ERR_NOMEM;
         goto fail;
     }
@@ -580,24 +568,14 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     }
     if (S) {
         FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers", (double)S * layer_bytes / 1073741824.0, S);
-        if (cudaHostAlloc(&f->host_pinned, (size_t)S * layer_bytes, cudaHostAllocWriteCombined | cudaHostAllocMapped) !=
-            cudaSuccess) {
+        if (cudaHostAlloc(&f->host_pinned, (size_t)S * layer_bytes, cudaHostAllocWriteCombined) != cudaSuccess) {
             cudaGetLastError();
             snprintf(err, 256, "cannot pin %.2f GiB of host memory for the streamed layers",
                      (double)S * layer_bytes / 1073741824.0);
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        void *dev_view = NULL;
-        if (cudaHostGetDevicePointer(&dev_view, f->host_pinned, 0) != cudaSuccess) {
-            snprintf(err, 256, "pinned host memory has no device mapping");
-            rc = FERRY_ERR_CUDA;
-            goto fail;
-        }
-        for (int i = 0; i < S; i++) {
-            f->host_block[f->stream_order[i]] = (char *)f->host_pinned + (size_t)i * layer_bytes;
-            f->host_dev[f->stream_order[i]] = (char *)dev_view + (size_t)i * layer_bytes;
-        }
+        for (int i = 0; i < S; i++) f->host_block[f->stream_order[i]] = (char *)f->host_pinned + (size_t)i * layer_bytes;
     }
     if ((rc = create_events(&f->copy_done, k, cudaEventDisableTiming)) ||
         (rc = create_events(&f->slot_free, k, cudaEventDisableTiming)) ||
@@ -615,10 +593,8 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     if (cudaMemset(f->k_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
         cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess)
         goto fail;
-    for (int i = 0; i < k; i++) f->slot_layer[i] = -1;
-    if (f->policy == STREAM_RING)
-        for (int i = 0; i < k; i++)
-            if ((rc = issue_copy(f, (uint64_t)i))) goto fail;
+    for (int i = 0; i < k; i++)
+        if ((rc = issue_copy(f, (uint64_t)i))) goto fail;
     /* Graphs need a fixed set of kernels and no cross-stream waits: only when nothing streams. */
     if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS"))
         f->graphs = calloc((size_t)GRAPH_MAX_TOKENS * GRAPH_LENS, sizeof *f->graphs);
@@ -650,47 +626,14 @@ static int issue_copy(struct forward_cuda *f, uint64_t n)
     return FERRY_OK;
 }
 
-/* The weights of layer l for this step; for a streamed layer, waits (on the device) for its copy.
- * RING: use n sits in slot n mod k, copied k uses ahead. LRU (benchmark baseline): a cache of k slots, filled on
- * demand when the layer is not in one, evicting the least recently used. ZEROCOPY (baseline): the kernels read
- * the pinned host block directly through its device mapping. */
+/* The weights of layer l for this step; for a streamed layer, waits (on the device) for its copy. */
 static int layer_acquire(struct forward_cuda *f, int l, int step_use, struct dev_layer *d)
 {
     if (f->resident[l]) {
         dev_layer_at(d, &f->layouts[l], f->resident[l]);
         return FERRY_OK;
     }
-    if (f->policy == STREAM_ZEROCOPY) {
-        dev_layer_at(d, &f->layouts[l], f->host_dev[l]);
-        return FERRY_OK;
-    }
-    int s;
-    if (f->policy == STREAM_LRU) {
-        const int k = f->map.n_slots;
-        s = -1;
-        for (int i = 0; i < k; i++)
-            if (f->slot_layer[i] == l) s = i;
-        const int e = (int)(f->stream_n % (uint64_t)(2 * f->map.n_streamed));
-        if (s < 0) {
-            s = 0;
-            for (int i = 1; i < k; i++)
-                if (f->slot_last[i] < f->slot_last[s]) s = i;
-            CK(cudaStreamWaitEvent(f->copy, f->slot_free[s], 0));
-            CK(cudaEventRecord(f->copy_t0[e], f->copy));
-            CK(cudaMemcpyAsync(f->slot[s], f->host_block[l], f->layouts[l].bytes, cudaMemcpyHostToDevice, f->copy));
-            CK(cudaEventRecord(f->copy_t1[e], f->copy));
-            CK(cudaEventRecord(f->copy_done[s], f->copy));
-            f->stats.bytes_streamed += f->layouts[l].bytes;
-            f->slot_layer[s] = l;
-        } else {
-            CK(cudaEventRecord(f->copy_t0[e], f->copy));
-            CK(cudaEventRecord(f->copy_t1[e], f->copy));
-        }
-        f->slot_last[s] = f->stream_n + 1;
-    } else {
-        s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
-    }
-    f->cur_slot = s;
+    const int s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
     CK(cudaEventRecord(f->wait_t0[step_use], f->compute));
     CK(cudaStreamWaitEvent(f->compute, f->copy_done[s], 0));
     CK(cudaEventRecord(f->wait_t1[step_use], f->compute));
@@ -698,11 +641,13 @@ static int layer_acquire(struct forward_cuda *f, int l, int step_use, struct dev
     return FERRY_OK;
 }
 
+/* Hands the slot back and queues the copy that will next use it (k streamed uses ahead). */
 static int layer_release(struct forward_cuda *f, int l)
 {
-    if (f->resident[l] || f->policy == STREAM_ZEROCOPY) return FERRY_OK;
-    CK(cudaEventRecord(f->slot_free[f->cur_slot], f->compute));
-    if (f->policy == STREAM_RING) RC(issue_copy(f, f->stream_n + (uint64_t)f->map.n_slots));
+    if (f->resident[l]) return FERRY_OK;
+    const int s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
+    CK(cudaEventRecord(f->slot_free[s], f->compute));
+    RC(issue_copy(f, f->stream_n + (uint64_t)f->map.n_slots));
     f->stream_n++;
     return FERRY_OK;
 }

@@ -6,7 +6,8 @@
  * other device allocations (counted in the plan's fixed bytes). Nothing is allocated per step.
  * Streaming: one contiguous pinned block per streamed layer; the n-th streamed use (counting across steps)
  * takes slot n mod k and, once the compute stream has released it, the copy for use n+k is queued there on the
- * copy stream, so the next step's first copies overlap this step's last layers.
+ * copy stream, so the next step's first copies overlap this step's last layers. An LRU layer cache and zero-copy
+ * reads of mapped host memory were measured against this ring and lost or tied (runtime/NOTES.md, run 3).
  * Weights in F16/BF16/F32 are used as stored; other types (GGUF quants) are converted to F16 at load.
  * Compiled only when the build has CUDA (FERRY_CUDA).
  */
@@ -20,17 +21,12 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
-/* How streamed layers reach the kernels. RING is the product; LRU and ZEROCOPY exist as measured baselines for
- * `ferry bench --stream-policy` (runtime/NOTES.md has the numbers that decided it). */
-enum stream_policy { STREAM_RING = 0, STREAM_LRU = 1, STREAM_ZEROCOPY = 2 };
-
 struct forward_cuda_params {
     int max_tokens;       /* rows of one step */
     int64_t gpu_memory;   /* budget in bytes; 0: free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 */
     int gpu_layers;       /* -1: as many as fit */
     int n_slots;          /* 0: the planner's choice */
-    enum stream_policy policy;
 };
 
 struct forward_cuda_stats {

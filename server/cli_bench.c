@@ -50,7 +50,7 @@ static void bench_usage(FILE *f)
                "  --gpu-layers N        resident layers (default: as many as fit)\n"
                "  --slots K             streaming ring size (default: planner's choice)\n"
                "  --quant int8          quantize the matrices to Q8_0 at load\n"
-               "  --stream-policy P     ring (default) | lru | zerocopy: how streamed layers reach the GPU\n"
+
                "  --cpu                 run on the CPU backend even when a GPU is present\n"
                "  --threads N           CPU threads (default: all cores)\n"
                "  --batches LIST        decode batch sizes (default 1,4,16,64)\n"
@@ -150,7 +150,7 @@ int cli_bench_main(int argc, char **argv)
         {"prefill", required_argument, 0, 'p'},      {"decode-steps", required_argument, 0, 'n'},
         {"long-context", required_argument, 0, 'L'}, {"json", no_argument, 0, 'j'},
         {"log-level", required_argument, 0, 'v'},    {"help", no_argument, 0, 'h'},
-        {"quant", required_argument, 0, 'q'},        {"stream-policy", required_argument, 0, 'P'},
+        {"quant", required_argument, 0, 'q'},
         {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
@@ -174,12 +174,6 @@ int cli_bench_main(int argc, char **argv)
         case 'l': ep.gpu_layers = atoi(optarg); break;
         case 'k': ep.n_slots = atoi(optarg); break;
         case 'c': ep.backend = ENGINE_BACKEND_CPU; break;
-        case 'P':
-            if (!strcmp(optarg, "ring")) ep.stream_policy = 0;
-            else if (!strcmp(optarg, "lru")) ep.stream_policy = 1;
-            else if (!strcmp(optarg, "zerocopy")) ep.stream_policy = 2;
-            else goto bad;
-            break;
         case 'q':
             if (strcmp(optarg, "int8")) goto bad;
             ep.quant_int8 = 1;

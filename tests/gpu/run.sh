@@ -79,9 +79,6 @@ if [ $bench = 1 ]; then
     bench 4GiB --synthetic llama-2-7b --gpu-memory 4GiB --batches 1,4,16 --prefill 512 --decode-steps 6
     bench 8GiB --synthetic llama-2-7b --gpu-memory 8GiB --batches 1,16 --prefill 512 --decode-steps 6
     bench 4GiB-int8 --synthetic llama-2-7b --gpu-memory 4GiB --quant int8 --batches 1,16 --prefill 512 --decode-steps 6
-    # The baselines the ring is measured against (DESIGN.md): an LRU cache of the same slots, and zero-copy reads.
-    bench 4GiB-lru --synthetic llama-2-7b --gpu-memory 4GiB --stream-policy lru --batches 1,16 --prefill 0 --decode-steps 4
-    bench 4GiB-zerocopy --synthetic llama-2-7b --gpu-memory 4GiB --stream-policy zerocopy --batches 1,16 --prefill 0 --decode-steps 4
   fi
   grep -v "^[0-9:.]* info\|  layers" "$out/bench.txt"
 fi
