@@ -19,16 +19,7 @@ for a in "$@"; do
 done
 log() { echo "== $*" | tee -a "$out/summary.txt"; }
 
-if [ -d .debs ]; then
-  if [ ! -d /opt/deps/usr ]; then
-    for f in .debs/*.deb; do dpkg -x "$f" /opt/deps; done
-    sed -i '/^Requires.private/d' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
-  fi
-  export PKG_CONFIG_SYSROOT_DIR=/opt/deps
-  export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
-  export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PATH=$PATH:/opt/deps/usr/bin:/usr/local/cuda/bin
-fi
+. tests/gpu/deps.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$out/machine.txt" 2>&1
 log "machine: $(tail -1 "$out/machine.txt")"
 
