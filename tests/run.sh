@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — the whole test suite: install and build (deploy/setup.sh), the Criterion and integration tests
-# (meson test, which includes bounded fuzzing: the 'fuzz' suite), and the reverse-proxy tests. Exit status 0 only when everything passed.
+# (meson test, which includes bounded fuzzing: the 'fuzz' suite), and the reverse-proxy tests.
+# Exit status 0 only when everything passed.
 #
 #   bash tests/run.sh
 #
