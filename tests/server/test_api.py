@@ -734,3 +734,44 @@ def test_loading_state_and_shutdown_while_loading(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_chunked_prefill_keeps_decodes_running():
+    """A 1900-token prompt arriving while a stream decodes is prefilled in chunks of --max-batch-tokens:
+    the stream keeps getting tokens during that prefill, and no step exceeds the limit."""
+    s = Server("--parallel", "2", "--max-batch-tokens", "64")
+    try:
+        stamps = []  # (receive time, tokens in the chunk)
+        started = threading.Event()
+
+        def stream_a():
+            body = {"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0, "logprobs": 0, "stream": True}
+            req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                buf = b""
+                for chunk in iter(lambda: r.read1(65536), b""):
+                    buf += chunk
+                    while b"\n\n" in buf:
+                        ev, buf = buf.split(b"\n\n", 1)
+                        if ev.startswith(b"data: {"):
+                            ch = json.loads(ev[6:])["choices"][0]
+                            if ch.get("logprobs"):
+                                stamps.append((time.time(), len(ch["logprobs"]["tokens"])))
+                                started.set()
+
+        t = threading.Thread(target=stream_a)
+        t.start()
+        assert started.wait(10)
+        t1 = time.time()
+        st, _, body = post(s.url + "/v1/completions", {"prompt": [5] * 1900, "max_tokens": 1, "temperature": 0})
+        t2 = time.time()
+        assert st == 200, body
+        during = sum(n for ts, n in stamps if t1 < ts < t2)
+        assert during >= 15, f"the stream got {during} tokens during a 30-chunk prefill"
+        t.join(60)
+        m = s.metrics()
+        assert m['ferry_batch_size_tokens_bucket{le="64"}'] == m["ferry_batch_size_tokens_count"]
+        assert m["ferry_batch_size_tokens_count"] >= 30
+    finally:
+        assert s.stop() == 0
