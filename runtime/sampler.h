@@ -3,7 +3,8 @@
  * Order of operations: logit_bias → repetition penalty (HF style: divide positive / multiply negative
  * logits of seen tokens) → presence/frequency penalties (OpenAI: subtract presence once and frequency per
  * occurrence) → if temperature <= 0: argmax (ties: lowest id) → temperature → top-k → softmax → top-p →
- * min-p → draw with a xoshiro256** generator seeded from `seed`. The same seed and inputs give the same
+ * min-p → draw with a xoshiro256** generator seeded from `seed`. Tokens whose probability is below e^-30 of the
+ * best one's are dropped before top-k/top-p/min-p (they could change a draw with probability < 1e-7). The same seed and inputs give the same
  * tokens. One sampler per sequence; sampler_accept() records the tokens that count for penalties.
  */
 #ifndef FERRY_SAMPLER_H

@@ -11,8 +11,6 @@ int cli_run_main(int argc, char **argv);
 int cli_inspect_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 
-/* "4GiB", "512M", "1.5g", "1000000" → bytes; -1 when malformed. */
-int cli_parse_size(const char *s, int64_t *out);
 
 /* Installs the stderr log sink. */
 void cli_log_init(enum log_level level);

@@ -19,6 +19,7 @@
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
 #include "server/cli.h"
+#include "server/options.h"
 #ifdef FERRY_CUDA
 #include "runtime/forward_cuda.h"
 #endif
@@ -58,23 +59,6 @@ static void bench_usage(FILE *f)
                "  --decode-steps N      timed decode steps per batch size (default 16)\n"
                "  --long-context N      also decode one sequence at context N (default 0 = skip)\n"
                "  --json                print the results as JSON\n");
-}
-
-int cli_parse_size(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mul = 1;
-    if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
-    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib") || !strcasecmp(end, "kb")) mul = 1024.0;
-    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib") || !strcasecmp(end, "mb")) mul = 1048576.0;
-    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib") || !strcasecmp(end, "gb")) mul = 1073741824.0;
-    else if (!strcasecmp(end, "t") || !strcasecmp(end, "tib") || !strcasecmp(end, "tb")) mul = 1099511627776.0;
-    else return -1;
-    *out = (int64_t)(v * mul);
-    return 0;
 }
 
 static double now_s(void)
@@ -169,8 +153,8 @@ int cli_bench_main(int argc, char **argv)
             else if (!strcmp(optarg, "f32")) wt = DTYPE_F32;
             else goto bad;
             break;
-        case 'g': if (cli_parse_size(optarg, &ep.gpu_memory)) goto bad; break;
-        case 'r': if (cli_parse_size(optarg, &ep.reserve_vram)) goto bad; break;
+        case 'g': if (opt_parse_size(optarg, &ep.gpu_memory)) goto bad; break;
+        case 'r': if (opt_parse_size(optarg, &ep.reserve_vram)) goto bad; break;
         case 'l': ep.gpu_layers = atoi(optarg); break;
         case 'k': ep.n_slots = atoi(optarg); break;
         case 'c': ep.backend = ENGINE_BACKEND_CPU; break;

@@ -10,6 +10,7 @@
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
+#include "server/options.h"
 
 static void inspect_usage(FILE *f)
 {
@@ -45,7 +46,7 @@ int cli_inspect_main(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'j': as_json = 1; break;
         case 'g':
-            if (cli_parse_size(optarg, &ep.gpu_memory) || ep.gpu_memory <= 0) {
+            if (opt_parse_size(optarg, &ep.gpu_memory) || ep.gpu_memory <= 0) {
                 fprintf(stderr, "ferry inspect: invalid --gpu-memory '%s'\n", optarg);
                 return 2;
             }

@@ -76,8 +76,8 @@ static const struct opt_row rows[] = {
      "VRAM left free when --gpu-memory is 0 (CUDA backend)"},
     {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
      "layers resident on the GPU, the rest streamed (-1 = as many as fit; CUDA backend)"},
-    {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
-     "quantize weights at load (not used yet: accepted and logged)"},
+    {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8",
+     "int8: quantize F32/F16/BF16 matrices to Q8_0 at load (half the bytes of f16)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, "0", NULL,
      "fixed reduction orders (passed to the engine; the CPU backend always is)"},
 };
@@ -94,7 +94,7 @@ static int parse_i64(const char *s, int64_t *v)
     return 0;
 }
 
-static int parse_size(const char *s, int64_t *v)
+int opt_parse_size(const char *s, int64_t *v)
 {
     if (!s || !*s) return -1;
     errno = 0;
@@ -212,7 +212,7 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
     case OPT_INT:
     case OPT_I64:
     case OPT_SIZE: {
-        int bad = r->type == OPT_SIZE ? parse_size(val, &v) : parse_i64(val, &v);
+        int bad = r->type == OPT_SIZE ? opt_parse_size(val, &v) : parse_i64(val, &v);
         if (bad) {
             snprintf(err, 256, "%s: --%s: '%s' is not %s", from, r->name, val ? val : "",
                      r->type == OPT_SIZE ? "a size (e.g. 512KiB, 4GiB)" : "an integer");

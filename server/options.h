@@ -40,10 +40,10 @@ struct serve_options {
     const char *served_model_name; /* NULL = file name of --model */
     int any_model;                 /* 1: accept any "model" value instead of 404 */
     int64_t seed;                  /* default seed when a request gives none; -1 = random per request */
-    int64_t gpu_memory;            /* placeholders for the CUDA backend (bytes; 0 = unset) */
+    int64_t gpu_memory;            /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
     int64_t reserve_vram;
     int gpu_layers;    /* -1 = planner decides */
-    const char *quant; /* none|int8|int4 */
+    const char *quant; /* none|int8 */
     int deterministic;
     int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
@@ -58,5 +58,9 @@ int serve_options_parse(struct serve_options *o, int argc, char **argv, char err
 int serve_options_load_key_file(struct serve_options *o, char err[256]);
 void serve_options_help(FILE *f);
 void serve_options_free(struct serve_options *o);
+
+/* "4GiB", "512M", "1.5g", "1000000" → bytes (K/M/G/T, optional "iB"/"B"); -1 when malformed. Shared by every
+ * subcommand that takes a size. */
+int opt_parse_size(const char *s, int64_t *v);
 
 #endif

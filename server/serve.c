@@ -545,6 +545,7 @@ static void loader_main(void *arg)
     ep.max_batch_tokens =
         S->opt.max_batch_tokens < S->opt.parallel ? S->opt.parallel : S->opt.max_batch_tokens;
     ep.deterministic = S->opt.deterministic;
+    ep.quant_int8 = !strcmp(S->opt.quant, "int8");
     ep.kv_tokens = S->opt.kv_tokens;
     ep.backend = !strcmp(S->opt.backend, "cpu")    ? ENGINE_BACKEND_CPU
                  : !strcmp(S->opt.backend, "cuda") ? ENGINE_BACKEND_CUDA
@@ -747,7 +748,6 @@ int serve_main(int argc, char **argv)
         while (b > 0 && p[b - 1] != '/') b--;
         snprintf(S->model_name, sizeof S->model_name, "%.*s", (int)(n - b), p + b);
     }
-    if (strcmp(S->opt.quant, "none")) FLOG_WARN("--quant %s is accepted but not used yet", S->opt.quant);
     signal(SIGPIPE, SIG_IGN);
     pthread_mutex_init(&S->load_mu, NULL);
     metrics_init(&S->metrics);

@@ -155,3 +155,38 @@ Test(sampler, invalid_params_refused)
     p = sampler_default_params();
     cr_assert_neq(sampler_init(&s, &p, 0), 0);
 }
+
+/* top-k on a large vocabulary with many ties: every draw is one of the k best (value descending, id ascending),
+ * and all k are drawn. Exercises the quickselect that replaces a full sort. */
+Test(sampler, top_k_selects_exactly_the_k_best)
+{
+    enum { V = 5000, K = 7 };
+    struct sampler_params p = sampler_default_params();
+    p.top_k = K;
+    p.seed = 3;
+    struct sampler *s = make(p, V);
+    float base[V];
+    unsigned x = 12345;
+    for (int v = 0; v < V; v++) {
+        x = x * 1103515245u + 12345u;
+        base[v] = (float)((x >> 16) % 50) * 0.1f; /* 50 distinct values: ties everywhere */
+    }
+    /* The reference top-K: stable by id among equal values. */
+    int top[K], n_top = 0;
+    for (float val = 4.9f; n_top < K; val -= 0.1f)
+        for (int v = 0; v < V && n_top < K; v++)
+            if (fabsf(base[v] - val) < 1e-4f) top[n_top++] = v;
+    int seen[K] = {0};
+    for (int r = 0; r < 4000; r++) {
+        float l[V];
+        memcpy(l, base, sizeof l);
+        int32_t t = sampler_sample(s, l);
+        int found = -1;
+        for (int k = 0; k < K; k++)
+            if (top[k] == t) found = k;
+        cr_assert_geq(found, 0, "draw %d picked %d, not among the top %d", r, t, K);
+        seen[found]++;
+    }
+    for (int k = 0; k < K; k++) cr_expect_gt(seen[k], 0, "top token %d never drawn", top[k]);
+    sampler_free(s);
+}
