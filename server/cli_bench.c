@@ -343,9 +343,10 @@ int cli_bench_main(int argc, char **argv)
                "% of HBM", "link GB/s", "stall ms/step");
         for (int i = 0; i < n_res; i++) {
             int B = res[i].batch > 0 ? res[i].batch : 1, ctx = res[i].batch > 0 ? prompt : -res[i].batch;
-            printf("%-8d %-8d %10.2f %12.1f %12.1f %9.0f%% %10.1f %12.2f\n", B, ctx, res[i].step_s * 1e3, res[i].tok_s,
-                   res[i].weight_gbs, d2d > 0 ? 100.0 * res[i].weight_gbs * 1e9 / d2d : 0.0, res[i].link_gbs,
-                   res[i].stall_ms);
+            char hbm[16] = "-";
+            if (d2d > 0) snprintf(hbm, sizeof hbm, "%.0f%%", 100.0 * res[i].weight_gbs * 1e9 / d2d);
+            printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f\n", B, ctx, res[i].step_s * 1e3, res[i].tok_s,
+                   res[i].weight_gbs, hbm, res[i].link_gbs, res[i].stall_ms);
         }
     }
     free(bc.tok);
