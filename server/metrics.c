@@ -132,6 +132,20 @@ char *metrics_render(struct metrics *m, size_t *len)
     GAUGE("ferry_kv_blocks_used", "KV cache blocks in use.", "%d", m->kv_blocks_used);
     GAUGE("ferry_kv_blocks_total", "KV cache blocks in the pool.", "%d", m->kv_blocks_total);
     GAUGE("ferry_model_loading", "1 while the model loads.", "%d", m->loading);
+    GAUGE("ferry_layers_resident", "Layers resident in GPU memory (CUDA backend).", "%d", m->layers_resident);
+    GAUGE("ferry_layers_streamed", "Layers streamed from pinned host memory each step (CUDA backend).", "%d",
+          m->layers_streamed);
+    COUNTER("ferry_weight_bytes_streamed_total", "Weight bytes copied host to device.", m->bytes_streamed);
+    sb_printf(&b,
+              "# HELP ferry_stream_copy_seconds_total Copy-stream time spent on streamed weights.\n"
+              "# TYPE ferry_stream_copy_seconds_total counter\nferry_stream_copy_seconds_total %.6f\n"
+              "# HELP ferry_stream_stall_seconds_total Compute time spent waiting for streamed weights.\n"
+              "# TYPE ferry_stream_stall_seconds_total counter\nferry_stream_stall_seconds_total %.6f\n",
+              m->copy_seconds, m->stall_seconds);
+    GAUGE("ferry_vram_budget_bytes", "GPU memory budget of the plan.", "%llu", (unsigned long long)m->vram_budget);
+    GAUGE("ferry_vram_planned_bytes", "GPU memory the plan allocates.", "%llu", (unsigned long long)m->vram_planned);
+    GAUGE("ferry_vram_used_bytes", "GPU memory the engine took at load (cudaMemGetInfo).", "%llu",
+          (unsigned long long)m->vram_used);
     render_hist(&b, "ferry_time_to_first_token_seconds", "Time from request arrival to first token.",
                 &m->ttft);
     render_hist(&b, "ferry_inter_token_latency_seconds", "Time between tokens of one sequence.", &m->itl);

@@ -30,6 +30,10 @@ struct metrics {
     struct histogram ttft, itl, batch_tokens, request_seconds;
     int queue_depth, running_seqs, last_batch_tokens;
     int kv_blocks_used, kv_blocks_total;
+    /* Offloading (CUDA backend; zero on the CPU): copied from engine_get_stats by the engine thread. */
+    int layers_resident, layers_streamed;
+    uint64_t bytes_streamed, vram_budget, vram_planned, vram_used;
+    double copy_seconds, stall_seconds;
     uint64_t engine_steps;
     double engine_busy_seconds;
     int loading; /* 1 until the model is ready */

@@ -618,6 +618,14 @@ static void *engine_main(void *arg)
         s->m->running_seqs = s->n_run;
         s->m->kv_blocks_used = st.kv_blocks_used;
         s->m->kv_blocks_total = st.kv_blocks_total;
+        s->m->layers_resident = st.n_resident;
+        s->m->layers_streamed = st.n_streamed;
+        s->m->bytes_streamed = st.bytes_streamed;
+        s->m->copy_seconds = st.copy_seconds;
+        s->m->stall_seconds = st.stall_seconds;
+        s->m->vram_budget = st.vram_budget;
+        s->m->vram_planned = st.vram_planned;
+        s->m->vram_used = st.vram_used;
         pthread_mutex_unlock(&s->m->mu);
         if (s->n_run == 0) {
             if (s->stop) break;
