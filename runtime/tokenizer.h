@@ -54,6 +54,10 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
 int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, int render_special, char **out,
                      size_t *out_len);
 
+/* Copies s[0..n) replacing invalid UTF-8 (and NUL) with U+FFFD, for text that must be valid (JSON); malloc'd,
+ * NUL-terminated, NULL when out of memory. Model output can be invalid where byte tokens split a character. */
+char *utf8_sanitize(const char *s, size_t n, size_t *out_len);
+
 /* Streaming detokenizer. */
 struct detok {
     const struct tokenizer *t;

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/tokenizer.h" /* utf8_sanitize */
 #include "server/scheduler.h"
 
 /* HTTP-only statuses (below every ferry status). */
@@ -74,7 +75,5 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
 int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
                    struct api_err *e);
 
-/* Copies s[0..n) replacing invalid UTF-8 with U+FFFD; malloc'd, NUL-terminated. */
-char *utf8_sanitize(const char *s, size_t n, size_t *out_len);
 
 #endif

@@ -521,9 +521,10 @@ int cli_run_main(int argc, char **argv)
         for (int i = 0; i < n_gen; i++) json_array_append_new(gt, json_integer(gen[i]));
         json_object_set_new(root, "prompt_tokens", pt);
         json_object_set_new(root, "tokens", gt);
-        /* Byte tokens can produce invalid UTF-8; jansson refuses it, so such text is replaced by null. */
-        json_t *js = tok ? json_stringn(text ? text : "", text_len) : NULL;
-        json_object_set_new(root, "text", js ? js : json_null());
+        /* Byte tokens can split a character: invalid bytes become U+FFFD (jansson only takes valid UTF-8). */
+        char *clean = tok ? utf8_sanitize(text ? text : "", text_len, NULL) : NULL;
+        json_object_set_new(root, "text", clean ? json_string(clean) : json_null());
+        free(clean);
         json_object_set_new(root, "seed", json_integer((json_int_t)o.sp.seed));
         char *s = json_dumps(root, JSON_COMPACT);
         if (s) puts(s);

@@ -118,3 +118,47 @@ int detok_flush(struct detok *d, char *out, size_t cap)
     d->n_pend = 0;
     return k;
 }
+
+char *utf8_sanitize(const char *s, size_t n, size_t *out_len)
+{
+    char *o = malloc(n * 3 + 1);
+    if (!o) return NULL;
+    size_t j = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        size_t k = 0;
+        unsigned cp = 0;
+        if (c < 0x80)
+            k = 1, cp = c;
+        else if (c >= 0xc2 && c <= 0xdf)
+            k = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            k = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            k = 4, cp = c & 0x07;
+        int ok = k > 0 && i + k <= n;
+        for (size_t m = 1; ok && m < k; m++) {
+            if ((u[i + m] & 0xc0) != 0x80)
+                ok = 0;
+            else
+                cp = (cp << 6) | (u[i + m] & 0x3f);
+        }
+        if (ok && ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+                   (k == 4 && (cp < 0x10000 || cp > 0x10ffff))))
+            ok = 0;
+        if (c == 0) ok = 0; /* NUL would cut C strings downstream */
+        if (ok) {
+            memcpy(o + j, s + i, k);
+            j += k;
+            i += k;
+        } else {
+            memcpy(o + j, "\xef\xbf\xbd", 3);
+            j += 3;
+            i += 1;
+        }
+    }
+    o[j] = 0;
+    if (out_len) *out_len = j;
+    return o;
+}
