@@ -13,10 +13,14 @@ log() { echo "$*" | tee -a "$out/serve.txt"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 work=/tmp/ferry-serve
 rm -rf "$work" && mkdir -p "$work"
-git -C "$src" archive HEAD | tar -C "$work" -xf -
+if git -C "$src" rev-parse HEAD >/dev/null 2>&1; then
+  git -C "$src" archive HEAD | tar -C "$work" -xf -
+else
+  tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./.git -cf - . | tar -C "$work" -xf -
+fi
 cd "$work" || exit 1
 meson setup build -Dcuda=enabled -Dtests=disabled > /tmp/setup.log 2>&1 && ninja -C build server/ferry > /tmp/build.log 2>&1 ||
-  { tail -30 /tmp/setup.log /tmp/build.log; exit 1; }
+  { tail -n 30 /tmp/setup.log /tmp/build.log; exit 1; }
 python3 tests/gpu/make_big_gguf.py "$src/.gpu-data/models/stories260K.gguf" /tmp/big.gguf || exit 1
 log "model file: $(stat -c %s /tmp/big.gguf) bytes; budget 400 MiB = $((400 * 1048576)) bytes"
 build/server/ferry serve --model /tmp/big.gguf --gpu-memory 400MiB --parallel 4 --kv-tokens 1024 --port 18080 \
