@@ -481,25 +481,32 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     }
     size_t fixed = ps.fixed_bytes + kern_cuda_ctx_bytes(f->kctx);
 
-    /* Budget: explicit, or what the card has free minus the reserve. */
+    /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and cuBLAS
+     * took for themselves since init began (handles, module images) counts against an explicit budget too:
+     * it is measured here, not guessed (bounded, in case other processes change the free figure meanwhile). */
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
+    const size_t ctx_bytes = kern_cuda_ctx_bytes(f->kctx);
+    size_t overhead = free_start > free_b + ctx_bytes ? free_start - free_b - ctx_bytes : 0;
+    if (overhead > ((size_t)512 << 20)) overhead = (size_t)512 << 20;
     uint64_t budget = p->gpu_memory > 0 ? (uint64_t)p->gpu_memory
-                                        : (free_b + kern_cuda_ctx_bytes(f->kctx) > (size_t)p->reserve_vram
-                                               ? free_b + kern_cuda_ctx_bytes(f->kctx) - (uint64_t)p->reserve_vram
+                                        : (free_b + ctx_bytes > (size_t)p->reserve_vram
+                                               ? free_b + ctx_bytes - (uint64_t)p->reserve_vram
                                                : 0);
+    const uint64_t plan_budget = p->gpu_memory > 0 ? (budget > overhead ? budget - overhead : 0) : budget;
     double h2d = 0, d2d = 0;
     forward_cuda_measure_bandwidth(&h2d, &d2d);
     struct device_map_input in = {.n_layers = L, .layer_bytes = layer_bytes, .head_bytes = head_bytes,
-                                  .fixed_bytes = fixed, .budget = budget, .gpu_layers = p->gpu_layers,
+                                  .fixed_bytes = fixed, .budget = plan_budget, .gpu_layers = p->gpu_layers,
                                   .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = d2d};
     if ((rc = device_map_plan(&in, &f->map, err))) goto fail;
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
     char desc[2048];
     device_map_format(&f->map, desc, sizeof desc);
-    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB", h2d / 1e9, d2d / 1e9,
-              budget / 1073741824.0);
+    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB (%.0f MiB of it taken by the "
+              "CUDA runtime and cuBLAS themselves)",
+              h2d / 1e9, d2d / 1e9, budget / 1073741824.0, overhead / 1048576.0);
     FLOG_INFO("%s", desc);
 
     /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init). */
