@@ -351,6 +351,181 @@ static inline __attribute__((always_inline)) void kq_q6_k(float *out, const floa
 KQ_FN(micro_q4_k, kq_q4_k)
 KQ_FN(micro_q6_k, kq_q6_k)
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define HAVE_AVX_Q 1
+#define SX_MAX_K   16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
+/* ---- m <= 2, Q8_0/Q4_0/Q4_1 with hand-written AVX2 -------------------------------------------------------
+ *
+ * Per 32-element block and weight row: the integer quants are widened to i32 (pmovzx/pmovsx straight from
+ * memory), the nibbles split with and/shift, converted with cvtdq2ps and dotted with x in f32 (t = Σ q·x,
+ * one mul and three FMAs), then the block scale is applied once: acc += d·t. The affine part goes through a
+ * per-block sum of x computed once per call (sx): Q4_1 adds m·Σx, Q4_0 adds d·(-8·Σx). Both land in a small
+ * 4-lane accumulator c += (d, m, 0, 0) * (s0, s1, 0, 0), where (s0, s1) = (-8Σx, 0) for Q4_0 and (0, Σx) for
+ * Q4_1, so no scalar f16 conversion is needed. x vectors of a block are loaded once for the NR rows in
+ * flight. Same value as Σ (d q + m) x up to f32 rounding order; fixed order, so deterministic. */
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) float hsum256(__m256 v)
+{
+    /* The fixed pairwise order of hsum() for 8 lanes. */
+    const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    const __m128 s = _mm_add_ps(lo, hi);                 /* (0+4, 1+5, 2+6, 3+7) */
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s)); /* ((0+4)+(2+6), (1+5)+(3+7)) */
+    return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+}
+
+static inline __attribute__((always_inline)) void avx_q(float *out, const float *x, ptrdiff_t ldx,
+                                                        const uint8_t *w, ptrdiff_t ldw, int k, int mr, int nr,
+                                                        const float *sx, enum wkind kind)
+{
+    const int nb = k / 32;
+    const size_t bsz = kind == WK_Q8_0 ? sizeof(struct block_q8_0)
+                       : kind == WK_Q4_0 ? sizeof(struct block_q4_0)
+                                         : sizeof(struct block_q4_1);
+    const int qoff = kind == WK_Q4_1 ? 4 : 2;
+    __m128 cacc[2][NR];
+#if defined(__AVX512F__)
+    /* One zmm per 16 elements: half the instructions of the AVX2 loop below. */
+    __m512 acc[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
+    const __m512i m15 = _mm512_set1_epi32(15);
+    for (int b = 0; b < nb; b++) {
+        __m512 xv[2][2];
+        __m128 sv[2];
+        for (int i = 0; i < mr; i++) {
+            const float *xp = x + i * ldx + 32 * b;
+            xv[i][0] = _mm512_loadu_ps(xp);
+            xv[i][1] = _mm512_loadu_ps(xp + 16);
+            if (kind != WK_Q8_0) sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
+        }
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *bp = w + j * ldw + bsz * b;
+            const uint8_t *qs = bp + qoff;
+            __m512 f0, f1;
+            __m128 dm;
+            if (kind == WK_Q8_0) {
+                f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+                f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16))));
+                uint16_t d;
+                memcpy(&d, bp, 2);
+                dm = _mm_cvtph_ps(_mm_cvtsi32_si128(d));
+            } else {
+                const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+                f0 = _mm512_cvtepi32_ps(_mm512_and_si512(a, m15));
+                f1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+                uint32_t dmb;
+                if (kind == WK_Q4_1) {
+                    memcpy(&dmb, bp, 4);
+                } else {
+                    uint16_t d;
+                    memcpy(&d, bp, 2);
+                    dmb = d;
+                }
+                dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dmb));
+            }
+            const __m512 dv = _mm512_broadcastss_ps(dm);
+            for (int i = 0; i < mr; i++) {
+                const __m512 t = _mm512_fmadd_ps(f1, xv[i][1], _mm512_mul_ps(f0, xv[i][0]));
+                acc[i][j] = _mm512_fmadd_ps(dv, t, acc[i][j]);
+                if (kind != WK_Q8_0) cacc[i][j] = _mm_fmadd_ps(dm, sv[i], cacc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            const __m128 c = cacc[i][j];
+            const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
+                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1)));
+            out[i * NR + j] = hsum256(h) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
+        }
+#else
+    __m256 acc[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
+    const __m256i m15 = _mm256_set1_epi32(15);
+    for (int b = 0; b < nb; b++) {
+        __m256 xv[2][4];
+        __m128 sv[2];
+        for (int i = 0; i < mr; i++) {
+            const float *xp = x + i * ldx + 32 * b;
+            for (int v = 0; v < 4; v++) xv[i][v] = _mm256_loadu_ps(xp + 8 * v);
+            if (kind != WK_Q8_0) sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
+        }
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *bp = w + j * ldw + bsz * b;
+            const uint8_t *qs = bp + qoff;
+            __m256 f[4];
+            __m128 dm;
+            if (kind == WK_Q8_0) {
+                for (int v = 0; v < 4; v++)
+                    f[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v))));
+                uint16_t d;
+                memcpy(&d, bp, 2);
+                dm = _mm_cvtph_ps(_mm_cvtsi32_si128(d));
+            } else {
+                const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+                const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+                f[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m15));
+                f[1] = _mm256_cvtepi32_ps(_mm256_and_si256(c, m15));
+                f[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+                f[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+                uint32_t dmb;
+                if (kind == WK_Q4_1) {
+                    memcpy(&dmb, bp, 4);
+                } else {
+                    uint16_t d;
+                    memcpy(&d, bp, 2);
+                    dmb = d;
+                }
+                dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dmb));
+            }
+            const __m256 dv = _mm256_broadcastss_ps(dm);
+            for (int i = 0; i < mr; i++) {
+                __m256 t = _mm256_mul_ps(f[0], xv[i][0]);
+                t = _mm256_fmadd_ps(f[1], xv[i][1], t);
+                t = _mm256_fmadd_ps(f[2], xv[i][2], t);
+                t = _mm256_fmadd_ps(f[3], xv[i][3], t);
+                acc[i][j] = _mm256_fmadd_ps(dv, t, acc[i][j]);
+                if (kind != WK_Q8_0) cacc[i][j] = _mm_fmadd_ps(dm, sv[i], cacc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            const __m128 c = cacc[i][j];
+            out[i * NR + j] = hsum256(acc[i][j]) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
+        }
+#endif
+}
+
+#define AVXQ_CASE(kind, mr, nr)                                                                              \
+    case (mr)*8 + (nr):                                                                                      \
+        avx_q(out, x, ldx, w, ldw, k, mr, nr, sx, kind);                                                     \
+        return;
+#define AVXQ_FN(name, kind)                                                                                  \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,     \
+                     int mr, int nr, const float *sx)                                                        \
+    {                                                                                                        \
+        switch (mr * 8 + nr) {                                                                               \
+            AVXQ_CASE(kind, 1, 1)                                                                            \
+            AVXQ_CASE(kind, 1, 2)                                                                            \
+            AVXQ_CASE(kind, 1, 3)                                                                            \
+            AVXQ_CASE(kind, 1, 4)                                                                            \
+            AVXQ_CASE(kind, 2, 1)                                                                            \
+            AVXQ_CASE(kind, 2, 2)                                                                            \
+            AVXQ_CASE(kind, 2, 3)                                                                            \
+            AVXQ_CASE(kind, 2, 4)                                                                            \
+        }                                                                                                    \
+    }
+AVXQ_FN(avx_q8_0, WK_Q8_0)
+AVXQ_FN(avx_q4_0, WK_Q4_0)
+AVXQ_FN(avx_q4_1, WK_Q4_1)
+
+typedef void (*avxq_fn)(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
+                        int mr, int nr, const float *sx);
+#endif
+
 typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,
                          int mr, int nr);
 
@@ -364,6 +539,7 @@ struct mm_ctx {
     size_t row_bytes;
     int kc; /* columns per chunk */
     int n_threads;
+    const float *sx; /* m <= 2 AVX2 path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
 };
 
 static void mm_task(void *arg, int t)
@@ -407,8 +583,25 @@ static void mm_task(void *arg, int t)
             break;
         }
     }
-    float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
     float out[MR * NR];
+#ifdef HAVE_AVX_Q
+    if (!use_tile && (c->wt == DTYPE_Q8_0 || c->sx)) {
+        const avxq_fn aq = c->wt == DTYPE_Q8_0 ? avx_q8_0 : c->wt == DTYPE_Q4_0 ? avx_q4_0 : avx_q4_1;
+        for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
+            const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
+            aq(out, c->x, k, c->w + (size_t)j0 * c->row_bytes, (ptrdiff_t)c->row_bytes, k, m, nr, c->sx);
+            for (int i = 0; i < m; i++) {
+                float *yr = c->y + (size_t)i * c->n + j0;
+                for (int j = 0; j < nr; j++) yr[j] = out[i * NR + j];
+            }
+        }
+        if (c->bias)
+            for (int i = 0; i < m; i++)
+                for (int j = j_lo; j < j_hi; j++) c->y[(size_t)i * c->n + j] += c->bias[j];
+        return;
+    }
+#endif
+    float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
 
     for (int k0 = 0; k0 < k; k0 += c->kc) {
         const int kc = k - k0 < c->kc ? k - k0 : c->kc;
@@ -477,6 +670,23 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     if (m <= 2) kc = k; /* the same condition as "no tile" in mm_task */
     if (kc >= k) kc = k;
     c.kc = (int)kc;
+#ifdef HAVE_AVX_Q
+    /* Per-block sums of x for the affine part of Q4_0/Q4_1 (see avx_q): (m, k/32) pairs. */
+    float sx[2 * 2 * (SX_MAX_K / 32)];
+    if (m <= 2 && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1) && k <= SX_MAX_K) {
+        const int nb = k / 32;
+        for (int i = 0; i < m; i++)
+            for (int b = 0; b < nb; b++) {
+                const float *xp = x + (size_t)i * k + 32 * b;
+                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
+                                         _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
+                const float t = hsum256(s);
+                sx[i * 2 * nb + 2 * b] = wt == DTYPE_Q4_0 ? -8.0f * t : 0.0f;
+                sx[i * 2 * nb + 2 * b + 1] = wt == DTYPE_Q4_0 ? 0.0f : t;
+            }
+        c.sx = sx;
+    }
+#endif
     /* Tiny products are not worth waking the pool for. */
     const int n_tasks = (int64_t)m * n * k < 32 * 1024 ? 1 : c.n_threads;
     if (n_tasks == 1) c.n_threads = 1;
