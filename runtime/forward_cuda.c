@@ -499,7 +499,15 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     struct device_map_input in = {.n_layers = L, .layer_bytes = layer_bytes, .head_bytes = head_bytes,
                                   .fixed_bytes = fixed, .budget = plan_budget, .gpu_layers = p->gpu_layers,
                                   .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = d2d};
-    if ((rc = device_map_plan(&in, &f->map, err))) goto fail;
+    if ((rc = device_map_plan(&in, &f->map, err))) {
+        if (rc == FERRY_ERR_DEVICE_MEM && overhead) {
+            char plan_err[256];
+            snprintf(plan_err, sizeof plan_err, "%s", err);
+            snprintf(err, 256, "%.180s (after %.0f MiB the CUDA runtime and cuBLAS take themselves)", plan_err,
+                     overhead / 1048576.0);
+        }
+        goto fail;
+    }
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
     char desc[2048];

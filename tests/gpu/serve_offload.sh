@@ -23,10 +23,11 @@ meson setup build -Dcuda=enabled -Dtests=disabled > /tmp/setup.log 2>&1 && ninja
   { tail -n 30 /tmp/setup.log /tmp/build.log; exit 1; }
 python3 tests/gpu/make_big_gguf.py "$src/.gpu-data/models/stories260K.gguf" /tmp/big.gguf || exit 1
 log "model file: $(stat -c %s /tmp/big.gguf) bytes; budget 400 MiB = $((400 * 1048576)) bytes"
-build/server/ferry serve --model /tmp/big.gguf --gpu-memory 400MiB --parallel 4 --kv-tokens 1024 --port 18080 \
+build/server/ferry serve --model /tmp/big.gguf --gpu-memory 400MiB --parallel 4 --kv-tokens 256 --port 18080 \
   --public-health --served-model-name big > /tmp/serve.log 2>&1 &
 pid=$!
 for i in $(seq 1 240); do
+  kill -0 $pid 2>/dev/null || break # the server gave up (its log says why)
   [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18080/health)" = 200 ] && break
   sleep 0.5
 done
