@@ -210,14 +210,14 @@ Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
     char err[256] = "";
     cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_ERR_DEVICE_MEM);
     cr_assert(strstr(err, "minimum"), "error names the minimum: %s", err);
-    /* A budget that fits: the plan stays within it, and so does what the engine took from the device
-     * (cudaMemGetInfo before and after its init; cuBLAS's handle may add a few MiB of its own). */
-    p.gpu_memory = 64 << 20;
+    /* A budget that fits: what the engine took from the device (cudaMemGetInfo before and after its init,
+     * including the CUDA runtime's and cuBLAS's own memory, ~75 MB on an H200) stays within it. */
+    p.gpu_memory = 256 << 20;
     cr_assert_eq(engine_init(&e, mf, &p, err), 0, "%s", err);
     struct engine_stats st;
     engine_get_stats(e, &st);
     cr_expect_leq(st.vram_planned, (uint64_t)p.gpu_memory);
-    cr_expect_leq(st.vram_used, (uint64_t)p.gpu_memory + (16u << 20), "engine took %llu bytes for a budget of %lld",
+    cr_expect_leq(st.vram_used, (uint64_t)p.gpu_memory + (4u << 20), "engine took %llu bytes for a budget of %lld",
                   (unsigned long long)st.vram_used, (long long)p.gpu_memory);
     engine_free(e);
     model_file_close(mf);
