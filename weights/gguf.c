@@ -62,16 +62,6 @@ struct rd {
 
 /* ---------------------------------------------------------------- helpers */
 
-static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, 256, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
 /* A printable, bounded copy of a name read from the file, for error messages. */
 static const char *san(char out[80], const char *p, size_t len)
 {
@@ -94,7 +84,7 @@ static int rd_need(struct rd *r, size_t n, const char *what, const char *name)
 {
     if (n <= rd_left(r)) return FERRY_OK;
     char s[80];
-    return fail(r->err, FERRY_ERR_FORMAT, "truncated: %s%s%s%s needs %zu bytes at offset %zu, file has %zu",
+    return ferry_fail(r->err, FERRY_ERR_FORMAT, "truncated: %s%s%s%s needs %zu bytes at offset %zu, file has %zu",
                 what, name ? " '" : "", name ? san(s, name, strlen(name)) : "", name ? "'" : "", n, r->pos,
                 r->size);
 }
@@ -138,13 +128,13 @@ static int rd_str(struct rd *r, struct gguf_str *s, size_t max_len, const char *
     if (rc) return rc;
     if (len > max_len) {
         char sn[80];
-        return fail(r->err, FERRY_ERR_FORMAT, "%s%s%s%s at offset %zu: string length %llu exceeds %zu", what,
+        return ferry_fail(r->err, FERRY_ERR_FORMAT, "%s%s%s%s at offset %zu: string length %llu exceeds %zu", what,
                     name ? " '" : "", name ? san(sn, name, strlen(name)) : "", name ? "'" : "", at,
                     (unsigned long long)len, max_len);
     }
     if (len > rd_left(r)) {
         char sn[80];
-        return fail(r->err, FERRY_ERR_FORMAT,
+        return ferry_fail(r->err, FERRY_ERR_FORMAT,
                     "truncated: %s%s%s%s at offset %zu: string length %llu but only %zu bytes remain", what,
                     name ? " '" : "", name ? san(sn, name, strlen(name)) : "", name ? "'" : "", at,
                     (unsigned long long)len, rd_left(r));
@@ -259,7 +249,7 @@ static int skip_array_body(struct rd *r, uint32_t et, uint64_t n, int depth, con
     int es = vtype_size(et);
     if (es > 0) {
         if (n > rd_left(r) / (size_t)es)
-            return fail(
+            return ferry_fail(
                 r->err, FERRY_ERR_FORMAT,
                 "key '%s' at offset %zu: array of %llu elements of %d bytes exceeds the %zu bytes left",
                 san(sk, key, strlen(key)), r->pos, (unsigned long long)n, es, rd_left(r));
@@ -281,15 +271,15 @@ static int rd_array_head(struct rd *r, uint32_t *et, uint64_t *n, int depth, con
     int rc = rd_u32(r, et, "array type of key", key);
     if (rc) return rc;
     if (vtype_size(*et) < 0)
-        return fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown array element type %u",
+        return ferry_fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown array element type %u",
                     san(sk, key, strlen(key)), at, *et);
     if (*et == GGUF_TYPE_ARRAY && depth + 1 >= GGUF_MAX_NEST)
-        return fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: arrays nested deeper than %d",
+        return ferry_fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: arrays nested deeper than %d",
                     san(sk, key, strlen(key)), at, GGUF_MAX_NEST);
     rc = rd_u64(r, n, "array length of key", key);
     if (rc) return rc;
     if (*n > rd_left(r) / vtype_min_bytes(*et))
-        return fail(r->err, FERRY_ERR_FORMAT,
+        return ferry_fail(r->err, FERRY_ERR_FORMAT,
                     "key '%s' at offset %zu: array length %llu is impossible with %zu bytes left",
                     san(sk, key, strlen(key)), at + 4, (unsigned long long)*n, rd_left(r));
     return FERRY_OK;
@@ -321,7 +311,7 @@ static int parse_kv(struct gguf *g, struct rd *r, struct gguf_kv *kv)
     size_t at = r->pos;
     int rc = rd_str(r, &kv->key, GGUF_MAX_KEY, "metadata key", NULL);
     if (rc) return rc;
-    if (kv->key.len == 0) return fail(r->err, FERRY_ERR_FORMAT, "empty metadata key at offset %zu", at);
+    if (kv->key.len == 0) return ferry_fail(r->err, FERRY_ERR_FORMAT, "empty metadata key at offset %zu", at);
     /* A NUL-terminated copy for messages: the key view is not terminated. */
     char kz[80];
     san(kz, kv->key.ptr, kv->key.len);
@@ -330,7 +320,7 @@ static int parse_kv(struct gguf *g, struct rd *r, struct gguf_kv *kv)
     rc = rd_u32(r, &t, "value type of key", kz);
     if (rc) return rc;
     if (vtype_size(t) < 0)
-        return fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown value type %u",
+        return ferry_fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown value type %u",
                     san(key, kz, strlen(kz)), tat, t);
     kv->type = (enum gguf_vtype)t;
     if (t != GGUF_TYPE_ARRAY) {
@@ -348,7 +338,7 @@ static int parse_kv(struct gguf *g, struct rd *r, struct gguf_kv *kv)
         /* n <= remaining/8 was checked, so this table is at most the size of the file. */
         kv->str_offs = malloc((size_t)(n ? n : 1) * sizeof *kv->str_offs);
         if (!kv->str_offs)
-            return fail(r->err, FERRY_ERR_NOMEM, "key '%s': out of memory for %llu strings", kz,
+            return ferry_fail(r->err, FERRY_ERR_NOMEM, "key '%s': out of memory for %llu strings", kz,
                         (unsigned long long)n);
         for (uint64_t i = 0; i < n; i++) {
             kv->str_offs[i] = r->pos;
@@ -368,13 +358,13 @@ static int parse_tensor_info(struct rd *r, struct gguf_tensor_info *ti, uint64_t
     size_t at = r->pos;
     int rc = rd_str(r, &ti->name, GGUF_MAX_NAME, "tensor name", NULL);
     if (rc) return rc;
-    if (ti->name.len == 0) return fail(r->err, FERRY_ERR_FORMAT, "empty tensor name at offset %zu", at);
+    if (ti->name.len == 0) return ferry_fail(r->err, FERRY_ERR_FORMAT, "empty tensor name at offset %zu", at);
     san(sn, ti->name.ptr, ti->name.len);
     uint32_t nd;
     size_t dat = r->pos;
     if ((rc = rd_u32(r, &nd, "n_dims of tensor", sn))) return rc;
     if (nd < 1 || nd > 4)
-        return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: n_dims %u not in 1..4", sn, dat,
+        return ferry_fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: n_dims %u not in 1..4", sn, dat,
                     nd);
     ti->n_dims = (int)nd;
     int64_t nel = 1;
@@ -384,11 +374,11 @@ static int parse_tensor_info(struct rd *r, struct gguf_tensor_info *ti, uint64_t
         size_t nat = r->pos;
         if ((rc = rd_u64(r, &ne, "shape of tensor", sn))) return rc;
         if (ne < 1 || ne > (uint64_t)INT64_MAX)
-            return fail(r->err, FERRY_ERR_FORMAT,
+            return ferry_fail(r->err, FERRY_ERR_FORMAT,
                         "tensor '%s' at offset %zu: ne[%u] = %llu is not in 1..2^63-1", sn, nat, d,
                         (unsigned long long)ne);
         if (__builtin_mul_overflow(nel, (int64_t)ne, &nel))
-            return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: element count overflows", sn,
+            return ferry_fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: element count overflows", sn,
                         nat);
         ti->ne[d] = (int64_t)ne;
     }
@@ -398,9 +388,9 @@ static int parse_tensor_info(struct rd *r, struct gguf_tensor_info *ti, uint64_t
     if (!dtype_valid(t)) {
         const char *gn = ggml_type_name(t);
         if (gn)
-            return fail(r->err, FERRY_ERR_UNSUPPORTED,
+            return ferry_fail(r->err, FERRY_ERR_UNSUPPORTED,
                         "tensor '%s' at offset %zu: type %s (%u) is not supported", sn, tat, gn, t);
-        return fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: unknown ggml type %u", sn, tat, t);
+        return ferry_fail(r->err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: unknown ggml type %u", sn, tat, t);
     }
     ti->type = (enum dtype)t;
     return rd_u64(r, offset, "offset of tensor", sn);
@@ -422,43 +412,43 @@ static int parse(struct gguf *g, char *err)
     int rc;
     char sn[80];
     if (g->size < 4 || memcmp(g->base, GGUF_MAGIC, 4) != 0)
-        return fail(err, FERRY_ERR_FORMAT, "not a GGUF file: bad magic at offset 0");
+        return ferry_fail(err, FERRY_ERR_FORMAT, "not a GGUF file: bad magic at offset 0");
     r.pos = 4;
     if ((rc = rd_u32(&r, &g->version, "version", NULL))) return rc;
     if (g->version == 1)
-        return fail(err, FERRY_ERR_UNSUPPORTED,
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                     "GGUF version 1 at offset 4 is not supported (only v2 and v3)");
     if (g->version != 2 && g->version != 3) {
         if (g->version >= 0x01000000u)
-            return fail(err, FERRY_ERR_UNSUPPORTED,
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                         "GGUF version %u at offset 4: a big-endian file? only little-endian v2/v3 are read",
                         g->version);
-        return fail(err, FERRY_ERR_UNSUPPORTED,
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                     "GGUF version %u at offset 4 is not supported (only v2 and v3)", g->version);
     }
     uint64_t n_tensors, n_kv;
     if ((rc = rd_u64(&r, &n_tensors, "tensor count", NULL))) return rc;
     if ((rc = rd_u64(&r, &n_kv, "metadata count", NULL))) return rc;
     if (n_kv > rd_left(&r) / GGUF_MIN_KV_BYTES || n_kv > INT32_MAX)
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "metadata count %llu at offset 16 is impossible with %zu bytes left",
                     (unsigned long long)n_kv, rd_left(&r));
     if (n_tensors > rd_left(&r) / GGUF_MIN_TI_BYTES || n_tensors > INT32_MAX)
-        return fail(err, FERRY_ERR_FORMAT, "tensor count %llu at offset 8 is impossible with %zu bytes left",
+        return ferry_fail(err, FERRY_ERR_FORMAT, "tensor count %llu at offset 8 is impossible with %zu bytes left",
                     (unsigned long long)n_tensors, rd_left(&r));
 
     g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     if (!g->kv)
-        return fail(err, FERRY_ERR_NOMEM, "out of memory for %llu metadata entries",
+        return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %llu metadata entries",
                     (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
         g->n_kv = (int)i + 1; /* so that gguf_close frees what was allocated so far */
         if ((rc = parse_kv(g, &r, &g->kv[i]))) return rc;
     }
     long long dup = find_duplicate(kv_key_at, g->kv, (size_t)n_kv);
-    if (dup == -2) return fail(err, FERRY_ERR_NOMEM, "out of memory checking metadata keys");
+    if (dup == -2) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory checking metadata keys");
     if (dup >= 0)
-        return fail(err, FERRY_ERR_FORMAT, "duplicate metadata key '%s' at offset %zu (entry %lld)",
+        return ferry_fail(err, FERRY_ERR_FORMAT, "duplicate metadata key '%s' at offset %zu (entry %lld)",
                     san(sn, g->kv[dup].key.ptr, g->kv[dup].key.len),
                     (size_t)((const uint8_t *)g->kv[dup].key.ptr - g->base) - 8, dup);
 
@@ -467,7 +457,7 @@ static int parse(struct gguf *g, char *err)
     if (ai >= 0) {
         uint32_t a;
         if (gguf_get_u32(g, "general.alignment", &a) != FERRY_OK || a == 0 || (a & (a - 1)) != 0)
-            return fail(err, FERRY_ERR_FORMAT,
+            return ferry_fail(err, FERRY_ERR_FORMAT,
                         "key 'general.alignment' at offset %zu: not a power-of-two u32", g->kv[ai].off);
         g->alignment = a;
     }
@@ -476,13 +466,13 @@ static int parse(struct gguf *g, char *err)
     g->ti = calloc(n_tensors ? n_tensors : 1, sizeof *g->ti);
     if (!offsets || !g->ti) {
         free(offsets);
-        return fail(err, FERRY_ERR_NOMEM, "out of memory for %llu tensors", (unsigned long long)n_tensors);
+        return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %llu tensors", (unsigned long long)n_tensors);
     }
     g->n_tensors = (int)n_tensors;
     size_t *info_at = malloc((n_tensors ? n_tensors : 1) * sizeof *info_at);
     if (!info_at) {
         free(offsets);
-        return fail(err, FERRY_ERR_NOMEM, "out of memory for %llu tensors", (unsigned long long)n_tensors);
+        return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %llu tensors", (unsigned long long)n_tensors);
     }
     for (uint64_t i = 0; i < n_tensors; i++) {
         info_at[i] = r.pos;
@@ -490,11 +480,11 @@ static int parse(struct gguf *g, char *err)
     }
     dup = find_duplicate(ti_name_at, g->ti, (size_t)n_tensors);
     if (dup == -2) {
-        rc = fail(err, FERRY_ERR_NOMEM, "out of memory checking tensor names");
+        rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory checking tensor names");
         goto out;
     }
     if (dup >= 0) {
-        rc = fail(err, FERRY_ERR_FORMAT, "duplicate tensor name '%s' at offset %zu",
+        rc = ferry_fail(err, FERRY_ERR_FORMAT, "duplicate tensor name '%s' at offset %zu",
                   san(sn, g->ti[dup].name.ptr, g->ti[dup].name.len), info_at[dup]);
         goto out;
     }
@@ -503,7 +493,7 @@ static int parse(struct gguf *g, char *err)
     size_t pad = (g->alignment - r.pos % g->alignment) % g->alignment;
     g->data_start = r.pos + pad; /* r.pos <= size, pad < 2^32: no overflow */
     if (n_tensors > 0 && g->data_start > g->size) {
-        rc = fail(err, FERRY_ERR_FORMAT,
+        rc = ferry_fail(err, FERRY_ERR_FORMAT,
                   "truncated: tensor data would start at offset %zu, file has %zu bytes", g->data_start,
                   g->size);
         goto out;
@@ -514,7 +504,7 @@ static int parse(struct gguf *g, char *err)
         san(sn, ti->name.ptr, ti->name.len);
         size_t row = dtype_row_size(ti->type, ti->ne[0]);
         if (row == 0) {
-            rc = fail(err, FERRY_ERR_FORMAT,
+            rc = ferry_fail(err, FERRY_ERR_FORMAT,
                       "tensor '%s' at offset %zu: row length %lld is not a multiple of %s's "
                       "block size %d",
                       sn, info_at[i], (long long)ti->ne[0], dtype_name(ti->type), dtype_block_size(ti->type));
@@ -523,20 +513,20 @@ static int parse(struct gguf *g, char *err)
         size_t nb = row;
         for (int d = 1; d < 4; d++) {
             if (__builtin_mul_overflow(nb, (size_t)ti->ne[d], &nb)) {
-                rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: byte size overflows", sn,
+                rc = ferry_fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: byte size overflows", sn,
                           info_at[i]);
                 goto out;
             }
         }
         if (offsets[i] % g->alignment != 0) {
-            rc = fail(err, FERRY_ERR_FORMAT,
+            rc = ferry_fail(err, FERRY_ERR_FORMAT,
                       "tensor '%s' at offset %zu: data offset %llu is not a multiple of the "
                       "alignment %zu",
                       sn, info_at[i], (unsigned long long)offsets[i], g->alignment);
             goto out;
         }
         if (offsets[i] > data_size || nb > data_size - offsets[i]) {
-            rc = fail(
+            rc = ferry_fail(
                 err, FERRY_ERR_FORMAT,
                 "tensor '%s' at offset %zu: data [%llu, +%zu) at file offset %zu+%llu runs past the end of "
                 "the file (%zu bytes)",
@@ -552,7 +542,7 @@ static int parse(struct gguf *g, char *err)
     if (n_tensors > 1) {
         struct span *sp = malloc(n_tensors * sizeof *sp);
         if (!sp) {
-            rc = fail(err, FERRY_ERR_NOMEM, "out of memory checking tensor ranges");
+            rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory checking tensor ranges");
             goto out;
         }
         for (uint64_t i = 0; i < n_tensors; i++)
@@ -562,7 +552,7 @@ static int parse(struct gguf *g, char *err)
             if (sp[i].begin < sp[i - 1].end) {
                 const struct gguf_tensor_info *a = &g->ti[sp[i].idx];
                 char sa[80];
-                rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: data overlaps tensor '%s'",
+                rc = ferry_fail(err, FERRY_ERR_FORMAT, "tensor '%s' at offset %zu: data overlaps tensor '%s'",
                           san(sa, a->name.ptr, a->name.len), info_at[sp[i].idx],
                           san(sn, g->ti[sp[i - 1].idx].name.ptr, g->ti[sp[i - 1].idx].name.len));
                 free(sp);
@@ -585,7 +575,7 @@ int gguf_open_mem(const void *buf, size_t size, struct gguf **out, char err[256]
     *out = NULL;
     err[0] = '\0';
     struct gguf *g = calloc(1, sizeof *g);
-    if (!g) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if (!g) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     g->base = buf;
     g->size = buf ? size : 0;
     int rc = parse(g, err);

@@ -14,27 +14,17 @@
 
 #define HF_MAX_DIM (1 << 30) /* no sane size field is larger */
 
-static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, 256, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
 /* An integer field in 1..HF_MAX_DIM; absent or null gives def (def < 0: required). */
 static int get_int(json_t *o, const char *key, int def, int *out, const char *file, char *err)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
-        if (def < 0) return fail(err, FERRY_ERR_FORMAT, "%s: missing key '%s'", file, key);
+        if (def < 0) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: missing key '%s'", file, key);
         *out = def;
         return FERRY_OK;
     }
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > HF_MAX_DIM)
-        return fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not an integer in 1..%d", file, key, HF_MAX_DIM);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not an integer in 1..%d", file, key, HF_MAX_DIM);
     *out = (int)json_integer_value(v);
     return FERRY_OK;
 }
@@ -44,13 +34,13 @@ static int get_pos(json_t *o, const char *key, double def, float *out, const cha
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
-        if (def < 0) return fail(err, FERRY_ERR_FORMAT, "%s: missing key '%s'", file, key);
+        if (def < 0) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: missing key '%s'", file, key);
         *out = (float)def;
         return FERRY_OK;
     }
     double d = json_is_number(v) ? json_number_value(v) : NAN;
     if (!(d > 0) || !isfinite((float)d))
-        return fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a positive number", file, key);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a positive number", file, key);
     *out = (float)d;
     return FERRY_OK;
 }
@@ -62,7 +52,7 @@ static int get_bool(json_t *o, const char *key, int def, int *out, const char *f
         *out = def;
         return FERRY_OK;
     }
-    if (!json_is_boolean(v)) return fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a boolean", file, key);
+    if (!json_is_boolean(v)) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a boolean", file, key);
     *out = json_is_true(v);
     return FERRY_OK;
 }
@@ -73,11 +63,11 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
     memset(out, 0, sizeof *out);
     out->type = ROPE_SCALING_NONE;
     if (!rs || json_is_null(rs)) return FERRY_OK;
-    if (!json_is_object(rs)) return fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_scaling' is not an object", f);
+    if (!json_is_object(rs)) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_scaling' is not an object", f);
     json_t *t = json_object_get(rs, "rope_type");
     if (!t || json_is_null(t)) t = json_object_get(rs, "type");
     const char *ts = json_string_value(t);
-    if (!ts) return fail(err, FERRY_ERR_FORMAT, "%s: rope_scaling has no string 'rope_type' or 'type'", f);
+    if (!ts) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: rope_scaling has no string 'rope_type' or 'type'", f);
     int rc;
     if (strcmp(ts, "default") == 0) return FERRY_OK;
     if (strcmp(ts, "linear") == 0) {
@@ -92,10 +82,10 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
         if ((rc = get_pos(rs, "high_freq_factor", -1, &out->high_freq_factor, g, err))) return rc;
         if ((rc = get_int(rs, "original_max_position_embeddings", -1, &out->orig_ctx, g, err))) return rc;
         if (out->high_freq_factor <= out->low_freq_factor)
-            return fail(err, FERRY_ERR_FORMAT, "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
+            return ferry_fail(err, FERRY_ERR_FORMAT, "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
         return FERRY_OK;
     }
-    return fail(err, FERRY_ERR_UNSUPPORTED, "%s: rope_scaling type '%.40s' is not supported (llama3, linear)",
+    return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: rope_scaling type '%.40s' is not supported (llama3, linear)",
                 f, ts);
 }
 
@@ -105,10 +95,10 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     memset(hp, 0, sizeof *hp);
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, FERRY_ERR_FORMAT, "%s at offset %d: %.150s", f, je.position, je.text);
+    if (!root) return ferry_fail(err, FERRY_ERR_FORMAT, "%s at offset %d: %.150s", f, je.position, je.text);
     int rc = FERRY_OK;
     if (!json_is_object(root)) {
-        rc = fail(err, FERRY_ERR_FORMAT, "%s: not a JSON object", f);
+        rc = ferry_fail(err, FERRY_ERR_FORMAT, "%s: not a JSON object", f);
         goto out;
     }
 
@@ -127,7 +117,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
             arch = archs[i].arch;
     }
     if (!arch) {
-        rc = fail(err, FERRY_ERR_UNSUPPORTED,
+        rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                   "%s: architecture '%.60s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                   "Qwen2ForCausalLM)",
                   f,
@@ -153,7 +143,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
      * rope_theta and rope_scaling; the top-level keys win when both are present. */
     json_t *rp = json_object_get(root, "rope_parameters");
     if (rp && !json_is_null(rp) && !json_is_object(rp)) {
-        rc = fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_parameters' is not an object", f);
+        rc = ferry_fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_parameters' is not an object", f);
         goto out;
     }
     json_t *jt = json_object_get(root, "rope_theta");
@@ -175,13 +165,13 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
     if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
     if (ab || mb) {
-        rc = fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
+        rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
                   ab ? "attention_bias" : "mlp_bias");
         goto out;
     }
     json_t *hact = json_object_get(root, "hidden_act");
     if (hact && json_is_string(hact) && strcmp(json_string_value(hact), "silu") != 0) {
-        rc = fail(err, FERRY_ERR_UNSUPPORTED, "%s: hidden_act '%.40s' is not supported (silu)", f,
+        rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: hidden_act '%.40s' is not supported (silu)", f,
                   json_string_value(hact));
         goto out;
     }
@@ -200,7 +190,7 @@ out:
 static int join(char *buf, size_t n, const char *dir, const char *name, char *err)
 {
     if ((size_t)snprintf(buf, n, "%s/%s", dir, name) >= n)
-        return fail(err, FERRY_ERR_INVALID, "path too long: %.100s/%s", dir, name);
+        return ferry_fail(err, FERRY_ERR_INVALID, "path too long: %.100s/%s", dir, name);
     return FERRY_OK;
 }
 
@@ -223,7 +213,7 @@ int hf_chat_template_parse(const char *json, size_t len, char **out, char err[25
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json at offset %d: %.150s", je.position,
+        return ferry_fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json at offset %d: %.150s", je.position,
                     je.text);
     int rc = FERRY_OK;
     json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
@@ -240,10 +230,10 @@ int hf_chat_template_parse(const char *json, size_t len, char **out, char err[25
         }
         if (!tpl) FLOG_WARN("tokenizer_config.json: chat_template list has no \"default\" entry");
     } else if (ct && !json_is_null(ct)) {
-        rc = fail(err, FERRY_ERR_FORMAT,
+        rc = ferry_fail(err, FERRY_ERR_FORMAT,
                   "tokenizer_config.json: chat_template is neither a string nor a list");
     }
-    if (tpl && !(*out = strdup(tpl))) rc = fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if (tpl && !(*out = strdup(tpl))) rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     json_decref(root);
     return rc;
 }
@@ -270,7 +260,7 @@ int hf_chat_template_load(const char *dir, char **out, char err[256])
     if (rc) return rc;
     if (strlen(buf) != len) {
         free(buf);
-        return fail(err, FERRY_ERR_FORMAT, "chat_template.jinja: contains a NUL byte");
+        return ferry_fail(err, FERRY_ERR_FORMAT, "chat_template.jinja: contains a NUL byte");
     }
     *out = buf;
     return FERRY_OK;

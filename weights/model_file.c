@@ -29,16 +29,6 @@ struct mf_priv {
     struct safetensors **st; /* (n_st) HF shards */
 };
 
-static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, 256, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
 static const char *base_name(const char *path)
 {
     const char *b = strrchr(path, '/');
@@ -80,9 +70,9 @@ static int gguf_hp(const struct gguf *g, const char *arch, const char *key, int 
         *out = def;
         return FERRY_OK;
     }
-    if (rc == FERRY_ERR_NOT_FOUND) return fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
+    if (rc == FERRY_ERR_NOT_FOUND) return ferry_fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
     if (rc || v < 1 || v > (1u << 30))
-        return fail(err, FERRY_ERR_FORMAT, "key '%s' is not an integer in 1..2^30 (type %d)", k,
+        return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not an integer in 1..2^30 (type %d)", k,
                     (int)gguf_kv_type(g, gguf_find_key(g, k)));
     *out = (int)v;
     return FERRY_OK;
@@ -98,9 +88,9 @@ static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, fl
         *out = def;
         return FERRY_OK;
     }
-    if (rc == FERRY_ERR_NOT_FOUND) return fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
+    if (rc == FERRY_ERR_NOT_FOUND) return ferry_fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
     if (rc || !(*out > 0) || *out > 1e30f)
-        return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a positive number", k);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a positive number", k);
     return FERRY_OK;
 }
 
@@ -115,10 +105,10 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     struct gguf_str s;
     rc = gguf_get_str(g, "general.architecture", &s);
     if (rc)
-        return fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s",
+        return ferry_fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s",
                     rc == FERRY_ERR_NOT_FOUND ? "missing" : "not a string");
     if (s.len == 0 || s.len >= sizeof hp->arch || memchr(s.ptr, '\0', s.len))
-        return fail(err, FERRY_ERR_UNSUPPORTED,
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                     "architecture '%.*s' is not supported (llama, mistral, qwen2)",
                     (int)(s.len < 40 ? s.len : 40), s.ptr);
     memcpy(hp->arch, s.ptr, s.len);
@@ -127,7 +117,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     if (strcmp(a, "llama") != 0 && strcmp(a, "mistral") != 0 && strcmp(a, "qwen2") != 0) {
         for (char *c = hp->arch; *c; c++)
             if (*c < 0x20 || *c >= 0x7f) *c = '?';
-        return fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2)",
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2)",
                     a);
     }
     if ((rc = gguf_hp(g, a, "context_length", -1, &hp->ctx_train, err))) return rc;
@@ -152,12 +142,12 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
             hp->rope_scaling.type = ROPE_SCALING_LINEAR;
             if ((rc = gguf_hp_f(g, a, "rope.scaling.factor", -1, &hp->rope_scaling.factor, err))) return rc;
         } else if (!(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
-            return fail(err, FERRY_ERR_UNSUPPORTED,
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                         "key '%s': rope scaling '%.*s' is not supported (none, linear)", k,
                         (int)(s.len < 32 ? s.len : 32), s.ptr);
         }
     } else if (rc != FERRY_ERR_NOT_FOUND) {
-        return fail(err, FERRY_ERR_FORMAT, "key '%s' is not a string", k);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a string", k);
     } else {
         float f = 0;
         if ((rc = gguf_hp_f(g, a, "rope.scale_linear", 0.0f, &f, err))) return rc;
@@ -173,7 +163,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     /* Tensors, names as they are (the reader bounds them to 95 bytes). */
     int n = gguf_n_tensors(g);
     mf->tensors = calloc(n ? (size_t)n : 1, sizeof *mf->tensors);
-    if (!mf->tensors) return fail(err, FERRY_ERR_NOMEM, "out of memory for %d tensors", n);
+    if (!mf->tensors) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %d tensors", n);
     for (int i = 0; i < n; i++) {
         const struct gguf_tensor_info *ti = gguf_tensor(g, i);
         struct wtensor *w = &mf->tensors[i];
@@ -190,18 +180,18 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     for (int i = 0; i < n; i++) progress_add(pr, mf->tensors[i].nbytes);
 
     const struct wtensor *te = model_file_tensor(mf, "token_embd.weight");
-    if (!te) return fail(err, FERRY_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+    if (!te) return ferry_fail(err, FERRY_ERR_FORMAT, "missing tensor 'token_embd.weight'");
     if (te->ne[1] > (1 << 30))
-        return fail(err, FERRY_ERR_FORMAT, "tensor 'token_embd.weight': absurd vocab size");
+        return ferry_fail(err, FERRY_ERR_FORMAT, "tensor 'token_embd.weight': absurd vocab size");
     hp->n_vocab = (int)te->ne[1];
     hp->tied_embeddings = model_file_tensor(mf, "output.weight") == NULL;
     hp->qkv_bias = model_file_tensor(mf, "blk.0.attn_q.bias") != NULL;
 
     if (gguf_get_str(g, "tokenizer.chat_template", &s) == FERRY_OK) {
         if (memchr(s.ptr, '\0', s.len))
-            return fail(err, FERRY_ERR_FORMAT, "key 'tokenizer.chat_template' has a NUL");
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key 'tokenizer.chat_template' has a NUL");
         mf->chat_template = strndup(s.ptr, s.len);
-        if (!mf->chat_template) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+        if (!mf->chat_template) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     }
     return FERRY_OK;
 }
@@ -251,7 +241,7 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
     struct mf_priv *pv = mf->priv;
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path)
-        return fail(err, FERRY_ERR_INVALID, "path too long: %.100s/%.60s", dir, file);
+        return ferry_fail(err, FERRY_ERR_INVALID, "path too long: %.100s/%.60s", dir, file);
     struct safetensors *st;
     int rc = safetensors_open(path, &st, err);
     if (rc) return rc;
@@ -259,7 +249,7 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
     mf->file_bytes += safetensors_file_size(st);
     int n = safetensors_n_tensors(st);
     struct wtensor *nt = realloc(mf->tensors, ((size_t)mf->n_tensors + (size_t)n + 1) * sizeof *nt);
-    if (!nt) return fail(err, FERRY_ERR_NOMEM, "out of memory for tensors of %.60s", file);
+    if (!nt) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for tensors of %.60s", file);
     mf->tensors = nt;
     for (int i = 0; i < n; i++) {
         const struct st_tensor *t = safetensors_tensor(st, i);
@@ -269,20 +259,20 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
             continue;
         }
         if (t->dtype < 0)
-            return fail(err, FERRY_ERR_UNSUPPORTED,
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                         "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file, t->name,
                         t->dtype_str);
         /* Kernels load elements directly: the mapping is page-aligned, so this checks the file offset. */
         if ((uintptr_t)t->data % (t->dtype == DTYPE_F32 ? 4 : 2) != 0)
-            return fail(err, FERRY_ERR_UNSUPPORTED,
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                         "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
                         "element size",
                         file, t->name, (size_t)t->offset);
         if (t->n_dims < 1 || t->n_dims > 4)
-            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file,
+            return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file,
                         t->name, t->n_dims);
         if (model_file_tensor(mf, name))
-            return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards", file,
+            return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards", file,
                         t->name);
         struct wtensor *w = &mf->tensors[mf->n_tensors];
         memset(w, 0, sizeof *w);
@@ -293,7 +283,7 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
         for (int dd = 0; dd < t->n_dims; dd++) {
             w->ne[dd] = t->shape[t->n_dims - 1 - dd];
             if (w->ne[dd] < 1)
-                return fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has an empty dimension", file,
+                return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has an empty dimension", file,
                             t->name);
         }
         w->data = t->data;
@@ -307,7 +297,7 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
 static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, char *err)
 {
     int rc;
-    if (!(mf->dir = strdup(dir))) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if (!(mf->dir = strdup(dir))) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     if ((rc = hf_config_load(dir, &mf->hp, err))) return rc;
     int config_tied = mf->hp.tied_embeddings;
     if ((rc = hf_chat_template_load(dir, &mf->chat_template, err))) return rc;
@@ -315,7 +305,7 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
 
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= sizeof path)
-        return fail(err, FERRY_ERR_INVALID, "path too long: %.100s", dir);
+        return ferry_fail(err, FERRY_ERR_INVALID, "path too long: %.100s", dir);
     char *buf;
     size_t len;
     rc = mapfile_read_small(path, HF_MAX_JSON, &buf, &len, err);
@@ -325,14 +315,14 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
         if (stat(path, &sb) != 0) {
             snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
             if (stat(path, &sb) == 0)
-                return fail(err, FERRY_ERR_UNSUPPORTED,
+                return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                             "%.100s: only safetensors weights are read, not "
                             "pytorch_model.bin",
                             base_name(dir));
-            return fail(err, FERRY_ERR_NOT_FOUND,
+            return ferry_fail(err, FERRY_ERR_NOT_FOUND,
                         "%.100s: no model.safetensors or model.safetensors.index.json", base_name(dir));
         }
-        if (!(pv->st = calloc(1, sizeof *pv->st))) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+        if (!(pv->st = calloc(1, sizeof *pv->st))) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
         pr->total = (uint64_t)sb.st_size;
         if ((rc = add_shard(mf, dir, "model.safetensors", pr, err))) return rc;
     } else if (rc) {
@@ -344,7 +334,7 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
         if (rc) return rc;
         if (!(pv->st = calloc((size_t)ix.n_files + 1, sizeof *pv->st))) {
             st_index_free(&ix);
-            return fail(err, FERRY_ERR_NOMEM, "out of memory");
+            return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
         }
         for (int i = 0; i < ix.n_files; i++) {
             struct stat sb;
@@ -356,7 +346,7 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
         for (int i = 0; i < ix.n_entries && rc == FERRY_OK; i++) {
             if (!safetensors_find(pv->st[ix.file_of[i]], ix.names[i]))
                 rc =
-                    fail(err, FERRY_ERR_FORMAT, "index lists tensor '%.80s' in %.60s but that shard lacks it",
+                    ferry_fail(err, FERRY_ERR_FORMAT, "index lists tensor '%.80s' in %.60s but that shard lacks it",
                          ix.names[i], ix.files[ix.file_of[i]]);
         }
         st_index_free(&ix);
@@ -366,7 +356,7 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
     /* tied_embeddings means "no output.weight": a tied checkpoint that also stores lm_head keeps it. */
     int has_out = model_file_tensor(mf, "output.weight") != NULL;
     if (!has_out && !config_tied)
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "missing tensor 'lm_head.weight' (config.json says tie_word_embeddings "
                     "is false)");
     mf->hp.tied_embeddings = !has_out;
@@ -386,21 +376,21 @@ static int want(const struct model_file *mf, const char *name, int n_dims, int64
                 int float_only, char *err)
 {
     const struct wtensor *t = model_file_tensor(mf, name);
-    if (!t) return fail(err, FERRY_ERR_FORMAT, "missing tensor '%s'", name);
+    if (!t) return ferry_fail(err, FERRY_ERR_FORMAT, "missing tensor '%s'", name);
     int64_t e[4] = {a, n_dims > 1 ? b : 1, 1, 1};
     if (t->ne[0] != e[0] || t->ne[1] != e[1] || t->ne[2] != 1 || t->ne[3] != 1) {
         if (n_dims == 1)
-            return fail(err, FERRY_ERR_FORMAT,
+            return ferry_fail(err, FERRY_ERR_FORMAT,
                         "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]", name,
                         (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                         (long long)a);
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
                     (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                     (long long)a, (long long)b);
     }
     if (float_only && !is_float(t->type))
-        return fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' has type %s; F32, F16 or BF16 expected", name,
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' has type %s; F32, F16 or BF16 expected", name,
                     dtype_name(t->type));
     return FERRY_OK;
 }
@@ -410,28 +400,28 @@ int model_file_validate(const struct model_file *mf, char err[256])
     const struct llm_hparams *hp = &mf->hp;
     if (hp->dim < 1 || hp->n_layers < 1 || hp->n_heads < 1 || hp->n_kv_heads < 1 || hp->head_dim < 1 ||
         hp->ffn_dim < 1 || hp->n_vocab < 1 || hp->ctx_train < 1)
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "hyperparameters must be positive (dim %d, layers %d, heads %d/%d, "
                     "head_dim %d, ffn %d, vocab %d, ctx %d)",
                     hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->ffn_dim,
                     hp->n_vocab, hp->ctx_train);
     if (hp->n_layers > MAX_LAYERS)
-        return fail(err, FERRY_ERR_FORMAT, "%d layers is more than %d", hp->n_layers, MAX_LAYERS);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%d layers is more than %d", hp->n_layers, MAX_LAYERS);
     if (hp->n_heads % hp->n_kv_heads != 0)
-        return fail(err, FERRY_ERR_FORMAT, "%d attention heads is not a multiple of %d kv heads", hp->n_heads,
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%d attention heads is not a multiple of %d kv heads", hp->n_heads,
                     hp->n_kv_heads);
     if (hp->head_dim % 2 != 0 || hp->rope_dim < 2 || hp->rope_dim % 2 != 0 || hp->rope_dim > hp->head_dim)
-        return fail(err, FERRY_ERR_FORMAT, "rotary dims %d must be even and at most head_dim %d (even)",
+        return ferry_fail(err, FERRY_ERR_FORMAT, "rotary dims %d must be even and at most head_dim %d (even)",
                     hp->rope_dim, hp->head_dim);
     if (!(hp->norm_eps > 0) || !(hp->rope_theta > 0))
-        return fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive", hp->norm_eps,
+        return ferry_fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive", hp->norm_eps,
                     hp->rope_theta);
     const struct rope_scaling *rs = &hp->rope_scaling;
     if (rs->type != ROPE_SCALING_NONE && !(rs->factor > 0))
-        return fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);
     if (rs->type == ROPE_SCALING_LLAMA3 &&
         (rs->orig_ctx < 1 || !(rs->high_freq_factor > rs->low_freq_factor)))
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "llama3 rope scaling needs original context and high > low freq factor");
 
     int64_t dim = hp->dim, q = (int64_t)hp->n_heads * hp->head_dim,
@@ -444,7 +434,7 @@ int model_file_validate(const struct model_file *mf, char err[256])
     if (model_file_tensor(mf, "rope_freqs.weight")) {
         if ((rc = want(mf, "rope_freqs.weight", 1, hp->rope_dim / 2, 1, 1, err))) return rc;
         if (model_file_tensor(mf, "rope_freqs.weight")->type != DTYPE_F32)
-            return fail(err, FERRY_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' must be F32");
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' must be F32");
     }
     for (int l = 0; l < hp->n_layers; l++) {
         static const struct {
@@ -502,13 +492,13 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
     err[0] = '\0';
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return fail(err, FERRY_ERR_NOT_FOUND, "%.200s: no such file or directory", path);
+        return ferry_fail(err, FERRY_ERR_NOT_FOUND, "%.200s: no such file or directory", path);
     struct model_file *mf = calloc(1, sizeof *mf);
     struct mf_priv *pv = calloc(1, sizeof *pv);
     if (!mf || !pv) {
         free(mf);
         free(pv);
-        return fail(err, FERRY_ERR_NOMEM, "out of memory");
+        return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     }
     mf->priv = pv;
     struct progress pr = {.fn = progress, .user = user, .next = PROGRESS_STEP};
@@ -524,9 +514,9 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
         size_t got = f ? fread(magic, 1, 4, f) : 0;
         if (f) fclose(f);
         if (!f)
-            rc = fail(e2, FERRY_ERR_IO, "cannot open");
+            rc = ferry_fail(e2, FERRY_ERR_IO, "cannot open");
         else if (got != 4 || memcmp(magic, "GGUF", 4) != 0)
-            rc = fail(e2, FERRY_ERR_FORMAT, "neither a GGUF file (bad magic at offset 0) nor a directory");
+            rc = ferry_fail(e2, FERRY_ERR_FORMAT, "neither a GGUF file (bad magic at offset 0) nor a directory");
         else
             rc = gguf_open(path, &mf->gguf, e2);
         if (rc == FERRY_OK) rc = from_gguf(mf, &pr, e2);
@@ -556,7 +546,7 @@ int model_file_open_gguf_mem(const void *buf, size_t size, struct model_file **o
     if (!mf || !pv) {
         free(mf);
         free(pv);
-        return fail(err, FERRY_ERR_NOMEM, "out of memory");
+        return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     }
     mf->priv = pv;
     mf->format = MODEL_FORMAT_GGUF;

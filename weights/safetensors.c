@@ -28,16 +28,6 @@ struct safetensors {
     char **meta; /* (2 * n_meta) key, value, key, value... */
 };
 
-static int fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, 256, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
 /* A printable, bounded copy of a name, for messages. */
 static const char *san(char out[80], const char *p)
 {
@@ -78,11 +68,11 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
     char sn[80];
     san(sn, key);
     if (!json_is_object(v))
-        return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: entry is not an object", sn);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: entry is not an object", sn);
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
            *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2)
-        return fail(
+        return ferry_fail(
             err, FERRY_ERR_FORMAT,
             "tensor '%s' in header at offset 8: needs string dtype, array shape, [begin, end] data_offsets",
             sn);
@@ -98,38 +88,38 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
     }
     if (!es) {
         char sd[80];
-        return fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' in header at offset 8: unknown dtype '%s'", sn,
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' in header at offset 8: unknown dtype '%s'", sn,
                     san(sd, ds));
     }
     size_t nd = json_array_size(js);
     if (nd > ST_MAX_DIMS)
-        return fail(err, FERRY_ERR_UNSUPPORTED,
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                     "tensor '%s' in header at offset 8: %zu dimensions (at most %d)", sn, nd, ST_MAX_DIMS);
     t->n_dims = (int)nd;
     uint64_t nb = (uint64_t)es;
     for (size_t d = 0; d < nd; d++) {
         json_t *x = json_array_get(js, d);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: shape[%zu] is not a size",
+            return ferry_fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: shape[%zu] is not a size",
                         sn, d);
         t->shape[d] = (int64_t)json_integer_value(x);
         if (__builtin_mul_overflow(nb, (uint64_t)t->shape[d], &nb))
-            return fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: byte size overflows", sn);
+            return ferry_fail(err, FERRY_ERR_FORMAT, "tensor '%s' in header at offset 8: byte size overflows", sn);
     }
     for (int i = 0; i < 2; i++) {
         json_t *x = json_array_get(jo, (size_t)i);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return fail(err, FERRY_ERR_FORMAT,
+            return ferry_fail(err, FERRY_ERR_FORMAT,
                         "tensor '%s' in header at offset 8: data_offsets[%d] is not a size", sn, i);
         off[i] = (uint64_t)json_integer_value(x);
     }
     if (off[0] > off[1] || off[1] > data_size)
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "tensor '%s': data [%llu, %llu) at file offset %zu is outside the %llu-byte data section",
                     sn, (unsigned long long)off[0], (unsigned long long)off[1], st->data_start,
                     (unsigned long long)data_size);
     if (off[1] - off[0] != nb)
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "tensor '%s' at file offset %llu: %llu bytes but shape x %s needs %llu", sn,
                     (unsigned long long)(st->data_start + off[0]), (unsigned long long)(off[1] - off[0]),
                     t->dtype_str, (unsigned long long)nb);
@@ -137,30 +127,30 @@ static int parse_entry(struct safetensors *st, const char *key, json_t *v, struc
     t->offset = st->data_start + off[0];
     t->nbytes = (size_t)nb;
     t->name = strdup(key);
-    if (!t->name) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if (!t->name) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     return FERRY_OK;
 }
 
 static int parse_meta(struct safetensors *st, json_t *m, char *err)
 {
     if (!json_is_object(m))
-        return fail(err, FERRY_ERR_FORMAT, "__metadata__ in header at offset 8 is not an object");
+        return ferry_fail(err, FERRY_ERR_FORMAT, "__metadata__ in header at offset 8 is not an object");
     size_t n = json_object_size(m);
     st->meta = calloc(2 * n + 1, sizeof *st->meta);
-    if (!st->meta) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if (!st->meta) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     const char *k;
     json_t *v;
     json_object_foreach(m, k, v)
     {
         char sk[80];
         if (!json_is_string(v))
-            return fail(err, FERRY_ERR_FORMAT,
+            return ferry_fail(err, FERRY_ERR_FORMAT,
                         "__metadata__ key '%s' in header at offset 8: value is not a string", san(sk, k));
         st->meta[2 * st->n_meta] = strdup(k);
         st->meta[2 * st->n_meta + 1] = strdup(json_string_value(v));
         st->n_meta++;
         if (!st->meta[2 * st->n_meta - 2] || !st->meta[2 * st->n_meta - 1])
-            return fail(err, FERRY_ERR_NOMEM, "out of memory");
+            return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     }
     return FERRY_OK;
 }
@@ -168,33 +158,33 @@ static int parse_meta(struct safetensors *st, json_t *m, char *err)
 static int parse(struct safetensors *st, char *err)
 {
     if (st->size < 8)
-        return fail(err, FERRY_ERR_FORMAT, "truncated: %zu bytes, the header length at offset 0 needs 8",
+        return ferry_fail(err, FERRY_ERR_FORMAT, "truncated: %zu bytes, the header length at offset 0 needs 8",
                     st->size);
     uint64_t hlen;
     memcpy(&hlen, st->base, 8);
     if (hlen > ST_MAX_HEADER)
-        return fail(err, FERRY_ERR_FORMAT, "header length %llu at offset 0 exceeds the %u-byte limit",
+        return ferry_fail(err, FERRY_ERR_FORMAT, "header length %llu at offset 0 exceeds the %u-byte limit",
                     (unsigned long long)hlen, ST_MAX_HEADER);
     if (hlen > st->size - 8)
-        return fail(err, FERRY_ERR_FORMAT,
+        return ferry_fail(err, FERRY_ERR_FORMAT,
                     "truncated: header length %llu at offset 0 but only %zu bytes follow",
                     (unsigned long long)hlen, st->size - 8);
     if (hlen < 2 || st->base[8] != '{')
-        return fail(err, FERRY_ERR_FORMAT, "header at offset 8 is not a JSON object");
+        return ferry_fail(err, FERRY_ERR_FORMAT, "header at offset 8 is not a JSON object");
     st->data_start = 8 + (size_t)hlen;
     uint64_t data_size = st->size - st->data_start;
 
     json_error_t je;
     json_t *root = json_loadb((const char *)st->base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, FERRY_ERR_FORMAT, "header JSON at offset %lld: %.120s", (long long)(8 + je.position),
+        return ferry_fail(err, FERRY_ERR_FORMAT, "header JSON at offset %lld: %.120s", (long long)(8 + je.position),
                     je.text);
     int rc = FERRY_OK;
     struct span *sp = NULL;
     uint64_t *offs = NULL;
     size_t n_spans = 0;
     if (!json_is_object(root)) {
-        rc = fail(err, FERRY_ERR_FORMAT, "header at offset 8 is not a JSON object");
+        rc = ferry_fail(err, FERRY_ERR_FORMAT, "header at offset 8 is not a JSON object");
         goto out;
     }
     size_t n = json_object_size(root);
@@ -202,7 +192,7 @@ static int parse(struct safetensors *st, char *err)
     sp = malloc((n ? n : 1) * sizeof *sp);
     offs = malloc(2 * (n ? n : 1) * sizeof *offs);
     if (!st->t || !sp || !offs) {
-        rc = fail(err, FERRY_ERR_NOMEM, "out of memory for %zu header entries", n);
+        rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %zu header entries", n);
         goto out;
     }
     const char *key;
@@ -227,7 +217,7 @@ static int parse(struct safetensors *st, char *err)
     for (size_t i = 1; i < n_spans; i++) {
         if (sp[i].begin < sp[i - 1].end) {
             char a[80], b[80];
-            rc = fail(err, FERRY_ERR_FORMAT, "tensor '%s' at file offset %llu: data overlaps tensor '%s'",
+            rc = ferry_fail(err, FERRY_ERR_FORMAT, "tensor '%s' at file offset %llu: data overlaps tensor '%s'",
                       san(a, st->t[sp[i].idx].name), (unsigned long long)(st->data_start + sp[i].begin),
                       san(b, st->t[sp[i - 1].idx].name));
             goto out;
@@ -245,7 +235,7 @@ int safetensors_open_mem(const void *buf, size_t size, struct safetensors **out,
     *out = NULL;
     err[0] = '\0';
     struct safetensors *st = calloc(1, sizeof *st);
-    if (!st) return fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if (!st) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     st->base = buf;
     st->size = buf ? size : 0;
     int rc = parse(st, err);
@@ -333,12 +323,12 @@ int st_index_parse(const char *json, size_t len, struct st_index *out, char err[
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json at offset %d: %.150s", je.position,
+        return ferry_fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json at offset %d: %.150s", je.position,
                     je.text);
     int rc = FERRY_OK;
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
-        rc = fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json: no \"weight_map\" object");
+        rc = ferry_fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json: no \"weight_map\" object");
         goto out;
     }
     size_t n = json_object_size(wm);
@@ -346,7 +336,7 @@ int st_index_parse(const char *json, size_t len, struct st_index *out, char err[
     out->file_of = calloc(n ? n : 1, sizeof *out->file_of);
     out->files = calloc(n ? n : 1, sizeof *out->files);
     if (!out->names || !out->file_of || !out->files) {
-        rc = fail(err, FERRY_ERR_NOMEM, "out of memory");
+        rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
         goto out;
     }
     const char *k;
@@ -356,7 +346,7 @@ int st_index_parse(const char *json, size_t len, struct st_index *out, char err[
         char sk[80], sf[80];
         const char *f = json_string_value(v);
         if (!f || !plain_file_name(f)) {
-            rc = fail(err, FERRY_ERR_FORMAT,
+            rc = ferry_fail(err, FERRY_ERR_FORMAT,
                       "model.safetensors.index.json: weight_map['%s'] = '%s' is not a plain "
                       "file name",
                       san(sk, k), f ? san(sf, f) : "(not a string)");
@@ -366,18 +356,18 @@ int st_index_parse(const char *json, size_t len, struct st_index *out, char err[
         for (int j = 0; j < out->n_files; j++)
             if (strcmp(out->files[j], f) == 0) fi = j;
         if (fi < 0 && out->n_files >= 4096) {
-            rc = fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json: more than 4096 shard files");
+            rc = ferry_fail(err, FERRY_ERR_FORMAT, "model.safetensors.index.json: more than 4096 shard files");
             goto out;
         }
         if (fi < 0) {
             if (!(out->files[out->n_files] = strdup(f))) {
-                rc = fail(err, FERRY_ERR_NOMEM, "out of memory");
+                rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
                 goto out;
             }
             fi = out->n_files++;
         }
         if (!(out->names[out->n_entries] = strdup(k))) {
-            rc = fail(err, FERRY_ERR_NOMEM, "out of memory");
+            rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
             goto out;
         }
         out->file_of[out->n_entries++] = fi;

@@ -1,6 +1,9 @@
 /* status — message table for enum ferry_status (see status.h). */
 #include "kernels/core/status.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 static const struct {
     int code;
     const char *msg;
@@ -26,4 +29,13 @@ const char *ferry_status_str(int status)
     for (unsigned i = 0; i < sizeof status_table / sizeof status_table[0]; i++)
         if (status_table[i].code == status) return status_table[i].msg;
     return "unknown status";
+}
+
+int ferry_fail(char *err, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, 256, fmt, ap);
+    va_end(ap);
+    return status;
 }

@@ -27,4 +27,8 @@ enum ferry_status {
 /* A static string for a status code; never NULL. */
 const char *ferry_status_str(int status);
 
+/* Fills err (256 bytes, the size every `char err[256]` parameter has) with a formatted one-line message and
+ * returns status: `return ferry_fail(err, FERRY_ERR_FORMAT, "tensor %s: ...", name);` */
+int ferry_fail(char *err, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif
