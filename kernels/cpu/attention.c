@@ -12,6 +12,9 @@
 #include "kernels/cpu/attention.h"
 
 #include <math.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +70,54 @@ static inline float dot(const float *a, const float *b, int d)
     return s;
 }
 
+/* Eight dot products q·k_r (r < 8, rows kstride floats apart) with eight independent accumulators (one
+ * FMA chain each would leave the FMA units idle on latency); d a multiple of 8. Fixed reduction order. */
+static inline void dot8(float *out, const float *q, const float *k, size_t kstride, int d)
+{
+    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    for (int i = 0; i < d; i += 8) {
+        const v8f qv = *(const v8fu *)(q + i);
+        a0 += qv * *(const v8fu *)(k + i);
+        a1 += qv * *(const v8fu *)(k + kstride + i);
+        a2 += qv * *(const v8fu *)(k + 2 * kstride + i);
+        a3 += qv * *(const v8fu *)(k + 3 * kstride + i);
+        a4 += qv * *(const v8fu *)(k + 4 * kstride + i);
+        a5 += qv * *(const v8fu *)(k + 5 * kstride + i);
+        a6 += qv * *(const v8fu *)(k + 6 * kstride + i);
+        a7 += qv * *(const v8fu *)(k + 7 * kstride + i);
+    }
+#if defined(__AVX__)
+    const __m256 t0 = _mm256_hadd_ps((__m256)a0, (__m256)a1), t1 = _mm256_hadd_ps((__m256)a2, (__m256)a3);
+    const __m256 t2 = _mm256_hadd_ps((__m256)a4, (__m256)a5), t3 = _mm256_hadd_ps((__m256)a6, (__m256)a7);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+#else
+    const v8f a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int r = 0; r < 8; r++) {
+        const v8f v = a[r];
+        out[r] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+    }
+#endif
+}
+
+/* acc (64) += Σ_j e[j] * v_j (64) for j < len, rows vstride floats apart: the 64 accumulators stay in
+ * registers over the whole chunk (8 independent FMA chains). */
+static inline void pv64(float *acc, const float *e, const float *v, size_t vstride, int len)
+{
+    v8f a0 = *(v8fu *)acc, a1 = *(v8fu *)(acc + 8), a2 = *(v8fu *)(acc + 16), a3 = *(v8fu *)(acc + 24);
+    v8f a4 = *(v8fu *)(acc + 32), a5 = *(v8fu *)(acc + 40), a6 = *(v8fu *)(acc + 48), a7 = *(v8fu *)(acc + 56);
+    for (int j = 0; j < len; j++) {
+        const float *r = v + j * vstride;
+        const float w = e[j];
+        a0 += w * *(const v8fu *)r, a1 += w * *(const v8fu *)(r + 8);
+        a2 += w * *(const v8fu *)(r + 16), a3 += w * *(const v8fu *)(r + 24);
+        a4 += w * *(const v8fu *)(r + 32), a5 += w * *(const v8fu *)(r + 40);
+        a6 += w * *(const v8fu *)(r + 48), a7 += w * *(const v8fu *)(r + 56);
+    }
+    *(v8fu *)acc = a0, *(v8fu *)(acc + 8) = a1, *(v8fu *)(acc + 16) = a2, *(v8fu *)(acc + 24) = a3;
+    *(v8fu *)(acc + 32) = a4, *(v8fu *)(acc + 40) = a5, *(v8fu *)(acc + 48) = a6, *(v8fu *)(acc + 56) = a7;
+}
+
 /* Query heads [h0, h1) of token t, all reading KV head kvh: each K/V row is loaded once for all of them. */
 static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
 {
@@ -105,8 +156,17 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
                 for (int j = 0; j < len_n; j++)
                     for (int d = 0; d < hd; d += 16) __builtin_prefetch(kn + j * stride + d);
         }
-        for (int j = 0; j < len; j++)
-            for (int g = 0; g < nh; g++) sc[g][j] = dot(q + (size_t)g * hd, kr + j * stride, hd) * c->scale;
+        {
+            int j = 0;
+            if (hd % 8 == 0)
+                for (; j + 8 <= len; j += 8)
+                    for (int g = 0; g < nh; g++) {
+                        dot8(&sc[g][j], q + (size_t)g * hd, kr + j * stride, stride, hd);
+                        for (int r = 0; r < 8; r++) sc[g][j + r] *= c->scale;
+                    }
+            for (; j < len; j++)
+                for (int g = 0; g < nh; g++) sc[g][j] = dot(q + (size_t)g * hd, kr + j * stride, hd) * c->scale;
+        }
         for (int g = 0; g < nh; g++) {
             float cmx = -INFINITY;
             for (int j = 0; j < len; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
@@ -121,6 +181,10 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
             for (; j < len; j++) sc[g][j] = expf(sc[g][j] - mx[g]);
             for (j = 0; j < len; j++) sum[g] += sc[g][j];
         }
+        if (hd % 64 == 0) {
+            for (int g = 0; g < nh; g++)
+                for (int d0 = 0; d0 < hd; d0 += 64) pv64(acc + g * hd + d0, sc[g], vr + d0, stride, len);
+        } else
         for (int j = 0; j < len; j++) {
             const float *v = vr + j * stride;
             for (int g = 0; g < nh; g++) {

@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,6 +37,18 @@
 /* Spin iterations (each a pause, ~tens of ns) before sleeping: long enough to cover the gap between two
  * tpool_run calls of one forward pass, short enough not to burn a core when the engine is idle. */
 #define TPOOL_SPIN 20000
+/* After this many pauses a spinning thread also yields its core every few spins: when the machine is
+ * oversubscribed (other processes, more threads than free cores), the thread it waits for may be runnable
+ * but not running, and spinning on the core it needs only delays it. Costs one syscall per few spins. */
+#define TPOOL_SPIN_YIELD 1000
+
+static inline void spin_wait(int spins)
+{
+    if (spins > TPOOL_SPIN_YIELD && (spins & 15) == 0)
+        sched_yield();
+    else
+        cpu_relax();
+}
 
 struct tpool_worker {
     struct tpool *tp;
@@ -99,7 +112,7 @@ static void *tpool_worker_main(void *arg)
         int spins = 0;
         while ((g = atomic_load(&tp->gen)) == seen) {
             if (++spins < TPOOL_SPIN) {
-                cpu_relax();
+                spin_wait(spins);
                 continue;
             }
             atomic_fetch_add(&tp->n_sleepers, 1);
@@ -179,7 +192,7 @@ void tpool_run(struct tpool *tp, tpool_fn fn, void *ctx, int n_tasks)
     int spins = 0;
     while ((d = atomic_load(&tp->done)) != (uint32_t)n_tasks) {
         if (++spins < TPOOL_SPIN) {
-            cpu_relax();
+            spin_wait(spins);
             continue;
         }
         atomic_store(&tp->caller_sleeping, 1);
