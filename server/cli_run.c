@@ -209,9 +209,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->sp.min_p = 0.05f;
     o->bos = -1;
     o->log_level = LOG_LEVEL_WARN;
-    int c, bad = 0;
+    int c, bad = 0, idx = -1;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:ch", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:ch", longopts, &idx)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;
@@ -266,10 +266,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         default: bad = 1;
         }
         if (bad) {
-            if (c != '?' && optarg) fprintf(stderr, "ferry run: invalid value '%s' for option %s\n", optarg,
-                                            argv[optind - 1]);
+            if (c != '?' && optarg)
+                fprintf(stderr, "ferry run: invalid value '%s' for --%s\n", optarg,
+                        idx >= 0 ? longopts[idx].name : c == 'm' ? "model" : "prompt");
             return -1;
         }
+        idx = -1;
     }
     if (optind < argc) {
         fprintf(stderr, "ferry run: unexpected argument '%s'\n", argv[optind]);
