@@ -353,6 +353,10 @@ KQ_FN(micro_q6_k, kq_q6_k)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define HAVE_AVX_Q 1
+/* Software prefetch, PF_AHEAD weight rows ahead of the row being read (two groups of NR): decode reads
+ * short rows (k = 576: 360 bytes of Q4_1) four at a time, which the hardware prefetchers follow poorly;
+ * measured on weights from DRAM: Q4_1 10.7 -> 17-18 GB/s, Q8_0 10-14 -> 16-20 GB/s (2 threads). */
+#define PF_AHEAD 8
 #define SX_MAX_K   16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
 /* ---- m <= 2, Q8_0/Q4_0/Q4_1 with hand-written AVX2 -------------------------------------------------------
  *
@@ -402,6 +406,7 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
             const uint8_t *qs = bp + qoff;
+            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, _MM_HINT_T0);
             __m512 f0, f1;
             __m128 dm;
             if (kind == WK_Q8_0) {
@@ -455,6 +460,7 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
             const uint8_t *qs = bp + qoff;
+            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, _MM_HINT_T0);
             __m256 f[4];
             __m128 dm;
             if (kind == WK_Q8_0) {
@@ -499,9 +505,74 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
 #endif
 }
 
+#if defined(__AVX512F__)
+/* Q4_0 with AVX-512 (measured 5 % faster than avx_q for Q4_0, 10 % slower for Q4_1, which stays on avx_q;
+ * the Q4_1 code below is kept for completeness): the 16 possible weights of a block row, d*q+m (Q4_0: d*(q-8)), are built once
+ * per block in one register (one FMA on 0..15) and looked up with vpermps, which reads only the low 4 bits
+ * of each index: no int->float conversion, no and-mask, and the weights are the exactly dequantized values.
+ * Two accumulators per (x row, weight row) (low / high nibble halves), summed at the end. */
+static inline __attribute__((always_inline)) void avx512_q4(float *out, const float *x, ptrdiff_t ldx,
+                                                            const uint8_t *w, ptrdiff_t ldw, int k, int mr,
+                                                            int nr, enum wkind kind)
+{
+    const int nb = k / 32;
+    const size_t bsz = kind == WK_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
+    const int qoff = kind == WK_Q4_1 ? 4 : 2;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));
+    __m512 acc0[2][NR], acc1[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 xv[2][2];
+        for (int i = 0; i < mr; i++) {
+            const float *xp = x + i * ldx + 32 * b;
+            xv[i][0] = _mm512_loadu_ps(xp);
+            xv[i][1] = _mm512_loadu_ps(xp + 16);
+        }
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *bp = w + j * ldw + bsz * b;
+            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, _MM_HINT_T0);
+            const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bp + qoff)));
+            __m512 lut;
+            if (kind == WK_Q4_1) {
+                uint32_t dmb;
+                memcpy(&dmb, bp, 4);
+                const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dmb));
+                lut = _mm512_fmadd_ps(iota, _mm512_broadcastss_ps(dm),
+                                      _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
+            } else {
+                uint16_t d;
+                memcpy(&d, bp, 2);
+                lut = _mm512_mul_ps(iota8, _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(d))));
+            }
+            const __m512 w0 = _mm512_permutexvar_ps(a, lut);
+            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), lut);
+            for (int i = 0; i < mr; i++) {
+                acc0[i][j] = _mm512_fmadd_ps(w0, xv[i][0], acc0[i][j]);
+                acc1[i][j] = _mm512_fmadd_ps(w1, xv[i][1], acc1[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            const __m512 s = _mm512_add_ps(acc0[i][j], acc1[i][j]);
+            const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s),
+                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+            out[i * NR + j] = hsum256(h);
+        }
+}
+#define AVXQ4(kind, mr, nr) avx512_q4(out, x, ldx, w, ldw, k, mr, nr, kind)
+#else
+#define AVXQ4(kind, mr, nr) avx_q(out, x, ldx, w, ldw, k, mr, nr, sx, kind)
+#endif
+
 #define AVXQ_CASE(kind, mr, nr)                                                                              \
     case (mr)*8 + (nr):                                                                                      \
-        avx_q(out, x, ldx, w, ldw, k, mr, nr, sx, kind);                                                     \
+        if (kind != WK_Q4_0)                                                                                 \
+            avx_q(out, x, ldx, w, ldw, k, mr, nr, sx, kind);                                                 \
+        else                                                                                                 \
+            AVXQ4(kind, mr, nr);                                                                             \
         return;
 #define AVXQ_FN(name, kind)                                                                                  \
     static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,     \
