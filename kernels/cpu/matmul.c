@@ -44,6 +44,10 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define KC_MAX     1024         /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
 #define TILE_PAD   16           /* floats added to the tile's row stride */
 #define X_L2_BYTES (512 * 1024) /* budget for the (m, KC) slice of x */
+/* Software prefetch for m <= 2, PF_AHEAD weight rows ahead of the row being read (two groups of NR): decode
+ * reads short rows (k = 576: 360 bytes of Q4_1) four at a time, which the hardware prefetchers follow
+ * poorly. SmolLM2-135M Q4_1 decode step 8.1-8.8 -> 5.4-6.1 ms (see kernels/cpu/NOTES.md). */
+#define PF_AHEAD 8
 
 /* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by
  * byte). */
@@ -353,10 +357,6 @@ KQ_FN(micro_q6_k, kq_q6_k)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define HAVE_AVX_Q 1
-/* Software prefetch, PF_AHEAD weight rows ahead of the row being read (two groups of NR): decode reads
- * short rows (k = 576: 360 bytes of Q4_1) four at a time, which the hardware prefetchers follow poorly;
- * measured on weights from DRAM: Q4_1 10.7 -> 17-18 GB/s, Q8_0 10-14 -> 16-20 GB/s (2 threads). */
-#define PF_AHEAD 8
 #define SX_MAX_K   16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
 /* ---- m <= 2, Q8_0/Q4_0/Q4_1 with hand-written AVX2 -------------------------------------------------------
  *
@@ -658,6 +658,13 @@ static void mm_task(void *arg, int t)
 #ifdef HAVE_AVX_Q
     if (!use_tile && (c->wt == DTYPE_Q8_0 || c->sx)) {
         const avxq_fn aq = c->wt == DTYPE_Q8_0 ? avx_q8_0 : c->wt == DTYPE_Q4_0 ? avx_q4_0 : avx_q4_1;
+        /* The kernels prefetch PF_AHEAD rows ahead; the first rows of the range are asked for here. */
+        {
+            const uint8_t *p0 = c->w + (size_t)j_lo * c->row_bytes;
+            const int rows = j_hi - j_lo < PF_AHEAD ? j_hi - j_lo : PF_AHEAD;
+            for (size_t off = 0; off < (size_t)rows * c->row_bytes; off += 64)
+                _mm_prefetch((const char *)p0 + off, _MM_HINT_T0);
+        }
         for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
             const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
             aq(out, c->x, k, c->w + (size_t)j0 * c->row_bytes, (ptrdiff_t)c->row_bytes, k, m, nr, c->sx);
@@ -691,6 +698,12 @@ static void mm_task(void *arg, int t)
             } else {
                 wp = c->w + (size_t)j0 * c->row_bytes + dtype_row_size(c->wt, k0);
                 ldw = (ptrdiff_t)c->row_bytes;
+                /* Rows stream from memory: ask for the group PF_AHEAD rows below now (see PF_AHEAD). */
+                if (j0 + PF_AHEAD < j_hi && c->row_bytes <= 4096) { /* long rows: hardware prefetch */
+                    const int pr = j_hi - (j0 + PF_AHEAD) < NR ? j_hi - (j0 + PF_AHEAD) : NR;
+                    const uint8_t *p0 = c->w + (size_t)(j0 + PF_AHEAD) * c->row_bytes;
+                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64) __builtin_prefetch(p0 + off);
+                }
             }
             for (int i0 = 0; i0 < m; i0 += MR) {
                 const int mr = m - i0 < MR ? m - i0 : MR;
