@@ -593,6 +593,89 @@ AVXQ_FN(avx_q8_0, WK_Q8_0)
 AVXQ_FN(avx_q4_0, WK_Q4_0)
 AVXQ_FN(avx_q4_1, WK_Q4_1)
 
+/* Q4_K for m <= 2 with AVX2, the avx_q scheme per 32-element sub-block: t = Σ q·x over the sub-block,
+ * acc += (d·scale)·t, and the minimums through the per-32 sums of x (sx, the Q4_1 layout): the row's
+ * Σ (dmin·min)·Σx is accumulated in f32 and subtracted at the end. Sub-blocks 2p and 2p+1 share the 32
+ * bytes qs[32p..]: low nibbles, then high nibbles. */
+static inline __attribute__((always_inline)) void avx_q4k(float *out, const float *x, ptrdiff_t ldx,
+                                                          const uint8_t *w, ptrdiff_t ldw, int k, int mr,
+                                                          int nr, const float *sx)
+{
+    const int nsb = k / QK_K, nb = k / 32;
+    __m256 acc[2][NR];
+    float cm[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps(), cm[i][j] = 0.0f;
+    const __m256i m15 = _mm256_set1_epi32(15);
+    for (int b = 0; b < nsb; b++) {
+        float d1[NR][8], m1[NR][8];
+        for (int j = 0; j < nr; j++) {
+            const struct block_q4_k *bl = (const struct block_q4_k *)(w + j * ldw) + b;
+            _mm_prefetch((const char *)bl + PF_AHEAD * ldw, _MM_HINT_T0);
+            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 128, _MM_HINT_T0);
+            const float d = f16_to_f32(bl->d), dm = f16_to_f32(bl->dmin);
+            const uint8_t *sc = bl->scales;
+            for (int s = 0; s < 8; s++) {
+                const int scl = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+                const int mn = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+                d1[j][s] = d * (float)scl;
+                m1[j][s] = dm * (float)mn;
+            }
+            for (int i = 0; i < mr; i++)
+                for (int s = 0; s < 8; s++) cm[i][j] += m1[j][s] * sx[i * 2 * nb + 2 * (b * 8 + s) + 1];
+        }
+        for (int p = 0; p < 4; p++) {
+            __m256 xl[2][4], xh[2][4];
+            for (int i = 0; i < mr; i++) {
+                const float *xp = x + i * ldx + b * QK_K + 64 * p;
+                for (int v = 0; v < 4; v++) xl[i][v] = _mm256_loadu_ps(xp + 8 * v), xh[i][v] = _mm256_loadu_ps(xp + 32 + 8 * v);
+            }
+            for (int j = 0; j < nr; j++) {
+                const uint8_t *qs = ((const struct block_q4_k *)(w + j * ldw) + b)->qs + 32 * p;
+                __m256i a[4];
+                for (int v = 0; v < 4; v++) a[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v)));
+                __m256 fl[4], fh[4];
+                for (int v = 0; v < 4; v++) {
+                    fl[v] = _mm256_cvtepi32_ps(_mm256_and_si256(a[v], m15));
+                    fh[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a[v], 4));
+                }
+                const __m256 dl = _mm256_set1_ps(d1[j][2 * p]), dh = _mm256_set1_ps(d1[j][2 * p + 1]);
+                for (int i = 0; i < mr; i++) {
+                    __m256 tl = _mm256_mul_ps(fl[0], xl[i][0]), th = _mm256_mul_ps(fh[0], xh[i][0]);
+                    for (int v = 1; v < 4; v++) {
+                        tl = _mm256_fmadd_ps(fl[v], xl[i][v], tl);
+                        th = _mm256_fmadd_ps(fh[v], xh[i][v], th);
+                    }
+                    acc[i][j] = _mm256_fmadd_ps(dl, tl, acc[i][j]);
+                    acc[i][j] = _mm256_fmadd_ps(dh, th, acc[i][j]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum256(acc[i][j]) - cm[i][j];
+}
+
+#define AVXQ4K_CASE(mr, nr)                                                                                  \
+    case (mr)*8 + (nr):                                                                                      \
+        avx_q4k(out, x, ldx, w, ldw, k, mr, nr, sx);                                                         \
+        return;
+static void avx_q4_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k, int mr,
+                     int nr, const float *sx)
+{
+    switch (mr * 8 + nr) {
+        AVXQ4K_CASE(1, 1)
+        AVXQ4K_CASE(1, 2)
+        AVXQ4K_CASE(1, 3)
+        AVXQ4K_CASE(1, 4)
+        AVXQ4K_CASE(2, 1)
+        AVXQ4K_CASE(2, 2)
+        AVXQ4K_CASE(2, 3)
+        AVXQ4K_CASE(2, 4)
+    }
+}
+
 typedef void (*avxq_fn)(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
                         int mr, int nr, const float *sx);
 #endif
@@ -657,7 +740,10 @@ static void mm_task(void *arg, int t)
     float out[MR * NR];
 #ifdef HAVE_AVX_Q
     if (!use_tile && (c->wt == DTYPE_Q8_0 || c->sx)) {
-        const avxq_fn aq = c->wt == DTYPE_Q8_0 ? avx_q8_0 : c->wt == DTYPE_Q4_0 ? avx_q4_0 : avx_q4_1;
+        const avxq_fn aq = c->wt == DTYPE_Q8_0   ? avx_q8_0
+                           : c->wt == DTYPE_Q4_0 ? avx_q4_0
+                           : c->wt == DTYPE_Q4_K ? avx_q4_k
+                                                 : avx_q4_1;
         /* The kernels prefetch PF_AHEAD rows ahead; the first rows of the range are asked for here. */
         {
             const uint8_t *p0 = c->w + (size_t)j_lo * c->row_bytes;
@@ -757,7 +843,7 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
 #ifdef HAVE_AVX_Q
     /* Per-block sums of x for the affine part of Q4_0/Q4_1 (see avx_q): (m, k/32) pairs. */
     float sx[2 * 2 * (SX_MAX_K / 32)];
-    if (m <= 2 && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1) && k <= SX_MAX_K) {
+    if (m <= 2 && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1 || wt == DTYPE_Q4_K) && k <= SX_MAX_K) {
         const int nb = k / 32;
         for (int i = 0; i < m; i++)
             for (int b = 0; b < nb; b++) {
