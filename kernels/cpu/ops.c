@@ -10,6 +10,7 @@
 #include "kernels/cpu/ops.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels/core/status.h"
@@ -146,23 +147,41 @@ static inline void rope_head(float *h, const float *cs, int rope_dim, enum rope_
 
 #define ROPE_MAX_PAIRS 1024
 
+/* The (cos, sin) table of the last position seen by this thread, with the frequencies it was computed for:
+ * a decode step calls rope twice per layer at the same position, so sincos runs once per step instead of
+ * once per call. Bounded (12 KiB per thread); the values are the ones a fresh computation gives. */
+static _Thread_local struct {
+    int half; /* 0: empty */
+    int32_t pos;
+    float inv[ROPE_MAX_PAIRS];
+    float cs[2 * ROPE_MAX_PAIRS];
+} rope_cache;
+
 void kern_cpu_rope(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
                    const float *inv_freq, enum rope_style style)
 {
     const int half = rope_dim / 2;
-    if (half > ROPE_MAX_PAIRS) {
+    if (half > ROPE_MAX_PAIRS || half <= 0) {
         kern_cpu_rope_ref(x, pos, m, n_heads, head_dim, rope_dim, inv_freq, style);
         return;
     }
-    float cs[2 * ROPE_MAX_PAIRS];
+    if (rope_cache.half != half || memcmp(rope_cache.inv, inv_freq, sizeof(float) * (size_t)half) != 0) {
+        memcpy(rope_cache.inv, inv_freq, sizeof(float) * (size_t)half);
+        rope_cache.half = half;
+        rope_cache.pos = INT32_MIN;
+    }
+    float *cs = rope_cache.cs;
     for (int t = 0; t < m; t++) {
-        const float p = (float)pos[t];
-        for (int i = 0; i < half; i++) {
-            const double ang = (double)(p * inv_freq[i]);
-            double s, c;
-            sincos(ang, &s, &c);
-            cs[2 * i] = (float)c;
-            cs[2 * i + 1] = (float)s;
+        if (pos[t] != rope_cache.pos) {
+            const float p = (float)pos[t];
+            for (int i = 0; i < half; i++) {
+                const double ang = (double)(p * inv_freq[i]);
+                double s, c;
+                sincos(ang, &s, &c);
+                cs[2 * i] = (float)c;
+                cs[2 * i + 1] = (float)s;
+            }
+            rope_cache.pos = pos[t];
         }
         for (int h = 0; h < n_heads; h++)
             rope_head(x + ((size_t)t * n_heads + h) * head_dim, cs, rope_dim, style);
