@@ -48,6 +48,9 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
  * reads short rows (k = 576: 360 bytes of Q4_1) four at a time, which the hardware prefetchers follow
  * poorly. SmolLM2-135M Q4_1 decode step 8.1-8.8 -> 5.4-6.1 ms (see kernels/cpu/NOTES.md). */
 #define PF_AHEAD 8
+/* Into L2 only: a T0 prefetch holds one of the few L1 miss buffers for the whole DRAM latency, which
+ * capped Q8_0 at ~14 GB/s from DRAM with 2 threads (22-25 GB/s with T1; decode step 5.5-5.8 -> 4.8-5.3 ms). */
+#define PF_HINT _MM_HINT_T1
 
 /* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by
  * byte). */
@@ -406,7 +409,7 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
             const uint8_t *qs = bp + qoff;
-            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, _MM_HINT_T0);
+            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, PF_HINT);
             __m512 f0, f1;
             __m128 dm;
             if (kind == WK_Q8_0) {
@@ -460,7 +463,7 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
             const uint8_t *qs = bp + qoff;
-            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, _MM_HINT_T0);
+            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, PF_HINT);
             __m256 f[4];
             __m128 dm;
             if (kind == WK_Q8_0) {
@@ -532,7 +535,7 @@ static inline __attribute__((always_inline)) void avx512_q4(float *out, const fl
         }
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
-            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, _MM_HINT_T0);
+            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, PF_HINT);
             const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bp + qoff)));
             __m512 lut;
             if (kind == WK_Q4_1) {
@@ -611,9 +614,9 @@ static inline __attribute__((always_inline)) void avx_q4k(float *out, const floa
         float d1[NR][8], m1[NR][8];
         for (int j = 0; j < nr; j++) {
             const struct block_q4_k *bl = (const struct block_q4_k *)(w + j * ldw) + b;
-            _mm_prefetch((const char *)bl + PF_AHEAD * ldw, _MM_HINT_T0);
-            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 128, _MM_HINT_T0);
+            _mm_prefetch((const char *)bl + PF_AHEAD * ldw, PF_HINT);
+            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 64, PF_HINT);
+            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 128, PF_HINT);
             const float d = f16_to_f32(bl->d), dm = f16_to_f32(bl->dmin);
             const uint8_t *sc = bl->scales;
             for (int s = 0; s < 8; s++) {
@@ -749,7 +752,7 @@ static void mm_task(void *arg, int t)
             const uint8_t *p0 = c->w + (size_t)j_lo * c->row_bytes;
             const int rows = j_hi - j_lo < PF_AHEAD ? j_hi - j_lo : PF_AHEAD;
             for (size_t off = 0; off < (size_t)rows * c->row_bytes; off += 64)
-                _mm_prefetch((const char *)p0 + off, _MM_HINT_T0);
+                _mm_prefetch((const char *)p0 + off, PF_HINT);
         }
         for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
             const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
@@ -788,7 +791,7 @@ static void mm_task(void *arg, int t)
                 if (j0 + PF_AHEAD < j_hi && c->row_bytes <= 4096) { /* long rows: hardware prefetch */
                     const int pr = j_hi - (j0 + PF_AHEAD) < NR ? j_hi - (j0 + PF_AHEAD) : NR;
                     const uint8_t *p0 = c->w + (size_t)(j0 + PF_AHEAD) * c->row_bytes;
-                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64) __builtin_prefetch(p0 + off);
+                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64) __builtin_prefetch(p0 + off, 0, 2);
                 }
             }
             for (int i0 = 0; i0 < m; i0 += MR) {
