@@ -360,6 +360,13 @@ KQ_FN(micro_q6_k, kq_q6_k)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define HAVE_AVX_Q 1
+/* Up to this many rows of x, Q8_0/Q4_0/Q4_1 are decoded in registers (no tile): measured (1536x576, 1 thread)
+ * Q4_1 m=3 210 -> 104 us, m=4 147 -> 138 us with AVX-512; with 16 ymm registers m=4 spills (187 us). */
+#if defined(__AVX512F__)
+#define DIRECT_M_MAX 4
+#else
+#define DIRECT_M_MAX 3
+#endif
 #define SX_MAX_K   16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
 /* ---- m <= 2, Q8_0/Q4_0/Q4_1 with hand-written AVX2 -------------------------------------------------------
  *
@@ -390,16 +397,16 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
                        : kind == WK_Q4_0 ? sizeof(struct block_q4_0)
                                          : sizeof(struct block_q4_1);
     const int qoff = kind == WK_Q4_1 ? 4 : 2;
-    __m128 cacc[2][NR];
+    __m128 cacc[4][NR];
 #if defined(__AVX512F__)
     /* One zmm per 16 elements: half the instructions of the AVX2 loop below. */
-    __m512 acc[2][NR];
+    __m512 acc[4][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
     const __m512i m15 = _mm512_set1_epi32(15);
     for (int b = 0; b < nb; b++) {
-        __m512 xv[2][2];
-        __m128 sv[2];
+        __m512 xv[4][2];
+        __m128 sv[4];
         for (int i = 0; i < mr; i++) {
             const float *xp = x + i * ldx + 32 * b;
             xv[i][0] = _mm512_loadu_ps(xp);
@@ -448,13 +455,13 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
             out[i * NR + j] = hsum256(h) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
         }
 #else
-    __m256 acc[2][NR];
+    __m256 acc[4][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
     const __m256i m15 = _mm256_set1_epi32(15);
     for (int b = 0; b < nb; b++) {
-        __m256 xv[2][4];
-        __m128 sv[2];
+        __m256 xv[4][4];
+        __m128 sv[4];
         for (int i = 0; i < mr; i++) {
             const float *xp = x + i * ldx + 32 * b;
             for (int v = 0; v < 4; v++) xv[i][v] = _mm256_loadu_ps(xp + 8 * v);
@@ -523,11 +530,11 @@ static inline __attribute__((always_inline)) void avx512_q4(float *out, const fl
     const int qoff = kind == WK_Q4_1 ? 4 : 2;
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));
-    __m512 acc0[2][NR], acc1[2][NR];
+    __m512 acc0[4][NR], acc1[4][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m512 xv[2][2];
+        __m512 xv[4][2];
         for (int i = 0; i < mr; i++) {
             const float *xp = x + i * ldx + 32 * b;
             xv[i][0] = _mm512_loadu_ps(xp);
@@ -590,6 +597,10 @@ static inline __attribute__((always_inline)) void avx512_q4(float *out, const fl
             AVXQ_CASE(kind, 2, 2)                                                                            \
             AVXQ_CASE(kind, 2, 3)                                                                            \
             AVXQ_CASE(kind, 2, 4)                                                                            \
+            AVXQ_CASE(kind, 3, 1)                                                                            \
+            AVXQ_CASE(kind, 3, 2)                                                                            \
+            AVXQ_CASE(kind, 4, 1)                                                                            \
+            AVXQ_CASE(kind, 4, 2)                                                                            \
         }                                                                                                    \
     }
 AVXQ_FN(avx_q8_0, WK_Q8_0)
@@ -696,7 +707,8 @@ struct mm_ctx {
     size_t row_bytes;
     int kc; /* columns per chunk */
     int n_threads;
-    const float *sx; /* m <= 2 AVX2 path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
+    const float *sx; /* direct AVX2 path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
+    int direct;      /* rows decoded in registers by avx_q & co. (m <= DIRECT_M_MAX), no tile */
 };
 
 static void mm_task(void *arg, int t)
@@ -742,7 +754,7 @@ static void mm_task(void *arg, int t)
     }
     float out[MR * NR];
 #ifdef HAVE_AVX_Q
-    if (!use_tile && (c->wt == DTYPE_Q8_0 || c->sx)) {
+    if (c->direct) {
         const avxq_fn aq = c->wt == DTYPE_Q8_0   ? avx_q8_0
                            : c->wt == DTYPE_Q4_0 ? avx_q4_0
                            : c->wt == DTYPE_Q4_K ? avx_q4_k
@@ -756,7 +768,14 @@ static void mm_task(void *arg, int t)
         }
         for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
             const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
-            aq(out, c->x, k, c->w + (size_t)j0 * c->row_bytes, (ptrdiff_t)c->row_bytes, k, m, nr, c->sx);
+            const uint8_t *wg = c->w + (size_t)j0 * c->row_bytes;
+            if (m <= 2) {
+                aq(out, c->x, k, wg, (ptrdiff_t)c->row_bytes, k, m, nr, c->sx);
+            } else { /* 3-4 rows of x: two weight rows at a time keeps the accumulators in registers */
+                aq(out, c->x, k, wg, (ptrdiff_t)c->row_bytes, k, m, nr < 2 ? nr : 2, c->sx);
+                if (nr > 2)
+                    aq(out + 2, c->x, k, wg + 2 * c->row_bytes, (ptrdiff_t)c->row_bytes, k, m, nr - 2, c->sx);
+            }
             for (int i = 0; i < m; i++) {
                 float *yr = c->y + (size_t)i * c->n + j0;
                 for (int j = 0; j < nr; j++) yr[j] = out[i * NR + j];
@@ -845,8 +864,9 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     c.kc = (int)kc;
 #ifdef HAVE_AVX_Q
     /* Per-block sums of x for the affine part of Q4_0/Q4_1 (see avx_q): (m, k/32) pairs. */
-    float sx[2 * 2 * (SX_MAX_K / 32)];
-    if (m <= 2 && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1 || wt == DTYPE_Q4_K) && k <= SX_MAX_K) {
+    float sx[DIRECT_M_MAX * 2 * (SX_MAX_K / 32)];
+    if (((m <= DIRECT_M_MAX && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1)) || (m <= 2 && wt == DTYPE_Q4_K)) &&
+        k <= SX_MAX_K) {
         const int nb = k / 32;
         for (int i = 0; i < m; i++)
             for (int b = 0; b < nb; b++) {
@@ -859,6 +879,7 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
             }
         c.sx = sx;
     }
+    c.direct = c.sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX);
 #endif
     /* Tiny products are not worth waking the pool for. */
     const int n_tasks = (int64_t)m * n * k < 32 * 1024 ? 1 : c.n_threads;
