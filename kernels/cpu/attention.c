@@ -3,7 +3,11 @@
  * kern_cpu_attention runs one task per (token, KV head) — all query heads of the group together, so each
  * K/V row is read once — or per (token, query head) when there are too few of those to keep the pool busy.
  * Tasks are split over the pool statically; each output row is computed by one thread in a fixed order, the
- * same whatever the grouping: deterministic and independent of the pool size.
+ * same whatever the grouping: deterministic and independent of the pool size. A token whose context is longer
+ * than ATT_PART positions is cut into parts of ATT_PART (a function of its own position only, so results do
+ * not depend on the batch or the pool either): each part is a task producing an unnormalised online-softmax
+ * state, and the parts are merged in order afterwards (flash-decoding), so that one long sequence keeps both
+ * threads busy while each K/V row is read once per KV head.
  * A task walks the token's sequence block by block; within a block it scores up to ATT_CHUNK positions,
  * then folds them into a running (max, sum, accumulator) per head — the online softmax — rescaling the
  * accumulator only when the maximum grows. Positions are visited in increasing order.
@@ -27,7 +31,9 @@
 #define ATT_CHUNK          32         /* positions scored at a time */
 #define ATT_MAX_GROUP      16         /* query heads one task may take */
 #define ATT_MAX_ACC        2048       /* floats of accumulators in one task: heads * head_dim */
-#define ATT_PREFETCH_BYTES (8u << 20) /* K+V of a sequence's layer beyond which rows are prefetched */
+#define ATT_PREFETCH_BYTES (256u << 10)
+#define ATT_PART           256        /* positions per part of a long context (parallel, merged after) */
+#define ATT_STATE_FLOATS   (1u << 20) /* budget of partial states per pass over the batch (4 MiB) */ /* K+V of a sequence's layer beyond which rows are prefetched */
 
 static inline const float *kv_row(const struct kv_layer_view *kv, const float *base, int seq, int pos,
                                   int kvh)
@@ -56,9 +62,20 @@ struct att_ctx {
     const int32_t *seq, *pos;
     int n_heads;
     int group; /* query heads per KV head */
-    int split; /* tasks per (token, KV head): each takes group/split query heads */
+    int split; /* tasks per (token, KV head, part): each takes group/split query heads */
     float scale;
+    /* Long contexts are cut into parts of ATT_PART positions, run as separate tasks (partial online-softmax
+     * states in `state`) and merged afterwards. Tokens [t0, t1) are in this pass; task_base[t - t0] is the
+     * first task of token t (and [t1 - t0] the total), part_base[t - t0] its first part in `state`. */
+    int t0, t1;
+    const int *task_base, *part_base;
+    float *state; /* (parts, n_heads, head_dim + 2): max, sum, accumulator */
 };
+
+static inline int att_parts(int pos)
+{
+    return pos / ATT_PART + 1;
+}
 
 static inline float dot(const float *a, const float *b, int d)
 {
@@ -119,7 +136,8 @@ static inline void pv64(float *acc, const float *e, const float *v, size_t vstri
 }
 
 /* Query heads [h0, h1) of token t, all reading KV head kvh: each K/V row is loaded once for all of them. */
-static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
+static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, int p_lo, int p_hi,
+                      float *state)
 {
     const struct kv_layer_view *kv = c->kv;
     const int hd = kv->head_dim, nh = h1 - h0;
@@ -134,21 +152,21 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
     for (int g = 0; g < nh; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
     for (int d = 0; d < nh * hd; d++) acc[d] = 0.0f;
 
-    for (int p0 = 0; p0 <= last;) {
+    for (int p0 = p_lo; p0 < p_hi;) {
         /* A chunk never crosses a block boundary: its rows are contiguous in the cache. */
         int len = kv->block_size - p0 % kv->block_size;
         if (len > ATT_CHUNK) len = ATT_CHUNK;
-        if (len > last + 1 - p0) len = last + 1 - p0;
+        if (len > p_hi - p0) len = p_hi - p0;
         const float *kr = kv_row(kv, kv->k, seq, p0, kvh);
         const float *vr = kv_row(kv, kv->v, seq, p0, kvh);
         /* Rows of one KV head are n_kv_heads*head_dim floats apart (often a whole page), which hardware
          * prefetchers do not follow: when the sequence's cache is too big to stay in cache, ask for this
          * chunk's V rows and the next chunk's K rows now (2-3x faster from DRAM; slower when cached). */
         const int p1 = p0 + len;
-        const float *kn = p1 <= last ? kv_row(kv, kv->k, seq, p1, kvh) : NULL;
+        const float *kn = p1 < p_hi ? kv_row(kv, kv->k, seq, p1, kvh) : NULL;
         int len_n = kv->block_size - p1 % kv->block_size;
         if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
-        if (len_n > last + 1 - p1) len_n = last + 1 - p1;
+        if (len_n > p_hi - p1) len_n = p_hi - p1;
         if (prefetch) {
             for (int j = 0; j < len; j++)
                 for (int d = 0; d < hd; d += 16) __builtin_prefetch(vr + j * stride + d);
@@ -195,52 +213,146 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1)
         }
         p0 += len;
     }
+    if (state) { /* one part of several: keep the unnormalised state for att_merge */
+        for (int g = 0; g < nh; g++) {
+            float *st = state + (size_t)g * (hd + 2);
+            st[0] = mx[g];
+            st[1] = sum[g];
+            memcpy(st + 2, acc + g * hd, sizeof(float) * (size_t)hd);
+        }
+        return;
+    }
     for (int g = 0; g < nh; g++) {
         const float inv = 1.0f / sum[g];
         for (int d = 0; d < hd; d++) o[(size_t)g * hd + d] = acc[g * hd + d] * inv;
     }
 }
 
+/* out of token t, all heads, from its n_parts partial states, combined in part order. */
+static void att_merge(const struct att_ctx *c, int t, const float *state, int n_parts)
+{
+    const int hd = c->kv->head_dim;
+    for (int h = 0; h < c->n_heads; h++) {
+        float *o = c->out + ((size_t)t * c->n_heads + h) * hd;
+        float mxx = -INFINITY;
+        for (int p = 0; p < n_parts; p++) {
+            const float m = state[((size_t)p * c->n_heads + h) * (hd + 2)];
+            mxx = m > mxx ? m : mxx;
+        }
+        float sum = 0.0f;
+        for (int d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int p = 0; p < n_parts; p++) {
+            const float *st = state + ((size_t)p * c->n_heads + h) * (hd + 2);
+            const float r = expf(st[0] - mxx);
+            sum += st[1] * r;
+            for (int d = 0; d < hd; d++) o[d] += st[2 + d] * r;
+        }
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < hd; d++) o[d] *= inv;
+    }
+}
+
 static void att_task(void *arg, int task)
 {
     const struct att_ctx *c = arg;
-    const int n_kv = c->kv->n_kv_heads, per = c->group / c->split;
-    const int t = task / (n_kv * c->split), r = task % (n_kv * c->split);
-    const int kvh = r / c->split, s = r % c->split;
+    /* The token: the last window index whose first task is <= task (binary search). */
+    int lo = 0, hi = c->t1 - c->t0 - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (c->task_base[mid] <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const int t = c->t0 + lo, n_kv = c->kv->n_kv_heads, per = c->group / c->split;
+    const int r = task - c->task_base[lo], part = r / (n_kv * c->split), rr = r % (n_kv * c->split);
+    const int kvh = rr / c->split, s = rr % c->split;
     const int h0 = kvh * c->group + s * per;
-    att_heads(c, t, kvh, h0, h0 + per);
+    const int n_parts = att_parts(c->pos[t]);
+    const int p_lo = part * ATT_PART, p_hi = part + 1 < n_parts ? (part + 1) * ATT_PART : c->pos[t] + 1;
+    float *state = n_parts > 1 ? c->state + ((size_t)(c->part_base[lo] + part) * c->n_heads + h0) *
+                                                (c->kv->head_dim + 2)
+                               : NULL;
+    att_heads(c, t, kvh, h0, h0 + per, p_lo, p_hi, state);
 }
 
 void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                         const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp)
 {
-    const int group = n_heads / kv->n_kv_heads;
-    if (kv->head_dim > ATT_MAX_ACC) { /* no such model; correct but slow */
-        kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
+    const int group = n_heads / kv->n_kv_heads, hd = kv->head_dim;
+    if (hd > ATT_MAX_ACC || m <= 0) { /* no such model; correct but slow */
+        if (m > 0) kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
         return;
     }
     /* Tiny steps (a small model's decode token) are not worth waking the pool for. */
     int64_t work = 0;
-    for (int t = 0; t < m; t++) work += (int64_t)(pos[t] + 1) * n_heads * kv->head_dim;
+    for (int t = 0; t < m; t++) work += (int64_t)(pos[t] + 1) * n_heads * hd;
     if (work < 32 * 1024) tp = NULL;
-    /* One task per (token, KV head) reads each K/V row once for the whole group; when that leaves fewer
-     * than two tasks per thread (a decode step of a model with few KV heads), or the group's accumulators
-     * do not fit, groups are split into one task per head. The arithmetic of a head is the same either way.
-     */
-    int split = 1;
-    if ((int64_t)m * kv->n_kv_heads < 2 * (int64_t)tpool_size(tp) || group > ATT_MAX_GROUP ||
-        group * kv->head_dim > ATT_MAX_ACC)
-        split = group;
-    struct att_ctx c = {.out = out,
-                        .q = q,
-                        .kv = kv,
-                        .seq = seq,
-                        .pos = pos,
-                        .n_heads = n_heads,
-                        .group = group,
-                        .split = split,
-                        .scale = scale};
-    tpool_run(tp, att_task, &c, m * kv->n_kv_heads * split);
+    /* Tokens are taken in windows whose partial states fit ATT_STATE_FLOATS (a token alone may exceed it). */
+    const size_t per_part = (size_t)n_heads * (hd + 2);
+    int *base = malloc(sizeof(int) * 2 * ((size_t)m + 1));
+    float *state = NULL;
+    size_t state_cap = 0;
+    for (int t0 = 0; t0 < m;) {
+        int t1 = t0;
+        int64_t parts = 0, multi = 0; /* all parts; parts of tokens with more than one */
+        while (t1 < m) {
+            const int np = att_parts(pos[t1]);
+            if (t1 > t0 && (size_t)(multi + (np > 1 ? np : 0)) * per_part > ATT_STATE_FLOATS) break;
+            parts += np;
+            multi += np > 1 ? np : 0;
+            t1++;
+        }
+        if (multi && (size_t)multi * per_part > state_cap) {
+            free(state);
+            state_cap = (size_t)multi * per_part;
+            state = malloc(sizeof(float) * state_cap);
+        }
+        if (!base || (multi && !state)) { /* out of memory: the reference needs none of this */
+            free(base);
+            free(state);
+            kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
+            return;
+        }
+        /* One task per (token, part, KV head) reads each K/V row once for the whole group; when that leaves
+         * fewer than two tasks per thread, or the group's accumulators do not fit, groups are split into one
+         * task per head. The arithmetic of a head is the same either way. */
+        int split = 1;
+        if (parts * kv->n_kv_heads < 2 * (int64_t)tpool_size(tp) || group > ATT_MAX_GROUP ||
+            group * hd > ATT_MAX_ACC)
+            split = group;
+        int *task_base = base, *part_base = base + (m + 1);
+        int nt = 0, np = 0;
+        for (int t = t0; t < t1; t++) {
+            task_base[t - t0] = nt;
+            part_base[t - t0] = np;
+            const int n = att_parts(pos[t]);
+            nt += n * kv->n_kv_heads * split;
+            np += n > 1 ? n : 0;
+        }
+        task_base[t1 - t0] = nt;
+        struct att_ctx c = {.out = out,
+                            .q = q,
+                            .kv = kv,
+                            .seq = seq,
+                            .pos = pos,
+                            .n_heads = n_heads,
+                            .group = group,
+                            .split = split,
+                            .scale = scale,
+                            .t0 = t0,
+                            .t1 = t1,
+                            .task_base = task_base,
+                            .part_base = part_base,
+                            .state = state};
+        tpool_run(tp, att_task, &c, nt);
+        for (int t = t0; t < t1; t++)
+            if (att_parts(pos[t]) > 1)
+                att_merge(&c, t, state + (size_t)part_base[t - t0] * per_part, att_parts(pos[t]));
+        t0 = t1;
+    }
+    free(base);
+    free(state);
 }
 
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
