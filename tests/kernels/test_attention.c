@@ -78,6 +78,14 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: two runs differ", what);
     kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, NULL);
     cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: 1 vs 2 threads differ", what);
+    /* A token's result does not depend on the batch around it: seq 0's decode token (300 positions, two
+     * attention parts) alone gives the same bits as inside the batch. */
+    for (int i = 0; i < m; i++)
+        if (seq[i] == 0) {
+            const size_t hn = (size_t)n_heads * head_dim;
+            kern_cpu_attention(out2, q + i * hn, &kv, seq + i, pos + i, 1, n_heads, scale, tp);
+            cr_assert(memcmp(out + i * hn, out2, hn * 4) == 0, "%s: token alone differs from in batch", what);
+        }
     /* A single decode token (too few KV heads to keep the pool busy: tasks are split per query head). */
     for (int i = 0; i < m; i += 7) {
         kern_cpu_attention(out2, q + (size_t)i * n_heads * head_dim, &kv, seq + i, pos + i, 1, n_heads, scale,
