@@ -690,6 +690,83 @@ static void avx_q4_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w
     }
 }
 
+/* Q6_K for m <= 2 with AVX2: per super-block, half h (128 elements) and 16-lane half of l, the four 6-bit
+ * quant vectors (g = 0..3) are rebuilt from ql/qh with 128-bit byte ops, recentred (q - 32) as int8, widened
+ * to i32 and converted; t = Σ q·x over the 16 elements of one scale, acc += (d·scale)·t. */
+static inline __attribute__((always_inline)) void avx_q6k(float *out, const float *x, ptrdiff_t ldx,
+                                                          const uint8_t *w, ptrdiff_t ldw, int k, int mr,
+                                                          int nr)
+{
+    const int nsb = k / QK_K;
+    __m256 acc[2][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
+    const __m128i m0f = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30), c32 = _mm_set1_epi8(32);
+    for (int b = 0; b < nsb; b++) {
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *bp = w + j * ldw + (size_t)b * sizeof(struct block_q6_k);
+            for (int o = 0; o < (int)sizeof(struct block_q6_k); o += 64)
+                _mm_prefetch((const char *)bp + PF_AHEAD * ldw + o, PF_HINT);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int lh = 0; lh < 32; lh += 16) {
+                __m256 xv[2][4][2];
+                for (int i = 0; i < mr; i++)
+                    for (int g = 0; g < 4; g++) {
+                        const float *xp = x + i * ldx + b * QK_K + 128 * h + 32 * g + lh;
+                        xv[i][g][0] = _mm256_loadu_ps(xp);
+                        xv[i][g][1] = _mm256_loadu_ps(xp + 8);
+                    }
+                for (int j = 0; j < nr; j++) {
+                    const struct block_q6_k *bl =
+                        (const struct block_q6_k *)(w + j * ldw + (size_t)b * sizeof(struct block_q6_k));
+                    const __m128i a0 = _mm_loadu_si128((const __m128i *)(bl->ql + 64 * h + lh));
+                    const __m128i a1 = _mm_loadu_si128((const __m128i *)(bl->ql + 64 * h + 32 + lh));
+                    const __m128i hb = _mm_loadu_si128((const __m128i *)(bl->qh + 32 * h + lh));
+                    __m128i q[4];
+                    q[0] = _mm_or_si128(_mm_and_si128(a0, m0f), _mm_and_si128(_mm_slli_epi16(hb, 4), m30));
+                    q[1] = _mm_or_si128(_mm_and_si128(a1, m0f), _mm_and_si128(_mm_slli_epi16(hb, 2), m30));
+                    q[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a0, 4), m0f), _mm_and_si128(hb, m30));
+                    q[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a1, 4), m0f),
+                                        _mm_and_si128(_mm_srli_epi16(hb, 2), m30));
+                    const float d = f16_to_f32(bl->d);
+                    for (int g = 0; g < 4; g++) {
+                        const __m128i qc = _mm_sub_epi8(q[g], c32);
+                        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qc));
+                        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qc, 8)));
+                        const __m256 dv = _mm256_set1_ps(d * (float)bl->scales[8 * h + lh / 16 + 2 * g]);
+                        for (int i = 0; i < mr; i++) {
+                            const __m256 t = _mm256_fmadd_ps(f1, xv[i][g][1], _mm256_mul_ps(f0, xv[i][g][0]));
+                            acc[i][j] = _mm256_fmadd_ps(dv, t, acc[i][j]);
+                        }
+                    }
+                }
+            }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum256(acc[i][j]);
+}
+
+#define AVXQ6K_CASE(mr, nr)                                                                                  \
+    case (mr)*8 + (nr):                                                                                      \
+        avx_q6k(out, x, ldx, w, ldw, k, mr, nr);                                                             \
+        return;
+static void avx_q6_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k, int mr,
+                     int nr, const float *sx)
+{
+    (void)sx;
+    switch (mr * 8 + nr) {
+        AVXQ6K_CASE(1, 1)
+        AVXQ6K_CASE(1, 2)
+        AVXQ6K_CASE(1, 3)
+        AVXQ6K_CASE(1, 4)
+        AVXQ6K_CASE(2, 1)
+        AVXQ6K_CASE(2, 2)
+        AVXQ6K_CASE(2, 3)
+        AVXQ6K_CASE(2, 4)
+    }
+}
+
 typedef void (*avxq_fn)(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
                         int mr, int nr, const float *sx);
 #endif
@@ -758,6 +835,7 @@ static void mm_task(void *arg, int t)
         const avxq_fn aq = c->wt == DTYPE_Q8_0   ? avx_q8_0
                            : c->wt == DTYPE_Q4_0 ? avx_q4_0
                            : c->wt == DTYPE_Q4_K ? avx_q4_k
+                           : c->wt == DTYPE_Q6_K ? avx_q6_k
                                                  : avx_q4_1;
         /* The kernels prefetch PF_AHEAD rows ahead; the first rows of the range are asked for here. */
         {
@@ -879,7 +957,7 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
             }
         c.sx = sx;
     }
-    c.direct = c.sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX);
+    c.direct = c.sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX) || (wt == DTYPE_Q6_K && m <= 2);
 #endif
     /* Tiny products are not worth waking the pool for. */
     const int n_tasks = (int64_t)m * n * k < 32 * 1024 ? 1 : c.n_threads;
