@@ -7,6 +7,10 @@
  *    multiplied against all m rows of x, MR at a time, by a register-blocked MR x NR micro-kernel.
  *  - m <= 2 (decode): rows stream from memory once, decoded in registers (F16/BF16 conversion, block
  *    decoding of Q8_0/Q4_0/Q4_1, and of Q4_K/Q6_K with scales unpacked once per sub-block), whole rows.
+ *    With AVX2 (or AVX-512) the quantized types have hand-written kernels (avx_q, avx512_q4, avx_q4k,
+ *    avx_q6k): per block t = Σ q·x in f32, the scale applied once per block, affine parts (Q4_1 m, Q4_0's
+ *    -8, Q4_K mins) through per-block sums of x; Q8_0/Q4_0/Q4_1 take this path up to DIRECT_M_MAX rows of
+ *    x. The weight rows are prefetched PF_AHEAD rows ahead into L2. Timings in kernels/cpu/NOTES.md.
  * Every output element is the same sequence of f32 operations whatever the pool size (vector lanes are
  * reduced in a fixed order, chunk partial sums are added in k order, and the path depends only on m and the
  * dtype), so results are deterministic and even independent of the thread count.
