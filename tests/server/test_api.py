@@ -613,10 +613,12 @@ def test_kv_admission():
 
 def test_queued_stream_outlives_idle_timeout():
     """A stream waiting in the queue longer than --conn-timeout is kept alive with SSE comments."""
-    s = Server("--parallel", "1", "--conn-timeout", "1")
+    # One thread and 12 queued choices of 1900 tokens ahead of the stream: several seconds of waiting even on a
+    # fast machine (the engine decodes stories260K at ~10k tokens/s per thread).
+    s = Server("--parallel", "1", "--conn-timeout", "1", "--threads", "1")
     try:
         t = threading.Thread(target=post, args=(s.url + "/v1/completions",
-                                                {"prompt": "hi", "max_tokens": 1900, "n": 3, "temperature": 1}))
+                                                {"prompt": "hi", "max_tokens": 1900, "n": 12, "temperature": 1}))
         t.start()
         time.sleep(0.2)
         req = urllib.request.Request(s.url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
