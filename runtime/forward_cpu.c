@@ -98,9 +98,12 @@ int forward_cpu_run(struct forward_cpu *f, const struct model *m, struct kv_cach
         struct kv_layer_view view = kv_cache_layer(kv, l);
 
         kern_cpu_rmsnorm(f->xn, f->x, L->attn_norm, n, dim, hp->norm_eps);
-        if ((rc = linear(f, f->q, f->xn, &L->wq, L->bq, n))) return rc;
-        if ((rc = linear(f, f->k, f->xn, &L->wk, L->bk, n))) return rc;
-        if ((rc = linear(f, f->v, f->xn, &L->wv, L->bv, n))) return rc;
+        const struct kern_cpu_mm qkv[3] = {
+            {f->q, L->wq.data, L->wq.type, L->bq, (int)L->wq.rows},
+            {f->k, L->wk.data, L->wk.type, L->bk, (int)L->wk.rows},
+            {f->v, L->wv.data, L->wv.type, L->bv, (int)L->wv.rows},
+        };
+        if ((rc = kern_cpu_matmul_multi(qkv, 3, f->xn, n, dim, f->tp))) return rc;
         kern_cpu_rope(f->q, b->pos, n, hp->n_heads, hd, hp->rope_dim, m->inv_freq, hp->rope_style);
         kern_cpu_rope(f->k, b->pos, n, hp->n_kv_heads, hd, hp->rope_dim, m->inv_freq, hp->rope_style);
         kern_cpu_kv_store(&view, f->k, f->v, b->seq, b->pos, n);
@@ -109,8 +112,11 @@ int forward_cpu_run(struct forward_cpu *f, const struct model *m, struct kv_cach
         kern_cpu_add(f->x, f->tmp, (int64_t)n * dim);
 
         kern_cpu_rmsnorm(f->xn, f->x, L->ffn_norm, n, dim, hp->norm_eps);
-        if ((rc = linear(f, f->g, f->xn, &L->w_gate, NULL, n))) return rc;
-        if ((rc = linear(f, f->u, f->xn, &L->w_up, NULL, n))) return rc;
+        const struct kern_cpu_mm gate_up[2] = {
+            {f->g, L->w_gate.data, L->w_gate.type, NULL, (int)L->w_gate.rows},
+            {f->u, L->w_up.data, L->w_up.type, NULL, (int)L->w_up.rows},
+        };
+        if ((rc = kern_cpu_matmul_multi(gate_up, 2, f->xn, n, dim, f->tp))) return rc;
         kern_cpu_silu_mul(f->g, f->u, (int64_t)n * ffn);
         if ((rc = linear(f, f->tmp, f->g, &L->w_down, NULL, n))) return rc;
         kern_cpu_add(f->x, f->tmp, (int64_t)n * dim);

@@ -920,21 +920,21 @@ static int mm_check(const float *y, const float *x, const void *w, enum dtype wt
     return FERRY_OK;
 }
 
-int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
-                    int k, struct tpool *tp)
+/* Fills c for one product and returns how many pool tasks it wants (1 for tiny products). sx_buf holds
+ * DIRECT_M_MAX * 2 * (SX_MAX_K / 32) floats and must live until the product is done. */
+static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w, enum dtype wt, const float *bias,
+                      int m, int n, int k, struct tpool *tp, float *sx_buf)
 {
-    int st = mm_check(y, x, w, wt, m, n, k);
-    if (st) return st;
-    struct mm_ctx c = {.y = y,
-                       .x = x,
-                       .w = w,
-                       .wt = wt,
-                       .bias = bias,
-                       .m = m,
-                       .n = n,
-                       .k = k,
-                       .row_bytes = dtype_row_size(wt, k),
-                       .n_threads = tpool_size(tp)};
+    *c = (struct mm_ctx){.y = y,
+                         .x = x,
+                         .w = w,
+                         .wt = wt,
+                         .bias = bias,
+                         .m = m,
+                         .n = n,
+                         .k = k,
+                         .row_bytes = dtype_row_size(wt, k),
+                         .n_threads = tpool_size(tp)};
     /* KC: a multiple of 256 (whole K-quant blocks) that keeps the W tile in L1 and the (m, KC) slice of x in
      * L2. With m <= 2 there is no tile and nothing to reuse: whole rows (no partial sums). */
     int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
@@ -943,10 +943,9 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
     if (kc > KC_MAX) kc = KC_MAX;
     if (m <= 2) kc = k; /* the same condition as "no tile" in mm_task */
     if (kc >= k) kc = k;
-    c.kc = (int)kc;
+    c->kc = (int)kc;
 #ifdef HAVE_AVX_Q
     /* Per-block sums of x for the affine part of Q4_0/Q4_1 (see avx_q): (m, k/32) pairs. */
-    float sx[DIRECT_M_MAX * 2 * (SX_MAX_K / 32)];
     if (((m <= DIRECT_M_MAX && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1)) || (m <= 2 && wt == DTYPE_Q4_K)) &&
         k <= SX_MAX_K) {
         const int nb = k / 32;
@@ -956,17 +955,61 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
                 __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
                                          _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
                 const float t = hsum256(s);
-                sx[i * 2 * nb + 2 * b] = wt == DTYPE_Q4_0 ? -8.0f * t : 0.0f;
-                sx[i * 2 * nb + 2 * b + 1] = wt == DTYPE_Q4_0 ? 0.0f : t;
+                sx_buf[i * 2 * nb + 2 * b] = wt == DTYPE_Q4_0 ? -8.0f * t : 0.0f;
+                sx_buf[i * 2 * nb + 2 * b + 1] = wt == DTYPE_Q4_0 ? 0.0f : t;
             }
-        c.sx = sx;
+        c->sx = sx_buf;
     }
-    c.direct = c.sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX) || (wt == DTYPE_Q6_K && m <= 2);
+    c->direct = c->sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX) || (wt == DTYPE_Q6_K && m <= 2);
+#else
+    (void)sx_buf;
 #endif
     /* Tiny products are not worth waking the pool for. */
-    const int n_tasks = (int64_t)m * n * k < 32 * 1024 ? 1 : c.n_threads;
-    if (n_tasks == 1) c.n_threads = 1;
+    if ((int64_t)m * n * k < 32 * 1024) c->n_threads = 1;
+    return c->n_threads;
+}
+
+#define SX_FLOATS (DIRECT_M_MAX * 2 * (SX_MAX_K / 32))
+
+int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
+                    int k, struct tpool *tp)
+{
+    int st = mm_check(y, x, w, wt, m, n, k);
+    if (st) return st;
+    struct mm_ctx c;
+    float sx[SX_FLOATS];
+    int n_tasks = mm_prepare(&c, y, x, w, wt, bias, m, n, k, tp, sx);
     tpool_run(tp, mm_task, &c, n_tasks);
+    return FERRY_OK;
+}
+
+struct mm_multi {
+    struct mm_ctx c[KERN_CPU_MM_MAX_JOBS];
+    int first[KERN_CPU_MM_MAX_JOBS + 1]; /* task index where each job's tasks start */
+    int n_jobs;
+};
+
+static void mm_multi_task(void *arg, int t)
+{
+    const struct mm_multi *mm = arg;
+    int j = 0;
+    while (t >= mm->first[j + 1]) j++;
+    mm_task((void *)&mm->c[j], t - mm->first[j]);
+}
+
+int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k, struct tpool *tp)
+{
+    if (n_jobs <= 0 || n_jobs > KERN_CPU_MM_MAX_JOBS) return FERRY_ERR_INVALID;
+    for (int j = 0; j < n_jobs; j++) {
+        int st = mm_check(jobs[j].y, x, jobs[j].w, jobs[j].wt, m, jobs[j].n, k);
+        if (st) return st;
+    }
+    struct mm_multi mm = {.n_jobs = n_jobs};
+    float sx[KERN_CPU_MM_MAX_JOBS][SX_FLOATS];
+    for (int j = 0; j < n_jobs; j++)
+        mm.first[j + 1] = mm.first[j] + mm_prepare(&mm.c[j], jobs[j].y, x, jobs[j].w, jobs[j].wt, jobs[j].bias, m,
+                                                   jobs[j].n, k, tp, sx[j]);
+    tpool_run(tp, mm_multi_task, &mm, mm.first[n_jobs]);
     return FERRY_OK;
 }
 

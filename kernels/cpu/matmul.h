@@ -18,6 +18,19 @@ struct tpool;
 int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                     int k, struct tpool *tp);
 
+/* Several products sharing x (q/k/v, gate/up) in one dispatch of the pool: job j computes
+ * jobs[j].y (m, n_j) = x (m, k) · W_jᵀ (+ bias). Each job's result is bitwise what kern_cpu_matmul gives; the
+ * saving is the pool wake-ups and the tail imbalance of separate calls. At most KERN_CPU_MM_MAX_JOBS jobs. */
+#define KERN_CPU_MM_MAX_JOBS 4
+struct kern_cpu_mm {
+    float *y;          /* (m, n) */
+    const void *w;     /* (n, k) in wt */
+    enum dtype wt;
+    const float *bias; /* (n) or NULL */
+    int n;
+};
+int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k, struct tpool *tp);
+
 /* Reference: plain loops, each weight element dequantized with quant/dequant.h, double accumulation. */
 int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                         int k);

@@ -230,3 +230,65 @@ Test(threadpool, survives_idle_sleep_and_wakeup)
     tpool_free(tp);
     tpool_free(NULL);
 }
+
+/* kern_cpu_matmul_multi: every job's output is bitwise what kern_cpu_matmul gives alone (same partition per
+ * job), across types, batch sizes and a tiny job that runs unsplit. */
+Test(matmul, multi_equals_separate_calls)
+{
+    struct tpool *tp = NULL;
+    cr_assert_eq(tpool_init(&tp, 2), 0);
+    const enum dtype types[] = {DTYPE_F32, DTYPE_F16, DTYPE_Q8_0, DTYPE_Q4_1, DTYPE_Q4_K};
+    const int ms[] = {1, 3, 17};
+    const int k = 256, ns[3] = {97, 33, 5};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            const int m = ms[mi];
+            float *x = malloc(sizeof(float) * m * k);
+            for (int i = 0; i < m * k; i++) x[i] = sinf(0.37f * i + 1.0f);
+            void *w[3];
+            float *y_sep[3], *y_multi[3], *bias = malloc(sizeof(float) * 97);
+            for (int i = 0; i < 97; i++) bias[i] = 0.01f * i - 0.3f;
+            struct kern_cpu_mm jobs[3];
+            for (int j = 0; j < 3; j++) {
+                size_t rb = dtype_row_size(types[ti], k);
+                w[j] = malloc(rb * ns[j]);
+                float *row = malloc(sizeof(float) * k);
+                for (int r = 0; r < ns[j]; r++) {
+                    for (int c = 0; c < k; c++) row[c] = cosf(0.11f * (r * k + c) + j);
+                    if (types[ti] == DTYPE_F32)
+                        memcpy((char *)w[j] + rb * r, row, rb);
+                    else if (types[ti] == DTYPE_F16)
+                        for (int c = 0; c < k; c++) ((uint16_t *)((char *)w[j] + rb * r))[c] = f32_to_f16(row[c]);
+                    else if (types[ti] == DTYPE_Q4_K) /* no quantizer: random bytes with sane f16 scales */
+                        for (size_t b = 0; b < rb; b++) ((uint8_t *)w[j])[rb * r + b] = (uint8_t)(r * 31 + b * 7 + j);
+                    else
+                        cr_assert_eq(quant_row(types[ti], row, (char *)w[j] + rb * r, k), 0);
+                }
+                if (types[ti] == DTYPE_Q4_K) /* d and dmin of every 144-byte block: small positive halves */
+                    for (int r = 0; r < ns[j]; r++)
+                        for (int blk = 0; blk < k / 256; blk++) {
+                            uint16_t *h = (uint16_t *)((char *)w[j] + rb * r + 144 * blk);
+                            h[0] = f32_to_f16(0.01f), h[1] = f32_to_f16(0.002f);
+                        }
+                free(row);
+                y_sep[j] = malloc(sizeof(float) * m * ns[j]);
+                y_multi[j] = malloc(sizeof(float) * m * ns[j]);
+                const float *bj = j == 0 ? bias : NULL;
+                cr_assert_eq(kern_cpu_matmul(y_sep[j], x, w[j], types[ti], bj, m, ns[j], k, tp), 0);
+                jobs[j] = (struct kern_cpu_mm){y_multi[j], w[j], types[ti], bj, ns[j]};
+            }
+            cr_assert_eq(kern_cpu_matmul_multi(jobs, 3, x, m, k, tp), 0);
+            for (int j = 0; j < 3; j++) {
+                cr_assert_eq(memcmp(y_sep[j], y_multi[j], sizeof(float) * m * ns[j]), 0, "%s m=%d job %d",
+                             dtype_name(types[ti]), m, j);
+                free(w[j]);
+                free(y_sep[j]);
+                free(y_multi[j]);
+            }
+            free(x);
+            free(bias);
+        }
+    struct kern_cpu_mm none;
+    cr_assert_eq(kern_cpu_matmul_multi(&none, 0, NULL, 1, 32, tp), FERRY_ERR_INVALID);
+    tpool_free(tp);
+}
