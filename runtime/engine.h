@@ -2,9 +2,10 @@
  *
  * The scheduler (server/) builds a `struct batch` each iteration (prefill chunks and decode tokens of many
  * sequences) and calls engine_step(); the engine owns the weights, the paged KV cache and its block tables,
- * the backend (CPU today; CUDA later) and its threads. Sequences are slots 0..n_seqs-1; a slot's KV blocks
- * are taken as its positions grow and returned by engine_seq_free(). Positions of a sequence must be
- * written in order without gaps (pos 0 first). One thread calls the engine at a time.
+ * the backend (CPU, or CUDA with a device_map of resident and streamed layers) and its threads. Sequences are
+ * slots 0..n_seqs-1; a slot's KV blocks are taken as its positions grow and returned by engine_seq_free().
+ * Positions of a sequence continue each other within a batch and start at most at the slot's length (a slot
+ * may rewind to rewrite its tail). One thread calls the engine at a time.
  * Usage: engine_init → (engine_step ...; engine_seq_free ...)* → engine_free.
  */
 #ifndef FERRY_ENGINE_H
