@@ -597,9 +597,7 @@ int gguf_open(const char *path, struct gguf **out, char err[256])
     struct gguf *g;
     rc = gguf_open_mem(m.data, m.size, &g, e2);
     if (rc) {
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        snprintf(err, 256, "%.60s: %.190s", base, e2);
+        mapfile_name_error(path, e2, err);
         mapfile_close(&m);
         return rc;
     }

@@ -116,3 +116,10 @@ int mapfile_read_small(const char *path, size_t max_bytes, char **out, size_t *l
     *len = n;
     return FERRY_OK;
 }
+
+void mapfile_name_error(const char *path, const char *msg, char err[256])
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    snprintf(err, 256, "%.60s: %.190s", base, msg);
+}

@@ -18,6 +18,9 @@ struct mapfile {
 int mapfile_open(const char *path, struct mapfile *out, char err[256]);
 void mapfile_close(struct mapfile *m);
 
+/* err = "<base name of path>: <msg>", the form every reader's open-time error takes. */
+void mapfile_name_error(const char *path, const char *msg, char err[256]);
+
 /* Reads a whole small file (configs) into a NUL-terminated heap buffer of at most max_bytes; *len gets its
  * length. FERRY_ERR_NOT_FOUND when absent, FERRY_ERR_RANGE when larger than max_bytes. */
 int mapfile_read_small(const char *path, size_t max_bytes, char **out, size_t *len, char err[256]);

@@ -257,9 +257,7 @@ int safetensors_open(const char *path, struct safetensors **out, char err[256])
     struct safetensors *st;
     rc = safetensors_open_mem(m.data, m.size, &st, e2);
     if (rc) {
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        snprintf(err, 256, "%.60s: %.190s", base, e2);
+        mapfile_name_error(path, e2, err);
         mapfile_close(&m);
         return rc;
     }
