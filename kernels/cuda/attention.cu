@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/pdl.h"
 
 #define ATT_T       64 /* positions per K/V tile */
 #define ATT_THREADS 128
@@ -304,21 +305,56 @@ __global__ void attn_merge_kernel(float *out, const float *ws_o, const float2 *w
     }
 }
 
-__global__ void kv_store_kernel(__half *kc, __half *vc, const float *k_new, const float *v_new,
-                                const int32_t *seq, const int32_t *pos, const int32_t *bt, int m,
-                                int row_elems, int n_blocks, int block_size, int max_blocks)
+/* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim dims,
+ * pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU), the rest
+ * copied; queries go to q_out (f32), keys and values to the cache (f16). */
+__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, const int32_t *seq,
+                                     const int32_t *pos, const int32_t *bt, const float *inv_freq, int m,
+                                     int n_heads, int n_kv, int D, int rope_dim, int half_style, int n_blocks,
+                                     int block_size, int max_blocks)
 {
-    const int64_t total = (int64_t)m * row_elems;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int tok = (int)(i / row_elems), e = (int)(i % row_elems);
+    pdl_wait();
+    pdl_trigger();
+    const int pairs = D / 2, heads = n_heads + 2 * n_kv, half = rope_dim / 2;
+    const int qd = n_heads * D, kvd = n_kv * D;
+    const int64_t total = (int64_t)m * heads * pairs;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int j = (int)(t % pairs);
+        const int h = (int)((t / pairs) % heads);
+        const int tok = (int)(t / ((int64_t)pairs * heads));
+        const float *src = qkv + (size_t)tok * (qd + 2 * kvd) + (size_t)h * D;
+        int i0, i1;
+        float x0, x1;
+        if (h < n_heads + n_kv && j < half) {
+            i0 = half_style ? j : 2 * j;
+            i1 = half_style ? j + half : 2 * j + 1;
+            const float angle = __fmul_rn((float)pos[tok], inv_freq[j]);
+            double sd, cd;
+            sincos((double)angle, &sd, &cd);
+            const float cf = (float)cd, sf = (float)sd, a = src[i0], b = src[i1];
+            x0 = a * cf - b * sf;
+            x1 = a * sf + b * cf;
+        } else {
+            i0 = h < n_heads + n_kv ? rope_dim + 2 * (j - half) : 2 * j;
+            i1 = i0 + 1;
+            x0 = src[i0];
+            x1 = src[i1];
+        }
+        if (h < n_heads) {
+            float *dst = q_out + (size_t)tok * qd + (size_t)h * D;
+            dst[i0] = x0;
+            dst[i1] = x1;
+            continue;
+        }
         const int pp = pos[tok];
         if (pp < 0 || pp / block_size >= max_blocks) continue;
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
         if (blk < 0 || blk >= n_blocks) continue;
-        const size_t dst = ((size_t)blk * block_size + pp % block_size) * row_elems + e;
-        kc[dst] = __float2half_rn(k_new[i]);
-        vc[dst] = __float2half_rn(v_new[i]);
+        const int kh = h < n_heads + n_kv ? h - n_heads : h - n_heads - n_kv;
+        __half *dst = (h < n_heads + n_kv ? kc : vc) + (((size_t)blk * block_size + pp % block_size) * n_kv + kh) * D;
+        dst[i0] = __float2half_rn(x0);
+        dst[i1] = __float2half_rn(x1);
     }
 }
 
@@ -456,21 +492,24 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
     return FERRY_OK;
 }
 
-extern "C" int kern_cuda_kv_store(const struct kern_cuda_kv_layer *kv, const float *k_new, const float *v_new,
-                                  const int32_t *seq, const int32_t *pos, int m, cudaStream_t stream)
+extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
+                                      const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
+                                      const float *inv_freq, enum rope_style style, cudaStream_t stream)
 {
     int rc = check_kv(kv);
     if (rc) return rc;
-    if (!k_new || !v_new || !seq || !pos || m < 0) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(k_new, 4) || !FCUDA_ALIGNED(v_new, 4) || !FCUDA_ALIGNED(seq, 4) ||
-        !FCUDA_ALIGNED(pos, 4))
+    if (!q_out || !qkv || !seq || !pos || !inv_freq || m < 0 || n_heads <= 0) return FERRY_ERR_INVALID;
+    if (rope_dim <= 0 || rope_dim > kv->head_dim || rope_dim % 2) return FERRY_ERR_INVALID;
+    if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(qkv, 4) || !FCUDA_ALIGNED(seq, 4) || !FCUDA_ALIGNED(pos, 4) ||
+        !FCUDA_ALIGNED(inv_freq, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    const int row = kv->n_kv_heads * kv->head_dim;
-    kv_store_kernel<<<fcuda_blocks((int64_t)m * row, 256), 256, 0, stream>>>(
-        (__half *)kv->k, (__half *)kv->v, k_new, v_new, seq, pos, kv->block_table, m, row, kv->n_blocks,
-        kv->block_size, kv->max_blocks);
-    FCUDA_LAUNCH_CHECK("kv_store_kernel");
+    const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
+    FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out, qkv,
+                           (__half *)kv->k, (__half *)kv->v, seq, pos, kv->block_table, inv_freq, m, n_heads,
+                           kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks,
+                           kv->block_size, kv->max_blocks));
     return FERRY_OK;
 }
 

@@ -4,7 +4,7 @@
  *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) f16
  * Sequence s maps position p to block block_table[s*max_blocks + p/block_size], row p%block_size.
  * Token i of a batch belongs to seq[i] at position pos[i] and attends to positions 0..pos[i] of its sequence
- * (already stored with kern_cuda_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads).
+ * (already stored with kern_cuda_rope_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads).
  * One kernel serves both phases (FlashAttention-style: K/V tiles of 64 positions staged in shared memory,
  * online softmax in f32, the score matrix never materialised beyond one 16x64 tile):
  *   PREFILL: a block takes up to 16 query rows (consecutive tokens x the query heads of one KV head), so each
@@ -30,6 +30,8 @@
 extern "C" {
 #endif
 
+#include "kernels/core/rope.h"
+
 struct kern_cuda_kv_layer {
     uint16_t *k; /* (n_blocks, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
     uint16_t *v; /* same shape */
@@ -43,10 +45,14 @@ struct kern_cuda_kv_layer {
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
 
-/* Writes k_new/v_new (m, n_kv_heads*head_dim) f32, rounded to f16, to the cache rows of (seq[i], pos[i]).
- * A (seq, pos) whose block id is outside [0, n_blocks) is skipped on the device (the caller checks). */
-int kern_cuda_kv_store(const struct kern_cuda_kv_layer *kv, const float *k_new, const float *v_new,
-                       const int32_t *seq, const int32_t *pos, int m, cudaStream_t stream);
+/* The step after the fused q/k/v projection: qkv (m, (n_heads + 2*n_kv_heads)*head_dim) f32 holds each token's
+ * query, key and value heads in that order. Queries and keys are rotated at pos[i] (the first rope_dim dims of
+ * each head, pairs and angles exactly as kern_cuda_rope), the queries written to q_out (m, n_heads*head_dim)
+ * f32, and the keys and values, rounded to f16, to the cache rows of (seq[i], pos[i]). A (seq, pos) whose block
+ * id is outside [0, n_blocks) is skipped on the device (the caller checks). inv_freq (rope_dim/2) on the device. */
+int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
+                            const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
+                            const float *inv_freq, enum rope_style style, cudaStream_t stream);
 
 /* Workspace bytes kern_cuda_attention uses at most for any batch of up to m tokens (so one workspace sized
  * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos. */

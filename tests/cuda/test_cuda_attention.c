@@ -12,6 +12,7 @@
 #include "tests/cuda/cuda_test.h"
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 
 struct cache {
@@ -254,46 +255,87 @@ Test(cuda_attention, long_context_8192)
     cache_free(&c);
 }
 
-Test(cuda_attention, kv_store_writes_the_right_rows)
+/* rope_kv_store on a (q | k | v) row per token: queries rotated like the CPU rope (f32, 2e-6 relative: the CPU
+ * and GPU may differ in the last bit of a product), keys rotated and rounded to f16 (equal to the f16 of the CPU
+ * result or one f16 step away), values rounded to f16 exactly; every other cache row untouched. Both rope
+ * styles, a partial rope_dim, GQA. */
+static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
 {
-    SKIP_WITHOUT_GPU();
-    rng_seed(26);
     const int l[] = {40, 9};
     struct cache c;
-    cache_init(&c, 4, 2, 16, 8, 2, l);
-    const int m = 5, row = c.n_kv * c.D;
+    cache_init(&c, n_heads, n_kv, D, 8, 2, l);
+    const int m = 5, qd = n_heads * D, kvd = n_kv * D, rowlen = qd + 2 * kvd;
     int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 39, 3};
-    float *kn = host_rand((size_t)m * row, -3, 3), *vn = host_rand((size_t)m * row, -3, 3);
-    float *dk = dev_upload(kn, (size_t)m * row * 4), *dv = dev_upload(vn, (size_t)m * row * 4);
+    float *qkv = host_rand((size_t)m * rowlen, -3, 3);
+    float *inv = malloc(rope_dim / 2 * sizeof(float));
+    kern_cpu_rope_freqs(inv, rope_dim, 10000.0f, NULL);
+    float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, rope_dim / 2 * 4);
+    float *dq = dev_poison((size_t)m * qd * 4);
     int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
-    cr_assert_eq(kern_cuda_kv_store(&c.dev, dk, dv, ds, dp, m, 0), FERRY_OK);
-    const size_t ne = (size_t)c.n_blocks * c.bs * row;
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0), FERRY_OK);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+
+    /* CPU: split the rows, rotate q and k. */
+    float *q = malloc((size_t)m * qd * 4), *k = malloc((size_t)m * kvd * 4), *v = malloc((size_t)m * kvd * 4);
+    for (int i = 0; i < m; i++) {
+        memcpy(q + (size_t)i * qd, qkv + (size_t)i * rowlen, qd * 4);
+        memcpy(k + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd, kvd * 4);
+        memcpy(v + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd + kvd, kvd * 4);
+    }
+    kern_cpu_rope_ref(q, pos, m, n_heads, D, rope_dim, inv, style);
+    kern_cpu_rope_ref(k, pos, m, n_kv, D, rope_dim, inv, style);
+    float *gq = malloc((size_t)m * qd * 4);
+    dev_download(gq, dq, (size_t)m * qd * 4);
+    for (size_t i = 0; i < (size_t)m * qd; i++)
+        cr_assert(fabsf(gq[i] - q[i]) <= 2e-6f * (1.0f + fabsf(q[i])), "q[%zu] %g vs %g", i, gq[i], q[i]);
+
+    const size_t ne = (size_t)c.n_blocks * c.bs * kvd;
     uint16_t *gk = malloc(ne * 2), *gv = malloc(ne * 2);
     dev_download(gk, c.dev.k, ne * 2);
     dev_download(gv, c.dev.v, ne * 2);
-    /* Expected: the old cache with the five rows replaced by the f16-rounded inputs. */
     for (int i = 0; i < m; i++) {
         uint16_t *ek = (uint16_t *)cache_row(&c, c.k, seq[i], pos[i], 0);
         uint16_t *ev = (uint16_t *)cache_row(&c, c.v, seq[i], pos[i], 0);
-        for (int e = 0; e < row; e++) {
-            ek[e] = f32_to_f16(kn[(size_t)i * row + e]);
-            ev[e] = f32_to_f16(vn[(size_t)i * row + e]);
+        const size_t at = (size_t)(ek - c.k);
+        for (int e = 0; e < kvd; e++) {
+            const uint16_t want = f32_to_f16(k[(size_t)i * kvd + e]);
+            cr_assert(abs((int)gk[at + e] - (int)want) <= 1, "token %d k[%d]: %04x vs %04x", i, e, gk[at + e], want);
+            ek[e] = gk[at + e]; /* accepted: the whole-pool comparison below checks every other row */
+            ev[e] = f32_to_f16(v[(size_t)i * kvd + e]);
         }
     }
     cr_assert(memcmp(gk, c.k, ne * 2) == 0, "K pool differs from expected");
     cr_assert(memcmp(gv, c.v, ne * 2) == 0, "V pool differs from expected");
     struct kern_cuda_kv_layer bad = c.dev;
     bad.head_dim = 12;
-    cr_assert_eq(kern_cuda_kv_store(&bad, dk, dv, ds, dp, m, 0), FERRY_ERR_UNSUPPORTED);
-    cudaFree(dk);
-    cudaFree(dv);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
+                 FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, D + 2, dinv, style, 0),
+                 FERRY_ERR_INVALID);
+    cudaFree(dqkv);
+    cudaFree(dinv);
+    cudaFree(dq);
     cudaFree(ds);
     cudaFree(dp);
-    free(kn);
-    free(vn);
+    free(qkv);
+    free(inv);
+    free(q);
+    free(k);
+    free(v);
+    free(gq);
     free(gk);
     free(gv);
     cache_free(&c);
+}
+
+Test(cuda_attention, rope_kv_store_rotates_and_writes_the_right_rows)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(26);
+    rope_store_case(ROPE_STYLE_INTERLEAVED, 4, 2, 16, 16);
+    rope_store_case(ROPE_STYLE_HALF, 4, 2, 16, 16);
+    rope_store_case(ROPE_STYLE_HALF, 6, 2, 24, 8);
+    rope_store_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64);
 }
 
 /* The local reference agrees with kern_cpu_attention_ref on the same cache (as f32) and batch. */
