@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/pdl.h"
 
 #define GEMV_WARPS      4
 #define GEMV_UNROLL     4
@@ -121,11 +122,23 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     const int lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * GEMV_WARPS + threadIdx.x / 32) * R;
-    if (row0 >= n) return;
     const int nc = k / VEC;
     const uint4 *wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = w + (size_t)(row0 + r < n ? row0 + r : n - 1) * nc;
+    /* The weights are never written by a kernel: the first U chunks per row are loaded before waiting for the
+     * previous kernel (pdl.h), then each batch is multiplied while the next one is in flight. */
+    int c = lane;
+    bool full = row0 < n && c + 32 * (U - 1) < nc;
+    uint4 cur[U][R];
+    if (full)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) cur[u][r] = ld_stream(wr[r] + c + 32 * u);
+    pdl_wait();
+    pdl_trigger();
+    if (row0 >= n) return;
     const float *xr[M];
 #pragma unroll
     for (int mi = 0; mi < M; mi++) xr[mi] = x + (size_t)(mi < m ? mi : m - 1) * k;
@@ -135,15 +148,24 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < R; r++) acc[mi][r] = 0.0f;
 
-    int c = lane;
-    for (; c + 32 * (U - 1) < nc; c += 32 * U) {
-        uint4 wv[U][R];
+    while (full) {
+        const int cn = c + 32 * U;
+        const bool more = cn + 32 * (U - 1) < nc;
+        uint4 nxt[U][R];
+        if (more)
 #pragma unroll
-        for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < R; r++) wv[u][r] = ld_stream(wr[r] + c + 32 * u);
+                for (int r = 0; r < R; r++) nxt[u][r] = ld_stream(wr[r] + cn + 32 * u);
 #pragma unroll
-        for (int u = 0; u < U; u++) gemv_fma<WT, M, R>(acc, wv[u], xr, (c + 32 * u) * VEC);
+        for (int u = 0; u < U; u++) gemv_fma<WT, M, R>(acc, cur[u], xr, (c + 32 * u) * VEC);
+        c = cn;
+        full = more;
+        if (more)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) cur[u][r] = nxt[u][r];
     }
     for (; c < nc; c += 32) {
         uint4 wv[R];
@@ -270,9 +292,13 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[at][j][e] = 0.0f;
 
-    if (row0 < n && split < nsteps) {
-        uint4 cur[2][4], nxt[2][4];
-        mma_load_w(cur, wr, split, t, nc);
+    /* The first step's weights are loaded before waiting for the previous kernel (pdl.h). */
+    const bool active = row0 < n && split < nsteps;
+    uint4 cur[2][4], nxt[2][4];
+    if (active) mma_load_w(cur, wr, split, t, nc);
+    pdl_wait();
+    pdl_trigger();
+    if (active) {
         for (int s = split; s < nsteps; s += S) {
             const bool more = s + S < nsteps;
             if (more) mma_load_w(nxt, wr, s + S, t, nc);
@@ -351,10 +377,11 @@ static int gemm_mma_launch(float *y, const float *x, const void *w, const float 
     const int tiles = (n + MMA_ROWS - 1) / MMA_ROWS;
     const unsigned blocks = (unsigned)((tiles + T - 1) / T);
     if (m <= 8)
-        gemm_mma_kernel<WT, 1><<<blocks, MMA_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k, S);
+        FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 1>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, x,
+                               (const uint4 *)w, bias, m, n, k, S));
     else
-        gemm_mma_kernel<WT, 2><<<blocks, MMA_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k, S);
-    FCUDA_LAUNCH_CHECK("gemm_mma_kernel");
+        FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 2>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, x,
+                               (const uint4 *)w, bias, m, n, k, S));
     return FERRY_OK;
 }
 
@@ -370,6 +397,8 @@ template <int WT, int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_scalar_kernel(float *y, const float *x, const void *w, const float *bias, int m, int n, int k)
 {
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     if (row >= n) return;
@@ -392,6 +421,8 @@ template <int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_q8_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k)
 {
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     if (row >= n) return;
@@ -427,8 +458,8 @@ static int gemv_q8_launch(float *y, const float *x, const void *w, const float *
                           cudaStream_t st)
 {
     const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
-    gemv_q8_kernel<M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint8_t *)w, bias, m, n, k);
-    FCUDA_LAUNCH_CHECK("gemv_q8_kernel");
+    FCUDA_CHECK(pdl_launch(gemv_q8_kernel<M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x,
+                           (const uint8_t *)w, bias, m, n, k));
     return FERRY_OK;
 }
 
@@ -447,13 +478,12 @@ static int gemv_launch(float *y, const float *x, const void *w, const float *bia
     if (vec) {
         const int rows_per_block = GEMV_WARPS * R;
         const unsigned blocks = (unsigned)((n + rows_per_block - 1) / rows_per_block);
-        gemv_vec_kernel<WT, M, R, U>
-            <<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, (const uint4 *)w, bias, m, n, k);
-        FCUDA_LAUNCH_CHECK("gemv_vec_kernel");
+        FCUDA_CHECK(pdl_launch(gemv_vec_kernel<WT, M, R, U>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x,
+                               (const uint4 *)w, bias, m, n, k));
     } else {
         const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
-        gemv_scalar_kernel<WT, M><<<blocks, GEMV_WARPS * 32, 0, st>>>(y, x, w, bias, m, n, k);
-        FCUDA_LAUNCH_CHECK("gemv_scalar_kernel");
+        FCUDA_CHECK(pdl_launch(gemv_scalar_kernel<WT, M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x, w,
+                               bias, m, n, k));
     }
     return FERRY_OK;
 }
@@ -516,6 +546,8 @@ extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, en
 
 __global__ void round_x_kernel(void *dst, const float *x, int64_t n, int to_bf16)
 {
+    pdl_wait();
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         if (to_bf16)
@@ -593,9 +625,8 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
         for (int i = 0; i < m; i += (int)(rows_fit < m ? rows_fit : m)) {
             const int mt = (int)(m - i < rows_fit ? m - i : rows_fit);
             const int64_t ne = (int64_t)mt * k;
-            round_x_kernel<<<fcuda_blocks(ne, 256), 256, 0, stream>>>(ctx->xbuf, x + (size_t)i * k, ne,
-                                                                      wt == DTYPE_BF16);
-            FCUDA_LAUNCH_CHECK("round_x_kernel");
+            FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, stream, ctx->xbuf,
+                                   x + (size_t)i * k, ne, (int)(wt == DTYPE_BF16)));
             FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k,
                                      ctx->xbuf, t, k, &zero, y + (size_t)i * n, CUDA_R_32F, n,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

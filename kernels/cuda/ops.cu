@@ -1,5 +1,5 @@
-/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add), rotary embedding,
- * SiLU-gated activation and residual add; see ops.h for the contracts.
+/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU-gated activation;
+ * see ops.h for the contracts. (Rotary embedding is fused with the KV store: kernels/cuda/attention.h.)
  *
  * Row-wise ops run one block per row with a fixed-order tree reduction (deterministic); element-wise ops are
  * grid-stride loops with coalesced f32 accesses, which reach the memory bandwidth without vector loads.
@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.h"
 
 #define ROW_THREADS 256
 
@@ -97,6 +98,8 @@ __device__ __forceinline__ float block_sum(float v, float *red)
 __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int d, float eps)
 {
     __shared__ float red[33];
+    pdl_wait();
+    pdl_trigger();
     const size_t off = (size_t)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) ss += x[off + j] * x[off + j];
@@ -108,6 +111,8 @@ __global__ void add_rmsnorm_kernel(float *resid, const float *delta, float *y, c
                                    float eps)
 {
     __shared__ float red[33];
+    pdl_wait();
+    pdl_trigger();
     const size_t off = (size_t)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
@@ -126,8 +131,7 @@ extern "C" int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m
     if (!y || !x || !w || m < 0 || d <= 0 || !(eps >= 0.0f)) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(w, 4)) return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    rmsnorm_kernel<<<m, ROW_THREADS, 0, stream>>>(y, x, w, d, eps);
-    FCUDA_LAUNCH_CHECK("rmsnorm_kernel");
+    FCUDA_CHECK(pdl_launch(rmsnorm_kernel, dim3(m), dim3(ROW_THREADS), 0, stream, y, x, w, d, eps));
     return FERRY_OK;
 }
 
@@ -139,88 +143,33 @@ extern "C" int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y,
     if (!FCUDA_ALIGNED(resid, 4) || !FCUDA_ALIGNED(delta, 4) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    add_rmsnorm_kernel<<<m, ROW_THREADS, 0, stream>>>(resid, delta, y, w, d, eps);
-    FCUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+    FCUDA_CHECK(pdl_launch(add_rmsnorm_kernel, dim3(m), dim3(ROW_THREADS), 0, stream, resid, delta, y, w, d, eps));
     return FERRY_OK;
 }
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* rope */
+/* SiLU-gated activation */
 
-__global__ void rope_kernel(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
-                            const float *inv_freq, int half_style)
+__global__ void silu_mul_kernel(float *h, const float *gu, int m, int ffn)
 {
-    const int half = rope_dim / 2;
-    const int64_t total = (int64_t)m * n_heads * half;
-    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
-         t += (int64_t)gridDim.x * blockDim.x) {
-        const int i = (int)(t % half);
-        const int64_t th = t / half; /* token * n_heads + head */
-        const int tok = (int)(th / n_heads);
-        float *xh = x + th * head_dim;
-        const float angle = __fmul_rn((float)pos[tok], inv_freq[i]);
-        double s, c;
-        sincos((double)angle, &s, &c);
-        const float cf = (float)c, sf = (float)s;
-        const int i0 = half_style ? i : 2 * i;
-        const int i1 = half_style ? i + half : 2 * i + 1;
-        const float x0 = xh[i0], x1 = xh[i1];
-        xh[i0] = x0 * cf - x1 * sf;
-        xh[i1] = x0 * sf + x1 * cf;
-    }
-}
-
-extern "C" int kern_cuda_rope(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
-                              const float *inv_freq, enum rope_style style, cudaStream_t stream)
-{
-    if (!x || !pos || !inv_freq || m < 0 || n_heads <= 0 || head_dim <= 0) return FERRY_ERR_INVALID;
-    if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2) return FERRY_ERR_INVALID;
-    if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(pos, 4) || !FCUDA_ALIGNED(inv_freq, 4))
-        return FERRY_ERR_INVALID;
-    if (m == 0) return FERRY_OK;
-    const int64_t total = (int64_t)m * n_heads * (rope_dim / 2);
-    rope_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(x, pos, m, n_heads, head_dim, rope_dim,
-                                                              inv_freq, style == ROPE_STYLE_HALF);
-    FCUDA_LAUNCH_CHECK("rope_kernel");
-    return FERRY_OK;
-}
-
-/* ----------------------------------------------------------------------------------------------------------
- */
-/* element-wise */
-
-__global__ void silu_mul_kernel(float *gate, const float *up, int64_t n)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+    pdl_wait();
+    pdl_trigger();
+    const int64_t total = (int64_t)m * ffn;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float a = gate[i];
-        gate[i] = a / (1.0f + expf(-a)) * up[i];
+        const int64_t row = i / ffn;
+        const float *g = gu + row * 2 * ffn + (i - row * ffn);
+        const float a = g[0];
+        h[i] = a / (1.0f + expf(-a)) * g[ffn];
     }
 }
 
-__global__ void add_kernel(float *y, const float *x, int64_t n)
+extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        y[i] += x[i];
-}
-
-extern "C" int kern_cuda_silu_mul(float *gate, const float *up, int64_t n, cudaStream_t stream)
-{
-    if (!gate || !up || n < 0 || !FCUDA_ALIGNED(gate, 4) || !FCUDA_ALIGNED(up, 4)) return FERRY_ERR_INVALID;
-    if (n == 0) return FERRY_OK;
-    silu_mul_kernel<<<fcuda_blocks(n, 256), 256, 0, stream>>>(gate, up, n);
-    FCUDA_LAUNCH_CHECK("silu_mul_kernel");
-    return FERRY_OK;
-}
-
-extern "C" int kern_cuda_add(float *y, const float *x, int64_t n, cudaStream_t stream)
-{
-    if (!y || !x || n < 0 || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4)) return FERRY_ERR_INVALID;
-    if (n == 0) return FERRY_OK;
-    add_kernel<<<fcuda_blocks(n, 256), 256, 0, stream>>>(y, x, n);
-    FCUDA_LAUNCH_CHECK("add_kernel");
+    if (!h || !gu || m < 0 || ffn <= 0 || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(gu, 4)) return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(silu_mul_kernel, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream, h, gu,
+                           m, ffn));
     return FERRY_OK;
 }

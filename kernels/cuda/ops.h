@@ -18,7 +18,6 @@ extern "C" {
 #endif
 
 #include "kernels/core/dtype.h"
-#include "kernels/core/rope.h"
 
 /* Number of CUDA devices, 0 when there is none or the driver is absent (never an error). */
 int kern_cuda_device_count(void);
@@ -37,17 +36,9 @@ int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, fl
 int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
                           cudaStream_t stream);
 
-/* In place, x (m, n_heads, head_dim) rotated at positions pos (device, m); the first rope_dim dims of each
- * head rotate, pairs as in kernels/core/rope.h. inv_freq (rope_dim/2) f32 on the device (computed on the host
- * with kern_cpu_rope_freqs and uploaded once). Angle = pos * inv_freq[i] in f32, cos/sin in double, like the
- * CPU. */
-int kern_cuda_rope(float *x, const int32_t *pos, int m, int n_heads, int head_dim, int rope_dim,
-                   const float *inv_freq, enum rope_style style, cudaStream_t stream);
-
-/* gate (n) = silu(gate) * up. */
-int kern_cuda_silu_mul(float *gate, const float *up, int64_t n, cudaStream_t stream);
-/* y (n) += x (n). */
-int kern_cuda_add(float *y, const float *x, int64_t n, cudaStream_t stream);
+/* h (m, ffn) = silu(gate) * up, where gu (m, 2*ffn) holds each row's gate then up (the fused gate|up product).
+ * h must not alias gu. */
+int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

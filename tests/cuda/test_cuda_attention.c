@@ -261,11 +261,11 @@ Test(cuda_attention, long_context_8192)
  * styles, a partial rope_dim, GQA. */
 static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
 {
-    const int l[] = {40, 9};
+    const int l[] = {4100, 9};
     struct cache c;
     cache_init(&c, n_heads, n_kv, D, 8, 2, l);
     const int m = 5, qd = n_heads * D, kvd = n_kv * D, rowlen = qd + 2 * kvd;
-    int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 39, 3};
+    int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 4095, 3};
     float *qkv = host_rand((size_t)m * rowlen, -3, 3);
     float *inv = malloc(rope_dim / 2 * sizeof(float));
     kern_cpu_rope_freqs(inv, rope_dim, 10000.0f, NULL);

@@ -185,88 +185,30 @@ Test(cuda_ops, add_rmsnorm_fused)
     free(sref);
 }
 
-/* ---- rope ---- */
+/* ---- SiLU-gated activation over the fused gate|up rows ---- */
 
-static void check_rope(enum rope_style style, int head_dim, int rope_dim)
-{
-    const int m = 5, nh = 3, half = rope_dim / 2;
-    const size_t n = (size_t)m * nh * head_dim;
-    float *x = host_rand(n, -2, 2), *got = malloc(n * 4), *inv = malloc(half * 4);
-    double *ref = malloc(n * 8);
-    for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / rope_dim);
-    int32_t pos[5] = {0, 1, 17, 4095, 8191 - irand(100)};
-    for (size_t i = 0; i < n; i++) ref[i] = x[i];
-    for (int t = 0; t < m; t++)
-        for (int h = 0; h < nh; h++)
-            for (int i = 0; i < half; i++) {
-                const size_t b = ((size_t)t * nh + h) * head_dim;
-                const int i0 = style == ROPE_STYLE_HALF ? i : 2 * i,
-                          i1 = style == ROPE_STYLE_HALF ? i + half : 2 * i + 1;
-                const float angle = (float)pos[t] * inv[i];
-                const double c = cos((double)angle), s = sin((double)angle);
-                ref[b + i0] = x[b + i0] * c - (double)x[b + i1] * s;
-                ref[b + i1] = x[b + i0] * s + (double)x[b + i1] * c;
-            }
-    float *dx = dev_upload(x, n * 4), *dinv = dev_upload(inv, half * 4);
-    int32_t *dpos = dev_upload(pos, sizeof pos);
-    cr_assert_eq(kern_cuda_rope(dx, dpos, m, nh, head_dim, rope_dim, dinv, style, 0), FERRY_OK);
-    dev_download(got, dx, n * 4);
-    double e = max_abs_err(got, ref, n);
-    cr_assert(e <= 2e-6, "style %d rope_dim %d/%d: max abs err %g > 2e-6", style, rope_dim, head_dim, e);
-    for (int t = 0; t < m; t++) /* dims past rope_dim are untouched, bit for bit */
-        for (int h = 0; h < nh; h++)
-            for (int j = rope_dim; j < head_dim; j++) {
-                size_t k = ((size_t)t * nh + h) * head_dim + j;
-                cr_assert_eq(got[k], x[k]);
-            }
-    cudaFree(dx);
-    cudaFree(dinv);
-    cudaFree(dpos);
-    free(x);
-    free(got);
-    free(inv);
-    free(ref);
-}
-
-Test(cuda_ops, rope_both_styles_partial)
-{
-    SKIP_WITHOUT_GPU();
-    rng_seed(4);
-    check_rope(ROPE_STYLE_INTERLEAVED, 12, 12);
-    check_rope(ROPE_STYLE_HALF, 12, 12);
-    check_rope(ROPE_STYLE_INTERLEAVED, 14, 8);
-    check_rope(ROPE_STYLE_HALF, 14, 8);
-    check_rope(ROPE_STYLE_HALF, 128, 128);
-    cr_assert_eq(kern_cuda_rope((float *)16, (int32_t *)16, 1, 1, 8, 7, (float *)16, ROPE_STYLE_HALF, 0),
-                 FERRY_ERR_INVALID);
-}
-
-/* ---- element-wise ---- */
-
-Test(cuda_ops, silu_mul_and_add)
+Test(cuda_ops, silu_mul_fused_rows)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(5);
-    const int64_t n = 100003;
-    float *g = host_rand(n, -8, 8), *u = host_rand(n, -2, 2), *got = malloc(n * 4);
+    const int m = 7, ffn = 10007;
+    const size_t n = (size_t)m * ffn;
+    float *gu = host_rand(2 * n, -8, 8), *got = malloc(n * 4);
     double *ref = malloc(n * 8);
-    for (int64_t i = 0; i < n; i++) ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
-    float *dg = dev_upload(g, n * 4), *du = dev_upload(u, n * 4);
-    cr_assert_eq(kern_cuda_silu_mul(dg, du, n, 0), FERRY_OK);
-    dev_download(got, dg, n * 4);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ffn; j++) {
+            const double g = gu[(size_t)i * 2 * ffn + j], u = gu[(size_t)i * 2 * ffn + ffn + j];
+            ref[(size_t)i * ffn + j] = g / (1.0 + exp(-g)) * u;
+        }
+    float *dgu = dev_upload(gu, 2 * n * 4), *dh = dev_poison(n * 4);
+    cr_assert_eq(kern_cuda_silu_mul(dh, dgu, m, ffn, 0), FERRY_OK);
+    dev_download(got, dh, n * 4);
     double e = rel_err(got, ref, n);
     cr_assert(e <= 1e-6, "silu_mul rel err %g", e);
-
-    float *dg2 = dev_upload(g, n * 4);
-    cr_assert_eq(kern_cuda_add(dg2, du, n, 0), FERRY_OK);
-    dev_download(got, dg2, n * 4);
-    for (int64_t i = 0; i < n; i++) cr_assert_eq(got[i], g[i] + u[i], "add at %ld", (long)i);
-    cr_assert_eq(kern_cuda_add(dg2, du, -1, 0), FERRY_ERR_INVALID);
-    cudaFree(dg);
-    cudaFree(du);
-    cudaFree(dg2);
-    free(g);
-    free(u);
+    cr_assert_eq(kern_cuda_silu_mul(dh, dgu, m, 0, 0), FERRY_ERR_INVALID);
+    cudaFree(dgu);
+    cudaFree(dh);
+    free(gu);
     free(got);
     free(ref);
 }
