@@ -3,7 +3,7 @@
 # (kernels vs CPU references, the CUDA engine vs the CPU engine, placements), then `ferry bench` on a
 # Llama-2-7B-shaped synthetic model fully resident and with 4 and 8 GiB budgets. Logs go to $OUT.
 #
-#   tests/gpu/run.sh [--no-bench] [--bench-only]
+#   tests/gpu/run.sh [--no-bench] [--bench-only] [--build-only]
 # Expects .debs (../shared/tools/offline-debs.sh) and optionally .gpu-data (a copy of ../shared/testdata's
 # models and goldens) carried beside the tree.
 set -u
@@ -15,6 +15,7 @@ for a in "$@"; do
   case $a in
   --no-bench) bench=0 ;;
   --bench-only) tests=0 ;;
+  --build-only) tests=0 bench=0 ;;
   esac
 done
 log() { echo "== $*" | tee -a "$out/summary.txt"; }
