@@ -1,5 +1,6 @@
-/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU-gated activation;
- * see ops.h for the contracts. (Rotary embedding is fused with the KV store: kernels/cuda/attention.h.)
+/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU-gated
+ * activation; see ops.h for the contracts. (Rotary embedding is fused with the KV store:
+ * kernels/cuda/attention.h.)
  *
  * Row-wise ops run one block per row with a fixed-order tree reduction (deterministic); element-wise ops are
  * grid-stride loops with coalesced f32 accesses, which reach the memory bandwidth without vector loads.
@@ -95,20 +96,52 @@ __device__ __forceinline__ float block_sum(float v, float *red)
     return red[32];
 }
 
-__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int d, float eps)
+/* y = rmsnorm(x) * w for one row per block; with ADD, x is first resid + delta, written back to resid.
+ * Vector path (d % 4 == 0, 16-byte aligned rows, d <= 4 * ROW_THREADS * VPT): every element is loaded once
+ * into registers with 16-byte loads, all loads of a thread in flight together; the row is read once and
+ * written once. Otherwise (odd d) a scalar loop. The norm weight is read before waiting for the previous
+ * kernel (pdl.h). */
+template <bool ADD, int VPT>
+__global__ void __launch_bounds__(ROW_THREADS)
+    norm_vec_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps)
 {
     __shared__ float red[33];
+    const int d4 = d / 4;
+    const size_t off4 = (size_t)blockIdx.x * d4;
+    float4 wv[VPT], v[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        const int j = threadIdx.x + i * ROW_THREADS;
+        if (j < d4) wv[i] = reinterpret_cast<const float4 *>(w)[j];
+    }
     pdl_wait();
     pdl_trigger();
-    const size_t off = (size_t)blockIdx.x * d;
     float ss = 0.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += x[off + j] * x[off + j];
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        const int j = threadIdx.x + i * ROW_THREADS;
+        if (j >= d4) break;
+        v[i] = reinterpret_cast<const float4 *>(resid)[off4 + j];
+        if (ADD) {
+            const float4 dl = reinterpret_cast<const float4 *>(delta)[off4 + j];
+            v[i].x += dl.x, v[i].y += dl.y, v[i].z += dl.z, v[i].w += dl.w;
+            reinterpret_cast<float4 *>(resid)[off4 + j] = v[i];
+        }
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
     const float inv = rsqrtf(block_sum(ss, red) / (float)d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) y[off + j] = x[off + j] * inv * w[j];
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        const int j = threadIdx.x + i * ROW_THREADS;
+        if (j >= d4) break;
+        reinterpret_cast<float4 *>(y)[off4 + j] = make_float4(v[i].x * inv * wv[i].x, v[i].y * inv * wv[i].y,
+                                                              v[i].z * inv * wv[i].z, v[i].w * inv * wv[i].w);
+    }
 }
 
-__global__ void add_rmsnorm_kernel(float *resid, const float *delta, float *y, const float *w, int d,
-                                   float eps)
+template <bool ADD>
+__global__ void __launch_bounds__(ROW_THREADS)
+    norm_scalar_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps)
 {
     __shared__ float red[33];
     pdl_wait();
@@ -116,13 +149,34 @@ __global__ void add_rmsnorm_kernel(float *resid, const float *delta, float *y, c
     const size_t off = (size_t)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float r = resid[off + j] + delta[off + j];
-        resid[off + j] = r;
+        float r = resid[off + j];
+        if (ADD) resid[off + j] = r = r + delta[off + j];
         ss += r * r;
     }
     const float inv = rsqrtf(block_sum(ss, red) / (float)d + eps);
     /* Each thread re-reads only the elements it wrote itself, so no barrier is needed for them. */
     for (int j = threadIdx.x; j < d; j += blockDim.x) y[off + j] = resid[off + j] * inv * w[j];
+}
+
+template <bool ADD>
+static int norm_launch(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
+                       cudaStream_t st)
+{
+    const bool vec = d % 4 == 0 && FCUDA_ALIGNED(resid, 16) && FCUDA_ALIGNED(y, 16) && FCUDA_ALIGNED(w, 16) &&
+                     (!ADD || FCUDA_ALIGNED(delta, 16));
+    const int vpt = (d / 4 + ROW_THREADS - 1) / ROW_THREADS;
+    const dim3 g(m), b(ROW_THREADS);
+    if (vec && vpt <= 1)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 1>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else if (vec && vpt <= 2)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 2>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else if (vec && vpt <= 4)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 4>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else if (vec && vpt <= 8)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 8>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else
+        FCUDA_CHECK(pdl_launch(norm_scalar_kernel<ADD>, g, b, 0, st, resid, delta, y, w, d, eps));
+    return FERRY_OK;
 }
 
 extern "C" int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps,
@@ -131,8 +185,8 @@ extern "C" int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m
     if (!y || !x || !w || m < 0 || d <= 0 || !(eps >= 0.0f)) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(w, 4)) return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(rmsnorm_kernel, dim3(m), dim3(ROW_THREADS), 0, stream, y, x, w, d, eps));
-    return FERRY_OK;
+    /* The plain norm is the fused one without the add: x is read through `resid` and never written. */
+    return norm_launch<false>(const_cast<float *>(x), nullptr, y, w, m, d, eps, stream);
 }
 
 extern "C" int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d,
@@ -143,8 +197,7 @@ extern "C" int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y,
     if (!FCUDA_ALIGNED(resid, 4) || !FCUDA_ALIGNED(delta, 4) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(add_rmsnorm_kernel, dim3(m), dim3(ROW_THREADS), 0, stream, resid, delta, y, w, d, eps));
-    return FERRY_OK;
+    return norm_launch<true>(resid, delta, y, w, m, d, eps, stream);
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -167,9 +220,10 @@ __global__ void silu_mul_kernel(float *h, const float *gu, int m, int ffn)
 
 extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
-    if (!h || !gu || m < 0 || ffn <= 0 || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(gu, 4)) return FERRY_ERR_INVALID;
+    if (!h || !gu || m < 0 || ffn <= 0 || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(gu, 4))
+        return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(silu_mul_kernel, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream, h, gu,
-                           m, ffn));
+    FCUDA_CHECK(pdl_launch(silu_mul_kernel, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream,
+                           h, gu, m, ffn));
     return FERRY_OK;
 }

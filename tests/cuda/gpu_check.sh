@@ -30,7 +30,8 @@ log "machine: $(sed -n 3p "$out/machine.txt")"
 
 work=/tmp/ferry-gpu-src
 rm -rf "$work" && mkdir -p "$work"
-tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git -cf - . | tar -C "$work" -xf -
+tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git --exclude='./.dev-*' \
+    --exclude=./.whl --exclude=./.gpu-data -cf - . | tar -C "$work" -xf -
 grep -q "bench_cuda" "$work/tests/meson.build" || echo "subdir('bench_cuda')" >> "$work/tests/meson.build"
 cd "$work" || exit 1
 

@@ -13,7 +13,7 @@ B=/tmp/ferry-e2e/build/server/ferry
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "profile_decode.sh: no ncu"; exit 1; }
 args="bench --synthetic $model --batches $batch --prefill 0 --decode-steps 3"
-# Every kernel of the run is profiled (a few thousand); a decode step starts at the one plain rmsnorm (layer 0's
+# Every kernel of the run is profiled (a few thousand); a decode step starts at the one plain norm (layer 0's
 # norm; later norms are fused with the residual add), and the last two complete steps are summarised.
 timeout 500 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 4000 $B $args \
   > /tmp/ncu.csv 2> /tmp/ncu.err
@@ -28,8 +28,8 @@ seq = []
 for r in rows[1:]:
     v = float(r[vi].replace(",", "")); u = r[ui]
     us = v / 1000 if u in ("nsecond", "ns") else v if u in ("usecond", "us") else v * 1000
-    seq.append((r[ki].split("(")[0].split("<")[0].replace("void ", "").strip(), us, r[gi] if gi is not None else ""))
-starts = [i for i, (k, _, _) in enumerate(seq) if k == "rmsnorm_kernel"]
+    seq.append((r[ki].split("(")[0].replace("void ", "").strip(), us, r[gi] if gi is not None else ""))
+starts = [i for i, (k, _, _) in enumerate(seq) if k.startswith("norm_") and "<false" in k]
 if len(starts) < 3: print("fewer than 3 steps found; kernels:", len(seq)); starts = [0, len(seq)]
 segs = [seq[a:b] for a, b in zip(starts[-3:-1], starts[-2:])] + [seq[starts[-1]:]]
 segs = segs[-2:]

@@ -26,12 +26,9 @@ log "machine: $(tail -1 "$out/machine.txt")"
 
 work=/tmp/ferry-e2e
 rm -rf "$work" && mkdir -p "$work"
-# The committed tree when git is there (work in progress elsewhere in the checkout cannot break the run).
-if git -C "$src" rev-parse HEAD >/dev/null 2>&1; then
-  git -C "$src" archive HEAD | tar -C "$work" -xf -
-else
-  tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git -cf - . | tar -C "$work" -xf -
-fi
+# The working tree as sent (the device's copy may carry a .git of an older commit, so never `git archive`).
+tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git --exclude='./.dev-*' \
+  --exclude=./.whl --exclude=./.gpu-data -cf - . | tar -C "$work" -xf -
 cd "$work" || exit 1
 # The suite reads ../shared/testdata; on this machine a carried copy stands in for it.
 [ -d "$src/.gpu-data" ] && mkdir -p ../shared && rm -rf ../shared/testdata && cp -r "$src/.gpu-data" ../shared/testdata

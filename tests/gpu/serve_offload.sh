@@ -13,11 +13,9 @@ log() { echo "$*" | tee -a "$out/serve.txt"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 work=/tmp/ferry-serve
 rm -rf "$work" && mkdir -p "$work"
-if git -C "$src" rev-parse HEAD >/dev/null 2>&1; then
-  git -C "$src" archive HEAD | tar -C "$work" -xf -
-else
-  tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./.git -cf - . | tar -C "$work" -xf -
-fi
+# The working tree as sent (the device's copy may carry a .git of an older commit, so never `git archive`).
+tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./.git --exclude='./.dev-*' --exclude=./.gpu-data \
+  -cf - . | tar -C "$work" -xf -
 cd "$work" || exit 1
 meson setup build -Dcuda=enabled -Dtests=disabled > /tmp/setup.log 2>&1 && ninja -C build server/ferry > /tmp/build.log 2>&1 ||
   { tail -n 30 /tmp/setup.log /tmp/build.log; exit 1; }
