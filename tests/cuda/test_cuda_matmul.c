@@ -229,6 +229,99 @@ Test(cuda_matmul, rejects)
     cudaFree(d);
 }
 
+/* kern_cuda_linear: y (+)= rmsnorm(x) * g · Wᵀ + bias, every path (the path is picked by m, k and the weight
+ * type as in kern_cuda_matmul), against the double reference of the normalised x. Tolerances as for the plain
+ * product on the same path: the f32-math kernels apply the norm inside (x * g on the fly, the row's scale at
+ * the end: f32 rounding only); the tensor-core and Q8_0 kernels read a normalised f32 copy; cuBLAS rounds the
+ * normalised x to the weight type. With accumulate, y starts from random values and the reference adds them.
+ */
+static void check_linear(struct kern_cuda_ctx *ctx, enum dtype t, int m, int n, int k, int norm, int acc,
+                         int with_bias, double tol)
+{
+    struct wbuf w = make_w(t, n, k);
+    float *x = host_rand((size_t)m * k, -2, 2), *g = host_rand(k, 0.5f, 1.5f);
+    float *bias = with_bias ? host_rand(n, -1, 1) : NULL, *y0 = host_rand((size_t)m * n, -1, 1);
+    float *xn = malloc((size_t)m * k * 4), *y = malloc((size_t)m * n * 4), *y2 = malloc((size_t)m * n * 4);
+    const float eps = 1e-5f;
+    for (int i = 0; i < m; i++) {
+        double ss = 0;
+        for (int e = 0; e < k; e++) ss += (double)x[(size_t)i * k + e] * x[(size_t)i * k + e];
+        const double inv = 1.0 / sqrt(ss / k + eps);
+        for (int e = 0; e < k; e++)
+            xn[(size_t)i * k + e] = norm ? (float)(x[(size_t)i * k + e] * inv * g[e]) : x[(size_t)i * k + e];
+    }
+    double *ref = malloc((size_t)m * n * 8);
+    ref_matmul(ref, xn, w.vals, bias, m, n, k);
+    if (acc)
+        for (size_t i = 0; i < (size_t)m * n; i++) ref[i] += y0[i];
+    void *dw = dev_upload(w.host, dtype_row_size(t, k) * n);
+    float *dx = dev_upload(x, (size_t)m * k * 4), *dg = dev_upload(g, k * 4);
+    float *db = bias ? dev_upload(bias, n * 4) : NULL, *dy = dev_alloc((size_t)m * n * 4);
+    const struct kern_cuda_mm_opts o = {
+        .bias = db, .norm_w = norm ? dg : NULL, .norm_eps = eps, .accumulate = acc};
+    for (int rep = 0; rep < 2; rep++) {
+        if (acc)
+            CU_OK(cudaMemcpy(dy, y0, (size_t)m * n * 4, cudaMemcpyHostToDevice));
+        else
+            CU_OK(cudaMemset(dy, 0xFF, (size_t)m * n * 4));
+        const int rc = kern_cuda_linear(ctx, dy, dx, dw, t, m, n, k, &o, 0);
+        cr_assert_eq(rc, FERRY_OK, "rc %d", rc);
+        dev_download(rep ? y2 : y, dy, (size_t)m * n * 4);
+    }
+    const double e = rel_err(y, ref, (size_t)m * n);
+    cr_assert(e <= tol, "linear %s m=%d n=%d k=%d norm=%d acc=%d bias=%d: rel err %g > %g", dtype_name(t), m,
+              n, k, norm, acc, with_bias, e, tol);
+    cr_assert(memcmp(y, y2, (size_t)m * n * 4) == 0, "linear %s m=%d: two runs differ", dtype_name(t), m);
+    cudaFree(dw);
+    cudaFree(dx);
+    cudaFree(dg);
+    cudaFree(db);
+    cudaFree(dy);
+    free(w.host);
+    free(w.vals);
+    free(x);
+    free(g);
+    free(bias);
+    free(y0);
+    free(xn);
+    free(y);
+    free(y2);
+    free(ref);
+}
+
+Test(cuda_matmul, linear_norm_and_accumulate_every_path)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(17);
+    struct kern_cuda_ctx *ctx = NULL;
+    cr_assert_eq(kern_cuda_ctx_init(&ctx, 40 * 1032),
+                 FERRY_OK);                 /* f32 cuBLAS with a norm runs in row chunks */
+    const double tc[] = {1e-3, 8e-3, 1e-5}; /* x rounded to f16 / bf16 / not rounded */
+    for (int ti = 0; ti < 3; ti++)
+        for (int v = 0; v < 3; v++) { /* norm + bias, accumulate, both */
+            const int norm = v != 1, acc = v != 0;
+            check_linear(ctx, types[ti], 1, 257, 1032, norm, acc, v == 0, 1e-5); /* m = 1 vector kernel */
+            check_linear(ctx, types[ti], 3, 33, 70, norm, acc, v == 0, 1e-5);    /* scalar kernel */
+            check_linear(ctx, types[ti], 5, 300, 1032, norm, acc, v == 2,
+                         tc[ti]); /* tensor cores / f32 SIMT */
+            check_linear(ctx, types[ti], 16, 77, 264, norm, acc, 0, tc[ti]);
+            check_linear(ctx, types[ti], 40, 131, 1032, norm, acc, v == 0, tc[ti]); /* cuBLAS */
+        }
+    for (int v = 0; v < 3; v++) { /* Q8_0: its kernel reads a normalised copy at every m */
+        check_linear(ctx, DTYPE_Q8_0, 1, 77, 320, v != 1, v != 0, 1, 1e-5);
+        check_linear(ctx, DTYPE_Q8_0, 7, 77, 320, v != 1, v != 0, 0, 1e-5);
+    }
+    /* Without a context, a tile that needs a normalised copy has nowhere to put it. */
+    float *d = dev_alloc(1 << 20), *dg = dev_alloc(4096);
+    const struct kern_cuda_mm_opts o = {.norm_w = dg, .norm_eps = 1e-5f};
+    cr_assert_eq(kern_cuda_linear(NULL, d, d, d, DTYPE_F16, 4, 8, 64, &o, 0), FERRY_ERR_RANGE);
+    const struct kern_cuda_mm_opts bad = {.norm_w = dg, .norm_eps = -1.0f};
+    cr_assert_eq(kern_cuda_linear(ctx, d, d, d, DTYPE_F16, 1, 8, 64, &bad, 0), FERRY_ERR_INVALID);
+    cudaFree(d);
+    cudaFree(dg);
+    kern_cuda_ctx_free(ctx);
+}
+
 /* The local reference (double sums of the stored weights' values) agrees with kern_cpu_matmul_ref. */
 Test(cuda_matmul, reference_matches_cpu_oracle)
 {
