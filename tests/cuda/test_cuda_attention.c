@@ -495,16 +495,17 @@ Test(cuda_attention, workspace_reused_by_many_calls)
 
 /* Split counts from 1 to many: the same one-token decode at 5000 positions with workspaces from too small for
  * any split (16 bytes) through a few splits to the full size, and MHA / GQA 4 / GQA 8 (the decode kernel's row
- * counts 1, 4, 8). */
+ * counts 1, 4, 8). Block size 4 gives one split 1250 block ids, more than the decode kernel stages in shared
+ * memory (it then reads them one step ahead). */
 Test(cuda_attention, split_counts_one_to_many)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(29);
-    const int shapes[3][2] = {{4, 4}, {8, 2}, {8, 1}};
-    for (int si = 0; si < 3; si++) {
+    const int shapes[4][3] = {{4, 4, 16}, {8, 2, 16}, {8, 1, 16}, {4, 2, 4}};
+    for (int si = 0; si < 4; si++) {
         const int l[] = {5000};
         struct cache c;
-        cache_init(&c, shapes[si][0], shapes[si][1], 128, 16, 1, l);
+        cache_init(&c, shapes[si][0], shapes[si][1], 128, shapes[si][2], 1, l);
         const int nh = c.n_heads, D = 128;
         int32_t seq[1] = {0}, pos[1] = {4999};
         float *hq = host_rand((size_t)nh * D, -1, 1), *got = malloc((size_t)nh * D * 4);
