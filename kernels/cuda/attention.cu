@@ -42,8 +42,6 @@
 #define DEC_ST      4 /* cp.async ring stages per warp */
 #define DEC_U       2 /* positions per lane group per stage */
 #define DEC_RING_BYTES (DEC_WARPS * DEC_ST * DEC_U * 2 * 32 * 16)
-#define DEC_IDS     1024 /* block ids of a block's range staged in shared memory (else read per step) */
-#define ATT_MERGE_SCRATCH 2048 /* bytes after the merge weights for the partial sums of the merge */
 
 struct att_params {
     float *out;          /* (m, n_heads, D) */
@@ -58,7 +56,6 @@ struct att_params {
     int m, qt, gb, n_hsub, n_split, chunk;
     int hb;                  /* decode kernel: KV heads per block */
     unsigned long long bs_magic; /* ceil(2^32 / block_size): p / block_size = (p * bs_magic) >> 32 */
-    int dec_ids_off;             /* decode kernel: byte offset of the staged block ids in shared memory */
     float scale;
 };
 
@@ -114,10 +111,8 @@ __device__ __forceinline__ bool att_last_arrival(const att_params &p)
 }
 
 /* out[row] = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the splits in order, for the nrows rows (tok *
- * n_heads + head) of rows[] (shared memory); wts: shared memory for nrows * n_split floats followed by
- * ATT_MERGE_SCRATCH bytes. The partials of other blocks are read through L2 (__ldcg): this block never cached
- * them. Each output quad of 4 dims is summed by T threads (as many as the block has per quad), thread t taking
- * the splits t, t + T, ..., and the T sums are added in order: the same order whichever block merges. */
+ * n_heads + head) of rows[] (shared memory); wts: shared memory for nrows * n_split floats. The partials of
+ * other blocks are read through L2 (__ldcg): this block never cached them. */
 template <bool LOG2> __device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, float *wts)
 {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nw = blockDim.x / 32;
@@ -125,62 +120,29 @@ template <bool LOG2> __device__ void att_merge_rows(const att_params &p, const i
     const size_t total = (size_t)p.m * p.n_heads;
     for (int ri = warp; ri < nrows; ri += nw) {
         const size_t row = (size_t)rows[ri];
-        float2 ml[ATT_MAX_SPLIT / 32];
         float mx = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < ATT_MAX_SPLIT / 32; k++) {
-            const int s = lane + 32 * k;
-            ml[k] = s < ns ? __ldcg(p.ws_ml + s * total + row) : make_float2(-INFINITY, 0.0f);
-            mx = fmaxf(mx, ml[k].x);
-        }
+        for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, __ldcg(p.ws_ml + s * total + row).x);
         const float M = warp_max(mx);
         float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < ATT_MAX_SPLIT / 32; k++) {
-            const float w = ml[k].y > 0.0f ? att_exp<LOG2>(ml[k].x - M) : 0.0f;
-            ml[k].x = w;
-            sum += ml[k].y * w;
+        for (int s = lane; s < ns; s += 32) {
+            const float2 ml = __ldcg(p.ws_ml + s * total + row);
+            const float w = ml.y > 0.0f ? att_exp<LOG2>(ml.x - M) : 0.0f;
+            wts[ri * ns + s] = w;
+            sum += ml.y * w;
         }
         const float L = warp_sum(sum), inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-        for (int k = 0; k < ATT_MAX_SPLIT / 32; k++)
-            if (lane + 32 * k < ns) wts[ri * ns + lane + 32 * k] = ml[k].x * inv;
+        for (int s = lane; s < ns; s += 32) wts[ri * ns + s] *= inv;
     }
     __syncthreads();
-    const int quads = D / 4, items = nrows * quads;
-    const int T = items < (int)blockDim.x ? (int)blockDim.x / items : 1;
-    float4 *part = (float4 *)(wts + ((nrows * ns + 3) & ~3)); /* (blockDim) */
-    for (int e0 = 0; e0 < items * T; e0 += blockDim.x) {
-        const int e = e0 + tid, it = e / T, t = e % T;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (it < items) {
-            const int ri = it / quads, qd = it % quads;
-            const size_t row = (size_t)rows[ri];
-            const float *w = wts + ri * ns;
-            const float4 *o = (const float4 *)(p.ws_o + row * D) + qd;
-            const size_t stride = total * D / 4;
-#pragma unroll 16
-            for (int s = t; s < ns; s += T) {
-                const float4 v = __ldcg(o + (size_t)s * stride);
-                const float ws = w[s];
-                acc.x += ws * v.x, acc.y += ws * v.y, acc.z += ws * v.z, acc.w += ws * v.w;
-            }
-        }
-        if (T == 1) {
-            if (it < items) *(float4 *)(p.out + (size_t)rows[it / quads] * D + (it % quads) * 4) = acc;
-        } else {
-            part[tid] = acc;
-            __syncthreads();
-            if (it < items && t == 0) {
-                float4 r = part[tid];
-                for (int k = 1; k < T; k++) {
-                    const float4 v = part[tid + k];
-                    r.x += v.x, r.y += v.y, r.z += v.z, r.w += v.w;
-                }
-                *(float4 *)(p.out + (size_t)rows[it / quads] * D + (it % quads) * 4) = r;
-            }
-            __syncthreads();
-        }
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) {
+        const int ri = e / D, d = e % D;
+        const size_t row = (size_t)rows[ri];
+        const float *w = wts + ri * ns;
+        const float *o = p.ws_o + row * D + d;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < ns; s++) acc += w[s] * __ldcg(o + (size_t)s * total * D);
+        p.out[row * D + d] = acc;
     }
 }
 
@@ -469,22 +431,11 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
     const size_t lane_off = (size_t)kvh * D + li * 8;
     auto pos_of = [&](int j, int u) { return lo + j * bstride + warp * PS + u * NG + grp; };
     auto bidx = [&](int pp) { return (unsigned)(((unsigned long long)(unsigned)pp * p.bs_magic) >> 32); };
-    /* The block ids of the block's range go to shared memory once (one round trip for all), when they fit;
-     * otherwise each is read through the read-only path one step ahead of its copy. */
-    int *ids_s = (int *)(smem + p.dec_ids_off);
-    const unsigned b_lo = bidx(lo);
-    const int nb = hi > lo ? (int)(bidx(hi - 1) - b_lo) + 1 : 0;
-    const bool staged = nb <= DEC_IDS;
-    if (staged)
-        for (int t = tid; t < nb; t += DEC_THREADS)
-            ids_s[t] = b_lo + t < (unsigned)p.max_blocks ? btrow[b_lo + t] : -1;
-    __syncthreads();
-    /* Block id of position pp; -1 for a block index past the table row. */
+    /* Block id of position pp (read through the read-only path: no kernel writes the table while this runs);
+     * -1 for a block index past the table row. */
     auto id_of = [&](int pp) {
         const unsigned bi = bidx(pp);
-        if (pp >= hi) return -1;
-        if (staged) return ids_s[bi - b_lo];
-        return bi < (unsigned)p.max_blocks ? __ldg(btrow + bi) : -1;
+        return pp < hi && bi < (unsigned)p.max_blocks ? __ldg(btrow + bi) : -1;
     };
     /* Copies step j's K and V pieces of this lane into its slots; zeros for positions in range whose block id is
      * not a block of the pool; nothing for positions past hi (masked in the math). Always commits a group. */
@@ -805,27 +756,20 @@ static size_t attn_smem_bytes(int D, int stages)
 /* Splits whose merge weights (ATT_RMAX rows) fit in the tile kernel's K/V and score buffers. */
 static int tile_max_split(int D, int stages)
 {
-    const int n =
-        (int)((attn_smem_bytes(D, stages) - (size_t)ATT_RMAX * D * 4 - ATT_MERGE_SCRATCH - 16) / 4 / ATT_RMAX);
+    const int n = (int)((attn_smem_bytes(D, stages) - (size_t)ATT_RMAX * D * 4) / 4 / ATT_RMAX);
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
 }
 
-/* Rings, or the warps' partials once the rings are dead; the staged block ids follow. */
-static size_t dec_ids_off(int D, int hb, int rm)
+static size_t dec_smem_bytes(int D, int hb, int rm)
 {
     const size_t merge = (size_t)DEC_WARPS * hb * rm * ((size_t)D * 4 + 8);
     return merge > DEC_RING_BYTES ? merge : DEC_RING_BYTES;
 }
 
-static size_t dec_smem_bytes(int D, int hb, int rm)
-{
-    return dec_ids_off(D, hb, rm) + DEC_IDS * 4;
-}
-
-/* Splits whose merge weights (hb * G rows) and sums fit in the decode kernel's shared memory. */
+/* Splits whose merge weights (hb * G rows) fit in the decode kernel's shared memory. */
 static int dec_max_split(int D, int hb, int rm, int G)
 {
-    const int n = (int)((dec_smem_bytes(D, hb, rm) - ATT_MERGE_SCRATCH - 16) / 4 / (hb * G));
+    const int n = (int)(dec_smem_bytes(D, hb, rm) / 4 / (hb * G));
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
 }
 
@@ -1043,7 +987,6 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     p.chunk = pl.chunk;
     p.hb = pl.hb;
     p.bs_magic = ((1ull << 32) + (unsigned long long)kv->block_size - 1) / (unsigned long long)kv->block_size;
-    p.dec_ids_off = pl.rm ? (int)dec_ids_off(D, pl.hb, pl.rm) : 0;
     p.scale = scale;
 
     if (pl.rm) {
