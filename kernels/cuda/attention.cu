@@ -1,23 +1,25 @@
-/* attention (CUDA) — KV store and the two attention kernels (a tile kernel for prefill and for what the decode
- * kernel does not take; a decode kernel), with the log-sum-exp merge of splits done by the last split block of
- * each row; see attention.h for the contract.
+/* attention (CUDA) — KV store and the two attention kernels (a tile kernel for prefill and for what the
+ * decode kernel does not take; a decode kernel), with the log-sum-exp merge of splits done by the last split
+ * block of each row; see attention.h for the contract.
  *
- * Tile kernel (attn_kernel): one block = up to ATT_RMAX query rows (tokens x query heads sharing one KV head) x
- * one KV range (a split). Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte
+ * Tile kernel (attn_kernel): one block = up to ATT_RMAX query rows (tokens x query heads sharing one KV head)
+ * x one KV range (a split). Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte
  * chunks), scores S = q·k for all rows are computed with each thread holding one position and up to 8 rows (k
- * read once from shared memory, q broadcast), the rows' running max/sum are updated by one warp per row, and P·V
- * is accumulated in registers (each thread owns a pair of output dims for up to 16 rows). Rows whose tokens
- * belong to other sequences than the current run, positions past the token's own, and positions outside the
- * split are masked to -inf.
- * Decode kernel (attn_decode_kernel): one block = one token x HB KV heads (all their query heads, up to 8 per KV
- * head) x one KV range. No block barrier in the main loop: each warp streams its own positions through a
- * private cp.async ring in shared memory (every lane copies 16 bytes of a K row and of a V row and later reads
- * back exactly those bytes), a group of D/8 lanes per (position, KV head) computes q·k with 8 dims per lane and a
- * shuffle sum, and keeps its own online softmax (base 2, q pre-scaled by log2 e); groups and warps are merged at
- * the end in a fixed order.
- * Splits: every split block writes (max, sum, unnormalised output) to the workspace, then takes a ticket from the
- * row's arrival counter; the block that arrives last merges all splits in split order (so the result does not
- * depend on which block that is) and sets the counter back to 0 for the next call.
+ * read once from shared memory, q broadcast), the rows' running max/sum are updated by one warp per row, and
+ * P·V is accumulated in registers (each thread owns a pair of output dims for up to 16 rows). Rows whose
+ * tokens belong to other sequences than the current run, positions past the token's own, and positions
+ * outside the split are masked to -inf.
+ *
+ * Decode kernel (attn_decode_kernel): one block = one token x HB KV heads (all their query heads, up to 8 per
+ * KV head) x one KV range. No block barrier in the main loop: each warp streams its own positions through a
+ * private cp.async ring in shared memory (every lane copies 16 bytes of a K row and of a V row and later
+ * reads back exactly those bytes), a group of D/8 lanes per (position, KV head) computes q·k with 8 dims per
+ * lane and a shuffle sum, and keeps its own online softmax (base 2, q pre-scaled by log2 e); groups and warps
+ * are merged at the end in a fixed order.
+ *
+ * Splits: every split block writes (max, sum, unnormalised output) to the workspace, then takes a ticket from
+ * the row's arrival counter; the block that arrives last merges all splits in split order (so the result does
+ * not depend on which block that is) and sets the counter back to 0 for the next call.
  */
 #include <cuda_fp16.h>
 #include <math.h>
@@ -33,14 +35,15 @@
 #define ATT_RMAX    16 /* query rows per block */
 #define ATT_DMAX    256
 #define ATT_KPAD    8 /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
-#define ATT_MAX_ROWS 4096 /* arrival counters at the start of the workspace: splits only for grids of <= this many rows */
+/* Arrival counters at the start of the workspace: splits only for grids of at most this many rows. */
+#define ATT_MAX_ROWS  4096
 #define ATT_CNT_BYTES (ATT_MAX_ROWS * 4)
 #define ATT_MAX_SPLIT 256 /* splits per row at most */
 
-#define DEC_WARPS   4
-#define DEC_THREADS (DEC_WARPS * 32)
-#define DEC_ST      4 /* cp.async ring stages per warp */
-#define DEC_U       2 /* positions per lane group per stage */
+#define DEC_WARPS      4
+#define DEC_THREADS    (DEC_WARPS * 32)
+#define DEC_ST         4 /* cp.async ring stages per warp */
+#define DEC_U          2 /* positions per lane group per stage */
 #define DEC_RING_BYTES (DEC_WARPS * DEC_ST * DEC_U * 2 * 32 * 16)
 
 struct att_params {
@@ -49,12 +52,12 @@ struct att_params {
     const __half *k, *v; /* cache */
     const int32_t *bt;
     const int32_t *seq, *pos;
-    float *ws_o;    /* (n_split, m, n_heads, D) unnormalised partial outputs */
-    float2 *ws_ml;  /* (n_split, m, n_heads) running max and sum (natural log in attn_kernel, base 2 in decode) */
-    unsigned *cnt;  /* (grid.x * grid.y) arrival counters, 0 between calls */
+    float *ws_o;   /* (n_split, m, n_heads, D) unnormalised partial outputs */
+    float2 *ws_ml; /* (n_split, m, n_heads) running max and sum (base e in attn_kernel, 2 in decode) */
+    unsigned *cnt; /* (grid.x * grid.y) arrival counters, 0 between calls */
     int n_blocks, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
-    int hb;                  /* decode kernel: KV heads per block */
+    int hb;                      /* decode kernel: KV heads per block */
     unsigned long long bs_magic; /* ceil(2^32 / block_size): p / block_size = (p * bs_magic) >> 32 */
     float scale;
 };
@@ -90,9 +93,9 @@ template <bool LOG2> __device__ __forceinline__ float att_exp(float x)
     return LOG2 ? exp2f(x) : expf(x);
 }
 
-/* Called by every thread of a split block after it wrote its partials: true in the block of the row that arrives
- * last, which then owns the merge; that block also sets the counter back to 0 (all other blocks of the row have
- * taken their ticket by then), so the next call and graph replays start from 0. */
+/* Called by every thread of a split block after it wrote its partials: true in the block of the row that
+ * arrives last, which then owns the merge; that block also sets the counter back to 0 (all other blocks of
+ * the row have taken their ticket by then), so the next call and graph replays start from 0. */
 __device__ __forceinline__ bool att_last_arrival(const att_params &p)
 {
     __shared__ int s_last;
@@ -113,7 +116,8 @@ __device__ __forceinline__ bool att_last_arrival(const att_params &p)
 /* out[row] = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the splits in order, for the nrows rows (tok *
  * n_heads + head) of rows[] (shared memory); wts: shared memory for nrows * n_split floats. The partials of
  * other blocks are read through L2 (__ldcg): this block never cached them. */
-template <bool LOG2> __device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, float *wts)
+template <bool LOG2>
+__device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, float *wts)
 {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nw = blockDim.x / 32;
     const int ns = p.n_split, D = p.D;
@@ -376,16 +380,18 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
             }
             nrows_s = n;
         }
-        /* The K/V tiles and scores are dead: the merge weights reuse them (the host sized n_split for that). */
+        /* The K/V tiles and scores are dead: the merge weights reuse them (the host sized n_split for that).
+         */
         if (att_last_arrival(p)) att_merge_rows<false>(p, rows_s, nrows_s, (float *)Kb);
     }
 }
 
-/* Decode kernel; RM = rows per KV head held in registers (a power of two >= G). Grid: (tokens, n_kv / hb, splits).
- * Lane roles: lane = grp * LG + hh * LP + li with LP = D/8 lanes per (position, KV head), LG = LP * hb lanes
- * per position and NG = 32 / LG position groups per warp; lane li holds dims 8 li .. 8 li + 7. Warp w takes the
- * block-steps j = 0, 1, ... and within one the positions lo + j * DEC_WARPS * PS + w * PS + u * NG + grp
- * (u < DEC_U, PS = NG * DEC_U), so the warps of a block read neighbouring positions at the same time. */
+/* Decode kernel; RM = rows per KV head held in registers (a power of two >= G). Grid: (tokens, n_kv / hb,
+ * splits). Lane roles: lane = grp * LG + hh * LP + li with LP = D/8 lanes per (position, KV head), LG = LP *
+ * hb lanes per position and NG = 32 / LG position groups per warp; lane li holds dims 8 li .. 8 li + 7. Warp
+ * w takes the block-steps j = 0, 1, ... and within one the positions lo + j * DEC_WARPS * PS + w * PS + u *
+ * NG + grp (u < DEC_U, PS = NG * DEC_U), so the warps of a block read neighbouring positions at the same
+ * time. */
 template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -407,7 +413,8 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
     for (int r = 0; r < RM; r++) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
         if (r < R) {
-            const float4 *src = (const float4 *)(p.q + ((size_t)tok * p.n_heads + kvh * p.G + r) * D + li * 8);
+            const float4 *src =
+                (const float4 *)(p.q + ((size_t)tok * p.n_heads + kvh * p.G + r) * D + li * 8);
             a = src[0];
             b = src[1];
         }
@@ -437,8 +444,9 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
         const unsigned bi = bidx(pp);
         return pp < hi && bi < (unsigned)p.max_blocks ? __ldg(btrow + bi) : -1;
     };
-    /* Copies step j's K and V pieces of this lane into its slots; zeros for positions in range whose block id is
-     * not a block of the pool; nothing for positions past hi (masked in the math). Always commits a group. */
+    /* Copies step j's K and V pieces of this lane into its slots; zeros for positions in range whose block id
+     * is not a block of the pool; nothing for positions past hi (masked in the math). Always commits a group.
+     */
     auto issue = [&](int j, const int *ids) {
         uint4 *slot = ring + (j % DEC_ST) * (DEC_U * 2 * 32);
 #pragma unroll
@@ -580,7 +588,7 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
     cp_async_wait<0>();
     __syncthreads();
     const int ROWS = HB * RM;
-    float *sc_o = (float *)smem;                          /* (DEC_WARPS, ROWS, D) */
+    float *sc_o = (float *)smem;                             /* (DEC_WARPS, ROWS, D) */
     float2 *sc_ml = (float2 *)(sc_o + DEC_WARPS * ROWS * D); /* (DEC_WARPS, ROWS) */
     if (grp == 0) {
 #pragma unroll
@@ -624,13 +632,13 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
     }
 }
 
-/* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim dims,
- * pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU), the rest
- * copied; queries go to q_out (f32), keys and values to the cache (f16). */
-__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, const int32_t *seq,
-                                     const int32_t *pos, const int32_t *bt, const float *inv_freq, int m,
-                                     int n_heads, int n_kv, int D, int rope_dim, int half_style, int n_blocks,
-                                     int block_size, int max_blocks)
+/* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim
+ * dims, pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU),
+ * the rest copied; queries go to q_out (f32), keys and values to the cache (f16). */
+__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc,
+                                     const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                                     const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
+                                     int half_style, int n_blocks, int block_size, int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
@@ -671,7 +679,8 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
         if (blk < 0 || blk >= n_blocks) continue;
         const int kh = h < n_heads + n_kv ? h - n_heads : h - n_heads - n_kv;
-        __half *dst = (h < n_heads + n_kv ? kc : vc) + (((size_t)blk * block_size + pp % block_size) * n_kv + kh) * D;
+        __half *dst =
+            (h < n_heads + n_kv ? kc : vc) + (((size_t)blk * block_size + pp % block_size) * n_kv + kh) * D;
         dst[i0] = __float2half_rn(x0);
         dst[i1] = __float2half_rn(x1);
     }
@@ -711,8 +720,8 @@ static size_t split_bytes(int n_split, int m, int n_heads, int D)
 /* Splits of the KV range for a grid of `base` blocks (tokens x heads): enough to fill one wave of occ * SMs
  * blocks, at most max_split (what the merging block's shared memory holds), one per 64 positions, what the
  * workspace holds after its counters, and none for grids with more rows than there are counters. */
-static void plan_splits(struct att_plan *pl, int64_t base, int m, int n_heads, int D, int max_len, size_t ws_bytes,
-                        int occ, int max_split)
+static void plan_splits(struct att_plan *pl, int64_t base, int m, int n_heads, int D, int max_len,
+                        size_t ws_bytes, int occ, int max_split)
 {
     const int64_t target = (int64_t)occ * sm_count();
     int ns = base >= target || base > ATT_MAX_ROWS ? 1 : (int)(target / base);
@@ -732,8 +741,8 @@ static void plan_splits(struct att_plan *pl, int64_t base, int m, int n_heads, i
 }
 
 /* The tile kernel's plan; occ: its blocks resident per SM. */
-static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode, size_t ws_bytes,
-                                 int occ, int max_split)
+static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode,
+                                 size_t ws_bytes, int occ, int max_split)
 {
     struct att_plan pl;
     const int G = n_heads / n_kv;
@@ -743,7 +752,8 @@ static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_le
     pl.n_hsub = (G + pl.gb - 1) / pl.gb;
     pl.qt = decode ? 1 : (ATT_RMAX / pl.gb > 0 ? ATT_RMAX / pl.gb : 1);
     pl.n_tiles = (m + pl.qt - 1) / pl.qt;
-    plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ, max_split);
+    plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ,
+                max_split);
     return pl;
 }
 
@@ -775,7 +785,8 @@ static int dec_max_split(int D, int hb, int rm, int G)
 
 static int g_stages =
     1; /* K/V buffers per block: kern_cuda_attention_set_stages (1 measured faster, NOTES.md) */
-static int g_dec_heads = 0; /* kern_cuda_attention_set_decode_heads: 0 default, -1 tile kernel only, else HB */
+static int g_dec_heads =
+    0; /* kern_cuda_attention_set_decode_heads: 0 default, -1 tile kernel only, else HB */
 
 extern "C" void kern_cuda_attention_set_stages(int stages)
 {
@@ -787,8 +798,8 @@ extern "C" void kern_cuda_attention_set_decode_heads(int heads)
     g_dec_heads = heads == -1 || heads == 1 || heads == 2 || heads == 4 || heads == 8 ? heads : 0;
 }
 
-/* Raises the dynamic shared-memory limit of both tile kernel variants once (up to head_dim ATT_DMAX); the decode
- * kernel stays under the default 48 KB. */
+/* Raises the dynamic shared-memory limit of both tile kernel variants once (up to head_dim ATT_DMAX); the
+ * decode kernel stays under the default 48 KB. */
 static int attn_prepare(void)
 {
     static bool done = false;
@@ -856,8 +867,8 @@ static int dec_blocks_per_sm(int D, int hb, int rm)
     return *c;
 }
 
-/* The decode kernel's plan, or rm = 0 when it does not take the batch: it needs head_dim/8 a power of two (a lane
- * group per position within a warp), at most 8 query heads per KV head, and a block size for which the
+/* The decode kernel's plan, or rm = 0 when it does not take the batch: it needs head_dim/8 a power of two (a
+ * lane group per position within a warp), at most 8 query heads per KV head, and a block size for which the
  * multiply-shift division is exact over the table. */
 static struct att_plan make_dec_plan(int m, int n_heads, const struct kern_cuda_kv_layer *kv, int max_len,
                                      size_t ws_bytes)
@@ -914,23 +925,24 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
 }
 
 extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
-                                      const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
-                                      const float *inv_freq, enum rope_style style, cudaStream_t stream)
+                                       const int32_t *seq, const int32_t *pos, int m, int n_heads,
+                                       int rope_dim, const float *inv_freq, enum rope_style style,
+                                       cudaStream_t stream)
 {
     int rc = check_kv(kv);
     if (rc) return rc;
     if (!q_out || !qkv || !seq || !pos || !inv_freq || m < 0 || n_heads <= 0) return FERRY_ERR_INVALID;
     if (rope_dim <= 0 || rope_dim > kv->head_dim || rope_dim % 2) return FERRY_ERR_INVALID;
     if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(qkv, 4) || !FCUDA_ALIGNED(seq, 4) || !FCUDA_ALIGNED(pos, 4) ||
-        !FCUDA_ALIGNED(inv_freq, 4))
+    if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(qkv, 4) || !FCUDA_ALIGNED(seq, 4) ||
+        !FCUDA_ALIGNED(pos, 4) || !FCUDA_ALIGNED(inv_freq, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
-    FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out, qkv,
-                           (__half *)kv->k, (__half *)kv->v, seq, pos, kv->block_table, inv_freq, m, n_heads,
-                           kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks,
-                           kv->block_size, kv->max_blocks));
+    FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out,
+                           qkv, (__half *)kv->k, (__half *)kv->v, seq, pos, kv->block_table, inv_freq, m,
+                           n_heads, kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF),
+                           kv->n_blocks, kv->block_size, kv->max_blocks));
     return FERRY_OK;
 }
 
@@ -998,7 +1010,8 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     }
     const size_t smem = attn_smem_bytes(D, stages);
     const dim3 grid((unsigned)pl.n_tiles, (unsigned)(kv->n_kv_heads * pl.n_hsub), (unsigned)pl.n_split);
-    FCUDA_CHECK(pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS), smem, stream, p));
+    FCUDA_CHECK(
+        pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS), smem, stream, p));
     FCUDA_LAUNCH_CHECK("attn_kernel");
     return FERRY_OK;
 }

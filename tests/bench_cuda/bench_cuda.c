@@ -155,8 +155,8 @@ static void att_fn(void *p, int i)
     struct att_arg *a = p;
     struct kern_cuda_kv_layer kv = a->kv;
     kv.block_table = a->tables + (size_t)(i % a->copies) * (a->kv.n_blocks / a->copies);
-    FK(kern_cuda_attention(a->out, a->q, &kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len, a->mode,
-                           a->ws, a->ws_bytes, st));
+    FK(kern_cuda_attention(a->out, a->q, &kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len,
+                           a->mode, a->ws, a->ws_bytes, st));
 }
 
 /* ---- rmsnorm ---- */
@@ -355,9 +355,9 @@ int main(int argc, char **argv)
     kern_cuda_ctx_free(ctx);
     cudaFree(pool);
 
-    /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128: the decode kernel with
-     * 1 KV head per block (the default), 2 and 4 (the cache's access pattern: 256, 512, 1024 contiguous bytes
-     * per position), and decode through the tile kernel (as before the decode kernel). */
+    /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128: the decode kernel
+     * with 1 KV head per block (the default), 2 and 4 (the cache's access pattern: 256, 512, 1024 contiguous
+     * bytes per position), and decode through the tile kernel (as before the decode kernel). */
     const int hbs[4] = {0, 2, 4, -1};
     for (int hi = 0; hi < 4; hi++) {
         kern_cuda_attention_set_decode_heads(hbs[hi]);

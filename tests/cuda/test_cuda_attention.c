@@ -6,9 +6,9 @@
  * f32 accumulation error at 8192 positions: ~6e-6 relative). Sequence lengths 1, 7, 64, 129, 1000 and 8192;
  * GQA ratios 1, 4, 8 and 24 (more heads than one block takes); head_dim 8 (stories260K), 64, 96, 128, 256;
  * block sizes 7, 16, 32; prefill, decode and auto modes; the decode kernel and the tile kernel; no splits,
- * a few and many; one workspace reused across calls and CUDA-graph replays (the split arrival counters reset). The local reference is checked against the CPU
- * oracle kern_cpu_attention_ref (same cache layout and block table, f32 elements holding the f16 values) by a
- * test that needs no GPU and so also runs in CI.
+ * a few and many; one workspace reused across calls and CUDA-graph replays (the split arrival counters
+ * reset). The local reference is checked against the CPU oracle kern_cpu_attention_ref (same cache layout and
+ * block table, f32 elements holding the f16 values) by a test that needs no GPU and so also runs in CI.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -261,10 +261,10 @@ Test(cuda_attention, long_context_8192)
     cache_free(&c);
 }
 
-/* rope_kv_store on a (q | k | v) row per token: queries rotated like the CPU rope (f32, 2e-6 relative: the CPU
- * and GPU may differ in the last bit of a product), keys rotated and rounded to f16 (equal to the f16 of the CPU
- * result or one f16 step away), values rounded to f16 exactly; every other cache row untouched. Both rope
- * styles, a partial rope_dim, GQA. */
+/* rope_kv_store on a (q | k | v) row per token: queries rotated like the CPU rope (f32, 2e-6 relative: the
+ * CPU and GPU may differ in the last bit of a product), keys rotated and rounded to f16 (equal to the f16 of
+ * the CPU result or one f16 step away), values rounded to f16 exactly; every other cache row untouched. Both
+ * rope styles, a partial rope_dim, GQA. */
 static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
 {
     const int l[] = {40, 9};
@@ -278,7 +278,8 @@ static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D,
     float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, rope_dim / 2 * 4);
     float *dq = dev_poison((size_t)m * qd * 4);
     int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0), FERRY_OK);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
+                 FERRY_OK);
     cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
 
     /* CPU: split the rows, rotate q and k. */
@@ -305,7 +306,8 @@ static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D,
         const size_t at = (size_t)(ek - c.k);
         for (int e = 0; e < kvd; e++) {
             const uint16_t want = f32_to_f16(k[(size_t)i * kvd + e]);
-            cr_assert(abs((int)gk[at + e] - (int)want) <= 1, "token %d k[%d]: %04x vs %04x", i, e, gk[at + e], want);
+            cr_assert(abs((int)gk[at + e] - (int)want) <= 1, "token %d k[%d]: %04x vs %04x", i, e, gk[at + e],
+                      want);
             ek[e] = gk[at + e]; /* accepted: the whole-pool comparison below checks every other row */
             ev[e] = f32_to_f16(v[(size_t)i * kvd + e]);
         }
@@ -423,7 +425,8 @@ Test(cuda_attention, workspace_reused_by_many_calls)
     cr_assert(wsb > 0);
     void *ws = dev_alloc(wsb);
     CU_OK(cudaMemset(ws, 0, wsb));
-    float *dq = dev_alloc((size_t)48 * nh * D * 4), *dout[NB], *want[NB], *got = malloc((size_t)48 * nh * D * 4);
+    float *dq = dev_alloc((size_t)48 * nh * D * 4), *dout[NB], *want[NB],
+          *got = malloc((size_t)48 * nh * D * 4);
     float *hq = host_rand((size_t)48 * nh * D, -1, 1);
     CU_OK(cudaMemcpy(dq, hq, (size_t)48 * nh * D * 4, cudaMemcpyHostToDevice));
     int32_t *ds[NB], *dp[NB];
@@ -433,8 +436,8 @@ Test(cuda_attention, workspace_reused_by_many_calls)
         dout[b] = dev_poison((size_t)m[b] * nh * D * 4);
         want[b] = malloc((size_t)m[b] * nh * D * 4);
         /* Alone, then checked against the reference. */
-        cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b], ws,
-                                         wsb, 0),
+        cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b],
+                                         ws, wsb, 0),
                      FERRY_OK);
         dev_download(want[b], dout[b], (size_t)m[b] * nh * D * 4);
         double *ref = malloc((size_t)m[b] * nh * D * 8);
@@ -443,16 +446,18 @@ Test(cuda_attention, workspace_reused_by_many_calls)
         cr_assert(ea <= 2e-5, "batch %d alone: max abs err %g", b, ea);
         free(ref);
     }
-    /* 40 calls back to back on one stream, the batch kinds interleaved; outputs poisoned before each round. */
+    /* 40 calls back to back on one stream, the batch kinds interleaved; outputs poisoned before each round.
+     */
     for (int round = 0; round < 10; round++) {
         for (int b = 0; b < NB; b++) CU_OK(cudaMemset(dout[b], 0xFF, (size_t)m[b] * nh * D * 4));
         for (int b = 0; b < NB; b++)
-            cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b],
-                                             ws, wsb, 0),
+            cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192,
+                                             mode[b], ws, wsb, 0),
                          FERRY_OK);
         for (int b = 0; b < NB; b++) {
             dev_download(got, dout[b], (size_t)m[b] * nh * D * 4);
-            cr_assert(memcmp(got, want[b], (size_t)m[b] * nh * D * 4) == 0, "round %d batch %d differs", round, b);
+            cr_assert(memcmp(got, want[b], (size_t)m[b] * nh * D * 4) == 0, "round %d batch %d differs",
+                      round, b);
         }
     }
     /* A CUDA graph of the four calls, replayed three times. */
@@ -462,8 +467,8 @@ Test(cuda_attention, workspace_reused_by_many_calls)
     cudaGraphExec_t ge;
     CU_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (int b = 0; b < NB; b++)
-        cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b], ws,
-                                         wsb, st),
+        cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b],
+                                         ws, wsb, st),
                      FERRY_OK);
     CU_OK(cudaStreamEndCapture(st, &gr));
     CU_OK(cudaGraphInstantiate(&ge, gr, 0));
@@ -473,8 +478,8 @@ Test(cuda_attention, workspace_reused_by_many_calls)
         CU_OK(cudaStreamSynchronize(st));
         for (int b = 0; b < NB; b++) {
             dev_download(got, dout[b], (size_t)m[b] * nh * D * 4);
-            cr_assert(memcmp(got, want[b], (size_t)m[b] * nh * D * 4) == 0, "graph replay %d batch %d differs",
-                      rep, b);
+            cr_assert(memcmp(got, want[b], (size_t)m[b] * nh * D * 4) == 0,
+                      "graph replay %d batch %d differs", rep, b);
         }
     }
     CU_OK(cudaGraphExecDestroy(ge));
@@ -494,9 +499,9 @@ Test(cuda_attention, workspace_reused_by_many_calls)
 }
 
 /* Split counts from 1 to many: the same one-token decode at 5000 positions with workspaces from too small for
- * any split (16 bytes) through a few splits to the full size, and MHA / GQA 4 / GQA 8 (the decode kernel's row
- * counts 1, 4, 8). Block size 4 gives one split 1250 block ids, more than the decode kernel stages in shared
- * memory (it then reads them one step ahead). */
+ * any split (16 bytes) through a few splits to the full size, and MHA / GQA 4 / GQA 8 (the decode kernel's
+ * row counts 1, 4, 8). Block size 4: 1250 block ids in one split (the decode kernel reads each one step ahead
+ * of its copy). */
 Test(cuda_attention, split_counts_one_to_many)
 {
     SKIP_WITHOUT_GPU();
@@ -522,14 +527,15 @@ Test(cuda_attention, split_counts_one_to_many)
             for (int tile = 0; tile < 2; tile++) {
                 CU_OK(cudaMemset(dout, 0xFF, (size_t)nh * D * 4));
                 kern_cuda_attention_set_decode_heads(tile ? -1 : 0);
-                const int rc = kern_cuda_attention(dout, dq, &c.dev, ds, dp, 1, nh, 0.0884f, 5000, KERN_ATTN_DECODE,
-                                                   ws, sizes[k], 0);
+                const int rc = kern_cuda_attention(dout, dq, &c.dev, ds, dp, 1, nh, 0.0884f, 5000,
+                                                   KERN_ATTN_DECODE, ws, sizes[k], 0);
                 kern_cuda_attention_set_decode_heads(0);
                 cr_assert_eq(rc, FERRY_OK);
                 dev_download(got, dout, (size_t)nh * D * 4);
-                const double ea = max_abs_err(got, ref, (size_t)nh * D), er = rel_err(got, ref, (size_t)nh * D);
-                cr_assert(ea <= 2e-5 && er <= 3e-5, "shape %d ws %zu bytes tile %d: max abs err %g rel %g", si,
-                          sizes[k], tile, ea, er);
+                const double ea = max_abs_err(got, ref, (size_t)nh * D),
+                             er = rel_err(got, ref, (size_t)nh * D);
+                cr_assert(ea <= 2e-5 && er <= 3e-5, "shape %d ws %zu bytes tile %d: max abs err %g rel %g",
+                          si, sizes[k], tile, ea, er);
             }
         cudaFree(dq);
         cudaFree(dout);
