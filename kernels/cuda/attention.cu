@@ -1,17 +1,30 @@
-/* attention (CUDA) — KV store and the tiled online-softmax attention kernel (prefill tiles and split-K
- * decode), with the log-sum-exp merge of splits; see attention.h for the contract.
+/* attention (CUDA) — KV store and the two attention kernels (a tile kernel for prefill and for what the
+ * decode kernel does not take; a decode kernel), with the log-sum-exp merge of splits done by the last split
+ * block of each row; see attention.h for the contract.
  *
- * One block = up to ATT_RMAX query rows (tokens x query heads sharing one KV head) x one KV range (a split).
- * Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte chunks), scores S = q·k
- * for all rows are computed with each thread holding one position and up to 8 rows (k read once from shared
- * memory, q broadcast), the rows' running max/sum are updated by one warp per row, and P·V is accumulated in
- * registers (each thread owns a pair of output dims for up to 16 rows). Rows whose tokens belong to other
- * sequences than the current run, positions past the token's own, and positions outside the split are masked
- * to -inf.
+ * Tile kernel (attn_kernel): one block = up to ATT_RMAX query rows (tokens x query heads sharing one KV head)
+ * x one KV range (a split). Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte
+ * chunks), scores S = q·k for all rows are computed with each thread holding one position and up to 8 rows (k
+ * read once from shared memory, q broadcast), the rows' running max/sum are updated by one warp per row, and
+ * P·V is accumulated in registers (each thread owns a pair of output dims for up to 16 rows). Rows whose
+ * tokens belong to other sequences than the current run, positions past the token's own, and positions
+ * outside the split are masked to -inf.
+ *
+ * Decode kernel (attn_decode_kernel): one block = one token x HB KV heads (all their query heads, up to 8 per
+ * KV head) x one KV range. No block barrier in the main loop: each warp streams its own positions through a
+ * private cp.async ring in shared memory (every lane copies 16 bytes of a K row and of a V row and later
+ * reads back exactly those bytes), a group of D/8 lanes per (position, KV head) computes q·k with 8 dims per
+ * lane and a shuffle sum, and keeps its own online softmax (base 2, q pre-scaled by log2 e); groups and warps
+ * are merged at the end in a fixed order.
+ *
+ * Splits: every split block writes (max, sum, unnormalised output) to the workspace, then takes a ticket from
+ * the row's arrival counter; the block that arrives last merges all splits in split order (so the result does
+ * not depend on which block that is) and sets the counter back to 0 for the next call.
  */
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
@@ -22,6 +35,16 @@
 #define ATT_RMAX    16 /* query rows per block */
 #define ATT_DMAX    256
 #define ATT_KPAD    8 /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
+/* Arrival counters at the start of the workspace: splits only for grids of at most this many rows. */
+#define ATT_MAX_ROWS  4096
+#define ATT_CNT_BYTES (ATT_MAX_ROWS * 4)
+#define ATT_MAX_SPLIT 256 /* splits per row at most */
+
+#define DEC_WARPS      4
+#define DEC_THREADS    (DEC_WARPS * 32)
+#define DEC_ST         4 /* cp.async ring stages per warp */
+#define DEC_U          2 /* positions per lane group per stage */
+#define DEC_RING_BYTES (DEC_WARPS * DEC_ST * DEC_U * 2 * 32 * 16)
 
 struct att_params {
     float *out;          /* (m, n_heads, D) */
@@ -30,9 +53,12 @@ struct att_params {
     const int32_t *bt;
     const int32_t *seq, *pos;
     float *ws_o;   /* (n_split, m, n_heads, D) unnormalised partial outputs */
-    float2 *ws_ml; /* (n_split, m, n_heads) running max and sum */
+    float2 *ws_ml; /* (n_split, m, n_heads) running max and sum (base e in attn_kernel, 2 in decode) */
+    unsigned *cnt; /* (grid.x * grid.y) arrival counters, 0 between calls */
     int n_blocks, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
+    int hb;                      /* decode kernel: KV heads per block */
+    unsigned long long bs_magic; /* ceil(2^32 / block_size): p / block_size = (p * bs_magic) >> 32 */
     float scale;
 };
 
@@ -62,6 +88,68 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+template <bool LOG2> __device__ __forceinline__ float att_exp(float x)
+{
+    return LOG2 ? exp2f(x) : expf(x);
+}
+
+/* Called by every thread of a split block after it wrote its partials: true in the block of the row that
+ * arrives last, which then owns the merge; that block also sets the counter back to 0 (all other blocks of
+ * the row have taken their ticket by then), so the next call and graph replays start from 0. */
+__device__ __forceinline__ bool att_last_arrival(const att_params &p)
+{
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = p.cnt + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+        const bool last = atomicAdd(c, 1u) == (unsigned)p.n_split - 1;
+        if (last) *c = 0;
+        s_last = last;
+    }
+    __syncthreads();
+    const bool last = s_last != 0;
+    if (last) __threadfence();
+    return last;
+}
+
+/* out[row] = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the splits in order, for the nrows rows (tok *
+ * n_heads + head) of rows[] (shared memory); wts: shared memory for nrows * n_split floats. The partials of
+ * other blocks are read through L2 (__ldcg): this block never cached them. */
+template <bool LOG2>
+__device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, float *wts)
+{
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nw = blockDim.x / 32;
+    const int ns = p.n_split, D = p.D;
+    const size_t total = (size_t)p.m * p.n_heads;
+    for (int ri = warp; ri < nrows; ri += nw) {
+        const size_t row = (size_t)rows[ri];
+        float mx = -INFINITY;
+        for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, __ldcg(p.ws_ml + s * total + row).x);
+        const float M = warp_max(mx);
+        float sum = 0.0f;
+        for (int s = lane; s < ns; s += 32) {
+            const float2 ml = __ldcg(p.ws_ml + s * total + row);
+            const float w = ml.y > 0.0f ? att_exp<LOG2>(ml.x - M) : 0.0f;
+            wts[ri * ns + s] = w;
+            sum += ml.y * w;
+        }
+        const float L = warp_sum(sum), inv = L > 0.0f ? 1.0f / L : 0.0f;
+        for (int s = lane; s < ns; s += 32) wts[ri * ns + s] *= inv;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) {
+        const int ri = e / D, d = e % D;
+        const size_t row = (size_t)rows[ri];
+        const float *w = wts + ri * ns;
+        const float *o = p.ws_o + row * D + d;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < ns; s++) acc += w[s] * __ldcg(o + (size_t)s * total * D);
+        p.out[row * D + d] = acc;
+    }
+}
+
 /* ST = 1: each K/V tile is copied, waited for, then used. ST = 2: two K/V buffers; the copy of tile i+1 is
  * issued before tile i is used, so the block-table lookups and the copy latency overlap the math. */
 template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
@@ -75,6 +163,8 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
     float *row_m = Ss + ATT_RMAX * ATT_T, *row_l = row_m + ATT_RMAX, *row_a = row_l + ATT_RMAX;
     int *row_pos = (int *)(row_a + ATT_RMAX);
 
+    pdl_wait(); /* q, the cache, the block table and the workspace are all written by earlier work */
+    pdl_trigger();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int i0 = blockIdx.x * p.qt;
     const int ntok = min(p.qt, p.m - i0);
@@ -280,38 +370,275 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
         }
         rs = re;
     }
-}
-
-/* out = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the splits in order. One block per (token, head). */
-__global__ void attn_merge_kernel(float *out, const float *ws_o, const float2 *ws_ml, int n_split, int rows,
-                                  int D)
-{
-    const size_t row = blockIdx.x;
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, ws_ml[(size_t)s * rows + row].x);
-    float L = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        const float2 ml = ws_ml[(size_t)s * rows + row];
-        if (ml.y > 0.0f) L += ml.y * expf(ml.x - M);
-    }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            const float2 ml = ws_ml[(size_t)s * rows + row];
-            if (ml.y > 0.0f) acc += ws_o[((size_t)s * rows + row) * D + d] * expf(ml.x - M);
+    if (p.n_split > 1) {
+        __shared__ int rows_s[ATT_RMAX], nrows_s;
+        if (tid == 0) {
+            int n = 0;
+            for (int r = 0; r < R; r++) {
+                const int hg = hsub * p.gb + r % p.gb;
+                if (hg < p.G) rows_s[n++] = (i0 + r / p.gb) * p.n_heads + kvh * p.G + hg;
+            }
+            nrows_s = n;
         }
-        out[row * D + d] = acc * inv;
+        /* The K/V tiles and scores are dead: the merge weights reuse them (the host sized n_split for that).
+         */
+        if (att_last_arrival(p)) att_merge_rows<false>(p, rows_s, nrows_s, (float *)Kb);
     }
 }
 
-/* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim dims,
- * pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU), the rest
- * copied; queries go to q_out (f32), keys and values to the cache (f16). */
-__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, const int32_t *seq,
-                                     const int32_t *pos, const int32_t *bt, const float *inv_freq, int m,
-                                     int n_heads, int n_kv, int D, int rope_dim, int half_style, int n_blocks,
-                                     int block_size, int max_blocks)
+/* Decode kernel; RM = rows per KV head held in registers (a power of two >= G). Grid: (tokens, n_kv / hb,
+ * splits). Lane roles: lane = grp * LG + hh * LP + li with LP = D/8 lanes per (position, KV head), LG = LP *
+ * hb lanes per position and NG = 32 / LG position groups per warp; lane li holds dims 8 li .. 8 li + 7. Warp
+ * w takes the block-steps j = 0, 1, ... and within one the positions lo + j * DEC_WARPS * PS + w * PS + u *
+ * NG + grp (u < DEC_U, PS = NG * DEC_U), so the warps of a block read neighbouring positions at the same
+ * time. */
+template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    pdl_wait(); /* everything below reads q, the cache, the block table or the workspace */
+    pdl_trigger();
+    const int D = p.D, LP = D / 8, HB = p.hb, LG = LP * HB, NG = 32 / LG, PS = NG * DEC_U;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int grp = lane / LG, hh = (lane % LG) / LP, li = lane % LP;
+    const int tok = blockIdx.x, kvg = blockIdx.y, split = blockIdx.z;
+    const int R = p.G, kvh = kvg * HB + hh;
+    const int sq = p.seq[tok], pos = p.pos[tok];
+    const int lo = split * p.chunk;
+    const int hi = split == p.n_split - 1 ? pos + 1 : min(lo + p.chunk, pos + 1);
+
+    /* q in base-2 units: scores come out multiplied by log2 e, so exp2 gives the natural softmax. */
+    const float qscale = p.scale * 1.44269504088896341f;
+    float q[RM][8];
+#pragma unroll
+    for (int r = 0; r < RM; r++) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (r < R) {
+            const float4 *src =
+                (const float4 *)(p.q + ((size_t)tok * p.n_heads + kvh * p.G + r) * D + li * 8);
+            a = src[0];
+            b = src[1];
+        }
+        q[r][0] = a.x * qscale, q[r][1] = a.y * qscale, q[r][2] = a.z * qscale, q[r][3] = a.w * qscale;
+        q[r][4] = b.x * qscale, q[r][5] = b.y * qscale, q[r][6] = b.z * qscale, q[r][7] = b.w * qscale;
+    }
+    float m[RM], l[RM], o[RM][8];
+#pragma unroll
+    for (int r = 0; r < RM; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[r][k] = 0.0f;
+    }
+
+    /* This warp's ring: (DEC_ST stages, DEC_U positions, K|V, 32 lanes) 16-byte slots. */
+    uint4 *ring = (uint4 *)smem + warp * (DEC_ST * DEC_U * 2 * 32);
+    const int bstride = DEC_WARPS * PS, span = hi - lo;
+    const int nsteps = span > warp * PS ? (span - warp * PS + bstride - 1) / bstride : 0;
+    const int32_t *btrow = p.bt + (size_t)sq * p.max_blocks;
+    const size_t pos_stride = (size_t)p.n_kv * D; /* halves from one position to the next within a block */
+    const size_t lane_off = (size_t)kvh * D + li * 8;
+    auto pos_of = [&](int j, int u) { return lo + j * bstride + warp * PS + u * NG + grp; };
+    auto bidx = [&](int pp) { return (unsigned)(((unsigned long long)(unsigned)pp * p.bs_magic) >> 32); };
+    /* Block id of position pp (read through the read-only path: no kernel writes the table while this runs);
+     * -1 for a block index past the table row. */
+    auto id_of = [&](int pp) {
+        const unsigned bi = bidx(pp);
+        return pp < hi && bi < (unsigned)p.max_blocks ? __ldg(btrow + bi) : -1;
+    };
+    /* Copies step j's K and V pieces of this lane into its slots; zeros for positions in range whose block id
+     * is not a block of the pool; nothing for positions past hi (masked in the math). Always commits a group.
+     */
+    auto issue = [&](int j, const int *ids) {
+        uint4 *slot = ring + (j % DEC_ST) * (DEC_U * 2 * 32);
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            const int pp = pos_of(j, u), id = ids[u];
+            uint4 *ks = slot + u * 64 + lane, *vs = ks + 32;
+            if (pp >= hi) continue;
+            if (id >= 0 && id < p.n_blocks) {
+                const int row = pp - (int)bidx(pp) * p.block_size;
+                const size_t off = ((size_t)id * p.block_size + row) * pos_stride + lane_off;
+                cp_async16(ks, p.k + off);
+                cp_async16(vs, p.v + off);
+            } else {
+                *ks = make_uint4(0, 0, 0, 0);
+                *vs = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cp_async_commit();
+    };
+
+    {
+        int ids[DEC_ST - 1][DEC_U];
+#pragma unroll
+        for (int j = 0; j < DEC_ST - 1; j++)
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) ids[j][u] = j < nsteps ? id_of(pos_of(j, u)) : -1;
+#pragma unroll
+        for (int j = 0; j < DEC_ST - 1; j++) {
+            if (j < nsteps)
+                issue(j, ids[j]);
+            else
+                cp_async_commit();
+        }
+    }
+    int idn[DEC_U]; /* block ids of the next step to issue, loaded one step ahead */
+#pragma unroll
+    for (int u = 0; u < DEC_U; u++) idn[u] = DEC_ST - 1 < nsteps ? id_of(pos_of(DEC_ST - 1, u)) : -1;
+
+    for (int i = 0; i < nsteps; i++) {
+        const int jn = i + DEC_ST - 1;
+        if (jn < nsteps)
+            issue(jn, idn);
+        else
+            cp_async_commit(); /* an empty group keeps wait_group's count pointing at step i */
+        if (jn + 1 < nsteps) {
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) idn[u] = id_of(pos_of(jn + 1, u));
+        }
+        cp_async_wait<DEC_ST - 1>(); /* this lane's copies of step i have landed; only it reads them */
+
+        const uint4 *slot = ring + (i % DEC_ST) * (DEC_U * 2 * 32);
+        float s[DEC_U][RM];
+        bool ok[DEC_U];
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            ok[u] = pos_of(i, u) < hi;
+            const uint4 kq = slot[u * 64 + lane];
+            const __half2 *h2 = (const __half2 *)&kq;
+            float kf[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __half22float2(h2[k]);
+                kf[2 * k] = f.x, kf[2 * k + 1] = f.y;
+            }
+#pragma unroll
+            for (int r = 0; r < RM; r++) {
+                float a = q[r][0] * kf[0];
+#pragma unroll
+                for (int k = 1; k < 8; k++) a = fmaf(q[r][k], kf[k], a);
+                s[u][r] = a;
+            }
+        }
+        for (int off = 1; off < LP; off <<= 1)
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++)
+#pragma unroll
+                for (int r = 0; r < RM; r++) s[u][r] += __shfl_xor_sync(0xffffffffu, s[u][r], off);
+        float pr[DEC_U][RM];
+#pragma unroll
+        for (int r = 0; r < RM; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++)
+                if (ok[u]) mx = fmaxf(mx, s[u][r]);
+            if (mx > m[r]) {
+                const float al = exp2f(m[r] - mx); /* 0 while m is -inf */
+                l[r] *= al;
+#pragma unroll
+                for (int k = 0; k < 8; k++) o[r][k] *= al;
+                m[r] = mx;
+            }
+            float sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) {
+                pr[u][r] = ok[u] ? exp2f(s[u][r] - m[r]) : 0.0f;
+                sum += pr[u][r];
+            }
+            l[r] += sum;
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            if (!ok[u]) continue;
+            const uint4 vq = slot[u * 64 + 32 + lane];
+            const __half2 *h2 = (const __half2 *)&vq;
+            float vf[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __half22float2(h2[k]);
+                vf[2 * k] = f.x, vf[2 * k + 1] = f.y;
+            }
+#pragma unroll
+            for (int r = 0; r < RM; r++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) o[r][k] = fmaf(pr[u][r], vf[k], o[r][k]);
+        }
+    }
+
+    /* Merge the position groups of the warp (butterfly over the group bits of the lane; fixed order). */
+    for (int off = LG; off < 32; off <<= 1) {
+#pragma unroll
+        for (int r = 0; r < RM; r++) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[r], off);
+            const float lo2 = __shfl_xor_sync(0xffffffffu, l[r], off);
+            float oo[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) oo[k] = __shfl_xor_sync(0xffffffffu, o[r][k], off);
+            const float M = fmaxf(m[r], mo);
+            if (M != -INFINITY) {
+                const float a = exp2f(m[r] - M), b = exp2f(mo - M);
+                l[r] = l[r] * a + lo2 * b;
+#pragma unroll
+                for (int k = 0; k < 8; k++) o[r][k] = o[r][k] * a + oo[k] * b;
+                m[r] = M;
+            }
+        }
+    }
+
+    /* Merge the warps through shared memory (the rings are dead once every copy has landed). */
+    cp_async_wait<0>();
+    __syncthreads();
+    const int ROWS = HB * RM;
+    float *sc_o = (float *)smem;                             /* (DEC_WARPS, ROWS, D) */
+    float2 *sc_ml = (float2 *)(sc_o + DEC_WARPS * ROWS * D); /* (DEC_WARPS, ROWS) */
+    if (grp == 0) {
+#pragma unroll
+        for (int r = 0; r < RM; r++) {
+            if (r >= R) break;
+            float *dst = sc_o + ((size_t)warp * ROWS + hh * RM + r) * D + li * 8;
+            *(float4 *)dst = make_float4(o[r][0], o[r][1], o[r][2], o[r][3]);
+            *(float4 *)(dst + 4) = make_float4(o[r][4], o[r][5], o[r][6], o[r][7]);
+            if (li == 0) sc_ml[warp * ROWS + hh * RM + r] = make_float2(m[r], l[r]);
+        }
+    }
+    __syncthreads();
+    const size_t total = (size_t)p.m * p.n_heads;
+    for (int e = tid; e < HB * R * D; e += DEC_THREADS) {
+        const int d = e % D, rr = e / D, r = rr % R, h2 = rr / R, row = h2 * RM + r;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sc_ml[w * ROWS + row].x);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float2 ml = sc_ml[w * ROWS + row];
+                const float f = exp2f(ml.x - M);
+                L += ml.y * f;
+                O += sc_o[((size_t)w * ROWS + row) * D + d] * f;
+            }
+        }
+        const size_t grow = (size_t)tok * p.n_heads + (size_t)(kvg * HB + h2) * p.G + r;
+        if (p.n_split == 1) {
+            p.out[grow * D + d] = L > 0.0f ? O / L : 0.0f;
+        } else {
+            p.ws_o[((size_t)split * total + grow) * D + d] = O;
+            if (d == 0) p.ws_ml[(size_t)split * total + grow] = make_float2(M, L);
+        }
+    }
+    if (p.n_split > 1) {
+        __shared__ int rows_s[32];
+        if (tid < HB * R) rows_s[tid] = tok * p.n_heads + (kvg * HB + tid / R) * p.G + tid % R;
+        if (att_last_arrival(p)) att_merge_rows<true>(p, rows_s, HB * R, (float *)smem);
+    }
+}
+
+/* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim
+ * dims, pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU),
+ * the rest copied; queries go to q_out (f32), keys and values to the cache (f16). */
+__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc,
+                                     const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                                     const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
+                                     int half_style, int n_blocks, int block_size, int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
@@ -352,7 +679,8 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
         if (blk < 0 || blk >= n_blocks) continue;
         const int kh = h < n_heads + n_kv ? h - n_heads : h - n_heads - n_kv;
-        __half *dst = (h < n_heads + n_kv ? kc : vc) + (((size_t)blk * block_size + pp % block_size) * n_kv + kh) * D;
+        __half *dst =
+            (h < n_heads + n_kv ? kc : vc) + (((size_t)blk * block_size + pp % block_size) * n_kv + kh) * D;
         dst[i0] = __float2half_rn(x0);
         dst[i1] = __float2half_rn(x1);
     }
@@ -364,6 +692,8 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
 
 struct att_plan {
     int qt, gb, n_hsub, n_tiles, n_split, chunk;
+    int rm; /* decode kernel: rows per KV head in registers (1, 2, 4, 8); 0: the tile kernel */
+    int hb; /* decode kernel: KV heads per block */
 };
 
 static int sm_count(void)
@@ -387,30 +717,43 @@ static size_t split_bytes(int n_split, int m, int n_heads, int D)
     return (size_t)n_split * m * n_heads * ((size_t)D + 2) * sizeof(float);
 }
 
-/* occ: blocks of attn_kernel resident per SM; the splits fill one wave of occ * SMs blocks. */
-static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode,
-                                 size_t ws_bytes, int occ)
+/* Splits of the KV range for a grid of `base` blocks (tokens x heads): enough to fill one wave of occ * SMs
+ * blocks, at most max_split (what the merging block's shared memory holds), one per 64 positions, what the
+ * workspace holds after its counters, and none for grids with more rows than there are counters. */
+static void plan_splits(struct att_plan *pl, int64_t base, int m, int n_heads, int D, int max_len,
+                        size_t ws_bytes, int occ, int max_split)
 {
-    struct att_plan pl;
-    const int G = n_heads / n_kv;
-    pl.gb = G < ATT_RMAX ? G : ATT_RMAX;
-    pl.n_hsub = (G + pl.gb - 1) / pl.gb;
-    pl.qt = decode ? 1 : (ATT_RMAX / pl.gb > 0 ? ATT_RMAX / pl.gb : 1);
-    pl.n_tiles = (m + pl.qt - 1) / pl.qt;
-    const int64_t base = (int64_t)pl.n_tiles * n_kv * pl.n_hsub;
     const int64_t target = (int64_t)occ * sm_count();
-    const int max_split = (max_len + ATT_T - 1) / ATT_T;
-    int ns = base >= target ? 1 : (int)(target / base);
+    int ns = base >= target || base > ATT_MAX_ROWS ? 1 : (int)(target / base);
+    const int len_split = (max_len + ATT_T - 1) / ATT_T;
+    if (ns > len_split) ns = len_split;
     if (ns > max_split) ns = max_split;
     const size_t per = split_bytes(1, m, n_heads, D);
-    if (ns > 1 && (size_t)ns * per > ws_bytes) ns = (int)(ws_bytes / per);
+    const size_t avail = ws_bytes > ATT_CNT_BYTES ? ws_bytes - ATT_CNT_BYTES : 0;
+    if (ns > 1 && (size_t)ns * per > avail) ns = (int)(avail / per);
     if (ns < 1) ns = 1;
     int chunk = (max_len + ns - 1) / ns;
     chunk = (chunk + ATT_T - 1) / ATT_T * ATT_T;
     if (chunk < ATT_T) chunk = ATT_T;
-    pl.chunk = chunk;
-    pl.n_split = ns > 1 ? (max_len + chunk - 1) / chunk : 1;
-    if (pl.n_split < 1) pl.n_split = 1;
+    pl->chunk = chunk;
+    pl->n_split = ns > 1 ? (max_len + chunk - 1) / chunk : 1;
+    if (pl->n_split < 1) pl->n_split = 1;
+}
+
+/* The tile kernel's plan; occ: its blocks resident per SM. */
+static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode,
+                                 size_t ws_bytes, int occ, int max_split)
+{
+    struct att_plan pl;
+    const int G = n_heads / n_kv;
+    pl.rm = 0;
+    pl.hb = 1;
+    pl.gb = G < ATT_RMAX ? G : ATT_RMAX;
+    pl.n_hsub = (G + pl.gb - 1) / pl.gb;
+    pl.qt = decode ? 1 : (ATT_RMAX / pl.gb > 0 ? ATT_RMAX / pl.gb : 1);
+    pl.n_tiles = (m + pl.qt - 1) / pl.qt;
+    plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ,
+                max_split);
     return pl;
 }
 
@@ -420,15 +763,43 @@ static size_t attn_smem_bytes(int D, int stages)
            (size_t)ATT_RMAX * ATT_T * 4 + 4 * ATT_RMAX * 4;
 }
 
+/* Splits whose merge weights (ATT_RMAX rows) fit in the tile kernel's K/V and score buffers. */
+static int tile_max_split(int D, int stages)
+{
+    const int n = (int)((attn_smem_bytes(D, stages) - (size_t)ATT_RMAX * D * 4) / 4 / ATT_RMAX);
+    return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
+}
+
+static size_t dec_smem_bytes(int D, int hb, int rm)
+{
+    const size_t merge = (size_t)DEC_WARPS * hb * rm * ((size_t)D * 4 + 8);
+    return merge > DEC_RING_BYTES ? merge : DEC_RING_BYTES;
+}
+
+/* Splits whose merge weights (hb * G rows) fit in the decode kernel's shared memory. */
+static int dec_max_split(int D, int hb, int rm, int G)
+{
+    const int n = (int)(dec_smem_bytes(D, hb, rm) / 4 / (hb * G));
+    return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
+}
+
 static int g_stages =
     1; /* K/V buffers per block: kern_cuda_attention_set_stages (1 measured faster, NOTES.md) */
+static int g_dec_heads =
+    0; /* kern_cuda_attention_set_decode_heads: 0 default, -1 tile kernel only, else HB */
 
 extern "C" void kern_cuda_attention_set_stages(int stages)
 {
     g_stages = stages == 2 ? 2 : 1;
 }
 
-/* Raises the dynamic shared-memory limit of both kernel variants once (up to head_dim ATT_DMAX). */
+extern "C" void kern_cuda_attention_set_decode_heads(int heads)
+{
+    g_dec_heads = heads == -1 || heads == 1 || heads == 2 || heads == 4 || heads == 8 ? heads : 0;
+}
+
+/* Raises the dynamic shared-memory limit of both tile kernel variants once (up to head_dim ATT_DMAX); the
+ * decode kernel stays under the default 48 KB. */
 static int attn_prepare(void)
 {
     static bool done = false;
@@ -442,7 +813,7 @@ static int attn_prepare(void)
     return FERRY_OK;
 }
 
-/* Resident blocks per SM of the variant at head_dim D (cached; 2 if the query fails). */
+/* Resident blocks per SM of the tile kernel variant at head_dim D (cached; 2 if the query fails). */
 static int blocks_per_sm(int D, int stages)
 {
     static int cache[2][ATT_DMAX / 8 + 1];
@@ -463,22 +834,83 @@ static int blocks_per_sm(int D, int stages)
     return *c;
 }
 
+static int rm_index(int rm)
+{
+    return rm == 1 ? 0 : rm == 2 ? 1 : rm == 4 ? 2 : 3;
+}
+
+typedef void (*dec_kernel_fn)(const att_params);
+static dec_kernel_fn dec_kernel(int rm)
+{
+    const dec_kernel_fn k[4] = {attn_decode_kernel<1>, attn_decode_kernel<2>, attn_decode_kernel<4>,
+                                attn_decode_kernel<8>};
+    return k[rm_index(rm)];
+}
+
+/* Resident blocks per SM of the decode kernel (cached; 2 if the query fails). */
+static int dec_blocks_per_sm(int D, int hb, int rm)
+{
+    static int cache[4][ATT_DMAX / 8 + 1][4];
+    const int hi = hb == 1 ? 0 : hb == 2 ? 1 : hb == 4 ? 2 : 3;
+    int *c = &cache[rm_index(rm)][D / 8][hi];
+    if (!*c) {
+        int nb = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, dec_kernel(rm), DEC_THREADS,
+                                                          dec_smem_bytes(D, hb, rm)) == cudaSuccess &&
+            nb > 0)
+            *c = nb;
+        else {
+            (void)cudaGetLastError();
+            return 2;
+        }
+    }
+    return *c;
+}
+
+/* The decode kernel's plan, or rm = 0 when it does not take the batch: it needs head_dim/8 a power of two (a
+ * lane group per position within a warp), at most 8 query heads per KV head, and a block size for which the
+ * multiply-shift division is exact over the table. */
+static struct att_plan make_dec_plan(int m, int n_heads, const struct kern_cuda_kv_layer *kv, int max_len,
+                                     size_t ws_bytes)
+{
+    struct att_plan pl;
+    memset(&pl, 0, sizeof pl);
+    const int D = kv->head_dim, LP = D / 8, G = n_heads / kv->n_kv_heads;
+    if (g_dec_heads < 0 || (LP & (LP - 1)) || G > 8) return pl;
+    if ((unsigned long long)kv->max_blocks * kv->block_size * kv->block_size > (1ull << 32)) return pl;
+    int hb = g_dec_heads > 0 ? g_dec_heads : 1;
+    if (hb * LP > 32 || kv->n_kv_heads % hb) hb = 1;
+    const int rm = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
+    pl.rm = rm;
+    pl.hb = hb;
+    pl.gb = G;
+    pl.n_hsub = 1;
+    pl.qt = 1;
+    pl.n_tiles = m;
+    plan_splits(&pl, (int64_t)m * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
+                dec_blocks_per_sm(D, hb, rm), dec_max_split(D, hb, rm, G));
+    return pl;
+}
+
 extern "C" size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len)
 {
     if (m <= 0 || n_heads <= 0 || head_dim <= 0 || max_len <= 0 || head_dim > ATT_DMAX) return 0;
-    /* Decode tiles with one KV head give the most splits, and the variant with more resident blocks; bound by
-     * that. */
-    const int occ = max(blocks_per_sm(head_dim, 1), blocks_per_sm(head_dim, 2));
+    /* Decode tiles with one KV head give the most splits, and the kernel with the most resident blocks; bound
+     * by that. */
+    int occ = max(blocks_per_sm(head_dim, 1), blocks_per_sm(head_dim, 2));
+    if (!((head_dim / 8) & (head_dim / 8 - 1)))
+        for (int rm = 1; rm <= 8; rm *= 2) occ = max(occ, dec_blocks_per_sm(head_dim, 1, rm));
     /* Any batch of up to m tokens: the runtime sizes the workspace once for its largest batch, and smaller
      * batches (one decode token) take the most splits. Past occ * SMs tokens there are no splits. */
     const int64_t last = min((int64_t)m, (int64_t)occ * sm_count());
     size_t best = 0;
     for (int mm = 1; mm <= last; mm++) {
-        struct att_plan pl = make_plan(mm, n_heads, 1, head_dim, max_len, true, SIZE_MAX, occ);
+        struct att_plan pl;
+        plan_splits(&pl, mm, mm, n_heads, head_dim, max_len, SIZE_MAX, occ, ATT_MAX_SPLIT);
         const size_t b = pl.n_split > 1 ? split_bytes(pl.n_split, mm, n_heads, head_dim) : 0;
         if (b > best) best = b;
     }
-    return best;
+    return best ? best + ATT_CNT_BYTES : 0;
 }
 
 static int check_kv(const struct kern_cuda_kv_layer *kv)
@@ -493,23 +925,24 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
 }
 
 extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
-                                      const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
-                                      const float *inv_freq, enum rope_style style, cudaStream_t stream)
+                                       const int32_t *seq, const int32_t *pos, int m, int n_heads,
+                                       int rope_dim, const float *inv_freq, enum rope_style style,
+                                       cudaStream_t stream)
 {
     int rc = check_kv(kv);
     if (rc) return rc;
     if (!q_out || !qkv || !seq || !pos || !inv_freq || m < 0 || n_heads <= 0) return FERRY_ERR_INVALID;
     if (rope_dim <= 0 || rope_dim > kv->head_dim || rope_dim % 2) return FERRY_ERR_INVALID;
     if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(qkv, 4) || !FCUDA_ALIGNED(seq, 4) || !FCUDA_ALIGNED(pos, 4) ||
-        !FCUDA_ALIGNED(inv_freq, 4))
+    if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(qkv, 4) || !FCUDA_ALIGNED(seq, 4) ||
+        !FCUDA_ALIGNED(pos, 4) || !FCUDA_ALIGNED(inv_freq, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
-    FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out, qkv,
-                           (__half *)kv->k, (__half *)kv->v, seq, pos, kv->block_table, inv_freq, m, n_heads,
-                           kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks,
-                           kv->block_size, kv->max_blocks));
+    FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out,
+                           qkv, (__half *)kv->k, (__half *)kv->v, seq, pos, kv->block_table, inv_freq, m,
+                           n_heads, kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF),
+                           kv->n_blocks, kv->block_size, kv->max_blocks));
     return FERRY_OK;
 }
 
@@ -534,8 +967,11 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     rc = attn_prepare();
     if (rc) return rc;
     const int stages = g_stages;
-    const struct att_plan pl =
-        make_plan(m, n_heads, kv->n_kv_heads, D, max_len, decode, ws_bytes, blocks_per_sm(D, stages));
+    struct att_plan pl;
+    if (decode) pl = make_dec_plan(m, n_heads, kv, max_len, ws_bytes);
+    if (!decode || !pl.rm)
+        pl = make_plan(m, n_heads, kv->n_kv_heads, D, max_len, decode, ws_bytes, blocks_per_sm(D, stages),
+                       tile_max_split(D, stages));
 
     att_params p;
     p.out = out;
@@ -545,8 +981,9 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     p.bt = kv->block_table;
     p.seq = seq;
     p.pos = pos;
-    p.ws_o = (float *)ws;
-    p.ws_ml = pl.n_split > 1 ? (float2 *)((float *)ws + (size_t)pl.n_split * m * n_heads * D) : nullptr;
+    p.cnt = pl.n_split > 1 ? (unsigned *)ws : nullptr;
+    p.ws_o = pl.n_split > 1 ? (float *)((char *)ws + ATT_CNT_BYTES) : nullptr;
+    p.ws_ml = pl.n_split > 1 ? (float2 *)(p.ws_o + (size_t)pl.n_split * m * n_heads * D) : nullptr;
     p.n_blocks = kv->n_blocks;
     p.block_size = kv->block_size;
     p.max_blocks = kv->max_blocks;
@@ -560,19 +997,21 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     p.n_hsub = pl.n_hsub;
     p.n_split = pl.n_split;
     p.chunk = pl.chunk;
+    p.hb = pl.hb;
+    p.bs_magic = ((1ull << 32) + (unsigned long long)kv->block_size - 1) / (unsigned long long)kv->block_size;
     p.scale = scale;
 
+    if (pl.rm) {
+        const dim3 grid((unsigned)m, (unsigned)(kv->n_kv_heads / pl.hb), (unsigned)pl.n_split);
+        FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm), grid, dim3(DEC_THREADS), dec_smem_bytes(D, pl.hb, pl.rm),
+                               stream, p));
+        FCUDA_LAUNCH_CHECK("attn_decode_kernel");
+        return FERRY_OK;
+    }
     const size_t smem = attn_smem_bytes(D, stages);
     const dim3 grid((unsigned)pl.n_tiles, (unsigned)(kv->n_kv_heads * pl.n_hsub), (unsigned)pl.n_split);
-    if (stages == 1)
-        attn_kernel<1><<<grid, ATT_THREADS, smem, stream>>>(p);
-    else
-        attn_kernel<2><<<grid, ATT_THREADS, smem, stream>>>(p);
+    FCUDA_CHECK(
+        pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS), smem, stream, p));
     FCUDA_LAUNCH_CHECK("attn_kernel");
-    if (pl.n_split > 1) {
-        attn_merge_kernel<<<(unsigned)m * n_heads, 128, 0, stream>>>(out, p.ws_o, p.ws_ml, pl.n_split,
-                                                                     m * n_heads, D);
-        FCUDA_LAUNCH_CHECK("attn_merge_kernel");
-    }
     return FERRY_OK;
 }

@@ -10,10 +10,14 @@
  *   PREFILL: a block takes up to 16 query rows (consecutive tokens x the query heads of one KV head), so each
  *            K/V tile read from memory serves them all; tokens of different sequences in one tile are handled
  *            one run of equal seq at a time (correct for any batch, fastest when chunks are long).
- *   DECODE:  a block takes one token (its query heads of one KV head) and the KV range is split over blocks
- *            (flash-decoding); partial (max, sum, output) go to the workspace and a second kernel merges them
- *            with a log-sum-exp in a fixed order. One long sequence fills the GPU.
- * Splits are also used in PREFILL when the grid would be too small. Deterministic: no atomics anywhere.
+ *   DECODE:  a block takes one token (its query heads of one or a few KV heads) and the KV range is split
+ *            over blocks (flash-decoding); partial (max, sum, output) go to the workspace and the last block
+ *            of each row to finish merges them with a log-sum-exp in split order (one launch in all). One
+ *            long sequence fills the GPU. A dedicated kernel takes decode batches with head_dim/8 a power of
+ *            two and at most 8 query heads per KV head; other shapes use the tile kernel, a token per tile.
+ * Splits are also used in PREFILL when the grid would be too small. Deterministic: the only atomic is the
+ * per-row arrival counter, and the merge order does not depend on it. Launched with programmatic dependent
+ * launch (kernels/cuda/pdl.h).
  * All pointers are device memory except `kv` itself (a host struct holding device pointers).
  * The caller guarantees seq[i] < the rows of block_table and pos[i] < max_blocks*block_size with the blocks
  * present (the runtime's KV cache does); block ids outside [0, n_blocks) read as zeros instead of faulting.
@@ -55,7 +59,11 @@ int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cu
                             const float *inv_freq, enum rope_style style, cudaStream_t stream);
 
 /* Workspace bytes kern_cuda_attention uses at most for any batch of up to m tokens (so one workspace sized
- * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos. */
+ * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos.
+ * The workspace must be zero-filled once before its first use (cudaMemset at init): its first 16 KB hold
+ * the splits' arrival counters, which every call leaves at 0 again, so it can then be reused by any number
+ * of calls and CUDA-graph replays on one stream. Calls that may run at the same time need separate
+ * workspaces. */
 size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len);
 
 /* out (m, n_heads*head_dim) f32 = softmax(q kᵀ * scale) v per token and head; q (m, n_heads, head_dim) f32.
@@ -72,6 +80,11 @@ int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_la
  * see kernels/cuda/NOTES.md). Any other value selects the default. Not thread-safe: call it before launching
  * work. */
 void kern_cuda_attention_set_stages(int stages);
+
+/* Tuning hook for tests and benches: KV heads per block of the decode kernel (1, the default; 2, 4 or 8 when
+ * n_kv_heads and head_dim allow, else 1), or -1 to send decode batches to the tile kernel as before. Any
+ * other value selects the default. Not thread-safe: call it before launching work. */
+void kern_cuda_attention_set_decode_heads(int heads);
 
 #ifdef __cplusplus
 }

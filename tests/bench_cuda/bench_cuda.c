@@ -150,7 +150,8 @@ struct att_arg {
     struct kern_cuda_kv_layer kv;
     float *out, *q;
     int32_t *seq, *pos;
-    int m, n_heads, max_len;
+    int32_t *tables; /* (copies, n_blocks / copies) block tables, copy c naming only the blocks of copy c */
+    int copies, m, n_heads, max_len;
     void *ws;
     size_t ws_bytes;
     enum kern_cuda_attn_mode mode;
@@ -158,7 +159,9 @@ struct att_arg {
 static void att_fn(void *p, int i)
 {
     struct att_arg *a = p;
-    FK(kern_cuda_attention(a->out, a->q, &a->kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len,
+    struct kern_cuda_kv_layer kv = a->kv;
+    kv.block_table = a->tables + (size_t)(i % a->copies) * (a->kv.n_blocks / a->copies);
+    FK(kern_cuda_attention(a->out, a->q, &kv, a->seq, a->pos, a->m, a->n_heads, 0.0883883f, a->max_len,
                            a->mode, a->ws, a->ws_bytes, st));
 }
 
@@ -181,7 +184,12 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
     memset(&a, 0, sizeof a);
     const int blocks_per_seq = (ctx + bs - 1) / bs;
     const int n_seqs = prefill ? 1 : m;
-    a.kv.n_blocks = blocks_per_seq * n_seqs;
+    /* Calls rotate among copies of the cache spanning >= 256 MiB, so that L2 does not hold a small one (each
+     * layer of a model reads its own cache). */
+    const size_t one = (size_t)blocks_per_seq * n_seqs * bs * n_kv * D * 2 * 2;
+    a.copies = prefill ? 1 : (int)((256u << 20) / one) + 1;
+    const int nb1 = blocks_per_seq * n_seqs;
+    a.kv.n_blocks = nb1 * a.copies;
     a.kv.block_size = bs;
     a.kv.max_blocks = blocks_per_seq;
     a.kv.n_kv_heads = n_kv;
@@ -192,7 +200,8 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
     fill_f16(a.kv.k, kvb);
     fill_f16(a.kv.v, kvb);
     int32_t *bt = malloc((size_t)a.kv.n_blocks * 4), *seq = malloc(m * 4), *pos = malloc(m * 4);
-    for (int i = 0; i < a.kv.n_blocks; i++) bt[i] = (int32_t)((i * 7919LL) % a.kv.n_blocks); /* scattered */
+    for (int c = 0; c < a.copies; c++) /* scattered within the copy */
+        for (int i = 0; i < nb1; i++) bt[(size_t)c * nb1 + i] = (int32_t)(c * nb1 + (i * 7919LL) % nb1);
     for (int i = 0; i < m; i++) {
         seq[i] = prefill ? 0 : i;
         pos[i] = prefill ? i : ctx - 1;
@@ -201,6 +210,7 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
     CK(cudaMalloc((void **)&dbt, (size_t)a.kv.n_blocks * 4));
     CK(cudaMemcpy(dbt, bt, (size_t)a.kv.n_blocks * 4, cudaMemcpyHostToDevice));
     a.kv.block_table = dbt;
+    a.tables = dbt;
     CK(cudaMalloc((void **)&a.seq, m * 4));
     CK(cudaMalloc((void **)&a.pos, m * 4));
     CK(cudaMemcpy(a.seq, seq, m * 4, cudaMemcpyHostToDevice));
@@ -213,7 +223,10 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
     a.max_len = ctx;
     a.mode = prefill ? KERN_ATTN_PREFILL : KERN_ATTN_DECODE;
     a.ws_bytes = kern_cuda_attention_ws_size(m, n_heads, D, ctx);
-    if (a.ws_bytes) CK(cudaMalloc(&a.ws, a.ws_bytes));
+    if (a.ws_bytes) {
+        CK(cudaMalloc(&a.ws, a.ws_bytes));
+        CK(cudaMemset(a.ws, 0, a.ws_bytes)); /* once, as attention.h asks */
+    }
     const double ms = time_ms(att_fn, &a, 10);
     use_graph = 1;
     const double gms = time_ms(att_fn, &a, 10);
@@ -367,20 +380,27 @@ int main(int argc, char **argv)
     kern_cuda_ctx_free(ctx);
     cudaFree(pool);
 
-    /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128. */
-    /* One K/V buffer per block (the default), then two (kern_cuda_attention_set_stages). */
-    for (int stg = 1; stg <= 2; stg++) {
-        kern_cuda_attention_set_stages(stg);
-        printf("attention, %d K/V buffer(s) per block:\n", stg);
+    /* Attention, Llama-2-7B (32 heads, 32 KV heads) and Llama-3-8B (32/8), head_dim 128: the decode kernel
+     * with 1 KV head per block (the default), 2 and 4 (the cache's access pattern: 256, 512, 1024 contiguous
+     * bytes per position), and decode through the tile kernel (as before the decode kernel). */
+    const int hbs[4] = {0, 2, 4, -1};
+    for (int hi = 0; hi < 4; hi++) {
+        kern_cuda_attention_set_decode_heads(hbs[hi]);
+        if (hbs[hi] < 0)
+            printf("attention, decode through the tile kernel:\n");
+        else
+            printf("attention, decode kernel, %d KV head(s) per block:\n", hbs[hi] ? hbs[hi] : 1);
         bench_attention("attn decode l2-7b ctx=512 b=1", 32, 32, 512, 1, 0, ceil_gbs);
         bench_attention("attn decode l2-7b ctx=8192 b=1", 32, 32, 8192, 1, 0, ceil_gbs);
         bench_attention("attn decode l2-7b ctx=512 b=16", 32, 32, 512, 16, 0, ceil_gbs);
         bench_attention("attn decode l3-8b ctx=8192 b=1", 32, 8, 8192, 1, 0, ceil_gbs);
         bench_attention("attn decode l3-8b ctx=8192 b=16", 32, 8, 8192, 16, 0, ceil_gbs);
-        bench_attention("attn prefill l2-7b 512", 32, 32, 512, 512, 1, ceil_gbs);
-        bench_attention("attn prefill l3-8b 512", 32, 8, 512, 512, 1, ceil_gbs);
+        if (hbs[hi] == 0) {
+            bench_attention("attn prefill l2-7b 512", 32, 32, 512, 512, 1, ceil_gbs);
+            bench_attention("attn prefill l3-8b 512", 32, 8, 512, 512, 1, ceil_gbs);
+        }
     }
-    kern_cuda_attention_set_stages(0);
+    kern_cuda_attention_set_decode_heads(0);
 
     /* rmsnorm at d=4096. */
     const int nm[3] = {1, 16, 512};

@@ -5,9 +5,10 @@
  * 8192 terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5 (estimated
  * f32 accumulation error at 8192 positions: ~6e-6 relative). Sequence lengths 1, 7, 64, 129, 1000 and 8192;
  * GQA ratios 1, 4, 8 and 24 (more heads than one block takes); head_dim 8 (stories260K), 64, 96, 128, 256;
- * block sizes 7, 16, 32; prefill, decode and auto modes. The local reference is checked against the CPU
- * oracle kern_cpu_attention_ref (same cache layout and block table, f32 elements holding the f16 values) by a
- * test that needs no GPU and so also runs in CI.
+ * block sizes 7, 16, 32; prefill, decode and auto modes; the decode kernel and the tile kernel; no splits,
+ * a few and many; one workspace reused across calls and CUDA-graph replays (the split arrival counters
+ * reset). The local reference is checked against the CPU oracle kern_cpu_attention_ref (same cache layout and
+ * block table, f32 elements holding the f16 values) by a test that needs no GPU and so also runs in CI.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -139,14 +140,19 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
     const size_t wsb = kern_cuda_attention_ws_size(m, c->n_heads, c->D, max_len);
     void *ws = dev_alloc(wsb);
-    /* 0: full workspace (splits); 1: the same again, bitwise equal; 2: no workspace (one split); 3: full
-     * workspace with two K/V buffers per block instead of one (kern_cuda_attention_set_stages) */
-    for (int variant = 0; variant < 4; variant++) {
+    CU_OK(cudaMemset(ws, 0, wsb ? wsb : 16)); /* once, as the contract asks; every call leaves it reusable */
+    /* 0: full workspace (splits); 1: the same again, bitwise equal (the arrival counters were reset); 2: no
+     * workspace (one split); 3: full workspace with two K/V buffers per block instead of one
+     * (kern_cuda_attention_set_stages); 4: the tile kernel only (kern_cuda_attention_set_decode_heads(-1));
+     * 5: the decode kernel with 2 KV heads per block where the shape allows it */
+    for (int variant = 0; variant < 6; variant++) {
         CU_OK(cudaMemset(dout, 0xFF, nq * 4));
         kern_cuda_attention_set_stages(variant == 3 ? 2 : 0);
+        kern_cuda_attention_set_decode_heads(variant == 4 ? -1 : variant == 5 ? 2 : 0);
         int rc = kern_cuda_attention(dout, dq, &c->dev, dseq, dpos, m, c->n_heads, scale, max_len, mode,
                                      variant == 2 ? NULL : ws, variant == 2 ? 0 : wsb, 0);
         kern_cuda_attention_set_stages(0);
+        kern_cuda_attention_set_decode_heads(0);
         cr_assert_eq(rc, FERRY_OK, "%s: rc %d", what, rc);
         dev_download(variant == 1 ? got2 : got, dout, nq * 4);
         if (variant == 1) {
@@ -255,10 +261,10 @@ Test(cuda_attention, long_context_8192)
     cache_free(&c);
 }
 
-/* rope_kv_store on a (q | k | v) row per token: queries rotated like the CPU rope (f32, 2e-6 relative: the CPU
- * and GPU may differ in the last bit of a product), keys rotated and rounded to f16 (equal to the f16 of the CPU
- * result or one f16 step away), values rounded to f16 exactly; every other cache row untouched. Both rope
- * styles, a partial rope_dim, GQA. */
+/* rope_kv_store on a (q | k | v) row per token: queries rotated like the CPU rope (f32, 2e-6 relative: the
+ * CPU and GPU may differ in the last bit of a product), keys rotated and rounded to f16 (equal to the f16 of
+ * the CPU result or one f16 step away), values rounded to f16 exactly; every other cache row untouched. Both
+ * rope styles, a partial rope_dim, GQA. */
 static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
 {
     const int l[] = {4100, 9};
@@ -272,7 +278,8 @@ static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D,
     float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, rope_dim / 2 * 4);
     float *dq = dev_poison((size_t)m * qd * 4);
     int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0), FERRY_OK);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
+                 FERRY_OK);
     cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
 
     /* CPU: split the rows, rotate q and k. */
@@ -299,7 +306,8 @@ static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D,
         const size_t at = (size_t)(ek - c.k);
         for (int e = 0; e < kvd; e++) {
             const uint16_t want = f32_to_f16(k[(size_t)i * kvd + e]);
-            cr_assert(abs((int)gk[at + e] - (int)want) <= 1, "token %d k[%d]: %04x vs %04x", i, e, gk[at + e], want);
+            cr_assert(abs((int)gk[at + e] - (int)want) <= 1, "token %d k[%d]: %04x vs %04x", i, e, gk[at + e],
+                      want);
             ek[e] = gk[at + e]; /* accepted: the whole-pool comparison below checks every other row */
             ev[e] = f32_to_f16(v[(size_t)i * kvd + e]);
         }
@@ -388,5 +396,155 @@ Test(cuda_attention, ws_size_covers_smaller_batches)
             cr_assert(s >= kern_cuda_attention_ws_size(m > 1 ? m - 1 : 1, nh, D, len), "not monotone at %d",
                       m);
         }
+    }
+}
+
+/* One workspace, zero-filled once, shared by many calls of different shapes without a synchronisation between
+ * them (the runtime's pattern): each call's output must be bitwise the one it gave alone. A counter left
+ * non-zero would make a later call merge early (wrong output) or never (NaN poison left). */
+Test(cuda_attention, workspace_reused_by_many_calls)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(28);
+    const int l[] = {8192, 300, 1000};
+    struct cache c;
+    cache_init(&c, 8, 2, 128, 16, 3, l);
+    enum { NB = 4 };
+    int32_t seq[NB][48], pos[NB][48];
+    const int m[NB] = {1, 3, 40, 16};
+    const enum kern_cuda_attn_mode mode[NB] = {KERN_ATTN_DECODE, KERN_ATTN_DECODE, KERN_ATTN_PREFILL,
+                                               KERN_ATTN_AUTO};
+    for (int i = 0; i < 48; i++) {
+        seq[0][i] = 0, pos[0][i] = 8191;
+        seq[1][i] = i % 3, pos[1][i] = l[i % 3] - 1;
+        seq[2][i] = 0, pos[2][i] = 8100 + i;
+        seq[3][i] = i % 3, pos[3][i] = l[i % 3] - 1 - i;
+    }
+    const int nh = 8, D = 128;
+    const size_t wsb = kern_cuda_attention_ws_size(48, nh, D, 8192);
+    cr_assert(wsb > 0);
+    void *ws = dev_alloc(wsb);
+    CU_OK(cudaMemset(ws, 0, wsb));
+    float *dq = dev_alloc((size_t)48 * nh * D * 4), *dout[NB], *want[NB],
+          *got = malloc((size_t)48 * nh * D * 4);
+    float *hq = host_rand((size_t)48 * nh * D, -1, 1);
+    CU_OK(cudaMemcpy(dq, hq, (size_t)48 * nh * D * 4, cudaMemcpyHostToDevice));
+    int32_t *ds[NB], *dp[NB];
+    for (int b = 0; b < NB; b++) {
+        ds[b] = dev_upload(seq[b], sizeof seq[b]);
+        dp[b] = dev_upload(pos[b], sizeof pos[b]);
+        dout[b] = dev_poison((size_t)m[b] * nh * D * 4);
+        want[b] = malloc((size_t)m[b] * nh * D * 4);
+        /* Alone, then checked against the reference. */
+        cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b],
+                                         ws, wsb, 0),
+                     FERRY_OK);
+        dev_download(want[b], dout[b], (size_t)m[b] * nh * D * 4);
+        double *ref = malloc((size_t)m[b] * nh * D * 8);
+        ref_attention(ref, hq, &c, seq[b], pos[b], m[b], 0.0884f);
+        const double ea = max_abs_err(want[b], ref, (size_t)m[b] * nh * D);
+        cr_assert(ea <= 2e-5, "batch %d alone: max abs err %g", b, ea);
+        free(ref);
+    }
+    /* 40 calls back to back on one stream, the batch kinds interleaved; outputs poisoned before each round.
+     */
+    for (int round = 0; round < 10; round++) {
+        for (int b = 0; b < NB; b++) CU_OK(cudaMemset(dout[b], 0xFF, (size_t)m[b] * nh * D * 4));
+        for (int b = 0; b < NB; b++)
+            cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192,
+                                             mode[b], ws, wsb, 0),
+                         FERRY_OK);
+        for (int b = 0; b < NB; b++) {
+            dev_download(got, dout[b], (size_t)m[b] * nh * D * 4);
+            cr_assert(memcmp(got, want[b], (size_t)m[b] * nh * D * 4) == 0, "round %d batch %d differs",
+                      round, b);
+        }
+    }
+    /* A CUDA graph of the four calls, replayed three times. */
+    cudaStream_t st;
+    CU_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CU_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int b = 0; b < NB; b++)
+        cr_assert_eq(kern_cuda_attention(dout[b], dq, &c.dev, ds[b], dp[b], m[b], nh, 0.0884f, 8192, mode[b],
+                                         ws, wsb, st),
+                     FERRY_OK);
+    CU_OK(cudaStreamEndCapture(st, &gr));
+    CU_OK(cudaGraphInstantiate(&ge, gr, 0));
+    for (int rep = 0; rep < 3; rep++) {
+        for (int b = 0; b < NB; b++) CU_OK(cudaMemset(dout[b], 0xFF, (size_t)m[b] * nh * D * 4));
+        CU_OK(cudaGraphLaunch(ge, st));
+        CU_OK(cudaStreamSynchronize(st));
+        for (int b = 0; b < NB; b++) {
+            dev_download(got, dout[b], (size_t)m[b] * nh * D * 4);
+            cr_assert(memcmp(got, want[b], (size_t)m[b] * nh * D * 4) == 0,
+                      "graph replay %d batch %d differs", rep, b);
+        }
+    }
+    CU_OK(cudaGraphExecDestroy(ge));
+    CU_OK(cudaGraphDestroy(gr));
+    CU_OK(cudaStreamDestroy(st));
+    for (int b = 0; b < NB; b++) {
+        cudaFree(ds[b]);
+        cudaFree(dp[b]);
+        cudaFree(dout[b]);
+        free(want[b]);
+    }
+    cudaFree(dq);
+    cudaFree(ws);
+    free(hq);
+    free(got);
+    cache_free(&c);
+}
+
+/* Split counts from 1 to many: the same one-token decode at 5000 positions with workspaces from too small for
+ * any split (16 bytes) through a few splits to the full size, and MHA / GQA 4 / GQA 8 (the decode kernel's
+ * row counts 1, 4, 8). Block size 4: 1250 block ids in one split (the decode kernel reads each one step ahead
+ * of its copy). */
+Test(cuda_attention, split_counts_one_to_many)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(29);
+    const int shapes[4][3] = {{4, 4, 16}, {8, 2, 16}, {8, 1, 16}, {4, 2, 4}};
+    for (int si = 0; si < 4; si++) {
+        const int l[] = {5000};
+        struct cache c;
+        cache_init(&c, shapes[si][0], shapes[si][1], 128, shapes[si][2], 1, l);
+        const int nh = c.n_heads, D = 128;
+        int32_t seq[1] = {0}, pos[1] = {4999};
+        float *hq = host_rand((size_t)nh * D, -1, 1), *got = malloc((size_t)nh * D * 4);
+        double *ref = malloc((size_t)nh * D * 8);
+        ref_attention(ref, hq, &c, seq, pos, 1, 0.0884f);
+        float *dq = dev_upload(hq, (size_t)nh * D * 4), *dout = dev_alloc((size_t)nh * D * 4);
+        int32_t *ds = dev_upload(seq, 4), *dp = dev_upload(pos, 4);
+        const size_t full = kern_cuda_attention_ws_size(1, nh, D, 5000);
+        void *ws = dev_alloc(full);
+        CU_OK(cudaMemset(ws, 0, full));
+        const size_t per = (size_t)nh * (D + 2) * 4; /* one split's partials of a one-token batch */
+        const size_t sizes[] = {16, 16384 + per, 16384 + 2 * per, 16384 + 3 * per + 8, full / 2, full};
+        for (int k = 0; k < 6; k++)
+            for (int tile = 0; tile < 2; tile++) {
+                CU_OK(cudaMemset(dout, 0xFF, (size_t)nh * D * 4));
+                kern_cuda_attention_set_decode_heads(tile ? -1 : 0);
+                const int rc = kern_cuda_attention(dout, dq, &c.dev, ds, dp, 1, nh, 0.0884f, 5000,
+                                                   KERN_ATTN_DECODE, ws, sizes[k], 0);
+                kern_cuda_attention_set_decode_heads(0);
+                cr_assert_eq(rc, FERRY_OK);
+                dev_download(got, dout, (size_t)nh * D * 4);
+                const double ea = max_abs_err(got, ref, (size_t)nh * D),
+                             er = rel_err(got, ref, (size_t)nh * D);
+                cr_assert(ea <= 2e-5 && er <= 3e-5, "shape %d ws %zu bytes tile %d: max abs err %g rel %g",
+                          si, sizes[k], tile, ea, er);
+            }
+        cudaFree(dq);
+        cudaFree(dout);
+        cudaFree(ds);
+        cudaFree(dp);
+        cudaFree(ws);
+        free(hq);
+        free(got);
+        free(ref);
+        cache_free(&c);
     }
 }
