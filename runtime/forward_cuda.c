@@ -694,9 +694,11 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
         goto fail;
     }
-    /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN. */
+    /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
+     * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
     if (cudaMemset(f->k_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
-        cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess)
+        cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
+        cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
     for (int i = 0; i < k; i++)
         if ((rc = issue_copy(f, (uint64_t)i))) goto fail;
