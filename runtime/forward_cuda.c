@@ -37,20 +37,16 @@
         if (rc_) return rc_;                                                                                 \
     } while (0)
 
-#define ALIGN            256
+#define ALIGN 256
 #define GRAPH_MAX_TOKENS 16 /* decode batches up to this size replay graphs */
-#define GRAPH_LENS       8  /* max_len buckets 256 .. 32768 */
-static size_t align_up(size_t x)
-{
-    return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
-}
+#define GRAPH_LENS 8        /* max_len buckets 256 .. 32768 */
+static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
-/* ----------------------------------------------------------------------------------------------------------
- */
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Layer images */
 
-/* A layer's matrices in the groups one product reads: q|k|v and gate|up are stacked by rows into one matrix
- * each, so a decode step runs 4 matrix products per layer instead of 7 (fewer launches, wider products). */
+/* A layer's matrices in the groups one product reads: q|k|v and gate|up are stacked by rows into one matrix each,
+ * so a decode step runs 4 matrix products per layer instead of 7 (fewer launches, wider products). */
 enum { M_QKV, M_O, M_GU, M_DOWN, N_MATS };
 enum { V_ATTN_NORM, V_FFN_NORM, V_BQKV, N_VECS };
 #define MAX_PARTS 3
@@ -82,18 +78,10 @@ static enum dtype device_type(enum dtype t)
 static int group_parts(const struct model_layer *L, int i, const struct wview *parts[MAX_PARTS])
 {
     switch (i) {
-    case M_QKV:
-        parts[0] = &L->wq, parts[1] = &L->wk, parts[2] = &L->wv;
-        return 3;
-    case M_O:
-        parts[0] = &L->wo;
-        return 1;
-    case M_GU:
-        parts[0] = &L->w_gate, parts[1] = &L->w_up;
-        return 2;
-    default:
-        parts[0] = &L->w_down;
-        return 1;
+    case M_QKV: parts[0] = &L->wq, parts[1] = &L->wk, parts[2] = &L->wv; return 3;
+    case M_O: parts[0] = &L->wo; return 1;
+    case M_GU: parts[0] = &L->w_gate, parts[1] = &L->w_up; return 2;
+    default: parts[0] = &L->w_down; return 1;
     }
 }
 
@@ -116,8 +104,7 @@ static int has_vec(const struct model_layer *L, int i)
     return i == V_BQKV ? L->bq || L->bk || L->bv : (i == V_ATTN_NORM ? L->attn_norm : L->ffn_norm) != NULL;
 }
 
-static void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
-                            struct layer_layout *lay)
+static void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp, struct layer_layout *lay)
 {
     size_t off = 0;
     for (int i = 0; i < N_MATS; i++) {
@@ -157,8 +144,8 @@ static int pack_matrix(const struct wview *w, enum dtype to, void *dst, float *r
     return FERRY_OK;
 }
 
-static int pack_layer(const struct model_layer *L, const struct llm_hparams *hp,
-                      const struct layer_layout *lay, void *dst, float *row_tmp)
+static int pack_layer(const struct model_layer *L, const struct llm_hparams *hp, const struct layer_layout *lay,
+                      void *dst, float *row_tmp)
 {
     for (int i = 0; i < N_MATS; i++) {
         const struct wview *parts[MAX_PARTS];
@@ -198,12 +185,10 @@ static void dev_layer_at(struct dev_layer *d, const struct layer_layout *lay, co
         d->mat_type[i] = lay->mat_type[i];
     }
     for (int i = 0; i < N_VECS; i++)
-        d->vec[i] =
-            lay->vec_off[i] == SIZE_MAX ? NULL : (const float *)((const char *)base + lay->vec_off[i]);
+        d->vec[i] = lay->vec_off[i] == SIZE_MAX ? NULL : (const float *)((const char *)base + lay->vec_off[i]);
 }
 
-/* ----------------------------------------------------------------------------------------------------------
- */
+/* ---------------------------------------------------------------------------------------------------------- */
 /* State */
 
 struct forward_cuda {
@@ -217,52 +202,45 @@ struct forward_cuda {
     cudaStream_t compute, copy;
 
     /* Weights. */
-    void **resident;                /* (n_layers) device block of a resident layer, else NULL */
-    void **host_block;              /* (n_layers) pinned block of a streamed layer, else NULL */
-    void *host_pinned;              /* one pinned allocation holding every streamed block */
-    void **slot;                    /* (n_slots) device slots */
-    int *stream_order;              /* (n_streamed) layer index of the i-th streamed layer of a pass */
-    uint64_t stream_n;              /* streamed uses so far (across steps) */
-    cudaEvent_t *copy_done;         /* (n_slots) */
-    cudaEvent_t *slot_free;         /* (n_slots) */
+    void **resident;           /* (n_layers) device block of a resident layer, else NULL */
+    void **host_block;         /* (n_layers) pinned block of a streamed layer, else NULL */
+    void *host_pinned;         /* one pinned allocation holding every streamed block */
+    void **slot;               /* (n_slots) device slots */
+    int *stream_order;         /* (n_streamed) layer index of the i-th streamed layer of a pass */
+    uint64_t stream_n;         /* streamed uses so far (across steps) */
+    cudaEvent_t *copy_done;    /* (n_slots) */
+    cudaEvent_t *slot_free;    /* (n_slots) */
     cudaEvent_t *copy_t0, *copy_t1; /* (2*n_streamed) timing of the copy for use n, at n mod 2S */
     cudaEvent_t *wait_t0, *wait_t1; /* (n_streamed) compute-stream stall around the wait for the i-th use */
-    void *head;                     /* output head (n_vocab, dim) in head_type */
+    void *head;                /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
-    float *out_norm; /* (dim) */
-    float *inv_freq; /* (rope_dim/2) device */
+    float *out_norm;           /* (dim) */
+    float *inv_freq;           /* (rope_dim/2) device */
 
     /* KV pool (f16) and its block table mirror. */
     uint16_t *k_cache, *v_cache; /* (n_layers, n_blocks, block_size, kvd) f16 */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
 
     /* Activations. */
-    float *x, *qkv, *q, *att, *gu, *h, *logits; /* x: the residual stream */
-    int32_t *d_ints;                            /* tokens | pos | seq, (3, max_tokens) */
+    float *x, *xn, *tmp, *qkv, *q, *att, *gu, *h, *logits;
+    int32_t *d_ints;             /* tokens | pos | seq, (3, max_tokens) */
     void *attn_ws;
     size_t attn_ws_bytes;
-    uint16_t *conv; /* f16 scratch for a Q8_0 matrix in a prefill GEMM, or NULL */
+    uint16_t *conv;              /* f16 scratch for a Q8_0 matrix in a prefill GEMM, or NULL */
 
     /* Pinned staging. */
-    float *h_x;      /* (max_tokens, dim) embeddings gathered on the host */
-    int32_t *h_ints; /* (3*max_tokens + n_seqs*max_blocks) */
-    float *h_logits; /* (max_tokens, n_vocab) */
+    float *h_x;                  /* (max_tokens, dim) embeddings gathered on the host */
+    int32_t *h_ints;             /* (3*max_tokens + n_seqs*max_blocks) */
+    float *h_logits;             /* (max_tokens, n_vocab) */
 
-    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS), or NULL.
-     */
+    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS), or NULL. */
     cudaGraphExec_t *graphs;
 
     struct forward_cuda_stats stats;
 };
 
-const struct device_map *forward_cuda_map(const struct forward_cuda *f)
-{
-    return &f->map;
-}
-void forward_cuda_get_stats(const struct forward_cuda *f, struct forward_cuda_stats *st)
-{
-    *st = f->stats;
-}
+const struct device_map *forward_cuda_map(const struct forward_cuda *f) { return &f->map; }
+void forward_cuda_get_stats(const struct forward_cuda *f, struct forward_cuda_stats *st) { *st = f->stats; }
 
 static void destroy_events(cudaEvent_t *ev, int n)
 {
@@ -314,8 +292,7 @@ static int create_events(cudaEvent_t **out, int n, unsigned flags)
     return FERRY_OK;
 }
 
-/* ----------------------------------------------------------------------------------------------------------
- */
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Bandwidth probes (for the planner's prediction and `ferry bench`'s ceilings) */
 
 void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
@@ -352,8 +329,7 @@ out:
     cudaGetLastError();
 }
 
-/* ----------------------------------------------------------------------------------------------------------
- */
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Init */
 
 struct carve {
@@ -373,8 +349,8 @@ static void *carve(struct carve *c, size_t bytes)
 static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, int max_blocks)
 {
     const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    /* x (dim); q|k|v; q, att (qd); gate|up (2 ffn); h (ffn); logits. */
-    size_t floats = (size_t)T * ((size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim + hp->n_vocab);
+    /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); logits. */
+    size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim + hp->n_vocab);
     return floats * sizeof(float) + 12 * ALIGN + (size_t)3 * T * sizeof(int32_t) +
            (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float);
 }
@@ -447,16 +423,16 @@ static int upload_head(struct forward_cuda *f, const struct model *m)
 
 /* What a plan has to fit, from the model's shapes and the KV pool's geometry (no device needed). */
 struct plan_sizes {
-    size_t layer_bytes; /* the largest layer image */
-    size_t head_bytes;  /* output head + final norm */
-    size_t fixed_bytes; /* KV pool (f16), activations, attention workspace; cuBLAS's context not included */
+    size_t layer_bytes;   /* the largest layer image */
+    size_t head_bytes;    /* output head + final norm */
+    size_t fixed_bytes;   /* KV pool (f16), activations, attention workspace; cuBLAS's context not included */
     size_t attn_ws_bytes;
-    size_t max_x;      /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
-    size_t conv_bytes; /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
+    size_t max_x;         /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
+    size_t conv_bytes;    /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
 };
 
-static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
-                          struct layer_layout *layouts, struct plan_sizes *ps)
+static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, struct layer_layout *layouts,
+                          struct plan_sizes *ps)
 {
     const struct llm_hparams *hp = &m->hp;
     memset(ps, 0, sizeof *ps);
@@ -465,47 +441,36 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         layer_layout_of(&m->layers[l], hp, lay);
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
         for (int i = 0; i < N_MATS; i++)
-            if (lay->mat_type[i] == DTYPE_Q8_0 &&
-                (size_t)(lay->mat_rows[i] * lay->mat_cols[i]) * 2 > ps->conv_bytes)
+            if (lay->mat_type[i] == DTYPE_Q8_0 && (size_t)(lay->mat_rows[i] * lay->mat_cols[i]) * 2 > ps->conv_bytes)
                 ps->conv_bytes = (size_t)(lay->mat_rows[i] * lay->mat_cols[i]) * 2;
     }
-    if (device_type(m->output.type) == DTYPE_Q8_0 &&
-        (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
+    if (device_type(m->output.type) == DTYPE_Q8_0 && (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
         ps->conv_bytes = (size_t)(m->output.rows * m->output.cols) * 2;
-    ps->head_bytes =
-        align_up(dtype_row_size(device_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
-        align_up((size_t)hp->dim * sizeof(float));
-    const size_t kv_elems =
-        (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
+    ps->head_bytes = align_up(dtype_row_size(device_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
+                     align_up((size_t)hp->dim * sizeof(float));
+    const size_t kv_elems = (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
-    ps->fixed_bytes = 2 * align_up(kv_elems * sizeof(uint16_t)) +
-                      activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
-                      align_up(ps->conv_bytes);
+    ps->fixed_bytes = 2 * align_up(kv_elems * sizeof(uint16_t)) + activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) +
+                      align_up(ps->attn_ws_bytes) + align_up(ps->conv_bytes);
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
-    if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
-        ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+    if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x) ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
 }
 
-int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
-                              const struct forward_cuda_params *p, double h2d, double hbm,
-                              struct device_map *out, char err[256])
+int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv, const struct forward_cuda_params *p,
+                              double h2d, double hbm, struct device_map *out, char err[256])
 {
     struct plan_sizes ps;
     plan_sizes_of(m, kv, p->max_tokens, NULL, &ps);
-    const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x);
+    /* The cuBLAS context: x rounded to f16 plus its 32 MiB workspace (as kern_cuda_ctx_init sizes it). */
+    const size_t ctx_bytes = ps.max_x * 2 + (32u << 20);
     if (p->gpu_memory <= 0) {
         snprintf(err, 256, "give --gpu-memory SIZE to plan without a device");
         return FERRY_ERR_INVALID;
     }
-    struct device_map_input in = {.n_layers = m->hp.n_layers,
-                                  .layer_bytes = ps.layer_bytes,
-                                  .head_bytes = ps.head_bytes,
-                                  .fixed_bytes = ps.fixed_bytes + ctx_bytes,
-                                  .budget = (uint64_t)p->gpu_memory,
-                                  .gpu_layers = p->gpu_layers,
-                                  .n_slots = p->n_slots,
-                                  .h2d_bytes_per_s = h2d,
-                                  .hbm_bytes_per_s = hbm};
+    struct device_map_input in = {.n_layers = m->hp.n_layers, .layer_bytes = ps.layer_bytes,
+                                  .head_bytes = ps.head_bytes, .fixed_bytes = ps.fixed_bytes + ctx_bytes,
+                                  .budget = (uint64_t)p->gpu_memory, .gpu_layers = p->gpu_layers,
+                                  .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = hbm};
     return device_map_plan(&in, out, err);
 }
 
@@ -521,8 +486,7 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         return FERRY_ERR_UNSUPPORTED;
     }
     if (hp->head_dim % 8 || hp->head_dim > 256) {
-        snprintf(err, 256, "head_dim %d is not supported by the CUDA attention (multiple of 8, <= 256)",
-                 hp->head_dim);
+        snprintf(err, 256, "head_dim %d is not supported by the CUDA attention (multiple of 8, <= 256)", hp->head_dim);
         return FERRY_ERR_UNSUPPORTED;
     }
     struct forward_cuda *f = calloc(1, sizeof *f);
@@ -559,10 +523,9 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     }
     size_t fixed = ps.fixed_bytes + kern_cuda_ctx_bytes(f->kctx);
 
-    /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and
-     * cuBLAS took for themselves since init began (handles, module images) counts against an explicit budget
-     * too: it is measured here, not guessed (bounded, in case other processes change the free figure
-     * meanwhile). */
+    /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and cuBLAS
+     * took for themselves since init began (handles, module images) counts against an explicit budget too:
+     * it is measured here, not guessed (bounded, in case other processes change the free figure meanwhile). */
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     const size_t ctx_bytes = kern_cuda_ctx_bytes(f->kctx);
@@ -575,21 +538,15 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     const uint64_t plan_budget = p->gpu_memory > 0 ? (budget > overhead ? budget - overhead : 0) : budget;
     double h2d = 0, d2d = 0;
     forward_cuda_measure_bandwidth(&h2d, &d2d);
-    struct device_map_input in = {.n_layers = L,
-                                  .layer_bytes = layer_bytes,
-                                  .head_bytes = head_bytes,
-                                  .fixed_bytes = fixed,
-                                  .budget = plan_budget,
-                                  .gpu_layers = p->gpu_layers,
-                                  .n_slots = p->n_slots,
-                                  .h2d_bytes_per_s = h2d,
-                                  .hbm_bytes_per_s = d2d};
+    struct device_map_input in = {.n_layers = L, .layer_bytes = layer_bytes, .head_bytes = head_bytes,
+                                  .fixed_bytes = fixed, .budget = plan_budget, .gpu_layers = p->gpu_layers,
+                                  .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = d2d};
     if ((rc = device_map_plan(&in, &f->map, err))) {
         if (rc == FERRY_ERR_DEVICE_MEM && overhead) {
             char plan_err[256];
             snprintf(plan_err, sizeof plan_err, "%s", err);
-            snprintf(err, 256, "%.180s (after %.0f MiB the CUDA runtime and cuBLAS take themselves)",
-                     plan_err, overhead / 1048576.0);
+            snprintf(err, 256, "%.180s (after %.0f MiB the CUDA runtime and cuBLAS take themselves)", plan_err,
+                     overhead / 1048576.0);
         }
         goto fail;
     }
@@ -597,8 +554,7 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->stats.vram_planned = f->map.bytes_total;
     char desc[2048];
     device_map_format(&f->map, desc, sizeof desc);
-    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB (%.0f MiB of it "
-              "taken by the "
+    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB (%.0f MiB of it taken by the "
               "CUDA runtime and cuBLAS themselves)",
               h2d / 1e9, d2d / 1e9, budget / 1073741824.0, overhead / 1048576.0);
     FLOG_INFO("%s", desc);
@@ -607,8 +563,8 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx);
     if (cudaMalloc(&f->arena, f->arena_bytes) != cudaSuccess) {
         cudaGetLastError();
-        snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)",
-                 f->arena_bytes / 1073741824.0, free_b / 1073741824.0);
+        snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)", f->arena_bytes / 1073741824.0,
+                 free_b / 1073741824.0);
         rc = FERRY_ERR_DEVICE_MEM;
         goto fail;
     }
@@ -616,6 +572,8 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->k_cache = carve(&c, kv_elems * sizeof(uint16_t));
     f->v_cache = carve(&c, kv_elems * sizeof(uint16_t));
     f->x = carve(&c, (size_t)T * hp->dim * sizeof(float));
+    f->xn = carve(&c, (size_t)T * hp->dim * sizeof(float));
+    f->tmp = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->q = carve(&c, (size_t)T * hp->n_heads * hp->head_dim * sizeof(float));
     f->att = carve(&c, (size_t)T * hp->n_heads * hp->head_dim * sizeof(float));
     f->qkv = carve(&c, (size_t)T * (hp->n_heads * hp->head_dim + 2 * kvd) * sizeof(float));
@@ -643,24 +601,21 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
             f->stream_order[si++] = l;
     }
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, layer_bytes);
-    if (!f->k_cache || !f->v_cache || !f->x || !f->q || !f->att || !f->qkv || !f->gu || !f->h || !f->logits ||
-        !f->d_ints || !f->d_block_table || !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm ||
-        (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
-        snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
-                 f->arena_bytes);
+    if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
+        !f->h || !f->logits || !f->d_ints || !f->d_block_table || !f->attn_ws || !f->inv_freq || !f->head ||
+        !f->out_norm || (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
+        snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan", f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
         goto fail;
     }
     rc = FERRY_ERR_CUDA;
-    if (cudaMemcpy(f->inv_freq, m->inv_freq, (size_t)(hp->rope_dim / 2) * sizeof(float),
-                   cudaMemcpyHostToDevice) != cudaSuccess)
+    if (cudaMemcpy(f->inv_freq, m->inv_freq, (size_t)(hp->rope_dim / 2) * sizeof(float), cudaMemcpyHostToDevice) !=
+        cudaSuccess)
         goto fail;
 
     /* Pinned host memory: staging, and one block for every streamed layer. */
-    if (cudaHostAlloc((void **)&f->h_x, (size_t)T * hp->dim * sizeof(float), cudaHostAllocDefault) !=
-            cudaSuccess ||
-        cudaHostAlloc((void **)&f->h_ints,
-                      ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) * sizeof(int32_t),
+    if (cudaHostAlloc((void **)&f->h_x, (size_t)T * hp->dim * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
+        cudaHostAlloc((void **)&f->h_ints, ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) * sizeof(int32_t),
                       cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&f->h_logits, (size_t)T * hp->n_vocab * sizeof(float), cudaHostAllocDefault) !=
             cudaSuccess) {
@@ -668,25 +623,21 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         goto fail;
     }
     if (S) {
-        FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers",
-                  (double)S * layer_bytes / 1073741824.0, S);
-        if (cudaHostAlloc(&f->host_pinned, (size_t)S * layer_bytes, cudaHostAllocWriteCombined) !=
-            cudaSuccess) {
+        FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers", (double)S * layer_bytes / 1073741824.0, S);
+        if (cudaHostAlloc(&f->host_pinned, (size_t)S * layer_bytes, cudaHostAllocWriteCombined) != cudaSuccess) {
             cudaGetLastError();
             snprintf(err, 256, "cannot pin %.2f GiB of host memory for the streamed layers",
                      (double)S * layer_bytes / 1073741824.0);
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        for (int i = 0; i < S; i++)
-            f->host_block[f->stream_order[i]] = (char *)f->host_pinned + (size_t)i * layer_bytes;
+        for (int i = 0; i < S; i++) f->host_block[f->stream_order[i]] = (char *)f->host_pinned + (size_t)i * layer_bytes;
     }
     if ((rc = create_events(&f->copy_done, k, cudaEventDisableTiming)) ||
         (rc = create_events(&f->slot_free, k, cudaEventDisableTiming)) ||
         (rc = create_events(&f->copy_t0, 2 * S, cudaEventDefault)) ||
         (rc = create_events(&f->copy_t1, 2 * S, cudaEventDefault)) ||
-        (rc = create_events(&f->wait_t0, S, cudaEventDefault)) ||
-        (rc = create_events(&f->wait_t1, S, cudaEventDefault))) {
+        (rc = create_events(&f->wait_t0, S, cudaEventDefault)) || (rc = create_events(&f->wait_t1, S, cudaEventDefault))) {
         snprintf(err, 256, "cannot create CUDA events");
         goto fail;
     }
@@ -715,8 +666,7 @@ fail:
     return rc;
 }
 
-/* ----------------------------------------------------------------------------------------------------------
- */
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Streaming */
 
 /* Queues the copy for streamed use n into slot n mod k, after the compute stream has released that slot. */
@@ -760,12 +710,11 @@ static int layer_release(struct forward_cuda *f, int l)
     return FERRY_OK;
 }
 
-/* ----------------------------------------------------------------------------------------------------------
- */
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Forward */
 
-static int linear(struct forward_cuda *f, float *y, const float *x, const void *w, enum dtype t, int m,
-                  int64_t rows, int64_t cols, const struct kern_cuda_mm_opts *o)
+static int linear(struct forward_cuda *f, float *y, const float *x, const void *w, enum dtype t, const float *bias,
+                  int m, int64_t rows, int64_t cols)
 {
     /* Prefill-sized products with Q8_0 weights: convert to f16 once, then the tensor-core GEMM. */
     if (t == DTYPE_Q8_0 && m > KERN_CUDA_GEMV_MAX_M) {
@@ -773,7 +722,7 @@ static int linear(struct forward_cuda *f, float *y, const float *x, const void *
         w = f->conv;
         t = DTYPE_F16;
     }
-    return kern_cuda_linear(f->kctx, y, x, w, t, m, (int)rows, (int)cols, o, f->compute);
+    return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
@@ -794,14 +743,13 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
     const struct llm_hparams *hp = &m->hp;
     const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     const int qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
-    const float scale = 1.0f / sqrtf((float)hd), eps = hp->norm_eps;
+    const float scale = 1.0f / sqrtf((float)hd);
     cudaStream_t cs = f->compute;
     size_t bt = (size_t)kv->n_seqs * kv->max_blocks;
     CK(cudaMemcpyAsync(f->x, f->h_x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, cs));
-    CK(cudaMemcpyAsync(f->d_ints, f->h_ints, (3 * (size_t)f->max_tokens) * sizeof(int32_t),
-                       cudaMemcpyHostToDevice, cs));
-    CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t),
-                       cudaMemcpyHostToDevice, cs));
+    CK(cudaMemcpyAsync(f->d_ints, f->h_ints, (3 * (size_t)f->max_tokens) * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
+    CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t), cudaMemcpyHostToDevice,
+                       cs));
     const int32_t *d_pos = f->d_ints + f->max_tokens, *d_seq = f->d_ints + 2 * f->max_tokens;
     const size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kvd;
 
@@ -809,46 +757,42 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
     for (int l = 0; l < hp->n_layers; l++) {
         struct dev_layer d;
         RC(layer_acquire(f, l, step_use, &d));
-        struct kern_cuda_kv_layer view = {.k = f->k_cache + per_layer * l,
-                                          .v = f->v_cache + per_layer * l,
-                                          .n_blocks = kv->n_blocks,
-                                          .block_size = kv->block_size,
-                                          .block_table = f->d_block_table,
-                                          .max_blocks = kv->max_blocks,
-                                          .n_kv_heads = hp->n_kv_heads,
-                                          .head_dim = hd};
-        /* Pre-norms run inside the products that read them, residual adds inside the products that feed them.
-         */
-        const struct kern_cuda_mm_opts qkv_o = {.bias = d.vec[V_BQKV],
-                                                .norm_w = d.vec[V_ATTN_NORM],
-                                                .norm_eps = eps},
-                                       ffn_o = {.norm_w = d.vec[V_FFN_NORM], .norm_eps = eps},
-                                       resid_o = {.accumulate = 1};
-        RC(linear(f, f->qkv, f->x, d.mat[M_QKV], d.mat_type[M_QKV], n, qd + 2 * kvd, dim, &qkv_o));
-        RC(kern_cuda_rope_kv_store(f->q, f->qkv, &view, d_seq, d_pos, n, hp->n_heads, hp->rope_dim,
-                                   f->inv_freq, hp->rope_style, cs));
-        RC(kern_cuda_attention(f->att, f->q, &view, d_seq, d_pos, n, hp->n_heads, scale, max_len,
-                               KERN_ATTN_AUTO, f->attn_ws, f->attn_ws_bytes, cs));
-        RC(linear(f, f->x, f->att, d.mat[M_O], d.mat_type[M_O], n, dim, qd, &resid_o));
-        RC(linear(f, f->gu, f->x, d.mat[M_GU], d.mat_type[M_GU], n, 2 * ffn, dim, &ffn_o));
+        struct kern_cuda_kv_layer view = {.k = f->k_cache + per_layer * l, .v = f->v_cache + per_layer * l,
+                                          .n_blocks = kv->n_blocks, .block_size = kv->block_size,
+                                          .block_table = f->d_block_table, .max_blocks = kv->max_blocks,
+                                          .n_kv_heads = hp->n_kv_heads, .head_dim = hd};
+        /* The residual add of the previous layer's MLP is fused with this layer's norm. */
+        if (l == 0)
+            RC(kern_cuda_rmsnorm(f->xn, f->x, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
+        else
+            RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
+        RC(linear(f, f->qkv, f->xn, d.mat[M_QKV], d.mat_type[M_QKV], d.vec[V_BQKV], n, qd + 2 * kvd, dim));
+        RC(kern_cuda_rope_kv_store(f->q, f->qkv, &view, d_seq, d_pos, n, hp->n_heads, hp->rope_dim, f->inv_freq,
+                                   hp->rope_style, cs));
+        RC(kern_cuda_attention(f->att, f->q, &view, d_seq, d_pos, n, hp->n_heads, scale, max_len, KERN_ATTN_AUTO,
+                               f->attn_ws, f->attn_ws_bytes, cs));
+        RC(linear(f, f->tmp, f->att, d.mat[M_O], d.mat_type[M_O], NULL, n, dim, qd));
+        RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_FFN_NORM], n, dim, hp->norm_eps, cs));
+        RC(linear(f, f->gu, f->xn, d.mat[M_GU], d.mat_type[M_GU], NULL, n, 2 * ffn, dim));
         RC(kern_cuda_silu_mul(f->h, f->gu, n, ffn, cs));
-        RC(linear(f, f->x, f->h, d.mat[M_DOWN], d.mat_type[M_DOWN], n, dim, ffn, &resid_o));
+        RC(linear(f, f->tmp, f->h, d.mat[M_DOWN], d.mat_type[M_DOWN], NULL, n, dim, ffn));
         if (!f->resident[l]) step_use++;
         RC(layer_release(f, l));
     }
 
-    /* Rows that want logits are gathered (device-to-device), then normed inside the output head's product. */
+    /* The last residual add with the final norm, for every row; rows that want logits are then gathered
+     * (device-to-device) and projected. */
+    RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, f->out_norm, n, dim, hp->norm_eps, cs));
     int n_out = 0;
     for (int i = 0; i < n; i++)
         if (want[i]) {
             if (n_out != i)
-                CK(cudaMemcpyAsync(f->x + (size_t)n_out * dim, f->x + (size_t)i * dim, dim * sizeof(float),
+                CK(cudaMemcpyAsync(f->xn + (size_t)n_out * dim, f->xn + (size_t)i * dim, dim * sizeof(float),
                                    cudaMemcpyDeviceToDevice, cs));
             n_out++;
         }
     if (n_out) {
-        const struct kern_cuda_mm_opts head_o = {.norm_w = f->out_norm, .norm_eps = eps};
-        RC(linear(f, f->logits, f->x, f->head, f->head_type, n_out, hp->n_vocab, dim, &head_o));
+        RC(linear(f, f->logits, f->xn, f->head, f->head_type, NULL, n_out, hp->n_vocab, dim));
         CK(cudaMemcpyAsync(f->h_logits, f->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
                            cudaMemcpyDeviceToHost, cs));
     }
@@ -857,8 +801,7 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
     return FERRY_OK;
 }
 
-/* The graph for a decode step of n tokens that all want logits, at a max_len bucket; captured on first use.
- */
+/* The graph for a decode step of n tokens that all want logits, at a max_len bucket; captured on first use. */
 static int step_graph(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, int n,
                       const uint8_t *want, int max_len, cudaGraphExec_t *out)
 {
@@ -888,8 +831,8 @@ static int step_graph(struct forward_cuda *f, const struct model *m, const struc
     return FERRY_OK;
 }
 
-int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv,
-                     const struct batch *b, float *logits)
+int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
+                     float *logits)
 {
     const struct llm_hparams *hp = &m->hp;
     const int n = b->n_tokens, dim = hp->dim;
@@ -906,8 +849,7 @@ int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct
         all_want &= b->want_logits[i] != 0;
     }
     max_len = bucket_len(max_len, kv->max_blocks * kv->block_size);
-    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table,
-           (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
+    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
 
     const uint64_t first_use = f->stream_n;
     int n_out = 0, step_use = 0;
@@ -926,11 +868,9 @@ int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct
     const int S = f->map.n_streamed;
     for (int i = 0; i < step_use; i++) {
         float ms = 0;
-        if (cudaEventElapsedTime(&ms, f->wait_t0[i], f->wait_t1[i]) == cudaSuccess)
-            f->stats.stall_seconds += ms * 1e-3;
+        if (cudaEventElapsedTime(&ms, f->wait_t0[i], f->wait_t1[i]) == cudaSuccess) f->stats.stall_seconds += ms * 1e-3;
         int e = (int)((first_use + (uint64_t)i) % (uint64_t)(2 * S));
-        if (cudaEventElapsedTime(&ms, f->copy_t0[e], f->copy_t1[e]) == cudaSuccess)
-            f->stats.copy_seconds += ms * 1e-3;
+        if (cudaEventElapsedTime(&ms, f->copy_t0[e], f->copy_t1[e]) == cudaSuccess) f->stats.copy_seconds += ms * 1e-3;
     }
     cudaGetLastError();
     return FERRY_OK;

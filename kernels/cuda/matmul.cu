@@ -14,7 +14,6 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/matmul.h"
-#include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.h"
 
 #define GEMV_WARPS      4
@@ -26,8 +25,6 @@ struct kern_cuda_ctx {
     void *xbuf; /* (max_x_elems) f16 or bf16: x rounded to the weight's type */
     size_t max_x_elems;
     void *cublas_ws; /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
-    float *xn;       /* (xn_elems) x normalised in f32, for the kernels that do not apply a norm themselves */
-    size_t xn_elems;
 };
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -68,20 +65,11 @@ template <int WT> __device__ __forceinline__ void unpack16(uint4 v, float *f)
     }
 }
 
-/* What a product does besides y = x · Wᵀ (see struct kern_cuda_mm_opts). */
-struct mm_opts {
-    const float *bias; /* (n) or NULL */
-    const float *g;    /* (k) norm weight, or NULL: no norm */
-    float eps;
-    int acc; /* y += instead of y = */
-};
-
 /* acc[mi][r] += w_r · x_mi over the VEC elements starting at e0: each x chunk is loaded once for the R rows.
- * NORM: x is multiplied by the norm weight g on the way, and ss[mi] gathers the sum of squares of x (the
- * row's scale is applied once at the end). */
-template <int WT, int M, int R, bool NORM>
-__device__ __forceinline__ void gemv_fma(float (&acc)[M][R], float (&ss)[M], const uint4 (&wv)[R],
-                                         const float *const (&xr)[M], const float *g, int e0)
+ */
+template <int WT, int M, int R>
+__device__ __forceinline__ void gemv_fma(float (&acc)[M][R], const uint4 (&wv)[R],
+                                         const float *const (&xr)[M], int e0)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     float wf[R][VEC];
@@ -92,12 +80,7 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[M][R], float (&ss)[M], con
         const float4 *xp = reinterpret_cast<const float4 *>(xr[mi] + e0);
 #pragma unroll
         for (int q = 0; q < VEC / 4; q++) {
-            float4 xv = __ldg(xp + q);
-            if (NORM) {
-                const float4 gv = __ldg(reinterpret_cast<const float4 *>(g + e0) + q);
-                ss[mi] += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
-                xv.x *= gv.x, xv.y *= gv.y, xv.z *= gv.z, xv.w *= gv.w;
-            }
+            const float4 xv = __ldg(xp + q);
 #pragma unroll
             for (int r = 0; r < R; r++)
                 acc[mi][r] += wf[r][4 * q] * xv.x + wf[r][4 * q + 1] * xv.y + wf[r][4 * q + 2] * xv.z +
@@ -106,37 +89,25 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[M][R], float (&ss)[M], con
     }
 }
 
-/* Warp sums in a fixed order, then y = acc * rsqrt(mean(x^2) + eps) (NORM) + bias (+ y when accumulating). */
-template <int M, int R, bool NORM>
-__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float (&ss)[M], float *y, const mm_opts &o,
-                                           int m, int n, int k, int row0)
+template <int M, int R>
+__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const float *bias, int m, int n,
+                                           int row0)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) {
+    for (int mi = 0; mi < M; mi++)
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-                acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], off);
-        if (NORM) {
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) ss[mi] += __shfl_xor_sync(0xffffffffu, ss[mi], off);
-            ss[mi] = rsqrtf(ss[mi] / (float)k + o.eps);
-        }
-    }
+            for (int o = 16; o > 0; o >>= 1) acc[mi][r] += __shfl_xor_sync(0xffffffffu, acc[mi][r], o);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int row = row0 + r;
         if (row >= n) break;
-        const float b = o.bias ? o.bias[row] : 0.0f;
+        const float b = bias ? bias[row] : 0.0f;
 #pragma unroll
         for (int mi = 0; mi < M; mi++)
-            if (lane == ((mi * R + r) & 31) && mi < m) {
-                float v = (NORM ? acc[mi][r] * ss[mi] : acc[mi][r]) + b;
-                float *yp = y + (size_t)mi * n + row;
-                *yp = o.acc ? *yp + v : v;
-            }
+            if (lane == ((mi * R + r) & 31) && mi < m) y[(size_t)mi * n + row] = acc[mi][r] + b;
     }
 }
 
@@ -144,9 +115,9 @@ __device__ __forceinline__ void gemv_store(float (&acc)[M][R], float (&ss)[M], f
  * aligned). Rows of x past m repeat the last row and rows of W past n repeat the last one (their results are
  * not stored), so the inner loop has no guard. U chunks per row are in flight per lane before the first use.
  */
-template <int WT, int M, int R, int U, bool NORM>
+template <int WT, int M, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_vec_kernel(float *y, const float *x, const uint4 *w, mm_opts o, int m, int n, int k)
+    gemv_vec_kernel(float *y, const float *x, const uint4 *w, const float *bias, int m, int n, int k)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     const int lane = threadIdx.x % 32;
@@ -171,13 +142,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const float *xr[M];
 #pragma unroll
     for (int mi = 0; mi < M; mi++) xr[mi] = x + (size_t)(mi < m ? mi : m - 1) * k;
-    float acc[M][R], ss[M];
+    float acc[M][R];
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) {
-        ss[mi] = 0.0f;
+    for (int mi = 0; mi < M; mi++)
 #pragma unroll
         for (int r = 0; r < R; r++) acc[mi][r] = 0.0f;
-    }
 
     while (full) {
         const int cn = c + 32 * U;
@@ -189,7 +158,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
                 for (int r = 0; r < R; r++) nxt[u][r] = ld_stream(wr[r] + cn + 32 * u);
 #pragma unroll
-        for (int u = 0; u < U; u++) gemv_fma<WT, M, R, NORM>(acc, ss, cur[u], xr, o.g, (c + 32 * u) * VEC);
+        for (int u = 0; u < U; u++) gemv_fma<WT, M, R>(acc, cur[u], xr, (c + 32 * u) * VEC);
         c = cn;
         full = more;
         if (more)
@@ -202,9 +171,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         uint4 wv[R];
 #pragma unroll
         for (int r = 0; r < R; r++) wv[r] = ld_stream(wr[r] + c);
-        gemv_fma<WT, M, R, NORM>(acc, ss, wv, xr, o.g, c * VEC);
+        gemv_fma<WT, M, R>(acc, wv, xr, c * VEC);
     }
-    gemv_store<M, R, NORM>(acc, ss, y, o, m, n, k, row0);
+    gemv_store<M, R>(acc, y, bias, m, n, row0);
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -301,8 +270,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][NT][4], const uint4 (&w
 /* Needs k % 8 == 0 and w, x 16-byte aligned; m <= NT*8. */
 template <int WT, int NT>
 __global__ void __launch_bounds__(MMA_WARPS * 32, 2)
-    gemm_mma_kernel(float *y, const float *x, const uint4 *w, const float *bias, int acc_y, int m, int n,
-                    int k, int S)
+    gemm_mma_kernel(float *y, const float *x, const uint4 *w, const float *bias, int m, int n, int k, int S)
 {
     __shared__ float red[MMA_WARPS][2 * NT * 4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -371,10 +339,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const int mi = 8 * j + 2 * t + (e & 1);
-                if (mi < m) {
-                    float *yp = y + (size_t)mi * n + row;
-                    *yp = acc_y ? *yp + (acc[at][j][e] + b) : acc[at][j][e] + b;
-                }
+                if (mi < m) y[(size_t)mi * n + row] = acc[at][j][e] + b;
             }
         }
 }
@@ -405,7 +370,7 @@ static int mma_splits(int n)
 }
 
 template <int WT>
-static int gemm_mma_launch(float *y, const float *x, const void *w, const mm_opts &o, int m, int n, int k,
+static int gemm_mma_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                            cudaStream_t st)
 {
     const int S = mma_splits(n), T = MMA_WARPS / S;
@@ -413,10 +378,10 @@ static int gemm_mma_launch(float *y, const float *x, const void *w, const mm_opt
     const unsigned blocks = (unsigned)((tiles + T - 1) / T);
     if (m <= 8)
         FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 1>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, x,
-                               (const uint4 *)w, o.bias, o.acc, m, n, k, S));
+                               (const uint4 *)w, bias, m, n, k, S));
     else
         FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 2>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, x,
-                               (const uint4 *)w, o.bias, o.acc, m, n, k, S));
+                               (const uint4 *)w, bias, m, n, k, S));
     return FERRY_OK;
 }
 
@@ -428,31 +393,24 @@ template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t 
 }
 
 /* Any k and alignment (2-byte weights, 4-byte x): element-wise loads, one row per warp. */
-template <int WT, int M, bool NORM>
+template <int WT, int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_scalar_kernel(float *y, const float *x, const void *w, mm_opts o, int m, int n, int k)
+    gemv_scalar_kernel(float *y, const float *x, const void *w, const float *bias, int m, int n, int k)
 {
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     if (row >= n) return;
-    float acc[M][1], ss[M];
+    float acc[M][1];
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) acc[mi][0] = ss[mi] = 0.0f;
+    for (int mi = 0; mi < M; mi++) acc[mi][0] = 0.0f;
     for (int e = lane; e < k; e += 32) {
         const float wf = load_w<WT>(w, (size_t)row * k + e);
 #pragma unroll
-        for (int mi = 0; mi < M; mi++) {
-            float xv = x[(size_t)(mi < m ? mi : m - 1) * k + e];
-            if (NORM) {
-                ss[mi] += xv * xv;
-                xv *= o.g[e];
-            }
-            acc[mi][0] += wf * xv;
-        }
+        for (int mi = 0; mi < M; mi++) acc[mi][0] += wf * x[(size_t)(mi < m ? mi : m - 1) * k + e];
     }
-    gemv_store<M, 1, NORM>(acc, ss, y, o, m, n, k, row);
+    gemv_store<M, 1>(acc, y, bias, m, n, row);
 }
 
 /* Q8_0 weights (blocks of 32: f16 scale d, 32 int8 q; 34 bytes, so only 2-byte aligned): lane j of the warp
@@ -461,7 +419,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  */
 template <int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q8_kernel(float *y, const float *x, const uint8_t *w, mm_opts o, int m, int n, int k)
+    gemv_q8_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k)
 {
     pdl_wait();
     pdl_trigger();
@@ -470,9 +428,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (row >= n) return;
     const int nb = k / 32;
     const uint8_t *wr = w + (size_t)row * nb * 34;
-    float acc[M][1], ss[M];
+    float acc[M][1];
 #pragma unroll
-    for (int mi = 0; mi < M; mi++) acc[mi][0] = ss[mi] = 0.0f;
+    for (int mi = 0; mi < M; mi++) acc[mi][0] = 0.0f;
     for (int b = lane; b < nb; b += 32) {
         const unsigned short *bp = (const unsigned short *)(wr + (size_t)b * 34);
         const float d = __half2float(__ushort_as_half(__ldg(bp)));
@@ -492,47 +450,40 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             acc[mi][0] += d * s;
         }
     }
-    gemv_store<M, 1, false>(acc, ss, y, o, m, n, k, row);
+    gemv_store<M, 1>(acc, y, bias, m, n, row);
 }
 
 template <int M>
-static int gemv_q8_launch(float *y, const float *x, const void *w, const mm_opts &o, int m, int n, int k,
+static int gemv_q8_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                           cudaStream_t st)
 {
     const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
     FCUDA_CHECK(pdl_launch(gemv_q8_kernel<M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x,
-                           (const uint8_t *)w, o, m, n, k));
+                           (const uint8_t *)w, bias, m, n, k));
     return FERRY_OK;
 }
 
-static int gemv_q8_tile(float *y, const float *x, const void *w, const mm_opts &o, int m, int n, int k,
+static int gemv_q8_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                         cudaStream_t st)
 {
-    if (m <= 1) return gemv_q8_launch<1>(y, x, w, o, m, n, k, st);
-    if (m <= 4) return gemv_q8_launch<4>(y, x, w, o, m, n, k, st);
-    return gemv_q8_launch<16>(y, x, w, o, m, n, k, st);
+    if (m <= 1) return gemv_q8_launch<1>(y, x, w, bias, m, n, k, st);
+    if (m <= 4) return gemv_q8_launch<4>(y, x, w, bias, m, n, k, st);
+    return gemv_q8_launch<16>(y, x, w, bias, m, n, k, st);
 }
 
 template <int WT, int M, int R, int U>
-static int gemv_launch(float *y, const float *x, const void *w, const mm_opts &o, int m, int n, int k,
+static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                        bool vec, cudaStream_t st)
 {
     if (vec) {
         const int rows_per_block = GEMV_WARPS * R;
-        const dim3 grid((unsigned)((n + rows_per_block - 1) / rows_per_block)), block(GEMV_WARPS * 32);
-        if (o.g)
-            FCUDA_CHECK(pdl_launch(gemv_vec_kernel<WT, M, R, U, true>, grid, block, 0, st, y, x,
-                                   (const uint4 *)w, o, m, n, k));
-        else
-            FCUDA_CHECK(pdl_launch(gemv_vec_kernel<WT, M, R, U, false>, grid, block, 0, st, y, x,
-                                   (const uint4 *)w, o, m, n, k));
+        const unsigned blocks = (unsigned)((n + rows_per_block - 1) / rows_per_block);
+        FCUDA_CHECK(pdl_launch(gemv_vec_kernel<WT, M, R, U>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x,
+                               (const uint4 *)w, bias, m, n, k));
     } else {
-        const dim3 grid((unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-        if (o.g)
-            FCUDA_CHECK(pdl_launch(gemv_scalar_kernel<WT, M, true>, grid, block, 0, st, y, x, w, o, m, n, k));
-        else
-            FCUDA_CHECK(
-                pdl_launch(gemv_scalar_kernel<WT, M, false>, grid, block, 0, st, y, x, w, o, m, n, k));
+        const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
+        FCUDA_CHECK(pdl_launch(gemv_scalar_kernel<WT, M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x, w,
+                               bias, m, n, k));
     }
     return FERRY_OK;
 }
@@ -540,78 +491,53 @@ static int gemv_launch(float *y, const float *x, const void *w, const mm_opts &o
 /* Rows per warp R and chunks in flight U by m: more rows per warp share each x load (x traffic through L1 per
  * weight byte is 2*M/R for 2-byte weights), at the price of registers (M*R accumulators). */
 template <int WT>
-static int gemv_tile(float *y, const float *x, const void *w, const mm_opts &o, int m, int n, int k, bool vec,
-                     cudaStream_t st)
+static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+                     bool vec, cudaStream_t st)
 {
-    if (m <= 1) return gemv_launch<WT, 1, 1, 4>(y, x, w, o, m, n, k, vec, st);
+    if (m <= 1) return gemv_launch<WT, 1, 1, 4>(y, x, w, bias, m, n, k, vec, st);
     if constexpr (WT != WT_F32)
-        if (vec) return gemm_mma_launch<WT>(y, x, w, o, m, n, k, st);
-    if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, x, w, o, m, n, k, vec, st);
-    if (m <= 4) return gemv_launch<WT, 4, 4, 2>(y, x, w, o, m, n, k, vec, st);
-    if (m <= 8) return gemv_launch<WT, 8, 4, 2>(y, x, w, o, m, n, k, vec, st);
-    return gemv_launch<WT, 16, 4, 1>(y, x, w, o, m, n, k, vec, st);
+        if (vec) return gemm_mma_launch<WT>(y, x, w, bias, m, n, k, st);
+    if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 4) return gemv_launch<WT, 4, 4, 2>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 8) return gemv_launch<WT, 8, 4, 2>(y, x, w, bias, m, n, k, vec, st);
+    return gemv_launch<WT, 16, 4, 1>(y, x, w, bias, m, n, k, vec, st);
 }
 
-/* Whether the GEMV kernel for this tile applies the norm itself (the f32-math kernels: m = 1, f32 weights,
- * the scalar path); the tensor-core and Q8_0 kernels read an x normalised beforehand. */
-static bool gemv_fuses_norm(enum dtype wt, int m, bool vec)
-{
-    return wt != DTYPE_Q8_0 && (m == 1 || wt == DTYPE_F32 || !vec);
-}
-
-static int check_args(float *y, const float *x, const void *w, enum dtype wt, const mm_opts &o, int m, int n,
+static int check_args(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                       int k)
 {
     if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
     if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16 && wt != DTYPE_Q8_0)
         return FERRY_ERR_UNSUPPORTED;
     if (wt == DTYPE_Q8_0 && k % 32) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (o.bias && !FCUDA_ALIGNED(o.bias, 4)) ||
-        (o.g && !FCUDA_ALIGNED(o.g, 4)) || (o.g && !(o.eps >= 0.0f)))
+    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (bias && !FCUDA_ALIGNED(bias, 4)))
         return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(w, wt == DTYPE_F32 ? 4 : 2)) return FERRY_ERR_INVALID;
-    return FERRY_OK;
-}
-
-static int gemv_path(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
-                     const mm_opts &o, int m, int n, int k, cudaStream_t stream)
-{
-    int rc = check_args(y, x, w, wt, o, m, n, k);
-    if (rc) return rc;
-    const int vec_elems = wt == DTYPE_F32 ? 4 : 8;
-    for (int i = 0; i < m; i += KERN_CUDA_GEMV_MAX_M) {
-        const int mt = m - i < KERN_CUDA_GEMV_MAX_M ? m - i : KERN_CUDA_GEMV_MAX_M;
-        float *yt = y + (size_t)i * n;
-        const float *xt = x + (size_t)i * k;
-        mm_opts ot = o;
-        bool vec = k % vec_elems == 0 && FCUDA_ALIGNED(w, 16) && FCUDA_ALIGNED(xt, 16) &&
-                   (!o.g || FCUDA_ALIGNED(o.g, 16));
-        if (o.g && !gemv_fuses_norm(wt, mt, vec)) {
-            if (!ctx || (size_t)mt * k > ctx->xn_elems) return FERRY_ERR_RANGE;
-            rc = kern_cuda_rmsnorm(ctx->xn, xt, o.g, mt, k, o.eps, stream);
-            if (rc) return rc;
-            xt = ctx->xn;
-            ot.g = nullptr;
-            vec = k % vec_elems == 0 && FCUDA_ALIGNED(w, 16);
-        }
-        if (wt == DTYPE_Q8_0)
-            rc = gemv_q8_tile(yt, xt, w, ot, mt, n, k, stream);
-        else if (wt == DTYPE_F32)
-            rc = gemv_tile<WT_F32>(yt, xt, w, ot, mt, n, k, vec, stream);
-        else if (wt == DTYPE_F16)
-            rc = gemv_tile<WT_F16>(yt, xt, w, ot, mt, n, k, vec, stream);
-        else
-            rc = gemv_tile<WT_BF16>(yt, xt, w, ot, mt, n, k, vec, stream);
-        if (rc) return rc;
-    }
     return FERRY_OK;
 }
 
 extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt,
                                      const float *bias, int m, int n, int k, cudaStream_t stream)
 {
-    const mm_opts o = {bias, nullptr, 0.0f, 0};
-    return gemv_path(nullptr, y, x, w, wt, o, m, n, k, stream);
+    int rc = check_args(y, x, w, wt, bias, m, n, k);
+    if (rc) return rc;
+    const int vec_elems = wt == DTYPE_F32 ? 4 : 8;
+    const bool vec = k % vec_elems == 0 && FCUDA_ALIGNED(w, 16) && FCUDA_ALIGNED(x, 16);
+    for (int i = 0; i < m; i += KERN_CUDA_GEMV_MAX_M) {
+        const int mt = m - i < KERN_CUDA_GEMV_MAX_M ? m - i : KERN_CUDA_GEMV_MAX_M;
+        float *yt = y + (size_t)i * n;
+        const float *xt = x + (size_t)i * k;
+        if (wt == DTYPE_Q8_0)
+            rc = gemv_q8_tile(yt, xt, w, bias, mt, n, k, stream);
+        else if (wt == DTYPE_F32)
+            rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
+        else if (wt == DTYPE_F16)
+            rc = gemv_tile<WT_F16>(yt, xt, w, bias, mt, n, k, vec, stream);
+        else
+            rc = gemv_tile<WT_BF16>(yt, xt, w, bias, mt, n, k, vec, stream);
+        if (rc) return rc;
+    }
+    return FERRY_OK;
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -631,50 +557,11 @@ __global__ void round_x_kernel(void *dst, const float *x, int64_t n, int to_bf16
     }
 }
 
-/* One row per block: dst = x * rsqrt(mean(x^2) + eps) * g, rounded to f16/bf16 (to_bf16 = 0/1) or kept in f32
- * (2). The block's sum is a fixed-order tree (deterministic). */
-#define NORM_THREADS 256
-__global__ void __launch_bounds__(NORM_THREADS)
-    norm_x_kernel(void *dst, const float *x, const float *g, int k, float eps, int out)
-{
-    __shared__ float red[NORM_THREADS / 32];
-    pdl_wait();
-    pdl_trigger();
-    const float *xr = x + (size_t)blockIdx.x * k;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < k; j += NORM_THREADS) ss += xr[j] * xr[j];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_THREADS / 32; i++) ss += red[i];
-    const float inv = rsqrtf(ss / (float)k + eps);
-    const size_t o = (size_t)blockIdx.x * k;
-    for (int j = threadIdx.x; j < k; j += NORM_THREADS) {
-        const float v = xr[j] * inv * g[j];
-        if (out == 0)
-            ((__half *)dst)[o + j] = __float2half_rn(v);
-        else if (out == 1)
-            ((__nv_bfloat16 *)dst)[o + j] = __float2bfloat16_rn(v);
-        else
-            ((float *)dst)[o + j] = v;
-    }
-}
-
 __global__ void add_bias_kernel(float *y, const float *bias, int64_t total, int n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += bias[i % n];
-}
-
-/* f32 elements of the normalised-x buffer: enough for every GEMV tile (16 rows of k <= 65536) and for cuBLAS
- * on f32 weights in chunks of rows. */
-#define XN_MAX ((size_t)1 << 20)
-static size_t xn_elems_for(size_t max_x_elems)
-{
-    return max_x_elems < XN_MAX ? max_x_elems : XN_MAX;
 }
 
 extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems)
@@ -691,12 +578,10 @@ extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems
         return FERRY_ERR_CUDA;
     }
     c->max_x_elems = max_x_elems;
-    c->xn_elems = xn_elems_for(max_x_elems);
     if ((max_x_elems && cudaMalloc(&c->xbuf, max_x_elems * 2) != cudaSuccess) ||
-        (c->xn_elems && cudaMalloc(&c->xn, c->xn_elems * 4) != cudaSuccess) ||
         cudaMalloc(&c->cublas_ws, CUBLAS_WS_BYTES) != cudaSuccess) {
         (void)cudaGetLastError();
-        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed", kern_cuda_ctx_bytes(c));
+        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed", max_x_elems * 2 + CUBLAS_WS_BYTES);
         kern_cuda_ctx_free(c);
         return FERRY_ERR_DEVICE_MEM;
     }
@@ -709,89 +594,56 @@ extern "C" void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx)
     if (!ctx) return;
     if (ctx->handle) cublasDestroy(ctx->handle);
     cudaFree(ctx->xbuf);
-    cudaFree(ctx->xn);
     cudaFree(ctx->cublas_ws);
     free(ctx);
 }
 
-extern "C" size_t kern_cuda_ctx_size(size_t max_x_elems)
-{
-    return max_x_elems * 2 + xn_elems_for(max_x_elems) * 4 + CUBLAS_WS_BYTES;
-}
-
 extern "C" size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx)
 {
-    return ctx ? kern_cuda_ctx_size(ctx->max_x_elems) : 0;
-}
-
-static int cublas_path(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
-                       const mm_opts &o, int m, int n, int k, cudaStream_t stream)
-{
-    int rc = check_args(y, x, w, wt, o, m, n, k);
-    if (rc) return rc;
-    if (!ctx) return FERRY_ERR_INVALID;
-    if (wt == DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
-    FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
-    FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
-    const float one = 1.0f, beta = o.acc ? 1.0f : 0.0f;
-    /* x as cuBLAS reads it: f32 (normalised into xn when asked) or rounded to the weight type into xbuf (the
-     * norm folded into the rounding), in chunks of rows that fit the buffer. */
-    const bool f32 = wt == DTYPE_F32;
-    const size_t cap = f32 ? (o.g ? ctx->xn_elems : SIZE_MAX) : ctx->max_x_elems;
-    const int64_t rows_fit = cap == SIZE_MAX ? m : (int64_t)(cap / (size_t)k);
-    if (rows_fit < 1) return FERRY_ERR_RANGE;
-    const cudaDataType_t t = f32 ? CUDA_R_32F : wt == DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    for (int i = 0; i < m; i += (int)(rows_fit < m ? rows_fit : m)) {
-        const int mt = (int)(m - i < rows_fit ? m - i : rows_fit);
-        const float *xt = x + (size_t)i * k;
-        const void *xin = xt;
-        if (!f32 || o.g) {
-            void *dst = f32 ? (void *)ctx->xn : ctx->xbuf;
-            const int out = f32 ? 2 : wt == DTYPE_BF16 ? 1 : 0;
-            if (o.g) {
-                FCUDA_CHECK(pdl_launch(norm_x_kernel, dim3(mt), dim3(NORM_THREADS), 0, stream, dst, xt, o.g,
-                                       k, o.eps, out));
-            } else {
-                const int64_t ne = (int64_t)mt * k;
-                FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, stream, dst,
-                                       xt, ne, out));
-            }
-            xin = dst;
-        }
-        FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k, xin, t, k,
-                                 &beta, y + (size_t)i * n, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
-    }
-    if (o.bias) {
-        const int64_t total = (int64_t)m * n;
-        add_bias_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(y, o.bias, total, n);
-        FCUDA_LAUNCH_CHECK("add_bias_kernel");
-    }
-    return FERRY_OK;
+    return ctx ? ctx->max_x_elems * 2 + CUBLAS_WS_BYTES : 0;
 }
 
 extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
                                        enum dtype wt, const float *bias, int m, int n, int k,
                                        cudaStream_t stream)
 {
-    const mm_opts o = {bias, nullptr, 0.0f, 0};
-    return cublas_path(ctx, y, x, w, wt, o, m, n, k, stream);
-}
-
-extern "C" int kern_cuda_linear(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
-                                enum dtype wt, int m, int n, int k, const struct kern_cuda_mm_opts *opts,
-                                cudaStream_t stream)
-{
-    mm_opts o = {nullptr, nullptr, 0.0f, 0};
-    if (opts) o = {opts->bias, opts->norm_w, opts->norm_eps, opts->accumulate != 0};
-    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || wt == DTYPE_Q8_0)
-        return gemv_path(ctx, y, x, w, wt, o, m, n, k, stream);
-    return cublas_path(ctx, y, x, w, wt, o, m, n, k, stream);
+    int rc = check_args(y, x, w, wt, bias, m, n, k);
+    if (rc) return rc;
+    if (!ctx) return FERRY_ERR_INVALID;
+    if (wt == DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
+    FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
+    FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
+    const float one = 1.0f, zero = 0.0f;
+    if (wt == DTYPE_F32) {
+        FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x,
+                                 CUDA_R_32F, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+    } else {
+        const cudaDataType_t t = wt == DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        const int64_t rows_fit = ctx->max_x_elems / (size_t)k;
+        if (rows_fit < 1) return FERRY_ERR_RANGE;
+        for (int i = 0; i < m; i += (int)(rows_fit < m ? rows_fit : m)) {
+            const int mt = (int)(m - i < rows_fit ? m - i : rows_fit);
+            const int64_t ne = (int64_t)mt * k;
+            FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, stream, ctx->xbuf,
+                                   x + (size_t)i * k, ne, (int)(wt == DTYPE_BF16)));
+            FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k,
+                                     ctx->xbuf, t, k, &zero, y + (size_t)i * n, CUDA_R_32F, n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    if (bias) {
+        const int64_t total = (int64_t)m * n;
+        add_bias_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(y, bias, total, n);
+        FCUDA_LAUNCH_CHECK("add_bias_kernel");
+    }
+    return FERRY_OK;
 }
 
 extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
                                 enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream)
 {
-    const struct kern_cuda_mm_opts o = {bias, NULL, 0.0f, 0};
-    return kern_cuda_linear(ctx, y, x, w, wt, m, n, k, &o, stream);
+    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || wt == DTYPE_Q8_0)
+        return kern_cuda_matmul_gemv(y, x, w, wt, bias, m, n, k, stream);
+    return kern_cuda_matmul_cublas(ctx, y, x, w, wt, bias, m, n, k, stream);
 }

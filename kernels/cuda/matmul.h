@@ -36,29 +36,11 @@ struct kern_cuda_ctx;
 int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems);
 /* Accepts NULL and a half-built context. */
 void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx);
-/* Device bytes the context holds (for the memory report), and what kern_cuda_ctx_init(max_x_elems) would take
- * (for plans made without a device). */
+/* Device bytes the context holds (for the memory report). */
 size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx);
-size_t kern_cuda_ctx_size(size_t max_x_elems);
 
-/* What a layer's product does around y = x · Wᵀ; all zero is the plain product. */
-struct kern_cuda_mm_opts {
-    const float *bias;   /* (n) added to each row of y, or NULL */
-    const float *norm_w; /* (k), or NULL: each row of x is first RMS-normalised and scaled by norm_w, i.e. the
-                          * product takes kern_cuda_rmsnorm(x, norm_w, norm_eps) (the pre-norm of a block) */
-    float norm_eps;
-    int accumulate;      /* nonzero: y += product (+ bias), the residual add; else y = product (+ bias) */
-};
-
-/* The product of a layer, path picked by m as above. The f32-math GEMV kernels (m = 1, f32 weights, the
- * scalar path) apply the norm inside the product (x * norm_w on the fly, the row's scale on the result: no
- * extra launch, no normalised copy of x); the tensor-core and Q8_0 kernels read x normalised beforehand into
- * the context's buffer (FERRY_ERR_RANGE if 16*k exceeds it), and cuBLAS folds the norm into the rounding of
- * x. Accumulation reads y once and writes it once (cuBLAS: beta = 1). FERRY_ERR_INVALID on bad shape or
- * misaligned f32 pointers, FERRY_ERR_UNSUPPORTED for other weight types. */
-int kern_cuda_linear(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt, int m,
-                     int n, int k, const struct kern_cuda_mm_opts *opts, cudaStream_t stream);
-/* kern_cuda_linear with a bias only. */
+/* Picks the path by m. FERRY_ERR_INVALID on bad shape or misaligned f32 pointers, FERRY_ERR_UNSUPPORTED for
+ * other weight types. */
 int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
                      const float *bias, int m, int n, int k, cudaStream_t stream);
 /* The two paths, for tests and benches: the GEMV one takes any m (in tiles of 16), the cuBLAS one any m. */

@@ -96,13 +96,14 @@ __device__ __forceinline__ float block_sum(float v, float *red)
     return red[32];
 }
 
-/* y = rmsnorm(x) * w, one row per block. Vector path (d % 4 == 0, 16-byte aligned rows, d <= 4 * ROW_THREADS
- * * VPT): every element is loaded once into registers with 16-byte loads, all loads of a thread in flight
- * together; the row is read once and written once. Otherwise (odd d) a scalar loop. The norm weight is read
- * before waiting for the previous kernel (pdl.h). y may alias x: each thread writes only what it read. */
-template <int VPT>
+/* y = rmsnorm(x) * w for one row per block; with ADD, x is first resid + delta, written back to resid.
+ * Vector path (d % 4 == 0, 16-byte aligned rows, d <= 4 * ROW_THREADS * VPT): every element is loaded once
+ * into registers with 16-byte loads, all loads of a thread in flight together; the row is read once and
+ * written once. Otherwise (odd d) a scalar loop. The norm weight is read before waiting for the previous
+ * kernel (pdl.h). */
+template <bool ADD, int VPT>
 __global__ void __launch_bounds__(ROW_THREADS)
-    norm_vec_kernel(float *y, const float *x, const float *w, int d, float eps)
+    norm_vec_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps)
 {
     __shared__ float red[33];
     const int d4 = d / 4;
@@ -120,7 +121,12 @@ __global__ void __launch_bounds__(ROW_THREADS)
     for (int i = 0; i < VPT; i++) {
         const int j = threadIdx.x + i * ROW_THREADS;
         if (j >= d4) break;
-        v[i] = reinterpret_cast<const float4 *>(x)[off4 + j];
+        v[i] = reinterpret_cast<const float4 *>(resid)[off4 + j];
+        if (ADD) {
+            const float4 dl = reinterpret_cast<const float4 *>(delta)[off4 + j];
+            v[i].x += dl.x, v[i].y += dl.y, v[i].z += dl.z, v[i].w += dl.w;
+            reinterpret_cast<float4 *>(resid)[off4 + j] = v[i];
+        }
         ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
     }
     const float inv = rsqrtf(block_sum(ss, red) / (float)d + eps);
@@ -133,17 +139,44 @@ __global__ void __launch_bounds__(ROW_THREADS)
     }
 }
 
+template <bool ADD>
 __global__ void __launch_bounds__(ROW_THREADS)
-    norm_scalar_kernel(float *y, const float *x, const float *w, int d, float eps)
+    norm_scalar_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps)
 {
     __shared__ float red[33];
     pdl_wait();
     pdl_trigger();
     const size_t off = (size_t)blockIdx.x * d;
     float ss = 0.0f;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += x[off + j] * x[off + j];
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float r = resid[off + j];
+        if (ADD) resid[off + j] = r = r + delta[off + j];
+        ss += r * r;
+    }
     const float inv = rsqrtf(block_sum(ss, red) / (float)d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) y[off + j] = x[off + j] * inv * w[j];
+    /* Each thread re-reads only the elements it wrote itself, so no barrier is needed for them. */
+    for (int j = threadIdx.x; j < d; j += blockDim.x) y[off + j] = resid[off + j] * inv * w[j];
+}
+
+template <bool ADD>
+static int norm_launch(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
+                       cudaStream_t st)
+{
+    const bool vec = d % 4 == 0 && FCUDA_ALIGNED(resid, 16) && FCUDA_ALIGNED(y, 16) && FCUDA_ALIGNED(w, 16) &&
+                     (!ADD || FCUDA_ALIGNED(delta, 16));
+    const int vpt = (d / 4 + ROW_THREADS - 1) / ROW_THREADS;
+    const dim3 g(m), b(ROW_THREADS);
+    if (vec && vpt <= 1)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 1>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else if (vec && vpt <= 2)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 2>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else if (vec && vpt <= 4)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 4>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else if (vec && vpt <= 8)
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 8>, g, b, 0, st, resid, delta, y, w, d, eps));
+    else
+        FCUDA_CHECK(pdl_launch(norm_scalar_kernel<ADD>, g, b, 0, st, resid, delta, y, w, d, eps));
+    return FERRY_OK;
 }
 
 extern "C" int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps,
@@ -152,20 +185,19 @@ extern "C" int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m
     if (!y || !x || !w || m < 0 || d <= 0 || !(eps >= 0.0f)) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(w, 4)) return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    const bool vec = d % 4 == 0 && FCUDA_ALIGNED(x, 16) && FCUDA_ALIGNED(y, 16) && FCUDA_ALIGNED(w, 16);
-    const int vpt = (d / 4 + ROW_THREADS - 1) / ROW_THREADS;
-    const dim3 g(m), b(ROW_THREADS);
-    if (vec && vpt <= 1)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<1>, g, b, 0, stream, y, x, w, d, eps));
-    else if (vec && vpt <= 2)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<2>, g, b, 0, stream, y, x, w, d, eps));
-    else if (vec && vpt <= 4)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<4>, g, b, 0, stream, y, x, w, d, eps));
-    else if (vec && vpt <= 8)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<8>, g, b, 0, stream, y, x, w, d, eps));
-    else
-        FCUDA_CHECK(pdl_launch(norm_scalar_kernel, g, b, 0, stream, y, x, w, d, eps));
-    return FERRY_OK;
+    /* The plain norm is the fused one without the add: x is read through `resid` and never written. */
+    return norm_launch<false>(const_cast<float *>(x), nullptr, y, w, m, d, eps, stream);
+}
+
+extern "C" int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d,
+                                     float eps, cudaStream_t stream)
+{
+    if (!resid || !delta || !y || !w || m < 0 || d <= 0 || !(eps >= 0.0f)) return FERRY_ERR_INVALID;
+    if (y == resid || y == delta) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(resid, 4) || !FCUDA_ALIGNED(delta, 4) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 4))
+        return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    return norm_launch<true>(resid, delta, y, w, m, d, eps, stream);
 }
 
 /* ----------------------------------------------------------------------------------------------------------

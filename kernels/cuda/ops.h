@@ -28,9 +28,13 @@ int kern_cuda_device_count(void);
 int kern_cuda_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens,
                     int m, cudaStream_t stream);
 
-/* y (m, d) = x / sqrt(mean(x^2) + eps) * w, w (d) f32; y may alias x. (In a forward pass the norm runs inside
- * the product that reads it: kern_cuda_linear's norm_w.) */
+/* y (m, d) = x / sqrt(mean(x^2) + eps) * w, w (d) f32; y may alias x. */
 int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps, cudaStream_t stream);
+
+/* Fused residual add + norm (one pass instead of two): resid (m, d) += delta (m, d), then
+ * y (m, d) = rmsnorm(resid) * w. y must not alias resid or delta. */
+int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
+                          cudaStream_t stream);
 
 /* h (m, ffn) = silu(gate) * up, where gu (m, 2*ffn) holds each row's gate then up (the fused gate|up product).
  * h must not alias gu. */

@@ -128,18 +128,12 @@ struct mm_arg {
     size_t wbytes;
     int copies, m, n, k, cublas;
     enum dtype wt;
-    const float *norm_w;    /* with linear: a layer's product (kern_cuda_linear) with this pre-norm... */
-    int linear, accumulate; /* ...or accumulating into y */
 };
 static void mm_fn(void *p, int i)
 {
     struct mm_arg *a = p;
     const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->linear) {
-        const struct kern_cuda_mm_opts o = {
-            .norm_w = a->norm_w, .norm_eps = 1e-5f, .accumulate = a->accumulate};
-        FK(kern_cuda_linear(a->ctx, a->y, a->x, w, a->wt, a->m, a->n, a->k, &o, st));
-    } else if (a->cublas)
+    if (a->cublas)
         FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
     else
         FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
@@ -167,13 +161,16 @@ static void att_fn(void *p, int i)
 
 /* ---- rmsnorm ---- */
 struct norm_arg {
-    float *y, *x, *w;
-    int m, d;
+    float *y, *x, *w, *r;
+    int m, d, fused;
 };
 static void norm_fn(void *p, int i)
 {
     struct norm_arg *a = p;
-    FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
+    if (a->fused)
+        FK(kern_cuda_add_rmsnorm(a->r, a->x, a->y, a->w, a->m, a->d, 1e-5f, st));
+    else
+        FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
 }
 
 static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill,
@@ -294,7 +291,7 @@ int main(int argc, char **argv)
     const int ms_[NMS] = {1, 2, 4, 8, 16};
     double gemv_total[NMS] = {0}, gemv_gtotal[NMS] = {0}, bytes_total = 0;
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16, NULL, 0, 0};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
@@ -326,7 +323,7 @@ int main(int argc, char **argv)
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)
         for (int mi = 0; mi < NMS; mi += 2) {
-            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi], NULL, 0, 0};
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi]};
             a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
             a.copies = (int)(pool_bytes / a.wbytes);
             const double ms = time_ms(mm_fn, &a, 20);
@@ -335,29 +332,8 @@ int main(int argc, char **argv)
             printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, a.wbytes / ms / 1e6,
                    100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
         }
-    /* A layer's products as the decode step runs them: q|k|v with its pre-norm (Llama-2-7B: 12288x4096), the
-     * MLP's down projection accumulating into the residual; against the plain product at the same shape. */
-    for (int li = 0; li < 2; li++)
-        for (int mi = 0; mi < NMS; mi += 4) {
-            struct mm_arg a = {
-                ctx, y,         x,    pool, 0, 1, ms_[mi], li ? 4096 : 12288, li ? 11008 : 4096,
-                0,   DTYPE_F16, NULL, 0,    0};
-            a.wbytes = (size_t)a.n * a.k * 2;
-            a.copies = (int)(pool_bytes / a.wbytes);
-            use_graph = 1;
-            const double plain = time_ms(mm_fn, &a, 20);
-            a.linear = 1;
-            a.norm_w = li ? NULL : x + (size_t)511 * 11008;
-            a.accumulate = li;
-            const double fused = time_ms(mm_fn, &a, 20);
-            use_graph = 0;
-            char name[64];
-            snprintf(name, sizeof name, "linear %s %5dx%-5d m=%d", li ? "+acc " : "+norm", a.n, a.k, a.m);
-            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy (graph; plain product %.4f ms)\n", name,
-                   fused, a.wbytes / fused / 1e6, 100.0 * a.wbytes / fused / 1e6 / ceil_gbs, plain);
-        }
     { /* cuBLAS at m = 16, for comparison with the skinny path */
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16, NULL, 0, 0};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         use_graph = 1;
@@ -367,8 +343,7 @@ int main(int argc, char **argv)
                a.wbytes / gms / 1e6, 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
     }
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx,           y, x,         pool, 0, 1, 512, shapes[si][0],
-                           shapes[si][1], 1, DTYPE_F16, NULL, 0, 0};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
@@ -404,17 +379,17 @@ int main(int argc, char **argv)
 
     /* rmsnorm at d=4096. */
     const int nm[3] = {1, 16, 512};
-    for (int i = 0; i < 3; i++) {
-        struct norm_arg a = {y, x, x + 4096 * 512, nm[i], 4096};
-        use_graph = 1;
-        const double ms = time_ms(norm_fn, &a, 20);
-        use_graph = 0;
-        const double bytes = 2.0 * nm[i] * 4096 * 4 + 4096 * 4;
-        char name[64];
-        snprintf(name, sizeof name, "rmsnorm d=4096 m=%d (graph)", nm[i]);
-        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, bytes / ms / 1e6,
-               100.0 * bytes / ms / 1e6 / ceil_gbs);
-    }
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 3; i++) {
+            struct norm_arg a = {y, x, x + 4096 * 512, y + 4096 * 512, nm[i], 4096, f};
+            fill_f32(a.r, (size_t)4096 * 512);
+            const double ms = time_ms(norm_fn, &a, 20);
+            const double bytes = (f ? 4.0 : 2.0) * nm[i] * 4096 * 4 + 4096 * 4;
+            char name[64];
+            snprintf(name, sizeof name, "%s d=4096 m=%d", f ? "add_rmsnorm" : "rmsnorm", nm[i]);
+            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy\n", name, ms, bytes / ms / 1e6,
+                   100.0 * bytes / ms / 1e6 / ceil_gbs);
+        }
     cudaFree(x);
     cudaFree(y);
     CK(cudaStreamDestroy(st));

@@ -153,6 +153,43 @@ Test(cuda_ops, rmsnorm_odd_shapes)
     cr_assert_eq(kern_cuda_rmsnorm((float *)16, (float *)16, (float *)16, 1, 0, 1e-5f, 0), FERRY_ERR_INVALID);
 }
 
+Test(cuda_ops, add_rmsnorm_fused)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(3);
+    const int ds[] = {1031, 4096};
+    for (int c = 0; c < 2; c++) {
+        const int m = 5, d = ds[c];
+        const size_t n = (size_t)m * d;
+        float *r = host_rand(n, -2, 2), *dl = host_rand(n, -2, 2), *w = host_rand(d, 0.5f, 1.5f);
+        float *sum = malloc(n * 4), *got = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) sum[i] = r[i] + dl[i];
+        double *ref = malloc(n * 8), *sref = malloc(n * 8);
+        ref_rmsnorm(ref, sum, w, m, d, 1e-6f);
+        for (size_t i = 0; i < n; i++) sref[i] = sum[i];
+        float *dr = dev_upload(r, n * 4), *dd = dev_upload(dl, n * 4), *dw = dev_upload(w, d * 4),
+              *dy = dev_poison(n * 4);
+        cr_assert_eq(kern_cuda_add_rmsnorm(dr, dd, dy, dw, m, d, 1e-6f, 0), FERRY_OK);
+        dev_download(got, dr, n * 4);
+        cr_assert(rel_err(got, sref, n) == 0.0, "residual sum is not exact");
+        dev_download(got, dy, n * 4);
+        double e = rel_err(got, ref, n);
+        cr_assert(e <= 1e-6, "rel err %g", e);
+        cr_assert_eq(kern_cuda_add_rmsnorm(dr, dd, dr, dw, m, d, 1e-6f, 0), FERRY_ERR_INVALID);
+        cudaFree(dr);
+        cudaFree(dd);
+        cudaFree(dw);
+        cudaFree(dy);
+        free(r);
+        free(dl);
+        free(w);
+        free(sum);
+        free(got);
+        free(ref);
+        free(sref);
+    }
+}
+
 /* ---- SiLU-gated activation over the fused gate|up rows ---- */
 
 Test(cuda_ops, silu_mul_fused_rows)

@@ -13,7 +13,8 @@ B=/tmp/ferry-e2e/build/server/ferry
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "profile_decode.sh: no ncu"; exit 1; }
 args="bench --synthetic $model --batches $batch --prefill 0 --decode-steps 3"
-# Every kernel of the run is profiled (a few thousand); the last two complete decode steps are summarised.
+# Every kernel of the run is profiled (a few thousand); a decode step starts at the one plain norm (layer 0's
+# norm; later norms are fused with the residual add), and the last two complete steps are summarised.
 timeout 500 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 4000 $B $args \
   > /tmp/ncu.csv 2> /tmp/ncu.err
 echo "ncu rc=$?"; tail -3 /tmp/ncu.err
@@ -28,15 +29,9 @@ for r in rows[1:]:
     v = float(r[vi].replace(",", "")); u = r[ui]
     us = v / 1000 if u in ("nsecond", "ns") else v if u in ("usecond", "us") else v * 1000
     seq.append((r[ki].split("(")[0].replace("void ", "").strip(), us, r[gi] if gi is not None else ""))
-# A step ends with the output head: the launch with the largest grid (the vocabulary's rows).
-def gx(g):
-    try: return int(g.strip("()").split(",")[0])
-    except ValueError: return 0
-big = max(gx(g) for _, _, g in seq)
-ends = [i for i, (_, _, g) in enumerate(seq) if gx(g) == big]
-if len(ends) < 3:
-    print("fewer than 3 steps found; kernels:", len(seq), sorted(set(k for k, _, _ in seq))[:20]); sys.exit(0)
-segs = [seq[a + 1:b + 1] for a, b in zip(ends[:-1], ends[1:])]
+starts = [i for i, (k, _, _) in enumerate(seq) if k.startswith("norm_") and "<false" in k]
+if len(starts) < 3: print("fewer than 3 steps found; kernels:", len(seq)); starts = [0, len(seq)]
+segs = [seq[a:b] for a, b in zip(starts[-3:-1], starts[-2:])] + [seq[starts[-1]:]]
 segs = segs[-2:]
 for si, sg in enumerate(segs):
     t = collections.OrderedDict(); n = collections.Counter(); grid = {}
