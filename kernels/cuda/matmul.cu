@@ -488,13 +488,23 @@ static int gemv_launch(float *y, const float *x, const void *w, const float *bia
     return FERRY_OK;
 }
 
+/* Output rows per warp at m = 1 (kern_cuda_matmul_set_m1_rows). */
+static int g_m1_rows = 2;
+
+extern "C" void kern_cuda_matmul_set_m1_rows(int rows)
+{
+    g_m1_rows = rows == 1 ? 1 : 2;
+}
+
 /* Rows per warp R and chunks in flight U by m: more rows per warp share each x load (x traffic through L1 per
  * weight byte is 2*M/R for 2-byte weights), at the price of registers (M*R accumulators). */
 template <int WT>
 static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                      bool vec, cudaStream_t st)
 {
-    if (m <= 1) return gemv_launch<WT, 1, 1, 4>(y, x, w, bias, m, n, k, vec, st);
+    if (m <= 1)
+        return g_m1_rows == 1 ? gemv_launch<WT, 1, 1, 4>(y, x, w, bias, m, n, k, vec, st)
+                              : gemv_launch<WT, 1, 2, 4>(y, x, w, bias, m, n, k, vec, st);
     if constexpr (WT != WT_F32)
         if (vec) return gemm_mma_launch<WT>(y, x, w, bias, m, n, k, st);
     if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, x, w, bias, m, n, k, vec, st);
@@ -625,8 +635,8 @@ extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, cons
         for (int i = 0; i < m; i += (int)(rows_fit < m ? rows_fit : m)) {
             const int mt = (int)(m - i < rows_fit ? m - i : rows_fit);
             const int64_t ne = (int64_t)mt * k;
-            FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, stream, ctx->xbuf,
-                                   x + (size_t)i * k, ne, (int)(wt == DTYPE_BF16)));
+            FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, stream,
+                                   ctx->xbuf, x + (size_t)i * k, ne, (int)(wt == DTYPE_BF16)));
             FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k,
                                      ctx->xbuf, t, k, &zero, y + (size_t)i * n, CUDA_R_32F, n,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

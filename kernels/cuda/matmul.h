@@ -49,6 +49,11 @@ int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt
 int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
                             const float *bias, int m, int n, int k, cudaStream_t stream);
 
+/* Tuning hook for tests and benches: output rows per warp of the m = 1 GEMV, 1 or 2 (the default: each x load
+ * from L1 then serves two weight rows; any other value selects it). Not thread-safe: call it before launching
+ * work. */
+void kern_cuda_matmul_set_m1_rows(int rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -319,6 +319,22 @@ int main(int argc, char **argv)
                100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs, gemv_gtotal[mi],
                100.0 * bytes_total / gemv_gtotal[mi] / 1e6 / ceil_gbs);
     }
+    { /* m = 1 with one output row per warp instead of the default two */
+        double t1 = 0;
+        kern_cuda_matmul_set_m1_rows(1);
+        use_graph = 1;
+        for (int si = 0; si < 4; si++) {
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
+            a.wbytes = (size_t)a.n * a.k * 2;
+            a.copies = (int)(pool_bytes / a.wbytes);
+            t1 += time_ms(mm_fn, &a, 20);
+        }
+        use_graph = 0;
+        kern_cuda_matmul_set_m1_rows(0);
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy (graph; one row per warp)\n",
+               "gemv f16 all shapes m=1 R=1", t1, bytes_total / t1 / 1e6,
+               100.0 * bytes_total / t1 / 1e6 / ceil_gbs);
+    }
     /* Other weight types at one shape (the pool's f16 pattern read as bf16 / Q8_0: finite values). */
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)

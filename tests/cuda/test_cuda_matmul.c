@@ -157,6 +157,24 @@ Test(cuda_matmul, gemv_vector_path)
     check(NULL, PATH_GEMV, DTYPE_BF16, 16, 5, 8, 1, 8e-3);
 }
 
+/* m = 1 with one or two output rows per warp (two: the last row of an odd n is computed twice, stored once).
+ */
+Test(cuda_matmul, gemv_m1_rows_per_warp)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(18);
+    for (int r = 1; r <= 2; r++) {
+        kern_cuda_matmul_set_m1_rows(r);
+        for (int ti = 0; ti < 3; ti++) {
+            check(NULL, PATH_GEMV, types[ti], 1, 257, 1032, 1, 1e-5);
+            check(NULL, PATH_GEMV, types[ti], 1, 1, 4096, 0, 1e-5);
+            check(NULL, PATH_GEMV, types[ti], 1, 2, 8, 1, 1e-5);
+            check(NULL, PATH_GEMV, types[ti], 1, 1001, 64, 0, 1e-5);
+        }
+    }
+    kern_cuda_matmul_set_m1_rows(0); /* back to the default */
+}
+
 /* The tensor-core kernel splits k over 8, 4, 2 or 1 warps by n (thresholds for 132 SMs: n <= 8448, 16896,
  * 33792): one shape per split count, ragged k and m, rows not a multiple of the 32-row warp tile. */
 Test(cuda_matmul, gemv_tensor_core_splits)
