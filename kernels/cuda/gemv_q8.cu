@@ -11,7 +11,7 @@
  * thread (g = lane/4, t = lane%4) holds q bytes 4t..4t+3 (first MMA) and 16+4t..16+4t+3 (second MMA) of rows
  * g and g+8 — the k order inside an MMA is free as long as A and B agree — so its x is two float4 per block.
  * x is read through L1 (all warps of a split read the same k), rounded to f16 before the warp waits for W.
- * A block of Q8_WARPS warps holds T = Q8_WARPS/S row tiles x S splits of k (split j takes chunks j, j+S, ...);
+ * A block of WARPS warps (8 or 16) holds T = WARPS/S row tiles x S splits of k (split j takes chunks j, j+S, ...);
  * the S partial tiles are summed through shared memory in split order (deterministic, no atomics).
  * PDL: the first NST-1 chunks of W (immutable) are requested before pdl_wait(); x, bias and y after.
  */
@@ -22,7 +22,6 @@
 #include "kernels/cuda/gemv_q8.h"
 #include "kernels/cuda/pdl.h"
 
-#define Q8_WARPS 8
 #define Q8_BLOCK 34 /* bytes per Q8_0 block */
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -38,9 +37,9 @@ __host__ __device__ constexpr int q8_stride(int cb)
 {
     return (q8_qmax(cb) | 1) * 16;
 }
-__host__ __device__ constexpr size_t q8_smem(int at, int cb, int nst)
+__host__ __device__ constexpr size_t q8_smem(int warps, int at, int cb, int nbuf)
 {
-    return (size_t)Q8_WARPS * nst * at * 16 * q8_stride(cb);
+    return (size_t)warps * nbuf * at * 16 * q8_stride(cb);
 }
 
 __device__ __forceinline__ void cp_async16(void *dst, const void *src)
@@ -130,29 +129,130 @@ __device__ __forceinline__ void q8_row_frag(const uint32_t *sw, unsigned off, in
     q8_to_h2(vb, h[2], h[3]);
 }
 
-template <int NT, int AT, int CB, int NST>
-__global__ void __launch_bounds__(Q8_WARPS * 32)
+/* 16-byte streaming load that skips L1 (weights are read once; x keeps L1). */
+__device__ __forceinline__ uint4 ld_stream16(const void *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* Register staging: this lane's pieces of chunk ch (piece i = lane + 32p of the R*QMAX, row i/QMAX, piece
+ * i%QMAX of the row's aligned range); pieces past the chunk are left as they are (never read), pieces at W's
+ * ends are assembled from the chunk's own bytes with 2-byte loads. */
+template <int R, int CB>
+__device__ __forceinline__ void q8_load_regs(uint4 (&v)[(R * q8_qmax(CB) + 31) / 32], const uint8_t *w, uintptr_t wend,
+                                             int row0, int n, int rowbytes, int nb, int ch, int lane)
+{
+    constexpr int QMAX = q8_qmax(CB), NP = (R * QMAX + 31) / 32;
+    const int b0 = ch * CB;
+    const int nbytes = min(CB, nb - b0) * Q8_BLOCK;
+    const uintptr_t wlo = (uintptr_t)w;
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int i = lane + 32 * p;
+        if (R * QMAX % 32 && i >= R * QMAX) break;
+        const int r = i / QMAX, q = i - r * QMAX;
+        const uintptr_t ga = wlo + (size_t)min(row0 + r, n - 1) * rowbytes + (size_t)b0 * Q8_BLOCK;
+        const uintptr_t src = (ga & ~(uintptr_t)15) + 16 * q;
+        if (src >= ga + nbytes) continue;
+        if (src >= wlo && src + 16 <= wend) {
+            v[p] = ld_stream16((const void *)src);
+        } else {
+            uint32_t u[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int e = 0; e < 16; e += 2) {
+                const uintptr_t a = src + e;
+                if (a >= ga && a < ga + nbytes)
+                    u[e / 4] |= (uint32_t)__ldg(reinterpret_cast<const uint16_t *>(a)) << (8 * (e % 4));
+            }
+            v[p] = make_uint4(u[0], u[1], u[2], u[3]);
+        }
+    }
+}
+
+template <int R, int CB>
+__device__ __forceinline__ void q8_store_regs(unsigned char *buf, const uint4 (&v)[(R * q8_qmax(CB) + 31) / 32],
+                                              int lane)
+{
+    constexpr int QMAX = q8_qmax(CB), NP = (R * QMAX + 31) / 32, STRIDE = q8_stride(CB);
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int i = lane + 32 * p;
+        if (R * QMAX % 32 && i >= R * QMAX) break;
+        const int r = i / QMAX, q = i - r * QMAX;
+        *reinterpret_cast<uint4 *>(buf + r * STRIDE + 16 * q) = v[p];
+    }
+}
+
+/* acc += the staged chunk (nbc blocks starting at block b0, at shared byte offset sbase) times x. */
+template <int NT, int AT, int CB>
+__device__ __forceinline__ void q8_compute(float (&acc)[AT][NT][4], const uint32_t *sw, unsigned sbase,
+                                           const unsigned (&rsh)[AT][2], int b0, int nbc,
+                                           const float *const (&xr)[NT], int g, int t)
+{
+    constexpr int STRIDE = q8_stride(CB);
+    const unsigned csh = (unsigned)(b0 * Q8_BLOCK);
+#pragma unroll
+    for (int b = 0; b < CB; b++) {
+        if (b >= nbc) break;
+        uint32_t bx[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const float *xp = xr[j] + (size_t)(b0 + b) * 32 + 4 * t;
+            const float4 lo = __ldg(reinterpret_cast<const float4 *>(xp));
+            const float4 hi = __ldg(reinterpret_cast<const float4 *>(xp + 16));
+            bx[j][0] = pack_h2(lo.x, lo.y);
+            bx[j][1] = pack_h2(lo.z, lo.w);
+            bx[j][2] = pack_h2(hi.x, hi.y);
+            bx[j][3] = pack_h2(hi.z, hi.w);
+        }
+#pragma unroll
+        for (int at = 0; at < AT; at++) {
+            float d[2];
+            uint32_t hf[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * at + g + 8 * h;
+                const unsigned off = sbase + r * STRIDE + ((rsh[at][h] + csh) & 15u) + b * Q8_BLOCK;
+                q8_row_frag(sw, off, t, d[h], hf[h]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_f16(c, hf[0][0], hf[1][0], hf[0][1], hf[1][1], bx[j][0], bx[j][1]);
+                mma_f16(c, hf[0][2], hf[1][2], hf[0][3], hf[1][3], bx[j][2], bx[j][3]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[at][j][e] = fmaf(c[e], d[e >> 1], acc[at][j][e]);
+            }
+        }
+    }
+}
+
+/* STAGE = Q8_CPASYNC: W chunks reach shared memory by cp.async, NST deep. STAGE = Q8_REGS: by 16-byte loads
+ * into registers (one chunk in flight while the previous one is multiplied) and st.shared; one buffer. */
+enum { Q8_CPASYNC = 0, Q8_REGS = 1 };
+
+template <int NT, int AT, int CB, int NST, int STAGE, int WARPS, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB)
     gemv_q8_mma_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k, int S)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int R = AT * 16, STRIDE = q8_stride(CB), WBUF = R * STRIDE;
+    constexpr int NBUF = STAGE == Q8_REGS ? 1 : NST;
     pdl_trigger();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
-    const int T = Q8_WARPS / S, tile = warp / S, split = warp % S;
+    const int T = WARPS / S, tile = warp / S, split = warp % S;
     const int row0 = (blockIdx.x * T + tile) * R;
     const int nb = k / 32, rowbytes = nb * Q8_BLOCK, nch = (nb + CB - 1) / CB;
     const uintptr_t wend = (uintptr_t)w + (size_t)n * rowbytes;
-    unsigned char *wbuf = smem + (size_t)warp * NST * WBUF;
-    const unsigned wbuf_off = (unsigned)(warp * NST * WBUF); /* byte offset of wbuf in smem */
+    unsigned char *wbuf = smem + (size_t)warp * NBUF * WBUF;
+    const unsigned wbuf_off = (unsigned)(warp * NBUF * WBUF); /* byte offset of wbuf in smem */
     const int my_n = row0 < n && split < nch ? (nch - split + S - 1) / S : 0;
-
-#pragma unroll
-    for (int s = 0; s < NST - 1; s++) {
-        if (s < my_n) q8_issue<R, CB>(wbuf + s * WBUF, w, wend, row0, n, rowbytes, nb, split + s * S, lane);
-        cp_async_commit();
-    }
-    pdl_wait();
+    const uint32_t *sw = reinterpret_cast<const uint32_t *>(smem);
 
     /* Each thread's rows: 16*at + g + 8*h; their start offsets modulo 16 (the staged range's shift). */
     unsigned rsh[AT][2];
@@ -161,9 +261,6 @@ __global__ void __launch_bounds__(Q8_WARPS * 32)
 #pragma unroll
         for (int h = 0; h < 2; h++)
             rsh[at][h] = (unsigned)(((uintptr_t)w + (size_t)min(row0 + 16 * at + g + 8 * h, n - 1) * rowbytes) & 15);
-    const float *xr[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++) xr[j] = x + (size_t)min(g + 8 * j, m - 1) * k;
     float acc[AT][NT][4];
 #pragma unroll
     for (int at = 0; at < AT; at++)
@@ -171,64 +268,50 @@ __global__ void __launch_bounds__(Q8_WARPS * 32)
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[at][j][e] = 0.0f;
-    const uint32_t *sw = reinterpret_cast<const uint32_t *>(smem);
+    const float *xr[NT];
 
-    for (int i = 0; i < my_n; i++) {
-        const int ch = split + i * S, b0 = ch * CB, nbc = min(CB, nb - b0);
-        /* x for the chunk first (its latency overlaps the wait for W); blocks past the row end are clamped. */
-        uint32_t bx[CB][NT][4];
+    if constexpr (STAGE == Q8_REGS) {
+        uint4 v[(R * q8_qmax(CB) + 31) / 32] = {};
+        if (my_n > 0) q8_load_regs<R, CB>(v, w, wend, row0, n, rowbytes, nb, split, lane);
+        pdl_wait();
 #pragma unroll
-        for (int b = 0; b < CB; b++)
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float *xp = xr[j] + (size_t)min(b0 + b, nb - 1) * 32 + 4 * t;
-                const float4 lo = __ldg(reinterpret_cast<const float4 *>(xp));
-                const float4 hi = __ldg(reinterpret_cast<const float4 *>(xp + 16));
-                bx[b][j][0] = pack_h2(lo.x, lo.y);
-                bx[b][j][1] = pack_h2(lo.z, lo.w);
-                bx[b][j][2] = pack_h2(hi.x, hi.y);
-                bx[b][j][3] = pack_h2(hi.z, hi.w);
-            }
-        cp_async_wait<NST - 2>();
-        __syncwarp();
-        if (i + NST - 1 < my_n)
-            q8_issue<R, CB>(wbuf + ((i + NST - 1) % NST) * WBUF, w, wend, row0, n, rowbytes, nb,
-                            split + (i + NST - 1) * S, lane);
-        cp_async_commit();
-
-        const unsigned sbase = wbuf_off + (unsigned)((i % NST) * WBUF);
-        const unsigned csh = (unsigned)(b0 * Q8_BLOCK);
-#pragma unroll
-        for (int b = 0; b < CB; b++) {
-            if (b >= nbc) break;
-#pragma unroll
-            for (int at = 0; at < AT; at++) {
-                float d[2];
-                uint32_t hf[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = 16 * at + g + 8 * h;
-                    const unsigned off = sbase + r * STRIDE + ((rsh[at][h] + csh) & 15u) + b * Q8_BLOCK;
-                    q8_row_frag(sw, off, t, d[h], hf[h]);
-                }
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_f16(c, hf[0][0], hf[1][0], hf[0][1], hf[1][1], bx[b][j][0], bx[b][j][1]);
-                    mma_f16(c, hf[0][2], hf[1][2], hf[0][3], hf[1][3], bx[b][j][2], bx[b][j][3]);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[at][j][e] = fmaf(c[e], d[e >> 1], acc[at][j][e]);
-                }
-            }
+        for (int j = 0; j < NT; j++) xr[j] = x + (size_t)min(g + 8 * j, m - 1) * k;
+        for (int i = 0; i < my_n; i++) {
+            const int ch = split + i * S, b0 = ch * CB, nbc = min(CB, nb - b0);
+            q8_store_regs<R, CB>(wbuf, v, lane);
+            __syncwarp();
+            if (i + 1 < my_n) q8_load_regs<R, CB>(v, w, wend, row0, n, rowbytes, nb, ch + S, lane);
+            q8_compute<NT, AT, CB>(acc, sw, wbuf_off, rsh, b0, nbc, xr, g, t);
+            __syncwarp();
         }
+    } else {
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) {
+            if (s < my_n) q8_issue<R, CB>(wbuf + s * WBUF, w, wend, row0, n, rowbytes, nb, split + s * S, lane);
+            cp_async_commit();
+        }
+        pdl_wait();
+#pragma unroll
+        for (int j = 0; j < NT; j++) xr[j] = x + (size_t)min(g + 8 * j, m - 1) * k;
+        for (int i = 0; i < my_n; i++) {
+            const int ch = split + i * S, b0 = ch * CB, nbc = min(CB, nb - b0);
+            cp_async_wait<NST - 2>();
+            __syncwarp();
+            if (i + NST - 1 < my_n)
+                q8_issue<R, CB>(wbuf + ((i + NST - 1) % NST) * WBUF, w, wend, row0, n, rowbytes, nb,
+                                split + (i + NST - 1) * S, lane);
+            cp_async_commit();
+            q8_compute<NT, AT, CB>(acc, sw, wbuf_off + (unsigned)((i % NST) * WBUF), rsh, b0, nbc, xr, g, t);
+        }
+        cp_async_wait<0>();
     }
-    cp_async_wait<0>();
 
     if (S > 1) { /* partial tiles through shared memory, summed in split order by split 0 */
         constexpr int NV = AT * NT * 4;
+        static_assert(NV * 32 * 4 <= NBUF * WBUF, "reduction area");
         __syncthreads();
         float *red = reinterpret_cast<float *>(smem);
-        const int stride = NST * WBUF / 4; /* floats per warp region */
+        const int stride = NBUF * WBUF / 4; /* floats per warp region */
 #pragma unroll
         for (int at = 0; at < AT; at++)
 #pragma unroll
@@ -265,11 +348,13 @@ static int q8_forced = 0;
 
 static const char *const q8_names[KERN_CUDA_GEMV_Q8_CONFIGS + 1] = {
     "auto",
-    "32 rows/warp, 4 blocks/chunk, 3 stages",
-    "32 rows/warp, 4 blocks/chunk, 2 stages",
-    "16 rows/warp, 8 blocks/chunk, 3 stages",
-    "16 rows/warp, 4 blocks/chunk, 4 stages",
-    "32 rows/warp, 8 blocks/chunk, 2 stages",
+    "16 rows/warp, 4 blocks/chunk, register staging",
+    "16 rows/warp, 2 blocks/chunk, register staging",
+    "32 rows/warp, 2 blocks/chunk, register staging",
+    "16 rows/warp, 4 blocks/chunk, cp.async 4 stages",
+    "16 rows/warp, 4 blocks/chunk, cp.async 2 stages",
+    "16 rows/warp, 4 blocks/chunk, register staging, 8-warp blocks",
+    "16 rows/warp, 3 blocks/chunk, register staging",
 };
 
 static int q8_sm_count(void)
@@ -289,15 +374,15 @@ static int q8_sm_count(void)
 }
 
 /* Splits of k per row tile. A memory-bound block's time is about its rows; an SM runs ceil(blocks / SMs)
- * blocks of T = Q8_WARPS/S tiles one after the other (or side by side, sharing its bandwidth), so the cost of S
+ * blocks of T = warps/S tiles one after the other (or side by side, sharing its bandwidth), so the cost of S
  * is ceil(blocks / SMs) * T. Ties go to more splits (more warps resident for the same work). */
-static int q8_splits(int tiles, int nch)
+static int q8_splits(int tiles, int nch, int warps)
 {
     const int64_t sms = q8_sm_count();
     int best = 1;
     int64_t best_cost = -1;
-    for (int S = 1; S <= Q8_WARPS && S <= nch; S *= 2) {
-        const int T = Q8_WARPS / S;
+    for (int S = 1; S <= warps && S <= nch; S *= 2) {
+        const int T = warps / S;
         const int64_t blocks = (tiles + T - 1) / T, cost = (blocks + sms - 1) / sms * T;
         if (best_cost < 0 || cost <= best_cost) {
             best = S;
@@ -307,36 +392,39 @@ static int q8_splits(int tiles, int nch)
     return best;
 }
 
-template <int NT, int AT, int CB, int NST>
+template <int NT, int AT, int CB, int NST, int STAGE, int WARPS, int MINB>
 static int q8_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                      cudaStream_t st)
 {
-    constexpr size_t smem = q8_smem(AT, CB, NST);
+    constexpr size_t smem = q8_smem(WARPS, AT, CB, STAGE == Q8_REGS ? 1 : NST);
     static bool attr_set = false;
-    auto kern = gemv_q8_mma_kernel<NT, AT, CB, NST>;
+    auto kern = gemv_q8_mma_kernel<NT, AT, CB, NST, STAGE, WARPS, MINB>;
     if (!attr_set) {
         FCUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     const int tiles = (n + AT * 16 - 1) / (AT * 16), nch = (k / 32 + CB - 1) / CB;
-    const int S = q8_splits(tiles, nch), T = Q8_WARPS / S;
+    const int S = q8_splits(tiles, nch, WARPS), T = WARPS / S;
     const unsigned blocks = (unsigned)((tiles + T - 1) / T);
-    FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(Q8_WARPS * 32), smem, st, y, x, (const uint8_t *)w, bias, m,
+    FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(WARPS * 32), smem, st, y, x, (const uint8_t *)w, bias, m,
                            n, k, S));
     FCUDA_LAUNCH_CHECK("gemv_q8_mma_kernel");
     return FERRY_OK;
 }
 
+/* MINB (blocks per SM the registers must allow): 2 (64 registers, 32 warps per SM) where that does not spill. */
 template <int NT>
 static int q8_dispatch(int cfg, float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                        cudaStream_t st)
 {
     switch (cfg) {
-    case 1: return q8_launch<NT, 2, 4, 3>(y, x, w, bias, m, n, k, st);
-    case 2: return q8_launch<NT, 2, 4, 2>(y, x, w, bias, m, n, k, st);
-    case 3: return q8_launch<NT, 1, 8, 3>(y, x, w, bias, m, n, k, st);
-    case 4: return q8_launch<NT, 1, 4, 4>(y, x, w, bias, m, n, k, st);
-    default: return q8_launch<NT, 2, 8, 2>(y, x, w, bias, m, n, k, st);
+    case 1: return q8_launch<NT, 1, 4, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 2: return q8_launch<NT, 1, 2, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 3: return q8_launch<NT, 2, 2, 1, Q8_REGS, 16, NT == 1 ? 2 : 1>(y, x, w, bias, m, n, k, st);
+    case 4: return q8_launch<NT, 1, 4, 4, Q8_CPASYNC, 16, 1>(y, x, w, bias, m, n, k, st);
+    case 5: return q8_launch<NT, 1, 4, 2, Q8_CPASYNC, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 6: return q8_launch<NT, 1, 4, 1, Q8_REGS, 8, 3>(y, x, w, bias, m, n, k, st);
+    default: return q8_launch<NT, 1, 3, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
     }
 }
 
@@ -355,7 +443,7 @@ extern "C" int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const 
     if (!y || !x || !w || m < 1 || m > KERN_CUDA_GEMV_Q8_MAX_M || n < 1 || k < 32 || k % 32) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(x, 16) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 2) || (bias && !FCUDA_ALIGNED(bias, 4)))
         return FERRY_ERR_INVALID;
-    if ((int64_t)k / 32 * Q8_BLOCK > INT32_MAX) return FERRY_ERR_INVALID;
+    if ((int64_t)k / 32 * Q8_BLOCK > INT32_MAX / 32) return FERRY_ERR_INVALID;
     const int cfg = q8_forced ? q8_forced : q8_pick(m, n, k);
     return m <= 8 ? q8_dispatch<1>(cfg, y, x, w, bias, m, n, k, stream)
                   : q8_dispatch<2>(cfg, y, x, w, bias, m, n, k, stream);
