@@ -1,19 +1,23 @@
 /* gemv_q8 (CUDA) — Q8_0 GEMV / skinny GEMM for m = 1..16 on tensor cores; see gemv_q8.h for the contract.
  *
- * Design. A warp owns a tile of R = 16*AT output rows and walks k in chunks of CB Q8_0 blocks. The rows of a
- * chunk are copied global -> shared memory with 16-byte cp.async (each row's bytes are contiguous; a row chunk
- * starts anywhere on a 2-byte boundary, so the warp copies the enclosing 16-byte-aligned range and remembers
- * the offset), NST stages deep in a ring private to the warp (only __syncwarp, no block barrier in the loop).
+ * Design. A warp owns a tile of R = 16*AT output rows and walks k in chunks of CB Q8_0 blocks. A row's chunk is
+ * contiguous but starts on any 2-byte boundary, so the warp copies the enclosing 16-byte-aligned range of each
+ * of its rows into a shared-memory buffer private to the warp (only __syncwarp, no block barrier in the loop)
+ * and remembers the offset. Two ways to stage, by configuration: cp.async, NST chunks deep; or 16-byte
+ * ld.global.nc loads of chunk i+1 into registers while chunk i is multiplied, then st.shared (one buffer).
+ * Pieces at W's two ends that would reach outside W are assembled with 2-byte loads of the chunk's own bytes.
  * From shared memory each thread takes its MMA fragment bytes with aligned 4-byte reads and a funnel shift,
  * turns int8 into f16 exactly (byte permute into 1024+u, subtract 1152), and runs mma.sync m16n8k16 (f16 in,
  * f32 accumulate): two MMAs per block of 32 k, into a fresh accumulator that is then scaled by the block's
  * d (f32) and added to the running f32 sum. W is the A operand, x^T the B operand (NT tiles of 8 batch rows):
  * thread (g = lane/4, t = lane%4) holds q bytes 4t..4t+3 (first MMA) and 16+4t..16+4t+3 (second MMA) of rows
- * g and g+8 — the k order inside an MMA is free as long as A and B agree — so its x is two float4 per block.
- * x is read through L1 (all warps of a split read the same k), rounded to f16 before the warp waits for W.
+ * g and g+8 — the k order inside an MMA is free as long as A and B agree — so its x is two float4 per block,
+ * read through L1 and rounded to f16.
  * A block of WARPS warps (8 or 16) holds T = WARPS/S row tiles x S splits of k (split j takes chunks j, j+S, ...);
  * the S partial tiles are summed through shared memory in split order (deterministic, no atomics).
- * PDL: the first NST-1 chunks of W (immutable) are requested before pdl_wait(); x, bias and y after.
+ * PDL: trigger at the top; the first chunks of W (immutable) are requested before pdl_wait(); x, bias, y after.
+ * Measured (NOTES.md, Version 5): 45-54% of the copy ceiling at m = 1, 30-36% at m = 16; the limit is not
+ * the staging path (cp.async and registers end within a few points of each other at the same warps per SM).
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -428,13 +432,17 @@ static int q8_dispatch(int cfg, float *y, const float *x, const void *w, const f
     }
 }
 
-/* The automatic choice (before any measurement: 32-row tiles, 4 blocks per chunk, 3 stages). */
+/* The automatic choice, from run 2 of NOTES.md "Version 5" (graph-timed, % of the copy ceiling; every
+ * configuration was measured at m = 1, 4, 16 on the four Llama-2-7B shapes): m = 1 takes register staging, in
+ * 8-warp blocks (3 per SM) when n is large enough to give every SM three of them (11008x4096: 46.8%, 32000x4096:
+ * 54.2%), else 3 blocks per chunk in 16-warp blocks (4096x4096: 44.6%, 4096x11008: 53.7%); m >= 2 takes cp.async
+ * with 2 stages in 16-warp blocks, 2 per SM, the best or within 2 points of it at m = 4 and 16 (m = 4: 42-46%,
+ * m = 16: 30-36%). */
 static int q8_pick(int m, int n, int k)
 {
-    (void)m;
-    (void)n;
     (void)k;
-    return 1;
+    if (m == 1) return n >= 8192 ? 6 : 7;
+    return 5;
 }
 
 extern "C" int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
