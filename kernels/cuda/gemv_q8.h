@@ -28,7 +28,7 @@ int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const float *bias
  * for the automatic choice. Returns the previous setting; FERRY_ERR_INVALID for an unknown one. */
 #define KERN_CUDA_GEMV_Q8_CONFIGS 7
 int kern_cuda_gemv_q8_set_config(int config);
-/* A short description of a configuration ("32 rows/warp, 4 blocks/chunk, 3 stages"), for bench output. */
+/* A short description of a configuration ("16 rows/warp, 3 blocks/chunk, register staging"), for bench output. */
 const char *kern_cuda_gemv_q8_config_name(int config);
 
 #ifdef __cplusplus
