@@ -1,9 +1,9 @@
 /* gemv_q8 (CUDA) — Q8_0 GEMV / skinny GEMM for m = 1..16 on tensor cores; see gemv_q8.h for the contract.
  *
- * Design. A warp owns a tile of R = 16*AT output rows and walks k in chunks of CB Q8_0 blocks. A row's chunk is
- * contiguous but starts on any 2-byte boundary, so the warp copies the enclosing 16-byte-aligned range of each
- * of its rows into a shared-memory buffer private to the warp (only __syncwarp, no block barrier in the loop)
- * and remembers the offset. Two ways to stage, by configuration: cp.async, NST chunks deep; or 16-byte
+ * Design. A warp owns a tile of R = 16*AT output rows and walks k in chunks of CB Q8_0 blocks. A row's chunk
+ * is contiguous but starts on any 2-byte boundary, so the warp copies the enclosing 16-byte-aligned range of
+ * each of its rows into a shared-memory buffer private to the warp (only __syncwarp, no block barrier in the
+ * loop) and remembers the offset. Two ways to stage, by configuration: cp.async, NST chunks deep; or 16-byte
  * ld.global.nc loads of chunk i+1 into registers while chunk i is multiplied, then st.shared (one buffer).
  * Pieces at W's two ends that would reach outside W are assembled with 2-byte loads of the chunk's own bytes.
  * From shared memory each thread takes its MMA fragment bytes with aligned 4-byte reads and a funnel shift,
@@ -13,9 +13,9 @@
  * thread (g = lane/4, t = lane%4) holds q bytes 4t..4t+3 (first MMA) and 16+4t..16+4t+3 (second MMA) of rows
  * g and g+8 — the k order inside an MMA is free as long as A and B agree — so its x is two float4 per block,
  * read through L1 and rounded to f16.
- * A block of WARPS warps (8 or 16) holds T = WARPS/S row tiles x S splits of k (split j takes chunks j, j+S, ...);
- * the S partial tiles are summed through shared memory in split order (deterministic, no atomics).
- * PDL: trigger at the top; the first chunks of W (immutable) are requested before pdl_wait(); x, bias, y after.
+ * A block of WARPS warps (8 or 16) holds T = WARPS/S row tiles x S splits of k (split j takes chunks j, j+S,
+ * ...); the S partial tiles are summed through shared memory in split order (deterministic, no atomics). PDL:
+ * trigger at the top; the first chunks of W (immutable) are requested before pdl_wait(); x, bias, y after.
  * Measured (NOTES.md, Version 5): 45-54% of the copy ceiling at m = 1, 30-36% at m = 16; the limit is not
  * the staging path (cp.async and registers end within a few points of each other at the same warps per SM).
  */
@@ -64,8 +64,8 @@ template <int N> __device__ __forceinline__ void cp_async_wait(void)
  * Pieces that would reach outside W (its first and last 16-byte piece when W's ends are not aligned) are
  * copied with 2-byte loads of the chunk's own bytes only. */
 template <int R, int CB>
-__device__ __forceinline__ void q8_issue(unsigned char *buf, const uint8_t *w, uintptr_t wend, int row0, int n,
-                                         int rowbytes, int nb, int ch, int lane)
+__device__ __forceinline__ void q8_issue(unsigned char *buf, const uint8_t *w, uintptr_t wend, int row0,
+                                         int n, int rowbytes, int nb, int ch, int lane)
 {
     constexpr int QMAX = q8_qmax(CB), STRIDE = q8_stride(CB);
     const int b0 = ch * CB;
@@ -104,7 +104,8 @@ __device__ __forceinline__ void q8_to_h2(uint32_t v, uint32_t &lo, uint32_t &hi)
     const uint32_t u = v ^ 0x80808080u;
     uint32_t a = __byte_perm(u, 0x64646464u, 0x5140), b = __byte_perm(u, 0x64646464u, 0x5342);
     const __half2 off = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
-    __half2 ha = __hsub2(*reinterpret_cast<__half2 *>(&a), off), hb = __hsub2(*reinterpret_cast<__half2 *>(&b), off);
+    __half2 ha = __hsub2(*reinterpret_cast<__half2 *>(&a), off),
+            hb = __hsub2(*reinterpret_cast<__half2 *>(&b), off);
     lo = *reinterpret_cast<uint32_t *>(&ha);
     hi = *reinterpret_cast<uint32_t *>(&hb);
 }
@@ -125,7 +126,8 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
 }
 
 /* One staged row's block b for this thread: the scale and q bytes 4t..4t+3 and 16+4t..16+4t+3 as f16x2. */
-__device__ __forceinline__ void q8_row_frag(const uint32_t *sw, unsigned off, int t, float &d, uint32_t (&h)[4])
+__device__ __forceinline__ void q8_row_frag(const uint32_t *sw, unsigned off, int t, float &d,
+                                            uint32_t (&h)[4])
 {
     d = __half2float(__ushort_as_half(reinterpret_cast<const uint16_t *>(sw)[off >> 1]));
     const uint32_t va = lds_u32_a2(sw, off + 2 + 4 * t), vb = lds_u32_a2(sw, off + 18 + 4 * t);
@@ -147,8 +149,9 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p)
  * i%QMAX of the row's aligned range); pieces past the chunk are left as they are (never read), pieces at W's
  * ends are assembled from the chunk's own bytes with 2-byte loads. */
 template <int R, int CB>
-__device__ __forceinline__ void q8_load_regs(uint4 (&v)[(R * q8_qmax(CB) + 31) / 32], const uint8_t *w, uintptr_t wend,
-                                             int row0, int n, int rowbytes, int nb, int ch, int lane)
+__device__ __forceinline__ void q8_load_regs(uint4 (&v)[(R * q8_qmax(CB) + 31) / 32], const uint8_t *w,
+                                             uintptr_t wend, int row0, int n, int rowbytes, int nb, int ch,
+                                             int lane)
 {
     constexpr int QMAX = q8_qmax(CB), NP = (R * QMAX + 31) / 32;
     const int b0 = ch * CB;
@@ -178,8 +181,8 @@ __device__ __forceinline__ void q8_load_regs(uint4 (&v)[(R * q8_qmax(CB) + 31) /
 }
 
 template <int R, int CB>
-__device__ __forceinline__ void q8_store_regs(unsigned char *buf, const uint4 (&v)[(R * q8_qmax(CB) + 31) / 32],
-                                              int lane)
+__device__ __forceinline__ void q8_store_regs(unsigned char *buf,
+                                              const uint4 (&v)[(R * q8_qmax(CB) + 31) / 32], int lane)
 {
     constexpr int QMAX = q8_qmax(CB), NP = (R * QMAX + 31) / 32, STRIDE = q8_stride(CB);
 #pragma unroll
@@ -241,7 +244,8 @@ enum { Q8_CPASYNC = 0, Q8_REGS = 1 };
 
 template <int NT, int AT, int CB, int NST, int STAGE, int WARPS, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
-    gemv_q8_mma_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k, int S)
+    gemv_q8_mma_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k,
+                       int S)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int R = AT * 16, STRIDE = q8_stride(CB), WBUF = R * STRIDE;
@@ -264,7 +268,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     for (int at = 0; at < AT; at++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            rsh[at][h] = (unsigned)(((uintptr_t)w + (size_t)min(row0 + 16 * at + g + 8 * h, n - 1) * rowbytes) & 15);
+            rsh[at][h] =
+                (unsigned)(((uintptr_t)w + (size_t)min(row0 + 16 * at + g + 8 * h, n - 1) * rowbytes) & 15);
     float acc[AT][NT][4];
 #pragma unroll
     for (int at = 0; at < AT; at++)
@@ -291,7 +296,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     } else {
 #pragma unroll
         for (int s = 0; s < NST - 1; s++) {
-            if (s < my_n) q8_issue<R, CB>(wbuf + s * WBUF, w, wend, row0, n, rowbytes, nb, split + s * S, lane);
+            if (s < my_n)
+                q8_issue<R, CB>(wbuf + s * WBUF, w, wend, row0, n, rowbytes, nb, split + s * S, lane);
             cp_async_commit();
         }
         pdl_wait();
@@ -321,7 +327,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) red[warp * stride + ((at * NT + j) * 4 + e) * 32 + lane] = acc[at][j][e];
+                for (int e = 0; e < 4; e++)
+                    red[warp * stride + ((at * NT + j) * 4 + e) * 32 + lane] = acc[at][j][e];
         __syncthreads();
         if (split != 0) return;
         for (int o = 1; o < S; o++)
@@ -416,28 +423,36 @@ static int q8_launch(float *y, const float *x, const void *w, const float *bias,
     return FERRY_OK;
 }
 
-/* MINB (blocks per SM the registers must allow): 2 (64 registers, 32 warps per SM) where that does not spill. */
+/* MINB (blocks per SM the registers must allow): 2 (64 registers, 32 warps per SM) where that does not spill.
+ */
 template <int NT>
-static int q8_dispatch(int cfg, float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                       cudaStream_t st)
+static int q8_dispatch(int cfg, float *y, const float *x, const void *w, const float *bias, int m, int n,
+                       int k, cudaStream_t st)
 {
     switch (cfg) {
-    case 1: return q8_launch<NT, 1, 4, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
-    case 2: return q8_launch<NT, 1, 2, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
-    case 3: return q8_launch<NT, 2, 2, 1, Q8_REGS, 16, NT == 1 ? 2 : 1>(y, x, w, bias, m, n, k, st);
-    case 4: return q8_launch<NT, 1, 4, 4, Q8_CPASYNC, 16, 1>(y, x, w, bias, m, n, k, st);
-    case 5: return q8_launch<NT, 1, 4, 2, Q8_CPASYNC, 16, 2>(y, x, w, bias, m, n, k, st);
-    case 6: return q8_launch<NT, 1, 4, 1, Q8_REGS, 8, 3>(y, x, w, bias, m, n, k, st);
-    default: return q8_launch<NT, 1, 3, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 1:
+        return q8_launch<NT, 1, 4, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 2:
+        return q8_launch<NT, 1, 2, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 3:
+        return q8_launch < NT, 2, 2, 1, Q8_REGS, 16, NT == 1 ? 2 : 1 > (y, x, w, bias, m, n, k, st);
+    case 4:
+        return q8_launch<NT, 1, 4, 4, Q8_CPASYNC, 16, 1>(y, x, w, bias, m, n, k, st);
+    case 5:
+        return q8_launch<NT, 1, 4, 2, Q8_CPASYNC, 16, 2>(y, x, w, bias, m, n, k, st);
+    case 6:
+        return q8_launch<NT, 1, 4, 1, Q8_REGS, 8, 3>(y, x, w, bias, m, n, k, st);
+    default:
+        return q8_launch<NT, 1, 3, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
     }
 }
 
 /* The automatic choice, from run 2 of NOTES.md "Version 5" (graph-timed, % of the copy ceiling; every
  * configuration was measured at m = 1, 4, 16 on the four Llama-2-7B shapes): m = 1 takes register staging, in
- * 8-warp blocks (3 per SM) when n is large enough to give every SM three of them (11008x4096: 46.8%, 32000x4096:
- * 54.2%), else 3 blocks per chunk in 16-warp blocks (4096x4096: 44.6%, 4096x11008: 53.7%); m >= 2 takes cp.async
- * with 2 stages in 16-warp blocks, 2 per SM, the best or within 2 points of it at m = 4 and 16 (m = 4: 42-46%,
- * m = 16: 30-36%). */
+ * 8-warp blocks (3 per SM) when n is large enough to give every SM three of them (11008x4096: 46.8%,
+ * 32000x4096: 54.2%), else 3 blocks per chunk in 16-warp blocks (4096x4096: 44.6%, 4096x11008: 53.7%); m >= 2
+ * takes cp.async with 2 stages in 16-warp blocks, 2 per SM, the best or within 2 points of it at m = 4 and 16
+ * (m = 4: 42-46%, m = 16: 30-36%). */
 static int q8_pick(int m, int n, int k)
 {
     (void)k;
@@ -445,11 +460,13 @@ static int q8_pick(int m, int n, int k)
     return 5;
 }
 
-extern "C" int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                                 cudaStream_t stream)
+extern "C" int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const float *bias, int m, int n,
+                                 int k, cudaStream_t stream)
 {
-    if (!y || !x || !w || m < 1 || m > KERN_CUDA_GEMV_Q8_MAX_M || n < 1 || k < 32 || k % 32) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(x, 16) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 2) || (bias && !FCUDA_ALIGNED(bias, 4)))
+    if (!y || !x || !w || m < 1 || m > KERN_CUDA_GEMV_Q8_MAX_M || n < 1 || k < 32 || k % 32)
+        return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(x, 16) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 2) ||
+        (bias && !FCUDA_ALIGNED(bias, 4)))
         return FERRY_ERR_INVALID;
     if ((int64_t)k / 32 * Q8_BLOCK > INT32_MAX / 32) return FERRY_ERR_INVALID;
     const int cfg = q8_forced ? q8_forced : q8_pick(m, n, k);

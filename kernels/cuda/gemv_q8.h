@@ -1,9 +1,9 @@
 /* gemv_q8 (CUDA) — y = x · Wᵀ (+ bias) for decode batches (m = 1..16) with W in GGUF Q8_0, on tensor cores.
  *
- * W (n, k) row-major Q8_0: blocks of 32 along k, each { f16 d; int8 q[32]; } (34 bytes, w = d * q), so a row is
- * k/32*34 bytes and rows are only 2-byte aligned in general. x (m, k) f32, y (m, n) f32, bias (n) f32 or NULL,
- * all device memory. x is rounded to f16 once (round-to-nearest-even); q is exact in f16; each block's 32
- * products are summed by the tensor cores in f32 and scaled by d in f32, so the error is that of one f16
+ * W (n, k) row-major Q8_0: blocks of 32 along k, each { f16 d; int8 q[32]; } (34 bytes, w = d * q), so a row
+ * is k/32*34 bytes and rows are only 2-byte aligned in general. x (m, k) f32, y (m, n) f32, bias (n) f32 or
+ * NULL, all device memory. x is rounded to f16 once (round-to-nearest-even); q is exact in f16; each block's
+ * 32 products are summed by the tensor cores in f32 and scaled by d in f32, so the error is that of one f16
  * rounding of x (2^-11 relative per element), as on the f16 GEMV path. Allocates nothing, uses no workspace
  * (graph-capturable); launched with programmatic dependent launch (kernels/cuda/pdl.h). Results are bitwise
  * reproducible for a given shape, configuration and device (no atomics).
@@ -28,7 +28,8 @@ int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const float *bias
  * for the automatic choice. Returns the previous setting; FERRY_ERR_INVALID for an unknown one. */
 #define KERN_CUDA_GEMV_Q8_CONFIGS 7
 int kern_cuda_gemv_q8_set_config(int config);
-/* A short description of a configuration ("16 rows/warp, 3 blocks/chunk, register staging"), for bench output. */
+/* A short description of a configuration ("16 rows/warp, 3 blocks/chunk, register staging"), for bench
+ * output. */
 const char *kern_cuda_gemv_q8_config_name(int config);
 
 #ifdef __cplusplus

@@ -1,19 +1,18 @@
 /* CUDA Q8_0 GEMV (kern_cuda_gemv_q8) against double-precision references on random data, odd shapes.
  *
  * W is random f32 quantized with quant_row (ggml's reference Q8_0 quantizer: d = max|w|/127, q = round(w/d)),
- * so the scales and codes look like a real GGUF's; the references use its dequantized values (dequant_row), so
- * the weight quantization itself is not part of the error. Two references per case:
- *   exact x: the kernel rounds x to f16 once (2^-11 relative per element, round-to-nearest-even; q is exact
- *     in f16, the products are exact in f32), which averages to ~1.5e-4 relative error of y over k random
- *     terms: tolerance 1e-3 on ‖y − ref‖ / ‖ref‖;
- *   x rounded to f16 (as the kernel does): what is left is f32 accumulation (tensor cores within a block of
- *     32, then one fma per block), so each element must satisfy |y − ref| <= 1e-4 · Σ|x·w| (the worst case of
- *     f32 summation over k <= 4128 terms is ~k·2^-24 ≈ 2.5e-4 of Σ|x·w|, the random-walk case ~100x less),
- *     and the whole tensor 2e-5. A wrong block, scale, row or k permutation gives O(1) errors on both.
+ * so the scales and codes look like a real GGUF's; the references use its dequantized values (dequant_row),
+ * so the weight quantization itself is not part of the error. Two references per case: exact x: the kernel
+ * rounds x to f16 once (2^-11 relative per element, round-to-nearest-even; q is exact in f16, the products
+ * are exact in f32), which averages to ~1.5e-4 relative error of y over k random terms: tolerance 1e-3 on ‖y
+ * − ref‖ / ‖ref‖; x rounded to f16 (as the kernel does): what is left is f32 accumulation (tensor cores
+ * within a block of 32, then one fma per block), so each element must satisfy |y − ref| <= 1e-4 · Σ|x·w| (the
+ * worst case of f32 summation over k <= 4128 terms is ~k·2^-24 ≈ 2.5e-4 of Σ|x·w|, the random-walk case ~100x
+ * less), and the whole tensor 2e-5. A wrong block, scale, row or k permutation gives O(1) errors on both.
  * Shapes: every m = 1..16, n not a multiple of the 16- or 32-row tiles, k = 32, 96 (rows of 34 and 102 bytes:
- * 2-byte aligned only), 4128 (a ragged last chunk), W starting 2 or 6 bytes past a 16-byte boundary (the copy's
- * edge path at both ends), n large enough for every split count. Every kernel configuration is run (the
- * automatic one and each forced one) on the same data, twice (bitwise equal), outputs poisoned with NaN.
+ * 2-byte aligned only), 4128 (a ragged last chunk), W starting 2 or 6 bytes past a 16-byte boundary (the
+ * copy's edge path at both ends), n large enough for every split count. Every kernel configuration is run
+ * (the automatic one and each forced one) on the same data, twice (bitwise equal), outputs poisoned with NaN.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -22,8 +21,8 @@
 #include "quant/dequant.h"
 
 struct q8_case {
-    uint8_t *w;    /* (n, k) Q8_0 at w + woff */
-    float *wv;     /* (n, k) dequantized */
+    uint8_t *w; /* (n, k) Q8_0 at w + woff */
+    float *wv;  /* (n, k) dequantized */
     float *x, *bias;
     int m, n, k, woff;
 };
@@ -99,12 +98,12 @@ static void check_case(int m, int n, int k, int woff, int with_bias)
         const double e = rel_err(y, ref, ny), er = rel_err(y, refr, ny);
         cr_assert(e <= 1e-3, "cfg %d (%s) m=%d n=%d k=%d woff=%d: rel err %g > 1e-3", cfg,
                   kern_cuda_gemv_q8_config_name(cfg), m, n, k, woff, e);
-        cr_assert(er <= 2e-5, "cfg %d m=%d n=%d k=%d woff=%d: rel err vs f16-rounded-x reference %g > 2e-5", cfg, m,
-                  n, k, woff, er);
+        cr_assert(er <= 2e-5, "cfg %d m=%d n=%d k=%d woff=%d: rel err vs f16-rounded-x reference %g > 2e-5",
+                  cfg, m, n, k, woff, er);
         for (size_t i = 0; i < ny; i++)
             cr_assert(fabs(y[i] - refr[i]) <= 1e-4 * absum[i] + 1e-30,
-                      "cfg %d m=%d n=%d k=%d: y[%zu] (row %zu of x, row %zu of W) = %.9g, ref %.9g, bound %g", cfg,
-                      m, n, k, i, i / n, i % n, y[i], refr[i], 1e-4 * absum[i]);
+                      "cfg %d m=%d n=%d k=%d: y[%zu] (row %zu of x, row %zu of W) = %.9g, ref %.9g, bound %g",
+                      cfg, m, n, k, i, i / n, i % n, y[i], refr[i], 1e-4 * absum[i]);
         cr_assert(memcmp(y, y2, ny * 4) == 0, "cfg %d m=%d n=%d k=%d: two runs differ", cfg, m, n, k);
     }
     kern_cuda_gemv_q8_set_config(0);
