@@ -4,7 +4,8 @@
  * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the
  * batch size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate
  * among copies spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
- * Usage: bench_cuda [--quick]
+ * Usage: bench_cuda [--quick] [--q8]   (--q8: only the copy ceiling and the Q8_0 GEMV rows, with every kernel
+ * configuration of kernels/cuda/gemv_q8.cu and the older Q8_0 path of matmul.cu for comparison)
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/gemv_q8.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 
@@ -128,12 +130,15 @@ struct mm_arg {
     size_t wbytes;
     int copies, m, n, k, cublas;
     enum dtype wt;
+    int q8; /* kern_cuda_gemv_q8 instead of the matmul paths */
 };
 static void mm_fn(void *p, int i)
 {
     struct mm_arg *a = p;
     const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->cublas)
+    if (a->q8)
+        FK(kern_cuda_gemv_q8(a->y, a->x, w, NULL, a->m, a->n, a->k, st));
+    else if (a->cublas)
         FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
     else
         FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
@@ -171,6 +176,90 @@ static void norm_fn(void *p, int i)
         FK(kern_cuda_add_rmsnorm(a->r, a->x, a->y, a->w, a->m, a->d, 1e-5f, st));
     else
         FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
+}
+
+/* Q8_0 GEMV (kern_cuda_gemv_q8) at the four Llama-2-7B shapes, launched and graph-timed, m = 1..16; bytes are
+ * the Q8_0 weight bytes n*k*34/32. With sweep: every forced configuration (graph-timed, m = 1 and 16) and the
+ * older Q8_0 kernel of matmul.cu (kern_cuda_matmul_gemv) for comparison. */
+static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double ceil_gbs, int sweep)
+{
+    const int shapes[4][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
+    enum { NMS = 5 };
+    const int ms_[NMS] = {1, 2, 4, 8, 16};
+    double tot[NMS] = {0}, gtot[NMS] = {0}, bytes_total = 0;
+    struct mm_arg a;
+    for (int si = 0; si < 4; si++) {
+        memset(&a, 0, sizeof a);
+        a.y = y;
+        a.x = x;
+        a.w = pool;
+        a.n = shapes[si][0];
+        a.k = shapes[si][1];
+        a.wt = DTYPE_Q8_0;
+        a.q8 = 1;
+        a.wbytes = dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
+        a.copies = (int)(pool_bytes / a.wbytes);
+        bytes_total += a.wbytes;
+        for (int mi = 0; mi < NMS; mi++) {
+            a.m = ms_[mi];
+            const double ms = time_ms(mm_fn, &a, 20);
+            use_graph = 1;
+            const double gms = time_ms(mm_fn, &a, 20);
+            use_graph = 0;
+            tot[mi] += ms;
+            gtot[mi] += gms;
+            char name[64];
+            snprintf(name, sizeof name, "gemv_q8 %5dx%-5d m=%d", a.n, a.k, a.m);
+            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%%\n", name, ms,
+                   a.wbytes / ms / 1e6, 100.0 * a.wbytes / ms / 1e6 / ceil_gbs, gms,
+                   100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
+        }
+    }
+    for (int mi = 0; mi < NMS; mi++) {
+        char name[64];
+        snprintf(name, sizeof name, "gemv_q8 all shapes m=%d", ms_[mi]);
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (one of each shape)\n", name,
+               tot[mi], bytes_total / tot[mi] / 1e6, 100.0 * bytes_total / tot[mi] / 1e6 / ceil_gbs, gtot[mi],
+               100.0 * bytes_total / gtot[mi] / 1e6 / ceil_gbs);
+    }
+    if (!sweep) return;
+    printf("gemv_q8 configurations, graph-timed, %% of copy (m=1 / m=4 / m=16):\n");
+    for (int cfg = 1; cfg <= KERN_CUDA_GEMV_Q8_CONFIGS; cfg++) {
+        kern_cuda_gemv_q8_set_config(cfg);
+        printf("  cfg %d (%s):", cfg, kern_cuda_gemv_q8_config_name(cfg));
+        for (int si = 0; si < 4; si++) {
+            a.n = shapes[si][0];
+            a.k = shapes[si][1];
+            a.wbytes = dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
+            a.copies = (int)(pool_bytes / a.wbytes);
+            printf("  %dx%d", a.n, a.k);
+            for (int mi = 0; mi < NMS; mi += 2) {
+                a.m = ms_[mi];
+                use_graph = 1;
+                const double gms = time_ms(mm_fn, &a, 20);
+                use_graph = 0;
+                printf(" %5.1f", 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
+            }
+        }
+        printf("\n");
+    }
+    kern_cuda_gemv_q8_set_config(0);
+    a.q8 = 0; /* the older kernel, matmul.cu's gemv_q8_kernel */
+    for (int si = 0; si < 4; si++)
+        for (int m = 1; m <= 16; m += 15) {
+            if (m == 16 && si != 0) continue;
+            a.m = m;
+            a.n = shapes[si][0];
+            a.k = shapes[si][1];
+            a.wbytes = dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
+            a.copies = (int)(pool_bytes / a.wbytes);
+            use_graph = 1;
+            const double gms = time_ms(mm_fn, &a, 20);
+            use_graph = 0;
+            char name[64];
+            snprintf(name, sizeof name, "old gemv Q8_0 %5dx%-5d m=%d", a.n, a.k, a.m);
+            printf("%-34s graph %7.4f ms %5.1f%% of copy\n", name, gms, 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
+        }
 }
 
 static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill,
@@ -252,7 +341,11 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--quick")) samples = 7;
+    int only_q8 = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) samples = 7;
+        if (!strcmp(argv[i], "--q8")) only_q8 = 1;
+    }
     if (kern_cuda_device_count() <= 0) {
         fprintf(stderr, "bench_cuda: no CUDA device\n");
         return 77;
@@ -287,11 +380,20 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
     CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));
     fill_f32(x, (size_t)512 * 11008);
+    bench_q8(pool, pool_bytes, x, y, ceil_gbs, only_q8);
+    if (only_q8) {
+        kern_cuda_ctx_free(ctx);
+        cudaFree(pool);
+        cudaFree(x);
+        cudaFree(y);
+        CK(cudaStreamDestroy(st));
+        return 0;
+    }
     enum { NMS = 5 };
     const int ms_[NMS] = {1, 2, 4, 8, 16};
     double gemv_total[NMS] = {0}, gemv_gtotal[NMS] = {0}, bytes_total = 0;
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16, 0};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
@@ -339,7 +441,7 @@ int main(int argc, char **argv)
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)
         for (int mi = 0; mi < NMS; mi += 2) {
-            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi]};
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi], 0};
             a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
             a.copies = (int)(pool_bytes / a.wbytes);
             const double ms = time_ms(mm_fn, &a, 20);
@@ -349,7 +451,7 @@ int main(int argc, char **argv)
                    100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
         }
     { /* cuBLAS at m = 16, for comparison with the skinny path */
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16, 0};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         use_graph = 1;
@@ -359,7 +461,7 @@ int main(int argc, char **argv)
                a.wbytes / gms / 1e6, 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
     }
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16, 0};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
