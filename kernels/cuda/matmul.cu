@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemv_q8.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/pdl.h"
 
@@ -413,64 +414,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_store<M, 1>(acc, y, bias, m, n, row);
 }
 
-/* Q8_0 weights (blocks of 32: f16 scale d, 32 int8 q; 34 bytes, so only 2-byte aligned): lane j of the warp
- * takes blocks j, j+32, ... of the row; y += d * Σ q·x per block. The warp's 2-byte loads of 32 neighbouring
- * blocks cover 1088 contiguous bytes, so each weight byte still comes from memory once (L1 serves the rest).
- */
-template <int M>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_q8_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k)
-{
-    pdl_wait();
-    pdl_trigger();
-    const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    if (row >= n) return;
-    const int nb = k / 32;
-    const uint8_t *wr = w + (size_t)row * nb * 34;
-    float acc[M][1];
-#pragma unroll
-    for (int mi = 0; mi < M; mi++) acc[mi][0] = 0.0f;
-    for (int b = lane; b < nb; b += 32) {
-        const unsigned short *bp = (const unsigned short *)(wr + (size_t)b * 34);
-        const float d = __half2float(__ushort_as_half(__ldg(bp)));
-        float qf[32];
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const unsigned short u = __ldg(bp + 1 + i);
-            qf[2 * i] = (float)(int8_t)(u & 0xff);
-            qf[2 * i + 1] = (float)(int8_t)(u >> 8);
-        }
-#pragma unroll
-        for (int mi = 0; mi < M; mi++) {
-            const float *xp = x + (size_t)(mi < m ? mi : m - 1) * k + (size_t)b * 32;
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 32; i++) s += qf[i] * xp[i];
-            acc[mi][0] += d * s;
-        }
-    }
-    gemv_store<M, 1>(acc, y, bias, m, n, row);
-}
-
-template <int M>
-static int gemv_q8_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                          cudaStream_t st)
-{
-    const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
-    FCUDA_CHECK(pdl_launch(gemv_q8_kernel<M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x,
-                           (const uint8_t *)w, bias, m, n, k));
-    return FERRY_OK;
-}
-
-static int gemv_q8_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                        cudaStream_t st)
-{
-    if (m <= 1) return gemv_q8_launch<1>(y, x, w, bias, m, n, k, st);
-    if (m <= 4) return gemv_q8_launch<4>(y, x, w, bias, m, n, k, st);
-    return gemv_q8_launch<16>(y, x, w, bias, m, n, k, st);
-}
-
 template <int WT, int M, int R, int U>
 static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
                        bool vec, cudaStream_t st)
@@ -538,7 +481,7 @@ extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, en
         float *yt = y + (size_t)i * n;
         const float *xt = x + (size_t)i * k;
         if (wt == DTYPE_Q8_0)
-            rc = gemv_q8_tile(yt, xt, w, bias, mt, n, k, stream);
+            rc = kern_cuda_gemv_q8(yt, xt, w, bias, mt, n, k, stream);
         else if (wt == DTYPE_F32)
             rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
         else if (wt == DTYPE_F16)

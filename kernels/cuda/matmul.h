@@ -7,10 +7,10 @@
  * with f16/bf16 weights: tensor cores (mma.sync), x rounded to the weight's type, f32 accumulation, so the
  * error is that of one rounding of x as on the cuBLAS path; m >  KERN_CUDA_GEMV_MAX_M: cuBLAS on tensor cores
  * (cublasGemmEx, f32 accumulation); x is first rounded to the weight's type (f16/bf16) in the context's
- * workspace, so the error is that of one rounding of x. Q8_0 weights always take the GEMV path (a
- * Q8_0-specific kernel, 2-byte loads; m > 16 in tiles of 16). A context owns the cuBLAS handle and the
- * workspaces (allocated once at init, never per call); it belongs to one thread (the engine thread). Results
- * are bitwise reproducible for a given shape and device.
+ * workspace, so the error is that of one rounding of x. Q8_0 weights always take the GEMV path
+ * (kernels/cuda/gemv_q8.h: tensor cores, x rounded to f16 once, x 16-byte aligned; m > 16 in tiles of 16). A
+ * context owns the cuBLAS handle and the workspaces (allocated once at init, never per call); it belongs to one
+ * thread (the engine thread). Results are bitwise reproducible for a given shape and device.
  */
 #ifndef FERRY_KERN_CUDA_MATMUL_H
 #define FERRY_KERN_CUDA_MATMUL_H

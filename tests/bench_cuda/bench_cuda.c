@@ -426,7 +426,7 @@ int main(int argc, char **argv)
         kern_cuda_matmul_set_m1_rows(1);
         use_graph = 1;
         for (int si = 0; si < 4; si++) {
-            struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16, 0};
             a.wbytes = (size_t)a.n * a.k * 2;
             a.copies = (int)(pool_bytes / a.wbytes);
             t1 += time_ms(mm_fn, &a, 20);
