@@ -15,7 +15,7 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 args="bench --synthetic $model --batches $batch --prefill 0 --decode-steps 3"
 # Every kernel of the run is profiled (a few thousand); a decode step starts at the one plain norm (layer 0's
 # norm; later norms are fused with the residual add), and the last two complete steps are summarised.
-timeout 500 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 4000 $B $args \
+timeout 500 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 8000 $B $args \
   > /tmp/ncu.csv 2> /tmp/ncu.err
 echo "ncu rc=$?"; tail -3 /tmp/ncu.err
 python3 - /tmp/ncu.csv <<'PY' | tee "$out/profile_b$batch.txt"

@@ -48,7 +48,7 @@ if [ $tests = 1 ]; then
   rc=$?
   log "tests rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
   FERRY_SRC=$work FERRY_TESTDATA=$work/../shared/testdata ./build/tests/runtime/test_gpu_e2e --verbose 2>&1 |
-    grep -E "PASS|FAIL|SKIP|WARN|Assertion|differs|Synthesis" | head -40 | tee -a "$out/summary.txt"
+    grep -E "PASS|FAIL|SKIP|WARN|note:|Assertion|differs|Synthesis" | head -40 | tee -a "$out/summary.txt"
   ./build/server/ferry run --model ../shared/testdata/models/stories260K.gguf --prompt-tokens 1,403,407,261,378 \
     --max-tokens 32 --temperature 0 --json --log-level info > /tmp/run_gpu.json 2> /tmp/run_gpu.err
   log "ferry run on GPU: $(head -c 400 /tmp/run_gpu.json) $(tail -1 /tmp/run_gpu.err)"

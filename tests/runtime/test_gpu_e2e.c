@@ -105,7 +105,8 @@ static void compare_backends(const char *model, int n_prompt)
                           tg[s], tc[s], top1 - top2);
         }
     }
-    if (flips) cr_log_warn("%s: %d near-tie greedy flips between CUDA and CPU", model, flips);
+    /* Reported, not failed (and not through cr_log_warn: Criterion 2.4 turns any warning into exit status 1). */
+    if (flips) fprintf(stderr, "note: %s: %d near-tie greedy flips between CUDA and CPU\n", model, flips);
     free(lc);
     free(lgp);
     engine_free(cpu);
