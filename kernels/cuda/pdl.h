@@ -11,7 +11,8 @@
  * predecessor as usual, and pdl_wait() in it returns at once.
  * pdl_trigger() lets the next kernel be scheduled once every block of this one has called it (or exited); the
  * next kernel still waits for this one to complete in its own pdl_wait().
- * FERRY_CUDA_PDL=0 in the environment turns the attribute off (for measurements: same kernels, plain launches).
+ * FERRY_CUDA_PDL=0 in the environment turns the attribute off (for measurements: same kernels, plain launches);
+ * on cards older than sm_90 it is always off.
  */
 #ifndef FERRY_KERN_CUDA_PDL_H
 #define FERRY_KERN_CUDA_PDL_H
@@ -34,12 +35,18 @@ __device__ __forceinline__ void pdl_trigger(void)
 #endif
 }
 
+/* On when the current device has compute capability 9.0 or newer (PDL is a Hopper feature; before it, the
+ * kernels' griddepcontrol instructions are compiled out) and FERRY_CUDA_PDL is not 0. Decided once. */
 static inline bool pdl_enabled(void)
 {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("FERRY_CUDA_PDL");
-        on = !(e && e[0] == '0');
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            (void)cudaGetLastError();
+        on = major >= 9 && !(e && e[0] == '0');
     }
     return on != 0;
 }
