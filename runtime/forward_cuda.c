@@ -222,7 +222,9 @@ struct forward_cuda {
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
 
     /* Activations. */
-    float *x, *xn, *tmp, *qkv, *q, *att, *gu, *h, *logits;
+    float *x, *xn, *tmp, *qkv, *q, *att, *gu, *h;
+    float *logits; /* (logit_rows, n_vocab) */
+    int logit_rows;
     int32_t *d_ints;             /* tokens | pos | seq, (3, max_tokens) */
     void *attn_ws;
     size_t attn_ws_bytes;
@@ -345,12 +347,22 @@ static void *carve(struct carve *c, size_t bytes)
     return c->base + at;
 }
 
+/* Rows of the device logits buffer: a step rarely wants more than one row per sequence (the last prompt
+ * position, or a decode token); more are projected in chunks of this many rows. At least a decode graph's
+ * batch, so graph steps project in one go. */
+static int logit_rows(int T, int n_seqs)
+{
+    const int r = n_seqs > GRAPH_MAX_TOKENS ? n_seqs : GRAPH_MAX_TOKENS;
+    return r < T ? r : T;
+}
+
 /* Device bytes of the activations for max_tokens rows. */
 static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, int max_blocks)
 {
     const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); logits. */
-    size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim + hp->n_vocab);
+    /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); then the logits' rows. */
+    size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim) +
+                    (size_t)logit_rows(T, n_seqs) * hp->n_vocab;
     return floats * sizeof(float) + 12 * ALIGN + (size_t)3 * T * sizeof(int32_t) +
            (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float);
 }
@@ -579,7 +591,8 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->qkv = carve(&c, (size_t)T * (hp->n_heads * hp->head_dim + 2 * kvd) * sizeof(float));
     f->gu = carve(&c, (size_t)T * 2 * hp->ffn_dim * sizeof(float));
     f->h = carve(&c, (size_t)T * hp->ffn_dim * sizeof(float));
-    f->logits = carve(&c, (size_t)T * hp->n_vocab * sizeof(float));
+    f->logit_rows = logit_rows(T, kv->n_seqs);
+    f->logits = carve(&c, (size_t)f->logit_rows * hp->n_vocab * sizeof(float));
     f->d_ints = carve(&c, (size_t)3 * T * sizeof(int32_t));
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
@@ -791,10 +804,12 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
                                    cudaMemcpyDeviceToDevice, cs));
             n_out++;
         }
-    if (n_out) {
-        RC(linear(f, f->logits, f->xn, f->head, f->head_type, NULL, n_out, hp->n_vocab, dim));
-        CK(cudaMemcpyAsync(f->h_logits, f->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
-                           cudaMemcpyDeviceToHost, cs));
+    /* In chunks of the device buffer's rows; each chunk's download is ordered before the next chunk's product. */
+    for (int c = 0; c < n_out; c += f->logit_rows) {
+        const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
+        RC(linear(f, f->logits, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r, hp->n_vocab, dim));
+        CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
+                           (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
     }
     *n_out_p = n_out;
     *step_use_p = step_use;
