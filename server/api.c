@@ -681,6 +681,50 @@ static json_t *bytes_array(const char *s, size_t n)
 }
 
 /* Logprobs of entries [from, to) in the format of the request's endpoint. `*offset` tracks text_offset. */
+/* The completions API's logprobs object, built a token at a time. */
+struct text_lps {
+    json_t *tokens, *lps, *tops, *offs;
+};
+
+static struct text_lps text_lps_new(void)
+{
+    return (struct text_lps){json_array(), json_array(), json_array(), json_array()};
+}
+
+/* Token `id` with its entry (NULL: logprob and top_logprobs null, as for an echoed prompt's first token). */
+static void text_lps_add(const struct api_ctx *a, struct text_lps *t, int32_t id, const struct lp_entry *le,
+                         size_t *offset)
+{
+    size_t l;
+    char *tx = token_text(a, id, &l);
+    json_array_append_new(t->tokens, jstr(tx, l));
+    json_array_append_new(t->lps, le ? json_real(le->lp) : json_null());
+    json_array_append_new(t->offs, json_integer((json_int_t)*offset));
+    *offset += l;
+    free(tx);
+    if (!le) {
+        json_array_append_new(t->tops, json_null());
+        return;
+    }
+    json_t *top = json_object();
+    for (int k = 0; k < le->n_top; k++) {
+        size_t tl;
+        char *tt = token_text(a, le->top_id[k], &tl);
+        size_t sl;
+        char *san = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
+        if (san) json_object_set_new(top, san, json_real(le->top_lp[k]));
+        free(san);
+        free(tt);
+    }
+    json_array_append_new(t->tops, top);
+}
+
+static json_t *text_lps_json(struct text_lps *t)
+{
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", t->tokens, "token_logprobs", t->lps, "top_logprobs", t->tops,
+                     "text_offset", t->offs);
+}
+
 static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, const struct choice *c,
                                int from, int to, size_t *offset)
 {
@@ -706,30 +750,27 @@ static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, co
         }
         return json_pack("{s:o}", "content", content);
     }
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    for (int i = from; i < to; i++) {
-        const struct lp_entry *le = &c->lps[i];
-        size_t l;
-        char *t = token_text(a, le->id, &l);
-        json_array_append_new(tokens, jstr(t, l));
-        json_array_append_new(lps, json_real(le->lp));
-        json_array_append_new(offs, json_integer((json_int_t)*offset));
-        *offset += l;
-        free(t);
-        json_t *top = json_object();
-        for (int k = 0; k < le->n_top; k++) {
-            size_t tl;
-            char *tt = token_text(a, le->top_id[k], &tl);
-            size_t sl;
-            char *san = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
-            if (san) json_object_set_new(top, san, json_real(le->top_lp[k]));
-            free(san);
-            free(tt);
-        }
-        json_array_append_new(tops, top);
-    }
-    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
-                     "text_offset", offs);
+    struct text_lps t = text_lps_new();
+    for (int i = from; i < to; i++) text_lps_add(a, &t, c->lps[i].id, &c->lps[i], offset);
+    return text_lps_json(&t);
+}
+
+/* The prompt's entries of an echoed completion: its first token (no logprob: nothing precedes it), then each
+ * later token given the ones before it. Offsets count from 0 through the prompt's token texts. */
+static json_t *render_prompt_logprobs(const struct api_ctx *a, const struct choice *c, size_t *offset)
+{
+    struct text_lps t = text_lps_new();
+    for (int i = 0; i < c->n_prompt; i++)
+        text_lps_add(a, &t, c->prompt[i], i && c->prompt_lps ? &c->prompt_lps[i - 1] : NULL, offset);
+    return text_lps_json(&t);
+}
+
+/* Appends the arrays of `more` (the same four keys) to those of `base`; consumes `more`. */
+static void text_lps_extend(json_t *base, json_t *more)
+{
+    const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int k = 0; k < 4; k++) json_array_extend(json_object_get(base, keys[k]), json_object_get(more, keys[k]));
+    json_decref(more);
 }
 
 static json_t *usage_obj(const struct sreq *r)
@@ -766,8 +807,14 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
             plen = strlen(pt);
         }
         if (r->logprobs >= 0) {
+            json_t *prompt_lp = NULL;
+            if (r->echo && r->kind == SREQ_COMPLETION) prompt_lp = render_prompt_logprobs(a, c, &offset);
             offset = plen;
             lp = render_logprobs(a, r, c, 0, c->n_lps, &offset);
+            if (prompt_lp) {
+                text_lps_extend(prompt_lp, lp);
+                lp = prompt_lp;
+            }
         }
         json_t *ch;
         if (r->kind == SREQ_CHAT) {
@@ -818,6 +865,12 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
                                               "assistant", "content", "", "logprobs", "finish_reason"));
                 sse(out, o);
             } else if (r->echo) {
+                /* With logprobs, the prompt's go in this first chunk: wait until the prefill computed them. */
+                if (r->logprobs >= 0 && !c->prompt_lps_ready && c->state != CHOICE_DONE && !r->error &&
+                    !r->cancelled) {
+                    c->head_sent = 0;
+                    continue;
+                }
                 const char *pt = r->prompt_texts[i / r->n];
                 char *decoded = NULL;
                 size_t plen = 0;
@@ -825,10 +878,12 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
                     pt = decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
                 else
                     plen = strlen(pt);
+                size_t off = 0;
+                json_t *plp = r->logprobs >= 0 ? render_prompt_logprobs(a, c, &off) : json_null();
                 json_t *o = envelope(a, r, 1);
                 json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:o,s:n,s:n}]", "index", i, "text", jstr(pt, plen),
-                                              "logprobs", "finish_reason"));
+                                    json_pack("[{s:i,s:o,s:o,s:n}]", "index", i, "text", jstr(pt, plen),
+                                              "logprobs", plp, "finish_reason"));
                 sse(out, o);
                 free(decoded);
             }

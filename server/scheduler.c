@@ -19,6 +19,10 @@
 #include "runtime/engine.h"
 #include "server/metrics.h"
 
+/* Prompt rows whose logprobs one step may compute (echo with logprobs); a longer prompt is prefilled in
+ * chunks of this many rows. */
+#define PROMPT_LP_ROWS 64
+
 struct sched {
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* engine thread waits here when idle */
@@ -42,9 +46,13 @@ struct sched {
     int *slot_free;                    /* (n_slots) 1 when free */
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
-    struct choice **row_owner; /* (n_slots) choice of each logits row */
-    float *logits;             /* (n_slots, n_vocab) */
-    float *scratch;            /* (n_slots, n_vocab) raw rows kept for logprobs */
+    struct choice **row_owner; /* (n_slots) choice of each sampled row */
+    int *row_at;               /* (n_slots) its row in logits */
+    /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
+    struct choice *plp_owner[PROMPT_LP_ROWS];
+    int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;
+    float *logits;  /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
+    float *scratch; /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
     pthread_t *workers;
     int n_workers;
@@ -82,6 +90,7 @@ static void sreq_free(struct sreq *r)
     for (int i = 0; i < r->n_choices; i++) {
         free(r->choices[i].text);
         free(r->choices[i].lps);
+        free(r->choices[i].prompt_lps);
         free(r->choices[i].hold);
     }
     free(r->choices);
@@ -135,10 +144,12 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->b_seq = malloc(nb * sizeof(int32_t));
     s->b_want = malloc(nb);
     s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
-    s->logits = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof(float));
-    s->scratch = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof(float));
+    s->row_at = calloc((size_t)s->n_slots, sizeof *s->row_at);
+    const size_t rows = (size_t)s->n_slots + PROMPT_LP_ROWS;
+    s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
+    s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
-        !s->logits || !s->scratch) {
+        !s->row_at || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -193,6 +204,7 @@ void sched_free(struct sched *s)
     free(s->b_seq);
     free(s->b_want);
     free(s->row_owner);
+    free(s->row_at);
     free(s->logits);
     free(s->scratch);
     free(s->workers);
@@ -266,6 +278,13 @@ static void choice_done_locked(struct sched *s, struct choice *c, const char *fi
         metrics_observe(s->m, &s->m->request_seconds, sched_now() - r->t_arrival);
         req_unref_locked(r);
     }
+}
+
+/* Whether a request asks for its prompt tokens' logprobs (OpenAI completions: echo with logprobs, which is
+ * how evaluation harnesses score a text: often with max_tokens 0). */
+static int wants_prompt_lps(const struct sreq *r)
+{
+    return r->kind == SREQ_COMPLETION && r->echo && r->logprobs >= 0;
 }
 
 /* KV blocks a choice may use at most: its prompt plus max_tokens, rounded up to whole blocks. Admission
@@ -533,7 +552,7 @@ static void sample_some(struct sched *s)
     for (;;) {
         int i = __atomic_fetch_add(&s->wnext, 1, __ATOMIC_ACQ_REL);
         if (i >= s->wrows) return;
-        process_row(s, s->row_owner[i], s->logits + (size_t)i * s->n_vocab);
+        process_row(s, s->row_owner[i], s->logits + (size_t)s->row_at[i] * s->n_vocab);
     }
 }
 
@@ -575,6 +594,20 @@ static void sample_rows(struct sched *s, int rows)
     pthread_mutex_unlock(&s->wmu);
 }
 
+/* Outside the lock, after a step: the logprob of each asked prompt token given the tokens before it. */
+static void prompt_logprobs(struct sched *s)
+{
+    for (int i = 0; i < s->n_plp; i++) {
+        struct choice *c = s->plp_owner[i];
+        const int p = s->plp_pos[i];
+        struct lp_entry *e = &c->prompt_lps[p];
+        e->id = c->prompt[p + 1];
+        e->n_top = c->req->logprobs > SCHED_MAX_TOP_LOGPROBS ? SCHED_MAX_TOP_LOGPROBS : c->req->logprobs;
+        e->lp = sampler_logprob(s->logits + (size_t)s->plp_at[i] * s->n_vocab, s->n_vocab, e->id, e->n_top,
+                                e->top_id, e->top_lp);
+    }
+}
+
 static void *engine_main(void *arg)
 {
     struct sched *s = arg;
@@ -596,11 +629,12 @@ static void *engine_main(void *arg)
         while (s->qhead && s->n_run < s->n_slots) {
             struct choice *c = s->qhead;
             /* first come first served: the head waits for KV room rather than being overtaken */
-            if (c->req->max_tokens > 0 && s->kv_reserved + kv_need(s, c) > s->kv_blocks) break;
+            const int feeds = c->req->max_tokens > 0 || wants_prompt_lps(c->req);
+            if (feeds && s->kv_reserved + kv_need(s, c) > s->kv_blocks) break;
             s->qhead = c->qnext;
             if (!s->qhead) s->qtail = NULL;
             s->n_queued--;
-            if (c->req->max_tokens == 0) {
+            if (!feeds) { /* max_tokens 0 and nothing to compute */
                 choice_done_locked(s, c, "length");
                 continue;
             }
@@ -634,7 +668,9 @@ static void *engine_main(void *arg)
         }
 
         /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
-        int n = 0, rows = 0, n_prefill = 0;
+        /* `at` counts the rows that want logits: the engine returns them in batch order. */
+        int n = 0, rows = 0, n_prefill = 0, at = 0;
+        s->n_plp = 0;
         for (int i = 0; i < s->n_run; i++) {
             struct choice *c = s->run[i];
             c->chunk = 0;
@@ -643,7 +679,8 @@ static void *engine_main(void *arg)
             s->b_pos[n] = c->n_prompt + c->n_gen - 1;
             s->b_seq[n] = c->slot;
             s->b_want[n] = 1;
-            s->row_owner[rows++] = c;
+            s->row_owner[rows] = c;
+            s->row_at[rows++] = at++;
             n++;
         }
         for (int i = 0; i < s->n_run && n < s->p.max_batch_tokens; i++) {
@@ -651,18 +688,40 @@ static void *engine_main(void *arg)
             if (c->n_fed >= c->n_prompt) continue;
             int k = c->n_prompt - c->n_fed;
             if (k > s->p.max_batch_tokens - n) k = s->p.max_batch_tokens - n;
+            const int plp = wants_prompt_lps(c->req);
+            if (plp) {
+                if (k > PROMPT_LP_ROWS - s->n_plp) k = PROMPT_LP_ROWS - s->n_plp;
+                if (k <= 0) continue;
+                if (!c->prompt_lps && c->n_prompt > 1 &&
+                    !(c->prompt_lps = calloc((size_t)c->n_prompt - 1, sizeof *c->prompt_lps))) {
+                    c->req->error = FERRY_ERR_NOMEM;
+                    snprintf(c->req->errmsg, sizeof c->req->errmsg, "out of memory");
+                    continue;
+                }
+            }
             for (int j = 0; j < k; j++) {
-                s->b_tokens[n] = c->prompt[c->n_fed + j];
-                s->b_pos[n] = c->n_fed + j;
+                const int p = c->n_fed + j;
+                s->b_tokens[n] = c->prompt[p];
+                s->b_pos[n] = p;
                 s->b_seq[n] = c->slot;
-                s->b_want[n] = 0;
+                s->b_want[n] = plp && p + 1 < c->n_prompt;
+                if (s->b_want[n]) {
+                    s->plp_owner[s->n_plp] = c;
+                    s->plp_pos[s->n_plp] = p;
+                    s->plp_at[s->n_plp++] = at++;
+                }
                 n++;
             }
             c->chunk = k;
             n_prefill += k;
             if (c->n_fed + k == c->n_prompt) {
-                s->b_want[n - 1] = 1;
-                s->row_owner[rows++] = c;
+                if (c->req->max_tokens > 0) {
+                    s->b_want[n - 1] = 1;
+                    s->row_owner[rows] = c;
+                    s->row_at[rows++] = at++;
+                } else {
+                    c->fin = "length"; /* only the prompt's logprobs were asked */
+                }
             }
         }
         pthread_mutex_unlock(&s->mu);
@@ -671,7 +730,10 @@ static void *engine_main(void *arg)
         double t0 = sched_now();
         int rc = engine_step(s->e, &b, s->logits);
         double t1 = sched_now();
-        if (rc == 0) sample_rows(s, rows);
+        if (rc == 0) {
+            sample_rows(s, rows);
+            prompt_logprobs(s);
+        }
         double t2 = sched_now();
 
         pthread_mutex_lock(&s->mu);
@@ -685,7 +747,14 @@ static void *engine_main(void *arg)
             }
             continue; /* reaped at the top of the loop */
         }
-        for (int i = 0; i < s->n_run; i++) s->run[i]->n_fed += s->run[i]->chunk;
+        for (int i = 0; i < s->n_run; i++) {
+            struct choice *c = s->run[i];
+            c->n_fed += c->chunk;
+            if (c->chunk && c->n_fed == c->n_prompt && wants_prompt_lps(c->req)) {
+                c->prompt_lps_ready = 1;
+                pthread_cond_broadcast(&c->req->cv);
+            }
+        }
         int n_gen_tokens = 0;
         for (int i = 0; i < rows; i++) {
             struct choice *c = s->row_owner[i];

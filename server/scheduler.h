@@ -61,6 +61,10 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     size_t text_len, text_cap;
     struct lp_entry *lps; /* (n_lps) when logprobs were asked */
     int n_lps, lps_cap;
+    /* echo with logprobs (completions): entry i is prompt token i+1 given tokens 0..i, (n_prompt - 1) entries,
+     * written by the engine thread during the prefill; readable once prompt_lps_ready is set (under mu). */
+    struct lp_entry *prompt_lps;
+    int prompt_lps_ready;
     const char *finish; /* "stop", "length" or NULL while running */
     int n_completion;   /* tokens generated */
     /* HTTP thread only: streaming progress */

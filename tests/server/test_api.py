@@ -250,6 +250,61 @@ def test_penalties_bias_and_echo(server):
     assert out["choices"][0]["text"] == "Once upon a time" and out["usage"]["completion_tokens"] == 0
 
 
+def test_echo_logprobs_score_the_prompt(server):
+    """echo + logprobs: every prompt token's logprob given the tokens before it (how evaluation harnesses score
+    a text, often with max_tokens 0). Checked against llama.cpp's logits after the golden prompt, against the
+    logprob the server reports when it generates that token, across the 64-row prefill chunks, and streamed."""
+    path = os.path.join(GOLDENS, "stories260K_logits_once.f32")
+    meta = os.path.join(GOLDENS, "stories260K_logits_once.json")
+    if not os.path.exists(path) or not os.path.exists(meta):
+        pytest.skip("missing FILE: " + path)
+    logits = struct.unpack("<512f", open(path, "rb").read())
+    m = max(logits)
+    lse = m + math.log(sum(math.exp(x - m) for x in logits))
+    ref = sorted(((x - lse, i) for i, x in enumerate(logits)), reverse=True)
+    prompt = json.load(open(meta))["prompt_tokens"]
+    gen = complete(server, prompt=prompt, max_tokens=1, logprobs=1)["choices"][0]["logprobs"]["token_logprobs"][0]
+    for rank in (0, 7):  # llama.cpp's most likely next token (the greedy one), and a less likely one
+        want, tok = ref[rank]
+        out = complete(server, prompt=prompt + [tok], max_tokens=0, echo=True, logprobs=3)
+        ch, lp = out["choices"][0], out["choices"][0]["logprobs"]
+        assert out["usage"] == {"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 6}
+        assert ch["finish_reason"] == "length"
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert all(x <= 0 for x in lp["token_logprobs"][1:])
+        assert abs(lp["token_logprobs"][-1] - want) < 5e-3
+        tops = sorted(lp["top_logprobs"][-1].values(), reverse=True)
+        assert len(tops) == 3 and all(abs(g - w) < 5e-3 for g, (w, _) in zip(tops, ref[:3]))
+        if rank == 0:
+            assert abs(lp["token_logprobs"][-1] - gen) < 1e-4  # the same number the generation path reports
+        assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    # Generation continues after the prompt's entries.
+    out = complete(server, prompt=prompt, max_tokens=3, echo=True, logprobs=1)
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 5 + 3 and lp["token_logprobs"][0] is None
+    assert abs(lp["token_logprobs"][5] - gen) < 1e-4
+    assert out["choices"][0]["text"].lstrip().startswith("Once upon a time")
+    # A prompt of 151 tokens is prefilled in chunks of 64 rows; its first 70 entries equal those of the
+    # 70-token prefix scored alone.
+    long = [1] + [3 + (i * 37 + 5) % 509 for i in range(150)]
+    full = complete(server, prompt=long, max_tokens=0, echo=True, logprobs=0)["choices"][0]["logprobs"]
+    part = complete(server, prompt=long[:70], max_tokens=0, echo=True, logprobs=0)["choices"][0]["logprobs"]
+    assert len(full["token_logprobs"]) == 151 and len(part["token_logprobs"]) == 70
+    assert all(t == {} for t in full["top_logprobs"][1:])
+    for a, b in zip(full["token_logprobs"][1:70], part["token_logprobs"][1:]):
+        assert abs(a - b) < 1e-3
+    # Streamed: the first chunk carries the prompt and its logprobs.
+    events = sse_events(server.url + "/v1/completions", {"prompt": prompt + [ref[0][1]], "max_tokens": 2,
+                                                         "echo": True, "logprobs": 1, "temperature": 0,
+                                                         "stream": True})
+    assert events[-1] == "[DONE]"
+    first = events[0]["choices"][0]
+    assert first["text"].lstrip().startswith("Once upon a time") and len(first["logprobs"]["tokens"]) == 6
+    assert first["logprobs"]["token_logprobs"][0] is None
+    assert abs(first["logprobs"]["token_logprobs"][-1] - gen) < 1e-4
+
+
 def test_concurrent_equals_sequential(server):
     words = ["Once upon a time", "The cat", "Tom had a red ball", "Lily was sad", "One day", "The sun",
              "A little bird", "Mom said", "The park was", "Ben and Sue", "There was a dog", "The big tree",
