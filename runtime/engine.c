@@ -219,6 +219,14 @@ int engine_seq_free(struct engine *e, int seq)
     return FERRY_OK;
 }
 
+int engine_seq_keep(struct engine *e, int seq, int n)
+{
+    if (seq < 0 || seq >= e->p.n_seqs || n < 0 || n > e->kv.seq_len[seq]) return FERRY_ERR_INVALID;
+    kv_cache_trim(&e->kv, seq, n);
+    e->kv.seq_len[seq] = n;
+    return FERRY_OK;
+}
+
 /* Checks ids, slots and the order of positions: within a slot, positions continue each other and the first
  * one is at most the slot's current length (a slot may rewind to rewrite its tail). */
 static int check_batch(struct engine *e, const struct batch *b)

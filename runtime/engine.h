@@ -80,6 +80,9 @@ int engine_step(struct engine *e, const struct batch *b, float *logits);
 int engine_seq_free(struct engine *e, int seq);
 /* Number of positions stored for the sequence (its next position). */
 int engine_seq_len(const struct engine *e, int seq);
+/* Keeps the sequence's first n positions (0 <= n <= its length) and returns the blocks past them to the pool:
+ * the next step may continue at position n, reusing what is kept (a shared prompt prefix). */
+int engine_seq_keep(struct engine *e, int seq, int n);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 

@@ -777,8 +777,11 @@ static json_t *usage_obj(const struct sreq *r)
 {
     int gen = 0;
     for (int i = 0; i < r->n_choices; i++) gen += r->choices[i].n_completion;
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->prompt_tokens, "completion_tokens", gen,
-                     "total_tokens", r->prompt_tokens + gen);
+    /* cached_tokens: of each prompt, the positions its first choice continued from the prompt cache */
+    int cached = 0;
+    for (int i = 0; i < r->n_choices; i += r->n) cached += r->choices[i].n_cached;
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", gen,
+                     "total_tokens", r->prompt_tokens + gen, "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static json_t *envelope(const struct api_ctx *a, const struct sreq *r, int chunk)

@@ -46,6 +46,8 @@ static const struct opt_row rows[] = {
     {"parallel", OPT_INT, OFF(parallel), 1, 1024, "4", NULL, "sequences decoded at once (slots)"},
     {"max-batch-tokens", OPT_INT, OFF(max_batch_tokens), 1, 1 << 20, "512", NULL,
      "tokens per engine step (decode + prefill chunks)"},
+    {"prompt-cache", OPT_BOOL, OFF(prompt_cache), 0, 1, "1", NULL,
+     "a finished sequence's KV stays in its slot; a prompt starting with the same tokens continues from it"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},
     {"max-queue", OPT_INT, OFF(max_queue), 0, 1 << 20, "64", NULL,
      "sequences waiting for a slot before 503 + Retry-After"},

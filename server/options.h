@@ -45,6 +45,7 @@ struct serve_options {
     int gpu_layers;    /* -1 = planner decides */
     const char *quant; /* none|int8 */
     int deterministic;
+    int prompt_cache; /* reuse a free slot's KV for a prompt with the same start */
     int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
     int n_owned;

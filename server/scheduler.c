@@ -44,6 +44,12 @@ struct sched {
     int n_run;
     /* engine thread only */
     int *slot_free;                    /* (n_slots) 1 when free */
+    /* Prompt cache: the tokens whose KV each slot holds (a free slot keeps its last sequence's), the step
+     * when a free slot was last used (least recently used caches are dropped first). slot_len -1: unknown
+     * (an allocation failed), never matched. */
+    int32_t **slot_toks;
+    int *slot_len, *slot_cap;
+    uint64_t *slot_used, clock;
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
     struct choice **row_owner; /* (n_slots) choice of each sampled row */
@@ -145,11 +151,15 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->b_want = malloc(nb);
     s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
     s->row_at = calloc((size_t)s->n_slots, sizeof *s->row_at);
+    s->slot_toks = calloc((size_t)s->n_slots, sizeof *s->slot_toks);
+    s->slot_len = calloc((size_t)s->n_slots, sizeof *s->slot_len);
+    s->slot_cap = calloc((size_t)s->n_slots, sizeof *s->slot_cap);
+    s->slot_used = calloc((size_t)s->n_slots, sizeof *s->slot_used);
     const size_t rows = (size_t)s->n_slots + PROMPT_LP_ROWS;
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
-        !s->row_at || !s->logits || !s->scratch) {
+        !s->row_at || !s->slot_toks || !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -205,6 +215,11 @@ void sched_free(struct sched *s)
     free(s->b_want);
     free(s->row_owner);
     free(s->row_at);
+    for (int i = 0; s->slot_toks && i < s->n_slots; i++) free(s->slot_toks[i]);
+    free(s->slot_toks);
+    free(s->slot_len);
+    free(s->slot_cap);
+    free(s->slot_used);
     free(s->logits);
     free(s->scratch);
     free(s->workers);
@@ -482,7 +497,12 @@ static void process_row(struct sched *s, struct choice *c, float *row)
 static void retire_locked(struct sched *s, int i, const char *finish)
 {
     struct choice *c = s->run[i];
-    engine_seq_free(s->e, c->slot);
+    if (finish && s->p.prompt_cache && s->slot_len[c->slot] > 0) {
+        s->slot_used[c->slot] = ++s->clock; /* kept for a later prompt with the same start */
+    } else {
+        engine_seq_free(s->e, c->slot);
+        s->slot_len[c->slot] = 0;
+    }
     s->kv_reserved -= kv_need(s, c);
     s->slot_free[c->slot] = 1;
     sampler_free(c->smp);
@@ -492,28 +512,114 @@ static void retire_locked(struct sched *s, int i, const char *finish)
     choice_done_locked(s, c, finish);
 }
 
-/* With mu held: admits c into a free slot. */
-static int admit_locked(struct sched *s, struct choice *c)
+static int blocks_of(const struct sched *s, int positions)
+{
+    return positions > 0 ? (positions + s->kv_block - 1) / s->kv_block : 0;
+}
+
+/* A shared start this short (a BOS token, a common first word) is not worth dropping another cache for. */
+#define CACHE_MIN_REUSE 8
+
+/* With mu held: the free slot for c and how many of its prompt positions it can take from the slot's cache:
+ * the longest common start of the prompt and the slot's tokens, short of the prompt's last token (whose
+ * logits the step must compute). Slots are ranked by that length when it is at least CACHE_MIN_REUSE (or the
+ * whole usable prompt); below that, an empty slot comes first, then the least recently used cache. */
+static int pick_slot_locked(const struct sched *s, const struct choice *c, int *reuse)
+{
+    int best = -1, best_score = -1, best_reuse = 0;
+    for (int j = 0; j < s->n_slots; j++) {
+        if (!s->slot_free[j]) continue;
+        int r = 0;
+        if (s->p.prompt_cache && !wants_prompt_lps(c->req) && s->slot_len[j] > 0) {
+            const int lim = s->slot_len[j] < c->n_prompt - 1 ? s->slot_len[j] : c->n_prompt - 1;
+            while (r < lim && s->slot_toks[j][r] == c->prompt[r]) r++;
+        }
+        const int score = r >= CACHE_MIN_REUSE || (r > 0 && r == c->n_prompt - 1) ? r : 0;
+        int better;
+        if (best < 0 || score != best_score)
+            better = best < 0 || score > best_score;
+        else if ((s->slot_len[j] <= 0) != (s->slot_len[best] <= 0))
+            better = s->slot_len[j] <= 0; /* an empty slot rather than dropping a cache */
+        else
+            better = s->slot_used[j] < s->slot_used[best];
+        if (better) best = j, best_score = score, best_reuse = r;
+    }
+    *reuse = best_reuse;
+    return best;
+}
+
+/* With mu held: whether c fits the KV pool in `slot`, dropping other free slots' caches (least recently used
+ * first) as needed. Running choices hold their reservation (prompt + max_tokens), free slots their cache. */
+static int fits_locked(struct sched *s, const struct choice *c, int slot)
+{
+    const int need = kv_need(s, c);
+    for (;;) {
+        int idle = 0, victim = -1;
+        for (int j = 0; j < s->n_slots; j++) {
+            if (!s->slot_free[j] || j == slot || s->slot_len[j] == 0) continue;
+            idle += blocks_of(s, engine_seq_len(s->e, j));
+            if (victim < 0 || s->slot_used[j] < s->slot_used[victim]) victim = j;
+        }
+        if (s->kv_reserved + need + idle <= s->kv_blocks) return 1;
+        if (victim < 0) return 0;
+        engine_seq_free(s->e, victim);
+        s->slot_len[victim] = 0;
+    }
+}
+
+/* With mu held: admits c into `slot`, continuing after `reuse` cached prompt positions. */
+static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse)
 {
     struct sreq *r = c->req;
-    int slot = 0;
-    while (!s->slot_free[slot]) slot++;
     struct sampler_params sp = r->sp;
     sp.seed = r->sp.seed + (uint64_t)c->index;
     sp.logit_bias = r->bias;
     sp.n_logit_bias = r->n_bias;
     int rc = sampler_init(&c->smp, &sp, s->n_vocab);
     if (rc) return rc;
-    engine_seq_free(s->e, slot); /* a slot always starts empty */
+    if (reuse > 0 && engine_seq_keep(s->e, slot, reuse) == 0) {
+        s->slot_len[slot] = reuse;
+    } else {
+        reuse = 0;
+        engine_seq_free(s->e, slot); /* a slot without a usable cache starts empty */
+        s->slot_len[slot] = 0;
+    }
     s->kv_reserved += kv_need(s, c);
     s->slot_free[slot] = 0;
     c->slot = slot;
-    c->n_fed = c->n_gen = 0;
+    c->n_fed = c->n_cached = reuse;
+    c->n_gen = 0;
     c->hold_len = 0;
     c->state = CHOICE_RUNNING;
     detok_init(&c->dt, s->tok);
     s->run[s->n_run++] = c;
+    pthread_mutex_lock(&s->m->mu);
+    s->m->prompt_tokens_cached += (uint64_t)reuse;
+    pthread_mutex_unlock(&s->m->mu);
     return 0;
+}
+
+/* After a step: the tokens each slot now holds (for the prompt cache). A slot whose record cannot grow is
+ * marked unknown and never matched. */
+static void record_tokens(struct sched *s, const struct batch *b)
+{
+    for (int i = 0; i < b->n_tokens; i++) {
+        const int q = b->seq[i], p = b->pos[i];
+        if (s->slot_len[q] < 0) continue;
+        if (p >= s->slot_cap[q]) {
+            int cap = s->slot_cap[q] ? s->slot_cap[q] : 256;
+            while (cap <= p) cap *= 2;
+            int32_t *t = realloc(s->slot_toks[q], (size_t)cap * sizeof *t);
+            if (!t) {
+                s->slot_len[q] = -1;
+                continue;
+            }
+            s->slot_toks[q] = t;
+            s->slot_cap[q] = cap;
+        }
+        s->slot_toks[q][p] = b->tokens[i];
+        s->slot_len[q] = p + 1;
+    }
 }
 
 static void cut_expired_locked(struct sched *s, double now)
@@ -630,7 +736,8 @@ static void *engine_main(void *arg)
             struct choice *c = s->qhead;
             /* first come first served: the head waits for KV room rather than being overtaken */
             const int feeds = c->req->max_tokens > 0 || wants_prompt_lps(c->req);
-            if (feeds && s->kv_reserved + kv_need(s, c) > s->kv_blocks) break;
+            int reuse = 0, slot = feeds ? pick_slot_locked(s, c, &reuse) : -1;
+            if (feeds && !fits_locked(s, c, slot)) break;
             s->qhead = c->qnext;
             if (!s->qhead) s->qtail = NULL;
             s->n_queued--;
@@ -638,7 +745,7 @@ static void *engine_main(void *arg)
                 choice_done_locked(s, c, "length");
                 continue;
             }
-            int rc = admit_locked(s, c);
+            int rc = admit_locked(s, c, slot, reuse);
             if (rc) {
                 c->req->error = rc;
                 snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
@@ -731,6 +838,7 @@ static void *engine_main(void *arg)
         int rc = engine_step(s->e, &b, s->logits);
         double t1 = sched_now();
         if (rc == 0) {
+            record_tokens(s, &b);
             sample_rows(s, rows);
             prompt_logprobs(s);
         }

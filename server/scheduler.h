@@ -44,6 +44,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     struct choice *qnext; /* queue link */
     /* engine thread only */
     int slot, n_fed, n_gen;
+    int n_cached; /* prompt positions taken from the slot's previous sequence (the prompt cache) */
     int32_t last;
     struct sampler *smp;
     struct detok dt;
@@ -110,6 +111,8 @@ struct sched_params {
     int max_queue; /* waiting sequences beyond the free slots */
     int max_batch_tokens;
     int sample_threads; /* threads sampling the rows of one step (engine thread included) */
+    int prompt_cache;   /* a finished sequence's KV stays in its slot; a later prompt starting with the same
+                         * tokens continues from there instead of recomputing them */
 };
 
 struct sched;

@@ -589,7 +589,7 @@ static void loader_main(void *arg)
     a->timeout = S->opt.timeout;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int st = S->opt.threads > 0 ? S->opt.threads : cores > 0 ? (int)cores : 1;
-    struct sched_params sp = {S->opt.max_queue, ep.max_batch_tokens, st > 8 ? 8 : st};
+    struct sched_params sp = {S->opt.max_queue, ep.max_batch_tokens, st > 8 ? 8 : st, S->opt.prompt_cache};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (rc) snprintf(S->load_err, sizeof S->load_err, "cannot start the scheduler: %s", ferry_status_str(rc));

@@ -175,6 +175,33 @@ Test(engine, rewind_rewrites_tail)
     close_all(e);
 }
 
+/* engine_seq_keep: a sequence kept to its first 12 positions continues exactly as one rebuilt from scratch,
+ * and the blocks past them return to the pool. */
+Test(engine, keep_prefix_then_continue)
+{
+    struct engine *e = open_engine(1, 0, 1);
+    const int V = engine_hparams(e)->n_vocab;
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    const int free0 = st.kv_blocks_total - st.kv_blocks_used;
+    for (int i = 0; i < 60; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 7 % V), a), 0);
+    cr_assert_eq(engine_seq_keep(e, 0, 61), FERRY_ERR_INVALID);
+    cr_assert_eq(engine_seq_keep(e, 0, 12), FERRY_OK);
+    cr_assert_eq(engine_seq_len(e, 0), 12);
+    engine_get_stats(e, &st);
+    const int held = st.kv_blocks_used - (st.kv_blocks_total - free0);
+    cr_assert_eq(held, (12 + st.kv_block_size - 1) / st.kv_block_size, "blocks held after keep: %d", held);
+    for (int i = 12; i < 20; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 5 % V), a), 0);
+    engine_seq_free(e, 0);
+    for (int i = 0; i < 20; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i < 12 ? i * 7 % V : i * 5 % V), b), 0);
+    for (int v = 0; v < V; v++) cr_assert_eq(a[v], b[v], "logit %d", v);
+    cr_assert_eq(engine_seq_keep(e, 1, 0), FERRY_ERR_INVALID);
+    free(a);
+    free(b);
+    close_all(e);
+}
+
 /* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes per
  * weight; here all but ffn_down, whose rows are 136 long) and the logits stay close: Q8_0 rounds each weight to
  * 1/254 of its group's absmax, about 0.5% relative error per product, so the logits of a 2-layer model stay

@@ -268,7 +268,8 @@ def test_echo_logprobs_score_the_prompt(server):
         want, tok = ref[rank]
         out = complete(server, prompt=prompt + [tok], max_tokens=0, echo=True, logprobs=3)
         ch, lp = out["choices"][0], out["choices"][0]["logprobs"]
-        assert out["usage"] == {"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 6}
+        assert out["usage"] == {"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 6,
+                                "prompt_tokens_details": {"cached_tokens": 0}}  # echo's logprobs bypass the cache
         assert ch["finish_reason"] == "length"
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
@@ -527,6 +528,53 @@ def test_disconnect_frees_slot(server):
     assert complete(server, prompt="hi", max_tokens=2)["usage"]["completion_tokens"] == 2
 
 
+def test_prompt_cache_continues_a_shared_start():
+    """A finished sequence's KV stays in its slot: a prompt that starts with the same tokens continues from it
+    (usage.prompt_tokens_details.cached_tokens, ferry_prompt_tokens_cached_total) with the same text as a
+    server without the cache; under KV pressure idle caches are dropped, least recently used first."""
+    cached = Server("--parallel", "1")
+    plain = Server("--parallel", "1", "--prompt-cache=false")
+    try:
+        def both(**body):
+            a, b = complete(cached, **body), complete(plain, **body)
+            assert a["choices"][0]["text"] == b["choices"][0]["text"], body
+            assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            return a, a["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        first, c0 = both(prompt="Once upon a time, there was a little girl named Lily", max_tokens=24)
+        assert c0 == 0
+        n = first["usage"]["prompt_tokens"]
+        _, c1 = both(prompt="Once upon a time, there was a little girl named Lily", max_tokens=24)
+        assert c1 == n - 1  # all but the last prompt token, whose logits the step computes
+        # The conversation goes on: the previous prompt and reply, then more.
+        follow = "Once upon a time, there was a little girl named Lily" + first["choices"][0]["text"] + " One day"
+        _, c2 = both(prompt=follow, max_tokens=16)
+        assert c2 >= n - 1
+        _, c3 = both(prompt="The dog ran to the park", max_tokens=8)  # in common: BOS (the only slot is reused)
+        assert c3 == 1
+        m = cached.metrics()
+        assert m["ferry_prompt_tokens_cached_total"] == c0 + c1 + c2 + c3
+        # Sampled requests are unaffected in distribution; with a seed they repeat exactly.
+        a = complete(cached, prompt="The dog ran to the park", max_tokens=12, temperature=0.9, seed=5)
+        b = complete(plain, prompt="The dog ran to the park", max_tokens=12, temperature=0.9, seed=5)
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    finally:
+        assert cached.stop() == 0 and plain.stop() == 0
+    # 256 KV positions = 16 blocks of 16. Two slots: the first request's cache (about 7 blocks) must be dropped
+    # for the second (prompt + 160 tokens = 11 blocks); the first prompt then starts from nothing again.
+    small = Server("--parallel", "2", "--kv-tokens", "256")
+    try:
+        p1 = "Once upon a time, there was a little girl named Lily"
+        r1 = complete(small, prompt=p1, max_tokens=100)
+        r2 = complete(small, prompt="The dog ran to the park", max_tokens=160)
+        assert r2["usage"]["completion_tokens"] >= 1
+        r3 = complete(small, prompt=p1, max_tokens=100)
+        assert r3["choices"][0]["text"] == r1["choices"][0]["text"]
+        assert r3["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        assert small.stop() == 0
+
+
 def test_metrics_text(server):
     complete(server, prompt="Once upon a time", max_tokens=4)
     st, hdrs, text = get(server.url + "/metrics")
@@ -646,7 +694,8 @@ def test_queue_full_and_timeout():
 def test_kv_admission():
     """A KV pool smaller than parallel × ctx: admission reserves prompt + max_tokens, so sequences wait for
     room instead of failing mid-generation, and results equal the unconstrained ones."""
-    s = Server("--parallel", "4", "--kv-tokens", "256", "--served-model-name", "tiny-stories")
+    # without the prompt cache, so that every block must be back in the pool at the end
+    s = Server("--parallel", "4", "--kv-tokens", "256", "--served-model-name", "tiny-stories", "--prompt-cache=false")
     try:
         bodies = [{"prompt": p, "max_tokens": 150, "temperature": 0} for p in ("Once upon a time", "The cat", "Lily", "Tom")]
         seq = [complete(s, **b)["choices"][0]["text"] for b in bodies]
