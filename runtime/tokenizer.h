@@ -36,6 +36,8 @@ int32_t tokenizer_eos(const struct tokenizer *t); /* -1 when none */
 int tokenizer_add_bos(const struct tokenizer *t); /* 1 when encoding a prompt should start with BOS */
 /* 1 for tokens that end a generation (EOS, EOT, <|im_end|>, <|eot_id|>, ...). */
 int tokenizer_is_eog(const struct tokenizer *t, int32_t id);
+/* 1 for control, unknown and unused tokens (BOS, <|im_start|>, ...): the stream renders nothing for them. */
+int tokenizer_is_control(const struct tokenizer *t, int32_t id);
 /* The vocabulary string of a token (as stored, e.g. "▁the" or "Ġthe"), borrowed; NULL when out of range. */
 const char *tokenizer_token_str(const struct tokenizer *t, int32_t id);
 /* The id of the token whose vocabulary string is exactly s[0, len) (e.g. "<|im_end|>"), or -1. */

@@ -425,6 +425,30 @@ out:
     return rc;
 }
 
+/* response_format: {"type": "text"} (the default) or {"type": "json_object"} (the output is constrained to
+ * one JSON object); json_schema and anything else are refused rather than silently ignored. */
+static int parse_response_format(struct sreq *r, json_t *j, struct api_err *e)
+{
+    if (!j || json_is_null(j)) return 0;
+    const char *type = json_is_object(j) ? json_string_value(json_object_get(j, "type")) : NULL;
+    e->param = "response_format";
+    if (!type) {
+        e->status = FERRY_ERR_INVALID;
+        snprintf(e->msg, sizeof e->msg, "'response_format' must be an object with a string 'type'");
+        return -1;
+    }
+    if (!strcmp(type, "json_object")) {
+        r->json_object = 1;
+    } else if (strcmp(type, "text")) {
+        e->status = FERRY_ERR_INVALID;
+        snprintf(e->msg, sizeof e->msg, "response_format type '%.40s' is not supported (use 'text' or 'json_object')",
+                 type);
+        return -1;
+    }
+    e->param = NULL;
+    return 0;
+}
+
 static int parse_stop(struct sreq *r, json_t *j, struct api_err *e)
 {
     if (!j || json_is_null(j)) return 0;
@@ -569,6 +593,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         r->sp.seed = a->default_seed >= 0 ? (uint64_t)a->default_seed : random_seed();
     if (parse_stop(r, json_object_get(o, "stop"), e)) goto fail;
     if (parse_bias(a, r, json_object_get(o, "logit_bias"), e)) goto fail;
+    if (parse_response_format(r, json_object_get(o, "response_format"), e)) goto fail;
     if (kind == SREQ_COMPLETION) {
         json_t *lp = json_object_get(o, "logprobs");
         if (lp && json_is_boolean(lp))

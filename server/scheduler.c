@@ -8,6 +8,7 @@
 #include "server/scheduler.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,12 @@
 /* Prompt rows whose logprobs one step may compute (echo with logprobs); a longer prompt is prefilled in
  * chunks of this many rows. */
 #define PROMPT_LP_ROWS 64
+
+/* JSON mode: the longest run of whitespace between tokens of the structure (a newline and two levels of
+ * indentation; a model that would loop on whitespace cannot). */
+#define JSON_WS_MAX 8
+
+enum { TOK_TEXT = 0, TOK_CONTROL = 1, TOK_EOG = 2 };
 
 struct sched {
     pthread_mutex_t mu;
@@ -57,6 +64,10 @@ struct sched {
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
     struct choice *plp_owner[PROMPT_LP_ROWS];
     int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;
+    /* every token's decoded bytes and kind (TOK_*), for JSON mode */
+    const char **piece;
+    size_t *piece_len;
+    uint8_t *tok_kind;
     float *logits;  /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
     float *scratch; /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
@@ -151,6 +162,17 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->b_want = malloc(nb);
     s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
     s->row_at = calloc((size_t)s->n_slots, sizeof *s->row_at);
+    s->piece = calloc((size_t)s->n_vocab, sizeof *s->piece);
+    s->piece_len = calloc((size_t)s->n_vocab, sizeof *s->piece_len);
+    s->tok_kind = calloc((size_t)s->n_vocab, 1);
+    if (s->piece && s->piece_len && s->tok_kind)
+        for (int32_t id = 0; id < s->n_vocab; id++) {
+            s->piece[id] = tokenizer_piece(t, id, &s->piece_len[id]);
+            if (tokenizer_is_eog(t, id))
+                s->tok_kind[id] = TOK_EOG;
+            else if (!s->piece[id] || tokenizer_is_control(t, id))
+                s->tok_kind[id] = TOK_CONTROL;
+        }
     s->slot_toks = calloc((size_t)s->n_slots, sizeof *s->slot_toks);
     s->slot_len = calloc((size_t)s->n_slots, sizeof *s->slot_len);
     s->slot_cap = calloc((size_t)s->n_slots, sizeof *s->slot_cap);
@@ -159,7 +181,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
-        !s->row_at || !s->slot_toks || !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
+        !s->row_at || !s->piece || !s->piece_len || !s->tok_kind || !s->slot_toks || !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -215,6 +237,9 @@ void sched_free(struct sched *s)
     free(s->b_want);
     free(s->row_owner);
     free(s->row_at);
+    free(s->piece);
+    free(s->piece_len);
+    free(s->tok_kind);
     for (int i = 0; s->slot_toks && i < s->n_slots; i++) free(s->slot_toks[i]);
     free(s->slot_toks);
     free(s->slot_len);
@@ -445,6 +470,32 @@ static size_t stop_holdback(const struct sreq *r, const char *t, size_t len)
     return best;
 }
 
+/* JSON mode: tokens whose bytes cannot continue the output as a JSON object get -inf; end-of-generation tokens
+ * are allowed exactly when the object is closed. If nothing would be left (a vocabulary without the bytes the
+ * object needs), the end tokens stay allowed, so the step still samples something. */
+static void json_mask(const struct sched *s, const struct choice *c, float *row)
+{
+    const int done = json_fsm_done(&c->json);
+    int allowed = 0, first_eog = -1;
+    for (int32_t t = 0; t < s->n_vocab; t++) {
+        int ok;
+        if (s->tok_kind[t] == TOK_EOG) {
+            ok = done;
+            if (first_eog < 0) first_eog = t;
+        } else if (s->tok_kind[t] == TOK_CONTROL || done || s->piece_len[t] == 0) {
+            ok = 0;
+        } else {
+            struct json_fsm f = c->json;
+            ok = json_fsm_feed_bytes(&f, s->piece[t], s->piece_len[t]) == 0 && f.ws_run <= JSON_WS_MAX;
+        }
+        if (!ok)
+            row[t] = -INFINITY;
+        else if (row[t] > -INFINITY)
+            allowed++;
+    }
+    if (!allowed && first_eog >= 0) row[first_eog] = 0.0f;
+}
+
 /* Outside the lock: samples the next token of c from its logits row and decides what text is released. */
 static void process_row(struct sched *s, struct choice *c, float *row)
 {
@@ -453,9 +504,12 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     c->fin = NULL;
     c->release = 0;
     float *raw = s->scratch + (size_t)(row - s->logits);
-    if (r->logprobs >= 0) memcpy(raw, row, (size_t)s->n_vocab * sizeof(float));
+    if (r->logprobs >= 0) memcpy(raw, row, (size_t)s->n_vocab * sizeof(float)); /* the model's, unconstrained */
+    if (r->json_object) json_mask(s, c, row);
     int32_t tok = sampler_sample(c->smp, row);
     if (tok < 0 || tok >= s->n_vocab) tok = 0; /* a sampler bug must not index out of range */
+    if (r->json_object && s->tok_kind[tok] == TOK_TEXT)
+        json_fsm_feed_bytes(&c->json, s->piece[tok], s->piece_len[tok]);
     if (r->logprobs >= 0) {
         struct lp_entry *e = &c->lp_stage;
         e->id = tok;
@@ -590,6 +644,7 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse)
     c->n_fed = c->n_cached = reuse;
     c->n_gen = 0;
     c->hold_len = 0;
+    json_fsm_init(&c->json);
     c->state = CHOICE_RUNNING;
     detok_init(&c->dt, s->tok);
     s->run[s->n_run++] = c;

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/json_fsm.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 
@@ -45,6 +46,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     /* engine thread only */
     int slot, n_fed, n_gen;
     int n_cached; /* prompt positions taken from the slot's previous sequence (the prompt cache) */
+    struct json_fsm json; /* the output so far, when the request asks for a JSON object */
     int32_t last;
     struct sampler *smp;
     struct detok dt;
@@ -88,6 +90,7 @@ struct sreq {
     int stream, include_usage;
     int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
+    int json_object; /* response_format json_object: the output is constrained to one JSON object */
     char **stops; /* (n_stops) owned, non-empty */
     int n_stops;
     /* prompts */

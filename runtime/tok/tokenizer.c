@@ -355,6 +355,13 @@ int tokenizer_is_eog(const struct tokenizer *t, int32_t id)
     return 0;
 }
 
+int tokenizer_is_control(const struct tokenizer *t, int32_t id)
+{
+    if (id < 0 || id >= t->n_vocab) return 0;
+    const int ty = t->type[id];
+    return ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN || ty == TOK_TYPE_UNUSED;
+}
+
 const char *tokenizer_token_str(const struct tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_vocab ? t->text[id] : NULL;

@@ -575,6 +575,158 @@ def test_prompt_cache_continues_a_shared_start():
         assert small.stop() == 0
 
 
+def json_prefix_ok(text):
+    """True when text is a prefix of some JSON object document (a recursive-descent check written here,
+    independent of the server's recogniser)."""
+    i, n = 0, len(text)
+
+    class End(Exception):
+        pass
+
+    def peek():
+        if i >= n:
+            raise End
+        return text[i]
+
+    def ws():
+        nonlocal i
+        while i < n and text[i] in " \t\n\r":
+            i += 1
+
+    def lit(word):
+        nonlocal i
+        for ch in word:
+            if peek() != ch:
+                raise ValueError(word)
+            i += 1
+
+    def string():
+        nonlocal i
+        lit('"')
+        while True:
+            ch = peek()
+            i += 1
+            if ch == '"':
+                return
+            if ch == "\\":
+                e = peek()
+                i += 1
+                if e == "u":
+                    for _ in range(4):
+                        if peek() not in "0123456789abcdefABCDEF":
+                            raise ValueError("hex")
+                        i += 1
+                elif e not in '"\\/bfnrt':
+                    raise ValueError("escape")
+            elif ord(ch) < 0x20:
+                raise ValueError("control")
+
+    def number():
+        nonlocal i
+        start = i
+        while i < n and text[i] in "+-0123456789.eE":
+            i += 1
+        if i == n:
+            return  # may continue
+        float(text[start:i])  # ValueError when malformed
+        if len(text[start:i].lstrip("-")) > 1 and text[start:i].lstrip("-")[0] == "0" and text[start:i].lstrip("-")[1].isdigit():
+            raise ValueError("leading zero")
+
+    def value():
+        ws()
+        ch = peek()
+        if ch == "{":
+            obj()
+        elif ch == "[":
+            arr()
+        elif ch == '"':
+            string()
+        elif ch in "-0123456789":
+            number()
+        else:
+            lit({"t": "true", "f": "false", "n": "null"}.get(ch, "?"))
+
+    def obj():
+        nonlocal i
+        lit("{")
+        ws()
+        if peek() == "}":
+            i += 1
+            return
+        while True:
+            ws()
+            string()
+            ws()
+            lit(":")
+            value()
+            ws()
+            if peek() == ",":
+                i += 1
+                continue
+            lit("}")
+            return
+
+    def arr():
+        nonlocal i
+        lit("[")
+        ws()
+        if peek() == "]":
+            i += 1
+            return
+        while True:
+            value()
+            ws()
+            if peek() == ",":
+                i += 1
+                continue
+            lit("]")
+            return
+
+    try:
+        ws()
+        if peek() != "{":
+            return False
+        obj()
+        ws()
+        return i == n
+    except End:
+        return True
+    except ValueError:
+        return False
+
+
+def test_response_format_json_object(server):
+    """response_format json_object: every output is a JSON object or, when max_tokens cut it, a prefix of one;
+    with '}' made likely the object closes and generation stops there. Unsupported formats are refused."""
+    assert json_prefix_ok('{"a": [1, 2.5e3, "x\\n"') and not json_prefix_ok('{"a" 1') and not json_prefix_ok("[1]")
+    body = {"prompt": "Once upon a time", "max_tokens": 80, "temperature": 0.9,
+            "response_format": {"type": "json_object"}}
+    for seed in range(4):
+        out = complete(server, seed=seed, **body)["choices"][0]
+        if out["finish_reason"] == "stop":
+            assert isinstance(json.loads(out["text"]), dict), out["text"]
+        else:
+            assert json_prefix_ok(out["text"]), out["text"]
+    # Make '"' and '}' likely: strings close at once and so does the object (where the grammar allows it).
+    bias = {}
+    for ch in ('"', "}"):
+        st, _, tok = post(server.url + "/tokenize", {"content": ch})
+        assert st == 200, tok
+        bias[str(tok["tokens"][-1])] = 30
+    for path, extra in (("/v1/completions", {"prompt": "Once upon a time"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Give me JSON."}]})):
+        st, _, out = post(server.url + path, dict(extra, max_tokens=60, temperature=0, logit_bias=bias,
+                                                  response_format={"type": "json_object"}))
+        assert st == 200, out
+        ch = out["choices"][0]
+        text = ch["message"]["content"] if "message" in ch else ch["text"]
+        assert ch["finish_reason"] == "stop" and isinstance(json.loads(text), dict), text
+    for bad in ({"type": "json_schema", "json_schema": {}}, {"type": "xml"}, "json", {"type": 1}):
+        st, _, err = post(server.url + "/v1/completions", {"prompt": "x", "response_format": bad})
+        assert_error(st, err, 400, "response_format")
+    assert complete(server, prompt="x", max_tokens=2, response_format={"type": "text"})["usage"]["completion_tokens"] == 2
+
+
 def test_metrics_text(server):
     complete(server, prompt="Once upon a time", max_tokens=4)
     st, hdrs, text = get(server.url + "/metrics")
