@@ -222,9 +222,23 @@ int engine_seq_free(struct engine *e, int seq)
 int engine_seq_keep(struct engine *e, int seq, int n)
 {
     if (seq < 0 || seq >= e->p.n_seqs || n < 0 || n > e->kv.seq_len[seq]) return FERRY_ERR_INVALID;
+    if (n % e->kv.block_size && kv_cache_shared(&e->kv, seq, n)) n -= n % e->kv.block_size;
     kv_cache_trim(&e->kv, seq, n);
     e->kv.seq_len[seq] = n;
-    return FERRY_OK;
+    return n;
+}
+
+int engine_seq_share(struct engine *e, int src, int dst, int n)
+{
+    if (src < 0 || src >= e->p.n_seqs || dst < 0 || dst >= e->p.n_seqs || src == dst || n < 0)
+        return FERRY_ERR_INVALID;
+    kv_cache_seq_free(&e->kv, dst);
+    if (n > e->kv.seq_len[src]) n = e->kv.seq_len[src];
+    const int blocks = n / e->kv.block_size;
+    int rc = kv_cache_share(&e->kv, src, dst, blocks);
+    if (rc) return rc;
+    e->kv.seq_len[dst] = blocks * e->kv.block_size;
+    return e->kv.seq_len[dst];
 }
 
 /* Checks ids, slots and the order of positions: within a slot, positions continue each other and the first
@@ -243,6 +257,12 @@ static int check_batch(struct engine *e, const struct batch *b)
         if (e->new_len[s] < 0) e->first[s] = p;
         e->new_len[s] = p + 1;
     }
+    /* No step writes into a block another sequence shares. */
+    const int bs = e->kv.block_size;
+    for (int s = 0; s < e->p.n_seqs; s++)
+        if (e->new_len[s] >= 0)
+            for (int p = e->first[s] - e->first[s] % bs; p < e->new_len[s]; p += bs)
+                if (kv_cache_shared(&e->kv, s, p)) return FERRY_ERR_INVALID;
     return FERRY_OK;
 }
 

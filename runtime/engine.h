@@ -72,7 +72,8 @@ int engine_ctx_size(const struct engine *e);
 int engine_n_seqs(const struct engine *e);
 
 /* Runs the batch. logits receives one row of n_vocab floats per token with want_logits set, in batch order.
- * Errors: FERRY_ERR_INVALID (bad token id, seq or pos out of order), FERRY_ERR_RANGE (position past
+ * Errors: FERRY_ERR_INVALID (bad token id, seq or pos out of order, a position in a block shared with another
+ * sequence), FERRY_ERR_RANGE (position past
  * ctx_size or KV pool exhausted: nothing of the batch is kept in that case). */
 int engine_step(struct engine *e, const struct batch *b, float *logits);
 
@@ -81,8 +82,14 @@ int engine_seq_free(struct engine *e, int seq);
 /* Number of positions stored for the sequence (its next position). */
 int engine_seq_len(const struct engine *e, int seq);
 /* Keeps the sequence's first n positions (0 <= n <= its length) and returns the blocks past them to the pool:
- * the next step may continue at position n, reusing what is kept (a shared prompt prefix). */
+ * the next step may continue there, reusing what is kept (a prompt prefix). When position n falls in a block
+ * another sequence shares, only the whole blocks before it are kept (a shared block is never written).
+ * Returns the positions kept, or FERRY_ERR_INVALID. */
 int engine_seq_keep(struct engine *e, int seq, int n);
+/* Empties dst and gives it the first n positions of src, as far as they fill whole KV blocks, without copying:
+ * both then read those blocks; each writes only past them. Returns the positions dst now holds (a multiple of
+ * the block size), or FERRY_ERR_INVALID. */
+int engine_seq_share(struct engine *e, int src, int dst, int n);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 

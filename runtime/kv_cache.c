@@ -30,7 +30,9 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
     kv->n_held = calloc((size_t)n_seqs, sizeof(int32_t));
     kv->seq_len = calloc((size_t)n_seqs, sizeof(int32_t));
     kv->free_list = malloc((size_t)kv->n_blocks * sizeof(int32_t));
-    if ((host_data && (!kv->k || !kv->v)) || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->free_list) {
+    kv->ref = calloc((size_t)kv->n_blocks, sizeof(int32_t));
+    if ((host_data && (!kv->k || !kv->v)) || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->free_list ||
+        !kv->ref) {
         kv_cache_free(kv);
         return FERRY_ERR_NOMEM;
     }
@@ -50,6 +52,7 @@ void kv_cache_free(struct kv_cache *kv)
     free(kv->n_held);
     free(kv->seq_len);
     free(kv->free_list);
+    free(kv->ref);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -65,7 +68,9 @@ int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
     int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
     while (kv->n_held[seq] < need) {
         if (kv->n_free == 0) return FERRY_ERR_RANGE;
-        row[kv->n_held[seq]++] = kv->free_list[--kv->n_free];
+        const int b = kv->free_list[--kv->n_free];
+        kv->ref[b] = 1;
+        row[kv->n_held[seq]++] = b;
     }
     return FERRY_OK;
 }
@@ -78,7 +83,7 @@ void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos)
     while (kv->n_held[seq] > keep) {
         int b = row[--kv->n_held[seq]];
         row[kv->n_held[seq]] = -1;
-        kv->free_list[kv->n_free++] = b;
+        if (--kv->ref[b] == 0) kv->free_list[kv->n_free++] = b;
     }
 }
 
@@ -102,4 +107,27 @@ struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer)
         .n_kv_heads = kv->n_kv_heads,
         .head_dim = kv->head_dim,
     };
+}
+
+int kv_cache_share(struct kv_cache *kv, int src, int dst, int n_blocks)
+{
+    if (src < 0 || src >= kv->n_seqs || dst < 0 || dst >= kv->n_seqs || src == dst || kv->n_held[dst] ||
+        n_blocks < 0 || n_blocks > kv->n_held[src])
+        return FERRY_ERR_INVALID;
+    const int32_t *from = kv->block_table + (size_t)src * kv->max_blocks;
+    int32_t *to = kv->block_table + (size_t)dst * kv->max_blocks;
+    for (int i = 0; i < n_blocks; i++) {
+        to[i] = from[i];
+        kv->ref[from[i]]++;
+    }
+    kv->n_held[dst] = n_blocks;
+    return FERRY_OK;
+}
+
+int kv_cache_shared(const struct kv_cache *kv, int seq, int pos)
+{
+    if (seq < 0 || seq >= kv->n_seqs || pos < 0) return 0;
+    const int i = pos / kv->block_size;
+    if (i >= kv->n_held[seq]) return 0;
+    return kv->ref[kv->block_table[(size_t)seq * kv->max_blocks + i]] > 1;
 }

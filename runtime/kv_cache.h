@@ -3,9 +3,11 @@
  * Layout per layer: k, v (n_blocks, block_size, n_kv_heads, head_dim) f32 (the CPU backend's precision);
  * a GPU backend keeps its own f16 copy of that layout on the device and uses only the tables (host_data 0).
  * Each slot has a row of the block table (max_blocks ids, -1 = none) and a length (positions stored).
- * Blocks are taken from a free list as a slot grows (kv_cache_reserve) and all come back on
- * kv_cache_seq_free. Everything is allocated once in kv_cache_init; nothing per token.
- * Invariant: block b is either on the free list or in exactly one slot's row.
+ * Blocks are taken from a free list as a slot grows (kv_cache_reserve) and come back when no slot holds them
+ * any more. Slots may share whole blocks (kv_cache_share: the same prompt prefix for several sequences);
+ * a shared block is read by all of them and written by none. Everything is allocated once in kv_cache_init;
+ * nothing per token.
+ * Invariant: ref[b] is the number of slot rows holding block b, and b is on the free list iff ref[b] == 0.
  */
 #ifndef FERRY_KV_CACHE_H
 #define FERRY_KV_CACHE_H
@@ -27,6 +29,7 @@ struct kv_cache {
     int32_t *n_held;      /* (n_seqs) blocks held by each slot */
     int32_t *seq_len;     /* (n_seqs) positions stored */
     int32_t *free_list;   /* (n_blocks) stack of free block ids */
+    int32_t *ref;         /* (n_blocks) slots holding each block */
     int n_free;
 };
 
@@ -42,6 +45,11 @@ int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos);
 /* Returns the slot's blocks beyond what n_pos positions need. */
 void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos);
 void kv_cache_seq_free(struct kv_cache *kv, int seq);
+/* Gives the empty slot dst the first n_blocks blocks of src (shared, not copied). FERRY_ERR_INVALID when dst
+ * holds blocks, is src, or src holds fewer. */
+int kv_cache_share(struct kv_cache *kv, int src, int dst, int n_blocks);
+/* 1 when another slot also holds the block of `seq` that position pos falls in. */
+int kv_cache_shared(const struct kv_cache *kv, int seq, int pos);
 
 struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer);
 

@@ -116,7 +116,8 @@ char *metrics_render(struct metrics *m, size_t *len)
     sb_printf(&b, "# HELP " n " " h "\n# TYPE " n " counter\n" n " %llu\n", (unsigned long long)(v))
 #define GAUGE(n, h, fmt, v) sb_printf(&b, "# HELP " n " " h "\n# TYPE " n " gauge\n" n " " fmt "\n", v)
     COUNTER("ferry_prompt_tokens_total", "Prompt tokens prefilled.", m->prompt_tokens);
-    COUNTER("ferry_prompt_tokens_cached_total", "Prompt tokens taken from the prompt cache instead of prefilled.",
+    COUNTER("ferry_prompt_tokens_cached_total",
+            "Prompt tokens not prefilled: continued from the prompt cache or shared by the choices of one prompt.",
             m->prompt_tokens_cached);
     COUNTER("ferry_generated_tokens_total", "Tokens generated.", m->generated_tokens);
     COUNTER("ferry_requests_cancelled_total", "Sequences cancelled (client gone, timeout, shutdown).",

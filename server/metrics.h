@@ -27,7 +27,7 @@ struct metrics {
     int status_code[METRICS_N_STATUS];
     uint64_t status_count[METRICS_N_STATUS];
     uint64_t prompt_tokens, generated_tokens, requests_cancelled, requests_rejected;
-    uint64_t prompt_tokens_cached; /* prompt positions continued from a slot's cache instead of prefilled */
+    uint64_t prompt_tokens_cached; /* prompt positions not prefilled: the prompt cache, or shared (n > 1) */
     struct histogram ttft, itl, batch_tokens, request_seconds;
     int queue_depth, running_seqs, last_batch_tokens;
     int kv_blocks_used, kv_blocks_total;

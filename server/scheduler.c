@@ -571,6 +571,33 @@ static int blocks_of(const struct sched *s, int positions)
     return positions > 0 ? (positions + s->kv_block - 1) / s->kv_block : 0;
 }
 
+/* With mu held: the running first choice of c's prompt when c is a later one (n > 1), else NULL. The later
+ * choices share its prompt's KV blocks instead of prefilling the prompt again. */
+static struct choice *running_leader_locked(const struct sched *s, const struct choice *c)
+{
+    const struct sreq *r = c->req;
+    if (r->n < 2 || c->index % r->n == 0 || wants_prompt_lps(r)) return NULL; /* echo's logprobs: each computes */
+    struct choice *lead = &r->choices[c->index - c->index % r->n];
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i] == lead) return lead;
+    return NULL;
+}
+
+/* With mu held: copies the record of the tokens in slot `from`'s first n positions to slot `to`. */
+static void copy_record_locked(struct sched *s, int from, int to, int n)
+{
+    if (n > 0 && s->slot_len[from] >= n && s->slot_cap[to] < n) {
+        int32_t *t = realloc(s->slot_toks[to], (size_t)n * sizeof *t);
+        if (t) s->slot_toks[to] = t, s->slot_cap[to] = n;
+    }
+    if (n > 0 && s->slot_len[from] >= n && s->slot_cap[to] >= n) {
+        memcpy(s->slot_toks[to], s->slot_toks[from], (size_t)n * sizeof(int32_t));
+        s->slot_len[to] = n;
+    } else {
+        s->slot_len[to] = n > 0 ? -1 : 0; /* unknown: never matched by the prompt cache */
+    }
+}
+
 /* A shared start this short (a BOS token, a common first word) is not worth dropping another cache for. */
 #define CACHE_MIN_REUSE 8
 
@@ -578,13 +605,13 @@ static int blocks_of(const struct sched *s, int positions)
  * the longest common start of the prompt and the slot's tokens, short of the prompt's last token (whose
  * logits the step must compute). Slots are ranked by that length when it is at least CACHE_MIN_REUSE (or the
  * whole usable prompt); below that, an empty slot comes first, then the least recently used cache. */
-static int pick_slot_locked(const struct sched *s, const struct choice *c, int *reuse)
+static int pick_slot_locked(const struct sched *s, const struct choice *c, int use_cache, int *reuse)
 {
     int best = -1, best_score = -1, best_reuse = 0;
     for (int j = 0; j < s->n_slots; j++) {
         if (!s->slot_free[j]) continue;
         int r = 0;
-        if (s->p.prompt_cache && !wants_prompt_lps(c->req) && s->slot_len[j] > 0) {
+        if (use_cache && s->p.prompt_cache && !wants_prompt_lps(c->req) && s->slot_len[j] > 0) {
             const int lim = s->slot_len[j] < c->n_prompt - 1 ? s->slot_len[j] : c->n_prompt - 1;
             while (r < lim && s->slot_toks[j][r] == c->prompt[r]) r++;
         }
@@ -621,8 +648,9 @@ static int fits_locked(struct sched *s, const struct choice *c, int slot)
     }
 }
 
-/* With mu held: admits c into `slot`, continuing after `reuse` cached prompt positions. */
-static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse)
+/* With mu held: admits c into `slot`, continuing after `reuse` cached prompt positions, or after the whole
+ * blocks of the prompt that `lead` (its prompt's first choice, prefilled) shares with it. */
+static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, const struct choice *lead)
 {
     struct sreq *r = c->req;
     struct sampler_params sp = r->sp;
@@ -631,7 +659,11 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse)
     sp.n_logit_bias = r->n_bias;
     int rc = sampler_init(&c->smp, &sp, s->n_vocab);
     if (rc) return rc;
-    if (reuse > 0 && engine_seq_keep(s->e, slot, reuse) == 0) {
+    int shared = lead ? engine_seq_share(s->e, lead->slot, slot, c->n_prompt - 1) : 0;
+    if (shared > 0) {
+        reuse = shared;
+        copy_record_locked(s, lead->slot, slot, shared);
+    } else if (reuse > 0 && (reuse = engine_seq_keep(s->e, slot, reuse)) > 0) {
         s->slot_len[slot] = reuse;
     } else {
         reuse = 0;
@@ -791,7 +823,10 @@ static void *engine_main(void *arg)
             struct choice *c = s->qhead;
             /* first come first served: the head waits for KV room rather than being overtaken */
             const int feeds = c->req->max_tokens > 0 || wants_prompt_lps(c->req);
-            int reuse = 0, slot = feeds ? pick_slot_locked(s, c, &reuse) : -1;
+            /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
+            struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
+            if (lead && lead->n_fed < lead->n_prompt) break;
+            int reuse = 0, slot = feeds ? pick_slot_locked(s, c, !lead, &reuse) : -1;
             if (feeds && !fits_locked(s, c, slot)) break;
             s->qhead = c->qnext;
             if (!s->qhead) s->qtail = NULL;
@@ -800,7 +835,7 @@ static void *engine_main(void *arg)
                 choice_done_locked(s, c, "length");
                 continue;
             }
-            int rc = admit_locked(s, c, slot, reuse);
+            int rc = admit_locked(s, c, slot, reuse, lead);
             if (rc) {
                 c->req->error = rc;
                 snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",

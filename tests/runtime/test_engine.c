@@ -187,7 +187,7 @@ Test(engine, keep_prefix_then_continue)
     const int free0 = st.kv_blocks_total - st.kv_blocks_used;
     for (int i = 0; i < 60; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 7 % V), a), 0);
     cr_assert_eq(engine_seq_keep(e, 0, 61), FERRY_ERR_INVALID);
-    cr_assert_eq(engine_seq_keep(e, 0, 12), FERRY_OK);
+    cr_assert_eq(engine_seq_keep(e, 0, 12), 12);
     cr_assert_eq(engine_seq_len(e, 0), 12);
     engine_get_stats(e, &st);
     const int held = st.kv_blocks_used - (st.kv_blocks_total - free0);
@@ -199,6 +199,50 @@ Test(engine, keep_prefix_then_continue)
     cr_assert_eq(engine_seq_keep(e, 1, 0), FERRY_ERR_INVALID);
     free(a);
     free(b);
+    close_all(e);
+}
+
+/* engine_seq_share: a second sequence reads the first one's whole prompt blocks and continues on its own; both
+ * give the logits of sequences computed alone; nobody may write into a shared block; the pool counts each
+ * shared block once and gets every block back. */
+Test(engine, share_prefix_blocks)
+{
+    struct engine *e = open_engine(3, 0, 1), *ref = open_engine(1, 0, 1);
+    const int V = engine_hparams(e)->n_vocab;
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    const int bs = st.kv_block_size, used0 = st.kv_blocks_used;
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    const int n = 2 * bs + 5;
+    for (int i = 0; i < n; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 7 % V), a), 0);
+    cr_assert_eq(engine_seq_share(e, 0, 1, n), 2 * bs, "whole blocks only");
+    cr_assert_eq(engine_seq_share(e, 0, 0, n), FERRY_ERR_INVALID);
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.kv_blocks_used - used0, 3, "sequence 0's 3 blocks, the 2 shared ones counted once");
+    /* A write into a shared block is refused, for either sequence. */
+    cr_assert_eq(step1(e, 1, bs + 1, 5, a), FERRY_ERR_INVALID);
+    cr_assert_eq(step1(e, 0, bs, 5, a), FERRY_ERR_INVALID);
+    /* Sequence 1 continues past the shared blocks with tokens of its own; sequence 0 goes on too. */
+    for (int i = 2 * bs; i < n + 6; i++) cr_assert_eq(step1(e, 1, i, (int32_t)(i * 11 % V), a), 0);
+    for (int i = 0; i < n + 6; i++)
+        cr_assert_eq(step1(ref, 0, i, (int32_t)(i < 2 * bs ? i * 7 % V : i * 11 % V), b), 0);
+    for (int v = 0; v < V; v++) cr_assert_eq(a[v], b[v], "sequence 1, logit %d", v);
+    cr_assert_eq(step1(e, 0, n, 9, a), 0);
+    engine_seq_free(ref, 0);
+    for (int i = 0; i < n; i++) cr_assert_eq(step1(ref, 0, i, (int32_t)(i * 7 % V), b), 0);
+    cr_assert_eq(step1(ref, 0, n, 9, b), 0);
+    for (int v = 0; v < V; v++) cr_assert_eq(a[v], b[v], "sequence 0, logit %d", v);
+    /* Keeping a position inside a shared block keeps only the whole blocks before it. */
+    cr_assert_eq(engine_seq_share(e, 1, 2, 2 * bs), 2 * bs);
+    cr_assert_eq(engine_seq_keep(e, 2, bs + 3), bs);
+    engine_seq_free(e, 0);
+    engine_seq_free(e, 1);
+    engine_seq_free(e, 2);
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.kv_blocks_used, used0, "every block back in the pool");
+    free(a);
+    free(b);
+    engine_free(ref);
     close_all(e);
 }
 

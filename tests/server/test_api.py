@@ -575,6 +575,29 @@ def test_prompt_cache_continues_a_shared_start():
         assert small.stop() == 0
 
 
+def test_choices_of_a_prompt_share_its_prefill():
+    """n > 1: the later choices of a prompt wait for the first one's prefill and share its whole KV blocks, so
+    the prompt is computed about once; each choice still equals the same seed run alone (choice j of seed s
+    is seed s + j)."""
+    s = Server("--parallel", "4", "--prompt-cache=false")
+    try:
+        prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park " * 3
+        before = s.metrics()["ferry_prompt_tokens_total"]
+        out = complete(s, prompt=prompt, n=4, max_tokens=16, temperature=0.9, seed=11)
+        n_prompt = out["usage"]["prompt_tokens"]
+        m = s.metrics()
+        computed = m["ferry_prompt_tokens_total"] - before
+        assert computed < 2 * n_prompt, f"prompt of {n_prompt} tokens computed {computed} times over 4 choices"
+        assert m["ferry_prompt_tokens_cached_total"] == 4 * n_prompt - computed
+        texts = [c["text"] for c in sorted(out["choices"], key=lambda c: c["index"])]
+        alone = [complete(s, prompt=prompt, n=1, max_tokens=16, temperature=0.9, seed=11 + j)["choices"][0]["text"]
+                 for j in range(4)]
+        assert texts == alone
+        assert len(set(texts)) > 1
+    finally:
+        assert s.stop() == 0
+
+
 def json_prefix_ok(text):
     """True when text is a prefix of some JSON object document (a recursive-descent check written here,
     independent of the server's recogniser)."""
