@@ -914,11 +914,12 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
                                               "logprobs", plp, "finish_reason"));
                 sse(out, o);
                 free(decoded);
+                c->echo_len = plen;
             }
         }
         if (c->text_len > c->sent || c->lps_sent < c->n_lps) {
             json_t *lp = json_null();
-            size_t offset = c->sent;
+            size_t offset = c->echo_len + c->sent; /* as in the whole answer: after the echoed prompt */
             if (r->logprobs >= 0) lp = render_logprobs(a, r, c, c->lps_sent, c->n_lps, &offset);
             json_t *text = jstr(c->text + c->sent, c->text_len - c->sent);
             json_t *o = envelope(a, r, 1);

@@ -73,6 +73,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     /* HTTP thread only: streaming progress */
     size_t sent;
     int lps_sent, head_sent, finish_sent;
+    size_t echo_len; /* bytes of the echoed prompt text, where the generated text's offsets start */
 };
 
 struct sreq {

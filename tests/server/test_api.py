@@ -304,6 +304,11 @@ def test_echo_logprobs_score_the_prompt(server):
     assert first["text"].lstrip().startswith("Once upon a time") and len(first["logprobs"]["tokens"]) == 6
     assert first["logprobs"]["token_logprobs"][0] is None
     assert abs(first["logprobs"]["token_logprobs"][-1] - gen) < 1e-4
+    # the generated tokens' offsets continue after the echoed prompt, as in the whole answer
+    whole = complete(server, prompt=prompt + [ref[0][1]], max_tokens=2, echo=True, logprobs=1)
+    streamed = [o for ev in events[1:-1] for ch in ev["choices"] if ch.get("logprobs")
+                for o in ch["logprobs"]["text_offset"]]
+    assert streamed == whole["choices"][0]["logprobs"]["text_offset"][6:], (streamed, whole)
 
 
 def test_concurrent_equals_sequential(server):
