@@ -928,7 +928,7 @@ static void *engine_main(void *arg)
         int rc = engine_step(s->e, &b, s->logits);
         double t1 = sched_now();
         if (rc == 0) {
-            record_tokens(s, &b);
+            if (s->p.prompt_cache) record_tokens(s, &b);
             sample_rows(s, rows);
             prompt_logprobs(s);
         }

@@ -129,16 +129,13 @@ struct mm_arg {
     char *w;
     size_t wbytes;
     int copies, m, n, k, cublas;
-    enum dtype wt;
-    int q8; /* kern_cuda_gemv_q8 instead of the matmul paths */
+    enum dtype wt; /* Q8_0 goes to kern_cuda_gemv_q8 through the GEMV path */
 };
 static void mm_fn(void *p, int i)
 {
     struct mm_arg *a = p;
     const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->q8)
-        FK(kern_cuda_gemv_q8(a->y, a->x, w, NULL, a->m, a->n, a->k, st));
-    else if (a->cublas)
+    if (a->cublas)
         FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
     else
         FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
@@ -178,27 +175,23 @@ static void norm_fn(void *p, int i)
         FK(kern_cuda_rmsnorm(a->y, a->x, a->w, a->m, a->d, 1e-5f, st));
 }
 
-/* Q8_0 GEMV (kern_cuda_gemv_q8) at the four Llama-2-7B shapes, launched and graph-timed, m = 1..16; bytes are
- * the Q8_0 weight bytes n*k*34/32. With sweep: every forced configuration (graph-timed, m = 1 and 16) and the
- * older Q8_0 kernel of matmul.cu (kern_cuda_matmul_gemv) for comparison. */
-static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double ceil_gbs, int sweep)
+/* Llama-2-7B's four matrix shapes and the decode batch sizes the GEMV benches sweep. */
+static const int shapes[4][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
+enum { NMS = 5 };
+static const int ms_[NMS] = {1, 2, 4, 8, 16};
+
+/* Times proto (its weight type and path) at every shape and m, launched and graph-timed, one row each, then
+ * one of each shape per m. Weights rotate through the pool. Returns the bytes of one of each shape. */
+static double sweep_shapes(const char *label, struct mm_arg proto, size_t pool_bytes, double ceil_gbs)
 {
-    const int shapes[4][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
-    enum { NMS = 5 };
-    const int ms_[NMS] = {1, 2, 4, 8, 16};
     double tot[NMS] = {0}, gtot[NMS] = {0}, bytes_total = 0;
-    struct mm_arg a;
     for (int si = 0; si < 4; si++) {
-        memset(&a, 0, sizeof a);
-        a.y = y;
-        a.x = x;
-        a.w = pool;
+        struct mm_arg a = proto;
         a.n = shapes[si][0];
         a.k = shapes[si][1];
-        a.wt = DTYPE_Q8_0;
-        a.q8 = 1;
-        a.wbytes = dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
+        a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
         a.copies = (int)(pool_bytes / a.wbytes);
+        if (a.copies < 1) a.copies = 1;
         bytes_total += a.wbytes;
         for (int mi = 0; mi < NMS; mi++) {
             a.m = ms_[mi];
@@ -209,7 +202,7 @@ static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double c
             tot[mi] += ms;
             gtot[mi] += gms;
             char name[64];
-            snprintf(name, sizeof name, "gemv_q8 %5dx%-5d m=%d", a.n, a.k, a.m);
+            snprintf(name, sizeof name, "%s %5dx%-5d m=%d", label, a.n, a.k, a.m);
             printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%%\n", name, ms,
                    a.wbytes / ms / 1e6, 100.0 * a.wbytes / ms / 1e6 / ceil_gbs, gms,
                    100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
@@ -217,11 +210,25 @@ static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double c
     }
     for (int mi = 0; mi < NMS; mi++) {
         char name[64];
-        snprintf(name, sizeof name, "gemv_q8 all shapes m=%d", ms_[mi]);
+        snprintf(name, sizeof name, "%s all shapes m=%d", label, ms_[mi]);
         printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (one of each shape)\n", name,
                tot[mi], bytes_total / tot[mi] / 1e6, 100.0 * bytes_total / tot[mi] / 1e6 / ceil_gbs, gtot[mi],
                100.0 * bytes_total / gtot[mi] / 1e6 / ceil_gbs);
     }
+    return bytes_total;
+}
+
+/* Q8_0 GEMV (kern_cuda_gemv_q8) at the four Llama-2-7B shapes, launched and graph-timed, m = 1..16; bytes are
+ * the Q8_0 weight bytes n*k*34/32. With sweep: every forced configuration (graph-timed, m = 1, 4 and 16). */
+static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double ceil_gbs, int sweep)
+{
+    struct mm_arg a;
+    memset(&a, 0, sizeof a);
+    a.y = y;
+    a.x = x;
+    a.w = pool;
+    a.wt = DTYPE_Q8_0;
+    sweep_shapes("gemv_q8", a, pool_bytes, ceil_gbs);
     if (!sweep) return;
     printf("gemv_q8 configurations, graph-timed, %% of copy (m=1 / m=4 / m=16):\n");
     for (int cfg = 1; cfg <= KERN_CUDA_GEMV_Q8_CONFIGS; cfg++) {
@@ -244,22 +251,6 @@ static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double c
         printf("\n");
     }
     kern_cuda_gemv_q8_set_config(0);
-    a.q8 = 0; /* the older kernel, matmul.cu's gemv_q8_kernel */
-    for (int si = 0; si < 4; si++)
-        for (int m = 1; m <= 16; m += 15) {
-            if (m == 16 && si != 0) continue;
-            a.m = m;
-            a.n = shapes[si][0];
-            a.k = shapes[si][1];
-            a.wbytes = dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
-            a.copies = (int)(pool_bytes / a.wbytes);
-            use_graph = 1;
-            const double gms = time_ms(mm_fn, &a, 20);
-            use_graph = 0;
-            char name[64];
-            snprintf(name, sizeof name, "old gemv Q8_0 %5dx%-5d m=%d", a.n, a.k, a.m);
-            printf("%-34s graph %7.4f ms %5.1f%% of copy\n", name, gms, 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
-        }
 }
 
 static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill,
@@ -369,7 +360,6 @@ int main(int argc, char **argv)
     cudaFree(c.b);
 
     /* GEMV and cuBLAS at Llama-2-7B shapes, f16 weights. */
-    const int shapes[4][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
     const size_t pool_bytes = 512u << 20;
     char *pool;
     CK(cudaMalloc((void **)&pool, pool_bytes + ((size_t)32000 * 4096 * 2)));
@@ -389,44 +379,14 @@ int main(int argc, char **argv)
         CK(cudaStreamDestroy(st));
         return 0;
     }
-    enum { NMS = 5 };
-    const int ms_[NMS] = {1, 2, 4, 8, 16};
-    double gemv_total[NMS] = {0}, gemv_gtotal[NMS] = {0}, bytes_total = 0;
-    for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16, 0};
-        a.wbytes = (size_t)a.n * a.k * 2;
-        a.copies = (int)(pool_bytes / a.wbytes);
-        if (a.copies < 1) a.copies = 1;
-        bytes_total += a.wbytes;
-        for (int mi = 0; mi < NMS; mi++) {
-            a.m = ms_[mi];
-            const double ms = time_ms(mm_fn, &a, 20);
-            use_graph = 1;
-            const double gms = time_ms(mm_fn, &a, 20);
-            use_graph = 0;
-            gemv_total[mi] += ms;
-            gemv_gtotal[mi] += gms;
-            char name[64];
-            snprintf(name, sizeof name, "gemv f16 %5dx%-5d m=%d", a.n, a.k, a.m);
-            printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%%\n", name, ms,
-                   a.wbytes / ms / 1e6, 100.0 * a.wbytes / ms / 1e6 / ceil_gbs, gms,
-                   100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
-        }
-    }
-    for (int mi = 0; mi < NMS; mi++) {
-        char name[64];
-        snprintf(name, sizeof name, "gemv f16 all shapes m=%d", ms_[mi]);
-        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (one of each shape)\n",
-               name, gemv_total[mi], bytes_total / gemv_total[mi] / 1e6,
-               100.0 * bytes_total / gemv_total[mi] / 1e6 / ceil_gbs, gemv_gtotal[mi],
-               100.0 * bytes_total / gemv_gtotal[mi] / 1e6 / ceil_gbs);
-    }
+    const struct mm_arg f16 = {ctx, y, x, pool, 0, 1, 1, 0, 0, 0, DTYPE_F16};
+    const double bytes_total = sweep_shapes("gemv f16", f16, pool_bytes, ceil_gbs);
     { /* m = 1 with one output row per warp instead of the default two */
         double t1 = 0;
         kern_cuda_matmul_set_m1_rows(1);
         use_graph = 1;
         for (int si = 0; si < 4; si++) {
-            struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16, 0};
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, 1, shapes[si][0], shapes[si][1], 0, DTYPE_F16};
             a.wbytes = (size_t)a.n * a.k * 2;
             a.copies = (int)(pool_bytes / a.wbytes);
             t1 += time_ms(mm_fn, &a, 20);
@@ -441,7 +401,7 @@ int main(int argc, char **argv)
     const enum dtype other[2] = {DTYPE_BF16, DTYPE_Q8_0};
     for (int oi = 0; oi < 2; oi++)
         for (int mi = 0; mi < NMS; mi += 2) {
-            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi], 0};
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, ms_[mi], 11008, 4096, 0, other[oi]};
             a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
             a.copies = (int)(pool_bytes / a.wbytes);
             const double ms = time_ms(mm_fn, &a, 20);
@@ -451,7 +411,7 @@ int main(int argc, char **argv)
                    100.0 * a.wbytes / ms / 1e6 / ceil_gbs);
         }
     { /* cuBLAS at m = 16, for comparison with the skinny path */
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16, 0};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 16, 11008, 4096, 1, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         use_graph = 1;
@@ -461,7 +421,7 @@ int main(int argc, char **argv)
                a.wbytes / gms / 1e6, 100.0 * a.wbytes / gms / 1e6 / ceil_gbs);
     }
     for (int si = 0; si < 4; si++) {
-        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16, 0};
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, 512, shapes[si][0], shapes[si][1], 1, DTYPE_F16};
         a.wbytes = (size_t)a.n * a.k * 2;
         a.copies = (int)(pool_bytes / a.wbytes);
         if (a.copies < 1) a.copies = 1;
