@@ -583,14 +583,23 @@ static struct choice *running_leader_locked(const struct sched *s, const struct 
     return NULL;
 }
 
+/* Room for n tokens in slot q's record; 0 when the allocation failed. */
+static int record_room(struct sched *s, int q, int n)
+{
+    if (n <= s->slot_cap[q]) return 1;
+    int cap = s->slot_cap[q] ? s->slot_cap[q] : 256;
+    while (cap < n) cap *= 2;
+    int32_t *t = realloc(s->slot_toks[q], (size_t)cap * sizeof *t);
+    if (!t) return 0;
+    s->slot_toks[q] = t;
+    s->slot_cap[q] = cap;
+    return 1;
+}
+
 /* With mu held: copies the record of the tokens in slot `from`'s first n positions to slot `to`. */
 static void copy_record_locked(struct sched *s, int from, int to, int n)
 {
-    if (n > 0 && s->slot_len[from] >= n && s->slot_cap[to] < n) {
-        int32_t *t = realloc(s->slot_toks[to], (size_t)n * sizeof *t);
-        if (t) s->slot_toks[to] = t, s->slot_cap[to] = n;
-    }
-    if (n > 0 && s->slot_len[from] >= n && s->slot_cap[to] >= n) {
+    if (n > 0 && s->slot_len[from] >= n && record_room(s, to, n)) {
         memcpy(s->slot_toks[to], s->slot_toks[from], (size_t)n * sizeof(int32_t));
         s->slot_len[to] = n;
     } else {
@@ -693,16 +702,9 @@ static void record_tokens(struct sched *s, const struct batch *b)
     for (int i = 0; i < b->n_tokens; i++) {
         const int q = b->seq[i], p = b->pos[i];
         if (s->slot_len[q] < 0) continue;
-        if (p >= s->slot_cap[q]) {
-            int cap = s->slot_cap[q] ? s->slot_cap[q] : 256;
-            while (cap <= p) cap *= 2;
-            int32_t *t = realloc(s->slot_toks[q], (size_t)cap * sizeof *t);
-            if (!t) {
-                s->slot_len[q] = -1;
-                continue;
-            }
-            s->slot_toks[q] = t;
-            s->slot_cap[q] = cap;
+        if (!record_room(s, q, p + 1)) {
+            s->slot_len[q] = -1;
+            continue;
         }
         s->slot_toks[q][p] = b->tokens[i];
         s->slot_len[q] = p + 1;
