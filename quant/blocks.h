@@ -13,6 +13,8 @@
 #define QK8_0        32
 #define QK4_0        32
 #define QK4_1        32
+#define QK5_0        32
+#define QK5_1        32
 #define QK_K         256
 #define K_SCALE_SIZE 12
 
@@ -32,11 +34,32 @@ struct block_q4_1 {
     uint8_t qs[QK4_1 / 2]; /* as q4_0; x = d * q + m */
 };
 
+struct block_q5_0 {
+    uint16_t d;            /* f16 scale */
+    uint8_t qh[4];         /* bit j of the little-endian u32: the 5th bit of element j */
+    uint8_t qs[QK5_0 / 2]; /* low nibbles as q4_0; x = d * (q - 16) */
+};
+
+struct block_q5_1 {
+    uint16_t d;            /* f16 scale */
+    uint16_t m;            /* f16 minimum */
+    uint8_t qh[4];         /* as q5_0 */
+    uint8_t qs[QK5_1 / 2]; /* as q5_0; x = d * q + m */
+};
+
 struct block_q4_k {
     uint16_t d;                   /* f16 super-block scale of the 6-bit scales */
     uint16_t dmin;                /* f16 super-block scale of the 6-bit mins */
     uint8_t scales[K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each, packed (see dequant.c) */
     uint8_t qs[QK_K / 2];         /* 4-bit quants, 64 elements per 32 bytes (low then high nibbles) */
+};
+
+struct block_q5_k {
+    uint16_t d;                   /* f16 super-block scale of the 6-bit scales */
+    uint16_t dmin;                /* f16 super-block scale of the 6-bit mins */
+    uint8_t scales[K_SCALE_SIZE]; /* as q4_k */
+    uint8_t qh[QK_K / 8];         /* 5th bits: bit i of qh[j] belongs to element 32*i + j */
+    uint8_t qs[QK_K / 2];         /* low 4 bits, as q4_k */
 };
 
 struct block_q6_k {
@@ -49,7 +72,10 @@ struct block_q6_k {
 static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(struct block_q4_0) == 18, "block_q4_0 size");
 static_assert(sizeof(struct block_q4_1) == 20, "block_q4_1 size");
+static_assert(sizeof(struct block_q5_0) == 22, "block_q5_0 size");
+static_assert(sizeof(struct block_q5_1) == 24, "block_q5_1 size");
 static_assert(sizeof(struct block_q4_k) == 144, "block_q4_k size");
+static_assert(sizeof(struct block_q5_k) == 176, "block_q5_k size");
 static_assert(sizeof(struct block_q6_k) == 210, "block_q6_k size");
 
 #endif

@@ -7,13 +7,16 @@
  *        x[j] = d * ((qs[j] & 15) - 8),  x[j+16] = d * ((qs[j] >> 4) - 8),  j < 16
  *   Q4_1 (32 elements, 20 bytes): { f16 d; f16 m; u8 qs[16]; }
  *        x[j] = d * (qs[j] & 15) + m,    x[j+16] = d * (qs[j] >> 4) + m
- *   Q4_K (256 elements, 144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }
- *        8 sub-blocks of 32 with a 6-bit scale sc[i] and a 6-bit min mn[i]:
- *          i < 4: sc = scales[i] & 63,  mn = scales[i+4] & 63
- *          i ≥ 4: sc = (scales[i+4] & 15) | ((scales[i-4] >> 6) << 4),
- *                 mn = (scales[i+4] >> 4) | ((scales[i] >> 6) << 4)
+ *   Q5_0 (32 elements, 22 bytes): { f16 d; u8 qh[4]; u8 qs[16]; }, h = qh as a little-endian u32
+ *        x[j] = d * (((qs[j] & 15) | (h >> j & 1) << 4) - 16),  x[j+16] = d * (((qs[j] >> 4) | (h >> (j+16) &
+ * 1) << 4) - 16) Q5_1 (32 elements, 24 bytes): { f16 d; f16 m; u8 qh[4]; u8 qs[16]; }   as Q5_0 without the
+ * -16, then + m Q4_K (256 elements, 144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; } 8 sub-blocks
+ * of 32 with a 6-bit scale sc[i] and a 6-bit min mn[i]: i < 4: sc = scales[i] & 63,  mn = scales[i+4] & 63 i
+ * ≥ 4: sc = (scales[i+4] & 15) | ((scales[i-4] >> 6) << 4), mn = (scales[i+4] >> 4) | ((scales[i] >> 6) << 4)
  *        Sub-blocks 2p and 2p+1 (p < 4) share qs[32p .. 32p+31]: low nibbles are sub-block 2p, high 2p+1.
  *        x = (d * sc) * q - (dmin * mn).
+ *   Q5_K (256 elements, 176 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }
+ *        as Q4_K, with a fifth bit: element 32i + l (i < 8, l < 32) adds 16 * (qh[l] >> i & 1) to its nibble.
  *   Q6_K (256 elements, 210 bytes): { u8 ql[128]; u8 qh[64]; int8 scales[16]; f16 d; }
  *        Two halves of 128; in half h (ql += 64h, qh += 32h, scales += 8h), for l < 32:
  *          q0 = (ql[l]    & 15) | ((qh[l] >> 0 & 3) << 4)   -> element l       (scale index l/16)
@@ -78,6 +81,36 @@ static void deq_q4_1(const struct block_q4_1 *restrict b, float *restrict y, int
     }
 }
 
+static void deq_q5_0(const struct block_q5_0 *restrict b, float *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK5_0) {
+        const float d = f16_to_f32(b[i].d);
+        uint32_t qh;
+        memcpy(&qh, b[i].qh, sizeof qh);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int x0 = ((b[i].qs[j] & 15) | (int)((qh >> j) << 4 & 16)) - 16;
+            const int x1 = ((b[i].qs[j] >> 4) | (int)((qh >> (j + 12)) & 16)) - 16;
+            y[j] = (float)x0 * d;
+            y[j + QK5_0 / 2] = (float)x1 * d;
+        }
+    }
+}
+
+static void deq_q5_1(const struct block_q5_1 *restrict b, float *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK5_1) {
+        const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        uint32_t qh;
+        memcpy(&qh, b[i].qh, sizeof qh);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const int x0 = (b[i].qs[j] & 15) | (int)((qh >> j) << 4 & 16);
+            const int x1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 12)) & 16);
+            y[j] = (float)x0 * d + m;
+            y[j + QK5_1 / 2] = (float)x1 * d + m;
+        }
+    }
+}
+
 static void q4_k_scale_min(int i, const uint8_t *s, uint8_t *sc, uint8_t *mn)
 {
     if (i < 4) {
@@ -102,6 +135,24 @@ static void deq_q4_k(const struct block_q4_k *restrict b, float *restrict y, int
             const float d2 = d * (float)sc, m2 = dmin * (float)mn;
             for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 15) - m1;
             for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+static void deq_q5_k(const struct block_q5_k *restrict b, float *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+        const uint8_t *q = b[i].qs, *qh = b[i].qh;
+        for (int p = 0; p < 4; p++, q += 32) {
+            uint8_t sc, mn;
+            q4_k_scale_min(2 * p, b[i].scales, &sc, &mn);
+            const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+            q4_k_scale_min(2 * p + 1, b[i].scales, &sc, &mn);
+            const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((q[l] & 15) + (qh[l] >> (2 * p) & 1) * 16) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((q[l] >> 4) + (qh[l] >> (2 * p + 1) & 1) * 16) - m2;
         }
     }
 }
@@ -163,8 +214,17 @@ int dequant_row(enum dtype t, const void *src, float *dst, int64_t n)
     case DTYPE_Q4_1:
         deq_q4_1(src, dst, nb);
         return FERRY_OK;
+    case DTYPE_Q5_0:
+        deq_q5_0(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q5_1:
+        deq_q5_1(src, dst, nb);
+        return FERRY_OK;
     case DTYPE_Q4_K:
         deq_q4_k(src, dst, nb);
+        return FERRY_OK;
+    case DTYPE_Q5_K:
+        deq_q5_k(src, dst, nb);
         return FERRY_OK;
     case DTYPE_Q6_K:
         deq_q6_k(src, dst, nb);

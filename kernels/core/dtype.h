@@ -15,8 +15,11 @@ enum dtype {
     DTYPE_F16 = 1,
     DTYPE_Q4_0 = 2,
     DTYPE_Q4_1 = 3,
+    DTYPE_Q5_0 = 6,
+    DTYPE_Q5_1 = 7,
     DTYPE_Q8_0 = 8,
     DTYPE_Q4_K = 12,
+    DTYPE_Q5_K = 13,
     DTYPE_Q6_K = 14,
     DTYPE_BF16 = 30,
     DTYPE_COUNT = 31, /* one past the largest id; not a type */

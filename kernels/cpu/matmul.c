@@ -53,7 +53,8 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
  * poorly. SmolLM2-135M Q4_1 decode step 8.1-8.8 -> 5.4-6.1 ms (see kernels/cpu/NOTES.md). */
 #define PF_AHEAD 8
 /* Into L2 only: a T0 prefetch holds one of the few L1 miss buffers for the whole DRAM latency, which
- * capped Q8_0 at ~14 GB/s from DRAM with 2 threads (22-25 GB/s with T1; decode step 5.5-5.8 -> 4.8-5.3 ms). */
+ * capped Q8_0 at ~14 GB/s from DRAM with 2 threads (22-25 GB/s with T1; decode step 5.5-5.8 -> 4.8-5.3 ms).
+ */
 #define PF_HINT _MM_HINT_T1
 
 /* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by
@@ -230,9 +231,8 @@ micro44(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw,
             MICRO_ROW(kind, 1)                                                                               \
             MICRO_ROW(kind, 2)                                                                               \
             MICRO_ROW(kind, 3)                                                                               \
-                    MICRO_ROW(kind, 4) MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4)                         \
-                        MICRO_CASE(kind, 3, 4) case 4 *                                                      \
-                    8 +                                                                                      \
+            MICRO_ROW(kind, 4)                                                                               \
+                    MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4) case 4 * 8 +        \
                 4 : micro44(out, x, ldx, w, ldw, kc, kind);                                                  \
             return;                                                                                          \
         }                                                                                                    \
@@ -355,8 +355,8 @@ static inline __attribute__((always_inline)) void kq_q6_k(float *out, const floa
         switch (mr * 8 + nr) {                                                                               \
             KQ_CASE(fn, 1, 1)                                                                                \
             KQ_CASE(fn, 1, 2)                                                                                \
-            KQ_CASE(fn, 1, 3) KQ_CASE(fn, 1, 4) KQ_CASE(fn, 2, 1) KQ_CASE(fn, 2, 2) KQ_CASE(fn, 2, 3)        \
-                KQ_CASE(fn, 2, 4)                                                                            \
+            KQ_CASE(fn, 1, 3)                                                                                \
+            KQ_CASE(fn, 1, 4) KQ_CASE(fn, 2, 1) KQ_CASE(fn, 2, 2) KQ_CASE(fn, 2, 3) KQ_CASE(fn, 2, 4)        \
         }                                                                                                    \
     }
 KQ_FN(micro_q4_k, kq_q4_k)
@@ -371,7 +371,7 @@ KQ_FN(micro_q6_k, kq_q6_k)
 #else
 #define DIRECT_M_MAX 3
 #endif
-#define SX_MAX_K   16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
+#define SX_MAX_K 16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
 /* ---- m <= 2, Q8_0/Q4_0/Q4_1 with hand-written AVX2 -------------------------------------------------------
  *
  * Per 32-element block and weight row: the integer quants are widened to i32 (pmovzx/pmovsx straight from
@@ -393,11 +393,11 @@ static inline __attribute__((always_inline)) float hsum256(__m256 v)
 }
 
 static inline __attribute__((always_inline)) void avx_q(float *out, const float *x, ptrdiff_t ldx,
-                                                        const uint8_t *w, ptrdiff_t ldw, int k, int mr, int nr,
-                                                        const float *sx, enum wkind kind)
+                                                        const uint8_t *w, ptrdiff_t ldw, int k, int mr,
+                                                        int nr, const float *sx, enum wkind kind)
 {
     const int nb = k / 32;
-    const size_t bsz = kind == WK_Q8_0 ? sizeof(struct block_q8_0)
+    const size_t bsz = kind == WK_Q8_0   ? sizeof(struct block_q8_0)
                        : kind == WK_Q4_0 ? sizeof(struct block_q4_0)
                                          : sizeof(struct block_q4_1);
     const int qoff = kind == WK_Q4_1 ? 4 : 2;
@@ -415,7 +415,8 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
             const float *xp = x + i * ldx + 32 * b;
             xv[i][0] = _mm512_loadu_ps(xp);
             xv[i][1] = _mm512_loadu_ps(xp + 16);
-            if (kind != WK_Q8_0) sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
+            if (kind != WK_Q8_0)
+                sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
         }
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
@@ -454,8 +455,9 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             const __m128 c = cacc[i][j];
-            const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
-                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1)));
+            const __m256 h =
+                _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1)));
             out[i * NR + j] = hsum256(h) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
         }
 #else
@@ -469,7 +471,8 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
         for (int i = 0; i < mr; i++) {
             const float *xp = x + i * ldx + 32 * b;
             for (int v = 0; v < 4; v++) xv[i][v] = _mm256_loadu_ps(xp + 8 * v);
-            if (kind != WK_Q8_0) sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
+            if (kind != WK_Q8_0)
+                sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
         }
         for (int j = 0; j < nr; j++) {
             const uint8_t *bp = w + j * ldw + bsz * b;
@@ -479,7 +482,8 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
             __m128 dm;
             if (kind == WK_Q8_0) {
                 for (int v = 0; v < 4; v++)
-                    f[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v))));
+                    f[v] = _mm256_cvtepi32_ps(
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v))));
                 uint16_t d;
                 memcpy(&d, bp, 2);
                 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(d));
@@ -514,17 +518,19 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             const __m128 c = cacc[i][j];
-            out[i * NR + j] = hsum256(acc[i][j]) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
+            out[i * NR + j] =
+                hsum256(acc[i][j]) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
         }
 #endif
 }
 
 #if defined(__AVX512F__)
 /* Q4_0 with AVX-512 (measured 5 % faster than avx_q for Q4_0, 10 % slower for Q4_1, which stays on avx_q;
- * the Q4_1 code below is kept for completeness): the 16 possible weights of a block row, d*q+m (Q4_0: d*(q-8)), are built once
- * per block in one register (one FMA on 0..15) and looked up with vpermps, which reads only the low 4 bits
- * of each index: no int->float conversion, no and-mask, and the weights are the exactly dequantized values.
- * Two accumulators per (x row, weight row) (low / high nibble halves), summed at the end. */
+ * the Q4_1 code below is kept for completeness): the 16 possible weights of a block row, d*q+m (Q4_0:
+ * d*(q-8)), are built once per block in one register (one FMA on 0..15) and looked up with vpermps, which
+ * reads only the low 4 bits of each index: no int->float conversion, no and-mask, and the weights are the
+ * exactly dequantized values. Two accumulators per (x row, weight row) (low / high nibble halves), summed at
+ * the end. */
 static inline __attribute__((always_inline)) void avx512_q4(float *out, const float *x, ptrdiff_t ldx,
                                                             const uint8_t *w, ptrdiff_t ldw, int k, int mr,
                                                             int nr, enum wkind kind)
@@ -589,7 +595,7 @@ static inline __attribute__((always_inline)) void avx512_q4(float *out, const fl
             AVXQ4(kind, mr, nr);                                                                             \
         return;
 #define AVXQ_FN(name, kind)                                                                                  \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,     \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,      \
                      int mr, int nr, const float *sx)                                                        \
     {                                                                                                        \
         switch (mr * 8 + nr) {                                                                               \
@@ -647,12 +653,14 @@ static inline __attribute__((always_inline)) void avx_q4k(float *out, const floa
             __m256 xl[2][4], xh[2][4];
             for (int i = 0; i < mr; i++) {
                 const float *xp = x + i * ldx + b * QK_K + 64 * p;
-                for (int v = 0; v < 4; v++) xl[i][v] = _mm256_loadu_ps(xp + 8 * v), xh[i][v] = _mm256_loadu_ps(xp + 32 + 8 * v);
+                for (int v = 0; v < 4; v++)
+                    xl[i][v] = _mm256_loadu_ps(xp + 8 * v), xh[i][v] = _mm256_loadu_ps(xp + 32 + 8 * v);
             }
             for (int j = 0; j < nr; j++) {
                 const uint8_t *qs = ((const struct block_q4_k *)(w + j * ldw) + b)->qs + 32 * p;
                 __m256i a[4];
-                for (int v = 0; v < 4; v++) a[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v)));
+                for (int v = 0; v < 4; v++)
+                    a[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v)));
                 __m256 fl[4], fh[4];
                 for (int v = 0; v < 4; v++) {
                     fl[v] = _mm256_cvtepi32_ps(_mm256_and_si256(a[v], m15));
@@ -679,8 +687,8 @@ static inline __attribute__((always_inline)) void avx_q4k(float *out, const floa
     case (mr)*8 + (nr):                                                                                      \
         avx_q4k(out, x, ldx, w, ldw, k, mr, nr, sx);                                                         \
         return;
-static void avx_q4_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                     int nr, const float *sx)
+static void avx_q4_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
+                     int mr, int nr, const float *sx)
 {
     switch (mr * 8 + nr) {
         AVXQ4K_CASE(1, 1)
@@ -697,9 +705,8 @@ static void avx_q4_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w
 /* Q6_K for m <= 2 with AVX2: per super-block, half h (128 elements) and 16-lane half of l, the four 6-bit
  * quant vectors (g = 0..3) are rebuilt from ql/qh with 128-bit byte ops, recentred (q - 32) as int8, widened
  * to i32 and converted; t = Σ q·x over the 16 elements of one scale, acc += (d·scale)·t. */
-static inline __attribute__((always_inline)) void avx_q6k(float *out, const float *x, ptrdiff_t ldx,
-                                                          const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                                                          int nr)
+static inline __attribute__((always_inline)) void
+avx_q6k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k, int mr, int nr)
 {
     const int nsb = k / QK_K;
     __m256 acc[2][NR];
@@ -755,8 +762,8 @@ static inline __attribute__((always_inline)) void avx_q6k(float *out, const floa
     case (mr)*8 + (nr):                                                                                      \
         avx_q6k(out, x, ldx, w, ldw, k, mr, nr);                                                             \
         return;
-static void avx_q6_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                     int nr, const float *sx)
+static void avx_q6_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
+                     int mr, int nr, const float *sx)
 {
     (void)sx;
     switch (mr * 8 + nr) {
@@ -792,6 +799,25 @@ struct mm_ctx {
     int direct;      /* rows decoded in registers by avx_q & co. (m <= DIRECT_M_MAX), no tile */
 };
 
+/* m <= 2 and a type the micro-kernels decode in registers: whole rows stream from memory, no tile. Other
+ * types (Q5_*) always go through the tile. */
+static int streams_rows(const struct mm_ctx *c)
+{
+    switch (c->wt) {
+    case DTYPE_F32:
+    case DTYPE_F16:
+    case DTYPE_BF16:
+    case DTYPE_Q8_0:
+    case DTYPE_Q4_0:
+    case DTYPE_Q4_1:
+    case DTYPE_Q4_K:
+    case DTYPE_Q6_K:
+        return c->m <= 2;
+    default:
+        return 0;
+    }
+}
+
 static void mm_task(void *arg, int t)
 {
     const struct mm_ctx *c = arg;
@@ -804,7 +830,7 @@ static void mm_task(void *arg, int t)
     /* When rows are reused (m > 2) they are dequantized/converted into the tile, so the micro-kernel reads a
      * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
      * stream straight from memory and are decoded in registers (whole rows, kc = k). */
-    const int use_tile = m > 2;
+    const int use_tile = !streams_rows(c);
     micro_fn mk = micro_f32;
     if (!use_tile) {
         switch (c->wt) {
@@ -892,7 +918,8 @@ static void mm_task(void *arg, int t)
                 if (j0 + PF_AHEAD < j_hi && c->row_bytes <= 4096) { /* long rows: hardware prefetch */
                     const int pr = j_hi - (j0 + PF_AHEAD) < NR ? j_hi - (j0 + PF_AHEAD) : NR;
                     const uint8_t *p0 = c->w + (size_t)(j0 + PF_AHEAD) * c->row_bytes;
-                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64) __builtin_prefetch(p0 + off, 0, 2);
+                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64)
+                        __builtin_prefetch(p0 + off, 0, 2);
                 }
             }
             for (int i0 = 0; i0 < m; i0 += MR) {
@@ -922,8 +949,8 @@ static int mm_check(const float *y, const float *x, const void *w, enum dtype wt
 
 /* Fills c for one product and returns how many pool tasks it wants (1 for tiny products). sx_buf holds
  * DIRECT_M_MAX * 2 * (SX_MAX_K / 32) floats and must live until the product is done. */
-static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w, enum dtype wt, const float *bias,
-                      int m, int n, int k, struct tpool *tp, float *sx_buf)
+static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w, enum dtype wt,
+                      const float *bias, int m, int n, int k, struct tpool *tp, float *sx_buf)
 {
     *c = (struct mm_ctx){.y = y,
                          .x = x,
@@ -941,7 +968,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
     if (kc > KC_MAX) kc = KC_MAX;
-    if (m <= 2) kc = k; /* the same condition as "no tile" in mm_task */
+    if (streams_rows(c)) kc = k; /* rows stream whole: no tile in mm_task */
     if (kc >= k) kc = k;
     c->kc = (int)kc;
 #ifdef HAVE_AVX_Q
@@ -997,7 +1024,8 @@ static void mm_multi_task(void *arg, int t)
     mm_task((void *)&mm->c[j], t - mm->first[j]);
 }
 
-int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k, struct tpool *tp)
+int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k,
+                          struct tpool *tp)
 {
     if (n_jobs <= 0 || n_jobs > KERN_CPU_MM_MAX_JOBS) return FERRY_ERR_INVALID;
     for (int j = 0; j < n_jobs; j++) {
@@ -1007,8 +1035,8 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     struct mm_multi mm = {.n_jobs = n_jobs};
     float sx[KERN_CPU_MM_MAX_JOBS][SX_FLOATS];
     for (int j = 0; j < n_jobs; j++)
-        mm.first[j + 1] = mm.first[j] + mm_prepare(&mm.c[j], jobs[j].y, x, jobs[j].w, jobs[j].wt, jobs[j].bias, m,
-                                                   jobs[j].n, k, tp, sx[j]);
+        mm.first[j + 1] = mm.first[j] + mm_prepare(&mm.c[j], jobs[j].y, x, jobs[j].w, jobs[j].wt,
+                                                   jobs[j].bias, m, jobs[j].n, k, tp, sx[j]);
     tpool_run(tp, mm_multi_task, &mm, mm.first[n_jobs]);
     return FERRY_OK;
 }

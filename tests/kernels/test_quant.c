@@ -153,7 +153,7 @@ Test(quant, rejects_bad_lengths)
     uint8_t src[64 * 4] = {0};
     cr_assert_eq(dequant_row(DTYPE_Q8_0, src, dst, 33), FERRY_ERR_INVALID);
     cr_assert_eq(dequant_row(DTYPE_Q4_K, src, dst, 32), FERRY_ERR_INVALID);
-    cr_assert_eq(dequant_row((enum dtype)7, src, dst, 32), FERRY_ERR_INVALID);
+    cr_assert_eq(dequant_row((enum dtype)9, src, dst, 32), FERRY_ERR_INVALID);
     cr_assert_eq(quant_row(DTYPE_Q4_0, dst, src, 31), FERRY_ERR_INVALID);
     cr_assert_eq(quant_row(DTYPE_Q6_K, dst, src, 256), FERRY_ERR_UNSUPPORTED);
     cr_assert_eq(dequant_row(DTYPE_F32, src, dst, 0), FERRY_OK);
