@@ -51,10 +51,21 @@ enum { M_QKV, M_O, M_GU, M_DOWN, N_MATS };
 enum { V_ATTN_NORM, V_FFN_NORM, V_BQKV, N_VECS };
 #define MAX_PARTS 3
 
-/* Where each tensor of a layer sits inside its packed block, and the type it has there. */
+/* One matrix of a group (q, k or v of q|k|v; gate or up of gate|up): its rows start at `row0` of the group's
+ * output and its bytes at `off` of the layer block, in its own stored type. */
+struct part_layout {
+    enum dtype type;
+    int64_t row0, rows;
+    size_t off;
+};
+
+/* Where each tensor of a layer sits inside its packed block. A group whose parts share one type is one
+ * product; otherwise (Q4_K_M stores v in Q6_K beside q and k in Q4_K) each part is its own product, written
+ * into its column slice of the group's output. */
 struct layer_layout {
-    size_t mat_off[N_MATS];
-    enum dtype mat_type[N_MATS];
+    struct part_layout part[N_MATS][MAX_PARTS];
+    int n_parts[N_MATS];
+    int uniform[N_MATS]; /* 1 when every part of the group has the same type */
     int64_t mat_rows[N_MATS], mat_cols[N_MATS];
     size_t vec_off[N_VECS]; /* SIZE_MAX when absent */
     size_t bytes;
@@ -62,13 +73,13 @@ struct layer_layout {
 
 /* Device pointers of one layer for one step (resident block or a slot). */
 struct dev_layer {
-    const void *mat[N_MATS];
-    enum dtype mat_type[N_MATS];
+    const char *base;
+    const struct layer_layout *lay;
     const float *vec[N_VECS];
 };
 
-/* The type a matrix has on the device: F32/F16/BF16/Q8_0 as stored (the GEMV reads them all); other GGUF
- * quants are converted to F16 at load. */
+/* The type a matrix has on the device: its stored type when the CUDA kernels read it, else F16 (converted
+ * at load). */
 static enum dtype device_type(enum dtype t)
 {
     return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_Q8_0 ? t : DTYPE_F16;
@@ -83,14 +94,6 @@ static int group_parts(const struct model_layer *L, int i, const struct wview *p
     case M_GU: parts[0] = &L->w_gate, parts[1] = &L->w_up; return 2;
     default: parts[0] = &L->w_down; return 1;
     }
-}
-
-/* A group keeps its parts' device type when they share one, else all parts become F16. */
-static enum dtype group_type(const struct wview *const parts[], int n)
-{
-    for (int j = 1; j < n; j++)
-        if (device_type(parts[j]->type) != device_type(parts[0]->type)) return DTYPE_F16;
-    return device_type(parts[0]->type);
 }
 
 static size_t vec_len(const struct llm_hparams *hp, int i)
@@ -110,12 +113,21 @@ static void layer_layout_of(const struct model_layer *L, const struct llm_hparam
     for (int i = 0; i < N_MATS; i++) {
         const struct wview *parts[MAX_PARTS];
         const int n = group_parts(L, i, parts);
-        lay->mat_type[i] = group_type(parts, n);
-        lay->mat_off[i] = off;
+        lay->n_parts[i] = n;
+        lay->uniform[i] = 1;
         lay->mat_rows[i] = 0;
         lay->mat_cols[i] = parts[0]->cols;
-        for (int j = 0; j < n; j++) lay->mat_rows[i] += parts[j]->rows;
-        off = align_up(off + dtype_row_size(lay->mat_type[i], lay->mat_cols[i]) * (size_t)lay->mat_rows[i]);
+        for (int j = 0; j < n; j++) {
+            struct part_layout *pl = &lay->part[i][j];
+            pl->type = device_type(parts[j]->type);
+            pl->row0 = lay->mat_rows[i];
+            pl->rows = parts[j]->rows;
+            pl->off = off;
+            lay->uniform[i] &= pl->type == lay->part[i][0].type;
+            lay->mat_rows[i] += pl->rows;
+            off += dtype_row_size(pl->type, parts[j]->cols) * (size_t)pl->rows;
+        }
+        off = align_up(off);
     }
     for (int i = 0; i < N_VECS; i++) {
         if (!has_vec(L, i)) {
@@ -150,11 +162,8 @@ static int pack_layer(const struct model_layer *L, const struct llm_hparams *hp,
     for (int i = 0; i < N_MATS; i++) {
         const struct wview *parts[MAX_PARTS];
         const int n = group_parts(L, i, parts);
-        char *at = (char *)dst + lay->mat_off[i];
-        for (int j = 0; j < n; j++) {
-            RC(pack_matrix(parts[j], lay->mat_type[i], at, row_tmp));
-            at += dtype_row_size(lay->mat_type[i], parts[j]->cols) * (size_t)parts[j]->rows;
-        }
+        for (int j = 0; j < n; j++)
+            RC(pack_matrix(parts[j], lay->part[i][j].type, (char *)dst + lay->part[i][j].off, row_tmp));
     }
     for (int i = 0; i < N_VECS; i++) {
         if (lay->vec_off[i] == SIZE_MAX) continue;
@@ -180,10 +189,8 @@ static int pack_layer(const struct model_layer *L, const struct llm_hparams *hp,
 
 static void dev_layer_at(struct dev_layer *d, const struct layer_layout *lay, const void *base)
 {
-    for (int i = 0; i < N_MATS; i++) {
-        d->mat[i] = (const char *)base + lay->mat_off[i];
-        d->mat_type[i] = lay->mat_type[i];
-    }
+    d->base = base;
+    d->lay = lay;
     for (int i = 0; i < N_VECS; i++)
         d->vec[i] = lay->vec_off[i] == SIZE_MAX ? NULL : (const float *)((const char *)base + lay->vec_off[i]);
 }
@@ -453,8 +460,10 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         layer_layout_of(&m->layers[l], hp, lay);
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
         for (int i = 0; i < N_MATS; i++)
-            if (lay->mat_type[i] == DTYPE_Q8_0 && (size_t)(lay->mat_rows[i] * lay->mat_cols[i]) * 2 > ps->conv_bytes)
-                ps->conv_bytes = (size_t)(lay->mat_rows[i] * lay->mat_cols[i]) * 2;
+            for (int j = 0; j < lay->n_parts[i]; j++)
+                if (lay->part[i][j].type == DTYPE_Q8_0 &&
+                    (size_t)(lay->part[i][j].rows * lay->mat_cols[i]) * 2 > ps->conv_bytes)
+                    ps->conv_bytes = (size_t)(lay->part[i][j].rows * lay->mat_cols[i]) * 2;
     }
     if (device_type(m->output.type) == DTYPE_Q8_0 && (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
         ps->conv_bytes = (size_t)(m->output.rows * m->output.cols) * 2;
@@ -726,8 +735,9 @@ static int layer_release(struct forward_cuda *f, int l)
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Forward */
 
-static int linear(struct forward_cuda *f, float *y, const float *x, const void *w, enum dtype t, const float *bias,
-                  int m, int64_t rows, int64_t cols)
+/* y (m, ldy): columns [0, rows) = x (m, cols) · Wᵀ (+ bias). */
+static int linear(struct forward_cuda *f, float *y, int ldy, const float *x, const void *w, enum dtype t,
+                  const float *bias, int m, int64_t rows, int64_t cols)
 {
     /* Prefill-sized products with Q8_0 weights: convert to f16 once, then the tensor-core GEMM. */
     if (t == DTYPE_Q8_0 && m > KERN_CUDA_GEMV_MAX_M) {
@@ -735,7 +745,26 @@ static int linear(struct forward_cuda *f, float *y, const float *x, const void *
         w = f->conv;
         t = DTYPE_F16;
     }
+    if (ldy != rows && m > 1) return FERRY_ERR_UNSUPPORTED; /* until the kernels take a row stride */
     return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
+}
+
+/* y (m, rows of group i) = x · the group's matrices (+ bias): one product, or one per part into its columns.
+ */
+static int linear_group(struct forward_cuda *f, float *y, const float *x, const struct dev_layer *d, int i,
+                        const float *bias, int m)
+{
+    const struct layer_layout *lay = d->lay;
+    const int ldy = (int)lay->mat_rows[i];
+    if (lay->uniform[i])
+        return linear(f, y, ldy, x, d->base + lay->part[i][0].off, lay->part[i][0].type, bias, m, ldy,
+                      lay->mat_cols[i]);
+    for (int j = 0; j < lay->n_parts[i]; j++) {
+        const struct part_layout *pl = &lay->part[i][j];
+        RC(linear(f, y + pl->row0, ldy, x, d->base + pl->off, pl->type, bias ? bias + pl->row0 : NULL, m,
+                  pl->rows, lay->mat_cols[i]));
+    }
+    return FERRY_OK;
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
@@ -755,7 +784,7 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
 {
     const struct llm_hparams *hp = &m->hp;
     const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
-    const int qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const int kvd = hp->n_kv_heads * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     cudaStream_t cs = f->compute;
     size_t bt = (size_t)kv->n_seqs * kv->max_blocks;
@@ -779,16 +808,16 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
             RC(kern_cuda_rmsnorm(f->xn, f->x, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
         else
             RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
-        RC(linear(f, f->qkv, f->xn, d.mat[M_QKV], d.mat_type[M_QKV], d.vec[V_BQKV], n, qd + 2 * kvd, dim));
+        RC(linear_group(f, f->qkv, f->xn, &d, M_QKV, d.vec[V_BQKV], n));
         RC(kern_cuda_rope_kv_store(f->q, f->qkv, &view, d_seq, d_pos, n, hp->n_heads, hp->rope_dim, f->inv_freq,
                                    hp->rope_style, cs));
         RC(kern_cuda_attention(f->att, f->q, &view, d_seq, d_pos, n, hp->n_heads, scale, max_len, KERN_ATTN_AUTO,
                                f->attn_ws, f->attn_ws_bytes, cs));
-        RC(linear(f, f->tmp, f->att, d.mat[M_O], d.mat_type[M_O], NULL, n, dim, qd));
+        RC(linear_group(f, f->tmp, f->att, &d, M_O, NULL, n));
         RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_FFN_NORM], n, dim, hp->norm_eps, cs));
-        RC(linear(f, f->gu, f->xn, d.mat[M_GU], d.mat_type[M_GU], NULL, n, 2 * ffn, dim));
+        RC(linear_group(f, f->gu, f->xn, &d, M_GU, NULL, n));
         RC(kern_cuda_silu_mul(f->h, f->gu, n, ffn, cs));
-        RC(linear(f, f->tmp, f->h, d.mat[M_DOWN], d.mat_type[M_DOWN], NULL, n, dim, ffn));
+        RC(linear_group(f, f->tmp, f->h, &d, M_DOWN, NULL, n));
         if (!f->resident[l]) step_use++;
         RC(layer_release(f, l));
     }
@@ -807,7 +836,8 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
     /* In chunks of the device buffer's rows; each chunk's download is ordered before the next chunk's product. */
     for (int c = 0; c < n_out; c += f->logit_rows) {
         const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
-        RC(linear(f, f->logits, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r, hp->n_vocab, dim));
+        RC(linear(f, f->logits, hp->n_vocab, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r,
+                  hp->n_vocab, dim));
         CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
                            (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
     }
