@@ -9,57 +9,126 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
+static uint64_t layer_size(const struct device_map_input *in, int i)
+{
+    return in->layer_sizes ? in->layer_sizes[i] : in->layer_bytes;
+}
+
+/* Bresenham spread: layer i streams when the running share of streamed layers steps up at i. */
+static enum placement spread(int i, int streamed, int L)
+{
+    return (int64_t)(i + 1) * streamed / L > (int64_t)i * streamed / L ? PLACEMENT_STREAM : PLACEMENT_GPU;
+}
+
+/* Bytes of the weights when `resident` layers stay on the device and the rest stream through k slots. */
+static uint64_t weights_bytes(const struct device_map_input *in, int resident, int k, int *slots,
+                              uint64_t *slot_b)
+{
+    const int L = in->n_layers, streamed = L - resident;
+    uint64_t res = 0, big = 0;
+    for (int i = 0; i < L; i++) {
+        if (spread(i, streamed, L) == PLACEMENT_GPU)
+            res += layer_size(in, i);
+        else if (layer_size(in, i) > big)
+            big = layer_size(in, i);
+    }
+    int s = streamed ? (k < streamed ? k : streamed) : 0;
+    if (streamed && s < 2 && L >= 2) s = 2;
+    *slots = s;
+    *slot_b = streamed ? big : in->layer_bytes;
+    return res + (uint64_t)s * big;
+}
+
 int device_map_plan(const struct device_map_input *in, struct device_map *out, char err[256])
 {
     memset(out, 0, sizeof *out);
     const int L = in->n_layers;
-    if (L <= 0 || in->gpu_layers < -1 || in->gpu_layers > L || in->n_slots < 0) {
+    const int auto_kv = in->kv_token_bytes > 0;
+    if (L <= 0 || in->gpu_layers < -1 || in->gpu_layers > L || in->n_slots < 0 ||
+        (auto_kv && (in->kv_block <= 0 || in->kv_tokens_min <= 0 || in->kv_tokens_max < in->kv_tokens_min))) {
         snprintf(err, 256, "invalid placement request (layers %d, --gpu-layers %d)", L, in->gpu_layers);
         return FERRY_ERR_INVALID;
     }
-    const uint64_t lb = in->layer_bytes, base = in->fixed_bytes + in->head_bytes;
+    const uint64_t base = in->fixed_bytes + in->head_bytes, kvt = in->kv_token_bytes;
+    const int64_t blk = auto_kv ? in->kv_block : 1;
+    const int64_t kv_max = auto_kv ? in->kv_tokens_max / blk * blk : 0;
+    const int64_t kv_min = auto_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
+    int64_t kv_floor = auto_kv ? in->kv_tokens_floor / blk * blk : 0;
+    if (kv_floor < kv_min) kv_floor = kv_min;
+    if (kv_floor > kv_max) kv_floor = kv_max > kv_min ? kv_max : kv_min;
     int k = in->n_slots ? in->n_slots : 2;
     if (k > L) k = L;
     if (k < 2 && L >= 2) k = 2;
-    out->bytes_minimum = base + (uint64_t)k * lb;
-    if (L == 1 || (uint64_t)L * lb <= (uint64_t)k * lb) out->bytes_minimum = base + (uint64_t)L * lb;
+    int slots;
+    uint64_t slot_b;
+    /* The smallest plan: every layer streams (or all resident when the ring would hold them all anyway). */
+    const int min_resident = L == 1 || L <= k ? L : 0;
+    out->bytes_minimum = base + weights_bytes(in, min_resident, k, &slots, &slot_b) + (uint64_t)kv_min * kvt;
 
     int resident;
+    int64_t kv = kv_max;
+    uint64_t all = weights_bytes(in, L, k, &slots, &slot_b);
     if (in->gpu_layers >= 0) {
         resident = in->gpu_layers;
-    } else if (in->budget >= base + (uint64_t)L * lb) {
+        kv = kv_min; /* grows below into what the layers leave */
+    } else if (in->budget >= base + all + (uint64_t)kv_max * kvt) {
         resident = L;
     } else {
-        uint64_t avail = in->budget > base + (uint64_t)k * lb ? in->budget - base - (uint64_t)k * lb : 0;
-        resident = (int)(avail / (lb ? lb : 1));
-        if (resident > L - 1) resident = L - 1;
+        /* The pool keeps its floor (or what the smallest plan leaves, if less); the layers take the rest. */
+        kv = kv_floor;
+        const uint64_t w_min = weights_bytes(in, min_resident, k, &slots, &slot_b);
+        if (auto_kv && in->budget < base + w_min + (uint64_t)kv * kvt && in->budget > base + w_min)
+            kv = (int64_t)((in->budget - base - w_min) / kvt) / blk * blk;
+        if (kv < kv_min) kv = kv_min;
+        resident = L - 1 > min_resident ? L - 1 : min_resident;
+        while (resident > min_resident &&
+               base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt > in->budget)
+            resident--;
     }
-    int streamed = L - resident;
-    int slots = streamed ? (k < streamed ? k : streamed) : 0;
-    if (streamed && slots < 2 && L >= 2) slots = 2;
-    uint64_t total = base + (uint64_t)resident * lb + (uint64_t)slots * lb;
+    if (auto_kv) { /* the pool takes what the layers leave, up to its maximum */
+        const uint64_t used = base + weights_bytes(in, resident, k, &slots, &slot_b);
+        if (in->budget > used) {
+            int64_t fit = (int64_t)((in->budget - used) / kvt) / blk * blk;
+            if (fit > kv_max) fit = kv_max;
+            if (fit > kv) kv = fit;
+        }
+        if (kv < kv_min) kv = kv_min;
+    }
+    const int streamed = L - resident;
+    uint64_t total = base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt;
     if (total > in->budget) {
-        snprintf(err, 256,
-                 "GPU budget %.2f GiB is too small: this plan needs %.2f GiB (%d resident layers, %d slots of "
-                 "%.1f MiB, %.2f GiB KV/activations/workspace, %.2f GiB output head); the minimum is %.2f GiB",
-                 in->budget / GIB, total / GIB, resident, slots, lb / 1048576.0, in->fixed_bytes / GIB,
-                 in->head_bytes / GIB, out->bytes_minimum / GIB);
+        if (auto_kv)
+            snprintf(
+                err, 256,
+                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (%d layers streamed, a KV pool of "
+                "%lld positions = one --ctx-size sequence)",
+                in->budget / GIB, out->bytes_minimum / GIB, L - min_resident, (long long)kv_min);
+        else
+            snprintf(
+                err, 256,
+                "GPU budget %.2f GiB is too small: this plan needs %.2f GiB (%d resident layers, %d slots of "
+                "%.1f MiB); the minimum is %.2f GiB",
+                in->budget / GIB, total / GIB, resident, slots, slot_b / 1048576.0, out->bytes_minimum / GIB);
         return FERRY_ERR_DEVICE_MEM;
     }
     out->where = malloc((size_t)L * sizeof *out->where);
     if (!out->where) return FERRY_ERR_NOMEM;
-    /* Bresenham spread: layer i streams when the running share of streamed layers steps up at i. */
-    for (int i = 0; i < L; i++)
-        out->where[i] = ((int64_t)(i + 1) * streamed / L > (int64_t)i * streamed / L) ? PLACEMENT_STREAM
-                                                                                       : PLACEMENT_GPU;
+    uint64_t streamed_bytes = 0, all_bytes = 0;
+    for (int i = 0; i < L; i++) {
+        out->where[i] = spread(i, streamed, L);
+        all_bytes += layer_size(in, i);
+        if (out->where[i] == PLACEMENT_STREAM) streamed_bytes += layer_size(in, i);
+    }
     out->n_layers = L;
     out->n_resident = resident;
     out->n_streamed = streamed;
     out->n_slots = slots;
-    out->layer_bytes = lb;
+    out->layer_bytes = slot_b;
+    out->kv_tokens = auto_kv ? kv : 0;
+    out->kv_bytes = (uint64_t)out->kv_tokens * kvt;
     out->bytes_total = total;
-    double t_link = in->h2d_bytes_per_s > 0 ? (double)streamed * lb / in->h2d_bytes_per_s : 0;
-    double t_hbm = in->hbm_bytes_per_s > 0 ? ((double)L * lb + in->head_bytes) / in->hbm_bytes_per_s : 0;
+    double t_link = in->h2d_bytes_per_s > 0 ? (double)streamed_bytes / in->h2d_bytes_per_s : 0;
+    double t_hbm = in->hbm_bytes_per_s > 0 ? ((double)all_bytes + in->head_bytes) / in->hbm_bytes_per_s : 0;
     out->predicted_step_s = t_link > t_hbm ? t_link : t_hbm;
     return FERRY_OK;
 }
@@ -83,6 +152,9 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
          "(minimum %.2f GiB); predicted batch-1 step %.2f ms\n",
          m->n_resident, m->n_streamed, m->n_slots, m->layer_bytes / 1048576.0, m->bytes_total / GIB,
          m->bytes_minimum / GIB, m->predicted_step_s * 1e3);
+    if (m->kv_tokens)
+        EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
+             m->kv_bytes / GIB);
     for (int i = 0; i < m->n_layers;) {
         int j = i;
         while (j + 1 < m->n_layers && m->where[j + 1] == m->where[i]) j++;

@@ -5,8 +5,15 @@
  * for a later backend; the planner never chooses it yet. The output head is always resident; the token
  * embedding is gathered on the host (only the rows a batch needs cross the link).
  * The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it anywhere):
- *   budget = fixed (KV pool, activations, workspaces) + head + resident layers + slot ring (if any streams).
- * Streamed layers are spread evenly between resident ones so every copy hides behind resident compute.
+ *   budget = fixed (activations, workspaces) + KV pool + head + resident layers + slot ring (if any streams).
+ * Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes, a slot the
+ * largest streamed layer's. Streamed layers are spread evenly between resident ones so every copy hides
+ * behind resident compute.
+ * KV pool: fixed by the caller, or sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer
+ * fits beside it; otherwise the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a
+ * streamed layer's bytes into many tokens) and the layers take the rest, then the pool takes what the layers
+ * leave, up to kv_tokens_max. It never goes below kv_tokens_min (one full-length sequence): a budget that
+ * cannot hold that beside the smallest streaming plan is refused, naming the minimum.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -18,9 +25,16 @@ enum placement { PLACEMENT_GPU = 0, PLACEMENT_STREAM = 1, PLACEMENT_CPU = 2 };
 
 struct device_map_input {
     int n_layers;
-    uint64_t layer_bytes; /* device bytes of one layer's weights (all layers have the same shapes) */
-    uint64_t head_bytes;  /* output head + final norm */
-    uint64_t fixed_bytes; /* KV pool + activations + workspaces */
+    uint64_t layer_bytes;        /* device bytes of the largest layer's weights */
+    const uint64_t *layer_sizes; /* (n_layers) each layer's bytes, or NULL: all are layer_bytes */
+    uint64_t head_bytes;         /* output head + final norm */
+    uint64_t fixed_bytes;        /* activations + workspaces, and the KV pool when kv_token_bytes is 0 */
+    /* KV pool sized by the planner when kv_token_bytes > 0 (positions of all sequences together). */
+    uint64_t kv_token_bytes; /* device bytes of one position's K and V over all layers */
+    int64_t kv_tokens_max;   /* at most this many (--parallel x --ctx-size) */
+    int64_t kv_tokens_floor; /* kept before layers are made resident, when not everything fits */
+    int64_t kv_tokens_min;   /* never fewer (one full-length sequence) */
+    int kv_block;            /* positions per KV block: the pool is a whole number of blocks */
     uint64_t budget;      /* device bytes the plan may use */
     int gpu_layers;       /* -1: as many as fit; else exactly this many resident */
     int n_slots;          /* ring size when some layers stream; 0: the planner's choice (2) */
@@ -34,7 +48,9 @@ struct device_map {
     int n_resident;
     int n_streamed;
     int n_slots;            /* 0 when nothing streams */
-    uint64_t layer_bytes;
+    uint64_t layer_bytes;   /* slot size: the largest streamed layer (the largest layer when none streams) */
+    int64_t kv_tokens;      /* the KV pool's positions when the planner sized it, else 0 */
+    uint64_t kv_bytes;      /* its device bytes (0 when fixed by the caller) */
     uint64_t bytes_total;   /* fixed + head + resident + slots: what the plan allocates */
     uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
     double predicted_step_s; /* batch-1 decode step: max(streamed bytes / h2d, all weight bytes / hbm) */

@@ -74,6 +74,25 @@ void engine_free(struct engine *e)
     free(e);
 }
 
+#ifdef FERRY_CUDA
+/* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs
+ * sequences of up to 1024 positions before layers are made resident, and never less than one full-length
+ * sequence. */
+static struct forward_cuda_params cuda_params(const struct engine_params *p, int kv_auto)
+{
+    const int64_t ctx = p->ctx_size, short_ctx = ctx < 1024 ? ctx : 1024;
+    return (struct forward_cuda_params){.max_tokens = p->max_batch_tokens,
+                                        .gpu_memory = p->gpu_memory,
+                                        .reserve_vram = p->reserve_vram,
+                                        .gpu_layers = p->gpu_layers,
+                                        .n_slots = p->n_slots,
+                                        .kv_auto = kv_auto,
+                                        .kv_tokens_max = (int64_t)p->n_seqs * ctx,
+                                        .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
+                                        .kv_tokens_min = ctx};
+}
+#endif
+
 /* Takes ownership of *model (freed on failure too). */
 static int engine_create(struct engine **out, struct model *model, const struct engine_params *params,
                          char err[256])
@@ -108,6 +127,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const struct llm_hparams *hp = &e->model.hp;
     if (p.quant_int8 && (rc = model_quantize_int8(&e->model, err))) goto fail;
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
+    /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
+    const int kv_auto = use_cuda && p.kv_tokens == 0;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;
     rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
@@ -118,10 +139,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     }
 #ifdef FERRY_CUDA
     if (use_cuda) {
-        struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens, .gpu_memory = p.gpu_memory,
-                                         .reserve_vram = p.reserve_vram, .gpu_layers = p.gpu_layers,
-                                         .n_slots = p.n_slots};
+        struct forward_cuda_params cp = cuda_params(&p, kv_auto);
         if ((rc = forward_cuda_init(&e->cuda, &e->model, &e->kv, &cp, err))) goto fail;
+        e->p.kv_tokens = e->kv.n_blocks * e->kv.block_size;
         device_map_format(forward_cuda_map(e->cuda), e->placement, sizeof e->placement);
     }
 #endif
@@ -181,9 +201,7 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
     rc = kv_cache_init(&kv, m.hp.n_layers, m.hp.n_kv_heads, m.hp.head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
                        ENGINE_KV_BLOCK, 0);
     if (!rc) {
-        struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens, .gpu_memory = p.gpu_memory,
-                                         .reserve_vram = p.reserve_vram, .gpu_layers = p.gpu_layers,
-                                         .n_slots = p.n_slots};
+        struct forward_cuda_params cp = cuda_params(&p, params->kv_tokens == 0);
         rc = forward_cuda_plan_offline(&m, &kv, &cp, 54.9e9, 4.18e12, &map, err);
         if (!rc) {
             device_map_format(&map, buf, cap);

@@ -203,6 +203,7 @@ struct forward_cuda {
     int max_tokens;
     int n_layers;
     struct layer_layout *layouts; /* (n_layers) */
+    uint64_t *layer_sizes;        /* (n_layers) bytes of each layer image */
     void *arena;                  /* the one device allocation */
     size_t arena_bytes;
     struct kern_cuda_ctx *kctx;
@@ -285,6 +286,7 @@ void forward_cuda_free(struct forward_cuda *f)
     if (f->compute) cudaStreamDestroy(f->compute);
     if (f->copy) cudaStreamDestroy(f->copy);
     free(f->layouts);
+    free(f->layer_sizes);
     free(f->resident);
     free(f->host_block);
     free(f->slot);
@@ -443,21 +445,26 @@ static int upload_head(struct forward_cuda *f, const struct model *m)
 /* What a plan has to fit, from the model's shapes and the KV pool's geometry (no device needed). */
 struct plan_sizes {
     size_t layer_bytes;   /* the largest layer image */
+    uint64_t *layer_sizes; /* (n_layers) each layer image's bytes (caller-owned) */
     size_t head_bytes;    /* output head + final norm */
-    size_t fixed_bytes;   /* KV pool (f16), activations, attention workspace; cuBLAS's context not included */
+    size_t fixed_bytes; /* activations, attention workspace; cuBLAS's context and the KV pool not included */
+    size_t kv_bytes;    /* the KV pool (f16) at kv's size */
+    size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
     size_t attn_ws_bytes;
     size_t max_x;         /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
     size_t conv_bytes;    /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
 };
 
-static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, struct layer_layout *layouts,
-                          struct plan_sizes *ps)
+static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
+                          struct layer_layout *layouts, uint64_t *layer_sizes, struct plan_sizes *ps)
 {
     const struct llm_hparams *hp = &m->hp;
     memset(ps, 0, sizeof *ps);
+    ps->layer_sizes = layer_sizes;
     for (int l = 0; l < hp->n_layers; l++) {
         struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
         layer_layout_of(&m->layers[l], hp, lay);
+        layer_sizes[l] = lay->bytes;
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
         for (int i = 0; i < N_MATS; i++)
             for (int j = 0; j < lay->n_parts[i]; j++)
@@ -471,33 +478,67 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
                      align_up((size_t)hp->dim * sizeof(float));
     const size_t kv_elems = (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
-    ps->fixed_bytes = 2 * align_up(kv_elems * sizeof(uint16_t)) + activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) +
-                      align_up(ps->attn_ws_bytes) + align_up(ps->conv_bytes);
+    ps->kv_bytes = 2 * align_up(kv_elems * sizeof(uint16_t));
+    ps->kv_token_bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
+    /* (2 * ALIGN: the two K/V arrays' alignment when the planner sizes the pool) */
+    ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
+                      align_up(ps->conv_bytes) + 2 * ALIGN;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x) ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+}
+
+/* The planner's input for these sizes: the KV pool fixed at kv's size, or sized by the planner (p->kv_auto).
+ */
+static struct device_map_input plan_input(const struct model *m, const struct plan_sizes *ps,
+                                          const struct forward_cuda_params *p, size_t other_fixed,
+                                          uint64_t budget, int kv_block, double h2d, double hbm)
+{
+    struct device_map_input in = {.n_layers = m->hp.n_layers,
+                                  .layer_bytes = ps->layer_bytes,
+                                  .layer_sizes = ps->layer_sizes,
+                                  .head_bytes = ps->head_bytes,
+                                  .fixed_bytes = ps->fixed_bytes + other_fixed,
+                                  .budget = budget,
+                                  .gpu_layers = p->gpu_layers,
+                                  .n_slots = p->n_slots,
+                                  .h2d_bytes_per_s = h2d,
+                                  .hbm_bytes_per_s = hbm};
+    if (p->kv_auto) {
+        in.kv_token_bytes = ps->kv_token_bytes;
+        in.kv_tokens_max = p->kv_tokens_max;
+        in.kv_tokens_floor = p->kv_tokens_floor;
+        in.kv_tokens_min = p->kv_tokens_min;
+        in.kv_block = kv_block;
+    } else {
+        in.fixed_bytes += ps->kv_bytes;
+    }
+    return in;
 }
 
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv, const struct forward_cuda_params *p,
                               double h2d, double hbm, struct device_map *out, char err[256])
 {
     struct plan_sizes ps;
-    plan_sizes_of(m, kv, p->max_tokens, NULL, &ps);
+    uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
+    if (!sizes) return FERRY_ERR_NOMEM;
+    plan_sizes_of(m, kv, p->max_tokens, NULL, sizes, &ps);
     /* The cuBLAS context: x rounded to f16 plus its 32 MiB workspace (as kern_cuda_ctx_init sizes it). */
     const size_t ctx_bytes = ps.max_x * 2 + (32u << 20);
+    int rc = FERRY_ERR_INVALID;
     if (p->gpu_memory <= 0) {
         snprintf(err, 256, "give --gpu-memory SIZE to plan without a device");
-        return FERRY_ERR_INVALID;
+    } else {
+        struct device_map_input in =
+            plan_input(m, &ps, p, ctx_bytes, (uint64_t)p->gpu_memory, kv->block_size, h2d, hbm);
+        rc = device_map_plan(&in, out, err);
     }
-    struct device_map_input in = {.n_layers = m->hp.n_layers, .layer_bytes = ps.layer_bytes,
-                                  .head_bytes = ps.head_bytes, .fixed_bytes = ps.fixed_bytes + ctx_bytes,
-                                  .budget = (uint64_t)p->gpu_memory, .gpu_layers = p->gpu_layers,
-                                  .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = hbm};
-    return device_map_plan(&in, out, err);
+    free(sizes);
+    return rc;
 }
 
 static int issue_copy(struct forward_cuda *f, uint64_t n);
 
-int forward_cuda_init(struct forward_cuda **out, const struct model *m, const struct kv_cache *kv,
+int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256])
 {
     *out = NULL;
@@ -521,14 +562,13 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     f->n_layers = L;
     f->max_tokens = T;
     f->layouts = calloc((size_t)L, sizeof *f->layouts);
+    f->layer_sizes = calloc((size_t)L, sizeof *f->layer_sizes);
     f->resident = calloc((size_t)L, sizeof *f->resident);
     f->host_block = calloc((size_t)L, sizeof *f->host_block);
-    if (!f->layouts || !f->resident || !f->host_block) goto fail;
+    if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block) goto fail;
     struct plan_sizes ps;
-    plan_sizes_of(m, kv, T, f->layouts, &ps);
-    const size_t layer_bytes = ps.layer_bytes, head_bytes = ps.head_bytes;
+    plan_sizes_of(m, kv, T, f->layouts, f->layer_sizes, &ps);
     const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    const size_t kv_elems = (size_t)L * kv->n_blocks * kv->block_size * kvd;
     f->head_type = device_type(m->output.type);
     f->attn_ws_bytes = ps.attn_ws_bytes;
 
@@ -542,7 +582,6 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         snprintf(err, 256, "cannot create the cuBLAS context");
         goto fail;
     }
-    size_t fixed = ps.fixed_bytes + kern_cuda_ctx_bytes(f->kctx);
 
     /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and cuBLAS
      * took for themselves since init began (handles, module images) counts against an explicit budget too:
@@ -559,18 +598,26 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     const uint64_t plan_budget = p->gpu_memory > 0 ? (budget > overhead ? budget - overhead : 0) : budget;
     double h2d = 0, d2d = 0;
     forward_cuda_measure_bandwidth(&h2d, &d2d);
-    struct device_map_input in = {.n_layers = L, .layer_bytes = layer_bytes, .head_bytes = head_bytes,
-                                  .fixed_bytes = fixed, .budget = plan_budget, .gpu_layers = p->gpu_layers,
-                                  .n_slots = p->n_slots, .h2d_bytes_per_s = h2d, .hbm_bytes_per_s = d2d};
+    struct device_map_input in =
+        plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d);
     if ((rc = device_map_plan(&in, &f->map, err))) {
-        if (rc == FERRY_ERR_DEVICE_MEM && overhead) {
-            char plan_err[256];
-            snprintf(plan_err, sizeof plan_err, "%s", err);
-            snprintf(err, 256, "%.180s (after %.0f MiB the CUDA runtime and cuBLAS take themselves)", plan_err,
-                     overhead / 1048576.0);
-        }
+        if (rc == FERRY_ERR_DEVICE_MEM && overhead)
+            FLOG_ERROR(
+                "(the budget counts the %.0f MiB that the CUDA runtime and cuBLAS took for themselves)",
+                overhead / 1048576.0);
         goto fail;
     }
+    if (f->map.kv_tokens) { /* the planner sized the KV pool: the engine's tables follow */
+        struct kv_cache sized;
+        if ((rc = kv_cache_init(&sized, kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_seqs, kv->ctx_size,
+                                (int)f->map.kv_tokens, kv->block_size, 0))) {
+            snprintf(err, 256, "cannot allocate the KV tables (%lld positions)", (long long)f->map.kv_tokens);
+            goto fail;
+        }
+        kv_cache_free(kv);
+        *kv = sized;
+    }
+    const size_t kv_elems = (size_t)L * kv->n_blocks * kv->block_size * kvd;
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
     char desc[2048];
@@ -618,11 +665,11 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
     }
     for (int l = 0, si = 0; l < L; l++) {
         if (f->map.where[l] == PLACEMENT_GPU)
-            f->resident[l] = carve(&c, layer_bytes);
+            f->resident[l] = carve(&c, f->layer_sizes[l]);
         else
             f->stream_order[si++] = l;
     }
-    for (int i = 0; i < k; i++) f->slot[i] = carve(&c, layer_bytes);
+    for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !f->d_ints || !f->d_block_table || !f->attn_ws || !f->inv_freq || !f->head ||
         !f->out_norm || (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
@@ -645,15 +692,21 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, const st
         goto fail;
     }
     if (S) {
-        FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers", (double)S * layer_bytes / 1073741824.0, S);
-        if (cudaHostAlloc(&f->host_pinned, (size_t)S * layer_bytes, cudaHostAllocWriteCombined) != cudaSuccess) {
+        size_t pinned = 0;
+        for (int i = 0; i < S; i++) pinned += f->layer_sizes[f->stream_order[i]];
+        FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers", pinned / 1073741824.0, S);
+        if (cudaHostAlloc(&f->host_pinned, pinned, cudaHostAllocWriteCombined) != cudaSuccess) {
             cudaGetLastError();
             snprintf(err, 256, "cannot pin %.2f GiB of host memory for the streamed layers",
-                     (double)S * layer_bytes / 1073741824.0);
+                     pinned / 1073741824.0);
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        for (int i = 0; i < S; i++) f->host_block[f->stream_order[i]] = (char *)f->host_pinned + (size_t)i * layer_bytes;
+        size_t at = 0;
+        for (int i = 0; i < S; i++) {
+            f->host_block[f->stream_order[i]] = (char *)f->host_pinned + at;
+            at += f->layer_sizes[f->stream_order[i]];
+        }
     }
     if ((rc = create_events(&f->copy_done, k, cudaEventDisableTiming)) ||
         (rc = create_events(&f->slot_free, k, cudaEventDisableTiming)) ||

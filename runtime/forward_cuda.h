@@ -27,6 +27,11 @@ struct forward_cuda_params {
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 */
     int gpu_layers;       /* -1: as many as fit */
     int n_slots;          /* 0: the planner's choice */
+    /* KV pool: kv_auto 0 keeps the pool the caller sized; 1 lets the planner size it to the budget (see
+     * device_map.h), between kv_tokens_min and kv_tokens_max positions, and forward_cuda_init re-sizes the
+     * caller's kv_cache tables to match. */
+    int kv_auto;
+    int64_t kv_tokens_max, kv_tokens_floor, kv_tokens_min;
 };
 
 struct forward_cuda_stats {
@@ -40,7 +45,7 @@ struct forward_cuda_stats {
 
 struct forward_cuda;
 
-int forward_cuda_init(struct forward_cuda **out, const struct model *m, const struct kv_cache *kv,
+int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256]);
 void forward_cuda_free(struct forward_cuda *f);
 const struct device_map *forward_cuda_map(const struct forward_cuda *f);

@@ -111,3 +111,98 @@ Test(device_map, format_lists_runs)
     cr_assert(strstr(buf, "stream"), "%s", buf);
     device_map_free(&m);
 }
+
+/* Q4_K_M-like: layers of two sizes. Resident layers take their own bytes, slots the largest streamed one. */
+Test(device_map, layers_of_different_sizes)
+{
+    uint64_t sizes[32];
+    for (int i = 0; i < 32; i++) sizes[i] = (i % 3 == 2 ? 126 : 104) * MIB;
+    struct device_map m;
+    char err[256] = "";
+    struct device_map_input in = llama7b_like(80000 * MIB);
+    in.layer_bytes = 126 * MIB;
+    in.layer_sizes = sizes;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    uint64_t sum = 0;
+    for (int i = 0; i < 32; i++) sum += sizes[i];
+    cr_assert_eq(m.n_resident, 32);
+    cr_assert_eq(m.bytes_total, 600 * MIB + 250 * MIB + sum, "resident layers are carved at their own size");
+    device_map_free(&m);
+    in.budget = 850 * MIB + 2500 * MIB;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    uint64_t res = 0, big = 0;
+    for (int i = 0; i < 32; i++)
+        if (m.where[i] == PLACEMENT_GPU)
+            res += sizes[i];
+        else if (sizes[i] > big)
+            big = sizes[i];
+    cr_assert_gt(m.n_streamed, 0);
+    cr_assert_eq(m.layer_bytes, big);
+    cr_assert_eq(m.bytes_total, 850 * MIB + res + (uint64_t)m.n_slots * big);
+    cr_assert_leq(m.bytes_total, in.budget);
+    /* One more resident layer would not have fitted. */
+    struct device_map more;
+    in.gpu_layers = m.n_resident + 1;
+    cr_assert_eq(device_map_plan(&in, &more, err), FERRY_ERR_DEVICE_MEM);
+    device_map_free(&m);
+}
+
+/* Llama-2-7B f16 under 4 GiB with --parallel 16 --ctx-size 512 (issue 13): the KV pool (512 KiB a position)
+ * is sized to the budget instead of the plan failing. */
+static struct device_map_input auto_kv(uint64_t budget, int64_t max, int64_t floor, int64_t min)
+{
+    struct device_map_input in = llama7b_like(budget);
+    in.fixed_bytes = 300 * MIB;
+    in.kv_token_bytes = 512 * 1024;
+    in.kv_tokens_max = max;
+    in.kv_tokens_floor = floor;
+    in.kv_tokens_min = min;
+    in.kv_block = 16;
+    return in;
+}
+
+Test(device_map, kv_pool_sized_to_the_budget)
+{
+    struct device_map m;
+    char err[256] = "";
+    struct device_map_input in = auto_kv(4096 * MIB, 16 * 512, 16 * 512, 512);
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_leq(m.bytes_total, in.budget);
+    cr_assert_geq(m.kv_tokens, 512);
+    cr_assert_lt(m.kv_tokens, 16 * 512);
+    cr_assert_eq(m.kv_tokens % 16, 0);
+    cr_assert_eq(m.kv_bytes, (uint64_t)m.kv_tokens * 512 * 1024);
+    /* Whatever is left after the plan is less than one more block of positions. */
+    cr_assert_lt(in.budget - m.bytes_total, 16 * 512 * 1024ull);
+    char buf[2048];
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "KV pool sized to the budget"), "%s", buf);
+    device_map_free(&m);
+
+    /* Everything fits: the whole pool and every layer. */
+    in = auto_kv(80000 * MIB, 4 * 4096, 4 * 1024, 4096);
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.n_resident, 32);
+    cr_assert_eq(m.kv_tokens, 4 * 4096);
+    device_map_free(&m);
+
+    /* Not everything fits: the pool keeps its floor and the layers take the rest. */
+    in = auto_kv(8192 * MIB, 4 * 4096, 4 * 1024, 4096);
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_geq(m.kv_tokens, 4 * 1024);
+    cr_assert_gt(m.n_resident, 0);
+    cr_assert_lt(in.budget - m.bytes_total, 386 * MIB + 16 * 512 * 1024ull);
+    device_map_free(&m);
+}
+
+Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
+{
+    struct device_map m;
+    char err[256] = "";
+    /* 300 + 250 + 2 x 386 MiB of weights and ring, plus 4096 positions (2 GiB) */
+    struct device_map_input in = auto_kv(3000 * MIB, 4 * 4096, 4 * 1024, 4096);
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+    cr_assert(strstr(err, "minimum is 3.29 GiB"), "message: %s", err);
+    cr_assert_eq(err[strlen(err) - 1], ')', "the message is whole: %s", err);
+    cr_assert_lt(strlen(err), 200);
+}

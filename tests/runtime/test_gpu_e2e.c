@@ -254,3 +254,33 @@ Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
     engine_free(e);
     model_file_close(mf);
 }
+
+/* An unset KV pool is sized to the budget (issue 13): --parallel x --ctx-size positions would not fit in
+ * 256 MiB, so the engine starts with fewer, at least one full-length sequence, and within the budget. */
+Test(gpu_e2e, kv_pool_sized_to_budget)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.n_seqs = 1024;
+    p.ctx_size = 4096;
+    p.gpu_memory = 256 << 20;
+    struct engine *e = NULL;
+    char err[256] = "";
+    cr_assert_eq(engine_init(&e, mf, &p, err), 0, "%s", err);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    const long long pool = (long long)st.kv_blocks_total * st.kv_block_size;
+    cr_assert_lt(pool, 1024LL * 4096, "pool %lld", pool);
+    cr_assert_geq(pool, 4096, "pool %lld", pool);
+    cr_assert_leq(st.vram_planned, (uint64_t)p.gpu_memory);
+    int32_t tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, seq[4] = {0, 0, 0, 0};
+    uint8_t want[4] = {0, 0, 0, 1};
+    float *lg = malloc((size_t)engine_hparams(e)->n_vocab * sizeof(float));
+    struct batch b = {.n_tokens = 4, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, lg), 0);
+    free(lg);
+    engine_free(e);
+    model_file_close(mf);
+}
