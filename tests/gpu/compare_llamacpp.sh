@@ -1,0 +1,113 @@
+#!/bin/bash
+# compare_llamacpp.sh [prepare|bench|all] — on the GPU machine: ferry beside llama.cpp (the peer, built from the
+# carried .peers/ copy of ../shared/peers) on the same GGUF files, in one run. Issue 11's table.
+#
+#   prepare  build ferry (CUDA) and llama.cpp in parallel, write the Llama-2-7B-shaped random Q4_K_M and Q8_0
+#            files (tests/gpu/make_quant_gguf.py) into /tmp/cmp                         (about 5 minutes)
+#   bench    the measurements; a table last, every raw log under $OUT                  (about 5 minutes)
+# The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives).
+# ferry: `ferry bench` (decode b=1/16/64 as tokens/s of all sequences, prefill 512). llama.cpp: llama-bench
+# (-p 512 -n 64, flash attention) for b=1 and prefill, llama-batched-bench (-npp 128 -ntg 64) for b=16/64; the
+# 4 GiB case sweeps llama.cpp's -ngl and keeps the largest whose device buffers (model + KV + compute, as it
+# logs them) fit in 4 GiB.
+set -u
+src=$(pwd)
+out=${OUT:-$src/out}
+mkdir -p "$out"
+phase=${1:-all}
+W=/tmp/cmp
+mkdir -p $W
+. tests/gpu/deps.sh
+log() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+if [ "$phase" = prepare ] || [ "$phase" = all ]; then
+  rm -rf $W/ferry && mkdir -p $W/ferry
+  tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./.git --exclude=./.peers --exclude=./.gpu-data \
+    --exclude=./.whl -cf - . | tar -C $W/ferry -xf -
+  (cd $W/ferry && meson setup build -Dcuda=enabled -Dtests=disabled -Dnative=true && ninja -C build server/ferry) \
+    > $W/ferry-build.log 2>&1 &
+  fb=$!
+  bash .peers/build-llama-cpp.sh /tmp/llb > $W/llb-build.log 2>&1 &
+  lb=$!
+  for t in Q4_K_M Q8_0; do
+    [ -s $W/$t.gguf ] || python3 tests/gpu/make_quant_gguf.py $W/$t.gguf $t llama-2-7b &
+  done
+  wait $fb && log "ferry built" || { log "ferry build FAILED"; tail -30 $W/ferry-build.log; cp $W/ferry-build.log "$out/"; }
+  wait $lb && log "llama.cpp built" || { log "llama.cpp build FAILED"; tail -20 $W/llb-build.log; }
+  wait
+  ls -la $W/*.gguf | tee -a "$out/summary.txt"
+fi
+[ "$phase" = prepare ] && exit 0
+
+F=$W/ferry/build/server/ferry
+L=/tmp/llb/bin
+res=$W/results.jsonl
+: > $res
+nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$out/summary.txt"
+
+ferry() { # name, args...: one ferry bench, its JSON appended to the results
+  local name=$1; shift
+  timeout 300 $F bench "$@" --json > $W/f-$name.json 2> $W/f-$name.err
+  local rc=$?
+  python3 - "$name" "$W/f-$name.json" >> $res <<'PY' || log "ferry $name rc=$rc: $(tail -2 $W/f-$name.err)"
+import json, sys
+d = json.load(open(sys.argv[2]))
+print(json.dumps({"who": "ferry", "case": sys.argv[1], "prefill": d.get("prefill_tok_s"),
+                  "decode": {str(x["batch"]): x["tok_s"] for x in d["decode"] if x["context"] < 4096},
+                  "vram_planned": d.get("vram_planned"), "weight_bytes": d.get("weight_bytes"),
+                  "placement": d.get("placement", "")[:200]}))
+PY
+  cat $W/f-$name.err >> "$out/ferry.log"
+}
+
+llama_bench() { # name, model, ngl: b=1 decode and prefill 512
+  local name=$1 m=$2 ngl=$3
+  timeout 300 $L/llama-bench -m $m -ngl $ngl -fa 1 -p 512 -n 64 -r 2 -o json > $W/l-$name.json 2> $W/l-$name.err
+  python3 - "$name" "$W/l-$name.json" >> $res <<'PY' || log "llama-bench $name failed: $(tail -2 $W/l-$name.err)"
+import json, sys
+rows = json.load(open(sys.argv[2]))
+r = {"who": "llama.cpp", "case": sys.argv[1], "decode": {}}
+for x in rows:
+    if x["n_prompt"] > 0: r["prefill"] = x["avg_ts"]
+    if x["n_gen"] > 0: r["decode"]["1"] = x["avg_ts"]
+print(json.dumps(r))
+PY
+}
+
+llama_batched() { # name, model, ngl, npl list: generated tokens/s of all sequences, and device buffers
+  local name=$1 m=$2 ngl=$3 npl=$4
+  local maxb=${npl##*,}
+  timeout 300 $L/llama-batched-bench -m $m -ngl $ngl -fa -c $((192 * maxb)) -npp 128 -ntg 64 -npl $npl \
+    > $W/lb-$name.txt 2>&1
+  python3 - "$name" "$W/lb-$name.txt" >> $res <<'PY' || log "llama-batched-bench $name failed: $(tail -3 $W/lb-$name.txt)"
+import json, re, sys
+t = open(sys.argv[2]).read()
+r = {"who": "llama.cpp", "case": sys.argv[1], "decode": {}}
+for m in re.finditer(r"^\|\s*(\d+) \|\s*(\d+) \|\s*(\d+) \|\s*\d+ \|\s*[\d.]+ \|\s*([\d.]+) \|\s*[\d.]+ \|\s*([\d.]+) \|", t, re.M):
+    r["decode"][m.group(3)] = float(m.group(5))
+mib = sum(float(x) for x in re.findall(r"CUDA0 (?:model|KV|compute) buffer size =\s*([\d.]+) MiB", t))
+r["vram_mib"] = mib
+if not r["decode"]: raise SystemExit(1)
+print(json.dumps(r))
+PY
+  cat $W/lb-$name.txt >> "$out/llama.log"
+}
+
+Q4=$W/Q4_K_M.gguf Q8=$W/Q8_0.gguf
+log "Q4_K_M, all layers on the GPU"
+ferry q4-full --model $Q4 --batches 1,16,64 --prefill 512 --decode-steps 16
+llama_bench q4-full $Q4 99
+llama_batched q4-full $Q4 99 1,16,64
+log "Q4_K_M, 4 GiB"
+ferry q4-4g --model $Q4 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
+for ngl in 20 22 24 26 28 30; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16; done
+log "Q8_0, all layers on the GPU"
+ferry q8-full --model $Q8 --batches 1,16,64 --prefill 512 --decode-steps 16
+llama_bench q8-full $Q8 99
+llama_batched q8-full $Q8 99 1,16,64
+if [ "${CMP_INT4:-1}" = 1 ]; then
+  log "--quant int4 on random f16 weights of the same shape"
+  ferry int4 --synthetic llama-2-7b --quant int4 --batches 1,16 --prefill 512 --decode-steps 16
+fi
+cp $res "$out/results.jsonl"
+python3 tests/gpu/compare_table.py $res | tee -a "$out/summary.txt"

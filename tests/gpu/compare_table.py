@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""compare_table.py RESULTS.jsonl — the table of tests/gpu/compare_llamacpp.sh: ferry beside llama.cpp per case,
+with the ratio and issue 11's target for it. One JSON object per line: {"who", "case", "decode": {batch: tok/s},
+"prefill", "vram_planned" | "vram_mib"}."""
+import json
+import sys
+
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+# Records of one (who, case) are merged; the first measurement of a figure wins (llama-bench runs before
+# llama-batched-bench, so its b=1 decode is the one shown).
+get = {}
+for r in rows:
+    g = get.setdefault((r["who"], r["case"]), {"decode": {}})
+    for k, v in r.items():
+        if k == "decode":
+            for b, t in v.items():
+                g["decode"].setdefault(b, t)
+        else:
+            g.setdefault(k, v)
+
+
+def val(who, case, key, batch=None):
+    r = get.get((who, case))
+    if not r:
+        return None
+    return r.get("decode", {}).get(str(batch)) if key == "decode" else r.get(key)
+
+
+def fmt(v):
+    return "-" if v is None else f"{v:,.1f}"
+
+
+out = []
+
+
+def line(what, f, l, target=""):
+    ratio = f"{f / l:.2f}x" if f and l else "-"
+    out.append(f"| {what:<44} | {fmt(f):>10} | {fmt(l):>10} | {ratio:>6} | {target} |")
+
+
+out.append(f"| {'case (tokens/s)':<44} | {'ferry':>10} | {'llama.cpp':>10} | {'ratio':>6} | target |")
+out.append("|" + "-" * 46 + "|" + "-" * 12 + "|" + "-" * 12 + "|" + "-" * 8 + "|---|")
+for case, name, targets in (("q4-full", "Q4_K_M all on GPU", {1: ">= 1.4x", 16: ">= 2x", "p": ">= 1.2x"}),
+                            ("q8-full", "Q8_0 all on GPU", {64: ">= 4,000", "p": ">= 1.2x, >= 13,000"})):
+    line(f"{name}, decode b=1", val("ferry", case, "decode", 1), val("llama.cpp", case, "decode", 1),
+         targets.get(1, ""))
+    for b in (16, 64):
+        line(f"{name}, decode b={b}", val("ferry", case, "decode", b), val("llama.cpp", case, "decode", b),
+             targets.get(b, ""))
+    line(f"{name}, prefill 512", val("ferry", case, "prefill"), val("llama.cpp", case, "prefill"),
+         targets.get("p", ""))
+# 4 GiB: llama.cpp's best -ngl whose device buffers fit in 4 GiB.
+best = None
+for r in rows:
+    if r["who"] == "llama.cpp" and r["case"].startswith("q4-4g-ngl") and r.get("vram_mib", 1e9) <= 4096:
+        if best is None or (r["decode"].get("1") or 0) > (best["decode"].get("1") or 0):
+            best = r
+ngl = best["case"].split("ngl")[1] if best else "?"
+line(f"Q4_K_M 4 GiB, decode b=1 (llama.cpp -ngl {ngl})", val("ferry", "q4-4g", "decode", 1),
+     best["decode"].get("1") if best else None, ">= 1.5x, >= 65")
+line(f"Q4_K_M 4 GiB, decode b=16 (llama.cpp -ngl {ngl})", val("ferry", "q4-4g", "decode", 16),
+     best["decode"].get("16") if best else None, ">= 10x")
+line("Q4_K_M 4 GiB, prefill 512", val("ferry", "q4-4g", "prefill"), None)
+line("--quant int4 (f16 weights), decode b=1 vs ferry Q4_K_M", val("ferry", "int4", "decode", 1),
+     val("ferry", "q4-full", "decode", 1), "within 10%")
+line("--quant int4 (f16 weights), decode b=16 vs ferry Q4_K_M", val("ferry", "int4", "decode", 16),
+     val("ferry", "q4-full", "decode", 16))
+print("\n".join(out))
+for r in rows:
+    if r["who"] == "llama.cpp" and "vram_mib" in r:
+        print(f"llama.cpp {r['case']}: device buffers {r['vram_mib']:.0f} MiB")
+    if r["who"] == "ferry":
+        print(f"ferry {r['case']}: planned {r.get('vram_planned', 0) / 2**30:.2f} GiB; {r.get('placement', '')[:160]}")
