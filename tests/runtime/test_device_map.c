@@ -107,8 +107,8 @@ Test(device_map, format_lists_runs)
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     int n = device_map_format(&m, buf, sizeof buf);
     cr_assert_gt(n, 0);
-    cr_assert(strstr(buf, "30 layers resident, 2 streamed through 2 slots"), "%s", buf);
-    cr_assert(strstr(buf, "stream"), "%s", buf);
+    cr_assert(strstr(buf, "30 layers resident, 2 in host memory, 2 slots"), "%s", buf);
+    cr_assert(strstr(buf, "layers  15-15  host"), "%s", buf);
     device_map_free(&m);
 }
 

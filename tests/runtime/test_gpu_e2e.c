@@ -31,6 +31,8 @@ static struct model_file *open_model(const char *path)
 }
 
 static int quant_int8; /* set by a test before compare_backends */
+/* Host layers stream unless a test says otherwise: the bitwise placement tests compare GPU-only plans. */
+static enum engine_placement placement = ENGINE_PLACEMENT_STREAM;
 
 static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers, int n_slots, int n_seqs)
 {
@@ -42,6 +44,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
     p.max_batch_tokens = 256;
     p.gpu_layers = gpu_layers;
     p.n_slots = n_slots;
+    p.placement = placement;
     p.n_threads = 2;
     struct engine *e = NULL;
     char err[256] = "";
