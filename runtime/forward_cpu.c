@@ -278,6 +278,27 @@ static int cpu_x_in(struct backend *be, const float *x, int n)
     return FERRY_OK;
 }
 
+/* The KV ops for rows computed by another backend (the host's own cache lent out: tests of the exchange, and
+ * any host that holds the cache). */
+static int cpu_attend(struct backend *be, int l, const struct step *st, const float *qkv, float *att)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    const int n = st->b->n_tokens;
+    if (!f->kv || n <= 0 || n > f->max_tokens || l < 0 || l >= hp->n_layers) return FERRY_ERR_INVALID;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim,
+                 row = qd + 2 * kvd;
+    for (int i = 0; i < n; i++) {
+        const float *r = qkv + (size_t)i * row;
+        memcpy(f->qkv + (size_t)i * qd, r, qd * sizeof(float));
+        memcpy(f->qkv + (size_t)n * qd + (size_t)i * kvd, r + qd, kvd * sizeof(float));
+        memcpy(f->qkv + (size_t)n * (qd + kvd) + (size_t)i * kvd, r + qd + kvd, kvd * sizeof(float));
+    }
+    int rc = kv_ops_local(f, l, st, n);
+    if (!rc) memcpy(att, f->att, (size_t)n * qd * sizeof(float));
+    return rc;
+}
+
 static void cpu_stats(const struct backend *be, struct backend_stats *st)
 {
     const struct forward_cpu *f = (const struct forward_cpu *)be;
@@ -296,7 +317,7 @@ static const struct backend_ops cpu_ops = {
     .x_host = cpu_x_host,
     .x_out = cpu_x_out,
     .x_in = cpu_x_in,
-    .attend = NULL,
+    .attend = cpu_attend,
     .stats = cpu_stats,
 };
 

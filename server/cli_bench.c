@@ -9,6 +9,8 @@
  * a short prompt each, then steps of one token per sequence; tokens/s = B / step time. Weight bandwidth =
  * weight bytes read per step / step time (the ceiling is the measured device-to-device copy rate); with
  * streamed layers the achieved link rate is bytes streamed / copy time (ceiling: the measured pinned copy).
+ * Next to each measured step: where the step plan ran its host layers (CPU / streamed), the time the host's
+ * cores spent in them, and the plan's predicted step time (runtime/step_plan.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -52,6 +54,9 @@ static void bench_usage(FILE *f)
         "  --gpu-layers N        resident layers (default: as many as fit)\n"
         "  --slots K             streaming ring size (default: planner's choice)\n"
         "  --quant int8          quantize the matrices to Q8_0 at load\n"
+        "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
+        "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
+        "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --threads N           CPU threads (default: all cores)\n"
@@ -118,7 +123,10 @@ static int decode_step(struct bench_ctx *c, int B, int p)
 
 struct decode_result {
     int batch;
-    double step_s; /* median */
+    int n_cpu, n_stream; /* the step plan of this batch size: host layers on the CPU, streamed */
+    double predicted_s;  /* the plan's prediction (0: none) */
+    double host_ms;      /* per step: time the host's cores spent in host layers */
+    double step_s;       /* median */
     double tok_s;
     double weight_gbs; /* weight bytes / step time */
     double link_gbs;   /* streamed bytes / copy time (0 when nothing streams) */
@@ -136,7 +144,8 @@ int cli_bench_main(int argc, char **argv)
         {"prefill", required_argument, 0, 'p'},      {"decode-steps", required_argument, 0, 'n'},
         {"long-context", required_argument, 0, 'L'}, {"json", no_argument, 0, 'j'},
         {"log-level", required_argument, 0, 'v'},    {"help", no_argument, 0, 'h'},
-        {"quant", required_argument, 0, 'q'},        {0, 0, 0, 0},
+        {"quant", required_argument, 0, 'q'},        {"placement", required_argument, 0, 'P'},
+        {"cpu-threads", required_argument, 0, 'T'},  {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
     enum dtype wt = DTYPE_F16;
@@ -184,6 +193,19 @@ int cli_bench_main(int argc, char **argv)
             break;
         case 't':
             ep.n_threads = atoi(optarg);
+            break;
+        case 'P':
+            if (!strcmp(optarg, "auto"))
+                ep.placement = ENGINE_PLACEMENT_AUTO;
+            else if (!strcmp(optarg, "stream"))
+                ep.placement = ENGINE_PLACEMENT_STREAM;
+            else if (!strcmp(optarg, "cpu"))
+                ep.placement = ENGINE_PLACEMENT_CPU;
+            else
+                goto bad;
+            break;
+        case 'T':
+            if ((ep.cpu_threads = atoi(optarg)) <= 0) goto bad;
             break;
         case 'b': {
             n_batches = 0;
@@ -303,6 +325,9 @@ int cli_bench_main(int argc, char **argv)
         if (rc) goto step_failed;
         prefill_tok_s = prefill / best;
     }
+    struct engine_step_info prefill_info = {0};
+    if (prefill > 0)
+        engine_step_info(e, prefill < ep.max_batch_tokens ? prefill : ep.max_batch_tokens, &prefill_info);
 
     struct decode_result res[MAX_BATCHES + 1];
     int n_res = 0;
@@ -333,6 +358,12 @@ int cli_bench_main(int argc, char **argv)
         double copy = st1.copy_seconds - st0.copy_seconds;
         r->link_gbs = copy > 0 ? (double)(st1.bytes_streamed - st0.bytes_streamed) / copy / 1e9 : 0;
         r->stall_ms = (st1.stall_seconds - st0.stall_seconds) / steps * 1e3;
+        r->host_ms = (st1.cpu_layer_seconds - st0.cpu_layer_seconds) / steps * 1e3;
+        struct engine_step_info info;
+        engine_step_info(e, B, &info);
+        r->n_cpu = info.n_cpu;
+        r->n_stream = info.n_stream;
+        r->predicted_s = info.predicted_s;
         if (bi == n_batches) r->batch = -long_ctx; /* marks the long-context row */
     }
     engine_get_stats(e, &st1);
@@ -348,6 +379,13 @@ int cli_bench_main(int argc, char **argv)
         json_object_set_new(root, "ceiling_hbm_gbs", json_real(d2d / 1e9));
         json_object_set_new(root, "prefill_tokens", json_integer(prefill));
         json_object_set_new(root, "prefill_tok_s", json_real(prefill_tok_s));
+        json_object_set_new(root, "prefill_predicted_ms", json_real(prefill_info.predicted_s * 1e3));
+        json_object_set_new(root, "prefill_cpu_layers", json_integer(prefill_info.n_cpu));
+        json_object_set_new(root, "placement_mode",
+                            json_string(ep.placement == ENGINE_PLACEMENT_STREAM ? "stream"
+                                        : ep.placement == ENGINE_PLACEMENT_CPU  ? "cpu"
+                                                                                : "auto"));
+        json_object_set_new(root, "cpu_threads", json_integer(st1.cpu_threads));
         json_object_set_new(root, "vram_budget", json_integer((json_int_t)st1.vram_budget));
         json_object_set_new(root, "vram_planned", json_integer((json_int_t)st1.vram_planned));
         json_object_set_new(root, "vram_taken", json_integer((json_int_t)st1.vram_used));
@@ -360,6 +398,10 @@ int cli_bench_main(int argc, char **argv)
             json_object_set_new(d, "weight_gbs", json_real(res[i].weight_gbs));
             json_object_set_new(d, "link_gbs", json_real(res[i].link_gbs));
             json_object_set_new(d, "stall_ms_per_step", json_real(res[i].stall_ms));
+            json_object_set_new(d, "cpu_layers", json_integer(res[i].n_cpu));
+            json_object_set_new(d, "streamed_layers", json_integer(res[i].n_stream));
+            json_object_set_new(d, "host_ms_per_step", json_real(res[i].host_ms));
+            json_object_set_new(d, "predicted_step_ms", json_real(res[i].predicted_s * 1e3));
             json_array_append_new(dec, d);
         }
         json_object_set_new(root, "decode", dec);
@@ -379,15 +421,26 @@ int cli_bench_main(int argc, char **argv)
             printf("vram      budget %.2f GiB, planned %.2f GiB, taken from the device %.2f GiB\n",
                    st1.vram_budget / 1073741824.0, st1.vram_planned / 1073741824.0,
                    st1.vram_used / 1073741824.0);
-        if (prefill) printf("prefill   %d tokens: %.0f tokens/s\n", prefill, prefill_tok_s);
-        printf("%-8s %-8s %10s %12s %12s %10s %10s %12s\n", "batch", "context", "step ms", "tokens/s",
-               "weights GB/s", "% of HBM", "link GB/s", "stall ms/step");
+        if (prefill) {
+            printf("prefill   %d tokens: %.0f tokens/s", prefill, prefill_tok_s);
+            if (prefill_info.predicted_s > 0)
+                printf(" (%d host layers on the CPU; predicted %.0f tokens/s)", prefill_info.n_cpu,
+                       (prefill < ep.max_batch_tokens ? prefill : ep.max_batch_tokens) /
+                           prefill_info.predicted_s);
+            putchar('\n');
+        }
+        printf("%-8s %-8s %10s %12s %12s %10s %10s %12s %9s %10s %12s\n", "batch", "context", "step ms",
+               "tokens/s", "weights GB/s", "% of HBM", "link GB/s", "stall ms/step", "cpu/strm", "host ms",
+               "predicted ms");
         for (int i = 0; i < n_res; i++) {
             int B = res[i].batch > 0 ? res[i].batch : 1, ctx = res[i].batch > 0 ? prompt : -res[i].batch;
-            char hbm[16] = "-";
+            char hbm[16] = "-", plan[16] = "-", pred[16] = "-";
             if (d2d > 0) snprintf(hbm, sizeof hbm, "%.0f%%", 100.0 * res[i].weight_gbs * 1e9 / d2d);
-            printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f\n", B, ctx, res[i].step_s * 1e3,
-                   res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs, res[i].stall_ms);
+            if (st1.n_streamed) snprintf(plan, sizeof plan, "%d/%d", res[i].n_cpu, res[i].n_stream);
+            if (res[i].predicted_s > 0) snprintf(pred, sizeof pred, "%.2f", res[i].predicted_s * 1e3);
+            printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f %9s %10.2f %12s\n", B, ctx,
+                   res[i].step_s * 1e3, res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs,
+                   res[i].stall_ms, plan, res[i].host_ms, pred);
         }
     }
     free(bc.tok);
