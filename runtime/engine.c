@@ -262,6 +262,12 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
     }
+    /* auto's plan comes from start-up timings, which vary between runs: --deterministic keeps one that does
+     * not. */
+    if (use_cuda && p.deterministic && p.placement == ENGINE_PLACEMENT_AUTO && !p.plan_override) {
+        FLOG_INFO("--deterministic: host layers stream (--placement auto would plan from start-up timings)");
+        e->p.placement = p.placement = ENGINE_PLACEMENT_STREAM;
+    }
     size_t at = 0;
     if (use_cuda) {
         struct forward_cuda_params cp = cuda_params(&p, kv_auto);

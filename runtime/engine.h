@@ -30,7 +30,8 @@ struct engine_params {
     int n_seqs;           /* sequence slots (the server's --parallel) */
     int kv_tokens;        /* KV pool capacity in positions over all sequences; 0 = n_seqs * ctx_size */
     int max_batch_tokens; /* largest n_tokens of one engine_step */
-    int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions) */
+    int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions); with
+                           * placement AUTO, host layers stream (auto plans from start-up timings) */
     int quant_int8;       /* quantize F32/F16/BF16 matrices to Q8_0 at load (model_quantize_int8) */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
