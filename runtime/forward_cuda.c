@@ -1,18 +1,14 @@
 /* forward_cuda — see forward_cuda.h for the contract.
  *
- * Sections: host memory, state, bandwidth probes, init (plan, arena, uploads), streaming (the slot ring), the
- * layer program on the device, the backend table, cost-model probes.
+ * Sections: state, init (plan, arena, uploads), streaming (the slot ring), the layer program on the device,
+ * the backend table, cost-model probes. Pinned host memory and the link's rates: runtime/pinned.c.
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
 #include "runtime/forward_cuda.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include <cuda_runtime_api.h>
@@ -25,6 +21,7 @@
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
+#include "runtime/pinned.h"
 #include "runtime/ring.h"
 
 /* One checking macro for the CUDA runtime calls of this file: names the call and returns FERRY_ERR_CUDA. */
@@ -64,88 +61,6 @@ int forward_cuda_devices(void)
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* Host memory */
-
-/* The host layers' blocks: cacheable pinned memory, because the host's cores read it too (write-combined
- * memory, which cudaHostAllocWriteCombined gives, is uncached for CPU reads: ~50x slower to read, and it did
- * not speed up the copies; runtime/NOTES.md). Mapped anonymously and registered, so that the pages can be
- * spread over the NUMA nodes (and be transparent huge pages) before the registration faults them in.
- * FERRY_HOST_WC=1 keeps the old write-combined allocation, for measuring that choice. */
-struct host_mem {
-    void *p;
-    size_t bytes;
-    int registered; /* 1: mmap + cudaHostRegister; 0: cudaHostAlloc */
-};
-
-static int host_mem_alloc(struct host_mem *h, size_t bytes)
-{
-    h->bytes = bytes;
-    h->registered = 0;
-    const char *wc = getenv("FERRY_HOST_WC");
-    if (wc && *wc == '1') {
-        FLOG_INFO("host layers in write-combined pinned memory (FERRY_HOST_WC=1)");
-        return cudaHostAlloc(&h->p, bytes, cudaHostAllocWriteCombined) == cudaSuccess ? FERRY_OK
-                                                                                      : FERRY_ERR_NOMEM;
-    }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p != MAP_FAILED) {
-        const int nodes = tpool_numa_nodes();
-        if (nodes > 1 && tpool_numa_interleave(p, bytes) == FERRY_OK)
-            FLOG_INFO("host layers: pages interleaved over %d NUMA nodes", nodes);
-        madvise(p, bytes, MADV_HUGEPAGE);
-        if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) {
-            h->p = p;
-            h->registered = 1;
-            return FERRY_OK;
-        }
-        cudaGetLastError();
-        munmap(p, bytes);
-    }
-    return cudaHostAlloc(&h->p, bytes, cudaHostAllocDefault) == cudaSuccess ? FERRY_OK : FERRY_ERR_NOMEM;
-}
-
-static void host_mem_free(struct host_mem *h)
-{
-    if (!h->p) return;
-    if (h->registered) {
-        cudaHostUnregister(h->p);
-        munmap(h->p, h->bytes);
-    } else {
-        cudaFreeHost(h->p);
-    }
-    h->p = NULL;
-}
-
-void *forward_cuda_host_alloc(void *ctx, size_t bytes)
-{
-    (void)ctx;
-    void *p = NULL;
-    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return p;
-}
-
-void forward_cuda_host_free(void *ctx, void *p)
-{
-    (void)ctx;
-    if (p) cudaFreeHost(p);
-}
-
-/* The device's address of mapped pinned host memory (the same pointer under unified addressing). */
-static const void *mapped(const void *host)
-{
-    void *d = NULL;
-    if (cudaHostGetDevicePointer(&d, (void *)host, 0) != cudaSuccess) {
-        cudaGetLastError();
-        return host;
-    }
-    return d;
-}
-
-/* ----------------------------------------------------------------------------------------------------------
- */
 /* State */
 
 struct forward_cuda {
@@ -164,10 +79,10 @@ struct forward_cuda {
     cudaStream_t compute, copy;
 
     /* Weights. */
-    void **resident;      /* (n_layers) device block of a resident layer, else NULL */
-    void **host_block;    /* (n_layers) pinned block of a host layer, else NULL */
-    struct host_mem host; /* one allocation holding every host block */
-    void **slot;          /* (n_slots) device slots */
+    void **resident;          /* (n_layers) device block of a resident layer, else NULL */
+    void **host_block;        /* (n_layers) pinned block of a host layer, else NULL */
+    struct pinned_block host; /* one allocation holding every host block */
+    void **slot;              /* (n_slots) device slots */
     struct ring ring;
     int *step_list;                 /* (n_layers) scratch: the step's streamed layers */
     cudaEvent_t *copy_done;         /* (n_slots) the last copy into each slot */
@@ -231,6 +146,23 @@ const struct device_map *forward_cuda_map(const struct backend *be)
     return &((const struct forward_cuda *)be)->map;
 }
 
+void *forward_cuda_host_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return pinned_mapped_alloc(bytes);
+}
+
+void forward_cuda_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    pinned_mapped_free(p);
+}
+
+void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
+{
+    pinned_measure_link(h2d, d2d);
+}
+
 uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
 {
     const struct forward_cuda *f = (const struct forward_cuda *)be;
@@ -267,7 +199,7 @@ static void cuda_free(struct backend *be)
     }
     kern_cuda_ctx_free(f->kctx);
     if (f->arena) cudaFree(f->arena);
-    host_mem_free(&f->host);
+    pinned_block_free(&f->host);
     if (f->h_x) cudaFreeHost(f->h_x);
     if (f->h_ints) cudaFreeHost(f->h_ints);
     if (f->h_logits) cudaFreeHost(f->h_logits);
@@ -291,44 +223,6 @@ static int create_events(cudaEvent_t **out, int n, unsigned flags)
     if (!*out) return FERRY_ERR_NOMEM;
     for (int i = 0; i < n; i++) CK(cudaEventCreateWithFlags(&(*out)[i], flags));
     return FERRY_OK;
-}
-
-/* ----------------------------------------------------------------------------------------------------------
- */
-/* Bandwidth probes (for the planner's prediction and `ferry bench`'s ceilings) */
-
-void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
-{
-    *h2d = *d2d = 0;
-    const size_t bytes = 256u << 20;
-    void *host = NULL, *a = NULL, *b = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess) goto out;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) goto out;
-    memset(host, 1, bytes);
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float ms = 0;
-    cudaMemcpy(a, host, bytes, cudaMemcpyHostToDevice); /* warm-up */
-    cudaEventRecord(e0, 0);
-    for (int i = 0; i < 4; i++) cudaMemcpyAsync(a, host, bytes, cudaMemcpyHostToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    if (cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) *h2d = 4.0 * bytes / (ms * 1e-3);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e0, 0);
-    for (int i = 0; i < 8; i++) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    /* A device copy reads and writes every byte. */
-    if (cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) *d2d = 2.0 * 8 * bytes / (ms * 1e-3);
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    if (host) cudaFreeHost(host);
-    cudaGetLastError();
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -613,7 +507,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                                : 0);
     const uint64_t plan_budget = p->gpu_memory > 0 ? (budget > overhead ? budget - overhead : 0) : budget;
     double h2d = 0, d2d = 0;
-    forward_cuda_measure_bandwidth(&h2d, &d2d);
+    pinned_measure_link(&h2d, &d2d);
     f->stats.h2d_bytes_per_s = h2d;
     f->stats.hbm_bytes_per_s = d2d;
     struct device_map_input in =
@@ -710,7 +604,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "cannot pin host staging memory");
         goto fail;
     }
-    f->h_x_dev = mapped(f->h_x);
+    f->h_x_dev = pinned_device_ptr(f->h_x);
     for (int i = 0; i < T; i++) f->h_ints[i] = i;
     if (cudaMemcpy(f->d_iota, f->h_ints, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         goto fail;
@@ -719,7 +613,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         for (int l = 0; l < L; l++)
             if (!f->resident[l]) pinned += align_up(f->layer_sizes[l]);
         FLOG_INFO("pinning %.2f GiB of host memory for %d host layers", pinned / 1073741824.0, S);
-        if (host_mem_alloc(&f->host, pinned) != FERRY_OK) {
+        if (pinned_block_alloc(&f->host, pinned) != FERRY_OK) {
             cudaGetLastError();
             snprintf(err, 256, "cannot pin %.2f GiB of host memory for the host layers",
                      pinned / 1073741824.0);
@@ -1171,7 +1065,7 @@ static int cuda_x_in(struct backend *be, const float *x, int n)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
-    return x_gather(f, mapped(x), n);
+    return x_gather(f, pinned_device_ptr(x), n);
 }
 
 static int cuda_attend(struct backend *be, int l, const struct step *st, const float *qkv, float *att)
@@ -1182,7 +1076,8 @@ static int cuda_attend(struct backend *be, int l, const struct step *st, const f
     if (n <= 0 || n > f->max_tokens || l < 0 || l >= f->n_layers) return FERRY_ERR_INVALID;
     const struct layer_program *p = f->prog;
     /* The program's KV ops, the first one reading the host's q|k|v rows in place. */
-    for (int i = p->kv_first; i <= p->kv_last; i++) RC(run_op(f, &p->ops[i], NULL, l, n, mapped(qkv)));
+    for (int i = p->kv_first; i <= p->kv_last; i++)
+        RC(run_op(f, &p->ops[i], NULL, l, n, pinned_device_ptr(qkv)));
     CK(cudaMemcpyAsync(att, act(f, p->ops[p->kv_last].out),
                        (size_t)n * hp->n_heads * hp->head_dim * sizeof(float), cudaMemcpyDeviceToHost,
                        f->compute));
