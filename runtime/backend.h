@@ -57,8 +57,8 @@ struct backend_ops {
     int (*x_in)(struct backend *be, const float *x, int n);
     /* The KV part of layer l for rows computed elsewhere: qkv (n, (n_heads + 2 n_kv_heads) head_dim) f32 in
      * host memory (each row: queries, keys, values; biases added) → rope, store K/V, attention → att (n,
-     * n_heads head_dim) f32 in host memory, complete on return. NULL on a backend that lends its KV cache to
-     * nobody. */
+     * n_heads head_dim) f32 in host memory, complete on return. FERRY_ERR_INVALID on a backend without a KV
+     * cache of its own. */
     int (*attend)(struct backend *be, int l, const struct step *st, const float *qkv, float *att);
     void (*stats)(const struct backend *be, struct backend_stats *st);
 };
