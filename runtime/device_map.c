@@ -20,6 +20,13 @@ static enum placement spread(int i, int streamed, int L)
     return (int64_t)(i + 1) * streamed / L > (int64_t)i * streamed / L ? PLACEMENT_STREAM : PLACEMENT_GPU;
 }
 
+/* Where layer i lives when `resident` layers stay on the device: the caller's mask, or the even spread. */
+static enum placement where_of(const struct device_map_input *in, int i, int resident)
+{
+    if (in->resident_mask) return in->resident_mask[i] ? PLACEMENT_GPU : PLACEMENT_STREAM;
+    return spread(i, in->n_layers - resident, in->n_layers);
+}
+
 /* Bytes of the weights when `resident` layers stay on the device and the rest stream through k slots. */
 static uint64_t weights_bytes(const struct device_map_input *in, int resident, int k, int *slots,
                               uint64_t *slot_b)
@@ -27,13 +34,14 @@ static uint64_t weights_bytes(const struct device_map_input *in, int resident, i
     const int L = in->n_layers, streamed = L - resident;
     uint64_t res = 0, big = 0;
     for (int i = 0; i < L; i++) {
-        if (spread(i, streamed, L) == PLACEMENT_GPU)
+        if (where_of(in, i, resident) == PLACEMENT_GPU)
             res += layer_size(in, i);
         else if (layer_size(in, i) > big)
             big = layer_size(in, i);
     }
     int s = streamed ? (k < streamed ? k : streamed) : 0;
     if (streamed && s < 2 && L >= 2) s = 2;
+    if (in->no_ring) s = 0;
     *slots = s;
     *slot_b = streamed ? big : in->layer_bytes;
     return res + (uint64_t)s * big;
@@ -61,14 +69,20 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     if (k < 2 && L >= 2) k = 2;
     int slots;
     uint64_t slot_b;
+    int n_mask = 0;
+    if (in->resident_mask)
+        for (int i = 0; i < L; i++) n_mask += in->resident_mask[i] != 0;
     /* The smallest plan: every layer streams (or all resident when the ring would hold them all anyway). */
-    const int min_resident = L == 1 || L <= k ? L : 0;
+    const int min_resident = in->resident_mask ? n_mask : (!in->no_ring && (L == 1 || L <= k)) ? L : 0;
     out->bytes_minimum = base + weights_bytes(in, min_resident, k, &slots, &slot_b) + (uint64_t)kv_min * kvt;
 
     int resident;
     int64_t kv = kv_max;
     uint64_t all = weights_bytes(in, L, k, &slots, &slot_b);
-    if (in->gpu_layers >= 0) {
+    if (in->resident_mask) {
+        resident = n_mask;
+        kv = kv_min;
+    } else if (in->gpu_layers >= 0) {
         resident = in->gpu_layers;
         kv = kv_min; /* grows below into what the layers leave */
     } else if (in->budget >= base + all + (uint64_t)kv_max * kvt) {
@@ -94,7 +108,6 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         }
         if (kv < kv_min) kv = kv_min;
     }
-    const int streamed = L - resident;
     uint64_t total = base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt;
     if (total > in->budget) {
         if (auto_kv)
@@ -115,13 +128,13 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     if (!out->where) return FERRY_ERR_NOMEM;
     uint64_t streamed_bytes = 0, all_bytes = 0;
     for (int i = 0; i < L; i++) {
-        out->where[i] = spread(i, streamed, L);
+        out->where[i] = where_of(in, i, resident);
         all_bytes += layer_size(in, i);
         if (out->where[i] == PLACEMENT_STREAM) streamed_bytes += layer_size(in, i);
     }
     out->n_layers = L;
     out->n_resident = resident;
-    out->n_streamed = streamed;
+    out->n_streamed = L - resident;
     out->n_slots = slots;
     out->layer_bytes = slot_b;
     out->kv_tokens = auto_kv ? kv : 0;
@@ -148,8 +161,8 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
         int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__);                    \
         if (w_ > 0) n += (size_t)w_;                                                                         \
     } while (0)
-    EMIT("device_map: %d layers resident, %d streamed through %d slots of %.1f MiB; %.2f GiB in use "
-         "(minimum %.2f GiB); predicted batch-1 step %.2f ms\n",
+    EMIT("device_map: %d layers resident, %d in host memory, %d slots of %.1f MiB; %.2f GiB in use "
+         "(minimum %.2f GiB); predicted batch-1 step when streaming %.2f ms\n",
          m->n_resident, m->n_streamed, m->n_slots, m->layer_bytes / 1048576.0, m->bytes_total / GIB,
          m->bytes_minimum / GIB, m->predicted_step_s * 1e3);
     if (m->kv_tokens)
@@ -158,7 +171,7 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
     for (int i = 0; i < m->n_layers;) {
         int j = i;
         while (j + 1 < m->n_layers && m->where[j + 1] == m->where[i]) j++;
-        EMIT("  layers %3d-%-3d %s\n", i, j, m->where[i] == PLACEMENT_GPU ? "gpu" : "stream");
+        EMIT("  layers %3d-%-3d %s\n", i, j, m->where[i] == PLACEMENT_GPU ? "gpu" : "host");
         i = j + 1;
     }
 #undef EMIT

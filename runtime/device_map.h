@@ -1,9 +1,10 @@
 /* device_map — where each transformer layer's weights live during a forward pass on the GPU, and why.
  *
- * Placements: PLACEMENT_GPU (resident in device memory), PLACEMENT_STREAM (pinned host memory, copied into
- * one of a ring of n_slots device slots just before use). PLACEMENT_CPU (computed on the host) is reserved
- * for a later backend; the planner never chooses it yet. The output head is always resident; the token
- * embedding is gathered on the host (only the rows a batch needs cross the link).
+ * A layer is resident (PLACEMENT_GPU) or lives in pinned host memory (PLACEMENT_STREAM in `where`). A host
+ * layer is, on each step, either streamed (copied into one of a ring of n_slots device slots just before
+ * use: PLACEMENT_STREAM) or computed by the host's cores in place (PLACEMENT_CPU); that choice is the step
+ * plan's (runtime/step_plan.h), per step size. The output head is always resident; the token embedding is
+ * gathered on the host (only the rows a batch needs cross the link).
  * The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it anywhere):
  *   budget = fixed (activations, workspaces) + KV pool + head + resident layers + slot ring (if any streams).
  * Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes, a slot the
@@ -35,9 +36,12 @@ struct device_map_input {
     int64_t kv_tokens_floor; /* kept before layers are made resident, when not everything fits */
     int64_t kv_tokens_min;   /* never fewer (one full-length sequence) */
     int kv_block;            /* positions per KV block: the pool is a whole number of blocks */
-    uint64_t budget;      /* device bytes the plan may use */
-    int gpu_layers;       /* -1: as many as fit; else exactly this many resident */
-    int n_slots;          /* ring size when some layers stream; 0: the planner's choice (2) */
+    uint64_t budget;         /* device bytes the plan may use */
+    int gpu_layers;          /* -1: as many as fit; else exactly this many resident */
+    int n_slots;             /* ring size when some layers stream; 0: the planner's choice (2) */
+    int no_ring;             /* host layers are never streamed (--placement cpu): no slots */
+    const uint8_t
+        *resident_mask;     /* (n_layers) tests: 1 = resident, exactly these; NULL: the planner's spread */
     double h2d_bytes_per_s; /* measured pinned host→device rate (for the prediction) */
     double hbm_bytes_per_s; /* measured device memory rate (for the prediction) */
 };
@@ -46,14 +50,15 @@ struct device_map {
     int n_layers;
     enum placement *where; /* (n_layers) */
     int n_resident;
-    int n_streamed;
-    int n_slots;            /* 0 when nothing streams */
-    uint64_t layer_bytes;   /* slot size: the largest streamed layer (the largest layer when none streams) */
-    int64_t kv_tokens;      /* the KV pool's positions when the planner sized it, else 0 */
-    uint64_t kv_bytes;      /* its device bytes (0 when fixed by the caller) */
-    uint64_t bytes_total;   /* fixed + head + resident + slots: what the plan allocates */
-    uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
-    double predicted_step_s; /* batch-1 decode step: max(streamed bytes / h2d, all weight bytes / hbm) */
+    int n_streamed;          /* layers in host memory (streamed or computed on the host, step by step) */
+    int n_slots;             /* 0 when nothing streams */
+    uint64_t layer_bytes;    /* slot size: the largest streamed layer (the largest layer when none streams) */
+    int64_t kv_tokens;       /* the KV pool's positions when the planner sized it, else 0 */
+    uint64_t kv_bytes;       /* its device bytes (0 when fixed by the caller) */
+    uint64_t bytes_total;    /* fixed + head + resident + slots: what the plan allocates */
+    uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
+    double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,
+                              * all weight bytes / hbm) (the step plan refines it) */
 };
 
 /* Fills out (free with device_map_free). FERRY_ERR_DEVICE_MEM with a message naming the minimum budget when

@@ -1,7 +1,10 @@
-/* engine — validates batches, manages the KV block tables, and runs the backend's forward pass.
+/* engine — validates batches, manages the KV block tables, and walks each step's layers over the backends.
  *
  * A step is all-or-nothing for the KV cache: blocks reserved for the batch are given back if the pool runs
- * out, and sequence lengths change only after the forward pass succeeded.
+ * out, and sequence lengths change only after the forward pass succeeded. The walk (run_step) is the same for
+ * every engine: the step plan names where each layer runs for this step's size; the residual stream follows
+ * the layers from backend to backend (backend.h). Sections: init (backends, the cost model, the plan), the
+ * step, sequences and stats.
  */
 #include "runtime/engine.h"
 
@@ -12,25 +15,34 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "runtime/backend.h"
 #include "runtime/forward_cpu.h"
-#ifdef FERRY_CUDA
-#include "kernels/cuda/ops.h"
 #include "runtime/forward_cuda.h"
-#endif
 #include "runtime/kv_cache.h"
+#include "runtime/layer.h"
 #include "runtime/model.h"
+#include "runtime/step_plan.h"
 
 #define ENGINE_KV_BLOCK 16
+/* AUTO puts host layers on the CPU only when the plan predicts a step this much faster than streaming them
+ * all: the cost model is measured, not exact, and a wrong CPU choice costs more than a missed one. */
+#define ENGINE_PLAN_MARGIN 0.03
+/* Device rates the cost model takes as constants (not worth a start-up probe): matrix products of large
+ * steps (run 6e: prefill 512 of a resident Llama-2-7B at 21,670 tok/s is ~280 TFLOP/s), a layer's launches
+ * and small ops, a step's fixed work. */
+#define ENGINE_GPU_FLOPS   250e12
+#define ENGINE_GPU_LAYER_S 10e-6
+#define ENGINE_STEP_S      100e-6
 
 struct engine {
     struct engine_params p;
     struct model model;
     struct kv_cache kv;
-    struct forward_cpu *fwd;   /* CPU backend, or NULL */
-#ifdef FERRY_CUDA
-    struct forward_cuda *cuda; /* CUDA backend, or NULL */
-#endif
-    char placement[2048];
+    struct backend *gpu;  /* CUDA: resident and streamed layers, the KV cache, the head; or NULL */
+    struct backend *cpu;  /* the CPU engine, or a GPU engine's host layers computed on the CPU; or NULL */
+    struct backend *head; /* the backend holding the output head */
+    struct step_plan plan;
+    char placement[4096];
     int32_t *new_len; /* (n_seqs) scratch: the length each slot will have after the step, or -1 */
     int32_t *first;   /* (n_seqs) scratch: the first position the step writes in each slot */
     struct engine_stats stats;
@@ -50,6 +62,9 @@ struct engine_params engine_default_params(void)
         .reserve_vram = (int64_t)1 << 30,
         .gpu_layers = -1,
         .n_slots = 0,
+        .placement = ENGINE_PLACEMENT_AUTO,
+        .cpu_threads = 0,
+        .plan_override = NULL,
     };
 }
 
@@ -63,10 +78,10 @@ static double now_seconds(void)
 void engine_free(struct engine *e)
 {
     if (!e) return;
-    forward_cpu_free(e->fwd);
-#ifdef FERRY_CUDA
-    forward_cuda_free(e->cuda);
-#endif
+    /* The CPU backend's buffers may come from the GPU backend's allocator: free it first. */
+    if (e->cpu) e->cpu->ops->free(e->cpu);
+    if (e->gpu) e->gpu->ops->free(e->gpu);
+    step_plan_free(&e->plan);
     kv_cache_free(&e->kv);
     model_free(&e->model);
     free(e->new_len);
@@ -74,7 +89,6 @@ void engine_free(struct engine *e)
     free(e);
 }
 
-#ifdef FERRY_CUDA
 /* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs
  * sequences of up to 1024 positions before layers are made resident, and never less than one full-length
  * sequence. */
@@ -86,12 +100,130 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .reserve_vram = p->reserve_vram,
                                         .gpu_layers = p->gpu_layers,
                                         .n_slots = p->n_slots,
+                                        .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
+                                        .force_where = p->plan_override,
                                         .kv_auto = kv_auto,
                                         .kv_tokens_max = (int64_t)p->n_seqs * ctx,
                                         .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
                                         .kv_tokens_min = ctx};
 }
-#endif
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Init: the host layers of a GPU engine */
+
+/* The CPU backend for the host layers: reads their pinned blocks, sends its KV ops to the GPU. */
+static int host_backend_init(struct engine *e, char err[256])
+{
+    const int L = e->model.hp.n_layers;
+    struct layer_weights *w = calloc((size_t)L, sizeof *w);
+    if (!w) return FERRY_ERR_NOMEM;
+    for (int l = 0; l < L; l++) forward_cuda_host_weights(e->gpu, l, &w[l]);
+    struct forward_cpu_params cp = forward_cpu_default_params();
+    cp.max_tokens = e->p.max_batch_tokens;
+    cp.n_threads = e->p.cpu_threads ? e->p.cpu_threads : e->p.n_threads;
+    cp.pin_threads = !getenv("FERRY_NO_PIN");
+    cp.weights = w;
+    cp.kv_owner = e->gpu;
+    cp.host_alloc = forward_cuda_host_alloc;
+    cp.host_free = forward_cuda_host_free;
+    cp.alloc_ctx = e->gpu;
+    int rc = forward_cpu_init(&e->cpu, &e->model, &cp);
+    free(w);
+    if (rc) snprintf(err, 256, "cannot set up the host's share of the layers (%s)", ferry_status_str(rc));
+    return rc;
+}
+
+/* The cost model of the step planner: the GPU's measured rates, the host's time for one host layer at a few
+ * step sizes (and again while the link copies, which is how it runs beside streaming), the exchange around a
+ * host layer. */
+static int measure_costs(struct engine *e, const struct device_map *map, int ref, struct step_cost *c)
+{
+    const struct llm_hparams *hp = &e->model.hp;
+    struct backend_stats gs;
+    e->gpu->ops->stats(e->gpu, &gs);
+    memset(c, 0, sizeof *c);
+    c->h2d = gs.h2d_bytes_per_s;
+    c->hbm = gs.hbm_bytes_per_s;
+    c->gpu_flops = ENGINE_GPU_FLOPS;
+    c->gpu_layer_s = ENGINE_GPU_LAYER_S;
+    c->step_s = ENGINE_STEP_S;
+    c->cpu_ref_bytes = forward_cuda_layer_bytes(e->gpu, ref);
+    int rc;
+    for (int m = 1; m <= e->p.max_batch_tokens && c->n_cpu < STEP_COST_MAX_M; m *= 2) {
+        double t;
+        if ((rc = forward_cpu_time_layer(e->cpu, ref, m, m <= 4 ? 5 : 3, &t))) return rc;
+        c->cpu_m[c->n_cpu] = m;
+        c->cpu_s[c->n_cpu++] = t;
+        if (t > 0.25 || m >= 64) break; /* past this the host is compute bound: extrapolated */
+    }
+    /* The same layer at m = 1 while the link is busy: host memory serves both. */
+    if (map->n_slots > 0) {
+        double t1;
+        if ((rc = forward_cuda_link_load_begin(e->gpu, 8 * c->cpu_s[0]))) return rc;
+        rc = forward_cpu_time_layer(e->cpu, ref, 1, 5, &t1);
+        c->h2d_loaded = forward_cuda_link_load_end(e->gpu);
+        if (rc) return rc;
+        const double slow = t1 > c->cpu_s[0] ? t1 / c->cpu_s[0] : 1.0;
+        for (int i = 0; i < c->n_cpu; i++) c->cpu_s[i] *= slow;
+        FLOG_INFO(
+            "cost model: host layer at 1 token %.2f ms alone, %.2f ms while the link copies (%.1f GB/s then, "
+            "%.1f GB/s alone)",
+            c->cpu_s[0] / slow * 1e3, c->cpu_s[0] * 1e3, c->h2d_loaded / 1e9, c->h2d / 1e9);
+    }
+    double ex;
+    if ((rc = forward_cuda_time_exchange(e->gpu, 1, &ex))) return rc;
+    c->sync_s = ex / 2;
+    const double qd = (double)hp->n_heads * hp->head_dim, kvd = (double)hp->n_kv_heads * hp->head_dim;
+    c->layer_bytes_per_token = (2 * qd + 2 * kvd) * sizeof(float);
+    c->run_bytes_per_token = 2.0 * hp->dim * sizeof(float);
+    return FERRY_OK;
+}
+/* The step plan of a GPU engine: the device_map's host layers per step size, from measured costs (none are
+ * needed when they always stream or always run on the host, or when the plan is given). */
+static int gpu_plan(struct engine *e, char err[256])
+{
+    const struct device_map *map = forward_cuda_map(e->gpu);
+    const int L = e->model.hp.n_layers;
+    uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params);
+    int rc = FERRY_ERR_NOMEM, ref = -1;
+    if (!bytes || !params) goto out;
+    for (int l = 0; l < L; l++) {
+        bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
+        params[l] = layer_params(&e->model.layers[l]);
+        if (ref < 0 && map->where[l] != PLACEMENT_GPU) ref = l;
+    }
+    struct step_plan_input in = {.n_layers = L,
+                                 .where = map->where,
+                                 .layer_bytes = bytes,
+                                 .layer_params = params,
+                                 .head_bytes =
+                                     (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *
+                                     (uint64_t)e->model.output.rows,
+                                 .n_slots = map->n_slots,
+                                 .max_tokens = e->p.max_batch_tokens,
+                                 .mode = e->p.placement == ENGINE_PLACEMENT_STREAM ? STEP_MODE_STREAM
+                                         : e->p.placement == ENGINE_PLACEMENT_CPU  ? STEP_MODE_CPU
+                                                                                   : STEP_MODE_AUTO,
+                                 .margin = ENGINE_PLAN_MARGIN,
+                                 .force = e->p.plan_override};
+    struct backend_stats gs;
+    e->gpu->ops->stats(e->gpu, &gs);
+    in.cost.h2d = gs.h2d_bytes_per_s;
+    in.cost.hbm = gs.hbm_bytes_per_s;
+    in.cost.gpu_flops = ENGINE_GPU_FLOPS;
+    in.cost.gpu_layer_s = ENGINE_GPU_LAYER_S;
+    in.cost.step_s = ENGINE_STEP_S;
+    if (e->cpu && ref >= 0 && (rc = measure_costs(e, map, ref, &in.cost))) {
+        snprintf(err, 256, "measuring the host's layer time failed (%s)", ferry_status_str(rc));
+        goto out;
+    }
+    rc = step_plan_make(&in, &e->plan, err);
+out:
+    free(bytes);
+    free(params);
+    return rc;
+}
 
 /* Takes ownership of *model (freed on failure too). */
 static int engine_create(struct engine **out, struct model *model, const struct engine_params *params,
@@ -99,20 +231,13 @@ static int engine_create(struct engine **out, struct model *model, const struct 
 {
     *out = NULL;
     struct engine_params p = *params;
-    int use_cuda = 0;
-#ifdef FERRY_CUDA
-    use_cuda = p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && kern_cuda_device_count() > 0);
-#else
-    if (p.backend == ENGINE_BACKEND_CUDA) {
-        snprintf(err, 256, "this build of ferry has no CUDA backend (nvcc was not found at build time)");
-        model_free(model);
-        return FERRY_ERR_UNSUPPORTED;
-    }
-#endif
+    const int use_cuda =
+        p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && forward_cuda_devices() > 0);
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
-        p.ctx_size < 0 || p.kv_tokens < 0) {
-        snprintf(err, 256, "invalid engine parameters (n_seqs %d, max_batch_tokens %d, ctx_size %d)", p.n_seqs,
-                 p.max_batch_tokens, p.ctx_size);
+        p.ctx_size < 0 || p.kv_tokens < 0 || p.cpu_threads < 0 || p.cpu_threads > 1024 ||
+        (unsigned)p.placement > ENGINE_PLACEMENT_CPU) {
+        snprintf(err, 256, "invalid engine parameters (n_seqs %d, max_batch_tokens %d, ctx_size %d)",
+                 p.n_seqs, p.max_batch_tokens, p.ctx_size);
         model_free(model);
         return FERRY_ERR_INVALID;
     }
@@ -137,20 +262,43 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
     }
-#ifdef FERRY_CUDA
+    /* auto's plan comes from start-up timings, which vary between runs: --deterministic keeps one that does
+     * not. */
+    if (use_cuda && p.deterministic && p.placement == ENGINE_PLACEMENT_AUTO && !p.plan_override) {
+        FLOG_INFO("--deterministic: host layers stream (--placement auto would plan from start-up timings)");
+        e->p.placement = p.placement = ENGINE_PLACEMENT_STREAM;
+    }
+    size_t at = 0;
     if (use_cuda) {
         struct forward_cuda_params cp = cuda_params(&p, kv_auto);
-        if ((rc = forward_cuda_init(&e->cuda, &e->model, &e->kv, &cp, err))) goto fail;
+        if ((rc = forward_cuda_init(&e->gpu, &e->model, &e->kv, &cp, err))) goto fail;
         e->p.kv_tokens = e->kv.n_blocks * e->kv.block_size;
-        device_map_format(forward_cuda_map(e->cuda), e->placement, sizeof e->placement);
-    }
-#endif
-    if (!use_cuda) {
-        if ((rc = forward_cpu_init(&e->fwd, &e->model, p.max_batch_tokens, p.n_threads))) {
+        e->head = e->gpu;
+        const struct device_map *map = forward_cuda_map(e->gpu);
+        const int host_cpu = p.plan_override ? strchr(p.plan_override, 'c') != NULL
+                                             : p.placement != ENGINE_PLACEMENT_STREAM || map->n_slots == 0;
+        if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) goto fail;
+        if ((rc = gpu_plan(e, err))) goto fail;
+        at = (size_t)device_map_format(map, e->placement, sizeof e->placement);
+        if (e->cpu && at < sizeof e->placement)
+            at += (size_t)snprintf(e->placement + at, sizeof e->placement - at,
+                                   "host layers computed by %d pinned CPU threads when the plan says cpu\n",
+                                   forward_cpu_threads(e->cpu));
+        if (map->n_streamed > 0 && at < sizeof e->placement)
+            step_plan_format(&e->plan, e->placement + at, sizeof e->placement - at);
+    } else {
+        struct forward_cpu_params cp = forward_cpu_default_params();
+        cp.max_tokens = p.max_batch_tokens;
+        cp.n_threads = p.n_threads;
+        cp.kv = &e->kv;
+        if ((rc = forward_cpu_init(&e->cpu, &e->model, &cp))) {
             snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
             goto fail;
         }
-        snprintf(e->placement, sizeof e->placement, "cpu: all layers (%d threads)", forward_cpu_threads(e->fwd));
+        e->head = e->cpu;
+        if ((rc = step_plan_uniform(&e->plan, hp->n_layers, p.max_batch_tokens, PLACEMENT_CPU))) goto fail;
+        snprintf(e->placement, sizeof e->placement, "cpu: all layers (%d threads)",
+                 forward_cpu_threads(e->cpu));
     }
     e->new_len = malloc((size_t)p.n_seqs * sizeof(int32_t));
     e->first = malloc((size_t)p.n_seqs * sizeof(int32_t));
@@ -161,8 +309,15 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     e->stats.backend = use_cuda ? "cuda" : "cpu";
     e->stats.kv_blocks_total = e->kv.n_blocks;
     e->stats.kv_block_size = e->kv.block_size;
-    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB)", e->stats.backend, p.ctx_size,
-              p.n_seqs, e->kv.n_blocks * e->kv.block_size, kv_cache_bytes(&e->kv, use_cuda ? 2 : 4) / 1048576.0);
+    e->stats.cpu_threads = e->cpu ? forward_cpu_threads(e->cpu) : 0;
+    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB)", e->stats.backend,
+              p.ctx_size, p.n_seqs, e->kv.n_blocks * e->kv.block_size,
+              kv_cache_bytes(&e->kv, use_cuda ? 2 : 4) / 1048576.0);
+    if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
+        char plan[2048];
+        step_plan_format(&e->plan, plan, sizeof plan);
+        FLOG_INFO("%s", plan);
+    }
     *out = e;
     return FERRY_OK;
 fail:
@@ -170,7 +325,8 @@ fail:
     return rc;
 }
 
-int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p, char err[256])
+int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p,
+                char err[256])
 {
     struct model m;
     int rc = model_init(&m, mf, err);
@@ -185,11 +341,14 @@ int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enu
     return rc ? rc : engine_create(out, &m, p, err);
 }
 
-uint64_t engine_weight_bytes(const struct engine *e) { return e->model.weight_bytes; }
-
-int engine_plan(const struct model_file *mf, const struct engine_params *params, char *buf, size_t cap, char err[256])
+uint64_t engine_weight_bytes(const struct engine *e)
 {
-#ifdef FERRY_CUDA
+    return e->model.weight_bytes;
+}
+
+int engine_plan(const struct model_file *mf, const struct engine_params *params, char *buf, size_t cap,
+                char err[256])
+{
     struct engine_params p = *params;
     struct model m;
     struct kv_cache kv;
@@ -211,19 +370,20 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
     }
     model_free(&m);
     return rc;
-#else
-    (void)mf;
-    (void)params;
-    (void)buf;
-    (void)cap;
-    snprintf(err, 256, "this build has no CUDA backend");
-    return FERRY_ERR_UNSUPPORTED;
-#endif
 }
 
-const struct llm_hparams *engine_hparams(const struct engine *e) { return &e->model.hp; }
-int engine_ctx_size(const struct engine *e) { return e->p.ctx_size; }
-int engine_n_seqs(const struct engine *e) { return e->p.n_seqs; }
+const struct llm_hparams *engine_hparams(const struct engine *e)
+{
+    return &e->model.hp;
+}
+int engine_ctx_size(const struct engine *e)
+{
+    return e->p.ctx_size;
+}
+int engine_n_seqs(const struct engine *e)
+{
+    return e->p.n_seqs;
+}
 
 int engine_seq_len(const struct engine *e, int seq)
 {
@@ -284,6 +444,47 @@ static int check_batch(struct engine *e, const struct batch *b)
     return FERRY_OK;
 }
 
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* The step */
+
+static struct backend *backend_of(const struct engine *e, enum placement w)
+{
+    return w == PLACEMENT_CPU ? e->cpu : e->gpu;
+}
+
+/* The residual stream from one backend to the next, through the host buffer of whichever lives in host
+ * memory (there is one device backend). */
+static int move_x(struct backend *from, struct backend *to, int n)
+{
+    float *h = to->ops->x_host(to);
+    if (!h) h = from->ops->x_host(from);
+    if (!h) return FERRY_ERR_INTERNAL;
+    int rc = from->ops->x_out(from, h, n);
+    return rc ? rc : to->ops->x_in(to, h, n);
+}
+
+/* Embedding, every layer where the plan puts it, the head. */
+static int run_step(struct engine *e, const struct step *st, float *logits)
+{
+    const int L = e->model.hp.n_layers, n = st->b->n_tokens;
+    int uses_cpu = 0, rc;
+    for (int l = 0; l < L; l++) uses_cpu |= st->where[l] == PLACEMENT_CPU;
+    if (uses_cpu && !e->cpu) return FERRY_ERR_INTERNAL;
+    if (e->gpu && (rc = e->gpu->ops->begin(e->gpu, st))) return rc;
+    if (e->cpu && (rc = e->cpu->ops->begin(e->cpu, st))) return rc;
+    struct backend *cur = backend_of(e, st->where[0]);
+    if ((rc = cur->ops->embed(cur, st))) return rc;
+    for (int l = 0; l < L; l++) {
+        struct backend *be = backend_of(e, st->where[l]);
+        if (be != cur && (rc = move_x(cur, be, n))) return rc;
+        cur = be;
+        if ((rc = be->ops->layer(be, l, st))) return rc;
+    }
+    if (e->head != cur && (rc = move_x(cur, e->head, n))) return rc;
+    return e->head->ops->head(e->head, st, logits);
+}
+
 int engine_step(struct engine *e, const struct batch *b, float *logits)
 {
     double t0 = now_seconds();
@@ -293,12 +494,12 @@ int engine_step(struct engine *e, const struct batch *b, float *logits)
     for (int s = 0; s < n_seqs && !rc; s++)
         if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
     if (!rc) {
-#ifdef FERRY_CUDA
-        if (e->cuda)
-            rc = forward_cuda_run(e->cuda, &e->model, &e->kv, b, logits);
-        else
-#endif
-            rc = forward_cpu_run(e->fwd, &e->model, &e->kv, b, logits);
+        struct step st = {.b = b, .where = step_plan_where(&e->plan, b->n_tokens)};
+        for (int i = 0; i < b->n_tokens; i++) {
+            if (b->pos[i] + 1 > st.max_len) st.max_len = b->pos[i] + 1;
+            st.n_out += b->want_logits[i] != 0;
+        }
+        rc = run_step(e, &st, logits);
         /* A failed pass may have overwritten the slots from their first written position on. */
         for (int s = 0; s < n_seqs; s++)
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];
@@ -312,26 +513,55 @@ int engine_step(struct engine *e, const struct batch *b, float *logits)
     return FERRY_OK;
 }
 
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Stats */
+
 void engine_get_stats(const struct engine *e, struct engine_stats *st)
 {
     *st = e->stats;
     st->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
-#ifdef FERRY_CUDA
-    if (e->cuda) {
-        const struct device_map *m = forward_cuda_map(e->cuda);
-        struct forward_cuda_stats cs;
-        forward_cuda_get_stats(e->cuda, &cs);
-        st->n_resident = m->n_resident;
-        st->n_streamed = m->n_streamed;
-        st->n_slots = m->n_slots;
-        st->bytes_streamed = cs.bytes_streamed;
-        st->copy_seconds = cs.copy_seconds;
-        st->stall_seconds = cs.stall_seconds;
-        st->vram_budget = cs.vram_budget;
-        st->vram_planned = cs.vram_planned;
-        st->vram_used = cs.vram_used;
+    if (e->gpu) {
+        struct backend_stats gs;
+        e->gpu->ops->stats(e->gpu, &gs);
+        st->n_resident = gs.n_resident;
+        st->n_streamed = gs.n_host;
+        st->n_slots = gs.n_slots;
+        st->bytes_streamed = gs.bytes_streamed;
+        st->copy_seconds = gs.copy_seconds;
+        st->stall_seconds = gs.stall_seconds;
+        st->vram_budget = gs.vram_budget;
+        st->vram_planned = gs.vram_planned;
+        st->vram_used = gs.vram_used;
+        st->h2d_bytes_per_s = gs.h2d_bytes_per_s;
+        st->hbm_bytes_per_s = gs.hbm_bytes_per_s;
+        if (e->cpu) {
+            struct backend_stats cs;
+            e->cpu->ops->stats(e->cpu, &cs);
+            st->cpu_layers_run = cs.layers_run;
+            st->cpu_layer_seconds = cs.layer_seconds;
+        }
     }
-#endif
 }
 
-const char *engine_placement(const struct engine *e) { return e->placement; }
+int engine_step_info(const struct engine *e, int n_tokens, struct engine_step_info *info)
+{
+    memset(info, 0, sizeof *info);
+    if (n_tokens <= 0 || n_tokens > e->p.max_batch_tokens) return FERRY_ERR_INVALID;
+    const int b = step_plan_bucket(&e->plan, n_tokens);
+    const enum placement *w = step_plan_where(&e->plan, n_tokens);
+    info->bucket_tokens = e->plan.tokens[b];
+    for (int l = 0; l < e->model.hp.n_layers; l++) {
+        info->n_gpu += w[l] == PLACEMENT_GPU;
+        info->n_stream += w[l] == PLACEMENT_STREAM;
+        info->n_cpu += w[l] == PLACEMENT_CPU;
+    }
+    info->predicted_s = e->plan.predicted_s[b];
+    info->stream_s = e->plan.stream_s[b];
+    return FERRY_OK;
+}
+
+const char *engine_placement(const struct engine *e)
+{
+    return e->placement;
+}

@@ -2,7 +2,9 @@
  *
  * The scheduler (server/) builds a `struct batch` each iteration (prefill chunks and decode tokens of many
  * sequences) and calls engine_step(); the engine owns the weights, the paged KV cache and its block tables,
- * the backend (CPU, or CUDA with a device_map of resident and streamed layers) and its threads. Sequences are
+ * the backends (runtime/backend.h: the CPU alone, or CUDA with a device_map of resident layers and layers in
+ * pinned host memory, which each step streams or has the host's cores compute, as the step plan for its size
+ * says: runtime/step_plan.h) and their threads. Sequences are
  * slots 0..n_seqs-1; a slot's KV blocks are taken as its positions grow and returned by engine_seq_free().
  * Positions of a sequence continue each other within a batch and start at most at the slot's length (a slot
  * may rewind to rewrite its tail). One thread calls the engine at a time.
@@ -13,9 +15,13 @@
 
 #include <stdint.h>
 
+#include "runtime/batch.h"
 #include "weights/model_file.h"
 
 enum engine_backend { ENGINE_BACKEND_AUTO = 0, ENGINE_BACKEND_CPU = 1, ENGINE_BACKEND_CUDA = 2 };
+/* What a GPU engine does with its layers in host memory (--placement): per step, whichever the step plan
+ * predicts faster; always stream them; always compute them on the host's cores. */
+enum engine_placement { ENGINE_PLACEMENT_AUTO = 0, ENGINE_PLACEMENT_STREAM = 1, ENGINE_PLACEMENT_CPU = 2 };
 
 struct engine_params {
     enum engine_backend backend;
@@ -24,44 +30,57 @@ struct engine_params {
     int n_seqs;           /* sequence slots (the server's --parallel) */
     int kv_tokens;        /* KV pool capacity in positions over all sequences; 0 = n_seqs * ctx_size */
     int max_batch_tokens; /* largest n_tokens of one engine_step */
-    int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions) */
+    int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions); with
+                           * placement AUTO, host layers stream (auto plans from start-up timings) */
     int quant_int8;       /* quantize F32/F16/BF16 matrices to Q8_0 at load (model_quantize_int8) */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
     int gpu_layers;       /* resident layers; -1 = as many as fit */
     int n_slots;          /* streaming ring size; 0 = the planner's choice */
+    enum engine_placement placement;
+    int cpu_threads; /* host threads computing host layers of a GPU engine (pinned); 0 = n_threads, or all
+                      * cores when that is 0 too */
+    /* Tests: the step plan itself (step_plan.h `force`: 'g'/'s'/'c' per layer, '/' between step-size
+     * buckets); its 'g's also fix the resident layers. NULL: planned. */
+    const char *plan_override;
 };
 
 struct engine_params engine_default_params(void);
 
-struct batch {
-    int n_tokens;         /* decode tokens + prefill chunk tokens */
-    int32_t *tokens;      /* (n_tokens) token ids */
-    int32_t *pos;         /* (n_tokens) position of each token in its sequence */
-    int32_t *seq;         /* (n_tokens) sequence slot of each token */
-    uint8_t *want_logits; /* (n_tokens) 1 where the caller needs this row's logits */
-};
-
 struct engine_stats {
     int kv_blocks_total;
     int kv_blocks_used;
-    int kv_block_size;         /* positions per block */
-    uint64_t steps;            /* engine_step calls */
-    uint64_t tokens;           /* tokens processed */
-    double busy_seconds;       /* wall time inside engine_step */
-    const char *backend;       /* "cpu" or "cuda" */
+    int kv_block_size;   /* positions per block */
+    uint64_t steps;      /* engine_step calls */
+    uint64_t tokens;     /* tokens processed */
+    double busy_seconds; /* wall time inside engine_step */
+    const char *backend; /* "cpu" or "cuda" */
     /* CUDA backend only (zero on the CPU). */
-    int n_resident, n_streamed, n_slots;
-    uint64_t bytes_streamed;   /* weight bytes copied host→device */
-    double copy_seconds;       /* copy-stream time for those bytes */
-    double stall_seconds;      /* compute time spent waiting for copies */
+    int n_resident, n_streamed, n_slots; /* n_streamed: layers in host memory (streamed or host-computed) */
+    uint64_t bytes_streamed;             /* weight bytes copied host→device for the layers steps streamed */
+    double copy_seconds;                 /* copy-stream time for those bytes */
+    double stall_seconds;                /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
+    double h2d_bytes_per_s, hbm_bytes_per_s; /* ceilings measured at start-up */
+    /* Host layers of a GPU engine computed on the CPU. */
+    int cpu_threads;
+    uint64_t cpu_layers_run;
+    double cpu_layer_seconds;
+};
+
+/* The step plan for a step of n_tokens: where its layers run and the predicted step time. */
+struct engine_step_info {
+    int bucket_tokens; /* the largest step of n_tokens' bucket */
+    int n_gpu, n_stream, n_cpu;
+    double predicted_s; /* steady-state step time (0: not predicted, e.g. the CPU engine) */
+    double stream_s;    /* the same with every host layer streamed (0: no ring) */
 };
 
 struct engine;
 
-int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p, char err[256]);
+int engine_init(struct engine **out, const struct model_file *mf, const struct engine_params *p,
+                char err[256]);
 /* An engine over a synthetic model of shape hp with random weights of type wt (benchmarks; see model.h). */
 int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enum dtype wt,
                           const struct engine_params *p, char err[256]);
@@ -86,22 +105,27 @@ int engine_seq_len(const struct engine *e, int seq);
  * another sequence shares, only the whole blocks before it are kept (a shared block is never written).
  * Returns the positions kept, or FERRY_ERR_INVALID. */
 int engine_seq_keep(struct engine *e, int seq, int n);
-/* Empties dst and gives it the first n positions of src, as far as they fill whole KV blocks, without copying:
- * both then read those blocks; each writes only past them. Returns the positions dst now holds (a multiple of
- * the block size), or FERRY_ERR_INVALID. */
+/* Empties dst and gives it the first n positions of src, as far as they fill whole KV blocks, without
+ * copying: both then read those blocks; each writes only past them. Returns the positions dst now holds (a
+ * multiple of the block size), or FERRY_ERR_INVALID. */
 int engine_seq_share(struct engine *e, int src, int dst, int n);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
+/* FERRY_ERR_INVALID for n_tokens outside [1, max_batch_tokens]. */
+int engine_step_info(const struct engine *e, int n_tokens, struct engine_step_info *info);
 
 /* The placement engine_init would choose on a CUDA device for these parameters (p->gpu_memory must be set),
  * computed without touching a device; the prediction uses the reference H200's measured ceilings
  * (54.9 GB/s pinned host→device, 4.18 TB/s device copy). Writes device_map_format's text into buf.
- * FERRY_ERR_UNSUPPORTED in a build without CUDA; FERRY_ERR_DEVICE_MEM (err names the minimum) when too small. */
-int engine_plan(const struct model_file *mf, const struct engine_params *p, char *buf, size_t cap, char err[256]);
+ * FERRY_ERR_UNSUPPORTED in a build without CUDA; FERRY_ERR_DEVICE_MEM (err names the minimum) when too small.
+ */
+int engine_plan(const struct model_file *mf, const struct engine_params *p, char *buf, size_t cap,
+                char err[256]);
 
 /* Bytes of weights one forward pass reads (all matrices incl. the output head). */
 uint64_t engine_weight_bytes(const struct engine *e);
-/* A human-readable description of where the layers live (the device_map), or "cpu: all layers". */
+/* A human-readable description of where the layers live and run (the device_map and the step plan), or
+ * "cpu: all layers". */
 const char *engine_placement(const struct engine *e);
 
 #endif

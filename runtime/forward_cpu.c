@@ -1,13 +1,16 @@
-/* forward_cpu — one forward pass of a Llama-family model on the CPU (see forward_cpu.h).
+/* forward_cpu — the CPU backend: the layer program of runtime/layer.h on the host (see forward_cpu.h).
  *
- * Per layer: x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)); x += Wd·(silu(Wg·n(x)) * Wu·n(x)),
- * with n = RMSNorm. Then the rows that want logits are gathered, normed and multiplied by the output head.
+ * Buffers: a group's product is written part after part, each part as its own (m, rows_j) row-major matrix
+ * (q|k|v: all queries, then all keys, then all values), because the matmul writes whole rows. At m = 1 that
+ * is also the stacked row (q | k | v) the KV owner's `attend` reads; larger batches are re-stacked row by row
+ * into qkv_rows first. Queries are rotated in place, silu(gate)·up is written over the gate part.
  */
 #include "runtime/forward_cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/attention.h"
@@ -16,117 +19,388 @@
 #include "kernels/cpu/threadpool.h"
 
 struct forward_cpu {
+    struct backend be;
+    const struct model *m;
+    const struct layer_program *prog;
+    struct layer_weights *w;  /* (n_layers) */
+    struct kv_cache *kv;      /* host KV, or NULL */
+    struct backend *kv_owner; /* or NULL */
     struct tpool *tp;
     int max_tokens;
-    float *x;   /* (max_tokens, dim) residual stream */
-    float *xn;  /* (max_tokens, dim) normed input of a block */
-    float *q;   /* (max_tokens, n_heads*head_dim) */
-    float *k;   /* (max_tokens, n_kv*head_dim) */
-    float *v;   /* (max_tokens, n_kv*head_dim) */
-    float *att; /* (max_tokens, n_heads*head_dim) */
-    float *tmp; /* (max_tokens, dim) */
-    float *g;   /* (max_tokens, ffn) */
-    float *u;   /* (max_tokens, ffn) */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    void *alloc_ctx;
+    float *x;        /* (max_tokens, dim) residual stream */
+    float *xn;       /* (max_tokens, dim) normed input of a block */
+    float *d;        /* (max_tokens, dim) the last block's output, pending when `pending` */
+    float *qkv;      /* (max_tokens * (q_dim + 2 kv_dim)) parts one after the other */
+    float *att;      /* (max_tokens, q_dim) */
+    float *gu;       /* (max_tokens * 2 ffn) gate part, then up part */
+    float *qkv_rows; /* (max_tokens, q_dim + 2 kv_dim) stacked rows for kv_owner, or NULL */
+    int pending;
+    uint64_t layers_run;
+    double layer_seconds;
 };
 
-void forward_cpu_free(struct forward_cpu *f)
+static double now_s(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *default_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+static void default_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+struct forward_cpu_params forward_cpu_default_params(void)
+{
+    return (struct forward_cpu_params){.max_tokens = 512};
+}
+
+static void cpu_free(struct backend *be)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
     if (!f) return;
     tpool_free(f->tp);
-    free(f->x);
-    free(f->xn);
-    free(f->q);
-    free(f->k);
-    free(f->v);
-    free(f->att);
-    free(f->tmp);
-    free(f->g);
-    free(f->u);
+    float *bufs[] = {f->x, f->xn, f->d, f->qkv, f->att, f->gu, f->qkv_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) f->host_free(f->alloc_ctx, bufs[i]);
+    free(f->w);
     free(f);
 }
 
-int forward_cpu_init(struct forward_cpu **out, const struct model *m, int max_tokens, int n_threads)
+int forward_cpu_threads(const struct backend *be)
 {
-    *out = NULL;
-    if (max_tokens <= 0) return FERRY_ERR_INVALID;
-    struct forward_cpu *f = calloc(1, sizeof *f);
-    if (!f) return FERRY_ERR_NOMEM;
-    const struct llm_hparams *hp = &m->hp;
-    size_t n = (size_t)max_tokens, qd = (size_t)hp->n_heads * hp->head_dim,
-           kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    f->max_tokens = max_tokens;
-    f->x = malloc(n * hp->dim * sizeof(float));
-    f->xn = malloc(n * hp->dim * sizeof(float));
-    f->tmp = malloc(n * hp->dim * sizeof(float));
-    f->q = malloc(n * qd * sizeof(float));
-    f->att = malloc(n * qd * sizeof(float));
-    f->k = malloc(n * kvd * sizeof(float));
-    f->v = malloc(n * kvd * sizeof(float));
-    f->g = malloc(n * hp->ffn_dim * sizeof(float));
-    f->u = malloc(n * hp->ffn_dim * sizeof(float));
-    int rc = FERRY_ERR_NOMEM;
-    if (!f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->k || !f->v || !f->g || !f->u) goto fail;
-    if ((rc = tpool_init(&f->tp, n_threads))) goto fail;
-    *out = f;
+    return tpool_size(((const struct forward_cpu *)be)->tp);
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* The program */
+
+/* y = x · the group's parts (each part to y + m * row0, its own (m, rows) matrix), biases added. */
+static int linear_group(struct forward_cpu *f, float *y, const float *x, const struct layer_group *g, int m)
+{
+    struct kern_cpu_mm jobs[LAYER_MAX_PARTS];
+    for (int j = 0; j < g->n_parts; j++)
+        jobs[j] = (struct kern_cpu_mm){.y = y + (size_t)m * g->part[j].row0,
+                                       .w = g->part[j].data,
+                                       .wt = g->part[j].type,
+                                       .bias = g->part[j].bias,
+                                       .n = (int)g->part[j].rows};
+    return kern_cpu_matmul_multi(jobs, g->n_parts, x, m, (int)g->cols, f->tp);
+}
+
+static float *act(struct forward_cpu *f, enum layer_act a)
+{
+    switch (a) {
+    case LACT_X:
+        return f->x;
+    case LACT_XN:
+        return f->xn;
+    case LACT_QKV:
+    case LACT_Q:
+        return f->qkv; /* queries are the first part, rotated in place */
+    case LACT_ATT:
+        return f->att;
+    case LACT_D:
+        return f->d;
+    case LACT_GU:
+    case LACT_H:
+        return f->gu; /* silu(gate)·up overwrites the gate part */
+    }
+    return NULL;
+}
+
+/* The KV ops of layer l on the host's own cache. */
+static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
+    const struct batch *b = st->b;
+    float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
+    struct kv_layer_view view = kv_cache_layer(f->kv, l);
+    kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, f->m->inv_freq, hp->rope_style);
+    kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, f->m->inv_freq, hp->rope_style);
+    kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
+    kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim),
+                       f->tp);
     return FERRY_OK;
-fail:
-    forward_cpu_free(f);
+}
+
+/* The KV ops of layer l on the KV owner: q|k|v rows go over, the attention output comes back into att. */
+static int kv_ops_remote(struct forward_cpu *f, int l, const struct step *st, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim,
+                 row = qd + 2 * kvd;
+    const float *rows = f->qkv;
+    if (n > 1) {
+        for (int i = 0; i < n; i++) {
+            float *r = f->qkv_rows + (size_t)i * row;
+            memcpy(r, f->qkv + (size_t)i * qd, qd * sizeof(float));
+            memcpy(r + qd, f->qkv + (size_t)n * qd + (size_t)i * kvd, kvd * sizeof(float));
+            memcpy(r + qd + kvd, f->qkv + (size_t)n * (qd + kvd) + (size_t)i * kvd, kvd * sizeof(float));
+        }
+        rows = f->qkv_rows;
+    }
+    return f->kv_owner->ops->attend(f->kv_owner, l, st, rows, f->att);
+}
+
+static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct layer_weights *w, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    switch (op->kind) {
+    case LOP_ADD_NORM:
+        if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+        f->pending = 0;
+        kern_cpu_rmsnorm(act(f, op->out), f->x, w->norm[op->arg], n, hp->dim, hp->norm_eps);
+        return FERRY_OK;
+    case LOP_LINEAR: {
+        int rc = linear_group(f, act(f, op->out), act(f, op->in), &w->mat[op->arg], n);
+        if (op->out == LACT_D) f->pending = 1;
+        return rc;
+    }
+    case LOP_SILU_MUL:
+        kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
+        return FERRY_OK;
+    case LOP_ROPE_KV:
+    case LOP_ATTENTION:
+        return FERRY_ERR_INTERNAL; /* run as a unit by kv_ops_* */
+    }
+    return FERRY_ERR_INTERNAL;
+}
+
+/* Layer l; with kv_ops 0 the KV ops are skipped (timing). */
+static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n, int kv_ops)
+{
+    const struct layer_program *p = f->prog;
+    const struct layer_weights *w = &f->w[l];
+    if (w->mat[0].n_parts == 0)
+        return FERRY_ERR_INTERNAL; /* a layer whose weights this backend was not given */
+    for (int i = 0; i < p->n_ops; i++) {
+        int rc;
+        if (i == p->kv_first) {
+            rc = !kv_ops ? FERRY_OK : f->kv_owner ? kv_ops_remote(f, l, st, n) : kv_ops_local(f, l, st, n);
+            i = p->kv_last;
+        } else {
+            rc = run_op(f, &p->ops[i], w, n);
+        }
+        if (rc) return rc;
+    }
+    return FERRY_OK;
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* The backend table */
+
+static int cpu_begin(struct backend *be, const struct step *st)
+{
+    (void)be;
+    (void)st;
+    return FERRY_OK;
+}
+
+static int cpu_embed(struct backend *be, const struct step *st)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    const struct model *m = f->m;
+    const int n = st->b->n_tokens;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    f->pending = 0;
+    return kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
+                          st->b->tokens, n);
+}
+
+static int cpu_layer(struct backend *be, int l, const struct step *st)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    const int n = st->b->n_tokens;
+    if (n <= 0 || n > f->max_tokens || l < 0 || l >= f->m->hp.n_layers) return FERRY_ERR_INVALID;
+    const double t0 = now_s();
+    int rc = run_layer(f, l, st, n, 1);
+    f->layer_seconds += now_s() - t0;
+    f->layers_run++;
     return rc;
 }
 
-int forward_cpu_threads(const struct forward_cpu *f) { return tpool_size(f->tp); }
-
-static int linear(struct forward_cpu *f, float *y, const float *x, const struct wview *w, const float *bias,
-                  int m)
+static int cpu_head(struct backend *be, const struct step *st, float *logits)
 {
-    return kern_cpu_matmul(y, x, w->data, w->type, bias, m, (int)w->rows, (int)w->cols, f->tp);
-}
-
-int forward_cpu_run(struct forward_cpu *f, const struct model *m, struct kv_cache *kv, const struct batch *b,
-                    float *logits)
-{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    const struct model *m = f->m;
     const struct llm_hparams *hp = &m->hp;
-    const int n = b->n_tokens, dim = hp->dim, hd = hp->head_dim;
-    const int ffn = hp->ffn_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
-    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
-    int rc = kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, dim, b->tokens, n);
-    if (rc) return rc;
-
-    for (int l = 0; l < hp->n_layers; l++) {
-        const struct model_layer *L = &m->layers[l];
-        struct kv_layer_view view = kv_cache_layer(kv, l);
-
-        kern_cpu_rmsnorm(f->xn, f->x, L->attn_norm, n, dim, hp->norm_eps);
-        const struct kern_cpu_mm qkv[3] = {
-            {f->q, L->wq.data, L->wq.type, L->bq, (int)L->wq.rows},
-            {f->k, L->wk.data, L->wk.type, L->bk, (int)L->wk.rows},
-            {f->v, L->wv.data, L->wv.type, L->bv, (int)L->wv.rows},
-        };
-        if ((rc = kern_cpu_matmul_multi(qkv, 3, f->xn, n, dim, f->tp))) return rc;
-        kern_cpu_rope(f->q, b->pos, n, hp->n_heads, hd, hp->rope_dim, m->inv_freq, hp->rope_style);
-        kern_cpu_rope(f->k, b->pos, n, hp->n_kv_heads, hd, hp->rope_dim, m->inv_freq, hp->rope_style);
-        kern_cpu_kv_store(&view, f->k, f->v, b->seq, b->pos, n);
-        kern_cpu_attention(f->att, f->q, &view, b->seq, b->pos, n, hp->n_heads, scale, f->tp);
-        if ((rc = linear(f, f->tmp, f->att, &L->wo, NULL, n))) return rc;
-        kern_cpu_add(f->x, f->tmp, (int64_t)n * dim);
-
-        kern_cpu_rmsnorm(f->xn, f->x, L->ffn_norm, n, dim, hp->norm_eps);
-        const struct kern_cpu_mm gate_up[2] = {
-            {f->g, L->w_gate.data, L->w_gate.type, NULL, (int)L->w_gate.rows},
-            {f->u, L->w_up.data, L->w_up.type, NULL, (int)L->w_up.rows},
-        };
-        if ((rc = kern_cpu_matmul_multi(gate_up, 2, f->xn, n, dim, f->tp))) return rc;
-        kern_cpu_silu_mul(f->g, f->u, (int64_t)n * ffn);
-        if ((rc = linear(f, f->tmp, f->g, &L->w_down, NULL, n))) return rc;
-        kern_cpu_add(f->x, f->tmp, (int64_t)n * dim);
-    }
-
+    const struct batch *b = st->b;
+    const int n = b->n_tokens, dim = hp->dim;
+    if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * dim);
+    f->pending = 0;
     /* Gather the rows that want logits, then norm and project only those. */
     int n_out = 0;
     for (int i = 0; i < n; i++)
-        if (b->want_logits[i]) memmove(f->xn + (size_t)n_out++ * dim, f->x + (size_t)i * dim, dim * sizeof(float));
+        if (b->want_logits[i])
+            memmove(f->xn + (size_t)n_out++ * dim, f->x + (size_t)i * dim, dim * sizeof(float));
     if (n_out == 0) return FERRY_OK;
     kern_cpu_rmsnorm(f->xn, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
-    return linear(f, logits, f->xn, &m->output, NULL, n_out);
+    return kern_cpu_matmul(logits, f->xn, m->output.data, m->output.type, NULL, n_out, (int)m->output.rows,
+                           (int)m->output.cols, f->tp);
+}
+
+static float *cpu_x_host(struct backend *be)
+{
+    return ((struct forward_cpu *)be)->x;
+}
+
+static int cpu_x_out(struct backend *be, float *x, int n)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * f->m->hp.dim);
+    f->pending = 0;
+    if (x != f->x) memcpy(x, f->x, (size_t)n * f->m->hp.dim * sizeof(float));
+    return FERRY_OK;
+}
+
+static int cpu_x_in(struct backend *be, const float *x, int n)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    if (x != f->x) memcpy(f->x, x, (size_t)n * f->m->hp.dim * sizeof(float));
+    f->pending = 0;
+    return FERRY_OK;
+}
+
+/* The KV ops for rows computed by another backend (the host's own cache lent out: tests of the exchange, and
+ * any host that holds the cache). */
+static int cpu_attend(struct backend *be, int l, const struct step *st, const float *qkv, float *att)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    const int n = st->b->n_tokens;
+    if (!f->kv || n <= 0 || n > f->max_tokens || l < 0 || l >= hp->n_layers) return FERRY_ERR_INVALID;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim,
+                 row = qd + 2 * kvd;
+    for (int i = 0; i < n; i++) {
+        const float *r = qkv + (size_t)i * row;
+        memcpy(f->qkv + (size_t)i * qd, r, qd * sizeof(float));
+        memcpy(f->qkv + (size_t)n * qd + (size_t)i * kvd, r + qd, kvd * sizeof(float));
+        memcpy(f->qkv + (size_t)n * (qd + kvd) + (size_t)i * kvd, r + qd + kvd, kvd * sizeof(float));
+    }
+    int rc = kv_ops_local(f, l, st, n);
+    if (!rc) memcpy(att, f->att, (size_t)n * qd * sizeof(float));
+    return rc;
+}
+
+static void cpu_stats(const struct backend *be, struct backend_stats *st)
+{
+    const struct forward_cpu *f = (const struct forward_cpu *)be;
+    memset(st, 0, sizeof *st);
+    st->layers_run = f->layers_run;
+    st->layer_seconds = f->layer_seconds;
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .begin = cpu_begin,
+    .embed = cpu_embed,
+    .layer = cpu_layer,
+    .head = cpu_head,
+    .x_host = cpu_x_host,
+    .x_out = cpu_x_out,
+    .x_in = cpu_x_in,
+    .attend = cpu_attend,
+    .stats = cpu_stats,
+};
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Init and timing */
+
+int forward_cpu_init(struct backend **out, const struct model *m, const struct forward_cpu_params *p)
+{
+    *out = NULL;
+    const struct llm_hparams *hp = &m->hp;
+    if (p->max_tokens <= 0 || (!p->kv == !p->kv_owner) || (p->kv_owner && !p->kv_owner->ops->attend))
+        return FERRY_ERR_INVALID;
+    struct forward_cpu *f = calloc(1, sizeof *f);
+    if (!f) return FERRY_ERR_NOMEM;
+    f->be.ops = &cpu_ops;
+    f->m = m;
+    f->prog = layer_program_of(hp);
+    f->kv = p->kv;
+    f->kv_owner = p->kv_owner;
+    f->max_tokens = p->max_tokens;
+    f->host_alloc = p->host_alloc ? p->host_alloc : default_alloc;
+    f->host_free = p->host_alloc ? p->host_free : default_free;
+    f->alloc_ctx = p->alloc_ctx;
+    int rc = FERRY_ERR_NOMEM;
+    f->w = calloc((size_t)hp->n_layers, sizeof *f->w);
+    if (!f->w) goto fail;
+    for (int l = 0; l < hp->n_layers; l++) {
+        if (p->weights)
+            f->w[l] = p->weights[l];
+        else
+            layer_weights_of_model(&f->w[l], &m->layers[l]);
+    }
+    const size_t n = (size_t)p->max_tokens, qd = (size_t)hp->n_heads * hp->head_dim,
+                 kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    f->x = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
+    f->xn = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
+    f->d = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
+    f->qkv = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
+    f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
+    f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
+    if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
+    if (!f->x || !f->xn || !f->d || !f->qkv || !f->att || !f->gu || (f->kv_owner && !f->qkv_rows)) goto fail;
+    rc = p->pin_threads ? tpool_init_pinned(&f->tp, p->n_threads) : tpool_init(&f->tp, p->n_threads);
+    if (rc) goto fail;
+    *out = &f->be;
+    return FERRY_OK;
+fail:
+    cpu_free(&f->be);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int forward_cpu_time_layer(struct backend *be, int l, int m, int reps, double *seconds)
+{
+    struct forward_cpu *f = (struct forward_cpu *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    *seconds = 0;
+    if (m <= 0 || m > f->max_tokens || l < 0 || l >= hp->n_layers || reps <= 0 || reps > 64)
+        return FERRY_ERR_INVALID;
+    /* Random activations of a realistic scale (zeros or denormals would time a different machine). */
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim;
+    for (size_t i = 0; i < (size_t)m * hp->dim; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        f->x[i] = (float)((s >> 40) * 0x1.0p-24) - 0.5f;
+    }
+    for (size_t i = 0; i < (size_t)m * qd; i++) f->att[i] = f->x[i % ((size_t)m * hp->dim)];
+    double t[65];
+    for (int r = 0; r <= reps; r++) {
+        f->pending = 0;
+        const double t0 = now_s();
+        int rc = run_layer(f, l, NULL, m, 0);
+        t[r] = now_s() - t0;
+        if (rc) return rc;
+    }
+    f->pending = 0;
+    qsort(t + 1, (size_t)reps, sizeof *t, cmp_double);
+    *seconds = t[1 + reps / 2];
+    return FERRY_OK;
 }

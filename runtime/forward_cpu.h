@@ -1,23 +1,46 @@
-/* forward_cpu — the Llama forward pass on the CPU backend, over a batch of tokens from many sequences.
+/* forward_cpu — the CPU backend (runtime/backend.h): Llama layers computed by the host's cores.
  *
+ * Two uses. The CPU engine: every layer, the head and the KV cache (f32, host) are here. A GPU engine's host
+ * layers: the layers a step plan puts on the CPU are computed here from the same pinned blocks the stream
+ * copies (params.weights), while the KV cache stays on the device: the ops that touch it (rope, K/V store,
+ * attention) run on the KV cache's backend through its `attend`, and x, q|k|v and the attention output cross
+ * in host buffers the caller allocates (pinned and mapped, params.host_alloc).
  * Scratch activations are sized once for max_tokens rows; nothing is allocated per step. The KV rows of the
- * batch must already be reserved in the cache (engine.c does it). Deterministic for a given thread count.
+ * batch must already be reserved in the cache (engine.c does it). Results depend on the data and m only,
+ * never on the thread count or the placement of the threads (kernels/cpu/matmul.h).
  */
 #ifndef FERRY_FORWARD_CPU_H
 #define FERRY_FORWARD_CPU_H
 
-#include "runtime/engine.h"
+#include <stddef.h>
+
+#include "runtime/backend.h"
 #include "runtime/kv_cache.h"
+#include "runtime/layer.h"
 #include "runtime/model.h"
 
-struct forward_cpu;
+struct forward_cpu_params {
+    int max_tokens;  /* rows of one step */
+    int n_threads;   /* 0 = the cores this process may use */
+    int pin_threads; /* pin the workers, one per core (kernels/cpu/threadpool.h) */
+    /* (n_layers) where each layer's weights are read, copied at init; NULL: the model's tensors. An entry
+     * with no parts (n_parts 0) is a layer this backend never computes. */
+    const struct layer_weights *weights;
+    struct kv_cache *kv;      /* the KV cache with host data (f32), or NULL when kv_owner holds it */
+    struct backend *kv_owner; /* runs the KV ops of this backend's layers (its `attend`), or NULL */
+    /* Activation buffers; NULL: aligned host memory. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    void *alloc_ctx;
+};
 
-int forward_cpu_init(struct forward_cpu **out, const struct model *m, int max_tokens, int n_threads);
-void forward_cpu_free(struct forward_cpu *f);
-int forward_cpu_threads(const struct forward_cpu *f);
+struct forward_cpu_params forward_cpu_default_params(void);
 
-/* logits: (number of want_logits rows, n_vocab) f32 in batch order. */
-int forward_cpu_run(struct forward_cpu *f, const struct model *m, struct kv_cache *kv, const struct batch *b,
-                    float *logits);
+int forward_cpu_init(struct backend **out, const struct model *m, const struct forward_cpu_params *p);
+int forward_cpu_threads(const struct backend *be);
+
+/* Seconds one call of layer l takes at m tokens (everything but the KV ops, on random activations): the
+ * median of `reps` timed calls after one untimed. For the step planner's cost model. */
+int forward_cpu_time_layer(struct backend *be, int l, int m, int reps, double *seconds);
 
 #endif

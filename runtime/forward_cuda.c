@@ -1,7 +1,7 @@
 /* forward_cuda — see forward_cuda.h for the contract.
  *
- * Sections: layer images (how one layer's tensors are packed into one block), init (plan, arena, uploads),
- * streaming (the slot ring), the forward pass, stats.
+ * Sections: state, init (plan, arena, uploads), streaming (the slot ring), the layer program on the device,
+ * the backend table, cost-model probes. Pinned host memory and the link's rates: runtime/pinned.c.
  */
 #include "runtime/forward_cuda.h"
 
@@ -9,18 +9,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/core/fp16.h"
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
-#include "quant/dequant.h"
+#include "runtime/pinned.h"
+#include "runtime/ring.h"
 
 /* One checking macro for the CUDA runtime calls of this file: names the call and returns FERRY_ERR_CUDA. */
 #define CK(call)                                                                                             \
@@ -37,220 +39,135 @@
         if (rc_) return rc_;                                                                                 \
     } while (0)
 
-#define ALIGN 256
+#define ALIGN            256
 #define GRAPH_MAX_TOKENS 16 /* decode batches up to this size replay graphs */
-#define GRAPH_LENS 8        /* max_len buckets 256 .. 32768 */
-static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+#define GRAPH_LENS       8  /* max_len buckets 256 .. 32768 */
+static size_t align_up(size_t x)
+{
+    return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
 
-/* ---------------------------------------------------------------------------------------------------------- */
-/* Layer images */
-
-/* A layer's matrices in the groups one product reads: q|k|v and gate|up are stacked by rows into one matrix each,
- * so a decode step runs 4 matrix products per layer instead of 7 (fewer launches, wider products). */
-enum { M_QKV, M_O, M_GU, M_DOWN, N_MATS };
-enum { V_ATTN_NORM, V_FFN_NORM, V_BQKV, N_VECS };
-#define MAX_PARTS 3
-
-/* One matrix of a group (q, k or v of q|k|v; gate or up of gate|up): its rows start at `row0` of the group's
- * output and its bytes at `off` of the layer block, in its own stored type. */
-struct part_layout {
-    enum dtype type;
-    int64_t row0, rows;
-    size_t off;
-};
-
-/* Where each tensor of a layer sits inside its packed block. A group whose parts share one type is one
- * product; otherwise (Q4_K_M stores v in Q6_K beside q and k in Q4_K) each part is its own product, written
- * into its column slice of the group's output. */
-struct layer_layout {
-    struct part_layout part[N_MATS][MAX_PARTS];
-    int n_parts[N_MATS];
-    int uniform[N_MATS]; /* 1 when every part of the group has the same type */
-    int64_t mat_rows[N_MATS], mat_cols[N_MATS];
-    size_t vec_off[N_VECS]; /* SIZE_MAX when absent */
-    size_t bytes;
-};
-
-/* Device pointers of one layer for one step (resident block or a slot). */
-struct dev_layer {
-    const char *base;
-    const struct layer_layout *lay;
-    const float *vec[N_VECS];
-};
-
-/* The type a matrix has on the device: its stored type when the CUDA kernels read it, else F16 (converted
- * at load). */
-static enum dtype device_type(enum dtype t)
+/* The type a matrix has in a packed block (on the device and in host memory): its stored type when the CUDA
+ * kernels read it, else F16 (converted at load). */
+static enum dtype packed_type(enum dtype t)
 {
     return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_Q8_0 ? t : DTYPE_F16;
 }
 
-/* The parts of group i, in row order; returns their count. */
-static int group_parts(const struct model_layer *L, int i, const struct wview *parts[MAX_PARTS])
+int forward_cuda_devices(void)
 {
-    switch (i) {
-    case M_QKV: parts[0] = &L->wq, parts[1] = &L->wk, parts[2] = &L->wv; return 3;
-    case M_O: parts[0] = &L->wo; return 1;
-    case M_GU: parts[0] = &L->w_gate, parts[1] = &L->w_up; return 2;
-    default: parts[0] = &L->w_down; return 1;
-    }
+    return kern_cuda_device_count();
 }
 
-static size_t vec_len(const struct llm_hparams *hp, int i)
-{
-    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    return i == V_BQKV ? qd + 2 * kvd : (size_t)hp->dim;
-}
-
-static int has_vec(const struct model_layer *L, int i)
-{
-    return i == V_BQKV ? L->bq || L->bk || L->bv : (i == V_ATTN_NORM ? L->attn_norm : L->ffn_norm) != NULL;
-}
-
-static void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp, struct layer_layout *lay)
-{
-    size_t off = 0;
-    for (int i = 0; i < N_MATS; i++) {
-        const struct wview *parts[MAX_PARTS];
-        const int n = group_parts(L, i, parts);
-        lay->n_parts[i] = n;
-        lay->uniform[i] = 1;
-        lay->mat_rows[i] = 0;
-        lay->mat_cols[i] = parts[0]->cols;
-        for (int j = 0; j < n; j++) {
-            struct part_layout *pl = &lay->part[i][j];
-            pl->type = device_type(parts[j]->type);
-            pl->row0 = lay->mat_rows[i];
-            pl->rows = parts[j]->rows;
-            pl->off = off;
-            lay->uniform[i] &= pl->type == lay->part[i][0].type;
-            lay->mat_rows[i] += pl->rows;
-            off += dtype_row_size(pl->type, parts[j]->cols) * (size_t)pl->rows;
-        }
-        off = align_up(off);
-    }
-    for (int i = 0; i < N_VECS; i++) {
-        if (!has_vec(L, i)) {
-            lay->vec_off[i] = SIZE_MAX;
-            continue;
-        }
-        lay->vec_off[i] = off;
-        off = align_up(off + vec_len(hp, i) * sizeof(float));
-    }
-    lay->bytes = off;
-}
-
-/* Copies w into dst as type `to`: its own type, or F16 (converted row by row). */
-static int pack_matrix(const struct wview *w, enum dtype to, void *dst, float *row_tmp)
-{
-    size_t row_bytes = dtype_row_size(w->type, w->cols);
-    if (to == w->type) {
-        memcpy(dst, w->data, row_bytes * (size_t)w->rows);
-        return FERRY_OK;
-    }
-    uint16_t *out = dst;
-    for (int64_t r = 0; r < w->rows; r++) {
-        RC(dequant_row(w->type, (const char *)w->data + row_bytes * r, row_tmp, w->cols));
-        for (int64_t c = 0; c < w->cols; c++) out[r * w->cols + c] = f32_to_f16(row_tmp[c]);
-    }
-    return FERRY_OK;
-}
-
-static int pack_layer(const struct model_layer *L, const struct llm_hparams *hp, const struct layer_layout *lay,
-                      void *dst, float *row_tmp)
-{
-    for (int i = 0; i < N_MATS; i++) {
-        const struct wview *parts[MAX_PARTS];
-        const int n = group_parts(L, i, parts);
-        for (int j = 0; j < n; j++)
-            RC(pack_matrix(parts[j], lay->part[i][j].type, (char *)dst + lay->part[i][j].off, row_tmp));
-    }
-    for (int i = 0; i < N_VECS; i++) {
-        if (lay->vec_off[i] == SIZE_MAX) continue;
-        float *v = (float *)((char *)dst + lay->vec_off[i]);
-        if (i != V_BQKV) {
-            memcpy(v, i == V_ATTN_NORM ? L->attn_norm : L->ffn_norm, vec_len(hp, i) * sizeof(float));
-            continue;
-        }
-        /* q|k|v biases stacked like their matrices; an absent one is zeros. */
-        const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-        const float *src[3] = {L->bq, L->bk, L->bv};
-        const size_t len[3] = {qd, kvd, kvd};
-        for (int j = 0; j < 3; j++) {
-            if (src[j])
-                memcpy(v, src[j], len[j] * sizeof(float));
-            else
-                memset(v, 0, len[j] * sizeof(float));
-            v += len[j];
-        }
-    }
-    return FERRY_OK;
-}
-
-static void dev_layer_at(struct dev_layer *d, const struct layer_layout *lay, const void *base)
-{
-    d->base = base;
-    d->lay = lay;
-    for (int i = 0; i < N_VECS; i++)
-        d->vec[i] = lay->vec_off[i] == SIZE_MAX ? NULL : (const float *)((const char *)base + lay->vec_off[i]);
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* State */
 
 struct forward_cuda {
+    struct backend be;
+    const struct model *m;
+    const struct kv_cache *kv; /* the engine's tables (block table, sizes) */
+    const struct layer_program *prog;
     struct device_map map;
     int max_tokens;
     int n_layers;
     struct layer_layout *layouts; /* (n_layers) */
-    uint64_t *layer_sizes;        /* (n_layers) bytes of each layer image */
+    uint64_t *layer_sizes;        /* (n_layers) bytes of each layer's block */
     void *arena;                  /* the one device allocation */
     size_t arena_bytes;
     struct kern_cuda_ctx *kctx;
     cudaStream_t compute, copy;
 
     /* Weights. */
-    void **resident;           /* (n_layers) device block of a resident layer, else NULL */
-    void **host_block;         /* (n_layers) pinned block of a streamed layer, else NULL */
-    void *host_pinned;         /* one pinned allocation holding every streamed block */
-    void **slot;               /* (n_slots) device slots */
-    int *stream_order;         /* (n_streamed) layer index of the i-th streamed layer of a pass */
-    uint64_t stream_n;         /* streamed uses so far (across steps) */
-    cudaEvent_t *copy_done;    /* (n_slots) */
-    cudaEvent_t *slot_free;    /* (n_slots) */
-    cudaEvent_t *copy_t0, *copy_t1; /* (2*n_streamed) timing of the copy for use n, at n mod 2S */
-    cudaEvent_t *wait_t0, *wait_t1; /* (n_streamed) compute-stream stall around the wait for the i-th use */
-    void *head;                /* output head (n_vocab, dim) in head_type */
+    void **resident;          /* (n_layers) device block of a resident layer, else NULL */
+    void **host_block;        /* (n_layers) pinned block of a host layer, else NULL */
+    struct pinned_block host; /* one allocation holding every host block */
+    void **slot;              /* (n_slots) device slots */
+    struct ring ring;
+    int *step_list;                 /* (n_layers) scratch: the step's streamed layers */
+    cudaEvent_t *copy_done;         /* (n_slots) the last copy into each slot */
+    cudaEvent_t *slot_free;         /* (n_slots) the last use of each slot */
+    cudaEvent_t *copy_t0, *copy_t1; /* (n_copy_ev) timing of copy c at c mod n_copy_ev */
+    int n_copy_ev;
+    cudaEvent_t *wait_t0,
+        *wait_t1; /* (n_wait_ev) compute-stream stall around the wait of the step's i-th use */
+    int n_wait_ev;
+    uint64_t *step_copy; /* (n_layers) copy number of the step's i-th use */
+    int step_uses;
+    void *head; /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
-    float *out_norm;           /* (dim) */
-    float *inv_freq;           /* (rope_dim/2) device */
+    float *out_norm; /* (dim) */
+    float *inv_freq; /* (rope_dim/2) device */
 
     /* KV pool (f16) and its block table mirror. */
     uint16_t *k_cache, *v_cache; /* (n_layers, n_blocks, block_size, kvd) f16 */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
 
     /* Activations. */
-    float *x, *xn, *tmp, *qkv, *q, *att, *gu, *h;
-    float *logits; /* (logit_rows, n_vocab) */
+    float *x;       /* (T, dim) residual stream */
+    float *xn;      /* (T, dim) */
+    float *tmp;     /* (T, dim) the pending delta D */
+    float *qkv;     /* (T, q_dim + 2 kv_dim) stacked rows */
+    float *q, *att; /* (T, q_dim) */
+    float *gu;      /* (T, 2 ffn) gate | up rows */
+    float *h;       /* (T, ffn) */
+    float *logits;  /* (logit_rows, n_vocab) */
     int logit_rows;
-    int32_t *d_ints;             /* tokens | pos | seq, (3, max_tokens) */
+    int32_t *d_ints; /* tokens | pos | seq, (3, T) */
+    int32_t *d_iota; /* (T) 0, 1, 2, ...: row indices for the x gather */
     void *attn_ws;
     size_t attn_ws_bytes;
-    uint16_t *conv;              /* f16 scratch for a Q8_0 matrix in a prefill GEMM, or NULL */
+    uint16_t *conv; /* f16 scratch for a Q8_0 matrix in a prefill GEMM, or NULL */
+    int pending;    /* tmp holds a delta not yet added to x */
 
-    /* Pinned staging. */
-    float *h_x;                  /* (max_tokens, dim) embeddings gathered on the host */
-    int32_t *h_ints;             /* (3*max_tokens + n_seqs*max_blocks) */
-    float *h_logits;             /* (max_tokens, n_vocab) */
+    /* Pinned staging (mapped). */
+    float *h_x;           /* (T, dim) embeddings gathered on the host */
+    const float *h_x_dev; /* its device address */
+    int32_t *h_ints;      /* (3 T + n_seqs max_blocks) */
+    float *h_logits;      /* (T, n_vocab) */
 
-    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS), or NULL. */
+    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS), or NULL.
+     */
     cudaGraphExec_t *graphs;
+    int graph_step; /* this step ran whole as a graph from begin */
+    int max_len;    /* this step's attention length bucket */
 
-    struct forward_cuda_stats stats;
+    /* The link-load probe. */
+    cudaEvent_t load_t0, load_t1;
+    uint64_t load_bytes;
+
+    struct backend_stats stats;
 };
 
-const struct device_map *forward_cuda_map(const struct forward_cuda *f) { return &f->map; }
-void forward_cuda_get_stats(const struct forward_cuda *f, struct forward_cuda_stats *st) { *st = f->stats; }
+static const struct backend_ops cuda_ops;
+
+const struct device_map *forward_cuda_map(const struct backend *be)
+{
+    return &((const struct forward_cuda *)be)->map;
+}
+
+void *forward_cuda_host_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return pinned_mapped_alloc(bytes);
+}
+
+void forward_cuda_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    pinned_mapped_free(p);
+}
+
+void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
+{
+    pinned_measure_link(h2d, d2d);
+}
+
+uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
+{
+    const struct forward_cuda *f = (const struct forward_cuda *)be;
+    return l >= 0 && l < f->n_layers ? f->layer_sizes[l] : 0;
+}
 
 static void destroy_events(cudaEvent_t *ev, int n)
 {
@@ -260,18 +177,21 @@ static void destroy_events(cudaEvent_t *ev, int n)
     free(ev);
 }
 
-void forward_cuda_free(struct forward_cuda *f)
+static void cuda_free(struct backend *be)
 {
+    struct forward_cuda *f = (struct forward_cuda *)be;
     if (!f) return;
     if (f->compute) cudaStreamSynchronize(f->compute);
     if (f->copy) cudaStreamSynchronize(f->copy);
-    int k = f->map.n_slots, S = f->map.n_streamed;
+    const int k = f->map.n_slots;
     destroy_events(f->copy_done, k);
     destroy_events(f->slot_free, k);
-    destroy_events(f->copy_t0, 2 * S);
-    destroy_events(f->copy_t1, 2 * S);
-    destroy_events(f->wait_t0, S);
-    destroy_events(f->wait_t1, S);
+    destroy_events(f->copy_t0, f->n_copy_ev);
+    destroy_events(f->copy_t1, f->n_copy_ev);
+    destroy_events(f->wait_t0, f->n_wait_ev);
+    destroy_events(f->wait_t1, f->n_wait_ev);
+    if (f->load_t0) cudaEventDestroy(f->load_t0);
+    if (f->load_t1) cudaEventDestroy(f->load_t1);
     if (f->graphs) {
         for (int i = 0; i < GRAPH_MAX_TOKENS * GRAPH_LENS; i++)
             if (f->graphs[i]) cudaGraphExecDestroy(f->graphs[i]);
@@ -279,18 +199,20 @@ void forward_cuda_free(struct forward_cuda *f)
     }
     kern_cuda_ctx_free(f->kctx);
     if (f->arena) cudaFree(f->arena);
-    if (f->host_pinned) cudaFreeHost(f->host_pinned);
+    pinned_block_free(&f->host);
     if (f->h_x) cudaFreeHost(f->h_x);
     if (f->h_ints) cudaFreeHost(f->h_ints);
     if (f->h_logits) cudaFreeHost(f->h_logits);
     if (f->compute) cudaStreamDestroy(f->compute);
     if (f->copy) cudaStreamDestroy(f->copy);
+    ring_free(&f->ring);
     free(f->layouts);
     free(f->layer_sizes);
     free(f->resident);
     free(f->host_block);
     free(f->slot);
-    free(f->stream_order);
+    free(f->step_list);
+    free(f->step_copy);
     device_map_free(&f->map);
     free(f);
 }
@@ -303,44 +225,8 @@ static int create_events(cudaEvent_t **out, int n, unsigned flags)
     return FERRY_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
-/* Bandwidth probes (for the planner's prediction and `ferry bench`'s ceilings) */
-
-void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
-{
-    *h2d = *d2d = 0;
-    const size_t bytes = 256u << 20;
-    void *host = NULL, *a = NULL, *b = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess) goto out;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) goto out;
-    memset(host, 1, bytes);
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float ms = 0;
-    cudaMemcpy(a, host, bytes, cudaMemcpyHostToDevice); /* warm-up */
-    cudaEventRecord(e0, 0);
-    for (int i = 0; i < 4; i++) cudaMemcpyAsync(a, host, bytes, cudaMemcpyHostToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    if (cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) *h2d = 4.0 * bytes / (ms * 1e-3);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e0, 0);
-    for (int i = 0; i < 8; i++) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    /* A device copy reads and writes every byte. */
-    if (cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0) *d2d = 2.0 * 8 * bytes / (ms * 1e-3);
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    if (host) cudaFreeHost(host);
-    cudaGetLastError();
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* Init */
 
 struct carve {
@@ -372,7 +258,7 @@ static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, 
     /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); then the logits' rows. */
     size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim) +
                     (size_t)logit_rows(T, n_seqs) * hp->n_vocab;
-    return floats * sizeof(float) + 12 * ALIGN + (size_t)3 * T * sizeof(int32_t) +
+    return floats * sizeof(float) + 13 * ALIGN + (size_t)4 * T * sizeof(int32_t) +
            (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float);
 }
 
@@ -400,14 +286,14 @@ static int upload_layers(struct forward_cuda *f, const struct model *m)
             int s = n_up++ & 1;
             if (cudaEventSynchronize(staged[s]) != cudaSuccess) goto out;
             dst = staging[s];
-            if ((rc = pack_layer(&m->layers[l], hp, &f->layouts[l], dst, row_tmp))) goto out;
+            if ((rc = layer_pack(&m->layers[l], hp, &f->layouts[l], dst, row_tmp))) goto out;
             rc = FERRY_ERR_CUDA;
             if (cudaMemcpyAsync(f->resident[l], dst, f->layouts[l].bytes, cudaMemcpyHostToDevice, f->copy) !=
                     cudaSuccess ||
                 cudaEventRecord(staged[s], f->copy) != cudaSuccess)
                 goto out;
         } else {
-            if ((rc = pack_layer(&m->layers[l], hp, &f->layouts[l], f->host_block[l], row_tmp))) goto out;
+            if ((rc = layer_pack(&m->layers[l], hp, &f->layouts[l], f->host_block[l], row_tmp))) goto out;
         }
         if ((l + 1) % 8 == 0 || l + 1 == f->n_layers)
             FLOG_INFO("uploading weights: %d/%d layers (%d resident so far)", l + 1, f->n_layers, n_up);
@@ -429,7 +315,7 @@ static int upload_head(struct forward_cuda *f, const struct model *m)
     void *h = malloc(bytes);
     float *row = malloc((size_t)w->cols * sizeof(float));
     int rc = FERRY_ERR_NOMEM;
-    if (h && row && !(rc = pack_matrix(w, f->head_type, h, row))) {
+    if (h && row && !(rc = layer_pack_matrix(w, f->head_type, h, row))) {
         rc = cudaMemcpy(f->head, h, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? FERRY_OK : FERRY_ERR_CUDA;
         if (!rc)
             rc = cudaMemcpy(f->out_norm, m->output_norm, (size_t)m->hp.dim * sizeof(float),
@@ -444,15 +330,15 @@ static int upload_head(struct forward_cuda *f, const struct model *m)
 
 /* What a plan has to fit, from the model's shapes and the KV pool's geometry (no device needed). */
 struct plan_sizes {
-    size_t layer_bytes;   /* the largest layer image */
-    uint64_t *layer_sizes; /* (n_layers) each layer image's bytes (caller-owned) */
-    size_t head_bytes;    /* output head + final norm */
+    size_t layer_bytes;    /* the largest layer block */
+    uint64_t *layer_sizes; /* (n_layers) each layer block's bytes (caller-owned) */
+    size_t head_bytes;     /* output head + final norm */
     size_t fixed_bytes; /* activations, attention workspace; cuBLAS's context and the KV pool not included */
     size_t kv_bytes;    /* the KV pool (f16) at kv's size */
     size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
     size_t attn_ws_bytes;
-    size_t max_x;         /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
-    size_t conv_bytes;    /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
+    size_t max_x;      /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
+    size_t conv_bytes; /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
 };
 
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
@@ -463,20 +349,23 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->layer_sizes = layer_sizes;
     for (int l = 0; l < hp->n_layers; l++) {
         struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
-        layer_layout_of(&m->layers[l], hp, lay);
+        layer_layout_of(&m->layers[l], hp, packed_type, lay);
         layer_sizes[l] = lay->bytes;
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
-        for (int i = 0; i < N_MATS; i++)
+        for (int i = 0; i < LAYER_N_MATS; i++)
             for (int j = 0; j < lay->n_parts[i]; j++)
                 if (lay->part[i][j].type == DTYPE_Q8_0 &&
-                    (size_t)(lay->part[i][j].rows * lay->mat_cols[i]) * 2 > ps->conv_bytes)
-                    ps->conv_bytes = (size_t)(lay->part[i][j].rows * lay->mat_cols[i]) * 2;
+                    (size_t)(lay->part[i][j].rows * lay->cols[i]) * 2 > ps->conv_bytes)
+                    ps->conv_bytes = (size_t)(lay->part[i][j].rows * lay->cols[i]) * 2;
     }
-    if (device_type(m->output.type) == DTYPE_Q8_0 && (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
+    if (packed_type(m->output.type) == DTYPE_Q8_0 &&
+        (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
         ps->conv_bytes = (size_t)(m->output.rows * m->output.cols) * 2;
-    ps->head_bytes = align_up(dtype_row_size(device_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
-                     align_up((size_t)hp->dim * sizeof(float));
-    const size_t kv_elems = (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
+    ps->head_bytes =
+        align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
+        align_up((size_t)hp->dim * sizeof(float));
+    const size_t kv_elems =
+        (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
     ps->kv_bytes = 2 * align_up(kv_elems * sizeof(uint16_t));
     ps->kv_token_bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
@@ -484,14 +373,16 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
                       align_up(ps->conv_bytes) + 2 * ALIGN;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
-    if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x) ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+    if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
+        ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
 }
 
 /* The planner's input for these sizes: the KV pool fixed at kv's size, or sized by the planner (p->kv_auto).
- */
+ * mask: (n_layers) scratch for p->force_where. */
 static struct device_map_input plan_input(const struct model *m, const struct plan_sizes *ps,
                                           const struct forward_cuda_params *p, size_t other_fixed,
-                                          uint64_t budget, int kv_block, double h2d, double hbm)
+                                          uint64_t budget, int kv_block, double h2d, double hbm,
+                                          uint8_t *mask)
 {
     struct device_map_input in = {.n_layers = m->hp.n_layers,
                                   .layer_bytes = ps->layer_bytes,
@@ -501,8 +392,13 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
                                   .budget = budget,
                                   .gpu_layers = p->gpu_layers,
                                   .n_slots = p->n_slots,
+                                  .no_ring = p->no_ring,
                                   .h2d_bytes_per_s = h2d,
                                   .hbm_bytes_per_s = hbm};
+    if (p->force_where && (int)strlen(p->force_where) >= m->hp.n_layers) {
+        for (int l = 0; l < m->hp.n_layers; l++) mask[l] = p->force_where[l] == 'g';
+        in.resident_mask = mask;
+    }
     if (p->kv_auto) {
         in.kv_token_bytes = ps->kv_token_bytes;
         in.kv_tokens_max = p->kv_tokens_max;
@@ -515,30 +411,33 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
     return in;
 }
 
-int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv, const struct forward_cuda_params *p,
-                              double h2d, double hbm, struct device_map *out, char err[256])
+int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
+                              const struct forward_cuda_params *p, double h2d, double hbm,
+                              struct device_map *out, char err[256])
 {
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
-    if (!sizes) return FERRY_ERR_NOMEM;
+    uint8_t *mask = malloc((size_t)m->hp.n_layers);
+    int rc = FERRY_ERR_NOMEM;
+    if (!sizes || !mask) goto out;
     plan_sizes_of(m, kv, p->max_tokens, NULL, sizes, &ps);
     /* The cuBLAS context: x rounded to f16 plus its 32 MiB workspace (as kern_cuda_ctx_init sizes it). */
     const size_t ctx_bytes = ps.max_x * 2 + (32u << 20);
-    int rc = FERRY_ERR_INVALID;
+    rc = FERRY_ERR_INVALID;
     if (p->gpu_memory <= 0) {
         snprintf(err, 256, "give --gpu-memory SIZE to plan without a device");
     } else {
         struct device_map_input in =
-            plan_input(m, &ps, p, ctx_bytes, (uint64_t)p->gpu_memory, kv->block_size, h2d, hbm);
+            plan_input(m, &ps, p, ctx_bytes, (uint64_t)p->gpu_memory, kv->block_size, h2d, hbm, mask);
         rc = device_map_plan(&in, out, err);
     }
+out:
     free(sizes);
+    free(mask);
     return rc;
 }
 
-static int issue_copy(struct forward_cuda *f, uint64_t n);
-
-int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct kv_cache *kv,
+int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256])
 {
     *out = NULL;
@@ -548,11 +447,16 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
         return FERRY_ERR_UNSUPPORTED;
     }
     if (hp->head_dim % 8 || hp->head_dim > 256) {
-        snprintf(err, 256, "head_dim %d is not supported by the CUDA attention (multiple of 8, <= 256)", hp->head_dim);
+        snprintf(err, 256, "head_dim %d is not supported by the CUDA attention (multiple of 8, <= 256)",
+                 hp->head_dim);
         return FERRY_ERR_UNSUPPORTED;
     }
     struct forward_cuda *f = calloc(1, sizeof *f);
     if (!f) return FERRY_ERR_NOMEM;
+    f->be.ops = &cuda_ops;
+    f->m = m;
+    f->kv = kv;
+    f->prog = layer_program_of(hp);
     int rc = FERRY_ERR_NOMEM;
     const int L = hp->n_layers, T = p->max_tokens;
     /* Device memory free before this backend takes any (the CUDA context itself is created here). */
@@ -565,11 +469,16 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
     f->layer_sizes = calloc((size_t)L, sizeof *f->layer_sizes);
     f->resident = calloc((size_t)L, sizeof *f->resident);
     f->host_block = calloc((size_t)L, sizeof *f->host_block);
-    if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block) goto fail;
+    f->step_list = calloc((size_t)L, sizeof *f->step_list);
+    f->step_copy = calloc((size_t)L, sizeof *f->step_copy);
+    uint8_t *mask = malloc((size_t)L);
+    if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->step_list || !f->step_copy ||
+        !mask)
+        goto fail;
     struct plan_sizes ps;
     plan_sizes_of(m, kv, T, f->layouts, f->layer_sizes, &ps);
     const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    f->head_type = device_type(m->output.type);
+    f->head_type = packed_type(m->output.type);
     f->attn_ws_bytes = ps.attn_ws_bytes;
 
     rc = FERRY_ERR_CUDA;
@@ -583,9 +492,10 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
         goto fail;
     }
 
-    /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and cuBLAS
-     * took for themselves since init began (handles, module images) counts against an explicit budget too:
-     * it is measured here, not guessed (bounded, in case other processes change the free figure meanwhile). */
+    /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and
+     * cuBLAS took for themselves since init began (handles, module images) counts against an explicit budget
+     * too: it is measured here, not guessed (bounded, in case other processes change the free figure
+     * meanwhile). */
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     const size_t ctx_bytes = kern_cuda_ctx_bytes(f->kctx);
@@ -597,9 +507,11 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
                                                : 0);
     const uint64_t plan_budget = p->gpu_memory > 0 ? (budget > overhead ? budget - overhead : 0) : budget;
     double h2d = 0, d2d = 0;
-    forward_cuda_measure_bandwidth(&h2d, &d2d);
+    pinned_measure_link(&h2d, &d2d);
+    f->stats.h2d_bytes_per_s = h2d;
+    f->stats.hbm_bytes_per_s = d2d;
     struct device_map_input in =
-        plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d);
+        plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d, mask);
     if ((rc = device_map_plan(&in, &f->map, err))) {
         if (rc == FERRY_ERR_DEVICE_MEM && overhead)
             FLOG_ERROR(
@@ -620,9 +532,13 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
     const size_t kv_elems = (size_t)L * kv->n_blocks * kv->block_size * kvd;
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
+    f->stats.n_resident = f->map.n_resident;
+    f->stats.n_host = f->map.n_streamed;
+    f->stats.n_slots = f->map.n_slots;
     char desc[2048];
     device_map_format(&f->map, desc, sizeof desc);
-    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB (%.0f MiB of it taken by the "
+    FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB (%.0f MiB of it "
+              "taken by the "
               "CUDA runtime and cuBLAS themselves)",
               h2d / 1e9, d2d / 1e9, budget / 1073741824.0, overhead / 1048576.0);
     FLOG_INFO("%s", desc);
@@ -631,8 +547,8 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
     f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx);
     if (cudaMalloc(&f->arena, f->arena_bytes) != cudaSuccess) {
         cudaGetLastError();
-        snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)", f->arena_bytes / 1073741824.0,
-                 free_b / 1073741824.0);
+        snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)",
+                 f->arena_bytes / 1073741824.0, free_b / 1073741824.0);
         rc = FERRY_ERR_DEVICE_MEM;
         goto fail;
     }
@@ -650,143 +566,179 @@ int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct k
     f->logit_rows = logit_rows(T, kv->n_seqs);
     f->logits = carve(&c, (size_t)f->logit_rows * hp->n_vocab * sizeof(float));
     f->d_ints = carve(&c, (size_t)3 * T * sizeof(int32_t));
+    f->d_iota = carve(&c, (size_t)T * sizeof(int32_t));
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
     f->conv = ps.conv_bytes ? carve(&c, ps.conv_bytes) : NULL;
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
-    int S = f->map.n_streamed, k = f->map.n_slots;
+    const int S = f->map.n_streamed, k = f->map.n_slots;
     f->slot = calloc((size_t)(k > 0 ? k : 1), sizeof *f->slot);
-    f->stream_order = calloc((size_t)(S > 0 ? S : 1), sizeof *f->stream_order);
-    if (!f->slot || !f->stream_order) {
+    if (!f->slot || (k > 0 && (rc = ring_init(&f->ring, k, S)))) {
         rc = FERRY_ERR_NOMEM;
         goto fail;
     }
-    for (int l = 0, si = 0; l < L; l++) {
-        if (f->map.where[l] == PLACEMENT_GPU)
-            f->resident[l] = carve(&c, f->layer_sizes[l]);
-        else
-            f->stream_order[si++] = l;
-    }
+    for (int l = 0; l < L; l++)
+        if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
-        !f->h || !f->logits || !f->d_ints || !f->d_block_table || !f->attn_ws || !f->inv_freq || !f->head ||
-        !f->out_norm || (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
-        snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan", f->arena_bytes);
+        !f->h || !f->logits || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws || !f->inv_freq ||
+        !f->head || !f->out_norm || (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
+        snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
+                 f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
         goto fail;
     }
     rc = FERRY_ERR_CUDA;
-    if (cudaMemcpy(f->inv_freq, m->inv_freq, (size_t)(hp->rope_dim / 2) * sizeof(float), cudaMemcpyHostToDevice) !=
-        cudaSuccess)
+    if (cudaMemcpy(f->inv_freq, m->inv_freq, (size_t)(hp->rope_dim / 2) * sizeof(float),
+                   cudaMemcpyHostToDevice) != cudaSuccess)
         goto fail;
 
-    /* Pinned host memory: staging, and one block for every streamed layer. */
-    if (cudaHostAlloc((void **)&f->h_x, (size_t)T * hp->dim * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
-        cudaHostAlloc((void **)&f->h_ints, ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) * sizeof(int32_t),
-                      cudaHostAllocDefault) != cudaSuccess ||
-        cudaHostAlloc((void **)&f->h_logits, (size_t)T * hp->n_vocab * sizeof(float), cudaHostAllocDefault) !=
-            cudaSuccess) {
+    /* Pinned host memory: staging (mapped: kernels read the embeddings from it), and the host layers' blocks.
+     */
+    if ((f->h_x = forward_cuda_host_alloc(f, (size_t)T * hp->dim * sizeof(float))) == NULL ||
+        (f->h_ints = forward_cuda_host_alloc(f, ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) *
+                                                    sizeof(int32_t))) == NULL ||
+        (f->h_logits = forward_cuda_host_alloc(f, (size_t)T * hp->n_vocab * sizeof(float))) == NULL) {
         snprintf(err, 256, "cannot pin host staging memory");
         goto fail;
     }
+    f->h_x_dev = pinned_device_ptr(f->h_x);
+    for (int i = 0; i < T; i++) f->h_ints[i] = i;
+    if (cudaMemcpy(f->d_iota, f->h_ints, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
+        goto fail;
     if (S) {
         size_t pinned = 0;
-        for (int i = 0; i < S; i++) pinned += f->layer_sizes[f->stream_order[i]];
-        FLOG_INFO("pinning %.2f GiB of host memory for %d streamed layers", pinned / 1073741824.0, S);
-        if (cudaHostAlloc(&f->host_pinned, pinned, cudaHostAllocWriteCombined) != cudaSuccess) {
+        for (int l = 0; l < L; l++)
+            if (!f->resident[l]) pinned += align_up(f->layer_sizes[l]);
+        FLOG_INFO("pinning %.2f GiB of host memory for %d host layers", pinned / 1073741824.0, S);
+        if (pinned_block_alloc(&f->host, pinned) != FERRY_OK) {
             cudaGetLastError();
-            snprintf(err, 256, "cannot pin %.2f GiB of host memory for the streamed layers",
+            snprintf(err, 256, "cannot pin %.2f GiB of host memory for the host layers",
                      pinned / 1073741824.0);
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
         size_t at = 0;
-        for (int i = 0; i < S; i++) {
-            f->host_block[f->stream_order[i]] = (char *)f->host_pinned + at;
-            at += f->layer_sizes[f->stream_order[i]];
-        }
+        for (int l = 0; l < L; l++)
+            if (!f->resident[l]) {
+                f->host_block[l] = (char *)f->host.p + at;
+                at += align_up(f->layer_sizes[l]);
+            }
     }
+    f->n_copy_ev = S ? 2 * (L + k) : 0;
+    f->n_wait_ev = S ? L : 0;
     if ((rc = create_events(&f->copy_done, k, cudaEventDisableTiming)) ||
         (rc = create_events(&f->slot_free, k, cudaEventDisableTiming)) ||
-        (rc = create_events(&f->copy_t0, 2 * S, cudaEventDefault)) ||
-        (rc = create_events(&f->copy_t1, 2 * S, cudaEventDefault)) ||
-        (rc = create_events(&f->wait_t0, S, cudaEventDefault)) || (rc = create_events(&f->wait_t1, S, cudaEventDefault))) {
+        (rc = create_events(&f->copy_t0, f->n_copy_ev, cudaEventDefault)) ||
+        (rc = create_events(&f->copy_t1, f->n_copy_ev, cudaEventDefault)) ||
+        (rc = create_events(&f->wait_t0, f->n_wait_ev, cudaEventDefault)) ||
+        (rc = create_events(&f->wait_t1, f->n_wait_ev, cudaEventDefault))) {
         snprintf(err, 256, "cannot create CUDA events");
         goto fail;
     }
+    rc = FERRY_ERR_CUDA;
+    if (cudaEventCreate(&f->load_t0) != cudaSuccess || cudaEventCreate(&f->load_t1) != cudaSuccess) goto fail;
     if ((rc = upload_layers(f, m)) || (rc = upload_head(f, m))) {
         snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
         goto fail;
     }
     /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
      * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
+    rc = FERRY_ERR_CUDA;
     if (cudaMemset(f->k_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
         cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
         cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
-    for (int i = 0; i < k; i++)
-        if ((rc = issue_copy(f, (uint64_t)i))) goto fail;
-    /* Graphs need a fixed set of kernels and no cross-stream waits: only when nothing streams. */
+    /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident. */
     if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS"))
         f->graphs = calloc((size_t)GRAPH_MAX_TOKENS * GRAPH_LENS, sizeof *f->graphs);
     cudaMemGetInfo(&free_b, &total_b);
     f->stats.vram_used = free_start > free_b ? free_start - free_b : 0;
-    *out = f;
+    free(mask);
+    *out = &f->be;
     return FERRY_OK;
 fail:
     if (!err[0]) snprintf(err, 256, "CUDA backend initialisation failed (%s)", ferry_status_str(rc));
-    forward_cuda_free(f);
+    free(mask);
+    cuda_free(&f->be);
     return rc;
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weights *w)
+{
+    const struct forward_cuda *f = (const struct forward_cuda *)be;
+    if (l < 0 || l >= f->n_layers || !f->host_block[l]) return 0;
+    const struct model_layer *L = &f->m->layers[l];
+    struct layer_weights stored;
+    layer_weights_of_model(&stored, L);
+    const struct layer_layout *lay = &f->layouts[l];
+    int same = 1;
+    for (int i = 0; i < LAYER_N_MATS; i++)
+        for (int j = 0; j < lay->n_parts[i]; j++) same &= lay->part[i][j].type == stored.mat[i].part[j].type;
+    if (same)
+        layer_weights_at(w, lay, f->host_block[l]);
+    else
+        *w = stored;
+    return 1;
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* Streaming */
 
-/* Queues the copy for streamed use n into slot n mod k, after the compute stream has released that slot. */
-static int issue_copy(struct forward_cuda *f, uint64_t n)
+/* Queues every copy the ring wants issued: into slot s once the compute stream has released it. */
+static int issue_copies(struct forward_cuda *f)
 {
-    const int k = f->map.n_slots, S = f->map.n_streamed;
-    const int s = (int)(n % (uint64_t)k), l = f->stream_order[n % (uint64_t)S];
-    const int e = (int)(n % (uint64_t)(2 * S));
-    CK(cudaStreamWaitEvent(f->copy, f->slot_free[s], 0));
-    CK(cudaEventRecord(f->copy_t0[e], f->copy));
-    CK(cudaMemcpyAsync(f->slot[s], f->host_block[l], f->layouts[l].bytes, cudaMemcpyHostToDevice, f->copy));
-    CK(cudaEventRecord(f->copy_t1[e], f->copy));
-    CK(cudaEventRecord(f->copy_done[s], f->copy));
-    f->stats.bytes_streamed += f->layouts[l].bytes;
+    int l, s;
+    uint64_t c;
+    while (ring_next_copy(&f->ring, &l, &s, &c)) {
+        const int e = (int)(c % (uint64_t)f->n_copy_ev);
+        CK(cudaStreamWaitEvent(f->copy, f->slot_free[s], 0));
+        CK(cudaEventRecord(f->copy_t0[e], f->copy));
+        CK(cudaMemcpyAsync(f->slot[s], f->host_block[l], f->layouts[l].bytes, cudaMemcpyHostToDevice,
+                           f->copy));
+        CK(cudaEventRecord(f->copy_t1[e], f->copy));
+        CK(cudaEventRecord(f->copy_done[s], f->copy));
+    }
     return FERRY_OK;
 }
 
-/* The weights of layer l for this step; for a streamed layer, waits (on the device) for its copy. */
-static int layer_acquire(struct forward_cuda *f, int l, int step_use, struct dev_layer *d)
+/* The weights of layer l for this step; a streamed layer waits (on the device) for its copy. */
+static int layer_acquire(struct forward_cuda *f, int l, enum placement where, struct layer_weights *w,
+                         int *slot)
 {
-    if (f->resident[l]) {
-        dev_layer_at(d, &f->layouts[l], f->resident[l]);
+    *slot = -1;
+    if (where == PLACEMENT_GPU) {
+        if (!f->resident[l]) return FERRY_ERR_INVALID;
+        layer_weights_at(w, &f->layouts[l], f->resident[l]);
         return FERRY_OK;
     }
-    const int s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
-    CK(cudaEventRecord(f->wait_t0[step_use], f->compute));
-    CK(cudaStreamWaitEvent(f->compute, f->copy_done[s], 0));
-    CK(cudaEventRecord(f->wait_t1[step_use], f->compute));
-    dev_layer_at(d, &f->layouts[l], f->slot[s]);
+    if (where != PLACEMENT_STREAM || !f->host_block[l]) return FERRY_ERR_INVALID;
+    uint64_t c;
+    RC(ring_use(&f->ring, l, slot, &c));
+    const int u = f->step_uses++;
+    f->step_copy[u] = c;
+    CK(cudaEventRecord(f->wait_t0[u], f->compute));
+    CK(cudaStreamWaitEvent(f->compute, f->copy_done[*slot], 0));
+    CK(cudaEventRecord(f->wait_t1[u], f->compute));
+    f->stats.bytes_streamed += f->layouts[l].bytes;
+    layer_weights_at(w, &f->layouts[l], f->slot[*slot]);
     return FERRY_OK;
 }
 
-/* Hands the slot back and queues the copy that will next use it (k streamed uses ahead). */
-static int layer_release(struct forward_cuda *f, int l)
+/* Hands a slot back and queues the copies that may now use it. */
+static int layer_release(struct forward_cuda *f, int slot)
 {
-    if (f->resident[l]) return FERRY_OK;
-    const int s = (int)(f->stream_n % (uint64_t)f->map.n_slots);
-    CK(cudaEventRecord(f->slot_free[s], f->compute));
-    RC(issue_copy(f, f->stream_n + (uint64_t)f->map.n_slots));
-    f->stream_n++;
-    return FERRY_OK;
+    if (slot < 0) return FERRY_OK;
+    CK(cudaEventRecord(f->slot_free[slot], f->compute));
+    return issue_copies(f);
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
-/* Forward */
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* The layer program on the device */
 
 /* y (m, ldy): columns [0, rows) = x (m, cols) · Wᵀ (+ bias). */
 static int linear(struct forward_cuda *f, float *y, int ldy, const float *x, const void *w, enum dtype t,
@@ -802,22 +754,165 @@ static int linear(struct forward_cuda *f, float *y, int ldy, const float *x, con
     return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
 }
 
-/* y (m, rows of group i) = x · the group's matrices (+ bias): one product, or one per part into its columns.
- */
-static int linear_group(struct forward_cuda *f, float *y, const float *x, const struct dev_layer *d, int i,
-                        const float *bias, int m)
+/* y (m, rows of the group) = x · the group's matrices (+ biases): one product when the parts share a type
+ * (they are contiguous in the block), else one per part into its column slice. */
+static int linear_group(struct forward_cuda *f, float *y, const float *x, const struct layer_group *g, int m)
 {
-    const struct layer_layout *lay = d->lay;
-    const int ldy = (int)lay->mat_rows[i];
-    if (lay->uniform[i])
-        return linear(f, y, ldy, x, d->base + lay->part[i][0].off, lay->part[i][0].type, bias, m, ldy,
-                      lay->mat_cols[i]);
-    for (int j = 0; j < lay->n_parts[i]; j++) {
-        const struct part_layout *pl = &lay->part[i][j];
-        RC(linear(f, y + pl->row0, ldy, x, d->base + pl->off, pl->type, bias ? bias + pl->row0 : NULL, m,
-                  pl->rows, lay->mat_cols[i]));
+    const int ldy = (int)g->rows;
+    if (g->uniform)
+        return linear(f, y, ldy, x, g->part[0].data, g->part[0].type, g->part[0].bias, m, ldy, g->cols);
+    for (int j = 0; j < g->n_parts; j++) {
+        const struct layer_part *p = &g->part[j];
+        RC(linear(f, y + p->row0, ldy, x, p->data, p->type, p->bias, m, p->rows, g->cols));
     }
     return FERRY_OK;
+}
+
+static float *act(struct forward_cuda *f, enum layer_act a)
+{
+    switch (a) {
+    case LACT_X:
+        return f->x;
+    case LACT_XN:
+        return f->xn;
+    case LACT_QKV:
+        return f->qkv;
+    case LACT_Q:
+        return f->q;
+    case LACT_ATT:
+        return f->att;
+    case LACT_D:
+        return f->tmp;
+    case LACT_GU:
+        return f->gu;
+    case LACT_H:
+        return f->h;
+    }
+    return NULL;
+}
+
+static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct kv_cache *kv = f->kv;
+    const size_t per_layer = (size_t)kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
+    return (struct kern_cuda_kv_layer){.k = f->k_cache + per_layer * l,
+                                       .v = f->v_cache + per_layer * l,
+                                       .n_blocks = kv->n_blocks,
+                                       .block_size = kv->block_size,
+                                       .block_table = f->d_block_table,
+                                       .max_blocks = kv->max_blocks,
+                                       .n_kv_heads = hp->n_kv_heads,
+                                       .head_dim = hp->head_dim};
+}
+
+/* One op of layer l over n rows; qkv_in: where LOP_ROPE_KV reads its rows (the device's, or a host layer's
+ * mapped rows). */
+static int run_op(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
+                  int n, const float *qkv_in)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const int32_t *d_pos = f->d_ints + f->max_tokens, *d_seq = f->d_ints + 2 * f->max_tokens;
+    cudaStream_t cs = f->compute;
+    switch (op->kind) {
+    case LOP_ADD_NORM:
+        if (f->pending)
+            RC(kern_cuda_add_rmsnorm(f->x, f->tmp, act(f, op->out), w->norm[op->arg], n, hp->dim,
+                                     hp->norm_eps, cs));
+        else
+            RC(kern_cuda_rmsnorm(act(f, op->out), f->x, w->norm[op->arg], n, hp->dim, hp->norm_eps, cs));
+        f->pending = 0;
+        return FERRY_OK;
+    case LOP_LINEAR:
+        RC(linear_group(f, act(f, op->out), act(f, op->in), &w->mat[op->arg], n));
+        if (op->out == LACT_D) f->pending = 1;
+        return FERRY_OK;
+    case LOP_ROPE_KV: {
+        const struct kern_cuda_kv_layer view = kv_view(f, l);
+        return kern_cuda_rope_kv_store(act(f, op->out), qkv_in, &view, d_seq, d_pos, n, hp->n_heads,
+                                       hp->rope_dim, f->inv_freq, hp->rope_style, cs);
+    }
+    case LOP_ATTENTION: {
+        const struct kern_cuda_kv_layer view = kv_view(f, l);
+        return kern_cuda_attention(act(f, op->out), act(f, op->in), &view, d_seq, d_pos, n, hp->n_heads,
+                                   1.0f / sqrtf((float)hp->head_dim), f->max_len, KERN_ATTN_AUTO, f->attn_ws,
+                                   f->attn_ws_bytes, cs);
+    }
+    case LOP_SILU_MUL:
+        return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
+    }
+    return FERRY_ERR_INTERNAL;
+}
+
+/* Enqueues layer l (resident or streamed) on the compute stream. */
+static int layer_enqueue(struct forward_cuda *f, int l, enum placement where, int n)
+{
+    struct layer_weights w;
+    int slot;
+    RC(layer_acquire(f, l, where, &w, &slot));
+    for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
+    return layer_release(f, slot);
+}
+
+/* x (n, dim) on the device = the rows of host x (mapped pinned memory; host_x_dev is its device address),
+ * read by a gather kernel: a copy-engine transfer could queue behind a layer copy on the copy stream's
+ * engine. */
+static int x_gather(struct forward_cuda *f, const float *host_x_dev, int n)
+{
+    RC(kern_cuda_embed(f->x, host_x_dev, DTYPE_F32, n, f->m->hp.dim, f->d_iota, n, f->compute));
+    f->pending = 0;
+    return FERRY_OK;
+}
+
+/* Ids, positions, sequences and the block table: staged on the host, copied on the compute stream. */
+static int upload_inputs(struct forward_cuda *f)
+{
+    const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
+    CK(cudaMemcpyAsync(f->d_ints, f->h_ints, (3 * (size_t)f->max_tokens) * sizeof(int32_t),
+                       cudaMemcpyHostToDevice, f->compute));
+    CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t),
+                       cudaMemcpyHostToDevice, f->compute));
+    return FERRY_OK;
+}
+
+/* The final norm (with the last delta), the rows that want logits gathered (device-to-device) and projected
+ * in chunks of the device buffer's rows, each chunk downloaded before the next one's product. */
+static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const int dim = hp->dim;
+    cudaStream_t cs = f->compute;
+    if (f->pending)
+        RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, f->out_norm, n, dim, hp->norm_eps, cs));
+    else
+        RC(kern_cuda_rmsnorm(f->xn, f->x, f->out_norm, n, dim, hp->norm_eps, cs));
+    f->pending = 0;
+    int n_out = 0;
+    for (int i = 0; i < n; i++)
+        if (want[i]) {
+            if (n_out != i)
+                CK(cudaMemcpyAsync(f->xn + (size_t)n_out * dim, f->xn + (size_t)i * dim, dim * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, cs));
+            n_out++;
+        }
+    for (int c = 0; c < n_out; c += f->logit_rows) {
+        const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
+        RC(linear(f, f->logits, hp->n_vocab, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r,
+                  hp->n_vocab, dim));
+        CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
+                           (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
+    }
+    return FERRY_OK;
+}
+
+/* A whole step of a fully resident model, from the staged inputs to the logits' download (graph capture). */
+static int enqueue_whole_step(struct forward_cuda *f, const struct step *st)
+{
+    const int n = st->b->n_tokens;
+    RC(upload_inputs(f));
+    RC(x_gather(f, f->h_x_dev, n));
+    for (int l = 0; l < f->n_layers; l++) RC(layer_enqueue(f, l, PLACEMENT_GPU, n));
+    return head_enqueue(f, st->b->want_logits, n);
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
@@ -830,87 +925,17 @@ static int bucket_len(int max_len, int cap)
     return b < cap ? b : cap;
 }
 
-/* Everything a step does on the device, from the uploads of the staged inputs to the download of the logits.
- * Enqueued on the compute stream; capturable as a graph when no layer streams. */
-static int enqueue_step(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, int n,
-                        const uint8_t *want, int max_len, int *n_out_p, int *step_use_p)
-{
-    const struct llm_hparams *hp = &m->hp;
-    const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
-    const int kvd = hp->n_kv_heads * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
-    cudaStream_t cs = f->compute;
-    size_t bt = (size_t)kv->n_seqs * kv->max_blocks;
-    CK(cudaMemcpyAsync(f->x, f->h_x, (size_t)n * dim * sizeof(float), cudaMemcpyHostToDevice, cs));
-    CK(cudaMemcpyAsync(f->d_ints, f->h_ints, (3 * (size_t)f->max_tokens) * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
-    CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t), cudaMemcpyHostToDevice,
-                       cs));
-    const int32_t *d_pos = f->d_ints + f->max_tokens, *d_seq = f->d_ints + 2 * f->max_tokens;
-    const size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kvd;
-
-    int step_use = 0;
-    for (int l = 0; l < hp->n_layers; l++) {
-        struct dev_layer d;
-        RC(layer_acquire(f, l, step_use, &d));
-        struct kern_cuda_kv_layer view = {.k = f->k_cache + per_layer * l, .v = f->v_cache + per_layer * l,
-                                          .n_blocks = kv->n_blocks, .block_size = kv->block_size,
-                                          .block_table = f->d_block_table, .max_blocks = kv->max_blocks,
-                                          .n_kv_heads = hp->n_kv_heads, .head_dim = hd};
-        /* The residual add of the previous layer's MLP is fused with this layer's norm. */
-        if (l == 0)
-            RC(kern_cuda_rmsnorm(f->xn, f->x, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
-        else
-            RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_ATTN_NORM], n, dim, hp->norm_eps, cs));
-        RC(linear_group(f, f->qkv, f->xn, &d, M_QKV, d.vec[V_BQKV], n));
-        RC(kern_cuda_rope_kv_store(f->q, f->qkv, &view, d_seq, d_pos, n, hp->n_heads, hp->rope_dim, f->inv_freq,
-                                   hp->rope_style, cs));
-        RC(kern_cuda_attention(f->att, f->q, &view, d_seq, d_pos, n, hp->n_heads, scale, max_len, KERN_ATTN_AUTO,
-                               f->attn_ws, f->attn_ws_bytes, cs));
-        RC(linear_group(f, f->tmp, f->att, &d, M_O, NULL, n));
-        RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, d.vec[V_FFN_NORM], n, dim, hp->norm_eps, cs));
-        RC(linear_group(f, f->gu, f->xn, &d, M_GU, NULL, n));
-        RC(kern_cuda_silu_mul(f->h, f->gu, n, ffn, cs));
-        RC(linear_group(f, f->tmp, f->h, &d, M_DOWN, NULL, n));
-        if (!f->resident[l]) step_use++;
-        RC(layer_release(f, l));
-    }
-
-    /* The last residual add with the final norm, for every row; rows that want logits are then gathered
-     * (device-to-device) and projected. */
-    RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, f->out_norm, n, dim, hp->norm_eps, cs));
-    int n_out = 0;
-    for (int i = 0; i < n; i++)
-        if (want[i]) {
-            if (n_out != i)
-                CK(cudaMemcpyAsync(f->xn + (size_t)n_out * dim, f->xn + (size_t)i * dim, dim * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, cs));
-            n_out++;
-        }
-    /* In chunks of the device buffer's rows; each chunk's download is ordered before the next chunk's product. */
-    for (int c = 0; c < n_out; c += f->logit_rows) {
-        const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
-        RC(linear(f, f->logits, hp->n_vocab, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r,
-                  hp->n_vocab, dim));
-        CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
-                           (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
-    }
-    *n_out_p = n_out;
-    *step_use_p = step_use;
-    return FERRY_OK;
-}
-
-/* The graph for a decode step of n tokens that all want logits, at a max_len bucket; captured on first use. */
-static int step_graph(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, int n,
-                      const uint8_t *want, int max_len, cudaGraphExec_t *out)
+/* The graph for a decode step of n tokens that all want logits, at the step's max_len bucket; captured on
+ * first use. */
+static int step_graph(struct forward_cuda *f, const struct step *st, cudaGraphExec_t *out)
 {
     int li = 0;
-    while ((256 << li) < max_len) li++;
-    cudaGraphExec_t *slot = &f->graphs[(size_t)(n - 1) * GRAPH_LENS + (size_t)li];
+    while ((256 << li) < f->max_len) li++;
+    cudaGraphExec_t *slot = &f->graphs[(size_t)(st->b->n_tokens - 1) * GRAPH_LENS + (size_t)li];
     if (!*slot) {
-        int n_out, uses;
         cudaGraph_t g = NULL;
         CK(cudaStreamBeginCapture(f->compute, cudaStreamCaptureModeThreadLocal));
-        int rc = enqueue_step(f, m, kv, n, want, max_len, &n_out, &uses);
+        int rc = enqueue_whole_step(f, st);
         cudaError_t ce = cudaStreamEndCapture(f->compute, &g);
         if (rc || ce != cudaSuccess) {
             if (g) cudaGraphDestroy(g);
@@ -929,47 +954,241 @@ static int step_graph(struct forward_cuda *f, const struct model *m, const struc
     return FERRY_OK;
 }
 
-int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
-                     float *logits)
-{
-    const struct llm_hparams *hp = &m->hp;
-    const int n = b->n_tokens, dim = hp->dim;
-    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* The backend table */
 
-    /* Host side: embeddings, ids and the block table are staged in pinned memory. */
-    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, dim, b->tokens, n));
-    int max_len = 0, all_want = 1;
+static int cuda_begin(struct backend *be, const struct step *st)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct batch *b = st->b;
+    const int n = b->n_tokens;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    const struct kv_cache *kv = f->kv;
+    int all_want = 1;
     for (int i = 0; i < n; i++) {
         f->h_ints[i] = b->tokens[i];
         f->h_ints[f->max_tokens + i] = b->pos[i];
         f->h_ints[2 * f->max_tokens + i] = b->seq[i];
-        if (b->pos[i] + 1 > max_len) max_len = b->pos[i] + 1;
         all_want &= b->want_logits[i] != 0;
     }
-    max_len = bucket_len(max_len, kv->max_blocks * kv->block_size);
-    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
-
-    const uint64_t first_use = f->stream_n;
-    int n_out = 0, step_use = 0;
-    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && max_len <= (256 << (GRAPH_LENS - 1))) {
+    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table,
+           (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
+    f->max_len = bucket_len(st->max_len, kv->max_blocks * kv->block_size);
+    f->step_uses = 0;
+    f->graph_step = 0;
+    f->pending = 0;
+    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && f->max_len <= (256 << (GRAPH_LENS - 1))) {
+        const struct model *m = f->m;
+        RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
+                          b->tokens, n));
         cudaGraphExec_t g;
-        RC(step_graph(f, m, kv, n, b->want_logits, max_len, &g));
+        RC(step_graph(f, st, &g));
         CK(cudaGraphLaunch(g, f->compute));
-        n_out = n;
-    } else {
-        RC(enqueue_step(f, m, kv, n, b->want_logits, max_len, &n_out, &step_use));
+        f->graph_step = 1;
+        return FERRY_OK;
     }
-    CK(cudaStreamSynchronize(f->compute));
-    if (n_out) memcpy(logits, f->h_logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+    RC(upload_inputs(f));
+    if (f->map.n_slots == 0) return FERRY_OK;
+    int n_list = 0;
+    for (int l = 0; l < f->n_layers; l++)
+        if (st->where[l] == PLACEMENT_STREAM) f->step_list[n_list++] = l;
+    const int dropped = ring_begin(&f->ring, f->step_list, n_list);
+    if (dropped < 0) return dropped;
+    if (dropped)
+        FLOG_DEBUG("streaming: %d prefetched layer copies dropped (the step's plan changed)", dropped);
+    return issue_copies(f);
+}
 
+static int cuda_embed(struct backend *be, const struct step *st)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    if (f->graph_step) return FERRY_OK;
+    const struct model *m = f->m;
+    const int n = st->b->n_tokens;
+    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
+                      st->b->tokens, n));
+    return x_gather(f, f->h_x_dev, n);
+}
+
+static int cuda_layer(struct backend *be, int l, const struct step *st)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    if (f->graph_step) return FERRY_OK;
+    if (l < 0 || l >= f->n_layers) return FERRY_ERR_INVALID;
+    f->stats.layers_run++;
+    return layer_enqueue(f, l, st->where[l], st->b->n_tokens);
+}
+
+static int cuda_head(struct backend *be, const struct step *st, float *logits)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens));
+    CK(cudaStreamSynchronize(f->compute));
+    if (st->n_out) memcpy(logits, f->h_logits, (size_t)st->n_out * hp->n_vocab * sizeof(float));
     /* Streaming figures of this step: every copy it used has completed. */
-    const int S = f->map.n_streamed;
-    for (int i = 0; i < step_use; i++) {
+    for (int i = 0; i < f->step_uses; i++) {
         float ms = 0;
-        if (cudaEventElapsedTime(&ms, f->wait_t0[i], f->wait_t1[i]) == cudaSuccess) f->stats.stall_seconds += ms * 1e-3;
-        int e = (int)((first_use + (uint64_t)i) % (uint64_t)(2 * S));
-        if (cudaEventElapsedTime(&ms, f->copy_t0[e], f->copy_t1[e]) == cudaSuccess) f->stats.copy_seconds += ms * 1e-3;
+        if (cudaEventElapsedTime(&ms, f->wait_t0[i], f->wait_t1[i]) == cudaSuccess)
+            f->stats.stall_seconds += ms * 1e-3;
+        const int e = (int)(f->step_copy[i] % (uint64_t)f->n_copy_ev);
+        if (cudaEventElapsedTime(&ms, f->copy_t0[e], f->copy_t1[e]) == cudaSuccess)
+            f->stats.copy_seconds += ms * 1e-3;
     }
+    f->step_uses = 0;
     cudaGetLastError();
     return FERRY_OK;
+}
+
+static float *cuda_x_host(struct backend *be)
+{
+    (void)be;
+    return NULL;
+}
+
+static int cuda_x_out(struct backend *be, float *x, int n)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    /* Fold the delta in (the norm's output goes to scratch). */
+    if (f->pending)
+        RC(kern_cuda_add_rmsnorm(f->x, f->tmp, f->xn, f->out_norm, n, hp->dim, hp->norm_eps, f->compute));
+    f->pending = 0;
+    CK(cudaMemcpyAsync(x, f->x, (size_t)n * hp->dim * sizeof(float), cudaMemcpyDeviceToHost, f->compute));
+    CK(cudaStreamSynchronize(f->compute));
+    return FERRY_OK;
+}
+
+static int cuda_x_in(struct backend *be, const float *x, int n)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    return x_gather(f, pinned_device_ptr(x), n);
+}
+
+static int cuda_attend(struct backend *be, int l, const struct step *st, const float *qkv, float *att)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    const int n = st->b->n_tokens;
+    if (n <= 0 || n > f->max_tokens || l < 0 || l >= f->n_layers) return FERRY_ERR_INVALID;
+    const struct layer_program *p = f->prog;
+    /* The program's KV ops, the first one reading the host's q|k|v rows in place. */
+    for (int i = p->kv_first; i <= p->kv_last; i++)
+        RC(run_op(f, &p->ops[i], NULL, l, n, pinned_device_ptr(qkv)));
+    CK(cudaMemcpyAsync(att, act(f, p->ops[p->kv_last].out),
+                       (size_t)n * hp->n_heads * hp->head_dim * sizeof(float), cudaMemcpyDeviceToHost,
+                       f->compute));
+    CK(cudaStreamSynchronize(f->compute));
+    return FERRY_OK;
+}
+
+static void cuda_stats(const struct backend *be, struct backend_stats *st)
+{
+    *st = ((const struct forward_cuda *)be)->stats;
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .free = cuda_free,
+    .begin = cuda_begin,
+    .embed = cuda_embed,
+    .layer = cuda_layer,
+    .head = cuda_head,
+    .x_host = cuda_x_host,
+    .x_out = cuda_x_out,
+    .x_in = cuda_x_in,
+    .attend = cuda_attend,
+    .stats = cuda_stats,
+};
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Cost-model probes */
+
+int forward_cuda_time_exchange(struct backend *be, int n, double *seconds)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    *seconds = 0;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    /* Sequence 0 at position 0 with an empty block table: the K/V store skips every row and the attention
+     * reads zeros, so the probe leaves the cache untouched. */
+    const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
+    for (int i = 0; i < n; i++)
+        f->h_ints[i] = 0, f->h_ints[f->max_tokens + i] = 0, f->h_ints[2 * f->max_tokens + i] = 0;
+    for (size_t i = 0; i < bt; i++) f->h_ints[3 * f->max_tokens + i] = -1;
+    RC(upload_inputs(f));
+    f->max_len = 256;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim,
+                 row = qd + 2 * (size_t)hp->n_kv_heads * hp->head_dim;
+    float *qkv = forward_cuda_host_alloc(f, (size_t)n * row * sizeof(float));
+    float *att = forward_cuda_host_alloc(f, (size_t)n * qd * sizeof(float));
+    int rc = FERRY_ERR_NOMEM;
+    if (qkv && att) {
+        memset(qkv, 0, (size_t)n * row * sizeof(float));
+        memset(f->h_x, 0, (size_t)n * hp->dim * sizeof(float));
+        struct batch b = {.n_tokens = n};
+        struct step st = {.b = &b, .max_len = 1};
+        double t[9];
+        rc = FERRY_OK;
+        for (int r = 0; r < 9 && !rc; r++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            rc = x_gather(f, f->h_x_dev, n);
+            if (!rc) rc = cuda_x_out(be, f->h_x, n);
+            if (!rc) rc = cuda_attend(be, 0, &st, qkv, att);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            t[r] = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        }
+        if (!rc) {
+            /* median of the last 8 */
+            for (int i = 1; i < 9; i++)
+                for (int j = i; j > 1 && t[j] < t[j - 1]; j--) {
+                    double s = t[j];
+                    t[j] = t[j - 1], t[j - 1] = s;
+                }
+            *seconds = t[5];
+        }
+    }
+    forward_cuda_host_free(f, qkv);
+    forward_cuda_host_free(f, att);
+    return rc;
+}
+
+int forward_cuda_link_load_begin(struct backend *be, double seconds)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    f->load_bytes = 0;
+    if (f->map.n_slots == 0 || f->map.n_streamed == 0 || seconds <= 0) return FERRY_OK;
+    const double rate = f->stats.h2d_bytes_per_s > 0 ? f->stats.h2d_bytes_per_s : 50e9;
+    /* Straight into the slots, outside the ring: no step is running, and the copy stream keeps order with the
+     * ring's later copies. */
+    CK(cudaEventRecord(f->load_t0, f->copy));
+    for (int i = 0, l = 0; f->load_bytes < rate * seconds && i < 100000; i++) {
+        while (!f->host_block[l]) l = (l + 1) % f->n_layers;
+        CK(cudaMemcpyAsync(f->slot[i % f->map.n_slots], f->host_block[l], f->layouts[l].bytes,
+                           cudaMemcpyHostToDevice, f->copy));
+        f->load_bytes += f->layouts[l].bytes;
+        l = (l + 1) % f->n_layers;
+    }
+    CK(cudaEventRecord(f->load_t1, f->copy));
+    return FERRY_OK;
+}
+
+double forward_cuda_link_load_end(struct backend *be)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    if (!f->load_bytes) return 0;
+    float ms = 0;
+    if (cudaEventSynchronize(f->load_t1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, f->load_t0, f->load_t1) != cudaSuccess || ms <= 0) {
+        cudaGetLastError();
+        return 0;
+    }
+    const double rate = (double)f->load_bytes / (ms * 1e-3);
+    f->load_bytes = 0;
+    return rate;
 }

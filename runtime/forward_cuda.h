@@ -1,24 +1,31 @@
-/* forward_cuda — the Llama forward pass on one CUDA device, with layers resident or streamed from pinned
- * host memory according to a device_map (see device_map.h and DESIGN.md "Streaming").
+/* forward_cuda — the CUDA backend (runtime/backend.h): Llama layers on one device, resident or streamed from
+ * pinned host memory according to a device_map (device_map.h), plus the KV cache and the output head.
  *
- * All device memory is one cudaMalloc sized by the plan and carved with a cursor (KV pool in f16, activations,
- * attention workspace, output head, resident layers, slot ring); cuBLAS's handle and its workspace are the only
- * other device allocations (counted in the plan's fixed bytes). Nothing is allocated per step.
- * Streaming: one contiguous pinned block per streamed layer; the n-th streamed use (counting across steps)
- * takes slot n mod k and, once the compute stream has released it, the copy for use n+k is queued there on the
- * copy stream, so the next step's first copies overlap this step's last layers. An LRU layer cache and zero-copy
- * reads of mapped host memory were measured against this ring and lost or tied (runtime/NOTES.md, run 3).
- * Weights in F16/BF16/F32 are used as stored; other types (GGUF quants) are converted to F16 at load.
- * Compiled only when the build has CUDA (FERRY_CUDA).
+ * All device memory is one cudaMalloc sized by the plan and carved with a cursor (KV pool in f16,
+ * activations, attention workspace, output head, resident layers, slot ring); cuBLAS's handle and its
+ * workspace are the only other device allocations (counted in the plan's fixed bytes). Nothing is allocated
+ * per step. Host layers: one packed block per layer (runtime/layer.h) in pinned, cacheable host memory (pages
+ * spread over the NUMA nodes when there are several). On each step a host layer is either streamed (its block
+ * copied into the next slot of a ring of k; runtime/ring.h) or computed by the host's cores from the same
+ * block (runtime/forward_cpu.h, which sends its q|k|v here through `attend`: the KV cache of every layer
+ * lives on the device). The copy of a streamed use is queued as soon as its slot is released, so the link
+ * works while the CPU computes and the next step's first copies overlap this step's last layers. Small
+ * host→device transfers in the middle of a step (x after host layers, a host layer's q|k|v) are read by
+ * kernels straight from mapped pinned memory rather than copied, so they never queue behind a layer copy on
+ * the copy engine. An LRU layer cache and zero-copy weights were measured against the ring and lost or tied
+ * (runtime/NOTES.md, run 3). Weights in F16/BF16/F32/Q8_0 are used as stored; other types are converted to
+ * F16 at load. Without CUDA the same header is served by forward_cuda_none.c (no device).
  */
 #ifndef FERRY_FORWARD_CUDA_H
 #define FERRY_FORWARD_CUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/backend.h"
 #include "runtime/device_map.h"
-#include "runtime/engine.h"
 #include "runtime/kv_cache.h"
+#include "runtime/layer.h"
 #include "runtime/model.h"
 
 struct forward_cuda_params {
@@ -27,6 +34,9 @@ struct forward_cuda_params {
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 */
     int gpu_layers;       /* -1: as many as fit */
     int n_slots;          /* 0: the planner's choice */
+    int no_ring; /* host layers are never streamed (--placement cpu): no slots, more layers resident */
+    /* Tests: one character per layer, 'g' resident, anything else in host memory; NULL: the planner's. */
+    const char *force_where;
     /* KV pool: kv_auto 0 keeps the pool the caller sized; 1 lets the planner size it to the budget (see
      * device_map.h), between kv_tokens_min and kv_tokens_max positions, and forward_cuda_init re-sizes the
      * caller's kv_cache tables to match. */
@@ -34,33 +44,41 @@ struct forward_cuda_params {
     int64_t kv_tokens_max, kv_tokens_floor, kv_tokens_min;
 };
 
-struct forward_cuda_stats {
-    uint64_t bytes_streamed; /* host→device weight bytes */
-    double copy_seconds;     /* copy-stream time spent on those bytes */
-    double stall_seconds;    /* compute-stream time spent waiting for copies */
-    uint64_t vram_budget;
-    uint64_t vram_planned;   /* bytes the plan allocates */
-    uint64_t vram_used;      /* device bytes this backend took (cudaMemGetInfo before and after init) */
-};
+/* Number of CUDA devices (0 in a build without CUDA, or without a driver). */
+int forward_cuda_devices(void);
 
-struct forward_cuda;
-
-int forward_cuda_init(struct forward_cuda **out, const struct model *m, struct kv_cache *kv,
+int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256]);
-void forward_cuda_free(struct forward_cuda *f);
-const struct device_map *forward_cuda_map(const struct forward_cuda *f);
-void forward_cuda_get_stats(const struct forward_cuda *f, struct forward_cuda_stats *st);
+const struct device_map *forward_cuda_map(const struct backend *be);
+/* Bytes of layer l's packed block (what a stream copies). */
+uint64_t forward_cuda_layer_bytes(const struct backend *be, int l);
 
-/* Same contract as forward_cpu_run; the KV tables come from kv (host), the data lives on the device. */
-int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, const struct batch *b,
-                     float *logits);
+/* Layer l's weights as the host's cores read them: its pinned block when l lives in host memory and the
+ * block holds every matrix in its stored type; the model's own tensors when the block holds converted ones
+ * (the host reads stored types natively). Returns 1 for a host layer, 0 for a resident one (w untouched). */
+int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weights *w);
+/* Pinned, device-mapped host memory for the buffers another backend exchanges with this one
+ * (forward_cpu_params.host_alloc); ctx is the backend. */
+void *forward_cuda_host_alloc(void *ctx, size_t bytes);
+void forward_cuda_host_free(void *ctx, void *p);
+
+/* Cost-model probes for the step planner (runtime/step_plan.h), run once at start-up. */
+/* Seconds of the exchange around a host layer: x out (device→host, then a wait), q|k|v in and attention out
+ * (attend on an empty sequence: nothing is stored), x in. */
+int forward_cuda_time_exchange(struct backend *be, int n_tokens, double *seconds);
+/* Starts copying host layers into the slots on the copy stream, back to back, for about `seconds` (nothing
+ * when no layer streams); forward_cuda_link_load_end waits for them and gives the rate they ran at
+ * (bytes/s, 0 when none ran). Between the two, the host can measure itself under the link's load. */
+int forward_cuda_link_load_begin(struct backend *be, double seconds);
+double forward_cuda_link_load_end(struct backend *be);
 
 /* The device_map forward_cuda_init would choose for budget p->gpu_memory, computed without a device, with the
- * given ceilings (bytes/s) for the prediction. For `ferry inspect`. */
-int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv, const struct forward_cuda_params *p,
-                              double h2d, double hbm, struct device_map *out, char err[256]);
+ * given ceilings (bytes/s) for the prediction. For `ferry inspect`. FERRY_ERR_UNSUPPORTED without CUDA. */
+int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
+                              const struct forward_cuda_params *p, double h2d, double hbm,
+                              struct device_map *out, char err[256]);
 
-/* Measured rates for the planner: pinned host→device and device→device bandwidth, bytes/s (0 on failure). */
+/* Measured rates: pinned host→device and device→device bandwidth, bytes/s (0 on failure or without CUDA). */
 void forward_cuda_measure_bandwidth(double *h2d, double *d2d);
 
 #endif

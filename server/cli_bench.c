@@ -1,12 +1,16 @@
 /* cli_bench — `ferry bench`: prefill and decode throughput of the engine, next to the ceilings it measures.
  *
- *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b) [--gpu-memory SIZE]
- *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--long-context 8192]
+ *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b) [--gpu-memory
+ * SIZE]
+ *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--long-context
+ * 8192]
  *               [--cpu] [--json]
  * Each figure is a median over repeated timed steps after a warm-up step. Decode at batch B: B sequences with
  * a short prompt each, then steps of one token per sequence; tokens/s = B / step time. Weight bandwidth =
  * weight bytes read per step / step time (the ceiling is the measured device-to-device copy rate); with
  * streamed layers the achieved link rate is bytes streamed / copy time (ceiling: the measured pinned copy).
+ * Next to each measured step: where the step plan ran its host layers (CPU / streamed), the time the host's
+ * cores spent in them, and the plan's predicted step time (runtime/step_plan.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,9 +24,6 @@
 #include "runtime/engine.h"
 #include "server/cli.h"
 #include "server/options.h"
-#ifdef FERRY_CUDA
-#include "runtime/forward_cuda.h"
-#endif
 
 #define MAX_BATCHES 8
 
@@ -41,24 +42,29 @@ static const struct preset presets[] = {
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench (--model PATH | --synthetic NAME) [options]\n\n"
-               "  --model PATH          GGUF file or Hugging Face directory\n"
-               "  --synthetic NAME      random f16 weights of a real shape: llama-2-7b, llama-3-8b, llama-2-13b,\n"
-               "                        llama-2-70b\n"
-               "  --dtype f16|bf16|f32  synthetic weight type (default f16)\n"
-               "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
-               "  --reserve-vram SIZE   (default 1GiB)\n"
-               "  --gpu-layers N        resident layers (default: as many as fit)\n"
-               "  --slots K             streaming ring size (default: planner's choice)\n"
-               "  --quant int8          quantize the matrices to Q8_0 at load\n"
+    fprintf(
+        f,
+        "usage: ferry bench (--model PATH | --synthetic NAME) [options]\n\n"
+        "  --model PATH          GGUF file or Hugging Face directory\n"
+        "  --synthetic NAME      random f16 weights of a real shape: llama-2-7b, llama-3-8b, llama-2-13b,\n"
+        "                        llama-2-70b\n"
+        "  --dtype f16|bf16|f32  synthetic weight type (default f16)\n"
+        "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
+        "  --reserve-vram SIZE   (default 1GiB)\n"
+        "  --gpu-layers N        resident layers (default: as many as fit)\n"
+        "  --slots K             streaming ring size (default: planner's choice)\n"
+        "  --quant int8          quantize the matrices to Q8_0 at load\n"
+        "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
+        "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
+        "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
 
-               "  --cpu                 run on the CPU backend even when a GPU is present\n"
-               "  --threads N           CPU threads (default: all cores)\n"
-               "  --batches LIST        decode batch sizes (default 1,4,16,64)\n"
-               "  --prefill N           prompt length of the prefill test (default 512; 0 = skip)\n"
-               "  --decode-steps N      timed decode steps per batch size (default 16)\n"
-               "  --long-context N      also decode one sequence at context N (default 0 = skip)\n"
-               "  --json                print the results as JSON\n");
+        "  --cpu                 run on the CPU backend even when a GPU is present\n"
+        "  --threads N           CPU threads (default: all cores)\n"
+        "  --batches LIST        decode batch sizes (default 1,4,16,64)\n"
+        "  --prefill N           prompt length of the prefill test (default 512; 0 = skip)\n"
+        "  --decode-steps N      timed decode steps per batch size (default 16)\n"
+        "  --long-context N      also decode one sequence at context N (default 0 = skip)\n"
+        "  --json                print the results as JSON\n");
 }
 
 static double now_s(void)
@@ -94,7 +100,8 @@ static int prefill_slot(struct bench_ctx *c, int s, int len)
             c->seq[i] = s;
             c->want[i] = start + i == len - 1;
         }
-        struct batch b = {.n_tokens = n, .tokens = c->tok, .pos = c->pos, .seq = c->seq, .want_logits = c->want};
+        struct batch b = {
+            .n_tokens = n, .tokens = c->tok, .pos = c->pos, .seq = c->seq, .want_logits = c->want};
         int rc = engine_step(c->e, &b, c->logits);
         if (rc) return rc;
     }
@@ -116,11 +123,14 @@ static int decode_step(struct bench_ctx *c, int B, int p)
 
 struct decode_result {
     int batch;
-    double step_s;        /* median */
+    int n_cpu, n_stream; /* the step plan of this batch size: host layers on the CPU, streamed */
+    double predicted_s;  /* the plan's prediction (0: none) */
+    double host_ms;      /* per step: time the host's cores spent in host layers */
+    double step_s;       /* median */
     double tok_s;
-    double weight_gbs;    /* weight bytes / step time */
-    double link_gbs;      /* streamed bytes / copy time (0 when nothing streams) */
-    double stall_ms;      /* per step */
+    double weight_gbs; /* weight bytes / step time */
+    double link_gbs;   /* streamed bytes / copy time (0 when nothing streams) */
+    double stall_ms;   /* per step */
 };
 
 int cli_bench_main(int argc, char **argv)
@@ -134,35 +144,69 @@ int cli_bench_main(int argc, char **argv)
         {"prefill", required_argument, 0, 'p'},      {"decode-steps", required_argument, 0, 'n'},
         {"long-context", required_argument, 0, 'L'}, {"json", no_argument, 0, 'j'},
         {"log-level", required_argument, 0, 'v'},    {"help", no_argument, 0, 'h'},
-        {"quant", required_argument, 0, 'q'},
-        {0, 0, 0, 0},
+        {"quant", required_argument, 0, 'q'},        {"placement", required_argument, 0, 'P'},
+        {"cpu-threads", required_argument, 0, 'T'},  {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
     enum dtype wt = DTYPE_F16;
     struct engine_params ep = engine_default_params();
-    int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0, as_json = 0;
+    int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0,
+        as_json = 0;
     int log_level = LOG_LEVEL_INFO, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
-        case 's': synthetic = optarg; break;
-        case 'd':
-            if (!strcmp(optarg, "f16")) wt = DTYPE_F16;
-            else if (!strcmp(optarg, "bf16")) wt = DTYPE_BF16;
-            else if (!strcmp(optarg, "f32")) wt = DTYPE_F32;
-            else goto bad;
+        case 'm':
+            model = optarg;
             break;
-        case 'g': if (opt_parse_size(optarg, &ep.gpu_memory)) goto bad; break;
-        case 'r': if (opt_parse_size(optarg, &ep.reserve_vram)) goto bad; break;
-        case 'l': ep.gpu_layers = atoi(optarg); break;
-        case 'k': ep.n_slots = atoi(optarg); break;
-        case 'c': ep.backend = ENGINE_BACKEND_CPU; break;
+        case 's':
+            synthetic = optarg;
+            break;
+        case 'd':
+            if (!strcmp(optarg, "f16"))
+                wt = DTYPE_F16;
+            else if (!strcmp(optarg, "bf16"))
+                wt = DTYPE_BF16;
+            else if (!strcmp(optarg, "f32"))
+                wt = DTYPE_F32;
+            else
+                goto bad;
+            break;
+        case 'g':
+            if (opt_parse_size(optarg, &ep.gpu_memory)) goto bad;
+            break;
+        case 'r':
+            if (opt_parse_size(optarg, &ep.reserve_vram)) goto bad;
+            break;
+        case 'l':
+            ep.gpu_layers = atoi(optarg);
+            break;
+        case 'k':
+            ep.n_slots = atoi(optarg);
+            break;
+        case 'c':
+            ep.backend = ENGINE_BACKEND_CPU;
+            break;
         case 'q':
             if (strcmp(optarg, "int8")) goto bad;
             ep.quant_int8 = 1;
             break;
-        case 't': ep.n_threads = atoi(optarg); break;
+        case 't':
+            ep.n_threads = atoi(optarg);
+            break;
+        case 'P':
+            if (!strcmp(optarg, "auto"))
+                ep.placement = ENGINE_PLACEMENT_AUTO;
+            else if (!strcmp(optarg, "stream"))
+                ep.placement = ENGINE_PLACEMENT_STREAM;
+            else if (!strcmp(optarg, "cpu"))
+                ep.placement = ENGINE_PLACEMENT_CPU;
+            else
+                goto bad;
+            break;
+        case 'T':
+            if ((ep.cpu_threads = atoi(optarg)) <= 0) goto bad;
+            break;
         case 'b': {
             n_batches = 0;
             for (char *tok = strtok(optarg, ","); tok && n_batches < MAX_BATCHES; tok = strtok(NULL, ","))
@@ -170,13 +214,26 @@ int cli_bench_main(int argc, char **argv)
             if (!n_batches) goto bad;
             break;
         }
-        case 'p': prefill = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'L': long_ctx = atoi(optarg); break;
-        case 'j': as_json = 1; break;
-        case 'v': if ((log_level = cli_log_level_parse(optarg)) < 0) goto bad; break;
-        case 'h': bench_usage(stdout); return 0;
-        default: goto bad;
+        case 'p':
+            prefill = atoi(optarg);
+            break;
+        case 'n':
+            steps = atoi(optarg);
+            break;
+        case 'L':
+            long_ctx = atoi(optarg);
+            break;
+        case 'j':
+            as_json = 1;
+            break;
+        case 'v':
+            if ((log_level = cli_log_level_parse(optarg)) < 0) goto bad;
+            break;
+        case 'h':
+            bench_usage(stdout);
+            return 0;
+        default:
+            goto bad;
         }
     }
     if (!model == !synthetic || prefill < 0 || steps <= 0 || long_ctx < 0) goto bad;
@@ -210,10 +267,18 @@ int cli_bench_main(int argc, char **argv)
             fprintf(stderr, "ferry bench: unknown synthetic model '%s'\n", synthetic);
             return 2;
         }
-        struct llm_hparams hp = {.n_vocab = pr->vocab, .dim = pr->dim, .n_layers = pr->layers, .n_heads = pr->heads,
-                                 .n_kv_heads = pr->kv_heads, .head_dim = pr->dim / pr->heads, .ffn_dim = pr->ffn,
-                                 .ctx_train = 8192, .norm_eps = 1e-5f, .rope_theta = pr->theta,
-                                 .rope_dim = pr->dim / pr->heads, .rope_style = ROPE_STYLE_HALF};
+        struct llm_hparams hp = {.n_vocab = pr->vocab,
+                                 .dim = pr->dim,
+                                 .n_layers = pr->layers,
+                                 .n_heads = pr->heads,
+                                 .n_kv_heads = pr->kv_heads,
+                                 .head_dim = pr->dim / pr->heads,
+                                 .ffn_dim = pr->ffn,
+                                 .ctx_train = 8192,
+                                 .norm_eps = 1e-5f,
+                                 .rope_theta = pr->theta,
+                                 .rope_dim = pr->dim / pr->heads,
+                                 .rope_style = ROPE_STYLE_HALF};
         snprintf(hp.arch, sizeof hp.arch, "llama");
         name = pr->name;
         rc = engine_init_synthetic(&e, &hp, wt, &ep, err);
@@ -242,10 +307,7 @@ int cli_bench_main(int argc, char **argv)
     }
     struct engine_stats st0, st1;
     engine_get_stats(e, &st0);
-    double h2d = 0, d2d = 0;
-#ifdef FERRY_CUDA
-    if (!strcmp(st0.backend, "cuda")) forward_cuda_measure_bandwidth(&h2d, &d2d);
-#endif
+    const double h2d = st0.h2d_bytes_per_s, d2d = st0.hbm_bytes_per_s;
     const double wbytes = (double)engine_weight_bytes(e);
 
     /* Prefill: one sequence, `prefill` tokens, timed twice after a warm-up; report the better. */
@@ -263,6 +325,9 @@ int cli_bench_main(int argc, char **argv)
         if (rc) goto step_failed;
         prefill_tok_s = prefill / best;
     }
+    struct engine_step_info prefill_info = {0};
+    if (prefill > 0)
+        engine_step_info(e, prefill < ep.max_batch_tokens ? prefill : ep.max_batch_tokens, &prefill_info);
 
     struct decode_result res[MAX_BATCHES + 1];
     int n_res = 0;
@@ -293,6 +358,12 @@ int cli_bench_main(int argc, char **argv)
         double copy = st1.copy_seconds - st0.copy_seconds;
         r->link_gbs = copy > 0 ? (double)(st1.bytes_streamed - st0.bytes_streamed) / copy / 1e9 : 0;
         r->stall_ms = (st1.stall_seconds - st0.stall_seconds) / steps * 1e3;
+        r->host_ms = (st1.cpu_layer_seconds - st0.cpu_layer_seconds) / steps * 1e3;
+        struct engine_step_info info;
+        engine_step_info(e, B, &info);
+        r->n_cpu = info.n_cpu;
+        r->n_stream = info.n_stream;
+        r->predicted_s = info.predicted_s;
         if (bi == n_batches) r->batch = -long_ctx; /* marks the long-context row */
     }
     engine_get_stats(e, &st1);
@@ -308,6 +379,13 @@ int cli_bench_main(int argc, char **argv)
         json_object_set_new(root, "ceiling_hbm_gbs", json_real(d2d / 1e9));
         json_object_set_new(root, "prefill_tokens", json_integer(prefill));
         json_object_set_new(root, "prefill_tok_s", json_real(prefill_tok_s));
+        json_object_set_new(root, "prefill_predicted_ms", json_real(prefill_info.predicted_s * 1e3));
+        json_object_set_new(root, "prefill_cpu_layers", json_integer(prefill_info.n_cpu));
+        json_object_set_new(root, "placement_mode",
+                            json_string(ep.placement == ENGINE_PLACEMENT_STREAM ? "stream"
+                                        : ep.placement == ENGINE_PLACEMENT_CPU  ? "cpu"
+                                                                                : "auto"));
+        json_object_set_new(root, "cpu_threads", json_integer(st1.cpu_threads));
         json_object_set_new(root, "vram_budget", json_integer((json_int_t)st1.vram_budget));
         json_object_set_new(root, "vram_planned", json_integer((json_int_t)st1.vram_planned));
         json_object_set_new(root, "vram_taken", json_integer((json_int_t)st1.vram_used));
@@ -320,6 +398,10 @@ int cli_bench_main(int argc, char **argv)
             json_object_set_new(d, "weight_gbs", json_real(res[i].weight_gbs));
             json_object_set_new(d, "link_gbs", json_real(res[i].link_gbs));
             json_object_set_new(d, "stall_ms_per_step", json_real(res[i].stall_ms));
+            json_object_set_new(d, "cpu_layers", json_integer(res[i].n_cpu));
+            json_object_set_new(d, "streamed_layers", json_integer(res[i].n_stream));
+            json_object_set_new(d, "host_ms_per_step", json_real(res[i].host_ms));
+            json_object_set_new(d, "predicted_step_ms", json_real(res[i].predicted_s * 1e3));
             json_array_append_new(dec, d);
         }
         json_object_set_new(root, "decode", dec);
@@ -328,25 +410,37 @@ int cli_bench_main(int argc, char **argv)
         free(s);
         json_decref(root);
     } else {
-        printf("model     %s (%s backend, %.2f GiB of weights read per step, loaded in %.1f s)\n", name, st1.backend,
-               wbytes / 1073741824.0, t_load);
+        printf("model     %s (%s backend, %.2f GiB of weights read per step, loaded in %.1f s)\n", name,
+               st1.backend, wbytes / 1073741824.0, t_load);
         printf("%s", engine_placement(e));
         if (engine_placement(e)[strlen(engine_placement(e)) - 1] != '\n') putchar('\n');
         if (h2d > 0)
-            printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write)\n", h2d / 1e9,
-                   d2d / 1e9);
+            printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write)\n",
+                   h2d / 1e9, d2d / 1e9);
         if (st1.vram_budget)
             printf("vram      budget %.2f GiB, planned %.2f GiB, taken from the device %.2f GiB\n",
-                   st1.vram_budget / 1073741824.0, st1.vram_planned / 1073741824.0, st1.vram_used / 1073741824.0);
-        if (prefill) printf("prefill   %d tokens: %.0f tokens/s\n", prefill, prefill_tok_s);
-        printf("%-8s %-8s %10s %12s %12s %10s %10s %12s\n", "batch", "context", "step ms", "tokens/s", "weights GB/s",
-               "% of HBM", "link GB/s", "stall ms/step");
+                   st1.vram_budget / 1073741824.0, st1.vram_planned / 1073741824.0,
+                   st1.vram_used / 1073741824.0);
+        if (prefill) {
+            printf("prefill   %d tokens: %.0f tokens/s", prefill, prefill_tok_s);
+            if (prefill_info.predicted_s > 0)
+                printf(" (%d host layers on the CPU; predicted %.0f tokens/s)", prefill_info.n_cpu,
+                       (prefill < ep.max_batch_tokens ? prefill : ep.max_batch_tokens) /
+                           prefill_info.predicted_s);
+            putchar('\n');
+        }
+        printf("%-8s %-8s %10s %12s %12s %10s %10s %12s %9s %10s %12s\n", "batch", "context", "step ms",
+               "tokens/s", "weights GB/s", "% of HBM", "link GB/s", "stall ms/step", "cpu/strm", "host ms",
+               "predicted ms");
         for (int i = 0; i < n_res; i++) {
             int B = res[i].batch > 0 ? res[i].batch : 1, ctx = res[i].batch > 0 ? prompt : -res[i].batch;
-            char hbm[16] = "-";
+            char hbm[16] = "-", plan[16] = "-", pred[16] = "-";
             if (d2d > 0) snprintf(hbm, sizeof hbm, "%.0f%%", 100.0 * res[i].weight_gbs * 1e9 / d2d);
-            printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f\n", B, ctx, res[i].step_s * 1e3, res[i].tok_s,
-                   res[i].weight_gbs, hbm, res[i].link_gbs, res[i].stall_ms);
+            if (st1.n_streamed) snprintf(plan, sizeof plan, "%d/%d", res[i].n_cpu, res[i].n_stream);
+            if (res[i].predicted_s > 0) snprintf(pred, sizeof pred, "%.2f", res[i].predicted_s * 1e3);
+            printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f %9s %10.2f %12s\n", B, ctx,
+                   res[i].step_s * 1e3, res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs,
+                   res[i].stall_ms, plan, res[i].host_ms, pred);
         }
     }
     free(bc.tok);

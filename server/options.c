@@ -78,6 +78,11 @@ static const struct opt_row rows[] = {
      "VRAM left free when --gpu-memory is 0 (CUDA backend)"},
     {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
      "layers resident on the GPU, the rest streamed (-1 = as many as fit; CUDA backend)"},
+    {"placement", OPT_ENUM, OFF(placement), 0, 0, "auto", "auto|stream|cpu",
+     "layers that do not fit on the GPU: auto (per step size, streamed or computed by the host's cores, "
+     "whichever is predicted faster), stream, cpu (CUDA backend)"},
+    {"cpu-threads", OPT_INT, OFF(cpu_threads), 0, 4096, "0", NULL,
+     "pinned host threads computing host layers beside the GPU (0 = --threads)"},
     {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8",
      "int8: quantize F32/F16/BF16 matrices to Q8_0 at load (half the bytes of f16)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, "0", NULL,

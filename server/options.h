@@ -43,6 +43,8 @@ struct serve_options {
     int64_t gpu_memory;            /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
     int64_t reserve_vram;
     int gpu_layers;    /* -1 = planner decides */
+    const char *placement; /* auto|stream|cpu: what the host layers do (CUDA backend) */
+    int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
     const char *quant; /* none|int8 */
     int deterministic;
     int prompt_cache; /* reuse a free slot's KV for a prompt with the same start */

@@ -553,6 +553,10 @@ static void loader_main(void *arg)
     ep.gpu_memory = S->opt.gpu_memory;
     ep.reserve_vram = S->opt.reserve_vram;
     ep.gpu_layers = S->opt.gpu_layers;
+    ep.placement = !strcmp(S->opt.placement, "stream") ? ENGINE_PLACEMENT_STREAM
+                   : !strcmp(S->opt.placement, "cpu")  ? ENGINE_PLACEMENT_CPU
+                                                       : ENGINE_PLACEMENT_AUTO;
+    ep.cpu_threads = S->opt.cpu_threads;
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err,

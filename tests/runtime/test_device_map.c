@@ -9,9 +9,14 @@
 
 static struct device_map_input llama7b_like(uint64_t budget)
 {
-    return (struct device_map_input){.n_layers = 32, .layer_bytes = 386 * MIB, .head_bytes = 250 * MIB,
-                                     .fixed_bytes = 600 * MIB, .budget = budget, .gpu_layers = -1,
-                                     .h2d_bytes_per_s = 54.9e9, .hbm_bytes_per_s = 4.2e12};
+    return (struct device_map_input){.n_layers = 32,
+                                     .layer_bytes = 386 * MIB,
+                                     .head_bytes = 250 * MIB,
+                                     .fixed_bytes = 600 * MIB,
+                                     .budget = budget,
+                                     .gpu_layers = -1,
+                                     .h2d_bytes_per_s = 54.9e9,
+                                     .hbm_bytes_per_s = 4.2e12};
 }
 
 Test(device_map, everything_fits)
@@ -107,8 +112,8 @@ Test(device_map, format_lists_runs)
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     int n = device_map_format(&m, buf, sizeof buf);
     cr_assert_gt(n, 0);
-    cr_assert(strstr(buf, "30 layers resident, 2 streamed through 2 slots"), "%s", buf);
-    cr_assert(strstr(buf, "stream"), "%s", buf);
+    cr_assert(strstr(buf, "30 layers resident, 2 in host memory, 2 slots"), "%s", buf);
+    cr_assert(strstr(buf, "layers  15-15  host"), "%s", buf);
     device_map_free(&m);
 }
 
@@ -205,4 +210,48 @@ Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
     cr_assert(strstr(err, "minimum is 3.29 GiB"), "message: %s", err);
     cr_assert_eq(err[strlen(err) - 1], ')', "the message is whole: %s", err);
     cr_assert_lt(strlen(err), 200);
+}
+
+/* --placement cpu: host layers never stream, so no ring; its memory holds two more resident layers. */
+Test(device_map, no_ring_gives_the_slots_to_resident_layers)
+{
+    struct device_map m;
+    char err[256] = "";
+    struct device_map_input in = llama7b_like(4096 * MIB);
+    in.no_ring = 1;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    /* 4096 - 850 = 3246 MiB = 8 layers of 386, no slots. */
+    cr_assert_eq(m.n_slots, 0);
+    cr_assert_eq(m.n_resident, 8);
+    cr_assert_eq(m.n_streamed, 24);
+    cr_assert_leq(m.bytes_total, 4096 * MIB);
+    device_map_free(&m);
+    /* The smallest plan then holds no layer at all. */
+    in.budget = 900 * MIB;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.n_resident, 0);
+    cr_assert_eq(m.n_slots, 0);
+    cr_assert_eq(m.bytes_total, 850 * MIB);
+    device_map_free(&m);
+}
+
+/* Tests force the resident set (a step plan's 'g' layers): exactly those, or a clean refusal. */
+Test(device_map, resident_mask_is_obeyed)
+{
+    struct device_map m;
+    char err[256] = "";
+    struct device_map_input in = llama7b_like(80000 * MIB);
+    uint8_t mask[32] = {0};
+    mask[0] = mask[5] = mask[31] = 1;
+    in.resident_mask = mask;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.n_resident, 3);
+    cr_assert_eq(m.n_streamed, 29);
+    cr_assert_eq(m.n_slots, 2);
+    for (int i = 0; i < 32; i++)
+        cr_assert_eq(m.where[i], mask[i] ? PLACEMENT_GPU : PLACEMENT_STREAM, "layer %d", i);
+    device_map_free(&m);
+    in.budget = 2000 * MIB; /* 850 + 3 x 386 + 2 slots x 386 = 2780 MiB: too small */
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+    cr_assert(strstr(err, "too small"), "%s", err);
 }

@@ -8,6 +8,7 @@
 
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
+#include "runtime/forward_cuda.h"
 
 static struct model_file *mf;
 
@@ -17,7 +18,8 @@ static struct engine *open_engine(int n_seqs, int kv_tokens, int threads)
     snprintf(path, sizeof path, "%s/tests/golden/models/llama3_gqa_f16", getenv("FERRY_SRC"));
     if (!mf) cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), 0, "%s", err);
     struct engine_params p = engine_default_params();
-    p.backend = ENGINE_BACKEND_CPU; /* the reference backend; tests/runtime/test_gpu_e2e.c compares CUDA to it */
+    p.backend =
+        ENGINE_BACKEND_CPU; /* the reference backend; tests/runtime/test_gpu_e2e.c compares CUDA to it */
     p.n_seqs = n_seqs;
     p.ctx_size = 256;
     p.kv_tokens = kv_tokens;
@@ -60,7 +62,8 @@ Test(engine, batched_equals_sequential)
         for (int i = 0; i < lens[s]; i++)
             cr_assert_eq(step1(e, 0, i, prompts[s][i], alone + ((size_t)s * 5) * V), 0);
         for (int k = 1; k < 5; k++)
-            cr_assert_eq(step1(e, 0, lens[s] + k - 1, (int32_t)(k * 7 % V), alone + ((size_t)s * 5 + k) * V), 0);
+            cr_assert_eq(step1(e, 0, lens[s] + k - 1, (int32_t)(k * 7 % V), alone + ((size_t)s * 5 + k) * V),
+                         0);
     }
     engine_seq_free(e, 0);
     /* Together: one batch with all three prompts, then batches of one decode token per sequence. */
@@ -92,8 +95,8 @@ Test(engine, batched_equals_sequential)
         cr_assert_eq(engine_step(e, &b, together), 0);
         for (int s = 0; s < 3; s++)
             for (int v = 0; v < V; v++)
-                cr_assert_float_eq(together[(size_t)s * V + v], alone[((size_t)(2 - s) * 5 + kk) * V + v], 1e-4,
-                                   "decode step %d seq %d logit %d", kk, 2 - s, v);
+                cr_assert_float_eq(together[(size_t)s * V + v], alone[((size_t)(2 - s) * 5 + kk) * V + v],
+                                   1e-4, "decode step %d seq %d logit %d", kk, 2 - s, v);
     }
     free(alone);
     free(together);
@@ -137,11 +140,11 @@ Test(engine, bad_batches_are_refused)
     struct engine *e = open_engine(2, 0, 1);
     const int V = engine_hparams(e)->n_vocab;
     float *lg = malloc((size_t)V * sizeof(float));
-    cr_assert_eq(step1(e, 0, 0, V, lg), FERRY_ERR_INVALID);      /* token id out of range */
-    cr_assert_eq(step1(e, 0, 0, -1, lg), FERRY_ERR_INVALID);     /* negative id */
-    cr_assert_eq(step1(e, 2, 0, 1, lg), FERRY_ERR_INVALID);      /* no such slot */
-    cr_assert_eq(step1(e, 0, 1, 1, lg), FERRY_ERR_INVALID);      /* gap: slot 0 is empty */
-    cr_assert_eq(step1(e, 0, 256, 1, lg), FERRY_ERR_INVALID);    /* gap past the context */
+    cr_assert_eq(step1(e, 0, 0, V, lg), FERRY_ERR_INVALID);   /* token id out of range */
+    cr_assert_eq(step1(e, 0, 0, -1, lg), FERRY_ERR_INVALID);  /* negative id */
+    cr_assert_eq(step1(e, 2, 0, 1, lg), FERRY_ERR_INVALID);   /* no such slot */
+    cr_assert_eq(step1(e, 0, 1, 1, lg), FERRY_ERR_INVALID);   /* gap: slot 0 is empty */
+    cr_assert_eq(step1(e, 0, 256, 1, lg), FERRY_ERR_INVALID); /* gap past the context */
     cr_assert_eq(step1(e, 0, 0, 1, lg), 0);
     cr_assert_eq(step1(e, 0, 1, 2, lg), 0);
     /* Two tokens of one slot out of order in one batch. */
@@ -194,7 +197,8 @@ Test(engine, keep_prefix_then_continue)
     cr_assert_eq(held, (12 + st.kv_block_size - 1) / st.kv_block_size, "blocks held after keep: %d", held);
     for (int i = 12; i < 20; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i * 5 % V), a), 0);
     engine_seq_free(e, 0);
-    for (int i = 0; i < 20; i++) cr_assert_eq(step1(e, 0, i, (int32_t)(i < 12 ? i * 7 % V : i * 5 % V), b), 0);
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(step1(e, 0, i, (int32_t)(i < 12 ? i * 7 % V : i * 5 % V), b), 0);
     for (int v = 0; v < V; v++) cr_assert_eq(a[v], b[v], "logit %d", v);
     cr_assert_eq(engine_seq_keep(e, 1, 0), FERRY_ERR_INVALID);
     free(a);
@@ -202,9 +206,9 @@ Test(engine, keep_prefix_then_continue)
     close_all(e);
 }
 
-/* engine_seq_share: a second sequence reads the first one's whole prompt blocks and continues on its own; both
- * give the logits of sequences computed alone; nobody may write into a shared block; the pool counts each
- * shared block once and gets every block back. */
+/* engine_seq_share: a second sequence reads the first one's whole prompt blocks and continues on its own;
+ * both give the logits of sequences computed alone; nobody may write into a shared block; the pool counts
+ * each shared block once and gets every block back. */
 Test(engine, share_prefix_blocks)
 {
     struct engine *e = open_engine(3, 0, 1), *ref = open_engine(1, 0, 1);
@@ -246,10 +250,10 @@ Test(engine, share_prefix_blocks)
     close_all(e);
 }
 
-/* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes per
- * weight; here all but ffn_down, whose rows are 136 long) and the logits stay close: Q8_0 rounds each weight to
- * 1/254 of its group's absmax, about 0.5% relative error per product, so the logits of a 2-layer model stay
- * within a few percent of the logit range. */
+/* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes
+ * per weight; here all but ffn_down, whose rows are 136 long) and the logits stay close: Q8_0 rounds each
+ * weight to 1/254 of its group's absmax, about 0.5% relative error per product, so the logits of a 2-layer
+ * model stay within a few percent of the logit range. */
 Test(engine, quant_int8_stays_close)
 {
     char path[1024], err[256] = "";
@@ -265,10 +269,12 @@ Test(engine, quant_int8_stays_close)
         cr_assert_eq(engine_init(&e[q], f, &p, err), 0, "%s", err);
     }
     double ratio = (double)engine_weight_bytes(e[0]) / (double)engine_weight_bytes(e[1]);
-    /* Per layer: q,k,v,o,gate,up shrink by 2*32/34, ffn_down (136x64 f16) stays; the tied head (311x64) shrinks. */
+    /* Per layer: q,k,v,o,gate,up shrink by 2*32/34, ffn_down (136x64 f16) stays; the tied head (311x64)
+     * shrinks. */
     const double hd = 64, qd = 64, kvd = 16, ffn = 136, V0 = 311;
     const double layer16 = 2 * (qd * hd + 2 * kvd * hd + hd * qd + 2 * ffn * hd), down = 2 * hd * ffn;
-    const double want = (2 * (layer16 + down) + 2 * V0 * hd) / (2 * (layer16 * 34 / 64 + down) + V0 * hd * 34 / 32);
+    const double want =
+        (2 * (layer16 + down) + 2 * V0 * hd) / (2 * (layer16 * 34 / 64 + down) + V0 * hd * 34 / 32);
     cr_expect_float_eq(ratio, want, 1e-6, "f16/int8 weight bytes ratio %g, expected %g", ratio, want);
     const int V = engine_hparams(e[0])->n_vocab;
     float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
@@ -288,5 +294,56 @@ Test(engine, quant_int8_stays_close)
     free(b);
     engine_free(e[0]);
     engine_free(e[1]);
+    model_file_close(f);
+}
+
+/* The step plan of the CPU engine: every layer on the CPU at every size, no prediction; sizes outside the
+ * engine's range and bad placement parameters are refused. */
+Test(engine, step_info_and_placement_parameters)
+{
+    struct engine *e = open_engine(1, 0, 1);
+    struct engine_step_info info;
+    const int L = engine_hparams(e)->n_layers;
+    for (int n = 1; n <= 128; n++) {
+        cr_assert_eq(engine_step_info(e, n, &info), 0);
+        cr_assert_geq(info.bucket_tokens, n);
+        cr_assert_lt(info.bucket_tokens, 2 * n + (n == 1), "%d tokens in the bucket of %d", n,
+                     info.bucket_tokens);
+        cr_assert_eq(info.n_cpu, L);
+        cr_assert_eq(info.n_gpu + info.n_stream, 0);
+        cr_assert_eq(info.predicted_s, 0);
+    }
+    cr_assert_eq(engine_step_info(e, 0, &info), FERRY_ERR_INVALID);
+    cr_assert_eq(engine_step_info(e, 129, &info), FERRY_ERR_INVALID);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.cpu_threads, 1);
+    cr_assert(strstr(engine_placement(e), "cpu: all layers"), "%s", engine_placement(e));
+    close_all(e);
+
+    char path[1024], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/llama3_gqa_f16", getenv("FERRY_SRC"));
+    struct model_file *f = NULL;
+    cr_assert_eq(model_file_open(path, &f, NULL, NULL, err), 0, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CPU;
+    p.placement = (enum engine_placement)7;
+    cr_assert_eq(engine_init(&e, f, &p, err), FERRY_ERR_INVALID);
+    p.placement = ENGINE_PLACEMENT_CPU;
+    p.cpu_threads = -1;
+    cr_assert_eq(engine_init(&e, f, &p, err), FERRY_ERR_INVALID);
+    /* Placement options mean nothing to the CPU engine: accepted, every layer still on the CPU. */
+    p.cpu_threads = 2;
+    cr_assert_eq(engine_init(&e, f, &p, err), 0, "%s", err);
+    cr_assert_eq(engine_step_info(e, 1, &info), 0);
+    cr_assert_eq(info.n_cpu, L);
+    engine_free(e);
+    /* Asking for the CUDA backend without a device (or without CUDA in the build) fails with a reason. */
+    if (forward_cuda_devices() == 0) {
+        p.backend = ENGINE_BACKEND_CUDA;
+        err[0] = 0;
+        cr_assert_eq(engine_init(&e, f, &p, err), FERRY_ERR_UNSUPPORTED);
+        cr_assert(strstr(err, "CUDA"), "%s", err);
+    }
     model_file_close(f);
 }

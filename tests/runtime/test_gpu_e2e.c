@@ -31,8 +31,11 @@ static struct model_file *open_model(const char *path)
 }
 
 static int quant_int8; /* set by a test before compare_backends */
+/* Host layers stream unless a test says otherwise: the bitwise placement tests compare GPU-only plans. */
+static enum engine_placement placement = ENGINE_PLACEMENT_STREAM;
 
-static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers, int n_slots, int n_seqs)
+static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers, int n_slots,
+                                  int n_seqs)
 {
     struct engine_params p = engine_default_params();
     p.quant_int8 = quant_int8;
@@ -42,6 +45,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
     p.max_batch_tokens = 256;
     p.gpu_layers = gpu_layers;
     p.n_slots = n_slots;
+    p.placement = placement;
     p.n_threads = 2;
     struct engine *e = NULL;
     char err[256] = "";
@@ -52,14 +56,15 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
 /* Prefill n prompt tokens into slot 0, then `steps` greedy steps; logits of every step go to out
  * ((steps+1), V); tokens chosen go to toks (steps). Greedy choices follow the *given* forced tokens when
  * forced is not NULL, so that two engines can be compared on the same sequence. */
-static void run_seq(struct engine *e, const int32_t *prompt, int n, int steps, const int32_t *forced, float *out,
-                    int32_t *toks)
+static void run_seq(struct engine *e, const int32_t *prompt, int n, int steps, const int32_t *forced,
+                    float *out, int32_t *toks)
 {
     const int V = engine_hparams(e)->n_vocab;
     int32_t pos[256], seq[256];
     uint8_t want[256];
     for (int i = 0; i < n; i++) pos[i] = i, seq[i] = 0, want[i] = i == n - 1;
-    struct batch b = {.n_tokens = n, .tokens = (int32_t *)prompt, .pos = pos, .seq = seq, .want_logits = want};
+    struct batch b = {
+        .n_tokens = n, .tokens = (int32_t *)prompt, .pos = pos, .seq = seq, .want_logits = want};
     cr_assert_eq(engine_step(e, &b, out), 0);
     for (int s = 0; s < steps; s++) {
         const float *lg = out + (size_t)s * V;
@@ -84,7 +89,8 @@ static void compare_backends(const char *model, int n_prompt)
     int32_t prompt[200], tc[16], tg[16];
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
     if (n_prompt > 0 && V > 1) prompt[0] = 1;
-    float *lc = malloc((size_t)(steps + 1) * V * sizeof(float)), *lgp = malloc((size_t)(steps + 1) * V * sizeof(float));
+    float *lc = malloc((size_t)(steps + 1) * V * sizeof(float)),
+          *lgp = malloc((size_t)(steps + 1) * V * sizeof(float));
     run_seq(cpu, prompt, n_prompt, steps, NULL, lc, tc);
     run_seq(gpu, prompt, n_prompt, steps, tc, lgp, tg); /* the GPU follows the CPU's tokens */
     int flips = 0;
@@ -94,18 +100,21 @@ static void compare_backends(const char *model, int n_prompt)
         for (int v = 0; v < V; v++) {
             maxref = fmax(maxref, fabs(a[v]));
             worst = fmax(worst, fabs((double)a[v] - b[v]));
-            if (a[v] > top1) top2 = top1, top1 = a[v];
-            else if (a[v] > top2) top2 = a[v];
+            if (a[v] > top1)
+                top2 = top1, top1 = a[v];
+            else if (a[v] > top2)
+                top2 = a[v];
         }
         double bound = 1e-2 * maxref + 1e-3;
         cr_expect_leq(worst, bound, "%s: step %d: |gpu-cpu| = %g > %g", model, s, worst, bound);
         if (s < steps && tg[s] != tc[s]) {
             flips++;
-            cr_expect_leq(top1 - top2, 2 * bound, "%s: step %d: GPU chose %d, CPU %d with a clear margin %g", model, s,
-                          tg[s], tc[s], top1 - top2);
+            cr_expect_leq(top1 - top2, 2 * bound, "%s: step %d: GPU chose %d, CPU %d with a clear margin %g",
+                          model, s, tg[s], tc[s], top1 - top2);
         }
     }
-    /* Reported, not failed (and not through cr_log_warn: Criterion 2.4 turns any warning into exit status 1). */
+    /* Reported, not failed (and not through cr_log_warn: Criterion 2.4 turns any warning into exit status 1).
+     */
     if (flips) fprintf(stderr, "note: %s: %d near-tie greedy flips between CUDA and CPU\n", model, flips);
     free(lc);
     free(lgp);
@@ -121,9 +130,21 @@ static char *src_path(const char *rel)
     return buf;
 }
 
-Test(gpu_e2e, llama_mha_f32_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/llama_mha_f32"), 200); }
-Test(gpu_e2e, llama3_gqa_f16_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/llama3_gqa_f16"), 33); }
-Test(gpu_e2e, qwen2_bias_bf16_matches_cpu) { require_gpu(); compare_backends(src_path("tests/golden/models/qwen2_bias_bf16"), 7); }
+Test(gpu_e2e, llama_mha_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/llama_mha_f32"), 200);
+}
+Test(gpu_e2e, llama3_gqa_f16_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/llama3_gqa_f16"), 33);
+}
+Test(gpu_e2e, qwen2_bias_bf16_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/qwen2_bias_bf16"), 7);
+}
 
 /* Q8_0 on both sides: the GPU's GEMV (decode) and Q8_0→f16 + tensor-core GEMM (prefill of 33 rows) against
  * the CPU's Q8_0 matmul. */
@@ -153,8 +174,8 @@ Test(gpu_e2e, smollm2_q4_1_converted_to_f16_matches_cpu, .timeout = 300)
     compare_backends(path, 37);
 }
 
-/* A prefill that wants every row's logits (40 rows; the device buffer holds 16, so the head runs in 3 chunks):
- * each row against the CPU's, same bound as above. */
+/* A prefill that wants every row's logits (40 rows; the device buffer holds 16, so the head runs in 3
+ * chunks): each row against the CPU's, same bound as above. */
 Test(gpu_e2e, all_prompt_rows_logits_in_chunks)
 {
     require_gpu();
@@ -199,7 +220,8 @@ Test(gpu_e2e, placements_are_bitwise_equal)
         const int V = engine_hparams(e)->n_vocab;
         struct engine_stats st;
         engine_get_stats(e, &st);
-        if (configs[c][0] == 0) cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
+        if (configs[c][0] == 0)
+            cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
         float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
         int32_t tok[64], pos[64], seq[64];
         uint8_t want[64];
@@ -210,7 +232,8 @@ Test(gpu_e2e, placements_are_bitwise_equal)
         struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
         cr_assert_eq(engine_step(e, &b, lg), 0);
         for (int k = 1; k <= steps; k++) {
-            for (int s = 0; s < B; s++) tok[s] = (int32_t)((k * 7 + s) % V), pos[s] = 10 + 3 * s + k - 1, seq[s] = s, want[s] = 1;
+            for (int s = 0; s < B; s++)
+                tok[s] = (int32_t)((k * 7 + s) % V), pos[s] = 10 + 3 * s + k - 1, seq[s] = s, want[s] = 1;
             b.n_tokens = B;
             cr_assert_eq(engine_step(e, &b, lg + (size_t)k * B * V), 0);
         }
@@ -218,8 +241,8 @@ Test(gpu_e2e, placements_are_bitwise_equal)
             ref = lg;
         } else {
             cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
-                         "placement config %zu (gpu_layers %d, slots %d) differs from all-resident", c, configs[c][0],
-                         configs[c][1]);
+                         "placement config %zu (gpu_layers %d, slots %d) differs from all-resident", c,
+                         configs[c][0], configs[c][1]);
             free(lg);
         }
         engine_get_stats(e, &st);
@@ -249,8 +272,9 @@ Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
     struct engine_stats st;
     engine_get_stats(e, &st);
     cr_expect_leq(st.vram_planned, (uint64_t)p.gpu_memory);
-    cr_expect_leq(st.vram_used, (uint64_t)p.gpu_memory + (4u << 20), "engine took %llu bytes for a budget of %lld",
-                  (unsigned long long)st.vram_used, (long long)p.gpu_memory);
+    cr_expect_leq(st.vram_used, (uint64_t)p.gpu_memory + (4u << 20),
+                  "engine took %llu bytes for a budget of %lld", (unsigned long long)st.vram_used,
+                  (long long)p.gpu_memory);
     engine_free(e);
     model_file_close(mf);
 }
@@ -283,4 +307,370 @@ Test(gpu_e2e, kv_pool_sized_to_budget)
     free(lg);
     engine_free(e);
     model_file_close(mf);
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Hybrid plans: host layers computed by the CPU beside resident and streamed ones (issue 12). The CPU engine
+ * is the reference, with the bound of compare_backends; each configuration prints its plan and worst error.
+ */
+
+static struct engine *make_hybrid(struct model_file *mf, const char *plan, enum engine_placement pl,
+                                  int gpu_layers, int n_seqs)
+{
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.n_seqs = n_seqs;
+    p.ctx_size = 512;
+    p.max_batch_tokens = 256;
+    p.gpu_layers = gpu_layers;
+    p.placement = pl;
+    p.plan_override = plan;
+    p.n_threads = 2;
+    p.cpu_threads = 3;
+    struct engine *e = NULL;
+    char err[256] = "";
+    cr_assert_eq(engine_init(&e, mf, &p, err), 0, "engine_init (plan %s): %s", plan ? plan : "-", err);
+    return e;
+}
+
+/* The CPU engine's greedy run, then the hybrid engine following its tokens: logits within the bound. */
+static void compare_hybrid(const char *model, struct engine *cpu, struct engine *gpu, const char *what,
+                           int n_prompt)
+{
+    const int V = engine_hparams(cpu)->n_vocab, steps = 12;
+    int32_t prompt[64], tc[16], tg[16];
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
+    float *lc = malloc((size_t)(steps + 1) * V * sizeof(float)),
+          *lg = malloc((size_t)(steps + 1) * V * sizeof(float));
+    for (size_t i = 0; i < (size_t)(steps + 1) * V; i++) lg[i] = NAN;
+    run_seq(cpu, prompt, n_prompt, steps, NULL, lc, tc);
+    run_seq(gpu, prompt, n_prompt, steps, tc, lg, tg);
+    double worst_rel = 0;
+    for (int s = 0; s <= steps; s++) {
+        const float *a = lc + (size_t)s * V, *b = lg + (size_t)s * V;
+        double maxref = 0, worst = 0, top1 = -1e30, top2 = -1e30;
+        for (int v = 0; v < V; v++) {
+            maxref = fmax(maxref, fabs(a[v]));
+            worst = fmax(worst, isnan(b[v]) ? INFINITY : fabs((double)a[v] - b[v]));
+            if (a[v] > top1)
+                top2 = top1, top1 = a[v];
+            else if (a[v] > top2)
+                top2 = a[v];
+        }
+        const double bound = 1e-2 * maxref + 1e-3;
+        worst_rel = fmax(worst_rel, worst / (maxref + 1e-30));
+        cr_expect_leq(worst, bound, "%s %s: step %d: |hybrid-cpu| = %g > %g", model, what, s, worst, bound);
+        if (s < steps && tg[s] != tc[s])
+            cr_expect_leq(top1 - top2, 2 * bound, "%s %s: step %d: chose %d, CPU %d with a clear margin %g",
+                          model, what, s, tg[s], tc[s], top1 - top2);
+    }
+    struct engine_stats st;
+    engine_get_stats(gpu, &st);
+    fprintf(stderr,
+            "note: %s %s: worst |hybrid-cpu| / max|logit| = %.2e; %d resident, %d in host memory, %d slots; "
+            "%llu host layer runs on the CPU (%.2f ms), %.2f MB streamed\n",
+            model, what, worst_rel, st.n_resident, st.n_streamed, st.n_slots,
+            (unsigned long long)st.cpu_layers_run, st.cpu_layer_seconds * 1e3, st.bytes_streamed / 1e6);
+    free(lc);
+    free(lg);
+}
+
+/* Forced plans: 'g' resident, 's' streamed, 'c' on the CPU; '/' separates the plans of step sizes 1, 2, 4,
+ * ... (the prompt and the decode steps use different ones, so the ring sees its list change). */
+static void hybrid_plans(const char *model, const char *const *plans, int n_plans, int n_prompt)
+{
+    struct model_file *mf = open_model(model);
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 1);
+    for (int i = 0; i < n_plans; i++) {
+        struct engine *gpu = make_hybrid(mf, plans[i], ENGINE_PLACEMENT_AUTO, -1, 1);
+        compare_hybrid(model, cpu, gpu, plans[i], n_prompt);
+        struct engine_stats st;
+        engine_get_stats(gpu, &st);
+        if (strchr(plans[i], 'c'))
+            cr_expect_gt(st.cpu_layers_run, 0, "%s: no layer ran on the CPU", plans[i]);
+        if (strchr(plans[i], 's')) cr_expect_gt(st.bytes_streamed, 0, "%s: nothing streamed", plans[i]);
+        engine_free(gpu);
+    }
+    engine_free(cpu);
+    model_file_close(mf);
+}
+
+Test(gpu_e2e, hybrid_plans_match_cpu_mha_f32)
+{
+    require_gpu();
+    const char *plans[] = {"ccc", "csc", "scs/csc", "gcs/gsc", "cgs/sgc/cgc", "ccs/ssc/scs/css"};
+    hybrid_plans(src_path("tests/golden/models/llama_mha_f32"), plans, 6, 40);
+}
+
+Test(gpu_e2e, hybrid_plans_match_cpu_gqa_f16)
+{
+    require_gpu();
+    const char *plans[] = {"cc", "cs/sc", "gc", "sc/cs/ss"};
+    hybrid_plans(src_path("tests/golden/models/llama3_gqa_f16"), plans, 4, 33);
+}
+
+Test(gpu_e2e, hybrid_plans_match_cpu_qwen2_bias_bf16)
+{
+    require_gpu();
+    const char *plans[] = {"cc", "sc/cs", "gc/gs"};
+    hybrid_plans(src_path("tests/golden/models/qwen2_bias_bf16"), plans, 3, 7);
+}
+
+Test(gpu_e2e, hybrid_plans_match_cpu_int8)
+{
+    require_gpu();
+    quant_int8 = 1;
+    const char *plans[] = {"cc", "cs/sc"};
+    hybrid_plans(src_path("tests/golden/models/llama3_gqa_f16"), plans, 2, 33);
+}
+
+/* The same plan twice: bitwise the same logits (the host's kernels do not depend on threads; the device's are
+ * deterministic). */
+Test(gpu_e2e, hybrid_is_deterministic)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    const int steps = 8;
+    float *ref = NULL;
+    for (int r = 0; r < 2; r++) {
+        struct engine *e = make_hybrid(mf, "csc/scs/ccs", ENGINE_PLACEMENT_AUTO, -1, 1);
+        const int V = engine_hparams(e)->n_vocab;
+        int32_t prompt[20], toks[8];
+        for (int i = 0; i < 20; i++) prompt[i] = (int32_t)((i * 11 + 3) % V);
+        float *lg = malloc((size_t)(steps + 1) * V * sizeof(float));
+        run_seq(e, prompt, 20, steps, NULL, lg, toks);
+        if (!ref)
+            ref = lg;
+        else {
+            cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * V * sizeof(float)), 0,
+                         "two runs of one plan differ");
+            free(lg);
+        }
+        engine_free(e);
+    }
+    free(ref);
+    model_file_close(mf);
+}
+
+/* Three sequences; steps of 3 tokens (one per sequence: the 4-token plan) and of 1 token (one sequence: the
+ * 1-token plan) alternate, so each step streams a different list than the last: every row against the same
+ * steps on the CPU engine. */
+Test(gpu_e2e, hybrid_plans_change_with_the_step_size)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 3);
+    struct engine *gpu = make_hybrid(mf, "csc/ccc/ssc/scs", ENGINE_PLACEMENT_AUTO, -1, 3);
+    struct engine *e[2] = {cpu, gpu};
+    const int V = engine_hparams(cpu)->n_vocab;
+    float *out[2];
+    int rows = 0;
+    for (int k = 0; k < 2; k++) {
+        out[k] = malloc((size_t)64 * V * sizeof(float));
+        int32_t tok[64], pos[64], seq[64], len[3] = {0, 0, 0};
+        uint8_t want[64];
+        rows = 0;
+        /* Prompts of 9, 12, 15 tokens in one step (the 64-token plan: the last bucket). */
+        int n = 0;
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < 9 + 3 * s; i++, n++)
+                tok[n] = (int32_t)((i * 13 + s) % V), pos[n] = i, seq[n] = s, want[n] = i == 8 + 3 * s;
+        for (int s = 0; s < 3; s++) len[s] = 9 + 3 * s;
+        struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+        cr_assert_eq(engine_step(e[k], &b, out[k] + (size_t)rows * V), 0);
+        rows += 3;
+        for (int step = 0; step < 12; step++) {
+            n = 0;
+            for (int s = 0; s < 3; s++) {
+                if (step % 2 && s != step % 3) continue;
+                tok[n] = (int32_t)((step * 7 + s) % V), pos[n] = len[s]++, seq[n] = s, want[n] = 1;
+                n++;
+            }
+            b.n_tokens = n;
+            cr_assert_eq(engine_step(e[k], &b, out[k] + (size_t)rows * V), 0, "step %d", step);
+            rows += n;
+        }
+    }
+    double worst_rel = 0;
+    for (int r = 0; r < rows; r++) {
+        double maxref = 0, worst = 0;
+        for (int v = 0; v < V; v++) {
+            maxref = fmax(maxref, fabs(out[0][(size_t)r * V + v]));
+            worst = fmax(worst, fabs((double)out[0][(size_t)r * V + v] - out[1][(size_t)r * V + v]));
+        }
+        worst_rel = fmax(worst_rel, worst / maxref);
+        cr_expect_leq(worst, 1e-2 * maxref + 1e-3, "row %d: |hybrid-cpu| = %g", r, worst);
+    }
+    struct engine_stats st;
+    engine_get_stats(gpu, &st);
+    fprintf(stderr,
+            "note: changing step sizes: %d rows, worst rel %.2e, %llu CPU layer runs, %.2f MB streamed\n",
+            rows, worst_rel, (unsigned long long)st.cpu_layers_run, st.bytes_streamed / 1e6);
+    cr_expect_gt(st.cpu_layers_run, 0);
+    cr_expect_gt(st.bytes_streamed, 0);
+    free(out[0]);
+    free(out[1]);
+    engine_free(cpu);
+    engine_free(gpu);
+    model_file_close(mf);
+}
+
+/* --placement cpu: no ring (the slots' memory goes to resident layers), every host layer on the CPU at every
+ * step size; --placement stream: nothing on the CPU. Both against the CPU engine. */
+Test(gpu_e2e, hybrid_placement_modes)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 1);
+    struct engine *c = make_hybrid(mf, NULL, ENGINE_PLACEMENT_CPU, 1, 1);
+    struct engine_stats st;
+    engine_get_stats(c, &st);
+    cr_assert_eq(st.n_slots, 0, "--placement cpu plans no ring");
+    cr_assert_eq(st.n_streamed, 2);
+    struct engine_step_info info;
+    for (int n = 1; n <= 256; n *= 2) {
+        cr_assert_eq(engine_step_info(c, n, &info), 0);
+        cr_assert_eq(info.n_cpu, 2, "%d tokens", n);
+        cr_assert_eq(info.n_stream, 0);
+    }
+    fprintf(stderr, "note: --placement cpu:\n%s\n", engine_placement(c));
+    compare_hybrid("llama_mha_f32", cpu, c, "--placement cpu --gpu-layers 1", 40);
+    engine_get_stats(c, &st);
+    cr_expect_gt(st.cpu_layers_run, 0);
+    cr_expect_eq(st.bytes_streamed, 0);
+    engine_free(c);
+    struct engine *s = make_hybrid(mf, NULL, ENGINE_PLACEMENT_STREAM, 0, 1);
+    compare_hybrid("llama_mha_f32", cpu, s, "--placement stream --gpu-layers 0", 40);
+    engine_get_stats(s, &st);
+    cr_expect_eq(st.cpu_layers_run, 0);
+    cr_expect_gt(st.bytes_streamed, 0);
+    engine_free(s);
+    engine_free(cpu);
+    model_file_close(mf);
+}
+
+/* --placement auto on a synthetic model of 8 layers, 2 resident: whatever the measured costs make the planner
+ * choose at each size, the logits match the CPU engine's, and the plan's predictions are there. */
+Test(gpu_e2e, hybrid_auto_on_synthetic_model, .timeout = 300)
+{
+    require_gpu();
+    struct llm_hparams hp = {.n_vocab = 1000,
+                             .dim = 512,
+                             .n_layers = 8,
+                             .n_heads = 8,
+                             .n_kv_heads = 2,
+                             .head_dim = 64,
+                             .ffn_dim = 1376,
+                             .ctx_train = 1024,
+                             .norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f,
+                             .rope_dim = 64,
+                             .rope_style = ROPE_STYLE_HALF};
+    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct engine_params p = engine_default_params();
+    p.n_seqs = 4;
+    p.ctx_size = 256;
+    p.max_batch_tokens = 64;
+    p.n_threads = 2; /* the synthetic weights depend on it: the same for both engines */
+    struct engine *cpu = NULL, *gpu = NULL;
+    char err[256] = "";
+    p.backend = ENGINE_BACKEND_CPU;
+    cr_assert_eq(engine_init_synthetic(&cpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.gpu_layers = 2;
+    p.cpu_threads = 4;
+    cr_assert_eq(engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
+    fprintf(stderr, "note: auto plan on the synthetic model:\n%s\n", engine_placement(gpu));
+    struct engine_step_info info;
+    cr_assert_eq(engine_step_info(gpu, 1, &info), 0);
+    cr_expect_gt(info.predicted_s, 0);
+    cr_expect_gt(info.stream_s, 0);
+    cr_expect_leq(info.predicted_s, info.stream_s * 1.0000001);
+    cr_expect_eq(info.n_cpu + info.n_stream, 6);
+    compare_hybrid("synthetic 8 layers", cpu, gpu, "auto, 2 resident", 30);
+    engine_free(cpu);
+    engine_free(gpu);
+}
+
+/* Forced plans over the same 8 layers, with 4 sequences decoding together (steps of 4 tokens and single
+ * tokens): the CPU layers' exchange with the GPU's KV cache at m > 1 (stacked q|k|v rows). */
+Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
+{
+    require_gpu();
+    struct llm_hparams hp = {.n_vocab = 1000,
+                             .dim = 512,
+                             .n_layers = 8,
+                             .n_heads = 8,
+                             .n_kv_heads = 2,
+                             .head_dim = 64,
+                             .ffn_dim = 1376,
+                             .ctx_train = 1024,
+                             .norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f,
+                             .rope_dim = 64,
+                             .rope_style = ROPE_STYLE_HALF};
+    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct engine_params p = engine_default_params();
+    p.n_seqs = 4;
+    p.ctx_size = 256;
+    p.max_batch_tokens = 64;
+    p.n_threads = 2;
+    const char *plans[] = {"gscsccsg/gssssssg/gcccccsg", "cccccccc", "scscscsc/cscscscs/ssssssss"};
+    struct engine *cpu = NULL;
+    char err[256] = "";
+    p.backend = ENGINE_BACKEND_CPU;
+    cr_assert_eq(engine_init_synthetic(&cpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        struct engine *gpu = NULL;
+        p.backend = ENGINE_BACKEND_CUDA;
+        p.plan_override = plans[i];
+        cr_assert_eq(engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err), 0, "%s: %s", plans[i], err);
+        struct engine *e[2] = {cpu, gpu};
+        const int V = hp.n_vocab;
+        float *out[2];
+        int rows = 0;
+        for (int k = 0; k < 2; k++) {
+            out[k] = malloc((size_t)128 * V * sizeof(float));
+            for (int s = 0; s < 4; s++) engine_seq_free(e[k], s);
+            int32_t tok[64], pos[64], seq[64], len[4];
+            uint8_t want[64];
+            int n = 0;
+            rows = 0;
+            for (int s = 0; s < 4; s++) {
+                for (int j = 0; j < 6 + s; j++, n++)
+                    tok[n] = (int32_t)((j * 29 + s * 3) % V), pos[n] = j, seq[n] = s, want[n] = j == 5 + s;
+                len[s] = 6 + s;
+            }
+            struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+            cr_assert_eq(engine_step(e[k], &b, out[k]), 0);
+            rows = 4;
+            for (int step = 0; step < 10; step++) {
+                n = 0;
+                for (int s = 0; s < 4; s++) {
+                    if (step % 3 == 2 && s) continue; /* every third step only sequence 0 */
+                    tok[n] = (int32_t)((step * 17 + s) % V), pos[n] = len[s]++, seq[n] = s, want[n] = 1;
+                    n++;
+                }
+                b.n_tokens = n;
+                cr_assert_eq(engine_step(e[k], &b, out[k] + (size_t)rows * V), 0);
+                rows += n;
+            }
+        }
+        double worst_rel = 0;
+        for (int r = 0; r < rows; r++) {
+            double maxref = 0, worst = 0;
+            for (int v = 0; v < V; v++) {
+                maxref = fmax(maxref, fabs(out[0][(size_t)r * V + v]));
+                worst = fmax(worst, fabs((double)out[0][(size_t)r * V + v] - out[1][(size_t)r * V + v]));
+            }
+            worst_rel = fmax(worst_rel, worst / maxref);
+            cr_expect_leq(worst, 1e-2 * maxref + 1e-3, "%s row %d: |hybrid-cpu| = %g", plans[i], r, worst);
+        }
+        fprintf(stderr, "note: synthetic, plan %s: %d rows, worst rel %.2e\n", plans[i], rows, worst_rel);
+        free(out[0]);
+        free(out[1]);
+        engine_free(gpu);
+    }
+    engine_free(cpu);
 }

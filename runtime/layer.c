@@ -1,0 +1,208 @@
+/* layer — the Llama layer program, weight views and packed blocks (see layer.h). */
+#include "runtime/layer.h"
+
+#include <string.h>
+
+#include "kernels/core/fp16.h"
+#include "kernels/core/status.h"
+#include "quant/dequant.h"
+
+#define LAYER_ALIGN 256
+static size_t align_up(size_t x)
+{
+    return (x + LAYER_ALIGN - 1) & ~(size_t)(LAYER_ALIGN - 1);
+}
+
+/* Llama, Mistral, Qwen2 (biases on q|k|v, present in the weights when the file has them):
+ *   x += D; xn = norm(x)·attn_norm;  qkv = xn·Wqkvᵀ + b;  q, cache = rope(qkv);  att = attention(q, cache);
+ *   D = att·Woᵀ;  x += D; xn = norm(x)·ffn_norm;  gu = xn·Wguᵀ;  h = silu(g)·u;  D = h·Wdownᵀ. */
+static const struct layer_op llama_ops[] = {
+    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_ATTN_NORM},
+    {LOP_LINEAR, LACT_XN, LACT_QKV, LAYER_QKV},
+    {LOP_ROPE_KV, LACT_QKV, LACT_Q, 0},
+    {LOP_ATTENTION, LACT_Q, LACT_ATT, 0},
+    {LOP_LINEAR, LACT_ATT, LACT_D, LAYER_O},
+    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM},
+    {LOP_LINEAR, LACT_XN, LACT_GU, LAYER_GU},
+    {LOP_SILU_MUL, LACT_GU, LACT_H, 0},
+    {LOP_LINEAR, LACT_H, LACT_D, LAYER_DOWN},
+};
+static const struct layer_program llama_program = {
+    .ops = llama_ops, .n_ops = sizeof llama_ops / sizeof llama_ops[0], .kv_first = 2, .kv_last = 3};
+
+const struct layer_program *layer_program_of(const struct llm_hparams *hp)
+{
+    (void)hp;
+    return &llama_program;
+}
+
+/* The parts of group i in row order, with their biases; returns their count. */
+static int group_parts(const struct model_layer *L, int i, const struct wview *parts[LAYER_MAX_PARTS],
+                       const float *bias[LAYER_MAX_PARTS])
+{
+    bias[0] = bias[1] = bias[2] = NULL;
+    switch (i) {
+    case LAYER_QKV:
+        parts[0] = &L->wq, parts[1] = &L->wk, parts[2] = &L->wv;
+        bias[0] = L->bq, bias[1] = L->bk, bias[2] = L->bv;
+        return 3;
+    case LAYER_O:
+        parts[0] = &L->wo;
+        return 1;
+    case LAYER_GU:
+        parts[0] = &L->w_gate, parts[1] = &L->w_up;
+        return 2;
+    default:
+        parts[0] = &L->w_down;
+        return 1;
+    }
+}
+
+void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L)
+{
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < LAYER_N_MATS; i++) {
+        const struct wview *parts[LAYER_MAX_PARTS];
+        const float *bias[LAYER_MAX_PARTS];
+        struct layer_group *g = &w->mat[i];
+        g->n_parts = group_parts(L, i, parts, bias);
+        g->uniform = 1;
+        g->cols = parts[0]->cols;
+        for (int j = 0; j < g->n_parts; j++) {
+            g->part[j] = (struct layer_part){.data = parts[j]->data,
+                                             .type = parts[j]->type,
+                                             .row0 = g->rows,
+                                             .rows = parts[j]->rows,
+                                             .bias = bias[j]};
+            g->uniform &= parts[j]->type == parts[0]->type;
+            g->rows += parts[j]->rows;
+        }
+    }
+    w->norm[LAYER_ATTN_NORM] = L->attn_norm;
+    w->norm[LAYER_FFN_NORM] = L->ffn_norm;
+}
+
+void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
+                     enum dtype (*packed_type)(enum dtype), struct layer_layout *lay)
+{
+    memset(lay, 0, sizeof *lay);
+    size_t off = 0;
+    for (int i = 0; i < LAYER_N_MATS; i++) {
+        const struct wview *parts[LAYER_MAX_PARTS];
+        const float *bias[LAYER_MAX_PARTS];
+        const int n = group_parts(L, i, parts, bias);
+        lay->n_parts[i] = n;
+        lay->uniform[i] = 1;
+        lay->cols[i] = parts[0]->cols;
+        for (int j = 0; j < n; j++) {
+            lay->part[i][j].type = packed_type(parts[j]->type);
+            lay->part[i][j].row0 = lay->rows[i];
+            lay->part[i][j].rows = parts[j]->rows;
+            lay->part[i][j].off = off;
+            lay->uniform[i] &= lay->part[i][j].type == lay->part[i][0].type;
+            lay->rows[i] += parts[j]->rows;
+            off += dtype_row_size(lay->part[i][j].type, parts[j]->cols) * (size_t)parts[j]->rows;
+        }
+        off = align_up(off);
+    }
+    for (int i = 0; i < LAYER_N_NORMS; i++) {
+        lay->norm_off[i] = off;
+        off = align_up(off + (size_t)hp->dim * sizeof(float));
+    }
+    lay->bias_off = SIZE_MAX;
+    if (L->bq || L->bk || L->bv) {
+        lay->bias_off = off;
+        off = align_up(off + (size_t)lay->rows[LAYER_QKV] * sizeof(float));
+    }
+    lay->bytes = off;
+}
+
+int layer_pack_matrix(const struct wview *w, enum dtype to, void *dst, float *row_tmp)
+{
+    const size_t row_bytes = dtype_row_size(w->type, w->cols);
+    if (to == w->type) {
+        memcpy(dst, w->data, row_bytes * (size_t)w->rows);
+        return FERRY_OK;
+    }
+    if (to != DTYPE_F16) return FERRY_ERR_UNSUPPORTED;
+    uint16_t *out = dst;
+    for (int64_t r = 0; r < w->rows; r++) {
+        int rc = dequant_row(w->type, (const char *)w->data + row_bytes * r, row_tmp, w->cols);
+        if (rc) return rc;
+        for (int64_t c = 0; c < w->cols; c++) out[r * w->cols + c] = f32_to_f16(row_tmp[c]);
+    }
+    return FERRY_OK;
+}
+
+int layer_pack(const struct model_layer *L, const struct llm_hparams *hp, const struct layer_layout *lay,
+               void *dst, float *row_tmp)
+{
+    char *base = dst;
+    for (int i = 0; i < LAYER_N_MATS; i++) {
+        const struct wview *parts[LAYER_MAX_PARTS];
+        const float *bias[LAYER_MAX_PARTS];
+        const int n = group_parts(L, i, parts, bias);
+        for (int j = 0; j < n; j++) {
+            int rc = layer_pack_matrix(parts[j], lay->part[i][j].type, base + lay->part[i][j].off, row_tmp);
+            if (rc) return rc;
+        }
+    }
+    memcpy(base + lay->norm_off[LAYER_ATTN_NORM], L->attn_norm, (size_t)hp->dim * sizeof(float));
+    memcpy(base + lay->norm_off[LAYER_FFN_NORM], L->ffn_norm, (size_t)hp->dim * sizeof(float));
+    if (lay->bias_off != SIZE_MAX) {
+        const struct wview *parts[LAYER_MAX_PARTS];
+        const float *bias[LAYER_MAX_PARTS];
+        const int n = group_parts(L, LAYER_QKV, parts, bias);
+        float *v = (float *)(base + lay->bias_off);
+        for (int j = 0; j < n; j++) {
+            if (bias[j])
+                memcpy(v, bias[j], (size_t)parts[j]->rows * sizeof(float));
+            else
+                memset(v, 0, (size_t)parts[j]->rows * sizeof(float));
+            v += parts[j]->rows;
+        }
+    }
+    return FERRY_OK;
+}
+
+void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, const void *base)
+{
+    const char *b = base;
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < LAYER_N_MATS; i++) {
+        struct layer_group *g = &w->mat[i];
+        g->n_parts = lay->n_parts[i];
+        g->uniform = lay->uniform[i];
+        g->rows = lay->rows[i];
+        g->cols = lay->cols[i];
+        for (int j = 0; j < g->n_parts; j++) {
+            g->part[j].data = b + lay->part[i][j].off;
+            g->part[j].type = lay->part[i][j].type;
+            g->part[j].row0 = lay->part[i][j].row0;
+            g->part[j].rows = lay->part[i][j].rows;
+            g->part[j].bias = i == LAYER_QKV && lay->bias_off != SIZE_MAX
+                                  ? (const float *)(b + lay->bias_off) + lay->part[i][j].row0
+                                  : NULL;
+        }
+    }
+    for (int i = 0; i < LAYER_N_NORMS; i++) w->norm[i] = (const float *)(b + lay->norm_off[i]);
+}
+
+static uint64_t wview_bytes(const struct wview *w)
+{
+    return dtype_row_size(w->type, w->cols) * (uint64_t)w->rows;
+}
+
+uint64_t layer_model_bytes(const struct model_layer *L)
+{
+    return wview_bytes(&L->wq) + wview_bytes(&L->wk) + wview_bytes(&L->wv) + wview_bytes(&L->wo) +
+           wview_bytes(&L->w_gate) + wview_bytes(&L->w_up) + wview_bytes(&L->w_down);
+}
+
+uint64_t layer_params(const struct model_layer *L)
+{
+    const struct wview *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    uint64_t n = 0;
+    for (int i = 0; i < 7; i++) n += (uint64_t)w[i]->rows * (uint64_t)w[i]->cols;
+    return n;
+}

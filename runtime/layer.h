@@ -1,0 +1,122 @@
+/* layer — one description of a Llama-family transformer layer, read by every backend.
+ *
+ * Weights: four matrix groups (q|k|v, o, gate|up, down), each one or more parts stacked by rows (a group of
+ * parts of one type is one product on the GPU), and two norm vectors. `struct layer_weights` views them
+ * wherever they live: the model's tensors (mmap), or a packed block — one contiguous image per layer, the
+ * unit that a stream copies in one piece, a resident layer keeps on the device and the host's cores read in
+ * place
+ * (`struct layer_layout` says where each tensor sits in it).
+ * Computation: a short program of ops over named activations (layer_program). Each backend implements the op
+ * kinds with its own kernels and buffers; a new architecture is a new program, written once here (and a new
+ * op kind only when it needs one). The ops between kv_first and kv_last read or write the KV cache: they run
+ * on the backend that holds it, which for a layer computed on the host is the GPU (backend.h `attend`).
+ * Residual stream: x plus a pending delta D. A layer ends with its last product in D; the first op of the
+ * next layer (and of the head) adds it as it norms (x += D; xn = norm(x)), one fused kernel on the GPU.
+ */
+#ifndef FERRY_LAYER_H
+#define FERRY_LAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/core/dtype.h"
+#include "runtime/model.h"
+
+/* Activations a program names; each backend maps them onto its buffers (shapes per token row). */
+enum layer_act {
+    LACT_X,   /* (dim) residual stream */
+    LACT_XN,  /* (dim) normed input of a block */
+    LACT_QKV, /* (q_dim + 2 kv_dim) the q|k|v product */
+    LACT_Q,   /* (q_dim) rotated queries */
+    LACT_ATT, /* (q_dim) attention output */
+    LACT_D,   /* (dim) a block's output, added to x by the next LOP_ADD_NORM */
+    LACT_GU,  /* (2 ffn) the gate|up product */
+    LACT_H,   /* (ffn) silu(gate) * up */
+};
+
+enum layer_op_kind {
+    LOP_ADD_NORM,  /* x += D when a delta is pending; out = rmsnorm(x) * norm[arg] */
+    LOP_LINEAR,    /* out = in · (matrix group arg)ᵀ + the parts' biases */
+    LOP_ROPE_KV,   /* out = rope(in's queries); the cache rows of (seq, pos) = rope(in's keys), in's values */
+    LOP_ATTENTION, /* out = causal attention of the queries in over the cache rows of the token's sequence */
+    LOP_SILU_MUL,  /* out = silu(in's gate half) * in's up half */
+};
+
+struct layer_op {
+    enum layer_op_kind kind;
+    enum layer_act in, out;
+    int arg; /* LOP_LINEAR: a LAYER_* group; LOP_ADD_NORM: a LAYER_*_NORM vector */
+};
+
+struct layer_program {
+    const struct layer_op *ops;
+    int n_ops;
+    int kv_first, kv_last; /* ops [kv_first, kv_last] touch the KV cache */
+};
+
+/* The program for hp's architecture (every supported one is the Llama block today). */
+const struct layer_program *layer_program_of(const struct llm_hparams *hp);
+
+enum { LAYER_QKV, LAYER_O, LAYER_GU, LAYER_DOWN, LAYER_N_MATS };
+enum { LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_N_NORMS };
+#define LAYER_MAX_PARTS 3
+
+/* One matrix of a group: rows [row0, row0 + rows) of the group's output, (rows, cols) in `type`. */
+struct layer_part {
+    const void *data;
+    enum dtype type;
+    int64_t row0, rows;
+    const float *bias; /* (rows) f32 or NULL */
+};
+
+struct layer_group {
+    struct layer_part part[LAYER_MAX_PARTS];
+    int n_parts;
+    int uniform;  /* 1 when every part has the same type (and they are contiguous in a packed block) */
+    int64_t rows; /* sum of the parts' rows */
+    int64_t cols;
+};
+
+struct layer_weights {
+    struct layer_group mat[LAYER_N_MATS];
+    const float *norm[LAYER_N_NORMS]; /* (dim) f32 */
+};
+
+/* The layer's tensors where the model keeps them. */
+void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L);
+
+/* A packed block: the parts of each group one after the other (each in its packed type), groups and vectors
+ * 256-byte aligned, then the two norms and the q|k|v biases stacked like their rows (zeros for an absent one;
+ * none when the layer has no biases). */
+struct layer_layout {
+    struct {
+        enum dtype type;
+        int64_t row0, rows;
+        size_t off;
+    } part[LAYER_N_MATS][LAYER_MAX_PARTS];
+    int n_parts[LAYER_N_MATS];
+    int uniform[LAYER_N_MATS];
+    int64_t rows[LAYER_N_MATS], cols[LAYER_N_MATS];
+    size_t norm_off[LAYER_N_NORMS];
+    size_t bias_off; /* the stacked q|k|v biases, or SIZE_MAX */
+    size_t bytes;
+};
+
+/* packed_type: the type a matrix of stored type t takes in the block (what its readers decode). */
+void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
+                     enum dtype (*packed_type)(enum dtype), struct layer_layout *lay);
+/* Writes the block (lay->bytes) at dst; row_tmp holds max(cols) floats. Converts a part whose packed type
+ * differs from its stored type (to F16 only). */
+int layer_pack(const struct model_layer *L, const struct llm_hparams *hp, const struct layer_layout *lay,
+               void *dst, float *row_tmp);
+/* Copies the matrix w into dst as type `to`: its own type, or F16 (converted row by row); row_tmp holds
+ * w->cols floats. FERRY_ERR_UNSUPPORTED for another conversion. */
+int layer_pack_matrix(const struct wview *w, enum dtype to, void *dst, float *row_tmp);
+/* The weights of the block at base (host or device memory: pointers are only offset, never read). */
+void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, const void *base);
+
+/* Bytes of a layer's matrices as the model stores them, and its multiply-adds per token. */
+uint64_t layer_model_bytes(const struct model_layer *L);
+uint64_t layer_params(const struct model_layer *L);
+
+#endif

@@ -1,0 +1,275 @@
+/* step_plan — per-step placement of host layers (see step_plan.h). */
+#include "runtime/step_plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+
+#define SIM_STEPS 3 /* steady state: the last of three identical steps (the first has nothing prefetched) */
+
+double step_cost_cpu_layer(const struct step_cost *c, uint64_t bytes, int m)
+{
+    if (c->n_cpu <= 0 || c->cpu_ref_bytes == 0) return INFINITY;
+    const int n = c->n_cpu;
+    double t;
+    if (m <= c->cpu_m[0]) {
+        t = c->cpu_s[0];
+    } else if (m >= c->cpu_m[n - 1]) {
+        /* Past the largest measured size the host is compute bound: time grows with m. */
+        t = c->cpu_s[n - 1] * m / c->cpu_m[n - 1];
+    } else {
+        int i = 1;
+        while (c->cpu_m[i] < m) i++;
+        const double a = (double)(m - c->cpu_m[i - 1]) / (c->cpu_m[i] - c->cpu_m[i - 1]);
+        t = c->cpu_s[i - 1] + a * (c->cpu_s[i] - c->cpu_s[i - 1]);
+    }
+    return t * (double)bytes / (double)c->cpu_ref_bytes;
+}
+
+static double gpu_layer(const struct step_plan_input *in, int l, int m)
+{
+    const struct step_cost *c = &in->cost;
+    const double mem = c->hbm > 0 ? (double)in->layer_bytes[l] / c->hbm : 0;
+    const double math = c->gpu_flops > 0 ? 2.0 * (double)in->layer_params[l] * m / c->gpu_flops : 0;
+    return c->gpu_layer_s + (mem > math ? mem : math);
+}
+
+double step_plan_simulate(const struct step_plan_input *in, const enum placement *where, int m)
+{
+    const struct step_cost *c = &in->cost;
+    const int L = in->n_layers, k = in->n_slots;
+    int S = 0, any_cpu = 0;
+    for (int l = 0; l < L; l++) {
+        S += where[l] == PLACEMENT_STREAM;
+        any_cpu |= where[l] == PLACEMENT_CPU;
+    }
+    if (S && k <= 0) return INFINITY;
+    /* The link slows while the host's cores read the same memory. */
+    const double h2d = any_cpu && c->h2d_loaded > 0 ? c->h2d_loaded : c->h2d;
+    double *copy_end = NULL, *release = NULL;
+    if (S) {
+        copy_end = malloc(sizeof(double) * (size_t)S * SIM_STEPS);
+        release = malloc(sizeof(double) * (size_t)S * SIM_STEPS);
+        if (!copy_end || !release) {
+            free(copy_end);
+            free(release);
+            return INFINITY;
+        }
+    }
+    const double xfer = c->h2d > 0 ? 1.0 / c->h2d : 0;
+    double t = 0, link = 0, end[SIM_STEPS];
+    int u = 0;
+    for (int r = 0; r < SIM_STEPS; r++) {
+        t += c->step_s;
+        for (int l = 0; l < L; l++) {
+            switch (where[l]) {
+            case PLACEMENT_GPU:
+                t += gpu_layer(in, l, m);
+                break;
+            case PLACEMENT_STREAM: {
+                /* Copies run in use order, each once its slot's previous use is done. */
+                double start = link;
+                if (u >= k && release[u - k] > start) start = release[u - k];
+                link = start + (h2d > 0 ? (double)in->layer_bytes[l] / h2d : 0);
+                copy_end[u] = link;
+                if (copy_end[u] > t) t = copy_end[u];
+                t += gpu_layer(in, l, m);
+                release[u++] = t;
+                break;
+            }
+            case PLACEMENT_CPU:
+                if (l == 0 || where[l - 1] != PLACEMENT_CPU)
+                    t += c->sync_s + m * c->run_bytes_per_token * xfer;
+                t += step_cost_cpu_layer(c, in->layer_bytes[l], m) + c->sync_s +
+                     m * c->layer_bytes_per_token * xfer;
+                break;
+            }
+        }
+        t += c->hbm > 0 ? (double)in->head_bytes / c->hbm : 0;
+        end[r] = t;
+    }
+    free(copy_end);
+    free(release);
+    return end[SIM_STEPS - 1] - end[SIM_STEPS - 2];
+}
+
+/* The device_map's host layers with c of them (spread evenly) on the CPU, the rest streamed. */
+static void assign(const struct step_plan_input *in, int c, int h, enum placement *w)
+{
+    for (int l = 0, j = 0; l < in->n_layers; l++) {
+        if (in->where[l] == PLACEMENT_GPU) {
+            w[l] = PLACEMENT_GPU;
+            continue;
+        }
+        w[l] = (int64_t)(j + 1) * c / h > (int64_t)j * c / h ? PLACEMENT_CPU : PLACEMENT_STREAM;
+        j++;
+    }
+}
+
+static int make_buckets(struct step_plan *out, int n_layers, int max_tokens)
+{
+    memset(out, 0, sizeof *out);
+    if (n_layers <= 0 || max_tokens <= 0) return FERRY_ERR_INVALID;
+    int b = 0;
+    for (int t = 1;; t *= 2) {
+        if (b == STEP_PLAN_MAX_BUCKETS) return FERRY_ERR_INVALID;
+        out->tokens[b++] = t < max_tokens ? t : max_tokens;
+        if (t >= max_tokens) break;
+    }
+    out->n_layers = n_layers;
+    out->n_buckets = b;
+    out->where = malloc(sizeof *out->where * (size_t)b * (size_t)n_layers);
+    return out->where ? FERRY_OK : FERRY_ERR_NOMEM;
+}
+
+int step_plan_uniform(struct step_plan *out, int n_layers, int max_tokens, enum placement where)
+{
+    int rc = make_buckets(out, n_layers, max_tokens);
+    if (rc) return rc;
+    for (int i = 0; i < out->n_buckets * n_layers; i++) out->where[i] = where;
+    for (int b = 0; b < out->n_buckets; b++) out->n_cpu[b] = where == PLACEMENT_CPU ? n_layers : 0;
+    return FERRY_OK;
+}
+
+/* Parses the forced plan of bucket b into w; FERRY_ERR_INVALID when it does not fit the device_map. */
+static int forced(const struct step_plan_input *in, int b, enum placement *w, char err[256])
+{
+    const char *s = in->force;
+    for (int i = 0; i < b; i++) {
+        const char *slash = strchr(s, '/');
+        if (!slash) break;
+        s = slash + 1;
+    }
+    const size_t len = strcspn(s, "/");
+    if ((int)len != in->n_layers) {
+        snprintf(err, 256, "forced plan '%.*s' has %zu layers, the model %d", (int)len, s, len, in->n_layers);
+        return FERRY_ERR_INVALID;
+    }
+    for (int l = 0; l < in->n_layers; l++) {
+        const int host = in->where[l] != PLACEMENT_GPU;
+        switch (s[l]) {
+        case 'g':
+            w[l] = PLACEMENT_GPU;
+            break;
+        case 's':
+            w[l] = PLACEMENT_STREAM;
+            break;
+        case 'c':
+            w[l] = PLACEMENT_CPU;
+            break;
+        default:
+            snprintf(err, 256, "forced plan: '%c' at layer %d is not g, s or c", s[l], l);
+            return FERRY_ERR_INVALID;
+        }
+        if (host != (w[l] != PLACEMENT_GPU) || (w[l] == PLACEMENT_STREAM && in->n_slots <= 0)) {
+            snprintf(err, 256, "forced plan: layer %d cannot be '%c' (it is %s)", l, s[l],
+                     host ? (in->n_slots ? "in host memory" : "in host memory, with no ring") : "resident");
+            return FERRY_ERR_INVALID;
+        }
+    }
+    return FERRY_OK;
+}
+
+int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char err[256])
+{
+    int rc = make_buckets(out, in->n_layers, in->max_tokens);
+    if (rc) {
+        snprintf(err, 256, "invalid step plan request (%d layers, %d tokens)", in->n_layers, in->max_tokens);
+        return rc;
+    }
+    const int L = in->n_layers;
+    int h = 0;
+    for (int l = 0; l < L; l++) h += in->where[l] != PLACEMENT_GPU;
+    enum placement *trial = malloc(sizeof *trial * (size_t)L);
+    if (!trial) {
+        step_plan_free(out);
+        return FERRY_ERR_NOMEM;
+    }
+    for (int b = 0; b < out->n_buckets && !rc; b++) {
+        const int m = out->tokens[b];
+        enum placement *w = out->where + (size_t)b * L;
+        if (in->n_slots > 0) {
+            assign(in, 0, h ? h : 1, trial);
+            out->stream_s[b] = step_plan_simulate(in, trial, m);
+        }
+        if (in->force) {
+            rc = forced(in, b, w, err);
+        } else if (in->mode == STEP_MODE_STREAM && in->n_slots > 0) {
+            assign(in, 0, h ? h : 1, w);
+        } else if (in->mode == STEP_MODE_CPU || in->n_slots <= 0 || h == 0) {
+            assign(in, h, h ? h : 1, w);
+        } else {
+            /* AUTO: the fastest c; more host layers only when they beat streaming all of them by the margin.
+             */
+            double best = out->stream_s[b];
+            int best_c = 0;
+            for (int c = 1; c <= h; c++) {
+                assign(in, c, h, trial);
+                const double t = step_plan_simulate(in, trial, m);
+                if (t < best && t < out->stream_s[b] * (1.0 - in->margin)) best = t, best_c = c;
+            }
+            assign(in, best_c, h, w);
+        }
+        if (rc) break;
+        const double t = step_plan_simulate(in, w, m);
+        out->predicted_s[b] = isfinite(t) ? t : 0;
+        if (!isfinite(out->stream_s[b])) out->stream_s[b] = 0;
+        for (int l = 0; l < L; l++) {
+            out->n_cpu[b] += w[l] == PLACEMENT_CPU;
+            out->n_stream[b] += w[l] == PLACEMENT_STREAM;
+        }
+    }
+    free(trial);
+    if (rc) step_plan_free(out);
+    return rc;
+}
+
+void step_plan_free(struct step_plan *p)
+{
+    if (!p) return;
+    free(p->where);
+    memset(p, 0, sizeof *p);
+}
+
+int step_plan_bucket(const struct step_plan *p, int n_tokens)
+{
+    int b = 0;
+    while (b + 1 < p->n_buckets && p->tokens[b] < n_tokens) b++;
+    return b;
+}
+
+const enum placement *step_plan_where(const struct step_plan *p, int n_tokens)
+{
+    return p->where + (size_t)step_plan_bucket(p, n_tokens) * p->n_layers;
+}
+
+int step_plan_format(const struct step_plan *p, char *buf, size_t cap)
+{
+    size_t n = 0;
+#define EMIT(...)                                                                                            \
+    do {                                                                                                     \
+        int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__);                    \
+        if (w_ > 0) n += (size_t)w_;                                                                         \
+    } while (0)
+    EMIT("step plan (per step size: host layers computed by the CPU / streamed; predicted step time):\n");
+    for (int b = 0; b < p->n_buckets; b++) {
+        EMIT("  %5d tokens: %2d cpu, %2d stream", p->tokens[b], p->n_cpu[b], p->n_stream[b]);
+        if (p->predicted_s[b] > 0) EMIT("; predicted %.2f ms", p->predicted_s[b] * 1e3);
+        if (p->stream_s[b] > 0 && p->n_cpu[b]) EMIT(" (streaming all: %.2f ms)", p->stream_s[b] * 1e3);
+        EMIT("\n");
+    }
+    const int show[2] = {0, p->n_buckets - 1};
+    for (int i = 0; i < (p->n_buckets > 1 ? 2 : 1); i++) {
+        EMIT("  layers at %d tokens: ", p->tokens[show[i]]);
+        for (int l = 0; l < p->n_layers; l++) {
+            const enum placement w = p->where[(size_t)show[i] * p->n_layers + l];
+            EMIT("%c", w == PLACEMENT_GPU ? 'g' : w == PLACEMENT_STREAM ? 's' : 'c');
+        }
+        EMIT("\n");
+    }
+#undef EMIT
+    return (int)n;
+}

@@ -1,0 +1,94 @@
+/* step_plan — for each step size, where every layer runs: resident on the GPU, streamed to it, or computed by
+ * the host's cores in pinned host memory.
+ *
+ * The device_map fixes which layers are resident and which live in host memory. Which host layers the CPU
+ * takes depends on the step's token count, so the planner decides it per bucket of step sizes (1, 2, 4, ...
+ * max_tokens; a step of n tokens uses the first bucket >= n): it tries c = 0..h of the h host layers on the
+ * CPU, spread evenly among them, simulates the step in steady state (a FIFO copy stream feeding a ring of k
+ * slots, each copy waiting for its slot's last use; the layers in order on the GPU or the CPU; the exchanges
+ * around each host layer) and keeps the fastest (AUTO: only when it beats streaming everything by `margin`).
+ * STREAM and CPU force c = 0 and c = h. The costs come from start-up measurements (step_cost). Pure
+ * arithmetic: no device, tested in CI. Usage: step_plan_make → step_plan_where(n) per step → step_plan_free.
+ */
+#ifndef FERRY_STEP_PLAN_H
+#define FERRY_STEP_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/device_map.h"
+
+enum step_mode { STEP_MODE_AUTO = 0, STEP_MODE_STREAM = 1, STEP_MODE_CPU = 2 };
+
+#define STEP_PLAN_MAX_BUCKETS 18 /* 1 .. 131072 tokens */
+#define STEP_COST_MAX_M       12
+
+/* Rates and times the simulation uses (measured at start-up; runtime/engine.c). */
+struct step_cost {
+    double h2d;         /* link, bytes/s, the host's cores idle */
+    double h2d_loaded;  /* link while the host's cores compute layers (0: h2d) */
+    double hbm;         /* device memory, bytes/s */
+    double gpu_flops;   /* device matrix products at large m, FLOP/s */
+    double gpu_layer_s; /* per device layer: launches and the small ops */
+    double step_s;      /* per step: inputs, embedding, head launches, the final wait */
+    /* The host's time for one reference layer (everything but the KV ops) at cpu_m[i] tokens, increasing m.
+     */
+    int n_cpu;
+    int cpu_m[STEP_COST_MAX_M];
+    double cpu_s[STEP_COST_MAX_M];
+    uint64_t cpu_ref_bytes; /* that layer's bytes */
+    /* The exchanges around host layers: a wait for the device (sync_s) per host layer (its attention) and per
+     * run of consecutive host layers (x coming down), plus bytes per token at h2d. */
+    double sync_s;
+    double layer_bytes_per_token; /* q|k|v up, attention output down */
+    double run_bytes_per_token;   /* x down, x up */
+};
+
+struct step_plan_input {
+    int n_layers;
+    const enum placement *where; /* (n_layers) the device_map's: PLACEMENT_GPU or PLACEMENT_STREAM (host) */
+    const uint64_t
+        *layer_bytes; /* (n_layers) bytes of each layer's block (what a copy moves, the host reads) */
+    const uint64_t *layer_params; /* (n_layers) multiply-adds per token */
+    uint64_t head_bytes;
+    int n_slots;    /* ring size; 0: host layers cannot stream */
+    int max_tokens; /* the largest step */
+    enum step_mode mode;
+    double
+        margin; /* AUTO: host layers go to the CPU only when that beats streaming them all by this fraction */
+    /* Tests: the plan itself, one character per layer ('g' resident, 's' streamed, 'c' on the CPU), one
+     * string per bucket separated by '/', the last one repeated for the larger buckets; NULL: planned. */
+    const char *force;
+    struct step_cost cost;
+};
+
+struct step_plan {
+    int n_layers, n_buckets;
+    int tokens[STEP_PLAN_MAX_BUCKETS];         /* the largest step of each bucket: 1, 2, 4, ..., max_tokens */
+    enum placement *where;                     /* (n_buckets, n_layers) */
+    int n_cpu[STEP_PLAN_MAX_BUCKETS];          /* host layers on the CPU */
+    int n_stream[STEP_PLAN_MAX_BUCKETS];       /* host layers streamed */
+    double predicted_s[STEP_PLAN_MAX_BUCKETS]; /* steady-state step time at tokens[b] (0: not predicted) */
+    double stream_s[STEP_PLAN_MAX_BUCKETS]; /* the same with every host layer streamed (0 without a ring) */
+};
+
+/* FERRY_ERR_INVALID (err says why) for a bad input or a forced plan that does not fit the device_map. */
+int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char err[256]);
+/* Every layer at `where` for every size (the CPU engine: PLACEMENT_CPU). */
+int step_plan_uniform(struct step_plan *out, int n_layers, int max_tokens, enum placement where);
+void step_plan_free(struct step_plan *p);
+
+/* The bucket of a step of n tokens (1 <= n <= max_tokens), and its placement of every layer. */
+int step_plan_bucket(const struct step_plan *p, int n_tokens);
+const enum placement *step_plan_where(const struct step_plan *p, int n_tokens);
+
+/* Steady-state seconds of a step of m tokens under the placement `where` (n_layers), per the input's costs.
+ */
+double step_plan_simulate(const struct step_plan_input *in, const enum placement *where, int m);
+/* The host's seconds for a layer of `bytes` at m tokens, from the measured reference layer. */
+double step_cost_cpu_layer(const struct step_cost *c, uint64_t bytes, int m);
+
+/* A summary line per bucket and the layer maps of the smallest and largest buckets; snprintf semantics. */
+int step_plan_format(const struct step_plan *p, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,290 @@
+/* test_step_plan — the per-step placement of host layers: buckets, the choice per step size against a brute
+ * force over every count of host layers on the CPU, the simulation against closed forms, modes, forced plans.
+ * Pure arithmetic (no device): the costs are Llama-2-7B's shapes with the H200 machine's rates. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/step_plan.h"
+
+#define L7        32
+#define LAYER_F16 404750336ull /* one Llama-2-7B layer in f16 */
+#define PARAMS    202375168ull
+
+static enum placement where7[L7];
+static uint64_t bytes7[L7], params7[L7];
+
+/* The device_map of a 4 GiB budget: 5 resident layers spread among 27 in host memory, 2 slots. cpu_gbs: the
+ * host's read rate at 1 token; cpu_tflops: its matrix rate at larger steps. */
+static struct step_plan_input llama7b(int resident, double cpu_gbs, double cpu_tflops)
+{
+    const int S = L7 - resident;
+    for (int i = 0; i < L7; i++) {
+        where7[i] = (int64_t)(i + 1) * S / L7 > (int64_t)i * S / L7 ? PLACEMENT_STREAM : PLACEMENT_GPU;
+        bytes7[i] = LAYER_F16;
+        params7[i] = PARAMS;
+    }
+    struct step_plan_input in = {.n_layers = L7,
+                                 .where = where7,
+                                 .layer_bytes = bytes7,
+                                 .layer_params = params7,
+                                 .head_bytes = 262144000,
+                                 .n_slots = 2,
+                                 .max_tokens = 512,
+                                 .mode = STEP_MODE_AUTO,
+                                 .margin = 0.03};
+    struct step_cost *c = &in.cost;
+    c->h2d = 55e9;
+    c->h2d_loaded = 50e9;
+    c->hbm = 3.3e12;
+    c->gpu_flops = 250e12;
+    c->gpu_layer_s = 10e-6;
+    c->step_s = 100e-6;
+    c->cpu_ref_bytes = LAYER_F16;
+    for (int m = 1; m <= 64; m *= 2) {
+        const double mem = LAYER_F16 / (cpu_gbs * 1e9), math = 2.0 * PARAMS * m / (cpu_tflops * 1e12);
+        c->cpu_m[c->n_cpu] = m;
+        c->cpu_s[c->n_cpu++] = mem > math ? mem : math;
+    }
+    c->sync_s = 20e-6;
+    c->layer_bytes_per_token = (2 * 4096 + 2 * 4096) * 4;
+    c->run_bytes_per_token = 2 * 4096 * 4;
+    return in;
+}
+
+static void make(const struct step_plan_input *in, struct step_plan *p)
+{
+    char err[256] = "";
+    cr_assert_eq(step_plan_make(in, p, err), FERRY_OK, "%s", err);
+}
+
+Test(step_plan, buckets_are_powers_of_two_up_to_max)
+{
+    struct step_plan p;
+    cr_assert_eq(step_plan_uniform(&p, 4, 48, PLACEMENT_CPU), FERRY_OK);
+    const int want[] = {1, 2, 4, 8, 16, 32, 48};
+    cr_assert_eq(p.n_buckets, 7);
+    for (int b = 0; b < 7; b++) cr_assert_eq(p.tokens[b], want[b]);
+    cr_assert_eq(step_plan_bucket(&p, 1), 0);
+    cr_assert_eq(step_plan_bucket(&p, 2), 1);
+    cr_assert_eq(step_plan_bucket(&p, 3), 2);
+    cr_assert_eq(step_plan_bucket(&p, 33), 6);
+    cr_assert_eq(step_plan_bucket(&p, 48), 6);
+    for (int l = 0; l < 4; l++) cr_assert_eq(step_plan_where(&p, 17)[l], PLACEMENT_CPU);
+    step_plan_free(&p);
+    cr_assert_eq(step_plan_uniform(&p, 4, 1, PLACEMENT_GPU), FERRY_OK);
+    cr_assert_eq(p.n_buckets, 1);
+    cr_assert_eq(p.tokens[0], 1);
+    step_plan_free(&p);
+    cr_assert_eq(step_plan_uniform(&p, 0, 4, PLACEMENT_GPU), FERRY_ERR_INVALID);
+}
+
+/* Streaming alone is the link's time; everything resident is the device's. */
+Test(step_plan, simulation_matches_closed_forms)
+{
+    struct step_plan_input in = llama7b(5, 84, 1.5);
+    enum placement w[L7];
+    memcpy(w, where7, sizeof w);
+    const double link = 27.0 * LAYER_F16 / in.cost.h2d;
+    const double t = step_plan_simulate(&in, w, 1);
+    /* Link bound: 27 copies back to back (the next step's first copies overlap this one's tail). */
+    cr_assert(fabs(t - link) < 0.01 * link, "streaming all: %g s, link alone %g s", t, link);
+    for (int i = 0; i < L7; i++) w[i] = PLACEMENT_GPU;
+    const double dev =
+        in.cost.step_s + 32 * (in.cost.gpu_layer_s + LAYER_F16 / in.cost.hbm) + 262144000 / in.cost.hbm;
+    cr_assert(fabs(step_plan_simulate(&in, w, 1) - dev) < 1e-9, "resident: %g vs %g",
+              step_plan_simulate(&in, w, 1), dev);
+    /* All host layers on the CPU: the chain of host layers plus exchanges. */
+    for (int i = 0; i < L7; i++) w[i] = where7[i] == PLACEMENT_GPU ? PLACEMENT_GPU : PLACEMENT_CPU;
+    const double cpu = step_plan_simulate(&in, w, 1);
+    const double cpu_floor = 27 * step_cost_cpu_layer(&in.cost, LAYER_F16, 1);
+    cr_assert(cpu > cpu_floor && cpu < cpu_floor + 0.01, "cpu all: %g vs floor %g", cpu, cpu_floor);
+    /* One slot serialises copy and use; more slots never hurt. */
+    for (int i = 0; i < L7; i++) w[i] = where7[i];
+    in.n_slots = 1;
+    const double k1 = step_plan_simulate(&in, w, 1);
+    in.n_slots = 3;
+    const double k3 = step_plan_simulate(&in, w, 1);
+    cr_assert_gt(k1, t * 1.005, "one slot %g vs two %g", k1, t);
+    cr_assert_leq(k3, t * 1.0001);
+    in.n_slots = 0;
+    cr_assert(isinf(step_plan_simulate(&in, w, 1)), "streaming without a ring is impossible");
+}
+
+/* The planner's choice at each size is the best count of CPU layers (brute force), its CPU layers are spread,
+ * small steps use the host and large ones stream. */
+Test(step_plan, auto_picks_the_fastest_count_per_size)
+{
+    struct step_plan_input in = llama7b(5, 84, 1.5);
+    struct step_plan p;
+    make(&in, &p);
+    char buf[4096];
+    step_plan_format(&p, buf, sizeof buf);
+    fprintf(stderr, "%s", buf);
+    enum placement trial[L7];
+    for (int b = 0; b < p.n_buckets; b++) {
+        const int m = p.tokens[b];
+        const enum placement *w = p.where + (size_t)b * L7;
+        double best = INFINITY;
+        for (int c = 0; c <= 27; c++) {
+            for (int l = 0, j = 0; l < L7; l++) {
+                if (where7[l] == PLACEMENT_GPU) {
+                    trial[l] = PLACEMENT_GPU;
+                    continue;
+                }
+                trial[l] = (int64_t)(j + 1) * c / 27 > (int64_t)j * c / 27 ? PLACEMENT_CPU : PLACEMENT_STREAM;
+                j++;
+            }
+            const double t = step_plan_simulate(&in, trial, m);
+            if (t < best) best = t;
+        }
+        cr_assert_leq(p.predicted_s[b], best / (1 - in.margin) + 1e-12, "tokens %d: %g vs best %g", m,
+                      p.predicted_s[b], best);
+        cr_assert_leq(p.predicted_s[b], p.stream_s[b] + 1e-12, "tokens %d: never slower than streaming", m);
+        cr_assert_eq(p.n_cpu[b] + p.n_stream[b], 27);
+        for (int l = 0; l < L7; l++)
+            cr_assert_eq(w[l] == PLACEMENT_GPU, where7[l] == PLACEMENT_GPU, "resident layers stay resident");
+    }
+    /* Batch 1: the host takes about half the host layers (the link moves a layer in 7.4 ms, the host reads
+     * one in 4.8 ms), and the step is ~2.3x faster than streaming. */
+    cr_assert(p.n_cpu[0] >= 12 && p.n_cpu[0] <= 20, "cpu layers at 1 token: %d", p.n_cpu[0]);
+    cr_assert_lt(p.predicted_s[0], 0.5 * p.stream_s[0]);
+    /* The CPU layers are spread: never three in a row. */
+    for (int l = 2; l < L7; l++)
+        cr_assert(!(p.where[l] == PLACEMENT_CPU && p.where[l - 1] == PLACEMENT_CPU &&
+                    p.where[l - 2] == PLACEMENT_CPU),
+                  "three CPU layers in a row at %d", l);
+    /* Prefill-sized steps stream everything: the host would need ~0.14 s per layer. */
+    const int last = p.n_buckets - 1;
+    cr_assert_eq(p.tokens[last], 512);
+    cr_assert_eq(p.n_cpu[last], 0);
+    /* Fewer host layers as steps grow. */
+    for (int b = 1; b < p.n_buckets; b++) cr_assert_leq(p.n_cpu[b], p.n_cpu[b - 1] + 1, "bucket %d", b);
+    step_plan_free(&p);
+}
+
+/* A slow host never takes a layer, and a gain below the margin is not worth the risk. */
+Test(step_plan, slow_host_and_margin_keep_streaming)
+{
+    struct step_plan_input in = llama7b(5, 4, 0.05);
+    struct step_plan p;
+    make(&in, &p);
+    for (int b = 0; b < p.n_buckets; b++) cr_assert_eq(p.n_cpu[b], 0, "bucket %d", b);
+    step_plan_free(&p);
+    /* A host just fast enough that one CPU layer saves ~1%: with a 3% margin, still streaming. */
+    in = llama7b(31, 84, 1.5); /* one host layer */
+    const double link = LAYER_F16 / in.cost.h2d;
+    enum placement w[L7];
+    memcpy(w, where7, sizeof w);
+    const double t_stream = step_plan_simulate(&in, w, 1);
+    for (int l = 0; l < L7; l++)
+        if (w[l] == PLACEMENT_STREAM) w[l] = PLACEMENT_CPU;
+    /* Tune the host's time so the CPU plan is 1% faster than streaming. */
+    const double target = 0.99 * t_stream, t_cpu = step_plan_simulate(&in, w, 1);
+    const double scale = (target - (t_cpu - in.cost.cpu_s[0])) / in.cost.cpu_s[0];
+    for (int i = 0; i < in.cost.n_cpu; i++) in.cost.cpu_s[i] *= scale;
+    cr_assert(fabs(step_plan_simulate(&in, w, 1) - target) < 1e-6 * target + 1e-9);
+    (void)link;
+    make(&in, &p);
+    cr_assert_eq(p.n_cpu[0], 0, "a 1%% gain stays below the margin");
+    step_plan_free(&p);
+    in.margin = 0;
+    make(&in, &p);
+    cr_assert_eq(p.n_cpu[0], 1, "without a margin the faster plan wins");
+    step_plan_free(&p);
+}
+
+Test(step_plan, modes_force_one_choice)
+{
+    struct step_plan_input in = llama7b(5, 84, 1.5);
+    struct step_plan p;
+    in.mode = STEP_MODE_STREAM;
+    make(&in, &p);
+    for (int b = 0; b < p.n_buckets; b++) {
+        cr_assert_eq(p.n_cpu[b], 0);
+        cr_assert_eq(p.n_stream[b], 27);
+        cr_assert(fabs(p.predicted_s[b] - p.stream_s[b]) < 1e-12);
+    }
+    step_plan_free(&p);
+    in.mode = STEP_MODE_CPU;
+    make(&in, &p);
+    for (int b = 0; b < p.n_buckets; b++) cr_assert_eq(p.n_cpu[b], 27);
+    step_plan_free(&p);
+    /* No ring (--placement cpu plans without slots): AUTO can only compute host layers on the CPU. */
+    in.mode = STEP_MODE_AUTO;
+    in.n_slots = 0;
+    make(&in, &p);
+    for (int b = 0; b < p.n_buckets; b++) {
+        cr_assert_eq(p.n_cpu[b], 27);
+        cr_assert_eq(p.stream_s[b], 0);
+        cr_assert_gt(p.predicted_s[b], 0);
+    }
+    step_plan_free(&p);
+    /* Nothing in host memory: every layer on the GPU, at every size. */
+    for (int i = 0; i < L7; i++) where7[i] = PLACEMENT_GPU;
+    in.n_slots = 0;
+    make(&in, &p);
+    for (int b = 0; b < p.n_buckets; b++) {
+        cr_assert_eq(p.n_cpu[b] + p.n_stream[b], 0);
+        for (int l = 0; l < L7; l++) cr_assert_eq(p.where[(size_t)b * L7 + l], PLACEMENT_GPU);
+    }
+    step_plan_free(&p);
+}
+
+Test(step_plan, forced_plans_are_checked)
+{
+    enum placement where[4] = {PLACEMENT_GPU, PLACEMENT_STREAM, PLACEMENT_STREAM, PLACEMENT_STREAM};
+    uint64_t bytes[4] = {100, 100, 100, 100}, params[4] = {50, 50, 50, 50};
+    struct step_plan_input in = {.n_layers = 4,
+                                 .where = where,
+                                 .layer_bytes = bytes,
+                                 .layer_params = params,
+                                 .n_slots = 2,
+                                 .max_tokens = 16,
+                                 .force = "gscc/gcsc/gsss"};
+    in.cost.h2d = 1e9;
+    in.cost.hbm = 1e12;
+    struct step_plan p;
+    char err[256] = "";
+    cr_assert_eq(step_plan_make(&in, &p, err), FERRY_OK, "%s", err);
+    const char *want[] = {"gscc", "gcsc", "gsss", "gsss", "gsss"};
+    cr_assert_eq(p.n_buckets, 5);
+    for (int b = 0; b < 5; b++)
+        for (int l = 0; l < 4; l++) {
+            const enum placement w = p.where[b * 4 + l];
+            cr_assert_eq(w == PLACEMENT_GPU      ? 'g'
+                         : w == PLACEMENT_STREAM ? 's'
+                                                 : 'c',
+                         want[b][l], "bucket %d layer %d", b, l);
+        }
+    cr_assert_eq(p.n_cpu[0], 2);
+    cr_assert_eq(p.n_stream[2], 3);
+    step_plan_free(&p);
+    const char *bad[] = {"gsc", "gscx", "sscc", "gscg", "gscc/gs"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        in.force = bad[i];
+        err[0] = 0;
+        cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "'%s' accepted", bad[i]);
+        cr_assert(strstr(err, "forced plan"), "%s", err);
+    }
+    in.force = "gscc";
+    in.n_slots = 0;
+    cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "streaming without a ring");
+}
+
+/* Layers of two sizes (Q4_K_M stores some layers in Q6_K): the host's time scales with each layer's bytes. */
+Test(step_plan, host_time_scales_with_layer_bytes)
+{
+    struct step_plan_input in = llama7b(5, 84, 1.5);
+    const double t = step_cost_cpu_layer(&in.cost, LAYER_F16, 1);
+    cr_assert(fabs(step_cost_cpu_layer(&in.cost, LAYER_F16 / 2, 1) - t / 2) < 1e-12);
+    /* Between measured sizes: linear; past the largest: proportional to m. */
+    const double t48 = step_cost_cpu_layer(&in.cost, LAYER_F16, 48);
+    const double t32 = in.cost.cpu_s[5], t64 = in.cost.cpu_s[6];
+    cr_assert(fabs(t48 - (t32 + t64) / 2) < 1e-12, "%g vs %g", t48, (t32 + t64) / 2);
+    cr_assert(fabs(step_cost_cpu_layer(&in.cost, LAYER_F16, 512) - t64 * 8) < 1e-12);
+    struct step_cost none = {0};
+    cr_assert(isinf(step_cost_cpu_layer(&none, LAYER_F16, 1)), "no measurement: the host is never chosen");
+}
