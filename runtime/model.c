@@ -6,11 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/fp16.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
-#include "quant/dequant.h"
 
 static int find_matrix(const struct model_file *mf, const char *name, int64_t rows, int64_t cols,
                        struct wview *out, char err[256])
@@ -47,11 +46,10 @@ static int load_vector(const struct model_file *mf, const char *name, int64_t n,
     }
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return FERRY_ERR_NOMEM;
-    int rc = dequant_row(t->type, t->data, v, n);
-    if (rc) {
+    if (!dtype_to_f32(t->type, t->data, v, n)) {
         free(v);
         snprintf(err, 256, "tensor %s: cannot convert type %s to f32", name, dtype_name(t->type));
-        return rc;
+        return FERRY_ERR_FORMAT;
     }
     *out = v;
     return FERRY_OK;
@@ -179,8 +177,8 @@ int model_quantize_int8(struct model *m, char err[256])
         const size_t src_row = dtype_row_size(w->type, w->cols), dst_row = dtype_row_size(DTYPE_Q8_0, w->cols);
         char *dst = buf + off;
         for (int64_t r = 0; r < w->rows; r++) {
-            dequant_row(w->type, (const char *)w->data + src_row * r, row, w->cols);
-            quant_row(DTYPE_Q8_0, row, dst + dst_row * r, w->cols);
+            dtype_to_f32(w->type, (const char *)w->data + src_row * r, row, w->cols);
+            dtype_from_f32(DTYPE_Q8_0, row, dst + dst_row * r, w->cols);
         }
         bytes -= src_row * (uint64_t)w->rows;
         bytes += dst_row * (uint64_t)w->rows;

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "kernels/core/dtype.h"
+#include "quant/dtype.h"
 #include "weights/model_file.h"
 
 /* A row-major matrix (rows, cols) in its stored type: a linear layer is (n_out, n_in). */

@@ -20,14 +20,13 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/fp16.h"
 
 /* Vector-returning static helpers are never called across an ABI boundary. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/core/status.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
-#include "quant/dequant.h"
 
 /* Vector length in floats: one register of the widest ISA the build targets. */
 #if defined(__AVX512F__)
@@ -232,7 +231,8 @@ micro44(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw,
             MICRO_ROW(kind, 2)                                                                               \
             MICRO_ROW(kind, 3)                                                                               \
             MICRO_ROW(kind, 4)                                                                               \
-                    MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4) case 4 * 8 +        \
+            MICRO_CASE(kind, 1, 4)                                                                           \
+                    MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4) case 4 * 8 +                               \
                 4 : micro44(out, x, ldx, w, ldw, kc, kind);                                                  \
             return;                                                                                          \
         }                                                                                                    \
@@ -785,6 +785,46 @@ typedef void (*avxq_fn)(float *out, const float *x, ptrdiff_t ldx, const uint8_t
 typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,
                          int mr, int nr);
 
+/* What the affine part of a direct kernel needs per 32-element block of x (see avx_q): nothing, Q4_0's
+ * -8·Σx, or Σx (Q4_1 m, Q4_K minimums). */
+enum sx_kind { SX_NONE, SX_Q4_0, SX_SUM };
+
+/* The CPU's kernels for one weight type (indexed by enum dtype; quant/dtype.h describes the types).
+ *   stream: decodes rows in registers for m <= 2, whole rows streamed from memory (no tile); NULL sends the
+ *           type through the f32 tile (quant's to_f32) at every m.
+ *   direct: the hand-written AVX2 kernel for m <= direct_m (tried before stream), with the x block sums sx
+ *           it needs (only for k <= SX_MAX_K: they live on the stack). */
+struct cpu_wkernels {
+    micro_fn stream;
+#ifdef HAVE_AVX_Q
+    avxq_fn direct;
+    int direct_m;
+    enum sx_kind sx;
+#endif
+};
+
+#ifdef HAVE_AVX_Q
+#define CPU_K(stream, direct, direct_m, sx)                                                                  \
+    {                                                                                                        \
+        stream, direct, direct_m, sx                                                                         \
+    }
+#else
+#define CPU_K(stream, direct, direct_m, sx)                                                                  \
+    {                                                                                                        \
+        stream                                                                                               \
+    }
+#endif
+static const struct cpu_wkernels cpu_wkernels[DTYPE_COUNT] = {
+    [DTYPE_F32] = CPU_K(micro_f32, NULL, 0, SX_NONE),
+    [DTYPE_F16] = CPU_K(micro_f16, NULL, 0, SX_NONE),
+    [DTYPE_BF16] = CPU_K(micro_bf16, NULL, 0, SX_NONE),
+    [DTYPE_Q8_0] = CPU_K(micro_q8_0, avx_q8_0, DIRECT_M_MAX, SX_NONE),
+    [DTYPE_Q4_0] = CPU_K(micro_q4_0, avx_q4_0, DIRECT_M_MAX, SX_Q4_0),
+    [DTYPE_Q4_1] = CPU_K(micro_q4_1, avx_q4_1, DIRECT_M_MAX, SX_SUM),
+    [DTYPE_Q4_K] = CPU_K(micro_q4_k, avx_q4_k, 2, SX_SUM),
+    [DTYPE_Q6_K] = CPU_K(micro_q6_k, avx_q6_k, 2, SX_NONE),
+};
+
 struct mm_ctx {
     float *y;         /* (m, n) */
     const float *x;   /* (m, k) */
@@ -795,28 +835,12 @@ struct mm_ctx {
     size_t row_bytes;
     int kc; /* columns per chunk */
     int n_threads;
-    const float *sx; /* direct AVX2 path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
-    int direct;      /* rows decoded in registers by avx_q & co. (m <= DIRECT_M_MAX), no tile */
+    micro_fn stream; /* m <= 2 with a register decoder: rows stream whole (kc = k), no tile; else NULL */
+#ifdef HAVE_AVX_Q
+    avxq_fn direct; /* the hand-written kernel this product takes (no tile), or NULL */
+#endif
+    const float *sx; /* direct path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
 };
-
-/* m <= 2 and a type the micro-kernels decode in registers: whole rows stream from memory, no tile. Other
- * types (Q5_*) always go through the tile. */
-static int streams_rows(const struct mm_ctx *c)
-{
-    switch (c->wt) {
-    case DTYPE_F32:
-    case DTYPE_F16:
-    case DTYPE_BF16:
-    case DTYPE_Q8_0:
-    case DTYPE_Q4_0:
-    case DTYPE_Q4_1:
-    case DTYPE_Q4_K:
-    case DTYPE_Q6_K:
-        return c->m <= 2;
-    default:
-        return 0;
-    }
-}
 
 static void mm_task(void *arg, int t)
 {
@@ -830,43 +854,12 @@ static void mm_task(void *arg, int t)
     /* When rows are reused (m > 2) they are dequantized/converted into the tile, so the micro-kernel reads a
      * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
      * stream straight from memory and are decoded in registers (whole rows, kc = k). */
-    const int use_tile = !streams_rows(c);
-    micro_fn mk = micro_f32;
-    if (!use_tile) {
-        switch (c->wt) {
-        case DTYPE_F16:
-            mk = micro_f16;
-            break;
-        case DTYPE_BF16:
-            mk = micro_bf16;
-            break;
-        case DTYPE_Q8_0:
-            mk = micro_q8_0;
-            break;
-        case DTYPE_Q4_0:
-            mk = micro_q4_0;
-            break;
-        case DTYPE_Q4_1:
-            mk = micro_q4_1;
-            break;
-        case DTYPE_Q4_K:
-            mk = micro_q4_k;
-            break;
-        case DTYPE_Q6_K:
-            mk = micro_q6_k;
-            break;
-        default:
-            break;
-        }
-    }
+    const int use_tile = !c->stream;
+    const micro_fn mk = use_tile ? micro_f32 : c->stream;
     float out[MR * NR];
 #ifdef HAVE_AVX_Q
     if (c->direct) {
-        const avxq_fn aq = c->wt == DTYPE_Q8_0   ? avx_q8_0
-                           : c->wt == DTYPE_Q4_0 ? avx_q4_0
-                           : c->wt == DTYPE_Q4_K ? avx_q4_k
-                           : c->wt == DTYPE_Q6_K ? avx_q6_k
-                                                 : avx_q4_1;
+        const avxq_fn aq = c->direct;
         /* The kernels prefetch PF_AHEAD rows ahead; the first rows of the range are asked for here. */
         {
             const uint8_t *p0 = c->w + (size_t)j_lo * c->row_bytes;
@@ -896,6 +889,7 @@ static void mm_task(void *arg, int t)
     }
 #endif
     float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
+    const dtype_to_f32_fn to_f32 = dtype_get_traits(c->wt)->to_f32;
 
     for (int k0 = 0; k0 < k; k0 += c->kc) {
         const int kc = k - k0 < c->kc ? k - k0 : c->kc;
@@ -907,8 +901,7 @@ static void mm_task(void *arg, int t)
                 const size_t off = dtype_row_size(c->wt, k0);
                 const int stride = kc + TILE_PAD;
                 for (int j = 0; j < nr; j++)
-                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off,
-                                tile + (size_t)j * stride, kc);
+                    to_f32(c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * stride, kc);
                 wp = tile;
                 ldw = (ptrdiff_t)stride * 4;
             } else {
@@ -968,26 +961,32 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
     if (kc > KC_MAX) kc = KC_MAX;
-    if (streams_rows(c)) kc = k; /* rows stream whole: no tile in mm_task */
+    const struct cpu_wkernels *kern = &cpu_wkernels[wt];
+    if (m <= 2 && kern->stream) {
+        c->stream = kern->stream;
+        kc = k; /* rows stream whole: no tile in mm_task */
+    }
     if (kc >= k) kc = k;
     c->kc = (int)kc;
 #ifdef HAVE_AVX_Q
-    /* Per-block sums of x for the affine part of Q4_0/Q4_1 (see avx_q): (m, k/32) pairs. */
-    if (((m <= DIRECT_M_MAX && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1)) || (m <= 2 && wt == DTYPE_Q4_K)) &&
-        k <= SX_MAX_K) {
-        const int nb = k / 32;
-        for (int i = 0; i < m; i++)
-            for (int b = 0; b < nb; b++) {
-                const float *xp = x + (size_t)i * k + 32 * b;
-                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
-                                         _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
-                const float t = hsum256(s);
-                sx_buf[i * 2 * nb + 2 * b] = wt == DTYPE_Q4_0 ? -8.0f * t : 0.0f;
-                sx_buf[i * 2 * nb + 2 * b + 1] = wt == DTYPE_Q4_0 ? 0.0f : t;
-            }
-        c->sx = sx_buf;
+    if (kern->direct && m <= kern->direct_m && (kern->sx == SX_NONE || k <= SX_MAX_K)) {
+        c->direct = kern->direct;
+        /* Per-block sums of x for the affine part (see avx_q): (m, k/32) pairs. */
+        if (kern->sx != SX_NONE) {
+            const int nb = k / 32;
+            for (int i = 0; i < m; i++)
+                for (int b = 0; b < nb; b++) {
+                    const float *xp = x + (size_t)i * k + 32 * b;
+                    __m256 s =
+                        _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
+                                      _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
+                    const float t = hsum256(s);
+                    sx_buf[i * 2 * nb + 2 * b] = kern->sx == SX_Q4_0 ? -8.0f * t : 0.0f;
+                    sx_buf[i * 2 * nb + 2 * b + 1] = kern->sx == SX_Q4_0 ? 0.0f : t;
+                }
+            c->sx = sx_buf;
+        }
     }
-    c->direct = c->sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX) || (wt == DTYPE_Q6_K && m <= 2);
 #else
     (void)sx_buf;
 #endif
@@ -1055,7 +1054,7 @@ int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, 
             double acc = bias ? bias[j] : 0.0;
             for (int b = 0; b < k / bs; b++) {
                 float blk[256];
-                dequant_row(wt, wr + (size_t)b * bsz, blk, bs);
+                dtype_get_traits(wt)->to_f32(wr + (size_t)b * bsz, blk, bs);
                 for (int e = 0; e < bs; e++) acc += (double)x[(size_t)i * k + b * bs + e] * blk[e];
             }
             y[(size_t)i * n + j] = (float)acc;

@@ -9,14 +9,14 @@
 
 #include <time.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/fp16.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
-#include "quant/dequant.h"
+#include "quant/dtype.h"
 
-/* A random (n, k) weight of type t: plain types from uniform floats, Q8_0/Q4_0/Q4_1 through quant_row,
+/* A random (n, k) weight of type t: plain types from uniform floats, Q8_0/Q4_0/Q4_1/Q5_* through dtype_from_f32,
  * K-quants as random bytes with sane f16 super-block scales. */
 static void *random_weight(enum dtype t, int n, int k)
 {
@@ -43,7 +43,7 @@ static void *random_weight(enum dtype t, int n, int k)
             }
             break;
         default:
-            cr_assert_eq(quant_row(t, row, wr, k), FERRY_OK);
+            cr_assert(dtype_from_f32(t, row, wr, k));
             break;
         }
     }
@@ -262,7 +262,7 @@ Test(matmul, multi_equals_separate_calls)
                     else if (types[ti] == DTYPE_Q4_K) /* no quantizer: random bytes with sane f16 scales */
                         for (size_t b = 0; b < rb; b++) ((uint8_t *)w[j])[rb * r + b] = (uint8_t)(r * 31 + b * 7 + j);
                     else
-                        cr_assert_eq(quant_row(types[ti], row, (char *)w[j] + rb * r, k), 0);
+                        cr_assert(dtype_from_f32(types[ti], row, (char *)w[j] + rb * r, k));
                 }
                 if (types[ti] == DTYPE_Q4_K) /* d and dmin of every 144-byte block: small positive halves */
                     for (int r = 0; r < ns[j]; r++)
