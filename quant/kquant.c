@@ -28,6 +28,9 @@
 #include "quant/fp16.h"
 #include "quant/rows.h"
 
+/* Vector-returning static helpers are never called across an ABI boundary. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 /* Below this largest magnitude a group counts as all zero (ggml's GROUP_MAX_EPS). */
 #define GROUP_MAX_EPS 1e-15f
 
@@ -44,67 +47,96 @@ static inline int clamp_int(int v, int lo, int hi)
     return v < lo ? lo : v > hi ? hi : v;
 }
 
-/* Weighted affine fit of x[0..n) to scale * L - min with L in [0, nmax] (ggml's make_qkx2_quants with a
- * squared error). Writes the codes to L (aux: n bytes of scratch), the offset to *min_out (>= 0, subtracted)
- * and returns the scale. */
-static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t *L, float *min_out,
-                        uint8_t *aux, float rmin, float rdelta, int nstep)
+/* ---- lanes: the fits run on all sub-blocks of a super-block at once ------------------------------------
+ *
+ * Lane j of a vector holds sub-block j, and element i of every sub-block sits in vector i (the block is
+ * transposed), so each lane performs exactly the scalar sequence of operations of its sub-block, sums in the
+ * same order included: the results are bitwise the scalar ones, 8 (Q4_K/Q5_K) or 16 (Q6_K) at a time.
+ * Branches become masks (comparisons give -1/0 lanes) and selects. */
+#define LANES_FNS(N)                                                                                         \
+    typedef float vf##N __attribute__((vector_size(4 * N)));                                                 \
+    typedef int32_t vi##N __attribute__((vector_size(4 * N)));                                               \
+    static inline vf##N sel##N(vi##N m, vf##N a, vf##N b)                                                    \
+    {                                                                                                        \
+        return (vf##N)(((vi##N)a & m) | ((vi##N)b & ~m));                                                    \
+    }                                                                                                        \
+    static inline vi##N seli##N(vi##N m, vi##N a, vi##N b)                                                   \
+    {                                                                                                        \
+        return (a & m) | (b & ~m);                                                                           \
+    }                                                                                                        \
+    static inline vi##N nearest##N(vf##N v)                                                                  \
+    {                                                                                                        \
+        const vf##N t = v + 12582912.0f;                                                                     \
+        return ((vi##N)t & 0x007fffff) - 0x00400000;                                                         \
+    }                                                                                                        \
+    static inline vi##N clampi##N(vi##N v, int lo, int hi)                                                   \
+    {                                                                                                        \
+        v = seli##N(v < lo, (vi##N){} + lo, v);                                                              \
+        return seli##N(v > hi, (vi##N){} + hi, v);                                                           \
+    }                                                                                                        \
+    static inline vf##N fabs##N(vf##N v)                                                                     \
+    {                                                                                                        \
+        return (vf##N)((vi##N)v & 0x7fffffff);                                                               \
+    }
+LANES_FNS(8)
+LANES_FNS(16)
+
+/* Weighted affine fits of 8 sub-blocks of 32 (x[i], w[i]: element i of each) to scale * L - min with L in
+ * [0, nmax] (ggml's make_qkx2_quants with a squared error, per lane). Writes the codes to L, the offsets to
+ * *min_out (>= 0, subtracted) and returns the scales. */
+static vf8 fit_affine(int nmax, const vf8 x[32], const vf8 w[32], vi8 L[32], vf8 *min_out, float rmin,
+                      float rdelta, int nstep)
 {
-    float min = x[0], max = x[0];
-    float sum_w = w[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
+    vf8 min = x[0], max = x[0];
+    vf8 sum_w = w[0];
+    vf8 sum_x = sum_w * x[0];
+    for (int i = 1; i < 32; i++) {
+        min = sel8(x[i] < min, x[i], min);
+        max = sel8(x[i] > max, x[i], max);
         sum_w += w[i];
         sum_x += w[i] * x[i];
     }
-    if (min > 0) min = 0;
-    if (max == min) {
-        memset(L, 0, (size_t)n);
-        *min_out = -min;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_err = 0;
-    for (int i = 0; i < n; i++) {
-        L[i] = (uint8_t)clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-        const float diff = scale * (float)L[i] + min - x[i];
+    min = sel8(min > 0, (vf8){}, min);
+    const vi8 flat = max == min; /* these lanes return L = 0, scale 0 */
+    vf8 iscale = (float)nmax / (max - min);
+    vf8 scale = 1 / iscale;
+    vf8 best_err = {};
+    for (int i = 0; i < 32; i++) {
+        L[i] = clampi8(nearest8(iscale * (x[i] - min)), 0, nmax);
+        const vf8 diff = scale * __builtin_convertvector(L[i], vf8) + min - x[i];
         best_err += w[i] * (diff * diff);
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-            aux[i] = (uint8_t)l;
-            sum_l += w[i] * (float)l;
-            sum_l2 += w[i] * (float)l * (float)l;
-            sum_xl += w[i] * (float)l * x[i];
+        vf8 sum_l = {}, sum_l2 = {}, sum_xl = {};
+        vi8 aux[32];
+        for (int i = 0; i < 32; i++) {
+            aux[i] = clampi8(nearest8(iscale * (x[i] - min)), 0, nmax);
+            const vf8 l = __builtin_convertvector(aux[i], vf8);
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
         }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (!(D > 0)) continue;
-        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-        float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-        if (this_min > 0) {
-            this_min = 0;
-            this_scale = sum_xl / sum_l2;
-        }
-        float err = 0;
-        for (int i = 0; i < n; i++) {
-            const float diff = this_scale * (float)aux[i] + this_min - x[i];
+        const vf8 D = sum_w * sum_l2 - sum_l * sum_l;
+        vf8 this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        vf8 this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        const vi8 pos = this_min > 0;
+        this_min = sel8(pos, (vf8){}, this_min);
+        this_scale = sel8(pos, sum_xl / sum_l2, this_scale);
+        vf8 err = {};
+        for (int i = 0; i < 32; i++) {
+            const vf8 diff = this_scale * __builtin_convertvector(aux[i], vf8) + this_min - x[i];
             err += w[i] * (diff * diff);
         }
-        if (err < best_err) {
-            memcpy(L, aux, (size_t)n);
-            best_err = err;
-            scale = this_scale;
-            min = this_min;
-        }
+        const vi8 better = (D > 0) & (err < best_err);
+        for (int i = 0; i < 32; i++) L[i] = seli8(better, aux[i], L[i]);
+        best_err = sel8(better, err, best_err);
+        scale = sel8(better, this_scale, scale);
+        min = sel8(better, this_min, min);
     }
+    for (int i = 0; i < 32; i++) L[i] = seli8(flat, (vi8){}, L[i]);
     *min_out = -min;
-    return scale;
+    return sel8(flat, (vf8){}, scale);
 }
 
 /* The packed 6-bit scales and mins of a Q4_K/Q5_K block (the inverse of block_q4_k_scale_min). */
@@ -126,16 +158,21 @@ static void pack_scales_mins(const uint8_t sc[8], const uint8_t mn[8], uint8_t s
 static void quantize_affine_block(const float *x, int nmax, float rmin, int nstep, uint8_t L[QK_K],
                                   uint16_t *d_out, uint16_t *dmin_out, uint8_t scales[K_SCALE_SIZE])
 {
-    float sub_scale[8], sub_min[8], w[32];
-    uint8_t aux[32];
+    vf8 xt[32], w[32], sum_x2 = {};
+    for (int i = 0; i < 32; i++) {
+        for (int j = 0; j < 8; j++) xt[i][j] = x[32 * j + i];
+        sum_x2 += xt[i] * xt[i];
+    }
+    vf8 av_x;
+    for (int j = 0; j < 8; j++) av_x[j] = sqrtf(sum_x2[j] / 32);
+    for (int i = 0; i < 32; i++) w[i] = av_x + fabs8(xt[i]);
+    vi8 Lt[32];
+    vf8 sub_min;
+    const vf8 sub_scale = fit_affine(nmax, xt, w, Lt, &sub_min, rmin, 0.1f, nstep);
+    for (int i = 0; i < 32; i++)
+        for (int j = 0; j < 8; j++) L[32 * j + i] = (uint8_t)Lt[i][j];
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; j++) {
-        const float *xs = x + 32 * j;
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-        const float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-        sub_scale[j] = fit_affine(32, nmax, xs, w, L + 32 * j, &sub_min[j], aux, rmin, 0.1f, nstep);
         if (sub_scale[j] > max_scale) max_scale = sub_scale[j];
         if (sub_min[j] > max_min) max_min = sub_min[j];
     }
@@ -194,51 +231,49 @@ void row_q5_k_from_f32(const float *x, void *dst, int64_t n)
     }
 }
 
-/* Codes of n elements (ggml's make_qx_quants with x^2 weights, rmse_type 1): L[i] = l + nmax for
- * l in [-nmax, nmax - 1]; returns the scale (x ~ scale * l), or 0 for an all-zero group. */
-static float fit_symmetric(int n, int nmax, const float *x, int8_t *L)
+/* Codes of 16 sub-blocks of 16 (x[i]: element i of each; ggml's make_qx_quants with x^2 weights, rmse_type
+ * 1, per lane): L[i] = l + nmax for l in [-nmax, nmax - 1]; returns the scales (x ~ scale * l), 0 for an
+ * all-zero sub-block. */
+static vf16 fit_symmetric(int nmax, const vf16 x[16], vi16 L[16])
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
+    vf16 max = {}, amax = {};
+    for (int i = 0; i < 16; i++) {
+        const vf16 ax = fabs16(x[i]);
+        const vi16 up = ax > amax;
+        amax = sel16(up, ax, amax);
+        max = sel16(up, x[i], max);
     }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.0f;
+    const vi16 zero = amax < GROUP_MAX_EPS;
+    vf16 iscale = (float)-nmax / max;
+    vf16 sumlx = {}, suml2 = {};
+    for (int i = 0; i < 16; i++) {
+        const vi16 l = clampi16(nearest16(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = l + nmax;
+        const vf16 lf = __builtin_convertvector(l, vf16), w = x[i] * x[i];
+        sumlx += w * x[i] * lf;
+        suml2 += w * lf * lf;
     }
-    float iscale = (float)-nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
-    }
-    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
+    vf16 scale = sel16(suml2 != 0, sumlx / suml2, (vf16){});
+    vf16 best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
         if (is == 0) continue;
         iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * (float)l;
-            suml2 += w * (float)l * (float)l;
+        sumlx = suml2 = (vf16){};
+        vi16 aux[16];
+        for (int i = 0; i < 16; i++) {
+            const vi16 l = clampi16(nearest16(iscale * x[i]), -nmax, nmax - 1);
+            aux[i] = l + nmax;
+            const vf16 lf = __builtin_convertvector(l, vf16), w = x[i] * x[i];
+            sumlx += w * x[i] * lf;
+            suml2 += w * lf * lf;
         }
-        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++)
-                L[i] = (int8_t)(nmax + clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1));
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
+        const vi16 better = (suml2 > 0) & (sumlx * sumlx > best * suml2);
+        for (int i = 0; i < 16; i++) L[i] = seli16(better, aux[i], L[i]);
+        scale = sel16(better, sumlx / suml2, scale);
+        best = sel16(better, scale * sumlx, best);
     }
-    return scale;
+    for (int i = 0; i < 16; i++) L[i] = seli16(zero, (vi16){}, L[i]);
+    return sel16(zero, (vf16){}, scale);
 }
 
 void row_q6_k_from_f32(const float *x, void *dst, int64_t n)
@@ -246,10 +281,15 @@ void row_q6_k_from_f32(const float *x, void *dst, int64_t n)
     struct block_q6_k *b = dst;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         int8_t L[QK_K];
-        float scales[QK_K / 16];
+        vf16 xt[16];
+        vi16 Lt[16];
+        for (int e = 0; e < 16; e++)
+            for (int j = 0; j < 16; j++) xt[e][j] = x[16 * j + e];
+        const vf16 scales = fit_symmetric(32, xt, Lt);
+        for (int e = 0; e < 16; e++)
+            for (int j = 0; j < 16; j++) L[16 * j + e] = (int8_t)Lt[e][j];
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < QK_K / 16; ib++) {
-            scales[ib] = fit_symmetric(16, 32, x + 16 * ib, L + 16 * ib);
             if (fabsf(scales[ib]) > max_abs_scale) {
                 max_abs_scale = fabsf(scales[ib]);
                 max_scale = scales[ib];

@@ -50,7 +50,7 @@ static void bench_usage(FILE *f)
                "  --reserve-vram SIZE   (default 1GiB)\n"
                "  --gpu-layers N        resident layers (default: as many as fit)\n"
                "  --slots K             streaming ring size (default: planner's choice)\n"
-               "  --quant int8          quantize the matrices to Q8_0 at load\n"
+               "  --quant int8|int4     quantize the weights at load (llama.cpp's Q8_0 / Q4_K_M mix)\n"
 
                "  --cpu                 run on the CPU backend even when a GPU is present\n"
                "  --threads N           CPU threads (default: all cores)\n"
@@ -148,20 +148,22 @@ int cli_bench_main(int argc, char **argv)
         case 'm': model = optarg; break;
         case 's': synthetic = optarg; break;
         case 'd':
-            if (!strcmp(optarg, "f16")) wt = DTYPE_F16;
-            else if (!strcmp(optarg, "bf16")) wt = DTYPE_BF16;
-            else if (!strcmp(optarg, "f32")) wt = DTYPE_F32;
-            else goto bad;
+            /* f32 | f16 | bf16: a plain type of the table */
+            if (dtype_from_name(optarg) < 0 || dtype_get_traits((uint32_t)dtype_from_name(optarg))->is_quantized)
+                goto bad;
+            wt = (enum dtype)dtype_from_name(optarg);
             break;
         case 'g': if (opt_parse_size(optarg, &ep.gpu_memory)) goto bad; break;
         case 'r': if (opt_parse_size(optarg, &ep.reserve_vram)) goto bad; break;
         case 'l': ep.gpu_layers = atoi(optarg); break;
         case 'k': ep.n_slots = atoi(optarg); break;
         case 'c': ep.backend = ENGINE_BACKEND_CPU; break;
-        case 'q':
-            if (strcmp(optarg, "int8")) goto bad;
-            ep.quant_int8 = 1;
+        case 'q': {
+            const int q = engine_quant_parse(optarg);
+            if (q < 0) goto bad;
+            ep.quant = (enum engine_quant)q;
             break;
+        }
         case 't': ep.n_threads = atoi(optarg); break;
         case 'b': {
             n_batches = 0;

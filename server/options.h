@@ -43,7 +43,7 @@ struct serve_options {
     int64_t gpu_memory;            /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
     int64_t reserve_vram;
     int gpu_layers;    /* -1 = planner decides */
-    const char *quant; /* none|int8 */
+    const char *quant; /* none|int8|int4 */
     int deterministic;
     int prompt_cache; /* reuse a free slot's KV for a prompt with the same start */
     int help;                            /* --help was given */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "weights/gguf.h"
 #include "weights/gguf_write.h"
@@ -69,13 +70,11 @@ static int plan_types(const struct model_file *mf, int ftype, struct plan *pl, c
         const enum dtype cur = hf && p->n_dims == 1 ? DTYPE_F32 : t->type;
         const int to = quant_mix_type(&mix, t->name, p->n_dims, t->ne[0], cur);
         if (to < 0)
-            return ferry_fail(
-                err, FERRY_ERR_INVALID,
-                "tensor %s: %lld columns are not a multiple of %s's block of %d (llama.cpp refuses "
-                "this too; a K mix such as Q4_K_M falls back instead)",
-                t->name, (long long)t->ne[0], dtype_name(mix.base), dtype_block_size(mix.base));
-        p->to = (enum dtype)to;
-        if (p->to != t->type && dtype_get_traits(t->type)->is_quantized)
+            FLOG_WARN("tensor %s: %lld columns fit no block of %s's mix: kept as %s (llama-quantize refuses such a "
+                      "model)",
+                      t->name, (long long)t->ne[0], quant_ftype_name(ftype), dtype_name(cur));
+        p->to = to < 0 ? cur : (enum dtype)to;
+        if (p->to != t->type && dtype_get_traits(t->type)->is_quantized && dtype_get_traits(p->to)->is_quantized)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                               "tensor %s is already %s: ferry quantize reads F32, F16 or BF16 weights "
                               "(requantizing compounds the errors; llama-quantize refuses it too)",
