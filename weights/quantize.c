@@ -49,21 +49,24 @@ static bool is_70b(const struct model_file *mf)
     return strcmp(out_arch(mf), "qwen2") == 0 || mf->hp.n_heads != mf->hp.n_kv_heads;
 }
 
-static int plan_types(const struct model_file *mf, int ftype, struct plan *pl, char err[256])
+/* The output tensors: the model's, and for a Hugging Face llama3-scaled model the rope_freqs.weight that
+ * llama.cpp keeps its scaling in (extra). */
+static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype, struct plan *pl,
+                      char err[256])
 {
     int n_attn_v = 0;
-    for (int i = 0; i < mf->n_tensors; i++) {
-        const struct wtensor *t = &mf->tensors[i];
+    for (int i = 0; i < n; i++) {
+        const struct wtensor *t = i < mf->n_tensors ? &mf->tensors[i] : extra;
         pl[i] = (struct plan){.src = t, .n_dims = ggml_n_dims(t->ne)};
         if (strstr(t->name, "attn_v.weight")) n_attn_v++;
     }
-    qsort(pl, (size_t)mf->n_tensors, sizeof *pl, cmp_plan);
+    qsort(pl, (size_t)n, sizeof *pl, cmp_plan);
     struct quant_mix mix;
     if (!quant_mix_init(&mix, ftype, mf->hp.n_layers, n_attn_v,
                         model_file_tensor(mf, "output.weight") != NULL, is_70b(mf)))
         return ferry_fail(err, FERRY_ERR_INVALID, "unknown file type %d", ftype);
     const int hf = mf->format == MODEL_FORMAT_HF;
-    for (int i = 0; i < mf->n_tensors; i++) {
+    for (int i = 0; i < n; i++) {
         struct plan *p = &pl[i];
         const struct wtensor *t = p->src;
         /* convert_hf_to_gguf.py stores 1-D tensors (norms, biases) in F32 whatever the checkpoint's type. */
@@ -167,13 +170,23 @@ static int write_tensor(struct gguf_writer *w, const struct model_file *mf, cons
 int quantize_model_file(const struct model_file *mf, const char *out_path, const struct quantize_params *p,
                         char err[256])
 {
-    const int n = mf->n_tensors;
+    /* llama3 scaling of a Hugging Face model: the rope_freqs.weight tensor convert_hf_to_gguf.py adds. */
+    float factors[512];
+    struct wtensor extra = {.name = "rope_freqs.weight", .type = DTYPE_F32, .n_dims = 1, .data = factors};
+    int n_extra = 0;
+    if (mf->format == MODEL_FORMAT_HF && mf->hp.rope_dim / 2 <= 512) {
+        const int nf = hf_export_rope_freqs(mf, factors);
+        extra.ne[0] = nf, extra.ne[1] = extra.ne[2] = extra.ne[3] = 1;
+        extra.nbytes = sizeof(float) * (size_t)nf;
+        n_extra = nf > 0;
+    }
+    const int n = mf->n_tensors + n_extra;
     struct plan *pl = calloc(n ? (size_t)n : 1, sizeof *pl);
     struct gguf_writer *w = NULL;
     void *buf = NULL, *perm_buf = NULL;
     int rc;
     if (!pl) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
-    if ((rc = plan_types(mf, p->ftype, pl, err))) goto out;
+    if ((rc = plan_types(mf, &extra, n, p->ftype, pl, err))) goto out;
     if ((rc = gguf_writer_init(&w, err))) goto out;
     if (mf->format == MODEL_FORMAT_GGUF) {
         if ((rc = copy_gguf_metadata(w, mf->gguf, err))) goto out;
