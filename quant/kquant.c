@@ -51,7 +51,7 @@ static inline int clamp_int(int v, int lo, int hi)
  *
  * Lane j of a vector holds sub-block j, and element i of every sub-block sits in vector i (the block is
  * transposed), so each lane performs exactly the scalar sequence of operations of its sub-block, sums in the
- * same order included: the results are bitwise the scalar ones, 8 (Q4_K/Q5_K) or 16 (Q6_K) at a time.
+ * same order included: the results are bitwise the scalar ones, 8 sub-blocks at a time (one AVX2 register).
  * Branches become masks (comparisons give -1/0 lanes) and selects. */
 #define LANES_FNS(N)                                                                                         \
     typedef float vf##N __attribute__((vector_size(4 * N)));                                                 \
@@ -79,13 +79,13 @@ static inline int clamp_int(int v, int lo, int hi)
         return (vf##N)((vi##N)v & 0x7fffffff);                                                               \
     }
 LANES_FNS(8)
-LANES_FNS(16)
 
 /* Weighted affine fits of 8 sub-blocks of 32 (x[i], w[i]: element i of each) to scale * L - min with L in
- * [0, nmax] (ggml's make_qkx2_quants with a squared error, per lane). Writes the codes to L, the offsets to
- * *min_out (>= 0, subtracted) and returns the scales. */
-static vf8 fit_affine(int nmax, const vf8 x[32], const vf8 w[32], vi8 L[32], vf8 *min_out, float rmin,
-                      float rdelta, int nstep)
+ * [0, nmax] (ggml's make_qkx2_quants with a squared error, per lane). Writes the codes to L, the scales to
+ * *scale_out and the offsets to *min_out (>= 0, subtracted). (Vectors go out through pointers: a vector return
+ * value would change the ABI of builds without AVX, and GCC warns about it.) */
+static void fit_affine(int nmax, const vf8 x[32], const vf8 w[32], vi8 L[32], vf8 *scale_out, vf8 *min_out,
+                       float rmin, float rdelta, int nstep)
 {
     vf8 min = x[0], max = x[0];
     vf8 sum_w = w[0];
@@ -136,7 +136,7 @@ static vf8 fit_affine(int nmax, const vf8 x[32], const vf8 w[32], vi8 L[32], vf8
     }
     for (int i = 0; i < 32; i++) L[i] = seli8(flat, (vi8){}, L[i]);
     *min_out = -min;
-    return sel8(flat, (vf8){}, scale);
+    *scale_out = sel8(flat, (vf8){}, scale);
 }
 
 /* The packed 6-bit scales and mins of a Q4_K/Q5_K block (the inverse of block_q4_k_scale_min). */
@@ -167,8 +167,8 @@ static void quantize_affine_block(const float *x, int nmax, float rmin, int nste
     for (int j = 0; j < 8; j++) av_x[j] = sqrtf(sum_x2[j] / 32);
     for (int i = 0; i < 32; i++) w[i] = av_x + fabs8(xt[i]);
     vi8 Lt[32];
-    vf8 sub_min;
-    const vf8 sub_scale = fit_affine(nmax, xt, w, Lt, &sub_min, rmin, 0.1f, nstep);
+    vf8 sub_scale, sub_min;
+    fit_affine(nmax, xt, w, Lt, &sub_scale, &sub_min, rmin, 0.1f, nstep);
     for (int i = 0; i < 32; i++)
         for (int j = 0; j < 8; j++) L[32 * j + i] = (uint8_t)Lt[i][j];
     float max_scale = 0, max_min = 0;
@@ -231,49 +231,49 @@ void row_q5_k_from_f32(const float *x, void *dst, int64_t n)
     }
 }
 
-/* Codes of 16 sub-blocks of 16 (x[i]: element i of each; ggml's make_qx_quants with x^2 weights, rmse_type
- * 1, per lane): L[i] = l + nmax for l in [-nmax, nmax - 1]; returns the scales (x ~ scale * l), 0 for an
- * all-zero sub-block. */
-static vf16 fit_symmetric(int nmax, const vf16 x[16], vi16 L[16])
+/* Codes of 8 sub-blocks of 16 (x[i]: element i of each; ggml's make_qx_quants with x^2 weights, rmse_type
+ * 1, per lane): L[i] = l + nmax for l in [-nmax, nmax - 1]; *scale_out gets the scales (x ~ scale * l), 0 for
+ * an all-zero sub-block. */
+static void fit_symmetric(int nmax, const vf8 x[16], vi8 L[16], vf8 *scale_out)
 {
-    vf16 max = {}, amax = {};
+    vf8 max = {}, amax = {};
     for (int i = 0; i < 16; i++) {
-        const vf16 ax = fabs16(x[i]);
-        const vi16 up = ax > amax;
-        amax = sel16(up, ax, amax);
-        max = sel16(up, x[i], max);
+        const vf8 ax = fabs8(x[i]);
+        const vi8 up = ax > amax;
+        amax = sel8(up, ax, amax);
+        max = sel8(up, x[i], max);
     }
-    const vi16 zero = amax < GROUP_MAX_EPS;
-    vf16 iscale = (float)-nmax / max;
-    vf16 sumlx = {}, suml2 = {};
+    const vi8 zero = amax < GROUP_MAX_EPS;
+    vf8 iscale = (float)-nmax / max;
+    vf8 sumlx = {}, suml2 = {};
     for (int i = 0; i < 16; i++) {
-        const vi16 l = clampi16(nearest16(iscale * x[i]), -nmax, nmax - 1);
+        const vi8 l = clampi8(nearest8(iscale * x[i]), -nmax, nmax - 1);
         L[i] = l + nmax;
-        const vf16 lf = __builtin_convertvector(l, vf16), w = x[i] * x[i];
+        const vf8 lf = __builtin_convertvector(l, vf8), w = x[i] * x[i];
         sumlx += w * x[i] * lf;
         suml2 += w * lf * lf;
     }
-    vf16 scale = sel16(suml2 != 0, sumlx / suml2, (vf16){});
-    vf16 best = scale * sumlx;
+    vf8 scale = sel8(suml2 != 0, sumlx / suml2, (vf8){});
+    vf8 best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
         if (is == 0) continue;
         iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = (vf16){};
-        vi16 aux[16];
+        sumlx = suml2 = (vf8){};
+        vi8 aux[16];
         for (int i = 0; i < 16; i++) {
-            const vi16 l = clampi16(nearest16(iscale * x[i]), -nmax, nmax - 1);
+            const vi8 l = clampi8(nearest8(iscale * x[i]), -nmax, nmax - 1);
             aux[i] = l + nmax;
-            const vf16 lf = __builtin_convertvector(l, vf16), w = x[i] * x[i];
+            const vf8 lf = __builtin_convertvector(l, vf8), w = x[i] * x[i];
             sumlx += w * x[i] * lf;
             suml2 += w * lf * lf;
         }
-        const vi16 better = (suml2 > 0) & (sumlx * sumlx > best * suml2);
-        for (int i = 0; i < 16; i++) L[i] = seli16(better, aux[i], L[i]);
-        scale = sel16(better, sumlx / suml2, scale);
-        best = sel16(better, scale * sumlx, best);
+        const vi8 better = (suml2 > 0) & (sumlx * sumlx > best * suml2);
+        for (int i = 0; i < 16; i++) L[i] = seli8(better, aux[i], L[i]);
+        scale = sel8(better, sumlx / suml2, scale);
+        best = sel8(better, scale * sumlx, best);
     }
-    for (int i = 0; i < 16; i++) L[i] = seli16(zero, (vi16){}, L[i]);
-    return sel16(zero, (vf16){}, scale);
+    for (int i = 0; i < 16; i++) L[i] = seli8(zero, (vi8){}, L[i]);
+    *scale_out = sel8(zero, (vf8){}, scale);
 }
 
 void row_q6_k_from_f32(const float *x, void *dst, int64_t n)
@@ -281,13 +281,18 @@ void row_q6_k_from_f32(const float *x, void *dst, int64_t n)
     struct block_q6_k *b = dst;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         int8_t L[QK_K];
-        vf16 xt[16];
-        vi16 Lt[16];
-        for (int e = 0; e < 16; e++)
-            for (int j = 0; j < 16; j++) xt[e][j] = x[16 * j + e];
-        const vf16 scales = fit_symmetric(32, xt, Lt);
-        for (int e = 0; e < 16; e++)
-            for (int j = 0; j < 16; j++) L[16 * j + e] = (int8_t)Lt[e][j];
+        float scales[QK_K / 16];
+        for (int half = 0; half < 2; half++) { /* sub-blocks 8 * half .. 8 * half + 7 */
+            vf8 xt[16];
+            vi8 Lt[16];
+            for (int e = 0; e < 16; e++)
+                for (int j = 0; j < 8; j++) xt[e][j] = x[16 * (8 * half + j) + e];
+            vf8 sc;
+            fit_symmetric(32, xt, Lt, &sc);
+            for (int j = 0; j < 8; j++) scales[8 * half + j] = sc[j];
+            for (int e = 0; e < 16; e++)
+                for (int j = 0; j < 8; j++) L[16 * (8 * half + j) + e] = (int8_t)Lt[e][j];
+        }
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < QK_K / 16; ib++) {
             if (fabsf(scales[ib]) > max_abs_scale) {
