@@ -1,7 +1,7 @@
 /* blocks — the byte layouts of ggml's quantized blocks, shared by quant/ and kernels/.
  *
  * Each struct is exactly one block as it sits in a GGUF file (little-endian, packed, no padding; the
- * static_asserts pin the sizes to dtype_type_size()). f16 fields are IEEE half bits (kernels/core/fp16.h).
+ * static_asserts pin the sizes to the table in quant/dtype.c). f16 fields are IEEE half bits (quant/fp16.h).
  * The meaning of every field is restated in quant/dequant.c's first comment.
  */
 #ifndef FERRY_QUANT_BLOCKS_H
@@ -68,6 +68,18 @@ struct block_q6_k {
     int8_t scales[QK_K / 16]; /* 8-bit scales of the 16 sub-blocks of 16 */
     uint16_t d;               /* f16 super-block scale */
 };
+
+/* The 6-bit scale and minimum of sub-block i (< 8) of a Q4_K or Q5_K block, from its 12 packed bytes s. */
+static inline void block_q4_k_scale_min(int i, const uint8_t *s, uint8_t *sc, uint8_t *mn)
+{
+    if (i < 4) {
+        *sc = s[i] & 63;
+        *mn = s[i + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[i + 4] & 15) | ((s[i - 4] >> 6) << 4));
+        *mn = (uint8_t)((s[i + 4] >> 4) | ((s[i] >> 6) << 4));
+    }
+}
 
 static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(struct block_q4_0) == 18, "block_q4_0 size");

@@ -1,4 +1,4 @@
-/* dequant — GGUF/ggml block formats to f32, and ggml's reference quantizers for Q8_0, Q4_0 and Q4_1.
+/* dequant — GGUF/ggml block formats to f32 (the to_f32 entries of quant/dtype.c's table).
  *
  * The layouts (ggml-common.h; little-endian; f16 = IEEE half; structs in quant/blocks.h):
  *   F32, F16, BF16: one element per "block" (4, 2, 2 bytes). BF16 is the high half of an f32.
@@ -8,11 +8,14 @@
  *   Q4_1 (32 elements, 20 bytes): { f16 d; f16 m; u8 qs[16]; }
  *        x[j] = d * (qs[j] & 15) + m,    x[j+16] = d * (qs[j] >> 4) + m
  *   Q5_0 (32 elements, 22 bytes): { f16 d; u8 qh[4]; u8 qs[16]; }, h = qh as a little-endian u32
- *        x[j] = d * (((qs[j] & 15) | (h >> j & 1) << 4) - 16),  x[j+16] = d * (((qs[j] >> 4) | (h >> (j+16) &
- * 1) << 4) - 16) Q5_1 (32 elements, 24 bytes): { f16 d; f16 m; u8 qh[4]; u8 qs[16]; }   as Q5_0 without the
- * -16, then + m Q4_K (256 elements, 144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; } 8 sub-blocks
- * of 32 with a 6-bit scale sc[i] and a 6-bit min mn[i]: i < 4: sc = scales[i] & 63,  mn = scales[i+4] & 63 i
- * ≥ 4: sc = (scales[i+4] & 15) | ((scales[i-4] >> 6) << 4), mn = (scales[i+4] >> 4) | ((scales[i] >> 6) << 4)
+ *        x[j]    = d * (((qs[j] & 15) | (h >> j & 1) << 4) - 16)
+ *        x[j+16] = d * (((qs[j] >> 4) | (h >> (j+16) & 1) << 4) - 16)
+ *   Q5_1 (32 elements, 24 bytes): { f16 d; f16 m; u8 qh[4]; u8 qs[16]; }   as Q5_0 without the -16, then + m
+ *   Q4_K (256 elements, 144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }
+ *        8 sub-blocks of 32 with a 6-bit scale sc[i] and a 6-bit min mn[i]:
+ *          i < 4:  sc = scales[i] & 63,  mn = scales[i+4] & 63
+ *          i >= 4: sc = (scales[i+4] & 15) | ((scales[i-4] >> 6) << 4),
+ *                  mn = (scales[i+4] >> 4) | ((scales[i] >> 6) << 4)
  *        Sub-blocks 2p and 2p+1 (p < 4) share qs[32p .. 32p+31]: low nibbles are sub-block 2p, high 2p+1.
  *        x = (d * sc) * q - (dmin * mn).
  *   Q5_K (256 elements, 176 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }
@@ -27,17 +30,14 @@
  * The expressions are evaluated in f32 in exactly that order, and this library is compiled with
  * -ffp-contract=off, so the results are bitwise those of ggml's scalar code and of gguf-py (numpy).
  */
-#include "quant/dequant.h"
-
-#include <math.h>
 #include <string.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/blocks.h"
+#include "quant/fp16.h"
+#include "quant/rows.h"
 
 /* Vector-returning static helpers are never called across an ABI boundary. */
 #pragma GCC diagnostic ignored "-Wpsabi"
-#include "kernels/core/status.h"
-#include "quant/blocks.h"
 
 /* 16-lane vectors (GCC/Clang extensions): one AVX-512 register, two AVX2 ones, or plain loops elsewhere.
  * The lane-wise arithmetic is exactly the scalar expression, so results do not depend on the vector width. */
@@ -51,18 +51,20 @@ static inline v16f v16_from_u8(v16u8 q)
     return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16f);
 }
 
-/* ---- dequantization ---------------------------------------------------------------------------------- */
-
-static void deq_q8_0(const struct block_q8_0 *restrict b, float *restrict y, int64_t nb)
+void row_q8_0_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q8_0 *restrict b = src;
+    const int64_t nb = n / QK8_0;
     for (int64_t i = 0; i < nb; i++, y += QK8_0) {
         const float d = f16_to_f32(b[i].d);
         for (int j = 0; j < QK8_0; j++) y[j] = d * (float)b[i].qs[j];
     }
 }
 
-static void deq_q4_0(const struct block_q4_0 *restrict b, float *restrict y, int64_t nb)
+void row_q4_0_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q4_0 *restrict b = src;
+    const int64_t nb = n / QK4_0;
     for (int64_t i = 0; i < nb; i++, y += QK4_0) {
         const float d = f16_to_f32(b[i].d);
         const v16u8 q = *(const v16u8 *)b[i].qs;
@@ -71,8 +73,10 @@ static void deq_q4_0(const struct block_q4_0 *restrict b, float *restrict y, int
     }
 }
 
-static void deq_q4_1(const struct block_q4_1 *restrict b, float *restrict y, int64_t nb)
+void row_q4_1_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q4_1 *restrict b = src;
+    const int64_t nb = n / QK4_1;
     for (int64_t i = 0; i < nb; i++, y += QK4_1) {
         const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
         const v16u8 q = *(const v16u8 *)b[i].qs;
@@ -81,8 +85,10 @@ static void deq_q4_1(const struct block_q4_1 *restrict b, float *restrict y, int
     }
 }
 
-static void deq_q5_0(const struct block_q5_0 *restrict b, float *restrict y, int64_t nb)
+void row_q5_0_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q5_0 *restrict b = src;
+    const int64_t nb = n / QK5_0;
     for (int64_t i = 0; i < nb; i++, y += QK5_0) {
         const float d = f16_to_f32(b[i].d);
         uint32_t qh;
@@ -96,8 +102,10 @@ static void deq_q5_0(const struct block_q5_0 *restrict b, float *restrict y, int
     }
 }
 
-static void deq_q5_1(const struct block_q5_1 *restrict b, float *restrict y, int64_t nb)
+void row_q5_1_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q5_1 *restrict b = src;
+    const int64_t nb = n / QK5_1;
     for (int64_t i = 0; i < nb; i++, y += QK5_1) {
         const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
         uint32_t qh;
@@ -111,27 +119,18 @@ static void deq_q5_1(const struct block_q5_1 *restrict b, float *restrict y, int
     }
 }
 
-static void q4_k_scale_min(int i, const uint8_t *s, uint8_t *sc, uint8_t *mn)
+void row_q4_k_to_f32(const void *src, float *restrict y, int64_t n)
 {
-    if (i < 4) {
-        *sc = s[i] & 63;
-        *mn = s[i + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[i + 4] & 15) | ((s[i - 4] >> 6) << 4));
-        *mn = (uint8_t)((s[i + 4] >> 4) | ((s[i] >> 6) << 4));
-    }
-}
-
-static void deq_q4_k(const struct block_q4_k *restrict b, float *restrict y, int64_t nb)
-{
+    const struct block_q4_k *restrict b = src;
+    const int64_t nb = n / QK_K;
     for (int64_t i = 0; i < nb; i++) {
         const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
         const uint8_t *q = b[i].qs;
         for (int p = 0; p < 4; p++, q += 32) {
             uint8_t sc, mn;
-            q4_k_scale_min(2 * p, b[i].scales, &sc, &mn);
+            block_q4_k_scale_min(2 * p, b[i].scales, &sc, &mn);
             const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-            q4_k_scale_min(2 * p + 1, b[i].scales, &sc, &mn);
+            block_q4_k_scale_min(2 * p + 1, b[i].scales, &sc, &mn);
             const float d2 = d * (float)sc, m2 = dmin * (float)mn;
             for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 15) - m1;
             for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
@@ -139,16 +138,18 @@ static void deq_q4_k(const struct block_q4_k *restrict b, float *restrict y, int
     }
 }
 
-static void deq_q5_k(const struct block_q5_k *restrict b, float *restrict y, int64_t nb)
+void row_q5_k_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q5_k *restrict b = src;
+    const int64_t nb = n / QK_K;
     for (int64_t i = 0; i < nb; i++) {
         const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
         const uint8_t *q = b[i].qs, *qh = b[i].qh;
         for (int p = 0; p < 4; p++, q += 32) {
             uint8_t sc, mn;
-            q4_k_scale_min(2 * p, b[i].scales, &sc, &mn);
+            block_q4_k_scale_min(2 * p, b[i].scales, &sc, &mn);
             const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-            q4_k_scale_min(2 * p + 1, b[i].scales, &sc, &mn);
+            block_q4_k_scale_min(2 * p + 1, b[i].scales, &sc, &mn);
             const float d2 = d * (float)sc, m2 = dmin * (float)mn;
             for (int l = 0; l < 32; l++) *y++ = d1 * (float)((q[l] & 15) + (qh[l] >> (2 * p) & 1) * 16) - m1;
             for (int l = 0; l < 32; l++)
@@ -157,8 +158,10 @@ static void deq_q5_k(const struct block_q5_k *restrict b, float *restrict y, int
     }
 }
 
-static void deq_q6_k(const struct block_q6_k *restrict b, float *restrict y, int64_t nb)
+void row_q6_k_to_f32(const void *src, float *restrict y, int64_t n)
 {
+    const struct block_q6_k *restrict b = src;
+    const int64_t nb = n / QK_K;
     for (int64_t i = 0; i < nb; i++) {
         const float d = f16_to_f32(b[i].d);
         const uint8_t *ql = b[i].ql, *qh = b[i].qh;
@@ -180,145 +183,24 @@ static void deq_q6_k(const struct block_q6_k *restrict b, float *restrict y, int
     }
 }
 
-int dequant_row(enum dtype t, const void *src, float *dst, int64_t n)
+void row_f32_to_f32(const void *src, float *dst, int64_t n)
 {
-    if (!dtype_valid(t) || n < 0 || !src || !dst) return FERRY_ERR_INVALID;
-    const int bs = dtype_block_size(t);
-    if (n % bs) return FERRY_ERR_INVALID;
-    const int64_t nb = n / bs;
-    switch (t) {
-    case DTYPE_F32:
-        memmove(dst, src, (size_t)n * sizeof(float));
-        return FERRY_OK;
-    case DTYPE_F16: {
-        const uint16_t *h = src;
-        int64_t i = 0;
+    memmove(dst, src, (size_t)n * sizeof(float));
+}
+
+void row_f16_to_f32(const void *src, float *dst, int64_t n)
+{
+    const uint16_t *h = src;
+    int64_t i = 0;
 #if defined(__F16C__)
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(h + i))));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(h + i))));
 #endif
-        for (; i < n; i++) dst[i] = f16_to_f32(h[i]);
-        return FERRY_OK;
-    }
-    case DTYPE_BF16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
-        return FERRY_OK;
-    }
-    case DTYPE_Q8_0:
-        deq_q8_0(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q4_0:
-        deq_q4_0(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q4_1:
-        deq_q4_1(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q5_0:
-        deq_q5_0(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q5_1:
-        deq_q5_1(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q4_K:
-        deq_q4_k(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q5_K:
-        deq_q5_k(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q6_K:
-        deq_q6_k(src, dst, nb);
-        return FERRY_OK;
-    default:
-        return FERRY_ERR_UNSUPPORTED;
-    }
+    for (; i < n; i++) dst[i] = f16_to_f32(h[i]);
 }
 
-/* ---- reference quantizers (ggml's quantize_row_*_ref) ------------------------------------------------ */
-
-/* ggml rounds half away from zero (roundf); so does gguf-py's np_roundf. */
-static void quant_q8_0(const float *x, struct block_q8_0 *b, int64_t nb)
+void row_bf16_to_f32(const void *src, float *dst, int64_t n)
 {
-    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        for (int j = 0; j < QK8_0; j++) b[i].qs[j] = (int8_t)roundf(x[j] * id);
-    }
-}
-
-/* The value of largest magnitude (with its sign) maps to -8; the rest truncate after adding 8.5. */
-static void quant_q4_0(const float *x, struct block_q4_0 *b, int64_t nb)
-{
-    for (int64_t i = 0; i < nb; i++, x += QK4_0) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK4_0; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            const int q0 = (int)(int8_t)(x[j] * id + 8.5f), q1 = (int)(int8_t)(x[j + QK4_0 / 2] * id + 8.5f);
-            b[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
-        }
-    }
-}
-
-static void quant_q4_1(const float *x, struct block_q4_1 *b, int64_t nb)
-{
-    for (int64_t i = 0; i < nb; i++, x += QK4_1) {
-        float min = INFINITY, max = -INFINITY;
-        for (int j = 0; j < QK4_1; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
-        const float d = (max - min) / 15.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        b[i].m = f32_to_f16(min);
-        for (int j = 0; j < QK4_1 / 2; j++) {
-            const int q0 = (int)(int8_t)((x[j] - min) * id + 0.5f);
-            const int q1 = (int)(int8_t)((x[j + QK4_1 / 2] - min) * id + 0.5f);
-            b[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
-        }
-    }
-}
-
-int quant_row(enum dtype t, const float *src, void *dst, int64_t n)
-{
-    if (!dtype_valid(t) || n < 0 || !src || !dst) return FERRY_ERR_INVALID;
-    if (n % dtype_block_size(t)) return FERRY_ERR_INVALID;
-    const int64_t nb = n / dtype_block_size(t);
-    switch (t) {
-    case DTYPE_F32:
-        memmove(dst, src, (size_t)n * sizeof(float));
-        return FERRY_OK;
-    case DTYPE_F16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = f32_to_f16(src[i]);
-        return FERRY_OK;
-    }
-    case DTYPE_BF16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(src[i]);
-        return FERRY_OK;
-    }
-    case DTYPE_Q8_0:
-        quant_q8_0(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q4_0:
-        quant_q4_0(src, dst, nb);
-        return FERRY_OK;
-    case DTYPE_Q4_1:
-        quant_q4_1(src, dst, nb);
-        return FERRY_OK;
-    default:
-        return FERRY_ERR_UNSUPPORTED;
-    }
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
 }

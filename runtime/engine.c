@@ -20,6 +20,7 @@
 #include "runtime/forward_cuda.h"
 #include "runtime/kv_cache.h"
 #include "runtime/layer.h"
+#include "quant/mix.h"
 #include "runtime/model.h"
 #include "runtime/step_plan.h"
 
@@ -65,7 +66,30 @@ struct engine_params engine_default_params(void)
         .placement = ENGINE_PLACEMENT_AUTO,
         .cpu_threads = 0,
         .plan_override = NULL,
+        .quant = ENGINE_QUANT_NONE,
     };
+}
+
+/* --quant values and the llama.cpp mixes they apply (the int4 choice is measured in kernels/cpu/NOTES.md). */
+static const struct {
+    const char *name;
+    int ftype;
+} engine_quants[] = {
+    [ENGINE_QUANT_NONE] = {"none", -1},
+    [ENGINE_QUANT_INT8] = {"int8", QUANT_FTYPE_Q8_0},
+    [ENGINE_QUANT_INT4] = {"int4", QUANT_FTYPE_Q4_K_M},
+};
+
+int engine_quant_parse(const char *s)
+{
+    for (int i = 0; i < (int)(sizeof engine_quants / sizeof engine_quants[0]); i++)
+        if (s && !strcmp(s, engine_quants[i].name)) return i;
+    return -1;
+}
+
+int engine_quant_ftype(enum engine_quant q)
+{
+    return (unsigned)q < sizeof engine_quants / sizeof engine_quants[0] ? engine_quants[q].ftype : -1;
 }
 
 static double now_seconds(void)
@@ -250,7 +274,15 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     memset(model, 0, sizeof *model);
     int rc;
     const struct llm_hparams *hp = &e->model.hp;
-    if (p.quant_int8 && (rc = model_quantize_int8(&e->model, err))) goto fail;
+    if (p.quant != ENGINE_QUANT_NONE) {
+        const int ftype = engine_quant_ftype(p.quant);
+        if (ftype < 0) {
+            snprintf(err, 256, "unknown quantization %d", (int)p.quant);
+            rc = FERRY_ERR_INVALID;
+            goto fail;
+        }
+        if ((rc = model_quantize(&e->model, ftype, p.n_threads, err))) goto fail;
+    }
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
     const int kv_auto = use_cuda && p.kv_tokens == 0;

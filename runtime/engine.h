@@ -23,6 +23,15 @@ enum engine_backend { ENGINE_BACKEND_AUTO = 0, ENGINE_BACKEND_CPU = 1, ENGINE_BA
  * predicts faster; always stream them; always compute them on the host's cores. */
 enum engine_placement { ENGINE_PLACEMENT_AUTO = 0, ENGINE_PLACEMENT_STREAM = 1, ENGINE_PLACEMENT_CPU = 2 };
 
+/* Quantization of F32/F16/BF16 weights at load (--quant): INT8 is llama.cpp's Q8_0 mix, INT4 its Q4_K_M mix
+ * (Q4_K; Q6_K for the head and some attn_v/ffn_down; Q5_0/Q8_0 for rows not a multiple of 256), the same
+ * bytes `ferry quantize --type Q8_0 / Q4_K_M` writes (runtime/model.h model_quantize). */
+enum engine_quant { ENGINE_QUANT_NONE = 0, ENGINE_QUANT_INT8 = 1, ENGINE_QUANT_INT4 = 2 };
+/* "none" | "int8" | "int4" to its value, or -1. */
+int engine_quant_parse(const char *s);
+/* The llama.cpp file type (quant/mix.h) a quantization applies, or -1 for NONE. */
+int engine_quant_ftype(enum engine_quant q);
+
 struct engine_params {
     enum engine_backend backend;
     int n_threads;        /* CPU worker threads; 0 = online cores */
@@ -32,7 +41,7 @@ struct engine_params {
     int max_batch_tokens; /* largest n_tokens of one engine_step */
     int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions); with
                            * placement AUTO, host layers stream (auto plans from start-up timings) */
-    int quant_int8;       /* quantize F32/F16/BF16 matrices to Q8_0 at load (model_quantize_int8) */
+    enum engine_quant quant; /* quantize F32/F16/BF16 weights at load (default NONE) */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */

@@ -6,11 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/fp16.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
-#include "quant/dequant.h"
+#include "quant/matrix.h"
+#include "quant/mix.h"
 
 static int find_matrix(const struct model_file *mf, const char *name, int64_t rows, int64_t cols,
                        struct wview *out, char err[256])
@@ -47,17 +48,19 @@ static int load_vector(const struct model_file *mf, const char *name, int64_t n,
     }
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return FERRY_ERR_NOMEM;
-    int rc = dequant_row(t->type, t->data, v, n);
-    if (rc) {
+    if (!dtype_to_f32(t->type, t->data, v, n)) {
         free(v);
         snprintf(err, 256, "tensor %s: cannot convert type %s to f32", name, dtype_name(t->type));
-        return rc;
+        return FERRY_ERR_FORMAT;
     }
     *out = v;
     return FERRY_OK;
 }
 
-static uint64_t wview_bytes(const struct wview *w) { return dtype_row_size(w->type, w->cols) * w->rows; }
+static uint64_t wview_bytes(const struct wview *w)
+{
+    return dtype_row_size(w->type, w->cols) * w->rows;
+}
 
 int model_init(struct model *m, const struct model_file *mf, char err[256])
 {
@@ -67,7 +70,8 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
     if (hp->n_layers <= 0 || hp->dim <= 0 || hp->n_heads <= 0 || hp->n_kv_heads <= 0 || hp->head_dim <= 0 ||
         hp->n_heads % hp->n_kv_heads || hp->ffn_dim <= 0 || hp->n_vocab <= 0 || hp->rope_dim <= 0 ||
         hp->rope_dim > hp->head_dim || hp->rope_dim % 2) {
-        snprintf(err, 256, "inconsistent hyperparameters (layers %d dim %d heads %d/%d head_dim %d rope_dim %d)",
+        snprintf(err, 256,
+                 "inconsistent hyperparameters (layers %d dim %d heads %d/%d head_dim %d rope_dim %d)",
                  hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->rope_dim);
         return FERRY_ERR_FORMAT;
     }
@@ -92,7 +96,7 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         struct model_layer *L = &m->layers[l];
 #define MAT(field, suffix, r, c)                                                                             \
     snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                     \
-    if ((rc = find_matrix(mf, name, r, c, &L->field, err))) goto fail;                                      \
+    if ((rc = find_matrix(mf, name, r, c, &L->field, err))) goto fail;                                       \
     m->weight_bytes += wview_bytes(&L->field);
 #define VEC(field, suffix, n, opt)                                                                           \
     snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                     \
@@ -131,66 +135,91 @@ fail:
     return rc;
 }
 
-/* Every matrix a forward pass multiplies by (the embedding is gathered, never multiplied, except when tied). */
-static int model_matrices(struct model *m, struct wview **out)
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Quantization at load */
+
+/* One tensor of the model under its GGUF name, for the mix (which decides by name, in llama.cpp's order). */
+struct qtensor {
+    char name[48];
+    struct wview *view;
+    enum dtype to;
+};
+
+static int cmp_qtensor(const void *a, const void *b)
 {
-    int n = 0;
-    out[n++] = &m->output;
-    for (int l = 0; l < m->hp.n_layers; l++) {
-        struct model_layer *L = &m->layers[l];
-        struct wview *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) out[n++] = v[i];
-    }
-    return n;
+    return quant_mix_order(((const struct qtensor *)a)->name, ((const struct qtensor *)b)->name);
 }
 
-int model_quantize_int8(struct model *m, char err[256])
+static void run_on_pool(void *pool, quant_task_fn task, void *ctx, int n_tasks)
 {
-    const int n_max = 1 + 7 * m->hp.n_layers;
-    struct wview **mats = malloc((size_t)n_max * sizeof *mats);
-    int64_t cols = m->hp.ffn_dim > m->hp.dim ? m->hp.ffn_dim : m->hp.dim;
-    if ((int64_t)m->hp.n_heads * m->hp.head_dim > cols) cols = (int64_t)m->hp.n_heads * m->hp.head_dim;
-    float *row = malloc((size_t)cols * sizeof(float));
-    if (!mats || !row) {
-        free(mats);
-        free(row);
-        return FERRY_ERR_NOMEM;
+    tpool_run(pool, task, ctx, n_tasks);
+}
+
+int model_quantize(struct model *m, int ftype, int n_threads, char err[256])
+{
+    const struct llm_hparams *hp = &m->hp;
+    const int tied = m->output.data == m->tok_embd.data;
+    const int n_max = 2 + 7 * hp->n_layers;
+    struct qtensor *qt = calloc((size_t)n_max, sizeof *qt);
+    if (!qt) return FERRY_ERR_NOMEM;
+    int n = 0;
+    /* Tied: the one tensor is the head, and llama.cpp quantizes token_embd with the head's rule. */
+    qt[n++] = (struct qtensor){.name = "token_embd.weight", .view = &m->tok_embd};
+    if (!tied) qt[n++] = (struct qtensor){.name = "output.weight", .view = &m->output};
+    static const char *const suffix[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                          "ffn_gate", "ffn_up", "ffn_down"};
+    for (int l = 0; l < hp->n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        struct wview *v[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            snprintf(qt[n].name, sizeof qt[n].name, "blk.%d.%s.weight", l, suffix[i]);
+            qt[n++].view = v[i];
+        }
     }
-    int n = model_matrices(m, mats);
+    qsort(qt, (size_t)n, sizeof *qt, cmp_qtensor);
+    /* llama.cpp's 70B class (llama-model.cpp): 80 layers, grouped-query attention (any qwen2 of 80 layers).
+     */
+    const bool is_70b = hp->n_layers == 80 && (!strcmp(hp->arch, "qwen2") || hp->n_heads != hp->n_kv_heads);
+    struct quant_mix mix;
+    if (!quant_mix_init(&mix, ftype, hp->n_layers, hp->n_layers, !tied, is_70b)) {
+        free(qt);
+        snprintf(err, 256, "unknown quantization file type %d", ftype);
+        return FERRY_ERR_INVALID;
+    }
     size_t total = 0;
     for (int i = 0; i < n; i++) {
-        struct wview *w = mats[i];
-        if ((w->type == DTYPE_F32 || w->type == DTYPE_F16 || w->type == DTYPE_BF16) && w->cols % 32 == 0)
-            total += dtype_row_size(DTYPE_Q8_0, w->cols) * (size_t)w->rows;
+        struct wview *w = qt[i].view;
+        const int to = quant_mix_type(&mix, qt[i].name, 2, w->cols, w->type);
+        qt[i].to = to < 0 || dtype_get_traits(w->type)->is_quantized ? w->type : (enum dtype)to;
+        if (qt[i].to != w->type) total += dtype_row_size(qt[i].to, w->cols) * (size_t)w->rows;
     }
     char *buf = total ? malloc(total) : NULL;
-    if (total && !buf) {
-        free(mats);
-        free(row);
-        snprintf(err, 256, "cannot allocate %.1f MiB for int8 weights", total / 1048576.0);
+    struct tpool *tp = NULL;
+    if ((total && !buf) || (total && tpool_init(&tp, n_threads))) {
+        free(buf);
+        free(qt);
+        snprintf(err, 256, "cannot allocate %.1f MiB for the quantized weights", total / 1048576.0);
         return FERRY_ERR_NOMEM;
     }
+    const struct quant_runner runner = {run_on_pool, tp};
     size_t off = 0;
-    uint64_t bytes = m->weight_bytes;
     for (int i = 0; i < n; i++) {
-        struct wview *w = mats[i];
-        if (!((w->type == DTYPE_F32 || w->type == DTYPE_F16 || w->type == DTYPE_BF16) && w->cols % 32 == 0)) continue;
-        /* The output head may be the tied embedding: quantize a copy, the embedding itself stays exact. */
-        const size_t src_row = dtype_row_size(w->type, w->cols), dst_row = dtype_row_size(DTYPE_Q8_0, w->cols);
-        char *dst = buf + off;
-        for (int64_t r = 0; r < w->rows; r++) {
-            dequant_row(w->type, (const char *)w->data + src_row * r, row, w->cols);
-            quant_row(DTYPE_Q8_0, row, dst + dst_row * r, w->cols);
-        }
-        bytes -= src_row * (uint64_t)w->rows;
-        bytes += dst_row * (uint64_t)w->rows;
-        *w = (struct wview){.data = dst, .type = DTYPE_Q8_0, .rows = w->rows, .cols = w->cols};
-        off += dst_row * (size_t)w->rows;
+        struct wview *w = qt[i].view;
+        if (qt[i].to == w->type) continue;
+        const uint64_t src_bytes = dtype_row_size(w->type, w->cols) * (uint64_t)w->rows;
+        const size_t dst_bytes = dtype_row_size(qt[i].to, w->cols) * (size_t)w->rows;
+        quant_matrix(qt[i].to, buf + off, w->type, w->data, w->rows, w->cols, &runner, NULL);
+        /* The embedding is gathered, not read whole per forward pass: only the head counts (when tied, it is
+         * the head). */
+        if (w != &m->tok_embd || tied) m->weight_bytes = m->weight_bytes - src_bytes + dst_bytes;
+        *w = (struct wview){.data = buf + off, .type = qt[i].to, .rows = w->rows, .cols = w->cols};
+        if (tied && w == &m->tok_embd) m->output = *w;
+        off += dst_bytes;
     }
-    m->weight_bytes = bytes;
+    tpool_free(tp);
     m->quant_owned = buf;
-    free(mats);
-    free(row);
+    free(qt);
     return FERRY_OK;
 }
 
@@ -215,7 +244,8 @@ void model_free(struct model *m)
     memset(m, 0, sizeof *m);
 }
 
-/* ---------------------------------------------------------------------------------------------------------- */
+/* ----------------------------------------------------------------------------------------------------------
+ */
 /* Synthetic models */
 
 struct fill_job {
@@ -231,20 +261,20 @@ struct fill_job {
 static void fill_task(void *ctx, int task)
 {
     const struct fill_job *j = ctx;
+    const struct dtype_traits *tr = dtype_get_traits(j->type);
     size_t per = (j->n_elems + (size_t)j->n_tasks - 1) / (size_t)j->n_tasks;
     size_t lo = per * (size_t)task, hi = lo + per < j->n_elems ? lo + per : j->n_elems;
     uint64_t x = j->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(task + 1));
-    for (size_t i = lo; i < hi; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        float v = ((float)(x >> 40) * 0x1.0p-24f - 0.5f) * 0.1f;
-        if (j->type == DTYPE_F32)
-            ((float *)j->base)[i] = v;
-        else if (j->type == DTYPE_F16)
-            ((uint16_t *)j->base)[i] = f32_to_f16(v);
-        else
-            ((uint16_t *)j->base)[i] = f32_to_bf16(v);
+    float v[1024];
+    for (size_t i = lo; i < hi; i += 1024) {
+        const size_t n = hi - i < 1024 ? hi - i : 1024;
+        for (size_t k = 0; k < n; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v[k] = ((float)(x >> 40) * 0x1.0p-24f - 0.5f) * 0.1f;
+        }
+        tr->from_f32(v, (char *)j->base + i * tr->type_size, (int64_t)n);
     }
 }
 
@@ -256,11 +286,11 @@ static float *unit_vector(size_t n, float jitter_seed)
     return v;
 }
 
-int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed, int n_threads,
-                         char err[256])
+int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed,
+                         int n_threads, char err[256])
 {
     memset(m, 0, sizeof *m);
-    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16) {
+    if (!dtype_valid(wt) || dtype_get_traits(wt)->is_quantized) {
         snprintf(err, 256, "synthetic weights must be F32, F16 or BF16");
         return FERRY_ERR_INVALID;
     }
@@ -281,12 +311,19 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
     }
     struct tpool *tp = NULL;
     tpool_init(&tp, n_threads);
-    struct fill_job job = {.base = m->owned, .n_elems = total, .type = wt, .seed = seed ? seed : 1,
+    struct fill_job job = {.base = m->owned,
+                           .n_elems = total,
+                           .type = wt,
+                           .seed = seed ? seed : 1,
                            .n_tasks = 4 * tpool_size(tp)};
     tpool_run(tp, fill_task, &job, job.n_tasks);
     tpool_free(tp);
     char *cur = m->owned;
-#define NEXT(view, r, c)                                                                                         do {                                                                                                             (view) = (struct wview){.data = cur, .type = wt, .rows = (r), .cols = (c)};                                  cur += (size_t)(r) * (size_t)(c) * es;                                                                   } while (0)
+#define NEXT(view, r, c)                                                                                     \
+    do {                                                                                                     \
+        (view) = (struct wview){.data = cur, .type = wt, .rows = (r), .cols = (c)};                          \
+        cur += (size_t)(r) * (size_t)(c)*es;                                                                 \
+    } while (0)
     NEXT(m->tok_embd, V, dim);
     if (hp->tied_embeddings)
         m->output = m->tok_embd;

@@ -10,15 +10,33 @@
 
 #include <stdint.h>
 
-#include "kernels/core/dtype.h"
+#include "quant/dtype.h"
 #include "weights/model_file.h"
+
+/* Extension point for formats whose scales and zero points live in tensors of their own (AWQ, GPTQ: per-group
+ * f16 scales (rows, cols / group) and packed integer zero points beside packed 4-bit codes). Nothing fills it
+ * yet: every type in quant/dtype.h keeps its scales inside its blocks, so n_aux is 0 everywhere. A format
+ * that uses it adds its code type to quant/dtype.h (codes only, is_quantized), fills aux[] at load, and each
+ * backend adds a kernel for it beside its others; a backend must refuse (FERRY_ERR_UNSUPPORTED) a view whose
+ * n_aux it does not understand rather than ignore the side tensors. */
+enum wview_aux_role { WVIEW_AUX_SCALES = 0, WVIEW_AUX_ZEROS = 1 };
+#define WVIEW_MAX_AUX 2
+struct wview_aux {
+    enum wview_aux_role role;
+    const void *data; /* (rows, cols) in type */
+    enum dtype type;
+    int64_t rows, cols;
+};
 
 /* A row-major matrix (rows, cols) in its stored type: a linear layer is (n_out, n_in). */
 struct wview {
-    const void *data;
+    const void *data; /* (rows, cols) in type */
     enum dtype type;
     int64_t rows;
     int64_t cols;
+    int group_size; /* columns per scale group of the aux tensors; 0 without them */
+    int n_aux;      /* 0 for every type ferry reads today (see struct wview_aux) */
+    struct wview_aux aux[WVIEW_MAX_AUX];
 };
 
 struct model_layer {
@@ -32,26 +50,29 @@ struct model_layer {
 
 struct model {
     struct llm_hparams hp;
-    struct wview tok_embd;       /* (n_vocab, dim) */
-    struct wview output;         /* (n_vocab, dim); token_embd when tied */
-    float *output_norm;          /* (dim) f32 */
-    struct model_layer *layers;  /* (n_layers) */
-    float *inv_freq;             /* (rope_dim/2) f32 */
-    uint64_t weight_bytes;       /* bytes of all matrices read per forward pass */
-    void *owned;                 /* synthetic models: the one allocation holding every matrix */
-    void *quant_owned;           /* matrices quantized at load, or NULL */
+    struct wview tok_embd;      /* (n_vocab, dim) */
+    struct wview output;        /* (n_vocab, dim); token_embd when tied */
+    float *output_norm;         /* (dim) f32 */
+    struct model_layer *layers; /* (n_layers) */
+    float *inv_freq;            /* (rope_dim/2) f32 */
+    uint64_t weight_bytes;      /* bytes of all matrices read per forward pass */
+    void *owned;                /* synthetic models: the one allocation holding every matrix */
+    void *quant_owned;          /* matrices quantized at load, or NULL */
 };
 
 int model_init(struct model *m, const struct model_file *mf, char err[256]);
-/* `--quant int8`: converts every F32/F16/BF16 matrix (rows a multiple of 32) to Q8_0 — groups of 32 along a
- * row, symmetric absmax, one f16 scale per group (ggml's reference quantizer) — in memory the model owns.
- * Matrices already quantized in the file, and the token embedding (gathered, not multiplied), are kept. */
-int model_quantize_int8(struct model *m, char err[256]);
+/* Quantization at load (`--quant`): every F32/F16/BF16 matrix, the token embedding included, gets the type
+ * llama.cpp's mix `ftype` (quant/mix.h, e.g. QUANT_FTYPE_Q8_0, QUANT_FTYPE_Q4_K_M) gives it, through quant/'s
+ * reference quantizers, in memory the model owns: the same types and bytes `ferry quantize --type <ftype>`
+ * writes, so both give bitwise the same logits. Tensors already quantized in the file stay; a matrix no type
+ * of the mix can hold (rows not a multiple of 32 in a legacy mix) stays as loaded. Uses n_threads threads
+ * (0 = all cores). */
+int model_quantize(struct model *m, int ftype, int n_threads, char err[256]);
 /* A model of the shape hp (arch, dims, rope fields) whose matrices are random, non-zero values of type wt
  * (F32, F16 or BF16) drawn from a seeded generator, with unit-scale norms: for benchmarks at real shapes
  * without a file. Filling many GB uses `n_threads` threads (0 = all cores). */
-int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed, int n_threads,
-                         char err[256]);
+int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed,
+                         int n_threads, char err[256]);
 void model_free(struct model *m);
 
 #endif

@@ -53,7 +53,7 @@ static void bench_usage(FILE *f)
         "  --reserve-vram SIZE   (default 1GiB)\n"
         "  --gpu-layers N        resident layers (default: as many as fit)\n"
         "  --slots K             streaming ring size (default: planner's choice)\n"
-        "  --quant int8          quantize the matrices to Q8_0 at load\n"
+        "  --quant int8|int4     quantize the weights at load (llama.cpp's Q8_0 / Q4_K_M mix)\n"
         "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
         "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
         "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
@@ -163,14 +163,10 @@ int cli_bench_main(int argc, char **argv)
             synthetic = optarg;
             break;
         case 'd':
-            if (!strcmp(optarg, "f16"))
-                wt = DTYPE_F16;
-            else if (!strcmp(optarg, "bf16"))
-                wt = DTYPE_BF16;
-            else if (!strcmp(optarg, "f32"))
-                wt = DTYPE_F32;
-            else
+            /* f32 | f16 | bf16: a plain type of the table */
+            if (dtype_from_name(optarg) < 0 || dtype_get_traits((uint32_t)dtype_from_name(optarg))->is_quantized)
                 goto bad;
+            wt = (enum dtype)dtype_from_name(optarg);
             break;
         case 'g':
             if (opt_parse_size(optarg, &ep.gpu_memory)) goto bad;
@@ -187,10 +183,12 @@ int cli_bench_main(int argc, char **argv)
         case 'c':
             ep.backend = ENGINE_BACKEND_CPU;
             break;
-        case 'q':
-            if (strcmp(optarg, "int8")) goto bad;
-            ep.quant_int8 = 1;
+        case 'q': {
+            const int q = engine_quant_parse(optarg);
+            if (q < 0) goto bad;
+            ep.quant = (enum engine_quant)q;
             break;
+        }
         case 't':
             ep.n_threads = atoi(optarg);
             break;

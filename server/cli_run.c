@@ -42,7 +42,7 @@ struct run_opts {
     int bos; /* -1 = the model's default */
     int ignore_eos;
     int log_level;
-    int quant_int8;
+    enum engine_quant quant;
     enum engine_backend backend;
 };
 
@@ -72,7 +72,8 @@ static void run_usage(FILE *f)
             "  --json                 print {\"prompt_tokens\",\"tokens\",\"text\"} as JSON\n"
             "  --dump-logits FILE     write the last prompt position's logits (float32 LE)\n"
             "  --threads N            CPU threads (default: all cores)\n"
-            "  --quant int8           quantize F32/F16/BF16 matrices to Q8_0 at load\n"
+            "  --quant none|int8|int4 quantize F32/F16/BF16 weights at load (int8: llama.cpp's Q8_0, int4:\n"
+            "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
@@ -252,10 +253,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_LOG:
             if ((o->log_level = cli_log_level_parse(optarg)) < 0) bad = 1;
             break;
-        case O_QUANT:
-            if (strcmp(optarg, "int8")) bad = 1;
-            o->quant_int8 = 1;
+        case O_QUANT: {
+            const int q = engine_quant_parse(optarg);
+            if (q < 0) bad = 1;
+            else o->quant = (enum engine_quant)q;
             break;
+        }
         case O_BACKEND:
             if (!strcmp(optarg, "auto")) o->backend = ENGINE_BACKEND_AUTO;
             else if (!strcmp(optarg, "cpu")) o->backend = ENGINE_BACKEND_CPU;
@@ -408,7 +411,7 @@ int cli_run_main(int argc, char **argv)
     ep.n_threads = o.threads;
     ep.ctx_size = o.ctx_size;
     ep.n_seqs = 1;
-    ep.quant_int8 = o.quant_int8;
+    ep.quant = o.quant;
     ep.backend = o.backend;
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));

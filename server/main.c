@@ -58,6 +58,7 @@ static void usage(FILE *f)
                "  run       one generation from the command line (ferry run --help)\n"
                "  inspect   model metadata and the placement plan (ferry inspect --help)\n"
                "  bench     prefill/decode throughput (ferry bench --help)\n"
+               "  quantize  write a quantized GGUF (ferry quantize --help)\n"
                "  version   print the version\n");
 }
 
@@ -71,6 +72,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "run")) return cli_run_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cli_inspect_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cli_bench_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cli_quantize_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) {
 #ifdef FERRY_SERVER
         return serve_main(argc - 1, argv + 1);

@@ -83,8 +83,9 @@ static const struct opt_row rows[] = {
      "whichever is predicted faster), stream, cpu (CUDA backend)"},
     {"cpu-threads", OPT_INT, OFF(cpu_threads), 0, 4096, "0", NULL,
      "pinned host threads computing host layers beside the GPU (0 = --threads)"},
-    {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8",
-     "int8: quantize F32/F16/BF16 matrices to Q8_0 at load (half the bytes of f16)"},
+    {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
+     "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its Q4_K_M mix "
+     "(about 0.3x f16); the bytes `ferry quantize` writes"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, "0", NULL,
      "fixed reduction orders (passed to the engine; the CPU backend always is)"},
 };

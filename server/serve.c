@@ -545,7 +545,7 @@ static void loader_main(void *arg)
     ep.max_batch_tokens =
         S->opt.max_batch_tokens < S->opt.parallel ? S->opt.parallel : S->opt.max_batch_tokens;
     ep.deterministic = S->opt.deterministic;
-    ep.quant_int8 = !strcmp(S->opt.quant, "int8");
+    ep.quant = (enum engine_quant)engine_quant_parse(S->opt.quant); /* options.c allows only known names */
     ep.kv_tokens = S->opt.kv_tokens;
     ep.backend = !strcmp(S->opt.backend, "cpu")    ? ENGINE_BACKEND_CPU
                  : !strcmp(S->opt.backend, "cuda") ? ENGINE_BACKEND_CUDA

@@ -37,6 +37,7 @@ struct gguf_kv {
     enum gguf_vtype elem; /* arrays: element type */
     uint64_t n;           /* arrays: element count */
     size_t *str_offs;     /* (n) string arrays: file offset of each element's u64 length; owned */
+    size_t raw_at, raw_len; /* the whole entry as serialized (key, type, value): for copying it verbatim */
 };
 
 struct gguf {
@@ -443,7 +444,10 @@ static int parse(struct gguf *g, char *err)
                     (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
         g->n_kv = (int)i + 1; /* so that gguf_close frees what was allocated so far */
+        const size_t at = r.pos;
         if ((rc = parse_kv(g, &r, &g->kv[i]))) return rc;
+        g->kv[i].raw_at = at;
+        g->kv[i].raw_len = r.pos - at;
     }
     long long dup = find_duplicate(kv_key_at, g->kv, (size_t)n_kv);
     if (dup == -2) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory checking metadata keys");
@@ -653,6 +657,17 @@ struct gguf_str gguf_kv_key(const struct gguf *g, int i)
 {
     if (i < 0 || i >= g->n_kv) return (struct gguf_str){NULL, 0};
     return g->kv[i].key;
+}
+
+size_t gguf_alignment(const struct gguf *g)
+{
+    return g->alignment;
+}
+
+struct gguf_str gguf_kv_raw(const struct gguf *g, int i)
+{
+    if (i < 0 || i >= g->n_kv) return (struct gguf_str){NULL, 0};
+    return (struct gguf_str){(const char *)g->base + g->kv[i].raw_at, g->kv[i].raw_len};
 }
 
 enum gguf_vtype gguf_kv_type(const struct gguf *g, int i)

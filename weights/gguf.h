@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/core/dtype.h"
+#include "quant/dtype.h"
 
 enum gguf_vtype {
     GGUF_TYPE_UINT8 = 0,
@@ -61,6 +61,11 @@ int gguf_n_kv(const struct gguf *g);
 int gguf_find_key(const struct gguf *g, const char *key);
 struct gguf_str gguf_kv_key(const struct gguf *g, int i);
 enum gguf_vtype gguf_kv_type(const struct gguf *g, int i);
+/* Entry i exactly as the file stores it (key, type and value; GGUF v2 and v3 serialize entries alike), for
+ * copying it into another file (weights/gguf_write.h). */
+struct gguf_str gguf_kv_raw(const struct gguf *g, int i);
+/* The data alignment: general.alignment, default 32. */
+size_t gguf_alignment(const struct gguf *g);
 
 /* Typed getters by key: FERRY_OK, FERRY_ERR_NOT_FOUND, or FERRY_ERR_FORMAT for a type that cannot convert.
  * Integer getters accept any integer type whose value fits; gguf_get_f32 accepts f32/f64 and integers. */

@@ -263,7 +263,7 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
                         "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file, t->name,
                         t->dtype_str);
         /* Kernels load elements directly: the mapping is page-aligned, so this checks the file offset. */
-        if ((uintptr_t)t->data % (t->dtype == DTYPE_F32 ? 4 : 2) != 0)
+        if ((uintptr_t)t->data % dtype_type_size((enum dtype)t->dtype) != 0)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                         "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
                         "element size",
@@ -368,7 +368,7 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
 
 static int is_float(enum dtype t)
 {
-    return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16;
+    return dtype_valid(t) && !dtype_get_traits(t)->is_quantized;
 }
 
 /* The tensor `name` must exist (unless optional) with exactly n_dims dims {a, b}; float_only for norms. */

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/core/dtype.h"
+#include "quant/dtype.h"
 #include "kernels/core/rope.h"
 
 struct gguf;

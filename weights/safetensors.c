@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/core/dtype.h"
+#include "quant/dtype.h"
 #include "kernels/core/status.h"
 #include "weights/mapfile.h"
 

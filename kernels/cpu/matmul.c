@@ -6,11 +6,14 @@
  *    group's (NR, KC) slice of W is dequantized/converted once into a small padded f32 stack tile (L1) and
  *    multiplied against all m rows of x, MR at a time, by a register-blocked MR x NR micro-kernel.
  *  - m <= 2 (decode): rows stream from memory once, decoded in registers (F16/BF16 conversion, block
- *    decoding of Q8_0/Q4_0/Q4_1, and of Q4_K/Q6_K with scales unpacked once per sub-block), whole rows.
- *    With AVX2 (or AVX-512) the quantized types have hand-written kernels (avx_q, avx512_q4, avx_q4k,
- *    avx_q6k): per block t = Σ q·x in f32, the scale applied once per block, affine parts (Q4_1 m, Q4_0's
- *    -8, Q4_K mins) through per-block sums of x; Q8_0/Q4_0/Q4_1 take this path up to DIRECT_M_MAX rows of
- *    x. The weight rows are prefetched PF_AHEAD rows ahead into L2. Timings in kernels/cpu/NOTES.md.
+ *    decoding of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, and of Q4_K/Q5_K/Q6_K with scales unpacked once per sub-block),
+ *    whole rows. With AVX2 (or AVX-512) the quantized types have hand-written kernels (avx_q, avx512_q4,
+ *    avx_q4k, avx_q6k): per block t = Σ q·x in f32, the scale applied once per block, affine parts (Q4_1/Q5_1
+ *    m, Q4_0's -8, Q5_0's -16, Q4_K/Q5_K mins) through per-block sums of x; the Q5 fifth bits are shifted
+ *    into place with variable shifts; the 32-element types take this path up to DIRECT_M_MAX rows of x.
+ *    The weight rows are prefetched PF_AHEAD rows ahead into L2. Timings in kernels/cpu/NOTES.md.
+ * Which kernels a type has is one table, cpu_wkernels, indexed by dtype (quant/dtype.h describes the types);
+ * a type without an entry goes through the tile (quant's to_f32) at every m.
  * Every output element is the same sequence of f32 operations whatever the pool size (vector lanes are
  * reduced in a fixed order, chunk partial sums are added in k order, and the path depends only on m and the
  * dtype), so results are deterministic and even independent of the thread count.
@@ -20,14 +23,13 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/fp16.h"
 
 /* Vector-returning static helpers are never called across an ABI boundary. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/core/status.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
-#include "quant/dequant.h"
 
 /* Vector length in floats: one register of the widest ISA the build targets. */
 #if defined(__AVX512F__)
@@ -70,7 +72,7 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 /* How the micro-kernel reads W: plain types convert in registers; the quantized kinds decode VL elements of a
  * block row in registers (used for m <= 2, where a dequantized tile would never be reused; K-quants have
  * their own loops below). */
-enum wkind { WK_F32, WK_F16, WK_BF16, WK_Q8_0, WK_Q4_0, WK_Q4_1 };
+enum wkind { WK_F32, WK_F16, WK_BF16, WK_Q8_0, WK_Q4_0, WK_Q4_1, WK_Q5_0, WK_Q5_1 };
 
 typedef uint8_t vu8 __attribute__((vector_size(VL), aligned(1)));
 typedef int32_t vi32 __attribute__((vector_size(VL * 4)));
@@ -78,6 +80,14 @@ typedef int32_t vi32 __attribute__((vector_size(VL * 4)));
 static inline vf vf_from_u8(vu8 q)
 {
     return __builtin_convertvector(__builtin_convertvector(q, vi32), vf);
+}
+
+/* 16 * bit l of bits, in lane l (the fifth bits of VL consecutive Q5_0/Q5_1 elements). */
+static inline vf fifth_bits(uint32_t bits)
+{
+    vu32 lane;
+    for (int l = 0; l < VL; l++) lane[l] = (uint32_t)l;
+    return __builtin_convertvector(((vu32){0} + bits) >> lane & 1, vf) * 16.0f;
 }
 
 /* VL elements of row w starting at element c (a multiple of VL). */
@@ -122,6 +132,23 @@ static inline vf load_w(const void *w, ptrdiff_t c, enum wkind kind)
         const int o = (int)(c % QK4_1);
         const vu8 q = *(const vu8 *)(b->qs + o % 16);
         return f16_to_f32(b->d) * vf_from_u8(o < 16 ? q & 15 : q >> 4) + f16_to_f32(b->m);
+    }
+    case WK_Q5_0: {
+        const struct block_q5_0 *b = (const struct block_q5_0 *)w + c / QK5_0;
+        const int o = (int)(c % QK5_0);
+        const vu8 q = *(const vu8 *)(b->qs + o % 16);
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        return f16_to_f32(b->d) * (vf_from_u8(o < 16 ? q & 15 : q >> 4) + fifth_bits(qh >> o) - 16.0f);
+    }
+    case WK_Q5_1: {
+        const struct block_q5_1 *b = (const struct block_q5_1 *)w + c / QK5_1;
+        const int o = (int)(c % QK5_1);
+        const vu8 q = *(const vu8 *)(b->qs + o % 16);
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        return f16_to_f32(b->d) * (vf_from_u8(o < 16 ? q & 15 : q >> 4) + fifth_bits(qh >> o)) +
+               f16_to_f32(b->m);
     }
     }
     return (vf){0};
@@ -232,8 +259,9 @@ micro44(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw,
             MICRO_ROW(kind, 2)                                                                               \
             MICRO_ROW(kind, 3)                                                                               \
             MICRO_ROW(kind, 4)                                                                               \
-                    MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4) MICRO_CASE(kind, 3, 4) case 4 * 8 +        \
-                4 : micro44(out, x, ldx, w, ldw, kc, kind);                                                  \
+            MICRO_CASE(kind, 1, 4)                                                                           \
+            MICRO_CASE(kind, 2, 4)                                                                           \
+            MICRO_CASE(kind, 3, 4) case 4 * 8 + 4 : micro44(out, x, ldx, w, ldw, kc, kind);                  \
             return;                                                                                          \
         }                                                                                                    \
     }
@@ -253,30 +281,37 @@ MICRO_FN(micro_bf16, WK_BF16)
 MICRO_Q_FN(micro_q8_0, WK_Q8_0)
 MICRO_Q_FN(micro_q4_0, WK_Q4_0)
 MICRO_Q_FN(micro_q4_1, WK_Q4_1)
+MICRO_Q_FN(micro_q5_0, WK_Q5_0)
+MICRO_Q_FN(micro_q5_1, WK_Q5_1)
 
 /* K-quants for m <= 2: a dedicated walk over super-blocks, so that scales and minimums are unpacked once per
- * sub-block and row rather than once per vector. */
-static inline __attribute__((always_inline)) void kq_q4_k(float *out, const float *x, ptrdiff_t ldx,
-                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
+ * sub-block and row rather than once per vector. Q4_K and Q5_K share it (five: the fifth bit of Q5_K, bit
+ * `sub` of qh[l] for element l of sub-block sub; the blocks differ only by qh before qs). */
+static inline __attribute__((always_inline)) void kq_q45_k(float *out, const float *x, ptrdiff_t ldx,
+                                                           const void *w, ptrdiff_t ldw, int k, int mr,
+                                                           int nr, int five)
 {
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
     vf acc[2][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = (vf){0};
     for (int b = 0; b < k / QK_K; b++) {
-        const struct block_q4_k *bl[NR];
+        const uint8_t *bl[NR];
         float d[NR], dm[NR];
         for (int j = 0; j < nr; j++) {
-            bl[j] = (const struct block_q4_k *)WROW(w, ldw, j) + b;
-            d[j] = f16_to_f32(bl[j]->d);
-            dm[j] = f16_to_f32(bl[j]->dmin);
+            bl[j] = (const uint8_t *)WROW(w, ldw, j) + (size_t)b * bsz;
+            uint16_t h[2];
+            memcpy(h, bl[j], 4); /* d, dmin: the first two fields of both blocks */
+            d[j] = f16_to_f32(h[0]);
+            dm[j] = f16_to_f32(h[1]);
         }
         for (int sub = 0; sub < 8; sub++) {
             const int p = sub / 2, hi = sub & 1;
             float d1[NR], m1[NR];
             for (int j = 0; j < nr; j++) {
-                const uint8_t *sc = bl[j]->scales;
-                const int scl = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 15) | ((sc[sub - 4] >> 6) << 4);
-                const int mn = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+                uint8_t scl, mn;
+                block_q4_k_scale_min(sub, bl[j] + 4, &scl, &mn);
                 d1[j] = d[j] * (float)scl;
                 m1[j] = dm[j] * (float)mn;
             }
@@ -285,8 +320,14 @@ static inline __attribute__((always_inline)) void kq_q4_k(float *out, const floa
                 vf wv[NR];
                 for (int j = 0; j < nr; j++) {
                     vu8 q;
-                    memcpy(&q, bl[j]->qs + 32 * p + v, sizeof q);
-                    wv[j] = d1[j] * vf_from_u8(hi ? q >> 4 : q & 15) - m1[j];
+                    memcpy(&q, bl[j] + qs_off + 32 * p + v, sizeof q);
+                    vf val = vf_from_u8(hi ? q >> 4 : q & 15);
+                    if (five) {
+                        vu8 h;
+                        memcpy(&h, bl[j] + offsetof(struct block_q5_k, qh) + v, sizeof h);
+                        val += vf_from_u8(h >> sub & 1) * 16.0f;
+                    }
+                    wv[j] = d1[j] * val - m1[j];
                 }
                 for (int i = 0; i < mr; i++) {
                     const vf xv = *(const vfu *)(x + i * ldx + c);
@@ -297,6 +338,18 @@ static inline __attribute__((always_inline)) void kq_q4_k(float *out, const floa
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) out[i * NR + j] = hsum(acc[i][j]);
+}
+
+static inline __attribute__((always_inline)) void kq_q4_k(float *out, const float *x, ptrdiff_t ldx,
+                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
+{
+    kq_q45_k(out, x, ldx, w, ldw, k, mr, nr, 0);
+}
+
+static inline __attribute__((always_inline)) void kq_q5_k(float *out, const float *x, ptrdiff_t ldx,
+                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
+{
+    kq_q45_k(out, x, ldx, w, ldw, k, mr, nr, 1);
 }
 
 static inline __attribute__((always_inline)) void kq_q6_k(float *out, const float *x, ptrdiff_t ldx,
@@ -360,6 +413,7 @@ static inline __attribute__((always_inline)) void kq_q6_k(float *out, const floa
         }                                                                                                    \
     }
 KQ_FN(micro_q4_k, kq_q4_k)
+KQ_FN(micro_q5_k, kq_q5_k)
 KQ_FN(micro_q6_k, kq_q6_k)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -399,15 +453,21 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
     const int nb = k / 32;
     const size_t bsz = kind == WK_Q8_0   ? sizeof(struct block_q8_0)
                        : kind == WK_Q4_0 ? sizeof(struct block_q4_0)
-                                         : sizeof(struct block_q4_1);
-    const int qoff = kind == WK_Q4_1 ? 4 : 2;
+                       : kind == WK_Q4_1 ? sizeof(struct block_q4_1)
+                       : kind == WK_Q5_0 ? sizeof(struct block_q5_0)
+                                         : sizeof(struct block_q5_1);
+    /* Offsets of the quants and (Q5) of the fifth bits; an f16 minimum follows d in Q4_1/Q5_1. */
+    const int qoff = kind == WK_Q4_1 ? 4 : kind == WK_Q5_0 ? 6 : kind == WK_Q5_1 ? 8 : 2;
+    const int hoff = kind == WK_Q5_0 ? 2 : 4;
+    const int five = kind == WK_Q5_0 || kind == WK_Q5_1, with_min = kind == WK_Q4_1 || kind == WK_Q5_1;
     __m128 cacc[4][NR];
 #if defined(__AVX512F__)
     /* One zmm per 16 elements: half the instructions of the AVX2 loop below. */
     __m512 acc[4][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
-    const __m512i m15 = _mm512_set1_epi32(15);
+    const __m512i m15 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int b = 0; b < nb; b++) {
         __m512 xv[4][2];
         __m128 sv[4];
@@ -432,10 +492,21 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
                 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(d));
             } else {
                 const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
-                f0 = _mm512_cvtepi32_ps(_mm512_and_si512(a, m15));
-                f1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+                __m512i lo = _mm512_and_si512(a, m15), hi = _mm512_srli_epi32(a, 4);
+                if (five) { /* bit j of qh is element j's fifth bit: elements 0-15 low nibbles, 16-31 high */
+                    uint32_t qh;
+                    memcpy(&qh, bp + hoff, 4);
+                    const __m512i h = _mm512_set1_epi32((int)qh);
+                    lo = _mm512_or_si512(
+                        lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, iota), one), 4));
+                    hi = _mm512_or_si512(
+                        hi, _mm512_slli_epi32(
+                                _mm512_and_si512(_mm512_srlv_epi32(_mm512_srli_epi32(h, 16), iota), one), 4));
+                }
+                f0 = _mm512_cvtepi32_ps(lo);
+                f1 = _mm512_cvtepi32_ps(hi);
                 uint32_t dmb;
-                if (kind == WK_Q4_1) {
+                if (with_min) {
                     memcpy(&dmb, bp, 4);
                 } else {
                     uint16_t d;
@@ -464,7 +535,8 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
     __m256 acc[4][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
-    const __m256i m15 = _mm256_set1_epi32(15);
+    const __m256i m15 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int b = 0; b < nb; b++) {
         __m256 xv[4][4];
         __m128 sv[4];
@@ -490,12 +562,19 @@ static inline __attribute__((always_inline)) void avx_q(float *out, const float 
             } else {
                 const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
                 const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
-                f[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m15));
-                f[1] = _mm256_cvtepi32_ps(_mm256_and_si256(c, m15));
-                f[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
-                f[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+                __m256i q[4] = {_mm256_and_si256(a, m15), _mm256_and_si256(c, m15), _mm256_srli_epi32(a, 4),
+                                _mm256_srli_epi32(c, 4)};
+                if (five) { /* elements 8v..8v+7 take bits 8v..8v+7 of qh */
+                    uint32_t qh;
+                    memcpy(&qh, bp + hoff, 4);
+                    for (int v = 0; v < 4; v++) {
+                        const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * v))), iota);
+                        q[v] = _mm256_or_si256(q[v], _mm256_slli_epi32(_mm256_and_si256(h, one), 4));
+                    }
+                }
+                for (int v = 0; v < 4; v++) f[v] = _mm256_cvtepi32_ps(q[v]);
                 uint32_t dmb;
-                if (kind == WK_Q4_1) {
+                if (with_min) {
                     memcpy(&dmb, bp, 4);
                 } else {
                     uint16_t d;
@@ -616,6 +695,8 @@ static inline __attribute__((always_inline)) void avx512_q4(float *out, const fl
 AVXQ_FN(avx_q8_0, WK_Q8_0)
 AVXQ_FN(avx_q4_0, WK_Q4_0)
 AVXQ_FN(avx_q4_1, WK_Q4_1)
+AVXQ_FN(avx_q5_0, WK_Q5_0)
+AVXQ_FN(avx_q5_1, WK_Q5_1)
 
 /* Q4_K for m <= 2 with AVX2, the avx_q scheme per 32-element sub-block: t = Σ q·x over the sub-block,
  * acc += (d·scale)·t, and the minimums through the per-32 sums of x (sx, the Q4_1 layout): the row's
@@ -623,9 +704,12 @@ AVXQ_FN(avx_q4_1, WK_Q4_1)
  * bytes qs[32p..]: low nibbles, then high nibbles. */
 static inline __attribute__((always_inline)) void avx_q4k(float *out, const float *x, ptrdiff_t ldx,
                                                           const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                                                          int nr, const float *sx)
+                                                          int nr, const float *sx, int five)
 {
     const int nsb = k / QK_K, nb = k / 32;
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const __m256i one = _mm256_set1_epi32(1);
     __m256 acc[2][NR];
     float cm[2][NR];
     for (int i = 0; i < mr; i++)
@@ -634,12 +718,12 @@ static inline __attribute__((always_inline)) void avx_q4k(float *out, const floa
     for (int b = 0; b < nsb; b++) {
         float d1[NR][8], m1[NR][8];
         for (int j = 0; j < nr; j++) {
-            const struct block_q4_k *bl = (const struct block_q4_k *)(w + j * ldw) + b;
-            _mm_prefetch((const char *)bl + PF_AHEAD * ldw, PF_HINT);
-            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 64, PF_HINT);
-            _mm_prefetch((const char *)bl + PF_AHEAD * ldw + 128, PF_HINT);
-            const float d = f16_to_f32(bl->d), dm = f16_to_f32(bl->dmin);
-            const uint8_t *sc = bl->scales;
+            const uint8_t *bl = w + j * ldw + (size_t)b * bsz;
+            for (size_t o = 0; o < bsz; o += 64) _mm_prefetch((const char *)bl + PF_AHEAD * ldw + o, PF_HINT);
+            uint16_t dd[2];
+            memcpy(dd, bl, 4); /* d, dmin: the first fields of both blocks; the 12 scale bytes follow */
+            const float d = f16_to_f32(dd[0]), dm = f16_to_f32(dd[1]);
+            const uint8_t *sc = bl + 4;
             for (int s = 0; s < 8; s++) {
                 const int scl = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
                 const int mn = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
@@ -657,14 +741,25 @@ static inline __attribute__((always_inline)) void avx_q4k(float *out, const floa
                     xl[i][v] = _mm256_loadu_ps(xp + 8 * v), xh[i][v] = _mm256_loadu_ps(xp + 32 + 8 * v);
             }
             for (int j = 0; j < nr; j++) {
-                const uint8_t *qs = ((const struct block_q4_k *)(w + j * ldw) + b)->qs + 32 * p;
+                const uint8_t *bl = w + j * ldw + (size_t)b * bsz;
+                const uint8_t *qs = bl + qs_off + 32 * p;
                 __m256i a[4];
                 for (int v = 0; v < 4; v++)
                     a[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v)));
                 __m256 fl[4], fh[4];
                 for (int v = 0; v < 4; v++) {
-                    fl[v] = _mm256_cvtepi32_ps(_mm256_and_si256(a[v], m15));
-                    fh[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a[v], 4));
+                    __m256i lo = _mm256_and_si256(a[v], m15), hi = _mm256_srli_epi32(a[v], 4);
+                    if (five) { /* bit s of qh[l]: the fifth bit of element l of sub-block s (here 2p, 2p+1)
+                                 */
+                        const __m256i h = _mm256_cvtepu8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(bl + offsetof(struct block_q5_k, qh) + 8 * v)));
+                        lo = _mm256_or_si256(
+                            lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * p), one), 4));
+                        hi = _mm256_or_si256(
+                            hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * p + 1), one), 4));
+                    }
+                    fl[v] = _mm256_cvtepi32_ps(lo);
+                    fh[v] = _mm256_cvtepi32_ps(hi);
                 }
                 const __m256 dl = _mm256_set1_ps(d1[j][2 * p]), dh = _mm256_set1_ps(d1[j][2 * p + 1]);
                 for (int i = 0; i < mr; i++) {
@@ -683,24 +778,27 @@ static inline __attribute__((always_inline)) void avx_q4k(float *out, const floa
         for (int j = 0; j < nr; j++) out[i * NR + j] = hsum256(acc[i][j]) - cm[i][j];
 }
 
-#define AVXQ4K_CASE(mr, nr)                                                                                  \
+#define AVXQ4K_CASE(mr, nr, five)                                                                            \
     case (mr)*8 + (nr):                                                                                      \
-        avx_q4k(out, x, ldx, w, ldw, k, mr, nr, sx);                                                         \
+        avx_q4k(out, x, ldx, w, ldw, k, mr, nr, sx, five);                                                   \
         return;
-static void avx_q4_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
-                     int mr, int nr, const float *sx)
-{
-    switch (mr * 8 + nr) {
-        AVXQ4K_CASE(1, 1)
-        AVXQ4K_CASE(1, 2)
-        AVXQ4K_CASE(1, 3)
-        AVXQ4K_CASE(1, 4)
-        AVXQ4K_CASE(2, 1)
-        AVXQ4K_CASE(2, 2)
-        AVXQ4K_CASE(2, 3)
-        AVXQ4K_CASE(2, 4)
+#define AVXQ4K_FN(name, five)                                                                                \
+    static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,      \
+                     int mr, int nr, const float *sx)                                                        \
+    {                                                                                                        \
+        switch (mr * 8 + nr) {                                                                               \
+            AVXQ4K_CASE(1, 1, five)                                                                          \
+            AVXQ4K_CASE(1, 2, five)                                                                          \
+            AVXQ4K_CASE(1, 3, five)                                                                          \
+            AVXQ4K_CASE(1, 4, five)                                                                          \
+            AVXQ4K_CASE(2, 1, five)                                                                          \
+            AVXQ4K_CASE(2, 2, five)                                                                          \
+            AVXQ4K_CASE(2, 3, five)                                                                          \
+            AVXQ4K_CASE(2, 4, five)                                                                          \
+        }                                                                                                    \
     }
-}
+AVXQ4K_FN(avx_q4_k, 0)
+AVXQ4K_FN(avx_q5_k, 1)
 
 /* Q6_K for m <= 2 with AVX2: per super-block, half h (128 elements) and 16-lane half of l, the four 6-bit
  * quant vectors (g = 0..3) are rebuilt from ql/qh with 128-bit byte ops, recentred (q - 32) as int8, widened
@@ -785,6 +883,49 @@ typedef void (*avxq_fn)(float *out, const float *x, ptrdiff_t ldx, const uint8_t
 typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,
                          int mr, int nr);
 
+/* What the affine part of a direct kernel needs per 32-element block of x (see avx_q): nothing, Q4_0's
+ * -8·Σx, Q5_0's -16·Σx, or Σx (Q4_1/Q5_1 m, Q4_K/Q5_K minimums). */
+enum sx_kind { SX_NONE, SX_NEG8, SX_NEG16, SX_SUM };
+
+/* The CPU's kernels for one weight type (indexed by enum dtype; quant/dtype.h describes the types).
+ *   stream: decodes rows in registers for m <= 2, whole rows streamed from memory (no tile); NULL sends the
+ *           type through the f32 tile (quant's to_f32) at every m.
+ *   direct: the hand-written AVX2 kernel for m <= direct_m (tried before stream), with the x block sums sx
+ *           it needs (only for k <= SX_MAX_K: they live on the stack). */
+struct cpu_wkernels {
+    micro_fn stream;
+#ifdef HAVE_AVX_Q
+    avxq_fn direct;
+    int direct_m;
+    enum sx_kind sx;
+#endif
+};
+
+#ifdef HAVE_AVX_Q
+#define CPU_K(stream, direct, direct_m, sx)                                                                  \
+    {                                                                                                        \
+        stream, direct, direct_m, sx                                                                         \
+    }
+#else
+#define CPU_K(stream, direct, direct_m, sx)                                                                  \
+    {                                                                                                        \
+        stream                                                                                               \
+    }
+#endif
+static const struct cpu_wkernels cpu_wkernels[DTYPE_COUNT] = {
+    [DTYPE_F32] = CPU_K(micro_f32, NULL, 0, SX_NONE),
+    [DTYPE_F16] = CPU_K(micro_f16, NULL, 0, SX_NONE),
+    [DTYPE_BF16] = CPU_K(micro_bf16, NULL, 0, SX_NONE),
+    [DTYPE_Q8_0] = CPU_K(micro_q8_0, avx_q8_0, DIRECT_M_MAX, SX_NONE),
+    [DTYPE_Q4_0] = CPU_K(micro_q4_0, avx_q4_0, DIRECT_M_MAX, SX_NEG8),
+    [DTYPE_Q4_1] = CPU_K(micro_q4_1, avx_q4_1, DIRECT_M_MAX, SX_SUM),
+    [DTYPE_Q5_0] = CPU_K(micro_q5_0, avx_q5_0, DIRECT_M_MAX, SX_NEG16),
+    [DTYPE_Q5_1] = CPU_K(micro_q5_1, avx_q5_1, DIRECT_M_MAX, SX_SUM),
+    [DTYPE_Q4_K] = CPU_K(micro_q4_k, avx_q4_k, 2, SX_SUM),
+    [DTYPE_Q5_K] = CPU_K(micro_q5_k, avx_q5_k, 2, SX_SUM),
+    [DTYPE_Q6_K] = CPU_K(micro_q6_k, avx_q6_k, 2, SX_NONE),
+};
+
 struct mm_ctx {
     float *y;         /* (m, n) */
     const float *x;   /* (m, k) */
@@ -795,28 +936,12 @@ struct mm_ctx {
     size_t row_bytes;
     int kc; /* columns per chunk */
     int n_threads;
-    const float *sx; /* direct AVX2 path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
-    int direct;      /* rows decoded in registers by avx_q & co. (m <= DIRECT_M_MAX), no tile */
+    micro_fn stream; /* m <= 2 with a register decoder: rows stream whole (kc = k), no tile; else NULL */
+#ifdef HAVE_AVX_Q
+    avxq_fn direct; /* the hand-written kernel this product takes (no tile), or NULL */
+#endif
+    const float *sx; /* direct path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
 };
-
-/* m <= 2 and a type the micro-kernels decode in registers: whole rows stream from memory, no tile. Other
- * types (Q5_*) always go through the tile. */
-static int streams_rows(const struct mm_ctx *c)
-{
-    switch (c->wt) {
-    case DTYPE_F32:
-    case DTYPE_F16:
-    case DTYPE_BF16:
-    case DTYPE_Q8_0:
-    case DTYPE_Q4_0:
-    case DTYPE_Q4_1:
-    case DTYPE_Q4_K:
-    case DTYPE_Q6_K:
-        return c->m <= 2;
-    default:
-        return 0;
-    }
-}
 
 static void mm_task(void *arg, int t)
 {
@@ -830,43 +955,12 @@ static void mm_task(void *arg, int t)
     /* When rows are reused (m > 2) they are dequantized/converted into the tile, so the micro-kernel reads a
      * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
      * stream straight from memory and are decoded in registers (whole rows, kc = k). */
-    const int use_tile = !streams_rows(c);
-    micro_fn mk = micro_f32;
-    if (!use_tile) {
-        switch (c->wt) {
-        case DTYPE_F16:
-            mk = micro_f16;
-            break;
-        case DTYPE_BF16:
-            mk = micro_bf16;
-            break;
-        case DTYPE_Q8_0:
-            mk = micro_q8_0;
-            break;
-        case DTYPE_Q4_0:
-            mk = micro_q4_0;
-            break;
-        case DTYPE_Q4_1:
-            mk = micro_q4_1;
-            break;
-        case DTYPE_Q4_K:
-            mk = micro_q4_k;
-            break;
-        case DTYPE_Q6_K:
-            mk = micro_q6_k;
-            break;
-        default:
-            break;
-        }
-    }
+    const int use_tile = !c->stream;
+    const micro_fn mk = use_tile ? micro_f32 : c->stream;
     float out[MR * NR];
 #ifdef HAVE_AVX_Q
     if (c->direct) {
-        const avxq_fn aq = c->wt == DTYPE_Q8_0   ? avx_q8_0
-                           : c->wt == DTYPE_Q4_0 ? avx_q4_0
-                           : c->wt == DTYPE_Q4_K ? avx_q4_k
-                           : c->wt == DTYPE_Q6_K ? avx_q6_k
-                                                 : avx_q4_1;
+        const avxq_fn aq = c->direct;
         /* The kernels prefetch PF_AHEAD rows ahead; the first rows of the range are asked for here. */
         {
             const uint8_t *p0 = c->w + (size_t)j_lo * c->row_bytes;
@@ -896,6 +990,7 @@ static void mm_task(void *arg, int t)
     }
 #endif
     float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
+    const dtype_to_f32_fn to_f32 = dtype_get_traits(c->wt)->to_f32;
 
     for (int k0 = 0; k0 < k; k0 += c->kc) {
         const int kc = k - k0 < c->kc ? k - k0 : c->kc;
@@ -907,8 +1002,7 @@ static void mm_task(void *arg, int t)
                 const size_t off = dtype_row_size(c->wt, k0);
                 const int stride = kc + TILE_PAD;
                 for (int j = 0; j < nr; j++)
-                    dequant_row(c->wt, c->w + (size_t)(j0 + j) * c->row_bytes + off,
-                                tile + (size_t)j * stride, kc);
+                    to_f32(c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * stride, kc);
                 wp = tile;
                 ldw = (ptrdiff_t)stride * 4;
             } else {
@@ -968,26 +1062,35 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
     kc = kc / 256 * 256;
     if (kc < 256) kc = 256;
     if (kc > KC_MAX) kc = KC_MAX;
-    if (streams_rows(c)) kc = k; /* rows stream whole: no tile in mm_task */
+    const struct cpu_wkernels *kern = &cpu_wkernels[wt];
+    if (m <= 2 && kern->stream) {
+        c->stream = kern->stream;
+        kc = k; /* rows stream whole: no tile in mm_task */
+    }
     if (kc >= k) kc = k;
     c->kc = (int)kc;
 #ifdef HAVE_AVX_Q
-    /* Per-block sums of x for the affine part of Q4_0/Q4_1 (see avx_q): (m, k/32) pairs. */
-    if (((m <= DIRECT_M_MAX && (wt == DTYPE_Q4_0 || wt == DTYPE_Q4_1)) || (m <= 2 && wt == DTYPE_Q4_K)) &&
-        k <= SX_MAX_K) {
-        const int nb = k / 32;
-        for (int i = 0; i < m; i++)
-            for (int b = 0; b < nb; b++) {
-                const float *xp = x + (size_t)i * k + 32 * b;
-                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
-                                         _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
-                const float t = hsum256(s);
-                sx_buf[i * 2 * nb + 2 * b] = wt == DTYPE_Q4_0 ? -8.0f * t : 0.0f;
-                sx_buf[i * 2 * nb + 2 * b + 1] = wt == DTYPE_Q4_0 ? 0.0f : t;
-            }
-        c->sx = sx_buf;
+    if (kern->direct && m <= kern->direct_m && (kern->sx == SX_NONE || k <= SX_MAX_K)) {
+        c->direct = kern->direct;
+        /* Per-block sums of x for the affine part (see avx_q): (m, k/32) pairs. */
+        if (kern->sx != SX_NONE) {
+            const int nb = k / 32;
+            for (int i = 0; i < m; i++)
+                for (int b = 0; b < nb; b++) {
+                    const float *xp = x + (size_t)i * k + 32 * b;
+                    __m256 s =
+                        _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
+                                      _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
+                    const float t = hsum256(s);
+                    /* (scaled by d, scaled by m): the offset of Q4_0/Q5_0 codes, or Σx for the minimum. */
+                    sx_buf[i * 2 * nb + 2 * b] = kern->sx == SX_NEG8    ? -8.0f * t
+                                                 : kern->sx == SX_NEG16 ? -16.0f * t
+                                                                        : 0.0f;
+                    sx_buf[i * 2 * nb + 2 * b + 1] = kern->sx == SX_SUM ? t : 0.0f;
+                }
+            c->sx = sx_buf;
+        }
     }
-    c->direct = c->sx || (wt == DTYPE_Q8_0 && m <= DIRECT_M_MAX) || (wt == DTYPE_Q6_K && m <= 2);
 #else
     (void)sx_buf;
 #endif
@@ -996,7 +1099,11 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
     return c->n_threads;
 }
 
+#ifdef HAVE_AVX_Q
 #define SX_FLOATS (DIRECT_M_MAX * 2 * (SX_MAX_K / 32))
+#else
+#define SX_FLOATS 1 /* no direct kernels, no x block sums */
+#endif
 
 int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                     int k, struct tpool *tp)
@@ -1055,7 +1162,7 @@ int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, 
             double acc = bias ? bias[j] : 0.0;
             for (int b = 0; b < k / bs; b++) {
                 float blk[256];
-                dequant_row(wt, wr + (size_t)b * bsz, blk, bs);
+                dtype_get_traits(wt)->to_f32(wr + (size_t)b * bsz, blk, bs);
                 for (int e = 0; e < bs; e++) acc += (double)x[(size_t)i * k + b * bs + e] * blk[e];
             }
             y[(size_t)i * n + j] = (float)acc;

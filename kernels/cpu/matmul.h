@@ -1,6 +1,6 @@
 /* matmul — y = x · Wᵀ (+ bias) on the CPU with the weight in its stored type.
  *
- * W is (n, k) row-major in any dtype of kernels/core/dtype.h (quantized rows are blocks along k);
+ * W is (n, k) row-major in any dtype of quant/dtype.h (quantized rows are blocks along k);
  * x is (m, k) f32, y is (m, n) f32, bias (n) f32 or NULL. Accumulation is in f32 or wider; the whole
  * weight is never expanded to f32 (rows are dequantized into a small per-thread buffer and reused for all m
  * rows of x). Work is split over output rows with the thread pool; deterministic for a given pool size.
@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "kernels/core/dtype.h"
+#include "quant/dtype.h"
 
 struct tpool;
 
@@ -31,7 +31,7 @@ struct kern_cpu_mm {
 };
 int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k, struct tpool *tp);
 
-/* Reference: plain loops, each weight element dequantized with quant/dequant.h, double accumulation. */
+/* Reference: plain loops, each weight element dequantized through the type table (quant/dtype.h), double accumulation. */
 int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                         int k);
 

@@ -100,3 +100,27 @@ def test_prompt_token_outside_vocab_is_refused():
     need_stories()
     r = ferry("run", "--model", STORIES, "--prompt-tokens", "1,512", "--backend", "cpu", check=False)
     assert r.returncode == 1 and "outside the vocabulary" in r.stderr
+
+
+def test_quantize_cli(tmp_path):
+    """`ferry quantize`: a Hugging Face directory to Q8_0 that `ferry run` loads and that generates what the
+    same directory quantized at load (`--quant int8`) generates; clear errors, and no file left behind."""
+    hf = os.path.join(SRC, "tests", "golden", "models", "llama3_gqa_f16")
+    out = tmp_path / "m.gguf"
+    r = ferry("quantize", "--model", hf, "--type", "Q8_0", "--out", str(out), "--threads", "2")
+    assert "wrote" in r.stderr and out.exists()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+    args = ["--prompt-tokens", "1,2,3,4", "--temperature", "0", "--max-tokens", "12", "--json", "--backend", "cpu"]
+    from_file = json.loads(ferry("run", "--model", str(out), *args).stdout)
+    at_load = json.loads(ferry("run", "--model", hf, "--quant", "int8", *args).stdout)
+    assert from_file["tokens"] == at_load["tokens"]
+    for bad, msg in [(["--model", hf, "--type", "Q3_K", "--out", str(tmp_path / "y.gguf")], "unknown --type"),
+                     (["--model", str(out), "--type", "Q4_0", "--out", str(out)], "is the input model"),
+                     (["--model", hf, "--out", str(tmp_path / "y.gguf")], "usage")]:
+        r = ferry("quantize", *bad, check=False)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+    r = ferry("quantize", "--model", str(tmp_path / "absent.gguf"), "--type", "Q8_0", "--out", str(tmp_path / "x.gguf"),
+              check=False)
+    assert r.returncode == 1 and "cannot load model" in r.stderr and not (tmp_path / "x.gguf").exists()
+    r = ferry("quantize", "--model", hf, "--type", "Q8_0", "--out", str(tmp_path / "no" / "dir" / "x.gguf"), check=False)
+    assert r.returncode == 1 and "cannot create" in r.stderr, r.stderr

@@ -6,10 +6,13 @@ Quantized blocks (gguf-py is the independent reference for ggml's layouts):
   <T>.blocks   NB random blocks of type T with sane f16 scales (NB*32 or NB*256 = 3072 elements)
   <T>.deq      gguf.quants.dequantize of those blocks, 3072 f32
   for F16 and BF16: 4096 random 16-bit patterns (no NaN) and their f32 values.
+  Q5_0, Q5_1, Q5_K: the same (q5_fixtures, its own seed, added later: `make_quant_fixtures.py q5` writes
+  only these and leaves the other files as they are).
 Quantizers (gguf.quants.quantize, bit-exact ports of ggml's quantize_row_*_ref):
   quant_in.f32   3072 f32 inputs (random blocks, plus an all-zero, a constant, a one-hot block and blocks of
                  exact rounding ties for each quantizer)
-  <T>.quant      gguf-py's quantization of quant_in for Q8_0, Q4_0, Q4_1
+  <T>.quant      gguf-py's quantization of quant_in for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (gguf-py has no K-quant
+                 quantizer: those are checked against llama-quantize, tests/weights/make_quantize_fixtures.py)
   fp16_in.f32    4096 f32 over the whole f16 range (subnormals, overflow, exact ties)
   fp16_out.u16   numpy's float16 conversion (round to nearest even); bf16_out.u16 gguf-py's BF16 quantize
 Hugging Face transformers (LlamaRotaryEmbedding, LlamaRMSNorm, apply_rotary_pos_emb):
@@ -54,6 +57,14 @@ def random_blocks(qt, nb):
         b[:, 2:4] = sane_f16(nb, -4.0, -2.0, signed=False)
     elif qt == QT.Q6_K:
         b[:, 208:210] = sane_f16(nb, -4.0, -2.0)
+    elif qt == QT.Q5_0:
+        b[:, 0:2] = sane_f16(nb)
+    elif qt == QT.Q5_1:
+        b[:, 0:2] = sane_f16(nb, signed=False)
+        b[:, 2:4] = sane_f16(nb, -2.0, 0.0)
+    elif qt == QT.Q5_K:
+        b[:, 0:2] = sane_f16(nb, signed=False)
+        b[:, 2:4] = sane_f16(nb, -4.0, -2.0, signed=False)
     return b
 
 
@@ -100,6 +111,23 @@ def quant_fixtures():
     write("fp16_in.f32", f)
     write("fp16_out.u16", f.astype(np.float16).view(np.uint16))
     write("bf16_out.u16", gguf.quants.quantize(f, QT.BF16).view(np.uint16))
+
+
+def q5_fixtures():
+    """Q5_0, Q5_1, Q5_K blocks and their dequantization; gguf-py's Q5_0/Q5_1 quantization of quant_in.f32."""
+    global rng
+    rng = np.random.default_rng(20261201)
+    n = 3072
+    for qt, name in [(QT.Q5_0, "Q5_0"), (QT.Q5_1, "Q5_1"), (QT.Q5_K, "Q5_K")]:
+        bsz, _ = gguf.GGML_QUANT_SIZES[qt]
+        b = random_blocks(qt, n // bsz)
+        deq = gguf.quants.dequantize(b, qt).astype(np.float32).reshape(-1)
+        assert deq.size == n and np.all(np.isfinite(deq))
+        write(name + ".blocks", b)
+        write(name + ".deq", deq)
+    x = np.fromfile(os.path.join(OUT, "quant_in.f32"), dtype=np.float32)
+    for qt, name in [(QT.Q5_0, "Q5_0"), (QT.Q5_1, "Q5_1")]:
+        write(name + ".quant", gguf.quants.quantize(x.reshape(1, -1), qt).reshape(-1))
 
 
 # (theta, dim, scaling) — kept in the same order in test_ops.c.
@@ -155,7 +183,9 @@ def hf_fixtures():
 
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
-    quant_fixtures()
-    hf_fixtures()
+    if sys.argv[1:] != ["q5"]:
+        quant_fixtures()
+        hf_fixtures()
+    q5_fixtures()
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {len(os.listdir(OUT))} files, {total} bytes to {OUT}", file=sys.stderr)

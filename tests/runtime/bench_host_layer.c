@@ -18,6 +18,7 @@
 #include "runtime/forward_cpu.h"
 #include "runtime/kv_cache.h"
 #include "runtime/layer.h"
+#include "quant/mix.h"
 #include "runtime/model.h"
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -71,7 +72,7 @@ int main(int argc, char **argv)
         struct model m;
         char err[256] = "";
         if (model_init_synthetic(&m, &hp, types[ti] == DTYPE_Q8_0 ? DTYPE_F16 : types[ti], 3, 0, err) ||
-            (types[ti] == DTYPE_Q8_0 && model_quantize_int8(&m, err))) {
+            (types[ti] == DTYPE_Q8_0 && model_quantize(&m, QUANT_FTYPE_Q8_0, 0, err))) {
             fprintf(stderr, "bench_host_layer: %s\n", err);
             return 1;
         }

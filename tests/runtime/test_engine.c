@@ -250,10 +250,11 @@ Test(engine, share_prefix_blocks)
     close_all(e);
 }
 
-/* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes
- * per weight; here all but ffn_down, whose rows are 136 long) and the logits stay close: Q8_0 rounds each
- * weight to 1/254 of its group's absmax, about 0.5% relative error per product, so the logits of a 2-layer
- * model stay within a few percent of the logit range. */
+/* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes per
+ * weight; here all but ffn_down, whose rows are 136 long), the tied embedding too (llama.cpp's Q8_0 mix), and the
+ * logits stay close: Q8_0 rounds each weight to 1/254 of its group's absmax, about 0.5% relative error per
+ * product, so the logits of a 2-layer model stay within a few percent of the logit range (measured 5.2%; 4.0%
+ * when the embedding was left in f16). */
 Test(engine, quant_int8_stays_close)
 {
     char path[1024], err[256] = "";
@@ -265,7 +266,7 @@ Test(engine, quant_int8_stays_close)
         struct engine_params p = engine_default_params();
         p.backend = ENGINE_BACKEND_CPU;
         p.ctx_size = 64;
-        p.quant_int8 = q;
+        p.quant = q ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE;
         cr_assert_eq(engine_init(&e[q], f, &p, err), 0, "%s", err);
     }
     double ratio = (double)engine_weight_bytes(e[0]) / (double)engine_weight_bytes(e[1]);
@@ -288,7 +289,7 @@ Test(engine, quant_int8_stays_close)
         worst = fmax(worst, fabs(a[v] - b[v]));
         diff_sum += fabs(a[v] - b[v]);
     }
-    cr_expect_leq(worst, 0.05 * maxref, "int8 logits differ by %g (max|ref| %g)", worst, maxref);
+    cr_expect_leq(worst, 0.08 * maxref, "int8 logits differ by %g (max|ref| %g)", worst, maxref);
     cr_expect_gt(diff_sum, 0.0, "quantization changed nothing: the int8 path was not taken");
     free(a);
     free(b);

@@ -38,7 +38,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
                                   int n_seqs)
 {
     struct engine_params p = engine_default_params();
-    p.quant_int8 = quant_int8;
+    p.quant = quant_int8 ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE;
     p.backend = be;
     p.n_seqs = n_seqs;
     p.ctx_size = 512;

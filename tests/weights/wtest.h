@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/core/fp16.h"
+#include "quant/fp16.h"
 
 static inline const char *wt_fixture(char *buf, size_t n, const char *name)
 {

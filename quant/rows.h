@@ -1,0 +1,29 @@
+/* rows — quant/'s internal row conversions, one pair per type, collected by the table in dtype.c.
+ *
+ * Each takes n elements (a multiple of the type's block size, unchecked: dtype_to_f32/dtype_from_f32 check).
+ * *_to_f32 are exact (dequant.c); *_from_f32 are ggml's reference quantizers quantize_row_*_ref without an
+ * importance matrix (quantize.c: plain and 32-element types; kquant.c: the 256-element K-quants).
+ * Not for use outside quant/: everyone else goes through quant/dtype.h.
+ */
+#ifndef FERRY_QUANT_ROWS_H
+#define FERRY_QUANT_ROWS_H
+
+#include <stdint.h>
+
+#define ROW_FNS(t)                                                                                           \
+    void row_##t##_to_f32(const void *src, float *dst, int64_t n);                                           \
+    void row_##t##_from_f32(const float *src, void *dst, int64_t n);
+ROW_FNS(f32)
+ROW_FNS(f16)
+ROW_FNS(bf16)
+ROW_FNS(q8_0)
+ROW_FNS(q4_0)
+ROW_FNS(q4_1)
+ROW_FNS(q5_0)
+ROW_FNS(q5_1)
+ROW_FNS(q4_k)
+ROW_FNS(q5_k)
+ROW_FNS(q6_k)
+#undef ROW_FNS
+
+#endif

@@ -1,0 +1,149 @@
+/* ferry's quantizer against llama.cpp's llama-quantize, byte for byte.
+ *
+ * fixtures/quantize_llama.json was written by make_quantize_fixtures.py with llama.cpp b4748 (commit
+ * c392e5094, its CPU build of llama-quantize, default options, no importance matrix). For three small random
+ * Llama models (a: 10 layers, an output head, ffn_down rows of 352 columns that K mixes must re-type; a in
+ * F16; b: 80 layers with grouped-query attention, the "70B" class, and tied embeddings) and ten types (Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K) it holds the SHA-256 of llama-quantize's
+ * output file, and per tensor its type and a short hash. This test rebuilds each input with the script's
+ * generator and ferry's GGUF writer (its SHA-256 must equal the script's gguf-py file first: both sides start
+ * from the same bytes), runs quantize_model_file on two threads, and requires the same output file: every row
+ * quantizer, every per-tensor type choice of the mixes, the fallbacks, the metadata and the layout. On a
+ * mismatch it names the first tensor whose type or bytes differ, and the first differing byte of a recorded
+ * row.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/core/status.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/fp16.h"
+#include "qgen.h"
+#include "sha256.h"
+#include "weights/gguf.h"
+#include "weights/gguf_write.h"
+#include "weights/model_file.h"
+#include "weights/quantize.h"
+#include "wtest.h"
+
+static void file_sha(const char *path, char hex[65])
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot read %s", path);
+    struct sha256 s;
+    sha256_init(&s);
+    static uint8_t buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) sha256_update(&s, buf, n);
+    fclose(f);
+    sha256_hex(&s, hex);
+}
+
+/* Names the first tensor of the output whose type or data hash differs from llama-quantize's. */
+static void explain_mismatch(const char *path, json_t *model, json_t *want, const char *type)
+{
+    char err[256] = "";
+    struct gguf *g;
+    CHECK(gguf_open(path, &g, err));
+    json_t *names = json_object_get(model, "names");
+    const char *types = json_string_value(json_object_get(want, "types"));
+    const char *shas = json_string_value(json_object_get(want, "tensor_sha"));
+    cr_assert_eq((size_t)gguf_n_tensors(g), json_array_size(names),
+                 "%s: %d tensors, llama-quantize wrote %zu", type, gguf_n_tensors(g), json_array_size(names));
+    for (int i = 0; i < gguf_n_tensors(g); i++) {
+        const struct gguf_tensor_info *ti = gguf_tensor(g, i);
+        const char *want_name = json_string_value(json_array_get(names, (size_t)i));
+        cr_assert(ti->name.len == strlen(want_name) && !memcmp(ti->name.ptr, want_name, ti->name.len),
+                  "%s: tensor %d is %.*s, llama-quantize has %s", type, i, (int)ti->name.len, ti->name.ptr,
+                  want_name);
+        const char *tw = types;
+        for (int k = 0; k < i; k++) tw = strchr(tw, ' ') + 1;
+        const size_t tl = strcspn(tw, " ");
+        cr_assert(strlen(dtype_name(ti->type)) == tl && !memcmp(dtype_name(ti->type), tw, tl),
+                  "%s: %s is %s, llama-quantize chose %.*s", type, want_name, dtype_name(ti->type), (int)tl,
+                  tw);
+        char hex[65];
+        sha256_of(ti->data, ti->nbytes, hex);
+        if (memcmp(hex, shas + 8 * i, 8) != 0) {
+            json_t *row = json_object_get(json_object_get(want, "first_rows"), want_name);
+            if (row) {
+                const char *rh = json_string_value(row);
+                const uint8_t *p = ti->data;
+                for (size_t b = 0; b < strlen(rh) / 2; b++) {
+                    unsigned v;
+                    sscanf(rh + 2 * b, "%2x", &v);
+                    cr_assert_eq(p[b], v, "%s: %s (%s) first row byte %zu: 0x%02x, llama-quantize 0x%02x",
+                                 type, want_name, dtype_name(ti->type), b, p[b], v);
+                }
+            }
+            cr_assert_fail("%s: the data of %s (%s) differs from llama-quantize's", type, want_name,
+                           dtype_name(ti->type));
+        }
+    }
+    gguf_close(g);
+    cr_assert_fail("%s: every tensor matches llama-quantize's but the file does not (metadata or layout)",
+                   type);
+}
+
+static void run_on_pool(void *pool, quant_task_fn task, void *ctx, int n_tasks)
+{
+    tpool_run(pool, task, ctx, n_tasks);
+}
+
+static void check_model(int mi)
+{
+    const struct qgen_spec *s = &qgen_specs[mi];
+    char p[4096];
+    json_error_t je;
+    json_t *fx = json_load_file(wt_fixture(p, sizeof p, "quantize_llama.json"), 0, &je);
+    cr_assert_not_null(fx, "cannot read %s: %s", p, je.text);
+    json_t *model = json_object_get(json_object_get(fx, "models"), s->name);
+    cr_assert_not_null(model, "fixture has no model %s", s->name);
+
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char in_path[4096], out_path[4096], hex[65];
+    snprintf(in_path, sizeof in_path, "%s/ferry-qfix-%ld-%s.gguf", tmp, (long)getpid(), s->name);
+    snprintf(out_path, sizeof out_path, "%s/ferry-qfix-%ld-%s-out.gguf", tmp, (long)getpid(), s->name);
+    qgen_write(s, in_path, hex);
+    cr_assert_str_eq(
+        hex, json_string_value(json_object_get(model, "input_sha256")),
+        "%s: the rebuilt input differs from the script's gguf-py file (generator or GGUF writer)", s->name);
+
+    char err[256] = "";
+    struct model_file *mf;
+    CHECK(model_file_open(in_path, &mf, NULL, NULL, err));
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), 0);
+    json_t *types = json_object_get(fx, "types");
+    for (size_t ti = 0; ti < json_array_size(types); ti++) {
+        const char *type = json_string_value(json_array_get(types, ti));
+        json_t *want = json_object_get(json_object_get(model, "outputs"), type);
+        const struct quantize_params qp = {.ftype = quant_ftype_from_name(type), .runner = {run_on_pool, tp}};
+        CHECK(quantize_model_file(mf, out_path, &qp, err));
+        file_sha(out_path, hex);
+        if (strcmp(hex, json_string_value(json_object_get(want, "sha256"))) != 0)
+            explain_mismatch(out_path, model, want, type);
+        unlink(out_path);
+    }
+    tpool_free(tp);
+    model_file_close(mf);
+    unlink(in_path);
+    json_decref(fx);
+}
+
+Test(quantize_llama, model_a_f32, .timeout = 120)
+{
+    check_model(0);
+}
+Test(quantize_llama, model_a_f16, .timeout = 120)
+{
+    check_model(1);
+}
+Test(quantize_llama, model_b_f32_80_layers_tied, .timeout = 120)
+{
+    check_model(2);
+}

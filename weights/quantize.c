@@ -1,0 +1,235 @@
+/* quantize — a model_file to a quantized GGUF (see quantize.h). Plan first (order, types, metadata, sizes),
+ * then stream: each tensor is converted in row chunks of at most CHUNK_BYTES of output and written. */
+#include "weights/quantize.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "weights/gguf.h"
+#include "weights/gguf_write.h"
+#include "weights/hf_export.h"
+
+#define CHUNK_BYTES   (64u << 20) /* output bytes converted per step: bounds memory, paces progress */
+#define QUANT_VERSION 2           /* general.quantization_version (ggml's GGML_QNT_VERSION) */
+
+/* One output tensor: where it comes from and what it becomes. */
+struct plan {
+    const struct wtensor *src;
+    enum dtype to;
+    int n_dims;  /* ggml's count: trailing dimensions of 1 dropped */
+    int permute; /* HF llama-arch attn_q/attn_k: rows reordered to llama.cpp's rotary layout (heads) */
+};
+
+static int ggml_n_dims(const int64_t ne[4])
+{
+    for (int d = 3; d >= 1; d--)
+        if (ne[d] > 1) return d + 1;
+    return 1;
+}
+
+static int cmp_plan(const void *a, const void *b)
+{
+    return quant_mix_order(((const struct plan *)a)->src->name, ((const struct plan *)b)->src->name);
+}
+
+/* The output architecture: llama.cpp writes Mistral checkpoints as llama. */
+static const char *out_arch(const struct model_file *mf)
+{
+    return strcmp(mf->hp.arch, "qwen2") == 0 ? "qwen2" : "llama";
+}
+
+/* llama.cpp's LLM_TYPE_70B, which bumps attn_v (llama-model.cpp: llama with 80 layers and grouped-query
+ * attention, qwen2 with 80 layers). */
+static bool is_70b(const struct model_file *mf)
+{
+    if (mf->hp.n_layers != 80) return false;
+    return strcmp(out_arch(mf), "qwen2") == 0 || mf->hp.n_heads != mf->hp.n_kv_heads;
+}
+
+/* The output tensors: the model's, and for a Hugging Face llama3-scaled model the rope_freqs.weight that
+ * llama.cpp keeps its scaling in (extra). */
+static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype, struct plan *pl,
+                      char err[256])
+{
+    int n_attn_v = 0;
+    for (int i = 0; i < n; i++) {
+        const struct wtensor *t = i < mf->n_tensors ? &mf->tensors[i] : extra;
+        pl[i] = (struct plan){.src = t, .n_dims = ggml_n_dims(t->ne)};
+        if (strstr(t->name, "attn_v.weight")) n_attn_v++;
+    }
+    qsort(pl, (size_t)n, sizeof *pl, cmp_plan);
+    struct quant_mix mix;
+    if (!quant_mix_init(&mix, ftype, mf->hp.n_layers, n_attn_v,
+                        model_file_tensor(mf, "output.weight") != NULL, is_70b(mf)))
+        return ferry_fail(err, FERRY_ERR_INVALID, "unknown file type %d", ftype);
+    const int hf = mf->format == MODEL_FORMAT_HF;
+    for (int i = 0; i < n; i++) {
+        struct plan *p = &pl[i];
+        const struct wtensor *t = p->src;
+        /* convert_hf_to_gguf.py stores 1-D tensors (norms, biases) in F32 whatever the checkpoint's type. */
+        const enum dtype cur = hf && p->n_dims == 1 ? DTYPE_F32 : t->type;
+        const int to = quant_mix_type(&mix, t->name, p->n_dims, t->ne[0], cur);
+        if (to < 0)
+            FLOG_WARN("tensor %s: %lld columns fit no block of %s's mix: kept as %s (llama-quantize refuses such a "
+                      "model)",
+                      t->name, (long long)t->ne[0], quant_ftype_name(ftype), dtype_name(cur));
+        p->to = to < 0 ? cur : (enum dtype)to;
+        if (p->to != t->type && dtype_get_traits(t->type)->is_quantized && dtype_get_traits(p->to)->is_quantized)
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
+                              "tensor %s is already %s: ferry quantize reads F32, F16 or BF16 weights "
+                              "(requantizing compounds the errors; llama-quantize refuses it too)",
+                              t->name, dtype_name(t->type));
+        p->permute = hf && strcmp(out_arch(mf), "llama") == 0 && p->n_dims == 2 &&
+                     (strstr(t->name, ".attn_q.weight") || strstr(t->name, ".attn_k.weight"));
+    }
+    return FERRY_OK;
+}
+
+/* A GGUF input's metadata, verbatim, in order, except the keys llama-quantize sets or drops. */
+static int copy_gguf_metadata(struct gguf_writer *w, const struct gguf *g, char err[256])
+{
+    static const char *const skip[] = {"general.quantization_version", "general.file_type", "split.no",
+                                       "split.count", "split.tensors.count"};
+    for (int i = 0; i < gguf_n_kv(g); i++) {
+        const struct gguf_str k = gguf_kv_key(g, i);
+        int skipped = 0;
+        for (size_t s = 0; s < sizeof skip / sizeof skip[0]; s++)
+            skipped |= k.len == strlen(skip[s]) && !memcmp(k.ptr, skip[s], k.len);
+        if (skipped) continue;
+        const struct gguf_str raw = gguf_kv_raw(g, i);
+        int rc = gguf_writer_kv_raw(w, raw.ptr, raw.len, err);
+        if (rc) return rc;
+    }
+    return FERRY_OK;
+}
+
+/* Row r of a permuted attn_q/attn_k comes from this source row (convert_hf_to_gguf.py's LlamaModel.permute:
+ * per head, the rotate-half pairs (j, j + hd/2) become adjacent rows (2j, 2j + 1)). */
+static int64_t permuted_row(int64_t r, int64_t hd)
+{
+    const int64_t h = r / hd, w = r % hd;
+    return h * hd + (w % 2) * (hd / 2) + w / 2;
+}
+
+struct progress {
+    const struct quantize_params *p;
+    int i, n;
+    uint64_t done, total;
+};
+
+static void report(struct progress *pg, const struct plan *pl)
+{
+    if (pg->p->progress)
+        pg->p->progress(pg->i, pg->n, pl->src->name, pl->src->type, pl->to, pg->done, pg->total, pg->p->user);
+}
+
+static int write_tensor(struct gguf_writer *w, const struct model_file *mf, const struct plan *pl, void *buf,
+                        void *perm_buf, struct progress *pg, char err[256])
+{
+    const struct wtensor *t = pl->src;
+    const int64_t cols = t->ne[0], rows = cols ? (int64_t)(t->nbytes / dtype_row_size(t->type, cols)) : 0;
+    const size_t src_row = dtype_row_size(t->type, cols), dst_row = dtype_row_size(pl->to, cols);
+    const uint8_t *src = t->data;
+    if (pl->permute) {
+        const int64_t hd = mf->hp.head_dim;
+        if (hd < 2 || hd % 2 || rows % hd)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "tensor %s: %lld rows are not whole heads of %lld",
+                              t->name, (long long)rows, (long long)hd);
+        for (int64_t r = 0; r < rows; r++)
+            memcpy((uint8_t *)perm_buf + src_row * (size_t)r, src + src_row * (size_t)permuted_row(r, hd),
+                   src_row);
+        src = perm_buf;
+    }
+    if (pl->to == t->type) { /* kept as it is */
+        int rc = gguf_writer_data(w, src, t->nbytes, err);
+        pg->done += t->nbytes;
+        report(pg, pl);
+        return rc;
+    }
+    const int64_t chunk = dst_row ? (int64_t)(CHUNK_BYTES / dst_row > 0 ? CHUNK_BYTES / dst_row : 1) : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        int64_t bad = -1;
+        if (!quant_matrix(pl->to, buf, t->type, src + src_row * (size_t)r0, nr, cols, &pg->p->runner, &bad))
+            return ferry_fail(err, FERRY_ERR_INTERNAL, "tensor %s: cannot convert %s to %s", t->name,
+                              dtype_name(t->type), dtype_name(pl->to));
+        if (bad >= 0)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "tensor %s: row %lld holds a NaN or an infinity",
+                              t->name, (long long)(r0 + bad));
+        int rc = gguf_writer_data(w, buf, dst_row * (size_t)nr, err);
+        if (rc) return rc;
+        pg->done += dst_row * (size_t)nr;
+        report(pg, pl);
+    }
+    return FERRY_OK;
+}
+
+int quantize_model_file(const struct model_file *mf, const char *out_path, const struct quantize_params *p,
+                        char err[256])
+{
+    /* llama3 scaling of a Hugging Face model: the rope_freqs.weight tensor convert_hf_to_gguf.py adds. */
+    float factors[512];
+    struct wtensor extra = {.name = "rope_freqs.weight", .type = DTYPE_F32, .n_dims = 1, .data = factors};
+    int n_extra = 0;
+    if (mf->format == MODEL_FORMAT_HF && mf->hp.rope_dim / 2 <= 512) {
+        const int nf = hf_export_rope_freqs(mf, factors);
+        extra.ne[0] = nf, extra.ne[1] = extra.ne[2] = extra.ne[3] = 1;
+        extra.nbytes = sizeof(float) * (size_t)nf;
+        n_extra = nf > 0;
+    }
+    const int n = mf->n_tensors + n_extra;
+    struct plan *pl = calloc(n ? (size_t)n : 1, sizeof *pl);
+    struct gguf_writer *w = NULL;
+    void *buf = NULL, *perm_buf = NULL;
+    int rc;
+    if (!pl) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
+    if ((rc = plan_types(mf, &extra, n, p->ftype, pl, err))) goto out;
+    if ((rc = gguf_writer_init(&w, err))) goto out;
+    if (mf->format == MODEL_FORMAT_GGUF) {
+        if ((rc = copy_gguf_metadata(w, mf->gguf, err))) goto out;
+    } else if ((rc = hf_export_metadata(w, mf, out_arch(mf), err))) {
+        goto out;
+    }
+    if ((rc = gguf_writer_kv_u32(w, "general.quantization_version", QUANT_VERSION, err))) goto out;
+    if ((rc = gguf_writer_kv_u32(w, "general.file_type", (uint32_t)p->ftype, err))) goto out;
+
+    /* Buffers: a converted tensor goes through at most CHUNK_BYTES of whole rows at a time (one row when a
+     * row is larger); a permuted one is reordered whole first. */
+    size_t max_chunk = 0, max_perm = 0;
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const struct wtensor *t = pl[i].src;
+        if ((rc = gguf_writer_tensor(w, t->name, pl[i].to, pl[i].n_dims, t->ne, err))) goto out;
+        const size_t bytes = gguf_writer_tensor_bytes(w, i), row = dtype_row_size(pl[i].to, t->ne[0]);
+        total += bytes;
+        if (pl[i].to != t->type) {
+            const size_t c = bytes < CHUNK_BYTES + row ? bytes : CHUNK_BYTES + row;
+            if (c > max_chunk) max_chunk = c;
+        }
+        if (pl[i].permute && t->nbytes > max_perm) max_perm = t->nbytes;
+    }
+    buf = malloc(max_chunk + 1);
+    perm_buf = max_perm ? malloc(max_perm) : NULL;
+    if (!buf || (max_perm && !perm_buf)) {
+        rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %zu MiB of conversion buffers",
+                        (max_chunk + max_perm) >> 20);
+        goto out;
+    }
+    if ((rc = gguf_writer_open(w, out_path, err))) goto out;
+    struct progress pg = {.p = p, .n = n, .total = total};
+    for (int i = 0; i < n && !rc; i++) {
+        pg.i = i;
+        report(&pg, &pl[i]);
+        rc = write_tensor(w, mf, &pl[i], buf, perm_buf, &pg, err);
+    }
+    if (!rc) rc = gguf_writer_finish(w, err);
+out:
+    gguf_writer_free(w);
+    free(buf);
+    free(perm_buf);
+    free(pl);
+    return rc;
+}
