@@ -82,8 +82,8 @@ LANES_FNS(8)
 
 /* Weighted affine fits of 8 sub-blocks of 32 (x[i], w[i]: element i of each) to scale * L - min with L in
  * [0, nmax] (ggml's make_qkx2_quants with a squared error, per lane). Writes the codes to L, the scales to
- * *scale_out and the offsets to *min_out (>= 0, subtracted). (Vectors go out through pointers: a vector return
- * value would change the ABI of builds without AVX, and GCC warns about it.) */
+ * *scale_out and the offsets to *min_out (>= 0, subtracted). (Vectors go out through pointers: a vector
+ * return value would change the ABI of builds without AVX, and GCC warns about it.) */
 static void fit_affine(int nmax, const vf8 x[32], const vf8 w[32], vi8 L[32], vf8 *scale_out, vf8 *min_out,
                        float rmin, float rdelta, int nstep)
 {

@@ -62,7 +62,8 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
     return hf_export_tokenizer(w, mf, err);
 }
 
-/* ---- rope factors ---------------------------------------------------------------------------------------- */
+/* ---- rope factors ----------------------------------------------------------------------------------------
+ */
 
 int hf_export_rope_freqs(const struct model_file *mf, float *factors)
 {
@@ -90,18 +91,19 @@ int hf_export_rope_freqs(const struct model_file *mf, float *factors)
     return dim / 2;
 }
 
-/* ---- tokenizer ------------------------------------------------------------------------------------------- */
+/* ---- tokenizer -------------------------------------------------------------------------------------------
+ */
 
 /* The pre-tokenizer of a byte-level BPE tokenizer.json, as llama.cpp's tokenizer.ggml.pre names it (its
- * convert_hf_to_gguf.py identifies it by hashing the tokenizer's output; the split regexes identify it too). */
+ * convert_hf_to_gguf.py identifies it by hashing the tokenizer's output; the split regexes identify it too).
+ */
 static const char *pre_name(const json_t *pre)
 {
     static const char *const llama3 =
         "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
         "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-    static const char *const qwen2 =
-        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    static const char *const qwen2 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     const json_t *items[8];
     size_t n = 0, i;
     const json_t *v;
@@ -116,7 +118,8 @@ static const char *pre_name(const json_t *pre)
     for (i = 0; i < n; i++) {
         const char *t = json_string_value(json_object_get(items[i], "type"));
         if (!t) continue;
-        if (!strcmp(t, "Split")) regex = json_string_value(json_object_get(json_object_get(items[i], "pattern"), "Regex"));
+        if (!strcmp(t, "Split"))
+            regex = json_string_value(json_object_get(json_object_get(items[i], "pattern"), "Regex"));
         if (!strcmp(t, "Digits")) digits = json_is_true(json_object_get(items[i], "individual_digits"));
         if (!strcmp(t, "ByteLevel")) bytelevel_regex = !json_is_false(json_object_get(items[i], "use_regex"));
     }
@@ -143,7 +146,8 @@ static int looks_special(const char *s)
     const size_t n = strlen(s);
 #define ENDS(suf) (n >= strlen(suf) && !strcmp(s + n - strlen(suf), suf))
     return !strcmp(s, "<pad>") || !strcmp(s, "<mask>") || !strcmp(s, "<2mass>") || !strcmp(s, "[@BOS@]") ||
-           (!strncmp(s, "<|", 2) && ENDS("|>")) || (!strncmp(s, "<\xef\xbd\x9c", 4) && ENDS("\xef\xbd\x9c>")) ||
+           (!strncmp(s, "<|", 2) && ENDS("|>")) ||
+           (!strncmp(s, "<\xef\xbd\x9c", 4) && ENDS("\xef\xbd\x9c>")) ||
            (!strncmp(s, "<start_of_", 10) && ENDS(">")) || (!strncmp(s, "<end_of_", 8) && ENDS(">"));
 #undef ENDS
 }
@@ -194,7 +198,8 @@ static int vocab_set(struct vocab *v, json_int_t id, const char *s, size_t len, 
 static int32_t config_token(const struct vocab *v, const json_t *cfg, const char *key)
 {
     const json_t *j = json_object_get(cfg, key);
-    const char *s = json_is_string(j) ? json_string_value(j) : json_string_value(json_object_get(j, "content"));
+    const char *s =
+        json_is_string(j) ? json_string_value(j) : json_string_value(json_object_get(j, "content"));
     if (!s) return -1;
     for (int i = 0; i < v->n; i++)
         if (v->tok[i] && !strcmp(v->tok[i], s)) return i;
@@ -209,14 +214,17 @@ int hf_export_tokenizer(struct gguf_writer *w, const struct model_file *mf, char
     const char *mty = json_string_value(json_object_get(model, "type"));
     const int bytelevel = has_bytelevel(json_object_get(root, "pre_tokenizer")) ||
                           has_bytelevel(json_object_get(root, "decoder"));
-    if (!root || !mty || strcmp(mty, "BPE") || !bytelevel || !json_is_object(json_object_get(model, "vocab"))) {
+    if (!root || !mty || strcmp(mty, "BPE") || !bytelevel ||
+        !json_is_object(json_object_get(model, "vocab"))) {
         /* llama.cpp loads such a file (a model without a vocabulary: token ids in, logits out). */
         if (root)
-            FLOG_WARN("tokenizer.json is not a byte-level BPE tokenizer (model %s): the GGUF gets no vocabulary; "
-                      "convert it with llama.cpp's convert_hf_to_gguf.py",
-                      mty ? mty : "?");
+            FLOG_WARN(
+                "tokenizer.json is not a byte-level BPE tokenizer (model %s): the GGUF gets no vocabulary; "
+                "convert it with llama.cpp's convert_hf_to_gguf.py",
+                mty ? mty : "?");
         else
-            FLOG_WARN("no tokenizer.json in %s (%s): the GGUF gets no vocabulary", mf->dir ? mf->dir : "?", jerr);
+            FLOG_WARN("no tokenizer.json in %s (%s): the GGUF gets no vocabulary", mf->dir ? mf->dir : "?",
+                      jerr);
         json_decref(root);
         return gguf_writer_kv_str(w, "tokenizer.ggml.model", "no_vocab", 8, err);
     }
@@ -242,15 +250,19 @@ int hf_export_tokenizer(struct gguf_writer *w, const struct model_file *mf, char
         if (rc || !json_is_string(c)) continue;
         const char *s = json_string_value(c);
         if (json_is_true(json_object_get(val, "special")) || looks_special(s)) {
-            rc = vocab_set(&v, json_integer_value(json_object_get(val, "id")), s, json_string_length(c), TT_CONTROL);
+            rc = vocab_set(&v, json_integer_value(json_object_get(val, "id")), s, json_string_length(c),
+                           TT_CONTROL);
         } else {
             /* User-defined tokens are matched before normalization: "▁" stands for a space there. */
             char *t = malloc(json_string_length(c) + 1);
             size_t n = 0;
             for (const char *p = s; t && *p;)
-                if (!strncmp(p, "\xe2\x96\x81", 3)) t[n++] = ' ', p += 3;
-                else t[n++] = *p++;
-            rc = t ? vocab_set(&v, json_integer_value(json_object_get(val, "id")), t, n, TT_USER_DEFINED) : FERRY_ERR_NOMEM;
+                if (!strncmp(p, "\xe2\x96\x81", 3))
+                    t[n++] = ' ', p += 3;
+                else
+                    t[n++] = *p++;
+            rc = t ? vocab_set(&v, json_integer_value(json_object_get(val, "id")), t, n, TT_USER_DEFINED)
+                   : FERRY_ERR_NOMEM;
             free(t);
         }
     }
@@ -294,8 +306,9 @@ int hf_export_tokenizer(struct gguf_writer *w, const struct model_file *mf, char
     }
     const char *pre = pre_name(json_object_get(root, "pre_tokenizer"));
     if (!pre) {
-        FLOG_WARN("tokenizer.json: pre-tokenizer not recognised (llama-bpe, qwen2, smollm, gpt-2): written as "
-                  "\"default\"");
+        FLOG_WARN(
+            "tokenizer.json: pre-tokenizer not recognised (llama-bpe, qwen2, smollm, gpt-2): written as "
+            "\"default\"");
         pre = "default";
     }
     /* BOS added by the post-processor (TemplateProcessing "single" starting with a special token), then
@@ -307,8 +320,7 @@ int hf_export_tokenizer(struct gguf_writer *w, const struct model_file *mf, char
     int n_tp = 0;
     const char *ppt = json_string_value(json_object_get(pp, "type"));
     if (ppt && !strcmp(ppt, "TemplateProcessing")) tps[n_tp++] = pp;
-    if (ppt && !strcmp(ppt, "Sequence"))
-        json_array_foreach(json_object_get(pp, "processors"), i, val)
+    if (ppt && !strcmp(ppt, "Sequence")) json_array_foreach(json_object_get(pp, "processors"), i, val)
         {
             const char *t = json_string_value(json_object_get(val, "type"));
             if (n_tp < 8 && t && !strcmp(t, "TemplateProcessing")) tps[n_tp++] = val;
@@ -335,17 +347,22 @@ int hf_export_tokenizer(struct gguf_writer *w, const struct model_file *mf, char
     }
     if (!rc) rc = gguf_writer_kv_str(w, "tokenizer.ggml.model", "gpt2", 4, err);
     if (!rc) rc = gguf_writer_kv_str(w, "tokenizer.ggml.pre", pre, strlen(pre), err);
-    if (!rc) rc = gguf_writer_kv_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.len, (uint64_t)v.n, err);
-    if (!rc) rc = gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v.type, (uint64_t)v.n, err);
+    if (!rc)
+        rc = gguf_writer_kv_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.len,
+                                    (uint64_t)v.n, err);
+    if (!rc)
+        rc = gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v.type, (uint64_t)v.n, err);
     if (!rc) rc = gguf_writer_kv_arr_str(w, "tokenizer.ggml.merges", merges, merge_len, nm, err);
     if (!rc && bos >= 0) rc = gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos, err);
     if (!rc && eos >= 0) rc = gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos, err);
     if (!rc && unk >= 0) rc = gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)unk, err);
-    if (!rc && pad_id >= 0) rc = gguf_writer_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad_id, err);
+    if (!rc && pad_id >= 0)
+        rc = gguf_writer_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad_id, err);
     if (!rc) rc = gguf_writer_kv_bool(w, "tokenizer.ggml.add_bos_token", add_bos, err);
     if (!rc) rc = gguf_writer_kv_bool(w, "tokenizer.ggml.add_eos_token", add_eos, err);
     if (!rc && mf->chat_template)
-        rc = gguf_writer_kv_str(w, "tokenizer.chat_template", mf->chat_template, strlen(mf->chat_template), err);
+        rc = gguf_writer_kv_str(w, "tokenizer.chat_template", mf->chat_template, strlen(mf->chat_template),
+                                err);
     if (rc == FERRY_ERR_NOMEM) ferry_fail(err, rc, "out of memory exporting the tokenizer");
     for (size_t m = 0; merge_buf && m < nm; m++) free(merge_buf[m]);
     free(merge_buf);

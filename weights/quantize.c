@@ -51,8 +51,8 @@ static bool is_70b(const struct model_file *mf)
 
 /* The output tensors: the model's, and for a Hugging Face llama3-scaled model the rope_freqs.weight that
  * llama.cpp keeps its scaling in (extra). */
-static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype, struct plan *pl,
-                      char err[256])
+static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype,
+                      struct plan *pl, char err[256])
 {
     int n_attn_v = 0;
     for (int i = 0; i < n; i++) {
@@ -73,11 +73,13 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
         const enum dtype cur = hf && p->n_dims == 1 ? DTYPE_F32 : t->type;
         const int to = quant_mix_type(&mix, t->name, p->n_dims, t->ne[0], cur);
         if (to < 0)
-            FLOG_WARN("tensor %s: %lld columns fit no block of %s's mix: kept as %s (llama-quantize refuses such a "
-                      "model)",
-                      t->name, (long long)t->ne[0], quant_ftype_name(ftype), dtype_name(cur));
+            FLOG_WARN(
+                "tensor %s: %lld columns fit no block of %s's mix: kept as %s (llama-quantize refuses such a "
+                "model)",
+                t->name, (long long)t->ne[0], quant_ftype_name(ftype), dtype_name(cur));
         p->to = to < 0 ? cur : (enum dtype)to;
-        if (p->to != t->type && dtype_get_traits(t->type)->is_quantized && dtype_get_traits(p->to)->is_quantized)
+        if (p->to != t->type && dtype_get_traits(t->type)->is_quantized &&
+            dtype_get_traits(p->to)->is_quantized)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
                               "tensor %s is already %s: ferry quantize reads F32, F16 or BF16 weights "
                               "(requantizing compounds the errors; llama-quantize refuses it too)",
