@@ -87,6 +87,11 @@ uint64_t sampler_step(const struct sampler *s)
     return s->step;
 }
 
+void sampler_advance(struct sampler *s)
+{
+    s->step++;
+}
+
 int sampler_history(const struct sampler *s, int32_t *tokens, uint32_t *counts, int cap)
 {
     for (int i = 0; i < s->n_seen && i < cap; i++) {

@@ -47,6 +47,9 @@ void sampler_free(struct sampler *s);
 void sampler_accept(struct sampler *s, int32_t token);
 /* Samples from logits (n_vocab) f32; the row is used as scratch and modified. Advances the draw counter. */
 int32_t sampler_sample(struct sampler *s, float *logits);
+/* Records a draw made elsewhere with this sampler's (seed, sampler_step()) — by the GPU sampler — so that the
+ * next draw here uses the next step. The caller also sampler_accept()s the token it chose. */
+void sampler_advance(struct sampler *s);
 /* log-softmax of the raw logits at `token` and the top n (ids, logprobs) by logit descending, lowest id
  * first on ties; n <= 20. NaN logits count as -inf. */
 float sampler_logprob(const float *logits, int n_vocab, int32_t token, int n_top, int32_t *top_ids,

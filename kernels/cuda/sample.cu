@@ -460,7 +460,8 @@ __global__ void __launch_bounds__(SMP_THREADS, 1)
         tokens[row] = tok;
         if (want_lp) {
             kern_cuda_sample_lp *o = lp + row;
-            const float x = raw[tok];
+            const int lt = R.lp_token >= 0 && R.lp_token < V ? R.lp_token : tok;
+            const float x = raw[lt];
             o->logprob = isnan(x) ? -INFINITY : x - lse;
             const int n = n_top > 0 ? min(n_top, sh.n_found) : 0;
             /* insertion sort of the n entries: key descending, id ascending */

@@ -44,7 +44,7 @@ struct kern_cuda_sample_row {
     int32_t bias_begin, bias_end; /* entries [begin, end) of bias_tok/bias_val, applied in order */
     int32_t hist_begin, hist_end; /* entries [begin, end) of hist_tok/hist_cnt: distinct tokens, counts > 0 */
     int32_t mask_row; /* < 0: all allowed; else row of `mask` (bit t % 32 of word t / 32 = allowed) */
-    int32_t reserved; /* 0 */
+    int32_t lp_token; /* < 0: logprob of the chosen token; else of this token (prompt logprobs) */
 };
 
 /* Where the batch's inputs are (a host struct holding device pointers). */
@@ -62,7 +62,7 @@ struct kern_cuda_sample_batch {
 
 /* Log-probabilities of one row (written when its n_logprobs >= 0). */
 struct kern_cuda_sample_lp {
-    float logprob;                       /* log-softmax of the raw logits at the chosen token */
+    float logprob;                       /* log-softmax of the raw logits at the chosen token (or lp_token) */
     int32_t n_top;                       /* entries below: min(n_logprobs, 20, n_vocab) */
     int32_t top_id[KERN_SAMPLE_MAX_TOP]; /* by raw logit descending, lowest id first on ties */
     float top_lp[KERN_SAMPLE_MAX_TOP];

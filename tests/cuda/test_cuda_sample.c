@@ -25,6 +25,7 @@ struct host_row {
     int warm;       /* draws taken before this one */
     int mask_kind;  /* 0 none, 1 half the vocabulary, 2 three tokens */
     int n_logprobs; /* -1 none */
+    int lp_token;   /* -1: the chosen token's logprob; else this token's (prompt logprobs) */
 };
 
 enum { OPT_ALL = -1, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_PEN, OPT_BIAS, OPT_MASK, OPT_LP, N_OPT };
@@ -36,6 +37,7 @@ static void pick_row(struct host_row *r, int V, int only)
     r->sp.seed = rng_u64();
     r->warm = irand(4);
     r->n_logprobs = -1;
+    r->lp_token = -1;
     const int all = only == OPT_ALL;
     static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
     r->sp.temperature = all || only == OPT_TEMP ? temps[irand(5)] : 0.8f;
@@ -75,6 +77,7 @@ static void pick_row(struct host_row *r, int V, int only)
     if (all || only == OPT_LP) {
         static const int ns[] = {-1, 0, 1, 5, 20};
         r->n_logprobs = ns[irand(5)];
+        if (irand(3) == 0) r->lp_token = irand(V);
     }
 }
 
@@ -148,6 +151,7 @@ static struct batch_run gpu_run(const struct host_row *rows, const int *order, i
         nh += sampler_history(cpu[i], htok + nh, hcnt + nh, 256);
         k->hist_end = nh;
         k->mask_row = -1;
+        k->lp_token = r->lp_token;
         if (r->mask_kind) {
             memcpy(mk + (size_t)nm * words, masks + (size_t)i * words, (size_t)words * 4);
             k->mask_row = nm++;
@@ -245,7 +249,8 @@ static void check_batch(int V, int b, int only)
             int32_t ids[20];
             float lps[20];
             const int n = r->n_logprobs > 20 ? 20 : r->n_logprobs < V ? r->n_logprobs : V;
-            const float lp = sampler_logprob(logits + (size_t)i * V, V, g.tokens[i], n, ids, lps);
+            const float lp = sampler_logprob(logits + (size_t)i * V, V,
+                                             r->lp_token >= 0 ? r->lp_token : g.tokens[i], n, ids, lps);
             const struct kern_cuda_sample_lp *o = &g.lp[i];
             cr_assert(fabsf(o->logprob - lp) <= 2e-4f || (isinf(lp) && o->logprob == lp),
                       "V %d row %d: logprob %g vs CPU %g", V, i, o->logprob, lp);
