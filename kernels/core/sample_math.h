@@ -138,10 +138,12 @@ SMATH_FN uint64_t smath_mass(float d)
 #endif
 }
 
-/* A 32-bit key whose unsigned order is the order of the floats (-inf lowest; no NaN is ever keyed). */
+/* A 32-bit key whose unsigned order is the order of the floats (-inf lowest; no NaN is ever keyed). -0 and +0
+ * compare equal as floats and get the same key (+0's). */
 SMATH_FN uint32_t smath_key(float v)
 {
-    const uint32_t b = smath_to_bits(v);
+    uint32_t b = smath_to_bits(v);
+    if (b == 0x80000000u) b = 0;
     return (b & 0x80000000u) ? ~b : b | 0x80000000u;
 }
 SMATH_FN float smath_key_value(uint32_t key)
