@@ -658,17 +658,18 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
  * 64), 4 warps of 16 rows, x one KV range (a split). The window's tokens are processed one run of equal
  * sequence at a time (a prefill chunk is one run; a run of one single token is left to the decode launch
  * when p.skip says so). Per run, K/V tiles of FA_BN = 64 positions are copied to shared memory with cp.async
- * (K of the next tile during P·V, V of this tile during Q·Kᵀ and the softmax; the tiles' block ids are read
- * one tile ahead into s_off). Per warp and tile: S = Q Kᵀ (mma.sync m16n8k16, f16 in, f32 accumulate; Q is
- * f32 in memory, scaled by scale*log2 e and rounded to f16 once, held in registers as A fragments; K's B
- * fragments by ldmatrix), the causal mask by position, the online softmax in base 2 in f32 (row max over the
- * 4 threads of a quad by shuffles), P rounded to f16 and reused in registers as the A fragments of O += P V
- * (V's B fragments by ldmatrix.trans). A warp skips the math of tiles entirely past its rows' positions.
- * Fragment layouts (PTX ISA, mma.m16n8k16 .f16): lane = 4 g + t; A a0 (row g, k 2t..2t+1), a1 (row g+8, k
- * 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..); B b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); C c0
- * c1 (row g, cols 2t, 2t+1), c2 c3 (row g+8, same cols). So the C fragments of S's column blocks 2kk and
- * 2kk+1 are exactly the A fragment of P's k-block kk. Splits write unnormalised partials and are merged by
- * the last block to arrive, as in the other kernels.
+ * in two stages (the next tile's K and V during this tile's math, one barrier per tile; the element offsets
+ * of a tile's rows are computed two tiles ahead into s_off). Registers (~210 at head_dim 128) allow 2 blocks
+ * per SM, so the second stage (70 KB of shared memory per block in all) costs no occupancy. Per warp and
+ * tile: S = Q Kᵀ (mma.sync m16n8k16, f16 in, f32 accumulate; Q is f32 in memory, scaled by scale*log2 e and
+ * rounded to f16 once, held in registers as A fragments; K's B fragments by ldmatrix), the causal mask by
+ * position, the online softmax in base 2 in f32 (row max over the 4 threads of a quad by shuffles), P rounded
+ * to f16 and reused in registers as the A fragments of O += P V (V's B fragments by ldmatrix.trans). A warp
+ * skips the math of tiles entirely past its rows' positions. Fragment layouts (PTX ISA, mma.m16n8k16 .f16):
+ * lane = 4 g + t; A a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k
+ * 2t+8..); B b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); C c0 c1 (row g, cols 2t, 2t+1), c2 c3 (row g+8,
+ * same cols). So the C fragments of S's column blocks 2kk and 2kk+1 are exactly the A fragment of P's k-block
+ * kk. Splits write unnormalised partials and are merged by the last block to arrive, as in the other kernels.
  * ---------------------------------------------------------------------------------------------------------
  */
 #define FA_BM      64 /* query rows per block */
@@ -806,39 +807,42 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
             if (blk < 0 || blk >= p.n_blocks) return -1;
             return (((long long)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D;
         };
-        /* Copies a tile into dst from the offsets so: thread (row r0 + k*RPP, piece c). Always commits. */
-        auto issue = [&](__half *dst, const __half *src, const long long *so) {
+        /* Copies the K and V rows of a tile into stage `st` from the offsets so: thread (row r0 + k*RPP,
+         * piece c). One commit group. */
+        auto issue = [&](int st, const long long *so) {
             const int c = tid % CPR, r0 = tid / CPR;
+            __half *kd = Ks + st * FA_BN * DS, *vd = Vs + st * FA_BN * DS;
 #pragma unroll
             for (int r = r0; r < FA_BN; r += RPP) {
                 const long long off = so[r];
-                __half *d = dst + r * DS + c * 8;
-                if (off >= 0)
-                    cp_async16(d, src + off + c * 8);
-                else
-                    *(uint4 *)d = make_uint4(0, 0, 0, 0);
+                const int at = r * DS + c * 8;
+                if (off >= 0) {
+                    cp_async16(kd + at, p.k + off + c * 8);
+                    cp_async16(vd + at, p.v + off + c * 8);
+                } else {
+                    *(uint4 *)(kd + at) = make_uint4(0, 0, 0, 0);
+                    *(uint4 *)(vd + at) = make_uint4(0, 0, 0, 0);
+                }
             }
             cp_async_commit();
         };
 
         if (lo < hi) {
-            if (tid < FA_BN) s_off[tid] = row_off(lo, tid);
+            if (tid < FA_BN) {
+                s_off[tid] = row_off(lo, tid);
+                s_off[FA_BN + tid] = row_off(lo + FA_BN, tid);
+            }
             __syncthreads();
-            issue(Ks, p.k, s_off);
+            issue(0, s_off);
         }
         for (int t0 = lo, it = 0; t0 < hi; t0 += FA_BN, it++) {
-            const long long *so = s_off + (it & 1) * FA_BN;
-            long long *so_next = s_off + ((it & 1) ^ 1) * FA_BN;
+            const int cur = it & 1;
             cp_async_wait<0>();
-            __syncthreads(); /* K(t0) landed; every warp is done with V of the previous tile and its offsets
-                              */
-            issue(Vs, p.v, so);
-            const int tn = t0 + FA_BN;
-            const long long off_next = tid < FA_BN && tn < hi ? row_off(tn, tid) : -1;
-            const bool act = t0 <= wlim;
-
-            uint32_t pf[FA_BN / 16][4]; /* P as the A fragments of P·V */
-            if (act) {
+            __syncthreads(); /* tile it landed; every warp is done with tile it-1 (its buffers and offsets) */
+            if (t0 + FA_BN < hi) issue(cur ^ 1, s_off + (cur ^ 1) * FA_BN); /* tile it+1, during this one */
+            const long long off_next = tid < FA_BN && t0 + 2 * FA_BN < hi ? row_off(t0 + 2 * FA_BN, tid) : -1;
+            if (t0 <= wlim) { /* this warp has a row that sees a position of the tile */
+                const __half *Kc = Ks + cur * FA_BN * DS, *Vc = Vs + cur * FA_BN * DS;
                 float s[NB][4];
 #pragma unroll
                 for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -847,7 +851,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 #pragma unroll
                     for (int np = 0; np < FA_BN / 16; np++) {
                         uint32_t b[4];
-                        fa_ldsm4(b, Ks + (16 * np + (lane & 7) + ((lane >> 4) << 3)) * DS + 16 * kc +
+                        fa_ldsm4(b, Kc + (16 * np + (lane & 7) + ((lane >> 4) << 3)) * DS + 16 * kc +
                                         (((lane >> 3) & 1) << 3));
                         fa_mma(s[2 * np], qf[kc], b[0], b[1]);
                         fa_mma(s[2 * np + 1], qf[kc], b[2], b[3]);
@@ -893,29 +897,23 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
                 for (int j = 0; j < OB; j++) o[j][0] *= aa, o[j][1] *= aa, o[j][2] *= ab, o[j][3] *= ab;
 #pragma unroll
                 for (int kk = 0; kk < FA_BN / 16; kk++) {
-                    pf[kk][0] = fa_pack_h2(s[2 * kk][0], s[2 * kk][1]);
-                    pf[kk][1] = fa_pack_h2(s[2 * kk][2], s[2 * kk][3]);
-                    pf[kk][2] = fa_pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pf[kk][3] = fa_pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                }
-            }
-            if (tid < FA_BN) so_next[tid] = off_next;
-            cp_async_wait<0>();
-            __syncthreads(); /* V(t0) landed; every warp is done with K(t0); the next offsets are visible */
-            if (tn < hi) issue(Ks, p.k, so_next);
-            if (act) {
-#pragma unroll
-                for (int kk = 0; kk < FA_BN / 16; kk++) {
+                    uint32_t pf[4]; /* P's k-block kk as an A fragment: S's column blocks 2kk, 2kk+1 */
+                    pf[0] = fa_pack_h2(s[2 * kk][0], s[2 * kk][1]);
+                    pf[1] = fa_pack_h2(s[2 * kk][2], s[2 * kk][3]);
+                    pf[2] = fa_pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pf[3] = fa_pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
                     for (int dp = 0; dp < D / 16; dp++) {
                         uint32_t b[4];
-                        fa_ldsm4_t(b, Vs + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * DS + 16 * dp +
+                        fa_ldsm4_t(b, Vc + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * DS + 16 * dp +
                                           ((lane >> 4) << 3));
-                        fa_mma(o[2 * dp], pf[kk], b[0], b[1]);
-                        fa_mma(o[2 * dp + 1], pf[kk], b[2], b[3]);
+                        fa_mma(o[2 * dp], pf, b[0], b[1]);
+                        fa_mma(o[2 * dp + 1], pf, b[2], b[3]);
                     }
                 }
             }
+            /* Tile it+2's offsets go where tile it's were (read by the issue of the previous iteration). */
+            if (tid < FA_BN) s_off[cur * FA_BN + tid] = off_next;
         }
 
         /* The run's rows: row sums over the quad, then normalised output or the split's partial. */
@@ -1282,13 +1280,27 @@ static bool mma_takes(int D)
 
 static size_t mma_smem_bytes(int D)
 {
-    return 2 * (size_t)FA_BN * (D + FA_PAD) * sizeof(__half) + 2 * FA_BN * sizeof(long long);
+    return 4 * (size_t)FA_BN * (D + FA_PAD) * sizeof(__half) + 2 * FA_BN * sizeof(long long);
 }
 
 typedef void (*mma_kernel_fn)(const att_params);
 static mma_kernel_fn mma_kernel(int D)
 {
     return D == 64 ? attn_mma_kernel<64> : attn_mma_kernel<128>;
+}
+
+/* Raises the dynamic shared-memory limit of both tensor-core kernels once (70 KB at head_dim 128). */
+static int mma_prepare(void)
+{
+    static bool done = false;
+    if (!done) {
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)mma_smem_bytes(64)));
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)mma_smem_bytes(128)));
+        done = true;
+    }
+    return FERRY_OK;
 }
 
 /* Resident blocks per SM of the tensor-core kernel at head_dim D (cached; 2 if the query fails). */
@@ -1298,7 +1310,8 @@ static int mma_blocks_per_sm(int D)
     int *c = &cache[D == 128];
     if (!*c) {
         int nb = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, mma_kernel(D), FA_THREADS,
+        if (mma_prepare() == FERRY_OK &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, mma_kernel(D), FA_THREADS,
                                                           mma_smem_bytes(D)) == cudaSuccess &&
             nb > 0)
             *c = nb;
@@ -1367,6 +1380,8 @@ static int launch_prefill(att_params p, int row0, int skip, int max_len, void *w
 {
     const int D = p.D, rows = p.m - row0, stages = g_stages;
     if (mma_takes(D)) {
+        const int rc = mma_prepare();
+        if (rc) return rc;
         struct att_plan pl;
         memset(&pl, 0, sizeof pl);
         pl.hb = 1;
