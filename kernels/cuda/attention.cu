@@ -1,6 +1,7 @@
-/* attention (CUDA) — KV store and the two attention kernels (a tile kernel for prefill and for what the
- * decode kernel does not take; a decode kernel), with the log-sum-exp merge of splits done by the last split
- * block of each row; see attention.h for the contract.
+/* attention (CUDA) — KV store and the three attention kernels (a tensor-core prefill kernel for head_dim 64
+ * and 128; a SIMT tile kernel for other prefill shapes and for what the decode kernel does not take; a decode
+ * kernel), with the log-sum-exp merge of splits done by the last split block of each row; the host side that
+ * routes the rows of a (mixed) batch to them. See attention.h for the contract.
  *
  * Tile kernel (attn_kernel): one block = up to ATT_RMAX query rows (tokens x query heads sharing one KV head)
  * x one KV range (a split). Per 64-position tile: K and V are copied to shared memory with cp.async (16-byte
@@ -40,6 +41,12 @@
 #define ATT_CNT_BYTES (ATT_MAX_ROWS * 4)
 #define ATT_MAX_SPLIT 256 /* splits per row at most */
 
+/* Which rows of the grid a launch leaves alone (a mixed batch split between two launches, see
+ * kern_cuda_attention): a "single" row is the only row of its sequence among its batch neighbours. */
+#define ATT_SKIP_NONE    0
+#define ATT_SKIP_RUNS    1 /* decode launches: rows that are part of a run of one sequence's rows */
+#define ATT_SKIP_SINGLES 2 /* prefill launches: single rows */
+
 #define DEC_WARPS      4
 #define DEC_THREADS    (DEC_WARPS * 32)
 #define DEC_ST         4 /* cp.async ring stages per warp */
@@ -58,6 +65,8 @@ struct att_params {
     int n_blocks, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
     int hb;                      /* decode kernel: KV heads per block */
+    int row0;                    /* first batch row of this launch's grid (blockIdx.x counts from there) */
+    int skip;                    /* ATT_SKIP_*: rows this launch leaves to the other kernel */
     unsigned long long bs_magic; /* ceil(2^32 / block_size): p / block_size = (p * bs_magic) >> 32 */
     float scale;
 };
@@ -86,6 +95,13 @@ __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* Row i is the only row of its sequence among rows i-1, i, i+1 (a decode token). */
+__device__ __forceinline__ bool att_single(const att_params &p, int i)
+{
+    const int s = p.seq[i];
+    return (i == 0 || p.seq[i - 1] != s) && (i == p.m - 1 || p.seq[i + 1] != s);
 }
 
 template <bool LOG2> __device__ __forceinline__ float att_exp(float x)
@@ -166,8 +182,11 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
     pdl_wait(); /* q, the cache, the block table and the workspace are all written by earlier work */
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int i0 = blockIdx.x * p.qt;
+    const int i0 = p.row0 + blockIdx.x * p.qt;
     const int ntok = min(p.qt, p.m - i0);
+    /* Decode tiles (one token) of a mixed batch: runs are the prefill launch's. The same answer for every
+     * split of the token, so no split takes an arrival ticket. */
+    if (p.skip == ATT_SKIP_RUNS && !att_single(p, i0)) return;
     const int kvh = blockIdx.y / p.n_hsub, hsub = blockIdx.y % p.n_hsub;
     const int split = blockIdx.z;
     const int R = ntok * p.gb;
@@ -400,7 +419,8 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
     const int D = p.D, LP = D / 8, HB = p.hb, LG = LP * HB, NG = 32 / LG, PS = NG * DEC_U;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int grp = lane / LG, hh = (lane % LG) / LP, li = lane % LP;
-    const int tok = blockIdx.x, kvg = blockIdx.y, split = blockIdx.z;
+    const int tok = p.row0 + blockIdx.x, kvg = blockIdx.y, split = blockIdx.z;
+    if (p.skip == ATT_SKIP_RUNS && !att_single(p, tok)) return; /* a prefill row: the prefill launch's */
     const int R = p.G, kvh = kvg * HB + hh;
     const int sq = p.seq[tok], pos = p.pos[tok];
     const int lo = split * p.chunk;
@@ -632,6 +652,304 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Prefill kernel on tensor cores (attn_mma_kernel<D>), FlashAttention-2 style. Block = a window of qt
+ * consecutive batch tokens x the gb query heads of one KV head (rows r = token * gb + head, at most FA_BM =
+ * 64), 4 warps of 16 rows, x one KV range (a split). The window's tokens are processed one run of equal
+ * sequence at a time (a prefill chunk is one run; a run of one single token is left to the decode launch
+ * when p.skip says so). Per run, K/V tiles of FA_BN = 64 positions are copied to shared memory with cp.async
+ * in two stages (the next tile's K and V during this tile's math, one barrier per tile; the element offsets
+ * of a tile's rows are computed two tiles ahead into s_off). Registers (~210 at head_dim 128) allow 2 blocks
+ * per SM, so the second stage (70 KB of shared memory per block in all) costs no occupancy. Per warp and
+ * tile: S = Q Kᵀ (mma.sync m16n8k16, f16 in, f32 accumulate; Q is f32 in memory, scaled by scale*log2 e and
+ * rounded to f16 once, held in registers as A fragments; K's B fragments by ldmatrix), the causal mask by
+ * position, the online softmax in base 2 in f32 (row max over the 4 threads of a quad by shuffles), P rounded
+ * to f16 and reused in registers as the A fragments of O += P V (V's B fragments by ldmatrix.trans). A warp
+ * skips the math of tiles entirely past its rows' positions. Fragment layouts (PTX ISA, mma.m16n8k16 .f16):
+ * lane = 4 g + t; A a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k
+ * 2t+8..); B b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); C c0 c1 (row g, cols 2t, 2t+1), c2 c3 (row g+8,
+ * same cols). So the C fragments of S's column blocks 2kk and 2kk+1 are exactly the A fragment of P's k-block
+ * kk. Splits write unnormalised partials and are merged by the last block to arrive, as in the other kernels.
+ * ---------------------------------------------------------------------------------------------------------
+ */
+#define FA_BM      64 /* query rows per block */
+#define FA_BN      64 /* positions per K/V tile */
+#define FA_THREADS 128
+#define FA_PAD     8 /* halves of padding per shared K/V row: ldmatrix rows 16 bytes apart in banks */
+
+__device__ __forceinline__ uint32_t fa_pack_h2(float a, float b)
+{
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+__device__ __forceinline__ void fa_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the 16-byte rows of matrix i. */
+__device__ __forceinline__ void fa_ldsm4(uint32_t (&r)[4], const void *row)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void fa_ldsm4_t(uint32_t (&r)[4], const void *row)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kernel(const att_params p)
+{
+    constexpr int DS = D + FA_PAD;        /* halves per shared K/V row */
+    constexpr int KC = D / 16;            /* k-blocks of Q·Kᵀ */
+    constexpr int NB = FA_BN / 8;         /* column blocks of S */
+    constexpr int OB = D / 8;             /* column blocks of O */
+    constexpr int CPR = D / 8;            /* 16-byte pieces per K/V row */
+    constexpr int RPP = FA_THREADS / CPR; /* rows per copy pass */
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half *Ks = (__half *)smem;  /* (FA_BN, DS) */
+    __half *Vs = Ks + FA_BN * DS; /* (FA_BN, DS) */
+    long long *s_off =
+        (long long *)(Vs + FA_BN * DS); /* (2, FA_BN) element offsets of tile rows, -1: zeros */
+    __shared__ int s_seq[FA_BM], s_pos[FA_BM];
+    __shared__ int s_skip[FA_BM];
+    __shared__ int rows_s[FA_BM], nrows_s;
+
+    pdl_wait(); /* q, the cache, the block table and the workspace are written by earlier work */
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int i0 = p.row0 + (gridDim.x - 1 - blockIdx.x) * p.qt; /* the latest windows (most work) first */
+    const int ntok = min(p.qt, p.m - i0);
+    const int kvh = blockIdx.y / p.n_hsub, hsub = blockIdx.y % p.n_hsub;
+    const int split = blockIdx.z, gb = p.gb;
+
+    if (tid < ntok) {
+        const int i = i0 + tid;
+        s_seq[tid] = p.seq[i];
+        s_pos[tid] = p.pos[i];
+        s_skip[tid] = p.skip == ATT_SKIP_SINGLES && att_single(p, i);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int n = 0;
+        for (int r = 0; r < FA_BM; r++) {
+            const int tl = r / gb, hg = hsub * gb + r % gb;
+            if (tl < ntok && hg < p.G && !s_skip[tl]) rows_s[n++] = (i0 + tl) * p.n_heads + kvh * p.G + hg;
+        }
+        nrows_s = n;
+    }
+
+    /* This thread's two rows (g and g + 8 of its warp's 16): token in the window, head, validity. */
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const int tla = ra / gb, tlb = rb / gb;
+    const int hga = hsub * gb + ra % gb, hgb = hsub * gb + rb % gb;
+    const bool oka = tla < ntok && hga < p.G, okb = tlb < ntok && hgb < p.G;
+    const size_t rowa = (size_t)(i0 + tla) * p.n_heads + kvh * p.G + hga;
+    const size_t rowb = (size_t)(i0 + tlb) * p.n_heads + kvh * p.G + hgb;
+
+    /* Q as A fragments, in base-2 units, rounded to f16 once. */
+    uint32_t qf[KC][4];
+    {
+        const float qs = p.scale * 1.44269504088896341f;
+        const float *qa = p.q + rowa * D + 2 * t, *qb = p.q + rowb * D + 2 * t;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            float2 a0 = make_float2(0.f, 0.f), a1 = a0, a2 = a0, a3 = a0;
+            if (oka) a0 = *(const float2 *)(qa + 16 * kc), a2 = *(const float2 *)(qa + 16 * kc + 8);
+            if (okb) a1 = *(const float2 *)(qb + 16 * kc), a3 = *(const float2 *)(qb + 16 * kc + 8);
+            qf[kc][0] = fa_pack_h2(a0.x * qs, a0.y * qs);
+            qf[kc][1] = fa_pack_h2(a1.x * qs, a1.y * qs);
+            qf[kc][2] = fa_pack_h2(a2.x * qs, a2.y * qs);
+            qf[kc][3] = fa_pack_h2(a3.x * qs, a3.y * qs);
+        }
+    }
+
+    const size_t total = (size_t)p.m * p.n_heads;
+    for (int rs = 0; rs < ntok;) {
+        const int sq = s_seq[rs];
+        int re = rs + 1, maxpos = s_pos[rs];
+        while (re < ntok && s_seq[re] == sq) maxpos = max(maxpos, s_pos[re++]);
+        if (re - rs == 1 && s_skip[rs]) { /* a decode token: the decode launch's */
+            rs = re;
+            continue;
+        }
+        const int lo = split * p.chunk;
+        const int hi = split == p.n_split - 1 ? maxpos + 1 : min(lo + p.chunk, maxpos + 1);
+        /* Last position each row sees in this range (-1: none; rows of other runs see none). */
+        const bool ina = oka && tla >= rs && tla < re, inb = okb && tlb >= rs && tlb < re;
+        const int lima = ina ? min(s_pos[tla], hi - 1) : -1, limb = inb ? min(s_pos[tlb], hi - 1) : -1;
+        int wlim = max(lima, limb);
+        for (int o = 16; o > 0; o >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, o));
+        const int tlim = min(lima, limb);
+
+        float o[OB][4];
+#pragma unroll
+        for (int j = 0; j < OB; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+
+        /* Element offset of row tt of the tile at t0 (-1: past the range or not in the pool: zeros). */
+        auto row_off = [&](int t0, int tt) -> long long {
+            const int pp = t0 + tt;
+            if (pp >= hi) return -1;
+            const int bi = pp / p.block_size;
+            if (bi >= p.max_blocks) return -1;
+            const int blk = __ldg(p.bt + (size_t)sq * p.max_blocks + bi);
+            if (blk < 0 || blk >= p.n_blocks) return -1;
+            return (((long long)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D;
+        };
+        /* Copies the K and V rows of a tile into stage `st` from the offsets so: thread (row r0 + k*RPP,
+         * piece c). One commit group. */
+        auto issue = [&](int st, const long long *so) {
+            const int c = tid % CPR, r0 = tid / CPR;
+            __half *kd = Ks + st * FA_BN * DS, *vd = Vs + st * FA_BN * DS;
+#pragma unroll
+            for (int r = r0; r < FA_BN; r += RPP) {
+                const long long off = so[r];
+                const int at = r * DS + c * 8;
+                if (off >= 0) {
+                    cp_async16(kd + at, p.k + off + c * 8);
+                    cp_async16(vd + at, p.v + off + c * 8);
+                } else {
+                    *(uint4 *)(kd + at) = make_uint4(0, 0, 0, 0);
+                    *(uint4 *)(vd + at) = make_uint4(0, 0, 0, 0);
+                }
+            }
+            cp_async_commit();
+        };
+
+        if (lo < hi) {
+            if (tid < FA_BN) {
+                s_off[tid] = row_off(lo, tid);
+                s_off[FA_BN + tid] = row_off(lo + FA_BN, tid);
+            }
+            __syncthreads();
+            issue(0, s_off);
+        }
+        for (int t0 = lo, it = 0; t0 < hi; t0 += FA_BN, it++) {
+            const int cur = it & 1;
+            cp_async_wait<0>();
+            __syncthreads(); /* tile it landed; every warp is done with tile it-1 (its buffers and offsets) */
+            if (t0 + FA_BN < hi) issue(cur ^ 1, s_off + (cur ^ 1) * FA_BN); /* tile it+1, during this one */
+            const long long off_next = tid < FA_BN && t0 + 2 * FA_BN < hi ? row_off(t0 + 2 * FA_BN, tid) : -1;
+            if (t0 <= wlim) { /* this warp has a row that sees a position of the tile */
+                const __half *Kc = Ks + cur * FA_BN * DS, *Vc = Vs + cur * FA_BN * DS;
+                float s[NB][4];
+#pragma unroll
+                for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++) {
+#pragma unroll
+                    for (int np = 0; np < FA_BN / 16; np++) {
+                        uint32_t b[4];
+                        fa_ldsm4(b, Kc + (16 * np + (lane & 7) + ((lane >> 4) << 3)) * DS + 16 * kc +
+                                        (((lane >> 3) & 1) << 3));
+                        fa_mma(s[2 * np], qf[kc], b[0], b[1]);
+                        fa_mma(s[2 * np + 1], qf[kc], b[2], b[3]);
+                    }
+                }
+                if (t0 + FA_BN - 1 > tlim) { /* some position of the tile is past one of this thread's rows */
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+                        const int c0 = t0 + 8 * j + 2 * t;
+                        if (c0 > lima) s[j][0] = -INFINITY;
+                        if (c0 + 1 > lima) s[j][1] = -INFINITY;
+                        if (c0 > limb) s[j][2] = -INFINITY;
+                        if (c0 + 1 > limb) s[j][3] = -INFINITY;
+                    }
+                }
+                float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    xa = fmaxf(xa, fmaxf(s[j][0], s[j][1]));
+                    xb = fmaxf(xb, fmaxf(s[j][2], s[j][3]));
+                }
+                xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+                xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+                xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+                xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+                const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+                const float ba = na == -INFINITY ? 0.0f : na, bb = nb == -INFINITY ? 0.0f : nb;
+                const float aa = exp2f(ma - ba), ab = exp2f(mb - bb); /* 0 while the max was -inf */
+                ma = na, mb = nb;
+                float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    s[j][0] = exp2f(s[j][0] - ba);
+                    s[j][1] = exp2f(s[j][1] - ba);
+                    s[j][2] = exp2f(s[j][2] - bb);
+                    s[j][3] = exp2f(s[j][3] - bb);
+                    sa += s[j][0] + s[j][1];
+                    sb += s[j][2] + s[j][3];
+                }
+                la = la * aa + sa;
+                lb = lb * ab + sb;
+#pragma unroll
+                for (int j = 0; j < OB; j++) o[j][0] *= aa, o[j][1] *= aa, o[j][2] *= ab, o[j][3] *= ab;
+#pragma unroll
+                for (int kk = 0; kk < FA_BN / 16; kk++) {
+                    uint32_t pf[4]; /* P's k-block kk as an A fragment: S's column blocks 2kk, 2kk+1 */
+                    pf[0] = fa_pack_h2(s[2 * kk][0], s[2 * kk][1]);
+                    pf[1] = fa_pack_h2(s[2 * kk][2], s[2 * kk][3]);
+                    pf[2] = fa_pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pf[3] = fa_pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                    for (int dp = 0; dp < D / 16; dp++) {
+                        uint32_t b[4];
+                        fa_ldsm4_t(b, Vc + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * DS + 16 * dp +
+                                          ((lane >> 4) << 3));
+                        fa_mma(o[2 * dp], pf, b[0], b[1]);
+                        fa_mma(o[2 * dp + 1], pf, b[2], b[3]);
+                    }
+                }
+            }
+            /* Tile it+2's offsets go where tile it's were (read by the issue of the previous iteration). */
+            if (tid < FA_BN) s_off[cur * FA_BN + tid] = off_next;
+        }
+
+        /* The run's rows: row sums over the quad, then normalised output or the split's partial. */
+        la += __shfl_xor_sync(0xffffffffu, la, 1);
+        la += __shfl_xor_sync(0xffffffffu, la, 2);
+        lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+        lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+        if (p.n_split == 1) {
+            const float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
+#pragma unroll
+            for (int j = 0; j < OB; j++) {
+                if (ina)
+                    *(float2 *)(p.out + rowa * D + 8 * j + 2 * t) = make_float2(o[j][0] * ia, o[j][1] * ia);
+                if (inb)
+                    *(float2 *)(p.out + rowb * D + 8 * j + 2 * t) = make_float2(o[j][2] * ib, o[j][3] * ib);
+            }
+        } else {
+            const size_t pa = (size_t)split * total + rowa, pb = (size_t)split * total + rowb;
+#pragma unroll
+            for (int j = 0; j < OB; j++) {
+                if (ina) *(float2 *)(p.ws_o + pa * D + 8 * j + 2 * t) = make_float2(o[j][0], o[j][1]);
+                if (inb) *(float2 *)(p.ws_o + pb * D + 8 * j + 2 * t) = make_float2(o[j][2], o[j][3]);
+            }
+            if (t == 0 && ina) p.ws_ml[pa] = make_float2(ma, la);
+            if (t == 0 && inb) p.ws_ml[pb] = make_float2(mb, lb);
+        }
+        rs = re;
+        cp_async_wait<0>();
+        __syncthreads(); /* the next run rewrites s_off and the tiles */
+    }
+    if (p.n_split > 1) {
+        /* The K/V tiles are dead: the merge weights reuse them (the host sized n_split for that). */
+        if (att_last_arrival(p)) att_merge_rows<true>(p, rows_s, nrows_s, (float *)smem);
+    }
+}
+
 /* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim
  * dims, pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU),
  * the rest copied; queries go to q_out (f32), keys and values to the cache (f16). */
@@ -740,8 +1058,8 @@ static void plan_splits(struct att_plan *pl, int64_t base, int m, int n_heads, i
     if (pl->n_split < 1) pl->n_split = 1;
 }
 
-/* The tile kernel's plan; occ: its blocks resident per SM. */
-static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_len, bool decode,
+/* The tile kernel's plan for `rows` rows of a batch of m; occ: its blocks resident per SM. */
+static struct att_plan make_plan(int rows, int m, int n_heads, int n_kv, int D, int max_len, bool decode,
                                  size_t ws_bytes, int occ, int max_split)
 {
     struct att_plan pl;
@@ -751,7 +1069,7 @@ static struct att_plan make_plan(int m, int n_heads, int n_kv, int D, int max_le
     pl.gb = G < ATT_RMAX ? G : ATT_RMAX;
     pl.n_hsub = (G + pl.gb - 1) / pl.gb;
     pl.qt = decode ? 1 : (ATT_RMAX / pl.gb > 0 ? ATT_RMAX / pl.gb : 1);
-    pl.n_tiles = (m + pl.qt - 1) / pl.qt;
+    pl.n_tiles = (rows + pl.qt - 1) / pl.qt;
     plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ,
                 max_split);
     return pl;
@@ -870,8 +1188,8 @@ static int dec_blocks_per_sm(int D, int hb, int rm)
 /* The decode kernel's plan, or rm = 0 when it does not take the batch: it needs head_dim/8 a power of two (a
  * lane group per position within a warp), at most 8 query heads per KV head, and a block size for which the
  * multiply-shift division is exact over the table. */
-static struct att_plan make_dec_plan(int m, int n_heads, const struct kern_cuda_kv_layer *kv, int max_len,
-                                     size_t ws_bytes)
+static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct kern_cuda_kv_layer *kv,
+                                     int max_len, size_t ws_bytes)
 {
     struct att_plan pl;
     memset(&pl, 0, sizeof pl);
@@ -886,8 +1204,8 @@ static struct att_plan make_dec_plan(int m, int n_heads, const struct kern_cuda_
     pl.gb = G;
     pl.n_hsub = 1;
     pl.qt = 1;
-    pl.n_tiles = m;
-    plan_splits(&pl, (int64_t)m * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
+    pl.n_tiles = rows;
+    plan_splits(&pl, (int64_t)rows * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
                 dec_blocks_per_sm(D, hb, rm), dec_max_split(D, hb, rm, G));
     return pl;
 }
@@ -946,10 +1264,157 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
     return FERRY_OK;
 }
 
-extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_layer *kv,
-                                   const int32_t *seq, const int32_t *pos, int m, int n_heads, float scale,
-                                   int max_len, enum kern_cuda_attn_mode mode, void *ws, size_t ws_bytes,
-                                   cudaStream_t stream)
+/* ---- the tensor-core prefill kernel's host side ---- */
+
+static int g_prefill_mma = 1; /* kern_cuda_attention_set_prefill_mma */
+
+extern "C" void kern_cuda_attention_set_prefill_mma(int on)
+{
+    g_prefill_mma = on == 0 ? 0 : 1;
+}
+
+static bool mma_takes(int D)
+{
+    return g_prefill_mma && (D == 64 || D == 128);
+}
+
+static size_t mma_smem_bytes(int D)
+{
+    return 4 * (size_t)FA_BN * (D + FA_PAD) * sizeof(__half) + 2 * FA_BN * sizeof(long long);
+}
+
+typedef void (*mma_kernel_fn)(const att_params);
+static mma_kernel_fn mma_kernel(int D)
+{
+    return D == 64 ? attn_mma_kernel<64> : attn_mma_kernel<128>;
+}
+
+/* Raises the dynamic shared-memory limit of both tensor-core kernels once (70 KB at head_dim 128). */
+static int mma_prepare(void)
+{
+    static bool done = false;
+    if (!done) {
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)mma_smem_bytes(64)));
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)mma_smem_bytes(128)));
+        done = true;
+    }
+    return FERRY_OK;
+}
+
+/* Resident blocks per SM of the tensor-core kernel at head_dim D (cached; 2 if the query fails). */
+static int mma_blocks_per_sm(int D)
+{
+    static int cache[2];
+    int *c = &cache[D == 128];
+    if (!*c) {
+        int nb = 0;
+        if (mma_prepare() == FERRY_OK &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, mma_kernel(D), FA_THREADS,
+                                                          mma_smem_bytes(D)) == cudaSuccess &&
+            nb > 0)
+            *c = nb;
+        else {
+            (void)cudaGetLastError();
+            return 2;
+        }
+    }
+    return *c;
+}
+
+/* Splits whose merge weights (FA_BM rows) fit in the tensor-core kernel's shared memory. */
+static int mma_max_split(int D)
+{
+    const int n = (int)(mma_smem_bytes(D) / 4 / FA_BM);
+    return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
+}
+
+/* ---- launches ---- */
+
+/* The split fields of p for plan pl (partials of a batch of p.m rows at the start of ws, after the counters).
+ */
+static void set_plan(att_params &p, const struct att_plan &pl, void *ws)
+{
+    p.qt = pl.qt;
+    p.gb = pl.gb;
+    p.n_hsub = pl.n_hsub;
+    p.n_split = pl.n_split;
+    p.chunk = pl.chunk;
+    p.hb = pl.hb;
+    p.cnt = pl.n_split > 1 ? (unsigned *)ws : nullptr;
+    p.ws_o = pl.n_split > 1 ? (float *)((char *)ws + ATT_CNT_BYTES) : nullptr;
+    p.ws_ml = pl.n_split > 1 ? (float2 *)(p.ws_o + (size_t)pl.n_split * p.m * p.n_heads * p.D) : nullptr;
+}
+
+/* Rows [row0, row0 + rows) as decode tokens: the decode kernel, or the tile kernel one token per tile. */
+static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int row0, int rows, int skip,
+                         int max_len, void *ws, size_t ws_bytes, cudaStream_t stream)
+{
+    const int D = p.D, stages = g_stages;
+    struct att_plan pl = make_dec_plan(rows, p.m, p.n_heads, kv, max_len, ws_bytes);
+    if (!pl.rm)
+        pl = make_plan(rows, p.m, p.n_heads, p.n_kv, D, max_len, true, ws_bytes, blocks_per_sm(D, stages),
+                       tile_max_split(D, stages));
+    set_plan(p, pl, ws);
+    p.row0 = row0;
+    p.skip = skip;
+    if (pl.rm) {
+        const dim3 grid((unsigned)rows, (unsigned)(p.n_kv / pl.hb), (unsigned)pl.n_split);
+        FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm), grid, dim3(DEC_THREADS), dec_smem_bytes(D, pl.hb, pl.rm),
+                               stream, p));
+        FCUDA_LAUNCH_CHECK("attn_decode_kernel");
+        return FERRY_OK;
+    }
+    const dim3 grid((unsigned)pl.n_tiles, (unsigned)(p.n_kv * pl.n_hsub), (unsigned)pl.n_split);
+    FCUDA_CHECK(pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS),
+                           attn_smem_bytes(D, stages), stream, p));
+    FCUDA_LAUNCH_CHECK("attn_kernel");
+    return FERRY_OK;
+}
+
+/* Rows [row0, p.m) as prefill chunks: the tensor-core kernel (head_dim 64, 128), else the tile kernel (which
+ * takes skip = ATT_SKIP_NONE only). */
+static int launch_prefill(att_params p, int row0, int skip, int max_len, void *ws, size_t ws_bytes,
+                          cudaStream_t stream)
+{
+    const int D = p.D, rows = p.m - row0, stages = g_stages;
+    if (mma_takes(D)) {
+        const int rc = mma_prepare();
+        if (rc) return rc;
+        struct att_plan pl;
+        memset(&pl, 0, sizeof pl);
+        pl.hb = 1;
+        pl.gb = p.G < FA_BM ? p.G : FA_BM;
+        pl.n_hsub = (p.G + pl.gb - 1) / pl.gb;
+        pl.qt = FA_BM / pl.gb;
+        pl.n_tiles = (rows + pl.qt - 1) / pl.qt;
+        plan_splits(&pl, (int64_t)pl.n_tiles * p.n_kv * pl.n_hsub, p.m, p.n_heads, D, max_len, ws_bytes,
+                    mma_blocks_per_sm(D), mma_max_split(D));
+        set_plan(p, pl, ws);
+        p.row0 = row0;
+        p.skip = skip;
+        const dim3 grid((unsigned)pl.n_tiles, (unsigned)(p.n_kv * pl.n_hsub), (unsigned)pl.n_split);
+        FCUDA_CHECK(pdl_launch(mma_kernel(D), grid, dim3(FA_THREADS), mma_smem_bytes(D), stream, p));
+        FCUDA_LAUNCH_CHECK("attn_mma_kernel");
+        return FERRY_OK;
+    }
+    const struct att_plan pl = make_plan(rows, p.m, p.n_heads, p.n_kv, D, max_len, false, ws_bytes,
+                                         blocks_per_sm(D, stages), tile_max_split(D, stages));
+    set_plan(p, pl, ws);
+    p.row0 = row0;
+    p.skip = ATT_SKIP_NONE;
+    const dim3 grid((unsigned)pl.n_tiles, (unsigned)(p.n_kv * pl.n_hsub), (unsigned)pl.n_split);
+    FCUDA_CHECK(pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS),
+                           attn_smem_bytes(D, stages), stream, p));
+    FCUDA_LAUNCH_CHECK("attn_kernel");
+    return FERRY_OK;
+}
+
+/* Checks the arguments and fills the fields every launch shares; FERRY_OK or an error status. */
+static int attn_begin(att_params &p, float *out, const float *q, const struct kern_cuda_kv_layer *kv,
+                      const int32_t *seq, const int32_t *pos, int m, int n_heads, float scale, int *max_len,
+                      void *ws, size_t *ws_bytes)
 {
     int rc = check_kv(kv);
     if (rc) return rc;
@@ -957,23 +1422,12 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
         return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(out, 16) || !FCUDA_ALIGNED(q, 16) || !FCUDA_ALIGNED(seq, 4) || !FCUDA_ALIGNED(pos, 4))
         return FERRY_ERR_INVALID;
-    if (mode != KERN_ATTN_AUTO && mode != KERN_ATTN_PREFILL && mode != KERN_ATTN_DECODE)
-        return FERRY_ERR_INVALID;
-    if (m == 0) return FERRY_OK;
-    const int D = kv->head_dim;
-    if (max_len <= 0 || max_len > kv->max_blocks * kv->block_size) max_len = kv->max_blocks * kv->block_size;
-    const bool decode = mode == KERN_ATTN_DECODE || (mode == KERN_ATTN_AUTO && m <= 16);
-    if (!ws || !FCUDA_ALIGNED(ws, 16)) ws_bytes = 0;
+    if (*max_len <= 0 || *max_len > kv->max_blocks * kv->block_size)
+        *max_len = kv->max_blocks * kv->block_size;
+    if (!ws || !FCUDA_ALIGNED(ws, 16)) *ws_bytes = 0;
     rc = attn_prepare();
     if (rc) return rc;
-    const int stages = g_stages;
-    struct att_plan pl;
-    if (decode) pl = make_dec_plan(m, n_heads, kv, max_len, ws_bytes);
-    if (!decode || !pl.rm)
-        pl = make_plan(m, n_heads, kv->n_kv_heads, D, max_len, decode, ws_bytes, blocks_per_sm(D, stages),
-                       tile_max_split(D, stages));
-
-    att_params p;
+    memset(&p, 0, sizeof p);
     p.out = out;
     p.q = q;
     p.k = (const __half *)kv->k;
@@ -981,37 +1435,53 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     p.bt = kv->block_table;
     p.seq = seq;
     p.pos = pos;
-    p.cnt = pl.n_split > 1 ? (unsigned *)ws : nullptr;
-    p.ws_o = pl.n_split > 1 ? (float *)((char *)ws + ATT_CNT_BYTES) : nullptr;
-    p.ws_ml = pl.n_split > 1 ? (float2 *)(p.ws_o + (size_t)pl.n_split * m * n_heads * D) : nullptr;
     p.n_blocks = kv->n_blocks;
     p.block_size = kv->block_size;
     p.max_blocks = kv->max_blocks;
     p.n_kv = kv->n_kv_heads;
-    p.D = D;
+    p.D = kv->head_dim;
     p.n_heads = n_heads;
     p.G = n_heads / kv->n_kv_heads;
     p.m = m;
-    p.qt = pl.qt;
-    p.gb = pl.gb;
-    p.n_hsub = pl.n_hsub;
-    p.n_split = pl.n_split;
-    p.chunk = pl.chunk;
-    p.hb = pl.hb;
     p.bs_magic = ((1ull << 32) + (unsigned long long)kv->block_size - 1) / (unsigned long long)kv->block_size;
     p.scale = scale;
-
-    if (pl.rm) {
-        const dim3 grid((unsigned)m, (unsigned)(kv->n_kv_heads / pl.hb), (unsigned)pl.n_split);
-        FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm), grid, dim3(DEC_THREADS), dec_smem_bytes(D, pl.hb, pl.rm),
-                               stream, p));
-        FCUDA_LAUNCH_CHECK("attn_decode_kernel");
-        return FERRY_OK;
-    }
-    const size_t smem = attn_smem_bytes(D, stages);
-    const dim3 grid((unsigned)pl.n_tiles, (unsigned)(kv->n_kv_heads * pl.n_hsub), (unsigned)pl.n_split);
-    FCUDA_CHECK(
-        pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS), smem, stream, p));
-    FCUDA_LAUNCH_CHECK("attn_kernel");
     return FERRY_OK;
+}
+
+extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_layer *kv,
+                                   const int32_t *seq, const int32_t *pos, int m, int n_heads, float scale,
+                                   int max_len, enum kern_cuda_attn_mode mode, void *ws, size_t ws_bytes,
+                                   cudaStream_t stream)
+{
+    if (mode != KERN_ATTN_AUTO && mode != KERN_ATTN_PREFILL && mode != KERN_ATTN_DECODE)
+        return FERRY_ERR_INVALID;
+    att_params p;
+    int rc = attn_begin(p, out, q, kv, seq, pos, m, n_heads, scale, &max_len, ws, &ws_bytes);
+    if (rc || m == 0) return rc;
+    if (mode == KERN_ATTN_DECODE || (mode == KERN_ATTN_AUTO && m <= 16))
+        return launch_decode(p, kv, 0, m, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
+    if (mode == KERN_ATTN_PREFILL || !mma_takes(p.D))
+        return launch_prefill(p, 0, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
+    /* AUTO, a larger batch: single rows to the decode path, runs to the tensor-core kernel, both deciding
+     * from seq on the device. */
+    rc = launch_decode(p, kv, 0, m, ATT_SKIP_RUNS, max_len, ws, ws_bytes, stream);
+    if (rc) return rc;
+    return launch_prefill(p, 0, ATT_SKIP_SINGLES, max_len, ws, ws_bytes, stream);
+}
+
+extern "C" int kern_cuda_attention_mixed(float *out, const float *q, const struct kern_cuda_kv_layer *kv,
+                                         const int32_t *seq, const int32_t *pos, int m, int n_decode,
+                                         int n_heads, float scale, int max_len, void *ws, size_t ws_bytes,
+                                         cudaStream_t stream)
+{
+    if (n_decode < 0 || n_decode > m) return FERRY_ERR_INVALID;
+    att_params p;
+    int rc = attn_begin(p, out, q, kv, seq, pos, m, n_heads, scale, &max_len, ws, &ws_bytes);
+    if (rc || m == 0) return rc;
+    if (n_decode > 0) {
+        rc = launch_decode(p, kv, 0, n_decode, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
+        if (rc) return rc;
+    }
+    if (n_decode < m) rc = launch_prefill(p, n_decode, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
+    return rc;
 }

@@ -5,16 +5,24 @@
  * Sequence s maps position p to block block_table[s*max_blocks + p/block_size], row p%block_size.
  * Token i of a batch belongs to seq[i] at position pos[i] and attends to positions 0..pos[i] of its sequence
  * (already stored with kern_cuda_rope_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads).
- * One kernel serves both phases (FlashAttention-style: K/V tiles of 64 positions staged in shared memory,
- * online softmax in f32, the score matrix never materialised beyond one 16x64 tile):
- *   PREFILL: a block takes up to 16 query rows (consecutive tokens x the query heads of one KV head), so each
- *            K/V tile read from memory serves them all; tokens of different sequences in one tile are handled
- *            one run of equal seq at a time (correct for any batch, fastest when chunks are long).
+ * Every kernel is correct for any batch; which rows go where is a matter of speed only.
+ * Three kernels:
+ *   PREFILL (head_dim 64 and 128): tensor cores, FlashAttention-2 style. A block takes a window of
+ *            consecutive batch rows (tokens x the query heads of one KV head, 64 rows), one run of equal seq
+ * at a time, and walks K/V tiles of 64 positions of the run's sequence: S = Q Kᵀ and O += P V with mma.sync
+ * m16n8k16 (f16 in, f32 accumulate), online softmax in f32, causal mask by position. Q is rounded to f16
+ * (after scaling by scale * log2 e) and P to f16 for the second product, so results differ from an f32
+ * computation by ~1e-4 relative (tests: max abs error 2e-3, tensor relative error 1e-3, for |v| <= 1).
+ *   PREFILL (other head_dims) and decode shapes the decode kernel does not take: a SIMT tile kernel (16
+ *            rows, K/V tiles staged in shared memory, f32 math).
  *   DECODE:  a block takes one token (its query heads of one or a few KV heads) and the KV range is split
  *            over blocks (flash-decoding); partial (max, sum, output) go to the workspace and the last block
  *            of each row to finish merges them with a log-sum-exp in split order (one launch in all). One
- *            long sequence fills the GPU. A dedicated kernel takes decode batches with head_dim/8 a power of
- *            two and at most 8 query heads per KV head; other shapes use the tile kernel, a token per tile.
+ *            long sequence fills the GPU. It takes decode batches with head_dim/8 a power of two and at most
+ *            8 query heads per KV head; other shapes use the tile kernel, a token per tile.
+ * A mixed batch (decode tokens of many sequences plus prefill chunks, which may start at any position) is
+ * two launches on the stream, no host synchronisation: decode rows through the decode kernel, chunk rows
+ * through the prefill kernel (kern_cuda_attention_mixed, or AUTO, which decides per row on the device).
  * Splits are also used in PREFILL when the grid would be too small. Deterministic: the only atomic is the
  * per-row arrival counter, and the merge order does not depend on it. Launched with programmatic dependent
  * launch (kernels/cuda/pdl.h).
@@ -49,11 +57,12 @@ struct kern_cuda_kv_layer {
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
 
-/* The step after the fused q/k/v projection: qkv (m, (n_heads + 2*n_kv_heads)*head_dim) f32 holds each token's
- * query, key and value heads in that order. Queries and keys are rotated at pos[i] (the first rope_dim dims of
- * each head, pairs and angles exactly as kern_cuda_rope), the queries written to q_out (m, n_heads*head_dim)
- * f32, and the keys and values, rounded to f16, to the cache rows of (seq[i], pos[i]). A (seq, pos) whose block
- * id is outside [0, n_blocks) is skipped on the device (the caller checks). inv_freq (rope_dim/2) on the device. */
+/* The step after the fused q/k/v projection: qkv (m, (n_heads + 2*n_kv_heads)*head_dim) f32 holds each
+ * token's query, key and value heads in that order. Queries and keys are rotated at pos[i] (the first
+ * rope_dim dims of each head, pairs and angles exactly as kern_cuda_rope), the queries written to q_out (m,
+ * n_heads*head_dim) f32, and the keys and values, rounded to f16, to the cache rows of (seq[i], pos[i]). A
+ * (seq, pos) whose block id is outside [0, n_blocks) is skipped on the device (the caller checks). inv_freq
+ * (rope_dim/2) on the device. */
 int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                             const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
                             const float *inv_freq, enum rope_style style, cudaStream_t stream);
@@ -70,10 +79,26 @@ size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len
  * max_len: 1 + the largest pos[i] in the batch (the host knows it); it sizes the KV split only, so a wrong
  * value costs speed, not correctness (<= 0: max_blocks*block_size). ws/ws_bytes: device workspace for the
  * split partials; with less than kern_cuda_attention_ws_size() fewer splits are used (none when ws is NULL).
- * AUTO picks DECODE for m <= 16 and PREFILL otherwise. */
+ * DECODE: every row through the decode path. PREFILL: every row through the prefill kernel (rows of one
+ * sequence next to each other share K/V tiles). AUTO: m <= 16: as DECODE (one launch; decode steps captured
+ * as graphs stay one launch per layer); larger batches: a row whose neighbours (i-1, i+1) belong to other
+ * sequences is a decode token and goes to the decode path, every other row to the prefill kernel (as
+ * kern_cuda_attention_mixed, but the split is found on the device: each launch's grid covers all m rows and
+ * skips the others' rows, which costs a few microseconds of empty blocks when the host could say it). */
 int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_layer *kv, const int32_t *seq,
                         const int32_t *pos, int m, int n_heads, float scale, int max_len,
                         enum kern_cuda_attn_mode mode, void *ws, size_t ws_bytes, cudaStream_t stream);
+
+/* A mixed batch whose rows [0, n_decode) are decode tokens (one row each, any sequences) and rows
+ * [n_decode, m) prefill chunks (runs of consecutive rows of one sequence, any start position): the first
+ * through the decode path with exactly the launch a decode-only batch of n_decode rows gets, the rest through
+ * the prefill kernel; two launches on `stream`, the second waiting for the first on the device. Every row is
+ * computed correctly whatever n_decode says (it only routes rows); the arguments are those of
+ * kern_cuda_attention, 0 <= n_decode <= m. The scheduler builds its batches in this order (decode tokens,
+ * then chunks), so the runtime can pass the number of leading rows whose sequence appears once. */
+int kern_cuda_attention_mixed(float *out, const float *q, const struct kern_cuda_kv_layer *kv,
+                              const int32_t *seq, const int32_t *pos, int m, int n_decode, int n_heads,
+                              float scale, int max_len, void *ws, size_t ws_bytes, cudaStream_t stream);
 
 /* Tuning hook for tests and benches: K/V tile buffers per block, 1 (copy, wait, compute; the default) or 2
  * (the next tile's copy overlaps the current tile's math, but twice the shared memory: slower on the H200,
@@ -85,6 +110,11 @@ void kern_cuda_attention_set_stages(int stages);
  * n_kv_heads and head_dim allow, else 1), or -1 to send decode batches to the tile kernel as before. Any
  * other value selects the default. Not thread-safe: call it before launching work. */
 void kern_cuda_attention_set_decode_heads(int heads);
+
+/* Tuning hook for tests and benches: 0 sends prefill rows to the SIMT tile kernel as before the tensor-core
+ * kernel existed; anything else (the default) to the tensor-core kernel where the head_dim allows. Not
+ * thread-safe: call it before launching work. */
+void kern_cuda_attention_set_prefill_mma(int on);
 
 #ifdef __cplusplus
 }

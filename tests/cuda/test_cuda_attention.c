@@ -1,9 +1,13 @@
 /* CUDA paged attention and KV store against a double-precision two-pass softmax on random data.
  *
  * The cache is filled with random f16 values in blocks placed at shuffled pool positions; the reference reads
- * the same f16 values, so the only differences are f32 rounding in the kernel (scores, expf, sums of up to
- * 8192 terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5 (estimated
- * f32 accumulation error at 8192 positions: ~6e-6 relative). Sequence lengths 1, 7, 64, 129, 1000 and 8192;
+ * the same f16 values, so the only differences are f32 rounding in the f32 kernels (scores, expf, sums of up
+ * to 8192 terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5 (estimated
+ * f32 accumulation error at 8192 positions: ~6e-6 relative); the tensor-core prefill kernel also rounds q and
+ * P to f16: 2e-3 and 1e-3 (see MMA_ABS). The prefill matrix (chunks of 1, 7, 64, 255, 300 rows at positions
+ * 0, 13, 200; head_dim 64, 128; GQA 1, 4, 8; block sizes 16, 4; decode rows of other sequences before, after
+ * or inside the chunk; AUTO, the mixed entry and PREFILL) reports every failing shape with its worst error
+ * before it fails, so one GPU run diagnoses everything. Sequence lengths 1, 7, 64, 129, 1000 and 8192;
  * GQA ratios 1, 4, 8 and 24 (more heads than one block takes); head_dim 8 (stories260K), 64, 96, 128, 256;
  * block sizes 7, 16, 32; prefill, decode and auto modes; the decode kernel and the tile kernel; no splits,
  * a few and many; one workspace reused across calls and CUDA-graph replays (the split arrival counters
@@ -124,6 +128,22 @@ static void ref_attention(double *out, const float *q, const struct cache *c, co
     free(sc);
 }
 
+/* Tolerances. The f32 kernels (decode, SIMT tile): max abs error 2e-5 and tensor relative error 3e-5 (|v| <=
+ * 1, weights sum to 1; f32 accumulation over up to 8192 positions). The tensor-core prefill kernel rounds q
+ * (scaled) to f16 (relative 2^-11: the scores move by ~1e-4 at head_dim 128 with |q|, |k| <= 1) and P to f16
+ * for P·V (each weight off by at most 2^-11 of itself, so the output by at most ~5e-4 * max|v|): max abs
+ * error 2e-3 and tensor relative error 1e-3, about 4x the worst case seen in analysis. */
+#define F32_ABS 2e-5
+#define F32_REL 3e-5
+#define MMA_ABS 2e-3
+#define MMA_REL 1e-3
+
+/* Whether rows of a batch of m in `mode` go through the tensor-core prefill kernel (head_dim 64 and 128). */
+static int mode_uses_mma(int D, enum kern_cuda_attn_mode mode, int m)
+{
+    return (D == 64 || D == 128) && (mode == KERN_ATTN_PREFILL || (mode == KERN_ATTN_AUTO && m > 16));
+}
+
 /* Runs the batch (seq, pos) in `mode` with and without a workspace and compares both with the reference. */
 static void run_case(const struct cache *c, const int32_t *seq, const int32_t *pos, int m,
                      enum kern_cuda_attn_mode mode, const char *what)
@@ -144,24 +164,29 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     /* 0: full workspace (splits); 1: the same again, bitwise equal (the arrival counters were reset); 2: no
      * workspace (one split); 3: full workspace with two K/V buffers per block instead of one
      * (kern_cuda_attention_set_stages); 4: the tile kernel only (kern_cuda_attention_set_decode_heads(-1));
-     * 5: the decode kernel with 2 KV heads per block where the shape allows it */
-    for (int variant = 0; variant < 6; variant++) {
+     * 5: the decode kernel with 2 KV heads per block where the shape allows it; 6: prefill rows through the
+     * SIMT tile kernel instead of the tensor-core kernel (kern_cuda_attention_set_prefill_mma(0)) */
+    for (int variant = 0; variant < 7; variant++) {
         CU_OK(cudaMemset(dout, 0xFF, nq * 4));
         kern_cuda_attention_set_stages(variant == 3 ? 2 : 0);
         kern_cuda_attention_set_decode_heads(variant == 4 ? -1 : variant == 5 ? 2 : 0);
+        kern_cuda_attention_set_prefill_mma(variant == 6 ? 0 : 1);
         int rc = kern_cuda_attention(dout, dq, &c->dev, dseq, dpos, m, c->n_heads, scale, max_len, mode,
                                      variant == 2 ? NULL : ws, variant == 2 ? 0 : wsb, 0);
         kern_cuda_attention_set_stages(0);
         kern_cuda_attention_set_decode_heads(0);
+        kern_cuda_attention_set_prefill_mma(1);
         cr_assert_eq(rc, FERRY_OK, "%s: rc %d", what, rc);
         dev_download(variant == 1 ? got2 : got, dout, nq * 4);
         if (variant == 1) {
             cr_assert(memcmp(got, got2, nq * 4) == 0, "%s: two identical runs differ", what);
             continue;
         }
+        const int mma = variant != 6 && mode_uses_mma(c->D, mode, m);
+        const double ta = mma ? MMA_ABS : F32_ABS, tr = mma ? MMA_REL : F32_REL;
         double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
-        cr_assert(ea <= 2e-5 && er <= 3e-5, "%s (mode %d, variant %d): max abs err %g, rel err %g", what,
-                  mode, variant, ea, er);
+        cr_assert(ea <= ta && er <= tr, "%s (mode %d, variant %d, m %d): max abs err %g, rel err %g", what,
+                  mode, variant, m, ea, er);
     }
     cudaFree(dq);
     cudaFree(dout);
@@ -443,7 +468,8 @@ Test(cuda_attention, workspace_reused_by_many_calls)
         double *ref = malloc((size_t)m[b] * nh * D * 8);
         ref_attention(ref, hq, &c, seq[b], pos[b], m[b], 0.0884f);
         const double ea = max_abs_err(want[b], ref, (size_t)m[b] * nh * D);
-        cr_assert(ea <= 2e-5, "batch %d alone: max abs err %g", b, ea);
+        cr_assert(ea <= (mode_uses_mma(D, mode[b], m[b]) ? MMA_ABS : F32_ABS),
+                  "batch %d alone: max abs err %g", b, ea);
         free(ref);
     }
     /* 40 calls back to back on one stream, the batch kinds interleaved; outputs poisoned before each round.
@@ -534,8 +560,8 @@ Test(cuda_attention, split_counts_one_to_many)
                 dev_download(got, dout, (size_t)nh * D * 4);
                 const double ea = max_abs_err(got, ref, (size_t)nh * D),
                              er = rel_err(got, ref, (size_t)nh * D);
-                cr_assert(ea <= 2e-5 && er <= 3e-5, "shape %d ws %zu bytes tile %d: max abs err %g rel %g",
-                          si, sizes[k], tile, ea, er);
+                cr_assert(ea <= F32_ABS && er <= F32_REL,
+                          "shape %d ws %zu bytes tile %d: max abs err %g rel %g", si, sizes[k], tile, ea, er);
             }
         cudaFree(dq);
         cudaFree(dout);
@@ -547,4 +573,243 @@ Test(cuda_attention, split_counts_one_to_many)
         free(ref);
         cache_free(&c);
     }
+}
+
+/* ---- The tensor-core prefill kernel: chunks of odd lengths at odd start positions, mixed batches ---- */
+
+struct pf_report {
+    int n_cases, n_fail;
+    double worst; /* worst error relative to its tolerance */
+    char worst_what[400];
+};
+
+/* Row i of (seq) is the only row of its sequence among its neighbours (the device's routing rule). */
+static int row_single(const int32_t *seq, int m, int i)
+{
+    return (i == 0 || seq[i - 1] != seq[i]) && (i == m - 1 || seq[i + 1] != seq[i]);
+}
+
+/* One mixed batch: a chunk of `chunk` rows of sequence 0 at positions start .. start+chunk-1 and a decode row
+ * (its last position) of each of n_dec other sequences, decode rows first (order 0), last (1) or inside the
+ * chunk (2). Run through AUTO, kern_cuda_attention_mixed, PREFILL (with and without splits) and AUTO with the
+ * tile kernel for decode rows; outputs poisoned with NaN before each call. Rows routed to the decode path are
+ * held to the f32 tolerance, the others to the tensor-core one. Failures are printed and counted, not fatal.
+ */
+static void prefill_case(int D, int G, int bs, int chunk, int start, int n_dec, int order,
+                         struct pf_report *rep)
+{
+    static const int dlen[] = {1000, 1, 129, 50, 700, 3, 64};
+    const int n_heads = 8, n_kv = n_heads / G, n_seq = 1 + n_dec;
+    int sl[8];
+    sl[0] = start + chunk;
+    for (int d = 0; d < n_dec; d++) sl[1 + d] = dlen[d];
+    struct cache c;
+    cache_init(&c, n_heads, n_kv, D, bs, n_seq, sl);
+    const int m = chunk + n_dec;
+    int32_t *seq = malloc((size_t)m * 4), *pos = malloc((size_t)m * 4);
+    int k = 0, next_dec = 0;
+    if (order == 0)
+        for (; next_dec < n_dec; next_dec++) seq[k] = 1 + next_dec, pos[k++] = sl[1 + next_dec] - 1;
+    for (int j = 0; j < chunk; j++) {
+        if (order == 2 && next_dec < n_dec && j == (next_dec + 1) * chunk / (n_dec + 1))
+            seq[k] = 1 + next_dec, pos[k++] = sl[1 + next_dec] - 1, next_dec++;
+        seq[k] = 0, pos[k++] = start + j;
+    }
+    for (; next_dec < n_dec; next_dec++) seq[k] = 1 + next_dec, pos[k++] = sl[1 + next_dec] - 1;
+    const int n_lead = order == 0 ? n_dec : 0;
+
+    const size_t rowlen = (size_t)n_heads * D, nq = (size_t)m * rowlen;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *q = host_rand(nq, -1, 1), *got = malloc(nq * 4), *first = malloc(nq * 4);
+    double *ref = malloc(nq * 8);
+    ref_attention(ref, q, &c, seq, pos, m, scale);
+    int max_len = 0;
+    for (int i = 0; i < m; i++) max_len = pos[i] + 1 > max_len ? pos[i] + 1 : max_len;
+    float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4);
+    int32_t *dseq = dev_upload(seq, (size_t)m * 4), *dpos = dev_upload(pos, (size_t)m * 4);
+    const size_t wsb = kern_cuda_attention_ws_size(m, n_heads, D, max_len);
+    void *ws = dev_alloc(wsb);
+    CU_OK(cudaMemset(ws, 0, wsb ? wsb : 16));
+    static const char *vname[] = {"auto",          "auto again",  "mixed",           "prefill",
+                                  "prefill no ws", "mixed no ws", "auto tile-decode"};
+    for (int v = 0; v < 7; v++) {
+        CU_OK(cudaMemset(dout, 0xFF, nq * 4));
+        void *w = v == 4 || v == 5 ? NULL : ws;
+        const size_t wb = w ? wsb : 0;
+        if (v == 6) kern_cuda_attention_set_decode_heads(-1);
+        int rc;
+        if (v == 2 || v == 5)
+            rc = kern_cuda_attention_mixed(dout, dq, &c.dev, dseq, dpos, m, n_lead, n_heads, scale, max_len,
+                                           w, wb, 0);
+        else
+            rc = kern_cuda_attention(dout, dq, &c.dev, dseq, dpos, m, n_heads, scale, max_len,
+                                     v == 3 || v == 4 ? KERN_ATTN_PREFILL : KERN_ATTN_AUTO, w, wb, 0);
+        kern_cuda_attention_set_decode_heads(0);
+        char what[256];
+        snprintf(what, sizeof what, "D %d G %d bs %d chunk %d start %d n_dec %d order %d m %d: %s", D, G, bs,
+                 chunk, start, n_dec, order, m, vname[v]);
+        rep->n_cases++;
+        if (rc != FERRY_OK) {
+            rep->n_fail++;
+            fprintf(stderr, "FAIL %s: rc %d\n", what, rc);
+            continue;
+        }
+        dev_download(got, dout, nq * 4);
+        if (v == 0) memcpy(first, got, nq * 4);
+        if (v == 1 && memcmp(first, got, nq * 4) != 0) {
+            rep->n_fail++;
+            fprintf(stderr, "FAIL %s: differs from the first run (not deterministic)\n", what);
+        }
+        /* Worst error over the rows of each path, relative to that path's tolerance. */
+        double worst = 0, worst_abs = 0;
+        int worst_row = -1, any_mma = 0;
+        for (int i = 0; i < m; i++) {
+            int dec;
+            if (v == 2 || v == 5)
+                dec = i < n_lead;
+            else if (v == 3 || v == 4)
+                dec = 0;
+            else
+                dec = m <= 16 || row_single(seq, m, i);
+            any_mma |= !dec;
+            const double e = max_abs_err(got + i * rowlen, ref + i * rowlen, rowlen);
+            const double r = e / (dec ? F32_ABS : MMA_ABS);
+            if (!(r <= worst)) worst = r, worst_abs = e, worst_row = i;
+        }
+        const double er = rel_err(got, ref, nq), rr = er / (any_mma ? MMA_REL : F32_REL);
+        if (rr > worst) worst = rr;
+        if (worst > rep->worst) {
+            rep->worst = worst;
+            snprintf(rep->worst_what, sizeof rep->worst_what, "%.250s (max abs %g at row %d, rel %g)", what,
+                     worst_abs, worst_row, er);
+        }
+        if (!(worst <= 1.0)) {
+            rep->n_fail++;
+            fprintf(stderr, "FAIL %s: max abs err %g at row %d (seq %d pos %d), tensor rel err %g\n", what,
+                    worst_abs, worst_row, worst_row >= 0 ? seq[worst_row] : -1,
+                    worst_row >= 0 ? pos[worst_row] : -1, er);
+        }
+    }
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dseq);
+    cudaFree(dpos);
+    cudaFree(ws);
+    free(q);
+    free(got);
+    free(first);
+    free(ref);
+    free(seq);
+    free(pos);
+    cache_free(&c);
+}
+
+/* Chunk lengths 1, 7, 64, 255, 300 x start positions 0, 13, 200 x GQA ratios 1, 4, 8 x block sizes 16 and 4,
+ * with 0, 3 or 7 decode rows of other sequences (contexts 1 to 1000) before, after or inside the chunk. */
+static void prefill_matrix(int D)
+{
+    static const int chunks[] = {1, 7, 64, 255, 300}, starts[] = {0, 13, 200}, gs[] = {1, 4, 8},
+                     bss[] = {16, 4};
+    static const int ndec[] = {0, 3, 7};
+    struct pf_report rep;
+    memset(&rep, 0, sizeof rep);
+    int idx = 0;
+    for (int ci = 0; ci < 5; ci++)
+        for (int si = 0; si < 3; si++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int bi = 0; bi < 2; bi++, idx++)
+                    prefill_case(D, gs[gi], bss[bi], chunks[ci], starts[si], ndec[idx % 3], (idx / 3) % 3,
+                                 &rep);
+    fprintf(stderr, "prefill D %d: %d runs, %d failed; worst error / tolerance %.3f: %s\n", D, rep.n_cases,
+            rep.n_fail, rep.worst, rep.worst_what);
+    cr_assert_eq(rep.n_fail, 0, "D %d: %d of %d runs failed (listed above); worst: %s", D, rep.n_fail,
+                 rep.n_cases, rep.worst_what);
+}
+
+Test(cuda_attention, prefill_chunks_d64, .timeout = 600)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(41);
+    prefill_matrix(64);
+}
+
+Test(cuda_attention, prefill_chunks_d128, .timeout = 600)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(42);
+    prefill_matrix(128);
+}
+
+/* A chunk whose q rows are 6x larger (scores spread over ~+-15: peaked softmax, where P's rounding to f16
+ * weighs most) at a long context with splits, against the tensor-core tolerance scaled by 2. */
+Test(cuda_attention, prefill_peaked_scores)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(43);
+    const int l[] = {3000};
+    struct cache c;
+    cache_init(&c, 8, 2, 128, 16, 1, l);
+    const int m = 100;
+    int32_t seq[100], pos[100];
+    for (int i = 0; i < m; i++) seq[i] = 0, pos[i] = 2900 + i;
+    const size_t nq = (size_t)m * 8 * 128;
+    float *q = host_rand(nq, -6, 6), *got = malloc(nq * 4);
+    double *ref = malloc(nq * 8);
+    ref_attention(ref, q, &c, seq, pos, m, 0.0884f);
+    float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4);
+    int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
+    const size_t wsb = kern_cuda_attention_ws_size(m, 8, 128, 3000);
+    void *ws = dev_alloc(wsb);
+    CU_OK(cudaMemset(ws, 0, wsb));
+    cr_assert_eq(
+        kern_cuda_attention(dout, dq, &c.dev, ds, dp, m, 8, 0.0884f, 3000, KERN_ATTN_PREFILL, ws, wsb, 0),
+        FERRY_OK);
+    dev_download(got, dout, nq * 4);
+    const double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
+    cr_assert(ea <= 2 * MMA_ABS && er <= 2 * MMA_REL, "peaked: max abs err %g rel %g", ea, er);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(ds);
+    cudaFree(dp);
+    cudaFree(ws);
+    free(q);
+    free(got);
+    free(ref);
+    cache_free(&c);
+}
+
+Test(cuda_attention, mixed_bad_arguments)
+{
+    SKIP_WITHOUT_GPU();
+    const int l[] = {10};
+    struct cache c;
+    cache_init(&c, 2, 2, 64, 16, 1, l);
+    float *dq = dev_alloc(2 * 64 * 4), *dout = dev_alloc(2 * 64 * 4);
+    int32_t *ds = dev_alloc(4), *dp = dev_alloc(4);
+    cr_assert_eq(kern_cuda_attention_mixed(dout, dq, &c.dev, ds, dp, 1, 2, 2, 0.1f, 10, NULL, 0, 0),
+                 FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_attention_mixed(dout, dq, &c.dev, ds, dp, 1, -1, 2, 0.1f, 10, NULL, 0, 0),
+                 FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_attention_mixed(dout, dq, &c.dev, ds, dp, 0, 0, 2, 0.1f, 10, NULL, 0, 0),
+                 FERRY_OK);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(ds);
+    cudaFree(dp);
+    cache_free(&c);
+}
+
+/* A few small mixed batches through every tensor-core path (both head_dims, GQA, splits, a window holding
+ * several runs): the case tests/gpu/attn_sample.sh runs under compute-sanitizer memcheck and racecheck. */
+Test(cuda_attention, mixed_small)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(44);
+    struct pf_report rep;
+    memset(&rep, 0, sizeof rep);
+    prefill_case(64, 1, 16, 70, 13, 3, 0, &rep);
+    prefill_case(128, 4, 4, 23, 200, 3, 2, &rep);
+    prefill_case(128, 8, 16, 9, 0, 7, 1, &rep);
+    cr_assert_eq(rep.n_fail, 0, "%d of %d runs failed (listed above); worst: %s", rep.n_fail, rep.n_cases,
+                 rep.worst_what);
 }

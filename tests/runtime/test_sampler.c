@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/core/sample_math.h"
 #include "runtime/sampler.h"
 
 static struct sampler *make(struct sampler_params p, int n)
@@ -156,8 +157,8 @@ Test(sampler, invalid_params_refused)
     cr_assert_neq(sampler_init(&s, &p, 0), 0);
 }
 
-/* top-k on a large vocabulary with many ties: every draw is one of the k best (value descending, id ascending),
- * and all k are drawn. Exercises the quickselect that replaces a full sort. */
+/* top-k on a large vocabulary with many ties: every draw is one of the k best (value descending, id
+ * ascending), and all k are drawn. Exercises the quickselect that replaces a full sort. */
 Test(sampler, top_k_selects_exactly_the_k_best)
 {
     enum { V = 5000, K = 7 };
@@ -189,4 +190,152 @@ Test(sampler, top_k_selects_exactly_the_k_best)
     }
     for (int k = 0; k < K; k++) cr_expect_gt(seen[k], 0, "top token %d never drawn", top[k]);
     sampler_free(s);
+}
+
+/* The draw is counter-based: the k-th draw of a sampler depends on (seed, k) and that row only, not on
+ * what earlier draws saw; sampler_step() counts the draws, greedy ones included. */
+Test(sampler, draw_depends_only_on_seed_and_step)
+{
+    struct sampler_params p = sampler_default_params();
+    for (uint64_t seed = 1; seed <= 50; seed++) {
+        p.seed = seed;
+        struct sampler *a = make(p, 64), *b = make(p, 64);
+        float la[64], lb[64], lc[64], ld[64];
+        for (int v = 0; v < 64; v++) {
+            la[v] = (float)((v * 37) % 11) * 0.3f;
+            lb[v] = (float)((v * 13) % 7) * 0.5f;
+            lc[v] = lb[v];
+            ld[v] = (float)(v % 5) * 0.2f;
+        }
+        (void)sampler_sample(a, la);
+        (void)sampler_sample(b, ld);
+        cr_assert_eq(sampler_step(a), 1);
+        cr_assert_eq(sampler_sample(a, lb), sampler_sample(b, lc), "seed %llu", (unsigned long long)seed);
+        cr_assert_eq(sampler_step(b), 2);
+        sampler_free(a);
+        sampler_free(b);
+    }
+}
+
+/* The definition of a draw, checked from outside: u = smath_uniform(seed, step), and the chosen token is the
+ * first by id whose cumulative probability exceeds u (seeds whose u lies within 1e-6 of a boundary are
+ * skipped: the sampler's integer masses round probabilities at 2^-44). */
+Test(sampler, plain_draw_walks_ids_in_order)
+{
+    struct sampler_params p = sampler_default_params();
+    const double prob[4] = {0.1, 0.4, 0.2, 0.3};
+    int checked = 0;
+    for (uint64_t seed = 0; seed < 200; seed++) {
+        p.seed = seed;
+        struct sampler *s = make(p, 4);
+        for (uint64_t step = 0; step < 5; step++) {
+            float l[4];
+            for (int v = 0; v < 4; v++) l[v] = logf((float)prob[v]);
+            const double u = smath_uniform(seed, step);
+            double cum = 0, margin = 1;
+            int want = 3;
+            for (int v = 0; v < 4; v++) {
+                cum += prob[v];
+                if (fabs(u - cum) < margin) margin = fabs(u - cum);
+                if (u < cum) {
+                    want = v;
+                    break;
+                }
+            }
+            const int32_t got = sampler_sample(s, l);
+            if (margin < 1e-6) continue;
+            cr_assert_eq(got, want, "seed %llu step %llu u %.9f", (unsigned long long)seed,
+                         (unsigned long long)step, u);
+            checked++;
+        }
+        sampler_free(s);
+    }
+    cr_assert_gt(checked, 900);
+}
+
+/* top-p keeps the prefix (best first, lower id first among equal logits) up to the first token whose
+ * cumulative mass reaches top_p of the total: here 1 + 0.5 + 0.5 >= 0.7 * 2.5, so of the three tied tokens
+ * 3, 5, 7 only 3 and 5 are kept. */
+Test(sampler, top_p_splits_ties_by_id)
+{
+    struct sampler_params p = sampler_default_params();
+    p.top_p = 0.7f;
+    p.seed = 11;
+    struct sampler *s = make(p, 9);
+    int seen[9] = {0};
+    for (int r = 0; r < 6000; r++) {
+        float l[9];
+        for (int v = 0; v < 9; v++) l[v] = -40.0f;
+        l[0] = 0.0f;
+        l[3] = l[5] = l[7] = logf(0.5f);
+        seen[sampler_sample(s, l)]++;
+    }
+    cr_assert_eq(seen[7], 0);
+    cr_assert(seen[0] > 0 && seen[3] > 0 && seen[5] > 0);
+    cr_assert_eq(seen[0] + seen[3] + seen[5], 6000);
+    sampler_free(s);
+}
+
+Test(sampler, history_lists_distinct_tokens_with_counts)
+{
+    struct sampler_params p = sampler_default_params();
+    struct sampler *s = make(p, 10);
+    const int32_t acc[] = {4, 2, 4, 9, 4, 2, -1, 10};
+    for (int i = 0; i < 8; i++) sampler_accept(s, acc[i]);
+    int32_t tok[8];
+    uint32_t cnt[8];
+    cr_assert_eq(sampler_history(s, tok, cnt, 8), 3);
+    cr_assert(tok[0] == 4 && cnt[0] == 3 && tok[1] == 2 && cnt[1] == 2 && tok[2] == 9 && cnt[2] == 1);
+    cr_assert_eq(sampler_history(s, tok, cnt, 1), 3);
+    cr_assert_eq(sampler_get_params(s)->top_p, 1.0f);
+    sampler_free(s);
+}
+
+/* The shared arithmetic: the exponential is within 3e-7 of exp() on [-30, 0], every candidate has a mass of
+ * at least 1, the order key sorts like the floats (-0 and +0 alike) and converts back to an equal float. */
+Test(sampler, sample_math_exp_mass_and_key)
+{
+    double worst = 0;
+    for (int i = 0; i <= 300000; i++) {
+        const float d = -30.0f * (float)i / 300000.0f;
+        const double e = exp((double)d), g = smath_exp(d);
+        if (fabs(g - e) / e > worst) worst = fabs(g - e) / e;
+    }
+    cr_assert_lt(worst, 3e-7, "worst relative error %g", worst);
+    cr_assert_eq(smath_exp(0.0f), 1.0f);
+    cr_assert_geq(smath_mass(-SMATH_TAIL), 1);
+    cr_assert_eq(smath_mass(0.0f), 1ull << 44);
+    const float vals[] = {-INFINITY, -3e38f, -1.5f, -1e-30f, -0.0f, 0.0f, 1e-30f, 2.0f, 3e38f, INFINITY};
+    cr_assert_eq(smath_key(-0.0f), smath_key(0.0f)); /* equal floats, equal keys: ties break by id alike */
+    for (int i = 0; i < 10; i++) {
+        cr_assert(smath_key_value(smath_key(vals[i])) == vals[i]);
+        for (int j = i + 1; j < 10; j++)
+            if (vals[i] < vals[j])
+                cr_assert_lt(smath_key(vals[i]), smath_key(vals[j]), "%g vs %g", vals[i], vals[j]);
+    }
+}
+
+/* A draw made elsewhere (the GPU sampler) is recorded with sampler_advance: the next draw is the one a sampler
+ * that drew itself would make. */
+Test(sampler, advance_skips_a_draw)
+{
+    struct sampler_params p = sampler_default_params();
+    p.seed = 5;
+    struct sampler *a = make(p, 16), *b = make(p, 16);
+    for (int r = 0; r < 100; r++) {
+        float la[16], lb[16];
+        for (int v = 0; v < 16; v++) la[v] = lb[v] = (float)((v * 7 + r) % 9) * 0.4f;
+        if (r % 2) {
+            float scratch[16];
+            memcpy(scratch, la, sizeof scratch);
+            (void)sampler_sample(a, scratch);
+            sampler_advance(b);
+            continue;
+        }
+        cr_assert_eq(sampler_sample(a, la), sampler_sample(b, lb), "draw %d", r);
+    }
+    cr_assert_eq(sampler_step(a), 100);
+    cr_assert_eq(sampler_step(b), 100);
+    sampler_free(a);
+    sampler_free(b);
 }
