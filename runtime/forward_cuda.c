@@ -131,6 +131,7 @@ struct forward_cuda {
     cudaGraphExec_t *graphs;
     int graph_step; /* this step ran whole as a graph from begin */
     int max_len;    /* this step's attention length bucket */
+    int n_decode;   /* leading rows that are single tokens of their sequence (the decode attention's) */
 
     /* The link-load probe. */
     cudaEvent_t load_t0, load_t1;
@@ -834,9 +835,9 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     }
     case LOP_ATTENTION: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
-        return kern_cuda_attention(act(f, op->out), act(f, op->in), &view, d_seq, d_pos, n, hp->n_heads,
-                                   1.0f / sqrtf((float)hp->head_dim), f->max_len, KERN_ATTN_AUTO, f->attn_ws,
-                                   f->attn_ws_bytes, cs);
+        return kern_cuda_attention_mixed(act(f, op->out), act(f, op->in), &view, d_seq, d_pos, n, f->n_decode,
+                                         hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->max_len, f->attn_ws,
+                                         f->attn_ws_bytes, cs);
     }
     case LOP_SILU_MUL:
         return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
@@ -975,6 +976,12 @@ static int cuda_begin(struct backend *be, const struct step *st)
     memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table,
            (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->max_len = bucket_len(st->max_len, kv->max_blocks * kv->block_size);
+    /* Rows whose neighbours belong to other sequences are decode tokens; the scheduler puts them first and
+     * the prefill chunks after (a decode-only step is all decode rows, captured graphs included). */
+    f->n_decode = 0;
+    while (f->n_decode < n && (f->n_decode == 0 || b->seq[f->n_decode - 1] != b->seq[f->n_decode]) &&
+           (f->n_decode + 1 == n || b->seq[f->n_decode + 1] != b->seq[f->n_decode]))
+        f->n_decode++;
     f->step_uses = 0;
     f->graph_step = 0;
     f->pending = 0;
