@@ -1,0 +1,72 @@
+#!/bin/bash
+# all.sh [PHASE...] — on the GPU machine: one build of the working tree as sent (every target, CUDA) in /tmp/fw,
+# kept between calls while the machine stays warm, then the phases asked for, in order (default: tests):
+#   tests    the cuda and runtime suites (meson), then gpu_e2e --verbose with its diagnostics
+#   attn     bench_attn --quick (prefill attention, mixed steps, sampler)
+#   quant    bench_cuda (the GEMV/GEMM rows per weight type)
+#   hybrid   ferry bench --synthetic llama-2-7b --gpu-memory 4GiB, --placement stream/auto/cpu, b=1 and 16
+#   e2e      ferry bench fully resident f16 (b=1/16/64, prefill 512): the regression check against run 6h
+# Each phase prints a short summary to stdout and $OUT/summary.txt; full logs go to $OUT/<phase>.log (at most 8
+# files come back). Needs .debs and .gpu-data carried (see tests/gpu/run.sh).
+set -u
+src=$(pwd)
+out=${OUT:-$src/out}
+mkdir -p "$out"
+t0=$(date +%s)
+log() { echo "== [$(($(date +%s) - t0))s] $*" | tee -a "$out/summary.txt"; }
+. tests/gpu/deps.sh
+
+W=/tmp/fw
+mkdir -p $W
+tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git --exclude=./.peers \
+  --exclude=./.whl --exclude=./.gpu-data -cf - . | tar -C $W -xf -
+mkdir -p /tmp/shared && rm -rf /tmp/shared/testdata && cp -r "$src/.gpu-data" /tmp/shared/testdata
+cd $W || exit 1
+if [ ! -f build/build.ninja ]; then
+  meson setup build -Dcuda=enabled -Dnative=true -Dbuildtype=release > "$out/build.log" 2>&1 ||
+    { log "meson setup FAILED"; tail -30 "$out/build.log"; exit 1; }
+fi
+if ! nice ninja -C build >> "$out/build.log" 2>&1; then
+  log "build FAILED"; grep -E "error" "$out/build.log" | head -40; exit 1
+fi
+log "build ok ($(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader))"
+export FERRY_SRC=$W FERRY_TESTDATA=/tmp/shared/testdata
+
+phases=${*:-tests}
+for ph in $phases; do
+  case $ph in
+  tests)
+    meson test -C build --no-rebuild --print-errorlogs --num-processes 2 --suite cuda --suite runtime \
+      --suite kernels --suite golden > "$out/tests.log" 2>&1
+    log "tests rc=$?: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
+    grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)" "$out/tests.log" | head -20
+    timeout 400 ./build/tests/runtime/test_gpu_e2e --verbose > "$out/gpu_e2e.log" 2>&1
+    log "gpu_e2e rc=$?"
+    grep -E "\[FAIL\]|Assertion|differs|worst|Synthesis" "$out/gpu_e2e.log" | head -40
+    grep -E "Assertion|\[FAIL\]" "$out/tests.log" | head -30
+    ;;
+  attn)
+    timeout 200 ./build/tests/bench_cuda/bench_attn --quick > "$out/attn.log" 2>&1
+    log "bench_attn rc=$?"; tail -40 "$out/attn.log"
+    ;;
+  quant)
+    timeout 240 ./build/tests/bench_cuda/bench_cuda > "$out/quant.log" 2>&1
+    log "bench_cuda rc=$?"; grep -iE "q4_k|q8_0|q6_k|q4_0|q5_k|f16|ceiling|copy" "$out/quant.log" | head -60
+    ;;
+  hybrid)
+    for pl in stream auto cpu; do
+      timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --gpu-memory 4GiB --placement $pl \
+        --batches 1,16 --prefill 512 --decode-steps 4 >> "$out/hybrid.log" 2>&1
+      log "hybrid $pl rc=$?"
+    done
+    grep -vE "^[0-9:.]+ (info|debug)" "$out/hybrid.log" | tail -60
+    ;;
+  e2e)
+    timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1,16,64 --prefill 512 \
+      --decode-steps 16 > "$out/e2e.log" 2>&1
+    log "bench f16 resident rc=$?"; grep -vE "^[0-9:.]+ (info|debug)" "$out/e2e.log" | tail -15
+    ;;
+  *) log "unknown phase $ph" ;;
+  esac
+done
+log "done"
