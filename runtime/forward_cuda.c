@@ -735,7 +735,7 @@ static int linear(struct forward_cuda *f, float *y, const float *x, const void *
         w = f->conv;
         t = DTYPE_F16;
     }
-    return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
+    return kern_cuda_matmul(f->kctx, y, (int)rows, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of

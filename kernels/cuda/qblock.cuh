@@ -3,17 +3,17 @@
  * quant/dequant.c's dequant_row.
  *
  * The common form. Every supported type is read as "units" of 32 consecutive elements along k (one x block of
- * the int8 path): qb_unit holds the 32 quants as int8 (element 4j+i in byte i of q[j]), and the element values
- * are w = fmaf(d, (float)(q + QOFF), m) with d = d0 for elements 0..15 and d1 for 16..31 (equal except for
- * Q6_K, whose scales cover 16 elements), m = -0.0f for types without a minimum. Every product d * (q + QOFF)
- * of these formats is exact in f32 (at most 24 significant bits), and dequant_row adds m after it, so this fma
- * is bitwise dequant_row's value (-0.0f keeps the sign of a zero product).
- * Blocks are read in "pieces" of UPP units that share bytes (Q4_K: the two sub-blocks of one 32-byte qs group),
- * PPB pieces per block. load() reads a piece's raw bytes with aligned 4/8/16-byte loads; types whose blocks are
- * only 2-byte aligned (Q8_0, Q4_0, Q5_0, Q6_K) load the enclosing aligned words and funnel-shift, so a load may
- * touch up to 3 bytes outside the block on either side (the kernels read from a staged copy that holds them).
- * Each type's minimum alignment of W (and so of every block) is ALIGN. Traits per type (one struct each):
- *   QK, BYTES, ALIGN, UPP, PPB, QOFF, TWO_D (d0 != d1 possible), HAS_M, EXACT_H (d * (q + QOFF) is exact in f16
+ * the int8 path): qb_unit holds the 32 quants as int8 (element 4j+i in byte i of q[j]), and the element
+ * values are w = fmaf(d, (float)(q + QOFF), m) with d = d0 for elements 0..15 and d1 for 16..31 (equal except
+ * for Q6_K, whose scales cover 16 elements), m = -0.0f for types without a minimum. Every product d * (q +
+ * QOFF) of these formats is exact in f32 (at most 24 significant bits), and dequant_row adds m after it, so
+ * this fma is bitwise dequant_row's value (-0.0f keeps the sign of a zero product). Blocks are read in
+ * "pieces" of UPP units that share bytes (Q4_K: the two sub-blocks of one 32-byte qs group), PPB pieces per
+ * block. load() reads a piece's raw bytes with aligned 4/8/16-byte loads; types whose blocks are only 2-byte
+ * aligned (Q8_0, Q4_0, Q5_0, Q6_K) load the enclosing aligned words and funnel-shift, so a load may touch up
+ * to 3 bytes outside the block on either side (the kernels read from a staged copy that holds them). Each
+ * type's minimum alignment of W (and so of every block) is ALIGN. Traits per type (one struct each): QK,
+ * BYTES, ALIGN, UPP, PPB, QOFF, TWO_D (d0 != d1 possible), HAS_M, EXACT_H (d * (q + QOFF) is exact in f16
  *   math: f16 scale, no minimum), raw (registers of one piece), load(raw, blk, piece), unit_elem(piece, v)
  *   (first element of unit v of a piece, within the block), unit(raw, piece, v, qb_unit&).
  * Device-side users: qb_dot (int8 x, dp4a) and qb_decode_h2 (f16 values for the tensor-core GEMM).
@@ -25,11 +25,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/core/fp16.h"
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
 #define QB_FN __host__ __device__ __forceinline__
 #else
-#include "kernels/core/fp16.h"
 #define QB_FN inline
 #endif
 
@@ -157,8 +157,8 @@ struct qb_unit {
     float m;       /* minimum term; -0.0f for types without one */
 };
 
-/* A window of N aligned words read from the 4-byte boundary at or below p (p 2-byte aligned); word(o) is the 4
- * bytes at p + o, o a compile-time even offset with o/4 + 1 < N (or o/4 < N when the shift is 0). */
+/* A window of N aligned words read from the 4-byte boundary at or below p (p 2-byte aligned); word(o) is the
+ * 4 bytes at p + o, o a compile-time even offset with o/4 + 1 < N (or o/4 < N when the shift is 0). */
 template <int N> struct qb_win {
     uint32_t w[N];
     uint32_t s0; /* p & 3: 0 or 2 */
@@ -217,7 +217,10 @@ struct qb_q4_1 {
 #pragma unroll
         for (int i = 0; i < 5; i++) r.w[i] = qb_ld32(blk + 4 * i);
     }
-    static QB_FN int unit_elem(int, int) { return 0; }
+    static QB_FN int unit_elem(int, int)
+    {
+        return 0;
+    }
     static QB_FN void unit(const raw &r, int, int, qb_unit &u)
     {
 #pragma unroll
@@ -255,7 +258,8 @@ struct qb_q5_0 {
     }
 };
 
-/* Q5_1 (24 bytes, 8-byte aligned): { f16 d; f16 m; u32 qh; u8 qs[16]; }, as Q5_0 without the -16, then + m. */
+/* Q5_1 (24 bytes, 8-byte aligned): { f16 d; f16 m; u32 qh; u8 qs[16]; }, as Q5_0 without the -16, then + m.
+ */
 struct qb_q5_1 {
     static constexpr int QK = 32, BYTES = 24, ALIGN = 8, UPP = 1, PPB = 1, QOFF = 0;
     static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false;
@@ -267,7 +271,10 @@ struct qb_q5_1 {
 #pragma unroll
         for (int i = 0; i < 3; i++) qb_ld64(blk + 8 * i, r.w[2 * i], r.w[2 * i + 1]);
     }
-    static QB_FN int unit_elem(int, int) { return 0; }
+    static QB_FN int unit_elem(int, int)
+    {
+        return 0;
+    }
     static QB_FN void unit(const raw &r, int, int, qb_unit &u)
     {
         const uint32_t qh = r.w[1];
@@ -318,15 +325,15 @@ QB_FN void qb_k_scale_min(uint32_t s1, uint32_t s2, uint32_t s3, uint32_t s, uin
     }
 }
 
-/* Q4_K (144 bytes, 16-byte aligned): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }. Sub-block s (32 elements)
- * is the low (s even) or high (s odd) nibbles of qs[32*(s/2) ..]; x = (d*sc) * q - (dmin*mn). Piece p = the two
- * sub-blocks of qs group p (elements 64p .. 64p+63). */
+/* Q4_K (144 bytes, 16-byte aligned): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }. Sub-block s (32
+ * elements) is the low (s even) or high (s odd) nibbles of qs[32*(s/2) ..]; x = (d*sc) * q - (dmin*mn). Piece
+ * p = the two sub-blocks of qs group p (elements 64p .. 64p+63). */
 struct qb_q4_k {
     static constexpr int QK = 256, BYTES = 144, ALIGN = 16, UPP = 2, PPB = 4, QOFF = 0;
     static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false;
     struct raw {
-        qb_v4 h;     /* d | dmin << 16, scales[0..3], [4..7], [8..11] */
-        qb_v4 q[2];  /* qs[32p .. 32p+31] */
+        qb_v4 h;    /* d | dmin << 16, scales[0..3], [4..7], [8..11] */
+        qb_v4 q[2]; /* qs[32p .. 32p+31] */
     };
     static QB_FN void load(raw &r, const uint8_t *blk, int p)
     {
@@ -337,7 +344,8 @@ struct qb_q4_k {
     static QB_FN int unit_elem(int p, int v) { return 64 * p + 32 * v; }
     static QB_FN void unit(const raw &r, int p, int v, qb_unit &u)
     {
-        const uint32_t qs[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w, r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
+        const uint32_t qs[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w,
+                                r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
         const uint32_t sh = 4u * (uint32_t)v;
 #pragma unroll
         for (int j = 0; j < 8; j++) u.q[j] = (qs[j] >> sh) & 0x0F0F0F0Fu;
@@ -369,12 +377,14 @@ struct qb_q5_k {
     static QB_FN int unit_elem(int p, int v) { return 64 * p + 32 * v; }
     static QB_FN void unit(const raw &r, int p, int v, qb_unit &u)
     {
-        const uint32_t qs[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w, r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
+        const uint32_t qs[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w,
+                                r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
         const uint32_t qh[8] = {r.qh[0].x, r.qh[0].y, r.qh[0].z, r.qh[0].w,
                                 r.qh[1].x, r.qh[1].y, r.qh[1].z, r.qh[1].w};
         const uint32_t s = (uint32_t)(2 * p + v), sh = 4u * (uint32_t)v;
 #pragma unroll
-        for (int j = 0; j < 8; j++) u.q[j] = ((qs[j] >> sh) & 0x0F0F0F0Fu) | ((qh[j] >> s) & 0x01010101u) << 4;
+        for (int j = 0; j < 8; j++)
+            u.q[j] = ((qs[j] >> sh) & 0x0F0F0F0Fu) | ((qh[j] >> s) & 0x01010101u) << 4;
         uint32_t sc, mn;
         qb_k_scale_min(r.h.y, r.h.z, r.h.w, s, sc, mn);
         u.d0 = u.d1 = qb_mul(qb_f16(r.h.x & 0xFFFFu), qb_u2f(sc));
@@ -383,9 +393,9 @@ struct qb_q5_k {
 };
 
 /* Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; int8 scales[16]; f16 d; }. Half h (elements 128h ..), quarter i
- * (32 elements 128h + 32i + l): q = ((ql[64h + 32(i&1) + l] >> 4(i>>1)) & 15) | ((qh[32h + l] >> 2i) & 3) << 4,
- * x = (d * scales[8h + 2i + l/16]) * (q - 32). Piece p (h = p/2, i0 = p%2) = quarters i0 and i0 + 2, which share
- * their ql and qh bytes: v = 0 -> quarter i0, v = 1 -> quarter i0 + 2. */
+ * (32 elements 128h + 32i + l): q = ((ql[64h + 32(i&1) + l] >> 4(i>>1)) & 15) | ((qh[32h + l] >> 2i) & 3) <<
+ * 4, x = (d * scales[8h + 2i + l/16]) * (q - 32). Piece p (h = p/2, i0 = p%2) = quarters i0 and i0 + 2, which
+ * share their ql and qh bytes: v = 0 -> quarter i0, v = 1 -> quarter i0 + 2. */
 struct qb_q6_k {
     static constexpr int QK = 256, BYTES = 210, ALIGN = 2, UPP = 2, PPB = 4, QOFF = -32;
     static constexpr bool TWO_D = true, HAS_M = false, EXACT_H = false;
@@ -416,9 +426,11 @@ struct qb_q6_k {
                                 r.qh.template word<24>(), r.qh.template word<28>()};
         const uint32_t i = r.i0 + 2u * (uint32_t)v, shl = 4u * (uint32_t)v, shh = 2u * i;
 #pragma unroll
-        for (int j = 0; j < 8; j++) u.q[j] = ((ql[j] >> shl) & 0x0F0F0F0Fu) | ((qh[j] >> shh) & 0x03030303u) << 4;
+        for (int j = 0; j < 8; j++)
+            u.q[j] = ((ql[j] >> shl) & 0x0F0F0F0Fu) | ((qh[j] >> shh) & 0x03030303u) << 4;
         /* scales[8h + 2i], [8h + 2i + 1], sign-extended */
-        const uint32_t sw = qb_prmt(r.sc.template word<0>(), r.sc.template word<4>(), 0x10u * (2 * i + 1) + 2 * i);
+        const uint32_t sw =
+            qb_prmt(r.sc.template word<0>(), r.sc.template word<4>(), 0x10u * (2 * i + 1) + 2 * i);
         const float d = qb_f16(r.d.template word<0>() & 0xFFFFu);
         u.d0 = qb_mul(d, (float)(int8_t)(sw & 0xFF));
         u.d1 = qb_mul(d, (float)(int8_t)((sw >> 8) & 0xFF));
@@ -457,8 +469,9 @@ QB_FN void qb_dot_parts(const qb_unit &u, const uint32_t (&xw)[8], int &lo, int 
     for (int j = 4; j < 8; j++) hi = qb_dp4a(u.q[j], xw[j], hi);
 }
 
-template <class Q> QB_FN float qb_dot(const qb_unit &u, const uint32_t (&xw)[8], float dx, float sx, int sq_lo,
-                                     int sq_hi, float acc)
+template <class Q>
+QB_FN float qb_dot(const qb_unit &u, const uint32_t (&xw)[8], float dx, float sx, int sq_lo, int sq_hi,
+                   float acc)
 {
     int lo, hi;
     qb_dot_parts(u, xw, lo, hi);
@@ -490,8 +503,8 @@ QB_FN uint32_t qb_pack_h2(float a, float b)
 
 template <class Q> QB_FN void qb_decode_h2(const qb_unit &u, uint32_t (&out)[16])
 {
-    if (Q::EXACT_H) {
 #ifdef __CUDA_ARCH__
+    if constexpr (Q::EXACT_H) {
         /* (q ^ 0x80) = q + 128 as the low byte of the half 0x6400 + that = 1024 + q + 128: exact. */
         const __half2 dh = __float2half2_rn(u.d0); /* d is an f16 value: exact */
         const __half2 off = __float2half2_rn(1152.0f - (float)Q::QOFF);
@@ -504,23 +517,23 @@ template <class Q> QB_FN void qb_decode_h2(const qb_unit &u, uint32_t (&out)[16]
             out[2 * j] = *reinterpret_cast<const uint32_t *>(&ha);
             out[2 * j + 1] = *reinterpret_cast<const uint32_t *>(&hb);
         }
-        return;
+    } else
 #endif
-    }
-    /* (q ^ 0x80) = q + 128 as a float 2^23 + that, minus (2^23 + 128 - QOFF): exactly q + QOFF. */
+    { /* (q ^ 0x80) = q + 128 as a float 2^23 + that, minus (2^23 + 128 - QOFF): exactly q + QOFF. */
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const uint32_t x = u.q[j] ^ 0x80808080u;
-        float f[4];
+        for (int j = 0; j < 8; j++) {
+            const uint32_t x = u.q[j] ^ 0x80808080u;
+            float f[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t bits = qb_prmt(x, 0x4B000000u, 0x7440u + (uint32_t)i);
-            float t;
-            memcpy(&t, &bits, 4);
-            f[i] = qb_fma(j < 4 ? u.d0 : u.d1, t - (8388736.0f - (float)Q::QOFF), u.m);
+            for (int i = 0; i < 4; i++) {
+                const uint32_t bits = qb_prmt(x, 0x4B000000u, 0x7440u + (uint32_t)i);
+                float t;
+                memcpy(&t, &bits, 4);
+                f[i] = qb_fma(j < 4 ? u.d0 : u.d1, t - (8388736.0f - (float)Q::QOFF), u.m);
+            }
+            out[2 * j] = qb_pack_h2(f[0], f[1]);
+            out[2 * j + 1] = qb_pack_h2(f[2], f[3]);
         }
-        out[2 * j] = qb_pack_h2(f[0], f[1]);
-        out[2 * j + 1] = qb_pack_h2(f[2], f[3]);
     }
 }
 
