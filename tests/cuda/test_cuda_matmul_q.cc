@@ -286,8 +286,22 @@ static int run_path(struct kern_cuda_ctx *ctx, enum path p, const wmat *W, const
     return 0;
 }
 
-static const int ms[] = {1, 2, 3, 5, 8, 13, 16, 17, 33, 64, 100, 512};
-#define NMS (int)(sizeof ms / sizeof ms[0])
+/* The batch sizes; QMM_TEST_MS="1,5,17" in the environment runs a subset (for compute-sanitizer runs). */
+static std::vector<int> test_ms(void)
+{
+    std::vector<int> v = {1, 2, 3, 5, 8, 13, 16, 17, 33, 64, 100, 512};
+    const char *e = getenv("QMM_TEST_MS");
+    if (e && *e) {
+        v.clear();
+        for (char *p = (char *)e; *p;) {
+            const long m = strtol(p, &p, 10);
+            if (m > 0 && m <= 4096) v.push_back((int)m);
+            while (*p == ',' || *p == ' ') p++;
+            if (*p && (*p < '0' || *p > '9')) break;
+        }
+    }
+    return v;
+}
 
 /* One weight matrix, every m: the automatic path, the decode entry with the int8 threshold at its maximum,
  * and the large-batch entry; with sweep, every forced configuration too. Returns the number of failures. */
@@ -308,8 +322,10 @@ static int check_matrix(struct kern_cuda_ctx *ctx, enum dtype t, int n, int k, i
     CU_OK(cudaMalloc((void **)&D.bias, (size_t)n * 4));
     CU_OK(cudaMemcpy(D.bias, bias.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
     int fails = 0;
-    for (int mi = 0; mi < NMS && ms[mi] <= m_max; mi++) {
+    const std::vector<int> ms = test_ms();
+    for (size_t mi = 0; mi < ms.size(); mi++) {
         const int m = ms[mi];
+        if (m > m_max) continue;
         xdata X;
         make_x(&X, m, k);
         const float *b = with_bias && mi % 2 == 0 ? bias.data() : NULL;
