@@ -21,12 +21,11 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
-#include "kernels/cuda/qblock.cuh"
+#include "kernels/cuda/matmul_q_steps.cuh"
 
-#define GM_BK 64          /* k per tile */
-#define GM_LD (GM_BK + 8) /* halves per row of a w16 / x16 tile: 144 bytes, ldmatrix without bank conflicts  \
-                           */
-#define GM_RKS 256        /* k per raw stage */
+/* k per tile; halves per row of a w16 / x16 tile (144 bytes: ldmatrix rows in distinct banks). */
+#define GM_BK  64
+#define GM_LD  (GM_BK + 8)
 #define GM_TPR (GM_RKS / GM_BK)
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -63,10 +62,7 @@ template <class Q, int BM, int BN, int WM, int WN, int RST, int XST> struct gm_s
     static constexpr int WTM = BM / WM, WTN = BN / WN; /* warp tile */
     static constexpr int MT = WTM / 16, NT = WTN / 8;  /* MMA tiles per warp */
     static_assert(WTM % 16 == 0 && WTN % 8 == 0 && (NT == 1 || NT % 2 == 0), "warp tile");
-    static constexpr int RBLK = GM_RKS / Q::QK;                   /* blocks per row per raw stage */
-    static constexpr int RBYTES = RBLK * Q::BYTES;                /* raw bytes per row per stage */
-    static constexpr int RQ = (16 - Q::ALIGN + RBYTES + 15) / 16; /* 16-byte pieces per row */
-    static constexpr int RSTRIDE = RQ * 16;
+    static constexpr int RBLK = gm_raw<Q>::RBLK, RQ = gm_raw<Q>::RQ, RSTRIDE = gm_raw<Q>::RSTRIDE;
     static constexpr size_t X_BYTES = (size_t)XST * BM * GM_LD * 2;
     static constexpr size_t W_BYTES = (size_t)2 * BN * GM_LD * 2;
     static constexpr size_t R_BYTES = (size_t)RST * BN * RSTRIDE;
@@ -129,17 +125,6 @@ __device__ __forceinline__ void gm_issue_x(__half *xs, const __half *xh, int m0,
     }
 }
 
-/* The piece and unit of Q holding element e (a multiple of 32) of a block. */
-template <class Q> __device__ __forceinline__ void gm_unit_at(int e, int &p, int &v)
-{
-    p = 0, v = 0;
-#pragma unroll
-    for (int pp = 0; pp < Q::PPB; pp++)
-#pragma unroll
-        for (int vv = 0; vv < Q::UPP; vv++)
-            if (Q::unit_elem(pp, vv) == e) p = pp, v = vv;
-}
-
 /* Tile t of W (64 columns: units 2t, 2t+1 of every row) from its raw stage rbuf into wt as f16. */
 template <class Q, int BN, int THREADS, int RSTRIDE, int RBLK>
 __device__ __forceinline__ void gm_decode(__half *wt, const unsigned char *rbuf, uintptr_t wlo, int n0, int n,
@@ -147,26 +132,10 @@ __device__ __forceinline__ void gm_decode(__half *wt, const unsigned char *rbuf,
 {
     const int r = t / GM_TPR;
     for (int task = tid; task < 2 * BN; task += THREADS) {
-        const int row = task >> 1, ul = task & 1, e = t * GM_BK + 32 * ul;
-        uint4 *dst = reinterpret_cast<uint4 *>(wt + row * GM_LD + 32 * ul);
-        if (e >= k) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) dst[i] = make_uint4(0, 0, 0, 0);
-            continue;
-        }
-        const int b = e / Q::QK, within = e - b * Q::QK;
+        const int row = task >> 1, ul = task & 1;
         const uintptr_t ga = wlo + (size_t)min(n0 + row, n - 1) * rowbytes + (size_t)r * RBLK * Q::BYTES;
-        const unsigned char *blk = rbuf + row * RSTRIDE + (unsigned)(ga & 15) + (b - r * RBLK) * Q::BYTES;
-        int p, v;
-        gm_unit_at<Q>(within, p, v);
-        typename Q::raw raw;
-        Q::load(raw, blk, p);
-        qb_unit u;
-        Q::unit(raw, p, v, u);
-        uint32_t h[16];
-        qb_decode_h2<Q>(u, h);
-#pragma unroll
-        for (int i = 0; i < 4; i++) dst[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+        gm_decode_task<Q>(reinterpret_cast<uint8_t *>(wt + row * GM_LD + 32 * ul), rbuf + row * RSTRIDE, ga,
+                          t, ul, k);
     }
 }
 

@@ -18,7 +18,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
-#include "kernels/cuda/qblock.cuh"
+#include "kernels/cuda/matmul_q_steps.cuh"
 
 /* ----------------------------------------------------------------------------------------------------------
  */
@@ -77,23 +77,6 @@ __device__ __forceinline__ uint4 gq_ld_stream(uintptr_t p)
                  : "l"(p));
     return r;
 }
-
-/* Pieces per lane per chunk: two 32-element blocks for the small 32-blocks (so a chunk row holds ~300-700
- * bytes for every type), one piece otherwise. */
-template <class Q> __host__ __device__ constexpr int gq_ppl()
-{
-    return Q::PPB == 1 && Q::BYTES <= 24 ? 2 : 1;
-}
-
-template <class Q, int R> struct gq_shape {
-    static constexpr int LPR = 32 / R;            /* lanes per row */
-    static constexpr int PPL = gq_ppl<Q>();       /* pieces per lane per chunk */
-    static constexpr int CB = LPR * PPL / Q::PPB; /* blocks per row per chunk */
-    static_assert(CB >= 1 && CB * Q::PPB == LPR * PPL, "a chunk must split evenly over a row's lanes");
-    static constexpr int QMAX = (16 - Q::ALIGN + CB * Q::BYTES + 15) / 16; /* 16-byte pieces per staged row */
-    static constexpr int STRIDE = (QMAX | 1) * 16;                         /* odd: rows in different banks */
-    static constexpr int NP = (R * QMAX + 31) / 32;                        /* staging registers per lane */
-};
 
 /* This lane's 16-byte pieces of chunk rows [row0, row0 + R) x blocks [b0, b0 + cb) (rows past n repeat row
  * n-1): piece i = lane + 32p is row i / QMAX, piece i % QMAX of the row's aligned range. Pieces past the
@@ -184,29 +167,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             gq_stage_load<R, QMAX, NP>(v, wlo, whi, row0, n, rowbytes, bn, min(CB, nb - bn) * Q::BYTES,
                                        Q::BYTES, lane);
         }
-        const unsigned char *rb = buf + r * STRIDE + (unsigned)((rowaddr + (size_t)b0 * Q::BYTES) & 15);
-#pragma unroll
-        for (int pp = 0; pp < PPL; pp++) {
-            const int pi = sl + LPR * pp, bl = pi / Q::PPB, j = pi % Q::PPB;
-            if (bl < nbc) {
-                typename Q::raw raw;
-                Q::load(raw, rb + bl * Q::BYTES, j);
-#pragma unroll
-                for (int vv = 0; vv < Q::UPP; vv++) {
-                    qb_unit u;
-                    Q::unit(raw, j, vv, u);
-                    const int e = (b0 + bl) * Q::QK + Q::unit_elem(j, vv);
-#pragma unroll
-                    for (int c = 0; c < M; c++) {
-                        const uint4 *xp = reinterpret_cast<const uint4 *>(xq + xoff[c] + e);
-                        const uint4 a = __ldg(xp), b = __ldg(xp + 1);
-                        const uint32_t xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                        const float4 d = __ldg(xd + doff[c] + e / 32);
-                        acc[c] = qb_dot<Q>(u, xw, d.x, d.y, __float_as_int(d.z), __float_as_int(d.w), acc[c]);
-                    }
-                }
-            }
-        }
+        const uint8_t *rb = buf + r * STRIDE + (unsigned)((rowaddr + (size_t)b0 * Q::BYTES) & 15);
+        gq_lane_chunk<Q, M, LPR, PPL>(acc, rb, b0, nbc, sl, xq, reinterpret_cast<const float *>(xd), xoff,
+                                      doff);
         __syncwarp();
     }
     /* The LPR lanes of a row: butterfly sums; lane sl == 0's result is the one used. */

@@ -83,7 +83,8 @@ static inline void qref_random_blocks(enum dtype t, uint8_t *w, int64_t nb)
 /* x (m, k) quantized as the kernels do; arrays sized m*k and m*k/32. */
 struct qref_xq {
     int8_t *q;
-    float *dx, *sx;
+    float *dx, *sx;    /* sx: the f32 sum in element order (the kernel adds pairwise: last bits differ) */
+    double *sxd, *sxa; /* the exact sum of x and the sum of |x| (the scale of any f32 summation error) */
     int *sq_lo, *sq_hi;
 };
 
@@ -93,14 +94,19 @@ static inline void qref_quantize_x(const float *x, int m, int k, struct qref_xq 
     o->q = (int8_t *)malloc((size_t)m * k);
     o->dx = (float *)malloc(nu * 4);
     o->sx = (float *)malloc(nu * 4);
+    o->sxd = (double *)malloc(nu * sizeof(double));
+    o->sxa = (double *)malloc(nu * sizeof(double));
     o->sq_lo = (int *)malloc(nu * sizeof(int));
     o->sq_hi = (int *)malloc(nu * sizeof(int));
     for (size_t u = 0; u < nu; u++) {
         const float *xs = x + 32 * u;
         float amax = 0.0f, s = 0.0f;
+        double sd = 0, sa = 0;
         for (int i = 0; i < 32; i++) {
             amax = fmaxf(amax, fabsf(xs[i]));
             s += xs[i];
+            sd += xs[i];
+            sa += fabs(xs[i]);
         }
         const float dx = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int lo = 0, hi = 0;
@@ -111,6 +117,8 @@ static inline void qref_quantize_x(const float *x, int m, int k, struct qref_xq 
         }
         o->dx[u] = dx;
         o->sx[u] = s;
+        o->sxd[u] = sd;
+        o->sxa[u] = sa;
         o->sq_lo[u] = lo;
         o->sq_hi[u] = hi;
     }
@@ -121,6 +129,8 @@ static inline void qref_free_xq(struct qref_xq *o)
     free(o->q);
     free(o->dx);
     free(o->sx);
+    free(o->sxd);
+    free(o->sxa);
     free(o->sq_lo);
     free(o->sq_hi);
 }

@@ -6,7 +6,8 @@
  * References per checked element (double sums; x rows sampled when m > 16, every column):
  *   exact:  kern_cpu_matmul_ref (dequant_row of every weight, double accumulation), the CPU oracle;
  *   int8:   the int8 GEMV's arithmetic with exact sums: x quantized as the kernel does (tests/cuda/qref.h:
- *           bitwise the same xq and dx), Σ_units dx·Σ d(q+QOFF)·xq + m·Σx;
+ *           bitwise the same xq and dx), Σ_units dx·Σ d(q+QOFF)·xq + m·Σx (A counts |m|·Σ|x| for the last
+ *           term: the kernel's f32 sum of a block of x is off by a few roundings of that);
  *   f16:    the GEMM's arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value.
  * Tolerances, derived (u = 2^-24, A = the sum of the magnitudes of the reference's terms):
  *   int8 path vs int8 ref: (k/32 + 16)·2u·A — one f32 rounding per unit term and per addition of the k/32
@@ -178,8 +179,11 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
                     const double v = wd[32 * U + i2] * xq[32 * U + i2];
                     t += v, ta += fabs(v), bd += fabs(wd[32 * U + i2]);
                 }
-                const double mt = W->um[(size_t)j * ku + U] * X->xq.sx[xu];
-                q8 += t * dx + mt, q8a += ta * dx + fabs(mt), q8b += bd * 0.5 * dx;
+                /* The minimum term with the exact sum of x; the kernel's f32 sum of the block is off by at
+                 * most a few roundings of Σ|x|, so that magnitude joins the terms'. */
+                const double um = W->um[(size_t)j * ku + U];
+                q8 += t * dx + um * X->xq.sxd[xu], q8a += ta * dx + fabs(um) * X->xq.sxa[xu];
+                q8b += bd * 0.5 * dx;
             }
             for (int e = 0; e < k; e++) {
                 const double v = (double)xh[e] * whr[e];
@@ -195,7 +199,7 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
 /* Checks y (m, ldy) from the device against the references; returns 1 when it passes, else prints the worst
  * element and returns 0. */
 static int check_y(const char *what, const wmat *W, const xdata *X, const refs *R,
-                   const std::vector<float> &y, int ldy, int int8)
+                   const std::vector<float> &y, int ldy, int int8, int quiet = 0)
 {
     const int n = W->n, k = W->k, m = X->m;
     for (int r = 0; r < m; r++)
@@ -204,11 +208,13 @@ static int check_y(const char *what, const wmat *W, const xdata *X, const refs *
             uint32_t bits;
             memcpy(&bits, &v, 4);
             if (j < n && !isfinite(v)) {
-                fprintf(stderr, "FAIL %s: y[%d][%d] = %g (unwritten or not finite)\n", what, r, j, v);
+                if (!quiet)
+                    fprintf(stderr, "FAIL %s: y[%d][%d] = %g (unwritten or not finite)\n", what, r, j, v);
                 return 0;
             }
             if (j >= n && bits != 0xFFFFFFFFu) {
-                fprintf(stderr, "FAIL %s: y[%d][%d] past n = %d was written (%g)\n", what, r, j, n, v);
+                if (!quiet)
+                    fprintf(stderr, "FAIL %s: y[%d][%d] past n = %d was written (%g)\n", what, r, j, n, v);
                 return 0;
             }
         }
@@ -237,6 +243,7 @@ static int check_y(const char *what, const wmat *W, const xdata *X, const refs *
             }
         }
     if (worst <= 1.0) return 1;
+    if (quiet) return 0;
     fprintf(stderr,
             "FAIL %s: worst y[%d][%d] = %.9g vs %s reference %.9g: error %.3g = %.3g x tolerance %.3g\n",
             what, wi, wj, wgot, wref ? (int8 ? "int8-path" : "f16-path") : "exact", wval, fabs(wgot - wval),
@@ -471,4 +478,49 @@ Test(cuda_matmul_q, rejects_bad_arguments)
     cr_assert_eq(kern_cuda_qmm_set_gemv_config(KERN_CUDA_QGEMV_CONFIGS + 1), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cuda_qmm_set_gemm_config(-1), FERRY_ERR_INVALID);
     cr_assert(kern_cuda_ctx_size(1000) >= 2000);
+}
+
+/* No GPU needed: the references and tolerances above are consistent on their own. y built from the int8-path
+ * reference must pass as an int8-path result (so its bound against the exact product holds on real data), y
+ * built from the f16-path reference likewise; either, with one element moved by 5x its tolerance, must fail.
+ */
+Test(cuda_matmul_q, references_within_their_bounds)
+{
+    qref_seed(104);
+    const int ms2[3] = {1, 5, 33};
+    for (int ti = 0; ti < QREF_NTYPES; ti++) {
+        const enum dtype t = qref_types[ti];
+        const int n = 19, k = k_of(t, 512, 3), ldy = n + 2;
+        wmat W;
+        make_wmat(&W, t, n, k, 0);
+        std::vector<float> bias(n);
+        for (int j = 0; j < n; j++) bias[j] = qref_frand();
+        for (int mi = 0; mi < 3; mi++) {
+            const int m = ms2[mi];
+            xdata X;
+            make_x(&X, m, k);
+            refs R;
+            make_refs(&R, &W, &X, bias.data());
+            for (int int8 = 0; int8 < 2; int8++) {
+                std::vector<float> y((size_t)m * ldy);
+                memset(y.data(), 0xFF, y.size() * 4);
+                for (size_t i = 0; i < R.rows.size(); i++)
+                    for (int j = 0; j < n; j++)
+                        y[(size_t)R.rows[i] * ldy + j] = (float)(int8 ? R.q8[i * n + j] : R.h[i * n + j]);
+                for (int r = 0; r < m; r++) /* rows the references skip: any finite value */
+                    if (std::find(R.rows.begin(), R.rows.end(), r) == R.rows.end())
+                        for (int j = 0; j < n; j++) y[(size_t)r * ldy + j] = 0.0f;
+                char what[64];
+                snprintf(what, sizeof what, "self-check %s m=%d %s", dtype_name(t), m, int8 ? "int8" : "f16");
+                cr_assert(check_y(what, &W, &X, &R, y, ldy, int8), "%s: a reference fails its own bounds",
+                          what);
+                const size_t o = (R.rows.size() / 2) * n + n / 2;
+                const double tol =
+                    int8 ? (k / 32 + 16) * 2 * U24 * R.q8abs[o] : (k / 16 + 16) * 8 * U24 * R.habs[o];
+                y[(size_t)R.rows[R.rows.size() / 2] * ldy + n / 2] += (float)(5 * tol);
+                cr_assert(!check_y(what, &W, &X, &R, y, ldy, int8, 1), "%s: a wrong element passes", what);
+            }
+            qref_free_xq(&X.xq);
+        }
+    }
 }
