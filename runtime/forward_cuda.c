@@ -18,7 +18,6 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/attention.h"
-#include "kernels/cuda/convert.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/pinned.h"
@@ -47,11 +46,32 @@ static size_t align_up(size_t x)
     return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
 }
 
-/* The type a matrix has in a packed block (on the device and in host memory): its stored type when the CUDA
- * kernels read it, else F16 (converted at load). */
+/* The type a matrix has in a packed block (on the device and in host memory): as stored. Every type a model
+ * file can hold is one the CUDA products read (checked at init: nothing is inflated behind the user's back). */
 static enum dtype packed_type(enum dtype t)
 {
-    return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_Q8_0 ? t : DTYPE_F16;
+    return t;
+}
+
+/* FERRY_ERR_UNSUPPORTED, naming the tensor's type, when the CUDA products cannot read a matrix of the model. */
+static int check_types(const struct model *m, char err[256])
+{
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct wview *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            if (!kern_cuda_matmul_supports(w[i]->type)) {
+                snprintf(err, 256, "layer %d has a %s matrix, a type the CUDA backend cannot read (use --backend cpu)",
+                         l, dtype_name(w[i]->type));
+                return FERRY_ERR_UNSUPPORTED;
+            }
+    }
+    if (!kern_cuda_matmul_supports(m->output.type)) {
+        snprintf(err, 256, "the output matrix is %s, a type the CUDA backend cannot read (use --backend cpu)",
+                 dtype_name(m->output.type));
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    return FERRY_OK;
 }
 
 int forward_cuda_devices(void)
@@ -117,7 +137,6 @@ struct forward_cuda {
     int32_t *d_iota; /* (T) 0, 1, 2, ...: row indices for the x gather */
     void *attn_ws;
     size_t attn_ws_bytes;
-    uint16_t *conv; /* f16 scratch for a Q8_0 matrix in a prefill GEMM, or NULL */
     int pending;    /* tmp holds a delta not yet added to x */
 
     /* Pinned staging (mapped). */
@@ -339,7 +358,6 @@ struct plan_sizes {
     size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
     size_t attn_ws_bytes;
     size_t max_x;      /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
-    size_t conv_bytes; /* f16 scratch for the largest Q8_0 matrix (prefill GEMMs), 0 when none */
 };
 
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
@@ -353,15 +371,7 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         layer_layout_of(&m->layers[l], hp, packed_type, lay);
         layer_sizes[l] = lay->bytes;
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
-        for (int i = 0; i < LAYER_N_MATS; i++)
-            for (int j = 0; j < lay->n_parts[i]; j++)
-                if (lay->part[i][j].type == DTYPE_Q8_0 &&
-                    (size_t)(lay->part[i][j].rows * lay->cols[i]) * 2 > ps->conv_bytes)
-                    ps->conv_bytes = (size_t)(lay->part[i][j].rows * lay->cols[i]) * 2;
     }
-    if (packed_type(m->output.type) == DTYPE_Q8_0 &&
-        (size_t)(m->output.rows * m->output.cols) * 2 > ps->conv_bytes)
-        ps->conv_bytes = (size_t)(m->output.rows * m->output.cols) * 2;
     ps->head_bytes =
         align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
         align_up((size_t)hp->dim * sizeof(float));
@@ -371,8 +381,7 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->kv_bytes = 2 * align_up(kv_elems * sizeof(uint16_t));
     ps->kv_token_bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
     /* (2 * ALIGN: the two K/V arrays' alignment when the planner sizes the pool) */
-    ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
-                      align_up(ps->conv_bytes) + 2 * ALIGN;
+    ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) + 2 * ALIGN;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
@@ -422,8 +431,7 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     int rc = FERRY_ERR_NOMEM;
     if (!sizes || !mask) goto out;
     plan_sizes_of(m, kv, p->max_tokens, NULL, sizes, &ps);
-    /* The cuBLAS context: x rounded to f16 plus its 32 MiB workspace (as kern_cuda_ctx_init sizes it). */
-    const size_t ctx_bytes = ps.max_x * 2 + (32u << 20);
+    const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x); /* cuBLAS and the products' workspaces */
     rc = FERRY_ERR_INVALID;
     if (p->gpu_memory <= 0) {
         snprintf(err, 256, "give --gpu-memory SIZE to plan without a device");
@@ -452,13 +460,15 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                  hp->head_dim);
         return FERRY_ERR_UNSUPPORTED;
     }
+    int rc = check_types(m, err);
+    if (rc) return rc;
     struct forward_cuda *f = calloc(1, sizeof *f);
     if (!f) return FERRY_ERR_NOMEM;
     f->be.ops = &cuda_ops;
     f->m = m;
     f->kv = kv;
     f->prog = layer_program_of(hp);
-    int rc = FERRY_ERR_NOMEM;
+    rc = FERRY_ERR_NOMEM;
     const int L = hp->n_layers, T = p->max_tokens;
     /* Device memory free before this backend takes any (the CUDA context itself is created here). */
     size_t free_start = 0, total_start = 0;
@@ -570,7 +580,6 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->d_iota = carve(&c, (size_t)T * sizeof(int32_t));
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
-    f->conv = ps.conv_bytes ? carve(&c, ps.conv_bytes) : NULL;
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
@@ -585,7 +594,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws || !f->inv_freq ||
-        !f->head || !f->out_norm || (k && !f->slot[k - 1]) || (ps.conv_bytes && !f->conv)) {
+        !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
@@ -745,14 +754,7 @@ static int layer_release(struct forward_cuda *f, int slot)
 static int linear(struct forward_cuda *f, float *y, int ldy, const float *x, const void *w, enum dtype t,
                   const float *bias, int m, int64_t rows, int64_t cols)
 {
-    /* Prefill-sized products with Q8_0 weights: convert to f16 once, then the tensor-core GEMM. */
-    if (t == DTYPE_Q8_0 && m > KERN_CUDA_GEMV_MAX_M) {
-        RC(kern_cuda_q8_0_to_f16(f->conv, w, rows, cols, f->compute));
-        w = f->conv;
-        t = DTYPE_F16;
-    }
-    if (ldy != rows && m > 1) return FERRY_ERR_UNSUPPORTED; /* until the kernels take a row stride */
-    return kern_cuda_matmul(f->kctx, y, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
+    return kern_cuda_matmul(f->kctx, y, ldy, x, w, t, bias, m, (int)rows, (int)cols, f->compute);
 }
 
 /* y (m, rows of the group) = x · the group's matrices (+ biases): one product when the parts share a type

@@ -96,10 +96,15 @@ void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
         lay->cols[i] = parts[0]->cols;
         for (int j = 0; j < n; j++) {
             lay->part[i][j].type = packed_type(parts[j]->type);
+            lay->uniform[i] &= lay->part[i][j].type == lay->part[i][0].type;
+        }
+        /* A uniform group is one matrix (its parts back to back); parts of different types are separate
+         * products, each starting aligned (the block types' kernels need up to 16-byte aligned rows). */
+        for (int j = 0; j < n; j++) {
+            if (!lay->uniform[i]) off = align_up(off);
             lay->part[i][j].row0 = lay->rows[i];
             lay->part[i][j].rows = parts[j]->rows;
             lay->part[i][j].off = off;
-            lay->uniform[i] &= lay->part[i][j].type == lay->part[i][0].type;
             lay->rows[i] += parts[j]->rows;
             off += dtype_row_size(lay->part[i][j].type, parts[j]->cols) * (size_t)parts[j]->rows;
         }

@@ -55,4 +55,37 @@ static inline unsigned fcuda_blocks(int64_t n, int threads, int64_t cap = 65535L
     return (unsigned)(b > cap ? cap : b);
 }
 
+/* Device properties the launch heuristics use, read once per translation unit for the current device (a
+ * process drives one device); on failure a conservative value (132 SMs, 48 KiB). */
+static inline int fcuda_sm_count(void)
+{
+    static int cached = 0;
+    if (!cached) {
+        int dev = 0, c = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) {
+            (void)cudaGetLastError();
+            return 132;
+        }
+        cached = c;
+    }
+    return cached;
+}
+/* Shared memory one block may opt in to (cudaFuncAttributeMaxDynamicSharedMemorySize), bytes. */
+static inline int fcuda_smem_optin(void)
+{
+    static int cached = 0;
+    if (!cached) {
+        int dev = 0, c = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&c, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+            c <= 0) {
+            (void)cudaGetLastError();
+            return 48 << 10;
+        }
+        cached = c;
+    }
+    return cached;
+}
+
 #endif

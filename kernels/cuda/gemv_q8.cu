@@ -244,8 +244,8 @@ enum { Q8_CPASYNC = 0, Q8_REGS = 1 };
 
 template <int NT, int AT, int CB, int NST, int STAGE, int WARPS, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
-    gemv_q8_mma_kernel(float *y, const float *x, const uint8_t *w, const float *bias, int m, int n, int k,
-                       int S)
+    gemv_q8_mma_kernel(float *y, int ldy, const float *x, const uint8_t *w, const float *bias, int m, int n,
+                       int k, int S)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int R = AT * 16, STRIDE = q8_stride(CB), WBUF = R * STRIDE;
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const int mi = 8 * j + 2 * t + (e & 1);
-                if (mi < m) y[(size_t)mi * n + row] = acc[at][j][e] + bv;
+                if (mi < m) y[(size_t)mi * ldy + row] = acc[at][j][e] + bv;
             }
         }
 }
@@ -368,28 +368,12 @@ static const char *const q8_names[KERN_CUDA_GEMV_Q8_CONFIGS + 1] = {
     "16 rows/warp, 3 blocks/chunk, register staging",
 };
 
-static int q8_sm_count(void)
-{
-    static int cached = 0;
-    if (!cached) {
-        int dev = 0, c = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && c > 0)
-            cached = c;
-        else {
-            (void)cudaGetLastError();
-            return 132;
-        }
-    }
-    return cached;
-}
-
 /* Splits of k per row tile. A memory-bound block's time is about its rows; an SM runs ceil(blocks / SMs)
  * blocks of T = warps/S tiles one after the other (or side by side, sharing its bandwidth), so the cost of S
  * is ceil(blocks / SMs) * T. Ties go to more splits (more warps resident for the same work). */
 static int q8_splits(int tiles, int nch, int warps)
 {
-    const int64_t sms = q8_sm_count();
+    const int64_t sms = fcuda_sm_count();
     int best = 1;
     int64_t best_cost = -1;
     for (int S = 1; S <= warps && S <= nch; S *= 2) {
@@ -404,7 +388,7 @@ static int q8_splits(int tiles, int nch, int warps)
 }
 
 template <int NT, int AT, int CB, int NST, int STAGE, int WARPS, int MINB>
-static int q8_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+static int q8_launch(float *y, int ldy, const float *x, const void *w, const float *bias, int m, int n, int k,
                      cudaStream_t st)
 {
     constexpr size_t smem = q8_smem(WARPS, AT, CB, STAGE == Q8_REGS ? 1 : NST);
@@ -417,8 +401,8 @@ static int q8_launch(float *y, const float *x, const void *w, const float *bias,
     const int tiles = (n + AT * 16 - 1) / (AT * 16), nch = (k / 32 + CB - 1) / CB;
     const int S = q8_splits(tiles, nch, WARPS), T = WARPS / S;
     const unsigned blocks = (unsigned)((tiles + T - 1) / T);
-    FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(WARPS * 32), smem, st, y, x, (const uint8_t *)w, bias, m,
-                           n, k, S));
+    FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(WARPS * 32), smem, st, y, ldy, x, (const uint8_t *)w,
+                           bias, m, n, k, S));
     FCUDA_LAUNCH_CHECK("gemv_q8_mma_kernel");
     return FERRY_OK;
 }
@@ -426,24 +410,24 @@ static int q8_launch(float *y, const float *x, const void *w, const float *bias,
 /* MINB (blocks per SM the registers must allow): 2 (64 registers, 32 warps per SM) where that does not spill.
  */
 template <int NT>
-static int q8_dispatch(int cfg, float *y, const float *x, const void *w, const float *bias, int m, int n,
-                       int k, cudaStream_t st)
+static int q8_dispatch(int cfg, float *y, int ldy, const float *x, const void *w, const float *bias, int m,
+                       int n, int k, cudaStream_t st)
 {
     switch (cfg) {
     case 1:
-        return q8_launch<NT, 1, 4, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+        return q8_launch<NT, 1, 4, 1, Q8_REGS, 16, 2>(y, ldy, x, w, bias, m, n, k, st);
     case 2:
-        return q8_launch<NT, 1, 2, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+        return q8_launch<NT, 1, 2, 1, Q8_REGS, 16, 2>(y, ldy, x, w, bias, m, n, k, st);
     case 3:
-        return q8_launch < NT, 2, 2, 1, Q8_REGS, 16, NT == 1 ? 2 : 1 > (y, x, w, bias, m, n, k, st);
+        return q8_launch < NT, 2, 2, 1, Q8_REGS, 16, NT == 1 ? 2 : 1 > (y, ldy, x, w, bias, m, n, k, st);
     case 4:
-        return q8_launch<NT, 1, 4, 4, Q8_CPASYNC, 16, 1>(y, x, w, bias, m, n, k, st);
+        return q8_launch<NT, 1, 4, 4, Q8_CPASYNC, 16, 1>(y, ldy, x, w, bias, m, n, k, st);
     case 5:
-        return q8_launch<NT, 1, 4, 2, Q8_CPASYNC, 16, 2>(y, x, w, bias, m, n, k, st);
+        return q8_launch<NT, 1, 4, 2, Q8_CPASYNC, 16, 2>(y, ldy, x, w, bias, m, n, k, st);
     case 6:
-        return q8_launch<NT, 1, 4, 1, Q8_REGS, 8, 3>(y, x, w, bias, m, n, k, st);
+        return q8_launch<NT, 1, 4, 1, Q8_REGS, 8, 3>(y, ldy, x, w, bias, m, n, k, st);
     default:
-        return q8_launch<NT, 1, 3, 1, Q8_REGS, 16, 2>(y, x, w, bias, m, n, k, st);
+        return q8_launch<NT, 1, 3, 1, Q8_REGS, 16, 2>(y, ldy, x, w, bias, m, n, k, st);
     }
 }
 
@@ -460,18 +444,18 @@ static int q8_pick(int m, int n, int k)
     return 5;
 }
 
-extern "C" int kern_cuda_gemv_q8(float *y, const float *x, const void *w, const float *bias, int m, int n,
-                                 int k, cudaStream_t stream)
+extern "C" int kern_cuda_gemv_q8(float *y, int ldy, const float *x, const void *w, const float *bias, int m,
+                                 int n, int k, cudaStream_t stream)
 {
-    if (!y || !x || !w || m < 1 || m > KERN_CUDA_GEMV_Q8_MAX_M || n < 1 || k < 32 || k % 32)
+    if (!y || !x || !w || m < 1 || m > KERN_CUDA_GEMV_Q8_MAX_M || n < 1 || n > ldy || k < 32 || k % 32)
         return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(x, 16) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(w, 2) ||
         (bias && !FCUDA_ALIGNED(bias, 4)))
         return FERRY_ERR_INVALID;
     if ((int64_t)k / 32 * Q8_BLOCK > INT32_MAX / 32) return FERRY_ERR_INVALID;
     const int cfg = q8_forced ? q8_forced : q8_pick(m, n, k);
-    return m <= 8 ? q8_dispatch<1>(cfg, y, x, w, bias, m, n, k, stream)
-                  : q8_dispatch<2>(cfg, y, x, w, bias, m, n, k, stream);
+    return m <= 8 ? q8_dispatch<1>(cfg, y, ldy, x, w, bias, m, n, k, stream)
+                  : q8_dispatch<2>(cfg, y, ldy, x, w, bias, m, n, k, stream);
 }
 
 extern "C" int kern_cuda_gemv_q8_set_config(int config)

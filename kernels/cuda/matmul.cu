@@ -1,5 +1,6 @@
-/* matmul (CUDA) — the GEMV / skinny-GEMM kernel for decode batches and the cuBLAS path for larger ones; see
- * matmul.h for the contract.
+/* matmul (CUDA) — the type table (each weight type's decode and large-batch entries), the GEMV / skinny-GEMM
+ * kernels of the F32/F16/BF16 decode entry and the cuBLAS path of their large-batch entry; see matmul.h for
+ * the contract. The GGUF block types' kernels are in gemv_q.cu and gemm_q.cu (matmul_q.h).
  *
  * GEMV design: one warp per R output rows (R = 1..4 by m); each lane streams 16-byte chunks of the weight
  * rows (up to 8 in flight before the first use, loaded with L1::no_allocate so that x keeps L1), multiplies
@@ -13,9 +14,10 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/gemv_q8.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
+#include "kernels/cuda/qblock.cuh"
 
 #define GEMV_WARPS      4
 #define GEMV_UNROLL     4
@@ -23,7 +25,7 @@
 
 struct kern_cuda_ctx {
     cublasHandle_t handle;
-    void *xbuf; /* (max_x_elems) f16 or bf16: x rounded to the weight's type */
+    void *xbuf; /* (2 * max_x_elems) bytes: x rounded to f16/bf16, or x as int8 + scales (matmul_q.h) */
     size_t max_x_elems;
     void *cublas_ws; /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
 };
@@ -91,8 +93,8 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[M][R], const uint4 (&wv)[R
 }
 
 template <int M, int R>
-__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const float *bias, int m, int n,
-                                           int row0)
+__device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, int ldy, const float *bias, int m,
+                                           int n, int row0)
 {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -108,7 +110,7 @@ __device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const f
         const float b = bias ? bias[row] : 0.0f;
 #pragma unroll
         for (int mi = 0; mi < M; mi++)
-            if (lane == ((mi * R + r) & 31) && mi < m) y[(size_t)mi * n + row] = acc[mi][r] + b;
+            if (lane == ((mi * R + r) & 31) && mi < m) y[(size_t)mi * ldy + row] = acc[mi][r] + b;
     }
 }
 
@@ -118,7 +120,7 @@ __device__ __forceinline__ void gemv_store(float (&acc)[M][R], float *y, const f
  */
 template <int WT, int M, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_vec_kernel(float *y, const float *x, const uint4 *w, const float *bias, int m, int n, int k)
+    gemv_vec_kernel(float *y, int ldy, const float *x, const uint4 *w, const float *bias, int m, int n, int k)
 {
     constexpr int VEC = WT == WT_F32 ? 4 : 8;
     const int lane = threadIdx.x % 32;
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int r = 0; r < R; r++) wv[r] = ld_stream(wr[r] + c);
         gemv_fma<WT, M, R>(acc, wv, xr, c * VEC);
     }
-    gemv_store<M, R>(acc, y, bias, m, n, row0);
+    gemv_store<M, R>(acc, y, ldy, bias, m, n, row0);
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -271,7 +273,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[2][NT][4], const uint4 (&w
 /* Needs k % 8 == 0 and w, x 16-byte aligned; m <= NT*8. */
 template <int WT, int NT>
 __global__ void __launch_bounds__(MMA_WARPS * 32, 2)
-    gemm_mma_kernel(float *y, const float *x, const uint4 *w, const float *bias, int m, int n, int k, int S)
+    gemm_mma_kernel(float *y, int ldy, const float *x, const uint4 *w, const float *bias, int m, int n, int k,
+                    int S)
 {
     __shared__ float red[MMA_WARPS][2 * NT * 4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -340,48 +343,32 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const int mi = 8 * j + 2 * t + (e & 1);
-                if (mi < m) y[(size_t)mi * n + row] = acc[at][j][e] + b;
+                if (mi < m) y[(size_t)mi * ldy + row] = acc[at][j][e] + b;
             }
         }
-}
-
-static int sm_count(void)
-{
-    static int cached = 0;
-    if (!cached) {
-        int dev = 0, c = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && c > 0)
-            cached = c;
-        else {
-            (void)cudaGetLastError();
-            return 132;
-        }
-    }
-    return cached;
 }
 
 /* Splits of k per warp tile: the most (up to MMA_WARPS) that keep the grid within two blocks per SM. */
 static int mma_splits(int n)
 {
-    const int64_t tiles = (n + MMA_ROWS - 1) / MMA_ROWS, cap = 2LL * MMA_WARPS * sm_count();
+    const int64_t tiles = (n + MMA_ROWS - 1) / MMA_ROWS, cap = 2LL * MMA_WARPS * fcuda_sm_count();
     int S = MMA_WARPS;
     while (S > 1 && tiles * S > cap) S /= 2;
     return S;
 }
 
 template <int WT>
-static int gemm_mma_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                           cudaStream_t st)
+static int gemm_mma_launch(float *y, int ldy, const float *x, const void *w, const float *bias, int m, int n,
+                           int k, cudaStream_t st)
 {
     const int S = mma_splits(n), T = MMA_WARPS / S;
     const int tiles = (n + MMA_ROWS - 1) / MMA_ROWS;
     const unsigned blocks = (unsigned)((tiles + T - 1) / T);
     if (m <= 8)
-        FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 1>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, x,
+        FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 1>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, ldy, x,
                                (const uint4 *)w, bias, m, n, k, S));
     else
-        FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 2>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, x,
+        FCUDA_CHECK(pdl_launch(gemm_mma_kernel<WT, 2>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, y, ldy, x,
                                (const uint4 *)w, bias, m, n, k, S));
     return FERRY_OK;
 }
@@ -396,7 +383,8 @@ template <int WT> __device__ __forceinline__ float load_w(const void *w, size_t 
 /* Any k and alignment (2-byte weights, 4-byte x): element-wise loads, one row per warp. */
 template <int WT, int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_scalar_kernel(float *y, const float *x, const void *w, const float *bias, int m, int n, int k)
+    gemv_scalar_kernel(float *y, int ldy, const float *x, const void *w, const float *bias, int m, int n,
+                       int k)
 {
     pdl_wait();
     pdl_trigger();
@@ -411,22 +399,22 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int mi = 0; mi < M; mi++) acc[mi][0] += wf * x[(size_t)(mi < m ? mi : m - 1) * k + e];
     }
-    gemv_store<M, 1>(acc, y, bias, m, n, row);
+    gemv_store<M, 1>(acc, y, ldy, bias, m, n, row);
 }
 
 template <int WT, int M, int R, int U>
-static int gemv_launch(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
-                       bool vec, cudaStream_t st)
+static int gemv_launch(float *y, int ldy, const float *x, const void *w, const float *bias, int m, int n,
+                       int k, bool vec, cudaStream_t st)
 {
     if (vec) {
         const int rows_per_block = GEMV_WARPS * R;
         const unsigned blocks = (unsigned)((n + rows_per_block - 1) / rows_per_block);
-        FCUDA_CHECK(pdl_launch(gemv_vec_kernel<WT, M, R, U>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x,
-                               (const uint4 *)w, bias, m, n, k));
+        FCUDA_CHECK(pdl_launch(gemv_vec_kernel<WT, M, R, U>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y,
+                               ldy, x, (const uint4 *)w, bias, m, n, k));
     } else {
         const unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
-        FCUDA_CHECK(pdl_launch(gemv_scalar_kernel<WT, M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, x, w,
-                               bias, m, n, k));
+        FCUDA_CHECK(pdl_launch(gemv_scalar_kernel<WT, M>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, st, y, ldy,
+                               x, w, bias, m, n, k));
     }
     return FERRY_OK;
 }
@@ -442,60 +430,23 @@ extern "C" void kern_cuda_matmul_set_m1_rows(int rows)
 /* Rows per warp R and chunks in flight U by m: more rows per warp share each x load (x traffic through L1 per
  * weight byte is 2*M/R for 2-byte weights), at the price of registers (M*R accumulators). */
 template <int WT>
-static int gemv_tile(float *y, const float *x, const void *w, const float *bias, int m, int n, int k,
+static int gemv_tile(float *y, int ldy, const float *x, const void *w, const float *bias, int m, int n, int k,
                      bool vec, cudaStream_t st)
 {
     if (m <= 1)
-        return g_m1_rows == 1 ? gemv_launch<WT, 1, 1, 4>(y, x, w, bias, m, n, k, vec, st)
-                              : gemv_launch<WT, 1, 2, 4>(y, x, w, bias, m, n, k, vec, st);
+        return g_m1_rows == 1 ? gemv_launch<WT, 1, 1, 4>(y, ldy, x, w, bias, m, n, k, vec, st)
+                              : gemv_launch<WT, 1, 2, 4>(y, ldy, x, w, bias, m, n, k, vec, st);
     if constexpr (WT != WT_F32)
-        if (vec) return gemm_mma_launch<WT>(y, x, w, bias, m, n, k, st);
-    if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, x, w, bias, m, n, k, vec, st);
-    if (m <= 4) return gemv_launch<WT, 4, 4, 2>(y, x, w, bias, m, n, k, vec, st);
-    if (m <= 8) return gemv_launch<WT, 8, 4, 2>(y, x, w, bias, m, n, k, vec, st);
-    return gemv_launch<WT, 16, 4, 1>(y, x, w, bias, m, n, k, vec, st);
-}
-
-static int check_args(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
-                      int k)
-{
-    if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
-    if (wt != DTYPE_F32 && wt != DTYPE_F16 && wt != DTYPE_BF16 && wt != DTYPE_Q8_0)
-        return FERRY_ERR_UNSUPPORTED;
-    if (wt == DTYPE_Q8_0 && k % 32) return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || (bias && !FCUDA_ALIGNED(bias, 4)))
-        return FERRY_ERR_INVALID;
-    if (!FCUDA_ALIGNED(w, wt == DTYPE_F32 ? 4 : 2)) return FERRY_ERR_INVALID;
-    return FERRY_OK;
-}
-
-extern "C" int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt,
-                                     const float *bias, int m, int n, int k, cudaStream_t stream)
-{
-    int rc = check_args(y, x, w, wt, bias, m, n, k);
-    if (rc) return rc;
-    const int vec_elems = wt == DTYPE_F32 ? 4 : 8;
-    const bool vec = k % vec_elems == 0 && FCUDA_ALIGNED(w, 16) && FCUDA_ALIGNED(x, 16);
-    for (int i = 0; i < m; i += KERN_CUDA_GEMV_MAX_M) {
-        const int mt = m - i < KERN_CUDA_GEMV_MAX_M ? m - i : KERN_CUDA_GEMV_MAX_M;
-        float *yt = y + (size_t)i * n;
-        const float *xt = x + (size_t)i * k;
-        if (wt == DTYPE_Q8_0)
-            rc = kern_cuda_gemv_q8(yt, xt, w, bias, mt, n, k, stream);
-        else if (wt == DTYPE_F32)
-            rc = gemv_tile<WT_F32>(yt, xt, w, bias, mt, n, k, vec, stream);
-        else if (wt == DTYPE_F16)
-            rc = gemv_tile<WT_F16>(yt, xt, w, bias, mt, n, k, vec, stream);
-        else
-            rc = gemv_tile<WT_BF16>(yt, xt, w, bias, mt, n, k, vec, stream);
-        if (rc) return rc;
-    }
-    return FERRY_OK;
+        if (vec) return gemm_mma_launch<WT>(y, ldy, x, w, bias, m, n, k, st);
+    if (m <= 2) return gemv_launch<WT, 2, 2, 4>(y, ldy, x, w, bias, m, n, k, vec, st);
+    if (m <= 4) return gemv_launch<WT, 4, 4, 2>(y, ldy, x, w, bias, m, n, k, vec, st);
+    if (m <= 8) return gemv_launch<WT, 8, 4, 2>(y, ldy, x, w, bias, m, n, k, vec, st);
+    return gemv_launch<WT, 16, 4, 1>(y, ldy, x, w, bias, m, n, k, vec, st);
 }
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* cuBLAS path */
+/* cuBLAS path (f32, f16, bf16 weights, m > 16) */
 
 __global__ void round_x_kernel(void *dst, const float *x, int64_t n, int to_bf16)
 {
@@ -510,11 +461,17 @@ __global__ void round_x_kernel(void *dst, const float *x, int64_t n, int to_bf16
     }
 }
 
-__global__ void add_bias_kernel(float *y, const float *bias, int64_t total, int n)
+/* y (m, ldy) columns [0, n) += bias. */
+__global__ void add_bias_kernel(float *y, int ldy, const float *bias, int64_t total, int n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
-        y[i] += bias[i % n];
+        y[i / n * ldy + i % n] += bias[i % n];
+}
+
+extern "C" size_t kern_cuda_ctx_size(size_t max_x_elems)
+{
+    return max_x_elems * 2 + CUBLAS_WS_BYTES;
 }
 
 extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems)
@@ -534,7 +491,7 @@ extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems
     if ((max_x_elems && cudaMalloc(&c->xbuf, max_x_elems * 2) != cudaSuccess) ||
         cudaMalloc(&c->cublas_ws, CUBLAS_WS_BYTES) != cudaSuccess) {
         (void)cudaGetLastError();
-        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed", max_x_elems * 2 + CUBLAS_WS_BYTES);
+        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed", kern_cuda_ctx_size(max_x_elems));
         kern_cuda_ctx_free(c);
         return FERRY_ERR_DEVICE_MEM;
     }
@@ -553,50 +510,177 @@ extern "C" void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx)
 
 extern "C" size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx)
 {
-    return ctx ? ctx->max_x_elems * 2 + CUBLAS_WS_BYTES : 0;
+    return ctx ? kern_cuda_ctx_size(ctx->max_x_elems) : 0;
 }
 
-extern "C" int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
-                                       enum dtype wt, const float *bias, int m, int n, int k,
-                                       cudaStream_t stream)
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* The type table: each weight type's decode entry (m <= KERN_CUDA_GEMV_MAX_M) and large-batch entry, and the
+ * shape and alignment rules its kernels need. Arguments reach the entries checked (check_args). */
+
+typedef int (*mm_fn)(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                     const float *bias, int m, int n, int k, cudaStream_t st);
+
+struct mm_type {
+    enum dtype t;
+    mm_fn gemv;     /* m <= KERN_CUDA_GEMV_MAX_M (any m: tiles) */
+    mm_fn gemm;     /* m > KERN_CUDA_GEMV_MAX_M (any m) */
+    int k_multiple; /* k must be a multiple of it */
+    int w_align;    /* bytes; W's rows then keep the alignment the kernels load with */
+    int x_align;    /* bytes */
+    int needs_ctx;  /* the GEMV entry uses the context's workspace */
+};
+
+/* F32/F16/BF16: the SIMT / tensor-core GEMV of this file in row tiles of 16 (16-byte loads when k and the
+ * pointers allow, else element-wise); no context needed. */
+template <int WT>
+static int mm_gemv_plain(struct kern_cuda_ctx *, float *y, int ldy, const float *x, const void *w,
+                         const float *bias, int m, int n, int k, cudaStream_t st)
 {
-    int rc = check_args(y, x, w, wt, bias, m, n, k);
-    if (rc) return rc;
-    if (!ctx) return FERRY_ERR_INVALID;
-    if (wt == DTYPE_Q8_0) return FERRY_ERR_UNSUPPORTED;
+    const bool vec = k % (WT == WT_F32 ? 4 : 8) == 0 && FCUDA_ALIGNED(w, 16) && FCUDA_ALIGNED(x, 16);
+    for (int i = 0; i < m; i += KERN_CUDA_GEMV_MAX_M) {
+        const int mt = min(KERN_CUDA_GEMV_MAX_M, m - i);
+        const int rc = gemv_tile<WT>(y + (size_t)i * ldy, ldy, x + (size_t)i * k, w, bias, mt, n, k, vec, st);
+        if (rc) return rc;
+    }
+    return FERRY_OK;
+}
+
+/* F32/F16/BF16: cuBLAS on tensor cores (cublasGemmEx, f32 accumulation); x first rounded to the weight's type
+ * (f16/bf16) in the context's workspace, in row chunks that fit. */
+template <int WT>
+static int mm_gemm_cublas(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                          const float *bias, int m, int n, int k, cudaStream_t stream)
+{
     FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
     FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
     const float one = 1.0f, zero = 0.0f;
-    if (wt == DTYPE_F32) {
+    if (WT == WT_F32) {
         FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x,
-                                 CUDA_R_32F, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                 CUDA_R_32F, k, &zero, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
     } else {
-        const cudaDataType_t t = wt == DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        const cudaDataType_t t = WT == WT_F16 ? CUDA_R_16F : CUDA_R_16BF;
         const int64_t rows_fit = ctx->max_x_elems / (size_t)k;
         if (rows_fit < 1) return FERRY_ERR_RANGE;
         for (int i = 0; i < m; i += (int)(rows_fit < m ? rows_fit : m)) {
             const int mt = (int)(m - i < rows_fit ? m - i : rows_fit);
             const int64_t ne = (int64_t)mt * k;
             FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, stream,
-                                   ctx->xbuf, x + (size_t)i * k, ne, (int)(wt == DTYPE_BF16)));
+                                   ctx->xbuf, x + (size_t)i * k, ne, (int)(WT == WT_BF16)));
             FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, mt, k, &one, w, t, k,
-                                     ctx->xbuf, t, k, &zero, y + (size_t)i * n, CUDA_R_32F, n,
+                                     ctx->xbuf, t, k, &zero, y + (size_t)i * ldy, CUDA_R_32F, ldy,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         }
     }
     if (bias) {
         const int64_t total = (int64_t)m * n;
-        add_bias_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(y, bias, total, n);
+        add_bias_kernel<<<fcuda_blocks(total, 256), 256, 0, stream>>>(y, ldy, bias, total, n);
         FCUDA_LAUNCH_CHECK("add_bias_kernel");
     }
     return FERRY_OK;
 }
 
-extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w,
+/* The largest m the quantized types send to their int8 GEMV (kern_cuda_qmm_set_gemv_max_m). */
+static int g_qgemv_max_m = KERN_CUDA_QGEMV_DEFAULT_M;
+
+extern "C" int kern_cuda_qmm_set_gemv_max_m(int m)
+{
+    if (m < -1 || m > KERN_CUDA_QGEMV_MAX_M) return FERRY_ERR_INVALID;
+    const int prev = g_qgemv_max_m;
+    g_qgemv_max_m = m < 0 ? KERN_CUDA_QGEMV_DEFAULT_M : m;
+    return prev;
+}
+
+static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
+                                     const void *w, const float *bias, int m, int n, int k, cudaStream_t st)
+{
+    struct kern_cuda_qmm c;
+    c.y = y, c.ldy = ldy, c.x = x, c.w = w, c.bias = bias, c.m = m, c.n = n, c.k = k;
+    c.ws = ctx->xbuf, c.ws_bytes = ctx->max_x_elems * 2, c.stream = st;
+    return c;
+}
+
+/* GGUF block types (kernels/cuda/matmul_q.h): decode batches up to the threshold take the int8 GEMV, larger
+ * ones the tensor-core GEMM; both use the context's x buffer as their workspace. */
+template <class Q>
+static int mm_gemm_q(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                     const float *bias, int m, int n, int k, cudaStream_t st)
+{
+    const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
+    if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
+    return kern_cuda_qgemm<Q>(&c);
+}
+
+template <class Q>
+static int mm_gemv_q(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                     const float *bias, int m, int n, int k, cudaStream_t st)
+{
+    if (m > g_qgemv_max_m) return mm_gemm_q<Q>(ctx, y, ldy, x, w, bias, m, n, k, st);
+    const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
+    if (c.ws_bytes < kern_cuda_qmm_gemv_ws(min(m, KERN_CUDA_QGEMV_MAX_M), k)) return FERRY_ERR_RANGE;
+    return kern_cuda_qgemv<Q>(&c);
+}
+
+static const struct mm_type mm_types[] = {
+    {DTYPE_F32, mm_gemv_plain<WT_F32>, mm_gemm_cublas<WT_F32>, 1, 4, 4, 0},
+    {DTYPE_F16, mm_gemv_plain<WT_F16>, mm_gemm_cublas<WT_F16>, 1, 2, 4, 0},
+    {DTYPE_BF16, mm_gemv_plain<WT_BF16>, mm_gemm_cublas<WT_BF16>, 1, 2, 4, 0},
+#define MM_QTYPE(T, name, Q) {DTYPE_##T, mm_gemv_q<Q>, mm_gemm_q<Q>, Q::QK, Q::ALIGN, 16, 1},
+    QB_TYPES(MM_QTYPE)
+#undef MM_QTYPE
+};
+
+static const struct mm_type *mm_type_of(enum dtype t)
+{
+    for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++)
+        if (mm_types[i].t == t) return &mm_types[i];
+    return NULL;
+}
+
+extern "C" int kern_cuda_matmul_supports(enum dtype t)
+{
+    return mm_type_of(t) != NULL;
+}
+
+static int check_args(const struct mm_type *ty, float *y, int ldy, const float *x, const void *w,
+                      const float *bias, int m, int n, int k)
+{
+    if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0 || ldy < n) return FERRY_ERR_INVALID;
+    if (!ty) return FERRY_ERR_UNSUPPORTED;
+    if (k % ty->k_multiple || dtype_row_size(ty->t, k) > (size_t)INT32_MAX / 32) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, ty->x_align) || (bias && !FCUDA_ALIGNED(bias, 4)))
+        return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(w, ty->w_align)) return FERRY_ERR_INVALID;
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_matmul_gemv(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
+                                     const void *w, enum dtype wt, const float *bias, int m, int n, int k,
+                                     cudaStream_t stream)
+{
+    const struct mm_type *ty = mm_type_of(wt);
+    const int rc = check_args(ty, y, ldy, x, w, bias, m, n, k);
+    if (rc) return rc;
+    if (ty->needs_ctx && !ctx) return FERRY_ERR_INVALID;
+    return ty->gemv(ctx, y, ldy, x, w, bias, m, n, k, stream);
+}
+
+extern "C" int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
+                                     const void *w, enum dtype wt, const float *bias, int m, int n, int k,
+                                     cudaStream_t stream)
+{
+    const struct mm_type *ty = mm_type_of(wt);
+    const int rc = check_args(ty, y, ldy, x, w, bias, m, n, k);
+    if (rc) return rc;
+    if (!ctx) return FERRY_ERR_INVALID;
+    return ty->gemm(ctx, y, ldy, x, w, bias, m, n, k, stream);
+}
+
+extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                                 enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream)
 {
-    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || wt == DTYPE_Q8_0)
-        return kern_cuda_matmul_gemv(y, x, w, wt, bias, m, n, k, stream);
-    return kern_cuda_matmul_cublas(ctx, y, x, w, wt, bias, m, n, k, stream);
+    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx)
+        return kern_cuda_matmul_gemv(ctx, y, ldy, x, w, wt, bias, m, n, k, stream);
+    return kern_cuda_matmul_gemm(ctx, y, ldy, x, w, wt, bias, m, n, k, stream);
 }

@@ -1,16 +1,19 @@
 /* matmul (CUDA) — y = x · Wᵀ (+ bias) on the GPU with the weight in its stored type.
  *
- * Same contract as kernels/cpu/matmul.h: W (n, k) row-major in F16, BF16, F32 or Q8_0, x (m, k) f32, y (m, n)
- * f32, bias (n) f32 or NULL, all device memory. Two paths, picked by shape:
- *   m <= KERN_CUDA_GEMV_MAX_M: a custom GEMV / skinny GEMM that streams W once with 16-byte loads. m = 1, f32
- *     weights and rows that are not 16-byte aligned: f32 math (products exact, f32 accumulation). m = 2..16
- * with f16/bf16 weights: tensor cores (mma.sync), x rounded to the weight's type, f32 accumulation, so the
- * error is that of one rounding of x as on the cuBLAS path; m >  KERN_CUDA_GEMV_MAX_M: cuBLAS on tensor cores
- * (cublasGemmEx, f32 accumulation); x is first rounded to the weight's type (f16/bf16) in the context's
- * workspace, so the error is that of one rounding of x. Q8_0 weights always take the GEMV path
- * (kernels/cuda/gemv_q8.h: tensor cores, x rounded to f16 once, x 16-byte aligned; m > 16 in tiles of 16). A
- * context owns the cuBLAS handle and the workspaces (allocated once at init, never per call); it belongs to one
- * thread (the engine thread). Results are bitwise reproducible for a given shape and device.
+ * Same contract as kernels/cpu/matmul.h except for y's row stride: W (n, k) row-major in F16, BF16, F32 or a
+ * GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), x (m, k) f32, y (m, ldy) f32 of which
+ * columns [0, n) are written (n <= ldy; the others are untouched, so products of different types can fill
+ * column slices of one buffer), bias (n) f32 or NULL, all device memory. One table in matmul.cu gives each
+ * type two entries, picked by m: m <= KERN_CUDA_GEMV_MAX_M (decode): F32/F16/BF16 a GEMV that streams W once
+ * with 16-byte loads (m = 1 and F32: f32 math, products exact; m = 2..16 with F16/BF16: tensor cores, x
+ * rounded to the weight's type once); block types the int8 GEMV of kernels/cuda/matmul_q.h up to its
+ * threshold (x quantized to int8 per block of 32), the tensor-core GEMM above it. m > KERN_CUDA_GEMV_MAX_M
+ * (prefill): F32/F16/BF16 cuBLAS on tensor cores (cublasGemmEx, f32 accumulation, x first rounded to the
+ * weight's type); block types the tensor-core GEMM of matmul_q.h (x and W rounded to f16 once, f32
+ * accumulation, no whole-matrix conversion). The error of each path is stated where it is implemented
+ * (matmul.cu, matmul_q.h). A context owns the cuBLAS handle and the workspaces (allocated once at init, never
+ * per call); it belongs to one thread (the engine thread). Every call is asynchronous on `stream`,
+ * graph-capturable, and bitwise reproducible for a given shape and device (no atomics in reductions).
  */
 #ifndef FERRY_KERN_CUDA_MATMUL_H
 #define FERRY_KERN_CUDA_MATMUL_H
@@ -30,24 +33,34 @@ extern "C" {
 
 struct kern_cuda_ctx;
 
-/* Creates the cuBLAS handle and a workspace for x rounded to f16/bf16 of max_x_elems elements (max m*k of the
- * cuBLAS path; larger products are done in row chunks that fit). Returns FERRY_ERR_CUDA /
- * FERRY_ERR_DEVICE_MEM. */
+/* Creates the cuBLAS handle and a workspace for x of max_x_elems elements (2 bytes each: x rounded to
+ * f16/bf16 for cuBLAS and the block-type GEMM, or x as int8 plus its scales for the block-type GEMV).
+ * Products whose x is larger run in row chunks that fit; a block type needs at least one row of x
+ * (FERRY_ERR_RANGE otherwise). Returns FERRY_ERR_CUDA / FERRY_ERR_DEVICE_MEM. */
 int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems);
 /* Accepts NULL and a half-built context. */
 void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx);
 /* Device bytes the context holds (for the memory report). */
 size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx);
+/* Device bytes a context made with max_x_elems will hold; needs no device (the planner counts it). */
+size_t kern_cuda_ctx_size(size_t max_x_elems);
 
-/* Picks the path by m. FERRY_ERR_INVALID on bad shape or misaligned f32 pointers, FERRY_ERR_UNSUPPORTED for
- * other weight types. */
-int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
-                     const float *bias, int m, int n, int k, cudaStream_t stream);
-/* The two paths, for tests and benches: the GEMV one takes any m (in tiles of 16), the cuBLAS one any m. */
-int kern_cuda_matmul_gemv(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m,
-                          int n, int k, cudaStream_t stream);
-int kern_cuda_matmul_cublas(struct kern_cuda_ctx *ctx, float *y, const float *x, const void *w, enum dtype wt,
-                            const float *bias, int m, int n, int k, cudaStream_t stream);
+/* 1 if the device can multiply weights of type t (an entry of the type table), else 0. */
+int kern_cuda_matmul_supports(enum dtype t);
+
+/* Picks the entry by m. FERRY_ERR_INVALID on a bad shape (k not a multiple of the type's block, n > ldy),
+ * misaligned pointers (y, bias 4 bytes; x 16 bytes for block types; W the type's block alignment, see
+ * matmul_q.h) or a missing context where one is needed; FERRY_ERR_UNSUPPORTED for other weight types;
+ * FERRY_ERR_RANGE when the context's workspace cannot hold one row of x. ctx may be NULL for F32/F16/BF16
+ * (the GEMV then takes every m, in tiles of 16). */
+int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                     enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream);
+/* The two entries, for tests and benches, at any m: the decode one (tiles of 16 rows; ctx needed for block
+ * types) and the large-batch one (ctx needed). */
+int kern_cuda_matmul_gemv(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                          enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream);
+int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+                          enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream);
 
 /* Tuning hook for tests and benches: output rows per warp of the m = 1 GEMV, 1 or 2 (the default: each x load
  * from L1 then serves two weight rows; any other value selects it). Not thread-safe: call it before launching

@@ -4,8 +4,13 @@
  * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the
  * batch size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate
  * among copies spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
- * Usage: bench_cuda [--quick] [--q8]   (--q8: only the copy ceiling and the Q8_0 GEMV rows, with every kernel
- * configuration of kernels/cuda/gemv_q8.cu and the older Q8_0 path of matmul.cu for comparison)
+ * Usage: bench_cuda [--quick] [--q8] [--quant]
+ *   --q8:    only the copy ceiling and kern_cuda_gemv_q8 (the f16-tensor-core Q8_0 GEMV), every
+ * configuration;
+ *   --quant: only the copy ceiling and the GGUF block types through kern_cuda_matmul
+ * (kernels/cuda/matmul_q.h) at the Llama-2-7B layer shapes, m = 1, 16, 64, 512, f16 cuBLAS at the same shapes
+ * for comparison, and sweeps of the kernels' configurations and of the int8 GEMV's m threshold; the last
+ * lines are a compact table (one line per type and m).
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +25,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/gemv_q8.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/ops.h"
 
 #define CK(call)                                                                                             \
@@ -123,22 +129,27 @@ static void copy_fn(void *p, int i)
 }
 
 /* ---- matmul ---- */
+enum { MM_GEMV, MM_GEMM, MM_AUTO, MM_Q8OLD };
 struct mm_arg {
     struct kern_cuda_ctx *ctx;
     float *y, *x;
     char *w;
     size_t wbytes;
-    int copies, m, n, k, cublas;
-    enum dtype wt; /* Q8_0 goes to kern_cuda_gemv_q8 through the GEMV path */
+    int copies, m, n, k, mode; /* mode: which entry (MM_*) */
+    enum dtype wt;
 };
 static void mm_fn(void *p, int i)
 {
     struct mm_arg *a = p;
     const void *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->cublas)
-        FK(kern_cuda_matmul_cublas(a->ctx, a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+    if (a->mode == MM_GEMM)
+        FK(kern_cuda_matmul_gemm(a->ctx, a->y, a->n, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+    else if (a->mode == MM_AUTO)
+        FK(kern_cuda_matmul(a->ctx, a->y, a->n, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+    else if (a->mode == MM_Q8OLD)
+        FK(kern_cuda_gemv_q8(a->y, a->n, a->x, w, NULL, a->m, a->n, a->k, st));
     else
-        FK(kern_cuda_matmul_gemv(a->y, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
+        FK(kern_cuda_matmul_gemv(a->ctx, a->y, a->n, a->x, w, a->wt, NULL, a->m, a->n, a->k, st));
 }
 
 /* ---- attention ---- */
@@ -211,9 +222,9 @@ static double sweep_shapes(const char *label, struct mm_arg proto, size_t pool_b
     for (int mi = 0; mi < NMS; mi++) {
         char name[64];
         snprintf(name, sizeof name, "%s all shapes m=%d", label, ms_[mi]);
-        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (one of each shape)\n", name,
-               tot[mi], bytes_total / tot[mi] / 1e6, 100.0 * bytes_total / tot[mi] / 1e6 / ceil_gbs, gtot[mi],
-               100.0 * bytes_total / gtot[mi] / 1e6 / ceil_gbs);
+        printf("%-34s %10.4f ms %9.1f GB/s  %5.1f%% of copy | graph %7.4f ms %5.1f%% (one of each shape)\n",
+               name, tot[mi], bytes_total / tot[mi] / 1e6, 100.0 * bytes_total / tot[mi] / 1e6 / ceil_gbs,
+               gtot[mi], 100.0 * bytes_total / gtot[mi] / 1e6 / ceil_gbs);
     }
     return bytes_total;
 }
@@ -228,6 +239,7 @@ static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double c
     a.x = x;
     a.w = pool;
     a.wt = DTYPE_Q8_0;
+    a.mode = MM_Q8OLD;
     sweep_shapes("gemv_q8", a, pool_bytes, ceil_gbs);
     if (!sweep) return;
     printf("gemv_q8 configurations, graph-timed, %% of copy (m=1 / m=4 / m=16):\n");
@@ -251,6 +263,171 @@ static void bench_q8(char *pool, size_t pool_bytes, float *x, float *y, double c
         printf("\n");
     }
     kern_cuda_gemv_q8_set_config(0);
+}
+
+/* ---- GGUF block types (kernels/cuda/matmul_q.h) ---- */
+
+/* Llama-2-7B's layer products as ferry runs them (q|k|v and gate|up stacked) and the output head. */
+static const int lshapes[4][2] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}};
+static const char *const lnames[4] = {"qkv", "o", "gu", "down"};
+enum { NQM = 4 };
+static const int qms[NQM] = {1, 16, 64, 512};
+static const enum dtype qtypes[8] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1,
+                                     DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+
+/* Graph-timed milliseconds of one product (weights rotating through the pool). */
+static double time_product(struct mm_arg a, size_t pool_bytes)
+{
+    a.wbytes = dtype_row_size(a.wt, a.k) * a.n;
+    a.copies = (int)(pool_bytes / a.wbytes);
+    if (a.copies < 1) a.copies = 1;
+    use_graph = 1;
+    const double ms = time_ms(mm_fn, &a, a.m >= 64 ? 10 : 20);
+    use_graph = 0;
+    return ms;
+}
+
+/* One line per (type, m): the four layer products (µs), their sum (one layer), weight GB/s and % of the copy
+ * ceiling over the layer, TFLOP/s over the layer. Lines go to stdout as they are measured, and into table[]
+ * for the compact summary printed last. */
+static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struct kern_cuda_ctx *ctx,
+                        double ceil_gbs)
+{
+    static char table[8 * NQM + 8][160];
+    int rows = 0;
+    double f16_tflops[NQM] = {0};
+    printf("quantized products through kern_cuda_matmul, graph-timed, Llama-2-7B layer shapes\n");
+    /* The f16 reference: the GEMV path at m <= 16 and cuBLAS above, the same shapes (x2 the Q8_0 bytes). */
+    for (int mi = 0; mi < NQM; mi++) {
+        double t = 0, bytes = 0, flops = 0;
+        char line[160];
+        int o = snprintf(line, sizeof line, "%-5s m=%-3d", "F16", qms[mi]);
+        for (int si = 0; si < 4; si++) {
+            struct mm_arg a = {ctx,     y,        x, pool, 0, 1, qms[mi], lshapes[si][0], lshapes[si][1],
+                               MM_AUTO, DTYPE_F16};
+            const double ms = time_product(a, pool_bytes);
+            t += ms;
+            bytes += (double)dtype_row_size(DTYPE_F16, a.k) * a.n;
+            flops += 2.0 * a.m * a.n * a.k;
+            o += snprintf(line + o, sizeof line - o, " %8.1f", ms * 1e3);
+        }
+        f16_tflops[mi] = flops / t / 1e9;
+        snprintf(line + o, sizeof line - o, " | %8.1f us %7.0f GB/s %5.1f%% %6.1f TF", t * 1e3,
+                 bytes / t / 1e6, 100.0 * bytes / t / 1e6 / ceil_gbs, flops / t / 1e9);
+        printf("%s\n", line);
+        snprintf(table[rows++], sizeof table[0], "%s", line);
+    }
+    for (int ti = 0; ti < 8; ti++)
+        for (int mi = 0; mi < NQM; mi++) {
+            double t = 0, bytes = 0, flops = 0;
+            char line[160];
+            int o = snprintf(line, sizeof line, "%-5s m=%-3d", dtype_name(qtypes[ti]), qms[mi]);
+            for (int si = 0; si < 4; si++) {
+                struct mm_arg a = {ctx,     y,         x, pool, 0, 1, qms[mi], lshapes[si][0], lshapes[si][1],
+                                   MM_AUTO, qtypes[ti]};
+                const double ms = time_product(a, pool_bytes);
+                t += ms;
+                bytes += (double)dtype_row_size(a.wt, a.k) * a.n;
+                flops += 2.0 * a.m * a.n * a.k;
+                o += snprintf(line + o, sizeof line - o, " %8.1f", ms * 1e3);
+            }
+            snprintf(line + o, sizeof line - o, " | %8.1f us %7.0f GB/s %5.1f%% %6.1f TF %4.0f%%f16", t * 1e3,
+                     bytes / t / 1e6, 100.0 * bytes / t / 1e6 / ceil_gbs, flops / t / 1e9,
+                     100.0 * flops / t / 1e9 / f16_tflops[mi]);
+            printf("%s\n", line);
+            snprintf(table[rows++], sizeof table[0], "%s", line);
+        }
+    /* Products only, a whole Llama-2-7B step at m = 64 (32 layers + the 32000x4096 head in the same type). */
+    char model[8][64];
+    for (int ti = 0; ti < 8; ti++) {
+        double t = 0;
+        for (int si = 0; si < 4; si++) {
+            struct mm_arg a = {ctx,     y,         x, pool, 0, 1, 64, lshapes[si][0], lshapes[si][1],
+                               MM_AUTO, qtypes[ti]};
+            t += 32 * time_product(a, pool_bytes);
+        }
+        struct mm_arg h = {ctx, y, x, pool, 0, 1, 64, 32000, 4096, MM_AUTO, qtypes[ti]};
+        t += time_product(h, pool_bytes);
+        snprintf(model[ti], sizeof model[0], "%s %.2f ms %.0f tok/s", dtype_name(qtypes[ti]), t,
+                 64.0 / t * 1e3);
+    }
+
+    /* Sweeps (% of copy over one layer, or TFLOP/s): the int8 GEMV's configurations at m = 1 and 4; GEMV vs
+     * GEMM at m = 2..8 (the threshold); the GEMM's configurations at m = 16, 64, 512. */
+    const enum dtype sweep_t[3] = {DTYPE_Q4_K, DTYPE_Q8_0, DTYPE_Q6_K};
+    printf("sweeps (layer: %% of copy at m <= 16, TFLOP/s above):\n");
+    for (int ti = 0; ti < 3; ti++) {
+        const enum dtype t = sweep_t[ti];
+        for (int cfg = 1; cfg <= KERN_CUDA_QGEMV_CONFIGS; cfg++) {
+            kern_cuda_qmm_set_gemv_config(cfg);
+            printf("  %s gemv cfg %d (%s):", dtype_name(t), cfg, kern_cuda_qmm_gemv_config_name(cfg));
+            for (int m = 1; m <= 4; m += 3) {
+                double tt = 0, bytes = 0;
+                for (int si = 0; si < 4; si++) {
+                    struct mm_arg a = {ctx, y, x, pool, 0, 1, m, lshapes[si][0], lshapes[si][1], MM_GEMV, t};
+                    tt += time_product(a, pool_bytes);
+                    bytes += (double)dtype_row_size(t, a.k) * a.n;
+                }
+                printf(" m=%d %5.1f%%", m, 100.0 * bytes / tt / 1e6 / ceil_gbs);
+            }
+            printf("\n");
+        }
+        kern_cuda_qmm_set_gemv_config(0);
+        kern_cuda_qmm_set_gemv_max_m(KERN_CUDA_QGEMV_MAX_M);
+        printf("  %s m: gemv / gemm %% of copy:", dtype_name(t));
+        const int mm[5] = {2, 3, 4, 5, 8};
+        for (int i = 0; i < 5; i++) {
+            double tg = 0, tm = 0, bytes = 0;
+            for (int si = 0; si < 4; si++) {
+                struct mm_arg a = {ctx, y, x, pool, 0, 1, mm[i], lshapes[si][0], lshapes[si][1], MM_GEMV, t};
+                tg += time_product(a, pool_bytes);
+                a.mode = MM_GEMM;
+                tm += time_product(a, pool_bytes);
+                bytes += (double)dtype_row_size(t, a.k) * a.n;
+            }
+            printf(" %d: %4.1f/%4.1f", mm[i], 100.0 * bytes / tg / 1e6 / ceil_gbs,
+                   100.0 * bytes / tm / 1e6 / ceil_gbs);
+        }
+        printf("\n");
+        kern_cuda_qmm_set_gemv_max_m(-1);
+        for (int cfg = 1; cfg <= KERN_CUDA_QGEMM_CONFIGS; cfg++) {
+            kern_cuda_qmm_set_gemm_config(cfg);
+            printf("  %s gemm cfg %d (%s):", dtype_name(t), cfg, kern_cuda_qmm_gemm_config_name(cfg));
+            for (int mi = 1; mi < NQM; mi++) {
+                double tt = 0, bytes = 0, flops = 0;
+                for (int si = 0; si < 4; si++) {
+                    struct mm_arg a = {ctx,     y, x, pool, 0, 1, qms[mi], lshapes[si][0], lshapes[si][1],
+                                       MM_GEMM, t};
+                    tt += time_product(a, pool_bytes);
+                    bytes += (double)dtype_row_size(t, a.k) * a.n;
+                    flops += 2.0 * a.m * a.n * a.k;
+                }
+                printf(" m=%d %5.1f%% %5.1fTF", qms[mi], 100.0 * bytes / tt / 1e6 / ceil_gbs,
+                       flops / tt / 1e9);
+            }
+            printf("\n");
+        }
+        kern_cuda_qmm_set_gemm_config(0);
+    }
+    printf("Q8_0 through kern_cuda_gemv_q8 (f16 tensor cores), %% of copy over one layer:");
+    for (int m = 1; m <= 16; m *= 4) {
+        double tt = 0, bytes = 0;
+        for (int si = 0; si < 4; si++) {
+            struct mm_arg a = {ctx,      y,         x, pool, 0, 1, m, lshapes[si][0], lshapes[si][1],
+                               MM_Q8OLD, DTYPE_Q8_0};
+            tt += time_product(a, pool_bytes);
+            bytes += (double)dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
+        }
+        printf(" m=%d %5.1f%%", m, 100.0 * bytes / tt / 1e6 / ceil_gbs);
+    }
+    printf(
+        "\n\n== summary: us per product (%s %s %s %s), one layer: us, weight GB/s, %% of copy (%.0f GB/s), "
+        "TFLOP/s, TFLOP/s vs F16 ==\n",
+        lnames[0], lnames[1], lnames[2], lnames[3], ceil_gbs);
+    for (int i = 0; i < rows; i++) printf("%s\n", table[i]);
+    printf("== Llama-2-7B products only at m = 64 (32 layers + head):");
+    for (int ti = 0; ti < 8; ti++) printf("%s %s", ti % 3 ? ";" : "\n  ", model[ti]);
+    printf("\n");
 }
 
 static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill,
@@ -332,10 +509,11 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
 
 int main(int argc, char **argv)
 {
-    int only_q8 = 0;
+    int only_q8 = 0, only_quant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) samples = 7;
         if (!strcmp(argv[i], "--q8")) only_q8 = 1;
+        if (!strcmp(argv[i], "--quant")) only_quant = 1;
     }
     if (kern_cuda_device_count() <= 0) {
         fprintf(stderr, "bench_cuda: no CUDA device\n");
@@ -370,6 +548,15 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
     CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));
     fill_f32(x, (size_t)512 * 11008);
+    if (only_quant) {
+        bench_quant(pool, pool_bytes, x, y, ctx, ceil_gbs);
+        kern_cuda_ctx_free(ctx);
+        cudaFree(pool);
+        cudaFree(x);
+        cudaFree(y);
+        CK(cudaStreamDestroy(st));
+        return 0;
+    }
     bench_q8(pool, pool_bytes, x, y, ceil_gbs, only_q8);
     if (only_q8) {
         kern_cuda_ctx_free(ctx);

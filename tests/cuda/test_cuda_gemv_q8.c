@@ -12,7 +12,8 @@
  * Shapes: every m = 1..16, n not a multiple of the 16- or 32-row tiles, k = 32, 96 (rows of 34 and 102 bytes:
  * 2-byte aligned only), 4128 (a ragged last chunk), W starting 2 or 6 bytes past a 16-byte boundary (the
  * copy's edge path at both ends), n large enough for every split count. Every kernel configuration is run
- * (the automatic one and each forced one) on the same data, twice (bitwise equal), outputs poisoned with NaN.
+ * (the automatic one and each forced one) on the same data, twice (bitwise equal), outputs poisoned with NaN;
+ * y has 3 columns more than n (ldy), which must keep their NaN bits.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -85,15 +86,26 @@ static void check_case(int m, int n, int k, int woff, int with_bias)
     ref_q8(refr, absum, &c, 1);
     uint8_t *dw = dev_upload(c.w, wbytes);
     float *dx = dev_upload(c.x, (size_t)m * k * 4), *db = c.bias ? dev_upload(c.bias, n * 4) : NULL;
-    float *dy = dev_poison(ny * 4);
-    float *y = malloc(ny * 4), *y2 = malloc(ny * 4);
+    const int ldy = n + 3; /* y is (m, ldy): columns past n must keep their NaN bits */
+    const size_t nyl = (size_t)m * ldy;
+    float *dy = dev_poison(nyl * 4);
+    float *y = malloc(ny * 4), *y2 = malloc(ny * 4), *yl = malloc(nyl * 4);
     for (int cfg = 0; cfg <= KERN_CUDA_GEMV_Q8_CONFIGS; cfg++) {
         cr_assert_geq(kern_cuda_gemv_q8_set_config(cfg), 0);
         for (int rep = 0; rep < 2; rep++) {
-            CU_OK(cudaMemset(dy, 0xFF, ny * 4));
-            const int rc = kern_cuda_gemv_q8(dy, dx, dw + woff, db, m, n, k, 0);
+            CU_OK(cudaMemset(dy, 0xFF, nyl * 4));
+            const int rc = kern_cuda_gemv_q8(dy, ldy, dx, dw + woff, db, m, n, k, 0);
             cr_assert_eq(rc, FERRY_OK, "cfg %d m=%d n=%d k=%d: rc %d", cfg, m, n, k, rc);
-            dev_download(rep ? y2 : y, dy, ny * 4);
+            dev_download(yl, dy, nyl * 4);
+            for (int i = 0; i < m; i++) {
+                memcpy((rep ? y2 : y) + (size_t)i * n, yl + (size_t)i * ldy, (size_t)n * 4);
+                for (int j = n; j < ldy; j++) {
+                    uint32_t bits;
+                    memcpy(&bits, yl + (size_t)i * ldy + j, 4);
+                    cr_assert_eq(bits, 0xFFFFFFFFu, "cfg %d m=%d n=%d: y[%d][%d] past n written", cfg, m, n,
+                                 i, j);
+                }
+            }
         }
         const double e = rel_err(y, ref, ny), er = rel_err(y, refr, ny);
         cr_assert(e <= 1e-3, "cfg %d (%s) m=%d n=%d k=%d woff=%d: rel err %g > 1e-3", cfg,
@@ -113,6 +125,7 @@ static void check_case(int m, int n, int k, int woff, int with_bias)
     cudaFree(dy);
     free(y);
     free(y2);
+    free(yl);
     free(ref);
     free(refr);
     free(absum);
@@ -153,14 +166,16 @@ Test(cuda_gemv_q8, bad_arguments)
 {
     static float buf[64] __attribute__((aligned(16)));
     float *p = buf;
-    cr_assert_eq(kern_cuda_gemv_q8(p, p, p, NULL, 0, 1, 32, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_gemv_q8(p, p, p, NULL, 17, 1, 32, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_gemv_q8(p, p, p, NULL, 1, 0, 32, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_gemv_q8(p, p, p, NULL, 1, 1, 48, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_gemv_q8(p, p, p, NULL, 1, 1, 0, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_gemv_q8(NULL, p, p, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_gemv_q8(p, p + 1, p, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID); /* x not 16-aligned */
-    cr_assert_eq(kern_cuda_gemv_q8(p, p, (char *)p + 1, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p, p, NULL, 0, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p, p, NULL, 17, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p, p, NULL, 1, 0, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(p, 2, p, p, NULL, 1, 3, 32, 0), FERRY_ERR_INVALID); /* ldy < n */
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p, p, NULL, 1, 1, 48, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p, p, NULL, 1, 1, 0, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(NULL, 1, p, p, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p + 1, p, NULL, 1, 1, 32, 0),
+                 FERRY_ERR_INVALID); /* x not 16-aligned */
+    cr_assert_eq(kern_cuda_gemv_q8(p, 1, p, (char *)p + 1, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cuda_gemv_q8_set_config(KERN_CUDA_GEMV_Q8_CONFIGS + 1), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cuda_gemv_q8_set_config(-1), FERRY_ERR_INVALID);
 }

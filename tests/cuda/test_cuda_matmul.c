@@ -9,9 +9,9 @@
  * The paths that round x are also compared with a reference computed from x rounded (round-to-nearest-even)
  * to the weight type: 5e-5 there (f16/bf16 products are exact in f32; what is left is the tensor cores' f32
  * accumulation, ~1e-6..1e-5 at these k), which is far below the rounding error itself (f16 ~3e-4), so it
- * checks that x is rounded exactly once and to the right type. Q8_0 weights are compared with their
- * dequantized values (f16 scale x int8); their kernel rounds x to f16 at every m (f16 tolerances). The local reference is checked against the CPU
- * oracle kern_cpu_matmul_ref (no GPU needed, runs in CI).
+ * checks that x is rounded exactly once and to the right type. y is (m, ldy) with ldy > n in half the cases:
+ * the columns past n must keep their NaN bits. The GGUF block types are tested in test_cuda_matmul_q.cc. The
+ * local reference is checked against the CPU oracle kern_cpu_matmul_ref (no GPU needed, runs in CI).
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -77,7 +77,7 @@ static float *round_x(const float *x, size_t n, enum dtype t)
 {
     float *r = malloc(n * 4);
     for (size_t i = 0; i < n; i++)
-        r[i] = t == DTYPE_F16 || t == DTYPE_Q8_0 ? f16_to_f32(f32_to_f16(x[i]))
+        r[i] = t == DTYPE_F16    ? f16_to_f32(f32_to_f16(x[i]))
                : t == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(x[i]))
                                  : x[i];
     return r;
@@ -87,7 +87,6 @@ static float *round_x(const float *x, size_t n, enum dtype t)
  * vector path (k % 8 == 0; the test buffers are 16-byte aligned). */
 static int rounds_x(enum path path, enum dtype t, int m, int k)
 {
-    if (t == DTYPE_Q8_0) return 1; /* its kernel rounds x to f16 at every m */
     if (t != DTYPE_F16 && t != DTYPE_BF16) return 0;
     if (path == PATH_CUBLAS || (path == PATH_AUTO && m > 16)) return 1;
     return m >= 2 && k % 8 == 0;
@@ -103,15 +102,26 @@ static void check(struct kern_cuda_ctx *ctx, enum path path, enum dtype t, int m
     ref_matmul(ref, x, w.vals, bias, m, n, k);
     void *dw = dev_upload(w.host, dtype_row_size(t, k) * n);
     float *dx = dev_upload(x, (size_t)m * k * 4), *db = bias ? dev_upload(bias, n * 4) : NULL;
-    float *dy = dev_poison((size_t)m * n * 4);
+    const int ldy = n + (with_bias ? 0 : 3); /* y (m, ldy): columns past n must keep their NaN bits */
+    float *dy = dev_poison((size_t)m * ldy * 4), *yl = malloc((size_t)m * ldy * 4);
     for (int rep = 0; rep < 2; rep++) {
-        CU_OK(cudaMemset(dy, 0xFF, (size_t)m * n * 4));
-        int rc = path == PATH_GEMV     ? kern_cuda_matmul_gemv(dy, dx, dw, t, db, m, n, k, 0)
-                 : path == PATH_CUBLAS ? kern_cuda_matmul_cublas(ctx, dy, dx, dw, t, db, m, n, k, 0)
-                                       : kern_cuda_matmul(ctx, dy, dx, dw, t, db, m, n, k, 0);
+        CU_OK(cudaMemset(dy, 0xFF, (size_t)m * ldy * 4));
+        int rc = path == PATH_GEMV     ? kern_cuda_matmul_gemv(ctx, dy, ldy, dx, dw, t, db, m, n, k, 0)
+                 : path == PATH_CUBLAS ? kern_cuda_matmul_gemm(ctx, dy, ldy, dx, dw, t, db, m, n, k, 0)
+                                       : kern_cuda_matmul(ctx, dy, ldy, dx, dw, t, db, m, n, k, 0);
         cr_assert_eq(rc, FERRY_OK, "rc %d", rc);
-        dev_download(rep ? y2 : y, dy, (size_t)m * n * 4);
+        dev_download(yl, dy, (size_t)m * ldy * 4);
+        for (int i = 0; i < m; i++) {
+            memcpy((rep ? y2 : y) + (size_t)i * n, yl + (size_t)i * ldy, (size_t)n * 4);
+            for (int j = n; j < ldy; j++) {
+                uint32_t bits;
+                memcpy(&bits, yl + (size_t)i * ldy + j, 4);
+                cr_assert_eq(bits, 0xFFFFFFFFu, "path %d %s m=%d n=%d: y[%d][%d] past n written", path,
+                             dtype_name(t), m, n, i, j);
+            }
+        }
     }
+    free(yl);
     double e = rel_err(y, ref, (size_t)m * n);
     cr_assert(e <= tol, "path %d %s m=%d n=%d k=%d bias=%d: rel err %g > %g", path, dtype_name(t), m, n, k,
               with_bias, e, tol);
@@ -201,23 +211,6 @@ Test(cuda_matmul, gemv_scalar_path_and_large_m)
     }
 }
 
-Test(cuda_matmul, gemv_q8_0)
-{
-    SKIP_WITHOUT_GPU();
-    rng_seed(14);
-    const int ms[] = {1, 3, 16, 20};
-    for (int mi = 0; mi < 4; mi++) check(NULL, PATH_GEMV, DTYPE_Q8_0, ms[mi], 77, 320, mi % 2, 1e-3);
-    struct kern_cuda_ctx *ctx = NULL;
-    cr_assert_eq(kern_cuda_ctx_init(&ctx, 1 << 16), FERRY_OK);
-    check(ctx, PATH_AUTO, DTYPE_Q8_0, 40, 33, 4096, 1, 1e-3); /* auto keeps Q8_0 on the GEMV path */
-    float *d = dev_alloc(1 << 16);
-    cr_assert_eq(kern_cuda_matmul_cublas(ctx, d, d, d, DTYPE_Q8_0, NULL, 20, 1, 32, 0),
-                 FERRY_ERR_UNSUPPORTED);
-    cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_Q8_0, NULL, 1, 1, 48, 0), FERRY_ERR_INVALID);
-    cudaFree(d);
-    kern_cuda_ctx_free(ctx);
-}
-
 Test(cuda_matmul, cublas_path)
 {
     SKIP_WITHOUT_GPU();
@@ -233,6 +226,7 @@ Test(cuda_matmul, cublas_path)
     check(ctx, PATH_AUTO, DTYPE_F16, 7, 250, 264, 1, 1e-3);
     check(ctx, PATH_AUTO, DTYPE_F16, 1, 250, 264, 1, 1e-5); /* auto keeps m = 1 on the exact GEMV path */
     cr_assert(kern_cuda_ctx_bytes(ctx) >= 80000);
+    cr_assert_eq(kern_cuda_ctx_bytes(ctx), kern_cuda_ctx_size(40 * 1000));
     kern_cuda_ctx_free(ctx);
 }
 
@@ -240,10 +234,13 @@ Test(cuda_matmul, rejects)
 {
     SKIP_WITHOUT_GPU();
     float *d = dev_alloc(4096);
-    cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_Q4_0, NULL, 1, 1, 32, 0), FERRY_ERR_UNSUPPORTED);
-    cr_assert_eq(kern_cuda_matmul_gemv(d, d, d, DTYPE_F16, NULL, 0, 1, 32, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_matmul_gemv(d, d, (char *)d + 1, DTYPE_F16, NULL, 1, 1, 32, 0), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_matmul_cublas(NULL, d, d, d, DTYPE_F16, NULL, 20, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_matmul_gemv(NULL, d, 1, d, d, (enum dtype)5, NULL, 1, 1, 32, 0),
+                 FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_matmul_gemv(NULL, d, 1, d, d, DTYPE_F16, NULL, 0, 1, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_matmul_gemv(NULL, d, 1, d, (char *)d + 1, DTYPE_F16, NULL, 1, 1, 32, 0),
+                 FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_matmul_gemv(NULL, d, 4, d, d, DTYPE_F16, NULL, 1, 5, 32, 0), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_matmul_gemm(NULL, d, 1, d, d, DTYPE_F16, NULL, 20, 1, 32, 0), FERRY_ERR_INVALID);
     kern_cuda_ctx_free(NULL);
     cudaFree(d);
 }

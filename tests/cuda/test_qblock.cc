@@ -1,0 +1,307 @@
+/* qblock on the CPU (no GPU needed; runs in CI): the block decoders of kernels/cuda/qblock.cuh, compiled for
+ * the host, against quant/dequant.c's dequant_row (bitwise equal to ggml and gguf-py,
+ * tests/kernels/test_quant.c).
+ *
+ * For every type: random blocks (random quant bytes, sane non-zero f16 scales), W placed at every start
+ * alignment the type allows (so the 2-byte-aligned types take both funnel-shift paths), every piece of every
+ * block loaded and every unit decoded:
+ *   - each unit's values w = fma(d, q + QOFF, m) equal dequant_row's bitwise (memcmp of the f32 bits, so the
+ *     sign of zero counts), and the pieces cover every element of a block exactly once;
+ *   - qb_decode_h2 (what the tensor-core GEMM stores) equals the f16 rounding of dequant_row's value bitwise;
+ *   - qb_dot (what the int8 GEMV computes per unit, here with dp4a emulated) summed over a row equals the
+ *     double-precision sum of the same integer products within 2e-6 of the sum of their magnitudes (f32
+ *     rounding of a handful of operations per unit), and the exact product within the bound that x's int8
+ *     rounding implies (each xq off by at most dx/2).
+ * And the kernels' index math, with their own step functions (kernels/cuda/matmul_q_steps.cuh) on staged
+ * copies built here as the kernels build them (each chunk's enclosing 16-byte-aligned range, garbage outside
+ * W):
+ *   - the GEMV: every lane of every chunk of every row group, for 1, 2 and 4 rows per warp and m = 1 and 3,
+ *     summed per row, against the exact-sum emulation of the int8 path (same tolerance as above);
+ *   - the GEMM decode: every unit of every 64-column tile of every row, against the f16 rounding of
+ *     dequant_row's values (bitwise; zeros past k), at every W alignment the type allows.
+ */
+#include <criterion/criterion.h>
+#include <vector>
+
+#include "kernels/cuda/matmul_q_steps.cuh"
+#include "tests/cuda/qref.h"
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    return b;
+}
+
+/* Decodes nb blocks at w (start alignment as placed) and compares with dequant_row. */
+template <class Q> static void check_decode(const uint8_t *w, int nb, enum dtype t, int off)
+{
+    std::vector<float> ref((size_t)nb * Q::QK);
+    cr_assert_eq(dequant_row(t, w, ref.data(), (int64_t)nb * Q::QK), FERRY_OK);
+    std::vector<int> seen(Q::QK);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * Q::BYTES;
+        std::fill(seen.begin(), seen.end(), 0);
+        for (int p = 0; p < Q::PPB; p++) {
+            typename Q::raw r;
+            Q::load(r, blk, p);
+            for (int v = 0; v < Q::UPP; v++) {
+                qb_unit u;
+                Q::unit(r, p, v, u);
+                uint32_t h[16];
+                qb_decode_h2<Q>(u, h);
+                const int e0 = Q::unit_elem(p, v);
+                cr_assert(e0 >= 0 && e0 + 32 <= Q::QK && e0 % 32 == 0, "%s: unit_elem(%d, %d) = %d",
+                          dtype_name(t), p, v, e0);
+                for (int i = 0; i < 32; i++) {
+                    seen[e0 + i]++;
+                    const float got = qb_value<Q>(u, i), want = ref[(size_t)b * Q::QK + e0 + i];
+                    cr_assert_eq(f32_bits(got), f32_bits(want),
+                                 "%s (W at 16k+%d) block %d piece %d unit %d element %d: %.9g (0x%08x), "
+                                 "dequant_row %.9g (0x%08x)",
+                                 dtype_name(t), off, b, p, v, i, got, f32_bits(got), want, f32_bits(want));
+                    const uint16_t hg = (uint16_t)(h[i / 2] >> (16 * (i & 1))), hw = f32_to_f16(want);
+                    cr_assert_eq(hg, hw,
+                                 "%s block %d piece %d unit %d element %d: f16 0x%04x, want 0x%04x (%.9g)",
+                                 dtype_name(t), b, p, v, i, hg, hw, want);
+                }
+            }
+        }
+        for (int e = 0; e < Q::QK; e++)
+            cr_assert_eq(seen[e], 1, "%s: element %d of a block is covered %d times", dtype_name(t), e,
+                         seen[e]);
+    }
+}
+
+template <class Q> static void decode_all_alignments(enum dtype t)
+{
+    const int nb = 64;
+    std::vector<uint8_t> buf((size_t)nb * Q::BYTES + 64);
+    for (int off = 0; off < 16; off += Q::ALIGN) {
+        uint8_t *base = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16 + off;
+        qref_random_blocks(t, base, nb);
+        check_decode<Q>(base, nb, t, off);
+    }
+}
+
+Test(qblock, decode_bitwise_every_type_and_alignment)
+{
+    qref_seed(1);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], decode_all_alignments, qref_types[ti]));
+}
+
+/* Extreme but legal fields: scales of either sign at the f16 extremes that stay finite in products, all-ones
+ * and all-zeros quant bytes, maximal 6-bit scales and minima. */
+template <class Q> static void decode_extremes(enum dtype t)
+{
+    const int nb = 8;
+    std::vector<uint8_t> buf((size_t)nb * Q::BYTES + 64);
+    uint8_t *base = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16;
+    const uint16_t scales[4] = {f32_to_f16(6e-8f), f32_to_f16(-6e-8f), f32_to_f16(1000.0f),
+                                f32_to_f16(-0.5f)};
+    for (int b = 0; b < nb; b++) {
+        uint8_t *p = base + (size_t)b * Q::BYTES;
+        memset(p, b % 2 ? 0xFF : 0x00, Q::BYTES);
+        const uint16_t s = scales[b % 4], s2 = scales[(b + 1) % 4];
+        if (t == DTYPE_Q6_K)
+            qref_put16(p + 208, s);
+        else {
+            qref_put16(p, s);
+            if (Q::HAS_M) qref_put16(p + 2, s2);
+        }
+    }
+    check_decode<Q>(base, nb, t, 0);
+}
+
+Test(qblock, decode_extreme_fields)
+{
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], decode_extremes, qref_types[ti]));
+}
+
+template <class Q> static void check_dot(enum dtype t)
+{
+    const int k = 2 * (Q::QK > 128 ? Q::QK : 128), rows = 3;
+    const size_t rb = dtype_row_size(t, k);
+    std::vector<uint8_t> buf(rb * rows + 64);
+    uint8_t *w = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16;
+    qref_random_blocks(t, w, (int64_t)rows * k / Q::QK);
+    std::vector<float> x(k), wv(k);
+    for (int i = 0; i < k; i++) x[i] = qref_frand() * (i % 7 == 0 ? 3.0f : 0.5f);
+    struct qref_xq xq;
+    qref_quantize_x(x.data(), 1, k, &xq);
+    for (int i = 0; i < k; i++)
+        cr_assert(fabs(x[i] - (double)xq.dx[i / 32] * xq.q[i]) <= 0.5000001 * xq.dx[i / 32],
+                  "x quantization");
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *row = w + rb * r;
+        float acc = 0.0f;
+        for (int U = 0; U < k / 32; U++) {
+            qb_unit u;
+            qref_unit<Q>(row, U, u);
+            uint32_t xw[8];
+            memcpy(xw, xq.q + 32 * U, 32);
+            acc = qb_dot<Q>(u, xw, xq.dx[U], xq.sx[U], xq.sq_lo[U], xq.sq_hi[U], acc);
+        }
+        double ref, absum;
+        qref_q8_row<Q>(row, &xq, 0, k, &ref, &absum);
+        cr_assert(fabs(acc - ref) <= 2e-6 * absum, "%s row %d: qb_dot sum %.9g, double %.9g (|terms| %g)",
+                  dtype_name(t), r, acc, ref, absum);
+        cr_assert_eq(dequant_row(t, row, wv.data(), k), FERRY_OK);
+        double exact = 0;
+        for (int i = 0; i < k; i++) exact += (double)wv[i] * x[i];
+        const double bound = qref_q8_bound_row<Q>(row, &xq, 0, k) + 2e-6 * absum;
+        cr_assert(fabs(acc - exact) <= bound, "%s row %d: %.9g vs exact %.9g, bound %g", dtype_name(t), r,
+                  acc, exact, bound);
+    }
+    qref_free_xq(&xq);
+}
+
+Test(qblock, dot_with_int8_x)
+{
+    qref_seed(2);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], check_dot, qref_types[ti]));
+}
+
+/* The traits agree with the type table (kernels/core/dtype.c) and quant/blocks.h. */
+Test(qblock, traits_match_dtype_table)
+{
+#define CHECK_TRAIT(T, name, Q)                                                                              \
+    cr_assert_eq(Q::QK, dtype_block_size(DTYPE_##T), #T " QK");                                              \
+    cr_assert_eq((size_t)Q::BYTES, dtype_type_size(DTYPE_##T), #T " BYTES");                                 \
+    cr_assert_eq(Q::UPP *Q::PPB * 32, Q::QK, #T " pieces");                                                  \
+    cr_assert_eq(Q::BYTES % Q::ALIGN, 0, #T " ALIGN");
+    QB_TYPES(CHECK_TRAIT)
+#undef CHECK_TRAIT
+}
+
+/* Copies W's bytes [ga, ga + nbytes) with their enclosing 16-byte-aligned range into buf (as the kernels'
+ * staging does: bytes of the range outside W stay garbage), and returns the offset of ga in buf. */
+static unsigned stage_range(uint8_t *buf, size_t cap, const uint8_t *wlo, const uint8_t *whi,
+                            const uint8_t *ga, size_t nbytes)
+{
+    memset(buf, 0xA5, cap);
+    const uint8_t *a0 = (const uint8_t *)((uintptr_t)ga & ~(uintptr_t)15);
+    const uint8_t *a1 = (const uint8_t *)(((uintptr_t)(ga + nbytes) + 15) & ~(uintptr_t)15);
+    cr_assert((size_t)(a1 - a0) <= cap, "staged range %zu > %zu", (size_t)(a1 - a0), cap);
+    for (const uint8_t *p = a0; p < a1; p++)
+        if (p >= wlo && p < whi) buf[p - a0] = *p;
+    return (unsigned)((uintptr_t)ga & 15);
+}
+
+template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, int k, int woff)
+{
+    using SH = gq_shape<Q, R>;
+    const size_t rb = dtype_row_size(t, k);
+    const int nb = k / Q::QK, m = M == 1 ? 1 : M - 1; /* M > 1: the last x row is a clamped repeat */
+    std::vector<uint8_t> wbuf(rb * n + 64);
+    uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
+    qref_random_blocks(t, w, (int64_t)n * nb);
+    std::vector<float> x((size_t)m * k);
+    for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 11 == 0 ? 3.0f : 1.0f);
+    struct qref_xq xq;
+    qref_quantize_x(x.data(), m, k, &xq);
+    std::vector<float> xd((size_t)m * (k / 32) * 4);
+    for (size_t u = 0; u < (size_t)m * (k / 32); u++) {
+        xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
+        memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
+        memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
+    }
+    int xoff[M], doff[M];
+    for (int c = 0; c < M; c++) xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
+    std::vector<uint8_t> stage((size_t)R * SH::STRIDE + 16);
+    uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
+    for (int row0 = 0; row0 < n; row0 += R) {
+        float acc[32][M];
+        memset(acc, 0, sizeof acc);
+        for (int b0 = 0; b0 < nb; b0 += SH::CB) {
+            const int nbc = nb - b0 < SH::CB ? nb - b0 : SH::CB;
+            unsigned sh[R];
+            for (int r = 0; r < R; r++) {
+                const int row = row0 + r < n ? row0 + r : n - 1;
+                sh[r] = stage_range(sbase + r * SH::STRIDE, SH::STRIDE, w, w + rb * n,
+                                    w + rb * row + (size_t)b0 * Q::BYTES, (size_t)nbc * Q::BYTES);
+            }
+            for (int lane = 0; lane < 32; lane++) {
+                const int r = lane / SH::LPR, sl = lane % SH::LPR;
+                gq_lane_chunk<Q, M, SH::LPR, SH::PPL>(acc[lane], sbase + r * SH::STRIDE + sh[r], b0, nbc, sl,
+                                                      xq.q, xd.data(), xoff, doff);
+            }
+        }
+        for (int r = 0; r < R && row0 + r < n; r++)
+            for (int c = 0; c < m; c++) {
+                float sum = 0;
+                for (int sl = 0; sl < SH::LPR; sl++) sum += acc[r * SH::LPR + sl][c];
+                double ref, absum;
+                qref_q8_row<Q>(w + rb * (row0 + r), &xq, c, k, &ref, &absum);
+                cr_assert(fabs(sum - ref) <= (k / 32 + 16) * 0x1.0p-23 * absum,
+                          "%s GEMV emulation R=%d M=%d woff=%d row %d x row %d: %.9g vs %.9g (|terms| %g)",
+                          dtype_name(t), R, M, woff, row0 + r, c, sum, ref, absum);
+            }
+    }
+    qref_free_xq(&xq);
+}
+
+template <class Q> static void emulate_gemv_all(enum dtype t)
+{
+    const int k = Q::QK == 256 ? 1024 : 32 * 37; /* several chunks, the last one partial */
+    for (int woff = 0; woff < 16; woff += Q::ALIGN < 4 ? 6 : Q::ALIGN) {
+        emulate_gemv<Q, 1, 4>(t, 9, k, woff);
+        emulate_gemv<Q, 4, 4>(t, 6, k, woff);
+        emulate_gemv<Q, 1, 2>(t, 5, k, woff);
+        emulate_gemv<Q, 2, 1>(t, 3, k, woff);
+    }
+}
+
+Test(qblock, gemv_lane_math_emulated)
+{
+    qref_seed(3);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemv_all, qref_types[ti]));
+}
+
+template <class Q> static void emulate_gemm_decode(enum dtype t)
+{
+    using RW = gm_raw<Q>;
+    const int n = 3, k = Q::QK == 256 ? 768 : 32 * 21; /* 32-blocks: a partial last raw stage and tile */
+    const size_t rb = dtype_row_size(t, k);
+    std::vector<uint8_t> wbuf(rb * n + 64), stage(RW::RSTRIDE + 16);
+    std::vector<float> deq((size_t)k);
+    uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
+    for (int woff = 0; woff < 16; woff += Q::ALIGN) {
+        uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
+        qref_random_blocks(t, w, (int64_t)n * (k / Q::QK));
+        const int nb = k / Q::QK, ntiles = (k + 63) / 64;
+        for (int row = 0; row < n; row++) {
+            cr_assert_eq(dequant_row(t, w + rb * row, deq.data(), k), FERRY_OK);
+            for (int tile = 0; tile < ntiles; tile++) {
+                const int r = tile / (GM_RKS / 64), b0 = r * RW::RBLK;
+                const int nbytes = (nb - b0 < RW::RBLK ? nb - b0 : RW::RBLK) * Q::BYTES;
+                const uint8_t *ga = w + rb * row + (size_t)b0 * Q::BYTES;
+                stage_range(sbase, RW::RSTRIDE, w, w + rb * n, ga, (size_t)nbytes);
+                for (int ul = 0; ul < 2; ul++) {
+                    uint8_t dst[64];
+                    gm_decode_task<Q>(dst, sbase, (uintptr_t)ga, tile, ul, k);
+                    for (int i = 0; i < 32; i++) {
+                        const int e = tile * 64 + 32 * ul + i;
+                        uint16_t got;
+                        memcpy(&got, dst + 2 * i, 2);
+                        const uint16_t want = e < k ? f32_to_f16(deq[e]) : 0;
+                        cr_assert_eq(got, want,
+                                     "%s GEMM decode woff=%d row %d tile %d element %d: 0x%04x, want 0x%04x",
+                                     dtype_name(t), woff, row, tile, e, got, want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+Test(qblock, gemm_decode_math_emulated)
+{
+    qref_seed(4);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemm_decode, qref_types[ti]));
+}
