@@ -33,7 +33,7 @@ template <class Q> struct gm_raw {
     static constexpr int RBLK = GM_RKS / Q::QK;
     static constexpr int RBYTES = RBLK * Q::BYTES;
     static constexpr int RQ = (16 - Q::ALIGN + RBYTES + 15) / 16;
-    static constexpr int RSTRIDE = RQ * 16;
+    static constexpr int RSTRIDE = (RQ | 1) * 16; /* odd: neighbouring rows in different banks */
 };
 
 /* 16 bytes of data no kernel writes during the read (read-only path on the device). */
@@ -67,18 +67,18 @@ template <class Q, int M, int LPR, int PPL>
 QB_FN void gq_lane_chunk(float (&acc)[M], const uint8_t *rb, int b0, int nbc, int sl, const int8_t *xq,
                          const float *xd, const int (&xoff)[M], const int (&doff)[M])
 {
-#pragma unroll
+    QB_UNROLL
     for (int pp = 0; pp < PPL; pp++) {
         const int pi = sl + LPR * pp, bl = pi / Q::PPB, j = pi % Q::PPB;
         if (bl >= nbc) continue;
         typename Q::raw raw;
         Q::load(raw, rb + bl * Q::BYTES, j);
-#pragma unroll
+        QB_UNROLL
         for (int vv = 0; vv < Q::UPP; vv++) {
             qb_unit u;
             Q::unit(raw, j, vv, u);
             const int e = (b0 + bl) * Q::QK + Q::unit_elem(j, vv);
-#pragma unroll
+            QB_UNROLL
             for (int c = 0; c < M; c++) {
                 const qb_v4 a = qb_ldg128(xq + xoff[c] + e), b = qb_ldg128(xq + xoff[c] + e + 16);
                 const uint32_t xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -96,11 +96,10 @@ QB_FN void gq_lane_chunk(float (&acc)[M], const uint8_t *rb, int b0, int nbc, in
 template <class Q> QB_FN void gm_unit_at(int e, int &p, int &v)
 {
     p = 0, v = 0;
-#pragma unroll
-    for (int pp = 0; pp < Q::PPB; pp++)
-#pragma unroll
-        for (int vv = 0; vv < Q::UPP; vv++)
-            if (Q::unit_elem(pp, vv) == e) p = pp, v = vv;
+    QB_UNROLL
+    for (int pp = 0; pp < Q::PPB; pp++) QB_UNROLL
+    for (int vv = 0; vv < Q::UPP; vv++)
+        if (Q::unit_elem(pp, vv) == e) p = pp, v = vv;
 }
 
 /* Unit ul (0 or 1) of row `row` of GEMM tile t (64 columns: elements 64t + 32ul ..) into dst (32 f16), from
@@ -113,7 +112,7 @@ QB_FN void gm_decode_task(uint8_t *dst, const uint8_t *rrow, uintptr_t ga_stage,
     constexpr int RBLK = gm_raw<Q>::RBLK, RKS = GM_RKS;
     const int e = t * 64 + 32 * ul;
     if (e >= k) {
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 4; i++) qb_st128(dst + 16 * i, 0u, 0u, 0u, 0u);
         return;
     }
@@ -127,7 +126,7 @@ QB_FN void gm_decode_task(uint8_t *dst, const uint8_t *rrow, uintptr_t ga_stage,
     Q::unit(raw, p, v, u);
     uint32_t h[16];
     qb_decode_h2<Q>(u, h);
-#pragma unroll
+    QB_UNROLL
     for (int i = 0; i < 4; i++) qb_st128(dst + 16 * i, h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
 }
 

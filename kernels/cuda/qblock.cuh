@@ -32,6 +32,12 @@
 #else
 #define QB_FN inline
 #endif
+/* Loop unrolling in device code only (host compilers do not know the pragma). */
+#ifdef __CUDA_ARCH__
+#define QB_UNROLL _Pragma("unroll")
+#else
+#define QB_UNROLL
+#endif
 
 /* ---- primitives (device intrinsics, host emulations with the same results) ---------------------------- */
 
@@ -166,7 +172,7 @@ template <int N> struct qb_win {
     {
         s0 = (uint32_t)((uintptr_t)p & 3u);
         const uint8_t *a = p - s0;
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < N; i++) w[i] = qb_ld32(a + 4 * i);
     }
     template <int O> QB_FN uint32_t word() const
@@ -195,7 +201,7 @@ struct qb_q4_0 {
     {
         const uint32_t qs[4] = {r.b.template word<2>(), r.b.template word<6>(), r.b.template word<10>(),
                                 r.b.template word<14>()};
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 4; i++) {
             u.q[i] = qs[i] & 0x0F0F0F0Fu;
             u.q[4 + i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
@@ -214,16 +220,13 @@ struct qb_q4_1 {
     };
     static QB_FN void load(raw &r, const uint8_t *blk, int)
     {
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 5; i++) r.w[i] = qb_ld32(blk + 4 * i);
     }
-    static QB_FN int unit_elem(int, int)
-    {
-        return 0;
-    }
+    static QB_FN int unit_elem(int, int) { return 0; }
     static QB_FN void unit(const raw &r, int, int, qb_unit &u)
     {
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 4; i++) {
             u.q[i] = r.w[1 + i] & 0x0F0F0F0Fu;
             u.q[4 + i] = (r.w[1 + i] >> 4) & 0x0F0F0F0Fu;
@@ -248,7 +251,7 @@ struct qb_q5_0 {
         const uint32_t qh = r.b.template word<2>();
         const uint32_t qs[4] = {r.b.template word<6>(), r.b.template word<10>(), r.b.template word<14>(),
                                 r.b.template word<18>()};
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 4; i++) {
             u.q[i] = (qs[i] & 0x0F0F0F0Fu) | qb_spread4(qh >> (4 * i)) << 4;
             u.q[4 + i] = ((qs[i] >> 4) & 0x0F0F0F0Fu) | qb_spread4(qh >> (16 + 4 * i)) << 4;
@@ -268,17 +271,14 @@ struct qb_q5_1 {
     };
     static QB_FN void load(raw &r, const uint8_t *blk, int)
     {
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 3; i++) qb_ld64(blk + 8 * i, r.w[2 * i], r.w[2 * i + 1]);
     }
-    static QB_FN int unit_elem(int, int)
-    {
-        return 0;
-    }
+    static QB_FN int unit_elem(int, int) { return 0; }
     static QB_FN void unit(const raw &r, int, int, qb_unit &u)
     {
         const uint32_t qh = r.w[1];
-#pragma unroll
+        QB_UNROLL
         for (int i = 0; i < 4; i++) {
             u.q[i] = (r.w[2 + i] & 0x0F0F0F0Fu) | qb_spread4(qh >> (4 * i)) << 4;
             u.q[4 + i] = ((r.w[2 + i] >> 4) & 0x0F0F0F0Fu) | qb_spread4(qh >> (16 + 4 * i)) << 4;
@@ -347,7 +347,7 @@ struct qb_q4_k {
         const uint32_t qs[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w,
                                 r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
         const uint32_t sh = 4u * (uint32_t)v;
-#pragma unroll
+        QB_UNROLL
         for (int j = 0; j < 8; j++) u.q[j] = (qs[j] >> sh) & 0x0F0F0F0Fu;
         uint32_t sc, mn;
         qb_k_scale_min(r.h.y, r.h.z, r.h.w, (uint32_t)(2 * p + v), sc, mn);
@@ -382,7 +382,7 @@ struct qb_q5_k {
         const uint32_t qh[8] = {r.qh[0].x, r.qh[0].y, r.qh[0].z, r.qh[0].w,
                                 r.qh[1].x, r.qh[1].y, r.qh[1].z, r.qh[1].w};
         const uint32_t s = (uint32_t)(2 * p + v), sh = 4u * (uint32_t)v;
-#pragma unroll
+        QB_UNROLL
         for (int j = 0; j < 8; j++)
             u.q[j] = ((qs[j] >> sh) & 0x0F0F0F0Fu) | ((qh[j] >> s) & 0x01010101u) << 4;
         uint32_t sc, mn;
@@ -425,7 +425,7 @@ struct qb_q6_k {
                                 r.qh.template word<12>(), r.qh.template word<16>(), r.qh.template word<20>(),
                                 r.qh.template word<24>(), r.qh.template word<28>()};
         const uint32_t i = r.i0 + 2u * (uint32_t)v, shl = 4u * (uint32_t)v, shh = 2u * i;
-#pragma unroll
+        QB_UNROLL
         for (int j = 0; j < 8; j++)
             u.q[j] = ((ql[j] >> shl) & 0x0F0F0F0Fu) | ((qh[j] >> shh) & 0x03030303u) << 4;
         /* scales[8h + 2i], [8h + 2i + 1], sign-extended */
@@ -463,9 +463,9 @@ template <class Q> QB_FN float qb_value(const qb_unit &u, int e)
 QB_FN void qb_dot_parts(const qb_unit &u, const uint32_t (&xw)[8], int &lo, int &hi)
 {
     lo = 0, hi = 0;
-#pragma unroll
+    QB_UNROLL
     for (int j = 0; j < 4; j++) lo = qb_dp4a(u.q[j], xw[j], lo);
-#pragma unroll
+    QB_UNROLL
     for (int j = 4; j < 8; j++) hi = qb_dp4a(u.q[j], xw[j], hi);
 }
 
@@ -508,7 +508,7 @@ template <class Q> QB_FN void qb_decode_h2(const qb_unit &u, uint32_t (&out)[16]
         /* (q ^ 0x80) = q + 128 as the low byte of the half 0x6400 + that = 1024 + q + 128: exact. */
         const __half2 dh = __float2half2_rn(u.d0); /* d is an f16 value: exact */
         const __half2 off = __float2half2_rn(1152.0f - (float)Q::QOFF);
-#pragma unroll
+        QB_UNROLL
         for (int j = 0; j < 8; j++) {
             const uint32_t x = u.q[j] ^ 0x80808080u;
             uint32_t a = __byte_perm(x, 0x64646464u, 0x5140), b = __byte_perm(x, 0x64646464u, 0x5342);
@@ -520,11 +520,11 @@ template <class Q> QB_FN void qb_decode_h2(const qb_unit &u, uint32_t (&out)[16]
     } else
 #endif
     { /* (q ^ 0x80) = q + 128 as a float 2^23 + that, minus (2^23 + 128 - QOFF): exactly q + QOFF. */
-#pragma unroll
+        QB_UNROLL
         for (int j = 0; j < 8; j++) {
             const uint32_t x = u.q[j] ^ 0x80808080u;
             float f[4];
-#pragma unroll
+            QB_UNROLL
             for (int i = 0; i < 4; i++) {
                 const uint32_t bits = qb_prmt(x, 0x4B000000u, 0x7440u + (uint32_t)i);
                 float t;

@@ -38,7 +38,7 @@ cd "$work" || exit 1
 if ! meson setup build -Dcuda=enabled -Dtests=enabled -Dserver=disabled > "$out/setup.log" 2>&1; then
     log "meson setup FAILED (see setup.log)"; tail -30 "$out/setup.log"; exit 1
 fi
-targets="tests/cuda/test_cuda_ops tests/cuda/test_cuda_matmul tests/cuda/test_cuda_attention tests/bench_cuda/bench_cuda"
+targets="tests/cuda/test_cuda_ops tests/cuda/test_cuda_matmul tests/cuda/test_cuda_attention tests/cuda/test_cuda_gemv_q8 tests/cuda/test_cuda_matmul_q tests/cuda/test_qblock tests/bench_cuda/bench_cuda"
 if ! ninja -C build $targets > "$out/build.log" 2>&1; then
     log "build FAILED (see build.log)"; grep -E "error" "$out/build.log" | head -30; exit 1
 fi
@@ -46,10 +46,10 @@ log "build ok"
 [ $build_only = 1 ] && exit 0
 
 # By name: the 'cuda' suite also holds other modules' GPU tests (tests/runtime), which this script does not build.
-meson test -C build --no-rebuild --print-errorlogs cuda_ops cuda_matmul cuda_attention > "$out/tests.log" 2>&1
+meson test -C build --no-rebuild --print-errorlogs cuda_ops cuda_matmul cuda_attention cuda_gemv_q8 cuda_matmul_q qblock > "$out/tests.log" 2>&1
 rc=$?
 log "tests rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
-for t in ops matmul attention; do
+for t in ops matmul attention gemv_q8 matmul_q; do
     ./build/tests/cuda/test_cuda_$t --verbose 2>&1 | grep -E "FAIL|SKIP|Synthesis|Assertion" | head -5 >> "$out/summary.txt"
 done
 
