@@ -6,6 +6,8 @@
 #   quant    bench_cuda (the GEMV/GEMM rows per weight type)
 #   hybrid   ferry bench --synthetic llama-2-7b --gpu-memory 4GiB, --placement stream/auto/cpu, b=1 and 16
 #   e2e      ferry bench fully resident f16 (b=1/16/64, prefill 512): the regression check against run 6h
+#   qfiles   random Llama-2-7B-shaped Q4_K_M and Q8_0 GGUFs (tests/gpu/make_quant_gguf.py, kept in /tmp/cmp):
+#            ferry bench on each, fully resident and (Q4_K_M) under --gpu-memory 4GiB
 # Each phase prints a short summary to stdout and $OUT/summary.txt; full logs go to $OUT/<phase>.log (at most 8
 # files come back). Needs .debs and .gpu-data carried (see tests/gpu/run.sh).
 set -u
@@ -50,7 +52,7 @@ for ph in $phases; do
     log "bench_attn rc=$?"; tail -40 "$out/attn.log"
     ;;
   quant)
-    timeout 240 ./build/tests/bench_cuda/bench_cuda > "$out/quant.log" 2>&1
+    timeout 240 ./build/tests/bench_cuda/bench_cuda --quant > "$out/quant.log" 2>&1
     log "bench_cuda rc=$?"; grep -iE "q4_k|q8_0|q6_k|q4_0|q5_k|f16|ceiling|copy" "$out/quant.log" | head -60
     ;;
   hybrid)
@@ -65,6 +67,21 @@ for ph in $phases; do
     timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1,16,64 --prefill 512 \
       --decode-steps 16 > "$out/e2e.log" 2>&1
     log "bench f16 resident rc=$?"; grep -vE "^[0-9:.]+ (info|debug)" "$out/e2e.log" | tail -15
+    ;;
+  qfiles)
+    mkdir -p /tmp/cmp
+    for t in Q4_K_M Q8_0; do
+      [ -s /tmp/cmp/$t.gguf ] || python3 tests/gpu/make_quant_gguf.py /tmp/cmp/$t.gguf $t llama-2-7b || log "make $t failed"
+    done
+    log "files: $(ls -la /tmp/cmp/*.gguf | awk '{print $5, $9}' | tr '\n' ' ')"
+    for c in "Q4_K_M" "Q4_K_M --gpu-memory 4GiB" "Q8_0"; do
+      set -- $c
+      f=/tmp/cmp/$1.gguf; shift
+      timeout 200 ./build/server/ferry bench --model $f "$@" --batches 1,16,64 --prefill 512 --decode-steps 8 \
+        >> "$out/qfiles.log" 2>&1
+      log "bench $c rc=$?"
+    done
+    grep -vE "^[0-9:.]+ (info|debug)|^  layers" "$out/qfiles.log" | tail -45
     ;;
   *) log "unknown phase $ph" ;;
   esac
