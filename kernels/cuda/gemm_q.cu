@@ -1,5 +1,5 @@
 /* gemm_q (CUDA) — the tensor-core GEMM for GGUF block weights (prefill and batches past the int8 GEMV); see
- * matmul_q.h for the contract and kernels/cuda/NOTES.md ("Quantized weights") for the reasoning.
+ * matmul_q.h for the contract and kernels/cuda/NOTES.md (Version 7) for the reasoning.
  *
  * Pre-pass: x (m, k) f32 -> f16 (round to nearest even) in the workspace. Main kernel: a block computes a BM
  * x BN tile of y (BM rows of x, BN rows of W) over k in tiles of 64. Three shared-memory rings: raw   RST
