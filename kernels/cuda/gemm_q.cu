@@ -1,5 +1,5 @@
 /* gemm_q (CUDA) — the tensor-core GEMM for GGUF block weights (prefill and batches past the int8 GEMV); see
- * matmul_q.h for the contract and kernels/cuda/NOTES.md ("Quantized weights") for the reasoning.
+ * matmul_q.h for the contract and kernels/cuda/NOTES.md (Version 7) for the reasoning.
  *
  * Pre-pass: x (m, k) f32 -> f16 (round to nearest even) in the workspace. Main kernel: a block computes a BM
  * x BN tile of y (BM rows of x, BN rows of W) over k in tiles of 64. Three shared-memory rings: raw   RST
@@ -303,7 +303,9 @@ static int gm_forced = 0;
     X(4, 64, 32, 4, 1, 4, 3, 3, "64x32 tiles, 4 warps of 16x32, 4 raw stages")                               \
     X(5, 64, 64, 2, 2, 3, 3, 2, "64x64 tiles, 4 warps of 32x32, 3 raw stages")                               \
     X(6, 128, 64, 4, 2, 2, 3, 1, "128x64 tiles, 8 warps of 32x32, 2 raw stages")                             \
-    X(7, 128, 128, 2, 4, 2, 3, 1, "128x128 tiles, 8 warps of 64x32, 2 raw stages")
+    X(7, 128, 128, 2, 4, 2, 3, 1, "128x128 tiles, 8 warps of 64x32, 2 raw stages")                           \
+    X(8, 16, 16, 1, 2, 4, 3, 6, "16x16 tiles, 2 warps of 16x8, 4 raw stages")                                \
+    X(9, 32, 16, 2, 2, 4, 3, 4, "32x16 tiles, 4 warps of 16x8, 4 raw stages")
 
 struct gm_cfg_info {
     int bm, bn;
@@ -358,13 +360,14 @@ static int gm_cfg_launch(int cfg, const struct kern_cuda_qmm *c, float *y, const
 }
 
 /* The automatic choice: the row-tile height by m (16, 32, 64, 128), then the widest W tile whose grid still
- * gives every SM a block (else the narrowest), among the configurations whose shared memory fits the device.
+ * gives every SM a block (two up to m = 64, where the kernel streams W and several blocks per SM hide the
+ * latency of the decode), else the narrowest, among the configurations whose shared memory fits the device.
  */
 template <class Q> static int gm_pick(int m, int n)
 {
-    static const int by_m[4][4] = {{2, 1, 0, 0}, {3, 0, 0, 0}, {5, 4, 0, 0}, {7, 6, 5, 4}};
+    static const int by_m[4][4] = {{2, 1, 8, 0}, {3, 9, 0, 0}, {5, 4, 0, 0}, {7, 6, 5, 4}};
     const int *cand = by_m[m <= 16 ? 0 : m <= 32 ? 1 : m <= 64 ? 2 : 3];
-    const int64_t sms = fcuda_sm_count();
+    const int64_t want = (int64_t)fcuda_sm_count() * (m <= 64 ? 2 : 1); /* blocks */
     const size_t optin = (size_t)fcuda_smem_optin();
     int last = 1;
     for (int i = 0; i < 4 && cand[i]; i++) {
@@ -373,7 +376,7 @@ template <class Q> static int gm_pick(int m, int n)
         last = cfg;
         const int64_t blocks = (int64_t)((n + gm_cfgs[cfg].bn - 1) / gm_cfgs[cfg].bn) *
                                ((m + gm_cfgs[cfg].bm - 1) / gm_cfgs[cfg].bm);
-        if (blocks >= sms) return cfg;
+        if (blocks >= want) return cfg;
     }
     return last;
 }

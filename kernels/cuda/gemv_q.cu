@@ -1,5 +1,5 @@
 /* gemv_q (CUDA) — the int8 GEMV for GGUF block weights (decode batches, m <= KERN_CUDA_QGEMV_MAX_M per
- * launch); see matmul_q.h for the contract and kernels/cuda/NOTES.md ("Quantized weights") for the reasoning.
+ * launch); see matmul_q.h for the contract and kernels/cuda/NOTES.md (Version 7) for the reasoning.
  *
  * Pre-pass: x (m, k) f32 -> xq (m, k) int8 and xd (m, k/32) float4 {dx, Σx, Σxq over 0..15, over 16..31} in
  * the workspace, one group of 8 lanes per block of 32 (4 elements per lane, shuffle reductions in a fixed

@@ -61,7 +61,7 @@ int kern_cuda_qmm_set_gemv_max_m(int m);
 #define KERN_CUDA_QGEMV_CONFIGS 3
 int kern_cuda_qmm_set_gemv_config(int config);
 const char *kern_cuda_qmm_gemv_config_name(int config);
-#define KERN_CUDA_QGEMM_CONFIGS 7
+#define KERN_CUDA_QGEMM_CONFIGS 9
 int kern_cuda_qmm_set_gemm_config(int config);
 const char *kern_cuda_qmm_gemm_config_name(int config);
 
