@@ -336,6 +336,10 @@ static struct engine *make_hybrid(struct model_file *mf, const char *plan, enum 
     return e;
 }
 
+/* Relative bound of compare_hybrid: 1e-2 of the largest logit; a bf16 checkpoint's resident layers round x to
+ * bf16 (2^-9 relative, 8x f16's) in the GPU products, so its tests take 2e-2. */
+static double hybrid_rel_tol = 1e-2;
+
 /* The CPU engine's greedy run, then the hybrid engine following its tokens: logits within the bound. */
 static void compare_hybrid(const char *model, struct engine *cpu, struct engine *gpu, const char *what,
                            int n_prompt)
@@ -360,7 +364,7 @@ static void compare_hybrid(const char *model, struct engine *cpu, struct engine 
             else if (a[v] > top2)
                 top2 = a[v];
         }
-        const double bound = 1e-2 * maxref + 1e-3;
+        const double bound = hybrid_rel_tol * maxref + 1e-3;
         worst_rel = fmax(worst_rel, worst / (maxref + 1e-30));
         cr_expect_leq(worst, bound, "%s %s: step %d: |hybrid-cpu| = %g > %g", model, what, s, worst, bound);
         if (s < steps && tg[s] != tc[s])
@@ -416,6 +420,7 @@ Test(gpu_e2e, hybrid_plans_match_cpu_qwen2_bias_bf16)
 {
     require_gpu();
     const char *plans[] = {"cc", "sc/cs", "gc/gs"};
+    hybrid_rel_tol = 2e-2;
     hybrid_plans(src_path("tests/golden/models/qwen2_bias_bf16"), plans, 3, 7);
 }
 
