@@ -757,10 +757,11 @@ void grammar_free(struct grammar *g)
     free(g);
 }
 
-int grammar_json_object(struct grammar **out, int ws, char err[256])
+int grammar_json_object(struct grammar **out, int ws, int any_ws, char err[256])
 {
     struct gbuilder *b;
     if (gb_init(&b)) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
+    b->g.any_ws = any_ws;
     int any = gb_any(b, ws);
     int kids[3] = {gb_ws(b, ws), gb_object(b, NULL, 0, any, ws), gb_ws(b, ws)};
     return gb_finish(b, gb_seq(b, kids, 3), out, err);
@@ -780,6 +781,17 @@ struct thr {
     int depth;
     struct gframe f[GRAMMAR_MAX_DEPTH];
 };
+
+/* One whitespace byte in a gap of at most max bytes (*w so far). The usual policy is JSON as models and
+ * json.dumps write it: an optional newline first, then spaces and tabs; any_ws lifts it (any of the four
+ * whitespace bytes anywhere). */
+static int gap_ws(const struct grammar *g, int max, uint8_t *w, int c)
+{
+    if (*w >= max) return 0;
+    if (!g->any_ws && (c == '\r' || (c == '\n' && *w != 0))) return 0;
+    (*w)++;
+    return 1;
+}
 
 static int push(struct thr *t, int node)
 {
@@ -1079,7 +1091,7 @@ static int object_step(const struct grammar *g, const struct gnode *n, struct th
         return ACT_CONSUME;
     case O_FIRST:
     case O_NEXT:
-        if (is_ws(c)) return f->ws < n->ws ? (f->ws++, ACT_CONSUME) : ACT_REJECT;
+        if (is_ws(c)) return gap_ws(g, n->ws, &f->ws, c) ? ACT_CONSUME : ACT_REJECT;
         if (c == '}' && f->phase == O_FIRST) return required_left(g, n, f->a) ? ACT_REJECT : ACT_DONE;
         if (c != '"') return ACT_REJECT;
         f->ws = 0;
@@ -1118,20 +1130,20 @@ static int object_step(const struct grammar *g, const struct gnode *n, struct th
         return ACT_CONSUME;
     }
     case O_COLON:
-        if (is_ws(c)) return f->ws < n->ws ? (f->ws++, ACT_CONSUME) : ACT_REJECT;
+        if (is_ws(c)) return gap_ws(g, n->ws, &f->ws, c) ? ACT_CONSUME : ACT_REJECT;
         if (c != ':') return ACT_REJECT;
         f->phase = O_VALUE;
         f->ws = 0;
         return ACT_CONSUME;
     case O_VALUE: {
-        if (is_ws(c)) return f->ws < n->ws ? (f->ws++, ACT_CONSUME) : ACT_REJECT;
+        if (is_ws(c)) return gap_ws(g, n->ws, &f->ws, c) ? ACT_CONSUME : ACT_REJECT;
         int v = f->b == FREE_KEY ? n->c : g->props[n->a + f->b].value;
         f->phase = O_AFTER;
         f->ws = 0;
         return push(t, v) ? ACT_REJECT : ACT_PUSH;
     }
     default: /* O_AFTER */
-        if (is_ws(c)) return f->ws < n->ws ? (f->ws++, ACT_CONSUME) : ACT_REJECT;
+        if (is_ws(c)) return gap_ws(g, n->ws, &f->ws, c) ? ACT_CONSUME : ACT_REJECT;
         if (c == ',') {
             if (!free_keys && !key_candidates(g, n, f->a)) return ACT_REJECT;
             f->phase = O_NEXT;
@@ -1153,7 +1165,7 @@ static int array_step(const struct grammar *g, const struct gnode *n, struct thr
         return ACT_CONSUME;
     case A_FIRST:
     case A_NEXT:
-        if (is_ws(c)) return f->ws < n->ws ? (f->ws++, ACT_CONSUME) : ACT_REJECT;
+        if (is_ws(c)) return gap_ws(g, n->ws, &f->ws, c) ? ACT_CONSUME : ACT_REJECT;
         if (c == ']' && f->phase == A_FIRST) return n->min == 0 ? ACT_DONE : ACT_REJECT;
         if (n->max >= 0 && (int)f->a >= n->max) return ACT_REJECT;
         {
@@ -1165,7 +1177,7 @@ static int array_step(const struct grammar *g, const struct gnode *n, struct thr
             return push(t, item) ? ACT_REJECT : ACT_PUSH;
         }
     default: /* A_AFTER */
-        if (is_ws(c)) return f->ws < n->ws ? (f->ws++, ACT_CONSUME) : ACT_REJECT;
+        if (is_ws(c)) return gap_ws(g, n->ws, &f->ws, c) ? ACT_CONSUME : ACT_REJECT;
         if (c == ',') {
             if (n->max >= 0 && (int)f->a >= n->max) return ACT_REJECT;
             f->phase = A_NEXT;
@@ -1315,8 +1327,9 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
             break;
         }
         case GK_WS:
-            if (is_ws(c) && (int)f->a < n->max) {
-                f->a++;
+            uint8_t w = (uint8_t)(f->a > 255 ? 255 : f->a);
+            if (is_ws(c) && gap_ws(g, n->max, &w, c)) {
+                f->a = w;
                 act = ACT_CONSUME;
             } else {
                 act = ACT_PASS;

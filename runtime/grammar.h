@@ -32,8 +32,9 @@ struct gscratch;
 void grammar_free(struct grammar *g);
 
 /* A grammar for one JSON object of any content (response_format json_object), with whitespace allowed
- * before and after it; ws bounds each run of whitespace (0: none allowed). */
-int grammar_json_object(struct grammar **out, int ws, char err[256]);
+ * before and after it; ws bounds each run of whitespace (0: none allowed). Whitespace gaps are an optional
+ * newline and then spaces or tabs, unless any_ws (any of the four JSON whitespace bytes, in any order). */
+int grammar_json_object(struct grammar **out, int ws, int any_ws, char err[256]);
 
 /* ---- states ---- */
 struct gstate *grammar_state_new(const struct grammar *g); /* the initial state; NULL when out of memory */

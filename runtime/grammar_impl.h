@@ -58,6 +58,7 @@ struct grammar {
     struct regex_dfa **dfas;
     int n_dfas;
     int free_string; /* node of an unconstrained string (object keys without properties) */
+    int any_ws;      /* whitespace gaps take any of the four bytes anywhere (else: a newline first only) */
 };
 
 /* One frame of a thread's stack: the node and where the match of it stands. 24 bytes, no padding: frames

@@ -900,7 +900,7 @@ static int finish(struct dfa_build *B, struct regex_dfa *d, char *err)
             if (dist[s] < 0) dist[s] = dist[t] + 1, queue[qt++] = s;
         }
     }
-    if (dist[0] < 0) {
+    if (n <= 0 || dist[0] < 0) {
         rc = ferry_fail(err, FERRY_ERR_INVALID, "pattern: matches no string");
         goto out;
     }

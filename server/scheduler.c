@@ -24,10 +24,6 @@
  * chunks of this many rows. */
 #define PROMPT_LP_ROWS 64
 
-/* JSON mode: the longest run of whitespace between tokens of the structure (a newline and two levels of
- * indentation; a model that would loop on whitespace cannot). */
-#define JSON_WS_MAX 8
-
 enum { TOK_TEXT = 0, TOK_CONTROL = 1, TOK_EOG = 2 };
 
 struct sched {
@@ -50,7 +46,7 @@ struct sched {
                           * thread under mu, so readable under mu */
     int n_run;
     /* engine thread only */
-    int *slot_free;                    /* (n_slots) 1 when free */
+    int *slot_free; /* (n_slots) 1 when free */
     /* Prompt cache: the tokens whose KV each slot holds (a free slot keeps its last sequence's), the step
      * when a free slot was last used (least recently used caches are dropped first). slot_len -1: unknown
      * (an allocation failed), never matched. */
@@ -64,12 +60,13 @@ struct sched {
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
     struct choice *plp_owner[PROMPT_LP_ROWS];
     int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;
-    /* every token's decoded bytes and kind (TOK_*), for JSON mode */
+    /* every token's decoded bytes and kind (TOK_*), for constrained decoding */
     const char **piece;
     size_t *piece_len;
     uint8_t *tok_kind;
-    float *logits;  /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
-    float *scratch; /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
+    struct gvocab *gvocab; /* the text tokens as tries, for grammar masks */
+    float *logits;         /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
+    float *scratch;        /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
     pthread_t *workers;
     int n_workers;
@@ -105,6 +102,10 @@ static void sreq_free(struct sreq *r)
 {
     if (!r) return;
     for (int i = 0; i < r->n_choices; i++) {
+        grammar_state_free(r->choices[i].gst);
+        gscratch_free(r->choices[i].gscr);
+        free(r->choices[i].allowed);
+        free(r->choices[i].call_ids);
         free(r->choices[i].text);
         free(r->choices[i].lps);
         free(r->choices[i].prompt_lps);
@@ -121,6 +122,7 @@ static void sreq_free(struct sreq *r)
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     free(r->bias);
+    grammar_free(r->grammar);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -173,6 +175,14 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
             else if (!s->piece[id] || tokenizer_is_control(t, id))
                 s->tok_kind[id] = TOK_CONTROL;
         }
+    if (s->piece && s->piece_len && s->tok_kind) {
+        uint8_t *is_text = malloc((size_t)s->n_vocab);
+        if (is_text) {
+            for (int32_t id = 0; id < s->n_vocab; id++) is_text[id] = s->tok_kind[id] == TOK_TEXT;
+            if (gvocab_init(&s->gvocab, s->n_vocab, s->piece, s->piece_len, is_text)) s->gvocab = NULL;
+        }
+        free(is_text);
+    }
     s->slot_toks = calloc((size_t)s->n_slots, sizeof *s->slot_toks);
     s->slot_len = calloc((size_t)s->n_slots, sizeof *s->slot_len);
     s->slot_cap = calloc((size_t)s->n_slots, sizeof *s->slot_cap);
@@ -181,7 +191,8 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
-        !s->row_at || !s->piece || !s->piece_len || !s->tok_kind || !s->slot_toks || !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
+        !s->row_at || !s->piece || !s->piece_len || !s->tok_kind || !s->gvocab || !s->slot_toks ||
+        !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -240,6 +251,7 @@ void sched_free(struct sched *s)
     free(s->piece);
     free(s->piece_len);
     free(s->tok_kind);
+    gvocab_free(s->gvocab);
     for (int i = 0; s->slot_toks && i < s->n_slots; i++) free(s->slot_toks[i]);
     free(s->slot_toks);
     free(s->slot_len);
@@ -470,23 +482,29 @@ static size_t stop_holdback(const struct sreq *r, const char *t, size_t len)
     return best;
 }
 
-/* JSON mode: tokens whose bytes cannot continue the output as a JSON object get -inf; end-of-generation tokens
- * are allowed exactly when the object is closed. If nothing would be left (a vocabulary without the bytes the
- * object needs), the end tokens stay allowed, so the step still samples something. */
-static void json_mask(const struct sched *s, const struct choice *c, float *row)
+/* Constrained decoding: tokens that cannot continue the output within the grammar get -inf; end-of-generation
+ * tokens are allowed exactly when the output may end. The budget (tokens left for this choice) lets the
+ * grammar steer towards an end that fits. If nothing would be left, the end tokens stay allowed, so the step
+ * still samples something. */
+static void grammar_apply(const struct sched *s, struct choice *c, float *row)
 {
-    const int done = json_fsm_done(&c->json);
+    const struct sreq *r = c->req;
+    int budget = r->max_tokens - c->n_gen;
+    const int ctx_left = s->ctx - (c->n_prompt + c->n_gen);
+    if (ctx_left < budget) budget = ctx_left;
+    int acc = grammar_mask(r->grammar, c->gst, s->gvocab, budget, c->allowed, c->gscr);
+    if (acc < 0) { /* out of memory for the mask: only ending is safe */
+        memset(c->allowed, 0, (size_t)s->n_vocab);
+        acc = 1;
+    }
     int allowed = 0, first_eog = -1;
     for (int32_t t = 0; t < s->n_vocab; t++) {
         int ok;
         if (s->tok_kind[t] == TOK_EOG) {
-            ok = done;
+            ok = acc;
             if (first_eog < 0) first_eog = t;
-        } else if (s->tok_kind[t] == TOK_CONTROL || done || s->piece_len[t] == 0) {
-            ok = 0;
         } else {
-            struct json_fsm f = c->json;
-            ok = json_fsm_feed_bytes(&f, s->piece[t], s->piece_len[t]) == 0 && f.ws_run <= JSON_WS_MAX;
+            ok = s->tok_kind[t] == TOK_TEXT && c->allowed[t];
         }
         if (!ok)
             row[t] = -INFINITY;
@@ -504,12 +522,16 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     c->fin = NULL;
     c->release = 0;
     float *raw = s->scratch + (size_t)(row - s->logits);
-    if (r->logprobs >= 0) memcpy(raw, row, (size_t)s->n_vocab * sizeof(float)); /* the model's, unconstrained */
-    if (r->json_object) json_mask(s, c, row);
+    if (r->logprobs >= 0)
+        memcpy(raw, row, (size_t)s->n_vocab * sizeof(float)); /* the model's, unconstrained */
+    if (r->grammar) grammar_apply(s, c, row);
     int32_t tok = sampler_sample(c->smp, row);
     if (tok < 0 || tok >= s->n_vocab) tok = 0; /* a sampler bug must not index out of range */
-    if (r->json_object && s->tok_kind[tok] == TOK_TEXT)
-        json_fsm_feed_bytes(&c->json, s->piece[tok], s->piece_len[tok]);
+    int grammar_done = 0;
+    if (r->grammar && s->tok_kind[tok] == TOK_TEXT) {
+        grammar_state_feed(r->grammar, c->gst, s->piece[tok], s->piece_len[tok]);
+        grammar_done = grammar_state_finished(r->grammar, c->gst); /* nothing may follow: this is the end */
+    }
     if (r->logprobs >= 0) {
         struct lp_entry *e = &c->lp_stage;
         e->id = tok;
@@ -522,12 +544,16 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     c->last = tok;
     char buf[4096];
     int eog = tokenizer_is_eog(s->tok, tok);
+    if (r->keep_special && !eog && s->tok_kind[tok] == TOK_CONTROL) {
+        const char *sp = tokenizer_token_str(s->tok, tok);
+        if (sp) buf_append(&c->hold, &c->hold_len, &c->hold_cap, sp, strlen(sp));
+    }
     int length = c->n_gen >= r->max_tokens || c->n_prompt + c->n_gen >= s->ctx;
     if (!eog) {
         int k = detok_push(&c->dt, tok, buf, sizeof buf);
         if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
     }
-    if (eog || length) {
+    if (eog || length || grammar_done) {
         int k = detok_flush(&c->dt, buf, sizeof buf);
         if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
     }
@@ -536,7 +562,7 @@ static void process_row(struct sched *s, struct choice *c, float *row)
         c->hold_len = (size_t)at;
         c->release = (size_t)at;
         c->fin = "stop";
-    } else if (eog) {
+    } else if (eog || grammar_done) {
         c->release = c->hold_len;
         c->fin = "stop";
     } else if (length) {
@@ -576,7 +602,8 @@ static int blocks_of(const struct sched *s, int positions)
 static struct choice *running_leader_locked(const struct sched *s, const struct choice *c)
 {
     const struct sreq *r = c->req;
-    if (r->n < 2 || c->index % r->n == 0 || wants_prompt_lps(r)) return NULL; /* echo's logprobs: each computes */
+    if (r->n < 2 || c->index % r->n == 0 || wants_prompt_lps(r))
+        return NULL; /* echo's logprobs: each computes */
     struct choice *lead = &r->choices[c->index - c->index % r->n];
     for (int i = 0; i < s->n_run; i++)
         if (s->run[i] == lead) return lead;
@@ -668,6 +695,16 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     sp.n_logit_bias = r->n_bias;
     int rc = sampler_init(&c->smp, &sp, s->n_vocab);
     if (rc) return rc;
+    if (r->grammar) {
+        c->gst = grammar_state_new(r->grammar);
+        c->gscr = gscratch_new();
+        c->allowed = malloc((size_t)s->n_vocab);
+        if (!c->gst || !c->gscr || !c->allowed) {
+            sampler_free(c->smp);
+            c->smp = NULL;
+            return FERRY_ERR_NOMEM;
+        }
+    }
     int shared = lead ? engine_seq_share(s->e, lead->slot, slot, c->n_prompt - 1) : 0;
     if (shared > 0) {
         reuse = shared;
@@ -685,7 +722,6 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     c->n_fed = c->n_cached = reuse;
     c->n_gen = 0;
     c->hold_len = 0;
-    json_fsm_init(&c->json);
     c->state = CHOICE_RUNNING;
     detok_init(&c->dt, s->tok);
     s->run[s->n_run++] = c;

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/json_fsm.h"
+#include "runtime/grammar.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 
@@ -45,8 +45,10 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     struct choice *qnext; /* queue link */
     /* engine thread only */
     int slot, n_fed, n_gen;
-    int n_cached; /* prompt positions taken from the slot's previous sequence (the prompt cache) */
-    struct json_fsm json; /* the output so far, when the request asks for a JSON object */
+    int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
+    struct gstate *gst;    /* constrained decoding: where the output stands in the request's grammar */
+    struct gscratch *gscr; /* its mask workspace */
+    uint8_t *allowed;      /* (n_vocab) the mask of this step */
     int32_t last;
     struct sampler *smp;
     struct detok dt;
@@ -64,13 +66,17 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     size_t text_len, text_cap;
     struct lp_entry *lps; /* (n_lps) when logprobs were asked */
     int n_lps, lps_cap;
-    /* echo with logprobs (completions): entry i is prompt token i+1 given tokens 0..i, (n_prompt - 1) entries,
-     * written by the engine thread during the prefill; readable once prompt_lps_ready is set (under mu). */
+    /* echo with logprobs (completions): entry i is prompt token i+1 given tokens 0..i, (n_prompt - 1)
+     * entries, written by the engine thread during the prefill; readable once prompt_lps_ready is set (under
+     * mu). */
     struct lp_entry *prompt_lps;
     int prompt_lps_ready;
     const char *finish; /* "stop", "length" or NULL while running */
     int n_completion;   /* tokens generated */
     /* HTTP thread only: streaming progress */
+    size_t r_sent, a_sent; /* bytes of reasoning / answer content streamed (chat with tools or reasoning) */
+    int calls_sent;
+    char (*call_ids)[40]; /* (TOOL_CALL_MAX) ids of the tool calls, made when first rendered */
     size_t sent;
     int lps_sent, head_sent, finish_sent;
     size_t echo_len; /* bytes of the echoed prompt text, where the generated text's offsets start */
@@ -91,8 +97,17 @@ struct sreq {
     int stream, include_usage;
     int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
-    int json_object; /* response_format json_object: the output is constrained to one JSON object */
-    char **stops; /* (n_stops) owned, non-empty */
+    struct grammar *grammar; /* owned; non-NULL: outputs are constrained to it (response_format json_object or
+                              * json_schema, a required tool call); the output ends when the grammar does */
+    int keep_special; /* control tokens other than end-of-generation go into the text (tool-call markers
+                       * such as [TOOL_CALLS] and <|python_tag|> that the output parser looks for) */
+    /* chat output parsing (read by the renderer) */
+    int tools;             /* the output may hold tool calls (tools given, tool_choice not "none") */
+    int tool_format;       /* enum tool_format */
+    int tool_prefixed;     /* the prompt ends with the call marker: the whole output is the call section */
+    int reasoning;         /* split a <think> block off the start of the output */
+    int reasoning_started; /* the prompt opened the block */
+    char **stops;          /* (n_stops) owned, non-empty */
     int n_stops;
     /* prompts */
     int n_prompts;

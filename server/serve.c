@@ -26,6 +26,8 @@
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
+#include "runtime/tool_call.h"
+#include "server/build_id.h"
 #include "server/api.h"
 #include "server/cli.h"
 #include "server/metrics.h"
@@ -91,6 +93,8 @@ static int load_state(struct server *S)
 
 /* ---- responses ------------------------------------------------------------------------------------ */
 
+static const char *route_method(const char *path);
+
 static void add_common_headers(struct hreq *h, struct MHD_Response *resp)
 {
     MHD_add_response_header(resp, "X-Request-Id", h->rid);
@@ -115,10 +119,7 @@ static enum MHD_Result respond(struct hreq *h, int http, const char *ctype, char
     add_common_headers(h, resp);
     if (http == 503 || http == 429) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (http == 405) {
-        const char *allow = !strcmp(h->path, "/v1/completions") || !strcmp(h->path, "/v1/chat/completions") ||
-                                    !strcmp(h->path, "/tokenize") || !strcmp(h->path, "/detokenize")
-                                ? "POST, OPTIONS"
-                                : "GET, OPTIONS";
+        const char *allow = !strcmp(route_method(h->path), "POST") ? "POST, OPTIONS" : "GET, OPTIONS";
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
     h->status = http;
@@ -343,6 +344,10 @@ static enum route match(const char *path, const char **method_needed)
         {"/v1/models", R_MODELS, "GET"},
         {"/v1/completions", R_COMPLETIONS, "POST"},
         {"/v1/chat/completions", R_CHAT, "POST"},
+        /* the paths without /v1 that llama-server also answers */
+        {"/models", R_MODELS, "GET"},
+        {"/completions", R_COMPLETIONS, "POST"},
+        {"/chat/completions", R_CHAT, "POST"},
         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},
     };
@@ -356,6 +361,14 @@ static enum route match(const char *path, const char **method_needed)
         return R_MODEL;
     }
     return R_NONE;
+}
+
+/* The method a path takes (GET when it is no route). */
+static const char *route_method(const char *path)
+{
+    const char *need = "GET";
+    match(path, &need);
+    return need;
 }
 
 static enum MHD_Result route(struct hreq *h)
@@ -587,6 +600,9 @@ static void loader_main(void *arg)
     a->n_vocab = nv < tv ? nv : tv;
     a->default_seed = S->opt.seed;
     a->timeout = S->opt.timeout;
+    a->tool_format = tool_format_of(tmpl);
+    a->reasoning = strcmp(S->opt.reasoning_format, "none") != 0;
+    a->fingerprint = "fp_" FERRY_BUILD_ID;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int st = S->opt.threads > 0 ? S->opt.threads : cores > 0 ? (int)cores : 1;
     struct sched_params sp = {S->opt.max_queue, ep.max_batch_tokens, st > 8 ? 8 : st, S->opt.prompt_cache};

@@ -35,7 +35,7 @@ static char *read_file(const char *path, size_t *len)
 
 static int load(const char *path, struct grammar **g, char err[256])
 {
-    if (!strcmp(path, "-object-")) return grammar_json_object(g, 16, err);
+    if (!strcmp(path, "-object-")) return grammar_json_object(g, 16, 1, err);
     size_t len = 0;
     char *s = read_file(path, &len);
     if (!s) return ferry_fail(err, FERRY_ERR_IO, "cannot read %s", path);
