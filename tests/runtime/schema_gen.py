@@ -41,8 +41,8 @@ def rand_scalar(r):
             s["minimum"] = lo
             if r.random() < 0.7:
                 s["maximum"] = lo + r.randrange(0, 500)
-        if r.random() < 0.2:
-            s["exclusiveMaximum"] = s.get("maximum", 0) + 1
+        if r.random() < 0.2 and "maximum" in s:
+            s["exclusiveMaximum"] = s["maximum"] + 1
         return s
     if k == 2:
         s = {"type": "number"}
