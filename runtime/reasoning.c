@@ -32,7 +32,10 @@ void reasoning_split(const char *text, size_t len, int started, int final, struc
     if (started) { /* some models write the opening marker again */
         size_t w = 0;
         while (w < len && is_ws(text[w])) w++;
-        if (len - w >= sizeof OPEN - 1 && !memcmp(text + w, OPEN, sizeof OPEN - 1)) at = w + sizeof OPEN - 1;
+        if (len - w >= sizeof OPEN - 1 && !memcmp(text + w, OPEN, sizeof OPEN - 1))
+            at = w + sizeof OPEN - 1;
+        else if (!final && !memcmp(text + w, OPEN, len - w))
+            return; /* may be that marker: wait */
     } else {
         while (at < len && is_ws(text[at])) at++;
         size_t left = len - at;

@@ -62,8 +62,8 @@ static int call_node(struct gbuilder *b, const struct tool_def *tools, int n, co
                 gb_fail(b, rc, "%s", err);
                 goto out;
             }
-        } else {
-            args = gb_any(b, ws);
+        } else { /* no schema: an object of any content (the arguments are always an object) */
+            args = gb_object(b, NULL, 0, gb_any(b, ws), ws);
         }
         int kids[3] = {gb_lit(b, sep, strlen(sep)), args, gb_lit(b, "}", 1)};
         size_t nl = strlen(tools[i].name);
