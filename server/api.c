@@ -384,23 +384,20 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
 {
     *out = NULL;
     memset(e, 0, sizeof *e);
-    json_error_t jerr;
-    json_t *o = json_loadb(body, len, 0, &jerr);
-    if (!o) {
-        e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
-                 jerr.text);
-        return e->status;
-    }
-    if (!json_is_object(o)) {
-        json_decref(o);
-        e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "the request body must be a JSON object");
-        return e->status;
-    }
+    if (kind == SREQ_RESPONSES) return api_parse_responses(a, body, len, out, e);
+    json_t *o = api_load_object(body, len, e);
+    if (!o) return e->status;
+    int rc = api_parse_object(a, kind, o, out, e);
+    json_decref(o);
+    return rc;
+}
+
+int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, struct sreq **out,
+                     struct api_err *e)
+{
+    *out = NULL;
     struct sreq *r = sreq_new();
     if (!r) {
-        json_decref(o);
         e->status = FERRY_ERR_NOMEM;
         snprintf(e->msg, sizeof e->msg, "out of memory");
         return e->status;
@@ -484,7 +481,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     long long max_tokens = -1;
     if (api_get_int(o, "max_tokens", 0, LLONG_MAX, &ll, e) > 0) max_tokens = ll;
     if (e->status) goto fail;
-    if (kind == SREQ_CHAT && api_get_int(o, "max_completion_tokens", 0, LLONG_MAX, &ll, e) > 0)
+    if (kind != SREQ_COMPLETION && api_get_int(o, "max_completion_tokens", 0, LLONG_MAX, &ll, e) > 0)
         max_tokens = ll;
     if (e->status) goto fail;
 
@@ -505,7 +502,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         if (r->n_prompt_toks[i] > longest) longest = r->n_prompt_toks[i];
     }
     if (longest >= a->ctx_size) {
-        e->status = FERRY_ERR_RANGE, e->param = kind == SREQ_CHAT ? "messages" : "prompt";
+        e->status = FERRY_ERR_RANGE, e->param = kind != SREQ_COMPLETION ? "messages" : "prompt";
         snprintf(e->msg, sizeof e->msg,
                  "This model's maximum context length is %d tokens, but the prompt has %d tokens",
                  a->ctx_size, longest);
@@ -513,8 +510,9 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     }
     if (max_tokens >= 0 && longest + max_tokens > a->ctx_size) {
         e->status = FERRY_ERR_RANGE,
-        e->param = kind == SREQ_CHAT && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
-                                                                                    : "max_tokens";
+        e->param = kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens")
+                       ? "max_completion_tokens"
+                       : "max_tokens";
         snprintf(e->msg, sizeof e->msg,
                  "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the "
                  "prompt, %lld for the completion)",
@@ -543,16 +541,17 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         c->n_prompt = r->n_prompt_toks[i / r->n];
         c->slot = -1;
     }
-    api_make_id(r->id, sizeof r->id, kind == SREQ_CHAT ? "chatcmpl-" : "cmpl-");
+    api_make_id(r->id, sizeof r->id,
+                kind == SREQ_CHAT        ? "chatcmpl-"
+                : kind == SREQ_RESPONSES ? "resp_"
+                                         : "cmpl-");
     r->created = (long long)time(NULL);
     r->t_arrival = sched_now();
     r->deadline = a->timeout > 0 ? r->t_arrival + a->timeout : 0;
-    json_decref(o);
     *out = r;
     return 0;
 fail:
     if (!e->status) e->status = FERRY_ERR_INVALID;
-    json_decref(o);
     sched_release(NULL, r);
     return e->status;
 }

@@ -42,6 +42,15 @@ void api_make_id(char *out, size_t cap, const char *prefix);
 /* The body as a JSON object, or NULL with e filled. */
 json_t *api_load_object(const char *body, size_t len, struct api_err *e);
 
+/* A completions / chat request from its JSON object (not consumed). */
+int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, struct sreq **out,
+                     struct api_err *e);
+/* /v1/responses: the request becomes a chat (responses.c). */
+int api_parse_responses(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
+                        struct api_err *e);
+char *api_responses_full(const struct api_ctx *a, struct sreq *r, size_t *len);
+void api_responses_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
+
 /* Chat: renders "messages" (and "tools") through the template into r's prompt; sets up tool calling and
  * reasoning on r. Reads tools, tool_choice, parallel_tool_calls from o. (api_chat.c) */
 int api_chat_prompt(const struct api_ctx *a, struct sreq *r, json_t *o, json_t *messages, struct api_err *e);
@@ -59,6 +68,11 @@ struct api_split {
 };
 void api_split_output(const struct sreq *r, const struct choice *c, int final, struct api_split *o);
 void api_split_free(struct api_split *o);
+/* usage of a request (chat/completions field names). */
+json_t *api_usage(const struct sreq *r);
+/* Call k of sp as chat's tool_calls element ({id, type, function}; with "index" when index is set). */
+json_t *api_tool_call_json(const struct api_ctx *a, struct choice *c, const struct api_split *sp, int k,
+                           int index);
 /* The id of call k of a choice (made on first use, then stable). */
 const char *api_call_id(const struct api_ctx *a, struct choice *c, int k);
 

@@ -128,7 +128,7 @@ static void text_lps_extend(json_t *base, json_t *more)
     json_decref(more);
 }
 
-static json_t *usage_obj(const struct sreq *r)
+json_t *api_usage(const struct sreq *r)
 {
     int gen = 0;
     for (int i = 0; i < r->n_choices; i++) gen += r->choices[i].n_completion;
@@ -195,8 +195,8 @@ const char *api_call_id(const struct api_ctx *a, struct choice *c, int k)
     return c->call_ids[k];
 }
 
-static json_t *tool_call_json(const struct api_ctx *a, struct choice *c, const struct api_split *sp, int k,
-                              int index)
+json_t *api_tool_call_json(const struct api_ctx *a, struct choice *c, const struct api_split *sp, int k,
+                           int index)
 {
     const struct tool_call_out *tc = &sp->tp->calls[k];
     json_t *o = json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", api_call_id(a, c, k), "type", "function", "function",
@@ -226,6 +226,7 @@ static json_t *envelope(const struct api_ctx *a, const struct sreq *r, int chunk
 
 char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 {
+    if (r->kind == SREQ_RESPONSES) return api_responses_full(a, r, len);
     json_t *o = envelope(a, r, 0);
     json_t *choices = json_array();
     for (int i = 0; i < r->n_choices; i++) {
@@ -262,7 +263,7 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
             if (sp.n_calls) {
                 json_t *calls = json_array();
                 for (int k = 0; k < sp.n_calls; k++)
-                    json_array_append_new(calls, tool_call_json(a, c, &sp, k, 0));
+                    json_array_append_new(calls, api_tool_call_json(a, c, &sp, k, 0));
                 json_object_set_new(msg, "tool_calls", calls);
             }
             ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "message", msg, "logprobs", lp, "finish_reason",
@@ -280,7 +281,7 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
         json_array_append_new(choices, ch);
     }
     json_object_set_new(o, "choices", choices);
-    json_object_set_new(o, "usage", usage_obj(r));
+    json_object_set_new(o, "usage", api_usage(r));
     return api_dump(o, len);
 }
 
@@ -323,7 +324,7 @@ static json_t *chat_delta(const struct api_ctx *a, struct sreq *r, struct choice
     if (sp.n_calls > c->calls_sent) {
         json_t *calls = json_array();
         for (int k = c->calls_sent; k < sp.n_calls; k++)
-            json_array_append_new(calls, tool_call_json(a, c, &sp, k, 1));
+            json_array_append_new(calls, api_tool_call_json(a, c, &sp, k, 1));
         json_object_set_new(d, "tool_calls", calls);
         c->calls_sent = sp.n_calls;
     }
@@ -337,6 +338,10 @@ static json_t *chat_delta(const struct api_ctx *a, struct sreq *r, struct choice
 
 void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done)
 {
+    if (r->kind == SREQ_RESPONSES) {
+        api_responses_stream(a, r, out, done);
+        return;
+    }
     *done = 0;
     for (int i = 0; i < r->n_choices; i++) {
         struct choice *c = &r->choices[i];
@@ -433,7 +438,7 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
     } else if (r->include_usage) {
         json_t *o = envelope(a, r, 1);
         json_object_set_new(o, "choices", json_array());
-        json_object_set_new(o, "usage", usage_obj(r));
+        json_object_set_new(o, "usage", api_usage(r));
         sse(out, o);
     }
     strbuf_add(out, "data: [DONE]\n\n", 14);

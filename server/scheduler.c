@@ -123,6 +123,7 @@ static void sreq_free(struct sreq *r)
     free(r->stops);
     free(r->bias);
     grammar_free(r->grammar);
+    free(r->echo_json);
     pthread_cond_destroy(&r->cv);
     free(r);
 }

@@ -24,7 +24,7 @@ struct metrics;
 
 #define SCHED_MAX_TOP_LOGPROBS 20
 
-enum sreq_kind { SREQ_COMPLETION = 0, SREQ_CHAT = 1 };
+enum sreq_kind { SREQ_COMPLETION = 0, SREQ_CHAT = 1, SREQ_RESPONSES = 2 /* /v1/responses: a chat, answered as a response */ };
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
 
 struct lp_entry { /* one generated token's log-probabilities */
@@ -76,6 +76,8 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     /* HTTP thread only: streaming progress */
     size_t r_sent, a_sent; /* bytes of reasoning / answer content streamed (chat with tools or reasoning) */
     int calls_sent;
+    int seq;                      /* /v1/responses streams: the next event's sequence_number */
+    int rs_item, msg_item, items; /* ... output index of the reasoning and message items (-1: not open), items */
     char (*call_ids)[40]; /* (TOOL_CALL_MAX) ids of the tool calls, made when first rendered */
     size_t sent;
     int lps_sent, head_sent, finish_sent;
@@ -107,6 +109,7 @@ struct sreq {
     int tool_prefixed;     /* the prompt ends with the call marker: the whole output is the call section */
     int reasoning;         /* split a <think> block off the start of the output */
     int reasoning_started; /* the prompt opened the block */
+    char *echo_json;       /* /v1/responses: request fields the response object repeats (JSON text, owned) */
     char **stops;          /* (n_stops) owned, non-empty */
     int n_stops;
     /* prompts */

@@ -55,6 +55,7 @@ struct server {
     struct engine *eng;
     struct sched *sched;
     struct api_ctx api;
+    char *chat_template_text; /* --chat-template-file's contents, owned */
     char model_name[256];
     struct metrics metrics;
     int active_gen;   /* completion requests between submit and completion (atomic) */
@@ -328,6 +329,7 @@ enum route {
     R_MODEL,
     R_COMPLETIONS,
     R_CHAT,
+    R_RESPONSES,
     R_TOKENIZE,
     R_DETOKENIZE
 };
@@ -348,6 +350,7 @@ static enum route match(const char *path, const char **method_needed)
         {"/models", R_MODELS, "GET"},
         {"/completions", R_COMPLETIONS, "POST"},
         {"/chat/completions", R_CHAT, "POST"},
+        {"/v1/responses", R_RESPONSES, "POST"},
         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},
     };
@@ -443,7 +446,7 @@ static enum MHD_Result route(struct hreq *h)
     }
     if (state != STATE_READY)
         return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-    return handle_completion(h, rt == R_CHAT ? SREQ_CHAT : SREQ_COMPLETION);
+    return handle_completion(h, rt == R_CHAT ? SREQ_CHAT : rt == R_RESPONSES ? SREQ_RESPONSES : SREQ_COMPLETION);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -573,7 +576,9 @@ static void loader_main(void *arg)
         goto done;
     }
     const char *tmpl = NULL;
-    if (S->opt.chat_template)
+    if (S->chat_template_text)
+        tmpl = S->chat_template_text;
+    else if (S->opt.chat_template)
         tmpl = chat_template_builtin(S->opt.chat_template);
     else if (S->mf->chat_template)
         tmpl = S->mf->chat_template;
@@ -725,6 +730,23 @@ static struct MHD_Daemon *start_http(struct server *S, char err[256])
     return d;
 }
 
+/* --chat-template-file: the whole file, NUL-terminated (at most 1 MiB), or NULL. */
+static char *read_template_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc((1 << 20) + 1);
+    size_t n = buf ? fread(buf, 1, (size_t)1 << 20, f) : 0;
+    int more = buf && fgetc(f) != EOF;
+    fclose(f);
+    if (!buf || more || n == 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 int serve_main(int argc, char **argv)
 {
     struct server *S = calloc(1, sizeof *S);
@@ -748,6 +770,11 @@ int serve_main(int argc, char **argv)
     }
     if (serve_options_load_key_file(&S->opt, err)) {
         fprintf(stderr, "ferry serve: %s\n", err);
+        goto out_free;
+    }
+    if (S->opt.chat_template_file && !(S->chat_template_text = read_template_file(S->opt.chat_template_file))) {
+        fprintf(stderr, "ferry serve: cannot read --chat-template-file %s (missing, unreadable or over 1 MiB)\n",
+                S->opt.chat_template_file);
         goto out_free;
     }
     if (S->opt.chat_template && !chat_template_builtin(S->opt.chat_template)) {
@@ -818,6 +845,7 @@ int serve_main(int argc, char **argv)
     ret = S->exit_code;
     FLOG_INFO("ferry serve: exit %d", ret);
 out_free:
+    free(S->chat_template_text);
     serve_options_free(&S->opt);
     free(S);
     return ret;
