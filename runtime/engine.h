@@ -41,6 +41,8 @@ struct batch {
     int32_t *pos;         /* (n_tokens) position of each token in its sequence */
     int32_t *seq;         /* (n_tokens) sequence slot of each token */
     uint8_t *want_logits; /* (n_tokens) 1 where the caller needs this row's logits */
+    uint8_t hidden;       /* 1: those rows get the final normed hidden state, (dim) f32 each, instead of logits
+                           * (embeddings); 0 for generation */
 };
 
 struct engine_stats {
@@ -71,7 +73,8 @@ const struct llm_hparams *engine_hparams(const struct engine *e);
 int engine_ctx_size(const struct engine *e);
 int engine_n_seqs(const struct engine *e);
 
-/* Runs the batch. logits receives one row of n_vocab floats per token with want_logits set, in batch order.
+/* Runs the batch. logits receives one row of n_vocab floats per token with want_logits set, in batch order
+ * (dim floats per row when b->hidden is set).
  * Errors: FERRY_ERR_INVALID (bad token id, seq or pos out of order, a position in a block shared with another
  * sequence), FERRY_ERR_RANGE (position past
  * ctx_size or KV pool exhausted: nothing of the batch is kept in that case). */

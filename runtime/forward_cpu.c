@@ -127,6 +127,10 @@ int forward_cpu_run(struct forward_cpu *f, const struct model *m, struct kv_cach
     for (int i = 0; i < n; i++)
         if (b->want_logits[i]) memmove(f->xn + (size_t)n_out++ * dim, f->x + (size_t)i * dim, dim * sizeof(float));
     if (n_out == 0) return FERRY_OK;
+    if (b->hidden) { /* embeddings: the normed rows themselves */
+        kern_cpu_rmsnorm(logits, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
+        return FERRY_OK;
+    }
     kern_cpu_rmsnorm(f->xn, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
     return linear(f, logits, f->xn, &m->output, NULL, n_out);
 }

@@ -751,7 +751,7 @@ static int bucket_len(int max_len, int cap)
 /* Everything a step does on the device, from the uploads of the staged inputs to the download of the logits.
  * Enqueued on the compute stream; capturable as a graph when no layer streams. */
 static int enqueue_step(struct forward_cuda *f, const struct model *m, const struct kv_cache *kv, int n,
-                        const uint8_t *want, int max_len, int *n_out_p, int *step_use_p)
+                        const uint8_t *want, int hidden, int max_len, int *n_out_p, int *step_use_p)
 {
     const struct llm_hparams *hp = &m->hp;
     const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
@@ -804,6 +804,13 @@ static int enqueue_step(struct forward_cuda *f, const struct model *m, const str
                                    cudaMemcpyDeviceToDevice, cs));
             n_out++;
         }
+    if (hidden) { /* embeddings: the normed rows themselves (h_logits holds T rows of n_vocab >= dim floats) */
+        if (n_out)
+            CK(cudaMemcpyAsync(f->h_logits, f->xn, (size_t)n_out * dim * sizeof(float), cudaMemcpyDeviceToHost, cs));
+        *n_out_p = n_out;
+        *step_use_p = step_use;
+        return FERRY_OK;
+    }
     /* In chunks of the device buffer's rows; each chunk's download is ordered before the next chunk's product. */
     for (int c = 0; c < n_out; c += f->logit_rows) {
         const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
@@ -827,7 +834,7 @@ static int step_graph(struct forward_cuda *f, const struct model *m, const struc
         int n_out, uses;
         cudaGraph_t g = NULL;
         CK(cudaStreamBeginCapture(f->compute, cudaStreamCaptureModeThreadLocal));
-        int rc = enqueue_step(f, m, kv, n, want, max_len, &n_out, &uses);
+        int rc = enqueue_step(f, m, kv, n, want, 0, max_len, &n_out, &uses);
         cudaError_t ce = cudaStreamEndCapture(f->compute, &g);
         if (rc || ce != cudaSuccess) {
             if (g) cudaGraphDestroy(g);
@@ -868,16 +875,17 @@ int forward_cuda_run(struct forward_cuda *f, const struct model *m, const struct
 
     const uint64_t first_use = f->stream_n;
     int n_out = 0, step_use = 0;
-    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && max_len <= (256 << (GRAPH_LENS - 1))) {
+    if (b->hidden && hp->dim > hp->n_vocab) return FERRY_ERR_UNSUPPORTED; /* the host buffer holds n_vocab per row */
+    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && !b->hidden && max_len <= (256 << (GRAPH_LENS - 1))) {
         cudaGraphExec_t g;
         RC(step_graph(f, m, kv, n, b->want_logits, max_len, &g));
         CK(cudaGraphLaunch(g, f->compute));
         n_out = n;
     } else {
-        RC(enqueue_step(f, m, kv, n, b->want_logits, max_len, &n_out, &step_use));
+        RC(enqueue_step(f, m, kv, n, b->want_logits, b->hidden, max_len, &n_out, &step_use));
     }
     CK(cudaStreamSynchronize(f->compute));
-    if (n_out) memcpy(logits, f->h_logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+    if (n_out) memcpy(logits, f->h_logits, (size_t)n_out * (b->hidden ? dim : hp->n_vocab) * sizeof(float));
 
     /* Streaming figures of this step: every copy it used has completed. */
     const int S = f->map.n_streamed;

@@ -385,6 +385,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     *out = NULL;
     memset(e, 0, sizeof *e);
     if (kind == SREQ_RESPONSES) return api_parse_responses(a, body, len, out, e);
+    if (kind == SREQ_EMBED) return api_parse_embeddings(a, body, len, out, e);
     json_t *o = api_load_object(body, len, e);
     if (!o) return e->status;
     int rc = api_parse_object(a, kind, o, out, e);

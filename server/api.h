@@ -40,6 +40,8 @@ struct api_ctx {
     int tool_format;      /* enum tool_format of chat_tmpl (runtime/tool_call.h) */
     int reasoning;        /* 1: a <think> block at the start of a chat answer goes to reasoning_content */
     const char *fingerprint; /* system_fingerprint of every answer ("fp_" and the build id) */
+    int embd_dim;            /* width of an embedding (the model's hidden size) */
+    int pooling;             /* embeddings: 0 = mean over the input's positions, 1 = its last position */
 };
 
 struct api_err {

@@ -48,6 +48,9 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
 /* /v1/responses: the request becomes a chat (responses.c). */
 int api_parse_responses(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
                         struct api_err *e);
+/* /v1/embeddings (embeddings.c). */
+int api_parse_embeddings(const struct api_ctx *a, const char *body, size_t len, struct sreq **out, struct api_err *e);
+char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 char *api_responses_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 void api_responses_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
 

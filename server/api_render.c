@@ -227,6 +227,7 @@ static json_t *envelope(const struct api_ctx *a, const struct sreq *r, int chunk
 char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 {
     if (r->kind == SREQ_RESPONSES) return api_responses_full(a, r, len);
+    if (r->kind == SREQ_EMBED) return api_embeddings_full(a, r, len);
     json_t *o = envelope(a, r, 0);
     json_t *choices = json_array();
     for (int i = 0; i < r->n_choices; i++) {

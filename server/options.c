@@ -66,6 +66,8 @@ static const struct opt_row rows[] = {
      "builtin template name (chatml, llama2, llama3, mistral, gemma, phi3, zephyr) over the model's"},
     {"chat-template-file", OPT_STR, OFF(chat_template_file), 0, 0, NULL, NULL,
      "a Jinja chat template file used over the model's (and over --chat-template)"},
+    {"pooling", OPT_ENUM, OFF(pooling), 0, 0, "mean", "mean|last",
+     "/v1/embeddings: mean of the final hidden states of the input's positions, or the last position's"},
     {"reasoning-format", OPT_ENUM, OFF(reasoning_format), 0, 0, "auto", "auto|none",
      "auto: a <think> block at the start of a chat answer goes to reasoning_content; none: left in content"},
     {"public-health", OPT_BOOL, OFF(public_health), 0, 1, "0", NULL, "/health and /metrics need no API key"},

@@ -37,6 +37,7 @@ struct serve_options {
     const char *chat_template;     /* builtin template name overriding the model's */
     const char *chat_template_file; /* a template file overriding both */
     const char *reasoning_format;  /* auto|none: <think> blocks of chat answers into reasoning_content */
+    const char *pooling;           /* mean|last: how /v1/embeddings pools the hidden states */
     int public_health;             /* 1: /health and /metrics need no key */
     const char *log_level;         /* error|warn|info|debug */
     const char *served_model_name; /* NULL = file name of --model */

@@ -35,7 +35,7 @@ struct sched {
     const struct tokenizer *tok;
     struct metrics *m;
     struct sched_params p;
-    int n_slots, n_vocab, ctx;
+    int n_slots, n_vocab, ctx, dim;
     int kv_blocks, kv_block; /* KV pool: blocks and positions per block */
     int kv_reserved;         /* blocks promised to running choices (engine thread, under mu) */
     /* queue (under mu) */
@@ -55,6 +55,10 @@ struct sched {
     uint64_t *slot_used, clock;
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
+    /* embeddings run in a step of their own (its rows are hidden states, not logits) */
+    int32_t *e_tokens, *e_pos, *e_seq; /* (max_batch_tokens) */
+    uint8_t *e_want;
+    float *e_out;              /* (max_batch_tokens, dim) */
     struct choice **row_owner; /* (n_slots) choice of each sampled row */
     int *row_at;               /* (n_slots) its row in logits */
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
@@ -75,6 +79,11 @@ struct sched {
     uint64_t wgen; /* bumped for each parallel sampling round */
     int wstop, wrows, wnext, wbusy;
 };
+
+int sched_embd_dim(const struct sched *s)
+{
+    return s->dim;
+}
 
 double sched_now(void)
 {
@@ -106,6 +115,7 @@ static void sreq_free(struct sreq *r)
         gscratch_free(r->choices[i].gscr);
         free(r->choices[i].allowed);
         free(r->choices[i].call_ids);
+        free(r->choices[i].embd);
         free(r->choices[i].text);
         free(r->choices[i].lps);
         free(r->choices[i].prompt_lps);
@@ -151,6 +161,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->n_slots = engine_n_seqs(e);
     s->n_vocab = engine_hparams(e)->n_vocab;
     s->ctx = engine_ctx_size(e);
+    s->dim = engine_hparams(e)->dim;
     struct engine_stats st;
     engine_get_stats(e, &st);
     s->kv_block = st.kv_block_size > 0 ? st.kv_block_size : 1;
@@ -163,6 +174,11 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->b_pos = malloc(nb * sizeof(int32_t));
     s->b_seq = malloc(nb * sizeof(int32_t));
     s->b_want = malloc(nb);
+    s->e_tokens = malloc(nb * sizeof(int32_t));
+    s->e_pos = malloc(nb * sizeof(int32_t));
+    s->e_seq = malloc(nb * sizeof(int32_t));
+    s->e_want = malloc(nb);
+    s->e_out = malloc(nb * (size_t)s->dim * sizeof(float));
     s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
     s->row_at = calloc((size_t)s->n_slots, sizeof *s->row_at);
     s->piece = calloc((size_t)s->n_vocab, sizeof *s->piece);
@@ -191,9 +207,10 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     const size_t rows = (size_t)s->n_slots + PROMPT_LP_ROWS;
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
-    if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
-        !s->row_at || !s->piece || !s->piece_len || !s->tok_kind || !s->gvocab || !s->slot_toks ||
-        !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
+    if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens ||
+        !s->e_pos || !s->e_seq || !s->e_want || !s->e_out || !s->row_owner || !s->row_at || !s->piece ||
+        !s->piece_len || !s->tok_kind || !s->gvocab || !s->slot_toks || !s->slot_len || !s->slot_cap ||
+        !s->slot_used || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -247,6 +264,11 @@ void sched_free(struct sched *s)
     free(s->b_pos);
     free(s->b_seq);
     free(s->b_want);
+    free(s->e_tokens);
+    free(s->e_pos);
+    free(s->e_seq);
+    free(s->e_want);
+    free(s->e_out);
     free(s->row_owner);
     free(s->row_at);
     free(s->piece);
@@ -648,7 +670,8 @@ static int pick_slot_locked(const struct sched *s, const struct choice *c, int u
     for (int j = 0; j < s->n_slots; j++) {
         if (!s->slot_free[j]) continue;
         int r = 0;
-        if (use_cache && s->p.prompt_cache && !wants_prompt_lps(c->req) && s->slot_len[j] > 0) {
+        if (use_cache && s->p.prompt_cache && !wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED &&
+            s->slot_len[j] > 0) {
             const int lim = s->slot_len[j] < c->n_prompt - 1 ? s->slot_len[j] : c->n_prompt - 1;
             while (r < lim && s->slot_toks[j][r] == c->prompt[r]) r++;
         }
@@ -696,6 +719,11 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     sp.n_logit_bias = r->n_bias;
     int rc = sampler_init(&c->smp, &sp, s->n_vocab);
     if (rc) return rc;
+    if (r->kind == SREQ_EMBED && !(c->embd = calloc((size_t)s->dim, sizeof(float)))) {
+        sampler_free(c->smp);
+        c->smp = NULL;
+        return FERRY_ERR_NOMEM;
+    }
     if (r->grammar) {
         c->gst = grammar_state_new(r->grammar);
         c->gscr = gscratch_new();
@@ -840,6 +868,49 @@ static void prompt_logprobs(struct sched *s)
     }
 }
 
+/* With mu held: the prompt chunks of running embedding choices, in a batch of their own; each choice's
+ * c->chunk and c->e_at say where its rows are. Returns the batch's tokens. */
+static int embed_batch_locked(struct sched *s)
+{
+    int ne = 0, at = 0;
+    for (int i = 0; i < s->n_run && ne < s->p.max_batch_tokens; i++) {
+        struct choice *c = s->run[i];
+        if (c->req->kind != SREQ_EMBED || c->n_fed >= c->n_prompt) continue;
+        int k = c->n_prompt - c->n_fed;
+        if (k > s->p.max_batch_tokens - ne) k = s->p.max_batch_tokens - ne;
+        c->e_at = at;
+        for (int j = 0; j < k; j++) {
+            const int p = c->n_fed + j;
+            s->e_tokens[ne] = c->prompt[p];
+            s->e_pos[ne] = p;
+            s->e_seq[ne] = c->slot;
+            s->e_want[ne] = c->req->pooling == 0 || p == c->n_prompt - 1;
+            at += s->e_want[ne];
+            ne++;
+        }
+        c->chunk = k;
+    }
+    return ne;
+}
+
+/* Outside the lock, after an embedding step: each choice's rows into its pooled vector (a sum for mean
+ * pooling, divided once the prompt is complete). */
+static void pool_rows(struct sched *s)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        if (c->req->kind != SREQ_EMBED || !c->chunk) continue;
+        const int mean = c->req->pooling == 0;
+        const int rows = mean ? c->chunk : c->n_fed + c->chunk == c->n_prompt;
+        for (int r = 0; r < rows; r++) {
+            const float *h = s->e_out + (size_t)(c->e_at + r) * s->dim;
+            for (int d = 0; d < s->dim; d++) c->embd[d] = mean ? c->embd[d] + h[d] : h[d];
+        }
+        if (mean && c->n_fed + c->chunk == c->n_prompt)
+            for (int d = 0; d < s->dim; d++) c->embd[d] /= (float)c->n_prompt;
+    }
+}
+
 static void *engine_main(void *arg)
 {
     struct sched *s = arg;
@@ -861,7 +932,8 @@ static void *engine_main(void *arg)
         while (s->qhead && s->n_run < s->n_slots) {
             struct choice *c = s->qhead;
             /* first come first served: the head waits for KV room rather than being overtaken */
-            const int feeds = c->req->max_tokens > 0 || wants_prompt_lps(c->req);
+            const int feeds =
+                c->req->max_tokens > 0 || wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
             /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
             struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
             if (lead && lead->n_fed < lead->n_prompt) break;
@@ -921,7 +993,7 @@ static void *engine_main(void *arg)
         }
         for (int i = 0; i < s->n_run && n < s->p.max_batch_tokens; i++) {
             struct choice *c = s->run[i];
-            if (c->n_fed >= c->n_prompt) continue;
+            if (c->n_fed >= c->n_prompt || c->req->kind == SREQ_EMBED) continue;
             int k = c->n_prompt - c->n_fed;
             if (k > s->p.max_batch_tokens - n) k = s->p.max_batch_tokens - n;
             const int plp = wants_prompt_lps(c->req);
@@ -960,16 +1032,23 @@ static void *engine_main(void *arg)
                 }
             }
         }
+        const int ne = embed_batch_locked(s);
         pthread_mutex_unlock(&s->mu);
 
-        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want};
+        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
         double t0 = sched_now();
-        int rc = engine_step(s->e, &b, s->logits);
+        int rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
         double t1 = sched_now();
-        if (rc == 0) {
+        if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
             sample_rows(s, rows);
             prompt_logprobs(s);
+        }
+        if (rc == 0 && ne > 0) {
+            struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1};
+            rc = engine_step(s->e, &eb, s->e_out);
+            if (rc == 0) pool_rows(s);
+            n_prefill += ne;
         }
         double t2 = sched_now();
 
@@ -987,6 +1066,7 @@ static void *engine_main(void *arg)
         for (int i = 0; i < s->n_run; i++) {
             struct choice *c = s->run[i];
             c->n_fed += c->chunk;
+            if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_prompt) c->fin = "stop"; /* pooled: done */
             if (c->chunk && c->n_fed == c->n_prompt && wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;
                 pthread_cond_broadcast(&c->req->cv);

@@ -24,7 +24,12 @@ struct metrics;
 
 #define SCHED_MAX_TOP_LOGPROBS 20
 
-enum sreq_kind { SREQ_COMPLETION = 0, SREQ_CHAT = 1, SREQ_RESPONSES = 2 /* /v1/responses: a chat, answered as a response */ };
+enum sreq_kind {
+    SREQ_COMPLETION = 0,
+    SREQ_CHAT = 1,
+    SREQ_RESPONSES = 2, /* /v1/responses: a chat, answered as a response */
+    SREQ_EMBED = 3,     /* /v1/embeddings: each choice's prompt is run for its final hidden states, pooled */
+};
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
 
 struct lp_entry { /* one generated token's log-probabilities */
@@ -60,6 +65,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     const char *fin; /* finish decided in this step */
     int has_lp;
     struct lp_entry lp_stage; /* logprobs of this step's token */
+    int e_at;                 /* SREQ_EMBED: this step's first output row */
     /* shared, under the scheduler mutex */
     enum choice_state state;
     char *text; /* released text (never contains a stop string) */
@@ -72,12 +78,14 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     struct lp_entry *prompt_lps;
     int prompt_lps_ready;
     const char *finish; /* "stop", "length" or NULL while running */
-    int n_completion;   /* tokens generated */
+    float *embd;      /* (dim) SREQ_EMBED: the pooled final hidden state, complete once the choice is done */
+    int n_completion; /* tokens generated */
     /* HTTP thread only: streaming progress */
     size_t r_sent, a_sent; /* bytes of reasoning / answer content streamed (chat with tools or reasoning) */
     int calls_sent;
-    int seq;                      /* /v1/responses streams: the next event's sequence_number */
-    int rs_item, msg_item, items; /* ... output index of the reasoning and message items (-1: not open), items */
+    int seq; /* /v1/responses streams: the next event's sequence_number */
+    int rs_item, msg_item,
+        items;            /* ... output index of the reasoning and message items (-1: not open), items */
     char (*call_ids)[40]; /* (TOOL_CALL_MAX) ids of the tool calls, made when first rendered */
     size_t sent;
     int lps_sent, head_sent, finish_sent;
@@ -110,6 +118,8 @@ struct sreq {
     int reasoning;         /* split a <think> block off the start of the output */
     int reasoning_started; /* the prompt opened the block */
     char *echo_json;       /* /v1/responses: request fields the response object repeats (JSON text, owned) */
+    int pooling;           /* SREQ_EMBED: 0 = mean of the prompt's rows, 1 = its last row */
+    int embd_base64;       /* SREQ_EMBED: answer with base64 float32 instead of arrays */
     char **stops;          /* (n_stops) owned, non-empty */
     int n_stops;
     /* prompts */
@@ -167,5 +177,7 @@ void sched_wait(struct sched *s, struct sreq *req, int ms);
 int sched_in_flight(struct sched *s);
 
 double sched_now(void); /* monotonic seconds */
+/* Width of an embedding (the model's hidden size). */
+int sched_embd_dim(const struct sched *s);
 
 #endif

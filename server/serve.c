@@ -330,6 +330,7 @@ enum route {
     R_COMPLETIONS,
     R_CHAT,
     R_RESPONSES,
+    R_EMBEDDINGS,
     R_TOKENIZE,
     R_DETOKENIZE
 };
@@ -351,6 +352,8 @@ static enum route match(const char *path, const char **method_needed)
         {"/completions", R_COMPLETIONS, "POST"},
         {"/chat/completions", R_CHAT, "POST"},
         {"/v1/responses", R_RESPONSES, "POST"},
+        {"/v1/embeddings", R_EMBEDDINGS, "POST"},
+        {"/embeddings", R_EMBEDDINGS, "POST"},
         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},
     };
@@ -446,7 +449,10 @@ static enum MHD_Result route(struct hreq *h)
     }
     if (state != STATE_READY)
         return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-    return handle_completion(h, rt == R_CHAT ? SREQ_CHAT : rt == R_RESPONSES ? SREQ_RESPONSES : SREQ_COMPLETION);
+    return handle_completion(h, rt == R_CHAT        ? SREQ_CHAT
+                                : rt == R_RESPONSES ? SREQ_RESPONSES
+                                : rt == R_EMBEDDINGS ? SREQ_EMBED
+                                                     : SREQ_COMPLETION);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -608,6 +614,8 @@ static void loader_main(void *arg)
     a->tool_format = tool_format_of(tmpl);
     a->reasoning = strcmp(S->opt.reasoning_format, "none") != 0;
     a->fingerprint = "fp_" FERRY_BUILD_ID;
+    a->embd_dim = engine_hparams(S->eng)->dim;
+    a->pooling = !strcmp(S->opt.pooling, "last");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int st = S->opt.threads > 0 ? S->opt.threads : cores > 0 ? (int)cores : 1;
     struct sched_params sp = {S->opt.max_queue, ep.max_batch_tokens, st > 8 ? 8 : st, S->opt.prompt_cache};
