@@ -80,6 +80,35 @@ struct sched {
     int wstop, wrows, wnext, wbusy;
 };
 
+int sched_describe(struct sched *s, struct sched_seq *out, int cap)
+{
+    const double now = sched_now();
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int pass = 0; pass < 2; pass++) {
+        struct choice *c = pass == 0 ? NULL : s->qhead;
+        for (int i = 0; pass == 0 ? i < s->n_run : c != NULL; i++) {
+            if (pass == 0) c = s->run[i];
+            if (n < cap) {
+                struct sched_seq *q = &out[n];
+                snprintf(q->id, sizeof q->id, "%s", c->req->id);
+                q->kind = c->req->kind;
+                q->running = pass == 0;
+                q->slot = pass == 0 ? c->slot : -1;
+                q->n_prompt = c->n_prompt;
+                q->n_fed = pass == 0 ? c->n_fed : 0;
+                q->n_gen = pass == 0 ? c->n_completion : 0;
+                q->max_tokens = c->req->max_tokens;
+                q->age = now - c->req->t_arrival;
+            }
+            n++;
+            if (pass == 1) c = c->qnext;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 int sched_embd_dim(const struct sched *s)
 {
     return s->dim;

@@ -177,6 +177,21 @@ void sched_wait(struct sched *s, struct sreq *req, int ms);
 int sched_in_flight(struct sched *s);
 
 double sched_now(void); /* monotonic seconds */
+/* One sequence as the dashboard shows it. */
+struct sched_seq {
+    char id[48];  /* its request's id */
+    int kind;     /* enum sreq_kind */
+    int running;  /* 1 running (in a slot), 0 queued */
+    int slot;     /* -1 when queued */
+    int n_prompt; /* prompt tokens */
+    int n_fed;    /* of them computed (or taken from the prompt cache) */
+    int n_gen;    /* tokens generated */
+    int max_tokens;
+    double age; /* seconds since the request arrived */
+};
+/* Fills out[0, cap) with the running sequences, then the queued ones in order; returns how many exist. */
+int sched_describe(struct sched *s, struct sched_seq *out, int cap);
+
 /* Width of an embedding (the model's hidden size). */
 int sched_embd_dim(const struct sched *s);
 

@@ -30,6 +30,8 @@
 #include "server/build_id.h"
 #include "server/api.h"
 #include "server/cli.h"
+#include "server/dashboard.h"
+#include "server/web_assets.h"
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/scheduler.h"
@@ -56,6 +58,7 @@ struct server {
     struct sched *sched;
     struct api_ctx api;
     char *chat_template_text; /* --chat-template-file's contents, owned */
+    double t_start;           /* sched_now() at start, for the dashboard's uptime */
     char model_name[256];
     struct metrics metrics;
     int active_gen;   /* completion requests between submit and completion (atomic) */
@@ -202,6 +205,7 @@ static int authorized(struct hreq *h)
     struct server *S = h->S;
     if (S->opt.n_api_keys == 0) return 1;
     if (S->opt.public_health && (!strcmp(h->path, "/health") || !strcmp(h->path, "/metrics"))) return 1;
+    if (web_asset_find(h->path)) return 1; /* the page holds no data; what it fetches needs the key */
     const char *a = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!a) return 0;
     if (strncasecmp(a, "Bearer ", 7)) return 0;
@@ -331,6 +335,8 @@ enum route {
     R_CHAT,
     R_RESPONSES,
     R_EMBEDDINGS,
+    R_WEB,
+    R_STATUS,
     R_TOKENIZE,
     R_DETOKENIZE
 };
@@ -353,6 +359,9 @@ static enum route match(const char *path, const char **method_needed)
         {"/chat/completions", R_CHAT, "POST"},
         {"/v1/responses", R_RESPONSES, "POST"},
         {"/v1/embeddings", R_EMBEDDINGS, "POST"},
+        {"/", R_WEB, "GET"},
+        {"/index.html", R_WEB, "GET"},
+        {"/status", R_STATUS, "GET"},
         {"/embeddings", R_EMBEDDINGS, "POST"},
         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},
@@ -425,8 +434,31 @@ static enum MHD_Result route(struct hreq *h)
         if (!b) return respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
         return respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
     }
+    if (rt == R_WEB) {
+        const struct web_asset *w = web_asset_find(h->path);
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(w->len, (void *)w->data, MHD_RESPMEM_PERSISTENT);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, w->content_type);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        add_common_headers(h, resp);
+        h->status = 200;
+        enum MHD_Result r = MHD_queue_response(h->conn, MHD_HTTP_OK, resp);
+        MHD_destroy_response(resp);
+        return r;
+    }
     if (!__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE))
         return respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
+    if (rt == R_STATUS) {
+        struct engine_stats st;
+        engine_get_stats(S->eng, &st);
+        struct dashboard_ctx d = {S->model_name, S->api.fingerprint, st.backend, engine_placement(S->eng),
+                                  engine_hparams(S->eng)->n_layers, S->opt.parallel, S->api.ctx_size, S->t_start,
+                                  &S->metrics, S->sched};
+        size_t len = 0;
+        char *b = dashboard_json(&d, &len);
+        return respond_json(h, 200, b, len);
+    }
     if (rt == R_MODELS || rt == R_MODEL) {
         if (rt == R_MODEL && strcmp(h->path + 11, S->api.model_name))
             return respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%.100s' does not exist",
@@ -800,6 +832,7 @@ int serve_main(int argc, char **argv)
         snprintf(S->model_name, sizeof S->model_name, "%.*s", (int)(n - b), p + b);
     }
     signal(SIGPIPE, SIG_IGN);
+    S->t_start = sched_now();
     pthread_mutex_init(&S->load_mu, NULL);
     metrics_init(&S->metrics);
     S->state = STATE_LOADING;
