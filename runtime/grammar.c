@@ -18,14 +18,15 @@
 #include "runtime/grammar_build.h"
 #include "runtime/grammar_impl.h"
 
-#define MAX_BYTES    (1 << 22)
-#define MAX_POOL     (1 << 20)
-#define MAX_PROPS    64 /* properties of one object (a 64-bit candidate mask) */
-#define MAX_FORKS    24 /* nested alternative expansions on one byte */
-#define NUM_INT_MAX  15 /* digits of the integer part of a bounded number */
-#define NUM_FRAC_MAX 12 /* fraction digits of a bounded number */
-#define NUM_FREE_MAX 64 /* digits of each part of an unbounded number */
-#define NUM_EXP_MAX  4
+#define MAX_BYTES      (1 << 22)
+#define MAX_POOL       (1 << 20)
+#define MAX_PROPS      64    /* properties of one object (a 64-bit candidate mask) */
+#define MAX_DFA_STATES 16384 /* automaton states of all patterns of a grammar (512 bytes of table each) */
+#define MAX_FORKS      24    /* nested alternative expansions on one byte */
+#define NUM_INT_MAX    15    /* digits of the integer part of a bounded number */
+#define NUM_FRAC_MAX   12    /* fraction digits of a bounded number */
+#define NUM_FREE_MAX   64    /* digits of each part of an unbounded number */
+#define NUM_EXP_MAX    4
 
 static uint32_t cadd(uint32_t a, uint32_t b)
 {
@@ -58,6 +59,7 @@ struct gbuilder {
     int n_kids, cap_kids, n_props, cap_props, n_lits, cap_lits, cap_dfas;
     uint8_t *defined; /* (cap_nodes) 0 for a reserved node not yet defined */
     int any_node, any_ws;
+    int dfa_states; /* over all patterns: bounds the tables' memory */
     int status;
     char err[256];
 };
@@ -229,6 +231,11 @@ int gb_string(struct gbuilder *b, struct regex_dfa *dfa, int min, int max)
         return -1;
     }
     int di = -1;
+    if (dfa && (b->dfa_states += dfa->n_states) > MAX_DFA_STATES) {
+        regex_free(dfa);
+        return gb_fail(b, FERRY_ERR_RANGE,
+                       "the patterns and formats need more than %d automaton states in all", MAX_DFA_STATES);
+    }
     if (dfa) {
         /* bytes as a JSON string writes them: quote, backslash and \b\f\n\r\t escaped, other controls never
          */

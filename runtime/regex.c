@@ -792,6 +792,8 @@ static int dfa_build(struct dfa_build *B, int start_state, int match, char *err)
     return 0;
 }
 
+static int weighted_dist(const struct regex_dfa *d, const int16_t w[256], uint32_t **out);
+
 /* A byte that starts a code point (not a UTF-8 continuation byte). */
 static int starts_cp(int b)
 {
@@ -811,16 +813,17 @@ static int code_points(struct regex_dfa *d)
         free(stack);
         return -1;
     }
-    for (int s = 0; s < n; s++) d->cmin[s] = d->accept[s] ? 0 : REGEX_UNBOUNDED;
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int s = 0; s < n; s++)
-            for (int b = 0; b < 256; b++) {
-                uint16_t t = d->next[(size_t)s * 256 + b];
-                if (t == REGEX_DEAD || d->cmin[t] == REGEX_UNBOUNDED) continue;
-                uint32_t c = d->cmin[t] + (uint32_t)starts_cp(b);
-                if (c < d->cmin[s]) d->cmin[s] = c, changed = 1;
-            }
+    {
+        int16_t w[256];
+        for (int b = 0; b < 256; b++) w[b] = (int16_t)starts_cp(b);
+        uint32_t *cmin;
+        if (weighted_dist(d, w, &cmin)) {
+            free(color);
+            free(stack);
+            return -1;
+        }
+        free(d->cmin);
+        d->cmin = cmin;
     }
     /* iterative DFS: color 1 = on the stack, 2 = done; an edge back to the stack is a loop */
     for (int root = 0; root < n; root++) {
@@ -1001,34 +1004,102 @@ void regex_free(struct regex_dfa *d)
     free(d);
 }
 
-int regex_weigh(struct regex_dfa *d, const uint8_t weight[256])
+/* Distances to acceptance where byte b weighs w[b] (-1: the byte is never taken): Dijkstra over reverse edges
+ * (one per (from, to) pair, at its lightest byte) with a binary heap, O(E log V) for E <= 256 V. *out is
+ * malloc'd, REGEX_UNBOUNDED where acceptance cannot be reached. */
+static int weighted_dist(const struct regex_dfa *d, const int16_t w[256], uint32_t **out)
 {
     const int n = d->n_states;
+    int *cnt = calloc((size_t)n + 1, sizeof *cnt), *light = malloc((size_t)n * sizeof *light);
     uint32_t *dist = malloc((size_t)n * sizeof *dist);
-    uint8_t *done = calloc((size_t)n, 1);
-    if (!dist || !done) {
-        free(dist);
-        free(done);
-        return FERRY_ERR_NOMEM;
-    }
-    for (int s = 0; s < n; s++) dist[s] = d->accept[s] ? 0 : REGEX_UNBOUNDED;
-    /* Dijkstra towards acceptance; n is at most REGEX_MAX_STATES, so the plain O(n^2) selection will do */
-    for (;;) {
-        int best = -1;
-        for (int s = 0; s < n; s++)
-            if (!done[s] && dist[s] != REGEX_UNBOUNDED && (best < 0 || dist[s] < dist[best])) best = s;
-        if (best < 0) break;
-        done[best] = 1;
+    int *heap = malloc(((size_t)n * 257 + 1) * sizeof *heap), *from = NULL;
+    uint8_t *w_of = NULL; /* weights of the edges (w <= 255) */
+    int rc = FERRY_ERR_NOMEM;
+    if (!cnt || !light || !dist || !heap) goto out;
+    /* light[t]: the lightest byte weight from the current s to t (reset per s); edges counted then filled */
+    for (int t = 0; t < n; t++) light[t] = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        int *fill = pass ? calloc((size_t)n, sizeof *fill) : NULL;
+        if (pass && !fill) goto out;
         for (int s = 0; s < n; s++) {
-            if (done[s]) continue;
             for (int b = 0; b < 256; b++) {
-                if (!weight[b] || d->next[(size_t)s * 256 + b] != best) continue;
-                uint32_t c = dist[best] + weight[b];
-                if (c < dist[s]) dist[s] = c;
+                uint16_t t = d->next[(size_t)s * 256 + b];
+                if (t == REGEX_DEAD || w[b] < 0) continue;
+                if (light[t] < 0 || w[b] < light[t]) light[t] = w[b];
+            }
+            for (int b = 0; b < 256; b++) {
+                uint16_t t = d->next[(size_t)s * 256 + b];
+                if (t == REGEX_DEAD || light[t] < 0) continue;
+                if (pass == 0) {
+                    cnt[t + 1]++;
+                } else {
+                    from[cnt[t] + fill[t]] = s;
+                    w_of[cnt[t] + fill[t]++] = (uint8_t)light[t];
+                }
+                light[t] = -1; /* one edge per pair */
+            }
+        }
+        if (pass == 0) {
+            for (int t = 0; t < n; t++) cnt[t + 1] += cnt[t];
+            from = malloc(((size_t)cnt[n] + 1) * sizeof *from);
+            w_of = malloc((size_t)cnt[n] + 1);
+            if (!from || !w_of) goto out;
+        }
+        free(fill);
+    }
+    int hn = 0;
+    for (int s = 0; s < n; s++) {
+        dist[s] = d->accept[s] ? 0 : REGEX_UNBOUNDED;
+        if (d->accept[s]) heap[hn++] = s;
+    }
+    /* lazy deletion: a state may sit in the heap more than once; stale entries are skipped */
+    while (hn) {
+        int t = heap[0];
+        heap[0] = heap[--hn];
+        for (int i = 0;;) { /* sift down */
+            int l = 2 * i + 1, r = l + 1, m = i;
+            if (l < hn && dist[heap[l]] < dist[heap[m]]) m = l;
+            if (r < hn && dist[heap[r]] < dist[heap[m]]) m = r;
+            if (m == i) break;
+            int x = heap[i];
+            heap[i] = heap[m];
+            heap[m] = x;
+            i = m;
+        }
+        for (int k = cnt[t]; k < cnt[t + 1]; k++) {
+            int s = from[k];
+            uint32_t c = dist[t] + w_of[k];
+            if (c >= dist[s]) continue;
+            dist[s] = c;
+            int i = hn++;
+            heap[i] = s;
+            while (i && dist[heap[(i - 1) / 2]] > dist[heap[i]]) { /* sift up */
+                int x = heap[i];
+                heap[i] = heap[(i - 1) / 2];
+                heap[(i - 1) / 2] = x;
+                i = (i - 1) / 2;
             }
         }
     }
-    free(done);
+    *out = dist;
+    dist = NULL;
+    rc = 0;
+out:
+    free(cnt);
+    free(light);
+    free(dist);
+    free(heap);
+    free(from);
+    free(w_of);
+    return rc;
+}
+
+int regex_weigh(struct regex_dfa *d, const uint8_t weight[256])
+{
+    int16_t w[256];
+    for (int b = 0; b < 256; b++) w[b] = weight[b] ? weight[b] : -1;
+    uint32_t *dist;
+    if (weighted_dist(d, w, &dist)) return FERRY_ERR_NOMEM;
     free(d->wdist);
     d->wdist = dist;
     return 0;

@@ -121,6 +121,8 @@ static const char *const SCHEMAS[] = {
     "\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3,5}$\"},\"score\":{\"type\":\"number\",\"exclusiveMinimum\":0,"
     "\"maximum\":1}},\"required\":[\"when\",\"code\",\"score\"]}",
     "{\"type\":\"object\",\"properties\":{\"story\":{\"type\":\"string\"}},\"required\":[\"story\"]}",
+    "{\"type\":\"object\",\"properties\":{\"note\":{\"type\":\"string\",\"pattern\":\"ab+c\"}},"
+    "\"required\":[\"note\"]}",
     "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]},{"
     "\"type\":"
     "\"object\",\"properties\":{\"b\":{\"type\":\"boolean\"}},\"required\":[\"b\"]},{\"type\":\"null\"}]}",
