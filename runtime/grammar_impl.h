@@ -90,6 +90,32 @@ static inline int gstate_frames(const struct gstate *st)
     return k;
 }
 
+/* Saturating cost arithmetic (GCOST_INF absorbs). */
+static inline uint32_t cadd(uint32_t a, uint32_t b)
+{
+    uint64_t s = (uint64_t)a + b;
+    return s >= GCOST_INF ? GCOST_INF : (uint32_t)s;
+}
+
+static inline uint32_t cmul(uint32_t a, uint32_t k)
+{
+    uint64_t s = (uint64_t)a * k;
+    return s >= GCOST_INF ? GCOST_INF : (uint32_t)s;
+}
+
+static inline int is_ws(int c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static inline int bit(const uint8_t *set, int c)
+{
+    return set[c >> 3] >> (c & 7) & 1;
+}
+
+/* Bytes of the shortest number within a GK_NUMBER node's bounds, or GCOST_INF (grammar.c). */
+uint32_t gnum_min_len(const struct gnode *n);
+
 /* Feeds one byte of `in` into `out` (which must have room for a full state); returns the threads left. */
 int gstate_step(const struct grammar *g, const struct gstate *in, int c, struct gstate *out);
 uint32_t gstate_cost(const struct grammar *g, const struct gstate *st);
