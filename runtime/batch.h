@@ -18,6 +18,8 @@ struct batch {
     int32_t *pos;         /* (n_tokens) position of each token in its sequence */
     int32_t *seq;         /* (n_tokens) sequence slot of each token */
     uint8_t *want_logits; /* (n_tokens) 1 where the caller needs this row's logits */
+    uint8_t hidden;       /* 1: those rows get the final normed hidden state, (dim) f32 each, instead of logits
+                           * (embeddings); 0 for generation */
 };
 
 struct step {

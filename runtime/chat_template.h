@@ -20,7 +20,8 @@
  * false sequence mapping iterable callable equalto/eq ne lt le gt ge in odd even divisibleby lower
  * upper; globals range namespace dict raise_exception strftime_now; Undefined like Jinja's default.
  * Context: messages (dicts with role, content), add_generation_prompt, bos_token, eos_token, and
- * tools = documents = None as HF passes them.
+ * tools = documents = None as HF passes them; chat_template_render_json passes messages, tools and extra
+ * variables from JSON (tool calls, tool results, date_string ...).
  * Not supported: include/extends/import/block, raw, call blocks, filter blocks, recursive loops,
  * printf-style `%` formatting, str.format, macro varargs/caller; case mapping is ASCII-only.
  */
@@ -58,6 +59,23 @@ int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n
                             int add_generation_prompt, const char *bos_token, const char *eos_token,
                             const struct chat_template_params *params, char **out, size_t *out_len,
                             char err[256]);
+
+/* The variables of a render as JSON texts, the way HF's apply_chat_template receives them: messages (an array
+ * of objects: role, content, and tool_calls, tool_call_id, name, ... as the template reads them), tools (an
+ * array, or NULL for None) and extra variables (an object, or NULL: e.g. date_string, enable_thinking). */
+struct chat_render {
+    const char *messages_json;
+    const char *tools_json;
+    const char *extra_json;
+    int add_generation_prompt;
+    const char *bos_token, *eos_token; /* may be NULL */
+};
+
+/* Renders with JSON-described variables (params NULL: defaults). Errors as chat_template_render; malformed
+ * JSON is FERRY_ERR_INVALID. */
+int chat_template_render_json(const char *tmpl, const struct chat_render *in,
+                              const struct chat_template_params *params, char **out, size_t *out_len,
+                              char err[256]);
 
 /* The source of a built-in template by name, or NULL. */
 const char *chat_template_builtin(const char *name);

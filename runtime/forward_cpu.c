@@ -249,6 +249,10 @@ static int cpu_head(struct backend *be, const struct step *st, float *logits)
         if (b->want_logits[i])
             memmove(f->xn + (size_t)n_out++ * dim, f->x + (size_t)i * dim, dim * sizeof(float));
     if (n_out == 0) return FERRY_OK;
+    if (b->hidden) { /* embeddings: the normed rows themselves */
+        kern_cpu_rmsnorm(logits, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
+        return FERRY_OK;
+    }
     kern_cpu_rmsnorm(f->xn, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
     return kern_cpu_matmul(logits, f->xn, m->output.data, m->output.type, NULL, n_out, (int)m->output.rows,
                            (int)m->output.cols, f->tp);

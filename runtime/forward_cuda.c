@@ -879,8 +879,9 @@ static int upload_inputs(struct forward_cuda *f)
 }
 
 /* The final norm (with the last delta), the rows that want logits gathered (device-to-device) and projected
- * in chunks of the device buffer's rows, each chunk downloaded before the next one's product. */
-static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n)
+ * in chunks of the device buffer's rows, each chunk downloaded before the next one's product; with `hidden`
+ * (embeddings) the normed rows themselves are downloaded (h_logits holds T rows of n_vocab >= dim floats). */
+static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int hidden)
 {
     const struct llm_hparams *hp = &f->m->hp;
     const int dim = hp->dim;
@@ -898,6 +899,12 @@ static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n)
                                    cudaMemcpyDeviceToDevice, cs));
             n_out++;
         }
+    if (hidden) {
+        if (n_out)
+            CK(cudaMemcpyAsync(f->h_logits, f->xn, (size_t)n_out * dim * sizeof(float), cudaMemcpyDeviceToHost,
+                               cs));
+        return FERRY_OK;
+    }
     for (int c = 0; c < n_out; c += f->logit_rows) {
         const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
         RC(linear(f, f->logits, hp->n_vocab, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r,
@@ -915,7 +922,7 @@ static int enqueue_whole_step(struct forward_cuda *f, const struct step *st)
     RC(upload_inputs(f));
     RC(x_gather(f, f->h_x_dev, n));
     for (int l = 0; l < f->n_layers; l++) RC(layer_enqueue(f, l, PLACEMENT_GPU, n));
-    return head_enqueue(f, st->b->want_logits, n);
+    return head_enqueue(f, st->b->want_logits, n, 0);
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
@@ -987,7 +994,8 @@ static int cuda_begin(struct backend *be, const struct step *st)
     f->step_uses = 0;
     f->graph_step = 0;
     f->pending = 0;
-    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && f->max_len <= (256 << (GRAPH_LENS - 1))) {
+    if (b->hidden && f->m->hp.dim > f->m->hp.n_vocab) return FERRY_ERR_UNSUPPORTED; /* h_logits' rows */
+    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && !b->hidden && f->max_len <= (256 << (GRAPH_LENS - 1))) {
         const struct model *m = f->m;
         RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                           b->tokens, n));
@@ -1033,9 +1041,10 @@ static int cuda_head(struct backend *be, const struct step *st, float *logits)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     const struct llm_hparams *hp = &f->m->hp;
-    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens));
+    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, st->b->hidden));
     CK(cudaStreamSynchronize(f->compute));
-    if (st->n_out) memcpy(logits, f->h_logits, (size_t)st->n_out * hp->n_vocab * sizeof(float));
+    if (st->n_out)
+        memcpy(logits, f->h_logits, (size_t)st->n_out * (st->b->hidden ? hp->dim : hp->n_vocab) * sizeof(float));
     /* Streaming figures of this step: every copy it used has completed. */
     for (int i = 0; i < f->step_uses; i++) {
         float ms = 0;

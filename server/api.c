@@ -16,12 +16,14 @@
 #include "kernels/core/status.h"
 #include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
+#include "server/api_impl.h"
 
-#define API_MAX_PROMPTS  128
-#define API_MAX_N        128
-#define API_MAX_STOPS    16
-#define API_MAX_STOP_LEN 1024
-#define API_MAX_BIAS     4096
+#define API_MAX_PROMPTS             128
+#define API_MAX_N                   128
+#define API_MAX_STOPS               4 /* OpenAI's limit */
+#define API_MAX_STOP_LEN            1024
+#define API_MAX_BIAS                4096
+#define API_MAX_COMPLETION_LOGPROBS 5 /* OpenAI's limit for /v1/completions */
 
 /* ---- small helpers ------------------------------------------------------------------------------- */
 
@@ -50,8 +52,7 @@ void strbuf_free(struct strbuf *b)
     memset(b, 0, sizeof *b);
 }
 
-
-static json_t *jstr(const char *s, size_t n)
+json_t *api_jstr(const char *s, size_t n)
 {
     size_t m;
     char *c = utf8_sanitize(s ? s : "", s ? n : 0, &m);
@@ -61,7 +62,7 @@ static json_t *jstr(const char *s, size_t n)
     return j ? j : json_null();
 }
 
-static char *dump(json_t *j, size_t *len)
+char *api_dump(json_t *j, size_t *len)
 {
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -127,26 +128,18 @@ char *api_error_body(int status, const char *msg, const char *param, size_t *len
     const char *type, *code;
     api_http_status(status, &type, &code);
     json_t *e = json_object();
-    json_object_set_new(e, "message", jstr(msg, strlen(msg)));
+    json_object_set_new(e, "message", api_jstr(msg, strlen(msg)));
     json_object_set_new(e, "type", json_string(type));
     json_object_set_new(e, "param", param ? json_string(param) : json_null());
     json_object_set_new(e, "code", code ? json_string(code) : json_null());
     json_t *o = json_object();
     json_object_set_new(o, "error", e);
-    return dump(o, len);
+    return api_dump(o, len);
 }
-
-#define FAIL(st, prm, ...)                                                                                   \
-    do {                                                                                                     \
-        e->status = (st);                                                                                    \
-        e->param = (prm);                                                                                    \
-        snprintf(e->msg, sizeof e->msg, __VA_ARGS__);                                                        \
-        return (st);                                                                                         \
-    } while (0)
 
 /* ---- field readers: 1 = present, 0 = absent or null, negative = wrong type/range (e filled) ------------ */
 
-static int get_num(json_t *o, const char *k, double lo, double hi, double *v, struct api_err *e)
+int api_get_num(json_t *o, const char *k, double lo, double hi, double *v, struct api_err *e)
 {
     json_t *j = json_object_get(o, k);
     if (!j || json_is_null(j)) return 0;
@@ -158,7 +151,7 @@ static int get_num(json_t *o, const char *k, double lo, double hi, double *v, st
     return 1;
 }
 
-static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *v, struct api_err *e)
+int api_get_int(json_t *o, const char *k, long long lo, long long hi, long long *v, struct api_err *e)
 {
     json_t *j = json_object_get(o, k);
     if (!j || json_is_null(j)) return 0;
@@ -175,7 +168,7 @@ static int get_int(json_t *o, const char *k, long long lo, long long hi, long lo
     return 1;
 }
 
-static int get_bool(json_t *o, const char *k, int *v, struct api_err *e)
+int api_get_bool(json_t *o, const char *k, int *v, struct api_err *e)
 {
     json_t *j = json_object_get(o, k);
     if (!j || json_is_null(j)) return 0;
@@ -184,7 +177,7 @@ static int get_bool(json_t *o, const char *k, int *v, struct api_err *e)
     return 1;
 }
 
-static int get_str(json_t *o, const char *k, const char **v, struct api_err *e)
+int api_get_str(json_t *o, const char *k, const char **v, struct api_err *e)
 {
     json_t *j = json_object_get(o, k);
     if (!j || json_is_null(j)) return 0;
@@ -200,8 +193,8 @@ static int get_str(json_t *o, const char *k, const char **v, struct api_err *e)
     } while (0)
 
 /* Tokenizes text into a malloc'd array. */
-static int encode_alloc(const struct api_ctx *a, const char *text, size_t len, int add_bos, int special,
-                        int32_t **out, int *n_out)
+int api_encode(const struct api_ctx *a, const char *text, size_t len, int add_bos, int special, int32_t **out,
+               int *n_out)
 {
     int cap = (int)(len / 2) + 16;
     if (cap > 1 << 22) cap = 1 << 22;
@@ -224,7 +217,7 @@ static int encode_alloc(const struct api_ctx *a, const char *text, size_t len, i
     return FERRY_ERR_INTERNAL;
 }
 
-static char *decode_alloc(const struct api_ctx *a, const int32_t *ids, int n, size_t *len)
+char *api_decode(const struct api_ctx *a, const int32_t *ids, int n, size_t *len)
 {
     char *s = NULL;
     size_t l = 0;
@@ -233,7 +226,7 @@ static char *decode_alloc(const struct api_ctx *a, const int32_t *ids, int n, si
     return s;
 }
 
-static uint64_t random_seed(void)
+uint64_t api_random_seed(void)
 {
     static uint64_t counter;
     struct timespec ts;
@@ -310,7 +303,7 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
             const char *s = json_string_value(list[i]);
             size_t len = json_string_length(list[i]);
             int rc =
-                encode_alloc(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
+                api_encode(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
             if (rc) FAIL(rc, "prompt", "cannot tokenize the prompt: %s", ferry_status_str(rc));
             r->prompt_texts[i] = strdup(s);
         } else {
@@ -319,133 +312,6 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
         }
         if (r->n_prompt_toks[i] == 0) FAIL(FERRY_ERR_INVALID, "prompt", "the prompt is empty (0 tokens)");
     }
-    return 0;
-}
-
-/* Renders the chat messages through the template and tokenizes them into one prompt. */
-static int parse_messages(const struct api_ctx *a, struct sreq *r, json_t *msgs, struct api_err *e)
-{
-    if (!msgs || json_is_null(msgs)) FAIL(FERRY_ERR_INVALID, "messages", "'messages' is required");
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        FAIL(FERRY_ERR_INVALID, "messages", "'messages' must be a non-empty array");
-    size_t m = json_array_size(msgs);
-    if (m > 4096) FAIL(FERRY_ERR_INVALID, "messages", "at most 4096 messages");
-    struct chat_msg *cm = calloc(m, sizeof *cm);
-    char **owned = calloc(m, sizeof *owned);
-    char *rendered = NULL;
-    int rc = 0;
-    if (!cm || !owned) {
-        e->status = rc = FERRY_ERR_NOMEM, e->param = NULL, snprintf(e->msg, sizeof e->msg, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < m; i++) {
-        json_t *x = json_array_get(msgs, i);
-        json_t *role = json_object_get(x, "role"), *content = json_object_get(x, "content");
-        if (!json_is_object(x) || !json_is_string(role)) {
-            e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
-            snprintf(e->msg, sizeof e->msg, "messages[%zu] must be an object with a string 'role'", i);
-            goto out;
-        }
-        cm[i].role = json_string_value(role);
-        if (!content || json_is_null(content)) {
-            cm[i].content = "";
-        } else if (json_is_string(content)) {
-            cm[i].content = json_string_value(content);
-        } else if (json_is_array(content)) {
-            struct strbuf b = {0};
-            for (size_t k = 0; k < json_array_size(content); k++) {
-                json_t *part = json_array_get(content, k);
-                json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-                if (!json_is_string(type) || strcmp(json_string_value(type), "text") ||
-                    !json_is_string(text)) {
-                    strbuf_free(&b);
-                    e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
-                    snprintf(e->msg, sizeof e->msg,
-                             "messages[%zu].content[%zu]: only {\"type\":\"text\",\"text\":...} parts are "
-                             "supported",
-                             i, k);
-                    goto out;
-                }
-                strbuf_add(&b, json_string_value(text), json_string_length(text));
-            }
-            strbuf_add(&b, "", 0);
-            if (b.oom) {
-                strbuf_free(&b);
-                e->status = rc = FERRY_ERR_NOMEM, e->param = NULL,
-                snprintf(e->msg, sizeof e->msg, "out of memory");
-                goto out;
-            }
-            owned[i] = b.p;
-            cm[i].content = b.p;
-        } else {
-            e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
-            snprintf(e->msg, sizeof e->msg,
-                     "messages[%zu].content must be a string or an array of text parts", i);
-            goto out;
-        }
-    }
-    size_t rlen = 0;
-    char terr[256] = "";
-    rc = chat_template_render(a->chat_tmpl, cm, (int)m, 1, a->bos_str ? a->bos_str : "",
-                              a->eos_str ? a->eos_str : "", &rendered, &rlen, terr);
-    if (rc) {
-        e->status = rc == FERRY_ERR_NOMEM ? rc : FERRY_ERR_INVALID, e->param = "messages";
-        snprintf(e->msg, sizeof e->msg, "the chat template failed: %.200s",
-                 terr[0] ? terr : ferry_status_str(rc));
-        rc = e->status;
-        goto out;
-    }
-    int add_bos = tokenizer_add_bos(a->tok);
-    if (add_bos && a->bos_str && a->bos_str[0] && !strncmp(rendered, a->bos_str, strlen(a->bos_str)))
-        add_bos = 0;
-    r->n_prompts = 1;
-    r->prompts = calloc(1, sizeof *r->prompts);
-    r->prompt_texts = calloc(1, sizeof *r->prompt_texts);
-    r->n_prompt_toks = calloc(1, sizeof *r->n_prompt_toks);
-    if (!r->prompts || !r->prompt_texts || !r->n_prompt_toks) {
-        e->status = rc = FERRY_ERR_NOMEM, e->param = NULL, snprintf(e->msg, sizeof e->msg, "out of memory");
-        goto out;
-    }
-    rc = encode_alloc(a, rendered, rlen, add_bos, 1, &r->prompts[0], &r->n_prompt_toks[0]);
-    if (rc) {
-        e->status = rc, e->param = "messages";
-        snprintf(e->msg, sizeof e->msg, "cannot tokenize the rendered chat: %s", ferry_status_str(rc));
-        goto out;
-    }
-    if (r->n_prompt_toks[0] == 0) {
-        e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
-        snprintf(e->msg, sizeof e->msg, "the rendered chat is empty (0 tokens)");
-    }
-out:
-    if (owned)
-        for (size_t i = 0; i < m; i++) free(owned[i]);
-    free(owned);
-    free(cm);
-    free(rendered);
-    return rc;
-}
-
-/* response_format: {"type": "text"} (the default) or {"type": "json_object"} (the output is constrained to
- * one JSON object); json_schema and anything else are refused rather than silently ignored. */
-static int parse_response_format(struct sreq *r, json_t *j, struct api_err *e)
-{
-    if (!j || json_is_null(j)) return 0;
-    const char *type = json_is_object(j) ? json_string_value(json_object_get(j, "type")) : NULL;
-    e->param = "response_format";
-    if (!type) {
-        e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "'response_format' must be an object with a string 'type'");
-        return -1;
-    }
-    if (!strcmp(type, "json_object")) {
-        r->json_object = 1;
-    } else if (strcmp(type, "text")) {
-        e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "response_format type '%.40s' is not supported (use 'text' or 'json_object')",
-                 type);
-        return -1;
-    }
-    e->param = NULL;
     return 0;
 }
 
@@ -507,9 +373,9 @@ static int parse_bias(const struct api_ctx *a, struct sreq *r, json_t *j, struct
     return 0;
 }
 
-static void make_id(char *out, size_t cap, const char *prefix)
+void api_make_id(char *out, size_t cap, const char *prefix)
 {
-    uint64_t x = random_seed();
+    uint64_t x = api_random_seed();
     snprintf(out, cap, "%s%016llx", prefix, (unsigned long long)x);
 }
 
@@ -518,23 +384,21 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
 {
     *out = NULL;
     memset(e, 0, sizeof *e);
-    json_error_t jerr;
-    json_t *o = json_loadb(body, len, 0, &jerr);
-    if (!o) {
-        e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
-                 jerr.text);
-        return e->status;
-    }
-    if (!json_is_object(o)) {
-        json_decref(o);
-        e->status = FERRY_ERR_INVALID;
-        snprintf(e->msg, sizeof e->msg, "the request body must be a JSON object");
-        return e->status;
-    }
+    if (kind == SREQ_RESPONSES) return api_parse_responses(a, body, len, out, e);
+    if (kind == SREQ_EMBED) return api_parse_embeddings(a, body, len, out, e);
+    json_t *o = api_load_object(body, len, e);
+    if (!o) return e->status;
+    int rc = api_parse_object(a, kind, o, out, e);
+    json_decref(o);
+    return rc;
+}
+
+int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, struct sreq **out,
+                     struct api_err *e)
+{
+    *out = NULL;
     struct sreq *r = sreq_new();
     if (!r) {
-        json_decref(o);
         e->status = FERRY_ERR_NOMEM;
         snprintf(e->msg, sizeof e->msg, "out of memory");
         return e->status;
@@ -548,7 +412,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     int b;
     const char *str = NULL;
 
-    if (get_str(o, "model", &str, e) < 0) goto fail;
+    if (api_get_str(o, "model", &str, e) < 0) goto fail;
     if (str && !a->any_model && strcmp(str, a->model_name)) {
         e->status = FERRY_ERR_NOT_FOUND, e->param = "model";
         snprintf(e->msg, sizeof e->msg, "The model '%.100s' does not exist; this server serves '%.100s'", str,
@@ -556,24 +420,24 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         goto fail;
     }
     str = NULL;
-    TRY(get_str(o, "user", &str, e));
-    if (get_num(o, "temperature", 0, 2, &d, e) > 0) r->sp.temperature = (float)d;
+    TRY(api_get_str(o, "user", &str, e));
+    if (api_get_num(o, "temperature", 0, 2, &d, e) > 0) r->sp.temperature = (float)d;
     if (e->status) goto fail;
-    if (get_num(o, "top_p", 0, 1, &d, e) > 0) r->sp.top_p = (float)d;
+    if (api_get_num(o, "top_p", 0, 1, &d, e) > 0) r->sp.top_p = (float)d;
     if (e->status) goto fail;
-    if (get_int(o, "top_k", 0, INT_MAX, &ll, e) > 0) r->sp.top_k = (int)ll;
+    if (api_get_int(o, "top_k", 0, INT_MAX, &ll, e) > 0) r->sp.top_k = (int)ll;
     if (e->status) goto fail;
-    if (get_num(o, "min_p", 0, 1, &d, e) > 0) r->sp.min_p = (float)d;
+    if (api_get_num(o, "min_p", 0, 1, &d, e) > 0) r->sp.min_p = (float)d;
     if (e->status) goto fail;
-    if (get_num(o, "repetition_penalty", 1e-3, 100, &d, e) > 0) r->sp.repetition_penalty = (float)d;
+    if (api_get_num(o, "repetition_penalty", 1e-3, 100, &d, e) > 0) r->sp.repetition_penalty = (float)d;
     if (e->status) goto fail;
-    if (get_num(o, "presence_penalty", -2, 2, &d, e) > 0) r->sp.presence_penalty = (float)d;
+    if (api_get_num(o, "presence_penalty", -2, 2, &d, e) > 0) r->sp.presence_penalty = (float)d;
     if (e->status) goto fail;
-    if (get_num(o, "frequency_penalty", -2, 2, &d, e) > 0) r->sp.frequency_penalty = (float)d;
+    if (api_get_num(o, "frequency_penalty", -2, 2, &d, e) > 0) r->sp.frequency_penalty = (float)d;
     if (e->status) goto fail;
-    if (get_int(o, "n", 1, API_MAX_N, &ll, e) > 0) r->n = (int)ll;
+    if (api_get_int(o, "n", 1, API_MAX_N, &ll, e) > 0) r->n = (int)ll;
     if (e->status) goto fail;
-    if (get_bool(o, "stream", &b, e) > 0) r->stream = b;
+    if (api_get_bool(o, "stream", &b, e) > 0) r->stream = b;
     if (e->status) goto fail;
     json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
@@ -582,45 +446,52 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
             snprintf(e->msg, sizeof e->msg, "'stream_options' must be an object");
             goto fail;
         }
-        if (get_bool(so, "include_usage", &b, e) > 0) r->include_usage = b;
+        if (api_get_bool(so, "include_usage", &b, e) > 0) r->include_usage = b;
         if (e->status) goto fail;
     }
-    if (get_int(o, "seed", LLONG_MIN, LLONG_MAX, &ll, e) > 0)
+    if (api_get_int(o, "seed", LLONG_MIN, LLONG_MAX, &ll, e) > 0)
         r->sp.seed = (uint64_t)ll;
     else if (e->status)
         goto fail;
     else
-        r->sp.seed = a->default_seed >= 0 ? (uint64_t)a->default_seed : random_seed();
+        r->sp.seed = a->default_seed >= 0 ? (uint64_t)a->default_seed : api_random_seed();
     if (parse_stop(r, json_object_get(o, "stop"), e)) goto fail;
     if (parse_bias(a, r, json_object_get(o, "logit_bias"), e)) goto fail;
-    if (parse_response_format(r, json_object_get(o, "response_format"), e)) goto fail;
     if (kind == SREQ_COMPLETION) {
         json_t *lp = json_object_get(o, "logprobs");
         if (lp && json_is_boolean(lp))
             r->logprobs = json_is_true(lp) ? 0 : -1;
-        else if (get_int(o, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0)
+        else if (api_get_int(o, "logprobs", 0, API_MAX_COMPLETION_LOGPROBS, &ll, e) > 0)
             r->logprobs = (int)ll;
         if (e->status) goto fail;
-        if (get_bool(o, "echo", &b, e) > 0) r->echo = b;
+        if (api_get_bool(o, "echo", &b, e) > 0) r->echo = b;
         if (e->status) goto fail;
     } else {
-        if (get_bool(o, "logprobs", &b, e) > 0 && b) r->logprobs = 0;
+        if (api_get_bool(o, "logprobs", &b, e) > 0 && b) r->logprobs = 0;
         if (e->status) goto fail;
-        if (get_int(o, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0 && r->logprobs >= 0)
+        if (api_get_int(o, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e) > 0) {
+            if (r->logprobs < 0) {
+                e->status = FERRY_ERR_INVALID, e->param = "top_logprobs";
+                snprintf(e->msg, sizeof e->msg, "'top_logprobs' needs 'logprobs' set to true");
+                goto fail;
+            }
             r->logprobs = (int)ll;
+        }
         if (e->status) goto fail;
     }
     long long max_tokens = -1;
-    if (get_int(o, "max_tokens", 0, LLONG_MAX, &ll, e) > 0) max_tokens = ll;
+    if (api_get_int(o, "max_tokens", 0, LLONG_MAX, &ll, e) > 0) max_tokens = ll;
     if (e->status) goto fail;
-    if (kind == SREQ_CHAT && get_int(o, "max_completion_tokens", 0, LLONG_MAX, &ll, e) > 0) max_tokens = ll;
+    if (kind != SREQ_COMPLETION && api_get_int(o, "max_completion_tokens", 0, LLONG_MAX, &ll, e) > 0)
+        max_tokens = ll;
     if (e->status) goto fail;
 
     if (kind == SREQ_COMPLETION) {
         if (parse_prompt(a, r, json_object_get(o, "prompt"), e)) goto fail;
     } else {
-        if (parse_messages(a, r, json_object_get(o, "messages"), e)) goto fail;
+        if (api_chat_prompt(a, r, o, json_object_get(o, "messages"), e)) goto fail;
     }
+    if (api_response_format(a, r, json_object_get(o, "response_format"), "response_format", e)) goto fail;
     if ((long long)r->n_prompts * r->n > API_MAX_N) {
         e->status = FERRY_ERR_INVALID, e->param = "n";
         snprintf(e->msg, sizeof e->msg, "prompts × n must be at most %d", API_MAX_N);
@@ -632,7 +503,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         if (r->n_prompt_toks[i] > longest) longest = r->n_prompt_toks[i];
     }
     if (longest >= a->ctx_size) {
-        e->status = FERRY_ERR_RANGE, e->param = kind == SREQ_CHAT ? "messages" : "prompt";
+        e->status = FERRY_ERR_RANGE, e->param = kind != SREQ_COMPLETION ? "messages" : "prompt";
         snprintf(e->msg, sizeof e->msg,
                  "This model's maximum context length is %d tokens, but the prompt has %d tokens",
                  a->ctx_size, longest);
@@ -640,8 +511,9 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     }
     if (max_tokens >= 0 && longest + max_tokens > a->ctx_size) {
         e->status = FERRY_ERR_RANGE,
-        e->param = kind == SREQ_CHAT && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
-                                                                                    : "max_tokens";
+        e->param = kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens")
+                       ? "max_completion_tokens"
+                       : "max_tokens";
         snprintf(e->msg, sizeof e->msg,
                  "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the "
                  "prompt, %lld for the completion)",
@@ -670,307 +542,19 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
         c->n_prompt = r->n_prompt_toks[i / r->n];
         c->slot = -1;
     }
-    make_id(r->id, sizeof r->id, kind == SREQ_CHAT ? "chatcmpl-" : "cmpl-");
+    api_make_id(r->id, sizeof r->id,
+                kind == SREQ_CHAT        ? "chatcmpl-"
+                : kind == SREQ_RESPONSES ? "resp_"
+                                         : "cmpl-");
     r->created = (long long)time(NULL);
     r->t_arrival = sched_now();
     r->deadline = a->timeout > 0 ? r->t_arrival + a->timeout : 0;
-    json_decref(o);
     *out = r;
     return 0;
 fail:
     if (!e->status) e->status = FERRY_ERR_INVALID;
-    json_decref(o);
     sched_release(NULL, r);
     return e->status;
-}
-
-/* ---- rendering -------------------------------------------------------------------------------------- */
-
-static char *token_text(const struct api_ctx *a, int32_t id, size_t *len)
-{
-    char *s = NULL;
-    size_t l = 0;
-    if (tokenizer_decode(a->tok, &id, 1, 1, &s, &l) || !s) {
-        *len = 0;
-        return NULL;
-    }
-    *len = l;
-    return s;
-}
-
-static json_t *bytes_array(const char *s, size_t n)
-{
-    json_t *b = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(b, json_integer((unsigned char)s[i]));
-    return b;
-}
-
-/* Logprobs of entries [from, to) in the format of the request's endpoint. `*offset` tracks text_offset. */
-/* The completions API's logprobs object, built a token at a time. */
-struct text_lps {
-    json_t *tokens, *lps, *tops, *offs;
-};
-
-static struct text_lps text_lps_new(void)
-{
-    return (struct text_lps){json_array(), json_array(), json_array(), json_array()};
-}
-
-/* Token `id` with its entry (NULL: logprob and top_logprobs null, as for an echoed prompt's first token). */
-static void text_lps_add(const struct api_ctx *a, struct text_lps *t, int32_t id, const struct lp_entry *le,
-                         size_t *offset)
-{
-    size_t l;
-    char *tx = token_text(a, id, &l);
-    json_array_append_new(t->tokens, jstr(tx, l));
-    json_array_append_new(t->lps, le ? json_real(le->lp) : json_null());
-    json_array_append_new(t->offs, json_integer((json_int_t)*offset));
-    *offset += l;
-    free(tx);
-    if (!le) {
-        json_array_append_new(t->tops, json_null());
-        return;
-    }
-    json_t *top = json_object();
-    for (int k = 0; k < le->n_top; k++) {
-        size_t tl;
-        char *tt = token_text(a, le->top_id[k], &tl);
-        size_t sl;
-        char *san = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
-        if (san) json_object_set_new(top, san, json_real(le->top_lp[k]));
-        free(san);
-        free(tt);
-    }
-    json_array_append_new(t->tops, top);
-}
-
-static json_t *text_lps_json(struct text_lps *t)
-{
-    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", t->tokens, "token_logprobs", t->lps, "top_logprobs", t->tops,
-                     "text_offset", t->offs);
-}
-
-static json_t *render_logprobs(const struct api_ctx *a, const struct sreq *r, const struct choice *c,
-                               int from, int to, size_t *offset)
-{
-    if (r->kind == SREQ_CHAT) {
-        json_t *content = json_array();
-        for (int i = from; i < to; i++) {
-            const struct lp_entry *le = &c->lps[i];
-            size_t l;
-            char *t = token_text(a, le->id, &l);
-            json_t *tops = json_array();
-            for (int k = 0; k < le->n_top; k++) {
-                size_t tl;
-                char *tt = token_text(a, le->top_id[k], &tl);
-                json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", jstr(tt, tl), "logprob",
-                                                      (double)le->top_lp[k], "bytes",
-                                                      bytes_array(tt ? tt : "", tl)));
-                free(tt);
-            }
-            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", jstr(t, l), "logprob",
-                                                     (double)le->lp, "bytes", bytes_array(t ? t : "", l),
-                                                     "top_logprobs", tops));
-            free(t);
-        }
-        return json_pack("{s:o}", "content", content);
-    }
-    struct text_lps t = text_lps_new();
-    for (int i = from; i < to; i++) text_lps_add(a, &t, c->lps[i].id, &c->lps[i], offset);
-    return text_lps_json(&t);
-}
-
-/* The prompt's entries of an echoed completion: its first token (no logprob: nothing precedes it), then each
- * later token given the ones before it. Offsets count from 0 through the prompt's token texts. */
-static json_t *render_prompt_logprobs(const struct api_ctx *a, const struct choice *c, size_t *offset)
-{
-    struct text_lps t = text_lps_new();
-    for (int i = 0; i < c->n_prompt; i++)
-        text_lps_add(a, &t, c->prompt[i], i && c->prompt_lps ? &c->prompt_lps[i - 1] : NULL, offset);
-    return text_lps_json(&t);
-}
-
-/* Appends the arrays of `more` (the same four keys) to those of `base`; consumes `more`. */
-static void text_lps_extend(json_t *base, json_t *more)
-{
-    const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-    for (int k = 0; k < 4; k++) json_array_extend(json_object_get(base, keys[k]), json_object_get(more, keys[k]));
-    json_decref(more);
-}
-
-static json_t *usage_obj(const struct sreq *r)
-{
-    int gen = 0;
-    for (int i = 0; i < r->n_choices; i++) gen += r->choices[i].n_completion;
-    /* cached_tokens: of each prompt, the positions its first choice continued from the prompt cache */
-    int cached = 0;
-    for (int i = 0; i < r->n_choices; i += r->n) cached += r->choices[i].n_cached;
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", gen,
-                     "total_tokens", r->prompt_tokens + gen, "prompt_tokens_details", "cached_tokens", cached);
-}
-
-static json_t *envelope(const struct api_ctx *a, const struct sreq *r, int chunk)
-{
-    const char *obj =
-        r->kind == SREQ_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
-    return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", obj, "created", (json_int_t)r->created,
-                     "model", a->model_name);
-}
-
-char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
-{
-    json_t *o = envelope(a, r, 0);
-    json_t *choices = json_array();
-    for (int i = 0; i < r->n_choices; i++) {
-        struct choice *c = &r->choices[i];
-        json_t *lp = json_null();
-        size_t offset = 0;
-        const char *pt = r->echo ? r->prompt_texts[i / r->n] : NULL;
-        char *decoded = NULL;
-        size_t plen = 0;
-        if (r->echo && !pt) {
-            decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
-            pt = decoded;
-        } else if (pt) {
-            plen = strlen(pt);
-        }
-        if (r->logprobs >= 0) {
-            json_t *prompt_lp = NULL;
-            if (r->echo && r->kind == SREQ_COMPLETION) prompt_lp = render_prompt_logprobs(a, c, &offset);
-            offset = plen;
-            lp = render_logprobs(a, r, c, 0, c->n_lps, &offset);
-            if (prompt_lp) {
-                text_lps_extend(prompt_lp, lp);
-                lp = prompt_lp;
-            }
-        }
-        json_t *ch;
-        if (r->kind == SREQ_CHAT) {
-            json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));
-            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "message", msg, "logprobs", lp, "finish_reason",
-                           c->finish);
-        } else {
-            struct strbuf t = {0};
-            if (pt) strbuf_add(&t, pt, plen);
-            strbuf_add(&t, c->text ? c->text : "", c->text_len);
-            ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", jstr(t.p, t.len), "logprobs", lp,
-                           "finish_reason", c->finish);
-            strbuf_free(&t);
-        }
-        free(decoded);
-        json_array_append_new(choices, ch);
-    }
-    json_object_set_new(o, "choices", choices);
-    json_object_set_new(o, "usage", usage_obj(r));
-    return dump(o, len);
-}
-
-static void sse(struct strbuf *out, json_t *j)
-{
-    size_t len;
-    char *s = dump(j, &len);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "data: ", 6);
-    strbuf_add(out, s, len);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
-}
-
-void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done)
-{
-    *done = 0;
-    for (int i = 0; i < r->n_choices; i++) {
-        struct choice *c = &r->choices[i];
-        if (!c->head_sent) {
-            c->head_sent = 1;
-            if (r->kind == SREQ_CHAT) {
-                json_t *o = envelope(a, r, 1);
-                json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:{s:s,s:s},s:n,s:n}]", "index", i, "delta", "role",
-                                              "assistant", "content", "", "logprobs", "finish_reason"));
-                sse(out, o);
-            } else if (r->echo) {
-                /* With logprobs, the prompt's go in this first chunk: wait until the prefill computed them. */
-                if (r->logprobs >= 0 && !c->prompt_lps_ready && c->state != CHOICE_DONE && !r->error &&
-                    !r->cancelled) {
-                    c->head_sent = 0;
-                    continue;
-                }
-                const char *pt = r->prompt_texts[i / r->n];
-                char *decoded = NULL;
-                size_t plen = 0;
-                if (!pt)
-                    pt = decoded = decode_alloc(a, c->prompt, c->n_prompt, &plen);
-                else
-                    plen = strlen(pt);
-                size_t off = 0;
-                json_t *plp = r->logprobs >= 0 ? render_prompt_logprobs(a, c, &off) : json_null();
-                json_t *o = envelope(a, r, 1);
-                json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:o,s:o,s:n}]", "index", i, "text", jstr(pt, plen),
-                                              "logprobs", plp, "finish_reason"));
-                sse(out, o);
-                free(decoded);
-                c->echo_len = plen;
-            }
-        }
-        if (c->text_len > c->sent || c->lps_sent < c->n_lps) {
-            json_t *lp = json_null();
-            size_t offset = c->echo_len + c->sent; /* as in the whole answer: after the echoed prompt */
-            if (r->logprobs >= 0) lp = render_logprobs(a, r, c, c->lps_sent, c->n_lps, &offset);
-            json_t *text = jstr(c->text + c->sent, c->text_len - c->sent);
-            json_t *o = envelope(a, r, 1);
-            if (r->kind == SREQ_CHAT)
-                json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:{s:o},s:o,s:n}]", "index", i, "delta", "content", text,
-                                              "logprobs", lp, "finish_reason"));
-            else
-                json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:o,s:o,s:n}]", "index", i, "text", text, "logprobs", lp,
-                                              "finish_reason"));
-            sse(out, o);
-            c->sent = c->text_len;
-            c->lps_sent = c->n_lps;
-        }
-        if (c->state == CHOICE_DONE && c->finish && !c->finish_sent && !r->cancelled && !r->error) {
-            c->finish_sent = 1;
-            json_t *o = envelope(a, r, 1);
-            if (r->kind == SREQ_CHAT)
-                json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:{},s:n,s:s}]", "index", i, "delta", "logprobs",
-                                              "finish_reason", c->finish));
-            else
-                json_object_set_new(o, "choices",
-                                    json_pack("[{s:i,s:s,s:n,s:s}]", "index", i, "text", "", "logprobs",
-                                              "finish_reason", c->finish));
-            sse(out, o);
-        }
-    }
-    if (r->n_done < r->n_choices) return;
-    if (r->cancelled || r->error) {
-        int st = r->error ? r->error : r->cancelled;
-        const char *msg = r->error                            ? r->errmsg
-                          : r->cancelled == FERRY_ERR_TIMEOUT ? "the request timed out"
-                                                              : "the request was cancelled";
-        size_t len;
-        char *body = api_error_body(st, msg, NULL, &len);
-        if (body) {
-            strbuf_add(out, "data: ", 6);
-            strbuf_add(out, body, len);
-            strbuf_add(out, "\n\n", 2);
-            free(body);
-        }
-    } else if (r->include_usage) {
-        json_t *o = envelope(a, r, 1);
-        json_object_set_new(o, "choices", json_array());
-        json_object_set_new(o, "usage", usage_obj(r));
-        sse(out, o);
-    }
-    strbuf_add(out, "data: [DONE]\n\n", 14);
-    *done = 1;
 }
 
 /* ---- small endpoints -------------------------------------------------------------------------------- */
@@ -980,11 +564,11 @@ char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len)
     json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i}}", "id", a->model_name, "object", "model", "created",
                           (json_int_t)time(NULL), "owned_by", "ferry", "meta", "n_ctx", a->ctx_size,
                           "n_vocab", a->n_vocab);
-    if (only_id) return dump(m, len);
-    return dump(json_pack("{s:s,s:[o]}", "object", "list", "data", m), len);
+    if (only_id) return api_dump(m, len);
+    return api_dump(json_pack("{s:s,s:[o]}", "object", "list", "data", m), len);
 }
 
-static json_t *load_object(const char *body, size_t len, struct api_err *e)
+json_t *api_load_object(const char *body, size_t len, struct api_err *e)
 {
     json_error_t jerr;
     json_t *o = json_loadb(body, len, 0, &jerr);
@@ -1007,7 +591,7 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
                  struct api_err *e)
 {
     memset(e, 0, sizeof *e);
-    json_t *o = load_object(body, len, e);
+    json_t *o = api_load_object(body, len, e);
     if (!o) return e->status;
     json_t *c = json_object_get(o, "content");
     if (!c) c = json_object_get(o, "prompt");
@@ -1016,21 +600,21 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
         json_decref(o);
         FAIL(FERRY_ERR_INVALID, "content", "'content' must be a string");
     }
-    if (get_bool(o, "add_special", &add_special, e) < 0 ||
-        get_bool(o, "parse_special", &parse_special, e) < 0) {
+    if (api_get_bool(o, "add_special", &add_special, e) < 0 ||
+        api_get_bool(o, "parse_special", &parse_special, e) < 0) {
         json_decref(o);
         return e->status;
     }
     int32_t *ids = NULL;
     int n = 0;
-    int rc = encode_alloc(a, json_string_value(c), json_string_length(c),
-                          add_special && tokenizer_add_bos(a->tok), parse_special, &ids, &n);
+    int rc = api_encode(a, json_string_value(c), json_string_length(c),
+                        add_special && tokenizer_add_bos(a->tok), parse_special, &ids, &n);
     json_decref(o);
     if (rc) FAIL(rc, "content", "cannot tokenize: %s", ferry_status_str(rc));
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
     free(ids);
-    *out = dump(json_pack("{s:o}", "tokens", arr), out_len);
+    *out = api_dump(json_pack("{s:o}", "tokens", arr), out_len);
     return *out ? 0 : FERRY_ERR_NOMEM;
 }
 
@@ -1038,7 +622,7 @@ int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char *
                    struct api_err *e)
 {
     memset(e, 0, sizeof *e);
-    json_t *o = load_object(body, len, e);
+    json_t *o = api_load_object(body, len, e);
     if (!o) return e->status;
     json_t *t = json_object_get(o, "tokens");
     if (!json_is_array(t)) {
@@ -1054,10 +638,10 @@ int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char *
     }
     json_decref(o);
     size_t l = 0;
-    char *s = decode_alloc(a, ids, n, &l);
+    char *s = api_decode(a, ids, n, &l);
     free(ids);
     if (!s) FAIL(FERRY_ERR_INTERNAL, NULL, "cannot detokenize");
-    *out = dump(json_pack("{s:o}", "content", jstr(s, l)), out_len);
+    *out = api_dump(json_pack("{s:o}", "content", api_jstr(s, l)), out_len);
     free(s);
     return *out ? 0 : FERRY_ERR_NOMEM;
 }

@@ -1,7 +1,8 @@
 /* api — the OpenAI wire format: request JSON → struct sreq, outputs → JSON bodies and SSE chunks, errors.
  *
  * Parsing validates every field (type, range) and fills err with a message naming the field; unknown
- * fields are ignored. JSON objects never leave this file: the scheduler sees native structs only.
+ * fields are ignored, fields ferry cannot honour are refused. JSON objects never leave the API layer
+ * (api*.c, responses.c, embeddings.c): the scheduler sees native structs only.
  * Rendering functions read a request's outputs and must be called with the scheduler lock held.
  * Status codes: ferry's (kernels/core/status.h) plus the few HTTP-only ones below, mapped to an HTTP
  * status, error type and code by api_http_status() — the one place where that mapping lives.
@@ -13,6 +14,7 @@
 #include <stdint.h>
 
 #include "runtime/tokenizer.h" /* utf8_sanitize */
+#include "runtime/tool_call.h"
 #include "server/scheduler.h"
 
 /* HTTP-only statuses (below every ferry status). */
@@ -35,6 +37,11 @@ struct api_ctx {
     int n_vocab;          /* valid token ids: [0, n_vocab) */
     int64_t default_seed; /* -1 = random */
     double timeout;       /* seconds per request, 0 = none */
+    int tool_format;      /* enum tool_format of chat_tmpl (runtime/tool_call.h) */
+    int reasoning;        /* 1: a <think> block at the start of a chat answer goes to reasoning_content */
+    const char *fingerprint; /* system_fingerprint of every answer ("fp_" and the build id) */
+    int embd_dim;            /* width of an embedding (the model's hidden size) */
+    int pooling;             /* embeddings: 0 = mean over the input's positions, 1 = its last position */
 };
 
 struct api_err {

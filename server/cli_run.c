@@ -2,6 +2,8 @@
  *
  *   ferry run --model PATH (--prompt TEXT | --prompt-tokens 1,2,3 | --chat --message role:text ...)
  *             [--max-tokens N] [--temperature T] [--seed S] [--json] [--dump-logits FILE] ...
+ * --prompt chats when the model has a chat template (the prompt is the user's message, as llama.cpp's CLI
+ * does); --raw completes the text as it is.
  * --json prints {"prompt_tokens":[...],"tokens":[...],"text":"..."}; --dump-logits writes the logits of the
  * last prompt position as little-endian float32. Works without a tokenizer when given token ids.
  */
@@ -28,6 +30,8 @@ struct run_opts {
     const char *prompt;
     const char *prompt_tokens;
     int chat;
+    int raw; /* --raw: --prompt is completed as plain text even when the model has a chat template */
+    const char *system; /* --system: a system message before the --prompt one */
     const char *messages_file;
     struct chat_msg msgs[MAX_MESSAGES];
     int n_msgs;
@@ -51,7 +55,10 @@ static void run_usage(FILE *f)
     fprintf(f,
             "usage: ferry run --model PATH (--prompt TEXT | --prompt-tokens IDS | --chat ...) [options]\n\n"
             "  --model PATH           GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
-            "  --prompt TEXT          prompt text (needs the model's tokenizer)\n"
+            "  --prompt TEXT          prompt text (needs the model's tokenizer); sent as the user's message\n"
+            "                         through the chat template when the model has one\n"
+            "  --raw                  complete --prompt as plain text, without the chat template\n"
+            "  --system TEXT          a system message before --prompt (chat)\n"
             "  --prompt-tokens IDS    prompt as comma-separated token ids (no tokenizer needed)\n"
             "  --chat                 render messages with the model's chat template\n"
             "  --message ROLE:TEXT    a chat message (repeatable; implies --chat)\n"
@@ -150,7 +157,8 @@ static int load_messages(struct run_opts *o, const char *path)
     }
     size_t i;
     json_t *m;
-    json_array_foreach(root, i, m) {
+    json_array_foreach(root, i, m)
+    {
         const char *role = json_string_value(json_object_get(m, "role"));
         const char *content = json_string_value(json_object_get(m, "content"));
         if (!role || !content || o->n_msgs == MAX_MESSAGES) {
@@ -168,14 +176,40 @@ static int load_messages(struct run_opts *o, const char *path)
 
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
-    enum { O_PROMPT_TOKENS = 256, O_MESSAGE, O_MESSAGES, O_CHAT_TEMPLATE, O_MAX_TOKENS, O_TEMP, O_TOP_K, O_TOP_P,
-           O_MIN_P, O_REPEAT, O_PRESENCE, O_FREQUENCY, O_SEED, O_JSON, O_DUMP, O_THREADS, O_CTX, O_BOS, O_NO_BOS,
-           O_IGNORE_EOS, O_LOG, O_QUANT, O_BACKEND };
+    enum {
+        O_PROMPT_TOKENS = 256,
+        O_MESSAGE,
+        O_MESSAGES,
+        O_CHAT_TEMPLATE,
+        O_MAX_TOKENS,
+        O_TEMP,
+        O_TOP_K,
+        O_TOP_P,
+        O_MIN_P,
+        O_REPEAT,
+        O_PRESENCE,
+        O_FREQUENCY,
+        O_SEED,
+        O_JSON,
+        O_DUMP,
+        O_THREADS,
+        O_CTX,
+        O_BOS,
+        O_NO_BOS,
+        O_IGNORE_EOS,
+        O_LOG,
+        O_QUANT,
+        O_BACKEND,
+        O_RAW,
+        O_SYSTEM
+    };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
         {"prompt-tokens", required_argument, 0, O_PROMPT_TOKENS},
         {"chat", no_argument, 0, 'c'},
+        {"raw", no_argument, 0, O_RAW},
+        {"system", required_argument, 0, O_SYSTEM},
         {"message", required_argument, 0, O_MESSAGE},
         {"messages", required_argument, 0, O_MESSAGES},
         {"chat-template", required_argument, 0, O_CHAT_TEMPLATE},
@@ -214,10 +248,24 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:ch", longopts, &idx)) != -1) {
         switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case O_PROMPT_TOKENS: o->prompt_tokens = optarg; break;
-        case 'c': o->chat = 1; break;
+        case 'm':
+            o->model = optarg;
+            break;
+        case 'p':
+            o->prompt = optarg;
+            break;
+        case O_PROMPT_TOKENS:
+            o->prompt_tokens = optarg;
+            break;
+        case 'c':
+            o->chat = 1;
+            break;
+        case O_RAW:
+            o->raw = 1;
+            break;
+        case O_SYSTEM:
+            o->system = optarg;
+            break;
         case O_MESSAGE:
             o->chat = 1;
             if (add_message(o, optarg)) {
@@ -225,16 +273,37 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
                 bad = 1;
             }
             break;
-        case O_MESSAGES: o->chat = 1; o->messages_file = optarg; break;
-        case O_CHAT_TEMPLATE: o->chat_template = optarg; break;
-        case O_MAX_TOKENS: bad |= parse_int(optarg, 0, 1 << 20, &o->max_tokens) ? 1 : 0; break;
-        case O_TEMP: bad |= parse_float(optarg, 0, 100, &o->sp.temperature) ? 1 : 0; break;
-        case O_TOP_K: bad |= parse_int(optarg, 0, INT_MAX, &o->sp.top_k) ? 1 : 0; break;
-        case O_TOP_P: bad |= parse_float(optarg, 1e-6f, 1, &o->sp.top_p) ? 1 : 0; break;
-        case O_MIN_P: bad |= parse_float(optarg, 0, 1, &o->sp.min_p) ? 1 : 0; break;
-        case O_REPEAT: bad |= parse_float(optarg, 1e-3f, 100, &o->sp.repetition_penalty) ? 1 : 0; break;
-        case O_PRESENCE: bad |= parse_float(optarg, -2, 2, &o->sp.presence_penalty) ? 1 : 0; break;
-        case O_FREQUENCY: bad |= parse_float(optarg, -2, 2, &o->sp.frequency_penalty) ? 1 : 0; break;
+        case O_MESSAGES:
+            o->chat = 1;
+            o->messages_file = optarg;
+            break;
+        case O_CHAT_TEMPLATE:
+            o->chat_template = optarg;
+            break;
+        case O_MAX_TOKENS:
+            bad |= parse_int(optarg, 0, 1 << 20, &o->max_tokens) ? 1 : 0;
+            break;
+        case O_TEMP:
+            bad |= parse_float(optarg, 0, 100, &o->sp.temperature) ? 1 : 0;
+            break;
+        case O_TOP_K:
+            bad |= parse_int(optarg, 0, INT_MAX, &o->sp.top_k) ? 1 : 0;
+            break;
+        case O_TOP_P:
+            bad |= parse_float(optarg, 1e-6f, 1, &o->sp.top_p) ? 1 : 0;
+            break;
+        case O_MIN_P:
+            bad |= parse_float(optarg, 0, 1, &o->sp.min_p) ? 1 : 0;
+            break;
+        case O_REPEAT:
+            bad |= parse_float(optarg, 1e-3f, 100, &o->sp.repetition_penalty) ? 1 : 0;
+            break;
+        case O_PRESENCE:
+            bad |= parse_float(optarg, -2, 2, &o->sp.presence_penalty) ? 1 : 0;
+            break;
+        case O_FREQUENCY:
+            bad |= parse_float(optarg, -2, 2, &o->sp.frequency_penalty) ? 1 : 0;
+            break;
         case O_SEED: {
             char *end;
             errno = 0;
@@ -243,13 +312,27 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             o->seed_given = 1;
             break;
         }
-        case O_JSON: o->json = 1; break;
-        case O_DUMP: o->dump_logits = optarg; break;
-        case O_THREADS: bad |= parse_int(optarg, 0, 1024, &o->threads) ? 1 : 0; break;
-        case O_CTX: bad |= parse_int(optarg, 1, 1 << 20, &o->ctx_size) ? 1 : 0; break;
-        case O_BOS: o->bos = 1; break;
-        case O_NO_BOS: o->bos = 0; break;
-        case O_IGNORE_EOS: o->ignore_eos = 1; break;
+        case O_JSON:
+            o->json = 1;
+            break;
+        case O_DUMP:
+            o->dump_logits = optarg;
+            break;
+        case O_THREADS:
+            bad |= parse_int(optarg, 0, 1024, &o->threads) ? 1 : 0;
+            break;
+        case O_CTX:
+            bad |= parse_int(optarg, 1, 1 << 20, &o->ctx_size) ? 1 : 0;
+            break;
+        case O_BOS:
+            o->bos = 1;
+            break;
+        case O_NO_BOS:
+            o->bos = 0;
+            break;
+        case O_IGNORE_EOS:
+            o->ignore_eos = 1;
+            break;
         case O_LOG:
             if ((o->log_level = cli_log_level_parse(optarg)) < 0) bad = 1;
             break;
@@ -260,18 +343,27 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         }
         case O_BACKEND:
-            if (!strcmp(optarg, "auto")) o->backend = ENGINE_BACKEND_AUTO;
-            else if (!strcmp(optarg, "cpu")) o->backend = ENGINE_BACKEND_CPU;
-            else if (!strcmp(optarg, "cuda")) o->backend = ENGINE_BACKEND_CUDA;
-            else bad = 1;
+            if (!strcmp(optarg, "auto"))
+                o->backend = ENGINE_BACKEND_AUTO;
+            else if (!strcmp(optarg, "cpu"))
+                o->backend = ENGINE_BACKEND_CPU;
+            else if (!strcmp(optarg, "cuda"))
+                o->backend = ENGINE_BACKEND_CUDA;
+            else
+                bad = 1;
             break;
-        case 'h': run_usage(stdout); exit(0);
-        default: bad = 1;
+        case 'h':
+            run_usage(stdout);
+            exit(0);
+        default:
+            bad = 1;
         }
         if (bad) {
             if (c != '?' && optarg)
                 fprintf(stderr, "ferry run: invalid value '%s' for --%s\n", optarg,
-                        idx >= 0 ? longopts[idx].name : c == 'm' ? "model" : "prompt");
+                        idx >= 0   ? longopts[idx].name
+                        : c == 'm' ? "model"
+                                   : "prompt");
             return -1;
         }
         idx = -1;
@@ -290,6 +382,14 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         return -1;
     }
     if (o->messages_file && load_messages(o, o->messages_file)) return -1;
+    if (o->raw && !o->prompt) {
+        fprintf(stderr, "ferry run: --raw goes with --prompt\n");
+        return -1;
+    }
+    if (o->system && !o->prompt) {
+        fprintf(stderr, "ferry run: --system goes with --prompt (or give --message system:TEXT)\n");
+        return -1;
+    }
     if (o->chat && o->n_msgs == 0) {
         fprintf(stderr, "ferry run: --chat needs --message ROLE:TEXT or --messages FILE\n");
         return -1;
@@ -317,8 +417,9 @@ static int build_prompt(const struct run_opts *o, const struct model_file *mf, c
     if (o->chat) {
         const char *tmpl = o->chat_template ? chat_template_builtin(o->chat_template) : mf->chat_template;
         if (!tmpl) {
-            fprintf(stderr, "ferry run: %s; pass --chat-template NAME (chatml, llama2, llama3, mistral, gemma, "
-                            "phi3, zephyr)\n",
+            fprintf(stderr,
+                    "ferry run: %s; pass --chat-template NAME (chatml, llama2, llama3, mistral, gemma, "
+                    "phi3, zephyr)\n",
                     o->chat_template ? "unknown chat template name" : "the model has no chat template");
             return -1;
         }
@@ -346,7 +447,8 @@ static int build_prompt(const struct run_opts *o, const struct model_file *mf, c
     int n = *ids ? tokenizer_encode(tok, text, len, add_bos, parse_special, *ids, cap) : FERRY_ERR_NOMEM;
     free(rendered);
     if (n < 0 || n > cap) {
-        fprintf(stderr, "ferry run: cannot tokenize the prompt: %s\n", ferry_status_str(n < 0 ? n : FERRY_ERR_INTERNAL));
+        fprintf(stderr, "ferry run: cannot tokenize the prompt: %s\n",
+                ferry_status_str(n < 0 ? n : FERRY_ERR_INTERNAL));
         return -1;
     }
     *n_ids = n;
@@ -401,9 +503,28 @@ int cli_run_main(int argc, char **argv)
     if (rc) {
         tok = NULL;
         if (!o.prompt_tokens) {
-            fprintf(stderr, "ferry run: this model's tokenizer cannot be loaded (%s): use --prompt-tokens\n", err);
+            fprintf(stderr, "ferry run: this model's tokenizer cannot be loaded (%s): use --prompt-tokens\n",
+                    err);
             goto out;
         }
+    }
+    if (o.prompt && !o.raw && tok && (o.chat_template || mf->chat_template)) {
+        /* a chat model: the prompt is the user's message (what a user typing a question means) */
+        if (o.system) {
+            o.msgs[o.n_msgs].role = strdup("system");
+            o.msgs[o.n_msgs++].content = strdup(o.system);
+        }
+        o.msgs[o.n_msgs].role = strdup("user");
+        o.msgs[o.n_msgs++].content = strdup(o.prompt);
+        o.chat = 1;
+        o.prompt = NULL;
+        if (!o.json)
+            fprintf(stderr,
+                    "ferry run: chatting through the model's chat template (--raw: plain completion)\n");
+    } else if (o.system) {
+        fprintf(stderr,
+                "ferry run: --system needs a chat template (the model has none; give --chat-template)\n");
+        goto out;
     }
     if (build_prompt(&o, mf, tok, &prompt, &n_prompt)) goto out;
 
@@ -420,8 +541,8 @@ int cli_run_main(int argc, char **argv)
     const int n_vocab = engine_hparams(eng)->n_vocab, ctx = engine_ctx_size(eng);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= n_vocab) {
-            fprintf(stderr, "ferry run: prompt token %d at index %d is outside the vocabulary (%d)\n", prompt[i], i,
-                    n_vocab);
+            fprintf(stderr, "ferry run: prompt token %d at index %d is outside the vocabulary (%d)\n",
+                    prompt[i], i, n_vocab);
             goto out;
         }
     if (n_prompt >= ctx) {
@@ -539,8 +660,11 @@ int cli_run_main(int argc, char **argv)
         putchar('\n');
         fflush(stdout);
     }
-    fprintf(stderr, "ferry run: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)\n",
-            n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-9), n_gen, t2 - t1, n_gen > 1 ? (n_gen - 1) / (t2 - t1 + 1e-9) : 0.0);
+    fprintf(
+        stderr,
+        "ferry run: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)\n",
+        n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-9), n_gen, t2 - t1,
+        n_gen > 1 ? (n_gen - 1) / (t2 - t1 + 1e-9) : 0.0);
     status = 0;
 out:
     free(text);

@@ -35,6 +35,9 @@ struct serve_options {
     int shutdown_timeout;          /* seconds to drain on SIGTERM before cutting requests */
     const char *cors_origin;       /* Access-Control-Allow-Origin value; NULL = no CORS headers */
     const char *chat_template;     /* builtin template name overriding the model's */
+    const char *chat_template_file; /* a template file overriding both */
+    const char *reasoning_format;  /* auto|none: <think> blocks of chat answers into reasoning_content */
+    const char *pooling;           /* mean|last: how /v1/embeddings pools the hidden states */
     int public_health;             /* 1: /health and /metrics need no key */
     const char *log_level;         /* error|warn|info|debug */
     const char *served_model_name; /* NULL = file name of --model */

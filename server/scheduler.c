@@ -24,10 +24,6 @@
  * chunks of this many rows. */
 #define PROMPT_LP_ROWS 64
 
-/* JSON mode: the longest run of whitespace between tokens of the structure (a newline and two levels of
- * indentation; a model that would loop on whitespace cannot). */
-#define JSON_WS_MAX 8
-
 enum { TOK_TEXT = 0, TOK_CONTROL = 1, TOK_EOG = 2 };
 
 struct sched {
@@ -39,7 +35,7 @@ struct sched {
     const struct tokenizer *tok;
     struct metrics *m;
     struct sched_params p;
-    int n_slots, n_vocab, ctx;
+    int n_slots, n_vocab, ctx, dim;
     int kv_blocks, kv_block; /* KV pool: blocks and positions per block */
     int kv_reserved;         /* blocks promised to running choices (engine thread, under mu) */
     /* queue (under mu) */
@@ -50,7 +46,7 @@ struct sched {
                           * thread under mu, so readable under mu */
     int n_run;
     /* engine thread only */
-    int *slot_free;                    /* (n_slots) 1 when free */
+    int *slot_free; /* (n_slots) 1 when free */
     /* Prompt cache: the tokens whose KV each slot holds (a free slot keeps its last sequence's), the step
      * when a free slot was last used (least recently used caches are dropped first). slot_len -1: unknown
      * (an allocation failed), never matched. */
@@ -59,17 +55,22 @@ struct sched {
     uint64_t *slot_used, clock;
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
+    /* embeddings run in a step of their own (its rows are hidden states, not logits) */
+    int32_t *e_tokens, *e_pos, *e_seq; /* (max_batch_tokens) */
+    uint8_t *e_want;
+    float *e_out;              /* (max_batch_tokens, dim) */
     struct choice **row_owner; /* (n_slots) choice of each sampled row */
     int *row_at;               /* (n_slots) its row in logits */
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
     struct choice *plp_owner[PROMPT_LP_ROWS];
     int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;
-    /* every token's decoded bytes and kind (TOK_*), for JSON mode */
+    /* every token's decoded bytes and kind (TOK_*), for constrained decoding */
     const char **piece;
     size_t *piece_len;
     uint8_t *tok_kind;
-    float *logits;  /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
-    float *scratch; /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
+    struct gvocab *gvocab; /* the text tokens as tries, for grammar masks */
+    float *logits;         /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
+    float *scratch;        /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
     pthread_t *workers;
     int n_workers;
@@ -78,6 +79,40 @@ struct sched {
     uint64_t wgen; /* bumped for each parallel sampling round */
     int wstop, wrows, wnext, wbusy;
 };
+
+int sched_describe(struct sched *s, struct sched_seq *out, int cap)
+{
+    const double now = sched_now();
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int pass = 0; pass < 2; pass++) {
+        struct choice *c = pass == 0 ? NULL : s->qhead;
+        for (int i = 0; pass == 0 ? i < s->n_run : c != NULL; i++) {
+            if (pass == 0) c = s->run[i];
+            if (n < cap) {
+                struct sched_seq *q = &out[n];
+                snprintf(q->id, sizeof q->id, "%s", c->req->id);
+                q->kind = c->req->kind;
+                q->running = pass == 0;
+                q->slot = pass == 0 ? c->slot : -1;
+                q->n_prompt = c->n_prompt;
+                q->n_fed = pass == 0 ? c->n_fed : 0;
+                q->n_gen = pass == 0 ? c->n_completion : 0;
+                q->max_tokens = c->req->max_tokens;
+                q->age = now - c->req->t_arrival;
+            }
+            n++;
+            if (pass == 1) c = c->qnext;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int sched_embd_dim(const struct sched *s)
+{
+    return s->dim;
+}
 
 double sched_now(void)
 {
@@ -105,6 +140,11 @@ static void sreq_free(struct sreq *r)
 {
     if (!r) return;
     for (int i = 0; i < r->n_choices; i++) {
+        grammar_state_free(r->choices[i].gst);
+        gscratch_free(r->choices[i].gscr);
+        free(r->choices[i].allowed);
+        free(r->choices[i].call_ids);
+        free(r->choices[i].embd);
         free(r->choices[i].text);
         free(r->choices[i].lps);
         free(r->choices[i].prompt_lps);
@@ -121,6 +161,8 @@ static void sreq_free(struct sreq *r)
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     free(r->bias);
+    grammar_free(r->grammar);
+    free(r->echo_json);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -148,6 +190,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->n_slots = engine_n_seqs(e);
     s->n_vocab = engine_hparams(e)->n_vocab;
     s->ctx = engine_ctx_size(e);
+    s->dim = engine_hparams(e)->dim;
     struct engine_stats st;
     engine_get_stats(e, &st);
     s->kv_block = st.kv_block_size > 0 ? st.kv_block_size : 1;
@@ -160,6 +203,11 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->b_pos = malloc(nb * sizeof(int32_t));
     s->b_seq = malloc(nb * sizeof(int32_t));
     s->b_want = malloc(nb);
+    s->e_tokens = malloc(nb * sizeof(int32_t));
+    s->e_pos = malloc(nb * sizeof(int32_t));
+    s->e_seq = malloc(nb * sizeof(int32_t));
+    s->e_want = malloc(nb);
+    s->e_out = malloc(nb * (size_t)s->dim * sizeof(float));
     s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
     s->row_at = calloc((size_t)s->n_slots, sizeof *s->row_at);
     s->piece = calloc((size_t)s->n_vocab, sizeof *s->piece);
@@ -173,6 +221,14 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
             else if (!s->piece[id] || tokenizer_is_control(t, id))
                 s->tok_kind[id] = TOK_CONTROL;
         }
+    if (s->piece && s->piece_len && s->tok_kind) {
+        uint8_t *is_text = malloc((size_t)s->n_vocab);
+        if (is_text) {
+            for (int32_t id = 0; id < s->n_vocab; id++) is_text[id] = s->tok_kind[id] == TOK_TEXT;
+            if (gvocab_init(&s->gvocab, s->n_vocab, s->piece, s->piece_len, is_text)) s->gvocab = NULL;
+        }
+        free(is_text);
+    }
     s->slot_toks = calloc((size_t)s->n_slots, sizeof *s->slot_toks);
     s->slot_len = calloc((size_t)s->n_slots, sizeof *s->slot_len);
     s->slot_cap = calloc((size_t)s->n_slots, sizeof *s->slot_cap);
@@ -180,8 +236,10 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     const size_t rows = (size_t)s->n_slots + PROMPT_LP_ROWS;
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
-    if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->row_owner ||
-        !s->row_at || !s->piece || !s->piece_len || !s->tok_kind || !s->slot_toks || !s->slot_len || !s->slot_cap || !s->slot_used || !s->logits || !s->scratch) {
+    if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens ||
+        !s->e_pos || !s->e_seq || !s->e_want || !s->e_out || !s->row_owner || !s->row_at || !s->piece ||
+        !s->piece_len || !s->tok_kind || !s->gvocab || !s->slot_toks || !s->slot_len || !s->slot_cap ||
+        !s->slot_used || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -235,11 +293,17 @@ void sched_free(struct sched *s)
     free(s->b_pos);
     free(s->b_seq);
     free(s->b_want);
+    free(s->e_tokens);
+    free(s->e_pos);
+    free(s->e_seq);
+    free(s->e_want);
+    free(s->e_out);
     free(s->row_owner);
     free(s->row_at);
     free(s->piece);
     free(s->piece_len);
     free(s->tok_kind);
+    gvocab_free(s->gvocab);
     for (int i = 0; s->slot_toks && i < s->n_slots; i++) free(s->slot_toks[i]);
     free(s->slot_toks);
     free(s->slot_len);
@@ -470,23 +534,29 @@ static size_t stop_holdback(const struct sreq *r, const char *t, size_t len)
     return best;
 }
 
-/* JSON mode: tokens whose bytes cannot continue the output as a JSON object get -inf; end-of-generation tokens
- * are allowed exactly when the object is closed. If nothing would be left (a vocabulary without the bytes the
- * object needs), the end tokens stay allowed, so the step still samples something. */
-static void json_mask(const struct sched *s, const struct choice *c, float *row)
+/* Constrained decoding: tokens that cannot continue the output within the grammar get -inf; end-of-generation
+ * tokens are allowed exactly when the output may end. The budget (tokens left for this choice) lets the
+ * grammar steer towards an end that fits. If nothing would be left, the end tokens stay allowed, so the step
+ * still samples something. */
+static void grammar_apply(const struct sched *s, struct choice *c, float *row)
 {
-    const int done = json_fsm_done(&c->json);
+    const struct sreq *r = c->req;
+    int budget = r->max_tokens - c->n_gen;
+    const int ctx_left = s->ctx - (c->n_prompt + c->n_gen);
+    if (ctx_left < budget) budget = ctx_left;
+    int acc = grammar_mask(r->grammar, c->gst, s->gvocab, budget, c->allowed, c->gscr);
+    if (acc < 0) { /* out of memory for the mask: only ending is safe */
+        memset(c->allowed, 0, (size_t)s->n_vocab);
+        acc = 1;
+    }
     int allowed = 0, first_eog = -1;
     for (int32_t t = 0; t < s->n_vocab; t++) {
         int ok;
         if (s->tok_kind[t] == TOK_EOG) {
-            ok = done;
+            ok = acc;
             if (first_eog < 0) first_eog = t;
-        } else if (s->tok_kind[t] == TOK_CONTROL || done || s->piece_len[t] == 0) {
-            ok = 0;
         } else {
-            struct json_fsm f = c->json;
-            ok = json_fsm_feed_bytes(&f, s->piece[t], s->piece_len[t]) == 0 && f.ws_run <= JSON_WS_MAX;
+            ok = s->tok_kind[t] == TOK_TEXT && c->allowed[t];
         }
         if (!ok)
             row[t] = -INFINITY;
@@ -504,12 +574,16 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     c->fin = NULL;
     c->release = 0;
     float *raw = s->scratch + (size_t)(row - s->logits);
-    if (r->logprobs >= 0) memcpy(raw, row, (size_t)s->n_vocab * sizeof(float)); /* the model's, unconstrained */
-    if (r->json_object) json_mask(s, c, row);
+    if (r->logprobs >= 0)
+        memcpy(raw, row, (size_t)s->n_vocab * sizeof(float)); /* the model's, unconstrained */
+    if (r->grammar) grammar_apply(s, c, row);
     int32_t tok = sampler_sample(c->smp, row);
     if (tok < 0 || tok >= s->n_vocab) tok = 0; /* a sampler bug must not index out of range */
-    if (r->json_object && s->tok_kind[tok] == TOK_TEXT)
-        json_fsm_feed_bytes(&c->json, s->piece[tok], s->piece_len[tok]);
+    int grammar_done = 0;
+    if (r->grammar && s->tok_kind[tok] == TOK_TEXT) {
+        grammar_state_feed(r->grammar, c->gst, s->piece[tok], s->piece_len[tok]);
+        grammar_done = grammar_state_finished(r->grammar, c->gst); /* nothing may follow: this is the end */
+    }
     if (r->logprobs >= 0) {
         struct lp_entry *e = &c->lp_stage;
         e->id = tok;
@@ -522,12 +596,16 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     c->last = tok;
     char buf[4096];
     int eog = tokenizer_is_eog(s->tok, tok);
+    if (r->keep_special && !eog && s->tok_kind[tok] == TOK_CONTROL) {
+        const char *sp = tokenizer_token_str(s->tok, tok);
+        if (sp) buf_append(&c->hold, &c->hold_len, &c->hold_cap, sp, strlen(sp));
+    }
     int length = c->n_gen >= r->max_tokens || c->n_prompt + c->n_gen >= s->ctx;
     if (!eog) {
         int k = detok_push(&c->dt, tok, buf, sizeof buf);
         if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
     }
-    if (eog || length) {
+    if (eog || length || grammar_done) {
         int k = detok_flush(&c->dt, buf, sizeof buf);
         if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
     }
@@ -536,7 +614,7 @@ static void process_row(struct sched *s, struct choice *c, float *row)
         c->hold_len = (size_t)at;
         c->release = (size_t)at;
         c->fin = "stop";
-    } else if (eog) {
+    } else if (eog || grammar_done) {
         c->release = c->hold_len;
         c->fin = "stop";
     } else if (length) {
@@ -576,7 +654,8 @@ static int blocks_of(const struct sched *s, int positions)
 static struct choice *running_leader_locked(const struct sched *s, const struct choice *c)
 {
     const struct sreq *r = c->req;
-    if (r->n < 2 || c->index % r->n == 0 || wants_prompt_lps(r)) return NULL; /* echo's logprobs: each computes */
+    if (r->n < 2 || c->index % r->n == 0 || wants_prompt_lps(r))
+        return NULL; /* echo's logprobs: each computes */
     struct choice *lead = &r->choices[c->index - c->index % r->n];
     for (int i = 0; i < s->n_run; i++)
         if (s->run[i] == lead) return lead;
@@ -620,7 +699,8 @@ static int pick_slot_locked(const struct sched *s, const struct choice *c, int u
     for (int j = 0; j < s->n_slots; j++) {
         if (!s->slot_free[j]) continue;
         int r = 0;
-        if (use_cache && s->p.prompt_cache && !wants_prompt_lps(c->req) && s->slot_len[j] > 0) {
+        if (use_cache && s->p.prompt_cache && !wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED &&
+            s->slot_len[j] > 0) {
             const int lim = s->slot_len[j] < c->n_prompt - 1 ? s->slot_len[j] : c->n_prompt - 1;
             while (r < lim && s->slot_toks[j][r] == c->prompt[r]) r++;
         }
@@ -668,6 +748,21 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     sp.n_logit_bias = r->n_bias;
     int rc = sampler_init(&c->smp, &sp, s->n_vocab);
     if (rc) return rc;
+    if (r->kind == SREQ_EMBED && !(c->embd = calloc((size_t)s->dim, sizeof(float)))) {
+        sampler_free(c->smp);
+        c->smp = NULL;
+        return FERRY_ERR_NOMEM;
+    }
+    if (r->grammar) {
+        c->gst = grammar_state_new(r->grammar);
+        c->gscr = gscratch_new();
+        c->allowed = malloc((size_t)s->n_vocab);
+        if (!c->gst || !c->gscr || !c->allowed) {
+            sampler_free(c->smp);
+            c->smp = NULL;
+            return FERRY_ERR_NOMEM;
+        }
+    }
     int shared = lead ? engine_seq_share(s->e, lead->slot, slot, c->n_prompt - 1) : 0;
     if (shared > 0) {
         reuse = shared;
@@ -685,7 +780,6 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     c->n_fed = c->n_cached = reuse;
     c->n_gen = 0;
     c->hold_len = 0;
-    json_fsm_init(&c->json);
     c->state = CHOICE_RUNNING;
     detok_init(&c->dt, s->tok);
     s->run[s->n_run++] = c;
@@ -803,6 +897,49 @@ static void prompt_logprobs(struct sched *s)
     }
 }
 
+/* With mu held: the prompt chunks of running embedding choices, in a batch of their own; each choice's
+ * c->chunk and c->e_at say where its rows are. Returns the batch's tokens. */
+static int embed_batch_locked(struct sched *s)
+{
+    int ne = 0, at = 0;
+    for (int i = 0; i < s->n_run && ne < s->p.max_batch_tokens; i++) {
+        struct choice *c = s->run[i];
+        if (c->req->kind != SREQ_EMBED || c->n_fed >= c->n_prompt) continue;
+        int k = c->n_prompt - c->n_fed;
+        if (k > s->p.max_batch_tokens - ne) k = s->p.max_batch_tokens - ne;
+        c->e_at = at;
+        for (int j = 0; j < k; j++) {
+            const int p = c->n_fed + j;
+            s->e_tokens[ne] = c->prompt[p];
+            s->e_pos[ne] = p;
+            s->e_seq[ne] = c->slot;
+            s->e_want[ne] = c->req->pooling == 0 || p == c->n_prompt - 1;
+            at += s->e_want[ne];
+            ne++;
+        }
+        c->chunk = k;
+    }
+    return ne;
+}
+
+/* Outside the lock, after an embedding step: each choice's rows into its pooled vector (a sum for mean
+ * pooling, divided once the prompt is complete). */
+static void pool_rows(struct sched *s)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        if (c->req->kind != SREQ_EMBED || !c->chunk) continue;
+        const int mean = c->req->pooling == 0;
+        const int rows = mean ? c->chunk : c->n_fed + c->chunk == c->n_prompt;
+        for (int r = 0; r < rows; r++) {
+            const float *h = s->e_out + (size_t)(c->e_at + r) * s->dim;
+            for (int d = 0; d < s->dim; d++) c->embd[d] = mean ? c->embd[d] + h[d] : h[d];
+        }
+        if (mean && c->n_fed + c->chunk == c->n_prompt)
+            for (int d = 0; d < s->dim; d++) c->embd[d] /= (float)c->n_prompt;
+    }
+}
+
 static void *engine_main(void *arg)
 {
     struct sched *s = arg;
@@ -824,7 +961,8 @@ static void *engine_main(void *arg)
         while (s->qhead && s->n_run < s->n_slots) {
             struct choice *c = s->qhead;
             /* first come first served: the head waits for KV room rather than being overtaken */
-            const int feeds = c->req->max_tokens > 0 || wants_prompt_lps(c->req);
+            const int feeds =
+                c->req->max_tokens > 0 || wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
             /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
             struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
             if (lead && lead->n_fed < lead->n_prompt) break;
@@ -884,7 +1022,7 @@ static void *engine_main(void *arg)
         }
         for (int i = 0; i < s->n_run && n < s->p.max_batch_tokens; i++) {
             struct choice *c = s->run[i];
-            if (c->n_fed >= c->n_prompt) continue;
+            if (c->n_fed >= c->n_prompt || c->req->kind == SREQ_EMBED) continue;
             int k = c->n_prompt - c->n_fed;
             if (k > s->p.max_batch_tokens - n) k = s->p.max_batch_tokens - n;
             const int plp = wants_prompt_lps(c->req);
@@ -923,16 +1061,23 @@ static void *engine_main(void *arg)
                 }
             }
         }
+        const int ne = embed_batch_locked(s);
         pthread_mutex_unlock(&s->mu);
 
-        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want};
+        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
         double t0 = sched_now();
-        int rc = engine_step(s->e, &b, s->logits);
+        int rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
         double t1 = sched_now();
-        if (rc == 0) {
+        if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
             sample_rows(s, rows);
             prompt_logprobs(s);
+        }
+        if (rc == 0 && ne > 0) {
+            struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1};
+            rc = engine_step(s->e, &eb, s->e_out);
+            if (rc == 0) pool_rows(s);
+            n_prefill += ne;
         }
         double t2 = sched_now();
 
@@ -950,6 +1095,7 @@ static void *engine_main(void *arg)
         for (int i = 0; i < s->n_run; i++) {
             struct choice *c = s->run[i];
             c->n_fed += c->chunk;
+            if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_prompt) c->fin = "stop"; /* pooled: done */
             if (c->chunk && c->n_fed == c->n_prompt && wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;
                 pthread_cond_broadcast(&c->req->cv);

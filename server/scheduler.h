@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/json_fsm.h"
+#include "runtime/grammar.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 
@@ -24,7 +24,12 @@ struct metrics;
 
 #define SCHED_MAX_TOP_LOGPROBS 20
 
-enum sreq_kind { SREQ_COMPLETION = 0, SREQ_CHAT = 1 };
+enum sreq_kind {
+    SREQ_COMPLETION = 0,
+    SREQ_CHAT = 1,
+    SREQ_RESPONSES = 2, /* /v1/responses: a chat, answered as a response */
+    SREQ_EMBED = 3,     /* /v1/embeddings: each choice's prompt is run for its final hidden states, pooled */
+};
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
 
 struct lp_entry { /* one generated token's log-probabilities */
@@ -45,8 +50,10 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     struct choice *qnext; /* queue link */
     /* engine thread only */
     int slot, n_fed, n_gen;
-    int n_cached; /* prompt positions taken from the slot's previous sequence (the prompt cache) */
-    struct json_fsm json; /* the output so far, when the request asks for a JSON object */
+    int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
+    struct gstate *gst;    /* constrained decoding: where the output stands in the request's grammar */
+    struct gscratch *gscr; /* its mask workspace */
+    uint8_t *allowed;      /* (n_vocab) the mask of this step */
     int32_t last;
     struct sampler *smp;
     struct detok dt;
@@ -58,19 +65,28 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     const char *fin; /* finish decided in this step */
     int has_lp;
     struct lp_entry lp_stage; /* logprobs of this step's token */
+    int e_at;                 /* SREQ_EMBED: this step's first output row */
     /* shared, under the scheduler mutex */
     enum choice_state state;
     char *text; /* released text (never contains a stop string) */
     size_t text_len, text_cap;
     struct lp_entry *lps; /* (n_lps) when logprobs were asked */
     int n_lps, lps_cap;
-    /* echo with logprobs (completions): entry i is prompt token i+1 given tokens 0..i, (n_prompt - 1) entries,
-     * written by the engine thread during the prefill; readable once prompt_lps_ready is set (under mu). */
+    /* echo with logprobs (completions): entry i is prompt token i+1 given tokens 0..i, (n_prompt - 1)
+     * entries, written by the engine thread during the prefill; readable once prompt_lps_ready is set (under
+     * mu). */
     struct lp_entry *prompt_lps;
     int prompt_lps_ready;
     const char *finish; /* "stop", "length" or NULL while running */
-    int n_completion;   /* tokens generated */
+    float *embd;      /* (dim) SREQ_EMBED: the pooled final hidden state, complete once the choice is done */
+    int n_completion; /* tokens generated */
     /* HTTP thread only: streaming progress */
+    size_t r_sent, a_sent; /* bytes of reasoning / answer content streamed (chat with tools or reasoning) */
+    int calls_sent;
+    int seq; /* /v1/responses streams: the next event's sequence_number */
+    int rs_item, msg_item,
+        items;            /* ... output index of the reasoning and message items (-1: not open), items */
+    char (*call_ids)[40]; /* (TOOL_CALL_MAX) ids of the tool calls, made when first rendered */
     size_t sent;
     int lps_sent, head_sent, finish_sent;
     size_t echo_len; /* bytes of the echoed prompt text, where the generated text's offsets start */
@@ -91,8 +107,20 @@ struct sreq {
     int stream, include_usage;
     int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
-    int json_object; /* response_format json_object: the output is constrained to one JSON object */
-    char **stops; /* (n_stops) owned, non-empty */
+    struct grammar *grammar; /* owned; non-NULL: outputs are constrained to it (response_format json_object or
+                              * json_schema, a required tool call); the output ends when the grammar does */
+    int keep_special; /* control tokens other than end-of-generation go into the text (tool-call markers
+                       * such as [TOOL_CALLS] and <|python_tag|> that the output parser looks for) */
+    /* chat output parsing (read by the renderer) */
+    int tools;             /* the output may hold tool calls (tools given, tool_choice not "none") */
+    int tool_format;       /* enum tool_format */
+    int tool_prefixed;     /* the prompt ends with the call marker: the whole output is the call section */
+    int reasoning;         /* split a <think> block off the start of the output */
+    int reasoning_started; /* the prompt opened the block */
+    char *echo_json;       /* /v1/responses: request fields the response object repeats (JSON text, owned) */
+    int pooling;           /* SREQ_EMBED: 0 = mean of the prompt's rows, 1 = its last row */
+    int embd_base64;       /* SREQ_EMBED: answer with base64 float32 instead of arrays */
+    char **stops;          /* (n_stops) owned, non-empty */
     int n_stops;
     /* prompts */
     int n_prompts;
@@ -149,5 +177,22 @@ void sched_wait(struct sched *s, struct sreq *req, int ms);
 int sched_in_flight(struct sched *s);
 
 double sched_now(void); /* monotonic seconds */
+/* One sequence as the dashboard shows it. */
+struct sched_seq {
+    char id[48];  /* its request's id */
+    int kind;     /* enum sreq_kind */
+    int running;  /* 1 running (in a slot), 0 queued */
+    int slot;     /* -1 when queued */
+    int n_prompt; /* prompt tokens */
+    int n_fed;    /* of them computed (or taken from the prompt cache) */
+    int n_gen;    /* tokens generated */
+    int max_tokens;
+    double age; /* seconds since the request arrived */
+};
+/* Fills out[0, cap) with the running sequences, then the queued ones in order; returns how many exist. */
+int sched_describe(struct sched *s, struct sched_seq *out, int cap);
+
+/* Width of an embedding (the model's hidden size). */
+int sched_embd_dim(const struct sched *s);
 
 #endif

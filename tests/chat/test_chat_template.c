@@ -61,10 +61,28 @@ static int run_cases(const char *prefix)
         }
         char *out = NULL, err[256];
         size_t out_len = 0;
-        int rc =
-            chat_template_render(tmpl, msgs, n, json_is_true(json_object_get(cs, "add_generation_prompt")),
-                                 json_string_value(json_object_get(cs, "bos_token")),
-                                 json_string_value(json_object_get(cs, "eos_token")), &out, &out_len, err);
+        int rc;
+        if (json_object_get(cs, "extra")) { /* tool cases: the JSON form, as the server renders */
+            char *mj = json_dumps(jm, JSON_COMPACT), *tj = NULL,
+                 *ej = json_dumps(json_object_get(cs, "extra"), 0);
+            json_t *tools = json_object_get(cs, "tools");
+            if (json_is_array(tools)) tj = json_dumps(tools, JSON_COMPACT);
+            struct chat_render in = {mj,
+                                     tj,
+                                     ej,
+                                     json_is_true(json_object_get(cs, "add_generation_prompt")),
+                                     json_string_value(json_object_get(cs, "bos_token")),
+                                     json_string_value(json_object_get(cs, "eos_token"))};
+            rc = chat_template_render_json(tmpl, &in, NULL, &out, &out_len, err);
+            free(mj);
+            free(tj);
+            free(ej);
+        } else {
+            rc = chat_template_render(
+                tmpl, msgs, n, json_is_true(json_object_get(cs, "add_generation_prompt")),
+                json_string_value(json_object_get(cs, "bos_token")),
+                json_string_value(json_object_get(cs, "eos_token")), &out, &out_len, err);
+        }
         json_t *want = json_object_get(cs, "expected");
         const char *kind = json_string_value(json_object_get(cs, "error"));
         if (want) {
@@ -94,6 +112,25 @@ static int run_cases(const char *prefix)
     json_decref(root);
     cr_expect_eq(failed, 0, "%d of %d '%s' cases differ from the reference", failed, checked, prefix);
     return checked;
+}
+
+/* Real templates with tools, tool calls and tool results (Llama 3.1, Qwen2.5, Mistral Nemo, DeepSeek-R1,
+ * SmolLM2, chatml). */
+Test(chat_reference, tools_llama31)
+{
+    cr_assert_geq(run_cases("tools/llama31/"), 6);
+}
+Test(chat_reference, tools_qwen25)
+{
+    cr_assert_geq(run_cases("tools/qwen25/"), 6);
+}
+Test(chat_reference, tools_mistral_nemo)
+{
+    cr_assert_geq(run_cases("tools/mistral_nemo/"), 6);
+}
+Test(chat_reference, tools_r1_and_chatml)
+{
+    cr_assert_geq(run_cases("tools/r1_qwen/") + run_cases("tools/smollm2/") + run_cases("tools/chatml/"), 15);
 }
 
 Test(chat_reference, builtin_chatml)

@@ -1,7 +1,7 @@
 // SOURCES: runtime/chat/chat_template.c runtime/chat/jinja_value.c runtime/chat/jinja_lex.c
 // SOURCES: runtime/chat/jinja_parse.c runtime/chat/jinja_eval.c runtime/chat/jinja_builtins.c
 // SOURCES: kernels/core/status.c kernels/core/log.c
-// LIBS: -lm
+// LIBS: -ljansson -lm
 /* fuzz_chat_template — libFuzzer target: the input is a chat-template source, rendered over a fixed
  * small conversation with tight bounds. Any crash, sanitizer report, leak or runaway is a bug; render
  * errors are expected and ignored. When the render succeeds, the output length must be consistent. */

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/runtime/data/json_cases.txt: documents labelled by Python's json module, the reference for
-runtime/json_fsm.c. A line is "<label> <hex bytes>"; label 1 = json.loads accepts it (strict: no NaN or
+the JSON acceptance of runtime/grammar.c (tests/runtime/test_grammar.py). A line is "<label> <hex bytes>"; label 1 = json.loads accepts it (strict: no NaN or
 Infinity, no control characters in strings) and its value is an object, 0 otherwise. Half the cases are
 valid objects dumped with random separators and whitespace, half are mutations of them (a byte deleted,
 inserted, replaced, swapped, or the document cut short). Deterministic (seeded)."""

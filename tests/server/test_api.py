@@ -1066,3 +1066,68 @@ def test_chunked_prefill_keeps_decodes_running():
         assert m["ferry_batch_size_tokens_count"] >= 30
     finally:
         assert s.stop() == 0
+
+
+# ---- OpenAI parity: fingerprint, usage in streams, paths without /v1, documented limits ------------------
+
+
+def test_stream_usage_null_until_last_and_fingerprint(server):
+    """With stream_options.include_usage every chunk carries "usage": null except the last (choices []), as OpenAI
+    sends it; system_fingerprint is in every chunk and every answer."""
+    for path, extra in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                        ("/v1/completions", {"prompt": "Once upon a time"})):
+        body = dict(extra, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
+        events = sse_events(server.url + path, body)
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        fps = {c["system_fingerprint"] for c in chunks}
+        assert len(fps) == 1 and next(iter(fps)).startswith("fp_"), fps
+        assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+        # without include_usage there is no usage key at all
+        plain = sse_events(server.url + path, dict(extra, max_tokens=3, temperature=0, stream=True))[:-1]
+        assert all("usage" not in c for c in plain)
+        st, _, whole = post(server.url + path, dict(extra, max_tokens=3, temperature=0))
+        assert st == 200 and whole["system_fingerprint"] == next(iter(fps))
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    r = c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert r.system_fingerprint and r.system_fingerprint.startswith("fp_")
+    usage = [ch.usage for ch in c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                                          max_tokens=3, stream=True,
+                                                          stream_options={"include_usage": True})]
+    assert usage[-1].completion_tokens == 3 and all(u is None for u in usage[:-1])
+
+
+def test_paths_without_v1(server):
+    """llama-server also answers /models, /completions and /chat/completions."""
+    st, _, body = get(server.url + "/models")
+    assert st == 200 and body["data"][0]["id"] == MODEL_NAME
+    st, _, a = post(server.url + "/completions", {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0})
+    st2, _, b = post(server.url + "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0})
+    assert st == st2 == 200 and a["choices"][0]["text"] == b["choices"][0]["text"]
+    st, _, c = post(server.url + "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+    assert st == 200 and c["object"] == "chat.completion"
+    st, hdrs, err = get(server.url + "/chat/completions")
+    assert_error(st, err, 405)
+    assert "POST" in hdrs["Allow"]
+
+
+def test_openai_limits(server):
+    """The limits OpenAI states are enforced: at most 4 stop sequences, top_logprobs <= 20 and only with
+    logprobs, completions logprobs <= 5."""
+    url = server.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "Hi"}]
+    st, _, err = post(url, {"messages": msgs, "stop": ["a", "b", "c", "d", "e"]})
+    assert_error(st, err, 400, "stop")
+    st, _, ok = post(url, {"messages": msgs, "stop": ["a", "b", "c", "d"], "max_tokens": 2})
+    assert st == 200, ok
+    st, _, err = post(url, {"messages": msgs, "top_logprobs": 3})
+    assert_error(st, err, 400, "top_logprobs")
+    st, _, err = post(url, {"messages": msgs, "logprobs": True, "top_logprobs": 21})
+    assert_error(st, err, 400, "top_logprobs")
+    st, _, ok = post(url, {"messages": msgs, "logprobs": True, "top_logprobs": 20, "max_tokens": 1})
+    assert st == 200 and len(ok["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 20
+    st, _, err = post(server.url + "/v1/completions", {"prompt": "x", "logprobs": 6})
+    assert_error(st, err, 400, "logprobs")
+    st, _, ok = post(server.url + "/v1/completions", {"prompt": "x", "logprobs": 5, "max_tokens": 1})
+    assert st == 200 and len(ok["choices"][0]["logprobs"]["top_logprobs"][0]) == 5

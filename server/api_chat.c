@@ -1,0 +1,528 @@
+/* api_chat — the prompt of a chat request and what constrains its output.
+ *
+ * OpenAI messages (text parts, assistant tool_calls, tool results) and tools become the template's variables
+ * the way Hugging Face's apply_chat_template receives them (tool-call arguments as objects; a template that
+ * wants them as strings gets strings on a second try). Templates that do not render tools (chatml, SmolLM2:
+ * TOOL_FORMAT_GENERIC) get the tools described in the system message and earlier calls and results written
+ * as <tool_call>/<tool_response> text. tool_choice "required" or a named function constrains decoding to a
+ * well-formed call (runtime/tool_call.c); response_format json_object/json_schema to the schema.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/chat_template.h"
+#include "runtime/grammar.h"
+#include "runtime/json_schema.h"
+#include "runtime/reasoning.h"
+#include "runtime/tool_call.h"
+#include "server/api.h"
+#include "server/api_impl.h"
+
+#define API_MAX_TOOLS    128
+#define API_MAX_MESSAGES 4096
+#define API_JSON_WS      16 /* whitespace bytes per gap in constrained JSON */
+
+enum { CHOICE_NONE, CHOICE_AUTO, CHOICE_REQUIRED, CHOICE_NAMED };
+
+struct tools {
+    int n;
+    json_t *arr; /* the request's tools (borrowed) */
+    struct tool_def defs[API_MAX_TOOLS];
+    char *params[API_MAX_TOOLS]; /* JSON Schema texts (owned) */
+    int choice, named, parallel;
+};
+
+static void tools_free(struct tools *t)
+{
+    for (int i = 0; i < t->n; i++) free(t->params[i]);
+}
+
+static int valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+static int parse_tools(json_t *o, struct tools *t, struct api_err *e)
+{
+    memset(t, 0, sizeof *t);
+    t->choice = CHOICE_AUTO;
+    t->parallel = 1;
+    json_t *arr = json_object_get(o, "tools"), *tc = json_object_get(o, "tool_choice");
+    if (arr && !json_is_null(arr)) {
+        if (!json_is_array(arr))
+            FAIL(FERRY_ERR_INVALID, "tools", "'tools' must be an array of function tools");
+        if (json_array_size(arr) > API_MAX_TOOLS)
+            FAIL(FERRY_ERR_INVALID, "tools", "at most %d tools", API_MAX_TOOLS);
+        size_t i;
+        json_t *x;
+        json_array_foreach(arr, i, x)
+        {
+            json_t *type = json_object_get(x, "type"), *fn = json_object_get(x, "function");
+            if (!json_is_object(x) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
+                FAIL(FERRY_ERR_UNSUPPORTED, "tools",
+                     "tools[%zu]: only tools of type 'function' are supported", i);
+            const char *name = json_string_value(json_object_get(fn, "name"));
+            if (!json_is_object(fn) || !name || !valid_name(name))
+                FAIL(FERRY_ERR_INVALID, "tools",
+                     "tools[%zu].function.name must be 1 to 64 letters, digits, '_' or '-'", i);
+            for (int k = 0; k < t->n; k++)
+                if (!strcmp(t->defs[k].name, name))
+                    FAIL(FERRY_ERR_INVALID, "tools", "tool '%s' is declared twice", name);
+            json_t *params = json_object_get(fn, "parameters");
+            if (params && !json_is_null(params) && !json_is_object(params))
+                FAIL(FERRY_ERR_INVALID, "tools",
+                     "tools[%zu].function.parameters must be a JSON Schema object", i);
+            t->defs[t->n].name = name;
+            if (params && json_is_object(params)) {
+                t->params[t->n] = json_dumps(params, JSON_COMPACT);
+                if (!t->params[t->n]) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+            }
+            t->defs[t->n].parameters = t->params[t->n];
+            t->n++;
+        }
+        t->arr = t->n ? arr : NULL;
+    }
+    if (tc && !json_is_null(tc)) {
+        const char *s = json_string_value(tc);
+        if (s && !strcmp(s, "none"))
+            t->choice = CHOICE_NONE;
+        else if (s && !strcmp(s, "auto"))
+            t->choice = CHOICE_AUTO;
+        else if (s && !strcmp(s, "required"))
+            t->choice = CHOICE_REQUIRED;
+        else if (json_is_object(tc)) {
+            const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+            if (!name)
+                FAIL(FERRY_ERR_INVALID, "tool_choice",
+                     "'tool_choice' must name a function: {\"type\": \"function\", \"function\": {\"name\": "
+                     "...}}");
+            t->named = -1;
+            for (int k = 0; k < t->n; k++)
+                if (!strcmp(t->defs[k].name, name)) t->named = k;
+            if (t->named < 0)
+                FAIL(FERRY_ERR_INVALID, "tool_choice",
+                     "tool_choice names '%.64s', which is not among the tools", name);
+            t->choice = CHOICE_NAMED;
+        } else {
+            FAIL(FERRY_ERR_INVALID, "tool_choice",
+                 "'tool_choice' must be 'none', 'auto', 'required' or a named function");
+        }
+    }
+    if (t->choice == CHOICE_REQUIRED && t->n == 0)
+        FAIL(FERRY_ERR_INVALID, "tool_choice", "tool_choice 'required' needs 'tools'");
+    int b;
+    if (api_get_bool(o, "parallel_tool_calls", &b, e) < 0) return e->status;
+    if (e->status == 0 && json_object_get(o, "parallel_tool_calls") &&
+        !json_is_null(json_object_get(o, "parallel_tool_calls")))
+        t->parallel = b;
+    return 0;
+}
+
+/* ---- messages ------------------------------------------------------------------------------------------ */
+
+/* A message's content as one string (text parts joined), or NULL for null. */
+static int content_text(json_t *content, size_t i, char **out, struct api_err *e)
+{
+    *out = NULL;
+    if (!content || json_is_null(content)) return 0;
+    if (json_is_string(content)) {
+        *out = strdup(json_string_value(content));
+        if (!*out) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+        return 0;
+    }
+    if (!json_is_array(content))
+        FAIL(FERRY_ERR_INVALID, "messages",
+             "messages[%zu].content must be a string or an array of text parts", i);
+    struct strbuf b = {0};
+    strbuf_add(&b, "", 0);
+    size_t k;
+    json_t *part;
+    json_array_foreach(content, k, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!type || (strcmp(type, "text") && strcmp(type, "input_text") && strcmp(type, "output_text")) ||
+            !json_is_string(text)) {
+            strbuf_free(&b);
+            FAIL(FERRY_ERR_UNSUPPORTED, "messages",
+                 "messages[%zu].content[%zu]: only text parts are supported (this server runs a text model)",
+                 i, k);
+        }
+        strbuf_add(&b, json_string_value(text), json_string_length(text));
+    }
+    if (b.oom) {
+        strbuf_free(&b);
+        FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+    }
+    *out = b.p;
+    return 0;
+}
+
+/* The request's tool_calls of an assistant message, arguments as objects (as_objects) or as strings. */
+static int convert_calls(json_t *calls, size_t i, int as_objects, json_t **out, struct api_err *e)
+{
+    *out = NULL;
+    if (!json_is_array(calls))
+        FAIL(FERRY_ERR_INVALID, "messages", "messages[%zu].tool_calls must be an array", i);
+    json_t *arr = json_array();
+    size_t k;
+    json_t *tc;
+    json_array_foreach(calls, k, tc)
+    {
+        json_t *fn = json_object_get(tc, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        json_t *args = json_object_get(fn, "arguments");
+        if (!name || (args && !json_is_string(args) && !json_is_object(args))) {
+            json_decref(arr);
+            FAIL(FERRY_ERR_INVALID, "messages",
+                 "messages[%zu].tool_calls[%zu] must have function.name and function.arguments (a JSON "
+                 "string)",
+                 i, k);
+        }
+        json_t *a;
+        if (as_objects) {
+            a = json_is_object(args) ? json_incref(args)
+                : args               ? json_loads(json_string_value(args), 0, NULL)
+                                     : json_object();
+            if (!a || !json_is_object(a)) { /* not an object: kept as the client wrote it */
+                json_decref(a);
+                a = json_string(args ? json_string_value(args) : "{}");
+            }
+        } else {
+            if (json_is_string(args)) {
+                a = json_incref(args);
+            } else {
+                char *d = args ? json_dumps(args, JSON_COMPACT) : NULL;
+                a = json_string(d ? d : "{}");
+                free(d);
+            }
+        }
+        json_t *id = json_object_get(tc, "id");
+        json_array_append_new(arr, json_pack("{s:o,s:s,s:{s:s,s:o}}", "id",
+                                             json_is_string(id) ? json_incref(id) : json_string(""), "type",
+                                             "function", "function", "name", name, "arguments", a));
+    }
+    *out = arr;
+    return 0;
+}
+
+/* Hermes text of earlier calls, for templates that do not render tool_calls (GENERIC). */
+static void calls_as_text(json_t *calls, struct strbuf *b)
+{
+    size_t k;
+    json_t *tc;
+    json_array_foreach(calls, k, tc)
+    {
+        json_t *fn = json_object_get(tc, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        char *a = json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
+        if (b->len) strbuf_add(b, "\n", 1);
+        strbuf_add(b, "<tool_call>\n{\"name\": \"", 23);
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        strbuf_add(b, name, strlen(name));
+        strbuf_add(b, "\", \"arguments\": ", 16);
+        if (a) strbuf_add(b, a, strlen(a));
+        strbuf_add(b, "}\n</tool_call>", 14);
+        free(a);
+    }
+}
+
+/* The system text that describes the tools to a model whose template does not (Hermes' own wording). */
+static void tools_system_text(const struct tools *t, struct strbuf *b)
+{
+    static const char head[] =
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    static const char tail[] =
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+    strbuf_add(b, head, sizeof head - 1);
+    size_t i;
+    json_t *x;
+    json_array_foreach(t->arr, i, x)
+    {
+        char *s = json_dumps(x, JSON_COMPACT);
+        strbuf_add(b, "\n", 1);
+        if (s) strbuf_add(b, s, strlen(s));
+        free(s);
+    }
+    strbuf_add(b, tail, sizeof tail - 1);
+}
+
+/* messages → the template's messages (a new JSON array). generic: write tool calls/results as text and put
+ * the tools' description (tools_text, may be NULL) in the system message. */
+static int convert_messages(json_t *msgs, int as_objects, int generic, const char *tools_text, json_t **out,
+                            struct api_err *e)
+{
+    *out = NULL;
+    json_t *res = json_array();
+    size_t i;
+    json_t *m;
+    int rc = 0;
+    json_array_foreach(msgs, i, m)
+    {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!json_is_object(m) || !role) {
+            json_decref(res);
+            FAIL(FERRY_ERR_INVALID, "messages", "messages[%zu] must be an object with a string 'role'", i);
+        }
+        if (!strcmp(role, "developer")) role = "system"; /* OpenAI's newer name for it */
+        char *content = NULL;
+        if ((rc = content_text(json_object_get(m, "content"), i, &content, e))) break;
+        json_t *calls = json_object_get(m, "tool_calls");
+        if (calls && json_is_null(calls)) calls = NULL;
+        json_t *o = json_object();
+        if (generic && !strcmp(role, "tool")) {
+            struct strbuf b = {0};
+            strbuf_add(&b, "<tool_response>\n", 16);
+            if (content) strbuf_add(&b, content, strlen(content));
+            strbuf_add(&b, "\n</tool_response>", 17);
+            json_object_set_new(o, "role", json_string("user"));
+            json_object_set_new(o, "content", b.p ? json_string(b.p) : json_string(""));
+            strbuf_free(&b);
+        } else if (generic && calls && !strcmp(role, "assistant")) {
+            struct strbuf b = {0};
+            if (content) strbuf_add(&b, content, strlen(content));
+            if (!json_is_array(calls)) {
+                free(content);
+                json_decref(o);
+                json_decref(res);
+                FAIL(FERRY_ERR_INVALID, "messages", "messages[%zu].tool_calls must be an array", i);
+            }
+            calls_as_text(calls, &b);
+            json_object_set_new(o, "role", json_string(role));
+            json_object_set_new(o, "content", json_string(b.p ? b.p : ""));
+            strbuf_free(&b);
+        } else {
+            json_object_set_new(o, "role", json_string(role));
+            /* null content stays None next to tool calls (templates test it), "" elsewhere (templates add it)
+             */
+            json_object_set_new(o, "content",
+                                content ? json_string(content)
+                                : calls ? json_null()
+                                        : json_string(""));
+            if (calls && !strcmp(role, "assistant")) {
+                json_t *conv;
+                if ((rc = convert_calls(calls, i, as_objects, &conv, e))) {
+                    free(content);
+                    json_decref(o);
+                    break;
+                }
+                json_object_set_new(o, "tool_calls", conv);
+            }
+            json_t *tcid = json_object_get(m, "tool_call_id"), *name = json_object_get(m, "name");
+            if (json_is_string(tcid)) json_object_set(o, "tool_call_id", tcid);
+            if (json_is_string(name)) json_object_set(o, "name", name);
+        }
+        free(content);
+        json_array_append_new(res, o);
+    }
+    if (rc) {
+        json_decref(res);
+        return rc;
+    }
+    if (tools_text) { /* into the system message, or a new one first */
+        json_t *first = json_array_get(res, 0);
+        const char *r0 = json_string_value(json_object_get(first, "role"));
+        if (r0 && !strcmp(r0, "system")) {
+            const char *c0 = json_string_value(json_object_get(first, "content"));
+            struct strbuf b = {0};
+            strbuf_add(&b, c0 ? c0 : "", c0 ? strlen(c0) : 0);
+            if (b.len) strbuf_add(&b, "\n\n", 2);
+            strbuf_add(&b, tools_text, strlen(tools_text));
+            json_object_set_new(first, "content", json_string(b.p));
+            strbuf_free(&b);
+        } else {
+            json_array_insert_new(res, 0, json_pack("{s:s,s:s}", "role", "system", "content", tools_text));
+        }
+    }
+    *out = res;
+    return 0;
+}
+
+static int has_tool_history(json_t *msgs)
+{
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        json_t *calls = json_object_get(m, "tool_calls");
+        if ((role && !strcmp(role, "tool")) || (calls && !json_is_null(calls))) return 1;
+    }
+    return 0;
+}
+
+/* Renders once: arguments as objects, or as strings. */
+static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools *t, int tools_active,
+                       int generic, int as_objects, char **out, size_t *len, char terr[256],
+                       struct api_err *e)
+{
+    struct strbuf sys = {0};
+    if (generic && tools_active) tools_system_text(t, &sys);
+    json_t *conv;
+    int rc = convert_messages(msgs, as_objects, generic, sys.p, &conv, e);
+    strbuf_free(&sys);
+    if (rc) return rc;
+    char *mj = json_dumps(conv, JSON_COMPACT);
+    char *tj = tools_active && !generic ? json_dumps(t->arr, JSON_COMPACT) : NULL;
+    json_decref(conv);
+    if (!mj || (tools_active && !generic && !tj)) {
+        free(mj);
+        free(tj);
+        FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+    }
+    struct chat_render in = {mj, tj, NULL, 1, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : ""};
+    rc = chat_template_render_json(a->chat_tmpl, &in, NULL, out, len, terr);
+    free(mj);
+    free(tj);
+    return rc ? rc : 0;
+}
+
+int api_chat_prompt(const struct api_ctx *a, struct sreq *r, json_t *o, json_t *msgs, struct api_err *e)
+{
+    if (!msgs || json_is_null(msgs)) FAIL(FERRY_ERR_INVALID, "messages", "'messages' is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        FAIL(FERRY_ERR_INVALID, "messages", "'messages' must be a non-empty array");
+    if (json_array_size(msgs) > API_MAX_MESSAGES)
+        FAIL(FERRY_ERR_INVALID, "messages", "at most %d messages", API_MAX_MESSAGES);
+    struct tools t;
+    int rc = parse_tools(o, &t, e);
+    char *rendered = NULL;
+    size_t rlen = 0;
+    if (rc) goto out;
+    const int fmt = a->tool_format;
+    const int tools_active = t.n > 0 && t.choice != CHOICE_NONE;
+    const int generic = fmt == TOOL_FORMAT_GENERIC && (tools_active || has_tool_history(msgs));
+    char terr[256] = "";
+    rc = render_once(a, msgs, &t, tools_active, generic, 1, &rendered, &rlen, terr, e);
+    if (rc && !e->status && has_tool_history(msgs)) { /* this template may want the arguments as strings */
+        char terr2[256] = "";
+        if (!render_once(a, msgs, &t, tools_active, generic, 0, &rendered, &rlen, terr2, e)) rc = 0;
+    }
+    if (rc) {
+        if (!e->status) {
+            e->status = rc == FERRY_ERR_NOMEM ? rc : FERRY_ERR_INVALID;
+            e->param = "messages";
+            snprintf(e->msg, sizeof e->msg, "the chat template failed: %.200s",
+                     terr[0] ? terr : ferry_status_str(rc));
+        }
+        rc = e->status;
+        goto out;
+    }
+    const int call_fmt = fmt == TOOL_FORMAT_GENERIC ? TOOL_FORMAT_HERMES : fmt;
+    if (tools_active && (t.choice == CHOICE_REQUIRED || t.choice == CHOICE_NAMED)) {
+        char gerr[256] = "";
+        const struct tool_def *defs = t.choice == CHOICE_NAMED ? &t.defs[t.named] : t.defs;
+        rc = tool_call_grammar(call_fmt, defs, t.choice == CHOICE_NAMED ? 1 : t.n,
+                               t.parallel ? TOOL_CALL_MAX : 1, API_JSON_WS, &r->grammar, gerr);
+        if (rc) {
+            e->status = rc == FERRY_ERR_NOMEM || rc == FERRY_ERR_RANGE || rc == FERRY_ERR_UNSUPPORTED
+                            ? rc
+                            : FERRY_ERR_INVALID;
+            rc = e->status;
+            e->param = "tools";
+            snprintf(e->msg, sizeof e->msg, "%.250s", gerr);
+            goto out;
+        }
+        const char *suffix = tool_call_prompt_suffix(call_fmt);
+        if (suffix[0]) {
+            char *q = realloc(rendered, rlen + strlen(suffix) + 1);
+            if (!q) {
+                e->status = rc = FERRY_ERR_NOMEM;
+                snprintf(e->msg, sizeof e->msg, "out of memory");
+                goto out;
+            }
+            rendered = q;
+            memcpy(rendered + rlen, suffix, strlen(suffix) + 1);
+            rlen += strlen(suffix);
+            r->tool_prefixed = 1;
+        }
+    }
+    r->tools = tools_active;
+    r->tool_format = call_fmt;
+    r->keep_special = tools_active && (call_fmt == TOOL_FORMAT_MISTRAL || call_fmt == TOOL_FORMAT_LLAMA3);
+    r->reasoning = a->reasoning && !r->grammar;
+    r->reasoning_started = r->reasoning && reasoning_prompt_started(rendered, rlen);
+
+    int add_bos = tokenizer_add_bos(a->tok);
+    if (add_bos && a->bos_str && a->bos_str[0] && !strncmp(rendered, a->bos_str, strlen(a->bos_str)))
+        add_bos = 0;
+    r->n_prompts = 1;
+    r->prompts = calloc(1, sizeof *r->prompts);
+    r->prompt_texts = calloc(1, sizeof *r->prompt_texts);
+    r->n_prompt_toks = calloc(1, sizeof *r->n_prompt_toks);
+    if (!r->prompts || !r->prompt_texts || !r->n_prompt_toks) {
+        e->status = rc = FERRY_ERR_NOMEM;
+        snprintf(e->msg, sizeof e->msg, "out of memory");
+        goto out;
+    }
+    rc = api_encode(a, rendered, rlen, add_bos, 1, &r->prompts[0], &r->n_prompt_toks[0]);
+    if (rc) {
+        e->status = rc, e->param = "messages";
+        snprintf(e->msg, sizeof e->msg, "cannot tokenize the rendered chat: %s", ferry_status_str(rc));
+        goto out;
+    }
+    if (r->n_prompt_toks[0] == 0) {
+        e->status = rc = FERRY_ERR_INVALID, e->param = "messages";
+        snprintf(e->msg, sizeof e->msg, "the rendered chat is empty (0 tokens)");
+    }
+out:
+    tools_free(&t);
+    free(rendered);
+    return rc;
+}
+
+/* ---- response_format ------------------------------------------------------------------------------------
+ */
+
+int api_response_format(const struct api_ctx *a, struct sreq *r, json_t *j, const char *field,
+                        struct api_err *e)
+{
+    (void)a;
+    if (!j || json_is_null(j)) return 0;
+    const char *type = json_is_object(j) ? json_string_value(json_object_get(j, "type")) : NULL;
+    if (!type) FAIL(FERRY_ERR_INVALID, field, "'%s' must be an object with a string 'type'", field);
+    if (!strcmp(type, "text")) return 0;
+    if (r->grammar || r->tools)
+        FAIL(FERRY_ERR_UNSUPPORTED, field,
+             "'%s' %s together with tools is not supported; use tool_choice 'none' or drop one of them",
+             field, type);
+    char err[256] = "";
+    int rc;
+    if (!strcmp(type, "json_object")) {
+        rc = grammar_json_object(&r->grammar, API_JSON_WS, 0, err);
+    } else if (!strcmp(type, "json_schema")) {
+        /* chat completions nest the schema in "json_schema"; /v1/responses' text.format holds it directly */
+        json_t *js = json_object_get(j, "json_schema");
+        json_t *schema = json_object_get(js ? js : j, "schema");
+        if (!schema || (!json_is_object(schema) && !json_is_boolean(schema)))
+            FAIL(FERRY_ERR_INVALID, field, "'%s' of type json_schema needs a 'schema' (a JSON Schema object)",
+                 field);
+        char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!text) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+        rc = json_schema_grammar(text, strlen(text), API_JSON_WS, &r->grammar, err);
+        free(text);
+    } else {
+        FAIL(FERRY_ERR_INVALID, field,
+             "%s type '%.40s' is not supported (use 'text', 'json_object' or 'json_schema')", field, type);
+    }
+    if (rc) {
+        e->status = rc == FERRY_ERR_NOMEM ? rc : rc == FERRY_ERR_UNSUPPORTED ? rc : FERRY_ERR_INVALID;
+        e->param = field;
+        snprintf(e->msg, sizeof e->msg, "%s: %.220s", field, err);
+        return e->status;
+    }
+    r->reasoning = 0; /* the grammar decides the whole output */
+    return 0;
+}
