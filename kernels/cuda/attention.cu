@@ -1932,11 +1932,11 @@ template <int D_> bool fa_auditor::run_block()
                 const int kr = cur ? FR_K1 : FR_K0, vr = cur ? FR_V1 : FR_V0;
                 for (int r = 0; r < FA_BN; r++) {
                     const long long ref = ref_off(sq, kvh, t0 + r, hi);
+                    if (!sm(-2, kr, fa_k_at(D_, cur) + 2LL * r * DS, 2 * D_, FA_READ) ||
+                        !sm(-2, vr, fa_v_at(D_, cur) + 2LL * r * DS, 2 * D_, FA_READ))
+                        return false;
                     for (int e = r * DS; e < r * DS + D_; e += 8)
-                        if (!sm(-2, kr, fa_k_at(D_, cur) + 2LL * e, 16, FA_READ) ||
-                            !check_row(kr, DS, e, ref, t0, active) ||
-                            !sm(-2, vr, fa_v_at(D_, cur) + 2LL * e, 16, FA_READ) ||
-                            !check_row(vr, DS, e, ref, t0, active))
+                        if (!check_row(kr, DS, e, ref, t0, active) || !check_row(vr, DS, e, ref, t0, active))
                             return false;
                 }
             }

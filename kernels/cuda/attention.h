@@ -130,7 +130,8 @@ struct kern_cuda_attn_audit {
     int sms, occ;        /* the device the plan is for: SMs, resident blocks of the kernel per SM */
     int n_split;         /* out: the plan's splits */
     long long n_checked; /* out: accesses checked */
-    char err[256];       /* out: the first violation */
+    char err[256];       /* out: the first violation (block (x,y,z), tile start, thread; thread -2: an access
+                            made by several threads, as a warp's ldmatrix) */
 };
 
 /* kv: the layer's shape, with block_table a host array of n_seqs rows (k and v are not read); seq, pos (m)
