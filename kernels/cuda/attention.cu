@@ -21,11 +21,20 @@
  * Splits: every split block writes (max, sum, unnormalised output) to the workspace, then takes a ticket from
  * the row's arrival counter; the block that arrives last merges all splits in split order (so the result does
  * not depend on which block that is) and sets the counter back to 0 for the next call.
+ *
+ * The tensor-core kernel's addresses come from host+device functions (fa_*), which a host audit at the end of
+ * this file (kern_cuda_attention_mma_audit) runs for every thread of a launch without a GPU, checking bounds,
+ * alignment, races, tile contents and coverage: CI runs it over every shape the GPU tests and benches use.
  */
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+
+#include <vector>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
@@ -677,6 +686,90 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
 #define FA_THREADS 128
 #define FA_PAD     8 /* halves of padding per shared K/V row: ldmatrix rows 16 bytes apart in banks */
 
+/* ---- The tensor-core kernel's index arithmetic ----
+ * Everything that turns (block, thread, run, tile) into an address, in host+device functions: the kernel and
+ * its host audit (kern_cuda_attention_mma_audit, which runs every thread's accesses of a launch on the CPU
+ * and checks bounds, alignment, races and coverage) use the same code. */
+
+/* Dynamic shared memory, bytes from its base: K stages 0 and 1, V stages 0 and 1 (each (FA_BN, D + FA_PAD)
+ * f16), then the element offsets of two tiles' rows ((2, FA_BN) int64). */
+__host__ __device__ constexpr int fa_tile_bytes(int D)
+{
+    return FA_BN * (D + FA_PAD) * 2;
+}
+__host__ __device__ constexpr int fa_k_at(int D, int st)
+{
+    return st * fa_tile_bytes(D);
+}
+__host__ __device__ constexpr int fa_v_at(int D, int st)
+{
+    return (2 + st) * fa_tile_bytes(D);
+}
+__host__ __device__ constexpr int fa_off_at(int D)
+{
+    return 4 * fa_tile_bytes(D);
+}
+__host__ __device__ constexpr int fa_smem_bytes(int D)
+{
+    return fa_off_at(D) + 2 * FA_BN * (int)sizeof(long long);
+}
+static_assert(fa_tile_bytes(64) % 16 == 0 && fa_tile_bytes(128) % 16 == 0, "stages start 16-byte aligned");
+
+/* Per head_dim: halves per shared K/V row, k-blocks of Q·Kᵀ, column blocks of S and of O, 16-byte pieces per
+ * K/V row, rows per copy pass. */
+template <int D> struct fa_dims {
+    static constexpr int DS = D + FA_PAD, KC = D / 16, NB = FA_BN / 8, OB = D / 8, CPR = D / 8,
+                         RPP = FA_THREADS / CPR;
+};
+
+/* First batch row of block bx's window (of nx): the latest windows (the most work) are scheduled first. */
+__host__ __device__ __forceinline__ int fa_window(const att_params &p, int bx, int nx)
+{
+    return p.row0 + (nx - 1 - bx) * p.qt;
+}
+
+/* Row r of a window starting at batch row i0 with ntok tokens (token r / gb of it, query head hsub*gb + r %
+ * gb of KV head kvh's group) as a row of q and out (token * n_heads + head); -1 past the window's tokens or
+ * the group's heads. */
+__host__ __device__ __forceinline__ long long fa_qrow(const att_params &p, int i0, int ntok, int kvh,
+                                                      int hsub, int r)
+{
+    const int tl = r / p.gb, hg = hsub * p.gb + r % p.gb;
+    return tl < ntok && hg < p.G ? (long long)(i0 + tl) * p.n_heads + (long long)kvh * p.G + hg : -1;
+}
+
+/* Element offset in the K/V pool of position pp's row (KV head kvh) of sequence sq, for a KV range ending at
+ * hi; -1 (a row of zeros) at or past hi, past the block table's row, or for a block id outside the pool. */
+__host__ __device__ __forceinline__ long long fa_row_off(const att_params &p, int sq, int kvh, int D, int pp,
+                                                         int hi)
+{
+    if (pp >= hi) return -1;
+    const int bi = pp / p.block_size;
+    if (bi >= p.max_blocks) return -1;
+    const int32_t *e = p.bt + (size_t)sq * p.max_blocks + bi;
+#ifdef __CUDA_ARCH__
+    const int blk = __ldg(e); /* no kernel writes the table while this runs */
+#else
+    const int blk = *e;
+#endif
+    if (blk < 0 || blk >= p.n_blocks) return -1;
+    return (((long long)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D;
+}
+
+/* Halves from a K tile's start of the 16-byte row that `lane` gives to ldmatrix.x4 for S's column blocks 2np
+ * and 2np+1 (positions 16np..16np+15) at k-block kc (dims 16kc..16kc+15): matrices (positions +0, dims +0),
+ * (+0, +8), (+8, +0), (+8, +8), i.e. b0 b1 of column block 2np, then of 2np+1. */
+__host__ __device__ __forceinline__ int fa_k_frag(int DS, int lane, int np, int kc)
+{
+    return (16 * np + (lane & 7) + ((lane >> 4) << 3)) * DS + 16 * kc + (((lane >> 3) & 1) << 3);
+}
+/* The same for ldmatrix.x4.trans of a V tile: O's column blocks 2dp and 2dp+1 (dims 16dp..16dp+15) at P's
+ * k-block kk (positions 16kk..16kk+15): matrices (positions +0, dims +0), (+8, +0), (+0, +8), (+8, +8). */
+__host__ __device__ __forceinline__ int fa_v_frag(int DS, int lane, int kk, int dp)
+{
+    return (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * DS + 16 * dp + ((lane >> 4) << 3);
+}
+
 __device__ __forceinline__ uint32_t fa_pack_h2(float a, float b)
 {
     __half2 h = __floats2half2_rn(a, b);
@@ -709,17 +802,12 @@ __device__ __forceinline__ void fa_ldsm4_t(uint32_t (&r)[4], const void *row)
 
 template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kernel(const att_params p)
 {
-    constexpr int DS = D + FA_PAD;        /* halves per shared K/V row */
-    constexpr int KC = D / 16;            /* k-blocks of Q·Kᵀ */
-    constexpr int NB = FA_BN / 8;         /* column blocks of S */
-    constexpr int OB = D / 8;             /* column blocks of O */
-    constexpr int CPR = D / 8;            /* 16-byte pieces per K/V row */
-    constexpr int RPP = FA_THREADS / CPR; /* rows per copy pass */
+    using F = fa_dims<D>;
+    constexpr int DS = F::DS, KC = F::KC, NB = F::NB, OB = F::OB, CPR = F::CPR, RPP = F::RPP;
     extern __shared__ __align__(16) unsigned char smem[];
-    __half *Ks = (__half *)smem;  /* (FA_BN, DS) */
-    __half *Vs = Ks + FA_BN * DS; /* (FA_BN, DS) */
-    long long *s_off =
-        (long long *)(Vs + FA_BN * DS); /* (2, FA_BN) element offsets of tile rows, -1: zeros */
+    /* K and V: (2 stages, FA_BN, DS) f16 each, at fa_k_at / fa_v_at; s_off: (2, FA_BN) pool element offsets
+     * of two tiles' rows (-1: a row of zeros). */
+    long long *s_off = (long long *)(smem + fa_off_at(D));
     __shared__ int s_seq[FA_BM], s_pos[FA_BM];
     __shared__ int s_skip[FA_BM];
     __shared__ int rows_s[FA_BM], nrows_s;
@@ -728,7 +816,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int i0 = p.row0 + (gridDim.x - 1 - blockIdx.x) * p.qt; /* the latest windows (most work) first */
+    const int i0 = fa_window(p, blockIdx.x, gridDim.x);
     const int ntok = min(p.qt, p.m - i0);
     const int kvh = blockIdx.y / p.n_hsub, hsub = blockIdx.y % p.n_hsub;
     const int split = blockIdx.z, gb = p.gb;
@@ -743,19 +831,17 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
     if (tid == 0) {
         int n = 0;
         for (int r = 0; r < FA_BM; r++) {
-            const int tl = r / gb, hg = hsub * gb + r % gb;
-            if (tl < ntok && hg < p.G && !s_skip[tl]) rows_s[n++] = (i0 + tl) * p.n_heads + kvh * p.G + hg;
+            const long long row = fa_qrow(p, i0, ntok, kvh, hsub, r);
+            if (row >= 0 && !s_skip[r / gb]) rows_s[n++] = (int)row;
         }
         nrows_s = n;
     }
 
-    /* This thread's two rows (g and g + 8 of its warp's 16): token in the window, head, validity. */
+    /* This thread's two rows (g and g + 8 of its warp's 16): token in the window, row of q and out. */
     const int ra = warp * 16 + g, rb = ra + 8;
     const int tla = ra / gb, tlb = rb / gb;
-    const int hga = hsub * gb + ra % gb, hgb = hsub * gb + rb % gb;
-    const bool oka = tla < ntok && hga < p.G, okb = tlb < ntok && hgb < p.G;
-    const size_t rowa = (size_t)(i0 + tla) * p.n_heads + kvh * p.G + hga;
-    const size_t rowb = (size_t)(i0 + tlb) * p.n_heads + kvh * p.G + hgb;
+    const long long rowa = fa_qrow(p, i0, ntok, kvh, hsub, ra), rowb = fa_qrow(p, i0, ntok, kvh, hsub, rb);
+    const bool oka = rowa >= 0, okb = rowb >= 0;
 
     /* Q as A fragments, in base-2 units, rounded to f16 once. */
     uint32_t qf[KC][4];
@@ -797,21 +883,11 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
         for (int j = 0; j < OB; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
         float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
-        /* Element offset of row tt of the tile at t0 (-1: past the range or not in the pool: zeros). */
-        auto row_off = [&](int t0, int tt) -> long long {
-            const int pp = t0 + tt;
-            if (pp >= hi) return -1;
-            const int bi = pp / p.block_size;
-            if (bi >= p.max_blocks) return -1;
-            const int blk = __ldg(p.bt + (size_t)sq * p.max_blocks + bi);
-            if (blk < 0 || blk >= p.n_blocks) return -1;
-            return (((long long)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D;
-        };
         /* Copies the K and V rows of a tile into stage `st` from the offsets so: thread (row r0 + k*RPP,
          * piece c). One commit group. */
         auto issue = [&](int st, const long long *so) {
             const int c = tid % CPR, r0 = tid / CPR;
-            __half *kd = Ks + st * FA_BN * DS, *vd = Vs + st * FA_BN * DS;
+            __half *kd = (__half *)(smem + fa_k_at(D, st)), *vd = (__half *)(smem + fa_v_at(D, st));
 #pragma unroll
             for (int r = r0; r < FA_BN; r += RPP) {
                 const long long off = so[r];
@@ -829,8 +905,8 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 
         if (lo < hi) {
             if (tid < FA_BN) {
-                s_off[tid] = row_off(lo, tid);
-                s_off[FA_BN + tid] = row_off(lo + FA_BN, tid);
+                s_off[tid] = fa_row_off(p, sq, kvh, D, lo + tid, hi);
+                s_off[FA_BN + tid] = fa_row_off(p, sq, kvh, D, lo + FA_BN + tid, hi);
             }
             __syncthreads();
             issue(0, s_off);
@@ -840,9 +916,11 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
             cp_async_wait<0>();
             __syncthreads(); /* tile it landed; every warp is done with tile it-1 (its buffers and offsets) */
             if (t0 + FA_BN < hi) issue(cur ^ 1, s_off + (cur ^ 1) * FA_BN); /* tile it+1, during this one */
-            const long long off_next = tid < FA_BN && t0 + 2 * FA_BN < hi ? row_off(t0 + 2 * FA_BN, tid) : -1;
+            const long long off_next =
+                tid < FA_BN && t0 + 2 * FA_BN < hi ? fa_row_off(p, sq, kvh, D, t0 + 2 * FA_BN + tid, hi) : -1;
             if (t0 <= wlim) { /* this warp has a row that sees a position of the tile */
-                const __half *Kc = Ks + cur * FA_BN * DS, *Vc = Vs + cur * FA_BN * DS;
+                const __half *Kc = (const __half *)(smem + fa_k_at(D, cur));
+                const __half *Vc = (const __half *)(smem + fa_v_at(D, cur));
                 float s[NB][4];
 #pragma unroll
                 for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -851,8 +929,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 #pragma unroll
                     for (int np = 0; np < FA_BN / 16; np++) {
                         uint32_t b[4];
-                        fa_ldsm4(b, Kc + (16 * np + (lane & 7) + ((lane >> 4) << 3)) * DS + 16 * kc +
-                                        (((lane >> 3) & 1) << 3));
+                        fa_ldsm4(b, Kc + fa_k_frag(DS, lane, np, kc));
                         fa_mma(s[2 * np], qf[kc], b[0], b[1]);
                         fa_mma(s[2 * np + 1], qf[kc], b[2], b[3]);
                     }
@@ -877,9 +954,11 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
                 xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
                 xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
                 xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+                /* A row with no visible position yet keeps max -inf: exponents are taken from 0 instead,
+                 * so its P is exp2(-inf) = 0 and its rescale factor exp2(-inf - 0) = 0, never -inf - -inf. */
                 const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
                 const float ba = na == -INFINITY ? 0.0f : na, bb = nb == -INFINITY ? 0.0f : nb;
-                const float aa = exp2f(ma - ba), ab = exp2f(mb - bb); /* 0 while the max was -inf */
+                const float aa = exp2f(ma - ba), ab = exp2f(mb - bb);
                 ma = na, mb = nb;
                 float sa = 0.0f, sb = 0.0f;
 #pragma unroll
@@ -905,8 +984,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 #pragma unroll
                     for (int dp = 0; dp < D / 16; dp++) {
                         uint32_t b[4];
-                        fa_ldsm4_t(b, Vc + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * DS + 16 * dp +
-                                          ((lane >> 4) << 3));
+                        fa_ldsm4_t(b, Vc + fa_v_frag(DS, lane, kk, dp));
                         fa_mma(o[2 * dp], pf, b[0], b[1]);
                         fa_mma(o[2 * dp + 1], pf, b[2], b[3]);
                     }
@@ -1014,34 +1092,18 @@ struct att_plan {
     int hb; /* decode kernel: KV heads per block */
 };
 
-static int sm_count(void)
-{
-    static int cached = 0;
-    if (!cached) {
-        int dev = 0, n = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
-            cached = n;
-        else {
-            (void)cudaGetLastError();
-            return 132;
-        }
-    }
-    return cached;
-}
-
 static size_t split_bytes(int n_split, int m, int n_heads, int D)
 {
     return (size_t)n_split * m * n_heads * ((size_t)D + 2) * sizeof(float);
 }
 
-/* Splits of the KV range for a grid of `base` blocks (tokens x heads): enough to fill one wave of occ * SMs
+/* Splits of the KV range for a grid of `base` blocks (tokens x heads): enough to fill one wave of occ * sms
  * blocks, at most max_split (what the merging block's shared memory holds), one per 64 positions, what the
  * workspace holds after its counters, and none for grids with more rows than there are counters. */
 static void plan_splits(struct att_plan *pl, int64_t base, int m, int n_heads, int D, int max_len,
-                        size_t ws_bytes, int occ, int max_split)
+                        size_t ws_bytes, int occ, int max_split, int sms)
 {
-    const int64_t target = (int64_t)occ * sm_count();
+    const int64_t target = (int64_t)occ * sms;
     int ns = base >= target || base > ATT_MAX_ROWS ? 1 : (int)(target / base);
     const int len_split = (max_len + ATT_T - 1) / ATT_T;
     if (ns > len_split) ns = len_split;
@@ -1070,8 +1132,8 @@ static struct att_plan make_plan(int rows, int m, int n_heads, int n_kv, int D, 
     pl.n_hsub = (G + pl.gb - 1) / pl.gb;
     pl.qt = decode ? 1 : (ATT_RMAX / pl.gb > 0 ? ATT_RMAX / pl.gb : 1);
     pl.n_tiles = (rows + pl.qt - 1) / pl.qt;
-    plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ,
-                max_split);
+    plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ, max_split,
+                fcuda_sm_count());
     return pl;
 }
 
@@ -1206,7 +1268,7 @@ static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct 
     pl.qt = 1;
     pl.n_tiles = rows;
     plan_splits(&pl, (int64_t)rows * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
-                dec_blocks_per_sm(D, hb, rm), dec_max_split(D, hb, rm, G));
+                dec_blocks_per_sm(D, hb, rm), dec_max_split(D, hb, rm, G), fcuda_sm_count());
     return pl;
 }
 
@@ -1220,11 +1282,11 @@ extern "C" size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, 
         for (int rm = 1; rm <= 8; rm *= 2) occ = max(occ, dec_blocks_per_sm(head_dim, 1, rm));
     /* Any batch of up to m tokens: the runtime sizes the workspace once for its largest batch, and smaller
      * batches (one decode token) take the most splits. Past occ * SMs tokens there are no splits. */
-    const int64_t last = min((int64_t)m, (int64_t)occ * sm_count());
+    const int64_t last = min((int64_t)m, (int64_t)occ * fcuda_sm_count());
     size_t best = 0;
     for (int mm = 1; mm <= last; mm++) {
         struct att_plan pl;
-        plan_splits(&pl, mm, mm, n_heads, head_dim, max_len, SIZE_MAX, occ, ATT_MAX_SPLIT);
+        plan_splits(&pl, mm, mm, n_heads, head_dim, max_len, SIZE_MAX, occ, ATT_MAX_SPLIT, fcuda_sm_count());
         const size_t b = pl.n_split > 1 ? split_bytes(pl.n_split, mm, n_heads, head_dim) : 0;
         if (b > best) best = b;
     }
@@ -1266,9 +1328,10 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
 
 /* ---- the tensor-core prefill kernel's host side ---- */
 
-/* Off by default until the tensor-core kernel passes its GPU tests: session 3 run 1 (its first GPU run) showed
- * an illegal memory access in every case. Tests and benches switch it on explicitly. */
-static int g_prefill_mma = 0; /* kern_cuda_attention_set_prefill_mma */
+/* On by default (its first GPU run faulted on a shared-memory layout bug, fixed since and covered by
+ * kern_cuda_attention_mma_audit in CI); kern_cuda_attention_set_prefill_mma(0) sends prefill rows to the SIMT
+ * tile kernel. */
+static int g_prefill_mma = 1; /* kern_cuda_attention_set_prefill_mma */
 
 extern "C" void kern_cuda_attention_set_prefill_mma(int on)
 {
@@ -1282,7 +1345,7 @@ static bool mma_takes(int D)
 
 static size_t mma_smem_bytes(int D)
 {
-    return 4 * (size_t)FA_BN * (D + FA_PAD) * sizeof(__half) + 2 * FA_BN * sizeof(long long);
+    return (size_t)fa_smem_bytes(D);
 }
 
 typedef void (*mma_kernel_fn)(const att_params);
@@ -1330,6 +1393,24 @@ static int mma_max_split(int D)
 {
     const int n = (int)(mma_smem_bytes(D) / 4 / FA_BM);
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
+}
+
+/* The tensor-core kernel's plan for `rows` rows of a batch of m: windows of FA_BM / gb tokens x the gb query
+ * heads (of G) of one KV head, splits for a device of sms SMs holding occ blocks each. */
+static struct att_plan mma_plan(int rows, int m, int n_heads, int n_kv, int D, int max_len, size_t ws_bytes,
+                                int occ, int sms)
+{
+    struct att_plan pl;
+    memset(&pl, 0, sizeof pl);
+    const int G = n_heads / n_kv;
+    pl.hb = 1;
+    pl.gb = G < FA_BM ? G : FA_BM;
+    pl.n_hsub = (G + pl.gb - 1) / pl.gb;
+    pl.qt = FA_BM / pl.gb;
+    pl.n_tiles = (rows + pl.qt - 1) / pl.qt;
+    plan_splits(&pl, (int64_t)pl.n_tiles * n_kv * pl.n_hsub, m, n_heads, D, max_len, ws_bytes, occ,
+                mma_max_split(D), sms);
+    return pl;
 }
 
 /* ---- launches ---- */
@@ -1384,15 +1465,8 @@ static int launch_prefill(att_params p, int row0, int skip, int max_len, void *w
     if (mma_takes(D)) {
         const int rc = mma_prepare();
         if (rc) return rc;
-        struct att_plan pl;
-        memset(&pl, 0, sizeof pl);
-        pl.hb = 1;
-        pl.gb = p.G < FA_BM ? p.G : FA_BM;
-        pl.n_hsub = (p.G + pl.gb - 1) / pl.gb;
-        pl.qt = FA_BM / pl.gb;
-        pl.n_tiles = (rows + pl.qt - 1) / pl.qt;
-        plan_splits(&pl, (int64_t)pl.n_tiles * p.n_kv * pl.n_hsub, p.m, p.n_heads, D, max_len, ws_bytes,
-                    mma_blocks_per_sm(D), mma_max_split(D));
+        const struct att_plan pl = mma_plan(rows, p.m, p.n_heads, p.n_kv, D, max_len, ws_bytes,
+                                            mma_blocks_per_sm(D), fcuda_sm_count());
         set_plan(p, pl, ws);
         p.row0 = row0;
         p.skip = skip;
@@ -1486,4 +1560,659 @@ extern "C" int kern_cuda_attention_mixed(float *out, const float *q, const struc
     }
     if (n_decode < m) rc = launch_prefill(p, n_decode, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
     return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Host audit of the tensor-core kernel (kern_cuda_attention_mma_audit). One launch of attn_mma_kernel<D> is
+ * run on the CPU, block by block, barrier interval by barrier interval and thread by thread, with the
+ * kernel's own plan (mma_plan, set_plan) and index functions (fa_*). Checked: every global access in bounds
+ * and aligned for its width; every shared access inside the piece of the layout it means (the pieces disjoint
+ * and inside the bytes launched), aligned, and free of races: two threads touching a word in one barrier
+ * interval, one of them writing; a cp.async writes from its issue until the wait_group before the barrier
+ * that publishes it, and nothing may read or overwrite its words meanwhile, its own thread included. Every
+ * K/V row a warp reads holds the position and head the math assumes (zeros past the range), recomputed from
+ * the block table with a plain formula; every (row, position <= pos) is seen unmasked exactly once over the
+ * splits and nothing else is; every output element routed to the kernel is written exactly once (by its
+ * block, or by the merge, which must read only partials written in this launch); every arrival counter ends
+ * at 0. Numbers are the GPU tests' job; this catches what makes a GPU run fault or read stale data before it
+ * can say where.
+ * ---------------------------------------------------------------------------------------------------------
+ */
+namespace
+{
+
+enum fa_acc { FA_READ, FA_WRITE, FA_ASYNC };
+
+/* Pieces of a block's shared memory: the dynamic layout, the merge weights over it, then the kernel's static
+ * arrays (placed after the dynamic bytes here). */
+enum fa_region {
+    FR_K0,
+    FR_K1,
+    FR_V0,
+    FR_V1,
+    FR_OFF,
+    FR_WTS,
+    FR_SEQ,
+    FR_POS,
+    FR_SKIP,
+    FR_ROWS,
+    FR_NROWS,
+    FR_LAST,
+    FR_N
+};
+const char *const fa_region_name[FR_N] = {"K stage 0", "K stage 1",     "V stage 0", "V stage 1",
+                                          "s_off",     "merge weights", "s_seq",     "s_pos",
+                                          "s_skip",    "rows_s",        "nrows_s",   "s_last"};
+
+/* Shadow of one 4-byte word of a block's shared memory (fields valid when gen is the block's). The last
+ * write: thread w_tid (-1: none), landing in barrier intervals w_lo..w_hi (INT_MAX: a cp.async not yet waited
+ * for). The reads of interval r_ep: by thread r_tid, or -2 for several threads. */
+struct fa_word {
+    int gen; /* the block that last touched the word */
+    int w_tid, w_lo, w_hi;
+    int r_tid, r_ep;
+    long long tag; /* K/V tile words: 0 never written, 1 zeros, 2 + 2 * (pool element) + (1 for V) */
+};
+
+struct fa_auditor {
+    att_params p;
+    const int32_t *seq, *pos; /* host copies of the batch */
+    int D, n_seqs, nx, ny, nz;
+    size_t q_elems, kv_elems, bt_elems;
+    size_t ws_bytes, ws_o_at, ws_ml_at; /* the workspace and where the partials start in it, bytes */
+    int reg_lo[FR_N], reg_hi[FR_N];
+    std::vector<fa_word> sh;
+    int gen, ep; /* the block being run (counted over the launch) and its barrier interval */
+    std::vector<int> pending[FA_THREADS];
+    long long soff[2 * FA_BN]; /* the block's s_off */
+    int s_seq[FA_BM], s_pos[FA_BM], s_skip[FA_BM], rows_s[FA_BM], nrows_s;
+    std::vector<uint8_t> out_w, ws_o_w, ws_ml_w, seen; /* writes per element; views per (row, position) */
+    std::vector<int> ws_o_rows;                        /* (n_split, m * n_heads) partial o elements written */
+    std::vector<size_t> seen_at;                       /* (m * n_heads) start of each row in seen */
+    std::vector<unsigned> cnt;                         /* arrival counters */
+    int bx, by, bz, t0c;                               /* where the emulation is, for messages */
+    long long n_checked;
+    char *err;
+    bool bad;
+
+    bool fail(const char *fmt, ...) __attribute__((format(printf, 2, 3)))
+    {
+        if (bad) return false;
+        bad = true;
+        int n = snprintf(err, 256, "block (%d,%d,%d) tile %d: ", bx, by, bz, t0c);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err + n, 256 - (size_t)n, fmt, ap);
+        va_end(ap);
+        return false;
+    }
+
+    /* A global access of n elements at element idx of a buffer of n_elems, 16-byte aligned at its base. */
+    bool gl(const char *what, long long idx, int n, long long n_elems)
+    {
+        n_checked++;
+        if (idx < 0 || idx + n > n_elems)
+            return fail("%s: elements %lld..%lld outside 0..%lld", what, idx, idx + n - 1, n_elems - 1);
+        if (idx % n) return fail("%s: %d-element access at element %lld is misaligned", what, n, idx);
+        return true;
+    }
+
+    /* A shared access by thread tid of `bytes` at byte `at` meant to fall in piece reg. Writes from the pool
+     * (src >= 0, its element) or of zeros (src = -1) set the words' tags. */
+    bool sm(int tid, int reg, long long at, int bytes, fa_acc kind, long long src = -2, int is_v = 0)
+    {
+        n_checked++;
+        if (at % (bytes < 16 ? bytes : 16))
+            return fail("thread %d: %d-byte access to %s at byte %lld is misaligned", tid, bytes,
+                        fa_region_name[reg], at);
+        if (at < reg_lo[reg] || at + bytes > reg_hi[reg])
+            return fail("thread %d: bytes %lld..%lld are outside %s (%d..%d)", tid, at, at + bytes - 1,
+                        fa_region_name[reg], reg_lo[reg], reg_hi[reg] - 1);
+        for (long long w = at / 4; w < (at + bytes) / 4; w++) {
+            fa_word &x = sh[(size_t)w];
+            if (x.gen != gen) x = fa_word{gen, -1, 0, 0, -1, -1, 0};
+            if (x.w_tid >= 0 && x.w_hi == INT_MAX)
+                return fail("thread %d %s %s byte %lld while thread %d's cp.async to it is pending", tid,
+                            kind == FA_READ ? "reads" : "writes", fa_region_name[reg], 4 * w, x.w_tid);
+            if (x.w_tid >= 0 && x.w_tid != tid && x.w_hi >= ep)
+                return fail("race: thread %d %s %s byte %lld in the barrier interval of thread %d's write",
+                            tid, kind == FA_READ ? "reads" : "writes", fa_region_name[reg], 4 * w, x.w_tid);
+            if (kind == FA_READ) {
+                if (x.r_ep != ep)
+                    x.r_ep = ep, x.r_tid = tid;
+                else if (x.r_tid != tid)
+                    x.r_tid = -2;
+                continue;
+            }
+            if (x.r_ep == ep && x.r_tid != tid)
+                return fail(
+                    "race: thread %d writes %s byte %lld read by thread %d in the same barrier interval", tid,
+                    fa_region_name[reg], 4 * w, x.r_tid);
+            x.w_tid = tid;
+            x.w_lo = ep;
+            x.w_hi = kind == FA_ASYNC ? INT_MAX : ep;
+            if (kind == FA_ASYNC) pending[tid].push_back((int)w);
+            if (src != -2) x.tag = src < 0 ? 1 : 2 + 2 * (src + 2 * (w - at / 4)) + is_v;
+        }
+        return true;
+    }
+
+    /* cp.async.wait_group 0 in thread tid: its copies land in this interval at the latest. */
+    void wait_all(int tid)
+    {
+        for (int w : pending[tid]) sh[(size_t)w].w_hi = ep;
+        pending[tid].clear();
+    }
+    void barrier() { ep++; }
+
+    /* The pool element of position pp's row (KV head kvh) of sequence sq; -1 where a tile holds zeros (at or
+     * past hi, or no block). Written apart from fa_row_off on purpose. */
+    long long ref_off(int sq, int kvh, int pp, int hi) const
+    {
+        if (pp < 0 || pp >= hi || pp / p.block_size >= p.max_blocks) return -1;
+        const int blk = p.bt[(size_t)sq * p.max_blocks + pp / p.block_size];
+        if (blk < 0 || blk >= p.n_blocks) return -1;
+        return ((long long)(blk * (long long)p.block_size + pp % p.block_size) * p.n_kv + kvh) * D;
+    }
+
+    /* The 16 bytes at half e = row * DS + col of tile piece reg that the warps' ldmatrix read in tile t0 must
+     * hold dims col.. of the pool row ref (ref_off of position t0 + row), or zeros (ref < 0). */
+    bool check_row(int reg, int DS, int e, long long ref, int t0, int warp)
+    {
+        const int row = e / DS, col = e % DS, is_v = reg == FR_V0 || reg == FR_V1;
+        const size_t w0 = (size_t)(reg_lo[reg] + 2 * e) / 4;
+        for (int w = 0; w < 4; w++) {
+            const long long want = ref < 0 ? 1 : 2 + 2 * (ref + col + 2 * w) + is_v, got = sh[w0 + w].tag;
+            if (got != want)
+                return fail(
+                    "warp %d reads %s row %d (position %d) dims %d..: holds %s %lld, the math wants %s %lld",
+                    warp, fa_region_name[reg], row, t0 + row, col + 2 * w,
+                    got == 0    ? "nothing"
+                    : got == 1  ? "zeros"
+                    : (got & 1) ? "V element"
+                                : "K element",
+                    got >= 2 ? (got - 2) / 2 : -1, want == 1 ? "zeros" : "element",
+                    want >= 2 ? (want - 2) / 2 : -1);
+        }
+        return true;
+    }
+
+    template <int D_> bool check_frags();
+    template <int D_> bool run_block();
+    template <int D_> bool run();
+};
+
+/* The rows a warp's ldmatrix calls read (fa_k_frag, fa_v_frag over every lane and fragment): each 16-byte
+ * piece of a tile's D columns exactly once, 16-byte aligned, never the padding. So a tile's math reads all of
+ * the tile, which run_block checks as one read by several threads when a warp does it. */
+template <int D_> bool fa_auditor::check_frags()
+{
+    using F = fa_dims<D_>;
+    for (int v = 0; v < 2; v++) {
+        std::vector<int> hits(FA_BN * D_ / 8, 0);
+        for (int lane = 0; lane < 32; lane++)
+            for (int a = 0; a < (v ? FA_BN / 16 : F::KC); a++)
+                for (int b = 0; b < (v ? D_ / 16 : FA_BN / 16); b++) {
+                    const int e = v ? fa_v_frag(F::DS, lane, a, b) : fa_k_frag(F::DS, lane, b, a);
+                    if (e % 8 || e / F::DS >= FA_BN || e % F::DS + 8 > D_)
+                        return fail("%s fragment (%d, %d) of lane %d: half %d of the tile", v ? "V" : "K", a,
+                                    b, lane, e);
+                    hits[(size_t)(e / F::DS * (D_ / 8) + e % F::DS / 8)]++;
+                }
+        for (size_t i = 0; i < hits.size(); i++)
+            if (hits[i] != 1)
+                return fail("%s fragments read tile row %zu dims %zu.. %d times", v ? "V" : "K", i / (D_ / 8),
+                            i % (D_ / 8) * 8, hits[i]);
+    }
+    return true;
+}
+
+template <int D_> bool fa_auditor::run_block()
+{
+    using F = fa_dims<D_>;
+    constexpr int DS = F::DS, KC = F::KC, NB = F::NB, OB = F::OB, CPR = F::CPR, RPP = F::RPP;
+    gen++;
+    ep = 0;
+    t0c = -1;
+    const int i0 = fa_window(p, bx, nx);
+    const int ntok = min(p.qt, p.m - i0);
+    if (ntok <= 0 || i0 < p.row0) return fail("window at row %d of %d has no tokens", i0, p.m);
+    const int kvh = by / p.n_hsub, hsub = by % p.n_hsub, split = bz, gb = p.gb;
+    const size_t total = (size_t)p.m * p.n_heads;
+
+    for (int tid = 0; tid < ntok; tid++) {
+        const int i = i0 + tid;
+        if (!gl("seq/pos", i, 1, p.m)) return false;
+        if (p.skip == ATT_SKIP_SINGLES &&
+            !(gl("seq[i-1]", i > 0 ? i - 1 : 0, 1, p.m) && gl("seq[i+1]", i < p.m - 1 ? i + 1 : i, 1, p.m)))
+            return false;
+        s_seq[tid] = seq[i];
+        s_pos[tid] = pos[i];
+        s_skip[tid] = p.skip == ATT_SKIP_SINGLES && (i == 0 || seq[i - 1] != seq[i]) &&
+                      (i == p.m - 1 || seq[i + 1] != seq[i]);
+        if (!sm(tid, FR_SEQ, reg_lo[FR_SEQ] + 4 * tid, 4, FA_WRITE) ||
+            !sm(tid, FR_POS, reg_lo[FR_POS] + 4 * tid, 4, FA_WRITE) ||
+            !sm(tid, FR_SKIP, reg_lo[FR_SKIP] + 4 * tid, 4, FA_WRITE))
+            return false;
+    }
+    barrier();
+    {
+        int n = 0;
+        for (int r = 0; r < FA_BM; r++) {
+            const long long row = fa_qrow(p, i0, ntok, kvh, hsub, r);
+            if (row < 0) continue;
+            if (!sm(0, FR_SKIP, reg_lo[FR_SKIP] + 4 * (r / gb), 4, FA_READ)) return false;
+            if (s_skip[r / gb]) continue;
+            if (!sm(0, FR_ROWS, reg_lo[FR_ROWS] + 4 * n, 4, FA_WRITE)) return false;
+            rows_s[n++] = (int)row;
+        }
+        nrows_s = n;
+        if (!sm(0, FR_NROWS, reg_lo[FR_NROWS], 4, FA_WRITE)) return false;
+    }
+
+    /* Per thread: its two rows, their tokens in the window; the q fragments it loads. */
+    long long rowa[FA_THREADS], rowb[FA_THREADS];
+    int tla[FA_THREADS], tlb[FA_THREADS], lima[FA_THREADS], limb[FA_THREADS];
+    bool ina[FA_THREADS], inb[FA_THREADS];
+    for (int tid = 0; tid < FA_THREADS; tid++) {
+        const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        const int ra = warp * 16 + g, rb = ra + 8;
+        tla[tid] = ra / gb, tlb[tid] = rb / gb;
+        rowa[tid] = fa_qrow(p, i0, ntok, kvh, hsub, ra), rowb[tid] = fa_qrow(p, i0, ntok, kvh, hsub, rb);
+        for (int kc = 0; kc < KC; kc++)
+            for (int h = 0; h < 2; h++) {
+                if (rowa[tid] >= 0 &&
+                    !gl("q", rowa[tid] * D_ + 2 * t + 16 * kc + 8 * h, 2, (long long)q_elems))
+                    return false;
+                if (rowb[tid] >= 0 &&
+                    !gl("q", rowb[tid] * D_ + 2 * t + 16 * kc + 8 * h, 2, (long long)q_elems))
+                    return false;
+            }
+    }
+
+    for (int rs = 0; rs < ntok;) {
+        for (int tid = 0; tid < FA_THREADS; tid++)
+            if (!sm(tid, FR_SEQ, reg_lo[FR_SEQ] + 4 * rs, 4, FA_READ) ||
+                !sm(tid, FR_POS, reg_lo[FR_POS] + 4 * rs, 4, FA_READ))
+                return false;
+        const int sq = s_seq[rs];
+        int re = rs + 1, maxpos = s_pos[rs];
+        while (re < ntok && s_seq[re] == sq) {
+            for (int tid = 0; tid < FA_THREADS; tid++)
+                if (!sm(tid, FR_SEQ, reg_lo[FR_SEQ] + 4 * re, 4, FA_READ) ||
+                    !sm(tid, FR_POS, reg_lo[FR_POS] + 4 * re, 4, FA_READ))
+                    return false;
+            maxpos = max(maxpos, s_pos[re++]);
+        }
+        if (re < ntok)
+            for (int tid = 0; tid < FA_THREADS; tid++)
+                if (!sm(tid, FR_SEQ, reg_lo[FR_SEQ] + 4 * re, 4, FA_READ)) return false;
+        if (re - rs == 1) {
+            for (int tid = 0; tid < FA_THREADS; tid++)
+                if (!sm(tid, FR_SKIP, reg_lo[FR_SKIP] + 4 * rs, 4, FA_READ)) return false;
+            if (s_skip[rs]) {
+                rs = re;
+                continue;
+            }
+        }
+        if (sq < 0 || sq >= n_seqs)
+            return fail("token %d: sequence %d is not a row of the block table", i0 + rs, sq);
+        const int lo = split * p.chunk;
+        const int hi = split == p.n_split - 1 ? maxpos + 1 : min(lo + p.chunk, maxpos + 1);
+        int wlim[4] = {-1, -1, -1, -1}, tlim[FA_THREADS], posr[FA_THREADS][2];
+        for (int tid = 0; tid < FA_THREADS; tid++) {
+            ina[tid] = rowa[tid] >= 0 && tla[tid] >= rs && tla[tid] < re;
+            inb[tid] = rowb[tid] >= 0 && tlb[tid] >= rs && tlb[tid] < re;
+            if (ina[tid] && !sm(tid, FR_POS, reg_lo[FR_POS] + 4 * tla[tid], 4, FA_READ)) return false;
+            if (inb[tid] && !sm(tid, FR_POS, reg_lo[FR_POS] + 4 * tlb[tid], 4, FA_READ)) return false;
+            lima[tid] = ina[tid] ? min(s_pos[tla[tid]], hi - 1) : -1;
+            limb[tid] = inb[tid] ? min(s_pos[tlb[tid]], hi - 1) : -1;
+            posr[tid][0] = ina[tid] ? pos[rowa[tid] / p.n_heads] : -1;
+            posr[tid][1] = inb[tid] ? pos[rowb[tid] / p.n_heads] : -1;
+            wlim[tid >> 5] = max(wlim[tid >> 5], max(lima[tid], limb[tid]));
+            tlim[tid] = min(lima[tid], limb[tid]);
+        }
+        /* The offsets of a tile row, as the kernel computes them (its block-table read checked first). */
+        auto row_off = [&](int pp) -> long long {
+            if (pp < hi && pp / p.block_size < p.max_blocks &&
+                !gl("block table", (long long)sq * p.max_blocks + pp / p.block_size, 1, (long long)bt_elems))
+                return -2;
+            return fa_row_off(p, sq, kvh, D_, pp, hi);
+        };
+        auto issue = [&](int st, int so) -> bool {
+            for (int tid = 0; tid < FA_THREADS; tid++) {
+                const int c = tid % CPR, r0 = tid / CPR;
+                for (int r = r0; r < FA_BN; r += RPP) {
+                    /* Row r's offset, read by the CPR threads of the row: checked once, as several threads.
+                     */
+                    if (c == 0 && !sm(-2, FR_OFF, reg_lo[FR_OFF] + 8 * (so + r), 8, FA_READ)) return false;
+                    const long long off = soff[so + r];
+                    const int at = r * DS + c * 8;
+                    const int kr = st ? FR_K1 : FR_K0, vr = st ? FR_V1 : FR_V0;
+                    if (off >= 0) {
+                        if (!gl("K/V pool", off + c * 8, 8, (long long)kv_elems)) return false;
+                        if (!sm(tid, kr, fa_k_at(D_, st) + 2LL * at, 16, FA_ASYNC, off + c * 8, 0) ||
+                            !sm(tid, vr, fa_v_at(D_, st) + 2LL * at, 16, FA_ASYNC, off + c * 8, 1))
+                            return false;
+                    } else if (!sm(tid, kr, fa_k_at(D_, st) + 2LL * at, 16, FA_WRITE, -1, 0) ||
+                               !sm(tid, vr, fa_v_at(D_, st) + 2LL * at, 16, FA_WRITE, -1, 1))
+                        return false;
+                }
+            }
+            return true;
+        };
+
+        if (lo < hi) {
+            for (int tid = 0; tid < FA_BN; tid++) {
+                const long long a = row_off(lo + tid), b = row_off(lo + FA_BN + tid);
+                if (a == -2 || b == -2) return false;
+                if (!sm(tid, FR_OFF, reg_lo[FR_OFF] + 8 * tid, 8, FA_WRITE) ||
+                    !sm(tid, FR_OFF, reg_lo[FR_OFF] + 8 * (FA_BN + tid), 8, FA_WRITE))
+                    return false;
+                soff[tid] = a, soff[FA_BN + tid] = b;
+            }
+            barrier();
+            if (!issue(0, 0)) return false;
+        }
+        for (int t0 = lo, it = 0; t0 < hi; t0 += FA_BN, it++) {
+            const int cur = it & 1;
+            t0c = t0;
+            for (int tid = 0; tid < FA_THREADS; tid++) wait_all(tid);
+            barrier();
+            if (t0 + FA_BN < hi && !issue(cur ^ 1, (cur ^ 1) * FA_BN)) return false;
+            long long off_next[FA_BN];
+            for (int tid = 0; tid < FA_BN; tid++) {
+                off_next[tid] = t0 + 2 * FA_BN < hi ? row_off(t0 + 2 * FA_BN + tid) : -1;
+                if (off_next[tid] == -2) return false;
+            }
+            int active = -1; /* a warp that does this tile's math */
+            for (int warp = 0; warp < FA_THREADS / 32; warp++)
+                if (t0 <= wlim[warp]) active = warp;
+            if (active >= 0) { /* the whole K and V tile, by several threads (check_frags) */
+                const int kr = cur ? FR_K1 : FR_K0, vr = cur ? FR_V1 : FR_V0;
+                for (int r = 0; r < FA_BN; r++) {
+                    const long long ref = ref_off(sq, kvh, t0 + r, hi);
+                    if (!sm(-2, kr, fa_k_at(D_, cur) + 2LL * r * DS, 2 * D_, FA_READ) ||
+                        !sm(-2, vr, fa_v_at(D_, cur) + 2LL * r * DS, 2 * D_, FA_READ))
+                        return false;
+                    for (int e = r * DS; e < r * DS + D_; e += 8)
+                        if (!check_row(kr, DS, e, ref, t0, active) || !check_row(vr, DS, e, ref, t0, active))
+                            return false;
+                }
+            }
+            /* The positions each thread's rows keep after the mask (its columns 8j + 2t + {0, 1}). */
+            for (int warp = 0; warp < FA_THREADS / 32; warp++) {
+                if (t0 > wlim[warp]) continue;
+                for (int lane = 0; lane < 32; lane++) {
+                    const int tid = warp * 32 + lane, t = lane & 3;
+                    const bool mask = t0 + FA_BN - 1 > tlim[tid];
+                    for (int h = 0; h < 2; h++) {
+                        const long long row = h ? rowb[tid] : rowa[tid];
+                        const int lim = h ? limb[tid] : lima[tid];
+                        const bool in = h ? inb[tid] : ina[tid];
+                        const int rpos = posr[tid][h];
+                        const int s_lo = split * p.chunk,
+                                  s_hi = split < p.n_split - 1 ? s_lo + p.chunk : INT_MAX;
+                        for (int j = 0; j < NB; j++)
+                            for (int cc = 0; cc < 2; cc++) {
+                                const int c = t0 + 8 * j + 2 * t + cc;
+                                if (mask && c > lim) continue;
+                                if (!in)
+                                    return fail("thread %d keeps position %d for a row not in the run", tid,
+                                                c);
+                                if (c > rpos || c < s_lo || c >= s_hi)
+                                    return fail("row %lld (at %d) keeps position %d in split %d (%d..)", row,
+                                                rpos, c, split, s_lo);
+                                seen[seen_at[(size_t)row] + (size_t)c]++;
+                            }
+                    }
+                }
+            }
+            for (int tid = 0; tid < FA_BN; tid++) {
+                if (!sm(tid, FR_OFF, reg_lo[FR_OFF] + 8 * (cur * FA_BN + tid), 8, FA_WRITE)) return false;
+                soff[cur * FA_BN + tid] = off_next[tid];
+            }
+        }
+        t0c = -1;
+
+        /* The run's rows. */
+        for (int tid = 0; tid < FA_THREADS; tid++) {
+            const int t = tid & 3;
+            for (int h = 0; h < 2; h++) {
+                const bool in = h ? inb[tid] : ina[tid];
+                const long long row = h ? rowb[tid] : rowa[tid];
+                if (!in) continue;
+                for (int j = 0; j < OB; j++) {
+                    if (p.n_split == 1) {
+                        const long long e = row * D_ + 8 * j + 2 * t;
+                        if (!gl("out", e, 2, (long long)total * D_)) return false;
+                        out_w[(size_t)e]++, out_w[(size_t)e + 1]++;
+                    } else {
+                        const long long e = ((long long)split * total + row) * D_ + 8 * j + 2 * t;
+                        if (!gl("ws partial o", e, 2, (long long)(p.n_split * total * D_))) return false;
+                        if (ws_o_w[(size_t)e]++ || ws_o_w[(size_t)e + 1]++)
+                            return fail("partial o of split %d row %lld written twice", split, row);
+                        ws_o_rows[(size_t)split * total + (size_t)row] += 2;
+                    }
+                }
+                if (p.n_split > 1 && t == 0) {
+                    const long long e = (long long)split * total + row;
+                    if (!gl("ws partial (m, l)", e, 1, (long long)(p.n_split * total))) return false;
+                    if (ws_ml_w[(size_t)e]++)
+                        return fail("partial (m, l) of split %d row %lld written twice", split, row);
+                }
+            }
+            wait_all(tid);
+        }
+        barrier();
+        rs = re;
+    }
+    for (int tid = 0; tid < FA_THREADS; tid++)
+        if (!pending[tid].empty()) return fail("thread %d exits with a cp.async pending", tid);
+
+    if (p.n_split > 1) {
+        barrier(); /* att_last_arrival */
+        const long long ci = (long long)bx * ny + by;
+        if (!gl("arrival counter", ci, 1, ATT_CNT_BYTES / 4)) return false;
+        const bool last = cnt[(size_t)ci]++ == (unsigned)p.n_split - 1;
+        if (last) cnt[(size_t)ci] = 0;
+        if (!sm(0, FR_LAST, reg_lo[FR_LAST], 4, FA_WRITE)) return false;
+        barrier();
+        for (int tid = 0; tid < FA_THREADS; tid++)
+            if (!sm(tid, FR_LAST, reg_lo[FR_LAST], 4, FA_READ)) return false;
+        if (!last) return true;
+        /* att_merge_rows<true>(p, rows_s, nrows_s, smem): weights by warps, then the outputs. */
+        const int ns = p.n_split, nrows = nrows_s;
+        for (int tid = 0; tid < FA_THREADS; tid++)
+            if (!sm(tid, FR_NROWS, reg_lo[FR_NROWS], 4, FA_READ)) return false;
+        for (int warp = 0; warp < FA_THREADS / 32; warp++)
+            for (int ri = warp; ri < nrows; ri += FA_THREADS / 32)
+                for (int lane = 0; lane < 32; lane++) {
+                    const int tid = warp * 32 + lane;
+                    if (!sm(tid, FR_ROWS, reg_lo[FR_ROWS] + 4 * ri, 4, FA_READ)) return false;
+                    for (int s = lane; s < ns; s += 32) {
+                        const long long e = (long long)s * total + rows_s[ri];
+                        if (!gl("merge: ws partial (m, l)", e, 1, (long long)(ns * total))) return false;
+                        if (!ws_ml_w[(size_t)e])
+                            return fail("merge reads partial (m, l) of split %d row %d, never written", s,
+                                        rows_s[ri]);
+                        if (!sm(tid, FR_WTS, 4LL * (ri * ns + s), 4, FA_WRITE)) return false;
+                    }
+                }
+        barrier();
+        /* Element e = (ri, d) by thread e % FA_THREADS: row ri's weights of every split (read by several
+         * threads: checked once per row), the split partials of (row, d) (checked per row and split: every
+         * element of it written), out (row, d). */
+        for (int ri = 0; ri < nrows; ri++) {
+            if (!sm(-2, FR_ROWS, reg_lo[FR_ROWS] + 4 * ri, 4, FA_READ)) return false;
+            const long long row = rows_s[ri];
+            for (int s = 0; s < ns; s++) {
+                const long long oe = ((long long)s * total + row) * D_;
+                if (!sm(-2, FR_WTS, 4LL * (ri * ns + s), 4, FA_READ) ||
+                    !gl("merge: ws partial o", oe, D_, (long long)(ns * total * D_)))
+                    return false;
+                if (ws_o_rows[(size_t)s * total + (size_t)row] != D_)
+                    return fail("merge reads partial o of split %d row %lld: %d of %d elements written", s,
+                                row, ws_o_rows[(size_t)s * total + (size_t)row], D_);
+            }
+            for (int d = 0; d < D_; d++) {
+                if (!gl("merge: out", row * D_ + d, 1, (long long)total * D_)) return false;
+                out_w[(size_t)(row * D_ + d)]++;
+            }
+        }
+    }
+    return true;
+}
+
+template <int D_> bool fa_auditor::run()
+{
+    if (!check_frags<D_>()) return false;
+    for (bx = 0; bx < nx; bx++)
+        for (by = 0; by < ny; by++)
+            for (bz = 0; bz < nz; bz++)
+                if (!run_block<D_>()) return false;
+    bx = by = bz = t0c = -1;
+    for (size_t i = 0; i < cnt.size(); i++)
+        if (cnt[i]) return fail("arrival counter %zu ends at %u, not 0", i, cnt[i]);
+    return true;
+}
+
+} /* namespace */
+
+extern "C" int kern_cuda_attention_mma_audit(const struct kern_cuda_kv_layer *kv, int n_seqs,
+                                             const int32_t *seq, const int32_t *pos, int m, int n_heads,
+                                             int max_len, struct kern_cuda_attn_audit *a)
+{
+    if (!a) return FERRY_ERR_INVALID;
+    a->err[0] = 0;
+    a->n_split = 0;
+    a->n_checked = 0;
+    if (!kv || !kv->block_table || kv->n_blocks <= 0 || kv->block_size <= 0 || kv->max_blocks <= 0 ||
+        kv->n_kv_heads <= 0 || n_seqs <= 0 || !seq || !pos || m <= 0 || n_heads <= 0 ||
+        n_heads % kv->n_kv_heads || a->n_decode < -1 || a->n_decode >= m || a->sms <= 0 || a->occ <= 0)
+        return FERRY_ERR_INVALID;
+    const int D = kv->head_dim;
+    if (D != 64 && D != 128) return FERRY_ERR_UNSUPPORTED;
+    for (int i = 0; i < m; i++)
+        if (seq[i] < 0 || seq[i] >= n_seqs || pos[i] < 0 || pos[i] >= kv->max_blocks * kv->block_size)
+            return FERRY_ERR_INVALID;
+    if (max_len <= 0 || max_len > kv->max_blocks * kv->block_size) max_len = kv->max_blocks * kv->block_size;
+
+    fa_auditor A;
+    memset(&A.p, 0, sizeof A.p);
+    att_params &p = A.p;
+    p.bt = kv->block_table;
+    p.n_blocks = kv->n_blocks;
+    p.block_size = kv->block_size;
+    p.max_blocks = kv->max_blocks;
+    p.n_kv = kv->n_kv_heads;
+    p.D = D;
+    p.n_heads = n_heads;
+    p.G = n_heads / kv->n_kv_heads;
+    p.m = m;
+    const int row0 = a->n_decode < 0 ? 0 : a->n_decode;
+    const struct att_plan pl =
+        mma_plan(m - row0, m, n_heads, p.n_kv, D, max_len, a->ws_bytes, a->occ, a->sms);
+    /* The workspace at a made-up 16-byte-aligned address: only offsets from it are used. */
+    char *const ws = (char *)(uintptr_t)(1ull << 40);
+    set_plan(p, pl, ws);
+    p.row0 = row0;
+    p.skip = a->n_decode < 0 ? ATT_SKIP_SINGLES : ATT_SKIP_NONE;
+    a->n_split = pl.n_split;
+
+    A.seq = seq, A.pos = pos, A.D = D, A.n_seqs = n_seqs;
+    A.nx = pl.n_tiles, A.ny = p.n_kv * pl.n_hsub, A.nz = pl.n_split;
+    A.q_elems = (size_t)m * n_heads * D;
+    A.kv_elems = (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * D;
+    A.bt_elems = (size_t)n_seqs * kv->max_blocks;
+    A.ws_bytes = a->ws_bytes;
+    A.err = a->err;
+    A.bad = false;
+    A.n_checked = 0;
+    A.bx = A.by = A.bz = A.t0c = -1;
+    const size_t total = (size_t)m * n_heads;
+    if (pl.n_split > 1) {
+        A.ws_o_at = (size_t)((char *)p.ws_o - ws), A.ws_ml_at = (size_t)((char *)p.ws_ml - ws);
+        if (p.cnt != (unsigned *)ws || A.ws_o_at < ATT_CNT_BYTES || A.ws_o_at % 16 ||
+            A.ws_ml_at < A.ws_o_at + (size_t)pl.n_split * total * D * 4 || A.ws_ml_at % 8 ||
+            A.ws_ml_at + (size_t)pl.n_split * total * 8 > a->ws_bytes) {
+            A.fail("%d splits: partials at bytes %zu (o) and %zu (m, l) of a %zu-byte workspace", pl.n_split,
+                   A.ws_o_at, A.ws_ml_at, a->ws_bytes);
+            return FERRY_ERR_INTERNAL;
+        }
+        if ((int64_t)A.nx * A.ny > ATT_MAX_ROWS) {
+            A.fail("%d splits over %d x %d blocks: more than the %d arrival counters", pl.n_split, A.nx, A.ny,
+                   ATT_MAX_ROWS);
+            return FERRY_ERR_INTERNAL;
+        }
+    }
+    if (A.ny > 65535 || A.nz > 65535 || pl.n_split > mma_max_split(D)) {
+        A.fail("grid %d x %d x %d (at most %d splits)", A.nx, A.ny, A.nz, mma_max_split(D));
+        return FERRY_ERR_INTERNAL;
+    }
+
+    /* The layout: pieces disjoint, aligned, inside the bytes launched; static arrays after them. */
+    const int dyn = fa_smem_bytes(D);
+    const int lo[5] = {fa_k_at(D, 0), fa_k_at(D, 1), fa_v_at(D, 0), fa_v_at(D, 1), fa_off_at(D)};
+    const int len[5] = {fa_tile_bytes(D), fa_tile_bytes(D), fa_tile_bytes(D), fa_tile_bytes(D),
+                        2 * FA_BN * 8};
+    for (int r = 0; r < 5; r++) {
+        A.reg_lo[r] = lo[r], A.reg_hi[r] = lo[r] + len[r];
+        if (lo[r] % 16 || A.reg_hi[r] > dyn || (size_t)dyn != mma_smem_bytes(D)) {
+            A.fail("%s at bytes %d..%d of %d launched (%zu)", fa_region_name[r], lo[r], A.reg_hi[r] - 1, dyn,
+                   mma_smem_bytes(D));
+            return FERRY_ERR_INTERNAL;
+        }
+        for (int s = 0; s < r; s++)
+            if (lo[r] < A.reg_hi[s] && lo[s] < A.reg_hi[r]) {
+                A.fail("%s (bytes %d..%d) overlaps %s (%d..%d)", fa_region_name[r], lo[r], A.reg_hi[r] - 1,
+                       fa_region_name[s], lo[s], A.reg_hi[s] - 1);
+                return FERRY_ERR_INTERNAL;
+            }
+    }
+    A.reg_lo[FR_WTS] = 0, A.reg_hi[FR_WTS] = dyn;
+    const int stat_len[6] = {4 * FA_BM, 4 * FA_BM, 4 * FA_BM, 4 * FA_BM, 4, 4};
+    for (int r = FR_SEQ, at = dyn; r < FR_N; at += stat_len[r - FR_SEQ], r++)
+        A.reg_lo[r] = at, A.reg_hi[r] = at + stat_len[r - FR_SEQ];
+    A.sh.assign((size_t)A.reg_hi[FR_LAST] / 4, fa_word{-1, -1, 0, 0, -1, -1, 0});
+    A.gen = 0;
+
+    A.out_w.assign(total * D, 0);
+    if (pl.n_split > 1) {
+        A.ws_o_w.assign((size_t)pl.n_split * total * D, 0);
+        A.ws_ml_w.assign((size_t)pl.n_split * total, 0);
+        A.ws_o_rows.assign((size_t)pl.n_split * total, 0);
+    }
+    A.cnt.assign(ATT_CNT_BYTES / 4, 0);
+    A.seen_at.resize(total);
+    size_t n_seen = 0;
+    for (size_t r = 0; r < total; r++) A.seen_at[r] = n_seen, n_seen += (size_t)pos[r / n_heads] + 1;
+    A.seen.assign(n_seen, 0);
+
+    if (!(D == 64 ? A.run<64>() : A.run<128>())) {
+        a->n_checked = A.n_checked;
+        return FERRY_ERR_INTERNAL;
+    }
+    /* Routed rows: every element written once, every position up to pos seen once; other rows untouched. */
+    for (int i = 0; i < m; i++) {
+        const bool single = (i == 0 || seq[i - 1] != seq[i]) && (i == m - 1 || seq[i + 1] != seq[i]);
+        const bool routed = a->n_decode < 0 ? !single : i >= a->n_decode;
+        for (int h = 0; h < n_heads; h++) {
+            const size_t row = (size_t)i * n_heads + h;
+            for (int d = 0; d < D; d++)
+                if (A.out_w[row * D + d] != (routed ? 1 : 0)) {
+                    A.fail("out row %d head %d dim %d written %d times (%s row)", i, h, d,
+                           A.out_w[row * D + d], routed ? "a routed" : "an unrouted");
+                    return FERRY_ERR_INTERNAL;
+                }
+            for (int c = 0; c <= pos[i]; c++)
+                if (A.seen[A.seen_at[row] + c] != (routed ? 1 : 0)) {
+                    A.fail("row %d (seq %d at %d) head %d sees position %d %d times", i, seq[i], pos[i], h, c,
+                           A.seen[A.seen_at[row] + c]);
+                    return FERRY_ERR_INTERNAL;
+                }
+        }
+    }
+    a->n_checked = A.n_checked;
+    return FERRY_OK;
 }

@@ -116,6 +116,31 @@ void kern_cuda_attention_set_decode_heads(int heads);
  * thread-safe: call it before launching work. */
 void kern_cuda_attention_set_prefill_mma(int on);
 
+/* Test hook, no GPU needed: the host audit of the tensor-core prefill kernel. It makes the launch plan that
+ * kern_cuda_attention would make for the batch and runs every block's and thread's index arithmetic on the
+ * CPU with the kernel's own functions, checking: global accesses in bounds and aligned; shared accesses
+ * inside the layout piece they mean, aligned, and free of races between barriers (cp.async copies included);
+ * the K/V rows each warp reads holding the positions the math assumes; every (row, position <= pos) seen once
+ * over the splits; every output element routed to the kernel written once (directly or by the split merge,
+ * from partials written in the same launch); the arrival counters back at 0. */
+struct kern_cuda_attn_audit {
+    int n_decode;        /* -1: rows routed as AUTO does (rows alone among their neighbours go to the decode
+                            path); else rows [n_decode, m), as kern_cuda_attention_mixed (0: PREFILL) */
+    size_t ws_bytes;     /* the call's workspace */
+    int sms, occ;        /* the device the plan is for: SMs, resident blocks of the kernel per SM */
+    int n_split;         /* out: the plan's splits */
+    long long n_checked; /* out: accesses checked */
+    char err[256];       /* out: the first violation (block (x,y,z), tile start, thread; thread -2: an access
+                            made by several threads, as a warp's ldmatrix) */
+};
+
+/* kv: the layer's shape, with block_table a host array of n_seqs rows (k and v are not read); seq, pos (m)
+ * on the host. FERRY_OK, FERRY_ERR_UNSUPPORTED (head_dim not 64 or 128), FERRY_ERR_INVALID (bad arguments,
+ * a seq outside the table or a pos outside it), FERRY_ERR_INTERNAL with the first violation in a->err. */
+int kern_cuda_attention_mma_audit(const struct kern_cuda_kv_layer *kv, int n_seqs, const int32_t *seq,
+                                  const int32_t *pos, int m, int n_heads, int max_len,
+                                  struct kern_cuda_attn_audit *a);
+
 #ifdef __cplusplus
 }
 #endif

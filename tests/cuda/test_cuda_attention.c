@@ -2,17 +2,20 @@
  *
  * The cache is filled with random f16 values in blocks placed at shuffled pool positions; the reference reads
  * the same f16 values, so the only differences are f32 rounding in the f32 kernels (scores, expf, sums of up
- * to 8192 terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5 (estimated
- * f32 accumulation error at 8192 positions: ~6e-6 relative); the tensor-core prefill kernel also rounds q and
- * P to f16: 2e-3 and 1e-3 (see MMA_ABS). The prefill matrix (chunks of 1, 7, 64, 255, 300 rows at positions
- * 0, 13, 200; head_dim 64, 128; GQA 1, 4, 8; block sizes 16, 4; decode rows of other sequences before, after
- * or inside the chunk; AUTO, the mixed entry and PREFILL) reports every failing shape with its worst error
- * before it fails, so one GPU run diagnoses everything. Sequence lengths 1, 7, 64, 129, 1000 and 8192;
- * GQA ratios 1, 4, 8 and 24 (more heads than one block takes); head_dim 8 (stories260K), 64, 96, 128, 256;
- * block sizes 7, 16, 32; prefill, decode and auto modes; the decode kernel and the tile kernel; no splits,
- * a few and many; one workspace reused across calls and CUDA-graph replays (the split arrival counters
- * reset). The local reference is checked against the CPU oracle kern_cpu_attention_ref (same cache layout and
- * block table, f32 elements holding the f16 values) by a test that needs no GPU and so also runs in CI.
+ * to 8192 terms): tolerance max abs error 2e-5 (|v| <= 1, weights sum to 1) and tensor rel err 3e-5
+ * (estimated f32 accumulation error at 8192 positions: ~6e-6 relative); the tensor-core prefill kernel also
+ * rounds q and P to f16: 2e-3 and 1e-3 (see MMA_ABS). The prefill matrix (chunks of 1, 7, 64, 255, 300 rows
+ * at positions 0, 13, 200; head_dim 64, 128; GQA 1, 4, 8; block sizes 16, 4; decode rows of other sequences
+ * before, after or inside the chunk; AUTO, the mixed entry and PREFILL) reports every failing shape with its
+ * worst error before it fails, so one GPU run diagnoses everything. Sequence lengths 1, 7, 64, 129, 1000 and
+ * 8192; GQA ratios 1, 4, 8 and 24 (more heads than one block takes); head_dim 8 (stories260K), 64, 96, 128,
+ * 256; block sizes 7, 16, 32; prefill, decode and auto modes; the decode kernel and the tile kernel; no
+ * splits, a few and many; one workspace reused across calls and CUDA-graph replays (the split arrival
+ * counters reset). The local reference is checked against the CPU oracle kern_cpu_attention_ref (same cache
+ * layout and block table, f32 elements holding the f16 values) by a test that needs no GPU and so also runs
+ * in CI, and so does the tensor-core kernel's host audit (kern_cuda_attention_mma_audit: bounds, alignment,
+ * races, tile contents and coverage of every thread's accesses) over every batch the GPU tests and
+ * bench_attn give that kernel.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -28,7 +31,9 @@ struct cache {
     struct kern_cuda_kv_layer dev;
 };
 
-static void cache_init_host(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
+/* The shape and a shuffled block table, no K/V data (k and v NULL). */
+static void cache_init_table(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs,
+                             const int *len)
 {
     c->n_heads = n_heads, c->n_kv = n_kv, c->D = D, c->bs = bs, c->n_seqs = n_seqs;
     c->len = malloc(n_seqs * sizeof(int));
@@ -54,6 +59,13 @@ static void cache_init_host(struct cache *c, int n_heads, int n_kv, int D, int b
         for (int b = 0; b < c->max_blocks; b++)
             c->bt[(size_t)s * c->max_blocks + b] = b < (len[s] + bs - 1) / bs ? perm[next++] : -1;
     free(perm);
+    c->k = c->v = NULL;
+    memset(&c->dev, 0, sizeof c->dev);
+}
+
+static void cache_init_host(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
+{
+    cache_init_table(c, n_heads, n_kv, D, bs, n_seqs, len);
     const size_t ne = (size_t)c->n_blocks * bs * n_kv * D;
     c->k = malloc(ne * 2);
     c->v = malloc(ne * 2);
@@ -61,7 +73,6 @@ static void cache_init_host(struct cache *c, int n_heads, int n_kv, int D, int b
         c->k[i] = f32_to_f16(frand());
         c->v[i] = f32_to_f16(frand());
     }
-    memset(&c->dev, 0, sizeof c->dev);
 }
 
 static void cache_init(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
@@ -589,6 +600,37 @@ static int row_single(const int32_t *seq, int m, int i)
     return (i == 0 || seq[i - 1] != seq[i]) && (i == m - 1 || seq[i + 1] != seq[i]);
 }
 
+/* The batch of a prefill case: a chunk of `chunk` rows of sequence 0 at positions start .. start+chunk-1 and
+ * the last position of each of n_dec other sequences (lengths from dlen), decode rows first (order 0), last
+ * (1) or inside the chunk (2). seq, pos: (m) allocated here; sl (1 + n_dec) sequence lengths; n_lead: the
+ * leading decode rows (kern_cuda_attention_mixed's n_decode). */
+struct pf_batch {
+    int n_seq, m, n_lead;
+    int sl[8];
+    int32_t *seq, *pos;
+};
+
+static void pf_batch_init(struct pf_batch *b, int chunk, int start, int n_dec, int order)
+{
+    static const int dlen[] = {1000, 1, 129, 50, 700, 3, 64};
+    b->n_seq = 1 + n_dec;
+    b->sl[0] = start + chunk;
+    for (int d = 0; d < n_dec; d++) b->sl[1 + d] = dlen[d];
+    b->m = chunk + n_dec;
+    b->seq = malloc((size_t)b->m * 4), b->pos = malloc((size_t)b->m * 4);
+    int32_t *seq = b->seq, *pos = b->pos;
+    int k = 0, next_dec = 0;
+    if (order == 0)
+        for (; next_dec < n_dec; next_dec++) seq[k] = 1 + next_dec, pos[k++] = b->sl[1 + next_dec] - 1;
+    for (int j = 0; j < chunk; j++) {
+        if (order == 2 && next_dec < n_dec && j == (next_dec + 1) * chunk / (n_dec + 1))
+            seq[k] = 1 + next_dec, pos[k++] = b->sl[1 + next_dec] - 1, next_dec++;
+        seq[k] = 0, pos[k++] = start + j;
+    }
+    for (; next_dec < n_dec; next_dec++) seq[k] = 1 + next_dec, pos[k++] = b->sl[1 + next_dec] - 1;
+    b->n_lead = order == 0 ? n_dec : 0;
+}
+
 /* One mixed batch: a chunk of `chunk` rows of sequence 0 at positions start .. start+chunk-1 and a decode row
  * (its last position) of each of n_dec other sequences, decode rows first (order 0), last (1) or inside the
  * chunk (2). Run through AUTO, kern_cuda_attention_mixed, PREFILL (with and without splits) and AUTO with the
@@ -598,25 +640,13 @@ static int row_single(const int32_t *seq, int m, int i)
 static void prefill_case(int D, int G, int bs, int chunk, int start, int n_dec, int order,
                          struct pf_report *rep)
 {
-    static const int dlen[] = {1000, 1, 129, 50, 700, 3, 64};
-    const int n_heads = 8, n_kv = n_heads / G, n_seq = 1 + n_dec;
-    int sl[8];
-    sl[0] = start + chunk;
-    for (int d = 0; d < n_dec; d++) sl[1 + d] = dlen[d];
+    const int n_heads = 8, n_kv = n_heads / G;
+    struct pf_batch pb;
+    pf_batch_init(&pb, chunk, start, n_dec, order);
     struct cache c;
-    cache_init(&c, n_heads, n_kv, D, bs, n_seq, sl);
-    const int m = chunk + n_dec;
-    int32_t *seq = malloc((size_t)m * 4), *pos = malloc((size_t)m * 4);
-    int k = 0, next_dec = 0;
-    if (order == 0)
-        for (; next_dec < n_dec; next_dec++) seq[k] = 1 + next_dec, pos[k++] = sl[1 + next_dec] - 1;
-    for (int j = 0; j < chunk; j++) {
-        if (order == 2 && next_dec < n_dec && j == (next_dec + 1) * chunk / (n_dec + 1))
-            seq[k] = 1 + next_dec, pos[k++] = sl[1 + next_dec] - 1, next_dec++;
-        seq[k] = 0, pos[k++] = start + j;
-    }
-    for (; next_dec < n_dec; next_dec++) seq[k] = 1 + next_dec, pos[k++] = sl[1 + next_dec] - 1;
-    const int n_lead = order == 0 ? n_dec : 0;
+    cache_init(&c, n_heads, n_kv, D, bs, pb.n_seq, pb.sl);
+    const int m = pb.m, n_lead = pb.n_lead;
+    int32_t *seq = pb.seq, *pos = pb.pos;
 
     const size_t rowlen = (size_t)n_heads * D, nq = (size_t)m * rowlen;
     const float scale = 1.0f / sqrtf((float)D);
@@ -704,22 +734,31 @@ static void prefill_case(int D, int G, int bs, int chunk, int start, int n_dec, 
     cache_free(&c);
 }
 
-/* Chunk lengths 1, 7, 64, 255, 300 x start positions 0, 13, 200 x GQA ratios 1, 4, 8 x block sizes 16 and 4,
- * with 0, 3 or 7 decode rows of other sequences (contexts 1 to 1000) before, after or inside the chunk. */
-static void prefill_matrix(int D)
+/* Case idx (0 .. PF_CASES - 1) of the prefill matrix: chunk lengths 1, 7, 64, 255, 300 x start positions 0,
+ * 13, 200 x GQA ratios 1, 4, 8 x block sizes 16 and 4, with 0, 3 or 7 decode rows of other sequences
+ * (contexts 1 to 1000) before, after or inside the chunk. */
+#define PF_CASES 90
+static void pf_matrix_case(int idx, int *chunk, int *start, int *G, int *bs, int *n_dec, int *order)
 {
     static const int chunks[] = {1, 7, 64, 255, 300}, starts[] = {0, 13, 200}, gs[] = {1, 4, 8},
-                     bss[] = {16, 4};
-    static const int ndec[] = {0, 3, 7};
+                     bss[] = {16, 4}, ndec[] = {0, 3, 7};
+    *bs = bss[idx % 2];
+    *G = gs[idx / 2 % 3];
+    *start = starts[idx / 6 % 3];
+    *chunk = chunks[idx / 18];
+    *n_dec = ndec[idx % 3];
+    *order = idx / 3 % 3;
+}
+
+static void prefill_matrix(int D)
+{
     struct pf_report rep;
     memset(&rep, 0, sizeof rep);
-    int idx = 0;
-    for (int ci = 0; ci < 5; ci++)
-        for (int si = 0; si < 3; si++)
-            for (int gi = 0; gi < 3; gi++)
-                for (int bi = 0; bi < 2; bi++, idx++)
-                    prefill_case(D, gs[gi], bss[bi], chunks[ci], starts[si], ndec[idx % 3], (idx / 3) % 3,
-                                 &rep);
+    for (int idx = 0; idx < PF_CASES; idx++) {
+        int chunk, start, G, bs, n_dec, order;
+        pf_matrix_case(idx, &chunk, &start, &G, &bs, &n_dec, &order);
+        prefill_case(D, G, bs, chunk, start, n_dec, order, &rep);
+    }
     fprintf(stderr, "prefill D %d: %d runs, %d failed; worst error / tolerance %.3f: %s\n", D, rep.n_cases,
             rep.n_fail, rep.worst, rep.worst_what);
     cr_assert_eq(rep.n_fail, 0, "D %d: %d of %d runs failed (listed above); worst: %s", D, rep.n_fail,
@@ -812,4 +851,168 @@ Test(cuda_attention, mixed_small)
     prefill_case(128, 8, 16, 9, 0, 7, 1, &rep);
     cr_assert_eq(rep.n_fail, 0, "%d of %d runs failed (listed above); worst: %s", rep.n_fail, rep.n_cases,
                  rep.worst_what);
+}
+
+/* The first case the first GPU run failed (every mode, an illegal address soon after): what
+ * tests/gpu/attn_sample.sh runs under compute-sanitizer memcheck before anything else. */
+Test(cuda_attention, mma_first_failure)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(44);
+    struct pf_report rep;
+    memset(&rep, 0, sizeof rep);
+    prefill_case(64, 1, 16, 70, 13, 3, 0, &rep);
+    cr_assert_eq(rep.n_fail, 0, "%d of %d runs failed (listed above); worst: %s", rep.n_fail, rep.n_cases,
+                 rep.worst_what);
+}
+
+/* ---- The tensor-core kernel's host audit: every launch of the GPU tests and bench_attn, no GPU needed ----
+ */
+
+struct audit_tally {
+    int n_runs, n_split_runs;
+    long long n_checked;
+};
+
+/* Audits one batch over a cache shaped (n_heads, n_kv, D, bs) with sequences of lengths len: as PREFILL, as
+ * kern_cuda_attention_mixed with n_lead leading decode rows (when n_lead > 0) and with AUTO's routing (m >
+ * 16); each for a device of 132 SMs x 2 blocks with room for two splits and with no workspace, 132 x 3 with
+ * an unbounded workspace (most splits), and 108 x 2 unbounded with max_len 0 (the whole table; chunks as the
+ * runtime's calls without a max_len get). stride 2: only the first and third; 4: only the first (the largest
+ * batches, to keep the test at a few seconds). */
+static void audit_batch(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, const int32_t *seq,
+                        const int32_t *pos, int m, int n_lead, int stride, const char *what,
+                        struct audit_tally *tally)
+{
+    struct cache c;
+    cache_init_table(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    struct kern_cuda_kv_layer kv = {NULL, NULL, c.n_blocks, bs, c.bt, c.max_blocks, n_kv, D};
+    int max_len = 0;
+    for (int i = 0; i < m; i++) max_len = pos[i] + 1 > max_len ? pos[i] + 1 : max_len;
+    const int routes[3] = {0, n_lead > 0 ? n_lead : 0, m > 16 ? -1 : 0};
+    const size_t two = 16384 + 2 * (size_t)m * n_heads * (D + 2) * 4, unbounded = (size_t)1 << 40;
+    const struct {
+        int sms, occ;
+        size_t ws;
+        int max_len;
+    } vars[4] = {
+        {132, 2, two, max_len}, {132, 2, 0, max_len}, {132, 3, unbounded, max_len}, {108, 2, unbounded, 0}};
+    for (int ri = 0; ri < 3; ri++) {
+        if (ri > 0 && routes[ri] == 0) continue;
+        for (int vi = 0; vi < 4; vi += stride) {
+            struct kern_cuda_attn_audit a;
+            memset(&a, 0, sizeof a);
+            a.n_decode = routes[ri];
+            a.ws_bytes = vars[vi].ws;
+            a.sms = vars[vi].sms;
+            a.occ = vars[vi].occ;
+            const int rc =
+                kern_cuda_attention_mma_audit(&kv, n_seqs, seq, pos, m, n_heads, vars[vi].max_len, &a);
+            cr_assert_eq(rc, FERRY_OK, "%s, n_decode %d, %d SMs x %d, ws %zu, max_len %d: %s (rc %d)", what,
+                         a.n_decode, a.sms, a.occ, a.ws_bytes, vars[vi].max_len, a.err, rc);
+            tally->n_runs++;
+            tally->n_split_runs += a.n_split > 1;
+            tally->n_checked += a.n_checked;
+        }
+    }
+    free(c.len);
+    free(c.bt);
+}
+
+/* Every position of every sequence, or the last position of each. */
+static void audit_config(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, const char *what,
+                         struct audit_tally *tally)
+{
+    int total = 0;
+    for (int s = 0; s < n_seqs; s++) total += len[s];
+    int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
+    int m = 0;
+    for (int s = 0; s < n_seqs; s++)
+        for (int p = 0; p < len[s]; p++) seq[m] = s, pos[m++] = p;
+    audit_batch(n_heads, n_kv, D, bs, len, n_seqs, seq, pos, m, 0, 2, what, tally);
+    m = 0;
+    for (int s = 0; s < n_seqs; s++) seq[m] = s, pos[m++] = len[s] - 1;
+    audit_batch(n_heads, n_kv, D, bs, len, n_seqs, seq, pos, m, 0, 1, what, tally);
+    free(seq);
+    free(pos);
+}
+
+Test(cuda_attention, mma_audit_every_shape, .timeout = 300)
+{
+    struct audit_tally tally;
+    memset(&tally, 0, sizeof tally);
+    char what[160];
+    /* The prefill matrix and mixed_small. */
+    for (int D = 64; D <= 128; D += 64)
+        for (int idx = 0; idx < PF_CASES; idx++) {
+            int chunk, start, G, bs, n_dec, order;
+            pf_matrix_case(idx, &chunk, &start, &G, &bs, &n_dec, &order);
+            struct pf_batch pb;
+            pf_batch_init(&pb, chunk, start, n_dec, order);
+            snprintf(what, sizeof what, "D %d G %d bs %d chunk %d start %d n_dec %d order %d", D, G, bs,
+                     chunk, start, n_dec, order);
+            audit_batch(8, 8 / G, D, bs, pb.sl, pb.n_seq, pb.seq, pb.pos, pb.m, pb.n_lead, D == 128 ? 2 : 1,
+                        what, &tally);
+            free(pb.seq);
+            free(pb.pos);
+        }
+    static const int small[3][7] = {
+        {64, 1, 16, 70, 13, 3, 0}, {128, 4, 4, 23, 200, 3, 2}, {128, 8, 16, 9, 0, 7, 1}};
+    for (int i = 0; i < 3; i++) {
+        struct pf_batch pb;
+        pf_batch_init(&pb, small[i][3], small[i][4], small[i][5], small[i][6]);
+        audit_batch(8, 8 / small[i][1], small[i][0], small[i][2], pb.sl, pb.n_seq, pb.seq, pb.pos, pb.m,
+                    pb.n_lead, 1, "mixed_small", &tally);
+        free(pb.seq);
+        free(pb.pos);
+    }
+    /* check_config's shapes (prefill of every position; decode rows as prefill). */
+    audit_config(2, 2, 64, 16, lens, 5, "G=1 D=64 bs=16", &tally);
+    audit_config(8, 2, 128, 16, lens, 5, "G=4 D=128 bs=16", &tally);
+    audit_config(8, 1, 64, 7, lens, 5, "G=8 D=64 bs=7", &tally);
+    /* long_context_8192's mixed chunk, workspace_reused's prefill batch, prefill_peaked_scores. */
+    {
+        const int l3[] = {8192, 7, 1000};
+        int32_t seq[64], pos[64];
+        int m = 0;
+        for (int i = 0; i < 40; i++) {
+            seq[m] = 0, pos[m++] = 8152 + i;
+            if (i == 10) seq[m] = 1, pos[m++] = 6;
+            if (i == 20) seq[m] = 2, pos[m++] = 999;
+        }
+        audit_batch(8, 2, 128, 32, l3, 3, seq, pos, m, 0, 2, "8192 mixed prefill chunk", &tally);
+        const int l[] = {8192, 300, 1000};
+        for (int i = 0; i < 40; i++) seq[i] = 0, pos[i] = 8100 + i;
+        audit_batch(8, 2, 128, 16, l, 3, seq, pos, 40, 0, 2, "workspace_reused prefill", &tally);
+    }
+    {
+        const int l[] = {3000};
+        int32_t seq[100], pos[100];
+        for (int i = 0; i < 100; i++) seq[i] = 0, pos[i] = 2900 + i;
+        audit_batch(8, 2, 128, 16, l, 1, seq, pos, 100, 0, 2, "peaked", &tally);
+    }
+    /* bench_attn: 512-row chunks at 0 and 1536 (Llama-2-7B and Llama-3-8B heads), 32 decode rows + a chunk.
+     */
+    {
+        int32_t *seq = malloc(512 * 4), *pos = malloc(512 * 4);
+        for (int start = 0; start <= 1536; start += 1536)
+            for (int kv = 32; kv >= 8; kv /= 4) {
+                const int l[] = {start + 512};
+                for (int i = 0; i < 512; i++) seq[i] = 0, pos[i] = start + i;
+                snprintf(what, sizeof what, "bench prefill 512 @%d, 32 heads / %d KV heads", start, kv);
+                audit_batch(32, kv, 128, 16, l, 1, seq, pos, 512, 0, 4, what, &tally);
+            }
+        int l[33];
+        for (int s = 0; s < 33; s++) l[s] = 512;
+        for (int i = 0; i < 32; i++) seq[i] = i, pos[i] = 511;
+        for (int i = 0; i < 256; i++) seq[32 + i] = 32, pos[32 + i] = 256 + i;
+        for (int kv = 32; kv >= 8; kv /= 4)
+            audit_batch(32, kv, 128, 16, l, 33, seq, pos, 288, 32, 4, "bench mixed", &tally);
+        free(seq);
+        free(pos);
+    }
+    fprintf(stderr, "mma audit: %d launches (%d with splits), %lld accesses checked\n", tally.n_runs,
+            tally.n_split_runs, tally.n_checked);
+    cr_assert(tally.n_split_runs > tally.n_runs / 4, "too few launches with splits: %d of %d",
+              tally.n_split_runs, tally.n_runs);
 }
