@@ -10,7 +10,9 @@
  *    chunk of KCQ columns into a small tile of codes (u8, value = code - offset), scales and minimums
  *    (q8_tile), reused for all m rows of x (register blocks of 1-4 rows). Two arithmetics
  *    (kern_cpu_matmul_set_act):
- *    f32 (the default): w = s·(code - offset) (or fma(s, code, minimum)) in f32, FMAs with x in f32.
+ *    f32 (the default): for m <= MR, per block t = Σ code·x in f32 and acc += s·t (the scale once per block;
+ *    offsets and minimums through the blocks' sums of x, f32_dot_c); past MR rows, the codes go back to f32
+ *    weights (w = s·(code - offset), or fma(s, code, minimum)) in the plain types' tile and its micro-kernel.
  *    int8: x is quantized once per product to int8 blocks of 32 (q8x: x̂ = dx·q, dx = max|x|/127,
  *    q = x·127/max|x| rounded to nearest even). Per block and (x row, weight row): the integer dot product
  *    Σ code·q in 8 int32 lanes (lane l: elements 4l..4l+3; vpdpbusd with AVX512-VNNI or AVX-VNNI, pmaddubsw +
@@ -22,8 +24,9 @@
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
  * Determinism: every output element is the same sequence of f32 operations whatever the pool size (lanes
  * reduce in a fixed order, chunks add in k order, a row's arithmetic does not depend on the partition).
- * For the quantized types it is moreover the same whatever m (row i of a batch is bitwise the product of
- * that row alone) and whatever the instruction set (integer sums are exact, the f32 steps are the same).
+ * For the quantized types it is moreover the same whatever the instruction set (integer sums are exact, the
+ * f32 steps and their lanes are the same), and with the int8 arithmetic whatever m (row i of a batch is
+ * bitwise the product of that row alone).
  * Timings and history: kernels/cpu/NOTES.md.
  */
 #include "kernels/cpu/matmul.h"
@@ -293,13 +296,12 @@ struct q8_tile {
 /* Decodes elements c0 .. c0 + kc (multiples of the type's block size) of row w into u (kc), s and mn. */
 typedef void (*q8_dec_fn)(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn);
 
-/* One dot call: x rows i0 .. i0 + mr against the tile's NRQ rows over the chunk's blocks; acc and macc
- * ((mr, NRQ, 8) f32) are loaded (zero when first) and stored. int8 arithmetic: the lanes of Σ (s·dx)·dot and
- * of Σ mn·sxd; f32 arithmetic: the lanes of Σ x·w over elements 0-7 and 16-23 of each block (acc) and over
- * 8-15 and 24-31 (macc). */
+/* One dot call: x rows i0 .. i0 + mr against the tile's NRQ rows over the chunk's blocks; acc ((mr, NRQ, 16)
+ * f32) and macc ((mr, NRQ, 8)) are loaded (zero when first) and stored. int8 arithmetic: acc's first 8 lanes
+ * hold Σ (s·dx)·dot, macc Σ mn·sxd; f32 arithmetic: acc the 16 lanes of Σ s·t, macc Σ m'·Σx (f32_dot_c). */
 struct q8_dot {
-    const struct q8x *x; /* int8 arithmetic: the quantized x */
-    const float *xf;     /* f32 arithmetic: x (m, k) itself */
+    const struct q8x *x; /* x prepared: quantized (int8 arithmetic) or its block sums only (f32) */
+    const float *xf;     /* x (m, k) itself (f32 arithmetic) */
     int i0;
     const struct q8_tile *t;
     int k;      /* columns of x */
@@ -309,6 +311,8 @@ struct q8_dot {
 };
 
 typedef void (*q8_dot_fn)(const struct q8_dot *a, int mr, enum q8_mode mode, int sh);
+typedef void (*q8_f32_fn)(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode,
+                          int sh, float *dst);
 typedef void (*q8_xrow_fn)(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sxd, int nbp);
 
 /* ---- x quantization, portable ---------------------------------------------------------------------------
@@ -470,7 +474,7 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
         const int32_t *n4 = x->n4 + (size_t)r * x->nb * 8;
         const float *dx = x->dx + (size_t)r * x->nbp, *sxd = x->sxd + (size_t)r * x->nbp;
         for (int j = 0; j < NRQ; j++) {
-            float *acc = a->acc + (i * NRQ + j) * 8, *macc = a->macc + (i * NRQ + j) * 8;
+            float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
             float av[8], mv[8];
             for (int l = 0; l < 8; l++) av[l] = a->first ? 0.0f : acc[l], mv[l] = a->first ? 0.0f : macc[l];
             for (int b = 0; b < a->nb; b++) {
@@ -493,32 +497,84 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
     }
 }
 
-/* The f32 arithmetic: w = s·(code - 2^sh) (one rounding: ggml's value for the offset types) or fma(s, code,
- * mn) (affine types: within an ulp of ggml's d·q + m), multiplied with x in f32, two sets of 8 lanes. */
+/* The f32 arithmetic, per block and (x row, weight row): t = Σ code·x in 16 lanes (lane l: elements l and
+ * 16 + l), acc += s·t (Q6_K: each half with its own scale); the codes of Q8_0 and Q6_K are made signed first
+ * (code - 2^sh, exact), the offset of Q4_0/Q5_0 (-2^sh·s) and the minimums of the affine types enter once per
+ * block as m'·Σx in 8 lanes (macc). The scale is applied once per block, as the old hand-written kernels did;
+ * |error| ~ (k/32 + 16)·2^-24·Σ|w·x|. */
+static inline float f32_conv_off(enum q8_mode mode, int sh)
+{
+    return mode == Q8M_OFF16 || sh == 7 ? (float)(1 << sh) : 0.0f;
+}
+static inline int f32_uses_macc(enum q8_mode mode, int sh)
+{
+    return mode == Q8M_AFFINE || (mode == Q8M_OFF && sh != 7);
+}
+
+/* x's per-block sums for the f32 arithmetic: sx[b] = hsum8((x[l] + x[8+l]) + (x[16+l] + x[24+l])), 0 past nb.
+ */
+static void sx_row_c(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sx, int nbp)
+{
+    (void)q, (void)n4, (void)dx;
+    const int nb = k / QB;
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + QB * b;
+        float p[8];
+        for (int l = 0; l < 8; l++) p[l] = (xb[l] + xb[8 + l]) + (xb[16 + l] + xb[24 + l]);
+        sx[b] = hsum8(p);
+    }
+    for (int b = nb; b < nbp; b++) sx[b] = 0.0f;
+}
+
 static void f32_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
 {
     const struct q8_tile *t = a->t;
-    const float off = mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh);
+    const float coff = f32_conv_off(mode, sh), moff = -(float)(1 << sh);
+    const int use_m = f32_uses_macc(mode, sh);
     for (int i = 0; i < mr; i++) {
         const float *xr = a->xf + (size_t)(a->i0 + i) * a->k;
+        const float *sx = a->x->sxd + (size_t)(a->i0 + i) * a->x->nbp + a->b0;
         for (int j = 0; j < NRQ; j++) {
-            float *acc[2] = {a->acc + (i * NRQ + j) * 8, a->macc + (i * NRQ + j) * 8};
-            float av[2][8];
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < 8; l++) av[h][l] = a->first ? 0.0f : acc[h][l];
+            float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
+            float av[16], mv[8];
+            for (int l = 0; l < 16; l++) av[l] = a->first ? 0.0f : acc[l];
+            for (int l = 0; l < 8; l++) mv[l] = a->first ? 0.0f : macc[l];
             for (int b = 0; b < a->nb; b++) {
-                const int gb = a->b0 + b;
-                for (int v = 0; v < 4; v++) {
-                    const float sc = mode == Q8M_OFF16 ? t->s[j][2 * b + v / 2] : t->s[j][b];
-                    for (int l = 0; l < 8; l++) {
-                        const float c = (float)t->u[j][QB * b + 8 * v + l];
-                        const float w = mode == Q8M_AFFINE ? fmaf(sc, c, t->mn[j][b]) : sc * (c - off);
-                        av[v & 1][l] = fmaf(xr[QB * gb + 8 * v + l], w, av[v & 1][l]);
+                const float *xb = xr + (size_t)QB * (a->b0 + b);
+                float c[QB];
+                for (int e = 0; e < QB; e++) c[e] = (float)t->u[j][QB * b + e] - coff;
+                if (mode == Q8M_OFF16) {
+                    for (int l = 0; l < 16; l++) av[l] = fmaf(t->s[j][2 * b], c[l] * xb[l], av[l]);
+                    for (int l = 0; l < 16; l++)
+                        av[l] = fmaf(t->s[j][2 * b + 1], c[16 + l] * xb[16 + l], av[l]);
+                } else {
+                    for (int l = 0; l < 16; l++) {
+                        const float tl = fmaf(c[16 + l], xb[16 + l], c[l] * xb[l]);
+                        av[l] = fmaf(t->s[j][b], tl, av[l]);
                     }
                 }
             }
-            for (int h = 0; h < 2; h++) memcpy(acc[h], av[h], sizeof av[h]);
+            if (use_m)
+                for (int g = 0; g < a->nb; g += 8)
+                    for (int l = 0; l < 8; l++) {
+                        const float mp = mode == Q8M_AFFINE ? t->mn[j][g + l] : moff * t->s[j][g + l];
+                        mv[l] = fmaf(mp, sx[g + l], mv[l]);
+                    }
+            memcpy(acc, av, sizeof av);
+            memcpy(macc, mv, sizeof mv);
         }
+    }
+}
+
+/* f32 arithmetic, batches of more than MR rows: the decoded codes back to f32 weights (w = s·(code - 2^sh),
+ * or fma(s, code, mn) for the affine types) in the plain types' tile. */
+static void q8_to_f32_c(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode, int sh,
+                        float *dst)
+{
+    const float off = mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh);
+    for (int e = 0; e < kc; e++) {
+        const float c = (float)u[e], sc = mode == Q8M_OFF16 ? s[e / 16] : s[e / QB];
+        dst[e] = mode == Q8M_AFFINE ? fmaf(sc, c, mn[e / QB]) : sc * (c - off);
     }
 }
 
@@ -734,7 +790,7 @@ q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int s
         n4[i] = x->n4 + (size_t)r * x->nb * 8;
         dx[i] = x->dx + (size_t)r * x->nbp;
         for (int j = 0; j < NRQ; j++)
-            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 8);
+            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
     }
     const __m128i shv = _mm_cvtsi32_si128(sh);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
@@ -764,7 +820,7 @@ q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int s
         }
     }
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 8, acc[i][j]);
+        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
     if (mode == Q8M_AFFINE)
         for (int i = 0; i < mr; i++) {
             const float *sxd = x->sxd + (size_t)(a->i0 + i) * x->nbp + a->b0;
@@ -814,7 +870,41 @@ __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_do
         Q8_CASES4(Q8M_AFFINE, lane_dot_vnni512)
     }
 }
-/* f32_dot_c's arithmetic in 8-lane vectors (FMA). */
+__attribute__((target(T_AVX2))) static void q8_to_f32_avx2(const uint8_t *u, const float *s, const float *mn,
+                                                           int kc, enum q8_mode mode, int sh, float *dst)
+{
+    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh));
+    for (int e = 0; e < kc; e += 8) {
+        const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + e))));
+        const __m256 sc = _mm256_broadcast_ss(mode == Q8M_OFF16 ? &s[e / 16] : &s[e / QB]);
+        _mm256_storeu_ps(dst + e, mode == Q8M_AFFINE
+                                      ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&mn[e / QB]))
+                                      : _mm256_mul_ps(sc, _mm256_sub_ps(c, off)));
+    }
+}
+
+/* The f32 arithmetic's per-block terms m'·Σx (8 blocks per vector), after a chunk's blocks. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+f32_macc_avx2(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
+{
+    const __m256 moff = _mm256_set1_ps(-(float)(1 << sh));
+    for (int i = 0; i < mr; i++) {
+        const float *sx = a->x->sxd + (size_t)(a->i0 + i) * a->x->nbp + a->b0;
+        for (int j = 0; j < NRQ; j++) {
+            float *mp = a->macc + (i * NRQ + j) * 8;
+            __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
+            for (int g = 0; g < a->nb; g += 8) {
+                const __m256 mv = mode == Q8M_AFFINE ? _mm256_loadu_ps(&a->t->mn[j][g])
+                                                     : _mm256_mul_ps(moff, _mm256_loadu_ps(&a->t->s[j][g]));
+                m = _mm256_fmadd_ps(mv, _mm256_loadu_ps(sx + g), m);
+            }
+            _mm256_storeu_ps(mp, m);
+        }
+    }
+}
+
+/* f32_dot_c's arithmetic in 8-lane vectors: lanes 0-7 (A: elements 0-7 and 16-23) and 8-15 (B: 8-15, 24-31).
+ */
 static inline __attribute__((always_inline, target(T_AVX2))) void
 f32_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
 {
@@ -823,34 +913,50 @@ f32_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int 
     __m256 acc[MRQ][NRQ][2];
     for (int i = 0; i < mr; i++) {
         xr[i] = a->xf + (size_t)(a->i0 + i) * a->k;
-        for (int j = 0; j < NRQ; j++) {
-            acc[i][j][0] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 8);
-            acc[i][j][1] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->macc + (i * NRQ + j) * 8);
-        }
+        for (int j = 0; j < NRQ; j++)
+            for (int h = 0; h < 2; h++)
+                acc[i][j][h] =
+                    a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16 + 8 * h);
     }
-    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh));
+    const __m256 coff = _mm256_set1_ps(f32_conv_off(mode, sh));
     for (int b = 0; b < a->nb; b++) {
         const int gb = a->b0 + b;
-        for (int v = 0; v < 4; v++) {
-            __m256 xv[MRQ];
-            for (int i = 0; i < mr; i++) xv[i] = _mm256_loadu_ps(xr[i] + QB * gb + 8 * v);
-            for (int j = 0; j < NRQ; j++) {
-                const __m256 sc =
-                    _mm256_broadcast_ss(mode == Q8M_OFF16 ? &t->s[j][2 * b + v / 2] : &t->s[j][b]);
-                const __m256 c = _mm256_cvtepi32_ps(
+        for (int j = 0; j < NRQ; j++) {
+            __m256 c[4];
+            for (int v = 0; v < 4; v++) {
+                c[v] = _mm256_cvtepi32_ps(
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t->u[j] + QB * b + 8 * v))));
-                const __m256 w = mode == Q8M_AFFINE
-                                     ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&t->mn[j][b]))
-                                     : _mm256_mul_ps(sc, _mm256_sub_ps(c, off));
-                for (int i = 0; i < mr; i++) acc[i][j][v & 1] = _mm256_fmadd_ps(xv[i], w, acc[i][j][v & 1]);
+                if (mode == Q8M_OFF16 || sh == 7) c[v] = _mm256_sub_ps(c[v], coff);
+            }
+            for (int i = 0; i < mr; i++) {
+                const float *xb = xr[i] + (size_t)QB * gb;
+                if (mode == Q8M_OFF16) {
+                    const __m256 sa = _mm256_broadcast_ss(&t->s[j][2 * b]),
+                                 sb = _mm256_broadcast_ss(&t->s[j][2 * b + 1]);
+                    acc[i][j][0] =
+                        _mm256_fmadd_ps(sa, _mm256_mul_ps(c[0], _mm256_loadu_ps(xb)), acc[i][j][0]);
+                    acc[i][j][1] =
+                        _mm256_fmadd_ps(sa, _mm256_mul_ps(c[1], _mm256_loadu_ps(xb + 8)), acc[i][j][1]);
+                    acc[i][j][0] =
+                        _mm256_fmadd_ps(sb, _mm256_mul_ps(c[2], _mm256_loadu_ps(xb + 16)), acc[i][j][0]);
+                    acc[i][j][1] =
+                        _mm256_fmadd_ps(sb, _mm256_mul_ps(c[3], _mm256_loadu_ps(xb + 24)), acc[i][j][1]);
+                } else {
+                    const __m256 sv = _mm256_broadcast_ss(&t->s[j][b]);
+                    const __m256 ta = _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xb + 16),
+                                                      _mm256_mul_ps(c[0], _mm256_loadu_ps(xb)));
+                    const __m256 tb = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xb + 24),
+                                                      _mm256_mul_ps(c[1], _mm256_loadu_ps(xb + 8)));
+                    acc[i][j][0] = _mm256_fmadd_ps(sv, ta, acc[i][j][0]);
+                    acc[i][j][1] = _mm256_fmadd_ps(sv, tb, acc[i][j][1]);
+                }
             }
         }
     }
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < NRQ; j++) {
-            _mm256_storeu_ps(a->acc + (i * NRQ + j) * 8, acc[i][j][0]);
-            _mm256_storeu_ps(a->macc + (i * NRQ + j) * 8, acc[i][j][1]);
-        }
+        for (int j = 0; j < NRQ; j++)
+            for (int h = 0; h < 2; h++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16 + 8 * h, acc[i][j][h]);
+    if (f32_uses_macc(mode, sh)) f32_macc_avx2(a, mr, mode, sh);
 }
 
 #define F32_CASE(mode, mr)                                                                                   \
@@ -866,17 +972,64 @@ __attribute__((target(T_AVX2))) static void f32_dot_avx2(const struct q8_dot *a,
         F32_CASE(Q8M_AFFINE, 1)
     }
 }
-/* AVX-512's 32 registers hold the sums of two x rows. */
+
+/* f32_dot_c's arithmetic with AVX-512: one 16-lane register per (x row, weight row) holds lanes A and B in
+ * the same order, so the sums are bitwise those of the 8-lane kernels, with half the instructions. */
+static inline __attribute__((always_inline, target(T_VNNI512))) void
+f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
+{
+    const struct q8_tile *t = a->t;
+    const float *xr[MRQ];
+    __m512 acc[MRQ][NRQ];
+    for (int i = 0; i < mr; i++) {
+        xr[i] = a->xf + (size_t)(a->i0 + i) * a->k;
+        for (int j = 0; j < NRQ; j++)
+            acc[i][j] = a->first ? _mm512_setzero_ps() : _mm512_loadu_ps(a->acc + (i * NRQ + j) * 16);
+    }
+    const __m512 coff = _mm512_set1_ps(f32_conv_off(mode, sh));
+    for (int b = 0; b < a->nb; b++) {
+        const int gb = a->b0 + b;
+        __m512 x0[MRQ], x1[MRQ];
+        for (int i = 0; i < mr; i++) {
+            x0[i] = _mm512_loadu_ps(xr[i] + QB * gb);
+            x1[i] = _mm512_loadu_ps(xr[i] + QB * gb + 16);
+        }
+        for (int j = 0; j < NRQ; j++) {
+            __m512 c0 =
+                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b))));
+            __m512 c1 = _mm512_cvtepi32_ps(
+                _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b + 16))));
+            if (mode == Q8M_OFF16 || sh == 7) c0 = _mm512_sub_ps(c0, coff), c1 = _mm512_sub_ps(c1, coff);
+            for (int i = 0; i < mr; i++) {
+                if (mode == Q8M_OFF16) {
+                    acc[i][j] =
+                        _mm512_fmadd_ps(_mm512_set1_ps(t->s[j][2 * b]), _mm512_mul_ps(c0, x0[i]), acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(t->s[j][2 * b + 1]), _mm512_mul_ps(c1, x1[i]),
+                                                acc[i][j]);
+                } else {
+                    const __m512 tt = _mm512_fmadd_ps(c1, x1[i], _mm512_mul_ps(c0, x0[i]));
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(t->s[j][b]), tt, acc[i][j]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm512_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+    if (f32_uses_macc(mode, sh)) f32_macc_avx2(a, mr, mode, sh);
+}
+
+#define F32_CASE512(mode, mr)                                                                                \
+    case (mode)*8 + (mr):                                                                                    \
+        f32_dot_body512(a, mr, mode, sh);                                                                    \
+        return;
+#define F32_CASES512(mode) F32_CASE512(mode, 1) F32_CASE512(mode, 2) F32_CASE512(mode, 3) F32_CASE512(mode, 4)
 __attribute__((target(T_VNNI512))) static void f32_dot_avx512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
     switch (mode * 8 + mr) {
-        F32_CASE(Q8M_OFF, 1)
-        F32_CASE(Q8M_OFF, 2)
-        F32_CASE(Q8M_OFF16, 1)
-        F32_CASE(Q8M_OFF16, 2)
-        F32_CASE(Q8M_AFFINE, 1)
-        F32_CASE(Q8M_AFFINE, 2)
+        F32_CASES512(Q8M_OFF)
+        F32_CASES512(Q8M_OFF16)
+        F32_CASES512(Q8M_AFFINE)
     }
 }
 #endif /* MM_X86 */
@@ -917,14 +1070,17 @@ struct q8_isa {
     q8_xrow_fn xrow;
     q8_dot_fn dot[KERN_CPU_ACT_COUNT];
     int mr[KERN_CPU_ACT_COUNT];
+    q8_f32_fn to_f32; /* f32 arithmetic past MR rows: codes to the f32 tile */
 };
 
 static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
-    [KERN_CPU_ISA_PORTABLE] = {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}},
+    [KERN_CPU_ISA_PORTABLE] = {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c},
 #ifdef MM_X86
-    [KERN_CPU_ISA_AVX2] = {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}},
-    [KERN_CPU_ISA_AVXVNNI] = {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}},
-    [KERN_CPU_ISA_AVX512VNNI] = {"avx512-vnni", 1, q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512}, {2, MRQ}},
+    [KERN_CPU_ISA_AVX2] = {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2},
+    [KERN_CPU_ISA_AVXVNNI] =
+        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2},
+    [KERN_CPU_ISA_AVX512VNNI] =
+        {"avx512-vnni", 1, q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512}, {MRQ, MRQ}, q8_to_f32_avx2},
 #endif
 };
 
@@ -1051,12 +1207,14 @@ static void q8x_task(void *arg, int t)
                 q->dx + (size_t)i * q->nbp, q->sxd + (size_t)i * q->nbp, q->nbp);
 }
 
-/* Quantizes x (m, k) into xq (scratch of the calling thread); k is a multiple of 32. */
-static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struct q8_isa *isa,
+/* Prepares x (m, k) in the calling thread's scratch: quantized (int8) or only its block sums (f32, in sxd);
+ * k is a multiple of 32. */
+static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struct q8_isa *isa, int int8,
                        struct tpool *tp)
 {
     const int nb = k / QB, nbp = (nb + 7) / 8 * 8;
-    const size_t qb = ((size_t)m * k + 63) / 64 * 64, n4b = (size_t)m * nb * 32, fb = (size_t)m * nbp * 4;
+    const size_t qb = int8 ? ((size_t)m * k + 63) / 64 * 64 : 0, n4b = int8 ? (size_t)m * nb * 32 : 0,
+                 fb = (size_t)m * nbp * 4;
     uint8_t *p = scratch_get(qb + n4b + 2 * fb);
     if (!p) return FERRY_ERR_NOMEM;
     *xq = (struct q8x){.q = (int8_t *)p,
@@ -1068,7 +1226,7 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
                        .nbp = nbp};
     /* Spread over the pool when there is enough to spread (prefill); decode's one row stays on the caller. */
     const int n_tasks = (int64_t)m * k >= (1 << 16) ? (m < tpool_size(tp) ? m : tpool_size(tp)) : 1;
-    struct q8x_job job = {.x = x, .xq = xq, .xrow = isa->xrow, .m = m, .n_tasks = n_tasks};
+    struct q8x_job job = {.x = x, .xq = xq, .xrow = int8 ? isa->xrow : sx_row_c, .m = m, .n_tasks = n_tasks};
     if (n_tasks > 1)
         tpool_run(tp, q8x_task, &job, n_tasks);
     else
@@ -1095,7 +1253,9 @@ struct mm_ctx {
     micro_fn micro;  /* the tile's kernel (f32) */
     /* quantized types */
     const struct q8_kind *qk; /* NULL for plain types */
-    const struct q8x *xq;     /* int8 arithmetic: x quantized; NULL: f32 arithmetic */
+    const struct q8x *xq;     /* x prepared for the arithmetic */
+    int int8;                 /* the int8 arithmetic (else f32) */
+    q8_f32_fn to_f32;         /* f32 arithmetic past MR rows: the plain tile, filled from decoded codes */
     q8_dec_fn dec;
     q8_dot_fn dot;
     int mrq;
@@ -1106,6 +1266,7 @@ static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
     const int m = c->m, k = c->k;
     float out[MR * NR];
     float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
+    struct q8_tile qt; /* quantized types: one decoded row */
     const micro_fn mk = c->stream ? c->stream : c->micro;
     for (int k0 = 0; k0 < k; k0 += c->kc) {
         const int kc = k - k0 < c->kc ? k - k0 : c->kc;
@@ -1115,9 +1276,16 @@ static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
             ptrdiff_t ldw;
             if (!c->stream) {
                 const int stride = kc + TILE_PAD;
-                for (int j = 0; j < nr; j++)
-                    plain_to_f32(c->w + (size_t)(j0 + j) * c->row_bytes, k0, kc, tile + (size_t)j * stride,
-                                 c->kind);
+                for (int j = 0; j < nr; j++) {
+                    const uint8_t *wr = c->w + (size_t)(j0 + j) * c->row_bytes;
+                    if (c->to_f32) { /* a quantized type: decode, then codes to f32 */
+                        c->dec(wr, k0, kc, qt.u[0], qt.s[0], qt.mn[0]);
+                        c->to_f32(qt.u[0], qt.s[0], qt.mn[0], kc, c->qk->mode, c->qk->sh,
+                                  tile + (size_t)j * stride);
+                    } else {
+                        plain_to_f32(wr, k0, kc, tile + (size_t)j * stride, c->kind);
+                    }
+                }
                 wp = tile;
                 ldw = (ptrdiff_t)stride * 4;
             } else {
@@ -1149,7 +1317,7 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
 {
     const int m = c->m, k = c->k, affine = c->qk->mode == Q8M_AFFINE;
     struct q8_tile tile;
-    float accb[MBQ * NRQ * 8], maccb[MBQ * NRQ * 8];
+    float accb[MBQ * NRQ * 16], maccb[MBQ * NRQ * 8];
     memset(&tile, 0, sizeof tile);
     const int bs = dtype_block_size(c->wt);
     const size_t bsz = dtype_type_size(c->wt);
@@ -1171,8 +1339,10 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                         for (size_t o = 0; o < len; o += 64)
                             prefetch_l2(wr + PF_AHEAD * c->row_bytes + off + o);
                     c->dec(wr, c0, kc, tile.u[j], tile.s[j], tile.mn[j]);
-                    if (affine)
-                        for (int b = nbc; b % 8; b++) tile.mn[j][b] = 0.0f;
+                    /* whole groups of 8 blocks are read by the per-block terms: zeros past the chunk */
+                    for (int b = nbc; b % 8; b++) tile.mn[j][b] = 0.0f;
+                    if (c->qk->mode == Q8M_OFF)
+                        for (int b = nbc; b % 8; b++) tile.s[j][b] = 0.0f;
                 }
                 for (int i0 = 0; i0 < mb; i0 += c->mrq) {
                     const int mr = mb - i0 < c->mrq ? mb - i0 : c->mrq;
@@ -1183,7 +1353,7 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                                              .t = &tile,
                                              .b0 = c0 / QB,
                                              .nb = nbc,
-                                             .acc = accb + (size_t)i0 * NRQ * 8,
+                                             .acc = accb + (size_t)i0 * NRQ * 16,
                                              .macc = maccb + (size_t)i0 * NRQ * 8,
                                              .first = c0 == 0};
                     c->dot(&d, mr, c->qk->mode, c->qk->sh);
@@ -1191,14 +1361,17 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
             }
             for (int i = 0; i < mb; i++)
                 for (int j = 0; j < nr; j++) {
-                    const float *av = accb + ((size_t)i * NRQ + j) * 8,
+                    const float *av = accb + ((size_t)i * NRQ + j) * 16,
                                 *mv = maccb + ((size_t)i * NRQ + j) * 8;
-                    float s8[8];
-                    if (!c->xq) /* f32 arithmetic: the two sets of lanes */
-                        for (int l = 0; l < 8; l++) s8[l] = av[l] + mv[l];
-                    c->y[(size_t)(i0m + i) * c->n + j0 + j] = !c->xq   ? hsum8(s8)
-                                                              : affine ? hsum8(av) + hsum8(mv)
-                                                                       : hsum8(av);
+                    float v;
+                    if (c->int8) {
+                        v = affine ? hsum8(av) + hsum8(mv) : hsum8(av);
+                    } else { /* the two sets of 8 lanes, then the per-block terms */
+                        float s8[8];
+                        for (int l = 0; l < 8; l++) s8[l] = av[l] + av[8 + l];
+                        v = f32_uses_macc(c->qk->mode, c->qk->sh) ? hsum8(s8) + hsum8(mv) : hsum8(s8);
+                    }
+                    c->y[(size_t)(i0m + i) * c->n + j0 + j] = v;
                 }
         }
     }
@@ -1212,7 +1385,7 @@ static void mm_task(void *arg, int t)
               g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
-    if (c->qk)
+    if (c->qk && !c->to_f32)
         q8_task(c, j_lo, j_hi);
     else
         plain_task(c, j_lo, j_hi);
@@ -1249,14 +1422,19 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
                          .n_threads = tpool_size(tp)};
-    if (is_quantized(wt)) {
+    const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
+    if (quant) {
         c->qk = &q8_kinds[wt];
         c->xq = xq;
         c->dec = c->qk->dec[isa->avx2 && c->qk->dec[1] ? 1 : 0];
-        const int act = xq ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32;
+        c->int8 = act == KERN_CPU_ACT_INT8;
         c->dot = isa->dot[act];
         c->mrq = isa->mr[act];
-    } else {
+        /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
+         * factored kernel takes three) */
+        if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
+    }
+    if (!quant || c->to_f32) {
         static const micro_fn micros[3] = {micro_f32, micro_f16, micro_bf16};
         c->kind = wt == DTYPE_F32 ? WK_F32 : wt == DTYPE_F16 ? WK_F16 : WK_BF16;
         c->micro = micro_f32;
@@ -1266,7 +1444,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         kc = kc / 256 * 256;
         if (kc < 256) kc = 256;
         if (kc > KC_MAX) kc = KC_MAX;
-        if (m <= MR) {
+        if (m <= MR && !quant) {
             c->stream = micros[c->kind];
             kc = k;
         }
@@ -1309,18 +1487,15 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     }
     const struct q8_isa *isa = &q8_isas[kern_cpu_isa_current()];
     struct q8x xq = {0};
-    const struct q8x *xqp = NULL;
-    if (quantized && kern_cpu_matmul_act() == KERN_CPU_ACT_INT8) {
-        /* every quantized type's k is a multiple of 32: one x for all jobs */
-        int st = q8x_prepare(&xq, x, m, k, isa, tp);
+    if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
+        int st = q8x_prepare(&xq, x, m, k, isa, kern_cpu_matmul_act() == KERN_CPU_ACT_INT8, tp);
         if (st) return st;
-        xqp = &xq;
     }
     struct mm_multi mm;
     mm.first[0] = 0;
     for (int j = 0; j < n_jobs; j++)
         mm.first[j + 1] = mm.first[j] + mm_prepare(&mm.c[j], jobs[j].y, x, jobs[j].w, jobs[j].wt,
-                                                   jobs[j].bias, m, jobs[j].n, k, tp, xqp, isa);
+                                                   jobs[j].bias, m, jobs[j].n, k, tp, &xq, isa);
     if (n_jobs == 1)
         tpool_run(tp, mm_task, &mm.c[0], mm.first[1]);
     else

@@ -7,8 +7,8 @@
  * per product to int8 blocks of 32 (one f32 scale each) and take integer dot products, as llama.cpp does:
  * |y - exact| <= Σ_blocks (max|x_block| / 254)·Σ|w_block| + f32 rounding (matmul.c's first comment).
  * Work is split over output rows with the thread pool. Results are bitwise the same whatever the pool size;
- * for quantized types also whatever m (a row of a batch equals the row alone) and whatever instruction set
- * runs them (kern_cpu_isa).
+ * for quantized types also whatever instruction set runs them (kern_cpu_isa), and with the int8 arithmetic
+ * whatever m (a row of a batch equals the row alone).
  */
 #ifndef FERRY_KERN_CPU_MATMUL_H
 #define FERRY_KERN_CPU_MATMUL_H
