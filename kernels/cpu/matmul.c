@@ -84,11 +84,12 @@ typedef float vfu __attribute__((vector_size(VL * 4), aligned(4)));    /* unalig
 typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2))); /* unaligned 16-bit load */
 typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 
-#define MR         4            /* rows of x per micro-kernel call; up to MR rows stream (no tile) */
-#define NR         4            /* rows of W per group (tile rows; the partition's unit for every type) */
-#define KC_MAX     1024         /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
-#define TILE_PAD   16           /* floats added to the tile's row stride */
-#define X_L2_BYTES (512 * 1024) /* budget for the (m, KC) slice of x */
+#define MR           4    /* rows of x per micro-kernel call */
+#define STREAM_M_MAX 16   /* up to this many rows of x, plain rows stream whole (no tile), MR rows per pass */
+#define NR           4    /* rows of W per group (tile rows; the partition's unit for every type) */
+#define KC_MAX       1024 /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
+#define TILE_PAD     16   /* floats added to the tile's row stride */
+#define X_L2_BYTES   (512 * 1024) /* budget for the (m, KC) slice of x */
 
 /* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand). */
 #if defined(__x86_64__) && defined(__AVX512F__)
@@ -1444,7 +1445,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         kc = kc / 256 * 256;
         if (kc < 256) kc = 256;
         if (kc > KC_MAX) kc = KC_MAX;
-        if (m <= MR && !quant) {
+        if (m <= STREAM_M_MAX && !quant) {
             c->stream = micros[c->kind];
             kc = k;
         }
