@@ -304,9 +304,10 @@ struct q8_dot {
     const struct q8x *x; /* x prepared: quantized (int8 arithmetic) or its block sums only (f32) */
     const float *xf;     /* x (m, k) itself (f32 arithmetic) */
     int i0;
-    const struct q8_tile *t;
-    int k;      /* columns of x */
-    int b0, nb; /* the chunk's first block within the row, and its block count */
+    struct q8_tile *t;      /* direct kernels write the blocks' scales into it as they go */
+    const uint8_t *row[NR]; /* direct kernels: the weight rows, read in place */
+    int k;                  /* columns of x */
+    int b0, nb;             /* the chunk's first block within the row, and its block count */
     float *acc, *macc;
     int first;
 };
@@ -974,12 +975,47 @@ __attribute__((target(T_AVX2))) static void f32_dot_avx2(const struct q8_dot *a,
     }
 }
 
+/* The 32-element types' codes as f32, straight from the weights (AVX-512): the values the tile path converts
+ * (Q8_0's code - 128 is its int8 quant), the block's scale and, with a minimum, the minimum. */
+typedef void (*src512_fn)(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn);
+#define AI_512 __attribute__((always_inline, target(T_VNNI512)))
+static inline AI_512 void src512_q8_0(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn)
+{
+    (void)mn;
+    const uint8_t *bl = row + 34 * (size_t)b;
+    uint16_t d;
+    memcpy(&d, bl, 2);
+    *s = _cvtsh_ss(d);
+    *c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bl + 2))));
+    *c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bl + 18))));
+}
+static inline AI_512 void src512_q4(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn,
+                                    size_t bsz, int qoff, int with_min)
+{
+    const uint8_t *bl = row + bsz * (size_t)b;
+    uint16_t h[2];
+    memcpy(h, bl, 4);
+    *s = _cvtsh_ss(h[0]);
+    if (with_min) *mn = _cvtsh_ss(h[1]);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bl + qoff)));
+    const __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+    *c0 = _mm512_cvtepi32_ps(lo);
+    *c1 = _mm512_cvtepi32_ps(hi);
+}
+static inline AI_512 void src512_q4_0(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn)
+{
+    src512_q4(row, b, c0, c1, s, mn, sizeof(struct block_q4_0), 2, 0);
+}
+static inline AI_512 void src512_q4_1(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn)
+{
+    src512_q4(row, b, c0, c1, s, mn, sizeof(struct block_q4_1), 4, 1);
+}
 /* f32_dot_c's arithmetic with AVX-512: one 16-lane register per (x row, weight row) holds lanes A and B in
  * the same order, so the sums are bitwise those of the 8-lane kernels, with half the instructions. */
 static inline __attribute__((always_inline, target(T_VNNI512))) void
-f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
+f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh, src512_fn src)
 {
-    const struct q8_tile *t = a->t;
+    struct q8_tile *t = a->t;
     const float *xr[MRQ];
     __m512 acc[MRQ][NRQ];
     for (int i = 0; i < mr; i++) {
@@ -996,11 +1032,16 @@ f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, i
             x1[i] = _mm512_loadu_ps(xr[i] + QB * gb + 16);
         }
         for (int j = 0; j < NRQ; j++) {
-            __m512 c0 =
-                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b))));
-            __m512 c1 = _mm512_cvtepi32_ps(
-                _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b + 16))));
-            if (mode == Q8M_OFF16 || sh == 7) c0 = _mm512_sub_ps(c0, coff), c1 = _mm512_sub_ps(c1, coff);
+            __m512 c0, c1;
+            if (src) { /* the same values straight from the weight row; its scale (and minimum) to the tile */
+                src(a->row[j], gb, &c0, &c1, &t->s[j][b], &t->mn[j][b]);
+            } else {
+                c0 = _mm512_cvtepi32_ps(
+                    _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b))));
+                c1 = _mm512_cvtepi32_ps(
+                    _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b + 16))));
+                if (mode == Q8M_OFF16 || sh == 7) c0 = _mm512_sub_ps(c0, coff), c1 = _mm512_sub_ps(c1, coff);
+            }
             for (int i = 0; i < mr; i++) {
                 if (mode == Q8M_OFF16) {
                     acc[i][j] =
@@ -1021,7 +1062,7 @@ f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, i
 
 #define F32_CASE512(mode, mr)                                                                                \
     case (mode)*8 + (mr):                                                                                    \
-        f32_dot_body512(a, mr, mode, sh);                                                                    \
+        f32_dot_body512(a, mr, mode, sh, NULL);                                                              \
         return;
 #define F32_CASES512(mode) F32_CASE512(mode, 1) F32_CASE512(mode, 2) F32_CASE512(mode, 3) F32_CASE512(mode, 4)
 __attribute__((target(T_VNNI512))) static void f32_dot_avx512(const struct q8_dot *a, int mr,
@@ -1033,6 +1074,28 @@ __attribute__((target(T_VNNI512))) static void f32_dot_avx512(const struct q8_do
         F32_CASES512(Q8M_AFFINE)
     }
 }
+
+/* f32 arithmetic, 32-element types, m <= MR on AVX-512: codes read in place (no decode pass, no tile). */
+#define DIR_CASE(n, mode, type)                                                                              \
+    case n:                                                                                                  \
+        f32_dot_body512(a, n, mode, sh, src512_##type);                                                      \
+        return;
+#define DIR_FN(type, mode)                                                                                   \
+    __attribute__((target(T_VNNI512))) static void dir512_##type(const struct q8_dot *a, int mr,             \
+                                                                 enum q8_mode m_, int sh)                    \
+    {                                                                                                        \
+        (void)m_;                                                                                            \
+        switch (mr) {                                                                                        \
+            DIR_CASE(1, mode, type) DIR_CASE(2, mode, type) DIR_CASE(3, mode, type) DIR_CASE(4, mode, type)  \
+        }                                                                                                    \
+    }
+DIR_FN(q8_0, Q8M_OFF)
+DIR_FN(q4_0, Q8M_OFF)
+DIR_FN(q4_1, Q8M_AFFINE)
+/* Q5_0/Q5_1 stay on the tile: their fifth bits by variable shifts made them slower in place (hot L2, m=1:
+ * 6.0-6.8 GB/s against 8.6-9.2 through the tile). */
+static const q8_dot_fn dir512[DTYPE_COUNT] = {
+    [DTYPE_Q8_0] = dir512_q8_0, [DTYPE_Q4_0] = dir512_q4_0, [DTYPE_Q4_1] = dir512_q4_1};
 #endif /* MM_X86 */
 
 /* ---- the types and the instruction sets ------------------------------------------------------------------
@@ -1071,17 +1134,25 @@ struct q8_isa {
     q8_xrow_fn xrow;
     q8_dot_fn dot[KERN_CPU_ACT_COUNT];
     int mr[KERN_CPU_ACT_COUNT];
-    q8_f32_fn to_f32; /* f32 arithmetic past MR rows: codes to the f32 tile */
+    q8_f32_fn to_f32;        /* f32 arithmetic past MR rows: codes to the f32 tile */
+    const q8_dot_fn *direct; /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
 };
 
 static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
-    [KERN_CPU_ISA_PORTABLE] = {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c},
+    [KERN_CPU_ISA_PORTABLE] =
+        {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL},
 #ifdef MM_X86
-    [KERN_CPU_ISA_AVX2] = {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2},
+    [KERN_CPU_ISA_AVX2] =
+        {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL},
     [KERN_CPU_ISA_AVXVNNI] =
-        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2},
-    [KERN_CPU_ISA_AVX512VNNI] =
-        {"avx512-vnni", 1, q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512}, {MRQ, MRQ}, q8_to_f32_avx2},
+        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL},
+    [KERN_CPU_ISA_AVX512VNNI] = {"avx512-vnni",
+                                 1,
+                                 q8x_row_avx2,
+                                 {f32_dot_avx512, q8_dot_vnni512},
+                                 {MRQ, MRQ},
+                                 q8_to_f32_avx2,
+                                 dir512},
 #endif
 };
 
@@ -1259,6 +1330,7 @@ struct mm_ctx {
     q8_f32_fn to_f32;         /* f32 arithmetic past MR rows: the plain tile, filled from decoded codes */
     q8_dec_fn dec;
     q8_dot_fn dot;
+    q8_dot_fn direct; /* reads codes in place (no tile), or NULL */
     int mrq;
 };
 
@@ -1329,8 +1401,11 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
             for (int c0 = 0; c0 < k; c0 += KCQ) {
                 const int kc = k - c0 < KCQ ? k - c0 : KCQ, nbc = kc / QB;
                 const size_t off = (size_t)(c0 / bs) * bsz, len = (size_t)(kc / bs) * bsz;
+                const uint8_t *rows[NRQ];
                 for (int j = 0; j < NRQ; j++) {
-                    if (j >= nr) { /* past the range: contributes zeros */
+                    rows[j] =
+                        c->w + (size_t)(j0 + (j < nr ? j : 0)) * c->row_bytes; /* past the range: again */
+                    if (j >= nr && !c->direct) { /* past the range: contributes zeros */
                         memset(tile.s[j], 0, sizeof tile.s[j]);
                         memset(tile.mn[j], 0, sizeof tile.mn[j]);
                         continue;
@@ -1339,7 +1414,7 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                     if (j0 + j + PF_AHEAD < j_hi)
                         for (size_t o = 0; o < len; o += 64)
                             prefetch_l2(wr + PF_AHEAD * c->row_bytes + off + o);
-                    c->dec(wr, c0, kc, tile.u[j], tile.s[j], tile.mn[j]);
+                    if (!c->direct) c->dec(wr, c0, kc, tile.u[j], tile.s[j], tile.mn[j]);
                     /* whole groups of 8 blocks are read by the per-block terms: zeros past the chunk */
                     for (int b = nbc; b % 8; b++) tile.mn[j][b] = 0.0f;
                     if (c->qk->mode == Q8M_OFF)
@@ -1347,17 +1422,18 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                 }
                 for (int i0 = 0; i0 < mb; i0 += c->mrq) {
                     const int mr = mb - i0 < c->mrq ? mb - i0 : c->mrq;
-                    const struct q8_dot d = {.x = c->xq,
-                                             .xf = c->x,
-                                             .k = k,
-                                             .i0 = i0m + i0,
-                                             .t = &tile,
-                                             .b0 = c0 / QB,
-                                             .nb = nbc,
-                                             .acc = accb + (size_t)i0 * NRQ * 16,
-                                             .macc = maccb + (size_t)i0 * NRQ * 8,
-                                             .first = c0 == 0};
-                    c->dot(&d, mr, c->qk->mode, c->qk->sh);
+                    struct q8_dot d = {.x = c->xq,
+                                       .xf = c->x,
+                                       .k = k,
+                                       .i0 = i0m + i0,
+                                       .t = &tile,
+                                       .b0 = c0 / QB,
+                                       .nb = nbc,
+                                       .acc = accb + (size_t)i0 * NRQ * 16,
+                                       .macc = maccb + (size_t)i0 * NRQ * 8,
+                                       .first = c0 == 0};
+                    memcpy(d.row, rows, sizeof rows);
+                    (c->direct ? c->direct : c->dot)(&d, mr, c->qk->mode, c->qk->sh);
                 }
             }
             for (int i = 0; i < mb; i++)
@@ -1431,6 +1507,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->int8 = act == KERN_CPU_ACT_INT8;
         c->dot = isa->dot[act];
         c->mrq = isa->mr[act];
+        if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
         if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
