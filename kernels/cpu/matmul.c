@@ -2,17 +2,18 @@
  *
  * Work: the n output rows are cut into contiguous ranges of whole groups of 4 rows, one range per pool task.
  * The arithmetic depends on W's type only:
- *  - Plain types (F32, F16, BF16): f32 products and sums. For m <= MR rows stream from memory once, whole,
- *    converted in registers; for larger m, k is walked in chunks of KC columns and each group's (NR, KC)
- *    slice is converted once into an f32 tile (L1) that an MR x NR register-blocked micro-kernel multiplies
- *    by all m rows of x.
+ *  - Plain types (F32, F16, BF16): f32 products and sums. For m <= STREAM_M_MAX (16) rows stream whole,
+ *    converted in registers, MR rows of x per pass (the later passes find the 4 rows in L1/L2); for larger m,
+ *    k is walked in chunks of KC columns and each group's (NR, KC) slice is converted once into an f32 tile
+ *    (L1) that an MR x NR register-blocked micro-kernel multiplies by all m rows of x.
  *  - Quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): every weight block is decoded once per
  *    chunk of KCQ columns into a small tile of codes (u8, value = code - offset), scales and minimums
  *    (q8_tile), reused for all m rows of x (register blocks of 1-4 rows). Two arithmetics
  *    (kern_cpu_matmul_set_act):
  *    f32 (the default): for m <= MR, per block t = Σ code·x in f32 and acc += s·t (the scale once per block;
- *    offsets and minimums through the blocks' sums of x, f32_dot_c); past MR rows, the codes go back to f32
- *    weights (w = s·(code - offset), or fma(s, code, minimum)) in the plain types' tile and its micro-kernel.
+ *    offsets and minimums through the blocks' sums of x, f32_dot_c; with AVX-512, Q8_0/Q4_0/Q4_1 codes are
+ *    read in place from the weights, no tile); past MR rows, the codes go back to f32 weights
+ *    (w = s·(code - offset), or fma(s, code, minimum)) in the plain types' tile and its micro-kernel.
  *    int8: x is quantized once per product to int8 blocks of 32 (q8x: x̂ = dx·q, dx = max|x|/127,
  *    q = x·127/max|x| rounded to nearest even). Per block and (x row, weight row): the integer dot product
  *    Σ code·q in 8 int32 lanes (lane l: elements 4l..4l+3; vpdpbusd with AVX512-VNNI or AVX-VNNI, pmaddubsw +

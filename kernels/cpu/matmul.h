@@ -43,7 +43,7 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
 enum kern_cpu_act {
     KERN_CPU_ACT_F32,  /* x in f32 times the dequantized weights, f32 sums (the default) */
     KERN_CPU_ACT_INT8, /* x quantized to int8 blocks of 32, integer dot products: llama.cpp's arithmetic,
-                        * 1.5-3x less work per weight byte; adds x's rounding to the error (see above) */
+                        * 1.2-1.7x the f32 rate (kernels/cpu/NOTES.md); adds x's rounding to the error */
     KERN_CPU_ACT_COUNT,
 };
 /* Sets the arithmetic of later products (not while products run). The build's default is
