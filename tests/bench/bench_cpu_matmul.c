@@ -1,10 +1,11 @@
 /* bench_cpu_matmul — weight-read rate of kern_cpu_matmul per stored type and batch size (not a test).
  *
- * For each thread count, first the ceiling: a plain streaming read (vector sums) of a 256 MiB buffer with the
- * same pool. Then for each type and m (rows of x), y (m, n) = x (m, k) · Wᵀ, best of a few timed calls after
- * a warm-up: ms per call, GB/s of weight bytes (n * row_bytes per call), that rate as a share of the ceiling,
- * GFLOP/s, and t/t1, the call's time over the m = 1 call's (16 single-token steps cost 16). Each call reads
- * a different copy of the weight from a rotation of at least 512 MiB, so no call finds its weight in cache.
+ * For each thread count, first the ceiling: a streaming read (vector sums, 4 streams per thread, with and
+ * without software prefetch, the better) of a 256 MiB buffer with the same pool. Then for each type and m
+ * (rows of x), y (m, n) = x (m, k) · Wᵀ, best of a few timed calls after a warm-up: ms per call, GB/s of
+ * weight bytes (n * row_bytes per call), that rate as a share of the ceiling, GFLOP/s, and t/t1, the call's
+ * time over the first m's call (m = 1: 16 single-token steps cost 16). Each call reads a different copy of
+ * the weight from a rotation of at least 512 MiB, so no call finds its weight in cache.
  * --hot uses one copy (weights from cache: the kernel's compute rate; with -t 1 and a small n, the run to
  * give valgrind --tool=callgrind for instruction counts per weight byte).
  *
@@ -58,6 +59,7 @@ struct bw_ctx {
     const float *a;
     int64_t n;
     int n_threads;
+    int prefetch; /* also ask for the lines 4 KiB ahead of each stream (into L2), as the kernels do */
     float sink[256];
 };
 
@@ -75,6 +77,10 @@ static void bw_task(void *arg, int t)
     for (int64_t b = lo; b < hi; b += piece) {
         const float *p0 = c->a + b, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
         for (int64_t i = 0; i < q; i += 8) {
+            if (c->prefetch && (i & 15) == 0) {
+                __builtin_prefetch(p0 + i + 1024, 0, 2), __builtin_prefetch(p1 + i + 1024, 0, 2);
+                __builtin_prefetch(p2 + i + 1024, 0, 2), __builtin_prefetch(p3 + i + 1024, 0, 2);
+            }
             s0 += *(const v8f *)(p0 + i);
             s1 += *(const v8f *)(p1 + i);
             s2 += *(const v8f *)(p2 + i);
@@ -85,7 +91,7 @@ static void bw_task(void *arg, int t)
     c->sink[t & 255] = s[0] + s[7];
 }
 
-/* Best-of-7 streaming read rate in GB/s. */
+/* Best-of-7 streaming read rate in GB/s, the better of plain loads and loads with software prefetch. */
 static double read_bandwidth(struct tpool *tp)
 {
     const int64_t n = 64ll << 20; /* 256 MiB of f32 */
@@ -94,7 +100,8 @@ static double read_bandwidth(struct tpool *tp)
     for (int64_t i = 0; i < n; i++) a[i] = (float)(i & 7);
     struct bw_ctx c = {.a = a, .n = n, .n_threads = tpool_size(tp)};
     double best = 1e9;
-    for (int r = 0; r < 7; r++) {
+    for (int r = 0; r < 14; r++) {
+        c.prefetch = r & 1;
         const double t0 = now_s();
         tpool_run(tp, bw_task, &c, c.n_threads);
         const double dt = now_s() - t0;
