@@ -1,35 +1,75 @@
-/* matmul — y (m, n) = x (m, k) · Wᵀ (+ bias) with W (n, k) in its stored type, f32 accumulation.
+/* matmul — y (m, n) = x (m, k) · Wᵀ (+ bias) with W (n, k) in its stored type.
  *
- * Work: the n output rows are cut into contiguous ranges, one per pool thread (a static partition), walked in
- * groups of NR rows. Two regimes:
- *  - m > 2 (prefill, batches): k is walked in chunks of KC columns (the (m, KC) slice of x stays in L2); each
- *    group's (NR, KC) slice of W is dequantized/converted once into a small padded f32 stack tile (L1) and
- *    multiplied against all m rows of x, MR at a time, by a register-blocked MR x NR micro-kernel.
- *  - m <= 2 (decode): rows stream from memory once, decoded in registers (F16/BF16 conversion, block
- *    decoding of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, and of Q4_K/Q5_K/Q6_K with scales unpacked once per sub-block),
- *    whole rows. With AVX2 (or AVX-512) the quantized types have hand-written kernels (avx_q, avx512_q4,
- *    avx_q4k, avx_q6k): per block t = Σ q·x in f32, the scale applied once per block, affine parts (Q4_1/Q5_1
- *    m, Q4_0's -8, Q5_0's -16, Q4_K/Q5_K mins) through per-block sums of x; the Q5 fifth bits are shifted
- *    into place with variable shifts; the 32-element types take this path up to DIRECT_M_MAX rows of x.
- *    The weight rows are prefetched PF_AHEAD rows ahead into L2. Timings in kernels/cpu/NOTES.md.
- * Which kernels a type has is one table, cpu_wkernels, indexed by dtype (quant/dtype.h describes the types);
- * a type without an entry goes through the tile (quant's to_f32) at every m.
- * Every output element is the same sequence of f32 operations whatever the pool size (vector lanes are
- * reduced in a fixed order, chunk partial sums are added in k order, and the path depends only on m and the
- * dtype), so results are deterministic and even independent of the thread count.
+ * Work: the n output rows are cut into contiguous ranges of whole groups of 4 rows, one range per pool task.
+ * The arithmetic depends on W's type only:
+ *  - Plain types (F32, F16, BF16): f32 products and sums. For m <= STREAM_M_MAX (16) rows stream whole,
+ *    converted in registers, MR rows of x per pass (the later passes find the 4 rows in L1/L2); for larger m,
+ *    k is walked in chunks of KC columns and each group's (NR, KC) slice is converted once into an f32 tile
+ *    (L1) that an MR x NR register-blocked micro-kernel multiplies by all m rows of x.
+ *  - Quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): every weight block is decoded once per
+ *    chunk of KCQ columns into a small tile of codes (u8, value = code - offset), scales and minimums
+ *    (q8_tile), reused for all m rows of x (register blocks of 1-4 rows). Two arithmetics
+ *    (kern_cpu_matmul_set_act):
+ *    f32 (the default): for m <= MR, per block t = Σ code·x in f32 and acc += s·t (the scale once per block;
+ *    offsets and minimums through the blocks' sums of x, f32_dot_c; with AVX-512, Q8_0/Q4_0/Q4_1 codes are
+ *    read in place from the weights, no tile); past MR rows, the codes go back to f32 weights
+ *    (w = s·(code - offset), or fma(s, code, minimum)) in the plain types' tile and its micro-kernel.
+ *    int8: x is quantized once per product to int8 blocks of 32 (q8x: x̂ = dx·q, dx = max|x|/127,
+ *    q = x·127/max|x| rounded to nearest even). Per block and (x row, weight row): the integer dot product
+ *    Σ code·q in 8 int32 lanes (lane l: elements 4l..4l+3; vpdpbusd with AVX512-VNNI or AVX-VNNI, pmaddubsw +
+ *    pmaddwd with AVX2, plain C elsewhere; the offset enters exactly through the lanes' sums of q), converted
+ *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
+ *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
+ *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
+ *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
+ *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
+ * Determinism: every output element is the same sequence of f32 operations whatever the pool size (lanes
+ * reduce in a fixed order, chunks add in k order, a row's arithmetic does not depend on the partition).
+ * For the quantized types it is moreover the same whatever the instruction set (integer sums are exact, the
+ * f32 steps and their lanes are the same), and with the int8 arithmetic whatever m (row i of a batch is
+ * bitwise the product of that row alone).
+ * Timings and history: kernels/cpu/NOTES.md.
  */
 #include "kernels/cpu/matmul.h"
 
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/core/status.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/blocks.h"
 #include "quant/fp16.h"
 
 /* Vector-returning static helpers are never called across an ABI boundary. */
 #pragma GCC diagnostic ignored "-Wpsabi"
-#include "kernels/core/status.h"
-#include "kernels/cpu/threadpool.h"
-#include "quant/blocks.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MM_X86 1
+#endif
+
+/* Software prefetch of the weight rows PF_AHEAD rows (two groups) ahead, into L2: decode reads short rows
+ * (k = 576: 360 bytes of Q4_1) four at a time, which the hardware prefetchers follow poorly; an L1 prefetch
+ * would hold one of the few L1 miss buffers for the whole DRAM latency (kernels/cpu/NOTES.md, changes 4, 7).
+ */
+#define PF_AHEAD 8
+static inline void prefetch_l2(const void *p)
+{
+    __builtin_prefetch(p, 0, 2);
+}
+
+/* Lanes of 8 f32 summed in one fixed pairwise order. */
+static inline float hsum8(const float *s)
+{
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* ==== Plain types: f32 arithmetic ========================================================================
+ */
 
 /* Vector length in floats: one register of the widest ISA the build targets. */
 #if defined(__AVX512F__)
@@ -45,22 +85,14 @@ typedef float vfu __attribute__((vector_size(VL * 4), aligned(4)));    /* unalig
 typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2))); /* unaligned 16-bit load */
 typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 
-#define MR         4            /* rows of x per micro-kernel call */
-#define NR         4            /* rows of W per tile */
-#define KC_MAX     1024         /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
-#define TILE_PAD   16           /* floats added to the tile's row stride */
-#define X_L2_BYTES (512 * 1024) /* budget for the (m, KC) slice of x */
-/* Software prefetch for m <= 2, PF_AHEAD weight rows ahead of the row being read (two groups of NR): decode
- * reads short rows (k = 576: 360 bytes of Q4_1) four at a time, which the hardware prefetchers follow
- * poorly. SmolLM2-135M Q4_1 decode step 8.1-8.8 -> 5.4-6.1 ms (see kernels/cpu/NOTES.md). */
-#define PF_AHEAD 8
-/* Into L2 only: a T0 prefetch holds one of the few L1 miss buffers for the whole DRAM latency, which
- * capped Q8_0 at ~14 GB/s from DRAM with 2 threads (22-25 GB/s with T1; decode step 5.5-5.8 -> 4.8-5.3 ms).
- */
-#define PF_HINT _MM_HINT_T1
+#define MR           4    /* rows of x per micro-kernel call */
+#define STREAM_M_MAX 16   /* up to this many rows of x, plain rows stream whole (no tile), MR rows per pass */
+#define NR           4    /* rows of W per group (tile rows; the partition's unit for every type) */
+#define KC_MAX       1024 /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
+#define TILE_PAD     16   /* floats added to the tile's row stride */
+#define X_L2_BYTES   (512 * 1024) /* budget for the (m, KC) slice of x */
 
-/* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand, or byte by
- * byte). */
+/* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand). */
 #if defined(__x86_64__) && defined(__AVX512F__)
 #define IN_REG(v) __asm__("" : "+v"(v))
 #elif defined(__x86_64__) && defined(__AVX__)
@@ -69,28 +101,9 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define IN_REG(v) ((void)0)
 #endif
 
-/* How the micro-kernel reads W: plain types convert in registers; the quantized kinds decode VL elements of a
- * block row in registers (used for m <= 2, where a dequantized tile would never be reused; K-quants have
- * their own loops below). */
-enum wkind { WK_F32, WK_F16, WK_BF16, WK_Q8_0, WK_Q4_0, WK_Q4_1, WK_Q5_0, WK_Q5_1 };
+enum wkind { WK_F32, WK_F16, WK_BF16 };
 
-typedef uint8_t vu8 __attribute__((vector_size(VL), aligned(1)));
-typedef int32_t vi32 __attribute__((vector_size(VL * 4)));
-
-static inline vf vf_from_u8(vu8 q)
-{
-    return __builtin_convertvector(__builtin_convertvector(q, vi32), vf);
-}
-
-/* 16 * bit l of bits, in lane l (the fifth bits of VL consecutive Q5_0/Q5_1 elements). */
-static inline vf fifth_bits(uint32_t bits)
-{
-    vu32 lane;
-    for (int l = 0; l < VL; l++) lane[l] = (uint32_t)l;
-    return __builtin_convertvector(((vu32){0} + bits) >> lane & 1, vf) * 16.0f;
-}
-
-/* VL elements of row w starting at element c (a multiple of VL). */
+/* VL elements of row w starting at element c. */
 static inline vf load_w(const void *w, ptrdiff_t c, enum wkind kind)
 {
     switch (kind) {
@@ -111,50 +124,11 @@ static inline vf load_w(const void *w, ptrdiff_t c, enum wkind kind)
         return r;
 #endif
     }
-    case WK_Q8_0: {
-        const struct block_q8_0 *b = (const struct block_q8_0 *)w + c / QK8_0;
-        /* GCC 12 scalarizes a direct i8 -> i32 conversion of a loaded vector: load into a register first,
-         * widen as unsigned and sign-extend with an xor/sub. */
-        vu8 raw;
-        memcpy(&raw, b->qs + c % QK8_0, sizeof raw);
-        IN_REG(raw);
-        const vi32 q = __builtin_convertvector(raw, vi32);
-        return f16_to_f32(b->d) * __builtin_convertvector((q ^ 128) - 128, vf);
-    }
-    case WK_Q4_0: {
-        const struct block_q4_0 *b = (const struct block_q4_0 *)w + c / QK4_0;
-        const int o = (int)(c % QK4_0);
-        const vu8 q = *(const vu8 *)(b->qs + o % 16);
-        return f16_to_f32(b->d) * (vf_from_u8(o < 16 ? q & 15 : q >> 4) - 8.0f);
-    }
-    case WK_Q4_1: {
-        const struct block_q4_1 *b = (const struct block_q4_1 *)w + c / QK4_1;
-        const int o = (int)(c % QK4_1);
-        const vu8 q = *(const vu8 *)(b->qs + o % 16);
-        return f16_to_f32(b->d) * vf_from_u8(o < 16 ? q & 15 : q >> 4) + f16_to_f32(b->m);
-    }
-    case WK_Q5_0: {
-        const struct block_q5_0 *b = (const struct block_q5_0 *)w + c / QK5_0;
-        const int o = (int)(c % QK5_0);
-        const vu8 q = *(const vu8 *)(b->qs + o % 16);
-        uint32_t qh;
-        memcpy(&qh, b->qh, 4);
-        return f16_to_f32(b->d) * (vf_from_u8(o < 16 ? q & 15 : q >> 4) + fifth_bits(qh >> o) - 16.0f);
-    }
-    case WK_Q5_1: {
-        const struct block_q5_1 *b = (const struct block_q5_1 *)w + c / QK5_1;
-        const int o = (int)(c % QK5_1);
-        const vu8 q = *(const vu8 *)(b->qs + o % 16);
-        uint32_t qh;
-        memcpy(&qh, b->qh, 4);
-        return f16_to_f32(b->d) * (vf_from_u8(o < 16 ? q & 15 : q >> 4) + fifth_bits(qh >> o)) +
-               f16_to_f32(b->m);
-    }
     }
     return (vf){0};
 }
 
-/* One element (the k % VL tail of plain types; quantized rows have no tail). */
+/* One element (the k % VL tail). */
 static inline float load_w1(const void *w, ptrdiff_t c, enum wkind kind)
 {
     if (kind == WK_F32) return ((const float *)w)[c];
@@ -174,7 +148,7 @@ static inline float hsum(vf v)
 #else
     for (int l = 0; l < 8; l++) s[l] = v[l];
 #endif
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    return hsum8(s);
 #endif
 }
 
@@ -269,662 +243,1072 @@ MICRO_FN(micro_f32, WK_F32)
 MICRO_FN(micro_f16, WK_F16)
 MICRO_FN(micro_bf16, WK_BF16)
 
-/* Quantized rows read in place, for m <= 2 only. */
-#define MICRO_Q_FN(name, kind)                                                                               \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,        \
-                     int mr, int nr)                                                                         \
-    {                                                                                                        \
-        switch (mr * 8 + nr) {                                                                               \
-            MICRO_ROW(kind, 1) MICRO_ROW(kind, 2) MICRO_CASE(kind, 1, 4) MICRO_CASE(kind, 2, 4)              \
-        }                                                                                                    \
-    }
-MICRO_Q_FN(micro_q8_0, WK_Q8_0)
-MICRO_Q_FN(micro_q4_0, WK_Q4_0)
-MICRO_Q_FN(micro_q4_1, WK_Q4_1)
-MICRO_Q_FN(micro_q5_0, WK_Q5_0)
-MICRO_Q_FN(micro_q5_1, WK_Q5_1)
-
-/* K-quants for m <= 2: a dedicated walk over super-blocks, so that scales and minimums are unpacked once per
- * sub-block and row rather than once per vector. Q4_K and Q5_K share it (five: the fifth bit of Q5_K, bit
- * `sub` of qh[l] for element l of sub-block sub; the blocks differ only by qh before qs). */
-static inline __attribute__((always_inline)) void kq_q45_k(float *out, const float *x, ptrdiff_t ldx,
-                                                           const void *w, ptrdiff_t ldw, int k, int mr,
-                                                           int nr, int five)
-{
-    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
-    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
-    vf acc[2][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = (vf){0};
-    for (int b = 0; b < k / QK_K; b++) {
-        const uint8_t *bl[NR];
-        float d[NR], dm[NR];
-        for (int j = 0; j < nr; j++) {
-            bl[j] = (const uint8_t *)WROW(w, ldw, j) + (size_t)b * bsz;
-            uint16_t h[2];
-            memcpy(h, bl[j], 4); /* d, dmin: the first two fields of both blocks */
-            d[j] = f16_to_f32(h[0]);
-            dm[j] = f16_to_f32(h[1]);
-        }
-        for (int sub = 0; sub < 8; sub++) {
-            const int p = sub / 2, hi = sub & 1;
-            float d1[NR], m1[NR];
-            for (int j = 0; j < nr; j++) {
-                uint8_t scl, mn;
-                block_q4_k_scale_min(sub, bl[j] + 4, &scl, &mn);
-                d1[j] = d[j] * (float)scl;
-                m1[j] = dm[j] * (float)mn;
-            }
-            for (int v = 0; v < 32; v += VL) {
-                const int c = b * QK_K + sub * 32 + v;
-                vf wv[NR];
-                for (int j = 0; j < nr; j++) {
-                    vu8 q;
-                    memcpy(&q, bl[j] + qs_off + 32 * p + v, sizeof q);
-                    vf val = vf_from_u8(hi ? q >> 4 : q & 15);
-                    if (five) {
-                        vu8 h;
-                        memcpy(&h, bl[j] + offsetof(struct block_q5_k, qh) + v, sizeof h);
-                        val += vf_from_u8(h >> sub & 1) * 16.0f;
-                    }
-                    wv[j] = d1[j] * val - m1[j];
-                }
-                for (int i = 0; i < mr; i++) {
-                    const vf xv = *(const vfu *)(x + i * ldx + c);
-                    for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
-                }
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum(acc[i][j]);
-}
-
-static inline __attribute__((always_inline)) void kq_q4_k(float *out, const float *x, ptrdiff_t ldx,
-                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
-{
-    kq_q45_k(out, x, ldx, w, ldw, k, mr, nr, 0);
-}
-
-static inline __attribute__((always_inline)) void kq_q5_k(float *out, const float *x, ptrdiff_t ldx,
-                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
-{
-    kq_q45_k(out, x, ldx, w, ldw, k, mr, nr, 1);
-}
-
-static inline __attribute__((always_inline)) void kq_q6_k(float *out, const float *x, ptrdiff_t ldx,
-                                                          const void *w, ptrdiff_t ldw, int k, int mr, int nr)
-{
-    vf acc[2][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = (vf){0};
-    for (int b = 0; b < k / QK_K; b++) {
-        const struct block_q6_k *bl[NR];
-        float d[NR];
-        for (int j = 0; j < nr; j++) {
-            bl[j] = (const struct block_q6_k *)((const uint8_t *)WROW(w, ldw, j) +
-                                                (size_t)b * sizeof(struct block_q6_k));
-            d[j] = f16_to_f32(bl[j]->d);
-        }
-        /* Element 128h + 32g + l (l < 32) takes scale 8h + l/16 + 2g; the four g share the ql/qh bytes. */
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 32; l += VL) {
-                vu8 q[NR][4];
-                float s[NR][4];
-                for (int j = 0; j < nr; j++) {
-                    vu8 a0, a1, hb;
-                    memcpy(&a0, bl[j]->ql + 64 * h + l, sizeof a0);
-                    memcpy(&a1, bl[j]->ql + 64 * h + l + 32, sizeof a1);
-                    memcpy(&hb, bl[j]->qh + 32 * h + l, sizeof hb);
-                    q[j][0] = (a0 & 15) | ((hb & 3) << 4);
-                    q[j][1] = (a1 & 15) | (((hb >> 2) & 3) << 4);
-                    q[j][2] = (a0 >> 4) | (((hb >> 4) & 3) << 4);
-                    q[j][3] = (a1 >> 4) | (((hb >> 6) & 3) << 4);
-                    for (int g = 0; g < 4; g++) s[j][g] = d[j] * (float)bl[j]->scales[8 * h + l / 16 + 2 * g];
-                }
-                for (int g = 0; g < 4; g++) {
-                    const int c = b * QK_K + 128 * h + 32 * g + l;
-                    vf wv[NR];
-                    for (int j = 0; j < nr; j++) wv[j] = s[j][g] * (vf_from_u8(q[j][g]) - 32.0f);
-                    for (int i = 0; i < mr; i++) {
-                        const vf xv = *(const vfu *)(x + i * ldx + c);
-                        for (int j = 0; j < nr; j++) acc[i][j] += xv * wv[j];
-                    }
-                }
-            }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum(acc[i][j]);
-}
-
-#define KQ_CASE(fn, mr, nr)                                                                                  \
-    case (mr)*8 + (nr):                                                                                      \
-        fn(out, x, ldx, w, ldw, kc, mr, nr);                                                                 \
-        return;
-#define KQ_FN(name, fn)                                                                                      \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,        \
-                     int mr, int nr)                                                                         \
-    {                                                                                                        \
-        switch (mr * 8 + nr) {                                                                               \
-            KQ_CASE(fn, 1, 1)                                                                                \
-            KQ_CASE(fn, 1, 2)                                                                                \
-            KQ_CASE(fn, 1, 3)                                                                                \
-            KQ_CASE(fn, 1, 4) KQ_CASE(fn, 2, 1) KQ_CASE(fn, 2, 2) KQ_CASE(fn, 2, 3) KQ_CASE(fn, 2, 4)        \
-        }                                                                                                    \
-    }
-KQ_FN(micro_q4_k, kq_q4_k)
-KQ_FN(micro_q5_k, kq_q5_k)
-KQ_FN(micro_q6_k, kq_q6_k)
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define HAVE_AVX_Q 1
-/* Up to this many rows of x, Q8_0/Q4_0/Q4_1 are decoded in registers (no tile): measured (1536x576, 1 thread)
- * Q4_1 m=3 210 -> 104 us, m=4 147 -> 138 us with AVX-512; with 16 ymm registers m=4 spills (187 us). */
-#if defined(__AVX512F__)
-#define DIRECT_M_MAX 4
-#else
-#define DIRECT_M_MAX 3
-#endif
-#define SX_MAX_K 16384 /* longest k served by the AVX2 Q4_0/Q4_1 path (x block sums live on the stack) */
-/* ---- m <= 2, Q8_0/Q4_0/Q4_1 with hand-written AVX2 -------------------------------------------------------
- *
- * Per 32-element block and weight row: the integer quants are widened to i32 (pmovzx/pmovsx straight from
- * memory), the nibbles split with and/shift, converted with cvtdq2ps and dotted with x in f32 (t = Σ q·x,
- * one mul and three FMAs), then the block scale is applied once: acc += d·t. The affine part goes through a
- * per-block sum of x computed once per call (sx): Q4_1 adds m·Σx, Q4_0 adds d·(-8·Σx). Both land in a small
- * 4-lane accumulator c += (d, m, 0, 0) * (s0, s1, 0, 0), where (s0, s1) = (-8Σx, 0) for Q4_0 and (0, Σx) for
- * Q4_1, so no scalar f16 conversion is needed. x vectors of a block are loaded once for the NR rows in
- * flight. Same value as Σ (d q + m) x up to f32 rounding order; fixed order, so deterministic. */
-#include <immintrin.h>
-
-static inline __attribute__((always_inline)) float hsum256(__m256 v)
-{
-    /* The fixed pairwise order of hsum() for 8 lanes. */
-    const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    const __m128 s = _mm_add_ps(lo, hi);                 /* (0+4, 1+5, 2+6, 3+7) */
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s)); /* ((0+4)+(2+6), (1+5)+(3+7)) */
-    return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
-}
-
-static inline __attribute__((always_inline)) void avx_q(float *out, const float *x, ptrdiff_t ldx,
-                                                        const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                                                        int nr, const float *sx, enum wkind kind)
-{
-    const int nb = k / 32;
-    const size_t bsz = kind == WK_Q8_0   ? sizeof(struct block_q8_0)
-                       : kind == WK_Q4_0 ? sizeof(struct block_q4_0)
-                       : kind == WK_Q4_1 ? sizeof(struct block_q4_1)
-                       : kind == WK_Q5_0 ? sizeof(struct block_q5_0)
-                                         : sizeof(struct block_q5_1);
-    /* Offsets of the quants and (Q5) of the fifth bits; an f16 minimum follows d in Q4_1/Q5_1. */
-    const int qoff = kind == WK_Q4_1 ? 4 : kind == WK_Q5_0 ? 6 : kind == WK_Q5_1 ? 8 : 2;
-    const int hoff = kind == WK_Q5_0 ? 2 : 4;
-    const int five = kind == WK_Q5_0 || kind == WK_Q5_1, with_min = kind == WK_Q4_1 || kind == WK_Q5_1;
-    __m128 cacc[4][NR];
-#if defined(__AVX512F__)
-    /* One zmm per 16 elements: half the instructions of the AVX2 loop below. */
-    __m512 acc[4][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
-    const __m512i m15 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int b = 0; b < nb; b++) {
-        __m512 xv[4][2];
-        __m128 sv[4];
-        for (int i = 0; i < mr; i++) {
-            const float *xp = x + i * ldx + 32 * b;
-            xv[i][0] = _mm512_loadu_ps(xp);
-            xv[i][1] = _mm512_loadu_ps(xp + 16);
-            if (kind != WK_Q8_0)
-                sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
-        }
-        for (int j = 0; j < nr; j++) {
-            const uint8_t *bp = w + j * ldw + bsz * b;
-            const uint8_t *qs = bp + qoff;
-            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, PF_HINT);
-            __m512 f0, f1;
-            __m128 dm;
-            if (kind == WK_Q8_0) {
-                f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
-                f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16))));
-                uint16_t d;
-                memcpy(&d, bp, 2);
-                dm = _mm_cvtph_ps(_mm_cvtsi32_si128(d));
-            } else {
-                const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
-                __m512i lo = _mm512_and_si512(a, m15), hi = _mm512_srli_epi32(a, 4);
-                if (five) { /* bit j of qh is element j's fifth bit: elements 0-15 low nibbles, 16-31 high */
-                    uint32_t qh;
-                    memcpy(&qh, bp + hoff, 4);
-                    const __m512i h = _mm512_set1_epi32((int)qh);
-                    lo = _mm512_or_si512(
-                        lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, iota), one), 4));
-                    hi = _mm512_or_si512(
-                        hi, _mm512_slli_epi32(
-                                _mm512_and_si512(_mm512_srlv_epi32(_mm512_srli_epi32(h, 16), iota), one), 4));
-                }
-                f0 = _mm512_cvtepi32_ps(lo);
-                f1 = _mm512_cvtepi32_ps(hi);
-                uint32_t dmb;
-                if (with_min) {
-                    memcpy(&dmb, bp, 4);
-                } else {
-                    uint16_t d;
-                    memcpy(&d, bp, 2);
-                    dmb = d;
-                }
-                dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dmb));
-            }
-            const __m512 dv = _mm512_broadcastss_ps(dm);
-            for (int i = 0; i < mr; i++) {
-                const __m512 t = _mm512_fmadd_ps(f1, xv[i][1], _mm512_mul_ps(f0, xv[i][0]));
-                acc[i][j] = _mm512_fmadd_ps(dv, t, acc[i][j]);
-                if (kind != WK_Q8_0) cacc[i][j] = _mm_fmadd_ps(dm, sv[i], cacc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            const __m128 c = cacc[i][j];
-            const __m256 h =
-                _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
-                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1)));
-            out[i * NR + j] = hsum256(h) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
-        }
-#else
-    __m256 acc[4][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps(), cacc[i][j] = _mm_setzero_ps();
-    const __m256i m15 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int b = 0; b < nb; b++) {
-        __m256 xv[4][4];
-        __m128 sv[4];
-        for (int i = 0; i < mr; i++) {
-            const float *xp = x + i * ldx + 32 * b;
-            for (int v = 0; v < 4; v++) xv[i][v] = _mm256_loadu_ps(xp + 8 * v);
-            if (kind != WK_Q8_0)
-                sv[i] = _mm_castpd_ps(_mm_load_sd((const double *)(sx + i * 2 * nb + 2 * b)));
-        }
-        for (int j = 0; j < nr; j++) {
-            const uint8_t *bp = w + j * ldw + bsz * b;
-            const uint8_t *qs = bp + qoff;
-            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, PF_HINT);
-            __m256 f[4];
-            __m128 dm;
-            if (kind == WK_Q8_0) {
-                for (int v = 0; v < 4; v++)
-                    f[v] = _mm256_cvtepi32_ps(
-                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v))));
-                uint16_t d;
-                memcpy(&d, bp, 2);
-                dm = _mm_cvtph_ps(_mm_cvtsi32_si128(d));
-            } else {
-                const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
-                const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
-                __m256i q[4] = {_mm256_and_si256(a, m15), _mm256_and_si256(c, m15), _mm256_srli_epi32(a, 4),
-                                _mm256_srli_epi32(c, 4)};
-                if (five) { /* elements 8v..8v+7 take bits 8v..8v+7 of qh */
-                    uint32_t qh;
-                    memcpy(&qh, bp + hoff, 4);
-                    for (int v = 0; v < 4; v++) {
-                        const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * v))), iota);
-                        q[v] = _mm256_or_si256(q[v], _mm256_slli_epi32(_mm256_and_si256(h, one), 4));
-                    }
-                }
-                for (int v = 0; v < 4; v++) f[v] = _mm256_cvtepi32_ps(q[v]);
-                uint32_t dmb;
-                if (with_min) {
-                    memcpy(&dmb, bp, 4);
-                } else {
-                    uint16_t d;
-                    memcpy(&d, bp, 2);
-                    dmb = d;
-                }
-                dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dmb));
-            }
-            const __m256 dv = _mm256_broadcastss_ps(dm);
-            for (int i = 0; i < mr; i++) {
-                __m256 t = _mm256_mul_ps(f[0], xv[i][0]);
-                t = _mm256_fmadd_ps(f[1], xv[i][1], t);
-                t = _mm256_fmadd_ps(f[2], xv[i][2], t);
-                t = _mm256_fmadd_ps(f[3], xv[i][3], t);
-                acc[i][j] = _mm256_fmadd_ps(dv, t, acc[i][j]);
-                if (kind != WK_Q8_0) cacc[i][j] = _mm_fmadd_ps(dm, sv[i], cacc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            const __m128 c = cacc[i][j];
-            out[i * NR + j] =
-                hsum256(acc[i][j]) + (_mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1)));
-        }
-#endif
-}
-
-#if defined(__AVX512F__)
-/* Q4_0 with AVX-512 (measured 5 % faster than avx_q for Q4_0, 10 % slower for Q4_1, which stays on avx_q;
- * the Q4_1 code below is kept for completeness): the 16 possible weights of a block row, d*q+m (Q4_0:
- * d*(q-8)), are built once per block in one register (one FMA on 0..15) and looked up with vpermps, which
- * reads only the low 4 bits of each index: no int->float conversion, no and-mask, and the weights are the
- * exactly dequantized values. Two accumulators per (x row, weight row) (low / high nibble halves), summed at
- * the end. */
-static inline __attribute__((always_inline)) void avx512_q4(float *out, const float *x, ptrdiff_t ldx,
-                                                            const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                                                            int nr, enum wkind kind)
-{
-    const int nb = k / 32;
-    const size_t bsz = kind == WK_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
-    const int qoff = kind == WK_Q4_1 ? 4 : 2;
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));
-    __m512 acc0[4][NR], acc1[4][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m512 xv[4][2];
-        for (int i = 0; i < mr; i++) {
-            const float *xp = x + i * ldx + 32 * b;
-            xv[i][0] = _mm512_loadu_ps(xp);
-            xv[i][1] = _mm512_loadu_ps(xp + 16);
-        }
-        for (int j = 0; j < nr; j++) {
-            const uint8_t *bp = w + j * ldw + bsz * b;
-            _mm_prefetch((const char *)bp + PF_AHEAD * ldw, PF_HINT);
-            const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bp + qoff)));
-            __m512 lut;
-            if (kind == WK_Q4_1) {
-                uint32_t dmb;
-                memcpy(&dmb, bp, 4);
-                const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dmb));
-                lut = _mm512_fmadd_ps(iota, _mm512_broadcastss_ps(dm),
-                                      _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
-            } else {
-                uint16_t d;
-                memcpy(&d, bp, 2);
-                lut = _mm512_mul_ps(iota8, _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(d))));
-            }
-            const __m512 w0 = _mm512_permutexvar_ps(a, lut);
-            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), lut);
-            for (int i = 0; i < mr; i++) {
-                acc0[i][j] = _mm512_fmadd_ps(w0, xv[i][0], acc0[i][j]);
-                acc1[i][j] = _mm512_fmadd_ps(w1, xv[i][1], acc1[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            const __m512 s = _mm512_add_ps(acc0[i][j], acc1[i][j]);
-            const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s),
-                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-            out[i * NR + j] = hsum256(h);
-        }
-}
-#define AVXQ4(kind, mr, nr) avx512_q4(out, x, ldx, w, ldw, k, mr, nr, kind)
-#else
-#define AVXQ4(kind, mr, nr) avx_q(out, x, ldx, w, ldw, k, mr, nr, sx, kind)
-#endif
-
-#define AVXQ_CASE(kind, mr, nr)                                                                              \
-    case (mr)*8 + (nr):                                                                                      \
-        if (kind != WK_Q4_0)                                                                                 \
-            avx_q(out, x, ldx, w, ldw, k, mr, nr, sx, kind);                                                 \
-        else                                                                                                 \
-            AVXQ4(kind, mr, nr);                                                                             \
-        return;
-#define AVXQ_FN(name, kind)                                                                                  \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,      \
-                     int mr, int nr, const float *sx)                                                        \
-    {                                                                                                        \
-        switch (mr * 8 + nr) {                                                                               \
-            AVXQ_CASE(kind, 1, 1)                                                                            \
-            AVXQ_CASE(kind, 1, 2)                                                                            \
-            AVXQ_CASE(kind, 1, 3)                                                                            \
-            AVXQ_CASE(kind, 1, 4)                                                                            \
-            AVXQ_CASE(kind, 2, 1)                                                                            \
-            AVXQ_CASE(kind, 2, 2)                                                                            \
-            AVXQ_CASE(kind, 2, 3)                                                                            \
-            AVXQ_CASE(kind, 2, 4)                                                                            \
-            AVXQ_CASE(kind, 3, 1)                                                                            \
-            AVXQ_CASE(kind, 3, 2)                                                                            \
-            AVXQ_CASE(kind, 4, 1)                                                                            \
-            AVXQ_CASE(kind, 4, 2)                                                                            \
-        }                                                                                                    \
-    }
-AVXQ_FN(avx_q8_0, WK_Q8_0)
-AVXQ_FN(avx_q4_0, WK_Q4_0)
-AVXQ_FN(avx_q4_1, WK_Q4_1)
-AVXQ_FN(avx_q5_0, WK_Q5_0)
-AVXQ_FN(avx_q5_1, WK_Q5_1)
-
-/* Q4_K for m <= 2 with AVX2, the avx_q scheme per 32-element sub-block: t = Σ q·x over the sub-block,
- * acc += (d·scale)·t, and the minimums through the per-32 sums of x (sx, the Q4_1 layout): the row's
- * Σ (dmin·min)·Σx is accumulated in f32 and subtracted at the end. Sub-blocks 2p and 2p+1 share the 32
- * bytes qs[32p..]: low nibbles, then high nibbles. */
-static inline __attribute__((always_inline)) void avx_q4k(float *out, const float *x, ptrdiff_t ldx,
-                                                          const uint8_t *w, ptrdiff_t ldw, int k, int mr,
-                                                          int nr, const float *sx, int five)
-{
-    const int nsb = k / QK_K, nb = k / 32;
-    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
-    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
-    const __m256i one = _mm256_set1_epi32(1);
-    __m256 acc[2][NR];
-    float cm[2][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps(), cm[i][j] = 0.0f;
-    const __m256i m15 = _mm256_set1_epi32(15);
-    for (int b = 0; b < nsb; b++) {
-        float d1[NR][8], m1[NR][8];
-        for (int j = 0; j < nr; j++) {
-            const uint8_t *bl = w + j * ldw + (size_t)b * bsz;
-            for (size_t o = 0; o < bsz; o += 64) _mm_prefetch((const char *)bl + PF_AHEAD * ldw + o, PF_HINT);
-            uint16_t dd[2];
-            memcpy(dd, bl, 4); /* d, dmin: the first fields of both blocks; the 12 scale bytes follow */
-            const float d = f16_to_f32(dd[0]), dm = f16_to_f32(dd[1]);
-            const uint8_t *sc = bl + 4;
-            for (int s = 0; s < 8; s++) {
-                const int scl = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
-                const int mn = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
-                d1[j][s] = d * (float)scl;
-                m1[j][s] = dm * (float)mn;
-            }
-            for (int i = 0; i < mr; i++)
-                for (int s = 0; s < 8; s++) cm[i][j] += m1[j][s] * sx[i * 2 * nb + 2 * (b * 8 + s) + 1];
-        }
-        for (int p = 0; p < 4; p++) {
-            __m256 xl[2][4], xh[2][4];
-            for (int i = 0; i < mr; i++) {
-                const float *xp = x + i * ldx + b * QK_K + 64 * p;
-                for (int v = 0; v < 4; v++)
-                    xl[i][v] = _mm256_loadu_ps(xp + 8 * v), xh[i][v] = _mm256_loadu_ps(xp + 32 + 8 * v);
-            }
-            for (int j = 0; j < nr; j++) {
-                const uint8_t *bl = w + j * ldw + (size_t)b * bsz;
-                const uint8_t *qs = bl + qs_off + 32 * p;
-                __m256i a[4];
-                for (int v = 0; v < 4; v++)
-                    a[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * v)));
-                __m256 fl[4], fh[4];
-                for (int v = 0; v < 4; v++) {
-                    __m256i lo = _mm256_and_si256(a[v], m15), hi = _mm256_srli_epi32(a[v], 4);
-                    if (five) { /* bit s of qh[l]: the fifth bit of element l of sub-block s (here 2p, 2p+1)
-                                 */
-                        const __m256i h = _mm256_cvtepu8_epi32(
-                            _mm_loadl_epi64((const __m128i *)(bl + offsetof(struct block_q5_k, qh) + 8 * v)));
-                        lo = _mm256_or_si256(
-                            lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * p), one), 4));
-                        hi = _mm256_or_si256(
-                            hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * p + 1), one), 4));
-                    }
-                    fl[v] = _mm256_cvtepi32_ps(lo);
-                    fh[v] = _mm256_cvtepi32_ps(hi);
-                }
-                const __m256 dl = _mm256_set1_ps(d1[j][2 * p]), dh = _mm256_set1_ps(d1[j][2 * p + 1]);
-                for (int i = 0; i < mr; i++) {
-                    __m256 tl = _mm256_mul_ps(fl[0], xl[i][0]), th = _mm256_mul_ps(fh[0], xh[i][0]);
-                    for (int v = 1; v < 4; v++) {
-                        tl = _mm256_fmadd_ps(fl[v], xl[i][v], tl);
-                        th = _mm256_fmadd_ps(fh[v], xh[i][v], th);
-                    }
-                    acc[i][j] = _mm256_fmadd_ps(dl, tl, acc[i][j]);
-                    acc[i][j] = _mm256_fmadd_ps(dh, th, acc[i][j]);
-                }
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum256(acc[i][j]) - cm[i][j];
-}
-
-#define AVXQ4K_CASE(mr, nr, five)                                                                            \
-    case (mr)*8 + (nr):                                                                                      \
-        avx_q4k(out, x, ldx, w, ldw, k, mr, nr, sx, five);                                                   \
-        return;
-#define AVXQ4K_FN(name, five)                                                                                \
-    static void name(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,      \
-                     int mr, int nr, const float *sx)                                                        \
-    {                                                                                                        \
-        switch (mr * 8 + nr) {                                                                               \
-            AVXQ4K_CASE(1, 1, five)                                                                          \
-            AVXQ4K_CASE(1, 2, five)                                                                          \
-            AVXQ4K_CASE(1, 3, five)                                                                          \
-            AVXQ4K_CASE(1, 4, five)                                                                          \
-            AVXQ4K_CASE(2, 1, five)                                                                          \
-            AVXQ4K_CASE(2, 2, five)                                                                          \
-            AVXQ4K_CASE(2, 3, five)                                                                          \
-            AVXQ4K_CASE(2, 4, five)                                                                          \
-        }                                                                                                    \
-    }
-AVXQ4K_FN(avx_q4_k, 0)
-AVXQ4K_FN(avx_q5_k, 1)
-
-/* Q6_K for m <= 2 with AVX2: per super-block, half h (128 elements) and 16-lane half of l, the four 6-bit
- * quant vectors (g = 0..3) are rebuilt from ql/qh with 128-bit byte ops, recentred (q - 32) as int8, widened
- * to i32 and converted; t = Σ q·x over the 16 elements of one scale, acc += (d·scale)·t. */
-static inline __attribute__((always_inline)) void
-avx_q6k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k, int mr, int nr)
-{
-    const int nsb = k / QK_K;
-    __m256 acc[2][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
-    const __m128i m0f = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30), c32 = _mm_set1_epi8(32);
-    for (int b = 0; b < nsb; b++) {
-        for (int j = 0; j < nr; j++) {
-            const uint8_t *bp = w + j * ldw + (size_t)b * sizeof(struct block_q6_k);
-            for (int o = 0; o < (int)sizeof(struct block_q6_k); o += 64)
-                _mm_prefetch((const char *)bp + PF_AHEAD * ldw + o, PF_HINT);
-        }
-        for (int h = 0; h < 2; h++)
-            for (int lh = 0; lh < 32; lh += 16) {
-                __m256 xv[2][4][2];
-                for (int i = 0; i < mr; i++)
-                    for (int g = 0; g < 4; g++) {
-                        const float *xp = x + i * ldx + b * QK_K + 128 * h + 32 * g + lh;
-                        xv[i][g][0] = _mm256_loadu_ps(xp);
-                        xv[i][g][1] = _mm256_loadu_ps(xp + 8);
-                    }
-                for (int j = 0; j < nr; j++) {
-                    const struct block_q6_k *bl =
-                        (const struct block_q6_k *)(w + j * ldw + (size_t)b * sizeof(struct block_q6_k));
-                    const __m128i a0 = _mm_loadu_si128((const __m128i *)(bl->ql + 64 * h + lh));
-                    const __m128i a1 = _mm_loadu_si128((const __m128i *)(bl->ql + 64 * h + 32 + lh));
-                    const __m128i hb = _mm_loadu_si128((const __m128i *)(bl->qh + 32 * h + lh));
-                    __m128i q[4];
-                    q[0] = _mm_or_si128(_mm_and_si128(a0, m0f), _mm_and_si128(_mm_slli_epi16(hb, 4), m30));
-                    q[1] = _mm_or_si128(_mm_and_si128(a1, m0f), _mm_and_si128(_mm_slli_epi16(hb, 2), m30));
-                    q[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a0, 4), m0f), _mm_and_si128(hb, m30));
-                    q[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a1, 4), m0f),
-                                        _mm_and_si128(_mm_srli_epi16(hb, 2), m30));
-                    const float d = f16_to_f32(bl->d);
-                    for (int g = 0; g < 4; g++) {
-                        const __m128i qc = _mm_sub_epi8(q[g], c32);
-                        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qc));
-                        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qc, 8)));
-                        const __m256 dv = _mm256_set1_ps(d * (float)bl->scales[8 * h + lh / 16 + 2 * g]);
-                        for (int i = 0; i < mr; i++) {
-                            const __m256 t = _mm256_fmadd_ps(f1, xv[i][g][1], _mm256_mul_ps(f0, xv[i][g][0]));
-                            acc[i][j] = _mm256_fmadd_ps(dv, t, acc[i][j]);
-                        }
-                    }
-                }
-            }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) out[i * NR + j] = hsum256(acc[i][j]);
-}
-
-#define AVXQ6K_CASE(mr, nr)                                                                                  \
-    case (mr)*8 + (nr):                                                                                      \
-        avx_q6k(out, x, ldx, w, ldw, k, mr, nr);                                                             \
-        return;
-static void avx_q6_k(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
-                     int mr, int nr, const float *sx)
-{
-    (void)sx;
-    switch (mr * 8 + nr) {
-        AVXQ6K_CASE(1, 1)
-        AVXQ6K_CASE(1, 2)
-        AVXQ6K_CASE(1, 3)
-        AVXQ6K_CASE(1, 4)
-        AVXQ6K_CASE(2, 1)
-        AVXQ6K_CASE(2, 2)
-        AVXQ6K_CASE(2, 3)
-        AVXQ6K_CASE(2, 4)
-    }
-}
-
-typedef void (*avxq_fn)(float *out, const float *x, ptrdiff_t ldx, const uint8_t *w, ptrdiff_t ldw, int k,
-                        int mr, int nr, const float *sx);
-#endif
-
 typedef void (*micro_fn)(float *out, const float *x, ptrdiff_t ldx, const void *w, ptrdiff_t ldw, int kc,
                          int mr, int nr);
 
-/* What the affine part of a direct kernel needs per 32-element block of x (see avx_q): nothing, Q4_0's
- * -8·Σx, Q5_0's -16·Σx, or Σx (Q4_1/Q5_1 m, Q4_K/Q5_K minimums). */
-enum sx_kind { SX_NONE, SX_NEG8, SX_NEG16, SX_SUM };
+/* dst (kc) f32 = elements c .. c + kc of a plain-type row, converted in vectors. */
+static void plain_to_f32(const void *w, ptrdiff_t c, int kc, float *dst, enum wkind kind)
+{
+    int e = 0;
+    for (; e + VL <= kc; e += VL) *(vfu *)(dst + e) = load_w(w, c + e, kind);
+    for (; e < kc; e++) dst[e] = load_w1(w, c + e, kind);
+}
 
-/* The CPU's kernels for one weight type (indexed by enum dtype; quant/dtype.h describes the types).
- *   stream: decodes rows in registers for m <= 2, whole rows streamed from memory (no tile); NULL sends the
- *           type through the f32 tile (quant's to_f32) at every m.
- *   direct: the hand-written AVX2 kernel for m <= direct_m (tried before stream), with the x block sums sx
- *           it needs (only for k <= SX_MAX_K: they live on the stack). */
-struct cpu_wkernels {
-    micro_fn stream;
-#ifdef HAVE_AVX_Q
-    avxq_fn direct;
-    int direct_m;
-    enum sx_kind sx;
-#endif
+/* ==== Quantized types: x in int8 blocks, integer dot products =============================================
+ */
+
+#define QB  32   /* elements per x block (and per weight scale, except Q6_K's 16) */
+#define KCQ 1024 /* columns per decoded chunk: a multiple of 256 (whole K-quant super-blocks) */
+#define MBQ 64   /* x rows whose sums a task keeps (on its stack) before it moves to the next rows */
+#define MRQ 4    /* most x rows per dot call (the AVX2 kernel takes 2: 16 registers) */
+
+/* How a weight type's decoded codes become values (see q8_kind). */
+enum q8_mode {
+    Q8M_OFF,    /* value = code - 2^sh, one scale per 32 elements */
+    Q8M_OFF16,  /* value = code - 2^sh, one scale per 16 elements (Q6_K) */
+    Q8M_AFFINE, /* value = code, one scale and one minimum per 32 elements: w = s·code + mn */
+    Q8M_SIGNED, /* the AVX2 kernel's Q8_0: code ^ 0x80 is the value, multiplied through the sign trick (a
+                   u8·s8 pair of 255·127 would overflow pmaddubsw's int16) */
 };
 
-#ifdef HAVE_AVX_Q
-#define CPU_K(stream, direct, direct_m, sx)                                                                  \
+/* x prepared for the integer products: for row i and block b of 32 elements,
+ *   q   (m, k) int8: x·127/amax rounded to nearest even (amax = max |x| over the block); 0 when amax < 1e-30
+ *   n4  (m, nb, 8) int32: minus the sums of q over elements 4l..4l+3 (the offset correction: lanes of
+ *       -2^sh·Σq start the dot products of offset codes)
+ *   dx  (m, nbp) f32: amax/127 (NaN when the block holds a NaN or an infinity, so that y does), 0 past nb
+ *   sxd (m, nbp) f32: dx·Σq, the block's sum of x̂ (the minimums' weight), 0 past nb
+ * nb = k/32, nbp = nb rounded up to a multiple of 8. Lives in a per-thread scratch buffer (q8_scratch). */
+struct q8x {
+    int8_t *q;
+    int32_t *n4;
+    float *dx, *sxd;
+    int k, nb, nbp;
+};
+
+/* One group of NRQ weight rows, columns [c0, c0 + kc) decoded: codes in natural element order, the scale of
+ * each 32 elements (Q6_K: of each 16), the minimum of each 32 (affine types; zero up to a multiple of 8
+ * blocks). Rows past the end of a range have zero scales and minimums. */
+#define NRQ NR
+struct q8_tile {
+    uint8_t u[NRQ][KCQ] __attribute__((aligned(64)));
+    float s[NRQ][KCQ / 16];
+    float mn[NRQ][KCQ / QB];
+};
+
+/* Decodes elements c0 .. c0 + kc (multiples of the type's block size) of row w into u (kc), s and mn. */
+typedef void (*q8_dec_fn)(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn);
+
+/* One dot call: x rows i0 .. i0 + mr against the tile's NRQ rows over the chunk's blocks; acc ((mr, NRQ, 16)
+ * f32) and macc ((mr, NRQ, 8)) are loaded (zero when first) and stored. int8 arithmetic: acc's first 8 lanes
+ * hold Σ (s·dx)·dot, macc Σ mn·sxd; f32 arithmetic: acc the 16 lanes of Σ s·t, macc Σ m'·Σx (f32_dot_c). */
+struct q8_dot {
+    const struct q8x *x; /* x prepared: quantized (int8 arithmetic) or its block sums only (f32) */
+    const float *xf;     /* x (m, k) itself (f32 arithmetic) */
+    int i0;
+    struct q8_tile *t;      /* direct kernels write the blocks' scales into it as they go */
+    const uint8_t *row[NR]; /* direct kernels: the weight rows, read in place */
+    int k;                  /* columns of x */
+    int b0, nb;             /* the chunk's first block within the row, and its block count */
+    float *acc, *macc;
+    int first;
+};
+
+typedef void (*q8_dot_fn)(const struct q8_dot *a, int mr, enum q8_mode mode, int sh);
+typedef void (*q8_f32_fn)(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode,
+                          int sh, float *dst);
+typedef void (*q8_xrow_fn)(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sxd, int nbp);
+
+/* ---- x quantization, portable ---------------------------------------------------------------------------
+ */
+
+/* Blocks with amax below this are zero (their share of y is below 1e-30·Σ|w|). */
+#define Q8_TINY 1e-30f
+
+static void q8x_row_c(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sxd, int nbp)
+{
+    const int nb = k / QB;
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + QB * b;
+        float amax = 0.0f;
+        int bad = 0;
+        for (int e = 0; e < QB; e++) {
+            const float a = fabsf(xb[e]);
+            bad |= !(a <= FLT_MAX);
+            amax = a > amax ? a : amax;
+        }
+        int sum = 0;
+        if (bad || amax < Q8_TINY) {
+            memset(q + QB * b, 0, QB);
+            for (int l = 0; l < 8; l++) n4[8 * b + l] = 0;
+        } else {
+            const float id = 127.0f / amax;
+            for (int l = 0; l < 8; l++) {
+                int s4 = 0;
+                for (int e = 4 * l; e < 4 * l + 4; e++) {
+                    const int v = (int)nearbyintf(xb[e] * id);
+                    q[QB * b + e] = (int8_t)v;
+                    s4 += v;
+                }
+                n4[8 * b + l] = -s4;
+                sum += s4;
+            }
+        }
+        dx[b] = bad ? NAN : amax < Q8_TINY ? 0.0f : amax / 127.0f;
+        sxd[b] = dx[b] * (float)sum;
+    }
+    for (int b = nb; b < nbp; b++) dx[b] = sxd[b] = 0.0f;
+}
+
+/* ---- weight decoding, portable --------------------------------------------------------------------------
+ */
+
+/* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: blocks of 32 of bsz bytes, f16 d at 0, f16 m at 2 (with_min), the u32 of
+ * fifth bits at hoff (five), quants at qoff (eight: int8 quants, code = q + 128). */
+static inline __attribute__((always_inline)) void dec32_c(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                          float *s, float *mn, size_t bsz, int qoff, int hoff,
+                                                          int with_min, int five, int eight)
+{
+    const uint8_t *bp = w + (size_t)(c0 / QB) * bsz;
+    for (int b = 0; b < kc / QB; b++, bp += bsz) {
+        uint16_t h[2];
+        memcpy(h, bp, 4);
+        s[b] = f16_to_f32(h[0]);
+        if (with_min) mn[b] = f16_to_f32(h[1]);
+        uint8_t *ub = u + QB * b;
+        if (eight) {
+            for (int e = 0; e < QB; e++) ub[e] = (uint8_t)(bp[qoff + e] ^ 0x80);
+            continue;
+        }
+        uint32_t qh = 0;
+        if (five) memcpy(&qh, bp + hoff, 4);
+        for (int e = 0; e < 16; e++) {
+            ub[e] = (uint8_t)((bp[qoff + e] & 15) | ((qh >> e) & 1) << 4);
+            ub[e + 16] = (uint8_t)((bp[qoff + e] >> 4) | ((qh >> (e + 16)) & 1) << 4);
+        }
+    }
+}
+
+/* Q4_K, Q5_K: sub-block i (32 elements) of a super-block takes scale d·sc_i and minimum -dmin·m_i (ggml's
+ * d1, m1); its codes are the low (even i) or high (odd i) nibbles of qs[32(i/2) ..], and bit i of qh[l] the
+ * fifth bit of its element l. */
+static inline __attribute__((always_inline)) void dec_q45k_c(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                             float *s, float *mn, int five)
+{
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const uint8_t *bp = w + (size_t)(c0 / QK_K) * bsz;
+    for (int sb = 0; sb < kc / QK_K; sb++, bp += bsz) {
+        uint16_t h[2];
+        memcpy(h, bp, 4);
+        const float d = f16_to_f32(h[0]), dmin = f16_to_f32(h[1]);
+        for (int i = 0; i < 8; i++) {
+            uint8_t sc, m;
+            block_q4_k_scale_min(i, bp + 4, &sc, &m);
+            s[8 * sb + i] = d * (float)sc;
+            mn[8 * sb + i] = -(dmin * (float)m);
+            const uint8_t *qs = bp + qs_off + 32 * (i / 2);
+            uint8_t *ub = u + QK_K * sb + QB * i;
+            for (int l = 0; l < 32; l++) {
+                int c = i & 1 ? qs[l] >> 4 : qs[l] & 15;
+                if (five) c |= ((bp[offsetof(struct block_q5_k, qh) + l] >> i) & 1) << 4;
+                ub[l] = (uint8_t)c;
+            }
+        }
+    }
+}
+
+/* Q6_K: element 128h + 32g + l has the low bits of ql[64h + 32(g&1) + l] (low nibble for g < 2), the high
+ * bits (qh[32h + l] >> 2g) & 3, and the scale of its 16 elements, d·scales[(128h + 32g + l) / 16]. */
+static void dec_q6k_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    (void)mn;
+    const struct block_q6_k *bl = (const struct block_q6_k *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, bl++) {
+        const float d = f16_to_f32(bl->d);
+        for (int t = 0; t < 16; t++) s[16 * sb + t] = d * (float)bl->scales[t];
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++)
+                for (int l = 0; l < 32; l++) {
+                    const int lo = (bl->ql[64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 15;
+                    const int hi = (bl->qh[32 * h + l] >> (2 * g)) & 3;
+                    u[QK_K * sb + 128 * h + 32 * g + l] = (uint8_t)(lo | hi << 4);
+                }
+    }
+}
+
+static void dec_q8_0_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec32_c(w, c0, kc, u, s, mn, sizeof(struct block_q8_0), 2, 0, 0, 0, 1);
+}
+static void dec_q4_0_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec32_c(w, c0, kc, u, s, mn, sizeof(struct block_q4_0), 2, 0, 0, 0, 0);
+}
+static void dec_q4_1_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec32_c(w, c0, kc, u, s, mn, sizeof(struct block_q4_1), 4, 0, 1, 0, 0);
+}
+static void dec_q5_0_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec32_c(w, c0, kc, u, s, mn, sizeof(struct block_q5_0), 6, 2, 0, 1, 0);
+}
+static void dec_q5_1_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec32_c(w, c0, kc, u, s, mn, sizeof(struct block_q5_1), 8, 4, 1, 1, 0);
+}
+static void dec_q4_k_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec_q45k_c(w, c0, kc, u, s, mn, 0);
+}
+static void dec_q5_k_c(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
+{
+    dec_q45k_c(w, c0, kc, u, s, mn, 1);
+}
+
+/* ---- dot products, portable: the definition the vector kernels reproduce bit for bit ------------------- */
+
+static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
+{
+    const struct q8x *x = a->x;
+    const struct q8_tile *t = a->t;
+    for (int i = 0; i < mr; i++) {
+        const int r = a->i0 + i;
+        const int8_t *xq = x->q + (size_t)r * x->k;
+        const int32_t *n4 = x->n4 + (size_t)r * x->nb * 8;
+        const float *dx = x->dx + (size_t)r * x->nbp, *sxd = x->sxd + (size_t)r * x->nbp;
+        for (int j = 0; j < NRQ; j++) {
+            float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
+            float av[8], mv[8];
+            for (int l = 0; l < 8; l++) av[l] = a->first ? 0.0f : acc[l], mv[l] = a->first ? 0.0f : macc[l];
+            for (int b = 0; b < a->nb; b++) {
+                const int gb = a->b0 + b;
+                const uint8_t *ub = t->u[j] + QB * b;
+                const int8_t *qb = xq + (size_t)QB * gb;
+                for (int l = 0; l < 8; l++) {
+                    int32_t dot = mode == Q8M_AFFINE ? 0 : n4[8 * gb + l] * (1 << sh);
+                    for (int e = 4 * l; e < 4 * l + 4; e++) dot += (int32_t)ub[e] * (int32_t)qb[e];
+                    const float sc = mode == Q8M_OFF16 ? t->s[j][2 * b + l / 4] : t->s[j][b];
+                    av[l] = fmaf((float)dot, sc * dx[gb], av[l]);
+                }
+            }
+            if (mode == Q8M_AFFINE)
+                for (int g = 0; g < a->nb; g += 8)
+                    for (int l = 0; l < 8; l++) mv[l] = fmaf(t->mn[j][g + l], sxd[a->b0 + g + l], mv[l]);
+            memcpy(acc, av, sizeof av);
+            memcpy(macc, mv, sizeof mv);
+        }
+    }
+}
+
+/* The f32 arithmetic, per block and (x row, weight row): t = Σ code·x in 16 lanes (lane l: elements l and
+ * 16 + l), acc += s·t (Q6_K: each half with its own scale); the codes of Q8_0 and Q6_K are made signed first
+ * (code - 2^sh, exact), the offset of Q4_0/Q5_0 (-2^sh·s) and the minimums of the affine types enter once per
+ * block as m'·Σx in 8 lanes (macc). The scale is applied once per block, as the old hand-written kernels did;
+ * |error| ~ (k/32 + 16)·2^-24·Σ|w·x|. */
+static inline float f32_conv_off(enum q8_mode mode, int sh)
+{
+    return mode == Q8M_OFF16 || sh == 7 ? (float)(1 << sh) : 0.0f;
+}
+static inline int f32_uses_macc(enum q8_mode mode, int sh)
+{
+    return mode == Q8M_AFFINE || (mode == Q8M_OFF && sh != 7);
+}
+
+/* x's per-block sums for the f32 arithmetic: sx[b] = hsum8((x[l] + x[8+l]) + (x[16+l] + x[24+l])), 0 past nb.
+ */
+static void sx_row_c(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sx, int nbp)
+{
+    (void)q, (void)n4, (void)dx;
+    const int nb = k / QB;
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + QB * b;
+        float p[8];
+        for (int l = 0; l < 8; l++) p[l] = (xb[l] + xb[8 + l]) + (xb[16 + l] + xb[24 + l]);
+        sx[b] = hsum8(p);
+    }
+    for (int b = nb; b < nbp; b++) sx[b] = 0.0f;
+}
+
+static void f32_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
+{
+    const struct q8_tile *t = a->t;
+    const float coff = f32_conv_off(mode, sh), moff = -(float)(1 << sh);
+    const int use_m = f32_uses_macc(mode, sh);
+    for (int i = 0; i < mr; i++) {
+        const float *xr = a->xf + (size_t)(a->i0 + i) * a->k;
+        const float *sx = a->x->sxd + (size_t)(a->i0 + i) * a->x->nbp + a->b0;
+        for (int j = 0; j < NRQ; j++) {
+            float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
+            float av[16], mv[8];
+            for (int l = 0; l < 16; l++) av[l] = a->first ? 0.0f : acc[l];
+            for (int l = 0; l < 8; l++) mv[l] = a->first ? 0.0f : macc[l];
+            for (int b = 0; b < a->nb; b++) {
+                const float *xb = xr + (size_t)QB * (a->b0 + b);
+                float c[QB];
+                for (int e = 0; e < QB; e++) c[e] = (float)t->u[j][QB * b + e] - coff;
+                if (mode == Q8M_OFF16) {
+                    for (int l = 0; l < 16; l++) av[l] = fmaf(t->s[j][2 * b], c[l] * xb[l], av[l]);
+                    for (int l = 0; l < 16; l++)
+                        av[l] = fmaf(t->s[j][2 * b + 1], c[16 + l] * xb[16 + l], av[l]);
+                } else {
+                    for (int l = 0; l < 16; l++) {
+                        const float tl = fmaf(c[16 + l], xb[16 + l], c[l] * xb[l]);
+                        av[l] = fmaf(t->s[j][b], tl, av[l]);
+                    }
+                }
+            }
+            if (use_m)
+                for (int g = 0; g < a->nb; g += 8)
+                    for (int l = 0; l < 8; l++) {
+                        const float mp = mode == Q8M_AFFINE ? t->mn[j][g + l] : moff * t->s[j][g + l];
+                        mv[l] = fmaf(mp, sx[g + l], mv[l]);
+                    }
+            memcpy(acc, av, sizeof av);
+            memcpy(macc, mv, sizeof mv);
+        }
+    }
+}
+
+/* f32 arithmetic, batches of more than MR rows: the decoded codes back to f32 weights (w = s·(code - 2^sh),
+ * or fma(s, code, mn) for the affine types) in the plain types' tile. */
+static void q8_to_f32_c(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode, int sh,
+                        float *dst)
+{
+    const float off = mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh);
+    for (int e = 0; e < kc; e++) {
+        const float c = (float)u[e], sc = mode == Q8M_OFF16 ? s[e / 16] : s[e / QB];
+        dst[e] = mode == Q8M_AFFINE ? fmaf(sc, c, mn[e / QB]) : sc * (c - off);
+    }
+}
+
+#ifdef MM_X86
+/* ---- x86: AVX2 decoding and x quantization; dot products with AVX2, AVX-VNNI or AVX512-VNNI -------------
+ */
+#define T_AVX2    "avx2,fma,f16c"
+#define T_AVXVNNI "avx2,fma,f16c,avxvnni"
+#define T_VNNI512 "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+
+__attribute__((target(T_AVX2))) static void q8x_row_avx2(const float *x, int k, int8_t *q, int32_t *n4,
+                                                         float *dx, float *sxd, int nbp)
+{
+    const int nb = k / QB;
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + QB * b;
+        __m256 v[4], mx = _mm256_setzero_ps(), badv = _mm256_setzero_ps();
+        for (int r = 0; r < 4; r++) {
+            v[r] = _mm256_loadu_ps(xb + 8 * r);
+            const __m256 a = _mm256_andnot_ps(sign, v[r]);
+            badv = _mm256_or_ps(badv, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
+            mx = _mm256_max_ps(mx, a);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const int bad = _mm256_movemask_ps(badv) != 0;
+        int sum = 0;
+        if (bad || amax < Q8_TINY) {
+            _mm256_storeu_si256((__m256i *)(q + QB * b), _mm256_setzero_si256());
+            _mm256_storeu_si256((__m256i *)(n4 + 8 * b), _mm256_setzero_si256());
+        } else {
+            const __m256 id = _mm256_set1_ps(127.0f / amax);
+            __m256i iv[4];
+            for (int r = 0; r < 4; r++) iv[r] = _mm256_cvtps_epi32(_mm256_mul_ps(v[r], id));
+            const __m256i p = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3])), perm);
+            _mm256_storeu_si256((__m256i *)(q + QB * b), p);
+            const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), ones16);
+            _mm256_storeu_si256((__m256i *)(n4 + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), s4));
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+            sum = _mm_cvtsi128_si32(t);
+        }
+        dx[b] = bad ? NAN : amax < Q8_TINY ? 0.0f : amax / 127.0f;
+        sxd[b] = dx[b] * (float)sum;
+    }
+    for (int b = nb; b < nbp; b++) dx[b] = sxd[b] = 0.0f;
+}
+
+static inline __attribute__((always_inline, target(T_AVX2))) void
+dec32_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn, size_t bsz, int qoff, int hoff,
+           int with_min, int five, int eight)
+{
+    const __m256i m0f = _mm256_set1_epi8(15), x80 = _mm256_set1_epi8((char)0x80), b10 = _mm256_set1_epi8(16);
+    /* Bit e of qh to byte e: byte e of the broadcast word is qh's byte e/8, tested against 1 << (e % 8). */
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                         2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x(0x8040201008040201LL);
+    const uint8_t *bp = w + (size_t)(c0 / QB) * bsz;
+    for (int b = 0; b < kc / QB; b++, bp += bsz) {
+        uint16_t h[2];
+        memcpy(h, bp, 4);
+        s[b] = _cvtsh_ss(h[0]);
+        if (with_min) mn[b] = _cvtsh_ss(h[1]);
+        __m256i v;
+        if (eight) {
+            v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bp + qoff)), x80);
+        } else {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(bp + qoff));
+            v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f);
+            if (five) {
+                uint32_t qh;
+                memcpy(&qh, bp + hoff, 4);
+                const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+                v = _mm256_or_si256(
+                    v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bits), bits), b10));
+            }
+        }
+        _mm256_store_si256((__m256i *)(u + QB * b), v);
+    }
+}
+
+/* Bit i of every byte moved to bit 4 (16-bit shifts: the caller's mask keeps each byte's own bit). */
+static inline __attribute__((always_inline, target(T_AVX2))) __m256i bit_to_4(__m256i v, int i)
+{
+    return i <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - i))
+                  : _mm256_srl_epi16(v, _mm_cvtsi32_si128(i - 4));
+}
+
+static inline __attribute__((always_inline, target(T_AVX2))) void
+dec_q45k_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn, int five)
+{
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const __m256i m0f = _mm256_set1_epi8(15), b10 = _mm256_set1_epi8(16);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const uint8_t *bp = w + (size_t)(c0 / QK_K) * bsz;
+    for (int sb = 0; sb < kc / QK_K; sb++, bp += bsz) {
+        uint16_t h[2];
+        uint32_t a[3];
+        memcpy(h, bp, 4);
+        memcpy(a, bp + 4, 12);
+        /* The 8 scales and 8 minimums (6 bits each) as bytes: sub-blocks 0-3 in the low 6 bits of bytes 0-3
+         * (scales) and 4-7 (minimums); 4-7 from the nibbles of bytes 8-11 and the top bits of bytes 0-7. */
+        const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+        const uint64_t sc = (a[0] & m6) | (uint64_t)((a[2] & m4) | ((a[0] >> 6) & m2) << 4) << 32;
+        const uint64_t mi = (a[1] & m6) | (uint64_t)(((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4) << 32;
+        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+        const __m256 mif = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mi)));
+        _mm256_storeu_ps(s + 8 * sb, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[0])), scf));
+        _mm256_storeu_ps(mn + 8 * sb,
+                         _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[1])), mif), sign));
+        __m256i qh = _mm256_setzero_si256();
+        if (five) qh = _mm256_loadu_si256((const __m256i *)(bp + offsetof(struct block_q5_k, qh)));
+        for (int p = 0; p < 4; p++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(bp + qs_off + 32 * p));
+            __m256i lo = _mm256_and_si256(q, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f);
+            if (five) { /* bit 2p (low nibbles' sub-block) and 2p + 1 of each qh byte, moved to bit 4 */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(bit_to_4(qh, 2 * p), b10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(bit_to_4(qh, 2 * p + 1), b10));
+            }
+            _mm256_store_si256((__m256i *)(u + QK_K * sb + 64 * p), lo);
+            _mm256_store_si256((__m256i *)(u + QK_K * sb + 64 * p + 32), hi);
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) static void dec_q6k_avx2(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                         float *s, float *mn)
+{
+    (void)mn;
+    const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const struct block_q6_k *bl = (const struct block_q6_k *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, bl++) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(bl->d));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)bl->scales);
+        _mm256_storeu_ps(s + 16 * sb, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(s + 16 * sb + 8,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(bl->ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(bl->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(bl->qh + 32 * h));
+            uint8_t *ub = u + QK_K * sb + 128 * h;
+            _mm256_store_si256(
+                (__m256i *)ub,
+                _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            _mm256_store_si256(
+                (__m256i *)(ub + 32),
+                _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            _mm256_store_si256(
+                (__m256i *)(ub + 64),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f), _mm256_and_si256(qh, m30)));
+            _mm256_store_si256((__m256i *)(ub + 96),
+                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+        }
+    }
+}
+
+#define DEC_AVX2(name, call)                                                                                 \
+    __attribute__((target(T_AVX2))) static void name(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, \
+                                                     float *mn)                                              \
     {                                                                                                        \
-        stream, direct, direct_m, sx                                                                         \
+        call;                                                                                                \
+    }
+DEC_AVX2(dec_q8_0_avx2, dec32_avx2(w, c0, kc, u, s, mn, sizeof(struct block_q8_0), 2, 0, 0, 0, 1))
+DEC_AVX2(dec_q4_0_avx2, dec32_avx2(w, c0, kc, u, s, mn, sizeof(struct block_q4_0), 2, 0, 0, 0, 0))
+DEC_AVX2(dec_q4_1_avx2, dec32_avx2(w, c0, kc, u, s, mn, sizeof(struct block_q4_1), 4, 0, 1, 0, 0))
+DEC_AVX2(dec_q5_0_avx2, dec32_avx2(w, c0, kc, u, s, mn, sizeof(struct block_q5_0), 6, 2, 0, 1, 0))
+DEC_AVX2(dec_q5_1_avx2, dec32_avx2(w, c0, kc, u, s, mn, sizeof(struct block_q5_1), 8, 4, 1, 1, 0))
+DEC_AVX2(dec_q4_k_avx2, dec_q45k_avx2(w, c0, kc, u, s, mn, 0))
+DEC_AVX2(dec_q5_k_avx2, dec_q45k_avx2(w, c0, kc, u, s, mn, 1))
+
+/* The lane dot products: lane l of the result = c_l + Σ_{e=4l..4l+3} u_e·x_e (u unsigned, x signed). */
+typedef __m256i (*lane_dot_fn)(__m256i c, __m256i u, __m256i x);
+static inline __attribute__((always_inline, target(T_AVX2))) __m256i lane_dot_avx2(__m256i c, __m256i u,
+                                                                                   __m256i x)
+{
+    /* pmaddubsw pairs (saturating int16: exact while u·x pairs stay below 32767, true for codes < 128) */
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+static inline __attribute__((always_inline, target(T_AVXVNNI))) __m256i lane_dot_avxvnni(__m256i c, __m256i u,
+                                                                                         __m256i x)
+{
+    return _mm256_dpbusd_avx_epi32(c, u, x);
+}
+static inline __attribute__((always_inline, target(T_VNNI512))) __m256i lane_dot_vnni512(__m256i c, __m256i u,
+                                                                                         __m256i x)
+{
+    return _mm256_dpbusd_epi32(c, u, x);
+}
+
+/* q8_dot_c's arithmetic in 8-lane vectors: mr x NRQ accumulators in registers over the chunk. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh, lane_dot_fn dot)
+{
+    const struct q8x *x = a->x;
+    const struct q8_tile *t = a->t;
+    const int8_t *xq[MRQ];
+    const int32_t *n4[MRQ];
+    const float *dx[MRQ];
+    __m256 acc[MRQ][NRQ];
+    for (int i = 0; i < mr; i++) {
+        const int r = a->i0 + i;
+        xq[i] = x->q + (size_t)r * x->k;
+        n4[i] = x->n4 + (size_t)r * x->nb * 8;
+        dx[i] = x->dx + (size_t)r * x->nbp;
+        for (int j = 0; j < NRQ; j++)
+            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
+    }
+    const __m128i shv = _mm_cvtsi32_si128(sh);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    for (int b = 0; b < a->nb; b++) {
+        const int gb = a->b0 + b;
+        __m256i xv[MRQ], cv[MRQ];
+        for (int i = 0; i < mr; i++) {
+            xv[i] = _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)QB * gb));
+            cv[i] = mode == Q8M_OFF || mode == Q8M_OFF16
+                        ? _mm256_sll_epi32(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * gb)), shv)
+                        : _mm256_setzero_si256();
+        }
+        for (int j = 0; j < NRQ; j++) {
+            const __m256i uv = _mm256_load_si256((const __m256i *)(t->u[j] + QB * b));
+            const __m256 sv = mode == Q8M_OFF16 ? _mm256_set_m128(_mm_broadcast_ss(&t->s[j][2 * b + 1]),
+                                                                  _mm_broadcast_ss(&t->s[j][2 * b]))
+                                                : _mm256_broadcast_ss(&t->s[j][b]);
+            const __m256i sgn = _mm256_xor_si256(uv, x80); /* Q8M_SIGNED: the int8 value */
+            const __m256i au = _mm256_abs_epi8(sgn);
+            for (int i = 0; i < mr; i++) {
+                const __m256i l = mode == Q8M_SIGNED
+                                      ? dot(_mm256_setzero_si256(), au, _mm256_sign_epi8(xv[i], sgn))
+                                      : dot(cv[i], uv, xv[i]);
+                const __m256 sd = _mm256_mul_ps(sv, _mm256_broadcast_ss(dx[i] + gb));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), sd, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+    if (mode == Q8M_AFFINE)
+        for (int i = 0; i < mr; i++) {
+            const float *sxd = x->sxd + (size_t)(a->i0 + i) * x->nbp + a->b0;
+            for (int j = 0; j < NRQ; j++) {
+                float *mp = a->macc + (i * NRQ + j) * 8;
+                __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
+                for (int g = 0; g < a->nb; g += 8)
+                    m = _mm256_fmadd_ps(_mm256_loadu_ps(&t->mn[j][g]), _mm256_loadu_ps(sxd + g), m);
+                _mm256_storeu_ps(mp, m);
+            }
+        }
+}
+
+#define Q8_CASE(mode, mr, dot)                                                                               \
+    case (mode)*8 + (mr):                                                                                    \
+        q8_dot_body(a, mr, mode, sh, dot);                                                                   \
+        return;
+#define Q8_CASES2(mode, dot) Q8_CASE(mode, 1, dot) Q8_CASE(mode, 2, dot)
+#define Q8_CASES4(mode, dot) Q8_CASES2(mode, dot) Q8_CASE(mode, 3, dot) Q8_CASE(mode, 4, dot)
+
+__attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, int mr, enum q8_mode mode,
+                                                        int sh)
+{
+    if (mode == Q8M_OFF && sh == 7) mode = Q8M_SIGNED; /* Q8_0 */
+    switch (mode * 8 + mr) {
+        Q8_CASES2(Q8M_OFF, lane_dot_avx2)
+        Q8_CASES2(Q8M_OFF16, lane_dot_avx2)
+        Q8_CASES2(Q8M_AFFINE, lane_dot_avx2)
+        Q8_CASES2(Q8M_SIGNED, lane_dot_avx2)
+    }
+}
+__attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_dot *a, int mr,
+                                                              enum q8_mode mode, int sh)
+{
+    switch (mode * 8 + mr) {
+        Q8_CASES2(Q8M_OFF, lane_dot_avxvnni)
+        Q8_CASES2(Q8M_OFF16, lane_dot_avxvnni)
+        Q8_CASES2(Q8M_AFFINE, lane_dot_avxvnni)
+    }
+}
+__attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_dot *a, int mr,
+                                                              enum q8_mode mode, int sh)
+{
+    switch (mode * 8 + mr) {
+        Q8_CASES4(Q8M_OFF, lane_dot_vnni512)
+        Q8_CASES4(Q8M_OFF16, lane_dot_vnni512)
+        Q8_CASES4(Q8M_AFFINE, lane_dot_vnni512)
+    }
+}
+__attribute__((target(T_AVX2))) static void q8_to_f32_avx2(const uint8_t *u, const float *s, const float *mn,
+                                                           int kc, enum q8_mode mode, int sh, float *dst)
+{
+    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh));
+    for (int e = 0; e < kc; e += 8) {
+        const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + e))));
+        const __m256 sc = _mm256_broadcast_ss(mode == Q8M_OFF16 ? &s[e / 16] : &s[e / QB]);
+        _mm256_storeu_ps(dst + e, mode == Q8M_AFFINE
+                                      ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&mn[e / QB]))
+                                      : _mm256_mul_ps(sc, _mm256_sub_ps(c, off)));
+    }
+}
+
+/* The f32 arithmetic's per-block terms m'·Σx (8 blocks per vector), after a chunk's blocks. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+f32_macc_avx2(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
+{
+    const __m256 moff = _mm256_set1_ps(-(float)(1 << sh));
+    for (int i = 0; i < mr; i++) {
+        const float *sx = a->x->sxd + (size_t)(a->i0 + i) * a->x->nbp + a->b0;
+        for (int j = 0; j < NRQ; j++) {
+            float *mp = a->macc + (i * NRQ + j) * 8;
+            __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
+            for (int g = 0; g < a->nb; g += 8) {
+                const __m256 mv = mode == Q8M_AFFINE ? _mm256_loadu_ps(&a->t->mn[j][g])
+                                                     : _mm256_mul_ps(moff, _mm256_loadu_ps(&a->t->s[j][g]));
+                m = _mm256_fmadd_ps(mv, _mm256_loadu_ps(sx + g), m);
+            }
+            _mm256_storeu_ps(mp, m);
+        }
+    }
+}
+
+/* f32_dot_c's arithmetic in 8-lane vectors: lanes 0-7 (A: elements 0-7 and 16-23) and 8-15 (B: 8-15, 24-31).
+ */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+f32_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
+{
+    const struct q8_tile *t = a->t;
+    const float *xr[MRQ];
+    __m256 acc[MRQ][NRQ][2];
+    for (int i = 0; i < mr; i++) {
+        xr[i] = a->xf + (size_t)(a->i0 + i) * a->k;
+        for (int j = 0; j < NRQ; j++)
+            for (int h = 0; h < 2; h++)
+                acc[i][j][h] =
+                    a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16 + 8 * h);
+    }
+    const __m256 coff = _mm256_set1_ps(f32_conv_off(mode, sh));
+    for (int b = 0; b < a->nb; b++) {
+        const int gb = a->b0 + b;
+        for (int j = 0; j < NRQ; j++) {
+            __m256 c[4];
+            for (int v = 0; v < 4; v++) {
+                c[v] = _mm256_cvtepi32_ps(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t->u[j] + QB * b + 8 * v))));
+                if (mode == Q8M_OFF16 || sh == 7) c[v] = _mm256_sub_ps(c[v], coff);
+            }
+            for (int i = 0; i < mr; i++) {
+                const float *xb = xr[i] + (size_t)QB * gb;
+                if (mode == Q8M_OFF16) {
+                    const __m256 sa = _mm256_broadcast_ss(&t->s[j][2 * b]),
+                                 sb = _mm256_broadcast_ss(&t->s[j][2 * b + 1]);
+                    acc[i][j][0] =
+                        _mm256_fmadd_ps(sa, _mm256_mul_ps(c[0], _mm256_loadu_ps(xb)), acc[i][j][0]);
+                    acc[i][j][1] =
+                        _mm256_fmadd_ps(sa, _mm256_mul_ps(c[1], _mm256_loadu_ps(xb + 8)), acc[i][j][1]);
+                    acc[i][j][0] =
+                        _mm256_fmadd_ps(sb, _mm256_mul_ps(c[2], _mm256_loadu_ps(xb + 16)), acc[i][j][0]);
+                    acc[i][j][1] =
+                        _mm256_fmadd_ps(sb, _mm256_mul_ps(c[3], _mm256_loadu_ps(xb + 24)), acc[i][j][1]);
+                } else {
+                    const __m256 sv = _mm256_broadcast_ss(&t->s[j][b]);
+                    const __m256 ta = _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xb + 16),
+                                                      _mm256_mul_ps(c[0], _mm256_loadu_ps(xb)));
+                    const __m256 tb = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xb + 24),
+                                                      _mm256_mul_ps(c[1], _mm256_loadu_ps(xb + 8)));
+                    acc[i][j][0] = _mm256_fmadd_ps(sv, ta, acc[i][j][0]);
+                    acc[i][j][1] = _mm256_fmadd_ps(sv, tb, acc[i][j][1]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++)
+            for (int h = 0; h < 2; h++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16 + 8 * h, acc[i][j][h]);
+    if (f32_uses_macc(mode, sh)) f32_macc_avx2(a, mr, mode, sh);
+}
+
+#define F32_CASE(mode, mr)                                                                                   \
+    case (mode)*8 + (mr):                                                                                    \
+        f32_dot_body(a, mr, mode, sh);                                                                       \
+        return;
+__attribute__((target(T_AVX2))) static void f32_dot_avx2(const struct q8_dot *a, int mr, enum q8_mode mode,
+                                                         int sh)
+{
+    switch (mode * 8 + mr) {
+        F32_CASE(Q8M_OFF, 1)
+        F32_CASE(Q8M_OFF16, 1)
+        F32_CASE(Q8M_AFFINE, 1)
+    }
+}
+
+/* The 32-element types' codes as f32, straight from the weights (AVX-512): the values the tile path converts
+ * (Q8_0's code - 128 is its int8 quant), the block's scale and, with a minimum, the minimum. */
+typedef void (*src512_fn)(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn);
+#define AI_512 __attribute__((always_inline, target(T_VNNI512)))
+static inline AI_512 void src512_q8_0(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn)
+{
+    (void)mn;
+    const uint8_t *bl = row + 34 * (size_t)b;
+    uint16_t d;
+    memcpy(&d, bl, 2);
+    *s = _cvtsh_ss(d);
+    *c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bl + 2))));
+    *c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bl + 18))));
+}
+static inline AI_512 void src512_q4(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn,
+                                    size_t bsz, int qoff, int with_min)
+{
+    const uint8_t *bl = row + bsz * (size_t)b;
+    uint16_t h[2];
+    memcpy(h, bl, 4);
+    *s = _cvtsh_ss(h[0]);
+    if (with_min) *mn = _cvtsh_ss(h[1]);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bl + qoff)));
+    const __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+    *c0 = _mm512_cvtepi32_ps(lo);
+    *c1 = _mm512_cvtepi32_ps(hi);
+}
+static inline AI_512 void src512_q4_0(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn)
+{
+    src512_q4(row, b, c0, c1, s, mn, sizeof(struct block_q4_0), 2, 0);
+}
+static inline AI_512 void src512_q4_1(const uint8_t *row, int b, __m512 *c0, __m512 *c1, float *s, float *mn)
+{
+    src512_q4(row, b, c0, c1, s, mn, sizeof(struct block_q4_1), 4, 1);
+}
+/* f32_dot_c's arithmetic with AVX-512: one 16-lane register per (x row, weight row) holds lanes A and B in
+ * the same order, so the sums are bitwise those of the 8-lane kernels, with half the instructions. */
+static inline __attribute__((always_inline, target(T_VNNI512))) void
+f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh, src512_fn src)
+{
+    struct q8_tile *t = a->t;
+    const float *xr[MRQ];
+    __m512 acc[MRQ][NRQ];
+    for (int i = 0; i < mr; i++) {
+        xr[i] = a->xf + (size_t)(a->i0 + i) * a->k;
+        for (int j = 0; j < NRQ; j++)
+            acc[i][j] = a->first ? _mm512_setzero_ps() : _mm512_loadu_ps(a->acc + (i * NRQ + j) * 16);
+    }
+    const __m512 coff = _mm512_set1_ps(f32_conv_off(mode, sh));
+    for (int b = 0; b < a->nb; b++) {
+        const int gb = a->b0 + b;
+        __m512 x0[MRQ], x1[MRQ];
+        for (int i = 0; i < mr; i++) {
+            x0[i] = _mm512_loadu_ps(xr[i] + QB * gb);
+            x1[i] = _mm512_loadu_ps(xr[i] + QB * gb + 16);
+        }
+        for (int j = 0; j < NRQ; j++) {
+            __m512 c0, c1;
+            if (src) { /* the same values straight from the weight row; its scale (and minimum) to the tile */
+                src(a->row[j], gb, &c0, &c1, &t->s[j][b], &t->mn[j][b]);
+            } else {
+                c0 = _mm512_cvtepi32_ps(
+                    _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b))));
+                c1 = _mm512_cvtepi32_ps(
+                    _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t->u[j] + QB * b + 16))));
+                if (mode == Q8M_OFF16 || sh == 7) c0 = _mm512_sub_ps(c0, coff), c1 = _mm512_sub_ps(c1, coff);
+            }
+            for (int i = 0; i < mr; i++) {
+                if (mode == Q8M_OFF16) {
+                    acc[i][j] =
+                        _mm512_fmadd_ps(_mm512_set1_ps(t->s[j][2 * b]), _mm512_mul_ps(c0, x0[i]), acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(t->s[j][2 * b + 1]), _mm512_mul_ps(c1, x1[i]),
+                                                acc[i][j]);
+                } else {
+                    const __m512 tt = _mm512_fmadd_ps(c1, x1[i], _mm512_mul_ps(c0, x0[i]));
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(t->s[j][b]), tt, acc[i][j]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm512_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+    if (f32_uses_macc(mode, sh)) f32_macc_avx2(a, mr, mode, sh);
+}
+
+#define F32_CASE512(mode, mr)                                                                                \
+    case (mode)*8 + (mr):                                                                                    \
+        f32_dot_body512(a, mr, mode, sh, NULL);                                                              \
+        return;
+#define F32_CASES512(mode) F32_CASE512(mode, 1) F32_CASE512(mode, 2) F32_CASE512(mode, 3) F32_CASE512(mode, 4)
+__attribute__((target(T_VNNI512))) static void f32_dot_avx512(const struct q8_dot *a, int mr,
+                                                              enum q8_mode mode, int sh)
+{
+    switch (mode * 8 + mr) {
+        F32_CASES512(Q8M_OFF)
+        F32_CASES512(Q8M_OFF16)
+        F32_CASES512(Q8M_AFFINE)
+    }
+}
+
+/* f32 arithmetic, 32-element types, m <= MR on AVX-512: codes read in place (no decode pass, no tile). */
+#define DIR_CASE(n, mode, type)                                                                              \
+    case n:                                                                                                  \
+        f32_dot_body512(a, n, mode, sh, src512_##type);                                                      \
+        return;
+#define DIR_FN(type, mode)                                                                                   \
+    __attribute__((target(T_VNNI512))) static void dir512_##type(const struct q8_dot *a, int mr,             \
+                                                                 enum q8_mode m_, int sh)                    \
+    {                                                                                                        \
+        (void)m_;                                                                                            \
+        switch (mr) {                                                                                        \
+            DIR_CASE(1, mode, type) DIR_CASE(2, mode, type) DIR_CASE(3, mode, type) DIR_CASE(4, mode, type)  \
+        }                                                                                                    \
+    }
+DIR_FN(q8_0, Q8M_OFF)
+DIR_FN(q4_0, Q8M_OFF)
+DIR_FN(q4_1, Q8M_AFFINE)
+/* Q5_0/Q5_1 stay on the tile: their fifth bits by variable shifts made them slower in place (hot L2, m=1:
+ * 6.0-6.8 GB/s against 8.6-9.2 through the tile). */
+static const q8_dot_fn dir512[DTYPE_COUNT] = {
+    [DTYPE_Q8_0] = dir512_q8_0, [DTYPE_Q4_0] = dir512_q4_0, [DTYPE_Q4_1] = dir512_q4_1};
+#endif /* MM_X86 */
+
+/* ---- the types and the instruction sets ------------------------------------------------------------------
+ */
+
+/* A quantized type's decoding: codes carry the offset 2^sh (0: none), the mode, and its decoders. */
+struct q8_kind {
+    int sh;
+    enum q8_mode mode;
+    q8_dec_fn dec[2]; /* portable, AVX2 */
+};
+
+#ifdef MM_X86
+#define DECS(name)                                                                                           \
+    {                                                                                                        \
+        dec_##name##_c, dec_##name##_avx2                                                                    \
     }
 #else
-#define CPU_K(stream, direct, direct_m, sx)                                                                  \
+#define DECS(name)                                                                                           \
     {                                                                                                        \
-        stream                                                                                               \
+        dec_##name##_c, NULL                                                                                 \
     }
 #endif
-static const struct cpu_wkernels cpu_wkernels[DTYPE_COUNT] = {
-    [DTYPE_F32] = CPU_K(micro_f32, NULL, 0, SX_NONE),
-    [DTYPE_F16] = CPU_K(micro_f16, NULL, 0, SX_NONE),
-    [DTYPE_BF16] = CPU_K(micro_bf16, NULL, 0, SX_NONE),
-    [DTYPE_Q8_0] = CPU_K(micro_q8_0, avx_q8_0, DIRECT_M_MAX, SX_NONE),
-    [DTYPE_Q4_0] = CPU_K(micro_q4_0, avx_q4_0, DIRECT_M_MAX, SX_NEG8),
-    [DTYPE_Q4_1] = CPU_K(micro_q4_1, avx_q4_1, DIRECT_M_MAX, SX_SUM),
-    [DTYPE_Q5_0] = CPU_K(micro_q5_0, avx_q5_0, DIRECT_M_MAX, SX_NEG16),
-    [DTYPE_Q5_1] = CPU_K(micro_q5_1, avx_q5_1, DIRECT_M_MAX, SX_SUM),
-    [DTYPE_Q4_K] = CPU_K(micro_q4_k, avx_q4_k, 2, SX_SUM),
-    [DTYPE_Q5_K] = CPU_K(micro_q5_k, avx_q5_k, 2, SX_SUM),
-    [DTYPE_Q6_K] = CPU_K(micro_q6_k, avx_q6_k, 2, SX_NONE),
+static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
+    [DTYPE_Q8_0] = {7, Q8M_OFF, DECS(q8_0)},    [DTYPE_Q4_0] = {3, Q8M_OFF, DECS(q4_0)},
+    [DTYPE_Q4_1] = {0, Q8M_AFFINE, DECS(q4_1)}, [DTYPE_Q5_0] = {4, Q8M_OFF, DECS(q5_0)},
+    [DTYPE_Q5_1] = {0, Q8M_AFFINE, DECS(q5_1)}, [DTYPE_Q4_K] = {0, Q8M_AFFINE, DECS(q4_k)},
+    [DTYPE_Q5_K] = {0, Q8M_AFFINE, DECS(q5_k)}, [DTYPE_Q6_K] = {5, Q8M_OFF16, DECS(q6k)},
 };
+
+/* An instruction set's kernels: decoders (AVX2 or portable), x quantizer, and the dot kernels of both
+ * arithmetics with the x rows each takes per call. */
+struct q8_isa {
+    const char *name;
+    int avx2;
+    q8_xrow_fn xrow;
+    q8_dot_fn dot[KERN_CPU_ACT_COUNT];
+    int mr[KERN_CPU_ACT_COUNT];
+    q8_f32_fn to_f32;        /* f32 arithmetic past MR rows: codes to the f32 tile */
+    const q8_dot_fn *direct; /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
+};
+
+static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
+    [KERN_CPU_ISA_PORTABLE] =
+        {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL},
+#ifdef MM_X86
+    [KERN_CPU_ISA_AVX2] =
+        {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL},
+    [KERN_CPU_ISA_AVXVNNI] =
+        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL},
+    [KERN_CPU_ISA_AVX512VNNI] = {"avx512-vnni",
+                                 1,
+                                 q8x_row_avx2,
+                                 {f32_dot_avx512, q8_dot_vnni512},
+                                 {MRQ, MRQ},
+                                 q8_to_f32_avx2,
+                                 dir512},
+#endif
+};
+
+#ifndef KERN_CPU_ACT_DEFAULT
+#define KERN_CPU_ACT_DEFAULT KERN_CPU_ACT_F32
+#endif
+static int act_mode = KERN_CPU_ACT_DEFAULT;
+
+void kern_cpu_matmul_set_act(enum kern_cpu_act act)
+{
+    if (act >= 0 && act < KERN_CPU_ACT_COUNT) __atomic_store_n(&act_mode, (int)act, __ATOMIC_RELAXED);
+}
+
+enum kern_cpu_act kern_cpu_matmul_act(void)
+{
+    return (enum kern_cpu_act)__atomic_load_n(&act_mode, __ATOMIC_RELAXED);
+}
+
+static int isa_best = -1;                    /* cpuid's answer, at first use */
+static int isa_cap = KERN_CPU_ISA_COUNT - 1; /* kern_cpu_isa_limit */
+
+enum kern_cpu_isa kern_cpu_isa_best(void)
+{
+    int best = __atomic_load_n(&isa_best, __ATOMIC_RELAXED);
+    if (best >= 0) return (enum kern_cpu_isa)best;
+    best = KERN_CPU_ISA_PORTABLE;
+#ifdef MM_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        best = KERN_CPU_ISA_AVX2;
+        if (__builtin_cpu_supports("avxvnni")) best = KERN_CPU_ISA_AVXVNNI;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+            best = KERN_CPU_ISA_AVX512VNNI;
+    }
+#endif
+    __atomic_store_n(&isa_best, best, __ATOMIC_RELAXED);
+    return (enum kern_cpu_isa)best;
+}
+
+enum kern_cpu_isa kern_cpu_isa_limit(enum kern_cpu_isa max)
+{
+    __atomic_store_n(&isa_cap, (int)max, __ATOMIC_RELAXED);
+    return kern_cpu_isa_current();
+}
+
+enum kern_cpu_isa kern_cpu_isa_current(void)
+{
+    const int best = kern_cpu_isa_best(), cap = __atomic_load_n(&isa_cap, __ATOMIC_RELAXED);
+    int isa = best < cap ? best : cap;
+    if (isa < 0) isa = KERN_CPU_ISA_PORTABLE;
+    /* AVX-VNNI is not implied by AVX512-VNNI (Zen 4 has only the latter): step down to AVX2. */
+    if (isa == KERN_CPU_ISA_AVXVNNI && best == KERN_CPU_ISA_AVX512VNNI) {
+#ifdef MM_X86
+        if (!__builtin_cpu_supports("avxvnni")) isa = KERN_CPU_ISA_AVX2;
+#endif
+    }
+    return (enum kern_cpu_isa)isa;
+}
+
+const char *kern_cpu_isa_name(enum kern_cpu_isa isa)
+{
+    return isa >= 0 && isa < KERN_CPU_ISA_COUNT && q8_isas[isa].name ? q8_isas[isa].name : "?";
+}
+
+/* ---- x's scratch buffer: one per calling thread, grown to the largest product it has seen ---------------
+ */
+
+struct q8_scratch {
+    void *p;
+    size_t cap;
+};
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_release(void *p)
+{
+    struct q8_scratch *s = p;
+    free(s->p);
+    free(s);
+}
+static void scratch_key_init(void)
+{
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0;
+}
+
+/* At least bytes of 64-byte aligned memory owned by this thread, or NULL. */
+static void *scratch_get(size_t bytes)
+{
+    pthread_once(&scratch_once, scratch_key_init);
+    if (!scratch_key_ok) return NULL;
+    struct q8_scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < bytes) {
+        free(s->p);
+        s->cap = 0;
+        s->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!s->p) return NULL;
+        s->cap = bytes;
+    }
+    return s->p;
+}
+
+struct q8x_job {
+    const float *x;
+    struct q8x *xq;
+    q8_xrow_fn xrow;
+    int m, n_tasks;
+};
+
+static void q8x_task(void *arg, int t)
+{
+    const struct q8x_job *j = arg;
+    const struct q8x *q = j->xq;
+    for (int i = j->m * t / j->n_tasks; i < j->m * (t + 1) / j->n_tasks; i++)
+        j->xrow(j->x + (size_t)i * q->k, q->k, q->q + (size_t)i * q->k, q->n4 + (size_t)i * q->nb * 8,
+                q->dx + (size_t)i * q->nbp, q->sxd + (size_t)i * q->nbp, q->nbp);
+}
+
+/* Prepares x (m, k) in the calling thread's scratch: quantized (int8) or only its block sums (f32, in sxd);
+ * k is a multiple of 32. */
+static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struct q8_isa *isa, int int8,
+                       struct tpool *tp)
+{
+    const int nb = k / QB, nbp = (nb + 7) / 8 * 8;
+    const size_t qb = int8 ? ((size_t)m * k + 63) / 64 * 64 : 0, n4b = int8 ? (size_t)m * nb * 32 : 0,
+                 fb = (size_t)m * nbp * 4;
+    uint8_t *p = scratch_get(qb + n4b + 2 * fb);
+    if (!p) return FERRY_ERR_NOMEM;
+    *xq = (struct q8x){.q = (int8_t *)p,
+                       .n4 = (int32_t *)(p + qb),
+                       .dx = (float *)(p + qb + n4b),
+                       .sxd = (float *)(p + qb + n4b + fb),
+                       .k = k,
+                       .nb = nb,
+                       .nbp = nbp};
+    /* Spread over the pool when there is enough to spread (prefill); decode's one row stays on the caller. */
+    const int n_tasks = (int64_t)m * k >= (1 << 16) ? (m < tpool_size(tp) ? m : tpool_size(tp)) : 1;
+    struct q8x_job job = {.x = x, .xq = xq, .xrow = int8 ? isa->xrow : sx_row_c, .m = m, .n_tasks = n_tasks};
+    if (n_tasks > 1)
+        tpool_run(tp, q8x_task, &job, n_tasks);
+    else
+        q8x_task(&job, 0);
+    return FERRY_OK;
+}
+
+/* ==== The product: partition, tasks, entry points =========================================================
+ */
 
 struct mm_ctx {
     float *y;         /* (m, n) */
@@ -934,86 +1318,58 @@ struct mm_ctx {
     const float *bias; /* (n) or NULL */
     int m, n, k;
     size_t row_bytes;
-    int kc; /* columns per chunk */
     int n_threads;
-    micro_fn stream; /* m <= 2 with a register decoder: rows stream whole (kc = k), no tile; else NULL */
-#ifdef HAVE_AVX_Q
-    avxq_fn direct; /* the hand-written kernel this product takes (no tile), or NULL */
-#endif
-    const float *sx; /* direct path: (m, k/32, 2) per-block sums of x (see avx_q), or NULL */
+    /* plain types */
+    enum wkind kind;
+    int kc;          /* columns per chunk of the tile */
+    micro_fn stream; /* m <= MR: rows stream whole (kc = k), converted in registers; else NULL (tile) */
+    micro_fn micro;  /* the tile's kernel (f32) */
+    /* quantized types */
+    const struct q8_kind *qk; /* NULL for plain types */
+    const struct q8x *xq;     /* x prepared for the arithmetic */
+    int int8;                 /* the int8 arithmetic (else f32) */
+    q8_f32_fn to_f32;         /* f32 arithmetic past MR rows: the plain tile, filled from decoded codes */
+    q8_dec_fn dec;
+    q8_dot_fn dot;
+    q8_dot_fn direct; /* reads codes in place (no tile), or NULL */
+    int mrq;
 };
 
-static void mm_task(void *arg, int t)
+static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
 {
-    const struct mm_ctx *c = arg;
-    const int n_groups = (c->n + NR - 1) / NR;
-    const int g0 = (int)((int64_t)n_groups * t / c->n_threads),
-              g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
-    if (g0 >= g1) return;
-    const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
     const int m = c->m, k = c->k;
-    /* When rows are reused (m > 2) they are dequantized/converted into the tile, so the micro-kernel reads a
-     * contiguous, L1-resident f32 tile whose padded row stride avoids cache-set conflicts. For m <= 2 rows
-     * stream straight from memory and are decoded in registers (whole rows, kc = k). */
-    const int use_tile = !c->stream;
-    const micro_fn mk = use_tile ? micro_f32 : c->stream;
     float out[MR * NR];
-#ifdef HAVE_AVX_Q
-    if (c->direct) {
-        const avxq_fn aq = c->direct;
-        /* The kernels prefetch PF_AHEAD rows ahead; the first rows of the range are asked for here. */
-        {
-            const uint8_t *p0 = c->w + (size_t)j_lo * c->row_bytes;
-            const int rows = j_hi - j_lo < PF_AHEAD ? j_hi - j_lo : PF_AHEAD;
-            for (size_t off = 0; off < (size_t)rows * c->row_bytes; off += 64)
-                _mm_prefetch((const char *)p0 + off, PF_HINT);
-        }
-        for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
-            const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
-            const uint8_t *wg = c->w + (size_t)j0 * c->row_bytes;
-            if (m <= 2) {
-                aq(out, c->x, k, wg, (ptrdiff_t)c->row_bytes, k, m, nr, c->sx);
-            } else { /* 3-4 rows of x: two weight rows at a time keeps the accumulators in registers */
-                aq(out, c->x, k, wg, (ptrdiff_t)c->row_bytes, k, m, nr < 2 ? nr : 2, c->sx);
-                if (nr > 2)
-                    aq(out + 2, c->x, k, wg + 2 * c->row_bytes, (ptrdiff_t)c->row_bytes, k, m, nr - 2, c->sx);
-            }
-            for (int i = 0; i < m; i++) {
-                float *yr = c->y + (size_t)i * c->n + j0;
-                for (int j = 0; j < nr; j++) yr[j] = out[i * NR + j];
-            }
-        }
-        if (c->bias)
-            for (int i = 0; i < m; i++)
-                for (int j = j_lo; j < j_hi; j++) c->y[(size_t)i * c->n + j] += c->bias[j];
-        return;
-    }
-#endif
     float tile[NR * (KC_MAX + TILE_PAD)] __attribute__((aligned(64)));
-    const dtype_to_f32_fn to_f32 = dtype_get_traits(c->wt)->to_f32;
-
+    struct q8_tile qt; /* quantized types: one decoded row */
+    const micro_fn mk = c->stream ? c->stream : c->micro;
     for (int k0 = 0; k0 < k; k0 += c->kc) {
         const int kc = k - k0 < c->kc ? k - k0 : c->kc;
         for (int j0 = j_lo; j0 < j_hi; j0 += NR) {
             const int nr = j_hi - j0 < NR ? j_hi - j0 : NR;
             const void *wp;
             ptrdiff_t ldw;
-            if (use_tile) {
-                const size_t off = dtype_row_size(c->wt, k0);
+            if (!c->stream) {
                 const int stride = kc + TILE_PAD;
-                for (int j = 0; j < nr; j++)
-                    to_f32(c->w + (size_t)(j0 + j) * c->row_bytes + off, tile + (size_t)j * stride, kc);
+                for (int j = 0; j < nr; j++) {
+                    const uint8_t *wr = c->w + (size_t)(j0 + j) * c->row_bytes;
+                    if (c->to_f32) { /* a quantized type: decode, then codes to f32 */
+                        c->dec(wr, k0, kc, qt.u[0], qt.s[0], qt.mn[0]);
+                        c->to_f32(qt.u[0], qt.s[0], qt.mn[0], kc, c->qk->mode, c->qk->sh,
+                                  tile + (size_t)j * stride);
+                    } else {
+                        plain_to_f32(wr, k0, kc, tile + (size_t)j * stride, c->kind);
+                    }
+                }
                 wp = tile;
                 ldw = (ptrdiff_t)stride * 4;
             } else {
-                wp = c->w + (size_t)j0 * c->row_bytes + dtype_row_size(c->wt, k0);
+                wp = c->w + (size_t)j0 * c->row_bytes;
                 ldw = (ptrdiff_t)c->row_bytes;
                 /* Rows stream from memory: ask for the group PF_AHEAD rows below now (see PF_AHEAD). */
                 if (j0 + PF_AHEAD < j_hi && c->row_bytes <= 4096) { /* long rows: hardware prefetch */
                     const int pr = j_hi - (j0 + PF_AHEAD) < NR ? j_hi - (j0 + PF_AHEAD) : NR;
                     const uint8_t *p0 = c->w + (size_t)(j0 + PF_AHEAD) * c->row_bytes;
-                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64)
-                        __builtin_prefetch(p0 + off, 0, 2);
+                    for (size_t off = 0; off < (size_t)pr * c->row_bytes; off += 64) prefetch_l2(p0 + off);
                 }
             }
             for (int i0 = 0; i0 < m; i0 += MR) {
@@ -1029,8 +1385,90 @@ static void mm_task(void *arg, int t)
             }
         }
     }
+}
+
+static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
+{
+    const int m = c->m, k = c->k, affine = c->qk->mode == Q8M_AFFINE;
+    struct q8_tile tile;
+    float accb[MBQ * NRQ * 16], maccb[MBQ * NRQ * 8];
+    memset(&tile, 0, sizeof tile);
+    const int bs = dtype_block_size(c->wt);
+    const size_t bsz = dtype_type_size(c->wt);
+    for (int i0m = 0; i0m < m; i0m += MBQ) {
+        const int mb = m - i0m < MBQ ? m - i0m : MBQ;
+        for (int j0 = j_lo; j0 < j_hi; j0 += NRQ) {
+            const int nr = j_hi - j0 < NRQ ? j_hi - j0 : NRQ;
+            for (int c0 = 0; c0 < k; c0 += KCQ) {
+                const int kc = k - c0 < KCQ ? k - c0 : KCQ, nbc = kc / QB;
+                const size_t off = (size_t)(c0 / bs) * bsz, len = (size_t)(kc / bs) * bsz;
+                const uint8_t *rows[NRQ];
+                for (int j = 0; j < NRQ; j++) {
+                    rows[j] =
+                        c->w + (size_t)(j0 + (j < nr ? j : 0)) * c->row_bytes; /* past the range: again */
+                    if (j >= nr && !c->direct) { /* past the range: contributes zeros */
+                        memset(tile.s[j], 0, sizeof tile.s[j]);
+                        memset(tile.mn[j], 0, sizeof tile.mn[j]);
+                        continue;
+                    }
+                    const uint8_t *wr = c->w + (size_t)(j0 + j) * c->row_bytes;
+                    if (j0 + j + PF_AHEAD < j_hi)
+                        for (size_t o = 0; o < len; o += 64)
+                            prefetch_l2(wr + PF_AHEAD * c->row_bytes + off + o);
+                    if (!c->direct) c->dec(wr, c0, kc, tile.u[j], tile.s[j], tile.mn[j]);
+                    /* whole groups of 8 blocks are read by the per-block terms: zeros past the chunk */
+                    for (int b = nbc; b % 8; b++) tile.mn[j][b] = 0.0f;
+                    if (c->qk->mode == Q8M_OFF)
+                        for (int b = nbc; b % 8; b++) tile.s[j][b] = 0.0f;
+                }
+                for (int i0 = 0; i0 < mb; i0 += c->mrq) {
+                    const int mr = mb - i0 < c->mrq ? mb - i0 : c->mrq;
+                    struct q8_dot d = {.x = c->xq,
+                                       .xf = c->x,
+                                       .k = k,
+                                       .i0 = i0m + i0,
+                                       .t = &tile,
+                                       .b0 = c0 / QB,
+                                       .nb = nbc,
+                                       .acc = accb + (size_t)i0 * NRQ * 16,
+                                       .macc = maccb + (size_t)i0 * NRQ * 8,
+                                       .first = c0 == 0};
+                    memcpy(d.row, rows, sizeof rows);
+                    (c->direct ? c->direct : c->dot)(&d, mr, c->qk->mode, c->qk->sh);
+                }
+            }
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < nr; j++) {
+                    const float *av = accb + ((size_t)i * NRQ + j) * 16,
+                                *mv = maccb + ((size_t)i * NRQ + j) * 8;
+                    float v;
+                    if (c->int8) {
+                        v = affine ? hsum8(av) + hsum8(mv) : hsum8(av);
+                    } else { /* the two sets of 8 lanes, then the per-block terms */
+                        float s8[8];
+                        for (int l = 0; l < 8; l++) s8[l] = av[l] + av[8 + l];
+                        v = f32_uses_macc(c->qk->mode, c->qk->sh) ? hsum8(s8) + hsum8(mv) : hsum8(s8);
+                    }
+                    c->y[(size_t)(i0m + i) * c->n + j0 + j] = v;
+                }
+        }
+    }
+}
+
+static void mm_task(void *arg, int t)
+{
+    const struct mm_ctx *c = arg;
+    const int n_groups = (c->n + NR - 1) / NR;
+    const int g0 = (int)((int64_t)n_groups * t / c->n_threads),
+              g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
+    if (g0 >= g1) return;
+    const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
+    if (c->qk && !c->to_f32)
+        q8_task(c, j_lo, j_hi);
+    else
+        plain_task(c, j_lo, j_hi);
     if (c->bias)
-        for (int i = 0; i < m; i++)
+        for (int i = 0; i < c->m; i++)
             for (int j = j_lo; j < j_hi; j++) c->y[(size_t)i * c->n + j] += c->bias[j];
 }
 
@@ -1041,10 +1479,16 @@ static int mm_check(const float *y, const float *x, const void *w, enum dtype wt
     return FERRY_OK;
 }
 
-/* Fills c for one product and returns how many pool tasks it wants (1 for tiny products). sx_buf holds
- * DIRECT_M_MAX * 2 * (SX_MAX_K / 32) floats and must live until the product is done. */
+static int is_quantized(enum dtype wt)
+{
+    return q8_kinds[wt].dec[0] != NULL;
+}
+
+/* Fills c for one product (xq: x prepared when the type is quantized) and returns how many pool tasks it
+ * wants (1 for tiny products). */
 static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w, enum dtype wt,
-                      const float *bias, int m, int n, int k, struct tpool *tp, float *sx_buf)
+                      const float *bias, int m, int n, int k, struct tpool *tp, const struct q8x *xq,
+                      const struct q8_isa *isa)
 {
     *c = (struct mm_ctx){.y = y,
                          .x = x,
@@ -1056,71 +1500,50 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
                          .n_threads = tpool_size(tp)};
-    /* KC: a multiple of 256 (whole K-quant blocks) that keeps the W tile in L1 and the (m, KC) slice of x in
-     * L2. With m <= 2 there is no tile and nothing to reuse: whole rows (no partial sums). */
-    int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
-    kc = kc / 256 * 256;
-    if (kc < 256) kc = 256;
-    if (kc > KC_MAX) kc = KC_MAX;
-    const struct cpu_wkernels *kern = &cpu_wkernels[wt];
-    if (m <= 2 && kern->stream) {
-        c->stream = kern->stream;
-        kc = k; /* rows stream whole: no tile in mm_task */
+    const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
+    if (quant) {
+        c->qk = &q8_kinds[wt];
+        c->xq = xq;
+        c->dec = c->qk->dec[isa->avx2 && c->qk->dec[1] ? 1 : 0];
+        c->int8 = act == KERN_CPU_ACT_INT8;
+        c->dot = isa->dot[act];
+        c->mrq = isa->mr[act];
+        if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
+        /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
+         * factored kernel takes three) */
+        if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
     }
-    if (kc >= k) kc = k;
-    c->kc = (int)kc;
-#ifdef HAVE_AVX_Q
-    if (kern->direct && m <= kern->direct_m && (kern->sx == SX_NONE || k <= SX_MAX_K)) {
-        c->direct = kern->direct;
-        /* Per-block sums of x for the affine part (see avx_q): (m, k/32) pairs. */
-        if (kern->sx != SX_NONE) {
-            const int nb = k / 32;
-            for (int i = 0; i < m; i++)
-                for (int b = 0; b < nb; b++) {
-                    const float *xp = x + (size_t)i * k + 32 * b;
-                    __m256 s =
-                        _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp + 8)),
-                                      _mm256_add_ps(_mm256_loadu_ps(xp + 16), _mm256_loadu_ps(xp + 24)));
-                    const float t = hsum256(s);
-                    /* (scaled by d, scaled by m): the offset of Q4_0/Q5_0 codes, or Σx for the minimum. */
-                    sx_buf[i * 2 * nb + 2 * b] = kern->sx == SX_NEG8    ? -8.0f * t
-                                                 : kern->sx == SX_NEG16 ? -16.0f * t
-                                                                        : 0.0f;
-                    sx_buf[i * 2 * nb + 2 * b + 1] = kern->sx == SX_SUM ? t : 0.0f;
-                }
-            c->sx = sx_buf;
+    if (!quant || c->to_f32) {
+        static const micro_fn micros[3] = {micro_f32, micro_f16, micro_bf16};
+        c->kind = wt == DTYPE_F32 ? WK_F32 : wt == DTYPE_F16 ? WK_F16 : WK_BF16;
+        c->micro = micro_f32;
+        /* KC: a multiple of 256 that keeps the W tile in L1 and the (m, KC) slice of x in L2. Up to MR rows
+         * of x there is nothing to reuse a tile for: whole rows stream (no partial sums). */
+        int64_t kc = X_L2_BYTES / ((int64_t)m * 4);
+        kc = kc / 256 * 256;
+        if (kc < 256) kc = 256;
+        if (kc > KC_MAX) kc = KC_MAX;
+        if (m <= STREAM_M_MAX && !quant) {
+            c->stream = micros[c->kind];
+            kc = k;
         }
+        c->kc = kc >= k ? k : (int)kc;
     }
-#else
-    (void)sx_buf;
-#endif
     /* Tiny products are not worth waking the pool for. */
     if ((int64_t)m * n * k < 32 * 1024) c->n_threads = 1;
     return c->n_threads;
 }
 
-#ifdef HAVE_AVX_Q
-#define SX_FLOATS (DIRECT_M_MAX * 2 * (SX_MAX_K / 32))
-#else
-#define SX_FLOATS 1 /* no direct kernels, no x block sums */
-#endif
-
 int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                     int k, struct tpool *tp)
 {
-    int st = mm_check(y, x, w, wt, m, n, k);
-    if (st) return st;
-    struct mm_ctx c;
-    float sx[SX_FLOATS];
-    int n_tasks = mm_prepare(&c, y, x, w, wt, bias, m, n, k, tp, sx);
-    tpool_run(tp, mm_task, &c, n_tasks);
-    return FERRY_OK;
+    const struct kern_cpu_mm job = {.y = y, .w = w, .wt = wt, .bias = bias, .n = n};
+    return kern_cpu_matmul_multi(&job, 1, x, m, k, tp);
 }
 
 struct mm_multi {
     struct mm_ctx c[KERN_CPU_MM_MAX_JOBS];
     int first[KERN_CPU_MM_MAX_JOBS + 1]; /* task index where each job's tasks start */
-    int n_jobs;
 };
 
 static void mm_multi_task(void *arg, int t)
@@ -1134,17 +1557,28 @@ static void mm_multi_task(void *arg, int t)
 int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k,
                           struct tpool *tp)
 {
-    if (n_jobs <= 0 || n_jobs > KERN_CPU_MM_MAX_JOBS) return FERRY_ERR_INVALID;
+    if (!jobs || n_jobs <= 0 || n_jobs > KERN_CPU_MM_MAX_JOBS) return FERRY_ERR_INVALID;
+    int quantized = 0;
     for (int j = 0; j < n_jobs; j++) {
         int st = mm_check(jobs[j].y, x, jobs[j].w, jobs[j].wt, m, jobs[j].n, k);
         if (st) return st;
+        quantized |= is_quantized(jobs[j].wt);
     }
-    struct mm_multi mm = {.n_jobs = n_jobs};
-    float sx[KERN_CPU_MM_MAX_JOBS][SX_FLOATS];
+    const struct q8_isa *isa = &q8_isas[kern_cpu_isa_current()];
+    struct q8x xq = {0};
+    if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
+        int st = q8x_prepare(&xq, x, m, k, isa, kern_cpu_matmul_act() == KERN_CPU_ACT_INT8, tp);
+        if (st) return st;
+    }
+    struct mm_multi mm;
+    mm.first[0] = 0;
     for (int j = 0; j < n_jobs; j++)
         mm.first[j + 1] = mm.first[j] + mm_prepare(&mm.c[j], jobs[j].y, x, jobs[j].w, jobs[j].wt,
-                                                   jobs[j].bias, m, jobs[j].n, k, tp, sx[j]);
-    tpool_run(tp, mm_multi_task, &mm, mm.first[n_jobs]);
+                                                   jobs[j].bias, m, jobs[j].n, k, tp, &xq, isa);
+    if (n_jobs == 1)
+        tpool_run(tp, mm_task, &mm.c[0], mm.first[1]);
+    else
+        tpool_run(tp, mm_multi_task, &mm, mm.first[n_jobs]);
     return FERRY_OK;
 }
 

@@ -1,9 +1,14 @@
 /* matmul — y = x · Wᵀ (+ bias) on the CPU with the weight in its stored type.
  *
  * W is (n, k) row-major in any dtype of quant/dtype.h (quantized rows are blocks along k);
- * x is (m, k) f32, y is (m, n) f32, bias (n) f32 or NULL. Accumulation is in f32 or wider; the whole
- * weight is never expanded to f32 (rows are dequantized into a small per-thread buffer and reused for all m
- * rows of x). Work is split over output rows with the thread pool; deterministic for a given pool size.
+ * x is (m, k) f32, y is (m, n) f32, bias (n) f32 or NULL. The whole weight is never expanded: blocks are
+ * decoded into a small per-thread tile and reused for all m rows of x. Plain types (F32/F16/BF16) multiply in
+ * f32. Quantized types multiply in f32 too (KERN_CPU_ACT_F32), or, with KERN_CPU_ACT_INT8, quantize x once
+ * per product to int8 blocks of 32 (one f32 scale each) and take integer dot products, as llama.cpp does:
+ * |y - exact| <= Σ_blocks (max|x_block| / 254)·Σ|w_block| + f32 rounding (matmul.c's first comment).
+ * Work is split over output rows with the thread pool. Results are bitwise the same whatever the pool size;
+ * for quantized types also whatever instruction set runs them (kern_cpu_isa), and with the int8 arithmetic
+ * whatever m (a row of a batch equals the row alone).
  */
 #ifndef FERRY_KERN_CPU_MATMUL_H
 #define FERRY_KERN_CPU_MATMUL_H
@@ -14,7 +19,9 @@
 
 struct tpool;
 
-/* Returns FERRY_ERR_INVALID on bad shape (k not a multiple of the block size, m/n/k <= 0). */
+/* Returns FERRY_ERR_INVALID on bad shape (k not a multiple of the block size, m/n/k <= 0), FERRY_ERR_NOMEM
+ * when the calling thread's buffer for the quantized x (about 2.25 bytes per element of x, kept for the
+ * thread's later products and freed when it exits) cannot grow. */
 int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
                     int k, struct tpool *tp);
 
@@ -23,16 +30,48 @@ int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, cons
  * saving is the pool wake-ups and the tail imbalance of separate calls. At most KERN_CPU_MM_MAX_JOBS jobs. */
 #define KERN_CPU_MM_MAX_JOBS 4
 struct kern_cpu_mm {
-    float *y;          /* (m, n) */
-    const void *w;     /* (n, k) in wt */
+    float *y;      /* (m, n) */
+    const void *w; /* (n, k) in wt */
     enum dtype wt;
     const float *bias; /* (n) or NULL */
     int n;
 };
-int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k, struct tpool *tp);
+int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const float *x, int m, int k,
+                          struct tpool *tp);
 
-/* Reference: plain loops, each weight element dequantized through the type table (quant/dtype.h), double accumulation. */
-int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
-                        int k);
+/* The arithmetic of products with quantized weights (process-wide; plain types always multiply in f32). */
+enum kern_cpu_act {
+    KERN_CPU_ACT_F32,  /* x in f32 times the dequantized weights, f32 sums (the default) */
+    KERN_CPU_ACT_INT8, /* x quantized to int8 blocks of 32, integer dot products: llama.cpp's arithmetic,
+                        * 1.2-1.7x the f32 rate (kernels/cpu/NOTES.md); adds x's rounding to the error */
+    KERN_CPU_ACT_COUNT,
+};
+/* Sets the arithmetic of later products (not while products run). The build's default is
+ * KERN_CPU_ACT_DEFAULT (KERN_CPU_ACT_F32 unless defined otherwise). */
+void kern_cpu_matmul_set_act(enum kern_cpu_act act);
+enum kern_cpu_act kern_cpu_matmul_act(void);
+
+/* The instruction sets the quantized products can run on; the best the CPU has is chosen at run time. */
+enum kern_cpu_isa {
+    KERN_CPU_ISA_PORTABLE,   /* plain C */
+    KERN_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C: pmaddubsw */
+    KERN_CPU_ISA_AVXVNNI,    /* AVX-VNNI (VEX vpdpbusd on 256 bits: Alder Lake, Sapphire Rapids, Zen 5) */
+    KERN_CPU_ISA_AVX512VNNI, /* AVX512-VNNI with VL (EVEX vpdpbusd: Ice Lake server and later, Zen 4) */
+    KERN_CPU_ISA_COUNT,
+};
+/* The best set this CPU supports (cpuid, with the OS's register state). */
+enum kern_cpu_isa kern_cpu_isa_best(void);
+/* The set products use now: the best, capped by kern_cpu_isa_limit (AVX-VNNI steps down to AVX2 on a CPU
+ * that has only AVX512-VNNI). */
+enum kern_cpu_isa kern_cpu_isa_current(void);
+/* Caps the set for later products (tests, comparisons; not while products run); returns the one in effect. */
+enum kern_cpu_isa kern_cpu_isa_limit(enum kern_cpu_isa max);
+/* "avx512-vnni", ...; "?" for anything else. */
+const char *kern_cpu_isa_name(enum kern_cpu_isa isa);
+
+/* Reference: plain loops, each weight element dequantized through the type table (quant/dtype.h), double
+ * accumulation. */
+int kern_cpu_matmul_ref(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m,
+                        int n, int k);
 
 #endif

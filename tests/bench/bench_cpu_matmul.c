@@ -1,11 +1,18 @@
-/* bench_cpu_matmul — weight-read bandwidth of kern_cpu_matmul per stored type (not a test).
+/* bench_cpu_matmul — weight-read rate of kern_cpu_matmul per stored type and batch size (not a test).
  *
- * For shapes (m, n, k) = (1, 4096, 4096) (decode) and (64, 4096, 4096) (prefill) and 1 and 2 threads (or the
- * counts given as arguments), prints GB/s of weight bytes read (n * row_bytes per call) and GFLOP/s, best of
- * a few timed runs after a warm-up. Each call reads a different copy of the weight, from a rotation of at
- * least 512 MiB, so no call finds its weight in cache (this machine's L3 is 32 MiB; some keep part of 64
- * MiB). The ceiling printed first is a plain streaming read (vector sums) of a 256 MiB buffer with the same
- * pool. Usage: bench_cpu_matmul [threads...]
+ * For each thread count, first the ceiling: a streaming read (vector sums, 4 streams per thread, with and
+ * without software prefetch, the better) of a 256 MiB buffer with the same pool. Then for each type and m
+ * (rows of x), y (m, n) = x (m, k) · Wᵀ, best of a few timed calls after a warm-up: ms per call, GB/s of
+ * weight bytes (n * row_bytes per call), that rate as a share of the ceiling, GFLOP/s, and t/t1, the call's
+ * time over the first m's call (m = 1: 16 single-token steps cost 16). Each call reads a different copy of
+ * the weight from a rotation of at least 512 MiB, so no call finds its weight in cache.
+ * --hot uses one copy (weights from cache: the kernel's compute rate; with -t 1 and a small n, the run to
+ * give valgrind --tool=callgrind for instruction counts per weight byte).
+ *
+ * Quantized types run in the arithmetic --act names (f32, int8, or both: one line each) on the instruction
+ * set --isa caps (portable, avx2, avx-vnni, avx512-vnni; default: the best the CPU has).
+ * Usage: bench_cpu_matmul [-t 1,2] [-m 1,2,4,16,64] [-T Q8_0,Q4_K] [-n 4096] [-k 4096] [-r reps] [--hot]
+ *        [--no-ceiling] [--act f32|int8|both] [--isa NAME]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -13,12 +20,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/core/dtype.h"
-#include "kernels/core/fp16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "quant/blocks.h"
 #include "quant/dequant.h"
+#include "quant/dtype.h"
 
 static double now_s(void)
 {
@@ -36,27 +41,15 @@ static float frand(void)
     return (float)((rng >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
 }
 
-static void *make_weight(enum dtype t, int n, int k)
+/* (n, k) of type t quantized from uniform floats by quant's reference quantizers. */
+static uint8_t *make_weight(enum dtype t, int n, int k)
 {
     const size_t rb = dtype_row_size(t, k);
     uint8_t *w = aligned_alloc(64, (rb * n + 63) / 64 * 64);
     float *row = malloc(sizeof(float) * k);
     for (int j = 0; j < n; j++) {
         for (int i = 0; i < k; i++) row[i] = frand();
-        if (t == DTYPE_Q4_K || t == DTYPE_Q6_K) {
-            for (size_t b = 0; b < rb; b++) w[rb * j + b] = (uint8_t)(rng >> 13), frand();
-            for (int b = 0; b < k / 256; b++) {
-                if (t == DTYPE_Q4_K) {
-                    struct block_q4_k *bl = (struct block_q4_k *)(w + rb * j) + b;
-                    bl->d = bl->dmin = f32_to_f16(0.01f);
-                } else {
-                    struct block_q6_k *bl = (struct block_q6_k *)(w + rb * j + (size_t)b * 210);
-                    bl->d = f32_to_f16(0.001f);
-                }
-            }
-        } else {
-            quant_row(t, row, w + rb * j, k);
-        }
+        quant_row(t, row, w + rb * j, k);
     }
     free(row);
     return w;
@@ -66,13 +59,14 @@ struct bw_ctx {
     const float *a;
     int64_t n;
     int n_threads;
-    float sink[64];
+    int prefetch; /* also ask for the lines 4 KiB ahead of each stream (into L2), as the kernels do */
+    float sink[256];
 };
 
 typedef float v8f __attribute__((vector_size(32)));
 
-/* Each thread reads its slice in 64 KiB pieces, each as 4 concurrent 16 KiB streams — the access pattern of
- * the matmul reading 4 weight rows of 4096 f32 at a time, which the prefetchers serve best. */
+/* Each thread reads its contiguous slice in 64 KiB pieces, each as 4 concurrent 16 KiB streams (the pattern
+ * of a product reading 4 weight rows at a time, which the prefetchers serve best). */
 static void bw_task(void *arg, int t)
 {
     struct bw_ctx *c = arg;
@@ -83,6 +77,10 @@ static void bw_task(void *arg, int t)
     for (int64_t b = lo; b < hi; b += piece) {
         const float *p0 = c->a + b, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
         for (int64_t i = 0; i < q; i += 8) {
+            if (c->prefetch && (i & 15) == 0) {
+                __builtin_prefetch(p0 + i + 1024, 0, 2), __builtin_prefetch(p1 + i + 1024, 0, 2);
+                __builtin_prefetch(p2 + i + 1024, 0, 2), __builtin_prefetch(p3 + i + 1024, 0, 2);
+            }
             s0 += *(const v8f *)(p0 + i);
             s1 += *(const v8f *)(p1 + i);
             s2 += *(const v8f *)(p2 + i);
@@ -90,10 +88,10 @@ static void bw_task(void *arg, int t)
         }
     }
     const v8f s = s0 + s1 + s2 + s3;
-    c->sink[t] = s[0] + s[7];
+    c->sink[t & 255] = s[0] + s[7];
 }
 
-/* Best-of-5 streaming read rate in GB/s. */
+/* Best-of-7 streaming read rate in GB/s, the better of plain loads and loads with software prefetch. */
 static double read_bandwidth(struct tpool *tp)
 {
     const int64_t n = 64ll << 20; /* 256 MiB of f32 */
@@ -102,7 +100,8 @@ static double read_bandwidth(struct tpool *tp)
     for (int64_t i = 0; i < n; i++) a[i] = (float)(i & 7);
     struct bw_ctx c = {.a = a, .n = n, .n_threads = tpool_size(tp)};
     double best = 1e9;
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < 14; r++) {
+        c.prefetch = r & 1;
         const double t0 = now_s();
         tpool_run(tp, bw_task, &c, c.n_threads);
         const double dt = now_s() - t0;
@@ -112,66 +111,157 @@ static double read_bandwidth(struct tpool *tp)
     return (double)n * 4 / best * 1e-9;
 }
 
+/* Comma-separated ints into v (at most cap); returns the count. */
+static int parse_ints(const char *s, int *v, int cap)
+{
+    int n = 0;
+    while (*s && n < cap) {
+        v[n++] = (int)strtol(s, (char **)&s, 10);
+        if (*s == ',')
+            s++;
+        else
+            break;
+    }
+    return n;
+}
+
+static double load_avg(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
 int main(int argc, char **argv)
 {
     int threads[8] = {1, 2}, n_thr = 2;
-    if (argc > 1) {
-        n_thr = 0;
-        for (int i = 1; i < argc && n_thr < 8; i++) threads[n_thr++] = atoi(argv[i]);
-    }
-    const enum dtype types[] = {DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0,
-                                DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q6_K};
-    const int shapes[2][3] = {{1, 4096, 4096}, {64, 4096, 4096}};
-    for (int ci = 0; ci < n_thr; ci++) {
-        struct tpool *tp = NULL;
-        if (tpool_init(&tp, threads[ci]) != 0) return 1;
-        printf("ceiling: streaming read with %d thread(s): %.2f GB/s\n", tpool_size(tp), read_bandwidth(tp));
-        tpool_free(tp);
-    }
-    printf("%-5s %4s %5s %5s %3s %10s %9s %9s\n", "type", "m", "n", "k", "thr", "ms/call", "GB/s(W)",
-           "GFLOP/s");
-    for (int s = 0; s < 2; s++) {
-        const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-        float *x = malloc(sizeof(float) * m * k), *y = malloc(sizeof(float) * m * n);
-        for (int i = 0; i < m * k; i++) x[i] = frand();
-        for (unsigned ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-            const enum dtype t = types[ti];
-            const size_t wsize = dtype_row_size(t, k) * (size_t)n;
-            const int n_copies = (int)((512u << 20) / wsize) + 1;
-            uint8_t *w0 = make_weight(t, n, k);
-            uint8_t **w = malloc(sizeof(*w) * n_copies);
-            w[0] = w0;
-            for (int cp = 1; cp < n_copies; cp++) {
-                w[cp] = aligned_alloc(64, (wsize + 63) / 64 * 64);
-                memcpy(w[cp], w0, wsize);
-                /* One changed byte per page: copies that are not identical pages (a hypervisor may merge
-                 * those). For quantized types this changes a quant or a scale, which does not matter here. */
-                for (size_t b = 0; b < wsize; b += 4096) w[cp][b] ^= (uint8_t)cp;
+    int ms[32] = {1, 2, 4, 8, 16, 64}, n_m = 6;
+    enum dtype types[DTYPE_COUNT] = {DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1,
+                                     DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+    int n_types = 10, n = 4096, k = 4096, reps = 0, hot = 0, ceiling = 1;
+    int act_lo = KERN_CPU_ACT_F32, act_hi = KERN_CPU_ACT_INT8;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "-t"))
+            n_thr = parse_ints(v, threads, 8), i++;
+        else if (!strcmp(a, "-m"))
+            n_m = parse_ints(v, ms, 32), i++;
+        else if (!strcmp(a, "-n"))
+            n = atoi(v), i++;
+        else if (!strcmp(a, "-k"))
+            k = atoi(v), i++;
+        else if (!strcmp(a, "-r"))
+            reps = atoi(v), i++;
+        else if (!strcmp(a, "--hot"))
+            hot = 1;
+        else if (!strcmp(a, "--no-ceiling"))
+            ceiling = 0;
+        else if (!strcmp(a, "--act")) {
+            act_lo = strcmp(v, "int8") ? KERN_CPU_ACT_F32 : KERN_CPU_ACT_INT8;
+            act_hi = strcmp(v, "f32") ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32;
+            i++;
+        } else if (!strcmp(a, "--isa")) {
+            int isa = 0;
+            while (isa < KERN_CPU_ISA_COUNT && strcmp(kern_cpu_isa_name((enum kern_cpu_isa)isa), v)) isa++;
+            if (isa == KERN_CPU_ISA_COUNT) {
+                fprintf(stderr, "unknown instruction set %s\n", v);
+                return 2;
             }
-            const double wbytes = (double)wsize;
-            int rot = 0;
+            kern_cpu_isa_limit((enum kern_cpu_isa)isa);
+            i++;
+        } else if (!strcmp(a, "-T")) {
+            n_types = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok && n_types < DTYPE_COUNT; tok = strtok(NULL, ",")) {
+                const int t = dtype_from_name(tok);
+                if (t < 0) {
+                    fprintf(stderr, "unknown type %s\n", tok);
+                    return 2;
+                }
+                types[n_types++] = (enum dtype)t;
+            }
+            i++;
+        } else {
+            fprintf(stderr,
+                    "usage: %s [-t 1,2] [-m 1,2,4] [-T Q8_0,Q4_K] [-n N] [-k K] [-r reps] [--hot] "
+                    "[--no-ceiling]\n",
+                    argv[0]);
+            fprintf(stderr, "       [--act f32|int8|both] [--isa portable|avx2|avx-vnni|avx512-vnni]\n");
+            return 2;
+        }
+    }
+    double ceil_gbs[8] = {0};
+    if (ceiling)
+        for (int ci = 0; ci < n_thr; ci++) {
+            struct tpool *tp = NULL;
+            if (tpool_init(&tp, threads[ci]) != 0) return 1;
+            ceil_gbs[ci] = read_bandwidth(tp);
+            printf("ceiling: streaming read with %d thread(s): %.2f GB/s (load %.2f)\n", tpool_size(tp),
+                   ceil_gbs[ci], load_avg());
+            tpool_free(tp);
+        }
+    printf("quantized types on %s\n", kern_cpu_isa_name(kern_cpu_isa_current()));
+    printf("%-5s %4s %3s %5s %5s %3s %9s %8s %5s %8s %6s %5s\n", "type", "act", "m", "n", "k", "thr",
+           "ms/call", "GB/s(W)", "%ceil", "GFLOP/s", "t/t1", "load");
+    int max_m = 1;
+    for (int i = 0; i < n_m; i++) max_m = ms[i] > max_m ? ms[i] : max_m;
+    float *x = malloc(sizeof(float) * max_m * k), *y = malloc(sizeof(float) * max_m * n);
+    for (int i = 0; i < max_m * k; i++) x[i] = frand();
+    for (int ti = 0; ti < n_types; ti++) {
+        const enum dtype t = types[ti];
+        if (k % dtype_block_size(t)) continue;
+        const size_t wsize = dtype_row_size(t, k) * (size_t)n;
+        const int n_copies = hot ? 1 : (int)((512u << 20) / wsize) + 1;
+        uint8_t **w = malloc(sizeof(*w) * n_copies);
+        w[0] = make_weight(t, n, k);
+        for (int cp = 1; cp < n_copies; cp++) {
+            w[cp] = aligned_alloc(64, (wsize + 63) / 64 * 64);
+            memcpy(w[cp], w[0], wsize);
+            /* One changed byte per page: copies that are not identical pages (a hypervisor may merge those).
+             * For quantized types this changes a quant or a scale, which does not matter here. */
+            for (size_t b = 0; b < wsize; b += 4096) w[cp][b] ^= (uint8_t)cp;
+        }
+        int rot = 0;
+        const int q = dtype_get_traits(t)->is_quantized;
+        for (int act = q ? act_lo : KERN_CPU_ACT_F32; act <= (q ? act_hi : KERN_CPU_ACT_F32); act++)
             for (int ci = 0; ci < n_thr; ci++) {
+                kern_cpu_matmul_set_act((enum kern_cpu_act)act);
                 struct tpool *tp = NULL;
                 if (tpool_init(&tp, threads[ci]) != 0) return 1;
-                kern_cpu_matmul(y, x, w[rot++ % n_copies], t, NULL, m, n, k, tp); /* warm-up */
-                double best = 1e9;
-                const int reps = m == 1 ? 20 : 3;
-                for (int r = 0; r < reps; r++) {
-                    const double t0 = now_s();
-                    kern_cpu_matmul(y, x, w[rot++ % n_copies], t, NULL, m, n, k, tp);
-                    const double dt = now_s() - t0;
-                    if (dt < best) best = dt;
+                double t1 = 0;
+                for (int mi = 0; mi < n_m; mi++) {
+                    const int m = ms[mi];
+                    kern_cpu_matmul(y, x, w[rot++ % n_copies], t, NULL, m, n, k, tp); /* warm-up */
+                    double best = 1e9;
+                    const int r_n = reps > 0 ? reps : m <= 4 ? 20 : m <= 16 ? 8 : 4;
+                    for (int r = 0; r < r_n; r++) {
+                        const double t0 = now_s();
+                        kern_cpu_matmul(y, x, w[rot++ % n_copies], t, NULL, m, n, k, tp);
+                        const double dt = now_s() - t0;
+                        if (dt < best) best = dt;
+                    }
+                    if (m == ms[0]) t1 = best * ms[0];
+                    const double gbs = (double)wsize / best * 1e-9;
+                    printf("%-5s %4s %3d %5d %5d %3d %9.3f %8.2f %5.0f %8.1f %6.2f %5.2f\n", dtype_name(t),
+                           !q                         ? "-"
+                           : act == KERN_CPU_ACT_INT8 ? "int8"
+                                                      : "f32",
+                           m, n, k, tpool_size(tp), best * 1e3, gbs,
+                           ceil_gbs[ci] > 0 ? 100 * gbs / ceil_gbs[ci] : 0, 2.0 * m * n * k / best * 1e-9,
+                           t1 > 0 ? best / t1 : 0, load_avg());
+                    fflush(stdout);
                 }
-                printf("%-5s %4d %5d %5d %3d %10.3f %9.2f %9.1f\n", dtype_name(t), m, n, k, tpool_size(tp),
-                       best * 1e3, wbytes / best * 1e-9, 2.0 * m * n * k / best * 1e-9);
-                fflush(stdout);
                 tpool_free(tp);
             }
-            for (int cp = 0; cp < n_copies; cp++) free(w[cp]);
-            free(w);
-        }
-        free(x);
-        free(y);
+        for (int cp = 0; cp < n_copies; cp++) free(w[cp]);
+        free(w);
     }
+    free(x);
+    free(y);
     return 0;
 }

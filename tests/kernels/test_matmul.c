@@ -1,23 +1,41 @@
-/* kern_cpu_matmul against kern_cpu_matmul_ref (double accumulation) for every stored type, at odd shapes
- * (n odd, k = 32*odd or 256*odd for quantized types, k odd for plain ones, m in {1, 3, 17, 130}), with and
- * without bias; bitwise determinism across runs and pool sizes; and the thread pool itself.
+/* kern_cpu_matmul against references, for every stored type, at odd shapes (n odd, k = 32·odd or 256·odd for
+ * quantized types, longer than one 1024-column chunk and not a multiple of it; k odd for plain ones) and
+ * m in {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 33, 64} (and 65, 130: past a task's 64 rows), with and without bias;
+ * bitwise determinism; and the thread pool itself.
  *
- * Tolerance: both sides use the same dequantized weights, so the only difference is f32 vs double
- * accumulation: for |x|,|w| <= 1 and k <= 5200 the f32 error is far below 1e-4 absolute; rtol 1e-5 covers
- * large sums. A wrong index or scale gives errors of order 1. */
+ * Tolerances, from the arithmetic (eps = 2^-24, one f32 rounding):
+ *  - f32 arithmetic: kernel and kern_cpu_matmul_ref multiply the same weights, f32 against double sums. Plain
+ *    types (|x|, |w| <= 1, k <= 8192): |got - ref| <= 1e-4 + 1e-5·|ref| (far above the ~sqrt(k)·eps·Σ|x·w|
+ *    the sums reach); quantized types (random K-quant bytes: |w| up to ~60) and longer rows: the worst case
+ *    (k/4 + 17)·eps·Σ|x·w| (check_f32).
+ *  - Quantized types (x quantized to int8 blocks of 32, matmul.c's first comment), two checks:
+ *    (1) against q8_ref, this file's double evaluation of the documented arithmetic (x̂ = dx·q with dx, q
+ *        computed by the documented f32 rule, times the exactly dequantized weights): only f32 rounding
+ *        separates them: |got - q8_ref| <= 4·(k/32 + 16)·eps·L, L = Σ (|w| + max|w| of its block)·|x̂|
+ *        (lanes of about k/32 fused steps each, the reduction, the product s·dx, and the split of affine
+ *        weights into s·code + mn, whose parts may exceed |w|). One code off by one in one element moves y
+ *        by about L/(8k), 30x more than this bound at k = 1184.
+ *    (2) against the f64 oracle kern_cpu_matmul_ref (exact x): |got - ref| <= Σ_e |w_e|·(dx_b/2 +
+ * 4·eps·|x_e|)
+ *        + the bound of (1): x's rounding is at most half a step of its block.
+ *    Bitwise, for quantized types: every pool size, every instruction set the CPU has against plain C, and
+ *    (int8 arithmetic) each row of a batch against that row alone (m = 1).
+ */
 #include "kt_common.h"
 
 #include <time.h>
 
-#include "quant/fp16.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
 #include "quant/dtype.h"
+#include "quant/fp16.h"
 
-/* A random (n, k) weight of type t: plain types from uniform floats, Q8_0/Q4_0/Q4_1/Q5_* through
- * dtype_from_f32, K-quants as random bytes with sane f16 super-block scales. */
+#define EPS 0x1.0p-24
+
+/* A random (n, k) weight of type t: plain types from uniform floats, Q4_0/Q4_1/Q5_* through dtype_from_f32,
+ * Q8_0 and the K-quants as random bytes (every code, Q8_0's -128 included) with sane f16 scales. */
 static void *random_weight(enum dtype t, int n, int k)
 {
     const size_t rb = dtype_row_size(t, k);
@@ -27,6 +45,13 @@ static void *random_weight(enum dtype t, int n, int k)
         uint8_t *wr = w + rb * j;
         kt_fill(row, k, -1.0f, 1.0f);
         switch (t) {
+        case DTYPE_Q8_0:
+            for (size_t b = 0; b < rb; b++) wr[b] = (uint8_t)kt_next();
+            for (int b = 0; b < k / 32; b++) {
+                struct block_q8_0 *bl = (struct block_q8_0 *)wr + b;
+                bl->d = f32_to_f16(kt_uniform(0.001f, 0.01f));
+            }
+            break;
         case DTYPE_Q4_K:
         case DTYPE_Q5_K: /* the same d, dmin, scales at the front; random 5th bits and nibbles */
             for (size_t b = 0; b < rb; b++) wr[b] = (uint8_t)kt_next();
@@ -52,125 +77,266 @@ static void *random_weight(enum dtype t, int n, int k)
     return w;
 }
 
-struct shape {
-    int m, n, k;
-};
-
-static void check_type(enum dtype t, const struct shape *shapes, int n_shapes)
+/* x (m, k): uniform in [-1, 1]; row 1 (when m > 1) gets one large element per 100 (an outlier channel), and
+ * row 2 (when m > 2) is zero in its first block. */
+static float *random_x(int m, int k)
 {
-    struct tpool *tp;
-    cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
-    kt_seed((uint64_t)t * 1000 + 7);
-    for (int s = 0; s < n_shapes; s++) {
-        const int m = shapes[s].m, n = shapes[s].n, k = shapes[s].k;
-        void *w = random_weight(t, n, k);
-        float *x = malloc(sizeof(float) * m * k), *bias = malloc(sizeof(float) * n);
-        float *y = malloc(sizeof(float) * m * n), *y2 = malloc(sizeof(float) * m * n);
-        float *ref = malloc(sizeof(float) * m * n);
-        kt_fill(x, (size_t)m * k, -1.0f, 1.0f);
-        kt_fill(bias, n, -2.0f, 2.0f);
-        for (int with_bias = 0; with_bias < 2; with_bias++) {
-            const float *b = with_bias ? bias : NULL;
-            char what[128];
-            snprintf(what, sizeof what, "matmul %s m=%d n=%d k=%d bias=%d", dtype_name(t), m, n, k,
-                     with_bias);
-            cr_assert_eq(kern_cpu_matmul_ref(ref, x, w, t, b, m, n, k), FERRY_OK);
-            cr_assert_eq(kern_cpu_matmul(y, x, w, t, b, m, n, k, tp), FERRY_OK);
-            if (k <= 8192) {
-                kt_check_close(what, y, ref, (size_t)m * n, 1e-4, 1e-5);
-            } else {
-                /* Long rows: f32 accumulation drifts with the sum of |terms| (random K-quant bytes give large
-                 * weights), so the bound is a few f32 ulps of that sum, element by element. */
-                const size_t rb = dtype_row_size(t, k);
-                float *wr = malloc(sizeof(float) * k);
-                for (int j = 0; j < n; j++) {
-                    cr_assert(dtype_to_f32(t, (const uint8_t *)w + rb * j, wr, k));
-                    for (int i = 0; i < m; i++) {
-                        double l1 = 0;
-                        for (int c = 0; c < k; c++) l1 += fabs((double)x[(size_t)i * k + c] * wr[c]);
-                        const double e = fabs((double)y[(size_t)i * n + j] - ref[(size_t)i * n + j]);
-                        cr_assert(e <= 1e-6 * l1 + 1e-4, "%s [%d,%d]: got %.9g ref %.9g (sum |x w| %.4g)",
-                                  what, i, j, y[(size_t)i * n + j], ref[(size_t)i * n + j], l1);
-                    }
+    float *x = malloc(sizeof(float) * m * k);
+    kt_fill(x, (size_t)m * k, -1.0f, 1.0f);
+    if (m > 1)
+        for (int c = 0; c < k; c += 100) x[k + c] = 40.0f;
+    if (m > 2)
+        for (int c = 0; c < 32 && c < k; c++) x[2 * k + c] = 0.0f;
+    return x;
+}
+
+/* x̂ = dx·q by the documented rule, in f32 exactly as the kernels compute it. */
+static void q8_round(const float *x, int k, double *xh, double *half_step)
+{
+    for (int b = 0; b < k / 32; b++) {
+        float amax = 0.0f;
+        for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(x[32 * b + e]));
+        const float dx = amax < 1e-30f ? 0.0f : amax / 127.0f;
+        const float id = amax < 1e-30f ? 0.0f : 127.0f / amax;
+        for (int e = 0; e < 32; e++) {
+            const float q = nearbyintf(x[32 * b + e] * id);
+            xh[32 * b + e] = (double)dx * q;
+            half_step[32 * b + e] = dx / 2.0;
+        }
+    }
+}
+
+/* Checks a quantized type's product y (m, n) against q8_ref and the oracle ref (both computed here). */
+static void check_quantized(const char *what, enum dtype t, const float *y, const float *ref, const float *x,
+                            const void *w, const float *bias, int m, int n, int k)
+{
+    const size_t rb = dtype_row_size(t, k);
+    const int bs = dtype_block_size(t);
+    float *wr = malloc(sizeof(float) * k);
+    double *xh = malloc(sizeof(double) * k), *hs = malloc(sizeof(double) * k);
+    for (int i = 0; i < m; i++) {
+        q8_round(x + (size_t)i * k, k, xh, hs);
+        for (int j = 0; j < n; j++) {
+            cr_assert(dtype_to_f32(t, (const uint8_t *)w + rb * j, wr, k));
+            double q8 = bias ? bias[j] : 0.0, l1 = 0, xerr = 0;
+            for (int b = 0; b < k / bs; b++) {
+                double wmax = 0;
+                for (int e = b * bs; e < (b + 1) * bs; e++) wmax = fmax(wmax, fabs(wr[e]));
+                for (int e = b * bs; e < (b + 1) * bs; e++) {
+                    q8 += wr[e] * xh[e];
+                    l1 += (fabs(wr[e]) + wmax) * fabs(xh[e]);
+                    xerr += fabs(wr[e]) * (hs[e] + 4 * EPS * fabs(x[(size_t)i * k + e]));
                 }
-                free(wr);
             }
-            /* Same pool twice, and a single-threaded call: bitwise equal. */
-            cr_assert_eq(kern_cpu_matmul(y2, x, w, t, b, m, n, k, tp), FERRY_OK);
+            const double got = y[(size_t)i * n + j], tol1 = 4 * (k / 32 + 16) * EPS * l1 + 1e-30;
+            cr_assert(fabs(got - q8) <= tol1,
+                      "%s [%d,%d]: got %.9g, int8 arithmetic gives %.9g (|diff| %.3g > %.3g)", what, i, j,
+                      got, q8, fabs(got - q8), tol1);
+            const double r = ref[(size_t)i * n + j];
+            cr_assert(fabs(got - r) <= xerr + tol1 + 2 * EPS * fabs(r),
+                      "%s [%d,%d]: got %.9g, exact x gives %.9g (|diff| %.3g > bound %.3g)", what, i, j, got,
+                      r, fabs(got - r), xerr + tol1);
+        }
+    }
+    free(wr);
+    free(xh);
+    free(hs);
+}
+
+/* f32 sums against double ones. Plain types (|x|, |w| <= 1): the fixed tolerance in the first comment.
+ * Quantized types in the f32 arithmetic (random K-quant bytes give |w| up to ~60) and long rows: the derived
+ * bound (k/4 + 17)·eps·Σ|x·w| (at most k/4 sequential f32 steps per lane with 4-lane vectors, the lane and
+ * chunk reductions, and one rounding of each weight that ggml rounds twice, d·q then + m). */
+static void check_f32(const char *what, enum dtype t, const float *y, const float *ref, const float *x,
+                      const void *w, int m, int n, int k)
+{
+    if (k <= 8192 && !dtype_get_traits(t)->is_quantized) {
+        kt_check_close(what, y, ref, (size_t)m * n, 1e-4, 1e-5);
+        return;
+    }
+    const size_t rb = dtype_row_size(t, k);
+    float *wr = malloc(sizeof(float) * k);
+    for (int j = 0; j < n; j++) {
+        cr_assert(dtype_to_f32(t, (const uint8_t *)w + rb * j, wr, k));
+        for (int i = 0; i < m; i++) {
+            double l1 = 0;
+            for (int c = 0; c < k; c++) l1 += fabs((double)x[(size_t)i * k + c] * wr[c]);
+            const double e = fabs((double)y[(size_t)i * n + j] - ref[(size_t)i * n + j]);
+            const double tol = (k / 4 + 17) * EPS * l1 + 1e-6;
+            cr_assert(e <= tol, "%s [%d,%d]: got %.9g ref %.9g (|diff| %.3g > %.3g; sum |x w| %.4g)", what, i,
+                      j, y[(size_t)i * n + j], ref[(size_t)i * n + j], e, tol, l1);
+        }
+    }
+    free(wr);
+}
+
+static int quantized(enum dtype t)
+{
+    return dtype_get_traits(t)->is_quantized;
+}
+
+/* One shape: the reference checks, then the bitwise ones; quantized types in both arithmetics. */
+static void check_shape(enum dtype t, int m, int n, int k, struct tpool *tp2, struct tpool *tp3)
+{
+    void *w = random_weight(t, n, k);
+    float *x = random_x(m, k), *bias = malloc(sizeof(float) * n);
+    float *y = malloc(sizeof(float) * m * n), *y2 = malloc(sizeof(float) * m * n);
+    float *ref = malloc(sizeof(float) * m * n), *row = malloc(sizeof(float) * n);
+    kt_fill(bias, n, -2.0f, 2.0f);
+    const enum kern_cpu_isa best = kern_cpu_isa_best();
+    const enum kern_cpu_act act0 = kern_cpu_matmul_act();
+    for (int act = 0; act < (quantized(t) ? KERN_CPU_ACT_COUNT : 1); act++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+            const int int8 = quantized(t) && act == KERN_CPU_ACT_INT8;
+            const float *b = with_bias ? bias : NULL;
+            char what[160];
+            snprintf(what, sizeof what, "matmul %s m=%d n=%d k=%d bias=%d (%s, %s)", dtype_name(t), m, n, k,
+                     with_bias, int8 ? "int8" : "f32", kern_cpu_isa_name(kern_cpu_isa_current()));
+            for (size_t e = 0; e < (size_t)m * n; e++) y[e] = NAN; /* an element never written fails */
+            cr_assert_eq(kern_cpu_matmul_ref(ref, x, w, t, b, m, n, k), FERRY_OK);
+            cr_assert_eq(kern_cpu_matmul(y, x, w, t, b, m, n, k, tp2), FERRY_OK);
+            if (int8)
+                check_quantized(what, t, y, ref, x, w, b, m, n, k);
+            else
+                check_f32(what, t, y, ref, x, w, m, n, k);
+            /* Same pool twice, one thread, three threads: bitwise equal. */
+            cr_assert_eq(kern_cpu_matmul(y2, x, w, t, b, m, n, k, tp2), FERRY_OK);
             cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "%s: two runs differ", what);
             cr_assert_eq(kern_cpu_matmul(y2, x, w, t, b, m, n, k, NULL), FERRY_OK);
             cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "%s: 1 vs 2 threads differ", what);
+            cr_assert_eq(kern_cpu_matmul(y2, x, w, t, b, m, n, k, tp3), FERRY_OK);
+            cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "%s: 3 vs 2 threads differ", what);
+            if (!quantized(t)) continue;
+            /* Every instruction set below the best gives the same bits (plain C is the definition). */
+            for (int isa = KERN_CPU_ISA_PORTABLE; isa < (int)best; isa++) {
+                if (kern_cpu_isa_limit((enum kern_cpu_isa)isa) != (enum kern_cpu_isa)isa) continue;
+                cr_assert_eq(kern_cpu_matmul(y2, x, w, t, b, m, n, k, tp2), FERRY_OK);
+                kern_cpu_isa_limit(best);
+                cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "%s: %s differs from %s", what,
+                          kern_cpu_isa_name((enum kern_cpu_isa)isa), kern_cpu_isa_name(best));
+            }
+            kern_cpu_isa_limit(best);
+            /* Batch invariance (int8 arithmetic): each row alone gives the bits it has in the batch. */
+            for (int i = 0; i < m && int8; i++) {
+                cr_assert_eq(kern_cpu_matmul(row, x + (size_t)i * k, w, t, b, 1, n, k, tp2), FERRY_OK);
+                cr_assert(memcmp(row, y + (size_t)i * n, sizeof(float) * n) == 0, "%s: row %d alone differs",
+                          what, i);
+            }
         }
-        free(w);
-        free(x);
-        free(bias);
-        free(y);
-        free(y2);
-        free(ref);
-    }
-    tpool_free(tp);
+    kern_cpu_matmul_set_act(act0);
+    free(w);
+    free(x);
+    free(bias);
+    free(y);
+    free(y2);
+    free(ref);
+    free(row);
 }
 
-static const struct shape plain_shapes[] = {{1, 37, 1001},   {3, 13, 333}, {17, 37, 1001},
-                                            {130, 37, 1001}, {1, 5, 7},    {2, 3, 4099}};
-static const struct shape q32_shapes[] = {{1, 37, 32 * 37},   {3, 13, 32 * 5},  {17, 37, 32 * 37},
-                                          {130, 37, 32 * 37}, {1, 9, 32 * 161}, {5, 1, 32},
-                                          {2, 11, 32 * 9},    {4, 13, 32 * 7}};
-static const struct shape qk_shapes[] = {{1, 37, 256 * 5},   {3, 13, 256},     {17, 37, 256 * 5},
-                                         {130, 21, 256 * 5}, {1, 7, 256 * 17}, {2, 11, 256 * 3}};
-/* Q5: the 32-element shapes, and rows longer than the AVX2 kernels' x block sums (k > 16384): the generic
- * register-decode path. */
-static const struct shape q5_shapes[] = {
-    {1, 37, 32 * 37}, {3, 13, 32 * 5}, {17, 37, 32 * 37}, {130, 37, 32 * 37}, {1, 9, 32 * 161},
-    {5, 1, 32},       {2, 11, 32 * 9}, {4, 13, 32 * 7},   {1, 5, 32 * 521},   {2, 3, 32 * 521}};
-static const struct shape q5k_shapes[] = {{1, 37, 256 * 5},   {3, 13, 256},     {17, 37, 256 * 5},
-                                          {130, 21, 256 * 5}, {1, 7, 256 * 17}, {2, 11, 256 * 3},
-                                          {1, 5, 256 * 65},   {2, 3, 256 * 65}};
+static const int ms[] = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 33, 64};
 #define N_OF(a) (int)(sizeof(a) / sizeof((a)[0]))
+
+/* Every m at one odd shape of more than one chunk, then shapes that stress other paths. */
+static void check_type(enum dtype t)
+{
+    struct tpool *tp2, *tp3;
+    cr_assert_eq(tpool_init(&tp2, 2), FERRY_OK);
+    cr_assert_eq(tpool_init(&tp3, 3), FERRY_OK);
+    kt_seed((uint64_t)t * 1000 + 7);
+    const int bs = dtype_block_size(t);
+    const int k_main = bs == 1 ? 1001 : bs == 32 ? 32 * 37 : 256 * 5;
+    for (int i = 0; i < N_OF(ms); i++) check_shape(t, ms[i], 37, k_main, tp2, tp3);
+    /* Past a task's 64 rows; a single row of W; n smaller than a group; long rows (16 chunks and a tail). */
+    check_shape(t, 130, 13, k_main, tp2, tp3);
+    check_shape(t, 65, 1, bs == 1 ? 333 : bs == 32 ? 32 * 5 : 256, tp2, tp3);
+    check_shape(t, 3, 2, bs == 1 ? 7 : bs, tp2, tp3);
+    check_shape(t, 2, 5, bs == 1 ? 4099 * 4 + 1 : bs == 32 ? 32 * 521 : 256 * 65, tp2, tp3);
+    tpool_free(tp2);
+    tpool_free(tp3);
+}
 
 Test(matmul, f32)
 {
-    check_type(DTYPE_F32, plain_shapes, N_OF(plain_shapes));
+    check_type(DTYPE_F32);
 }
 Test(matmul, f16)
 {
-    check_type(DTYPE_F16, plain_shapes, N_OF(plain_shapes));
+    check_type(DTYPE_F16);
 }
 Test(matmul, bf16)
 {
-    check_type(DTYPE_BF16, plain_shapes, N_OF(plain_shapes));
+    check_type(DTYPE_BF16);
 }
 Test(matmul, q8_0)
 {
-    check_type(DTYPE_Q8_0, q32_shapes, N_OF(q32_shapes));
+    check_type(DTYPE_Q8_0);
 }
 Test(matmul, q4_0)
 {
-    check_type(DTYPE_Q4_0, q32_shapes, N_OF(q32_shapes));
+    check_type(DTYPE_Q4_0);
 }
 Test(matmul, q4_1)
 {
-    check_type(DTYPE_Q4_1, q32_shapes, N_OF(q32_shapes));
-}
-Test(matmul, q4_k)
-{
-    check_type(DTYPE_Q4_K, qk_shapes, N_OF(qk_shapes));
-}
-Test(matmul, q6_k)
-{
-    check_type(DTYPE_Q6_K, qk_shapes, N_OF(qk_shapes));
+    check_type(DTYPE_Q4_1);
 }
 Test(matmul, q5_0)
 {
-    check_type(DTYPE_Q5_0, q5_shapes, N_OF(q5_shapes));
+    check_type(DTYPE_Q5_0);
 }
 Test(matmul, q5_1)
 {
-    check_type(DTYPE_Q5_1, q5_shapes, N_OF(q5_shapes));
+    check_type(DTYPE_Q5_1);
+}
+Test(matmul, q4_k)
+{
+    check_type(DTYPE_Q4_K);
 }
 Test(matmul, q5_k)
 {
-    check_type(DTYPE_Q5_K, q5k_shapes, N_OF(q5k_shapes));
+    check_type(DTYPE_Q5_K);
+}
+Test(matmul, q6_k)
+{
+    check_type(DTYPE_Q6_K);
+}
+
+/* x with a NaN or an infinity in one block: that row's outputs are not finite (int8: NaN; never a silently
+ * finite number), the other rows are unaffected. */
+Test(matmul, nonfinite_x_gives_nan)
+{
+    const int n = 5, k = 256 * 2;
+    const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q5_1};
+    for (int ti = 0; ti < N_OF(types); ti++) {
+        void *w = random_weight(types[ti], n, k);
+        float x[3 * 256 * 2], y[3 * 5], ref[5];
+        kt_fill(x, 3 * k, -1.0f, 1.0f);
+        x[40] = NAN;
+        x[k + 300] = INFINITY;
+        for (int act = 0; act < KERN_CPU_ACT_COUNT; act++) {
+            kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+            cr_assert_eq(kern_cpu_matmul(y, x, w, types[ti], NULL, 3, n, k, NULL), FERRY_OK);
+            cr_assert_eq(kern_cpu_matmul(ref, x + 2 * k, w, types[ti], NULL, 1, n, k, NULL), FERRY_OK);
+            for (int j = 0; j < n; j++) {
+                cr_assert(!isfinite(y[j]) && !isfinite(y[n + j]), "%s act %d: row with NaN/inf gave %g, %g",
+                          dtype_name(types[ti]), act, y[j], y[n + j]);
+                cr_assert(y[2 * n + j] == ref[j]);
+            }
+        }
+        free(w);
+    }
+}
+
+/* The instruction-set controls: the best is what cpuid says, limits take effect and are undone. */
+Test(matmul, isa_limit)
+{
+    const enum kern_cpu_isa best = kern_cpu_isa_best();
+    cr_assert(best >= KERN_CPU_ISA_PORTABLE && best < KERN_CPU_ISA_COUNT);
+    cr_assert_eq(kern_cpu_isa_current(), best);
+    cr_assert_eq(kern_cpu_isa_limit(KERN_CPU_ISA_PORTABLE), KERN_CPU_ISA_PORTABLE);
+    cr_assert_eq(kern_cpu_isa_limit(KERN_CPU_ISA_COUNT - 1), best);
+    cr_assert_str_eq(kern_cpu_isa_name(KERN_CPU_ISA_PORTABLE), "portable");
+    cr_assert_str_eq(kern_cpu_isa_name(KERN_CPU_ISA_COUNT), "?");
 }
 
 Test(matmul, ref_matches_hand_computed)
@@ -185,6 +351,31 @@ Test(matmul, ref_matches_hand_computed)
     for (int i = 0; i < 4; i++) cr_assert_float_eq(y[i], want[i], 1e-6f);
 }
 
+/* A hand-made Q8_0 row: x quantizes exactly (multiples of max|x|/127, with max|x| = 127/8 in both blocks),
+ * so the int8 arithmetic is exact (all products and sums are small multiples of 2^-4). */
+Test(matmul, q8_0_hand_computed)
+{
+    struct block_q8_0 w[2];
+    float x[64];
+    for (int b = 0; b < 2; b++) {
+        w[b].d = f32_to_f16(b ? 0.25f : 0.5f);
+        for (int e = 0; e < 32; e++) {
+            w[b].qs[e] = (int8_t)(e % 2 ? -128 + e : 127 - 3 * e); /* -128 included */
+            x[32 * b + e] = (float)((e * 7 + b) % 255 - 127) * 0.125f;
+        }
+    }
+    x[0] = 127 * 0.125f, x[32] = -127 * 0.125f;
+    double want = 0;
+    for (int b = 0; b < 2; b++)
+        for (int e = 0; e < 32; e++) want += (b ? 0.25 : 0.5) * w[b].qs[e] * (double)x[32 * b + e];
+    for (int act = 0; act < KERN_CPU_ACT_COUNT; act++) {
+        float y;
+        kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+        cr_assert_eq(kern_cpu_matmul(&y, x, w, DTYPE_Q8_0, NULL, 1, 1, 64, NULL), FERRY_OK);
+        cr_assert_eq((double)y, want, "act %d: got %.9g want %.9g", act, y, want);
+    }
+}
+
 Test(matmul, rejects_bad_shapes)
 {
     float x[64] = {1}, y[64];
@@ -192,6 +383,7 @@ Test(matmul, rejects_bad_shapes)
     cr_assert_eq(kern_cpu_matmul(y, x, w, DTYPE_Q8_0, NULL, 1, 1, 33, NULL), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cpu_matmul(y, x, w, DTYPE_F32, NULL, 0, 1, 3, NULL), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cpu_matmul(y, x, w, DTYPE_F32, NULL, 1, 1, -3, NULL), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cpu_matmul(y, x, w, (enum dtype)5, NULL, 1, 1, 32, NULL), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cpu_matmul_ref(y, x, w, DTYPE_Q4_K, NULL, 1, 1, 32), FERRY_ERR_INVALID);
 }
 
@@ -271,57 +463,38 @@ Test(threadpool, survives_idle_sleep_and_wakeup)
 }
 
 /* kern_cpu_matmul_multi: every job's output is bitwise what kern_cpu_matmul gives alone (same partition per
- * job), across types, batch sizes and a tiny job that runs unsplit. */
+ * job), across types mixed in one call (plain and quantized, sharing one quantized x), batch sizes and a tiny
+ * job that runs unsplit. */
 Test(matmul, multi_equals_separate_calls)
 {
     struct tpool *tp = NULL;
     cr_assert_eq(tpool_init(&tp, 2), 0);
-    const enum dtype types[] = {DTYPE_F32, DTYPE_F16, DTYPE_Q8_0, DTYPE_Q4_1, DTYPE_Q4_K};
-    const int ms[] = {1, 3, 17};
+    const enum dtype mixes[][3] = {{DTYPE_F32, DTYPE_F32, DTYPE_F32},    {DTYPE_F16, DTYPE_F16, DTYPE_F16},
+                                   {DTYPE_Q8_0, DTYPE_Q8_0, DTYPE_Q8_0}, {DTYPE_Q4_1, DTYPE_Q4_1, DTYPE_Q4_1},
+                                   {DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q4_K}, {DTYPE_F16, DTYPE_Q5_0, DTYPE_Q6_K}};
+    const int ms3[] = {1, 3, 17};
     const int k = 256, ns[3] = {97, 33, 5};
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
-            const int m = ms[mi];
-            float *x = malloc(sizeof(float) * m * k);
-            for (int i = 0; i < m * k; i++) x[i] = sinf(0.37f * i + 1.0f);
+    kt_seed(99);
+    for (int mi = 0; mi < N_OF(mixes); mi++)
+        for (int si = 0; si < N_OF(ms3); si++) {
+            const int m = ms3[si];
+            float *x = random_x(m, k);
             void *w[3];
             float *y_sep[3], *y_multi[3], *bias = malloc(sizeof(float) * 97);
             for (int i = 0; i < 97; i++) bias[i] = 0.01f * i - 0.3f;
             struct kern_cpu_mm jobs[3];
             for (int j = 0; j < 3; j++) {
-                size_t rb = dtype_row_size(types[ti], k);
-                w[j] = malloc(rb * ns[j]);
-                float *row = malloc(sizeof(float) * k);
-                for (int r = 0; r < ns[j]; r++) {
-                    for (int c = 0; c < k; c++) row[c] = cosf(0.11f * (r * k + c) + j);
-                    if (types[ti] == DTYPE_F32)
-                        memcpy((char *)w[j] + rb * r, row, rb);
-                    else if (types[ti] == DTYPE_F16)
-                        for (int c = 0; c < k; c++)
-                            ((uint16_t *)((char *)w[j] + rb * r))[c] = f32_to_f16(row[c]);
-                    else if (types[ti] == DTYPE_Q4_K) /* no quantizer: random bytes with sane f16 scales */
-                        for (size_t b = 0; b < rb; b++)
-                            ((uint8_t *)w[j])[rb * r + b] = (uint8_t)(r * 31 + b * 7 + j);
-                    else
-                        cr_assert(dtype_from_f32(types[ti], row, (char *)w[j] + rb * r, k));
-                }
-                if (types[ti] == DTYPE_Q4_K) /* d and dmin of every 144-byte block: small positive halves */
-                    for (int r = 0; r < ns[j]; r++)
-                        for (int blk = 0; blk < k / 256; blk++) {
-                            uint16_t *h = (uint16_t *)((char *)w[j] + rb * r + 144 * blk);
-                            h[0] = f32_to_f16(0.01f), h[1] = f32_to_f16(0.002f);
-                        }
-                free(row);
+                w[j] = random_weight(mixes[mi][j], ns[j], k);
                 y_sep[j] = malloc(sizeof(float) * m * ns[j]);
                 y_multi[j] = malloc(sizeof(float) * m * ns[j]);
                 const float *bj = j == 0 ? bias : NULL;
-                cr_assert_eq(kern_cpu_matmul(y_sep[j], x, w[j], types[ti], bj, m, ns[j], k, tp), 0);
-                jobs[j] = (struct kern_cpu_mm){y_multi[j], w[j], types[ti], bj, ns[j]};
+                cr_assert_eq(kern_cpu_matmul(y_sep[j], x, w[j], mixes[mi][j], bj, m, ns[j], k, tp), 0);
+                jobs[j] = (struct kern_cpu_mm){y_multi[j], w[j], mixes[mi][j], bj, ns[j]};
             }
             cr_assert_eq(kern_cpu_matmul_multi(jobs, 3, x, m, k, tp), 0);
             for (int j = 0; j < 3; j++) {
                 cr_assert_eq(memcmp(y_sep[j], y_multi[j], sizeof(float) * m * ns[j]), 0, "%s m=%d job %d",
-                             dtype_name(types[ti]), m, j);
+                             dtype_name(mixes[mi][j]), m, j);
                 free(w[j]);
                 free(y_sep[j]);
                 free(y_multi[j]);
