@@ -15,6 +15,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "kernels/cpu/matmul.h"
 #include "runtime/backend.h"
 #include "runtime/forward_cpu.h"
 #include "runtime/forward_cuda.h"
@@ -270,6 +271,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         model_free(model);
         return FERRY_ERR_NOMEM;
     }
+    kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
     e->model = *model;
     memset(model, 0, sizeof *model);
     int rc;

@@ -57,6 +57,8 @@ static void bench_usage(FILE *f)
         "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
         "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
         "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
+        "  --cpu-arith f32|int8  CPU products with block-type weights: x in f32 (default) or in int8 blocks\n"
+        "                        (llama.cpp's arithmetic, faster)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --threads N           CPU threads (default: all cores)\n"
@@ -145,7 +147,8 @@ int cli_bench_main(int argc, char **argv)
         {"long-context", required_argument, 0, 'L'}, {"json", no_argument, 0, 'j'},
         {"log-level", required_argument, 0, 'v'},    {"help", no_argument, 0, 'h'},
         {"quant", required_argument, 0, 'q'},        {"placement", required_argument, 0, 'P'},
-        {"cpu-threads", required_argument, 0, 'T'},  {0, 0, 0, 0},
+        {"cpu-threads", required_argument, 0, 'T'},  {"cpu-arith", required_argument, 0, 'A'},
+        {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
     enum dtype wt = DTYPE_F16;
@@ -191,6 +194,10 @@ int cli_bench_main(int argc, char **argv)
         }
         case 't':
             ep.n_threads = atoi(optarg);
+            break;
+        case 'A':
+            if (strcmp(optarg, "f32") && strcmp(optarg, "int8")) goto bad;
+            ep.cpu_int8 = !strcmp(optarg, "int8");
             break;
         case 'P':
             if (!strcmp(optarg, "auto"))
