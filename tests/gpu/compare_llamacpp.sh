@@ -29,7 +29,7 @@ if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   fb=$!
   bash .peers/build-llama-cpp.sh /tmp/llb > $W/llb-build.log 2>&1 &
   lb=$!
-  for t in Q4_K_M Q8_0; do
+  for t in Q4_K_M Q8_0 ${CMP_F16:+F16}; do
     [ -s $W/$t.gguf ] || python3 tests/gpu/make_quant_gguf.py $W/$t.gguf $t llama-2-7b &
   done
   wait $fb && log "ferry built" || { log "ferry build FAILED"; tail -30 $W/ferry-build.log; cp $W/ferry-build.log "$out/"; }
@@ -74,11 +74,11 @@ print(json.dumps(r))
 PY
 }
 
-llama_batched() { # name, model, ngl, npl list: generated tokens/s of all sequences, and device buffers
-  local name=$1 m=$2 ngl=$3 npl=$4
+llama_batched() { # name, model, ngl, npl list [npp ntg]: generated tokens/s of all sequences, device buffers
+  local name=$1 m=$2 ngl=$3 npl=$4 npp=${5:-128} ntg=${6:-64}
   local maxb=${npl##*,}
-  timeout 300 $L/llama-batched-bench -m $m -ngl $ngl -fa -c $((192 * maxb)) -npp 128 -ntg 64 -npl $npl \
-    > $W/lb-$name.txt 2>&1
+  timeout 300 $L/llama-batched-bench -m $m -ngl $ngl -fa -c $(((npp + ntg) * maxb)) -npp $npp -ntg $ntg \
+    -npl $npl > $W/lb-$name.txt 2>&1
   python3 - "$name" "$W/lb-$name.txt" >> $res <<'PY' || log "llama-batched-bench $name failed: $(tail -3 $W/lb-$name.txt)"
 import json, re, sys
 t = open(sys.argv[2]).read()
@@ -105,6 +105,25 @@ log "Q8_0, all layers on the GPU"
 ferry q8-full --model $Q8 --batches 1,16,64 --prefill 512 --decode-steps 16
 llama_bench q8-full $Q8 99
 llama_batched q8-full $Q8 99 1,16,64
+if [ "${CMP_HYBRID:-1}" = 1 ]; then
+  # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
+  # CPU (-ngl: the last N layers on the GPU); its best -ngl whose device buffers fit the budget is the peer.
+  F16=$W/F16.gguf
+  if [ -s $F16 ]; then
+    log "F16, 4 GiB: stream / auto, and llama.cpp's -ngl sweep"
+    ferry f16-4g-stream --model $F16 --gpu-memory 4GiB --placement stream --batches 1,16 --prefill 512 --decode-steps 4
+    ferry f16-4g-auto --model $F16 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 4
+    for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
+  fi
+  log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
+  ferry q8-4g-auto --model $Q8 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 4
+  ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
+  for ngl in 14 16 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
+  log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
+  ferry q4-2g-auto --model $Q4 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
+  ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
+  for ngl in 10 12 14; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+fi
 if [ "${CMP_INT4:-1}" = 1 ]; then
   log "--quant int4 on random f16 weights of the same shape"
   ferry int4 --synthetic llama-2-7b --quant int4 --batches 1,16 --prefill 512 --decode-steps 16

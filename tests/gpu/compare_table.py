@@ -65,6 +65,33 @@ line("--quant int4 (f16 weights), decode b=1 vs ferry Q4_K_M", val("ferry", "int
      val("ferry", "q4-full", "decode", 1), "within 10%")
 line("--quant int4 (f16 weights), decode b=16 vs ferry Q4_K_M", val("ferry", "int4", "decode", 16),
      val("ferry", "q4-full", "decode", 16))
+
+def best_under(prefix, mib):
+    """llama.cpp's record with the fastest b=1 decode among the -ngl sweep whose device buffers fit."""
+    b = None
+    for r in rows:
+        if r["who"] == "llama.cpp" and r["case"].startswith(prefix) and r.get("vram_mib", 1e9) <= mib:
+            if b is None or (r["decode"].get("1") or 0) > (b["decode"].get("1") or 0):
+                b = r
+    return b
+
+
+for name, fcases, prefix, mib, tgt in (("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto"), "f16-4g-ngl", 4096,
+                                        {1: ">= 12, >= 1.5x", 16: ">= 81"}),
+                                       ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8"), "q8-4g-ngl", 4096,
+                                        {1: ">= 30"}),
+                                       ("Q4_K_M 2 GiB", ("q4-2g-auto", "q4-2g-auto-int8"), "q4-2g-ngl", 2048,
+                                        {1: ">= 1.5x"})):
+    b = best_under(prefix, mib)
+    ngl = b["case"].split("ngl")[1] if b else "?"
+    for fc in fcases:
+        if (("ferry", fc)) not in get:
+            continue
+        for bt in (1, 16):
+            line(f"{name} {fc.split('-', 2)[2]}, b={bt} (llama.cpp -ngl {ngl})", val("ferry", fc, "decode", bt),
+                 b["decode"].get(str(bt)) if b else None, tgt.get(bt, ""))
+    if ("ferry", fcases[0]) in get:
+        line(f"{name} {fcases[0].split('-', 2)[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
 print("\n".join(out))
 for r in rows:
     if r["who"] == "llama.cpp" and "vram_mib" in r:
