@@ -91,6 +91,40 @@ Test(qblock, decode_bitwise_every_type_and_alignment)
         cr_assert(QREF_DISPATCH(qref_types[ti], decode_all_alignments, qref_types[ti]));
 }
 
+/* The int8 MMA's per-thread view (Q::frag) against the full unit, bitwise, at every alignment. */
+template <class Q> static void frag_all_alignments(enum dtype t)
+{
+    const int nb = 16;
+    std::vector<uint8_t> buf((size_t)nb * Q::BYTES + 64);
+    for (int off = 0; off < 16; off += Q::ALIGN) {
+        uint8_t *base = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16 + off;
+        qref_random_blocks(t, base, nb);
+        for (int b = 0; b < nb; b++)
+            for (int U = 0; U < Q::QK / 32; U++) {
+                qb_unit u;
+                qref_unit<Q>(base + (size_t)b * Q::BYTES, U, u);
+                for (int th = 0; th < 4; th++) {
+                    qb_frag f;
+                    Q::frag(base + (size_t)b * Q::BYTES, U, th, f);
+                    cr_assert(f.w0 == u.q[th] && f.w1 == u.q[th + 4],
+                              "%s (W at 16k+%d) block %d unit %d t %d: words %08x %08x, unit %08x %08x",
+                              dtype_name(t), off, b, U, th, f.w0, f.w1, u.q[th], u.q[th + 4]);
+                    cr_assert(f32_bits(f.d0) == f32_bits(u.d0) && f32_bits(f.d1) == f32_bits(u.d1) &&
+                                  f32_bits(f.m) == f32_bits(u.m),
+                              "%s block %d unit %d t %d: scales %g %g %g, unit %g %g %g", dtype_name(t), b, U,
+                              th, f.d0, f.d1, f.m, u.d0, u.d1, u.m);
+                }
+            }
+    }
+}
+
+Test(qblock, mma_frag_bitwise_every_type_and_alignment)
+{
+    qref_seed(6);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], frag_all_alignments, qref_types[ti]));
+}
+
 /* Extreme but legal fields: scales of either sign at the f16 extremes that stay finite in products, all-ones
  * and all-zeros quant bytes, maximal 6-bit scales and minima. */
 template <class Q> static void decode_extremes(enum dtype t)
@@ -253,6 +287,24 @@ template <class Q> static void emulate_gemv_all(enum dtype t)
         emulate_gemv<Q, 1, 2>(t, 5, k, woff);
         emulate_gemv<Q, 2, 1>(t, 3, k, woff);
     }
+}
+
+template <class Q> static void emulate_gemv_small_k(enum dtype t)
+{
+    const int ks32[] = {32, 64, 96, 128, 160, 224, 256, 288}, ks256[] = {256, 512, 768};
+    const int *ks = Q::QK == 256 ? ks256 : ks32, nk = Q::QK == 256 ? 3 : 8;
+    for (int i = 0; i < nk; i++) {
+        emulate_gemv<Q, 1, 4>(t, 311, ks[i], 0);
+        emulate_gemv<Q, 1, 4>(t, 37, ks[i], Q::ALIGN < 16 ? Q::ALIGN : 0);
+        emulate_gemv<Q, 4, 4>(t, 9, ks[i], 0);
+    }
+}
+
+Test(qblock, gemv_lane_math_emulated_small_k)
+{
+    qref_seed(5);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemv_small_k, qref_types[ti]));
 }
 
 Test(qblock, gemv_lane_math_emulated)
