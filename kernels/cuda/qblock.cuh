@@ -184,8 +184,9 @@ struct qb_unit {
 };
 
 /* What one thread of an int8 MMA needs of unit U of a block: quant words t and t+4 of the unit (elements
- * 4t..4t+3 and 16+4t..16+4t+3, as qb_unit's q[t] and q[t+4]) and the unit's scales and minimum (as qb_unit's).
- * Each type's frag(blk, U, t, f) reads only those bytes, with the same alignment rules as load(). */
+ * 4t..4t+3 and 16+4t..16+4t+3, as qb_unit's q[t] and q[t+4]) and the unit's scales and minimum (as
+ * qb_unit's). Each type's frag(blk, U, t, f) reads only those bytes, with the same alignment rules as load().
+ */
 struct qb_frag {
     uint32_t w0, w1;
     float d0, d1, m;

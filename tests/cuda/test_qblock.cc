@@ -314,6 +314,140 @@ Test(qblock, gemv_lane_math_emulated)
         cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemv_all, qref_types[ti]));
 }
 
+/* The int8-MMA kernel (mmv_q.cu) on the CPU: x in the fragment layout as the pre-pass writes it (through
+ * gqm_xq_off / gqm_xd_off), W staged per chunk as the kernel stages it, per unit every lane's Q::frag and
+ * gqm_load_x, mma.sync m16n8k32 (m16n8k16 for TWO_D) emulated from the PTX fragment tables (A: a0 = row g, k
+ * 4t..4t+3, a1 = row g+8, a2/a3 the same rows at k 16+4t..; B: b0 = k 4t.., col g, b1 = k 16+4t..; C: c0, c1
+ * = row g, cols 2t, 2t+1, c2, c3 = row g+8), then gqm_epilogue; every output against the exact-sum int8
+ * reference. */
+static uint32_t emu_byte(uint32_t w, int i)
+{
+    return (w >> (8 * i)) & 0xFF;
+}
+static int emu_dot4(uint32_t a, uint32_t b)
+{
+    int s = 0;
+    for (int i = 0; i < 4; i++) s += (int)(int8_t)emu_byte(a, i) * (int)(int8_t)emu_byte(b, i);
+    return s;
+}
+
+template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, int k, int woff, int m)
+{
+    using SHP = gqm_shape<Q>;
+    constexpr int RW = 16 * AT, CB = SHP::CB, UPB = SHP::UPB;
+    using G = qs_geom<Q, RW, CB>;
+    const size_t rb = dtype_row_size(t, k);
+    const int nb = k / Q::QK, nu = k / 32, mp = 8 * NT;
+    std::vector<uint8_t> wbuf(rb * n + 64);
+    uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
+    qref_random_blocks(t, w, (int64_t)n * nb);
+    std::vector<float> x((size_t)m * k);
+    for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 13 == 0 ? 3.0f : 1.0f);
+    struct qref_xq xq;
+    qref_quantize_x(x.data(), m, k, &xq);
+    std::vector<uint8_t> xqf((size_t)mp * k + 16, 0x5A);
+    std::vector<float> xdf((size_t)mp * nu * 4 + 4, NAN);
+    for (int row = 0; row < mp; row++)
+        for (int u = 0; u < nu; u++) {
+            for (int sub = 0; sub < 8; sub++)
+                for (int i = 0; i < 4; i++)
+                    xqf[gqm_xq_off(row, u, sub, nu) + i] =
+                        row < m ? (uint8_t)xq.q[(size_t)row * k + 32 * u + 4 * sub + i] : 0;
+            const size_t o = gqm_xd_off(row, u, nu), xu = (size_t)row * nu + u;
+            const int lo = row < m ? xq.sq_lo[xu] : 0, hi = row < m ? xq.sq_hi[xu] : 0;
+            xdf[o] = row < m ? xq.dx[xu] : 0.0f;
+            xdf[o + 1] = row < m ? xq.sx[xu] : 0.0f;
+            memcpy(&xdf[o + 4], &lo, 4);
+            memcpy(&xdf[o + 5], &hi, 4);
+        }
+    std::vector<uint8_t> stage((size_t)G::BYTES + 32);
+    uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
+    for (int row0 = 0; row0 < n; row0 += RW) {
+        static float acc[32][AT][NT][4];
+        memset(acc, 0, sizeof acc);
+        for (int b0 = 0; b0 < nb; b0 += CB) {
+            const int nbc = nb - b0 < CB ? nb - b0 : CB;
+            unsigned sh[RW];
+            for (int r = 0; r < RW; r++) {
+                const int row = row0 + r < n ? row0 + r : n - 1;
+                sh[r] = stage_range(sbase + r * G::STRIDE, G::STRIDE, w, w + rb * n,
+                                    w + rb * row + (size_t)b0 * Q::BYTES, (size_t)nbc * Q::BYTES);
+            }
+            for (int uu = 0; uu < SHP::UPC; uu++) {
+                const int bl = uu / UPB, U = uu % UPB;
+                if (bl >= nbc) break;
+                const int gu = (b0 + bl) * UPB + U;
+                static qb_frag f[32][AT][2];
+                static gqm_x xv[32][NT];
+                for (int lane = 0; lane < 32; lane++) {
+                    const int g = lane >> 2, th = lane & 3;
+                    for (int at = 0; at < AT; at++)
+                        for (int h = 0; h < 2; h++) {
+                            const int r = 16 * at + 8 * h + g;
+                            Q::frag(sbase + r * G::STRIDE + sh[r] + bl * Q::BYTES, U, th, f[lane][at][h]);
+                        }
+                    for (int jn = 0; jn < NT; jn++)
+                        gqm_load_x<Q>(xv[lane][jn], xqf.data(), xdf.data(), nu, jn, gu, lane);
+                }
+                for (int at = 0; at < AT; at++)
+                    for (int jn = 0; jn < NT; jn++)
+                        for (int lane = 0; lane < 32; lane++) {
+                            const int g = lane >> 2, th = lane & 3;
+                            int c[4], ch[4];
+                            for (int e = 0; e < 4; e++) {
+                                const int row = g + 8 * (e >> 1), col = 2 * th + (e & 1);
+                                int s0 = 0, s1 = 0;
+                                for (int tq = 0; tq < 4; tq++) {
+                                    const int al = (row % 8) * 4 + tq, bl2 = col * 4 + tq;
+                                    const qb_frag &fa = f[al][at][row / 8];
+                                    s0 += emu_dot4(fa.w0, xv[bl2][jn].b0); /* a0 / a1 with b0 */
+                                    s1 += emu_dot4(fa.w1, xv[bl2][jn].b1); /* a2 / a3 with b1 */
+                                }
+                                if (Q::TWO_D)
+                                    c[e] = s0, ch[e] = s1;
+                                else
+                                    c[e] = s0 + s1, ch[e] = 0;
+                            }
+                            gqm_epilogue<Q>(acc[lane][at][jn], c, ch, f[lane][at], xv[lane][jn]);
+                        }
+            }
+        }
+        for (int lane = 0; lane < 32; lane++)
+            for (int at = 0; at < AT; at++)
+                for (int jn = 0; jn < NT; jn++)
+                    for (int e = 0; e < 4; e++) {
+                        const int row = row0 + 16 * at + (lane >> 2) + 8 * (e >> 1);
+                        const int col = 8 * jn + 2 * (lane & 3) + (e & 1);
+                        if (row >= n || col >= m) continue;
+                        double ref, absum;
+                        qref_q8_row<Q>(w + rb * row, &xq, col, k, &ref, &absum);
+                        const float got = acc[lane][at][jn][e];
+                        cr_assert(fabs(got - ref) <= (k / 32 + 16) * 0x1.0p-23 * absum,
+                                  "%s MMA emulation AT=%d NT=%d k=%d woff=%d row %d x row %d: %.9g vs %.9g "
+                                  "(|terms| %g)",
+                                  dtype_name(t), AT, NT, k, woff, row, col, got, ref, absum);
+                    }
+    }
+    qref_free_xq(&xq);
+}
+
+template <class Q> static void emulate_mma_all(enum dtype t)
+{
+    const int k = Q::QK == 256 ? 768 : 32 * 21, al = Q::ALIGN < 16 ? Q::ALIGN : 0;
+    emulate_mma<Q, 1, 1>(t, 21, k, 0, 3);
+    emulate_mma<Q, 1, 2>(t, 19, k, al, 13);
+    emulate_mma<Q, 2, 1>(t, 37, k, al, 8);
+    emulate_mma<Q, 2, 2>(t, 33, Q::QK == 256 ? 256 : 64, 0, 16);
+    emulate_mma<Q, 1, 8>(t, 16, Q::QK == 256 ? 256 : 96, al, 61);
+}
+
+Test(qblock, mma_fragment_math_emulated)
+{
+    qref_seed(7);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_mma_all, qref_types[ti]));
+}
+
 template <class Q> static void emulate_gemm_decode(enum dtype t)
 {
     using RW = gm_raw<Q>;
