@@ -303,7 +303,10 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
     X(6, 128, 64, 4, 2, 2, 3, 1, "128x64 tiles, 8 warps of 32x32, 2 raw stages")                             \
     X(7, 128, 128, 2, 4, 2, 3, 1, "128x128 tiles, 8 warps of 64x32, 2 raw stages")                           \
     X(8, 16, 16, 1, 2, 4, 3, 6, "16x16 tiles, 2 warps of 16x8, 4 raw stages")                                \
-    X(9, 32, 16, 2, 2, 4, 3, 4, "32x16 tiles, 4 warps of 16x8, 4 raw stages")
+    X(9, 32, 16, 2, 2, 4, 3, 4, "32x16 tiles, 4 warps of 16x8, 4 raw stages")                                \
+    X(10, 128, 64, 4, 2, 3, 5, 1, "128x64 tiles, 8 warps of 32x32, 3 raw / 5 x stages")                      \
+    X(11, 128, 128, 2, 4, 3, 4, 1, "128x128 tiles, 8 warps of 64x32, 3 raw / 4 x stages")                    \
+    X(12, 128, 64, 4, 2, 2, 4, 2, "128x64 tiles, 8 warps of 32x32, 2 raw / 4 x stages, 2 blocks/SM")
 
 struct gm_cfg_info {
     int bm, bn;
@@ -363,12 +366,12 @@ static int gm_cfg_launch(int cfg, const struct kern_cuda_qmm *c, float *y, const
  */
 template <class Q> static int gm_pick(int m, int n)
 {
-    static const int by_m[4][4] = {{2, 1, 8, 0}, {3, 9, 0, 0}, {5, 4, 0, 0}, {7, 6, 5, 4}};
+    static const int by_m[4][6] = {{2, 1, 8, 0}, {3, 9, 0, 0}, {5, 4, 0, 0}, {11, 10, 7, 6, 5, 4}};
     const int *cand = by_m[m <= 16 ? 0 : m <= 32 ? 1 : m <= 64 ? 2 : 3];
     const int64_t want = (int64_t)fcuda_sm_count() * (m <= 64 ? 2 : 1); /* blocks */
     const size_t optin = (size_t)fcuda_smem_optin();
     int last = 1;
-    for (int i = 0; i < 4 && cand[i]; i++) {
+    for (int i = 0; i < 6 && cand[i]; i++) {
         const int cfg = cand[i];
         if (gm_cfg_smem<Q>(cfg) > optin) continue;
         last = cfg;

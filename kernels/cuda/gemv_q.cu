@@ -24,7 +24,7 @@
 #include "kernels/cuda/matmul_q_steps.cuh"
 
 #define QS_WARPS 8 /* warps per block of the streaming kernels */
-#define GQ_NST   3 /* ring stages per warp */
+#define GQ_NST   4 /* ring stages per warp */
 
 /* ----------------------------------------------------------------------------------------------------------
  */
@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
     const int ntiles = (n + R - 1) / R, ntg = (ntiles + T - 1) / T, bx = (int)blockIdx.x, gx = (int)gridDim.x;
     const int J = bx < ntg ? (ntg - 1 - bx) / gx + 1 : 0;
     const int cnt = split < nch ? (nch - 1 - split) / S + 1 : 0;
-    const uintptr_t wlo = (uintptr_t)w, whi = wlo + (size_t)n * rowbytes;
+    const uintptr_t wlo = (uintptr_t)w, a16 = wlo & ~(uintptr_t)15;
+    const uint32_t w0 = (uint32_t)(wlo & 15), wbytes = (uint32_t)n * (uint32_t)rowbytes;
     unsigned char *ring = smem + (size_t)warp * NST * G::BYTES;
     const int r = lane / LPR, sl = lane % LPR;
 
@@ -141,8 +142,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
         if (is_j < J && cnt > 0) {
             const int row0 = ((bx + is_j * gx) * T + tw) * R, b0 = (split + is_i * S) * CB;
             if (row0 < n)
-                qs_issue<Q, R, CB>(ring + is_slot * G::BYTES, wlo, whi, row0, n, rowbytes, b0,
-                                   min(CB, nb - b0), lane);
+                qs_issue<Q, R, CB>(ring + is_slot * G::BYTES, a16, w0, wbytes, row0, n, (uint32_t)rowbytes,
+                                   b0, min(CB, nb - b0), lane);
             if (++is_i == cnt) is_i = 0, is_j++;
             is_slot = is_slot + 1 == NST ? 0 : is_slot + 1;
         }
@@ -202,13 +203,20 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
  */
 /* Host side: splits, grid, launch */
 
-/* Splits of k per row tile: the fewest (a power of two, at most the block's warps and the chunks per row)
- * that give every resident warp a (tile, split) item; the block then holds T = QS_WARPS / S tiles. */
-int qs_splits(int tiles, int nch, int resident_warps)
+/* Splits of k per row tile (a power of two, at most the block's warps and the chunks per row): the block
+ * holds T = QS_WARPS / S tiles, the persistent grid of `resident` blocks walks the ceil(tiles / T) tile
+ * groups, so the busiest warp streams ceil(groups / resident) * ceil(nch / S) chunks; the S with the fewest,
+ * ties to fewer splits (each split costs two block barriers per tile group). */
+int qs_splits(int tiles, int nch, int64_t resident)
 {
-    int S = 1;
-    while (S < QS_WARPS && 2 * S <= nch && (int64_t)tiles * S < resident_warps) S *= 2;
-    return S;
+    int best = 1;
+    int64_t best_cost = -1;
+    for (int S = 1; S <= QS_WARPS && S <= nch; S *= 2) {
+        const int64_t groups = ((int64_t)tiles * S + QS_WARPS - 1) / QS_WARPS;
+        const int64_t cost = (groups + resident - 1) / resident * ((nch + S - 1) / S);
+        if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost;
+    }
+    return best;
 }
 
 template <class Q, int M, int R>
@@ -220,13 +228,14 @@ static int gq_launch(const struct kern_cuda_qmm *c, float *y, const int8_t *xq, 
     auto kern = gq_kernel<Q, M, R, MINB>;
     static int per_sm = 0;
     if (!per_sm) {
+        if (smem > (size_t)fcuda_smem_optin()) return FERRY_ERR_UNSUPPORTED;
         FCUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         FCUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, QS_WARPS * 32, smem));
         if (per_sm < 1) return FERRY_ERR_UNSUPPORTED;
     }
     const int tiles = (c->n + R - 1) / R, nch = (c->k / Q::QK + SH::CB - 1) / SH::CB;
     const int64_t resident = (int64_t)fcuda_sm_count() * per_sm;
-    const int S = qs_splits(tiles, nch, (int)(resident * QS_WARPS)), T = QS_WARPS / S;
+    const int S = qs_splits(tiles, nch, resident), T = QS_WARPS / S;
     const int64_t ntg = (tiles + T - 1) / T;
     const unsigned blocks = (unsigned)(ntg < resident ? ntg : resident);
     FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(QS_WARPS * 32), smem, c->stream, y, c->ldy, xq, xd,

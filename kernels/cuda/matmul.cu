@@ -737,6 +737,9 @@ static int check_args(const struct mm_type *ty, float *y, int ldy, const float *
     if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0 || ldy < n) return FERRY_ERR_INVALID;
     if (!ty) return FERRY_ERR_UNSUPPORTED;
     if (k % ty->k_multiple || dtype_row_size(ty->t, k) > (size_t)INT32_MAX / 32) return FERRY_ERR_INVALID;
+    /* The block types' kernels address W with 32-bit offsets (matmul_q_steps.cuh's qs_issue). */
+    if (ty->needs_ctx && (uint64_t)dtype_row_size(ty->t, k) * (uint64_t)n > UINT32_MAX - 64)
+        return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, ty->x_align) || (bias && !FCUDA_ALIGNED(bias, 4)))
         return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(w, ty->w_align)) return FERRY_ERR_INVALID;

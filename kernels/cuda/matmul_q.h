@@ -17,7 +17,7 @@
  * dependent launch (kernels/cuda/pdl.h). y is (m, ldy): columns [0, n) are written, the others untouched.
  * Requirements (FERRY_ERR_INVALID otherwise): k a multiple of the block size (32, or 256 for the K-quants), W
  * aligned to the type's block alignment (2 bytes for Q4_0/Q5_0/Q8_0/Q6_K, 4 for Q4_1, 8 for Q5_1, 16 for
- * Q4_K/Q5_K), x 16-byte aligned, y and bias 4-byte aligned, n <= ldy, row bytes below 2^31.
+ * Q4_K/Q5_K), x 16-byte aligned, y and bias 4-byte aligned, n <= ldy, row bytes below 2^31, W below 4 GiB.
  */
 #ifndef FERRY_KERN_CUDA_MATMUL_Q_H
 #define FERRY_KERN_CUDA_MATMUL_Q_H
@@ -64,10 +64,10 @@ enum kern_cuda_qvariant {
     KERN_QV_MMA_32,  /* 32 rows per warp (x fragments shared by two row tiles), 3 stages */
     KERN_QV_GEMM,    /* f16 GEMM, tile by m and n (gemm_q.cu's gm_pick) */
     KERN_QV_GEMM_C1, /* f16 GEMM, configuration 1 .. KERN_CUDA_QGEMM_CONFIGS (gemm_q.cu's GM_CONFIGS) */
-    KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 9, /* kern_cuda_gemv_q8 (f16 x, f16 tensor cores), Q8_0 only */
+    KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 12, /* kern_cuda_gemv_q8 (f16 x, f16 tensor cores), Q8_0 only */
     KERN_QV_COUNT
 };
-#define KERN_CUDA_QGEMM_CONFIGS 9
+#define KERN_CUDA_QGEMM_CONFIGS 12
 
 /* Tuning hooks for tests and benches (not thread-safe; call before launching work). set_variant forces a
  * variant for every block-type product (KERN_QV_AUTO: the table), returning the previous setting or

@@ -29,9 +29,10 @@ template <class Q, int RW, int CB> struct qs_geom {
 };
 
 /* The dp4a GEMV's chunk shape for R rows per warp: LPR lanes per row, PPL pieces per lane per chunk (X, or 2X
- * for the small 32-blocks, so a chunk row group holds ~0.6-0.9 KB per X for every type), CB blocks per row
- * per chunk; G its staging geometry. The kernel uses X = GQ_X. */
-#define GQ_X 2
+ * for the small 32-blocks, so a chunk holds ~1.1-1.7 KB per X for every type), CB blocks per row per chunk; G
+ * its staging geometry. The kernel uses X = GQ_X (small chunks: a 25 MB product is only ~3.5 chunks of 2.3 KB
+ * per resident warp, so the granularity of the last round weighs). */
+#define GQ_X 1
 template <class Q, int R, int X = GQ_X> struct gq_shape {
     static constexpr int LPR = 32 / R;
     static constexpr int PPL = (Q::PPB == 1 && Q::BYTES <= 24 ? 2 : 1) * X;
@@ -215,14 +216,63 @@ QB_FN void gm_decode_task(uint8_t *dst, const uint8_t *rrow, uintptr_t ga_stage,
     for (int i = 0; i < 4; i++) qb_st128(dst + 16 * i, h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
 }
 
+/* ---- the staging copy, host+device (the host copies synchronously: tests/cuda/test_qblock.cc stages with
+ * it) */
+
+QB_FN void qs_copy16(unsigned char *dst, uintptr_t src)
+{
+#ifdef __CUDA_ARCH__
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    memcpy(dst, (const void *)src, 16);
+#endif
+}
+QB_FN void qs_copy2(unsigned char *dst, uintptr_t src)
+{
+#ifdef __CUDA_ARCH__
+    *reinterpret_cast<uint16_t *>(dst) = __ldg(reinterpret_cast<const uint16_t *>(src));
+#else
+    memcpy(dst, (const void *)src, 2);
+#endif
+}
+
+/* Copies blocks [b0, b0 + nbc) of rows [row0, row0 + RW) (rows past n repeat row n-1) of W into stage with
+ * the lane's share of the 16-byte pieces (G = qs_geom<Q, RW, CB>); pieces past a row's chunk are skipped,
+ * pieces that would reach outside W (its first and last 16 bytes when W's ends are not aligned) are assembled
+ * from the chunk's own bytes with 2-byte loads. Offsets are 32-bit, relative to W's 16-byte-aligned base a16
+ * (W's start is a16 + w0, its size wbytes: the caller guarantees w0 + wbytes + 16 < 2^32). */
+template <class Q, int RW, int CB>
+QB_FN void qs_issue(unsigned char *stage, uintptr_t a16, uint32_t w0, uint32_t wbytes, int row0, int n,
+                    uint32_t rowbytes, int b0, int nbc, int lane)
+{
+    using G = qs_geom<Q, RW, CB>;
+    const uint32_t nbytes = (uint32_t)(nbc * Q::BYTES), boff = w0 + (uint32_t)b0 * Q::BYTES;
+    QB_UNROLL
+    for (int p = 0; p < G::NP; p++) {
+        const int i = lane + 32 * p;
+        if (G::PIECES % 32 && i >= G::PIECES) break;
+        const int r = RW == 1 ? 0 : i / G::QMAX, q = i - r * G::QMAX;
+        const uint32_t ga =
+            (uint32_t)(row0 + r < n - 1 ? row0 + r : n - 1) * rowbytes + boff; /* the chunk's row start */
+        const uint32_t src = (ga & ~15u) + 16u * (uint32_t)q;
+        if (src >= ga + nbytes) continue;
+        unsigned char *dst = stage + r * G::STRIDE + 16 * q;
+        if (src >= w0 && src + 16 <= w0 + wbytes) {
+            qs_copy16(dst, a16 + src);
+        } else {
+            QB_UNROLL
+            for (uint32_t e = 0; e < 16; e += 2) {
+                const uint32_t a = src + e;
+                if (a >= ga && a < ga + nbytes) qs_copy2(dst + e, a16 + a);
+            }
+        }
+    }
+}
+
 #ifdef __CUDACC__
 /* ---- device-only: the per-warp cp.async staging ring shared by the streaming kernels ------------------- */
 
-__device__ __forceinline__ void qs_cp16(void *dst, uintptr_t src)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
 __device__ __forceinline__ void qs_commit(void)
 {
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -232,38 +282,6 @@ template <int N> __device__ __forceinline__ void qs_wait(void)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* Copies blocks [b0, b0 + nbc) of rows [row0, row0 + RW) (rows past n repeat row n-1) into stage with the
- * lane's share of the 16-byte pieces (G = qs_geom<Q, RW, CB>); pieces past a row's chunk are skipped, pieces
- * that would reach outside W (its first and last 16 bytes when W's ends are not aligned) are assembled from
- * the chunk's own bytes with 2-byte loads. */
-template <class Q, int RW, int CB>
-__device__ __forceinline__ void qs_issue(unsigned char *stage, uintptr_t wlo, uintptr_t whi, int row0, int n,
-                                         int rowbytes, int b0, int nbc, int lane)
-{
-    using G = qs_geom<Q, RW, CB>;
-    const int nbytes = nbc * Q::BYTES;
-    const size_t boff = (size_t)b0 * Q::BYTES;
-#pragma unroll
-    for (int p = 0; p < G::NP; p++) {
-        const int i = lane + 32 * p;
-        if (G::PIECES % 32 && i >= G::PIECES) break;
-        const int r = i / G::QMAX, q = i - r * G::QMAX;
-        const uintptr_t ga = wlo + (size_t)min(row0 + r, n - 1) * rowbytes + boff;
-        const uintptr_t src = (ga & ~(uintptr_t)15) + 16 * q;
-        if (src >= ga + nbytes) continue;
-        unsigned char *dst = stage + r * G::STRIDE + 16 * q;
-        if (src >= wlo && src + 16 <= whi) {
-            qs_cp16(dst, src);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 16; e += 2) {
-                const uintptr_t a = src + e;
-                if (a >= ga && a < ga + nbytes)
-                    *reinterpret_cast<uint16_t *>(dst + e) = __ldg(reinterpret_cast<const uint16_t *>(a));
-            }
-        }
-    }
-}
 #endif
 
 #endif

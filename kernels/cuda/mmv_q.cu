@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
               gx = (int)gridDim.x;
     const int J = bx < ntg ? (ntg - 1 - bx) / gx + 1 : 0;
     const int cnt = split < nch ? (nch - 1 - split) / S + 1 : 0;
-    const uintptr_t wlo = (uintptr_t)w, whi = wlo + (size_t)n * rowbytes;
+    const uintptr_t wlo = (uintptr_t)w, a16 = wlo & ~(uintptr_t)15;
+    const uint32_t w0 = (uint32_t)(wlo & 15), wbytes = (uint32_t)n * (uint32_t)rowbytes;
     unsigned char *ring = smem + (size_t)warp * NST * G::BYTES;
     float *red = reinterpret_cast<float *>(smem + (size_t)QS_WARPS * NST * G::BYTES + 16);
 
@@ -63,8 +64,8 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
         if (is_j < J && cnt > 0) {
             const int row0 = ((bx + is_j * gx) * T + tw) * RW, b0 = (split + is_i * S) * CB;
             if (row0 < n)
-                qs_issue<Q, RW, CB>(ring + is_slot * G::BYTES, wlo, whi, row0, n, rowbytes, b0,
-                                    min(CB, nb - b0), lane);
+                qs_issue<Q, RW, CB>(ring + is_slot * G::BYTES, a16, w0, wbytes, row0, n, (uint32_t)rowbytes,
+                                    b0, min(CB, nb - b0), lane);
             if (++is_i == cnt) is_i = 0, is_j++;
             is_slot = is_slot + 1 == NST ? 0 : is_slot + 1;
         }
@@ -102,6 +103,22 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
                     for (int h = 0; h < 2; h++) /* staged at the chunk start's address mod 16 */
                         rp[at][h] = ring + slot * G::BYTES + (16 * at + 8 * h + g) * G::STRIDE +
                                     (unsigned)((wlo + rstart[at][h] + (size_t)b0 * Q::BYTES) & 15);
+                /* K-quants (one block per chunk): thread t decodes the scales of units 2t and 2t+1 of its
+                 * rows once per chunk, and each unit's come from lane (g, U / 2) by shuffles, instead of
+                 * every thread decoding every unit's packed scale bytes. */
+                float ks[AT][2][2][3]; /* [at][h][unit 2t + v][d0, d1, m] */
+                if constexpr (UPB == 8) {
+#pragma unroll
+                    for (int at = 0; at < AT; at++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+#pragma unroll
+                            for (int v = 0; v < 2; v++) {
+                                qb_frag sf;
+                                Q::frag(rp[at][h], 2 * t + v, t, sf);
+                                ks[at][h][v][0] = sf.d0, ks[at][h][v][1] = sf.d1, ks[at][h][v][2] = sf.m;
+                            }
+                }
                 /* Two units per iteration, one from 32 columns of x on: a full unroll holds every unit's
                  * fragments and x at once (spills). */
                 constexpr int UNROLL = AT * NT >= 4 ? 1 : 2;
@@ -115,6 +132,24 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
                     for (int at = 0; at < AT; at++)
 #pragma unroll
                         for (int h = 0; h < 2; h++) Q::frag(rp[at][h] + bl * Q::BYTES, U, t, f[at][h]);
+                    if constexpr (UPB == 8) { /* the scales from ks (the frag's own are then dead code) */
+                        const int src = (lane & ~3) | (U >> 1), v = U & 1;
+#pragma unroll
+                        for (int at = 0; at < AT; at++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                f[at][h].d0 =
+                                    __shfl_sync(0xffffffffu, v ? ks[at][h][1][0] : ks[at][h][0][0], src);
+                                f[at][h].d1 =
+                                    Q::TWO_D
+                                        ? __shfl_sync(0xffffffffu, v ? ks[at][h][1][1] : ks[at][h][0][1], src)
+                                        : f[at][h].d0;
+                                f[at][h].m =
+                                    Q::HAS_M
+                                        ? __shfl_sync(0xffffffffu, v ? ks[at][h][1][2] : ks[at][h][0][2], src)
+                                        : -0.0f;
+                            }
+                    }
 #pragma unroll
                     for (int jn = 0; jn < NT; jn++) {
                         gqm_x x;
@@ -173,7 +208,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
  */
 /* Host side */
 
-int qs_splits(int tiles, int nch, int resident_warps); /* gemv_q.cu */
+int qs_splits(int tiles, int nch, int64_t resident); /* gemv_q.cu */
 int gq_quantize_x(const struct kern_cuda_qmm *c, const float *x, int m, int mp, bool frag, uint8_t **xq,
                   float **xd);
 
@@ -189,22 +224,29 @@ static int gqm_launch(const struct kern_cuda_qmm *c, float *y, const float *x, i
     constexpr size_t ring = (size_t)QS_WARPS * NST * G::BYTES + 16;
     constexpr size_t red = (size_t)QS_WARPS * AT * NT * 4 * 32 * sizeof(float);
     auto kern = gqm_kernel<Q, NT, AT, NST, MINB>;
-    static int per_sm[2] = {0, 0}; /* without / with the split reduction area */
-    if (!per_sm[0]) {
-        FCUDA_CHECK(
-            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(ring + red)));
+    /* Blocks per SM without / with the split reduction area (0: that size does not fit the device; the kernel
+     * then runs with one split). */
+    static int per_sm[2] = {-1, -1};
+    if (per_sm[0] < 0) {
+        const size_t optin = (size_t)fcuda_smem_optin();
+        if (ring > optin) return FERRY_ERR_UNSUPPORTED;
+        FCUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)(ring + red <= optin ? ring + red : ring)));
         FCUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[0], kern, QS_WARPS * 32, ring));
-        FCUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[1], kern, QS_WARPS * 32, ring + red));
-        if (per_sm[0] < 1 || per_sm[1] < 1) return FERRY_ERR_UNSUPPORTED;
+        per_sm[1] = 0;
+        if (ring + red <= optin)
+            FCUDA_CHECK(
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[1], kern, QS_WARPS * 32, ring + red));
     }
+    if (per_sm[0] < 1) return FERRY_ERR_UNSUPPORTED;
     const int tiles = (c->n + 16 * AT - 1) / (16 * AT),
               nch = (c->k / Q::QK + gqm_shape<Q>::CB - 1) / gqm_shape<Q>::CB;
     int64_t resident = (int64_t)fcuda_sm_count() * per_sm[0];
-    int S = qs_splits(tiles, nch, (int)(resident * QS_WARPS));
+    int S = qs_splits(tiles, nch, resident);
+    if (S > 1 && per_sm[1] < 1) S = 1;
     if (S > 1) {
         resident = (int64_t)fcuda_sm_count() * per_sm[1];
-        S = qs_splits(tiles, nch, (int)(resident * QS_WARPS));
+        S = qs_splits(tiles, nch, resident);
     }
     const int T = QS_WARPS / S;
     const int64_t ntg = (tiles + T - 1) / T;

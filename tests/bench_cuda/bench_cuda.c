@@ -300,16 +300,21 @@ static const char *venum(int v)
     snprintf(buf[v], sizeof buf[v], "KERN_QV_GEMM_C1 + %d", v - KERN_QV_GEMM_C1);
     return buf[v];
 }
-/* Whether the sweep times variant v at m (the int8 kernels where they run in one launch or two, the GEMM
- * configurations from m = 16, gemv_q8 up to its 16 rows). */
+/* Whether the sweep times variant v at m: the dp4a GEMV up to two launches, the int8 MMA at every m (tiles of
+ * 64 rows from m = 128), gemv_q8 up to its 16 rows, the GEMM's configurations where their row tile fits (16
+ * and 32 rows: cfg 1, 2, 3, 8, 9 up to m = 64; 64 rows: 4, 5 from m = 16; 128 rows: the others from m = 64).
+ */
 static int sweep_has(enum dtype t, int v, int m)
 {
     if (!kern_cuda_qmm_variant_applies(t, v)) return 0;
     if (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4) return m <= 8;
-    if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32) return m <= 128;
+    if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32) return 1;
     if (v == KERN_QV_GEMM) return m >= 2;
     if (v == KERN_QV_Q8OLD) return m <= 16;
-    return m >= 16; /* GEMM configurations */
+    const int c = v - KERN_QV_GEMM_C1 + 1; /* GEMM configuration */
+    if (c == 4 || c == 5) return m >= 16;
+    if (c <= 3 || c == 8 || c == 9) return m >= 16 && m <= 64;
+    return m >= 64;
 }
 
 /* Graph-timed milliseconds of one product (weights rotating through the pool). */

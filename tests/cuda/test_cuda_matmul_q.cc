@@ -519,6 +519,8 @@ Test(cuda_matmul_q, rejects_bad_arguments)
                      "%s: no context", dtype_name(t));
         cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, t, NULL, 0, 1, bs, 0), FERRY_ERR_INVALID, "m = 0");
     }
+    cr_assert_eq(kern_cuda_matmul(ctx, p, 1 << 20, p, p, DTYPE_Q8_0, NULL, 1, 1 << 20, 8192, 0), FERRY_ERR_INVALID,
+                 "W of 9 GB: the kernels address W with 32-bit offsets");
     cr_assert(!kern_cuda_matmul_supports((enum dtype)5));
     cr_assert(!kern_cuda_matmul_supports((enum dtype)99));
     cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, (enum dtype)5, NULL, 1, 1, 32, 0), FERRY_ERR_UNSUPPORTED);

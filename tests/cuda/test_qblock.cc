@@ -225,6 +225,27 @@ static unsigned stage_range(uint8_t *buf, size_t cap, const uint8_t *wlo, const 
     return (unsigned)((uintptr_t)ga & 15);
 }
 
+/* One chunk staged as the streaming kernels stage it: every lane's qs_issue into a stage filled with garbage;
+ * sh[r] gets row r's offset in its staged row (the chunk start's address mod 16). */
+template <class Q, int RW, int CB>
+static void stage_chunk(uint8_t *stage, const uint8_t *w, int n, int row0, int b0, int nbc, size_t rb,
+                        unsigned *sh)
+{
+    using G = qs_geom<Q, RW, CB>;
+    memset(stage, 0xA5, (size_t)G::BYTES);
+    const uintptr_t a16 = (uintptr_t)w & ~(uintptr_t)15;
+    const uint32_t w0 = (uint32_t)((uintptr_t)w & 15), wbytes = (uint32_t)(rb * n);
+    for (int lane = 0; lane < 32; lane++)
+        qs_issue<Q, RW, CB>(stage, a16, w0, wbytes, row0, n, (uint32_t)rb, b0, nbc, lane);
+    for (int r = 0; r < RW; r++) {
+        const int row = row0 + r < n ? row0 + r : n - 1;
+        sh[r] = (unsigned)(((uintptr_t)w + rb * row + (size_t)b0 * Q::BYTES) & 15);
+        cr_assert(memcmp(stage + r * G::STRIDE + sh[r], w + rb * row + (size_t)b0 * Q::BYTES,
+                         (size_t)nbc * Q::BYTES) == 0,
+                  "staging: row %d blocks %d..%d differ", row, b0, b0 + nbc);
+    }
+}
+
 template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, int k, int woff)
 {
     using SH = gq_shape<Q, R>;
@@ -245,7 +266,7 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
     }
     int xoff[M], doff[M];
     for (int c = 0; c < M; c++) xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
-    std::vector<uint8_t> stage((size_t)R * SH::STRIDE + 16);
+    std::vector<uint8_t> stage((size_t)SH::G::BYTES + 32);
     uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
     for (int row0 = 0; row0 < n; row0 += R) {
         float acc[32][M];
@@ -253,11 +274,7 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
         for (int b0 = 0; b0 < nb; b0 += SH::CB) {
             const int nbc = nb - b0 < SH::CB ? nb - b0 : SH::CB;
             unsigned sh[R];
-            for (int r = 0; r < R; r++) {
-                const int row = row0 + r < n ? row0 + r : n - 1;
-                sh[r] = stage_range(sbase + r * SH::STRIDE, SH::STRIDE, w, w + rb * n,
-                                    w + rb * row + (size_t)b0 * Q::BYTES, (size_t)nbc * Q::BYTES);
-            }
+            stage_chunk<Q, R, SH::CB>(sbase, w, n, row0, b0, nbc, rb, sh);
             for (int lane = 0; lane < 32; lane++) {
                 const int r = lane / SH::LPR, sl = lane % SH::LPR;
                 gq_lane_chunk<Q, M, SH::LPR, SH::PPL>(acc[lane], sbase + r * SH::STRIDE + sh[r], b0, nbc, sl,
@@ -368,11 +385,7 @@ template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, 
         for (int b0 = 0; b0 < nb; b0 += CB) {
             const int nbc = nb - b0 < CB ? nb - b0 : CB;
             unsigned sh[RW];
-            for (int r = 0; r < RW; r++) {
-                const int row = row0 + r < n ? row0 + r : n - 1;
-                sh[r] = stage_range(sbase + r * G::STRIDE, G::STRIDE, w, w + rb * n,
-                                    w + rb * row + (size_t)b0 * Q::BYTES, (size_t)nbc * Q::BYTES);
-            }
+            stage_chunk<Q, RW, CB>(sbase, w, n, row0, b0, nbc, rb, sh);
             for (int uu = 0; uu < SHP::UPC; uu++) {
                 const int bl = uu / UPB, U = uu % UPB;
                 if (bl >= nbc) break;
@@ -388,6 +401,27 @@ template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, 
                         }
                     for (int jn = 0; jn < NT; jn++)
                         gqm_load_x<Q>(xv[lane][jn], xqf.data(), xdf.data(), nu, jn, gu, lane);
+                }
+                if (UPB ==
+                    8) { /* the kernel's K-quant scales: lane (g, t) decodes units 2t, 2t+1; shuffles */
+                    static qb_frag ks[32][AT][2][2];
+                    for (int lane = 0; lane < 32; lane++)
+                        for (int at = 0; at < AT; at++)
+                            for (int h = 0; h < 2; h++)
+                                for (int v = 0; v < 2; v++) {
+                                    const int r = 16 * at + 8 * h + (lane >> 2), th = lane & 3;
+                                    Q::frag(sbase + r * G::STRIDE + sh[r], 2 * th + v, th,
+                                            ks[lane][at][h][v]);
+                                }
+                    for (int lane = 0; lane < 32; lane++) {
+                        const int src = (lane & ~3) | (U >> 1), v = U & 1;
+                        for (int at = 0; at < AT; at++)
+                            for (int h = 0; h < 2; h++) {
+                                f[lane][at][h].d0 = ks[src][at][h][v].d0;
+                                f[lane][at][h].d1 = Q::TWO_D ? ks[src][at][h][v].d1 : f[lane][at][h].d0;
+                                f[lane][at][h].m = Q::HAS_M ? ks[src][at][h][v].m : -0.0f;
+                            }
+                    }
                 }
                 for (int at = 0; at < AT; at++)
                     for (int jn = 0; jn < NT; jn++)
