@@ -338,6 +338,13 @@ static double time_layer(struct kern_cuda_ctx *ctx, char *pool, size_t pool_byte
     double tt = 0;
     for (int si = 0; si < 4; si++) {
         struct mm_arg a = {ctx, y, x, pool, 0, 1, m, lshapes[si][0], lshapes[si][1], MM_AUTO, t};
+        /* A forced configuration the device cannot hold: not timed (-1). */
+        const int rc = kern_cuda_matmul(ctx, y, a.n, x, pool, t, NULL, m, a.n, a.k, st);
+        if (rc == FERRY_ERR_UNSUPPORTED) {
+            kern_cuda_qmm_set_variant(KERN_QV_AUTO);
+            return -1.0;
+        }
+        FK(rc);
         const double ms = time_product(a, pool_bytes);
         if (us) us[si] = ms * 1e3;
         tt += ms;
@@ -401,6 +408,7 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
             for (int v = 1; v < KERN_QV_COUNT; v++) {
                 if (!sweep_has(t, v, m)) continue;
                 const double tt = time_layer(ctx, pool, pool_bytes, x, y, t, m, v, NULL);
+                if (tt < 0) continue;
                 if (tt < best) best = tt, bv = v;
                 o += snprintf(line + o, sizeof line - o, " %s %.1f", vshort(v), tt * 1e3);
             }
