@@ -47,8 +47,10 @@ say "build ok ($(el))"
 
 rc=0
 if [ $tests = 1 ]; then
-  for t in test_qblock test_cuda_matmul_q test_cuda_matmul test_cuda_gemv_q8; do
-    timeout 240 ./build/tests/cuda/$t --verbose > "$out/$t.log" 2>&1
+  # Time limits per test (s): a hang costs at most that, and the bench still runs.
+  for tl in test_qblock:60 test_cuda_matmul_q:180 test_cuda_matmul:60 test_cuda_gemv_q8:90; do
+    t=${tl%%:*}
+    timeout ${tl##*:} ./build/tests/cuda/$t --verbose > "$out/$t.log" 2>&1
     r=$?
     [ $r = 0 ] || rc=1
     say "$t rc=$r: $(grep -E 'Synthesis' "$out/$t.log" | tail -1 | sed 's/.*Synthesis: //') ($(el))"
@@ -64,7 +66,7 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
   done
 fi
 if [ $bench = 1 ]; then
-  timeout 300 ./build/tests/bench_cuda/bench_cuda --quant > "$out/bench_quant.log" 2>&1
+  timeout 260 ./build/tests/bench_cuda/bench_cuda --quant > "$out/bench_quant.log" 2>&1
   say "bench rc=$? ($(el))"
 fi
 
