@@ -292,8 +292,6 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
  */
 /* Host side: configurations and launch */
 
-static int gm_forced = 0;
-
 /* Every configuration: number, tile BM x BN, warps WM x WN, raw stages, x stages, blocks per SM for the
  * registers (__launch_bounds__), and a description for bench output. */
 #define GM_CONFIGS(X)                                                                                        \
@@ -305,7 +303,10 @@ static int gm_forced = 0;
     X(6, 128, 64, 4, 2, 2, 3, 1, "128x64 tiles, 8 warps of 32x32, 2 raw stages")                             \
     X(7, 128, 128, 2, 4, 2, 3, 1, "128x128 tiles, 8 warps of 64x32, 2 raw stages")                           \
     X(8, 16, 16, 1, 2, 4, 3, 6, "16x16 tiles, 2 warps of 16x8, 4 raw stages")                                \
-    X(9, 32, 16, 2, 2, 4, 3, 4, "32x16 tiles, 4 warps of 16x8, 4 raw stages")
+    X(9, 32, 16, 2, 2, 4, 3, 4, "32x16 tiles, 4 warps of 16x8, 4 raw stages")                                \
+    X(10, 128, 64, 4, 2, 3, 5, 1, "128x64 tiles, 8 warps of 32x32, 3 raw / 5 x stages")                      \
+    X(11, 128, 128, 2, 4, 3, 4, 1, "128x128 tiles, 8 warps of 64x32, 3 raw / 4 x stages")                    \
+    X(12, 128, 64, 4, 2, 2, 4, 2, "128x64 tiles, 8 warps of 32x32, 2 raw / 4 x stages, 2 blocks/SM")
 
 struct gm_cfg_info {
     int bm, bn;
@@ -365,12 +366,12 @@ static int gm_cfg_launch(int cfg, const struct kern_cuda_qmm *c, float *y, const
  */
 template <class Q> static int gm_pick(int m, int n)
 {
-    static const int by_m[4][4] = {{2, 1, 8, 0}, {3, 9, 0, 0}, {5, 4, 0, 0}, {7, 6, 5, 4}};
+    static const int by_m[4][6] = {{2, 1, 8, 0}, {3, 9, 0, 0}, {5, 4, 0, 0}, {11, 10, 7, 6, 5, 4}};
     const int *cand = by_m[m <= 16 ? 0 : m <= 32 ? 1 : m <= 64 ? 2 : 3];
     const int64_t want = (int64_t)fcuda_sm_count() * (m <= 64 ? 2 : 1); /* blocks */
     const size_t optin = (size_t)fcuda_smem_optin();
     int last = 1;
-    for (int i = 0; i < 4 && cand[i]; i++) {
+    for (int i = 0; i < 6 && cand[i]; i++) {
         const int cfg = cand[i];
         if (gm_cfg_smem<Q>(cfg) > optin) continue;
         last = cfg;
@@ -381,11 +382,13 @@ template <class Q> static int gm_pick(int m, int n)
     return last;
 }
 
-template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c)
+template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c, int config)
 {
     const int k = c->k;
     const int64_t rows_fit = (int64_t)(c->ws_bytes / ((size_t)k * sizeof(__half)));
     if (rows_fit < 1) return FERRY_ERR_RANGE;
+    if (config < 0 || config > KERN_CUDA_QGEMM_CONFIGS) return FERRY_ERR_INVALID;
+    if (config && gm_cfg_smem<Q>(config) > (size_t)fcuda_smem_optin()) return FERRY_ERR_UNSUPPORTED;
     __half *xh = (__half *)c->ws;
     for (int i = 0; i < c->m; i += (int)(rows_fit < c->m ? rows_fit : c->m)) {
         const int mt = (int)(c->m - i < rows_fit ? c->m - i : rows_fit);
@@ -393,26 +396,17 @@ template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c)
         FCUDA_CHECK(pdl_launch(gm_round_x_kernel, dim3(fcuda_blocks(n8, 256)), dim3(256), 0, c->stream,
                                (uint4 *)xh, (const float4 *)(c->x + (size_t)i * k), n8));
         FCUDA_LAUNCH_CHECK("gm_round_x_kernel");
-        int cfg = gm_forced ? gm_forced : gm_pick<Q>(mt, c->n);
-        if (gm_cfg_smem<Q>(cfg) > (size_t)fcuda_smem_optin()) return FERRY_ERR_UNSUPPORTED;
+        const int cfg = config ? config : gm_pick<Q>(mt, c->n);
         const int rc = gm_cfg_launch<Q>(cfg, c, c->y + (size_t)i * c->ldy, xh, mt);
         if (rc) return rc;
     }
     return FERRY_OK;
 }
-#define GM_INSTANCE(T, name, Q) template int kern_cuda_qgemm<Q>(const struct kern_cuda_qmm *);
+#define GM_INSTANCE(T, name, Q) template int kern_cuda_qgemm<Q>(const struct kern_cuda_qmm *, int);
 QB_TYPES(GM_INSTANCE)
 #undef GM_INSTANCE
 
-extern "C" int kern_cuda_qmm_set_gemm_config(int config)
-{
-    if (config < 0 || config > KERN_CUDA_QGEMM_CONFIGS) return FERRY_ERR_INVALID;
-    const int prev = gm_forced;
-    gm_forced = config;
-    return prev;
-}
-
-extern "C" const char *kern_cuda_qmm_gemm_config_name(int config)
+const char *kern_cuda_qgemm_config_name(int config)
 {
     return config >= 0 && config <= KERN_CUDA_QGEMM_CONFIGS ? gm_cfgs[config].name : "?";
 }

@@ -1,17 +1,20 @@
-/* gemv_q (CUDA) — the int8 GEMV for GGUF block weights (decode batches, m <= KERN_CUDA_QGEMV_MAX_M per
- * launch); see matmul_q.h for the contract and kernels/cuda/NOTES.md (Version 7) for the reasoning.
+/* gemv_q (CUDA) — the x pre-pass of the int8 paths (x quantized to int8 per block of 32, in the layout each
+ * kernel reads) and the dp4a GEMV for GGUF block weights (decode batches, m <= KERN_CUDA_QDP4A_MAX_M rows per
+ * launch); see matmul_q.h for the contract and kernels/cuda/NOTES.md (Version 8) for the reasoning.
  *
- * Pre-pass: x (m, k) f32 -> xq (m, k) int8 and xd (m, k/32) float4 {dx, Σx, Σxq over 0..15, over 16..31} in
- * the workspace, one group of 8 lanes per block of 32 (4 elements per lane, shuffle reductions in a fixed
- * order). Main kernel: a warp owns R rows of W and walks k in chunks of CB blocks. It copies the chunk of its
- * R rows with 16-byte loads of the enclosing 16-byte-aligned range (so each row keeps its address mod 16,
- * which the type's aligned loads rely on) into registers one chunk ahead, then into a shared-memory buffer
- * private to the warp (only __syncwarp in the loop). Lanes r*LPR .. r*LPR + LPR-1 work on row r: each takes
- * PPL pieces of the chunk, loads a piece from shared memory with the type's loader (qblock.cuh), decodes its
- * units and multiplies each with the M rows of xq (dp4a into int32, qb_dot scales in f32). A row's lane sums
- * are added with shuffles in a fixed order; the S warps that split k for the same rows are added through
- * shared memory in split order. PDL: trigger at the top, the first chunk of W (immutable) requested before
- * pdl_wait(), xq / y after.
+ * Pre-pass: x (m, k) f32 -> xq int8 and per block of 32 {dx, Σx, Σxq over 0..15, over 16..31}, one group of 8
+ * lanes per block (4 elements per lane, shuffle reductions in a fixed order), in the natural layout (this
+ * kernel) or the MMA fragment layout (mmv_q.cu; matmul_q_steps.cuh says where each value goes).
+ * GEMV: persistent warps stream W. A block of QS_WARPS warps holds T = QS_WARPS / S row tiles of R rows x S
+ * splits of k (split s takes chunks s, s + S, ...); the block walks tile groups blockIdx.x, + gridDim.x, ...
+ * Each warp copies its chunks (R rows x CB blocks, each row's enclosing 16-byte-aligned range) with cp.async
+ * into a ring of NST stages private to the warp, NST - 1 chunks ahead across tile boundaries, so the warp's
+ * loads never stop between tiles; only __syncwarp in the loop. Lanes r*LPR .. r*LPR + LPR-1 work on row r:
+ * each takes PPL pieces of the chunk, decodes its units (qblock.cuh) and multiplies each with the M rows of
+ * xq (dp4a into int32, qb_dot scales in f32). At a tile's end the row's lane sums are added with shuffles in
+ * a fixed order, and the S splits through shared memory in split order (two block barriers; none when S = 1).
+ * PDL: trigger at the top; the first NST - 1 chunks of W (immutable) are requested before pdl_wait(), xq and
+ * y after.
  */
 #include <stdint.h>
 
@@ -20,31 +23,42 @@
 #include "kernels/cuda/pdl.h"
 #include "kernels/cuda/matmul_q_steps.cuh"
 
+#define QS_WARPS 8 /* warps per block of the streaming kernels */
+#define GQ_NST   4 /* ring stages per warp */
+
 /* ----------------------------------------------------------------------------------------------------------
  */
 /* x pre-pass */
 
-/* Workspace layout for m rows of k: xq (m*k bytes), then xd (m*k/32 float4) at the next 16-byte boundary. */
+/* Workspace for m rows of k: xq (m*k bytes), then the per-block values (m*k/32 x 16 bytes) at the next
+ * 16-byte boundary; the same size in either layout (the fragment layout for m rows padded to a multiple of
+ * 8). */
 static size_t gq_xd_offset(int m, int k)
 {
     return ((size_t)m * k + 15) & ~(size_t)15;
 }
 
-extern "C" size_t kern_cuda_qmm_gemv_ws(int m, int k)
+extern "C" size_t kern_cuda_qmm_x8_ws(int m, int k)
 {
-    return gq_xd_offset(m, k) + (size_t)m * (k / 32) * sizeof(float4);
+    return gq_xd_offset(m, k) + (size_t)m * (k / 32) * 16;
 }
 
-/* nu blocks of 32 of x (contiguous rows); thread g takes elements 4g .. 4g+3. */
+/* Blocks of 32 of rows [0, mp) of x (rows past m read as zeros); thread g takes elements 4 (g % 8) .. + 3 of
+ * block g / 8. FRAG: the fragment layout of matmul_q_steps.cuh, else xq (mp, k) and xd (mp, k/32) float4. */
+template <bool FRAG>
 __global__ void __launch_bounds__(256)
-    gq_quantize_x_kernel(int8_t *xq, float4 *xd, const float *x, int64_t nu)
+    gq_quantize_x_kernel(uint8_t *xq, float *xd, const float *x, int m, int mp, int k)
 {
     pdl_wait(); /* x comes from the previous kernel, and the previous product may still read xq */
     pdl_trigger();
-    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, u = g >> 3;
+    const int nu = k / 32;
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, ua = g >> 3;
     const int sub = threadIdx.x & 7;
-    const bool ok = u < nu;
-    const float4 v = ok ? __ldg(reinterpret_cast<const float4 *>(x) + g) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const bool ok = ua < (int64_t)mp * nu;
+    const int row = ok ? (int)(ua / nu) : 0, u = ok ? (int)(ua - (int64_t)row * nu) : 0;
+    const float4 v = ok && row < m
+                         ? __ldg(reinterpret_cast<const float4 *>(x + (size_t)row * k + 32 * u) + sub)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -59,267 +73,211 @@ __global__ void __launch_bounds__(256)
     sq += __shfl_xor_sync(0xffffffffu, sq, 2); /* lanes 0-3: elements 0..15, lanes 4-7: 16..31 */
     const int sq_hi = __shfl_xor_sync(0xffffffffu, sq, 4);
     if (!ok) return;
-    reinterpret_cast<uint32_t *>(xq)[g] = (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 |
-                                          (uint32_t)(q2 & 255) << 16 | (uint32_t)(q3 & 255) << 24;
-    if (sub == 0) xd[u] = make_float4(dx, s, __int_as_float(sq), __int_as_float(sq_hi));
+    const uint32_t word = (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 |
+                          (uint32_t)(q3 & 255) << 24;
+    if (FRAG) {
+        *reinterpret_cast<uint32_t *>(xq + gqm_xq_off(row, u, sub, nu)) = word;
+        if (sub == 0) {
+            const size_t o = gqm_xd_off(row, u, nu);
+            *reinterpret_cast<float2 *>(xd + o) = make_float2(dx, s);
+            *reinterpret_cast<float2 *>(xd + o + 4) = make_float2(__int_as_float(sq), __int_as_float(sq_hi));
+        }
+    } else {
+        reinterpret_cast<uint32_t *>(xq)[g] = word;
+        if (sub == 0)
+            reinterpret_cast<float4 *>(xd)[ua] =
+                make_float4(dx, s, __int_as_float(sq), __int_as_float(sq_hi));
+    }
+}
+
+/* Quantizes rows [0, m) of x into the workspace for a kernel reading mp rows (mp >= m; rows past m zeros). */
+int gq_quantize_x(const struct kern_cuda_qmm *c, const float *x, int m, int mp, bool frag, uint8_t **xq,
+                  float **xd)
+{
+    *xq = (uint8_t *)c->ws;
+    *xd = (float *)((char *)c->ws + gq_xd_offset(mp, c->k));
+    const int64_t threads = (int64_t)mp * (c->k / 32) * 8;
+    if (frag)
+        FCUDA_CHECK(pdl_launch(gq_quantize_x_kernel<true>, dim3(fcuda_blocks(threads, 256)), dim3(256), 0,
+                               c->stream, *xq, *xd, x, m, mp, c->k));
+    else
+        FCUDA_CHECK(pdl_launch(gq_quantize_x_kernel<false>, dim3(fcuda_blocks(threads, 256)), dim3(256), 0,
+                               c->stream, *xq, *xd, x, m, mp, c->k));
+    FCUDA_LAUNCH_CHECK("gq_quantize_x_kernel");
+    return FERRY_OK;
 }
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* The GEMV kernel */
+/* The dp4a GEMV */
 
-/* 16-byte streaming load that skips L1 (weights are read once; xq keeps L1). */
-__device__ __forceinline__ uint4 gq_ld_stream(uintptr_t p)
-{
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-/* This lane's 16-byte pieces of chunk rows [row0, row0 + R) x blocks [b0, b0 + cb) (rows past n repeat row
- * n-1): piece i = lane + 32p is row i / QMAX, piece i % QMAX of the row's aligned range. Pieces past the
- * chunk are left as they are (never read); pieces that would reach outside W (at its two ends, when W's start
- * or end is not 16-byte aligned) are assembled from the chunk's own bytes with 2-byte loads. */
-template <int R, int QMAX, int NP>
-__device__ __forceinline__ void gq_stage_load(uint4 (&v)[NP], uintptr_t wlo, uintptr_t whi, int row0, int n,
-                                              int rowbytes, int b0, int nbytes, int bytes, int lane)
-{
-#pragma unroll
-    for (int p = 0; p < NP; p++) {
-        const int i = lane + 32 * p;
-        if (R * QMAX % 32 && i >= R * QMAX) break;
-        const int r = i / QMAX, q = i - r * QMAX;
-        const uintptr_t ga = wlo + (size_t)min(row0 + r, n - 1) * rowbytes + (size_t)b0 * bytes;
-        const uintptr_t src = (ga & ~(uintptr_t)15) + 16 * q;
-        if (src >= ga + nbytes) continue;
-        if (src >= wlo && src + 16 <= whi) {
-            v[p] = gq_ld_stream(src);
-        } else {
-            uint32_t u[4] = {0, 0, 0, 0};
-#pragma unroll
-            for (int e = 0; e < 16; e += 2) {
-                const uintptr_t a = src + e;
-                if (a >= ga && a < ga + nbytes)
-                    u[e / 4] |= (uint32_t)__ldg(reinterpret_cast<const uint16_t *>(a)) << (8 * (e % 4));
-            }
-            v[p] = make_uint4(u[0], u[1], u[2], u[3]);
-        }
-    }
-}
-
-template <int R, int QMAX, int NP, int STRIDE>
-__device__ __forceinline__ void gq_stage_store(unsigned char *buf, const uint4 (&v)[NP], int lane)
-{
-#pragma unroll
-    for (int p = 0; p < NP; p++) {
-        const int i = lane + 32 * p;
-        if (R * QMAX % 32 && i >= R * QMAX) break;
-        const int r = i / QMAX, q = i - r * QMAX;
-        *reinterpret_cast<uint4 *>(buf + r * STRIDE + 16 * q) = v[p];
-    }
-}
-
-/* y (m, ldy) = xq · Wᵀ for m <= M rows of x (rows past m repeat row m-1 and are not stored). A block of WARPS
- * warps holds T = WARPS/S row tiles of R rows x S splits of k (split j takes chunks j, j+S, ...). */
-template <class Q, int M, int R, int WARPS, int MINB>
-__global__ void __launch_bounds__(WARPS * 32, MINB)
-    gq_gemv_kernel(float *y, int ldy, const int8_t *xq, const float4 *xd, const uint8_t *w, const float *bias,
-                   int m, int n, int k, int S)
+/* y (m, ldy) = xq · Wᵀ for m <= M rows of x (rows past m repeat row m-1 and are not stored). */
+template <class Q, int M, int R, int MINB>
+__global__ void __launch_bounds__(QS_WARPS * 32, MINB)
+    gq_kernel(float *y, int ldy, const int8_t *xq, const float *xd, const uint8_t *w, const float *bias,
+              int m, int n, int k, int S)
 {
     using SH = gq_shape<Q, R>;
-    constexpr int LPR = SH::LPR, PPL = SH::PPL, CB = SH::CB, QMAX = SH::QMAX, STRIDE = SH::STRIDE,
-                  NP = SH::NP;
+    using G = typename SH::G;
+    constexpr int LPR = SH::LPR, PPL = SH::PPL, CB = SH::CB, NST = GQ_NST;
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float red[WARPS][R][M];
+    __shared__ float red[QS_WARPS][R][M];
     pdl_trigger();
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int T = WARPS / S, tile = warp / S, split = warp % S;
-    const int row0 = (blockIdx.x * T + tile) * R;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int T = QS_WARPS / S, tw = warp / S, split = warp - tw * S;
     const int nb = k / Q::QK, rowbytes = nb * Q::BYTES, nch = (nb + CB - 1) / CB, kb = k / 32;
-    const uintptr_t wlo = (uintptr_t)w, whi = wlo + (size_t)n * rowbytes;
-    unsigned char *buf = smem + (size_t)warp * R * STRIDE;
-    const int my_n = row0 < n && split < nch ? (nch - split + S - 1) / S : 0;
+    const int ntiles = (n + R - 1) / R, ntg = (ntiles + T - 1) / T, bx = (int)blockIdx.x, gx = (int)gridDim.x;
+    const int J = bx < ntg ? (ntg - 1 - bx) / gx + 1 : 0;
+    const int cnt = split < nch ? (nch - 1 - split) / S + 1 : 0;
+    const uintptr_t wlo = (uintptr_t)w, a16 = wlo & ~(uintptr_t)15;
+    const uint32_t w0 = (uint32_t)(wlo & 15), wbytes = (uint32_t)n * (uint32_t)rowbytes;
+    unsigned char *ring = smem + (size_t)warp * NST * G::BYTES;
     const int r = lane / LPR, sl = lane % LPR;
-    const uintptr_t rowaddr = wlo + (size_t)min(row0 + r, n - 1) * rowbytes;
 
-    uint4 v[NP];
-#pragma unroll
-    for (int p = 0; p < NP; p++) v[p] = make_uint4(0, 0, 0, 0);
-    if (my_n > 0)
-        gq_stage_load<R, QMAX, NP>(v, wlo, whi, row0, n, rowbytes, split * CB,
-                                   min(CB, nb - split * CB) * Q::BYTES, Q::BYTES, lane);
+    /* The chunk stream: chunk i of tile group j is the warp's (j * cnt + i)-th, in ring slot (j * cnt + i) %
+     * NST; issue() requests the next one (or nothing past the end) and always commits a group, so that at the
+     * top of iteration c exactly NST - 1 + c groups are committed. */
+    int is_j = 0, is_i = 0, is_slot = 0;
+    auto issue = [&]() {
+        if (is_j < J && cnt > 0) {
+            const int row0 = ((bx + is_j * gx) * T + tw) * R, b0 = (split + is_i * S) * CB;
+            if (row0 < n)
+                qs_issue<Q, R, CB>(ring + is_slot * G::BYTES, a16, w0, wbytes, row0, n, (uint32_t)rowbytes,
+                                   b0, min(CB, nb - b0), lane);
+            if (++is_i == cnt) is_i = 0, is_j++;
+            is_slot = is_slot + 1 == NST ? 0 : is_slot + 1;
+        }
+        qs_commit();
+    };
+#pragma unroll 1
+    for (int s = 0; s < NST - 1; s++) issue();
     pdl_wait();
     int xoff[M], doff[M]; /* row offsets into xq and xd */
 #pragma unroll
     for (int c = 0; c < M; c++) xoff[c] = min(c, m - 1) * k, doff[c] = min(c, m - 1) * kb;
-    float acc[M];
+    int slot = 0;
+    for (int j = 0; j < J; j++) {
+        const int row0 = ((bx + j * gx) * T + tw) * R;
+        const uintptr_t rowaddr = wlo + (size_t)min(row0 + r, n - 1) * rowbytes;
+        float acc[M];
 #pragma unroll
-    for (int c = 0; c < M; c++) acc[c] = 0.0f;
-
-    for (int i = 0; i < my_n; i++) {
-        const int ch = split + i * S, b0 = ch * CB, nbc = min(CB, nb - b0);
-        gq_stage_store<R, QMAX, NP, STRIDE>(buf, v, lane);
-        __syncwarp();
-        if (i + 1 < my_n) {
-            const int bn = (ch + S) * CB;
-            gq_stage_load<R, QMAX, NP>(v, wlo, whi, row0, n, rowbytes, bn, min(CB, nb - bn) * Q::BYTES,
-                                       Q::BYTES, lane);
+        for (int c = 0; c < M; c++) acc[c] = 0.0f;
+        for (int i = 0; i < cnt; i++) {
+            qs_wait<NST - 2>();
+            __syncwarp();
+            issue();
+            const int b0 = (split + i * S) * CB, nbc = min(CB, nb - b0);
+            const uint8_t *rb =
+                ring + slot * G::BYTES + r * G::STRIDE + (unsigned)((rowaddr + (size_t)b0 * Q::BYTES) & 15);
+            if (row0 < n) gq_lane_chunk<Q, M, LPR, PPL>(acc, rb, b0, nbc, sl, xq, xd, xoff, doff);
+            slot = slot + 1 == NST ? 0 : slot + 1;
         }
-        const uint8_t *rb = buf + r * STRIDE + (unsigned)((rowaddr + (size_t)b0 * Q::BYTES) & 15);
-        gq_lane_chunk<Q, M, LPR, PPL>(acc, rb, b0, nbc, sl, xq, reinterpret_cast<const float *>(xd), xoff,
-                                      doff);
-        __syncwarp();
+        /* The LPR lanes of a row: butterfly sums; lane sl == 0's result is the one used. */
+#pragma unroll
+        for (int c = 0; c < M; c++)
+#pragma unroll
+            for (int o = LPR / 2; o > 0; o >>= 1) acc[c] += __shfl_xor_sync(0xffffffffu, acc[c], o);
+        if (S > 1) {
+            if (sl == 0)
+#pragma unroll
+                for (int c = 0; c < M; c++) red[warp][r][c] = acc[c];
+            __syncthreads();
+            if (split == 0 && sl == 0)
+                for (int o = 1; o < S; o++)
+#pragma unroll
+                    for (int c = 0; c < M; c++) acc[c] += red[warp + o][r][c];
+        }
+        const int row = row0 + r;
+        if (split == 0 && sl == 0 && row < n) {
+            const float bv = bias ? bias[row] : 0.0f;
+#pragma unroll
+            for (int c = 0; c < M; c++)
+                if (c < m) y[(size_t)c * ldy + row] = acc[c] + bv;
+        }
+        if (S > 1) __syncthreads(); /* red is rewritten by the next tile group */
     }
-    /* The LPR lanes of a row: butterfly sums; lane sl == 0's result is the one used. */
-#pragma unroll
-    for (int c = 0; c < M; c++)
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1) acc[c] += __shfl_xor_sync(0xffffffffu, acc[c], o);
-    if (S > 1) {
-        if (sl == 0)
-#pragma unroll
-            for (int c = 0; c < M; c++) red[warp][r][c] = acc[c];
-        __syncthreads();
-        if (split != 0) return;
-        if (sl == 0)
-            for (int o = 1; o < S; o++)
-#pragma unroll
-                for (int c = 0; c < M; c++) acc[c] += red[warp + o][r][c];
-    }
-    const int row = row0 + r;
-    if (sl != 0 || row >= n) return;
-    const float bv = bias ? bias[row] : 0.0f;
-#pragma unroll
-    for (int c = 0; c < M; c++)
-        if (c < m) y[(size_t)c * ldy + row] = acc[c] + bv;
+    qs_wait<0>();
 }
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* Host side: configurations, split choice, launch */
+/* Host side: splits, grid, launch */
 
-static int gq_forced = 0;
-
-static const char *const gq_names[KERN_CUDA_QGEMV_CONFIGS + 1] = {
-    "auto",
-    "4 rows/warp, 8-warp blocks, 3/SM (m > 2: 2)",
-    "2 rows/warp, 8-warp blocks, 3/SM (m > 2: 2)",
-    "4 rows/warp, 16-warp blocks, 2/SM (m > 1: 1)",
-};
-
-/* Splits of k per row tile, as gemv_q8.cu: a memory-bound block's time is about its rows, an SM runs
- * ceil(blocks / SMs) blocks of T = warps/S tiles one after another, so the cost of S is ceil(blocks / SMs) *
- * T; ties go to more splits (more warps resident for the same work). */
-static int gq_splits(int tiles, int nch, int warps)
+/* Splits of k per row tile (a power of two, at most the block's warps and the chunks per row): the block
+ * holds T = QS_WARPS / S tiles, the persistent grid of `resident` blocks walks the ceil(tiles / T) tile
+ * groups, so the busiest warp streams ceil(groups / resident) * ceil(nch / S) chunks; the S with the fewest,
+ * ties to fewer splits (each split costs two block barriers per tile group). */
+int qs_splits(int tiles, int nch, int64_t resident)
 {
-    const int64_t sms = fcuda_sm_count();
     int best = 1;
     int64_t best_cost = -1;
-    for (int S = 1; S <= warps && S <= nch; S *= 2) {
-        const int T = warps / S;
-        const int64_t blocks = (tiles + T - 1) / T, cost = (blocks + sms - 1) / sms * T;
-        if (best_cost < 0 || cost <= best_cost) {
-            best = S;
-            best_cost = cost;
-        }
+    for (int S = 1; S <= QS_WARPS && S <= nch; S *= 2) {
+        const int64_t groups = ((int64_t)tiles * S + QS_WARPS - 1) / QS_WARPS;
+        const int64_t cost = (groups + resident - 1) / resident * ((nch + S - 1) / S);
+        if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost;
     }
     return best;
 }
 
-template <class Q, int M, int R, int WARPS, int MINB>
-static int gq_launch(const struct kern_cuda_qmm *c, float *y, const int8_t *xq, const float4 *xd, int m)
+template <class Q, int M, int R>
+static int gq_launch(const struct kern_cuda_qmm *c, float *y, const int8_t *xq, const float *xd, int m)
 {
     using SH = gq_shape<Q, R>;
-    constexpr size_t smem = (size_t)WARPS * R * SH::STRIDE;
-    auto kern = gq_gemv_kernel<Q, M, R, WARPS, MINB>;
-    static bool attr_set = false;
-    if (!attr_set) {
+    constexpr int MINB = M <= 2 ? 3 : 2;
+    constexpr size_t smem = (size_t)QS_WARPS * GQ_NST * SH::G::BYTES + 16;
+    auto kern = gq_kernel<Q, M, R, MINB>;
+    static int per_sm = 0;
+    if (!per_sm) {
+        if (smem > (size_t)fcuda_smem_optin()) return FERRY_ERR_UNSUPPORTED;
         FCUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+        FCUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, QS_WARPS * 32, smem));
+        if (per_sm < 1) return FERRY_ERR_UNSUPPORTED;
     }
     const int tiles = (c->n + R - 1) / R, nch = (c->k / Q::QK + SH::CB - 1) / SH::CB;
-    const int S = gq_splits(tiles, nch, WARPS), T = WARPS / S;
-    const unsigned blocks = (unsigned)((tiles + T - 1) / T);
-    FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(WARPS * 32), smem, c->stream, y, c->ldy, xq, xd,
+    const int64_t resident = (int64_t)fcuda_sm_count() * per_sm;
+    const int S = qs_splits(tiles, nch, resident), T = QS_WARPS / S;
+    const int64_t ntg = (tiles + T - 1) / T;
+    const unsigned blocks = (unsigned)(ntg < resident ? ntg : resident);
+    FCUDA_CHECK(pdl_launch(kern, dim3(blocks), dim3(QS_WARPS * 32), smem, c->stream, y, c->ldy, xq, xd,
                            (const uint8_t *)c->w, c->bias, m, c->n, c->k, S));
-    FCUDA_LAUNCH_CHECK("gq_gemv_kernel");
+    FCUDA_LAUNCH_CHECK("gq_kernel");
     return FERRY_OK;
 }
 
-/* Blocks per SM the registers must allow: 3 x 8 warps (80 registers) up to m = 2, 2 x 8 (128) above, where
- * holding a K-quant piece, its unit and M rows of x would spill; 16-warp blocks likewise 2 then 1. */
-template <class Q, int M>
-static int gq_config(int cfg, const struct kern_cuda_qmm *c, float *y, const int8_t *xq, const float4 *xd,
-                     int m)
+template <class Q, int R> static int gq_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int m)
 {
-    switch (cfg) {
-    case 2:
-        return gq_launch < Q, M, 2, 8, M <= 2 ? 3 : 2 > (c, y, xq, xd, m);
-    case 3:
-        return gq_launch < Q, M, 4, 16, M <= 1 ? 2 : 1 > (c, y, xq, xd, m);
-    default:
-        return gq_launch < Q, M, 4, 8, M <= 2 ? 3 : 2 > (c, y, xq, xd, m);
-    }
-}
-
-/* One tile of at most KERN_CUDA_QGEMV_MAX_M rows: quantize x, then the GEMV with M = m rounded up. */
-template <class Q> static int gq_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int m)
-{
-    const int k = c->k;
-    int8_t *xq = (int8_t *)c->ws;
-    float4 *xd = (float4 *)((char *)c->ws + gq_xd_offset(m, k));
-    const int64_t nu = (int64_t)m * (k / 32);
-    FCUDA_CHECK(pdl_launch(gq_quantize_x_kernel, dim3(fcuda_blocks(nu * 8, 256)), dim3(256), 0, c->stream, xq,
-                           xd, x, nu));
-    FCUDA_LAUNCH_CHECK("gq_quantize_x_kernel");
-    const int cfg = gq_forced ? gq_forced : 1;
+    uint8_t *xq;
+    float *xd;
+    const int rc = gq_quantize_x(c, x, m, m, false, &xq, &xd);
+    if (rc) return rc;
     switch (m) {
     case 1:
-        return gq_config<Q, 1>(cfg, c, y, xq, xd, m);
+        return gq_launch<Q, 1, R>(c, y, (const int8_t *)xq, xd, m);
     case 2:
-        return gq_config<Q, 2>(cfg, c, y, xq, xd, m);
+        return gq_launch<Q, 2, R>(c, y, (const int8_t *)xq, xd, m);
     case 3:
-        return gq_config<Q, 3>(cfg, c, y, xq, xd, m);
-    case 4:
-        return gq_config<Q, 4>(cfg, c, y, xq, xd, m);
+        return gq_launch<Q, 3, R>(c, y, (const int8_t *)xq, xd, m);
     default:
-        return gq_config<Q, 8>(cfg, c, y, xq, xd, m);
+        return gq_launch<Q, 4, R>(c, y, (const int8_t *)xq, xd, m);
     }
 }
 
-template <class Q> static int gq_run(const struct kern_cuda_qmm *c)
+/* The entry for type Q: row tiles of at most KERN_CUDA_QDP4A_MAX_M rows of x, R rows of W per warp (1, 2, 4);
+ * the caller checked the arguments and that the workspace holds kern_cuda_qmm_x8_ws(min(m, 4), k) bytes. */
+template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c, int R)
 {
-    /* Row tiles of at most KERN_CUDA_QGEMV_MAX_M, each fitting the workspace (checked by the caller for one).
-     */
-    for (int i = 0; i < c->m; i += KERN_CUDA_QGEMV_MAX_M) {
-        const int mt = min(KERN_CUDA_QGEMV_MAX_M, c->m - i);
-        const int rc = gq_tile<Q>(c, c->y + (size_t)i * c->ldy, c->x + (size_t)i * c->k, mt);
+    if (c->ws_bytes < kern_cuda_qmm_x8_ws(min(c->m, KERN_CUDA_QDP4A_MAX_M), c->k)) return FERRY_ERR_RANGE;
+    for (int i = 0; i < c->m; i += KERN_CUDA_QDP4A_MAX_M) {
+        const int mt = min(KERN_CUDA_QDP4A_MAX_M, c->m - i);
+        float *y = c->y + (size_t)i * c->ldy;
+        const float *x = c->x + (size_t)i * c->k;
+        const int rc = R == 1   ? gq_tile<Q, 1>(c, y, x, mt)
+                       : R == 2 ? gq_tile<Q, 2>(c, y, x, mt)
+                                : gq_tile<Q, 4>(c, y, x, mt);
         if (rc) return rc;
     }
     return FERRY_OK;
 }
-
-/* The entry for type Q (matmul.cu's type table): arguments checked by the caller, the workspace holds
- * kern_cuda_qmm_gemv_ws(min(m, KERN_CUDA_QGEMV_MAX_M), k) bytes. */
-template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c)
-{
-    return gq_run<Q>(c);
-}
-#define GQ_INSTANCE(T, name, Q) template int kern_cuda_qgemv<Q>(const struct kern_cuda_qmm *);
+#define GQ_INSTANCE(T, name, Q) template int kern_cuda_qgemv<Q>(const struct kern_cuda_qmm *, int);
 QB_TYPES(GQ_INSTANCE)
 #undef GQ_INSTANCE
-
-extern "C" int kern_cuda_qmm_set_gemv_config(int config)
-{
-    if (config < 0 || config > KERN_CUDA_QGEMV_CONFIGS) return FERRY_ERR_INVALID;
-    const int prev = gq_forced;
-    gq_forced = config;
-    return prev;
-}
-
-extern "C" const char *kern_cuda_qmm_gemv_config_name(int config)
-{
-    return config >= 0 && config <= KERN_CUDA_QGEMV_CONFIGS ? gq_names[config] : "?";
-}

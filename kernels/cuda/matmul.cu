@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemv_q8.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
@@ -523,8 +524,8 @@ typedef int (*mm_fn)(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
 
 struct mm_type {
     enum dtype t;
-    mm_fn gemv;     /* m <= KERN_CUDA_GEMV_MAX_M (any m: tiles) */
-    mm_fn gemm;     /* m > KERN_CUDA_GEMV_MAX_M (any m) */
+    mm_fn gemv;     /* m <= KERN_CUDA_GEMV_MAX_M (any m: tiles); block types: the automatic choice at any m */
+    mm_fn gemm;     /* m > KERN_CUDA_GEMV_MAX_M (any m); block types: the f16 GEMM */
     int k_multiple; /* k must be a multiple of it */
     int w_align;    /* bytes; W's rows then keep the alignment the kernels load with */
     int x_align;    /* bytes */
@@ -581,15 +582,73 @@ static int mm_gemm_cublas(struct kern_cuda_ctx *ctx, float *y, int ldy, const fl
     return FERRY_OK;
 }
 
-/* The largest m the quantized types send to their int8 GEMV (kern_cuda_qmm_set_gemv_max_m). */
-static int g_qgemv_max_m = KERN_CUDA_QGEMV_DEFAULT_M;
+/* ---- GGUF block types (kernels/cuda/matmul_q.h) ----------------------------------------------------------
+ */
 
-extern "C" int kern_cuda_qmm_set_gemv_max_m(int m)
+template <class Q> static enum dtype mm_q_dtype(void);
+#define MM_Q_DTYPE(T, name, Q) template <> enum dtype mm_q_dtype<Q>(void) { return DTYPE_##T; }
+QB_TYPES(MM_Q_DTYPE)
+#undef MM_Q_DTYPE
+
+/* The automatic choice: per type, entries in increasing m_max; the first entry with m <= m_max gives the
+ * variant, past a type's last entry the GEMM (tile by m and n). The entries are bench_cuda --quant's "pick"
+ * lines, pasted from a GPU run (NOTES.md, Version 8, says which). */
+struct qmm_pick {
+    enum dtype t;
+    int m_max;
+    int variant;
+};
+static const struct qmm_pick qmm_picks[] = {
+    /* Predictions before the first run of the new kernels (NOTES.md Version 8), not measurements. */
+    {DTYPE_Q4_0, 1, KERN_QV_DP4A_R1}, {DTYPE_Q4_0, 2, KERN_QV_DP4A_R4}, {DTYPE_Q4_0, 64, KERN_QV_MMA_16},
+    {DTYPE_Q4_1, 1, KERN_QV_DP4A_R1}, {DTYPE_Q4_1, 2, KERN_QV_DP4A_R4}, {DTYPE_Q4_1, 64, KERN_QV_MMA_16},
+    {DTYPE_Q5_0, 1, KERN_QV_DP4A_R1}, {DTYPE_Q5_0, 2, KERN_QV_DP4A_R4}, {DTYPE_Q5_0, 64, KERN_QV_MMA_16},
+    {DTYPE_Q5_1, 1, KERN_QV_DP4A_R1}, {DTYPE_Q5_1, 2, KERN_QV_DP4A_R4}, {DTYPE_Q5_1, 64, KERN_QV_MMA_16},
+    {DTYPE_Q8_0, 1, KERN_QV_DP4A_R1}, {DTYPE_Q8_0, 2, KERN_QV_DP4A_R4}, {DTYPE_Q8_0, 64, KERN_QV_MMA_16},
+    {DTYPE_Q4_K, 1, KERN_QV_DP4A_R1}, {DTYPE_Q4_K, 2, KERN_QV_DP4A_R4}, {DTYPE_Q4_K, 64, KERN_QV_MMA_16},
+    {DTYPE_Q5_K, 1, KERN_QV_DP4A_R1}, {DTYPE_Q5_K, 2, KERN_QV_DP4A_R4}, {DTYPE_Q5_K, 64, KERN_QV_MMA_16},
+    {DTYPE_Q6_K, 1, KERN_QV_DP4A_R1}, {DTYPE_Q6_K, 2, KERN_QV_DP4A_R4}, {DTYPE_Q6_K, 64, KERN_QV_MMA_16},
+};
+
+static int g_qvariant = KERN_QV_AUTO;
+
+extern "C" int kern_cuda_qmm_set_variant(int variant)
 {
-    if (m < -1 || m > KERN_CUDA_QGEMV_MAX_M) return FERRY_ERR_INVALID;
-    const int prev = g_qgemv_max_m;
-    g_qgemv_max_m = m < 0 ? KERN_CUDA_QGEMV_DEFAULT_M : m;
+    if (variant < 0 || variant >= KERN_QV_COUNT) return FERRY_ERR_INVALID;
+    const int prev = g_qvariant;
+    g_qvariant = variant;
     return prev;
+}
+
+extern "C" const char *kern_cuda_qmm_variant_name(int variant)
+{
+    static const char *const names[KERN_QV_GEMM_C1] = {
+        "auto",
+        "dp4a GEMV, 1 row/warp",
+        "dp4a GEMV, 2 rows/warp",
+        "dp4a GEMV, 4 rows/warp",
+        "int8 MMA, 16 rows/warp",
+        "int8 MMA, 32 rows/warp",
+        "f16 GEMM, auto tile",
+    };
+    if (variant >= 0 && variant < KERN_QV_GEMM_C1) return names[variant];
+    if (variant >= KERN_QV_GEMM_C1 && variant < KERN_QV_Q8OLD)
+        return kern_cuda_qgemm_config_name(variant - KERN_QV_GEMM_C1 + 1);
+    if (variant == KERN_QV_Q8OLD) return "gemv_q8 (f16 x, f16 MMA)";
+    return "?";
+}
+
+extern "C" int kern_cuda_qmm_variant_applies(enum dtype t, int variant)
+{
+    if (variant <= KERN_QV_AUTO || variant >= KERN_QV_COUNT) return 0;
+    return variant != KERN_QV_Q8OLD || t == DTYPE_Q8_0;
+}
+
+extern "C" int kern_cuda_qmm_pick(enum dtype t, int m)
+{
+    for (size_t i = 0; i < sizeof qmm_picks / sizeof qmm_picks[0]; i++)
+        if (qmm_picks[i].t == t && m <= qmm_picks[i].m_max) return qmm_picks[i].variant;
+    return KERN_QV_GEMM;
 }
 
 static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
@@ -601,32 +660,61 @@ static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ld
     return c;
 }
 
-/* GGUF block types (kernels/cuda/matmul_q.h): decode batches up to the threshold take the int8 GEMV, larger
- * ones the tensor-core GEMM; both use the context's x buffer as their workspace. */
+/* One variant of type Q. An int8 variant whose workspace does not fit falls back to the GEMM (row chunks). */
+template <class Q> static int qmm_run(const struct kern_cuda_qmm *c, enum dtype t, int v)
+{
+    if (!kern_cuda_qmm_variant_applies(t, v)) return FERRY_ERR_UNSUPPORTED;
+    int rc = FERRY_ERR_RANGE;
+    switch (v) {
+    case KERN_QV_DP4A_R1:
+    case KERN_QV_DP4A_R2:
+    case KERN_QV_DP4A_R4:
+        rc = kern_cuda_qgemv<Q>(c, v == KERN_QV_DP4A_R1 ? 1 : v == KERN_QV_DP4A_R2 ? 2 : 4);
+        break;
+    case KERN_QV_MMA_16:
+    case KERN_QV_MMA_32:
+        rc = kern_cuda_qmmv<Q>(c, v == KERN_QV_MMA_16 ? 1 : 2);
+        break;
+    case KERN_QV_Q8OLD:
+        for (int i = 0; i < c->m; i += KERN_CUDA_GEMV_Q8_MAX_M) {
+            const int mt = min(KERN_CUDA_GEMV_Q8_MAX_M, c->m - i);
+            rc = kern_cuda_gemv_q8(c->y + (size_t)i * c->ldy, c->ldy, c->x + (size_t)i * c->k, c->w, c->bias,
+                                   mt, c->n, c->k, c->stream);
+            if (rc) return rc;
+        }
+        return FERRY_OK;
+    default:
+        return kern_cuda_qgemm<Q>(c, v >= KERN_QV_GEMM_C1 ? v - KERN_QV_GEMM_C1 + 1 : 0);
+    }
+    return rc == FERRY_ERR_RANGE ? kern_cuda_qgemm<Q>(c, 0) : rc;
+}
+
+/* GGUF block types: the forced variant, else the table's (gemv entry: the table at any m; gemm entry: the
+ * GEMM). Both use the context's x buffer as their workspace. */
 template <class Q>
-static int mm_gemm_q(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+static int mm_q_auto(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                      const float *bias, int m, int n, int k, cudaStream_t st)
 {
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
-    return kern_cuda_qgemm<Q>(&c);
+    const enum dtype t = mm_q_dtype<Q>();
+    return qmm_run<Q>(&c, t, g_qvariant ? g_qvariant : kern_cuda_qmm_pick(t, m));
 }
 
 template <class Q>
-static int mm_gemv_q(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
+static int mm_q_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                      const float *bias, int m, int n, int k, cudaStream_t st)
 {
-    if (m > g_qgemv_max_m) return mm_gemm_q<Q>(ctx, y, ldy, x, w, bias, m, n, k, st);
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
-    if (c.ws_bytes < kern_cuda_qmm_gemv_ws(min(m, KERN_CUDA_QGEMV_MAX_M), k)) return FERRY_ERR_RANGE;
-    return kern_cuda_qgemv<Q>(&c);
+    if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
+    return qmm_run<Q>(&c, mm_q_dtype<Q>(), g_qvariant ? g_qvariant : KERN_QV_GEMM);
 }
 
 static const struct mm_type mm_types[] = {
     {DTYPE_F32, mm_gemv_plain<WT_F32>, mm_gemm_cublas<WT_F32>, 1, 4, 4, 0},
     {DTYPE_F16, mm_gemv_plain<WT_F16>, mm_gemm_cublas<WT_F16>, 1, 2, 4, 0},
     {DTYPE_BF16, mm_gemv_plain<WT_BF16>, mm_gemm_cublas<WT_BF16>, 1, 2, 4, 0},
-#define MM_QTYPE(T, name, Q) {DTYPE_##T, mm_gemv_q<Q>, mm_gemm_q<Q>, Q::QK, Q::ALIGN, 16, 1},
+#define MM_QTYPE(T, name, Q) {DTYPE_##T, mm_q_auto<Q>, mm_q_gemm<Q>, Q::QK, Q::ALIGN, 16, 1},
     QB_TYPES(MM_QTYPE)
 #undef MM_QTYPE
 };
@@ -649,6 +737,9 @@ static int check_args(const struct mm_type *ty, float *y, int ldy, const float *
     if (!y || !x || !w || m <= 0 || n <= 0 || k <= 0 || ldy < n) return FERRY_ERR_INVALID;
     if (!ty) return FERRY_ERR_UNSUPPORTED;
     if (k % ty->k_multiple || dtype_row_size(ty->t, k) > (size_t)INT32_MAX / 32) return FERRY_ERR_INVALID;
+    /* The block types' kernels address W with 32-bit offsets (matmul_q_steps.cuh's qs_issue). */
+    if (ty->needs_ctx && (uint64_t)dtype_row_size(ty->t, k) * (uint64_t)n > UINT32_MAX - 64)
+        return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, ty->x_align) || (bias && !FCUDA_ALIGNED(bias, 4)))
         return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(w, ty->w_align)) return FERRY_ERR_INVALID;
@@ -680,7 +771,8 @@ extern "C" int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ld
 extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                                 enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream)
 {
-    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx)
+    const struct mm_type *ty = mm_type_of(wt);
+    if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || (ty && ty->needs_ctx)) /* block types: the table at any m */
         return kern_cuda_matmul_gemv(ctx, y, ldy, x, w, wt, bias, m, n, k, stream);
     return kern_cuda_matmul_gemm(ctx, y, ldy, x, w, wt, bias, m, n, k, stream);
 }

@@ -4,13 +4,14 @@
  * GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), x (m, k) f32, y (m, ldy) f32 of which
  * columns [0, n) are written (n <= ldy; the others are untouched, so products of different types can fill
  * column slices of one buffer), bias (n) f32 or NULL, all device memory. One table in matmul.cu gives each
- * type two entries, picked by m: m <= KERN_CUDA_GEMV_MAX_M (decode): F32/F16/BF16 a GEMV that streams W once
+ * type two entries. F32/F16/BF16 pick by m: m <= KERN_CUDA_GEMV_MAX_M (decode) a GEMV that streams W once
  * with 16-byte loads (m = 1 and F32: f32 math, products exact; m = 2..16 with F16/BF16: tensor cores, x
- * rounded to the weight's type once); block types the int8 GEMV of kernels/cuda/matmul_q.h up to its
- * threshold (x quantized to int8 per block of 32), the tensor-core GEMM above it. m > KERN_CUDA_GEMV_MAX_M
- * (prefill): F32/F16/BF16 cuBLAS on tensor cores (cublasGemmEx, f32 accumulation, x first rounded to the
- * weight's type); block types the tensor-core GEMM of matmul_q.h (x and W rounded to f16 once, f32
- * accumulation, no whole-matrix conversion). The error of each path is stated where it is implemented
+ * rounded to the weight's type once); m > KERN_CUDA_GEMV_MAX_M (prefill) cuBLAS on tensor cores
+ * (cublasGemmEx, f32 accumulation, x first rounded to the weight's type). Block types take, at any m, the
+ * kernel matmul.cu's choice table gives for the type and m among those of kernels/cuda/matmul_q.h: the dp4a
+ * GEMV and the int8 tensor-core skinny GEMM (x quantized to int8 per block of 32) for decode batches, the
+ * f16 tensor-core GEMM (x and W rounded to f16 once, f32 accumulation) for large ones; never a whole-matrix
+ * conversion. The error of each path is stated where it is implemented
  * (matmul.cu, matmul_q.h). A context owns the cuBLAS handle and the workspaces (allocated once at init, never
  * per call); it belongs to one thread (the engine thread). Every call is asynchronous on `stream`,
  * graph-capturable, and bitwise reproducible for a given shape and device (no atomics in reductions).
@@ -55,8 +56,8 @@ int kern_cuda_matmul_supports(enum dtype t);
  * (the GEMV then takes every m, in tiles of 16). */
 int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                      enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream);
-/* The two entries, for tests and benches, at any m: the decode one (tiles of 16 rows; ctx needed for block
- * types) and the large-batch one (ctx needed). */
+/* The two entries, for tests and benches, at any m: the decode one (tiles of 16 rows; block types: the
+ * automatic choice, ctx needed) and the large-batch one (ctx needed; block types: the f16 GEMM). */
 int kern_cuda_matmul_gemv(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                           enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream);
 int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,

@@ -1,22 +1,23 @@
 /* matmul_q (CUDA) — y = x · Wᵀ (+ bias) with W in a GGUF block type read as stored (Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0, Q4_K, Q5_K, Q6_K): the weights are never converted as a whole, each block is decoded in registers.
+ * Q8_0, Q4_K, Q5_K, Q6_K): the weights are never converted as a whole, each block is decoded on the fly.
  *
- * Two kernels per type (kernels/cuda/matmul.cu's type table picks between them; callers use
- * kern_cuda_matmul): GEMV (decode, small m): x is first quantized to int8 per block of 32
- * (kern_cuda_qmm_gemv's pre-pass: dx = max|x|/127, xq = rint(x/dx), plus the f32 sum of each block), then
- * each weight unit of 32 is multiplied with dp4a in int32 and scaled in f32: y = Σ_units dx·d·Σ(q+QOFF)·xq +
- * m·Σx. The error is that of x's int8 rounding (each x off by at most dx/2: |Δy| <= Σ |d·(q+QOFF)|·dx/2), as
- * in llama.cpp's MMVQ. GEMM (prefill, larger m): x is rounded to f16 once (a pre-pass), weight tiles are
- * decoded into shared memory as f16 (each weight the f16 rounding of dequant_row's value, bitwise) and
- * multiplied on tensor cores (mma.sync m16n8k16, f32 accumulation); each weight tile is read once per tile of
- * up to 128 rows of x. The error is that of one f16 rounding of x and of W (2^-11 relative each), as on the
- * f16 cuBLAS path. Both need the caller's device workspace for x (1.5 bytes per element of x for the GEMV, 2
- * for the GEMM; larger products run in row chunks that fit, FERRY_ERR_RANGE when not even one row fits),
- * allocate nothing, are deterministic (fixed reduction orders, no atomics) and graph-capturable, and launch
- * with programmatic dependent launch (kernels/cuda/pdl.h). y is (m, ldy): columns [0, n) are written, the
- * others untouched. Requirements (FERRY_ERR_INVALID otherwise): k a multiple of the block size (32, or 256
- * for the K-quants), W aligned to the type's block alignment (2 bytes for Q4_0/Q5_0/Q8_0/Q6_K, 4 for Q4_1, 8
- * for Q5_1, 16 for Q4_K/Q5_K), x 16-byte aligned, y and bias 4-byte aligned, n <= ldy, row bytes below 2^31.
+ * Three kernel families per type (kernels/cuda/matmul.cu's table picks one by type and m; callers use
+ * kern_cuda_matmul): int8 paths, x first quantized to int8 per block of 32 (a pre-pass: dx = max|x|/127,
+ * xq = rint(x/dx), plus the f32 sum of each block), then y = Σ_units dx·d·Σ(q+QOFF)·xq + m·Σx in int32 and
+ * f32, whose error is that of x's int8 rounding (each x off by at most dx/2: |Δy| <= Σ |d·(q+QOFF)|·dx/2), as
+ * in llama.cpp's MMVQ/MMQ: the dp4a GEMV (gemv_q.cu, up to KERN_CUDA_QDP4A_MAX_M rows of x per launch) and
+ * the int8 tensor-core skinny GEMM (mmv_q.cu, mma.sync m16n8k32, up to KERN_CUDA_QMMA_MAX_M rows per launch);
+ * and the f16 GEMM (gemm_q.cu): x rounded to f16 once, weight tiles decoded into shared memory as f16 (each
+ * weight the f16 rounding of dequant_row's value, bitwise), mma.sync m16n8k16 with f32 accumulation; error
+ * that of one f16 rounding of x and of W (2^-11 relative each), as on the f16 cuBLAS path. Each weight byte
+ * is read from memory once per launch (once per tile of up to 128 rows of x in the GEMM). All use the
+ * caller's device workspace for x (kern_cuda_qmm_x8_ws for the int8 paths, 2 bytes per element for the GEMM,
+ * which runs in row chunks that fit; FERRY_ERR_RANGE when not even one row fits), allocate nothing, are
+ * deterministic (fixed reduction orders, no atomics) and graph-capturable, and launch with programmatic
+ * dependent launch (kernels/cuda/pdl.h). y is (m, ldy): columns [0, n) are written, the others untouched.
+ * Requirements (FERRY_ERR_INVALID otherwise): k a multiple of the block size (32, or 256 for the K-quants), W
+ * aligned to the type's block alignment (2 bytes for Q4_0/Q5_0/Q8_0/Q6_K, 4 for Q4_1, 8 for Q5_1, 16 for
+ * Q4_K/Q5_K), x 16-byte aligned, y and bias 4-byte aligned, n <= ldy, row bytes below 2^31, W below 4 GiB.
  */
 #ifndef FERRY_KERN_CUDA_MATMUL_Q_H
 #define FERRY_KERN_CUDA_MATMUL_Q_H
@@ -43,37 +44,52 @@ struct kern_cuda_qmm {
     cudaStream_t stream;
 };
 
-/* The int8 GEMV takes row tiles of at most KERN_CUDA_QGEMV_MAX_M rows; kern_cuda_matmul sends batches of up
- * to kern_cuda_qmm_set_gemv_max_m's threshold (default KERN_CUDA_QGEMV_DEFAULT_M) to it, larger ones to the
- * GEMM. */
-#define KERN_CUDA_QGEMV_MAX_M     8
-#define KERN_CUDA_QGEMV_DEFAULT_M 4
+/* Rows of x per launch of the int8 kernels (larger m runs in row tiles of this size). */
+#define KERN_CUDA_QDP4A_MAX_M 4
+#define KERN_CUDA_QMMA_MAX_M  64
 
-/* Workspace bytes each kernel needs for m rows of x of k elements. */
-size_t kern_cuda_qmm_gemv_ws(int m, int k);
+/* Workspace bytes: the int8 paths for m rows of x (the MMA kernel needs m rounded up to 8, 16, 32 or 64), the
+ * GEMM for m rows (it runs in row chunks: one row is the least it needs). */
+size_t kern_cuda_qmm_x8_ws(int m, int k);
 size_t kern_cuda_qmm_gemm_ws(int m, int k);
 
-/* Tuning hooks for tests and benches (not thread-safe; call before launching work). Each returns the previous
- * setting, or FERRY_ERR_INVALID for a value out of range.
- * gemv_max_m: the largest m kern_cuda_matmul sends to the GEMV (0..KERN_CUDA_QGEMV_MAX_M; -1 restores the
- * default). gemv/gemm config: force a kernel configuration (1..count), 0 for the automatic choice. */
-int kern_cuda_qmm_set_gemv_max_m(int m);
-#define KERN_CUDA_QGEMV_CONFIGS 3
-int kern_cuda_qmm_set_gemv_config(int config);
-const char *kern_cuda_qmm_gemv_config_name(int config);
-#define KERN_CUDA_QGEMM_CONFIGS 9
-int kern_cuda_qmm_set_gemm_config(int config);
-const char *kern_cuda_qmm_gemm_config_name(int config);
+/* The kernels the automatic choice picks from (matmul.cu's table, by type and m; NOTES.md, Version 8, says
+ * where its entries come from). A variant applies to every type except KERN_QV_Q8OLD (Q8_0 only). */
+enum kern_cuda_qvariant {
+    KERN_QV_AUTO = 0,
+    KERN_QV_DP4A_R1, /* dp4a GEMV, 1 row of W per warp */
+    KERN_QV_DP4A_R2, /* 2 rows per warp (lanes of different rows share x loads) */
+    KERN_QV_DP4A_R4, /* 4 rows per warp */
+    KERN_QV_MMA_16,  /* int8 MMA, 16 rows of W per warp, 4 ring stages */
+    KERN_QV_MMA_32,  /* 32 rows per warp (x fragments shared by two row tiles), 3 stages */
+    KERN_QV_GEMM,    /* f16 GEMM, tile by m and n (gemm_q.cu's gm_pick) */
+    KERN_QV_GEMM_C1, /* f16 GEMM, configuration 1 .. KERN_CUDA_QGEMM_CONFIGS (gemm_q.cu's GM_CONFIGS) */
+    KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 12, /* kern_cuda_gemv_q8 (f16 x, f16 tensor cores), Q8_0 only */
+    KERN_QV_COUNT
+};
+#define KERN_CUDA_QGEMM_CONFIGS 12
+
+/* Tuning hooks for tests and benches (not thread-safe; call before launching work). set_variant forces a
+ * variant for every block-type product (KERN_QV_AUTO: the table), returning the previous setting or
+ * FERRY_ERR_INVALID for a value out of range; a forced variant that does not apply to a type (KERN_QV_Q8OLD
+ * with another type) or whose configuration the device cannot hold makes the product return
+ * FERRY_ERR_UNSUPPORTED. variant_name: a short description for bench output. pick: the variant the table
+ * gives type t at m rows (never KERN_QV_AUTO). */
+int kern_cuda_qmm_set_variant(int variant);
+const char *kern_cuda_qmm_variant_name(int variant);
+int kern_cuda_qmm_variant_applies(enum dtype t, int variant);
+int kern_cuda_qmm_pick(enum dtype t, int m);
 
 #ifdef __cplusplus
 }
 
-/* The two kernels of a type Q of kernels/cuda/qblock.cuh (instantiated for every QB_TYPES entry), for
- * matmul.cu's type table. Arguments are checked by the caller; the GEMV's workspace holds
- * kern_cuda_qmm_gemv_ws(min(m, KERN_CUDA_QGEMV_MAX_M), k) bytes, the GEMM's at least kern_cuda_qmm_gemm_ws(1,
- * k) (it runs in row chunks that fit). */
-template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c);
-template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c);
+/* The kernels of a type Q of kernels/cuda/qblock.cuh (instantiated for every QB_TYPES entry), for matmul.cu.
+ * Arguments are checked by the caller; each returns FERRY_ERR_RANGE when the workspace is too small for it
+ * and FERRY_ERR_UNSUPPORTED when the device cannot run the configuration. */
+template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c, int rows_per_warp); /* 1, 2, 4 */
+template <class Q> int kern_cuda_qmmv(const struct kern_cuda_qmm *c, int row_tiles);      /* 1, 2 */
+template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c, int config);        /* 0: auto */
+const char *kern_cuda_qgemm_config_name(int config);
 #endif
 
 #endif

@@ -78,6 +78,17 @@ QB_FN void qb_ld64(const uint8_t *p, uint32_t &a, uint32_t &b)
 #endif
 }
 
+QB_FN uint32_t qb_ld16(const uint8_t *p)
+{
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const uint16_t *>(p);
+#else
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+#endif
+}
+
 /* (hi:lo) >> sh, sh in 0..32 (32 gives hi): __funnelshift_rc. */
 QB_FN uint32_t qb_fshr(uint32_t lo, uint32_t hi, uint32_t sh)
 {
@@ -88,6 +99,15 @@ QB_FN uint32_t qb_fshr(uint32_t lo, uint32_t hi, uint32_t sh)
     if (sh == 0) return lo;
     return (lo >> sh) | (hi << (32 - sh));
 #endif
+}
+
+/* The 4 bytes at a 2-byte-aligned p, from the two aligned words around them (the second word may lie up to 2
+ * bytes past p + 4: staged copies hold such bytes). */
+QB_FN uint32_t qb_ld32_a2(const uint8_t *p)
+{
+    const uint32_t s = (uint32_t)((uintptr_t)p & 2u);
+    const uint8_t *a = p - s;
+    return qb_fshr(qb_ld32(a), qb_ld32(a + 4), 8u * s);
 }
 
 /* __byte_perm(a, b, s) for selectors whose nibbles are 0..7 (no sign replication). */
@@ -163,6 +183,15 @@ struct qb_unit {
     float m;       /* minimum term; -0.0f for types without one */
 };
 
+/* What one thread of an int8 MMA needs of unit U of a block: quant words t and t+4 of the unit (elements
+ * 4t..4t+3 and 16+4t..16+4t+3, as qb_unit's q[t] and q[t+4]) and the unit's scales and minimum (as
+ * qb_unit's). Each type's frag(blk, U, t, f) reads only those bytes, with the same alignment rules as load().
+ */
+struct qb_frag {
+    uint32_t w0, w1;
+    float d0, d1, m;
+};
+
 /* A window of N aligned words read from the 4-byte boundary at or below p (p 2-byte aligned); word(o) is the
  * 4 bytes at p + o, o a compile-time even offset with o/4 + 1 < N (or o/4 < N when the shift is 0). */
 template <int N> struct qb_win {
@@ -209,6 +238,14 @@ struct qb_q4_0 {
         u.d0 = u.d1 = qb_f16(r.b.template word<0>() & 0xFFFFu);
         u.m = -0.0f;
     }
+    static QB_FN void frag(const uint8_t *blk, int, int t, qb_frag &f)
+    {
+        const uint32_t qs = qb_ld32_a2(blk + 2 + 4 * t);
+        f.w0 = qs & 0x0F0F0F0Fu;
+        f.w1 = (qs >> 4) & 0x0F0F0F0Fu;
+        f.d0 = f.d1 = qb_f16(qb_ld16(blk));
+        f.m = -0.0f;
+    }
 };
 
 /* Q4_1 (20 bytes, 4-byte aligned): { f16 d; f16 m; u8 qs[16]; }, x = d * q + m with q as in Q4_0. */
@@ -234,6 +271,14 @@ struct qb_q4_1 {
         u.d0 = u.d1 = qb_f16(r.w[0] & 0xFFFFu);
         u.m = qb_f16(r.w[0] >> 16);
     }
+    static QB_FN void frag(const uint8_t *blk, int, int t, qb_frag &f)
+    {
+        const uint32_t h = qb_ld32(blk), qs = qb_ld32(blk + 4 + 4 * t);
+        f.w0 = qs & 0x0F0F0F0Fu;
+        f.w1 = (qs >> 4) & 0x0F0F0F0Fu;
+        f.d0 = f.d1 = qb_f16(h & 0xFFFFu);
+        f.m = qb_f16(h >> 16);
+    }
 };
 
 /* Q5_0 (22 bytes): { f16 d; u32 qh; u8 qs[16]; }, x[j] = d * ((qs[j] & 15 | (qh >> j & 1) << 4) - 16),
@@ -258,6 +303,14 @@ struct qb_q5_0 {
         }
         u.d0 = u.d1 = qb_f16(r.b.template word<0>() & 0xFFFFu);
         u.m = -0.0f;
+    }
+    static QB_FN void frag(const uint8_t *blk, int, int t, qb_frag &f)
+    {
+        const uint32_t qh = qb_ld32_a2(blk + 2), qs = qb_ld32_a2(blk + 6 + 4 * t);
+        f.w0 = (qs & 0x0F0F0F0Fu) | qb_spread4(qh >> (4 * t)) << 4;
+        f.w1 = ((qs >> 4) & 0x0F0F0F0Fu) | qb_spread4(qh >> (16 + 4 * t)) << 4;
+        f.d0 = f.d1 = qb_f16(qb_ld16(blk));
+        f.m = -0.0f;
     }
 };
 
@@ -286,6 +339,14 @@ struct qb_q5_1 {
         u.d0 = u.d1 = qb_f16(r.w[0] & 0xFFFFu);
         u.m = qb_f16(r.w[0] >> 16);
     }
+    static QB_FN void frag(const uint8_t *blk, int, int t, qb_frag &f)
+    {
+        const uint32_t h = qb_ld32(blk), qh = qb_ld32(blk + 4), qs = qb_ld32(blk + 8 + 4 * t);
+        f.w0 = (qs & 0x0F0F0F0Fu) | qb_spread4(qh >> (4 * t)) << 4;
+        f.w1 = ((qs >> 4) & 0x0F0F0F0Fu) | qb_spread4(qh >> (16 + 4 * t)) << 4;
+        f.d0 = f.d1 = qb_f16(h & 0xFFFFu);
+        f.m = qb_f16(h >> 16);
+    }
 };
 
 /* Q8_0 (34 bytes): { f16 d; int8 qs[32]; }, x = d * q. */
@@ -304,6 +365,13 @@ struct qb_q8_0 {
         u.q[6] = r.b.template word<26>(), u.q[7] = r.b.template word<30>();
         u.d0 = u.d1 = qb_f16(r.b.template word<0>() & 0xFFFFu);
         u.m = -0.0f;
+    }
+    static QB_FN void frag(const uint8_t *blk, int, int t, qb_frag &f)
+    {
+        f.w0 = qb_ld32_a2(blk + 2 + 4 * t);
+        f.w1 = qb_ld32_a2(blk + 18 + 4 * t);
+        f.d0 = f.d1 = qb_f16(qb_ld16(blk));
+        f.m = -0.0f;
     }
 };
 
@@ -354,6 +422,18 @@ struct qb_q4_k {
         u.d0 = u.d1 = qb_mul(qb_f16(r.h.x & 0xFFFFu), qb_u2f(sc));
         u.m = -qb_mul(qb_f16(r.h.x >> 16), qb_u2f(mn));
     }
+    static QB_FN void frag(const uint8_t *blk, int U, int t, qb_frag &f)
+    {
+        const uint8_t *g = blk + 16 + 32 * (U >> 1);
+        const uint32_t sh = 4u * (uint32_t)(U & 1);
+        f.w0 = (qb_ld32(g + 4 * t) >> sh) & 0x0F0F0F0Fu;
+        f.w1 = (qb_ld32(g + 16 + 4 * t) >> sh) & 0x0F0F0F0Fu;
+        uint32_t sc, mn;
+        const uint32_t h = qb_ld32(blk);
+        qb_k_scale_min(qb_ld32(blk + 4), qb_ld32(blk + 8), qb_ld32(blk + 12), (uint32_t)U, sc, mn);
+        f.d0 = f.d1 = qb_mul(qb_f16(h & 0xFFFFu), qb_u2f(sc));
+        f.m = -qb_mul(qb_f16(h >> 16), qb_u2f(mn));
+    }
 };
 
 /* Q5_K (176 bytes, 16-byte aligned): { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }, as Q4_K with
@@ -389,6 +469,19 @@ struct qb_q5_k {
         qb_k_scale_min(r.h.y, r.h.z, r.h.w, s, sc, mn);
         u.d0 = u.d1 = qb_mul(qb_f16(r.h.x & 0xFFFFu), qb_u2f(sc));
         u.m = -qb_mul(qb_f16(r.h.x >> 16), qb_u2f(mn));
+    }
+    static QB_FN void frag(const uint8_t *blk, int U, int t, qb_frag &f)
+    {
+        const uint8_t *g = blk + 48 + 32 * (U >> 1);
+        const uint32_t sh = 4u * (uint32_t)(U & 1);
+        const uint32_t h0 = qb_ld32(blk + 16 + 4 * t), h1 = qb_ld32(blk + 32 + 4 * t);
+        f.w0 = ((qb_ld32(g + 4 * t) >> sh) & 0x0F0F0F0Fu) | ((h0 >> U) & 0x01010101u) << 4;
+        f.w1 = ((qb_ld32(g + 16 + 4 * t) >> sh) & 0x0F0F0F0Fu) | ((h1 >> U) & 0x01010101u) << 4;
+        uint32_t sc, mn;
+        const uint32_t h = qb_ld32(blk);
+        qb_k_scale_min(qb_ld32(blk + 4), qb_ld32(blk + 8), qb_ld32(blk + 12), (uint32_t)U, sc, mn);
+        f.d0 = f.d1 = qb_mul(qb_f16(h & 0xFFFFu), qb_u2f(sc));
+        f.m = -qb_mul(qb_f16(h >> 16), qb_u2f(mn));
     }
 };
 
@@ -435,6 +528,19 @@ struct qb_q6_k {
         u.d0 = qb_mul(d, (float)(int8_t)(sw & 0xFF));
         u.d1 = qb_mul(d, (float)(int8_t)((sw >> 8) & 0xFF));
         u.m = -0.0f;
+    }
+    static QB_FN void frag(const uint8_t *blk, int U, int t, qb_frag &f)
+    {
+        const int h = U >> 2, i = U & 3;
+        const uint8_t *ql = blk + 64 * h + 32 * (i & 1) + 4 * t, *qh = blk + 128 + 32 * h + 4 * t;
+        const uint32_t sl = 4u * (uint32_t)(i >> 1), sh = 2u * (uint32_t)i;
+        f.w0 = ((qb_ld32_a2(ql) >> sl) & 0x0F0F0F0Fu) | ((qb_ld32_a2(qh) >> sh) & 0x03030303u) << 4;
+        f.w1 = ((qb_ld32_a2(ql + 16) >> sl) & 0x0F0F0F0Fu) | ((qb_ld32_a2(qh + 16) >> sh) & 0x03030303u) << 4;
+        const uint32_t sc = qb_ld16(blk + 192 + 8 * h + 2 * i); /* scales[8h + 2i], [8h + 2i + 1] */
+        const float d = qb_f16(qb_ld16(blk + 208));
+        f.d0 = qb_mul(d, (float)(int8_t)(sc & 0xFF));
+        f.d1 = qb_mul(d, (float)(int8_t)(sc >> 8));
+        f.m = -0.0f;
     }
 };
 

@@ -8,9 +8,10 @@
  *   --q8:    only the copy ceiling and kern_cuda_gemv_q8 (the f16-tensor-core Q8_0 GEMV), every
  * configuration;
  *   --quant: only the copy ceiling and the GGUF block types through kern_cuda_matmul
- * (kernels/cuda/matmul_q.h) at the Llama-2-7B layer shapes, m = 1, 16, 64, 512, f16 cuBLAS at the same shapes
- * for comparison, and sweeps of the kernels' configurations and of the int8 GEMV's m threshold; the last
- * lines are a compact table (one line per type and m).
+ * (kernels/cuda/matmul_q.h) at the Llama-2-7B layer shapes: every variant (kern_cuda_qmm_set_variant) at
+ * m = 1..512, the best per type and m with the table lines for matmul.cu's automatic choice, then the layer
+ * table of this build's automatic choice at m = 1, 16, 64, 512 (f16 at the same shapes for comparison) and
+ * the whole-model products at m = 64; the last lines are the compact summary.
  */
 #include <math.h>
 #include <stdio.h>
@@ -274,6 +275,47 @@ enum { NQM = 4 };
 static const int qms[NQM] = {1, 16, 64, 512};
 static const enum dtype qtypes[8] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1,
                                      DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+/* Batch sizes of the variant sweep. */
+enum { NSM = 11 };
+static const int sms[NSM] = {1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512};
+/* Short names of the variants (kern_cuda_qmm_variant_name has the long ones) and their enum spelling, for the
+ * table lines this bench prints for kernels/cuda/matmul.cu. */
+static const char *vshort(int v)
+{
+    static char buf[KERN_QV_COUNT][16];
+    static const char *const fixed[KERN_QV_GEMM_C1] = {"auto", "d1", "d2", "d4", "M16", "M32", "G"};
+    if (v < KERN_QV_GEMM_C1) return fixed[v];
+    if (v == KERN_QV_Q8OLD) return "q8";
+    snprintf(buf[v], sizeof buf[v], "G%d", v - KERN_QV_GEMM_C1 + 1);
+    return buf[v];
+}
+static const char *venum(int v)
+{
+    static char buf[KERN_QV_COUNT][32];
+    static const char *const fixed[KERN_QV_GEMM_C1] = {
+        "KERN_QV_AUTO",   "KERN_QV_DP4A_R1", "KERN_QV_DP4A_R2", "KERN_QV_DP4A_R4",
+        "KERN_QV_MMA_16", "KERN_QV_MMA_32",  "KERN_QV_GEMM"};
+    if (v < KERN_QV_GEMM_C1) return fixed[v];
+    if (v == KERN_QV_Q8OLD) return "KERN_QV_Q8OLD";
+    snprintf(buf[v], sizeof buf[v], "KERN_QV_GEMM_C1 + %d", v - KERN_QV_GEMM_C1);
+    return buf[v];
+}
+/* Whether the sweep times variant v at m: the dp4a GEMV up to two launches, the int8 MMA at every m (tiles of
+ * 64 rows from m = 128), gemv_q8 up to its 16 rows, the GEMM's configurations where their row tile fits (16
+ * and 32 rows: cfg 1, 2, 3, 8, 9 up to m = 64; 64 rows: 4, 5 from m = 16; 128 rows: the others from m = 64).
+ */
+static int sweep_has(enum dtype t, int v, int m)
+{
+    if (!kern_cuda_qmm_variant_applies(t, v)) return 0;
+    if (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4) return m <= 8;
+    if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32) return 1;
+    if (v == KERN_QV_GEMM) return m >= 2;
+    if (v == KERN_QV_Q8OLD) return m <= 16;
+    const int c = v - KERN_QV_GEMM_C1 + 1; /* GEMM configuration */
+    if (c == 4 || c == 5) return m >= 16;
+    if (c <= 3 || c == 8 || c == 9) return m >= 16 && m <= 64;
+    return m >= 64;
+}
 
 /* Graph-timed milliseconds of one product (weights rotating through the pool). */
 static double time_product(struct mm_arg a, size_t pool_bytes)
@@ -282,148 +324,146 @@ static double time_product(struct mm_arg a, size_t pool_bytes)
     a.copies = (int)(pool_bytes / a.wbytes);
     if (a.copies < 1) a.copies = 1;
     use_graph = 1;
-    const double ms = time_ms(mm_fn, &a, a.m >= 64 ? 10 : 20);
+    const double ms = time_ms(mm_fn, &a, a.m >= 256 ? 4 : a.m >= 32 ? 10 : 20);
     use_graph = 0;
     return ms;
 }
 
-/* One line per (type, m): the four layer products (µs), their sum (one layer), weight GB/s and % of the copy
- * ceiling over the layer, TFLOP/s over the layer. Lines go to stdout as they are measured, and into table[]
- * for the compact summary printed last. */
+/* Graph-timed milliseconds of one Llama-2-7B layer's products (the four shapes) of type t at m rows through
+ * kern_cuda_matmul with variant v forced (KERN_QV_AUTO: the table); per-shape times into us[4] when given. */
+static double time_layer(struct kern_cuda_ctx *ctx, char *pool, size_t pool_bytes, float *x, float *y,
+                         enum dtype t, int m, int v, double *us)
+{
+    kern_cuda_qmm_set_variant(v);
+    double tt = 0;
+    for (int si = 0; si < 4; si++) {
+        struct mm_arg a = {ctx, y, x, pool, 0, 1, m, lshapes[si][0], lshapes[si][1], MM_AUTO, t};
+        /* A forced configuration the device cannot hold: not timed (-1). */
+        const int rc = kern_cuda_matmul(ctx, y, a.n, x, pool, t, NULL, m, a.n, a.k, st);
+        if (rc == FERRY_ERR_UNSUPPORTED) {
+            kern_cuda_qmm_set_variant(KERN_QV_AUTO);
+            return -1.0;
+        }
+        FK(rc);
+        const double ms = time_product(a, pool_bytes);
+        if (us) us[si] = ms * 1e3;
+        tt += ms;
+    }
+    kern_cuda_qmm_set_variant(KERN_QV_AUTO);
+    return tt;
+}
+
+static double layer_bytes(enum dtype t)
+{
+    double b = 0;
+    for (int si = 0; si < 4; si++) b += (double)dtype_row_size(t, lshapes[si][1]) * lshapes[si][0];
+    return b;
+}
+static double layer_flops(int m)
+{
+    double f = 0;
+    for (int si = 0; si < 4; si++) f += 2.0 * m * lshapes[si][0] * lshapes[si][1];
+    return f;
+}
+
+/* The variant sweep, the best per type and m, the table lines, then the layer table of the automatic choice
+ * (the table compiled into this build) and the whole-model products at m = 64. stdout gets every line as it
+ * is measured; the compact summary comes last. */
 static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struct kern_cuda_ctx *ctx,
                         double ceil_gbs)
 {
-    static char table[8 * NQM + 8][160];
+    static char table[8 * NQM + 8][170];
+    static char best_line[8][1200], picks[8][600];
     int rows = 0;
     double f16_tflops[NQM] = {0};
+    samples = 9;
     printf("quantized products through kern_cuda_matmul, graph-timed, Llama-2-7B layer shapes\n");
     /* The f16 reference: the GEMV path at m <= 16 and cuBLAS above, the same shapes (x2 the Q8_0 bytes). */
     for (int mi = 0; mi < NQM; mi++) {
-        double t = 0, bytes = 0, flops = 0;
-        char line[160];
-        int o = snprintf(line, sizeof line, "%-5s m=%-3d", "F16", qms[mi]);
-        for (int si = 0; si < 4; si++) {
-            struct mm_arg a = {ctx,     y,        x, pool, 0, 1, qms[mi], lshapes[si][0], lshapes[si][1],
-                               MM_AUTO, DTYPE_F16};
-            const double ms = time_product(a, pool_bytes);
-            t += ms;
-            bytes += (double)dtype_row_size(DTYPE_F16, a.k) * a.n;
-            flops += 2.0 * a.m * a.n * a.k;
-            o += snprintf(line + o, sizeof line - o, " %8.1f", ms * 1e3);
-        }
+        double us[4];
+        const double t = time_layer(ctx, pool, pool_bytes, x, y, DTYPE_F16, qms[mi], KERN_QV_AUTO, us);
+        const double bytes = layer_bytes(DTYPE_F16), flops = layer_flops(qms[mi]);
         f16_tflops[mi] = flops / t / 1e9;
-        snprintf(line + o, sizeof line - o, " | %8.1f us %7.0f GB/s %5.1f%% %6.1f TF", t * 1e3,
-                 bytes / t / 1e6, 100.0 * bytes / t / 1e6 / ceil_gbs, flops / t / 1e9);
-        printf("%s\n", line);
-        snprintf(table[rows++], sizeof table[0], "%s", line);
+        snprintf(table[rows++], sizeof table[0],
+                 "%-5s m=%-3d %8.1f %8.1f %8.1f %8.1f | %8.1f us %7.0f GB/s %5.1f%% %6.1f TF", "F16", qms[mi],
+                 us[0], us[1], us[2], us[3], t * 1e3, bytes / t / 1e6, 100.0 * bytes / t / 1e6 / ceil_gbs,
+                 flops / t / 1e9);
+        printf("%s\n", table[rows - 1]);
     }
+
+    /* Variant sweep: layer us per variant, best per m. */
+    printf("variant sweep (layer us; %% of copy for m <= 16, TFLOP/s above; * best):\n");
+    for (int ti = 0; ti < 8; ti++) {
+        const enum dtype t = qtypes[ti];
+        const double bytes = layer_bytes(t);
+        int bo = snprintf(best_line[ti], sizeof best_line[0], "%-5s", dtype_name(t));
+        int po = 0, prev_v = -1, prev_m = 0;
+        picks[ti][0] = 0;
+        for (int mi = 0; mi < NSM; mi++) {
+            const int m = sms[mi];
+            double best = 1e30;
+            int bv = KERN_QV_GEMM;
+            char line[900];
+            int o = snprintf(line, sizeof line, "  %-5s m=%-3d", dtype_name(t), m);
+            for (int v = 1; v < KERN_QV_COUNT; v++) {
+                if (!sweep_has(t, v, m)) continue;
+                const double tt = time_layer(ctx, pool, pool_bytes, x, y, t, m, v, NULL);
+                if (tt < 0) continue;
+                if (tt < best) best = tt, bv = v;
+                o += snprintf(line + o, sizeof line - o, " %s %.1f", vshort(v), tt * 1e3);
+            }
+            printf("%s | best %s\n", line, vshort(bv));
+            const double pct = 100.0 * bytes / best / 1e6 / ceil_gbs, tf = layer_flops(m) / best / 1e9;
+            if (m <= 16)
+                bo += snprintf(best_line[ti] + bo, sizeof best_line[0] - bo, " %d:%s %.0f%%", m, vshort(bv),
+                               pct);
+            else
+                bo += snprintf(best_line[ti] + bo, sizeof best_line[0] - bo, " %d:%s %.0fTF", m, vshort(bv),
+                               tf);
+            /* Table entries: runs of equal best variants merged, each entry up to the run's last m. */
+            if (prev_v >= 0 && bv != prev_v)
+                po += snprintf(picks[ti] + po, sizeof picks[0] - po, " {DTYPE_%s, %d, %s},", dtype_name(t),
+                               prev_m, venum(prev_v));
+            prev_v = bv, prev_m = m;
+        }
+        po += snprintf(picks[ti] + po, sizeof picks[0] - po, " {DTYPE_%s, %d, %s},", dtype_name(t), prev_m,
+                       venum(prev_v));
+    }
+
+    /* The automatic choice (this build's table) at the layer shapes. */
     for (int ti = 0; ti < 8; ti++)
         for (int mi = 0; mi < NQM; mi++) {
-            double t = 0, bytes = 0, flops = 0;
-            char line[160];
-            int o = snprintf(line, sizeof line, "%-5s m=%-3d", dtype_name(qtypes[ti]), qms[mi]);
-            for (int si = 0; si < 4; si++) {
-                struct mm_arg a = {ctx,     y,         x, pool, 0, 1, qms[mi], lshapes[si][0], lshapes[si][1],
-                                   MM_AUTO, qtypes[ti]};
-                const double ms = time_product(a, pool_bytes);
-                t += ms;
-                bytes += (double)dtype_row_size(a.wt, a.k) * a.n;
-                flops += 2.0 * a.m * a.n * a.k;
-                o += snprintf(line + o, sizeof line - o, " %8.1f", ms * 1e3);
-            }
-            snprintf(line + o, sizeof line - o, " | %8.1f us %7.0f GB/s %5.1f%% %6.1f TF %4.0f%%f16", t * 1e3,
-                     bytes / t / 1e6, 100.0 * bytes / t / 1e6 / ceil_gbs, flops / t / 1e9,
-                     100.0 * flops / t / 1e9 / f16_tflops[mi]);
-            printf("%s\n", line);
-            snprintf(table[rows++], sizeof table[0], "%s", line);
+            double us[4];
+            const enum dtype t = qtypes[ti];
+            const double tt = time_layer(ctx, pool, pool_bytes, x, y, t, qms[mi], KERN_QV_AUTO, us);
+            const double bytes = layer_bytes(t), flops = layer_flops(qms[mi]);
+            snprintf(
+                table[rows++], sizeof table[0],
+                "%-5s m=%-3d %8.1f %8.1f %8.1f %8.1f | %8.1f us %7.0f GB/s %5.1f%% %6.1f TF %4.0f%%f16 (%s)",
+                dtype_name(t), qms[mi], us[0], us[1], us[2], us[3], tt * 1e3, bytes / tt / 1e6,
+                100.0 * bytes / tt / 1e6 / ceil_gbs, flops / tt / 1e9,
+                100.0 * flops / tt / 1e9 / f16_tflops[mi], vshort(kern_cuda_qmm_pick(t, qms[mi])));
+            printf("%s\n", table[rows - 1]);
         }
     /* Products only, a whole Llama-2-7B step at m = 64 (32 layers + the 32000x4096 head in the same type). */
     char model[8][64];
     for (int ti = 0; ti < 8; ti++) {
-        double t = 0;
-        for (int si = 0; si < 4; si++) {
-            struct mm_arg a = {ctx,     y,         x, pool, 0, 1, 64, lshapes[si][0], lshapes[si][1],
-                               MM_AUTO, qtypes[ti]};
-            t += 32 * time_product(a, pool_bytes);
-        }
+        double t = 32 * time_layer(ctx, pool, pool_bytes, x, y, qtypes[ti], 64, KERN_QV_AUTO, NULL);
         struct mm_arg h = {ctx, y, x, pool, 0, 1, 64, 32000, 4096, MM_AUTO, qtypes[ti]};
         t += time_product(h, pool_bytes);
         snprintf(model[ti], sizeof model[0], "%s %.2f ms %.0f tok/s", dtype_name(qtypes[ti]), t,
                  64.0 / t * 1e3);
     }
-
-    /* Sweeps (% of copy over one layer, or TFLOP/s): the int8 GEMV's configurations at m = 1 and 4; GEMV vs
-     * GEMM at m = 2..8 (the threshold); the GEMM's configurations at m = 16, 64, 512. */
-    const enum dtype sweep_t[3] = {DTYPE_Q4_K, DTYPE_Q8_0, DTYPE_Q6_K};
-    printf("sweeps (layer: %% of copy at m <= 16, TFLOP/s above):\n");
-    for (int ti = 0; ti < 3; ti++) {
-        const enum dtype t = sweep_t[ti];
-        for (int cfg = 1; cfg <= KERN_CUDA_QGEMV_CONFIGS; cfg++) {
-            kern_cuda_qmm_set_gemv_config(cfg);
-            printf("  %s gemv cfg %d (%s):", dtype_name(t), cfg, kern_cuda_qmm_gemv_config_name(cfg));
-            for (int m = 1; m <= 4; m += 3) {
-                double tt = 0, bytes = 0;
-                for (int si = 0; si < 4; si++) {
-                    struct mm_arg a = {ctx, y, x, pool, 0, 1, m, lshapes[si][0], lshapes[si][1], MM_GEMV, t};
-                    tt += time_product(a, pool_bytes);
-                    bytes += (double)dtype_row_size(t, a.k) * a.n;
-                }
-                printf(" m=%d %5.1f%%", m, 100.0 * bytes / tt / 1e6 / ceil_gbs);
-            }
-            printf("\n");
-        }
-        kern_cuda_qmm_set_gemv_config(0);
-        kern_cuda_qmm_set_gemv_max_m(KERN_CUDA_QGEMV_MAX_M);
-        printf("  %s m: gemv / gemm %% of copy:", dtype_name(t));
-        const int mm[5] = {2, 3, 4, 5, 8};
-        for (int i = 0; i < 5; i++) {
-            double tg = 0, tm = 0, bytes = 0;
-            for (int si = 0; si < 4; si++) {
-                struct mm_arg a = {ctx, y, x, pool, 0, 1, mm[i], lshapes[si][0], lshapes[si][1], MM_GEMV, t};
-                tg += time_product(a, pool_bytes);
-                a.mode = MM_GEMM;
-                tm += time_product(a, pool_bytes);
-                bytes += (double)dtype_row_size(t, a.k) * a.n;
-            }
-            printf(" %d: %4.1f/%4.1f", mm[i], 100.0 * bytes / tg / 1e6 / ceil_gbs,
-                   100.0 * bytes / tm / 1e6 / ceil_gbs);
-        }
-        printf("\n");
-        kern_cuda_qmm_set_gemv_max_m(-1);
-        for (int cfg = 1; cfg <= KERN_CUDA_QGEMM_CONFIGS; cfg++) {
-            kern_cuda_qmm_set_gemm_config(cfg);
-            printf("  %s gemm cfg %d (%s):", dtype_name(t), cfg, kern_cuda_qmm_gemm_config_name(cfg));
-            for (int mi = 1; mi < NQM; mi++) {
-                double tt = 0, bytes = 0, flops = 0;
-                for (int si = 0; si < 4; si++) {
-                    struct mm_arg a = {ctx,     y, x, pool, 0, 1, qms[mi], lshapes[si][0], lshapes[si][1],
-                                       MM_GEMM, t};
-                    tt += time_product(a, pool_bytes);
-                    bytes += (double)dtype_row_size(t, a.k) * a.n;
-                    flops += 2.0 * a.m * a.n * a.k;
-                }
-                printf(" m=%d %5.1f%% %5.1fTF", qms[mi], 100.0 * bytes / tt / 1e6 / ceil_gbs,
-                       flops / tt / 1e9);
-            }
-            printf("\n");
-        }
-        kern_cuda_qmm_set_gemm_config(0);
-    }
-    printf("Q8_0 through kern_cuda_gemv_q8 (f16 tensor cores), %% of copy over one layer:");
-    for (int m = 1; m <= 16; m *= 4) {
-        double tt = 0, bytes = 0;
-        for (int si = 0; si < 4; si++) {
-            struct mm_arg a = {ctx,      y,         x, pool, 0, 1, m, lshapes[si][0], lshapes[si][1],
-                               MM_Q8OLD, DTYPE_Q8_0};
-            tt += time_product(a, pool_bytes);
-            bytes += (double)dtype_row_size(DTYPE_Q8_0, a.k) * a.n;
-        }
-        printf(" m=%d %5.1f%%", m, 100.0 * bytes / tt / 1e6 / ceil_gbs);
-    }
-    printf(
-        "\n\n== summary: us per product (%s %s %s %s), one layer: us, weight GB/s, %% of copy (%.0f GB/s), "
-        "TFLOP/s, TFLOP/s vs F16 ==\n",
-        lnames[0], lnames[1], lnames[2], lnames[3], ceil_gbs);
+    printf("\n== best variant per type and m (%% of copy at m <= 16, TFLOP/s above; d1/d2/d4 dp4a GEMV "
+           "rows/warp, "
+           "M16/M32 int8 MMA rows/warp, G f16 GEMM auto, Gn its config n, q8 gemv_q8) ==\n");
+    for (int ti = 0; ti < 8; ti++) printf("%s\n", best_line[ti]);
+    printf("== table lines for kernels/cuda/matmul.cu qmm_picks (this run's best) ==\n");
+    for (int ti = 0; ti < 8; ti++) printf("   %s\n", picks[ti]);
+    printf("== summary, automatic choice of this build: us per product (%s %s %s %s), one layer: us, weight "
+           "GB/s, "
+           "%% of copy (%.0f GB/s), TFLOP/s, TFLOP/s vs F16 (variant) ==\n",
+           lnames[0], lnames[1], lnames[2], lnames[3], ceil_gbs);
     for (int i = 0; i < rows; i++) printf("%s\n", table[i]);
     printf("== Llama-2-7B products only at m = 64 (32 layers + head):");
     for (int ti = 0; ti < 8; ti++) printf("%s %s", ti % 3 ? ";" : "\n  ", model[ti]);

@@ -1,24 +1,26 @@
 /* CUDA matmul with GGUF block weights (kernels/cuda/matmul_q.h through matmul.h's entries) against host
  * references, every type x m in {1,2,3,5,8,13,16,17,33,64,100,512} x odd n x k (multiples of 256 for the
- * K-quants, of 32 but not of 256 for the 32-blocks), random blocks with sane non-zero f16 scales, y poisoned
- * with NaN before every launch and wider than n (ldy > n: the columns past n must keep their NaN bits).
+ * K-quants, of 32 but not of 256 for the 32-blocks; small k = 32..288 too), random blocks with sane non-zero
+ * f16 scales, y poisoned with NaN before every launch and wider than n (ldy > n: the columns past n must keep
+ * their NaN bits). Every variant of kern_cuda_qmm_set_variant runs (forced) besides the automatic choice and
+ * the GEMM entry, so one GPU run validates every kernel and configuration the table can pick.
  *
  * References per checked element (double sums; x rows sampled when m > 16, every column):
  *   exact:  kern_cpu_matmul_ref (dequant_row of every weight, double accumulation), the CPU oracle;
- *   int8:   the int8 GEMV's arithmetic with exact sums: x quantized as the kernel does (tests/cuda/qref.h:
- *           bitwise the same xq and dx), Σ_units dx·Σ d(q+QOFF)·xq + m·Σx (A counts |m|·Σ|x| for the last
- *           term: the kernel's f32 sum of a block of x is off by a few roundings of that);
- *   f16:    the GEMM's arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value.
- * Tolerances, derived (u = 2^-24, A = the sum of the magnitudes of the reference's terms):
- *   int8 path vs int8 ref: (k/32 + 16)·2u·A — one f32 rounding per unit term and per addition of the k/32
- *     unit terms, the lane tree and the split sum, each at most u relative to a partial sum <= A, doubled;
- *   int8 path vs exact: Σ|d(q+QOFF)|·dx/2 (each xq off by at most dx/2 from x/dx) + the above + 2u|exact|;
- *   f16 path vs f16 ref: (k/16 + 16)·8u·A — one tensor-core accumulation step per 16 products, allowing 4 ulp
- *     each (the tensor cores' f32 adds are not specified as round-to-nearest); a wrong element, block, scale
- * or offset gives errors of the order of A itself; f16 path vs exact: Σ|x·w|·(2^-11 + 2^-11 + 2^-22) (x and w
- * each rounded to f16 once) + the above + 2u|exact|. Every failing case prints one line (path, type, m, n, k,
- * ldy, the worst element and its error / tolerance) and the test fails at the end, so one GPU run reports
- * everything.
+ *   int8:   the int8 paths' arithmetic with exact sums (dp4a GEMV, int8 MMA): x quantized as the kernels do
+ *           (tests/cuda/qref.h: bitwise the same xq and dx), Σ_units dx·Σ d(q+QOFF)·xq + m·Σx (A counts
+ * |m|·Σ|x| for the last term: the kernel's f32 sum of a block of x is off by a few roundings of that); f16:
+ * the GEMM's arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value; f16x: kern_cuda_gemv_q8's
+ * (Q8_0 only): Σ f16(x)·w, w exact (q in f16, d applied in f32 per block). Tolerances, derived (u = 2^-24, A
+ * = the sum of the magnitudes of the reference's terms): int8 path vs int8 ref: (k/32 + 16)·2u·A — one f32
+ * rounding per unit term and per addition of the k/32 unit terms, the lane tree and the split sum, each at
+ * most u relative to a partial sum <= A, doubled; int8 path vs exact: Σ|d(q+QOFF)|·dx/2 (each xq off by at
+ * most dx/2 from x/dx) + the above + 2u|exact|; f16 paths vs their ref: (k/16 + 16)·8u·A — one tensor-core
+ * accumulation step per 16 products, allowing 4 ulp each (the tensor cores' f32 adds are not specified as
+ * round-to-nearest); a wrong element, block, scale or offset gives errors of the order of A itself; f16 path
+ * vs exact: Σ|x·w|·(2^-11 + 2^-11 + 2^-22) (x and w each rounded to f16 once) + the above + 2u|exact| (f16x:
+ * x only). Every failing case prints one line (variant, type, m, n, k, ldy, the worst element and its error /
+ * tolerance) and the test fails at the end, so one GPU run reports everything.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -103,15 +105,27 @@ static void make_wmat(wmat *W, enum dtype t, int n, int k, int woff)
     cr_assert(QREF_DISPATCH(t, fill_views, W));
 }
 
-enum path { PATH_AUTO, PATH_GEMV, PATH_GEMM };
-static const char *const path_names[] = {"auto", "gemv entry", "gemm entry"};
+/* Which arithmetic a variant runs (which reference it is checked against). */
+enum ref_kind { REF_INT8, REF_F16, REF_F16X };
+static const char *const ref_names[] = {"int8-path", "f16-path", "f16x-path"};
 
-/* Whether a call takes the int8 GEMV (else the f16 GEMM), given the threshold in force. */
-static int uses_int8(enum path p, int m, int thr)
+/* What a call runs: the automatic choice (kern_cuda_matmul), the GEMM entry, or a forced variant. */
+enum { RUN_AUTO = -1, RUN_GEMM_ENTRY = -2 };
+
+/* The arithmetic variant v runs at m rows with the context's workspace (ws bytes). */
+static enum ref_kind ref_of(enum dtype t, int v, int m, int k, size_t ws)
 {
-    if (p == PATH_GEMM) return 0;
-    if (p == PATH_AUTO && m > KERN_CUDA_GEMV_MAX_M) return 0;
-    return m <= thr;
+    if (v == RUN_GEMM_ENTRY) return REF_F16;
+    if (v == RUN_AUTO) v = kern_cuda_qmm_pick(t, m);
+    const int mt_d = m < KERN_CUDA_QDP4A_MAX_M ? m : KERN_CUDA_QDP4A_MAX_M;
+    const int mt_m = m < KERN_CUDA_QMMA_MAX_M ? m : KERN_CUDA_QMMA_MAX_M;
+    const int mp = mt_m <= 8 ? 8 : mt_m <= 16 ? 16 : mt_m <= 32 ? 32 : 64;
+    if (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4)
+        return kern_cuda_qmm_x8_ws(mt_d, k) <= ws ? REF_INT8 : REF_F16; /* else the GEMM */
+    if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32)
+        return kern_cuda_qmm_x8_ws(mp, k) <= ws ? REF_INT8 : REF_F16;
+    if (v == KERN_QV_Q8OLD) return REF_F16X;
+    return REF_F16;
 }
 
 struct xdata {
@@ -145,7 +159,7 @@ static std::vector<int> checked_rows(int m)
 
 struct refs {
     std::vector<int> rows;
-    std::vector<double> exact, q8, q8abs, q8bound, h, habs, xwabs; /* (rows, n) */
+    std::vector<double> exact, q8, q8abs, q8bound, h, habs, xwabs, hx, hxabs; /* (rows, n) */
 };
 
 static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
@@ -159,6 +173,7 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
     R->exact.assign(ys.begin(), ys.end());
     R->q8.assign(nr * n, 0), R->q8abs.assign(nr * n, 0), R->q8bound.assign(nr * n, 0);
     R->h.assign(nr * n, 0), R->habs.assign(nr * n, 0), R->xwabs.assign(nr * n, 0);
+    R->hx.assign(nr * n, 0), R->hxabs.assign(nr * n, 0);
     std::vector<float> xh(k), wh((size_t)n * k);
     for (size_t e = 0; e < wh.size(); e++) wh[e] = f16_to_f32(f32_to_f16(W->deq[e]));
     for (size_t i = 0; i < nr; i++) {
@@ -170,7 +185,7 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
             const double b = bias ? bias[j] : 0.0;
             const double *wd = &W->wd[(size_t)j * k];
             const float *wr = &W->deq[(size_t)j * k], *whr = &wh[(size_t)j * k];
-            double q8 = b, q8a = fabs(b), q8b = 0, h = b, ha = fabs(b), xwa = 0;
+            double q8 = b, q8a = fabs(b), q8b = 0, h = b, ha = fabs(b), xwa = 0, hx = b, hxa = fabs(b);
             for (int U = 0; U < ku; U++) {
                 const size_t xu = (size_t)xr * ku + U;
                 const double dx = X->xq.dx[xu];
@@ -186,12 +201,13 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
                 q8b += bd * 0.5 * dx;
             }
             for (int e = 0; e < k; e++) {
-                const double v = (double)xh[e] * whr[e];
+                const double v = (double)xh[e] * whr[e], vx = (double)xh[e] * wr[e];
                 h += v, ha += fabs(v), xwa += fabs((double)x[e] * wr[e]);
+                hx += vx, hxa += fabs(vx);
             }
             const size_t o = i * n + j;
             R->q8[o] = q8, R->q8abs[o] = q8a, R->q8bound[o] = q8b, R->h[o] = h, R->habs[o] = ha,
-            R->xwabs[o] = xwa;
+            R->xwabs[o] = xwa, R->hx[o] = hx, R->hxabs[o] = hxa;
         }
     }
 }
@@ -199,7 +215,7 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
 /* Checks y (m, ldy) from the device against the references; returns 1 when it passes, else prints the worst
  * element and returns 0. */
 static int check_y(const char *what, const wmat *W, const xdata *X, const refs *R,
-                   const std::vector<float> &y, int ldy, int int8, int quiet = 0)
+                   const std::vector<float> &y, int ldy, enum ref_kind kind, int quiet = 0)
 {
     const int n = W->n, k = W->k, m = X->m;
     for (int r = 0; r < m; r++)
@@ -226,14 +242,18 @@ static int check_y(const char *what, const wmat *W, const xdata *X, const refs *
             const size_t o = i * n + j;
             const double got = y[(size_t)R->rows[i] * ldy + j], ex = R->exact[o];
             double ref, tol, tol_ex;
-            if (int8) {
+            if (kind == REF_INT8) {
                 ref = R->q8[o];
                 tol = (k / 32 + 16) * 2 * U24 * R->q8abs[o];
                 tol_ex = R->q8bound[o] + tol + 2 * U24 * fabs(ex);
-            } else {
+            } else if (kind == REF_F16) {
                 ref = R->h[o];
                 tol = (k / 16 + 16) * 8 * U24 * R->habs[o];
                 tol_ex = R->xwabs[o] * (0x1.0p-10 + 0x1.0p-22) + tol + 2 * U24 * fabs(ex);
+            } else {
+                ref = R->hx[o];
+                tol = (k / 16 + 16) * 8 * U24 * R->hxabs[o];
+                tol_ex = R->xwabs[o] * (0x1.0p-11 + 0x1.0p-22) + tol + 2 * U24 * fabs(ex);
             }
             const double e1 = fabs(got - ref) / (tol + 1e-30), e2 = fabs(got - ex) / (tol_ex + 1e-30);
             if (e1 > worst || e2 > worst) {
@@ -246,8 +266,7 @@ static int check_y(const char *what, const wmat *W, const xdata *X, const refs *
     if (quiet) return 0;
     fprintf(stderr,
             "FAIL %s: worst y[%d][%d] = %.9g vs %s reference %.9g: error %.3g = %.3g x tolerance %.3g\n",
-            what, wi, wj, wgot, wref ? (int8 ? "int8-path" : "f16-path") : "exact", wval, fabs(wgot - wval),
-            worst, wtol);
+            what, wi, wj, wgot, wref ? ref_names[kind] : "exact", wval, fabs(wgot - wval), worst, wtol);
     return 0;
 }
 
@@ -257,35 +276,42 @@ struct dev_case {
     int ldy;
 };
 
-/* Runs one path twice (NaN-poisoned y each time), checks it, and compares the two runs bitwise. Returns the
- * number of failures (0 or 1); a forced configuration the device cannot hold is skipped. */
-static int run_path(struct kern_cuda_ctx *ctx, enum path p, const wmat *W, const xdata *X, const refs *R,
-                    const dev_case *D, const float *bias, int thr, const char *cfg)
+/* Runs one variant twice (NaN-poisoned y each time), checks it, and compares the two runs bitwise. Returns
+ * the number of failures (0 or 1); a forced configuration the device cannot hold is skipped. */
+static int run_variant(struct kern_cuda_ctx *ctx, int v, size_t ws, const wmat *W, const xdata *X,
+                       const refs *R, const dev_case *D, const float *bias)
 {
     const int m = X->m, n = W->n, k = W->k, ldy = D->ldy;
     const size_t ybytes = (size_t)m * ldy * 4;
     std::vector<float> y[2];
-    char what[200];
-    snprintf(what, sizeof what, "%s%s %s m=%d n=%d k=%d ldy=%d woff=%d bias=%d", path_names[p], cfg,
+    char what[240];
+    snprintf(what, sizeof what, "%s %s m=%d n=%d k=%d ldy=%d woff=%d bias=%d",
+             v == RUN_AUTO         ? "auto"
+             : v == RUN_GEMM_ENTRY ? "gemm entry"
+                                   : kern_cuda_qmm_variant_name(v),
              dtype_name(W->t), m, n, k, ldy, W->woff, bias != NULL);
+    kern_cuda_qmm_set_variant(v > 0 ? v : KERN_QV_AUTO);
     for (int rep = 0; rep < 2; rep++) {
         CU_OK(cudaMemset(D->y, 0xFF, ybytes));
         const float *db = bias ? D->bias : NULL;
-        const int rc = p == PATH_AUTO ? kern_cuda_matmul(ctx, D->y, ldy, D->x, D->w, W->t, db, m, n, k, 0)
-                       : p == PATH_GEMV
-                           ? kern_cuda_matmul_gemv(ctx, D->y, ldy, D->x, D->w, W->t, db, m, n, k, 0)
-                           : kern_cuda_matmul_gemm(ctx, D->y, ldy, D->x, D->w, W->t, db, m, n, k, 0);
-        if (rc == FERRY_ERR_UNSUPPORTED && cfg[0])
+        const int rc = v == RUN_GEMM_ENTRY
+                           ? kern_cuda_matmul_gemm(ctx, D->y, ldy, D->x, D->w, W->t, db, m, n, k, 0)
+                           : kern_cuda_matmul(ctx, D->y, ldy, D->x, D->w, W->t, db, m, n, k, 0);
+        if (rc == FERRY_ERR_UNSUPPORTED && v > 0) {
+            kern_cuda_qmm_set_variant(KERN_QV_AUTO);
             return 0; /* forced configuration too large for this device */
+        }
         if (rc != FERRY_OK) {
             fprintf(stderr, "FAIL %s: rc %d (%s)\n", what, rc, ferry_status_str(rc));
+            kern_cuda_qmm_set_variant(KERN_QV_AUTO);
             return 1;
         }
         y[rep].resize((size_t)m * ldy);
         CU_OK(cudaDeviceSynchronize());
         CU_OK(cudaMemcpy(y[rep].data(), D->y, ybytes, cudaMemcpyDeviceToHost));
     }
-    if (!check_y(what, W, X, R, y[0], ldy, uses_int8(p, m, thr))) return 1;
+    kern_cuda_qmm_set_variant(KERN_QV_AUTO);
+    if (!check_y(what, W, X, R, y[0], ldy, ref_of(W->t, v, m, k, ws))) return 1;
     if (memcmp(y[0].data(), y[1].data(), ybytes)) {
         fprintf(stderr, "FAIL %s: two runs differ\n", what);
         return 1;
@@ -310,10 +336,15 @@ static std::vector<int> test_ms(void)
     return v;
 }
 
-/* One weight matrix, every m: the automatic path, the decode entry with the int8 threshold at its maximum,
- * and the large-batch entry; with sweep, every forced configuration too. Returns the number of failures. */
-static int check_matrix(struct kern_cuda_ctx *ctx, enum dtype t, int n, int k, int ldy, int woff,
-                        int with_bias, int sweep, int m_max)
+/* Which variants a case runs: SWEEP_ALL every one (GEMM configurations included), SWEEP_INT8 the int8
+ * kernels' (dp4a up to m = 8, MMA up to m = 128: their tiling included), SWEEP_NONE the automatic choice and
+ * the GEMM entry only. */
+enum sweep { SWEEP_NONE, SWEEP_INT8, SWEEP_ALL };
+
+/* One weight matrix, every m up to m_max: the automatic choice, the GEMM entry, and the variants of `sweep`.
+ * Returns the number of failures. */
+static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int n, int k, int ldy, int woff,
+                        int with_bias, enum sweep sweep, int m_max)
 {
     wmat W;
     make_wmat(&W, t, n, k, woff);
@@ -341,28 +372,15 @@ static int check_matrix(struct kern_cuda_ctx *ctx, enum dtype t, int n, int k, i
         CU_OK(cudaMalloc((void **)&D.x, (size_t)m * k * 4));
         CU_OK(cudaMemcpy(D.x, X.x.data(), (size_t)m * k * 4, cudaMemcpyHostToDevice));
         CU_OK(cudaMalloc((void **)&D.y, (size_t)m * ldy * 4));
-        kern_cuda_qmm_set_gemv_max_m(-1);
-        fails += run_path(ctx, PATH_AUTO, &W, &X, &R, &D, b, KERN_CUDA_QGEMV_DEFAULT_M, "");
-        kern_cuda_qmm_set_gemv_max_m(KERN_CUDA_QGEMV_MAX_M);
-        fails += run_path(ctx, PATH_GEMV, &W, &X, &R, &D, b, KERN_CUDA_QGEMV_MAX_M, "");
-        kern_cuda_qmm_set_gemv_max_m(-1);
-        fails += run_path(ctx, PATH_GEMM, &W, &X, &R, &D, b, 0, "");
-        if (sweep) {
-            char cfg[48];
-            kern_cuda_qmm_set_gemv_max_m(KERN_CUDA_QGEMV_MAX_M);
-            for (int c = 1; c <= KERN_CUDA_QGEMV_CONFIGS && m <= KERN_CUDA_QGEMV_MAX_M; c++) {
-                kern_cuda_qmm_set_gemv_config(c);
-                snprintf(cfg, sizeof cfg, " (gemv cfg %d)", c);
-                fails += run_path(ctx, PATH_GEMV, &W, &X, &R, &D, b, KERN_CUDA_QGEMV_MAX_M, cfg);
-            }
-            kern_cuda_qmm_set_gemv_config(0);
-            kern_cuda_qmm_set_gemv_max_m(-1);
-            for (int c = 1; c <= KERN_CUDA_QGEMM_CONFIGS; c++) {
-                kern_cuda_qmm_set_gemm_config(c);
-                snprintf(cfg, sizeof cfg, " (gemm cfg %d)", c);
-                fails += run_path(ctx, PATH_GEMM, &W, &X, &R, &D, b, 0, cfg);
-            }
-            kern_cuda_qmm_set_gemm_config(0);
+        fails += run_variant(ctx, RUN_AUTO, ws, &W, &X, &R, &D, b);
+        fails += run_variant(ctx, RUN_GEMM_ENTRY, ws, &W, &X, &R, &D, b);
+        for (int v = 1; v < KERN_QV_COUNT && sweep != SWEEP_NONE; v++) {
+            if (!kern_cuda_qmm_variant_applies(t, v)) continue;
+            const int dp4a = v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4;
+            const int mma = v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32;
+            if (sweep == SWEEP_INT8 && !((dp4a && m <= 8) || (mma && m <= 128))) continue;
+            if (dp4a && m > 64) continue; /* tiles of 4 rows: slow, nothing new past a few tiles */
+            fails += run_variant(ctx, v, ws, &W, &X, &R, &D, b);
         }
         cudaFree(D.x);
         cudaFree(D.y);
@@ -386,41 +404,70 @@ static struct kern_cuda_ctx *make_ctx(size_t max_x)
     return ctx;
 }
 
-/* Small n, every m, every forced configuration; W 16-byte aligned and at the type's smallest alignment. */
-Test(cuda_matmul_q, every_type_every_m_small_n_all_configs)
+/* Small n, every m, every variant; W 16-byte aligned and at the type's smallest alignment. */
+Test(cuda_matmul_q, every_type_every_m_small_n_all_variants)
 {
     SKIP_WITHOUT_GPU();
     qref_seed(101);
-    struct kern_cuda_ctx *ctx = make_ctx((size_t)512 * 1024);
+    const size_t max_x = (size_t)512 * 1024;
+    struct kern_cuda_ctx *ctx = make_ctx(max_x);
     int fails = 0;
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
         const enum dtype t = qref_types[ti];
         const int al = w_align(t);
-        fails += check_matrix(ctx, t, 37, k_of(t, 512, 3), 40, al < 16 ? al : 0, 1, 1, 512);
+        fails +=
+            check_matrix(ctx, 2 * max_x, t, 37, k_of(t, 512, 3), 40, al < 16 ? al : 0, 1, SWEEP_ALL, 512);
     }
     kern_cuda_ctx_free(ctx);
     cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
 }
 
-/* n = 4097 (many row tiles, splits and grids) and long rows (many chunks, raw stages and k tiles). */
+/* Small k (a row of 1..9 blocks of 32, or 1..2 K-quant blocks: fewer blocks than lanes, chunks or splits),
+ * n = 311 (a vocabulary head of a tiny model), every variant at m <= 33. */
+Test(cuda_matmul_q, small_k_all_variants)
+{
+    SKIP_WITHOUT_GPU();
+    qref_seed(105);
+    const size_t max_x = (size_t)512 * 1024;
+    struct kern_cuda_ctx *ctx = make_ctx(max_x);
+    static const int ks32[] = {32, 64, 96, 128, 160, 224, 256, 288}, ks256[] = {256, 512};
+    int fails = 0;
+    for (int ti = 0; ti < QREF_NTYPES; ti++) {
+        const enum dtype t = qref_types[ti];
+        const int al = w_align(t), big = dtype_block_size(t) == 256;
+        const int nk = big ? 2 : 8;
+        for (int i = 0; i < nk; i++) {
+            const int k = big ? ks256[i] : ks32[i];
+            fails += check_matrix(ctx, 2 * max_x, t, 311, k, 313, i % 2 && al < 16 ? al : 0, i % 3 == 0,
+                                  SWEEP_ALL, 33);
+        }
+    }
+    kern_cuda_ctx_free(ctx);
+    cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
+}
+
+/* n = 4097 (many row tiles, splits, tile groups per block and grids) and long rows (many chunks, raw stages
+ * and k tiles); the int8 kernels' variants forced too. */
 Test(cuda_matmul_q, every_type_every_m_large_shapes)
 {
     SKIP_WITHOUT_GPU();
     qref_seed(102);
-    struct kern_cuda_ctx *ctx = make_ctx((size_t)512 * 2400);
+    const size_t max_x = (size_t)512 * 2400;
+    struct kern_cuda_ctx *ctx = make_ctx(max_x);
     int fails = 0;
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
         const enum dtype t = qref_types[ti];
         const int al = w_align(t);
-        fails += check_matrix(ctx, t, 4097, k_of(t, 256, 1), 4097, 0, 0, 0, 512);
-        fails += check_matrix(ctx, t, 129, k_of(t, 2304, 7), 131, al < 16 ? al : 0, 1, 0, 512);
+        fails += check_matrix(ctx, 2 * max_x, t, 4097, k_of(t, 256, 1), 4097, 0, 0, SWEEP_INT8, 512);
+        fails +=
+            check_matrix(ctx, 2 * max_x, t, 129, k_of(t, 2304, 7), 131, al < 16 ? al : 0, 1, SWEEP_INT8, 512);
     }
     kern_cuda_ctx_free(ctx);
     cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
 }
 
 /* A workspace of 100 rows of x: the GEMM runs m = 512 in chunks of 100; one row less than k: FERRY_ERR_RANGE.
- */
+ * A workspace of 20 rows: the int8 MMA cannot hold 32 or 64 padded rows and falls back to the GEMM. */
 Test(cuda_matmul_q, small_workspace_row_chunks)
 {
     SKIP_WITHOUT_GPU();
@@ -430,7 +477,10 @@ Test(cuda_matmul_q, small_workspace_row_chunks)
         const enum dtype t = qref_types[ti];
         const int k = k_of(t, 512, 1);
         struct kern_cuda_ctx *ctx = make_ctx((size_t)100 * k);
-        fails += check_matrix(ctx, t, 77, k, 77, 0, 1, 0, 512);
+        fails += check_matrix(ctx, (size_t)200 * k, t, 77, k, 77, 0, 1, SWEEP_NONE, 512);
+        kern_cuda_ctx_free(ctx);
+        ctx = make_ctx((size_t)20 * k);
+        fails += check_matrix(ctx, (size_t)40 * k, t, 77, k, 77, 0, 0, SWEEP_INT8, 64);
         kern_cuda_ctx_free(ctx);
         ctx = make_ctx((size_t)k / 2 - 1);
         float *d = NULL;
@@ -469,14 +519,25 @@ Test(cuda_matmul_q, rejects_bad_arguments)
                      "%s: no context", dtype_name(t));
         cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, t, NULL, 0, 1, bs, 0), FERRY_ERR_INVALID, "m = 0");
     }
+    cr_assert_eq(kern_cuda_matmul(ctx, p, 1 << 20, p, p, DTYPE_Q8_0, NULL, 1, 1 << 20, 8192, 0), FERRY_ERR_INVALID,
+                 "W of 9 GB: the kernels address W with 32-bit offsets");
     cr_assert(!kern_cuda_matmul_supports((enum dtype)5));
     cr_assert(!kern_cuda_matmul_supports((enum dtype)99));
     cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, (enum dtype)5, NULL, 1, 1, 32, 0), FERRY_ERR_UNSUPPORTED);
     cr_assert(kern_cuda_matmul_supports(DTYPE_F16) && kern_cuda_matmul_supports(DTYPE_BF16) &&
               kern_cuda_matmul_supports(DTYPE_F32));
-    cr_assert_eq(kern_cuda_qmm_set_gemv_max_m(KERN_CUDA_QGEMV_MAX_M + 1), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_qmm_set_gemv_config(KERN_CUDA_QGEMV_CONFIGS + 1), FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_qmm_set_gemm_config(-1), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_qmm_set_variant(KERN_QV_COUNT), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_qmm_set_variant(-1), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_qmm_set_variant(KERN_QV_AUTO), KERN_QV_AUTO);
+    cr_assert(!kern_cuda_qmm_variant_applies(DTYPE_Q4_K, KERN_QV_Q8OLD));
+    cr_assert(kern_cuda_qmm_variant_applies(DTYPE_Q8_0, KERN_QV_Q8OLD));
+    for (int ti = 0; ti < QREF_NTYPES; ti++) /* the table names a real variant for every type and m */
+        for (int m = 1; m <= 4096; m = m < 16 ? m + 1 : 2 * m) {
+            const int v = kern_cuda_qmm_pick(qref_types[ti], m);
+            cr_assert(v > KERN_QV_AUTO && v < KERN_QV_COUNT &&
+                          kern_cuda_qmm_variant_applies(qref_types[ti], v),
+                      "%s m=%d: variant %d", dtype_name(qref_types[ti]), m, v);
+        }
     cr_assert(kern_cuda_ctx_size(1000) >= 2000);
 }
 
@@ -501,24 +562,29 @@ Test(cuda_matmul_q, references_within_their_bounds)
             make_x(&X, m, k);
             refs R;
             make_refs(&R, &W, &X, bias.data());
-            for (int int8 = 0; int8 < 2; int8++) {
+            for (int kind = 0; kind < 3; kind++) {
+                const int int8 = kind == REF_INT8;
                 std::vector<float> y((size_t)m * ldy);
                 memset(y.data(), 0xFF, y.size() * 4);
                 for (size_t i = 0; i < R.rows.size(); i++)
                     for (int j = 0; j < n; j++)
-                        y[(size_t)R.rows[i] * ldy + j] = (float)(int8 ? R.q8[i * n + j] : R.h[i * n + j]);
+                        y[(size_t)R.rows[i] * ldy + j] = (float)(int8              ? R.q8[i * n + j]
+                                                                 : kind == REF_F16 ? R.h[i * n + j]
+                                                                                   : R.hx[i * n + j]);
                 for (int r = 0; r < m; r++) /* rows the references skip: any finite value */
                     if (std::find(R.rows.begin(), R.rows.end(), r) == R.rows.end())
                         for (int j = 0; j < n; j++) y[(size_t)r * ldy + j] = 0.0f;
                 char what[64];
-                snprintf(what, sizeof what, "self-check %s m=%d %s", dtype_name(t), m, int8 ? "int8" : "f16");
-                cr_assert(check_y(what, &W, &X, &R, y, ldy, int8), "%s: a reference fails its own bounds",
-                          what);
+                snprintf(what, sizeof what, "self-check %s m=%d %s", dtype_name(t), m, ref_names[kind]);
+                cr_assert(check_y(what, &W, &X, &R, y, ldy, (enum ref_kind)kind),
+                          "%s: a reference fails its own bounds", what);
                 const size_t o = (R.rows.size() / 2) * n + n / 2;
-                const double tol =
-                    int8 ? (k / 32 + 16) * 2 * U24 * R.q8abs[o] : (k / 16 + 16) * 8 * U24 * R.habs[o];
+                const double tol = int8              ? (k / 32 + 16) * 2 * U24 * R.q8abs[o]
+                                   : kind == REF_F16 ? (k / 16 + 16) * 8 * U24 * R.habs[o]
+                                                     : (k / 16 + 16) * 8 * U24 * R.hxabs[o];
                 y[(size_t)R.rows[R.rows.size() / 2] * ldy + n / 2] += (float)(5 * tol);
-                cr_assert(!check_y(what, &W, &X, &R, y, ldy, int8, 1), "%s: a wrong element passes", what);
+                cr_assert(!check_y(what, &W, &X, &R, y, ldy, (enum ref_kind)kind, 1),
+                          "%s: a wrong element passes", what);
             }
             qref_free_xq(&X.xq);
         }

@@ -91,6 +91,40 @@ Test(qblock, decode_bitwise_every_type_and_alignment)
         cr_assert(QREF_DISPATCH(qref_types[ti], decode_all_alignments, qref_types[ti]));
 }
 
+/* The int8 MMA's per-thread view (Q::frag) against the full unit, bitwise, at every alignment. */
+template <class Q> static void frag_all_alignments(enum dtype t)
+{
+    const int nb = 16;
+    std::vector<uint8_t> buf((size_t)nb * Q::BYTES + 64);
+    for (int off = 0; off < 16; off += Q::ALIGN) {
+        uint8_t *base = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16 + off;
+        qref_random_blocks(t, base, nb);
+        for (int b = 0; b < nb; b++)
+            for (int U = 0; U < Q::QK / 32; U++) {
+                qb_unit u;
+                qref_unit<Q>(base + (size_t)b * Q::BYTES, U, u);
+                for (int th = 0; th < 4; th++) {
+                    qb_frag f;
+                    Q::frag(base + (size_t)b * Q::BYTES, U, th, f);
+                    cr_assert(f.w0 == u.q[th] && f.w1 == u.q[th + 4],
+                              "%s (W at 16k+%d) block %d unit %d t %d: words %08x %08x, unit %08x %08x",
+                              dtype_name(t), off, b, U, th, f.w0, f.w1, u.q[th], u.q[th + 4]);
+                    cr_assert(f32_bits(f.d0) == f32_bits(u.d0) && f32_bits(f.d1) == f32_bits(u.d1) &&
+                                  f32_bits(f.m) == f32_bits(u.m),
+                              "%s block %d unit %d t %d: scales %g %g %g, unit %g %g %g", dtype_name(t), b, U,
+                              th, f.d0, f.d1, f.m, u.d0, u.d1, u.m);
+                }
+            }
+    }
+}
+
+Test(qblock, mma_frag_bitwise_every_type_and_alignment)
+{
+    qref_seed(6);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], frag_all_alignments, qref_types[ti]));
+}
+
 /* Extreme but legal fields: scales of either sign at the f16 extremes that stay finite in products, all-ones
  * and all-zeros quant bytes, maximal 6-bit scales and minima. */
 template <class Q> static void decode_extremes(enum dtype t)
@@ -191,6 +225,27 @@ static unsigned stage_range(uint8_t *buf, size_t cap, const uint8_t *wlo, const 
     return (unsigned)((uintptr_t)ga & 15);
 }
 
+/* One chunk staged as the streaming kernels stage it: every lane's qs_issue into a stage filled with garbage;
+ * sh[r] gets row r's offset in its staged row (the chunk start's address mod 16). */
+template <class Q, int RW, int CB>
+static void stage_chunk(uint8_t *stage, const uint8_t *w, int n, int row0, int b0, int nbc, size_t rb,
+                        unsigned *sh)
+{
+    using G = qs_geom<Q, RW, CB>;
+    memset(stage, 0xA5, (size_t)G::BYTES);
+    const uintptr_t a16 = (uintptr_t)w & ~(uintptr_t)15;
+    const uint32_t w0 = (uint32_t)((uintptr_t)w & 15), wbytes = (uint32_t)(rb * n);
+    for (int lane = 0; lane < 32; lane++)
+        qs_issue<Q, RW, CB>(stage, a16, w0, wbytes, row0, n, (uint32_t)rb, b0, nbc, lane);
+    for (int r = 0; r < RW; r++) {
+        const int row = row0 + r < n ? row0 + r : n - 1;
+        sh[r] = (unsigned)(((uintptr_t)w + rb * row + (size_t)b0 * Q::BYTES) & 15);
+        cr_assert(memcmp(stage + r * G::STRIDE + sh[r], w + rb * row + (size_t)b0 * Q::BYTES,
+                         (size_t)nbc * Q::BYTES) == 0,
+                  "staging: row %d blocks %d..%d differ", row, b0, b0 + nbc);
+    }
+}
+
 template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, int k, int woff)
 {
     using SH = gq_shape<Q, R>;
@@ -211,7 +266,7 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
     }
     int xoff[M], doff[M];
     for (int c = 0; c < M; c++) xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
-    std::vector<uint8_t> stage((size_t)R * SH::STRIDE + 16);
+    std::vector<uint8_t> stage((size_t)SH::G::BYTES + 32);
     uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
     for (int row0 = 0; row0 < n; row0 += R) {
         float acc[32][M];
@@ -219,11 +274,7 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
         for (int b0 = 0; b0 < nb; b0 += SH::CB) {
             const int nbc = nb - b0 < SH::CB ? nb - b0 : SH::CB;
             unsigned sh[R];
-            for (int r = 0; r < R; r++) {
-                const int row = row0 + r < n ? row0 + r : n - 1;
-                sh[r] = stage_range(sbase + r * SH::STRIDE, SH::STRIDE, w, w + rb * n,
-                                    w + rb * row + (size_t)b0 * Q::BYTES, (size_t)nbc * Q::BYTES);
-            }
+            stage_chunk<Q, R, SH::CB>(sbase, w, n, row0, b0, nbc, rb, sh);
             for (int lane = 0; lane < 32; lane++) {
                 const int r = lane / SH::LPR, sl = lane % SH::LPR;
                 gq_lane_chunk<Q, M, SH::LPR, SH::PPL>(acc[lane], sbase + r * SH::STRIDE + sh[r], b0, nbc, sl,
@@ -255,11 +306,180 @@ template <class Q> static void emulate_gemv_all(enum dtype t)
     }
 }
 
+template <class Q> static void emulate_gemv_small_k(enum dtype t)
+{
+    const int ks32[] = {32, 64, 96, 128, 160, 224, 256, 288}, ks256[] = {256, 512, 768};
+    const int *ks = Q::QK == 256 ? ks256 : ks32, nk = Q::QK == 256 ? 3 : 8;
+    for (int i = 0; i < nk; i++) {
+        emulate_gemv<Q, 1, 4>(t, 311, ks[i], 0);
+        emulate_gemv<Q, 1, 4>(t, 37, ks[i], Q::ALIGN < 16 ? Q::ALIGN : 0);
+        emulate_gemv<Q, 4, 4>(t, 9, ks[i], 0);
+    }
+}
+
+Test(qblock, gemv_lane_math_emulated_small_k)
+{
+    qref_seed(5);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemv_small_k, qref_types[ti]));
+}
+
 Test(qblock, gemv_lane_math_emulated)
 {
     qref_seed(3);
     for (int ti = 0; ti < QREF_NTYPES; ti++)
         cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemv_all, qref_types[ti]));
+}
+
+/* The int8-MMA kernel (mmv_q.cu) on the CPU: x in the fragment layout as the pre-pass writes it (through
+ * gqm_xq_off / gqm_xd_off), W staged per chunk as the kernel stages it, per unit every lane's Q::frag and
+ * gqm_load_x, mma.sync m16n8k32 (m16n8k16 for TWO_D) emulated from the PTX fragment tables (A: a0 = row g, k
+ * 4t..4t+3, a1 = row g+8, a2/a3 the same rows at k 16+4t..; B: b0 = k 4t.., col g, b1 = k 16+4t..; C: c0, c1
+ * = row g, cols 2t, 2t+1, c2, c3 = row g+8), then gqm_epilogue; every output against the exact-sum int8
+ * reference. */
+static uint32_t emu_byte(uint32_t w, int i)
+{
+    return (w >> (8 * i)) & 0xFF;
+}
+static int emu_dot4(uint32_t a, uint32_t b)
+{
+    int s = 0;
+    for (int i = 0; i < 4; i++) s += (int)(int8_t)emu_byte(a, i) * (int)(int8_t)emu_byte(b, i);
+    return s;
+}
+
+template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, int k, int woff, int m)
+{
+    using SHP = gqm_shape<Q>;
+    constexpr int RW = 16 * AT, CB = SHP::CB, UPB = SHP::UPB;
+    using G = qs_geom<Q, RW, CB>;
+    const size_t rb = dtype_row_size(t, k);
+    const int nb = k / Q::QK, nu = k / 32, mp = 8 * NT;
+    std::vector<uint8_t> wbuf(rb * n + 64);
+    uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
+    qref_random_blocks(t, w, (int64_t)n * nb);
+    std::vector<float> x((size_t)m * k);
+    for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 13 == 0 ? 3.0f : 1.0f);
+    struct qref_xq xq;
+    qref_quantize_x(x.data(), m, k, &xq);
+    std::vector<uint8_t> xqf((size_t)mp * k + 16, 0x5A);
+    std::vector<float> xdf((size_t)mp * nu * 4 + 4, NAN);
+    for (int row = 0; row < mp; row++)
+        for (int u = 0; u < nu; u++) {
+            for (int sub = 0; sub < 8; sub++)
+                for (int i = 0; i < 4; i++)
+                    xqf[gqm_xq_off(row, u, sub, nu) + i] =
+                        row < m ? (uint8_t)xq.q[(size_t)row * k + 32 * u + 4 * sub + i] : 0;
+            const size_t o = gqm_xd_off(row, u, nu), xu = (size_t)row * nu + u;
+            const int lo = row < m ? xq.sq_lo[xu] : 0, hi = row < m ? xq.sq_hi[xu] : 0;
+            xdf[o] = row < m ? xq.dx[xu] : 0.0f;
+            xdf[o + 1] = row < m ? xq.sx[xu] : 0.0f;
+            memcpy(&xdf[o + 4], &lo, 4);
+            memcpy(&xdf[o + 5], &hi, 4);
+        }
+    std::vector<uint8_t> stage((size_t)G::BYTES + 32);
+    uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
+    for (int row0 = 0; row0 < n; row0 += RW) {
+        static float acc[32][AT][NT][4];
+        memset(acc, 0, sizeof acc);
+        for (int b0 = 0; b0 < nb; b0 += CB) {
+            const int nbc = nb - b0 < CB ? nb - b0 : CB;
+            unsigned sh[RW];
+            stage_chunk<Q, RW, CB>(sbase, w, n, row0, b0, nbc, rb, sh);
+            for (int uu = 0; uu < SHP::UPC; uu++) {
+                const int bl = uu / UPB, U = uu % UPB;
+                if (bl >= nbc) break;
+                const int gu = (b0 + bl) * UPB + U;
+                static qb_frag f[32][AT][2];
+                static gqm_x xv[32][NT];
+                for (int lane = 0; lane < 32; lane++) {
+                    const int g = lane >> 2, th = lane & 3;
+                    for (int at = 0; at < AT; at++)
+                        for (int h = 0; h < 2; h++) {
+                            const int r = 16 * at + 8 * h + g;
+                            Q::frag(sbase + r * G::STRIDE + sh[r] + bl * Q::BYTES, U, th, f[lane][at][h]);
+                        }
+                    for (int jn = 0; jn < NT; jn++)
+                        gqm_load_x<Q>(xv[lane][jn], xqf.data(), xdf.data(), nu, jn, gu, lane);
+                }
+                if (UPB ==
+                    8) { /* the kernel's K-quant scales: lane (g, t) decodes units 2t, 2t+1; shuffles */
+                    static qb_frag ks[32][AT][2][2];
+                    for (int lane = 0; lane < 32; lane++)
+                        for (int at = 0; at < AT; at++)
+                            for (int h = 0; h < 2; h++)
+                                for (int v = 0; v < 2; v++) {
+                                    const int r = 16 * at + 8 * h + (lane >> 2), th = lane & 3;
+                                    Q::frag(sbase + r * G::STRIDE + sh[r], 2 * th + v, th,
+                                            ks[lane][at][h][v]);
+                                }
+                    for (int lane = 0; lane < 32; lane++) {
+                        const int src = (lane & ~3) | (U >> 1), v = U & 1;
+                        for (int at = 0; at < AT; at++)
+                            for (int h = 0; h < 2; h++) {
+                                f[lane][at][h].d0 = ks[src][at][h][v].d0;
+                                f[lane][at][h].d1 = Q::TWO_D ? ks[src][at][h][v].d1 : f[lane][at][h].d0;
+                                f[lane][at][h].m = Q::HAS_M ? ks[src][at][h][v].m : -0.0f;
+                            }
+                    }
+                }
+                for (int at = 0; at < AT; at++)
+                    for (int jn = 0; jn < NT; jn++)
+                        for (int lane = 0; lane < 32; lane++) {
+                            const int g = lane >> 2, th = lane & 3;
+                            int c[4], ch[4];
+                            for (int e = 0; e < 4; e++) {
+                                const int row = g + 8 * (e >> 1), col = 2 * th + (e & 1);
+                                int s0 = 0, s1 = 0;
+                                for (int tq = 0; tq < 4; tq++) {
+                                    const int al = (row % 8) * 4 + tq, bl2 = col * 4 + tq;
+                                    const qb_frag &fa = f[al][at][row / 8];
+                                    s0 += emu_dot4(fa.w0, xv[bl2][jn].b0); /* a0 / a1 with b0 */
+                                    s1 += emu_dot4(fa.w1, xv[bl2][jn].b1); /* a2 / a3 with b1 */
+                                }
+                                if (Q::TWO_D)
+                                    c[e] = s0, ch[e] = s1;
+                                else
+                                    c[e] = s0 + s1, ch[e] = 0;
+                            }
+                            gqm_epilogue<Q>(acc[lane][at][jn], c, ch, f[lane][at], xv[lane][jn]);
+                        }
+            }
+        }
+        for (int lane = 0; lane < 32; lane++)
+            for (int at = 0; at < AT; at++)
+                for (int jn = 0; jn < NT; jn++)
+                    for (int e = 0; e < 4; e++) {
+                        const int row = row0 + 16 * at + (lane >> 2) + 8 * (e >> 1);
+                        const int col = 8 * jn + 2 * (lane & 3) + (e & 1);
+                        if (row >= n || col >= m) continue;
+                        double ref, absum;
+                        qref_q8_row<Q>(w + rb * row, &xq, col, k, &ref, &absum);
+                        const float got = acc[lane][at][jn][e];
+                        cr_assert(fabs(got - ref) <= (k / 32 + 16) * 0x1.0p-23 * absum,
+                                  "%s MMA emulation AT=%d NT=%d k=%d woff=%d row %d x row %d: %.9g vs %.9g "
+                                  "(|terms| %g)",
+                                  dtype_name(t), AT, NT, k, woff, row, col, got, ref, absum);
+                    }
+    }
+    qref_free_xq(&xq);
+}
+
+template <class Q> static void emulate_mma_all(enum dtype t)
+{
+    const int k = Q::QK == 256 ? 768 : 32 * 21, al = Q::ALIGN < 16 ? Q::ALIGN : 0;
+    emulate_mma<Q, 1, 1>(t, 21, k, 0, 3);
+    emulate_mma<Q, 1, 2>(t, 19, k, al, 13);
+    emulate_mma<Q, 2, 1>(t, 37, k, al, 8);
+    emulate_mma<Q, 2, 2>(t, 33, Q::QK == 256 ? 256 : 64, 0, 16);
+    emulate_mma<Q, 1, 8>(t, 16, Q::QK == 256 ? 256 : 96, al, 61);
+}
+
+Test(qblock, mma_fragment_math_emulated)
+{
+    qref_seed(7);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_mma_all, qref_types[ti]));
 }
 
 template <class Q> static void emulate_gemm_decode(enum dtype t)
