@@ -48,12 +48,15 @@ for ph in $phases; do
     grep -E "Assertion|\[FAIL\]" "$out/tests.log" | head -30
     ;;
   attn)
-    timeout 200 ./build/tests/bench_cuda/bench_attn --quick > "$out/attn.log" 2>&1
+    compute-sanitizer --tool memcheck ./build/tests/cuda/test_cuda_attention --filter='*/mma_first_failure' \
+      > "$out/attn.log" 2>&1
+    log "memcheck mma_first_failure rc=$?: $(grep -E 'ERROR SUMMARY' "$out/attn.log" | tail -1)"
+    timeout 200 ./build/tests/bench_cuda/bench_attn --quick >> "$out/attn.log" 2>&1
     log "bench_attn rc=$?"; tail -40 "$out/attn.log"
     ;;
   quant)
     timeout 240 ./build/tests/bench_cuda/bench_cuda --quant > "$out/quant.log" 2>&1
-    log "bench_cuda rc=$?"; grep -iE "q4_k|q8_0|q6_k|q4_0|q5_k|f16|ceiling|copy" "$out/quant.log" | head -60
+    log "bench_cuda rc=$?"; sed -n '/^d2d copy/p;/^== best variant/,$p' "$out/quant.log" | head -90
     ;;
   hybrid)
     for pl in stream auto cpu; do
