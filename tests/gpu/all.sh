@@ -59,12 +59,12 @@ for ph in $phases; do
     log "bench_cuda rc=$?"; sed -n '/^d2d copy/p;/^== best variant/,$p' "$out/quant.log" | head -90
     ;;
   hybrid)
-    for pl in stream auto cpu; do
+    for pl in "stream" "auto" "auto --cpu-arith int8"; do
       timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --gpu-memory 4GiB --placement $pl \
         --batches 1,16 --prefill 512 --decode-steps 4 >> "$out/hybrid.log" 2>&1
       log "hybrid $pl rc=$?"
     done
-    grep -vE "^[0-9:.]+ (info|debug)" "$out/hybrid.log" | tail -60
+    grep -E "^(1|16) |^prefill|^model|cost model" "$out/hybrid.log"
     ;;
   e2e)
     timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1,16,64 --prefill 512 \
