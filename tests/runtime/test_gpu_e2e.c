@@ -30,7 +30,11 @@ static struct model_file *open_model(const char *path)
     return mf;
 }
 
-static int quant_int8; /* set by a test before compare_backends */
+/* Set by a test before compare_backends: the engines quantize the model to Q8_0 at load, and their CPU products
+ * take x in int8 blocks too (the GPU's arithmetic for block types: both then round x the same way, so the
+ * comparison keeps its 1e-2 bound; with f32 x on the CPU the int8 rounding alone is 1.3-2.9% of the largest logit
+ * on these random tiny models). */
+static int quant_int8;
 /* Host layers stream unless a test says otherwise: the bitwise placement tests compare GPU-only plans. */
 static enum engine_placement placement = ENGINE_PLACEMENT_STREAM;
 
@@ -39,6 +43,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
 {
     struct engine_params p = engine_default_params();
     p.quant = quant_int8 ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE;
+    p.cpu_int8 = quant_int8;
     p.backend = be;
     p.n_seqs = n_seqs;
     p.ctx_size = 512;
@@ -330,6 +335,8 @@ static struct engine *make_hybrid(struct model_file *mf, const char *plan, enum 
     p.plan_override = plan;
     p.n_threads = 2;
     p.cpu_threads = 3;
+    p.quant = quant_int8 ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE; /* the same weights as the CPU reference */
+    p.cpu_int8 = quant_int8;
     struct engine *e = NULL;
     char err[256] = "";
     cr_assert_eq(engine_init(&e, mf, &p, err), 0, "engine_init (plan %s): %s", plan ? plan : "-", err);
