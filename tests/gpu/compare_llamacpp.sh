@@ -36,13 +36,14 @@ if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   wait $lb && log "llama.cpp built" || { log "llama.cpp build FAILED"; tail -20 $W/llb-build.log; }
   wait
   ls -la $W/*.gguf | tee -a "$out/summary.txt"
+  : > $W/results.jsonl
 fi
 [ "$phase" = prepare ] && exit 0
 
 F=$W/ferry/build/server/ferry
 L=/tmp/llb/bin
-res=$W/results.jsonl
-: > $res
+res=$W/results.jsonl # kept across bench calls (prepare empties it): CMP_MAIN=0 / CMP_HYBRID=0 / CMP_INT4=0 split
+touch $res
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$out/summary.txt"
 
 ferry() { # name, args...: one ferry bench, its JSON appended to the results
@@ -94,17 +95,19 @@ PY
 }
 
 Q4=$W/Q4_K_M.gguf Q8=$W/Q8_0.gguf
+if [ "${CMP_MAIN:-1}" = 1 ]; then
 log "Q4_K_M, all layers on the GPU"
 ferry q4-full --model $Q4 --batches 1,16,64 --prefill 512 --decode-steps 16
 llama_bench q4-full $Q4 99
 llama_batched q4-full $Q4 99 1,16,64
 log "Q4_K_M, 4 GiB"
 ferry q4-4g --model $Q4 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
-for ngl in 20 22 24 26 28 30; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16; done
+for ngl in 20 22 24 26 28 30; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 log "Q8_0, all layers on the GPU"
 ferry q8-full --model $Q8 --batches 1,16,64 --prefill 512 --decode-steps 16
 llama_bench q8-full $Q8 99
 llama_batched q8-full $Q8 99 1,16,64
+fi
 if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
   # CPU (-ngl: the last N layers on the GPU); its best -ngl whose device buffers fit the budget is the peer.
@@ -129,4 +132,5 @@ if [ "${CMP_INT4:-1}" = 1 ]; then
   ferry int4 --synthetic llama-2-7b --quant int4 --batches 1,16 --prefill 512 --decode-steps 16
 fi
 cp $res "$out/results.jsonl"
+cp "$out/summary.txt" /dev/null 2>&1
 python3 tests/gpu/compare_table.py $res | tee -a "$out/summary.txt"
