@@ -40,8 +40,11 @@ class Conn:
         self.reader = self.writer = None
 
     async def ensure(self):
+        """Opens the connection if needed; returns True when it was opened now (not a reused keep-alive one)."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            return True
+        return False
 
     def close(self):
         if self.writer is not None:
@@ -90,11 +93,23 @@ async def one_request(conn, args, i):
     auth = f"Authorization: Bearer {args.api_key}\r\n" if args.api_key else ""
     head = (f"POST {args.path} HTTP/1.1\r\nHost: {conn.host}:{conn.port}\r\nContent-Type: application/json\r\n"
             f"Accept: text/event-stream\r\n{auth}Content-Length: {len(body)}\r\n\r\n").encode()
-    await conn.ensure()
+    fresh = await conn.ensure()
     t0 = time.perf_counter()
-    conn.writer.write(head + body)
-    await conn.writer.drain()
-    status, headers = await read_head(conn.reader)
+    try:
+        conn.writer.write(head + body)
+        await conn.writer.drain()
+        status, headers = await read_head(conn.reader)
+    except (ConnectionError, OSError):
+        if fresh:
+            raise
+        # A reused keep-alive connection the server closed while idle (llama-server's HTTP library does after a
+        # few requests): nothing was answered, so the request is sent again on a new one, as HTTP clients do.
+        conn.close()
+        await conn.ensure()
+        t0 = time.perf_counter()
+        conn.writer.write(head + body)
+        await conn.writer.drain()
+        status, headers = await read_head(conn.reader)
     res = {"ttft": None, "gaps": [], "tokens": 0, "error": None}
     buf, last = b"", None
     async for data in read_body_chunks(conn.reader, headers):
