@@ -638,14 +638,15 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
                  a->ctx_size, longest);
         goto fail;
     }
-    if (max_tokens >= 0 && longest + max_tokens > a->ctx_size) {
+    /* compared as max_tokens > room, never longest + max_tokens: a max_tokens near LLONG_MAX would overflow */
+    if (max_tokens > (long long)a->ctx_size - longest) {
         e->status = FERRY_ERR_RANGE,
         e->param = kind == SREQ_CHAT && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
                                                                                     : "max_tokens";
         snprintf(e->msg, sizeof e->msg,
-                 "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the "
-                 "prompt, %lld for the completion)",
-                 a->ctx_size, longest + max_tokens, longest, max_tokens);
+                 "This model's maximum context length is %d tokens; you requested %d tokens in the prompt and "
+                 "%lld for the completion (at most %d)",
+                 a->ctx_size, longest, max_tokens, a->ctx_size - longest);
         goto fail;
     }
     if (max_tokens < 0) {

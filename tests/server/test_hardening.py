@@ -1,0 +1,70 @@
+"""Hostile input against a real `ferry serve` (issue 15): values at the edges of every integer a request carries,
+the auth, HTTP framing and cross-site rules, and the option parser. Each test here failed before its fix.
+
+Run under the sanitizer build (tests/run.sh builds one) a request that reaches undefined behaviour aborts the
+server, so "the server still answers" below is the assertion that catches it.
+"""
+import json
+
+import pytest
+from conftest import Server, assert_error, post
+
+INT64_MAX = 2**63 - 1
+
+
+def alive(server):
+    st, _, out = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+    assert st == 200 and out["usage"]["completion_tokens"] == 1, out
+
+
+# ---- integers from the request ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [INT64_MAX, INT64_MAX - 1, 2**62, 2**31, 2**31 - 1, 4097])
+def test_max_tokens_near_int64_max_is_400(server, field, value):
+    """longest + max_tokens overflowed a signed sum: 200 with an empty text, or an abort under UBSan."""
+    path = "/v1/chat/completions" if field == "max_completion_tokens" else "/v1/completions"
+    body = {"messages": [{"role": "user", "content": "hi"}]} if field == "max_completion_tokens" else {"prompt": "hi"}
+    body[field] = value
+    st, _, out = post(server.url + path, body)
+    assert_error(st, out, 400, field)
+    assert str(value) in out["error"]["message"]
+    alive(server)
+
+
+EXTREMES = [INT64_MAX, -INT64_MAX - 1, 2**63, 2**64, -(2**63) - 1, 1e300, -1e300, 1.5, -1, 0, 2**31, -(2**31) - 1,
+            "1", None, True, [], {}]
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "n", "top_k", "seed", "logprobs", "temperature", "top_p", "min_p",
+                                   "presence_penalty", "frequency_penalty", "repetition_penalty"])
+def test_integer_fields_at_the_edges(server, field):
+    """Every numeric field at the edges of int64 and double: a 200 or a 400 error object, never anything else."""
+    for v in EXTREMES:
+        # written by hand: json.dumps refuses nothing here, and jansson must see the big integers as written
+        raw = ('{"prompt": "hi", "max_tokens": 1, "%s": %s}' % (field, json.dumps(v))).encode()
+        if field == "max_tokens":
+            raw = ('{"prompt": "hi", "max_tokens": %s}' % json.dumps(v)).encode()
+        st, _, out = post(server.url + "/v1/completions", raw)
+        assert st in (200, 400), (field, v, st, out)
+        if st == 400:
+            assert_error(st, out, 400)
+    alive(server)
+
+
+def test_counts_and_sizes_at_the_edges(server):
+    """n x prompts, logit_bias keys past int range, a token id past int32, stop lists: 400s, never a crash."""
+    url = server.url + "/v1/completions"
+    for body in ({"prompt": ["a"] * 128, "n": 128, "max_tokens": 1},
+                 {"prompt": [[1, 2]] * 129, "max_tokens": 1},
+                 {"prompt": "hi", "max_tokens": 1, "logit_bias": {"99999999999999999999": 1}},
+                 {"prompt": "hi", "max_tokens": 1, "logit_bias": {"-1": 1}},
+                 {"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": 1e308}},
+                 {"prompt": [2**31, 1], "max_tokens": 1},
+                 {"prompt": [INT64_MAX], "max_tokens": 1},
+                 {"prompt": "hi", "max_tokens": 1, "stop": ["x"] * 17},
+                 {"prompt": "hi", "max_tokens": 1, "stop": "y" * 1025}):
+        st, _, out = post(url, body)
+        assert_error(st, out, 400)
+    alive(server)
