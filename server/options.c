@@ -309,6 +309,12 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
     char line[1024];
     int rc = 0;
     while (fgets(line, sizeof line, f)) {
+        if (!strchr(line, '\n') && !feof(f)) { /* fgets would cut it into two keys */
+            snprintf(err, 256, "--api-key-file %s: a line is longer than %zu bytes", o->api_key_file,
+                     sizeof line - 2);
+            rc = FERRY_ERR_INVALID;
+            break;
+        }
         char *s = line;
         while (isspace((unsigned char)*s)) s++;
         size_t n = strlen(s);
@@ -327,7 +333,17 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
         o->owned[o->n_owned++] = k;
         o->api_keys[o->n_api_keys++] = k;
     }
+    if (!rc && ferror(f)) {
+        snprintf(err, 256, "--api-key-file %s: read error", o->api_key_file);
+        rc = FERRY_ERR_IO;
+    }
     fclose(f);
+    /* a key file that yields no key must not leave the server open: that would be auth failing open */
+    if (!rc && o->n_owned == 0) {
+        snprintf(err, 256, "--api-key-file %s holds no key (only blank lines and # comments)",
+                 o->api_key_file);
+        rc = FERRY_ERR_INVALID;
+    }
     return rc;
 }
 

@@ -68,3 +68,35 @@ def test_counts_and_sizes_at_the_edges(server):
         st, _, out = post(url, body)
         assert_error(st, out, 400)
     alive(server)
+
+
+# ---- auth ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "# only a comment\n", "   \n# a\n\t\n", "\r\n#x\r\n"])
+def test_key_file_without_a_key_refuses_to_start(tmp_path, content):
+    """An --api-key-file with no usable line silently turned authentication off: now the server refuses to start."""
+    keyfile = tmp_path / "keys"
+    keyfile.write_text(content)
+    with pytest.raises(RuntimeError, match="holds no key"):
+        Server("--api-key-file", str(keyfile))
+
+
+def test_key_file_line_too_long_refuses_to_start(tmp_path):
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("k" * 3000 + "\n")
+    with pytest.raises(RuntimeError, match="longer than"):
+        Server("--api-key-file", str(keyfile))
+
+
+def test_key_file_with_a_key_enforces_it(tmp_path):
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("# comment\r\n  sekrit  \r\n")
+    s = Server("--api-key-file", str(keyfile), key="sekrit")
+    try:
+        st, _, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        assert_error(st, out, 401)
+        st, _, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1}, {"Authorization": "Bearer sekrit"})
+        assert st == 200
+    finally:
+        assert s.stop() == 0
