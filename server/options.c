@@ -285,8 +285,8 @@ int serve_options_parse(struct serve_options *o, int argc, char **argv, char err
         const char *val;
         if (eq)
             val = eq + 1;
-        else if (r->type == OPT_BOOL)
-            val = "1";
+        else if (r->type == OPT_BOOL) /* `--flag`, or `--flag false` when a boolean word follows */
+            val = a + 1 < argc && parse_bool(argv[a + 1], &(int){0}) == 0 ? argv[++a] : "1";
         else if (a + 1 < argc)
             val = argv[++a];
         else {

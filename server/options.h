@@ -1,6 +1,6 @@
 /* options — the server's configuration as ONE table (name, env var, type, bounds, default, help).
  *
- * The table drives argv parsing (`--name VALUE`, `--name=VALUE`, bare `--flag` for booleans), the
+ * The table drives argv parsing (`--name VALUE`, `--name=VALUE`; a boolean also as a bare `--flag`), the
  * environment (FERRY_<NAME>, dashes as underscores, read before argv so argv wins) and `--help`.
  * Strings point into argv/environ or into allocations freed by serve_options_free(); sizes accept
  * K/M/G[iB] suffixes. Usage: o = serve_options_default(); serve_options_parse(&o, argc, argv, err);

@@ -7,7 +7,7 @@ server, so "the server still answers" below is the assertion that catches it.
 import json
 
 import pytest
-from conftest import Server, assert_error, post
+from conftest import Server, assert_error, get, post
 
 INT64_MAX = 2**63 - 1
 
@@ -98,5 +98,37 @@ def test_key_file_with_a_key_enforces_it(tmp_path):
         assert_error(st, out, 401)
         st, _, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1}, {"Authorization": "Bearer sekrit"})
         assert st == 200
+    finally:
+        assert s.stop() == 0
+
+
+# ---- options -----------------------------------------------------------------------------------------------
+
+
+def test_boolean_flags_take_a_separate_value():
+    """`--prompt-cache false` (the README's form) failed with "unexpected argument"."""
+    prompt = "Once upon a time there was a little girl named Lily. She loved to play outside."
+    for words, cached in ((["--prompt-cache", "false"], False), (["--prompt-cache", "TRUE"], True),
+                          (["--prompt-cache", "off", "--any-model", "yes"], False), (["--prompt-cache"], True)):
+        s = Server("--api-key", "k", "--public-health", "no", *words, key="k")
+        try:
+            hdr = {"Authorization": "Bearer k"}
+            st, _, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1, "model": "any"}, hdr)
+            if "--any-model" in words:
+                assert st == 200, out
+            else:
+                assert_error(st, out, 404, "model")
+            for _ in range(2):
+                st, _, out = post(s.url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "temperature": 0}, hdr)
+                assert st == 200, out
+            assert (out["usage"]["prompt_tokens_details"]["cached_tokens"] > 0) == cached, (words, out["usage"])
+            st, _, out = get(s.url + "/health")
+            assert_error(st, out, 401)  # --public-health no
+        finally:
+            assert s.stop() == 0
+    # a bare boolean followed by another option still reads as true
+    s = Server("--public-health", "--api-key", "k", key="k")
+    try:
+        assert get(s.url + "/health")[0] == 200
     finally:
         assert s.stop() == 0
