@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 build=build-test
 bash deploy/setup.sh "$build" || { echo "setup failed"; exit 1; }
 # Reconfigure so that configure-time lookups (the SmolLM2 path) see what setup installed.
-meson setup --reconfigure "$build" >/dev/null || exit 1
+meson setup --reconfigure "$build" -Dfuzz=true >/dev/null || exit 1
 ninja -C "$build" || exit 1
 
 status=0
