@@ -97,6 +97,12 @@ int api_http_status(int status, const char **type, const char **code)
     case SERVE_ERR_TOO_LARGE:
         http = 413, t = "invalid_request_error", c = "request_too_large";
         break;
+    case SERVE_ERR_FORBIDDEN:
+        http = 403, t = "invalid_request_error", c = "host_not_allowed";
+        break;
+    case SERVE_ERR_MEDIA_TYPE:
+        http = 415, t = "invalid_request_error", c = "unsupported_media_type";
+        break;
     case FERRY_ERR_BUSY:
         http = 503, t = "server_overloaded", c = "queue_full";
         break;

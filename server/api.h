@@ -23,6 +23,8 @@ enum {
     SERVE_ERR_LOADING = -104,      /* 503 while the model loads */
     SERVE_ERR_NO_ROUTE = -105,     /* 404 */
     SERVE_ERR_SHUTDOWN = -106,     /* 503 while draining */
+    SERVE_ERR_FORBIDDEN = -107,    /* 403: a Host name not allowed without an API key */
+    SERVE_ERR_MEDIA_TYPE = -108,   /* 415: a POST body that is not application/json */
 };
 
 struct api_ctx {

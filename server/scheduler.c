@@ -286,6 +286,13 @@ int sched_in_flight(struct sched *s)
     return n;
 }
 
+/* With mu held: new output, a finish or an error on r. */
+static void req_signal_locked(struct sreq *r)
+{
+    pthread_cond_broadcast(&r->cv);
+    if (r->wake) r->wake(r->wake_user);
+}
+
 /* With mu held: drops one reference. */
 static void req_unref_locked(struct sreq *r)
 {
@@ -312,7 +319,7 @@ static void choice_done_locked(struct sched *s, struct choice *c, const char *fi
     c->state = CHOICE_DONE;
     if (finish && !c->finish) c->finish = finish;
     r->n_done++;
-    pthread_cond_broadcast(&r->cv);
+    req_signal_locked(r);
     if (r->n_done == r->n_choices) {
         s->in_flight--;
         metrics_observe(s->m, &s->m->request_seconds, sched_now() - r->t_arrival);
@@ -399,7 +406,7 @@ void sched_cancel(struct sched *s, struct sreq *req, int status)
         /* the request may be freed inside: keep it alive until we are done with it */
         req->refs++;
         unqueue_locked(s, req);
-        pthread_cond_broadcast(&req->cv);
+        req_signal_locked(req);
         req_unref_locked(req);
         pthread_cond_signal(&s->cv_work);
     }
@@ -415,7 +422,7 @@ void sched_cancel_all(struct sched *s, int status)
         if (!r->cancelled) r->cancelled = status;
         r->refs++;
         unqueue_locked(s, r);
-        pthread_cond_broadcast(&r->cv);
+        req_signal_locked(r);
         req_unref_locked(r);
     }
     for (int i = 0; i < s->n_run; i++)
@@ -717,14 +724,14 @@ static void cut_expired_locked(struct sched *s, double now)
         struct sreq *r = c->req;
         if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
             r->cancelled = FERRY_ERR_TIMEOUT;
-            pthread_cond_broadcast(&r->cv);
+            req_signal_locked(r);
         }
     }
     for (int i = 0; i < s->n_run; i++) {
         struct sreq *r = s->run[i]->req;
         if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
             r->cancelled = FERRY_ERR_TIMEOUT;
-            pthread_cond_broadcast(&r->cv);
+            req_signal_locked(r);
         }
     }
     /* queued choices of cancelled requests leave the queue */
@@ -943,7 +950,7 @@ static void *engine_main(void *arg)
                 struct sreq *r = s->run[i]->req;
                 r->error = rc;
                 snprintf(r->errmsg, sizeof r->errmsg, "the engine failed: %s", ferry_status_str(rc));
-                pthread_cond_broadcast(&r->cv);
+                req_signal_locked(r);
             }
             continue; /* reaped at the top of the loop */
         }
@@ -952,7 +959,7 @@ static void *engine_main(void *arg)
             c->n_fed += c->chunk;
             if (c->chunk && c->n_fed == c->n_prompt && wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;
-                pthread_cond_broadcast(&c->req->cv);
+                req_signal_locked(c->req);
             }
         }
         int n_gen_tokens = 0;
@@ -985,7 +992,7 @@ static void *engine_main(void *arg)
                 if (c->n_lps < c->lps_cap) c->lps[c->n_lps++] = c->lp_stage;
             }
             c->n_completion = c->n_gen;
-            pthread_cond_broadcast(&r->cv);
+            req_signal_locked(r);
         }
         for (int i = 0; i < s->n_run;) {
             struct choice *c = s->run[i];

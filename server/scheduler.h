@@ -104,6 +104,12 @@ struct sreq {
     struct choice *choices; /* (n_choices) */
     /* shared, under the scheduler mutex */
     pthread_cond_t cv; /* signalled on every new output, finish or error */
+    /* Called right after each signal of cv, under the scheduler mutex, by the thread that signals (the engine
+     * thread, or a sched_cancel caller): an event loop learns of progress without a thread waiting on cv. It
+     * must not block or call the scheduler. Set before sched_submit; cleared under sched_lock() before
+     * wake_user goes away. */
+    void (*wake)(void *user);
+    void *wake_user;
     int n_done;        /* choices in CHOICE_DONE */
     int cancelled;     /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
     int error;         /* 0 or the status of an engine failure */
