@@ -418,8 +418,9 @@ static int begin_response(struct http_req *c)
     c->responded = 1;
     if (c->state != C_APP) { /* answered from on_head: the body stays unread */
         size_t have = c->in_len - c->head_len;
-        if (c->fr.content_length >= 0 && !c->fr.chunked && have >= (size_t)c->fr.content_length)
-            c->req_end = c->head_len + (size_t)c->fr.content_length; /* it came whole: skip it */
+        size_t cl = c->fr.content_length > 0 ? (size_t)c->fr.content_length : 0;
+        if (!c->fr.chunked && have >= cl)
+            c->req_end = c->head_len + cl; /* it came whole (or there is none): skip it, keep the connection */
         else
             c->close_after = 1;
         c->state = C_APP;

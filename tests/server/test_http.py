@@ -333,3 +333,15 @@ def test_warning_when_serving_beyond_loopback_without_a_key():
         assert "without an API key" not in s.read_log()
     finally:
         assert s.stop() == 0
+
+
+def test_keep_alive_for_bodiless_requests(server):
+    """A GET answered before any body is read keeps its connection (it has no body to skip)."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    for path in ("/health", "/v1/models", "/nope", "/health"):
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        assert r.getheader("Connection") != "close", path
+    c.close()
