@@ -345,3 +345,24 @@ def test_keep_alive_for_bodiless_requests(server):
         r.read()
         assert r.getheader("Connection") != "close", path
     c.close()
+
+
+def test_concurrent_streams_never_stall():
+    """Many streams at once, with the keep-alive ping 10 s away: a lost wake-up from the engine would leave a stream
+    waiting for that ping. Every one of 256 streams must finish within 5 s."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from conftest import sse_events
+    s = Server("--parallel", "16", "--max-queue", "256", "--conn-timeout", "60")
+    try:
+        def one(i):
+            t0 = time.time()
+            ev = sse_events(s.url + "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "stream": True,
+                                                        "temperature": 1, "seed": i}, timeout=30)
+            assert ev[-1] == "[DONE]"
+            return time.time() - t0
+        with ThreadPoolExecutor(32) as ex:
+            times = list(ex.map(one, range(256)))
+        assert max(times) < 5.0, sorted(times)[-5:]
+    finally:
+        assert s.stop() == 0
