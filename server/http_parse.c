@@ -37,13 +37,14 @@ static int is_value_char(unsigned char c)
 int http_parse_head(const char *buf, size_t len, size_t max_len, struct http_head *h, const char **why)
 {
     const unsigned char *p = (const unsigned char *)buf;
-    size_t n = len < max_len ? len : max_len, i = 0;
+    size_t n = len < max_len ? len : max_len, i = 0, line0 = 0;
     *why = "";
     h->n_fields = 0;
     /* a server should ignore empty lines before the request line (RFC 9112 §2.2): some clients send a CRLF
      * after a POST body */
     while (i + 1 < n && p[i] == '\r' && p[i + 1] == '\n') i += 2;
-    size_t line0 = i;
+    line0 = i;
+    if (i + 1 == n && p[i] == '\r') goto more;
 
     /* request line */
     size_t m0 = i;
@@ -191,6 +192,7 @@ enum {
     CH_DATA_CR,
     CH_DATA_LF,
     CH_TRAILER, /* at the start of a trailer line, or of the final CRLF */
+    CH_TRAILER_NAME,
     CH_TRAILER_LINE,
     CH_TRAILER_LF,
     CH_FINAL_LF,
@@ -261,8 +263,16 @@ int http_chunked_decode(struct http_chunked *c, char *buf, size_t len, uint64_t 
             if (b == '\r')
                 c->state = CH_FINAL_LF;
             else if (is_tchar(b))
-                c->state = CH_TRAILER_LINE;
+                c->state = CH_TRAILER_NAME;
             else
+                FAIL(400, "malformed trailer field");
+            c->in++;
+            if (++c->trailer_bytes > CHUNK_TRAILER_MAX) FAIL(400, "trailer section too large");
+            break;
+        case CH_TRAILER_NAME:
+            if (b == ':')
+                c->state = CH_TRAILER_LINE;
+            else if (!is_tchar(b))
                 FAIL(400, "malformed trailer field");
             c->in++;
             if (++c->trailer_bytes > CHUNK_TRAILER_MAX) FAIL(400, "trailer section too large");
