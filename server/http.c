@@ -31,6 +31,7 @@
 #define IN_MIN         2048        /* first input buffer */
 #define LINGER_SECONDS 2.0
 #define SWEEP_MS       250
+#define SNDBUF_BYTES   (128 * 1024) /* per connection; Linux doubles it */
 #define IP_BUCKETS     4096
 
 enum conn_state { C_IDLE = 0, C_HEAD, C_BODY, C_APP, C_LINGER };
@@ -420,7 +421,8 @@ static int begin_response(struct http_req *c)
         size_t have = c->in_len - c->head_len;
         size_t cl = c->fr.content_length > 0 ? (size_t)c->fr.content_length : 0;
         if (!c->fr.chunked && have >= cl)
-            c->req_end = c->head_len + cl; /* it came whole (or there is none): skip it, keep the connection */
+            c->req_end =
+                c->head_len + cl; /* it came whole (or there is none): skip it, keep the connection */
         else
             c->close_after = 1;
         c->state = C_APP;
@@ -857,6 +859,10 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    /* a fixed send buffer: the kernel's autotuning would let each client that stops reading pin ~4 MiB of
+     * kernel memory (and hide the stall from the write-progress check for as long) */
+    int sndbuf = SNDBUF_BYTES;
+    uv_send_buffer_size((uv_handle_t *)&c->tcp, &sndbuf);
     peer_of(c);
     c->t_last = c->t_start = now_s();
     if (s->draining || s->closed) {

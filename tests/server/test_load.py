@@ -7,7 +7,7 @@ import os
 import types
 
 import pytest
-from conftest import FERRY, Server
+from conftest import Server, asan_env
 
 import loadgen
 
@@ -16,18 +16,6 @@ def level(url, concurrency, requests, max_tokens=64, time_limit=30.0):
     args = types.SimpleNamespace(url=url, path="/v1/completions", requests=requests, max_tokens=max_tokens,
                                  temperature=0.8, time_limit=time_limit, api_key=None, model=None)
     return asyncio.run(loadgen.run_level(args, concurrency))
-
-
-def asan_env():
-    """Under AddressSanitizer, freed memory waits in a quarantine (256 MiB by default) before it is reused, so RSS
-    climbs for a long while with no leak at all: turn the quarantine off so that RSS measures the server again
-    (leaks are LeakSanitizer's job in that build)."""
-    with open(FERRY, "rb") as f:
-        if b"__asan_init" not in f.read():
-            return None
-    env = dict(os.environ)
-    env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=0:thread_local_quarantine_size_kb=0"
-    return env
 
 
 def test_load_levels_rss_flat(capsys):
