@@ -107,7 +107,7 @@ int forward_cpu_run(struct forward_cpu *f, const struct model *m, struct kv_cach
         kern_cpu_rope(f->q, b->pos, n, hp->n_heads, hd, hp->rope_dim, m->inv_freq, hp->rope_style);
         kern_cpu_rope(f->k, b->pos, n, hp->n_kv_heads, hd, hp->rope_dim, m->inv_freq, hp->rope_style);
         kern_cpu_kv_store(&view, f->k, f->v, b->seq, b->pos, n);
-        kern_cpu_attention(f->att, f->q, &view, b->seq, b->pos, n, hp->n_heads, scale, f->tp);
+        if ((rc = kern_cpu_attention(f->att, f->q, &view, b->seq, b->pos, n, hp->n_heads, scale, f->tp))) return rc;
         if ((rc = linear(f, f->tmp, f->att, &L->wo, NULL, n))) return rc;
         kern_cpu_add(f->x, f->tmp, (int64_t)n * dim);
 

@@ -51,11 +51,35 @@ void strbuf_free(struct strbuf *b)
 }
 
 
+/* A failed allocation while an answer is built leaves a hole in it (jansson drops what it cannot allocate):
+ * every such failure marks the thread, and the server answers "out of memory" instead of the holed body. */
+static __thread int oom_mark;
+
+void *api_json_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) oom_mark = 1;
+    return p;
+}
+
+void api_oom_reset(void)
+{
+    oom_mark = 0;
+}
+
+int api_oom_seen(void)
+{
+    return oom_mark;
+}
+
 static json_t *jstr(const char *s, size_t n)
 {
     size_t m;
     char *c = utf8_sanitize(s ? s : "", s ? n : 0, &m);
-    if (!c) return json_null();
+    if (!c) {
+        oom_mark = 1;
+        return json_null();
+    }
     json_t *j = json_stringn_nocheck(c, m);
     free(c);
     return j ? j : json_null();
@@ -234,7 +258,10 @@ static char *decode_alloc(const struct api_ctx *a, const int32_t *ids, int n, si
 {
     char *s = NULL;
     size_t l = 0;
-    if (tokenizer_decode(a->tok, ids, n, 0, &s, &l)) return NULL;
+    if (tokenizer_decode(a->tok, ids, n, 0, &s, &l)) {
+        oom_mark = 1; /* the ids are valid: only memory can fail */
+        return NULL;
+    }
     if (len) *len = l;
     return s;
 }
@@ -319,6 +346,7 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
                 encode_alloc(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
             if (rc) FAIL(rc, "prompt", "cannot tokenize the prompt: %s", ferry_status_str(rc));
             r->prompt_texts[i] = strdup(s);
+            if (!r->prompt_texts[i]) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
         } else {
             int rc = parse_token_array(a, list[i], &r->prompts[i], &r->n_prompt_toks[i], e);
             if (rc) return rc;
@@ -662,8 +690,8 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     }
     r->max_tokens = (int)max_tokens;
 
-    r->n_choices = r->n_prompts * r->n;
-    r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
+    r->choices = calloc((size_t)r->n_prompts * r->n, sizeof *r->choices);
+    if (r->choices) r->n_choices = r->n_prompts * r->n; /* set once there are choices to free */
     if (!r->choices) {
         e->status = FERRY_ERR_NOMEM;
         snprintf(e->msg, sizeof e->msg, "out of memory");
@@ -698,6 +726,7 @@ static char *token_text(const struct api_ctx *a, int32_t id, size_t *len)
     char *s = NULL;
     size_t l = 0;
     if (tokenizer_decode(a->tok, &id, 1, 1, &s, &l) || !s) {
+        oom_mark = 1;
         *len = 0;
         return NULL;
     }
@@ -744,7 +773,10 @@ static void text_lps_add(const struct api_ctx *a, struct text_lps *t, int32_t id
         char *tt = token_text(a, le->top_id[k], &tl);
         size_t sl;
         char *san = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
-        if (san) json_object_set_new(top, san, json_real(le->top_lp[k]));
+        if (san)
+            json_object_set_new(top, san, json_real(le->top_lp[k]));
+        else
+            oom_mark = 1;
         free(san);
         free(tt);
     }
@@ -860,6 +892,7 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
             struct strbuf t = {0};
             if (pt) strbuf_add(&t, pt, plen);
             strbuf_add(&t, c->text ? c->text : "", c->text_len);
+            if (t.oom) oom_mark = 1;
             ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", jstr(t.p, t.len), "logprobs", lp,
                            "finish_reason", c->finish);
             strbuf_free(&t);

@@ -54,6 +54,12 @@ struct strbuf {
 void strbuf_add(struct strbuf *b, const char *s, size_t n);
 void strbuf_free(struct strbuf *b);
 
+/* jansson's allocator in the server, and the mark of a failed allocation: each thread that builds an answer calls
+ * api_oom_reset() first and api_oom_seen() after; a mark means the answer may have holes and must not be sent. */
+void *api_json_alloc(size_t n);
+void api_oom_reset(void);
+int api_oom_seen(void);
+
 /* HTTP status for a status code; *type and *code get OpenAI's error type and code (code may be NULL). */
 int api_http_status(int status, const char **type, const char **code);
 /* {"error":{"message","type","param","code"}} as a malloc'd string. */

@@ -69,7 +69,8 @@ struct http_req {
     /* the application's view */
     int app_active; /* on_head was called and on_end not yet */
     void *app;
-    int responded; /* a response head was queued */
+    int responded; /* the application (or this layer) answered */
+    int head_sent; /* bytes of the answer went to the socket: too late for another one */
     int resp_done; /* the whole response was queued */
     int chunked_out;
     int head_only; /* HEAD request: no body bytes */
@@ -85,7 +86,7 @@ struct http_server {
     struct http_handlers h;
     uv_tcp_t listener;
     int listening;
-    uv_tcp_t spare; /* refuses a connection when there is no memory for one */
+    struct http_req spare; /* refuses a connection when there is no memory for one (503, then lingers) */
     int spare_busy, accept_pending;
     uv_timer_t sweep;
     struct http_req *conns; /* every connection, counted or lingering */
@@ -106,8 +107,7 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ---- error bodies ----------------------------------------------------------------------------------------
- */
+/* ---- error bodies ---- */
 
 static const struct {
     int status;
@@ -184,8 +184,7 @@ static const char *date_header(struct http_server *s)
     return s->date;
 }
 
-/* ---- per-address counts
- * ------------------------------------------------------------------------------------ */
+/* ---- per-address counts ---- */
 
 static unsigned ip_hash(const unsigned char k[16])
 {
@@ -217,8 +216,9 @@ static void ip_release(struct http_server *s, struct ip_entry *e)
     free(e);
 }
 
-/* ---- connection lifetime
- * ------------------------------------------------------------------------------------ */
+/* ---- connection lifetime ---- */
+
+static void on_connection(uv_stream_t *ls, int status);
 
 static void on_closed(uv_handle_t *hd)
 {
@@ -230,7 +230,15 @@ static void on_closed(uv_handle_t *hd)
         s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     free(c->in);
-    free(c);
+    if (c != &s->spare) {
+        free(c);
+        return;
+    }
+    s->spare_busy = 0; /* a connection left waiting in the backlog meanwhile is taken now */
+    if (s->accept_pending && s->listening) {
+        s->accept_pending = 0;
+        on_connection((uv_stream_t *)&s->listener, 0);
+    }
 }
 
 /* Ends the application's request (once). */
@@ -312,8 +320,7 @@ static void linger_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     if (n < 0) conn_close(st->data);
 }
 
-/* ---- writing
- * ------------------------------------------------------------------------------------------------- */
+/* ---- writing ---- */
 
 struct wreq {
     uv_write_t w;
@@ -373,15 +380,26 @@ static int conn_write(struct http_req *c, char *p0, size_t n0, char *own0, char 
  */
 static void conn_fail_canned(struct http_req *c, const char *resp, size_t len)
 {
-    if (!c->responded && len) {
+    if (!c->head_sent && len) {
         uv_buf_t b = uv_buf_init((char *)resp, (unsigned)len);
         uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-        c->responded = 1;
+        c->responded = c->head_sent = 1;
     }
     conn_close(c);
 }
 
 static void conn_reset_for_next(struct http_req *c);
+
+/* The answer for "no memory for this connection", then a graceful close: the client reads a 503, not a reset.
+ */
+static void conn_fail_canned_linger(struct http_req *c)
+{
+    struct http_server *s = c->srv;
+    uv_buf_t b = uv_buf_init(s->canned_oom, (unsigned)s->canned_oom_len);
+    uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    c->responded = c->head_sent = 1;
+    conn_linger(c);
+}
 
 static void response_written(struct http_req *c)
 {
@@ -452,7 +470,10 @@ int http_respond(struct http_req *c, int status, const struct http_hdr *h, int n
         len = 0;
     }
     int rc = conn_write(c, head, hl, head, body, body ? len : 0, body);
-    if (rc) conn_close(c);
+    if (rc) /* nothing went out: with no memory for the write, the canned answer still can */
+        conn_fail_canned(c, c->srv->canned_oom, rc == FERRY_ERR_NOMEM ? c->srv->canned_oom_len : 0);
+    else
+        c->head_sent = 1;
     return rc;
 }
 
@@ -468,7 +489,10 @@ int http_stream_begin(struct http_req *c, int status, const struct http_hdr *h, 
         return FERRY_ERR_NOMEM;
     }
     int rc = conn_write(c, head, hl, head, NULL, 0, NULL);
-    if (rc) conn_close(c);
+    if (rc)
+        conn_fail_canned(c, c->srv->canned_oom, rc == FERRY_ERR_NOMEM ? c->srv->canned_oom_len : 0);
+    else
+        c->head_sent = 1;
     return rc;
 }
 
@@ -516,7 +540,7 @@ static void conn_error(struct http_req *c, int status, const char *why)
     s->st.protocol_errors += status != 408;
     end_request(c, 1);
     FLOG_INFO("http: %d to %s: %s", status, c->peer, why);
-    if (c->responded) { /* too late for an answer */
+    if (c->head_sent) { /* too late for an answer */
         conn_close(c);
         return;
     }
@@ -535,8 +559,7 @@ static void conn_error(struct http_req *c, int status, const char *why)
     http_respond(c, status, h, 1, b, (size_t)bl);
 }
 
-/* ---- reading
- * ------------------------------------------------------------------------------------------------- */
+/* ---- reading ---- */
 
 /* Grows the input buffer; views into it (head, body) move with it. Not in APP: the body may be in use. */
 static int in_grow(struct http_req *c, size_t want)
@@ -628,7 +651,7 @@ static void conn_reset_for_next(struct http_req *c)
     c->req_end = c->head_len = c->scanned = 0;
     c->body = NULL;
     c->body_len = 0;
-    c->responded = c->resp_done = c->chunked_out = c->head_only = c->close_after = 0;
+    c->responded = c->head_sent = c->resp_done = c->chunked_out = c->head_only = c->close_after = 0;
     memset(&c->ch, 0, sizeof c->ch);
     c->head.n_fields = 0;
     c->state = C_IDLE;
@@ -759,8 +782,7 @@ static void process(struct http_req *c)
     }
 }
 
-/* ---- accepting
- * ----------------------------------------------------------------------------------------------- */
+/* ---- accepting ---- */
 
 static void peer_of(struct http_req *c)
 {
@@ -802,20 +824,8 @@ static void conn_reject(struct http_req *c, int per_ip)
         s->st.rejected_full++;
     uv_buf_t b = uv_buf_init(s->canned_busy, (unsigned)s->canned_busy_len);
     uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-    c->responded = 1;
+    c->responded = c->head_sent = 1;
     conn_linger(c);
-}
-
-static void on_connection(uv_stream_t *ls, int status);
-
-static void on_spare_closed(uv_handle_t *hd)
-{
-    struct http_server *s = hd->data;
-    s->spare_busy = 0;
-    if (s->accept_pending && s->listening) {
-        s->accept_pending = 0;
-        on_connection((uv_stream_t *)&s->listener, 0);
-    }
 }
 
 static void on_connection(uv_stream_t *ls, int status)
@@ -826,21 +836,17 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     struct http_req *c = calloc(1, sizeof *c);
-    if (!c) {
-        /* no memory for a connection: refuse it on the spare handle; while that one closes, the connection
-         * waits in the backlog (libuv stops accepting until uv_accept is called) */
-        if (s->spare_busy || uv_tcp_init(s->loop, &s->spare)) {
+    int spare = !c;
+    if (spare) {
+        /* no memory for a connection: refuse it on the spare one; while that one lingers, a further
+         * connection waits in the backlog (libuv stops accepting until uv_accept is called) */
+        if (s->spare_busy) {
             s->accept_pending = 1;
             return;
         }
-        s->spare.data = s;
         s->spare_busy = 1;
-        if (uv_accept(ls, (uv_stream_t *)&s->spare) == 0) {
-            uv_buf_t b = uv_buf_init(s->canned_oom, (unsigned)s->canned_oom_len);
-            uv_try_write((uv_stream_t *)&s->spare, &b, 1);
-        }
-        uv_close((uv_handle_t *)&s->spare, on_spare_closed);
-        return;
+        c = &s->spare;
+        memset(c, 0, sizeof *c);
     }
     c->srv = s;
     c->fresh = 1;
@@ -856,6 +862,10 @@ static void on_connection(uv_stream_t *ls, int status)
         c->state = C_LINGER;
         s->n_linger++;
         conn_close(c);
+        return;
+    }
+    if (spare) {
+        conn_fail_canned_linger(c);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -893,8 +903,7 @@ static void on_connection(uv_stream_t *ls, int status)
     if (!c->reading) conn_close(c);
 }
 
-/* ---- deadlines
- * ------------------------------------------------------------------------------------------------ */
+/* ---- deadlines ---- */
 
 static void on_sweep(uv_timer_t *t)
 {
@@ -938,8 +947,7 @@ static void on_sweep(uv_timer_t *t)
     }
 }
 
-/* ---- the server
- * ----------------------------------------------------------------------------------------------- */
+/* ---- the server ---- */
 
 int http_server_init(struct http_server **out, uv_loop_t *loop, const struct http_params *p,
                      const struct http_handlers *h, char err[256])
@@ -951,7 +959,6 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
         return FERRY_ERR_NOMEM;
     }
     s->loop = loop;
-    s->spare.data = s;
     s->p = *p;
     s->h = *h;
     s->canned_busy_len = canned(s->canned_busy, sizeof s->canned_busy, 503,
@@ -1050,8 +1057,7 @@ void http_server_stats(const struct http_server *s, struct http_stats *st)
     st->open = s->n_open;
 }
 
-/* ---- request accessors
- * --------------------------------------------------------------------------------------- */
+/* ---- request accessors ---- */
 
 const char *http_req_method(const struct http_req *q)
 {

@@ -104,7 +104,7 @@ struct sreq *sreq_new(void)
 static void sreq_free(struct sreq *r)
 {
     if (!r) return;
-    for (int i = 0; i < r->n_choices; i++) {
+    for (int i = 0; r->choices && i < r->n_choices; i++) {
         free(r->choices[i].text);
         free(r->choices[i].lps);
         free(r->choices[i].prompt_lps);
@@ -532,11 +532,11 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     int length = c->n_gen >= r->max_tokens || c->n_prompt + c->n_gen >= s->ctx;
     if (!eog) {
         int k = detok_push(&c->dt, tok, buf, sizeof buf);
-        if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
+        if (k > 0 && buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k)) c->oom = 1;
     }
     if (eog || length) {
         int k = detok_flush(&c->dt, buf, sizeof buf);
-        if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
+        if (k > 0 && buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k)) c->oom = 1;
     }
     long at = stop_find(r, c->hold ? c->hold : "", c->hold_len);
     if (at >= 0) {
@@ -989,9 +989,18 @@ static void *engine_main(void *arg)
                         c->lps_cap = nc;
                     }
                 }
-                if (c->n_lps < c->lps_cap) c->lps[c->n_lps++] = c->lp_stage;
+                if (c->n_lps < c->lps_cap) {
+                    c->lps[c->n_lps++] = c->lp_stage;
+                } else { /* an answer without this token's logprobs would be wrong, not short */
+                    r->error = FERRY_ERR_NOMEM;
+                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+                }
             }
             c->n_completion = c->n_gen;
+            if (c->oom) {
+                r->error = FERRY_ERR_NOMEM;
+                snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+            }
             req_signal_locked(r);
         }
         for (int i = 0; i < s->n_run;) {

@@ -58,6 +58,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     const char *fin; /* finish decided in this step */
     int has_lp;
     struct lp_entry lp_stage; /* logprobs of this step's token */
+    int oom;                  /* an allocation failed while sampling: the request fails in the locked update */
     /* shared, under the scheduler mutex */
     enum choice_state state;
     char *text; /* released text (never contains a stop string) */

@@ -21,6 +21,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include "kernels/core/log.h"
@@ -127,8 +128,7 @@ static int load_state(struct server *S)
     return __atomic_load_n(&S->state, __ATOMIC_ACQUIRE);
 }
 
-/* ---- responses
- * ------------------------------------------------------------------------------------------------ */
+/* ---- responses ---- */
 
 /* Queues a response whose body is taken over. */
 static void respond(struct hreq *h, int http, const char *ctype, char *body, size_t len)
@@ -172,14 +172,18 @@ static void respond_error(struct hreq *h, int status, const char *param, const c
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     size_t len = 0;
+    api_oom_reset();
     char *body = api_error_body(status, msg, param, &len);
+    if (api_oom_seen()) { /* a partial error object is no error object */
+        free(body);
+        body = NULL;
+    }
     int http = api_http_status(status, NULL, NULL);
     if (http >= 500) FLOG_WARN("req %s: %d %s", h->rid, http, msg);
     respond_json(h, http, body, len);
 }
 
-/* ---- the request's lifetime
- * --------------------------------------------------------------------------------------- */
+/* ---- the request's lifetime ---- */
 
 /* Engine thread (or a sched_cancel caller), scheduler mutex held: queue h for the loop and wake it. */
 static void on_engine_wake(void *user)
@@ -281,8 +285,7 @@ static void on_end(struct http_req *q, int aborted, void *user)
     hreq_release(h);
 }
 
-/* ---- completions
- * ------------------------------------------------------------------------------------------------ */
+/* ---- completions ---- */
 
 static void render_done(uv_work_t *w, int status);
 static void render_work(uv_work_t *w);
@@ -307,12 +310,21 @@ static void pump(struct hreq *h)
     }
     while (!h->sse_done && http_req_unsent(h->q) < STREAM_UNSENT_MAX) {
         sched_lock(S->sched);
+        api_oom_reset();
         api_render_stream(&S->api, h->req, &h->sse, &h->sse_done);
+        int oom = api_oom_seen() || h->sse.oom;
         sched_unlock(S->sched);
-        if (h->sse.oom) {
+        if (oom) {
+            /* the rendered chunks may have lost fields: end the stream with an error event that needs no
+             * allocation to build (the request is cancelled when the stream ends) */
+            static const char ev[] =
+                "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                "\"param\":null,\"code\":\"out_of_memory\"}}\n\ndata: [DONE]\n\n";
             FLOG_WARN("req %s: out of memory while streaming", h->rid);
-            http_req_close(h->q); /* h may be gone now */
-            return;
+            h->note = "out-of-memory";
+            h->sse_done = 1;
+            if (http_stream_write(h->q, ev, sizeof ev - 1) == 0) http_stream_end(h->q);
+            return; /* h may be gone */
         }
         if (h->sse.len == 0) break;
         h->t_last_out = sched_now();
@@ -426,6 +438,7 @@ static void parse_work(uv_work_t *w)
     struct hreq *h = w->data;
     struct server *S = h->S;
     const char *b = h->body ? h->body : "";
+    api_oom_reset();
     switch (h->rt) {
     case R_COMPLETIONS:
     case R_CHAT:
@@ -438,6 +451,16 @@ static void parse_work(uv_work_t *w)
     default:
         h->rc = api_detokenize(&S->api, b, h->body_len, &h->out, &h->out_len, &h->err);
         break;
+    }
+    if (api_oom_seen()) { /* a refusal ("invalid JSON") or an answer with holes: either way, out of memory */
+        if (h->req) sched_release(NULL, h->req);
+        h->req = NULL;
+        free(h->out);
+        h->out = NULL;
+        h->rc = FERRY_ERR_NOMEM;
+        h->err.status = FERRY_ERR_NOMEM;
+        h->err.param = NULL;
+        snprintf(h->err.msg, sizeof h->err.msg, "out of memory");
     }
 }
 
@@ -484,8 +507,16 @@ static void render_work(uv_work_t *w)
                  r->error                  ? r->errmsg
                  : st == FERRY_ERR_TIMEOUT ? "the request timed out"
                                            : "the request was cancelled");
-    else
+    else {
+        api_oom_reset();
         h->out = api_render_full(&S->api, r, &h->out_len);
+        if (api_oom_seen() || !h->out) {
+            free(h->out);
+            h->out = NULL;
+            h->rc = FERRY_ERR_NOMEM;
+            snprintf(h->err.msg, sizeof h->err.msg, "out of memory");
+        }
+    }
     sched_unlock(S->sched);
 }
 
@@ -507,8 +538,7 @@ static void render_done(uv_work_t *w, int status)
     respond_json(h, 200, out, h->out_len);
 }
 
-/* ---- routing and the checks before the body
- * -------------------------------------------------------------------- */
+/* ---- routing and the checks before the body ---- */
 
 static const struct route_row {
     const char *path;
@@ -728,7 +758,12 @@ static void on_head(struct http_req *q, void *user)
             return;
         }
         size_t len = 0;
+        api_oom_reset();
         char *b = api_models_body(&S->api, rr->rt == R_MODEL ? path + 11 : NULL, &len);
+        if (api_oom_seen()) {
+            free(b);
+            b = NULL;
+        }
         respond_json(h, 200, b, len);
         return;
     }
@@ -762,8 +797,7 @@ static void on_request(struct http_req *q, void *user)
     }
 }
 
-/* ---- lifecycle
- * -------------------------------------------------------------------------------------------------- */
+/* ---- lifecycle ---- */
 
 static void loader_main(void *arg)
 {
@@ -961,7 +995,10 @@ static int is_loopback_host(const char *host)
 int serve_main(int argc, char **argv)
 {
     struct server *S = calloc(1, sizeof *S);
-    if (!S) return 1;
+    if (!S) {
+        fprintf(stderr, "ferry serve: out of memory\n");
+        return 1;
+    }
     char err[256] = "";
     int ret = 1;
     S->opt = serve_options_default();
@@ -998,6 +1035,7 @@ int serve_main(int argc, char **argv)
         snprintf(S->model_name, sizeof S->model_name, "%.*s", (int)(n - b), p + b);
     }
     signal(SIGPIPE, SIG_IGN);
+    json_set_alloc_funcs(api_json_alloc, free);
     fit_fd_limit(S);
     pthread_mutex_init(&S->load_mu, NULL);
     pthread_mutex_init(&S->wake_mu, NULL);
