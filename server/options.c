@@ -58,11 +58,12 @@ static const struct opt_row rows[] = {
     {"conn-timeout", OPT_INT, OFF(conn_timeout), 1, 86400, "30", NULL,
      "seconds a connection may stay silent (between requests or mid-request) or leave its answer unread"},
     {"header-timeout", OPT_INT, OFF(header_timeout), 1, 3600, "10", NULL,
-     "seconds for a whole request head, from its first byte (a new connection's: from the accept); 408 after"},
+     "seconds for a whole request head, from its first byte (a new connection's: from the accept); 408 "
+     "after"},
     {"body-timeout", OPT_INT, OFF(body_timeout), 1, 86400, "60", NULL,
      "seconds for a whole request body, from the end of its head; 408 after"},
     {"max-connections", OPT_INT, OFF(max_connections), 1, 1 << 20, "4096", NULL,
-     "open connections; past it a new one is answered 503 + Retry-After (raised to fit the open-file limit)"},
+     "open connections; past it a new one is answered 503 + Retry-After (kept within the open-file limit)"},
     {"max-connections-per-ip", OPT_INT, OFF(max_connections_per_ip), 0, 1 << 20, "256", NULL,
      "open connections from one address, 0 = no limit (behind a reverse proxy all come from the proxy)"},
     {"allowed-hosts", OPT_STR, OFF(allowed_hosts), 0, 0, NULL, NULL,
@@ -366,7 +367,7 @@ void serve_options_help(FILE *f)
         const struct opt_row *r = &rows[i];
         char env[64], lhs[64];
         env_name(r->name, env, sizeof env);
-        const char *meta = r->type == OPT_BOOL                        ? ""
+        const char *meta = r->type == OPT_BOOL                        ? " [BOOL]"
                            : r->type == OPT_SIZE                      ? " SIZE"
                            : r->type == OPT_INT || r->type == OPT_I64 ? " N"
                            : r->type == OPT_ENUM                      ? " WORD"
