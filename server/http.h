@@ -82,7 +82,7 @@ struct http_stats {
 };
 void http_server_stats(const struct http_server *s, struct http_stats *st);
 
-/* ---- a request ---------------------------------------------------------------------------------------- */
+/* ---- a request ---- */
 
 const char *http_req_method(const struct http_req *q); /* as sent: a token */
 const char *http_req_path(const struct http_req *q); /* percent-decoded path, no query; "" when undecodable */

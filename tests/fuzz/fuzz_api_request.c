@@ -5,14 +5,14 @@
 // LIBS: -ljansson -lm -lpthread
 // CFLAGS: -march=native
 // MAXLEN: 16384
-/* fuzz_api_request — libFuzzer target for the OpenAI request parser (server/api.c) on arbitrary bodies: the first
- * byte picks the entry point (completions, chat completions, /tokenize, /detokenize) and the API context
- * (context size 64 or 2048, --any-model or not), the rest is the body. The tokenizer is stories260K's
+/* fuzz_api_request — libFuzzer target for the OpenAI request parser (server/api.c) on arbitrary bodies: the
+ * first byte picks the entry point (completions, chat completions, /tokenize, /detokenize) and the API
+ * context (context size 64 or 2048, --any-model or not), the rest is the body. The tokenizer is stories260K's
  * ($FERRY_FUZZ_MODEL, else $FERRY_TESTDATA/models/stories260K.gguf); chat goes through the builtin chatml and
- * llama3 templates. Checks: no crash or sanitizer report (UBSan: any overflow in a size or count); an accepted
- * request is consistent (choices = prompts × n, token ids in range, prompt + max_tokens within the context);
- * a refused one carries a status that maps to a 4xx or 5xx and a message; the whole answer and the SSE stream of a
- * request can be rendered with no output yet.
+ * llama3 templates. Checks: no crash or sanitizer report (UBSan: any overflow in a size or count); an
+ * accepted request is consistent (choices = prompts × n, token ids in range, prompt + max_tokens within the
+ * context); a refused one carries a status that maps to a 4xx or 5xx and a message; the whole answer and the
+ * SSE stream of a request can be rendered with no output yet.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -41,7 +41,8 @@ static void load(void)
     struct gguf *g = NULL;
     char err[256] = "";
     if (gguf_open(path, &g, err) || tokenizer_init_gguf(&tok, g, err)) {
-        fprintf(stderr, "fuzz_api_request: cannot load a tokenizer from %s: %s; nothing is exercised\n", path, err);
+        fprintf(stderr, "fuzz_api_request: cannot load a tokenizer from %s: %s; nothing is exercised\n", path,
+                err);
         if (g) gguf_close(g);
         return;
     }
@@ -76,7 +77,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rc = api_parse_request(&a, (sel & 3) ? SREQ_CHAT : SREQ_COMPLETION, body, len, &r, &e);
         if (rc) {
             int http = api_http_status(rc, NULL, NULL);
-            if (r || rc != e.status || http < 400 || http > 599 || !e.msg[0] || !memchr(e.msg, 0, sizeof e.msg))
+            if (r || rc != e.status || http < 400 || http > 599 || !e.msg[0] ||
+                !memchr(e.msg, 0, sizeof e.msg))
                 abort();
             return 0;
         }
@@ -99,8 +101,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     default: {
         char *out = NULL;
         size_t ol = 0;
-        int rc = (sel & 3) == 2 ? api_tokenize(&a, body, len, &out, &ol, &e) : api_detokenize(&a, body, len, &out, &ol, &e);
-        if (rc ? (out != NULL || api_http_status(e.status ? e.status : rc, NULL, NULL) < 400) : (!out || strlen(out) != ol))
+        int rc = (sel & 3) == 2 ? api_tokenize(&a, body, len, &out, &ol, &e)
+                                : api_detokenize(&a, body, len, &out, &ol, &e);
+        if (rc ? (out != NULL || api_http_status(e.status ? e.status : rc, NULL, NULL) < 400)
+               : (!out || strlen(out) != ol))
             abort();
         free(out);
         return 0;

@@ -1,12 +1,12 @@
 // SOURCES: server/http_parse.c
 // MAXLEN: 40000
 /* fuzz_http_parse — libFuzzer target for the HTTP request-head parser, body framing and chunked decoder
- * (server/http_parse.c). The input is a request as bytes: its head is parsed at the full length and at a prefix,
- * its framing decided, and what follows the head decoded as a chunked body, in one piece and in two.
- * Checks: no crash or sanitizer report; a head's length is within the input and parsing any prefix of a complete
- * head says "need more" or the same error; every view lies inside the buffer; errors are statuses in 400..599
- * with a sentence; the chunked decoder never writes past what it consumed, and its result does not depend on
- * where the input was split.
+ * (server/http_parse.c). The input is a request as bytes: its head is parsed at the full length and at a
+ * prefix, its framing decided, and what follows the head decoded as a chunked body, in one piece and in two.
+ * Checks: no crash or sanitizer report; a head's length is within the input and parsing any prefix of a
+ * complete head says "need more" or the same error; every view lies inside the buffer; errors are statuses in
+ * 400..599 with a sentence; the chunked decoder never writes past what it consumed, and its result does not
+ * depend on where the input was split.
  */
 #include <stdint.h>
 #include <stdlib.h>
