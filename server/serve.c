@@ -76,17 +76,9 @@ struct server {
     int load_rc;
 };
 
-enum route {
-    R_NONE,
-    R_HEALTH,
-    R_METRICS,
-    R_MODELS,
-    R_MODEL,
-    R_COMPLETIONS,
-    R_CHAT,
-    R_TOKENIZE,
-    R_DETOKENIZE
-};
+struct route;
+static const char *route_allow(const struct route *r);
+static int route_parse(struct hreq *h);
 
 /* One HTTP request as the application sees it. Loop thread only, except `req` and `out` while `working` (a
  * worker fills them) and `queued`/`wnext` (under wake_mu). Freed by whichever of its owners lets go last: the
@@ -97,10 +89,10 @@ struct hreq {
     uint64_t id;
     char rid[72]; /* the client's X-Request-Id when it is sane, else our counter */
     double t0;
-    enum route rt;
-    int status;       /* HTTP status sent, for the access log */
-    const char *note; /* extra word for the access log */
-    char *body;       /* a copy of the request body for the worker (the HTTP buffer may go first) */
+    const struct route *rt; /* NULL: no route */
+    int status;             /* HTTP status sent, for the access log */
+    const char *note;       /* extra word for the access log */
+    char *body;             /* a copy of the request body for the worker (the HTTP buffer may go first) */
     size_t body_len;
     uv_work_t work;
     int working;
@@ -143,10 +135,7 @@ static void respond(struct hreq *h, int http, const char *ctype, char *body, siz
         if (strcmp(S->opt.cors_origin, "*")) hd[n++] = (struct http_hdr){"Vary", "Origin"};
     }
     if (http == 503 || http == 429) hd[n++] = (struct http_hdr){"Retry-After", "1"};
-    if (http == 405) {
-        int post = h->rt == R_COMPLETIONS || h->rt == R_CHAT || h->rt == R_TOKENIZE || h->rt == R_DETOKENIZE;
-        hd[n++] = (struct http_hdr){"Allow", post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS"};
-    }
+    if (http == 405 && h->rt) hd[n++] = (struct http_hdr){"Allow", route_allow(h->rt)};
     h->status = http;
     http_respond(h->q, http, hd, n, body, len);
 }
@@ -432,26 +421,12 @@ static void submit(struct hreq *h)
     pump(h);
 }
 
-/* Worker thread: parse (completions) or answer (tokenize, detokenize) the copied body. */
+/* Worker thread: the route's body handler on the copied body. */
 static void parse_work(uv_work_t *w)
 {
     struct hreq *h = w->data;
-    struct server *S = h->S;
-    const char *b = h->body ? h->body : "";
     api_oom_reset();
-    switch (h->rt) {
-    case R_COMPLETIONS:
-    case R_CHAT:
-        h->rc = api_parse_request(&S->api, h->rt == R_CHAT ? SREQ_CHAT : SREQ_COMPLETION, b, h->body_len,
-                                  &h->req, &h->err);
-        break;
-    case R_TOKENIZE:
-        h->rc = api_tokenize(&S->api, b, h->body_len, &h->out, &h->out_len, &h->err);
-        break;
-    default:
-        h->rc = api_detokenize(&S->api, b, h->body_len, &h->out, &h->out_len, &h->err);
-        break;
-    }
+    h->rc = route_parse(h);
     if (api_oom_seen()) { /* a refusal ("invalid JSON") or an answer with holes: either way, out of memory */
         if (h->req) sched_release(NULL, h->req);
         h->req = NULL;
@@ -480,7 +455,7 @@ static void parse_done(uv_work_t *w, int status)
         respond_error(h, st, h->err.param, "%s", h->err.msg[0] ? h->err.msg : ferry_status_str(st));
         return;
     }
-    if (h->rt == R_TOKENIZE || h->rt == R_DETOKENIZE) {
+    if (!h->req) { /* a body route that answers at once (tokenize, ...) */
         char *out = h->out;
         h->out = NULL;
         respond_json(h, 200, out, h->out_len);
@@ -540,28 +515,120 @@ static void render_done(uv_work_t *w, int status)
 
 /* ---- routing and the checks before the body ---- */
 
-static const struct route_row {
+/* ---- the routes ---- */
+
+/* A GET route answers on the loop; a POST route's `parse` runs on the worker pool with the body (copied in
+ * h->body): it fills h->out (answered as JSON) or h->req (a completion, then submitted), or returns an error
+ * status with h->err. Adding a route is a row here and its handler. */
+struct route {
     const char *path;
-    enum route rt;
-    const char *method;
-    int body; /* answered after the body, on the worker pool */
-} routes[] = {
-    {"/health", R_HEALTH, "GET", 0},
-    {"/metrics", R_METRICS, "GET", 0},
-    {"/v1/models", R_MODELS, "GET", 0},
-    {"/v1/completions", R_COMPLETIONS, "POST", 1},
-    {"/v1/chat/completions", R_CHAT, "POST", 1},
-    {"/tokenize", R_TOKENIZE, "POST", 1},
-    {"/detokenize", R_DETOKENIZE, "POST", 1},
+    const char *method; /* GET routes also answer HEAD */
+    int prefix;         /* the path is a prefix: "/v1/models/" + an id */
+    int needs_model;    /* 503 while the model loads */
+    void (*get)(struct hreq *h, const char *path);
+    int (*parse)(struct hreq *h);
 };
 
-static const struct route_row *match(const char *path)
+static void get_health(struct hreq *h, const char *path)
 {
-    static const struct route_row model = {"/v1/models/", R_MODEL, "GET", 0};
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (!strcmp(path, routes[i].path)) return &routes[i];
-    if (!strncmp(path, "/v1/models/", 11) && path[11]) return &model;
+    (void)path;
+    int state = load_state(h->S);
+    const char *st = state == STATE_READY      ? "ok"
+                     : state == STATE_LOADING  ? "loading"
+                     : state == STATE_DRAINING ? "shutting_down"
+                                               : "error";
+    char *b = NULL;
+    if (asprintf(&b, "{\"status\":\"%s\"}", st) < 0) b = NULL;
+    respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
+}
+
+static void get_metrics(struct hreq *h, const char *path)
+{
+    (void)path;
+    struct server *S = h->S;
+    struct http_stats hs;
+    http_server_stats(S->http, &hs);
+    pthread_mutex_lock(&S->metrics.mu);
+    S->metrics.http = hs;
+    pthread_mutex_unlock(&S->metrics.mu);
+    size_t len = 0;
+    char *b = metrics_render(&S->metrics, &len);
+    if (!b) {
+        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        return;
+    }
+    respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
+}
+
+static void get_models(struct hreq *h, const char *path)
+{
+    struct server *S = h->S;
+    const char *id = !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
+    if (id && strcmp(id, S->api.model_name)) {
+        char safe[128];
+        respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
+                      log_safe(id, safe, sizeof safe));
+        return;
+    }
+    size_t len = 0;
+    api_oom_reset();
+    char *b = api_models_body(&S->api, id, &len);
+    if (api_oom_seen()) {
+        free(b);
+        b = NULL;
+    }
+    respond_json(h, 200, b, len);
+}
+
+static int parse_completion(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_COMPLETION, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_chat(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_CHAT, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_tokenize(struct hreq *h)
+{
+    return api_tokenize(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
+static int parse_detokenize(struct hreq *h)
+{
+    return api_detokenize(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
+static const struct route routes[] = {
+    {"/health", "GET", 0, 0, get_health, NULL},
+    {"/metrics", "GET", 0, 0, get_metrics, NULL},
+    {"/v1/models", "GET", 0, 1, get_models, NULL},
+    {"/v1/models/", "GET", 1, 1, get_models, NULL},
+    {"/v1/completions", "POST", 0, 1, NULL, parse_completion},
+    {"/v1/chat/completions", "POST", 0, 1, NULL, parse_chat},
+    {"/tokenize", "POST", 0, 1, NULL, parse_tokenize},
+    {"/detokenize", "POST", 0, 1, NULL, parse_detokenize},
+};
+
+static const struct route *route_match(const char *path)
+{
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *r = &routes[i];
+        size_t n = strlen(r->path);
+        if (r->prefix ? !strncmp(path, r->path, n) && path[n] : !strcmp(path, r->path)) return r;
+    }
     return NULL;
+}
+
+static const char *route_allow(const struct route *r)
+{
+    return r->get ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+}
+
+static int route_parse(struct hreq *h)
+{
+    return h->rt->parse(h);
 }
 
 /* Constant-time in the key contents: every key is compared over its whole length, no early exit. */
@@ -683,8 +750,8 @@ static void on_head(struct http_req *q, void *user)
         snprintf(h->rid, sizeof h->rid, "%llu", (unsigned long long)h->id);
 
     const char *method = http_req_method(q), *path = http_req_path(q);
-    const struct route_row *rr = match(path);
-    h->rt = rr ? rr->rt : R_NONE;
+    const struct route *rr = route_match(path);
+    h->rt = rr;
     if (!host_allowed(S, http_req_header(q, "Host"))) {
         respond_error(
             h, SERVE_ERR_FORBIDDEN, NULL,
@@ -702,72 +769,32 @@ static void on_head(struct http_req *q, void *user)
                       "a valid API key is required (Authorization: Bearer KEY)");
         return;
     }
+    char safe[128];
     if (!rr) {
-        char safe[128];
         respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %s", method,
                       log_safe(path, safe, sizeof safe));
         return;
     }
-    int head = !strcmp(method, "HEAD") && !strcmp(rr->method, "GET");
+    int head = !strcmp(method, "HEAD") && rr->get;
     if (strcmp(method, rr->method) && !head) {
-        char safe[128];
         respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", method,
                       log_safe(path, safe, sizeof safe), rr->method);
         return;
     }
-    if (rr->body && !is_json(http_req_header(q, "Content-Type"))) {
+    if (rr->parse && !is_json(http_req_header(q, "Content-Type"))) {
         respond_error(h, SERVE_ERR_MEDIA_TYPE, NULL,
                       "the request body must be JSON (Content-Type: application/json)");
         return;
     }
-    int state = load_state(S);
-    if (rr->rt == R_HEALTH) {
-        const char *st = state == STATE_READY      ? "ok"
-                         : state == STATE_LOADING  ? "loading"
-                         : state == STATE_DRAINING ? "shutting_down"
-                                                   : "error";
-        char *b = NULL;
-        if (asprintf(&b, "{\"status\":\"%s\"}", st) < 0) b = NULL;
-        respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
-        return;
-    }
-    if (rr->rt == R_METRICS) {
-        struct http_stats hs;
-        http_server_stats(S->http, &hs);
-        pthread_mutex_lock(&S->metrics.mu);
-        S->metrics.http = hs;
-        pthread_mutex_unlock(&S->metrics.mu);
-        size_t len = 0;
-        char *b = metrics_render(&S->metrics, &len);
-        if (!b) {
-            respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
-            return;
-        }
-        respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
-        return;
-    }
-    if (!__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE)) {
+    if (rr->needs_model && !__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE)) {
         respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
         return;
     }
-    if (rr->rt == R_MODELS || rr->rt == R_MODEL) {
-        if (rr->rt == R_MODEL && strcmp(path + 11, S->api.model_name)) {
-            char safe[128];
-            respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
-                          log_safe(path + 11, safe, sizeof safe));
-            return;
-        }
-        size_t len = 0;
-        api_oom_reset();
-        char *b = api_models_body(&S->api, rr->rt == R_MODEL ? path + 11 : NULL, &len);
-        if (api_oom_seen()) {
-            free(b);
-            b = NULL;
-        }
-        respond_json(h, 200, b, len);
+    if (rr->get) {
+        rr->get(h, path);
         return;
     }
-    if (state != STATE_READY && (rr->rt == R_COMPLETIONS || rr->rt == R_CHAT)) {
+    if (load_state(S) != STATE_READY) {
         respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
         return;
     }
