@@ -177,7 +177,7 @@ def test_head_deadline_whatever_the_trickle():
         request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n"
         i = 0
         slow.setblocking(False)
-        while time.time() - t0 < 6 and "slow" not in got:
+        while time.time() - t0 < 8 and "slow" not in got:
             try:
                 slow.send(request[i % len(request):i % len(request) + 1])
                 i += 1
@@ -192,12 +192,12 @@ def test_head_deadline_whatever_the_trickle():
                 body_slow.sendall(b" ")
         assert "slow" in got, "the trickling head was never cut"
         dt, data = got["slow"]
-        assert 1.5 < dt < 4.0, dt
+        assert 1.5 < dt < 6.0, dt  # 2 s, swept every 250 ms; slack for a loaded machine (unbounded before)
         if data:  # the 408 usually arrives; a reset is possible when the trickle races the close
             json_error_of(data, 408)
         json_error_of(read_all(body_slow), 408)
         assert read_all(silent) == b""  # a silent new connection is closed after --header-timeout
-        assert time.time() - t0 < 6
+        assert time.time() - t0 < 9
         assert s.metrics()["ferry_http_request_timeouts_total"] >= 2
     finally:
         assert s.stop() == 0

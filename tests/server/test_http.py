@@ -349,7 +349,7 @@ def test_keep_alive_for_bodiless_requests(server):
 
 def test_concurrent_streams_never_stall():
     """Many streams at once, with the keep-alive ping 10 s away: a lost wake-up from the engine would leave a stream
-    waiting for that ping. Every one of 256 streams must finish within 5 s."""
+    waiting for that ping. Every one of 256 streams must finish within 8 s."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
     from conftest import sse_events
@@ -363,6 +363,6 @@ def test_concurrent_streams_never_stall():
             return time.time() - t0
         with ThreadPoolExecutor(32) as ex:
             times = list(ex.map(one, range(256)))
-        assert max(times) < 5.0, sorted(times)[-5:]
+        assert max(times) < 8.0, sorted(times)[-5:]
     finally:
         assert s.stop() == 0
