@@ -132,9 +132,8 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, f->m->inv_freq, hp->rope_style);
     kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, f->m->inv_freq, hp->rope_style);
     kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
-    kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim),
-                       f->tp);
-    return FERRY_OK;
+    return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads,
+                              1.0f / sqrtf((float)hp->head_dim), f->tp);
 }
 
 /* The KV ops of layer l on the KV owner: q|k|v rows go over, the attention output comes back into att. */

@@ -695,7 +695,7 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
             }
             break;
         }
-        case GK_WS:
+        case GK_WS: {
             uint8_t w = (uint8_t)(f->a > 255 ? 255 : f->a);
             if (is_ws(c) && gap_ws(g, n->max, &w, c)) {
                 f->a = w;
@@ -704,6 +704,7 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
                 act = ACT_PASS;
             }
             break;
+        }
         case GK_STRING:
             act = string_step(g, n, f, c);
             break;

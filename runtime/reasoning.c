@@ -34,7 +34,7 @@ void reasoning_split(const char *text, size_t len, int started, int final, struc
         while (w < len && is_ws(text[w])) w++;
         if (len - w >= sizeof OPEN - 1 && !memcmp(text + w, OPEN, sizeof OPEN - 1))
             at = w + sizeof OPEN - 1;
-        else if (!final && !memcmp(text + w, OPEN, len - w))
+        else if (!final && len - w < sizeof OPEN - 1 && !memcmp(text + w, OPEN, len - w))
             return; /* may be that marker: wait */
     } else {
         while (at < len && is_ws(text[at])) at++;

@@ -36,6 +36,7 @@ void strbuf_add(struct strbuf *b, const char *s, size_t n)
         char *q = realloc(b->p, nc);
         if (!q) {
             b->oom = 1;
+            api_oom_mark(); /* whatever the buffer was building now has a hole */
             return;
         }
         b->p = q;
@@ -52,11 +53,40 @@ void strbuf_free(struct strbuf *b)
     memset(b, 0, sizeof *b);
 }
 
+/* A failed allocation while an answer is built leaves a hole in it (jansson drops what it cannot allocate):
+ * every such failure marks the thread, and the server answers "out of memory" instead of the holed body. */
+static __thread int oom_mark;
+
+void *api_json_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) oom_mark = 1;
+    return p;
+}
+
+void api_oom_mark(void)
+{
+    oom_mark = 1;
+}
+
+void api_oom_reset(void)
+{
+    oom_mark = 0;
+}
+
+int api_oom_seen(void)
+{
+    return oom_mark;
+}
+
 json_t *api_jstr(const char *s, size_t n)
 {
     size_t m;
     char *c = utf8_sanitize(s ? s : "", s ? n : 0, &m);
-    if (!c) return json_null();
+    if (!c) {
+        oom_mark = 1;
+        return json_null();
+    }
     json_t *j = json_stringn_nocheck(c, m);
     free(c);
     return j ? j : json_null();
@@ -97,6 +127,12 @@ int api_http_status(int status, const char **type, const char **code)
         break;
     case SERVE_ERR_TOO_LARGE:
         http = 413, t = "invalid_request_error", c = "request_too_large";
+        break;
+    case SERVE_ERR_FORBIDDEN:
+        http = 403, t = "invalid_request_error", c = "host_not_allowed";
+        break;
+    case SERVE_ERR_MEDIA_TYPE:
+        http = 415, t = "invalid_request_error", c = "unsupported_media_type";
         break;
     case FERRY_ERR_BUSY:
         http = 503, t = "server_overloaded", c = "queue_full";
@@ -221,7 +257,10 @@ char *api_decode(const struct api_ctx *a, const int32_t *ids, int n, size_t *len
 {
     char *s = NULL;
     size_t l = 0;
-    if (tokenizer_decode(a->tok, ids, n, 0, &s, &l)) return NULL;
+    if (tokenizer_decode(a->tok, ids, n, 0, &s, &l)) {
+        oom_mark = 1; /* the ids are valid: only memory can fail */
+        return NULL;
+    }
     if (len) *len = l;
     return s;
 }
@@ -306,6 +345,7 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
                 api_encode(a, s, len, tokenizer_add_bos(a->tok), 0, &r->prompts[i], &r->n_prompt_toks[i]);
             if (rc) FAIL(rc, "prompt", "cannot tokenize the prompt: %s", ferry_status_str(rc));
             r->prompt_texts[i] = strdup(s);
+            if (!r->prompt_texts[i]) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
         } else {
             int rc = parse_token_array(a, list[i], &r->prompts[i], &r->n_prompt_toks[i], e);
             if (rc) return rc;
@@ -509,15 +549,18 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
                  a->ctx_size, longest);
         goto fail;
     }
-    if (max_tokens >= 0 && longest + max_tokens > a->ctx_size) {
+    /* compared as max_tokens > room, never longest + max_tokens: a max_tokens near LLONG_MAX would overflow
+     */
+    if (max_tokens > (long long)a->ctx_size - longest) {
         e->status = FERRY_ERR_RANGE,
         e->param = kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens")
                        ? "max_completion_tokens"
                        : "max_tokens";
-        snprintf(e->msg, sizeof e->msg,
-                 "This model's maximum context length is %d tokens; you requested %lld tokens (%d in the "
-                 "prompt, %lld for the completion)",
-                 a->ctx_size, longest + max_tokens, longest, max_tokens);
+        snprintf(
+            e->msg, sizeof e->msg,
+            "This model's maximum context length is %d tokens; you requested %d tokens in the prompt and "
+            "%lld for the completion (at most %d)",
+            a->ctx_size, longest, max_tokens, a->ctx_size - longest);
         goto fail;
     }
     if (max_tokens < 0) {
@@ -527,8 +570,8 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     }
     r->max_tokens = (int)max_tokens;
 
-    r->n_choices = r->n_prompts * r->n;
-    r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
+    r->choices = calloc((size_t)r->n_prompts * r->n, sizeof *r->choices);
+    if (r->choices) r->n_choices = r->n_prompts * r->n; /* set once there are choices to free */
     if (!r->choices) {
         e->status = FERRY_ERR_NOMEM;
         snprintf(e->msg, sizeof e->msg, "out of memory");

@@ -25,6 +25,8 @@ enum {
     SERVE_ERR_LOADING = -104,      /* 503 while the model loads */
     SERVE_ERR_NO_ROUTE = -105,     /* 404 */
     SERVE_ERR_SHUTDOWN = -106,     /* 503 while draining */
+    SERVE_ERR_FORBIDDEN = -107,    /* 403: a Host name not allowed without an API key */
+    SERVE_ERR_MEDIA_TYPE = -108,   /* 415: a POST body that is not application/json */
 };
 
 struct api_ctx {
@@ -33,12 +35,12 @@ struct api_ctx {
     int any_model;         /* accept any "model" value */
     const char *chat_tmpl; /* template source */
     const char *bos_str, *eos_str;
-    int ctx_size;         /* positions per sequence */
-    int n_vocab;          /* valid token ids: [0, n_vocab) */
-    int64_t default_seed; /* -1 = random */
-    double timeout;       /* seconds per request, 0 = none */
-    int tool_format;      /* enum tool_format of chat_tmpl (runtime/tool_call.h) */
-    int reasoning;        /* 1: a <think> block at the start of a chat answer goes to reasoning_content */
+    int ctx_size;            /* positions per sequence */
+    int n_vocab;             /* valid token ids: [0, n_vocab) */
+    int64_t default_seed;    /* -1 = random */
+    double timeout;          /* seconds per request, 0 = none */
+    int tool_format;         /* enum tool_format of chat_tmpl (runtime/tool_call.h) */
+    int reasoning;           /* 1: a <think> block at the start of a chat answer goes to reasoning_content */
     const char *fingerprint; /* system_fingerprint of every answer ("fp_" and the build id) */
     int embd_dim;            /* width of an embedding (the model's hidden size) */
     int pooling;             /* embeddings: 0 = mean over the input's positions, 1 = its last position */
@@ -58,6 +60,14 @@ struct strbuf {
 };
 void strbuf_add(struct strbuf *b, const char *s, size_t n);
 void strbuf_free(struct strbuf *b);
+
+/* jansson's allocator in the server, and the mark of a failed allocation: each thread that builds an answer
+ * calls api_oom_reset() first and api_oom_seen() after; a mark means the answer may have holes and must not
+ * be sent. api_oom_mark() sets it where an allocation outside jansson fails (strbuf_add does so itself). */
+void *api_json_alloc(size_t n);
+void api_oom_mark(void);
+void api_oom_reset(void);
+int api_oom_seen(void);
 
 /* HTTP status for a status code; *type and *code get OpenAI's error type and code (code may be NULL). */
 int api_http_status(int status, const char **type, const char **code);
@@ -81,6 +91,5 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
                  struct api_err *e);
 int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
                    struct api_err *e);
-
 
 #endif

@@ -225,6 +225,7 @@ static void calls_as_text(json_t *calls, struct strbuf *b)
         json_t *fn = json_object_get(tc, "function");
         json_t *args = json_object_get(fn, "arguments");
         char *a = json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
+        if (!a && args) api_oom_mark(); /* the call would lose its arguments */
         if (b->len) strbuf_add(b, "\n", 1);
         strbuf_add(b, "<tool_call>\n{\"name\": \"", 23);
         const char *name = json_string_value(json_object_get(fn, "name"));

@@ -20,6 +20,7 @@ static char *token_text(const struct api_ctx *a, int32_t id, size_t *len)
     char *s = NULL;
     size_t l = 0;
     if (tokenizer_decode(a->tok, &id, 1, 1, &s, &l) || !s) {
+        api_oom_mark(); /* the id is valid: only memory can fail */
         *len = 0;
         return NULL;
     }
@@ -66,7 +67,10 @@ static void text_lps_add(const struct api_ctx *a, struct text_lps *t, int32_t id
         char *tt = token_text(a, le->top_id[k], &tl);
         size_t sl;
         char *san = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
-        if (san) json_object_set_new(top, san, json_real(le->top_lp[k]));
+        if (san)
+            json_object_set_new(top, san, json_real(le->top_lp[k]));
+        else
+            api_oom_mark();
         free(san);
         free(tt);
     }
@@ -165,7 +169,8 @@ void api_split_output(const struct sreq *r, const struct choice *c, int final, s
             !tool_call_parse((enum tool_format)r->tool_format, ans, alen, final, r->tool_prefixed, o->tp)) {
             o->c_len = o->tp->content_end;
             o->n_calls = o->tp->n_calls;
-        } else { /* out of memory: shown as text */
+        } else { /* out of memory: the calls would show as text, so the answer is refused */
+            api_oom_mark();
             free(o->tp);
             o->tp = NULL;
         }
@@ -181,7 +186,10 @@ void api_split_free(struct api_split *o)
 
 const char *api_call_id(const struct api_ctx *a, struct choice *c, int k)
 {
-    if (!c->call_ids && !(c->call_ids = calloc(TOOL_CALL_MAX, sizeof *c->call_ids))) return "call_0";
+    if (!c->call_ids && !(c->call_ids = calloc(TOOL_CALL_MAX, sizeof *c->call_ids))) {
+        api_oom_mark(); /* an id that is not the call's own */
+        return "call_0";
+    }
     if (!c->call_ids[k][0]) {
         if (a->tool_format == TOOL_FORMAT_MISTRAL) { /* its template wants 9 letters and digits */
             static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
@@ -274,6 +282,7 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
             struct strbuf t = {0};
             if (pt) strbuf_add(&t, pt, plen);
             strbuf_add(&t, c->text ? c->text : "", c->text_len);
+            if (t.oom) api_oom_mark();
             ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", api_jstr(t.p, t.len), "logprobs", lp,
                            "finish_reason", c->finish);
             strbuf_free(&t);

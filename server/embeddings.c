@@ -159,6 +159,7 @@ char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len)
     json_t *data = json_array();
     const int dim = a->embd_dim;
     float *v = malloc((size_t)dim * sizeof *v);
+    if (!v) api_oom_mark(); /* the list would be empty */
     for (int i = 0; v && i < r->n_choices; i++) {
         const struct choice *c = &r->choices[i];
         double norm = 0;
@@ -169,7 +170,8 @@ char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len)
         if (r->embd_base64) {
             struct strbuf b = {0};
             base64((const unsigned char *)v, (size_t)dim * sizeof *v, &b); /* little-endian hosts only */
-            emb = b.p ? json_string(b.p) : json_null();
+            if (b.oom) api_oom_mark();
+            emb = b.p && !b.oom ? json_string(b.p) : json_null();
             strbuf_free(&b);
         } else {
             emb = json_array();

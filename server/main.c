@@ -77,7 +77,7 @@ int main(int argc, char **argv)
 #ifdef FERRY_SERVER
         return serve_main(argc - 1, argv + 1);
 #else
-        fprintf(stderr, "ferry: this build has no server (libmicrohttpd or libuv was missing at build time)\n");
+        fprintf(stderr, "ferry: this build has no server (libuv was missing at build time)\n");
         return 2;
 #endif
     }

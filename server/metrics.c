@@ -117,7 +117,8 @@ char *metrics_render(struct metrics *m, size_t *len)
 #define GAUGE(n, h, fmt, v) sb_printf(&b, "# HELP " n " " h "\n# TYPE " n " gauge\n" n " " fmt "\n", v)
     COUNTER("ferry_prompt_tokens_total", "Prompt tokens prefilled.", m->prompt_tokens);
     COUNTER("ferry_prompt_tokens_cached_total",
-            "Prompt tokens not prefilled: continued from the prompt cache or shared by the choices of one prompt.",
+            "Prompt tokens not prefilled: continued from the prompt cache or shared by the choices of one "
+            "prompt.",
             m->prompt_tokens_cached);
     COUNTER("ferry_generated_tokens_total", "Tokens generated.", m->generated_tokens);
     COUNTER("ferry_requests_cancelled_total", "Sequences cancelled (client gone, timeout, shutdown).",
@@ -145,10 +146,33 @@ char *metrics_render(struct metrics *m, size_t *len)
               "# HELP ferry_stream_stall_seconds_total Compute time spent waiting for streamed weights.\n"
               "# TYPE ferry_stream_stall_seconds_total counter\nferry_stream_stall_seconds_total %.6f\n",
               m->copy_seconds, m->stall_seconds);
-    GAUGE("ferry_vram_budget_bytes", "GPU memory budget of the plan.", "%llu", (unsigned long long)m->vram_budget);
-    GAUGE("ferry_vram_planned_bytes", "GPU memory the plan allocates.", "%llu", (unsigned long long)m->vram_planned);
+    GAUGE("ferry_vram_budget_bytes", "GPU memory budget of the plan.", "%llu",
+          (unsigned long long)m->vram_budget);
+    GAUGE("ferry_vram_planned_bytes", "GPU memory the plan allocates.", "%llu",
+          (unsigned long long)m->vram_planned);
     GAUGE("ferry_vram_used_bytes", "GPU memory the engine took at load (cudaMemGetInfo).", "%llu",
           (unsigned long long)m->vram_used);
+    const struct http_stats *hs = &m->http;
+    GAUGE("ferry_http_connections_open", "HTTP connections open (past --max-connections they are refused).",
+          "%d", hs->open);
+    GAUGE("ferry_http_connections_peak", "Most HTTP connections open at once.", "%d", hs->peak);
+    COUNTER("ferry_http_connections_total", "HTTP connections accepted.", hs->accepted);
+    sb_printf(
+        &b,
+        "# HELP ferry_http_connections_rejected_total Connections answered 503 at the accept, by limit.\n"
+        "# TYPE ferry_http_connections_rejected_total counter\n"
+        "ferry_http_connections_rejected_total{limit=\"max_connections\"} %llu\n"
+        "ferry_http_connections_rejected_total{limit=\"per_ip\"} %llu\n",
+        (unsigned long long)hs->rejected_full, (unsigned long long)hs->rejected_per_ip);
+    COUNTER("ferry_http_request_timeouts_total",
+            "Requests answered 408: head or body not complete in time, or silent mid-request.",
+            hs->head_timeouts);
+    COUNTER("ferry_http_idle_closed_total",
+            "Idle connections closed after --conn-timeout (or --header-timeout).", hs->idle_closed);
+    COUNTER("ferry_http_stalled_readers_total", "Connections dropped: the client left the answer unread.",
+            hs->stalled_readers);
+    COUNTER("ferry_http_protocol_errors_total", "Malformed or refused requests answered by the HTTP layer.",
+            hs->protocol_errors);
     render_hist(&b, "ferry_time_to_first_token_seconds", "Time from request arrival to first token.",
                 &m->ttft);
     render_hist(&b, "ferry_inter_token_latency_seconds", "Time between tokens of one sequence.", &m->itl);

@@ -2,7 +2,7 @@
  *
  * All updates take one mutex (they are a few per token, far below the cost of a step). Histograms have
  * fixed bucket bounds in seconds or tokens. The engine thread owns the gauges it reports (running
- * sequences, batch size, KV blocks); HTTP threads count requests by status when they complete.
+ * sequences, batch size, KV blocks); the loop thread counts requests by status when they complete.
  * Usage: metrics_init(&m) → metrics_* updates from any thread → metrics_render(&m, &buf) → metrics_free.
  */
 #ifndef FERRY_SERVER_METRICS_H
@@ -11,6 +11,8 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "server/http.h"
 
 #define METRICS_N_BUCKETS 14
 #define METRICS_N_STATUS  16
@@ -37,7 +39,8 @@ struct metrics {
     double copy_seconds, stall_seconds;
     uint64_t engine_steps;
     double engine_busy_seconds;
-    int loading; /* 1 until the model is ready */
+    int loading;            /* 1 until the model is ready */
+    struct http_stats http; /* connections: copied from http_server_stats before each render */
 };
 
 void metrics_init(struct metrics *m);

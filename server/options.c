@@ -56,8 +56,19 @@ static const struct opt_row rows[] = {
     {"timeout", OPT_INT, OFF(timeout), 0, 86400 * 7, "600", NULL,
      "seconds a request may take, queue included (0 = none)"},
     {"conn-timeout", OPT_INT, OFF(conn_timeout), 1, 86400, "30", NULL,
-     "seconds an idle or stalled connection is kept"},
-    {"max-connections", OPT_INT, OFF(max_connections), 1, 65536, "256", NULL, "concurrent connections"},
+     "seconds a connection may stay silent (between requests or mid-request) or leave its answer unread"},
+    {"header-timeout", OPT_INT, OFF(header_timeout), 1, 3600, "10", NULL,
+     "seconds for a whole request head, from its first byte (a new connection's: from the accept); 408 "
+     "after"},
+    {"body-timeout", OPT_INT, OFF(body_timeout), 1, 86400, "60", NULL,
+     "seconds for a whole request body, from the end of its head; 408 after"},
+    {"max-connections", OPT_INT, OFF(max_connections), 1, 1 << 20, "4096", NULL,
+     "open connections; past it a new one is answered 503 + Retry-After (kept within the open-file limit)"},
+    {"max-connections-per-ip", OPT_INT, OFF(max_connections_per_ip), 0, 1 << 20, "256", NULL,
+     "open connections from one address, 0 = no limit (behind a reverse proxy all come from the proxy)"},
+    {"allowed-hosts", OPT_STR, OFF(allowed_hosts), 0, 0, NULL, NULL,
+     "without an API key, Host names accepted besides localhost and IP literals (DNS-rebinding guard): "
+     "comma-separated names, .suffix for a domain, * for any"},
     {"shutdown-timeout", OPT_INT, OFF(shutdown_timeout), 0, 86400, "10", NULL,
      "seconds to finish in-flight requests on SIGTERM/SIGINT before cutting them"},
     {"cors-origin", OPT_STR, OFF(cors_origin), 0, 0, NULL, NULL,
@@ -297,8 +308,8 @@ int serve_options_parse(struct serve_options *o, int argc, char **argv, char err
         const char *val;
         if (eq)
             val = eq + 1;
-        else if (r->type == OPT_BOOL)
-            val = "1";
+        else if (r->type == OPT_BOOL) /* `--flag`, or `--flag false` when a boolean word follows */
+            val = a + 1 < argc && parse_bool(argv[a + 1], &(int){0}) == 0 ? argv[++a] : "1";
         else if (a + 1 < argc)
             val = argv[++a];
         else {
@@ -321,6 +332,12 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
     char line[1024];
     int rc = 0;
     while (fgets(line, sizeof line, f)) {
+        if (!strchr(line, '\n') && !feof(f)) { /* fgets would cut it into two keys */
+            snprintf(err, 256, "--api-key-file %s: a line is longer than %zu bytes", o->api_key_file,
+                     sizeof line - 2);
+            rc = FERRY_ERR_INVALID;
+            break;
+        }
         char *s = line;
         while (isspace((unsigned char)*s)) s++;
         size_t n = strlen(s);
@@ -339,7 +356,17 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
         o->owned[o->n_owned++] = k;
         o->api_keys[o->n_api_keys++] = k;
     }
+    if (!rc && ferror(f)) {
+        snprintf(err, 256, "--api-key-file %s: read error", o->api_key_file);
+        rc = FERRY_ERR_IO;
+    }
     fclose(f);
+    /* a key file that yields no key must not leave the server open: that would be auth failing open */
+    if (!rc && o->n_owned == 0) {
+        snprintf(err, 256, "--api-key-file %s holds no key (only blank lines and # comments)",
+                 o->api_key_file);
+        rc = FERRY_ERR_INVALID;
+    }
     return rc;
 }
 
@@ -352,7 +379,7 @@ void serve_options_help(FILE *f)
         const struct opt_row *r = &rows[i];
         char env[64], lhs[64];
         env_name(r->name, env, sizeof env);
-        const char *meta = r->type == OPT_BOOL                        ? ""
+        const char *meta = r->type == OPT_BOOL                        ? " [BOOL]"
                            : r->type == OPT_SIZE                      ? " SIZE"
                            : r->type == OPT_INT || r->type == OPT_I64 ? " N"
                            : r->type == OPT_ENUM                      ? " WORD"

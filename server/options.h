@@ -1,6 +1,6 @@
 /* options — the server's configuration as ONE table (name, env var, type, bounds, default, help).
  *
- * The table drives argv parsing (`--name VALUE`, `--name=VALUE`, bare `--flag` for booleans), the
+ * The table drives argv parsing (`--name VALUE`, `--name=VALUE`; a boolean also as a bare `--flag`), the
  * environment (FERRY_<NAME>, dashes as underscores, read before argv so argv wins) and `--help`.
  * Strings point into argv/environ or into allocations freed by serve_options_free(); sizes accept
  * K/M/G[iB] suffixes. Usage: o = serve_options_default(); serve_options_parse(&o, argc, argv, err);
@@ -20,18 +20,22 @@ struct serve_options {
     int port;                                 /* 0 = any free port (logged) */
     const char *api_keys[SERVE_MAX_API_KEYS]; /* --api-key, repeatable */
     int n_api_keys;
-    const char *api_key_file; /* one key per line, '#' comments */
-    int ctx_size;             /* positions per sequence; 0 = engine default */
-    int kv_tokens;            /* KV pool positions over all sequences; 0 = parallel * ctx */
-    const char *backend;      /* auto|cpu|cuda */
-    int parallel;             /* sequence slots */
-    int max_batch_tokens;     /* tokens per engine step */
-    int threads;              /* CPU threads; 0 = online cores */
-    int max_queue;            /* waiting sequences before 503 */
-    int64_t body_limit;       /* bytes */
-    int timeout;              /* seconds per request (queue + generation); 0 = none */
-    int conn_timeout;         /* seconds an idle connection is kept */
-    int max_connections;
+    const char *api_key_file;      /* one key per line, '#' comments */
+    int ctx_size;                  /* positions per sequence; 0 = engine default */
+    int kv_tokens;                 /* KV pool positions over all sequences; 0 = parallel * ctx */
+    const char *backend;           /* auto|cpu|cuda */
+    int parallel;                  /* sequence slots */
+    int max_batch_tokens;          /* tokens per engine step */
+    int threads;                   /* CPU threads; 0 = online cores */
+    int max_queue;                 /* waiting sequences before 503 */
+    int64_t body_limit;            /* bytes */
+    int timeout;                   /* seconds per request (queue + generation); 0 = none */
+    int conn_timeout;              /* seconds a connection may stay silent, or leave the response unread */
+    int header_timeout;            /* seconds for a whole request head, from its first byte */
+    int body_timeout;              /* seconds for a whole request body, from the end of the head */
+    int max_connections;           /* open at once; past it 503 + Retry-After */
+    int max_connections_per_ip;    /* from one address; 0 = no limit */
+    const char *allowed_hosts;     /* without an API key: Host names accepted besides loopback ones */
     int shutdown_timeout;          /* seconds to drain on SIGTERM before cutting requests */
     const char *cors_origin;       /* Access-Control-Allow-Origin value; NULL = no CORS headers */
     const char *chat_template;     /* builtin template name overriding the model's */
@@ -50,7 +54,7 @@ struct serve_options {
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
     const char *quant; /* none|int8|int4 */
     int deterministic;
-    int prompt_cache; /* reuse a free slot's KV for a prompt with the same start */
+    int prompt_cache;                    /* reuse a free slot's KV for a prompt with the same start */
     int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
     int n_owned;

@@ -139,7 +139,7 @@ struct sreq *sreq_new(void)
 static void sreq_free(struct sreq *r)
 {
     if (!r) return;
-    for (int i = 0; i < r->n_choices; i++) {
+    for (int i = 0; r->choices && i < r->n_choices; i++) {
         grammar_state_free(r->choices[i].gst);
         gscratch_free(r->choices[i].gscr);
         free(r->choices[i].allowed);
@@ -350,6 +350,13 @@ int sched_in_flight(struct sched *s)
     return n;
 }
 
+/* With mu held: new output, a finish or an error on r. */
+static void req_signal_locked(struct sreq *r)
+{
+    pthread_cond_broadcast(&r->cv);
+    if (r->wake) r->wake(r->wake_user);
+}
+
 /* With mu held: drops one reference. */
 static void req_unref_locked(struct sreq *r)
 {
@@ -376,7 +383,7 @@ static void choice_done_locked(struct sched *s, struct choice *c, const char *fi
     c->state = CHOICE_DONE;
     if (finish && !c->finish) c->finish = finish;
     r->n_done++;
-    pthread_cond_broadcast(&r->cv);
+    req_signal_locked(r);
     if (r->n_done == r->n_choices) {
         s->in_flight--;
         metrics_observe(s->m, &s->m->request_seconds, sched_now() - r->t_arrival);
@@ -463,7 +470,7 @@ void sched_cancel(struct sched *s, struct sreq *req, int status)
         /* the request may be freed inside: keep it alive until we are done with it */
         req->refs++;
         unqueue_locked(s, req);
-        pthread_cond_broadcast(&req->cv);
+        req_signal_locked(req);
         req_unref_locked(req);
         pthread_cond_signal(&s->cv_work);
     }
@@ -479,7 +486,7 @@ void sched_cancel_all(struct sched *s, int status)
         if (!r->cancelled) r->cancelled = status;
         r->refs++;
         unqueue_locked(s, r);
-        pthread_cond_broadcast(&r->cv);
+        req_signal_locked(r);
         req_unref_locked(r);
     }
     for (int i = 0; i < s->n_run; i++)
@@ -598,16 +605,16 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     int eog = tokenizer_is_eog(s->tok, tok);
     if (r->keep_special && !eog && s->tok_kind[tok] == TOK_CONTROL) {
         const char *sp = tokenizer_token_str(s->tok, tok);
-        if (sp) buf_append(&c->hold, &c->hold_len, &c->hold_cap, sp, strlen(sp));
+        if (sp && buf_append(&c->hold, &c->hold_len, &c->hold_cap, sp, strlen(sp))) c->oom = 1;
     }
     int length = c->n_gen >= r->max_tokens || c->n_prompt + c->n_gen >= s->ctx;
     if (!eog) {
         int k = detok_push(&c->dt, tok, buf, sizeof buf);
-        if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
+        if (k > 0 && buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k)) c->oom = 1;
     }
     if (eog || length || grammar_done) {
         int k = detok_flush(&c->dt, buf, sizeof buf);
-        if (k > 0) buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k);
+        if (k > 0 && buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k)) c->oom = 1;
     }
     long at = stop_find(r, c->hold ? c->hold : "", c->hold_len);
     if (at >= 0) {
@@ -811,14 +818,14 @@ static void cut_expired_locked(struct sched *s, double now)
         struct sreq *r = c->req;
         if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
             r->cancelled = FERRY_ERR_TIMEOUT;
-            pthread_cond_broadcast(&r->cv);
+            req_signal_locked(r);
         }
     }
     for (int i = 0; i < s->n_run; i++) {
         struct sreq *r = s->run[i]->req;
         if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
             r->cancelled = FERRY_ERR_TIMEOUT;
-            pthread_cond_broadcast(&r->cv);
+            req_signal_locked(r);
         }
     }
     /* queued choices of cancelled requests leave the queue */
@@ -1088,7 +1095,7 @@ static void *engine_main(void *arg)
                 struct sreq *r = s->run[i]->req;
                 r->error = rc;
                 snprintf(r->errmsg, sizeof r->errmsg, "the engine failed: %s", ferry_status_str(rc));
-                pthread_cond_broadcast(&r->cv);
+                req_signal_locked(r);
             }
             continue; /* reaped at the top of the loop */
         }
@@ -1098,7 +1105,7 @@ static void *engine_main(void *arg)
             if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_prompt) c->fin = "stop"; /* pooled: done */
             if (c->chunk && c->n_fed == c->n_prompt && wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;
-                pthread_cond_broadcast(&c->req->cv);
+                req_signal_locked(c->req);
             }
         }
         int n_gen_tokens = 0;
@@ -1128,10 +1135,19 @@ static void *engine_main(void *arg)
                         c->lps_cap = nc;
                     }
                 }
-                if (c->n_lps < c->lps_cap) c->lps[c->n_lps++] = c->lp_stage;
+                if (c->n_lps < c->lps_cap) {
+                    c->lps[c->n_lps++] = c->lp_stage;
+                } else { /* an answer without this token's logprobs would be wrong, not short */
+                    r->error = FERRY_ERR_NOMEM;
+                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+                }
             }
             c->n_completion = c->n_gen;
-            pthread_cond_broadcast(&r->cv);
+            if (c->oom) {
+                r->error = FERRY_ERR_NOMEM;
+                snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+            }
+            req_signal_locked(r);
         }
         for (int i = 0; i < s->n_run;) {
             struct choice *c = s->run[i];

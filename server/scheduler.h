@@ -66,6 +66,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int has_lp;
     struct lp_entry lp_stage; /* logprobs of this step's token */
     int e_at;                 /* SREQ_EMBED: this step's first output row */
+    int oom; /* an allocation failed while sampling: the request fails in the locked update */
     /* shared, under the scheduler mutex */
     enum choice_state state;
     char *text; /* released text (never contains a stop string) */
@@ -132,9 +133,15 @@ struct sreq {
     struct choice *choices; /* (n_choices) */
     /* shared, under the scheduler mutex */
     pthread_cond_t cv; /* signalled on every new output, finish or error */
-    int n_done;        /* choices in CHOICE_DONE */
-    int cancelled;     /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
-    int error;         /* 0 or the status of an engine failure */
+    /* Called right after each signal of cv, under the scheduler mutex, by the thread that signals (the engine
+     * thread, or a sched_cancel caller): an event loop learns of progress without a thread waiting on cv. It
+     * must not block or call the scheduler. Set before sched_submit; cleared under sched_lock() before
+     * wake_user goes away. */
+    void (*wake)(void *user);
+    void *wake_user;
+    int n_done;    /* choices in CHOICE_DONE */
+    int cancelled; /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
+    int error;     /* 0 or the status of an engine failure */
     char errmsg[160];
     int refs;
 };

@@ -1,24 +1,27 @@
-/* serve — `ferry serve`: HTTP (libmicrohttpd), routing, auth, CORS, access log, lifecycle (libuv).
+/* serve — `ferry serve`: routing, auth, the cross-site guards, completions, access log, lifecycle.
  *
- * Threads: libmicrohttpd runs one thread per connection; a handler parses and validates its request,
- * hands it to the scheduler (sched.c, whose engine thread owns the engine) and blocks on the request's
- * condition variable, writing SSE chunks as tokens arrive or one JSON body at the end. The main thread
- * runs a libuv loop for signals (SIGTERM/SIGINT: stop accepting, drain within --shutdown-timeout, exit
- * 0), the drain timer and the background model load (the socket is bound first; /health says "loading").
- * A handler polls its socket while it waits, so a client that goes away cancels its sequences.
+ * Threads: the main thread runs one libuv loop that owns every socket (server/http.c), the signals (SIGTERM/
+ * SIGINT: stop accepting, drain within --shutdown-timeout, exit 0) and the background model load (the socket
+ * is bound first; /health says "loading"). Parsing a request (JSON, chat template, tokenizer) and rendering a
+ * whole answer run on libuv's worker pool, so a large body never stalls the loop. The scheduler's engine
+ * thread reports progress through the request's wake hook: it queues the request on a list and wakes the
+ * loop, which writes the new SSE chunks (as fast as the client reads them) or, once every choice is done, the
+ * whole answer. A client that goes away ends its request at once (http.c sees the close) and cancels its
+ * sequences.
  */
 #include "server/serve.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
-#include <microhttpd.h>
-#include <netdb.h>
-#include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
+#include <strings.h>
+#include <sys/resource.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include "kernels/core/log.h"
@@ -27,42 +30,51 @@
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
 #include "runtime/tool_call.h"
-#include "server/build_id.h"
 #include "server/api.h"
+#include "server/build_id.h"
 #include "server/cli.h"
 #include "server/dashboard.h"
-#include "server/web_assets.h"
+#include "server/http.h"
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/scheduler.h"
+#include "server/web_assets.h"
 #include "weights/model_file.h"
+
+#define STREAM_UNSENT_MAX (64 * 1024) /* bytes waiting on a stream's socket before rendering pauses */
 
 enum server_state { STATE_LOADING = 0, STATE_READY = 1, STATE_DRAINING = 2, STATE_FAILED = 3 };
 
+struct hreq;
+
 struct server {
     struct serve_options opt;
-    struct MHD_Daemon *mhd;
     uv_loop_t loop;
+    struct http_server *http;
     uv_signal_t sig_term, sig_int;
-    uv_async_t loaded;
-    uv_timer_t drain_timer;
+    uv_async_t loaded; /* the loader finished */
+    uv_async_t wake;   /* the engine thread queued requests on wake_head */
+    uv_timer_t drain_timer, ping_timer;
     uv_thread_t loader;
     int loader_started, loader_done, closing;
     pthread_mutex_t load_mu; /* orders the loader's final uv_async_send against abandoning it */
     int abandoned;           /* shutdown came during the load: the loader must not touch the loop */
-    int state;               /* enum server_state, atomic */
+    int state;               /* enum server_state, atomic (the loader thread reads it) */
     int was_ready;           /* the model finished loading (atomic) */
     struct model_file *mf;
     struct tokenizer *tok;
     struct engine *eng;
     struct sched *sched;
     struct api_ctx api;
+    char model_name[256];
     char *chat_template_text; /* --chat-template-file's contents, owned */
     double t_start;           /* sched_now() at start, for the dashboard's uptime */
-    char model_name[256];
     struct metrics metrics;
-    int active_gen;   /* completion requests between submit and completion (atomic) */
-    uint64_t next_id; /* atomic */
+    pthread_mutex_t wake_mu; /* guards wake_head and every hreq's queued/wnext */
+    struct hreq *wake_head;
+    struct hreq *streams; /* streaming requests (loop thread), for keep-alive pings */
+    int active_gen;       /* completion requests between submit and their end (loop thread) */
+    uint64_t next_id;
     double drain_start;
     int drain_cut;
     int exit_code;
@@ -70,24 +82,43 @@ struct server {
     int load_rc;
 };
 
+struct route;
+static const char *route_allow(const struct route *r);
+static int route_parse(struct hreq *h);
+
+/* One HTTP request as the application sees it. Loop thread only, except `req` and `out` while `working` (a
+ * worker fills them) and `queued`/`wnext` (under wake_mu). Freed by whichever of its owners lets go last: the
+ * HTTP request (until on_end), a worker job (`working`), the wake list (`queued`). */
 struct hreq {
     struct server *S;
-    struct MHD_Connection *conn;
+    struct http_req *q; /* NULL once the HTTP request ended */
     uint64_t id;
     char rid[72]; /* the client's X-Request-Id when it is sane, else our counter */
     double t0;
-    char method[16];
-    char path[128];
-    struct strbuf body;
-    int too_big;
-    int status;        /* HTTP status sent, for the access log */
-    struct sreq *req;  /* completion request, or NULL */
-    int gen_counted;   /* counted in S->active_gen */
-    struct strbuf sse; /* SSE bytes not yet handed to MHD */
-    size_t sse_off;
+    const struct route *rt; /* NULL: no route */
+    int status;             /* HTTP status sent, for the access log */
+    const char *note;       /* extra word for the access log */
+    char *body;             /* a copy of the request body for the worker (the HTTP buffer may go first) */
+    size_t body_len;
+    uv_work_t work;
+    int working;
+    int rc; /* the worker's status */
+    struct api_err err;
+    char *out; /* the worker's answer body */
+    size_t out_len;
+    struct sreq *req; /* completion request, or NULL */
+    int submitted;    /* req went to the scheduler */
+    int gen_counted;  /* counted in S->active_gen */
+    int stream;
+    struct strbuf sse; /* SSE bytes rendered, not yet written */
     int sse_done;
-    double t_last_out; /* when the stream last handed bytes to MHD */
-    const char *note;  /* extra word for the access log */
+    double t_last_out; /* when the stream last wrote bytes */
+    int rendering;     /* the whole answer is being rendered */
+    struct hreq *snext, *sprev;
+    int in_streams;
+    int queued, free_on_pop; /* under wake_mu */
+    struct hreq *wnext;      /* the wake list's link (under wake_mu) */
+    struct hreq *lnext;      /* on_wake's own copy of it (loop thread) */
 };
 
 static int load_state(struct server *S)
@@ -95,64 +126,40 @@ static int load_state(struct server *S)
     return __atomic_load_n(&S->state, __ATOMIC_ACQUIRE);
 }
 
-/* ---- responses ------------------------------------------------------------------------------------ */
+/* ---- responses ---- */
 
-static const char *route_method(const char *path);
-
-static void add_common_headers(struct hreq *h, struct MHD_Response *resp)
+/* Queues a response whose body is taken over. */
+static void respond(struct hreq *h, int http, const char *ctype, char *body, size_t len)
 {
-    MHD_add_response_header(resp, "X-Request-Id", h->rid);
-    if (h->S->opt.cors_origin) {
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", h->S->opt.cors_origin);
-        if (strcmp(h->S->opt.cors_origin, "*")) MHD_add_response_header(resp, "Vary", "Origin");
+    struct server *S = h->S;
+    struct http_hdr hd[8];
+    int n = 0;
+    if (ctype) hd[n++] = (struct http_hdr){"Content-Type", ctype};
+    hd[n++] = (struct http_hdr){"X-Request-Id", h->rid};
+    if (S->opt.cors_origin) {
+        hd[n++] = (struct http_hdr){"Access-Control-Allow-Origin", S->opt.cors_origin};
+        if (strcmp(S->opt.cors_origin, "*")) hd[n++] = (struct http_hdr){"Vary", "Origin"};
     }
-    if (load_state(h->S) == STATE_DRAINING)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-}
-
-/* Queues a response whose body is taken over (freed by MHD). */
-static enum MHD_Result respond(struct hreq *h, int http, const char *ctype, char *body, size_t len)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!resp) {
-        free(body);
-        return MHD_NO;
-    }
-    if (ctype) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    add_common_headers(h, resp);
-    if (http == 503 || http == 429) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    if (http == 405) {
-        const char *allow = !strcmp(route_method(h->path), "POST") ? "POST, OPTIONS" : "GET, OPTIONS";
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
-    }
+    if (http == 503 || http == 429) hd[n++] = (struct http_hdr){"Retry-After", "1"};
+    if (http == 405 && h->rt) hd[n++] = (struct http_hdr){"Allow", route_allow(h->rt)};
     h->status = http;
-    enum MHD_Result r = MHD_queue_response(h->conn, (unsigned)http, resp);
-    MHD_destroy_response(resp);
-    return r;
+    http_respond(h->q, http, hd, n, body, len);
 }
 
-static enum MHD_Result respond_json(struct hreq *h, int http, char *body, size_t len)
+static void respond_json(struct hreq *h, int http, char *body, size_t len)
 {
     if (!body) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of "
-                                  "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
-        struct MHD_Response *resp =
-            MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
-        if (!resp) return MHD_NO;
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-        h->status = 500;
-        enum MHD_Result r = MHD_queue_response(h->conn, 500, resp);
-        MHD_destroy_response(resp);
-        return r;
+        h->status = 503;
+        http_req_refuse_nomem(h->q);
+        return;
     }
-    return respond(h, http, "application/json", body, len);
+    respond(h, http, "application/json", body, len);
 }
 
 /* The one way errors leave the server: status → HTTP code through api_http_status(). */
-static enum MHD_Result respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
+static void respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static enum MHD_Result respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
+static void respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
 {
     char msg[320];
     va_list ap;
@@ -160,28 +167,546 @@ static enum MHD_Result respond_error(struct hreq *h, int status, const char *par
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     size_t len = 0;
+    api_oom_reset();
     char *body = api_error_body(status, msg, param, &len);
+    if (api_oom_seen()) { /* a partial error object is no error object */
+        free(body);
+        body = NULL;
+    }
     int http = api_http_status(status, NULL, NULL);
     if (http >= 500) FLOG_WARN("req %s: %d %s", h->rid, http, msg);
-    return respond_json(h, http, body, len);
+    respond_json(h, http, body, len);
 }
 
-/* ---- connection helpers ------------------------------------------------------------------------------ */
+/* ---- the request's lifetime ---- */
 
-/* 1 when the peer closed its side (or the socket broke) while we were generating. */
-static int client_gone(struct hreq *h)
+/* Engine thread (or a sched_cancel caller), scheduler mutex held: queue h for the loop and wake it. */
+static void on_engine_wake(void *user)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(h->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 0;
-    struct pollfd p = {ci->connect_fd, POLLIN | POLLRDHUP, 0};
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return 1;
-    if (p.revents & POLLIN) {
-        char c;
-        ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0) return 1;
+    struct hreq *h = user;
+    struct server *S = h->S;
+    pthread_mutex_lock(&S->wake_mu);
+    if (!h->queued) {
+        h->queued = 1;
+        h->wnext = S->wake_head;
+        S->wake_head = h;
     }
-    return 0;
+    pthread_mutex_unlock(&S->wake_mu);
+    uv_async_send(&S->wake);
+}
+
+/* Drops the completion request: cancels what still runs, and makes sure the engine no longer wakes h. */
+static void drop_sreq(struct hreq *h)
+{
+    struct server *S = h->S;
+    struct sreq *r = h->req;
+    if (!r) return;
+    h->req = NULL;
+    if (!h->submitted) { /* parsed, never queued: only this reference */
+        sched_release(NULL, r);
+        return;
+    }
+    sched_cancel(S->sched, r, FERRY_ERR_CANCELLED); /* a no-op when it finished */
+    sched_lock(S->sched);
+    r->wake = NULL;
+    sched_unlock(S->sched);
+    sched_release(S->sched, r);
+}
+
+static void hreq_free(struct hreq *h)
+{
+    strbuf_free(&h->sse);
+    free(h->body);
+    free(h->out);
+    free(h);
+}
+
+/* Frees h unless a worker or the wake list still holds it (they free it when they let go). */
+static void hreq_release(struct hreq *h)
+{
+    struct server *S = h->S;
+    if (h->q || h->working) return;
+    drop_sreq(h);
+    pthread_mutex_lock(&S->wake_mu);
+    int q = h->queued;
+    if (q) h->free_on_pop = 1;
+    pthread_mutex_unlock(&S->wake_mu);
+    if (!q) hreq_free(h);
+}
+
+static void streams_remove(struct hreq *h)
+{
+    if (!h->in_streams) return;
+    if (h->sprev)
+        h->sprev->snext = h->snext;
+    else
+        h->S->streams = h->snext;
+    if (h->snext) h->snext->sprev = h->sprev;
+    h->in_streams = 0;
+}
+
+/* Access-log text: bytes outside printable ASCII (a %0a in a path decodes to a newline) are written \xHH. */
+static const char *log_safe(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c >= 0x7f || c == '\\' || c == '"')
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    if (*s && o + 4 <= cap) o += (size_t)snprintf(out + o, cap - o, "...");
+    out[o] = 0;
+    return out;
+}
+
+static void on_end(struct http_req *q, int aborted, void *user)
+{
+    struct server *S = user;
+    struct hreq *h = http_req_app(q);
+    if (!h) return;
+    if (aborted && !h->note) h->note = h->submitted ? "client-gone" : "connection-error";
+    int status = h->status ? h->status : 499; /* never answered: the client went away */
+    char path[256];
+    FLOG_INFO("access req=%s %s %s %d %.1fms%s%s", h->rid, http_req_method(q),
+              log_safe(http_req_path(q), path, sizeof path), status, (sched_now() - h->t0) * 1e3,
+              h->note ? " " : "", h->note ? h->note : "");
+    metrics_count_status(&S->metrics, status);
+    if (h->gen_counted) S->active_gen--;
+    h->gen_counted = 0;
+    streams_remove(h);
+    h->q = NULL;
+    hreq_release(h);
+}
+
+/* ---- completions ---- */
+
+static void render_done(uv_work_t *w, int status);
+static void render_work(uv_work_t *w);
+
+/* New output (or the end) for h: write what the client can take. */
+static void pump(struct hreq *h)
+{
+    struct server *S = h->S;
+    if (!h->q || !h->req) return;
+    if (!h->stream) {
+        sched_lock(S->sched);
+        int done = h->req->n_done == h->req->n_choices;
+        sched_unlock(S->sched);
+        if (done && !h->rendering && !h->working) {
+            h->rendering = h->working = 1;
+            if (uv_queue_work(&S->loop, &h->work, render_work, render_done)) {
+                h->working = 0;
+                respond_error(h, FERRY_ERR_INTERNAL, NULL, "cannot queue the response");
+            }
+        }
+        return;
+    }
+    while (!h->sse_done && http_req_unsent(h->q) < STREAM_UNSENT_MAX) {
+        sched_lock(S->sched);
+        api_oom_reset();
+        api_render_stream(&S->api, h->req, &h->sse, &h->sse_done);
+        int oom = api_oom_seen() || h->sse.oom;
+        sched_unlock(S->sched);
+        if (oom) {
+            /* the rendered chunks may have lost fields: end the stream with an error event that needs no
+             * allocation to build (the request is cancelled when the stream ends) */
+            static const char ev[] =
+                "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                "\"param\":null,\"code\":\"out_of_memory\"}}\n\ndata: [DONE]\n\n";
+            FLOG_WARN("req %s: out of memory while streaming", h->rid);
+            h->note = "out-of-memory";
+            h->sse_done = 1;
+            if (http_stream_write(h->q, ev, sizeof ev - 1) == 0) http_stream_end(h->q);
+            return; /* h may be gone */
+        }
+        if (h->sse.len == 0) break;
+        h->t_last_out = sched_now();
+        size_t n = h->sse.len;
+        h->sse.len = 0;
+        if (http_stream_write(h->q, h->sse.p, n)) return; /* the connection closed: h may be gone */
+    }
+    if (h->sse_done) http_stream_end(h->q);
+}
+
+static void on_wake(uv_async_t *a)
+{
+    struct server *S = a->data;
+    /* take the list; the engine may queue the same requests again at once (through wnext), so walk a copy of
+     * the links (lnext) */
+    pthread_mutex_lock(&S->wake_mu);
+    struct hreq *list = S->wake_head;
+    S->wake_head = NULL;
+    for (struct hreq *h = list; h; h = h->wnext) {
+        h->queued = 0;
+        h->lnext = h->wnext;
+    }
+    pthread_mutex_unlock(&S->wake_mu);
+    for (struct hreq *h = list, *next; h; h = next) {
+        next = h->lnext;
+        pthread_mutex_lock(&S->wake_mu);
+        int dead = h->free_on_pop, again = h->queued;
+        pthread_mutex_unlock(&S->wake_mu);
+        if (dead) {
+            if (!again) hreq_free(h); /* else the list now holding it frees it */
+            continue;
+        }
+        pump(h);
+    }
+}
+
+static void on_drain_writable(struct http_req *q, void *user)
+{
+    (void)user;
+    struct hreq *h = http_req_app(q);
+    if (h && h->stream) pump(h);
+}
+
+/* Every second: a stream that has said nothing for a while (queued, a long prefill) gets an SSE comment, so
+ * that neither the client nor a proxy takes it for dead. */
+static void on_ping(uv_timer_t *t)
+{
+    struct server *S = t->data;
+    double ping = S->opt.conn_timeout / 2.0 < 10 ? S->opt.conn_timeout / 2.0 : 10, now = sched_now();
+    for (struct hreq *h = S->streams, *next; h; h = next) {
+        next = h->snext;
+        if (now - h->t_last_out >= ping && !h->sse_done && http_req_unsent(h->q) == 0) {
+            h->t_last_out = now;
+            http_stream_write(h->q, ": ping\n\n", 8); /* h may be gone when this fails */
+        }
+    }
+}
+
+static void submit(struct hreq *h)
+{
+    struct server *S = h->S;
+    struct sreq *r = h->req;
+    r->wake = on_engine_wake;
+    r->wake_user = h;
+    int rc = sched_submit(S->sched, r);
+    if (rc) {
+        h->req = NULL;
+        sched_release(S->sched, r);
+        if (rc == FERRY_ERR_BUSY) {
+            pthread_mutex_lock(&S->metrics.mu);
+            S->metrics.requests_rejected++;
+            pthread_mutex_unlock(&S->metrics.mu);
+            respond_error(h, rc, NULL, "the server is busy: the queue is full; retry later");
+        } else if (rc == FERRY_ERR_RANGE) {
+            respond_error(h, rc, "n",
+                          "the request has more sequences (prompts × n) than --parallel + --max-queue");
+        } else if (rc == FERRY_ERR_DEVICE_MEM) {
+            respond_error(
+                h, FERRY_ERR_RANGE, "max_tokens",
+                "prompt + max_tokens needs more KV cache than the server's whole pool (--kv-tokens)");
+        } else {
+            respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
+        }
+        return;
+    }
+    h->submitted = h->gen_counted = 1;
+    S->active_gen++;
+    h->t_last_out = sched_now();
+    h->stream = r->stream;
+    if (!h->stream) return; /* the wake at the end queues the whole answer */
+    struct http_hdr hd[6];
+    int n = 0;
+    hd[n++] = (struct http_hdr){"Content-Type", "text/event-stream"};
+    hd[n++] = (struct http_hdr){"Cache-Control", "no-cache"};
+    hd[n++] = (struct http_hdr){"X-Accel-Buffering", "no"};
+    hd[n++] = (struct http_hdr){"X-Request-Id", h->rid};
+    if (S->opt.cors_origin) hd[n++] = (struct http_hdr){"Access-Control-Allow-Origin", S->opt.cors_origin};
+    h->status = 200;
+    if (http_stream_begin(h->q, 200, hd, n)) return; /* closed: h may be gone */
+    h->snext = S->streams;
+    h->sprev = NULL;
+    if (S->streams) S->streams->sprev = h;
+    S->streams = h;
+    h->in_streams = 1;
+    pump(h);
+}
+
+/* Worker thread: the route's body handler on the copied body. */
+static void parse_work(uv_work_t *w)
+{
+    struct hreq *h = w->data;
+    api_oom_reset();
+    h->rc = route_parse(h);
+    if (api_oom_seen()) { /* a refusal ("invalid JSON") or an answer with holes: either way, out of memory */
+        if (h->req) sched_release(NULL, h->req);
+        h->req = NULL;
+        free(h->out);
+        h->out = NULL;
+        h->rc = FERRY_ERR_NOMEM;
+        h->err.status = FERRY_ERR_NOMEM;
+        h->err.param = NULL;
+        snprintf(h->err.msg, sizeof h->err.msg, "out of memory");
+    }
+}
+
+static void parse_done(uv_work_t *w, int status)
+{
+    struct hreq *h = w->data;
+    struct server *S = h->S;
+    h->working = 0;
+    free(h->body);
+    h->body = NULL;
+    if (!h->q) { /* the client left meanwhile */
+        hreq_release(h);
+        return;
+    }
+    if (status || h->rc) {
+        int st = status ? FERRY_ERR_INTERNAL : h->err.status ? h->err.status : h->rc;
+        respond_error(h, st, h->err.param, "%s", h->err.msg[0] ? h->err.msg : ferry_status_str(st));
+        return;
+    }
+    if (!h->req) { /* a body route that answers at once (tokenize, ...) */
+        char *out = h->out;
+        h->out = NULL;
+        respond_json(h, 200, out, h->out_len);
+        return;
+    }
+    if (load_state(S) != STATE_READY) {
+        respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
+        return;
+    }
+    submit(h);
+}
+
+/* Worker thread: the whole answer of a finished request. */
+static void render_work(uv_work_t *w)
+{
+    struct hreq *h = w->data;
+    struct server *S = h->S;
+    struct sreq *r = h->req;
+    sched_lock(S->sched);
+    int st = r->error ? r->error : r->cancelled;
+    h->rc = st;
+    if (st)
+        snprintf(h->err.msg, sizeof h->err.msg, "%s",
+                 r->error                  ? r->errmsg
+                 : st == FERRY_ERR_TIMEOUT ? "the request timed out"
+                                           : "the request was cancelled");
+    else {
+        api_oom_reset();
+        h->out = api_render_full(&S->api, r, &h->out_len);
+        if (api_oom_seen() || !h->out) {
+            free(h->out);
+            h->out = NULL;
+            h->rc = FERRY_ERR_NOMEM;
+            snprintf(h->err.msg, sizeof h->err.msg, "out of memory");
+        }
+    }
+    sched_unlock(S->sched);
+}
+
+static void render_done(uv_work_t *w, int status)
+{
+    struct hreq *h = w->data;
+    h->working = 0;
+    if (!h->q) {
+        hreq_release(h);
+        return;
+    }
+    if (status || h->rc) {
+        int st = status ? FERRY_ERR_INTERNAL : h->rc;
+        respond_error(h, st, NULL, "%s", status ? "cannot render the response" : h->err.msg);
+        return;
+    }
+    char *out = h->out;
+    h->out = NULL;
+    respond_json(h, 200, out, h->out_len);
+}
+
+/* ---- routing and the checks before the body ---- */
+
+/* ---- the routes ---- */
+
+/* A GET route answers on the loop; a POST route's `parse` runs on the worker pool with the body (copied in
+ * h->body): it fills h->out (answered as JSON) or h->req (a completion, then submitted), or returns an error
+ * status with h->err. Adding a route is a row here and its handler. */
+struct route {
+    const char *path;
+    const char *method; /* GET routes also answer HEAD */
+    int prefix;         /* the path is a prefix: "/v1/models/" + an id */
+    int needs_model;    /* 503 while the model loads */
+    void (*get)(struct hreq *h, const char *path);
+    int (*parse)(struct hreq *h);
+};
+
+static void get_health(struct hreq *h, const char *path)
+{
+    (void)path;
+    int state = load_state(h->S);
+    const char *st = state == STATE_READY      ? "ok"
+                     : state == STATE_LOADING  ? "loading"
+                     : state == STATE_DRAINING ? "shutting_down"
+                                               : "error";
+    char *b = NULL;
+    if (asprintf(&b, "{\"status\":\"%s\"}", st) < 0) b = NULL;
+    respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
+}
+
+static void get_metrics(struct hreq *h, const char *path)
+{
+    (void)path;
+    struct server *S = h->S;
+    struct http_stats hs;
+    http_server_stats(S->http, &hs);
+    pthread_mutex_lock(&S->metrics.mu);
+    S->metrics.http = hs;
+    pthread_mutex_unlock(&S->metrics.mu);
+    size_t len = 0;
+    char *b = metrics_render(&S->metrics, &len);
+    if (!b) {
+        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        return;
+    }
+    respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
+}
+
+static void get_models(struct hreq *h, const char *path)
+{
+    struct server *S = h->S;
+    const char *id = !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
+    if (id && strcmp(id, S->api.model_name)) {
+        char safe[128];
+        respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
+                      log_safe(id, safe, sizeof safe));
+        return;
+    }
+    size_t len = 0;
+    api_oom_reset();
+    char *b = api_models_body(&S->api, id, &len);
+    if (api_oom_seen()) {
+        free(b);
+        b = NULL;
+    }
+    respond_json(h, 200, b, len);
+}
+
+/* The web page (server/web): public, it holds no data; what it fetches needs the key like every client. */
+static void get_web(struct hreq *h, const char *path)
+{
+    const struct web_asset *w = web_asset_find(path);
+    char *b = malloc(w->len + 1);
+    if (!b) {
+        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        return;
+    }
+    memcpy(b, w->data, w->len);
+    struct server *S = h->S;
+    struct http_hdr hd[6];
+    int n = 0;
+    hd[n++] = (struct http_hdr){"Content-Type", w->content_type};
+    hd[n++] = (struct http_hdr){"Cache-Control", "no-cache"};
+    hd[n++] = (struct http_hdr){"X-Request-Id", h->rid};
+    if (S->opt.cors_origin) {
+        hd[n++] = (struct http_hdr){"Access-Control-Allow-Origin", S->opt.cors_origin};
+        if (strcmp(S->opt.cors_origin, "*")) hd[n++] = (struct http_hdr){"Vary", "Origin"};
+    }
+    h->status = 200;
+    http_respond(h->q, 200, hd, n, b, w->len);
+}
+
+/* GET /status: the web page's live view (dashboard.h). */
+static void get_status(struct hreq *h, const char *path)
+{
+    (void)path;
+    struct server *S = h->S;
+    struct engine_stats st;
+    engine_get_stats(S->eng, &st);
+    struct dashboard_ctx d = {S->model_name,
+                              S->api.fingerprint,
+                              st.backend,
+                              engine_placement(S->eng),
+                              engine_hparams(S->eng)->n_layers,
+                              S->opt.parallel,
+                              S->api.ctx_size,
+                              S->t_start,
+                              &S->metrics,
+                              S->sched};
+    size_t len = 0;
+    api_oom_reset();
+    char *b = dashboard_json(&d, &len);
+    if (api_oom_seen()) {
+        free(b);
+        b = NULL;
+    }
+    respond_json(h, 200, b, len);
+}
+
+static int parse_completion(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_COMPLETION, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_chat(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_CHAT, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_responses(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_RESPONSES, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_embeddings(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_EMBED, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_tokenize(struct hreq *h)
+{
+    return api_tokenize(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
+static int parse_detokenize(struct hreq *h)
+{
+    return api_detokenize(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
+static const struct route routes[] = {
+    {"/health", "GET", 0, 0, get_health, NULL},
+    {"/metrics", "GET", 0, 0, get_metrics, NULL},
+    {"/v1/models", "GET", 0, 1, get_models, NULL},
+    {"/v1/models/", "GET", 1, 1, get_models, NULL},
+    {"/v1/completions", "POST", 0, 1, NULL, parse_completion},
+    {"/v1/chat/completions", "POST", 0, 1, NULL, parse_chat},
+    {"/v1/responses", "POST", 0, 1, NULL, parse_responses},
+    {"/v1/embeddings", "POST", 0, 1, NULL, parse_embeddings},
+    /* the paths without /v1 that llama-server also answers */
+    {"/models", "GET", 0, 1, get_models, NULL},
+    {"/completions", "POST", 0, 1, NULL, parse_completion},
+    {"/chat/completions", "POST", 0, 1, NULL, parse_chat},
+    {"/embeddings", "POST", 0, 1, NULL, parse_embeddings},
+    {"/tokenize", "POST", 0, 1, NULL, parse_tokenize},
+    {"/detokenize", "POST", 0, 1, NULL, parse_detokenize},
+    /* the web page and its live view */
+    {"/", "GET", 0, 0, get_web, NULL},
+    {"/index.html", "GET", 0, 0, get_web, NULL},
+    {"/status", "GET", 0, 1, get_status, NULL},
+};
+
+static const struct route *route_match(const char *path)
+{
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *r = &routes[i];
+        size_t n = strlen(r->path);
+        if (r->prefix ? !strncmp(path, r->path, n) && path[n] : !strcmp(path, r->path)) return r;
+    }
+    return NULL;
+}
+
+static const char *route_allow(const struct route *r)
+{
+    return r->get ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+}
+
+static int route_parse(struct hreq *h)
+{
+    return h->rt->parse(h);
 }
 
 /* Constant-time in the key contents: every key is compared over its whole length, no early exit. */
@@ -200,381 +725,185 @@ static int key_ok(const struct server *S, const char *got)
     return ok;
 }
 
-static int authorized(struct hreq *h)
+static int authorized(struct hreq *h, const char *path)
 {
     struct server *S = h->S;
     if (S->opt.n_api_keys == 0) return 1;
-    if (S->opt.public_health && (!strcmp(h->path, "/health") || !strcmp(h->path, "/metrics"))) return 1;
-    if (web_asset_find(h->path)) return 1; /* the page holds no data; what it fetches needs the key */
-    const char *a = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!a) return 0;
-    if (strncasecmp(a, "Bearer ", 7)) return 0;
+    if (S->opt.public_health && (!strcmp(path, "/health") || !strcmp(path, "/metrics"))) return 1;
+    if (web_asset_find(path)) return 1; /* the page holds no data; what it fetches needs the key */
+    const char *a = http_req_header(h->q, "Authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7)) return 0;
     a += 7;
     while (*a == ' ') a++;
     return key_ok(S, a);
 }
 
-/* ---- completions ------------------------------------------------------------------------------------- */
-
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+/* Without an API key, a web page the user visits must not reach the server through DNS rebinding (a name of
+ * the attacker's that resolves to 127.0.0.1): the Host must be a loopback name, an IP literal (a rebinding
+ * page always sends its own name), or a name listed in --allowed-hosts. */
+static int host_allowed(const struct server *S, const char *host)
 {
-    struct hreq *h = cls;
-    struct server *S = h->S;
-    for (;;) {
-        if (h->sse_off < h->sse.len) {
-            size_t n = h->sse.len - h->sse_off;
-            if (n > max) n = max;
-            memcpy(buf, h->sse.p + h->sse_off, n);
-            h->sse_off += n;
-            if (h->sse_off == h->sse.len) h->sse_off = h->sse.len = 0;
-            h->t_last_out = sched_now();
-            return (ssize_t)n;
-        }
-        if (h->sse_done) return MHD_CONTENT_READER_END_OF_STREAM;
-        sched_lock(S->sched);
-        api_render_stream(&S->api, h->req, &h->sse, &h->sse_done);
-        if (h->sse.len == 0 && !h->sse_done) {
-            sched_wait(S->sched, h->req, 200);
-            api_render_stream(&S->api, h->req, &h->sse, &h->sse_done);
-        }
-        sched_unlock(S->sched);
-        if (h->sse.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (h->sse.len == 0 && !h->sse_done) {
-            if (client_gone(h)) {
-                h->note = "client-gone";
-                sched_cancel(S->sched, h->req, FERRY_ERR_CANCELLED);
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            }
-            /* an SSE comment while nothing comes (queued, long prefill): the connection's idle timeout
-             * measures the client, and a stream that says nothing for that long would be cut */
-            double ping = S->opt.conn_timeout / 2.0 < 10 ? S->opt.conn_timeout / 2.0 : 10;
-            if (sched_now() - h->t_last_out >= ping) strbuf_add(&h->sse, ": ping\n\n", 8);
-        }
+    if (S->opt.n_api_keys > 0 || !host) return 1; /* HTTP/1.0 without Host: not a browser */
+    char name[256];
+    size_t n = strlen(host);
+    if (host[0] == '[') return strchr(host, ']') != NULL; /* IPv6 literal */
+    const char *colon = strrchr(host, ':');
+    if (colon) n = (size_t)(colon - host);
+    if (n == 0 || n >= sizeof name) return 0;
+    for (size_t i = 0; i < n; i++)
+        name[i] = (char)(host[i] >= 'A' && host[i] <= 'Z' ? host[i] + 32 : host[i]);
+    name[n] = 0;
+    if (n && name[n - 1] == '.') name[--n] = 0; /* "localhost." */
+    struct in_addr a4;
+    if (!strcmp(name, "localhost") || (n > 10 && !strcmp(name + n - 10, ".localhost")) ||
+        inet_pton(AF_INET, name, &a4) == 1)
+        return 1;
+    const char *p = S->opt.allowed_hosts;
+    while (p && *p) {
+        const char *comma = strchr(p, ',');
+        size_t l = comma ? (size_t)(comma - p) : strlen(p);
+        while (l && *p == ' ') p++, l--;
+        while (l && p[l - 1] == ' ') l--;
+        if (l == 1 && *p == '*') return 1;
+        if (l == n && !strncasecmp(p, name, n)) return 1;
+        if (l > 1 && *p == '.' &&
+            ((n > l && !strncasecmp(name + n - l, p, l)) || (n == l - 1 && !strncasecmp(name, p + 1, n))))
+            return 1;
+        p = comma ? comma + 1 : NULL;
     }
+    return 0;
 }
 
-static enum MHD_Result handle_completion(struct hreq *h, enum sreq_kind kind)
+/* A POST body must be JSON: a browser sends text/plain, a form encoding or no type at all cross-site without
+ * a preflight, and application/json only after one (that CORS then decides). */
+static int is_json(const char *ctype)
 {
-    struct server *S = h->S;
-    struct api_err e;
-    struct sreq *r = NULL;
-    if (api_parse_request(&S->api, kind, h->body.p ? h->body.p : "", h->body.len, &r, &e))
-        return respond_error(h, e.status, e.param, "%s", e.msg);
-    int rc = sched_submit(S->sched, r);
-    if (rc) {
-        sched_release(S->sched, r);
-        if (rc == FERRY_ERR_BUSY) {
-            pthread_mutex_lock(&S->metrics.mu);
-            S->metrics.requests_rejected++;
-            pthread_mutex_unlock(&S->metrics.mu);
-            return respond_error(h, rc, NULL, "the server is busy: the queue is full; retry later");
-        }
-        if (rc == FERRY_ERR_RANGE)
-            return respond_error(
-                h, rc, "n", "the request has more sequences (prompts × n) than --parallel + --max-queue");
-        if (rc == FERRY_ERR_DEVICE_MEM)
-            return respond_error(
-                h, FERRY_ERR_RANGE, "max_tokens",
-                "prompt + max_tokens needs more KV cache than the server's whole pool (--kv-tokens)");
-        return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-    }
-    h->req = r;
-    h->gen_counted = 1;
-    h->t_last_out = sched_now();
-    __atomic_add_fetch(&S->active_gen, 1, __ATOMIC_ACQ_REL);
-    if (r->stream) {
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, h, NULL);
-        if (!resp) return MHD_NO;
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        add_common_headers(h, resp);
-        h->status = 200;
-        enum MHD_Result ret = MHD_queue_response(h->conn, MHD_HTTP_OK, resp);
-        MHD_destroy_response(resp);
-        return ret;
-    }
-    /* a non-streamed answer may take longer than the idle timeout: suspend it until the body is queued */
-    MHD_set_connection_option(h->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    sched_lock(S->sched);
-    while (r->n_done < r->n_choices) {
-        sched_wait(S->sched, r, 200);
-        if (r->n_done < r->n_choices) {
-            sched_unlock(S->sched);
-            if (client_gone(h)) {
-                h->note = "client-gone";
-                sched_cancel(S->sched, r, FERRY_ERR_CANCELLED);
-            }
-            sched_lock(S->sched);
-        }
-    }
-    int st = r->error ? r->error : r->cancelled;
-    char msg[200];
-    snprintf(msg, sizeof msg, "%s",
-             r->error                  ? r->errmsg
-             : st == FERRY_ERR_TIMEOUT ? "the request timed out"
-                                       : "the request was cancelled");
-    size_t len = 0;
-    char *body = st ? NULL : api_render_full(&S->api, r, &len);
-    sched_unlock(S->sched);
-    MHD_set_connection_option(h->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->opt.conn_timeout);
-    if (st) return respond_error(h, st, NULL, "%s", msg);
-    return respond_json(h, 200, body, len);
+    if (!ctype) return 0;
+    while (*ctype == ' ') ctype++;
+    size_t n = strcspn(ctype, ";");
+    while (n && (ctype[n - 1] == ' ' || ctype[n - 1] == '\t')) n--;
+    return n == 16 && !strncasecmp(ctype, "application/json", 16);
 }
 
-/* ---- routing ------------------------------------------------------------------------------------------ */
-
-enum route {
-    R_NONE,
-    R_HEALTH,
-    R_METRICS,
-    R_MODELS,
-    R_MODEL,
-    R_COMPLETIONS,
-    R_CHAT,
-    R_RESPONSES,
-    R_EMBEDDINGS,
-    R_WEB,
-    R_STATUS,
-    R_TOKENIZE,
-    R_DETOKENIZE
-};
-
-static enum route match(const char *path, const char **method_needed)
-{
-    static const struct {
-        const char *path;
-        enum route r;
-        const char *method;
-    } table[] = {
-        {"/health", R_HEALTH, "GET"},
-        {"/metrics", R_METRICS, "GET"},
-        {"/v1/models", R_MODELS, "GET"},
-        {"/v1/completions", R_COMPLETIONS, "POST"},
-        {"/v1/chat/completions", R_CHAT, "POST"},
-        /* the paths without /v1 that llama-server also answers */
-        {"/models", R_MODELS, "GET"},
-        {"/completions", R_COMPLETIONS, "POST"},
-        {"/chat/completions", R_CHAT, "POST"},
-        {"/v1/responses", R_RESPONSES, "POST"},
-        {"/v1/embeddings", R_EMBEDDINGS, "POST"},
-        {"/", R_WEB, "GET"},
-        {"/index.html", R_WEB, "GET"},
-        {"/status", R_STATUS, "GET"},
-        {"/embeddings", R_EMBEDDINGS, "POST"},
-        {"/tokenize", R_TOKENIZE, "POST"},
-        {"/detokenize", R_DETOKENIZE, "POST"},
-    };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if (!strcmp(path, table[i].path)) {
-            *method_needed = table[i].method;
-            return table[i].r;
-        }
-    if (!strncmp(path, "/v1/models/", 11) && path[11]) {
-        *method_needed = "GET";
-        return R_MODEL;
-    }
-    return R_NONE;
-}
-
-/* The method a path takes (GET when it is no route). */
-static const char *route_method(const char *path)
-{
-    const char *need = "GET";
-    match(path, &need);
-    return need;
-}
-
-static enum MHD_Result route(struct hreq *h)
+static void options_reply(struct hreq *h)
 {
     struct server *S = h->S;
-    if (!strcmp(h->method, "OPTIONS")) {
-        struct MHD_Response *resp = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
-        add_common_headers(h, resp);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, POST, OPTIONS");
-        if (S->opt.cors_origin) {
-            MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
-            MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
-        }
-        h->status = 204;
-        enum MHD_Result r = MHD_queue_response(h->conn, 204, resp);
-        MHD_destroy_response(resp);
-        return r;
+    struct http_hdr hd[8];
+    int n = 0;
+    hd[n++] = (struct http_hdr){"X-Request-Id", h->rid};
+    hd[n++] = (struct http_hdr){"Allow", "GET, HEAD, POST, OPTIONS"};
+    if (S->opt.cors_origin) {
+        hd[n++] = (struct http_hdr){"Access-Control-Allow-Origin", S->opt.cors_origin};
+        if (strcmp(S->opt.cors_origin, "*")) hd[n++] = (struct http_hdr){"Vary", "Origin"};
+        hd[n++] = (struct http_hdr){"Access-Control-Allow-Methods", "GET, POST, OPTIONS"};
+        hd[n++] = (struct http_hdr){"Access-Control-Allow-Headers", "Authorization, Content-Type"};
+        hd[n++] = (struct http_hdr){"Access-Control-Max-Age", "600"};
     }
-    if (!authorized(h))
-        return respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
-                             "a valid API key is required (Authorization: Bearer KEY)");
-    const char *need = NULL;
-    enum route rt = match(h->path, &need);
-    if (rt == R_NONE)
-        return respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %.100s", h->method, h->path);
-    int head = !strcmp(h->method, "HEAD") && !strcmp(need, "GET");
-    if (strcmp(h->method, need) && !head)
-        return respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", h->method,
-                             h->path, need);
-    if (h->too_big)
-        return respond_error(h, SERVE_ERR_TOO_LARGE, NULL,
-                             "the request body is larger than the limit of %lld bytes",
-                             (long long)S->opt.body_limit);
-    int state = load_state(S);
-    if (rt == R_HEALTH) {
-        const char *st = state == STATE_READY      ? "ok"
-                         : state == STATE_LOADING  ? "loading"
-                         : state == STATE_DRAINING ? "shutting_down"
-                                                   : "error";
-        char *b = NULL;
-        if (asprintf(&b, "{\"status\":\"%s\"}", st) < 0) b = NULL;
-        return respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
-    }
-    if (rt == R_METRICS) {
-        size_t len = 0;
-        char *b = metrics_render(&S->metrics, &len);
-        if (!b) return respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
-        return respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
-    }
-    if (rt == R_WEB) {
-        const struct web_asset *w = web_asset_find(h->path);
-        struct MHD_Response *resp =
-            MHD_create_response_from_buffer(w->len, (void *)w->data, MHD_RESPMEM_PERSISTENT);
-        if (!resp) return MHD_NO;
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, w->content_type);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        add_common_headers(h, resp);
-        h->status = 200;
-        enum MHD_Result r = MHD_queue_response(h->conn, MHD_HTTP_OK, resp);
-        MHD_destroy_response(resp);
-        return r;
-    }
-    if (!__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE))
-        return respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
-    if (rt == R_STATUS) {
-        struct engine_stats st;
-        engine_get_stats(S->eng, &st);
-        struct dashboard_ctx d = {S->model_name, S->api.fingerprint, st.backend, engine_placement(S->eng),
-                                  engine_hparams(S->eng)->n_layers, S->opt.parallel, S->api.ctx_size, S->t_start,
-                                  &S->metrics, S->sched};
-        size_t len = 0;
-        char *b = dashboard_json(&d, &len);
-        return respond_json(h, 200, b, len);
-    }
-    if (rt == R_MODELS || rt == R_MODEL) {
-        if (rt == R_MODEL && strcmp(h->path + 11, S->api.model_name))
-            return respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%.100s' does not exist",
-                                 h->path + 11);
-        size_t len = 0;
-        char *b = api_models_body(&S->api, rt == R_MODEL ? h->path + 11 : NULL, &len);
-        return respond_json(h, 200, b, len);
-    }
-    if (rt == R_TOKENIZE || rt == R_DETOKENIZE) {
-        struct api_err e;
-        char *out = NULL;
-        size_t len = 0;
-        int rc = rt == R_TOKENIZE
-                     ? api_tokenize(&S->api, h->body.p ? h->body.p : "", h->body.len, &out, &len, &e)
-                     : api_detokenize(&S->api, h->body.p ? h->body.p : "", h->body.len, &out, &len, &e);
-        if (rc)
-            return respond_error(h, e.status ? e.status : rc, e.param, "%s",
-                                 e.msg[0] ? e.msg : ferry_status_str(rc));
-        return respond_json(h, 200, out, len);
-    }
-    if (state != STATE_READY)
-        return respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-    return handle_completion(h, rt == R_CHAT        ? SREQ_CHAT
-                                : rt == R_RESPONSES ? SREQ_RESPONSES
-                                : rt == R_EMBEDDINGS ? SREQ_EMBED
-                                                     : SREQ_COMPLETION);
+    h->status = 204;
+    http_respond(h->q, 204, hd, n, NULL, 0);
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+static void on_head(struct http_req *q, void *user)
 {
-    struct server *S = cls;
-    struct hreq *h = *con_cls;
+    struct server *S = user;
+    struct hreq *h = calloc(1, sizeof *h);
     if (!h) {
-        h = calloc(1, sizeof *h);
-        if (!h) return MHD_NO;
-        h->S = S;
-        h->conn = conn;
-        h->id = __atomic_add_fetch(&S->next_id, 1, __ATOMIC_RELAXED);
-        h->t0 = sched_now();
-        snprintf(h->method, sizeof h->method, "%s", method);
-        snprintf(h->path, sizeof h->path, "%s", url);
-        const char *rid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
-        size_t rl = rid ? strlen(rid) : 0;
-        int sane = rl > 0 && rl < sizeof h->rid;
-        for (size_t i = 0; sane && i < rl; i++)
-            sane = (rid[i] >= '0' && rid[i] <= '9') || (rid[i] >= 'a' && rid[i] <= 'z') ||
-                   (rid[i] >= 'A' && rid[i] <= 'Z') || rid[i] == '-' || rid[i] == '_' || rid[i] == '.' ||
-                   rid[i] == ':';
-        if (sane)
-            memcpy(h->rid, rid, rl + 1);
-        else
-            snprintf(h->rid, sizeof h->rid, "%llu", (unsigned long long)h->id);
-        *con_cls = h;
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            unsigned long long n = strtoull(cl, NULL, 10);
-            if (n > (unsigned long long)S->opt.body_limit) h->too_big = 1;
-            /* far too large to drain politely: answer now, MHD closes the connection after */
-            if (n > (unsigned long long)S->opt.body_limit * 16)
-                return respond_error(h, SERVE_ERR_TOO_LARGE, NULL,
-                                     "the request body is larger than the limit of %lld bytes",
-                                     (long long)S->opt.body_limit);
-        }
-        return MHD_YES;
+        http_req_refuse_nomem(q);
+        return;
     }
-    if (*upload_data_size) {
-        if (!h->too_big) {
-            if (h->body.len + *upload_data_size > (size_t)S->opt.body_limit) {
-                h->too_big = 1;
-                strbuf_free(&h->body);
-            } else {
-                strbuf_add(&h->body, upload_data, *upload_data_size);
-                if (h->body.oom) return MHD_NO;
-            }
-        }
-        *upload_data_size = 0;
-        return MHD_YES;
+    h->S = S;
+    h->q = q;
+    h->id = ++S->next_id;
+    h->t0 = sched_now();
+    http_req_set_app(q, h);
+    const char *rid = http_req_header(q, "X-Request-Id");
+    size_t rl = rid ? strlen(rid) : 0;
+    int sane = rl > 0 && rl < sizeof h->rid;
+    for (size_t i = 0; sane && i < rl; i++)
+        sane = (rid[i] >= '0' && rid[i] <= '9') || (rid[i] >= 'a' && rid[i] <= 'z') ||
+               (rid[i] >= 'A' && rid[i] <= 'Z') || rid[i] == '-' || rid[i] == '_' || rid[i] == '.' ||
+               rid[i] == ':';
+    if (sane)
+        memcpy(h->rid, rid, rl + 1);
+    else
+        snprintf(h->rid, sizeof h->rid, "%llu", (unsigned long long)h->id);
+
+    const char *method = http_req_method(q), *path = http_req_path(q);
+    const struct route *rr = route_match(path);
+    h->rt = rr;
+    if (!host_allowed(S, http_req_header(q, "Host"))) {
+        respond_error(
+            h, SERVE_ERR_FORBIDDEN, NULL,
+            "Host '%.100s' is not allowed without an API key: use localhost or an IP address, or start "
+            "the server with --allowed-hosts or --api-key",
+            http_req_header(q, "Host"));
+        return;
     }
-    if (h->status) return MHD_YES; /* already answered (early 413) */
-    return route(h);
+    if (!strcmp(method, "OPTIONS")) {
+        options_reply(h);
+        return;
+    }
+    if (!authorized(h, path)) {
+        respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
+                      "a valid API key is required (Authorization: Bearer KEY)");
+        return;
+    }
+    char safe[128];
+    if (!rr) {
+        respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %s", method,
+                      log_safe(path, safe, sizeof safe));
+        return;
+    }
+    int head = !strcmp(method, "HEAD") && rr->get;
+    if (strcmp(method, rr->method) && !head) {
+        respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", method,
+                      log_safe(path, safe, sizeof safe), rr->method);
+        return;
+    }
+    if (rr->parse && !is_json(http_req_header(q, "Content-Type"))) {
+        respond_error(h, SERVE_ERR_MEDIA_TYPE, NULL,
+                      "the request body must be JSON (Content-Type: application/json)");
+        return;
+    }
+    if (rr->needs_model && !__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE)) {
+        respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
+        return;
+    }
+    if (rr->get) {
+        rr->get(h, path);
+        return;
+    }
+    if (load_state(S) != STATE_READY) {
+        respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
+        return;
+    }
+    /* a body route: the body is read next, then on_request */
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+static void on_request(struct http_req *q, void *user)
 {
-    struct server *S = cls;
-    struct hreq *h = *con_cls;
+    struct server *S = user;
+    struct hreq *h = http_req_app(q);
     if (!h) return;
-    *con_cls = NULL;
-    if (h->req) {
-        sched_cancel(S->sched, h->req, FERRY_ERR_CANCELLED); /* no-op when it finished */
-        sched_release(S->sched, h->req);
+    size_t len;
+    const char *b = http_req_body(q, &len);
+    h->body = malloc(len + 1);
+    if (!h->body) {
+        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        return;
     }
-    if (h->gen_counted) __atomic_sub_fetch(&S->active_gen, 1, __ATOMIC_ACQ_REL);
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !h->note) h->note = "connection-error";
-    int status = h->status ? h->status : 499; /* never answered: the client went away */
-    FLOG_INFO("access req=%s %s %s %d %.1fms%s%s", h->rid, h->method, h->path, status,
-              (sched_now() - h->t0) * 1e3, h->note ? " " : "", h->note ? h->note : "");
-    metrics_count_status(&S->metrics, status);
-    strbuf_free(&h->body);
-    strbuf_free(&h->sse);
-    free(h);
+    memcpy(h->body, b, len);
+    h->body[len] = 0;
+    h->body_len = len;
+    h->work.data = h;
+    h->working = 1;
+    if (uv_queue_work(&S->loop, &h->work, parse_work, parse_done)) {
+        h->working = 0;
+        respond_error(h, FERRY_ERR_INTERNAL, NULL, "cannot queue the request");
+    }
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
-    FLOG_DEBUG("http: %s", msg);
-}
-
-/* ---- lifecycle ---------------------------------------------------------------------------------------- */
+/* ---- lifecycle ---- */
 
 static void loader_main(void *arg)
 {
@@ -665,13 +994,16 @@ done:
     pthread_mutex_unlock(&S->load_mu);
 }
 
-/* Closes the loop's handles so uv_run returns; the async handle stays open until the loader has sent. */
+/* Closes the loop's handles so uv_run returns: every connection first (their requests end and no longer take
+ * wake-ups), then the rest; the loaded handle stays open until the loader has sent. */
 static void close_all(struct server *S)
 {
     S->closing = 1;
+    http_server_close(S->http);
     uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int,
-                         (uv_handle_t *)&S->drain_timer};
-    for (int i = 0; i < 3; i++)
+                         (uv_handle_t *)&S->drain_timer, (uv_handle_t *)&S->ping_timer,
+                         (uv_handle_t *)&S->wake};
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     if (S->loader_started && !S->loader_done) {
         /* a load cannot be interrupted (a slow disk, a huge file): leave it behind, the process exits */
@@ -710,20 +1042,20 @@ static void on_loaded(uv_async_t *a)
 static void on_drain_tick(uv_timer_t *t)
 {
     struct server *S = t->data;
-    int active = __atomic_load_n(&S->active_gen, __ATOMIC_ACQUIRE);
     double waited = sched_now() - S->drain_start;
-    if (active == 0) {
+    if (S->active_gen == 0) {
         FLOG_INFO("drained in %.2fs", waited);
         close_all(S);
         return;
     }
     if (!S->drain_cut && waited >= S->opt.shutdown_timeout) {
-        FLOG_WARN("shutdown timeout (%ds): cutting %d in-flight request(s)", S->opt.shutdown_timeout, active);
+        FLOG_WARN("shutdown timeout (%ds): cutting %d in-flight request(s)", S->opt.shutdown_timeout,
+                  S->active_gen);
         if (S->loader_done && S->sched) sched_cancel_all(S->sched, FERRY_ERR_CANCELLED);
         S->drain_cut = 1;
     }
     if (waited >= S->opt.shutdown_timeout + 5.0) {
-        FLOG_WARN("giving up on %d request(s) after the shutdown timeout", active);
+        FLOG_WARN("giving up on %d request(s) after the shutdown timeout", S->active_gen);
         close_all(S);
     }
 }
@@ -731,8 +1063,7 @@ static void on_drain_tick(uv_timer_t *t)
 static void on_signal(uv_signal_t *sig, int signum)
 {
     struct server *S = sig->data;
-    int st = load_state(S);
-    if (st == STATE_DRAINING) {
+    if (load_state(S) == STATE_DRAINING) {
         FLOG_WARN("second signal: cutting in-flight requests now");
         S->drain_start = sched_now() - S->opt.shutdown_timeout;
         return;
@@ -741,37 +1072,41 @@ static void on_signal(uv_signal_t *sig, int signum)
               S->opt.shutdown_timeout);
     __atomic_store_n(&S->state, STATE_DRAINING, __ATOMIC_RELEASE);
     S->drain_start = sched_now();
-    MHD_socket lfd = MHD_quiesce_daemon(S->mhd);
-    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    http_server_drain(S->http);
     uv_timer_start(&S->drain_timer, on_drain_tick, 0, 50);
 }
 
-static struct MHD_Daemon *start_http(struct server *S, char err[256])
+/* Thousands of connections need thousands of descriptors: take the hard limit, and keep the connection cap
+ * inside it (with room for the model, the log and the loop's own descriptors). */
+static void fit_fd_limit(struct server *S)
 {
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    char port[16];
-    snprintf(port, sizeof port, "%d", S->opt.port);
-    int g = getaddrinfo(S->opt.host, port, &hints, &ai);
-    if (g) {
-        snprintf(err, 256, "--host %s: %s", S->opt.host, gai_strerror(g));
-        return NULL;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t want = rl.rlim_max;
+        if (want > (1 << 20)) want = 1 << 20;
+        if (want > rl.rlim_cur) {
+            struct rlimit n = {want, rl.rlim_max};
+            if (setrlimit(RLIMIT_NOFILE, &n) == 0) rl.rlim_cur = want;
+        }
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG | MHD_USE_ITC; /* poll: no FD_SETSIZE limit */
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t)S->opt.port, NULL, NULL, on_request, S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S->opt.conn_timeout,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)S->opt.max_connections, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S,
-        MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!d)
-        snprintf(err, 256, "cannot listen on %s:%d (address in use or not available)", S->opt.host,
-                 S->opt.port);
-    return d;
+    long room = (long)rl.rlim_cur - 64 - HTTP_LINGER_MAX;
+    if (room < 16) room = 16;
+    if (S->opt.max_connections > room) {
+        FLOG_WARN("--max-connections %d does not fit the open-file limit (%ld): using %ld",
+                  S->opt.max_connections, (long)rl.rlim_cur, room);
+        S->opt.max_connections = (int)room;
+    }
+}
+
+static int is_loopback_host(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!strcasecmp(host, "localhost")) return 1;
+    if (inet_pton(AF_INET, host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+    return 0;
 }
 
 /* --chat-template-file: the whole file, NUL-terminated (at most 1 MiB), or NULL. */
@@ -794,7 +1129,10 @@ static char *read_template_file(const char *path)
 int serve_main(int argc, char **argv)
 {
     struct server *S = calloc(1, sizeof *S);
-    if (!S) return 1;
+    if (!S) {
+        fprintf(stderr, "ferry serve: out of memory\n");
+        return 1;
+    }
     char err[256] = "";
     int ret = 1;
     S->opt = serve_options_default();
@@ -816,8 +1154,10 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "ferry serve: %s\n", err);
         goto out_free;
     }
-    if (S->opt.chat_template_file && !(S->chat_template_text = read_template_file(S->opt.chat_template_file))) {
-        fprintf(stderr, "ferry serve: cannot read --chat-template-file %s (missing, unreadable or over 1 MiB)\n",
+    if (S->opt.chat_template_file &&
+        !(S->chat_template_text = read_template_file(S->opt.chat_template_file))) {
+        fprintf(stderr,
+                "ferry serve: cannot read --chat-template-file %s (missing, unreadable or over 1 MiB)\n",
                 S->opt.chat_template_file);
         goto out_free;
     }
@@ -837,23 +1177,46 @@ int serve_main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     S->t_start = sched_now();
+    json_set_alloc_funcs(api_json_alloc, free);
+    fit_fd_limit(S);
     pthread_mutex_init(&S->load_mu, NULL);
+    pthread_mutex_init(&S->wake_mu, NULL);
     metrics_init(&S->metrics);
     S->state = STATE_LOADING;
 
-    S->mhd = start_http(S, err);
-    if (!S->mhd) {
-        FLOG_ERROR("%s", err);
-        metrics_free(&S->metrics);
-        goto out_free;
+    if (uv_loop_init(&S->loop)) {
+        FLOG_ERROR("cannot start the event loop");
+        goto out_mutex;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    FLOG_INFO("listening on http://%s:%u (model %s loading in the background)", S->opt.host,
-              di ? (unsigned)di->port : (unsigned)S->opt.port, S->model_name);
+    struct http_params hp = {
+        .host = S->opt.host,
+        .port = S->opt.port,
+        .max_connections = S->opt.max_connections,
+        .max_per_ip = S->opt.max_connections_per_ip,
+        .idle_timeout = S->opt.conn_timeout,
+        .header_timeout = S->opt.header_timeout,
+        .body_timeout = S->opt.body_timeout,
+        .body_limit = S->opt.body_limit,
+    };
+    struct http_handlers hh = {on_head, on_request, on_end, on_drain_writable, S};
+    if (http_server_init(&S->http, &S->loop, &hp, &hh, err)) {
+        FLOG_ERROR("%s", err);
+        uv_run(&S->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&S->loop);
+        goto out_mutex;
+    }
+    FLOG_INFO("listening on http://%s:%d (model %s loading in the background)", S->opt.host,
+              http_server_port(S->http), S->model_name);
+    if (S->opt.n_api_keys == 0 && !is_loopback_host(S->opt.host))
+        FLOG_WARN(
+            "serving on %s without an API key: anyone who can reach this address can use the model "
+            "(set --api-key or --api-key-file; browsers are held off by the Host and Content-Type checks)",
+            S->opt.host);
 
-    uv_loop_init(&S->loop);
     uv_async_init(&S->loop, &S->loaded, on_loaded);
     S->loaded.data = S;
+    uv_async_init(&S->loop, &S->wake, on_wake);
+    S->wake.data = S;
     uv_signal_init(&S->loop, &S->sig_term);
     uv_signal_init(&S->loop, &S->sig_int);
     S->sig_term.data = S->sig_int.data = S;
@@ -861,6 +1224,9 @@ int serve_main(int argc, char **argv)
     uv_signal_start(&S->sig_int, on_signal, SIGINT);
     uv_timer_init(&S->loop, &S->drain_timer);
     S->drain_timer.data = S;
+    uv_timer_init(&S->loop, &S->ping_timer);
+    S->ping_timer.data = S;
+    uv_timer_start(&S->ping_timer, on_ping, 1000, 1000);
     if (uv_thread_create(&S->loader, loader_main, S)) {
         FLOG_ERROR("cannot start the loader thread");
         S->exit_code = 1;
@@ -871,24 +1237,25 @@ int serve_main(int argc, char **argv)
     uv_run(&S->loop, UV_RUN_DEFAULT);
     uv_loop_close(&S->loop);
 
-    /* in dependency order, reversed: no new requests, then the engine thread, then what it used */
+    /* in dependency order, reversed: no connections are left; then the engine thread, then what it used */
+    http_server_free(S->http);
     if (S->abandoned) {
-        MHD_stop_daemon(S->mhd);
         FLOG_WARN("shut down while the model was loading; not waiting for the load");
         ret = S->exit_code;
         FLOG_INFO("ferry serve: exit %d", ret);
         return ret; /* S stays allocated: the loader thread still uses it until the process exits */
     }
-    if (S->drain_cut == 0 && S->sched) sched_cancel_all(S->sched, FERRY_ERR_CANCELLED);
-    MHD_stop_daemon(S->mhd);
     if (S->loader_started) uv_thread_join(&S->loader);
     sched_free(S->sched);
     engine_free(S->eng);
     tokenizer_free(S->tok);
     model_file_close(S->mf);
-    metrics_free(&S->metrics);
     ret = S->exit_code;
     FLOG_INFO("ferry serve: exit %d", ret);
+out_mutex:
+    metrics_free(&S->metrics);
+    pthread_mutex_destroy(&S->wake_mu);
+    pthread_mutex_destroy(&S->load_mu);
 out_free:
     free(S->chat_template_text);
     serve_options_free(&S->opt);

@@ -15,6 +15,8 @@
  */
 #include "kernels/cpu/attention.h"
 
+#include "kernels/core/status.h"
+
 #include <math.h>
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -276,13 +278,13 @@ static void att_task(void *arg, int task)
     att_heads(c, t, kvh, h0, h0 + per, p_lo, p_hi, state);
 }
 
-void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
+int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                         const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp)
 {
     const int group = n_heads / kv->n_kv_heads, hd = kv->head_dim;
     if (hd > ATT_MAX_ACC || m <= 0) { /* no such model; correct but slow */
         if (m > 0) kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
-        return;
+        return FERRY_OK;
     }
     /* Tiny steps (a small model's decode token) are not worth waking the pool for. */
     int64_t work = 0;
@@ -308,11 +310,10 @@ void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *
             state_cap = (size_t)multi * per_part;
             state = malloc(sizeof(float) * state_cap);
         }
-        if (!base || (multi && !state)) { /* out of memory: the reference needs none of this */
+        if (!base || (multi && !state)) { /* the reference would give other numbers: report it instead */
             free(base);
             free(state);
-            kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
-            return;
+            return FERRY_ERR_NOMEM;
         }
         /* One task per (token, part, KV head) reads each K/V row once for the whole group; when that leaves
          * fewer than two tasks per thread, or the group's accumulators do not fit, groups are split into one
@@ -353,6 +354,7 @@ void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *
     }
     free(base);
     free(state);
+    return FERRY_OK;
 }
 
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,

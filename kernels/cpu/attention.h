@@ -31,8 +31,9 @@ struct kv_layer_view {
 void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new,
                        const int32_t *seq, const int32_t *pos, int m);
 
-/* out (m, n_heads*head_dim) = softmax(q kᵀ * scale) v per token and head; q (m, n_heads, head_dim). */
-void kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
+/* out (m, n_heads*head_dim) = softmax(q kᵀ * scale) v per token and head; q (m, n_heads, head_dim).
+ * Returns FERRY_OK, or FERRY_ERR_NOMEM when its small per-call workspace cannot be had (out is then unwritten). */
+int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                         const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp);
 /* Reference: two-pass softmax in double. */
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,

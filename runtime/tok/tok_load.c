@@ -77,6 +77,7 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
     uint64_t sn;
     if (gguf_get_arr(g, "tokenizer.ggml.scores", &st, &sn) == FERRY_OK && sn == n) {
         scores = malloc(n * sizeof *scores);
+        if (!scores) rc = FERRY_ERR_NOMEM; /* not the same as a file without scores */
         if (!scores || gguf_arr_f32(g, "tokenizer.ggml.scores", scores, n) != FERRY_OK) {
             free(scores);
             scores = NULL;
@@ -84,6 +85,7 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
     }
     if (gguf_get_arr(g, "tokenizer.ggml.token_type", &st, &sn) == FERRY_OK && sn == n) {
         types = malloc(n * sizeof *types);
+        if (!types) rc = FERRY_ERR_NOMEM;
         if (!types || gguf_arr_i32(g, "tokenizer.ggml.token_type", types, n) != FERRY_OK) {
             free(types);
             types = NULL;

@@ -6,6 +6,7 @@
 # Each target declares what it links in comment lines near its top (paths relative to the repo root):
 #   // SOURCES: weights/gguf.c kernels/core/status.c ...
 #   // LIBS: -ljansson -lm
+#   // CFLAGS: -march=native    (optional, extra compiler flags)
 # (a key may repeat on several lines, to stay within the 110-column format; the values are joined)
 #   // MAXLEN: 65536            (optional, default 65536)
 # Seeds come from tests/fuzz/corpus/NAME/ (copied, so new inputs stay in build-fuzz/); a dictionary from
@@ -47,12 +48,13 @@ for src in tests/fuzz/fuzz_*.c; do
     if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
     sources=$(field "$src" SOURCES)
     libs=$(field "$src" LIBS)
+    cflags=$(field "$src" CFLAGS)
     maxlen=$(field "$src" MAXLEN | tr -d ' ')
     maxlen=${maxlen:-65536}
     echo "== $name: building"
     # shellcheck disable=SC2086
     if ! "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE \
-        -std=gnu17 -I. $sources "$src" -o "$OUT/$name" $libs; then
+        -std=gnu17 -I. $cflags $sources "$src" -o "$OUT/$name" $libs; then
         summary+=("$name: BUILD FAILED")
         status=1
         continue

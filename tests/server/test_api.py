@@ -177,7 +177,7 @@ def test_curl(server):
     assert code == "200", out
     j = json.loads(body)
     assert j["choices"][0]["message"]["content"] and j["usage"]["completion_tokens"] <= 8
-    out = subprocess.run(["curl", "-sSN", server.url + "/v1/completions", "-d",
+    out = subprocess.run(["curl", "-sSN", server.url + "/v1/completions", "-H", "Content-Type: application/json", "-d",
                           json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "stream": True, "temperature": 0})],
                          capture_output=True, text=True, timeout=30)
     assert out.stdout.rstrip().endswith("data: [DONE]")
@@ -474,7 +474,7 @@ def test_chunked_upload_over_limit(server):
 def test_huge_body_far_over_limit(server):
     """A Content-Length far over the limit is refused before the body is read."""
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: 1000000000\r\n\r\n{\"prompt\":")
     s.settimeout(5)
     resp = s.recv(65536)
@@ -487,10 +487,10 @@ def test_slow_clients(server):
     """Stalled clients (half a header, half a body) are dropped after --conn-timeout; others are served."""
     stalled = []
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")
     stalled.append(s)
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
     stalled.append(s)
     t0 = time.time()
     assert complete(server, prompt="Once upon a time", max_tokens=5)["usage"]["completion_tokens"] == 5
@@ -514,7 +514,7 @@ def test_disconnect_frees_slot(server):
         s = socket.create_connection(("127.0.0.1", server.port))
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 1, "seed": 1,
                            "stream": stream}).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: "
                   + str(len(body)).encode() + b"\r\n\r\n" + body)
         if stream:
             assert s.recv(4096).startswith(b"HTTP/1.1 200")

@@ -7,7 +7,7 @@ import os
 import types
 
 import pytest
-from conftest import Server
+from conftest import Server, asan_env
 
 import loadgen
 
@@ -19,7 +19,7 @@ def level(url, concurrency, requests, max_tokens=64, time_limit=30.0):
 
 
 def test_load_levels_rss_flat(capsys):
-    s = Server("--parallel", "32", "--max-queue", "256", "--max-batch-tokens", "512")
+    s = Server("--parallel", "32", "--max-queue", "256", "--max-batch-tokens", "512", env=asan_env())
     try:
         level(s.url, 8, 16)  # warm-up: every slot and buffer touched once
         level(s.url, 32, 32)
