@@ -146,8 +146,7 @@ static int rd_str(struct rd *r, struct gguf_str *s, size_t max_len, const char *
     return FERRY_OK;
 }
 
-/* Fixed size of a scalar value type, 0 for string/array, -1 for an unknown type. */
-static int vtype_size(uint32_t t)
+int gguf_vtype_size(uint32_t t)
 {
     switch (t) {
     case GGUF_TYPE_UINT8:
@@ -178,7 +177,7 @@ static size_t vtype_min_bytes(uint32_t t)
 {
     if (t == GGUF_TYPE_STRING) return 8;
     if (t == GGUF_TYPE_ARRAY) return 12;
-    return (size_t)vtype_size(t);
+    return (size_t)gguf_vtype_size(t);
 }
 
 /* ggml's type names, for errors about types ferry does not read. */
@@ -247,7 +246,7 @@ static int skip_value(struct rd *r, uint32_t t, int depth, const char *key);
 static int skip_array_body(struct rd *r, uint32_t et, uint64_t n, int depth, const char *key)
 {
     char sk[80];
-    int es = vtype_size(et);
+    int es = gguf_vtype_size(et);
     if (es > 0) {
         if (n > rd_left(r) / (size_t)es)
             return ferry_fail(
@@ -271,7 +270,7 @@ static int rd_array_head(struct rd *r, uint32_t *et, uint64_t *n, int depth, con
     size_t at = r->pos;
     int rc = rd_u32(r, et, "array type of key", key);
     if (rc) return rc;
-    if (vtype_size(*et) < 0)
+    if (gguf_vtype_size(*et) < 0)
         return ferry_fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown array element type %u",
                     san(sk, key, strlen(key)), at, *et);
     if (*et == GGUF_TYPE_ARRAY && depth + 1 >= GGUF_MAX_NEST)
@@ -288,7 +287,7 @@ static int rd_array_head(struct rd *r, uint32_t *et, uint64_t *n, int depth, con
 
 static int skip_value(struct rd *r, uint32_t t, int depth, const char *key)
 {
-    int es = vtype_size(t);
+    int es = gguf_vtype_size(t);
     if (es > 0) {
         int rc = rd_need(r, (size_t)es, "value of key", key);
         if (rc) return rc;
@@ -320,7 +319,7 @@ static int parse_kv(struct gguf *g, struct rd *r, struct gguf_kv *kv)
     size_t tat = r->pos;
     rc = rd_u32(r, &t, "value type of key", kz);
     if (rc) return rc;
-    if (vtype_size(t) < 0)
+    if (gguf_vtype_size(t) < 0)
         return ferry_fail(r->err, FERRY_ERR_FORMAT, "key '%s' at offset %zu: unknown value type %u",
                     san(key, kz, strlen(kz)), tat, t);
     kv->type = (enum gguf_vtype)t;
@@ -832,7 +831,7 @@ static const struct gguf_kv *num_arr(const struct gguf *g, const char *key, uint
     *rc = FERRY_OK;
     if (!kv)
         *rc = FERRY_ERR_NOT_FOUND;
-    else if (kv->type != GGUF_TYPE_ARRAY || vtype_size(kv->elem) <= 0 || kv->elem == GGUF_TYPE_BOOL)
+    else if (kv->type != GGUF_TYPE_ARRAY || gguf_vtype_size(kv->elem) <= 0 || kv->elem == GGUF_TYPE_BOOL)
         *rc = FERRY_ERR_FORMAT;
     else if (n != kv->n)
         *rc = FERRY_ERR_RANGE;
@@ -844,7 +843,7 @@ int gguf_arr_f32(const struct gguf *g, const char *key, float *out, uint64_t n)
     int rc;
     const struct gguf_kv *kv = num_arr(g, key, n, &rc);
     if (!kv) return rc;
-    size_t es = (size_t)vtype_size(kv->elem);
+    size_t es = (size_t)gguf_vtype_size(kv->elem);
     for (uint64_t i = 0; i < n; i++) {
         double v;
         load_num(g->base + kv->off + i * es, kv->elem, &v);
@@ -858,7 +857,7 @@ int gguf_arr_i32(const struct gguf *g, const char *key, int32_t *out, uint64_t n
     int rc;
     const struct gguf_kv *kv = num_arr(g, key, n, &rc);
     if (!kv) return rc;
-    size_t es = (size_t)vtype_size(kv->elem);
+    size_t es = (size_t)gguf_vtype_size(kv->elem);
     for (uint64_t i = 0; i < n; i++) {
         __int128 v;
         if (load_int(g->base + kv->off + i * es, kv->elem, &v) != 0 || v < INT32_MIN || v > INT32_MAX)

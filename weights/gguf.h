@@ -61,6 +61,8 @@ int gguf_n_kv(const struct gguf *g);
 int gguf_find_key(const struct gguf *g, const char *key);
 struct gguf_str gguf_kv_key(const struct gguf *g, int i);
 enum gguf_vtype gguf_kv_type(const struct gguf *g, int i);
+/* Bytes of one value of a scalar type, 0 for string and array, -1 for a type GGUF does not define. */
+int gguf_vtype_size(uint32_t t);
 /* Entry i exactly as the file stores it (key, type and value; GGUF v2 and v3 serialize entries alike), for
  * copying it into another file (weights/gguf_write.h). */
 struct gguf_str gguf_kv_raw(const struct gguf *g, int i);

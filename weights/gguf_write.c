@@ -176,33 +176,11 @@ int gguf_writer_kv_str(struct gguf_writer *w, const char *key, const char *s, si
     return FERRY_OK;
 }
 
-static size_t vtype_bytes(enum gguf_vtype t)
-{
-    switch (t) {
-    case GGUF_TYPE_UINT8:
-    case GGUF_TYPE_INT8:
-    case GGUF_TYPE_BOOL:
-        return 1;
-    case GGUF_TYPE_UINT16:
-    case GGUF_TYPE_INT16:
-        return 2;
-    case GGUF_TYPE_UINT32:
-    case GGUF_TYPE_INT32:
-    case GGUF_TYPE_FLOAT32:
-        return 4;
-    case GGUF_TYPE_UINT64:
-    case GGUF_TYPE_INT64:
-    case GGUF_TYPE_FLOAT64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
 int gguf_writer_kv_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem_type, const void *data,
                        uint64_t n, char err[256])
 {
-    const size_t es = vtype_bytes(elem_type);
+    const int es_ = gguf_vtype_size(elem_type);
+    const size_t es = es_ > 0 ? (size_t)es_ : 0;
     if (!es)
         return ferry_fail(err, FERRY_ERR_INVALID, "key '%.80s': bad array element type %d", key, elem_type);
     int rc = kv_head(w, key, GGUF_TYPE_ARRAY, err);
