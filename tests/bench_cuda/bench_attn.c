@@ -26,22 +26,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/sample.h"
 
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));           \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-#define FK(call)                                                                                             \
-    do {                                                                                                     \
-        int rc_ = (call);                                                                                    \
-        if (rc_ != FERRY_OK) {                                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ferry_status_str(rc_));            \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "tests/bench_cuda/bench_check.h"
 
 #define PEAK_TFLOPS 740.0 /* H200 dense f16 GEMM, measured (DESIGN.md) */
 

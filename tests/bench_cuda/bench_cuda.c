@@ -29,22 +29,7 @@
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/ops.h"
 
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));           \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-#define FK(call)                                                                                             \
-    do {                                                                                                     \
-        int rc_ = (call);                                                                                    \
-        if (rc_ != FERRY_OK) {                                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ferry_status_str(rc_));            \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "tests/bench_cuda/bench_check.h"
 
 static cudaStream_t st;
 static int samples = 31;
