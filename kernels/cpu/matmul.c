@@ -49,6 +49,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <cpuid.h>
 #define MM_X86 1
 #endif
 
@@ -1173,6 +1174,22 @@ enum kern_cpu_act kern_cpu_matmul_act(void)
 }
 
 static int isa_best = -1;                    /* cpuid's answer, at first use */
+
+#ifdef MM_X86
+/* F16C (CPUID leaf 1, ECX bit 29) and AVX-VNNI (leaf 7, subleaf 1, EAX bit 4) asked of cpuid directly: clang
+ * 14's __builtin_cpu_supports knows neither name. Callers check AVX2 first, so the OS saves the YMM state. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
+
+static int cpu_has_avxvnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+}
+#endif
 static int isa_cap = KERN_CPU_ISA_COUNT - 1; /* kern_cpu_isa_limit */
 
 enum kern_cpu_isa kern_cpu_isa_best(void)
@@ -1182,9 +1199,9 @@ enum kern_cpu_isa kern_cpu_isa_best(void)
     best = KERN_CPU_ISA_PORTABLE;
 #ifdef MM_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
         best = KERN_CPU_ISA_AVX2;
-        if (__builtin_cpu_supports("avxvnni")) best = KERN_CPU_ISA_AVXVNNI;
+        if (cpu_has_avxvnni()) best = KERN_CPU_ISA_AVXVNNI;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
             best = KERN_CPU_ISA_AVX512VNNI;
@@ -1208,7 +1225,7 @@ enum kern_cpu_isa kern_cpu_isa_current(void)
     /* AVX-VNNI is not implied by AVX512-VNNI (Zen 4 has only the latter): step down to AVX2. */
     if (isa == KERN_CPU_ISA_AVXVNNI && best == KERN_CPU_ISA_AVX512VNNI) {
 #ifdef MM_X86
-        if (!__builtin_cpu_supports("avxvnni")) isa = KERN_CPU_ISA_AVX2;
+        if (!cpu_has_avxvnni()) isa = KERN_CPU_ISA_AVX2;
 #endif
     }
     return (enum kern_cpu_isa)isa;
