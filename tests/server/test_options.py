@@ -1,0 +1,38 @@
+"""Server options that change the engine's arithmetic reach it: `--cpu-arith int8` (x of CPU products with
+block-type weights quantized to int8 blocks, llama.cpp's arithmetic) against the default f32, on stories260K
+quantized to Q8_0 at load. The two must answer with log-probabilities that differ (the flag took effect) by
+little (int8 activations round x to 1/127 of each block's largest value); a bad value refuses to start."""
+import json
+import subprocess
+import urllib.request
+
+from conftest import FERRY, MODEL, Server
+
+
+def first_logprobs(arith):
+    s = Server("--quant", "int8", "--cpu-arith", arith)
+    try:
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 5}).encode()
+        req = urllib.request.Request(s.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            choice = json.load(r)["choices"][0]
+    finally:
+        assert s.stop() == 0
+    return choice["text"], choice["logprobs"]["top_logprobs"]
+
+
+def test_cpu_arith_int8_changes_the_numbers_a_little():
+    text32, top32 = first_logprobs("f32")
+    text8, top8 = first_logprobs("int8")
+    diffs = [abs(top32[0][t] - top8[0][t]) for t in top32[0] if t in top8[0]]
+    assert len(diffs) >= 3, (top32[0], top8[0])
+    assert max(diffs) > 1e-4, "--cpu-arith int8 gave the f32 log-probabilities: the flag did not reach the engine"
+    assert max(diffs) < 0.25, (top32[0], top8[0])
+
+
+def test_cpu_arith_rejects_unknown_values():
+    p = subprocess.run([FERRY, "serve", "--model", MODEL, "--cpu-arith", "int4"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode != 0
+    assert "--cpu-arith must be one of f32|int8" in p.stderr + p.stdout
