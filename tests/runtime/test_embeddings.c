@@ -64,7 +64,8 @@ static double rel_err(const double *got, json_t *want, int dim)
     return sqrt(num / (den + 1e-30));
 }
 
-static void check_backend(enum engine_backend backend, double tol)
+/* tol holds for f32/f16 weights, tol_bf16 for bf16 ones: their products round x to bf16 (8 bits of mantissa). */
+static void check_backend(enum engine_backend backend, double tol, double tol_bf16)
 {
     json_t *ref = load_ref(), *models = json_object_get(ref, "models");
     const char *name;
@@ -113,7 +114,8 @@ static void check_backend(enum engine_backend backend, double tol)
                 run(e, ids, n, chunks[c], mean, last);
                 double em = rel_err(mean, json_object_get(cs, "mean"), dim),
                        el = rel_err(last, json_object_get(cs, "last"), dim);
-                cr_expect(em <= tol && el <= tol,
+                const double t = strstr(name, "bf16") ? tol_bf16 : tol;
+                cr_expect(em <= t && el <= t,
                           "%s, %d positions, chunks of %d: relative error mean %.2e, last %.2e", name, n,
                           chunks[c], em, el);
                 checked++;
@@ -131,10 +133,13 @@ static void check_backend(enum engine_backend backend, double tol)
 
 Test(embeddings, hidden_rows_equal_transformers_cpu, .timeout = 120)
 {
-    check_backend(ENGINE_BACKEND_CPU, 1e-4);
+    check_backend(ENGINE_BACKEND_CPU, 1e-4, 1e-4);
 }
 
 Test(embeddings, hidden_rows_equal_transformers_cuda, .timeout = 300)
 {
-    check_backend(ENGINE_BACKEND_CUDA, 5e-3); /* x rounded to f16/bf16 in the products; run 7c: 5e-4..1.2e-3 */
+    /* x rounded to f16 or bf16 in the products. Measured on the H200 (2026-12-01): qwen2_bias_bf16 4.3e-3..6.9e-3
+     * since bf16 weights stay bf16 on the device (run 7c converted them to f16: 5e-4..1.2e-3); f16/f32 models
+     * pass 5e-3. */
+    check_backend(ENGINE_BACKEND_CUDA, 5e-3, 1.5e-2);
 }
