@@ -299,8 +299,11 @@ Test(grammar_mask, cost_at_128k_vocabulary, .timeout = 240)
     fprintf(stderr,
             "grammar_mask at %d tokens: %d masks, mean %.2f ms, median %.2f ms, p95 %.2f ms, max %.2f ms\n",
             v.n, nt, 1e3 * sum / nt, 1e3 * times[nt / 2], 1e3 * times[nt * 95 / 100], 1e3 * worst);
-    /* a 128k-vocabulary mask stays a fraction of a decode step, even on a shared 2-core CI machine */
+    /* a 128k-vocabulary mask stays a fraction of a decode step, even on a shared 2-core CI machine; under
+     * AddressSanitizer (CI's sanitizer pass: 3-10x slower) the figure is printed, not held to the bound */
+#if !defined(__SANITIZE_ADDRESS__)
     cr_expect_lt(times[nt * 95 / 100], 0.050, "p95 %.1f ms", 1e3 * times[nt * 95 / 100]);
+#endif
     gscratch_free(scr);
     free(allowed);
     vocab_free(&v);
