@@ -267,6 +267,10 @@ int tool_call_parse(enum tool_format f, const char *text, size_t len, int final,
     size_t start = 0;
     if (f == TOOL_FORMAT_LLAMA3) {
         size_t a = skip_ws(text, 0, len);
+        if (a == len) { /* only whitespace so far: a call may still follow, so none of it is content yet */
+            out->content_end = final ? len : 0;
+            return 0;
+        }
         int maybe = prefixed || (a < len && text[a] == '{') ||
                     (a < len && !memcmp(text + a, PYTHON_TAG,
                                         len - a < sizeof PYTHON_TAG - 1 ? len - a : sizeof PYTHON_TAG - 1));

@@ -145,6 +145,9 @@ Test(tool_call, streaming_never_takes_back)
     check_stream(TOOL_FORMAT_MISTRAL, "ok [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]");
     check_stream(TOOL_FORMAT_LLAMA3, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}");
     check_stream(TOOL_FORMAT_LLAMA3, "An answer.");
+    /* found by fuzz_tool_call: leading whitespace was content until a '<' followed, then held back */
+    check_stream(TOOL_FORMAT_LLAMA3, " </think>I think so.");
+    check_stream(TOOL_FORMAT_LLAMA3, "\n\n {\"name\": \"a\", \"parameters\": {}}");
 }
 
 /* A random walk through the call grammar gives text that parses back into calls to the given tools. */
