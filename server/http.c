@@ -301,10 +301,10 @@ static void linger_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     if (n < 0) linger_close(st->data);
 }
 
-/* Writes `resp` on a freshly accepted fd and closes it gracefully; the fd is taken over. */
-static void refuse_fd(struct http_server *s, int fd, const char *resp, size_t len)
+/* Closes fd gracefully (taken over): our side is shut down after what was written, and the client's bytes are
+ * read and dropped until it closes or LINGER_SECONDS pass. */
+static void linger_fd(struct http_server *s, int fd)
 {
-    if (len) send(fd, resp, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     struct linger_conn *l = s->n_linger < HTTP_LINGER_MAX && !s->closed ? calloc(1, sizeof *l) : NULL;
     if (!l || uv_tcp_init(s->loop, &l->tcp)) {
         free(l);
@@ -328,6 +328,13 @@ static void refuse_fd(struct http_server *s, int fd, const char *resp, size_t le
     if (uv_shutdown(&l->shut, (uv_stream_t *)&l->tcp, linger_shut) ||
         uv_read_start((uv_stream_t *)&l->tcp, linger_alloc, linger_read))
         linger_close(l);
+}
+
+/* Writes `resp` on a freshly accepted fd and closes it gracefully; the fd is taken over. */
+static void refuse_fd(struct http_server *s, int fd, const char *resp, size_t len)
+{
+    if (len) send(fd, resp, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    linger_fd(s, fd);
 }
 
 /* ---- the request's end, and work deferred until MHD_run has returned ---- */
@@ -606,13 +613,13 @@ static enum MHD_Result count_field(void *cls, enum MHD_ValueKind kind, const cha
 {
     struct field_counts *n = cls;
     (void)kind;
-    /* MHD keeps "Name : v" as a field "Name " and lets CR and other controls through in values: a proxy in
-     * front may read those differently (request smuggling) */
+    /* MHD keeps "Name : v" as a field "Name " and lets a lone CR through in a value: a proxy in front may
+     * read those differently (request smuggling) */
     if (!*key) n->bad_name++;
     for (const unsigned char *p = (const unsigned char *)key; *p; p++)
         if (!is_tchar(*p)) n->bad_name++;
     for (const unsigned char *p = (const unsigned char *)(value ? value : ""); *p; p++)
-        if ((*p < 0x20 && *p != '\t') || *p == 0x7f) n->bad_value++;
+        if (*p == '\r' || *p == '\n') n->bad_value++;
     if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) n->content_length++;
     if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) n->transfer_encoding++;
     if (!strcasecmp(key, MHD_HTTP_HEADER_HOST)) n->host++;
@@ -637,7 +644,7 @@ static enum MHD_Result head_arrived(struct http_req *c, const char *url, const c
     const char *ex = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
     /* request smuggling: a proxy in front may frame such a request differently */
     if (n.bad_name) return refuse(c, 400, "a malformed header field name");
-    if (n.bad_value) return refuse(c, 400, "a control character in a header field value");
+    if (n.bad_value) return refuse(c, 400, "a CR or LF in a header field value");
     if (n.content_length > 1) return refuse(c, 400, "more than one Content-Length");
     if (n.content_length && n.transfer_encoding)
         return refuse(c, 400, "Content-Length together with Transfer-Encoding");
@@ -760,6 +767,15 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     }
     end_request(c, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);
     undefer(c);
+    if (c->state == C_BODY && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->cut) {
+        /* answered before the body was read: MHD closes the socket now, which would reset a client that is
+         * still sending (it would lose the answer). A second descriptor keeps the socket; it lingers. */
+        int fd = dup(c->fd);
+        if (fd >= 0) {
+            shutdown(fd, SHUT_WR);
+            linger_fd(s, fd);
+        }
+    }
     if (c->pending && c->pending != s->resp_oom) MHD_destroy_response(c->pending);
     c->pending = NULL;
     free(c->body);
