@@ -100,6 +100,7 @@ struct http_req {
     char *out;
     size_t out_off, out_len, out_cap;
     int out_end;
+    int out_err;      /* the stream ends cut, not with its last chunk */
     int drain_wanted; /* on_drain is due once MHD's callback has returned */
     struct http_req *dnext;
     int deferred;
@@ -504,7 +505,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     if (c->cut) return MHD_CONTENT_READER_END_WITH_ERROR;
     size_t have = c->out_len - c->out_off;
     if (have == 0) {
-        if (c->out_end) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (c->out_end) return c->out_err ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
         conn_suspend(c); /* returning 0 alone would have MHD ask again at once: a busy loop */
         return 0;
     }
@@ -550,8 +551,9 @@ int http_stream_write(struct http_req *c, const char *p, size_t len)
         size_t cap = c->out_cap ? c->out_cap : 4096;
         while (cap < c->out_len + len) cap *= 2;
         char *o = realloc(c->out, cap);
-        if (!o) {
-            conn_cut(c, NULL, 0);
+        if (!o) { /* what is queued goes out, then the stream is cut (its head is sent: never a bare close) */
+            c->out_end = c->out_err = 1;
+            conn_resume(c);
             return FERRY_ERR_NOMEM;
         }
         c->out = o;
@@ -723,6 +725,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
     }
     /* the whole request is here, or the connection was resumed */
     c->hold = 0;
+    int whole = c->state == C_BODY; /* the request has just been read whole */
+    c->state = C_APP;
     if (c->pending) {
         struct MHD_Response *r = c->pending;
         c->pending = NULL;
@@ -734,8 +738,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         goto out;
     }
     if (c->responded) goto out; /* (a stream's connection resumed: MHD goes on with the answer) */
-    if (c->state == C_BODY) {
-        c->state = C_APP;
+    if (whole) {
         if (s->h.on_request) s->h.on_request(c, s->h.user);
         if (c->cut) {
             ret = MHD_NO;
@@ -782,7 +785,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->out);
     c->body = c->out = NULL;
     c->body_len = c->body_cap = c->out_off = c->out_len = c->out_cap = 0;
-    c->too_large = c->responded = c->streaming = c->out_end = c->drain_wanted = c->close_after = 0;
+    c->too_large = c->responded = c->streaming = c->out_end = c->out_err = c->drain_wanted = c->close_after = 0;
     c->state = C_IDLE;
     c->t_last = now_s();
     c->rx_mark = rx_bytes(c->fd);
