@@ -85,7 +85,7 @@ struct http_req {
     int http10;
     char *body; /* (body_len) bytes, NUL-terminated; malloc'd as it arrives */
     size_t body_len, body_cap;
-    int too_large; /* the body passed body_limit: 413 once the connection can take it */
+    int refusal; /* 413 (the body passed body_limit) or 503 (no memory for it): answered once MHD lets us */
     int app_active; /* on_head was called and on_end not yet */
     void *app;
     int responded;  /* an answer was queued (or is pending) */
@@ -694,10 +694,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         c->t_last = now_s();
-        if (c->responded || c->too_large) goto out;
-        if (c->body_len + n > (size_t)s->p.body_limit) {
-            /* an answer cannot be queued from here: suspend, and queue the 413 once MHD_run returns */
-            c->too_large = 1;
+        if (c->responded || c->refusal) goto out;
+        char *b = NULL;
+        size_t cap = c->body_cap ? c->body_cap : 1024;
+        if (c->body_len + n <= (size_t)s->p.body_limit && c->body_len + n + 1 > c->body_cap) {
+            while (cap < c->body_len + n + 1) cap *= 2;
+            b = realloc(c->body, cap);
+        }
+        if (c->body_len + n > (size_t)s->p.body_limit || (c->body_len + n + 1 > c->body_cap && !b)) {
+            /* an answer cannot be queued from here: suspend, and queue it once MHD_run returns */
+            c->refusal = c->body_len + n > (size_t)s->p.body_limit ? 413 : 503;
             free(c->body);
             c->body = NULL;
             c->body_len = c->body_cap = 0;
@@ -705,16 +711,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
             defer(c);
             goto out;
         }
-        if (c->body_len + n + 1 > c->body_cap) {
-            size_t cap = c->body_cap ? c->body_cap : 1024;
-            while (cap < c->body_len + n + 1) cap *= 2;
-            char *b = realloc(c->body, cap);
-            if (!b) {
-                c->too_large = 0;
-                c->in_handler = 0;
-                end_request(c, 1);
-                return MHD_NO;
-            }
+        if (b) {
             c->body = b;
             c->body_cap = cap;
         }
@@ -733,8 +730,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         ret = queue_now(c, c->pending_status, r) ? MHD_YES : MHD_NO;
         goto out;
     }
-    if (c->too_large && !c->responded) {
-        ret = refuse(c, 413, "the request body is larger than the limit (--body-limit)");
+    if (c->refusal && !c->responded) {
+        ret = c->refusal == 413 ? refuse(c, 413, "the request body is larger than the limit (--body-limit)")
+                                : (queue_now(c, 503, oom_response(c)) ? MHD_YES : MHD_NO);
+        c->responded = 1;
         goto out;
     }
     if (c->responded) goto out; /* (a stream's connection resumed: MHD goes on with the answer) */
@@ -785,7 +784,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->out);
     c->body = c->out = NULL;
     c->body_len = c->body_cap = c->out_off = c->out_len = c->out_cap = 0;
-    c->too_large = c->responded = c->streaming = c->out_end = c->out_err = c->drain_wanted = c->close_after = 0;
+    c->refusal = c->responded = c->streaming = c->out_end = c->out_err = c->drain_wanted = c->close_after = 0;
     c->state = C_IDLE;
     c->t_last = now_s();
     c->rx_mark = rx_bytes(c->fd);
@@ -843,12 +842,16 @@ static void run_deferred(struct http_server *s)
         s->deferred = c->dnext;
         c->deferred = 0;
         if (c->cut) continue;
-        if (c->too_large && !c->responded) {
-            s->st.protocol_errors++;
-            FLOG_INFO("http: 413 to %s: the body passed --body-limit", c->peer);
-            char body[300];
-            int bl = error_json(body, sizeof body, 413, "the request body is larger than the limit (--body-limit)");
-            struct MHD_Response *r = MHD_create_response_from_buffer((size_t)bl, body, MHD_RESPMEM_MUST_COPY);
+        if (c->refusal && !c->responded) {
+            struct MHD_Response *r = NULL;
+            if (c->refusal == 413) {
+                s->st.protocol_errors++;
+                FLOG_INFO("http: 413 to %s: the body passed --body-limit", c->peer);
+                char body[300];
+                int bl = error_json(body, sizeof body, 413,
+                                    "the request body is larger than the limit (--body-limit)");
+                r = MHD_create_response_from_buffer((size_t)bl, body, MHD_RESPMEM_MUST_COPY);
+            }
             if (!r) {
                 r = oom_response(c);
             } else {
@@ -856,8 +859,8 @@ static void run_deferred(struct http_server *s)
                 MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
             }
             c->responded = 1;
-            int ok = queue_now(c, 413, r);
-            if (!ok) c->responded = 0; /* the body is read to its end and the 413 queued then */
+            if (!queue_now(c, (unsigned)(r == s->resp_oom ? 503 : 413), r))
+                c->responded = 0; /* the body is read to its end and the answer queued then */
             conn_resume(c);
             continue;
         }
