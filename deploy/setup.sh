@@ -11,7 +11,7 @@ build=${1:-build}
 
 # Required to build and test; then best-effort extras (fuzzing runtime, nginx for the proxy tests), whose
 # names differ between releases: the tests that need them install or skip on their own.
-apt_pkgs=(meson ninja-build pkg-config gcc g++ libjansson-dev libuv1-dev libcriterion-dev python3
+apt_pkgs=(meson ninja-build pkg-config gcc g++ libjansson-dev libuv1-dev libmicrohttpd-dev libcriterion-dev python3
           python3-pip curl)
 apt_extra=(clang libclang-rt-14-dev nginx-light chromium)
 missing=()

@@ -1,40 +1,48 @@
-/* http — connections on the libuv loop: accept (with limits), read and frame requests, write responses.
+/* http — libmicrohttpd driven from the libuv loop: ferry's accept (with limits), deadlines, framing checks,
+ * and the http.h request API on top of MHD's connections.
  *
- * A connection moves through these states:
- *   IDLE   nothing of the next request yet (a new connection, or between keep-alive requests)
- *   HEAD   the head is arriving: parsed each time a line completes; header_timeout from its first byte
- *   BODY   the body is arriving (Content-Length or chunked, decoded in place); body_timeout
- *   APP    the application has the request, or a response is being written; the input buffer is frozen
- *          (never reallocated: worker threads may read the body) and only takes pipelined bytes that fit
- *   LINGER the response is written and our side shut down: the client's remaining bytes are read and dropped
- *          until it closes (or 2 s), so that it sees our answer rather than a reset
- * A 250 ms sweep enforces every deadline. Connections past the limits are answered 503 straight from the
- * accept and go to LINGER without entering the count.
+ * Ownership: ferry owns the listening socket and the accept; a connection within the limits is handed to MHD
+ * (MHD_add_connection) and from then on MHD owns its fd (parses, writes, closes). MHD runs in external mode
+ * with epoll: its epoll fd is watched by a uv_poll and MHD_run is called when it is readable, when the timer
+ * set from MHD_get_timeout fires, and after a suspended connection is resumed (the "kick"). Nothing runs on
+ * another thread.
+ * A connection (struct http_req) lives from the accept (NOTIFY_CONNECTION STARTED) to MHD's close (CLOSED):
+ *   IDLE  no byte of the next head yet (a new connection, or between keep-alive requests)
+ *   HEAD  the head is arriving (seen from the socket's received-byte count): header_timeout
+ *   BODY  the access handler has the head; the body is arriving: body_timeout
+ *   APP   the application has the request, or a response is being written; the connection is suspended
+ *         while there is nothing to write (a worker parses, the engine generates), resumed when there is
+ * A 250 ms sweep enforces the head and body deadlines (408 JSON written raw on the fd, then shutdown: MHD sees
+ * the end and closes) and the idle one; MHD's own timeout drops a reader that takes no bytes.
+ * Connections past the limits are answered 503 straight from the accept and linger without entering MHD.
  */
 #include "server/http.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
-#include "server/http_parse.h"
 
-#define HEAD_MAX       (32 * 1024) /* bytes of one request head */
-#define PIPELINE_MAX   (64 * 1024) /* bytes read ahead while a request is handled */
-#define IN_MIN         2048        /* first input buffer */
 #define LINGER_SECONDS 2.0
 #define SWEEP_MS       250
 #define SNDBUF_BYTES   (128 * 1024) /* per connection; Linux doubles it */
 #define IP_BUCKETS     4096
+#define ACCEPT_BATCH   64
+#define STREAM_BLOCK   (16 * 1024) /* MHD's buffer for a streamed answer's pieces */
 
-enum conn_state { C_IDLE = 0, C_HEAD, C_BODY, C_APP, C_LINGER };
+enum conn_state { C_IDLE = 0, C_HEAD, C_BODY, C_APP };
 
 struct ip_entry {
     unsigned char key[16]; /* IPv6, or IPv4 mapped into it */
@@ -42,62 +50,83 @@ struct ip_entry {
     struct ip_entry *next;
 };
 
-struct http_req {
-    uv_tcp_t tcp; /* tcp.data = this */
+/* A connection refused at the accept: the 503 is written, our side shut down, and the client's bytes are
+ * dropped until it closes (or LINGER_SECONDS), so that it reads the answer rather than a reset. */
+struct linger_conn {
+    uv_tcp_t tcp;
+    uv_shutdown_t shut;
     struct http_server *srv;
-    struct http_req *prev, *next; /* every connection */
-    struct ip_entry *ip;          /* counted against max_per_ip; NULL for rejected connections */
+    struct linger_conn *prev, *next;
+    double t_start;
+    int closing;
+};
+
+struct http_req {
+    struct http_server *srv;
+    struct http_req *prev, *next; /* every MHD connection */
+    struct MHD_Connection *mc;    /* NULL until MHD's STARTED notification */
+    int fd;
+    struct ip_entry *ip;
     unsigned char ipkey[16];
     char peer[INET6_ADDRSTRLEN];
     int loopback;
     enum conn_state state;
-    int fresh;      /* no request seen yet on this connection */
-    int closing;    /* uv_close called */
-    int reading;    /* uv_read_start active */
-    double t_last;  /* last bytes read, or written */
-    double t_start; /* start of the current head or body, or of the linger */
-    /* input: [0, in_len) received; the current request occupies [0, req_end) once complete */
-    char *in;
-    size_t in_len, in_cap, scanned, req_end;
-    struct http_head head;
-    size_t head_len;
-    struct http_framing fr;
-    struct http_chunked ch;
-    const char *body;
-    size_t body_len;
+    int fresh;          /* no request seen yet on this connection */
+    int cut;            /* shut down by us: MHD closes it next */
+    double t_start;     /* start of the current head or body (of the accept for a fresh connection) */
+    double t_last;      /* last bytes seen from the client, or the end of the last response */
+    uint64_t rx_mark;   /* the socket's received-byte count when last looked at */
+    int suspended;      /* MHD_suspend_connection in effect */
+    uv_poll_t dpoll;    /* while suspended: notices the client leaving (MHD does not) */
+    int dpoll_init, dpoll_active;
+    /* the request */
+    char method[32];
     char path[512];
-    /* the application's view */
+    int http10;
+    char *body; /* (body_len) bytes, NUL-terminated; malloc'd as it arrives */
+    size_t body_len, body_cap;
+    int refusal; /* 413 (the body passed body_limit) or 503 (no memory for it): answered once MHD lets us */
     int app_active; /* on_head was called and on_end not yet */
     void *app;
-    int responded; /* the application (or this layer) answered */
-    int head_sent; /* bytes of the answer went to the socket: too late for another one */
-    int resp_done; /* the whole response was queued */
-    int chunked_out;
-    int head_only; /* HEAD request: no body bytes */
+    int responded;  /* an answer was queued (or is pending) */
     int close_after;
-    int writes; /* uv_write requests in flight */
-    int write_failed;
-    uv_shutdown_t shut;
+    struct MHD_Response *pending; /* an answer waiting for the access handler (not yet queued) */
+    unsigned pending_status;
+    int in_handler;
+    int hold; /* an answer from on_head waits for the body's end (keeps the connection; MHD closes it when
+               * answered earlier) */
+    /* a streamed answer: pieces queued, not yet taken by MHD */
+    int streaming;
+    char *out;
+    size_t out_off, out_len, out_cap;
+    int out_end;
+    int out_err;      /* the stream ends cut, not with its last chunk */
+    int drain_wanted; /* on_drain is due once MHD's callback has returned */
+    struct http_req *dnext;
+    int deferred;
 };
 
 struct http_server {
     uv_loop_t *loop;
     struct http_params p;
     struct http_handlers h;
-    uv_tcp_t listener;
-    int listening;
-    struct http_req spare; /* refuses a connection when there is no memory for one (503, then lingers) */
-    int spare_busy, accept_pending;
-    uv_timer_t sweep;
-    struct http_req *conns; /* every connection, counted or lingering */
+    struct MHD_Daemon *d;
+    int lfd; /* the listening socket; -1 once closed */
+    uv_poll_t lpoll, epoll_poll;
+    int lpoll_init, epoll_init;
+    uv_timer_t mhd_timer, sweep;
+    int in_run;
+    struct http_req *adding; /* the connection MHD_add_connection is taking */
+    struct http_req *conns;
+    struct linger_conn *lingers;
+    struct http_req *deferred; /* connections with work due after MHD_run returns */
     int n_open, n_linger;
     int draining, closed;
     struct ip_entry *ips[IP_BUCKETS];
     struct http_stats st;
-    char canned_busy[512], canned_oom[512]; /* answers that need no allocation */
-    size_t canned_busy_len, canned_oom_len;
-    char date[40];
-    time_t date_t;
+    struct MHD_Response *resp_oom; /* answers that need no allocation of ours */
+    char canned_busy[512], canned_oom[512], canned_408h[512], canned_408b[512];
+    size_t canned_busy_len, canned_oom_len, canned_408h_len, canned_408b_len;
 };
 
 static double now_s(void)
@@ -107,33 +136,21 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void mhd_kick(struct http_server *s);
+
 /* ---- error bodies ---- */
 
 static const struct {
     int status;
     const char *reason, *type, *code;
 } statuses[] = {
-    {100, "Continue", NULL, NULL},
-    {200, "OK", NULL, NULL},
-    {204, "No Content", NULL, NULL},
     {400, "Bad Request", "invalid_request_error", "bad_request"},
-    {401, "Unauthorized", "invalid_request_error", "invalid_api_key"},
-    {403, "Forbidden", "invalid_request_error", "forbidden"},
-    {404, "Not Found", "invalid_request_error", "not_found"},
-    {405, "Method Not Allowed", "invalid_request_error", "method_not_allowed"},
     {408, "Request Timeout", "timeout_error", "request_timeout"},
-    {411, "Length Required", "invalid_request_error", "length_required"},
     {413, "Content Too Large", "invalid_request_error", "request_too_large"},
-    {414, "URI Too Long", "invalid_request_error", "uri_too_long"},
-    {415, "Unsupported Media Type", "invalid_request_error", "unsupported_media_type"},
     {417, "Expectation Failed", "invalid_request_error", "expectation_failed"},
-    {429, "Too Many Requests", "rate_limit_error", "rate_limited"},
-    {431, "Request Header Fields Too Large", "invalid_request_error", "header_too_large"},
     {500, "Internal Server Error", "server_error", "internal_error"},
     {501, "Not Implemented", "invalid_request_error", "not_implemented"},
     {503, "Service Unavailable", "server_overloaded", "too_many_connections"},
-    {504, "Gateway Timeout", "timeout_error", "request_timeout"},
-    {505, "HTTP Version Not Supported", "invalid_request_error", "http_version_not_supported"},
 };
 
 static int status_row(int status)
@@ -143,45 +160,30 @@ static int status_row(int status)
     return -1;
 }
 
-static const char *reason_of(int status)
-{
-    int i = status_row(status);
-    return i >= 0 ? statuses[i].reason : "Unknown";
-}
-
 /* The OpenAI-style error object for a protocol-level error; msg is one of this layer's constant sentences
  * (no quotes or backslashes: written as is). */
 static int error_json(char *out, size_t cap, int status, const char *msg)
 {
     int i = status_row(status);
-    const char *type = i >= 0 && statuses[i].type ? statuses[i].type : "server_error";
-    const char *code = i >= 0 && statuses[i].code ? statuses[i].code : "internal_error";
+    const char *type = i >= 0 ? statuses[i].type : "server_error";
+    const char *code = i >= 0 ? statuses[i].code : "internal_error";
     return snprintf(out, cap,
                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}", msg,
                     type, code);
 }
 
+/* A whole answer as bytes, for writing raw on a socket that has sent nothing of the current request. */
 static size_t canned(char *out, size_t cap, int status, const char *msg)
 {
     char body[300];
     int bl = error_json(body, sizeof body, status, msg);
+    int i = status_row(status);
     int n = snprintf(out, cap,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: "
-                     "close\r\nContent-Length: %d\r\n\r\n%s",
-                     status, reason_of(status), bl, body);
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n%sConnection: close\r\n"
+                     "Content-Length: %d\r\n\r\n%s",
+                     status, i >= 0 ? statuses[i].reason : "Error", status == 503 ? "Retry-After: 1\r\n" : "",
+                     bl, body);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
-}
-
-static const char *date_header(struct http_server *s)
-{
-    time_t t = time(NULL);
-    if (t != s->date_t) {
-        struct tm tm;
-        gmtime_r(&t, &tm);
-        strftime(s->date, sizeof s->date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-        s->date_t = t;
-    }
-    return s->date;
 }
 
 /* ---- per-address counts ---- */
@@ -216,95 +218,75 @@ static void ip_release(struct http_server *s, struct ip_entry *e)
     free(e);
 }
 
-/* ---- connection lifetime ---- */
-
-static void on_connection(uv_stream_t *ls, int status);
-
-static void on_closed(uv_handle_t *hd)
+/* The client's address as a 16-byte key and as text; whether it is a loopback address. */
+static void peer_of(const struct sockaddr_storage *ss, unsigned char key[16], char *peer, size_t cap,
+                    int *loopback)
 {
-    struct http_req *c = hd->data;
-    struct http_server *s = c->srv;
-    if (c->prev)
-        c->prev->next = c->next;
+    memset(key, 0, 16);
+    snprintf(peer, cap, "?");
+    *loopback = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &a->sin_addr, 4);
+        uv_ip4_name(a, peer, cap);
+        *loopback = key[12] == 127;
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        memcpy(key, &a->sin6_addr, 16);
+        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        static const unsigned char lo6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+        if (!memcmp(key, mapped, 12)) {
+            struct sockaddr_in v4 = {.sin_family = AF_INET};
+            memcpy(&v4.sin_addr, key + 12, 4);
+            uv_ip4_name(&v4, peer, cap);
+            *loopback = key[12] == 127;
+        } else {
+            uv_ip6_name(a, peer, cap);
+            *loopback = !memcmp(key, lo6, 16);
+        }
+    }
+}
+
+/* Bytes the kernel has received on the socket since it was opened (0 when unknown): Linux's tcp_info field
+ * tcpi_bytes_received (since 4.1), at byte 128 of the struct; glibc's struct tcp_info stops before it. */
+#define TCPI_BYTES_RECEIVED_OFFSET 128
+static uint64_t rx_bytes(int fd)
+{
+    unsigned char ti[256];
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, ti, &len)) return 0;
+    if (len < TCPI_BYTES_RECEIVED_OFFSET + 8) return 0;
+    uint64_t v;
+    memcpy(&v, ti + TCPI_BYTES_RECEIVED_OFFSET, 8);
+    return v;
+}
+
+/* ---- refused connections: answer, shut down, drain, close ---- */
+
+static void linger_closed(uv_handle_t *hd)
+{
+    struct linger_conn *l = hd->data;
+    struct http_server *s = l->srv;
+    if (l->prev)
+        l->prev->next = l->next;
     else
-        s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
-    free(c->in);
-    if (c != &s->spare) {
-        free(c);
-        return;
-    }
-    s->spare_busy = 0; /* a connection left waiting in the backlog meanwhile is taken now */
-    if (s->accept_pending && s->listening) {
-        s->accept_pending = 0;
-        on_connection((uv_stream_t *)&s->listener, 0);
-    }
+        s->lingers = l->next;
+    if (l->next) l->next->prev = l->prev;
+    s->n_linger--;
+    free(l);
 }
 
-/* Ends the application's request (once). */
-static void end_request(struct http_req *c, int aborted)
+static void linger_close(struct linger_conn *l)
 {
-    if (!c->app_active) return;
-    c->app_active = 0;
-    if (c->srv->h.on_end) c->srv->h.on_end(c, aborted, c->srv->h.user);
-    c->app = NULL;
+    if (l->closing) return;
+    l->closing = 1;
+    uv_close((uv_handle_t *)&l->tcp, linger_closed);
 }
 
-static void conn_close(struct http_req *c)
+static void linger_shut(uv_shutdown_t *sh, int status)
 {
-    if (c->closing) return;
-    end_request(c, 1);
-    c->closing = 1;
-    struct http_server *s = c->srv;
-    if (c->ip) {
-        s->n_open--;
-        ip_release(s, c->ip);
-        c->ip = NULL;
-    } else if (c->state == C_LINGER) {
-        s->n_linger--;
-    }
-    uv_close((uv_handle_t *)&c->tcp, on_closed);
-}
-
-static void linger_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
-static void linger_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf);
-
-static void on_shutdown(uv_shutdown_t *sh, int status)
-{
-    struct http_req *c = sh->data;
-    if (status < 0) conn_close(c);
-}
-
-/* Our side is done: shut down writing and drop what the client still sends until it closes. */
-static void conn_linger(struct http_req *c)
-{
-    struct http_server *s = c->srv;
-    if (c->closing) return;
-    end_request(c, 0);
-    if (c->ip) {
-        s->n_open--;
-        ip_release(s, c->ip);
-        c->ip = NULL;
-    }
-    if (s->n_linger >= HTTP_LINGER_MAX || s->closed) {
-        c->state = C_LINGER; /* counted as lingering so conn_close balances */
-        s->n_linger++;
-        conn_close(c);
-        return;
-    }
-    c->state = C_LINGER;
-    s->n_linger++;
-    c->t_start = now_s();
-    free(c->in);
-    c->in = NULL;
-    c->in_len = c->in_cap = 0;
-    c->shut.data = c;
-    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown)) {
-        conn_close(c);
-        return;
-    }
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    if (uv_read_start((uv_stream_t *)&c->tcp, linger_alloc, linger_read)) conn_close(c);
+    if (status < 0) linger_close(sh->data);
 }
 
 static void linger_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
@@ -317,590 +299,708 @@ static void linger_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
 static void linger_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     (void)buf;
-    if (n < 0) conn_close(st->data);
+    if (n < 0) linger_close(st->data);
 }
 
-/* ---- writing ---- */
-
-struct wreq {
-    uv_write_t w;
-    struct http_req *c;
-    char *own[2];
-};
-
-static void response_written(struct http_req *c);
-
-static void on_written(uv_write_t *w, int status)
+/* Closes fd gracefully (taken over): our side is shut down after what was written, and the client's bytes are
+ * read and dropped until it closes or LINGER_SECONDS pass. */
+static void linger_fd(struct http_server *s, int fd)
 {
-    struct wreq *wr = (struct wreq *)w;
-    struct http_req *c = wr->c;
-    free(wr->own[0]);
-    free(wr->own[1]);
-    free(wr);
-    c->writes--;
-    if (status < 0) c->write_failed = 1;
-    c->t_last = now_s();
-    if (c->closing) return;
-    if (c->write_failed) {
-        conn_close(c);
+    struct linger_conn *l = s->n_linger < HTTP_LINGER_MAX && !s->closed ? calloc(1, sizeof *l) : NULL;
+    if (!l || uv_tcp_init(s->loop, &l->tcp)) {
+        free(l);
+        shutdown(fd, SHUT_WR);
+        close(fd);
         return;
     }
-    if (c->writes > 0) return;
-    if (c->resp_done)
-        response_written(c);
-    else if (c->app_active && c->srv->h.on_drain)
-        c->srv->h.on_drain(c, c->srv->h.user);
+    l->tcp.data = l;
+    l->srv = s;
+    l->t_start = now_s();
+    l->next = s->lingers;
+    if (s->lingers) s->lingers->prev = l;
+    s->lingers = l;
+    s->n_linger++;
+    if (uv_tcp_open(&l->tcp, fd)) {
+        close(fd);
+        linger_close(l);
+        return;
+    }
+    l->shut.data = l;
+    if (uv_shutdown(&l->shut, (uv_stream_t *)&l->tcp, linger_shut) ||
+        uv_read_start((uv_stream_t *)&l->tcp, linger_alloc, linger_read))
+        linger_close(l);
 }
 
-/* Queues up to two buffers, taking over `own0`/`own1` (freed once written). Returns 0 or FERRY_ERR_NOMEM /
- * FERRY_ERR_IO, having freed them. */
-static int conn_write(struct http_req *c, char *p0, size_t n0, char *own0, char *p1, size_t n1, char *own1)
+/* Writes `resp` on a freshly accepted fd and closes it gracefully; the fd is taken over. */
+static void refuse_fd(struct http_server *s, int fd, const char *resp, size_t len)
 {
-    struct wreq *wr = malloc(sizeof *wr);
-    if (!wr) {
-        free(own0);
-        free(own1);
-        return FERRY_ERR_NOMEM;
-    }
-    wr->c = c;
-    wr->own[0] = own0;
-    wr->own[1] = own1;
-    uv_buf_t b[2] = {uv_buf_init(p0, (unsigned)n0), uv_buf_init(p1, (unsigned)n1)};
-    if (uv_write(&wr->w, (uv_stream_t *)&c->tcp, b, n1 ? 2 : 1, on_written)) {
-        free(own0);
-        free(own1);
-        free(wr);
-        return FERRY_ERR_IO;
-    }
-    c->writes++;
-    return 0;
+    if (len) send(fd, resp, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    linger_fd(s, fd);
 }
 
-/* A static answer written without allocating (a fresh socket takes a few hundred bytes at once), then close.
- */
-static void conn_fail_canned(struct http_req *c, const char *resp, size_t len)
+/* ---- the request's end, and work deferred until MHD_run has returned ---- */
+
+/* Ends the application's request (once). */
+static void end_request(struct http_req *c, int aborted)
 {
-    if (!c->head_sent && len) {
-        uv_buf_t b = uv_buf_init((char *)resp, (unsigned)len);
-        uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-        c->responded = c->head_sent = 1;
-    }
-    conn_close(c);
+    if (!c->app_active) return;
+    c->app_active = 0;
+    if (c->srv->h.on_end) c->srv->h.on_end(c, aborted, c->srv->h.user);
+    c->app = NULL;
 }
 
-static void conn_reset_for_next(struct http_req *c);
+static void defer(struct http_req *c)
+{
+    if (c->deferred) return;
+    c->deferred = 1;
+    c->dnext = c->srv->deferred;
+    c->srv->deferred = c;
+}
 
-/* The answer for "no memory for this connection", then a graceful close: the client reads a 503, not a reset.
- */
-static void conn_fail_canned_linger(struct http_req *c)
+static void undefer(struct http_req *c)
+{
+    if (!c->deferred) return;
+    for (struct http_req **pp = &c->srv->deferred; *pp; pp = &(*pp)->dnext)
+        if (*pp == c) {
+            *pp = c->dnext;
+            break;
+        }
+    c->deferred = 0;
+}
+
+static void dpoll_closed(uv_handle_t *hd)
+{
+    free(hd->data);
+}
+
+static void conn_resume(struct http_req *c)
+{
+    if (!c->suspended) return;
+    c->suspended = 0;
+    if (c->dpoll_active) {
+        uv_poll_stop(&c->dpoll);
+        c->dpoll_active = 0;
+    }
+    MHD_resume_connection(c->mc);
+    mhd_kick(c->srv);
+}
+
+/* The client hung up while its connection was suspended: end the request now; MHD closes the connection
+ * when it is resumed (the handler refuses to go on, the stream ends with an error). */
+static void on_client_gone(uv_poll_t *p, int status, int events)
+{
+    struct http_req *c = p->data;
+    (void)status, (void)events;
+    if (c->dpoll_active) {
+        uv_poll_stop(&c->dpoll);
+        c->dpoll_active = 0;
+    }
+    c->cut = 1;
+    shutdown(c->fd, SHUT_RDWR);
+    end_request(c, 1);
+    conn_resume(c);
+}
+
+static void conn_suspend(struct http_req *c)
+{
+    if (c->suspended || c->cut) return;
+    MHD_suspend_connection(c->mc);
+    c->suspended = 1;
+    if (!c->dpoll_init) {
+        if (uv_poll_init_socket(c->srv->loop, &c->dpoll, c->fd)) return;
+        c->dpoll.data = c;
+        c->dpoll_init = 1;
+    }
+    if (uv_poll_start(&c->dpoll, UV_DISCONNECT, on_client_gone) == 0) c->dpoll_active = 1;
+}
+
+/* Cuts a connection that MHD owns: an optional raw answer (only where nothing of the current request has been
+ * sent), then shutdown, which MHD reads as the client's end and closes. */
+static void conn_cut(struct http_req *c, const char *resp, size_t len)
+{
+    if (c->cut) return;
+    if (len) send(c->fd, resp, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    c->cut = 1;
+    shutdown(c->fd, SHUT_RDWR);
+    end_request(c, 1);
+    conn_resume(c);
+    mhd_kick(c->srv);
+}
+
+/* ---- responses ---- */
+
+/* Queues r and lets go of our reference (the shared out-of-memory answer keeps the server's). */
+static int queue_now(struct http_req *c, unsigned status, struct MHD_Response *r)
+{
+    int ok = MHD_queue_response(c->mc, status, r) == MHD_YES;
+    if (r != c->srv->resp_oom) MHD_destroy_response(r);
+    return ok;
+}
+
+/* Hands an answer to MHD: at once from the access handler or on a suspended connection (which is resumed),
+ * else kept until the handler runs again. */
+static int conn_answer(struct http_req *c, unsigned status, struct MHD_Response *r)
 {
     struct http_server *s = c->srv;
-    uv_buf_t b = uv_buf_init(s->canned_oom, (unsigned)s->canned_oom_len);
-    uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-    c->responded = c->head_sent = 1;
-    conn_linger(c);
-}
-
-static void response_written(struct http_req *c)
-{
-    end_request(c, 0);
-    if (c->close_after || c->srv->draining) {
-        conn_linger(c);
-        return;
-    }
-    conn_reset_for_next(c);
-}
-
-/* The response head: status line, Date, the caller's headers, framing and Connection. */
-static char *response_head(struct http_req *c, int status, const struct http_hdr *h, int n,
-                           const char *framing, size_t *len)
-{
-    size_t cap = 256 + strlen(framing);
-    for (int i = 0; i < n; i++) cap += strlen(h[i].name) + strlen(h[i].value) + 4;
-    char *p = malloc(cap);
-    if (!p) return NULL;
-    size_t o = (size_t)snprintf(p, cap, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status, reason_of(status),
-                                date_header(c->srv));
-    for (int i = 0; i < n; i++) o += (size_t)snprintf(p + o, cap - o, "%s: %s\r\n", h[i].name, h[i].value);
-    if (c->srv->draining) c->close_after = 1;
-    const char *conn = c->close_after       ? "Connection: close\r\n"
-                       : c->head.minor == 0 ? "Connection: keep-alive\r\n"
-                                            : "";
-    o += (size_t)snprintf(p + o, cap - o, "%s%s\r\n", framing, conn);
-    *len = o;
-    return p;
-}
-
-static int begin_response(struct http_req *c)
-{
-    if (c->closing || c->responded || c->state == C_LINGER) return FERRY_ERR_INVALID;
     c->responded = 1;
-    if (c->state != C_APP) { /* answered from on_head: the body stays unread */
-        size_t have = c->in_len - c->head_len;
-        size_t cl = c->fr.content_length > 0 ? (size_t)c->fr.content_length : 0;
-        if (!c->fr.chunked && have >= cl)
-            c->req_end =
-                c->head_len + cl; /* it came whole (or there is none): skip it, keep the connection */
-        else
-            c->close_after = 1;
-        c->state = C_APP;
+    if (c->in_handler && !c->hold) return queue_now(c, status, r) ? 0 : FERRY_ERR_IO;
+    if (c->suspended) {
+        int ok = queue_now(c, status, r);
+        conn_resume(c);
+        if (!ok) {
+            c->cut = 1; /* the handler refuses to go on: MHD closes */
+            end_request(c, 1);
+            return FERRY_ERR_IO;
+        }
+        return 0;
     }
+    if (c->pending && c->pending != s->resp_oom) MHD_destroy_response(c->pending);
+    c->pending = r;
+    c->pending_status = status;
+    mhd_kick(s);
     return 0;
+}
+
+static struct MHD_Response *oom_response(struct http_req *c)
+{
+    c->close_after = 1;
+    return c->srv->resp_oom;
+}
+
+static void add_headers(struct http_req *c, struct MHD_Response *r, const struct http_hdr *h, int n)
+{
+    for (int i = 0; i < n; i++) MHD_add_response_header(r, h[i].name, h[i].value);
+    if (c->srv->draining || c->close_after) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+}
+
+static int can_answer(const struct http_req *c)
+{
+    return c->mc && !c->cut && !c->responded && c->app_active;
 }
 
 int http_respond(struct http_req *c, int status, const struct http_hdr *h, int n, char *body, size_t len)
 {
-    if (begin_response(c)) {
+    if (!can_answer(c)) {
         free(body);
         return FERRY_ERR_INVALID;
     }
-    char framing[64];
-    snprintf(framing, sizeof framing, "Content-Length: %zu\r\n", len);
-    size_t hl = 0;
-    char *head = response_head(c, status, h, n, framing, &hl);
-    if (!head) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
         free(body);
-        conn_fail_canned(c, c->srv->canned_oom, c->srv->canned_oom_len);
-        return FERRY_ERR_NOMEM;
+        int rc = conn_answer(c, 503, oom_response(c));
+        end_request(c, 1);
+        return rc ? rc : FERRY_ERR_NOMEM;
     }
-    c->resp_done = 1;
-    if (c->head_only) {
-        free(body);
-        body = NULL;
-        len = 0;
+    add_headers(c, r, h, n);
+    return conn_answer(c, (unsigned)status, r);
+}
+
+/* MHD wants more of a streamed answer: what is queued, the end, or (nothing queued yet) a suspension until
+ * http_stream_write or http_stream_end. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct http_req *c = cls;
+    (void)pos;
+    if (c->cut) return MHD_CONTENT_READER_END_WITH_ERROR;
+    size_t have = c->out_len - c->out_off;
+    if (have == 0) {
+        if (c->out_end) return c->out_err ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+        conn_suspend(c); /* returning 0 alone would have MHD ask again at once: a busy loop */
+        return 0;
     }
-    int rc = conn_write(c, head, hl, head, body, body ? len : 0, body);
-    if (rc) /* nothing went out: with no memory for the write, the canned answer still can */
-        conn_fail_canned(c, c->srv->canned_oom, rc == FERRY_ERR_NOMEM ? c->srv->canned_oom_len : 0);
-    else
-        c->head_sent = 1;
-    return rc;
+    size_t n = have < max ? have : max;
+    memcpy(buf, c->out + c->out_off, n);
+    c->out_off += n;
+    if (c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+        if (!c->out_end && c->app_active) {
+            c->drain_wanted = 1;
+            defer(c);
+        }
+    }
+    return (ssize_t)n;
 }
 
 int http_stream_begin(struct http_req *c, int status, const struct http_hdr *h, int n)
 {
-    if (begin_response(c)) return FERRY_ERR_INVALID;
-    c->chunked_out = c->head.minor == 1;
-    if (!c->chunked_out) c->close_after = 1; /* HTTP/1.0: the body ends when the connection does */
-    size_t hl = 0;
-    char *head = response_head(c, status, h, n, c->chunked_out ? "Transfer-Encoding: chunked\r\n" : "", &hl);
-    if (!head) {
-        conn_fail_canned(c, c->srv->canned_oom, c->srv->canned_oom_len);
+    if (!can_answer(c)) return FERRY_ERR_INVALID;
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, c,
+                                                               NULL);
+    if (!r) {
+        conn_answer(c, 503, oom_response(c));
+        end_request(c, 1);
         return FERRY_ERR_NOMEM;
     }
-    int rc = conn_write(c, head, hl, head, NULL, 0, NULL);
-    if (rc)
-        conn_fail_canned(c, c->srv->canned_oom, rc == FERRY_ERR_NOMEM ? c->srv->canned_oom_len : 0);
-    else
-        c->head_sent = 1;
-    return rc;
+    if (c->http10) c->close_after = 1; /* HTTP/1.0: the body ends when the connection does */
+    add_headers(c, r, h, n);
+    c->streaming = 1;
+    return conn_answer(c, (unsigned)status, r);
 }
 
 int http_stream_write(struct http_req *c, const char *p, size_t len)
 {
-    if (c->closing || !c->responded || c->resp_done) return FERRY_ERR_INVALID;
+    if (!c->streaming || c->cut || c->out_end || !c->app_active) return FERRY_ERR_INVALID;
     if (len == 0) return 0;
-    char *b = malloc(len + 24);
-    if (!b) {
-        conn_close(c);
-        return FERRY_ERR_NOMEM;
+    if (c->out_off && c->out_len + len > c->out_cap) { /* reclaim what MHD has taken */
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
     }
-    size_t o = c->chunked_out ? (size_t)snprintf(b, 24, "%zx\r\n", len) : 0;
-    memcpy(b + o, p, len);
-    o += len;
-    if (c->chunked_out) b[o++] = '\r', b[o++] = '\n';
-    int rc = conn_write(c, b, o, b, NULL, 0, NULL);
-    if (rc) conn_close(c);
-    return rc;
+    if (c->out_len + len > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 4096;
+        while (cap < c->out_len + len) cap *= 2;
+        char *o = realloc(c->out, cap);
+        if (!o) { /* what is queued goes out, then the stream is cut (its head is sent: never a bare close) */
+            c->out_end = c->out_err = 1;
+            conn_resume(c);
+            return FERRY_ERR_NOMEM;
+        }
+        c->out = o;
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, p, len);
+    c->out_len += len;
+    conn_resume(c);
+    return 0;
 }
 
 int http_stream_end(struct http_req *c)
 {
-    static char last[] = "0\r\n\r\n";
-    if (c->closing || !c->responded || c->resp_done) return FERRY_ERR_INVALID;
-    c->resp_done = 1;
-    if (!c->chunked_out) {
-        if (c->writes == 0) response_written(c);
-        return 0;
-    }
-    int rc = conn_write(c, last, 5, NULL, NULL, 0, NULL);
-    if (rc) conn_close(c);
-    return rc;
+    if (!c->streaming || c->cut || c->out_end || !c->app_active) return FERRY_ERR_INVALID;
+    c->out_end = 1;
+    conn_resume(c);
+    return 0;
 }
 
 size_t http_req_unsent(const struct http_req *c)
 {
-    return c->closing ? 0 : uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+    return c->cut ? 0 : c->out_len - c->out_off;
 }
 
-/* A protocol error: a JSON answer that closes the connection; the application never saw the request. */
-static void conn_error(struct http_req *c, int status, const char *why)
+/* A refusal from this layer, before the application saw the request: JSON, and the connection closes. */
+static enum MHD_Result refuse(struct http_req *c, unsigned status, const char *why)
 {
     struct http_server *s = c->srv;
-    s->st.protocol_errors += status != 408;
-    end_request(c, 1);
-    FLOG_INFO("http: %d to %s: %s", status, c->peer, why);
-    if (c->head_sent) { /* too late for an answer */
-        conn_close(c);
-        return;
-    }
+    s->st.protocol_errors++;
+    FLOG_INFO("http: %u to %s: %s", status, c->peer, why);
     char body[400];
-    int bl = error_json(body, sizeof body, status, why);
-    char *b = malloc((size_t)bl + 1);
-    if (!b) {
-        conn_fail_canned(c, s->canned_oom, s->canned_oom_len);
-        return;
+    int bl = error_json(body, sizeof body, (int)status, why);
+    struct MHD_Response *r = MHD_create_response_from_buffer((size_t)bl, body, MHD_RESPMEM_MUST_COPY);
+    if (!r) {
+        r = oom_response(c);
+    } else {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     }
-    memcpy(b, body, (size_t)bl + 1);
-    c->app_active = 0;
-    c->close_after = 1;
-    c->state = C_APP;
-    struct http_hdr h[] = {{"Content-Type", "application/json"}};
-    http_respond(c, status, h, 1, b, (size_t)bl);
+    c->responded = 1;
+    return queue_now(c, status, r) ? MHD_YES : MHD_NO;
 }
 
-/* ---- reading ---- */
+/* ---- MHD's callbacks ---- */
 
-/* Grows the input buffer; views into it (head, body) move with it. Not in APP: the body may be in use. */
-static int in_grow(struct http_req *c, size_t want)
+struct field_counts {
+    int content_length, transfer_encoding, host;
+    int bad_name, bad_value;
+};
+
+/* RFC 9110 token characters (a field name) */
+static int is_tchar(unsigned char ch)
+{
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static enum MHD_Result count_field(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct field_counts *n = cls;
+    (void)kind;
+    /* MHD keeps "Name : v" as a field "Name " and lets a lone CR through in a value: a proxy in front may
+     * read those differently (request smuggling) */
+    if (!*key) n->bad_name++;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        if (!is_tchar(*p)) n->bad_name++;
+    for (const unsigned char *p = (const unsigned char *)(value ? value : ""); *p; p++)
+        if (*p == '\r' || *p == '\n') n->bad_value++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) n->content_length++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) n->transfer_encoding++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_HOST)) n->host++;
+    return MHD_YES;
+}
+
+/* The head has arrived: the framing and expectation checks MHD leaves to the application, then on_head. */
+static enum MHD_Result head_arrived(struct http_req *c, const char *url, const char *method,
+                                    const char *version)
 {
     struct http_server *s = c->srv;
-    size_t max = HEAD_MAX + (size_t)s->p.body_limit + PIPELINE_MAX;
-    if (c->in_cap >= want) return 0;
-    size_t nc = c->in_cap ? c->in_cap : IN_MIN;
-    while (nc < want) nc *= 2;
-    if (nc > max) nc = max;
-    if (nc < want) return FERRY_ERR_RANGE;
-    /* the head's views move with the buffer: keep them as offsets across the realloc */
-    size_t off[2 + 2 * HTTP_MAX_FIELDS];
-    int nv = 0;
-    if (c->head_len) {
-        off[nv++] = (size_t)(c->head.method - c->in);
-        off[nv++] = (size_t)(c->head.target - c->in);
-        for (int i = 0; i < c->head.n_fields; i++) {
-            off[nv++] = (size_t)(c->head.fields[i].name - c->in);
-            off[nv++] = (size_t)(c->head.fields[i].value - c->in);
-        }
-    }
-    char *p = realloc(c->in, nc);
-    if (!p) return FERRY_ERR_NOMEM;
-    if (nv) {
-        c->head.method = p + off[0];
-        c->head.target = p + off[1];
-        for (int i = 0; i < c->head.n_fields; i++) {
-            c->head.fields[i].name = p + off[2 + 2 * i];
-            c->head.fields[i].value = p + off[3 + 2 * i];
-        }
-    }
-    c->in = p;
-    c->in_cap = nc;
-    return 0;
-}
-
-static void conn_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
-{
-    struct http_req *c = hd->data;
-    (void)suggested;
-    *buf = uv_buf_init(NULL, 0);
-    if (c->state == C_APP) { /* frozen: only the room already there, for read-ahead and for seeing EOF */
-        if (c->in_cap > c->in_len) *buf = uv_buf_init(c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
-        return;
-    }
-    /* grow by doubling as bytes arrive: memory follows what the client has really sent */
-    if (c->in_cap - c->in_len < 512 && in_grow(c, c->in_cap ? c->in_cap * 2 : IN_MIN))
-        in_grow(c, c->in_len + 512);
-    if (c->in_cap > c->in_len) *buf = uv_buf_init(c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
-}
-
-static void process(struct http_req *c);
-
-static void conn_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
-{
-    struct http_req *c = st->data;
-    (void)buf;
-    if (n == 0) return;
-    if (n == UV_ENOBUFS) {
-        if (c->state == C_APP) { /* read-ahead full: wait for the response to be written */
-            uv_read_stop(st);
-            c->reading = 0;
-            return;
-        }
-        conn_fail_canned(c, c->srv->canned_oom, c->srv->canned_oom_len);
-        return;
-    }
-    if (n < 0) { /* EOF or error: the client is gone, whatever we were doing */
-        conn_close(c);
-        return;
-    }
-    c->in_len += (size_t)n;
-    c->t_last = now_s();
-    process(c);
-}
-
-static void start_reading(struct http_req *c)
-{
-    if (c->reading || c->closing) return;
-    if (uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_read) == 0) c->reading = 1;
-}
-
-static void conn_reset_for_next(struct http_req *c)
-{
-    size_t rest = c->in_len - c->req_end;
-    if (rest) memmove(c->in, c->in + c->req_end, rest);
-    c->in_len = rest;
-    c->req_end = c->head_len = c->scanned = 0;
-    c->body = NULL;
-    c->body_len = 0;
-    c->responded = c->head_sent = c->resp_done = c->chunked_out = c->head_only = c->close_after = 0;
-    memset(&c->ch, 0, sizeof c->ch);
-    c->head.n_fields = 0;
-    c->state = C_IDLE;
-    c->t_last = now_s();
-    if (rest == 0) { /* an idle connection keeps no buffer */
-        free(c->in);
-        c->in = NULL;
-        c->in_cap = 0;
-    }
-    start_reading(c);
-    if (rest) process(c);
-}
-
-/* NUL-terminates the head's views in place: each is followed by a space, OWS or CR that is no longer needed.
- */
-static void terminate_views(struct http_req *c)
-{
-    struct http_head *h = &c->head;
-    ((char *)h->method)[h->method_len] = 0;
-    ((char *)h->target)[h->target_len] = 0;
-    for (int i = 0; i < h->n_fields; i++) {
-        ((char *)h->fields[i].name)[h->fields[i].name_len] = 0;
-        ((char *)h->fields[i].value)[h->fields[i].value_len] = 0;
-    }
-}
-
-static void dispatch(struct http_req *c)
-{
-    struct http_server *s = c->srv;
-    /* room to notice the client leaving (and to read ahead) without ever moving the frozen buffer */
-    if (c->in_cap - c->in_len < 1024 && in_grow(c, c->in_len + 4096)) {
-        conn_fail_canned(c, s->canned_oom, s->canned_oom_len);
-        return;
-    }
-    c->body = c->in + c->head_len;
-    c->state = C_APP;
-    if (s->h.on_request) s->h.on_request(c, s->h.user);
-}
-
-static void head_done(struct http_req *c, int head_len)
-{
-    struct http_server *s = c->srv;
-    const char *why;
-    c->head_len = (size_t)head_len;
-    int rc = http_head_framing(&c->head, &c->fr, &why);
-    if (rc) {
-        conn_error(c, -rc, why);
-        return;
-    }
-    terminate_views(c);
-    if (http_target_path(c->head.target, c->head.target_len, c->path, sizeof c->path) < 0) c->path[0] = 0;
-    c->head_only = !strcmp(c->head.method, "HEAD");
-    if (c->fr.content_length > s->p.body_limit) {
-        conn_error(c, 413, "the request body is larger than the limit (--body-limit)");
-        return;
-    }
-    c->fresh = 0;
-    if (!c->fr.keep_alive) c->close_after = 1;
     c->state = C_BODY;
-    c->t_start = now_s();
+    c->fresh = 0;
+    c->t_start = c->t_last = now_s();
+    snprintf(c->method, sizeof c->method, "%s", method);
+    if ((size_t)snprintf(c->path, sizeof c->path, "%s", url) >= sizeof c->path) c->path[0] = 0;
+    c->http10 = !strcmp(version, MHD_HTTP_VERSION_1_0);
+    struct field_counts n = {0};
+    MHD_get_connection_values(c->mc, MHD_HEADER_KIND, count_field, &n);
+    const char *te = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    const char *cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *ex = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    /* request smuggling: a proxy in front may frame such a request differently */
+    if (n.bad_name) return refuse(c, 400, "a malformed header field name");
+    if (n.bad_value) return refuse(c, 400, "a CR or LF in a header field value");
+    if (n.content_length > 1) return refuse(c, 400, "more than one Content-Length");
+    if (n.content_length && n.transfer_encoding)
+        return refuse(c, 400, "Content-Length together with Transfer-Encoding");
+    if (n.transfer_encoding > 1 || (te && strcasecmp(te, "chunked")))
+        return refuse(c, 501, "the only transfer coding accepted is one chunked");
+    if (n.host > 1) return refuse(c, 400, "more than one Host");
+    if (!n.host && !c->http10) return refuse(c, 400, "an HTTP/1.1 request needs a Host");
+    if (te && c->http10) return refuse(c, 400, "Transfer-Encoding in an HTTP/1.0 request");
+    if (ex && strcasecmp(ex, "100-continue")) return refuse(c, 417, "the only expectation met is 100-continue");
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (cl[0] < '0' || cl[0] > '9' || *end || errno) return refuse(c, 400, "a malformed Content-Length");
+        if (v > (unsigned long long)s->p.body_limit)
+            return refuse(c, 413, "the request body is larger than the limit (--body-limit)");
+    }
+    const char *conn = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
+    c->close_after = conn && strcasestr(conn, "close") != NULL;
+    /* MHD closes a connection answered before its request has been read whole; a body that is absent or
+     * small (and not waiting for a 100 Continue) is read and dropped instead, so that the connection stays */
+    c->hold = !te && !ex && (!cl || strtoull(cl, NULL, 10) <= 65536);
     c->app_active = 1;
     c->app = NULL;
     if (s->h.on_head) s->h.on_head(c, s->h.user);
-    if (c->responded || c->closing) return;
-    if (c->fr.expect_continue && (c->fr.content_length > 0 || c->fr.chunked)) {
-        static char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        if (conn_write(c, cont, sizeof cont - 1, NULL, NULL, 0, NULL)) conn_close(c);
+    return c->cut ? MHD_NO : MHD_YES;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                 const char *version, const char *upload_data, size_t *upload_data_size,
+                                 void **con_cls)
+{
+    struct http_server *s = cls;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct http_req *c = ci ? ci->socket_context : NULL;
+    if (!c || c->cut || s->closed) return MHD_NO;
+    enum MHD_Result ret = MHD_YES;
+    c->in_handler = 1;
+    if (!*con_cls) { /* the head */
+        *con_cls = c;
+        ret = head_arrived(c, url, method, version);
+        goto out;
+    }
+    if (*upload_data_size) { /* a piece of the body */
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        c->t_last = now_s();
+        if (c->responded || c->refusal) goto out;
+        char *b = NULL;
+        size_t cap = c->body_cap ? c->body_cap : 1024;
+        if (c->body_len + n <= (size_t)s->p.body_limit && c->body_len + n + 1 > c->body_cap) {
+            while (cap < c->body_len + n + 1) cap *= 2;
+            b = realloc(c->body, cap);
+        }
+        if (c->body_len + n > (size_t)s->p.body_limit || (c->body_len + n + 1 > c->body_cap && !b)) {
+            /* an answer cannot be queued from here: suspend, and queue it once MHD_run returns */
+            c->refusal = c->body_len + n > (size_t)s->p.body_limit ? 413 : 503;
+            free(c->body);
+            c->body = NULL;
+            c->body_len = c->body_cap = 0;
+            conn_suspend(c);
+            defer(c);
+            goto out;
+        }
+        if (b) {
+            c->body = b;
+            c->body_cap = cap;
+        }
+        memcpy(c->body + c->body_len, upload_data, n);
+        c->body_len += n;
+        c->body[c->body_len] = 0;
+        goto out;
+    }
+    /* the whole request is here, or the connection was resumed */
+    c->hold = 0;
+    int whole = c->state == C_BODY; /* the request has just been read whole */
+    c->state = C_APP;
+    if (c->pending) {
+        struct MHD_Response *r = c->pending;
+        c->pending = NULL;
+        ret = queue_now(c, c->pending_status, r) ? MHD_YES : MHD_NO;
+        goto out;
+    }
+    if (c->refusal && !c->responded) {
+        ret = c->refusal == 413 ? refuse(c, 413, "the request body is larger than the limit (--body-limit)")
+                                : (queue_now(c, 503, oom_response(c)) ? MHD_YES : MHD_NO);
+        c->responded = 1;
+        goto out;
+    }
+    if (c->responded) goto out; /* (a stream's connection resumed: MHD goes on with the answer) */
+    if (whole) {
+        if (s->h.on_request) s->h.on_request(c, s->h.user);
+        if (c->cut) {
+            ret = MHD_NO;
+            goto out;
+        }
+        if (c->responded) goto out;
+    }
+    if (!c->app_active) { /* ended without an answer (the application closed it) */
+        ret = MHD_NO;
+        goto out;
+    }
+    conn_suspend(c); /* the answer comes later: nothing to do until then */
+out:
+    c->in_handler = 0;
+    return ret;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct http_server *s = cls;
+    struct http_req *c = *con_cls;
+    (void)mc;
+    if (!c) return;
+    *con_cls = NULL;
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED && c->app_active && c->responded) {
+        s->st.stalled_readers++;
+        FLOG_INFO("http: %s took no response bytes for %.0fs: closing", c->peer, s->p.idle_timeout);
+    }
+    end_request(c, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    undefer(c);
+    if (c->state == C_BODY && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->cut) {
+        /* answered before the body was read: MHD closes the socket now, which would reset a client that is
+         * still sending (it would lose the answer). A second descriptor keeps the socket; it lingers. */
+        int fd = dup(c->fd);
+        if (fd >= 0) {
+            shutdown(fd, SHUT_WR);
+            linger_fd(s, fd);
+        }
+    }
+    if (c->pending && c->pending != s->resp_oom) MHD_destroy_response(c->pending);
+    c->pending = NULL;
+    free(c->body);
+    free(c->out);
+    c->body = c->out = NULL;
+    c->body_len = c->body_cap = c->out_off = c->out_len = c->out_cap = 0;
+    c->refusal = c->responded = c->streaming = c->out_end = c->out_err = c->drain_wanted = c->close_after = 0;
+    c->state = C_IDLE;
+    c->t_last = now_s();
+    c->rx_mark = rx_bytes(c->fd);
+    if (s->draining && !c->cut) { /* the answer carried Connection: close; make sure of it */
+        c->cut = 1;
+        shutdown(c->fd, SHUT_RDWR);
     }
 }
 
-static void process(struct http_req *c)
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
 {
-    struct http_server *s = c->srv;
-    const char *why;
-    if (c->closing) return;
-    if (c->state == C_IDLE) {
-        if (c->in_len == 0) return;
-        c->state = C_HEAD;
-        if (!c->fresh) c->t_start = now_s(); /* a new connection's clock runs from the accept */
-    }
-    if (c->state == C_HEAD) {
-        /* parse when a line has completed (or the head cannot grow): linear in the head, whatever the trickle
-         */
-        int line = memchr(c->in + c->scanned, '\n', c->in_len - c->scanned) != NULL;
-        c->scanned = c->in_len;
-        if (!line && c->in_len < HEAD_MAX && c->in_len < HTTP_MAX_REQUEST_LINE) return;
-        int rc = http_parse_head(c->in, c->in_len, HEAD_MAX, &c->head, &why);
-        if (rc == 0) return;
-        if (rc < 0) {
-            conn_error(c, -rc, why);
-            return;
+    struct http_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct http_req *c = s->adding;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!c || !ci || ci->connect_fd != c->fd) {
+            for (c = s->conns; c && !(c->fd == (ci ? ci->connect_fd : -2) && !c->mc); c = c->next) {}
         }
-        head_done(c, rc);
-        if (c->closing || c->state != C_BODY) return;
-    }
-    if (c->state == C_BODY) {
-        if (c->fr.chunked) {
-            size_t raw = c->in_len - c->head_len;
-            int rc = http_chunked_decode(&c->ch, c->in + c->head_len, raw, (uint64_t)s->p.body_limit, &why);
-            if (rc < 0) {
-                conn_error(c, -rc,
-                           rc == -413 ? "the request body is larger than the limit (--body-limit)" : why);
-                return;
-            }
-            /* reclaim the framing bytes already decoded */
-            size_t gap = c->ch.in - c->ch.out;
-            if (gap) {
-                memmove(c->in + c->head_len + c->ch.out, c->in + c->head_len + c->ch.in, raw - c->ch.in);
-                c->in_len -= gap;
-                c->ch.in = c->ch.out;
-            }
-            if (rc == 0) return;
-            c->body_len = c->ch.out;
-            c->req_end = c->head_len + c->ch.out;
-            goto have_body;
-        }
-        size_t cl = c->fr.content_length > 0 ? (size_t)c->fr.content_length : 0;
-        if (c->in_len - c->head_len < cl) return;
-        c->body_len = cl;
-        c->req_end = c->head_len + cl;
-    have_body:
-        dispatch(c);
+        if (!c) return;
+        s->adding = NULL;
+        c->mc = mc;
+        *socket_context = c;
         return;
     }
-    if (c->state == C_APP && c->in_len - c->req_end > PIPELINE_MAX && c->reading) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        c->reading = 0;
+    struct http_req *c = *socket_context;
+    if (!c) return;
+    *socket_context = NULL;
+    end_request(c, 1);
+    undefer(c);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_open--;
+    ip_release(s, c->ip);
+    if (c->pending && c->pending != s->resp_oom) MHD_destroy_response(c->pending);
+    free(c->body);
+    free(c->out);
+    if (c->dpoll_init) {
+        if (c->dpoll_active) uv_poll_stop(&c->dpoll);
+        uv_close((uv_handle_t *)&c->dpoll, dpoll_closed);
+        return;
     }
+    free(c);
+}
+
+/* ---- running MHD from the loop ---- */
+
+static void run_deferred(struct http_server *s)
+{
+    while (s->deferred) {
+        struct http_req *c = s->deferred;
+        s->deferred = c->dnext;
+        c->deferred = 0;
+        if (c->cut) continue;
+        if (c->refusal && !c->responded) {
+            struct MHD_Response *r = NULL;
+            if (c->refusal == 413) {
+                s->st.protocol_errors++;
+                FLOG_INFO("http: 413 to %s: the body passed --body-limit", c->peer);
+                char body[300];
+                int bl = error_json(body, sizeof body, 413,
+                                    "the request body is larger than the limit (--body-limit)");
+                r = MHD_create_response_from_buffer((size_t)bl, body, MHD_RESPMEM_MUST_COPY);
+            }
+            if (!r) {
+                r = oom_response(c);
+            } else {
+                MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+                MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+            }
+            c->responded = 1;
+            if (!queue_now(c, (unsigned)(r == s->resp_oom ? 503 : 413), r))
+                c->responded = 0; /* the body is read to its end and the answer queued then */
+            conn_resume(c);
+            continue;
+        }
+        if (c->drain_wanted) {
+            c->drain_wanted = 0;
+            if (c->app_active && s->h.on_drain) s->h.on_drain(c, s->h.user);
+        }
+    }
+}
+
+static void on_mhd_timer(uv_timer_t *t);
+
+/* MHD_run until no deferred work is left, then the timer from MHD_get_timeout. */
+static void mhd_pump(struct http_server *s)
+{
+    if (!s->d || s->in_run) return;
+    for (int i = 0; i < 8; i++) {
+        s->in_run = 1;
+        MHD_run(s->d);
+        s->in_run = 0;
+        if (!s->deferred) break;
+        run_deferred(s);
+    }
+    if (s->closed) return;
+    MHD_UNSIGNED_LONG_LONG ms = 0;
+    if (MHD_get_timeout(s->d, &ms) == MHD_YES)
+        uv_timer_start(&s->mhd_timer, on_mhd_timer, ms > 3600000 ? 3600000 : ms, 0);
+    else
+        uv_timer_stop(&s->mhd_timer);
+}
+
+static void on_mhd_timer(uv_timer_t *t)
+{
+    mhd_pump(t->data);
+}
+
+static void on_mhd_events(uv_poll_t *p, int status, int events)
+{
+    (void)status, (void)events;
+    mhd_pump(p->data);
+}
+
+/* MHD has work outside its sockets' readiness (a resumed connection): run it on the next loop turn. */
+static void mhd_kick(struct http_server *s)
+{
+    if (!s->closed) uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
 }
 
 /* ---- accepting ---- */
 
-static void peer_of(struct http_req *c)
+static void accept_one(struct http_server *s, int fd, const struct sockaddr_storage *ss, socklen_t sl)
 {
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    memset(c->ipkey, 0, 16);
-    strcpy(c->peer, "?");
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len)) return;
-    if (ss.ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-        c->ipkey[10] = c->ipkey[11] = 0xff;
-        memcpy(c->ipkey + 12, &a->sin_addr, 4);
-        uv_ip4_name(a, c->peer, sizeof c->peer);
-        c->loopback = c->ipkey[12] == 127;
-    } else if (ss.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-        memcpy(c->ipkey, &a->sin6_addr, 16);
-        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-        static const unsigned char lo6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-        if (!memcmp(c->ipkey, mapped, 12)) {
-            struct sockaddr_in v4 = {.sin_family = AF_INET};
-            memcpy(&v4.sin_addr, c->ipkey + 12, 4);
-            uv_ip4_name(&v4, c->peer, sizeof c->peer);
-            c->loopback = c->ipkey[12] == 127;
-        } else {
-            uv_ip6_name(a, c->peer, sizeof c->peer);
-            c->loopback = !memcmp(c->ipkey, lo6, 16);
-        }
-    }
-}
-
-/* Answered 503 at once and left to linger; not counted against the limits. */
-static void conn_reject(struct http_req *c, int per_ip)
-{
-    struct http_server *s = c->srv;
-    if (per_ip)
-        s->st.rejected_per_ip++;
-    else
-        s->st.rejected_full++;
-    uv_buf_t b = uv_buf_init(s->canned_busy, (unsigned)s->canned_busy_len);
-    uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-    c->responded = c->head_sent = 1;
-    conn_linger(c);
-}
-
-static void on_connection(uv_stream_t *ls, int status)
-{
-    struct http_server *s = ls->data;
-    if (status < 0) {
-        FLOG_WARN("http: accept: %s", uv_strerror(status));
-        return;
-    }
-    struct http_req *c = calloc(1, sizeof *c);
-    int spare = !c;
-    if (spare) {
-        /* no memory for a connection: refuse it on the spare one; while that one lingers, a further
-         * connection waits in the backlog (libuv stops accepting until uv_accept is called) */
-        if (s->spare_busy) {
-            s->accept_pending = 1;
-            return;
-        }
-        s->spare_busy = 1;
-        c = &s->spare;
-        memset(c, 0, sizeof *c);
-    }
-    c->srv = s;
-    c->fresh = 1;
-    if (uv_tcp_init(s->loop, &c->tcp)) {
-        free(c);
-        return;
-    }
-    c->tcp.data = c;
-    c->next = s->conns;
-    if (s->conns) s->conns->prev = c;
-    s->conns = c;
-    if (uv_accept(ls, (uv_stream_t *)&c->tcp)) {
-        c->state = C_LINGER;
-        s->n_linger++;
-        conn_close(c);
-        return;
-    }
-    if (spare) {
-        conn_fail_canned_linger(c);
-        return;
-    }
-    uv_tcp_nodelay(&c->tcp, 1);
+    int one = 1, sndbuf = SNDBUF_BYTES;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     /* a fixed send buffer: the kernel's autotuning would let each client that stops reading pin ~4 MiB of
-     * kernel memory (and hide the stall from the write-progress check for as long) */
-    int sndbuf = SNDBUF_BYTES;
-    uv_send_buffer_size((uv_handle_t *)&c->tcp, &sndbuf);
-    peer_of(c);
-    c->t_last = c->t_start = now_s();
+     * kernel memory (and hide the stall from MHD's timeout for as long) */
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     if (s->draining || s->closed) {
-        c->state = C_LINGER;
-        s->n_linger++;
-        conn_close(c);
+        close(fd);
         return;
     }
     if (s->n_open >= s->p.max_connections) {
-        conn_reject(c, 0);
+        s->st.rejected_full++;
+        refuse_fd(s, fd, s->canned_busy, s->canned_busy_len);
         return;
     }
-    struct ip_entry *e = ip_find(s, c->ipkey, 1);
+    unsigned char key[16];
+    char peer[INET6_ADDRSTRLEN];
+    int lo;
+    peer_of(ss, key, peer, sizeof peer, &lo);
+    struct ip_entry *e = ip_find(s, key, 1);
     if (!e) {
-        conn_fail_canned(c, s->canned_oom, s->canned_oom_len);
+        refuse_fd(s, fd, s->canned_oom, s->canned_oom_len);
         return;
     }
     if (s->p.max_per_ip > 0 && e->count >= s->p.max_per_ip) {
-        conn_reject(c, 1);
+        s->st.rejected_per_ip++;
+        refuse_fd(s, fd, s->canned_busy, s->canned_busy_len);
+        return;
+    }
+    struct http_req *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (e->count == 0) {
+            e->count = 1;
+            ip_release(s, e);
+        }
+        refuse_fd(s, fd, s->canned_oom, s->canned_oom_len);
         return;
     }
     e->count++;
+    c->srv = s;
+    c->fd = fd;
     c->ip = e;
+    memcpy(c->ipkey, key, 16);
+    memcpy(c->peer, peer, sizeof peer);
+    c->loopback = lo;
+    c->fresh = 1;
+    c->t_start = c->t_last = now_s();
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
     s->n_open++;
     s->st.accepted++;
     if (s->n_open > s->st.peak) s->st.peak = s->n_open;
-    start_reading(c);
-    if (!c->reading) conn_close(c);
+    s->adding = c;
+    s->in_run = 1;
+    enum MHD_Result ok = MHD_add_connection(s->d, fd, (const struct sockaddr *)ss, sl);
+    s->in_run = 0;
+    if (ok != MHD_YES || !c->mc) { /* MHD closed the socket */
+        if (c->mc) return; /* (its CLOSED notification released c) */
+        s->adding = NULL;
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            s->conns = c->next;
+        if (c->next) c->next->prev = c->prev;
+        s->n_open--;
+        ip_release(s, e);
+        free(c);
+        FLOG_WARN("http: MHD refused a connection from %s", peer);
+    }
+}
+
+static void on_listen(uv_poll_t *p, int status, int events)
+{
+    struct http_server *s = p->data;
+    (void)events;
+    if (status < 0) return;
+    for (int i = 0; i < ACCEPT_BATCH && s->lfd >= 0; i++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                FLOG_WARN("http: accept: %s", strerror(errno));
+            break;
+        }
+        accept_one(s, fd, &ss, sl);
+    }
+    mhd_pump(s);
 }
 
 /* ---- deadlines ---- */
@@ -908,46 +1008,90 @@ static void on_connection(uv_stream_t *ls, int status)
 static void on_sweep(uv_timer_t *t)
 {
     struct http_server *s = t->data;
-    double now = now_s();
     const struct http_params *p = &s->p;
+    double now = now_s();
     for (struct http_req *c = s->conns, *next; c; c = next) {
         next = c->next;
-        if (c->closing) continue;
+        if (c->cut || !c->mc) continue;
+        if (c->state == C_IDLE || c->state == C_HEAD) {
+            uint64_t rx = rx_bytes(c->fd);
+            if (rx != c->rx_mark) {
+                c->rx_mark = rx;
+                if (c->state == C_IDLE) {
+                    c->state = C_HEAD;
+                    if (!c->fresh) c->t_start = now; /* a new connection's clock runs from the accept */
+                }
+                c->t_last = now;
+            }
+        }
         switch (c->state) {
         case C_IDLE:
-            if (now - (c->fresh ? c->t_start : c->t_last) >
-                (c->fresh ? p->header_timeout : p->idle_timeout)) {
+            if (now - (c->fresh ? c->t_start : c->t_last) > (c->fresh ? p->header_timeout : p->idle_timeout)) {
                 s->st.idle_closed++;
-                conn_close(c);
+                conn_cut(c, NULL, 0);
             }
             break;
         case C_HEAD:
             if (now - c->t_start > p->header_timeout || now - c->t_last > p->idle_timeout) {
                 s->st.head_timeouts++;
-                conn_error(c, 408, "the request head did not arrive in time (--header-timeout)");
+                FLOG_INFO("http: 408 to %s: the head did not arrive in time", c->peer);
+                conn_cut(c, s->canned_408h, s->canned_408h_len);
             }
             break;
         case C_BODY:
             if (now - c->t_start > p->body_timeout || now - c->t_last > p->idle_timeout) {
                 s->st.head_timeouts++;
-                conn_error(c, 408, "the request body did not arrive in time (--body-timeout)");
+                FLOG_INFO("http: 408 to %s: the body did not arrive in time", c->peer);
+                conn_cut(c, c->responded ? NULL : s->canned_408b, c->responded ? 0 : s->canned_408b_len);
             }
             break;
         case C_APP:
-            if (c->writes > 0 && http_req_unsent(c) > 0 && now - c->t_last > p->idle_timeout) {
-                s->st.stalled_readers++;
-                FLOG_INFO("http: %s took no response bytes for %.0fs: closing", c->peer, p->idle_timeout);
-                conn_close(c);
-            }
-            break;
-        case C_LINGER:
-            if (now - c->t_start > LINGER_SECONDS) conn_close(c);
             break;
         }
     }
+    for (struct linger_conn *l = s->lingers, *next; l; l = next) {
+        next = l->next;
+        if (now - l->t_start > LINGER_SECONDS) linger_close(l);
+    }
+    mhd_pump(s);
 }
 
 /* ---- the server ---- */
+
+static void mhd_panic(void *cls, const char *file, unsigned int line, const char *reason)
+{
+    (void)cls;
+    FLOG_ERROR("libmicrohttpd: fatal error at %s:%u: %s", file ? file : "?", line, reason ? reason : "");
+    abort(); /* a bug in MHD or in our use of it: nothing sane to go on with */
+}
+
+static int listen_on(struct http_server *s, const struct http_params *p, char err[256])
+{
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char port[16];
+    snprintf(port, sizeof port, "%d", p->port);
+    int g = getaddrinfo(p->host, port, &hints, &ai);
+    if (g) {
+        snprintf(err, 256, "--host %s: %s", p->host, gai_strerror(g));
+        return FERRY_ERR_INVALID;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+    int rc = fd < 0 ? -1 : 0;
+    if (rc == 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (rc == 0) rc = bind(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc == 0) rc = listen(fd, 1024);
+    freeaddrinfo(ai);
+    if (rc) {
+        snprintf(err, 256, "cannot listen on %s:%d: %s", p->host, p->port, strerror(errno));
+        if (fd >= 0) close(fd);
+        return FERRY_ERR_IO;
+    }
+    s->lfd = fd;
+    return 0;
+}
 
 int http_server_init(struct http_server **out, uv_loop_t *loop, const struct http_params *p,
                      const struct http_handlers *h, char err[256])
@@ -961,42 +1105,66 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
     s->loop = loop;
     s->p = *p;
     s->h = *h;
+    s->lfd = -1;
     s->canned_busy_len = canned(s->canned_busy, sizeof s->canned_busy, 503,
                                 "the server has too many connections (--max-connections, "
                                 "--max-connections-per-ip); retry later");
     s->canned_oom_len = canned(s->canned_oom, sizeof s->canned_oom, 503, "the server is out of memory");
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    char port[16];
-    snprintf(port, sizeof port, "%d", p->port);
-    int g = getaddrinfo(p->host, port, &hints, &ai);
-    if (g) {
-        snprintf(err, 256, "--host %s: %s", p->host, gai_strerror(g));
+    s->canned_408h_len = canned(s->canned_408h, sizeof s->canned_408h, 408,
+                                "the request head did not arrive in time (--header-timeout)");
+    s->canned_408b_len = canned(s->canned_408b, sizeof s->canned_408b, 408,
+                                "the request body did not arrive in time (--body-timeout)");
+    static const char oom[] = "{\"error\":{\"message\":\"the server is out of memory\",\"type\":"
+                              "\"server_overloaded\",\"param\":null,\"code\":\"too_many_connections\"}}";
+    s->resp_oom = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+    if (!s->resp_oom) {
+        snprintf(err, 256, "out of memory");
         free(s);
-        return FERRY_ERR_INVALID;
+        return FERRY_ERR_NOMEM;
     }
-    int rc = uv_tcp_init(loop, &s->listener);
-    if (rc == 0) {
-        s->listener.data = s;
-        s->listening = 1;
-        rc = uv_tcp_bind(&s->listener, ai->ai_addr, 0);
-        if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
-    }
-    freeaddrinfo(ai);
+    MHD_add_response_header(s->resp_oom, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(s->resp_oom, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    MHD_add_response_header(s->resp_oom, MHD_HTTP_HEADER_CONNECTION, "close");
+    int rc = listen_on(s, p, err);
     if (rc) {
-        snprintf(err, 256, "cannot listen on %s:%d: %s", p->host, p->port, uv_strerror(rc));
-        if (s->listening) {
-            uv_close((uv_handle_t *)&s->listener, NULL);
-            uv_run(loop, UV_RUN_NOWAIT); /* let the close finish before s goes */
-        }
+        MHD_destroy_response(s->resp_oom);
+        free(s);
+        return rc;
+    }
+    MHD_set_panic_func(mhd_panic, NULL);
+    /* MHD's own timeout is the idle one (a reader that takes nothing, a silent keep-alive connection); the
+     * sweep's head, body and idle deadlines come first, this one a second later */
+    unsigned idle = (unsigned)(p->idle_timeout + 0.999) + 1;
+    s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME |
+                                MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_access, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections + 16),
+                            MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, MHD_OPTION_END);
+    const union MHD_DaemonInfo *di = s->d ? MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
+    if (!di) {
+        snprintf(err, 256, "cannot start libmicrohttpd");
+        if (s->d) MHD_stop_daemon(s->d);
+        close(s->lfd);
+        MHD_destroy_response(s->resp_oom);
         free(s);
         return FERRY_ERR_IO;
     }
+    uv_timer_init(loop, &s->mhd_timer);
+    s->mhd_timer.data = s;
     uv_timer_init(loop, &s->sweep);
     s->sweep.data = s;
     uv_timer_start(&s->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+    if (uv_poll_init(loop, &s->epoll_poll, di->epoll_fd) == 0) {
+        s->epoll_init = 1;
+        s->epoll_poll.data = s;
+        uv_poll_start(&s->epoll_poll, UV_READABLE, on_mhd_events);
+    }
+    if (uv_poll_init_socket(loop, &s->lpoll, s->lfd) == 0) {
+        s->lpoll_init = 1;
+        s->lpoll.data = s;
+        uv_poll_start(&s->lpoll, UV_READABLE, on_listen);
+    }
     *out = s;
     return 0;
 }
@@ -1004,17 +1172,21 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
 int http_server_port(const struct http_server *s)
 {
     struct sockaddr_storage ss;
-    int len = sizeof ss;
-    if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len)) return -1;
+    socklen_t len = sizeof ss;
+    if (s->lfd < 0 || getsockname(s->lfd, (struct sockaddr *)&ss, &len)) return -1;
     return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                           : ((struct sockaddr_in *)&ss)->sin_port);
 }
 
 static void stop_listening(struct http_server *s)
 {
-    if (!s->listening) return;
-    s->listening = 0;
-    uv_close((uv_handle_t *)&s->listener, NULL);
+    if (s->lpoll_init) {
+        uv_poll_stop(&s->lpoll);
+        uv_close((uv_handle_t *)&s->lpoll, NULL);
+        s->lpoll_init = 0;
+    }
+    if (s->lfd >= 0) close(s->lfd); /* (after the poll stopped watching it) */
+    s->lfd = -1;
 }
 
 void http_server_drain(struct http_server *s)
@@ -1023,31 +1195,57 @@ void http_server_drain(struct http_server *s)
     stop_listening(s);
     for (struct http_req *c = s->conns, *next; c; c = next) {
         next = c->next;
-        if (c->state == C_IDLE && !c->closing) conn_close(c);
+        if (c->state == C_IDLE && c->mc) conn_cut(c, NULL, 0);
     }
 }
 
 void http_server_close(struct http_server *s)
 {
     if (!s || s->closed) return;
-    s->closed = 1;
     stop_listening(s);
+    for (struct http_req *c = s->conns; c; c = c->next) {
+        c->cut = 1;
+        if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+        end_request(c, 1);
+        conn_resume(c);
+    }
+    mhd_pump(s); /* resumed connections are taken back and closed by MHD */
+    s->closed = 1;
     uv_timer_stop(&s->sweep);
     uv_close((uv_handle_t *)&s->sweep, NULL);
-    for (struct http_req *c = s->conns, *next; c; c = next) {
-        next = c->next;
-        conn_close(c);
+    uv_timer_stop(&s->mhd_timer);
+    uv_close((uv_handle_t *)&s->mhd_timer, NULL);
+    if (s->epoll_init) {
+        uv_poll_stop(&s->epoll_poll);
+        uv_close((uv_handle_t *)&s->epoll_poll, NULL);
+        s->epoll_init = 0;
     }
+    for (struct http_req *c = s->conns; c; c = c->next)
+        if (c->dpoll_init) { /* the handle goes with the loop; c is freed by MHD_stop_daemon's notifications */
+            if (c->dpoll_active) uv_poll_stop(&c->dpoll);
+            uv_close((uv_handle_t *)&c->dpoll, NULL);
+            c->dpoll_active = c->dpoll_init = 0;
+        }
+    for (struct linger_conn *l = s->lingers; l; l = l->next) linger_close(l);
 }
 
 void http_server_free(struct http_server *s)
 {
     if (!s) return;
+    if (s->d) MHD_stop_daemon(s->d); /* closes what is left; its notifications release the connections */
+    while (s->conns) { /* any MHD never told us about */
+        struct http_req *c = s->conns;
+        s->conns = c->next;
+        free(c->body);
+        free(c->out);
+        free(c);
+    }
     for (int i = 0; i < IP_BUCKETS; i++)
         for (struct ip_entry *e = s->ips[i], *n; e; e = n) {
             n = e->next;
             free(e);
         }
+    if (s->resp_oom) MHD_destroy_response(s->resp_oom);
     free(s);
 }
 
@@ -1061,7 +1259,7 @@ void http_server_stats(const struct http_server *s, struct http_stats *st)
 
 const char *http_req_method(const struct http_req *q)
 {
-    return q->head.method;
+    return q->method;
 }
 const char *http_req_path(const struct http_req *q)
 {
@@ -1069,7 +1267,7 @@ const char *http_req_path(const struct http_req *q)
 }
 const char *http_req_header(const struct http_req *q, const char *name)
 {
-    return http_head_field(&q->head, name, NULL, NULL);
+    return q->mc && q->app_active ? MHD_lookup_connection_value(q->mc, MHD_HEADER_KIND, name) : NULL;
 }
 const char *http_req_body(const struct http_req *q, size_t *len)
 {
@@ -1098,9 +1296,13 @@ int http_req_draining(const struct http_req *q)
 }
 void http_req_close(struct http_req *q)
 {
-    conn_close(q);
+    conn_cut(q, NULL, 0);
 }
 void http_req_refuse_nomem(struct http_req *q)
 {
-    conn_fail_canned(q, q->srv->canned_oom, q->srv->canned_oom_len);
+    if (q->mc && !q->cut && !q->responded)
+        conn_answer(q, 503, oom_response(q));
+    else
+        conn_cut(q, NULL, 0);
+    end_request(q, 1);
 }
