@@ -222,7 +222,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->e_out = malloc(nb * (size_t)s->dim * sizeof(float));
     s->row_owner = calloc(ns, sizeof *s->row_owner);
     s->row_at = calloc(ns, sizeof *s->row_at);
-    if (seq_vocab_init(&s->vocab, t, s->n_vocab)) s->vocab = NULL;
+    if (seq_vocab_init(&s->vocab, t, s->n_vocab, 1)) s->vocab = NULL;
     if (prompt_cache_init(&s->pc, s->n_slots)) s->pc = NULL;
     const size_t rows = ns + PROMPT_LP_ROWS;
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));

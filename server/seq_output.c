@@ -9,7 +9,7 @@
 
 /* ---- the vocabulary tables ---------------------------------------------------------------------------- */
 
-int seq_vocab_init(struct seq_vocab **out, const struct tokenizer *t, int n_vocab)
+int seq_vocab_init(struct seq_vocab **out, const struct tokenizer *t, int n_vocab, int with_grammar)
 {
     *out = NULL;
     struct seq_vocab *v = calloc(1, sizeof *v);
@@ -30,6 +30,10 @@ int seq_vocab_init(struct seq_vocab **out, const struct tokenizer *t, int n_voca
             v->kind[id] = SEQ_TOK_EOG;
         else if (!v->piece[id] || tokenizer_is_control(t, id))
             v->kind[id] = SEQ_TOK_CONTROL;
+    }
+    if (!with_grammar) {
+        *out = v;
+        return 0;
     }
     uint8_t *is_text = malloc((size_t)n_vocab);
     if (!is_text) goto fail;

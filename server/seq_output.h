@@ -38,9 +38,10 @@ struct seq_vocab {
     const char **piece;    /* (n_vocab) borrowed from tok; NULL for tokens without text */
     size_t *piece_len;     /* (n_vocab) */
     uint8_t *kind;         /* (n_vocab) enum seq_tok_kind */
-    struct gvocab *gvocab; /* NULL without a tokenizer */
+    struct gvocab *gvocab; /* NULL without a tokenizer or when not asked for */
 };
-int seq_vocab_init(struct seq_vocab **out, const struct tokenizer *t, int n_vocab);
+/* with_grammar 0: no gvocab (no constrained decoding; building the tries costs time on a large vocabulary). */
+int seq_vocab_init(struct seq_vocab **out, const struct tokenizer *t, int n_vocab, int with_grammar);
 void seq_vocab_free(struct seq_vocab *v);
 
 struct seq_output_params {
