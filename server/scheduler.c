@@ -21,8 +21,10 @@
 #include "runtime/engine.h"
 #include "server/metrics.h"
 #include "server/prompt_cache.h"
+#include "server/row_pool.h"
 #include "server/sched_policy.h"
 #include "server/seq_output.h"
+#include "server/sreq.h"
 
 /* Prompt rows whose logprobs one step may compute (echo with logprobs); a longer prompt is prefilled in
  * chunks of this many rows. */
@@ -67,13 +69,7 @@ struct sched {
     struct seq_vocab *vocab; /* every token's text and kind, for the outputs and grammar masks */
     float *logits;         /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
     float *scratch;        /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
-    /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
-    pthread_t *workers;
-    int n_workers;
-    pthread_mutex_t wmu;
-    pthread_cond_t wgo, wdone;
-    uint64_t wgen; /* bumped for each parallel sampling round */
-    int wstop, wrows, wnext, wbusy;
+    struct row_pool *samplers; /* rows of one step are sampled in parallel (each row's state is its own) */
 };
 
 int sched_describe(struct sched *s, struct sched_seq *out, int cap)
@@ -123,53 +119,10 @@ double sched_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-struct sreq *sreq_new(void)
-{
-    struct sreq *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    r->refs = 1;
-    r->logprobs = -1;
-    r->n = 1;
-    return r;
-}
-
-static void sreq_free(struct sreq *r)
-{
-    if (!r) return;
-    for (int i = 0; r->choices && i < r->n_choices; i++) {
-        seq_output_free(&r->choices[i].out);
-        free(r->choices[i].call_ids);
-        free(r->choices[i].embd);
-        free(r->choices[i].text);
-        free(r->choices[i].lps);
-        free(r->choices[i].prompt_lps);
-    }
-    free(r->choices);
-    for (int i = 0; i < r->n_prompts; i++) {
-        if (r->prompts) free(r->prompts[i]);
-        if (r->prompt_texts) free(r->prompt_texts[i]);
-    }
-    free(r->prompts);
-    free(r->prompt_texts);
-    free(r->n_prompt_toks);
-    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
-    free(r->stops);
-    free(r->bias);
-    grammar_free(r->grammar);
-    free(r->echo_json);
-    pthread_cond_destroy(&r->cv);
-    free(r);
-}
-
 /* ---- lifecycle ---------------------------------------------------------------------------------- */
 
 static void *engine_main(void *arg);
-static void *sample_worker(void *arg);
+static void sample_row(void *arg, int i);
 
 int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, struct metrics *m,
                const struct sched_params *p)
@@ -179,9 +132,6 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     if (!s) return FERRY_ERR_NOMEM;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
-    pthread_mutex_init(&s->wmu, NULL);
-    pthread_cond_init(&s->wgo, NULL);
-    pthread_cond_init(&s->wdone, NULL);
     s->e = e;
     s->tok = t;
     s->m = m;
@@ -242,14 +192,8 @@ int sched_start(struct sched *s)
 {
     int want = s->p.sample_threads - 1; /* the engine thread samples too */
     if (want > s->n_slots - 1) want = s->n_slots - 1;
-    if (want > 0) {
-        s->workers = calloc((size_t)want, sizeof *s->workers);
-        if (!s->workers) return FERRY_ERR_NOMEM;
-        for (int i = 0; i < want; i++) {
-            if (pthread_create(&s->workers[i], NULL, sample_worker, s)) break;
-            s->n_workers++;
-        }
-    }
+    int rc = row_pool_init(&s->samplers, want > 0 ? want : 0, sample_row, s);
+    if (rc) return rc;
     if (pthread_create(&s->thread, NULL, engine_main, s)) return FERRY_ERR_NOMEM;
     s->started = 1;
     return 0;
@@ -265,12 +209,8 @@ void sched_stop(struct sched *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->started = 0;
-    pthread_mutex_lock(&s->wmu);
-    s->wstop = 1;
-    pthread_cond_broadcast(&s->wgo);
-    pthread_mutex_unlock(&s->wmu);
-    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
-    s->n_workers = 0;
+    row_pool_free(s->samplers);
+    s->samplers = NULL;
 }
 
 void sched_free(struct sched *s)
@@ -298,10 +238,7 @@ void sched_free(struct sched *s)
     prompt_cache_free(s->pc);
     free(s->logits);
     free(s->scratch);
-    free(s->workers);
-    pthread_cond_destroy(&s->wgo);
-    pthread_cond_destroy(&s->wdone);
-    pthread_mutex_destroy(&s->wmu);
+    row_pool_free(s->samplers); /* when the engine thread never started */
     pthread_cond_destroy(&s->cv_work);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -641,52 +578,11 @@ static void cut_expired_locked(struct sched *s, double now)
     }
 }
 
-/* Takes rows off the shared counter until none is left. */
-static void sample_some(struct sched *s)
-{
-    for (;;) {
-        int i = __atomic_fetch_add(&s->wnext, 1, __ATOMIC_ACQ_REL);
-        if (i >= s->wrows) return;
-        process_row(s, s->row_owner[i], s->logits + (size_t)s->row_at[i] * s->n_vocab);
-    }
-}
-
-static void *sample_worker(void *arg)
+/* A sampling thread (or the engine thread): row i of the step. */
+static void sample_row(void *arg, int i)
 {
     struct sched *s = arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&s->wmu);
-    for (;;) {
-        while (s->wgen == seen && !s->wstop) pthread_cond_wait(&s->wgo, &s->wmu);
-        if (s->wstop) break;
-        seen = s->wgen;
-        pthread_mutex_unlock(&s->wmu);
-        sample_some(s);
-        pthread_mutex_lock(&s->wmu);
-        if (--s->wbusy == 0) pthread_cond_signal(&s->wdone);
-    }
-    pthread_mutex_unlock(&s->wmu);
-    return NULL;
-}
-
-/* Samples the step's rows: on the engine thread alone for a few rows, with the workers otherwise. */
-static void sample_rows(struct sched *s, int rows)
-{
-    s->wrows = rows;
-    s->wnext = 0;
-    if (s->n_workers == 0 || rows < 4) {
-        sample_some(s);
-        return;
-    }
-    pthread_mutex_lock(&s->wmu);
-    s->wbusy = s->n_workers;
-    s->wgen++;
-    pthread_cond_broadcast(&s->wgo);
-    pthread_mutex_unlock(&s->wmu);
-    sample_some(s);
-    pthread_mutex_lock(&s->wmu);
-    while (s->wbusy > 0) pthread_cond_wait(&s->wdone, &s->wmu);
-    pthread_mutex_unlock(&s->wmu);
+    process_row(s, s->row_owner[i], s->logits + (size_t)s->row_at[i] * s->n_vocab);
 }
 
 /* Outside the lock, after a step: the logprob of each asked prompt token given the tokens before it. */
@@ -886,7 +782,7 @@ static void *engine_main(void *arg)
         double t1 = sched_now();
         if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
-            sample_rows(s, rows);
+            row_pool_run(s->samplers, rows);
             prompt_logprobs(s);
         }
         if (rc == 0 && ne > 0) {
