@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -433,6 +434,24 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     return rc;
 }
 
+/* The numeric fields that go straight into the request: one row each (name, bounds, the int or float they
+ * set), read in this order so the first bad one is the one named. */
+static const struct num_field {
+    const char *name;
+    int is_int; /* 1: an int field, else a float */
+    double lo, hi;
+    size_t off; /* in struct sreq */
+} num_fields[] = {
+    {"temperature", 0, 0, 2, offsetof(struct sreq, sp.temperature)},
+    {"top_p", 0, 0, 1, offsetof(struct sreq, sp.top_p)},
+    {"top_k", 1, 0, INT_MAX, offsetof(struct sreq, sp.top_k)},
+    {"min_p", 0, 0, 1, offsetof(struct sreq, sp.min_p)},
+    {"repetition_penalty", 0, 1e-3, 100, offsetof(struct sreq, sp.repetition_penalty)},
+    {"presence_penalty", 0, -2, 2, offsetof(struct sreq, sp.presence_penalty)},
+    {"frequency_penalty", 0, -2, 2, offsetof(struct sreq, sp.frequency_penalty)},
+    {"n", 1, 1, API_MAX_N, offsetof(struct sreq, n)},
+};
+
 int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, struct sreq **out,
                      struct api_err *e)
 {
@@ -461,22 +480,16 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     }
     str = NULL;
     TRY(api_get_str(o, "user", &str, e));
-    if (api_get_num(o, "temperature", 0, 2, &d, e) > 0) r->sp.temperature = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "top_p", 0, 1, &d, e) > 0) r->sp.top_p = (float)d;
-    if (e->status) goto fail;
-    if (api_get_int(o, "top_k", 0, INT_MAX, &ll, e) > 0) r->sp.top_k = (int)ll;
-    if (e->status) goto fail;
-    if (api_get_num(o, "min_p", 0, 1, &d, e) > 0) r->sp.min_p = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "repetition_penalty", 1e-3, 100, &d, e) > 0) r->sp.repetition_penalty = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "presence_penalty", -2, 2, &d, e) > 0) r->sp.presence_penalty = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "frequency_penalty", -2, 2, &d, e) > 0) r->sp.frequency_penalty = (float)d;
-    if (e->status) goto fail;
-    if (api_get_int(o, "n", 1, API_MAX_N, &ll, e) > 0) r->n = (int)ll;
-    if (e->status) goto fail;
+    for (size_t i = 0; i < sizeof num_fields / sizeof num_fields[0]; i++) {
+        const struct num_field *f = &num_fields[i];
+        char *dst = (char *)r + f->off;
+        if (f->is_int) {
+            if (api_get_int(o, f->name, (long long)f->lo, (long long)f->hi, &ll, e) > 0) *(int *)dst = (int)ll;
+        } else if (api_get_num(o, f->name, f->lo, f->hi, &d, e) > 0) {
+            *(float *)dst = (float)d;
+        }
+        if (e->status) goto fail;
+    }
     if (api_get_bool(o, "stream", &b, e) > 0) r->stream = b;
     if (e->status) goto fail;
     json_t *so = json_object_get(o, "stream_options");
