@@ -484,7 +484,8 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
         const struct num_field *f = &num_fields[i];
         char *dst = (char *)r + f->off;
         if (f->is_int) {
-            if (api_get_int(o, f->name, (long long)f->lo, (long long)f->hi, &ll, e) > 0) *(int *)dst = (int)ll;
+            if (api_get_int(o, f->name, (long long)f->lo, (long long)f->hi, &ll, e) > 0)
+                *(int *)dst = (int)ll;
         } else if (api_get_num(o, f->name, f->lo, f->hi, &d, e) > 0) {
             *(float *)dst = (float)d;
         }
@@ -581,14 +582,16 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
         if (kind == SREQ_COMPLETION && max_tokens > 16)
             max_tokens = 16; /* OpenAI's default for completions */
     }
-    /* Never fits: one sequence needs prompt + max_tokens KV positions, and the pool is shared by all slots but
-     * cannot lend one sequence more than it holds. Refused here, with the numbers, rather than queued forever. */
+    /* Never fits: one sequence needs prompt + max_tokens KV positions, and the pool is shared by all slots
+     * but cannot lend one sequence more than it holds. Refused here, with the numbers, rather than queued
+     * forever. */
     if (a->kv_positions > 0 && (long long)longest + max_tokens > a->kv_positions) {
         const int prompt_alone = longest > a->kv_positions;
         e->status = FERRY_ERR_RANGE;
         e->param = prompt_alone ? (kind != SREQ_COMPLETION ? "messages" : "prompt")
-                   : kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
-                                                                                            : "max_tokens";
+                   : kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens")
+                       ? "max_completion_tokens"
+                       : "max_tokens";
         snprintf(e->msg, sizeof e->msg,
                  "this request needs %lld KV positions (prompt %d + max_tokens %lld); the pool holds %d "
                  "(--kv-tokens)",

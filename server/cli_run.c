@@ -565,7 +565,8 @@ int cli_run_main(int argc, char **argv)
         .ctx = ctx,
     };
     if ((rc = seq_output_init(&so, voc, &op, &o.sp))) {
-        fprintf(stderr, "ferry run: %s\n", rc == FERRY_ERR_NOMEM ? "out of memory" : "invalid sampling parameters");
+        fprintf(stderr, "ferry run: %s\n",
+                rc == FERRY_ERR_NOMEM ? "out of memory" : "invalid sampling parameters");
         goto out;
     }
     logits = malloc((size_t)n_vocab * sizeof *logits);

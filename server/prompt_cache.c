@@ -102,8 +102,8 @@ void prompt_cache_record(struct prompt_cache *pc, int q, int pos, int32_t tok)
 /* Slots are ranked by the reusable length when it is at least PROMPT_CACHE_MIN_REUSE (or the whole usable
  * prompt); below that, an empty slot comes first (rather than dropping a cache), then the least recently
  * used cache. */
-int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const int32_t *prompt, int n_prompt,
-                      int use_cache, int *reuse)
+int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const int32_t *prompt,
+                      int n_prompt, int use_cache, int *reuse)
 {
     int best = -1, best_score = -1, best_reuse = 0;
     for (int j = 0; j < pc->n_slots; j++) {

@@ -38,8 +38,8 @@ void prompt_cache_record(struct prompt_cache *pc, int q, int pos, int32_t tok);
  * can give: the longest common start, short of the prompt's last token (whose logits must be computed).
  * use_cache 0: rank empty slots first, then the least recently used, ignoring content. -1 when none is
  * free. */
-int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const int32_t *prompt, int n_prompt,
-                      int use_cache, int *reuse);
+int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const int32_t *prompt,
+                      int n_prompt, int use_cache, int *reuse);
 /* Free slots other than `except` that hold a cache, least recently used first, into out (n_slots room);
  * returns how many. */
 int prompt_cache_idle(const struct prompt_cache *pc, const int *slot_free, int except, int *out);

@@ -49,10 +49,10 @@ enum sched_admit sched_policy_admit(const struct sched_policy_params *p, int n_r
 
 /* A running sequence as a step sees it. */
 struct sched_step_seq {
-    int n_prompt;      /* prompt tokens */
-    int n_fed;         /* of them computed; n_fed == n_prompt: it decodes */
-    int no_prefill;    /* its prompt is not prefilled in this batch (embeddings run in a batch of their own) */
-    int prompt_lp;     /* its prompt rows want logits: they count against prompt_lp_rows */
+    int n_prompt;   /* prompt tokens */
+    int n_fed;      /* of them computed; n_fed == n_prompt: it decodes */
+    int no_prefill; /* its prompt is not prefilled in this batch (embeddings run in a batch of their own) */
+    int prompt_lp;  /* its prompt rows want logits: they count against prompt_lp_rows */
 };
 struct sched_step_plan {
     int n_decode;  /* decode rows (one per decoding sequence) */

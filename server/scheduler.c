@@ -52,9 +52,9 @@ struct sched {
     /* engine thread only */
     int *slot_free; /* (n_slots) 1 when free */
     struct prompt_cache *pc;
-    int *idle, *idle_blocks;      /* (n_slots) free slots with a cache, LRU first, and their KV blocks */
-    struct sched_step_seq *steps; /* (n_slots) the running choices as the policy sees them */
-    int *chunk;                   /* (n_slots) the policy's prompt tokens for each this step */
+    int *idle, *idle_blocks;           /* (n_slots) free slots with a cache, LRU first, and their KV blocks */
+    struct sched_step_seq *steps;      /* (n_slots) the running choices as the policy sees them */
+    int *chunk;                        /* (n_slots) the policy's prompt tokens for each this step */
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
     /* embeddings run in a step of their own (its rows are hidden states, not logits) */
@@ -66,9 +66,9 @@ struct sched {
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
     struct choice *plp_owner[PROMPT_LP_ROWS];
     int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;
-    struct seq_vocab *vocab; /* every token's text and kind, for the outputs and grammar masks */
-    float *logits;         /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
-    float *scratch;        /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
+    struct seq_vocab *vocab;   /* every token's text and kind, for the outputs and grammar masks */
+    float *logits;             /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
+    float *scratch;            /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     struct row_pool *samplers; /* rows of one step are sampled in parallel (each row's state is its own) */
 };
 
@@ -484,7 +484,8 @@ static struct choice *running_leader_locked(const struct sched *s, const struct 
 static int fits_locked(struct sched *s, const struct choice *c, int slot)
 {
     const int n = prompt_cache_idle(s->pc, s->slot_free, slot, s->idle);
-    for (int i = 0; i < n; i++) s->idle_blocks[i] = sched_policy_blocks(&s->pp, engine_seq_len(s->e, s->idle[i]));
+    for (int i = 0; i < n; i++)
+        s->idle_blocks[i] = sched_policy_blocks(&s->pp, engine_seq_len(s->e, s->idle[i]));
     int n_evict = 0;
     const enum sched_admit a =
         sched_policy_admit(&s->pp, s->n_run, s->kv_reserved, kv_need(s, c), s->idle_blocks, n, &n_evict);
@@ -743,9 +744,9 @@ static void *engine_main(void *arg)
             if (lead && lead->n_fed < lead->n_prompt) break;
             const int use_cache =
                 !lead && s->p.prompt_cache && !wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
-            int reuse = 0,
-                slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt, use_cache, &reuse)
-                             : -1;
+            int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
+                                                            use_cache, &reuse)
+                                        : -1;
             if (feeds && !fits_locked(s, c, slot)) break;
             s->qhead = c->qnext;
             if (!s->qhead) s->qtail = NULL;

@@ -7,7 +7,8 @@
  * reference-counted (HTTP side + scheduler side) and freed by whichever lets go last. Every iteration the
  * engine thread reaps cancelled or timed-out sequences (engine_seq_free), admits queued ones first come
  * first served into free slots, and runs one engine_step over all decode tokens plus prefill chunks up to
- * max_batch_tokens (or prefill_budget). Stop strings are held back until they can no longer match, so they never leak.
+ * max_batch_tokens (or prefill_budget). Stop strings are held back until they can no longer match, so they
+ * never leak.
  */
 #ifndef FERRY_SERVER_SCHEDULER_H
 #define FERRY_SERVER_SCHEDULER_H
@@ -33,7 +34,6 @@ enum sreq_kind {
     SREQ_EMBED = 3,     /* /v1/embeddings: each choice's prompt is run for its final hidden states, pooled */
 };
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
-
 
 struct sreq;
 
@@ -136,7 +136,8 @@ struct sched_params {
     int sample_threads; /* threads sampling the rows of one step (engine thread included) */
     int prompt_cache;   /* a finished sequence's KV stays in its slot; a later prompt starting with the same
                          * tokens continues from there instead of recomputing them */
-    int prefill_budget; /* prefill tokens per step at most; 0: max_batch_tokens minus the step's decode rows */
+    int prefill_budget; /* prefill tokens per step at most; 0: max_batch_tokens minus the step's decode rows
+                         */
 };
 
 struct sched;

@@ -193,7 +193,8 @@ int32_t seq_output_step(struct seq_output *o, float *row, float *raw)
     o->has_lp = 0;
     o->fin = NULL;
     o->release = 0;
-    if (p->logprobs >= 0) memcpy(raw, row, (size_t)v->n_vocab * sizeof(float)); /* the model's, unconstrained */
+    if (p->logprobs >= 0)
+        memcpy(raw, row, (size_t)v->n_vocab * sizeof(float)); /* the model's, unconstrained */
     if (p->grammar) grammar_apply(o, row);
     int32_t tok = sampler_sample(o->smp, row);
     if (tok < 0 || tok >= v->n_vocab) tok = 0; /* a sampler bug must not index out of range */

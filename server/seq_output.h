@@ -40,13 +40,15 @@ struct seq_vocab {
     uint8_t *kind;         /* (n_vocab) enum seq_tok_kind */
     struct gvocab *gvocab; /* NULL without a tokenizer or when not asked for */
 };
-/* with_grammar 0: no gvocab (no constrained decoding; building the tries costs time on a large vocabulary). */
+/* with_grammar 0: no gvocab (no constrained decoding; building the tries costs time on a large vocabulary).
+ */
 int seq_vocab_init(struct seq_vocab **out, const struct tokenizer *t, int n_vocab, int with_grammar);
 void seq_vocab_free(struct seq_vocab *v);
 
 struct seq_output_params {
-    const struct grammar *grammar; /* non-NULL: outputs are constrained to it; it ends when the grammar does */
-    char *const *stops;            /* (n_stops) non-empty strings that end the output, never shown */
+    const struct grammar
+        *grammar;       /* non-NULL: outputs are constrained to it; it ends when the grammar does */
+    char *const *stops; /* (n_stops) non-empty strings that end the output, never shown */
     int n_stops;
     int logprobs;     /* -1 off, else top alternatives to report (0..SEQ_MAX_TOP_LOGPROBS) */
     int keep_special; /* control tokens other than end-of-generation go into the text */

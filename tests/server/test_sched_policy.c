@@ -28,10 +28,10 @@ static struct sched_policy_params params(void)
 Test(sched_policy, kv_need_rounds_up_and_caps_at_context)
 {
     struct sched_policy_params p = params();
-    cr_assert_eq(sched_policy_kv_need(&p, 10, 20), 2);  /* 30 positions → 2 blocks of 16 */
-    cr_assert_eq(sched_policy_kv_need(&p, 16, 16), 2);  /* exactly 32 */
-    cr_assert_eq(sched_policy_kv_need(&p, 16, 17), 3);  /* 33 */
-    cr_assert_eq(sched_policy_kv_need(&p, 5, 0), 1);    /* embeddings, prompt logprobs: the prompt only */
+    cr_assert_eq(sched_policy_kv_need(&p, 10, 20), 2);      /* 30 positions → 2 blocks of 16 */
+    cr_assert_eq(sched_policy_kv_need(&p, 16, 16), 2);      /* exactly 32 */
+    cr_assert_eq(sched_policy_kv_need(&p, 16, 17), 3);      /* 33 */
+    cr_assert_eq(sched_policy_kv_need(&p, 5, 0), 1);        /* embeddings, prompt logprobs: the prompt only */
     cr_assert_eq(sched_policy_kv_need(&p, 1000, 5000), 64); /* never more than the context: 1024 / 16 */
     cr_assert_eq(sched_policy_blocks(&p, 0), 0);
 }
@@ -299,16 +299,20 @@ Test(sched_policy, fcfs_a_long_request_is_not_starved_by_short_ones_behind_it)
     for (step = 0; step < 400; step++) {
         while (arrived < N && q[arrived].arrival <= step) arrived++;
         sim_iteration(&p, q, N, &qhead, arrived, run, &n_run, &reserved, step);
-        cr_assert_leq(reserved, p.kv_blocks, "step %d: %d blocks reserved of %d", step, reserved, p.kv_blocks);
+        cr_assert_leq(reserved, p.kv_blocks, "step %d: %d blocks reserved of %d", step, reserved,
+                      p.kv_blocks);
         cr_assert_leq(n_run, p.n_slots);
         if (arrived == N && qhead == N && n_run == 0) break;
     }
     cr_assert_lt(step, 400, "the queue never drained");
     /* the short ones had the room (4 free blocks, 2 free slots) but waited behind the long one */
-    cr_assert_gt(q[2].admitted_at, q[3].arrival, "the long request was admitted before the first short one came");
+    cr_assert_gt(q[2].admitted_at, q[3].arrival,
+                 "the long request was admitted before the first short one came");
     for (int i = 3; i < N; i++)
-        cr_assert_geq(q[i].admitted_at, q[2].admitted_at, "short request %d (admitted at step %d) overtook the long "
-                      "one (admitted at step %d)", i, q[i].admitted_at, q[2].admitted_at);
+        cr_assert_geq(q[i].admitted_at, q[2].admitted_at,
+                      "short request %d (admitted at step %d) overtook the long "
+                      "one (admitted at step %d)",
+                      i, q[i].admitted_at, q[2].admitted_at);
     /* admitted in arrival order, and every one finished */
     for (int i = 1; i < N; i++) cr_assert_geq(q[i].admitted_at, q[i - 1].admitted_at);
     for (int i = 0; i < N; i++) cr_assert_geq(q[i].done_at, 0, "request %d never finished", i);
@@ -331,7 +335,8 @@ Test(sched_policy, admission_stops_when_slots_run_out)
     cr_assert_eq(sim_iteration(&p, q, N, &qhead, N, run, &n_run, &reserved, 0), 2);
     cr_assert_eq(q[2].admitted_at, -1);
     int step = 1;
-    while (q[2].admitted_at < 0 && step < 10) sim_iteration(&p, q, N, &qhead, N, run, &n_run, &reserved, step++);
+    while (q[2].admitted_at < 0 && step < 10)
+        sim_iteration(&p, q, N, &qhead, N, run, &n_run, &reserved, step++);
     /* prompt in step 0 (first token), two decode steps: done at step 2, the third admitted at step 3 */
     cr_assert_eq(q[0].done_at, 2);
     cr_assert_eq(q[2].admitted_at, 3);
