@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -433,6 +434,24 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     return rc;
 }
 
+/* The numeric fields that go straight into the request: one row each (name, bounds, the int or float they
+ * set), read in this order so the first bad one is the one named. */
+static const struct num_field {
+    const char *name;
+    int is_int; /* 1: an int field, else a float */
+    double lo, hi;
+    size_t off; /* in struct sreq */
+} num_fields[] = {
+    {"temperature", 0, 0, 2, offsetof(struct sreq, sp.temperature)},
+    {"top_p", 0, 0, 1, offsetof(struct sreq, sp.top_p)},
+    {"top_k", 1, 0, INT_MAX, offsetof(struct sreq, sp.top_k)},
+    {"min_p", 0, 0, 1, offsetof(struct sreq, sp.min_p)},
+    {"repetition_penalty", 0, 1e-3, 100, offsetof(struct sreq, sp.repetition_penalty)},
+    {"presence_penalty", 0, -2, 2, offsetof(struct sreq, sp.presence_penalty)},
+    {"frequency_penalty", 0, -2, 2, offsetof(struct sreq, sp.frequency_penalty)},
+    {"n", 1, 1, API_MAX_N, offsetof(struct sreq, n)},
+};
+
 int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, struct sreq **out,
                      struct api_err *e)
 {
@@ -461,22 +480,17 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     }
     str = NULL;
     TRY(api_get_str(o, "user", &str, e));
-    if (api_get_num(o, "temperature", 0, 2, &d, e) > 0) r->sp.temperature = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "top_p", 0, 1, &d, e) > 0) r->sp.top_p = (float)d;
-    if (e->status) goto fail;
-    if (api_get_int(o, "top_k", 0, INT_MAX, &ll, e) > 0) r->sp.top_k = (int)ll;
-    if (e->status) goto fail;
-    if (api_get_num(o, "min_p", 0, 1, &d, e) > 0) r->sp.min_p = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "repetition_penalty", 1e-3, 100, &d, e) > 0) r->sp.repetition_penalty = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "presence_penalty", -2, 2, &d, e) > 0) r->sp.presence_penalty = (float)d;
-    if (e->status) goto fail;
-    if (api_get_num(o, "frequency_penalty", -2, 2, &d, e) > 0) r->sp.frequency_penalty = (float)d;
-    if (e->status) goto fail;
-    if (api_get_int(o, "n", 1, API_MAX_N, &ll, e) > 0) r->n = (int)ll;
-    if (e->status) goto fail;
+    for (size_t i = 0; i < sizeof num_fields / sizeof num_fields[0]; i++) {
+        const struct num_field *f = &num_fields[i];
+        char *dst = (char *)r + f->off;
+        if (f->is_int) {
+            if (api_get_int(o, f->name, (long long)f->lo, (long long)f->hi, &ll, e) > 0)
+                *(int *)dst = (int)ll;
+        } else if (api_get_num(o, f->name, f->lo, f->hi, &d, e) > 0) {
+            *(float *)dst = (float)d;
+        }
+        if (e->status) goto fail;
+    }
     if (api_get_bool(o, "stream", &b, e) > 0) r->stream = b;
     if (e->status) goto fail;
     json_t *so = json_object_get(o, "stream_options");
@@ -567,6 +581,22 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
         max_tokens = a->ctx_size - longest;
         if (kind == SREQ_COMPLETION && max_tokens > 16)
             max_tokens = 16; /* OpenAI's default for completions */
+    }
+    /* Never fits: one sequence needs prompt + max_tokens KV positions, and the pool is shared by all slots
+     * but cannot lend one sequence more than it holds. Refused here, with the numbers, rather than queued
+     * forever. */
+    if (a->kv_positions > 0 && (long long)longest + max_tokens > a->kv_positions) {
+        const int prompt_alone = longest > a->kv_positions;
+        e->status = FERRY_ERR_RANGE;
+        e->param = prompt_alone ? (kind != SREQ_COMPLETION ? "messages" : "prompt")
+                   : kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens")
+                       ? "max_completion_tokens"
+                       : "max_tokens";
+        snprintf(e->msg, sizeof e->msg,
+                 "this request needs %lld KV positions (prompt %d + max_tokens %lld); the pool holds %d "
+                 "(--kv-tokens)",
+                 (long long)longest + max_tokens, longest, max_tokens, a->kv_positions);
+        goto fail;
     }
     r->max_tokens = (int)max_tokens;
 

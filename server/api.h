@@ -44,6 +44,8 @@ struct api_ctx {
     const char *fingerprint; /* system_fingerprint of every answer ("fp_" and the build id) */
     int embd_dim;            /* width of an embedding (the model's hidden size) */
     int pooling;             /* embeddings: 0 = mean over the input's positions, 1 = its last position */
+    int kv_positions; /* positions the whole KV pool holds (sched_kv_positions); 0 = unknown, not checked
+                       * here (sched_submit still refuses a sequence that can never fit) */
 };
 
 struct api_err {

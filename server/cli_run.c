@@ -22,6 +22,7 @@
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
+#include "server/seq_output.h"
 
 #define MAX_MESSAGES 256
 
@@ -490,7 +491,8 @@ int cli_run_main(int argc, char **argv)
     struct model_file *mf = NULL;
     struct tokenizer *tok = NULL;
     struct engine *eng = NULL;
-    struct sampler *smp = NULL;
+    struct seq_vocab *voc = NULL;
+    struct seq_output so = {0};
     int32_t *prompt = NULL, *gen = NULL;
     float *logits = NULL;
     char *text = NULL;
@@ -550,8 +552,21 @@ int cli_run_main(int argc, char **argv)
         goto out;
     }
     if (o.max_tokens > ctx - n_prompt) o.max_tokens = ctx - n_prompt;
-    if ((rc = sampler_init(&smp, &o.sp, n_vocab))) {
-        fprintf(stderr, "ferry run: invalid sampling parameters\n");
+    if (seq_vocab_init(&voc, tok, n_vocab, 0)) {
+        fprintf(stderr, "ferry run: out of memory\n");
+        goto out;
+    }
+    /* the server's output pipeline: sampling, end of generation, detokenization (no stops, no grammar) */
+    const struct seq_output_params op = {
+        .logprobs = -1,
+        .ignore_eos = o.ignore_eos,
+        .max_tokens = o.max_tokens,
+        .n_prompt = n_prompt,
+        .ctx = ctx,
+    };
+    if ((rc = seq_output_init(&so, voc, &op, &o.sp))) {
+        fprintf(stderr, "ferry run: %s\n",
+                rc == FERRY_ERR_NOMEM ? "out of memory" : "invalid sampling parameters");
         goto out;
     }
     logits = malloc((size_t)n_vocab * sizeof *logits);
@@ -595,45 +610,29 @@ int cli_run_main(int argc, char **argv)
             goto out;
         }
     }
-    for (int i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i]);
+    seq_output_accept(&so, prompt, n_prompt); /* the prompt counts for repetition penalties */
 
-    struct detok dt;
-    if (tok) detok_init(&dt, tok);
-    char piece[1024];
-    for (n_gen = 0; n_gen < o.max_tokens; n_gen++) {
-        int32_t t = sampler_sample(smp, logits);
-        if (tok && !o.ignore_eos && tokenizer_is_eog(tok, t)) break;
-        gen[n_gen] = t;
-        sampler_accept(smp, t);
-        if (tok) {
-            int n = detok_push(&dt, t, piece, sizeof piece);
-            if (n > 0) {
-                buf_append(&text, &text_len, &text_cap, piece, (size_t)n);
-                if (!o.json) {
-                    fwrite(piece, 1, (size_t)n, stdout);
-                    fflush(stdout);
-                }
+    for (n_gen = 0; n_gen < o.max_tokens;) {
+        int32_t t = seq_output_step(&so, logits, NULL);
+        if (so.release) { /* the text so far, flushed at the end (an end-of-generation token included) */
+            buf_append(&text, &text_len, &text_cap, so.hold, so.release);
+            if (!o.json) {
+                fwrite(so.hold, 1, so.release, stdout);
+                fflush(stdout);
             }
+            seq_output_take(&so, so.release);
         }
-        if (n_gen + 1 == o.max_tokens) {
-            n_gen++;
-            break;
-        }
+        if (so.eog) break;
+        gen[n_gen++] = t;
+        if (so.fin) break;
         bt[0] = t;
-        b.pos[0] = n_prompt + n_gen;
+        b.pos[0] = n_prompt + n_gen - 1;
         b.seq[0] = 0;
         want[0] = 1;
         b.n_tokens = 1;
         if ((rc = engine_step(eng, &b, logits))) {
             fprintf(stderr, "\nferry run: forward pass failed: %s\n", ferry_status_str(rc));
             break;
-        }
-    }
-    if (tok) {
-        int n = detok_flush(&dt, piece, sizeof piece);
-        if (n > 0) {
-            buf_append(&text, &text_len, &text_cap, piece, (size_t)n);
-            if (!o.json) fwrite(piece, 1, (size_t)n, stdout);
         }
     }
     double t2 = now_s();
@@ -671,7 +670,8 @@ out:
     free(logits);
     free(gen);
     free(prompt);
-    sampler_free(smp);
+    seq_output_free(&so);
+    seq_vocab_free(voc);
     engine_free(eng);
     tokenizer_free(tok);
     model_file_close(mf);

@@ -1,6 +1,8 @@
 /* metrics — counters and histograms behind /metrics, in the Prometheus text exposition format 0.0.4. */
 #include "server/metrics.h"
 
+#include "runtime/engine.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +54,69 @@ void metrics_observe(struct metrics *m, struct histogram *h, double v)
     h->sum += v;
     h->n++;
     pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_queue_depth(struct metrics *m, int queued)
+{
+    pthread_mutex_lock(&m->mu);
+    m->queue_depth = queued;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st)
+{
+    pthread_mutex_lock(&m->mu);
+    m->queue_depth = queued;
+    m->running_seqs = running;
+    m->kv_blocks_used = st->kv_blocks_used;
+    m->kv_blocks_total = st->kv_blocks_total;
+    m->layers_resident = st->n_resident;
+    m->layers_streamed = st->n_streamed;
+    m->bytes_streamed = st->bytes_streamed;
+    m->copy_seconds = st->copy_seconds;
+    m->stall_seconds = st->stall_seconds;
+    m->vram_budget = st->vram_budget;
+    m->vram_planned = st->vram_planned;
+    m->vram_used = st->vram_used;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_count_cancelled(struct metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->requests_cancelled++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_add_cached(struct metrics *m, int positions)
+{
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens_cached += (uint64_t)positions;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_request_done(struct metrics *m, double seconds)
+{
+    metrics_observe(m, &m->request_seconds, seconds);
+}
+
+void metrics_token_out(struct metrics *m, int first, double seconds)
+{
+    metrics_observe(m, first ? &m->ttft : &m->itl, seconds);
+}
+
+void metrics_step_done(struct metrics *m, int n_prefill, int n_gen, double busy_seconds, int batch_tokens,
+                       int running)
+{
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens += (uint64_t)n_prefill;
+    m->generated_tokens += (uint64_t)n_gen;
+    m->engine_steps++;
+    m->engine_busy_seconds += busy_seconds;
+    m->last_batch_tokens = batch_tokens;
+    m->running_seqs = running;
+    pthread_mutex_unlock(&m->mu);
+    metrics_observe(m, &m->batch_tokens, batch_tokens);
 }
 
 struct sbuf {

@@ -47,6 +47,20 @@ void metrics_init(struct metrics *m);
 void metrics_free(struct metrics *m);
 void metrics_count_status(struct metrics *m, int http_status);
 void metrics_observe(struct metrics *m, struct histogram *h, double v);
+
+/* The scheduler's updates (engine thread, or a sched_cancel caller; each takes m->mu). */
+struct engine_stats;
+void metrics_set_queue_depth(struct metrics *m, int queued);
+/* Gauges of one iteration: the queue, the running sequences and the engine's own statistics. */
+void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st);
+void metrics_count_cancelled(struct metrics *m);
+void metrics_add_cached(struct metrics *m, int positions); /* prompt positions not prefilled */
+void metrics_request_done(struct metrics *m, double seconds);
+/* A generated token went out: the first of its sequence (time to first token) or a later one. */
+void metrics_token_out(struct metrics *m, int first, double seconds);
+/* One engine step: its prefill and generated tokens, the engine's time, the batch's tokens. */
+void metrics_step_done(struct metrics *m, int n_prefill, int n_gen, double busy_seconds, int batch_tokens,
+                       int running);
 /* Renders into a malloc'd NUL-terminated buffer; returns NULL when out of memory. */
 char *metrics_render(struct metrics *m, size_t *len);
 

@@ -1,4 +1,5 @@
-/* scheduler — continuous batching: the queue, the engine thread, sampling, stops and detokenization.
+/* scheduler — continuous batching: the queue, the engine thread, reference counts, locking, and the glue
+ * between the policy (sched_policy), the sequences' output (seq_output) and the prompt cache (prompt_cache).
  *
  * Invariants: only the engine thread calls the engine, samplers and detokenizers; everything HTTP threads
  * read (choice text, logprobs, finish, request error/cancel, the queue) changes under s->mu. A choice holds
@@ -19,12 +20,15 @@
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
 #include "server/metrics.h"
+#include "server/prompt_cache.h"
+#include "server/row_pool.h"
+#include "server/sched_policy.h"
+#include "server/seq_output.h"
+#include "server/sreq.h"
 
 /* Prompt rows whose logprobs one step may compute (echo with logprobs); a longer prompt is prefilled in
  * chunks of this many rows. */
 #define PROMPT_LP_ROWS 64
-
-enum { TOK_TEXT = 0, TOK_CONTROL = 1, TOK_EOG = 2 };
 
 struct sched {
     pthread_mutex_t mu;
@@ -35,9 +39,9 @@ struct sched {
     const struct tokenizer *tok;
     struct metrics *m;
     struct sched_params p;
+    struct sched_policy_params pp; /* admission and step limits, the KV pool's shape */
     int n_slots, n_vocab, ctx, dim;
-    int kv_blocks, kv_block; /* KV pool: blocks and positions per block */
-    int kv_reserved;         /* blocks promised to running choices (engine thread, under mu) */
+    int kv_reserved; /* blocks promised to running choices (engine thread, under mu) */
     /* queue (under mu) */
     struct choice *qhead, *qtail;
     int n_queued;
@@ -47,12 +51,10 @@ struct sched {
     int n_run;
     /* engine thread only */
     int *slot_free; /* (n_slots) 1 when free */
-    /* Prompt cache: the tokens whose KV each slot holds (a free slot keeps its last sequence's), the step
-     * when a free slot was last used (least recently used caches are dropped first). slot_len -1: unknown
-     * (an allocation failed), never matched. */
-    int32_t **slot_toks;
-    int *slot_len, *slot_cap;
-    uint64_t *slot_used, clock;
+    struct prompt_cache *pc;
+    int *idle, *idle_blocks;           /* (n_slots) free slots with a cache, LRU first, and their KV blocks */
+    struct sched_step_seq *steps;      /* (n_slots) the running choices as the policy sees them */
+    int *chunk;                        /* (n_slots) the policy's prompt tokens for each this step */
     int32_t *b_tokens, *b_pos, *b_seq; /* (max_batch_tokens) */
     uint8_t *b_want;
     /* embeddings run in a step of their own (its rows are hidden states, not logits) */
@@ -64,20 +66,10 @@ struct sched {
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
     struct choice *plp_owner[PROMPT_LP_ROWS];
     int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;
-    /* every token's decoded bytes and kind (TOK_*), for constrained decoding */
-    const char **piece;
-    size_t *piece_len;
-    uint8_t *tok_kind;
-    struct gvocab *gvocab; /* the text tokens as tries, for grammar masks */
-    float *logits;         /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
-    float *scratch;        /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
-    /* sampling workers: rows of one step are sampled in parallel (each row's state is its own) */
-    pthread_t *workers;
-    int n_workers;
-    pthread_mutex_t wmu;
-    pthread_cond_t wgo, wdone;
-    uint64_t wgen; /* bumped for each parallel sampling round */
-    int wstop, wrows, wnext, wbusy;
+    struct seq_vocab *vocab;   /* every token's text and kind, for the outputs and grammar masks */
+    float *logits;             /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
+    float *scratch;            /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
+    struct row_pool *samplers; /* rows of one step are sampled in parallel (each row's state is its own) */
 };
 
 int sched_describe(struct sched *s, struct sched_seq *out, int cap)
@@ -114,6 +106,12 @@ int sched_embd_dim(const struct sched *s)
     return s->dim;
 }
 
+int sched_kv_positions(const struct sched *s)
+{
+    const long long n = (long long)s->pp.kv_blocks * s->pp.kv_block;
+    return n > INT32_MAX / 2 ? INT32_MAX / 2 : (int)n;
+}
+
 double sched_now(void)
 {
     struct timespec ts;
@@ -121,56 +119,10 @@ double sched_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-struct sreq *sreq_new(void)
-{
-    struct sreq *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    r->refs = 1;
-    r->logprobs = -1;
-    r->n = 1;
-    return r;
-}
-
-static void sreq_free(struct sreq *r)
-{
-    if (!r) return;
-    for (int i = 0; r->choices && i < r->n_choices; i++) {
-        grammar_state_free(r->choices[i].gst);
-        gscratch_free(r->choices[i].gscr);
-        free(r->choices[i].allowed);
-        free(r->choices[i].call_ids);
-        free(r->choices[i].embd);
-        free(r->choices[i].text);
-        free(r->choices[i].lps);
-        free(r->choices[i].prompt_lps);
-        free(r->choices[i].hold);
-    }
-    free(r->choices);
-    for (int i = 0; i < r->n_prompts; i++) {
-        if (r->prompts) free(r->prompts[i]);
-        if (r->prompt_texts) free(r->prompt_texts[i]);
-    }
-    free(r->prompts);
-    free(r->prompt_texts);
-    free(r->n_prompt_toks);
-    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
-    free(r->stops);
-    free(r->bias);
-    grammar_free(r->grammar);
-    free(r->echo_json);
-    pthread_cond_destroy(&r->cv);
-    free(r);
-}
-
 /* ---- lifecycle ---------------------------------------------------------------------------------- */
 
 static void *engine_main(void *arg);
-static void *sample_worker(void *arg);
+static void sample_row(void *arg, int i);
 
 int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, struct metrics *m,
                const struct sched_params *p)
@@ -180,9 +132,6 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     if (!s) return FERRY_ERR_NOMEM;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
-    pthread_mutex_init(&s->wmu, NULL);
-    pthread_cond_init(&s->wgo, NULL);
-    pthread_cond_init(&s->wdone, NULL);
     s->e = e;
     s->tok = t;
     s->m = m;
@@ -193,12 +142,25 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->dim = engine_hparams(e)->dim;
     struct engine_stats st;
     engine_get_stats(e, &st);
-    s->kv_block = st.kv_block_size > 0 ? st.kv_block_size : 1;
-    s->kv_blocks = st.kv_blocks_total > 0 ? st.kv_blocks_total : INT32_MAX / 2;
     if (s->p.max_batch_tokens < s->n_slots) s->p.max_batch_tokens = s->n_slots;
+    s->pp = (struct sched_policy_params){
+        .n_slots = s->n_slots,
+        .max_queue = s->p.max_queue,
+        .max_batch_tokens = s->p.max_batch_tokens,
+        .prefill_budget = s->p.prefill_budget > 0 ? s->p.prefill_budget : 0,
+        .prompt_lp_rows = PROMPT_LP_ROWS,
+        .ctx = s->ctx,
+        .kv_blocks = st.kv_blocks_total > 0 ? st.kv_blocks_total : INT32_MAX / 2,
+        .kv_block = st.kv_block_size > 0 ? st.kv_block_size : 1,
+    };
     size_t nb = (size_t)s->p.max_batch_tokens;
-    s->run = calloc((size_t)s->n_slots, sizeof *s->run);
-    s->slot_free = malloc((size_t)s->n_slots * sizeof *s->slot_free);
+    const size_t ns = (size_t)s->n_slots;
+    s->run = calloc(ns, sizeof *s->run);
+    s->slot_free = malloc(ns * sizeof *s->slot_free);
+    s->idle = calloc(ns, sizeof *s->idle);
+    s->idle_blocks = calloc(ns, sizeof *s->idle_blocks);
+    s->steps = calloc(ns, sizeof *s->steps);
+    s->chunk = calloc(ns, sizeof *s->chunk);
     s->b_tokens = malloc(nb * sizeof(int32_t));
     s->b_pos = malloc(nb * sizeof(int32_t));
     s->b_seq = malloc(nb * sizeof(int32_t));
@@ -208,38 +170,16 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->e_seq = malloc(nb * sizeof(int32_t));
     s->e_want = malloc(nb);
     s->e_out = malloc(nb * (size_t)s->dim * sizeof(float));
-    s->row_owner = calloc((size_t)s->n_slots, sizeof *s->row_owner);
-    s->row_at = calloc((size_t)s->n_slots, sizeof *s->row_at);
-    s->piece = calloc((size_t)s->n_vocab, sizeof *s->piece);
-    s->piece_len = calloc((size_t)s->n_vocab, sizeof *s->piece_len);
-    s->tok_kind = calloc((size_t)s->n_vocab, 1);
-    if (s->piece && s->piece_len && s->tok_kind)
-        for (int32_t id = 0; id < s->n_vocab; id++) {
-            s->piece[id] = tokenizer_piece(t, id, &s->piece_len[id]);
-            if (tokenizer_is_eog(t, id))
-                s->tok_kind[id] = TOK_EOG;
-            else if (!s->piece[id] || tokenizer_is_control(t, id))
-                s->tok_kind[id] = TOK_CONTROL;
-        }
-    if (s->piece && s->piece_len && s->tok_kind) {
-        uint8_t *is_text = malloc((size_t)s->n_vocab);
-        if (is_text) {
-            for (int32_t id = 0; id < s->n_vocab; id++) is_text[id] = s->tok_kind[id] == TOK_TEXT;
-            if (gvocab_init(&s->gvocab, s->n_vocab, s->piece, s->piece_len, is_text)) s->gvocab = NULL;
-        }
-        free(is_text);
-    }
-    s->slot_toks = calloc((size_t)s->n_slots, sizeof *s->slot_toks);
-    s->slot_len = calloc((size_t)s->n_slots, sizeof *s->slot_len);
-    s->slot_cap = calloc((size_t)s->n_slots, sizeof *s->slot_cap);
-    s->slot_used = calloc((size_t)s->n_slots, sizeof *s->slot_used);
-    const size_t rows = (size_t)s->n_slots + PROMPT_LP_ROWS;
+    s->row_owner = calloc(ns, sizeof *s->row_owner);
+    s->row_at = calloc(ns, sizeof *s->row_at);
+    if (seq_vocab_init(&s->vocab, t, s->n_vocab, 1)) s->vocab = NULL;
+    if (prompt_cache_init(&s->pc, s->n_slots)) s->pc = NULL;
+    const size_t rows = ns + PROMPT_LP_ROWS;
     s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
-    if (!s->run || !s->slot_free || !s->b_tokens || !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens ||
-        !s->e_pos || !s->e_seq || !s->e_want || !s->e_out || !s->row_owner || !s->row_at || !s->piece ||
-        !s->piece_len || !s->tok_kind || !s->gvocab || !s->slot_toks || !s->slot_len || !s->slot_cap ||
-        !s->slot_used || !s->logits || !s->scratch) {
+    if (!s->run || !s->slot_free || !s->idle || !s->idle_blocks || !s->steps || !s->chunk || !s->b_tokens ||
+        !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens || !s->e_pos || !s->e_seq || !s->e_want ||
+        !s->e_out || !s->row_owner || !s->row_at || !s->vocab || !s->pc || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -252,14 +192,8 @@ int sched_start(struct sched *s)
 {
     int want = s->p.sample_threads - 1; /* the engine thread samples too */
     if (want > s->n_slots - 1) want = s->n_slots - 1;
-    if (want > 0) {
-        s->workers = calloc((size_t)want, sizeof *s->workers);
-        if (!s->workers) return FERRY_ERR_NOMEM;
-        for (int i = 0; i < want; i++) {
-            if (pthread_create(&s->workers[i], NULL, sample_worker, s)) break;
-            s->n_workers++;
-        }
-    }
+    int rc = row_pool_init(&s->samplers, want > 0 ? want : 0, sample_row, s);
+    if (rc) return rc;
     if (pthread_create(&s->thread, NULL, engine_main, s)) return FERRY_ERR_NOMEM;
     s->started = 1;
     return 0;
@@ -275,12 +209,8 @@ void sched_stop(struct sched *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->started = 0;
-    pthread_mutex_lock(&s->wmu);
-    s->wstop = 1;
-    pthread_cond_broadcast(&s->wgo);
-    pthread_mutex_unlock(&s->wmu);
-    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
-    s->n_workers = 0;
+    row_pool_free(s->samplers);
+    s->samplers = NULL;
 }
 
 void sched_free(struct sched *s)
@@ -289,6 +219,10 @@ void sched_free(struct sched *s)
     sched_stop(s);
     free(s->run);
     free(s->slot_free);
+    free(s->idle);
+    free(s->idle_blocks);
+    free(s->steps);
+    free(s->chunk);
     free(s->b_tokens);
     free(s->b_pos);
     free(s->b_seq);
@@ -300,21 +234,11 @@ void sched_free(struct sched *s)
     free(s->e_out);
     free(s->row_owner);
     free(s->row_at);
-    free(s->piece);
-    free(s->piece_len);
-    free(s->tok_kind);
-    gvocab_free(s->gvocab);
-    for (int i = 0; s->slot_toks && i < s->n_slots; i++) free(s->slot_toks[i]);
-    free(s->slot_toks);
-    free(s->slot_len);
-    free(s->slot_cap);
-    free(s->slot_used);
+    seq_vocab_free(s->vocab);
+    prompt_cache_free(s->pc);
     free(s->logits);
     free(s->scratch);
-    free(s->workers);
-    pthread_cond_destroy(&s->wgo);
-    pthread_cond_destroy(&s->wdone);
-    pthread_mutex_destroy(&s->wmu);
+    row_pool_free(s->samplers); /* when the engine thread never started */
     pthread_cond_destroy(&s->cv_work);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -386,7 +310,7 @@ static void choice_done_locked(struct sched *s, struct choice *c, const char *fi
     req_signal_locked(r);
     if (r->n_done == r->n_choices) {
         s->in_flight--;
-        metrics_observe(s->m, &s->m->request_seconds, sched_now() - r->t_arrival);
+        metrics_request_done(s->m, sched_now() - r->t_arrival);
         req_unref_locked(r);
     }
 }
@@ -398,23 +322,31 @@ static int wants_prompt_lps(const struct sreq *r)
     return r->kind == SREQ_COMPLETION && r->echo && r->logprobs >= 0;
 }
 
-/* KV blocks a choice may use at most: its prompt plus max_tokens, rounded up to whole blocks. Admission
- * reserves them, so a running sequence never finds the pool exhausted mid-generation. */
+/* KV blocks a choice may use at most: admission reserves them, so a running sequence never finds the pool
+ * exhausted mid-generation. */
 static int kv_need(const struct sched *s, const struct choice *c)
 {
-    long long pos = (long long)c->n_prompt + c->req->max_tokens;
-    if (pos > s->ctx) pos = s->ctx;
-    return (int)((pos + s->kv_block - 1) / s->kv_block);
+    return sched_policy_kv_need(&s->pp, c->n_prompt, c->req->max_tokens);
 }
 
 int sched_submit(struct sched *s, struct sreq *req)
 {
-    if (req->n_choices > s->n_slots + s->p.max_queue) return FERRY_ERR_RANGE; /* could never be admitted */
-    for (int i = 0; i < req->n_choices; i++)
-        if (kv_need(s, &req->choices[i]) > s->kv_blocks) return FERRY_ERR_DEVICE_MEM; /* nor this */
+    int rc = sched_policy_accepts(&s->pp, 0, 0, req->n_choices);
+    if (rc) return rc; /* more sequences than could ever be admitted */
+    for (int i = 0; i < req->n_choices; i++) {
+        const struct choice *c = &req->choices[i];
+        if (sched_policy_fits_pool(&s->pp, c->n_prompt, req->max_tokens, NULL)) { /* nor this */
+            long long pos = (long long)c->n_prompt + req->max_tokens;
+            if (pos > s->ctx) pos = s->ctx;
+            snprintf(req->errmsg, sizeof req->errmsg,
+                     "this request needs %lld KV positions (prompt %d + max_tokens %d); the pool holds %d "
+                     "(--kv-tokens)",
+                     pos, c->n_prompt, req->max_tokens, sched_kv_positions(s));
+            return FERRY_ERR_DEVICE_MEM;
+        }
+    }
     pthread_mutex_lock(&s->mu);
-    int free_slots = s->n_slots - s->n_run;
-    if (s->stop || s->n_queued + req->n_choices > s->p.max_queue + (free_slots > 0 ? free_slots : 0)) {
+    if (s->stop || sched_policy_accepts(&s->pp, s->n_queued, s->n_run, req->n_choices)) {
         pthread_mutex_unlock(&s->mu);
         return s->stop ? FERRY_ERR_CANCELLED : FERRY_ERR_BUSY;
     }
@@ -431,9 +363,7 @@ int sched_submit(struct sched *s, struct sreq *req)
         s->qtail = c;
         s->n_queued++;
     }
-    pthread_mutex_lock(&s->m->mu);
-    s->m->queue_depth = s->n_queued;
-    pthread_mutex_unlock(&s->m->mu);
+    metrics_set_queue_depth(s->m, s->n_queued);
     pthread_cond_signal(&s->cv_work);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -462,11 +392,7 @@ void sched_cancel(struct sched *s, struct sreq *req, int status)
     pthread_mutex_lock(&s->mu);
     if (req->n_done < req->n_choices && !req->cancelled) {
         req->cancelled = status;
-        if (req->n_done < req->n_choices) {
-            pthread_mutex_lock(&s->m->mu);
-            s->m->requests_cancelled++;
-            pthread_mutex_unlock(&s->m->mu);
-        }
+        if (req->n_done < req->n_choices) metrics_count_cancelled(s->m);
         /* the request may be freed inside: keep it alive until we are done with it */
         req->refs++;
         unqueue_locked(s, req);
@@ -513,147 +439,30 @@ static int buf_append(char **p, size_t *len, size_t *cap, const char *src, size_
     return 0;
 }
 
-/* Earliest offset of any stop string in t[0..len), or -1. */
-static long stop_find(const struct sreq *r, const char *t, size_t len)
-{
-    long best = -1;
-    for (int i = 0; i < r->n_stops; i++) {
-        const char *hit = memmem(t, len, r->stops[i], strlen(r->stops[i]));
-        if (hit && (best < 0 || hit - t < best)) best = hit - t;
-    }
-    return best;
-}
-
-/* Length of the longest suffix of t[0..len) that is a proper prefix of some stop string: those bytes may
- * still become a stop and must be held back. */
-static size_t stop_holdback(const struct sreq *r, const char *t, size_t len)
-{
-    size_t best = 0;
-    for (int i = 0; i < r->n_stops; i++) {
-        size_t sl = strlen(r->stops[i]);
-        size_t k = sl - 1 < len ? sl - 1 : len;
-        for (; k > best; k--)
-            if (!memcmp(t + len - k, r->stops[i], k)) {
-                best = k;
-                break;
-            }
-    }
-    return best;
-}
-
-/* Constrained decoding: tokens that cannot continue the output within the grammar get -inf; end-of-generation
- * tokens are allowed exactly when the output may end. The budget (tokens left for this choice) lets the
- * grammar steer towards an end that fits. If nothing would be left, the end tokens stay allowed, so the step
- * still samples something. */
-static void grammar_apply(const struct sched *s, struct choice *c, float *row)
-{
-    const struct sreq *r = c->req;
-    int budget = r->max_tokens - c->n_gen;
-    const int ctx_left = s->ctx - (c->n_prompt + c->n_gen);
-    if (ctx_left < budget) budget = ctx_left;
-    int acc = grammar_mask(r->grammar, c->gst, s->gvocab, budget, c->allowed, c->gscr);
-    if (acc < 0) { /* out of memory for the mask: only ending is safe */
-        memset(c->allowed, 0, (size_t)s->n_vocab);
-        acc = 1;
-    }
-    int allowed = 0, first_eog = -1;
-    for (int32_t t = 0; t < s->n_vocab; t++) {
-        int ok;
-        if (s->tok_kind[t] == TOK_EOG) {
-            ok = acc;
-            if (first_eog < 0) first_eog = t;
-        } else {
-            ok = s->tok_kind[t] == TOK_TEXT && c->allowed[t];
-        }
-        if (!ok)
-            row[t] = -INFINITY;
-        else if (row[t] > -INFINITY)
-            allowed++;
-    }
-    if (!allowed && first_eog >= 0) row[first_eog] = 0.0f;
-}
-
 /* Outside the lock: samples the next token of c from its logits row and decides what text is released. */
 static void process_row(struct sched *s, struct choice *c, float *row)
 {
-    struct sreq *r = c->req;
-    c->has_lp = 0;
-    c->fin = NULL;
-    c->release = 0;
-    float *raw = s->scratch + (size_t)(row - s->logits);
-    if (r->logprobs >= 0)
-        memcpy(raw, row, (size_t)s->n_vocab * sizeof(float)); /* the model's, unconstrained */
-    if (r->grammar) grammar_apply(s, c, row);
-    int32_t tok = sampler_sample(c->smp, row);
-    if (tok < 0 || tok >= s->n_vocab) tok = 0; /* a sampler bug must not index out of range */
-    int grammar_done = 0;
-    if (r->grammar && s->tok_kind[tok] == TOK_TEXT) {
-        grammar_state_feed(r->grammar, c->gst, s->piece[tok], s->piece_len[tok]);
-        grammar_done = grammar_state_finished(r->grammar, c->gst); /* nothing may follow: this is the end */
-    }
-    if (r->logprobs >= 0) {
-        struct lp_entry *e = &c->lp_stage;
-        e->id = tok;
-        e->n_top = r->logprobs > SCHED_MAX_TOP_LOGPROBS ? SCHED_MAX_TOP_LOGPROBS : r->logprobs;
-        e->lp = sampler_logprob(raw, s->n_vocab, tok, e->n_top, e->top_id, e->top_lp);
-        c->has_lp = 1;
-    }
-    sampler_accept(c->smp, tok);
-    c->n_gen++;
-    c->last = tok;
-    char buf[4096];
-    int eog = tokenizer_is_eog(s->tok, tok);
-    if (r->keep_special && !eog && s->tok_kind[tok] == TOK_CONTROL) {
-        const char *sp = tokenizer_token_str(s->tok, tok);
-        if (sp && buf_append(&c->hold, &c->hold_len, &c->hold_cap, sp, strlen(sp))) c->oom = 1;
-    }
-    int length = c->n_gen >= r->max_tokens || c->n_prompt + c->n_gen >= s->ctx;
-    if (!eog) {
-        int k = detok_push(&c->dt, tok, buf, sizeof buf);
-        if (k > 0 && buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k)) c->oom = 1;
-    }
-    if (eog || length || grammar_done) {
-        int k = detok_flush(&c->dt, buf, sizeof buf);
-        if (k > 0 && buf_append(&c->hold, &c->hold_len, &c->hold_cap, buf, (size_t)k)) c->oom = 1;
-    }
-    long at = stop_find(r, c->hold ? c->hold : "", c->hold_len);
-    if (at >= 0) {
-        c->hold_len = (size_t)at;
-        c->release = (size_t)at;
-        c->fin = "stop";
-    } else if (eog || grammar_done) {
-        c->release = c->hold_len;
-        c->fin = "stop";
-    } else if (length) {
-        c->release = c->hold_len;
-        c->fin = "length";
-    } else {
-        c->release = c->hold_len - stop_holdback(r, c->hold, c->hold_len);
-    }
+    float *raw = s->scratch + (size_t)(row - s->logits); /* the unconstrained row, for logprobs */
+    seq_output_step(&c->out, row, raw);
+    c->fin = c->out.fin;
 }
 
 /* With mu held: the running choice at run[i] leaves its slot (KV blocks freed now). */
 static void retire_locked(struct sched *s, int i, const char *finish)
 {
     struct choice *c = s->run[i];
-    if (finish && s->p.prompt_cache && s->slot_len[c->slot] > 0) {
-        s->slot_used[c->slot] = ++s->clock; /* kept for a later prompt with the same start */
+    if (finish && s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > 0) {
+        prompt_cache_touch(s->pc, c->slot); /* kept for a later prompt with the same start */
     } else {
         engine_seq_free(s->e, c->slot);
-        s->slot_len[c->slot] = 0;
+        prompt_cache_drop(s->pc, c->slot);
     }
     s->kv_reserved -= kv_need(s, c);
     s->slot_free[c->slot] = 1;
-    sampler_free(c->smp);
-    c->smp = NULL;
+    seq_output_free(&c->out);
     memmove(&s->run[i], &s->run[i + 1], (size_t)(s->n_run - i - 1) * sizeof *s->run);
     s->n_run--;
     choice_done_locked(s, c, finish);
-}
-
-static int blocks_of(const struct sched *s, int positions)
-{
-    return positions > 0 ? (positions + s->kv_block - 1) / s->kv_block : 0;
 }
 
 /* With mu held: the running first choice of c's prompt when c is a later one (n > 1), else NULL. The later
@@ -669,79 +478,22 @@ static struct choice *running_leader_locked(const struct sched *s, const struct 
     return NULL;
 }
 
-/* Room for n tokens in slot q's record; 0 when the allocation failed. */
-static int record_room(struct sched *s, int q, int n)
-{
-    if (n <= s->slot_cap[q]) return 1;
-    int cap = s->slot_cap[q] ? s->slot_cap[q] : 256;
-    while (cap < n) cap *= 2;
-    int32_t *t = realloc(s->slot_toks[q], (size_t)cap * sizeof *t);
-    if (!t) return 0;
-    s->slot_toks[q] = t;
-    s->slot_cap[q] = cap;
-    return 1;
-}
-
-/* With mu held: copies the record of the tokens in slot `from`'s first n positions to slot `to`. */
-static void copy_record_locked(struct sched *s, int from, int to, int n)
-{
-    if (n > 0 && s->slot_len[from] >= n && record_room(s, to, n)) {
-        memcpy(s->slot_toks[to], s->slot_toks[from], (size_t)n * sizeof(int32_t));
-        s->slot_len[to] = n;
-    } else {
-        s->slot_len[to] = n > 0 ? -1 : 0; /* unknown: never matched by the prompt cache */
-    }
-}
-
-/* A shared start this short (a BOS token, a common first word) is not worth dropping another cache for. */
-#define CACHE_MIN_REUSE 8
-
-/* With mu held: the free slot for c and how many of its prompt positions it can take from the slot's cache:
- * the longest common start of the prompt and the slot's tokens, short of the prompt's last token (whose
- * logits the step must compute). Slots are ranked by that length when it is at least CACHE_MIN_REUSE (or the
- * whole usable prompt); below that, an empty slot comes first, then the least recently used cache. */
-static int pick_slot_locked(const struct sched *s, const struct choice *c, int use_cache, int *reuse)
-{
-    int best = -1, best_score = -1, best_reuse = 0;
-    for (int j = 0; j < s->n_slots; j++) {
-        if (!s->slot_free[j]) continue;
-        int r = 0;
-        if (use_cache && s->p.prompt_cache && !wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED &&
-            s->slot_len[j] > 0) {
-            const int lim = s->slot_len[j] < c->n_prompt - 1 ? s->slot_len[j] : c->n_prompt - 1;
-            while (r < lim && s->slot_toks[j][r] == c->prompt[r]) r++;
-        }
-        const int score = r >= CACHE_MIN_REUSE || (r > 0 && r == c->n_prompt - 1) ? r : 0;
-        int better;
-        if (best < 0 || score != best_score)
-            better = best < 0 || score > best_score;
-        else if ((s->slot_len[j] <= 0) != (s->slot_len[best] <= 0))
-            better = s->slot_len[j] <= 0; /* an empty slot rather than dropping a cache */
-        else
-            better = s->slot_used[j] < s->slot_used[best];
-        if (better) best = j, best_score = score, best_reuse = r;
-    }
-    *reuse = best_reuse;
-    return best;
-}
-
-/* With mu held: whether c fits the KV pool in `slot`, dropping other free slots' caches (least recently used
- * first) as needed. Running choices hold their reservation (prompt + max_tokens), free slots their cache. */
+/* With mu held: whether c fits the KV pool in `slot` (the policy decides), dropping other free slots' caches
+ * (least recently used first) as it says. Running choices hold their reservation (prompt + max_tokens), free
+ * slots their cache. */
 static int fits_locked(struct sched *s, const struct choice *c, int slot)
 {
-    const int need = kv_need(s, c);
-    for (;;) {
-        int idle = 0, victim = -1;
-        for (int j = 0; j < s->n_slots; j++) {
-            if (!s->slot_free[j] || j == slot || s->slot_len[j] == 0) continue;
-            idle += blocks_of(s, engine_seq_len(s->e, j));
-            if (victim < 0 || s->slot_used[j] < s->slot_used[victim]) victim = j;
-        }
-        if (s->kv_reserved + need + idle <= s->kv_blocks) return 1;
-        if (victim < 0) return 0;
-        engine_seq_free(s->e, victim);
-        s->slot_len[victim] = 0;
+    const int n = prompt_cache_idle(s->pc, s->slot_free, slot, s->idle);
+    for (int i = 0; i < n; i++)
+        s->idle_blocks[i] = sched_policy_blocks(&s->pp, engine_seq_len(s->e, s->idle[i]));
+    int n_evict = 0;
+    const enum sched_admit a =
+        sched_policy_admit(&s->pp, s->n_run, s->kv_reserved, kv_need(s, c), s->idle_blocks, n, &n_evict);
+    for (int i = 0; i < n_evict; i++) {
+        engine_seq_free(s->e, s->idle[i]);
+        prompt_cache_drop(s->pc, s->idle[i]);
     }
+    return a == SCHED_ADMIT_NOW;
 }
 
 /* With mu held: admits c into `slot`, continuing after `reuse` cached prompt positions, or after the whole
@@ -753,46 +505,40 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     sp.seed = r->sp.seed + (uint64_t)c->index;
     sp.logit_bias = r->bias;
     sp.n_logit_bias = r->n_bias;
-    int rc = sampler_init(&c->smp, &sp, s->n_vocab);
+    const struct seq_output_params op = {
+        .grammar = r->grammar,
+        .stops = r->stops,
+        .n_stops = r->n_stops,
+        .logprobs = r->logprobs,
+        .keep_special = r->keep_special,
+        .max_tokens = r->max_tokens,
+        .n_prompt = c->n_prompt,
+        .ctx = s->ctx,
+    };
+    int rc = seq_output_init(&c->out, s->vocab, &op, &sp);
     if (rc) return rc;
     if (r->kind == SREQ_EMBED && !(c->embd = calloc((size_t)s->dim, sizeof(float)))) {
-        sampler_free(c->smp);
-        c->smp = NULL;
+        seq_output_free(&c->out);
         return FERRY_ERR_NOMEM;
-    }
-    if (r->grammar) {
-        c->gst = grammar_state_new(r->grammar);
-        c->gscr = gscratch_new();
-        c->allowed = malloc((size_t)s->n_vocab);
-        if (!c->gst || !c->gscr || !c->allowed) {
-            sampler_free(c->smp);
-            c->smp = NULL;
-            return FERRY_ERR_NOMEM;
-        }
     }
     int shared = lead ? engine_seq_share(s->e, lead->slot, slot, c->n_prompt - 1) : 0;
     if (shared > 0) {
         reuse = shared;
-        copy_record_locked(s, lead->slot, slot, shared);
+        prompt_cache_copy(s->pc, lead->slot, slot, shared);
     } else if (reuse > 0 && (reuse = engine_seq_keep(s->e, slot, reuse)) > 0) {
-        s->slot_len[slot] = reuse;
+        prompt_cache_set_len(s->pc, slot, reuse);
     } else {
         reuse = 0;
         engine_seq_free(s->e, slot); /* a slot without a usable cache starts empty */
-        s->slot_len[slot] = 0;
+        prompt_cache_drop(s->pc, slot);
     }
     s->kv_reserved += kv_need(s, c);
     s->slot_free[slot] = 0;
     c->slot = slot;
     c->n_fed = c->n_cached = reuse;
-    c->n_gen = 0;
-    c->hold_len = 0;
     c->state = CHOICE_RUNNING;
-    detok_init(&c->dt, s->tok);
     s->run[s->n_run++] = c;
-    pthread_mutex_lock(&s->m->mu);
-    s->m->prompt_tokens_cached += (uint64_t)reuse;
-    pthread_mutex_unlock(&s->m->mu);
+    metrics_add_cached(s->m, reuse);
     return 0;
 }
 
@@ -800,16 +546,7 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
  * marked unknown and never matched. */
 static void record_tokens(struct sched *s, const struct batch *b)
 {
-    for (int i = 0; i < b->n_tokens; i++) {
-        const int q = b->seq[i], p = b->pos[i];
-        if (s->slot_len[q] < 0) continue;
-        if (!record_room(s, q, p + 1)) {
-            s->slot_len[q] = -1;
-            continue;
-        }
-        s->slot_toks[q][p] = b->tokens[i];
-        s->slot_len[q] = p + 1;
-    }
+    for (int i = 0; i < b->n_tokens; i++) prompt_cache_record(s->pc, b->seq[i], b->pos[i], b->tokens[i]);
 }
 
 static void cut_expired_locked(struct sched *s, double now)
@@ -842,52 +579,11 @@ static void cut_expired_locked(struct sched *s, double now)
     }
 }
 
-/* Takes rows off the shared counter until none is left. */
-static void sample_some(struct sched *s)
-{
-    for (;;) {
-        int i = __atomic_fetch_add(&s->wnext, 1, __ATOMIC_ACQ_REL);
-        if (i >= s->wrows) return;
-        process_row(s, s->row_owner[i], s->logits + (size_t)s->row_at[i] * s->n_vocab);
-    }
-}
-
-static void *sample_worker(void *arg)
+/* A sampling thread (or the engine thread): row i of the step. */
+static void sample_row(void *arg, int i)
 {
     struct sched *s = arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&s->wmu);
-    for (;;) {
-        while (s->wgen == seen && !s->wstop) pthread_cond_wait(&s->wgo, &s->wmu);
-        if (s->wstop) break;
-        seen = s->wgen;
-        pthread_mutex_unlock(&s->wmu);
-        sample_some(s);
-        pthread_mutex_lock(&s->wmu);
-        if (--s->wbusy == 0) pthread_cond_signal(&s->wdone);
-    }
-    pthread_mutex_unlock(&s->wmu);
-    return NULL;
-}
-
-/* Samples the step's rows: on the engine thread alone for a few rows, with the workers otherwise. */
-static void sample_rows(struct sched *s, int rows)
-{
-    s->wrows = rows;
-    s->wnext = 0;
-    if (s->n_workers == 0 || rows < 4) {
-        sample_some(s);
-        return;
-    }
-    pthread_mutex_lock(&s->wmu);
-    s->wbusy = s->n_workers;
-    s->wgen++;
-    pthread_cond_broadcast(&s->wgo);
-    pthread_mutex_unlock(&s->wmu);
-    sample_some(s);
-    pthread_mutex_lock(&s->wmu);
-    while (s->wbusy > 0) pthread_cond_wait(&s->wdone, &s->wmu);
-    pthread_mutex_unlock(&s->wmu);
+    process_row(s, s->row_owner[i], s->logits + (size_t)s->row_at[i] * s->n_vocab);
 }
 
 /* Outside the lock, after a step: the logprob of each asked prompt token given the tokens before it. */
@@ -904,16 +600,21 @@ static void prompt_logprobs(struct sched *s)
     }
 }
 
-/* With mu held: the prompt chunks of running embedding choices, in a batch of their own; each choice's
- * c->chunk and c->e_at say where its rows are. Returns the batch's tokens. */
+/* With mu held: the prompt chunks of running embedding choices, in a batch of their own (the policy cuts
+ * them to max_batch_tokens); each choice's c->chunk and c->e_at say where its rows are. Returns the batch's
+ * tokens. */
 static int embed_batch_locked(struct sched *s)
 {
+    for (int i = 0; i < s->n_run; i++) {
+        const struct choice *c = s->run[i];
+        s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, c->req->kind != SREQ_EMBED, 0};
+    }
+    sched_policy_plan_prefill(s->p.max_batch_tokens, s->steps, s->n_run, s->chunk);
     int ne = 0, at = 0;
-    for (int i = 0; i < s->n_run && ne < s->p.max_batch_tokens; i++) {
+    for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
-        if (c->req->kind != SREQ_EMBED || c->n_fed >= c->n_prompt) continue;
-        int k = c->n_prompt - c->n_fed;
-        if (k > s->p.max_batch_tokens - ne) k = s->p.max_batch_tokens - ne;
+        const int k = s->chunk[i];
+        if (!k) continue;
         c->e_at = at;
         for (int j = 0; j < k; j++) {
             const int p = c->n_fed + j;
@@ -927,6 +628,74 @@ static int embed_batch_locked(struct sched *s)
         c->chunk = k;
     }
     return ne;
+}
+
+/* With mu held: one step's batch: every decoding sequence gets its token, then prefill chunks in admission
+ * order as the policy cuts them. Fills the batch arrays, row_owner/row_at (rows sampled) and the prompt
+ * rows whose logprobs are asked; returns the batch's tokens, *rows and *n_prefill. */
+static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        c->chunk = 0;
+        const int plp = wants_prompt_lps(c->req);
+        int skip = c->req->kind == SREQ_EMBED;
+        if (plp && c->n_fed < c->n_prompt && !c->prompt_lps && c->n_prompt > 1 &&
+            !(c->prompt_lps = calloc((size_t)c->n_prompt - 1, sizeof *c->prompt_lps))) {
+            c->req->error = FERRY_ERR_NOMEM; /* reaped at the next iteration */
+            snprintf(c->req->errmsg, sizeof c->req->errmsg, "out of memory");
+            skip = 1;
+        }
+        s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, skip, plp};
+    }
+    struct sched_step_plan plan;
+    sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
+    /* `at` counts the rows that want logits: the engine returns them in batch order. */
+    int n = 0, rows = 0, at = 0;
+    s->n_plp = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        if (c->n_fed < c->n_prompt) continue;
+        s->b_tokens[n] = c->out.last;
+        s->b_pos[n] = c->n_prompt + c->out.n_gen - 1;
+        s->b_seq[n] = c->slot;
+        s->b_want[n] = 1;
+        s->row_owner[rows] = c;
+        s->row_at[rows++] = at++;
+        n++;
+    }
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        const int k = s->chunk[i];
+        if (!k) continue;
+        const int plp = wants_prompt_lps(c->req);
+        for (int j = 0; j < k; j++) {
+            const int p = c->n_fed + j;
+            s->b_tokens[n] = c->prompt[p];
+            s->b_pos[n] = p;
+            s->b_seq[n] = c->slot;
+            s->b_want[n] = plp && p + 1 < c->n_prompt;
+            if (s->b_want[n]) {
+                s->plp_owner[s->n_plp] = c;
+                s->plp_pos[s->n_plp] = p;
+                s->plp_at[s->n_plp++] = at++;
+            }
+            n++;
+        }
+        c->chunk = k;
+        *n_prefill += k;
+        if (c->n_fed + k == c->n_prompt) {
+            if (c->req->max_tokens > 0) {
+                s->b_want[n - 1] = 1;
+                s->row_owner[rows] = c;
+                s->row_at[rows++] = at++;
+            } else {
+                c->fin = "length"; /* only the prompt's logprobs were asked */
+            }
+        }
+    }
+    *rows_out = rows;
+    return n;
 }
 
 /* Outside the lock, after an embedding step: each choice's rows into its pooled vector (a sum for mean
@@ -973,7 +742,11 @@ static void *engine_main(void *arg)
             /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
             struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
             if (lead && lead->n_fed < lead->n_prompt) break;
-            int reuse = 0, slot = feeds ? pick_slot_locked(s, c, !lead, &reuse) : -1;
+            const int use_cache =
+                !lead && s->p.prompt_cache && !wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
+            int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
+                                                            use_cache, &reuse)
+                                        : -1;
             if (feeds && !fits_locked(s, c, slot)) break;
             s->qhead = c->qnext;
             if (!s->qhead) s->qtail = NULL;
@@ -991,20 +764,7 @@ static void *engine_main(void *arg)
             }
         }
         engine_get_stats(s->e, &st);
-        pthread_mutex_lock(&s->m->mu);
-        s->m->queue_depth = s->n_queued;
-        s->m->running_seqs = s->n_run;
-        s->m->kv_blocks_used = st.kv_blocks_used;
-        s->m->kv_blocks_total = st.kv_blocks_total;
-        s->m->layers_resident = st.n_resident;
-        s->m->layers_streamed = st.n_streamed;
-        s->m->bytes_streamed = st.bytes_streamed;
-        s->m->copy_seconds = st.copy_seconds;
-        s->m->stall_seconds = st.stall_seconds;
-        s->m->vram_budget = st.vram_budget;
-        s->m->vram_planned = st.vram_planned;
-        s->m->vram_used = st.vram_used;
-        pthread_mutex_unlock(&s->m->mu);
+        metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
         if (s->n_run == 0) {
             if (s->stop) break;
             pthread_cond_wait(&s->cv_work, &s->mu);
@@ -1012,62 +772,8 @@ static void *engine_main(void *arg)
         }
 
         /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
-        /* `at` counts the rows that want logits: the engine returns them in batch order. */
-        int n = 0, rows = 0, n_prefill = 0, at = 0;
-        s->n_plp = 0;
-        for (int i = 0; i < s->n_run; i++) {
-            struct choice *c = s->run[i];
-            c->chunk = 0;
-            if (c->n_fed < c->n_prompt) continue;
-            s->b_tokens[n] = c->last;
-            s->b_pos[n] = c->n_prompt + c->n_gen - 1;
-            s->b_seq[n] = c->slot;
-            s->b_want[n] = 1;
-            s->row_owner[rows] = c;
-            s->row_at[rows++] = at++;
-            n++;
-        }
-        for (int i = 0; i < s->n_run && n < s->p.max_batch_tokens; i++) {
-            struct choice *c = s->run[i];
-            if (c->n_fed >= c->n_prompt || c->req->kind == SREQ_EMBED) continue;
-            int k = c->n_prompt - c->n_fed;
-            if (k > s->p.max_batch_tokens - n) k = s->p.max_batch_tokens - n;
-            const int plp = wants_prompt_lps(c->req);
-            if (plp) {
-                if (k > PROMPT_LP_ROWS - s->n_plp) k = PROMPT_LP_ROWS - s->n_plp;
-                if (k <= 0) continue;
-                if (!c->prompt_lps && c->n_prompt > 1 &&
-                    !(c->prompt_lps = calloc((size_t)c->n_prompt - 1, sizeof *c->prompt_lps))) {
-                    c->req->error = FERRY_ERR_NOMEM;
-                    snprintf(c->req->errmsg, sizeof c->req->errmsg, "out of memory");
-                    continue;
-                }
-            }
-            for (int j = 0; j < k; j++) {
-                const int p = c->n_fed + j;
-                s->b_tokens[n] = c->prompt[p];
-                s->b_pos[n] = p;
-                s->b_seq[n] = c->slot;
-                s->b_want[n] = plp && p + 1 < c->n_prompt;
-                if (s->b_want[n]) {
-                    s->plp_owner[s->n_plp] = c;
-                    s->plp_pos[s->n_plp] = p;
-                    s->plp_at[s->n_plp++] = at++;
-                }
-                n++;
-            }
-            c->chunk = k;
-            n_prefill += k;
-            if (c->n_fed + k == c->n_prompt) {
-                if (c->req->max_tokens > 0) {
-                    s->b_want[n - 1] = 1;
-                    s->row_owner[rows] = c;
-                    s->row_at[rows++] = at++;
-                } else {
-                    c->fin = "length"; /* only the prompt's logprobs were asked */
-                }
-            }
-        }
+        int rows = 0, n_prefill = 0;
+        const int n = step_batch_locked(s, &rows, &n_prefill);
         const int ne = embed_batch_locked(s);
         pthread_mutex_unlock(&s->mu);
 
@@ -1077,7 +783,7 @@ static void *engine_main(void *arg)
         double t1 = sched_now();
         if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
-            sample_rows(s, rows);
+            row_pool_run(s->samplers, rows);
             prompt_logprobs(s);
         }
         if (rc == 0 && ne > 0) {
@@ -1113,20 +819,17 @@ static void *engine_main(void *arg)
             struct choice *c = s->row_owner[i];
             struct sreq *r = c->req;
             n_gen_tokens++;
-            if (c->n_gen == 1)
-                metrics_observe(s->m, &s->m->ttft, t2 - r->t_arrival);
-            else
-                metrics_observe(s->m, &s->m->itl, t2 - c->t_last);
+            const int first = c->out.n_gen == 1;
+            metrics_token_out(s->m, first, first ? t2 - r->t_arrival : t2 - c->t_last);
             c->t_last = t2;
-            if (c->release) {
-                if (buf_append(&c->text, &c->text_len, &c->text_cap, c->hold, c->release)) {
+            if (c->out.release) {
+                if (buf_append(&c->text, &c->text_len, &c->text_cap, c->out.hold, c->out.release)) {
                     r->error = FERRY_ERR_NOMEM;
                     snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
                 }
-                memmove(c->hold, c->hold + c->release, c->hold_len - c->release);
-                c->hold_len -= c->release;
+                seq_output_take(&c->out, c->out.release);
             }
-            if (c->has_lp) {
+            if (c->out.has_lp) {
                 if (c->n_lps == c->lps_cap) {
                     int nc = c->lps_cap ? c->lps_cap * 2 : 16;
                     struct lp_entry *q = realloc(c->lps, (size_t)nc * sizeof *q);
@@ -1136,14 +839,14 @@ static void *engine_main(void *arg)
                     }
                 }
                 if (c->n_lps < c->lps_cap) {
-                    c->lps[c->n_lps++] = c->lp_stage;
+                    c->lps[c->n_lps++] = c->out.lp;
                 } else { /* an answer without this token's logprobs would be wrong, not short */
                     r->error = FERRY_ERR_NOMEM;
                     snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
                 }
             }
-            c->n_completion = c->n_gen;
-            if (c->oom) {
+            c->n_completion = c->out.n_gen;
+            if (c->out.oom) {
                 r->error = FERRY_ERR_NOMEM;
                 snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
             }
@@ -1159,15 +862,7 @@ static void *engine_main(void *arg)
                 i++;
             }
         }
-        pthread_mutex_lock(&s->m->mu);
-        s->m->prompt_tokens += (uint64_t)n_prefill;
-        s->m->generated_tokens += (uint64_t)n_gen_tokens;
-        s->m->engine_steps++;
-        s->m->engine_busy_seconds += t1 - t0;
-        s->m->last_batch_tokens = n;
-        s->m->running_seqs = s->n_run;
-        pthread_mutex_unlock(&s->m->mu);
-        metrics_observe(s->m, &s->m->batch_tokens, n);
+        metrics_step_done(s->m, n_prefill, n_gen_tokens, t1 - t0, n, s->n_run);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

@@ -1,12 +1,14 @@
 /* scheduler — the scheduler and the engine thread: a FIFO queue of sequences, continuous batching at
- * iteration level, chunked prefill, sampling, stop conditions and streaming detokenization.
+ * iteration level, chunked prefill. What is admitted and how a step is cut is sched_policy's; a sequence's
+ * sampling, stops and text are seq_output's; the slots' reusable prompts are prompt_cache's.
  *
  * HTTP threads build a `struct sreq` (api.c), sched_submit() it, then read its choices' outputs under
  * sched_lock() and wait on sched_wait(); the engine thread is the only caller of the engine. A request is
  * reference-counted (HTTP side + scheduler side) and freed by whichever lets go last. Every iteration the
  * engine thread reaps cancelled or timed-out sequences (engine_seq_free), admits queued ones first come
  * first served into free slots, and runs one engine_step over all decode tokens plus prefill chunks up to
- * max_batch_tokens. Stop strings are held back until they can no longer match, so they never leak.
+ * max_batch_tokens (or prefill_budget). Stop strings are held back until they can no longer match, so they
+ * never leak.
  */
 #ifndef FERRY_SERVER_SCHEDULER_H
 #define FERRY_SERVER_SCHEDULER_H
@@ -18,11 +20,12 @@
 #include "runtime/grammar.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
+#include "server/seq_output.h"
 
 struct engine;
 struct metrics;
 
-#define SCHED_MAX_TOP_LOGPROBS 20
+#define SCHED_MAX_TOP_LOGPROBS SEQ_MAX_TOP_LOGPROBS
 
 enum sreq_kind {
     SREQ_COMPLETION = 0,
@@ -31,14 +34,6 @@ enum sreq_kind {
     SREQ_EMBED = 3,     /* /v1/embeddings: each choice's prompt is run for its final hidden states, pooled */
 };
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
-
-struct lp_entry { /* one generated token's log-probabilities */
-    int32_t id;
-    float lp;
-    int n_top;
-    int32_t top_id[SCHED_MAX_TOP_LOGPROBS];
-    float top_lp[SCHED_MAX_TOP_LOGPROBS];
-};
 
 struct sreq;
 
@@ -49,24 +44,13 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_prompt;
     struct choice *qnext; /* queue link */
     /* engine thread only */
-    int slot, n_fed, n_gen;
+    int slot, n_fed;
     int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
-    struct gstate *gst;    /* constrained decoding: where the output stands in the request's grammar */
-    struct gscratch *gscr; /* its mask workspace */
-    uint8_t *allowed;      /* (n_vocab) the mask of this step */
-    int32_t last;
-    struct sampler *smp;
-    struct detok dt;
-    char *hold; /* text held back while it may be the start of a stop string */
-    size_t hold_len, hold_cap;
+    struct seq_output out; /* sampling, grammar, detokenization, stop strings, logprobs (seq_output.h) */
     double t_last;
     int chunk;       /* prompt tokens in the current step */
-    size_t release;  /* bytes of hold to publish after this step */
     const char *fin; /* finish decided in this step */
-    int has_lp;
-    struct lp_entry lp_stage; /* logprobs of this step's token */
-    int e_at;                 /* SREQ_EMBED: this step's first output row */
-    int oom; /* an allocation failed while sampling: the request fails in the locked update */
+    int e_at;        /* SREQ_EMBED: this step's first output row */
     /* shared, under the scheduler mutex */
     enum choice_state state;
     char *text; /* released text (never contains a stop string) */
@@ -152,6 +136,8 @@ struct sched_params {
     int sample_threads; /* threads sampling the rows of one step (engine thread included) */
     int prompt_cache;   /* a finished sequence's KV stays in its slot; a later prompt starting with the same
                          * tokens continues from there instead of recomputing them */
+    int prefill_budget; /* prefill tokens per step at most; 0: max_batch_tokens minus the step's decode rows
+                         */
 };
 
 struct sched;
@@ -167,7 +153,8 @@ void sched_free(struct sched *s);
 
 /* Queues every choice of req (FCFS). Returns FERRY_ERR_BUSY when the queue is full (nothing queued),
  * FERRY_ERR_RANGE when the request has more choices than slots + queue could ever hold,
- * FERRY_ERR_DEVICE_MEM when one sequence needs more KV blocks than the whole pool. */
+ * FERRY_ERR_DEVICE_MEM when one sequence needs more KV blocks than the whole pool (req->errmsg then names
+ * the positions it needs and the pool's). */
 int sched_submit(struct sched *s, struct sreq *req);
 /* Cuts a request (client gone, timeout, shutdown): queued choices leave now, running ones at the next
  * iteration, where their KV blocks are freed. */
@@ -201,5 +188,7 @@ int sched_describe(struct sched *s, struct sched_seq *out, int cap);
 
 /* Width of an embedding (the model's hidden size). */
 int sched_embd_dim(const struct sched *s);
+/* Positions the KV pool holds in all (whole blocks; INT32_MAX / 2 when the engine reports no pool). */
+int sched_kv_positions(const struct sched *s);
 
 #endif

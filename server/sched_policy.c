@@ -1,0 +1,101 @@
+/* sched_policy — admission and step composition, pure: numbers in, decisions out (see sched_policy.h).
+ *
+ * The defaults reproduce the scheduler as it was before this module: a step holds every decode row, then
+ * prefill chunks up to max_batch_tokens; the queue's head is admitted when a slot is free and its KV
+ * reservation fits beside the running ones and the idle prompt caches, which are dropped least recently
+ * used first to make room.
+ */
+#include "server/sched_policy.h"
+
+#include "kernels/core/status.h"
+
+int sched_policy_blocks(const struct sched_policy_params *p, int positions)
+{
+    const int b = p->kv_block > 0 ? p->kv_block : 1;
+    return positions > 0 ? (int)(((long long)positions + b - 1) / b) : 0;
+}
+
+int sched_policy_kv_need(const struct sched_policy_params *p, int n_prompt, int max_tokens)
+{
+    long long pos = (long long)n_prompt + (max_tokens > 0 ? max_tokens : 0);
+    if (pos > p->ctx) pos = p->ctx;
+    return sched_policy_blocks(p, (int)pos);
+}
+
+int sched_policy_accepts(const struct sched_policy_params *p, int n_queued, int n_running, int n_seqs)
+{
+    if (n_seqs > p->n_slots + p->max_queue) return FERRY_ERR_RANGE; /* could never be admitted */
+    const int free_slots = p->n_slots - n_running;
+    if (n_queued + n_seqs > p->max_queue + (free_slots > 0 ? free_slots : 0)) return FERRY_ERR_BUSY;
+    return 0;
+}
+
+int sched_policy_fits_pool(const struct sched_policy_params *p, int n_prompt, int max_tokens, int *need)
+{
+    const int k = sched_policy_kv_need(p, n_prompt, max_tokens);
+    if (need) *need = k;
+    return k > p->kv_blocks ? FERRY_ERR_DEVICE_MEM : 0;
+}
+
+enum sched_admit sched_policy_admit(const struct sched_policy_params *p, int n_running, int kv_reserved,
+                                    int need, const int *idle_blocks, int n_idle, int *n_evict)
+{
+    *n_evict = 0;
+    if (n_running >= p->n_slots) return SCHED_ADMIT_WAIT;
+    long long idle = 0;
+    for (int i = 0; i < n_idle; i++) idle += idle_blocks[i];
+    for (int k = 0;; k++) {
+        if ((long long)kv_reserved + need + idle <= p->kv_blocks) {
+            *n_evict = k;
+            return SCHED_ADMIT_NOW;
+        }
+        if (k == n_idle) break;
+        idle -= idle_blocks[k];
+    }
+    /* The head will need that room as soon as running sequences finish: the caches go now, as they always
+     * did (a cache kept here would only be dropped at the head's admission). */
+    *n_evict = n_idle;
+    return SCHED_ADMIT_WAIT;
+}
+
+int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int n, int *chunk)
+{
+    int used = 0;
+    for (int i = 0; i < n; i++) {
+        chunk[i] = 0;
+        const struct sched_step_seq *q = &seqs[i];
+        if (used >= budget || q->no_prefill || q->n_fed >= q->n_prompt) continue;
+        int k = q->n_prompt - q->n_fed;
+        if (k > budget - used) k = budget - used;
+        chunk[i] = k;
+        used += k;
+    }
+    return used;
+}
+
+int sched_policy_plan_step(const struct sched_policy_params *p, const struct sched_step_seq *seqs, int n,
+                           int *chunk, struct sched_step_plan *plan)
+{
+    plan->n_decode = plan->n_prefill = plan->n_lp_rows = 0;
+    for (int i = 0; i < n; i++) {
+        chunk[i] = 0;
+        if (seqs[i].n_fed >= seqs[i].n_prompt) plan->n_decode++;
+    }
+    int budget = p->max_batch_tokens - plan->n_decode;
+    if (p->prefill_budget > 0 && p->prefill_budget < budget) budget = p->prefill_budget;
+    for (int i = 0; i < n && plan->n_prefill < budget; i++) {
+        const struct sched_step_seq *q = &seqs[i];
+        if (q->no_prefill || q->n_fed >= q->n_prompt) continue;
+        int k = q->n_prompt - q->n_fed;
+        if (k > budget - plan->n_prefill) k = budget - plan->n_prefill;
+        if (q->prompt_lp) {
+            /* every prompt row but the last wants logits, and a step holds only so many of them */
+            if (k > p->prompt_lp_rows - plan->n_lp_rows) k = p->prompt_lp_rows - plan->n_lp_rows;
+            if (k <= 0) continue;
+            plan->n_lp_rows += q->n_fed + k == q->n_prompt ? k - 1 : k;
+        }
+        chunk[i] = k;
+        plan->n_prefill += k;
+    }
+    return plan->n_decode + plan->n_prefill;
+}

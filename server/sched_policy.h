@@ -1,0 +1,71 @@
+/* sched_policy — admission and batch composition for continuous batching, as pure functions.
+ *
+ * No engine, no threads, no HTTP: the scheduler describes the slots, the KV pool and its sequences in plain
+ * numbers and applies what comes back. Invariants: admission is first come first served (the queue's head
+ * waits for room rather than being overtaken, so no request starves); a running sequence holds a KV
+ * reservation for its prompt + max_tokens, so it never finds the pool exhausted mid-generation; every
+ * decoding sequence gets its token in every step, and prefill chunks fill the rest of the step's budget
+ * in admission order (Sarathi-style chunked prefill: a long prompt is spread over several steps).
+ * Usage: sched_policy_accepts() at submit, sched_policy_admit() for the queue's head each iteration,
+ * sched_policy_plan_step() to cut the step.
+ */
+#ifndef FERRY_SERVER_SCHED_POLICY_H
+#define FERRY_SERVER_SCHED_POLICY_H
+
+struct sched_policy_params {
+    int n_slots;          /* sequences the engine runs at once */
+    int max_queue;        /* waiting sequences beyond the free slots */
+    int max_batch_tokens; /* tokens of one engine step, decode rows included */
+    int prefill_budget;   /* prefill tokens of one step at most; 0: max_batch_tokens minus the decode rows */
+    int prompt_lp_rows;   /* prompt rows with logits (echo with logprobs) one step may hold */
+    int ctx;              /* positions per sequence */
+    int kv_blocks;        /* blocks in the KV pool */
+    int kv_block;         /* positions per block (>= 1) */
+};
+
+/* KV blocks one sequence may use at most: prompt + max_tokens positions (capped at the context), rounded up
+ * to whole blocks. */
+int sched_policy_kv_need(const struct sched_policy_params *p, int n_prompt, int max_tokens);
+/* Blocks that hold `positions` positions. */
+int sched_policy_blocks(const struct sched_policy_params *p, int positions);
+
+/* Whether a request can be queued: 0, or FERRY_ERR_RANGE when it has more sequences than slots + queue could
+ * ever hold, FERRY_ERR_BUSY when the queue has no room for it now. n_queued and n_running are the current
+ * counts. */
+int sched_policy_accepts(const struct sched_policy_params *p, int n_queued, int n_running, int n_seqs);
+/* Whether one sequence can ever run: 0, or FERRY_ERR_DEVICE_MEM when it needs more KV blocks than the whole
+ * pool (*need gets its blocks). */
+int sched_policy_fits_pool(const struct sched_policy_params *p, int n_prompt, int max_tokens, int *need);
+
+enum sched_admit {
+    SCHED_ADMIT_NOW = 0, /* admit it; first drop *n_evict idle caches (least recently used first) */
+    SCHED_ADMIT_WAIT = 1 /* no slot or no KV room yet: the head waits and nothing behind it is admitted */
+};
+/* The queue's head, needing `need` KV blocks: admitted when a slot is free and the running sequences'
+ * reservations (kv_reserved), the head's need and the idle caches that stay fit in the pool.
+ * idle_blocks[0, n_idle) are the blocks of the free slots' caches, least recently used first. */
+enum sched_admit sched_policy_admit(const struct sched_policy_params *p, int n_running, int kv_reserved,
+                                    int need, const int *idle_blocks, int n_idle, int *n_evict);
+
+/* A running sequence as a step sees it. */
+struct sched_step_seq {
+    int n_prompt;   /* prompt tokens */
+    int n_fed;      /* of them computed; n_fed == n_prompt: it decodes */
+    int no_prefill; /* its prompt is not prefilled in this batch (embeddings run in a batch of their own) */
+    int prompt_lp;  /* its prompt rows want logits: they count against prompt_lp_rows */
+};
+struct sched_step_plan {
+    int n_decode;  /* decode rows (one per decoding sequence) */
+    int n_prefill; /* prefill tokens */
+    int n_lp_rows; /* prompt rows with logits */
+};
+/* Cuts one step over seqs[0, n) in admission order: chunk[i] gets the prompt tokens sequence i feeds (0 for
+ * a decoding one). Decode rows come first; prefill chunks then take, in order, what is left of
+ * min(prefill budget, max_batch_tokens - decode rows). Returns the step's tokens. */
+int sched_policy_plan_step(const struct sched_policy_params *p, const struct sched_step_seq *seqs, int n,
+                           int *chunk, struct sched_step_plan *plan);
+/* Prefill only (the embedding batch): chunk[i] of seqs' remaining prompts up to `budget` tokens, in order.
+ * Returns the tokens. */
+int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int n, int *chunk);
+
+#endif
