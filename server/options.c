@@ -46,6 +46,9 @@ static const struct opt_row rows[] = {
     {"parallel", OPT_INT, OFF(parallel), 1, 1024, "4", NULL, "sequences decoded at once (slots)"},
     {"max-batch-tokens", OPT_INT, OFF(max_batch_tokens), 1, 1 << 20, "512", NULL,
      "tokens per engine step (decode + prefill chunks)"},
+    {"prefill-budget", OPT_INT, OFF(prefill_budget), 0, 1 << 20, "0", NULL,
+     "prompt tokens one step may take beside the decode rows (bounds the inter-token latency of running "
+     "sequences while prompts arrive; 0 = --max-batch-tokens minus the decode rows)"},
     {"prompt-cache", OPT_BOOL, OFF(prompt_cache), 0, 1, "1", NULL,
      "a finished sequence's KV stays in its slot; a prompt starting with the same tokens continues from it"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},

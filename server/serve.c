@@ -984,9 +984,14 @@ static void loader_main(void *arg)
     a->pooling = !strcmp(S->opt.pooling, "last");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int st = S->opt.threads > 0 ? S->opt.threads : cores > 0 ? (int)cores : 1;
-    struct sched_params sp = {S->opt.max_queue, ep.max_batch_tokens, st > 8 ? 8 : st, S->opt.prompt_cache};
+    struct sched_params sp = {.max_queue = S->opt.max_queue,
+                              .max_batch_tokens = ep.max_batch_tokens,
+                              .sample_threads = st > 8 ? 8 : st,
+                              .prompt_cache = S->opt.prompt_cache,
+                              .prefill_budget = S->opt.prefill_budget};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
+    if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */
     if (rc) snprintf(S->load_err, sizeof S->load_err, "cannot start the scheduler: %s", ferry_status_str(rc));
 done:
     S->load_rc = rc;

@@ -22,8 +22,10 @@ MODEL_NAME = "stories260K.gguf"
 
 
 def free_port():
+    # Free on every address (a server may bind 0.0.0.0): a port held by a client connection's local end
+    # (a flood test's thousand sockets) is not free for a listener there.
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
 
 
@@ -31,6 +33,17 @@ class Server:
     """One `ferry serve` process; stop() sends SIGTERM and returns the exit status."""
 
     def __init__(self, *args, env=None, key=None, model=MODEL):
+        # The port can still be taken between free_port() and the server's bind (tests run in parallel, and
+        # their clients' sockets take ports too): a start that fails on it is retried on another port.
+        for attempt in range(5):
+            try:
+                self._start(args, env, key, model)
+                return
+            except RuntimeError as e:
+                if "Address already in use" not in str(e) or attempt == 4:
+                    raise
+
+    def _start(self, args, env, key, model):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/ferry-serve-test-{self.port}.log"
