@@ -5,7 +5,7 @@
  * malloc, fopen, ... land in __wrap_malloc, ..., which count the call, remember its site (the first return
  * address inside the executable, so that calls made through jansson or libuv are charged to the ferry code
  * that asked), and either fail it the way the real call fails (NULL/-1/MAP_FAILED with errno) or pass it to
- * __real_SYMBOL. jansson allocates through api_json_alloc (server/serve.c), so its allocations are counted
+ * __real_SYMBOL. jansson allocates through api_json_alloc (server/api.c, installed by server/serve.c), so its allocations are counted
  * too, and charged to the ferry code that called jansson. libuv's internal allocations are not failed: libuv
  * aborts on some of them by design (the watcher table), which is its policy, not a ferry bug.
  *
