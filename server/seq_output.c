@@ -154,13 +154,13 @@ static size_t stop_holdback(const struct seq_output_params *p, const char *t, si
     return best;
 }
 
-/* Constrained decoding: tokens that cannot continue the output within the grammar get -inf; end-of-generation
- * tokens are allowed exactly when the output may end. The budget (tokens left) lets the grammar steer
- * towards an end that fits. If nothing would be left, the end tokens stay allowed, so the step still samples
- * something. */
-static void grammar_apply(struct seq_output *o, float *row)
+/* Constrained decoding: the tokens that may continue the output within the grammar, and the end-of-generation
+ * tokens exactly when the output may end. The budget (tokens left) lets the grammar steer towards an end that
+ * fits. If nothing would be left, the first end token stays allowed, so the step still samples something. */
+const uint8_t *seq_output_mask(struct seq_output *o)
 {
     const struct seq_vocab *v = o->v;
+    if (!o->p.grammar) return NULL;
     int budget = o->p.max_tokens - o->n_gen;
     const int ctx_left = o->p.ctx - (o->p.n_prompt + o->n_gen);
     if (ctx_left < budget) budget = ctx_left;
@@ -169,45 +169,51 @@ static void grammar_apply(struct seq_output *o, float *row)
         memset(o->allowed, 0, (size_t)v->n_vocab);
         acc = 1;
     }
-    int allowed = 0, first_eog = -1;
+    int any = 0, first_eog = -1;
     for (int32_t t = 0; t < v->n_vocab; t++) {
-        int ok;
         if (v->kind[t] == SEQ_TOK_EOG) {
-            ok = acc;
+            o->allowed[t] = (uint8_t)acc;
             if (first_eog < 0) first_eog = t;
-        } else {
-            ok = v->kind[t] == SEQ_TOK_TEXT && o->allowed[t];
+        } else if (v->kind[t] != SEQ_TOK_TEXT) {
+            o->allowed[t] = 0;
         }
-        if (!ok)
-            row[t] = -INFINITY;
-        else if (row[t] > -INFINITY)
-            allowed++;
+        any |= o->allowed[t];
     }
-    if (!allowed && first_eog >= 0) row[first_eog] = 0.0f;
+    if (!any && first_eog >= 0) o->allowed[first_eog] = 1;
+    o->first_eog = first_eog;
+    return o->allowed;
 }
 
-int32_t seq_output_step(struct seq_output *o, float *row, float *raw)
+/* The mask on a logits row: what it refuses gets -inf. When every allowed token has -inf already, the first
+ * end token gets 0, so that the draw still ends the output. */
+static void mask_apply(const struct seq_output *o, float *row)
+{
+    int finite = 0;
+    for (int32_t t = 0; t < o->v->n_vocab; t++)
+        if (!o->allowed[t])
+            row[t] = -INFINITY;
+        else if (row[t] > -INFINITY)
+            finite++;
+    if (!finite && o->first_eog >= 0) row[o->first_eog] = 0.0f;
+}
+
+/* Everything after the draw of tok: the grammar, logprobs (lp, when asked: computed by the caller), the
+ * penalties' history, text, stop strings and the finish. */
+static void token_chosen(struct seq_output *o, int32_t tok, const struct lp_entry *lp)
 {
     const struct seq_vocab *v = o->v;
     const struct seq_output_params *p = &o->p;
     o->has_lp = 0;
     o->fin = NULL;
     o->release = 0;
-    if (p->logprobs >= 0)
-        memcpy(raw, row, (size_t)v->n_vocab * sizeof(float)); /* the model's, unconstrained */
-    if (p->grammar) grammar_apply(o, row);
-    int32_t tok = sampler_sample(o->smp, row);
     if (tok < 0 || tok >= v->n_vocab) tok = 0; /* a sampler bug must not index out of range */
     int grammar_done = 0;
     if (p->grammar && v->kind[tok] == SEQ_TOK_TEXT) {
         grammar_state_feed(p->grammar, o->gst, v->piece[tok], v->piece_len[tok]);
         grammar_done = grammar_state_finished(p->grammar, o->gst); /* nothing may follow: this is the end */
     }
-    if (p->logprobs >= 0) {
-        struct lp_entry *e = &o->lp;
-        e->id = tok;
-        e->n_top = p->logprobs > SEQ_MAX_TOP_LOGPROBS ? SEQ_MAX_TOP_LOGPROBS : p->logprobs;
-        e->lp = sampler_logprob(raw, v->n_vocab, tok, e->n_top, e->top_id, e->top_lp);
+    if (p->logprobs >= 0 && lp) {
+        o->lp = *lp;
         o->has_lp = 1;
     }
     sampler_accept(o->smp, tok);
@@ -246,5 +252,30 @@ int32_t seq_output_step(struct seq_output *o, float *row, float *raw)
     } else {
         o->release = o->hold_len - stop_holdback(p, o->hold, o->hold_len);
     }
+}
+
+int32_t seq_output_step(struct seq_output *o, float *row, float *raw)
+{
+    const struct seq_vocab *v = o->v;
+    const struct seq_output_params *p = &o->p;
+    if (p->logprobs >= 0)
+        memcpy(raw, row, (size_t)v->n_vocab * sizeof(float)); /* the model's, unconstrained */
+    if (seq_output_mask(o)) mask_apply(o, row);
+    int32_t tok = sampler_sample(o->smp, row);
+    if (tok < 0 || tok >= v->n_vocab) tok = 0;
+    struct lp_entry lp, *lpp = NULL;
+    if (p->logprobs >= 0) {
+        lp.id = tok;
+        lp.n_top = p->logprobs > SEQ_MAX_TOP_LOGPROBS ? SEQ_MAX_TOP_LOGPROBS : p->logprobs;
+        lp.lp = sampler_logprob(raw, v->n_vocab, tok, lp.n_top, lp.top_id, lp.top_lp);
+        lpp = &lp;
+    }
+    token_chosen(o, tok, lpp);
     return tok;
+}
+
+void seq_output_drawn(struct seq_output *o, int32_t tok, const struct lp_entry *lp)
+{
+    sampler_advance(o->smp); /* the draw used this sampler's (seed, step) */
+    token_chosen(o, tok, lp);
 }

@@ -64,7 +64,8 @@ struct seq_output {
     struct sampler *smp;
     struct gstate *gst;    /* where the output stands in the grammar */
     struct gscratch *gscr; /* its mask workspace */
-    uint8_t *allowed;      /* (n_vocab) the grammar's mask of this step */
+    uint8_t *allowed;      /* (n_vocab) the grammar's mask of this step (seq_output_mask) */
+    int first_eog;         /* the first end-of-generation token, -1 when none */
     struct detok dt;
     char *hold; /* decoded text not yet taken: [0, hold_len), NUL-terminated */
     size_t hold_len, hold_cap;
@@ -90,6 +91,13 @@ void seq_output_accept(struct seq_output *o, const int32_t *toks, int n);
 /* Samples the next token from row (n_vocab logits, modified by the mask); raw (n_vocab) is scratch for the
  * unconstrained row when logprobs are asked. Sets release, fin, eog, has_lp/lp. Returns the token. */
 int32_t seq_output_step(struct seq_output *o, float *row, float *raw);
+/* With a grammar: this step's allowed tokens, 1 each (the text tokens the grammar takes next, the
+ * end-of-generation tokens when the output may end here, the first of those when nothing else is), in
+ * o->allowed, which it returns; NULL without a grammar (any token). For a draw made elsewhere. */
+const uint8_t *seq_output_mask(struct seq_output *o);
+/* The step's token drawn elsewhere (engine_step_draw, on the GPU) with this sequence's sampler from
+ * seq_output_mask's tokens: records the draw, then as seq_output_step. lp: its logprobs, when asked. */
+void seq_output_drawn(struct seq_output *o, int32_t tok, const struct lp_entry *lp);
 /* The caller used the first n released bytes: they leave hold. */
 void seq_output_take(struct seq_output *o, size_t n);
 
