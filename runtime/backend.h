@@ -48,6 +48,11 @@ struct backend_ops {
     /* The rows that want logits: final norm, output head, into logits (n_out, n_vocab) f32 in batch order.
      * Returns once the whole step is complete on this backend. */
     int (*head)(struct backend *be, const struct step *st, float *logits);
+    /* As head, but each output row's next token is drawn on this backend (st->draw → st->drawn) and the
+     * logits stay here. NULL on a backend that cannot (the engine then refuses the draw before the step). */
+    int (*head_draw)(struct backend *be, const struct step *st);
+    /* The most rows, bias entries and history entries one head_draw takes (0: no head_draw). */
+    void (*draw_caps)(const struct backend *be, int *rows, int *bias, int *hist);
     /* The host buffer holding x (max_tokens, dim) f32 when x lives in host memory, else NULL. */
     float *(*x_host)(struct backend *be);
     /* Folds the pending delta into x and makes x (n, dim) available in host memory at `x` (complete on

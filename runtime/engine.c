@@ -23,6 +23,7 @@
 #include "runtime/layer.h"
 #include "quant/mix.h"
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 #include "runtime/step_plan.h"
 
 #define ENGINE_KV_BLOCK 16
@@ -516,10 +517,42 @@ static int run_step(struct engine *e, const struct step *st, float *logits)
         if ((rc = be->ops->layer(be, l, st))) return rc;
     }
     if (e->head != cur && (rc = move_x(cur, e->head, n))) return rc;
-    return e->head->ops->head(e->head, st, logits);
+    return st->draw ? e->head->ops->head_draw(e->head, st) : e->head->ops->head(e->head, st, logits);
 }
 
+static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
+                struct draw_out *drawn);
+
 int engine_step(struct engine *e, const struct batch *b, float *logits)
+{
+    return step(e, b, logits, NULL, NULL);
+}
+
+int engine_draws(const struct engine *e)
+{
+    return e->head->ops->head_draw != NULL && e->head->ops->draw_caps != NULL;
+}
+
+int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows, struct draw_out *out)
+{
+    const struct backend_ops *h = e->head->ops;
+    if (!engine_draws(e) || b->hidden) return FERRY_ERR_UNSUPPORTED;
+    int cap_rows = 0, cap_bias = 0, cap_hist = 0, n_out = 0;
+    h->draw_caps(e->head, &cap_rows, &cap_bias, &cap_hist);
+    for (int i = 0; i < b->n_tokens; i++) n_out += b->want_logits[i] != 0;
+    if (n_out > cap_rows) return FERRY_ERR_UNSUPPORTED;
+    int64_t bias = 0, hist = 0;
+    for (int i = 0; i < n_out; i++) {
+        if (!rows[i].smp) return FERRY_ERR_INVALID;
+        bias += sampler_get_params(rows[i].smp)->n_logit_bias;
+        if (sampler_penalizes(rows[i].smp)) hist += sampler_history(rows[i].smp, NULL, NULL, 0);
+    }
+    if (bias > cap_bias || hist > cap_hist) return FERRY_ERR_UNSUPPORTED;
+    return step(e, b, NULL, rows, out);
+}
+
+static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
+                struct draw_out *drawn)
 {
     double t0 = now_seconds();
     int rc = check_batch(e, b);
@@ -528,7 +561,7 @@ int engine_step(struct engine *e, const struct batch *b, float *logits)
     for (int s = 0; s < n_seqs && !rc; s++)
         if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
     if (!rc) {
-        struct step st = {.b = b, .where = step_plan_where(&e->plan, b->n_tokens)};
+        struct step st = {.b = b, .where = step_plan_where(&e->plan, b->n_tokens), .draw = draw, .drawn = drawn};
         for (int i = 0; i < b->n_tokens; i++) {
             if (b->pos[i] + 1 > st.max_len) st.max_len = b->pos[i] + 1;
             st.n_out += b->want_logits[i] != 0;

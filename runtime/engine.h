@@ -107,6 +107,16 @@ int engine_n_seqs(const struct engine *e);
  * ctx_size or KV pool exhausted: nothing of the batch is kept in that case). */
 int engine_step(struct engine *e, const struct batch *b, float *logits);
 
+/* engine_step for a batch whose output rows (want_logits) are next-token draws: each is drawn where its
+ * logits are, with its sampler (struct draw_row, runtime/batch.h), and out[i] gets row i's token and the
+ * logprobs asked for; on the GPU only those cross PCIe. The draw equals sampler_sample() on the same logits
+ * (kernels/cuda/sample.h). FERRY_ERR_UNSUPPORTED, with nothing run, when the head's backend cannot draw
+ * (the CPU), or the step has more rows, logit_bias or penalty history than its buffers: the caller then
+ * runs engine_step and samples on the host. */
+int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows, struct draw_out *out);
+/* 1 when engine_step_draw can draw at all (the head's backend has a sampler: CUDA). */
+int engine_draws(const struct engine *e);
+
 /* Forgets the sequence and returns its KV blocks to the pool. Always succeeds for a valid slot. */
 int engine_seq_free(struct engine *e, int seq);
 /* Number of positions stored for the sequence (its next position). */

@@ -20,6 +20,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
+#include "runtime/draw_cuda.h"
 #include "runtime/pinned.h"
 #include "runtime/ring.h"
 
@@ -133,6 +134,7 @@ struct forward_cuda {
     float *h;       /* (T, ffn) */
     float *logits;  /* (logit_rows, n_vocab) */
     int logit_rows;
+    struct draw_cuda *draw; /* the GPU sampler's buffers (engine_step_draw), for logit_rows rows */
     int32_t *d_ints; /* tokens | pos | seq, (3, T) */
     int32_t *d_iota; /* (T) 0, 1, 2, ...: row indices for the x gather */
     void *attn_ws;
@@ -223,6 +225,7 @@ static void cuda_free(struct backend *be)
     if (f->h_x) cudaFreeHost(f->h_x);
     if (f->h_ints) cudaFreeHost(f->h_ints);
     if (f->h_logits) cudaFreeHost(f->h_logits);
+    draw_cuda_free(f->draw);
     if (f->compute) cudaStreamDestroy(f->compute);
     if (f->copy) cudaStreamDestroy(f->copy);
     ring_free(&f->ring);
@@ -278,8 +281,9 @@ static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, 
     /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); then the logits' rows. */
     size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim) +
                     (size_t)logit_rows(T, n_seqs) * hp->n_vocab;
-    return floats * sizeof(float) + 13 * ALIGN + (size_t)4 * T * sizeof(int32_t) +
-           (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float);
+    return floats * sizeof(float) + 14 * ALIGN + (size_t)4 * T * sizeof(int32_t) +
+           (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float) +
+           draw_cuda_device_bytes(logit_rows(T, n_seqs), hp->n_vocab);
 }
 
 static int upload_layers(struct forward_cuda *f, const struct model *m)
@@ -576,6 +580,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->h = carve(&c, (size_t)T * hp->ffn_dim * sizeof(float));
     f->logit_rows = logit_rows(T, kv->n_seqs);
     f->logits = carve(&c, (size_t)f->logit_rows * hp->n_vocab * sizeof(float));
+    void *draw_dev = carve(&c, draw_cuda_device_bytes(f->logit_rows, hp->n_vocab));
     f->d_ints = carve(&c, (size_t)3 * T * sizeof(int32_t));
     f->d_iota = carve(&c, (size_t)T * sizeof(int32_t));
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
@@ -593,7 +598,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
-        !f->h || !f->logits || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws || !f->inv_freq ||
+        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws || !f->inv_freq ||
         !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
@@ -614,6 +619,11 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "cannot pin host staging memory");
         goto fail;
     }
+    if ((rc = draw_cuda_init(&f->draw, draw_dev, f->logit_rows, hp->n_vocab))) {
+        snprintf(err, 256, "cannot set up the GPU sampler's staging (%s)", ferry_status_str(rc));
+        goto fail;
+    }
+    rc = FERRY_ERR_CUDA;
     f->h_x_dev = pinned_device_ptr(f->h_x);
     for (int i = 0; i < T; i++) f->h_ints[i] = i;
     if (cudaMemcpy(f->d_iota, f->h_ints, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
@@ -881,7 +891,7 @@ static int upload_inputs(struct forward_cuda *f)
 /* The final norm (with the last delta), the rows that want logits gathered (device-to-device) and projected
  * in chunks of the device buffer's rows, each chunk downloaded before the next one's product; with `hidden`
  * (embeddings) the normed rows themselves are downloaded (h_logits holds T rows of n_vocab >= dim floats). */
-static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int hidden)
+static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int hidden, int download)
 {
     const struct llm_hparams *hp = &f->m->hp;
     const int dim = hp->dim;
@@ -909,7 +919,8 @@ static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int 
         const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
         RC(linear(f, f->logits, hp->n_vocab, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r,
                   hp->n_vocab, dim));
-        CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
+        if (download)
+            CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
                            (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
     }
     return FERRY_OK;
@@ -922,7 +933,7 @@ static int enqueue_whole_step(struct forward_cuda *f, const struct step *st)
     RC(upload_inputs(f));
     RC(x_gather(f, f->h_x_dev, n));
     for (int l = 0; l < f->n_layers; l++) RC(layer_enqueue(f, l, PLACEMENT_GPU, n));
-    return head_enqueue(f, st->b->want_logits, n, 0);
+    return head_enqueue(f, st->b->want_logits, n, 0, 1);
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
@@ -1037,15 +1048,9 @@ static int cuda_layer(struct backend *be, int l, const struct step *st)
     return layer_enqueue(f, l, st->where[l], st->b->n_tokens);
 }
 
-static int cuda_head(struct backend *be, const struct step *st, float *logits)
+/* Once the step's work is complete: the streaming figures of its copies. */
+static void step_figures(struct forward_cuda *f)
 {
-    struct forward_cuda *f = (struct forward_cuda *)be;
-    const struct llm_hparams *hp = &f->m->hp;
-    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, st->b->hidden));
-    CK(cudaStreamSynchronize(f->compute));
-    if (st->n_out)
-        memcpy(logits, f->h_logits, (size_t)st->n_out * (st->b->hidden ? hp->dim : hp->n_vocab) * sizeof(float));
-    /* Streaming figures of this step: every copy it used has completed. */
     for (int i = 0; i < f->step_uses; i++) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, f->wait_t0[i], f->wait_t1[i]) == cudaSuccess)
@@ -1056,7 +1061,40 @@ static int cuda_head(struct backend *be, const struct step *st, float *logits)
     }
     f->step_uses = 0;
     cudaGetLastError();
+}
+
+static int cuda_head(struct backend *be, const struct step *st, float *logits)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, st->b->hidden, 1));
+    CK(cudaStreamSynchronize(f->compute));
+    if (st->n_out)
+        memcpy(logits, f->h_logits, (size_t)st->n_out * (st->b->hidden ? hp->dim : hp->n_vocab) * sizeof(float));
+    step_figures(f);
     return FERRY_OK;
+}
+
+/* The rows' logits stay on the device (a graph step downloads them too: the capture includes the copy) and
+ * the GPU sampler draws from them: they all fit logit_rows (engine_step_draw checks draw_caps). */
+static int cuda_head_draw(struct backend *be, const struct step *st)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    if (st->b->hidden || st->n_out > f->logit_rows) return FERRY_ERR_INVALID;
+    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, 0, 0));
+    const int rc = draw_cuda_run(f->draw, f->logits, st->draw, st->n_out, st->drawn, f->compute);
+    if (rc) {
+        cudaStreamSynchronize(f->compute); /* the step's work is complete before a failure returns */
+        cudaGetLastError();
+        return rc;
+    }
+    step_figures(f);
+    return FERRY_OK;
+}
+
+static void cuda_draw_caps(const struct backend *be, int *rows, int *bias, int *hist)
+{
+    draw_cuda_caps(((const struct forward_cuda *)be)->draw, rows, bias, hist);
 }
 
 static float *cuda_x_host(struct backend *be)
@@ -1115,6 +1153,8 @@ static const struct backend_ops cuda_ops = {
     .embed = cuda_embed,
     .layer = cuda_layer,
     .head = cuda_head,
+    .head_draw = cuda_head_draw,
+    .draw_caps = cuda_draw_caps,
     .x_host = cuda_x_host,
     .x_out = cuda_x_out,
     .x_in = cuda_x_in,

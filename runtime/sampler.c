@@ -92,6 +92,11 @@ void sampler_advance(struct sampler *s)
     s->step++;
 }
 
+int sampler_penalizes(const struct sampler *s)
+{
+    return s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;
+}
+
 int sampler_history(const struct sampler *s, int32_t *tokens, uint32_t *counts, int cap)
 {
     for (int i = 0; i < s->n_seen && i < cap; i++) {

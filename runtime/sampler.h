@@ -59,6 +59,8 @@ float sampler_logprob(const float *logits, int n_vocab, int32_t token, int n_top
  * next draw, and the history as distinct tokens (in first-seen order) with their counts. */
 const struct sampler_params *sampler_get_params(const struct sampler *s);
 uint64_t sampler_step(const struct sampler *s);
+/* 1 when a penalty is on (the history then matters to a draw). */
+int sampler_penalizes(const struct sampler *s);
 /* Number of distinct accepted tokens; copies min(that, cap) of them and their counts. */
 int sampler_history(const struct sampler *s, int32_t *tokens, uint32_t *counts, int cap);
 

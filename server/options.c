@@ -49,6 +49,9 @@ static const struct opt_row rows[] = {
     {"prefill-budget", OPT_INT, OFF(prefill_budget), 0, 1 << 20, "0", NULL,
      "prompt tokens one step may take beside the decode rows (bounds the inter-token latency of running "
      "sequences while prompts arrive; 0 = --max-batch-tokens minus the decode rows)"},
+    {"gpu-sampling", OPT_BOOL, OFF(gpu_sampling), 0, 1, "1", NULL,
+     "draw tokens on the GPU where the logits are (CUDA backend): only the ids and the logprobs asked for "
+     "cross PCIe; false samples every row on the host"},
     {"prompt-cache", OPT_BOOL, OFF(prompt_cache), 0, 1, "1", NULL,
      "a finished sequence's KV stays in its slot; a prompt starting with the same tokens continues from it"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},

@@ -70,6 +70,10 @@ struct sched {
     float *logits;             /* (n_slots + PROMPT_LP_ROWS, n_vocab): the engine's rows, in batch order */
     float *scratch;            /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     struct row_pool *samplers; /* rows of one step are sampled in parallel (each row's state is its own) */
+    enum { ROWS_SAMPLE, ROWS_MASK, ROWS_DRAWN } rows_do; /* what the pool does to each row this time */
+    int draws;                 /* the engine draws the tokens (engine_step_draw) when a step allows */
+    struct draw_row *draw;     /* (n_slots) the step's draws, by output row */
+    struct draw_out *drawn;    /* (n_slots) */
 };
 
 int sched_describe(struct sched *s, struct sched_seq *out, int cap)
@@ -172,6 +176,9 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->e_out = malloc(nb * (size_t)s->dim * sizeof(float));
     s->row_owner = calloc(ns, sizeof *s->row_owner);
     s->row_at = calloc(ns, sizeof *s->row_at);
+    s->draws = p->gpu_sampling && engine_draws(e);
+    s->draw = calloc(ns, sizeof *s->draw);
+    s->drawn = calloc(ns, sizeof *s->drawn);
     if (seq_vocab_init(&s->vocab, t, s->n_vocab, 1)) s->vocab = NULL;
     if (prompt_cache_init(&s->pc, s->n_slots)) s->pc = NULL;
     const size_t rows = ns + PROMPT_LP_ROWS;
@@ -179,7 +186,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->idle || !s->idle_blocks || !s->steps || !s->chunk || !s->b_tokens ||
         !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens || !s->e_pos || !s->e_seq || !s->e_want ||
-        !s->e_out || !s->row_owner || !s->row_at || !s->vocab || !s->pc || !s->logits || !s->scratch) {
+        !s->e_out || !s->row_owner || !s->row_at || !s->draw || !s->drawn || !s->vocab || !s->pc || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -234,6 +241,8 @@ void sched_free(struct sched *s)
     free(s->e_out);
     free(s->row_owner);
     free(s->row_at);
+    free(s->draw);
+    free(s->drawn);
     seq_vocab_free(s->vocab);
     prompt_cache_free(s->pc);
     free(s->logits);
@@ -579,11 +588,26 @@ static void cut_expired_locked(struct sched *s, double now)
     }
 }
 
-/* A sampling thread (or the engine thread): row i of the step. */
+/* A sampling thread (or the engine thread): row i of the step. Before a draw on the GPU: its mask (the
+ * grammar's, the costly part) and its draw; after it: the drawn token through the output pipeline; otherwise
+ * the whole sampling from the logits. */
 static void sample_row(void *arg, int i)
 {
     struct sched *s = arg;
-    process_row(s, s->row_owner[i], s->logits + (size_t)s->row_at[i] * s->n_vocab);
+    struct choice *c = s->row_owner[i];
+    const int at = s->row_at[i];
+    if (s->rows_do == ROWS_MASK) {
+        s->draw[at] = (struct draw_row){c->out.smp, seq_output_mask(&c->out), c->out.p.logprobs};
+    } else if (s->rows_do == ROWS_DRAWN) {
+        const struct draw_out *d = &s->drawn[at];
+        struct lp_entry lp = {.id = d->token, .lp = d->logprob, .n_top = d->n_top};
+        memcpy(lp.top_id, d->top_id, (size_t)d->n_top * sizeof *lp.top_id);
+        memcpy(lp.top_lp, d->top_lp, (size_t)d->n_top * sizeof *lp.top_lp);
+        seq_output_drawn(&c->out, d->token, c->out.p.logprobs >= 0 ? &lp : NULL);
+        c->fin = c->out.fin;
+    } else {
+        process_row(s, c, s->logits + (size_t)at * s->n_vocab);
+    }
 }
 
 /* Outside the lock, after a step: the logprob of each asked prompt token given the tokens before it. */
@@ -779,10 +803,18 @@ static void *engine_main(void *arg)
 
         struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
         double t0 = sched_now();
-        int rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
+        int rc = FERRY_ERR_UNSUPPORTED, drew = 0;
+        if (n > 0 && rows > 0 && s->draws && s->n_plp == 0) { /* every output row is a draw */
+            s->rows_do = ROWS_MASK;
+            row_pool_run(s->samplers, rows);
+            rc = engine_step_draw(s->e, &b, s->draw, s->drawn);
+            drew = rc == 0;
+        }
+        if (rc == FERRY_ERR_UNSUPPORTED) rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
         double t1 = sched_now();
         if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
+            s->rows_do = drew ? ROWS_DRAWN : ROWS_SAMPLE;
             row_pool_run(s->samplers, rows);
             prompt_logprobs(s);
         }

@@ -138,6 +138,9 @@ struct sched_params {
                          * tokens continues from there instead of recomputing them */
     int prefill_budget; /* prefill tokens per step at most; 0: max_batch_tokens minus the step's decode rows
                          */
+    int gpu_sampling; /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
+                       * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
+                       * on the host */
 };
 
 struct sched;

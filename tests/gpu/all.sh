@@ -5,6 +5,7 @@
 #   attn     bench_attn --quick (prefill attention, mixed steps, sampler)
 #   quant    bench_cuda (the GEMV/GEMM rows per weight type)
 #   hybrid   ferry bench --synthetic llama-2-7b --gpu-memory 4GiB, --placement stream/auto/cpu, b=1 and 16
+#   sampling the GPU sampler in `ferry serve` against the host's (tests/gpu/gpu_sampling.py, stories260K)
 #   e2e      ferry bench fully resident f16 (b=1/16/64, prefill 512): the regression check against run 6h
 #   qfiles   random Llama-2-7B-shaped Q4_K_M and Q8_0 GGUFs (tests/gpu/make_quant_gguf.py, kept in /tmp/cmp):
 #            ferry bench on each, fully resident and (Q4_K_M) under --gpu-memory 4GiB
@@ -65,6 +66,11 @@ for ph in $phases; do
       log "hybrid $pl rc=$?"
     done
     grep -E "^(1|16) |^prefill|^model|cost model" "$out/hybrid.log"
+    ;;
+  sampling)
+    timeout 240 python3 tests/gpu/gpu_sampling.py build/server/ferry "$FERRY_TESTDATA/models/stories260K.gguf" \
+      > "$out/sampling.log" 2>&1
+    log "gpu_sampling rc=$?"; tail -12 "$out/sampling.log"
     ;;
   e2e)
     timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1,16,64 --prefill 512 \
