@@ -315,6 +315,7 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
         free(s);
         return FERRY_ERR_IO;
     }
+    uv_tcp_init(loop, &s->reserve);
     uv_timer_init(loop, &s->mhd_timer);
     s->mhd_timer.data = s;
     uv_timer_init(loop, &s->sweep);
@@ -378,6 +379,7 @@ void http_server_close(struct http_server *s)
     s->closed = 1;
     uv_timer_stop(&s->sweep);
     uv_close((uv_handle_t *)&s->sweep, NULL);
+    uv_close((uv_handle_t *)&s->reserve, NULL);
     uv_timer_stop(&s->mhd_timer);
     uv_close((uv_handle_t *)&s->mhd_timer, NULL);
     if (s->epoll_init) {

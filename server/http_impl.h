@@ -84,6 +84,9 @@ struct http_server {
     uv_poll_t lpoll, epoll_poll;
     int lpoll_init, epoll_init;
     uv_timer_t mhd_timer, sweep;
+    uv_tcp_t
+        reserve; /* never opened: its init makes libuv take the descriptor it keeps for EMFILE now,
+                  * not at the first refused connection (a descriptor count that stays flat from start) */
     int in_run;
     struct http_req *adding; /* the connection MHD_add_connection is taking */
     struct http_req *conns;
