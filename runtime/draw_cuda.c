@@ -7,6 +7,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "runtime/cuda_check.h"
 #include "kernels/cuda/sample.h"
 #include "runtime/pinned.h"
 #include "runtime/sampler.h"
@@ -16,14 +17,6 @@
 #define BIAS_BASE    4096
 #define HIST_PER_ROW 2048 /* distinct penalized tokens per row on average */
 
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t ck_e_ = (call);                                                                          \
-        if (ck_e_ != cudaSuccess) {                                                                          \
-            FLOG_ERROR("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(ck_e_));        \
-            return FERRY_ERR_CUDA;                                                                           \
-        }                                                                                                    \
-    } while (0)
 
 /* One layout for the host staging and the device copy: the arrays in this order, each 256-byte aligned. */
 struct draw_layout {

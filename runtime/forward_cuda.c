@@ -15,6 +15,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "runtime/cuda_check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/attention.h"
@@ -24,15 +25,7 @@
 #include "runtime/pinned.h"
 #include "runtime/ring.h"
 
-/* One checking macro for the CUDA runtime calls of this file: names the call and returns FERRY_ERR_CUDA. */
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t ck_e_ = (call);                                                                          \
-        if (ck_e_ != cudaSuccess) {                                                                          \
-            FLOG_ERROR("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(ck_e_));        \
-            return FERRY_ERR_CUDA;                                                                           \
-        }                                                                                                    \
-    } while (0)
+/* CUDA runtime calls go through CK (runtime/cuda_check.h); a status from our own calls through RC. */
 #define RC(call)                                                                                             \
     do {                                                                                                     \
         int rc_ = (call);                                                                                    \
