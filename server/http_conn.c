@@ -263,23 +263,26 @@ size_t http_req_unsent(const struct http_req *c)
     return c->cut ? 0 : c->out_len - c->out_off;
 }
 
-/* A refusal from this layer, before the application saw the request: JSON, and the connection closes. */
-static enum MHD_Result refuse(struct http_req *c, unsigned status, const char *why)
+/* An error answer of this layer: JSON, and the connection closes (the shared 503 when none can be made). */
+static struct MHD_Response *error_response(struct http_req *c, unsigned status, const char *why)
 {
-    struct http_server *s = c->srv;
-    s->st.protocol_errors++;
+    c->srv->st.protocol_errors++;
     FLOG_INFO("http: %u to %s: %s", status, c->peer, why);
     char body[400];
     int bl = http_door_error_json(body, sizeof body, (int)status, why);
     struct MHD_Response *r = MHD_create_response_from_buffer((size_t)bl, body, MHD_RESPMEM_MUST_COPY);
-    if (!r) {
-        r = oom_response(c);
-    } else {
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    }
+    if (!r) return oom_response(c);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    return r;
+}
+
+/* A refusal from this layer, before the application saw the request. */
+static enum MHD_Result refuse(struct http_req *c, unsigned status, const char *why)
+{
+    struct MHD_Response *r = error_response(c, status, why);
     c->responded = 1;
-    return queue_now(c, status, r) ? MHD_YES : MHD_NO;
+    return queue_now(c, r == c->srv->resp_oom ? 503 : status, r) ? MHD_YES : MHD_NO;
 }
 
 /* ---- MHD's callbacks ---- */
@@ -482,21 +485,10 @@ void http_conn_run_deferred(struct http_server *s)
         c->deferred = 0;
         if (c->cut) continue;
         if (c->refusal && !c->responded) {
-            struct MHD_Response *r = NULL;
-            if (c->refusal == 413) {
-                s->st.protocol_errors++;
-                FLOG_INFO("http: 413 to %s: the body passed --body-limit", c->peer);
-                char body[300];
-                int bl = http_door_error_json(body, sizeof body, 413,
-                                              "the request body is larger than the limit (--body-limit)");
-                r = MHD_create_response_from_buffer((size_t)bl, body, MHD_RESPMEM_MUST_COPY);
-            }
-            if (!r) {
-                r = oom_response(c);
-            } else {
-                MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-                MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-            }
+            struct MHD_Response *r =
+                c->refusal == 413
+                    ? error_response(c, 413, "the request body is larger than the limit (--body-limit)")
+                    : oom_response(c);
             c->responded = 1;
             if (!queue_now(c, (unsigned)(r == s->resp_oom ? 503 : 413), r))
                 c->responded = 0; /* the body is read to its end and the answer queued then */
