@@ -77,6 +77,18 @@ void http_server_kick(struct http_server *s)
 
 /* ---- accepting ---- */
 
+/* c leaves the open connections (accept_one linked it in) and its address's count. */
+void http_server_unlink(struct http_server *s, struct http_req *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_open--;
+    http_door_ip_release(s, c->ip);
+}
+
 static void accept_one(struct http_server *s, int fd, const struct sockaddr_storage *ss, socklen_t sl)
 {
     int one = 1, sndbuf = SNDBUF_BYTES;
@@ -138,13 +150,7 @@ static void accept_one(struct http_server *s, int fd, const struct sockaddr_stor
     if (ok != MHD_YES || !c->mc) { /* MHD closed the socket */
         if (c->mc) return;         /* (its CLOSED notification released c) */
         s->adding = NULL;
-        if (c->prev)
-            c->prev->next = c->next;
-        else
-            s->conns = c->next;
-        if (c->next) c->next->prev = c->prev;
-        s->n_open--;
-        http_door_ip_release(s, e);
+        http_server_unlink(s, c);
         free(c);
         FLOG_WARN("http: MHD refused a connection from %s", peer);
     }

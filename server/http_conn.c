@@ -457,13 +457,7 @@ void http_conn_on_connection(void *cls, struct MHD_Connection *mc, void **socket
     *socket_context = NULL;
     http_conn_end(c, 1);
     undefer(c);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
-    s->n_open--;
-    http_door_ip_release(s, c->ip);
+    http_server_unlink(s, c);
     if (c->pending && c->pending != s->resp_oom) MHD_destroy_response(c->pending);
     free(c->body);
     free(c->out);

@@ -112,6 +112,8 @@ static inline double http_now_s(void)
 
 /* MHD has work outside its sockets' readiness (a resumed connection): run it on the next loop turn. */
 void http_server_kick(struct http_server *s);
+/* c leaves the open connections and its address's count (it is not freed). */
+void http_server_unlink(struct http_server *s, struct http_req *c);
 
 /* ---- server/http_conn.c ---- */
 
