@@ -173,12 +173,6 @@ static int add_call(struct tool_parse *p, json_t *o)
     if (!args) args = json_object_get(o, "parameters");
     if (!json_is_object(o) || !json_is_string(name) || json_string_length(name) == 0) return 0;
     if (args && !json_is_object(args) && !json_is_string(args)) return 0;
-    if (json_is_string(args)) { /* arguments already encoded, as OpenAI sends them: only a JSON object */
-        json_t *v = json_loads(json_string_value(args), 0, NULL);
-        const int ok = json_is_object(v);
-        json_decref(v);
-        if (!ok) return 0;
-    }
     if (p->n_calls >= TOOL_CALL_MAX) return 1; /* kept the first ones */
     char *a = !args                  ? strdup("{}")
               : json_is_string(args) ? strdup(json_string_value(args))
