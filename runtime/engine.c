@@ -26,7 +26,6 @@
 #include "runtime/sampler.h"
 #include "runtime/step_plan.h"
 
-#define ENGINE_KV_BLOCK 16
 /* AUTO puts host layers on the CPU only when the plan predicts a step this much faster than streaming them
  * all: the cost model is measured, not exact, and a wrong CPU choice costs more than a missed one. */
 #define ENGINE_PLAN_MARGIN 0.03

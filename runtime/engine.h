@@ -32,6 +32,9 @@ int engine_quant_parse(const char *s);
 /* The llama.cpp file type (quant/mix.h) a quantization applies, or -1 for NONE. */
 int engine_quant_ftype(enum engine_quant q);
 
+/* Positions per block of the KV pool: a sequence holds whole blocks. */
+#define ENGINE_KV_BLOCK 16
+
 struct engine_params {
     enum engine_backend backend;
     int n_threads;        /* CPU worker threads; 0 = online cores */

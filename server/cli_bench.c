@@ -253,10 +253,14 @@ int cli_bench_main(int argc, char **argv)
     if (ep.max_batch_tokens < max_b) ep.max_batch_tokens = max_b;
     ep.ctx_size = long_ctx + prompt + steps + 8 > prefill + 8 ? long_ctx + prompt + steps + 8 : prefill + 8;
     if (ep.ctx_size < prompt + steps + 8) ep.ctx_size = prompt + steps + 8;
-    int need = max_b * (prompt + steps + 2);
-    if (prefill + 16 > need) need = prefill + 16;
-    if (long_ctx + steps + 16 > need) need = long_ctx + steps + 16;
-    ep.kv_tokens = need + 32 * max_b; /* slack for the pool's block granularity */
+    /* The pool holds the largest test, each sequence in whole blocks: a decode batch of max_b sequences, one
+     * prefill, one long-context sequence (llama-batched-bench's -c is sized the same way, with no slack). */
+#define BLOCKS(n) (((n) + ENGINE_KV_BLOCK - 1) / ENGINE_KV_BLOCK * ENGINE_KV_BLOCK)
+    int need = max_b * BLOCKS(prompt + steps + 2);
+    if (BLOCKS(prefill + 16) > need) need = BLOCKS(prefill + 16);
+    if (BLOCKS(long_ctx + steps + 16) > need) need = BLOCKS(long_ctx + steps + 16);
+#undef BLOCKS
+    ep.kv_tokens = need;
 
     struct model_file *mf = NULL;
     struct engine *e = NULL;

@@ -105,12 +105,13 @@ void metrics_token_out(struct metrics *m, int first, double seconds)
     metrics_observe(m, first ? &m->ttft : &m->itl, seconds);
 }
 
-void metrics_step_done(struct metrics *m, int n_prefill, int n_gen, double busy_seconds, int batch_tokens,
-                       int running)
+void metrics_step_done(struct metrics *m, int n_prefill, int n_gen, int n_drawn, double busy_seconds,
+                       int batch_tokens, int running)
 {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += (uint64_t)n_prefill;
     m->generated_tokens += (uint64_t)n_gen;
+    m->device_drawn_tokens += (uint64_t)n_drawn;
     m->engine_steps++;
     m->engine_busy_seconds += busy_seconds;
     m->last_batch_tokens = batch_tokens;
@@ -186,6 +187,9 @@ char *metrics_render(struct metrics *m, size_t *len)
             "prompt.",
             m->prompt_tokens_cached);
     COUNTER("ferry_generated_tokens_total", "Tokens generated.", m->generated_tokens);
+    COUNTER("ferry_device_sampled_tokens_total",
+            "Generated tokens drawn by the GPU sampler (--gpu-sampling) rather than on the host.",
+            m->device_drawn_tokens);
     COUNTER("ferry_requests_cancelled_total", "Sequences cancelled (client gone, timeout, shutdown).",
             m->requests_cancelled);
     COUNTER("ferry_requests_rejected_total", "Requests refused because the queue was full.",

@@ -894,7 +894,7 @@ static void *engine_main(void *arg)
                 i++;
             }
         }
-        metrics_step_done(s->m, n_prefill, n_gen_tokens, t1 - t0, n, s->n_run);
+        metrics_step_done(s->m, n_prefill, n_gen_tokens, drew ? rows : 0, t1 - t0, n, s->n_run);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

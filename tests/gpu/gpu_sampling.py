@@ -4,7 +4,8 @@
 requests identically: the same text for seeded sampling (temperature, top-k/p, min-p, penalties, logit_bias),
 for greedy, for json_object output (the grammar's mask drawn on the device), and logprobs within 1e-4.
 Requests go one at a time, so both servers run the same batches (the engine is deterministic for a batch).
-Prints one line per case and exits 1 on any difference."""
+The first server's /metrics must count device-drawn tokens (ferry_device_sampled_tokens_total: the GPU sampler
+really ran) and the second's none. Prints one line per case and exits 1 on any difference."""
 import json
 import subprocess
 import sys
@@ -67,8 +68,16 @@ def main():
                     json.loads(ta)
                 print(f"case {i}: {'same' if ok else 'DIFFERENT'}: {ta[:60]!r}" + ("" if ok else f" vs {tb[:60]!r}"))
                 bad += not ok
-        with urllib.request.urlopen("http://127.0.0.1:18101/metrics") as r:
-            print("gpu-sampling server:", [l for l in r.read().decode().splitlines() if "steps_total" in l and not l.startswith("#")])
+        drawn = {}
+        for port in (18101, 18102):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+                m = dict(l.rsplit(" ", 1) for l in r.read().decode().splitlines() if l and not l.startswith("#"))
+            drawn[port] = float(m["ferry_device_sampled_tokens_total"])
+            print(f"server :{port}: {drawn[port]:.0f} of {float(m['ferry_generated_tokens_total']):.0f} tokens drawn "
+                  f"on the device, {float(m['ferry_engine_steps_total']):.0f} steps")
+        if BACKEND == "cuda" and (drawn[18101] <= 0 or drawn[18102] != 0):
+            print("the GPU sampler did not run on the --gpu-sampling true server (or ran on the false one)")
+            bad += 1
     finally:
         a.terminate(), b.terminate()
         a.wait(), b.wait()

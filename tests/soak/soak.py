@@ -15,8 +15,14 @@ sample is compared with the one taken after warm-up: the run fails if any answer
 descriptors or threads grew, or RSS grew by more than --rss-slack MiB after the first quarter of the run (the
 plateau: by then the flood has filled libmicrohttpd's per-connection pools, 32 KiB each, and the allocator its
 high-water mark; growth after it is what a leak looks like).
+With --vram-budget (a server on a GPU) each sample also reads the process's device memory from nvidia-smi. The
+engine reports what it took at load (ferry_vram_used_bytes, measured with cudaMemGetInfo after the CUDA context
+existed); the process's figure is that plus the context. The run fails if the engine's figure exceeds the budget,
+or if at any sample the process holds more than the context plus the budget (what it took while serving must fit
+in the headroom the plan left).
 
   tests/soak/soak.py --minutes 30 [--model PATH] [--binary build/server/ferry] [--workers 8] [--flood 500]
+  tests/soak/soak.py --minutes 10 --model big.gguf --serve-args "--gpu-memory 2GiB ..." --vram-budget 2048
   tests/soak/soak.py --minutes 5 --url http://127.0.0.1:8080 --pid 1234     (a server already running)
 Prints a summary table; exit status 0 when the run passed.
 """
@@ -70,6 +76,26 @@ def proc_sample(pid):
     except OSError:
         pass
     return out
+
+
+def gpu_mib(pid):
+    """The device memory (MiB) nvidia-smi attributes to pid. In a container nvidia-smi may list processes under
+    the host's pids (or none): then the one process it lists, else the device's whole used memory, stands in."""
+    def query(what):
+        try:
+            return subprocess.run(["nvidia-smi", "--query-" + what, "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    apps = [[x.strip() for x in line.split(",")] for line in query("compute-apps=pid,used_memory").splitlines()]
+    apps = [a for a in apps if len(a) == 2 and a[1].isdigit()]
+    for a in apps:
+        if a[0] == str(pid):
+            return int(a[1])
+    if len(apps) == 1:
+        return int(apps[0][1])
+    used = query("gpu=memory.used").split()
+    return int(used[0]) if used and used[0].isdigit() and not apps else None
 
 
 def metrics(base):
@@ -281,6 +307,7 @@ def main():
     ap.add_argument("--sample", type=float, default=30)
     ap.add_argument("--rss-slack", type=float, default=4, help="MiB of RSS growth allowed after the first quarter")
     ap.add_argument("--api-key")
+    ap.add_argument("--vram-budget", type=float, help="MiB: the server's --gpu-memory; sample its device memory")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.flood + 1024)), hard))
@@ -329,6 +356,16 @@ def main():
     start = proc_sample(pid)
     m0 = metrics(base)
     print(f"start: RSS {start['rss_kib']} KiB, fds {start['fds']}, threads {start['threads']}", flush=True)
+    vram = []  # (seconds, process MiB)
+    if args.vram_budget:
+        engine_mib = m0.get("ferry_vram_used_bytes", 0) / 1048576
+        p0 = gpu_mib(pid)
+        if p0 is None:
+            sys.exit("--vram-budget: nvidia-smi lists no device memory for the server's process")
+        context_mib = p0 - engine_mib
+        vram.append((0.0, p0))
+        print(f"vram: engine took {engine_mib:.0f} MiB at load (budget {args.vram_budget:g}), process holds {p0} MiB "
+              f"(CUDA context {context_mib:.0f} MiB)", flush=True)
 
     stop = threading.Event()
     threads = [threading.Thread(target=mixed_worker, args=(host, port, stop, stats, i, args.api_key))
@@ -350,12 +387,15 @@ def main():
             stats.error(f"/metrics: {e}")
             m = {}
         samples.append((time.time() - t0, s, m))
+        g = gpu_mib(pid) if args.vram_budget else None
+        if args.vram_budget:
+            vram.append((time.time() - t0, g if g is not None else -1))
         with stats.lock:
             served = sum(v for k, v in stats.counts.items() if k.startswith("mixed"))
             errs = stats.counts.get("ERROR", 0)
         print(f"  {time.time() - t0:7.0f}s RSS {s['rss_kib']:7d} KiB fds {s['fds']:5d} threads {s['threads']:3d} "
               f"conns {m.get('ferry_http_connections_open', 0):5.0f} running {m.get('ferry_running_sequences', 0):3.0f} "
-              f"served {served} errors {errs}", flush=True)
+              f"served {served} errors {errs}" + (f" vram {g} MiB" if args.vram_budget else ""), flush=True)
     stop.set()
     for t in threads:
         t.join()
@@ -382,6 +422,13 @@ def main():
     plateau = next((smp for t, smp, _ in samples if t >= args.minutes * 60 / 4), start)
     if end["rss_kib"] - plateau["rss_kib"] > args.rss_slack * 1024:
         problems.append(f"RSS grew {plateau['rss_kib']} -> {end['rss_kib']} KiB after the first quarter")
+    if args.vram_budget:
+        if engine_mib > args.vram_budget:
+            problems.append(f"the engine took {engine_mib:.0f} MiB for a budget of {args.vram_budget:g}")
+        over = [(t, v) for t, v in vram if v < 0 or v > context_mib + args.vram_budget]
+        if over:
+            problems.append(f"device memory over context + budget ({context_mib + args.vram_budget:.0f} MiB) at "
+                            f"{len(over)} of {len(vram)} samples, first {over[0][1]} MiB at {over[0][0]:.0f} s")
     if stats.counts.get("ERROR"):
         problems.append(f"{stats.counts['ERROR']} errors")
     print(f"\nsoak: {args.minutes:g} min, {args.workers} mixed clients, {args.disconnectors} disconnecting, "
@@ -400,6 +447,9 @@ def main():
     print(f"  start: RSS {start['rss_kib']} KiB, fds {start['fds']}, threads {start['threads']}")
     print(f"  plateau (a quarter in): RSS {plateau['rss_kib']} KiB")
     print(f"  end:   RSS {end['rss_kib']} KiB, fds {end['fds']}, threads {end['threads']}")
+    if args.vram_budget:
+        print(f"  vram: {len(vram)} samples, process {min(v for _, v in vram)}-{max(v for _, v in vram)} MiB, "
+              f"limit {context_mib + args.vram_budget:.0f} (context {context_mib:.0f} + budget {args.vram_budget:g})")
     for e in stats.errors[:20]:
         print("  error: " + e)
     if proc:
