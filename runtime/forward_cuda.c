@@ -35,6 +35,8 @@
 #define ALIGN            256
 #define GRAPH_MAX_TOKENS 16 /* decode batches up to this size replay graphs */
 #define GRAPH_LENS       8  /* max_len buckets 256 .. 32768 */
+#define GRAPH_KINDS      2  /* the step downloads its logits (head), or leaves them for the GPU sampler (head_draw) */
+#define GRAPH_SLOTS      (GRAPH_MAX_TOKENS * GRAPH_LENS * GRAPH_KINDS)
 static size_t align_up(size_t x)
 {
     return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
@@ -140,8 +142,8 @@ struct forward_cuda {
     int32_t *h_ints;      /* (3 T + n_seqs max_blocks) */
     float *h_logits;      /* (T, n_vocab) */
 
-    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS), or NULL.
-     */
+    /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS,
+     * GRAPH_KINDS), or NULL. */
     cudaGraphExec_t *graphs;
     int graph_step; /* this step ran whole as a graph from begin */
     int max_len;    /* this step's attention length bucket */
@@ -208,7 +210,7 @@ static void cuda_free(struct backend *be)
     if (f->load_t0) cudaEventDestroy(f->load_t0);
     if (f->load_t1) cudaEventDestroy(f->load_t1);
     if (f->graphs) {
-        for (int i = 0; i < GRAPH_MAX_TOKENS * GRAPH_LENS; i++)
+        for (int i = 0; i < GRAPH_SLOTS; i++)
             if (f->graphs[i]) cudaGraphExecDestroy(f->graphs[i]);
         free(f->graphs);
     }
@@ -666,7 +668,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         goto fail;
     /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident. */
     if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS"))
-        f->graphs = calloc((size_t)GRAPH_MAX_TOKENS * GRAPH_LENS, sizeof *f->graphs);
+        f->graphs = calloc(GRAPH_SLOTS, sizeof *f->graphs);
     cudaMemGetInfo(&free_b, &total_b);
     f->stats.vram_used = free_start > free_b ? free_start - free_b : 0;
     free(mask);
@@ -926,7 +928,7 @@ static int enqueue_whole_step(struct forward_cuda *f, const struct step *st)
     RC(upload_inputs(f));
     RC(x_gather(f, f->h_x_dev, n));
     for (int l = 0; l < f->n_layers; l++) RC(layer_enqueue(f, l, PLACEMENT_GPU, n));
-    return head_enqueue(f, st->b->want_logits, n, 0, 1);
+    return head_enqueue(f, st->b->want_logits, n, 0, st->draw == NULL);
 }
 
 /* max_len only sizes the attention's KV split; rounding it up to a power of two (>= 256) keeps the set of
@@ -939,13 +941,14 @@ static int bucket_len(int max_len, int cap)
     return b < cap ? b : cap;
 }
 
-/* The graph for a decode step of n tokens that all want logits, at the step's max_len bucket; captured on
- * first use. */
+/* The graph for a decode step of n tokens that all want logits, at the step's max_len bucket, downloading
+ * the logits or (a drawing step) not; captured on first use. */
 static int step_graph(struct forward_cuda *f, const struct step *st, cudaGraphExec_t *out)
 {
     int li = 0;
     while ((256 << li) < f->max_len) li++;
-    cudaGraphExec_t *slot = &f->graphs[(size_t)(st->b->n_tokens - 1) * GRAPH_LENS + (size_t)li];
+    cudaGraphExec_t *slot =
+        &f->graphs[((size_t)(st->b->n_tokens - 1) * GRAPH_LENS + (size_t)li) * GRAPH_KINDS + (st->draw != NULL)];
     if (!*slot) {
         cudaGraph_t g = NULL;
         CK(cudaStreamBeginCapture(f->compute, cudaStreamCaptureModeThreadLocal));
@@ -1068,7 +1071,7 @@ static int cuda_head(struct backend *be, const struct step *st, float *logits)
     return FERRY_OK;
 }
 
-/* The rows' logits stay on the device (a graph step downloads them too: the capture includes the copy) and
+/* The rows' logits stay on the device (a graph step's capture for drawing has no copy either) and
  * the GPU sampler draws from them: they all fit logit_rows (engine_step_draw checks draw_caps). */
 static int cuda_head_draw(struct backend *be, const struct step *st)
 {
