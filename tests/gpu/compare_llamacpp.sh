@@ -5,7 +5,8 @@
 #   prepare  build ferry (CUDA) and llama.cpp in parallel, write the Llama-2-7B-shaped random Q4_K_M and Q8_0
 #            files (tests/gpu/make_quant_gguf.py) into /tmp/cmp                         (about 5 minutes)
 #   bench    the measurements; a table last, every raw log under $OUT                  (about 5 minutes)
-# The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives).
+# The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives), and bench
+# in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
 # ferry: `ferry bench` (decode b=1/16/64 as tokens/s of all sequences, prefill 512). llama.cpp: llama-bench
 # (-p 512 -n 64, flash attention) for b=1 and prefill, llama-batched-bench (-npp 128 -ntg 64) for b=16/64; the
 # 4 GiB case sweeps llama.cpp's -ngl and keeps the largest whose device buffers (model + KV + compute, as it
@@ -100,13 +101,20 @@ log "Q4_K_M, all layers on the GPU"
 ferry q4-full --model $Q4 --batches 1,16,64 --prefill 512 --decode-steps 16
 llama_bench q4-full $Q4 99
 llama_batched q4-full $Q4 99 1,16,64
-log "Q4_K_M, 4 GiB"
-ferry q4-4g --model $Q4 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
-for ngl in 20 22 24 26 28 30; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 log "Q8_0, all layers on the GPU"
 ferry q8-full --model $Q8 --batches 1,16,64 --prefill 512 --decode-steps 16
 llama_bench q8-full $Q8 99
 llama_batched q8-full $Q8 99 1,16,64
+fi
+if [ "${CMP_Q4_4G:-1}" = 1 ]; then
+  # Most of a Q4_K_M 7B fits in 4 GiB. ferry: auto (host layers streamed or on the CPU per step size), cpu (no
+  # ring: its two slots become resident layers), and auto with int8 host arithmetic; llama.cpp: the -ngl sweep
+  # up to the largest that fits (both KV pools hold 16 x 48 positions).
+  log "Q4_K_M, 4 GiB"
+  ferry q4-4g --model $Q4 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
+  ferry q4-4g-cpu --model $Q4 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
+  ferry q4-4g-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 8
+  for ngl in 28 30 31; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 fi
 if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
@@ -121,11 +129,11 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
   ferry q8-4g-auto --model $Q8 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
-  for ngl in 14 16 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
+  for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
   log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
   ferry q4-2g-auto --model $Q4 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
-  for ngl in 10 12 14; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+  for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 fi
 if [ "${CMP_INT4:-1}" = 1 ]; then
   log "--quant int4 on random f16 weights of the same shape"

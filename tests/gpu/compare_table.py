@@ -49,18 +49,6 @@ for case, name, targets in (("q4-full", "Q4_K_M all on GPU", {1: ">= 1.4x", 16: 
              targets.get(b, ""))
     line(f"{name}, prefill 512", val("ferry", case, "prefill"), val("llama.cpp", case, "prefill"),
          targets.get("p", ""))
-# 4 GiB: llama.cpp's best -ngl whose device buffers fit in 4 GiB.
-best = None
-for r in rows:
-    if r["who"] == "llama.cpp" and r["case"].startswith("q4-4g-ngl") and r.get("vram_mib", 1e9) <= 4096:
-        if best is None or (r["decode"].get("1") or 0) > (best["decode"].get("1") or 0):
-            best = r
-ngl = best["case"].split("ngl")[1] if best else "?"
-line(f"Q4_K_M 4 GiB, decode b=1 (llama.cpp -ngl {ngl})", val("ferry", "q4-4g", "decode", 1),
-     best["decode"].get("1") if best else None, ">= 1.5x, >= 65")
-line(f"Q4_K_M 4 GiB, decode b=16 (llama.cpp -ngl {ngl})", val("ferry", "q4-4g", "decode", 16),
-     best["decode"].get("16") if best else None, ">= 10x")
-line("Q4_K_M 4 GiB, prefill 512", val("ferry", "q4-4g", "prefill"), None)
 line("--quant int4 (f16 weights), decode b=1 vs ferry Q4_K_M", val("ferry", "int4", "decode", 1),
      val("ferry", "q4-full", "decode", 1), "within 10%")
 line("--quant int4 (f16 weights), decode b=16 vs ferry Q4_K_M", val("ferry", "int4", "decode", 16),
@@ -76,7 +64,10 @@ def best_under(prefix, mib):
     return b
 
 
-for name, fcases, prefix, mib, tgt in (("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto"), "f16-4g-ngl", 4096,
+# Under a budget: llama.cpp's best -ngl whose device buffers fit it.
+for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "q4-4g-int8"), "q4-4g-ngl", 4096,
+                                        {1: ">= 1.5x, >= 65", 16: ">= 10x"}),
+                                       ("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto"), "f16-4g-ngl", 4096,
                                         {1: ">= 12, >= 1.5x", 16: ">= 81"}),
                                        ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8"), "q8-4g-ngl", 4096,
                                         {1: ">= 30"}),
@@ -88,10 +79,10 @@ for name, fcases, prefix, mib, tgt in (("F16 4 GiB", ("f16-4g-stream", "f16-4g-a
         if (("ferry", fc)) not in get:
             continue
         for bt in (1, 16):
-            line(f"{name} {fc.split('-', 2)[2]}, b={bt} (llama.cpp -ngl {ngl})", val("ferry", fc, "decode", bt),
+            line(f"{name} {(fc.split('-', 2) + ['auto'])[2]}, b={bt} (llama.cpp -ngl {ngl})", val("ferry", fc, "decode", bt),
                  b["decode"].get(str(bt)) if b else None, tgt.get(bt, ""))
     if ("ferry", fcases[0]) in get:
-        line(f"{name} {fcases[0].split('-', 2)[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
+        line(f"{name} {(fcases[0].split('-', 2) + ['auto'])[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
 print("\n".join(out))
 for r in rows:
     if r["who"] == "llama.cpp" and "vram_mib" in r:
