@@ -29,6 +29,10 @@
 /* AUTO puts host layers on the CPU only when the plan predicts a step this much faster than streaming them
  * all: the cost model is measured, not exact, and a wrong CPU choice costs more than a missed one. */
 #define ENGINE_PLAN_MARGIN 0.03
+/* The workload --placement auto predicts when it weighs a ring against more resident layers: per sequence, a
+ * prompt and a reply of about a chat turn's length. */
+#define ENGINE_MIX_PROMPT 512
+#define ENGINE_MIX_GEN    256
 /* Device rates the cost model takes as constants (not worth a start-up probe): matrix products of large
  * steps (run 6e: prefill 512 of a resident Llama-2-7B at 21,670 tok/s is ~280 TFLOP/s), a layer's launches
  * and small ops, a step's fixed work. */
@@ -159,20 +163,13 @@ static int host_backend_init(struct engine *e, char err[256])
     return rc;
 }
 
-/* The cost model of the step planner: the GPU's measured rates, the host's time for one host layer at a few
- * step sizes (and again while the link copies, which is how it runs beside streaming), the exchange around a
- * host layer. */
-static int measure_costs(struct engine *e, const struct device_map *map, int ref, struct step_cost *c)
+/* The host's side of the step planner's cost model (c holds the GPU's rates already): its time for one host
+ * layer at a few step sizes (and again while the link copies, which is how it runs beside streaming: *slow_out
+ * is the factor, and the times are given under that load), the exchange around a host layer. */
+static int measure_costs(struct engine *e, const struct device_map *map, int ref, struct step_cost *c,
+                         double *slow_out)
 {
     const struct llm_hparams *hp = &e->model.hp;
-    struct backend_stats gs;
-    e->gpu->ops->stats(e->gpu, &gs);
-    memset(c, 0, sizeof *c);
-    c->h2d = gs.h2d_bytes_per_s;
-    c->hbm = gs.hbm_bytes_per_s;
-    c->gpu_flops = ENGINE_GPU_FLOPS;
-    c->gpu_layer_s = ENGINE_GPU_LAYER_S;
-    c->step_s = ENGINE_STEP_S;
     c->cpu_ref_bytes = forward_cuda_layer_bytes(e->gpu, ref);
     int rc;
     for (int m = 1; m <= e->p.max_batch_tokens && c->n_cpu < STEP_COST_MAX_M; m *= 2) {
@@ -191,6 +188,7 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
         if (rc) return rc;
         const double slow = t1 > c->cpu_s[0] ? t1 / c->cpu_s[0] : 1.0;
         for (int i = 0; i < c->n_cpu; i++) c->cpu_s[i] *= slow;
+        *slow_out = slow;
         FLOG_INFO(
             "cost model: host layer at 1 token %.2f ms alone, %.2f ms while the link copies (%.1f GB/s then, "
             "%.1f GB/s alone)",
@@ -204,50 +202,131 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
     c->run_bytes_per_token = 2.0 * hp->dim * sizeof(float);
     return FERRY_OK;
 }
-/* The step plan of a GPU engine: the device_map's host layers per step size, from measured costs (none are
- * needed when they always stream or always run on the host, or when the plan is given). */
-static int gpu_plan(struct engine *e, char err[256])
+/* A step plan for `map` from the costs `c` (mode: the engine's placement, or `mode_override` when >= 0). */
+static int make_plan(struct engine *e, const struct device_map *map, const struct step_cost *c, int mode_override,
+                     struct step_plan *out, char err[256])
 {
-    const struct device_map *map = forward_cuda_map(e->gpu);
     const int L = e->model.hp.n_layers;
     uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params);
-    int rc = FERRY_ERR_NOMEM, ref = -1;
-    if (!bytes || !params) goto out;
-    for (int l = 0; l < L; l++) {
-        bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
-        params[l] = layer_params(&e->model.layers[l]);
-        if (ref < 0 && map->where[l] != PLACEMENT_GPU) ref = l;
+    int rc = FERRY_ERR_NOMEM;
+    if (bytes && params) {
+        for (int l = 0; l < L; l++) {
+            bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
+            params[l] = layer_params(&e->model.layers[l]);
+        }
+        const enum step_mode mode = mode_override >= 0                           ? (enum step_mode)mode_override
+                                    : e->p.placement == ENGINE_PLACEMENT_STREAM ? STEP_MODE_STREAM
+                                    : e->p.placement == ENGINE_PLACEMENT_CPU    ? STEP_MODE_CPU
+                                                                                : STEP_MODE_AUTO;
+        struct step_plan_input in = {
+            .n_layers = L,
+            .where = map->where,
+            .layer_bytes = bytes,
+            .layer_params = params,
+            .head_bytes =
+                (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) * (uint64_t)e->model.output.rows,
+            .n_slots = map->n_slots,
+            .max_tokens = e->p.max_batch_tokens,
+            .mode = mode,
+            .margin = ENGINE_PLAN_MARGIN,
+            .force = e->p.plan_override,
+            .cost = *c};
+        rc = step_plan_make(&in, out, err);
     }
-    struct step_plan_input in = {.n_layers = L,
-                                 .where = map->where,
-                                 .layer_bytes = bytes,
-                                 .layer_params = params,
-                                 .head_bytes =
-                                     (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *
-                                     (uint64_t)e->model.output.rows,
-                                 .n_slots = map->n_slots,
-                                 .max_tokens = e->p.max_batch_tokens,
-                                 .mode = e->p.placement == ENGINE_PLACEMENT_STREAM ? STEP_MODE_STREAM
-                                         : e->p.placement == ENGINE_PLACEMENT_CPU  ? STEP_MODE_CPU
-                                                                                   : STEP_MODE_AUTO,
-                                 .margin = ENGINE_PLAN_MARGIN,
-                                 .force = e->p.plan_override};
-    struct backend_stats gs;
-    e->gpu->ops->stats(e->gpu, &gs);
-    in.cost.h2d = gs.h2d_bytes_per_s;
-    in.cost.hbm = gs.hbm_bytes_per_s;
-    in.cost.gpu_flops = ENGINE_GPU_FLOPS;
-    in.cost.gpu_layer_s = ENGINE_GPU_LAYER_S;
-    in.cost.step_s = ENGINE_STEP_S;
-    if (e->cpu && ref >= 0 && (rc = measure_costs(e, map, ref, &in.cost))) {
-        snprintf(err, 256, "measuring the host's layer time failed (%s)", ferry_status_str(rc));
-        goto out;
-    }
-    rc = step_plan_make(&in, &e->plan, err);
-out:
     free(bytes);
     free(params);
     return rc;
+}
+
+/* The step plan of a GPU engine: the device_map's host layers per step size, from measured costs (none are
+ * needed when they always stream or always run on the host, or when the plan is given). *slow: how much slower
+ * the host computed a layer while the link copied (1 when not measured). */
+static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char err[256])
+{
+    const struct device_map *map = forward_cuda_map(e->gpu);
+    const int L = e->model.hp.n_layers;
+    int ref = -1;
+    for (int l = 0; l < L && ref < 0; l++)
+        if (map->where[l] != PLACEMENT_GPU) ref = l;
+    struct backend_stats gs;
+    e->gpu->ops->stats(e->gpu, &gs);
+    memset(cost, 0, sizeof *cost);
+    cost->h2d = gs.h2d_bytes_per_s;
+    cost->hbm = gs.hbm_bytes_per_s;
+    cost->gpu_flops = ENGINE_GPU_FLOPS;
+    cost->gpu_layer_s = ENGINE_GPU_LAYER_S;
+    cost->step_s = ENGINE_STEP_S;
+    *slow = 1.0;
+    int rc;
+    if (e->cpu && ref >= 0 && (rc = measure_costs(e, map, ref, cost, slow))) {
+        snprintf(err, 256, "measuring the host's layer time failed (%s)", ferry_status_str(rc));
+        return rc;
+    }
+    return make_plan(e, map, cost, -1, &e->plan, err);
+}
+
+/* The CUDA backend and, when layers live in host memory and the CPU may compute them, the host's backend;
+ * then the step plan. */
+static int gpu_engine_init(struct engine *e, const struct forward_cuda_params *cp, struct step_cost *cost,
+                           double *slow, char err[256])
+{
+    int rc;
+    if ((rc = forward_cuda_init(&e->gpu, &e->model, &e->kv, cp, err))) return rc;
+    e->p.kv_tokens = e->kv.n_blocks * e->kv.block_size;
+    e->head = e->gpu;
+    const struct device_map *map = forward_cuda_map(e->gpu);
+    const int host_cpu = e->p.plan_override ? strchr(e->p.plan_override, 'c') != NULL
+                                            : e->p.placement != ENGINE_PLACEMENT_STREAM || map->n_slots == 0;
+    if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) return rc;
+    return gpu_plan(e, cost, slow, err);
+}
+
+/* --placement auto with a ring: its slots could hold resident layers instead, with every host layer on the
+ * CPU. Both are predicted, from the costs just measured, for a workload of the configured concurrency
+ * (--parallel sequences at once, each with ENGINE_MIX_PROMPT prompt and ENGINE_MIX_GEN generated tokens);
+ * when the map without a ring is faster by the margin, the GPU backend is built again without one. A single
+ * sequence under a tight budget is the case: Q4_K_M 7B in 4 GiB holds 26 layers and a ring, or 30 layers. */
+static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const struct step_cost *cost,
+                       double slow, char err[256])
+{
+    const struct device_map *map = forward_cuda_map(e->gpu);
+    struct device_map alt;
+    char why[256];
+    if (forward_cuda_map_variant(e->gpu, 1, &alt, why)) return FERRY_OK; /* no plan without a ring fits */
+    struct step_cost alone = *cost; /* with no ring, the host computes with the link idle */
+    for (int i = 0; i < alone.n_cpu; i++) alone.cpu_s[i] /= slow;
+    struct step_plan alt_plan = {0};
+    int rc = FERRY_OK;
+    double t_ring = 0, t_none = 0;
+    if (alt.n_streamed == 0 || e->cpu) {
+        if (!make_plan(e, &alt, &alone, STEP_MODE_CPU, &alt_plan, why)) {
+            t_ring = step_plan_workload_s(&e->plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
+            t_none = step_plan_workload_s(&alt_plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
+        }
+    }
+    step_plan_free(&alt_plan);
+    const int drop = t_ring > 0 && t_none > 0 && t_none < t_ring * (1.0 - ENGINE_PLAN_MARGIN);
+    if (t_ring > 0 && t_none > 0)
+        FLOG_INFO("placement auto: %d sequences of %d prompt + %d generated tokens predicted %.2f s with a ring "
+                  "(%d resident layers), %.2f s without (%d resident, host layers on the CPU): %s",
+                  e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN, t_ring, map->n_resident, t_none,
+                  alt.n_resident, drop ? "no ring" : "ring kept");
+    const int alt_resident = alt.n_resident;
+    device_map_free(&alt);
+    if (!drop) return FERRY_OK;
+    if (e->cpu) e->cpu->ops->free(e->cpu);
+    e->cpu = NULL;
+    e->gpu->ops->free(e->gpu);
+    e->gpu = e->head = NULL;
+    step_plan_free(&e->plan);
+    cp->no_ring = 1;
+    struct step_cost c2;
+    double s2;
+    if ((rc = gpu_engine_init(e, cp, &c2, &s2, err))) return rc;
+    if (forward_cuda_map(e->gpu)->n_resident != alt_resident)
+        FLOG_INFO("placement auto: the plan without a ring has %d resident layers (predicted %d)",
+                  forward_cuda_map(e->gpu)->n_resident, alt_resident);
+    return FERRY_OK;
 }
 
 /* Takes ownership of *model (freed on failure too). */
@@ -305,14 +384,13 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     size_t at = 0;
     if (use_cuda) {
         struct forward_cuda_params cp = cuda_params(&p, kv_auto);
-        if ((rc = forward_cuda_init(&e->gpu, &e->model, &e->kv, &cp, err))) goto fail;
-        e->p.kv_tokens = e->kv.n_blocks * e->kv.block_size;
-        e->head = e->gpu;
+        struct step_cost cost;
+        double slow;
+        if ((rc = gpu_engine_init(e, &cp, &cost, &slow, err))) goto fail;
+        if (p.placement == ENGINE_PLACEMENT_AUTO && !p.plan_override && p.gpu_layers < 0 && p.n_slots == 0 &&
+            forward_cuda_map(e->gpu)->n_slots > 0 && (rc = settle_ring(e, &cp, &cost, slow, err)))
+            goto fail;
         const struct device_map *map = forward_cuda_map(e->gpu);
-        const int host_cpu = p.plan_override ? strchr(p.plan_override, 'c') != NULL
-                                             : p.placement != ENGINE_PLACEMENT_STREAM || map->n_slots == 0;
-        if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) goto fail;
-        if ((rc = gpu_plan(e, err))) goto fail;
         at = (size_t)device_map_format(map, e->placement, sizeof e->placement);
         if (e->cpu && at < sizeof e->placement)
             at += (size_t)snprintf(e->placement + at, sizeof e->placement - at,

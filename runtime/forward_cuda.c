@@ -85,6 +85,9 @@ struct forward_cuda {
     const struct kv_cache *kv; /* the engine's tables (block table, sizes) */
     const struct layer_program *prog;
     struct device_map map;
+    /* What the map was planned from, for forward_cuda_map_variant. */
+    struct forward_cuda_params params;
+    uint64_t plan_budget;
     int max_tokens;
     int n_layers;
     struct layer_layout *layouts; /* (n_layers) */
@@ -445,6 +448,28 @@ out:
     return rc;
 }
 
+int forward_cuda_map_variant(const struct backend *be, int no_ring, struct device_map *out, char err[256])
+{
+    const struct forward_cuda *f = (const struct forward_cuda *)be;
+    const struct model *m = f->m;
+    struct forward_cuda_params p = f->params;
+    p.no_ring = no_ring;
+    struct plan_sizes ps;
+    uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
+    uint8_t *mask = malloc((size_t)m->hp.n_layers);
+    int rc = FERRY_ERR_NOMEM;
+    if (sizes && mask) {
+        plan_sizes_of(m, f->kv, p.max_tokens, NULL, sizes, &ps);
+        struct device_map_input in = plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget,
+                                                f->kv->block_size, f->stats.h2d_bytes_per_s,
+                                                f->stats.hbm_bytes_per_s, mask);
+        rc = device_map_plan(&in, out, err);
+    }
+    free(sizes);
+    free(mask);
+    return rc;
+}
+
 int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256])
 {
@@ -520,6 +545,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     pinned_measure_link(&h2d, &d2d);
     f->stats.h2d_bytes_per_s = h2d;
     f->stats.hbm_bytes_per_s = d2d;
+    f->params = *p;
+    f->params.force_where = NULL; /* (the caller's string; a variant is only asked for without one) */
+    f->plan_budget = plan_budget;
     struct device_map_input in =
         plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d, mask);
     if ((rc = device_map_plan(&in, &f->map, err))) {

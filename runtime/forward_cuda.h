@@ -72,6 +72,10 @@ int forward_cuda_time_exchange(struct backend *be, int n_tokens, double *seconds
 int forward_cuda_link_load_begin(struct backend *be, double seconds);
 double forward_cuda_link_load_end(struct backend *be);
 
+/* The device_map this backend would have planned with no_ring set as given, from the same budget, sizes and
+ * KV bounds (the engine compares a plan with a ring against one without before it settles). */
+int forward_cuda_map_variant(const struct backend *be, int no_ring, struct device_map *out, char err[256]);
+
 /* The device_map forward_cuda_init would choose for budget p->gpu_memory, computed without a device, with the
  * given ceilings (bytes/s) for the prediction. For `ferry inspect`. FERRY_ERR_UNSUPPORTED without CUDA. */
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,

@@ -68,6 +68,13 @@ double forward_cuda_link_load_end(struct backend *be)
     return 0;
 }
 
+int forward_cuda_map_variant(const struct backend *be, int no_ring, struct device_map *out, char err[256])
+{
+    (void)be, (void)no_ring, (void)out;
+    snprintf(err, 256, "this build has no CUDA backend");
+    return FERRY_ERR_UNSUPPORTED;
+}
+
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256])

@@ -241,6 +241,20 @@ int step_plan_bucket(const struct step_plan *p, int n_tokens)
     return b;
 }
 
+double step_plan_workload_s(const struct step_plan *p, int n_seqs, int prompt, int gen)
+{
+    if (p->n_buckets <= 0 || n_seqs <= 0 || prompt < 0 || gen < 0) return 0;
+    const int big = p->tokens[p->n_buckets - 1];
+    const int64_t total = (int64_t)n_seqs * prompt, full = total / big, rest = total % big;
+    const double t_big = p->predicted_s[p->n_buckets - 1];
+    const double t_rest = rest ? p->predicted_s[step_plan_bucket(p, (int)rest)] : 0;
+    const double t_dec = p->predicted_s[step_plan_bucket(p, n_seqs)];
+    if ((full && t_big <= 0) || (rest && t_rest <= 0) || (gen && t_dec <= 0)) return 0;
+    /* more sequences than the largest step decode in several steps */
+    const int64_t dec_steps = (int64_t)gen * ((n_seqs + big - 1) / big);
+    return (double)full * t_big + t_rest + (double)dec_steps * t_dec;
+}
+
 const enum placement *step_plan_where(const struct step_plan *p, int n_tokens)
 {
     return p->where + (size_t)step_plan_bucket(p, n_tokens) * p->n_layers;

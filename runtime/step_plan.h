@@ -80,6 +80,10 @@ void step_plan_free(struct step_plan *p);
 
 /* The bucket of a step of n tokens (1 <= n <= max_tokens), and its placement of every layer. */
 int step_plan_bucket(const struct step_plan *p, int n_tokens);
+/* The predicted seconds of a workload: n_seqs sequences, each with `prompt` prompt tokens (prefilled together
+ * in steps of the largest size) and then `gen` decode steps of all n_seqs at once. 0 when a step it needs has
+ * no prediction. */
+double step_plan_workload_s(const struct step_plan *p, int n_seqs, int prompt, int gen);
 const enum placement *step_plan_where(const struct step_plan *p, int n_tokens);
 
 /* Steady-state seconds of a step of m tokens under the placement `where` (n_layers), per the input's costs.

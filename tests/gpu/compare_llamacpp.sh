@@ -115,6 +115,10 @@ if [ "${CMP_Q4_4G:-1}" = 1 ]; then
   ferry q4-4g-cpu --model $Q4 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
   ferry q4-4g-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 8
   for ngl in 28 30 31; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+  # One sequence (a KV pool of 48 positions on both sides): auto weighs the ring against more resident layers.
+  ferry q4-1s-auto --model $Q4 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 8
+  ferry q4-1s-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 8
+  for ngl in 31 32 33; do llama_batched q4-1s-ngl$ngl $Q4 $ngl 1 32 16; done
 fi
 if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the

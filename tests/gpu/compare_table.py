@@ -67,6 +67,8 @@ def best_under(prefix, mib):
 # Under a budget: llama.cpp's best -ngl whose device buffers fit it.
 for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "q4-4g-int8"), "q4-4g-ngl", 4096,
                                         {1: ">= 1.5x, >= 65", 16: ">= 10x"}),
+                                       ("Q4_K_M 4 GiB, 1 seq", ("q4-1s-auto", "q4-1s-int8"), "q4-1s-ngl", 4096,
+                                        {1: ">= 1.5x, >= 65"}),
                                        ("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto"), "f16-4g-ngl", 4096,
                                         {1: ">= 12, >= 1.5x", 16: ">= 81"}),
                                        ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8"), "q8-4g-ngl", 4096,
@@ -78,7 +80,7 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
     for fc in fcases:
         if (("ferry", fc)) not in get:
             continue
-        for bt in (1, 16):
+        for bt in (1, 16) if "1 seq" not in name else (1,):
             line(f"{name} {(fc.split('-', 2) + ['auto'])[2]}, b={bt} (llama.cpp -ngl {ngl})", val("ferry", fc, "decode", bt),
                  b["decode"].get(str(bt)) if b else None, tgt.get(bt, ""))
     if ("ferry", fcases[0]) in get:

@@ -288,3 +288,51 @@ Test(step_plan, host_time_scales_with_layer_bytes)
     struct step_cost none = {0};
     cr_assert(isinf(step_cost_cpu_layer(&none, LAYER_F16, 1)), "no measurement: the host is never chosen");
 }
+
+Test(step_plan, workload_adds_prefill_chunks_and_decode_steps)
+{
+    struct step_plan p = {.n_layers = 1, .n_buckets = 3, .tokens = {1, 2, 4}, .predicted_s = {0.01, 0.015, 0.02}};
+    /* 2 sequences x 5 prompt tokens = 2 steps of 4 + one of 2; then 3 decode steps of 2 */
+    cr_assert_float_eq(step_plan_workload_s(&p, 2, 5, 3), 2 * 0.02 + 0.015 + 3 * 0.015, 1e-12);
+    /* 6 sequences: 30 prompt tokens = 7 x 4 + 2; each decode step of 6 takes two of the largest */
+    cr_assert_float_eq(step_plan_workload_s(&p, 6, 5, 3), 7 * 0.02 + 0.015 + 6 * 0.02, 1e-12);
+    cr_assert_float_eq(step_plan_workload_s(&p, 1, 0, 4), 4 * 0.01, 1e-12);
+    p.predicted_s[1] = 0; /* a step the workload needs has no prediction */
+    cr_assert_eq(step_plan_workload_s(&p, 2, 5, 3), 0);
+    cr_assert_eq(step_plan_workload_s(&p, 0, 5, 3), 0);
+}
+
+/* The choice --placement auto makes at load (runtime/engine.c settle_ring): a Q4_K_M Llama-2-7B under 4 GiB
+ * holds 26 layers and a ring of 2 slots, or 30 layers and no ring. One sequence decodes faster without the
+ * ring (two host layers on the CPU instead of six shared with the link), sixteen faster with it (streamed
+ * bytes serve every token; the host's time grows with them), which is what the H200 machine measured
+ * (tests/gpu/results/2026-12-01c: b=1 127 vs 91.5 tok/s, b=16 493 vs 1,120). */
+Test(step_plan, ring_or_more_resident_layers_depends_on_concurrency)
+{
+    const uint64_t q4 = 122000000ull;
+    struct step_plan ring, none;
+    enum placement w_ring[L7], w_none[L7];
+    struct step_plan_input in = llama7b(26, 84, 1.5);
+    for (int i = 0; i < L7; i++) {
+        bytes7[i] = q4;
+        w_ring[i] = where7[i];
+        w_none[i] = (int64_t)(i + 1) * 2 / L7 > (int64_t)i * 2 / L7 ? PLACEMENT_STREAM : PLACEMENT_GPU;
+    }
+    in.cost.cpu_ref_bytes = q4;
+    for (int i = 0; i < in.cost.n_cpu; i++) { /* 2.4 ms a layer at 1 token (measured), compute bound above */
+        const double math = 2.0 * PARAMS * in.cost.cpu_m[i] / 1.5e12;
+        in.cost.cpu_s[i] = math > 2.4e-3 ? math : 2.4e-3;
+    }
+    in.where = w_ring;
+    make(&in, &ring);
+    in.where = w_none;
+    in.n_slots = 0;
+    make(&in, &none);
+    const double r1 = step_plan_workload_s(&ring, 1, 512, 256), n1 = step_plan_workload_s(&none, 1, 512, 256);
+    const double r16 = step_plan_workload_s(&ring, 16, 512, 256), n16 = step_plan_workload_s(&none, 16, 512, 256);
+    cr_assert(r1 > 0 && n1 > 0 && r16 > 0 && n16 > 0);
+    cr_expect_lt(n1, r1 * 0.97, "one sequence: no ring %.3f s, ring %.3f s", n1, r1);
+    cr_expect_gt(n16, r16, "16 sequences: no ring %.3f s, ring %.3f s", n16, r16);
+    step_plan_free(&ring);
+    step_plan_free(&none);
+}
