@@ -17,7 +17,7 @@ start)
   rm -f /tmp/soak.txt /tmp/soak.rc
   setsid bash -c "cd $W && PYTHONUNBUFFERED=1 python3 tests/soak/soak.py --minutes ${SOAK_MIN:-10} \
     --binary build/server/ferry --model /tmp/cmp/Q4_K_M.gguf --vram-budget 2048 --sample 20 --flood 500 \
-    --serve-args '--gpu-memory 2GiB --parallel 8 --max-queue 64 --max-connections 450 --max-connections-per-ip 0' \
+    --serve-args '--gpu-memory 2GiB --ctx-size 512 --kv-tokens 1024 --parallel 8 --max-queue 64 --max-connections 450 --max-connections-per-ip 0' \
     > /tmp/soak.txt 2>&1; echo \$? > /tmp/soak.rc" < /dev/null > /dev/null 2>&1 &
   sleep 45
   echo "soak started: $(head -5 /tmp/soak.txt)"
