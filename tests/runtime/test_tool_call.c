@@ -206,6 +206,19 @@ Test(tool_call, grammar_forms_parse)
     check_stream(TOOL_FORMAT_HERMES,
                  "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"a</tool_call><b>\"}}\n"
                  "</tool_call>");
+    /* SmolLM2-135M's answer to case 107 of test_tool_choice_required_random (the old parser gave it back as
+     * content, finish_reason "stop") */
+    const char *smol[] = {"send_email",
+                          "{\"unit\": \"email-target-rounded-to-12emrinted-to-text-field_address_to_text_anchor(true)},"
+                          "'dropdown':true,}]</tool_call><script>alert({{user}});</script>The_method_to_check_if_mail_"
+                          "is_available_to_usermail_to_get_bin_bound_by_lawx_to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}",
+                          NULL};
+    expect_parse(TOOL_FORMAT_HERMES,
+                 "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"email-target-rounded-to-"
+                 "12emrinted-to-text-field_address_to_text_anchor(true)},'dropdown':true,}]</tool_call><script>alert("
+                 "{{user}});</script>The_method_to_check_if_mail_is_available_to_usermail_to_get_bin_bound_by_lawx_"
+                 "to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}}\n</tool_call>",
+                 0, "", smol);
     /* the marker inside a string, then the object never closes: content */
     expect_parse(TOOL_FORMAT_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"u\": \"</tool_call>",
                  0, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"u\": \"</tool_call>", NULL);
