@@ -39,11 +39,11 @@ const char *tool_call_prompt_suffix(enum tool_format f)
 /* ---- grammar ---------------------------------------------------------------------------------------- */
 
 /* The schema a call's arguments are generated from. Arguments are always a JSON object (clients decode them
- * as one), so a schema that leaves the type open (no "type", combinator, $ref, enum or const) or lists several
- * types with "object" among them is narrowed to objects: a subset of what it accepts, as json_schema.c
- * generates elsewhere. A schema that still allows something else is refused after the grammar is built
- * (args_only_objects). *out: the narrowed text (malloc'd), or NULL to compile the schema as given. Returns 0
- * or FERRY_ERR_NOMEM; a schema jansson cannot read is left for json_schema_compile to report. */
+ * as one), so a schema that leaves the type open (no "type", combinator, $ref, enum or const) or lists
+ * several types with "object" among them is narrowed to objects: a subset of what it accepts, as
+ * json_schema.c generates elsewhere. A schema that still allows something else is refused after the grammar
+ * is built (args_only_objects). *out: the narrowed text (malloc'd), or NULL to compile the schema as given.
+ * Returns 0 or FERRY_ERR_NOMEM; a schema jansson cannot read is left for json_schema_compile to report. */
 static int args_schema(const char *schema, char **out)
 {
     *out = NULL;
@@ -61,7 +61,8 @@ static int args_schema(const char *schema, char **out)
         size_t i;
         json_t *x;
         int has_object = 0;
-        json_array_foreach(t, i, x) has_object |= json_is_string(x) && !strcmp(json_string_value(x), "object");
+        json_array_foreach(t, i, x) has_object |=
+            json_is_string(x) && !strcmp(json_string_value(x), "object");
         if (!has_object) open = 0;
     } else if (t) {
         open = 0; /* one type: "object", or refused later */
@@ -145,14 +146,15 @@ static int args_only_objects(const struct grammar *g, enum tool_format f, const 
     struct gstate *st = grammar_state_new(g), *tmp = grammar_state_new(g), *init = grammar_state_new(g);
     int rc = st && tmp && init ? 0 : ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     const char *open = f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GENERIC ? "<tool_call>\n"
-                       : f == TOOL_FORMAT_MISTRAL                        ? "["
-                                                                          : "";
+                       : f == TOOL_FORMAT_MISTRAL                          ? "["
+                                                                           : "";
     const char *key = f == TOOL_FORMAT_LLAMA3 ? "parameters" : "arguments";
     for (int i = 0; !rc && i < n; i++) {
         char pre[160];
         int k = snprintf(pre, sizeof pre, "%s{\"name\": \"%s\", \"%s\": ", open, tools[i].name, key);
         grammar_state_copy(st, init);
-        if (k < 0 || (size_t)k >= sizeof pre || grammar_state_feed(g, st, pre, (size_t)k)) continue; /* unreachable */
+        if (k < 0 || (size_t)k >= sizeof pre || grammar_state_feed(g, st, pre, (size_t)k))
+            continue; /* unreachable */
         for (int c = 0; c < 256 && !rc; c++) {
             const char ch = (char)c;
             grammar_state_copy(tmp, st);
@@ -456,7 +458,8 @@ static int add_call(struct tool_parse *p, const char *s, size_t n)
     if (!args) args = params, args_n = params_n;
     if (!name || name[0] != '"' || (args && args[0] != '{' && args[0] != '"')) return 0;
     json_t *nm = string_decode(name, name_n);
-    const int name_ok = nm && json_string_length(nm) > 0 && strlen(json_string_value(nm)) == json_string_length(nm);
+    const int name_ok =
+        nm && json_string_length(nm) > 0 && strlen(json_string_value(nm)) == json_string_length(nm);
     char *a = NULL;
     int r = !name_ok ? 0 : !args ? 1 : args[0] == '"' ? string_args(args, args_n, &a) : 1;
     if (r == 1 && p->n_calls >= TOOL_CALL_MAX) { /* kept the first ones */
@@ -496,9 +499,9 @@ static int parse_hermes(struct tool_parse *p, const char *t, size_t n, size_t at
         const int closed = n - e >= close_n && !memcmp(t + e, HERMES_CLOSE, close_n);
         if (!closed) {
             if (e < n && (n - e >= close_n || memcmp(t + e, HERMES_CLOSE, n - e)))
-                return 1; /* other text after the object */
-            if (!final) return 0;    /* the marker is still coming */
-            if (e < n) return 1;     /* ended inside the marker */
+                return 1;         /* other text after the object */
+            if (!final) return 0; /* the marker is still coming */
+            if (e < n) return 1;  /* ended inside the marker */
         }
         int r = add_call(p, t + at, span); /* closed, or the text ends after the object */
         if (r < 0) {

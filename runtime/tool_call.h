@@ -9,8 +9,8 @@
  * model answers as HERMES does. The parser works on the text so far (streaming) or the whole text (final): it
  * never takes back what it called content, so the caller can stream content[0, content_end) as it grows. Text
  * that may still become a call is held back. A call section that does not parse at the end is returned as
- * content. Parsers read (ptr, len) and copy what they return; tool_parse_free releases it. The grammar and the
- * parser agree: everything the grammar generates parses as calls, arguments included (always an object).
+ * content. Parsers read (ptr, len) and copy what they return; tool_parse_free releases it. The grammar and
+ * the parser agree: everything the grammar generates parses as calls, arguments included (always an object).
  */
 #ifndef FERRY_TOOL_CALL_H
 #define FERRY_TOOL_CALL_H

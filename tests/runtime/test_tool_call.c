@@ -144,9 +144,11 @@ static void expect_args(const char *args, const char *want_json)
         cr_expect(!a, "%s: taken as a call with arguments %s", args, a ? a : "");
     } else {
         cr_assert(a, "%s: not taken as a call", args);
-        json_t *got = json_loads(a, JSON_ALLOW_NUL, NULL), *want = json_loads(want_json, JSON_ALLOW_NUL, NULL);
+        json_t *got = json_loads(a, JSON_ALLOW_NUL, NULL),
+               *want = json_loads(want_json, JSON_ALLOW_NUL, NULL);
         cr_assert(want);
-        cr_expect(json_is_object(got) && json_equal(got, want), "%s: arguments %s, want %s", args, a, want_json);
+        cr_expect(json_is_object(got) && json_equal(got, want), "%s: arguments %s, want %s", args, a,
+                  want_json);
         json_decref(got);
         json_decref(want);
     }
@@ -159,17 +161,18 @@ Test(tool_call, string_arguments)
 {
     expect_args("\"Paris\"", NULL);
     expect_args("\"{\\\"city\\\":\\\"Paris\\\"}\"", "{\"city\": \"Paris\"}");
-    expect_args("\" \\n {\\\"city\\\": \\\"Paris\\\"} \\t\"", "{\"city\": \"Paris\"}"); /* whitespace around */
+    expect_args("\" \\n {\\\"city\\\": \\\"Paris\\\"} \\t\"",
+                "{\"city\": \"Paris\"}"); /* whitespace around */
     expect_args("\"\"", NULL);
     expect_args("\"   \"", NULL);
     expect_args("\"[1]\"", NULL);
     expect_args("\"42\"", NULL);
     expect_args("\"null\"", NULL);
     expect_args("\"{}\"", "{}");
-    expect_args("\"{\\\"a\\\": 1} x\"", NULL);     /* an object, then more */
-    expect_args("\"{\\\"a\\\": 1}{}\"", NULL);     /* two objects */
-    expect_args("\"{\\\"a\\\": \"", NULL);         /* cut off */
-    expect_args("\"{'a': 1}\"", NULL);             /* not JSON */
+    expect_args("\"{\\\"a\\\": 1} x\"", NULL); /* an object, then more */
+    expect_args("\"{\\\"a\\\": 1}{}\"", NULL); /* two objects */
+    expect_args("\"{\\\"a\\\": \"", NULL);     /* cut off */
+    expect_args("\"{'a': 1}\"", NULL);         /* not JSON */
     /* nested escapes: a string inside the stringified object, holding a quote, a backslash and JSON */
     expect_args("\"{\\\"q\\\": \\\"say \\\\\\\"hi\\\\\\\" \\\\\\\\ {\\\\\\\"x\\\\\\\": 1}\\\"}\"",
                 "{\"q\": \"say \\\"hi\\\" \\\\ {\\\"x\\\": 1}\"}");
@@ -183,12 +186,14 @@ Test(tool_call, string_arguments)
     expect_args("{\"city\": \"Paris\"}", "{\"city\": \"Paris\"}");
     /* the other conventions unwrap the same way */
     const char *one[] = {"get_weather", "{\"city\": \"Paris\"}", NULL};
-    expect_parse(TOOL_FORMAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": \"{\\\"city\\\": \\\"Paris\\\"}\"}",
-                 0, "", one);
+    expect_parse(TOOL_FORMAT_LLAMA3,
+                 "{\"name\": \"get_weather\", \"parameters\": \"{\\\"city\\\": \\\"Paris\\\"}\"}", 0, "",
+                 one);
     expect_parse(TOOL_FORMAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": \"Paris\"}", 0,
                  "{\"name\": \"get_weather\", \"parameters\": \"Paris\"}", NULL);
-    expect_parse(TOOL_FORMAT_MISTRAL, "[{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}]",
-                 1, "", one);
+    expect_parse(TOOL_FORMAT_MISTRAL,
+                 "[{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}]", 1, "",
+                 one);
     expect_parse(TOOL_FORMAT_MISTRAL, "[{\"name\": \"get_weather\", \"arguments\": \"Paris\"}]", 1,
                  "[{\"name\": \"get_weather\", \"arguments\": \"Paris\"}]", NULL);
 }
@@ -199,26 +204,29 @@ Test(tool_call, string_arguments)
 Test(tool_call, grammar_forms_parse)
 {
     const char *marker[] = {"send_email", "{\"unit\": \"a</tool_call><b>\\\"}\"}", NULL};
-    expect_parse(TOOL_FORMAT_HERMES,
-                 "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"a</tool_call><b>\\\"}\"}}\n"
-                 "</tool_call>",
-                 0, "", marker);
+    expect_parse(
+        TOOL_FORMAT_HERMES,
+        "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"a</tool_call><b>\\\"}\"}}\n"
+        "</tool_call>",
+        0, "", marker);
     check_stream(TOOL_FORMAT_HERMES,
                  "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"a</tool_call><b>\"}}\n"
                  "</tool_call>");
     /* SmolLM2-135M's answer to case 107 of test_tool_choice_required_random (the old parser gave it back as
      * content, finish_reason "stop") */
-    const char *smol[] = {"send_email",
-                          "{\"unit\": \"email-target-rounded-to-12emrinted-to-text-field_address_to_text_anchor(true)},"
-                          "'dropdown':true,}]</tool_call><script>alert({{user}});</script>The_method_to_check_if_mail_"
-                          "is_available_to_usermail_to_get_bin_bound_by_lawx_to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}",
-                          NULL};
-    expect_parse(TOOL_FORMAT_HERMES,
-                 "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"email-target-rounded-to-"
-                 "12emrinted-to-text-field_address_to_text_anchor(true)},'dropdown':true,}]</tool_call><script>alert("
-                 "{{user}});</script>The_method_to_check_if_mail_is_available_to_usermail_to_get_bin_bound_by_lawx_"
-                 "to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}}\n</tool_call>",
-                 0, "", smol);
+    const char *smol[] = {
+        "send_email",
+        "{\"unit\": \"email-target-rounded-to-12emrinted-to-text-field_address_to_text_anchor(true)},"
+        "'dropdown':true,}]</tool_call><script>alert({{user}});</script>The_method_to_check_if_mail_"
+        "is_available_to_usermail_to_get_bin_bound_by_lawx_to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}",
+        NULL};
+    expect_parse(
+        TOOL_FORMAT_HERMES,
+        "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"email-target-rounded-to-"
+        "12emrinted-to-text-field_address_to_text_anchor(true)},'dropdown':true,}]</tool_call><script>alert("
+        "{{user}});</script>The_method_to_check_if_mail_is_available_to_usermail_to_get_bin_bound_by_lawx_"
+        "to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}}\n</tool_call>",
+        0, "", smol);
     /* the marker inside a string, then the object never closes: content */
     expect_parse(TOOL_FORMAT_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"u\": \"</tool_call>",
                  0, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"u\": \"</tool_call>", NULL);
@@ -232,13 +240,15 @@ Test(tool_call, grammar_forms_parse)
     free(a);
     expect_args("{\"a\": 1, \"a\": 2}", "{\"a\": 2}");
     const char *last[] = {"g", "{\"b\": 1}", NULL};
-    expect_parse(TOOL_FORMAT_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {}, \"name\": \"g\", "
-                                     "\"arguments\": {\"b\": 1}}</tool_call>",
+    expect_parse(TOOL_FORMAT_HERMES,
+                 "<tool_call>{\"name\": \"f\", \"arguments\": {}, \"name\": \"g\", "
+                 "\"arguments\": {\"b\": 1}}</tool_call>",
                  0, "", last);
     /* a key written with escapes is the same key */
     const char *esc[] = {"f", "{\"c\": 1}", NULL};
-    expect_parse(TOOL_FORMAT_HERMES, "<tool_call>{\"n\\u0061me\": \"f\", \"argument\\u0073\": {\"c\": 1}}</tool_call>",
-                 0, "", esc);
+    expect_parse(TOOL_FORMAT_HERMES,
+                 "<tool_call>{\"n\\u0061me\": \"f\", \"argument\\u0073\": {\"c\": 1}}</tool_call>", 0, "",
+                 esc);
     /* not JSON after all: an invalid escape, a raw control byte, bad UTF-8, a name with \u0000 */
     expect_args("{\"s\": \"\\x\"}", NULL);
     expect_args("{\"s\": \"a\tb\"}", NULL);
@@ -251,12 +261,18 @@ Test(tool_call, grammar_forms_parse)
  * objects, one that allows only something else is refused. */
 Test(tool_call, grammar_arguments_are_objects)
 {
-    const char *ok[] = {"{}", "{\"description\": \"any\"}", "{\"type\": [\"object\", \"string\"]}",
+    const char *ok[] = {"{}",
+                        "{\"description\": \"any\"}",
+                        "{\"type\": [\"object\", \"string\"]}",
                         "{\"properties\": {\"a\": {\"type\": \"integer\"}}}",
-                        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}}", NULL};
-    const char *bad[] = {"{\"type\": \"string\"}", "{\"type\": [\"string\", \"null\"]}",
-                         "{\"anyOf\": [{\"type\": \"object\"}, {\"type\": \"integer\"}]}", "{\"enum\": [\"a\", 1]}",
-                         "{\"const\": \"Paris\"}", NULL};
+                        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}}",
+                        NULL};
+    const char *bad[] = {"{\"type\": \"string\"}",
+                         "{\"type\": [\"string\", \"null\"]}",
+                         "{\"anyOf\": [{\"type\": \"object\"}, {\"type\": \"integer\"}]}",
+                         "{\"enum\": [\"a\", 1]}",
+                         "{\"const\": \"Paris\"}",
+                         NULL};
     const enum tool_format fmts[] = {TOOL_FORMAT_HERMES, TOOL_FORMAT_LLAMA3, TOOL_FORMAT_MISTRAL};
     for (size_t fi = 0; fi < 3; fi++) {
         for (int i = 0; ok[i]; i++) {
