@@ -38,6 +38,44 @@ const char *tool_call_prompt_suffix(enum tool_format f)
 
 /* ---- grammar ---------------------------------------------------------------------------------------- */
 
+/* The schema a call's arguments are generated from. Arguments are always a JSON object (clients decode them
+ * as one), so a schema that leaves the type open (no "type", combinator, $ref, enum or const) or lists
+ * several types with "object" among them is narrowed to objects: a subset of what it accepts, as
+ * json_schema.c generates elsewhere. A schema that still allows something else is refused after the grammar
+ * is built (args_only_objects). *out: the narrowed text (malloc'd), or NULL to compile the schema as given.
+ * Returns 0 or FERRY_ERR_NOMEM; a schema jansson cannot read is left for json_schema_compile to report. */
+static int args_schema(const char *schema, char **out)
+{
+    *out = NULL;
+    json_t *s = json_loads(schema, JSON_DECODE_ANY, NULL);
+    if (!json_is_object(s)) {
+        json_decref(s);
+        return 0;
+    }
+    static const char *const fixed[] = {"$ref", "allOf", "anyOf", "oneOf", "enum", "const"};
+    int open = 1;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (json_object_get(s, fixed[i])) open = 0;
+    json_t *t = json_object_get(s, "type");
+    if (json_is_array(t)) {
+        size_t i;
+        json_t *x;
+        int has_object = 0;
+        json_array_foreach(t, i, x) has_object |=
+            json_is_string(x) && !strcmp(json_string_value(x), "object");
+        if (!has_object) open = 0;
+    } else if (t) {
+        open = 0; /* one type: "object", or refused later */
+    }
+    int rc = 0;
+    if (open) {
+        if (json_object_set_new(s, "type", json_string("object")) || !(*out = json_dumps(s, JSON_COMPACT)))
+            rc = FERRY_ERR_NOMEM;
+    }
+    json_decref(s);
+    return rc;
+}
+
 /* {"name": "<one of the tools>", "<key>": <its arguments>} */
 static int call_node(struct gbuilder *b, const struct tool_def *tools, int n, const char *key, int ws,
                      char err[256])
@@ -54,9 +92,12 @@ static int call_node(struct gbuilder *b, const struct tool_def *tools, int n, co
     for (int i = 0; i < n; i++) {
         int args;
         if (tools[i].parameters) {
-            char serr[256];
-            int rc =
-                json_schema_compile(b, tools[i].parameters, strlen(tools[i].parameters), ws, &args, serr);
+            char serr[256] = "", *narrowed;
+            int rc = args_schema(tools[i].parameters, &narrowed);
+            const char *schema = narrowed ? narrowed : tools[i].parameters;
+            if (!rc) rc = json_schema_compile(b, schema, strlen(schema), ws, &args, serr);
+            free(narrowed);
+            if (rc == FERRY_ERR_NOMEM && !serr[0]) snprintf(serr, sizeof serr, "out of memory");
             if (rc) {
                 snprintf(err, 256, "tool '%.64s': %.170s", tools[i].name, serr);
                 gb_fail(b, rc, "%s", err);
@@ -96,6 +137,39 @@ static int repeat(struct gbuilder *b, int first, int again, int max)
     return gb_seq(b, kids, 2);
 }
 
+/* Whether every tool's arguments, as the finished grammar g generates them, begin with '{' (they are then an
+ * object: the schema's value is one JSON value). Feeds each tool's call up to its arguments and tries every
+ * other byte there. 0, or FERRY_ERR_INVALID naming the tool in err, or FERRY_ERR_NOMEM. */
+static int args_only_objects(const struct grammar *g, enum tool_format f, const struct tool_def *tools, int n,
+                             char err[256])
+{
+    struct gstate *st = grammar_state_new(g), *tmp = grammar_state_new(g), *init = grammar_state_new(g);
+    int rc = st && tmp && init ? 0 : ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
+    const char *open = f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GENERIC ? "<tool_call>\n"
+                       : f == TOOL_FORMAT_MISTRAL                          ? "["
+                                                                           : "";
+    const char *key = f == TOOL_FORMAT_LLAMA3 ? "parameters" : "arguments";
+    for (int i = 0; !rc && i < n; i++) {
+        char pre[160];
+        int k = snprintf(pre, sizeof pre, "%s{\"name\": \"%s\", \"%s\": ", open, tools[i].name, key);
+        grammar_state_copy(st, init);
+        if (k < 0 || (size_t)k >= sizeof pre || grammar_state_feed(g, st, pre, (size_t)k))
+            continue; /* unreachable */
+        for (int c = 0; c < 256 && !rc; c++) {
+            const char ch = (char)c;
+            grammar_state_copy(tmp, st);
+            if (c != '{' && !grammar_state_feed(g, tmp, &ch, 1))
+                rc = ferry_fail(err, FERRY_ERR_INVALID,
+                                "tool '%.64s': its parameters allow arguments that are not a JSON object",
+                                tools[i].name);
+        }
+    }
+    grammar_state_free(st);
+    grammar_state_free(tmp);
+    grammar_state_free(init);
+    return rc;
+}
+
 int tool_call_grammar(enum tool_format f, const struct tool_def *tools, int n, int max_calls, int ws,
                       struct grammar **out, char err[256])
 {
@@ -125,7 +199,12 @@ int tool_call_grammar(enum tool_format f, const struct tool_def *tools, int n, i
         gb_free(b);
         return st ? st : FERRY_ERR_INVALID;
     }
-    return gb_finish(b, root, out, err);
+    int rc = gb_finish(b, root, out, err);
+    if (!rc && (rc = args_only_objects(*out, f, tools, n, err))) {
+        grammar_free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 /* ---- parser ------------------------------------------------------------------------------------------- */
@@ -164,68 +243,279 @@ static const char *find(const char *s, size_t n, const char *needle)
     return memmem(s, n, needle, strlen(needle));
 }
 
-/* A call from a parsed object: {"name": str, "arguments" | "parameters": object or string}. 1 = added,
- * 0 = not a call, FERRY_ERR_NOMEM. */
-static int add_call(struct tool_parse *p, json_t *o)
+/* ---- JSON spans ----
+ * The parser reads the calls with its own scanner of JSON text (RFC 8259), not with jansson: the call grammar
+ * generates any JSON, and jansson refuses some of it (integers beyond int64, reals beyond a double, \u0000),
+ * which would turn a constrained call into content. jansson decodes only strings and re-encodes the
+ * arguments where it can; where it cannot, the arguments are the model's own text, which is valid JSON. */
+
+#define SPAN_MAX_DEPTH 512 /* nesting taken in a call */
+
+/* End of the string at s[i] == '"' (after its closing quote); 0 when invalid or cut off. */
+static size_t string_end(const char *s, size_t i, size_t n)
 {
-    json_t *name = json_object_get(o, "name");
-    json_t *args = json_object_get(o, "arguments");
-    if (!args) args = json_object_get(o, "parameters");
-    if (!json_is_object(o) || !json_is_string(name) || json_string_length(name) == 0) return 0;
-    if (args && !json_is_object(args) && !json_is_string(args)) return 0;
-    if (p->n_calls >= TOOL_CALL_MAX) return 1; /* kept the first ones */
-    char *a = !args                  ? strdup("{}")
-              : json_is_string(args) ? strdup(json_string_value(args))
-                                     : json_dumps(args, JSON_COMPACT);
-    char *nm = strdup(json_string_value(name));
-    if (!a || !nm) {
-        free(a);
-        free(nm);
-        return FERRY_ERR_NOMEM;
+    for (i++; i < n;) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == '"') return i + 1;
+        if (c < 0x20) return 0;
+        if (c == '\\') {
+            if (i + 1 >= n) return 0;
+            if (s[i + 1] == 'u') {
+                if (n - i < 6) return 0;
+                for (int k = 2; k < 6; k++)
+                    if (!strchr("0123456789abcdefABCDEF", s[i + k]) || !s[i + k]) return 0;
+                i += 6;
+            } else {
+                if (!s[i + 1] || !strchr("\"\\/bfnrt", s[i + 1])) return 0;
+                i += 2;
+            }
+            continue;
+        }
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        /* UTF-8, as jansson checks it: no overlong forms, surrogates or code points past U+10FFFF */
+        int need;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c == 0xE0)
+            need = 2, lo = 0xA0;
+        else if (c == 0xED)
+            need = 2, hi = 0x9F;
+        else if (c >= 0xE1 && c <= 0xEF)
+            need = 2;
+        else if (c == 0xF0)
+            need = 3, lo = 0x90;
+        else if (c >= 0xF1 && c <= 0xF3)
+            need = 3;
+        else if (c == 0xF4)
+            need = 3, hi = 0x8F;
+        else
+            return 0;
+        if (n - i <= (size_t)need) return 0;
+        for (int k = 1; k <= need; k++, lo = 0x80, hi = 0xBF) {
+            const unsigned char d = (unsigned char)s[i + k];
+            if (d < lo || d > hi) return 0;
+        }
+        i += 1 + (size_t)need;
     }
-    p->calls[p->n_calls].name = nm;
+    return 0;
+}
+
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* End of the number, string or literal at s[i]; 0 when there is none. A number that reaches the end of the
+ * text is taken as it stands (a top-level number is never a call). */
+static size_t scalar_end(const char *s, size_t i, size_t n)
+{
+    if (s[i] == '"') return string_end(s, i, n);
+    static const char *const lits[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++) {
+        size_t m = strlen(lits[k]);
+        if (s[i] == lits[k][0]) return n - i >= m && !memcmp(s + i, lits[k], m) ? i + m : 0;
+    }
+    if (s[i] == '-') i++;
+    if (i >= n || !is_digit(s[i])) return 0;
+    if (s[i] == '0')
+        i++;
+    else
+        while (i < n && is_digit(s[i])) i++;
+    if (i < n && s[i] == '.') {
+        if (++i >= n || !is_digit(s[i])) return 0;
+        while (i < n && is_digit(s[i])) i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        if (++i < n && (s[i] == '+' || s[i] == '-')) i++;
+        if (i >= n || !is_digit(s[i])) return 0;
+        while (i < n && is_digit(s[i])) i++;
+    }
+    return i;
+}
+
+/* After an object's '{' or ',' at s[i - 1]: the member's key and its ':'; the position after them, or 0. */
+static size_t member_key(const char *s, size_t i, size_t n)
+{
+    i = skip_ws(s, i, n);
+    if (i >= n || s[i] != '"' || !(i = string_end(s, i, n))) return 0;
+    i = skip_ws(s, i, n);
+    return i < n && s[i] == ':' ? i + 1 : 0;
+}
+
+/* Length of the one JSON value at s[0, n) (no leading whitespace); 0 when s does not begin with a complete
+ * one (invalid, cut off, or nested deeper than SPAN_MAX_DEPTH). */
+static size_t json_span(const char *s, size_t n)
+{
+    char open[SPAN_MAX_DEPTH]; /* '{' or '[' of each container around i */
+    int depth = 0;
+    size_t i = 0;
+    for (;;) {
+        /* a value at i */
+        i = skip_ws(s, i, n);
+        if (i >= n) return 0;
+        if (s[i] == '{' || s[i] == '[') {
+            if (depth == SPAN_MAX_DEPTH) return 0;
+            const char close = s[i] == '{' ? '}' : ']';
+            open[depth++] = s[i++];
+            i = skip_ws(s, i, n);
+            if (i < n && s[i] == close) {
+                i++;
+                depth--;
+            } else {
+                if (close == '}' && !(i = member_key(s, i, n))) return 0;
+                continue;
+            }
+        } else if (!(i = scalar_end(s, i, n))) {
+            return 0;
+        }
+        /* after a value: a separator, a container's end, or the end of the top-level value */
+        for (;;) {
+            if (depth == 0) return i;
+            i = skip_ws(s, i, n);
+            if (i >= n) return 0;
+            const int obj = open[depth - 1] == '{';
+            if (s[i] == (obj ? '}' : ']')) {
+                i++;
+                depth--;
+                continue;
+            }
+            if (s[i] != ',') return 0;
+            i++;
+            if (obj && !(i = member_key(s, i, n))) return 0;
+            break;
+        }
+    }
+}
+
+/* The string value s[0, n) (a span from json_span) decoded; NULL when jansson cannot (a lone surrogate). */
+static json_t *string_decode(const char *s, size_t n)
+{
+    return json_loadb(s, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+}
+
+/* Whether the key span s[0, n) (quotes included) is the key w. */
+static int key_is(const char *s, size_t n, const char *w)
+{
+    const size_t m = strlen(w);
+    if (!memchr(s, '\\', n)) return n == m + 2 && !memcmp(s + 1, w, m);
+    json_t *k = string_decode(s, n);
+    const int eq = k && json_string_length(k) == m && !memcmp(json_string_value(k), w, m);
+    json_decref(k);
+    return eq;
+}
+
+/* The arguments' text from the object span s[0, n): compact as jansson writes it, or, where jansson cannot
+ * read the object (numbers beyond its range), the span itself. NULL when out of memory. */
+static char *object_text(const char *s, size_t n)
+{
+    json_t *v = json_loadb(s, n, JSON_ALLOW_NUL, NULL);
+    char *a = v ? json_dumps(v, JSON_COMPACT) : strndup(s, n);
+    if (!a && v) a = strndup(s, n); /* jansson could not write it */
+    json_decref(v);
+    return a;
+}
+
+/* Arguments written as a JSON string (as OpenAI's API carries them): the string span s[0, n) must hold one
+ * JSON object and nothing else but whitespace. *out gets its text; 0 = not an object, FERRY_ERR_NOMEM. */
+static int string_args(const char *s, size_t n, char **out)
+{
+    *out = NULL;
+    json_t *str = string_decode(s, n);
+    if (!str) return 0;
+    const char *c = json_string_value(str);
+    const size_t len = json_string_length(str);
+    const size_t i = skip_ws(c, 0, len);
+    const size_t span = i < len && c[i] == '{' ? json_span(c + i, len - i) : 0;
+    int r = 0;
+    if (span && skip_ws(c, i + span, len) == len) r = (*out = object_text(c + i, span)) ? 1 : FERRY_ERR_NOMEM;
+    json_decref(str);
+    return r;
+}
+
+/* A call from the value span s[0, n): {"name": str, "arguments" | "parameters": object, or a string holding
+ * one}; where a key repeats, the last one counts (as jansson and Python read it). 1 = added, 0 = not a call,
+ * FERRY_ERR_NOMEM. */
+static int add_call(struct tool_parse *p, const char *s, size_t n)
+{
+    if (n < 2 || s[0] != '{') return 0;
+    const char *name = NULL, *args = NULL, *params = NULL;
+    size_t name_n = 0, args_n = 0, params_n = 0;
+    size_t i = skip_ws(s, 1, n);
+    while (s[i] != '}') { /* a valid span: members, ',' between them, '}' */
+        const size_t k0 = i, k1 = string_end(s, i, n);
+        i = skip_ws(s, skip_ws(s, k1, n) + 1, n); /* past ':' */
+        const size_t vn = json_span(s + i, n - i);
+        if (key_is(s + k0, k1 - k0, "name")) name = s + i, name_n = vn;
+        if (key_is(s + k0, k1 - k0, "arguments")) args = s + i, args_n = vn;
+        if (key_is(s + k0, k1 - k0, "parameters")) params = s + i, params_n = vn;
+        i = skip_ws(s, i + vn, n);
+        if (s[i] == ',') i = skip_ws(s, i + 1, n);
+    }
+    if (!args) args = params, args_n = params_n;
+    if (!name || name[0] != '"' || (args && args[0] != '{' && args[0] != '"')) return 0;
+    json_t *nm = string_decode(name, name_n);
+    const int name_ok =
+        nm && json_string_length(nm) > 0 && strlen(json_string_value(nm)) == json_string_length(nm);
+    char *a = NULL;
+    int r = !name_ok ? 0 : !args ? 1 : args[0] == '"' ? string_args(args, args_n, &a) : 1;
+    if (r == 1 && p->n_calls >= TOOL_CALL_MAX) { /* kept the first ones */
+        json_decref(nm);
+        free(a);
+        return 1;
+    }
+    if (r == 1 && !a) a = args ? object_text(args, args_n) : strdup("{}");
+    char *copy = r == 1 ? strdup(json_string_value(nm)) : NULL;
+    json_decref(nm);
+    if (r == 1 && (!a || !copy)) r = FERRY_ERR_NOMEM;
+    if (r != 1) {
+        free(a);
+        free(copy);
+        return r;
+    }
+    p->calls[p->n_calls].name = copy;
     p->calls[p->n_calls].arguments = a;
     p->n_calls++;
     return 1;
 }
 
-/* Parses one JSON value at s[0, n); *used gets its length. NULL when it is not (yet) one. */
-static json_t *parse_value(const char *s, size_t n, size_t *used)
-{
-    json_error_t e;
-    json_t *v = json_loadb(s, n, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &e);
-    if (v) *used = (size_t)e.position;
-    return v;
-}
-
-/* The call section of HERMES: blocks from `at`. Returns 1 when the section failed (the caller decides). */
+/* The call section of HERMES: blocks from `at`, each a JSON object and then its close marker (a marker inside
+ * the object's strings is text of the arguments). Returns 1 when the section failed (the caller decides). */
 static int parse_hermes(struct tool_parse *p, const char *t, size_t n, size_t at, int final, int *rc)
 {
+    const size_t open_n = sizeof HERMES_OPEN - 1, close_n = sizeof HERMES_CLOSE - 1;
     for (;;) {
         at = skip_ws(t, at, n);
         if (at >= n) return 0;
-        if (n - at < sizeof HERMES_OPEN - 1) return final || memcmp(t + at, HERMES_OPEN, n - at) ? final : 0;
-        if (memcmp(t + at, HERMES_OPEN, sizeof HERMES_OPEN - 1))
-            return final; /* other text: ends the section */
-        at += sizeof HERMES_OPEN - 1;
-        const char *close = find(t + at, n - at, HERMES_CLOSE);
-        size_t end = close ? (size_t)(close - t) : n;
-        if (!close && !final) return 0; /* still coming */
-        size_t used;
-        json_t *o = parse_value(t + at, end - at, &used);
-        int r = o && skip_ws(t + at, used, end - at) == end - at ? add_call(p, o) : 0;
-        json_decref(o);
+        if (n - at < open_n) return final || memcmp(t + at, HERMES_OPEN, n - at) ? final : 0;
+        if (memcmp(t + at, HERMES_OPEN, open_n)) return final; /* other text: ends the section */
+        at = skip_ws(t, at + open_n, n);
+        const size_t span = at < n ? json_span(t + at, n - at) : 0;
+        if (!span) return final; /* not (yet) one value */
+        const size_t e = skip_ws(t, at + span, n);
+        const int closed = n - e >= close_n && !memcmp(t + e, HERMES_CLOSE, close_n);
+        if (!closed) {
+            if (e < n && (n - e >= close_n || memcmp(t + e, HERMES_CLOSE, n - e)))
+                return 1;         /* other text after the object */
+            if (!final) return 0; /* the marker is still coming */
+            if (e < n) return 1;  /* ended inside the marker */
+        }
+        int r = add_call(p, t + at, span); /* closed, or the text ends after the object */
         if (r < 0) {
             *rc = r;
             return 0;
         }
         if (r == 0) return 1;
-        if (!close) return 0;
-        at = end + sizeof HERMES_CLOSE - 1;
+        if (!closed) return 0;
+        at = e + close_n;
     }
 }
 
-/* LLAMA3 and the array of MISTRAL: JSON values separated by whitespace or ';' (LLAMA3) from `at`. */
+/* LLAMA3 and the array of MISTRAL: JSON values separated by whitespace or ';' (LLAMA3), or one array of call
+ * objects (MISTRAL), from `at`. Returns 1 when the section failed. */
 static int parse_json_calls(struct tool_parse *p, const char *t, size_t n, size_t at, int array, int *rc)
 {
     at = skip_ws(t, at, n);
@@ -233,26 +523,28 @@ static int parse_json_calls(struct tool_parse *p, const char *t, size_t n, size_
         at += sizeof PYTHON_TAG - 1;
     int any = 0;
     while ((at = skip_ws(t, at, n)) < n) {
-        size_t used;
-        json_t *v = parse_value(t + at, n - at, &used);
-        if (!v) return 1;
+        const size_t span = json_span(t + at, n - at);
+        if (!span) return 1;
         int r = 0;
-        if (array && json_is_array(v)) {
-            size_t i;
-            json_t *x;
-            r = json_array_size(v) > 0;
-            json_array_foreach(v, i, x) if (r > 0) r = add_call(p, x);
+        if (array && t[at] == '[') { /* a valid span: elements, ',' between them, ']' */
+            size_t i = skip_ws(t, at + 1, n);
+            r = t[i] != ']';
+            while (r > 0 && t[i] != ']') {
+                const size_t en = json_span(t + i, n - i);
+                r = add_call(p, t + i, en);
+                i = skip_ws(t, i + en, n);
+                if (t[i] == ',') i = skip_ws(t, i + 1, n);
+            }
         } else if (!array) {
-            r = add_call(p, v);
+            r = add_call(p, t + at, span);
         }
-        json_decref(v);
         if (r < 0) {
             *rc = r;
             return 0;
         }
         if (r == 0) return 1;
         any = 1;
-        at = skip_ws(t, at + used, n);
+        at = skip_ws(t, at + span, n);
         if (array) return at < n; /* one array */
         if (at < n && t[at] == ';') at++;
     }
@@ -293,12 +585,9 @@ int tool_call_parse(enum tool_format f, const char *text, size_t len, int final,
         }
         if (f == TOOL_FORMAT_MISTRAL) {
             if (!prefixed) start += sizeof MISTRAL_MARK - 1;
-            size_t used;
-            json_t *v = parse_value(text + start, len - start, &used);
-            if (v || final) {
-                json_decref(v);
+            const size_t v = skip_ws(text, start, len);
+            if (final || (v < len && json_span(text + v, len - v))) /* else the array is still coming */
                 failed = parse_json_calls(out, text, len, start, 1, &rc);
-            }
         } else {
             failed = parse_hermes(out, text, len, start, final, &rc);
         }

@@ -9,7 +9,8 @@
  * model answers as HERMES does. The parser works on the text so far (streaming) or the whole text (final): it
  * never takes back what it called content, so the caller can stream content[0, content_end) as it grows. Text
  * that may still become a call is held back. A call section that does not parse at the end is returned as
- * content. Parsers read (ptr, len) and copy what they return; tool_parse_free releases it.
+ * content. Parsers read (ptr, len) and copy what they return; tool_parse_free releases it. The grammar and
+ * the parser agree: everything the grammar generates parses as calls, arguments included (always an object).
  */
 #ifndef FERRY_TOOL_CALL_H
 #define FERRY_TOOL_CALL_H
@@ -45,7 +46,8 @@ const char *tool_call_prompt_suffix(enum tool_format f);
 
 struct tool_call_out {
     char *name;
-    char *arguments; /* JSON text */
+    char *arguments; /* the text of a JSON object, always (a string holding one is unwrapped; anything else
+                      * is not a call) */
 };
 
 struct tool_parse {

@@ -6,8 +6,10 @@
  * (runtime/tool_call.c) and the <think> splitter (runtime/reasoning.c). The first byte picks the convention,
  * final, prefixed and started; the rest is the model's text. Checks, besides no crash, leak or sanitizer
  * report:
- *   tool calls: content_end <= len; at most TOOL_CALL_MAX calls, each with a non-empty name and arguments (a string
- *   passes through as given); streaming never takes content back: parsing every prefix (in steps) gives a
+ *   tool calls: content_end <= len; at most TOOL_CALL_MAX calls, each with a non-empty name and arguments that
+ *   parse as a JSON object (jansson, NUL allowed; where jansson refuses a number beyond its range or a lone
+ *   surrogate escape, which JSON allows and the parser then passes through as written, the text must still
+ *   open an object); streaming never takes content back: parsing every prefix (in steps) gives a
  *   content_end that never decreases and never exceeds the final parse's, and a call count that never drops.
  *   reasoning: both parts lie inside the text, in order, without overlap; a streamed split's parts only grow
  *   and stay prefixes of the final one.
@@ -30,8 +32,13 @@ static void check_calls(const struct tool_parse *p, size_t len)
     for (int i = 0; i < p->n_calls; i++) {
         const struct tool_call_out *c = &p->calls[i];
         if (!c->name || !c->name[0] || !c->arguments) CHECK_FAILED();
-        /* arguments given as a string pass through verbatim, JSON or not: a known gap (the session-4 closing
-         * note), so only their presence is checked here */
+        json_error_t e;
+        json_t *v = json_loads(c->arguments, JSON_ALLOW_NUL, &e);
+        if (v ? !json_is_object(v)
+              : c->arguments[0] != '{' || !(strstr(e.text, "too big") || strstr(e.text, "overflow") ||
+                                            strstr(e.text, "invalid Unicode")))
+            CHECK_FAILED();
+        json_decref(v);
     }
 }
 

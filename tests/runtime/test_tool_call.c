@@ -113,6 +113,186 @@ Test(tool_call, parses_each_convention)
     expect_parse(TOOL_FORMAT_MISTRAL, "[TOOL_CALLS][{\"nam", 0, "[TOOL_CALLS][{\"nam", NULL);
 }
 
+static void check_stream(enum tool_format f, const char *text);
+
+/* One HERMES call {"name": "f", "arguments": <args>} (args as JSON text), parsed whole: the arguments it
+ * yields (NULL when it is content, not a call). The caller frees. */
+static char *hermes_args(const char *args)
+{
+    char text[1024];
+    snprintf(text, sizeof text, "<tool_call>\n{\"name\": \"f\", \"arguments\": %s}\n</tool_call>", args);
+    struct tool_parse p;
+    cr_assert_eq(tool_call_parse(TOOL_FORMAT_HERMES, text, strlen(text), 1, 0, &p), 0);
+    char *a = NULL;
+    if (p.n_calls) {
+        cr_assert_eq(p.n_calls, 1, "%s", text);
+        cr_expect_eq(p.content_end, 0);
+        a = strdup(p.calls[0].arguments);
+    } else {
+        cr_expect_eq(p.content_end, strlen(text), "%s: not a call, so all of it is content", text);
+    }
+    tool_parse_free(&p);
+    return a;
+}
+
+/* args (JSON text) gives a call whose arguments decode (Python's way: jansson, or the raw text compared) to
+ * want_json; want_json NULL: not a call. */
+static void expect_args(const char *args, const char *want_json)
+{
+    char *a = hermes_args(args);
+    if (!want_json) {
+        cr_expect(!a, "%s: taken as a call with arguments %s", args, a ? a : "");
+    } else {
+        cr_assert(a, "%s: not taken as a call", args);
+        json_t *got = json_loads(a, JSON_ALLOW_NUL, NULL),
+               *want = json_loads(want_json, JSON_ALLOW_NUL, NULL);
+        cr_assert(want);
+        cr_expect(json_is_object(got) && json_equal(got, want), "%s: arguments %s, want %s", args, a,
+                  want_json);
+        json_decref(got);
+        json_decref(want);
+    }
+    free(a);
+}
+
+/* Arguments must reach the client as the text of a JSON object: a string holding one is unwrapped, any other
+ * string (or value) is not a call. */
+Test(tool_call, string_arguments)
+{
+    expect_args("\"Paris\"", NULL);
+    expect_args("\"{\\\"city\\\":\\\"Paris\\\"}\"", "{\"city\": \"Paris\"}");
+    expect_args("\" \\n {\\\"city\\\": \\\"Paris\\\"} \\t\"",
+                "{\"city\": \"Paris\"}"); /* whitespace around */
+    expect_args("\"\"", NULL);
+    expect_args("\"   \"", NULL);
+    expect_args("\"[1]\"", NULL);
+    expect_args("\"42\"", NULL);
+    expect_args("\"null\"", NULL);
+    expect_args("\"{}\"", "{}");
+    expect_args("\"{\\\"a\\\": 1} x\"", NULL); /* an object, then more */
+    expect_args("\"{\\\"a\\\": 1}{}\"", NULL); /* two objects */
+    expect_args("\"{\\\"a\\\": \"", NULL);     /* cut off */
+    expect_args("\"{'a': 1}\"", NULL);         /* not JSON */
+    /* nested escapes: a string inside the stringified object, holding a quote, a backslash and JSON */
+    expect_args("\"{\\\"q\\\": \\\"say \\\\\\\"hi\\\\\\\" \\\\\\\\ {\\\\\\\"x\\\\\\\": 1}\\\"}\"",
+                "{\"q\": \"say \\\"hi\\\" \\\\ {\\\"x\\\": 1}\"}");
+    expect_args("\"{\\\"s\\\": \\\"\\\\u00e9\\\\u0000\\\"}\"", "{\"s\": \"\\u00e9\\u0000\"}");
+    /* a stringified object holding the close marker */
+    expect_args("\"{\\\"s\\\": \\\"</tool_call>\\\"}\"", "{\"s\": \"</tool_call>\"}");
+    /* arguments that are neither an object nor a string */
+    expect_args("[1]", NULL);
+    expect_args("42", NULL);
+    expect_args("null", NULL);
+    expect_args("{\"city\": \"Paris\"}", "{\"city\": \"Paris\"}");
+    /* the other conventions unwrap the same way */
+    const char *one[] = {"get_weather", "{\"city\": \"Paris\"}", NULL};
+    expect_parse(TOOL_FORMAT_LLAMA3,
+                 "{\"name\": \"get_weather\", \"parameters\": \"{\\\"city\\\": \\\"Paris\\\"}\"}", 0, "",
+                 one);
+    expect_parse(TOOL_FORMAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": \"Paris\"}", 0,
+                 "{\"name\": \"get_weather\", \"parameters\": \"Paris\"}", NULL);
+    expect_parse(TOOL_FORMAT_MISTRAL,
+                 "[{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}]", 1, "",
+                 one);
+    expect_parse(TOOL_FORMAT_MISTRAL, "[{\"name\": \"get_weather\", \"arguments\": \"Paris\"}]", 1,
+                 "[{\"name\": \"get_weather\", \"arguments\": \"Paris\"}]", NULL);
+}
+
+/* What the call grammar generates must parse as a call: the close marker inside a string of the arguments
+ * (SmolLM2 wrote one in test_structured, and the call came back as content), numbers beyond jansson's range,
+ * \u0000, and a repeated key. */
+Test(tool_call, grammar_forms_parse)
+{
+    const char *marker[] = {"send_email", "{\"unit\": \"a</tool_call><b>\\\"}\"}", NULL};
+    expect_parse(
+        TOOL_FORMAT_HERMES,
+        "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"a</tool_call><b>\\\"}\"}}\n"
+        "</tool_call>",
+        0, "", marker);
+    check_stream(TOOL_FORMAT_HERMES,
+                 "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"a</tool_call><b>\"}}\n"
+                 "</tool_call>");
+    /* SmolLM2-135M's answer to case 107 of test_tool_choice_required_random (the old parser gave it back as
+     * content, finish_reason "stop") */
+    const char *smol[] = {
+        "send_email",
+        "{\"unit\": \"email-target-rounded-to-12emrinted-to-text-field_address_to_text_anchor(true)},"
+        "'dropdown':true,}]</tool_call><script>alert({{user}});</script>The_method_to_check_if_mail_"
+        "is_available_to_usermail_to_get_bin_bound_by_lawx_to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}",
+        NULL};
+    expect_parse(
+        TOOL_FORMAT_HERMES,
+        "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"unit\": \"email-target-rounded-to-"
+        "12emrinted-to-text-field_address_to_text_anchor(true)},'dropdown':true,}]</tool_call><script>alert("
+        "{{user}});</script>The_method_to_check_if_mail_is_available_to_usermail_to_get_bin_bound_by_lawx_"
+        "to_1jg+z+tg+bgv+j4zv+j9tjcmp+vg1j@1+\"}}\n</tool_call>",
+        0, "", smol);
+    /* the marker inside a string, then the object never closes: content */
+    expect_parse(TOOL_FORMAT_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"u\": \"</tool_call>",
+                 0, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"u\": \"</tool_call>", NULL);
+    char *a = hermes_args("{\"n\": 123456789012345678901234567890, \"x\": -1.5e9999, \"y\": [0.25E-3]}");
+    cr_assert(a, "big numbers: not a call");
+    cr_expect_str_eq(a, "{\"n\": 123456789012345678901234567890, \"x\": -1.5e9999, \"y\": [0.25E-3]}");
+    free(a);
+    a = hermes_args("{\"s\": \"nul \\u0000 here\"}");
+    cr_assert(a, "\\u0000: not a call");
+    cr_expect_str_eq(a, "{\"s\":\"nul \\u0000 here\"}");
+    free(a);
+    expect_args("{\"a\": 1, \"a\": 2}", "{\"a\": 2}");
+    const char *last[] = {"g", "{\"b\": 1}", NULL};
+    expect_parse(TOOL_FORMAT_HERMES,
+                 "<tool_call>{\"name\": \"f\", \"arguments\": {}, \"name\": \"g\", "
+                 "\"arguments\": {\"b\": 1}}</tool_call>",
+                 0, "", last);
+    /* a key written with escapes is the same key */
+    const char *esc[] = {"f", "{\"c\": 1}", NULL};
+    expect_parse(TOOL_FORMAT_HERMES,
+                 "<tool_call>{\"n\\u0061me\": \"f\", \"argument\\u0073\": {\"c\": 1}}</tool_call>", 0, "",
+                 esc);
+    /* not JSON after all: an invalid escape, a raw control byte, bad UTF-8, a name with \u0000 */
+    expect_args("{\"s\": \"\\x\"}", NULL);
+    expect_args("{\"s\": \"a\tb\"}", NULL);
+    expect_args("{\"s\": \"\xc3\x28\"}", NULL);
+    expect_parse(TOOL_FORMAT_HERMES, "<tool_call>{\"name\": \"f\\u0000\", \"arguments\": {}}</tool_call>", 0,
+                 "<tool_call>{\"name\": \"f\\u0000\", \"arguments\": {}}</tool_call>", NULL);
+}
+
+/* The call grammar generates only objects as arguments: a schema that leaves the type open is narrowed to
+ * objects, one that allows only something else is refused. */
+Test(tool_call, grammar_arguments_are_objects)
+{
+    const char *ok[] = {"{}",
+                        "{\"description\": \"any\"}",
+                        "{\"type\": [\"object\", \"string\"]}",
+                        "{\"properties\": {\"a\": {\"type\": \"integer\"}}}",
+                        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}}",
+                        NULL};
+    const char *bad[] = {"{\"type\": \"string\"}",
+                         "{\"type\": [\"string\", \"null\"]}",
+                         "{\"anyOf\": [{\"type\": \"object\"}, {\"type\": \"integer\"}]}",
+                         "{\"enum\": [\"a\", 1]}",
+                         "{\"const\": \"Paris\"}",
+                         NULL};
+    const enum tool_format fmts[] = {TOOL_FORMAT_HERMES, TOOL_FORMAT_LLAMA3, TOOL_FORMAT_MISTRAL};
+    for (size_t fi = 0; fi < 3; fi++) {
+        for (int i = 0; ok[i]; i++) {
+            struct tool_def t = {"f", ok[i]};
+            struct grammar *g;
+            char err[256];
+            cr_expect_eq(tool_call_grammar(fmts[fi], &t, 1, 1, 4, &g, err), 0, "%s: %s", ok[i], err);
+            grammar_free(g);
+        }
+        for (int i = 0; bad[i]; i++) {
+            struct tool_def t[2] = {{"g", NULL}, {"f", bad[i]}};
+            struct grammar *g;
+            char err[256];
+            cr_expect_eq(tool_call_grammar(fmts[fi], t, 2, 1, 4, &g, err), FERRY_ERR_INVALID, "%s", bad[i]);
+            cr_expect(!g);
+            cr_expect(strstr(err, "'f'") && strstr(err, "object"), "%s: %s", bad[i], err);
+        }
+    }
+}
+
 /* Every prefix of text, parsed as a stream: content never shrinks, calls only grow, and the end agrees. */
 static void check_stream(enum tool_format f, const char *text)
 {
