@@ -14,7 +14,9 @@ stop, the server must come back to idle (no running or queued sequence, no open 
 sample is compared with the one taken after warm-up: the run fails if any answer was lost or wrong, or if the
 descriptors or threads grew, or RSS grew by more than --rss-slack MiB after the first quarter of the run (the
 plateau: by then the flood has filled libmicrohttpd's per-connection pools, 32 KiB each, and the allocator its
-high-water mark; growth after it is what a leak looks like).
+high-water mark; growth after it is what a leak looks like). RSS here is the anonymous part (heap, pinned buffers:
+RssAnon + RssShmem); the file-backed part (RssFile: pages of the memory-mapped model, such as rows of the token
+embedding faulted in as new token ids appear) is printed beside it, since the kernel can drop it at will.
 With --vram-budget (a server on a GPU) each sample also reads the process's device memory from nvidia-smi. The
 engine reports what it took at load (ferry_vram_used_bytes, measured with cudaMemGetInfo after the CUDA context
 existed); the process's figure is that plus the context. The run fails if the engine's figure exceeds the budget,
@@ -64,12 +66,16 @@ class Stats:
 
 
 def proc_sample(pid):
-    out = {"rss_kib": 0, "fds": 0, "threads": 0}
+    out = {"rss_kib": 0, "anon_kib": 0, "file_kib": 0, "fds": 0, "threads": 0}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     out["rss_kib"] = int(line.split()[1])
+                elif line.startswith(("RssAnon:", "RssShmem:")):
+                    out["anon_kib"] += int(line.split()[1])
+                elif line.startswith("RssFile:"):
+                    out["file_kib"] = int(line.split()[1])
                 elif line.startswith("Threads:"):
                     out["threads"] = int(line.split()[1])
         out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
@@ -393,7 +399,7 @@ def main():
         with stats.lock:
             served = sum(v for k, v in stats.counts.items() if k.startswith("mixed"))
             errs = stats.counts.get("ERROR", 0)
-        print(f"  {time.time() - t0:7.0f}s RSS {s['rss_kib']:7d} KiB fds {s['fds']:5d} threads {s['threads']:3d} "
+        print(f"  {time.time() - t0:7.0f}s RSS {s['rss_kib']:7d} KiB anon {s['anon_kib']:7d} fds {s['fds']:5d} threads {s['threads']:3d} "
               f"conns {m.get('ferry_http_connections_open', 0):5.0f} running {m.get('ferry_running_sequences', 0):3.0f} "
               f"served {served} errors {errs}" + (f" vram {g} MiB" if args.vram_budget else ""), flush=True)
     stop.set()
@@ -420,8 +426,8 @@ def main():
     if end["threads"] > start["threads"]:
         problems.append(f"threads grew {start['threads']} -> {end['threads']}")
     plateau = next((smp for t, smp, _ in samples if t >= args.minutes * 60 / 4), start)
-    if end["rss_kib"] - plateau["rss_kib"] > args.rss_slack * 1024:
-        problems.append(f"RSS grew {plateau['rss_kib']} -> {end['rss_kib']} KiB after the first quarter")
+    if end["anon_kib"] - plateau["anon_kib"] > args.rss_slack * 1024:
+        problems.append(f"anonymous RSS grew {plateau['anon_kib']} -> {end['anon_kib']} KiB after the first quarter")
     if args.vram_budget:
         if engine_mib > args.vram_budget:
             problems.append(f"the engine took {engine_mib:.0f} MiB for a budget of {args.vram_budget:g}")
@@ -444,9 +450,10 @@ def main():
           f"{d('ferry_http_connections_total'):.0f} connections, "
           f"{capped:.0f} refused at the cap, {d('ferry_http_request_timeouts_total'):.0f} request timeouts, "
           f"{d('ferry_http_stalled_readers_total'):.0f} stalled readers dropped, peak {m1.get('ferry_http_connections_peak', 0):.0f} open")
-    print(f"  start: RSS {start['rss_kib']} KiB, fds {start['fds']}, threads {start['threads']}")
-    print(f"  plateau (a quarter in): RSS {plateau['rss_kib']} KiB")
-    print(f"  end:   RSS {end['rss_kib']} KiB, fds {end['fds']}, threads {end['threads']}")
+    rss = lambda s: f"RSS {s['rss_kib']} KiB (anonymous {s['anon_kib']}, file {s['file_kib']})"  # noqa: E731
+    print(f"  start: {rss(start)}, fds {start['fds']}, threads {start['threads']}")
+    print(f"  plateau (a quarter in): {rss(plateau)}")
+    print(f"  end:   {rss(end)}, fds {end['fds']}, threads {end['threads']}")
     if args.vram_budget:
         print(f"  vram: {len(vram)} samples, process {min(v for _, v in vram)}-{max(v for _, v in vram)} MiB, "
               f"limit {context_mib + args.vram_budget:.0f} (context {context_mib:.0f} + budget {args.vram_budget:g})")
