@@ -350,6 +350,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         model_free(model);
         return FERRY_ERR_NOMEM;
     }
+    if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda;
     kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
     e->model = *model;
     memset(model, 0, sizeof *model);
@@ -394,8 +395,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         at = (size_t)device_map_format(map, e->placement, sizeof e->placement);
         if (e->cpu && at < sizeof e->placement)
             at += (size_t)snprintf(e->placement + at, sizeof e->placement - at,
-                                   "host layers computed by %d pinned CPU threads when the plan says cpu\n",
-                                   forward_cpu_threads(e->cpu));
+                                   "host layers computed by %d pinned CPU threads when the plan says cpu (x in "
+                                   "%s for block-type weights)\n",
+                                   forward_cpu_threads(e->cpu), e->p.cpu_int8 ? "int8" : "f32");
         if (map->n_streamed > 0 && at < sizeof e->placement)
             step_plan_format(&e->plan, e->placement + at, sizeof e->placement - at);
     } else {

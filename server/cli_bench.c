@@ -57,8 +57,9 @@ static void bench_usage(FILE *f)
         "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
         "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
         "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
-        "  --cpu-arith f32|int8  CPU products with block-type weights: x in f32 (default) or in int8 blocks\n"
-        "                        (llama.cpp's arithmetic, faster)\n"
+        "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
+        "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
+        "                        host layers, f32 on the CPU backend\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --threads N           CPU threads (default: all cores)\n"
@@ -153,6 +154,7 @@ int cli_bench_main(int argc, char **argv)
     const char *model = NULL, *synthetic = NULL;
     enum dtype wt = DTYPE_F16;
     struct engine_params ep = engine_default_params();
+    ep.cpu_int8 = -1; /* --cpu-arith auto, as ferry serve */
     int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0,
         as_json = 0;
     int log_level = LOG_LEVEL_INFO, c;
@@ -196,8 +198,8 @@ int cli_bench_main(int argc, char **argv)
             ep.n_threads = atoi(optarg);
             break;
         case 'A':
-            if (strcmp(optarg, "f32") && strcmp(optarg, "int8")) goto bad;
-            ep.cpu_int8 = !strcmp(optarg, "int8");
+            if (strcmp(optarg, "auto") && strcmp(optarg, "f32") && strcmp(optarg, "int8")) goto bad;
+            ep.cpu_int8 = !strcmp(optarg, "int8") ? 1 : !strcmp(optarg, "f32") ? 0 : -1;
             break;
         case 'P':
             if (!strcmp(optarg, "auto"))

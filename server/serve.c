@@ -73,7 +73,8 @@ static void loader_main(void *arg)
                    : !strcmp(S->opt.placement, "cpu")  ? ENGINE_PLACEMENT_CPU
                                                        : ENGINE_PLACEMENT_AUTO;
     ep.cpu_threads = S->opt.cpu_threads;
-    ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8"); /* options.c allows only f32|int8 */
+    /* options.c allows only auto|f32|int8 */
+    ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8") ? 1 : !strcmp(S->opt.cpu_arith, "f32") ? 0 : -1;
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err,

@@ -108,15 +108,16 @@ llama_batched q8-full $Q8 99 1,16,64
 fi
 if [ "${CMP_Q4_4G:-1}" = 1 ]; then
   # Most of a Q4_K_M 7B fits in 4 GiB. ferry: auto (host layers streamed or on the CPU per step size), cpu (no
-  # ring: its two slots become resident layers), and auto with int8 host arithmetic; llama.cpp: the -ngl sweep
+  # ring: its two slots become resident layers), both with f32 host arithmetic, and auto with int8 (the
+  # default since 2026-12-01c: --cpu-arith auto); llama.cpp: the -ngl sweep
   # up to the largest that fits (both KV pools hold 16 x 48 positions).
   log "Q4_K_M, 4 GiB"
-  ferry q4-4g --model $Q4 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
-  ferry q4-4g-cpu --model $Q4 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
+  ferry q4-4g --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
+  ferry q4-4g-cpu --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
   ferry q4-4g-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 8
   for ngl in 28 30 31; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
   # One sequence (a KV pool of 48 positions on both sides): auto weighs the ring against more resident layers.
-  ferry q4-1s-auto --model $Q4 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 8
+  ferry q4-1s-auto --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 8
   ferry q4-1s-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 8
   for ngl in 31 32 33; do llama_batched q4-1s-ngl$ngl $Q4 $ngl 1 32 16; done
 fi
@@ -126,16 +127,16 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   F16=$W/F16.gguf
   if [ -s $F16 ]; then
     log "F16, 4 GiB: stream / auto, and llama.cpp's -ngl sweep"
-    ferry f16-4g-stream --model $F16 --gpu-memory 4GiB --placement stream --batches 1,16 --prefill 512 --decode-steps 4
-    ferry f16-4g-auto --model $F16 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 4
+    ferry f16-4g-stream --model $F16 --cpu-arith f32 --gpu-memory 4GiB --placement stream --batches 1,16 --prefill 512 --decode-steps 4
+    ferry f16-4g-auto --model $F16 --cpu-arith f32 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 4
     for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
   fi
   log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
-  ferry q8-4g-auto --model $Q8 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 4
+  ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
   for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
   log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
-  ferry q4-2g-auto --model $Q4 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
+  ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
   for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 fi

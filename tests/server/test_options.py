@@ -35,4 +35,4 @@ def test_cpu_arith_rejects_unknown_values():
     p = subprocess.run([FERRY, "serve", "--model", MODEL, "--cpu-arith", "int4"], capture_output=True, text=True,
                        timeout=30)
     assert p.returncode != 0
-    assert "--cpu-arith must be one of f32|int8" in p.stderr + p.stdout
+    assert "--cpu-arith must be one of auto|f32|int8" in p.stderr + p.stdout
