@@ -1,0 +1,487 @@
+/* sched_engine — the scheduler's engine thread: admits queued choices into slots (sched_policy), builds each
+ * step, runs the engine, samples or takes the drawn tokens, and publishes text, logprobs and finishes under
+ * s->mu (see scheduler.c for the invariants). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/log.h"
+#include "kernels/core/status.h"
+#include "runtime/engine.h"
+#include "server/metrics.h"
+#include "server/prompt_cache.h"
+#include "server/row_pool.h"
+#include "server/sched_impl.h"
+#include "server/seq_output.h"
+
+/* ---- the engine thread ---------------------------------------------------------------------------- */
+
+static int buf_append(char **p, size_t *len, size_t *cap, const char *src, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*cap ? *cap * 2 : 256);
+        while (nc < *len + n + 1) nc *= 2;
+        char *q = realloc(*p, nc);
+        if (!q) return FERRY_ERR_NOMEM;
+        *p = q;
+        *cap = nc;
+    }
+    memcpy(*p + *len, src, n);
+    *len += n;
+    (*p)[*len] = 0;
+    return 0;
+}
+
+/* Outside the lock: samples the next token of c from its logits row and decides what text is released. */
+static void process_row(struct sched *s, struct choice *c, float *row)
+{
+    float *raw = s->scratch + (size_t)(row - s->logits); /* the unconstrained row, for logprobs */
+    seq_output_step(&c->out, row, raw);
+    c->fin = c->out.fin;
+}
+
+/* With mu held: the running choice at run[i] leaves its slot (KV blocks freed now). */
+static void retire_locked(struct sched *s, int i, const char *finish)
+{
+    struct choice *c = s->run[i];
+    if (finish && s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > 0) {
+        prompt_cache_touch(s->pc, c->slot); /* kept for a later prompt with the same start */
+    } else {
+        engine_seq_free(s->e, c->slot);
+        prompt_cache_drop(s->pc, c->slot);
+    }
+    s->kv_reserved -= sched_kv_need(s, c);
+    s->slot_free[c->slot] = 1;
+    seq_output_free(&c->out);
+    memmove(&s->run[i], &s->run[i + 1], (size_t)(s->n_run - i - 1) * sizeof *s->run);
+    s->n_run--;
+    sched_choice_done_locked(s, c, finish);
+}
+
+/* With mu held: the running first choice of c's prompt when c is a later one (n > 1), else NULL. The later
+ * choices share its prompt's KV blocks instead of prefilling the prompt again. */
+static struct choice *running_leader_locked(const struct sched *s, const struct choice *c)
+{
+    const struct sreq *r = c->req;
+    if (r->n < 2 || c->index % r->n == 0 || sched_wants_prompt_lps(r))
+        return NULL; /* echo's logprobs: each computes */
+    struct choice *lead = &r->choices[c->index - c->index % r->n];
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i] == lead) return lead;
+    return NULL;
+}
+
+/* With mu held: whether c fits the KV pool in `slot` (the policy decides), dropping other free slots' caches
+ * (least recently used first) as it says. Running choices hold their reservation (prompt + max_tokens), free
+ * slots their cache. */
+static int fits_locked(struct sched *s, const struct choice *c, int slot)
+{
+    const int n = prompt_cache_idle(s->pc, s->slot_free, slot, s->idle);
+    for (int i = 0; i < n; i++)
+        s->idle_blocks[i] = sched_policy_blocks(&s->pp, engine_seq_len(s->e, s->idle[i]));
+    int n_evict = 0;
+    const enum sched_admit a = sched_policy_admit(&s->pp, s->n_run, s->kv_reserved, sched_kv_need(s, c),
+                                                  s->idle_blocks, n, &n_evict);
+    for (int i = 0; i < n_evict; i++) {
+        engine_seq_free(s->e, s->idle[i]);
+        prompt_cache_drop(s->pc, s->idle[i]);
+    }
+    return a == SCHED_ADMIT_NOW;
+}
+
+/* With mu held: admits c into `slot`, continuing after `reuse` cached prompt positions, or after the whole
+ * blocks of the prompt that `lead` (its prompt's first choice, prefilled) shares with it. */
+static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, const struct choice *lead)
+{
+    struct sreq *r = c->req;
+    struct sampler_params sp = r->sp;
+    sp.seed = r->sp.seed + (uint64_t)c->index;
+    sp.logit_bias = r->bias;
+    sp.n_logit_bias = r->n_bias;
+    const struct seq_output_params op = {
+        .grammar = r->grammar,
+        .stops = r->stops,
+        .n_stops = r->n_stops,
+        .logprobs = r->logprobs,
+        .keep_special = r->keep_special,
+        .max_tokens = r->max_tokens,
+        .n_prompt = c->n_prompt,
+        .ctx = s->ctx,
+    };
+    int rc = seq_output_init(&c->out, s->vocab, &op, &sp);
+    if (rc) return rc;
+    if (r->kind == SREQ_EMBED && !(c->embd = calloc((size_t)s->dim, sizeof(float)))) {
+        seq_output_free(&c->out);
+        return FERRY_ERR_NOMEM;
+    }
+    int shared = lead ? engine_seq_share(s->e, lead->slot, slot, c->n_prompt - 1) : 0;
+    if (shared > 0) {
+        reuse = shared;
+        prompt_cache_copy(s->pc, lead->slot, slot, shared);
+    } else if (reuse > 0 && (reuse = engine_seq_keep(s->e, slot, reuse)) > 0) {
+        prompt_cache_set_len(s->pc, slot, reuse);
+    } else {
+        reuse = 0;
+        engine_seq_free(s->e, slot); /* a slot without a usable cache starts empty */
+        prompt_cache_drop(s->pc, slot);
+    }
+    s->kv_reserved += sched_kv_need(s, c);
+    s->slot_free[slot] = 0;
+    c->slot = slot;
+    c->n_fed = c->n_cached = reuse;
+    c->state = CHOICE_RUNNING;
+    s->run[s->n_run++] = c;
+    metrics_add_cached(s->m, reuse);
+    return 0;
+}
+
+/* After a step: the tokens each slot now holds (for the prompt cache). A slot whose record cannot grow is
+ * marked unknown and never matched. */
+static void record_tokens(struct sched *s, const struct batch *b)
+{
+    for (int i = 0; i < b->n_tokens; i++) prompt_cache_record(s->pc, b->seq[i], b->pos[i], b->tokens[i]);
+}
+
+static void cut_expired_locked(struct sched *s, double now)
+{
+    for (struct choice *c = s->qhead; c; c = c->qnext) {
+        struct sreq *r = c->req;
+        if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
+            r->cancelled = FERRY_ERR_TIMEOUT;
+            sched_req_signal_locked(r);
+        }
+    }
+    for (int i = 0; i < s->n_run; i++) {
+        struct sreq *r = s->run[i]->req;
+        if (!r->cancelled && r->deadline > 0 && now > r->deadline) {
+            r->cancelled = FERRY_ERR_TIMEOUT;
+            sched_req_signal_locked(r);
+        }
+    }
+    /* queued choices of cancelled requests leave the queue */
+    for (struct choice *c = s->qhead; c;) {
+        struct sreq *r = c->req;
+        if (r->cancelled) {
+            r->refs++;
+            sched_unqueue_locked(s, r);
+            sched_req_unref_locked(r);
+            c = s->qhead;
+        } else {
+            c = c->qnext;
+        }
+    }
+}
+
+/* A sampling thread (or the engine thread): row i of the step. Before a draw on the GPU: its mask (the
+ * grammar's, the costly part) and its draw; after it: the drawn token through the output pipeline; otherwise
+ * the whole sampling from the logits. */
+void sched_sample_row(void *arg, int i)
+{
+    struct sched *s = arg;
+    struct choice *c = s->row_owner[i];
+    const int at = s->row_at[i];
+    if (s->rows_do == ROWS_MASK) {
+        s->draw[at] = (struct draw_row){c->out.smp, seq_output_mask(&c->out), c->out.p.logprobs};
+    } else if (s->rows_do == ROWS_DRAWN) {
+        const struct draw_out *d = &s->drawn[at];
+        struct lp_entry lp = {.id = d->token, .lp = d->logprob, .n_top = d->n_top};
+        memcpy(lp.top_id, d->top_id, (size_t)d->n_top * sizeof *lp.top_id);
+        memcpy(lp.top_lp, d->top_lp, (size_t)d->n_top * sizeof *lp.top_lp);
+        seq_output_drawn(&c->out, d->token, c->out.p.logprobs >= 0 ? &lp : NULL);
+        c->fin = c->out.fin;
+    } else {
+        process_row(s, c, s->logits + (size_t)at * s->n_vocab);
+    }
+}
+
+/* Outside the lock, after a step: the logprob of each asked prompt token given the tokens before it. */
+static void prompt_logprobs(struct sched *s)
+{
+    for (int i = 0; i < s->n_plp; i++) {
+        struct choice *c = s->plp_owner[i];
+        const int p = s->plp_pos[i];
+        struct lp_entry *e = &c->prompt_lps[p];
+        e->id = c->prompt[p + 1];
+        e->n_top = c->req->logprobs > SCHED_MAX_TOP_LOGPROBS ? SCHED_MAX_TOP_LOGPROBS : c->req->logprobs;
+        e->lp = sampler_logprob(s->logits + (size_t)s->plp_at[i] * s->n_vocab, s->n_vocab, e->id, e->n_top,
+                                e->top_id, e->top_lp);
+    }
+}
+
+/* With mu held: the prompt chunks of running embedding choices, in a batch of their own (the policy cuts
+ * them to max_batch_tokens); each choice's c->chunk and c->e_at say where its rows are. Returns the batch's
+ * tokens. */
+static int embed_batch_locked(struct sched *s)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        const struct choice *c = s->run[i];
+        s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, c->req->kind != SREQ_EMBED, 0};
+    }
+    sched_policy_plan_prefill(s->p.max_batch_tokens, s->steps, s->n_run, s->chunk);
+    int ne = 0, at = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        const int k = s->chunk[i];
+        if (!k) continue;
+        c->e_at = at;
+        for (int j = 0; j < k; j++) {
+            const int p = c->n_fed + j;
+            s->e_tokens[ne] = c->prompt[p];
+            s->e_pos[ne] = p;
+            s->e_seq[ne] = c->slot;
+            s->e_want[ne] = c->req->pooling == 0 || p == c->n_prompt - 1;
+            at += s->e_want[ne];
+            ne++;
+        }
+        c->chunk = k;
+    }
+    return ne;
+}
+
+/* With mu held: one step's batch: every decoding sequence gets its token, then prefill chunks in admission
+ * order as the policy cuts them. Fills the batch arrays, row_owner/row_at (rows sampled) and the prompt
+ * rows whose logprobs are asked; returns the batch's tokens, *rows and *n_prefill. */
+static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        c->chunk = 0;
+        const int plp = sched_wants_prompt_lps(c->req);
+        int skip = c->req->kind == SREQ_EMBED;
+        if (plp && c->n_fed < c->n_prompt && !c->prompt_lps && c->n_prompt > 1 &&
+            !(c->prompt_lps = calloc((size_t)c->n_prompt - 1, sizeof *c->prompt_lps))) {
+            c->req->error = FERRY_ERR_NOMEM; /* reaped at the next iteration */
+            snprintf(c->req->errmsg, sizeof c->req->errmsg, "out of memory");
+            skip = 1;
+        }
+        s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, skip, plp};
+    }
+    struct sched_step_plan plan;
+    sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
+    /* `at` counts the rows that want logits: the engine returns them in batch order. */
+    int n = 0, rows = 0, at = 0;
+    s->n_plp = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        if (c->n_fed < c->n_prompt) continue;
+        s->b_tokens[n] = c->out.last;
+        s->b_pos[n] = c->n_prompt + c->out.n_gen - 1;
+        s->b_seq[n] = c->slot;
+        s->b_want[n] = 1;
+        s->row_owner[rows] = c;
+        s->row_at[rows++] = at++;
+        n++;
+    }
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        const int k = s->chunk[i];
+        if (!k) continue;
+        const int plp = sched_wants_prompt_lps(c->req);
+        for (int j = 0; j < k; j++) {
+            const int p = c->n_fed + j;
+            s->b_tokens[n] = c->prompt[p];
+            s->b_pos[n] = p;
+            s->b_seq[n] = c->slot;
+            s->b_want[n] = plp && p + 1 < c->n_prompt;
+            if (s->b_want[n]) {
+                s->plp_owner[s->n_plp] = c;
+                s->plp_pos[s->n_plp] = p;
+                s->plp_at[s->n_plp++] = at++;
+            }
+            n++;
+        }
+        c->chunk = k;
+        *n_prefill += k;
+        if (c->n_fed + k == c->n_prompt) {
+            if (c->req->max_tokens > 0) {
+                s->b_want[n - 1] = 1;
+                s->row_owner[rows] = c;
+                s->row_at[rows++] = at++;
+            } else {
+                c->fin = "length"; /* only the prompt's logprobs were asked */
+            }
+        }
+    }
+    *rows_out = rows;
+    return n;
+}
+
+/* Outside the lock, after an embedding step: each choice's rows into its pooled vector (a sum for mean
+ * pooling, divided once the prompt is complete). */
+static void pool_rows(struct sched *s)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        if (c->req->kind != SREQ_EMBED || !c->chunk) continue;
+        const int mean = c->req->pooling == 0;
+        const int rows = mean ? c->chunk : c->n_fed + c->chunk == c->n_prompt;
+        for (int r = 0; r < rows; r++) {
+            const float *h = s->e_out + (size_t)(c->e_at + r) * s->dim;
+            for (int d = 0; d < s->dim; d++) c->embd[d] = mean ? c->embd[d] + h[d] : h[d];
+        }
+        if (mean && c->n_fed + c->chunk == c->n_prompt)
+            for (int d = 0; d < s->dim; d++) c->embd[d] /= (float)c->n_prompt;
+    }
+}
+
+void *sched_engine_main(void *arg)
+{
+    struct sched *s = arg;
+    struct engine_stats st;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        double now = sched_now();
+        cut_expired_locked(s, now);
+        int n_cut = 0;
+        for (int i = 0; i < s->n_run;) {
+            struct sreq *r = s->run[i]->req;
+            if (r->cancelled || r->error) {
+                retire_locked(s, i, NULL);
+                n_cut++;
+            } else {
+                i++;
+            }
+        }
+        while (s->qhead && s->n_run < s->n_slots) {
+            struct choice *c = s->qhead;
+            /* first come first served: the head waits for KV room rather than being overtaken */
+            const int feeds =
+                c->req->max_tokens > 0 || sched_wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
+            /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
+            struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
+            if (lead && lead->n_fed < lead->n_prompt) break;
+            const int use_cache =
+                !lead && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
+            int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
+                                                            use_cache, &reuse)
+                                        : -1;
+            if (feeds && !fits_locked(s, c, slot)) break;
+            s->qhead = c->qnext;
+            if (!s->qhead) s->qtail = NULL;
+            s->n_queued--;
+            if (!feeds) { /* max_tokens 0 and nothing to compute */
+                sched_choice_done_locked(s, c, "length");
+                continue;
+            }
+            int rc = admit_locked(s, c, slot, reuse, lead);
+            if (rc) {
+                c->req->error = rc;
+                snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
+                         ferry_status_str(rc));
+                sched_choice_done_locked(s, c, NULL);
+            }
+        }
+        engine_get_stats(s->e, &st);
+        metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
+        if (s->n_run == 0) {
+            if (s->stop) break;
+            pthread_cond_wait(&s->cv_work, &s->mu);
+            continue;
+        }
+
+        /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
+        int rows = 0, n_prefill = 0;
+        const int n = step_batch_locked(s, &rows, &n_prefill);
+        const int ne = embed_batch_locked(s);
+        pthread_mutex_unlock(&s->mu);
+
+        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
+        double t0 = sched_now();
+        int rc = FERRY_ERR_UNSUPPORTED, drew = 0;
+        if (n > 0 && rows > 0 && s->draws && s->n_plp == 0) { /* every output row is a draw */
+            s->rows_do = ROWS_MASK;
+            row_pool_run(s->samplers, rows);
+            rc = engine_step_draw(s->e, &b, s->draw, s->drawn);
+            drew = rc == 0;
+        }
+        if (rc == FERRY_ERR_UNSUPPORTED) rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
+        double t1 = sched_now();
+        if (rc == 0 && n > 0) {
+            if (s->p.prompt_cache) record_tokens(s, &b);
+            s->rows_do = drew ? ROWS_DRAWN : ROWS_SAMPLE;
+            row_pool_run(s->samplers, rows);
+            prompt_logprobs(s);
+        }
+        if (rc == 0 && ne > 0) {
+            struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1};
+            rc = engine_step(s->e, &eb, s->e_out);
+            if (rc == 0) pool_rows(s);
+            n_prefill += ne;
+        }
+        double t2 = sched_now();
+
+        pthread_mutex_lock(&s->mu);
+        if (rc) {
+            FLOG_ERROR("engine_step over %d tokens failed: %s", n, ferry_status_str(rc));
+            for (int i = 0; i < s->n_run; i++) {
+                struct sreq *r = s->run[i]->req;
+                r->error = rc;
+                snprintf(r->errmsg, sizeof r->errmsg, "the engine failed: %s", ferry_status_str(rc));
+                sched_req_signal_locked(r);
+            }
+            continue; /* reaped at the top of the loop */
+        }
+        for (int i = 0; i < s->n_run; i++) {
+            struct choice *c = s->run[i];
+            c->n_fed += c->chunk;
+            if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_prompt) c->fin = "stop"; /* pooled: done */
+            if (c->chunk && c->n_fed == c->n_prompt && sched_wants_prompt_lps(c->req)) {
+                c->prompt_lps_ready = 1;
+                sched_req_signal_locked(c->req);
+            }
+        }
+        int n_gen_tokens = 0;
+        for (int i = 0; i < rows; i++) {
+            struct choice *c = s->row_owner[i];
+            struct sreq *r = c->req;
+            n_gen_tokens++;
+            const int first = c->out.n_gen == 1;
+            metrics_token_out(s->m, first, first ? t2 - r->t_arrival : t2 - c->t_last);
+            c->t_last = t2;
+            if (c->out.release) {
+                if (buf_append(&c->text, &c->text_len, &c->text_cap, c->out.hold, c->out.release)) {
+                    r->error = FERRY_ERR_NOMEM;
+                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+                }
+                seq_output_take(&c->out, c->out.release);
+            }
+            if (c->out.has_lp) {
+                if (c->n_lps == c->lps_cap) {
+                    int nc = c->lps_cap ? c->lps_cap * 2 : 16;
+                    struct lp_entry *q = realloc(c->lps, (size_t)nc * sizeof *q);
+                    if (q) {
+                        c->lps = q;
+                        c->lps_cap = nc;
+                    }
+                }
+                if (c->n_lps < c->lps_cap) {
+                    c->lps[c->n_lps++] = c->out.lp;
+                } else { /* an answer without this token's logprobs would be wrong, not short */
+                    r->error = FERRY_ERR_NOMEM;
+                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+                }
+            }
+            c->n_completion = c->out.n_gen;
+            if (c->out.oom) {
+                r->error = FERRY_ERR_NOMEM;
+                snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+            }
+            sched_req_signal_locked(r);
+        }
+        for (int i = 0; i < s->n_run;) {
+            struct choice *c = s->run[i];
+            if (c->fin && c->n_fed == c->n_prompt) {
+                const char *f = c->fin;
+                c->fin = NULL;
+                retire_locked(s, i, f);
+            } else {
+                i++;
+            }
+        }
+        metrics_step_done(s->m, n_prefill, n_gen_tokens, drew ? rows : 0, t1 - t0, n, s->n_run);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
