@@ -1,13 +1,14 @@
 /* routes — what `ferry serve` does with each request: the route table, the checks before the body (Host,
- * auth, method, Content-Type, the model's state), the GET answers, and a completion's life (parse on the
- * worker pool, the scheduler, the stream or the whole answer, the access log).
+ * auth, method, Content-Type, the model's state), the GET answers and the answers themselves; a completion's
+ * life (parse on the worker pool, the scheduler, the stream or the whole answer, the access log) is
+ * routes_gen.c, and what both share is routes_impl.h.
  *
  * Parsing a request (JSON, chat template, tokenizer) and rendering a whole answer run on libuv's worker pool,
  * so a large body never stalls the loop. The scheduler's engine thread reports progress through the request's
  * wake hook: it queues the request on a list and wakes the loop, which writes the new SSE chunks (as fast as
  * the client reads them) or, once every choice is done, the whole answer. A client that goes away ends its
  * request at once (http.c sees the close) and cancels its sequences. Every error leaves through
- * respond_error. Loop thread, except the worker functions; server/serve.c installs the handlers
+ * hreq_respond_error. Loop thread, except the worker functions; server/serve.c installs the handlers
  * (serve_impl.h).
  */
 #include <arpa/inet.h>
@@ -25,55 +26,15 @@
 #include "server/dashboard.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/routes_impl.h"
 #include "server/scheduler.h"
 #include "server/serve_impl.h"
 #include "server/web_assets.h"
 
-#define STREAM_UNSENT_MAX (64 * 1024) /* bytes waiting on a stream's socket before rendering pauses */
-
-struct route;
-static const char *route_allow(const struct route *r);
-static int route_parse(struct hreq *h);
-
-/* One HTTP request as the application sees it. Loop thread only, except `req` and `out` while `working` (a
- * worker fills them) and `queued`/`wnext` (under wake_mu). Freed by whichever of its owners lets go last: the
- * HTTP request (until on_end), a worker job (`working`), the wake list (`queued`). */
-struct hreq {
-    struct server *S;
-    struct http_req *q; /* NULL once the HTTP request ended */
-    uint64_t id;
-    char rid[72]; /* the client's X-Request-Id when it is sane, else our counter */
-    double t0;
-    const struct route *rt; /* NULL: no route */
-    int status;             /* HTTP status sent, for the access log */
-    const char *note;       /* extra word for the access log */
-    char *body;             /* a copy of the request body for the worker (the HTTP buffer may go first) */
-    size_t body_len;
-    uv_work_t work;
-    int working;
-    int rc; /* the worker's status */
-    struct api_err err;
-    char *out; /* the worker's answer body */
-    size_t out_len;
-    struct sreq *req; /* completion request, or NULL */
-    int submitted;    /* req went to the scheduler */
-    int gen_counted;  /* counted in S->active_gen */
-    int stream;
-    struct strbuf sse; /* SSE bytes rendered, not yet written */
-    int sse_done;
-    double t_last_out; /* when the stream last wrote bytes */
-    int rendering;     /* the whole answer is being rendered */
-    struct hreq *snext, *sprev;
-    int in_streams;
-    int queued, free_on_pop; /* under wake_mu */
-    struct hreq *wnext;      /* the wake list's link (under wake_mu) */
-    struct hreq *lnext;      /* on_wake's own copy of it (loop thread) */
-};
-
 /* ---- responses ---- */
 
 /* Queues a response whose body is taken over. */
-static void respond(struct hreq *h, int http, const char *ctype, char *body, size_t len)
+void hreq_respond(struct hreq *h, int http, const char *ctype, char *body, size_t len)
 {
     struct server *S = h->S;
     struct http_hdr hd[8];
@@ -90,20 +51,18 @@ static void respond(struct hreq *h, int http, const char *ctype, char *body, siz
     http_respond(h->q, http, hd, n, body, len);
 }
 
-static void respond_json(struct hreq *h, int http, char *body, size_t len)
+void hreq_respond_json(struct hreq *h, int http, char *body, size_t len)
 {
     if (!body) {
         h->status = 503;
         http_req_refuse_nomem(h->q);
         return;
     }
-    respond(h, http, "application/json", body, len);
+    hreq_respond(h, http, "application/json", body, len);
 }
 
 /* The one way errors leave the server: status → HTTP code through api_http_status(). */
-static void respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
+void hreq_respond_error(struct hreq *h, int status, const char *param, const char *fmt, ...)
 {
     char msg[320];
     va_list ap;
@@ -119,348 +78,7 @@ static void respond_error(struct hreq *h, int status, const char *param, const c
     }
     int http = api_http_status(status, NULL, NULL);
     if (http >= 500) FLOG_WARN("req %s: %d %s", h->rid, http, msg);
-    respond_json(h, http, body, len);
-}
-
-/* ---- the request's lifetime ---- */
-
-/* Engine thread (or a sched_cancel caller), scheduler mutex held: queue h for the loop and wake it. */
-static void on_engine_wake(void *user)
-{
-    struct hreq *h = user;
-    struct server *S = h->S;
-    pthread_mutex_lock(&S->wake_mu);
-    if (!h->queued) {
-        h->queued = 1;
-        h->wnext = S->wake_head;
-        S->wake_head = h;
-    }
-    pthread_mutex_unlock(&S->wake_mu);
-    uv_async_send(&S->wake);
-}
-
-/* Drops the completion request: cancels what still runs, and makes sure the engine no longer wakes h. */
-static void drop_sreq(struct hreq *h)
-{
-    struct server *S = h->S;
-    struct sreq *r = h->req;
-    if (!r) return;
-    h->req = NULL;
-    if (!h->submitted) { /* parsed, never queued: only this reference */
-        sched_release(NULL, r);
-        return;
-    }
-    sched_cancel(S->sched, r, FERRY_ERR_CANCELLED); /* a no-op when it finished */
-    sched_lock(S->sched);
-    r->wake = NULL;
-    sched_unlock(S->sched);
-    sched_release(S->sched, r);
-}
-
-static void hreq_free(struct hreq *h)
-{
-    strbuf_free(&h->sse);
-    free(h->body);
-    free(h->out);
-    free(h);
-}
-
-/* Frees h unless a worker or the wake list still holds it (they free it when they let go). */
-static void hreq_release(struct hreq *h)
-{
-    struct server *S = h->S;
-    if (h->q || h->working) return;
-    drop_sreq(h);
-    pthread_mutex_lock(&S->wake_mu);
-    int q = h->queued;
-    if (q) h->free_on_pop = 1;
-    pthread_mutex_unlock(&S->wake_mu);
-    if (!q) hreq_free(h);
-}
-
-static void streams_remove(struct hreq *h)
-{
-    if (!h->in_streams) return;
-    if (h->sprev)
-        h->sprev->snext = h->snext;
-    else
-        h->S->streams = h->snext;
-    if (h->snext) h->snext->sprev = h->sprev;
-    h->in_streams = 0;
-}
-
-/* Access-log text: bytes outside printable ASCII (a %0a in a path decodes to a newline) are written \xHH. */
-static const char *log_safe(const char *s, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (; *s && o + 5 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c >= 0x7f || c == '\\' || c == '"')
-            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
-        else
-            out[o++] = (char)c;
-    }
-    if (*s && o + 4 <= cap) o += (size_t)snprintf(out + o, cap - o, "...");
-    out[o] = 0;
-    return out;
-}
-
-void routes_on_end(struct http_req *q, int aborted, void *user)
-{
-    struct server *S = user;
-    struct hreq *h = http_req_app(q);
-    if (!h) return;
-    if (aborted && !h->note) h->note = h->submitted ? "client-gone" : "connection-error";
-    int status = h->status ? h->status : 499; /* never answered: the client went away */
-    char path[256];
-    FLOG_INFO("access req=%s %s %s %d %.1fms%s%s", h->rid, http_req_method(q),
-              log_safe(http_req_path(q), path, sizeof path), status, (sched_now() - h->t0) * 1e3,
-              h->note ? " " : "", h->note ? h->note : "");
-    metrics_count_status(&S->metrics, status);
-    if (h->gen_counted) S->active_gen--;
-    h->gen_counted = 0;
-    streams_remove(h);
-    h->q = NULL;
-    hreq_release(h);
-}
-
-/* ---- completions ---- */
-
-static void render_done(uv_work_t *w, int status);
-static void render_work(uv_work_t *w);
-
-/* New output (or the end) for h: write what the client can take. */
-static void pump(struct hreq *h)
-{
-    struct server *S = h->S;
-    if (!h->q || !h->req) return;
-    if (!h->stream) {
-        sched_lock(S->sched);
-        int done = h->req->n_done == h->req->n_choices;
-        sched_unlock(S->sched);
-        if (done && !h->rendering && !h->working) {
-            h->rendering = h->working = 1;
-            if (uv_queue_work(&S->loop, &h->work, render_work, render_done)) {
-                h->working = 0;
-                respond_error(h, FERRY_ERR_INTERNAL, NULL, "cannot queue the response");
-            }
-        }
-        return;
-    }
-    while (!h->sse_done && http_req_unsent(h->q) < STREAM_UNSENT_MAX) {
-        sched_lock(S->sched);
-        api_oom_reset();
-        api_render_stream(&S->api, h->req, &h->sse, &h->sse_done);
-        int oom = api_oom_seen() || h->sse.oom;
-        sched_unlock(S->sched);
-        if (oom) {
-            /* the rendered chunks may have lost fields: end the stream with an error event that needs no
-             * allocation to build (the request is cancelled when the stream ends) */
-            static const char ev[] =
-                "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                "\"param\":null,\"code\":\"out_of_memory\"}}\n\ndata: [DONE]\n\n";
-            FLOG_WARN("req %s: out of memory while streaming", h->rid);
-            h->note = "out-of-memory";
-            h->sse_done = 1;
-            if (http_stream_write(h->q, ev, sizeof ev - 1) == 0) http_stream_end(h->q);
-            return; /* h may be gone */
-        }
-        if (h->sse.len == 0) break;
-        h->t_last_out = sched_now();
-        size_t n = h->sse.len;
-        h->sse.len = 0;
-        if (http_stream_write(h->q, h->sse.p, n)) return; /* the connection closed: h may be gone */
-    }
-    if (h->sse_done) http_stream_end(h->q);
-}
-
-void routes_on_wake(uv_async_t *a)
-{
-    struct server *S = a->data;
-    /* take the list; the engine may queue the same requests again at once (through wnext), so walk a copy of
-     * the links (lnext) */
-    pthread_mutex_lock(&S->wake_mu);
-    struct hreq *list = S->wake_head;
-    S->wake_head = NULL;
-    for (struct hreq *h = list; h; h = h->wnext) {
-        h->queued = 0;
-        h->lnext = h->wnext;
-    }
-    pthread_mutex_unlock(&S->wake_mu);
-    for (struct hreq *h = list, *next; h; h = next) {
-        next = h->lnext;
-        pthread_mutex_lock(&S->wake_mu);
-        int dead = h->free_on_pop, again = h->queued;
-        pthread_mutex_unlock(&S->wake_mu);
-        if (dead) {
-            if (!again) hreq_free(h); /* else the list now holding it frees it */
-            continue;
-        }
-        pump(h);
-    }
-}
-
-void routes_on_drain(struct http_req *q, void *user)
-{
-    (void)user;
-    struct hreq *h = http_req_app(q);
-    if (h && h->stream) pump(h);
-}
-
-/* Every second: a stream that has said nothing for a while (queued, a long prefill) gets an SSE comment, so
- * that neither the client nor a proxy takes it for dead. */
-void routes_on_ping(uv_timer_t *t)
-{
-    struct server *S = t->data;
-    double ping = S->opt.conn_timeout / 2.0 < 10 ? S->opt.conn_timeout / 2.0 : 10, now = sched_now();
-    for (struct hreq *h = S->streams, *next; h; h = next) {
-        next = h->snext;
-        if (now - h->t_last_out >= ping && !h->sse_done && http_req_unsent(h->q) == 0) {
-            h->t_last_out = now;
-            http_stream_write(h->q, ": ping\n\n", 8); /* h may be gone when this fails */
-        }
-    }
-}
-
-static void submit(struct hreq *h)
-{
-    struct server *S = h->S;
-    struct sreq *r = h->req;
-    r->wake = on_engine_wake;
-    r->wake_user = h;
-    int rc = sched_submit(S->sched, r);
-    if (rc) {
-        h->req = NULL;
-        sched_release(S->sched, r);
-        if (rc == FERRY_ERR_BUSY) {
-            pthread_mutex_lock(&S->metrics.mu);
-            S->metrics.requests_rejected++;
-            pthread_mutex_unlock(&S->metrics.mu);
-            respond_error(h, rc, NULL, "the server is busy: the queue is full; retry later");
-        } else if (rc == FERRY_ERR_RANGE) {
-            respond_error(h, rc, "n",
-                          "the request has more sequences (prompts × n) than --parallel + --max-queue");
-        } else if (rc == FERRY_ERR_DEVICE_MEM) {
-            respond_error(
-                h, FERRY_ERR_RANGE, "max_tokens",
-                "prompt + max_tokens needs more KV cache than the server's whole pool (--kv-tokens)");
-        } else {
-            respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-        }
-        return;
-    }
-    h->submitted = h->gen_counted = 1;
-    S->active_gen++;
-    h->t_last_out = sched_now();
-    h->stream = r->stream;
-    if (!h->stream) return; /* the wake at the end queues the whole answer */
-    struct http_hdr hd[6];
-    int n = 0;
-    hd[n++] = (struct http_hdr){"Content-Type", "text/event-stream"};
-    hd[n++] = (struct http_hdr){"Cache-Control", "no-cache"};
-    hd[n++] = (struct http_hdr){"X-Accel-Buffering", "no"};
-    hd[n++] = (struct http_hdr){"X-Request-Id", h->rid};
-    if (S->opt.cors_origin) hd[n++] = (struct http_hdr){"Access-Control-Allow-Origin", S->opt.cors_origin};
-    h->status = 200;
-    if (http_stream_begin(h->q, 200, hd, n)) return; /* closed: h may be gone */
-    h->snext = S->streams;
-    h->sprev = NULL;
-    if (S->streams) S->streams->sprev = h;
-    S->streams = h;
-    h->in_streams = 1;
-    pump(h);
-}
-
-/* Worker thread: the route's body handler on the copied body. */
-static void parse_work(uv_work_t *w)
-{
-    struct hreq *h = w->data;
-    api_oom_reset();
-    h->rc = route_parse(h);
-    if (api_oom_seen()) { /* a refusal ("invalid JSON") or an answer with holes: either way, out of memory */
-        if (h->req) sched_release(NULL, h->req);
-        h->req = NULL;
-        free(h->out);
-        h->out = NULL;
-        h->rc = FERRY_ERR_NOMEM;
-        h->err.status = FERRY_ERR_NOMEM;
-        h->err.param = NULL;
-        snprintf(h->err.msg, sizeof h->err.msg, "out of memory");
-    }
-}
-
-static void parse_done(uv_work_t *w, int status)
-{
-    struct hreq *h = w->data;
-    struct server *S = h->S;
-    h->working = 0;
-    free(h->body);
-    h->body = NULL;
-    if (!h->q) { /* the client left meanwhile */
-        hreq_release(h);
-        return;
-    }
-    if (status || h->rc) {
-        int st = status ? FERRY_ERR_INTERNAL : h->err.status ? h->err.status : h->rc;
-        respond_error(h, st, h->err.param, "%s", h->err.msg[0] ? h->err.msg : ferry_status_str(st));
-        return;
-    }
-    if (!h->req) { /* a body route that answers at once (tokenize, ...) */
-        char *out = h->out;
-        h->out = NULL;
-        respond_json(h, 200, out, h->out_len);
-        return;
-    }
-    if (serve_load_state(S) != STATE_READY) {
-        respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
-        return;
-    }
-    submit(h);
-}
-
-/* Worker thread: the whole answer of a finished request. */
-static void render_work(uv_work_t *w)
-{
-    struct hreq *h = w->data;
-    struct server *S = h->S;
-    struct sreq *r = h->req;
-    sched_lock(S->sched);
-    int st = r->error ? r->error : r->cancelled;
-    h->rc = st;
-    if (st)
-        snprintf(h->err.msg, sizeof h->err.msg, "%s",
-                 r->error                  ? r->errmsg
-                 : st == FERRY_ERR_TIMEOUT ? "the request timed out"
-                                           : "the request was cancelled");
-    else {
-        api_oom_reset();
-        h->out = api_render_full(&S->api, r, &h->out_len);
-        if (api_oom_seen() || !h->out) {
-            free(h->out);
-            h->out = NULL;
-            h->rc = FERRY_ERR_NOMEM;
-            snprintf(h->err.msg, sizeof h->err.msg, "out of memory");
-        }
-    }
-    sched_unlock(S->sched);
-}
-
-static void render_done(uv_work_t *w, int status)
-{
-    struct hreq *h = w->data;
-    h->working = 0;
-    if (!h->q) {
-        hreq_release(h);
-        return;
-    }
-    if (status || h->rc) {
-        int st = status ? FERRY_ERR_INTERNAL : h->rc;
-        respond_error(h, st, NULL, "%s", status ? "cannot render the response" : h->err.msg);
-        return;
-    }
-    char *out = h->out;
-    h->out = NULL;
-    respond_json(h, 200, out, h->out_len);
+    hreq_respond_json(h, http, body, len);
 }
 
 /* ---- routing and the checks before the body ---- */
@@ -489,7 +107,7 @@ static void get_health(struct hreq *h, const char *path)
                                                : "error";
     char *b = NULL;
     if (asprintf(&b, "{\"status\":\"%s\"}", st) < 0) b = NULL;
-    respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
+    hreq_respond_json(h, state == STATE_READY ? 200 : 503, b, b ? strlen(b) : 0);
 }
 
 static void get_metrics(struct hreq *h, const char *path)
@@ -504,10 +122,10 @@ static void get_metrics(struct hreq *h, const char *path)
     size_t len = 0;
     char *b = metrics_render(&S->metrics, &len);
     if (!b) {
-        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        hreq_respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
         return;
     }
-    respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
+    hreq_respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", b, len);
 }
 
 static void get_models(struct hreq *h, const char *path)
@@ -516,8 +134,8 @@ static void get_models(struct hreq *h, const char *path)
     const char *id = !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
     if (id && strcmp(id, S->api.model_name)) {
         char safe[128];
-        respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
-                      log_safe(id, safe, sizeof safe));
+        hreq_respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
+                           routes_log_safe(id, safe, sizeof safe));
         return;
     }
     size_t len = 0;
@@ -527,7 +145,7 @@ static void get_models(struct hreq *h, const char *path)
         free(b);
         b = NULL;
     }
-    respond_json(h, 200, b, len);
+    hreq_respond_json(h, 200, b, len);
 }
 
 /* The web page (server/web): public, it holds no data; what it fetches needs the key like every client. */
@@ -536,7 +154,7 @@ static void get_web(struct hreq *h, const char *path)
     const struct web_asset *w = web_asset_find(path);
     char *b = malloc(w->len + 1);
     if (!b) {
-        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        hreq_respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
         return;
     }
     memcpy(b, w->data, w->len);
@@ -578,7 +196,7 @@ static void get_status(struct hreq *h, const char *path)
         free(b);
         b = NULL;
     }
-    respond_json(h, 200, b, len);
+    hreq_respond_json(h, 200, b, len);
 }
 
 static int parse_completion(struct hreq *h)
@@ -643,12 +261,12 @@ static const struct route *route_match(const char *path)
     return NULL;
 }
 
-static const char *route_allow(const struct route *r)
+const char *route_allow(const struct route *r)
 {
     return r->get ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
 }
 
-static int route_parse(struct hreq *h)
+int route_parse(struct hreq *h)
 {
     return h->rt->parse(h);
 }
@@ -776,7 +394,7 @@ void routes_on_head(struct http_req *q, void *user)
     const struct route *rr = route_match(path);
     h->rt = rr;
     if (!host_allowed(S, http_req_header(q, "Host"))) {
-        respond_error(
+        hreq_respond_error(
             h, SERVE_ERR_FORBIDDEN, NULL,
             "Host '%.100s' is not allowed without an API key: use localhost or an IP address, or start "
             "the server with --allowed-hosts or --api-key",
@@ -788,29 +406,29 @@ void routes_on_head(struct http_req *q, void *user)
         return;
     }
     if (!authorized(h, path)) {
-        respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
-                      "a valid API key is required (Authorization: Bearer KEY)");
+        hreq_respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
+                           "a valid API key is required (Authorization: Bearer KEY)");
         return;
     }
     char safe[128];
     if (!rr) {
-        respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %s", method,
-                      log_safe(path, safe, sizeof safe));
+        hreq_respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %s", method,
+                           routes_log_safe(path, safe, sizeof safe));
         return;
     }
     int head = !strcmp(method, "HEAD") && rr->get;
     if (strcmp(method, rr->method) && !head) {
-        respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", method,
-                      log_safe(path, safe, sizeof safe), rr->method);
+        hreq_respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", method,
+                           routes_log_safe(path, safe, sizeof safe), rr->method);
         return;
     }
     if (rr->parse && !is_json(http_req_header(q, "Content-Type"))) {
-        respond_error(h, SERVE_ERR_MEDIA_TYPE, NULL,
-                      "the request body must be JSON (Content-Type: application/json)");
+        hreq_respond_error(h, SERVE_ERR_MEDIA_TYPE, NULL,
+                           "the request body must be JSON (Content-Type: application/json)");
         return;
     }
     if (rr->needs_model && !__atomic_load_n(&S->was_ready, __ATOMIC_ACQUIRE)) {
-        respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
+        hreq_respond_error(h, SERVE_ERR_LOADING, NULL, "the model is still loading; retry shortly");
         return;
     }
     if (rr->get) {
@@ -818,7 +436,7 @@ void routes_on_head(struct http_req *q, void *user)
         return;
     }
     if (serve_load_state(S) != STATE_READY) {
-        respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
+        hreq_respond_error(h, SERVE_ERR_SHUTDOWN, NULL, "the server is shutting down");
         return;
     }
     /* a body route: the body is read next, then routes_on_request */
@@ -833,7 +451,7 @@ void routes_on_request(struct http_req *q, void *user)
     const char *b = http_req_body(q, &len);
     h->body = malloc(len + 1);
     if (!h->body) {
-        respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
+        hreq_respond_error(h, FERRY_ERR_NOMEM, NULL, "out of memory");
         return;
     }
     memcpy(h->body, b, len);
@@ -841,8 +459,8 @@ void routes_on_request(struct http_req *q, void *user)
     h->body_len = len;
     h->work.data = h;
     h->working = 1;
-    if (uv_queue_work(&S->loop, &h->work, parse_work, parse_done)) {
+    if (uv_queue_work(&S->loop, &h->work, routes_parse_work, routes_parse_done)) {
         h->working = 0;
-        respond_error(h, FERRY_ERR_INTERNAL, NULL, "cannot queue the request");
+        hreq_respond_error(h, FERRY_ERR_INTERNAL, NULL, "cannot queue the request");
     }
 }
