@@ -49,6 +49,13 @@ void forward_cuda_host_free(void *ctx, void *p)
     (void)ctx, (void)p;
 }
 
+int forward_cuda_time_layer(struct backend *be, int l, int n_tokens, double *seconds)
+{
+    (void)be, (void)l, (void)n_tokens;
+    *seconds = 0;
+    return FERRY_ERR_UNSUPPORTED;
+}
+
 int forward_cuda_time_exchange(struct backend *be, int n_tokens, double *seconds)
 {
     (void)be, (void)n_tokens;
