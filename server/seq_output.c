@@ -181,6 +181,7 @@ const uint8_t *seq_output_mask(struct seq_output *o)
     }
     if (!any && first_eog >= 0) o->allowed[first_eog] = 1;
     o->first_eog = first_eog;
+    o->mask_ready = 1;
     return o->allowed;
 }
 
@@ -206,6 +207,7 @@ static void token_chosen(struct seq_output *o, int32_t tok, const struct lp_entr
     o->has_lp = 0;
     o->fin = NULL;
     o->release = 0;
+    o->mask_ready = 0; /* the grammar moves on */
     if (tok < 0 || tok >= v->n_vocab) tok = 0; /* a sampler bug must not index out of range */
     int grammar_done = 0;
     if (p->grammar && v->kind[tok] == SEQ_TOK_TEXT) {
@@ -260,7 +262,7 @@ int32_t seq_output_step(struct seq_output *o, float *row, float *raw)
     const struct seq_output_params *p = &o->p;
     if (p->logprobs >= 0)
         memcpy(raw, row, (size_t)v->n_vocab * sizeof(float)); /* the model's, unconstrained */
-    if (seq_output_mask(o)) mask_apply(o, row);
+    if (o->mask_ready || seq_output_mask(o)) mask_apply(o, row);
     int32_t tok = sampler_sample(o->smp, row);
     if (tok < 0 || tok >= v->n_vocab) tok = 0;
     struct lp_entry lp, *lpp = NULL;

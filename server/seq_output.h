@@ -65,6 +65,7 @@ struct seq_output {
     struct gstate *gst;    /* where the output stands in the grammar */
     struct gscratch *gscr; /* its mask workspace */
     uint8_t *allowed;      /* (n_vocab) the grammar's mask of this step (seq_output_mask) */
+    int mask_ready;        /* allowed is this step's already (a draw fell back to sampling on the host) */
     int first_eog;         /* the first end-of-generation token, -1 when none */
     struct detok dt;
     char *hold; /* decoded text not yet taken: [0, hold_len), NUL-terminated */
@@ -93,7 +94,8 @@ void seq_output_accept(struct seq_output *o, const int32_t *toks, int n);
 int32_t seq_output_step(struct seq_output *o, float *row, float *raw);
 /* With a grammar: this step's allowed tokens, 1 each (the text tokens the grammar takes next, the
  * end-of-generation tokens when the output may end here, the first of those when nothing else is), in
- * o->allowed, which it returns; NULL without a grammar (any token). For a draw made elsewhere. */
+ * o->allowed, which it returns; NULL without a grammar (any token). For a draw made elsewhere; a
+ * seq_output_step of the same step then uses it rather than computing it again. */
 const uint8_t *seq_output_mask(struct seq_output *o);
 /* The step's token drawn elsewhere (engine_step_draw, on the GPU) with this sequence's sampler from
  * seq_output_mask's tokens: records the draw, then as seq_output_step. lp: its logprobs, when asked. */

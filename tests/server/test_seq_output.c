@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/grammar.h"
+#include "runtime/grammar_build.h"
 #include "server/seq_output.h"
 #include "weights/model_file.h"
 
@@ -230,4 +232,40 @@ Test(seq_output, logprobs_of_the_row)
     free(row);
     free(raw);
     seq_output_free(&o);
+}
+
+/* A draw that falls back to the host (over the device's capacities) has computed the step's grammar mask
+ * already: the host step uses that mask, and the next step computes its own. The mask is tampered with after
+ * seq_output_mask (one token the grammar refuses made the only one allowed) to see which one the step used. */
+Test(seq_output, a_computed_mask_serves_the_host_step)
+{
+    struct gbuilder *b;
+    struct grammar *g;
+    char err[256] = "";
+    cr_assert_eq(gb_init(&b), 0);
+    const int root = gb_lit(b, "Once upon", 9);
+    cr_assert_eq(gb_finish(b, root, &g, err), 0, "%s", err);
+    struct seq_output_params p = params(8);
+    p.grammar = g;
+    struct sampler_params sp = greedy();
+    struct seq_output o = {0};
+    cr_assert_eq(seq_output_init(&o, voc, &p, &sp), 0);
+    float *row = malloc((size_t)n_vocab * sizeof *row), *raw = malloc((size_t)n_vocab * sizeof *raw);
+    int32_t ids[8];
+    const int32_t refused = encode(" the", ids, 8) == 1 ? ids[0] : 0;
+    const uint8_t *m = seq_output_mask(&o);
+    cr_assert_not_null(m);
+    cr_assert_eq(m[refused], 0, "the grammar refuses ' the' first");
+    memset(o.allowed, 0, (size_t)n_vocab);
+    o.allowed[refused] = 1;
+    force(row, encode("Once", ids, 8) >= 1 ? ids[0] : 1);
+    cr_assert_eq(seq_output_step(&o, row, raw), refused, "the step computed its mask again");
+    /* the next step's mask is its own: the tampered one is gone (after ' the' the literal cannot go on, so only
+     * the first end token is left) */
+    force(row, refused);
+    cr_assert_neq(seq_output_step(&o, row, raw), refused);
+    free(row);
+    free(raw);
+    seq_output_free(&o);
+    grammar_free(g);
 }
