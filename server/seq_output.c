@@ -207,7 +207,7 @@ static void token_chosen(struct seq_output *o, int32_t tok, const struct lp_entr
     o->has_lp = 0;
     o->fin = NULL;
     o->release = 0;
-    o->mask_ready = 0; /* the grammar moves on */
+    o->mask_ready = 0;                         /* the grammar moves on */
     if (tok < 0 || tok >= v->n_vocab) tok = 0; /* a sampler bug must not index out of range */
     int grammar_done = 0;
     if (p->grammar && v->kind[tok] == SEQ_TOK_TEXT) {

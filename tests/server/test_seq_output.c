@@ -236,7 +236,8 @@ Test(seq_output, logprobs_of_the_row)
 
 /* A draw that falls back to the host (over the device's capacities) has computed the step's grammar mask
  * already: the host step uses that mask, and the next step computes its own. The mask is tampered with after
- * seq_output_mask (one token the grammar refuses made the only one allowed) to see which one the step used. */
+ * seq_output_mask (one token the grammar refuses made the only one allowed) to see which one the step used.
+ */
 Test(seq_output, a_computed_mask_serves_the_host_step)
 {
     struct gbuilder *b;
@@ -260,8 +261,8 @@ Test(seq_output, a_computed_mask_serves_the_host_step)
     o.allowed[refused] = 1;
     force(row, encode("Once", ids, 8) >= 1 ? ids[0] : 1);
     cr_assert_eq(seq_output_step(&o, row, raw), refused, "the step computed its mask again");
-    /* the next step's mask is its own: the tampered one is gone (after ' the' the literal cannot go on, so only
-     * the first end token is left) */
+    /* the next step's mask is its own: the tampered one is gone (after ' the' the literal cannot go on, so
+     * only the first end token is left) */
     force(row, refused);
     cr_assert_neq(seq_output_step(&o, row, raw), refused);
     free(row);
