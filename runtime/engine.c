@@ -164,8 +164,8 @@ static int host_backend_init(struct engine *e, char err[256])
 }
 
 /* The host's side of the step planner's cost model (c holds the GPU's rates already): its time for one host
- * layer at a few step sizes (and again while the link copies, which is how it runs beside streaming: *slow_out
- * is the factor, and the times are given under that load), the exchange around a host layer. */
+ * layer at a few step sizes (and again while the link copies, which is how it runs beside streaming:
+ * *slow_out is the factor, and the times are given under that load), the exchange around a host layer. */
 static int measure_costs(struct engine *e, const struct device_map *map, int ref, struct step_cost *c,
                          double *slow_out)
 {
@@ -203,8 +203,8 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
     return FERRY_OK;
 }
 /* A step plan for `map` from the costs `c` (mode: the engine's placement, or `mode_override` when >= 0). */
-static int make_plan(struct engine *e, const struct device_map *map, const struct step_cost *c, int mode_override,
-                     struct step_plan *out, char err[256])
+static int make_plan(struct engine *e, const struct device_map *map, const struct step_cost *c,
+                     int mode_override, struct step_plan *out, char err[256])
 {
     const int L = e->model.hp.n_layers;
     uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params);
@@ -214,7 +214,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
             params[l] = layer_params(&e->model.layers[l]);
         }
-        const enum step_mode mode = mode_override >= 0                           ? (enum step_mode)mode_override
+        const enum step_mode mode = mode_override >= 0 ? (enum step_mode)mode_override
                                     : e->p.placement == ENGINE_PLACEMENT_STREAM ? STEP_MODE_STREAM
                                     : e->p.placement == ENGINE_PLACEMENT_CPU    ? STEP_MODE_CPU
                                                                                 : STEP_MODE_AUTO;
@@ -223,8 +223,8 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             .where = map->where,
             .layer_bytes = bytes,
             .layer_params = params,
-            .head_bytes =
-                (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) * (uint64_t)e->model.output.rows,
+            .head_bytes = (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *
+                          (uint64_t)e->model.output.rows,
             .n_slots = map->n_slots,
             .max_tokens = e->p.max_batch_tokens,
             .mode = mode,
@@ -239,8 +239,8 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
 }
 
 /* The step plan of a GPU engine: the device_map's host layers per step size, from measured costs (none are
- * needed when they always stream or always run on the host, or when the plan is given). *slow: how much slower
- * the host computed a layer while the link copied (1 when not measured). */
+ * needed when they always stream or always run on the host, or when the plan is given). *slow: how much
+ * slower the host computed a layer while the link copied (1 when not measured). */
 static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char err[256])
 {
     const struct device_map *map = forward_cuda_map(e->gpu);
@@ -266,9 +266,10 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     double t_res;
     if (res >= 0 && !forward_cuda_time_layer(e->gpu, res, 1, &t_res) && t_res > 2 * cost->gpu_layer_s) {
         const double rate = (double)forward_cuda_layer_bytes(e->gpu, res) / (t_res - cost->gpu_layer_s);
-        FLOG_INFO("cost model: a resident layer at 1 token %.3f ms: its weights read at %.0f GB/s (device copies "
-                  "at %.0f)",
-                  t_res * 1e3, rate / 1e9, cost->hbm / 1e9);
+        FLOG_INFO(
+            "cost model: a resident layer at 1 token %.3f ms: its weights read at %.0f GB/s (device copies "
+            "at %.0f)",
+            t_res * 1e3, rate / 1e9, cost->hbm / 1e9);
         if (rate < cost->hbm) cost->hbm = rate;
     }
     if (e->cpu && ref >= 0 && (rc = measure_costs(e, map, ref, cost, slow))) {
@@ -320,10 +321,11 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
     step_plan_free(&alt_plan);
     const int drop = t_ring > 0 && t_none > 0 && t_none < t_ring * (1.0 - ENGINE_PLAN_MARGIN);
     if (t_ring > 0 && t_none > 0)
-        FLOG_INFO("placement auto: %d sequences of %d prompt + %d generated tokens predicted %.2f s with a ring "
-                  "(%d resident layers), %.2f s without (%d resident, host layers on the CPU): %s",
-                  e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN, t_ring, map->n_resident, t_none,
-                  alt.n_resident, drop ? "no ring" : "ring kept");
+        FLOG_INFO(
+            "placement auto: %d sequences of %d prompt + %d generated tokens predicted %.2f s with a ring "
+            "(%d resident layers), %.2f s without (%d resident, host layers on the CPU): %s",
+            e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN, t_ring, map->n_resident, t_none, alt.n_resident,
+            drop ? "no ring" : "ring kept");
     const int alt_resident = alt.n_resident;
     device_map_free(&alt);
     if (!drop) return FERRY_OK;
@@ -407,10 +409,11 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         const struct device_map *map = forward_cuda_map(e->gpu);
         at = (size_t)device_map_format(map, e->placement, sizeof e->placement);
         if (e->cpu && at < sizeof e->placement)
-            at += (size_t)snprintf(e->placement + at, sizeof e->placement - at,
-                                   "host layers computed by %d pinned CPU threads when the plan says cpu (x in "
-                                   "%s for block-type weights)\n",
-                                   forward_cpu_threads(e->cpu), e->p.cpu_int8 ? "int8" : "f32");
+            at +=
+                (size_t)snprintf(e->placement + at, sizeof e->placement - at,
+                                 "host layers computed by %d pinned CPU threads when the plan says cpu (x in "
+                                 "%s for block-type weights)\n",
+                                 forward_cpu_threads(e->cpu), e->p.cpu_int8 ? "int8" : "f32");
         if (map->n_streamed > 0 && at < sizeof e->placement)
             step_plan_format(&e->plan, e->placement + at, sizeof e->placement - at);
     } else {
@@ -625,7 +628,8 @@ int engine_draws(const struct engine *e)
     return e->head->ops->head_draw != NULL && e->head->ops->draw_caps != NULL;
 }
 
-int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows, struct draw_out *out)
+int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows,
+                     struct draw_out *out)
 {
     const struct backend_ops *h = e->head->ops;
     if (!engine_draws(e) || b->hidden) return FERRY_ERR_UNSUPPORTED;
@@ -653,7 +657,8 @@ static int step(struct engine *e, const struct batch *b, float *logits, const st
     for (int s = 0; s < n_seqs && !rc; s++)
         if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
     if (!rc) {
-        struct step st = {.b = b, .where = step_plan_where(&e->plan, b->n_tokens), .draw = draw, .drawn = drawn};
+        struct step st = {
+            .b = b, .where = step_plan_where(&e->plan, b->n_tokens), .draw = draw, .drawn = drawn};
         for (int i = 0; i < b->n_tokens; i++) {
             if (b->pos[i] + 1 > st.max_len) st.max_len = b->pos[i] + 1;
             st.n_out += b->want_logits[i] != 0;

@@ -45,10 +45,10 @@ struct engine_params {
     int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions); with
                            * placement AUTO, host layers stream (auto plans from start-up timings) */
     enum engine_quant quant; /* quantize F32/F16/BF16 weights at load (default NONE) */
-    int cpu_int8;            /* CPU products with block-type weights quantize x to int8 (llama.cpp's arithmetic,
-                              * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;
-                              * -1: int8 for the host layers of a GPU engine (its own products with such
-                              * weights take x in int8 too), f32 on the CPU engine */
+    int cpu_int8; /* CPU products with block-type weights quantize x to int8 (llama.cpp's arithmetic,
+                   * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;
+                   * -1: int8 for the host layers of a GPU engine (its own products with such
+                   * weights take x in int8 too), f32 on the CPU engine */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
@@ -118,7 +118,8 @@ int engine_step(struct engine *e, const struct batch *b, float *logits);
  * (kernels/cuda/sample.h). FERRY_ERR_UNSUPPORTED, with nothing run, when the head's backend cannot draw
  * (the CPU), or the step has more rows, logit_bias or penalty history than its buffers: the caller then
  * runs engine_step and samples on the host. */
-int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows, struct draw_out *out);
+int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows,
+                     struct draw_out *out);
 /* 1 when engine_step_draw can draw at all (the head's backend has a sampler: CUDA). */
 int engine_draws(const struct engine *e);
 

@@ -35,21 +35,24 @@
 #define ALIGN            256
 #define GRAPH_MAX_TOKENS 16 /* decode batches up to this size replay graphs */
 #define GRAPH_LENS       8  /* max_len buckets 256 .. 32768 */
-#define GRAPH_KINDS      2  /* the step downloads its logits (head), or leaves them for the GPU sampler (head_draw) */
-#define GRAPH_SLOTS      (GRAPH_MAX_TOKENS * GRAPH_LENS * GRAPH_KINDS)
+#define GRAPH_KINDS                                                                                          \
+    2 /* the step downloads its logits (head), or leaves them for the GPU sampler (head_draw) */
+#define GRAPH_SLOTS (GRAPH_MAX_TOKENS * GRAPH_LENS * GRAPH_KINDS)
 static size_t align_up(size_t x)
 {
     return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
 }
 
 /* The type a matrix has in a packed block (on the device and in host memory): as stored. Every type a model
- * file can hold is one the CUDA products read (checked at init: nothing is inflated behind the user's back). */
+ * file can hold is one the CUDA products read (checked at init: nothing is inflated behind the user's back).
+ */
 static enum dtype packed_type(enum dtype t)
 {
     return t;
 }
 
-/* FERRY_ERR_UNSUPPORTED, naming the tensor's type, when the CUDA products cannot read a matrix of the model. */
+/* FERRY_ERR_UNSUPPORTED, naming the tensor's type, when the CUDA products cannot read a matrix of the model.
+ */
 static int check_types(const struct model *m, char err[256])
 {
     for (int l = 0; l < m->hp.n_layers; l++) {
@@ -57,7 +60,8 @@ static int check_types(const struct model *m, char err[256])
         const struct wview *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
             if (!kern_cuda_matmul_supports(w[i]->type)) {
-                snprintf(err, 256, "layer %d has a %s matrix, a type the CUDA backend cannot read (use --backend cpu)",
+                snprintf(err, 256,
+                         "layer %d has a %s matrix, a type the CUDA backend cannot read (use --backend cpu)",
                          l, dtype_name(w[i]->type));
                 return FERRY_ERR_UNSUPPORTED;
             }
@@ -133,11 +137,11 @@ struct forward_cuda {
     float *logits;  /* (logit_rows, n_vocab) */
     int logit_rows;
     struct draw_cuda *draw; /* the GPU sampler's buffers (engine_step_draw), for logit_rows rows */
-    int32_t *d_ints; /* tokens | pos | seq, (3, T) */
-    int32_t *d_iota; /* (T) 0, 1, 2, ...: row indices for the x gather */
+    int32_t *d_ints;        /* tokens | pos | seq, (3, T) */
+    int32_t *d_iota;        /* (T) 0, 1, 2, ...: row indices for the x gather */
     void *attn_ws;
     size_t attn_ws_bytes;
-    int pending;    /* tmp holds a delta not yet added to x */
+    int pending; /* tmp holds a delta not yet added to x */
 
     /* Pinned staging (mapped). */
     float *h_x;           /* (T, dim) embeddings gathered on the host */
@@ -359,7 +363,7 @@ struct plan_sizes {
     size_t kv_bytes;    /* the KV pool (f16) at kv's size */
     size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
     size_t attn_ws_bytes;
-    size_t max_x;      /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
+    size_t max_x; /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
 };
 
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
@@ -383,7 +387,8 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->kv_bytes = 2 * align_up(kv_elems * sizeof(uint16_t));
     ps->kv_token_bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
     /* (2 * ALIGN: the two K/V arrays' alignment when the planner sizes the pool) */
-    ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) + 2 * ALIGN;
+    ps->fixed_bytes =
+        activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) + 2 * ALIGN;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
@@ -460,9 +465,9 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, struct devic
     int rc = FERRY_ERR_NOMEM;
     if (sizes && mask) {
         plan_sizes_of(m, f->kv, p.max_tokens, NULL, sizes, &ps);
-        struct device_map_input in = plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget,
-                                                f->kv->block_size, f->stats.h2d_bytes_per_s,
-                                                f->stats.hbm_bytes_per_s, mask);
+        struct device_map_input in =
+            plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget, f->kv->block_size,
+                       f->stats.h2d_bytes_per_s, f->stats.hbm_bytes_per_s, mask);
         rc = device_map_plan(&in, out, err);
     }
     free(sizes);
@@ -621,8 +626,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
-        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws || !f->inv_freq ||
-        !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
+        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws ||
+        !f->inv_freq || !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
@@ -695,8 +700,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
     /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident. */
-    if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS"))
-        f->graphs = calloc(GRAPH_SLOTS, sizeof *f->graphs);
+    if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS")) f->graphs = calloc(GRAPH_SLOTS, sizeof *f->graphs);
     cudaMemGetInfo(&free_b, &total_b);
     f->stats.vram_used = free_start > free_b ? free_start - free_b : 0;
     free(mask);
@@ -871,8 +875,8 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     case LOP_ATTENTION: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
         return kern_cuda_attention_mixed(act(f, op->out), act(f, op->in), &view, d_seq, d_pos, n, f->n_decode,
-                                         hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->max_len, f->attn_ws,
-                                         f->attn_ws_bytes, cs);
+                                         hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->max_len,
+                                         f->attn_ws, f->attn_ws_bytes, cs);
     }
     case LOP_SILU_MUL:
         return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
@@ -934,8 +938,8 @@ static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int 
         }
     if (hidden) {
         if (n_out)
-            CK(cudaMemcpyAsync(f->h_logits, f->xn, (size_t)n_out * dim * sizeof(float), cudaMemcpyDeviceToHost,
-                               cs));
+            CK(cudaMemcpyAsync(f->h_logits, f->xn, (size_t)n_out * dim * sizeof(float),
+                               cudaMemcpyDeviceToHost, cs));
         return FERRY_OK;
     }
     for (int c = 0; c < n_out; c += f->logit_rows) {
@@ -944,7 +948,7 @@ static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int 
                   hp->n_vocab, dim));
         if (download)
             CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
-                           (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
+                               (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
     }
     return FERRY_OK;
 }
@@ -976,7 +980,8 @@ static int step_graph(struct forward_cuda *f, const struct step *st, cudaGraphEx
     int li = 0;
     while ((256 << li) < f->max_len) li++;
     cudaGraphExec_t *slot =
-        &f->graphs[((size_t)(st->b->n_tokens - 1) * GRAPH_LENS + (size_t)li) * GRAPH_KINDS + (st->draw != NULL)];
+        &f->graphs[((size_t)(st->b->n_tokens - 1) * GRAPH_LENS + (size_t)li) * GRAPH_KINDS +
+                   (st->draw != NULL)];
     if (!*slot) {
         cudaGraph_t g = NULL;
         CK(cudaStreamBeginCapture(f->compute, cudaStreamCaptureModeThreadLocal));
@@ -1030,7 +1035,8 @@ static int cuda_begin(struct backend *be, const struct step *st)
     f->graph_step = 0;
     f->pending = 0;
     if (b->hidden && f->m->hp.dim > f->m->hp.n_vocab) return FERRY_ERR_UNSUPPORTED; /* h_logits' rows */
-    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && !b->hidden && f->max_len <= (256 << (GRAPH_LENS - 1))) {
+    if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && !b->hidden &&
+        f->max_len <= (256 << (GRAPH_LENS - 1))) {
         const struct model *m = f->m;
         RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                           b->tokens, n));
@@ -1094,7 +1100,8 @@ static int cuda_head(struct backend *be, const struct step *st, float *logits)
     if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, st->b->hidden, 1));
     CK(cudaStreamSynchronize(f->compute));
     if (st->n_out)
-        memcpy(logits, f->h_logits, (size_t)st->n_out * (st->b->hidden ? hp->dim : hp->n_vocab) * sizeof(float));
+        memcpy(logits, f->h_logits,
+               (size_t)st->n_out * (st->b->hidden ? hp->dim : hp->n_vocab) * sizeof(float));
     step_figures(f);
     return FERRY_OK;
 }
@@ -1246,8 +1253,8 @@ int forward_cuda_time_layer(struct backend *be, int l, int n, double *seconds)
     const struct llm_hparams *hp = &f->m->hp;
     *seconds = 0;
     if (n <= 0 || n > f->max_tokens || l < 0 || l >= f->n_layers || !f->resident[l]) return FERRY_ERR_INVALID;
-    /* As forward_cuda_time_exchange: sequence 0 at position 0 with an empty block table, so the K/V store skips
-     * every row and the attention reads zeros; the cache is left untouched. */
+    /* As forward_cuda_time_exchange: sequence 0 at position 0 with an empty block table, so the K/V store
+     * skips every row and the attention reads zeros; the cache is left untouched. */
     const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
     for (int i = 0; i < n; i++)
         f->h_ints[i] = 0, f->h_ints[f->max_tokens + i] = 0, f->h_ints[2 * f->max_tokens + i] = 0;
@@ -1265,8 +1272,9 @@ int forward_cuda_time_layer(struct backend *be, int l, int n, double *seconds)
             float ms = 0;
             if (cudaEventRecord(e0, f->compute) != cudaSuccess) rc = FERRY_ERR_CUDA;
             if (!rc) rc = layer_enqueue(f, l, PLACEMENT_GPU, n);
-            if (!rc && (cudaEventRecord(e1, f->compute) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-                        cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess))
+            if (!rc &&
+                (cudaEventRecord(e1, f->compute) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+                 cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess))
                 rc = FERRY_ERR_CUDA;
             t[r] = ms * 1e-3;
         }

@@ -66,8 +66,8 @@ void forward_cuda_host_free(void *ctx, void *p);
 /* Seconds of the exchange around a host layer: x out (device→host, then a wait), q|k|v in and attention out
  * (attend on an empty sequence: nothing is stored), x in. */
 int forward_cuda_time_exchange(struct backend *be, int n_tokens, double *seconds);
-/* The device's time for resident layer l at n tokens, everything but its K/V rows (which it skips): the median
- * of 8 runs, in *seconds. FERRY_ERR_INVALID when l is not resident. */
+/* The device's time for resident layer l at n tokens, everything but its K/V rows (which it skips): the
+ * median of 8 runs, in *seconds. FERRY_ERR_INVALID when l is not resident. */
 int forward_cuda_time_layer(struct backend *be, int l, int n_tokens, double *seconds);
 /* Starts copying host layers into the slots on the copy stream, back to back, for about `seconds` (nothing
  * when no layer streams); forward_cuda_link_load_end waits for them and gives the rate they ran at

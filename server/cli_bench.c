@@ -139,16 +139,26 @@ struct decode_result {
 int cli_bench_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},        {"synthetic", required_argument, 0, 's'},
-        {"dtype", required_argument, 0, 'd'},        {"gpu-memory", required_argument, 0, 'g'},
-        {"reserve-vram", required_argument, 0, 'r'}, {"gpu-layers", required_argument, 0, 'l'},
-        {"slots", required_argument, 0, 'k'},        {"cpu", no_argument, 0, 'c'},
-        {"threads", required_argument, 0, 't'},      {"batches", required_argument, 0, 'b'},
-        {"prefill", required_argument, 0, 'p'},      {"decode-steps", required_argument, 0, 'n'},
-        {"long-context", required_argument, 0, 'L'}, {"json", no_argument, 0, 'j'},
-        {"log-level", required_argument, 0, 'v'},    {"help", no_argument, 0, 'h'},
-        {"quant", required_argument, 0, 'q'},        {"placement", required_argument, 0, 'P'},
-        {"cpu-threads", required_argument, 0, 'T'},  {"cpu-arith", required_argument, 0, 'A'},
+        {"model", required_argument, 0, 'm'},
+        {"synthetic", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'},
+        {"gpu-memory", required_argument, 0, 'g'},
+        {"reserve-vram", required_argument, 0, 'r'},
+        {"gpu-layers", required_argument, 0, 'l'},
+        {"slots", required_argument, 0, 'k'},
+        {"cpu", no_argument, 0, 'c'},
+        {"threads", required_argument, 0, 't'},
+        {"batches", required_argument, 0, 'b'},
+        {"prefill", required_argument, 0, 'p'},
+        {"decode-steps", required_argument, 0, 'n'},
+        {"long-context", required_argument, 0, 'L'},
+        {"json", no_argument, 0, 'j'},
+        {"log-level", required_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},
+        {"quant", required_argument, 0, 'q'},
+        {"placement", required_argument, 0, 'P'},
+        {"cpu-threads", required_argument, 0, 'T'},
+        {"cpu-arith", required_argument, 0, 'A'},
         {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
@@ -169,7 +179,8 @@ int cli_bench_main(int argc, char **argv)
             break;
         case 'd':
             /* f32 | f16 | bf16: a plain type of the table */
-            if (dtype_from_name(optarg) < 0 || dtype_get_traits((uint32_t)dtype_from_name(optarg))->is_quantized)
+            if (dtype_from_name(optarg) < 0 ||
+                dtype_get_traits((uint32_t)dtype_from_name(optarg))->is_quantized)
                 goto bad;
             wt = (enum dtype)dtype_from_name(optarg);
             break;
@@ -255,8 +266,9 @@ int cli_bench_main(int argc, char **argv)
     if (ep.max_batch_tokens < max_b) ep.max_batch_tokens = max_b;
     ep.ctx_size = long_ctx + prompt + steps + 8 > prefill + 8 ? long_ctx + prompt + steps + 8 : prefill + 8;
     if (ep.ctx_size < prompt + steps + 8) ep.ctx_size = prompt + steps + 8;
-    /* The pool holds the largest test, each sequence in whole blocks: a decode batch of max_b sequences, one
-     * prefill, one long-context sequence (llama-batched-bench's -c is sized the same way, with no slack). */
+        /* The pool holds the largest test, each sequence in whole blocks: a decode batch of max_b sequences,
+         * one prefill, one long-context sequence (llama-batched-bench's -c is sized the same way, with no
+         * slack). */
 #define BLOCKS(n) (((n) + ENGINE_KV_BLOCK - 1) / ENGINE_KV_BLOCK * ENGINE_KV_BLOCK)
     int need = max_b * BLOCKS(prompt + steps + 2);
     if (BLOCKS(prefill + 16) > need) need = BLOCKS(prefill + 16);

@@ -339,8 +339,10 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         case O_QUANT: {
             const int q = engine_quant_parse(optarg);
-            if (q < 0) bad = 1;
-            else o->quant = (enum engine_quant)q;
+            if (q < 0)
+                bad = 1;
+            else
+                o->quant = (enum engine_quant)q;
             break;
         }
         case O_BACKEND:

@@ -107,11 +107,13 @@ static const struct opt_row rows[] = {
     {"cpu-threads", OPT_INT, OFF(cpu_threads), 0, 4096, "0", NULL,
      "pinned host threads computing host layers beside the GPU (0 = --threads)"},
     {"cpu-arith", OPT_ENUM, OFF(cpu_arith), 0, 0, "auto", "auto|f32|int8",
-     "CPU products with quantized weights: activations in f32 (closest to the reference) or quantized to int8 "
+     "CPU products with quantized weights: activations in f32 (closest to the reference) or quantized to "
+     "int8 "
      "blocks as llama.cpp does (faster, slightly different outputs); auto: int8 for the host layers of a GPU "
      "engine (whose own products with such weights quantize x to int8 too), f32 on the CPU backend"},
     {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
-     "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its Q4_K_M mix "
+     "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its "
+     "Q4_K_M mix "
      "(about 0.3x f16); the bytes `ferry quantize` writes"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, "0", NULL,
      "fixed reduction orders (passed to the engine; the CPU backend always is)"},

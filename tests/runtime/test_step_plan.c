@@ -291,7 +291,8 @@ Test(step_plan, host_time_scales_with_layer_bytes)
 
 Test(step_plan, workload_adds_prefill_chunks_and_decode_steps)
 {
-    struct step_plan p = {.n_layers = 1, .n_buckets = 3, .tokens = {1, 2, 4}, .predicted_s = {0.01, 0.015, 0.02}};
+    struct step_plan p = {
+        .n_layers = 1, .n_buckets = 3, .tokens = {1, 2, 4}, .predicted_s = {0.01, 0.015, 0.02}};
     /* 2 sequences x 5 prompt tokens = 2 steps of 4 + one of 2; then 3 decode steps of 2 */
     cr_assert_float_eq(step_plan_workload_s(&p, 2, 5, 3), 2 * 0.02 + 0.015 + 3 * 0.015, 1e-12);
     /* 6 sequences: 30 prompt tokens = 7 x 4 + 2; each decode step of 6 takes two of the largest */
@@ -329,7 +330,8 @@ Test(step_plan, ring_or_more_resident_layers_depends_on_concurrency)
     in.n_slots = 0;
     make(&in, &none);
     const double r1 = step_plan_workload_s(&ring, 1, 512, 256), n1 = step_plan_workload_s(&none, 1, 512, 256);
-    const double r16 = step_plan_workload_s(&ring, 16, 512, 256), n16 = step_plan_workload_s(&none, 16, 512, 256);
+    const double r16 = step_plan_workload_s(&ring, 16, 512, 256),
+                 n16 = step_plan_workload_s(&none, 16, 512, 256);
     cr_assert(r1 > 0 && n1 > 0 && r16 > 0 && n16 > 0);
     cr_expect_lt(n1, r1 * 0.97, "one sequence: no ring %.3f s, ring %.3f s", n1, r1);
     cr_expect_gt(n16, r16, "16 sequences: no ring %.3f s, ring %.3f s", n16, r16);
