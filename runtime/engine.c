@@ -295,6 +295,16 @@ static int gpu_engine_init(struct engine *e, const struct forward_cuda_params *c
     return gpu_plan(e, cost, slow, err);
 }
 
+/* Frees what gpu_engine_init made (any part of it). */
+static void gpu_engine_drop(struct engine *e)
+{
+    if (e->cpu) e->cpu->ops->free(e->cpu); /* first: its buffers may come from the GPU backend's allocator */
+    e->cpu = NULL;
+    if (e->gpu) e->gpu->ops->free(e->gpu);
+    e->gpu = e->head = NULL;
+    step_plan_free(&e->plan);
+}
+
 /* --placement auto with a ring: its slots could hold resident layers instead, with every host layer on the
  * CPU. Both are predicted, from the costs just measured, for a workload of the configured concurrency
  * (--parallel sequences at once, each with ENGINE_MIX_PROMPT prompt and ENGINE_MIX_GEN generated tokens);
@@ -329,15 +339,18 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
     const int alt_resident = alt.n_resident;
     device_map_free(&alt);
     if (!drop) return FERRY_OK;
-    if (e->cpu) e->cpu->ops->free(e->cpu);
-    e->cpu = NULL;
-    e->gpu->ops->free(e->gpu);
-    e->gpu = e->head = NULL;
-    step_plan_free(&e->plan);
+    gpu_engine_drop(e);
     cp->no_ring = 1;
     struct step_cost c2;
     double s2;
-    if ((rc = gpu_engine_init(e, cp, &c2, &s2, err))) return rc;
+    if ((rc = gpu_engine_init(e, cp, &c2, &s2, err))) {
+        /* (the device's memory may not give the new layout what it gave the old one) */
+        FLOG_WARN("placement auto: building without a ring failed (%s); keeping the ring", err);
+        gpu_engine_drop(e);
+        cp->no_ring = 0;
+        err[0] = 0;
+        return gpu_engine_init(e, cp, &c2, &s2, err);
+    }
     if (forward_cuda_map(e->gpu)->n_resident != alt_resident)
         FLOG_INFO("placement auto: the plan without a ring has %d resident layers (predicted %d)",
                   forward_cuda_map(e->gpu)->n_resident, alt_resident);
