@@ -308,8 +308,9 @@ static void gpu_engine_drop(struct engine *e)
 /* --placement auto with a ring: its slots could hold resident layers instead, with every host layer on the
  * CPU. Both are predicted, from the costs just measured, for a workload of the configured concurrency
  * (--parallel sequences at once, each with ENGINE_MIX_PROMPT prompt and ENGINE_MIX_GEN generated tokens);
- * when the map without a ring is faster by the margin, the GPU backend is built again without one. A single
- * sequence under a tight budget is the case: Q4_K_M 7B in 4 GiB holds 26 layers and a ring, or 30 layers. */
+ * when the map without a ring is faster by the margin, the GPU backend is built again without one. It can pay
+ * when one or two layers are left over and prompts are short; in every configuration measured so far (Q4_K_M
+ * 7B at 3.9-4 GiB, one and sixteen sequences) the ring won (runtime/NOTES.md, session 5). */
 static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const struct step_cost *cost,
                        double slow, char err[256])
 {
