@@ -103,6 +103,12 @@ def test_fixed_schemas():
         {"type": "object", "properties": {"q": {"type": "string", "pattern": "\"\\\\"}}, "required": ["q"]},
         True,
         {"const": "tab\tquote\"back\\slash/é"},
+        # parts that accept nothing are dropped, the rest still generates: an optional property (never written),
+        # an anyOf member, the items of an array that may be empty (only [] remains)
+        {"type": "object", "properties": {"unit": {"type": "string", "maxLength": 1, "minLength": 3},
+                                          "when": {"type": "number"}}, "additionalProperties": False},
+        {"anyOf": [{"type": "string", "minLength": 3, "maxLength": 1}, {"type": "integer", "minimum": 7, "maximum": 7}]},
+        {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 1}},
     ]
     for i, s in enumerate(cases):
         for line in walks(s, 1000 + i, n=30):
@@ -157,6 +163,13 @@ def test_refusals():
         ({"$ref": "#/$defs/missing"}, "points to nothing"),
         ({"type": "frobnicate"}, "frobnicate"),
         ({"type": "integer", "minimum": 3, "maximum": 2}, "accepts no value"),
+        # tool case 163 of test_structured.py's generator beyond its seeds: a required string with minLength 3
+        # and maxLength 1 (no value exists; the jsonschema package agrees for every length)
+        ({"type": "object", "properties": {"unit": {"type": "string", "maxLength": 1, "minLength": 3},
+                                           "when": {"type": "number"}},
+          "required": ["unit"], "additionalProperties": False}, "accepts no value"),
+        ({"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 1}, "minItems": 1},
+         "accepts no value"),
         ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False}, "'b'"),
         ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf"),
         ({"anyOf": [{"type": "string"}], "maxLength": 3}, "anyOf"),
