@@ -137,9 +137,10 @@ static int repeat(struct gbuilder *b, int first, int again, int max)
     return gb_seq(b, kids, 2);
 }
 
-/* Whether every tool's arguments, as the finished grammar g generates them, begin with '{' (they are then an
- * object: the schema's value is one JSON value). Feeds each tool's call up to its arguments and tries every
- * other byte there. 0, or FERRY_ERR_INVALID naming the tool in err, or FERRY_ERR_NOMEM. */
+/* Whether every tool can be called, and its arguments, as the finished grammar g generates them, begin with
+ * '{' (they are then an object: the schema's value is one JSON value). Feeds each tool's call up to its
+ * arguments (a tool whose schema accepts no value was dropped from g: the feed fails) and tries every other
+ * byte there. 0, or FERRY_ERR_INVALID naming the tool in err, or FERRY_ERR_NOMEM. */
 static int args_only_objects(const struct grammar *g, enum tool_format f, const struct tool_def *tools, int n,
                              char err[256])
 {
@@ -153,8 +154,13 @@ static int args_only_objects(const struct grammar *g, enum tool_format f, const 
         char pre[160];
         int k = snprintf(pre, sizeof pre, "%s{\"name\": \"%s\", \"%s\": ", open, tools[i].name, key);
         grammar_state_copy(st, init);
-        if (k < 0 || (size_t)k >= sizeof pre || grammar_state_feed(g, st, pre, (size_t)k))
-            continue; /* unreachable */
+        if (k < 0 || (size_t)k >= sizeof pre) continue; /* (names are at most 64 bytes) */
+        if (grammar_state_feed(g, st, pre, (size_t)k)) {
+            rc = ferry_fail(err, FERRY_ERR_INVALID,
+                            "tool '%.64s': its parameters schema accepts no value that ferry can generate",
+                            tools[i].name);
+            break;
+        }
         for (int c = 0; c < 256 && !rc; c++) {
             const char ch = (char)c;
             grammar_state_copy(tmp, st);
@@ -200,6 +206,11 @@ int tool_call_grammar(enum tool_format f, const struct tool_def *tools, int n, i
         return st ? st : FERRY_ERR_INVALID;
     }
     int rc = gb_finish(b, root, out, err);
+    if (rc == FERRY_ERR_INVALID && n == 1) { /* the one tool's schema accepts nothing: name it */
+        char why[256];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, 256, "tool '%.64s': %.180s", tools[0].name, why);
+    }
     if (!rc && (rc = args_only_objects(*out, f, tools, n, err))) {
         grammar_free(*out);
         *out = NULL;

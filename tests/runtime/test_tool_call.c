@@ -434,3 +434,23 @@ Test(reasoning, splits_think_blocks)
     cr_expect(reasoning_prompt_started("<|Assistant|><think>\n", 21));
     cr_expect(!reasoning_prompt_started("<|im_start|>assistant\n", 22));
 }
+
+/* A tool whose parameters no value satisfies is refused by name, also beside tools that can be called (the
+ * alternation would drop it silently, and the model could never call it). */
+Test(tool_call, grammar_refuses_a_tool_that_accepts_no_value)
+{
+    const char *impossible =
+        "{\"type\": \"object\", \"properties\": {\"unit\": {\"type\": \"string\", \"minLength\": 3, "
+        "\"maxLength\": 1}}, \"required\": [\"unit\"]}";
+    const enum tool_format fmts[] = {TOOL_FORMAT_HERMES, TOOL_FORMAT_LLAMA3, TOOL_FORMAT_MISTRAL};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (int n = 1; n <= 2; n++) {
+            struct tool_def t[2] = {{"get_time", impossible}, {"get_weather", NULL}};
+            struct grammar *g = NULL;
+            char err[256] = "";
+            cr_expect_eq(tool_call_grammar(fmts[fi], t, n, 1, 4, &g, err), FERRY_ERR_INVALID, "%d tools", n);
+            cr_expect(!g);
+            cr_expect(strstr(err, "'get_time'") && strstr(err, "no value"), "%d tools: %s", n, err);
+            grammar_free(g);
+        }
+}
