@@ -72,6 +72,7 @@ struct engine_params engine_default_params(void)
         .cpu_threads = 0,
         .plan_override = NULL,
         .quant = ENGINE_QUANT_NONE,
+        .cpu_int8 = -1, /* --cpu-arith auto */
     };
 }
 

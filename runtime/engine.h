@@ -47,7 +47,7 @@ struct engine_params {
     enum engine_quant quant; /* quantize F32/F16/BF16 weights at load (default NONE) */
     int cpu_int8; /* CPU products with block-type weights quantize x to int8 (llama.cpp's arithmetic,
                    * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;
-                   * -1: int8 for the host layers of a GPU engine (its own products with such
+                   * -1 (the default): int8 for the host layers of a GPU engine (its own products with such
                    * weights take x in int8 too), f32 on the CPU engine */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */

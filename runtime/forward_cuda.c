@@ -1197,20 +1197,37 @@ static const struct backend_ops cuda_ops = {
  */
 /* Cost-model probes */
 
-int forward_cuda_time_exchange(struct backend *be, int n, double *seconds)
+/* The inputs of a start-up probe of n rows: sequence 0 at position 0 with an empty block table, so the K/V
+ * store skips every row and the attention reads zeros; the cache is left untouched. */
+static int probe_inputs(struct forward_cuda *f, int n)
 {
-    struct forward_cuda *f = (struct forward_cuda *)be;
-    const struct llm_hparams *hp = &f->m->hp;
-    *seconds = 0;
-    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
-    /* Sequence 0 at position 0 with an empty block table: the K/V store skips every row and the attention
-     * reads zeros, so the probe leaves the cache untouched. */
     const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
     for (int i = 0; i < n; i++)
         f->h_ints[i] = 0, f->h_ints[f->max_tokens + i] = 0, f->h_ints[2 * f->max_tokens + i] = 0;
     for (size_t i = 0; i < bt; i++) f->h_ints[3 * f->max_tokens + i] = -1;
     RC(upload_inputs(f));
     f->max_len = 256;
+    return FERRY_OK;
+}
+
+/* The median of the last 8 of a probe's 9 timings (the first warms up); sorts them. */
+static double probe_median(double t[9])
+{
+    for (int i = 2; i < 9; i++)
+        for (int j = i; j > 1 && t[j] < t[j - 1]; j--) {
+            const double s = t[j];
+            t[j] = t[j - 1], t[j - 1] = s;
+        }
+    return t[5]; /* (the upper of the two middle ones) */
+}
+
+int forward_cuda_time_exchange(struct backend *be, int n, double *seconds)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    const struct llm_hparams *hp = &f->m->hp;
+    *seconds = 0;
+    if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    RC(probe_inputs(f, n));
     const size_t qd = (size_t)hp->n_heads * hp->head_dim,
                  row = qd + 2 * (size_t)hp->n_kv_heads * hp->head_dim;
     float *qkv = forward_cuda_host_alloc(f, (size_t)n * row * sizeof(float));
@@ -1232,15 +1249,7 @@ int forward_cuda_time_exchange(struct backend *be, int n, double *seconds)
             clock_gettime(CLOCK_MONOTONIC, &t1);
             t[r] = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
         }
-        if (!rc) {
-            /* median of the last 8 */
-            for (int i = 1; i < 9; i++)
-                for (int j = i; j > 1 && t[j] < t[j - 1]; j--) {
-                    double s = t[j];
-                    t[j] = t[j - 1], t[j - 1] = s;
-                }
-            *seconds = t[5];
-        }
+        if (!rc) *seconds = probe_median(t);
     }
     forward_cuda_host_free(f, qkv);
     forward_cuda_host_free(f, att);
@@ -1253,14 +1262,7 @@ int forward_cuda_time_layer(struct backend *be, int l, int n, double *seconds)
     const struct llm_hparams *hp = &f->m->hp;
     *seconds = 0;
     if (n <= 0 || n > f->max_tokens || l < 0 || l >= f->n_layers || !f->resident[l]) return FERRY_ERR_INVALID;
-    /* As forward_cuda_time_exchange: sequence 0 at position 0 with an empty block table, so the K/V store
-     * skips every row and the attention reads zeros; the cache is left untouched. */
-    const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
-    for (int i = 0; i < n; i++)
-        f->h_ints[i] = 0, f->h_ints[f->max_tokens + i] = 0, f->h_ints[2 * f->max_tokens + i] = 0;
-    for (size_t i = 0; i < bt; i++) f->h_ints[3 * f->max_tokens + i] = -1;
-    RC(upload_inputs(f));
-    f->max_len = 256;
+    RC(probe_inputs(f, n));
     memset(f->h_x, 0, (size_t)n * hp->dim * sizeof(float));
     RC(x_gather(f, f->h_x_dev, n));
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -1285,12 +1287,7 @@ int forward_cuda_time_layer(struct backend *be, int l, int n, double *seconds)
     cudaGetLastError();
     f->pending = 0;
     if (rc) return rc;
-    for (int i = 2; i < 9; i++) /* the median of the last 8 */
-        for (int j = i; j > 1 && t[j] < t[j - 1]; j--) {
-            const double s = t[j];
-            t[j] = t[j - 1], t[j - 1] = s;
-        }
-    *seconds = t[5];
+    *seconds = probe_median(t);
     return FERRY_OK;
 }
 

@@ -11,6 +11,7 @@
 #include "kernels/core/status.h"
 #include "runtime/grammar_build.h"
 #include "runtime/json_schema.h"
+#include "runtime/tok/unicode.h"
 
 static const char HERMES_OPEN[] = "<tool_call>", HERMES_CLOSE[] = "</tool_call>";
 static const char MISTRAL_MARK[] = "[TOOL_CALLS]", PYTHON_TAG[] = "<|python_tag|>";
@@ -287,30 +288,9 @@ static size_t string_end(const char *s, size_t i, size_t n)
             continue;
         }
         /* UTF-8, as jansson checks it: no overlong forms, surrogates or code points past U+10FFFF */
-        int need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF)
-            need = 1;
-        else if (c == 0xE0)
-            need = 2, lo = 0xA0;
-        else if (c == 0xED)
-            need = 2, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF)
-            need = 2;
-        else if (c == 0xF0)
-            need = 3, lo = 0x90;
-        else if (c >= 0xF1 && c <= 0xF3)
-            need = 3;
-        else if (c == 0xF4)
-            need = 3, hi = 0x8F;
-        else
-            return 0;
-        if (n - i <= (size_t)need) return 0;
-        for (int k = 1; k <= need; k++, lo = 0x80, hi = 0xBF) {
-            const unsigned char d = (unsigned char)s[i + k];
-            if (d < lo || d > hi) return 0;
-        }
-        i += 1 + (size_t)need;
+        int len;
+        if (utf8_decode((const unsigned char *)s + i, n - i, &len) >= UTF8_INVALID_BASE) return 0;
+        i += (size_t)len;
     }
     return 0;
 }

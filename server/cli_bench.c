@@ -164,7 +164,6 @@ int cli_bench_main(int argc, char **argv)
     const char *model = NULL, *synthetic = NULL;
     enum dtype wt = DTYPE_F16;
     struct engine_params ep = engine_default_params();
-    ep.cpu_int8 = -1; /* --cpu-arith auto, as ferry serve */
     int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0,
         as_json = 0;
     int log_level = LOG_LEVEL_INFO, c;

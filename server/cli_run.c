@@ -538,7 +538,6 @@ int cli_run_main(int argc, char **argv)
     ep.n_seqs = 1;
     ep.quant = o.quant;
     ep.backend = o.backend;
-    ep.cpu_int8 = -1; /* as ferry serve's --cpu-arith auto: int8 only for a GPU engine's host layers */
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;

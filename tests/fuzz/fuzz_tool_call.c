@@ -1,5 +1,6 @@
 // SOURCES: runtime/tool_call.c runtime/reasoning.c runtime/json_schema.c runtime/grammar.c
 // SOURCES: runtime/grammar_build.c runtime/regex.c kernels/core/status.c kernels/core/log.c
+// SOURCES: runtime/tok/unicode.c runtime/tok/unicode_tables.c
 // LIBS: -ljansson -lm
 // MAXLEN: 16384
 /* fuzz_tool_call — libFuzzer target for the parsers of model output: the tool-call parser of each convention
