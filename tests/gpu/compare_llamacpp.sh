@@ -6,7 +6,7 @@
 #            files (tests/gpu/make_quant_gguf.py) into /tmp/cmp                         (about 5 minutes)
 #   bench    the measurements; a table last, every raw log under $OUT                  (about 5 minutes)
 # The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives), and bench
-# in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
+# in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
 # ferry: `ferry bench` (decode b=1/16/64 as tokens/s of all sequences, prefill 512). llama.cpp: llama-bench
 # (-p 512 -n 64, flash attention) for b=1 and prefill, llama-batched-bench (-npp 128 -ntg 64) for b=16/64; the
 # 4 GiB case sweeps llama.cpp's -ngl and keeps the largest whose device buffers (model + KV + compute, as it
@@ -139,6 +139,23 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
   for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+fi
+if [ "${CMP_CPU:-1}" = 1 ]; then
+  # Issue 12: the CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;
+  # ferry with its default f32 x and with int8 x, llama.cpp's arithmetic).
+  nt=$(nproc)
+  log "CPU backend, $nt threads: Q4_K_M and Q8_0"
+  for t in Q4_K_M Q8_0; do
+    c=cpu-$(echo $t | tr 'A-Z_' 'a-z-')
+    ferry $c --model $W/$t.gguf --cpu --threads $nt --batches 1 --prefill 0 --decode-steps 16
+    ferry $c-int8 --model $W/$t.gguf --cpu --threads $nt --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 16
+    timeout 300 $L/llama-bench -m $W/$t.gguf -ngl 0 -t $nt -p 0 -n 32 -r 2 -o json > $W/l-$c.json 2> $W/l-$c.err
+    python3 - "$c" "$W/l-$c.json" >> $res <<'PY' || log "llama-bench $c failed: $(tail -2 $W/l-$c.err)"
+import json, sys
+rows = json.load(open(sys.argv[2]))
+print(json.dumps({"who": "llama.cpp", "case": sys.argv[1], "decode": {"1": rows[0]["avg_ts"]}}))
+PY
+  done
 fi
 if [ "${CMP_INT4:-1}" = 1 ]; then
   log "--quant int4 on random f16 weights of the same shape"

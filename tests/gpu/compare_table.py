@@ -85,6 +85,12 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
                  b["decode"].get(str(bt)) if b else None, tgt.get(bt, ""))
     if ("ferry", fcases[0]) in get:
         line(f"{name} {(fcases[0].split('-', 2) + ['auto'])[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
+for t in ("q4-k-m", "q8-0"):
+    for fc in (f"cpu-{t}", f"cpu-{t}-int8"):
+        if ("ferry", fc) in get:
+            line(f"--backend cpu {t.upper().replace('-', '_')}{' int8 x' if fc.endswith('int8') else ''}, b=1 "
+                 "(llama.cpp -ngl 0)", val("ferry", fc, "decode", 1), val("llama.cpp", f"cpu-{t}", "decode", 1),
+                 ">= 1x")
 print("\n".join(out))
 for r in rows:
     if r["who"] == "llama.cpp" and "vram_mib" in r:

@@ -13,6 +13,7 @@ of one): what a decode step reads and computes is the same as for a real file of
 synthetic (<unk>, <s>, </s>, the 256 byte tokens, then "▁w<i>"), SentencePiece-style. Written streaming, with
 no dependency beyond numpy: a 7B Q4_K_M file (3.9 GB) takes seconds.
 """
+import os
 import struct
 import sys
 
@@ -72,7 +73,8 @@ def mix_types(mix, n_layers):
 
 class Writer:
     def __init__(self, path):
-        self.f = open(path, "wb")
+        self.path = path  # written as path.part and renamed when whole: a reader never sees half a file
+        self.f = open(path + ".part", "wb")
         self.kv = []
         self.tensors = []  # (name, ne, type name)
 
@@ -129,6 +131,7 @@ class Writer:
                     at = 0
             f.write(b"\0" * (-f.tell() % GGUF_ALIGN))
         f.close()
+        os.replace(self.path + ".part", self.path)
 
 
 def main():

@@ -7,7 +7,8 @@
 #   prepare  build ferry and llama.cpp, write /tmp/cmp/F16.gguf (13.5 GB)             (about 5 minutes)
 #   run      each server in turn at concurrency 1, 8, 32, 64 (llama-server: 1, 8, 32) (about 5 minutes)
 # Env: SERVE_LEVELS (default 1,8,32,64), SERVE_REQS (requests per level, default 64), FERRY_SERVE_ARGS (extra
-# `ferry serve` options, e.g. "--gpu-memory 4GiB"), SERVE_MODEL (a path; default the F16 file).
+# `ferry serve` options, e.g. "--gpu-memory 4GiB"), SERVE_MODEL (a path; default the F16 file), SERVE_PEER=0
+# (ferry alone, no llama-server).
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -44,6 +45,7 @@ load() { # name port levels
   log "$1 load rc=$?"
 }
 
+rm -f $W/load-ferry.json
 $W/ferry/build/server/ferry serve --model "$M" --port 18080 --parallel 64 --ctx-size 1024 --public-health \
   ${FERRY_SERVE_ARGS:-} > $W/ferry-serve.log 2>&1 &
 fp=$!
@@ -57,15 +59,18 @@ kill -TERM $fp 2>/dev/null
 wait $fp
 cp $W/ferry-serve.log "$out/" 2>/dev/null
 
-/tmp/llb/bin/llama-server -m "$M" -ngl 99 -fa -np 32 -c 32768 -cb --port 18082 > $W/llama-server.log 2>&1 &
-lp=$!
-if wait_up 18082 $lp; then
-  load llama 18082 "${levels%,64}"
-else
-  log "llama-server did not start: $(tail -3 $W/llama-server.log)"
+rm -f $W/load-llama.json
+if [ "${SERVE_PEER:-1}" = 1 ]; then
+  /tmp/llb/bin/llama-server -m "$M" -ngl 99 -fa -np 32 -c 32768 -cb --port 18082 > $W/llama-server.log 2>&1 &
+  lp=$!
+  if wait_up 18082 $lp; then
+    load llama 18082 "${levels%,64}"
+  else
+    log "llama-server did not start: $(tail -3 $W/llama-server.log)"
+  fi
+  kill -TERM $lp 2>/dev/null
+  wait $lp
 fi
-kill -TERM $lp 2>/dev/null
-wait $lp
 
 python3 - $W/load-ferry.json $W/load-llama.json <<'PY' | tee -a "$out/serve_summary.txt"
 import json, sys
@@ -87,3 +92,4 @@ for c in sorted(set(f) | set(l)):
     err = f"{a['errors'] if a else '-'} / {b['errors'] if b else '-'}"
     print(f"| {c} | {ta or 0:,.0f} | {tb or 0:,.0f} | {ratio} | {lat} | {err} |")
 PY
+cp $W/load-ferry.json "$out/serve-ferry.json" 2>/dev/null; cp $W/load-llama.json "$out/serve-llama-server.json" 2>/dev/null; true
