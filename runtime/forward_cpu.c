@@ -49,10 +49,15 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Activation buffers, sized for the largest step: touched now, so the process holds at start what its largest
+ * step will use, rather than growing into it under load (a memory limit then fails at start, not hours in). */
 static void *default_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
-    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+    const size_t n = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, n);
+    if (p) memset(p, 0, n);
+    return p;
 }
 
 static void default_free(void *ctx, void *p)

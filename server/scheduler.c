@@ -77,6 +77,15 @@ double sched_now(void)
 
 /* ---- lifecycle ---------------------------------------------------------------------------------- */
 
+/* A buffer sized for the largest step (logits rows, pooled outputs), touched now: the server holds at start
+ * what its largest step will use instead of growing into it under load. */
+static void *touched_alloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
 int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, struct metrics *m,
                const struct sched_params *p)
 {
@@ -122,7 +131,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->e_pos = malloc(nb * sizeof(int32_t));
     s->e_seq = malloc(nb * sizeof(int32_t));
     s->e_want = malloc(nb);
-    s->e_out = malloc(nb * (size_t)s->dim * sizeof(float));
+    s->e_out = touched_alloc(nb * (size_t)s->dim * sizeof(float));
     s->row_owner = calloc(ns, sizeof *s->row_owner);
     s->row_at = calloc(ns, sizeof *s->row_at);
     s->draws = p->gpu_sampling && engine_draws(e);
@@ -131,8 +140,8 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     if (seq_vocab_init(&s->vocab, t, s->n_vocab, 1)) s->vocab = NULL;
     if (prompt_cache_init(&s->pc, s->n_slots)) s->pc = NULL;
     const size_t rows = ns + PROMPT_LP_ROWS;
-    s->logits = malloc(rows * (size_t)s->n_vocab * sizeof(float));
-    s->scratch = malloc(rows * (size_t)s->n_vocab * sizeof(float));
+    s->logits = touched_alloc(rows * (size_t)s->n_vocab * sizeof(float));
+    s->scratch = touched_alloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->idle || !s->idle_blocks || !s->steps || !s->chunk || !s->b_tokens ||
         !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens || !s->e_pos || !s->e_seq || !s->e_want ||
         !s->e_out || !s->row_owner || !s->row_at || !s->draw || !s->drawn || !s->vocab || !s->pc ||

@@ -84,6 +84,23 @@ def proc_sample(pid):
     return out
 
 
+def anon_maps(pid):
+    """Anonymous KiB per mapping ("start perms name" -> KiB; the start, as the heap's end moves) from
+    /proc/pid/smaps: where growth happened."""
+    out, key = {}, None
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if "-" in head[0] and not head[0].endswith(":"):
+                    key = f"{head[0].split('-')[0]} {head[1]} {head[5].strip() if len(head) > 5 else ''}"
+                elif head[0] == "Anonymous:" and key:
+                    out[key] = out.get(key, 0) + int(head[1])
+    except OSError:
+        pass
+    return out
+
+
 def gpu_mib(pid):
     """The device memory (MiB) nvidia-smi attributes to pid. In a container nvidia-smi may list processes under
     the host's pids (or none): then the one process it lists, else the device's whole used memory, stands in."""
@@ -384,6 +401,7 @@ def main():
         t.start()
     t0 = time.time()
     samples = []
+    plateau_maps = None
     while time.time() - t0 < args.minutes * 60:
         time.sleep(min(args.sample, max(0.1, args.minutes * 60 - (time.time() - t0))))
         s = proc_sample(pid)
@@ -393,6 +411,8 @@ def main():
             stats.error(f"/metrics: {e}")
             m = {}
         samples.append((time.time() - t0, s, m))
+        if plateau_maps is None and time.time() - t0 >= args.minutes * 60 / 4:
+            plateau_maps = anon_maps(pid)
         g = gpu_mib(pid) if args.vram_budget else None
         if args.vram_budget:
             vram.append((time.time() - t0, g if g is not None else -1))
@@ -415,6 +435,7 @@ def main():
         time.sleep(0.5)
     time.sleep(3)  # refused connections linger up to 2 s
     end = proc_sample(pid)
+    end_maps = anon_maps(pid)
     m1 = metrics(base)
     problems = []
     if m1["ferry_running_sequences"] or m1["ferry_queue_depth"]:
@@ -457,6 +478,11 @@ def main():
     if args.vram_budget:
         print(f"  vram: {len(vram)} samples, process {min(v for _, v in vram)}-{max(v for _, v in vram)} MiB, "
               f"limit {context_mib + args.vram_budget:.0f} (context {context_mib:.0f} + budget {args.vram_budget:g})")
+    grew = sorted(((end_maps.get(k, 0) - (plateau_maps or {}).get(k, 0), k) for k in set(end_maps) | set(plateau_maps or {})),
+                  reverse=True)
+    if grew and grew[0][0] > 0:
+        print("  anonymous growth after the quarter, by mapping (KiB, mapping): " +
+              "; ".join(f"{g:+d} {k}" for g, k in grew[:6] if g))
     for e in stats.errors[:20]:
         print("  error: " + e)
     if proc:
