@@ -10,6 +10,9 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +138,19 @@ done:
     pthread_mutex_unlock(&S->load_mu);
 }
 
+/* Every TRIM_PERIOD_MS: freed heap memory goes back to the system. Connections come and go in bursts (a flood
+ * fills every per-connection pool, 32 KiB each, then leaves), and glibc keeps what was freed inside its heaps
+ * unless asked; malloc_trim returns whole free pages of every arena (memory in use stays). The resident size
+ * then follows what is in use instead of the highest point so far. */
+#define TRIM_PERIOD_MS 10000
+static void on_trim_tick(uv_timer_t *t)
+{
+    (void)t;
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
 /* Closes the loop's handles so uv_run returns: every connection first (their requests end and no longer take
  * wake-ups), then the rest; the loaded handle stays open until the loader has sent. */
 static void close_all(struct server *S)
@@ -143,7 +159,7 @@ static void close_all(struct server *S)
     http_server_close(S->http);
     uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int,
                          (uv_handle_t *)&S->drain_timer, (uv_handle_t *)&S->ping_timer,
-                         (uv_handle_t *)&S->wake};
+                         (uv_handle_t *)&S->trim_timer, (uv_handle_t *)&S->wake};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     if (S->loader_started && !S->loader_done) {
@@ -368,6 +384,8 @@ int serve_main(int argc, char **argv)
     uv_timer_init(&S->loop, &S->ping_timer);
     S->ping_timer.data = S;
     uv_timer_start(&S->ping_timer, routes_on_ping, 1000, 1000);
+    uv_timer_init(&S->loop, &S->trim_timer);
+    uv_timer_start(&S->trim_timer, on_trim_tick, TRIM_PERIOD_MS, TRIM_PERIOD_MS);
     if (uv_thread_create(&S->loader, loader_main, S)) {
         FLOG_ERROR("cannot start the loader thread");
         S->exit_code = 1;

@@ -30,7 +30,7 @@ struct server {
     uv_signal_t sig_term, sig_int;
     uv_async_t loaded; /* the loader finished */
     uv_async_t wake;   /* the engine thread queued requests on wake_head */
-    uv_timer_t drain_timer, ping_timer;
+    uv_timer_t drain_timer, ping_timer, trim_timer;
     uv_thread_t loader;
     int loader_started, loader_done, closing;
     pthread_mutex_t load_mu; /* orders the loader's final uv_async_send against abandoning it */
