@@ -15,6 +15,7 @@
 #include "server/http.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -235,6 +236,22 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort(); /* a bug in MHD or in our use of it: nothing sane to go on with */
 }
 
+/* libmicrohttpd's messages, in the server's log format with control bytes escaped (some quote what a client
+ * sent). Before the daemon is up they say why it could not start (error); after, they are about one connection
+ * ("Closing connection (application error generating response)" when a client leaves a stream), which the
+ * access log already reports: debug. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    const struct http_server *s = cls;
+    const enum log_level level = s->mhd_up ? LOG_LEVEL_DEBUG : LOG_LEVEL_ERROR;
+    if (!ferry_log_enabled(level)) return;
+    char msg[512], safe[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    FLOG(level, "libmicrohttpd: %s", ferry_log_safe(msg, safe, sizeof safe));
+}
+
 static int listen_on(struct http_server *s, const struct http_params *p, char err[256])
 {
     struct addrinfo hints = {0}, *ai = NULL;
@@ -308,10 +325,12 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
     unsigned idle = (unsigned)(p->idle_timeout + 0.999) + 1;
     s->d = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL,
-        NULL, http_conn_on_access, s, MHD_OPTION_NOTIFY_COMPLETED, http_conn_on_completed, s,
+        NULL, http_conn_on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, /* first, as MHD asks */
+        MHD_OPTION_NOTIFY_COMPLETED, http_conn_on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, http_conn_on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections + 16), MHD_OPTION_SIGPIPE_HANDLED_BY_APP,
         1, MHD_OPTION_END);
+    s->mhd_up = 1;
     const union MHD_DaemonInfo *di = s->d ? MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
     if (!di) {
         snprintf(err, 256, "cannot start libmicrohttpd");

@@ -80,6 +80,7 @@ struct http_server {
     struct http_params p;
     struct http_handlers h;
     struct MHD_Daemon *d;
+    int mhd_up; /* MHD_start_daemon returned: its messages from then on are per connection (debug) */
     int lfd; /* the listening socket; -1 once closed */
     uv_poll_t lpoll, epoll_poll;
     int lpoll_init, epoll_init;

@@ -135,7 +135,7 @@ static void get_models(struct hreq *h, const char *path)
     if (id && strcmp(id, S->api.model_name)) {
         char safe[128];
         hreq_respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
-                           routes_log_safe(id, safe, sizeof safe));
+                           ferry_log_safe(id, safe, sizeof safe));
         return;
     }
     size_t len = 0;
@@ -413,13 +413,13 @@ void routes_on_head(struct http_req *q, void *user)
     char safe[128];
     if (!rr) {
         hreq_respond_error(h, SERVE_ERR_NO_ROUTE, NULL, "no route %s %s", method,
-                           routes_log_safe(path, safe, sizeof safe));
+                           ferry_log_safe(path, safe, sizeof safe));
         return;
     }
     int head = !strcmp(method, "HEAD") && rr->get;
     if (strcmp(method, rr->method) && !head) {
         hreq_respond_error(h, SERVE_ERR_METHOD, NULL, "%s is not allowed on %s (use %s)", method,
-                           routes_log_safe(path, safe, sizeof safe), rr->method);
+                           ferry_log_safe(path, safe, sizeof safe), rr->method);
         return;
     }
     if (rr->parse && !is_json(http_req_header(q, "Content-Type"))) {

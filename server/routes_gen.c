@@ -83,22 +83,6 @@ static void streams_remove(struct hreq *h)
     h->in_streams = 0;
 }
 
-/* Access-log text: bytes outside printable ASCII (a %0a in a path decodes to a newline) are written \xHH. */
-const char *routes_log_safe(const char *s, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (; *s && o + 5 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c >= 0x7f || c == '\\' || c == '"')
-            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
-        else
-            out[o++] = (char)c;
-    }
-    if (*s && o + 4 <= cap) o += (size_t)snprintf(out + o, cap - o, "...");
-    out[o] = 0;
-    return out;
-}
-
 void routes_on_end(struct http_req *q, int aborted, void *user)
 {
     struct server *S = user;
@@ -108,7 +92,7 @@ void routes_on_end(struct http_req *q, int aborted, void *user)
     int status = h->status ? h->status : 499; /* never answered: the client went away */
     char path[256];
     FLOG_INFO("access req=%s %s %s %d %.1fms%s%s", h->rid, http_req_method(q),
-              routes_log_safe(http_req_path(q), path, sizeof path), status, (sched_now() - h->t0) * 1e3,
+              ferry_log_safe(http_req_path(q), path, sizeof path), status, (sched_now() - h->t0) * 1e3,
               h->note ? " " : "", h->note ? h->note : "");
     metrics_count_status(&S->metrics, status);
     if (h->gen_counted) S->active_gen--;

@@ -61,8 +61,6 @@ void hreq_respond_error(struct hreq *h, int status, const char *param, const cha
 /* The route's allowed method (for 405's Allow) and its worker-pool parse. */
 const char *route_allow(const struct route *r);
 int route_parse(struct hreq *h);
-/* s with control bytes escaped for the access log, in out (cap bytes). */
-const char *routes_log_safe(const char *s, char *out, size_t cap);
 /* The worker-pool parse of a POST body and its completion on the loop. */
 void routes_parse_work(uv_work_t *w);
 void routes_parse_done(uv_work_t *w, int status);

@@ -2,6 +2,7 @@
 #include "kernels/core/log.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,6 +27,21 @@ void ferry_log(enum log_level level, const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     if (log_fn) log_fn(level, buf, log_user);
+}
+
+const char *ferry_log_safe(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c >= 0x7f || c == '\\' || c == '"')
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    if (*s && o + 4 <= cap) o += (size_t)snprintf(out + o, cap - o, "...");
+    out[o] = 0;
+    return out;
 }
 
 void ferry_assert_fail(const char *expr, const char *file, int line)

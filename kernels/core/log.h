@@ -7,6 +7,8 @@
 #ifndef FERRY_LOG_H
 #define FERRY_LOG_H
 
+#include <stddef.h>
+
 enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN = 1, LOG_LEVEL_INFO = 2, LOG_LEVEL_DEBUG = 3 };
 
 typedef void (*ferry_log_fn)(enum log_level level, const char *msg, void *user);
@@ -14,6 +16,10 @@ typedef void (*ferry_log_fn)(enum log_level level, const char *msg, void *user);
 void ferry_log_set(ferry_log_fn fn, void *user, enum log_level max_level);
 int ferry_log_enabled(enum log_level level);
 void ferry_log(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* s for a log line, in out (cap bytes, at least 8): bytes outside printable ASCII, '\\' and '"' written \xHH
+ * (a %0a in a client's path decodes to a newline that would forge a line); "..." when cut. Returns out. */
+const char *ferry_log_safe(const char *s, char *out, size_t cap);
 
 #define FLOG(level, ...)                                                                                     \
     do {                                                                                                     \

@@ -4,6 +4,7 @@ forged through the path, and the cross-site guards (415 for a non-JSON POST, the
 """
 import json
 import os
+import re
 import socket
 import time
 
@@ -329,6 +330,29 @@ def test_path_cannot_forge_access_log_lines(server):
         assert len(parts) < 3 or not parts[2].startswith(forged), line
         assert "\x1b" not in line and "\x7f" not in line, line
     assert all(w in log for w in want), log
+
+
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} (error|warn |info |debug) ")
+
+
+def test_libmicrohttpd_messages_use_the_log_format():
+    """libmicrohttpd printed its own lines raw on stderr ("Failed to parse `Content-Length' header. Closing
+    connection."): no time, no level, not filtered by --log-level. They now go through ferry's log as debug."""
+    for level, shown in (("info", False), ("debug", True)):
+        srv = Server("--log-level", level)
+        try:
+            st = exchange(srv.port, b"GET /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n")
+            assert st.startswith(b"HTTP/1.1 400"), st[:80]
+            deadline = time.time() + 5
+            while shown and "libmicrohttpd: " not in srv.read_log() and time.time() < deadline:
+                time.sleep(0.05)
+        finally:
+            srv.stop()
+        with open(srv.log_path) as f:
+            log = f.read()
+        for line in log.splitlines():  # multi-line messages continue with two spaces
+            assert LOG_LINE.match(line) or line.startswith("  ") or not line, line
+        assert ("debug libmicrohttpd: Failed to parse `Content-Length' header" in log) == shown, log
 
 
 # ---- cross-site guards ------------------------------------------------------------------------------------------
