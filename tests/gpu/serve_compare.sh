@@ -8,7 +8,9 @@
 #   run      each server in turn at concurrency 1, 8, 32, 64 (llama-server: 1, 8, 32) (about 5 minutes)
 # Env: SERVE_LEVELS (default 1,8,32,64), SERVE_REQS (requests per level, default 64), FERRY_SERVE_ARGS (extra
 # `ferry serve` options, e.g. "--gpu-memory 4GiB"), SERVE_MODEL (a path; default the F16 file), SERVE_PEER=0
-# (ferry alone, no llama-server).
+# (ferry alone, no llama-server), LLAMA_SERVER_ARGS (default "-ngl 99 -fa -np 32 -c 32768 -cb"; issue 12's hybrid
+# comparison: FERRY_SERVE_ARGS="--gpu-memory 4GiB --parallel 16 --ctx-size 640" LLAMA_SERVER_ARGS="-ngl 8 -fa
+# -np 16 -c 10240 -cb" SERVE_LEVELS=1,16).
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -61,7 +63,8 @@ cp $W/ferry-serve.log "$out/" 2>/dev/null
 
 rm -f $W/load-llama.json
 if [ "${SERVE_PEER:-1}" = 1 ]; then
-  /tmp/llb/bin/llama-server -m "$M" -ngl 99 -fa -np 32 -c 32768 -cb --port 18082 > $W/llama-server.log 2>&1 &
+  /tmp/llb/bin/llama-server -m "$M" ${LLAMA_SERVER_ARGS:--ngl 99 -fa -np 32 -c 32768 -cb} --port 18082 \
+    > $W/llama-server.log 2>&1 &
   lp=$!
   if wait_up 18082 $lp; then
     load llama 18082 "${levels%,64}"
