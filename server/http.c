@@ -237,9 +237,9 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
 }
 
 /* libmicrohttpd's messages, in the server's log format with control bytes escaped (some quote what a client
- * sent). Before the daemon is up they say why it could not start (error); after, they are about one connection
- * ("Closing connection (application error generating response)" when a client leaves a stream), which the
- * access log already reports: debug. */
+ * sent). Before the daemon is up they say why it could not start (error). After, each is about one connection,
+ * such as "Closing connection (application error generating response)" when a client leaves a stream, and
+ * the access log already reports it: debug. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     const struct http_server *s = cls;
@@ -326,10 +326,9 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
     s->d = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL,
         NULL, http_conn_on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, /* first, as MHD asks */
-        MHD_OPTION_NOTIFY_COMPLETED, http_conn_on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, http_conn_on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_connections + 16), MHD_OPTION_SIGPIPE_HANDLED_BY_APP,
-        1, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, http_conn_on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        http_conn_on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(p->max_connections + 16), MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, MHD_OPTION_END);
     s->mhd_up = 1;
     const union MHD_DaemonInfo *di = s->d ? MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
     if (!di) {
