@@ -237,9 +237,9 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
 }
 
 /* libmicrohttpd's messages, in the server's log format with control bytes escaped (some quote what a client
- * sent). Before the daemon is up they say why it could not start (error). After, each is about one connection,
- * such as "Closing connection (application error generating response)" when a client leaves a stream, and
- * the access log already reports it: debug. */
+ * sent). Before the daemon is up they say why it could not start (error). After, each is about one
+ * connection, such as "Closing connection (application error generating response)" when a client leaves a
+ * stream, and the access log already reports it: debug. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     const struct http_server *s = cls;
