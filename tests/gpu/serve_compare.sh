@@ -8,7 +8,8 @@
 #   run      each server in turn at concurrency 1, 8, 32, 64 (llama-server: 1, 8, 32) (about 5 minutes)
 # Env: SERVE_LEVELS (default 1,8,32,64), SERVE_REQS (requests per level, default 64), FERRY_SERVE_ARGS (extra
 # `ferry serve` options, e.g. "--gpu-memory 4GiB"), SERVE_MODEL (a path; default the F16 file), SERVE_PEER=0
-# (ferry alone, no llama-server), LLAMA_SERVER_ARGS (default "-ngl 99 -fa -np 32 -c 32768 -cb"; issue 12's hybrid
+# (ferry alone, no llama-server), SERVE_BENCH_ARGS (options of the b=1 reference bench, e.g. "--gpu-memory
+# 4GiB"), LLAMA_SERVER_ARGS (default "-ngl 99 -fa -np 32 -c 32768 -cb"; issue 12's hybrid
 # comparison: FERRY_SERVE_ARGS="--gpu-memory 4GiB --parallel 16 --ctx-size 640" LLAMA_SERVER_ARGS="-ngl 8 -fa
 # -np 16 -c 10240 -cb" SERVE_LEVELS=1,16).
 set -u
@@ -60,6 +61,13 @@ fi
 kill -TERM $fp 2>/dev/null
 wait $fp
 cp $W/ferry-serve.log "$out/" 2>/dev/null
+
+# The engine alone on the same file and options, for the one-client comparison: b=1 at the bench's context (32)
+# and at one near the load's (prompt ~390 + up to 128 generated).
+$W/ferry/build/server/ferry bench --model "$M" ${SERVE_BENCH_ARGS:-} --batches 1 --prefill 0 --decode-steps 32 \
+  --long-context 450 --json > $W/bench-b1.json 2> $W/bench-b1.err &&
+  python3 -c "import json,sys; [print(f\"== bench b=1 at context {r['context']}: {r['step_ms']:.3f} ms, {r['tok_s']:.1f} tok/s\") for r in json.load(open(sys.argv[1]))['decode']]" \
+    $W/bench-b1.json | tee -a "$out/serve_summary.txt" || log "bench b=1 failed: $(tail -2 $W/bench-b1.err)"
 
 rm -f $W/load-llama.json
 if [ "${SERVE_PEER:-1}" = 1 ]; then
