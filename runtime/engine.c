@@ -455,9 +455,16 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     e->stats.kv_blocks_total = e->kv.n_blocks;
     e->stats.kv_block_size = e->kv.block_size;
     e->stats.cpu_threads = e->cpu ? forward_cpu_threads(e->cpu) : 0;
-    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB)", e->stats.backend,
-              p.ctx_size, p.n_seqs, e->kv.n_blocks * e->kv.block_size,
-              kv_cache_bytes(&e->kv, use_cuda ? 2 : 4) / 1048576.0);
+    const int kv_pos = e->kv.n_blocks * e->kv.block_size, full = kv_pos / (p.ctx_size > 0 ? p.ctx_size : 1);
+    char room[160] = "";
+    if (full < p.n_seqs) /* say so: requests then wait in the queue with no other sign of why */
+        snprintf(
+            room, sizeof room,
+            "; room for %d of the %d slots at full context (requests are admitted by prompt + max_tokens, "
+            "the rest wait)",
+            full, p.n_seqs);
+    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB)%s", e->stats.backend,
+              p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, use_cuda ? 2 : 4) / 1048576.0, room);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);

@@ -1,7 +1,8 @@
 """Server options that change the engine's arithmetic reach it: `--cpu-arith int8` (x of CPU products with
 block-type weights quantized to int8 blocks, llama.cpp's arithmetic) against the default f32, on stories260K
 quantized to Q8_0 at load. The two must answer with log-probabilities that differ (the flag took effect) by
-little (int8 activations round x to 1/127 of each block's largest value); a bad value refuses to start."""
+little (int8 activations round x to 1/127 of each block's largest value); a bad value refuses to start. A KV pool
+smaller than --parallel x --ctx-size is said at start, with how many slots it holds at full context."""
 import json
 import subprocess
 import urllib.request
@@ -36,3 +37,17 @@ def test_cpu_arith_rejects_unknown_values():
                        timeout=30)
     assert p.returncode != 0
     assert "--cpu-arith must be one of auto|f32|int8" in p.stderr + p.stdout
+
+
+def test_kv_pool_smaller_than_the_slots_is_said_at_start():
+    """Requests beyond what the KV pool holds wait in the queue; without this line a user sees only slow
+    first tokens. A pool of 512 positions holds 2 of 4 slots of 256; one of 1024 holds them all (no line)."""
+    for kv, want in (("512", "room for 2 of the 4 slots at full context"), ("1024", None)):
+        s = Server("--parallel", "4", "--ctx-size", "256", "--kv-tokens", kv)
+        try:
+            log = s.read_log()
+        finally:
+            assert s.stop() == 0
+        line = next(x for x in log.splitlines() if "engine: cpu backend" in x)
+        assert "KV pool %s positions" % kv in line, line
+        assert (want in line) if want else ("room for" not in line), line
