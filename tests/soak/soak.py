@@ -10,8 +10,8 @@ Three loads at once, for --minutes:
               body, mid stream), or stop reading
   flood       --flood idle and slowloris connections from 127.0.0.2, churned all the time (some get 503 at the cap)
 Every --sample seconds the server's RSS, open descriptors, threads and /metrics are recorded. At the end the loads
-stop, the server must come back to idle (no running or queued sequence, no open connection but ours), and the final
-sample is compared with the one taken after warm-up: the run fails if any answer was lost or wrong, or if the
+stop, the server must come back to idle (no running or queued sequence, no open connection but ours; then 11 s,
+so that its periodic heap trim has run), and the final sample is compared with the one taken after warm-up: the run fails if any answer was lost or wrong, or if the
 descriptors or threads grew, or RSS grew by more than --rss-slack MiB after the first quarter of the run (the
 plateau: by then the flood has filled libmicrohttpd's per-connection pools, 32 KiB each, and the allocator its
 high-water mark; growth after it is what a leak looks like). RSS here is the anonymous part (heap, pinned buffers:
@@ -433,7 +433,7 @@ def main():
                 m1.get("ferry_http_connections_open", 1) <= 1):
             break
         time.sleep(0.5)
-    time.sleep(3)  # refused connections linger up to 2 s
+    time.sleep(11)  # refused connections linger up to 2 s; the server trims its heaps every 10 s
     end = proc_sample(pid)
     end_maps = anon_maps(pid)
     m1 = metrics(base)
