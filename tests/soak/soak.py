@@ -10,13 +10,14 @@ Three loads at once, for --minutes:
               body, mid stream), or stop reading
   flood       --flood idle and slowloris connections from 127.0.0.2, churned all the time (some get 503 at the cap)
 Every --sample seconds the server's RSS, open descriptors, threads and /metrics are recorded. At the end the loads
-stop, the server must come back to idle (no running or queued sequence, no open connection but ours; then 11 s,
-so that its periodic heap trim has run), and the final sample is compared with the one taken after warm-up: the run fails if any answer was lost or wrong, or if the
-descriptors or threads grew, or RSS grew by more than --rss-slack MiB after the first quarter of the run (the
-plateau: by then the flood has filled libmicrohttpd's per-connection pools, 32 KiB each, and the allocator its
-high-water mark; growth after it is what a leak looks like). RSS here is the anonymous part (heap, pinned buffers:
-RssAnon + RssShmem); the file-backed part (RssFile: pages of the memory-mapped model, such as rows of the token
-embedding faulted in as new token ids appear) is printed beside it, since the kernel can drop it at will.
+stop, the server must come back to idle (no running or queued sequence, no open connection but ours; then 11 s, so
+that its periodic heap trim has run), and the final sample is compared with the one taken after warm-up: the run
+fails if any answer was lost or wrong, or if the descriptors or threads grew, or RSS grew by more than --rss-slack
+MiB after the first quarter of the run (the plateau: by then the flood has filled libmicrohttpd's per-connection
+pools, 32 KiB each, and the allocator its high-water mark; growth after it is what a leak looks like). RSS here is
+the anonymous part (heap, pinned buffers: RssAnon + RssShmem); the file-backed part (RssFile: pages of the memory-
+mapped model, such as rows of the token embedding faulted in as new token ids appear) is printed beside it, since
+the kernel can drop it at will.
 With --vram-budget (a server on a GPU) each sample also reads the process's device memory from nvidia-smi. The
 engine reports what it took at load (ferry_vram_used_bytes, measured with cudaMemGetInfo after the CUDA context
 existed); the process's figure is that plus the context. The run fails if the engine's figure exceeds the budget,
