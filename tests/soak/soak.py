@@ -479,8 +479,8 @@ def main():
     if args.vram_budget:
         print(f"  vram: {len(vram)} samples, process {min(v for _, v in vram)}-{max(v for _, v in vram)} MiB, "
               f"limit {context_mib + args.vram_budget:.0f} (context {context_mib:.0f} + budget {args.vram_budget:g})")
-    grew = sorted(((end_maps.get(k, 0) - (plateau_maps or {}).get(k, 0), k) for k in set(end_maps) | set(plateau_maps or {})),
-                  reverse=True)
+    before = plateau_maps or {}
+    grew = sorted(((end_maps.get(k, 0) - before.get(k, 0), k) for k in set(end_maps) | set(before)), reverse=True)
     if grew and grew[0][0] > 0:
         print("  anonymous growth after the quarter, by mapping (KiB, mapping): " +
               "; ".join(f"{g:+d} {k}" for g, k in grew[:6] if g))
