@@ -9,6 +9,7 @@
 #   e2e      ferry bench fully resident f16 (b=1/16/64, prefill 512): the regression check against run 6h
 #   qfiles   random Llama-2-7B-shaped Q4_K_M and Q8_0 GGUFs (tests/gpu/make_quant_gguf.py, kept in /tmp/cmp):
 #            ferry bench on each, fully resident and (Q4_K_M) under --gpu-memory 4GiB
+#   build    nothing more (ALL_TARGETS="server/ferry" limits what ninja builds)
 # Each phase prints a short summary to stdout and $OUT/summary.txt; full logs go to $OUT/<phase>.log (at most 8
 # files come back). Needs .debs and .gpu-data carried (see tests/gpu/run.sh).
 set -u
@@ -29,7 +30,7 @@ if [ ! -f build/build.ninja ]; then
   meson setup build -Dcuda=enabled -Dnative=true -Dbuildtype=release > "$out/build.log" 2>&1 ||
     { log "meson setup FAILED"; tail -30 "$out/build.log"; exit 1; }
 fi
-if ! nice ninja -C build >> "$out/build.log" 2>&1; then
+if ! nice ninja -C build ${ALL_TARGETS:-} >> "$out/build.log" 2>&1; then
   log "build FAILED"; grep -E "error" "$out/build.log" | head -40; exit 1
 fi
 log "build ok ($(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader))"
@@ -38,12 +39,13 @@ export FERRY_SRC=$W FERRY_TESTDATA=/tmp/shared/testdata
 phases=${*:-tests}
 for ph in $phases; do
   case $ph in
+  build) ;;
   tests)
     meson test -C build --no-rebuild --print-errorlogs --num-processes 2 --suite cuda --suite runtime \
       --suite kernels --suite golden > "$out/tests.log" 2>&1
     log "tests rc=$?: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
     grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)" "$out/tests.log" | head -20
-    timeout 400 ./build/tests/runtime/test_gpu_e2e --verbose > "$out/gpu_e2e.log" 2>&1
+    timeout 400 ./build/tests/runtime/test_gpu_e2e --jobs 1 --verbose > "$out/gpu_e2e.log" 2>&1
     log "gpu_e2e rc=$?"
     grep -E "\[FAIL\]|Assertion|differs|worst|Synthesis" "$out/gpu_e2e.log" | head -40
     grep -E "Assertion|\[FAIL\]" "$out/tests.log" | head -30

@@ -23,7 +23,11 @@ start)
   echo "soak started: $(head -5 /tmp/soak.txt)"
   ;;
 wait)
-  while [ ! -f /tmp/soak.rc ]; do sleep 5; done
+  # A fresh machine (the warm one went back) has no soak: say so instead of waiting out the call.
+  while [ ! -f /tmp/soak.rc ]; do
+    pgrep -f tests/soak/soak.py > /dev/null || { echo "no soak running on this machine (it went back?)"; exit 1; }
+    sleep 5
+  done
   cp /tmp/soak.txt "$out/soak.txt"
   grep -E "device_map|resident|budget|plan|error" /tmp/ferry-soak.log | head -30 > "$out/soak_server.txt"
   tail -40 /tmp/soak.txt
