@@ -73,6 +73,7 @@ struct engine_params engine_default_params(void)
         .plan_override = NULL,
         .quant = ENGINE_QUANT_NONE,
         .cpu_int8 = -1, /* --cpu-arith auto */
+        .kv_f16 = 1,    /* --kv-type f16 */
     };
 }
 
@@ -401,7 +402,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;
     rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK, !use_cuda);
+                       ENGINE_KV_BLOCK, use_cuda ? 0 : p.kv_f16 ? 2 : 4);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
@@ -463,8 +464,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
             "; room for %d of the %d slots at full context (requests are admitted by prompt + max_tokens, "
             "the rest wait)",
             full, p.n_seqs);
-    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB)%s", e->stats.backend,
-              p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, use_cuda ? 2 : 4) / 1048576.0, room);
+    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s)%s", e->stats.backend,
+              p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, use_cuda ? 2 : (size_t)e->kv.elem_size) / 1048576.0,
+              use_cuda || e->kv.elem_size == 2 ? "f16" : "f32", room);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);

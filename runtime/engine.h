@@ -49,6 +49,8 @@ struct engine_params {
                    * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;
                    * -1 (the default): int8 for the host layers of a GPU engine (its own products with such
                    * weights take x in int8 too), f32 on the CPU engine */
+    int kv_f16; /* the CPU engine's KV cache in f16 (the default: half the bytes a long-context step reads,
+                 * as on the GPU and in llama.cpp); 0: f32 (closest to the references) */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */

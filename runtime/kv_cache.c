@@ -7,12 +7,14 @@
 #include "kernels/core/status.h"
 
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
-                  int pool_tokens, int block_size, int host_data)
+                  int pool_tokens, int block_size, int elem_size)
 {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 || block_size <= 0 ||
-        pool_tokens <= 0)
+        pool_tokens <= 0 || (elem_size != 0 && elem_size != 2 && elem_size != 4))
         return FERRY_ERR_INVALID;
+    const int host_data = elem_size != 0;
+    kv->elem_size = elem_size;
     kv->n_layers = n_layers;
     kv->n_kv_heads = n_kv_heads;
     kv->head_dim = head_dim;
@@ -23,8 +25,8 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
     kv->n_blocks = (pool_tokens + block_size - 1) / block_size;
     size_t per_layer = (size_t)kv->n_blocks * block_size * n_kv_heads * head_dim;
     if (host_data) {
-        kv->k = malloc(per_layer * n_layers * sizeof(float));
-        kv->v = malloc(per_layer * n_layers * sizeof(float));
+        kv->k = malloc(per_layer * n_layers * (size_t)elem_size);
+        kv->v = malloc(per_layer * n_layers * (size_t)elem_size);
     }
     kv->block_table = malloc((size_t)n_seqs * kv->max_blocks * sizeof(int32_t));
     kv->n_held = calloc((size_t)n_seqs, sizeof(int32_t));
@@ -98,14 +100,15 @@ struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer)
 {
     size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim;
     return (struct kv_layer_view){
-        .k = kv->k ? kv->k + per_layer * layer : NULL,
-        .v = kv->v ? kv->v + per_layer * layer : NULL,
+        .k = kv->k ? (char *)kv->k + per_layer * layer * kv->elem_size : NULL,
+        .v = kv->v ? (char *)kv->v + per_layer * layer * kv->elem_size : NULL,
         .n_blocks = kv->n_blocks,
         .block_size = kv->block_size,
         .block_table = kv->block_table,
         .max_blocks = kv->max_blocks,
         .n_kv_heads = kv->n_kv_heads,
         .head_dim = kv->head_dim,
+        .f16 = kv->elem_size == 2,
     };
 }
 

@@ -1,7 +1,8 @@
 /* kv_cache — a paged KV cache: one pool of fixed-size blocks shared by all sequence slots.
  *
- * Layout per layer: k, v (n_blocks, block_size, n_kv_heads, head_dim) f32 (the CPU backend's precision);
- * a GPU backend keeps its own f16 copy of that layout on the device and uses only the tables (host_data 0).
+ * Layout per layer: k, v (n_blocks, block_size, n_kv_heads, head_dim), f16 or f32 in host memory for the
+ * CPU backend (elem_size 2 or 4); a GPU backend keeps its own f16 copy of that layout on the device and uses
+ * only the tables (elem_size 0: no host data).
  * Each slot has a row of the block table (max_blocks ids, -1 = none) and a length (positions stored).
  * Blocks are taken from a free list as a slot grows (kv_cache_reserve) and come back when no slot holds them
  * any more. Slots may share whole blocks (kv_cache_share: the same prompt prefix for several sequences);
@@ -24,7 +25,8 @@ struct kv_cache {
     int n_seqs;           /* slots */
     int max_blocks;       /* blocks per slot = ceil(ctx_size / block_size) */
     int ctx_size;         /* max positions per slot */
-    float *k, *v;         /* (n_layers, n_blocks, block_size, n_kv_heads*head_dim) f32, or NULL */
+    void *k, *v;          /* (n_layers, n_blocks, block_size, n_kv_heads*head_dim) elements, or NULL */
+    int elem_size;        /* bytes per element of k and v: 2 (f16), 4 (f32), 0 (no host data) */
     int32_t *block_table; /* (n_seqs, max_blocks) */
     int32_t *n_held;      /* (n_seqs) blocks held by each slot */
     int32_t *seq_len;     /* (n_seqs) positions stored */
@@ -34,7 +36,7 @@ struct kv_cache {
 };
 
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
-                  int pool_tokens, int block_size, int host_data);
+                  int pool_tokens, int block_size, int elem_size);
 void kv_cache_free(struct kv_cache *kv);
 /* Bytes of K/V data at `elem_size` bytes per element (4 on the CPU, 2 for an f16 device cache). */
 size_t kv_cache_bytes(const struct kv_cache *kv, size_t elem_size);

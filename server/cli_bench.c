@@ -60,6 +60,7 @@ static void bench_usage(FILE *f)
         "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
         "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
         "                        host layers, f32 on the CPU backend\n"
+        "  --kv-type f16|f32     the CPU backend's KV cache (default f16)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --threads N           CPU threads (default: all cores)\n"
@@ -159,6 +160,7 @@ int cli_bench_main(int argc, char **argv)
         {"placement", required_argument, 0, 'P'},
         {"cpu-threads", required_argument, 0, 'T'},
         {"cpu-arith", required_argument, 0, 'A'},
+        {"kv-type", required_argument, 0, 'K'},
         {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
@@ -210,6 +212,10 @@ int cli_bench_main(int argc, char **argv)
         case 'A':
             if (strcmp(optarg, "auto") && strcmp(optarg, "f32") && strcmp(optarg, "int8")) goto bad;
             ep.cpu_int8 = !strcmp(optarg, "int8") ? 1 : !strcmp(optarg, "f32") ? 0 : -1;
+            break;
+        case 'K':
+            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) goto bad;
+            ep.kv_f16 = !strcmp(optarg, "f16");
             break;
         case 'P':
             if (!strcmp(optarg, "auto"))

@@ -111,6 +111,9 @@ static const struct opt_row rows[] = {
      "int8 "
      "blocks as llama.cpp does (faster, slightly different outputs); auto: int8 for the host layers of a GPU "
      "engine (whose own products with such weights quantize x to int8 too), f32 on the CPU backend"},
+    {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32",
+     "element type of the CPU backend's KV cache: f16 (half the memory, and half the bytes a long-context "
+     "step reads; the GPU's cache is f16 too) or f32 (closest to the reference)"},
     {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
      "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its "
      "Q4_K_M mix "

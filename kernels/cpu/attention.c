@@ -1,4 +1,4 @@
-/* attention — causal GQA attention over the paged f32 KV cache (see attention.h for the cache layout).
+/* attention — causal GQA attention over the paged KV cache, f32 or f16 (see attention.h for the layout).
  *
  * kern_cpu_attention runs one task per (token, KV head) — all query heads of the group together, so each
  * K/V row is read once — or per (token, query head) when there are too few of those to keep the pool busy.
@@ -12,6 +12,8 @@
  * then folds them into a running (max, sum, accumulator) per head — the online softmax — rescaling the
  * accumulator only when the maximum grows. Positions are visited in increasing order.
  * The reference computes all scores in double, takes the max, exponentiates and normalises (two passes).
+ * An f16 cache is read through the same code: each element is widened to f32 as it is loaded (F16C where the
+ * build has it), so the arithmetic, and its order, are those of the f32 cache on the rounded values.
  */
 #include "kernels/cpu/attention.h"
 
@@ -25,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/threadpool.h"
+#include "quant/fp16.h"
 #include "kernels/cpu/vexp.h"
 
 /* Vector-passing static helpers are never called across an ABI boundary. */
@@ -37,12 +40,36 @@
 #define ATT_PART           256        /* positions per part of a long context (parallel, merged after) */
 #define ATT_STATE_FLOATS   (1u << 20) /* budget of partial states per pass over the batch (4 MiB) */ /* K+V of a sequence's layer beyond which rows are prefetched */
 
-static inline const float *kv_row(const struct kv_layer_view *kv, const float *base, int seq, int pos,
-                                  int kvh)
+/* The element index of (seq, pos, KV head kvh)'s row in a layer's K or V. */
+static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, int kvh)
 {
     const int32_t blk = kv->block_table[(size_t)seq * kv->max_blocks + pos / kv->block_size];
     const size_t row = (size_t)blk * kv->block_size + pos % kv->block_size;
-    return base + (row * kv->n_kv_heads + kvh) * kv->head_dim;
+    return (row * kv->n_kv_heads + kvh) * kv->head_dim;
+}
+
+/* Elements i..i+7 (ld8) or i (ld1) of a K/V array as f32; f16 is a constant wherever these are inlined. */
+static inline v8f ld8(const void *base, size_t i, const int f16)
+{
+    if (!f16) return *(const v8fu *)((const float *)base + i);
+    const uint16_t *h = (const uint16_t *)base + i;
+#if defined(__F16C__)
+    return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+#else
+    v8f r;
+    for (int l = 0; l < 8; l++) r[l] = f16_to_f32(h[l]);
+    return r;
+#endif
+}
+
+static inline float ld1(const void *base, size_t i, const int f16)
+{
+    return f16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+static inline const void *kv_at(const void *base, size_t i, int f16)
+{
+    return (const char *)base + i * (f16 ? 2 : 4);
 }
 
 void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new,
@@ -50,10 +77,14 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
 {
     const size_t w = (size_t)kv->n_kv_heads * kv->head_dim;
     for (int i = 0; i < m; i++) {
-        float *kd = (float *)kv_row(kv, kv->k, seq[i], pos[i], 0);
-        float *vd = (float *)kv_row(kv, kv->v, seq[i], pos[i], 0);
-        memcpy(kd, k_new + i * w, w * sizeof(float));
-        memcpy(vd, v_new + i * w, w * sizeof(float));
+        const size_t at = kv_row(kv, seq[i], pos[i], 0);
+        if (kv->f16) { /* f32_to_f16 rounds to nearest even: the same bits with or without F16C */
+            uint16_t *kd = (uint16_t *)kv->k + at, *vd = (uint16_t *)kv->v + at;
+            for (size_t e = 0; e < w; e++) kd[e] = f32_to_f16(k_new[i * w + e]), vd[e] = f32_to_f16(v_new[i * w + e]);
+        } else {
+            memcpy((float *)kv->k + at, k_new + i * w, w * sizeof(float));
+            memcpy((float *)kv->v + at, v_new + i * w, w * sizeof(float));
+        }
     }
 }
 
@@ -79,31 +110,35 @@ static inline int att_parts(int pos)
     return pos / ATT_PART + 1;
 }
 
-static inline float dot(const float *a, const float *b, int d)
+/* q·(K/V elements b..b+d-1). */
+static inline __attribute__((always_inline)) float dot(const float *a, const void *kb, size_t b, int d,
+                                                       const int f16)
 {
     v8f acc = {0};
     int i = 0;
-    for (; i + 8 <= d; i += 8) acc += *(const v8fu *)(a + i) * *(const v8fu *)(b + i);
+    for (; i + 8 <= d; i += 8) acc += *(const v8fu *)(a + i) * ld8(kb, b + i, f16);
     float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (; i < d; i++) s += a[i] * b[i];
+    for (; i < d; i++) s += a[i] * ld1(kb, b + i, f16);
     return s;
 }
 
-/* Eight dot products q·k_r (r < 8, rows kstride floats apart) with eight independent accumulators (one
- * FMA chain each would leave the FMA units idle on latency); d a multiple of 8. Fixed reduction order. */
-static inline void dot8(float *out, const float *q, const float *k, size_t kstride, int d)
+/* Eight dot products q·k_r (r < 8; row r's elements start at kb[k + r kstride]) with eight independent
+ * accumulators (one FMA chain each would leave the FMA units idle on latency); d a multiple of 8. Fixed
+ * reduction order. */
+static inline __attribute__((always_inline)) void dot8(float *out, const float *q, const void *kb, size_t k,
+                                                       size_t kstride, int d, const int f16)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
     for (int i = 0; i < d; i += 8) {
         const v8f qv = *(const v8fu *)(q + i);
-        a0 += qv * *(const v8fu *)(k + i);
-        a1 += qv * *(const v8fu *)(k + kstride + i);
-        a2 += qv * *(const v8fu *)(k + 2 * kstride + i);
-        a3 += qv * *(const v8fu *)(k + 3 * kstride + i);
-        a4 += qv * *(const v8fu *)(k + 4 * kstride + i);
-        a5 += qv * *(const v8fu *)(k + 5 * kstride + i);
-        a6 += qv * *(const v8fu *)(k + 6 * kstride + i);
-        a7 += qv * *(const v8fu *)(k + 7 * kstride + i);
+        a0 += qv * ld8(kb, k + i, f16);
+        a1 += qv * ld8(kb, k + kstride + i, f16);
+        a2 += qv * ld8(kb, k + 2 * kstride + i, f16);
+        a3 += qv * ld8(kb, k + 3 * kstride + i, f16);
+        a4 += qv * ld8(kb, k + 4 * kstride + i, f16);
+        a5 += qv * ld8(kb, k + 5 * kstride + i, f16);
+        a6 += qv * ld8(kb, k + 6 * kstride + i, f16);
+        a7 += qv * ld8(kb, k + 7 * kstride + i, f16);
     }
 #if defined(__AVX__)
     const __m256 t0 = _mm256_hadd_ps((__m256)a0, (__m256)a1), t1 = _mm256_hadd_ps((__m256)a2, (__m256)a3);
@@ -119,27 +154,30 @@ static inline void dot8(float *out, const float *q, const float *k, size_t kstri
 #endif
 }
 
-/* acc (64) += Σ_j e[j] * v_j (64) for j < len, rows vstride floats apart: the 64 accumulators stay in
- * registers over the whole chunk (8 independent FMA chains). */
-static inline void pv64(float *acc, const float *e, const float *v, size_t vstride, int len)
+/* acc (64) += Σ_j e[j] * v_j (64) for j < len, row j's elements from vb[v + j vstride]: the 64 accumulators
+ * stay in registers over the whole chunk (8 independent FMA chains). */
+static inline __attribute__((always_inline)) void pv64(float *acc, const float *e, const void *vb, size_t v,
+                                                       size_t vstride, int len, const int f16)
 {
     v8f a0 = *(v8fu *)acc, a1 = *(v8fu *)(acc + 8), a2 = *(v8fu *)(acc + 16), a3 = *(v8fu *)(acc + 24);
     v8f a4 = *(v8fu *)(acc + 32), a5 = *(v8fu *)(acc + 40), a6 = *(v8fu *)(acc + 48), a7 = *(v8fu *)(acc + 56);
     for (int j = 0; j < len; j++) {
-        const float *r = v + j * vstride;
+        const size_t r = v + j * vstride;
         const float w = e[j];
-        a0 += w * *(const v8fu *)r, a1 += w * *(const v8fu *)(r + 8);
-        a2 += w * *(const v8fu *)(r + 16), a3 += w * *(const v8fu *)(r + 24);
-        a4 += w * *(const v8fu *)(r + 32), a5 += w * *(const v8fu *)(r + 40);
-        a6 += w * *(const v8fu *)(r + 48), a7 += w * *(const v8fu *)(r + 56);
+        a0 += w * ld8(vb, r, f16), a1 += w * ld8(vb, r + 8, f16);
+        a2 += w * ld8(vb, r + 16, f16), a3 += w * ld8(vb, r + 24, f16);
+        a4 += w * ld8(vb, r + 32, f16), a5 += w * ld8(vb, r + 40, f16);
+        a6 += w * ld8(vb, r + 48, f16), a7 += w * ld8(vb, r + 56, f16);
     }
     *(v8fu *)acc = a0, *(v8fu *)(acc + 8) = a1, *(v8fu *)(acc + 16) = a2, *(v8fu *)(acc + 24) = a3;
     *(v8fu *)(acc + 32) = a4, *(v8fu *)(acc + 40) = a5, *(v8fu *)(acc + 48) = a6, *(v8fu *)(acc + 56) = a7;
 }
 
-/* Query heads [h0, h1) of token t, all reading KV head kvh: each K/V row is loaded once for all of them. */
-static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, int p_lo, int p_hi,
-                      float *state)
+/* Query heads [h0, h1) of token t, all reading KV head kvh: each K/V row is loaded once for all of them.
+ * Instantiated for each element type (f16 a constant). */
+static inline __attribute__((always_inline)) void att_heads_t(const struct att_ctx *c, int t, int kvh, int h0,
+                                                              int h1, int p_lo, int p_hi, float *state,
+                                                              const int f16)
 {
     const struct kv_layer_view *kv = c->kv;
     const int hd = kv->head_dim, nh = h1 - h0;
@@ -147,7 +185,8 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, i
     float *o = c->out + ((size_t)t * c->n_heads + h0) * hd;
     const int seq = c->seq[t], last = c->pos[t];
     const size_t stride = (size_t)kv->n_kv_heads * hd;
-    const int prefetch = (size_t)(last + 1) * stride * 2 * sizeof(float) > ATT_PREFETCH_BYTES;
+    const int es = f16 ? 2 : 4, line = 64 / es; /* bytes per element, elements per cache line */
+    const int prefetch = (size_t)(last + 1) * stride * 2 * es > ATT_PREFETCH_BYTES;
     float acc[ATT_MAX_ACC];
     float sc[ATT_MAX_GROUP][ATT_CHUNK];
     float mx[ATT_MAX_GROUP], sum[ATT_MAX_GROUP];
@@ -159,33 +198,34 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, i
         int len = kv->block_size - p0 % kv->block_size;
         if (len > ATT_CHUNK) len = ATT_CHUNK;
         if (len > p_hi - p0) len = p_hi - p0;
-        const float *kr = kv_row(kv, kv->k, seq, p0, kvh);
-        const float *vr = kv_row(kv, kv->v, seq, p0, kvh);
+        const size_t kr = kv_row(kv, seq, p0, kvh), vr = kr; /* K and V share the layout */
         /* Rows of one KV head are n_kv_heads*head_dim floats apart (often a whole page), which hardware
          * prefetchers do not follow: when the sequence's cache is too big to stay in cache, ask for this
          * chunk's V rows and the next chunk's K rows now (2-3x faster from DRAM; slower when cached). */
         const int p1 = p0 + len;
-        const float *kn = p1 < p_hi ? kv_row(kv, kv->k, seq, p1, kvh) : NULL;
+        const int has_next = p1 < p_hi;
+        const size_t kn = has_next ? kv_row(kv, seq, p1, kvh) : 0;
         int len_n = kv->block_size - p1 % kv->block_size;
         if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
         if (len_n > p_hi - p1) len_n = p_hi - p1;
         if (prefetch) {
             for (int j = 0; j < len; j++)
-                for (int d = 0; d < hd; d += 16) __builtin_prefetch(vr + j * stride + d);
-            if (kn)
+                for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->v, vr + j * stride + d, f16));
+            if (has_next)
                 for (int j = 0; j < len_n; j++)
-                    for (int d = 0; d < hd; d += 16) __builtin_prefetch(kn + j * stride + d);
+                    for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->k, kn + j * stride + d, f16));
         }
         {
             int j = 0;
             if (hd % 8 == 0)
                 for (; j + 8 <= len; j += 8)
                     for (int g = 0; g < nh; g++) {
-                        dot8(&sc[g][j], q + (size_t)g * hd, kr + j * stride, stride, hd);
+                        dot8(&sc[g][j], q + (size_t)g * hd, kv->k, kr + j * stride, stride, hd, f16);
                         for (int r = 0; r < 8; r++) sc[g][j + r] *= c->scale;
                     }
             for (; j < len; j++)
-                for (int g = 0; g < nh; g++) sc[g][j] = dot(q + (size_t)g * hd, kr + j * stride, hd) * c->scale;
+                for (int g = 0; g < nh; g++)
+                    sc[g][j] = dot(q + (size_t)g * hd, kv->k, kr + j * stride, hd, f16) * c->scale;
         }
         for (int g = 0; g < nh; g++) {
             float cmx = -INFINITY;
@@ -203,14 +243,15 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, i
         }
         if (hd % 64 == 0) {
             for (int g = 0; g < nh; g++)
-                for (int d0 = 0; d0 < hd; d0 += 64) pv64(acc + g * hd + d0, sc[g], vr + d0, stride, len);
+                for (int d0 = 0; d0 < hd; d0 += 64)
+                    pv64(acc + g * hd + d0, sc[g], kv->v, vr + d0, stride, len, f16);
         } else
         for (int j = 0; j < len; j++) {
-            const float *v = vr + j * stride;
+            const size_t v = vr + j * stride;
             for (int g = 0; g < nh; g++) {
                 const float e = sc[g][j];
                 float *a = acc + g * hd;
-                for (int d = 0; d < hd; d++) a[d] += e * v[d];
+                for (int d = 0; d < hd; d++) a[d] += e * ld1(kv->v, v + d, f16);
             }
         }
         p0 += len;
@@ -228,6 +269,14 @@ static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, i
         const float inv = 1.0f / sum[g];
         for (int d = 0; d < hd; d++) o[(size_t)g * hd + d] = acc[g * hd + d] * inv;
     }
+}
+
+static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, int p_lo, int p_hi, float *state)
+{
+    if (c->kv->f16)
+        att_heads_t(c, t, kvh, h0, h1, p_lo, p_hi, state, 1);
+    else
+        att_heads_t(c, t, kvh, h0, h1, p_lo, p_hi, state, 0);
 }
 
 /* out of token t, all heads, from its n_parts partial states, combined in part order. */
@@ -372,9 +421,9 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
             const float *qh = q + ((size_t)t * n_heads + h) * hd;
             double mx = -INFINITY, sum = 0;
             for (int p = 0; p <= pos[t]; p++) {
-                const float *kr = kv_row(kv, kv->k, seq[t], p, h / group);
+                const size_t kr = kv_row(kv, seq[t], p, h / group);
                 double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qh[i] * kr[i];
+                for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kv->k, kr + i, kv->f16);
                 s[p] = d * scale;
                 if (s[p] > mx) mx = s[p];
             }
@@ -382,8 +431,8 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
             for (int p = 0; p <= pos[t]; p++) {
                 const double e = exp(s[p] - mx);
                 sum += e;
-                const float *vr = kv_row(kv, kv->v, seq[t], p, h / group);
-                for (int i = 0; i < hd; i++) acc[i] += e * vr[i];
+                const size_t vr = kv_row(kv, seq[t], p, h / group);
+                for (int i = 0; i < hd; i++) acc[i] += e * ld1(kv->v, vr + i, kv->f16);
             }
             for (int i = 0; i < hd; i++) out[((size_t)t * n_heads + h) * hd + i] = (float)(acc[i] / sum);
         }

@@ -1,33 +1,52 @@
 /* Paged causal GQA attention against the double-precision two-pass reference: three sequences interleaved in
  * one batch (a decode token, a prefill chunk, a short prompt), block_size 16 not dividing the lengths, blocks
  * assigned out of order, GQA ratios 1, 2 and 4, positions 0..300; bitwise determinism across runs and pool
- * sizes; kv_store writes where the block table says.
+ * sizes; kv_store writes where the block table says. Each case runs with the cache in f32 and in f16.
  *
  * Tolerance: outputs are convex combinations of |v| <= 1; f32 dot products and expf against double give
- * errors around 1e-6, so atol 1e-5 + rtol 1e-5. A wrong block, head or position is an O(0.1) error. */
+ * errors around 1e-6, so atol 1e-5 + rtol 1e-5. A wrong block, head or position is an O(0.1) error.
+ * The reference reads the f16 cache's values as stored, so the same tolerance holds for it; the f16 result is
+ * also held against the f32 cache's (f16 rounds K and V by up to 2^-11 relative: atol 4e-3 at this sharper
+ * scale), which a wrong conversion shared by kernel and reference would fail. */
 #include "kt_common.h"
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/threadpool.h"
+#include "quant/fp16.h"
 
 #define BS         16
 #define N_SEQ      3
 #define MAX_BLOCKS 24 /* 24 * 16 = 384 positions per sequence */
 
-static void run_case(int n_heads, int n_kv_heads, int head_dim)
+/* The value element i of a cache holds. */
+static float cache_at(const struct kv_layer_view *kv, const void *base, size_t i)
+{
+    return kv->f16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* x as an f16 cache stores it (f32: x itself). */
+static float stored(const struct kv_layer_view *kv, float x)
+{
+    return kv->f16 ? f16_to_f32(f32_to_f16(x)) : x;
+}
+
+static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, float *out_f32)
 {
     const int len[N_SEQ] = {301, 77, 5}; /* positions 0..len-1 exist after this step */
     const int n_blocks = N_SEQ * MAX_BLOCKS;
-    const size_t row = (size_t)n_kv_heads * head_dim;
-    float *kc = malloc(sizeof(float) * n_blocks * BS * row),
-          *vc = malloc(sizeof(float) * n_blocks * BS * row);
-    /* Poison: a read of an unwritten row shows up as a huge error. */
-    for (size_t i = 0; i < (size_t)n_blocks * BS * row; i++) kc[i] = vc[i] = 1e6f;
+    const size_t row = (size_t)n_kv_heads * head_dim, es = f16 ? 2 : 4, cells = (size_t)n_blocks * BS * row;
+    void *kc = malloc(es * cells), *vc = malloc(es * cells);
     int32_t table[N_SEQ * MAX_BLOCKS];
     /* Blocks handed out in a scrambled order: block id = (7 * i + 3) mod n_blocks. */
     for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++) table[i] = (7 * i + 3) % n_blocks;
-    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim};
+    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim, f16};
+    /* Poison: a read of an unwritten row shows up as a huge error. */
+    for (size_t i = 0; i < cells; i++)
+        if (f16)
+            ((uint16_t *)kc)[i] = ((uint16_t *)vc)[i] = f32_to_f16(6e4f);
+        else
+            ((float *)kc)[i] = ((float *)vc)[i] = 1e6f;
 
     /* History: everything before this step's tokens, stored one sequence at a time. */
     const int first_new[N_SEQ] = {300, 60, 0};
@@ -55,8 +74,11 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     kern_cpu_kv_store(&kv, kn, vn, seq, pos, m);
     for (int i = 0; i < m; i++) {
         const int blk = table[seq[i] * MAX_BLOCKS + pos[i] / BS];
-        const float *kr = kc + ((size_t)blk * BS + pos[i] % BS) * row;
-        cr_assert(memcmp(kr, kn + i * row, row * 4) == 0, "kv_store token %d", i);
+        const size_t at = ((size_t)blk * BS + pos[i] % BS) * row;
+        for (size_t e = 0; e < row; e++) {
+            cr_assert_eq(cache_at(&kv, kc, at + e), stored(&kv, kn[i * row + e]), "kv_store token %d k", i);
+            cr_assert_eq(cache_at(&kv, vc, at + e), stored(&kv, vn[i * row + e]), "kv_store token %d v", i);
+        }
     }
     (void)len;
 
@@ -72,8 +94,13 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     kern_cpu_attention(out, q, &kv, seq, pos, m, n_heads, scale, tp);
     kern_cpu_attention_ref(ref, q, &kv, seq, pos, m, n_heads, scale);
     char what[96];
-    snprintf(what, sizeof what, "attention heads=%d kv=%d hd=%d", n_heads, n_kv_heads, head_dim);
+    snprintf(what, sizeof what, "attention heads=%d kv=%d hd=%d %s", n_heads, n_kv_heads, head_dim,
+             f16 ? "f16" : "f32");
     kt_check_close(what, out, ref, qn, 1e-5, 1e-5);
+    if (f16)
+        kt_check_close("f16 cache against the f32 cache", out, out_f32, qn, 4e-3, 0);
+    else
+        memcpy(out_f32, out, qn * sizeof(float));
     kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, tp);
     cr_assert(memcmp(out, out2, qn * 4) == 0, "%s: two runs differ", what);
     kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, NULL);
@@ -98,9 +125,9 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
         if (pos[i] == 0)
             for (int h = 0; h < n_heads; h++)
                 for (int d = 0; d < head_dim; d++)
-                    cr_assert_float_eq(out[((size_t)i * n_heads + h) * head_dim + d],
-                                       vn[i * row + (size_t)(h / (n_heads / n_kv_heads)) * head_dim + d],
-                                       1e-6f);
+                    cr_assert_float_eq(
+                        out[((size_t)i * n_heads + h) * head_dim + d],
+                        stored(&kv, vn[i * row + (size_t)(h / (n_heads / n_kv_heads)) * head_dim + d]), 1e-6f);
     tpool_free(tp);
     free(kc);
     free(vc);
@@ -112,39 +139,51 @@ static void run_case(int n_heads, int n_kv_heads, int head_dim)
     free(ref);
 }
 
+/* The case with an f32 cache, then the same data (same seed) with an f16 one. */
+static void run_case(int n_heads, int n_kv_heads, int head_dim, unsigned seed)
+{
+    const size_t qn = (size_t)(17 + 1 + 5) * n_heads * head_dim;
+    float *out_f32 = malloc(sizeof(float) * qn);
+    kt_seed(seed);
+    run_case_kv(n_heads, n_kv_heads, head_dim, 0, out_f32);
+    kt_seed(seed);
+    run_case_kv(n_heads, n_kv_heads, head_dim, 1, out_f32);
+    free(out_f32);
+}
+
 Test(attention, gqa_ratio_1)
 {
-    kt_seed(21);
-    run_case(2, 2, 64);
+    run_case(2, 2, 64, 21);
 }
 Test(attention, gqa_ratio_2)
 {
-    kt_seed(22);
-    run_case(4, 2, 40);
+    run_case(4, 2, 40, 22);
 }
 Test(attention, gqa_ratio_4)
 {
-    kt_seed(23);
-    run_case(8, 2, 128);
+    run_case(8, 2, 128, 23);
 }
 Test(attention, gqa_single_kv_head_odd_dim)
 {
-    kt_seed(24);
-    run_case(3, 1, 17);
+    run_case(3, 1, 17, 24);
 }
 
-Test(attention, long_sequence_prefetch_path)
+/* 4100 positions x 8 KV heads x 64 dims: K+V is 16 MiB in f32 (8 in f16), above the size where rows are
+ * prefetched. */
+static void long_sequence(int f16)
 {
-    /* 4100 positions x 8 KV heads x 64 dims: K+V is 16 MiB, above the size where rows are prefetched. */
     kt_seed(25);
     const int len = 4100, bs = 32, nkv = 8, hd = 64, nh = 16, max_blocks = (len + bs - 1) / bs;
     const size_t row = (size_t)nkv * hd, cells = (size_t)max_blocks * bs * row;
     float *kc = malloc(sizeof(float) * cells), *vc = malloc(sizeof(float) * cells);
     kt_fill(kc, cells, -1.0f, 1.0f);
     kt_fill(vc, cells, -1.0f, 1.0f);
+    uint16_t *kh = malloc(2 * cells), *vh = malloc(2 * cells);
+    for (size_t i = 0; i < cells; i++) kh[i] = f32_to_f16(kc[i]), vh[i] = f32_to_f16(vc[i]);
     int32_t *table = malloc(sizeof(int32_t) * max_blocks);
     for (int i = 0; i < max_blocks; i++) table[i] = max_blocks - 1 - i; /* reversed */
-    struct kv_layer_view kv = {kc, vc, max_blocks, bs, table, max_blocks, nkv, hd};
+    struct kv_layer_view kv = {f16 ? (void *)kh : kc, f16 ? (void *)vh : vc, max_blocks, bs, table, max_blocks,
+                               nkv, hd, f16};
     const int32_t seq[3] = {0, 0, 0}, pos[3] = {4099, 2000, 33};
     float q[3 * 16 * 64], out[3 * 16 * 64], ref[3 * 16 * 64];
     kt_fill(q, sizeof q / sizeof q[0], -1.0f, 1.0f);
@@ -152,9 +191,21 @@ Test(attention, long_sequence_prefetch_path)
     cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
     kern_cpu_attention(out, q, &kv, seq, pos, 3, nh, 0.125f, tp);
     kern_cpu_attention_ref(ref, q, &kv, seq, pos, 3, nh, 0.125f);
-    kt_check_close("attention long sequence", out, ref, sizeof q / sizeof q[0], 1e-5, 1e-5);
+    kt_check_close(f16 ? "attention long sequence f16" : "attention long sequence", out, ref,
+                   sizeof q / sizeof q[0], 1e-5, 1e-5);
     tpool_free(tp);
     free(kc);
     free(vc);
+    free(kh);
+    free(vh);
     free(table);
+}
+
+Test(attention, long_sequence_prefetch_path)
+{
+    long_sequence(0);
+}
+Test(attention, long_sequence_prefetch_path_f16)
+{
+    long_sequence(1);
 }

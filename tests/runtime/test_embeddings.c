@@ -2,7 +2,7 @@
  * (tests/runtime/data/embeddings.json, written by make_embd_golden.py): the tiny HF models of tests/golden
  * and stories260K, pooled by mean and by last position, computed in one step and in chunks of 7 positions
  * (the KV cache carries the earlier chunks). Tolerance: relative error of the vector <= 1e-4 (f32 compute on
- * both sides; weights stored f16/bf16 are upcast exactly). */
+ * both sides, --kv-type f32; weights stored f16/bf16 are upcast exactly); 2e-3 with the default f16 cache. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -64,8 +64,9 @@ static double rel_err(const double *got, json_t *want, int dim)
     return sqrt(num / (den + 1e-30));
 }
 
-/* tol holds for f32/f16 weights, tol_bf16 for bf16 ones: their products round x to bf16 (8 bits of mantissa). */
-static void check_backend(enum engine_backend backend, double tol, double tol_bf16)
+/* tol holds for f32/f16 weights, tol_bf16 for bf16 ones: their products round x to bf16 (8 bits of mantissa).
+ * kv_f16: the CPU engine's KV cache in f16 (its default) or f32. */
+static void check_backend(enum engine_backend backend, double tol, double tol_bf16, int kv_f16)
 {
     json_t *ref = load_ref(), *models = json_object_get(ref, "models");
     const char *name;
@@ -91,6 +92,7 @@ static void check_backend(enum engine_backend backend, double tol, double tol_bf
         ep.ctx_size = 256;
         ep.max_batch_tokens = 128;
         ep.n_threads = 2;
+        ep.kv_f16 = kv_f16;
         struct engine *e = NULL;
         int rc = engine_init(&e, mf, &ep, err);
         if (rc && backend == ENGINE_BACKEND_CUDA) { /* no device here (CI): the GPU run checks it */
@@ -133,7 +135,13 @@ static void check_backend(enum engine_backend backend, double tol, double tol_bf
 
 Test(embeddings, hidden_rows_equal_transformers_cpu, .timeout = 120)
 {
-    check_backend(ENGINE_BACKEND_CPU, 1e-4, 1e-4);
+    check_backend(ENGINE_BACKEND_CPU, 1e-4, 1e-4, 0);
+}
+
+/* The default f16 KV cache: K and V rounded to 11 bits (measured 3.5e-4..4.7e-4 on these models). */
+Test(embeddings, hidden_rows_equal_transformers_cpu_f16_kv, .timeout = 120)
+{
+    check_backend(ENGINE_BACKEND_CPU, 2e-3, 2e-3, 1);
 }
 
 Test(embeddings, hidden_rows_equal_transformers_cuda, .timeout = 300)
@@ -141,5 +149,5 @@ Test(embeddings, hidden_rows_equal_transformers_cuda, .timeout = 300)
     /* x rounded to f16 or bf16 in the products. Measured on the H200 (2026-12-01): qwen2_bias_bf16 4.3e-3..6.9e-3
      * since bf16 weights stay bf16 on the device (run 7c converted them to f16: 5e-4..1.2e-3); f16/f32 models
      * pass 5e-3. */
-    check_backend(ENGINE_BACKEND_CUDA, 5e-3, 1.5e-2);
+    check_backend(ENGINE_BACKEND_CUDA, 5e-3, 1.5e-2, 1);
 }

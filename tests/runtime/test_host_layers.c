@@ -220,8 +220,8 @@ static void check_against_reference(enum dtype wt)
     char err[256] = "";
     cr_assert_eq(model_init_synthetic(&m, &hp, wt, 77, 1, err), 0, "%s", err);
     struct kv_cache kv_ref, kv;
-    cr_assert_eq(kv_cache_init(&kv_ref, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 1), 0);
-    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 1), 0);
+    cr_assert_eq(kv_cache_init(&kv_ref, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
     const int V = hp.n_vocab;
     float *ref = malloc(sizeof(float) * 9 * V), *got = malloc(sizeof(float) * 9 * V),
           *first = malloc(sizeof(float) * 9 * V);
@@ -287,7 +287,7 @@ Test(host_layers, borrowed_kv_cache_gives_bitwise_the_same_logits)
     char err[256] = "";
     cr_assert_eq(model_init_synthetic(&m, &hp, DTYPE_F16, 78, 1, err), 0, "%s", err);
     struct kv_cache kv;
-    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 1), 0);
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
     const int V = hp.n_vocab;
     float *alone = malloc(sizeof(float) * 9 * V), *mixed = malloc(sizeof(float) * 9 * V);
     struct backend *a = cpu_backend(&m, &kv, NULL, 2, 0);

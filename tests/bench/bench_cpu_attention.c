@@ -1,0 +1,96 @@
+/* bench_cpu_attention — decode attention over a long context with the KV cache in f32 and in f16 (not a
+ * test). One sequence of `ctx` positions, `tokens` decode rows of other sequences of the same length (a batch
+ * of decodes), heads/kv heads/head_dim of a model; best of `reps` calls after a warm-up; K/V rotate over
+ * copies of at least 512 MiB so no call finds them in cache. Prints ms per call and the K/V read rate.
+ * Usage: bench_cpu_attention [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] [-r reps]
+ * (defaults: Llama-2-7B's 32/32/128, context 4096, 1 token, 2 threads, 8 reps).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/core/status.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/fp16.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, ctx = 4096, tokens = 1, heads = 32, kvh = 32, hd = 128, reps = 8, opt;
+    while ((opt = getopt(argc, argv, "t:c:b:H:K:d:r:")) != -1) {
+        const int v = atoi(optarg);
+        switch (opt) {
+        case 't': threads = v; break;
+        case 'c': ctx = v; break;
+        case 'b': tokens = v; break;
+        case 'H': heads = v; break;
+        case 'K': kvh = v; break;
+        case 'd': hd = v; break;
+        case 'r': reps = v; break;
+        default:
+            fprintf(stderr, "usage: %s [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] "
+                            "[-r reps]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (threads < 1 || ctx < 1 || tokens < 1 || heads < 1 || kvh < 1 || heads % kvh || hd < 1 || reps < 1) {
+        fprintf(stderr, "bad sizes\n");
+        return 2;
+    }
+    const int bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * tokens;
+    const size_t row = (size_t)kvh * hd, cells = (size_t)n_blocks * bs * row;
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)n_blocks), *seq = malloc(sizeof(int32_t) * tokens),
+            *pos = malloc(sizeof(int32_t) * tokens);
+    float *q = malloc(sizeof(float) * (size_t)tokens * heads * hd), *out = malloc(sizeof(float) * (size_t)tokens * heads * hd);
+    if (!table || !seq || !pos || !q || !out) return 1;
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    for (int t = 0; t < tokens; t++) seq[t] = t, pos[t] = ctx - 1;
+    for (size_t i = 0; i < (size_t)tokens * heads * hd; i++) q[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    struct tpool *tp;
+    if (tpool_init(&tp, threads)) return 1;
+    printf("heads %d, kv heads %d, head_dim %d, context %d, %d decode token(s), %d threads\n", heads, kvh, hd, ctx,
+           tokens, threads);
+    for (int f16 = 0; f16 < 2; f16++) {
+        const size_t es = f16 ? 2 : 4, bytes = 2 * cells * es;
+        const int copies = (int)((512u << 20) / bytes) + 2;
+        void **k = calloc((size_t)copies, sizeof *k), **v = calloc((size_t)copies, sizeof *v);
+        for (int c = 0; c < copies; c++) {
+            k[c] = malloc(cells * es), v[c] = malloc(cells * es);
+            if (!k[c] || !v[c]) return 1;
+            for (size_t i = 0; i < cells; i++) {
+                const float x = (float)(((i + c) * 40503u) % 2001) / 1000.0f - 1.0f;
+                if (f16)
+                    ((uint16_t *)k[c])[i] = ((uint16_t *)v[c])[i] = f32_to_f16(x);
+                else
+                    ((float *)k[c])[i] = ((float *)v[c])[i] = x;
+            }
+        }
+        double best = 1e30;
+        for (int r = 0; r <= reps; r++) {
+            const int c = r % copies;
+            struct kv_layer_view kv = {k[c], v[c], n_blocks, bs, table, max_blocks, kvh, hd, f16};
+            const double t0 = now_s();
+            if (kern_cpu_attention(out, q, &kv, seq, pos, tokens, heads, 0.088f, tp) != FERRY_OK) return 1;
+            const double dt = now_s() - t0;
+            if (r > 0 && dt < best) best = dt; /* r = 0: warm-up */
+        }
+        printf("%s KV: %8.3f ms per call, %6.1f GB/s of K/V (%.1f MiB)\n", f16 ? "f16" : "f32", best * 1e3,
+               (double)2 * tokens * ctx * row * es / best / 1e9, bytes / 1048576.0);
+        for (int c = 0; c < copies; c++) free(k[c]), free(v[c]);
+        free(k);
+        free(v);
+    }
+    tpool_free(tp);
+    free(table), free(seq), free(pos), free(q), free(out);
+    return 0;
+}
