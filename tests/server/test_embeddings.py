@@ -74,7 +74,9 @@ def test_batch_equals_single_while_generating(server):
 
 
 def test_pooling_last():
-    s = Server("--parallel", "2", "--pooling", "last")
+    # the last position alone carries the f16 cache's rounding unaveraged: held to 2e-4 with the f32 cache (the
+    # default f16 one is checked by test_against_transformers above and tests/runtime/test_embeddings.c)
+    s = Server("--parallel", "2", "--pooling", "last", "--kv-type", "f32")
     try:
         st, _, r = post(s.url + "/v1/embeddings", {"input": [k["ids"] for k in cases()]})
         assert st == 200
