@@ -49,6 +49,7 @@ struct run_opts {
     int log_level;
     enum engine_quant quant;
     enum engine_backend backend;
+    int kv_f32; /* --kv-type f32 (the default is f16) */
 };
 
 static void run_usage(FILE *f)
@@ -82,6 +83,7 @@ static void run_usage(FILE *f)
             "  --threads N            CPU threads (default: all cores)\n"
             "  --quant none|int8|int4 quantize F32/F16/BF16 weights at load (int8: llama.cpp's Q8_0, int4:\n"
             "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
+            "  --kv-type f16|f32      the CPU backend's KV cache (default f16)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
@@ -200,6 +202,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_IGNORE_EOS,
         O_LOG,
         O_QUANT,
+        O_KV_TYPE,
         O_BACKEND,
         O_RAW,
         O_SYSTEM
@@ -232,6 +235,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"log-level", required_argument, 0, O_LOG},
         {"quant", required_argument, 0, O_QUANT},
+        {"kv-type", required_argument, 0, O_KV_TYPE},
         {"backend", required_argument, 0, O_BACKEND},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -345,6 +349,10 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
                 o->quant = (enum engine_quant)q;
             break;
         }
+        case O_KV_TYPE:
+            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) bad = 1;
+            o->kv_f32 = !strcmp(optarg, "f32");
+            break;
         case O_BACKEND:
             if (!strcmp(optarg, "auto"))
                 o->backend = ENGINE_BACKEND_AUTO;
@@ -537,6 +545,7 @@ int cli_run_main(int argc, char **argv)
     ep.ctx_size = o.ctx_size;
     ep.n_seqs = 1;
     ep.quant = o.quant;
+    ep.kv_f16 = !o.kv_f32;
     ep.backend = o.backend;
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));

@@ -2,7 +2,9 @@
 block-type weights quantized to int8 blocks, llama.cpp's arithmetic) against the default f32, on stories260K
 quantized to Q8_0 at load. The two must answer with log-probabilities that differ (the flag took effect) by
 little (int8 activations round x to 1/127 of each block's largest value); a bad value refuses to start. A KV pool
-smaller than --parallel x --ctx-size is said at start, with how many slots it holds at full context."""
+smaller than --parallel x --ctx-size is said at start, with how many slots it holds at full context. `--kv-type`
+(the CPU's KV cache in f16, the default, or f32) reaches the engine the same way."""
+import re
 import json
 import subprocess
 import urllib.request
@@ -10,8 +12,8 @@ import urllib.request
 from conftest import FERRY, MODEL, Server
 
 
-def first_logprobs(arith):
-    s = Server("--quant", "int8", "--cpu-arith", arith)
+def first_logprobs(arith, *more):
+    s = Server("--quant", "int8", "--cpu-arith", arith, *more)
     try:
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 5}).encode()
         req = urllib.request.Request(s.url + "/v1/completions", data=body,
@@ -51,3 +53,27 @@ def test_kv_pool_smaller_than_the_slots_is_said_at_start():
         line = next(x for x in log.splitlines() if "engine: cpu backend" in x)
         assert "KV pool %s positions" % kv in line, line
         assert (want in line) if want else ("room for" not in line), line
+
+
+def test_kv_type_f32_doubles_the_pool_and_changes_the_numbers_a_little():
+    """The pool's size in the start line (f16: half of f32's MiB), and the log-probabilities: K/V rounded to f16
+    move them by little, but they move (the flag reached the engine)."""
+    mib = {}
+    for kv in ("f16", "f32"):
+        s = Server("--kv-type", kv, "--ctx-size", "256")
+        try:
+            line = next(x for x in s.read_log().splitlines() if "engine: cpu backend" in x)
+        finally:
+            assert s.stop() == 0
+        m = re.search(r"KV pool \d+ positions \(([0-9.]+) MiB, (f16|f32)\)", line)
+        assert m and m.group(2) == kv, line
+        mib[kv] = float(m.group(1))
+    assert abs(mib["f32"] - 2 * mib["f16"]) < 0.11, mib
+    _, top16 = first_logprobs("f32", "--kv-type", "f16")
+    _, top32 = first_logprobs("f32", "--kv-type", "f32")
+    diffs = [abs(a[t] - b[t]) for a, b in zip(top16, top32) for t in a if t in b]
+    assert len(diffs) >= 3, (top16, top32)
+    assert 0 < max(diffs) < 0.05, (top16, top32)
+    p = subprocess.run([FERRY, "serve", "--model", MODEL, "--kv-type", "q8"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode != 0 and "--kv-type must be one of f16|f32" in p.stderr + p.stdout
