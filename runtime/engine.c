@@ -94,6 +94,11 @@ int engine_quant_parse(const char *s)
     return -1;
 }
 
+int engine_kv_type_parse(const char *s)
+{
+    return !s ? -1 : !strcmp(s, "f16") ? 1 : !strcmp(s, "f32") ? 0 : -1;
+}
+
 int engine_quant_ftype(enum engine_quant q)
 {
     return (unsigned)q < sizeof engine_quants / sizeof engine_quants[0] ? engine_quants[q].ftype : -1;
@@ -464,9 +469,10 @@ static int engine_create(struct engine **out, struct model *model, const struct 
             "; room for %d of the %d slots at full context (requests are admitted by prompt + max_tokens, "
             "the rest wait)",
             full, p.n_seqs);
+    const int kv_es = use_cuda ? 2 : e->kv.elem_size; /* the device's cache is f16 */
     FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s)%s", e->stats.backend,
-              p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, use_cuda ? 2 : (size_t)e->kv.elem_size) / 1048576.0,
-              use_cuda || e->kv.elem_size == 2 ? "f16" : "f32", room);
+              p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, (size_t)kv_es) / 1048576.0,
+              kv_es == 2 ? "f16" : "f32", room);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);

@@ -29,6 +29,8 @@ enum engine_placement { ENGINE_PLACEMENT_AUTO = 0, ENGINE_PLACEMENT_STREAM = 1, 
 enum engine_quant { ENGINE_QUANT_NONE = 0, ENGINE_QUANT_INT8 = 1, ENGINE_QUANT_INT4 = 2 };
 /* "none" | "int8" | "int4" to its value, or -1. */
 int engine_quant_parse(const char *s);
+/* --kv-type "f16" | "f32" to engine_params.kv_f16 (1 | 0), or -1. */
+int engine_kv_type_parse(const char *s);
 /* The llama.cpp file type (quant/mix.h) a quantization applies, or -1 for NONE. */
 int engine_quant_ftype(enum engine_quant q);
 

@@ -38,7 +38,7 @@ struct kv_cache {
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
                   int pool_tokens, int block_size, int elem_size);
 void kv_cache_free(struct kv_cache *kv);
-/* Bytes of K/V data at `elem_size` bytes per element (4 on the CPU, 2 for an f16 device cache). */
+/* Bytes of K/V data at `elem_size` bytes per element (the host cache's kv->elem_size, 2 for the device's). */
 size_t kv_cache_bytes(const struct kv_cache *kv, size_t elem_size);
 
 /* Makes sure slot `seq` holds blocks for positions [0, n_pos). FERRY_ERR_RANGE when the pool is empty or

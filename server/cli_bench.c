@@ -214,8 +214,7 @@ int cli_bench_main(int argc, char **argv)
             ep.cpu_int8 = !strcmp(optarg, "int8") ? 1 : !strcmp(optarg, "f32") ? 0 : -1;
             break;
         case 'K':
-            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) goto bad;
-            ep.kv_f16 = !strcmp(optarg, "f16");
+            if ((ep.kv_f16 = engine_kv_type_parse(optarg)) < 0) goto bad;
             break;
         case 'P':
             if (!strcmp(optarg, "auto"))

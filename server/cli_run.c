@@ -49,7 +49,7 @@ struct run_opts {
     int log_level;
     enum engine_quant quant;
     enum engine_backend backend;
-    int kv_f32; /* --kv-type f32 (the default is f16) */
+    int kv_f16; /* --kv-type: 1 f16 (default), 0 f32 */
 };
 
 static void run_usage(FILE *f)
@@ -248,6 +248,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->sp.top_p = 0.95f;
     o->sp.min_p = 0.05f;
     o->bos = -1;
+    o->kv_f16 = 1;
     o->log_level = LOG_LEVEL_WARN;
     int c, bad = 0, idx = -1;
     optind = 1;
@@ -350,8 +351,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         }
         case O_KV_TYPE:
-            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) bad = 1;
-            o->kv_f32 = !strcmp(optarg, "f32");
+            if ((o->kv_f16 = engine_kv_type_parse(optarg)) < 0) bad = 1;
             break;
         case O_BACKEND:
             if (!strcmp(optarg, "auto"))
@@ -545,7 +545,7 @@ int cli_run_main(int argc, char **argv)
     ep.ctx_size = o.ctx_size;
     ep.n_seqs = 1;
     ep.quant = o.quant;
-    ep.kv_f16 = !o.kv_f32;
+    ep.kv_f16 = o.kv_f16;
     ep.backend = o.backend;
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));

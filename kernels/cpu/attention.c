@@ -36,9 +36,9 @@
 #define ATT_CHUNK          32         /* positions scored at a time */
 #define ATT_MAX_GROUP      16         /* query heads one task may take */
 #define ATT_MAX_ACC        2048       /* floats of accumulators in one task: heads * head_dim */
-#define ATT_PREFETCH_BYTES (256u << 10)
+#define ATT_PREFETCH_BYTES (256u << 10) /* K+V of a sequence's layer beyond which rows are prefetched */
 #define ATT_PART           256        /* positions per part of a long context (parallel, merged after) */
-#define ATT_STATE_FLOATS   (1u << 20) /* budget of partial states per pass over the batch (4 MiB) */ /* K+V of a sequence's layer beyond which rows are prefetched */
+#define ATT_STATE_FLOATS   (1u << 20) /* budget of partial states per pass over the batch (4 MiB) */
 
 /* The element index of (seq, pos, KV head kvh)'s row in a layer's K or V. */
 static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, int kvh)
@@ -80,7 +80,10 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
         const size_t at = kv_row(kv, seq[i], pos[i], 0);
         if (kv->f16) { /* f32_to_f16 rounds to nearest even: the same bits with or without F16C */
             uint16_t *kd = (uint16_t *)kv->k + at, *vd = (uint16_t *)kv->v + at;
-            for (size_t e = 0; e < w; e++) kd[e] = f32_to_f16(k_new[i * w + e]), vd[e] = f32_to_f16(v_new[i * w + e]);
+            for (size_t e = 0; e < w; e++) {
+                kd[e] = f32_to_f16(k_new[i * w + e]);
+                vd[e] = f32_to_f16(v_new[i * w + e]);
+            }
         } else {
             memcpy((float *)kv->k + at, k_new + i * w, w * sizeof(float));
             memcpy((float *)kv->v + at, v_new + i * w, w * sizeof(float));

@@ -2,8 +2,8 @@
  * test). One sequence of `ctx` positions, `tokens` decode rows of other sequences of the same length (a batch
  * of decodes), heads/kv heads/head_dim of a model; best of `reps` calls after a warm-up; K/V rotate over
  * copies of at least 512 MiB so no call finds them in cache. Prints ms per call and the K/V read rate.
- * Usage: bench_cpu_attention [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] [-r reps]
- * (defaults: Llama-2-7B's 32/32/128, context 4096, 1 token, 2 threads, 8 reps).
+ * Usage: bench_cpu_attention [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] [-r
+ * reps] (defaults: Llama-2-7B's 32/32/128, context 4096, 1 token, 2 threads, 8 reps).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -30,16 +30,32 @@ int main(int argc, char **argv)
     while ((opt = getopt(argc, argv, "t:c:b:H:K:d:r:")) != -1) {
         const int v = atoi(optarg);
         switch (opt) {
-        case 't': threads = v; break;
-        case 'c': ctx = v; break;
-        case 'b': tokens = v; break;
-        case 'H': heads = v; break;
-        case 'K': kvh = v; break;
-        case 'd': hd = v; break;
-        case 'r': reps = v; break;
+        case 't':
+            threads = v;
+            break;
+        case 'c':
+            ctx = v;
+            break;
+        case 'b':
+            tokens = v;
+            break;
+        case 'H':
+            heads = v;
+            break;
+        case 'K':
+            kvh = v;
+            break;
+        case 'd':
+            hd = v;
+            break;
+        case 'r':
+            reps = v;
+            break;
         default:
-            fprintf(stderr, "usage: %s [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] "
-                            "[-r reps]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] "
+                    "[-r reps]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -51,15 +67,17 @@ int main(int argc, char **argv)
     const size_t row = (size_t)kvh * hd, cells = (size_t)n_blocks * bs * row;
     int32_t *table = malloc(sizeof(int32_t) * (size_t)n_blocks), *seq = malloc(sizeof(int32_t) * tokens),
             *pos = malloc(sizeof(int32_t) * tokens);
-    float *q = malloc(sizeof(float) * (size_t)tokens * heads * hd), *out = malloc(sizeof(float) * (size_t)tokens * heads * hd);
+    float *q = malloc(sizeof(float) * (size_t)tokens * heads * hd),
+          *out = malloc(sizeof(float) * (size_t)tokens * heads * hd);
     if (!table || !seq || !pos || !q || !out) return 1;
     for (int i = 0; i < n_blocks; i++) table[i] = i;
     for (int t = 0; t < tokens; t++) seq[t] = t, pos[t] = ctx - 1;
-    for (size_t i = 0; i < (size_t)tokens * heads * hd; i++) q[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < (size_t)tokens * heads * hd; i++)
+        q[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
     struct tpool *tp;
     if (tpool_init(&tp, threads)) return 1;
-    printf("heads %d, kv heads %d, head_dim %d, context %d, %d decode token(s), %d threads\n", heads, kvh, hd, ctx,
-           tokens, threads);
+    printf("heads %d, kv heads %d, head_dim %d, context %d, %d decode token(s), %d threads\n", heads, kvh, hd,
+           ctx, tokens, threads);
     for (int f16 = 0; f16 < 2; f16++) {
         const size_t es = f16 ? 2 : 4, bytes = 2 * cells * es;
         const int copies = (int)((512u << 20) / bytes) + 2;
