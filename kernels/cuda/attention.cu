@@ -1199,7 +1199,11 @@ static int blocks_per_sm(int D, int stages)
     static int cache[2][ATT_DMAX / 8 + 1];
     int *c = &cache[stages - 1][D / 8];
     if (!*c) {
-        int nb = 0;
+        int nb = 0, n_dev = 0;
+        if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) { /* planning offline (ferry inspect) */
+            (void)cudaGetLastError();
+            return 2;
+        }
         if (attn_prepare() == FERRY_OK &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, stages == 1 ? attn_kernel<1> : attn_kernel<2>,
                                                           ATT_THREADS,

@@ -230,6 +230,9 @@ Test(gpu_e2e, placements_are_bitwise_equal)
         engine_get_stats(e, &st);
         if (configs[c][0] == 0)
             cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
+        /* Each layer's K and V live with its weights: the host layers' in host memory. */
+        cr_assert_eq(st.kv_host_bytes > 0, st.n_streamed > 0, "config %zu: %llu bytes of host KV", c,
+                     (unsigned long long)st.kv_host_bytes);
         float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
         int32_t tok[64], pos[64], seq[64];
         uint8_t want[64];
