@@ -47,28 +47,21 @@ static uint64_t weights_bytes(const struct device_map_input *in, int resident, i
     return res + (uint64_t)s * big;
 }
 
-/* Device bytes of a plan: `resident` layers with their KV at kv positions, and the ring. */
-static uint64_t plan_bytes(const struct device_map_input *in, int resident, int64_t kv, int k, int *slots,
-                           uint64_t *slot_b)
-{
-    return in->fixed_bytes + in->head_bytes + weights_bytes(in, resident, k, slots, slot_b) +
-           (uint64_t)kv * in->kv_layer_bytes * (uint64_t)resident;
-}
-
 int device_map_plan(const struct device_map_input *in, struct device_map *out, char err[256])
 {
     memset(out, 0, sizeof *out);
     const int L = in->n_layers;
-    const int has_kv = in->kv_layer_bytes > 0;
+    const int auto_kv = in->kv_token_bytes > 0;
     if (L <= 0 || in->gpu_layers < -1 || in->gpu_layers > L || in->n_slots < 0 ||
-        (has_kv && (in->kv_block <= 0 || in->kv_tokens_min <= 0 || in->kv_tokens_max < in->kv_tokens_min))) {
+        (auto_kv && (in->kv_block <= 0 || in->kv_tokens_min <= 0 || in->kv_tokens_max < in->kv_tokens_min))) {
         snprintf(err, 256, "invalid placement request (layers %d, --gpu-layers %d)", L, in->gpu_layers);
         return FERRY_ERR_INVALID;
     }
-    const int64_t blk = has_kv ? in->kv_block : 1;
-    const int64_t kv_max = has_kv ? in->kv_tokens_max / blk * blk : 0;
-    const int64_t kv_min = has_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
-    int64_t kv_floor = has_kv ? in->kv_tokens_floor / blk * blk : 0;
+    const uint64_t base = in->fixed_bytes + in->head_bytes, kvt = in->kv_token_bytes;
+    const int64_t blk = auto_kv ? in->kv_block : 1;
+    const int64_t kv_max = auto_kv ? in->kv_tokens_max / blk * blk : 0;
+    const int64_t kv_min = auto_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
+    int64_t kv_floor = auto_kv ? in->kv_tokens_floor / blk * blk : 0;
     if (kv_floor < kv_min) kv_floor = kv_min;
     if (kv_floor > kv_max) kv_floor = kv_max > kv_min ? kv_max : kv_min;
     int k = in->n_slots ? in->n_slots : 2;
@@ -81,47 +74,54 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         for (int i = 0; i < L; i++) n_mask += in->resident_mask[i] != 0;
     /* The smallest plan: every layer streams (or all resident when the ring would hold them all anyway). */
     const int min_resident = in->resident_mask ? n_mask : (!in->no_ring && (L == 1 || L <= k)) ? L : 0;
-    out->bytes_minimum = plan_bytes(in, min_resident, kv_min, k, &slots, &slot_b);
+    out->bytes_minimum = base + weights_bytes(in, min_resident, k, &slots, &slot_b) + (uint64_t)kv_min * kvt;
 
     int resident;
     int64_t kv = kv_max;
+    uint64_t all = weights_bytes(in, L, k, &slots, &slot_b);
     if (in->resident_mask) {
         resident = n_mask;
         kv = kv_min;
     } else if (in->gpu_layers >= 0) {
         resident = in->gpu_layers;
         kv = kv_min; /* grows below into what the layers leave */
-    } else if (in->budget >= plan_bytes(in, L, kv_max, k, &slots, &slot_b)) {
+    } else if (in->budget >= base + all + (uint64_t)kv_max * kvt) {
         resident = L;
     } else {
         /* The pool keeps its floor (or what the smallest plan leaves, if less); the layers take the rest. */
         kv = kv_floor;
-        const uint64_t w_min = plan_bytes(in, min_resident, 0, k, &slots, &slot_b);
-        if (has_kv && min_resident > 0 && in->budget < plan_bytes(in, min_resident, kv, k, &slots, &slot_b) &&
-            in->budget > w_min)
-            kv = (int64_t)((in->budget - w_min) / (in->kv_layer_bytes * (uint64_t)min_resident)) / blk * blk;
+        const uint64_t w_min = weights_bytes(in, min_resident, k, &slots, &slot_b);
+        if (auto_kv && in->budget < base + w_min + (uint64_t)kv * kvt && in->budget > base + w_min)
+            kv = (int64_t)((in->budget - base - w_min) / kvt) / blk * blk;
         if (kv < kv_min) kv = kv_min;
-        resident = L;
-        while (resident > min_resident && plan_bytes(in, resident, kv, k, &slots, &slot_b) > in->budget)
+        resident = L; /* (every layer may still fit beside the floor) */
+        while (resident > min_resident &&
+               base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt > in->budget)
             resident--;
     }
-    if (has_kv) { /* the pool takes what the layers leave, up to its maximum (free when no layer is resident) */
-        const uint64_t used = plan_bytes(in, resident, 0, k, &slots, &slot_b);
-        int64_t fit = kv_max;
-        if (resident > 0)
-            fit = in->budget > used
-                      ? (int64_t)((in->budget - used) / (in->kv_layer_bytes * (uint64_t)resident)) / blk * blk
-                      : 0;
-        if (fit > kv_max) fit = kv_max;
-        if (fit > kv) kv = fit;
+    if (auto_kv) { /* the pool takes what the layers leave, up to its maximum */
+        const uint64_t used = base + weights_bytes(in, resident, k, &slots, &slot_b);
+        if (in->budget > used) {
+            int64_t fit = (int64_t)((in->budget - used) / kvt) / blk * blk;
+            if (fit > kv_max) fit = kv_max;
+            if (fit > kv) kv = fit;
+        }
         if (kv < kv_min) kv = kv_min;
     }
-    uint64_t total = plan_bytes(in, resident, kv, k, &slots, &slot_b);
+    uint64_t total = base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt;
     if (total > in->budget) {
-        snprintf(err, 256,
-                 "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (this plan: %.2f GiB, %d resident "
-                 "layers, %d slots of %.1f MiB)",
-                 in->budget / GIB, out->bytes_minimum / GIB, total / GIB, resident, slots, slot_b / 1048576.0);
+        if (auto_kv)
+            snprintf(
+                err, 256,
+                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (%d layers streamed, a KV pool of "
+                "%lld positions = one --ctx-size sequence)",
+                in->budget / GIB, out->bytes_minimum / GIB, L - min_resident, (long long)kv_min);
+        else
+            snprintf(
+                err, 256,
+                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (this plan: %.2f GiB, %d resident "
+                "layers, %d slots of %.1f MiB)",
+                in->budget / GIB, out->bytes_minimum / GIB, total / GIB, resident, slots, slot_b / 1048576.0);
         return FERRY_ERR_DEVICE_MEM;
     }
     out->where = malloc((size_t)L * sizeof *out->where);
@@ -137,9 +137,14 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     out->n_streamed = L - resident;
     out->n_slots = slots;
     out->layer_bytes = slot_b;
-    out->kv_tokens = kv;
-    out->kv_bytes = (uint64_t)kv * in->kv_layer_bytes * (uint64_t)resident;
-    out->kv_host_bytes = (uint64_t)kv * in->kv_layer_bytes * (uint64_t)(L - resident);
+    out->kv_tokens = auto_kv ? kv : 0;
+    out->kv_bytes = (uint64_t)out->kv_tokens * kvt;
+    if (auto_kv && resident < L && kv < kv_max && in->kv_ext_max > 0) {
+        int64_t ext = kv_max - kv;
+        if (ext > in->kv_ext_max) ext = in->kv_ext_max / blk * blk;
+        out->kv_ext_tokens = ext;
+        out->kv_ext_bytes = (uint64_t)ext * kvt;
+    }
     out->bytes_total = total;
     double t_link = in->h2d_bytes_per_s > 0 ? (double)streamed_bytes / in->h2d_bytes_per_s : 0;
     double t_hbm = in->hbm_bytes_per_s > 0 ? ((double)all_bytes + in->head_bytes) / in->hbm_bytes_per_s : 0;
@@ -167,9 +172,12 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
          m->n_resident, m->n_streamed, m->n_slots, m->layer_bytes / 1048576.0, m->bytes_total / GIB,
          m->bytes_minimum / GIB, m->predicted_step_s * 1e3);
     if (m->kv_tokens)
-        EMIT("  KV pool: %lld positions, %.2f GiB on the device (resident layers), %.2f GiB in host memory "
-             "(host layers)\n",
-             (long long)m->kv_tokens, m->kv_bytes / GIB, m->kv_host_bytes / GIB);
+        EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
+             m->kv_bytes / GIB);
+    if (m->kv_ext_tokens)
+        EMIT("  KV pool extension in host memory: %lld positions (%.2f GiB), read over the link when the "
+             "device's are all taken\n",
+             (long long)m->kv_ext_tokens, m->kv_ext_bytes / GIB);
     for (int i = 0; i < m->n_layers;) {
         int j = i;
         while (j + 1 < m->n_layers && m->where[j + 1] == m->where[i]) j++;

@@ -6,19 +6,21 @@
  * plan's (runtime/step_plan.h), per step size. The output head is always resident; the token embedding is
  * gathered on the host (only the rows a batch needs cross the link).
  * The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it anywhere):
- *   budget = fixed (activations, workspaces) + head + resident layers and their KV + slot ring (if any streams).
+ *   budget = fixed (activations, workspaces) + KV pool + head + resident layers + slot ring (if any streams).
  * Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes, a slot the
  * largest streamed layer's. Streamed layers are spread evenly between resident ones so every copy hides
  * behind resident compute.
- * KV: each layer's K and V live where its weights do. A resident layer's are in device memory; a host
- * layer's are in pinned, mapped host memory, which the device's attention reads and writes over the link
- * (the bytes are small beside the layer's weights at the contexts serving meets, and the device memory they
- * would take holds resident layers instead). So the device part of the pool costs kv_layer_bytes per position
- * per resident layer, and a plan where every layer streams keeps no KV on the device at all.
- * The pool's positions (shared by all layers): all of kv_tokens_max when every layer fits beside it; otherwise
- * the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a streamed layer's bytes into
- * many tokens), the layers take the rest, and the pool then grows into what they leave, up to kv_tokens_max.
- * It never goes below kv_tokens_min (one full-length sequence). A fixed pool passes max = floor = min.
+ * KV pool: fixed by the caller, or sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer
+ * fits beside it; otherwise the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a
+ * streamed layer's bytes into many tokens) and the layers take the rest, then the pool takes what the layers
+ * leave, up to kv_tokens_max. It never goes below kv_tokens_min (one full-length sequence): a budget that
+ * cannot hold that beside the smallest streaming plan is refused, naming the minimum.
+ * Extension: when some layers stream and the pool falls short of kv_tokens_max, the missing positions (up to
+ * kv_ext_max) become an extension of the pool in pinned host memory, which the device's attention reads over
+ * the link (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead of queueing;
+ * each extension position a step reads costs link time beside the streamed weights (runtime/NOTES.md). Not
+ * when every layer is resident: there a step is so short that reading K/V over the link would cost more than
+ * the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -33,13 +35,14 @@ struct device_map_input {
     uint64_t layer_bytes;        /* device bytes of the largest layer's weights */
     const uint64_t *layer_sizes; /* (n_layers) each layer's bytes, or NULL: all are layer_bytes */
     uint64_t head_bytes;         /* output head + final norm */
-    uint64_t fixed_bytes;        /* activations + workspaces */
-    /* The KV pool (positions of all sequences together); none when kv_layer_bytes is 0. */
-    uint64_t kv_layer_bytes; /* bytes of one position's K and V in one layer */
+    uint64_t fixed_bytes;        /* activations + workspaces, and the KV pool when kv_token_bytes is 0 */
+    /* KV pool sized by the planner when kv_token_bytes > 0 (positions of all sequences together). */
+    uint64_t kv_token_bytes; /* device bytes of one position's K and V over all layers */
     int64_t kv_tokens_max;   /* at most this many (--parallel x --ctx-size) */
     int64_t kv_tokens_floor; /* kept before layers are made resident, when not everything fits */
     int64_t kv_tokens_min;   /* never fewer (one full-length sequence) */
     int kv_block;            /* positions per KV block: the pool is a whole number of blocks */
+    int64_t kv_ext_max;      /* positions the extension in host memory may hold (0: no extension) */
     uint64_t budget;         /* device bytes the plan may use */
     int gpu_layers;          /* -1: as many as fit; else exactly this many resident */
     int n_slots;             /* ring size when some layers stream; 0: the planner's choice (2) */
@@ -57,10 +60,11 @@ struct device_map {
     int n_streamed;          /* layers in host memory (streamed or computed on the host, step by step) */
     int n_slots;             /* 0 when nothing streams */
     uint64_t layer_bytes;    /* slot size: the largest streamed layer (the largest layer when none streams) */
-    int64_t kv_tokens;       /* the KV pool's positions (0 without a pool) */
-    uint64_t kv_bytes;       /* its device bytes: the resident layers' K and V */
-    uint64_t kv_host_bytes;  /* its host bytes: the host layers' K and V (pinned, mapped) */
-    uint64_t bytes_total;    /* fixed + head + resident layers and their KV + slots: what the plan allocates */
+    int64_t kv_tokens;       /* the KV pool's positions when the planner sized it, else 0 */
+    uint64_t kv_bytes;       /* its device bytes (0 when fixed by the caller) */
+    int64_t kv_ext_tokens;   /* positions of its extension in host memory (0: none) */
+    uint64_t kv_ext_bytes;   /* the extension's bytes */
+    uint64_t bytes_total;    /* fixed + head + resident + slots: what the plan allocates */
     uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,
                               * all weight bytes / hbm) (the step plan refines it) */

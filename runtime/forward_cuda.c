@@ -122,10 +122,12 @@ struct forward_cuda {
     float *out_norm; /* (dim) */
     float *inv_freq; /* (rope_dim/2) device */
 
-    /* KV pool (f16) and its block table mirror. Each layer's K and V live where its weights do
-     * (device_map.h): the resident layers' in the arena, the host layers' in pinned mapped memory. */
-    uint16_t **k_layer, **v_layer; /* (n_layers) device addresses of (n_blocks, block_size, kvd) f16 */
-    uint16_t *kv_host;             /* the host layers' K and V, one mapped allocation (NULL if none) */
+    /* KV pool (f16) and its block table mirror; the pool's last n_ext blocks are its extension in pinned,
+     * mapped host memory (device_map.h). */
+    uint16_t *k_cache, *v_cache; /* (n_layers, n_blocks - n_ext, block_size, kvd) f16 */
+    uint16_t *kv_ext;            /* K then V, each (n_layers, n_ext, block_size, kvd) f16 (host), or NULL */
+    uint16_t *kv_ext_dev;        /* its device address */
+    int n_ext;
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
 
     /* Activations. */
@@ -226,7 +228,7 @@ static void cuda_free(struct backend *be)
     kern_cuda_ctx_free(f->kctx);
     if (f->arena) cudaFree(f->arena);
     pinned_block_free(&f->host);
-    pinned_mapped_free(f->kv_host);
+    pinned_mapped_free(f->kv_ext);
     if (f->h_x) cudaFreeHost(f->h_x);
     if (f->h_ints) cudaFreeHost(f->h_ints);
     if (f->h_logits) cudaFreeHost(f->h_logits);
@@ -238,8 +240,6 @@ static void cuda_free(struct backend *be)
     free(f->layer_sizes);
     free(f->resident);
     free(f->host_block);
-    free(f->k_layer);
-    free(f->v_layer);
     free(f->slot);
     free(f->step_list);
     free(f->step_copy);
@@ -365,8 +365,8 @@ struct plan_sizes {
     uint64_t *layer_sizes; /* (n_layers) each layer block's bytes (caller-owned) */
     size_t head_bytes;     /* output head + final norm */
     size_t fixed_bytes; /* activations, attention workspace; cuBLAS's context and the KV pool not included */
-    size_t kv_layer_bytes; /* K and V of one position in one layer (f16) */
-    int64_t kv_tokens;     /* the pool's positions at kv's size */
+    size_t kv_bytes;    /* the KV pool (f16) at kv's size */
+    size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
     size_t attn_ws_bytes;
     size_t max_x; /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
 };
@@ -386,15 +386,34 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->head_bytes =
         align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
         align_up((size_t)hp->dim * sizeof(float));
+    const size_t kv_elems =
+        (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
-    ps->kv_layer_bytes = 2 * (size_t)hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
-    ps->kv_tokens = (int64_t)kv->n_blocks * kv->block_size;
-    /* (2 * ALIGN: the two K/V arrays' alignment) */
+    ps->kv_bytes = 2 * align_up(kv_elems * sizeof(uint16_t));
+    ps->kv_token_bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
+    /* (2 * ALIGN: the two K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes =
         activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) + 2 * ALIGN;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+}
+
+/* Positions the KV pool's extension may take in host memory: half of what the host has available
+ * (/proc/meminfo), less the model's layers (an upper bound of the host layers' pinned blocks). */
+static int64_t kv_ext_cap(const struct plan_sizes *ps, int n_layers)
+{
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (!fp) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(fp);
+    uint64_t layers = 0;
+    for (int l = 0; l < n_layers; l++) layers += ps->layer_sizes[l];
+    const uint64_t half = (uint64_t)kib * 1024 / 2;
+    return half > layers && ps->kv_token_bytes ? (int64_t)((half - layers) / ps->kv_token_bytes) : 0;
 }
 
 /* The planner's input for these sizes: the KV pool fixed at kv's size, or sized by the planner (p->kv_auto).
@@ -419,14 +438,15 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         for (int l = 0; l < m->hp.n_layers; l++) mask[l] = p->force_where[l] == 'g';
         in.resident_mask = mask;
     }
-    in.kv_layer_bytes = ps->kv_layer_bytes;
-    in.kv_block = kv_block;
     if (p->kv_auto) {
+        in.kv_token_bytes = ps->kv_token_bytes;
         in.kv_tokens_max = p->kv_tokens_max;
         in.kv_tokens_floor = p->kv_tokens_floor;
         in.kv_tokens_min = p->kv_tokens_min;
+        in.kv_block = kv_block;
+        in.kv_ext_max = kv_ext_cap(ps, m->hp.n_layers);
     } else {
-        in.kv_tokens_max = in.kv_tokens_floor = in.kv_tokens_min = ps->kv_tokens;
+        in.fixed_bytes += ps->kv_bytes;
     }
     return in;
 }
@@ -514,11 +534,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->host_block = calloc((size_t)L, sizeof *f->host_block);
     f->step_list = calloc((size_t)L, sizeof *f->step_list);
     f->step_copy = calloc((size_t)L, sizeof *f->step_copy);
-    f->k_layer = calloc((size_t)L, sizeof *f->k_layer);
-    f->v_layer = calloc((size_t)L, sizeof *f->v_layer);
     uint8_t *mask = malloc((size_t)L);
     if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->step_list || !f->step_copy ||
-        !f->k_layer || !f->v_layer || !mask)
+        !mask)
         goto fail;
     struct plan_sizes ps;
     plan_sizes_of(m, kv, T, f->layouts, f->layer_sizes, &ps);
@@ -567,20 +585,24 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                 overhead / 1048576.0);
         goto fail;
     }
-    if (p->kv_auto && f->map.kv_tokens != ps.kv_tokens) { /* the planner sized the pool: the tables follow */
+    if (f->map.kv_tokens) { /* the planner sized the KV pool (and its extension): the engine's tables follow */
         struct kv_cache sized;
+        const int64_t all = f->map.kv_tokens + f->map.kv_ext_tokens;
         if ((rc = kv_cache_init(&sized, kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_seqs, kv->ctx_size,
-                                (int)f->map.kv_tokens, kv->block_size, 0))) {
-            snprintf(err, 256, "cannot allocate the KV tables (%lld positions)", (long long)f->map.kv_tokens);
+                                (int)all, kv->block_size, 0)) ||
+            (rc = kv_cache_set_ext(&sized, (int)(f->map.kv_ext_tokens / kv->block_size)))) {
+            kv_cache_free(&sized);
+            snprintf(err, 256, "cannot allocate the KV tables (%lld positions)", (long long)all);
             goto fail;
         }
         kv_cache_free(kv);
         *kv = sized;
     }
-    const size_t kv_layer_elems = (size_t)kv->n_blocks * kv->block_size * kvd;
+    f->n_ext = kv->n_ext;
+    const size_t kv_elems = (size_t)L * (kv->n_blocks - f->n_ext) * kv->block_size * kvd;
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
-    f->stats.kv_host_bytes = f->map.kv_host_bytes;
+    f->stats.kv_host_bytes = f->map.kv_ext_bytes;
     f->stats.n_resident = f->map.n_resident;
     f->stats.n_host = f->map.n_streamed;
     f->stats.n_slots = f->map.n_slots;
@@ -602,9 +624,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         goto fail;
     }
     struct carve c = {.base = f->arena, .off = 0, .cap = f->arena_bytes};
-    const int R = f->map.n_resident, S = f->map.n_streamed, k = f->map.n_slots;
-    uint16_t *k_dev = carve(&c, (size_t)R * kv_layer_elems * sizeof(uint16_t));
-    uint16_t *v_dev = carve(&c, (size_t)R * kv_layer_elems * sizeof(uint16_t));
+    f->k_cache = carve(&c, kv_elems * sizeof(uint16_t));
+    f->v_cache = carve(&c, kv_elems * sizeof(uint16_t));
     f->x = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->xn = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->tmp = carve(&c, (size_t)T * hp->dim * sizeof(float));
@@ -623,6 +644,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
+    const int S = f->map.n_streamed, k = f->map.n_slots;
     f->slot = calloc((size_t)(k > 0 ? k : 1), sizeof *f->slot);
     if (!f->slot || (k > 0 && (rc = ring_init(&f->ring, k, S)))) {
         rc = FERRY_ERR_NOMEM;
@@ -631,7 +653,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     for (int l = 0; l < L; l++)
         if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
-    if (!k_dev || !v_dev || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
+    if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws ||
         !f->inv_freq || !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
@@ -681,32 +703,18 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                 at += align_up(f->layer_sizes[l]);
             }
     }
-    /* The KV pool: the resident layers' in the arena, the host layers' in pinned mapped memory. Zeroed once
-     * so that no step can ever read uninitialised halves as NaN. */
-    const size_t kv_layer_bytes = kv_layer_elems * sizeof(uint16_t);
-    if (S) {
-        const size_t host_kv = 2 * (size_t)S * kv_layer_bytes;
-        FLOG_INFO("pinning %.2f GiB of host memory for the host layers' KV (%lld positions)",
-                  host_kv / 1073741824.0, (long long)f->map.kv_tokens);
-        if ((f->kv_host = pinned_mapped_alloc(host_kv)) == NULL) {
-            snprintf(err, 256,
-                     "cannot pin %.2f GiB of host memory for the host layers' KV cache (lower --parallel or "
-                     "--ctx-size)",
-                     host_kv / 1073741824.0);
+    if (f->n_ext) {
+        const size_t ext_bytes = 2 * (size_t)L * f->n_ext * kv->block_size * kvd * sizeof(uint16_t);
+        FLOG_INFO("pinning %.2f GiB of host memory for the KV pool's extension (%lld positions)",
+                  ext_bytes / 1073741824.0, (long long)f->map.kv_ext_tokens);
+        if ((f->kv_ext = pinned_mapped_alloc(ext_bytes)) == NULL) {
+            snprintf(err, 256, "cannot pin %.2f GiB of host memory for the KV pool's extension",
+                     ext_bytes / 1073741824.0);
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        memset(f->kv_host, 0, host_kv);
-    }
-    uint16_t *kv_host_dev = f->kv_host ? (uint16_t *)pinned_device_ptr(f->kv_host) : NULL;
-    for (int l = 0, r = 0, h = 0; l < L; l++) {
-        if (f->resident[l]) {
-            f->k_layer[l] = k_dev + (size_t)r * kv_layer_elems;
-            f->v_layer[l] = v_dev + (size_t)r++ * kv_layer_elems;
-        } else {
-            f->k_layer[l] = kv_host_dev + (size_t)(2 * h) * kv_layer_elems;
-            f->v_layer[l] = kv_host_dev + (size_t)(2 * h++ + 1) * kv_layer_elems;
-        }
+        memset(f->kv_ext, 0, ext_bytes); /* (no step reads uninitialised halves as NaN: as the pool below) */
+        f->kv_ext_dev = (uint16_t *)pinned_device_ptr(f->kv_ext);
     }
     f->n_copy_ev = S ? 2 * (L + k) : 0;
     f->n_wait_ev = S ? L : 0;
@@ -725,11 +733,11 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
         goto fail;
     }
-    /* Zero the device KV (as the host KV above), and the attention workspace, whose split-arrival counters
-     * must start at zero (kernels/cuda/attention.h). */
+    /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
+     * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
     rc = FERRY_ERR_CUDA;
-    if (cudaMemset(k_dev, 0, (size_t)R * kv_layer_bytes) != cudaSuccess ||
-        cudaMemset(v_dev, 0, (size_t)R * kv_layer_bytes) != cudaSuccess ||
+    if (cudaMemset(f->k_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
+        cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
         cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
     /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident. */
@@ -868,8 +876,14 @@ static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
 {
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
-    return (struct kern_cuda_kv_layer){.k = f->k_layer[l],
-                                       .v = f->v_layer[l],
+    const size_t row = (size_t)kv->block_size * hp->n_kv_heads * hp->head_dim;
+    const size_t per_layer = (size_t)(kv->n_blocks - f->n_ext) * row, per_ext = (size_t)f->n_ext * row;
+    uint16_t *ext = f->kv_ext_dev;
+    return (struct kern_cuda_kv_layer){.k = f->k_cache + per_layer * l,
+                                       .v = f->v_cache + per_layer * l,
+                                       .k_ext = ext ? ext + per_ext * l : NULL,
+                                       .v_ext = ext ? ext + per_ext * ((size_t)f->n_layers + l) : NULL,
+                                       .n_ext = f->n_ext,
                                        .n_blocks = kv->n_blocks,
                                        .block_size = kv->block_size,
                                        .block_table = f->d_block_table,

@@ -45,6 +45,37 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
     return FERRY_OK;
 }
 
+int kv_cache_set_ext(struct kv_cache *kv, int n_ext)
+{
+    if (n_ext < 0 || n_ext > kv->n_blocks || kv->n_free != kv->n_blocks) return FERRY_ERR_INVALID;
+    const int n_main = kv->n_blocks - n_ext;
+    /* Main blocks from the front (block 0 on top), the extension's from the back (block n_main on top). */
+    for (int i = 0; i < n_main; i++) kv->free_list[i] = n_main - 1 - i;
+    for (int i = 0; i < n_ext; i++) kv->free_list[kv->n_blocks - 1 - i] = kv->n_blocks - 1 - i;
+    kv->n_ext = n_ext;
+    kv->n_free_ext = n_ext;
+    return FERRY_OK;
+}
+
+/* Free block ids: main blocks at free_list[0, n_free - n_free_ext), the extension's at
+ * free_list[n_blocks - n_free_ext, n_blocks). */
+static int take_block(struct kv_cache *kv)
+{
+    const int main_free = kv->n_free - kv->n_free_ext;
+    kv->n_free--;
+    if (main_free > 0) return kv->free_list[main_free - 1];
+    return kv->free_list[kv->n_blocks - kv->n_free_ext--];
+}
+
+static void give_block(struct kv_cache *kv, int b)
+{
+    if (b >= kv->n_blocks - kv->n_ext)
+        kv->free_list[kv->n_blocks - 1 - kv->n_free_ext++] = b;
+    else
+        kv->free_list[kv->n_free - kv->n_free_ext] = b;
+    kv->n_free++;
+}
+
 void kv_cache_free(struct kv_cache *kv)
 {
     if (!kv) return;
@@ -70,7 +101,7 @@ int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
     int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
     while (kv->n_held[seq] < need) {
         if (kv->n_free == 0) return FERRY_ERR_RANGE;
-        const int b = kv->free_list[--kv->n_free];
+        const int b = take_block(kv);
         kv->ref[b] = 1;
         row[kv->n_held[seq]++] = b;
     }
@@ -85,7 +116,7 @@ void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos)
     while (kv->n_held[seq] > keep) {
         int b = row[--kv->n_held[seq]];
         row[kv->n_held[seq]] = -1;
-        if (--kv->ref[b] == 0) kv->free_list[kv->n_free++] = b;
+        if (--kv->ref[b] == 0) give_block(kv, b);
     }
 }
 

@@ -8,6 +8,8 @@
  * any more. Slots may share whole blocks (kv_cache_share: the same prompt prefix for several sequences);
  * a shared block is read by all of them and written by none. Everything is allocated once in kv_cache_init;
  * nothing per token.
+ * The last n_ext blocks may be an extension in slower memory (the GPU backend's host-memory blocks,
+ * runtime/NOTES.md): a block of it is handed out only when no other block is free.
  * Invariant: ref[b] is the number of slot rows holding block b, and b is on the free list iff ref[b] == 0.
  */
 #ifndef FERRY_KV_CACHE_H
@@ -30,14 +32,19 @@ struct kv_cache {
     int32_t *block_table; /* (n_seqs, max_blocks) */
     int32_t *n_held;      /* (n_seqs) blocks held by each slot */
     int32_t *seq_len;     /* (n_seqs) positions stored */
-    int32_t *free_list;   /* (n_blocks) stack of free block ids */
+    int32_t *free_list;   /* (n_blocks) free block ids: a stack of the main blocks from the front, one of the
+                           * extension's from the back */
     int32_t *ref;         /* (n_blocks) slots holding each block */
-    int n_free;
+    int n_free;           /* free blocks, main and extension */
+    int n_ext;            /* the last n_ext blocks are the extension */
+    int n_free_ext;       /* free blocks of the extension */
 };
 
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
                   int pool_tokens, int block_size, int elem_size);
 void kv_cache_free(struct kv_cache *kv);
+/* Makes the last n_ext blocks the extension (0 <= n_ext <= n_blocks; only while no block is held). */
+int kv_cache_set_ext(struct kv_cache *kv, int n_ext);
 /* Bytes of K/V data at `elem_size` bytes per element (the host cache's kv->elem_size, 2 for the device's). */
 size_t kv_cache_bytes(const struct kv_cache *kv, size_t elem_size);
 

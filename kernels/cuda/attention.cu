@@ -65,13 +65,14 @@
 struct att_params {
     float *out;          /* (m, n_heads, D) */
     const float *q;      /* (m, n_heads, D) */
-    const __half *k, *v; /* cache */
+    const __half *k, *v;   /* cache: blocks [0, n_main) */
+    const __half *kx, *vx; /* its extension: blocks [n_main, n_blocks) at id - n_main */
     const int32_t *bt;
     const int32_t *seq, *pos;
     float *ws_o;   /* (n_split, m, n_heads, D) unnormalised partial outputs */
     float2 *ws_ml; /* (n_split, m, n_heads) running max and sum (base e in attn_kernel, 2 in decode) */
     unsigned *cnt; /* (grid.x * grid.y) arrival counters, 0 between calls */
-    int n_blocks, block_size, max_blocks, n_kv, D, n_heads, G;
+    int n_blocks, n_main, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
     int hb;                      /* decode kernel: KV heads per block */
     int row0;                    /* first batch row of this launch's grid (blockIdx.x counts from there) */
@@ -252,11 +253,14 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                     const int bi = pp / p.block_size;
                     const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
                     if (blk >= 0 && blk < p.n_blocks) {
+                        const bool ext = blk >= p.n_main;
+                        const int id = ext ? blk - p.n_main : blk;
+                        const __half *kb = ext ? p.kx : p.k, *vb = ext ? p.vx : p.v;
                         const size_t off =
-                            (((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D +
+                            (((size_t)id * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D +
                             c8 * 8;
-                        cp_async16(kd, p.k + off);
-                        cp_async16(vd, p.v + off);
+                        cp_async16(kd, kb + off);
+                        cp_async16(vd, vb + off);
                     } else {
                         *(uint4 *)kd = make_uint4(0, 0, 0, 0);
                         *(uint4 *)vd = make_uint4(0, 0, 0, 0);
@@ -485,9 +489,12 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
             if (pp >= hi) continue;
             if (id >= 0 && id < p.n_blocks) {
                 const int row = pp - (int)bidx(pp) * p.block_size;
-                const size_t off = ((size_t)id * p.block_size + row) * pos_stride + lane_off;
-                cp_async16(ks, p.k + off);
-                cp_async16(vs, p.v + off);
+                const bool ext = id >= p.n_main;
+                const int b = ext ? id - p.n_main : id;
+                const __half *kb = ext ? p.kx : p.k, *vb = ext ? p.vx : p.v;
+                const size_t off = ((size_t)b * p.block_size + row) * pos_stride + lane_off;
+                cp_async16(ks, kb + off);
+                cp_async16(vs, vb + off);
             } else {
                 *ks = make_uint4(0, 0, 0, 0);
                 *vs = make_uint4(0, 0, 0, 0);
@@ -738,8 +745,12 @@ __host__ __device__ __forceinline__ long long fa_qrow(const att_params &p, int i
     return tl < ntok && hg < p.G ? (long long)(i0 + tl) * p.n_heads + (long long)kvh * p.G + hg : -1;
 }
 
+/* Bit of an fa_row_off offset that puts it in the pool's extension (p.kx/p.vx) rather than the pool. */
+#define FA_EXT (1LL << 62)
+
 /* Element offset in the K/V pool of position pp's row (KV head kvh) of sequence sq, for a KV range ending at
- * hi; -1 (a row of zeros) at or past hi, past the block table's row, or for a block id outside the pool. */
+ * hi, with FA_EXT set for a block of the extension; -1 (a row of zeros) at or past hi, past the block
+ * table's row, or for a block id outside the pool. */
 __host__ __device__ __forceinline__ long long fa_row_off(const att_params &p, int sq, int kvh, int D, int pp,
                                                          int hi)
 {
@@ -753,7 +764,10 @@ __host__ __device__ __forceinline__ long long fa_row_off(const att_params &p, in
     const int blk = *e;
 #endif
     if (blk < 0 || blk >= p.n_blocks) return -1;
-    return (((long long)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) * D;
+    const bool ext = blk >= p.n_main;
+    return (((long long)(ext ? blk - p.n_main : blk) * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) *
+               D |
+           (ext ? FA_EXT : 0);
 }
 
 /* Halves from a K tile's start of the 16-byte row that `lane` gives to ldmatrix.x4 for S's column blocks 2np
@@ -893,8 +907,10 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
                 const long long off = so[r];
                 const int at = r * DS + c * 8;
                 if (off >= 0) {
-                    cp_async16(kd + at, p.k + off + c * 8);
-                    cp_async16(vd + at, p.v + off + c * 8);
+                    const bool ext = off & FA_EXT;
+                    const long long o = (off & ~FA_EXT) + c * 8;
+                    cp_async16(kd + at, (ext ? p.kx : p.k) + o);
+                    cp_async16(vd + at, (ext ? p.vx : p.v) + o);
                 } else {
                     *(uint4 *)(kd + at) = make_uint4(0, 0, 0, 0);
                     *(uint4 *)(vd + at) = make_uint4(0, 0, 0, 0);
@@ -1031,10 +1047,11 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 /* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim
  * dims, pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU),
  * the rest copied; queries go to q_out (f32), keys and values to the cache (f16). */
-__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc,
-                                     const int32_t *seq, const int32_t *pos, const int32_t *bt,
+__global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, __half *kcx,
+                                     __half *vcx, const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                      const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
-                                     int half_style, int n_blocks, int block_size, int max_blocks)
+                                     int half_style, int n_blocks, int n_main, int block_size,
+                                     int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
@@ -1075,8 +1092,9 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
         if (blk < 0 || blk >= n_blocks) continue;
         const int kh = h < n_heads + n_kv ? h - n_heads : h - n_heads - n_kv;
-        __half *dst =
-            (h < n_heads + n_kv ? kc : vc) + (((size_t)blk * block_size + pp % block_size) * n_kv + kh) * D;
+        const bool ext = blk >= n_main;
+        __half *base = h < n_heads + n_kv ? (ext ? kcx : kc) : (ext ? vcx : vc);
+        __half *dst = base + (((size_t)(ext ? blk - n_main : blk) * block_size + pp % block_size) * n_kv + kh) * D;
         dst[i0] = __float2half_rn(x0);
         dst[i1] = __float2half_rn(x1);
     }
@@ -1302,6 +1320,9 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
     if (!kv || !kv->k || !kv->v || !kv->block_table) return FERRY_ERR_INVALID;
     if (kv->n_blocks <= 0 || kv->block_size <= 0 || kv->max_blocks <= 0 || kv->n_kv_heads <= 0)
         return FERRY_ERR_INVALID;
+    if (kv->n_ext < 0 || kv->n_ext > kv->n_blocks ||
+        (kv->n_ext && (!kv->k_ext || !kv->v_ext || !FCUDA_ALIGNED(kv->k_ext, 16) || !FCUDA_ALIGNED(kv->v_ext, 16))))
+        return FERRY_ERR_INVALID;
     if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX) return FERRY_ERR_UNSUPPORTED;
     if (!FCUDA_ALIGNED(kv->k, 16) || !FCUDA_ALIGNED(kv->v, 16) || !FCUDA_ALIGNED(kv->block_table, 4))
         return FERRY_ERR_INVALID;
@@ -1324,9 +1345,10 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
     if (m == 0) return FERRY_OK;
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
     FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out,
-                           qkv, (__half *)kv->k, (__half *)kv->v, seq, pos, kv->block_table, inv_freq, m,
-                           n_heads, kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF),
-                           kv->n_blocks, kv->block_size, kv->max_blocks));
+                           qkv, (__half *)kv->k, (__half *)kv->v, (__half *)kv->k_ext, (__half *)kv->v_ext, seq,
+                           pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim, rope_dim,
+                           (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
+                           kv->block_size, kv->max_blocks));
     return FERRY_OK;
 }
 
@@ -1512,10 +1534,13 @@ static int attn_begin(att_params &p, float *out, const float *q, const struct ke
     p.q = q;
     p.k = (const __half *)kv->k;
     p.v = (const __half *)kv->v;
+    p.kx = (const __half *)kv->k_ext;
+    p.vx = (const __half *)kv->v_ext;
     p.bt = kv->block_table;
     p.seq = seq;
     p.pos = pos;
     p.n_blocks = kv->n_blocks;
+    p.n_main = kv->n_blocks - kv->n_ext;
     p.block_size = kv->block_size;
     p.max_blocks = kv->max_blocks;
     p.n_kv = kv->n_kv_heads;
@@ -2107,6 +2132,7 @@ extern "C" int kern_cuda_attention_mma_audit(const struct kern_cuda_kv_layer *kv
     att_params &p = A.p;
     p.bt = kv->block_table;
     p.n_blocks = kv->n_blocks;
+    p.n_main = kv->n_blocks; /* (the audit follows offsets in one pool) */
     p.block_size = kv->block_size;
     p.max_blocks = kv->max_blocks;
     p.n_kv = kv->n_kv_heads;

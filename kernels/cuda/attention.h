@@ -45,7 +45,7 @@ extern "C" {
 #include "kernels/core/rope.h"
 
 struct kern_cuda_kv_layer {
-    uint16_t *k; /* (n_blocks, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
+    uint16_t *k; /* (n_blocks - n_ext, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
     uint16_t *v; /* same shape */
     int n_blocks;
     int block_size;             /* positions per block */
@@ -53,6 +53,11 @@ struct kern_cuda_kv_layer {
     int max_blocks;             /* blocks per sequence row of block_table */
     int n_kv_heads;
     int head_dim; /* a multiple of 8, at most 256 */
+    /* The pool's extension: blocks [n_blocks - n_ext, n_blocks) live at k_ext/v_ext (index id - (n_blocks -
+     * n_ext)), in memory the device reaches over the link (pinned, mapped host memory: runtime/NOTES.md).
+     * n_ext 0: none (k_ext/v_ext unused). */
+    uint16_t *k_ext, *v_ext;
+    int n_ext;
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };

@@ -382,6 +382,129 @@ Test(cuda_attention, rope_kv_store_rotates_and_writes_the_right_rows)
     rope_store_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64);
 }
 
+/* The pool's extension (kern_cuda_kv_layer.k_ext): the same cache with its upper blocks moved to pinned,
+ * mapped host memory gives bitwise the same attention through every kernel (decode, SIMT tile, tensor-core
+ * prefill), and rope_kv_store writes the same rows into it. */
+static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs)
+{
+    struct cache c;
+    cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    const size_t blk_el = (size_t)bs * n_kv * D, ne = (size_t)c.n_blocks * blk_el;
+    const int n_ext = c.n_blocks / 2 + 1, n_main = c.n_blocks - n_ext;
+    uint16_t *hk = NULL, *hv = NULL;
+    CU_OK(cudaHostAlloc((void **)&hk, (size_t)n_ext * blk_el * 2, cudaHostAllocMapped));
+    CU_OK(cudaHostAlloc((void **)&hv, (size_t)n_ext * blk_el * 2, cudaHostAllocMapped));
+    memcpy(hk, c.k + (size_t)n_main * blk_el, (size_t)n_ext * blk_el * 2);
+    memcpy(hv, c.v + (size_t)n_main * blk_el, (size_t)n_ext * blk_el * 2);
+    struct kern_cuda_kv_layer ext = c.dev;
+    ext.n_ext = n_ext;
+    CU_OK(cudaHostGetDevicePointer((void **)&ext.k_ext, hk, 0));
+    CU_OK(cudaHostGetDevicePointer((void **)&ext.v_ext, hv, 0));
+    /* The device part holds only the first n_main blocks: poison the rest of the device arrays. */
+    uint16_t *dk = dev_alloc(ne * 2), *dv = dev_alloc(ne * 2);
+    CU_OK(cudaMemset(dk, 0xFF, ne * 2));
+    CU_OK(cudaMemset(dv, 0xFF, ne * 2));
+    CU_OK(cudaMemcpy(dk, c.dev.k, (size_t)n_main * blk_el * 2, cudaMemcpyDeviceToDevice));
+    CU_OK(cudaMemcpy(dv, c.dev.v, (size_t)n_main * blk_el * 2, cudaMemcpyDeviceToDevice));
+    ext.k = dk, ext.v = dv;
+
+    int total = 0;
+    for (int s = 0; s < n_seqs; s++) total += len[s];
+    int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int batch = 0; batch < 2; batch++) { /* every position (prefill), then the last ones (decode) */
+        int m = 0, max_len = 0;
+        for (int s = 0; s < n_seqs; s++)
+            for (int p = batch ? len[s] - 1 : 0; p < len[s]; p++) seq[m] = s, pos[m++] = p;
+        for (int i = 0; i < m; i++) max_len = pos[i] + 1 > max_len ? pos[i] + 1 : max_len;
+        const size_t nq = (size_t)m * n_heads * D;
+        float *q = host_rand(nq, -1, 1), *a = malloc(nq * 4), *b = malloc(nq * 4);
+        float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4);
+        int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
+        const size_t wsb = kern_cuda_attention_ws_size(m, n_heads, D, max_len);
+        void *ws = dev_alloc(wsb);
+        CU_OK(cudaMemset(ws, 0, wsb ? wsb : 16));
+        const enum kern_cuda_attn_mode modes[] = {KERN_ATTN_AUTO, KERN_ATTN_PREFILL, KERN_ATTN_DECODE};
+        for (int mi = 0; mi < 3; mi++)
+            for (int variant = 0; variant < 3; variant++) { /* default; tile kernel only; SIMT prefill */
+                kern_cuda_attention_set_decode_heads(variant == 1 ? -1 : 0);
+                kern_cuda_attention_set_prefill_mma(variant == 2 ? 0 : 1);
+                for (int e = 0; e < 2; e++) {
+                    CU_OK(cudaMemset(dout, 0xFF, nq * 4));
+                    cr_assert_eq(kern_cuda_attention(dout, dq, e ? &ext : &c.dev, dseq, dpos, m, n_heads, scale,
+                                                     max_len, modes[mi], ws, wsb, 0),
+                                 FERRY_OK);
+                    dev_download(e ? b : a, dout, nq * 4);
+                }
+                kern_cuda_attention_set_decode_heads(0);
+                kern_cuda_attention_set_prefill_mma(1);
+                cr_assert(memcmp(a, b, nq * 4) == 0, "D %d bs %d m %d mode %d variant %d: the extension differs",
+                          D, bs, m, modes[mi], variant);
+            }
+        cudaFree(dq);
+        cudaFree(dout);
+        cudaFree(dseq);
+        cudaFree(dpos);
+        cudaFree(ws);
+        free(q);
+        free(a);
+        free(b);
+    }
+    /* rope_kv_store: the last position of each sequence written through both views. */
+    const int m = n_seqs, rowlen = (n_heads + 2 * n_kv) * D;
+    for (int s = 0; s < n_seqs; s++) seq[s] = s, pos[s] = len[s] - 1;
+    float *qkv = host_rand((size_t)m * rowlen, -3, 3), *inv = malloc(D / 2 * sizeof(float));
+    kern_cpu_rope_freqs(inv, D, 10000.0f, NULL);
+    float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, D / 2 * 4);
+    float *dq = dev_poison((size_t)m * n_heads * D * 4);
+    int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+                 FERRY_OK);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &ext, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+                 FERRY_OK);
+    CU_OK(cudaDeviceSynchronize());
+    uint16_t *full = malloc(ne * 2), *part = malloc(ne * 2);
+    for (int kv = 0; kv < 2; kv++) {
+        dev_download(full, kv ? c.dev.v : c.dev.k, ne * 2);
+        dev_download(part, kv ? dv : dk, (size_t)n_main * blk_el * 2);
+        memcpy(part + (size_t)n_main * blk_el, kv ? hv : hk, (size_t)n_ext * blk_el * 2);
+        cr_assert(memcmp(full, part, ne * 2) == 0, "%s: the rows written through the extension differ",
+                  kv ? "V" : "K");
+    }
+    struct kern_cuda_kv_layer bad = ext;
+    bad.k_ext = NULL;
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+                 FERRY_ERR_INVALID);
+    cudaFree(dqkv);
+    cudaFree(dinv);
+    cudaFree(dq);
+    cudaFree(dseq);
+    cudaFree(dpos);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFreeHost(hk);
+    cudaFreeHost(hv);
+    free(qkv);
+    free(inv);
+    free(full);
+    free(part);
+    free(seq);
+    free(pos);
+    cache_free(&c);
+}
+
+Test(cuda_attention, extension_in_host_memory_reads_and_writes_like_the_pool)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(41);
+    const int l1[] = {1, 37, 300};
+    ext_case(8, 2, 64, 16, l1, 3);
+    const int l2[] = {129, 5};
+    ext_case(12, 4, 128, 7, l2, 2);
+    const int l3[] = {40};
+    ext_case(6, 6, 24, 16, l3, 1);
+}
+
 /* The local reference agrees with kern_cpu_attention_ref on the same cache (as f32) and batch. */
 Test(cuda_attention, reference_matches_cpu_oracle)
 {
@@ -886,7 +1009,7 @@ static void audit_batch(int n_heads, int n_kv, int D, int bs, const int *len, in
 {
     struct cache c;
     cache_init_table(&c, n_heads, n_kv, D, bs, n_seqs, len);
-    struct kern_cuda_kv_layer kv = {NULL, NULL, c.n_blocks, bs, c.bt, c.max_blocks, n_kv, D};
+    struct kern_cuda_kv_layer kv = {NULL, NULL, c.n_blocks, bs, c.bt, c.max_blocks, n_kv, D, NULL, NULL, 0};
     int max_len = 0;
     for (int i = 0; i < m; i++) max_len = pos[i] + 1 > max_len ? pos[i] + 1 : max_len;
     const int routes[3] = {0, n_lead > 0 ? n_lead : 0, m > 16 ? -1 : 0};

@@ -152,14 +152,13 @@ Test(device_map, layers_of_different_sizes)
     device_map_free(&m);
 }
 
-/* Llama-2-7B f16 under 4 GiB with --parallel 16 --ctx-size 512 (issue 13). One position's K and V take
- * 16 KiB a layer (512 KiB over the 32); each layer's live where its weights do. */
-#define KVL (16 * 1024ull)
+/* Llama-2-7B f16 under 4 GiB with --parallel 16 --ctx-size 512 (issue 13): the KV pool (512 KiB a position)
+ * is sized to the budget instead of the plan failing. */
 static struct device_map_input auto_kv(uint64_t budget, int64_t max, int64_t floor, int64_t min)
 {
     struct device_map_input in = llama7b_like(budget);
     in.fixed_bytes = 300 * MIB;
-    in.kv_layer_bytes = KVL;
+    in.kv_token_bytes = 512 * 1024;
     in.kv_tokens_max = max;
     in.kv_tokens_floor = floor;
     in.kv_tokens_min = min;
@@ -167,69 +166,97 @@ static struct device_map_input auto_kv(uint64_t budget, int64_t max, int64_t flo
     return in;
 }
 
-Test(device_map, kv_lives_with_its_layer)
+Test(device_map, kv_pool_sized_to_the_budget)
 {
     struct device_map m;
     char err[256] = "";
-    /* 4096 - 550 (fixed, head) - 772 (ring) = 2774 MiB: 5 layers of 386 MiB + 128 MiB of KV each (8192
-     * positions), and all 16 sequences' KV of the 27 host layers in host memory. */
     struct device_map_input in = auto_kv(4096 * MIB, 16 * 512, 16 * 512, 512);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    cr_assert_eq(m.kv_tokens, 16 * 512);
-    cr_assert_eq(m.n_resident, 5);
-    cr_assert_eq(m.kv_bytes, 5 * 8192 * KVL);
-    cr_assert_eq(m.kv_host_bytes, 27 * 8192 * KVL);
-    cr_assert_eq(m.bytes_total, 550 * MIB + 772 * MIB + 5 * (386 * MIB + 8192 * KVL));
     cr_assert_leq(m.bytes_total, in.budget);
+    cr_assert_geq(m.kv_tokens, 512);
+    cr_assert_lt(m.kv_tokens, 16 * 512);
+    cr_assert_eq(m.kv_tokens % 16, 0);
+    cr_assert_eq(m.kv_bytes, (uint64_t)m.kv_tokens * 512 * 1024);
+    /* Whatever is left after the plan is less than one more block of positions. */
+    cr_assert_lt(in.budget - m.bytes_total, 16 * 512 * 1024ull);
     char buf[2048];
     device_map_format(&m, buf, sizeof buf);
-    cr_assert(strstr(buf, "KV pool: 8192 positions, 0.62 GiB on the device (resident layers), 3.38 GiB in host"),
-              "%s", buf);
+    cr_assert(strstr(buf, "KV pool sized to the budget"), "%s", buf);
     device_map_free(&m);
 
-    /* Everything fits: the whole pool and every layer, all on the device. */
+    /* Everything fits: the whole pool and every layer. */
     in = auto_kv(80000 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 32);
     cr_assert_eq(m.kv_tokens, 4 * 4096);
-    cr_assert_eq(m.kv_host_bytes, 0);
     device_map_free(&m);
 
-    /* Not everything fits: the pool keeps its floor (4096 positions = 64 MiB a layer), the layers take the
-     * rest: 8192 - 1322 = 6870 MiB = 15 x 450; the pool then grows into the 1080 MiB the 15 layers leave
-     * (4608 positions). With the whole pool on the device (2 GiB at the floor) only 12 layers would fit. */
+    /* Not everything fits: the pool keeps its floor and the layers take the rest. */
     in = auto_kv(8192 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    cr_assert_eq(m.n_resident, 15);
-    cr_assert_eq(m.kv_tokens, 4608);
-    cr_assert_leq(m.bytes_total, in.budget);
-    cr_assert_lt(in.budget - m.bytes_total, 15 * 16 * KVL);
-    device_map_free(&m);
-
-    /* A fixed pool (--kv-tokens) follows the same rule. */
-    in = auto_kv(4096 * MIB, 2048, 2048, 2048);
-    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    cr_assert_eq(m.kv_tokens, 2048);
-    cr_assert_eq(m.kv_bytes, (uint64_t)m.n_resident * 2048 * KVL);
-    cr_assert_eq(m.kv_host_bytes, (uint64_t)m.n_streamed * 2048 * KVL);
+    cr_assert_geq(m.kv_tokens, 4 * 1024);
+    cr_assert_gt(m.n_resident, 0);
+    cr_assert_lt(in.budget - m.bytes_total, 386 * MIB + 16 * 512 * 1024ull);
     device_map_free(&m);
 }
 
-/* When every layer streams the device holds no KV: the minimum is the fixed part, the head and the ring. */
-Test(device_map, too_small_for_the_ring_names_the_minimum_in_full)
+/* Every layer fits beside the pool's floor, though not beside its maximum: all stay resident and the pool
+ * takes the rest (no layer streams through a ring that would take more memory than the layer itself). */
+Test(device_map, all_layers_resident_beside_the_floor)
 {
     struct device_map m;
     char err[256] = "";
-    struct device_map_input in = auto_kv(1322 * MIB, 4 * 4096, 4 * 1024, 4096);
+    /* 550 + 32 x 386 = 12902 MiB of weights; the floor (4096 positions) 2 GiB, the maximum 8 GiB. */
+    struct device_map_input in = auto_kv(16000 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    cr_assert_eq(m.n_resident, 0);
-    cr_assert_eq(m.kv_bytes, 0);
-    cr_assert_eq(m.kv_tokens, 4 * 4096);
-    cr_assert_eq(m.bytes_total, 1322 * MIB);
+    cr_assert_eq(m.n_resident, 32);
+    cr_assert_eq(m.n_slots, 0);
+    cr_assert_eq(m.kv_tokens, (16000 - 12902) * 2 / 16 * 16);
     device_map_free(&m);
-    in.budget = 1000 * MIB;
+}
+
+/* Issue 13's offloaded load (16 sequences of 640 at 4 GiB): the positions the device cannot hold become the
+ * pool's extension in host memory, up to kv_ext_max; never when every layer is resident. */
+Test(device_map, kv_extension_in_host_memory)
+{
+    struct device_map m;
+    char err[256] = "";
+    struct device_map_input in = auto_kv(4096 * MIB, 16 * 640, 16 * 640, 640);
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.kv_ext_tokens, 0, "no extension unless asked");
+    const int64_t dev = m.kv_tokens;
+    cr_assert_lt(dev, 16 * 640);
+    device_map_free(&m);
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.kv_tokens, dev, "the device's part is the plan without an extension");
+    cr_assert_eq(m.kv_ext_tokens, 16 * 640 - dev);
+    cr_assert_eq(m.kv_ext_bytes, (uint64_t)m.kv_ext_tokens * 512 * 1024);
+    cr_assert_leq(m.bytes_total, in.budget);
+    char buf[2048];
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "KV pool extension in host memory"), "%s", buf);
+    device_map_free(&m);
+    in.kv_ext_max = 1000; /* capped (host memory), in whole blocks */
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.kv_ext_tokens, 992);
+    device_map_free(&m);
+    in = auto_kv(16000 * MIB, 4 * 4096, 4 * 1024, 4096); /* every layer resident, the pool short of its max */
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.n_resident, 32);
+    cr_assert_eq(m.kv_ext_tokens, 0);
+    device_map_free(&m);
+}
+
+Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
+{
+    struct device_map m;
+    char err[256] = "";
+    /* 300 + 250 + 2 x 386 MiB of weights and ring, plus 4096 positions (2 GiB) */
+    struct device_map_input in = auto_kv(3000 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
-    cr_assert(strstr(err, "minimum is 1.29 GiB"), "message: %s", err);
+    cr_assert(strstr(err, "minimum is 3.29 GiB"), "message: %s", err);
     cr_assert_eq(err[strlen(err) - 1], ')', "the message is whole: %s", err);
     cr_assert_lt(strlen(err), 200);
 }

@@ -9,6 +9,7 @@
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
+#include "runtime/kv_cache.h"
 
 static struct model_file *mf;
 
@@ -347,4 +348,35 @@ Test(engine, step_info_and_placement_parameters)
         cr_assert(strstr(err, "CUDA"), "%s", err);
     }
     model_file_close(f);
+}
+
+/* The pool's extension (the GPU backend's host-memory blocks): its blocks are handed out only when no main
+ * block is free, and a main block given back is taken again before them. */
+Test(kv_cache, extension_blocks_are_taken_last)
+{
+    struct kv_cache kv;
+    cr_assert_eq(kv_cache_init(&kv, 1, 1, 8, 3, 64, 8 * 4, 4, 0), 0); /* 8 blocks of 4, slots of 16 blocks */
+    cr_assert_eq(kv_cache_set_ext(&kv, 3), 0);                         /* blocks 5, 6, 7 */
+    cr_assert_eq(kv_cache_reserve(&kv, 0, 4 * 4), 0);
+    const int32_t *row0 = kv.block_table, *row1 = kv.block_table + kv.max_blocks;
+    for (int i = 0; i < 4; i++) cr_assert_eq(row0[i], i);
+    cr_assert_eq(kv_cache_reserve(&kv, 1, 3 * 4), 0); /* the last main block, then the extension's */
+    cr_assert_eq(row1[0], 4);
+    cr_assert_eq(row1[1], 5);
+    cr_assert_eq(row1[2], 6);
+    cr_assert_eq(kv.n_free, 1);
+    kv_cache_trim(&kv, 0, 4 * 2); /* main blocks 2 and 3 come back */
+    kv_cache_trim(&kv, 1, 4 * 2); /* extension block 6 comes back */
+    cr_assert_eq(kv.n_free, 4);
+    cr_assert_eq(kv_cache_reserve(&kv, 2, 4 * 4), 0);
+    const int32_t *row2 = kv.block_table + 2 * kv.max_blocks;
+    cr_assert((row2[0] == 2 && row2[1] == 3) || (row2[0] == 3 && row2[1] == 2), "main first: %d %d", row2[0],
+              row2[1]);
+    cr_assert(row2[2] >= 5 && row2[3] >= 5 && row2[2] != row2[3], "then the extension: %d %d", row2[2], row2[3]);
+    cr_assert_eq(kv_cache_reserve(&kv, 0, 4 * 3), FERRY_ERR_RANGE); /* empty */
+    cr_assert_eq(kv_cache_set_ext(&kv, 1), FERRY_ERR_INVALID);       /* blocks are held */
+    for (int s = 0; s < 3; s++) kv_cache_seq_free(&kv, s);
+    cr_assert_eq(kv.n_free, 8);
+    cr_assert_eq(kv.n_free_ext, 3);
+    kv_cache_free(&kv);
 }

@@ -230,9 +230,6 @@ Test(gpu_e2e, placements_are_bitwise_equal)
         engine_get_stats(e, &st);
         if (configs[c][0] == 0)
             cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
-        /* Each layer's K and V live with its weights: the host layers' in host memory. */
-        cr_assert_eq(st.kv_host_bytes > 0, st.n_streamed > 0, "config %zu: %llu bytes of host KV", c,
-                     (unsigned long long)st.kv_host_bytes);
         float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
         int32_t tok[64], pos[64], seq[64];
         uint8_t want[64];
@@ -261,6 +258,72 @@ Test(gpu_e2e, placements_are_bitwise_equal)
         engine_free(e);
     }
     free(ref);
+    model_file_close(mf);
+}
+
+/* Steps of B sequences (prefills of 10 + 3s tokens, then `steps` decode tokens each); all logits to lg. */
+static void run_batched(struct engine *e, int B, int steps, float *lg)
+{
+    const int V = engine_hparams(e)->n_vocab;
+    int32_t tok[256], pos[256], seq[256];
+    uint8_t want[256];
+    int n = 0;
+    for (int s = 0; s < B; s++)
+        for (int i = 0; i < 10 + 3 * s; i++, n++)
+            tok[n] = (int32_t)((i * 13 + s) % V), pos[n] = i, seq[n] = s, want[n] = i == 9 + 3 * s;
+    struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, lg), 0);
+    for (int k = 1; k <= steps; k++) {
+        for (int s = 0; s < B; s++)
+            tok[s] = (int32_t)((k * 7 + s) % V), pos[s] = 10 + 3 * s + k - 1, seq[s] = s, want[s] = 1;
+        b.n_tokens = B;
+        cr_assert_eq(engine_step(e, &b, lg + (size_t)k * B * V), 0);
+    }
+}
+
+/* The KV pool's extension in host memory (device_map.h): under a budget whose pool holds fewer positions than
+ * the sequences need, with every layer streamed, the later sequences' K/V live in host memory, and the logits
+ * are bitwise those of the same plan with the whole pool on the device. */
+Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.n_seqs = 8;
+    p.ctx_size = 64;
+    p.max_batch_tokens = 256;
+    p.gpu_layers = 0;
+    p.placement = ENGINE_PLACEMENT_STREAM;
+    char err[256] = "";
+    struct engine *ext = NULL, *ref = NULL;
+    struct engine_stats st;
+    /* The smallest budget that starts: its pool is one sequence (4 blocks), the extension the rest. */
+    for (int64_t b = 8 << 20; b <= (int64_t)1 << 30 && !ext; b += b / 16) {
+        p.gpu_memory = b;
+        if (engine_init(&ext, mf, &p, err) != 0) ext = NULL;
+    }
+    cr_assert_not_null(ext, "no budget up to 1 GiB starts: %s", err);
+    engine_get_stats(ext, &st);
+    cr_assert_gt(st.kv_host_bytes, 0, "budget %lld MiB: no extension (%d blocks)", (long long)(p.gpu_memory >> 20),
+                 st.kv_blocks_total);
+    cr_assert_eq(st.kv_blocks_total * st.kv_block_size, 8 * 64, "the pool and its extension hold every slot");
+    cr_log_info("budget %lld MiB: %d blocks of %d, %.2f MiB of them in host memory",
+                (long long)(p.gpu_memory >> 20), st.kv_blocks_total, st.kv_block_size, st.kv_host_bytes / 1048576.0);
+    p.gpu_memory = 0;
+    cr_assert_eq(engine_init(&ref, mf, &p, err), 0, "%s", err);
+    engine_get_stats(ref, &st);
+    cr_assert_eq(st.kv_host_bytes, 0);
+    const int V = engine_hparams(ref)->n_vocab, B = 8, steps = 12;
+    float *a = malloc((size_t)(steps + 1) * B * V * sizeof(float)), *c = malloc((size_t)(steps + 1) * B * V * sizeof(float));
+    run_batched(ref, B, steps, a);
+    run_batched(ext, B, steps, c);
+    cr_assert_eq(memcmp(a, c, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
+                 "logits with the extension differ from the all-device pool");
+    free(a);
+    free(c);
+    engine_free(ext);
+    engine_free(ref);
     model_file_close(mf);
 }
 
