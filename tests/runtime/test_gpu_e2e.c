@@ -298,12 +298,26 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     char err[256] = "";
     struct engine *ext = NULL, *ref = NULL;
     struct engine_stats st;
-    /* The smallest budget that starts: its pool is one sequence (4 blocks), the extension the rest. */
-    for (int64_t b = 8 << 20; b <= (int64_t)1 << 30 && !ext; b += b / 16) {
-        p.gpu_memory = b;
-        if (engine_init(&ext, mf, &p, err) != 0) ext = NULL;
+    /* The smallest budget that starts (to 4 KiB, under one block of K/V): its pool holds about one sequence
+     * (4 blocks), the extension the rest. */
+    int64_t lo = 0, hi = 8 << 20;
+    for (;; lo = hi, hi += hi / 8) {
+        cr_assert_leq(hi, (int64_t)1 << 30, "no budget up to 1 GiB starts: %s", err);
+        p.gpu_memory = hi;
+        if (engine_init(&ext, mf, &p, err) == 0) break;
     }
-    cr_assert_not_null(ext, "no budget up to 1 GiB starts: %s", err);
+    engine_free(ext);
+    while (hi - lo > 4096) {
+        p.gpu_memory = lo + (hi - lo) / 2;
+        if (engine_init(&ext, mf, &p, err) == 0) {
+            hi = p.gpu_memory;
+            engine_free(ext);
+        } else {
+            lo = p.gpu_memory;
+        }
+    }
+    p.gpu_memory = hi;
+    cr_assert_eq(engine_init(&ext, mf, &p, err), 0, "%s", err);
     engine_get_stats(ext, &st);
     cr_assert_gt(st.kv_host_bytes, 0, "budget %lld MiB: no extension (%d blocks)", (long long)(p.gpu_memory >> 20),
                  st.kv_blocks_total);
@@ -315,6 +329,14 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     engine_get_stats(ref, &st);
     cr_assert_eq(st.kv_host_bytes, 0);
     const int V = engine_hparams(ref)->n_vocab, B = 8, steps = 12;
+    /* The batch needs more blocks than the device's part of the pool has: later sequences use the extension. */
+    const struct llm_hparams *hp = engine_hparams(ref);
+    const uint64_t block_bytes =
+        (uint64_t)st.kv_block_size * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
+    engine_get_stats(ext, &st);
+    int need = 0;
+    for (int s = 0; s < B; s++) need += (10 + 3 * s + steps + st.kv_block_size - 1) / st.kv_block_size;
+    cr_assert_gt(need, st.kv_blocks_total - (int)(st.kv_host_bytes / block_bytes), "the extension is not reached");
     float *a = malloc((size_t)(steps + 1) * B * V * sizeof(float)), *c = malloc((size_t)(steps + 1) * B * V * sizeof(float));
     run_batched(ref, B, steps, a);
     run_batched(ext, B, steps, c);
