@@ -30,7 +30,7 @@ struct backend_stats {
     double copy_seconds;     /* copy-stream time for those bytes */
     double stall_seconds;    /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
-    uint64_t kv_host_bytes; /* the host layers' K and V (pinned host memory) */
+    uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory */
     double h2d_bytes_per_s; /* measured ceilings: pinned host→device, device copy (read+write) */
     double hbm_bytes_per_s;
     uint64_t layers_run;  /* layer calls made on this backend */

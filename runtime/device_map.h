@@ -17,10 +17,10 @@
  * cannot hold that beside the smallest streaming plan is refused, naming the minimum.
  * Extension: when some layers stream and the pool falls short of kv_tokens_max, the missing positions (up to
  * kv_ext_max) become an extension of the pool in pinned host memory, which the device's attention reads over
- * the link (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead of queueing;
- * each extension position a step reads costs link time beside the streamed weights (runtime/NOTES.md). Not
- * when every layer is resident: there a step is so short that reading K/V over the link would cost more than
- * the queue.
+ * the link (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead of
+ * queueing; each extension position a step reads costs link time beside the streamed weights
+ * (runtime/NOTES.md). Not when every layer is resident: there a step is so short that reading K/V over the
+ * link would cost more than the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H

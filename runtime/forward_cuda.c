@@ -128,7 +128,7 @@ struct forward_cuda {
     uint16_t *kv_ext;            /* K then V, each (n_layers, n_ext, block_size, kvd) f16 (host), or NULL */
     uint16_t *kv_ext_dev;        /* its device address */
     int n_ext;
-    int32_t *d_block_table;      /* (n_seqs, max_blocks) */
+    int32_t *d_block_table; /* (n_seqs, max_blocks) */
 
     /* Activations. */
     float *x;       /* (T, dim) residual stream */
@@ -585,7 +585,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                 overhead / 1048576.0);
         goto fail;
     }
-    if (f->map.kv_tokens) { /* the planner sized the KV pool (and its extension): the engine's tables follow */
+    if (f->map
+            .kv_tokens) { /* the planner sized the KV pool (and its extension): the engine's tables follow */
         struct kv_cache sized;
         const int64_t all = f->map.kv_tokens + f->map.kv_ext_tokens;
         if ((rc = kv_cache_init(&sized, kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_seqs, kv->ctx_size,

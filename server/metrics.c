@@ -222,8 +222,8 @@ char *metrics_render(struct metrics *m, size_t *len)
           (unsigned long long)m->vram_planned);
     GAUGE("ferry_vram_used_bytes", "GPU memory the engine took at load (cudaMemGetInfo).", "%llu",
           (unsigned long long)m->vram_used);
-    GAUGE("ferry_kv_host_bytes", "KV cache of the host layers, in pinned host memory.", "%llu",
-          (unsigned long long)m->kv_host_bytes);
+    GAUGE("ferry_kv_host_bytes", "The KV pool's extension in pinned host memory (read over the link).",
+          "%llu", (unsigned long long)m->kv_host_bytes);
     const struct http_stats *hs = &m->http;
     GAUGE("ferry_http_connections_open", "HTTP connections open (past --max-connections they are refused).",
           "%d", hs->open);

@@ -63,8 +63,8 @@
 #define DEC_RING_BYTES (DEC_WARPS * DEC_ST * DEC_U * 2 * 32 * 16)
 
 struct att_params {
-    float *out;          /* (m, n_heads, D) */
-    const float *q;      /* (m, n_heads, D) */
+    float *out;            /* (m, n_heads, D) */
+    const float *q;        /* (m, n_heads, D) */
     const __half *k, *v;   /* cache: blocks [0, n_main) */
     const __half *kx, *vx; /* its extension: blocks [n_main, n_blocks) at id - n_main */
     const int32_t *bt;
@@ -765,7 +765,8 @@ __host__ __device__ __forceinline__ long long fa_row_off(const att_params &p, in
 #endif
     if (blk < 0 || blk >= p.n_blocks) return -1;
     const bool ext = blk >= p.n_main;
-    return (((long long)(ext ? blk - p.n_main : blk) * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh) *
+    return (((long long)(ext ? blk - p.n_main : blk) * p.block_size + (pp - bi * p.block_size)) * p.n_kv +
+            kvh) *
                D |
            (ext ? FA_EXT : 0);
 }
@@ -1050,8 +1051,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, __half *kcx,
                                      __half *vcx, const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                      const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
-                                     int half_style, int n_blocks, int n_main, int block_size,
-                                     int max_blocks)
+                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
@@ -1094,7 +1094,8 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
         const int kh = h < n_heads + n_kv ? h - n_heads : h - n_heads - n_kv;
         const bool ext = blk >= n_main;
         __half *base = h < n_heads + n_kv ? (ext ? kcx : kc) : (ext ? vcx : vc);
-        __half *dst = base + (((size_t)(ext ? blk - n_main : blk) * block_size + pp % block_size) * n_kv + kh) * D;
+        __half *dst =
+            base + (((size_t)(ext ? blk - n_main : blk) * block_size + pp % block_size) * n_kv + kh) * D;
         dst[i0] = __float2half_rn(x0);
         dst[i1] = __float2half_rn(x1);
     }
@@ -1321,7 +1322,8 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
     if (kv->n_blocks <= 0 || kv->block_size <= 0 || kv->max_blocks <= 0 || kv->n_kv_heads <= 0)
         return FERRY_ERR_INVALID;
     if (kv->n_ext < 0 || kv->n_ext > kv->n_blocks ||
-        (kv->n_ext && (!kv->k_ext || !kv->v_ext || !FCUDA_ALIGNED(kv->k_ext, 16) || !FCUDA_ALIGNED(kv->v_ext, 16))))
+        (kv->n_ext &&
+         (!kv->k_ext || !kv->v_ext || !FCUDA_ALIGNED(kv->k_ext, 16) || !FCUDA_ALIGNED(kv->v_ext, 16))))
         return FERRY_ERR_INVALID;
     if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX) return FERRY_ERR_UNSUPPORTED;
     if (!FCUDA_ALIGNED(kv->k, 16) || !FCUDA_ALIGNED(kv->v, 16) || !FCUDA_ALIGNED(kv->block_table, 4))
@@ -1345,9 +1347,9 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
     if (m == 0) return FERRY_OK;
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
     FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out,
-                           qkv, (__half *)kv->k, (__half *)kv->v, (__half *)kv->k_ext, (__half *)kv->v_ext, seq,
-                           pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim, rope_dim,
-                           (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
+                           qkv, (__half *)kv->k, (__half *)kv->v, (__half *)kv->k_ext, (__half *)kv->v_ext,
+                           seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
+                           rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
                            kv->block_size, kv->max_blocks));
     return FERRY_OK;
 }

@@ -431,15 +431,16 @@ static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n
                 kern_cuda_attention_set_prefill_mma(variant == 2 ? 0 : 1);
                 for (int e = 0; e < 2; e++) {
                     CU_OK(cudaMemset(dout, 0xFF, nq * 4));
-                    cr_assert_eq(kern_cuda_attention(dout, dq, e ? &ext : &c.dev, dseq, dpos, m, n_heads, scale,
-                                                     max_len, modes[mi], ws, wsb, 0),
+                    cr_assert_eq(kern_cuda_attention(dout, dq, e ? &ext : &c.dev, dseq, dpos, m, n_heads,
+                                                     scale, max_len, modes[mi], ws, wsb, 0),
                                  FERRY_OK);
                     dev_download(e ? b : a, dout, nq * 4);
                 }
                 kern_cuda_attention_set_decode_heads(0);
                 kern_cuda_attention_set_prefill_mma(1);
-                cr_assert(memcmp(a, b, nq * 4) == 0, "D %d bs %d m %d mode %d variant %d: the extension differs",
-                          D, bs, m, modes[mi], variant);
+                cr_assert(memcmp(a, b, nq * 4) == 0,
+                          "D %d bs %d m %d mode %d variant %d: the extension differs", D, bs, m, modes[mi],
+                          variant);
             }
         cudaFree(dq);
         cudaFree(dout);
@@ -458,8 +459,9 @@ static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n
     float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, D / 2 * 4);
     float *dq = dev_poison((size_t)m * n_heads * D * 4);
     int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
-                 FERRY_OK);
+    cr_assert_eq(
+        kern_cuda_rope_kv_store(dq, dqkv, &c.dev, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+        FERRY_OK);
     cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &ext, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
                  FERRY_OK);
     CU_OK(cudaDeviceSynchronize());

@@ -372,7 +372,8 @@ Test(kv_cache, extension_blocks_are_taken_last)
     const int32_t *row2 = kv.block_table + 2 * kv.max_blocks;
     cr_assert((row2[0] == 2 && row2[1] == 3) || (row2[0] == 3 && row2[1] == 2), "main first: %d %d", row2[0],
               row2[1]);
-    cr_assert(row2[2] >= 5 && row2[3] >= 5 && row2[2] != row2[3], "then the extension: %d %d", row2[2], row2[3]);
+    cr_assert(row2[2] >= 5 && row2[3] >= 5 && row2[2] != row2[3], "then the extension: %d %d", row2[2],
+              row2[3]);
     cr_assert_eq(kv_cache_reserve(&kv, 0, 4 * 3), FERRY_ERR_RANGE); /* empty */
     cr_assert_eq(kv_cache_set_ext(&kv, 1), FERRY_ERR_INVALID);       /* blocks are held */
     for (int s = 0; s < 3; s++) kv_cache_seq_free(&kv, s);

@@ -319,28 +319,31 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     p.gpu_memory = hi;
     cr_assert_eq(engine_init(&ext, mf, &p, err), 0, "%s", err);
     engine_get_stats(ext, &st);
-    cr_assert_gt(st.kv_host_bytes, 0, "budget %lld MiB: no extension (%d blocks)", (long long)(p.gpu_memory >> 20),
-                 st.kv_blocks_total);
+    cr_assert_gt(st.kv_host_bytes, 0, "budget %lld MiB: no extension (%d blocks)",
+                 (long long)(p.gpu_memory >> 20), st.kv_blocks_total);
     cr_assert_eq(st.kv_blocks_total * st.kv_block_size, 8 * 64, "the pool and its extension hold every slot");
     cr_log_info("budget %lld MiB: %d blocks of %d, %.2f MiB of them in host memory",
-                (long long)(p.gpu_memory >> 20), st.kv_blocks_total, st.kv_block_size, st.kv_host_bytes / 1048576.0);
+                (long long)(p.gpu_memory >> 20), st.kv_blocks_total, st.kv_block_size,
+                st.kv_host_bytes / 1048576.0);
     p.gpu_memory = 0;
     cr_assert_eq(engine_init(&ref, mf, &p, err), 0, "%s", err);
     engine_get_stats(ref, &st);
     cr_assert_eq(st.kv_host_bytes, 0);
     const int V = engine_hparams(ref)->n_vocab, B = 8, steps = 12;
-    /* The batch needs more blocks than the device's part of the pool has: later sequences use the extension. */
+    /* The batch needs more blocks than the device's part of the pool: later sequences use the extension. */
     const struct llm_hparams *hp = engine_hparams(ref);
     const uint64_t block_bytes =
         (uint64_t)st.kv_block_size * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
     engine_get_stats(ext, &st);
     int need = 0;
     for (int s = 0; s < B; s++) need += (10 + 3 * s + steps + st.kv_block_size - 1) / st.kv_block_size;
-    cr_assert_gt(need, st.kv_blocks_total - (int)(st.kv_host_bytes / block_bytes), "the extension is not reached");
-    float *a = malloc((size_t)(steps + 1) * B * V * sizeof(float)), *c = malloc((size_t)(steps + 1) * B * V * sizeof(float));
+    cr_assert_gt(need, st.kv_blocks_total - (int)(st.kv_host_bytes / block_bytes),
+                 "the extension is not reached");
+    const size_t n_logits = (size_t)(steps + 1) * B * V;
+    float *a = malloc(n_logits * sizeof(float)), *c = malloc(n_logits * sizeof(float));
     run_batched(ref, B, steps, a);
     run_batched(ext, B, steps, c);
-    cr_assert_eq(memcmp(a, c, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
+    cr_assert_eq(memcmp(a, c, n_logits * sizeof(float)), 0,
                  "logits with the extension differ from the all-device pool");
     free(a);
     free(c);
