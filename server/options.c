@@ -39,8 +39,8 @@ static const struct opt_row rows[] = {
     {"ctx-size", OPT_INT, OFF(ctx_size), 0, 1 << 20, "0", NULL,
      "positions per sequence (0 = min(model's, 4096))"},
     {"kv-tokens", OPT_INT, OFF(kv_tokens), 0, 1 << 30, "0", NULL,
-     "KV cache positions over all sequences (0 = parallel x ctx-size); admission reserves prompt + "
-     "max_tokens"},
+     "KV cache positions over all sequences (0 = parallel x ctx-size, on a GPU sized to the budget with any "
+     "excess in host memory); admission reserves prompt + max_tokens"},
     {"backend", OPT_ENUM, OFF(backend), 0, 0, "auto", "auto|cpu|cuda",
      "compute backend (auto = CUDA when built and a GPU is present)"},
     {"parallel", OPT_INT, OFF(parallel), 1, 1024, "4", NULL, "sequences decoded at once (slots)"},

@@ -12,7 +12,10 @@
  * call. Method: each figure is the median of 15 samples, a sample being 10 calls after 3 warm-up calls, timed
  * with CUDA events, launched back to back and (for attention) replayed from a CUDA graph ("graph"). KV caches
  * rotate among copies spanning >= 256 MiB, so L2 (60 MB) does not hold the whole working set between calls.
- * Usage: bench_attn [--quick]
+ * --ext: decode and one prefill chunk with the K/V pool in the device's memory and as the pool's extension in
+ * pinned, mapped host memory (kern_cuda_kv_layer.k_ext: what `ferry serve` reads when its pool overflows,
+ * runtime/NOTES.md), as GB/s of K/V read, beside the copy engine's host-to-device rate for the same bytes.
+ * Usage: bench_attn [--quick] [--ext]
  */
 #include <math.h>
 #include <stdio.h>
@@ -115,10 +118,18 @@ static void *dev_copy(const void *h, size_t bytes)
 struct world {
     struct kern_cuda_kv_layer kv; /* block_table set per call */
     int32_t *tables;              /* (copies, n_seqs * max_blocks) */
+    void *host_k, *host_v;        /* the extension's host memory (world_init_at with host), else NULL */
     int copies, n_seqs, ctx, n_heads;
 };
 
+static void world_init_at(struct world *w, int n_heads, int n_kv, int n_seqs, int ctx, int host);
 static void world_init(struct world *w, int n_heads, int n_kv, int n_seqs, int ctx)
+{
+    world_init_at(w, n_heads, n_kv, n_seqs, ctx, 0);
+}
+
+/* host: the whole pool is the extension, in pinned mapped host memory. */
+static void world_init_at(struct world *w, int n_heads, int n_kv, int n_seqs, int ctx, int host)
 {
     const int D = 128, bs = 16, mb = (ctx + bs - 1) / bs;
     memset(w, 0, sizeof *w);
@@ -134,10 +145,25 @@ static void world_init(struct world *w, int n_heads, int n_kv, int n_seqs, int c
     w->kv.n_kv_heads = n_kv;
     w->kv.head_dim = D;
     const size_t kvb = (size_t)w->kv.n_blocks * bs * n_kv * D * 2;
-    CK(cudaMalloc((void **)&w->kv.k, kvb));
-    CK(cudaMalloc((void **)&w->kv.v, kvb));
-    fill_f16(w->kv.k, kvb);
-    fill_f16(w->kv.v, kvb);
+    if (host) {
+        void *k, *v;
+        CK(cudaHostAlloc(&k, kvb, cudaHostAllocMapped));
+        CK(cudaHostAlloc(&v, kvb, cudaHostAllocMapped));
+        for (size_t i = 0; i < kvb / 2; i++)
+            ((uint16_t *)k)[i] = ((uint16_t *)v)[i] =
+                f32_to_f16((float)((i * 2654435761u) % 1000) / 1000 - 0.5f);
+        CK(cudaHostGetDevicePointer((void **)&w->kv.k_ext, k, 0));
+        CK(cudaHostGetDevicePointer((void **)&w->kv.v_ext, v, 0));
+        w->kv.n_ext = w->kv.n_blocks;
+        w->host_k = k, w->host_v = v;
+        CK(cudaMalloc((void **)&w->kv.k, 16)); /* (no block lives there) */
+        CK(cudaMalloc((void **)&w->kv.v, 16));
+    } else {
+        CK(cudaMalloc((void **)&w->kv.k, kvb));
+        CK(cudaMalloc((void **)&w->kv.v, kvb));
+        fill_f16(w->kv.k, kvb);
+        fill_f16(w->kv.v, kvb);
+    }
     int32_t *bt = malloc((size_t)w->kv.n_blocks * 4);
     for (int c = 0; c < w->copies; c++) /* scattered within the copy */
         for (int i = 0; i < nb1; i++) bt[(size_t)c * nb1 + i] = (int32_t)(c * nb1 + (i * 7919LL) % nb1);
@@ -151,6 +177,8 @@ static void world_free(struct world *w)
     cudaFree(w->kv.k);
     cudaFree(w->kv.v);
     cudaFree(w->tables);
+    if (w->host_k) cudaFreeHost(w->host_k);
+    if (w->host_v) cudaFreeHost(w->host_v);
 }
 
 enum call_kind { CALL_MODE, CALL_MIXED };
@@ -293,6 +321,61 @@ static void bench_mixed(const char *name, int n_heads, int n_kv)
     world_free(&w);
 }
 
+/* Decode (one row per sequence at position ctx - 1) and a 512-row chunk (one sequence, positions ctx - 512..)
+ * with the pool in device memory, then in host memory; GB/s of K/V read (each visible position's K and V
+ * once). Beside: the copy engine moving the same bytes host to device. */
+static void bench_ext(void)
+{
+    const struct {
+        int n_seqs, ctx, chunk;
+    } cases[] = {{1, 4096, 0}, {16, 512, 0}, {64, 512, 0}, {1, 2048, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int n = cases[c].n_seqs, ctx = cases[c].ctx, chunk = cases[c].chunk, m = chunk ? 512 : n;
+        int32_t *seq = malloc((size_t)m * 4), *pos = malloc((size_t)m * 4);
+        for (int i = 0; i < m; i++) seq[i] = chunk ? 0 : i, pos[i] = chunk ? ctx - 512 + i : ctx - 1;
+        const double bytes = (double)n * ctx * 32 * 128 * 2 * 2;
+        double t[2];
+        for (int host = 0; host < 2; host++) {
+            struct world w;
+            world_init_at(&w, 32, 32, n, ctx, host);
+            struct att_arg a;
+            arg_init(&a, &w, seq, pos, m);
+            a.mode = chunk ? KERN_ATTN_PREFILL : KERN_ATTN_DECODE;
+            t[host] = time_ms(att_fn, &a, 10, 1);
+            arg_free(&a);
+            world_free(&w);
+        }
+        void *h, *d;
+        CK(cudaHostAlloc(&h, (size_t)bytes, cudaHostAllocDefault));
+        CK(cudaMalloc(&d, (size_t)bytes));
+        memset(h, 1, (size_t)bytes);
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        CK(cudaMemcpyAsync(d, h, (size_t)bytes, cudaMemcpyHostToDevice, st));
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(d, h, (size_t)bytes, cudaMemcpyHostToDevice, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double copy_ms = ms / 5;
+        printf("ext %-7s %2d seq x %4d: device %8.4f ms (%6.1f GB/s) | host memory %8.4f ms (%6.1f GB/s) | "
+               "copy engine %8.4f ms (%5.1f GB/s)\n",
+               chunk ? "chunk" : "decode", n, ctx, t[0], bytes / t[0] / 1e6, t[1], bytes / t[1] / 1e6,
+               copy_ms, bytes / copy_ms / 1e6);
+        snprintf(summary[n_summary++], 160,
+                 "ext %-6s %2dx%-4d host memory %6.1f GB/s (x%.1f of device time), copy %5.1f GB/s",
+                 chunk ? "chunk" : "decode", n, ctx, bytes / t[1] / 1e6, t[1] / t[0], bytes / copy_ms / 1e6);
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        cudaFreeHost(h);
+        cudaFree(d);
+        free(seq);
+        free(pos);
+    }
+}
+
 /* ---- sampler ---- */
 
 struct smp_arg {
@@ -382,12 +465,14 @@ static void bench_sampler(int quick)
 
 int main(int argc, char **argv)
 {
-    int quick = 0;
+    int quick = 0, ext = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--ext"))
+            ext = 1;
         else {
-            fprintf(stderr, "usage: bench_attn [--quick]\n");
+            fprintf(stderr, "usage: bench_attn [--quick] [--ext]\n");
             return 2;
         }
     }
@@ -402,6 +487,13 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     srand(1);
+    if (ext) {
+        bench_ext();
+        printf("\n== summary ==\n");
+        for (int i = 0; i < n_summary; i++) printf("%s\n", summary[i]);
+        CK(cudaStreamDestroy(st));
+        return 0;
+    }
     bench_prefill("l2-7b", 32, 32, 0);
     bench_prefill("l3-8b", 32, 8, 0);
     bench_prefill("l2-7b", 32, 32, 1536);
