@@ -865,13 +865,96 @@ __attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_do
         Q8_CASES2(Q8M_AFFINE, lane_dot_avxvnni)
     }
 }
+/* q8_dot_body's arithmetic with two blocks per 512-bit dot product, conversion and scale product (lanes 0-7
+ * block b, 8-15 block b + 1), then the two 8-lane multiply-adds in block order: every lane's operations are
+ * q8_dot_body's, so the sums are bitwise equal (modes with one scale per 32 elements). */
+static inline __attribute__((always_inline, target(T_VNNI512))) void
+q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
+{
+    const struct q8x *x = a->x;
+    const struct q8_tile *t = a->t;
+    const int8_t *xq[MRQ];
+    const int32_t *n4[MRQ];
+    const float *dx[MRQ];
+    __m256 acc[MRQ][NRQ];
+    for (int i = 0; i < mr; i++) {
+        const int r = a->i0 + i;
+        xq[i] = x->q + (size_t)r * x->k;
+        n4[i] = x->n4 + (size_t)r * x->nb * 8;
+        dx[i] = x->dx + (size_t)r * x->nbp;
+        for (int j = 0; j < NRQ; j++)
+            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
+    }
+    const __m128i shv = _mm_cvtsi32_si128(sh);
+    int b = 0;
+    for (; b + 1 < a->nb; b += 2) {
+        const int gb = a->b0 + b;
+        __m512i xv[MRQ], cv[MRQ];
+        __m512 dxv[MRQ];
+        for (int i = 0; i < mr; i++) {
+            xv[i] = _mm512_loadu_si512((const void *)(xq[i] + (size_t)QB * gb));
+            cv[i] = mode == Q8M_OFF
+                        ? _mm512_sll_epi32(_mm512_loadu_si512((const void *)(n4[i] + 8 * gb)), shv)
+                        : _mm512_setzero_si512();
+            dxv[i] = _mm512_insertf32x8(_mm512_set1_ps(dx[i][gb]), _mm256_set1_ps(dx[i][gb + 1]), 1);
+        }
+        for (int j = 0; j < NRQ; j++) {
+            const __m512i uv = _mm512_load_si512((const void *)(t->u[j] + QB * b));
+            const __m512 sv =
+                _mm512_insertf32x8(_mm512_set1_ps(t->s[j][b]), _mm256_set1_ps(t->s[j][b + 1]), 1);
+            for (int i = 0; i < mr; i++) {
+                const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i], uv, xv[i]));
+                const __m512 sd = _mm512_mul_ps(sv, dxv[i]);
+                acc[i][j] = _mm256_fmadd_ps(_mm512_castps512_ps256(l), _mm512_castps512_ps256(sd), acc[i][j]);
+                acc[i][j] =
+                    _mm256_fmadd_ps(_mm512_extractf32x8_ps(l, 1), _mm512_extractf32x8_ps(sd, 1), acc[i][j]);
+            }
+        }
+    }
+    for (; b < a->nb; b++) { /* an odd last block: q8_dot_body's step */
+        const int gb = a->b0 + b;
+        for (int j = 0; j < NRQ; j++) {
+            const __m256i uv = _mm256_load_si256((const __m256i *)(t->u[j] + QB * b));
+            const __m256 sv = _mm256_broadcast_ss(&t->s[j][b]);
+            for (int i = 0; i < mr; i++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)QB * gb));
+                const __m256i cv =
+                    mode == Q8M_OFF
+                        ? _mm256_sll_epi32(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * gb)), shv)
+                        : _mm256_setzero_si256();
+                const __m256i l = _mm256_dpbusd_epi32(cv, uv, xv);
+                const __m256 sd = _mm256_mul_ps(sv, _mm256_broadcast_ss(dx[i] + gb));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), sd, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+    if (mode == Q8M_AFFINE)
+        for (int i = 0; i < mr; i++) {
+            const float *sxd = x->sxd + (size_t)(a->i0 + i) * x->nbp + a->b0;
+            for (int j = 0; j < NRQ; j++) {
+                float *mp = a->macc + (i * NRQ + j) * 8;
+                __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
+                for (int g = 0; g < a->nb; g += 8)
+                    m = _mm256_fmadd_ps(_mm256_loadu_ps(&t->mn[j][g]), _mm256_loadu_ps(sxd + g), m);
+                _mm256_storeu_ps(mp, m);
+            }
+        }
+}
+
+#define Q8_CASE512(mode, mr)                                                                                 \
+    case (mode)*8 + (mr):                                                                                    \
+        q8_dot_body512(a, mr, mode, sh);                                                                     \
+        return;
+#define Q8_CASES512(mode) Q8_CASE512(mode, 1) Q8_CASE512(mode, 2) Q8_CASE512(mode, 3) Q8_CASE512(mode, 4)
 __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
     switch (mode * 8 + mr) {
-        Q8_CASES4(Q8M_OFF, lane_dot_vnni512)
+        Q8_CASES512(Q8M_OFF)
         Q8_CASES4(Q8M_OFF16, lane_dot_vnni512)
-        Q8_CASES4(Q8M_AFFINE, lane_dot_vnni512)
+        Q8_CASES512(Q8M_AFFINE)
     }
 }
 __attribute__((target(T_AVX2))) static void q8_to_f32_avx2(const uint8_t *u, const float *s, const float *mn,
@@ -1173,7 +1256,7 @@ enum kern_cpu_act kern_cpu_matmul_act(void)
     return (enum kern_cpu_act)__atomic_load_n(&act_mode, __ATOMIC_RELAXED);
 }
 
-static int isa_best = -1;                    /* cpuid's answer, at first use */
+static int isa_best = -1; /* cpuid's answer, at first use */
 
 #ifdef MM_X86
 /* F16C (CPUID leaf 1, ECX bit 29) and AVX-VNNI (leaf 7, subleaf 1, EAX bit 4) asked of cpuid directly: clang
