@@ -865,6 +865,17 @@ __attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_do
         Q8_CASES2(Q8M_AFFINE, lane_dot_avxvnni)
     }
 }
+/* The two 8-lane halves of a 512-bit register, and back (AVX512F only: the f32x8 forms need AVX512DQ). */
+static inline __attribute__((always_inline, target(T_VNNI512))) __m512 pair_ps(__m256 lo, __m256 hi)
+{
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+static inline __attribute__((always_inline, target(T_VNNI512))) __m256 high_ps(__m512 v)
+{
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
 /* q8_dot_body's arithmetic with two blocks per 512-bit dot product, conversion and scale product (lanes 0-7
  * block b, 8-15 block b + 1), then the two 8-lane multiply-adds in block order: every lane's operations are
  * q8_dot_body's, so the sums are bitwise equal (modes with one scale per 32 elements). */
@@ -896,18 +907,16 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
             cv[i] = mode == Q8M_OFF
                         ? _mm512_sll_epi32(_mm512_loadu_si512((const void *)(n4[i] + 8 * gb)), shv)
                         : _mm512_setzero_si512();
-            dxv[i] = _mm512_insertf32x8(_mm512_set1_ps(dx[i][gb]), _mm256_set1_ps(dx[i][gb + 1]), 1);
+            dxv[i] = pair_ps(_mm256_set1_ps(dx[i][gb]), _mm256_set1_ps(dx[i][gb + 1]));
         }
         for (int j = 0; j < NRQ; j++) {
             const __m512i uv = _mm512_load_si512((const void *)(t->u[j] + QB * b));
-            const __m512 sv =
-                _mm512_insertf32x8(_mm512_set1_ps(t->s[j][b]), _mm256_set1_ps(t->s[j][b + 1]), 1);
+            const __m512 sv = pair_ps(_mm256_set1_ps(t->s[j][b]), _mm256_set1_ps(t->s[j][b + 1]));
             for (int i = 0; i < mr; i++) {
                 const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i], uv, xv[i]));
                 const __m512 sd = _mm512_mul_ps(sv, dxv[i]);
                 acc[i][j] = _mm256_fmadd_ps(_mm512_castps512_ps256(l), _mm512_castps512_ps256(sd), acc[i][j]);
-                acc[i][j] =
-                    _mm256_fmadd_ps(_mm512_extractf32x8_ps(l, 1), _mm512_extractf32x8_ps(sd, 1), acc[i][j]);
+                acc[i][j] = _mm256_fmadd_ps(high_ps(l), high_ps(sd), acc[i][j]);
             }
         }
     }
