@@ -470,9 +470,12 @@ static int engine_create(struct engine **out, struct model *model, const struct 
             "the rest wait)",
             full, p.n_seqs);
     const int kv_es = use_cuda ? 2 : e->kv.elem_size; /* the device's cache is f16 */
-    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s)%s", e->stats.backend,
-              p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, (size_t)kv_es) / 1048576.0,
-              kv_es == 2 ? "f16" : "f32", room);
+    char ext[96] = "";
+    if (e->kv.n_ext) /* the pool's extension in host memory (device_map.h) */
+        snprintf(ext, sizeof ext, "; %d of them in host memory", e->kv.n_ext * e->kv.block_size);
+    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s",
+              e->stats.backend, p.ctx_size, p.n_seqs, kv_pos,
+              kv_cache_bytes(&e->kv, (size_t)kv_es) / 1048576.0, kv_es == 2 ? "f16" : "f32", ext, room);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);
