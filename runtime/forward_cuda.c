@@ -127,8 +127,7 @@ struct forward_cuda {
     uint16_t *k_cache, *v_cache; /* (n_layers, n_blocks - n_ext, block_size, kvd) f16 */
     uint16_t *kv_ext;            /* K then V, each (n_layers, n_ext, block_size, kvd) f16 (host), or NULL */
     uint16_t *kv_ext_dev;        /* its device address */
-    int n_ext;
-    int32_t *d_block_table; /* (n_seqs, max_blocks) */
+    int32_t *d_block_table;      /* (n_seqs, max_blocks) */
 
     /* Activations. */
     float *x;       /* (T, dim) residual stream */
@@ -599,8 +598,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         kv_cache_free(kv);
         *kv = sized;
     }
-    f->n_ext = kv->n_ext;
-    const size_t kv_elems = (size_t)L * (kv->n_blocks - f->n_ext) * kv->block_size * kvd;
+    const size_t kv_elems = (size_t)L * (kv->n_blocks - kv->n_ext) * kv->block_size * kvd;
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
     f->stats.kv_host_bytes = f->map.kv_ext_bytes;
@@ -704,8 +702,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                 at += align_up(f->layer_sizes[l]);
             }
     }
-    if (f->n_ext) {
-        const size_t ext_bytes = 2 * (size_t)L * f->n_ext * kv->block_size * kvd * sizeof(uint16_t);
+    if (kv->n_ext) {
+        const size_t ext_bytes = 2 * (size_t)L * kv->n_ext * kv->block_size * kvd * sizeof(uint16_t);
         FLOG_INFO("pinning %.2f GiB of host memory for the KV pool's extension (%lld positions)",
                   ext_bytes / 1073741824.0, (long long)f->map.kv_ext_tokens);
         if ((f->kv_ext = pinned_mapped_alloc(ext_bytes)) == NULL) {
@@ -878,13 +876,13 @@ static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
     const size_t row = (size_t)kv->block_size * hp->n_kv_heads * hp->head_dim;
-    const size_t per_layer = (size_t)(kv->n_blocks - f->n_ext) * row, per_ext = (size_t)f->n_ext * row;
+    const size_t per_layer = (size_t)(kv->n_blocks - kv->n_ext) * row, per_ext = (size_t)kv->n_ext * row;
     uint16_t *ext = f->kv_ext_dev;
     return (struct kern_cuda_kv_layer){.k = f->k_cache + per_layer * l,
                                        .v = f->v_cache + per_layer * l,
                                        .k_ext = ext ? ext + per_ext * l : NULL,
                                        .v_ext = ext ? ext + per_ext * ((size_t)f->n_layers + l) : NULL,
-                                       .n_ext = f->n_ext,
+                                       .n_ext = kv->n_ext,
                                        .n_blocks = kv->n_blocks,
                                        .block_size = kv->block_size,
                                        .block_table = f->d_block_table,

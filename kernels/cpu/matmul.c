@@ -778,6 +778,23 @@ static inline __attribute__((always_inline, target(T_VNNI512))) __m256i lane_dot
     return _mm256_dpbusd_epi32(c, u, x);
 }
 
+/* The affine types' per-block terms: each block's minimum times the sum of x over it, into macc. */
+static inline __attribute__((always_inline, target(T_AVX2))) void q8_min_terms(const struct q8_dot *a, int mr)
+{
+    const struct q8x *x = a->x;
+    const struct q8_tile *t = a->t;
+    for (int i = 0; i < mr; i++) {
+        const float *sxd = x->sxd + (size_t)(a->i0 + i) * x->nbp + a->b0;
+        for (int j = 0; j < NRQ; j++) {
+            float *mp = a->macc + (i * NRQ + j) * 8;
+            __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
+            for (int g = 0; g < a->nb; g += 8)
+                m = _mm256_fmadd_ps(_mm256_loadu_ps(&t->mn[j][g]), _mm256_loadu_ps(sxd + g), m);
+            _mm256_storeu_ps(mp, m);
+        }
+    }
+}
+
 /* q8_dot_c's arithmetic in 8-lane vectors: mr x NRQ accumulators in registers over the chunk. */
 static inline __attribute__((always_inline, target(T_AVX2))) void
 q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh, lane_dot_fn dot)
@@ -825,17 +842,7 @@ q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int s
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
-    if (mode == Q8M_AFFINE)
-        for (int i = 0; i < mr; i++) {
-            const float *sxd = x->sxd + (size_t)(a->i0 + i) * x->nbp + a->b0;
-            for (int j = 0; j < NRQ; j++) {
-                float *mp = a->macc + (i * NRQ + j) * 8;
-                __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
-                for (int g = 0; g < a->nb; g += 8)
-                    m = _mm256_fmadd_ps(_mm256_loadu_ps(&t->mn[j][g]), _mm256_loadu_ps(sxd + g), m);
-                _mm256_storeu_ps(mp, m);
-            }
-        }
+    if (mode == Q8M_AFFINE) q8_min_terms(a, mr);
 }
 
 #define Q8_CASE(mode, mr, dot)                                                                               \
@@ -939,17 +946,7 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
-    if (mode == Q8M_AFFINE)
-        for (int i = 0; i < mr; i++) {
-            const float *sxd = x->sxd + (size_t)(a->i0 + i) * x->nbp + a->b0;
-            for (int j = 0; j < NRQ; j++) {
-                float *mp = a->macc + (i * NRQ + j) * 8;
-                __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
-                for (int g = 0; g < a->nb; g += 8)
-                    m = _mm256_fmadd_ps(_mm256_loadu_ps(&t->mn[j][g]), _mm256_loadu_ps(sxd + g), m);
-                _mm256_storeu_ps(mp, m);
-            }
-        }
+    if (mode == Q8M_AFFINE) q8_min_terms(a, mr);
 }
 
 #define Q8_CASE512(mode, mr)                                                                                 \

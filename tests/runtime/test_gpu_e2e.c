@@ -213,54 +213,6 @@ Test(gpu_e2e, all_prompt_rows_logits_in_chunks)
     model_file_close(mf);
 }
 
-/* All resident, all streamed through a 2-slot ring, and mixed: bitwise the same logits, over several
- * sequences batched together and enough steps to wrap the ring many times. */
-Test(gpu_e2e, placements_are_bitwise_equal)
-{
-    require_gpu();
-    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
-    /* (gpu_layers, slots) */
-    const int configs[][2] = {{-1, 0}, {0, 2}, {1, 2}, {0, 3}};
-    float *ref = NULL;
-    const int steps = 12, B = 3;
-    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        struct engine *e = make_engine(mf, ENGINE_BACKEND_CUDA, configs[c][0], configs[c][1], B);
-        const int V = engine_hparams(e)->n_vocab;
-        struct engine_stats st;
-        engine_get_stats(e, &st);
-        if (configs[c][0] == 0)
-            cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
-        float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
-        int32_t tok[64], pos[64], seq[64];
-        uint8_t want[64];
-        int n = 0;
-        for (int s = 0; s < B; s++)
-            for (int i = 0; i < 10 + 3 * s; i++, n++)
-                tok[n] = (int32_t)((i * 13 + s) % V), pos[n] = i, seq[n] = s, want[n] = i == 9 + 3 * s;
-        struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
-        cr_assert_eq(engine_step(e, &b, lg), 0);
-        for (int k = 1; k <= steps; k++) {
-            for (int s = 0; s < B; s++)
-                tok[s] = (int32_t)((k * 7 + s) % V), pos[s] = 10 + 3 * s + k - 1, seq[s] = s, want[s] = 1;
-            b.n_tokens = B;
-            cr_assert_eq(engine_step(e, &b, lg + (size_t)k * B * V), 0);
-        }
-        if (!ref) {
-            ref = lg;
-        } else {
-            cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
-                         "placement config %zu (gpu_layers %d, slots %d) differs from all-resident", c,
-                         configs[c][0], configs[c][1]);
-            free(lg);
-        }
-        engine_get_stats(e, &st);
-        if (configs[c][0] == 0) cr_assert_gt(st.bytes_streamed, 0);
-        engine_free(e);
-    }
-    free(ref);
-    model_file_close(mf);
-}
-
 /* Steps of B sequences (prefills of 10 + 3s tokens, then `steps` decode tokens each); all logits to lg. */
 static void run_batched(struct engine *e, int B, int steps, float *lg)
 {
@@ -279,6 +231,41 @@ static void run_batched(struct engine *e, int B, int steps, float *lg)
         b.n_tokens = B;
         cr_assert_eq(engine_step(e, &b, lg + (size_t)k * B * V), 0);
     }
+}
+
+/* All resident, all streamed through a 2-slot ring, and mixed: bitwise the same logits, over several
+ * sequences batched together and enough steps to wrap the ring many times. */
+Test(gpu_e2e, placements_are_bitwise_equal)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    /* (gpu_layers, slots) */
+    const int configs[][2] = {{-1, 0}, {0, 2}, {1, 2}, {0, 3}};
+    float *ref = NULL;
+    const int steps = 12, B = 3;
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        struct engine *e = make_engine(mf, ENGINE_BACKEND_CUDA, configs[c][0], configs[c][1], B);
+        const int V = engine_hparams(e)->n_vocab;
+        struct engine_stats st;
+        engine_get_stats(e, &st);
+        if (configs[c][0] == 0)
+            cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
+        float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
+        run_batched(e, B, steps, lg);
+        if (!ref) {
+            ref = lg;
+        } else {
+            cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
+                         "placement config %zu (gpu_layers %d, slots %d) differs from all-resident", c,
+                         configs[c][0], configs[c][1]);
+            free(lg);
+        }
+        engine_get_stats(e, &st);
+        if (configs[c][0] == 0) cr_assert_gt(st.bytes_streamed, 0);
+        engine_free(e);
+    }
+    free(ref);
+    model_file_close(mf);
 }
 
 /* The KV pool's extension in host memory (device_map.h): under a budget whose pool holds fewer positions than
