@@ -368,6 +368,7 @@ struct plan_sizes {
     size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
     size_t attn_ws_bytes;
     size_t max_x; /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
+    size_t w16;   /* the context's buffer for block-type W decoded to f16 (kern_cuda_w16_bytes) */
 };
 
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
@@ -376,12 +377,20 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     const struct llm_hparams *hp = &m->hp;
     memset(ps, 0, sizeof *ps);
     ps->layer_sizes = layer_sizes;
+    size_t w16_elems = dtype_block_size(m->output.type) > 1 ? (size_t)m->output.rows * m->output.cols : 0;
     for (int l = 0; l < hp->n_layers; l++) {
         struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
         layer_layout_of(&m->layers[l], hp, packed_type, lay);
         layer_sizes[l] = lay->bytes;
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
+        for (int i = 0; i < LAYER_N_MATS; i++)
+            for (int p = 0; p < lay->n_parts[i]; p++) {
+                const int64_t rows = lay->uniform[i] ? lay->rows[i] : lay->part[i][p].rows; /* one product */
+                const size_t e = (size_t)rows * (size_t)lay->cols[i];
+                if (dtype_block_size(lay->part[i][p].type) > 1 && e > w16_elems) w16_elems = e;
+            }
     }
+    ps->w16 = kern_cuda_w16_bytes(T, w16_elems);
     ps->head_bytes =
         align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
         align_up((size_t)hp->dim * sizeof(float));
@@ -460,7 +469,7 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     int rc = FERRY_ERR_NOMEM;
     if (!sizes || !mask) goto out;
     plan_sizes_of(m, kv, p->max_tokens, NULL, sizes, &ps);
-    const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x); /* cuBLAS and the products' workspaces */
+    const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x, ps.w16); /* cuBLAS and the products' workspaces */
     rc = FERRY_ERR_INVALID;
     if (p->gpu_memory <= 0) {
         snprintf(err, 256, "give --gpu-memory SIZE to plan without a device");
@@ -549,7 +558,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "cannot create CUDA streams");
         goto fail;
     }
-    if ((rc = kern_cuda_ctx_init(&f->kctx, ps.max_x))) {
+    if ((rc = kern_cuda_ctx_init(&f->kctx, ps.max_x, ps.w16))) {
         snprintf(err, 256, "cannot create the cuBLAS context");
         goto fail;
     }

@@ -406,6 +406,51 @@ template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c, int config
 QB_TYPES(GM_INSTANCE)
 #undef GM_INSTANCE
 
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* W decoded to f16 (the pieces the cuBLAS variant multiplies): a block takes GD_BN rows x one raw stage (256
+ * elements of k), stages the bytes as the GEMM does (gm_issue_raw) and decodes each unit of 32 with the GEMM's
+ * own task (gm_decode_task) straight to global memory: 8 units of a row are 512 contiguous bytes. PDL: the
+ * weights are requested before waiting for the previous kernel (which may still read out). */
+#define GD_BN 64
+
+template <class Q>
+__global__ void __launch_bounds__(256) gm_dequant_kernel(__half *out, const uint8_t *w, int n, int k)
+{
+    using R = gm_raw<Q>;
+    constexpr int UPS = GM_RKS / 32; /* units per raw stage */
+    __shared__ __align__(16) unsigned char rs[GD_BN * R::RSTRIDE + 16];
+    pdl_trigger();
+    const int tid = threadIdx.x, n0 = blockIdx.x * GD_BN, r = blockIdx.y;
+    const int nb = k / Q::QK, rowbytes = nb * Q::BYTES;
+    const uintptr_t wlo = (uintptr_t)w, whi = wlo + (size_t)n * rowbytes;
+    gm_issue_raw<Q, GD_BN, 256, R::RQ, R::RSTRIDE, R::RBLK>(rs, wlo, whi, n0, n, rowbytes, nb, r, tid);
+    gm_commit();
+    gm_wait<0>();
+    __syncthreads();
+    pdl_wait();
+    for (int task = tid; task < GD_BN * UPS; task += 256) {
+        const int row = task / UPS, u = task - row * UPS, t = r * GM_TPR + (u >> 1), ul = u & 1;
+        const int e = t * GM_BK + 32 * ul;
+        if (n0 + row >= n || e >= k) continue;
+        const uintptr_t ga = wlo + (size_t)(n0 + row) * rowbytes + (size_t)r * R::RBLK * Q::BYTES;
+        gm_decode_task<Q>(reinterpret_cast<uint8_t *>(out + (size_t)(n0 + row) * k + e), rs + row * R::RSTRIDE,
+                          ga, t, ul, k);
+    }
+}
+
+template <class Q> int kern_cuda_qdequant(__half *out, const void *w, int n, int k, cudaStream_t stream)
+{
+    const int nraw = (k / Q::QK + gm_raw<Q>::RBLK - 1) / gm_raw<Q>::RBLK;
+    const dim3 grid((unsigned)((n + GD_BN - 1) / GD_BN), (unsigned)nraw);
+    FCUDA_CHECK(pdl_launch(gm_dequant_kernel<Q>, grid, dim3(256), 0, stream, out, (const uint8_t *)w, n, k));
+    FCUDA_LAUNCH_CHECK("gm_dequant_kernel");
+    return FERRY_OK;
+}
+#define GD_INSTANCE(T, name, Q) template int kern_cuda_qdequant<Q>(__half *, const void *, int, int, cudaStream_t);
+QB_TYPES(GD_INSTANCE)
+#undef GD_INSTANCE
+
 const char *kern_cuda_qgemm_config_name(int config)
 {
     return config >= 0 && config <= KERN_CUDA_QGEMM_CONFIGS ? gm_cfgs[config].name : "?";

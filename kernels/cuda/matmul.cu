@@ -29,6 +29,8 @@ struct kern_cuda_ctx {
     void *xbuf; /* (2 * max_x_elems) bytes: x rounded to f16/bf16, or x as int8 + scales (matmul_q.h) */
     size_t max_x_elems;
     void *cublas_ws; /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
+    void *w16;       /* (w16_bytes) rows of a block-type W decoded to f16 (KERN_QV_F16_PIECES), or NULL */
+    size_t w16_bytes;
 };
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -470,12 +472,19 @@ __global__ void add_bias_kernel(float *y, int ldy, const float *bias, int64_t to
         y[i / n * ldy + i % n] += bias[i % n];
 }
 
-extern "C" size_t kern_cuda_ctx_size(size_t max_x_elems)
+extern "C" size_t kern_cuda_ctx_size(size_t max_x_elems, size_t w16_bytes)
 {
-    return max_x_elems * 2 + CUBLAS_WS_BYTES;
+    return max_x_elems * 2 + CUBLAS_WS_BYTES + (w16_bytes + 255) / 256 * 256;
 }
 
-extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems)
+extern "C" size_t kern_cuda_w16_bytes(int max_m, size_t max_w16_elems)
+{
+    if (max_m < KERN_CUDA_W16_MIN_M) return 0;
+    const size_t b = max_w16_elems * sizeof(__half);
+    return b < KERN_CUDA_W16_MAX_BYTES ? b : KERN_CUDA_W16_MAX_BYTES;
+}
+
+extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems, size_t w16_bytes)
 {
     if (!out) return FERRY_ERR_INVALID;
     *out = NULL;
@@ -489,10 +498,13 @@ extern "C" int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems
         return FERRY_ERR_CUDA;
     }
     c->max_x_elems = max_x_elems;
+    c->w16_bytes = (w16_bytes + 255) / 256 * 256;
     if ((max_x_elems && cudaMalloc(&c->xbuf, max_x_elems * 2) != cudaSuccess) ||
-        cudaMalloc(&c->cublas_ws, CUBLAS_WS_BYTES) != cudaSuccess) {
+        cudaMalloc(&c->cublas_ws, CUBLAS_WS_BYTES) != cudaSuccess ||
+        (c->w16_bytes && cudaMalloc(&c->w16, c->w16_bytes) != cudaSuccess)) {
         (void)cudaGetLastError();
-        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed", kern_cuda_ctx_size(max_x_elems));
+        FLOG_ERROR("kern_cuda_ctx_init: cudaMalloc of %zu bytes failed",
+                   kern_cuda_ctx_size(max_x_elems, w16_bytes));
         kern_cuda_ctx_free(c);
         return FERRY_ERR_DEVICE_MEM;
     }
@@ -506,12 +518,13 @@ extern "C" void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx)
     if (ctx->handle) cublasDestroy(ctx->handle);
     cudaFree(ctx->xbuf);
     cudaFree(ctx->cublas_ws);
+    cudaFree(ctx->w16);
     free(ctx);
 }
 
 extern "C" size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx)
 {
-    return ctx ? kern_cuda_ctx_size(ctx->max_x_elems) : 0;
+    return ctx ? kern_cuda_ctx_size(ctx->max_x_elems, ctx->w16_bytes) : 0;
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -591,8 +604,9 @@ QB_TYPES(MM_Q_DTYPE)
 #undef MM_Q_DTYPE
 
 /* The automatic choice: per type, entries in increasing m_max; the first entry with m <= m_max gives the
- * variant, past a type's last entry the GEMM (tile by m and n). The entries are bench_cuda --quant's "pick"
- * lines, pasted from a GPU run (NOTES.md, Version 8, says which). */
+ * variant, past a type's last entry W decoded to f16 in pieces for cuBLAS (the f16-tile GEMM when the context
+ * has no piece buffer). The entries are bench_cuda --quant's "table lines", pasted from a GPU run (NOTES.md,
+ * Version 8 and 9, say which). */
 struct qmm_pick {
     enum dtype t;
     int m_max;
@@ -600,24 +614,18 @@ struct qmm_pick {
 };
 static const struct qmm_pick qmm_picks[] = {
     /* The best variant per type and m measured on the H200 (session 3, run 7c: bench_cuda --quant's "table
-     * lines" over the Llama-2-7B layer shapes); past the last entry of a type, the f16-tile GEMM's default. */
+     * lines" over the Llama-2-7B layer shapes); past the last entry of a type, KERN_QV_F16_PIECES. */
     {DTYPE_Q4_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_0, 32, KERN_QV_MMA_16}, {DTYPE_Q4_0, 128, KERN_QV_MMA_32},
-    {DTYPE_Q4_0, 512, KERN_QV_GEMM_C1 + 11},
     {DTYPE_Q4_1, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_1, 32, KERN_QV_MMA_16}, {DTYPE_Q4_1, 128, KERN_QV_MMA_32},
-    {DTYPE_Q4_1, 512, KERN_QV_GEMM_C1 + 11},
     {DTYPE_Q5_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q5_0, 3, KERN_QV_DP4A_R2}, {DTYPE_Q5_0, 16, KERN_QV_MMA_16},
-    {DTYPE_Q5_0, 128, KERN_QV_MMA_32}, {DTYPE_Q5_0, 512, KERN_QV_GEMM_C1 + 5},
+    {DTYPE_Q5_0, 128, KERN_QV_MMA_32},
     {DTYPE_Q5_1, 2, KERN_QV_DP4A_R1}, {DTYPE_Q5_1, 16, KERN_QV_MMA_16}, {DTYPE_Q5_1, 128, KERN_QV_MMA_32},
-    {DTYPE_Q5_1, 512, KERN_QV_GEMM_C1 + 5},
     {DTYPE_Q8_0, 2, KERN_QV_DP4A_R4}, {DTYPE_Q8_0, 3, KERN_QV_Q8OLD}, {DTYPE_Q8_0, 32, KERN_QV_MMA_16},
-    {DTYPE_Q8_0, 128, KERN_QV_MMA_32}, {DTYPE_Q8_0, 512, KERN_QV_GEMM_C1 + 5},
+    {DTYPE_Q8_0, 128, KERN_QV_MMA_32},
     {DTYPE_Q4_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q4_K, 32, KERN_QV_MMA_16}, {DTYPE_Q4_K, 128, KERN_QV_MMA_32},
-    {DTYPE_Q4_K, 512, KERN_QV_GEMM_C1 + 11},
     {DTYPE_Q5_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q5_K, 32, KERN_QV_MMA_16}, {DTYPE_Q5_K, 128, KERN_QV_MMA_32},
-    {DTYPE_Q5_K, 256, KERN_QV_GEMM}, {DTYPE_Q5_K, 512, KERN_QV_GEMM_C1 + 5},
     {DTYPE_Q6_K, 2, KERN_QV_DP4A_R1}, {DTYPE_Q6_K, 8, KERN_QV_MMA_32}, {DTYPE_Q6_K, 16, KERN_QV_MMA_16},
     {DTYPE_Q6_K, 32, KERN_QV_MMA_32}, {DTYPE_Q6_K, 64, KERN_QV_MMA_16}, {DTYPE_Q6_K, 128, KERN_QV_GEMM_C1 + 11},
-    {DTYPE_Q6_K, 512, KERN_QV_GEMM_C1 + 5},
 };
 
 static int g_qvariant = KERN_QV_AUTO;
@@ -645,6 +653,7 @@ extern "C" const char *kern_cuda_qmm_variant_name(int variant)
     if (variant >= KERN_QV_GEMM_C1 && variant < KERN_QV_Q8OLD)
         return kern_cuda_qgemm_config_name(variant - KERN_QV_GEMM_C1 + 1);
     if (variant == KERN_QV_Q8OLD) return "gemv_q8 (f16 x, f16 MMA)";
+    if (variant == KERN_QV_F16_PIECES) return "W decoded to f16 in pieces, cuBLAS";
     return "?";
 }
 
@@ -658,7 +667,7 @@ extern "C" int kern_cuda_qmm_pick(enum dtype t, int m)
 {
     for (size_t i = 0; i < sizeof qmm_picks / sizeof qmm_picks[0]; i++)
         if (qmm_picks[i].t == t && m <= qmm_picks[i].m_max) return qmm_picks[i].variant;
-    return KERN_QV_GEMM;
+    return KERN_QV_F16_PIECES;
 }
 
 static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
@@ -670,8 +679,52 @@ static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ld
     return c;
 }
 
-/* One variant of type Q. An int8 variant whose workspace does not fit falls back to the GEMM (row chunks). */
-template <class Q> static int qmm_run(const struct kern_cuda_qmm *c, enum dtype t, int v)
+/* KERN_QV_F16_PIECES: W decoded to f16 in pieces of rows that fit the context's piece buffer (a multiple of 128
+ * rows when W does not fit whole), each multiplied by cuBLAS on tensor cores (f32 accumulation) with x rounded
+ * to f16 once: the f16-tile GEMM's arithmetic (x and W each rounded to f16 once), summed in cuBLAS's order.
+ * FERRY_ERR_RANGE when the buffer holds fewer than 128 rows of W (the caller then runs the GEMM). */
+template <class Q> static int qmm_f16_pieces(struct kern_cuda_ctx *ctx, const struct kern_cuda_qmm *c)
+{
+    const int m = c->m, n = c->n, k = c->k;
+    int64_t rows = ctx->w16 ? (int64_t)(ctx->w16_bytes / ((size_t)k * sizeof(__half))) : 0;
+    if (rows < n) rows -= rows % 128;
+    if (rows < 128 && rows < n) return FERRY_ERR_RANGE;
+    const int64_t rows_fit = (int64_t)(ctx->max_x_elems / (size_t)k);
+    if (rows_fit < 1) return FERRY_ERR_RANGE;
+    FCUDA_CHECK(cublasSetStream(ctx->handle, c->stream));
+    FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
+    const size_t rowbytes = dtype_row_size(mm_q_dtype<Q>(), k);
+    const float one = 1.0f, zero = 0.0f;
+    for (int p0 = 0; p0 < n; p0 += (int)rows) {
+        const int np = (int)(rows < n - p0 ? rows : n - p0);
+        const int rc = kern_cuda_qdequant<Q>((__half *)ctx->w16, (const uint8_t *)c->w + (size_t)p0 * rowbytes,
+                                             np, k, c->stream);
+        if (rc) return rc;
+        for (int i = 0; i < m; i += (int)rows_fit) {
+            const int mt = (int)(rows_fit < m - i ? rows_fit : m - i);
+            if (p0 == 0 || rows_fit < m) { /* x rounded once when it fits whole */
+                const int64_t ne = (int64_t)mt * k;
+                FCUDA_CHECK(pdl_launch(round_x_kernel, dim3(fcuda_blocks(ne, 256)), dim3(256), 0, c->stream,
+                                       ctx->xbuf, c->x + (size_t)i * k, ne, 0));
+            }
+            FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, np, mt, k, &one, ctx->w16,
+                                     CUDA_R_16F, k, ctx->xbuf, CUDA_R_16F, k, &zero,
+                                     c->y + (size_t)i * c->ldy + p0, CUDA_R_32F, c->ldy, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    if (c->bias) {
+        const int64_t total = (int64_t)m * n;
+        add_bias_kernel<<<fcuda_blocks(total, 256), 256, 0, c->stream>>>(c->y, c->ldy, c->bias, total, n);
+        FCUDA_LAUNCH_CHECK("add_bias_kernel");
+    }
+    return FERRY_OK;
+}
+
+/* One variant of type Q. An int8 variant whose workspace does not fit, or the f16 pieces without a piece
+ * buffer, falls back to the GEMM (row chunks). */
+template <class Q>
+static int qmm_run(struct kern_cuda_ctx *ctx, const struct kern_cuda_qmm *c, enum dtype t, int v)
 {
     if (!kern_cuda_qmm_variant_applies(t, v)) return FERRY_ERR_UNSUPPORTED;
     int rc = FERRY_ERR_RANGE;
@@ -684,6 +737,9 @@ template <class Q> static int qmm_run(const struct kern_cuda_qmm *c, enum dtype 
     case KERN_QV_MMA_16:
     case KERN_QV_MMA_32:
         rc = kern_cuda_qmmv<Q>(c, v == KERN_QV_MMA_16 ? 1 : 2);
+        break;
+    case KERN_QV_F16_PIECES:
+        rc = qmm_f16_pieces<Q>(ctx, c);
         break;
     case KERN_QV_Q8OLD:
         for (int i = 0; i < c->m; i += KERN_CUDA_GEMV_Q8_MAX_M) {
@@ -708,7 +764,7 @@ static int mm_q_auto(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
     const enum dtype t = mm_q_dtype<Q>();
-    return qmm_run<Q>(&c, t, g_qvariant ? g_qvariant : kern_cuda_qmm_pick(t, m));
+    return qmm_run<Q>(ctx, &c, t, g_qvariant ? g_qvariant : kern_cuda_qmm_pick(t, m));
 }
 
 template <class Q>
@@ -717,7 +773,7 @@ static int mm_q_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
 {
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
-    return qmm_run<Q>(&c, mm_q_dtype<Q>(), g_qvariant ? g_qvariant : KERN_QV_GEMM);
+    return qmm_run<Q>(ctx, &c, mm_q_dtype<Q>(), g_qvariant ? g_qvariant : KERN_QV_GEMM);
 }
 
 static const struct mm_type mm_types[] = {

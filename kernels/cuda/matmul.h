@@ -9,9 +9,11 @@
  * rounded to the weight's type once); m > KERN_CUDA_GEMV_MAX_M (prefill) cuBLAS on tensor cores
  * (cublasGemmEx, f32 accumulation, x first rounded to the weight's type). Block types take, at any m, the
  * kernel matmul.cu's choice table gives for the type and m among those of kernels/cuda/matmul_q.h: the dp4a
- * GEMV and the int8 tensor-core skinny GEMM (x quantized to int8 per block of 32) for decode batches, the
- * f16 tensor-core GEMM (x and W rounded to f16 once, f32 accumulation) for large ones; never a whole-matrix
- * conversion. The error of each path is stated where it is implemented
+ * GEMV and the int8 tensor-core skinny GEMM (x quantized to int8 per block of 32) for decode batches; for
+ * large ones (prefill) W decoded to f16 in pieces of rows that fit the context's piece buffer, each piece
+ * multiplied by cuBLAS, or without that buffer the f16 tensor-core GEMM that decodes W's tiles in shared
+ * memory (either way x and W rounded to f16 once, f32 accumulation); W is never converted in place or kept
+ * in f16. The error of each path is stated where it is implemented
  * (matmul.cu, matmul_q.h). A context owns the cuBLAS handle and the workspaces (allocated once at init, never
  * per call); it belongs to one thread (the engine thread). Every call is asynchronous on `stream`,
  * graph-capturable, and bitwise reproducible for a given shape and device (no atomics in reductions).
@@ -34,17 +36,24 @@ extern "C" {
 
 struct kern_cuda_ctx;
 
-/* Creates the cuBLAS handle and a workspace for x of max_x_elems elements (2 bytes each: x rounded to
- * f16/bf16 for cuBLAS and the block-type GEMM, or x as int8 plus its scales for the block-type GEMV).
+/* Creates the cuBLAS handle, a workspace for x of max_x_elems elements (2 bytes each: x rounded to
+ * f16/bf16 for cuBLAS and the block-type GEMM, or x as int8 plus its scales for the block-type GEMV) and a
+ * piece buffer of w16_bytes (0: none) for block-type W decoded to f16 (kern_cuda_w16_bytes sizes it).
  * Products whose x is larger run in row chunks that fit; a block type needs at least one row of x
  * (FERRY_ERR_RANGE otherwise). Returns FERRY_ERR_CUDA / FERRY_ERR_DEVICE_MEM. */
-int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems);
+int kern_cuda_ctx_init(struct kern_cuda_ctx **out, size_t max_x_elems, size_t w16_bytes);
 /* Accepts NULL and a half-built context. */
 void kern_cuda_ctx_free(struct kern_cuda_ctx *ctx);
 /* Device bytes the context holds (for the memory report). */
 size_t kern_cuda_ctx_bytes(const struct kern_cuda_ctx *ctx);
-/* Device bytes a context made with max_x_elems will hold; needs no device (the planner counts it). */
-size_t kern_cuda_ctx_size(size_t max_x_elems);
+/* Device bytes a context made with these sizes will hold; needs no device (the planner counts it). */
+size_t kern_cuda_ctx_size(size_t max_x_elems, size_t w16_bytes);
+/* The piece buffer an engine needs: 0 when its products never reach KERN_CUDA_W16_MIN_M rows (the automatic
+ * choice decodes W to f16 only from there), else the largest block-type matrix in f16 (max_w16_elems
+ * elements), capped at KERN_CUDA_W16_MAX_BYTES (larger matrices run in pieces). */
+size_t kern_cuda_w16_bytes(int max_m, size_t max_w16_elems);
+#define KERN_CUDA_W16_MIN_M     128
+#define KERN_CUDA_W16_MAX_BYTES ((size_t)64 << 20)
 
 /* 1 if the device can multiply weights of type t (an entry of the type table), else 0. */
 int kern_cuda_matmul_supports(enum dtype t);

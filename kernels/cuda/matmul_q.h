@@ -65,6 +65,7 @@ enum kern_cuda_qvariant {
     KERN_QV_GEMM,    /* f16 GEMM, tile by m and n (gemm_q.cu's gm_pick) */
     KERN_QV_GEMM_C1, /* f16 GEMM, configuration 1 .. KERN_CUDA_QGEMM_CONFIGS (gemm_q.cu's GM_CONFIGS) */
     KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 12, /* kern_cuda_gemv_q8 (f16 x, f16 tensor cores), Q8_0 only */
+    KERN_QV_F16_PIECES, /* W decoded to f16 in pieces of rows (the context's piece buffer), then cuBLAS */
     KERN_QV_COUNT
 };
 #define KERN_CUDA_QGEMM_CONFIGS 12
@@ -83,12 +84,17 @@ int kern_cuda_qmm_pick(enum dtype t, int m);
 #ifdef __cplusplus
 }
 
+#include <cuda_fp16.h>
+
 /* The kernels of a type Q of kernels/cuda/qblock.cuh (instantiated for every QB_TYPES entry), for matmul.cu.
  * Arguments are checked by the caller; each returns FERRY_ERR_RANGE when the workspace is too small for it
  * and FERRY_ERR_UNSUPPORTED when the device cannot run the configuration. */
 template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c, int rows_per_warp); /* 1, 2, 4 */
 template <class Q> int kern_cuda_qmmv(const struct kern_cuda_qmm *c, int row_tiles);      /* 1, 2 */
 template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c, int config);        /* 0: auto */
+/* Rows [0, n) of W (n, k) in blocks of Q into out (n, k) f16, each value the f16 rounding of dequant_row's
+ * (bitwise the GEMM's tile decode). out 16-byte aligned; W at the type's alignment. */
+template <class Q> int kern_cuda_qdequant(__half *out, const void *w, int n, int k, cudaStream_t stream);
 const char *kern_cuda_qgemm_config_name(int config);
 #endif
 

@@ -271,6 +271,7 @@ static const char *vshort(int v)
     static const char *const fixed[KERN_QV_GEMM_C1] = {"auto", "d1", "d2", "d4", "M16", "M32", "G"};
     if (v < KERN_QV_GEMM_C1) return fixed[v];
     if (v == KERN_QV_Q8OLD) return "q8";
+    if (v == KERN_QV_F16_PIECES) return "P";
     snprintf(buf[v], sizeof buf[v], "G%d", v - KERN_QV_GEMM_C1 + 1);
     return buf[v];
 }
@@ -282,11 +283,12 @@ static const char *venum(int v)
         "KERN_QV_MMA_16", "KERN_QV_MMA_32",  "KERN_QV_GEMM"};
     if (v < KERN_QV_GEMM_C1) return fixed[v];
     if (v == KERN_QV_Q8OLD) return "KERN_QV_Q8OLD";
+    if (v == KERN_QV_F16_PIECES) return "KERN_QV_F16_PIECES";
     snprintf(buf[v], sizeof buf[v], "KERN_QV_GEMM_C1 + %d", v - KERN_QV_GEMM_C1);
     return buf[v];
 }
 /* Whether the sweep times variant v at m: the dp4a GEMV up to two launches, the int8 MMA at every m (tiles of
- * 64 rows from m = 128), gemv_q8 up to its 16 rows, the GEMM's configurations where their row tile fits (16
+ * 64 rows from m = 128), gemv_q8 up to its 16 rows, the f16 pieces (P) from m = 16, the GEMM's configurations where their row tile fits (16
  * and 32 rows: cfg 1, 2, 3, 8, 9 up to m = 64; 64 rows: 4, 5 from m = 16; 128 rows: the others from m = 64).
  */
 static int sweep_has(enum dtype t, int v, int m)
@@ -296,6 +298,7 @@ static int sweep_has(enum dtype t, int v, int m)
     if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32) return 1;
     if (v == KERN_QV_GEMM) return m >= 2;
     if (v == KERN_QV_Q8OLD) return m <= 16;
+    if (v == KERN_QV_F16_PIECES) return m >= 16;
     const int c = v - KERN_QV_GEMM_C1 + 1; /* GEMM configuration */
     if (c == 4 || c == 5) return m >= 16;
     if (c <= 3 || c == 8 || c == 9) return m >= 16 && m <= 64;
@@ -441,7 +444,8 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
     }
     printf("\n== best variant per type and m (%% of copy at m <= 16, TFLOP/s above; d1/d2/d4 dp4a GEMV "
            "rows/warp, "
-           "M16/M32 int8 MMA rows/warp, G f16 GEMM auto, Gn its config n, q8 gemv_q8) ==\n");
+           "M16/M32 int8 MMA rows/warp, G f16 GEMM auto, Gn its config n, q8 gemv_q8, P W in f16 pieces + "
+           "cuBLAS) ==\n");
     for (int ti = 0; ti < 8; ti++) printf("%s\n", best_line[ti]);
     printf("== table lines for kernels/cuda/matmul.cu qmm_picks (this run's best) ==\n");
     for (int ti = 0; ti < 8; ti++) printf("   %s\n", picks[ti]);
@@ -568,7 +572,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&pool, pool_bytes + ((size_t)32000 * 4096 * 2)));
     fill_f16(pool, pool_bytes + ((size_t)32000 * 4096 * 2));
     struct kern_cuda_ctx *ctx;
-    FK(kern_cuda_ctx_init(&ctx, (size_t)512 * 11008));
+    FK(kern_cuda_ctx_init(&ctx, (size_t)512 * 11008, KERN_CUDA_W16_MAX_BYTES));
     float *x, *y;
     CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
     CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));

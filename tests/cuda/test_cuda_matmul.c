@@ -216,7 +216,7 @@ Test(cuda_matmul, cublas_path)
     SKIP_WITHOUT_GPU();
     rng_seed(13);
     struct kern_cuda_ctx *ctx = NULL;
-    cr_assert_eq(kern_cuda_ctx_init(&ctx, 40 * 1000), FERRY_OK); /* small: m=64, k=1000 runs in chunks */
+    cr_assert_eq(kern_cuda_ctx_init(&ctx, 40 * 1000, 0), FERRY_OK); /* small: m=64, k=1000 runs in chunks */
     const double tol[] = {1e-3, 8e-3, 1e-5};
     for (int ti = 0; ti < 3; ti++) {
         check(ctx, PATH_CUBLAS, types[ti], 17, 131, 1000, 1, tol[ti]);
@@ -226,7 +226,7 @@ Test(cuda_matmul, cublas_path)
     check(ctx, PATH_AUTO, DTYPE_F16, 7, 250, 264, 1, 1e-3);
     check(ctx, PATH_AUTO, DTYPE_F16, 1, 250, 264, 1, 1e-5); /* auto keeps m = 1 on the exact GEMV path */
     cr_assert(kern_cuda_ctx_bytes(ctx) >= 80000);
-    cr_assert_eq(kern_cuda_ctx_bytes(ctx), kern_cuda_ctx_size(40 * 1000));
+    cr_assert_eq(kern_cuda_ctx_bytes(ctx), kern_cuda_ctx_size(40 * 1000, 0));
     kern_cuda_ctx_free(ctx);
 }
 

@@ -10,7 +10,7 @@
  *   int8:   the int8 paths' arithmetic with exact sums (dp4a GEMV, int8 MMA): x quantized as the kernels do
  *           (tests/cuda/qref.h: bitwise the same xq and dx), Σ_units dx·Σ d(q+QOFF)·xq + m·Σx (A counts
  * |m|·Σ|x| for the last term: the kernel's f32 sum of a block of x is off by a few roundings of that); f16:
- * the GEMM's arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value; f16x: kern_cuda_gemv_q8's
+ * the GEMM's (and the f16 pieces') arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value; f16x: kern_cuda_gemv_q8's
  * (Q8_0 only): Σ f16(x)·w, w exact (q in f16, d applied in f32 per block). Tolerances, derived (u = 2^-24, A
  * = the sum of the magnitudes of the reference's terms): int8 path vs int8 ref: (k/32 + 16)·2u·A — one f32
  * rounding per unit term and per addition of the k/32 unit terms, the lane tree and the split sum, each at
@@ -337,7 +337,8 @@ static std::vector<int> test_ms(void)
 }
 
 /* Which variants a case runs: SWEEP_ALL every one (GEMM configurations included), SWEEP_INT8 the int8
- * kernels' (dp4a up to m = 8, MMA up to m = 128: their tiling included), SWEEP_NONE the automatic choice and
+ * kernels' (dp4a up to m = 8, MMA up to m = 128: their tiling included) and the f16 pieces from m = 16,
+ * SWEEP_NONE the automatic choice and
  * the GEMM entry only. */
 enum sweep { SWEEP_NONE, SWEEP_INT8, SWEEP_ALL };
 
@@ -378,7 +379,8 @@ static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int 
             if (!kern_cuda_qmm_variant_applies(t, v)) continue;
             const int dp4a = v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4;
             const int mma = v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32;
-            if (sweep == SWEEP_INT8 && !((dp4a && m <= 8) || (mma && m <= 128))) continue;
+            const int pieces = v == KERN_QV_F16_PIECES && m >= 16;
+            if (sweep == SWEEP_INT8 && !((dp4a && m <= 8) || (mma && m <= 128) || pieces)) continue;
             if (dp4a && m > 64) continue; /* tiles of 4 rows: slow, nothing new past a few tiles */
             fails += run_variant(ctx, v, ws, &W, &X, &R, &D, b);
         }
@@ -397,10 +399,11 @@ static int k_of(enum dtype t, int k256, int extra32)
     return dtype_block_size(t) == 256 ? k256 : k256 + 32 * extra32;
 }
 
-static struct kern_cuda_ctx *make_ctx(size_t max_x)
+/* w16: the piece buffer for W decoded to f16 (KERN_QV_F16_PIECES; 0: that variant runs the GEMM). */
+static struct kern_cuda_ctx *make_ctx(size_t max_x, size_t w16)
 {
     struct kern_cuda_ctx *ctx = NULL;
-    cr_assert_eq(kern_cuda_ctx_init(&ctx, max_x), FERRY_OK);
+    cr_assert_eq(kern_cuda_ctx_init(&ctx, max_x, w16), FERRY_OK);
     return ctx;
 }
 
@@ -410,7 +413,7 @@ Test(cuda_matmul_q, every_type_every_m_small_n_all_variants)
     SKIP_WITHOUT_GPU();
     qref_seed(101);
     const size_t max_x = (size_t)512 * 1024;
-    struct kern_cuda_ctx *ctx = make_ctx(max_x);
+    struct kern_cuda_ctx *ctx = make_ctx(max_x, KERN_CUDA_W16_MAX_BYTES);
     int fails = 0;
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
         const enum dtype t = qref_types[ti];
@@ -429,7 +432,7 @@ Test(cuda_matmul_q, small_k_all_variants)
     SKIP_WITHOUT_GPU();
     qref_seed(105);
     const size_t max_x = (size_t)512 * 1024;
-    struct kern_cuda_ctx *ctx = make_ctx(max_x);
+    struct kern_cuda_ctx *ctx = make_ctx(max_x, KERN_CUDA_W16_MAX_BYTES);
     static const int ks32[] = {32, 64, 96, 128, 160, 224, 256, 288}, ks256[] = {256, 512};
     int fails = 0;
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
@@ -447,13 +450,15 @@ Test(cuda_matmul_q, small_k_all_variants)
 }
 
 /* n = 4097 (many row tiles, splits, tile groups per block and grids) and long rows (many chunks, raw stages
- * and k tiles); the int8 kernels' variants forced too. */
+ * and k tiles); the int8 kernels' variants and the f16 pieces forced too. */
 Test(cuda_matmul_q, every_type_every_m_large_shapes)
 {
     SKIP_WITHOUT_GPU();
     qref_seed(102);
     const size_t max_x = (size_t)512 * 2400;
-    struct kern_cuda_ctx *ctx = make_ctx(max_x);
+    /* Pieces of W in f16: 1024 rows at k = 256 (4 pieces and one row), 896 at k = 288 (4 and 513 rows); at
+     * k = 2304 fewer than 128 rows fit, so that variant runs the GEMM. */
+    struct kern_cuda_ctx *ctx = make_ctx(max_x, (size_t)2 * 288 * 1000);
     int fails = 0;
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
         const enum dtype t = qref_types[ti];
@@ -466,7 +471,7 @@ Test(cuda_matmul_q, every_type_every_m_large_shapes)
     cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
 }
 
-/* A workspace of 100 rows of x: the GEMM runs m = 512 in chunks of 100; one row less than k: FERRY_ERR_RANGE.
+/* A workspace of 100 rows of x: the automatic choice (W in f16 pieces) runs m = 512 in chunks of 100; one row less than k: FERRY_ERR_RANGE.
  * A workspace of 20 rows: the int8 MMA cannot hold 32 or 64 padded rows and falls back to the GEMM. */
 Test(cuda_matmul_q, small_workspace_row_chunks)
 {
@@ -476,13 +481,13 @@ Test(cuda_matmul_q, small_workspace_row_chunks)
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
         const enum dtype t = qref_types[ti];
         const int k = k_of(t, 512, 1);
-        struct kern_cuda_ctx *ctx = make_ctx((size_t)100 * k);
+        struct kern_cuda_ctx *ctx = make_ctx((size_t)100 * k, (size_t)2 * 128 * k);
         fails += check_matrix(ctx, (size_t)200 * k, t, 77, k, 77, 0, 1, SWEEP_NONE, 512);
         kern_cuda_ctx_free(ctx);
-        ctx = make_ctx((size_t)20 * k);
+        ctx = make_ctx((size_t)20 * k, 0);
         fails += check_matrix(ctx, (size_t)40 * k, t, 77, k, 77, 0, 0, SWEEP_INT8, 64);
         kern_cuda_ctx_free(ctx);
-        ctx = make_ctx((size_t)k / 2 - 1);
+        ctx = make_ctx((size_t)k / 2 - 1, 0);
         float *d = NULL;
         CU_OK(cudaMalloc((void **)&d, (size_t)k * 4 * 4));
         cr_assert_eq(kern_cuda_matmul(ctx, d, 1, d, d, t, NULL, 1, 1, k, 0), FERRY_ERR_RANGE, "%s",
@@ -538,7 +543,11 @@ Test(cuda_matmul_q, rejects_bad_arguments)
                           kern_cuda_qmm_variant_applies(qref_types[ti], v),
                       "%s m=%d: variant %d", dtype_name(qref_types[ti]), m, v);
         }
-    cr_assert(kern_cuda_ctx_size(1000) >= 2000);
+    cr_assert(kern_cuda_ctx_size(1000, 0) >= 2000);
+    cr_assert(kern_cuda_ctx_size(1000, 100) >= kern_cuda_ctx_size(1000, 0) + 100);
+    cr_assert_eq(kern_cuda_w16_bytes(KERN_CUDA_W16_MIN_M - 1, 1000), 0u, "no piece buffer below its m");
+    cr_assert_eq(kern_cuda_w16_bytes(KERN_CUDA_W16_MIN_M, 1000), 2000u);
+    cr_assert_eq(kern_cuda_w16_bytes(4096, (size_t)1 << 30), KERN_CUDA_W16_MAX_BYTES);
 }
 
 /* No GPU needed: the references and tolerances above are consistent on their own. y built from the int8-path
