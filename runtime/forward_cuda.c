@@ -844,15 +844,25 @@ static int linear(struct forward_cuda *f, float *y, int ldy, const float *x, con
 }
 
 /* y (m, rows of the group) = x · the group's matrices (+ biases): one product when the parts share a type
- * (they are contiguous in the block), else one per part into its column slice. */
+ * (they are contiguous in the block), else one per run of neighbouring parts of one type that lie back to
+ * back in the block (Q4_K_M's q|k beside its Q6_K v: two products, not three), into its column slice. */
 static int linear_group(struct forward_cuda *f, float *y, const float *x, const struct layer_group *g, int m)
 {
     const int ldy = (int)g->rows;
     if (g->uniform)
         return linear(f, y, ldy, x, g->part[0].data, g->part[0].type, g->part[0].bias, m, ldy, g->cols);
-    for (int j = 0; j < g->n_parts; j++) {
+    for (int j = 0, e; j < g->n_parts; j = e) {
         const struct layer_part *p = &g->part[j];
-        RC(linear(f, y + p->row0, ldy, x, p->data, p->type, p->bias, m, p->rows, g->cols));
+        const size_t rb = dtype_row_size(p->type, g->cols);
+        int64_t rows = p->rows;
+        for (e = j + 1; e < g->n_parts; e++) {
+            const struct layer_part *q = &g->part[e];
+            if (q->type != p->type || (const char *)q->data != (const char *)p->data + rb * (size_t)rows ||
+                q->row0 != p->row0 + rows || (p->bias != NULL) != (q->bias != NULL))
+                break;
+            rows += q->rows;
+        }
+        RC(linear(f, y + p->row0, ldy, x, p->data, p->type, p->bias, m, rows, g->cols));
     }
     return FERRY_OK;
 }

@@ -409,33 +409,41 @@ QB_TYPES(GM_INSTANCE)
 /* ----------------------------------------------------------------------------------------------------------
  */
 /* W decoded to f16 (the pieces the cuBLAS variant multiplies): a block takes GD_BN rows x one raw stage (256
- * elements of k), stages the bytes as the GEMM does (gm_issue_raw) and decodes each unit of 32 with the GEMM's
- * own task (gm_decode_task) straight to global memory: 8 units of a row are 512 contiguous bytes. PDL: the
- * weights are requested before waiting for the previous kernel (which may still read out). */
-#define GD_BN 64
+ * elements of k), stages the bytes as the GEMM does (gm_issue_raw), decodes each unit of 32 with the GEMM's
+ * own task (gm_decode_task) into a shared tile (the lanes of a quarter-warp on 8 rows: rows 528 bytes apart
+ * fall in different banks), then writes the tile out in 16-byte pieces, a warp per 512 contiguous bytes of a
+ * row. PDL: the weights are requested before waiting for the previous kernel (which may still read out). */
+#define GD_BN 32
+#define GD_LD (GM_RKS + 8)
 
 template <class Q>
 __global__ void __launch_bounds__(256) gm_dequant_kernel(__half *out, const uint8_t *w, int n, int k)
 {
     using R = gm_raw<Q>;
-    constexpr int UPS = GM_RKS / 32; /* units per raw stage */
+    constexpr int UPS = GM_RKS / 32, CPR = GM_RKS / 8; /* units, 16-byte pieces per row of a stage */
     __shared__ __align__(16) unsigned char rs[GD_BN * R::RSTRIDE + 16];
+    __shared__ __align__(16) __half tile[GD_BN * GD_LD];
     pdl_trigger();
     const int tid = threadIdx.x, n0 = blockIdx.x * GD_BN, r = blockIdx.y;
-    const int nb = k / Q::QK, rowbytes = nb * Q::BYTES;
+    const int nb = k / Q::QK, rowbytes = nb * Q::BYTES, cols = min(GM_RKS, k - r * GM_RKS);
     const uintptr_t wlo = (uintptr_t)w, whi = wlo + (size_t)n * rowbytes;
     gm_issue_raw<Q, GD_BN, 256, R::RQ, R::RSTRIDE, R::RBLK>(rs, wlo, whi, n0, n, rowbytes, nb, r, tid);
     gm_commit();
     gm_wait<0>();
     __syncthreads();
-    pdl_wait();
     for (int task = tid; task < GD_BN * UPS; task += 256) {
-        const int row = task / UPS, u = task - row * UPS, t = r * GM_TPR + (u >> 1), ul = u & 1;
-        const int e = t * GM_BK + 32 * ul;
-        if (n0 + row >= n || e >= k) continue;
-        const uintptr_t ga = wlo + (size_t)(n0 + row) * rowbytes + (size_t)r * R::RBLK * Q::BYTES;
-        gm_decode_task<Q>(reinterpret_cast<uint8_t *>(out + (size_t)(n0 + row) * k + e), rs + row * R::RSTRIDE,
-                          ga, t, ul, k);
+        const int u = task / GD_BN, row = task - u * GD_BN, t = r * GM_TPR + (u >> 1);
+        const uintptr_t ga = wlo + (size_t)min(n0 + row, n - 1) * rowbytes + (size_t)r * R::RBLK * Q::BYTES;
+        gm_decode_task<Q>(reinterpret_cast<uint8_t *>(tile + row * GD_LD + 32 * u), rs + row * R::RSTRIDE, ga,
+                          t, u & 1, k);
+    }
+    __syncthreads();
+    pdl_wait();
+    for (int i = tid; i < GD_BN * CPR; i += 256) {
+        const int row = i / CPR, c = i - row * CPR;
+        if (n0 + row < n && 8 * c < cols)
+            *reinterpret_cast<uint4 *>(out + (size_t)(n0 + row) * k + r * GM_RKS + 8 * c) =
+                *reinterpret_cast<const uint4 *>(tile + row * GD_LD + 8 * c);
     }
 }
 

@@ -613,19 +613,24 @@ struct qmm_pick {
     int variant;
 };
 static const struct qmm_pick qmm_picks[] = {
-    /* The best variant per type and m measured on the H200 (session 3, run 7c: bench_cuda --quant's "table
-     * lines" over the Llama-2-7B layer shapes); past the last entry of a type, KERN_QV_F16_PIECES. */
-    {DTYPE_Q4_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_0, 32, KERN_QV_MMA_16}, {DTYPE_Q4_0, 128, KERN_QV_MMA_32},
+    /* The best variant per type and m measured on the H200 (session 9: bench_cuda --quant's "table lines"
+     * over the Llama-2-7B layer shapes); past the last entry of a type, KERN_QV_F16_PIECES. */
+    {DTYPE_Q4_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_0, 32, KERN_QV_MMA_16}, {DTYPE_Q4_0, 64, KERN_QV_MMA_32},
+    {DTYPE_Q4_0, 512, KERN_QV_F16_PIECES},
     {DTYPE_Q4_1, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_1, 32, KERN_QV_MMA_16}, {DTYPE_Q4_1, 128, KERN_QV_MMA_32},
+    {DTYPE_Q4_1, 512, KERN_QV_F16_PIECES},
     {DTYPE_Q5_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q5_0, 3, KERN_QV_DP4A_R2}, {DTYPE_Q5_0, 16, KERN_QV_MMA_16},
-    {DTYPE_Q5_0, 128, KERN_QV_MMA_32},
+    {DTYPE_Q5_0, 64, KERN_QV_MMA_32}, {DTYPE_Q5_0, 512, KERN_QV_F16_PIECES},
     {DTYPE_Q5_1, 2, KERN_QV_DP4A_R1}, {DTYPE_Q5_1, 16, KERN_QV_MMA_16}, {DTYPE_Q5_1, 128, KERN_QV_MMA_32},
+    {DTYPE_Q5_1, 512, KERN_QV_F16_PIECES},
     {DTYPE_Q8_0, 2, KERN_QV_DP4A_R4}, {DTYPE_Q8_0, 3, KERN_QV_Q8OLD}, {DTYPE_Q8_0, 32, KERN_QV_MMA_16},
-    {DTYPE_Q8_0, 128, KERN_QV_MMA_32},
+    {DTYPE_Q8_0, 64, KERN_QV_MMA_32}, {DTYPE_Q8_0, 512, KERN_QV_F16_PIECES},
     {DTYPE_Q4_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q4_K, 32, KERN_QV_MMA_16}, {DTYPE_Q4_K, 128, KERN_QV_MMA_32},
-    {DTYPE_Q5_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q5_K, 32, KERN_QV_MMA_16}, {DTYPE_Q5_K, 128, KERN_QV_MMA_32},
+    {DTYPE_Q4_K, 512, KERN_QV_F16_PIECES},
+    {DTYPE_Q5_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q5_K, 32, KERN_QV_MMA_16}, {DTYPE_Q5_K, 64, KERN_QV_MMA_32},
+    {DTYPE_Q5_K, 512, KERN_QV_F16_PIECES},
     {DTYPE_Q6_K, 2, KERN_QV_DP4A_R1}, {DTYPE_Q6_K, 8, KERN_QV_MMA_32}, {DTYPE_Q6_K, 16, KERN_QV_MMA_16},
-    {DTYPE_Q6_K, 32, KERN_QV_MMA_32}, {DTYPE_Q6_K, 64, KERN_QV_MMA_16}, {DTYPE_Q6_K, 128, KERN_QV_GEMM_C1 + 11},
+    {DTYPE_Q6_K, 32, KERN_QV_MMA_32}, {DTYPE_Q6_K, 512, KERN_QV_F16_PIECES},
 };
 
 static int g_qvariant = KERN_QV_AUTO;

@@ -542,6 +542,9 @@ Test(cuda_matmul_q, rejects_bad_arguments)
             cr_assert(v > KERN_QV_AUTO && v < KERN_QV_COUNT &&
                           kern_cuda_qmm_variant_applies(qref_types[ti], v),
                       "%s m=%d: variant %d", dtype_name(qref_types[ti]), m, v);
+            cr_assert(v != KERN_QV_F16_PIECES || m >= KERN_CUDA_W16_MIN_M,
+                      "%s m=%d: the pieces below KERN_CUDA_W16_MIN_M (engines size the buffer by it)",
+                      dtype_name(qref_types[ti]), m);
         }
     cr_assert(kern_cuda_ctx_size(1000, 0) >= 2000);
     cr_assert(kern_cuda_ctx_size(1000, 100) >= kern_cuda_ctx_size(1000, 0) + 100);
