@@ -1,5 +1,5 @@
 /* matmul_q (CUDA) — y = x · Wᵀ (+ bias) with W in a GGUF block type read as stored (Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0, Q4_K, Q5_K, Q6_K): the weights are never converted as a whole, each block is decoded on the fly.
+ * Q8_0, Q4_K, Q5_K, Q6_K): the weights stay as stored; each product decodes the blocks it reads on the fly.
  *
  * Three kernel families per type (kernels/cuda/matmul.cu's table picks one by type and m; callers use
  * kern_cuda_matmul): int8 paths, x first quantized to int8 per block of 32 (a pre-pass: dx = max|x|/127,
@@ -10,7 +10,9 @@
  * and the f16 GEMM (gemm_q.cu): x rounded to f16 once, weight tiles decoded into shared memory as f16 (each
  * weight the f16 rounding of dequant_row's value, bitwise), mma.sync m16n8k16 with f32 accumulation; error
  * that of one f16 rounding of x and of W (2^-11 relative each), as on the f16 cuBLAS path. Each weight byte
- * is read from memory once per launch (once per tile of up to 128 rows of x in the GEMM). All use the
+ * is read from memory once per launch (once per tile of up to 128 rows of x in the GEMM). For large m
+ * matmul.cu also has W decoded to f16 in pieces of rows (kern_cuda_qdequant, gemm_q.cu: the GEMM's decode,
+ * bitwise) that cuBLAS multiplies, with the GEMM's arithmetic (KERN_QV_F16_PIECES). All use the
  * caller's device workspace for x (kern_cuda_qmm_x8_ws for the int8 paths, 2 bytes per element for the GEMM,
  * which runs in row chunks that fit; FERRY_ERR_RANGE when not even one row fits), allocate nothing, are
  * deterministic (fixed reduction orders, no atomics) and graph-capturable, and launch with programmatic
