@@ -910,6 +910,27 @@ static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
                                        .head_dim = hp->head_dim};
 }
 
+/* A layer norm whose output feeds a block-type product that reads x in int8 (decode steps of a quantized
+ * model) writes that form too, so the product skips its pre-pass (kern_cuda_norm_x8). FERRY_OK when it ran;
+ * anything else: run the plain norm. */
+static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int n)
+{
+    const struct layer_op *next = op + 1;
+    if (next >= f->prog->ops + f->prog->n_ops || next->kind != LOP_LINEAR || next->in != op->out)
+        return FERRY_ERR_UNSUPPORTED;
+    const struct llm_hparams *hp = &f->m->hp;
+    float *y = act(f, op->out);
+    uint8_t *xq;
+    float *xd;
+    int rc = kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, hp->dim, &xq, &xd);
+    if (rc == FERRY_OK)
+        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim, hp->norm_eps,
+                               xq, xd, f->compute);
+    if (rc != FERRY_OK) /* the workspace was not written: forget the target */
+        kern_cuda_matmul_x8_target(f->kctx, NULL, DTYPE_F32, 0, 0, NULL, NULL);
+    return rc;
+}
+
 /* One op of layer l over n rows; qkv_in: where LOP_ROPE_KV reads its rows (the device's, or a host layer's
  * mapped rows). */
 static int run_op(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
@@ -920,6 +941,10 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     cudaStream_t cs = f->compute;
     switch (op->kind) {
     case LOP_ADD_NORM:
+        if (norm_x8(f, op, w, n) == FERRY_OK) {
+            f->pending = 0;
+            return FERRY_OK;
+        }
         if (f->pending)
             RC(kern_cuda_add_rmsnorm(f->x, f->tmp, act(f, op->out), w->norm[op->arg], n, hp->dim,
                                      hp->norm_eps, cs));

@@ -22,6 +22,7 @@
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
 #include "kernels/cuda/matmul_q_steps.cuh"
+#include "kernels/cuda/x8.cuh"
 
 #define QS_WARPS 8 /* warps per block of the streaming kernels */
 #define GQ_NST   4 /* ring stages per warp */
@@ -43,6 +44,12 @@ extern "C" size_t kern_cuda_qmm_x8_ws(int m, int k)
     return gq_xd_offset(m, k) + (size_t)m * (k / 32) * 16;
 }
 
+extern "C" void kern_cuda_qmm_x8_at(void *ws, int m, int k, uint8_t **xq, float **xd)
+{
+    *xq = (uint8_t *)ws;
+    *xd = (float *)((char *)ws + gq_xd_offset(m, k));
+}
+
 /* Blocks of 32 of rows [0, mp) of x (rows past m read as zeros); thread g takes elements 4 (g % 8) .. + 3 of
  * block g / 8. FRAG: the fragment layout of matmul_q_steps.cuh, else xq (mp, k) and xd (mp, k/32) float4. */
 template <bool FRAG>
@@ -59,34 +66,17 @@ __global__ void __launch_bounds__(256)
     const float4 v = ok && row < m
                          ? __ldg(reinterpret_cast<const float4 *>(x + (size_t)row * k + 32 * u) + sub)
                          : make_float4(0.f, 0.f, 0.f, 0.f);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float dx = __fdiv_rn(amax, 127.0f), id = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const int q0 = __float2int_rn(__fmul_rn(v.x, id)), q1 = __float2int_rn(__fmul_rn(v.y, id));
-    const int q2 = __float2int_rn(__fmul_rn(v.z, id)), q3 = __float2int_rn(__fmul_rn(v.w, id));
-    float s = __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w));
-    int sq = q0 + q1 + q2 + q3;
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-    sq += __shfl_xor_sync(0xffffffffu, sq, 2); /* lanes 0-3: elements 0..15, lanes 4-7: 16..31 */
-    const int sq_hi = __shfl_xor_sync(0xffffffffu, sq, 4);
+    const x8_part p = x8_quant4(v);
     if (!ok) return;
-    const uint32_t word = (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 |
-                          (uint32_t)(q3 & 255) << 24;
     if (FRAG) {
-        *reinterpret_cast<uint32_t *>(xq + gqm_xq_off(row, u, sub, nu)) = word;
+        *reinterpret_cast<uint32_t *>(xq + gqm_xq_off(row, u, sub, nu)) = p.word;
         if (sub == 0) {
             const size_t o = gqm_xd_off(row, u, nu);
-            *reinterpret_cast<float2 *>(xd + o) = make_float2(dx, s);
-            *reinterpret_cast<float2 *>(xd + o + 4) = make_float2(__int_as_float(sq), __int_as_float(sq_hi));
+            *reinterpret_cast<float2 *>(xd + o) = make_float2(p.dx, p.s);
+            *reinterpret_cast<float2 *>(xd + o + 4) = make_float2(__int_as_float(p.sq), __int_as_float(p.sq_hi));
         }
     } else {
-        reinterpret_cast<uint32_t *>(xq)[g] = word;
-        if (sub == 0)
-            reinterpret_cast<float4 *>(xd)[ua] =
-                make_float4(dx, s, __int_as_float(sq), __int_as_float(sq_hi));
+        x8_store(xq, xd, p, row, u, sub, k);
     }
 }
 
@@ -244,12 +234,17 @@ static int gq_launch(const struct kern_cuda_qmm *c, float *y, const int8_t *xq, 
     return FERRY_OK;
 }
 
-template <class Q, int R> static int gq_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int m)
+template <class Q, int R>
+static int gq_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int m, bool ready)
 {
     uint8_t *xq;
     float *xd;
-    const int rc = gq_quantize_x(c, x, m, m, false, &xq, &xd);
-    if (rc) return rc;
+    if (ready) {
+        kern_cuda_qmm_x8_at(c->ws, m, c->k, &xq, &xd);
+    } else {
+        const int rc = gq_quantize_x(c, x, m, m, false, &xq, &xd);
+        if (rc) return rc;
+    }
     switch (m) {
     case 1:
         return gq_launch<Q, 1, R>(c, y, (const int8_t *)xq, xd, m);
@@ -267,13 +262,14 @@ template <class Q, int R> static int gq_tile(const struct kern_cuda_qmm *c, floa
 template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c, int R)
 {
     if (c->ws_bytes < kern_cuda_qmm_x8_ws(min(c->m, KERN_CUDA_QDP4A_MAX_M), c->k)) return FERRY_ERR_RANGE;
+    const bool ready = c->x_ready && c->m <= KERN_CUDA_QDP4A_MAX_M; /* one tile, its x already in ws */
     for (int i = 0; i < c->m; i += KERN_CUDA_QDP4A_MAX_M) {
         const int mt = min(KERN_CUDA_QDP4A_MAX_M, c->m - i);
         float *y = c->y + (size_t)i * c->ldy;
         const float *x = c->x + (size_t)i * c->k;
-        const int rc = R == 1   ? gq_tile<Q, 1>(c, y, x, mt)
-                       : R == 2 ? gq_tile<Q, 2>(c, y, x, mt)
-                                : gq_tile<Q, 4>(c, y, x, mt);
+        const int rc = R == 1   ? gq_tile<Q, 1>(c, y, x, mt, ready)
+                       : R == 2 ? gq_tile<Q, 2>(c, y, x, mt, ready)
+                                : gq_tile<Q, 4>(c, y, x, mt, ready);
         if (rc) return rc;
     }
     return FERRY_OK;

@@ -31,6 +31,10 @@ struct kern_cuda_ctx {
     void *cublas_ws; /* (CUBLAS_WS_BYTES) cuBLAS workspace, so that calls allocate nothing (graph capture) */
     void *w16;       /* (w16_bytes) rows of a block-type W decoded to f16 (KERN_QV_F16_PIECES), or NULL */
     size_t w16_bytes;
+    /* xbuf holds the int8 form of x8_src (x8_m rows of x8_k) in the natural layout, written beside x by the
+     * kernel that wrote x (kern_cuda_matmul_x8_target); NULL when not. */
+    const float *x8_src;
+    int x8_m, x8_k;
 };
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -568,6 +572,7 @@ static int mm_gemm_cublas(struct kern_cuda_ctx *ctx, float *y, int ldy, const fl
 {
     FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
     FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
+    ctx->x8_src = NULL; /* xbuf is rewritten */
     const float one = 1.0f, zero = 0.0f;
     if (WT == WT_F32) {
         FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x,
@@ -675,12 +680,19 @@ extern "C" int kern_cuda_qmm_pick(enum dtype t, int m)
     return KERN_QV_F16_PIECES;
 }
 
+/* Whether variant v reads x's int8 form in the natural layout at m <= 4 (and so can skip its pre-pass). */
+static bool qv_reads_x8(int v)
+{
+    return v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4;
+}
+
 static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
                                      const void *w, const float *bias, int m, int n, int k, cudaStream_t st)
 {
     struct kern_cuda_qmm c;
     c.y = y, c.ldy = ldy, c.x = x, c.w = w, c.bias = bias, c.m = m, c.n = n, c.k = k;
     c.ws = ctx->xbuf, c.ws_bytes = ctx->max_x_elems * 2, c.stream = st;
+    c.x_ready = ctx->x8_src == x && ctx->x8_m == m && ctx->x8_k == k;
     return c;
 }
 
@@ -769,7 +781,10 @@ static int mm_q_auto(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
     const enum dtype t = mm_q_dtype<Q>();
-    return qmm_run<Q>(ctx, &c, t, g_qvariant ? g_qvariant : kern_cuda_qmm_pick(t, m));
+    const int v = g_qvariant ? g_qvariant : kern_cuda_qmm_pick(t, m);
+    const int rc = qmm_run<Q>(ctx, &c, t, v);
+    if (!(c.x_ready && qv_reads_x8(v))) ctx->x8_src = NULL; /* the workspace now holds something else */
+    return rc;
 }
 
 template <class Q>
@@ -778,6 +793,7 @@ static int mm_q_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
 {
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
+    ctx->x8_src = NULL;
     return qmm_run<Q>(ctx, &c, mm_q_dtype<Q>(), g_qvariant ? g_qvariant : KERN_QV_GEMM);
 }
 
@@ -825,6 +841,7 @@ extern "C" int kern_cuda_matmul_gemv(struct kern_cuda_ctx *ctx, float *y, int ld
     const int rc = check_args(ty, y, ldy, x, w, bias, m, n, k);
     if (rc) return rc;
     if (ty->needs_ctx && !ctx) return FERRY_ERR_INVALID;
+    if (ctx && ctx->x8_src != x) ctx->x8_src = NULL; /* a product of another x: x8_src may be rewritten next */
     return ty->gemv(ctx, y, ldy, x, w, bias, m, n, k, stream);
 }
 
@@ -836,6 +853,7 @@ extern "C" int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ld
     const int rc = check_args(ty, y, ldy, x, w, bias, m, n, k);
     if (rc) return rc;
     if (!ctx) return FERRY_ERR_INVALID;
+    ctx->x8_src = NULL;
     return ty->gemm(ctx, y, ldy, x, w, bias, m, n, k, stream);
 }
 
@@ -846,4 +864,22 @@ extern "C" int kern_cuda_matmul(struct kern_cuda_ctx *ctx, float *y, int ldy, co
     if (m <= KERN_CUDA_GEMV_MAX_M || !ctx || (ty && ty->needs_ctx)) /* block types: the table at any m */
         return kern_cuda_matmul_gemv(ctx, y, ldy, x, w, wt, bias, m, n, k, stream);
     return kern_cuda_matmul_gemm(ctx, y, ldy, x, w, wt, bias, m, n, k, stream);
+}
+
+extern "C" int kern_cuda_matmul_x8_target(struct kern_cuda_ctx *ctx, const float *x, enum dtype wt, int m,
+                                          int k, uint8_t **xq, float **xd)
+{
+    if (!ctx) return FERRY_ERR_INVALID;
+    ctx->x8_src = NULL;
+    if (!x) return FERRY_OK; /* forget a target that was not written */
+    if (!xq || !xd || m < 1 || k <= 0) return FERRY_ERR_INVALID;
+    const struct mm_type *ty = mm_type_of(wt);
+    if (!ty || !ty->needs_ctx || m > KERN_CUDA_QDP4A_MAX_M || k % ty->k_multiple ||
+        !qv_reads_x8(g_qvariant ? g_qvariant : kern_cuda_qmm_pick(wt, m)))
+        return FERRY_ERR_UNSUPPORTED;
+    const size_t ws = ctx->max_x_elems * 2;
+    if (ws < kern_cuda_qmm_x8_ws(m, k) || ws < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
+    kern_cuda_qmm_x8_at(ctx->xbuf, m, k, xq, xd);
+    ctx->x8_src = x, ctx->x8_m = m, ctx->x8_k = k;
+    return FERRY_OK;
 }

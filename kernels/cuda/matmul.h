@@ -72,6 +72,16 @@ int kern_cuda_matmul_gemv(struct kern_cuda_ctx *ctx, float *y, int ldy, const fl
 int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x, const void *w,
                           enum dtype wt, const float *bias, int m, int n, int k, cudaStream_t stream);
 
+/* The int8 form of x that block-type products of type wt read at m rows (x quantized per block of 32, their
+ * pre-pass; kernels/cuda/x8.cuh), for a kernel that writes it beside x (kern_cuda_norm_x8): where to write it
+ * (xq, xd in the context's workspace). The products that follow on the same x, m and k then skip their
+ * pre-pass, until a product on another x or one that rewrites the workspace. FERRY_ERR_UNSUPPORTED when
+ * type wt at m does not read that form (the caller then writes x alone), FERRY_ERR_RANGE when the workspace
+ * cannot hold it. The caller must write it before the next product on this stream, or call this again with x
+ * NULL (nothing else needed) to forget it. */
+int kern_cuda_matmul_x8_target(struct kern_cuda_ctx *ctx, const float *x, enum dtype wt, int m, int k,
+                               uint8_t **xq, float **xd);
+
 /* Tuning hook for tests and benches: output rows per warp of the m = 1 GEMV, 1 or 2 (the default: each x load
  * from L1 then serves two weight rows; any other value selects it). Not thread-safe: call it before launching
  * work. */

@@ -44,6 +44,8 @@ struct kern_cuda_qmm {
     void *ws; /* device workspace, 16-byte aligned */
     size_t ws_bytes;
     cudaStream_t stream;
+    int x_ready; /* ws already holds x's int8 form in the natural layout (kern_cuda_qmm_x8_at), m <= 4: the
+                    dp4a GEMV skips its pre-pass (the other kernels ignore it) */
 };
 
 /* Rows of x per launch of the int8 kernels (larger m runs in row tiles of this size). */
@@ -53,6 +55,9 @@ struct kern_cuda_qmm {
 /* Workspace bytes: the int8 paths for m rows of x (the MMA kernel needs m rounded up to 8, 16, 32 or 64), the
  * GEMM for m rows (it runs in row chunks: one row is the least it needs). */
 size_t kern_cuda_qmm_x8_ws(int m, int k);
+/* Where the int8 form of m rows of x (k each) lies in a workspace, in the natural layout the dp4a GEMV reads
+ * (kernels/cuda/x8.cuh says what each value is). */
+void kern_cuda_qmm_x8_at(void *ws, int m, int k, uint8_t **xq, float **xd);
 size_t kern_cuda_qmm_gemm_ws(int m, int k);
 
 /* The kernels the automatic choice picks from (matmul.cu's table, by type and m; NOTES.md, Version 8, says

@@ -12,6 +12,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.h"
+#include "kernels/cuda/x8.cuh"
 
 #define ROW_THREADS 256
 
@@ -101,9 +102,10 @@ __device__ __forceinline__ float block_sum(float v, float *red)
  * into registers with 16-byte loads, all loads of a thread in flight together; the row is read once and
  * written once. Otherwise (odd d) a scalar loop. The norm weight is read before waiting for the previous
  * kernel (pdl.h). */
-template <bool ADD, int VPT>
+template <bool ADD, int VPT, bool X8 = false>
 __global__ void __launch_bounds__(ROW_THREADS)
-    norm_vec_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps)
+    norm_vec_kernel(float *resid, const float *delta, float *y, const float *w, int d, float eps,
+                    uint8_t *xq, float *xd)
 {
     __shared__ float red[33];
     const int d4 = d / 4;
@@ -133,6 +135,17 @@ __global__ void __launch_bounds__(ROW_THREADS)
 #pragma unroll
     for (int i = 0; i < VPT; i++) {
         const int j = threadIdx.x + i * ROW_THREADS;
+        if (X8) { /* every lane, for the shuffles; groups of 8 lanes are whole blocks of 32 (d % 32 == 0) */
+            const float4 o = j < d4 ? make_float4(v[i].x * inv * wv[i].x, v[i].y * inv * wv[i].y,
+                                                  v[i].z * inv * wv[i].z, v[i].w * inv * wv[i].w)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+            const x8_part p = x8_quant4(o);
+            if (j < d4) {
+                reinterpret_cast<float4 *>(y)[off4 + j] = o;
+                x8_store(xq, xd, p, (int)blockIdx.x, j >> 3, j & 7, d);
+            }
+            continue;
+        }
         if (j >= d4) break;
         reinterpret_cast<float4 *>(y)[off4 + j] = make_float4(v[i].x * inv * wv[i].x, v[i].y * inv * wv[i].y,
                                                               v[i].z * inv * wv[i].z, v[i].w * inv * wv[i].w);
@@ -167,13 +180,17 @@ static int norm_launch(float *resid, const float *delta, float *y, const float *
     const int vpt = (d / 4 + ROW_THREADS - 1) / ROW_THREADS;
     const dim3 g(m), b(ROW_THREADS);
     if (vec && vpt <= 1)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 1>, g, b, 0, st, resid, delta, y, w, d, eps));
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 1>, g, b, 0, st, resid, delta, y, w, d, eps, nullptr,
+                               nullptr));
     else if (vec && vpt <= 2)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 2>, g, b, 0, st, resid, delta, y, w, d, eps));
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 2>, g, b, 0, st, resid, delta, y, w, d, eps, nullptr,
+                               nullptr));
     else if (vec && vpt <= 4)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 4>, g, b, 0, st, resid, delta, y, w, d, eps));
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 4>, g, b, 0, st, resid, delta, y, w, d, eps, nullptr,
+                               nullptr));
     else if (vec && vpt <= 8)
-        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 8>, g, b, 0, st, resid, delta, y, w, d, eps));
+        FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, 8>, g, b, 0, st, resid, delta, y, w, d, eps, nullptr,
+                               nullptr));
     else
         FCUDA_CHECK(pdl_launch(norm_scalar_kernel<ADD>, g, b, 0, st, resid, delta, y, w, d, eps));
     return FERRY_OK;
@@ -198,6 +215,30 @@ extern "C" int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y,
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
     return norm_launch<true>(resid, delta, y, w, m, d, eps, stream);
+}
+
+extern "C" int kern_cuda_norm_x8(float *resid, const float *delta, float *y, const float *w, int m, int d,
+                                 float eps, uint8_t *xq, float *xd, cudaStream_t stream)
+{
+    if (!resid || !y || !w || !xq || !xd || m < 0 || d <= 0 || !(eps >= 0.0f)) return FERRY_ERR_INVALID;
+    if (delta && (y == resid || y == delta)) return FERRY_ERR_INVALID;
+    const int vpt = (d / 4 + ROW_THREADS - 1) / ROW_THREADS;
+    if (d % 32 || vpt > 8 || !FCUDA_ALIGNED(resid, 16) || !FCUDA_ALIGNED(y, 16) || !FCUDA_ALIGNED(w, 16) ||
+        (delta && !FCUDA_ALIGNED(delta, 16)) || !FCUDA_ALIGNED(xq, 16) || !FCUDA_ALIGNED(xd, 16))
+        return FERRY_ERR_UNSUPPORTED;
+    if (m == 0) return FERRY_OK;
+    const dim3 g(m), b(ROW_THREADS);
+#define NORM_X8(ADD, V)                                                                                      \
+    FCUDA_CHECK(pdl_launch(norm_vec_kernel<ADD, V, true>, g, b, 0, stream, resid, delta, y, w, d, eps, xq, xd))
+    if (delta) {
+        if (vpt <= 1) NORM_X8(true, 1); else if (vpt <= 2) NORM_X8(true, 2);
+        else if (vpt <= 4) NORM_X8(true, 4); else NORM_X8(true, 8);
+    } else {
+        if (vpt <= 1) NORM_X8(false, 1); else if (vpt <= 2) NORM_X8(false, 2);
+        else if (vpt <= 4) NORM_X8(false, 4); else NORM_X8(false, 8);
+    }
+#undef NORM_X8
+    return FERRY_OK;
 }
 
 /* ----------------------------------------------------------------------------------------------------------

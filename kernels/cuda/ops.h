@@ -36,6 +36,13 @@ int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, fl
 int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
                           cudaStream_t stream);
 
+/* The norm (kern_cuda_add_rmsnorm with delta, kern_cuda_rmsnorm of resid without: resid is then only read)
+ * that also writes y's int8 form for the block-type products at xq, xd (kern_cuda_matmul_x8_target gives
+ * them), bitwise what their pre-pass would write. FERRY_ERR_UNSUPPORTED unless d % 32 == 0, d <= 8192 and
+ * every pointer is 16-byte aligned (the caller then runs the plain norm). */
+int kern_cuda_norm_x8(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
+                      uint8_t *xq, float *xd, cudaStream_t stream);
+
 /* h (m, ffn) = silu(gate) * up, where gu (m, 2*ffn) holds each row's gate then up (the fused gate|up product).
  * h must not alias gu. */
 int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream);

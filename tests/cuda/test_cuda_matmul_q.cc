@@ -500,6 +500,93 @@ Test(cuda_matmul_q, small_workspace_row_chunks)
     cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
 }
 
+/* The norm that writes x's int8 form beside x (kern_cuda_norm_x8 into kern_cuda_matmul_x8_target's place):
+ * for every type whose choice at m reads that form, the norm's output, the residual and two products on it
+ * (as v runs after q|k) are bitwise those of the plain norm and products. The products read the norm's form,
+ * not x: x is overwritten with NaN after the norm and they still match. A product on another x ends it: x
+ * rewritten by the plain norm with other weights then gives that norm's products, bitwise. */
+Test(cuda_matmul_q, norm_writes_the_products_int8_x)
+{
+    SKIP_WITHOUT_GPU();
+    qref_seed(107);
+    const int k = 512, n = 96;
+    struct kern_cuda_ctx *ctx = make_ctx((size_t)4 * 11008, 0);
+    float *buf[9];
+    for (int i = 0; i < 9; i++) CU_OK(cudaMalloc((void **)&buf[i], (size_t)4 * n * k * sizeof(float)));
+    float *resid_a = buf[0], *resid_b = buf[1], *delta = buf[2], *nw = buf[3], *nw2 = buf[4], *xa = buf[5],
+          *xb = buf[6], *ya = buf[7], *yb = buf[8];
+    int used = 0;
+    for (int ti = 0; ti < QREF_NTYPES; ti++) {
+        const enum dtype t = qref_types[ti];
+        wmat W1, W2;
+        make_wmat(&W1, t, n, k, 0);
+        make_wmat(&W2, t, n + 8, k, 0);
+        void *w1, *w2;
+        CU_OK(cudaMalloc(&w1, W1.bytes));
+        CU_OK(cudaMalloc(&w2, W2.bytes));
+        CU_OK(cudaMemcpy(w1, W1.w, W1.bytes, cudaMemcpyHostToDevice));
+        CU_OK(cudaMemcpy(w2, W2.w, W2.bytes, cudaMemcpyHostToDevice));
+        for (int m = 1; m <= 4; m++) {
+            std::vector<float> h((size_t)m * k), hw(k), hw2(k);
+            for (float &v : h) v = qref_frand();
+            for (int j = 0; j < k; j++) hw[j] = 0.5f + qref_frand() * 0.25f, hw2[j] = 1.0f - qref_frand() * 0.25f;
+            CU_OK(cudaMemcpy(resid_a, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpy(resid_b, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            for (float &v : h) v = qref_frand();
+            CU_OK(cudaMemcpy(delta, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpy(nw, hw.data(), (size_t)k * 4, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpy(nw2, hw2.data(), (size_t)k * 4, cudaMemcpyHostToDevice));
+            uint8_t *xq;
+            float *xd;
+            const int rc = kern_cuda_matmul_x8_target(ctx, xb, t, m, k, &xq, &xd);
+            const int v = kern_cuda_qmm_pick(t, m);
+            if (v < KERN_QV_DP4A_R1 || v > KERN_QV_DP4A_R4) {
+                cr_assert_eq(rc, FERRY_ERR_UNSUPPORTED, "%s m=%d: variant %d reads its own layout", dtype_name(t),
+                             m);
+                continue;
+            }
+            cr_assert_eq(rc, FERRY_OK, "%s m=%d", dtype_name(t), m);
+            used++;
+            /* B: the norm with the int8 form, x poisoned, two products. A: the plain path. */
+            cr_assert_eq(kern_cuda_norm_x8(resid_b, delta, xb, nw, m, k, 1e-5f, xq, xd, 0), FERRY_OK);
+            std::vector<float> xb_h((size_t)m * k), xa_h((size_t)m * k);
+            CU_OK(cudaMemcpy(xb_h.data(), xb, xb_h.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemset(xb, 0xFF, (size_t)m * k * 4));
+            cr_assert_eq(kern_cuda_matmul(ctx, yb, n + 8, xb, w1, t, NULL, m, n, k, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_matmul(ctx, yb + n, n + 8, xb, w2, t, NULL, m, 8, k, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_add_rmsnorm(resid_a, delta, xa, nw, m, k, 1e-5f, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_matmul(ctx, ya, n + 8, xa, w1, t, NULL, m, n, k, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_matmul(ctx, ya + n, n + 8, xa, w2, t, NULL, m, 8, k, 0), FERRY_OK);
+            std::vector<float> ra((size_t)m * k), rb((size_t)m * k), oa((size_t)m * (n + 8)), ob(oa.size());
+            CU_OK(cudaMemcpy(xa_h.data(), xa, xa_h.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(ra.data(), resid_a, ra.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(rb.data(), resid_b, rb.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(oa.data(), ya, oa.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(ob.data(), yb, ob.size() * 4, cudaMemcpyDeviceToHost));
+            cr_assert(!memcmp(xa_h.data(), xb_h.data(), xa_h.size() * 4), "%s m=%d: norm output", dtype_name(t), m);
+            cr_assert(!memcmp(ra.data(), rb.data(), ra.size() * 4), "%s m=%d: residual", dtype_name(t), m);
+            cr_assert(!memcmp(oa.data(), ob.data(), oa.size() * 4), "%s m=%d: products on the norm's int8 x",
+                      dtype_name(t), m);
+            /* A product on another x, then x rewritten by the plain norm: its own pre-pass again. */
+            cr_assert_eq(kern_cuda_matmul(ctx, ya, n + 8, xa, w2, t, NULL, m, 8, k, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_rmsnorm(xb, resid_b, nw2, m, k, 1e-5f, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_matmul(ctx, yb, n + 8, xb, w1, t, NULL, m, n, k, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_rmsnorm(xa, resid_a, nw2, m, k, 1e-5f, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_matmul(ctx, ya, n + 8, xa, w1, t, NULL, m, n, k, 0), FERRY_OK);
+            CU_OK(cudaMemcpy(oa.data(), ya, oa.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(ob.data(), yb, ob.size() * 4, cudaMemcpyDeviceToHost));
+            for (int r = 0; r < m; r++)
+                cr_assert(!memcmp(&oa[(size_t)r * (n + 8)], &ob[(size_t)r * (n + 8)], (size_t)n * 4),
+                          "%s m=%d: a stale int8 x after x was rewritten", dtype_name(t), m);
+        }
+        cudaFree(w1);
+        cudaFree(w2);
+    }
+    cr_assert(used >= 8, "only %d type/m pairs read the norm's int8 x", used);
+    for (int i = 0; i < 9; i++) cudaFree(buf[i]);
+    kern_cuda_ctx_free(ctx);
+}
+
 /* No GPU needed: argument checks return before any CUDA call. */
 Test(cuda_matmul_q, rejects_bad_arguments)
 {
