@@ -795,16 +795,13 @@ static inline __attribute__((always_inline, target(T_AVX2))) void q8_min_terms(c
     }
 }
 
-/* q8_dot_c's arithmetic in 8-lane vectors: mr x NRQ accumulators in registers over the chunk. */
+/* The rows of x a dot body reads (codes, per-4 sums, scales) and its accumulators (zero, or the chunk's
+ * running sums). */
 static inline __attribute__((always_inline, target(T_AVX2))) void
-q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh, lane_dot_fn dot)
+q8_dot_rows(const struct q8_dot *a, const int mr, const int8_t **xq, const int32_t **n4, const float **dx,
+            __m256 (*acc)[NRQ])
 {
     const struct q8x *x = a->x;
-    const struct q8_tile *t = a->t;
-    const int8_t *xq[MRQ];
-    const int32_t *n4[MRQ];
-    const float *dx[MRQ];
-    __m256 acc[MRQ][NRQ];
     for (int i = 0; i < mr; i++) {
         const int r = a->i0 + i;
         xq[i] = x->q + (size_t)r * x->k;
@@ -813,6 +810,18 @@ q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int s
         for (int j = 0; j < NRQ; j++)
             acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
     }
+}
+
+/* q8_dot_c's arithmetic in 8-lane vectors: mr x NRQ accumulators in registers over the chunk. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh, lane_dot_fn dot)
+{
+    const struct q8_tile *t = a->t;
+    const int8_t *xq[MRQ];
+    const int32_t *n4[MRQ];
+    const float *dx[MRQ];
+    __m256 acc[MRQ][NRQ];
+    q8_dot_rows(a, mr, xq, n4, dx, acc);
     const __m128i shv = _mm_cvtsi32_si128(sh);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (int b = 0; b < a->nb; b++) {
@@ -889,20 +898,12 @@ static inline __attribute__((always_inline, target(T_VNNI512))) __m256 high_ps(_
 static inline __attribute__((always_inline, target(T_VNNI512))) void
 q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
 {
-    const struct q8x *x = a->x;
     const struct q8_tile *t = a->t;
     const int8_t *xq[MRQ];
     const int32_t *n4[MRQ];
     const float *dx[MRQ];
     __m256 acc[MRQ][NRQ];
-    for (int i = 0; i < mr; i++) {
-        const int r = a->i0 + i;
-        xq[i] = x->q + (size_t)r * x->k;
-        n4[i] = x->n4 + (size_t)r * x->nb * 8;
-        dx[i] = x->dx + (size_t)r * x->nbp;
-        for (int j = 0; j < NRQ; j++)
-            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
-    }
+    q8_dot_rows(a, mr, xq, n4, dx, acc);
     const __m128i shv = _mm_cvtsi32_si128(sh);
     int b = 0;
     for (; b + 1 < a->nb; b += 2) {

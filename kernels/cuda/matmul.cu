@@ -572,7 +572,6 @@ static int mm_gemm_cublas(struct kern_cuda_ctx *ctx, float *y, int ldy, const fl
 {
     FCUDA_CHECK(cublasSetStream(ctx->handle, stream));
     FCUDA_CHECK(cublasSetWorkspace(ctx->handle, ctx->cublas_ws, CUBLAS_WS_BYTES));
-    ctx->x8_src = NULL; /* xbuf is rewritten */
     const float one = 1.0f, zero = 0.0f;
     if (WT == WT_F32) {
         FCUDA_CHECK(cublasGemmEx(ctx->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_32F, k, x,
@@ -793,7 +792,6 @@ static int mm_q_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
 {
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
-    ctx->x8_src = NULL;
     return qmm_run<Q>(ctx, &c, mm_q_dtype<Q>(), g_qvariant ? g_qvariant : KERN_QV_GEMM);
 }
 
@@ -853,7 +851,7 @@ extern "C" int kern_cuda_matmul_gemm(struct kern_cuda_ctx *ctx, float *y, int ld
     const int rc = check_args(ty, y, ldy, x, w, bias, m, n, k);
     if (rc) return rc;
     if (!ctx) return FERRY_ERR_INVALID;
-    ctx->x8_src = NULL;
+    ctx->x8_src = NULL; /* every large-batch entry rewrites the workspace */
     return ty->gemm(ctx, y, ldy, x, w, bias, m, n, k, stream);
 }
 
