@@ -9,6 +9,8 @@
 #   e2e      ferry bench fully resident f16 (b=1/16/64, prefill 512): the regression check against run 6h
 #   qfiles   random Llama-2-7B-shaped Q4_K_M and Q8_0 GGUFs (tests/gpu/make_quant_gguf.py, kept in /tmp/cmp):
 #            ferry bench on each, fully resident and (Q4_K_M) under --gpu-memory 4GiB
+#   cpu      the host's cores: topology, bench_host_layer (one 7B layer per type, 16 and 8 threads),
+#            bench_cpu_matmul per type at m = 1, and `ferry bench --cpu` on the random 7B Q4_K_M and Q8_0 files
 #   build    nothing more (ALL_TARGETS="server/ferry" limits what ninja builds)
 # Each phase prints a short summary to stdout and $OUT/summary.txt; full logs go to $OUT/<phase>.log (at most 8
 # files come back). Needs .debs and .gpu-data carried (see tests/gpu/run.sh).
@@ -93,6 +95,30 @@ for ph in $phases; do
       log "bench $c rc=$?"
     done
     grep -vE "^[0-9:.]+ (info|debug)|^  layers" "$out/qfiles.log" | tail -45
+    ;;
+  cpu)
+    nt=$(nproc)
+    { lscpu; echo "nodes: $(ls /sys/devices/system/node 2>/dev/null | tr '\n' ' ')";
+      echo "siblings: $(cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\n' ' ')";
+      echo "perf: $(command -v perf)"; } > "$out/cpu.log" 2>&1
+    grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA|L2|L3|Flags|nodes:|siblings:|perf:" "$out/cpu.log" | cut -c1-200
+    for th in $nt $((nt / 2)); do
+      timeout 240 ./build/tests/runtime/bench_host_layer $th >> "$out/cpu.log" 2>&1
+      log "bench_host_layer $th rc=$?"
+    done
+    grep -E "^host|^(F16|BF16|Q8_0|Q4KM)" "$out/cpu.log"
+    timeout 200 ./build/tests/bench/bench_cpu_matmul -t 1,$((nt / 2)),$nt -m 1 -T Q8_0,Q4_K,Q6_K -n 11008 -k 4096 \
+      --act both > "$out/cpu_matmul.log" 2>&1
+    log "bench_cpu_matmul rc=$?"; cat "$out/cpu_matmul.log"
+    mkdir -p /tmp/cmp
+    for t in Q4_K_M Q8_0; do
+      [ -s /tmp/cmp/$t.gguf ] || python3 tests/gpu/make_quant_gguf.py /tmp/cmp/$t.gguf $t llama-2-7b || log "make $t failed"
+      for a in int8 f32; do
+        timeout 200 ./build/server/ferry bench --model /tmp/cmp/$t.gguf --cpu --threads $nt --cpu-arith $a \
+          --batches 1 --prefill 0 --decode-steps 16 >> "$out/cpu_bench.log" 2>&1
+        log "ferry bench --cpu $t $a rc=$?: $(grep -E '^1 ' "$out/cpu_bench.log" | tail -1)"
+      done
+    done
     ;;
   *) log "unknown phase $ph" ;;
   esac

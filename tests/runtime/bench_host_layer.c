@@ -1,7 +1,8 @@
 /* bench_host_layer — how fast the host's cores compute one transformer layer, as host layers run (not a
  * test).
  *
- * One layer of Llama-2-7B's shape (4096 / 11008, 32 heads) in F16, BF16 and Q8_0, computed by the CPU backend
+ * One layer of Llama-2-7B's shape (4096 / 11008, 32 heads) in F16, BF16, Q8_0 and the Q4_K_M mix (the block
+ * types with x in f32 and in int8, `kern_cpu_matmul_set_act`), computed by the CPU backend
  * (runtime/forward_cpu.c: the layer program without its KV ops, what the step planner times at start-up) with
  * pinned threads, at 1, 2, 4, 16 and 64 tokens. Prints ms per layer, the weight read rate (GB/s) and GFLOP/s,
  * next to the rate at which the same pool streams a buffer of the same size (the host's memory ceiling). The
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #include "kernels/core/status.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "runtime/forward_cpu.h"
 #include "runtime/kv_cache.h"
@@ -67,12 +69,23 @@ int main(int argc, char **argv)
         hp.head_dim = hp.rope_dim = hp.dim / hp.n_heads;
     }
     snprintf(hp.arch, sizeof hp.arch, "llama");
-    const enum dtype types[3] = {DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0};
-    for (int ti = 0; ti < 3; ti++) {
+    static const struct {
+        const char *name;
+        enum dtype t;          /* stored type before quantizing */
+        int ftype;             /* llama.cpp mix applied at load, or -1 */
+        enum kern_cpu_act act; /* x in f32 or in int8 (block types only) */
+    } cases[] = {{"F16", DTYPE_F16, -1, KERN_CPU_ACT_F32},
+                 {"BF16", DTYPE_BF16, -1, KERN_CPU_ACT_F32},
+                 {"Q8_0/f32", DTYPE_F16, QUANT_FTYPE_Q8_0, KERN_CPU_ACT_F32},
+                 {"Q8_0/i8", DTYPE_F16, QUANT_FTYPE_Q8_0, KERN_CPU_ACT_INT8},
+                 {"Q4KM/f32", DTYPE_F16, QUANT_FTYPE_Q4_K_M, KERN_CPU_ACT_F32},
+                 {"Q4KM/i8", DTYPE_F16, QUANT_FTYPE_Q4_K_M, KERN_CPU_ACT_INT8}};
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    for (int ti = 0; ti < n_cases; ti++) {
         struct model m;
         char err[256] = "";
-        if (model_init_synthetic(&m, &hp, types[ti] == DTYPE_Q8_0 ? DTYPE_F16 : types[ti], 3, 0, err) ||
-            (types[ti] == DTYPE_Q8_0 && model_quantize(&m, QUANT_FTYPE_Q8_0, 0, err))) {
+        if (model_init_synthetic(&m, &hp, cases[ti].t, 3, 0, err) ||
+            (cases[ti].ftype >= 0 && model_quantize(&m, cases[ti].ftype, 0, err))) {
             fprintf(stderr, "bench_host_layer: %s\n", err);
             return 1;
         }
@@ -85,6 +98,7 @@ int main(int argc, char **argv)
         p.kv = &kv;
         struct backend *be = NULL;
         if (forward_cpu_init(&be, &m, &p)) return 1;
+        kern_cpu_matmul_set_act(cases[ti].act);
         const double bytes = (double)layer_model_bytes(&m.layers[0]),
                      flop = 2.0 * (double)layer_params(&m.layers[0]);
         if (ti == 0) {
@@ -105,7 +119,7 @@ int main(int argc, char **argv)
             }
             printf("host: %d pinned threads, %d NUMA node(s); streaming read of %.0f MB: %.1f GB/s\n", parts,
                    tpool_numa_nodes(), bytes / 1e6, per * (double)parts * 4 / best / 1e9);
-            printf("%-5s %6s %10s %9s %9s\n", "type", "tokens", "ms/layer", "GB/s", "GFLOP/s");
+            printf("%-9s %6s %10s %9s %9s\n", "type/x", "tokens", "ms/layer", "GB/s", "GFLOP/s");
             free(buf);
             tpool_free(tp);
         }
@@ -113,7 +127,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 5; i++) {
             double t;
             if (forward_cpu_time_layer(be, 0, ms[i], ms[i] <= 4 ? 7 : 3, &t)) return 1;
-            printf("%-5s %6d %10.2f %9.1f %9.1f\n", dtype_name(types[ti]), ms[i], t * 1e3, bytes / t / 1e9,
+            printf("%-9s %6d %10.2f %9.1f %9.1f\n", cases[ti].name, ms[i], t * 1e3, bytes / t / 1e9,
                    flop * ms[i] / t / 1e9);
             fflush(stdout);
         }
