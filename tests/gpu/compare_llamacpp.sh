@@ -115,6 +115,7 @@ if [ "${CMP_Q4_4G:-1}" = 1 ]; then
   ferry q4-4g --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
   ferry q4-4g-cpu --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
   ferry q4-4g-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 8
+  ferry q4-4g-cpu-int8 --model $Q4 --cpu-arith int8 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
   for ngl in 28 30 31; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
   # One sequence (a KV pool of 48 positions on both sides): auto weighs the ring against more resident layers.
   ferry q4-1s-auto --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 8
@@ -134,21 +135,25 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
   ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
+  ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 4
   for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
   log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
   ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
   ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
+  ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 4
   for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then
   # Issue 12: the CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;
-  # ferry with its default f32 x and with int8 x, llama.cpp's arithmetic).
+  # ferry with its default f32 x and with int8 x, llama.cpp's arithmetic; both with the weights copied into
+  # huge-page memory, the default, and int8 once more reading the file's mapping as llama.cpp does).
   nt=$(nproc)
   log "CPU backend, $nt threads: Q4_K_M and Q8_0"
   for t in Q4_K_M Q8_0; do
     c=cpu-$(echo $t | tr 'A-Z_' 'a-z-')
     ferry $c --model $W/$t.gguf --cpu --threads $nt --batches 1 --prefill 0 --decode-steps 16
     ferry $c-int8 --model $W/$t.gguf --cpu --threads $nt --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 16
+    ferry $c-int8-mmap --model $W/$t.gguf --cpu --threads $nt --cpu-arith int8 --mmap --batches 1 --prefill 0 --decode-steps 16
     timeout 300 $L/llama-bench -m $W/$t.gguf -ngl 0 -t $nt -p 0 -n 32 -r 2 -o json > $W/l-$c.json 2> $W/l-$c.err
     python3 - "$c" "$W/l-$c.json" >> $res <<'PY' || log "llama-bench $c failed: $(tail -2 $W/l-$c.err)"
 import json, sys

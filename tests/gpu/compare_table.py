@@ -65,15 +65,15 @@ def best_under(prefix, mib):
 
 
 # Under a budget: llama.cpp's best -ngl whose device buffers fit it.
-for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "q4-4g-int8"), "q4-4g-ngl", 4096,
+for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "q4-4g-int8", "q4-4g-cpu-int8"), "q4-4g-ngl", 4096,
                                         {1: ">= 1.5x, >= 65", 16: ">= 10x"}),
                                        ("Q4_K_M 4 GiB, 1 seq", ("q4-1s-auto", "q4-1s-int8"), "q4-1s-ngl", 4096,
                                         {1: ">= 1.5x, >= 65"}),
                                        ("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto"), "f16-4g-ngl", 4096,
                                         {1: ">= 12, >= 1.5x", 16: ">= 81"}),
-                                       ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8"), "q8-4g-ngl", 4096,
+                                       ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8", "q8-4g-cpu-int8"), "q8-4g-ngl", 4096,
                                         {1: ">= 30"}),
-                                       ("Q4_K_M 2 GiB", ("q4-2g-auto", "q4-2g-auto-int8"), "q4-2g-ngl", 2048,
+                                       ("Q4_K_M 2 GiB", ("q4-2g-auto", "q4-2g-auto-int8", "q4-2g-cpu-int8"), "q4-2g-ngl", 2048,
                                         {1: ">= 1.5x"})):
     b = best_under(prefix, mib)
     ngl = b["case"].split("ngl")[1] if b else "?"
@@ -86,9 +86,10 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
     if ("ferry", fcases[0]) in get:
         line(f"{name} {(fcases[0].split('-', 2) + ['auto'])[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
 for t in ("q4-k-m", "q8-0"):
-    for fc in (f"cpu-{t}", f"cpu-{t}-int8"):
+    for fc in (f"cpu-{t}", f"cpu-{t}-int8", f"cpu-{t}-int8-mmap"):
         if ("ferry", fc) in get:
-            line(f"--backend cpu {t.upper().replace('-', '_')}{' int8 x' if fc.endswith('int8') else ''}, b=1 "
+            how = {"": "", "-int8": " int8 x", "-int8-mmap": " int8 x, --mmap"}[fc[len(f"cpu-{t}"):]]
+            line(f"--backend cpu {t.upper().replace('-', '_')}{how}, b=1 "
                  "(llama.cpp -ngl 0)", val("ferry", fc, "decode", 1), val("llama.cpp", f"cpu-{t}", "decode", 1),
                  ">= 1x")
 print("\n".join(out))
