@@ -16,7 +16,6 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/threadpool.h"
 #include "runtime/backend.h"
 #include "runtime/forward_cpu.h"
 #include "runtime/forward_cuda.h"
@@ -100,11 +99,6 @@ int engine_kv_type_parse(const char *s)
     return !s ? -1 : !strcmp(s, "f16") ? 1 : !strcmp(s, "f32") ? 0 : -1;
 }
 
-int engine_cpu_arith_parse(const char *s)
-{
-    return !s ? -2 : !strcmp(s, "auto") ? -1 : !strcmp(s, "int8") ? 1 : !strcmp(s, "f32") ? 0 : -2;
-}
-
 int engine_quant_ftype(enum engine_quant q)
 {
     return (unsigned)q < sizeof engine_quants / sizeof engine_quants[0] ? engine_quants[q].ftype : -1;
@@ -148,32 +142,6 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .kv_tokens_max = (int64_t)p->n_seqs * ctx,
                                         .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
                                         .kv_tokens_min = ctx};
-}
-
-/* ----------------------------------------------------------------------------------------------------------
- */
-/* Init: the CPU engine's weights */
-
-/* The CPU engine streams every matrix once per step; from the file's mapping they come in 4 KiB pages, each a
- * TLB walk and a stop for the hardware prefetchers. Copied into huge-page memory they read ~15% faster at batch
- * 1 on 16 cores (Q8_0 7B: 10.6 -> 12.2 tok/s, runtime/NOTES.md). Only when the host has the room: otherwise
- * the mapping stays, and the log says why. */
-static int copy_weights(struct engine *e, int n_threads, char err[256])
-{
-    const uint64_t need = e->model.weight_bytes + (uint64_t)e->model.tok_embd.rows *
-                                                      dtype_row_size(e->model.tok_embd.type, e->model.tok_embd.cols);
-    const uint64_t avail = tpool_mem_available();
-    if (avail < need + ((uint64_t)1 << 30)) {
-        FLOG_INFO("weights read from the file's mapping: %.2f GiB to copy, %.2f GiB of host memory available",
-                  need / 1073741824.0, avail / 1073741824.0);
-        return FERRY_OK;
-    }
-    const double t0 = now_seconds();
-    const int rc = model_copy_matrices(&e->model, n_threads, err);
-    if (rc == FERRY_OK)
-        FLOG_INFO("weights copied into huge-page memory: %.2f GiB in %.2f s", e->model.copied_bytes / 1073741824.0,
-                  now_seconds() - t0);
-    return rc;
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -473,9 +441,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         struct forward_cpu_params cp = forward_cpu_default_params();
         cp.max_tokens = p.max_batch_tokens;
         cp.n_threads = p.n_threads;
-        cp.pin_threads = !getenv("FERRY_NO_PIN");
         cp.kv = &e->kv;
-        if (!p.mmap_weights && (rc = copy_weights(e, p.n_threads, err))) goto fail;
         if ((rc = forward_cpu_init(&e->cpu, &e->model, &cp))) {
             snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
             goto fail;
@@ -752,7 +718,6 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
 {
     *st = e->stats;
     st->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
-    st->weights_copied_bytes = e->model.copied_bytes;
     if (e->gpu) {
         struct backend_stats gs;
         e->gpu->ops->stats(e->gpu, &gs);

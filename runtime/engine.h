@@ -31,8 +31,6 @@ enum engine_quant { ENGINE_QUANT_NONE = 0, ENGINE_QUANT_INT8 = 1, ENGINE_QUANT_I
 int engine_quant_parse(const char *s);
 /* --kv-type "f16" | "f32" to engine_params.kv_f16 (1 | 0), or -1. */
 int engine_kv_type_parse(const char *s);
-/* --cpu-arith "auto" | "int8" | "f32" to engine_params.cpu_int8 (-1 | 1 | 0), or -2. */
-int engine_cpu_arith_parse(const char *s);
 /* The llama.cpp file type (quant/mix.h) a quantization applies, or -1 for NONE. */
 int engine_quant_ftype(enum engine_quant q);
 
@@ -52,12 +50,7 @@ struct engine_params {
     int cpu_int8; /* CPU products with block-type weights quantize x to int8 (llama.cpp's arithmetic,
                    * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;
                    * -1 (the default): int8 for the host layers of a GPU engine (its own products with such
-                   * weights take x in int8 too), f32 on the CPU engine (on SmolLM2-135M Q4_1 the greedy
-                   * answer to "What is the capital of France?" no longer names Paris with int8: a small
-                   * model's margins are small) */
-    int mmap_weights; /* the CPU engine reads the matrices from the file's mapping (4 KiB pages); 0 (the
-                       * default): they are copied into huge-page memory when the host has room for them
-                       * (model_copy_matrices) */
+                   * weights take x in int8 too), f32 on the CPU engine */
     int kv_f16; /* the CPU engine's KV cache in f16 (the default: half the bytes a long-context step reads,
                  * as on the GPU and in llama.cpp); 0: f32 (closest to the references) */
     /* CUDA placement (see runtime/device_map.h). */
@@ -83,7 +76,6 @@ struct engine_stats {
     uint64_t tokens;     /* tokens processed */
     double busy_seconds; /* wall time inside engine_step */
     const char *backend; /* "cpu" or "cuda" */
-    uint64_t weights_copied_bytes; /* CPU engine: matrices copied into huge-page memory (0: file's mapping) */
     /* CUDA backend only (zero on the CPU). */
     int n_resident, n_streamed, n_slots; /* n_streamed: layers in host memory (streamed or host-computed) */
     uint64_t bytes_streamed;             /* weight bytes copied host→device for the layers steps streamed */

@@ -411,9 +411,16 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
  * (/proc/meminfo), less the model's layers (an upper bound of the host layers' pinned blocks). */
 static int64_t kv_ext_cap(const struct plan_sizes *ps, int n_layers)
 {
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (!fp) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(fp);
     uint64_t layers = 0;
     for (int l = 0; l < n_layers; l++) layers += ps->layer_sizes[l];
-    const uint64_t half = (uint64_t)tpool_mem_available() / 2;
+    const uint64_t half = (uint64_t)kib * 1024 / 2;
     return half > layers && ps->kv_token_bytes ? (int64_t)((half - layers) / ps->kv_token_bytes) : 0;
 }
 

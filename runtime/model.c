@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "quant/fp16.h"
 #include "kernels/core/status.h"
@@ -224,74 +223,6 @@ int model_quantize(struct model *m, int ftype, int n_threads, char err[256])
     return FERRY_OK;
 }
 
-struct copy_job {
-    struct wview **views;
-    char **dst;
-    int n;
-};
-
-static void copy_task(void *ctx, int i)
-{
-    const struct copy_job *j = ctx;
-    const struct wview *w = j->views[i];
-    memcpy(j->dst[i], w->data, dtype_row_size(w->type, w->cols) * (size_t)w->rows);
-}
-
-int model_copy_matrices(struct model *m, int n_threads, char err[256])
-{
-    const int L = m->hp.n_layers, per_layer = 7;
-    const bool tied = m->output.data == m->tok_embd.data;
-    const int n = L * per_layer + 2;
-    struct wview **views = calloc((size_t)n, sizeof *views);
-    char **dst = calloc((size_t)n, sizeof *dst);
-    if (!views || !dst) {
-        free(views);
-        free(dst);
-        snprintf(err, 256, "out of memory");
-        return FERRY_ERR_NOMEM;
-    }
-    int k = 0;
-    for (int l = 0; l < L; l++) {
-        struct model_layer *ly = &m->layers[l];
-        struct wview *mats[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (int i = 0; i < per_layer; i++) views[k++] = mats[i];
-    }
-    views[k++] = &m->tok_embd;
-    if (!tied) views[k++] = &m->output;
-    size_t total = 0;
-    for (int i = 0; i < k; i++)
-        total += (dtype_row_size(views[i]->type, views[i]->cols) * (size_t)views[i]->rows + 4095) & ~(size_t)4095;
-    char *buf = total ? mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
-    struct tpool *tp = NULL;
-    if (buf == MAP_FAILED || (total && tpool_init(&tp, n_threads))) {
-        if (buf && buf != MAP_FAILED) munmap(buf, total);
-        free(views);
-        free(dst);
-        snprintf(err, 256, "cannot allocate %.1f MiB for the weights in memory", total / 1048576.0);
-        return FERRY_ERR_NOMEM;
-    }
-    if (total) madvise(buf, total, MADV_HUGEPAGE);
-    size_t off = 0;
-    for (int i = 0; i < k; i++) {
-        dst[i] = buf + off;
-        off += (dtype_row_size(views[i]->type, views[i]->cols) * (size_t)views[i]->rows + 4095) & ~(size_t)4095;
-    }
-    struct copy_job job = {views, dst, k};
-    tpool_run(tp, copy_task, &job, k);
-    tpool_free(tp);
-    for (int i = 0; i < k; i++) views[i]->data = dst[i];
-    if (tied) m->output = m->tok_embd;
-    /* The originals are no longer read: the synthetic and quantized-at-load buffers go back at once. */
-    free(m->owned);
-    free(m->quant_owned);
-    m->owned = m->quant_owned = NULL;
-    m->copied = buf;
-    m->copied_bytes = total;
-    free(views);
-    free(dst);
-    return FERRY_OK;
-}
-
 void model_free(struct model *m)
 {
     if (!m) return;
@@ -310,7 +241,6 @@ void model_free(struct model *m)
     free(m->inv_freq);
     free(m->owned);
     free(m->quant_owned);
-    if (m->copied) munmap(m->copied, m->copied_bytes);
     memset(m, 0, sizeof *m);
 }
 

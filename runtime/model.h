@@ -58,8 +58,6 @@ struct model {
     uint64_t weight_bytes;      /* bytes of all matrices read per forward pass */
     void *owned;                /* synthetic models: the one allocation holding every matrix */
     void *quant_owned;          /* matrices quantized at load, or NULL */
-    void *copied;               /* model_copy_matrices: anonymous memory holding the matrices, or NULL */
-    size_t copied_bytes;
 };
 
 int model_init(struct model *m, const struct model_file *mf, char err[256]);
@@ -70,13 +68,6 @@ int model_init(struct model *m, const struct model_file *mf, char err[256]);
  * of the mix can hold (rows not a multiple of 32 in a legacy mix) stays as loaded. Uses n_threads threads
  * (0 = all cores). */
 int model_quantize(struct model *m, int ftype, int n_threads, char err[256]);
-/* Copies every matrix a forward pass reads whole (the layers' and the head) out of the file's mapping into
- * anonymous memory with transparent huge pages asked for (madvise), with n_threads threads (0 = all cores).
- * The CPU backend streams these matrices once per step: from the page cache they come in 4 KiB pages, and
- * each page costs a TLB walk and stops the hardware prefetchers at its end. Matrices the model already owns
- * (synthetic, quantized at load) are copied too, and the token embedding with them, so one allocation holds
- * them all and the others are freed. */
-int model_copy_matrices(struct model *m, int n_threads, char err[256]);
 /* A model of the shape hp (arch, dims, rope fields) whose matrices are random, non-zero values of type wt
  * (F32, F16 or BF16) drawn from a seeded generator, with unit-scale norms: for benchmarks at real shapes
  * without a file. Filling many GB uses `n_threads` threads (0 = all cores). */

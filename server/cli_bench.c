@@ -60,8 +60,6 @@ static void bench_usage(FILE *f)
         "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
         "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
         "                        host layers, f32 on the CPU backend\n"
-        "  --mmap                CPU backend: read the weights from the file's mapping instead of copying\n"
-        "                        them into huge-page memory\n"
         "  --kv-type f16|f32     the CPU backend's KV cache (default f16)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
@@ -162,7 +160,6 @@ int cli_bench_main(int argc, char **argv)
         {"placement", required_argument, 0, 'P'},
         {"cpu-threads", required_argument, 0, 'T'},
         {"cpu-arith", required_argument, 0, 'A'},
-        {"mmap", no_argument, 0, 'W'},
         {"kv-type", required_argument, 0, 'K'},
         {0, 0, 0, 0},
     };
@@ -213,10 +210,8 @@ int cli_bench_main(int argc, char **argv)
             ep.n_threads = atoi(optarg);
             break;
         case 'A':
-            if ((ep.cpu_int8 = engine_cpu_arith_parse(optarg)) < -1) goto bad;
-            break;
-        case 'W':
-            ep.mmap_weights = 1;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "f32") && strcmp(optarg, "int8")) goto bad;
+            ep.cpu_int8 = !strcmp(optarg, "int8") ? 1 : !strcmp(optarg, "f32") ? 0 : -1;
             break;
         case 'K':
             if ((ep.kv_f16 = engine_kv_type_parse(optarg)) < 0) goto bad;

@@ -49,9 +49,7 @@ struct run_opts {
     int log_level;
     enum engine_quant quant;
     enum engine_backend backend;
-    int kv_f16;       /* --kv-type: 1 f16 (default), 0 f32 */
-    int cpu_int8;     /* --cpu-arith: -1 auto (default), 1 int8, 0 f32 */
-    int mmap_weights; /* --mmap */
+    int kv_f16; /* --kv-type: 1 f16 (default), 0 f32 */
 };
 
 static void run_usage(FILE *f)
@@ -86,11 +84,6 @@ static void run_usage(FILE *f)
             "  --quant none|int8|int4 quantize F32/F16/BF16 weights at load (int8: llama.cpp's Q8_0, int4:\n"
             "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
             "  --kv-type f16|f32      the CPU backend's KV cache (default f16)\n"
-            "  --cpu-arith auto|f32|int8  CPU products with quantized weights: x in f32 (closest to an\n"
-            "                         fp32 reference) or in int8 blocks (llama.cpp's arithmetic, faster);\n"
-            "                         auto (default): int8 for a GPU engine's host layers, f32 on the CPU\n"
-            "  --mmap                 CPU backend: read the weights from the file's mapping instead of\n"
-            "                         copying them into huge-page memory (less memory, slower)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
@@ -210,8 +203,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_LOG,
         O_QUANT,
         O_KV_TYPE,
-        O_CPU_ARITH,
-        O_MMAP,
         O_BACKEND,
         O_RAW,
         O_SYSTEM
@@ -245,8 +236,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"log-level", required_argument, 0, O_LOG},
         {"quant", required_argument, 0, O_QUANT},
         {"kv-type", required_argument, 0, O_KV_TYPE},
-        {"cpu-arith", required_argument, 0, O_CPU_ARITH},
-        {"mmap", no_argument, 0, O_MMAP},
         {"backend", required_argument, 0, O_BACKEND},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -260,7 +249,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->sp.min_p = 0.05f;
     o->bos = -1;
     o->kv_f16 = 1;
-    o->cpu_int8 = -1;
     o->log_level = LOG_LEVEL_WARN;
     int c, bad = 0, idx = -1;
     optind = 1;
@@ -364,12 +352,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         }
         case O_KV_TYPE:
             if ((o->kv_f16 = engine_kv_type_parse(optarg)) < 0) bad = 1;
-            break;
-        case O_CPU_ARITH:
-            if ((o->cpu_int8 = engine_cpu_arith_parse(optarg)) < -1) bad = 1;
-            break;
-        case O_MMAP:
-            o->mmap_weights = 1;
             break;
         case O_BACKEND:
             if (!strcmp(optarg, "auto"))
@@ -564,8 +546,6 @@ int cli_run_main(int argc, char **argv)
     ep.n_seqs = 1;
     ep.quant = o.quant;
     ep.kv_f16 = o.kv_f16;
-    ep.cpu_int8 = o.cpu_int8;
-    ep.mmap_weights = o.mmap_weights;
     ep.backend = o.backend;
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));

@@ -108,11 +108,9 @@ static const struct opt_row rows[] = {
      "pinned host threads computing host layers beside the GPU (0 = --threads)"},
     {"cpu-arith", OPT_ENUM, OFF(cpu_arith), 0, 0, "auto", "auto|f32|int8",
      "CPU products with quantized weights: activations in f32 (closest to the reference) or quantized to "
-     "int8 blocks as llama.cpp does (faster, slightly different outputs); auto: int8 for the host layers of "
-     "a GPU engine (whose own products with such weights quantize x to int8 too), f32 on the CPU backend"},
-    {"mmap", OPT_BOOL, OFF(mmap), 0, 1, "0", NULL,
-     "CPU backend: read the weights from the file's mapping instead of copying them into huge-page memory "
-     "(less memory; the copy reads faster on many cores)"},
+     "int8 "
+     "blocks as llama.cpp does (faster, slightly different outputs); auto: int8 for the host layers of a GPU "
+     "engine (whose own products with such weights quantize x to int8 too), f32 on the CPU backend"},
     {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32",
      "element type of the CPU backend's KV cache: f16 (half the memory, and half the bytes a long-context "
      "step reads; the GPU's cache is f16 too) or f32 (closest to the reference)"},

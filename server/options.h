@@ -54,8 +54,7 @@ struct serve_options {
     int gpu_layers;    /* -1 = planner decides */
     const char *placement; /* auto|stream|cpu: what the host layers do (CUDA backend) */
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
-    const char *cpu_arith; /* auto|f32|int8: x of CPU products with block-type weights */
-    int mmap;              /* the CPU backend reads the weights from the file's mapping */
+    const char *cpu_arith; /* f32|int8: x of CPU products with block-type weights */
     const char *kv_type; /* f16|f32: the CPU backend's KV cache */
     const char *quant; /* none|int8|int4 */
     int deterministic;

@@ -77,8 +77,7 @@ static void loader_main(void *arg)
                                                        : ENGINE_PLACEMENT_AUTO;
     ep.cpu_threads = S->opt.cpu_threads;
     /* options.c allows only auto|f32|int8 */
-    ep.cpu_int8 = engine_cpu_arith_parse(S->opt.cpu_arith); /* options.c allows only auto|int8|f32 */
-    ep.mmap_weights = S->opt.mmap;
+    ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8") ? 1 : !strcmp(S->opt.cpu_arith, "f32") ? 0 : -1;
     ep.kv_f16 = engine_kv_type_parse(S->opt.kv_type); /* options.c allows only f16|f32 */
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {

@@ -325,18 +325,6 @@ static uint64_t numa_nodes_mask(void)
     return mask ? mask : 1;
 }
 
-unsigned long long tpool_mem_available(void)
-{
-    FILE *fp = fopen("/proc/meminfo", "r");
-    if (!fp) return 0;
-    char line[256];
-    unsigned long long kib = 0;
-    while (fgets(line, sizeof line, fp))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-    fclose(fp);
-    return kib * 1024;
-}
-
 int tpool_numa_nodes(void)
 {
     return __builtin_popcountll(numa_nodes_mask());

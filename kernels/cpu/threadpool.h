@@ -39,8 +39,6 @@ int tpool_cpus_online(void);
 int tpool_cpu_order(int *cpus, int cap);
 /* NUMA nodes holding the affinity mask's CPUs. */
 int tpool_numa_nodes(void);
-/* Bytes of host memory available to allocate (MemAvailable of /proc/meminfo); 0 when unknown. */
-unsigned long long tpool_mem_available(void);
 /* Asks the kernel to spread the pages of [p, p + n) over those nodes page by page (MPOL_INTERLEAVE), before
  * they are first touched, so that threads on every node read them at the machine's aggregate rate. A no-op
  * with one node. FERRY_OK, or FERRY_ERR_UNSUPPORTED when the kernel refuses. */

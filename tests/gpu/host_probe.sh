@@ -1,7 +1,7 @@
 #!/bin/bash
 # host_probe.sh — on the GPU machine after `all.sh build`: where the host's layer time goes. The CPU backend
-# and a GPU engine's host layers on the random 7B Q4_K_M / Q8_0 files, with and without pinned threads and the
-# matrices copied into huge-page memory; prints the cost model's host-layer line and the b=1 rate of each.
+# and a GPU engine's host layers on the random 7B Q4_K_M / Q8_0 files, with and without pinned threads; prints
+# the b=1 rate of each and the most anonymous huge-page memory seen while it ran.
 set -u
 out=${OUT:-$(pwd)/out}
 F=/tmp/fw/build/server/ferry
@@ -18,14 +18,12 @@ one() { # label, env, args...
     h=$(awk '/AnonHugePages/ {print $2}' /proc/meminfo); [ "$h" -gt "$hp" ] && hp=$h; sleep 1
   done
   wait $pid
-  echo "$label | $(grep -E 'cost model: host' /tmp/p.err | sed 's/.*host layer/host layer/' | cut -c1-60) | hugepages ${hp} kB"
+  echo "$label | $(grep -E 'cost model: host' /tmp/p.err | sed 's/.*host layer/host layer/' | cut -c1-60) | anon huge pages ${hp} kB"
   grep -E "^(1|16) " /tmp/p.out | cut -c1-60
   cat /tmp/p.err >> "$out/probe.log"
 }
 for t in Q8_0 Q4_K_M; do
-  one "$t cpu int8 pinned" A=1 --model /tmp/cmp/$t.gguf --cpu --cpu-arith int8 --batches 1
-  one "$t cpu int8 unpinned" FERRY_NO_PIN=1 --model /tmp/cmp/$t.gguf --cpu --cpu-arith int8 --batches 1
-  one "$t cpu int8 pinned copy" FERRY_CPU_COPY=1 --model /tmp/cmp/$t.gguf --cpu --cpu-arith int8 --batches 1
+  one "$t cpu int8" A=1 --model /tmp/cmp/$t.gguf --cpu --cpu-arith int8 --batches 1
 done
 for a in "A=1" "FERRY_NO_PIN=1"; do
   for th in 16 15; do

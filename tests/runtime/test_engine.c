@@ -251,49 +251,6 @@ Test(engine, share_prefix_blocks)
     close_all(e);
 }
 
-/* The CPU engine copies its matrices into huge-page memory (engine_params.mmap_weights 0, the default) or
- * reads them from the file's mapping (1): the same weights, so bitwise the same logits, over an f16 file and the
- * same file quantized at load (whose own buffer the copy replaces and frees). */
-Test(engine, copied_weights_compute_what_the_mapping_does)
-{
-    char path[1024], err[256] = "";
-    snprintf(path, sizeof path, "%s/tests/golden/models/llama3_gqa_f16", getenv("FERRY_SRC"));
-    struct model_file *f = NULL;
-    cr_assert_eq(model_file_open(path, &f, NULL, NULL, err), 0, "%s", err);
-    for (int q = 0; q < 2; q++) {
-        struct engine *e[2];
-        for (int mm = 0; mm < 2; mm++) {
-            struct engine_params p = engine_default_params();
-            p.backend = ENGINE_BACKEND_CPU;
-            p.ctx_size = 64;
-            p.n_threads = 2;
-            p.quant = q ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE;
-            p.mmap_weights = mm;
-            cr_assert_eq(engine_init(&e[mm], f, &p, err), 0, "%s", err);
-            struct engine_stats st;
-            engine_get_stats(e[mm], &st);
-            if (mm)
-                cr_expect_eq(st.weights_copied_bytes, 0);
-            else
-                cr_expect_geq(st.weights_copied_bytes, engine_weight_bytes(e[mm]),
-                              "copied %llu bytes of %llu read per step", (unsigned long long)st.weights_copied_bytes,
-                              (unsigned long long)engine_weight_bytes(e[mm]));
-        }
-        const int V = engine_hparams(e[0])->n_vocab;
-        float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
-        for (int i = 0; i < 8; i++) {
-            cr_assert_eq(step1(e[0], 0, i, (int32_t)(i * 7 % V), a), 0);
-            cr_assert_eq(step1(e[1], 0, i, (int32_t)(i * 7 % V), b), 0);
-            cr_assert_eq(memcmp(a, b, (size_t)V * sizeof(float)), 0, "quant %d, position %d: logits differ", q, i);
-        }
-        free(a);
-        free(b);
-        engine_free(e[0]);
-        engine_free(e[1]);
-    }
-    model_file_close(f);
-}
-
 /* --quant int8: the f16 model's matrices whose rows are a multiple of 32 become Q8_0 (2 bytes → 34/32 bytes per
  * weight; here all but ffn_down, whose rows are 136 long), the tied embedding too (llama.cpp's Q8_0 mix), and the
  * logits stay close: Q8_0 rounds each weight to 1/254 of its group's absmax, about 0.5% relative error per
@@ -311,7 +268,6 @@ Test(engine, quant_int8_stays_close)
         p.backend = ENGINE_BACKEND_CPU;
         p.ctx_size = 64;
         p.quant = q ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE;
-        p.cpu_int8 = 0; /* x in f32: the difference is the weights' rounding alone */
         cr_assert_eq(engine_init(&e[q], f, &p, err), 0, "%s", err);
     }
     double ratio = (double)engine_weight_bytes(e[0]) / (double)engine_weight_bytes(e[1]);

@@ -60,8 +60,7 @@ struct runner {
 };
 
 /* kv_f16: the KV cache in f16 (the engine's default, and llama.cpp's) or f32 (what the fp32 references
- * compute); cpu_int8: engine_params.cpu_int8 (0: x in f32, what the references compute; the models of the
- * cases that pass 0 hold no block-type weights, so it is what the default computes for them too). */
+ * compute); cpu_int8: engine_params.cpu_int8 (-1: the default, f32 x on the CPU). */
 static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_f16, int cpu_int8)
 {
     char err[256] = "";
@@ -155,7 +154,7 @@ static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
     char *model = path_join(src, "tests/golden");
     char *mpath = path_join(model, json_string_value(json_object_get(g, "model")));
     struct runner r;
-    runner_open(&r, mpath, 1, kv_f16, 0);
+    runner_open(&r, mpath, 1, kv_f16, -1);
     json_t *cases = json_object_get(g, "cases");
     size_t ci;
     json_t *c;
@@ -233,7 +232,7 @@ Test(golden_llamacpp, stories260K_greedy)
     if (!model || !gpath) cr_skip_test("missing ../shared/testdata/models/stories260K.gguf or its goldens");
     json_t *g = load_json(gpath);
     struct runner r;
-    runner_open(&r, model, 1, 1, 0); /* llama.cpp's KV cache is f16 */
+    runner_open(&r, model, 1, 1, -1); /* llama.cpp's KV cache is f16 */
     size_t ci;
     json_t *c;
     int n_cases = 0;
@@ -271,7 +270,7 @@ Test(golden_llamacpp, stories260K_logits)
     cr_assert(f && fread(ref, sizeof(float), 512, f) == 512);
     fclose(f);
     struct runner r;
-    runner_open(&r, model, 1, 1, 0);
+    runner_open(&r, model, 1, 1, -1);
     cr_assert_eq(r.n_vocab, 512);
     const int32_t ids[] = {1, 403, 407, 261, 378};
     prefill(&r, ids, 5);
