@@ -8,6 +8,7 @@
 #include "runtime/forward_cpu.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,6 +18,9 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
+
+/* Op kinds of the profile: the products by group (LAYER_N_MATS of them), then the rest. */
+enum { PROF_NORM = LAYER_N_MATS, PROF_SILU, PROF_KV, PROF_EMBED, PROF_HEAD, PROF_N };
 
 struct forward_cpu {
     struct backend be;
@@ -40,6 +44,11 @@ struct forward_cpu {
     int pending;
     uint64_t layers_run;
     double layer_seconds;
+    /* FERRY_CPU_PROFILE=1: time and weight bytes per op kind, printed to stderr when the backend is freed. */
+    int profile;
+    double prof_s[PROF_N];
+    double prof_bytes[PROF_N];
+    uint64_t prof_calls[PROF_N];
 };
 
 static double now_s(void)
@@ -71,10 +80,33 @@ struct forward_cpu_params forward_cpu_default_params(void)
     return (struct forward_cpu_params){.max_tokens = 512};
 }
 
+static void print_profile(const struct forward_cpu *f)
+{
+    static const char *other[] = {"norm+add", "silu*up", "kv+attention", "embed", "head"};
+    double total = 0;
+    for (int i = 0; i < PROF_N; i++) total += f->prof_s[i];
+    if (total <= 0) return;
+    fprintf(stderr, "cpu profile (%d threads, %llu layer runs): op, calls, ms, share, weight GB/s\n",
+            tpool_size(f->tp), (unsigned long long)f->layers_run);
+    for (int i = 0; i < PROF_N; i++) {
+        if (!f->prof_calls[i]) continue;
+        char name[32];
+        if (i < LAYER_N_MATS)
+            snprintf(name, sizeof name, "product %d", i);
+        else
+            snprintf(name, sizeof name, "%s", other[i - LAYER_N_MATS]);
+        fprintf(stderr, "  %-14s %8llu %10.1f %6.1f%%", name, (unsigned long long)f->prof_calls[i],
+                f->prof_s[i] * 1e3, 100 * f->prof_s[i] / total);
+        if (f->prof_bytes[i] > 0) fprintf(stderr, " %8.1f", f->prof_bytes[i] / f->prof_s[i] / 1e9);
+        fprintf(stderr, "\n");
+    }
+}
+
 static void cpu_free(struct backend *be)
 {
     struct forward_cpu *f = (struct forward_cpu *)be;
     if (!f) return;
+    if (f->profile) print_profile(f);
     tpool_free(f->tp);
     float *bufs[] = {f->x, f->xn, f->d, f->qkv, f->att, f->gu, f->qkv_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -160,6 +192,13 @@ static int kv_ops_remote(struct forward_cpu *f, int l, const struct step *st, in
     return f->kv_owner->ops->attend(f->kv_owner, l, st, rows, f->att);
 }
 
+static double group_bytes(const struct layer_group *g)
+{
+    double b = 0;
+    for (int j = 0; j < g->n_parts; j++) b += (double)dtype_row_size(g->part[j].type, g->cols) * g->part[j].rows;
+    return b;
+}
+
 static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct layer_weights *w, int n)
 {
     const struct llm_hparams *hp = &f->m->hp;
@@ -192,14 +231,20 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
     if (w->mat[0].n_parts == 0)
         return FERRY_ERR_INTERNAL; /* a layer whose weights this backend was not given */
     for (int i = 0; i < p->n_ops; i++) {
-        int rc;
+        int rc, kind;
+        const double t0 = f->profile ? now_s() : 0;
         if (i == p->kv_first) {
             rc = !kv_ops ? FERRY_OK : f->kv_owner ? kv_ops_remote(f, l, st, n) : kv_ops_local(f, l, st, n);
             i = p->kv_last;
+            kind = PROF_KV;
         } else {
-            rc = run_op(f, &p->ops[i], w, n);
+            const struct layer_op *op = &p->ops[i];
+            rc = run_op(f, op, w, n);
+            kind = op->kind == LOP_LINEAR ? op->arg : op->kind == LOP_SILU_MUL ? PROF_SILU : PROF_NORM;
+            if (f->profile && op->kind == LOP_LINEAR) f->prof_bytes[kind] += group_bytes(&w->mat[op->arg]);
         }
         if (rc) return rc;
+        if (f->profile) f->prof_s[kind] += now_s() - t0, f->prof_calls[kind]++;
     }
     return FERRY_OK;
 }
@@ -222,8 +267,11 @@ static int cpu_embed(struct backend *be, const struct step *st)
     const int n = st->b->n_tokens;
     if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
     f->pending = 0;
-    return kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
-                          st->b->tokens, n);
+    const double t0 = f->profile ? now_s() : 0;
+    const int rc = kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
+                                  st->b->tokens, n);
+    if (f->profile) f->prof_s[PROF_EMBED] += now_s() - t0, f->prof_calls[PROF_EMBED]++;
+    return rc;
 }
 
 static int cpu_layer(struct backend *be, int l, const struct step *st)
@@ -257,9 +305,15 @@ static int cpu_head(struct backend *be, const struct step *st, float *logits)
         kern_cpu_rmsnorm(logits, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
         return FERRY_OK;
     }
+    const double t0 = f->profile ? now_s() : 0;
     kern_cpu_rmsnorm(f->xn, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
-    return kern_cpu_matmul(logits, f->xn, m->output.data, m->output.type, NULL, n_out, (int)m->output.rows,
-                           (int)m->output.cols, f->tp);
+    const int rc = kern_cpu_matmul(logits, f->xn, m->output.data, m->output.type, NULL, n_out,
+                                   (int)m->output.rows, (int)m->output.cols, f->tp);
+    if (f->profile) {
+        f->prof_s[PROF_HEAD] += now_s() - t0, f->prof_calls[PROF_HEAD]++;
+        f->prof_bytes[PROF_HEAD] += (double)dtype_row_size(m->output.type, m->output.cols) * m->output.rows;
+    }
+    return rc;
 }
 
 static float *cpu_x_host(struct backend *be)
@@ -371,6 +425,8 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     if (!f->x || !f->xn || !f->d || !f->qkv || !f->att || !f->gu || (f->kv_owner && !f->qkv_rows)) goto fail;
     rc = p->pin_threads ? tpool_init_pinned(&f->tp, p->n_threads) : tpool_init(&f->tp, p->n_threads);
     if (rc) goto fail;
+    const char *prof = getenv("FERRY_CPU_PROFILE");
+    f->profile = prof && *prof == '1';
     *out = &f->be;
     return FERRY_OK;
 fail:
