@@ -39,6 +39,9 @@
 #define ENGINE_GPU_FLOPS   250e12
 #define ENGINE_GPU_LAYER_S 10e-6
 #define ENGINE_STEP_S      100e-6
+/* Host layers the start-up timing cycles through (7 calls at small steps: enough distinct layers to leave
+ * the host's L3, as a step does). */
+#define ENGINE_MAX_LAYERS_TIMED 8
 
 struct engine {
     struct engine_params p;
@@ -178,10 +181,15 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
 {
     const struct llm_hparams *hp = &e->model.hp;
     c->cpu_ref_bytes = forward_cuda_layer_bytes(e->gpu, ref);
+    /* Timed over the host layers in turn (ref first), so their weights come from memory as in a step. */
+    int host[ENGINE_MAX_LAYERS_TIMED], n_host = 0;
+    host[n_host++] = ref;
+    for (int l = 0; l < hp->n_layers && n_host < ENGINE_MAX_LAYERS_TIMED; l++)
+        if (l != ref && map->where[l] != PLACEMENT_GPU) host[n_host++] = l;
     int rc;
     for (int m = 1; m <= e->p.max_batch_tokens && c->n_cpu < STEP_COST_MAX_M; m *= 2) {
         double t;
-        if ((rc = forward_cpu_time_layer(e->cpu, ref, m, m <= 4 ? 5 : 3, &t))) return rc;
+        if ((rc = forward_cpu_time_layers(e->cpu, host, n_host, m, m <= 4 ? 7 : 3, &t))) return rc;
         c->cpu_m[c->n_cpu] = m;
         c->cpu_s[c->n_cpu++] = t;
         if (t > 0.25 || m >= 64) break; /* past this the host is compute bound: extrapolated */
@@ -190,7 +198,7 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
     if (map->n_slots > 0) {
         double t1;
         if ((rc = forward_cuda_link_load_begin(e->gpu, 8 * c->cpu_s[0]))) return rc;
-        rc = forward_cpu_time_layer(e->cpu, ref, 1, 5, &t1);
+        rc = forward_cpu_time_layers(e->cpu, host, n_host, 1, 7, &t1);
         c->h2d_loaded = forward_cuda_link_load_end(e->gpu);
         if (rc) return rc;
         const double slow = t1 > c->cpu_s[0] ? t1 / c->cpu_s[0] : 1.0;

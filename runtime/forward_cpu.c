@@ -440,13 +440,22 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int forward_cpu_time_layer(struct backend *be, int l, int m, int reps, double *seconds)
+static double layer_bytes(const struct layer_weights *w)
+{
+    double b = 0;
+    for (int i = 0; i < LAYER_N_MATS; i++) b += group_bytes(&w->mat[i]);
+    return b;
+}
+
+int forward_cpu_time_layers(struct backend *be, const int *layers, int n, int m, int reps, double *seconds)
 {
     struct forward_cpu *f = (struct forward_cpu *)be;
     const struct llm_hparams *hp = &f->m->hp;
     *seconds = 0;
-    if (m <= 0 || m > f->max_tokens || l < 0 || l >= hp->n_layers || reps <= 0 || reps > 64)
-        return FERRY_ERR_INVALID;
+    if (!layers || n <= 0 || m <= 0 || m > f->max_tokens || reps <= 0 || reps > 64) return FERRY_ERR_INVALID;
+    for (int i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= hp->n_layers || layer_bytes(&f->w[layers[i]]) <= 0)
+            return FERRY_ERR_INVALID;
     /* Random activations of a realistic scale (zeros or denormals would time a different machine). */
     uint64_t s = 0x9e3779b97f4a7c15ull;
     const size_t qd = (size_t)hp->n_heads * hp->head_dim;
@@ -456,11 +465,13 @@ int forward_cpu_time_layer(struct backend *be, int l, int m, int reps, double *s
     }
     for (size_t i = 0; i < (size_t)m * qd; i++) f->att[i] = f->x[i % ((size_t)m * hp->dim)];
     double t[65];
+    const double ref = layer_bytes(&f->w[layers[0]]);
     for (int r = 0; r <= reps; r++) {
+        const int l = layers[r ? (r - 1) % n : 0];
         f->pending = 0;
         const double t0 = now_s();
         int rc = run_layer(f, l, NULL, m, 0);
-        t[r] = now_s() - t0;
+        t[r] = (now_s() - t0) * ref / layer_bytes(&f->w[l]);
         if (rc) return rc;
     }
     f->pending = 0;

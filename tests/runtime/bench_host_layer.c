@@ -126,7 +126,8 @@ int main(int argc, char **argv)
         const int ms[] = {1, 2, 4, 16, 64};
         for (int i = 0; i < 5; i++) {
             double t;
-            if (forward_cpu_time_layer(be, 0, ms[i], ms[i] <= 4 ? 7 : 3, &t)) return 1;
+            const int l0 = 0;
+            if (forward_cpu_time_layers(be, &l0, 1, ms[i], ms[i] <= 4 ? 7 : 3, &t)) return 1;
             printf("%-9s %6d %10.2f %9.1f %9.1f\n", cases[ti].name, ms[i], t * 1e3, bytes / t / 1e9,
                    flop * ms[i] / t / 1e9);
             fflush(stdout);

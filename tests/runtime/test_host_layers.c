@@ -323,3 +323,42 @@ Test(host_layers, borrowed_kv_cache_gives_bitwise_the_same_logits)
     kv_cache_free(&kv);
     model_free(&m);
 }
+
+/* The start-up timing cycles through the layers it is given and checks them: an index outside the model, an
+ * empty list or a bad count are refused; a valid list gives a positive time, and a step after it gives the
+ * logits a step gives without it (the timing touches no KV and leaves no pending residual). */
+Test(host_layers, layer_timing_over_several_layers)
+{
+    const struct llm_hparams hp = odd_shape();
+    struct model m;
+    char err[256] = "";
+    cr_assert_eq(model_init_synthetic(&m, &hp, DTYPE_F16, 91, 1, err), 0, "%s", err);
+    struct kv_cache kv;
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    struct backend *a = cpu_backend(&m, &kv, NULL, 2, 0);
+    const int V = hp.n_vocab;
+    float *before = malloc(sizeof(float) * 9 * V), *after = malloc(sizeof(float) * 9 * V);
+    run_seq((struct backend *[2]){a, a}, "aaa/aaa/aaa", &kv, &m, before);
+    const int all[3] = {2, 0, 1}, past[2] = {0, 3}, neg[1] = {-1};
+    double t = 0;
+    cr_assert_eq(forward_cpu_time_layers(a, all, 3, 1, 7, &t), FERRY_OK);
+    cr_assert_gt(t, 0.0);
+    cr_assert_eq(forward_cpu_time_layers(a, all, 3, 4, 3, &t), FERRY_OK);
+    cr_assert_gt(t, 0.0);
+    cr_assert_eq(forward_cpu_time_layers(a, past, 2, 1, 3, &t), FERRY_ERR_INVALID);
+    cr_assert_eq(forward_cpu_time_layers(a, neg, 1, 1, 3, &t), FERRY_ERR_INVALID);
+    cr_assert_eq(forward_cpu_time_layers(a, all, 0, 1, 3, &t), FERRY_ERR_INVALID);
+    cr_assert_eq(forward_cpu_time_layers(a, NULL, 1, 1, 3, &t), FERRY_ERR_INVALID);
+    cr_assert_eq(forward_cpu_time_layers(a, all, 3, 1, 65, &t), FERRY_ERR_INVALID);
+    kv_cache_free(&kv);
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    a->ops->free(a);
+    a = cpu_backend(&m, &kv, NULL, 2, 0);
+    cr_assert_eq(forward_cpu_time_layers(a, all, 3, 2, 5, &t), FERRY_OK);
+    run_seq((struct backend *[2]){a, a}, "aaa/aaa/aaa", &kv, &m, after);
+    cr_assert_eq(memcmp(before, after, sizeof(float) * 9 * V), 0, "a step after the timing differs");
+    a->ops->free(a);
+    free(before), free(after);
+    kv_cache_free(&kv);
+    model_free(&m);
+}
