@@ -7,6 +7,9 @@
 #   bench    the measurements; a table last, every raw log under $OUT                  (about 5 minutes)
 # The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives), and bench
 # in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
+# CMP_ROUNDS=N runs the parts that involve the host's cores (Q4_4G, HYBRID, CPU) N times, ferry and llama.cpp
+# alternating within each round; the table shows medians and their ranges (the host's figures move by 10-30%
+# between calls on these machines: runtime/NOTES.md, session 10).
 # ferry: `ferry bench` (decode b=1/16/64 as tokens/s of all sequences, prefill 512). llama.cpp: llama-bench
 # (-p 512 -n 64, flash attention) for b=1 and prefill, llama-batched-bench (-npp 128 -ntg 64) for b=16/64; the
 # 4 GiB case sweeps llama.cpp's -ngl and keeps the largest whose device buffers (model + KV + compute, as it
@@ -54,7 +57,7 @@ ferry() { # name, args...: one ferry bench, its JSON appended to the results
   python3 - "$name" "$W/f-$name.json" >> $res <<'PY' || log "ferry $name rc=$rc: $(tail -2 $W/f-$name.err)"
 import json, sys
 d = json.load(open(sys.argv[2]))
-print(json.dumps({"who": "ferry", "case": sys.argv[1], "prefill": d.get("prefill_tok_s"),
+print(json.dumps({"who": "ferry", "case": sys.argv[1], "tool": "ferry-bench", "prefill": d.get("prefill_tok_s"),
                   "decode": {str(x["batch"]): x["tok_s"] for x in d["decode"] if x["context"] < 4096},
                   "vram_planned": d.get("vram_planned"), "weight_bytes": d.get("weight_bytes"),
                   "placement": d.get("placement", "")[:200]}))
@@ -68,7 +71,7 @@ llama_bench() { # name, model, ngl: b=1 decode and prefill 512
   python3 - "$name" "$W/l-$name.json" >> $res <<'PY' || log "llama-bench $name failed: $(tail -2 $W/l-$name.err)"
 import json, sys
 rows = json.load(open(sys.argv[2]))
-r = {"who": "llama.cpp", "case": sys.argv[1], "decode": {}}
+r = {"who": "llama.cpp", "case": sys.argv[1], "tool": "llama-bench", "decode": {}}
 for x in rows:
     if x["n_prompt"] > 0: r["prefill"] = x["avg_ts"]
     if x["n_gen"] > 0: r["decode"]["1"] = x["avg_ts"]
@@ -84,7 +87,7 @@ llama_batched() { # name, model, ngl, npl list [npp ntg]: generated tokens/s of 
   python3 - "$name" "$W/lb-$name.txt" >> $res <<'PY' || log "llama-batched-bench $name failed: $(tail -3 $W/lb-$name.txt)"
 import json, re, sys
 t = open(sys.argv[2]).read()
-r = {"who": "llama.cpp", "case": sys.argv[1], "decode": {}}
+r = {"who": "llama.cpp", "case": sys.argv[1], "tool": "llama-batched-bench", "decode": {}}
 for m in re.finditer(r"^\|\s*(\d+) \|\s*(\d+) \|\s*(\d+) \|\s*\d+ \|\s*[\d.]+ \|\s*([\d.]+) \|\s*[\d.]+ \|\s*([\d.]+) \|", t, re.M):
     r["decode"][m.group(3)] = float(m.group(5))
 mib = sum(float(x) for x in re.findall(r"CUDA0 (?:model|KV|compute) buffer size =\s*([\d.]+) MiB", t))
@@ -106,6 +109,8 @@ ferry q8-full --model $Q8 --batches 1,16,64 --prefill 512 --decode-steps 16
 llama_bench q8-full $Q8 99
 llama_batched q8-full $Q8 99 1,16,64
 fi
+for round in $(seq 1 "${CMP_ROUNDS:-1}"); do
+[ "${CMP_ROUNDS:-1}" -gt 1 ] && log "round $round of $CMP_ROUNDS"
 if [ "${CMP_Q4_4G:-1}" = 1 ]; then
   # Most of a Q4_K_M 7B fits in 4 GiB. ferry: auto (host layers streamed or on the CPU per step size), cpu (no
   # ring: its two slots become resident layers), both with f32 host arithmetic, and auto with int8 (the
@@ -156,10 +161,11 @@ if [ "${CMP_CPU:-1}" = 1 ]; then
     python3 - "$c" "$W/l-$c.json" >> $res <<'PY' || log "llama-bench $c failed: $(tail -2 $W/l-$c.err)"
 import json, sys
 rows = json.load(open(sys.argv[2]))
-print(json.dumps({"who": "llama.cpp", "case": sys.argv[1], "decode": {"1": rows[0]["avg_ts"]}}))
+print(json.dumps({"who": "llama.cpp", "case": sys.argv[1], "tool": "llama-bench", "decode": {"1": rows[0]["avg_ts"]}}))
 PY
   done
 fi
+done
 if [ "${CMP_INT4:-1}" = 1 ]; then
   log "--quant int4 on random f16 weights of the same shape"
   ferry int4 --synthetic llama-2-7b --quant int4 --batches 1,16 --prefill 512 --decode-steps 16

@@ -1,22 +1,48 @@
 #!/usr/bin/env python3
 """compare_table.py RESULTS.jsonl — the table of tests/gpu/compare_llamacpp.sh: ferry beside llama.cpp per case,
-with the ratio and issue 11's target for it. One JSON object per line: {"who", "case", "decode": {batch: tok/s},
-"prefill", "vram_planned" | "vram_mib"}."""
+with the ratio and issue 11's target for it. One JSON object per line: {"who", "case", "tool", "decode": {batch:
+tok/s}, "prefill", "vram_planned" | "vram_mib"}. Figures measured in several rounds are medians; the lines
+after the table give their ranges."""
 import json
 import sys
 
 rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
-# Records of one (who, case) are merged; the first measurement of a figure wins (llama-bench runs before
-# llama-batched-bench, so its b=1 decode is the one shown).
-get = {}
-for r in rows:
-    g = get.setdefault((r["who"], r["case"]), {"decode": {}})
+# Records of one (who, case) are merged per tool in the order the tools first ran; the first tool's figure wins
+# (llama-bench runs before llama-batched-bench, so its b=1 decode is the one shown). Records of the same tool
+# and case (rounds: CMP_ROUNDS) give the median of their figures; spread[(who, case, batch)] keeps their range.
+# Records without a "tool" (files before rounds) are each a tool of their own, so the first one wins.
+pooled = {}  # (who, case) -> {tool: {"decode": {batch: [values]}, key: [values]}}, tools in first-run order
+for i, r in enumerate(rows):
+    tools = pooled.setdefault((r["who"], r["case"]), {})
+    t = tools.setdefault(r.get("tool", i), {"decode": {}})
     for k, v in r.items():
         if k == "decode":
-            for b, t in v.items():
-                g["decode"].setdefault(b, t)
-        else:
-            g.setdefault(k, v)
+            for b, x in v.items():
+                t["decode"].setdefault(b, []).append(x)
+        elif k not in ("who", "case", "tool"):
+            t.setdefault(k, []).append(v)
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+get, spread = {}, {}
+for key, tools in pooled.items():
+    g = get.setdefault(key, {"decode": {}})
+    for t in tools.values():
+        for b, xs in t["decode"].items():
+            if b not in g["decode"]:
+                g["decode"][b] = median(xs)
+                if len(xs) > 1:
+                    spread[key + (b,)] = (min(xs), max(xs), len(xs))
+        for k, xs in t.items():
+            if k != "decode" and k not in g:
+                g[k] = median(xs) if all(isinstance(x, (int, float)) or x is None for x in xs) else xs[0]
 
 
 def val(who, case, key, batch=None):
@@ -57,10 +83,10 @@ line("--quant int4 (f16 weights), decode b=16 vs ferry Q4_K_M", val("ferry", "in
 def best_under(prefix, mib):
     """llama.cpp's record with the fastest b=1 decode among the -ngl sweep whose device buffers fit."""
     b = None
-    for r in rows:
-        if r["who"] == "llama.cpp" and r["case"].startswith(prefix) and r.get("vram_mib", 1e9) <= mib:
+    for (who, case), r in get.items():
+        if who == "llama.cpp" and case.startswith(prefix) and (r.get("vram_mib") or 1e9) <= mib:
             if b is None or (r["decode"].get("1") or 0) > (b["decode"].get("1") or 0):
-                b = r
+                b = dict(r, case=case)
     return b
 
 
@@ -92,8 +118,10 @@ for t in ("q4-k-m", "q8-0"):
                  "(llama.cpp -ngl 0)", val("ferry", fc, "decode", 1), val("llama.cpp", f"cpu-{t}", "decode", 1),
                  ">= 1x")
 print("\n".join(out))
-for r in rows:
-    if r["who"] == "llama.cpp" and "vram_mib" in r:
-        print(f"llama.cpp {r['case']}: device buffers {r['vram_mib']:.0f} MiB")
-    if r["who"] == "ferry":
-        print(f"ferry {r['case']}: planned {r.get('vram_planned', 0) / 2**30:.2f} GiB; {r.get('placement', '')[:160]}")
+for (who, case, b), (lo, hi, n) in sorted(spread.items()):
+    print(f"{who} {case} b={b}: median of {n} rounds, range {lo:,.1f}-{hi:,.1f}")
+for (who, case), r in get.items():
+    if who == "llama.cpp" and r.get("vram_mib") is not None:
+        print(f"llama.cpp {case}: device buffers {r['vram_mib']:.0f} MiB")
+    if who == "ferry":
+        print(f"ferry {case}: planned {(r.get('vram_planned') or 0) / 2**30:.2f} GiB; {(r.get('placement') or '')[:160]}")
