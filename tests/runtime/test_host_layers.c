@@ -280,14 +280,21 @@ Test(host_layers, layer_program_matches_reference_f16)
 /* Backend b computes the layers the pattern gives it with a's KV cache (b has none): for each step (prefill
  * of 7, then two single tokens: the stacked q|k|v rows of m > 1 and m = 1), any pattern equals a alone,
  * bitwise. */
-Test(host_layers, borrowed_kv_cache_gives_bitwise_the_same_logits)
+/* A random f16 model of odd_shape and an empty KV cache for it (one sequence of 64 positions). */
+static struct llm_hparams odd_model(struct model *m, struct kv_cache *kv, uint64_t seed)
 {
     const struct llm_hparams hp = odd_shape();
-    struct model m;
     char err[256] = "";
-    cr_assert_eq(model_init_synthetic(&m, &hp, DTYPE_F16, 78, 1, err), 0, "%s", err);
+    cr_assert_eq(model_init_synthetic(m, &hp, DTYPE_F16, seed, 1, err), 0, "%s", err);
+    cr_assert_eq(kv_cache_init(kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    return hp;
+}
+
+Test(host_layers, borrowed_kv_cache_gives_bitwise_the_same_logits)
+{
+    struct model m;
     struct kv_cache kv;
-    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    const struct llm_hparams hp = odd_model(&m, &kv, 78);
     const int V = hp.n_vocab;
     float *alone = malloc(sizeof(float) * 9 * V), *mixed = malloc(sizeof(float) * 9 * V);
     struct backend *a = cpu_backend(&m, &kv, NULL, 2, 0);
@@ -329,12 +336,9 @@ Test(host_layers, borrowed_kv_cache_gives_bitwise_the_same_logits)
  * logits a step gives without it (the timing touches no KV and leaves no pending residual). */
 Test(host_layers, layer_timing_over_several_layers)
 {
-    const struct llm_hparams hp = odd_shape();
     struct model m;
-    char err[256] = "";
-    cr_assert_eq(model_init_synthetic(&m, &hp, DTYPE_F16, 91, 1, err), 0, "%s", err);
     struct kv_cache kv;
-    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    const struct llm_hparams hp = odd_model(&m, &kv, 91);
     struct backend *a = cpu_backend(&m, &kv, NULL, 2, 0);
     const int V = hp.n_vocab;
     float *before = malloc(sizeof(float) * 9 * V), *after = malloc(sizeof(float) * 9 * V);
