@@ -39,8 +39,9 @@ struct forward_cpu_params forward_cpu_default_params(void);
 int forward_cpu_init(struct backend **out, const struct model *m, const struct forward_cpu_params *p);
 int forward_cpu_threads(const struct backend *be);
 
-/* Seconds one call of layers[0] takes at m tokens (everything but the KV ops, on random activations): `reps`
- * timed calls after one untimed, call r on layers[r % n], each scaled to layers[0]'s weight bytes; the median.
+/* Seconds one call of layers[0] takes at m tokens (everything but the KV ops, on random activations): one
+ * untimed call on layers[0], then `reps` timed calls, the i-th (from 0) on layers[i % n] and scaled to layers[0]'s
+ * weight bytes; their median.
  * For the step planner's cost model: over several host layers the weights come from memory as in a real step,
  * where one layer timed again and again would sit in a large L3 (300 MiB on the H200 machine's host). */
 int forward_cpu_time_layers(struct backend *be, const int *layers, int n, int m, int reps, double *seconds);
