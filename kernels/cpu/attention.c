@@ -44,7 +44,7 @@
 static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, int kvh)
 {
     const int32_t blk = kv->block_table[(size_t)seq * kv->max_blocks + pos / kv->block_size];
-    const size_t row = (size_t)blk * kv->block_size + pos % kv->block_size;
+    const size_t row = (size_t)(blk - kv->block_base) * kv->block_size + pos % kv->block_size;
     return (row * kv->n_kv_heads + kvh) * kv->head_dim;
 }
 
@@ -95,7 +95,8 @@ struct att_ctx {
     float *out;
     const float *q;
     const struct kv_layer_view *kv;
-    const int32_t *seq, *pos;
+    const int32_t *seq, *lo, *pos; /* lo NULL: every row from position 0 */
+    float *lse;                    /* (m, n_heads) log-sum-exp of the scores, or NULL */
     int n_heads;
     int group; /* query heads per KV head */
     int split; /* tasks per (token, KV head, part): each takes group/split query heads */
@@ -108,9 +109,23 @@ struct att_ctx {
     float *state; /* (parts, n_heads, head_dim + 2): max, sum, accumulator */
 };
 
-static inline int att_parts(int pos)
+/* Parts of ATT_PART positions that [lo, pos] touches, cut at multiples of ATT_PART (one, empty, when lo >
+ * pos); part k starts at att_part_lo(lo, k). */
+static inline int att_parts(int lo, int pos)
 {
-    return pos / ATT_PART + 1;
+    return lo > pos ? 1 : pos / ATT_PART - lo / ATT_PART + 1;
+}
+
+static inline int att_part_lo(int lo, int k)
+{
+    const int p = (lo / ATT_PART + k) * ATT_PART;
+    return k == 0 ? lo : p;
+}
+
+/* Row t's first position (lo NULL or negative: 0). */
+static inline int lo_of(const int32_t *lo, int t)
+{
+    return lo && lo[t] > 0 ? lo[t] : 0;
 }
 
 /* q·(K/V elements b..b+d-1). */
@@ -269,8 +284,9 @@ static inline __attribute__((always_inline)) void att_heads_t(const struct att_c
         return;
     }
     for (int g = 0; g < nh; g++) {
-        const float inv = 1.0f / sum[g];
+        const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f; /* 0: an empty range */
         for (int d = 0; d < hd; d++) o[(size_t)g * hd + d] = acc[g * hd + d] * inv;
+        if (c->lse) c->lse[(size_t)t * c->n_heads + h0 + g] = sum[g] > 0.0f ? mx[g] + logf(sum[g]) : -INFINITY;
     }
 }
 
@@ -303,6 +319,7 @@ static void att_merge(const struct att_ctx *c, int t, const float *state, int n_
         }
         const float inv = 1.0f / sum;
         for (int d = 0; d < hd; d++) o[d] *= inv;
+        if (c->lse) c->lse[(size_t)t * c->n_heads + h] = mxx + logf(sum);
     }
 }
 
@@ -322,8 +339,8 @@ static void att_task(void *arg, int task)
     const int r = task - c->task_base[lo], part = r / (n_kv * c->split), rr = r % (n_kv * c->split);
     const int kvh = rr / c->split, s = rr % c->split;
     const int h0 = kvh * c->group + s * per;
-    const int n_parts = att_parts(c->pos[t]);
-    const int p_lo = part * ATT_PART, p_hi = part + 1 < n_parts ? (part + 1) * ATT_PART : c->pos[t] + 1;
+    const int lo_t = lo_of(c->lo, t), n_parts = att_parts(lo_t, c->pos[t]);
+    const int p_lo = att_part_lo(lo_t, part), p_hi = part + 1 < n_parts ? att_part_lo(lo_t, part + 1) : c->pos[t] + 1;
     float *state = n_parts > 1 ? c->state + ((size_t)(c->part_base[lo] + part) * c->n_heads + h0) *
                                                 (c->kv->head_dim + 2)
                                : NULL;
@@ -333,14 +350,26 @@ static void att_task(void *arg, int task)
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                         const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp)
 {
-    const int group = n_heads / kv->n_kv_heads, hd = kv->head_dim;
-    if (hd > ATT_MAX_ACC || m <= 0) { /* no such model; correct but slow */
+    if (kv->head_dim > ATT_MAX_ACC) { /* no such model; correct but slow */
         if (m > 0) kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
         return FERRY_OK;
     }
+    return kern_cpu_attention_range(out, NULL, q, kv, seq, NULL, pos, m, n_heads, scale, tp);
+}
+
+int kern_cpu_attention_range(float *out, float *lse, const float *q, const struct kv_layer_view *kv,
+                             const int32_t *seq, const int32_t *lo, const int32_t *pos, int m, int n_heads,
+                             float scale, struct tpool *tp)
+{
+    const int group = n_heads / kv->n_kv_heads, hd = kv->head_dim;
+    if (hd > ATT_MAX_ACC) return FERRY_ERR_UNSUPPORTED;
+    if (m <= 0) return FERRY_OK;
     /* Tiny steps (a small model's decode token) are not worth waking the pool for. */
     int64_t work = 0;
-    for (int t = 0; t < m; t++) work += (int64_t)(pos[t] + 1) * n_heads * hd;
+    for (int t = 0; t < m; t++) {
+        const int l = lo_of(lo, t);
+        if (pos[t] >= l) work += (int64_t)(pos[t] - l + 1) * n_heads * hd;
+    }
     if (work < 32 * 1024) tp = NULL;
     /* Tokens are taken in windows whose partial states fit ATT_STATE_FLOATS (a token alone may exceed it). */
     const size_t per_part = (size_t)n_heads * (hd + 2);
@@ -351,7 +380,7 @@ int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *k
         int t1 = t0;
         int64_t parts = 0, multi = 0; /* all parts; parts of tokens with more than one */
         while (t1 < m) {
-            const int np = att_parts(pos[t1]);
+            const int np = att_parts(lo_of(lo, t1), pos[t1]);
             if (t1 > t0 && (size_t)(multi + (np > 1 ? np : 0)) * per_part > ATT_STATE_FLOATS) break;
             parts += np;
             multi += np > 1 ? np : 0;
@@ -379,7 +408,7 @@ int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *k
         for (int t = t0; t < t1; t++) {
             task_base[t - t0] = nt;
             part_base[t - t0] = np;
-            const int n = att_parts(pos[t]);
+            const int n = att_parts(lo_of(lo, t), pos[t]);
             nt += n * kv->n_kv_heads * split;
             np += n > 1 ? n : 0;
         }
@@ -388,7 +417,9 @@ int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *k
                             .q = q,
                             .kv = kv,
                             .seq = seq,
+                            .lo = lo,
                             .pos = pos,
+                            .lse = lse,
                             .n_heads = n_heads,
                             .group = group,
                             .split = split,
@@ -399,9 +430,10 @@ int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *k
                             .part_base = part_base,
                             .state = state};
         tpool_run(tp, att_task, &c, nt);
-        for (int t = t0; t < t1; t++)
-            if (att_parts(pos[t]) > 1)
-                att_merge(&c, t, state + (size_t)part_base[t - t0] * per_part, att_parts(pos[t]));
+        for (int t = t0; t < t1; t++) {
+            const int n = att_parts(lo_of(lo, t), pos[t]);
+            if (n > 1) att_merge(&c, t, state + (size_t)part_base[t - t0] * per_part, n);
+        }
         t0 = t1;
     }
     free(base);

@@ -28,6 +28,9 @@ struct kv_layer_view {
     int n_kv_heads;
     int head_dim;
     int f16; /* elements are f16 (else f32) */
+    /* k and v hold blocks [block_base, ...): block id b is at index b - block_base (0 for a whole pool; the
+     * GPU backend's host-memory extension, whose first block is the device pool's n_blocks - n_ext). */
+    int block_base;
 };
 
 /* Writes k_new/v_new (m, n_kv_heads*head_dim) f32 to the cache rows of (seq[i], pos[i]) (rounded to nearest
@@ -39,6 +42,14 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
  * Returns FERRY_OK, or FERRY_ERR_NOMEM when its small per-call workspace cannot be had (out is then unwritten). */
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                         const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp);
+/* The same over positions lo[i]..pos[i] only, with lse (m, n_heads) = log Σ exp(score) over them (natural
+ * log, scores scaled): a partial attention that merges with another over the other positions of the row by
+ * o = (o₁ e^(lse₁ - M) + o₂ e^(lse₂ - M)) / (e^(lse₁ - M) + e^(lse₂ - M)). A row with lo[i] > pos[i] gets
+ * out 0 and lse -inf. Only the blocks of positions [lo[i], pos[i]] are read. Deterministic for given
+ * (lo[i], pos[i]), as kern_cpu_attention (lo all 0 gives its out bitwise). FERRY_OK or FERRY_ERR_NOMEM. */
+int kern_cpu_attention_range(float *out, float *lse, const float *q, const struct kv_layer_view *kv,
+                             const int32_t *seq, const int32_t *lo, const int32_t *pos, int m, int n_heads,
+                             float scale, struct tpool *tp);
 /* Reference: two-pass softmax in double, over the values as stored. */
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                             const int32_t *pos, int m, int n_heads, float scale);

@@ -96,7 +96,7 @@ int main(int argc, char **argv)
         double best = 1e30;
         for (int r = 0; r <= reps; r++) {
             const int c = r % copies;
-            struct kv_layer_view kv = {k[c], v[c], n_blocks, bs, table, max_blocks, kvh, hd, f16};
+            struct kv_layer_view kv = {k[c], v[c], n_blocks, bs, table, max_blocks, kvh, hd, f16, 0};
             const double t0 = now_s();
             if (kern_cpu_attention(out, q, &kv, seq, pos, tokens, heads, 0.088f, tp) != FERRY_OK) return 1;
             const double dt = now_s() - t0;

@@ -520,7 +520,7 @@ Test(cuda_attention, reference_matches_cpu_oracle)
         k32[i] = f16_to_f32(c.k[i]);
         v32[i] = f16_to_f32(c.v[i]);
     }
-    struct kv_layer_view view = {k32, v32, c.n_blocks, c.bs, c.bt, c.max_blocks, c.n_kv, c.D, 0};
+    struct kv_layer_view view = {k32, v32, c.n_blocks, c.bs, c.bt, c.max_blocks, c.n_kv, c.D, 0, 0};
     int32_t seq[8] = {0, 1, 1, 2, 2, 1, 2, 2}, pos[8] = {0, 0, 39, 0, 128, 20, 64, 100};
     const int m = 8;
     const size_t nq = (size_t)m * c.n_heads * c.D;

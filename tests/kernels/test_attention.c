@@ -40,7 +40,7 @@ static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, floa
     int32_t table[N_SEQ * MAX_BLOCKS];
     /* Blocks handed out in a scrambled order: block id = (7 * i + 3) mod n_blocks. */
     for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++) table[i] = (7 * i + 3) % n_blocks;
-    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim, f16};
+    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim, f16, 0};
     /* Poison: a read of an unwritten row shows up as a huge error. */
     for (size_t i = 0; i < cells; i++)
         if (f16)
@@ -183,7 +183,7 @@ static void long_sequence(int f16)
     int32_t *table = malloc(sizeof(int32_t) * max_blocks);
     for (int i = 0; i < max_blocks; i++) table[i] = max_blocks - 1 - i; /* reversed */
     struct kv_layer_view kv = {f16 ? (void *)kh : kc, f16 ? (void *)vh : vc, max_blocks, bs, table, max_blocks,
-                               nkv, hd, f16};
+                               nkv, hd, f16, 0};
     const int32_t seq[3] = {0, 0, 0}, pos[3] = {4099, 2000, 33};
     float q[3 * 16 * 64], out[3 * 16 * 64], ref[3 * 16 * 64];
     kt_fill(q, sizeof q / sizeof q[0], -1.0f, 1.0f);
@@ -208,4 +208,82 @@ Test(attention, long_sequence_prefetch_path)
 Test(attention, long_sequence_prefetch_path_f16)
 {
     long_sequence(1);
+}
+
+/* kern_cpu_attention_range: a row's attention cut at any position into two ranges, each with its
+ * log-sum-exp, merges back into the whole row's attention; the lse is that of the scores (double reference);
+ * lo 0 everywhere is kern_cpu_attention bitwise; an empty range gives 0 and -inf. The pool is a slice of
+ * blocks starting at block id 1000 (block_base), as the GPU backend's host-memory extension is. */
+Test(attention, ranges_merge_into_the_whole_row)
+{
+    kt_seed(26);
+    const int len = 1300, bs = 16, nkv = 2, hd = 64, nh = 8, max_blocks = (len + bs - 1) / bs, base = 1000;
+    const size_t row = (size_t)nkv * hd, cells = (size_t)max_blocks * bs * row;
+    uint16_t *kh = malloc(2 * cells), *vh = malloc(2 * cells);
+    for (size_t i = 0; i < cells; i++) {
+        float a, b;
+        kt_fill(&a, 1, -1.0f, 1.0f);
+        kt_fill(&b, 1, -1.0f, 1.0f);
+        kh[i] = f32_to_f16(a), vh[i] = f32_to_f16(b);
+    }
+    int32_t *table = malloc(sizeof(int32_t) * max_blocks);
+    for (int i = 0; i < max_blocks; i++) table[i] = base + (5 * i + 2) % max_blocks;
+    struct kv_layer_view kv = {kh, vh, base + max_blocks, bs, table, max_blocks, nkv, hd, 1, base};
+    enum { M = 6 };
+    const int32_t seq[M] = {0, 0, 0, 0, 0, 0}, pos[M] = {1299, 700, 33, 255, 9, 520};
+    const int32_t lo[M] = {600, 0, 40, 256, 9, 256}; /* row 2 and 3 empty; row 4 one position */
+    int32_t zero[M], hi_a[M];
+    for (int i = 0; i < M; i++) zero[i] = 0, hi_a[i] = (lo[i] <= pos[i] ? lo[i] : pos[i] + 1) - 1;
+    const size_t qn = (size_t)M * nh * hd;
+    float *q = malloc(sizeof(float) * qn), *full = malloc(sizeof(float) * qn), *a = malloc(sizeof(float) * qn),
+          *b = malloc(sizeof(float) * qn), *c = malloc(sizeof(float) * qn);
+    float la[M * 8], lb[M * 8], lf[M * 8];
+    kt_fill(q, qn, -1.0f, 1.0f);
+    const float scale = 0.3f;
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
+    cr_assert_eq(kern_cpu_attention(full, q, &kv, seq, pos, M, nh, scale, tp), FERRY_OK);
+    cr_assert_eq(kern_cpu_attention_range(c, lf, q, &kv, seq, zero, pos, M, nh, scale, tp), FERRY_OK);
+    cr_assert(memcmp(full, c, qn * sizeof(float)) == 0, "lo = 0 differs from kern_cpu_attention");
+    /* [0, lo - 1] and [lo, pos] (the first range ends at pos where lo is past it). */
+    cr_assert_eq(kern_cpu_attention_range(a, la, q, &kv, seq, zero, hi_a, M, nh, scale, tp), FERRY_OK);
+    cr_assert_eq(kern_cpu_attention_range(b, lb, q, &kv, seq, lo, pos, M, nh, scale, NULL), FERRY_OK);
+    for (int i = 0; i < M; i++)
+        for (int h = 0; h < nh; h++) {
+            const int r = i * nh + h;
+            if (lo[i] > pos[i]) {
+                cr_assert(isinf(lb[r]) && lb[r] < 0, "row %d: an empty range's lse is -inf", i);
+                for (int d = 0; d < hd; d++) cr_assert_eq(b[(size_t)r * hd + d], 0.0f);
+            }
+            if (lo[i] == 0) cr_assert(isinf(la[r]) && la[r] < 0);
+            /* The lse against double. */
+            double mx = -INFINITY, s = 0;
+            double sc[1300];
+            for (int p = 0; p <= pos[i]; p++) {
+                const int blk = table[p / bs] - base;
+                const uint16_t *k = kh + ((size_t)blk * bs + p % bs) * row + (size_t)(h / (nh / nkv)) * hd;
+                double d = 0;
+                for (int e = 0; e < hd; e++) d += (double)q[(size_t)r * hd + e] * f16_to_f32(k[e]);
+                sc[p] = d * scale;
+            }
+            for (int p = 0; p <= pos[i]; p++) mx = sc[p] > mx ? sc[p] : mx;
+            for (int p = 0; p <= pos[i]; p++) s += exp(sc[p] - mx);
+            cr_assert_float_eq(lf[r], mx + log(s), 1e-4, "row %d head %d: lse %f, want %f", i, h, lf[r],
+                               mx + log(s));
+            /* The merge. */
+            const float M2 = la[r] > lb[r] ? la[r] : lb[r];
+            const float wa = isinf(la[r]) ? 0.0f : expf(la[r] - M2), wb = isinf(lb[r]) ? 0.0f : expf(lb[r] - M2);
+            for (int d = 0; d < hd; d++)
+                c[(size_t)r * hd + d] = (a[(size_t)r * hd + d] * wa + b[(size_t)r * hd + d] * wb) / (wa + wb);
+        }
+    kt_check_close("two ranges merged against the whole row", c, full, qn, 1e-5, 1e-5);
+    tpool_free(tp);
+    free(kh);
+    free(vh);
+    free(table);
+    free(q);
+    free(full);
+    free(a);
+    free(b);
+    free(c);
 }
