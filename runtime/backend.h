@@ -31,6 +31,7 @@ struct backend_stats {
     double stall_seconds;    /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
     uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory */
+    uint64_t kv_ext_host_rows; /* rows x layers whose extension positions the host's cores attended to */
     double h2d_bytes_per_s; /* measured ceilings: pinned host→device, device copy (read+write) */
     double hbm_bytes_per_s;
     uint64_t layers_run;  /* layer calls made on this backend */

@@ -83,6 +83,7 @@ struct engine_stats {
     double stall_seconds;                /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
     uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory (device_map.h) */
+    uint64_t kv_ext_host_rows; /* rows x layers whose extension positions the host's cores attended to */
     double h2d_bytes_per_s, hbm_bytes_per_s; /* ceilings measured at start-up */
     /* Host layers of a GPU engine computed on the CPU. */
     int cpu_threads;

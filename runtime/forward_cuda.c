@@ -128,6 +128,22 @@ struct forward_cuda {
     uint16_t *kv_ext;            /* K then V, each (n_layers, n_ext, block_size, kvd) f16 (host), or NULL */
     uint16_t *kv_ext_dev;        /* its device address */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
+    /* Attention over the extension's positions on the host's cores (runtime/NOTES.md, session 11). Each
+     * step, a row whose sequence ends in a run of extension blocks gives the positions of that run (from
+     * ext_lo[i], at least 1) to the host: the device attends to the rest (positions clamped, d_pos_att) and
+     * writes each row's log-sum-exp; per layer q's rows [ext_r0, ext_r1) go down, the CPU attends to its
+     * positions where the K/V live (ext_attention_host, a CUDA host function on the compute stream), and a
+     * kernel merges its partial outputs, read from mapped memory, into the device's. */
+    int ext_host;              /* on: a pool with an extension, FERRY_KV_EXT_ATTN not "device" */
+    struct tpool *ext_pool;    /* the host's threads for it */
+    int ext_r0, ext_r1;        /* this step's rows with host positions; none when equal */
+    int32_t *h_pos_att;        /* (T) pinned: each row's last device position */
+    int32_t *h_ext_lo;         /* (T) each row's first host position */
+    int32_t *d_pos_att;        /* (T) device copy of h_pos_att */
+    float *h_ext_q, *h_ext_o;  /* (T, q_dim) pinned: the rows' queries; the host's partial outputs (mapped) */
+    float *h_ext_lse;          /* (T, n_heads) pinned, mapped: the host's log-sum-exps */
+    struct ext_job *ext_jobs;  /* (n_layers) each layer's host-function argument */
+    int ext_rc;                /* the first failure of a host function (reported at the step's end) */
 
     /* Activations. */
     float *x;       /* (T, dim) residual stream */
@@ -167,6 +183,43 @@ struct forward_cuda {
 };
 
 static const struct backend_ops cuda_ops;
+
+struct ext_job {
+    struct forward_cuda *f;
+    int l;
+};
+
+/* The host side of attention over the pool's extension (see struct forward_cuda): off when
+ * FERRY_KV_EXT_ATTN=device (every position read by the device over the link, as before), or when the layer
+ * program's attention would share the scratch it uses (the device's log-sum-exps go to h, which the FFN
+ * alone uses). */
+static int ext_host_init(struct forward_cuda *f, int T, char err[256])
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const char *mode = getenv("FERRY_KV_EXT_ATTN");
+    if (mode && strcmp(mode, "device") == 0) return FERRY_OK;
+    for (int i = 0; i < f->prog->n_ops; i++) {
+        const struct layer_op *op = &f->prog->ops[i];
+        if (op->kind == LOP_ATTENTION && (op->in == LACT_H || op->out == LACT_H)) return FERRY_OK;
+    }
+    if (hp->ffn_dim < hp->n_heads) return FERRY_OK;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim;
+    f->h_pos_att = pinned_mapped_alloc((size_t)T * sizeof(int32_t));
+    f->h_ext_q = pinned_mapped_alloc((size_t)T * qd * sizeof(float));
+    f->h_ext_o = pinned_mapped_alloc((size_t)T * qd * sizeof(float));
+    f->h_ext_lse = pinned_mapped_alloc((size_t)T * hp->n_heads * sizeof(float));
+    f->h_ext_lo = malloc((size_t)T * sizeof(int32_t));
+    f->ext_jobs = calloc((size_t)f->n_layers, sizeof *f->ext_jobs);
+    if (!f->h_pos_att || !f->h_ext_q || !f->h_ext_o || !f->h_ext_lse || !f->h_ext_lo || !f->ext_jobs ||
+        tpool_init(&f->ext_pool, 0) != FERRY_OK) {
+        snprintf(err, 256, "cannot set up the host's attention over the KV pool's extension");
+        return FERRY_ERR_NOMEM;
+    }
+    FLOG_INFO("the KV pool's extension: its positions' attention runs on %d host threads",
+              tpool_size(f->ext_pool));
+    f->ext_host = 1;
+    return FERRY_OK;
+}
 
 const struct device_map *forward_cuda_map(const struct backend *be)
 {
@@ -228,6 +281,13 @@ static void cuda_free(struct backend *be)
     if (f->arena) cudaFree(f->arena);
     pinned_block_free(&f->host);
     pinned_mapped_free(f->kv_ext);
+    tpool_free(f->ext_pool);
+    pinned_mapped_free(f->h_pos_att);
+    pinned_mapped_free(f->h_ext_q);
+    pinned_mapped_free(f->h_ext_o);
+    pinned_mapped_free(f->h_ext_lse);
+    free(f->h_ext_lo);
+    free(f->ext_jobs);
     if (f->h_x) cudaFreeHost(f->h_x);
     if (f->h_ints) cudaFreeHost(f->h_ints);
     if (f->h_logits) cudaFreeHost(f->h_logits);
@@ -287,7 +347,7 @@ static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, 
     /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); then the logits' rows. */
     size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim) +
                     (size_t)logit_rows(T, n_seqs) * hp->n_vocab;
-    return floats * sizeof(float) + 14 * ALIGN + (size_t)4 * T * sizeof(int32_t) +
+    return floats * sizeof(float) + 15 * ALIGN + (size_t)5 * T * sizeof(int32_t) +
            (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float) +
            draw_cuda_device_bytes(logit_rows(T, n_seqs), hp->n_vocab);
 }
@@ -647,6 +707,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     void *draw_dev = carve(&c, draw_cuda_device_bytes(f->logit_rows, hp->n_vocab));
     f->d_ints = carve(&c, (size_t)3 * T * sizeof(int32_t));
     f->d_iota = carve(&c, (size_t)T * sizeof(int32_t));
+    f->d_pos_att = carve(&c, (size_t)T * sizeof(int32_t));
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
@@ -662,7 +723,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
-        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_block_table || !f->attn_ws ||
+        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table || !f->attn_ws ||
         !f->inv_freq || !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
@@ -723,6 +784,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         }
         memset(f->kv_ext, 0, ext_bytes); /* (no step reads uninitialised halves as NaN: as the pool below) */
         f->kv_ext_dev = (uint16_t *)pinned_device_ptr(f->kv_ext);
+        if ((rc = ext_host_init(f, T, err))) goto fail;
     }
     f->n_copy_ev = S ? 2 * (L + k) : 0;
     f->n_wait_ev = S ? L : 0;
@@ -931,6 +993,60 @@ static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const stru
     return rc;
 }
 
+/* CUDA host function: the host's part of layer l's attention for the step's rows [ext_r0, ext_r1), from q's
+ * rows in h_ext_q over the positions [ext_lo, pos] of each (all in the extension, in host memory), into
+ * h_ext_o and h_ext_lse. The step's tables are the staged ones (h_ints), which stay put until the step ends. */
+static void CUDART_CB ext_attention_host(void *arg)
+{
+    const struct ext_job *j = arg;
+    struct forward_cuda *f = j->f;
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct kv_cache *kv = f->kv;
+    const int T = f->max_tokens, r0 = f->ext_r0, rows = f->ext_r1 - f->ext_r0;
+    const size_t per_ext = (size_t)kv->n_ext * kv->block_size * hp->n_kv_heads * hp->head_dim;
+    const struct kv_layer_view view = {.k = f->kv_ext + per_ext * j->l,
+                                       .v = f->kv_ext + per_ext * ((size_t)f->n_layers + j->l),
+                                       .n_blocks = kv->n_blocks,
+                                       .block_size = kv->block_size,
+                                       .block_table = f->h_ints + 3 * (size_t)T,
+                                       .max_blocks = kv->max_blocks,
+                                       .n_kv_heads = hp->n_kv_heads,
+                                       .head_dim = hp->head_dim,
+                                       .f16 = 1,
+                                       .block_base = kv->n_blocks - kv->n_ext};
+    const int rc = kern_cpu_attention_range(f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view,
+                                            f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,
+                                            f->h_ints + (size_t)T + r0, rows, hp->n_heads,
+                                            1.0f / sqrtf((float)hp->head_dim), f->ext_pool);
+    if (rc && !f->ext_rc) f->ext_rc = rc;
+}
+
+/* Layer l's attention with the host's part (see struct forward_cuda): the device's over the clamped
+ * positions with its log-sum-exps in h, q's rows down, the host function, then the merge, which reads the
+ * host's results from mapped memory (a copy could queue behind a layer copy on the copy engine). */
+static int attention_split(struct forward_cuda *f, const struct layer_op *op,
+                           const struct kern_cuda_kv_layer *view, int l, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim;
+    const int r0 = f->ext_r0, rows = f->ext_r1 - f->ext_r0;
+    const int32_t *d_seq = f->d_ints + 2 * f->max_tokens;
+    cudaStream_t cs = f->compute;
+    float *out = act(f, op->out), *lse = f->h;
+    const float *q = act(f, op->in);
+    RC(kern_cuda_attention_mixed(out, lse, q, view, d_seq, f->d_pos_att, n, f->n_decode, hp->n_heads,
+                                 1.0f / sqrtf((float)hp->head_dim), f->max_len, f->attn_ws, f->attn_ws_bytes,
+                                 cs));
+    CK(cudaMemcpyAsync(f->h_ext_q, q + (size_t)r0 * qd, (size_t)rows * qd * sizeof(float),
+                       cudaMemcpyDeviceToHost, cs));
+    f->ext_jobs[l] = (struct ext_job){.f = f, .l = l};
+    CK(cudaLaunchHostFunc(cs, ext_attention_host, &f->ext_jobs[l]));
+    f->stats.kv_ext_host_rows += (uint64_t)rows;
+    return kern_cuda_attention_merge(out + (size_t)r0 * qd, lse + (size_t)r0 * hp->n_heads,
+                                     pinned_device_ptr(f->h_ext_o), pinned_device_ptr(f->h_ext_lse),
+                                     rows * hp->n_heads, hp->head_dim, cs);
+}
+
 /* One op of layer l over n rows; qkv_in: where LOP_ROPE_KV reads its rows (the device's, or a host layer's
  * mapped rows). */
 static int run_op(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
@@ -963,9 +1079,10 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     }
     case LOP_ATTENTION: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
-        return kern_cuda_attention_mixed(act(f, op->out), act(f, op->in), &view, d_seq, d_pos, n, f->n_decode,
-                                         hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->max_len,
-                                         f->attn_ws, f->attn_ws_bytes, cs);
+        if (f->ext_r1 > f->ext_r0) return attention_split(f, op, &view, l, n);
+        return kern_cuda_attention_mixed(act(f, op->out), NULL, act(f, op->in), &view, d_seq, d_pos, n,
+                                         f->n_decode, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim),
+                                         f->max_len, f->attn_ws, f->attn_ws_bytes, cs);
     }
     case LOP_SILU_MUL:
         return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
@@ -1001,7 +1118,40 @@ static int upload_inputs(struct forward_cuda *f)
                        cudaMemcpyHostToDevice, f->compute));
     CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t),
                        cudaMemcpyHostToDevice, f->compute));
+    if (f->ext_r1 > f->ext_r0)
+        CK(cudaMemcpyAsync(f->d_pos_att, f->h_pos_att, (size_t)f->max_tokens * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, f->compute));
     return FERRY_OK;
+}
+
+/* This step's host positions (see struct forward_cuda): for each row, the trailing run of extension blocks
+ * of its sequence (from the staged table), never position 0, which the device keeps so that every row has a
+ * position there. */
+static void ext_plan(struct forward_cuda *f, const struct batch *b)
+{
+    f->ext_r0 = f->ext_r1 = 0;
+    if (!f->ext_host) return;
+    const struct kv_cache *kv = f->kv;
+    const int n_main = kv->n_blocks - kv->n_ext, n = b->n_tokens;
+    const int32_t *table = f->h_ints + 3 * (size_t)f->max_tokens;
+    int last_seq = -1, lo = 0, r0 = -1, r1 = 0;
+    for (int i = 0; i < n; i++) {
+        const int s = b->seq[i];
+        if (s != last_seq) {
+            const int32_t *row = table + (size_t)s * kv->max_blocks;
+            int j = kv->n_held[s];
+            while (j > 0 && row[j - 1] >= n_main) j--;
+            lo = j < kv->n_held[s] ? (j > 0 ? j * kv->block_size : 1) : INT32_MAX;
+            last_seq = s;
+        }
+        f->h_ext_lo[i] = lo;
+        f->h_pos_att[i] = b->pos[i] >= lo ? lo - 1 : b->pos[i];
+        if (b->pos[i] >= lo) {
+            if (r0 < 0) r0 = i;
+            r1 = i + 1;
+        }
+    }
+    if (r0 >= 0) f->ext_r0 = r0, f->ext_r1 = r1;
 }
 
 /* The final norm (with the last delta), the rows that want logits gathered (device-to-device) and projected
@@ -1114,6 +1264,7 @@ static int cuda_begin(struct backend *be, const struct step *st)
     memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table,
            (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->max_len = bucket_len(st->max_len, kv->max_blocks * kv->block_size);
+    f->ext_r0 = f->ext_r1 = 0;
     /* Rows whose neighbours belong to other sequences are decode tokens; the scheduler puts them first and
      * the prefill chunks after (a decode-only step is all decode rows, captured graphs included). */
     f->n_decode = 0;
@@ -1135,6 +1286,7 @@ static int cuda_begin(struct backend *be, const struct step *st)
         f->graph_step = 1;
         return FERRY_OK;
     }
+    ext_plan(f, b);
     RC(upload_inputs(f));
     if (f->map.n_slots == 0) return FERRY_OK;
     int n_list = 0;
@@ -1167,6 +1319,14 @@ static int cuda_layer(struct backend *be, int l, const struct step *st)
     return layer_enqueue(f, l, st->where[l], st->b->n_tokens);
 }
 
+/* Once the step's work is complete: a host function's failure, reported once. */
+static int ext_status(struct forward_cuda *f)
+{
+    const int rc = f->ext_rc;
+    f->ext_rc = 0;
+    return rc;
+}
+
 /* Once the step's work is complete: the streaming figures of its copies. */
 static void step_figures(struct forward_cuda *f)
 {
@@ -1188,6 +1348,7 @@ static int cuda_head(struct backend *be, const struct step *st, float *logits)
     const struct llm_hparams *hp = &f->m->hp;
     if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, st->b->hidden, 1));
     CK(cudaStreamSynchronize(f->compute));
+    RC(ext_status(f));
     if (st->n_out)
         memcpy(logits, f->h_logits,
                (size_t)st->n_out * (st->b->hidden ? hp->dim : hp->n_vocab) * sizeof(float));
@@ -1202,7 +1363,8 @@ static int cuda_head_draw(struct backend *be, const struct step *st)
     struct forward_cuda *f = (struct forward_cuda *)be;
     if (st->b->hidden || st->n_out > f->logit_rows) return FERRY_ERR_INVALID;
     if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, 0, 0));
-    const int rc = draw_cuda_run(f->draw, f->logits, st->draw, st->n_out, st->drawn, f->compute);
+    int rc = draw_cuda_run(f->draw, f->logits, st->draw, st->n_out, st->drawn, f->compute);
+    if (!rc) rc = ext_status(f);
     if (rc) {
         cudaStreamSynchronize(f->compute); /* the step's work is complete before a failure returns */
         cudaGetLastError();
@@ -1294,6 +1456,7 @@ static int probe_inputs(struct forward_cuda *f, int n)
     for (int i = 0; i < n; i++)
         f->h_ints[i] = 0, f->h_ints[f->max_tokens + i] = 0, f->h_ints[2 * f->max_tokens + i] = 0;
     for (size_t i = 0; i < bt; i++) f->h_ints[3 * f->max_tokens + i] = -1;
+    f->ext_r0 = f->ext_r1 = 0;
     RC(upload_inputs(f));
     f->max_len = 256;
     return FERRY_OK;

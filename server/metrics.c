@@ -79,6 +79,7 @@ void metrics_set_engine(struct metrics *m, int queued, int running, const struct
     m->vram_planned = st->vram_planned;
     m->vram_used = st->vram_used;
     m->kv_host_bytes = st->kv_host_bytes;
+    m->kv_ext_host_rows = st->kv_ext_host_rows;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -222,8 +223,11 @@ char *metrics_render(struct metrics *m, size_t *len)
           (unsigned long long)m->vram_planned);
     GAUGE("ferry_vram_used_bytes", "GPU memory the engine took at load (cudaMemGetInfo).", "%llu",
           (unsigned long long)m->vram_used);
-    GAUGE("ferry_kv_host_bytes", "The KV pool's extension in pinned host memory (read over the link).",
-          "%llu", (unsigned long long)m->kv_host_bytes);
+    GAUGE("ferry_kv_host_bytes", "The KV pool's extension in pinned host memory.", "%llu",
+          (unsigned long long)m->kv_host_bytes);
+    COUNTER("ferry_kv_ext_host_rows_total",
+            "Token rows x layers whose attention over the extension's positions the host's cores computed.",
+            m->kv_ext_host_rows);
     const struct http_stats *hs = &m->http;
     GAUGE("ferry_http_connections_open", "HTTP connections open (past --max-connections they are refused).",
           "%d", hs->open);

@@ -35,7 +35,7 @@ struct metrics {
     int kv_blocks_used, kv_blocks_total;
     /* Offloading (CUDA backend; zero on the CPU): copied from engine_get_stats by the engine thread. */
     int layers_resident, layers_streamed;
-    uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes;
+    uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes, kv_ext_host_rows;
     double copy_seconds, stall_seconds;
     uint64_t engine_steps;
     double engine_busy_seconds;

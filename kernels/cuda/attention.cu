@@ -72,6 +72,7 @@ struct att_params {
     float *ws_o;   /* (n_split, m, n_heads, D) unnormalised partial outputs */
     float2 *ws_ml; /* (n_split, m, n_heads) running max and sum (base e in attn_kernel, 2 in decode) */
     unsigned *cnt; /* (grid.x * grid.y) arrival counters, 0 between calls */
+    float *lse;    /* (m, n_heads) log Σ e^score of each row (natural log), or NULL */
     int n_blocks, n_main, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
     int hb;                      /* decode kernel: KV heads per block */
@@ -119,6 +120,14 @@ template <bool LOG2> __device__ __forceinline__ float att_exp(float x)
     return LOG2 ? exp2f(x) : expf(x);
 }
 
+/* The natural log-sum-exp of a row from its running max and sum (base 2: scores in units of log2 e); -inf for
+ * a row that saw no position. */
+template <bool LOG2> __device__ __forceinline__ float att_lse(float m, float l)
+{
+    if (!(l > 0.0f)) return -INFINITY;
+    return LOG2 ? (m + log2f(l)) * 0.69314718055994531f : m + logf(l);
+}
+
 /* Called by every thread of a split block after it wrote its partials: true in the block of the row that
  * arrives last, which then owns the merge; that block also sets the counter back to 0 (all other blocks of
  * the row have taken their ticket by then), so the next call and graph replays start from 0. */
@@ -162,6 +171,7 @@ __device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, 
         }
         const float L = warp_sum(sum), inv = L > 0.0f ? 1.0f / L : 0.0f;
         for (int s = lane; s < ns; s += 32) wts[ri * ns + s] *= inv;
+        if (p.lse && lane == 0) p.lse[row] = att_lse<LOG2>(M, L);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) {
@@ -392,6 +402,7 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                     if (p.n_split == 1) {
                         const float l = row_l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
                         *(float2 *)(p.out + row * D + 2 * dp) = make_float2(o[j][0] * inv, o[j][1] * inv);
+                        if (p.lse && dp == 0) p.lse[row] = att_lse<false>(row_m[r], l);
                     } else {
                         const size_t prow = (size_t)split * p.m * p.n_heads + row;
                         *(float2 *)(p.ws_o + prow * D + 2 * dp) = make_float2(o[j][0], o[j][1]);
@@ -656,6 +667,7 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
         const size_t grow = (size_t)tok * p.n_heads + (size_t)(kvg * HB + h2) * p.G + r;
         if (p.n_split == 1) {
             p.out[grow * D + d] = L > 0.0f ? O / L : 0.0f;
+            if (p.lse && d == 0) p.lse[grow] = att_lse<true>(M, L);
         } else {
             p.ws_o[((size_t)split * total + grow) * D + d] = O;
             if (d == 0) p.ws_ml[(size_t)split * total + grow] = make_float2(M, L);
@@ -1025,6 +1037,8 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
                 if (inb)
                     *(float2 *)(p.out + rowb * D + 8 * j + 2 * t) = make_float2(o[j][2] * ib, o[j][3] * ib);
             }
+            if (p.lse && t == 0 && ina) p.lse[rowa] = att_lse<true>(ma, la);
+            if (p.lse && t == 0 && inb) p.lse[rowb] = att_lse<true>(mb, lb);
         } else {
             const size_t pa = (size_t)split * total + rowa, pb = (size_t)split * total + rowb;
 #pragma unroll
@@ -1576,21 +1590,49 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     return launch_prefill(p, 0, ATT_SKIP_SINGLES, max_len, ws, ws_bytes, stream);
 }
 
-extern "C" int kern_cuda_attention_mixed(float *out, const float *q, const struct kern_cuda_kv_layer *kv,
-                                         const int32_t *seq, const int32_t *pos, int m, int n_decode,
-                                         int n_heads, float scale, int max_len, void *ws, size_t ws_bytes,
-                                         cudaStream_t stream)
+extern "C" int kern_cuda_attention_mixed(float *out, float *lse, const float *q,
+                                         const struct kern_cuda_kv_layer *kv, const int32_t *seq,
+                                         const int32_t *pos, int m, int n_decode, int n_heads, float scale,
+                                         int max_len, void *ws, size_t ws_bytes, cudaStream_t stream)
 {
     if (n_decode < 0 || n_decode > m) return FERRY_ERR_INVALID;
     att_params p;
     int rc = attn_begin(p, out, q, kv, seq, pos, m, n_heads, scale, &max_len, ws, &ws_bytes);
     if (rc || m == 0) return rc;
+    if (lse && !FCUDA_ALIGNED(lse, 4)) return FERRY_ERR_INVALID;
+    p.lse = lse;
     if (n_decode > 0) {
         rc = launch_decode(p, kv, 0, n_decode, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
         if (rc) return rc;
     }
     if (n_decode < m) rc = launch_prefill(p, n_decode, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
     return rc;
+}
+
+/* One thread per element of the n rows: out = the two partial attentions weighted by their exp(lse). */
+__global__ void attn_merge_kernel(float *out, const float *lse, const float *o2, const float *lse2, int n, int D)
+{
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)n * D) return;
+    const size_t r = e / D;
+    const float a = lse[r], b = lse2[r], M = fmaxf(a, b);
+    if (M == -INFINITY) { /* neither part saw a position: as an empty softmax, 0 */
+        out[e] = 0.0f;
+        return;
+    }
+    const float wa = expf(a - M), wb = expf(b - M);
+    out[e] = (out[e] * wa + o2[e] * wb) / (wa + wb);
+}
+
+extern "C" int kern_cuda_attention_merge(float *out, const float *lse, const float *o2, const float *lse2,
+                                         int n_rows, int head_dim, cudaStream_t stream)
+{
+    if (!out || !lse || !o2 || !lse2 || n_rows < 0 || head_dim <= 0) return FERRY_ERR_INVALID;
+    if (n_rows == 0) return FERRY_OK;
+    const size_t n = (size_t)n_rows * head_dim;
+    attn_merge_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, lse, o2, lse2, n_rows, head_dim);
+    FCUDA_LAUNCH_CHECK("attn_merge_kernel");
+    return FERRY_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -101,9 +101,18 @@ int kern_cuda_attention(float *out, const float *q, const struct kern_cuda_kv_la
  * computed correctly whatever n_decode says (it only routes rows); the arguments are those of
  * kern_cuda_attention, 0 <= n_decode <= m. The scheduler builds its batches in this order (decode tokens,
  * then chunks), so the runtime can pass the number of leading rows whose sequence appears once. */
-int kern_cuda_attention_mixed(float *out, const float *q, const struct kern_cuda_kv_layer *kv,
+/* lse: NULL, or (m, n_heads) f32 on the device that gets each row's natural log Σ exp(score) over the
+ * positions it attended to (-inf for none, with out 0): the row's part of an attention whose other positions
+ * another device computed (kern_cuda_attention_merge). */
+int kern_cuda_attention_mixed(float *out, float *lse, const float *q, const struct kern_cuda_kv_layer *kv,
                               const int32_t *seq, const int32_t *pos, int m, int n_decode, int n_heads,
                               float scale, int max_len, void *ws, size_t ws_bytes, cudaStream_t stream);
+
+/* Two partial attentions of the same n_rows rows (token x head, head_dim each) over disjoint positions, each
+ * normalised over its own positions with its log-sum-exp: out = (out e^(lse - M) + o2 e^(lse2 - M)) /
+ * (e^(lse - M) + e^(lse2 - M)), M the larger (0 where both are -inf). All device pointers. */
+int kern_cuda_attention_merge(float *out, const float *lse, const float *o2, const float *lse2, int n_rows,
+                              int head_dim, cudaStream_t stream);
 
 /* Tuning hook for tests and benches: K/V tile buffers per block, 1 (copy, wait, compute; the default) or 2
  * (the next tile's copy overlaps the current tile's math, but twice the shared memory: slower on the H200,

@@ -794,7 +794,7 @@ static void prefill_case(int D, int G, int bs, int chunk, int start, int n_dec, 
         if (v == 6) kern_cuda_attention_set_decode_heads(-1);
         int rc;
         if (v == 2 || v == 5)
-            rc = kern_cuda_attention_mixed(dout, dq, &c.dev, dseq, dpos, m, n_lead, n_heads, scale, max_len,
+            rc = kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, dseq, dpos, m, n_lead, n_heads, scale, max_len,
                                            w, wb, 0);
         else
             rc = kern_cuda_attention(dout, dq, &c.dev, dseq, dpos, m, n_heads, scale, max_len,
@@ -950,11 +950,11 @@ Test(cuda_attention, mixed_bad_arguments)
     cache_init(&c, 2, 2, 64, 16, 1, l);
     float *dq = dev_alloc(2 * 64 * 4), *dout = dev_alloc(2 * 64 * 4);
     int32_t *ds = dev_alloc(4), *dp = dev_alloc(4);
-    cr_assert_eq(kern_cuda_attention_mixed(dout, dq, &c.dev, ds, dp, 1, 2, 2, 0.1f, 10, NULL, 0, 0),
+    cr_assert_eq(kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, ds, dp, 1, 2, 2, 0.1f, 10, NULL, 0, 0),
                  FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_attention_mixed(dout, dq, &c.dev, ds, dp, 1, -1, 2, 0.1f, 10, NULL, 0, 0),
+    cr_assert_eq(kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, ds, dp, 1, -1, 2, 0.1f, 10, NULL, 0, 0),
                  FERRY_ERR_INVALID);
-    cr_assert_eq(kern_cuda_attention_mixed(dout, dq, &c.dev, ds, dp, 0, 0, 2, 0.1f, 10, NULL, 0, 0),
+    cr_assert_eq(kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, ds, dp, 0, 0, 2, 0.1f, 10, NULL, 0, 0),
                  FERRY_OK);
     cudaFree(dq);
     cudaFree(dout);
@@ -1140,4 +1140,103 @@ Test(cuda_attention, mma_audit_every_shape, .timeout = 300)
             tally.n_split_runs, tally.n_checked);
     cr_assert(tally.n_split_runs > tally.n_runs / 4, "too few launches with splits: %d of %d",
               tally.n_split_runs, tally.n_runs);
+}
+
+/* ---- An attention split by position between the device and the host (runtime: the KV pool's extension) ----
+ * Each sequence s is cut at cut[s]: the device attends to positions [0, cut - 1] (pos clamped there, its lse
+ * written), the CPU (kern_cpu_attention_range) to [cut, pos], and kern_cuda_attention_merge combines the two.
+ * The result is held against the whole attention's reference; the device's lse against the double log-sum-exp
+ * of its own range. Mixed batches through the decode kernel and the tensor-core kernel (head_dim 64, 128), and
+ * the tile kernel (head_dim 24), with splits (a workspace) and without; cuts at 1 (the device sees position 0
+ * only), inside, and past the end (the host has nothing). */
+static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, int with_ws)
+{
+    const int n_heads = 8, n_kv = n_heads / G;
+    struct pf_batch pb;
+    pf_batch_init(&pb, chunk, start, n_dec, 0);
+    struct cache c;
+    cache_init(&c, n_heads, n_kv, D, bs, pb.n_seq, pb.sl);
+    const int m = pb.m;
+    int32_t *seq = pb.seq, *pos = pb.pos;
+    int cut[8];
+    for (int s = 0; s < pb.n_seq; s++) cut[s] = s % 3 == 0 ? pb.sl[s] / 2 + 1 : s % 3 == 1 ? 1 : pb.sl[s] + 5;
+    int32_t *pos_dev = malloc((size_t)m * 4), *lo = malloc((size_t)m * 4);
+    int max_len = 0;
+    for (int i = 0; i < m; i++) {
+        lo[i] = cut[seq[i]];
+        pos_dev[i] = pos[i] < lo[i] - 1 ? pos[i] : lo[i] - 1;
+        max_len = pos[i] + 1 > max_len ? pos[i] + 1 : max_len;
+    }
+    const size_t rowlen = (size_t)n_heads * D, nq = (size_t)m * rowlen, nr = (size_t)m * n_heads;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *q = host_rand(nq, -1, 1), *got = malloc(nq * 4), *hb = malloc(nq * 4), *lb = malloc(nr * 4),
+          *la = malloc(nr * 4);
+    double *ref = malloc(nq * 8), *ref_dev = malloc(nq * 8);
+    ref_attention(ref, q, &c, seq, pos, m, scale);
+    /* The device part's lse from the double scores. */
+    double *lse_ref = malloc(nr * 8);
+    for (int i = 0; i < m; i++)
+        for (int h = 0; h < n_heads; h++) {
+            double sc[1400], mx = -INFINITY, sum = 0;
+            for (int p = 0; p <= pos_dev[i]; p++) {
+                const uint16_t *kr = cache_row(&c, c.k, seq[i], p, h / G);
+                double d = 0;
+                for (int e = 0; e < D; e++) d += (double)q[((size_t)i * n_heads + h) * D + e] * f16_to_f32(kr[e]);
+                sc[p] = d * scale;
+                mx = sc[p] > mx ? sc[p] : mx;
+            }
+            for (int p = 0; p <= pos_dev[i]; p++) sum += exp(sc[p] - mx);
+            lse_ref[(size_t)i * n_heads + h] = mx + log(sum);
+        }
+    (void)ref_dev;
+    /* The host part on the f32 copy of the same cache. */
+    const size_t ne = (size_t)c.n_blocks * c.bs * c.n_kv * c.D;
+    float *k32 = malloc(ne * 4), *v32 = malloc(ne * 4);
+    for (size_t i = 0; i < ne; i++) k32[i] = f16_to_f32(c.k[i]), v32[i] = f16_to_f32(c.v[i]);
+    struct kv_layer_view view = {k32, v32, c.n_blocks, c.bs, c.bt, c.max_blocks, c.n_kv, c.D, 0, 0};
+    cr_assert_eq(kern_cpu_attention_range(hb, lb, q, &view, seq, lo, pos, m, n_heads, scale, NULL), FERRY_OK);
+
+    float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4), *dlse = dev_poison(nr * 4);
+    float *dhb = dev_upload(hb, nq * 4), *dlb = dev_upload(lb, nr * 4);
+    int32_t *dseq = dev_upload(seq, (size_t)m * 4), *dpos = dev_upload(pos_dev, (size_t)m * 4);
+    const size_t wsb = with_ws ? kern_cuda_attention_ws_size(m, n_heads, D, max_len) : 0;
+    void *ws = wsb ? dev_alloc(wsb) : NULL;
+    if (ws) CU_OK(cudaMemset(ws, 0, wsb));
+    cr_assert_eq(kern_cuda_attention_mixed(dout, dlse, dq, &c.dev, dseq, dpos, m, pb.n_lead, n_heads, scale,
+                                           max_len, ws, wsb, 0),
+                 FERRY_OK);
+    dev_download(la, dlse, nr * 4);
+    cr_assert_eq(kern_cuda_attention_merge(dout, dlse, dhb, dlb, (int)nr, D, 0), FERRY_OK);
+    dev_download(got, dout, nq * 4);
+    char what[160];
+    snprintf(what, sizeof what, "D %d G %d bs %d chunk %d start %d n_dec %d ws %d", D, G, bs, chunk, start, n_dec,
+             with_ws);
+    double wl = 0;
+    for (size_t r = 0; r < nr; r++) wl = fmax(wl, fabs(la[r] - lse_ref[r]));
+    cr_assert(wl <= 2e-3, "%s: device lse max abs err %g", what, wl);
+    const double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
+    cr_assert(ea <= MMA_ABS && er <= MMA_REL, "%s: merged max abs err %g rel %g", what, ea, er);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dlse);
+    cudaFree(dhb);
+    cudaFree(dlb);
+    cudaFree(dseq);
+    cudaFree(dpos);
+    if (ws) cudaFree(ws);
+    free(q), free(got), free(hb), free(lb), free(la), free(ref), free(ref_dev), free(lse_ref), free(k32),
+        free(v32), free(pos_dev), free(lo), free(pb.seq), free(pb.pos);
+    cache_free(&c);
+}
+
+Test(cuda_attention, split_by_position_merges_into_the_whole_attention)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(44);
+    for (int ws = 0; ws < 2; ws++) {
+        split_case(128, 1, 16, 64, 200, 4, ws);
+        split_case(64, 4, 16, 37, 13, 6, ws);
+        split_case(128, 8, 4, 1, 0, 5, ws); /* decode rows only (a one-row "chunk" is a decode row too) */
+        split_case(24, 2, 7, 20, 30, 3, ws); /* the tile kernel for both */
+    }
 }

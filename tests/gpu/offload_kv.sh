@@ -5,8 +5,10 @@
 #   ferry bench --gpu-memory 4GiB, b=1 and 16 at contexts 32 and 520 (the load's prompt + output);
 #   16 clients of issue 13's load (tests/server/loadgen.py: ~390-token prompts, 128 out, temperature 0.8,
 #   32 requests) against `ferry serve --gpu-memory 4GiB --parallel 16 --ctx-size 640`.
-# Env: OFFLOAD_TYPES (default "F16 Q8_0"), OFFLOAD_ARGS (extra options for both bench and serve).
-# Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>.json, $OUT/serve-offload-<type>.log.
+# Env: OFFLOAD_TYPES (default "F16 Q8_0"), OFFLOAD_ARGS (extra options for both bench and serve),
+# OFFLOAD_MODES (default "host": FERRY_KV_EXT_ATTN for each run in turn; "device" reads the pool's extension
+# over the link as before session 11), OFFLOAD_BENCH (default 1; 0 skips ferry bench).
+# Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>-<mode>.json and .log.
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -19,11 +21,16 @@ mkdir -p $W
 cd /tmp/fw || exit 1
 for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
   [ -s $W/$M.gguf ] || python3 tests/gpu/make_quant_gguf.py $W/$M.gguf $M llama-2-7b > /dev/null || exit 1
-  log "== $M: ferry bench --gpu-memory 4GiB --batches 1,16 --prefill 0 --decode-steps 8 --long-context 520 ${OFFLOAD_ARGS:-}"
+  for mode in ${OFFLOAD_MODES:-host}; do
+  export FERRY_KV_EXT_ATTN=$mode
+  if [ "${OFFLOAD_BENCH:-1}" = 1 ]; then
+  log "== $M, FERRY_KV_EXT_ATTN=$mode: ferry bench --gpu-memory 4GiB --batches 1,16 --prefill 0 --decode-steps 8 --long-context 520 ${OFFLOAD_ARGS:-}"
   timeout 180 $F bench --model $W/$M.gguf --gpu-memory 4GiB --batches 1,16 --prefill 0 --decode-steps 8 \
     --long-context 520 ${OFFLOAD_ARGS:-} > $W/bench-$M.log 2>&1
   log "rc=$?"
   grep -E "device_map:|KV pool|^batch|^(1|16) |tokens: .*predicted" $W/bench-$M.log | tee -a "$out/offload.txt"
+  fi
+  log "== $M, FERRY_KV_EXT_ATTN=$mode: 16 clients"
   $F serve --model $W/$M.gguf --port 18080 --public-health --gpu-memory 4GiB --parallel 16 --ctx-size 640 \
     ${OFFLOAD_ARGS:-} > $W/serve-$M.log 2>&1 &
   fp=$!
@@ -40,15 +47,16 @@ for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
     python3 -c "
 import json,sys
 for r in json.load(open(sys.argv[1])):
-    print(f\"served {sys.argv[2]} c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
+    print(f\"served {sys.argv[2]} ($mode) c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
 " $W/load-$M.json $M | tee -a "$out/offload.txt"
-    curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_blocks|vram_|layers_)" | tee -a "$out/offload.txt"
-    cp $W/load-$M.json "$out/serve-offload-$M.json"
+    curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|kv_blocks|vram_|layers_)" | tee -a "$out/offload.txt"
+    cp $W/load-$M.json "$out/serve-offload-$M-$mode.json"
   else
     log "ferry serve did not start: $(tail -3 $W/serve-$M.log)"
   fi
   kill -TERM $fp 2>/dev/null
   wait $fp
-  grep -E "device_map|KV pool|pinning|engine:|placement auto" $W/serve-$M.log | tee -a "$out/offload.txt"
-  cp $W/serve-$M.log "$out/serve-offload-$M.log"
+  grep -E "device_map|KV pool|pinning|engine:|placement auto|extension" $W/serve-$M.log | tee -a "$out/offload.txt"
+  cp $W/serve-$M.log "$out/serve-offload-$M-$mode.log"
+  done
 done

@@ -269,8 +269,11 @@ Test(gpu_e2e, placements_are_bitwise_equal)
 }
 
 /* The KV pool's extension in host memory (device_map.h): under a budget whose pool holds fewer positions than
- * the sequences need, with every layer streamed, the later sequences' K/V live in host memory, and the logits
- * are bitwise those of the same plan with the whole pool on the device. */
+ * the sequences need, with every layer streamed, the later sequences' K/V live in host memory. With the
+ * device reading them over the link (FERRY_KV_EXT_ATTN=device) the logits are bitwise those of the same plan
+ * with the whole pool on the device; with the host's cores attending to them (the default: the partial
+ * softmaxes merged, so other f32 roundings) they agree within the CPU engine's tolerance, and the host did
+ * attend to rows. */
 Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
 {
     require_gpu();
@@ -304,7 +307,11 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
         }
     }
     p.gpu_memory = hi;
+    setenv("FERRY_KV_EXT_ATTN", "device", 1);
     cr_assert_eq(engine_init(&ext, mf, &p, err), 0, "%s", err);
+    unsetenv("FERRY_KV_EXT_ATTN");
+    struct engine *ext_host = NULL;
+    cr_assert_eq(engine_init(&ext_host, mf, &p, err), 0, "%s", err);
     engine_get_stats(ext, &st);
     cr_assert_gt(st.kv_host_bytes, 0, "budget %lld MiB: no extension (%d blocks)",
                  (long long)(p.gpu_memory >> 20), st.kv_blocks_total);
@@ -332,8 +339,22 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     run_batched(ext, B, steps, c);
     cr_assert_eq(memcmp(a, c, n_logits * sizeof(float)), 0,
                  "logits with the extension differ from the all-device pool");
+    engine_get_stats(ext, &st);
+    cr_assert_eq(st.kv_ext_host_rows, 0, "FERRY_KV_EXT_ATTN=device: the host attended to rows");
+    run_batched(ext_host, B, steps, c);
+    engine_get_stats(ext_host, &st);
+    cr_assert_gt(st.kv_ext_host_rows, 0, "the host attended to no row of the extension");
+    double maxref = 0, worst = 0;
+    for (size_t i = 0; i < n_logits; i++) {
+        maxref = fmax(maxref, fabs(a[i]));
+        worst = fmax(worst, fabs(a[i] - c[i]));
+    }
+    cr_log_info("host attention over the extension: %llu rows x layers, max |diff| %g of max |logit| %g",
+                (unsigned long long)st.kv_ext_host_rows, worst, maxref);
+    cr_assert_leq(worst, 1e-3 * maxref + 1e-4, "host attention over the extension: |diff| %g", worst);
     free(a);
     free(c);
+    engine_free(ext_host);
     engine_free(ext);
     engine_free(ref);
     model_file_close(mf);
