@@ -47,6 +47,28 @@ static uint64_t weights_bytes(const struct device_map_input *in, int resident, i
     return res + (uint64_t)s * big;
 }
 
+/* The most resident layers beside a pool of kv_floor positions (or what the smallest plan leaves, if less,
+ * never below kv_min), for a ring of k; the pool's positions in *kv_out. */
+static int fit_beside(const struct device_map_input *in, uint64_t base, int64_t kv_floor, int64_t kv_min,
+                      int64_t blk, int min_resident, int k, int64_t *kv_out)
+{
+    const uint64_t kvt = in->kv_token_bytes;
+    const int auto_kv = kvt > 0;
+    int slots;
+    uint64_t slot_b;
+    int64_t kv = kv_floor;
+    const uint64_t w_min = weights_bytes(in, min_resident, k, &slots, &slot_b);
+    if (auto_kv && in->budget < base + w_min + (uint64_t)kv * kvt && in->budget > base + w_min)
+        kv = (int64_t)((in->budget - base - w_min) / kvt) / blk * blk;
+    if (kv < kv_min) kv = kv_min;
+    int resident = in->n_layers; /* (every layer may still fit beside the floor) */
+    while (resident > min_resident &&
+           base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt > in->budget)
+        resident--;
+    *kv_out = kv;
+    return resident;
+}
+
 int device_map_plan(const struct device_map_input *in, struct device_map *out, char err[256])
 {
     memset(out, 0, sizeof *out);
@@ -88,16 +110,13 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     } else if (in->budget >= base + all + (uint64_t)kv_max * kvt) {
         resident = L;
     } else {
-        /* The pool keeps its floor (or what the smallest plan leaves, if less); the layers take the rest. */
-        kv = kv_floor;
-        const uint64_t w_min = weights_bytes(in, min_resident, k, &slots, &slot_b);
-        if (auto_kv && in->budget < base + w_min + (uint64_t)kv * kvt && in->budget > base + w_min)
-            kv = (int64_t)((in->budget - base - w_min) / kvt) / blk * blk;
-        if (kv < kv_min) kv = kv_min;
-        resident = L; /* (every layer may still fit beside the floor) */
-        while (resident > min_resident &&
-               base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt > in->budget)
-            resident--;
+        resident = fit_beside(in, base, kv_floor, kv_min, blk, min_resident, k, &kv);
+        /* An extension the host attends to is cheap: the layers go first, unless all of them would fit. */
+        if (auto_kv && in->kv_ext_host && in->kv_ext_max > 0 && kv_floor > kv_min) {
+            int64_t kv2;
+            const int r2 = fit_beside(in, base, kv_min, kv_min, blk, min_resident, k, &kv2);
+            if (r2 < L) resident = r2, kv = kv2;
+        }
     }
     if (auto_kv) { /* the pool takes what the layers leave, up to its maximum */
         const uint64_t used = base + weights_bytes(in, resident, k, &slots, &slot_b);

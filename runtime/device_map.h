@@ -16,11 +16,14 @@
  * leave, up to kv_tokens_max. It never goes below kv_tokens_min (one full-length sequence): a budget that
  * cannot hold that beside the smallest streaming plan is refused, naming the minimum.
  * Extension: when some layers stream and the pool falls short of kv_tokens_max, the missing positions (up to
- * kv_ext_max) become an extension of the pool in pinned host memory, which the device's attention reads over
- * the link (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead of
- * queueing; each extension position a step reads costs link time beside the streamed weights
- * (runtime/NOTES.md). Not when every layer is resident: there a step is so short that reading K/V over the
- * link would cost more than the queue.
+ * kv_ext_max) become an extension of the pool in pinned host memory (kv_cache.h: its blocks are handed out
+ * last). Those sequences then run at once instead of queueing. When the host's cores attend to the
+ * extension's positions (kv_ext_host; runtime/forward_cuda.c), a position there costs the step little beside
+ * the streamed weights, so the pool keeps only kv_tokens_min before layers are made resident (more resident
+ * layers, shorter steps, the extension holding the rest), unless that would make every layer resident (then
+ * the plan is the one above: a pool that small would queue sequences). When the device reads them over the
+ * link instead, each position costs link time (runtime/NOTES.md, session 8). Not when every layer is
+ * resident: there a step is so short that the extension would cost more than the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -43,6 +46,8 @@ struct device_map_input {
     int64_t kv_tokens_min;   /* never fewer (one full-length sequence) */
     int kv_block;            /* positions per KV block: the pool is a whole number of blocks */
     int64_t kv_ext_max;      /* positions the extension in host memory may hold (0: no extension) */
+    int kv_ext_host;         /* the host's cores attend to the extension's positions (cheap): the pool's
+                              * floor drops to kv_tokens_min when that leaves a layer streaming */
     uint64_t budget;         /* device bytes the plan may use */
     int gpu_layers;          /* -1: as many as fit; else exactly this many resident */
     int n_slots;             /* ring size when some layers stream; 0: the planner's choice (2) */

@@ -189,6 +189,8 @@ struct ext_job {
     int l;
 };
 
+static int ext_attn_on_host(void);
+
 /* The host side of attention over the pool's extension (see struct forward_cuda): off when
  * FERRY_KV_EXT_ATTN=device (every position read by the device over the link, as before), or when the layer
  * program's attention would share the scratch it uses (the device's log-sum-exps go to h, which the FFN
@@ -196,8 +198,7 @@ struct ext_job {
 static int ext_host_init(struct forward_cuda *f, int T, char err[256])
 {
     const struct llm_hparams *hp = &f->m->hp;
-    const char *mode = getenv("FERRY_KV_EXT_ATTN");
-    if (mode && strcmp(mode, "device") == 0) return FERRY_OK;
+    if (!ext_attn_on_host()) return FERRY_OK;
     for (int i = 0; i < f->prog->n_ops; i++) {
         const struct layer_op *op = &f->prog->ops[i];
         if (op->kind == LOP_ATTENTION && (op->in == LACT_H || op->out == LACT_H)) return FERRY_OK;
@@ -467,6 +468,14 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
 }
 
+/* The host's cores attend to the KV pool's extension (the default), or the device reads it over the link
+ * (FERRY_KV_EXT_ATTN=device, for comparison). */
+static int ext_attn_on_host(void)
+{
+    const char *mode = getenv("FERRY_KV_EXT_ATTN");
+    return !(mode && strcmp(mode, "device") == 0);
+}
+
 /* Positions the KV pool's extension may take in host memory: half of what the host has available
  * (/proc/meminfo), less the model's layers (an upper bound of the host layers' pinned blocks). */
 static int64_t kv_ext_cap(const struct plan_sizes *ps, int n_layers)
@@ -513,6 +522,7 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         in.kv_tokens_min = p->kv_tokens_min;
         in.kv_block = kv_block;
         in.kv_ext_max = kv_ext_cap(ps, m->hp.n_layers);
+        in.kv_ext_host = ext_attn_on_host();
     } else {
         in.fixed_bytes += ps->kv_bytes;
     }

@@ -249,6 +249,41 @@ Test(device_map, kv_extension_in_host_memory)
     device_map_free(&m);
 }
 
+/* With the host's cores attending to the extension (kv_ext_host), the layers go first: the pool keeps one
+ * sequence (kv_tokens_min) before layers are made resident, and the extension holds the rest; but not when
+ * every layer would then fit (the plan is then the one without kv_ext_host). */
+Test(device_map, host_attended_extension_lets_layers_go_first)
+{
+    struct device_map kvfirst, m;
+    char err[256] = "";
+    struct device_map_input in = auto_kv(4096 * MIB, 16 * 640, 16 * 640, 640);
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &kvfirst, err), 0, "%s", err);
+    in.kv_ext_host = 1;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_gt(m.n_resident, kvfirst.n_resident, "resident %d, KV first %d", m.n_resident,
+                 kvfirst.n_resident);
+    cr_assert_geq(m.kv_tokens, 640);
+    cr_assert_lt(m.kv_tokens, kvfirst.kv_tokens);
+    cr_assert_eq(m.kv_tokens + m.kv_ext_tokens, 16 * 640, "the device's part and the extension hold every slot");
+    cr_assert_leq(m.bytes_total, in.budget);
+    /* Whatever the layers leave goes to the pool: less than one more layer's bytes are left over. */
+    cr_assert_lt(in.budget - m.bytes_total, 386 * MIB + 16 * 512 * 1024ull);
+    device_map_free(&m);
+    device_map_free(&kvfirst);
+    /* Every layer fits beside one sequence but not beside the floor: the plan without kv_ext_host. */
+    in = auto_kv(16000 * MIB, 4 * 4096, 4 * 4096, 4096);
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &kvfirst, err), 0, "%s", err);
+    in.kv_ext_host = 1;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_lt(kvfirst.n_resident, 32);
+    cr_assert_eq(m.n_resident, kvfirst.n_resident);
+    cr_assert_eq(m.kv_tokens, kvfirst.kv_tokens);
+    device_map_free(&m);
+    device_map_free(&kvfirst);
+}
+
 Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
 {
     struct device_map m;
