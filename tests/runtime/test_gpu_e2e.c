@@ -343,7 +343,9 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     cr_assert_eq(st.kv_ext_host_rows, 0, "FERRY_KV_EXT_ATTN=device: the host attended to rows");
     run_batched(ext_host, B, steps, c);
     engine_get_stats(ext_host, &st);
-    cr_assert_gt(st.kv_ext_host_rows, 0, "the host attended to no row of the extension");
+    cr_assert_gt(st.kv_ext_host_rows, 0,
+                 "the host attended to no row of the extension (%d blocks, %d used, %.2f MiB in host memory)",
+                 st.kv_blocks_total, st.kv_blocks_used, st.kv_host_bytes / 1048576.0);
     double maxref = 0, worst = 0;
     for (size_t i = 0; i < n_logits; i++) {
         maxref = fmax(maxref, fabs(a[i]));
