@@ -12,7 +12,10 @@
  * works while the CPU computes and the next step's first copies overlap this step's last layers. Small
  * host→device transfers in the middle of a step (x after host layers, a host layer's q|k|v) are read by
  * kernels straight from mapped pinned memory rather than copied, so they never queue behind a layer copy on
- * the copy engine. An LRU layer cache and zero-copy weights were measured against the ring and lost or tied
+ * the copy engine. When the budget is short, the KV pool's extension lives in pinned host memory: the decode
+ * tokens' attention over its positions runs on the host's cores (a CUDA host function per layer) and merges
+ * with the device's over the rest by log-sum-exp (FERRY_KV_EXT_ATTN=device: the device reads them over the
+ * link instead). An LRU layer cache and zero-copy weights were measured against the ring and lost or tied
  * (runtime/NOTES.md, run 3). Weights in F16/BF16/F32/Q8_0 are used as stored; other types are converted to
  * F16 at load. Without CUDA the same header is served by forward_cuda_none.c (no device).
  */
