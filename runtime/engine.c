@@ -128,6 +128,25 @@ void engine_free(struct engine *e)
     free(e);
 }
 
+/* --cpu-arith auto on the CPU engine: int8 x when most of the layers' bytes are K-quants (Q4_K_M, Q5_K_M,
+ * Q6_K files), whose f32 products are bound by their arithmetic (int8 x is 1.3x at 16 threads, ~3x at one:
+ * kernels/cpu/NOTES.md; llama.cpp multiplies them the same way); f32 x otherwise (Q8_0 and the 32-element
+ * types gain 10% or less, and x stays exact: SmolLM2-135M Q4_1 loses its "Paris" to int8 x). */
+static int kquant_model(const struct model *m)
+{
+    uint64_t k = 0, all = 0;
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        const struct model_layer *ly = &m->layers[l];
+        const struct wview *w[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (int i = 0; i < 7; i++) {
+            const uint64_t b = (uint64_t)dtype_row_size(w[i]->type, w[i]->cols) * (uint64_t)w[i]->rows;
+            all += b;
+            if (dtype_block_size(w[i]->type) == 256) k += b;
+        }
+    }
+    return all > 0 && 2 * k > all;
+}
+
 /* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs
  * sequences of up to 1024 positions before layers are made resident, and never less than one full-length
  * sequence. */
@@ -394,8 +413,6 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         model_free(model);
         return FERRY_ERR_NOMEM;
     }
-    if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda;
-    kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
     e->model = *model;
     memset(model, 0, sizeof *model);
     int rc;
@@ -409,6 +426,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         }
         if ((rc = model_quantize(&e->model, ftype, p.n_threads, err))) goto fail;
     }
+    if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || kquant_model(&e->model);
+    kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
     const int kv_auto = use_cuda && p.kv_tokens == 0;

@@ -50,7 +50,8 @@ struct engine_params {
     int cpu_int8; /* CPU products with block-type weights quantize x to int8 (llama.cpp's arithmetic,
                    * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;
                    * -1 (the default): int8 for the host layers of a GPU engine (its own products with such
-                   * weights take x in int8 too), f32 on the CPU engine */
+                   * weights take x in int8 too); on the CPU engine int8 when most of the
+                   * layers' bytes are K-quants, else f32 */
     int kv_f16; /* the CPU engine's KV cache in f16 (the default: half the bytes a long-context step reads,
                  * as on the GPU and in llama.cpp); 0: f32 (closest to the references) */
     /* CUDA placement (see runtime/device_map.h). */

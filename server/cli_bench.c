@@ -59,7 +59,7 @@ static void bench_usage(FILE *f)
         "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
         "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
         "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
-        "                        host layers, f32 on the CPU backend\n"
+        "                        host layers; on the CPU backend int8 for K-quant files, else f32\n"
         "  --kv-type f16|f32     the CPU backend's KV cache (default f16)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"

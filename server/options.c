@@ -110,7 +110,8 @@ static const struct opt_row rows[] = {
      "CPU products with quantized weights: activations in f32 (closest to the reference) or quantized to "
      "int8 "
      "blocks as llama.cpp does (faster, slightly different outputs); auto: int8 for the host layers of a GPU "
-     "engine (whose own products with such weights quantize x to int8 too), f32 on the CPU backend"},
+     "engine (whose own products with such weights quantize x to int8 too); on the CPU backend int8 for "
+     "K-quant files (Q4_K_M, Q5_K_M, Q6_K: faster), f32 for the others"},
     {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32",
      "element type of the CPU backend's KV cache: f16 (half the memory, and half the bytes a long-context "
      "step reads; the GPU's cache is f16 too) or f32 (closest to the reference)"},

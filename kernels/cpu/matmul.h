@@ -45,7 +45,7 @@ enum kern_cpu_act {
     KERN_CPU_ACT_INT8, /* x quantized to int8 blocks of 32, integer dot products: llama.cpp's arithmetic (and the
                         * GPU's), 1.2-1.7x the f32 rate (kernels/cpu/NOTES.md); adds x's rounding to the error
                         * (SmolLM2-135M Q4_1 then answers "What is the capital of France?" with "L'Étoile...":
-                        * f32 stays the default, --cpu-arith int8 chooses this) */
+                        * the CPU engine keeps f32 by default except on K-quant files, runtime/engine.c) */
     KERN_CPU_ACT_COUNT,
 };
 /* Sets the arithmetic of later products (not while products run). The build's default is

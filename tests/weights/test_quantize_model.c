@@ -17,6 +17,7 @@
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
 #include "weights/model_file.h"
+#include "kernels/cpu/matmul.h"
 #include "weights/quantize.h"
 #include "wtest.h"
 
@@ -75,7 +76,9 @@ static float *logits_of(struct engine *e, const int32_t *toks, int n)
     return out;
 }
 
-static void check_load_equals_file(int spec, enum engine_quant q, const char *type)
+/* act: the CPU arithmetic --cpu-arith auto gives both engines (int8 x when most of the layers' bytes are
+ * K-quants, runtime/engine.c). */
+static void check_load_equals_file(int spec, enum engine_quant q, const char *type, enum kern_cpu_act act)
 {
     const struct qgen_spec *s = &qgen_specs[spec];
     char in[4096], out[4096], hex[65], name[64];
@@ -90,6 +93,8 @@ static void check_load_equals_file(int spec, enum engine_quant q, const char *ty
                   *from_file = open_engine(out, &mf_out, ENGINE_QUANT_NONE);
     cr_assert_eq(engine_weight_bytes(at_load), engine_weight_bytes(from_file), "%s %s: weight bytes", s->name,
                  type);
+    cr_assert_eq(kern_cpu_matmul_act(), act, "%s %s: --cpu-arith auto chose x in %s", s->name, type,
+                 kern_cpu_matmul_act() == KERN_CPU_ACT_INT8 ? "int8" : "f32");
     const int V = engine_hparams(at_load)->n_vocab, n = 6;
     int32_t toks[6];
     for (int i = 0; i < n; i++) toks[i] = (int32_t)((i * 37 + 5) % V);
@@ -119,15 +124,15 @@ static void check_load_equals_file(int spec, enum engine_quant q, const char *ty
 
 Test(quantize_model, int4_at_load_equals_q4_k_m_file, .timeout = 120)
 {
-    check_load_equals_file(0, ENGINE_QUANT_INT4, "Q4_K_M");
+    check_load_equals_file(0, ENGINE_QUANT_INT4, "Q4_K_M", KERN_CPU_ACT_INT8); /* mostly Q4_K/Q6_K */
 }
 Test(quantize_model, int4_at_load_equals_q4_k_m_file_tied_80_layers, .timeout = 120)
 {
-    check_load_equals_file(2, ENGINE_QUANT_INT4, "Q4_K_M");
+    check_load_equals_file(2, ENGINE_QUANT_INT4, "Q4_K_M", KERN_CPU_ACT_F32); /* dim 32: 32-element fallbacks */
 }
 Test(quantize_model, int8_at_load_equals_q8_0_file, .timeout = 120)
 {
-    check_load_equals_file(1, ENGINE_QUANT_INT8, "Q8_0");
+    check_load_equals_file(1, ENGINE_QUANT_INT8, "Q8_0", KERN_CPU_ACT_F32);
 }
 
 /* ---- real models against independent logits --------------------------------------------------------------
