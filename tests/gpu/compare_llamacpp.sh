@@ -150,13 +150,16 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then
   # Issue 12: the CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;
-  # ferry with its default f32 x and with int8 x, llama.cpp's arithmetic).
+  # ferry with its default x (--cpu-arith auto: int8 on the K-quant file, f32 on Q8_0) and with the other one).
   nt=$(nproc)
   log "CPU backend, $nt threads: Q4_K_M and Q8_0"
   for t in Q4_K_M Q8_0; do
     c=cpu-$(echo $t | tr 'A-Z_' 'a-z-')
+    other=int8
+    [ $t = Q4_K_M ] && other=f32
     ferry $c --model $W/$t.gguf --cpu --threads $nt --batches 1 --prefill 0 --decode-steps 16
-    ferry $c-int8 --model $W/$t.gguf --cpu --threads $nt --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 16
+    ferry $c-$other --model $W/$t.gguf --cpu --threads $nt --cpu-arith $other --batches 1 --prefill 0 \
+      --decode-steps 16
     timeout 300 $L/llama-bench -m $W/$t.gguf -ngl 0 -t $nt -p 0 -n 32 -r 2 -o json > $W/l-$c.json 2> $W/l-$c.err
     python3 - "$c" "$W/l-$c.json" >> $res <<'PY' || log "llama-bench $c failed: $(tail -2 $W/l-$c.err)"
 import json, sys

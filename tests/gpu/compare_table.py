@@ -112,9 +112,10 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
     if ("ferry", fcases[0]) in get:
         line(f"{name} {(fcases[0].split('-', 2) + ['auto'])[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
 for t in ("q4-k-m", "q8-0"):
-    for fc in (f"cpu-{t}", f"cpu-{t}-int8"):
+    for fc in (f"cpu-{t}", f"cpu-{t}-int8", f"cpu-{t}-f32"):
         if ("ferry", fc) in get:
-            line(f"--backend cpu {t.upper().replace('-', '_')}{' int8 x' if fc.endswith('int8') else ''}, b=1 "
+            x = " int8 x" if fc.endswith("int8") else " f32 x" if fc.endswith("f32") else " (default x)"
+            line(f"--backend cpu {t.upper().replace('-', '_')}{x}, b=1 "
                  "(llama.cpp -ngl 0)", val("ferry", fc, "decode", 1), val("llama.cpp", f"cpu-{t}", "decode", 1),
                  ">= 1x")
 print("\n".join(out))
