@@ -163,6 +163,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         if (ext > in->kv_ext_max) ext = in->kv_ext_max / blk * blk;
         out->kv_ext_tokens = ext;
         out->kv_ext_bytes = (uint64_t)ext * kvt;
+        out->kv_ext_host = in->kv_ext_host;
     }
     out->bytes_total = total;
     double t_link = in->h2d_bytes_per_s > 0 ? (double)streamed_bytes / in->h2d_bytes_per_s : 0;
@@ -194,9 +195,11 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
         EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
              m->kv_bytes / GIB);
     if (m->kv_ext_tokens)
-        EMIT("  KV pool extension in host memory: %lld positions (%.2f GiB), read over the link when the "
-             "device's are all taken\n",
-             (long long)m->kv_ext_tokens, m->kv_ext_bytes / GIB);
+        EMIT("  KV pool extension in host memory: %lld positions (%.2f GiB), used when the device's are all "
+             "taken; %s\n",
+             (long long)m->kv_ext_tokens, m->kv_ext_bytes / GIB,
+             m->kv_ext_host ? "decode tokens' attention over them runs on the host's cores"
+                            : "the device reads them over the link");
     for (int i = 0; i < m->n_layers;) {
         int j = i;
         while (j + 1 < m->n_layers && m->where[j + 1] == m->where[i]) j++;

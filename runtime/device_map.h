@@ -69,6 +69,7 @@ struct device_map {
     uint64_t kv_bytes;       /* its device bytes (0 when fixed by the caller) */
     int64_t kv_ext_tokens;   /* positions of its extension in host memory (0: none) */
     uint64_t kv_ext_bytes;   /* the extension's bytes */
+    int kv_ext_host;         /* the host's cores attend to its positions (the input's kv_ext_host) */
     uint64_t bytes_total;    /* fixed + head + resident + slots: what the plan allocates */
     uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,

@@ -269,6 +269,11 @@ Test(device_map, host_attended_extension_lets_layers_go_first)
     cr_assert_leq(m.bytes_total, in.budget);
     /* Whatever the layers leave goes to the pool: less than one more layer's bytes are left over. */
     cr_assert_lt(in.budget - m.bytes_total, 386 * MIB + 16 * 512 * 1024ull);
+    char buf[2048];
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "runs on the host's cores"), "%s", buf);
+    device_map_format(&kvfirst, buf, sizeof buf);
+    cr_assert(strstr(buf, "the device reads them over the link"), "%s", buf);
     device_map_free(&m);
     device_map_free(&kvfirst);
     /* Every layer fits beside one sequence but not beside the floor: the plan without kv_ext_host. */
