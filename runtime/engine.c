@@ -138,11 +138,9 @@ static int kquant_model(const struct model *m)
     for (int l = 0; l < m->hp.n_layers; l++) {
         const struct model_layer *ly = &m->layers[l];
         const struct wview *w[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (int i = 0; i < 7; i++) {
-            const uint64_t b = (uint64_t)dtype_row_size(w[i]->type, w[i]->cols) * (uint64_t)w[i]->rows;
-            all += b;
-            if (dtype_block_size(w[i]->type) == 256) k += b;
-        }
+        all += layer_model_bytes(ly);
+        for (int i = 0; i < 7; i++)
+            if (dtype_block_size(w[i]->type) == 256) k += wview_bytes(w[i]);
     }
     return all > 0 && 2 * k > all;
 }

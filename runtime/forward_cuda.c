@@ -134,16 +134,16 @@ struct forward_cuda {
      * writes each row's log-sum-exp; per layer q's rows [ext_r0, ext_r1) go down, the CPU attends to its
      * positions where the K/V live (ext_attention_host, a CUDA host function on the compute stream), and a
      * kernel merges its partial outputs, read from mapped memory, into the device's. */
-    int ext_host;              /* on: a pool with an extension, FERRY_KV_EXT_ATTN not "device" */
-    struct tpool *ext_pool;    /* the host's threads for it */
-    int ext_r0, ext_r1;        /* this step's rows with host positions; none when equal */
-    int32_t *h_pos_att;        /* (T) pinned: each row's last device position */
-    int32_t *h_ext_lo;         /* (T) each row's first host position */
-    int32_t *d_pos_att;        /* (T) device copy of h_pos_att */
-    float *h_ext_q, *h_ext_o;  /* (T, q_dim) pinned: the rows' queries; the host's partial outputs (mapped) */
-    float *h_ext_lse;          /* (T, n_heads) pinned, mapped: the host's log-sum-exps */
-    struct ext_job *ext_jobs;  /* (n_layers) each layer's host-function argument */
-    int ext_rc;                /* the first failure of a host function (reported at the step's end) */
+    int ext_host;             /* on: a pool with an extension, FERRY_KV_EXT_ATTN not "device" */
+    struct tpool *ext_pool;   /* the host's threads for it */
+    int ext_r0, ext_r1;       /* this step's rows with host positions; none when equal */
+    int32_t *h_pos_att;       /* (T) pinned: each row's last device position */
+    int32_t *h_ext_lo;        /* (T) each row's first host position */
+    int32_t *d_pos_att;       /* (T) device copy of h_pos_att */
+    float *h_ext_q, *h_ext_o; /* (T, q_dim) pinned: the rows' queries; the host's partial outputs (mapped) */
+    float *h_ext_lse;         /* (T, n_heads) pinned, mapped: the host's log-sum-exps */
+    struct ext_job *ext_jobs; /* (n_layers) each layer's host-function argument */
+    int ext_rc;               /* the first failure of a host function (reported at the step's end) */
 
     /* Activations. */
     float *x;       /* (T, dim) residual stream */
@@ -733,8 +733,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
     for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
-        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table || !f->attn_ws ||
-        !f->inv_freq || !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
+        !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
+        !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
@@ -1005,7 +1005,7 @@ static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const stru
 
 /* CUDA host function: the host's part of layer l's attention for the step's rows [ext_r0, ext_r1), from q's
  * rows in h_ext_q over the positions [ext_lo, pos] of each (all in the extension, in host memory), into
- * h_ext_o and h_ext_lse. The step's tables are the staged ones (h_ints), which stay put until the step ends. */
+ * h_ext_o and h_ext_lse. The step's tables are the staged ones (h_ints), which stay put until it ends. */
 static void CUDART_CB ext_attention_host(void *arg)
 {
     const struct ext_job *j = arg;
@@ -1024,10 +1024,9 @@ static void CUDART_CB ext_attention_host(void *arg)
                                        .head_dim = hp->head_dim,
                                        .f16 = 1,
                                        .block_base = kv->n_blocks - kv->n_ext};
-    const int rc = kern_cpu_attention_range(f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view,
-                                            f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,
-                                            f->h_ints + (size_t)T + r0, rows, hp->n_heads,
-                                            1.0f / sqrtf((float)hp->head_dim), f->ext_pool);
+    const int rc = kern_cpu_attention_range(
+        f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view, f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,
+        f->h_ints + (size_t)T + r0, rows, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->ext_pool);
     if (rc && !f->ext_rc) f->ext_rc = rc;
 }
 
@@ -1281,13 +1280,13 @@ static int cuda_begin(struct backend *be, const struct step *st)
     memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table,
            (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->max_len = bucket_len(st->max_len, kv->max_blocks * kv->block_size);
-    f->ext_r0 = f->ext_r1 = 0;
     /* Rows whose neighbours belong to other sequences are decode tokens; the scheduler puts them first and
      * the prefill chunks after (a decode-only step is all decode rows, captured graphs included). */
     f->n_decode = 0;
     while (f->n_decode < n && (f->n_decode == 0 || b->seq[f->n_decode - 1] != b->seq[f->n_decode]) &&
            (f->n_decode + 1 == n || b->seq[f->n_decode + 1] != b->seq[f->n_decode]))
         f->n_decode++;
+    ext_plan(f, b); /* (none with graphs: those are for fully resident models, which have no extension) */
     f->step_uses = 0;
     f->graph_step = 0;
     f->pending = 0;
@@ -1303,7 +1302,6 @@ static int cuda_begin(struct backend *be, const struct step *st)
         f->graph_step = 1;
         return FERRY_OK;
     }
-    ext_plan(f, b);
     RC(upload_inputs(f));
     if (f->map.n_slots == 0) return FERRY_OK;
     int n_list = 0;

@@ -193,11 +193,6 @@ void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, c
     for (int i = 0; i < LAYER_N_NORMS; i++) w->norm[i] = (const float *)(b + lay->norm_off[i]);
 }
 
-static uint64_t wview_bytes(const struct wview *w)
-{
-    return dtype_row_size(w->type, w->cols) * (uint64_t)w->rows;
-}
-
 uint64_t layer_model_bytes(const struct model_layer *L)
 {
     return wview_bytes(&L->wq) + wview_bytes(&L->wk) + wview_bytes(&L->wv) + wview_bytes(&L->wo) +

@@ -57,9 +57,9 @@ static int load_vector(const struct model_file *mf, const char *name, int64_t n,
     return FERRY_OK;
 }
 
-static uint64_t wview_bytes(const struct wview *w)
+uint64_t wview_bytes(const struct wview *w)
 {
-    return dtype_row_size(w->type, w->cols) * w->rows;
+    return dtype_row_size(w->type, w->cols) * (uint64_t)w->rows;
 }
 
 int model_init(struct model *m, const struct model_file *mf, char err[256])

@@ -60,6 +60,9 @@ struct model {
     void *quant_owned;          /* matrices quantized at load, or NULL */
 };
 
+/* Bytes of a matrix in its type. */
+uint64_t wview_bytes(const struct wview *w);
+
 int model_init(struct model *m, const struct model_file *mf, char err[256]);
 /* Quantization at load (`--quant`): every F32/F16/BF16 matrix, the token embedding included, gets the type
  * llama.cpp's mix `ftype` (quant/mix.h, e.g. QUANT_FTYPE_Q8_0, QUANT_FTYPE_Q4_K_M) gives it, through quant/'s

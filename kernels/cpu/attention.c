@@ -118,8 +118,7 @@ static inline int att_parts(int lo, int pos)
 
 static inline int att_part_lo(int lo, int k)
 {
-    const int p = (lo / ATT_PART + k) * ATT_PART;
-    return k == 0 ? lo : p;
+    return k == 0 ? lo : (lo / ATT_PART + k) * ATT_PART;
 }
 
 /* Row t's first position (lo NULL or negative: 0). */
@@ -286,7 +285,8 @@ static inline __attribute__((always_inline)) void att_heads_t(const struct att_c
     for (int g = 0; g < nh; g++) {
         const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f; /* 0: an empty range */
         for (int d = 0; d < hd; d++) o[(size_t)g * hd + d] = acc[g * hd + d] * inv;
-        if (c->lse) c->lse[(size_t)t * c->n_heads + h0 + g] = sum[g] > 0.0f ? mx[g] + logf(sum[g]) : -INFINITY;
+        if (c->lse)
+            c->lse[(size_t)t * c->n_heads + h0 + g] = sum[g] > 0.0f ? mx[g] + logf(sum[g]) : -INFINITY;
     }
 }
 
@@ -340,7 +340,8 @@ static void att_task(void *arg, int task)
     const int kvh = rr / c->split, s = rr % c->split;
     const int h0 = kvh * c->group + s * per;
     const int lo_t = lo_of(c->lo, t), n_parts = att_parts(lo_t, c->pos[t]);
-    const int p_lo = att_part_lo(lo_t, part), p_hi = part + 1 < n_parts ? att_part_lo(lo_t, part + 1) : c->pos[t] + 1;
+    const int p_lo = att_part_lo(lo_t, part);
+    const int p_hi = part + 1 < n_parts ? att_part_lo(lo_t, part + 1) : c->pos[t] + 1;
     float *state = n_parts > 1 ? c->state + ((size_t)(c->part_base[lo] + part) * c->n_heads + h0) *
                                                 (c->kv->head_dim + 2)
                                : NULL;

@@ -41,11 +41,12 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
 
 /* The arithmetic of products with quantized weights (process-wide; plain types always multiply in f32). */
 enum kern_cpu_act {
-    KERN_CPU_ACT_F32,  /* x in f32 times the dequantized weights, f32 sums (exact x: the golden tests' oracle) */
-    KERN_CPU_ACT_INT8, /* x quantized to int8 blocks of 32, integer dot products: llama.cpp's arithmetic (and the
-                        * GPU's), 1.2-1.7x the f32 rate (kernels/cpu/NOTES.md); adds x's rounding to the error
-                        * (SmolLM2-135M Q4_1 then answers "What is the capital of France?" with "L'Étoile...":
-                        * the CPU engine keeps f32 by default except on K-quant files, runtime/engine.c) */
+    KERN_CPU_ACT_F32,  /* x in f32 times the dequantized weights, f32 sums (exact x: the golden oracle) */
+    KERN_CPU_ACT_INT8, /* x quantized to int8 blocks of 32, integer dot products: llama.cpp's arithmetic (and
+                        * the GPU's), 1.2-1.7x the f32 rate (kernels/cpu/NOTES.md); adds x's rounding to the
+                        * error (SmolLM2-135M Q4_1 then answers "What is the capital of France?" with
+                        * "L'Étoile...": the CPU engine keeps f32 by default except on K-quant files,
+                        * runtime/engine.c) */
     KERN_CPU_ACT_COUNT,
 };
 /* Sets the arithmetic of later products (not while products run). The build's default is

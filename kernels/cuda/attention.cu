@@ -1610,7 +1610,8 @@ extern "C" int kern_cuda_attention_mixed(float *out, float *lse, const float *q,
 }
 
 /* One thread per element of the n rows: out = the two partial attentions weighted by their exp(lse). */
-__global__ void attn_merge_kernel(float *out, const float *lse, const float *o2, const float *lse2, int n, int D)
+__global__ void attn_merge_kernel(float *out, const float *lse, const float *o2, const float *lse2, int n,
+                                  int D)
 {
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (size_t)n * D) return;

@@ -201,8 +201,8 @@ static void att_fn(void *p, int i)
     kv.block_table = a->w->tables + (size_t)(i % a->w->copies) * (a->w->kv.n_blocks / a->w->copies);
     const float scale = 0.0883883f;
     if (a->kind == CALL_MIXED)
-        FK(kern_cuda_attention_mixed(a->out, NULL, a->q, &kv, a->seq, a->pos, a->m, a->n_dec, a->w->n_heads, scale,
-                                     a->max_len, a->ws, a->ws_bytes, st));
+        FK(kern_cuda_attention_mixed(a->out, NULL, a->q, &kv, a->seq, a->pos, a->m, a->n_dec, a->w->n_heads,
+                                     scale, a->max_len, a->ws, a->ws_bytes, st));
     else
         FK(kern_cuda_attention(a->out, a->q, &kv, a->seq, a->pos, a->m, a->w->n_heads, scale, a->max_len,
                                a->mode, a->ws, a->ws_bytes, st));

@@ -794,8 +794,8 @@ static void prefill_case(int D, int G, int bs, int chunk, int start, int n_dec, 
         if (v == 6) kern_cuda_attention_set_decode_heads(-1);
         int rc;
         if (v == 2 || v == 5)
-            rc = kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, dseq, dpos, m, n_lead, n_heads, scale, max_len,
-                                           w, wb, 0);
+            rc = kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, dseq, dpos, m, n_lead, n_heads, scale,
+                                           max_len, w, wb, 0);
         else
             rc = kern_cuda_attention(dout, dq, &c.dev, dseq, dpos, m, n_heads, scale, max_len,
                                      v == 3 || v == 4 ? KERN_ATTN_PREFILL : KERN_ATTN_AUTO, w, wb, 0);
@@ -1146,9 +1146,9 @@ Test(cuda_attention, mma_audit_every_shape, .timeout = 300)
  * Each sequence s is cut at cut[s]: the device attends to positions [0, cut - 1] (pos clamped there, its lse
  * written), the CPU (kern_cpu_attention_range) to [cut, pos], and kern_cuda_attention_merge combines the two.
  * The result is held against the whole attention's reference; the device's lse against the double log-sum-exp
- * of its own range. Mixed batches through the decode kernel and the tensor-core kernel (head_dim 64, 128), and
- * the tile kernel (head_dim 24), with splits (a workspace) and without; cuts at 1 (the device sees position 0
- * only), inside, and past the end (the host has nothing). */
+ * of its own range. Mixed batches through the decode kernel and the tensor-core kernel (head_dim 64, 128),
+ * and the tile kernel (head_dim 24), with splits (a workspace) and without; cuts at 1 (the device sees
+ * position 0 only), inside, and past the end (the host has nothing). */
 static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, int with_ws)
 {
     const int n_heads = 8, n_kv = n_heads / G;
@@ -1171,7 +1171,7 @@ static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, in
     const float scale = 1.0f / sqrtf((float)D);
     float *q = host_rand(nq, -1, 1), *got = malloc(nq * 4), *hb = malloc(nq * 4), *lb = malloc(nr * 4),
           *la = malloc(nr * 4);
-    double *ref = malloc(nq * 8), *ref_dev = malloc(nq * 8);
+    double *ref = malloc(nq * 8);
     ref_attention(ref, q, &c, seq, pos, m, scale);
     /* The device part's lse from the double scores. */
     double *lse_ref = malloc(nr * 8);
@@ -1181,14 +1181,14 @@ static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, in
             for (int p = 0; p <= pos_dev[i]; p++) {
                 const uint16_t *kr = cache_row(&c, c.k, seq[i], p, h / G);
                 double d = 0;
-                for (int e = 0; e < D; e++) d += (double)q[((size_t)i * n_heads + h) * D + e] * f16_to_f32(kr[e]);
+                for (int e = 0; e < D; e++)
+                    d += (double)q[((size_t)i * n_heads + h) * D + e] * f16_to_f32(kr[e]);
                 sc[p] = d * scale;
                 mx = sc[p] > mx ? sc[p] : mx;
             }
             for (int p = 0; p <= pos_dev[i]; p++) sum += exp(sc[p] - mx);
             lse_ref[(size_t)i * n_heads + h] = mx + log(sum);
         }
-    (void)ref_dev;
     /* The host part on the f32 copy of the same cache. */
     const size_t ne = (size_t)c.n_blocks * c.bs * c.n_kv * c.D;
     float *k32 = malloc(ne * 4), *v32 = malloc(ne * 4);
@@ -1209,8 +1209,8 @@ static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, in
     cr_assert_eq(kern_cuda_attention_merge(dout, dlse, dhb, dlb, (int)nr, D, 0), FERRY_OK);
     dev_download(got, dout, nq * 4);
     char what[160];
-    snprintf(what, sizeof what, "D %d G %d bs %d chunk %d start %d n_dec %d ws %d", D, G, bs, chunk, start, n_dec,
-             with_ws);
+    snprintf(what, sizeof what, "D %d G %d bs %d chunk %d start %d n_dec %d ws %d", D, G, bs, chunk, start,
+             n_dec, with_ws);
     double wl = 0;
     for (size_t r = 0; r < nr; r++) wl = fmax(wl, fabs(la[r] - lse_ref[r]));
     cr_assert(wl <= 2e-3, "%s: device lse max abs err %g", what, wl);
@@ -1224,8 +1224,8 @@ static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, in
     cudaFree(dseq);
     cudaFree(dpos);
     if (ws) cudaFree(ws);
-    free(q), free(got), free(hb), free(lb), free(la), free(ref), free(ref_dev), free(lse_ref), free(k32),
-        free(v32), free(pos_dev), free(lo), free(pb.seq), free(pb.pos);
+    free(q), free(got), free(hb), free(lb), free(la), free(ref), free(lse_ref), free(k32), free(v32),
+        free(pos_dev), free(lo), free(pb.seq), free(pb.pos);
     cache_free(&c);
 }
 
@@ -1236,7 +1236,7 @@ Test(cuda_attention, split_by_position_merges_into_the_whole_attention)
     for (int ws = 0; ws < 2; ws++) {
         split_case(128, 1, 16, 64, 200, 4, ws);
         split_case(64, 4, 16, 37, 13, 6, ws);
-        split_case(128, 8, 4, 1, 0, 5, ws); /* decode rows only (a one-row "chunk" is a decode row too) */
+        split_case(128, 8, 4, 1, 0, 5, ws);  /* decode rows only (a one-row "chunk" is a decode row too) */
         split_case(24, 2, 7, 20, 30, 3, ws); /* the tile kernel for both */
     }
 }

@@ -182,8 +182,8 @@ static void long_sequence(int f16)
     for (size_t i = 0; i < cells; i++) kh[i] = f32_to_f16(kc[i]), vh[i] = f32_to_f16(vc[i]);
     int32_t *table = malloc(sizeof(int32_t) * max_blocks);
     for (int i = 0; i < max_blocks; i++) table[i] = max_blocks - 1 - i; /* reversed */
-    struct kv_layer_view kv = {f16 ? (void *)kh : kc, f16 ? (void *)vh : vc, max_blocks, bs, table, max_blocks,
-                               nkv, hd, f16, 0};
+    struct kv_layer_view kv = {
+        f16 ? (void *)kh : kc, f16 ? (void *)vh : vc, max_blocks, bs, table, max_blocks, nkv, hd, f16, 0};
     const int32_t seq[3] = {0, 0, 0}, pos[3] = {4099, 2000, 33};
     float q[3 * 16 * 64], out[3 * 16 * 64], ref[3 * 16 * 64];
     kt_fill(q, sizeof q / sizeof q[0], -1.0f, 1.0f);
@@ -235,8 +235,8 @@ Test(attention, ranges_merge_into_the_whole_row)
     int32_t zero[M], hi_a[M];
     for (int i = 0; i < M; i++) zero[i] = 0, hi_a[i] = (lo[i] <= pos[i] ? lo[i] : pos[i] + 1) - 1;
     const size_t qn = (size_t)M * nh * hd;
-    float *q = malloc(sizeof(float) * qn), *full = malloc(sizeof(float) * qn), *a = malloc(sizeof(float) * qn),
-          *b = malloc(sizeof(float) * qn), *c = malloc(sizeof(float) * qn);
+    float *q = malloc(sizeof(float) * qn), *full = malloc(sizeof(float) * qn),
+          *a = malloc(sizeof(float) * qn), *b = malloc(sizeof(float) * qn), *c = malloc(sizeof(float) * qn);
     float la[M * 8], lb[M * 8], lf[M * 8];
     kt_fill(q, qn, -1.0f, 1.0f);
     const float scale = 0.3f;
@@ -272,7 +272,8 @@ Test(attention, ranges_merge_into_the_whole_row)
                                mx + log(s));
             /* The merge. */
             const float M2 = la[r] > lb[r] ? la[r] : lb[r];
-            const float wa = isinf(la[r]) ? 0.0f : expf(la[r] - M2), wb = isinf(lb[r]) ? 0.0f : expf(lb[r] - M2);
+            const float wa = isinf(la[r]) ? 0.0f : expf(la[r] - M2),
+                        wb = isinf(lb[r]) ? 0.0f : expf(lb[r] - M2);
             for (int d = 0; d < hd; d++)
                 c[(size_t)r * hd + d] = (a[(size_t)r * hd + d] * wa + b[(size_t)r * hd + d] * wb) / (wa + wb);
         }

@@ -265,7 +265,8 @@ Test(device_map, host_attended_extension_lets_layers_go_first)
                  kvfirst.n_resident);
     cr_assert_geq(m.kv_tokens, 640);
     cr_assert_lt(m.kv_tokens, kvfirst.kv_tokens);
-    cr_assert_eq(m.kv_tokens + m.kv_ext_tokens, 16 * 640, "the device's part and the extension hold every slot");
+    cr_assert_eq(m.kv_tokens + m.kv_ext_tokens, 16 * 640,
+                 "the device's part and the extension hold every slot");
     cr_assert_leq(m.bytes_total, in.budget);
     /* Whatever the layers leave goes to the pool: less than one more layer's bytes are left over. */
     cr_assert_lt(in.budget - m.bytes_total, 386 * MIB + 16 * 512 * 1024ull);

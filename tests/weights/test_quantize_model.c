@@ -128,7 +128,8 @@ Test(quantize_model, int4_at_load_equals_q4_k_m_file, .timeout = 120)
 }
 Test(quantize_model, int4_at_load_equals_q4_k_m_file_tied_80_layers, .timeout = 120)
 {
-    check_load_equals_file(2, ENGINE_QUANT_INT4, "Q4_K_M", KERN_CPU_ACT_F32); /* dim 32: 32-element fallbacks */
+    check_load_equals_file(2, ENGINE_QUANT_INT4, "Q4_K_M",
+                           KERN_CPU_ACT_F32); /* dim 32: 32-element fallbacks */
 }
 Test(quantize_model, int8_at_load_equals_q8_0_file, .timeout = 120)
 {
