@@ -1425,7 +1425,7 @@ struct mm_ctx {
     const float *bias; /* (n) or NULL */
     int m, n, k;
     size_t row_bytes;
-    int n_threads;
+    int n_tasks; /* contiguous slices of the rows, handed out one at a time */
     /* plain types */
     enum wkind kind;
     int kc;          /* columns per chunk of the tile */
@@ -1566,8 +1566,8 @@ static void mm_task(void *arg, int t)
 {
     const struct mm_ctx *c = arg;
     const int n_groups = (c->n + NR - 1) / NR;
-    const int g0 = (int)((int64_t)n_groups * t / c->n_threads),
-              g1 = (int)((int64_t)n_groups * (t + 1) / c->n_threads);
+    const int g0 = (int)((int64_t)n_groups * t / c->n_tasks),
+              g1 = (int)((int64_t)n_groups * (t + 1) / c->n_tasks);
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
     if (c->qk && !c->to_f32)
@@ -1606,7 +1606,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .n = n,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
-                         .n_threads = tpool_size(tp)};
+                         .n_tasks = tpool_size(tp)};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
     if (quant) {
         c->qk = &q8_kinds[wt];
@@ -1637,8 +1637,19 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->kc = kc >= k ? k : (int)kc;
     }
     /* Tiny products are not worth waking the pool for. */
-    if ((int64_t)m * n * k < 32 * 1024) c->n_threads = 1;
-    return c->n_threads;
+    if ((int64_t)m * n * k < 32 * 1024) return c->n_tasks = 1;
+    {
+        static int chunk = -1; /* EXPERIMENT: rows per task (0: one slice per thread) */
+        if (chunk < 0) {
+            const char *e = getenv("FERRY_MM_CHUNK");
+            chunk = e ? atoi(e) : 0;
+        }
+        if (chunk > 0 && c->n_tasks > 1) {
+            const int want = (n + chunk - 1) / chunk;
+            if (want > c->n_tasks) c->n_tasks = want;
+        }
+    }
+    return c->n_tasks;
 }
 
 int kern_cpu_matmul(float *y, const float *x, const void *w, enum dtype wt, const float *bias, int m, int n,
