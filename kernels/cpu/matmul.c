@@ -89,6 +89,10 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define MR           4    /* rows of x per micro-kernel call */
 #define STREAM_M_MAX 16   /* up to this many rows of x, plain rows stream whole (no tile), MR rows per pass */
 #define NR           4    /* rows of W per group (tile rows; the partition's unit for every type) */
+/* Products of up to TASK_M_MAX rows of x are cut into tasks of TASK_ROWS rows of W (a multiple of NR); larger
+ * ones into one slice per thread, which keeps each slice of x in a thread's L2 the longest. */
+#define TASK_ROWS    64
+#define TASK_M_MAX   16
 #define KC_MAX       1024 /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
 #define TILE_PAD     16   /* floats added to the tile's row stride */
 #define X_L2_BYTES   (512 * 1024) /* budget for the (m, KC) slice of x */
@@ -1638,17 +1642,11 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
     }
     /* Tiny products are not worth waking the pool for. */
     if ((int64_t)m * n * k < 32 * 1024) return c->n_tasks = 1;
-    {
-        static int chunk = -1; /* EXPERIMENT: rows per task (0: one slice per thread) */
-        if (chunk < 0) {
-            const char *e = getenv("FERRY_MM_CHUNK");
-            chunk = e ? atoi(e) : 0;
-        }
-        if (chunk > 0 && c->n_tasks > 1) {
-            const int want = (n + chunk - 1) / chunk;
-            if (want > c->n_tasks) c->n_tasks = want;
-        }
-    }
+    /* Up to TASK_M_MAX rows of x the product streams W: it is cut into slices of TASK_ROWS rows, handed out
+     * one at a time, so that a core that is slow this time (another thread on it, a page walk) holds up
+     * one slice, not 1/threads of the product. llama.cpp cuts the same way. */
+    if (m <= TASK_M_MAX && c->n_tasks > 1 && (n + TASK_ROWS - 1) / TASK_ROWS > c->n_tasks)
+        c->n_tasks = (n + TASK_ROWS - 1) / TASK_ROWS;
     return c->n_tasks;
 }
 
