@@ -1,7 +1,9 @@
 /* attention — causal GQA attention over the paged KV cache, f32 or f16 (see attention.h for the layout).
  *
- * kern_cpu_attention runs one task per (token, KV head) — all query heads of the group together, so each
- * K/V row is read once — or per (token, query head) when there are too few of those to keep the pool busy.
+ * kern_cpu_attention runs one task per (tile, KV head) — all query heads of the group together, so each
+ * K/V row is read once — or per (tile, query head) when there are too few of those to keep the pool busy. A
+ * tile is one token, or a run of up to ATT_ROWS consecutive tokens of one sequence (a prefill chunk's rows):
+ * each chunk of K/V rows is then read from memory once for all of them, not once per row.
  * Tasks are split over the pool statically; each output row is computed by one thread in a fixed order, the
  * same whatever the grouping: deterministic and independent of the pool size. A token whose context is longer
  * than ATT_PART positions is cut into parts of ATT_PART (a function of its own position only, so results do
@@ -35,7 +37,9 @@
 
 #define ATT_CHUNK          32         /* positions scored at a time */
 #define ATT_MAX_GROUP      16         /* query heads one task may take */
-#define ATT_MAX_ACC        2048       /* floats of accumulators in one task: heads * head_dim */
+#define ATT_MAX_ACC        2048       /* floats of accumulators of one row in a task: heads * head_dim */
+#define ATT_ROWS           16         /* rows of one sequence (a prefill chunk's) one task may take */
+#define ATT_TILE_ACC       8192       /* floats of accumulators in one task: rows * heads * head_dim */
 #define ATT_PREFETCH_BYTES (256u << 10) /* K+V of a sequence's layer beyond which rows are prefetched */
 #define ATT_PART           256        /* positions per part of a long context (parallel, merged after) */
 #define ATT_STATE_FLOATS   (1u << 20) /* budget of partial states per pass over the batch (4 MiB) */
@@ -102,10 +106,12 @@ struct att_ctx {
     int split; /* tasks per (token, KV head, part): each takes group/split query heads */
     float scale;
     /* Long contexts are cut into parts of ATT_PART positions, run as separate tasks (partial online-softmax
-     * states in `state`) and merged afterwards. Tokens [t0, t1) are in this pass; task_base[t - t0] is the
-     * first task of token t (and [t1 - t0] the total), part_base[t - t0] its first part in `state`. */
-    int t0, t1;
-    const int *task_base, *part_base;
+     * states in `state`) and merged afterwards. Tokens [t0, t1) are in this pass, cut into n_tiles tiles
+     * (runs of up to ATT_ROWS rows of one sequence with one first position): tile i holds rows
+     * [tile_row[i], tile_row[i + 1]) and its tasks start at task_base[i] (task_base[n_tiles]: the total);
+     * part_base[t - t0] is token t's first part in `state`. */
+    int t0, t1, n_tiles;
+    const int *tile_row, *task_base, *part_base;
     float *state; /* (parts, n_heads, head_dim + 2): max, sum, accumulator */
 };
 
@@ -190,112 +196,136 @@ static inline __attribute__((always_inline)) void pv64(float *acc, const float *
     *(v8fu *)(acc + 32) = a4, *(v8fu *)(acc + 40) = a5, *(v8fu *)(acc + 48) = a6, *(v8fu *)(acc + 56) = a7;
 }
 
-/* Query heads [h0, h1) of token t, all reading KV head kvh: each K/V row is loaded once for all of them.
- * Instantiated for each element type (f16 a constant). */
-static inline __attribute__((always_inline)) void att_heads_t(const struct att_ctx *c, int t, int kvh, int h0,
-                                                              int h1, int p_lo, int p_hi, float *state,
-                                                              const int f16)
+/* Part `part` of rows [ta, ta + nr) — one sequence, one first position: a prefill chunk's run of rows, or one
+ * row — for query heads [h0, h1), all reading KV head kvh. Each chunk of K/V rows is loaded once for all of
+ * them (from memory once, then from L1 for the other rows and heads). Every (row, head) takes the steps it
+ * would take alone, in the same order: the same chunks, clipped at its own last position, and the same
+ * arithmetic, so a row's result does not depend on the rows beside it. Instantiated for each element type
+ * (f16 a constant). */
+static inline __attribute__((always_inline)) void att_rows_t(const struct att_ctx *c, int ta, int nr, int kvh,
+                                                             int h0, int h1, int part, const int f16)
 {
     const struct kv_layer_view *kv = c->kv;
-    const int hd = kv->head_dim, nh = h1 - h0;
-    const float *q = c->q + ((size_t)t * c->n_heads + h0) * hd;
-    float *o = c->out + ((size_t)t * c->n_heads + h0) * hd;
-    const int seq = c->seq[t], last = c->pos[t];
+    const int hd = kv->head_dim, nh = h1 - h0, seq = c->seq[ta];
     const size_t stride = (size_t)kv->n_kv_heads * hd;
     const int es = f16 ? 2 : 4, line = 64 / es; /* bytes per element, elements per cache line */
-    const int prefetch = (size_t)(last + 1) * stride * 2 * es > ATT_PREFETCH_BYTES;
-    float acc[ATT_MAX_ACC];
+    float acc[ATT_TILE_ACC];
     float sc[ATT_MAX_GROUP][ATT_CHUNK];
-    float mx[ATT_MAX_GROUP], sum[ATT_MAX_GROUP];
-    for (int g = 0; g < nh; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
-    for (int d = 0; d < nh * hd; d++) acc[d] = 0.0f;
+    float mx[ATT_ROWS][ATT_MAX_GROUP], sum[ATT_ROWS][ATT_MAX_GROUP];
+    int p_hi[ATT_ROWS], n_parts[ATT_ROWS];
+    /* The rows share their first position, so part `part` starts at the same position for all of them. */
+    const int p_lo = att_part_lo(lo_of(c->lo, ta), part);
+    int p_end = p_lo, last = 0;
+    for (int r = 0; r < nr; r++) {
+        const int t = ta + r, lo_t = lo_of(c->lo, t);
+        n_parts[r] = att_parts(lo_t, c->pos[t]);
+        p_hi[r] = part >= n_parts[r]      ? p_lo /* past its last part: nothing to do */
+                  : part + 1 < n_parts[r] ? att_part_lo(lo_t, part + 1)
+                                          : c->pos[t] + 1;
+        p_end = p_hi[r] > p_end ? p_hi[r] : p_end;
+        last = c->pos[t] > last ? c->pos[t] : last;
+        for (int g = 0; g < nh; g++) mx[r][g] = -INFINITY, sum[r][g] = 0.0f;
+    }
+    for (int d = 0; d < nr * nh * hd; d++) acc[d] = 0.0f;
+    const int prefetch = (size_t)(last + 1) * stride * 2 * es > ATT_PREFETCH_BYTES;
 
-    for (int p0 = p_lo; p0 < p_hi;) {
+    for (int p0 = p_lo; p0 < p_end;) {
         /* A chunk never crosses a block boundary: its rows are contiguous in the cache. */
         int len = kv->block_size - p0 % kv->block_size;
         if (len > ATT_CHUNK) len = ATT_CHUNK;
-        if (len > p_hi - p0) len = p_hi - p0;
+        if (len > p_end - p0) len = p_end - p0;
         const size_t kr = kv_row(kv, seq, p0, kvh), vr = kr; /* K and V share the layout */
         /* Rows of one KV head are n_kv_heads*head_dim floats apart (often a whole page), which hardware
          * prefetchers do not follow: when the sequence's cache is too big to stay in cache, ask for this
          * chunk's V rows and the next chunk's K rows now (2-3x faster from DRAM; slower when cached). */
         const int p1 = p0 + len;
-        const int has_next = p1 < p_hi;
-        const size_t kn = has_next ? kv_row(kv, seq, p1, kvh) : 0;
-        int len_n = kv->block_size - p1 % kv->block_size;
-        if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
-        if (len_n > p_hi - p1) len_n = p_hi - p1;
         if (prefetch) {
             for (int j = 0; j < len; j++)
                 for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->v, vr + j * stride + d, f16));
-            if (has_next)
+            if (p1 < p_end) {
+                const size_t kn = kv_row(kv, seq, p1, kvh);
+                int len_n = kv->block_size - p1 % kv->block_size;
+                if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
+                if (len_n > p_end - p1) len_n = p_end - p1;
                 for (int j = 0; j < len_n; j++)
                     for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->k, kn + j * stride + d, f16));
+            }
         }
-        {
+        for (int r = 0; r < nr; r++) {
+            if (p0 >= p_hi[r]) continue;
+            /* The row's own chunk: the same as the tile's but clipped at its last position. */
+            const int lr = p_hi[r] - p0 < len ? p_hi[r] - p0 : len;
+            const float *q = c->q + ((size_t)(ta + r) * c->n_heads + h0) * hd;
+            float *ra = acc + (size_t)r * nh * hd;
             int j = 0;
             if (hd % 8 == 0)
-                for (; j + 8 <= len; j += 8)
+                for (; j + 8 <= lr; j += 8)
                     for (int g = 0; g < nh; g++) {
                         dot8(&sc[g][j], q + (size_t)g * hd, kv->k, kr + j * stride, stride, hd, f16);
-                        for (int r = 0; r < 8; r++) sc[g][j + r] *= c->scale;
+                        for (int i = 0; i < 8; i++) sc[g][j + i] *= c->scale;
                     }
-            for (; j < len; j++)
+            for (; j < lr; j++)
                 for (int g = 0; g < nh; g++)
                     sc[g][j] = dot(q + (size_t)g * hd, kv->k, kr + j * stride, hd, f16) * c->scale;
-        }
-        for (int g = 0; g < nh; g++) {
-            float cmx = -INFINITY;
-            for (int j = 0; j < len; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
-            if (cmx > mx[g]) {
-                const float r = expf(mx[g] - cmx); /* 0 on the first chunk */
-                sum[g] *= r;
-                for (int d = 0; d < hd; d++) acc[g * hd + d] *= r;
-                mx[g] = cmx;
-            }
-            int j = 0;
-            for (; j + 8 <= len; j += 8) *(v8fu *)&sc[g][j] = v8_exp(*(v8fu *)&sc[g][j] - mx[g]);
-            for (; j < len; j++) sc[g][j] = expf(sc[g][j] - mx[g]);
-            for (j = 0; j < len; j++) sum[g] += sc[g][j];
-        }
-        if (hd % 64 == 0) {
-            for (int g = 0; g < nh; g++)
-                for (int d0 = 0; d0 < hd; d0 += 64)
-                    pv64(acc + g * hd + d0, sc[g], kv->v, vr + d0, stride, len, f16);
-        } else
-        for (int j = 0; j < len; j++) {
-            const size_t v = vr + j * stride;
             for (int g = 0; g < nh; g++) {
-                const float e = sc[g][j];
-                float *a = acc + g * hd;
-                for (int d = 0; d < hd; d++) a[d] += e * ld1(kv->v, v + d, f16);
+                float cmx = -INFINITY;
+                for (j = 0; j < lr; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
+                if (cmx > mx[r][g]) {
+                    const float rs = expf(mx[r][g] - cmx); /* 0 on the first chunk */
+                    sum[r][g] *= rs;
+                    for (int d = 0; d < hd; d++) ra[g * hd + d] *= rs;
+                    mx[r][g] = cmx;
+                }
+                for (j = 0; j + 8 <= lr; j += 8) *(v8fu *)&sc[g][j] = v8_exp(*(v8fu *)&sc[g][j] - mx[r][g]);
+                for (; j < lr; j++) sc[g][j] = expf(sc[g][j] - mx[r][g]);
+                for (j = 0; j < lr; j++) sum[r][g] += sc[g][j];
             }
+            if (hd % 64 == 0) {
+                for (int g = 0; g < nh; g++)
+                    for (int d0 = 0; d0 < hd; d0 += 64)
+                        pv64(ra + g * hd + d0, sc[g], kv->v, vr + d0, stride, lr, f16);
+            } else
+                for (j = 0; j < lr; j++) {
+                    const size_t v = vr + j * stride;
+                    for (int g = 0; g < nh; g++) {
+                        const float e = sc[g][j];
+                        float *a = ra + g * hd;
+                        for (int d = 0; d < hd; d++) a[d] += e * ld1(kv->v, v + d, f16);
+                    }
+                }
         }
-        p0 += len;
+        p0 = p1;
     }
-    if (state) { /* one part of several: keep the unnormalised state for att_merge */
+    for (int r = 0; r < nr; r++) {
+        if (part >= n_parts[r]) continue;
+        const int t = ta + r;
+        const float *ra = acc + (size_t)r * nh * hd;
+        if (n_parts[r] > 1) { /* one part of several: keep the unnormalised state for att_merge */
+            float *st = c->state + ((size_t)(c->part_base[t - c->t0] + part) * c->n_heads + h0) * (hd + 2);
+            for (int g = 0; g < nh; g++, st += hd + 2) {
+                st[0] = mx[r][g];
+                st[1] = sum[r][g];
+                memcpy(st + 2, ra + g * hd, sizeof(float) * (size_t)hd);
+            }
+            continue;
+        }
+        float *o = c->out + ((size_t)t * c->n_heads + h0) * hd;
         for (int g = 0; g < nh; g++) {
-            float *st = state + (size_t)g * (hd + 2);
-            st[0] = mx[g];
-            st[1] = sum[g];
-            memcpy(st + 2, acc + g * hd, sizeof(float) * (size_t)hd);
+            const float inv = sum[r][g] > 0.0f ? 1.0f / sum[r][g] : 0.0f; /* 0: an empty range */
+            for (int d = 0; d < hd; d++) o[(size_t)g * hd + d] = ra[g * hd + d] * inv;
+            if (c->lse)
+                c->lse[(size_t)t * c->n_heads + h0 + g] =
+                    sum[r][g] > 0.0f ? mx[r][g] + logf(sum[r][g]) : -INFINITY;
         }
-        return;
-    }
-    for (int g = 0; g < nh; g++) {
-        const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f; /* 0: an empty range */
-        for (int d = 0; d < hd; d++) o[(size_t)g * hd + d] = acc[g * hd + d] * inv;
-        if (c->lse)
-            c->lse[(size_t)t * c->n_heads + h0 + g] = sum[g] > 0.0f ? mx[g] + logf(sum[g]) : -INFINITY;
     }
 }
 
-static void att_heads(const struct att_ctx *c, int t, int kvh, int h0, int h1, int p_lo, int p_hi, float *state)
+static void att_rows(const struct att_ctx *c, int ta, int nr, int kvh, int h0, int h1, int part)
 {
     if (c->kv->f16)
-        att_heads_t(c, t, kvh, h0, h1, p_lo, p_hi, state, 1);
+        att_rows_t(c, ta, nr, kvh, h0, h1, part, 1);
     else
-        att_heads_t(c, t, kvh, h0, h1, p_lo, p_hi, state, 0);
+        att_rows_t(c, ta, nr, kvh, h0, h1, part, 0);
 }
 
 /* out of token t, all heads, from its n_parts partial states, combined in part order. */
@@ -326,8 +356,8 @@ static void att_merge(const struct att_ctx *c, int t, const float *state, int n_
 static void att_task(void *arg, int task)
 {
     const struct att_ctx *c = arg;
-    /* The token: the last window index whose first task is <= task (binary search). */
-    int lo = 0, hi = c->t1 - c->t0 - 1;
+    /* The tile: the last one whose first task is <= task (binary search). */
+    int lo = 0, hi = c->n_tiles - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (c->task_base[mid] <= task)
@@ -335,17 +365,11 @@ static void att_task(void *arg, int task)
         else
             hi = mid - 1;
     }
-    const int t = c->t0 + lo, n_kv = c->kv->n_kv_heads, per = c->group / c->split;
+    const int n_kv = c->kv->n_kv_heads, per = c->group / c->split;
     const int r = task - c->task_base[lo], part = r / (n_kv * c->split), rr = r % (n_kv * c->split);
     const int kvh = rr / c->split, s = rr % c->split;
     const int h0 = kvh * c->group + s * per;
-    const int lo_t = lo_of(c->lo, t), n_parts = att_parts(lo_t, c->pos[t]);
-    const int p_lo = att_part_lo(lo_t, part);
-    const int p_hi = part + 1 < n_parts ? att_part_lo(lo_t, part + 1) : c->pos[t] + 1;
-    float *state = n_parts > 1 ? c->state + ((size_t)(c->part_base[lo] + part) * c->n_heads + h0) *
-                                                (c->kv->head_dim + 2)
-                               : NULL;
-    att_heads(c, t, kvh, h0, h0 + per, p_lo, p_hi, state);
+    att_rows(c, c->tile_row[lo], c->tile_row[lo + 1] - c->tile_row[lo], kvh, h0, h0 + per, part);
 }
 
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
@@ -374,16 +398,15 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
     if (work < 32 * 1024) tp = NULL;
     /* Tokens are taken in windows whose partial states fit ATT_STATE_FLOATS (a token alone may exceed it). */
     const size_t per_part = (size_t)n_heads * (hd + 2);
-    int *base = malloc(sizeof(int) * 2 * ((size_t)m + 1));
+    int *base = malloc(sizeof(int) * 4 * ((size_t)m + 1));
     float *state = NULL;
     size_t state_cap = 0;
     for (int t0 = 0; t0 < m;) {
         int t1 = t0;
-        int64_t parts = 0, multi = 0; /* all parts; parts of tokens with more than one */
+        int64_t multi = 0; /* parts of tokens with more than one */
         while (t1 < m) {
             const int np = att_parts(lo_of(lo, t1), pos[t1]);
             if (t1 > t0 && (size_t)(multi + (np > 1 ? np : 0)) * per_part > ATT_STATE_FLOATS) break;
-            parts += np;
             multi += np > 1 ? np : 0;
             t1++;
         }
@@ -397,23 +420,42 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
             free(state);
             return FERRY_ERR_NOMEM;
         }
-        /* One task per (token, part, KV head) reads each K/V row once for the whole group; when that leaves
-         * fewer than two tasks per thread, or the group's accumulators do not fit, groups are split into one
-         * task per head. The arithmetic of a head is the same either way. */
-        int split = 1;
-        if (parts * kv->n_kv_heads < 2 * (int64_t)tpool_size(tp) || group > ATT_MAX_GROUP ||
-            group * hd > ATT_MAX_ACC)
-            split = group;
-        int *task_base = base, *part_base = base + (m + 1);
-        int nt = 0, np = 0;
+        int *tile_row = base, *task_base = base + (m + 1), *part_base = base + 2 * (m + 1);
+        int np = 0;
         for (int t = t0; t < t1; t++) {
-            task_base[t - t0] = nt;
             part_base[t - t0] = np;
             const int n = att_parts(lo_of(lo, t), pos[t]);
-            nt += n * kv->n_kv_heads * split;
             np += n > 1 ? n : 0;
         }
-        task_base[t1 - t0] = nt;
+        /* One task per (tile, part, KV head) reads each K/V chunk once for the whole group and the tile's
+         * rows; when that leaves fewer than two tasks per thread, or the group's accumulators do not fit,
+         * groups are split into one task per head. The arithmetic of a (row, head) is the same either way. */
+        int split = 1, n_tiles = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            const int per = group / split;
+            int rows = ATT_TILE_ACC / (per * hd);
+            rows = rows < 1 ? 1 : rows > ATT_ROWS ? ATT_ROWS : rows;
+            int64_t tasks = 0;
+            n_tiles = 0;
+            for (int t = t0; t < t1;) {
+                int e = t + 1, n = att_parts(lo_of(lo, t), pos[t]);
+                while (e < t1 && e - t < rows && seq[e] == seq[t] && lo_of(lo, e) == lo_of(lo, t)) {
+                    const int ne = att_parts(lo_of(lo, e), pos[e]);
+                    n = ne > n ? ne : n;
+                    e++;
+                }
+                tile_row[n_tiles] = t;
+                task_base[n_tiles++] = (int)tasks;
+                tasks += (int64_t)n * kv->n_kv_heads * split;
+                t = e;
+            }
+            tile_row[n_tiles] = t1;
+            task_base[n_tiles] = (int)tasks;
+            if (split > 1 ||
+                (tasks >= 2 * (int64_t)tpool_size(tp) && group <= ATT_MAX_GROUP && group * hd <= ATT_MAX_ACC))
+                break;
+            split = group;
+        }
         struct att_ctx c = {.out = out,
                             .q = q,
                             .kv = kv,
@@ -427,10 +469,12 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
                             .scale = scale,
                             .t0 = t0,
                             .t1 = t1,
+                            .n_tiles = n_tiles,
+                            .tile_row = tile_row,
                             .task_base = task_base,
                             .part_base = part_base,
                             .state = state};
-        tpool_run(tp, att_task, &c, nt);
+        tpool_run(tp, att_task, &c, task_base[n_tiles]);
         for (int t = t0; t < t1; t++) {
             const int n = att_parts(lo_of(lo, t), pos[t]);
             if (n > 1) att_merge(&c, t, state + (size_t)part_base[t - t0] * per_part, n);

@@ -2,8 +2,10 @@
  * test). One sequence of `ctx` positions, `tokens` decode rows of other sequences of the same length (a batch
  * of decodes), heads/kv heads/head_dim of a model; best of `reps` calls after a warm-up; K/V rotate over
  * copies of at least 512 MiB so no call finds them in cache. Prints ms per call and the K/V read rate.
- * Usage: bench_cpu_attention [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] [-r
- * reps] (defaults: Llama-2-7B's 32/32/128, context 4096, 1 token, 2 threads, 8 reps).
+ * With -p rows, a prefill chunk instead: `rows` rows of one sequence at positions ctx - rows .. ctx - 1
+ * (GFLOP/s counts 4·head_dim per head and attended position).
+ * Usage: bench_cpu_attention [-t threads] [-c ctx] [-b tokens | -p rows] [-H heads] [-K kv_heads] [-d
+ * head_dim] [-r reps] (defaults: Llama-2-7B's 32/32/128, context 4096, 1 token, 2 threads, 8 reps).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -26,8 +28,8 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-    int threads = 2, ctx = 4096, tokens = 1, heads = 32, kvh = 32, hd = 128, reps = 8, opt;
-    while ((opt = getopt(argc, argv, "t:c:b:H:K:d:r:")) != -1) {
+    int threads = 2, ctx = 4096, tokens = 1, heads = 32, kvh = 32, hd = 128, reps = 8, chunk = 0, opt;
+    while ((opt = getopt(argc, argv, "t:c:b:p:H:K:d:r:")) != -1) {
         const int v = atoi(optarg);
         switch (opt) {
         case 't':
@@ -38,6 +40,9 @@ int main(int argc, char **argv)
             break;
         case 'b':
             tokens = v;
+            break;
+        case 'p':
+            chunk = v;
             break;
         case 'H':
             heads = v;
@@ -53,17 +58,20 @@ int main(int argc, char **argv)
             break;
         default:
             fprintf(stderr,
-                    "usage: %s [-t threads] [-c ctx] [-b tokens] [-H heads] [-K kv_heads] [-d head_dim] "
+                    "usage: %s [-t threads] [-c ctx] [-b tokens | -p rows] [-H heads] [-K kv_heads] [-d "
+                    "head_dim] "
                     "[-r reps]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (threads < 1 || ctx < 1 || tokens < 1 || heads < 1 || kvh < 1 || heads % kvh || hd < 1 || reps < 1) {
+    if (chunk > 0) tokens = chunk;
+    if (threads < 1 || ctx < 1 || tokens < 1 || heads < 1 || kvh < 1 || heads % kvh || hd < 1 || reps < 1 ||
+        chunk > ctx) {
         fprintf(stderr, "bad sizes\n");
         return 2;
     }
-    const int bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * tokens;
+    const int bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * (chunk ? 1 : tokens);
     const size_t row = (size_t)kvh * hd, cells = (size_t)n_blocks * bs * row;
     int32_t *table = malloc(sizeof(int32_t) * (size_t)n_blocks), *seq = malloc(sizeof(int32_t) * tokens),
             *pos = malloc(sizeof(int32_t) * tokens);
@@ -71,13 +79,17 @@ int main(int argc, char **argv)
           *out = malloc(sizeof(float) * (size_t)tokens * heads * hd);
     if (!table || !seq || !pos || !q || !out) return 1;
     for (int i = 0; i < n_blocks; i++) table[i] = i;
-    for (int t = 0; t < tokens; t++) seq[t] = t, pos[t] = ctx - 1;
+    double flop = 0;
+    for (int t = 0; t < tokens; t++) {
+        seq[t] = chunk ? 0 : t, pos[t] = chunk ? ctx - chunk + t : ctx - 1;
+        flop += 4.0 * hd * heads * (pos[t] + 1);
+    }
     for (size_t i = 0; i < (size_t)tokens * heads * hd; i++)
         q[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
     struct tpool *tp;
     if (tpool_init(&tp, threads)) return 1;
-    printf("heads %d, kv heads %d, head_dim %d, context %d, %d decode token(s), %d threads\n", heads, kvh, hd,
-           ctx, tokens, threads);
+    printf("heads %d, kv heads %d, head_dim %d, context %d, %d %s, %d threads\n", heads, kvh, hd, ctx, tokens,
+           chunk ? "rows of a prefill chunk" : "decode token(s)", threads);
     for (int f16 = 0; f16 < 2; f16++) {
         const size_t es = f16 ? 2 : 4, bytes = 2 * cells * es;
         const int copies = (int)((512u << 20) / bytes) + 2;
@@ -102,8 +114,12 @@ int main(int argc, char **argv)
             const double dt = now_s() - t0;
             if (r > 0 && dt < best) best = dt; /* r = 0: warm-up */
         }
-        printf("%s KV: %8.3f ms per call, %6.1f GB/s of K/V (%.1f MiB)\n", f16 ? "f16" : "f32", best * 1e3,
-               (double)2 * tokens * ctx * row * es / best / 1e9, bytes / 1048576.0);
+        if (chunk)
+            printf("%s KV: %8.3f ms per call, %6.1f GFLOP/s (%.1f MiB)\n", f16 ? "f16" : "f32", best * 1e3,
+                   flop / best / 1e9, bytes / 1048576.0);
+        else
+            printf("%s KV: %8.3f ms per call, %6.1f GB/s of K/V (%.1f MiB)\n", f16 ? "f16" : "f32",
+                   best * 1e3, (double)2 * tokens * ctx * row * es / best / 1e9, bytes / 1048576.0);
         for (int c = 0; c < copies; c++) free(k[c]), free(v[c]);
         free(k);
         free(v);

@@ -288,3 +288,78 @@ Test(attention, ranges_merge_into_the_whole_row)
     free(b);
     free(c);
 }
+
+/* A prefill chunk's rows are read as tiles (a K/V chunk once for up to ATT_ROWS rows): each row's result is
+ * still the one it has alone, bitwise, over the whole row and over a range, with the chunk crossing parts
+ * (ATT_PART = 256) and blocks of an odd size, beside decode rows of other sequences; and it matches the
+ * double reference. f32 and f16 caches, GQA groups of 4 and 1. */
+static void chunk_rows(int f16, int nh, int nkv)
+{
+    kt_seed(27 + f16 + nkv);
+    const int bs = 7, hd = 64, n_seq = 2, max_blocks = 600 / bs + 1, n_blocks = n_seq * max_blocks;
+    const size_t row = (size_t)nkv * hd, cells = (size_t)n_blocks * bs * row, es = f16 ? 2 : 4;
+    void *kc = malloc(es * cells), *vc = malloc(es * cells);
+    int32_t *table = malloc(sizeof(int32_t) * n_blocks);
+    for (int i = 0; i < n_blocks; i++) table[i] = (11 * i + 5) % n_blocks;
+    struct kv_layer_view kv = {kc, vc, n_blocks, bs, table, max_blocks, nkv, hd, f16, 0};
+    float *kn = malloc(sizeof(float) * row), *vn = malloc(sizeof(float) * row);
+    for (int s = 0; s < n_seq; s++)
+        for (int p = 0; p < 560; p++) {
+            kt_fill(kn, row, -1.0f, 1.0f);
+            kt_fill(vn, row, -1.0f, 1.0f);
+            const int32_t sq = s, ps = p;
+            kern_cpu_kv_store(&kv, kn, vn, &sq, &ps, 1);
+        }
+    /* A decode row of seq 1, the chunk of seq 0 at positions 200..499, another decode row of seq 1. */
+    enum { M = 302 };
+    int32_t seq[M], pos[M], lo[M];
+    seq[0] = 1, pos[0] = 555, lo[0] = 300;
+    for (int i = 1; i <= 300; i++) seq[i] = 0, pos[i] = 199 + i, lo[i] = 100;
+    seq[M - 1] = 1, pos[M - 1] = 17, lo[M - 1] = 300; /* an empty range */
+    const size_t hn = (size_t)nh * hd, qn = M * hn;
+    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn),
+          *ref = malloc(sizeof(float) * qn);
+    float *one = malloc(sizeof(float) * hn), *lse = malloc(sizeof(float) * M * nh), lse1[16];
+    kt_fill(q, qn, -1.0f, 1.0f);
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
+    const float scale = 0.35f;
+    char what[64];
+    snprintf(what, sizeof what, "prefill chunk %s, %d heads / %d", f16 ? "f16" : "f32", nh, nkv);
+    cr_assert_eq(kern_cpu_attention(out, q, &kv, seq, pos, M, nh, scale, tp), FERRY_OK);
+    kern_cpu_attention_ref(ref, q, &kv, seq, pos, M, nh, scale);
+    kt_check_close(what, out, ref, qn, 1e-5, 1e-5);
+    for (int i = 0; i < M; i += (i % 17 == 3 ? 1 : 5)) {
+        cr_assert_eq(kern_cpu_attention(one, q + i * hn, &kv, seq + i, pos + i, 1, nh, scale, tp), FERRY_OK);
+        cr_assert(memcmp(one, out + i * hn, sizeof(float) * hn) == 0, "%s: row %d alone differs", what, i);
+    }
+    cr_assert_eq(kern_cpu_attention_range(out, lse, q, &kv, seq, lo, pos, M, nh, scale, tp), FERRY_OK);
+    for (int i = 0; i < M; i += (i % 13 == 2 ? 1 : 7)) {
+        cr_assert_eq(kern_cpu_attention_range(one, lse1, q + i * hn, &kv, seq + i, lo + i, pos + i, 1, nh,
+                                              scale, NULL),
+                     FERRY_OK);
+        cr_assert(memcmp(one, out + i * hn, sizeof(float) * hn) == 0, "%s: range row %d alone differs", what,
+                  i);
+        cr_assert(memcmp(lse1, lse + (size_t)i * nh, sizeof(float) * nh) == 0, "%s: lse of row %d", what, i);
+    }
+    tpool_free(tp);
+    free(kc);
+    free(vc);
+    free(table);
+    free(kn);
+    free(vn);
+    free(q);
+    free(out);
+    free(ref);
+    free(one);
+    free(lse);
+}
+
+Test(attention, prefill_chunk_rows_read_together_f32)
+{
+    chunk_rows(0, 8, 2);
+}
+Test(attention, prefill_chunk_rows_read_together_f16_mha)
+{
+    chunk_rows(1, 4, 4);
+}
