@@ -89,10 +89,13 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define MR           4    /* rows of x per micro-kernel call */
 #define STREAM_M_MAX 16   /* up to this many rows of x, plain rows stream whole (no tile), MR rows per pass */
 #define NR           4    /* rows of W per group (tile rows; the partition's unit for every type) */
-/* Products of up to TASK_M_MAX rows of x are cut into tasks of TASK_ROWS rows of W (a multiple of NR); larger
- * ones into one slice per thread, which keeps each slice of x in a thread's L2 the longest. */
-#define TASK_ROWS    64
-#define TASK_M_MAX   16
+/* Products of up to TASK_M_MAX rows of x, on pools of TASK_MIN_THREADS threads or more, are cut into tasks of
+ * TASK_ROWS rows of W (a multiple of NR), or of TASK_MIN_BYTES of W when that is more rows (small models);
+ * other products into one slice per thread, which keeps each slice of x in a thread's L2 the longest. */
+#define TASK_ROWS        64
+#define TASK_MIN_BYTES   (128 << 10)
+#define TASK_M_MAX       16
+#define TASK_MIN_THREADS 8
 #define KC_MAX       1024 /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
 #define TILE_PAD     16   /* floats added to the tile's row stride */
 #define X_L2_BYTES   (512 * 1024) /* budget for the (m, KC) slice of x */
@@ -1642,11 +1645,17 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
     }
     /* Tiny products are not worth waking the pool for. */
     if ((int64_t)m * n * k < 32 * 1024) return c->n_tasks = 1;
-    /* Up to TASK_M_MAX rows of x the product streams W: it is cut into slices of TASK_ROWS rows, handed out
-     * one at a time, so that a core that is slow this time (another thread on it, a page walk) holds up
-     * one slice, not 1/threads of the product. llama.cpp cuts the same way. */
-    if (m <= TASK_M_MAX && c->n_tasks > 1 && (n + TASK_ROWS - 1) / TASK_ROWS > c->n_tasks)
-        c->n_tasks = (n + TASK_ROWS - 1) / TASK_ROWS;
+    /* Up to TASK_M_MAX rows of x the product streams W. With TASK_MIN_THREADS threads or more it is cut into
+     * slices of TASK_ROWS rows (more when those would hold less than TASK_MIN_BYTES), handed out one at a
+     * time, so that a core that is slow this time (another thread on it, a page walk) holds up one slice,
+     * not 1/threads of the product; llama.cpp cuts the same way. With fewer threads the slices' own costs
+     * outweigh that (kernels/cpu/NOTES.md, session 12). */
+    if (m <= TASK_M_MAX && c->n_tasks >= TASK_MIN_THREADS) {
+        int64_t rows = ((int64_t)TASK_MIN_BYTES + (int64_t)c->row_bytes - 1) / (int64_t)c->row_bytes;
+        rows = rows < TASK_ROWS ? TASK_ROWS : (rows + NR - 1) / NR * NR;
+        const int64_t want = (n + rows - 1) / rows;
+        if (want > c->n_tasks) c->n_tasks = (int)want;
+    }
     return c->n_tasks;
 }
 

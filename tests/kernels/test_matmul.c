@@ -252,9 +252,12 @@ static void check_type(enum dtype t)
     check_shape(t, 65, 1, bs == 1 ? 333 : bs == 32 ? 32 * 5 : 256, tp2, tp3);
     check_shape(t, 3, 2, bs == 1 ? 7 : bs, tp2, tp3);
     check_shape(t, 2, 5, bs == 1 ? 4099 * 4 + 1 : bs == 32 ? 32 * 521 : 256 * 65, tp2, tp3);
-    /* Up to 16 rows of x and over 64 rows of W per thread: tasks of 64 rows, the last short of a group. */
-    check_shape(t, 1, 263, bs == 1 ? 131 : bs == 32 ? 160 : 256, tp2, tp3);
-    check_shape(t, 16, 263, bs == 1 ? 131 : bs == 32 ? 160 : 256, tp2, tp3);
+    /* Up to 16 rows of x on a pool of 8: tasks of 64 rows or more (128 KiB of W), the last short of a group. */
+    struct tpool *tp8;
+    cr_assert_eq(tpool_init(&tp8, 8), FERRY_OK);
+    check_shape(t, 1, 1003, 2048, tp8, tp3);
+    check_shape(t, 5, 1003, 2048, tp8, tp3);
+    tpool_free(tp8);
     tpool_free(tp2);
     tpool_free(tp3);
 }
