@@ -75,8 +75,8 @@ struct engine_params engine_default_params(void)
         .cpu_threads = 0,
         .plan_override = NULL,
         .quant = ENGINE_QUANT_NONE,
-        .cpu_int8 = -1, /* --cpu-arith auto */
-        .kv_f16 = 1,    /* --kv-type f16 */
+        .cpu_int8 = -1,    /* --cpu-arith auto */
+        .kv_type = KV_F16, /* --kv-type f16 */
     };
 }
 
@@ -99,7 +99,11 @@ int engine_quant_parse(const char *s)
 
 int engine_kv_type_parse(const char *s)
 {
-    return !s ? -1 : !strcmp(s, "f16") ? 1 : !strcmp(s, "f32") ? 0 : -1;
+    return !s                   ? -1
+           : !strcmp(s, "f16")  ? KV_F16
+           : !strcmp(s, "f32")  ? KV_F32
+           : !strcmp(s, "q8_0") ? KV_Q8_0
+                                : -1;
 }
 
 int engine_quant_ftype(enum engine_quant q)
@@ -431,8 +435,14 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const int kv_auto = use_cuda && p.kv_tokens == 0;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;
+    if (!use_cuda && p.kv_type == KV_Q8_0 && hp->head_dim % 32) {
+        snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of 32 (this model's is %d)",
+                 hp->head_dim);
+        rc = FERRY_ERR_INVALID;
+        goto fail;
+    }
     rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK, use_cuda ? 0 : p.kv_f16 ? 2 : 4);
+                       ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
@@ -494,13 +504,14 @@ static int engine_create(struct engine **out, struct model *model, const struct 
             "; room for %d of the %d slots at full context (requests are admitted by prompt + max_tokens, "
             "the rest wait)",
             full, p.n_seqs);
-    const int kv_es = use_cuda ? 2 : e->kv.elem_size; /* the device's cache is f16 */
+    const enum kv_elem kv_el = use_cuda ? KV_F16 : (enum kv_elem)e->kv.elem; /* the device's cache is f16 */
+    static const char *const kv_names[] = {"f32", "f16", "q8_0"};
     char ext[96] = "";
     if (e->kv.n_ext) /* the pool's extension in host memory (device_map.h) */
         snprintf(ext, sizeof ext, "; %d of them in host memory", e->kv.n_ext * e->kv.block_size);
     FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s",
-              e->stats.backend, p.ctx_size, p.n_seqs, kv_pos,
-              kv_cache_bytes(&e->kv, (size_t)kv_es) / 1048576.0, kv_es == 2 ? "f16" : "f32", ext, room);
+              e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
+              kv_names[kv_el], ext, room);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);
@@ -546,7 +557,7 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
     if (p.ctx_size == 0) p.ctx_size = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     rc = kv_cache_init(&kv, m.hp.n_layers, m.hp.n_kv_heads, m.hp.head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK, 0);
+                       ENGINE_KV_BLOCK, KV_NO_HOST);
     if (!rc) {
         struct forward_cuda_params cp = cuda_params(&p, params->kv_tokens == 0);
         rc = forward_cuda_plan_offline(&m, &kv, &cp, 54.9e9, 4.18e12, &map, err);

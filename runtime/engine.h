@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "kernels/cpu/attention.h" /* enum kv_elem */
 #include "runtime/batch.h"
 #include "weights/model_file.h"
 
@@ -29,7 +30,7 @@ enum engine_placement { ENGINE_PLACEMENT_AUTO = 0, ENGINE_PLACEMENT_STREAM = 1, 
 enum engine_quant { ENGINE_QUANT_NONE = 0, ENGINE_QUANT_INT8 = 1, ENGINE_QUANT_INT4 = 2 };
 /* "none" | "int8" | "int4" to its value, or -1. */
 int engine_quant_parse(const char *s);
-/* --kv-type "f16" | "f32" to engine_params.kv_f16 (1 | 0), or -1. */
+/* --kv-type "f16" | "f32" | "q8_0" to engine_params.kv_type (enum kv_elem), or -1. */
 int engine_kv_type_parse(const char *s);
 /* The llama.cpp file type (quant/mix.h) a quantization applies, or -1 for NONE. */
 int engine_quant_ftype(enum engine_quant q);
@@ -52,8 +53,9 @@ struct engine_params {
                    * -1 (the default): int8 for the host layers of a GPU engine (its own products with such
                    * weights take x in int8 too); on the CPU engine int8 when most of the
                    * layers' bytes are K-quants, else f32 */
-    int kv_f16; /* the CPU engine's KV cache in f16 (the default: half the bytes a long-context step reads,
-                 * as on the GPU and in llama.cpp); 0: f32 (closest to the references) */
+    int kv_type;  /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
+                   * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the
+                   * references), KV_Q8_0  (llama.cpp's `-ctk q8_0 -ctv q8_0`: 17/32 of f16's bytes) */
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */

@@ -668,7 +668,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         struct kv_cache sized;
         const int64_t all = f->map.kv_tokens + f->map.kv_ext_tokens;
         if ((rc = kv_cache_init(&sized, kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->n_seqs, kv->ctx_size,
-                                (int)all, kv->block_size, 0)) ||
+                                (int)all, kv->block_size, KV_NO_HOST)) ||
             (rc = kv_cache_set_ext(&sized, (int)(f->map.kv_ext_tokens / kv->block_size)))) {
             kv_cache_free(&sized);
             snprintf(err, 256, "cannot allocate the KV tables (%lld positions)", (long long)all);
@@ -1022,7 +1022,7 @@ static void CUDART_CB ext_attention_host(void *arg)
                                        .max_blocks = kv->max_blocks,
                                        .n_kv_heads = hp->n_kv_heads,
                                        .head_dim = hp->head_dim,
-                                       .f16 = 1,
+                                       .elem = KV_F16,
                                        .block_base = kv->n_blocks - kv->n_ext};
     const int rc = kern_cpu_attention_range(
         f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view, f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,

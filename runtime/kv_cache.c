@@ -7,14 +7,15 @@
 #include "kernels/core/status.h"
 
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
-                  int pool_tokens, int block_size, int elem_size)
+                  int pool_tokens, int block_size, int elem)
 {
     memset(kv, 0, sizeof *kv);
-    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 || block_size <= 0 ||
-        pool_tokens <= 0 || (elem_size != 0 && elem_size != 2 && elem_size != 4))
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 ||
+        block_size <= 0 || pool_tokens <= 0 || elem < KV_NO_HOST || elem > KV_Q8_0 ||
+        (elem == KV_Q8_0 && head_dim % 32))
         return FERRY_ERR_INVALID;
-    const int host_data = elem_size != 0;
-    kv->elem_size = elem_size;
+    const int host_data = elem != KV_NO_HOST;
+    kv->elem = elem;
     kv->n_layers = n_layers;
     kv->n_kv_heads = n_kv_heads;
     kv->head_dim = head_dim;
@@ -25,8 +26,8 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
     kv->n_blocks = (pool_tokens + block_size - 1) / block_size;
     size_t per_layer = (size_t)kv->n_blocks * block_size * n_kv_heads * head_dim;
     if (host_data) {
-        kv->k = malloc(per_layer * n_layers * (size_t)elem_size);
-        kv->v = malloc(per_layer * n_layers * (size_t)elem_size);
+        kv->k = malloc(kv_elem_bytes((enum kv_elem)elem, per_layer * n_layers));
+        kv->v = malloc(kv_elem_bytes((enum kv_elem)elem, per_layer * n_layers));
     }
     kv->block_table = malloc((size_t)n_seqs * kv->max_blocks * sizeof(int32_t));
     kv->n_held = calloc((size_t)n_seqs, sizeof(int32_t));
@@ -89,9 +90,10 @@ void kv_cache_free(struct kv_cache *kv)
     memset(kv, 0, sizeof *kv);
 }
 
-size_t kv_cache_bytes(const struct kv_cache *kv, size_t elem_size)
+size_t kv_cache_bytes(const struct kv_cache *kv, enum kv_elem elem)
 {
-    return 2 * (size_t)kv->n_layers * kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim * elem_size;
+    return 2 * kv_elem_bytes(elem, (size_t)kv->n_layers * kv->n_blocks * kv->block_size * kv->n_kv_heads *
+                                       kv->head_dim);
 }
 
 int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
@@ -131,15 +133,15 @@ struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer)
 {
     size_t per_layer = (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim;
     return (struct kv_layer_view){
-        .k = kv->k ? (char *)kv->k + per_layer * layer * kv->elem_size : NULL,
-        .v = kv->v ? (char *)kv->v + per_layer * layer * kv->elem_size : NULL,
+        .k = kv->k ? (char *)kv->k + kv_elem_bytes((enum kv_elem)kv->elem, per_layer * layer) : NULL,
+        .v = kv->v ? (char *)kv->v + kv_elem_bytes((enum kv_elem)kv->elem, per_layer * layer) : NULL,
         .n_blocks = kv->n_blocks,
         .block_size = kv->block_size,
         .block_table = kv->block_table,
         .max_blocks = kv->max_blocks,
         .n_kv_heads = kv->n_kv_heads,
         .head_dim = kv->head_dim,
-        .f16 = kv->elem_size == 2,
+        .elem = kv->elem == KV_NO_HOST ? KV_F16 : kv->elem,
     };
 }
 

@@ -1,8 +1,8 @@
 /* kv_cache — a paged KV cache: one pool of fixed-size blocks shared by all sequence slots.
  *
- * Layout per layer: k, v (n_blocks, block_size, n_kv_heads, head_dim), f16 or f32 in host memory for the
- * CPU backend (elem_size 2 or 4); a GPU backend keeps its own f16 copy of that layout on the device and uses
- * only the tables (elem_size 0: no host data).
+ * Layout per layer: k, v (n_blocks, block_size, n_kv_heads, head_dim), f32, f16 or Q8_0 blocks (enum kv_elem)
+ * in host memory for the CPU backend; a GPU backend keeps its own f16 copy of that layout on the device and
+ * uses only the tables (KV_NO_HOST: no host data).
  * Each slot has a row of the block table (max_blocks ids, -1 = none) and a length (positions stored).
  * Blocks are taken from a free list as a slot grows (kv_cache_reserve) and come back when no slot holds them
  * any more. Slots may share whole blocks (kv_cache_share: the same prompt prefix for several sequences);
@@ -28,7 +28,7 @@ struct kv_cache {
     int max_blocks;       /* blocks per slot = ceil(ctx_size / block_size) */
     int ctx_size;         /* max positions per slot */
     void *k, *v;          /* (n_layers, n_blocks, block_size, n_kv_heads*head_dim) elements, or NULL */
-    int elem_size;        /* bytes per element of k and v: 2 (f16), 4 (f32), 0 (no host data) */
+    int elem;             /* enum kv_elem of k and v, or KV_NO_HOST */
     int32_t *block_table; /* (n_seqs, max_blocks) */
     int32_t *n_held;      /* (n_seqs) blocks held by each slot */
     int32_t *seq_len;     /* (n_seqs) positions stored */
@@ -40,13 +40,17 @@ struct kv_cache {
     int n_free_ext;       /* free blocks of the extension */
 };
 
+#define KV_NO_HOST (-1)
+
+/* elem: enum kv_elem of the host data, or KV_NO_HOST. Q8_0 needs head_dim a multiple of 32
+ * (FERRY_ERR_INVALID otherwise). */
 int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_dim, int n_seqs, int ctx_size,
-                  int pool_tokens, int block_size, int elem_size);
+                  int pool_tokens, int block_size, int elem);
 void kv_cache_free(struct kv_cache *kv);
 /* Makes the last n_ext blocks the extension (0 <= n_ext <= n_blocks; only while no block is held). */
 int kv_cache_set_ext(struct kv_cache *kv, int n_ext);
-/* Bytes of K/V data at `elem_size` bytes per element (the host cache's kv->elem_size, 2 for the device's). */
-size_t kv_cache_bytes(const struct kv_cache *kv, size_t elem_size);
+/* Bytes of K/V data stored as `elem` (the host cache's kv->elem, KV_F16 for the device's). */
+size_t kv_cache_bytes(const struct kv_cache *kv, enum kv_elem elem);
 
 /* Makes sure slot `seq` holds blocks for positions [0, n_pos). FERRY_ERR_RANGE when the pool is empty or
  * n_pos > ctx_size; blocks taken before the failure stay with the slot (the caller may trim). */

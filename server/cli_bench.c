@@ -60,7 +60,7 @@ static void bench_usage(FILE *f)
         "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
         "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
         "                        host layers; on the CPU backend int8 for K-quant files, else f32\n"
-        "  --kv-type f16|f32     the CPU backend's KV cache (default f16)\n"
+        "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --threads N           CPU threads (default: all cores)\n"
@@ -214,7 +214,7 @@ int cli_bench_main(int argc, char **argv)
             ep.cpu_int8 = !strcmp(optarg, "int8") ? 1 : !strcmp(optarg, "f32") ? 0 : -1;
             break;
         case 'K':
-            if ((ep.kv_f16 = engine_kv_type_parse(optarg)) < 0) goto bad;
+            if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) goto bad;
             break;
         case 'P':
             if (!strcmp(optarg, "auto"))

@@ -49,7 +49,7 @@ struct run_opts {
     int log_level;
     enum engine_quant quant;
     enum engine_backend backend;
-    int kv_f16; /* --kv-type: 1 f16 (default), 0 f32 */
+    int kv_type; /* --kv-type: enum kv_elem (default f16) */
 };
 
 static void run_usage(FILE *f)
@@ -83,7 +83,7 @@ static void run_usage(FILE *f)
             "  --threads N            CPU threads (default: all cores)\n"
             "  --quant none|int8|int4 quantize F32/F16/BF16 weights at load (int8: llama.cpp's Q8_0, int4:\n"
             "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
-            "  --kv-type f16|f32      the CPU backend's KV cache (default f16)\n"
+            "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
@@ -248,7 +248,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->sp.top_p = 0.95f;
     o->sp.min_p = 0.05f;
     o->bos = -1;
-    o->kv_f16 = 1;
+    o->kv_type = KV_F16;
     o->log_level = LOG_LEVEL_WARN;
     int c, bad = 0, idx = -1;
     optind = 1;
@@ -351,7 +351,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         }
         case O_KV_TYPE:
-            if ((o->kv_f16 = engine_kv_type_parse(optarg)) < 0) bad = 1;
+            if ((o->kv_type = engine_kv_type_parse(optarg)) < 0) bad = 1;
             break;
         case O_BACKEND:
             if (!strcmp(optarg, "auto"))
@@ -545,7 +545,7 @@ int cli_run_main(int argc, char **argv)
     ep.ctx_size = o.ctx_size;
     ep.n_seqs = 1;
     ep.quant = o.quant;
-    ep.kv_f16 = o.kv_f16;
+    ep.kv_type = o.kv_type;
     ep.backend = o.backend;
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));

@@ -56,7 +56,7 @@ struct serve_options {
     const char *placement; /* auto|stream|cpu: what the host layers do (CUDA backend) */
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
     const char *cpu_arith; /* f32|int8: x of CPU products with block-type weights */
-    const char *kv_type; /* f16|f32: the CPU backend's KV cache */
+    const char *kv_type;   /* f16|f32|q8_0: the CPU backend's KV cache */
     const char *quant; /* none|int8|int4 */
     int deterministic;
     int prompt_cache;                    /* reuse a free slot's KV for a prompt with the same start */

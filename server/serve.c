@@ -79,7 +79,7 @@ static void loader_main(void *arg)
     ep.cpu_threads = S->opt.cpu_threads;
     /* options.c allows only auto|f32|int8 */
     ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8") ? 1 : !strcmp(S->opt.cpu_arith, "f32") ? 0 : -1;
-    ep.kv_f16 = engine_kv_type_parse(S->opt.kv_type); /* options.c allows only f16|f32 */
+    ep.kv_type = engine_kv_type_parse(S->opt.kv_type); /* options.c allows only f16|f32|q8_0 */
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err,

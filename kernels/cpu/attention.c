@@ -1,4 +1,5 @@
-/* attention — causal GQA attention over the paged KV cache, f32 or f16 (see attention.h for the layout).
+/* attention — causal GQA attention over the paged KV cache, f32, f16 or Q8_0 (see attention.h for the
+ * layout).
  *
  * kern_cpu_attention runs one task per (tile, KV head) — all query heads of the group together, so each
  * K/V row is read once — or per (tile, query head) when there are too few of those to keep the pool busy. A
@@ -14,8 +15,9 @@
  * then folds them into a running (max, sum, accumulator) per head — the online softmax — rescaling the
  * accumulator only when the maximum grows. Positions are visited in increasing order.
  * The reference computes all scores in double, takes the max, exponentiates and normalises (two passes).
- * An f16 cache is read through the same code: each element is widened to f32 as it is loaded (F16C where the
- * build has it), so the arithmetic, and its order, are those of the f32 cache on the rounded values.
+ * An f16 or Q8_0 cache is read through the same code: each element is widened to f32 as it is loaded (F16C
+ * where the build has it; d·q for Q8_0), so the arithmetic, and its order, are those of the f32 cache on the
+ * rounded values.
  */
 #include "kernels/cpu/attention.h"
 
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #include "kernels/cpu/threadpool.h"
+#include "quant/dtype.h"
 #include "quant/fp16.h"
 #include "kernels/cpu/vexp.h"
 
@@ -52,10 +55,38 @@ static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, in
     return (row * kv->n_kv_heads + kvh) * kv->head_dim;
 }
 
-/* Elements i..i+7 (ld8) or i (ld1) of a K/V array as f32; f16 is a constant wherever these are inlined. */
-static inline v8f ld8(const void *base, size_t i, const int f16)
+/* Elements i..i+7 (ld8, i a multiple of 8) or i (ld1) of a K/V array as f32; et (enum kv_elem) is a constant
+ * wherever these are inlined. A Q8_0 element is d·q, exact in f32 (an f16 times an int8). */
+static inline const uint8_t *q8_block(const void *base, size_t i)
 {
-    if (!f16) return *(const v8fu *)((const float *)base + i);
+    return (const uint8_t *)base + i / 32 * 34;
+}
+
+static inline float q8_scale(const uint8_t *b)
+{
+    uint16_t d;
+    memcpy(&d, b, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(d); /* exact, as f16_to_f32 */
+#else
+    return f16_to_f32(d);
+#endif
+}
+
+static inline v8f ld8(const void *base, size_t i, const int et)
+{
+    if (et == KV_F32) return *(const v8fu *)((const float *)base + i);
+    if (et == KV_Q8_0) {
+        const uint8_t *b = q8_block(base, i);
+        const int8_t *q = (const int8_t *)(b + 2) + i % 32;
+#if defined(__AVX2__)
+        const v8f c = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+#else
+        v8f c;
+        for (int l = 0; l < 8; l++) c[l] = (float)q[l];
+#endif
+        return c * q8_scale(b);
+    }
     const uint16_t *h = (const uint16_t *)base + i;
 #if defined(__F16C__)
     return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
@@ -66,14 +97,33 @@ static inline v8f ld8(const void *base, size_t i, const int f16)
 #endif
 }
 
-static inline float ld1(const void *base, size_t i, const int f16)
+static inline float ld1(const void *base, size_t i, const int et)
 {
-    return f16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+    if (et == KV_Q8_0) {
+        const uint8_t *b = q8_block(base, i);
+        return (float)((const int8_t *)(b + 2))[i % 32] * q8_scale(b);
+    }
+    return et == KV_F16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-static inline const void *kv_at(const void *base, size_t i, int f16)
+/* Codes o..o+7 (o a multiple of 8, below 32) of the Q8_0 block at b as f32, without the block's scale. */
+static inline v8f q8_codes8(const uint8_t *b, int o)
 {
-    return (const char *)base + i * (f16 ? 2 : 4);
+    const int8_t *q = (const int8_t *)(b + 2) + o;
+#if defined(__AVX2__)
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+#else
+    v8f c;
+    for (int l = 0; l < 8; l++) c[l] = (float)q[l];
+    return c;
+#endif
+}
+
+/* The address of element i (for prefetching). */
+static inline const void *kv_at(const void *base, size_t i, int et)
+{
+    return et == KV_Q8_0 ? (const void *)(q8_block(base, i) + 2 + i % 32)
+                         : (const char *)base + i * (et == KV_F16 ? 2 : 4);
 }
 
 void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new,
@@ -82,7 +132,11 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
     const size_t w = (size_t)kv->n_kv_heads * kv->head_dim;
     for (int i = 0; i < m; i++) {
         const size_t at = kv_row(kv, seq[i], pos[i], 0);
-        if (kv->f16) { /* f32_to_f16 rounds to nearest even: the same bits with or without F16C */
+        if (kv->elem == KV_Q8_0) { /* ggml's reference quantizer: the bits llama.cpp's q8_0 cache holds */
+            dtype_from_f32(DTYPE_Q8_0, k_new + i * w, (uint8_t *)kv->k + at / 32 * 34, (int64_t)w);
+            dtype_from_f32(DTYPE_Q8_0, v_new + i * w, (uint8_t *)kv->v + at / 32 * 34, (int64_t)w);
+        } else if (kv->elem ==
+                   KV_F16) { /* f32_to_f16 rounds to nearest even: the same bits with or without F16C */
             uint16_t *kd = (uint16_t *)kv->k + at, *vd = (uint16_t *)kv->v + at;
             for (size_t e = 0; e < w; e++) {
                 kd[e] = f32_to_f16(k_new[i * w + e]);
@@ -135,34 +189,63 @@ static inline int lo_of(const int32_t *lo, int t)
 
 /* q·(K/V elements b..b+d-1). */
 static inline __attribute__((always_inline)) float dot(const float *a, const void *kb, size_t b, int d,
-                                                       const int f16)
+                                                       const int et)
 {
     v8f acc = {0};
     int i = 0;
-    for (; i + 8 <= d; i += 8) acc += *(const v8fu *)(a + i) * ld8(kb, b + i, f16);
+    for (; i + 8 <= d; i += 8) acc += *(const v8fu *)(a + i) * ld8(kb, b + i, et);
     float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (; i < d; i++) s += a[i] * ld1(kb, b + i, f16);
+    for (; i < d; i++) s += a[i] * ld1(kb, b + i, et);
     return s;
 }
 
+/* Q8_0 rows: a[r] += Σ_blocks d_r · (q · codes), for the four rows starting at kb[k + r kstride], r < 4 (d a
+ * multiple of 32): the scale once per block and row, not once per element. */
+static inline __attribute__((always_inline)) void dot4_q8(v8f *a, const float *q, const void *kb, size_t k,
+                                                          size_t kstride, int d)
+{
+    const uint8_t *b0 = q8_block(kb, k), *b1 = q8_block(kb, k + kstride), *b2 = q8_block(kb, k + 2 * kstride),
+                  *b3 = q8_block(kb, k + 3 * kstride);
+    for (int b = 0; b < d; b += 32, b0 += 34, b1 += 34, b2 += 34, b3 += 34) {
+        v8f t0 = {0}, t1 = {0}, t2 = {0}, t3 = {0};
+        for (int o = 0; o < 32; o += 8) {
+            const v8f qv = *(const v8fu *)(q + b + o);
+            t0 += qv * q8_codes8(b0, o);
+            t1 += qv * q8_codes8(b1, o);
+            t2 += qv * q8_codes8(b2, o);
+            t3 += qv * q8_codes8(b3, o);
+        }
+        a[0] += t0 * q8_scale(b0);
+        a[1] += t1 * q8_scale(b1);
+        a[2] += t2 * q8_scale(b2);
+        a[3] += t3 * q8_scale(b3);
+    }
+}
+
 /* Eight dot products q·k_r (r < 8; row r's elements start at kb[k + r kstride]) with eight independent
- * accumulators (one FMA chain each would leave the FMA units idle on latency); d a multiple of 8. Fixed
- * reduction order. */
+ * accumulators (one FMA chain each would leave the FMA units idle on latency); d a multiple of 8 (of 32 for
+ * Q8_0). Fixed reduction order. */
 static inline __attribute__((always_inline)) void dot8(float *out, const float *q, const void *kb, size_t k,
-                                                       size_t kstride, int d, const int f16)
+                                                       size_t kstride, int d, const int et)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
-    for (int i = 0; i < d; i += 8) {
-        const v8f qv = *(const v8fu *)(q + i);
-        a0 += qv * ld8(kb, k + i, f16);
-        a1 += qv * ld8(kb, k + kstride + i, f16);
-        a2 += qv * ld8(kb, k + 2 * kstride + i, f16);
-        a3 += qv * ld8(kb, k + 3 * kstride + i, f16);
-        a4 += qv * ld8(kb, k + 4 * kstride + i, f16);
-        a5 += qv * ld8(kb, k + 5 * kstride + i, f16);
-        a6 += qv * ld8(kb, k + 6 * kstride + i, f16);
-        a7 += qv * ld8(kb, k + 7 * kstride + i, f16);
-    }
+    if (et == KV_Q8_0) {
+        v8f lo[4] = {0}, hi[4] = {0};
+        dot4_q8(lo, q, kb, k, kstride, d);
+        dot4_q8(hi, q, kb, k + 4 * kstride, kstride, d);
+        a0 = lo[0], a1 = lo[1], a2 = lo[2], a3 = lo[3], a4 = hi[0], a5 = hi[1], a6 = hi[2], a7 = hi[3];
+    } else
+        for (int i = 0; i < d; i += 8) {
+            const v8f qv = *(const v8fu *)(q + i);
+            a0 += qv * ld8(kb, k + i, et);
+            a1 += qv * ld8(kb, k + kstride + i, et);
+            a2 += qv * ld8(kb, k + 2 * kstride + i, et);
+            a3 += qv * ld8(kb, k + 3 * kstride + i, et);
+            a4 += qv * ld8(kb, k + 4 * kstride + i, et);
+            a5 += qv * ld8(kb, k + 5 * kstride + i, et);
+            a6 += qv * ld8(kb, k + 6 * kstride + i, et);
+            a7 += qv * ld8(kb, k + 7 * kstride + i, et);
+        }
 #if defined(__AVX__)
     const __m256 t0 = _mm256_hadd_ps((__m256)a0, (__m256)a1), t1 = _mm256_hadd_ps((__m256)a2, (__m256)a3);
     const __m256 t2 = _mm256_hadd_ps((__m256)a4, (__m256)a5), t3 = _mm256_hadd_ps((__m256)a6, (__m256)a7);
@@ -180,18 +263,28 @@ static inline __attribute__((always_inline)) void dot8(float *out, const float *
 /* acc (64) += Σ_j e[j] * v_j (64) for j < len, row j's elements from vb[v + j vstride]: the 64 accumulators
  * stay in registers over the whole chunk (8 independent FMA chains). */
 static inline __attribute__((always_inline)) void pv64(float *acc, const float *e, const void *vb, size_t v,
-                                                       size_t vstride, int len, const int f16)
+                                                       size_t vstride, int len, const int et)
 {
     v8f a0 = *(v8fu *)acc, a1 = *(v8fu *)(acc + 8), a2 = *(v8fu *)(acc + 16), a3 = *(v8fu *)(acc + 24);
     v8f a4 = *(v8fu *)(acc + 32), a5 = *(v8fu *)(acc + 40), a6 = *(v8fu *)(acc + 48), a7 = *(v8fu *)(acc + 56);
-    for (int j = 0; j < len; j++) {
-        const size_t r = v + j * vstride;
-        const float w = e[j];
-        a0 += w * ld8(vb, r, f16), a1 += w * ld8(vb, r + 8, f16);
-        a2 += w * ld8(vb, r + 16, f16), a3 += w * ld8(vb, r + 24, f16);
-        a4 += w * ld8(vb, r + 32, f16), a5 += w * ld8(vb, r + 40, f16);
-        a6 += w * ld8(vb, r + 48, f16), a7 += w * ld8(vb, r + 56, f16);
-    }
+    if (et == KV_Q8_0) /* the weight times each block's scale once (v a multiple of 32: two whole blocks) */
+        for (int j = 0; j < len; j++) {
+            const uint8_t *b0 = q8_block(vb, v + j * vstride), *b1 = b0 + 34;
+            const float w0 = e[j] * q8_scale(b0), w1 = e[j] * q8_scale(b1);
+            a0 += w0 * q8_codes8(b0, 0), a1 += w0 * q8_codes8(b0, 8);
+            a2 += w0 * q8_codes8(b0, 16), a3 += w0 * q8_codes8(b0, 24);
+            a4 += w1 * q8_codes8(b1, 0), a5 += w1 * q8_codes8(b1, 8);
+            a6 += w1 * q8_codes8(b1, 16), a7 += w1 * q8_codes8(b1, 24);
+        }
+    else
+        for (int j = 0; j < len; j++) {
+            const size_t r = v + j * vstride;
+            const float w = e[j];
+            a0 += w * ld8(vb, r, et), a1 += w * ld8(vb, r + 8, et);
+            a2 += w * ld8(vb, r + 16, et), a3 += w * ld8(vb, r + 24, et);
+            a4 += w * ld8(vb, r + 32, et), a5 += w * ld8(vb, r + 40, et);
+            a6 += w * ld8(vb, r + 48, et), a7 += w * ld8(vb, r + 56, et);
+        }
     *(v8fu *)acc = a0, *(v8fu *)(acc + 8) = a1, *(v8fu *)(acc + 16) = a2, *(v8fu *)(acc + 24) = a3;
     *(v8fu *)(acc + 32) = a4, *(v8fu *)(acc + 40) = a5, *(v8fu *)(acc + 48) = a6, *(v8fu *)(acc + 56) = a7;
 }
@@ -201,14 +294,15 @@ static inline __attribute__((always_inline)) void pv64(float *acc, const float *
  * them (from memory once, then from L1 for the other rows and heads). Every (row, head) takes the steps it
  * would take alone, in the same order: the same chunks, clipped at its own last position, and the same
  * arithmetic, so a row's result does not depend on the rows beside it. Instantiated for each element type
- * (f16 a constant). */
+ * (et a constant). */
 static inline __attribute__((always_inline)) void att_rows_t(const struct att_ctx *c, int ta, int nr, int kvh,
-                                                             int h0, int h1, int part, const int f16)
+                                                             int h0, int h1, int part, const int et)
 {
     const struct kv_layer_view *kv = c->kv;
     const int hd = kv->head_dim, nh = h1 - h0, seq = c->seq[ta];
     const size_t stride = (size_t)kv->n_kv_heads * hd;
-    const int es = f16 ? 2 : 4, line = 64 / es; /* bytes per element, elements per cache line */
+    const int es = et == KV_F32 ? 4 : et == KV_F16 ? 2 : 1; /* bytes per element (Q8_0: about) */
+    const int line = et == KV_Q8_0 ? 32 : 64 / es;          /* elements per prefetch */
     float acc[ATT_TILE_ACC];
     float sc[ATT_MAX_GROUP][ATT_CHUNK];
     float mx[ATT_ROWS][ATT_MAX_GROUP], sum[ATT_ROWS][ATT_MAX_GROUP];
@@ -241,14 +335,15 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
         const int p1 = p0 + len;
         if (prefetch) {
             for (int j = 0; j < len; j++)
-                for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->v, vr + j * stride + d, f16));
+                for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->v, vr + j * stride + d, et));
             if (p1 < p_end) {
                 const size_t kn = kv_row(kv, seq, p1, kvh);
                 int len_n = kv->block_size - p1 % kv->block_size;
                 if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
                 if (len_n > p_end - p1) len_n = p_end - p1;
                 for (int j = 0; j < len_n; j++)
-                    for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->k, kn + j * stride + d, f16));
+                    for (int d = 0; d < hd; d += line)
+                        __builtin_prefetch(kv_at(kv->k, kn + j * stride + d, et));
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -261,12 +356,12 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
             if (hd % 8 == 0)
                 for (; j + 8 <= lr; j += 8)
                     for (int g = 0; g < nh; g++) {
-                        dot8(&sc[g][j], q + (size_t)g * hd, kv->k, kr + j * stride, stride, hd, f16);
+                        dot8(&sc[g][j], q + (size_t)g * hd, kv->k, kr + j * stride, stride, hd, et);
                         for (int i = 0; i < 8; i++) sc[g][j + i] *= c->scale;
                     }
             for (; j < lr; j++)
                 for (int g = 0; g < nh; g++)
-                    sc[g][j] = dot(q + (size_t)g * hd, kv->k, kr + j * stride, hd, f16) * c->scale;
+                    sc[g][j] = dot(q + (size_t)g * hd, kv->k, kr + j * stride, hd, et) * c->scale;
             for (int g = 0; g < nh; g++) {
                 float cmx = -INFINITY;
                 for (j = 0; j < lr; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
@@ -283,14 +378,14 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
             if (hd % 64 == 0) {
                 for (int g = 0; g < nh; g++)
                     for (int d0 = 0; d0 < hd; d0 += 64)
-                        pv64(ra + g * hd + d0, sc[g], kv->v, vr + d0, stride, lr, f16);
+                        pv64(ra + g * hd + d0, sc[g], kv->v, vr + d0, stride, lr, et);
             } else
                 for (j = 0; j < lr; j++) {
                     const size_t v = vr + j * stride;
                     for (int g = 0; g < nh; g++) {
                         const float e = sc[g][j];
                         float *a = ra + g * hd;
-                        for (int d = 0; d < hd; d++) a[d] += e * ld1(kv->v, v + d, f16);
+                        for (int d = 0; d < hd; d++) a[d] += e * ld1(kv->v, v + d, et);
                     }
                 }
         }
@@ -322,10 +417,12 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
 
 static void att_rows(const struct att_ctx *c, int ta, int nr, int kvh, int h0, int h1, int part)
 {
-    if (c->kv->f16)
-        att_rows_t(c, ta, nr, kvh, h0, h1, part, 1);
+    if (c->kv->elem == KV_Q8_0)
+        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_Q8_0);
+    else if (c->kv->elem == KV_F16)
+        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_F16);
     else
-        att_rows_t(c, ta, nr, kvh, h0, h1, part, 0);
+        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_F32);
 }
 
 /* out of token t, all heads, from its n_parts partial states, combined in part order. */
@@ -503,7 +600,7 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
             for (int p = 0; p <= pos[t]; p++) {
                 const size_t kr = kv_row(kv, seq[t], p, h / group);
                 double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kv->k, kr + i, kv->f16);
+                for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kv->k, kr + i, kv->elem);
                 s[p] = d * scale;
                 if (s[p] > mx) mx = s[p];
             }
@@ -512,7 +609,7 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
                 const double e = exp(s[p] - mx);
                 sum += e;
                 const size_t vr = kv_row(kv, seq[t], p, h / group);
-                for (int i = 0; i < hd; i++) acc[i] += e * ld1(kv->v, vr + i, kv->f16);
+                for (int i = 0; i < hd; i++) acc[i] += e * ld1(kv->v, vr + i, kv->elem);
             }
             for (int i = 0; i < hd; i++) out[((size_t)t * n_heads + h) * hd + i] = (float)(acc[i] / sum);
         }

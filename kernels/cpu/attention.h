@@ -1,25 +1,37 @@
 /* attention — causal grouped-query attention over a paged KV cache, on the CPU; f32 arithmetic over K/V
- * stored in f32 or f16.
+ * stored in f32, f16 or Q8_0 blocks.
  *
  * The cache of one layer is a pool of blocks; a block holds `block_size` consecutive positions of one
  * sequence, each position a row of n_kv_heads*head_dim elements for K and the same for V:
- *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) f32, or IEEE f16 (half the bytes each step reads:
- *   at long contexts decode reads more K/V than weights)
+ *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) f32, IEEE f16 or Q8_0 blocks (half and 17/64 of the
+ *   f32 bytes each step reads: at long contexts decode reads more K/V than weights)
  * Sequence s maps logical position p to block block_table[s*max_blocks + p/block_size], row p%block_size.
  * A batch mixes tokens of many sequences (prefill chunks and decode tokens): token i belongs to seq[i] at
  * position pos[i] and attends to positions 0..pos[i] of its sequence, which must already be stored (the
- * runtime stores the batch's K/V before calling attention). Query head h uses KV head h / (n_heads/n_kv_heads).
- * Softmax is computed online (running max and sum), never materialising a score matrix larger than one row.
+ * runtime stores the batch's K/V before calling attention). Query head h uses KV head h /
+ * (n_heads/n_kv_heads). Softmax is computed online (running max and sum), never materialising a score matrix
+ * larger than one row.
  */
 #ifndef FERRY_KERN_CPU_ATTENTION_H
 #define FERRY_KERN_CPU_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct tpool;
 
+/* How a K/V element is stored. Q8_0: llama.cpp's blocks of 32 elements (an f16 scale and 32 int8 codes, 34
+ * bytes), the elements of a row in order (head_dim a multiple of 32, so each head starts a block). */
+enum kv_elem { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
+
+/* Bytes of n elements (n a multiple of 32 for Q8_0). */
+static inline size_t kv_elem_bytes(enum kv_elem e, size_t n)
+{
+    return e == KV_F32 ? 4 * n : e == KV_F16 ? 2 * n : n / 32 * 34;
+}
+
 struct kv_layer_view {
-    void *k;                    /* (n_blocks, block_size, n_kv_heads, head_dim) f32, or f16 (uint16_t) */
+    void *k;                    /* (n_blocks, block_size, n_kv_heads, head_dim) elements of type elem */
     void *v;                    /* same shape */
     int n_blocks;
     int block_size;             /* positions per block */
@@ -27,14 +39,14 @@ struct kv_layer_view {
     int max_blocks;             /* blocks per sequence row of block_table */
     int n_kv_heads;
     int head_dim;
-    int f16; /* elements are f16 (else f32) */
+    int elem; /* enum kv_elem */
     /* k and v hold blocks [block_base, ...): block id b is at index b - block_base (0 for a whole pool; the
      * GPU backend's host-memory extension, whose first block is the device pool's n_blocks - n_ext). */
     int block_base;
 };
 
 /* Writes k_new/v_new (m, n_kv_heads*head_dim) f32 to the cache rows of (seq[i], pos[i]) (rounded to nearest
- * when the cache is f16). */
+ * when the cache is f16, quantized as llama.cpp's quantize_row_q8_0 when Q8_0). */
 void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new,
                        const int32_t *seq, const int32_t *pos, int m);
 

@@ -1,4 +1,4 @@
-/* bench_cpu_attention — decode attention over a long context with the KV cache in f32 and in f16 (not a
+/* bench_cpu_attention — decode attention over a long context with the KV cache in f32, f16 and Q8_0 (not a
  * test). One sequence of `ctx` positions, `tokens` decode rows of other sequences of the same length (a batch
  * of decodes), heads/kv heads/head_dim of a model; best of `reps` calls after a warm-up; K/V rotate over
  * copies of at least 512 MiB so no call finds them in cache. Prints ms per call and the K/V read rate.
@@ -17,6 +17,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/threadpool.h"
+#include "quant/dtype.h"
 #include "quant/fp16.h"
 
 static double now_s(void)
@@ -90,36 +91,48 @@ int main(int argc, char **argv)
     if (tpool_init(&tp, threads)) return 1;
     printf("heads %d, kv heads %d, head_dim %d, context %d, %d %s, %d threads\n", heads, kvh, hd, ctx, tokens,
            chunk ? "rows of a prefill chunk" : "decode token(s)", threads);
-    for (int f16 = 0; f16 < 2; f16++) {
-        const size_t es = f16 ? 2 : 4, bytes = 2 * cells * es;
+    static const char *const names[3] = {"f32", "f16", "q8_0"};
+    for (int el = KV_F32; el <= KV_Q8_0; el++) {
+        if (el == KV_Q8_0 && hd % 32) break;
+        const size_t bytes = 2 * kv_elem_bytes((enum kv_elem)el, cells);
         const int copies = (int)((512u << 20) / bytes) + 2;
         void **k = calloc((size_t)copies, sizeof *k), **v = calloc((size_t)copies, sizeof *v);
         for (int c = 0; c < copies; c++) {
-            k[c] = malloc(cells * es), v[c] = malloc(cells * es);
-            if (!k[c] || !v[c]) return 1;
-            for (size_t i = 0; i < cells; i++) {
-                const float x = (float)(((i + c) * 40503u) % 2001) / 1000.0f - 1.0f;
-                if (f16)
-                    ((uint16_t *)k[c])[i] = ((uint16_t *)v[c])[i] = f32_to_f16(x);
-                else
-                    ((float *)k[c])[i] = ((float *)v[c])[i] = x;
+            k[c] = malloc(bytes / 2), v[c] = malloc(bytes / 2);
+            float *vals = malloc(sizeof(float) * 32);
+            if (!k[c] || !v[c] || !vals) return 1;
+            for (size_t i = 0; i < cells; i += 32) {
+                const size_t n = cells - i < 32 ? cells - i : 32;
+                for (size_t e = 0; e < n; e++)
+                    vals[e] = (float)(((i + e + c) * 40503u) % 2001) / 1000.0f - 1.0f;
+                if (el == KV_Q8_0) {
+                    dtype_from_f32(DTYPE_Q8_0, vals, (uint8_t *)k[c] + i / 32 * 34, 32);
+                    dtype_from_f32(DTYPE_Q8_0, vals, (uint8_t *)v[c] + i / 32 * 34, 32);
+                } else
+                    for (size_t e = 0; e < n; e++)
+                        if (el == KV_F16)
+                            ((uint16_t *)k[c])[i + e] = ((uint16_t *)v[c])[i + e] = f32_to_f16(vals[e]);
+                        else
+                            ((float *)k[c])[i + e] = ((float *)v[c])[i + e] = vals[e];
             }
+            free(vals);
         }
         double best = 1e30;
         for (int r = 0; r <= reps; r++) {
             const int c = r % copies;
-            struct kv_layer_view kv = {k[c], v[c], n_blocks, bs, table, max_blocks, kvh, hd, f16, 0};
+            struct kv_layer_view kv = {k[c], v[c], n_blocks, bs, table, max_blocks, kvh, hd, el, 0};
             const double t0 = now_s();
             if (kern_cpu_attention(out, q, &kv, seq, pos, tokens, heads, 0.088f, tp) != FERRY_OK) return 1;
             const double dt = now_s() - t0;
             if (r > 0 && dt < best) best = dt; /* r = 0: warm-up */
         }
         if (chunk)
-            printf("%s KV: %8.3f ms per call, %6.1f GFLOP/s (%.1f MiB)\n", f16 ? "f16" : "f32", best * 1e3,
+            printf("%s KV: %8.3f ms per call, %6.1f GFLOP/s (%.1f MiB)\n", names[el], best * 1e3,
                    flop / best / 1e9, bytes / 1048576.0);
         else
-            printf("%s KV: %8.3f ms per call, %6.1f GB/s of K/V (%.1f MiB)\n", f16 ? "f16" : "f32",
-                   best * 1e3, (double)2 * tokens * ctx * row * es / best / 1e9, bytes / 1048576.0);
+            printf("%s KV: %8.3f ms per call, %6.1f GB/s of K/V (%.1f MiB)\n", names[el], best * 1e3,
+                   (double)2 * tokens * kv_elem_bytes((enum kv_elem)el, (size_t)ctx * row) / best / 1e9,
+                   bytes / 1048576.0);
         for (int c = 0; c < copies; c++) free(k[c]), free(v[c]);
         free(k);
         free(v);

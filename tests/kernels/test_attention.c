@@ -1,18 +1,22 @@
 /* Paged causal GQA attention against the double-precision two-pass reference: three sequences interleaved in
  * one batch (a decode token, a prefill chunk, a short prompt), block_size 16 not dividing the lengths, blocks
  * assigned out of order, GQA ratios 1, 2 and 4, positions 0..300; bitwise determinism across runs and pool
- * sizes; kv_store writes where the block table says. Each case runs with the cache in f32 and in f16.
+ * sizes; kv_store writes where the block table says. Each case runs with the cache in f32 and in f16, and in
+ * Q8_0 blocks where head_dim is a multiple of 32.
  *
  * Tolerance: outputs are convex combinations of |v| <= 1; f32 dot products and expf against double give
  * errors around 1e-6, so atol 1e-5 + rtol 1e-5. A wrong block, head or position is an O(0.1) error.
  * The reference reads the f16 cache's values as stored, so the same tolerance holds for it; the f16 result is
  * also held against the f32 cache's (f16 rounds K and V by up to 2^-11 relative: atol 4e-3 at this sharper
- * scale), which a wrong conversion shared by kernel and reference would fail. */
+ * scale), which a wrong conversion shared by kernel and reference would fail. Q8_0 rounds each element by up
+ * to half its block's max|x|/127 (~0.4% of the range of these values): its result is held against the f32
+ * cache.s to 3e-2 (measured: 6e-3). */
 #include "kt_common.h"
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/threadpool.h"
+#include "quant/dtype.h"
 #include "quant/fp16.h"
 
 #define BS         16
@@ -22,28 +26,52 @@
 /* The value element i of a cache holds. */
 static float cache_at(const struct kv_layer_view *kv, const void *base, size_t i)
 {
-    return kv->f16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+    if (kv->elem == KV_Q8_0) {
+        float blk[32];
+        cr_assert(dtype_to_f32(DTYPE_Q8_0, (const uint8_t *)base + i / 32 * 34, blk, 32));
+        return blk[i % 32];
+    }
+    return kv->elem == KV_F16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-/* x as an f16 cache stores it (f32: x itself). */
-static float stored(const struct kv_layer_view *kv, float x)
+/* The n values (n a multiple of 32 for Q8_0) a cache stores for the row x. */
+static void stored_row(const struct kv_layer_view *kv, const float *x, size_t n, float *out)
 {
-    return kv->f16 ? f16_to_f32(f32_to_f16(x)) : x;
+    if (kv->elem == KV_Q8_0) {
+        uint8_t q[34 * 16];
+        cr_assert(n <= 512);
+        cr_assert(dtype_from_f32(DTYPE_Q8_0, x, q, (int64_t)n));
+        cr_assert(dtype_to_f32(DTYPE_Q8_0, q, out, (int64_t)n));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) out[i] = kv->elem == KV_F16 ? f16_to_f32(f32_to_f16(x[i])) : x[i];
 }
 
-static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, float *out_f32)
+static const char *elem_name(int elem)
+{
+    return elem == KV_Q8_0 ? "q8_0" : elem == KV_F16 ? "f16" : "f32";
+}
+
+static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int elem, float *out_f32)
 {
     const int len[N_SEQ] = {301, 77, 5}; /* positions 0..len-1 exist after this step */
     const int n_blocks = N_SEQ * MAX_BLOCKS;
-    const size_t row = (size_t)n_kv_heads * head_dim, es = f16 ? 2 : 4, cells = (size_t)n_blocks * BS * row;
-    void *kc = malloc(es * cells), *vc = malloc(es * cells);
+    const size_t row = (size_t)n_kv_heads * head_dim, cells = (size_t)n_blocks * BS * row;
+    void *kc = malloc(kv_elem_bytes(elem, cells)), *vc = malloc(kv_elem_bytes(elem, cells));
     int32_t table[N_SEQ * MAX_BLOCKS];
     /* Blocks handed out in a scrambled order: block id = (7 * i + 3) mod n_blocks. */
     for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++) table[i] = (7 * i + 3) % n_blocks;
-    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim, f16, 0};
+    struct kv_layer_view kv = {kc, vc, n_blocks, BS, table, MAX_BLOCKS, n_kv_heads, head_dim, elem, 0};
     /* Poison: a read of an unwritten row shows up as a huge error. */
     for (size_t i = 0; i < cells; i++)
-        if (f16)
+        if (elem == KV_Q8_0) {
+            if (i % 32 == 0) {
+                const uint16_t d = f32_to_f16(6e4f);
+                memcpy((uint8_t *)kc + i / 32 * 34, &d, 2), memcpy((uint8_t *)vc + i / 32 * 34, &d, 2);
+                memset((uint8_t *)kc + i / 32 * 34 + 2, 100, 32),
+                    memset((uint8_t *)vc + i / 32 * 34 + 2, 100, 32);
+            }
+        } else if (elem == KV_F16)
             ((uint16_t *)kc)[i] = ((uint16_t *)vc)[i] = f32_to_f16(6e4f);
         else
             ((float *)kc)[i] = ((float *)vc)[i] = 1e6f;
@@ -72,12 +100,15 @@ static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, floa
     kt_fill(kn, (size_t)m * row, -1.0f, 1.0f);
     kt_fill(vn, (size_t)m * row, -1.0f, 1.0f);
     kern_cpu_kv_store(&kv, kn, vn, seq, pos, m);
+    float *want_k = malloc(sizeof(float) * row), *want_v = malloc(sizeof(float) * row);
     for (int i = 0; i < m; i++) {
         const int blk = table[seq[i] * MAX_BLOCKS + pos[i] / BS];
         const size_t at = ((size_t)blk * BS + pos[i] % BS) * row;
+        stored_row(&kv, kn + i * row, row, want_k);
+        stored_row(&kv, vn + i * row, row, want_v);
         for (size_t e = 0; e < row; e++) {
-            cr_assert_eq(cache_at(&kv, kc, at + e), stored(&kv, kn[i * row + e]), "kv_store token %d k", i);
-            cr_assert_eq(cache_at(&kv, vc, at + e), stored(&kv, vn[i * row + e]), "kv_store token %d v", i);
+            cr_assert_eq(cache_at(&kv, kc, at + e), want_k[e], "kv_store token %d k", i);
+            cr_assert_eq(cache_at(&kv, vc, at + e), want_v[e], "kv_store token %d v", i);
         }
     }
     (void)len;
@@ -95,10 +126,12 @@ static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, floa
     kern_cpu_attention_ref(ref, q, &kv, seq, pos, m, n_heads, scale);
     char what[96];
     snprintf(what, sizeof what, "attention heads=%d kv=%d hd=%d %s", n_heads, n_kv_heads, head_dim,
-             f16 ? "f16" : "f32");
+             elem_name(elem));
     kt_check_close(what, out, ref, qn, 1e-5, 1e-5);
-    if (f16)
+    if (elem == KV_F16)
         kt_check_close("f16 cache against the f32 cache", out, out_f32, qn, 4e-3, 0);
+    else if (elem == KV_Q8_0)
+        kt_check_close("q8_0 cache against the f32 cache", out, out_f32, qn, 3e-2, 0);
     else
         memcpy(out_f32, out, qn * sizeof(float));
     kern_cpu_attention(out2, q, &kv, seq, pos, m, n_heads, scale, tp);
@@ -122,12 +155,15 @@ static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, floa
     }
     /* Position 0 attends to itself only: the output is its own v row. */
     for (int i = 0; i < m; i++)
-        if (pos[i] == 0)
+        if (pos[i] == 0) {
+            stored_row(&kv, vn + i * row, row, want_v);
             for (int h = 0; h < n_heads; h++)
                 for (int d = 0; d < head_dim; d++)
-                    cr_assert_float_eq(
-                        out[((size_t)i * n_heads + h) * head_dim + d],
-                        stored(&kv, vn[i * row + (size_t)(h / (n_heads / n_kv_heads)) * head_dim + d]), 1e-6f);
+                    cr_assert_float_eq(out[((size_t)i * n_heads + h) * head_dim + d],
+                                       want_v[(size_t)(h / (n_heads / n_kv_heads)) * head_dim + d], 1e-6f);
+        }
+    free(want_k);
+    free(want_v);
     tpool_free(tp);
     free(kc);
     free(vc);
@@ -139,15 +175,19 @@ static void run_case_kv(int n_heads, int n_kv_heads, int head_dim, int f16, floa
     free(ref);
 }
 
-/* The case with an f32 cache, then the same data (same seed) with an f16 one. */
+/* The case with an f32 cache, then the same data (same seed) with an f16 one and a Q8_0 one. */
 static void run_case(int n_heads, int n_kv_heads, int head_dim, unsigned seed)
 {
     const size_t qn = (size_t)(17 + 1 + 5) * n_heads * head_dim;
     float *out_f32 = malloc(sizeof(float) * qn);
     kt_seed(seed);
-    run_case_kv(n_heads, n_kv_heads, head_dim, 0, out_f32);
+    run_case_kv(n_heads, n_kv_heads, head_dim, KV_F32, out_f32);
     kt_seed(seed);
-    run_case_kv(n_heads, n_kv_heads, head_dim, 1, out_f32);
+    run_case_kv(n_heads, n_kv_heads, head_dim, KV_F16, out_f32);
+    if (head_dim % 32 == 0) {
+        kt_seed(seed);
+        run_case_kv(n_heads, n_kv_heads, head_dim, KV_Q8_0, out_f32);
+    }
     free(out_f32);
 }
 
@@ -168,22 +208,28 @@ Test(attention, gqa_single_kv_head_odd_dim)
     run_case(3, 1, 17, 24);
 }
 
-/* 4100 positions x 8 KV heads x 64 dims: K+V is 16 MiB in f32 (8 in f16), above the size where rows are
- * prefetched. */
-static void long_sequence(int f16)
+/* 4100 positions x 8 KV heads x 64 dims: K+V is 16 MiB in f32 (8 in f16, 4.25 in Q8_0), above the size where
+ * rows are prefetched. */
+static void long_sequence(int elem)
 {
     kt_seed(25);
     const int len = 4100, bs = 32, nkv = 8, hd = 64, nh = 16, max_blocks = (len + bs - 1) / bs;
     const size_t row = (size_t)nkv * hd, cells = (size_t)max_blocks * bs * row;
-    float *kc = malloc(sizeof(float) * cells), *vc = malloc(sizeof(float) * cells);
-    kt_fill(kc, cells, -1.0f, 1.0f);
-    kt_fill(vc, cells, -1.0f, 1.0f);
-    uint16_t *kh = malloc(2 * cells), *vh = malloc(2 * cells);
-    for (size_t i = 0; i < cells; i++) kh[i] = f32_to_f16(kc[i]), vh[i] = f32_to_f16(vc[i]);
+    float *kf = malloc(sizeof(float) * cells), *vf = malloc(sizeof(float) * cells);
+    kt_fill(kf, cells, -1.0f, 1.0f);
+    kt_fill(vf, cells, -1.0f, 1.0f);
+    void *kc = malloc(kv_elem_bytes(elem, cells)), *vc = malloc(kv_elem_bytes(elem, cells));
+    if (elem == KV_Q8_0) {
+        cr_assert(dtype_from_f32(DTYPE_Q8_0, kf, kc, (int64_t)cells));
+        cr_assert(dtype_from_f32(DTYPE_Q8_0, vf, vc, (int64_t)cells));
+    } else if (elem == KV_F16)
+        for (size_t i = 0; i < cells; i++)
+            ((uint16_t *)kc)[i] = f32_to_f16(kf[i]), ((uint16_t *)vc)[i] = f32_to_f16(vf[i]);
+    else
+        memcpy(kc, kf, sizeof(float) * cells), memcpy(vc, vf, sizeof(float) * cells);
     int32_t *table = malloc(sizeof(int32_t) * max_blocks);
     for (int i = 0; i < max_blocks; i++) table[i] = max_blocks - 1 - i; /* reversed */
-    struct kv_layer_view kv = {
-        f16 ? (void *)kh : kc, f16 ? (void *)vh : vc, max_blocks, bs, table, max_blocks, nkv, hd, f16, 0};
+    struct kv_layer_view kv = {kc, vc, max_blocks, bs, table, max_blocks, nkv, hd, elem, 0};
     const int32_t seq[3] = {0, 0, 0}, pos[3] = {4099, 2000, 33};
     float q[3 * 16 * 64], out[3 * 16 * 64], ref[3 * 16 * 64];
     kt_fill(q, sizeof q / sizeof q[0], -1.0f, 1.0f);
@@ -191,23 +237,28 @@ static void long_sequence(int f16)
     cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
     kern_cpu_attention(out, q, &kv, seq, pos, 3, nh, 0.125f, tp);
     kern_cpu_attention_ref(ref, q, &kv, seq, pos, 3, nh, 0.125f);
-    kt_check_close(f16 ? "attention long sequence f16" : "attention long sequence", out, ref,
-                   sizeof q / sizeof q[0], 1e-5, 1e-5);
+    char what[64];
+    snprintf(what, sizeof what, "attention long sequence %s", elem_name(elem));
+    kt_check_close(what, out, ref, sizeof q / sizeof q[0], 1e-5, 1e-5);
     tpool_free(tp);
+    free(kf);
+    free(vf);
     free(kc);
     free(vc);
-    free(kh);
-    free(vh);
     free(table);
 }
 
 Test(attention, long_sequence_prefetch_path)
 {
-    long_sequence(0);
+    long_sequence(KV_F32);
 }
 Test(attention, long_sequence_prefetch_path_f16)
 {
-    long_sequence(1);
+    long_sequence(KV_F16);
+}
+Test(attention, long_sequence_prefetch_path_q8_0)
+{
+    long_sequence(KV_Q8_0);
 }
 
 /* kern_cpu_attention_range: a row's attention cut at any position into two ranges, each with its
@@ -292,16 +343,16 @@ Test(attention, ranges_merge_into_the_whole_row)
 /* A prefill chunk's rows are read as tiles (a K/V chunk once for up to ATT_ROWS rows): each row's result is
  * still the one it has alone, bitwise, over the whole row and over a range, with the chunk crossing parts
  * (ATT_PART = 256) and blocks of an odd size, beside decode rows of other sequences; and it matches the
- * double reference. f32 and f16 caches, GQA groups of 4 and 1. */
-static void chunk_rows(int f16, int nh, int nkv)
+ * double reference. f32, f16 and Q8_0 caches, GQA groups of 4 and 1. */
+static void chunk_rows(int elem, int nh, int nkv)
 {
-    kt_seed(27 + f16 + nkv);
+    kt_seed(27 + elem + nkv);
     const int bs = 7, hd = 64, n_seq = 2, max_blocks = 600 / bs + 1, n_blocks = n_seq * max_blocks;
-    const size_t row = (size_t)nkv * hd, cells = (size_t)n_blocks * bs * row, es = f16 ? 2 : 4;
-    void *kc = malloc(es * cells), *vc = malloc(es * cells);
+    const size_t row = (size_t)nkv * hd, cells = (size_t)n_blocks * bs * row;
+    void *kc = malloc(kv_elem_bytes(elem, cells)), *vc = malloc(kv_elem_bytes(elem, cells));
     int32_t *table = malloc(sizeof(int32_t) * n_blocks);
     for (int i = 0; i < n_blocks; i++) table[i] = (11 * i + 5) % n_blocks;
-    struct kv_layer_view kv = {kc, vc, n_blocks, bs, table, max_blocks, nkv, hd, f16, 0};
+    struct kv_layer_view kv = {kc, vc, n_blocks, bs, table, max_blocks, nkv, hd, elem, 0};
     float *kn = malloc(sizeof(float) * row), *vn = malloc(sizeof(float) * row);
     for (int s = 0; s < n_seq; s++)
         for (int p = 0; p < 560; p++) {
@@ -325,7 +376,7 @@ static void chunk_rows(int f16, int nh, int nkv)
     cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
     const float scale = 0.35f;
     char what[64];
-    snprintf(what, sizeof what, "prefill chunk %s, %d heads / %d", f16 ? "f16" : "f32", nh, nkv);
+    snprintf(what, sizeof what, "prefill chunk %s, %d heads / %d", elem_name(elem), nh, nkv);
     cr_assert_eq(kern_cpu_attention(out, q, &kv, seq, pos, M, nh, scale, tp), FERRY_OK);
     kern_cpu_attention_ref(ref, q, &kv, seq, pos, M, nh, scale);
     kt_check_close(what, out, ref, qn, 1e-5, 1e-5);
@@ -357,9 +408,13 @@ static void chunk_rows(int f16, int nh, int nkv)
 
 Test(attention, prefill_chunk_rows_read_together_f32)
 {
-    chunk_rows(0, 8, 2);
+    chunk_rows(KV_F32, 8, 2);
 }
 Test(attention, prefill_chunk_rows_read_together_f16_mha)
 {
-    chunk_rows(1, 4, 4);
+    chunk_rows(KV_F16, 4, 4);
+}
+Test(attention, prefill_chunk_rows_read_together_q8_0)
+{
+    chunk_rows(KV_Q8_0, 8, 2);
 }

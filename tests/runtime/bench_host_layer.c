@@ -90,7 +90,7 @@ int main(int argc, char **argv)
             return 1;
         }
         struct kv_cache kv;
-        if (kv_cache_init(&kv, 1, hp.n_kv_heads, hp.head_dim, 1, 256, 256, 16, 4)) return 1;
+        if (kv_cache_init(&kv, 1, hp.n_kv_heads, hp.head_dim, 1, 256, 256, 16, KV_F32)) return 1;
         struct forward_cpu_params p = forward_cpu_default_params();
         p.max_tokens = 64;
         p.n_threads = threads;

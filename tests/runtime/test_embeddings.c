@@ -92,7 +92,7 @@ static void check_backend(enum engine_backend backend, double tol, double tol_bf
         ep.ctx_size = 256;
         ep.max_batch_tokens = 128;
         ep.n_threads = 2;
-        ep.kv_f16 = kv_f16;
+        ep.kv_type = kv_f16 ? KV_F16 : KV_F32;
         struct engine *e = NULL;
         int rc = engine_init(&e, mf, &ep, err);
         if (rc && backend == ENGINE_BACKEND_CUDA) { /* no device here (CI): the GPU run checks it */

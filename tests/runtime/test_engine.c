@@ -355,7 +355,8 @@ Test(engine, step_info_and_placement_parameters)
 Test(kv_cache, extension_blocks_are_taken_last)
 {
     struct kv_cache kv;
-    cr_assert_eq(kv_cache_init(&kv, 1, 1, 8, 3, 64, 8 * 4, 4, 0), 0); /* 8 blocks of 4, slots of 16 blocks */
+    cr_assert_eq(kv_cache_init(&kv, 1, 1, 8, 3, 64, 8 * 4, 4, KV_NO_HOST),
+                 0);                                                   /* 8 blocks of 4, slots of 16 blocks */
     cr_assert_eq(kv_cache_set_ext(&kv, 3), 0);                         /* blocks 5, 6, 7 */
     cr_assert_eq(kv_cache_reserve(&kv, 0, 4 * 4), 0);
     const int32_t *row0 = kv.block_table, *row1 = kv.block_table + kv.max_blocks;

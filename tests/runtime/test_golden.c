@@ -59,9 +59,9 @@ struct runner {
     float *logits;
 };
 
-/* kv_f16: the KV cache in f16 (the engine's default, and llama.cpp's) or f32 (what the fp32 references
- * compute); cpu_int8: engine_params.cpu_int8 (-1: the default, f32 x on the CPU). */
-static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_f16, int cpu_int8)
+/* kv_type: the KV cache's enum kv_elem (KV_F16: the engine's default, and llama.cpp's; KV_F32: what the fp32
+ * references compute); cpu_int8: engine_params.cpu_int8 (-1: the default, f32 x on the CPU). */
+static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8)
 {
     char err[256] = "";
     int rc = model_file_open(model, &r->mf, NULL, NULL, err);
@@ -72,7 +72,7 @@ static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_
     p.n_seqs = n_seqs;
     p.ctx_size = 512;
     p.n_threads = 2;
-    p.kv_f16 = kv_f16;
+    p.kv_type = kv_type;
     p.cpu_int8 = cpu_int8;
     rc = engine_init(&r->e, r->mf, &p, err);
     cr_assert_eq(rc, 0, "engine_init: %s", err);
@@ -154,7 +154,7 @@ static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
     char *model = path_join(src, "tests/golden");
     char *mpath = path_join(model, json_string_value(json_object_get(g, "model")));
     struct runner r;
-    runner_open(&r, mpath, 1, kv_f16, -1);
+    runner_open(&r, mpath, 1, kv_f16 ? KV_F16 : KV_F32, -1);
     json_t *cases = json_object_get(g, "cases");
     size_t ci;
     json_t *c;
@@ -232,7 +232,7 @@ Test(golden_llamacpp, stories260K_greedy)
     if (!model || !gpath) cr_skip_test("missing ../shared/testdata/models/stories260K.gguf or its goldens");
     json_t *g = load_json(gpath);
     struct runner r;
-    runner_open(&r, model, 1, 1, -1); /* llama.cpp's KV cache is f16 */
+    runner_open(&r, model, 1, KV_F16, -1); /* llama.cpp's KV cache is f16 */
     size_t ci;
     json_t *c;
     int n_cases = 0;
@@ -270,7 +270,7 @@ Test(golden_llamacpp, stories260K_logits)
     cr_assert(f && fread(ref, sizeof(float), 512, f) == 512);
     fclose(f);
     struct runner r;
-    runner_open(&r, model, 1, 1, -1);
+    runner_open(&r, model, 1, KV_F16, -1);
     cr_assert_eq(r.n_vocab, 512);
     const int32_t ids[] = {1, 403, 407, 261, 378};
     prefill(&r, ids, 5);
@@ -289,14 +289,20 @@ Test(golden_smollm2, transformers_fp32, .timeout = 120)
     const char *src = getenv("FERRY_SRC");
     char *jpath = path_join(src, "tests/golden/smollm2.json");
     json_t *g = load_json(jpath);
-    /* Two arithmetics: x in f32 (the default: the forward pass itself, held to the oracle's rounding), and x in
-     * int8 blocks (--cpu-arith int8, llama.cpp's arithmetic; its own logits differ from these by 0.29-0.96,
-     * kernels/cpu/NOTES.md), held to 5% of the largest logit and, where the reference's top two are clearly
-     * apart, the same first greedy token. */
-    for (int act = 0; act < 2; act++) {
-        const double rtol = act == 0 ? 1e-4 : 5e-2;
+    /* Two arithmetics: x in f32 (the default: the forward pass itself, held to the oracle's rounding), and x
+     * in int8 blocks (--cpu-arith int8, llama.cpp's arithmetic; its own logits differ from these by
+     * 0.29-0.96, kernels/cpu/NOTES.md), held to 5% of the largest logit and, where the reference's top two
+     * are clearly apart, the same first greedy token. Then x in f32 over a KV cache in Q8_0 blocks (--kv-type
+     * q8_0), held the same way to 5% (measured: up to 2.7%; SmolLM2's K rows have large channels, so a
+     * block's scale leaves the small ones few levels). */
+    for (int variant = 0; variant < 3; variant++) {
+        const int act = variant == 1;
+        const double rtol = variant == 0 ? 1e-4 : 5e-2;
+        static const char *const names[3][2] = {{"smollm2 top-64", "smollm2 probe"},
+                                                {"smollm2 int8 top-64", "smollm2 int8 probe"},
+                                                {"smollm2 q8_0 KV top-64", "smollm2 q8_0 KV probe"}};
         struct runner r;
-        runner_open(&r, model, 1, 0, act); /* (engine_init sets the process's arithmetic) */
+        runner_open(&r, model, 1, variant == 2 ? KV_Q8_0 : KV_F32, act); /* (sets the process's arithmetic) */
         size_t ci;
         json_t *c;
         json_array_foreach(json_object_get(g, "cases"), ci, c)
@@ -314,21 +320,20 @@ Test(golden_smollm2, transformers_fp32, .timeout = 120)
                 ref_probe[i] =
                     (float)json_real_value(json_array_get(json_object_get(c, "probe_logits"), (size_t)i));
             prefill(&r, ids, n);
-            check_logits(r.logits, ref_top, top, n_top, rtol, 1e-3,
-                         act ? "smollm2 int8 top-64" : "smollm2 top-64");
-            check_logits(r.logits, ref_probe, probe, n_probe, rtol, 1e-3,
-                         act ? "smollm2 int8 probe" : "smollm2 probe");
+            check_logits(r.logits, ref_top, top, n_top, rtol, 1e-3, names[variant][0]);
+            check_logits(r.logits, ref_probe, probe, n_probe, rtol, 1e-3, names[variant][1]);
             int32_t got[64];
             greedy(&r, n, n_want, got);
-            /* int8: the first token only, and only where transformers' top two are further apart than the
-             * logits' tolerance (later tokens follow near-ties; llama.cpp misses prompt 3's first token too) */
+            /* int8 and q8_0 KV: the first token only, and only where transformers' top two are further apart
+             * than the logits' tolerance (later tokens follow near-ties; llama.cpp misses prompt 3's first
+             * token too) */
             double t1 = -1e30, t2 = -1e30;
             for (int i = 0; i < n_top; i++)
                 if (ref_top[i] > t1)
                     t2 = t1, t1 = ref_top[i];
                 else if (ref_top[i] > t2)
                     t2 = ref_top[i];
-            const int n_check = act == 0 ? n_want : (t1 - t2 > 2 * rtol * fabs(t1) ? 1 : 0);
+            const int n_check = variant == 0 ? n_want : (t1 - t2 > 2 * rtol * fabs(t1) ? 1 : 0);
             for (int i = 0; i < n_check; i++)
                 cr_expect_eq(got[i], want[i],
                              "smollm2 prompt %zu: greedy token %d is %d, transformers says %d", ci, i, got[i],

@@ -220,8 +220,8 @@ static void check_against_reference(enum dtype wt)
     char err[256] = "";
     cr_assert_eq(model_init_synthetic(&m, &hp, wt, 77, 1, err), 0, "%s", err);
     struct kv_cache kv_ref, kv;
-    cr_assert_eq(kv_cache_init(&kv_ref, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
-    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    cr_assert_eq(kv_cache_init(&kv_ref, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, KV_F32), 0);
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, KV_F32), 0);
     const int V = hp.n_vocab;
     float *ref = malloc(sizeof(float) * 9 * V), *got = malloc(sizeof(float) * 9 * V),
           *first = malloc(sizeof(float) * 9 * V);
@@ -286,7 +286,7 @@ static struct llm_hparams odd_model(struct model *m, struct kv_cache *kv, uint64
     const struct llm_hparams hp = odd_shape();
     char err[256] = "";
     cr_assert_eq(model_init_synthetic(m, &hp, DTYPE_F16, seed, 1, err), 0, "%s", err);
-    cr_assert_eq(kv_cache_init(kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    cr_assert_eq(kv_cache_init(kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, KV_F32), 0);
     return hp;
 }
 
@@ -355,7 +355,7 @@ Test(host_layers, layer_timing_over_several_layers)
     cr_assert_eq(forward_cpu_time_layers(a, NULL, 1, 1, 3, &t), FERRY_ERR_INVALID);
     cr_assert_eq(forward_cpu_time_layers(a, all, 3, 1, 65, &t), FERRY_ERR_INVALID);
     kv_cache_free(&kv);
-    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, 4), 0);
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, KV_F32), 0);
     a->ops->free(a);
     a = cpu_backend(&m, &kv, NULL, 2, 0);
     cr_assert_eq(forward_cpu_time_layers(a, all, 3, 2, 5, &t), FERRY_OK);

@@ -55,7 +55,7 @@ static struct engine *open_engine(const char *path, struct model_file **mf, enum
     p.ctx_size = 256;
     p.n_threads = 2;
     p.quant = q;
-    p.kv_f16 = 0; /* the F32 case is held to the fp32 bound against transformers */
+    p.kv_type = KV_F32; /* the F32 case is held to the fp32 bound against transformers */
     struct engine *e = NULL;
     cr_assert_eq(engine_init(&e, *mf, &p, err), FERRY_OK, "%s: %s", path, err);
     return e;
