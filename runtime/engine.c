@@ -435,6 +435,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const int kv_auto = use_cuda && p.kv_tokens == 0;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;
+    if (use_cuda && p.kv_type != KV_F16)
+        FLOG_WARN("--kv-type %s applies to the CPU backend; the CUDA backend's KV cache is f16",
+                  p.kv_type == KV_Q8_0 ? "q8_0" : "f32");
     if (!use_cuda && p.kv_type == KV_Q8_0 && hp->head_dim % 32) {
         snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of 32 (this model's is %d)",
                  hp->head_dim);
