@@ -97,13 +97,14 @@ int engine_quant_parse(const char *s)
     return -1;
 }
 
+/* --kv-type's names, by enum kv_elem. */
+static const char *const kv_type_names[] = {[KV_F32] = "f32", [KV_F16] = "f16", [KV_Q8_0] = "q8_0"};
+
 int engine_kv_type_parse(const char *s)
 {
-    return !s                   ? -1
-           : !strcmp(s, "f16")  ? KV_F16
-           : !strcmp(s, "f32")  ? KV_F32
-           : !strcmp(s, "q8_0") ? KV_Q8_0
-                                : -1;
+    for (int i = 0; s && i < (int)(sizeof kv_type_names / sizeof kv_type_names[0]); i++)
+        if (!strcmp(s, kv_type_names[i])) return i;
+    return -1;
 }
 
 int engine_quant_ftype(enum engine_quant q)
@@ -437,7 +438,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     e->p = p;
     if (use_cuda && p.kv_type != KV_F16)
         FLOG_WARN("--kv-type %s applies to the CPU backend; the CUDA backend's KV cache is f16",
-                  p.kv_type == KV_Q8_0 ? "q8_0" : "f32");
+                  kv_type_names[p.kv_type]);
     if (!use_cuda && p.kv_type == KV_Q8_0 && hp->head_dim % 32) {
         snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of 32 (this model's is %d)",
                  hp->head_dim);
@@ -508,13 +509,12 @@ static int engine_create(struct engine **out, struct model *model, const struct 
             "the rest wait)",
             full, p.n_seqs);
     const enum kv_elem kv_el = use_cuda ? KV_F16 : (enum kv_elem)e->kv.elem; /* the device's cache is f16 */
-    static const char *const kv_names[] = {"f32", "f16", "q8_0"};
     char ext[96] = "";
     if (e->kv.n_ext) /* the pool's extension in host memory (device_map.h) */
         snprintf(ext, sizeof ext, "; %d of them in host memory", e->kv.n_ext * e->kv.block_size);
     FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s",
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
-              kv_names[kv_el], ext, room);
+              kv_type_names[kv_el], ext, room);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "kernels/cpu/threadpool.h"
+#include "quant/blocks.h"
 #include "quant/dtype.h"
 #include "quant/fp16.h"
 #include "kernels/cpu/vexp.h"
@@ -55,37 +56,42 @@ static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, in
     return (row * kv->n_kv_heads + kvh) * kv->head_dim;
 }
 
-/* Elements i..i+7 (ld8, i a multiple of 8) or i (ld1) of a K/V array as f32; et (enum kv_elem) is a constant
- * wherever these are inlined. A Q8_0 element is d·q, exact in f32 (an f16 times an int8). */
-static inline const uint8_t *q8_block(const void *base, size_t i)
+/* A Q8_0 cache's block holding element i, its scale, and its codes o..o+7 (o a multiple of 8) as f32 without
+ * the scale. */
+static inline const struct block_q8_0 *q8_block(const void *base, size_t i)
 {
-    return (const uint8_t *)base + i / 32 * 34;
+    return (const struct block_q8_0 *)base + i / QK8_0;
 }
 
-static inline float q8_scale(const uint8_t *b)
+static inline float q8_scale(const struct block_q8_0 *b)
 {
-    uint16_t d;
-    memcpy(&d, b, 2);
 #if defined(__F16C__)
-    return _cvtsh_ss(d); /* exact, as f16_to_f32 */
+    return _cvtsh_ss(b->d); /* exact, as f16_to_f32 */
 #else
-    return f16_to_f32(d);
+    return f16_to_f32(b->d);
 #endif
 }
 
+static inline v8f q8_codes8(const struct block_q8_0 *b, int o)
+{
+    const int8_t *q = b->qs + o;
+#if defined(__AVX2__)
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+#else
+    v8f c;
+    for (int l = 0; l < 8; l++) c[l] = (float)q[l];
+    return c;
+#endif
+}
+
+/* Elements i..i+7 (ld8, i a multiple of 8) or i (ld1) of a K/V array as f32; et (enum kv_elem) is a constant
+ * wherever these are inlined. A Q8_0 element is d·q, exact in f32 (an f16 times an int8). */
 static inline v8f ld8(const void *base, size_t i, const int et)
 {
     if (et == KV_F32) return *(const v8fu *)((const float *)base + i);
     if (et == KV_Q8_0) {
-        const uint8_t *b = q8_block(base, i);
-        const int8_t *q = (const int8_t *)(b + 2) + i % 32;
-#if defined(__AVX2__)
-        const v8f c = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-#else
-        v8f c;
-        for (int l = 0; l < 8; l++) c[l] = (float)q[l];
-#endif
-        return c * q8_scale(b);
+        const struct block_q8_0 *b = q8_block(base, i);
+        return q8_codes8(b, (int)(i % QK8_0)) * q8_scale(b);
     }
     const uint16_t *h = (const uint16_t *)base + i;
 #if defined(__F16C__)
@@ -100,29 +106,16 @@ static inline v8f ld8(const void *base, size_t i, const int et)
 static inline float ld1(const void *base, size_t i, const int et)
 {
     if (et == KV_Q8_0) {
-        const uint8_t *b = q8_block(base, i);
-        return (float)((const int8_t *)(b + 2))[i % 32] * q8_scale(b);
+        const struct block_q8_0 *b = q8_block(base, i);
+        return (float)b->qs[i % QK8_0] * q8_scale(b);
     }
     return et == KV_F16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
-/* Codes o..o+7 (o a multiple of 8, below 32) of the Q8_0 block at b as f32, without the block's scale. */
-static inline v8f q8_codes8(const uint8_t *b, int o)
-{
-    const int8_t *q = (const int8_t *)(b + 2) + o;
-#if defined(__AVX2__)
-    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-#else
-    v8f c;
-    for (int l = 0; l < 8; l++) c[l] = (float)q[l];
-    return c;
-#endif
 }
 
 /* The address of element i (for prefetching). */
 static inline const void *kv_at(const void *base, size_t i, int et)
 {
-    return et == KV_Q8_0 ? (const void *)(q8_block(base, i) + 2 + i % 32)
+    return et == KV_Q8_0 ? (const void *)(q8_block(base, i)->qs + i % QK8_0)
                          : (const char *)base + i * (et == KV_F16 ? 2 : 4);
 }
 
@@ -133,8 +126,8 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
     for (int i = 0; i < m; i++) {
         const size_t at = kv_row(kv, seq[i], pos[i], 0);
         if (kv->elem == KV_Q8_0) { /* ggml's reference quantizer: the bits llama.cpp's q8_0 cache holds */
-            dtype_from_f32(DTYPE_Q8_0, k_new + i * w, (uint8_t *)kv->k + at / 32 * 34, (int64_t)w);
-            dtype_from_f32(DTYPE_Q8_0, v_new + i * w, (uint8_t *)kv->v + at / 32 * 34, (int64_t)w);
+            dtype_from_f32(DTYPE_Q8_0, k_new + i * w, (struct block_q8_0 *)kv->k + at / QK8_0, (int64_t)w);
+            dtype_from_f32(DTYPE_Q8_0, v_new + i * w, (struct block_q8_0 *)kv->v + at / QK8_0, (int64_t)w);
         } else if (kv->elem ==
                    KV_F16) { /* f32_to_f16 rounds to nearest even: the same bits with or without F16C */
             uint16_t *kd = (uint16_t *)kv->k + at, *vd = (uint16_t *)kv->v + at;
@@ -204,11 +197,11 @@ static inline __attribute__((always_inline)) float dot(const float *a, const voi
 static inline __attribute__((always_inline)) void dot4_q8(v8f *a, const float *q, const void *kb, size_t k,
                                                           size_t kstride, int d)
 {
-    const uint8_t *b0 = q8_block(kb, k), *b1 = q8_block(kb, k + kstride), *b2 = q8_block(kb, k + 2 * kstride),
-                  *b3 = q8_block(kb, k + 3 * kstride);
-    for (int b = 0; b < d; b += 32, b0 += 34, b1 += 34, b2 += 34, b3 += 34) {
+    const struct block_q8_0 *b0 = q8_block(kb, k), *b1 = q8_block(kb, k + kstride),
+                            *b2 = q8_block(kb, k + 2 * kstride), *b3 = q8_block(kb, k + 3 * kstride);
+    for (int b = 0; b < d; b += QK8_0, b0++, b1++, b2++, b3++) {
         v8f t0 = {0}, t1 = {0}, t2 = {0}, t3 = {0};
-        for (int o = 0; o < 32; o += 8) {
+        for (int o = 0; o < QK8_0; o += 8) {
             const v8f qv = *(const v8fu *)(q + b + o);
             t0 += qv * q8_codes8(b0, o);
             t1 += qv * q8_codes8(b1, o);
@@ -269,7 +262,7 @@ static inline __attribute__((always_inline)) void pv64(float *acc, const float *
     v8f a4 = *(v8fu *)(acc + 32), a5 = *(v8fu *)(acc + 40), a6 = *(v8fu *)(acc + 48), a7 = *(v8fu *)(acc + 56);
     if (et == KV_Q8_0) /* the weight times each block's scale once (v a multiple of 32: two whole blocks) */
         for (int j = 0; j < len; j++) {
-            const uint8_t *b0 = q8_block(vb, v + j * vstride), *b1 = b0 + 34;
+            const struct block_q8_0 *b0 = q8_block(vb, v + j * vstride), *b1 = b0 + 1;
             const float w0 = e[j] * q8_scale(b0), w1 = e[j] * q8_scale(b1);
             a0 += w0 * q8_codes8(b0, 0), a1 += w0 * q8_codes8(b0, 8);
             a2 += w0 * q8_codes8(b0, 16), a3 += w0 * q8_codes8(b0, 24);

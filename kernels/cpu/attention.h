@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "quant/blocks.h"
+
 struct tpool;
 
 /* How a K/V element is stored. Q8_0: llama.cpp's blocks of 32 elements (an f16 scale and 32 int8 codes, 34
@@ -27,7 +29,7 @@ enum kv_elem { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
 /* Bytes of n elements (n a multiple of 32 for Q8_0). */
 static inline size_t kv_elem_bytes(enum kv_elem e, size_t n)
 {
-    return e == KV_F32 ? 4 * n : e == KV_F16 ? 2 * n : n / 32 * 34;
+    return e == KV_F32 ? 4 * n : e == KV_F16 ? 2 * n : n / QK8_0 * sizeof(struct block_q8_0);
 }
 
 struct kv_layer_view {
