@@ -36,6 +36,7 @@ struct backend_stats {
     double hbm_bytes_per_s;
     uint64_t layers_run;  /* layer calls made on this backend */
     double layer_seconds; /* wall time inside them (a CPU backend's share of the steps) */
+    double kv_seconds;    /* the part of it spent in the KV ops (a host layer's: the device's attention) */
 };
 
 struct backend_ops {

@@ -51,6 +51,13 @@ struct engine {
     struct backend *cpu;  /* the CPU engine, or a GPU engine's host layers computed on the CPU; or NULL */
     struct backend *head; /* the backend holding the output head */
     struct step_plan plan;
+    /* A GPU engine's host costs as measured at start-up (slow: how much slower a host layer ran while the
+     * link copied), and the host's pace since: the plan is made again when the pace moves (step_plan.h). */
+    struct step_cost cost;
+    double slow;
+    struct step_pace pace;
+    int adapt;          /* the pace is followed: auto placement with a ring and host layers on the CPU */
+    double host_s;      /* the CPU backend's seconds in host-layer arithmetic so far */
     char placement[4096];
     int32_t *new_len; /* (n_seqs) scratch: the length each slot will have after the step, or -1 */
     int32_t *first;   /* (n_seqs) scratch: the first position the step writes in each slot */
@@ -216,6 +223,13 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
         c->cpu_s[c->n_cpu++] = t;
         if (t > 0.25 || m >= 64) break; /* past this the host is compute bound: extrapolated */
     }
+    /* Experiments and tests: a host that was busy while it was timed (FERRY_HOST_COST_SCALE=2: twice as slow). */
+    const char *scale_env = getenv("FERRY_HOST_COST_SCALE");
+    const double scale = scale_env ? atof(scale_env) : 1.0;
+    if (scale > 0 && scale != 1.0) {
+        FLOG_WARN("FERRY_HOST_COST_SCALE: the host layer's start-up timing is taken %.3gx", scale);
+        for (int i = 0; i < c->n_cpu; i++) c->cpu_s[i] *= scale;
+    }
     /* The same layer at m = 1 while the link is busy: host memory serves both. */
     if (map->n_slots > 0) {
         double t1;
@@ -313,6 +327,14 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
         snprintf(err, 256, "measuring the host's layer time failed (%s)", ferry_status_str(rc));
         return rc;
     }
+    e->cost = *cost;
+    e->slow = *slow;
+    step_pace_init(&e->pace);
+    e->host_s = 0;
+    e->adapt = e->cpu && cost->n_cpu > 0 && map->n_slots > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
+               !e->p.plan_override && !(getenv("FERRY_PLAN_ADAPT") && !strcmp(getenv("FERRY_PLAN_ADAPT"), "0"));
+    e->stats.host_pace = e->adapt ? 1.0 : 0.0;
+    e->stats.plan_revisions = 0;
     return make_plan(e, map, cost, -1, &e->plan, err);
 }
 
@@ -719,6 +741,44 @@ int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_
     return step(e, b, NULL, rows, out);
 }
 
+/* After a step of a GPU engine that follows the host's pace: the seconds its CPU-computed host layers spent in
+ * their arithmetic against the cost model's, and a new plan when the pace moved (step_plan.h). */
+static void follow_pace(struct engine *e, const enum placement *where, int n)
+{
+    struct backend_stats cs;
+    e->cpu->ops->stats(e->cpu, &cs);
+    const double host_s = cs.layer_seconds - cs.kv_seconds, took = host_s - e->host_s;
+    e->host_s = host_s;
+    double expected = 0;
+    int streams = 0;
+    for (int l = 0; l < e->model.hp.n_layers; l++) {
+        if (where[l] == PLACEMENT_CPU)
+            expected += step_cost_cpu_layer(&e->cost, forward_cuda_layer_bytes(e->gpu, l), n);
+        streams |= where[l] == PLACEMENT_STREAM;
+    }
+    if (!(expected > 0)) return;
+    if (!streams && e->slow > 1) expected /= e->slow; /* the costs are given with the link busy */
+    if (!step_pace_observe(&e->pace, took, expected)) return;
+    const struct step_cost c = step_cost_paced(&e->cost, e->pace.pace);
+    struct step_plan plan;
+    char err[256];
+    if (make_plan(e, forward_cuda_map(e->gpu), &c, -1, &plan, err)) {
+        FLOG_WARN("the host's pace moved to %.2fx, but the step plan could not be made again (%s)", e->pace.pace,
+                  err);
+        return;
+    }
+    const int last = plan.n_buckets - 1;
+    FLOG_INFO("host layers ran at %.2fx their start-up timing (median of %d steps): step plan made again: %d "
+              "tokens %d cpu / %d stream (was %d / %d), predicted %.2f ms; %d tokens %d / %d (was %d / %d)",
+              e->pace.pace, STEP_PACE_WINDOW, plan.tokens[0], plan.n_cpu[0], plan.n_stream[0], e->plan.n_cpu[0],
+              e->plan.n_stream[0], plan.predicted_s[0] * 1e3, plan.tokens[last], plan.n_cpu[last],
+              plan.n_stream[last], e->plan.n_cpu[last], e->plan.n_stream[last]);
+    step_plan_free(&e->plan);
+    e->plan = plan;
+    e->stats.host_pace = e->pace.pace;
+    e->stats.plan_revisions = e->pace.revisions;
+}
+
 static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
                 struct draw_out *drawn)
 {
@@ -736,6 +796,7 @@ static int step(struct engine *e, const struct batch *b, float *logits, const st
             st.n_out += b->want_logits[i] != 0;
         }
         rc = run_step(e, &st, logits);
+        if (!rc && e->adapt) follow_pace(e, st.where, b->n_tokens);
         /* A failed pass may have overwritten the slots from their first written position on. */
         for (int s = 0; s < n_seqs; s++)
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];

@@ -92,6 +92,10 @@ struct engine_stats {
     int cpu_threads;
     uint64_t cpu_layers_run;
     double cpu_layer_seconds;
+    /* --placement auto: the host's pace against its start-up timing (0: not followed; step_plan.h) and the
+     * times the step plan was made again for it. */
+    double host_pace;
+    int plan_revisions;
 };
 
 /* The step plan for a step of n_tokens: where its layers run and the predicted step time. */

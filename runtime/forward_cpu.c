@@ -44,6 +44,7 @@ struct forward_cpu {
     int pending;
     uint64_t layers_run;
     double layer_seconds;
+    double kv_seconds; /* of layer_seconds, in the KV ops */
     /* FERRY_CPU_PROFILE=1: time and weight bytes per op kind, printed to stderr when the backend is freed. */
     int profile;
     double prof_s[PROF_N];
@@ -234,7 +235,9 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
         int rc, kind;
         const double t0 = f->profile ? now_s() : 0;
         if (i == p->kv_first) {
+            const double k0 = kv_ops ? now_s() : 0;
             rc = !kv_ops ? FERRY_OK : f->kv_owner ? kv_ops_remote(f, l, st, n) : kv_ops_local(f, l, st, n);
+            if (kv_ops) f->kv_seconds += now_s() - k0;
             i = p->kv_last;
             kind = PROF_KV;
         } else {
@@ -367,6 +370,7 @@ static void cpu_stats(const struct backend *be, struct backend_stats *st)
     memset(st, 0, sizeof *st);
     st->layers_run = f->layers_run;
     st->layer_seconds = f->layer_seconds;
+    st->kv_seconds = f->kv_seconds;
 }
 
 static const struct backend_ops cpu_ops = {

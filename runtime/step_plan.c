@@ -287,3 +287,44 @@ int step_plan_format(const struct step_plan *p, char *buf, size_t cap)
 #undef EMIT
     return (int)n;
 }
+
+void step_pace_init(struct step_pace *p)
+{
+    memset(p, 0, sizeof *p);
+    p->pace = 1.0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int step_pace_observe(struct step_pace *p, double seconds, double expected)
+{
+    if (!(seconds > 0) || !(expected > 0) || !isfinite(seconds) || !isfinite(expected)) return 0;
+    if (p->n == STEP_PACE_WINDOW) {
+        memmove(p->ratio, p->ratio + 1, sizeof p->ratio[0] * (STEP_PACE_WINDOW - 1));
+        p->n--;
+    }
+    p->ratio[p->n++] = seconds / expected;
+    if (p->n < STEP_PACE_WINDOW) return 0;
+    double s[STEP_PACE_WINDOW];
+    memcpy(s, p->ratio, sizeof s);
+    qsort(s, STEP_PACE_WINDOW, sizeof s[0], cmp_double);
+    double med = s[STEP_PACE_WINDOW / 2];
+    if (med < STEP_PACE_MIN) med = STEP_PACE_MIN;
+    if (med > STEP_PACE_MAX) med = STEP_PACE_MAX;
+    if (med <= p->pace * STEP_PACE_BAND && med >= p->pace / STEP_PACE_BAND) return 0;
+    p->pace = med;
+    p->n = 0;
+    p->revisions++;
+    return 1;
+}
+
+struct step_cost step_cost_paced(const struct step_cost *c, double pace)
+{
+    struct step_cost r = *c;
+    for (int i = 0; i < r.n_cpu; i++) r.cpu_s[i] *= pace;
+    return r;
+}

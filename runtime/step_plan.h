@@ -92,6 +92,35 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
 /* The host's seconds for a layer of `bytes` at m tokens, from the measured reference layer. */
 double step_cost_cpu_layer(const struct step_cost *c, uint64_t bytes, int m);
 
+/* The host's pace: how the CPU-computed host layers of recent steps ran against their start-up timing.
+ * The planner's cost of a host layer comes from a start-up timing of a few seconds; a host that was busy then,
+ * or is busier later, would leave the plan wrong for as long as the engine runs. Every step that computes
+ * host layers on the CPU reports the seconds their arithmetic took and the seconds the cost model gives them
+ * (at pace 1); the median ratio of the last STEP_PACE_WINDOW such steps is the host's pace. When it moves
+ * outside [pace / STEP_PACE_BAND, pace * STEP_PACE_BAND] of the pace the plan was made with, the plan is made
+ * again from the costs scaled by it (step_cost_paced). Nothing moves when a plan changes: a host layer is
+ * streamed or computed from the same host copy. A plan that puts no host layer on the CPU at any step size
+ * reports nothing, so a host timed far too slow at start-up stays streamed. */
+#define STEP_PACE_WINDOW 9
+#define STEP_PACE_BAND   1.15
+#define STEP_PACE_MIN    0.125
+#define STEP_PACE_MAX    8.0
+
+struct step_pace {
+    double pace;                    /* what the current plan assumes (1: the start-up timing) */
+    double ratio[STEP_PACE_WINDOW]; /* the latest steps' seconds / expected, oldest first */
+    int n;                          /* of them */
+    int revisions;                  /* times the pace moved */
+};
+
+void step_pace_init(struct step_pace *p);
+/* One step's host arithmetic: `seconds` taken, `expected` by the cost model at pace 1 (both > 0, else
+ * ignored). Returns 1 when the window's median left the band around the current pace: p->pace is then the
+ * median (within [STEP_PACE_MIN, STEP_PACE_MAX]), the window starts again and the caller re-plans. */
+int step_pace_observe(struct step_pace *p, double seconds, double expected);
+/* c with its host times multiplied by pace. */
+struct step_cost step_cost_paced(const struct step_cost *c, double pace);
+
 /* A summary line per bucket and the layer maps of the smallest and largest buckets; snprintf semantics. */
 int step_plan_format(const struct step_plan *p, char *buf, size_t cap);
 

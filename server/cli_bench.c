@@ -416,6 +416,8 @@ int cli_bench_main(int argc, char **argv)
         json_object_set_new(root, "vram_budget", json_integer((json_int_t)st1.vram_budget));
         json_object_set_new(root, "vram_planned", json_integer((json_int_t)st1.vram_planned));
         json_object_set_new(root, "vram_taken", json_integer((json_int_t)st1.vram_used));
+        json_object_set_new(root, "host_pace", json_real(st1.host_pace));
+        json_object_set_new(root, "plan_revisions", json_integer(st1.plan_revisions));
         for (int i = 0; i < n_res; i++) {
             json_t *d = json_object();
             json_object_set_new(d, "batch", json_integer(res[i].batch > 0 ? res[i].batch : 1));
@@ -469,6 +471,10 @@ int cli_bench_main(int argc, char **argv)
                    res[i].step_s * 1e3, res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs,
                    res[i].stall_ms, plan, res[i].host_ms, pred);
         }
+        if (st1.plan_revisions)
+            printf("the host ran at %.2fx its start-up timing: the step plan was made again %d time%s (the rows "
+                   "show the last plan)\n",
+                   st1.host_pace, st1.plan_revisions, st1.plan_revisions == 1 ? "" : "s");
     }
     free(bc.tok);
     free(bc.want);

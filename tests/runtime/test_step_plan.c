@@ -338,3 +338,75 @@ Test(step_plan, ring_or_more_resident_layers_depends_on_concurrency)
     step_plan_free(&ring);
     step_plan_free(&none);
 }
+
+/* The host's pace: the median of the last STEP_PACE_WINDOW steps' ratios, followed only when it leaves the band
+ * around the current pace; outliers and bad observations do not move it. */
+Test(step_plan, pace_follows_the_median_outside_the_band)
+{
+    struct step_pace p;
+    step_pace_init(&p);
+    cr_assert_eq(p.pace, 1.0);
+    /* Noise inside the band: never a revision. */
+    for (int i = 0; i < 5 * STEP_PACE_WINDOW; i++)
+        cr_assert_eq(step_pace_observe(&p, i % 2 ? 1.12 : 0.9, 1.0), 0, "step %d", i);
+    cr_assert_eq(p.pace, 1.0);
+    cr_assert_eq(p.revisions, 0);
+    /* Outliers (a step that met a page fault, one that found the layer in cache): the median holds. */
+    step_pace_init(&p);
+    for (int i = 0; i < 3 * STEP_PACE_WINDOW; i++)
+        cr_assert_eq(step_pace_observe(&p, i % 3 == 0 ? 40.0 : i % 3 == 1 ? 0.01 : 1.0, 1.0), 0, "step %d", i);
+    /* Bad observations are ignored. */
+    cr_assert_eq(step_pace_observe(&p, 0.0, 1.0), 0);
+    cr_assert_eq(step_pace_observe(&p, 1.0, 0.0), 0);
+    cr_assert_eq(step_pace_observe(&p, NAN, 1.0), 0);
+    cr_assert_eq(step_pace_observe(&p, 1.0, INFINITY), 0);
+    /* A host at half speed: the revision comes when the window holds a majority of slow steps. */
+    step_pace_init(&p);
+    int revised_at = -1;
+    for (int i = 0; i < 2 * STEP_PACE_WINDOW && revised_at < 0; i++)
+        if (step_pace_observe(&p, 2.0e-3, 1.0e-3)) revised_at = i;
+    cr_assert_eq(revised_at, STEP_PACE_WINDOW - 1);
+    cr_assert_float_eq(p.pace, 2.0, 1e-12);
+    cr_assert_eq(p.revisions, 1);
+    /* The same pace again: no revision; back to the start-up speed: a second one, after a full window. */
+    for (int i = 0; i < 2 * STEP_PACE_WINDOW; i++) cr_assert_eq(step_pace_observe(&p, 2.1, 1.0), 0);
+    revised_at = -1;
+    for (int i = 0; i < 2 * STEP_PACE_WINDOW && revised_at < 0; i++)
+        if (step_pace_observe(&p, 1.0, 1.0)) revised_at = i;
+    cr_assert_eq(revised_at, STEP_PACE_WINDOW / 2, "the median turns once half the window is fast");
+    cr_assert_float_eq(p.pace, 1.0, 1e-12);
+    cr_assert_eq(p.revisions, 2);
+    /* Clamped at the extremes. */
+    step_pace_init(&p);
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 1000.0, 1.0);
+    cr_assert_eq(p.pace, STEP_PACE_MAX);
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 1e-6, 1.0);
+    cr_assert_eq(p.pace, STEP_PACE_MIN);
+}
+
+/* A plan made from paced costs: a slower host takes fewer host layers at one token (never more), a faster one
+ * more; the device's rates are untouched. */
+Test(step_plan, paced_costs_move_host_layers)
+{
+    struct step_plan_input in = llama7b(5, 84, 1.5);
+    const struct step_cost base = in.cost;
+    int prev = L7 + 1, first = 0;
+    double prev_pred = 0;
+    for (double pace = 0.5; pace <= 4.0; pace *= 2) {
+        in.cost = step_cost_paced(&base, pace);
+        cr_assert_eq(in.cost.h2d, base.h2d);
+        cr_assert_eq(in.cost.sync_s, base.sync_s);
+        for (int i = 0; i < base.n_cpu; i++) cr_assert_float_eq(in.cost.cpu_s[i], base.cpu_s[i] * pace, 1e-15);
+        struct step_plan p;
+        make(&in, &p);
+        cr_assert_leq(p.n_cpu[0], prev, "pace %g: %d host layers on the CPU, %d at half the pace", pace,
+                      p.n_cpu[0], prev);
+        cr_assert_geq(p.predicted_s[0], prev_pred, "pace %g", pace);
+        if (pace == 0.5) cr_assert_gt(p.n_cpu[0], 0, "a fast host takes host layers at one token");
+        if (pace == 0.5) first = p.n_cpu[0];
+        if (pace == 4.0) cr_assert_lt(p.n_cpu[0], first, "8x slower: fewer host layers on the CPU");
+        prev = p.n_cpu[0];
+        prev_pred = p.predicted_s[0];
+        step_plan_free(&p);
+    }
+}
