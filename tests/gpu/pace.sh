@@ -27,8 +27,9 @@ for r in $(seq 1 ${PACE_ROUNDS:-2}); do
     log=$out/pace/$cfg-$r.txt
     env "${envs[@]}" timeout 200 $F bench --model $file --gpu-memory $budget --batches 1 --prefill 0 \
       --decode-steps $steps > $log 2>&1
+    rc=$?
     row=$(grep -E "^1 +[0-9]" $log | head -1 | tr -s ' ')
-    echo "round $r $cfg: rc=$? b=1 [$row]"
+    echo "round $r $cfg: rc=$rc b=1 [$row]"
     grep -oE "host layer at 1 token [0-9.]+ ms alone, [0-9.]+ ms while" $log | head -1 | sed 's/^/    /'
     grep -E "1 tokens: +[0-9]+ cpu" $log | head -1 | sed 's/^ */    start-up plan: /'
     grep -oE "host layers ran at .*" $log | sed 's/^/    /'
