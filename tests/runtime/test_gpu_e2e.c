@@ -719,24 +719,25 @@ Test(gpu_e2e, hybrid_auto_on_synthetic_model, .timeout = 300)
     engine_free(gpu);
 }
 
-/* A host timed as if it were 20x faster than it is (FERRY_HOST_COST_SCALE: a start-up timing taken while the
+/* A host timed as if it were 10x faster than it is (FERRY_HOST_COST_SCALE: a start-up timing taken while the
  * host was unusually idle, or a host that got busy later): the plan puts host layers on the CPU, the steps
  * show the host's real pace, and the engine makes the plan again; the logits match the CPU engine's before and
- * after. */
+ * after. Layers of 100 MB (f16, dim 2048): on tiny layers the exchange with the device decides, not the host's
+ * arithmetic. */
 Test(gpu_e2e, hybrid_auto_follows_the_host_pace, .timeout = 300)
 {
     require_gpu();
     struct llm_hparams hp = {.n_vocab = 1000,
-                             .dim = 512,
-                             .n_layers = 8,
-                             .n_heads = 8,
-                             .n_kv_heads = 2,
-                             .head_dim = 64,
-                             .ffn_dim = 1376,
+                             .dim = 2048,
+                             .n_layers = 6,
+                             .n_heads = 16,
+                             .n_kv_heads = 4,
+                             .head_dim = 128,
+                             .ffn_dim = 5632,
                              .ctx_train = 1024,
                              .norm_eps = 1e-5f,
                              .rope_theta = 10000.0f,
-                             .rope_dim = 64,
+                             .rope_dim = 128,
                              .rope_style = ROPE_STYLE_HALF};
     snprintf(hp.arch, sizeof hp.arch, "llama");
     struct engine_params p = engine_default_params();
@@ -750,26 +751,26 @@ Test(gpu_e2e, hybrid_auto_follows_the_host_pace, .timeout = 300)
     cr_assert_eq(engine_init_synthetic(&cpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
     p.backend = ENGINE_BACKEND_CUDA;
     p.gpu_layers = 2;
-    p.cpu_threads = 4;
-    setenv("FERRY_HOST_COST_SCALE", "0.05", 1);
+    p.cpu_threads = 8;
+    setenv("FERRY_HOST_COST_SCALE", "0.1", 1);
     const int rc = engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err);
     unsetenv("FERRY_HOST_COST_SCALE");
     cr_assert_eq(rc, 0, "%s", err);
     struct engine_step_info info;
     cr_assert_eq(engine_step_info(gpu, 1, &info), 0);
-    cr_assert_gt(info.n_cpu, 0, "a host timed 20x faster takes host layers at one token");
+    cr_assert_gt(info.n_cpu, 0, "a host timed 10x faster takes host layers at one token");
     const int n_cpu0 = info.n_cpu;
     struct engine_stats st;
     engine_get_stats(gpu, &st);
     cr_assert_eq(st.host_pace, 1.0);
-    compare_hybrid("synthetic 8 layers", cpu, gpu, "auto, host timed 20x too fast", 30);
-    compare_hybrid("synthetic 8 layers", cpu, gpu, "auto, after the plan was made again", 30);
+    compare_hybrid("synthetic 6 layers of 100 MB", cpu, gpu, "auto, host timed 10x too fast", 30);
+    compare_hybrid("synthetic 6 layers of 100 MB", cpu, gpu, "auto, after the plan was made again", 30);
     engine_get_stats(gpu, &st);
     cr_assert_eq(engine_step_info(gpu, 1, &info), 0);
     fprintf(stderr, "note: host pace %.2f after %d revisions; one token: %d cpu (was %d)\n%s\n", st.host_pace,
             st.plan_revisions, info.n_cpu, n_cpu0, engine_placement(gpu));
     cr_expect_geq(st.plan_revisions, 1);
-    cr_expect_geq(st.host_pace, 4.0, "the steps ran the host layers ~20x slower than the scaled timing");
+    cr_expect_geq(st.host_pace, 4.0, "the steps ran the host layers ~10x slower than the scaled timing");
     cr_expect_leq(info.n_cpu, n_cpu0);
     engine_free(cpu);
     engine_free(gpu);
