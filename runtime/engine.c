@@ -223,13 +223,6 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
         c->cpu_s[c->n_cpu++] = t;
         if (t > 0.25 || m >= 64) break; /* past this the host is compute bound: extrapolated */
     }
-    /* Experiments and tests: a host that was busy while it was timed (FERRY_HOST_COST_SCALE=2: twice as slow). */
-    const char *scale_env = getenv("FERRY_HOST_COST_SCALE");
-    const double scale = scale_env ? atof(scale_env) : 1.0;
-    if (scale > 0 && scale != 1.0) {
-        FLOG_WARN("FERRY_HOST_COST_SCALE: the host layer's start-up timing is taken %.3gx", scale);
-        for (int i = 0; i < c->n_cpu; i++) c->cpu_s[i] *= scale;
-    }
     /* The same layer at m = 1 while the link is busy: host memory serves both. */
     if (map->n_slots > 0) {
         double t1;
@@ -244,6 +237,14 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
             "cost model: host layer at 1 token %.2f ms alone, %.2f ms while the link copies (%.1f GB/s then, "
             "%.1f GB/s alone)",
             c->cpu_s[0] / slow * 1e3, c->cpu_s[0] * 1e3, c->h2d_loaded / 1e9, c->h2d / 1e9);
+    }
+    /* Experiments and tests: a host that was busy while it was timed (FERRY_HOST_COST_SCALE=2: twice as slow, alone
+     * and beside the link alike). */
+    const char *scale_env = getenv("FERRY_HOST_COST_SCALE");
+    const double scale = scale_env ? atof(scale_env) : 1.0;
+    if (scale > 0 && scale != 1.0) {
+        FLOG_WARN("FERRY_HOST_COST_SCALE: the host layer's start-up timing is taken %.3gx", scale);
+        for (int i = 0; i < c->n_cpu; i++) c->cpu_s[i] *= scale;
     }
     double ex;
     if ((rc = forward_cuda_time_exchange(e->gpu, 1, &ex))) return rc;
