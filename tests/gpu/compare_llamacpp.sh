@@ -117,19 +117,21 @@ if [ "${CMP_Q4_4G:-1}" = 1 ]; then
   # default since 2026-12-01c: --cpu-arith auto); llama.cpp: the -ngl sweep
   # up to the largest that fits (both KV pools hold 16 x 48 positions).
   log "Q4_K_M, 4 GiB"
-  ferry q4-4g --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 8
-  ferry q4-4g-cpu --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
-  ferry q4-4g-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 8
-  ferry q4-4g-cpu-int8 --model $Q4 --cpu-arith int8 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 8
+  ferry q4-4g --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 24
+  ferry q4-4g-cpu --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
+  ferry q4-4g-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
+  ferry q4-4g-cpu-int8 --model $Q4 --cpu-arith int8 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
   for ngl in 28 30 31; do llama_batched q4-4g-ngl$ngl $Q4 $ngl 1,16 32 16; done
   # One sequence (a KV pool of 48 positions on both sides): auto weighs the ring against more resident layers.
-  ferry q4-1s-auto --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 8
-  ferry q4-1s-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 8
+  ferry q4-1s-auto --model $Q4 --cpu-arith f32 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 24
+  ferry q4-1s-int8 --model $Q4 --gpu-memory 4GiB --cpu-arith int8 --batches 1 --prefill 0 --decode-steps 24
   for ngl in 31 32 33; do llama_batched q4-1s-ngl$ngl $Q4 $ngl 1 32 16; done
 fi
 if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
   # CPU (-ngl: the last N layers on the GPU); its best -ngl whose device buffers fit the budget is the peer.
+  # ferry's budget rows decode 24 steps (the median step): auto re-plans after 9 steps when the host runs at
+  # another pace than its start-up timing (runtime/step_plan.h), and reports the steps of the last plan.
   F16=$W/F16.gguf
   if [ -s $F16 ]; then
     log "F16, 4 GiB: stream / auto, and llama.cpp's -ngl sweep"
@@ -138,14 +140,14 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
     for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
   fi
   log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
-  ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 4
-  ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
-  ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 4
+  ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 24
+  ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
+  ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
   for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
   log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
-  ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 4
-  ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 4
-  ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 4
+  ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 24
+  ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
+  ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
   for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then
