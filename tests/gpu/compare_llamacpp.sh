@@ -59,6 +59,9 @@ import json, sys
 d = json.load(open(sys.argv[2]))
 print(json.dumps({"who": "ferry", "case": sys.argv[1], "tool": "ferry-bench", "prefill": d.get("prefill_tok_s"),
                   "decode": {str(x["batch"]): x["tok_s"] for x in d["decode"] if x["context"] < 4096},
+                  "step_ms": {str(x["batch"]): [x["step_ms"], x.get("predicted_step_ms", 0)]
+                              for x in d["decode"] if x["context"] < 4096},
+                  "host_pace": d.get("host_pace"), "plan_revisions": d.get("plan_revisions"),
                   "vram_planned": d.get("vram_planned"), "weight_bytes": d.get("weight_bytes"),
                   "placement": d.get("placement", "")[:200]}))
 PY
