@@ -80,6 +80,8 @@ void metrics_set_engine(struct metrics *m, int queued, int running, const struct
     m->vram_used = st->vram_used;
     m->kv_host_bytes = st->kv_host_bytes;
     m->kv_ext_host_rows = st->kv_ext_host_rows;
+    m->host_pace = st->host_pace;
+    m->plan_revisions = st->plan_revisions;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -228,6 +230,11 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_kv_ext_host_rows_total",
             "Token rows x layers whose attention over the extension's positions the host's cores computed.",
             m->kv_ext_host_rows);
+    GAUGE("ferry_host_pace",
+          "Host layers' arithmetic time against their start-up timing (--placement auto; 0: not followed).",
+          "%.3f", m->host_pace);
+    COUNTER("ferry_step_plan_revisions_total", "Times the step plan was made again for the host's pace.",
+            (uint64_t)m->plan_revisions);
     const struct http_stats *hs = &m->http;
     GAUGE("ferry_http_connections_open", "HTTP connections open (past --max-connections they are refused).",
           "%d", hs->open);

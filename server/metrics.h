@@ -37,6 +37,9 @@ struct metrics {
     int layers_resident, layers_streamed;
     uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes, kv_ext_host_rows;
     double copy_seconds, stall_seconds;
+    double
+        host_pace; /* --placement auto: host layers' pace against their start-up timing (0: not followed) */
+    int plan_revisions; /* times the step plan was made again for it */
     uint64_t engine_steps;
     double engine_busy_seconds;
     int loading;            /* 1 until the model is ready */

@@ -769,7 +769,7 @@ def test_metrics_text(server):
     for name in ("ferry_layers_resident", "ferry_layers_streamed", "ferry_weight_bytes_streamed_total",
                  "ferry_stream_copy_seconds_total", "ferry_stream_stall_seconds_total", "ferry_vram_budget_bytes",
                  "ferry_vram_planned_bytes", "ferry_vram_used_bytes", "ferry_kv_host_bytes",
-                 "ferry_device_sampled_tokens_total"):
+                 "ferry_device_sampled_tokens_total", "ferry_host_pace", "ferry_step_plan_revisions_total"):
         assert m[name] == 0, name
     for line in text.splitlines():  # exposition format: comments or "name{labels} value"
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or len(line.rsplit(" ", 1)) == 2
