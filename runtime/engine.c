@@ -173,7 +173,8 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .kv_auto = kv_auto,
                                         .kv_tokens_max = (int64_t)p->n_seqs * ctx,
                                         .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
-                                        .kv_tokens_min = ctx};
+                                        .kv_tokens_min = ctx,
+                                        .kv_q8 = p->kv_type == KV_Q8_0};
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -459,12 +460,12 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const int kv_auto = use_cuda && p.kv_tokens == 0;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     e->p = p;
-    if (use_cuda && p.kv_type != KV_F16)
-        FLOG_WARN("--kv-type %s applies to the CPU backend; the CUDA backend's KV cache is f16",
-                  kv_type_names[p.kv_type]);
-    if (!use_cuda && p.kv_type == KV_Q8_0 && hp->head_dim % 32) {
-        snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of 32 (this model's is %d)",
-                 hp->head_dim);
+    if (use_cuda && p.kv_type == KV_F32)
+        FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
+    /* Q8_0 blocks of 32 per head; on the GPU each lane's scale pair must stay 4-byte aligned: 64. */
+    if (p.kv_type == KV_Q8_0 && hp->head_dim % (use_cuda ? 64 : 32)) {
+        snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of %d%s (this model's is %d)",
+                 use_cuda ? 64 : 32, use_cuda ? " on the GPU" : "", hp->head_dim);
         rc = FERRY_ERR_INVALID;
         goto fail;
     }
@@ -531,7 +532,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
             "; room for %d of the %d slots at full context (requests are admitted by prompt + max_tokens, "
             "the rest wait)",
             full, p.n_seqs);
-    const enum kv_elem kv_el = use_cuda ? KV_F16 : (enum kv_elem)e->kv.elem; /* the device's cache is f16 */
+    const enum kv_elem kv_el = !use_cuda              ? (enum kv_elem)e->kv.elem
+                               : p.kv_type == KV_Q8_0 ? KV_Q8_0
+                                                      : KV_F16; /* the device's cache: f16 or Q8_0 */
     char ext[96] = "";
     if (e->kv.n_ext) /* the pool's extension in host memory (device_map.h) */
         snprintf(ext, sizeof ext, "; %d of them in host memory", e->kv.n_ext * e->kv.block_size);

@@ -122,9 +122,10 @@ struct forward_cuda {
     float *out_norm; /* (dim) */
     float *inv_freq; /* (rope_dim/2) device */
 
-    /* KV pool (f16) and its block table mirror; the pool's last n_ext blocks are its extension in pinned,
-     * mapped host memory (device_map.h). */
-    uint16_t *k_cache, *v_cache; /* (n_layers, n_blocks - n_ext, block_size, kvd) f16 */
+    /* KV pool (f16, or Q8_0 codes and scales: kernels/cuda/attention.h) and its block table mirror; the
+     * pool's last n_ext blocks are its extension in pinned, mapped host memory (device_map.h; f16 only). */
+    void *k_cache, *v_cache;     /* (n_layers, n_blocks - n_ext, block_size, kvd) f16 or int8 */
+    uint16_t *k_scale, *v_scale; /* Q8_0: (n_layers, n_blocks, block_size, kvd / 32) f16; else NULL */
     uint16_t *kv_ext;            /* K then V, each (n_layers, n_ext, block_size, kvd) f16 (host), or NULL */
     uint16_t *kv_ext_dev;        /* its device address */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
@@ -432,7 +433,7 @@ struct plan_sizes {
     size_t w16;   /* the context's buffer for block-type W decoded to f16 (kern_cuda_w16_bytes) */
 };
 
-static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T,
+static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, int kv_q8,
                           struct layer_layout *layouts, uint64_t *layer_sizes, struct plan_sizes *ps)
 {
     const struct llm_hparams *hp = &m->hp;
@@ -458,11 +459,14 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     const size_t kv_elems =
         (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
-    ps->kv_bytes = 2 * align_up(kv_elems * sizeof(uint16_t));
-    ps->kv_token_bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
-    /* (2 * ALIGN: the two K/V arrays' alignment when the planner sizes the pool) */
-    ps->fixed_bytes =
-        activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) + 2 * ALIGN;
+    const size_t kv_row = (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim;
+    ps->kv_bytes = kv_q8 ? 2 * (align_up(kv_elems) + align_up(kv_elems / 32 * sizeof(uint16_t)))
+                         : 2 * align_up(kv_elems * sizeof(uint16_t));
+    ps->kv_token_bytes =
+        kv_q8 ? 2 * (kv_row + kv_row / 32 * sizeof(uint16_t)) : 2 * kv_row * sizeof(uint16_t);
+    /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
+    ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
+                      (kv_q8 ? 4 : 2) * ALIGN;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
@@ -521,7 +525,7 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         in.kv_tokens_floor = p->kv_tokens_floor;
         in.kv_tokens_min = p->kv_tokens_min;
         in.kv_block = kv_block;
-        in.kv_ext_max = kv_ext_cap(ps, m->hp.n_layers);
+        in.kv_ext_max = p->kv_q8 ? 0 : kv_ext_cap(ps, m->hp.n_layers); /* (the extension is f16) */
         in.kv_ext_host = ext_attn_on_host();
     } else {
         in.fixed_bytes += ps->kv_bytes;
@@ -538,7 +542,7 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     uint8_t *mask = malloc((size_t)m->hp.n_layers);
     int rc = FERRY_ERR_NOMEM;
     if (!sizes || !mask) goto out;
-    plan_sizes_of(m, kv, p->max_tokens, NULL, sizes, &ps);
+    plan_sizes_of(m, kv, p->max_tokens, p->kv_q8, NULL, sizes, &ps);
     const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x, ps.w16); /* cuBLAS and the products' workspaces */
     rc = FERRY_ERR_INVALID;
     if (p->gpu_memory <= 0) {
@@ -565,7 +569,7 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, struct devic
     uint8_t *mask = malloc((size_t)m->hp.n_layers);
     int rc = FERRY_ERR_NOMEM;
     if (sizes && mask) {
-        plan_sizes_of(m, f->kv, p.max_tokens, NULL, sizes, &ps);
+        plan_sizes_of(m, f->kv, p.max_tokens, p.kv_q8, NULL, sizes, &ps);
         struct device_map_input in =
             plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget, f->kv->block_size,
                        f->stats.h2d_bytes_per_s, f->stats.hbm_bytes_per_s, mask);
@@ -617,7 +621,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         !mask)
         goto fail;
     struct plan_sizes ps;
-    plan_sizes_of(m, kv, T, f->layouts, f->layer_sizes, &ps);
+    plan_sizes_of(m, kv, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
     const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     f->head_type = packed_type(m->output.type);
     f->attn_ws_bytes = ps.attn_ws_bytes;
@@ -702,8 +706,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         goto fail;
     }
     struct carve c = {.base = f->arena, .off = 0, .cap = f->arena_bytes};
-    f->k_cache = carve(&c, kv_elems * sizeof(uint16_t));
-    f->v_cache = carve(&c, kv_elems * sizeof(uint16_t));
+    const size_t kv_el = p->kv_q8 ? 1 : sizeof(uint16_t);
+    f->k_cache = carve(&c, kv_elems * kv_el);
+    f->v_cache = carve(&c, kv_elems * kv_el);
+    if (p->kv_q8) {
+        f->k_scale = carve(&c, kv_elems / 32 * sizeof(uint16_t));
+        f->v_scale = carve(&c, kv_elems / 32 * sizeof(uint16_t));
+    }
     f->x = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->xn = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->tmp = carve(&c, (size_t)T * hp->dim * sizeof(float));
@@ -816,8 +825,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
      * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
     rc = FERRY_ERR_CUDA;
-    if (cudaMemset(f->k_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
-        cudaMemset(f->v_cache, 0, kv_elems * sizeof(uint16_t)) != cudaSuccess ||
+    if (cudaMemset(f->k_cache, 0, kv_elems * kv_el) != cudaSuccess ||
+        cudaMemset(f->v_cache, 0, kv_elems * kv_el) != cudaSuccess ||
+        (f->k_scale && cudaMemset(f->k_scale, 0, kv_elems / 32 * sizeof(uint16_t)) != cudaSuccess) ||
+        (f->v_scale && cudaMemset(f->v_scale, 0, kv_elems / 32 * sizeof(uint16_t)) != cudaSuccess) ||
         cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
     /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident. */
@@ -969,8 +980,12 @@ static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
     const size_t row = (size_t)kv->block_size * hp->n_kv_heads * hp->head_dim;
     const size_t per_layer = (size_t)(kv->n_blocks - kv->n_ext) * row, per_ext = (size_t)kv->n_ext * row;
     uint16_t *ext = f->kv_ext_dev;
-    return (struct kern_cuda_kv_layer){.k = f->k_cache + per_layer * l,
-                                       .v = f->v_cache + per_layer * l,
+    const size_t el = f->k_scale ? 1 : sizeof(uint16_t);
+    return (struct kern_cuda_kv_layer){.k = (char *)f->k_cache + per_layer * l * el,
+                                       .v = (char *)f->v_cache + per_layer * l * el,
+                                       .q8 = f->k_scale != NULL,
+                                       .k_scale = f->k_scale ? f->k_scale + per_layer / 32 * l : NULL,
+                                       .v_scale = f->v_scale ? f->v_scale + per_layer / 32 * l : NULL,
                                        .k_ext = ext ? ext + per_ext * l : NULL,
                                        .v_ext = ext ? ext + per_ext * ((size_t)f->n_layers + l) : NULL,
                                        .n_ext = kv->n_ext,

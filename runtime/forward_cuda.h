@@ -45,6 +45,8 @@ struct forward_cuda_params {
      * caller's kv_cache tables to match. */
     int kv_auto;
     int64_t kv_tokens_max, kv_tokens_floor, kv_tokens_min;
+    int kv_q8; /* the KV pool in Q8_0 blocks (kernels/cuda/attention.h; head_dim a multiple of 64), no
+                  extension */
 };
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */

@@ -60,7 +60,7 @@ static void bench_usage(FILE *f)
         "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
         "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
         "                        host layers; on the CPU backend int8 for K-quant files, else f32\n"
-        "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
+        "  --kv-type f16|f32|q8_0 the KV cache (default f16; f32 on the CPU backend only)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --threads N           CPU threads (default: all cores)\n"

@@ -116,9 +116,9 @@ static const struct opt_row rows[] = {
      "engine (whose own products with such weights quantize x to int8 too); on the CPU backend int8 for "
      "K-quant files (Q4_K_M, Q5_K_M, Q6_K: faster), f32 for the others"},
     {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32|q8_0",
-     "element type of the CPU backend's KV cache: f16 (half the memory, and half the bytes a long-context "
-     "step reads; the GPU's cache is f16 too), f32 (closest to the reference) or q8_0 (llama.cpp's 8-bit "
-     "blocks: 17/32 of f16's memory)"},
+     "element type of the KV cache: f16 (half the memory, and half the bytes a long-context step reads), f32 "
+     "(closest to the reference; CPU backend only) or q8_0 (llama.cpp's 8-bit blocks: 17/32 of f16's memory; "
+     "on the GPU without a KV extension in host memory)"},
     {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
      "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its "
      "Q4_K_M mix "

@@ -67,6 +67,9 @@ struct att_params {
     const float *q;        /* (m, n_heads, D) */
     const __half *k, *v;   /* cache: blocks [0, n_main) */
     const __half *kx, *vx; /* its extension: blocks [n_main, n_blocks) at id - n_main */
+    const int8_t *kq, *vq; /* a Q8_0 cache (q8): its codes, (n_blocks, block_size, n_kv, D) */
+    const __half *ksc, *vsc; /* and its scales, (n_blocks, block_size, n_kv, D / 32) */
+    int q8;
     const int32_t *bt;
     const int32_t *seq, *pos;
     float *ws_o;   /* (n_split, m, n_heads, D) unnormalised partial outputs */
@@ -87,6 +90,41 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
 }
+/* 8 and 4 bytes (through L1; the source aligned to the size): a Q8_0 row's codes and a pair of its scales. */
+__device__ __forceinline__ void cp_async8(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
+}
+/* Code i (0..3) of a word of four int8 codes, as f32. */
+__device__ __forceinline__ float q8_code(unsigned w, int i)
+{
+    return (float)((int)(w << (24 - 8 * i)) >> 24);
+}
+/* Scale j (0, 1) of a word holding two f16 scales. */
+__device__ __forceinline__ float q8_scale(unsigned w, int j)
+{
+    return __half2float(__ushort_as_half((unsigned short)(j ? w >> 16 : w & 0xffffu)));
+}
+/* Eight codes (two words) times their scale, rounded to f16: a 16-byte piece of an f16 K/V tile. */
+__device__ __forceinline__ uint4 q8_half8(uint2 c, float s)
+{
+    uint4 r;
+    unsigned *o = &r.x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned w = i < 2 ? c.x : c.y;
+        const __half2 h = __floats2half2_rn(q8_code(w, 2 * (i & 1)) * s, q8_code(w, 2 * (i & 1) + 1) * s);
+        o[i] = *reinterpret_cast<const unsigned *>(&h);
+    }
+    return r;
+}
+
 __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -262,7 +300,15 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                     const int pp = t0 + t;
                     const int bi = pp / p.block_size;
                     const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
-                    if (blk >= 0 && blk < p.n_blocks) {
+                    if (blk >= 0 && blk < p.n_blocks && p.q8) { /* (no extension with Q8_0) */
+                        const size_t r =
+                            ((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh;
+                        const uint2 kc = __ldg((const uint2 *)(p.kq + r * D + c8 * 8));
+                        const uint2 vc = __ldg((const uint2 *)(p.vq + r * D + c8 * 8));
+                        const size_t si = r * (D / 32) + c8 / 4;
+                        *(uint4 *)kd = q8_half8(kc, __half2float(p.ksc[si]));
+                        *(uint4 *)vd = q8_half8(vc, __half2float(p.vsc[si]));
+                    } else if (blk >= 0 && blk < p.n_blocks) {
                         const bool ext = blk >= p.n_main;
                         const int id = ext ? blk - p.n_main : blk;
                         const __half *kb = ext ? p.kx : p.k, *vb = ext ? p.vx : p.v;
@@ -429,13 +475,15 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
     }
 }
 
-/* Decode kernel; RM = rows per KV head held in registers (a power of two >= G). Grid: (tokens, n_kv / hb,
- * splits). Lane roles: lane = grp * LG + hh * LP + li with LP = D/8 lanes per (position, KV head), LG = LP *
- * hb lanes per position and NG = 32 / LG position groups per warp; lane li holds dims 8 li .. 8 li + 7. Warp
- * w takes the block-steps j = 0, 1, ... and within one the positions lo + j * DEC_WARPS * PS + w * PS + u *
- * NG + grp (u < DEC_U, PS = NG * DEC_U), so the warps of a block read neighbouring positions at the same
- * time. */
-template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_params p)
+/* Decode kernel; RM = rows per KV head held in registers (a power of two >= G); Q8: a Q8_0 cache (each lane's
+ * slot holds its 8 codes and, in bytes 8..11, the pair of scales that contains its block's). Grid: (tokens,
+ * n_kv / hb, splits). Lane roles: lane = grp * LG + hh * LP + li with LP = D/8 lanes per (position, KV head),
+ * LG = LP * hb lanes per position and NG = 32 / LG position groups per warp; lane li holds dims 8 li .. 8 li
+ * + 7. Warp w takes the block-steps j = 0, 1, ... and within one the positions lo + j * DEC_WARPS * PS + w *
+ * PS + u * NG + grp (u < DEC_U, PS = NG * DEC_U), so the warps of a block read neighbouring positions at the
+ * same time. */
+template <int RM, bool Q8>
+__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     pdl_wait(); /* everything below reads q, the cache, the block table or the workspace */
@@ -498,7 +546,15 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
             const int pp = pos_of(j, u), id = ids[u];
             uint4 *ks = slot + u * 64 + lane, *vs = ks + 32;
             if (pp >= hi) continue;
-            if (id >= 0 && id < p.n_blocks) {
+            if (Q8 && id >= 0 && id < p.n_blocks) {
+                const size_t r =
+                    ((size_t)id * p.block_size + (pp - (int)bidx(pp) * p.block_size)) * p.n_kv + kvh;
+                const size_t si = r * (D / 32) + ((li >> 2) & ~1);
+                cp_async8(ks, p.kq + r * D + li * 8);
+                cp_async4((char *)ks + 8, p.ksc + si);
+                cp_async8(vs, p.vq + r * D + li * 8);
+                cp_async4((char *)vs + 8, p.vsc + si);
+            } else if (id >= 0 && id < p.n_blocks) {
                 const int row = pp - (int)bidx(pp) * p.block_size;
                 const bool ext = id >= p.n_main;
                 const int b = ext ? id - p.n_main : id;
@@ -551,12 +607,18 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
         for (int u = 0; u < DEC_U; u++) {
             ok[u] = pos_of(i, u) < hi;
             const uint4 kq = slot[u * 64 + lane];
-            const __half2 *h2 = (const __half2 *)&kq;
             float kf[8];
+            if (Q8) {
+                const float sc = q8_scale(kq.z, (li >> 2) & 1);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 f = __half22float2(h2[k]);
-                kf[2 * k] = f.x, kf[2 * k + 1] = f.y;
+                for (int k = 0; k < 4; k++) kf[k] = q8_code(kq.x, k) * sc, kf[4 + k] = q8_code(kq.y, k) * sc;
+            } else {
+                const __half2 *h2 = (const __half2 *)&kq;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 f = __half22float2(h2[k]);
+                    kf[2 * k] = f.x, kf[2 * k + 1] = f.y;
+                }
             }
 #pragma unroll
             for (int r = 0; r < RM; r++) {
@@ -597,12 +659,18 @@ template <int RM> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
         for (int u = 0; u < DEC_U; u++) {
             if (!ok[u]) continue;
             const uint4 vq = slot[u * 64 + 32 + lane];
-            const __half2 *h2 = (const __half2 *)&vq;
             float vf[8];
+            if (Q8) {
+                const float sc = q8_scale(vq.z, (li >> 2) & 1);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 f = __half22float2(h2[k]);
-                vf[2 * k] = f.x, vf[2 * k + 1] = f.y;
+                for (int k = 0; k < 4; k++) vf[k] = q8_code(vq.x, k) * sc, vf[4 + k] = q8_code(vq.y, k) * sc;
+            } else {
+                const __half2 *h2 = (const __half2 *)&vq;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 f = __half22float2(h2[k]);
+                    vf[2 * k] = f.x, vf[2 * k + 1] = f.y;
+                }
             }
 #pragma unroll
             for (int r = 0; r < RM; r++)
@@ -1065,7 +1133,8 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, __half *kcx,
                                      __half *vcx, const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                      const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
-                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks)
+                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks,
+                                     int q8)
 {
     pdl_wait();
     pdl_trigger();
@@ -1101,6 +1170,7 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
             dst[i1] = x1;
             continue;
         }
+        if (q8) continue; /* kv_store_q8_kernel's */
         const int pp = pos[tok];
         if (pp < 0 || pp / block_size >= max_blocks) continue;
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
@@ -1112,6 +1182,62 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
             base + (((size_t)(ext ? blk - n_main : blk) * block_size + pp % block_size) * n_kv + kh) * D;
         dst[i0] = __float2half_rn(x0);
         dst[i1] = __float2half_rn(x1);
+    }
+}
+
+/* A Q8_0 cache's keys and values: one thread per block of 32 elements of a token's key or value head, which
+ * it rotates as rope_kv_store_kernel does (a key's element and its pair partner, angle per pair), then
+ * quantizes as quantize_row_q8_0_ref: d = max|x| / 127, codes round(x · (1/d)), d stored as f16. */
+__global__ void kv_store_q8_kernel(const float *qkv, int8_t *kc, int8_t *vc, __half *ks, __half *vs,
+                                   const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                                   const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
+                                   int half_style, int n_blocks, int block_size, int max_blocks)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int nb = D / 32, qd = n_heads * D, kvd = n_kv * D, half = rope_dim / 2;
+    const int64_t total = (int64_t)m * 2 * n_kv * nb;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int b = (int)(t % nb), kh = (int)((t / nb) % n_kv),
+                  is_v = (int)((t / ((int64_t)nb * n_kv)) % 2);
+        const int tok = (int)(t / ((int64_t)nb * n_kv * 2));
+        const int pp = pos[tok];
+        if (pp < 0 || pp / block_size >= max_blocks) continue;
+        const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
+        if (blk < 0 || blk >= n_blocks) continue;
+        const float *src = qkv + (size_t)tok * (qd + 2 * kvd) + qd + (size_t)is_v * kvd + (size_t)kh * D;
+        float x[32], amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            const int el = b * 32 + e;
+            float val = src[el];
+            if (!is_v && el < rope_dim) {
+                const bool first = half_style ? el < half : (el & 1) == 0;
+                const int j = half_style ? (first ? el : el - half) : el / 2;
+                const float a = src[half_style ? j : 2 * j], c = src[half_style ? j + half : 2 * j + 1];
+                const float angle = __fmul_rn((float)pp, inv_freq[j]);
+                double sd, cd;
+                sincos((double)angle, &sd, &cd);
+                const float cf = (float)cd, sf = (float)sd;
+                val = first ? a * cf - c * sf : a * sf + c * cf;
+            }
+            x[e] = val;
+            amax = fmaxf(amax, fabsf(val));
+        }
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const size_t r = ((size_t)blk * block_size + pp % block_size) * n_kv + kh;
+        unsigned w[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            w[i] = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) w[i] |= ((unsigned)(int)roundf(x[4 * i + k] * id) & 0xffu) << (8 * k);
+        }
+        uint4 *dst = (uint4 *)((is_v ? vc : kc) + r * D + b * 32);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        (is_v ? vs : ks)[r * nb + b] = __float2half_rn(d);
     }
 }
 
@@ -1257,22 +1383,24 @@ static int rm_index(int rm)
 }
 
 typedef void (*dec_kernel_fn)(const att_params);
-static dec_kernel_fn dec_kernel(int rm)
+static dec_kernel_fn dec_kernel(int rm, int q8)
 {
-    const dec_kernel_fn k[4] = {attn_decode_kernel<1>, attn_decode_kernel<2>, attn_decode_kernel<4>,
-                                attn_decode_kernel<8>};
-    return k[rm_index(rm)];
+    const dec_kernel_fn k[2][4] = {{attn_decode_kernel<1, false>, attn_decode_kernel<2, false>,
+                                    attn_decode_kernel<4, false>, attn_decode_kernel<8, false>},
+                                   {attn_decode_kernel<1, true>, attn_decode_kernel<2, true>,
+                                    attn_decode_kernel<4, true>, attn_decode_kernel<8, true>}};
+    return k[q8 != 0][rm_index(rm)];
 }
 
 /* Resident blocks per SM of the decode kernel (cached; 2 if the query fails). */
-static int dec_blocks_per_sm(int D, int hb, int rm)
+static int dec_blocks_per_sm(int D, int hb, int rm, int q8)
 {
-    static int cache[4][ATT_DMAX / 8 + 1][4];
+    static int cache[2][4][ATT_DMAX / 8 + 1][4];
     const int hi = hb == 1 ? 0 : hb == 2 ? 1 : hb == 4 ? 2 : 3;
-    int *c = &cache[rm_index(rm)][D / 8][hi];
+    int *c = &cache[q8 != 0][rm_index(rm)][D / 8][hi];
     if (!*c) {
         int nb = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, dec_kernel(rm), DEC_THREADS,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, dec_kernel(rm, q8), DEC_THREADS,
                                                           dec_smem_bytes(D, hb, rm)) == cudaSuccess &&
             nb > 0)
             *c = nb;
@@ -1305,7 +1433,7 @@ static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct 
     pl.qt = 1;
     pl.n_tiles = rows;
     plan_splits(&pl, (int64_t)rows * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
-                dec_blocks_per_sm(D, hb, rm), dec_max_split(D, hb, rm, G), fcuda_sm_count());
+                dec_blocks_per_sm(D, hb, rm, kv->q8), dec_max_split(D, hb, rm, G), fcuda_sm_count());
     return pl;
 }
 
@@ -1316,7 +1444,8 @@ extern "C" size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, 
      * by that. */
     int occ = max(blocks_per_sm(head_dim, 1), blocks_per_sm(head_dim, 2));
     if (!((head_dim / 8) & (head_dim / 8 - 1)))
-        for (int rm = 1; rm <= 8; rm *= 2) occ = max(occ, dec_blocks_per_sm(head_dim, 1, rm));
+        for (int rm = 1; rm <= 8; rm *= 2)
+            for (int q8 = 0; q8 < 2; q8++) occ = max(occ, dec_blocks_per_sm(head_dim, 1, rm, q8));
     /* Any batch of up to m tokens: the runtime sizes the workspace once for its largest batch, and smaller
      * batches (one decode token) take the most splits. Past occ * SMs tokens there are no splits. */
     const int64_t last = min((int64_t)m, (int64_t)occ * fcuda_sm_count());
@@ -1340,6 +1469,10 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
          (!kv->k_ext || !kv->v_ext || !FCUDA_ALIGNED(kv->k_ext, 16) || !FCUDA_ALIGNED(kv->v_ext, 16))))
         return FERRY_ERR_INVALID;
     if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX) return FERRY_ERR_UNSUPPORTED;
+    if (kv->q8 && kv->head_dim % 64) return FERRY_ERR_UNSUPPORTED;
+    if (kv->q8 && (kv->n_ext || !kv->k_scale || !kv->v_scale || !FCUDA_ALIGNED(kv->k_scale, 4) ||
+                   !FCUDA_ALIGNED(kv->v_scale, 4)))
+        return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(kv->k, 16) || !FCUDA_ALIGNED(kv->v, 16) || !FCUDA_ALIGNED(kv->block_table, 4))
         return FERRY_ERR_INVALID;
     return FERRY_OK;
@@ -1364,7 +1497,15 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
                            qkv, (__half *)kv->k, (__half *)kv->v, (__half *)kv->k_ext, (__half *)kv->v_ext,
                            seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
                            rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
-                           kv->block_size, kv->max_blocks));
+                           kv->block_size, kv->max_blocks, kv->q8 != 0));
+    if (kv->q8) {
+        const int64_t nq8 = (int64_t)m * 2 * kv->n_kv_heads * (kv->head_dim / 32);
+        FCUDA_CHECK(pdl_launch(kv_store_q8_kernel, dim3(fcuda_blocks(nq8, 128)), dim3(128), 0, stream, qkv,
+                               (int8_t *)kv->k, (int8_t *)kv->v, (__half *)kv->k_scale, (__half *)kv->v_scale,
+                               seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
+                               rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->block_size,
+                               kv->max_blocks));
+    }
     return FERRY_OK;
 }
 
@@ -1380,9 +1521,9 @@ extern "C" void kern_cuda_attention_set_prefill_mma(int on)
     g_prefill_mma = on == 0 ? 0 : 1;
 }
 
-static bool mma_takes(int D)
+static bool mma_takes(int D, int q8)
 {
-    return g_prefill_mma && (D == 64 || D == 128);
+    return g_prefill_mma && !q8 && (D == 64 || D == 128);
 }
 
 static size_t mma_smem_bytes(int D)
@@ -1486,8 +1627,8 @@ static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int 
     p.skip = skip;
     if (pl.rm) {
         const dim3 grid((unsigned)rows, (unsigned)(p.n_kv / pl.hb), (unsigned)pl.n_split);
-        FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm), grid, dim3(DEC_THREADS), dec_smem_bytes(D, pl.hb, pl.rm),
-                               stream, p));
+        FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm, p.q8), grid, dim3(DEC_THREADS),
+                               dec_smem_bytes(D, pl.hb, pl.rm), stream, p));
         FCUDA_LAUNCH_CHECK("attn_decode_kernel");
         return FERRY_OK;
     }
@@ -1504,7 +1645,7 @@ static int launch_prefill(att_params p, int row0, int skip, int max_len, void *w
                           cudaStream_t stream)
 {
     const int D = p.D, rows = p.m - row0, stages = g_stages;
-    if (mma_takes(D)) {
+    if (mma_takes(D, p.q8)) {
         const int rc = mma_prepare();
         if (rc) return rc;
         const struct att_plan pl = mma_plan(rows, p.m, p.n_heads, p.n_kv, D, max_len, ws_bytes,
@@ -1552,6 +1693,11 @@ static int attn_begin(att_params &p, float *out, const float *q, const struct ke
     p.v = (const __half *)kv->v;
     p.kx = (const __half *)kv->k_ext;
     p.vx = (const __half *)kv->v_ext;
+    p.q8 = kv->q8 != 0;
+    p.kq = (const int8_t *)kv->k;
+    p.vq = (const int8_t *)kv->v;
+    p.ksc = (const __half *)kv->k_scale;
+    p.vsc = (const __half *)kv->v_scale;
     p.bt = kv->block_table;
     p.seq = seq;
     p.pos = pos;
@@ -1581,7 +1727,7 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     if (rc || m == 0) return rc;
     if (mode == KERN_ATTN_DECODE || (mode == KERN_ATTN_AUTO && m <= 16))
         return launch_decode(p, kv, 0, m, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
-    if (mode == KERN_ATTN_PREFILL || !mma_takes(p.D))
+    if (mode == KERN_ATTN_PREFILL || !mma_takes(p.D, p.q8))
         return launch_prefill(p, 0, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
     /* AUTO, a larger batch: single rows to the decode path, runs to the tensor-core kernel, both deciding
      * from seq on the device. */

@@ -1,34 +1,38 @@
-/* attention (CUDA) — causal grouped-query attention over a paged f16 KV cache, on the GPU.
+/* attention (CUDA) — causal grouped-query attention over a paged f16 or Q8_0 KV cache, on the GPU.
  *
  * The cache has the layout and block-table semantics of kernels/cpu/attention.h, with f16 elements:
  *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) f16
- * Sequence s maps position p to block block_table[s*max_blocks + p/block_size], row p%block_size.
- * Token i of a batch belongs to seq[i] at position pos[i] and attends to positions 0..pos[i] of its sequence
- * (already stored with kern_cuda_rope_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads).
- * Every kernel is correct for any batch; which rows go where is a matter of speed only.
- * Three kernels:
- *   PREFILL (head_dim 64 and 128): tensor cores, FlashAttention-2 style. A block takes a window of
- *            consecutive batch rows (tokens x the query heads of one KV head, 64 rows), one run of equal seq
- * at a time, and walks K/V tiles of 64 positions of the run's sequence: S = Q Kᵀ and O += P V with mma.sync
- * m16n8k16 (f16 in, f32 accumulate), online softmax in f32, causal mask by position. Q is rounded to f16
- * (after scaling by scale * log2 e) and P to f16 for the second product, so results differ from an f32
- * computation by ~1e-4 relative (tests: max abs error 2e-3, tensor relative error 1e-3, for |v| <= 1).
- *   PREFILL (other head_dims) and decode shapes the decode kernel does not take: a SIMT tile kernel (16
- *            rows, K/V tiles staged in shared memory, f32 math).
- *   DECODE:  a block takes one token (its query heads of one or a few KV heads) and the KV range is split
- *            over blocks (flash-decoding); partial (max, sum, output) go to the workspace and the last block
- *            of each row to finish merges them with a log-sum-exp in split order (one launch in all). One
- *            long sequence fills the GPU. It takes decode batches with head_dim/8 a power of two and at most
- *            8 query heads per KV head; other shapes use the tile kernel, a token per tile.
- * A mixed batch (decode tokens of many sequences plus prefill chunks, which may start at any position) is
- * two launches on the stream, no host synchronisation: decode rows through the decode kernel, chunk rows
- * through the prefill kernel (kern_cuda_attention_mixed, or AUTO, which decides per row on the device).
- * Splits are also used in PREFILL when the grid would be too small. Deterministic: the only atomic is the
- * per-row arrival counter, and the merge order does not depend on it. Launched with programmatic dependent
- * launch (kernels/cuda/pdl.h).
- * All pointers are device memory except `kv` itself (a host struct holding device pointers).
- * The caller guarantees seq[i] < the rows of block_table and pos[i] < max_blocks*block_size with the blocks
- * present (the runtime's KV cache does); block ids outside [0, n_blocks) read as zeros instead of faulting.
+ * or, with q8 set, llama.cpp's Q8_0 blocks of 32 elements split into two planes, so that every row's codes
+ * stay 8-byte aligned for the copies (the CPU cache keeps the blocks whole):
+ *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) int8 codes
+ *   k_scale, v_scale: (n_blocks, block_size, n_kv_heads, head_dim / 32) f16 scales; element = code x scale
+ * (head_dim a multiple of 64; no extension in host memory). The decode kernel multiplies code by scale in
+ * f32; the tile kernel rounds the product to f16 in shared memory; prefill rows of a Q8_0 cache go to the
+ * tile kernel (the tensor-core kernel reads f16 only). Sequence s maps position p to block
+ * block_table[s*max_blocks + p/block_size], row p%block_size. Token i of a batch belongs to seq[i] at
+ * position pos[i] and attends to positions 0..pos[i] of its sequence (already stored with
+ * kern_cuda_rope_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads). Every kernel is correct for
+ * any batch; which rows go where is a matter of speed only. Three kernels: PREFILL (head_dim 64 and 128):
+ * tensor cores, FlashAttention-2 style. A block takes a window of consecutive batch rows (tokens x the query
+ * heads of one KV head, 64 rows), one run of equal seq at a time, and walks K/V tiles of 64 positions of the
+ * run's sequence: S = Q Kᵀ and O += P V with mma.sync m16n8k16 (f16 in, f32 accumulate), online softmax in
+ * f32, causal mask by position. Q is rounded to f16 (after scaling by scale * log2 e) and P to f16 for the
+ * second product, so results differ from an f32 computation by ~1e-4 relative (tests: max abs error 2e-3,
+ * tensor relative error 1e-3, for |v| <= 1). PREFILL (other head_dims) and decode shapes the decode kernel
+ * does not take: a SIMT tile kernel (16 rows, K/V tiles staged in shared memory, f32 math). DECODE:  a block
+ * takes one token (its query heads of one or a few KV heads) and the KV range is split over blocks
+ * (flash-decoding); partial (max, sum, output) go to the workspace and the last block of each row to finish
+ * merges them with a log-sum-exp in split order (one launch in all). One long sequence fills the GPU. It
+ * takes decode batches with head_dim/8 a power of two and at most 8 query heads per KV head; other shapes use
+ * the tile kernel, a token per tile. A mixed batch (decode tokens of many sequences plus prefill chunks,
+ * which may start at any position) is two launches on the stream, no host synchronisation: decode rows
+ * through the decode kernel, chunk rows through the prefill kernel (kern_cuda_attention_mixed, or AUTO, which
+ * decides per row on the device). Splits are also used in PREFILL when the grid would be too small.
+ * Deterministic: the only atomic is the per-row arrival counter, and the merge order does not depend on it.
+ * Launched with programmatic dependent launch (kernels/cuda/pdl.h). All pointers are device memory except
+ * `kv` itself (a host struct holding device pointers). The caller guarantees seq[i] < the rows of block_table
+ * and pos[i] < max_blocks*block_size with the blocks present (the runtime's KV cache does); block ids outside
+ * [0, n_blocks) read as zeros instead of faulting.
  */
 #ifndef FERRY_KERN_CUDA_ATTENTION_H
 #define FERRY_KERN_CUDA_ATTENTION_H
@@ -45,8 +49,8 @@ extern "C" {
 #include "kernels/core/rope.h"
 
 struct kern_cuda_kv_layer {
-    uint16_t *k; /* (n_blocks - n_ext, block_size, n_kv_heads, head_dim) f16, 16-byte aligned */
-    uint16_t *v; /* same shape */
+    void *k; /* (n_blocks - n_ext, block_size, n_kv_heads, head_dim) f16 (or int8 codes), 16-byte aligned */
+    void *v; /* same shape */
     int n_blocks;
     int block_size;             /* positions per block */
     const int32_t *block_table; /* (n_seqs, max_blocks) block ids, device */
@@ -58,6 +62,9 @@ struct kern_cuda_kv_layer {
      * n_ext 0: none (k_ext/v_ext unused). */
     uint16_t *k_ext, *v_ext;
     int n_ext;
+    int q8; /* 0: f16 elements; 1: Q8_0, the codes in k/v and their scales in k_scale/v_scale */
+    uint16_t *k_scale,
+        *v_scale; /* q8: (n_blocks, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
@@ -65,9 +72,10 @@ enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_
 /* The step after the fused q/k/v projection: qkv (m, (n_heads + 2*n_kv_heads)*head_dim) f32 holds each
  * token's query, key and value heads in that order. Queries and keys are rotated at pos[i] (the first
  * rope_dim dims of each head, pairs and angles exactly as kern_cuda_rope), the queries written to q_out (m,
- * n_heads*head_dim) f32, and the keys and values, rounded to f16, to the cache rows of (seq[i], pos[i]). A
- * (seq, pos) whose block id is outside [0, n_blocks) is skipped on the device (the caller checks). inv_freq
- * (rope_dim/2) on the device. */
+ * n_heads*head_dim) f32, and the keys and values, rounded to f16 (or quantized to Q8_0 as llama.cpp's
+ * quantize_row_q8_0_ref: d = max|x| / 127 in f32, code = round(x · (1/d)), the scale d rounded to f16), to
+ * the cache rows of (seq[i], pos[i]). A (seq, pos) whose block id is outside [0, n_blocks) is skipped on the
+ * device (the caller checks). inv_freq (rope_dim/2) on the device. */
 int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                             const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
                             const float *inv_freq, enum rope_style style, cudaStream_t stream);

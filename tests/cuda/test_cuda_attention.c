@@ -28,6 +28,7 @@ struct cache {
     int *len;        /* (n_seqs) positions filled */
     int32_t *bt;     /* (n_seqs, max_blocks) */
     uint16_t *k, *v; /* (n_blocks, bs, n_kv, D) f16 */
+    int q8;          /* the device holds Q8_0 codes and scales; k, v hold their values rounded to f16 */
     struct kern_cuda_kv_layer dev;
 };
 
@@ -60,6 +61,7 @@ static void cache_init_table(struct cache *c, int n_heads, int n_kv, int D, int 
             c->bt[(size_t)s * c->max_blocks + b] = b < (len[s] + bs - 1) / bs ? perm[next++] : -1;
     free(perm);
     c->k = c->v = NULL;
+    c->q8 = 0;
     memset(&c->dev, 0, sizeof c->dev);
 }
 
@@ -89,10 +91,56 @@ static void cache_init(struct cache *c, int n_heads, int n_kv, int D, int bs, in
     c->dev.head_dim = D;
 }
 
+/* llama.cpp's quantize_row_q8_0_ref on 32 values: d = max|x| / 127, codes round(x / d) (through 1/d), d as
+ * f16.
+ */
+static void q8_quantize32(const float *x, int8_t *codes, uint16_t *scale)
+{
+    float amax = 0.0f;
+    for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(x[e]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int e = 0; e < 32; e++) codes[e] = (int8_t)roundf(x[e] * id);
+    *scale = f32_to_f16(d);
+}
+
+/* The cache of cache_init with the device holding Q8_0 codes and scales of its random values, and the host
+ * arrays the dequantized values (code x scale) rounded to f16 for the reference. */
+static void cache_init_q8(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs, const int *len)
+{
+    cache_init_host(c, n_heads, n_kv, D, bs, n_seqs, len);
+    const size_t ne = (size_t)c->n_blocks * bs * n_kv * D;
+    int8_t *codes[2] = {malloc(ne), malloc(ne)};
+    uint16_t *scales[2] = {malloc(ne / 32 * 2), malloc(ne / 32 * 2)};
+    uint16_t *vals[2] = {c->k, c->v};
+    for (int kv = 0; kv < 2; kv++)
+        for (size_t b = 0; b < ne / 32; b++) {
+            float x[32];
+            for (int e = 0; e < 32; e++) x[e] = f16_to_f32(vals[kv][b * 32 + e]);
+            q8_quantize32(x, codes[kv] + b * 32, scales[kv] + b);
+            const float d = f16_to_f32(scales[kv][b]);
+            for (int e = 0; e < 32; e++) vals[kv][b * 32 + e] = f32_to_f16(codes[kv][b * 32 + e] * d);
+        }
+    c->q8 = 1;
+    c->dev.q8 = 1;
+    c->dev.k = dev_upload(codes[0], ne);
+    c->dev.v = dev_upload(codes[1], ne);
+    c->dev.k_scale = dev_upload(scales[0], ne / 32 * 2);
+    c->dev.v_scale = dev_upload(scales[1], ne / 32 * 2);
+    c->dev.n_blocks = c->n_blocks;
+    c->dev.block_size = bs;
+    c->dev.block_table = dev_upload(c->bt, (size_t)n_seqs * c->max_blocks * 4);
+    c->dev.max_blocks = c->max_blocks;
+    c->dev.n_kv_heads = n_kv;
+    c->dev.head_dim = D;
+    for (int kv = 0; kv < 2; kv++) free(codes[kv]), free(scales[kv]);
+}
+
 static void cache_free(struct cache *c)
 {
     cudaFree(c->dev.k);
     cudaFree(c->dev.v);
+    cudaFree(c->dev.k_scale);
+    cudaFree(c->dev.v_scale);
     cudaFree((void *)c->dev.block_table);
     free(c->len);
     free(c->bt);
@@ -193,7 +241,10 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
             cr_assert(memcmp(got, got2, nq * 4) == 0, "%s: two identical runs differ", what);
             continue;
         }
-        const int mma = variant != 6 && mode_uses_mma(c->D, mode, m);
+        /* A Q8_0 cache: the decode kernel multiplies code by scale in f32 where the reference reads the
+         * product rounded to f16, and the tile kernel rounds it as the reference does: the tensor-core
+         * bounds. */
+        const int mma = c->q8 || (variant != 6 && mode_uses_mma(c->D, mode, m));
         const double ta = mma ? MMA_ABS : F32_ABS, tr = mma ? MMA_REL : F32_REL;
         double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
         cr_assert(ea <= ta && er <= tr, "%s (mode %d, variant %d, m %d): max abs err %g, rel err %g", what,
@@ -210,11 +261,16 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     free(ref);
 }
 
-/* Every position of every sequence (a prefill batch), and the last position of each (a decode batch). */
-static void check_config(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, const char *what)
+/* Every position of every sequence (a prefill batch), and the last position of each (a decode batch); q8: the
+ * device's cache in Q8_0 blocks. */
+static void check_config_of(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, int q8,
+                            const char *what)
 {
     struct cache c;
-    cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    if (q8)
+        cache_init_q8(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    else
+        cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
     int total = 0;
     for (int s = 0; s < n_seqs; s++) total += len[s];
     int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
@@ -239,7 +295,56 @@ static void check_config(int n_heads, int n_kv, int D, int bs, const int *len, i
     cache_free(&c);
 }
 
+static void check_config(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, const char *what)
+{
+    check_config_of(n_heads, n_kv, D, bs, len, n_seqs, 0, what);
+}
+
 static const int lens[] = {1, 7, 64, 129, 1000};
+
+/* The same batches over a Q8_0 cache: every kernel and variant against the dequantized values. */
+Test(cuda_attention, q8_cache_every_kernel)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(41);
+    check_config_of(8, 2, 128, 16, lens, 5, 1, "Q8_0 G=4 D=128 bs=16");
+    check_config_of(2, 2, 64, 7, lens, 5, 1, "Q8_0 G=1 D=64 bs=7");
+    check_config_of(8, 1, 64, 16, lens, 5, 1, "Q8_0 G=8 D=64 bs=16");
+    const int l2[] = {3, 50, 129};
+    check_config_of(4, 2, 256, 32, l2, 3, 1, "Q8_0 D=256");
+}
+
+/* What a Q8_0 cache refuses: heads not a multiple of 64 wide, an extension, missing scales. */
+Test(cuda_attention, q8_cache_bad_arguments)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(42);
+    const int l[] = {5};
+    struct cache c;
+    cache_init_q8(&c, 2, 2, 64, 16, 1, l);
+    int32_t seq[1] = {0}, pos[1] = {4};
+    int32_t *ds = dev_upload(seq, 4), *dp = dev_upload(pos, 4);
+    float *dq = dev_poison(2 * 64 * 4), *dout = dev_poison(2 * 64 * 4);
+    cr_assert_eq(kern_cuda_attention(dout, dq, &c.dev, ds, dp, 1, 2, 0.125f, 5, KERN_ATTN_AUTO, NULL, 0, 0),
+                 FERRY_OK);
+    struct kern_cuda_kv_layer bad = c.dev;
+    bad.head_dim = 32;
+    cr_assert_eq(kern_cuda_attention(dout, dq, &bad, ds, dp, 1, 2, 0.125f, 5, KERN_ATTN_AUTO, NULL, 0, 0),
+                 FERRY_ERR_UNSUPPORTED);
+    bad = c.dev;
+    bad.v_scale = NULL;
+    cr_assert_eq(kern_cuda_attention(dout, dq, &bad, ds, dp, 1, 2, 0.125f, 5, KERN_ATTN_AUTO, NULL, 0, 0),
+                 FERRY_ERR_INVALID);
+    bad = c.dev;
+    bad.n_ext = 1, bad.k_ext = c.dev.k, bad.v_ext = c.dev.v;
+    cr_assert_eq(kern_cuda_attention(dout, dq, &bad, ds, dp, 1, 2, 0.125f, 5, KERN_ATTN_AUTO, NULL, 0, 0),
+                 FERRY_ERR_INVALID);
+    cudaFree(ds);
+    cudaFree(dp);
+    cudaFree(dq);
+    cudaFree(dout);
+    cache_free(&c);
+}
 
 Test(cuda_attention, gqa1_d64)
 {
@@ -380,6 +485,98 @@ Test(cuda_attention, rope_kv_store_rotates_and_writes_the_right_rows)
     rope_store_case(ROPE_STYLE_HALF, 4, 2, 16, 16);
     rope_store_case(ROPE_STYLE_HALF, 6, 2, 24, 8);
     rope_store_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64);
+}
+
+/* rope_kv_store into a Q8_0 cache: queries as with f16; each written key block is llama.cpp's quantization of
+ * the CPU-rotated keys (a code may move by one and the scale by one f16 step where the rotation's last bit
+ * differs), each value block exactly its quantization; every other row of both planes untouched. */
+static void rope_store_q8_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
+{
+    const int l[] = {4100, 9};
+    struct cache c;
+    cache_init_q8(&c, n_heads, n_kv, D, 8, 2, l);
+    const int m = 5, qd = n_heads * D, kvd = n_kv * D, rowlen = qd + 2 * kvd;
+    int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 4095, 3};
+    float *qkv = host_rand((size_t)m * rowlen, -3, 3);
+    float *inv = malloc(rope_dim / 2 * sizeof(float));
+    kern_cpu_rope_freqs(inv, rope_dim, 10000.0f, NULL);
+    float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, rope_dim / 2 * 4);
+    float *dq = dev_poison((size_t)m * qd * 4);
+    int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
+    const size_t ne = (size_t)c.n_blocks * c.bs * kvd;
+    int8_t *code0[2] = {malloc(ne), malloc(ne)}, *code1[2] = {malloc(ne), malloc(ne)};
+    uint16_t *sc0[2] = {malloc(ne / 16), malloc(ne / 16)}, *sc1[2] = {malloc(ne / 16), malloc(ne / 16)};
+    void *dcode[2] = {c.dev.k, c.dev.v}, *dsc[2] = {c.dev.k_scale, c.dev.v_scale};
+    for (int kv = 0; kv < 2; kv++)
+        dev_download(code0[kv], dcode[kv], ne), dev_download(sc0[kv], dsc[kv], ne / 16);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
+                 FERRY_OK);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    for (int kv = 0; kv < 2; kv++)
+        dev_download(code1[kv], dcode[kv], ne), dev_download(sc1[kv], dsc[kv], ne / 16);
+
+    float *q = malloc((size_t)m * qd * 4), *k = malloc((size_t)m * kvd * 4), *v = malloc((size_t)m * kvd * 4);
+    for (int i = 0; i < m; i++) {
+        memcpy(q + (size_t)i * qd, qkv + (size_t)i * rowlen, qd * 4);
+        memcpy(k + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd, kvd * 4);
+        memcpy(v + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd + kvd, kvd * 4);
+    }
+    kern_cpu_rope_ref(q, pos, m, n_heads, D, rope_dim, inv, style);
+    kern_cpu_rope_ref(k, pos, m, n_kv, D, rope_dim, inv, style);
+    float *gq = malloc((size_t)m * qd * 4);
+    dev_download(gq, dq, (size_t)m * qd * 4);
+    for (size_t i = 0; i < (size_t)m * qd; i++)
+        cr_assert(fabsf(gq[i] - q[i]) <= 2e-6f * (1.0f + fabsf(q[i])), "q[%zu] %g vs %g", i, gq[i], q[i]);
+    for (int i = 0; i < m; i++) {
+        const size_t at = (size_t)(cache_row(&c, c.k, seq[i], pos[i], 0) - c.k); /* the row's first element */
+        for (int kv = 0; kv < 2; kv++)
+            for (int b = 0; b < kvd / 32; b++) {
+                int8_t want[32];
+                uint16_t ws;
+                q8_quantize32((kv ? v : k) + (size_t)i * kvd + b * 32, want, &ws);
+                const size_t e0 = at + (size_t)b * 32;
+                const int ds_ = abs((int)sc1[kv][e0 / 32] - (int)ws);
+                cr_assert(kv ? ds_ == 0 : ds_ <= 1, "token %d %s block %d: scale %04x vs %04x", i,
+                          kv ? "v" : "k", b, sc1[kv][e0 / 32], ws);
+                for (int e = 0; e < 32; e++) {
+                    const int dc = abs((int)code1[kv][e0 + e] - (int)want[e]);
+                    cr_assert(kv ? dc == 0 : dc <= 1, "token %d %s[%d]: code %d vs %d", i, kv ? "v" : "k",
+                              b * 32 + e, code1[kv][e0 + e], want[e]);
+                    code0[kv][e0 + e] =
+                        code1[kv][e0 + e]; /* accepted: the comparison below checks the rest */
+                }
+                sc0[kv][e0 / 32] = sc1[kv][e0 / 32];
+            }
+    }
+    for (int kv = 0; kv < 2; kv++) {
+        cr_assert(memcmp(code0[kv], code1[kv], ne) == 0, "%s codes differ outside the written rows",
+                  kv ? "V" : "K");
+        cr_assert(memcmp(sc0[kv], sc1[kv], ne / 16) == 0, "%s scales differ outside the written rows",
+                  kv ? "V" : "K");
+    }
+    cudaFree(dqkv);
+    cudaFree(dinv);
+    cudaFree(dq);
+    cudaFree(ds);
+    cudaFree(dp);
+    free(qkv);
+    free(inv);
+    free(q);
+    free(k);
+    free(v);
+    free(gq);
+    for (int kv = 0; kv < 2; kv++) free(code0[kv]), free(code1[kv]), free(sc0[kv]), free(sc1[kv]);
+    cache_free(&c);
+}
+
+Test(cuda_attention, rope_kv_store_quantizes_into_a_q8_cache)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(43);
+    rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 4, 2, 64, 64);
+    rope_store_q8_case(ROPE_STYLE_HALF, 4, 2, 64, 64);
+    rope_store_q8_case(ROPE_STYLE_HALF, 8, 2, 128, 96);
+    rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64);
 }
 
 /* The pool's extension (kern_cuda_kv_layer.k_ext): the same cache with its upper blocks moved to pinned,
@@ -1011,7 +1208,12 @@ static void audit_batch(int n_heads, int n_kv, int D, int bs, const int *len, in
 {
     struct cache c;
     cache_init_table(&c, n_heads, n_kv, D, bs, n_seqs, len);
-    struct kern_cuda_kv_layer kv = {NULL, NULL, c.n_blocks, bs, c.bt, c.max_blocks, n_kv, D, NULL, NULL, 0};
+    struct kern_cuda_kv_layer kv = {.n_blocks = c.n_blocks,
+                                    .block_size = bs,
+                                    .block_table = c.bt,
+                                    .max_blocks = c.max_blocks,
+                                    .n_kv_heads = n_kv,
+                                    .head_dim = D};
     int max_len = 0;
     for (int i = 0; i < m; i++) max_len = pos[i] + 1 > max_len ? pos[i] + 1 : max_len;
     const int routes[3] = {0, n_lead > 0 ? n_lead : 0, m > 16 ? -1 : 0};

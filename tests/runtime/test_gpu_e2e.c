@@ -776,6 +776,56 @@ Test(gpu_e2e, hybrid_auto_follows_the_host_pace, .timeout = 300)
     engine_free(gpu);
 }
 
+/* --kv-type q8_0 on both backends (synthetic model, head_dim 64): the GPU's Q8_0 pool (rope_kv_store's
+ * quantization, the decode kernel, prefill through the tile kernel) against the CPU engine's Q8_0 cache. */
+Test(gpu_e2e, kv_q8_0_matches_cpu, .timeout = 300)
+{
+    require_gpu();
+    struct llm_hparams hp = {.n_vocab = 1000,
+                             .dim = 512,
+                             .n_layers = 4,
+                             .n_heads = 8,
+                             .n_kv_heads = 2,
+                             .head_dim = 64,
+                             .ffn_dim = 1376,
+                             .ctx_train = 1024,
+                             .norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f,
+                             .rope_dim = 64,
+                             .rope_style = ROPE_STYLE_HALF};
+    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct engine_params p = engine_default_params();
+    p.n_seqs = 2;
+    p.ctx_size = 256;
+    p.max_batch_tokens = 64;
+    p.n_threads = 2;
+    p.kv_type = KV_Q8_0;
+    struct engine *cpu = NULL, *gpu = NULL;
+    char err[256] = "";
+    p.backend = ENGINE_BACKEND_CPU;
+    cr_assert_eq(engine_init_synthetic(&cpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
+    p.backend = ENGINE_BACKEND_CUDA;
+    cr_assert_eq(engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
+    compare_hybrid("synthetic, Q8_0 KV", cpu, gpu, "--kv-type q8_0", 60);
+    engine_free(gpu);
+    /* A host layer computed by the CPU and a streamed one: their attention runs on the GPU's Q8_0 pool too.
+     */
+    p.plan_override = "gcsg";
+    cr_assert_eq(engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err), 0, "%s", err);
+    compare_hybrid("synthetic, Q8_0 KV", cpu, gpu, "--kv-type q8_0, plan gcsg", 60);
+    struct engine_stats st;
+    engine_get_stats(gpu, &st);
+    cr_expect_gt(st.cpu_layers_run, 0);
+    cr_expect_gt(st.bytes_streamed, 0);
+    engine_free(gpu);
+    p.plan_override = NULL;
+    /* Heads narrower than 64 are refused on the GPU, with the reason. */
+    hp.n_heads = 16, hp.head_dim = 32, hp.rope_dim = 32;
+    cr_assert_neq(engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err), 0);
+    cr_assert(strstr(err, "multiple of 64 on the GPU") != NULL, "%s", err);
+    engine_free(cpu);
+}
+
 /* Forced plans over the same 8 layers, with 4 sequences decoding together (steps of 4 tokens and single
  * tokens): the CPU layers' exchange with the GPU's KV cache at m > 1 (stacked q|k|v rows). */
 Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
