@@ -486,9 +486,12 @@ template <int RM, bool Q8>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
+    /* Positions per lane group and stage: a Q8_0 slot carries 12 bytes instead of 16, so twice as many
+     * positions keep as many bytes in flight (and the ring twice as large: dec_smem_bytes). */
+    constexpr int U = Q8 ? 2 * DEC_U : DEC_U;
     pdl_wait(); /* everything below reads q, the cache, the block table or the workspace */
     pdl_trigger();
-    const int D = p.D, LP = D / 8, HB = p.hb, LG = LP * HB, NG = 32 / LG, PS = NG * DEC_U;
+    const int D = p.D, LP = D / 8, HB = p.hb, LG = LP * HB, NG = 32 / LG, PS = NG * U;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int grp = lane / LG, hh = (lane % LG) / LP, li = lane % LP;
     const int tok = p.row0 + blockIdx.x, kvg = blockIdx.y, split = blockIdx.z;
@@ -521,8 +524,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
         for (int k = 0; k < 8; k++) o[r][k] = 0.0f;
     }
 
-    /* This warp's ring: (DEC_ST stages, DEC_U positions, K|V, 32 lanes) 16-byte slots. */
-    uint4 *ring = (uint4 *)smem + warp * (DEC_ST * DEC_U * 2 * 32);
+    /* This warp's ring: (DEC_ST stages, U positions, K|V, 32 lanes) 16-byte slots. */
+    uint4 *ring = (uint4 *)smem + warp * (DEC_ST * U * 2 * 32);
     const int bstride = DEC_WARPS * PS, span = hi - lo;
     const int nsteps = span > warp * PS ? (span - warp * PS + bstride - 1) / bstride : 0;
     const int32_t *btrow = p.bt + (size_t)sq * p.max_blocks;
@@ -540,9 +543,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
      * is not a block of the pool; nothing for positions past hi (masked in the math). Always commits a group.
      */
     auto issue = [&](int j, const int *ids) {
-        uint4 *slot = ring + (j % DEC_ST) * (DEC_U * 2 * 32);
+        uint4 *slot = ring + (j % DEC_ST) * (U * 2 * 32);
 #pragma unroll
-        for (int u = 0; u < DEC_U; u++) {
+        for (int u = 0; u < U; u++) {
             const int pp = pos_of(j, u), id = ids[u];
             uint4 *ks = slot + u * 64 + lane, *vs = ks + 32;
             if (pp >= hi) continue;
@@ -571,11 +574,11 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
     };
 
     {
-        int ids[DEC_ST - 1][DEC_U];
+        int ids[DEC_ST - 1][U];
 #pragma unroll
         for (int j = 0; j < DEC_ST - 1; j++)
 #pragma unroll
-            for (int u = 0; u < DEC_U; u++) ids[j][u] = j < nsteps ? id_of(pos_of(j, u)) : -1;
+            for (int u = 0; u < U; u++) ids[j][u] = j < nsteps ? id_of(pos_of(j, u)) : -1;
 #pragma unroll
         for (int j = 0; j < DEC_ST - 1; j++) {
             if (j < nsteps)
@@ -584,9 +587,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
                 cp_async_commit();
         }
     }
-    int idn[DEC_U]; /* block ids of the next step to issue, loaded one step ahead */
+    int idn[U]; /* block ids of the next step to issue, loaded one step ahead */
 #pragma unroll
-    for (int u = 0; u < DEC_U; u++) idn[u] = DEC_ST - 1 < nsteps ? id_of(pos_of(DEC_ST - 1, u)) : -1;
+    for (int u = 0; u < U; u++) idn[u] = DEC_ST - 1 < nsteps ? id_of(pos_of(DEC_ST - 1, u)) : -1;
 
     for (int i = 0; i < nsteps; i++) {
         const int jn = i + DEC_ST - 1;
@@ -596,15 +599,15 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
             cp_async_commit(); /* an empty group keeps wait_group's count pointing at step i */
         if (jn + 1 < nsteps) {
 #pragma unroll
-            for (int u = 0; u < DEC_U; u++) idn[u] = id_of(pos_of(jn + 1, u));
+            for (int u = 0; u < U; u++) idn[u] = id_of(pos_of(jn + 1, u));
         }
         cp_async_wait<DEC_ST - 1>(); /* this lane's copies of step i have landed; only it reads them */
 
-        const uint4 *slot = ring + (i % DEC_ST) * (DEC_U * 2 * 32);
-        float s[DEC_U][RM];
-        bool ok[DEC_U];
+        const uint4 *slot = ring + (i % DEC_ST) * (U * 2 * 32);
+        float s[U][RM];
+        bool ok[U];
 #pragma unroll
-        for (int u = 0; u < DEC_U; u++) {
+        for (int u = 0; u < U; u++) {
             ok[u] = pos_of(i, u) < hi;
             const uint4 kq = slot[u * 64 + lane];
             float kf[8];
@@ -630,15 +633,15 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
         }
         for (int off = 1; off < LP; off <<= 1)
 #pragma unroll
-            for (int u = 0; u < DEC_U; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int r = 0; r < RM; r++) s[u][r] += __shfl_xor_sync(0xffffffffu, s[u][r], off);
-        float pr[DEC_U][RM];
+        float pr[U][RM];
 #pragma unroll
         for (int r = 0; r < RM; r++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < DEC_U; u++)
+            for (int u = 0; u < U; u++)
                 if (ok[u]) mx = fmaxf(mx, s[u][r]);
             if (mx > m[r]) {
                 const float al = exp2f(m[r] - mx); /* 0 while m is -inf */
@@ -649,14 +652,14 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
             }
             float sum = 0.0f;
 #pragma unroll
-            for (int u = 0; u < DEC_U; u++) {
+            for (int u = 0; u < U; u++) {
                 pr[u][r] = ok[u] ? exp2f(s[u][r] - m[r]) : 0.0f;
                 sum += pr[u][r];
             }
             l[r] += sum;
         }
 #pragma unroll
-        for (int u = 0; u < DEC_U; u++) {
+        for (int u = 0; u < U; u++) {
             if (!ok[u]) continue;
             const uint4 vq = slot[u * 64 + 32 + lane];
             float vf[8];
@@ -987,7 +990,13 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
             for (int r = r0; r < FA_BN; r += RPP) {
                 const long long off = so[r];
                 const int at = r * DS + c * 8;
-                if (off >= 0) {
+                if (off >= 0 && p.q8) { /* (no extension): codes to f16 here, written like the zeros below */
+                    const long long o = off + c * 8;
+                    *(uint4 *)(kd + at) =
+                        q8_half8(__ldg((const uint2 *)(p.kq + o)), __half2float(p.ksc[o / 32]));
+                    *(uint4 *)(vd + at) =
+                        q8_half8(__ldg((const uint2 *)(p.vq + o)), __half2float(p.vsc[o / 32]));
+                } else if (off >= 0) {
                     const bool ext = off & FA_EXT;
                     const long long o = (off & ~FA_EXT) + c * 8;
                     cp_async16(kd + at, (ext ? p.kx : p.k) + o);
@@ -1133,8 +1142,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
 __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, __half *kcx,
                                      __half *vcx, const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                      const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
-                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks,
-                                     int q8)
+                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
@@ -1170,7 +1178,6 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
             dst[i1] = x1;
             continue;
         }
-        if (q8) continue; /* kv_store_q8_kernel's */
         const int pp = pos[tok];
         if (pp < 0 || pp / block_size >= max_blocks) continue;
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
@@ -1185,34 +1192,32 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
     }
 }
 
-/* A Q8_0 cache's keys and values: one thread per block of 32 elements of a token's key or value head, which
- * it rotates as rope_kv_store_kernel does (a key's element and its pair partner, angle per pair), then
- * quantizes as quantize_row_q8_0_ref: d = max|x| / 127, codes round(x · (1/d)), d stored as f16. */
-__global__ void kv_store_q8_kernel(const float *qkv, int8_t *kc, int8_t *vc, __half *ks, __half *vs,
-                                   const int32_t *seq, const int32_t *pos, const int32_t *bt,
-                                   const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
-                                   int half_style, int n_blocks, int block_size, int max_blocks)
+/* rope_kv_store_kernel for a Q8_0 cache, in one launch: one thread per block of 32 elements of a token's
+ * query, key or value head. Queries and keys are rotated as rope_kv_store_kernel does (each element with its
+ * pair partner, the angle per pair), queries written in f32, keys and values quantized as
+ * quantize_row_q8_0_ref: d = max|x| / 127, codes round(x · (1/d)), d stored as f16. */
+__global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *kc, int8_t *vc, __half *ks,
+                                        __half *vs, const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                                        const float *inv_freq, int m, int n_heads, int n_kv, int D,
+                                        int rope_dim, int half_style, int n_blocks, int block_size,
+                                        int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
-    const int nb = D / 32, qd = n_heads * D, kvd = n_kv * D, half = rope_dim / 2;
-    const int64_t total = (int64_t)m * 2 * n_kv * nb;
+    const int nb = D / 32, heads = n_heads + 2 * n_kv, qd = n_heads * D, kvd = n_kv * D, half = rope_dim / 2;
+    const int64_t total = (int64_t)m * heads * nb;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (int64_t)gridDim.x * blockDim.x) {
-        const int b = (int)(t % nb), kh = (int)((t / nb) % n_kv),
-                  is_v = (int)((t / ((int64_t)nb * n_kv)) % 2);
-        const int tok = (int)(t / ((int64_t)nb * n_kv * 2));
+        const int b = (int)(t % nb), h = (int)((t / nb) % heads), tok = (int)(t / ((int64_t)nb * heads));
         const int pp = pos[tok];
-        if (pp < 0 || pp / block_size >= max_blocks) continue;
-        const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
-        if (blk < 0 || blk >= n_blocks) continue;
-        const float *src = qkv + (size_t)tok * (qd + 2 * kvd) + qd + (size_t)is_v * kvd + (size_t)kh * D;
+        const float *src = qkv + (size_t)tok * (qd + 2 * kvd) + (size_t)h * D;
+        const bool rot = h < n_heads + n_kv;
         float x[32], amax = 0.0f;
 #pragma unroll
         for (int e = 0; e < 32; e++) {
             const int el = b * 32 + e;
             float val = src[el];
-            if (!is_v && el < rope_dim) {
+            if (rot && el < rope_dim) {
                 const bool first = half_style ? el < half : (el & 1) == 0;
                 const int j = half_style ? (first ? el : el - half) : el / 2;
                 const float a = src[half_style ? j : 2 * j], c = src[half_style ? j + half : 2 * j + 1];
@@ -1225,6 +1230,18 @@ __global__ void kv_store_q8_kernel(const float *qkv, int8_t *kc, int8_t *vc, __h
             x[e] = val;
             amax = fmaxf(amax, fabsf(val));
         }
+        if (h < n_heads) {
+            float4 *dst = (float4 *)(q_out + (size_t)tok * qd + (size_t)h * D + b * 32);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                dst[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+            continue;
+        }
+        if (pp < 0 || pp / block_size >= max_blocks) continue;
+        const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
+        if (blk < 0 || blk >= n_blocks) continue;
+        const bool is_v = !rot;
+        const int kh = is_v ? h - n_heads - n_kv : h - n_heads;
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const size_t r = ((size_t)blk * block_size + pp % block_size) * n_kv + kh;
         unsigned w[8];
@@ -1309,16 +1326,17 @@ static int tile_max_split(int D, int stages)
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
 }
 
-static size_t dec_smem_bytes(int D, int hb, int rm)
+static size_t dec_smem_bytes(int D, int hb, int rm, int q8)
 {
     const size_t merge = (size_t)DEC_WARPS * hb * rm * ((size_t)D * 4 + 8);
-    return merge > DEC_RING_BYTES ? merge : DEC_RING_BYTES;
+    const size_t ring = (size_t)DEC_RING_BYTES * (q8 ? 2 : 1);
+    return merge > ring ? merge : ring;
 }
 
 /* Splits whose merge weights (hb * G rows) fit in the decode kernel's shared memory. */
-static int dec_max_split(int D, int hb, int rm, int G)
+static int dec_max_split(int D, int hb, int rm, int G, int q8)
 {
-    const int n = (int)(dec_smem_bytes(D, hb, rm) / 4 / (hb * G));
+    const int n = (int)(dec_smem_bytes(D, hb, rm, q8) / 4 / (hb * G));
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
 }
 
@@ -1347,6 +1365,13 @@ static int attn_prepare(void)
                                          (int)attn_smem_bytes(ATT_DMAX, 1)));
         FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)attn_smem_bytes(ATT_DMAX, 2)));
+        /* The Q8_0 decode kernels' ring (64 KB) is past the default 48 KB. */
+        const void *q8k[4] = {
+            (const void *)attn_decode_kernel<1, true>, (const void *)attn_decode_kernel<2, true>,
+            (const void *)attn_decode_kernel<4, true>, (const void *)attn_decode_kernel<8, true>};
+        for (int i = 0; i < 4; i++)
+            FCUDA_CHECK(cudaFuncSetAttribute(q8k[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)dec_smem_bytes(ATT_DMAX, 1, 8, 1)));
         done = true;
     }
     return FERRY_OK;
@@ -1401,7 +1426,7 @@ static int dec_blocks_per_sm(int D, int hb, int rm, int q8)
     if (!*c) {
         int nb = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, dec_kernel(rm, q8), DEC_THREADS,
-                                                          dec_smem_bytes(D, hb, rm)) == cudaSuccess &&
+                                                          dec_smem_bytes(D, hb, rm, q8)) == cudaSuccess &&
             nb > 0)
             *c = nb;
         else {
@@ -1433,7 +1458,7 @@ static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct 
     pl.qt = 1;
     pl.n_tiles = rows;
     plan_splits(&pl, (int64_t)rows * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
-                dec_blocks_per_sm(D, hb, rm, kv->q8), dec_max_split(D, hb, rm, G), fcuda_sm_count());
+                dec_blocks_per_sm(D, hb, rm, kv->q8), dec_max_split(D, hb, rm, G, kv->q8), fcuda_sm_count());
     return pl;
 }
 
@@ -1492,20 +1517,22 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
         !FCUDA_ALIGNED(pos, 4) || !FCUDA_ALIGNED(inv_freq, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
+    if (kv->q8) {
+        if (!FCUDA_ALIGNED(q_out, 16)) return FERRY_ERR_INVALID;
+        const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 32);
+        FCUDA_CHECK(pdl_launch(rope_kv_store_q8_kernel, dim3(fcuda_blocks(total, 128)), dim3(128), 0, stream,
+                               q_out, qkv, (int8_t *)kv->k, (int8_t *)kv->v, (__half *)kv->k_scale,
+                               (__half *)kv->v_scale, seq, pos, kv->block_table, inv_freq, m, n_heads,
+                               kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF),
+                               kv->n_blocks, kv->block_size, kv->max_blocks));
+        return FERRY_OK;
+    }
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
     FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out,
                            qkv, (__half *)kv->k, (__half *)kv->v, (__half *)kv->k_ext, (__half *)kv->v_ext,
                            seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
                            rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
-                           kv->block_size, kv->max_blocks, kv->q8 != 0));
-    if (kv->q8) {
-        const int64_t nq8 = (int64_t)m * 2 * kv->n_kv_heads * (kv->head_dim / 32);
-        FCUDA_CHECK(pdl_launch(kv_store_q8_kernel, dim3(fcuda_blocks(nq8, 128)), dim3(128), 0, stream, qkv,
-                               (int8_t *)kv->k, (int8_t *)kv->v, (__half *)kv->k_scale, (__half *)kv->v_scale,
-                               seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
-                               rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->block_size,
-                               kv->max_blocks));
-    }
+                           kv->block_size, kv->max_blocks));
     return FERRY_OK;
 }
 
@@ -1521,9 +1548,9 @@ extern "C" void kern_cuda_attention_set_prefill_mma(int on)
     g_prefill_mma = on == 0 ? 0 : 1;
 }
 
-static bool mma_takes(int D, int q8)
+static bool mma_takes(int D)
 {
-    return g_prefill_mma && !q8 && (D == 64 || D == 128);
+    return g_prefill_mma && (D == 64 || D == 128);
 }
 
 static size_t mma_smem_bytes(int D)
@@ -1628,7 +1655,7 @@ static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int 
     if (pl.rm) {
         const dim3 grid((unsigned)rows, (unsigned)(p.n_kv / pl.hb), (unsigned)pl.n_split);
         FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm, p.q8), grid, dim3(DEC_THREADS),
-                               dec_smem_bytes(D, pl.hb, pl.rm), stream, p));
+                               dec_smem_bytes(D, pl.hb, pl.rm, p.q8), stream, p));
         FCUDA_LAUNCH_CHECK("attn_decode_kernel");
         return FERRY_OK;
     }
@@ -1645,7 +1672,7 @@ static int launch_prefill(att_params p, int row0, int skip, int max_len, void *w
                           cudaStream_t stream)
 {
     const int D = p.D, rows = p.m - row0, stages = g_stages;
-    if (mma_takes(D, p.q8)) {
+    if (mma_takes(D)) {
         const int rc = mma_prepare();
         if (rc) return rc;
         const struct att_plan pl = mma_plan(rows, p.m, p.n_heads, p.n_kv, D, max_len, ws_bytes,
@@ -1727,7 +1754,7 @@ extern "C" int kern_cuda_attention(float *out, const float *q, const struct kern
     if (rc || m == 0) return rc;
     if (mode == KERN_ATTN_DECODE || (mode == KERN_ATTN_AUTO && m <= 16))
         return launch_decode(p, kv, 0, m, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
-    if (mode == KERN_ATTN_PREFILL || !mma_takes(p.D, p.q8))
+    if (mode == KERN_ATTN_PREFILL || !mma_takes(p.D))
         return launch_prefill(p, 0, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);
     /* AUTO, a larger batch: single rows to the decode path, runs to the tensor-core kernel, both deciding
      * from seq on the device. */

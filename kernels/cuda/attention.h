@@ -7,8 +7,9 @@
  *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) int8 codes
  *   k_scale, v_scale: (n_blocks, block_size, n_kv_heads, head_dim / 32) f16 scales; element = code x scale
  * (head_dim a multiple of 64; no extension in host memory). The decode kernel multiplies code by scale in
- * f32; the tile kernel rounds the product to f16 in shared memory; prefill rows of a Q8_0 cache go to the
- * tile kernel (the tensor-core kernel reads f16 only). Sequence s maps position p to block
+ * f32; the tile and tensor-core kernels round the product to f16 as they fill their shared K/V tiles (plain
+ * loads where f16 rows are copied with cp.async).
+ * Sequence s maps position p to block
  * block_table[s*max_blocks + p/block_size], row p%block_size. Token i of a batch belongs to seq[i] at
  * position pos[i] and attends to positions 0..pos[i] of its sequence (already stored with
  * kern_cuda_rope_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads). Every kernel is correct for
