@@ -486,12 +486,9 @@ template <int RM, bool Q8>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    /* Positions per lane group and stage: a Q8_0 slot carries 12 bytes instead of 16, so twice as many
-     * positions keep as many bytes in flight (and the ring twice as large: dec_smem_bytes). */
-    constexpr int U = Q8 ? 2 * DEC_U : DEC_U;
     pdl_wait(); /* everything below reads q, the cache, the block table or the workspace */
     pdl_trigger();
-    const int D = p.D, LP = D / 8, HB = p.hb, LG = LP * HB, NG = 32 / LG, PS = NG * U;
+    const int D = p.D, LP = D / 8, HB = p.hb, LG = LP * HB, NG = 32 / LG, PS = NG * DEC_U;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int grp = lane / LG, hh = (lane % LG) / LP, li = lane % LP;
     const int tok = p.row0 + blockIdx.x, kvg = blockIdx.y, split = blockIdx.z;
@@ -524,8 +521,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
         for (int k = 0; k < 8; k++) o[r][k] = 0.0f;
     }
 
-    /* This warp's ring: (DEC_ST stages, U positions, K|V, 32 lanes) 16-byte slots. */
-    uint4 *ring = (uint4 *)smem + warp * (DEC_ST * U * 2 * 32);
+    /* This warp's ring: (DEC_ST stages, DEC_U positions, K|V, 32 lanes) 16-byte slots. */
+    uint4 *ring = (uint4 *)smem + warp * (DEC_ST * DEC_U * 2 * 32);
     const int bstride = DEC_WARPS * PS, span = hi - lo;
     const int nsteps = span > warp * PS ? (span - warp * PS + bstride - 1) / bstride : 0;
     const int32_t *btrow = p.bt + (size_t)sq * p.max_blocks;
@@ -543,9 +540,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
      * is not a block of the pool; nothing for positions past hi (masked in the math). Always commits a group.
      */
     auto issue = [&](int j, const int *ids) {
-        uint4 *slot = ring + (j % DEC_ST) * (U * 2 * 32);
+        uint4 *slot = ring + (j % DEC_ST) * (DEC_U * 2 * 32);
 #pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < DEC_U; u++) {
             const int pp = pos_of(j, u), id = ids[u];
             uint4 *ks = slot + u * 64 + lane, *vs = ks + 32;
             if (pp >= hi) continue;
@@ -574,11 +571,11 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
     };
 
     {
-        int ids[DEC_ST - 1][U];
+        int ids[DEC_ST - 1][DEC_U];
 #pragma unroll
         for (int j = 0; j < DEC_ST - 1; j++)
 #pragma unroll
-            for (int u = 0; u < U; u++) ids[j][u] = j < nsteps ? id_of(pos_of(j, u)) : -1;
+            for (int u = 0; u < DEC_U; u++) ids[j][u] = j < nsteps ? id_of(pos_of(j, u)) : -1;
 #pragma unroll
         for (int j = 0; j < DEC_ST - 1; j++) {
             if (j < nsteps)
@@ -587,9 +584,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
                 cp_async_commit();
         }
     }
-    int idn[U]; /* block ids of the next step to issue, loaded one step ahead */
+    int idn[DEC_U]; /* block ids of the next step to issue, loaded one step ahead */
 #pragma unroll
-    for (int u = 0; u < U; u++) idn[u] = DEC_ST - 1 < nsteps ? id_of(pos_of(DEC_ST - 1, u)) : -1;
+    for (int u = 0; u < DEC_U; u++) idn[u] = DEC_ST - 1 < nsteps ? id_of(pos_of(DEC_ST - 1, u)) : -1;
 
     for (int i = 0; i < nsteps; i++) {
         const int jn = i + DEC_ST - 1;
@@ -599,15 +596,15 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
             cp_async_commit(); /* an empty group keeps wait_group's count pointing at step i */
         if (jn + 1 < nsteps) {
 #pragma unroll
-            for (int u = 0; u < U; u++) idn[u] = id_of(pos_of(jn + 1, u));
+            for (int u = 0; u < DEC_U; u++) idn[u] = id_of(pos_of(jn + 1, u));
         }
         cp_async_wait<DEC_ST - 1>(); /* this lane's copies of step i have landed; only it reads them */
 
-        const uint4 *slot = ring + (i % DEC_ST) * (U * 2 * 32);
-        float s[U][RM];
-        bool ok[U];
+        const uint4 *slot = ring + (i % DEC_ST) * (DEC_U * 2 * 32);
+        float s[DEC_U][RM];
+        bool ok[DEC_U];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < DEC_U; u++) {
             ok[u] = pos_of(i, u) < hi;
             const uint4 kq = slot[u * 64 + lane];
             float kf[8];
@@ -633,15 +630,15 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
         }
         for (int off = 1; off < LP; off <<= 1)
 #pragma unroll
-            for (int u = 0; u < U; u++)
+            for (int u = 0; u < DEC_U; u++)
 #pragma unroll
                 for (int r = 0; r < RM; r++) s[u][r] += __shfl_xor_sync(0xffffffffu, s[u][r], off);
-        float pr[U][RM];
+        float pr[DEC_U][RM];
 #pragma unroll
         for (int r = 0; r < RM; r++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < U; u++)
+            for (int u = 0; u < DEC_U; u++)
                 if (ok[u]) mx = fmaxf(mx, s[u][r]);
             if (mx > m[r]) {
                 const float al = exp2f(m[r] - mx); /* 0 while m is -inf */
@@ -652,14 +649,14 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
             }
             float sum = 0.0f;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
+            for (int u = 0; u < DEC_U; u++) {
                 pr[u][r] = ok[u] ? exp2f(s[u][r] - m[r]) : 0.0f;
                 sum += pr[u][r];
             }
             l[r] += sum;
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < DEC_U; u++) {
             if (!ok[u]) continue;
             const uint4 vq = slot[u * 64 + 32 + lane];
             float vf[8];
@@ -1326,17 +1323,16 @@ static int tile_max_split(int D, int stages)
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
 }
 
-static size_t dec_smem_bytes(int D, int hb, int rm, int q8)
+static size_t dec_smem_bytes(int D, int hb, int rm)
 {
     const size_t merge = (size_t)DEC_WARPS * hb * rm * ((size_t)D * 4 + 8);
-    const size_t ring = (size_t)DEC_RING_BYTES * (q8 ? 2 : 1);
-    return merge > ring ? merge : ring;
+    return merge > DEC_RING_BYTES ? merge : DEC_RING_BYTES;
 }
 
 /* Splits whose merge weights (hb * G rows) fit in the decode kernel's shared memory. */
-static int dec_max_split(int D, int hb, int rm, int G, int q8)
+static int dec_max_split(int D, int hb, int rm, int G)
 {
-    const int n = (int)(dec_smem_bytes(D, hb, rm, q8) / 4 / (hb * G));
+    const int n = (int)(dec_smem_bytes(D, hb, rm) / 4 / (hb * G));
     return n < ATT_MAX_SPLIT ? n : ATT_MAX_SPLIT;
 }
 
@@ -1365,13 +1361,6 @@ static int attn_prepare(void)
                                          (int)attn_smem_bytes(ATT_DMAX, 1)));
         FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)attn_smem_bytes(ATT_DMAX, 2)));
-        /* The Q8_0 decode kernels' ring (64 KB) is past the default 48 KB. */
-        const void *q8k[4] = {
-            (const void *)attn_decode_kernel<1, true>, (const void *)attn_decode_kernel<2, true>,
-            (const void *)attn_decode_kernel<4, true>, (const void *)attn_decode_kernel<8, true>};
-        for (int i = 0; i < 4; i++)
-            FCUDA_CHECK(cudaFuncSetAttribute(q8k[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)dec_smem_bytes(ATT_DMAX, 1, 8, 1)));
         done = true;
     }
     return FERRY_OK;
@@ -1426,7 +1415,7 @@ static int dec_blocks_per_sm(int D, int hb, int rm, int q8)
     if (!*c) {
         int nb = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, dec_kernel(rm, q8), DEC_THREADS,
-                                                          dec_smem_bytes(D, hb, rm, q8)) == cudaSuccess &&
+                                                          dec_smem_bytes(D, hb, rm)) == cudaSuccess &&
             nb > 0)
             *c = nb;
         else {
@@ -1458,7 +1447,7 @@ static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct 
     pl.qt = 1;
     pl.n_tiles = rows;
     plan_splits(&pl, (int64_t)rows * (kv->n_kv_heads / hb), m, n_heads, D, max_len, ws_bytes,
-                dec_blocks_per_sm(D, hb, rm, kv->q8), dec_max_split(D, hb, rm, G, kv->q8), fcuda_sm_count());
+                dec_blocks_per_sm(D, hb, rm, kv->q8), dec_max_split(D, hb, rm, G), fcuda_sm_count());
     return pl;
 }
 
@@ -1655,7 +1644,7 @@ static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int 
     if (pl.rm) {
         const dim3 grid((unsigned)rows, (unsigned)(p.n_kv / pl.hb), (unsigned)pl.n_split);
         FCUDA_CHECK(pdl_launch(dec_kernel(pl.rm, p.q8), grid, dim3(DEC_THREADS),
-                               dec_smem_bytes(D, pl.hb, pl.rm, p.q8), stream, p));
+                               dec_smem_bytes(D, pl.hb, pl.rm), stream, p));
         FCUDA_LAUNCH_CHECK("attn_decode_kernel");
         return FERRY_OK;
     }
