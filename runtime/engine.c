@@ -419,6 +419,16 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
     return FERRY_OK;
 }
 
+/* --kv-type q8_0: blocks of 32 per head; on the GPU each lane's pair of scales must stay 4-byte aligned: 64.
+ */
+static int check_kv_type(int kv_type, const struct llm_hparams *hp, int gpu, char err[256])
+{
+    if (kv_type != KV_Q8_0 || hp->head_dim % (gpu ? 64 : 32) == 0) return FERRY_OK;
+    snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of %d%s (this model's is %d)",
+             gpu ? 64 : 32, gpu ? " on the GPU" : "", hp->head_dim);
+    return FERRY_ERR_INVALID;
+}
+
 /* Takes ownership of *model (freed on failure too). */
 static int engine_create(struct engine **out, struct model *model, const struct engine_params *params,
                          char err[256])
@@ -462,13 +472,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     e->p = p;
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
-    /* Q8_0 blocks of 32 per head; on the GPU each lane's scale pair must stay 4-byte aligned: 64. */
-    if (p.kv_type == KV_Q8_0 && hp->head_dim % (use_cuda ? 64 : 32)) {
-        snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of %d%s (this model's is %d)",
-                 use_cuda ? 64 : 32, use_cuda ? " on the GPU" : "", hp->head_dim);
-        rc = FERRY_ERR_INVALID;
-        goto fail;
-    }
+    if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
     rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
                        ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
@@ -583,6 +587,10 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
     struct device_map map;
     int rc = model_init(&m, mf, err);
     if (rc) return rc;
+    if ((rc = check_kv_type(p.kv_type, &m.hp, 1, err))) {
+        model_free(&m);
+        return rc;
+    }
     if (p.ctx_size == 0) p.ctx_size = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     rc = kv_cache_init(&kv, m.hp.n_layers, m.hp.n_kv_heads, m.hp.head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,

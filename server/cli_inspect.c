@@ -14,13 +14,16 @@
 
 static void inspect_usage(FILE *f)
 {
-    fprintf(f, "usage: ferry inspect --model PATH [--gpu-memory SIZE [--gpu-layers N] [--ctx-size N] [--parallel N]]\n"
-               "                     [--json]\n\n"
+    fprintf(f, "usage: ferry inspect --model PATH [--gpu-memory SIZE [--gpu-layers N] [--ctx-size N] "
+               "[--parallel N]\n"
+               "                     [--kv-type f16|q8_0]] [--json]\n\n"
                "  --model PATH        GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
-               "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget (e.g. 4GiB)\n"
+               "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget "
+               "(e.g. 4GiB)\n"
                "  --gpu-layers N      resident layers (default: as many as fit)\n"
                "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
                "  --parallel N        sequences (default 1)\n"
+               "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
                "  --json              machine-readable output\n");
 }
 
@@ -32,11 +35,15 @@ static const char *rope_scaling_name(enum rope_scaling_type t)
 
 int cli_inspect_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},      {"json", no_argument, 0, 'j'},
-        {"gpu-memory", required_argument, 0, 'g'}, {"gpu-layers", required_argument, 0, 'l'},
-        {"ctx-size", required_argument, 0, 'c'},   {"parallel", required_argument, 0, 'p'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"json", no_argument, 0, 'j'},
+                                             {"gpu-memory", required_argument, 0, 'g'},
+                                             {"gpu-layers", required_argument, 0, 'l'},
+                                             {"ctx-size", required_argument, 0, 'c'},
+                                             {"parallel", required_argument, 0, 'p'},
+                                             {"kv-type", required_argument, 0, 'k'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     const char *model = getenv("FERRY_MODEL");
     int as_json = 0, c;
     struct engine_params ep = engine_default_params();
@@ -54,6 +61,12 @@ int cli_inspect_main(int argc, char **argv)
         case 'l': ep.gpu_layers = atoi(optarg); break;
         case 'c': ep.ctx_size = atoi(optarg); break;
         case 'p': ep.n_seqs = atoi(optarg); break;
+        case 'k':
+            if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) {
+                fprintf(stderr, "ferry inspect: --kv-type must be one of f16|f32|q8_0\n");
+                return 2;
+            }
+            break;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return 2;
         }

