@@ -53,11 +53,11 @@ if [ -n "${LONG:-}" ]; then
       for kv in f16 q8_0; do
         f=$($F bench --model "$m" --cpu --threads "$threads" --batches 1 --prefill 0 --decode-steps "$tg" \
           --long-context "$LONG" --kv-type $kv --json 2>/dev/null |
-          python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f" % [x for x in d["decode"] if x["context"] > 64][0]["tok_s"])')
+          python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f" % [x for x in d["decode"] if x["context"] > 64][0]["tok_s"])' 2>/dev/null)
         l=$($L/bin/llama-batched-bench -m "$m" -t "$threads" -c $((LONG + tg + 16)) -b 2048 -ub 512 -npp "$LONG" \
           -ntg "$tg" -npl 1 -fa -ctk $kv -ctv $kv --output-format jsonl 2>/dev/null |
           python3 -c 'import json,sys; print(" ".join("%.2f" % json.loads(x)["speed_tg"] for x in sys.stdin if x.startswith("{")))')
-        line="$line | $kv ferry ${f:-?} llama.cpp ${l:-?}"
+        line="$line | $kv ferry ${f:-refused} llama.cpp ${l:-refused}"
       done
       echo "round $r (load $(cut -d" " -f1 /proc/loadavg)): decode tok/s$line"
     done
