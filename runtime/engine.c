@@ -56,8 +56,8 @@ struct engine {
     struct step_cost cost;
     double slow;
     struct step_pace pace;
-    int adapt;          /* the pace is followed: auto placement with a ring and host layers on the CPU */
-    double host_s;      /* the CPU backend's seconds in host-layer arithmetic so far */
+    int adapt;     /* the pace is followed: auto placement with a ring and host layers on the CPU */
+    double host_s; /* the CPU backend's seconds in host-layer arithmetic so far */
     char placement[4096];
     int32_t *new_len; /* (n_seqs) scratch: the length each slot will have after the step, or -1 */
     int32_t *first;   /* (n_seqs) scratch: the first position the step writes in each slot */
@@ -239,8 +239,8 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
             "%.1f GB/s alone)",
             c->cpu_s[0] / slow * 1e3, c->cpu_s[0] * 1e3, c->h2d_loaded / 1e9, c->h2d / 1e9);
     }
-    /* Experiments and tests: a host that was busy while it was timed (FERRY_HOST_COST_SCALE=2: twice as slow, alone
-     * and beside the link alike). */
+    /* Experiments and tests: a host that was busy while it was timed (FERRY_HOST_COST_SCALE=2: twice as slow,
+     * alone and beside the link alike). */
     const char *scale_env = getenv("FERRY_HOST_COST_SCALE");
     const double scale = scale_env ? atof(scale_env) : 1.0;
     if (scale > 0 && scale != 1.0) {
@@ -334,7 +334,8 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     step_pace_init(&e->pace);
     e->host_s = 0;
     e->adapt = e->cpu && cost->n_cpu > 0 && map->n_slots > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
-               !e->p.plan_override && !(getenv("FERRY_PLAN_ADAPT") && !strcmp(getenv("FERRY_PLAN_ADAPT"), "0"));
+               !e->p.plan_override &&
+               !(getenv("FERRY_PLAN_ADAPT") && !strcmp(getenv("FERRY_PLAN_ADAPT"), "0"));
     e->stats.host_pace = e->adapt ? 1.0 : 0.0;
     e->stats.plan_revisions = 0;
     return make_plan(e, map, cost, -1, &e->plan, err);
@@ -753,8 +754,8 @@ int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_
     return step(e, b, NULL, rows, out);
 }
 
-/* After a step of a GPU engine that follows the host's pace: the seconds its CPU-computed host layers spent in
- * their arithmetic against the cost model's, and a new plan when the pace moved (step_plan.h). */
+/* After a step of a GPU engine that follows the host's pace: the seconds its CPU-computed host layers spent
+ * in their arithmetic against the cost model's, and a new plan when the pace moved (step_plan.h). */
 static void follow_pace(struct engine *e, const enum placement *where, int n)
 {
     struct backend_stats cs;
@@ -775,16 +776,16 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
     struct step_plan plan;
     char err[256];
     if (make_plan(e, forward_cuda_map(e->gpu), &c, -1, &plan, err)) {
-        FLOG_WARN("the host's pace moved to %.2fx, but the step plan could not be made again (%s)", e->pace.pace,
-                  err);
+        FLOG_WARN("the host's pace moved to %.2fx, but the step plan could not be made again (%s)",
+                  e->pace.pace, err);
         return;
     }
     const int last = plan.n_buckets - 1;
     FLOG_INFO("host layers ran at %.2fx their start-up timing (median of %d steps): step plan made again: %d "
               "tokens %d cpu / %d stream (was %d / %d), predicted %.2f ms; %d tokens %d / %d (was %d / %d)",
-              e->pace.pace, STEP_PACE_WINDOW, plan.tokens[0], plan.n_cpu[0], plan.n_stream[0], e->plan.n_cpu[0],
-              e->plan.n_stream[0], plan.predicted_s[0] * 1e3, plan.tokens[last], plan.n_cpu[last],
-              plan.n_stream[last], e->plan.n_cpu[last], e->plan.n_stream[last]);
+              e->pace.pace, STEP_PACE_WINDOW, plan.tokens[0], plan.n_cpu[0], plan.n_stream[0],
+              e->plan.n_cpu[0], e->plan.n_stream[0], plan.predicted_s[0] * 1e3, plan.tokens[last],
+              plan.n_cpu[last], plan.n_stream[last], e->plan.n_cpu[last], e->plan.n_stream[last]);
     step_plan_free(&e->plan);
     e->plan = plan;
     e->stats.host_pace = e->pace.pace;

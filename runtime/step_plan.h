@@ -93,14 +93,14 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
 double step_cost_cpu_layer(const struct step_cost *c, uint64_t bytes, int m);
 
 /* The host's pace: how the CPU-computed host layers of recent steps ran against their start-up timing.
- * The planner's cost of a host layer comes from a start-up timing of a few seconds; a host that was busy then,
- * or is busier later, would leave the plan wrong for as long as the engine runs. Every step that computes
- * host layers on the CPU reports the seconds their arithmetic took and the seconds the cost model gives them
- * (at pace 1); the median ratio of the last STEP_PACE_WINDOW such steps is the host's pace. When it moves
- * outside [pace / STEP_PACE_BAND, pace * STEP_PACE_BAND] of the pace the plan was made with, the plan is made
- * again from the costs scaled by it (step_cost_paced). Nothing moves when a plan changes: a host layer is
- * streamed or computed from the same host copy. A plan that puts no host layer on the CPU at any step size
- * reports nothing, so a host timed far too slow at start-up stays streamed. */
+ * The planner's cost of a host layer comes from a start-up timing of a few seconds; a host that was busy
+ * then, or is busier later, would leave the plan wrong for as long as the engine runs. Every step that
+ * computes host layers on the CPU reports the seconds their arithmetic took and the seconds the cost model
+ * gives them (at pace 1); the median ratio of the last STEP_PACE_WINDOW such steps is the host's pace. When
+ * it moves outside [pace / STEP_PACE_BAND, pace * STEP_PACE_BAND] of the pace the plan was made with, the
+ * plan is made again from the costs scaled by it (step_cost_paced). Nothing moves when a plan changes: a host
+ * layer is streamed or computed from the same host copy. A plan that puts no host layer on the CPU at any
+ * step size reports nothing, so a host timed far too slow at start-up stays streamed. */
 #define STEP_PACE_WINDOW 9
 #define STEP_PACE_BAND   1.15
 #define STEP_PACE_MIN    0.125

@@ -472,9 +472,10 @@ int cli_bench_main(int argc, char **argv)
                    res[i].stall_ms, plan, res[i].host_ms, pred);
         }
         if (st1.plan_revisions)
-            printf("the host ran at %.2fx its start-up timing: the step plan was made again %d time%s (the rows "
-                   "show the last plan)\n",
-                   st1.host_pace, st1.plan_revisions, st1.plan_revisions == 1 ? "" : "s");
+            printf(
+                "the host ran at %.2fx its start-up timing: the step plan was made again %d time%s (the rows "
+                "show the last plan)\n",
+                st1.host_pace, st1.plan_revisions, st1.plan_revisions == 1 ? "" : "s");
     }
     free(bc.tok);
     free(bc.want);

@@ -63,11 +63,11 @@
 #define DEC_RING_BYTES (DEC_WARPS * DEC_ST * DEC_U * 2 * 32 * 16)
 
 struct att_params {
-    float *out;            /* (m, n_heads, D) */
-    const float *q;        /* (m, n_heads, D) */
-    const __half *k, *v;   /* cache: blocks [0, n_main) */
-    const __half *kx, *vx; /* its extension: blocks [n_main, n_blocks) at id - n_main */
-    const int8_t *kq, *vq; /* a Q8_0 cache (q8): its codes, (n_blocks, block_size, n_kv, D) */
+    float *out;              /* (m, n_heads, D) */
+    const float *q;          /* (m, n_heads, D) */
+    const __half *k, *v;     /* cache: blocks [0, n_main) */
+    const __half *kx, *vx;   /* its extension: blocks [n_main, n_blocks) at id - n_main */
+    const int8_t *kq, *vq;   /* a Q8_0 cache (q8): its codes, (n_blocks, block_size, n_kv, D) */
     const __half *ksc, *vsc; /* and its scales, (n_blocks, block_size, n_kv, D / 32) */
     int q8;
     const int32_t *bt;

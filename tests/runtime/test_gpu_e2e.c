@@ -721,9 +721,9 @@ Test(gpu_e2e, hybrid_auto_on_synthetic_model, .timeout = 300)
 
 /* A host timed as if it were 10x faster than it is (FERRY_HOST_COST_SCALE: a start-up timing taken while the
  * host was unusually idle, or a host that got busy later): the plan puts host layers on the CPU, the steps
- * show the host's real pace, and the engine makes the plan again; the logits match the CPU engine's before and
- * after. Layers of 100 MB (f16, dim 2048): on tiny layers the exchange with the device decides, not the host's
- * arithmetic. */
+ * show the host's real pace, and the engine makes the plan again; the logits match the CPU engine's before
+ * and after. Layers of 100 MB (f16, dim 2048): on tiny layers the exchange with the device decides, not the
+ * host's arithmetic. */
 Test(gpu_e2e, hybrid_auto_follows_the_host_pace, .timeout = 300)
 {
     require_gpu();

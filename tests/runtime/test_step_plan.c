@@ -339,8 +339,8 @@ Test(step_plan, ring_or_more_resident_layers_depends_on_concurrency)
     step_plan_free(&none);
 }
 
-/* The host's pace: the median of the last STEP_PACE_WINDOW steps' ratios, followed only when it leaves the band
- * around the current pace; outliers and bad observations do not move it. */
+/* The host's pace: the median of the last STEP_PACE_WINDOW steps' ratios, followed only when it leaves the
+ * band around the current pace; outliers and bad observations do not move it. */
 Test(step_plan, pace_follows_the_median_outside_the_band)
 {
     struct step_pace p;
@@ -354,7 +354,12 @@ Test(step_plan, pace_follows_the_median_outside_the_band)
     /* Outliers (a step that met a page fault, one that found the layer in cache): the median holds. */
     step_pace_init(&p);
     for (int i = 0; i < 3 * STEP_PACE_WINDOW; i++)
-        cr_assert_eq(step_pace_observe(&p, i % 3 == 0 ? 40.0 : i % 3 == 1 ? 0.01 : 1.0, 1.0), 0, "step %d", i);
+        cr_assert_eq(step_pace_observe(&p,
+                                       i % 3 == 0   ? 40.0
+                                       : i % 3 == 1 ? 0.01
+                                                    : 1.0,
+                                       1.0),
+                     0, "step %d", i);
     /* Bad observations are ignored. */
     cr_assert_eq(step_pace_observe(&p, 0.0, 1.0), 0);
     cr_assert_eq(step_pace_observe(&p, 1.0, 0.0), 0);
@@ -396,7 +401,8 @@ Test(step_plan, paced_costs_move_host_layers)
         in.cost = step_cost_paced(&base, pace);
         cr_assert_eq(in.cost.h2d, base.h2d);
         cr_assert_eq(in.cost.sync_s, base.sync_s);
-        for (int i = 0; i < base.n_cpu; i++) cr_assert_float_eq(in.cost.cpu_s[i], base.cpu_s[i] * pace, 1e-15);
+        for (int i = 0; i < base.n_cpu; i++)
+            cr_assert_float_eq(in.cost.cpu_s[i], base.cpu_s[i] * pace, 1e-15);
         struct step_plan p;
         make(&in, &p);
         cr_assert_leq(p.n_cpu[0], prev, "pace %g: %d host layers on the CPU, %d at half the pace", pace,
