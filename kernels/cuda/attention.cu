@@ -475,6 +475,24 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
     }
 }
 
+/* The 8 elements lane li holds of a K or V row, from its ring slot: 8 f16, or (Q8) 8 codes times the scale of
+ * their block, which is element (li / 4) % 2 of the pair in the slot's third word. */
+template <bool Q8> __device__ __forceinline__ void slot_f32(const uint4 w, int li, float f[8])
+{
+    if (Q8) {
+        const float sc = q8_scale(w.z, (li >> 2) & 1);
+#pragma unroll
+        for (int k = 0; k < 4; k++) f[k] = q8_code(w.x, k) * sc, f[4 + k] = q8_code(w.y, k) * sc;
+    } else {
+        const __half2 *h2 = (const __half2 *)&w;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 v = __half22float2(h2[k]);
+            f[2 * k] = v.x, f[2 * k + 1] = v.y;
+        }
+    }
+}
+
 /* Decode kernel; RM = rows per KV head held in registers (a power of two >= G); Q8: a Q8_0 cache (each lane's
  * slot holds its 8 codes and, in bytes 8..11, the pair of scales that contains its block's). Grid: (tokens,
  * n_kv / hb, splits). Lane roles: lane = grp * LG + hh * LP + li with LP = D/8 lanes per (position, KV head),
@@ -606,20 +624,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
             ok[u] = pos_of(i, u) < hi;
-            const uint4 kq = slot[u * 64 + lane];
             float kf[8];
-            if (Q8) {
-                const float sc = q8_scale(kq.z, (li >> 2) & 1);
-#pragma unroll
-                for (int k = 0; k < 4; k++) kf[k] = q8_code(kq.x, k) * sc, kf[4 + k] = q8_code(kq.y, k) * sc;
-            } else {
-                const __half2 *h2 = (const __half2 *)&kq;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float2 f = __half22float2(h2[k]);
-                    kf[2 * k] = f.x, kf[2 * k + 1] = f.y;
-                }
-            }
+            slot_f32<Q8>(slot[u * 64 + lane], li, kf);
 #pragma unroll
             for (int r = 0; r < RM; r++) {
                 float a = q[r][0] * kf[0];
@@ -658,20 +664,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
             if (!ok[u]) continue;
-            const uint4 vq = slot[u * 64 + 32 + lane];
             float vf[8];
-            if (Q8) {
-                const float sc = q8_scale(vq.z, (li >> 2) & 1);
-#pragma unroll
-                for (int k = 0; k < 4; k++) vf[k] = q8_code(vq.x, k) * sc, vf[4 + k] = q8_code(vq.y, k) * sc;
-            } else {
-                const __half2 *h2 = (const __half2 *)&vq;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float2 f = __half22float2(h2[k]);
-                    vf[2 * k] = f.x, vf[2 * k + 1] = f.y;
-                }
-            }
+            slot_f32<Q8>(slot[u * 64 + 32 + lane], li, vf);
 #pragma unroll
             for (int r = 0; r < RM; r++)
 #pragma unroll

@@ -402,78 +402,123 @@ Test(cuda_attention, long_context_8192)
     cache_free(&c);
 }
 
-/* rope_kv_store on a (q | k | v) row per token: queries rotated like the CPU rope (f32, 2e-6 relative: the
- * CPU and GPU may differ in the last bit of a product), keys rotated and rounded to f16 (equal to the f16 of
- * the CPU result or one f16 step away), values rounded to f16 exactly; every other cache row untouched. Both
- * rope styles, a partial rope_dim, GQA. */
+/* What both rope_kv_store tests give it: 5 tokens of (q | k | v) rows of 2 sequences, positions up to 4095,
+ * on the host and the device, the CPU's rotated queries and keys and the plain values (the reference). */
+struct rope_case {
+    int n_heads, n_kv, D, rope_dim, m, qd, kvd, rowlen;
+    enum rope_style style;
+    int32_t seq[5], pos[5];
+    float *qkv, *inv;        /* host inputs */
+    float *dqkv, *dinv, *dq; /* device inputs, and the queries' output */
+    int32_t *ds, *dp;
+    float *q, *k, *v; /* the CPU's (m, qd), (m, kvd), (m, kvd) */
+};
+
+static void rope_case_init(struct rope_case *r, enum rope_style style, int n_heads, int n_kv, int D,
+                           int rope_dim)
+{
+    *r = (struct rope_case){.n_heads = n_heads,
+                            .n_kv = n_kv,
+                            .D = D,
+                            .rope_dim = rope_dim,
+                            .m = 5,
+                            .qd = n_heads * D,
+                            .kvd = n_kv * D,
+                            .style = style,
+                            .seq = {0, 0, 1, 0, 1},
+                            .pos = {0, 17, 8, 4095, 3}};
+    const int m = r->m, qd = r->qd, kvd = r->kvd;
+    r->rowlen = qd + 2 * kvd;
+    r->qkv = host_rand((size_t)m * r->rowlen, -3, 3);
+    r->inv = malloc(rope_dim / 2 * sizeof(float));
+    kern_cpu_rope_freqs(r->inv, rope_dim, 10000.0f, NULL);
+    r->dqkv = dev_upload(r->qkv, (size_t)m * r->rowlen * 4);
+    r->dinv = dev_upload(r->inv, rope_dim / 2 * 4);
+    r->dq = dev_poison((size_t)m * qd * 4);
+    r->ds = dev_upload(r->seq, sizeof r->seq);
+    r->dp = dev_upload(r->pos, sizeof r->pos);
+    r->q = malloc((size_t)m * qd * 4), r->k = malloc((size_t)m * kvd * 4), r->v = malloc((size_t)m * kvd * 4);
+    for (int i = 0; i < m; i++) {
+        memcpy(r->q + (size_t)i * qd, r->qkv + (size_t)i * r->rowlen, qd * 4);
+        memcpy(r->k + (size_t)i * kvd, r->qkv + (size_t)i * r->rowlen + qd, kvd * 4);
+        memcpy(r->v + (size_t)i * kvd, r->qkv + (size_t)i * r->rowlen + qd + kvd, kvd * 4);
+    }
+    kern_cpu_rope_ref(r->q, r->pos, m, n_heads, D, rope_dim, r->inv, style);
+    kern_cpu_rope_ref(r->k, r->pos, m, n_kv, D, rope_dim, r->inv, style);
+}
+
+/* kern_cuda_rope_kv_store into kv, then the queries against the CPU's (f32, 2e-6 relative: the CPU and GPU
+ * may differ in the last bit of a product). */
+static void rope_case_run(struct rope_case *r, const struct kern_cuda_kv_layer *kv)
+{
+    cr_assert_eq(kern_cuda_rope_kv_store(r->dq, r->dqkv, kv, r->ds, r->dp, r->m, r->n_heads, r->rope_dim,
+                                         r->dinv, r->style, 0),
+                 FERRY_OK);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    const size_t nq = (size_t)r->m * r->qd;
+    float *gq = malloc(nq * 4);
+    dev_download(gq, r->dq, nq * 4);
+    for (size_t i = 0; i < nq; i++)
+        cr_assert(fabsf(gq[i] - r->q[i]) <= 2e-6f * (1.0f + fabsf(r->q[i])), "q[%zu] %g vs %g", i, gq[i],
+                  r->q[i]);
+    free(gq);
+}
+
+static void rope_case_free(struct rope_case *r)
+{
+    cudaFree(r->dqkv);
+    cudaFree(r->dinv);
+    cudaFree(r->dq);
+    cudaFree(r->ds);
+    cudaFree(r->dp);
+    free(r->qkv);
+    free(r->inv);
+    free(r->q);
+    free(r->k);
+    free(r->v);
+}
+
+/* rope_kv_store on a (q | k | v) row per token: queries as above, keys rotated and rounded to f16 (equal to
+ * the f16 of the CPU result or one f16 step away), values rounded to f16 exactly; every other cache row
+ * untouched. Both rope styles, a partial rope_dim, GQA. */
 static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
 {
     const int l[] = {4100, 9};
     struct cache c;
     cache_init(&c, n_heads, n_kv, D, 8, 2, l);
-    const int m = 5, qd = n_heads * D, kvd = n_kv * D, rowlen = qd + 2 * kvd;
-    int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 4095, 3};
-    float *qkv = host_rand((size_t)m * rowlen, -3, 3);
-    float *inv = malloc(rope_dim / 2 * sizeof(float));
-    kern_cpu_rope_freqs(inv, rope_dim, 10000.0f, NULL);
-    float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, rope_dim / 2 * 4);
-    float *dq = dev_poison((size_t)m * qd * 4);
-    int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
-                 FERRY_OK);
-    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
-
-    /* CPU: split the rows, rotate q and k. */
-    float *q = malloc((size_t)m * qd * 4), *k = malloc((size_t)m * kvd * 4), *v = malloc((size_t)m * kvd * 4);
-    for (int i = 0; i < m; i++) {
-        memcpy(q + (size_t)i * qd, qkv + (size_t)i * rowlen, qd * 4);
-        memcpy(k + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd, kvd * 4);
-        memcpy(v + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd + kvd, kvd * 4);
-    }
-    kern_cpu_rope_ref(q, pos, m, n_heads, D, rope_dim, inv, style);
-    kern_cpu_rope_ref(k, pos, m, n_kv, D, rope_dim, inv, style);
-    float *gq = malloc((size_t)m * qd * 4);
-    dev_download(gq, dq, (size_t)m * qd * 4);
-    for (size_t i = 0; i < (size_t)m * qd; i++)
-        cr_assert(fabsf(gq[i] - q[i]) <= 2e-6f * (1.0f + fabsf(q[i])), "q[%zu] %g vs %g", i, gq[i], q[i]);
-
+    struct rope_case r;
+    rope_case_init(&r, style, n_heads, n_kv, D, rope_dim);
+    rope_case_run(&r, &c.dev);
+    const int kvd = r.kvd;
     const size_t ne = (size_t)c.n_blocks * c.bs * kvd;
     uint16_t *gk = malloc(ne * 2), *gv = malloc(ne * 2);
     dev_download(gk, c.dev.k, ne * 2);
     dev_download(gv, c.dev.v, ne * 2);
-    for (int i = 0; i < m; i++) {
-        uint16_t *ek = (uint16_t *)cache_row(&c, c.k, seq[i], pos[i], 0);
-        uint16_t *ev = (uint16_t *)cache_row(&c, c.v, seq[i], pos[i], 0);
+    for (int i = 0; i < r.m; i++) {
+        uint16_t *ek = (uint16_t *)cache_row(&c, c.k, r.seq[i], r.pos[i], 0);
+        uint16_t *ev = (uint16_t *)cache_row(&c, c.v, r.seq[i], r.pos[i], 0);
         const size_t at = (size_t)(ek - c.k);
         for (int e = 0; e < kvd; e++) {
-            const uint16_t want = f32_to_f16(k[(size_t)i * kvd + e]);
+            const uint16_t want = f32_to_f16(r.k[(size_t)i * kvd + e]);
             cr_assert(abs((int)gk[at + e] - (int)want) <= 1, "token %d k[%d]: %04x vs %04x", i, e, gk[at + e],
                       want);
             ek[e] = gk[at + e]; /* accepted: the whole-pool comparison below checks every other row */
-            ev[e] = f32_to_f16(v[(size_t)i * kvd + e]);
+            ev[e] = f32_to_f16(r.v[(size_t)i * kvd + e]);
         }
     }
     cr_assert(memcmp(gk, c.k, ne * 2) == 0, "K pool differs from expected");
     cr_assert(memcmp(gv, c.v, ne * 2) == 0, "V pool differs from expected");
     struct kern_cuda_kv_layer bad = c.dev;
     bad.head_dim = 12;
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
-                 FERRY_ERR_UNSUPPORTED);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, D + 2, dinv, style, 0),
-                 FERRY_ERR_INVALID);
-    cudaFree(dqkv);
-    cudaFree(dinv);
-    cudaFree(dq);
-    cudaFree(ds);
-    cudaFree(dp);
-    free(qkv);
-    free(inv);
-    free(q);
-    free(k);
-    free(v);
-    free(gq);
+    cr_assert_eq(
+        kern_cuda_rope_kv_store(r.dq, r.dqkv, &bad, r.ds, r.dp, r.m, n_heads, rope_dim, r.dinv, style, 0),
+        FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(
+        kern_cuda_rope_kv_store(r.dq, r.dqkv, &c.dev, r.ds, r.dp, r.m, n_heads, D + 2, r.dinv, style, 0),
+        FERRY_ERR_INVALID);
     free(gk);
     free(gv);
+    rope_case_free(&r);
     cache_free(&c);
 }
 
@@ -495,45 +540,26 @@ static void rope_store_q8_case(enum rope_style style, int n_heads, int n_kv, int
     const int l[] = {4100, 9};
     struct cache c;
     cache_init_q8(&c, n_heads, n_kv, D, 8, 2, l);
-    const int m = 5, qd = n_heads * D, kvd = n_kv * D, rowlen = qd + 2 * kvd;
-    int32_t seq[5] = {0, 0, 1, 0, 1}, pos[5] = {0, 17, 8, 4095, 3};
-    float *qkv = host_rand((size_t)m * rowlen, -3, 3);
-    float *inv = malloc(rope_dim / 2 * sizeof(float));
-    kern_cpu_rope_freqs(inv, rope_dim, 10000.0f, NULL);
-    float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, rope_dim / 2 * 4);
-    float *dq = dev_poison((size_t)m * qd * 4);
-    int32_t *ds = dev_upload(seq, sizeof seq), *dp = dev_upload(pos, sizeof pos);
+    struct rope_case r;
+    rope_case_init(&r, style, n_heads, n_kv, D, rope_dim);
+    const int kvd = r.kvd;
     const size_t ne = (size_t)c.n_blocks * c.bs * kvd;
     int8_t *code0[2] = {malloc(ne), malloc(ne)}, *code1[2] = {malloc(ne), malloc(ne)};
     uint16_t *sc0[2] = {malloc(ne / 16), malloc(ne / 16)}, *sc1[2] = {malloc(ne / 16), malloc(ne / 16)};
     void *dcode[2] = {c.dev.k, c.dev.v}, *dsc[2] = {c.dev.k_scale, c.dev.v_scale};
     for (int kv = 0; kv < 2; kv++)
         dev_download(code0[kv], dcode[kv], ne), dev_download(sc0[kv], dsc[kv], ne / 16);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, ds, dp, m, n_heads, rope_dim, dinv, style, 0),
-                 FERRY_OK);
-    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    rope_case_run(&r, &c.dev);
     for (int kv = 0; kv < 2; kv++)
         dev_download(code1[kv], dcode[kv], ne), dev_download(sc1[kv], dsc[kv], ne / 16);
-
-    float *q = malloc((size_t)m * qd * 4), *k = malloc((size_t)m * kvd * 4), *v = malloc((size_t)m * kvd * 4);
-    for (int i = 0; i < m; i++) {
-        memcpy(q + (size_t)i * qd, qkv + (size_t)i * rowlen, qd * 4);
-        memcpy(k + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd, kvd * 4);
-        memcpy(v + (size_t)i * kvd, qkv + (size_t)i * rowlen + qd + kvd, kvd * 4);
-    }
-    kern_cpu_rope_ref(q, pos, m, n_heads, D, rope_dim, inv, style);
-    kern_cpu_rope_ref(k, pos, m, n_kv, D, rope_dim, inv, style);
-    float *gq = malloc((size_t)m * qd * 4);
-    dev_download(gq, dq, (size_t)m * qd * 4);
-    for (size_t i = 0; i < (size_t)m * qd; i++)
-        cr_assert(fabsf(gq[i] - q[i]) <= 2e-6f * (1.0f + fabsf(q[i])), "q[%zu] %g vs %g", i, gq[i], q[i]);
-    for (int i = 0; i < m; i++) {
-        const size_t at = (size_t)(cache_row(&c, c.k, seq[i], pos[i], 0) - c.k); /* the row's first element */
+    for (int i = 0; i < r.m; i++) {
+        const size_t at =
+            (size_t)(cache_row(&c, c.k, r.seq[i], r.pos[i], 0) - c.k); /* the row's first element */
         for (int kv = 0; kv < 2; kv++)
             for (int b = 0; b < kvd / 32; b++) {
                 int8_t want[32];
                 uint16_t ws;
-                q8_quantize32((kv ? v : k) + (size_t)i * kvd + b * 32, want, &ws);
+                q8_quantize32((kv ? r.v : r.k) + (size_t)i * kvd + b * 32, want, &ws);
                 const size_t e0 = at + (size_t)b * 32;
                 const int ds_ = abs((int)sc1[kv][e0 / 32] - (int)ws);
                 cr_assert(kv ? ds_ == 0 : ds_ <= 1, "token %d %s block %d: scale %04x vs %04x", i,
@@ -554,17 +580,7 @@ static void rope_store_q8_case(enum rope_style style, int n_heads, int n_kv, int
         cr_assert(memcmp(sc0[kv], sc1[kv], ne / 16) == 0, "%s scales differ outside the written rows",
                   kv ? "V" : "K");
     }
-    cudaFree(dqkv);
-    cudaFree(dinv);
-    cudaFree(dq);
-    cudaFree(ds);
-    cudaFree(dp);
-    free(qkv);
-    free(inv);
-    free(q);
-    free(k);
-    free(v);
-    free(gq);
+    rope_case_free(&r);
     for (int kv = 0; kv < 2; kv++) free(code0[kv]), free(code1[kv]), free(sc0[kv]), free(sc1[kv]);
     cache_free(&c);
 }

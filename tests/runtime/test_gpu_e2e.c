@@ -676,24 +676,32 @@ Test(gpu_e2e, hybrid_placement_modes)
     model_file_close(mf);
 }
 
+/* A Llama of random weights (engine_init_synthetic): vocabulary 1000, full rope of the half style. */
+static struct llm_hparams synthetic_llama(int dim, int n_layers, int n_heads, int n_kv_heads, int head_dim,
+                                          int ffn_dim)
+{
+    struct llm_hparams hp = {.n_vocab = 1000,
+                             .dim = dim,
+                             .n_layers = n_layers,
+                             .n_heads = n_heads,
+                             .n_kv_heads = n_kv_heads,
+                             .head_dim = head_dim,
+                             .ffn_dim = ffn_dim,
+                             .ctx_train = 1024,
+                             .norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f,
+                             .rope_dim = head_dim,
+                             .rope_style = ROPE_STYLE_HALF};
+    snprintf(hp.arch, sizeof hp.arch, "llama");
+    return hp;
+}
+
 /* --placement auto on a synthetic model of 8 layers, 2 resident: whatever the measured costs make the planner
  * choose at each size, the logits match the CPU engine's, and the plan's predictions are there. */
 Test(gpu_e2e, hybrid_auto_on_synthetic_model, .timeout = 300)
 {
     require_gpu();
-    struct llm_hparams hp = {.n_vocab = 1000,
-                             .dim = 512,
-                             .n_layers = 8,
-                             .n_heads = 8,
-                             .n_kv_heads = 2,
-                             .head_dim = 64,
-                             .ffn_dim = 1376,
-                             .ctx_train = 1024,
-                             .norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f,
-                             .rope_dim = 64,
-                             .rope_style = ROPE_STYLE_HALF};
-    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct llm_hparams hp = synthetic_llama(512, 8, 8, 2, 64, 1376);
     struct engine_params p = engine_default_params();
     p.n_seqs = 4;
     p.ctx_size = 256;
@@ -727,19 +735,7 @@ Test(gpu_e2e, hybrid_auto_on_synthetic_model, .timeout = 300)
 Test(gpu_e2e, hybrid_auto_follows_the_host_pace, .timeout = 300)
 {
     require_gpu();
-    struct llm_hparams hp = {.n_vocab = 1000,
-                             .dim = 2048,
-                             .n_layers = 6,
-                             .n_heads = 16,
-                             .n_kv_heads = 4,
-                             .head_dim = 128,
-                             .ffn_dim = 5632,
-                             .ctx_train = 1024,
-                             .norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f,
-                             .rope_dim = 128,
-                             .rope_style = ROPE_STYLE_HALF};
-    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct llm_hparams hp = synthetic_llama(2048, 6, 16, 4, 128, 5632);
     struct engine_params p = engine_default_params();
     p.n_seqs = 4;
     p.ctx_size = 256;
@@ -777,23 +773,12 @@ Test(gpu_e2e, hybrid_auto_follows_the_host_pace, .timeout = 300)
 }
 
 /* --kv-type q8_0 on both backends (synthetic model, head_dim 64): the GPU's Q8_0 pool (rope_kv_store's
- * quantization, the decode kernel, prefill through the tile kernel) against the CPU engine's Q8_0 cache. */
+ * quantization, the decode kernel, the prompt through the tensor-core kernel) against the CPU engine's Q8_0
+ * cache. */
 Test(gpu_e2e, kv_q8_0_matches_cpu, .timeout = 300)
 {
     require_gpu();
-    struct llm_hparams hp = {.n_vocab = 1000,
-                             .dim = 512,
-                             .n_layers = 4,
-                             .n_heads = 8,
-                             .n_kv_heads = 2,
-                             .head_dim = 64,
-                             .ffn_dim = 1376,
-                             .ctx_train = 1024,
-                             .norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f,
-                             .rope_dim = 64,
-                             .rope_style = ROPE_STYLE_HALF};
-    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct llm_hparams hp = synthetic_llama(512, 4, 8, 2, 64, 1376);
     struct engine_params p = engine_default_params();
     p.n_seqs = 2;
     p.ctx_size = 256;
@@ -831,19 +816,7 @@ Test(gpu_e2e, kv_q8_0_matches_cpu, .timeout = 300)
 Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
 {
     require_gpu();
-    struct llm_hparams hp = {.n_vocab = 1000,
-                             .dim = 512,
-                             .n_layers = 8,
-                             .n_heads = 8,
-                             .n_kv_heads = 2,
-                             .head_dim = 64,
-                             .ffn_dim = 1376,
-                             .ctx_train = 1024,
-                             .norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f,
-                             .rope_dim = 64,
-                             .rope_style = ROPE_STYLE_HALF};
-    snprintf(hp.arch, sizeof hp.arch, "llama");
+    struct llm_hparams hp = synthetic_llama(512, 8, 8, 2, 64, 1376);
     struct engine_params p = engine_default_params();
     p.n_seqs = 4;
     p.ctx_size = 256;
