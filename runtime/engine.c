@@ -333,11 +333,9 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     e->slow = *slow;
     step_pace_init(&e->pace);
     e->host_s = 0;
+    const char *adapt_env = getenv("FERRY_PLAN_ADAPT"); /* "0": keep the start-up plan (comparisons) */
     e->adapt = e->cpu && cost->n_cpu > 0 && map->n_slots > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
-               !e->p.plan_override &&
-               !(getenv("FERRY_PLAN_ADAPT") && !strcmp(getenv("FERRY_PLAN_ADAPT"), "0"));
-    e->stats.host_pace = e->adapt ? 1.0 : 0.0;
-    e->stats.plan_revisions = 0;
+               !e->p.plan_override && !(adapt_env && !strcmp(adapt_env, "0"));
     return make_plan(e, map, cost, -1, &e->plan, err);
 }
 
@@ -788,8 +786,6 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
               plan.n_cpu[last], plan.n_stream[last], e->plan.n_cpu[last], e->plan.n_stream[last]);
     step_plan_free(&e->plan);
     e->plan = plan;
-    e->stats.host_pace = e->pace.pace;
-    e->stats.plan_revisions = e->pace.revisions;
 }
 
 static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
@@ -830,6 +826,8 @@ static int step(struct engine *e, const struct batch *b, float *logits, const st
 void engine_get_stats(const struct engine *e, struct engine_stats *st)
 {
     *st = e->stats;
+    st->host_pace = e->adapt ? e->pace.pace : 0.0;
+    st->plan_revisions = e->pace.revisions;
     st->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
     if (e->gpu) {
         struct backend_stats gs;

@@ -134,7 +134,7 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
   # CPU (-ngl: the last N layers on the GPU); its best -ngl whose device buffers fit the budget is the peer.
   # ferry's budget rows decode 24 steps (the median step): auto re-plans after 9 steps when the host runs at
-  # another pace than its start-up timing (runtime/step_plan.h), and reports the steps of the last plan.
+  # another pace than its start-up timing (runtime/step_plan.h); the median step mostly runs the last plan.
   F16=$W/F16.gguf
   if [ -s $F16 ]; then
     log "F16, 4 GiB: stream / auto, and llama.cpp's -ngl sweep"
