@@ -23,10 +23,13 @@
 struct tpool;
 
 /* How a K/V element is stored. Q8_0: llama.cpp's blocks of 32 elements (an f16 scale and 32 int8 codes, 34
- * bytes), the elements of a row in order (head_dim a multiple of 32, so each head starts a block). */
-enum kv_elem { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
+ * bytes), the elements of a row in order (head_dim a multiple of 32, so each head starts a block).
+ * Q8_0_PLANES: the same blocks split in two planes, as the GPU's cache holds them (kernels/cuda/attention.h):
+ * k/v hold the int8 codes, one per element in element order, and k_scale/v_scale the f16 scale of each run of
+ * 32 (element i's scale at index i / 32); the values are bitwise those of Q8_0. */
+enum kv_elem { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_Q8_0_PLANES = 3 };
 
-/* Bytes of n elements (n a multiple of 32 for Q8_0). */
+/* Bytes of n elements (n a multiple of 32 for Q8_0; both planes together for Q8_0_PLANES). */
 static inline size_t kv_elem_bytes(enum kv_elem e, size_t n)
 {
     return e == KV_F32 ? 4 * n : e == KV_F16 ? 2 * n : n / QK8_0 * sizeof(struct block_q8_0);
@@ -45,6 +48,9 @@ struct kv_layer_view {
     /* k and v hold blocks [block_base, ...): block id b is at index b - block_base (0 for a whole pool; the
      * GPU backend's host-memory extension, whose first block is the device pool's n_blocks - n_ext). */
     int block_base;
+    /* KV_Q8_0_PLANES: the scales, (n_blocks - block_base, block_size, n_kv_heads, head_dim / 32) f16 (k/v
+     * then hold the codes, int8 of the elements' shape); unused otherwise. */
+    uint16_t *k_scale, *v_scale;
 };
 
 /* Writes k_new/v_new (m, n_kv_heads*head_dim) f32 to the cache rows of (seq[i], pos[i]) (rounded to nearest

@@ -6,7 +6,8 @@
 #            files (tests/gpu/make_quant_gguf.py) into /tmp/cmp                         (about 5 minutes)
 #   bench    the measurements; a table last, every raw log under $OUT                  (about 5 minutes)
 # The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives), and bench
-# in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
+# CMP_FILES="F16" (say) writes only those files (CMP_F16=1 adds F16 to the default two); rows whose file is missing
+# are left out. bench in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
 # CMP_ROUNDS=N runs the parts that involve the host's cores (Q4_4G, HYBRID, CPU) N times, ferry and llama.cpp
 # alternating within each round; the table shows medians and their ranges (the host's figures move by 10-30%
 # between calls on these machines: runtime/NOTES.md, session 10).
@@ -33,7 +34,7 @@ if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   fb=$!
   bash .peers/build-llama-cpp.sh /tmp/llb > $W/llb-build.log 2>&1 &
   lb=$!
-  for t in Q4_K_M Q8_0 ${CMP_F16:+F16}; do
+  for t in ${CMP_FILES:-Q4_K_M Q8_0 ${CMP_F16:+F16}}; do
     [ -s $W/$t.gguf ] || python3 tests/gpu/make_quant_gguf.py $W/$t.gguf $t llama-2-7b &
   done
   wait $fb && log "ferry built" || { log "ferry build FAILED"; tail -30 $W/ferry-build.log; cp $W/ferry-build.log "$out/"; }
@@ -137,21 +138,26 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # another pace than its start-up timing (runtime/step_plan.h); the median step mostly runs the last plan.
   F16=$W/F16.gguf
   if [ -s $F16 ]; then
-    log "F16, 4 GiB: stream / auto, and llama.cpp's -ngl sweep"
-    ferry f16-4g-stream --model $F16 --cpu-arith f32 --gpu-memory 4GiB --placement stream --batches 1,16 --prefill 512 --decode-steps 4
-    ferry f16-4g-auto --model $F16 --cpu-arith f32 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 4
+    log "F16, 4 GiB: stream / auto / cpu, and llama.cpp's -ngl sweep"
+    ferry f16-4g-stream --model $F16 --gpu-memory 4GiB --placement stream --batches 1,16 --prefill 512 --decode-steps 24
+    ferry f16-4g-auto --model $F16 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 24
+    ferry f16-4g-cpu --model $F16 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
   fi
-  log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
-  ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 24
-  ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
-  ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
-  for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
-  log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
-  ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 24
-  ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
-  ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
-  for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+  if [ -s $Q8 ]; then
+    log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
+    ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 24
+    ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
+    ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
+    for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
+  fi
+  if [ -s $Q4 ]; then
+    log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
+    ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 24
+    ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
+    ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
+    for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+  fi
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then
   # Issue 12: the CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;

@@ -95,7 +95,7 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
                                         {1: ">= 1.5x, >= 65", 16: ">= 10x"}),
                                        ("Q4_K_M 4 GiB, 1 seq", ("q4-1s-auto", "q4-1s-int8"), "q4-1s-ngl", 4096,
                                         {1: ">= 1.5x, >= 65"}),
-                                       ("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto"), "f16-4g-ngl", 4096,
+                                       ("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto", "f16-4g-cpu"), "f16-4g-ngl", 4096,
                                         {1: ">= 12, >= 1.5x", 16: ">= 81"}),
                                        ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8", "q8-4g-cpu-int8"), "q8-4g-ngl", 4096,
                                         {1: ">= 30"}),
@@ -109,8 +109,10 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
         for bt in (1, 16) if "1 seq" not in name else (1,):
             line(f"{name} {(fc.split('-', 2) + ['auto'])[2]}, b={bt} (llama.cpp -ngl {ngl})", val("ferry", fc, "decode", bt),
                  b["decode"].get(str(bt)) if b else None, tgt.get(bt, ""))
-    if ("ferry", fcases[0]) in get:
-        line(f"{name} {(fcases[0].split('-', 2) + ['auto'])[2]}, prefill 512", val("ferry", fcases[0], "prefill"), None)
+    for fc in fcases:
+        if val("ferry", fc, "prefill"):
+            line(f"{name} {(fc.split('-', 2) + ['auto'])[2]}, prefill 512", val("ferry", fc, "prefill"), None,
+                 ">= 2,700" if name.startswith("F16") else "")
 for t in ("q4-k-m", "q8-0"):
     for fc in (f"cpu-{t}", f"cpu-{t}-int8", f"cpu-{t}-f32"):
         if ("ferry", fc) in get:
@@ -126,3 +128,8 @@ for (who, case), r in get.items():
         print(f"llama.cpp {case}: device buffers {r['vram_mib']:.0f} MiB")
     if who == "ferry":
         print(f"ferry {case}: planned {(r.get('vram_planned') or 0) / 2**30:.2f} GiB; {(r.get('placement') or '')[:160]}")
+# The step planner's prediction beside each measured step, every round (issue 12: within 15%).
+for r in rows:
+    for bt, (ms, pred) in sorted((r.get("step_ms") or {}).items(), key=lambda kv: int(kv[0])):
+        if pred and ms:
+            print(f"ferry {r['case']} b={bt}: step {ms:.2f} ms, predicted {pred:.2f} ({(pred - ms) / ms * 100:+.0f}%)")
