@@ -1183,10 +1183,12 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
     }
 }
 
-/* rope_kv_store_kernel for a Q8_0 cache, in one launch: one thread per block of 32 elements of a token's
- * query, key or value head. Queries and keys are rotated as rope_kv_store_kernel does (each element with its
- * pair partner, the angle per pair), queries written in f32, keys and values quantized as
- * quantize_row_q8_0_ref: d = max|x| / 127, codes round(x · (1/d)), d stored as f16. */
+/* rope_kv_store_kernel for a Q8_0 cache, in one launch: one thread per element, a warp per block of 32
+ * elements of a token's query, key or value head (D a multiple of 32, the grid a multiple of 32 threads and
+ * the total one too, so every lane of a warp takes the same branches and the same number of iterations).
+ * Queries and keys are rotated as rope_kv_store_kernel does, queries written in f32, keys and values
+ * quantized as quantize_row_q8_0_ref: d = max|x| / 127 (the max by shuffles), codes round(x · (1/d)), d
+ * stored as f16. */
 __global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *kc, int8_t *vc, __half *ks,
                                         __half *vs, const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                         const float *inv_freq, int m, int n_heads, int n_kv, int D,
@@ -1195,57 +1197,41 @@ __global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *
 {
     pdl_wait();
     pdl_trigger();
-    const int nb = D / 32, heads = n_heads + 2 * n_kv, qd = n_heads * D, kvd = n_kv * D, half = rope_dim / 2;
-    const int64_t total = (int64_t)m * heads * nb;
+    const int heads = n_heads + 2 * n_kv, qd = n_heads * D, kvd = n_kv * D, half = rope_dim / 2;
+    const int64_t total = (int64_t)m * heads * D;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (int64_t)gridDim.x * blockDim.x) {
-        const int b = (int)(t % nb), h = (int)((t / nb) % heads), tok = (int)(t / ((int64_t)nb * heads));
+        const int el = (int)(t % D), h = (int)((t / D) % heads), tok = (int)(t / ((int64_t)D * heads));
         const int pp = pos[tok];
         const float *src = qkv + (size_t)tok * (qd + 2 * kvd) + (size_t)h * D;
         const bool rot = h < n_heads + n_kv;
-        float x[32], amax = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 32; e++) {
-            const int el = b * 32 + e;
-            float val = src[el];
-            if (rot && el < rope_dim) {
-                const bool first = half_style ? el < half : (el & 1) == 0;
-                const int j = half_style ? (first ? el : el - half) : el / 2;
-                const float a = src[half_style ? j : 2 * j], c = src[half_style ? j + half : 2 * j + 1];
-                const float angle = __fmul_rn((float)pp, inv_freq[j]);
-                double sd, cd;
-                sincos((double)angle, &sd, &cd);
-                const float cf = (float)cd, sf = (float)sd;
-                val = first ? a * cf - c * sf : a * sf + c * cf;
-            }
-            x[e] = val;
-            amax = fmaxf(amax, fabsf(val));
+        float val = src[el];
+        if (rot && el < rope_dim) {
+            const bool first = half_style ? el < half : (el & 1) == 0;
+            const int j = half_style ? (first ? el : el - half) : el / 2;
+            const float a = src[half_style ? j : 2 * j], c = src[half_style ? j + half : 2 * j + 1];
+            const float angle = __fmul_rn((float)pp, inv_freq[j]);
+            double sd, cd;
+            sincos((double)angle, &sd, &cd);
+            const float cf = (float)cd, sf = (float)sd;
+            val = first ? a * cf - c * sf : a * sf + c * cf;
         }
         if (h < n_heads) {
-            float4 *dst = (float4 *)(q_out + (size_t)tok * qd + (size_t)h * D + b * 32);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                dst[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+            q_out[(size_t)tok * qd + (size_t)h * D + el] = val;
             continue;
         }
         if (pp < 0 || pp / block_size >= max_blocks) continue;
         const int blk = bt[(size_t)seq[tok] * max_blocks + pp / block_size];
         if (blk < 0 || blk >= n_blocks) continue;
-        const bool is_v = !rot;
-        const int kh = is_v ? h - n_heads - n_kv : h - n_heads;
+        float amax = fabsf(val);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const size_t r = ((size_t)blk * block_size + pp % block_size) * n_kv + kh;
-        unsigned w[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            w[i] = 0;
-#pragma unroll
-            for (int k = 0; k < 4; k++) w[i] |= ((unsigned)(int)roundf(x[4 * i + k] * id) & 0xffu) << (8 * k);
-        }
-        uint4 *dst = (uint4 *)((is_v ? vc : kc) + r * D + b * 32);
-        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-        (is_v ? vs : ks)[r * nb + b] = __float2half_rn(d);
+        const bool is_v = !rot;
+        const size_t r =
+            ((size_t)blk * block_size + pp % block_size) * n_kv + (is_v ? h - n_heads - n_kv : h - n_heads);
+        (is_v ? vc : kc)[r * D + el] = (int8_t)(int)roundf(val * id);
+        if ((el & 31) == 0) (is_v ? vs : ks)[r * (D / 32) + el / 32] = __float2half_rn(d);
     }
 }
 
@@ -1502,7 +1488,7 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
     if (m == 0) return FERRY_OK;
     if (kv->q8) {
         if (!FCUDA_ALIGNED(q_out, 16)) return FERRY_ERR_INVALID;
-        const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 32);
+        const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * kv->head_dim;
         FCUDA_CHECK(pdl_launch(rope_kv_store_q8_kernel, dim3(fcuda_blocks(total, 128)), dim3(128), 0, stream,
                                q_out, qkv, (int8_t *)kv->k, (int8_t *)kv->v, (__half *)kv->k_scale,
                                (__half *)kv->v_scale, seq, pos, kv->block_table, inv_freq, m, n_heads,
