@@ -5,9 +5,11 @@
 #   prepare  build ferry (CUDA) and llama.cpp in parallel, write the Llama-2-7B-shaped random Q4_K_M and Q8_0
 #            files (tests/gpu/make_quant_gguf.py) into /tmp/cmp                         (about 5 minutes)
 #   bench    the measurements; a table last, every raw log under $OUT                  (about 5 minutes)
-# The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives), and bench
-# CMP_FILES="F16" (say) writes only those files (CMP_F16=1 adds F16 to the default two); rows whose file is missing
-# are left out. bench in parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl accumulates).
+# The two phases can run in two device calls as long as the machine stays warm (/tmp/cmp survives).
+# CMP_FILES="F16" (say) writes only those files (CMP_F16=1 adds F16 to the default two); rows whose file is
+# missing are left out, and CMP_HYBRID_FILES="F16" (say) limits the hybrid part to those files. bench runs in
+# parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl
+# accumulates).
 # CMP_ROUNDS=N runs the parts that involve the host's cores (Q4_4G, HYBRID, CPU) N times, ferry and llama.cpp
 # alternating within each round; the table shows medians and their ranges (the host's figures move by 10-30%
 # between calls on these machines: runtime/NOTES.md, session 10).
@@ -45,7 +47,7 @@ if [ "$phase" = prepare ] || [ "$phase" = all ]; then
 fi
 [ "$phase" = prepare ] && exit 0
 
-F=$W/ferry/build/server/ferry
+F=${CMP_FERRY:-$W/ferry/build/server/ferry} # (CMP_FERRY: a build made elsewhere, e.g. all.sh's)
 L=/tmp/llb/bin
 res=$W/results.jsonl # kept across bench calls (prepare empties it): CMP_MAIN=0 / CMP_HYBRID=0 / CMP_INT4=0 split
 touch $res
@@ -137,21 +139,22 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
   # ferry's budget rows decode 24 steps (the median step): auto re-plans after 9 steps when the host runs at
   # another pace than its start-up timing (runtime/step_plan.h); the median step mostly runs the last plan.
   F16=$W/F16.gguf
-  if [ -s $F16 ]; then
+  hf=" ${CMP_HYBRID_FILES:-F16 Q8_0 Q4_K_M} "
+  if [ -s $F16 ] && [[ $hf == *" F16 "* ]]; then
     log "F16, 4 GiB: stream / auto / cpu, and llama.cpp's -ngl sweep"
     ferry f16-4g-stream --model $F16 --gpu-memory 4GiB --placement stream --batches 1,16 --prefill 512 --decode-steps 24
     ferry f16-4g-auto --model $F16 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 24
     ferry f16-4g-cpu --model $F16 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
   fi
-  if [ -s $Q8 ]; then
+  if [ -s $Q8 ] && [[ $hf == *" Q8_0 "* ]]; then
     log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
     ferry q8-4g-auto --model $Q8 --cpu-arith f32 --gpu-memory 4GiB --batches 1,16 --prefill 512 --decode-steps 24
     ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
     ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
   fi
-  if [ -s $Q4 ]; then
+  if [ -s $Q4 ] && [[ $hf == *" Q4_K_M "* ]]; then
     log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
     ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 24
     ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24

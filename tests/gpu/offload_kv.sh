@@ -7,8 +7,9 @@
 #   32 requests) against `ferry serve --gpu-memory 4GiB --parallel 16 --ctx-size 640`.
 # Env: OFFLOAD_TYPES (default "F16 Q8_0"), OFFLOAD_ARGS (extra options for both bench and serve),
 # OFFLOAD_MODES (default "host": FERRY_KV_EXT_ATTN for each run in turn; "device" reads the pool's extension
-# over the link as before session 11), OFFLOAD_BENCH (default 1; 0 skips ferry bench).
-# Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>-<mode>.json and .log.
+# over the link as before session 11), OFFLOAD_BENCH (default 1; 0 skips ferry bench), OFFLOAD_TAG (a suffix for
+# the output files: runs with other OFFLOAD_ARGS in one call, e.g. OFFLOAD_ARGS="--kv-type q8_0" OFFLOAD_TAG=-kvq8).
+# Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>-<mode><tag>.json and .log.
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -30,7 +31,7 @@ for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
   log "rc=$?"
   grep -E "device_map:|KV pool|^batch|^(1|16) |tokens: .*predicted" $W/bench-$M.log | tee -a "$out/offload.txt"
   fi
-  log "== $M, FERRY_KV_EXT_ATTN=$mode: 16 clients"
+  log "== $M, FERRY_KV_EXT_ATTN=$mode: 16 clients ${OFFLOAD_ARGS:-}"
   $F serve --model $W/$M.gguf --port 18080 --public-health --gpu-memory 4GiB --parallel 16 --ctx-size 640 \
     ${OFFLOAD_ARGS:-} > $W/serve-$M.log 2>&1 &
   fp=$!
@@ -50,13 +51,13 @@ for r in json.load(open(sys.argv[1])):
     print(f\"served {sys.argv[2]} ($mode) c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
 " $W/load-$M.json $M | tee -a "$out/offload.txt"
     curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|kv_blocks|vram_|layers_)" | tee -a "$out/offload.txt"
-    cp $W/load-$M.json "$out/serve-offload-$M-$mode.json"
+    cp $W/load-$M.json "$out/serve-offload-$M-$mode${OFFLOAD_TAG:-}.json"
   else
     log "ferry serve did not start: $(tail -3 $W/serve-$M.log)"
   fi
   kill -TERM $fp 2>/dev/null
   wait $fp
   grep -E "device_map|KV pool|pinning|engine:|placement auto|extension" $W/serve-$M.log | tee -a "$out/offload.txt"
-  cp $W/serve-$M.log "$out/serve-offload-$M-$mode.log"
+  cp $W/serve-$M.log "$out/serve-offload-$M-$mode${OFFLOAD_TAG:-}.log"
   done
 done
