@@ -123,11 +123,12 @@ struct forward_cuda {
     float *inv_freq; /* (rope_dim/2) device */
 
     /* KV pool (f16, or Q8_0 codes and scales: kernels/cuda/attention.h) and its block table mirror; the
-     * pool's last n_ext blocks are its extension in pinned, mapped host memory (device_map.h; f16 only). */
+     * pool's last n_ext blocks are its extension in pinned, mapped host memory (device_map.h), in the same
+     * element type (ext_layer says where each layer's planes are). */
     void *k_cache, *v_cache;     /* (n_layers, n_blocks - n_ext, block_size, kvd) f16 or int8 */
-    uint16_t *k_scale, *v_scale; /* Q8_0: (n_layers, n_blocks, block_size, kvd / 32) f16; else NULL */
-    uint16_t *kv_ext;            /* K then V, each (n_layers, n_ext, block_size, kvd) f16 (host), or NULL */
-    uint16_t *kv_ext_dev;        /* its device address */
+    uint16_t *k_scale, *v_scale; /* Q8_0: (n_layers, n_blocks - n_ext, block_size, kvd / 32) f16; else NULL */
+    char *kv_ext;                /* K, V[, K scales, V scales], each (n_layers, n_ext, ...) (host), or NULL */
+    char *kv_ext_dev;            /* its device address */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
     /* Attention over the extension's positions on the host's cores (runtime/NOTES.md, session 11). Each
      * step, a row whose sequence ends in a run of extension blocks gives the positions of that run (from
@@ -525,7 +526,7 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         in.kv_tokens_floor = p->kv_tokens_floor;
         in.kv_tokens_min = p->kv_tokens_min;
         in.kv_block = kv_block;
-        in.kv_ext_max = p->kv_q8 ? 0 : kv_ext_cap(ps, m->hp.n_layers); /* (the extension is f16) */
+        in.kv_ext_max = kv_ext_cap(ps, m->hp.n_layers);
         in.kv_ext_host = ext_attn_on_host();
     } else {
         in.fixed_bytes += ps->kv_bytes;
@@ -792,7 +793,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
             }
     }
     if (kv->n_ext) {
-        const size_t ext_bytes = 2 * (size_t)L * kv->n_ext * kv->block_size * kvd * sizeof(uint16_t);
+        const size_t ext_el = (size_t)L * kv->n_ext * kv->block_size * kvd; /* elements of K (or V) */
+        const size_t ext_bytes =
+            p->kv_q8 ? 2 * (ext_el + ext_el / 32 * sizeof(uint16_t)) : 2 * ext_el * sizeof(uint16_t);
         FLOG_INFO("pinning %.2f GiB of host memory for the KV pool's extension (%lld positions)",
                   ext_bytes / 1073741824.0, (long long)f->map.kv_ext_tokens);
         if ((f->kv_ext = pinned_mapped_alloc(ext_bytes)) == NULL) {
@@ -802,7 +805,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
             goto fail;
         }
         memset(f->kv_ext, 0, ext_bytes); /* (no step reads uninitialised halves as NaN: as the pool below) */
-        f->kv_ext_dev = (uint16_t *)pinned_device_ptr(f->kv_ext);
+        f->kv_ext_dev = (char *)pinned_device_ptr(f->kv_ext);
         if ((rc = ext_host_init(f, T, err))) goto fail;
     }
     f->n_copy_ev = S ? 2 * (L + k) : 0;
@@ -973,21 +976,47 @@ static float *act(struct forward_cuda *f, enum layer_act a)
     return NULL;
 }
 
+/* Layer l's planes of the KV pool's extension, at the host's addresses (dev 0) or the device's: K and V (f16,
+ * or Q8_0 codes) and, for Q8_0, their scales (NULL for f16). The allocation holds K (n_layers, n_ext,
+ * block_size, kvd), then V, then the K scales (n_layers, n_ext, block_size, kvd / 32) f16, then V's. */
+struct ext_planes {
+    void *k, *v;
+    uint16_t *ks, *vs;
+};
+
+static struct ext_planes ext_layer(const struct forward_cuda *f, int l, int dev)
+{
+    char *base = dev ? f->kv_ext_dev : f->kv_ext;
+    if (!base) return (struct ext_planes){0};
+    const struct llm_hparams *hp = &f->m->hp;
+    const size_t n = (size_t)f->kv->n_ext * f->kv->block_size * hp->n_kv_heads * hp->head_dim; /* a layer's */
+    const size_t L = (size_t)f->n_layers, el = f->k_scale ? 1 : sizeof(uint16_t);
+    struct ext_planes e = {.k = base + n * el * l, .v = base + n * el * (L + l)};
+    if (f->k_scale) {
+        uint16_t *sc = (uint16_t *)(base + 2 * L * n);
+        e.ks = sc + n / 32 * l;
+        e.vs = sc + n / 32 * (L + l);
+    }
+    return e;
+}
+
 static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
 {
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
     const size_t row = (size_t)kv->block_size * hp->n_kv_heads * hp->head_dim;
-    const size_t per_layer = (size_t)(kv->n_blocks - kv->n_ext) * row, per_ext = (size_t)kv->n_ext * row;
-    uint16_t *ext = f->kv_ext_dev;
+    const size_t per_layer = (size_t)(kv->n_blocks - kv->n_ext) * row;
+    const struct ext_planes ext = ext_layer(f, l, 1);
     const size_t el = f->k_scale ? 1 : sizeof(uint16_t);
     return (struct kern_cuda_kv_layer){.k = (char *)f->k_cache + per_layer * l * el,
                                        .v = (char *)f->v_cache + per_layer * l * el,
                                        .q8 = f->k_scale != NULL,
                                        .k_scale = f->k_scale ? f->k_scale + per_layer / 32 * l : NULL,
                                        .v_scale = f->v_scale ? f->v_scale + per_layer / 32 * l : NULL,
-                                       .k_ext = ext ? ext + per_ext * l : NULL,
-                                       .v_ext = ext ? ext + per_ext * ((size_t)f->n_layers + l) : NULL,
+                                       .k_ext = ext.k,
+                                       .v_ext = ext.v,
+                                       .k_ext_scale = ext.ks,
+                                       .v_ext_scale = ext.vs,
                                        .n_ext = kv->n_ext,
                                        .n_blocks = kv->n_blocks,
                                        .block_size = kv->block_size,
@@ -1028,16 +1057,18 @@ static void CUDART_CB ext_attention_host(void *arg)
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
     const int T = f->max_tokens, r0 = f->ext_r0, rows = f->ext_r1 - f->ext_r0;
-    const size_t per_ext = (size_t)kv->n_ext * kv->block_size * hp->n_kv_heads * hp->head_dim;
-    const struct kv_layer_view view = {.k = f->kv_ext + per_ext * j->l,
-                                       .v = f->kv_ext + per_ext * ((size_t)f->n_layers + j->l),
+    const struct ext_planes ext = ext_layer(f, j->l, 0);
+    const struct kv_layer_view view = {.k = ext.k,
+                                       .v = ext.v,
+                                       .k_scale = ext.ks,
+                                       .v_scale = ext.vs,
                                        .n_blocks = kv->n_blocks,
                                        .block_size = kv->block_size,
                                        .block_table = f->h_ints + 3 * (size_t)T,
                                        .max_blocks = kv->max_blocks,
                                        .n_kv_heads = hp->n_kv_heads,
                                        .head_dim = hp->head_dim,
-                                       .elem = KV_F16,
+                                       .elem = f->k_scale ? KV_Q8_0_PLANES : KV_F16,
                                        .block_base = kv->n_blocks - kv->n_ext};
     const int rc = kern_cpu_attention_range(
         f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view, f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,

@@ -1,5 +1,5 @@
-/* attention — causal GQA attention over the paged KV cache, f32, f16 or Q8_0 (see attention.h for the
- * layout).
+/* attention — causal GQA attention over the paged KV cache, f32, f16 or Q8_0, the last in blocks or split
+ * into planes of codes and scales as the GPU's cache holds it (see attention.h for the layouts).
  *
  * kern_cpu_attention runs one task per (tile, KV head) — all query heads of the group together, so each
  * K/V row is read once — or per (tile, query head) when there are too few of those to keep the pool busy. A
@@ -17,7 +17,8 @@
  * The reference computes all scores in double, takes the max, exponentiates and normalises (two passes).
  * An f16 or Q8_0 cache is read through the same code: each element is widened to f32 as it is loaded (F16C
  * where the build has it; d·q for Q8_0), so the arithmetic, and its order, are those of the f32 cache on the
- * rounded values.
+ * rounded values. The two Q8_0 layouts differ only in where a block's codes and scale are (q8_blk): the same
+ * codes and scales give bitwise the same results in either.
  */
 #include "kernels/cpu/attention.h"
 
@@ -56,25 +57,51 @@ static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, in
     return (row * kv->n_kv_heads + kvh) * kv->head_dim;
 }
 
-/* A Q8_0 cache's block holding element i, its scale, and its codes o..o+7 (o a multiple of 8) as f32 without
- * the scale. */
-static inline const struct block_q8_0 *q8_block(const void *base, size_t i)
+/* A layer's K or V as the kernels read it. Passed by value into helpers inlined with et a constant, so the
+ * scale pointer costs nothing where it is unused. */
+struct kv_data {
+    const void *x;     /* (n_blocks - block_base, block_size, n_kv_heads, head_dim) elements or codes */
+    const uint16_t *d; /* KV_Q8_0_PLANES: the f16 scales, one per 32 elements of x; unused otherwise */
+};
+
+/* The 32-element block holding element i in either Q8_0 layout, and (q8_next) the next block of its row.
+ * For KV_Q8_0, d is dead once inlined: that path is the plain block pointer it always was. */
+struct q8_blk {
+    const void *b;     /* KV_Q8_0: the struct block_q8_0; KV_Q8_0_PLANES: its 32 int8 codes */
+    const uint16_t *d; /* KV_Q8_0_PLANES: its f16 scale; KV_Q8_0: NULL (the scale is in b) */
+};
+
+static inline struct q8_blk q8_at(struct kv_data s, size_t i, const int et)
 {
-    return (const struct block_q8_0 *)base + i / QK8_0;
+    if (et == KV_Q8_0) return (struct q8_blk){(const struct block_q8_0 *)s.x + i / QK8_0, NULL};
+    return (struct q8_blk){(const int8_t *)s.x + i / QK8_0 * QK8_0, s.d + i / QK8_0};
 }
 
-static inline float q8_scale(const struct block_q8_0 *b)
+static inline struct q8_blk q8_next(struct q8_blk k, const int et)
 {
+    if (et == KV_Q8_0) return (struct q8_blk){(const struct block_q8_0 *)k.b + 1, NULL};
+    return (struct q8_blk){(const int8_t *)k.b + QK8_0, k.d + 1};
+}
+
+/* A block's codes, its scale, and its codes o..o+7 (o a multiple of 8) as f32 without the scale. */
+static inline const int8_t *q8_codes(struct q8_blk k, const int et)
+{
+    return et == KV_Q8_0 ? ((const struct block_q8_0 *)k.b)->qs : (const int8_t *)k.b;
+}
+
+static inline float q8_scale(struct q8_blk k, const int et)
+{
+    const uint16_t d = et == KV_Q8_0 ? ((const struct block_q8_0 *)k.b)->d : *k.d;
 #if defined(__F16C__)
-    return _cvtsh_ss(b->d); /* exact, as f16_to_f32 */
+    return _cvtsh_ss(d); /* exact, as f16_to_f32 */
 #else
-    return f16_to_f32(b->d);
+    return f16_to_f32(d);
 #endif
 }
 
-static inline v8f q8_codes8(const struct block_q8_0 *b, int o)
+static inline v8f q8_codes8(struct q8_blk k, int o, const int et)
 {
-    const int8_t *q = b->qs + o;
+    const int8_t *q = q8_codes(k, et) + o;
 #if defined(__AVX2__)
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 #else
@@ -85,15 +112,15 @@ static inline v8f q8_codes8(const struct block_q8_0 *b, int o)
 }
 
 /* Elements i..i+7 (ld8, i a multiple of 8) or i (ld1) of a K/V array as f32; et (enum kv_elem) is a constant
- * wherever these are inlined. A Q8_0 element is d·q, exact in f32 (an f16 times an int8). */
-static inline v8f ld8(const void *base, size_t i, const int et)
+ * wherever these are inlined. A Q8_0 element (either layout) is d·q, exact in f32 (an f16 times an int8). */
+static inline v8f ld8(struct kv_data s, size_t i, const int et)
 {
-    if (et == KV_F32) return *(const v8fu *)((const float *)base + i);
-    if (et == KV_Q8_0) {
-        const struct block_q8_0 *b = q8_block(base, i);
-        return q8_codes8(b, (int)(i % QK8_0)) * q8_scale(b);
+    if (et == KV_F32) return *(const v8fu *)((const float *)s.x + i);
+    if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {
+        const struct q8_blk k = q8_at(s, i, et);
+        return q8_codes8(k, (int)(i % QK8_0), et) * q8_scale(k, et);
     }
-    const uint16_t *h = (const uint16_t *)base + i;
+    const uint16_t *h = (const uint16_t *)s.x + i;
 #if defined(__F16C__)
     return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 #else
@@ -103,20 +130,45 @@ static inline v8f ld8(const void *base, size_t i, const int et)
 #endif
 }
 
-static inline float ld1(const void *base, size_t i, const int et)
+static inline float ld1(struct kv_data s, size_t i, const int et)
 {
-    if (et == KV_Q8_0) {
-        const struct block_q8_0 *b = q8_block(base, i);
-        return (float)b->qs[i % QK8_0] * q8_scale(b);
+    if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {
+        const struct q8_blk k = q8_at(s, i, et);
+        return (float)q8_codes(k, et)[i % QK8_0] * q8_scale(k, et);
     }
-    return et == KV_F16 ? f16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+    return et == KV_F16 ? f16_to_f32(((const uint16_t *)s.x)[i]) : ((const float *)s.x)[i];
 }
 
-/* The address of element i (for prefetching). */
-static inline const void *kv_at(const void *base, size_t i, int et)
+/* The address of element i (KV_Q8_0_PLANES: of its code). */
+static inline const void *kv_at(struct kv_data s, size_t i, int et)
 {
-    return et == KV_Q8_0 ? (const void *)(q8_block(base, i)->qs + i % QK8_0)
-                         : (const char *)base + i * (et == KV_F16 ? 2 : 4);
+    if (et == KV_Q8_0) return q8_codes(q8_at(s, i, et), et) + i % QK8_0;
+    return (const char *)s.x + i * (et == KV_F32 ? 4 : et == KV_F16 ? 2 : 1);
+}
+
+/* Asks for elements i..i+n-1 of a row, one prefetch per `line` elements, and for KV_Q8_0_PLANES also for
+ * their scales: n/32 f16 in one cache line for head_dim 64 or 128 (4 or 8 bytes at a multiple of their size),
+ * so one prefetch. */
+static inline void kv_prefetch(struct kv_data s, size_t i, int n, int line, const int et)
+{
+    for (int d = 0; d < n; d += line) __builtin_prefetch(kv_at(s, i + d, et));
+    if (et == KV_Q8_0_PLANES) __builtin_prefetch(s.d + i / QK8_0);
+}
+
+/* Quantizes x (n elements, n a multiple of 32) into the blocks KV_Q8_0 would store, a few at a time through
+ * the stack, and writes their codes to codes + at and their scales to scales + at / 32. */
+static void kv_store_planes(int8_t *codes, uint16_t *scales, size_t at, const float *x, size_t n)
+{
+    enum { NB = 8 };
+    struct block_q8_0 blk[NB];
+    for (size_t e = 0; e < n; e += NB * QK8_0) {
+        const size_t nb = (n - e) / QK8_0 < NB ? (n - e) / QK8_0 : NB;
+        dtype_from_f32(DTYPE_Q8_0, x + e, blk, (int64_t)(nb * QK8_0));
+        for (size_t b = 0; b < nb; b++) {
+            memcpy(codes + at + e + b * QK8_0, blk[b].qs, QK8_0);
+            scales[(at + e) / QK8_0 + b] = blk[b].d;
+        }
+    }
 }
 
 void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const float *v_new,
@@ -128,6 +180,9 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
         if (kv->elem == KV_Q8_0) { /* ggml's reference quantizer: the bits llama.cpp's q8_0 cache holds */
             dtype_from_f32(DTYPE_Q8_0, k_new + i * w, (struct block_q8_0 *)kv->k + at / QK8_0, (int64_t)w);
             dtype_from_f32(DTYPE_Q8_0, v_new + i * w, (struct block_q8_0 *)kv->v + at / QK8_0, (int64_t)w);
+        } else if (kv->elem == KV_Q8_0_PLANES) { /* the same blocks, split: the planes hold Q8_0's bits */
+            kv_store_planes(kv->k, kv->k_scale, at, k_new + i * w, w);
+            kv_store_planes(kv->v, kv->v_scale, at, v_new + i * w, w);
         } else if (kv->elem ==
                    KV_F16) { /* f32_to_f16 rounds to nearest even: the same bits with or without F16C */
             uint16_t *kd = (uint16_t *)kv->k + at, *vd = (uint16_t *)kv->v + at;
@@ -181,7 +236,7 @@ static inline int lo_of(const int32_t *lo, int t)
 }
 
 /* q·(K/V elements b..b+d-1). */
-static inline __attribute__((always_inline)) float dot(const float *a, const void *kb, size_t b, int d,
+static inline __attribute__((always_inline)) float dot(const float *a, struct kv_data kb, size_t b, int d,
                                                        const int et)
 {
     v8f acc = {0};
@@ -192,40 +247,41 @@ static inline __attribute__((always_inline)) float dot(const float *a, const voi
     return s;
 }
 
-/* Q8_0 rows: a[r] += Σ_blocks d_r · (q · codes), for the four rows starting at kb[k + r kstride], r < 4 (d a
- * multiple of 32): the scale once per block and row, not once per element. */
-static inline __attribute__((always_inline)) void dot4_q8(v8f *a, const float *q, const void *kb, size_t k,
-                                                          size_t kstride, int d)
+/* Q8_0 rows (either layout): a[r] += Σ_blocks d_r · (q · codes), for the four rows starting at kb[k + r
+ * kstride], r < 4 (d a multiple of 32): the scale once per block and row, not once per element. */
+static inline __attribute__((always_inline)) void dot4_q8(v8f *a, const float *q, struct kv_data kb, size_t k,
+                                                          size_t kstride, int d, const int et)
 {
-    const struct block_q8_0 *b0 = q8_block(kb, k), *b1 = q8_block(kb, k + kstride),
-                            *b2 = q8_block(kb, k + 2 * kstride), *b3 = q8_block(kb, k + 3 * kstride);
-    for (int b = 0; b < d; b += QK8_0, b0++, b1++, b2++, b3++) {
+    struct q8_blk b0 = q8_at(kb, k, et), b1 = q8_at(kb, k + kstride, et), b2 = q8_at(kb, k + 2 * kstride, et),
+                  b3 = q8_at(kb, k + 3 * kstride, et);
+    for (int b = 0; b < d; b += QK8_0) {
         v8f t0 = {0}, t1 = {0}, t2 = {0}, t3 = {0};
         for (int o = 0; o < QK8_0; o += 8) {
             const v8f qv = *(const v8fu *)(q + b + o);
-            t0 += qv * q8_codes8(b0, o);
-            t1 += qv * q8_codes8(b1, o);
-            t2 += qv * q8_codes8(b2, o);
-            t3 += qv * q8_codes8(b3, o);
+            t0 += qv * q8_codes8(b0, o, et);
+            t1 += qv * q8_codes8(b1, o, et);
+            t2 += qv * q8_codes8(b2, o, et);
+            t3 += qv * q8_codes8(b3, o, et);
         }
-        a[0] += t0 * q8_scale(b0);
-        a[1] += t1 * q8_scale(b1);
-        a[2] += t2 * q8_scale(b2);
-        a[3] += t3 * q8_scale(b3);
+        a[0] += t0 * q8_scale(b0, et);
+        a[1] += t1 * q8_scale(b1, et);
+        a[2] += t2 * q8_scale(b2, et);
+        a[3] += t3 * q8_scale(b3, et);
+        b0 = q8_next(b0, et), b1 = q8_next(b1, et), b2 = q8_next(b2, et), b3 = q8_next(b3, et);
     }
 }
 
 /* Eight dot products q·k_r (r < 8; row r's elements start at kb[k + r kstride]) with eight independent
  * accumulators (one FMA chain each would leave the FMA units idle on latency); d a multiple of 8 (of 32 for
  * Q8_0). Fixed reduction order. */
-static inline __attribute__((always_inline)) void dot8(float *out, const float *q, const void *kb, size_t k,
-                                                       size_t kstride, int d, const int et)
+static inline __attribute__((always_inline)) void dot8(float *out, const float *q, struct kv_data kb,
+                                                       size_t k, size_t kstride, int d, const int et)
 {
     v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
-    if (et == KV_Q8_0) {
+    if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {
         v8f lo[4] = {0}, hi[4] = {0};
-        dot4_q8(lo, q, kb, k, kstride, d);
-        dot4_q8(hi, q, kb, k + 4 * kstride, kstride, d);
+        dot4_q8(lo, q, kb, k, kstride, d, et);
+        dot4_q8(hi, q, kb, k + 4 * kstride, kstride, d, et);
         a0 = lo[0], a1 = lo[1], a2 = lo[2], a3 = lo[3], a4 = hi[0], a5 = hi[1], a6 = hi[2], a7 = hi[3];
     } else
         for (int i = 0; i < d; i += 8) {
@@ -255,19 +311,20 @@ static inline __attribute__((always_inline)) void dot8(float *out, const float *
 
 /* acc (64) += Σ_j e[j] * v_j (64) for j < len, row j's elements from vb[v + j vstride]: the 64 accumulators
  * stay in registers over the whole chunk (8 independent FMA chains). */
-static inline __attribute__((always_inline)) void pv64(float *acc, const float *e, const void *vb, size_t v,
-                                                       size_t vstride, int len, const int et)
+static inline __attribute__((always_inline)) void pv64(float *acc, const float *e, struct kv_data vb,
+                                                       size_t v, size_t vstride, int len, const int et)
 {
     v8f a0 = *(v8fu *)acc, a1 = *(v8fu *)(acc + 8), a2 = *(v8fu *)(acc + 16), a3 = *(v8fu *)(acc + 24);
     v8f a4 = *(v8fu *)(acc + 32), a5 = *(v8fu *)(acc + 40), a6 = *(v8fu *)(acc + 48), a7 = *(v8fu *)(acc + 56);
-    if (et == KV_Q8_0) /* the weight times each block's scale once (v a multiple of 32: two whole blocks) */
+    /* Q8_0: the weight times each block's scale once (v a multiple of 32: two whole blocks). */
+    if (et == KV_Q8_0 || et == KV_Q8_0_PLANES)
         for (int j = 0; j < len; j++) {
-            const struct block_q8_0 *b0 = q8_block(vb, v + j * vstride), *b1 = b0 + 1;
-            const float w0 = e[j] * q8_scale(b0), w1 = e[j] * q8_scale(b1);
-            a0 += w0 * q8_codes8(b0, 0), a1 += w0 * q8_codes8(b0, 8);
-            a2 += w0 * q8_codes8(b0, 16), a3 += w0 * q8_codes8(b0, 24);
-            a4 += w1 * q8_codes8(b1, 0), a5 += w1 * q8_codes8(b1, 8);
-            a6 += w1 * q8_codes8(b1, 16), a7 += w1 * q8_codes8(b1, 24);
+            const struct q8_blk b0 = q8_at(vb, v + j * vstride, et), b1 = q8_next(b0, et);
+            const float w0 = e[j] * q8_scale(b0, et), w1 = e[j] * q8_scale(b1, et);
+            a0 += w0 * q8_codes8(b0, 0, et), a1 += w0 * q8_codes8(b0, 8, et);
+            a2 += w0 * q8_codes8(b0, 16, et), a3 += w0 * q8_codes8(b0, 24, et);
+            a4 += w1 * q8_codes8(b1, 0, et), a5 += w1 * q8_codes8(b1, 8, et);
+            a6 += w1 * q8_codes8(b1, 16, et), a7 += w1 * q8_codes8(b1, 24, et);
         }
     else
         for (int j = 0; j < len; j++) {
@@ -296,6 +353,7 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
     const size_t stride = (size_t)kv->n_kv_heads * hd;
     const int es = et == KV_F32 ? 4 : et == KV_F16 ? 2 : 1; /* bytes per element (Q8_0: about) */
     const int line = et == KV_Q8_0 ? 32 : 64 / es;          /* elements per prefetch */
+    const struct kv_data kd = {kv->k, kv->k_scale}, vd = {kv->v, kv->v_scale};
     float acc[ATT_TILE_ACC];
     float sc[ATT_MAX_GROUP][ATT_CHUNK];
     float mx[ATT_ROWS][ATT_MAX_GROUP], sum[ATT_ROWS][ATT_MAX_GROUP];
@@ -327,16 +385,13 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
          * chunk's V rows and the next chunk's K rows now (2-3x faster from DRAM; slower when cached). */
         const int p1 = p0 + len;
         if (prefetch) {
-            for (int j = 0; j < len; j++)
-                for (int d = 0; d < hd; d += line) __builtin_prefetch(kv_at(kv->v, vr + j * stride + d, et));
+            for (int j = 0; j < len; j++) kv_prefetch(vd, vr + j * stride, hd, line, et);
             if (p1 < p_end) {
                 const size_t kn = kv_row(kv, seq, p1, kvh);
                 int len_n = kv->block_size - p1 % kv->block_size;
                 if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
                 if (len_n > p_end - p1) len_n = p_end - p1;
-                for (int j = 0; j < len_n; j++)
-                    for (int d = 0; d < hd; d += line)
-                        __builtin_prefetch(kv_at(kv->k, kn + j * stride + d, et));
+                for (int j = 0; j < len_n; j++) kv_prefetch(kd, kn + j * stride, hd, line, et);
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -349,12 +404,12 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
             if (hd % 8 == 0)
                 for (; j + 8 <= lr; j += 8)
                     for (int g = 0; g < nh; g++) {
-                        dot8(&sc[g][j], q + (size_t)g * hd, kv->k, kr + j * stride, stride, hd, et);
+                        dot8(&sc[g][j], q + (size_t)g * hd, kd, kr + j * stride, stride, hd, et);
                         for (int i = 0; i < 8; i++) sc[g][j + i] *= c->scale;
                     }
             for (; j < lr; j++)
                 for (int g = 0; g < nh; g++)
-                    sc[g][j] = dot(q + (size_t)g * hd, kv->k, kr + j * stride, hd, et) * c->scale;
+                    sc[g][j] = dot(q + (size_t)g * hd, kd, kr + j * stride, hd, et) * c->scale;
             for (int g = 0; g < nh; g++) {
                 float cmx = -INFINITY;
                 for (j = 0; j < lr; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
@@ -371,14 +426,14 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
             if (hd % 64 == 0) {
                 for (int g = 0; g < nh; g++)
                     for (int d0 = 0; d0 < hd; d0 += 64)
-                        pv64(ra + g * hd + d0, sc[g], kv->v, vr + d0, stride, lr, et);
+                        pv64(ra + g * hd + d0, sc[g], vd, vr + d0, stride, lr, et);
             } else
                 for (j = 0; j < lr; j++) {
                     const size_t v = vr + j * stride;
                     for (int g = 0; g < nh; g++) {
                         const float e = sc[g][j];
                         float *a = ra + g * hd;
-                        for (int d = 0; d < hd; d++) a[d] += e * ld1(kv->v, v + d, et);
+                        for (int d = 0; d < hd; d++) a[d] += e * ld1(vd, v + d, et);
                     }
                 }
         }
@@ -412,6 +467,8 @@ static void att_rows(const struct att_ctx *c, int ta, int nr, int kvh, int h0, i
 {
     if (c->kv->elem == KV_Q8_0)
         att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_Q8_0);
+    else if (c->kv->elem == KV_Q8_0_PLANES)
+        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_Q8_0_PLANES);
     else if (c->kv->elem == KV_F16)
         att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_F16);
     else
@@ -580,6 +637,7 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
                             const int32_t *pos, int m, int n_heads, float scale)
 {
     const int hd = kv->head_dim, group = n_heads / kv->n_kv_heads;
+    const struct kv_data kd = {kv->k, kv->k_scale}, vd = {kv->v, kv->v_scale};
     int max_pos = 0;
     for (int t = 0; t < m; t++)
         if (pos[t] > max_pos) max_pos = pos[t];
@@ -593,7 +651,7 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
             for (int p = 0; p <= pos[t]; p++) {
                 const size_t kr = kv_row(kv, seq[t], p, h / group);
                 double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kv->k, kr + i, kv->elem);
+                for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kd, kr + i, kv->elem);
                 s[p] = d * scale;
                 if (s[p] > mx) mx = s[p];
             }
@@ -602,7 +660,7 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
                 const double e = exp(s[p] - mx);
                 sum += e;
                 const size_t vr = kv_row(kv, seq[t], p, h / group);
-                for (int i = 0; i < hd; i++) acc[i] += e * ld1(kv->v, vr + i, kv->elem);
+                for (int i = 0; i < hd; i++) acc[i] += e * ld1(vd, vr + i, kv->elem);
             }
             for (int i = 0; i < hd; i++) out[((size_t)t * n_heads + h) * hd + i] = (float)(acc[i] / sum);
         }

@@ -67,8 +67,10 @@ struct att_params {
     const float *q;          /* (m, n_heads, D) */
     const __half *k, *v;     /* cache: blocks [0, n_main) */
     const __half *kx, *vx;   /* its extension: blocks [n_main, n_blocks) at id - n_main */
-    const int8_t *kq, *vq;   /* a Q8_0 cache (q8): its codes, (n_blocks, block_size, n_kv, D) */
-    const __half *ksc, *vsc; /* and its scales, (n_blocks, block_size, n_kv, D / 32) */
+    const int8_t *kq, *vq;   /* a Q8_0 cache (q8): its codes, (n_main, block_size, n_kv, D) */
+    const __half *ksc, *vsc; /* and its scales, (n_main, block_size, n_kv, D / 32) */
+    const int8_t *kqx, *vqx; /* the extension's codes (q8), blocks [n_main, n_blocks) at id - n_main */
+    const __half *kscx, *vscx; /* and its scales */
     int q8;
     const int32_t *bt;
     const int32_t *seq, *pos;
@@ -300,14 +302,17 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                     const int pp = t0 + t;
                     const int bi = pp / p.block_size;
                     const int blk = t < nt && bi < p.max_blocks ? p.bt[(size_t)sq * p.max_blocks + bi] : -1;
-                    if (blk >= 0 && blk < p.n_blocks && p.q8) { /* (no extension with Q8_0) */
+                    if (blk >= 0 && blk < p.n_blocks && p.q8) {
+                        const bool ext = blk >= p.n_main;
                         const size_t r =
-                            ((size_t)blk * p.block_size + (pp - bi * p.block_size)) * p.n_kv + kvh;
-                        const uint2 kc = __ldg((const uint2 *)(p.kq + r * D + c8 * 8));
-                        const uint2 vc = __ldg((const uint2 *)(p.vq + r * D + c8 * 8));
+                            ((size_t)(ext ? blk - p.n_main : blk) * p.block_size + (pp - bi * p.block_size)) *
+                                p.n_kv +
+                            kvh;
+                        const uint2 kc = __ldg((const uint2 *)((ext ? p.kqx : p.kq) + r * D + c8 * 8));
+                        const uint2 vc = __ldg((const uint2 *)((ext ? p.vqx : p.vq) + r * D + c8 * 8));
                         const size_t si = r * (D / 32) + c8 / 4;
-                        *(uint4 *)kd = q8_half8(kc, __half2float(p.ksc[si]));
-                        *(uint4 *)vd = q8_half8(vc, __half2float(p.vsc[si]));
+                        *(uint4 *)kd = q8_half8(kc, __half2float((ext ? p.kscx : p.ksc)[si]));
+                        *(uint4 *)vd = q8_half8(vc, __half2float((ext ? p.vscx : p.vsc)[si]));
                     } else if (blk >= 0 && blk < p.n_blocks) {
                         const bool ext = blk >= p.n_main;
                         const int id = ext ? blk - p.n_main : blk;
@@ -565,13 +570,16 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
             uint4 *ks = slot + u * 64 + lane, *vs = ks + 32;
             if (pp >= hi) continue;
             if (Q8 && id >= 0 && id < p.n_blocks) {
-                const size_t r =
-                    ((size_t)id * p.block_size + (pp - (int)bidx(pp) * p.block_size)) * p.n_kv + kvh;
+                const bool ext = id >= p.n_main;
+                const size_t r = ((size_t)(ext ? id - p.n_main : id) * p.block_size +
+                                  (pp - (int)bidx(pp) * p.block_size)) *
+                                     p.n_kv +
+                                 kvh;
                 const size_t si = r * (D / 32) + ((li >> 2) & ~1);
-                cp_async8(ks, p.kq + r * D + li * 8);
-                cp_async4((char *)ks + 8, p.ksc + si);
-                cp_async8(vs, p.vq + r * D + li * 8);
-                cp_async4((char *)vs + 8, p.vsc + si);
+                cp_async8(ks, (ext ? p.kqx : p.kq) + r * D + li * 8);
+                cp_async4((char *)ks + 8, (ext ? p.kscx : p.ksc) + si);
+                cp_async8(vs, (ext ? p.vqx : p.vq) + r * D + li * 8);
+                cp_async4((char *)vs + 8, (ext ? p.vscx : p.vsc) + si);
             } else if (id >= 0 && id < p.n_blocks) {
                 const int row = pp - (int)bidx(pp) * p.block_size;
                 const bool ext = id >= p.n_main;
@@ -981,12 +989,13 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
             for (int r = r0; r < FA_BN; r += RPP) {
                 const long long off = so[r];
                 const int at = r * DS + c * 8;
-                if (off >= 0 && p.q8) { /* (no extension): codes to f16 here, written like the zeros below */
-                    const long long o = off + c * 8;
-                    *(uint4 *)(kd + at) =
-                        q8_half8(__ldg((const uint2 *)(p.kq + o)), __half2float(p.ksc[o / 32]));
-                    *(uint4 *)(vd + at) =
-                        q8_half8(__ldg((const uint2 *)(p.vq + o)), __half2float(p.vsc[o / 32]));
+                if (off >= 0 && p.q8) { /* codes to f16 here, written like the zeros below */
+                    const bool ext = off & FA_EXT;
+                    const long long o = (off & ~FA_EXT) + c * 8;
+                    *(uint4 *)(kd + at) = q8_half8(__ldg((const uint2 *)((ext ? p.kqx : p.kq) + o)),
+                                                   __half2float((ext ? p.kscx : p.ksc)[o / 32]));
+                    *(uint4 *)(vd + at) = q8_half8(__ldg((const uint2 *)((ext ? p.vqx : p.vq) + o)),
+                                                   __half2float((ext ? p.vscx : p.vsc)[o / 32]));
                 } else if (off >= 0) {
                     const bool ext = off & FA_EXT;
                     const long long o = (off & ~FA_EXT) + c * 8;
@@ -1190,10 +1199,11 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
  * quantized as quantize_row_q8_0_ref: d = max|x| / 127 (the max by shuffles), codes round(x · (1/d)), d
  * stored as f16. */
 __global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *kc, int8_t *vc, __half *ks,
-                                        __half *vs, const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                                        __half *vs, int8_t *kcx, int8_t *vcx, __half *ksx, __half *vsx,
+                                        const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                         const float *inv_freq, int m, int n_heads, int n_kv, int D,
-                                        int rope_dim, int half_style, int n_blocks, int block_size,
-                                        int max_blocks)
+                                        int rope_dim, int half_style, int n_blocks, int n_main,
+                                        int block_size, int max_blocks)
 {
     pdl_wait();
     pdl_trigger();
@@ -1227,11 +1237,12 @@ __global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const bool is_v = !rot;
-        const size_t r =
-            ((size_t)blk * block_size + pp % block_size) * n_kv + (is_v ? h - n_heads - n_kv : h - n_heads);
-        (is_v ? vc : kc)[r * D + el] = (int8_t)(int)roundf(val * id);
-        if ((el & 31) == 0) (is_v ? vs : ks)[r * (D / 32) + el / 32] = __float2half_rn(d);
+        const bool is_v = !rot, ext = blk >= n_main;
+        const size_t r = ((size_t)(ext ? blk - n_main : blk) * block_size + pp % block_size) * n_kv +
+                         (is_v ? h - n_heads - n_kv : h - n_heads);
+        (is_v ? (ext ? vcx : vc) : (ext ? kcx : kc))[r * D + el] = (int8_t)(int)roundf(val * id);
+        if ((el & 31) == 0)
+            (is_v ? (ext ? vsx : vs) : (ext ? ksx : ks))[r * (D / 32) + el / 32] = __float2half_rn(d);
     }
 }
 
@@ -1464,8 +1475,12 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
         return FERRY_ERR_INVALID;
     if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX) return FERRY_ERR_UNSUPPORTED;
     if (kv->q8 && kv->head_dim % 64) return FERRY_ERR_UNSUPPORTED;
-    if (kv->q8 && (kv->n_ext || !kv->k_scale || !kv->v_scale || !FCUDA_ALIGNED(kv->k_scale, 4) ||
-                   !FCUDA_ALIGNED(kv->v_scale, 4)))
+    if (kv->q8 &&
+        (!kv->k_scale || !kv->v_scale || !FCUDA_ALIGNED(kv->k_scale, 4) || !FCUDA_ALIGNED(kv->v_scale, 4)))
+        return FERRY_ERR_INVALID;
+    if (kv->q8 && kv->n_ext &&
+        (!kv->k_ext_scale || !kv->v_ext_scale || !FCUDA_ALIGNED(kv->k_ext_scale, 4) ||
+         !FCUDA_ALIGNED(kv->v_ext_scale, 4)))
         return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(kv->k, 16) || !FCUDA_ALIGNED(kv->v, 16) || !FCUDA_ALIGNED(kv->block_table, 4))
         return FERRY_ERR_INVALID;
@@ -1491,9 +1506,11 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
         const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * kv->head_dim;
         FCUDA_CHECK(pdl_launch(rope_kv_store_q8_kernel, dim3(fcuda_blocks(total, 128)), dim3(128), 0, stream,
                                q_out, qkv, (int8_t *)kv->k, (int8_t *)kv->v, (__half *)kv->k_scale,
-                               (__half *)kv->v_scale, seq, pos, kv->block_table, inv_freq, m, n_heads,
-                               kv->n_kv_heads, kv->head_dim, rope_dim, (int)(style == ROPE_STYLE_HALF),
-                               kv->n_blocks, kv->block_size, kv->max_blocks));
+                               (__half *)kv->v_scale, (int8_t *)kv->k_ext, (int8_t *)kv->v_ext,
+                               (__half *)kv->k_ext_scale, (__half *)kv->v_ext_scale, seq, pos,
+                               kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim, rope_dim,
+                               (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
+                               kv->block_size, kv->max_blocks));
         return FERRY_OK;
     }
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
@@ -1694,6 +1711,10 @@ static int attn_begin(att_params &p, float *out, const float *q, const struct ke
     p.vq = (const int8_t *)kv->v;
     p.ksc = (const __half *)kv->k_scale;
     p.vsc = (const __half *)kv->v_scale;
+    p.kqx = (const int8_t *)kv->k_ext;
+    p.vqx = (const int8_t *)kv->v_ext;
+    p.kscx = (const __half *)kv->k_ext_scale;
+    p.vscx = (const __half *)kv->v_ext_scale;
     p.bt = kv->block_table;
     p.seq = seq;
     p.pos = pos;

@@ -6,10 +6,9 @@
  * stay 8-byte aligned for the copies (the CPU cache keeps the blocks whole):
  *   k, v: (n_blocks, block_size, n_kv_heads, head_dim) int8 codes
  *   k_scale, v_scale: (n_blocks, block_size, n_kv_heads, head_dim / 32) f16 scales; element = code x scale
- * (head_dim a multiple of 64; no extension in host memory). The decode kernel multiplies code by scale in
- * f32; the tile and tensor-core kernels round the product to f16 as they fill their shared K/V tiles (plain
- * loads where f16 rows are copied with cp.async).
- * Sequence s maps position p to block
+ * (head_dim a multiple of 64; an extension in host memory has both planes too). The decode kernel multiplies
+ * code by scale in f32; the tile and tensor-core kernels round the product to f16 as they fill their shared
+ * K/V tiles (plain loads where f16 rows are copied with cp.async). Sequence s maps position p to block
  * block_table[s*max_blocks + p/block_size], row p%block_size. Token i of a batch belongs to seq[i] at
  * position pos[i] and attends to positions 0..pos[i] of its sequence (already stored with
  * kern_cuda_rope_kv_store). Query head h uses KV head h / (n_heads/n_kv_heads). Every kernel is correct for
@@ -61,11 +60,12 @@ struct kern_cuda_kv_layer {
     /* The pool's extension: blocks [n_blocks - n_ext, n_blocks) live at k_ext/v_ext (index id - (n_blocks -
      * n_ext)), in memory the device reaches over the link (pinned, mapped host memory: runtime/NOTES.md).
      * n_ext 0: none (k_ext/v_ext unused). */
-    uint16_t *k_ext, *v_ext;
+    void *k_ext, *v_ext; /* (n_ext, block_size, n_kv_heads, head_dim) f16 (or int8 codes), 16-byte aligned */
     int n_ext;
     int q8; /* 0: f16 elements; 1: Q8_0, the codes in k/v and their scales in k_scale/v_scale */
     uint16_t *k_scale,
-        *v_scale; /* q8: (n_blocks, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
+        *v_scale; /* q8: (n_blocks - n_ext, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
+    uint16_t *k_ext_scale, *v_ext_scale; /* q8 with an extension: its scales, (n_ext, ...) as k_scale */
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };

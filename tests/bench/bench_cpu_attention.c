@@ -1,6 +1,7 @@
-/* bench_cpu_attention — decode attention over a long context with the KV cache in f32, f16 and Q8_0 (not a
- * test). One sequence of `ctx` positions, `tokens` decode rows of other sequences of the same length (a batch
- * of decodes), heads/kv heads/head_dim of a model; best of `reps` calls after a warm-up; K/V rotate over
+/* bench_cpu_attention — decode attention over a long context with the KV cache in f32, f16 and Q8_0, the last
+ * both in blocks and split into code and scale planes as the GPU's cache holds it (not a test). One sequence
+ * of `ctx` positions, `tokens` decode rows of other sequences of the same length (a batch of decodes),
+ * heads/kv heads/head_dim of a model; best of `reps` calls after a warm-up; K/V rotate over
  * copies of at least 512 MiB so no call finds them in cache. Prints ms per call and the K/V read rate.
  * With -p rows, a prefill chunk instead: `rows` rows of one sequence at positions ctx - rows .. ctx - 1
  * (GFLOP/s counts 4·head_dim per head and attended position).
@@ -91,9 +92,9 @@ int main(int argc, char **argv)
     if (tpool_init(&tp, threads)) return 1;
     printf("heads %d, kv heads %d, head_dim %d, context %d, %d %s, %d threads\n", heads, kvh, hd, ctx, tokens,
            chunk ? "rows of a prefill chunk" : "decode token(s)", threads);
-    static const char *const names[3] = {"f32", "f16", "q8_0"};
-    for (int el = KV_F32; el <= KV_Q8_0; el++) {
-        if (el == KV_Q8_0 && hd % 32) break;
+    static const char *const names[4] = {"f32", "f16", "q8_0", "q8_0 planes"};
+    for (int el = KV_F32; el <= KV_Q8_0_PLANES; el++) {
+        if (el >= KV_Q8_0 && hd % 32) break;
         const size_t bytes = 2 * kv_elem_bytes((enum kv_elem)el, cells);
         const int copies = (int)((512u << 20) / bytes) + 2;
         void **k = calloc((size_t)copies, sizeof *k), **v = calloc((size_t)copies, sizeof *v);
@@ -108,6 +109,12 @@ int main(int argc, char **argv)
                 if (el == KV_Q8_0) {
                     dtype_from_f32(DTYPE_Q8_0, vals, (uint8_t *)k[c] + i / 32 * 34, 32);
                     dtype_from_f32(DTYPE_Q8_0, vals, (uint8_t *)v[c] + i / 32 * 34, 32);
+                } else if (el == KV_Q8_0_PLANES) { /* the codes, then the scales (cells / 32 f16) */
+                    struct block_q8_0 b;
+                    dtype_from_f32(DTYPE_Q8_0, vals, &b, 32);
+                    memcpy((int8_t *)k[c] + i, b.qs, 32), memcpy((int8_t *)v[c] + i, b.qs, 32);
+                    memcpy((uint8_t *)k[c] + cells + i / 32 * 2, &b.d, 2);
+                    memcpy((uint8_t *)v[c] + cells + i / 32 * 2, &b.d, 2);
                 } else
                     for (size_t e = 0; e < n; e++)
                         if (el == KV_F16)
@@ -120,7 +127,19 @@ int main(int argc, char **argv)
         double best = 1e30;
         for (int r = 0; r <= reps; r++) {
             const int c = r % copies;
-            struct kv_layer_view kv = {k[c], v[c], n_blocks, bs, table, max_blocks, kvh, hd, el, 0};
+            struct kv_layer_view kv = {.k = k[c],
+                                       .v = v[c],
+                                       .n_blocks = n_blocks,
+                                       .block_size = bs,
+                                       .block_table = table,
+                                       .max_blocks = max_blocks,
+                                       .n_kv_heads = kvh,
+                                       .head_dim = hd,
+                                       .elem = el};
+            if (el == KV_Q8_0_PLANES) {
+                kv.k_scale = (uint16_t *)((int8_t *)k[c] + cells);
+                kv.v_scale = (uint16_t *)((int8_t *)v[c] + cells);
+            }
             const double t0 = now_s();
             if (kern_cpu_attention(out, q, &kv, seq, pos, tokens, heads, 0.088f, tp) != FERRY_OK) return 1;
             const double dt = now_s() - t0;

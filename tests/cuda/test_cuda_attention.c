@@ -335,7 +335,7 @@ Test(cuda_attention, q8_cache_bad_arguments)
     bad.v_scale = NULL;
     cr_assert_eq(kern_cuda_attention(dout, dq, &bad, ds, dp, 1, 2, 0.125f, 5, KERN_ATTN_AUTO, NULL, 0, 0),
                  FERRY_ERR_INVALID);
-    bad = c.dev;
+    bad = c.dev; /* an extension without its scales */
     bad.n_ext = 1, bad.k_ext = c.dev.k, bad.v_ext = c.dev.v;
     cr_assert_eq(kern_cuda_attention(dout, dq, &bad, ds, dp, 1, 2, 0.125f, 5, KERN_ATTN_AUTO, NULL, 0, 0),
                  FERRY_ERR_INVALID);
@@ -597,29 +597,41 @@ Test(cuda_attention, rope_kv_store_quantizes_into_a_q8_cache)
 
 /* The pool's extension (kern_cuda_kv_layer.k_ext): the same cache with its upper blocks moved to pinned,
  * mapped host memory gives bitwise the same attention through every kernel (decode, SIMT tile, tensor-core
- * prefill), and rope_kv_store writes the same rows into it. */
-static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs)
+ * prefill), and rope_kv_store writes the same rows into it; q8: a Q8_0 cache, whose extension holds codes and
+ * scales (k_ext_scale) as the pool does. */
+static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, int q8)
 {
     struct cache c;
-    cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
-    const size_t blk_el = (size_t)bs * n_kv * D, ne = (size_t)c.n_blocks * blk_el;
+    if (q8)
+        cache_init_q8(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    else
+        cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    const size_t blk_el = (size_t)bs * n_kv * D;
     const int n_ext = c.n_blocks / 2 + 1, n_main = c.n_blocks - n_ext;
-    uint16_t *hk = NULL, *hv = NULL;
-    CU_OK(cudaHostAlloc((void **)&hk, (size_t)n_ext * blk_el * 2, cudaHostAllocMapped));
-    CU_OK(cudaHostAlloc((void **)&hv, (size_t)n_ext * blk_el * 2, cudaHostAllocMapped));
-    memcpy(hk, c.k + (size_t)n_main * blk_el, (size_t)n_ext * blk_el * 2);
-    memcpy(hv, c.v + (size_t)n_main * blk_el, (size_t)n_ext * blk_el * 2);
+    /* The planes: K, V (f16 or codes), then for q8 the K and V scales; bytes of one block of each. */
+    const int n_planes = q8 ? 4 : 2;
+    void *whole[4] = {c.dev.k, c.dev.v, c.dev.k_scale, c.dev.v_scale};
+    const size_t per_blk[4] = {blk_el * (q8 ? 1 : 2), blk_el * (q8 ? 1 : 2), blk_el / 32 * 2,
+                               blk_el / 32 * 2};
+    char *host[4] = {0}, *devp[4] = {0};
+    void *host_dev[4] = {0};
+    for (int i = 0; i < n_planes; i++) {
+        CU_OK(cudaHostAlloc((void **)&host[i], (size_t)n_ext * per_blk[i], cudaHostAllocMapped));
+        CU_OK(cudaMemcpy(host[i], (char *)whole[i] + (size_t)n_main * per_blk[i], (size_t)n_ext * per_blk[i],
+                         cudaMemcpyDeviceToHost));
+        CU_OK(cudaHostGetDevicePointer(&host_dev[i], host[i], 0));
+        /* The device part holds only the first n_main blocks: poison the rest of the device arrays. */
+        devp[i] = dev_alloc((size_t)c.n_blocks * per_blk[i]);
+        CU_OK(cudaMemset(devp[i], 0xFF, (size_t)c.n_blocks * per_blk[i]));
+        CU_OK(cudaMemcpy(devp[i], whole[i], (size_t)n_main * per_blk[i], cudaMemcpyDeviceToDevice));
+    }
     struct kern_cuda_kv_layer ext = c.dev;
     ext.n_ext = n_ext;
-    CU_OK(cudaHostGetDevicePointer((void **)&ext.k_ext, hk, 0));
-    CU_OK(cudaHostGetDevicePointer((void **)&ext.v_ext, hv, 0));
-    /* The device part holds only the first n_main blocks: poison the rest of the device arrays. */
-    uint16_t *dk = dev_alloc(ne * 2), *dv = dev_alloc(ne * 2);
-    CU_OK(cudaMemset(dk, 0xFF, ne * 2));
-    CU_OK(cudaMemset(dv, 0xFF, ne * 2));
-    CU_OK(cudaMemcpy(dk, c.dev.k, (size_t)n_main * blk_el * 2, cudaMemcpyDeviceToDevice));
-    CU_OK(cudaMemcpy(dv, c.dev.v, (size_t)n_main * blk_el * 2, cudaMemcpyDeviceToDevice));
-    ext.k = dk, ext.v = dv;
+    ext.k = devp[0], ext.v = devp[1], ext.k_ext = host_dev[0], ext.v_ext = host_dev[1];
+    if (q8) {
+        ext.k_scale = (uint16_t *)devp[2], ext.v_scale = (uint16_t *)devp[3];
+        ext.k_ext_scale = host_dev[2], ext.v_ext_scale = host_dev[3];
+    }
 
     int total = 0;
     for (int s = 0; s < n_seqs; s++) total += len[s];
@@ -652,8 +664,8 @@ static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n
                 kern_cuda_attention_set_decode_heads(0);
                 kern_cuda_attention_set_prefill_mma(1);
                 cr_assert(memcmp(a, b, nq * 4) == 0,
-                          "D %d bs %d m %d mode %d variant %d: the extension differs", D, bs, m, modes[mi],
-                          variant);
+                          "q8 %d D %d bs %d m %d mode %d variant %d: the extension differs", q8, D, bs, m,
+                          modes[mi], variant);
             }
         cudaFree(dq);
         cudaFree(dout);
@@ -678,31 +690,39 @@ static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n
     cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &ext, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
                  FERRY_OK);
     CU_OK(cudaDeviceSynchronize());
-    uint16_t *full = malloc(ne * 2), *part = malloc(ne * 2);
-    for (int kv = 0; kv < 2; kv++) {
-        dev_download(full, kv ? c.dev.v : c.dev.k, ne * 2);
-        dev_download(part, kv ? dv : dk, (size_t)n_main * blk_el * 2);
-        memcpy(part + (size_t)n_main * blk_el, kv ? hv : hk, (size_t)n_ext * blk_el * 2);
-        cr_assert(memcmp(full, part, ne * 2) == 0, "%s: the rows written through the extension differ",
-                  kv ? "V" : "K");
+    for (int i = 0; i < n_planes; i++) {
+        const size_t bytes = (size_t)c.n_blocks * per_blk[i], lo = (size_t)n_main * per_blk[i];
+        char *full = malloc(bytes), *part = malloc(bytes);
+        dev_download(full, whole[i], bytes);
+        dev_download(part, devp[i], lo);
+        memcpy(part + lo, host[i], bytes - lo);
+        cr_assert(memcmp(full, part, bytes) == 0, "plane %d: the rows written through the extension differ",
+                  i);
+        free(full);
+        free(part);
     }
     struct kern_cuda_kv_layer bad = ext;
     bad.k_ext = NULL;
     cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
                  FERRY_ERR_INVALID);
+    if (q8) {
+        bad = ext;
+        bad.v_ext_scale = NULL;
+        cr_assert_eq(
+            kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+            FERRY_ERR_INVALID);
+    }
     cudaFree(dqkv);
     cudaFree(dinv);
     cudaFree(dq);
     cudaFree(dseq);
     cudaFree(dpos);
-    cudaFree(dk);
-    cudaFree(dv);
-    cudaFreeHost(hk);
-    cudaFreeHost(hv);
+    for (int i = 0; i < n_planes; i++) {
+        cudaFree(devp[i]);
+        cudaFreeHost(host[i]);
+    }
     free(qkv);
     free(inv);
-    free(full);
-    free(part);
     free(seq);
     free(pos);
     cache_free(&c);
@@ -713,14 +733,25 @@ Test(cuda_attention, extension_in_host_memory_reads_and_writes_like_the_pool)
     SKIP_WITHOUT_GPU();
     rng_seed(41);
     const int l1[] = {1, 37, 300};
-    ext_case(8, 2, 64, 16, l1, 3);
+    ext_case(8, 2, 64, 16, l1, 3, 0);
     const int l2[] = {129, 5};
-    ext_case(12, 4, 128, 7, l2, 2);
+    ext_case(12, 4, 128, 7, l2, 2, 0);
     const int l3[] = {40};
-    ext_case(6, 6, 24, 16, l3, 1);
+    ext_case(6, 6, 24, 16, l3, 1, 0);
 }
 
-/* The local reference agrees with kern_cpu_attention_ref on the same cache (as f32) and batch. */
+Test(cuda_attention, q8_extension_in_host_memory_reads_and_writes_like_the_pool)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(43);
+    const int l1[] = {1, 37, 300};
+    ext_case(8, 2, 64, 16, l1, 3, 1);
+    const int l2[] = {129, 5};
+    ext_case(12, 4, 128, 7, l2, 2, 1);
+    const int l3[] = {70};
+    ext_case(4, 4, 64, 5, l3, 1, 1);
+}
+
 Test(cuda_attention, reference_matches_cpu_oracle)
 {
     rng_seed(27);
@@ -733,7 +764,8 @@ Test(cuda_attention, reference_matches_cpu_oracle)
         k32[i] = f16_to_f32(c.k[i]);
         v32[i] = f16_to_f32(c.v[i]);
     }
-    struct kv_layer_view view = {k32, v32, c.n_blocks, c.bs, c.bt, c.max_blocks, c.n_kv, c.D, 0, 0};
+    struct kv_layer_view view = {k32,    v32, c.n_blocks, c.bs, c.bt, c.max_blocks,
+                                 c.n_kv, c.D, 0,          0,    NULL, NULL};
     int32_t seq[8] = {0, 1, 1, 2, 2, 1, 2, 2}, pos[8] = {0, 0, 39, 0, 128, 20, 64, 100};
     const int m = 8;
     const size_t nq = (size_t)m * c.n_heads * c.D;
@@ -1411,7 +1443,8 @@ static void split_case(int D, int G, int bs, int chunk, int start, int n_dec, in
     const size_t ne = (size_t)c.n_blocks * c.bs * c.n_kv * c.D;
     float *k32 = malloc(ne * 4), *v32 = malloc(ne * 4);
     for (size_t i = 0; i < ne; i++) k32[i] = f16_to_f32(c.k[i]), v32[i] = f16_to_f32(c.v[i]);
-    struct kv_layer_view view = {k32, v32, c.n_blocks, c.bs, c.bt, c.max_blocks, c.n_kv, c.D, 0, 0};
+    struct kv_layer_view view = {k32,    v32, c.n_blocks, c.bs, c.bt, c.max_blocks,
+                                 c.n_kv, c.D, 0,          0,    NULL, NULL};
     cr_assert_eq(kern_cpu_attention_range(hb, lb, q, &view, seq, lo, pos, m, n_heads, scale, NULL), FERRY_OK);
 
     float *dq = dev_upload(q, nq * 4), *dout = dev_poison(nq * 4), *dlse = dev_poison(nr * 4);

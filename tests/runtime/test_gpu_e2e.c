@@ -268,17 +268,46 @@ Test(gpu_e2e, placements_are_bitwise_equal)
     model_file_close(mf);
 }
 
+/* A Llama of random weights (engine_init_synthetic): vocabulary 1000, full rope of the half style. */
+static struct llm_hparams synthetic_llama(int dim, int n_layers, int n_heads, int n_kv_heads, int head_dim,
+                                          int ffn_dim)
+{
+    struct llm_hparams hp = {.n_vocab = 1000,
+                             .dim = dim,
+                             .n_layers = n_layers,
+                             .n_heads = n_heads,
+                             .n_kv_heads = n_kv_heads,
+                             .head_dim = head_dim,
+                             .ffn_dim = ffn_dim,
+                             .ctx_train = 1024,
+                             .norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f,
+                             .rope_dim = head_dim,
+                             .rope_style = ROPE_STYLE_HALF};
+    snprintf(hp.arch, sizeof hp.arch, "llama");
+    return hp;
+}
+
+/* The model under test: a file's, or a synthetic one of F16 weights (hp) when mf is NULL. */
+struct e2e_model {
+    struct model_file *mf;
+    const struct llm_hparams *hp;
+};
+
+static int model_engine(struct engine **e, const struct e2e_model *m, const struct engine_params *p,
+                        char err[256])
+{
+    return m->mf ? engine_init(e, m->mf, p, err) : engine_init_synthetic(e, m->hp, DTYPE_F16, p, err);
+}
+
 /* The KV pool's extension in host memory (device_map.h): under a budget whose pool holds fewer positions than
  * the sequences need, with every layer streamed, the later sequences' K/V live in host memory. With the
  * device reading them over the link (FERRY_KV_EXT_ATTN=device) the logits are bitwise those of the same plan
  * with the whole pool on the device; with the host's cores attending to them (the default: the partial
  * softmaxes merged, so other f32 roundings) they agree within the CPU engine's tolerance, and the host did
- * attend to rows. */
-Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
+ * attend to rows. p: the engine's other parameters (the KV type). */
+static void ext_check(const struct e2e_model *m, struct engine_params p)
 {
-    require_gpu();
-    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
-    struct engine_params p = engine_default_params();
     p.backend = ENGINE_BACKEND_CUDA;
     p.n_seqs = 8;
     p.ctx_size = 64;
@@ -294,12 +323,12 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     for (;; lo = hi, hi += hi / 8) {
         cr_assert_leq(hi, (int64_t)1 << 30, "no budget up to 1 GiB starts: %s", err);
         p.gpu_memory = hi;
-        if (engine_init(&ext, mf, &p, err) == 0) break;
+        if (model_engine(&ext, m, &p, err) == 0) break;
     }
     engine_free(ext);
     while (hi - lo > 4096) {
         p.gpu_memory = lo + (hi - lo) / 2;
-        if (engine_init(&ext, mf, &p, err) == 0) {
+        if (model_engine(&ext, m, &p, err) == 0) {
             hi = p.gpu_memory;
             engine_free(ext);
         } else {
@@ -310,7 +339,7 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     /* The host attending to the extension (the default), alone in the process as in the search above (an
      * engine alive beside it would leave it the CUDA runtime's share of the budget: another plan). */
     struct engine *ext_host = NULL;
-    cr_assert_eq(engine_init(&ext_host, mf, &p, err), 0, "%s", err);
+    cr_assert_eq(model_engine(&ext_host, m, &p, err), 0, "%s", err);
     engine_get_stats(ext_host, &st);
     cr_assert_gt(st.kv_host_bytes, 0, "host attention: no extension at this budget");
     const int V = engine_hparams(ext_host)->n_vocab, B = 8, steps = 12;
@@ -324,7 +353,7 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     const uint64_t host_rows = st.kv_ext_host_rows;
     engine_free(ext_host);
     setenv("FERRY_KV_EXT_ATTN", "device", 1);
-    cr_assert_eq(engine_init(&ext, mf, &p, err), 0, "%s", err);
+    cr_assert_eq(model_engine(&ext, m, &p, err), 0, "%s", err);
     unsetenv("FERRY_KV_EXT_ATTN");
     engine_get_stats(ext, &st);
     cr_assert_gt(st.kv_host_bytes, 0, "budget %lld MiB: no extension (%d blocks)",
@@ -334,13 +363,14 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
                 (long long)(p.gpu_memory >> 20), st.kv_blocks_total, st.kv_block_size,
                 st.kv_host_bytes / 1048576.0);
     p.gpu_memory = 0;
-    cr_assert_eq(engine_init(&ref, mf, &p, err), 0, "%s", err);
+    cr_assert_eq(model_engine(&ref, m, &p, err), 0, "%s", err);
     engine_get_stats(ref, &st);
     cr_assert_eq(st.kv_host_bytes, 0);
     /* The batch needs more blocks than the device's part of the pool: later sequences use the extension. */
     const struct llm_hparams *hp = engine_hparams(ref);
+    const double el_bytes = p.kv_type == KV_Q8_0 ? 34.0 / 32 : 2.0; /* (Q8_0: codes and a scale per 32) */
     const uint64_t block_bytes =
-        (uint64_t)st.kv_block_size * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(uint16_t);
+        (uint64_t)((double)st.kv_block_size * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * el_bytes);
     engine_get_stats(ext, &st);
     int need = 0;
     for (int s = 0; s < B; s++) need += (10 + 3 * s + steps + st.kv_block_size - 1) / st.kv_block_size;
@@ -366,7 +396,26 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     free(h);
     engine_free(ext);
     engine_free(ref);
-    model_file_close(mf);
+}
+
+Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
+{
+    require_gpu();
+    const struct e2e_model m = {.mf = open_model(src_path("tests/golden/models/llama_mha_f32"))};
+    ext_check(&m, engine_default_params());
+    model_file_close(m.mf);
+}
+
+/* The same with --kv-type q8_0 (a synthetic model: heads of 64): the extension holds codes and scales as the
+ * device's pool, and the host's cores read them in that layout (KV_Q8_0_PLANES). */
+Test(gpu_e2e, kv_q8_0_extension_in_host_memory, .timeout = 300)
+{
+    require_gpu();
+    const struct llm_hparams hp = synthetic_llama(256, 3, 4, 2, 64, 688);
+    const struct e2e_model m = {.hp = &hp};
+    struct engine_params p = engine_default_params();
+    p.kv_type = KV_Q8_0;
+    ext_check(&m, p);
 }
 
 Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
@@ -674,26 +723,6 @@ Test(gpu_e2e, hybrid_placement_modes)
     engine_free(s);
     engine_free(cpu);
     model_file_close(mf);
-}
-
-/* A Llama of random weights (engine_init_synthetic): vocabulary 1000, full rope of the half style. */
-static struct llm_hparams synthetic_llama(int dim, int n_layers, int n_heads, int n_kv_heads, int head_dim,
-                                          int ffn_dim)
-{
-    struct llm_hparams hp = {.n_vocab = 1000,
-                             .dim = dim,
-                             .n_layers = n_layers,
-                             .n_heads = n_heads,
-                             .n_kv_heads = n_kv_heads,
-                             .head_dim = head_dim,
-                             .ffn_dim = ffn_dim,
-                             .ctx_train = 1024,
-                             .norm_eps = 1e-5f,
-                             .rope_theta = 10000.0f,
-                             .rope_dim = head_dim,
-                             .rope_style = ROPE_STYLE_HALF};
-    snprintf(hp.arch, sizeof hp.arch, "llama");
-    return hp;
 }
 
 /* --placement auto on a synthetic model of 8 layers, 2 resident: whatever the measured costs make the planner
