@@ -61,6 +61,8 @@ struct engine {
     char placement[4096];
     int32_t *new_len; /* (n_seqs) scratch: the length each slot will have after the step, or -1 */
     int32_t *first;   /* (n_seqs) scratch: the first position the step writes in each slot */
+    enum placement
+        *streamed; /* (n_layers) scratch: a step's plan with its CPU layers streamed (step_where) */
     struct engine_stats stats;
 };
 
@@ -137,6 +139,7 @@ void engine_free(struct engine *e)
     model_free(&e->model);
     free(e->new_len);
     free(e->first);
+    free(e->streamed);
     free(e);
 }
 
@@ -519,7 +522,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     }
     e->new_len = malloc((size_t)p.n_seqs * sizeof(int32_t));
     e->first = malloc((size_t)p.n_seqs * sizeof(int32_t));
-    if (!e->new_len || !e->first) {
+    e->streamed = malloc((size_t)hp->n_layers * sizeof *e->streamed);
+    if (!e->new_len || !e->first || !e->streamed) {
         rc = FERRY_ERR_NOMEM;
         goto fail;
     }
@@ -788,6 +792,45 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
     e->plan = plan;
 }
 
+/* Where each layer runs in this step: the plan's choice for its size, unless the host's cores are needed for
+ * the KV pool's extension. The host attends to the extension's positions that the step's decode rows reach
+ * (forward_cuda.c, ext_plan) on every layer's path, with the cores that compute the plan's CPU layers, and
+ * the plan does not count that time (T_a). With it, CPU layers cost P_cpu + T_a, while streaming them costs
+ * max(P_stream, T_a) (the attention then runs while the link copies); the cheaper one is taken. T_a is the
+ * extension's K/V bytes those rows read over all layers at the host's rate on the reference layer's
+ * weights. Measured on the H200 (runtime/NOTES.md, session 14): 16 clients at 4 GiB served 123 tok/s with
+ * the plan as made, 182 with every host layer streamed. */
+static const enum placement *step_where(struct engine *e, const struct batch *b)
+{
+    const enum placement *w = step_plan_where(&e->plan, b->n_tokens);
+    const int bk = step_plan_bucket(&e->plan, b->n_tokens);
+    const struct kv_cache *kv = &e->kv;
+    if (!e->gpu || !e->plan.n_cpu[bk] || !(e->plan.stream_s[bk] > 0) || kv->n_free_ext == kv->n_ext ||
+        !forward_cuda_map(e->gpu)->kv_ext_host || !(e->cost.cpu_s[0] > 0))
+        return w;
+    const int n_main = kv->n_blocks - kv->n_ext, n = b->n_tokens;
+    int64_t ext_pos = 0; /* the decode rows' trailing runs of extension blocks, in positions */
+    for (int i = 0; i < n; i++) {
+        const int s = b->seq[i];
+        if ((i > 0 && b->seq[i - 1] == s) || (i + 1 < n && b->seq[i + 1] == s)) continue; /* a chunk's row */
+        const int32_t *row = kv->block_table + (size_t)s * kv->max_blocks;
+        int j = kv->n_held[s];
+        while (j > 0 && row[j - 1] >= n_main) j--;
+        ext_pos += (int64_t)(kv->n_held[s] - j) * kv->block_size;
+    }
+    if (!ext_pos) return w;
+    const struct llm_hparams *hp = &e->model.hp;
+    const double el = e->p.kv_type == KV_Q8_0 ? 34.0 / 32 : 2.0; /* bytes per K or V element on the GPU */
+    const double bytes = (double)ext_pos * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * el;
+    const double pace = e->adapt && e->pace.pace > 0 ? e->pace.pace : 1.0;
+    const double t_a = bytes / ((double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace));
+    const double p_stream = e->plan.stream_s[bk] > t_a ? e->plan.stream_s[bk] : t_a;
+    if (e->plan.predicted_s[bk] + t_a < p_stream) return w;
+    for (int l = 0; l < hp->n_layers; l++) e->streamed[l] = w[l] == PLACEMENT_CPU ? PLACEMENT_STREAM : w[l];
+    e->stats.ext_streamed_steps++;
+    return e->streamed;
+}
+
 static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
                 struct draw_out *drawn)
 {
@@ -798,8 +841,7 @@ static int step(struct engine *e, const struct batch *b, float *logits, const st
     for (int s = 0; s < n_seqs && !rc; s++)
         if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
     if (!rc) {
-        struct step st = {
-            .b = b, .where = step_plan_where(&e->plan, b->n_tokens), .draw = draw, .drawn = drawn};
+        struct step st = {.b = b, .where = step_where(e, b), .draw = draw, .drawn = drawn};
         for (int i = 0; i < b->n_tokens; i++) {
             if (b->pos[i] + 1 > st.max_len) st.max_len = b->pos[i] + 1;
             st.n_out += b->want_logits[i] != 0;

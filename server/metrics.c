@@ -80,6 +80,7 @@ void metrics_set_engine(struct metrics *m, int queued, int running, const struct
     m->vram_used = st->vram_used;
     m->kv_host_bytes = st->kv_host_bytes;
     m->kv_ext_host_rows = st->kv_ext_host_rows;
+    m->ext_streamed_steps = st->ext_streamed_steps;
     m->host_pace = st->host_pace;
     m->plan_revisions = st->plan_revisions;
     pthread_mutex_unlock(&m->mu);
@@ -230,6 +231,10 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_kv_ext_host_rows_total",
             "Token rows x layers whose attention over the extension's positions the host's cores computed.",
             m->kv_ext_host_rows);
+    COUNTER(
+        "ferry_ext_streamed_steps_total",
+        "Steps whose CPU-planned host layers streamed instead, the host's cores attending to the extension.",
+        m->ext_streamed_steps);
     GAUGE("ferry_host_pace",
           "Host layers' arithmetic time against their start-up timing (--placement auto; 0: not followed).",
           "%.3f", m->host_pace);

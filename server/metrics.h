@@ -35,7 +35,8 @@ struct metrics {
     int kv_blocks_used, kv_blocks_total;
     /* Offloading (CUDA backend; zero on the CPU): copied from engine_get_stats by the engine thread. */
     int layers_resident, layers_streamed;
-    uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes, kv_ext_host_rows;
+    uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes, kv_ext_host_rows,
+        ext_streamed_steps;
     double copy_seconds, stall_seconds;
     double
         host_pace; /* --placement auto: host layers' pace against their start-up timing (0: not followed) */

@@ -50,7 +50,7 @@ import json,sys
 for r in json.load(open(sys.argv[1])):
     print(f\"served {sys.argv[2]} ($mode) c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
 " $W/load-$M.json $M | tee -a "$out/offload.txt"
-    curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|kv_blocks|vram_|layers_)" | tee -a "$out/offload.txt"
+    curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|ext_streamed|kv_blocks|vram_|layers_|host_pace|step_plan)" | tee -a "$out/offload.txt"
     cp $W/load-$M.json "$out/serve-offload-$M-$mode${OFFLOAD_TAG:-}.json"
   else
     log "ferry serve did not start: $(tail -3 $W/serve-$M.log)"
