@@ -794,12 +794,11 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
 
 /* Where each layer runs in this step: the plan's choice for its size, unless the host's cores are needed for
  * the KV pool's extension. The host attends to the extension's positions that the step's decode rows reach
- * (forward_cuda.c, ext_plan) on every layer's path, with the cores that compute the plan's CPU layers, and
- * the plan does not count that time (T_a). With it, CPU layers cost P_cpu + T_a, while streaming them costs
- * max(P_stream, T_a) (the attention then runs while the link copies); the cheaper one is taken. T_a is the
- * extension's K/V bytes those rows read over all layers at the host's rate on the reference layer's
- * weights. Measured on the H200 (runtime/NOTES.md, session 14): 16 clients at 4 GiB served 123 tok/s with
- * the plan as made, 182 with every host layer streamed. */
+ * (forward_cuda.c, ext_plan) with the cores that compute the plan's CPU layers, and the plan does not count
+ * that time: step_plan_ext_streams weighs it, from the extension's K/V bytes those rows read over all
+ * layers at the host's rate on the reference layer's weights. Measured on the H200 (runtime/NOTES.md,
+ * session 14): 16 clients at 4 GiB served 123 tok/s with the plan as made, 182 with every host layer
+ * streamed. */
 static const enum placement *step_where(struct engine *e, const struct batch *b)
 {
     const enum placement *w = step_plan_where(&e->plan, b->n_tokens);
@@ -823,9 +822,8 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
     const double el = e->p.kv_type == KV_Q8_0 ? 34.0 / 32 : 2.0; /* bytes per K or V element on the GPU */
     const double bytes = (double)ext_pos * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * el;
     const double pace = e->adapt && e->pace.pace > 0 ? e->pace.pace : 1.0;
-    const double t_a = bytes / ((double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace));
-    const double p_stream = e->plan.stream_s[bk] > t_a ? e->plan.stream_s[bk] : t_a;
-    if (e->plan.predicted_s[bk] + t_a < p_stream) return w;
+    const double rate = (double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace);
+    if (!step_plan_ext_streams(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate)) return w;
     for (int l = 0; l < hp->n_layers; l++) e->streamed[l] = w[l] == PLACEMENT_CPU ? PLACEMENT_STREAM : w[l];
     e->stats.ext_streamed_steps++;
     return e->streamed;

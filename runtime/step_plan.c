@@ -322,6 +322,13 @@ int step_pace_observe(struct step_pace *p, double seconds, double expected)
     return 1;
 }
 
+int step_plan_ext_streams(double cpu_s, double stream_s, double attn_bytes, double rate)
+{
+    if (!(attn_bytes > 0) || !(rate > 0) || !(stream_s > 0)) return 0;
+    const double t_a = attn_bytes / rate;
+    return cpu_s + t_a >= (stream_s > t_a ? stream_s : t_a);
+}
+
 struct step_cost step_cost_paced(const struct step_cost *c, double pace)
 {
     struct step_cost r = *c;

@@ -121,6 +121,13 @@ int step_pace_observe(struct step_pace *p, double seconds, double expected);
 /* c with its host times multiplied by pace. */
 struct step_cost step_cost_paced(const struct step_cost *c, double pace);
 
+/* A step whose plan computes host layers on the CPU in cpu_s (stream_s with every host layer streamed),
+ * while the host's cores also attend to attn_bytes of the KV pool's extension at rate bytes/s on every
+ * layer's path (runtime/forward_cuda.c), a time the plan does not count: 1 when streaming them is cheaper
+ * (the CPU layers then cost cpu_s + T_a; streamed, the attention runs while the link copies: max(stream_s,
+ * T_a)). */
+int step_plan_ext_streams(double cpu_s, double stream_s, double attn_bytes, double rate);
+
 /* A summary line per bucket and the layer maps of the smallest and largest buckets; snprintf semantics. */
 int step_plan_format(const struct step_plan *p, char *buf, size_t cap);
 

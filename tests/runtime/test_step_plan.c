@@ -416,3 +416,17 @@ Test(step_plan, paced_costs_move_host_layers)
         step_plan_free(&p);
     }
 }
+
+/* The host's attention over the KV extension against the plan's CPU layers (Q8_0 7B at 4 GiB: a host layer of
+ * 215 MB in 2.6 ms; f16 K/V of 512 KiB a position over all layers): one sequence of 600 extension positions
+ * keeps its CPU layers, 16 rows of 500 stream them, and nothing changes without attention or a ring. */
+Test(step_plan, ext_attention_streams_cpu_layers_when_it_costs_more)
+{
+    const double rate = 215e6 / 2.6e-3, pos_bytes = 512.0 * 1024;
+    cr_assert_not(step_plan_ext_streams(35.6e-3, 69.9e-3, 600 * pos_bytes, rate));
+    cr_assert(step_plan_ext_streams(62.6e-3, 65.9e-3, 16 * 500 * pos_bytes, rate));
+    cr_assert(step_plan_ext_streams(53.4e-3, 69.9e-3, 8 * 500 * pos_bytes, rate));
+    cr_assert_not(step_plan_ext_streams(44.5e-3, 69.9e-3, 4 * 500 * pos_bytes, rate));
+    cr_assert_not(step_plan_ext_streams(35.6e-3, 69.9e-3, 0, rate));
+    cr_assert_not(step_plan_ext_streams(35.6e-3, 0, 16 * 500 * pos_bytes, rate)); /* no ring */
+}
