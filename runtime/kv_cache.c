@@ -59,12 +59,13 @@ int kv_cache_set_ext(struct kv_cache *kv, int n_ext)
 }
 
 /* Free block ids: main blocks at free_list[0, n_free - n_free_ext), the extension's at
- * free_list[n_blocks - n_free_ext, n_blocks). */
-static int take_block(struct kv_cache *kv)
+ * free_list[n_blocks - n_free_ext, n_blocks). A main block unless none is free or ext is set and the
+ * extension has one. */
+static int take_block(struct kv_cache *kv, int ext)
 {
     const int main_free = kv->n_free - kv->n_free_ext;
     kv->n_free--;
-    if (main_free > 0) return kv->free_list[main_free - 1];
+    if (main_free > 0 && !(ext && kv->n_free_ext > 0)) return kv->free_list[main_free - 1];
     return kv->free_list[kv->n_blocks - kv->n_free_ext--];
 }
 
@@ -103,7 +104,12 @@ int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
     int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
     while (kv->n_held[seq] < need) {
         if (kv->n_free == 0) return FERRY_ERR_RANGE;
-        const int b = take_block(kv);
+        /* A slot that has reached the extension stays there: its extension blocks are then one trailing run,
+         * which the GPU backend's host cores attend to (runtime/forward_cuda.c, ext_plan). A main block freed
+         * meanwhile would end the run, and the device would read every extension block before it over the
+         * link. Main blocks go to slots still on the device, and to new ones. */
+        const int in_ext = kv->n_held[seq] > 0 && row[kv->n_held[seq] - 1] >= kv->n_blocks - kv->n_ext;
+        const int b = take_block(kv, in_ext);
         kv->ref[b] = 1;
         row[kv->n_held[seq]++] = b;
     }

@@ -9,7 +9,8 @@
  * a shared block is read by all of them and written by none. Everything is allocated once in kv_cache_init;
  * nothing per token.
  * The last n_ext blocks may be an extension in slower memory (the GPU backend's host-memory blocks,
- * runtime/NOTES.md): a block of it is handed out only when no other block is free.
+ * runtime/NOTES.md): a block of it is handed out only when no other block is free, or to a slot whose last
+ * block is in it (so a slot's extension blocks are one trailing run).
  * Invariant: ref[b] is the number of slot rows holding block b, and b is on the free list iff ref[b] == 0.
  */
 #ifndef FERRY_KV_CACHE_H

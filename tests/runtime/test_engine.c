@@ -381,4 +381,20 @@ Test(kv_cache, extension_blocks_are_taken_last)
     cr_assert_eq(kv.n_free, 8);
     cr_assert_eq(kv.n_free_ext, 3);
     kv_cache_free(&kv);
+
+    /* A slot that has reached the extension takes its next blocks there while it has any, even when main
+     * blocks come free: its extension blocks stay one trailing run. */
+    cr_assert_eq(kv_cache_init(&kv, 1, 1, 8, 3, 64, 8 * 4, 4, KV_NO_HOST), 0);
+    cr_assert_eq(kv_cache_set_ext(&kv, 3), 0);        /* main 0-4, extension 5-7 */
+    cr_assert_eq(kv_cache_reserve(&kv, 0, 5 * 4), 0); /* 0-4 */
+    cr_assert_eq(kv_cache_reserve(&kv, 1, 1 * 4), 0); /* 5 */
+    kv_cache_trim(&kv, 0, 4 * 3);                     /* main 3 and 4 come back */
+    cr_assert_eq(kv_cache_reserve(&kv, 1, 3 * 4), 0);
+    const int32_t *r1 = kv.block_table + kv.max_blocks, *r2 = kv.block_table + 2 * kv.max_blocks;
+    cr_assert(r1[1] >= 5 && r1[2] >= 5, "the slot left the extension: %d %d %d", r1[0], r1[1], r1[2]);
+    cr_assert_eq(kv_cache_reserve(&kv, 2, 1 * 4), 0); /* a new slot starts on the device */
+    cr_assert(r2[0] == 3 || r2[0] == 4, "a new slot: %d", r2[0]);
+    cr_assert_eq(kv_cache_reserve(&kv, 1, 4 * 4), 0); /* the extension is full: a main block after all */
+    cr_assert(r1[3] == 3 || r1[3] == 4, "%d", r1[3]);
+    kv_cache_free(&kv);
 }
