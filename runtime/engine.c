@@ -807,15 +807,12 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
     if (!e->gpu || !e->plan.n_cpu[bk] || !(e->plan.stream_s[bk] > 0) || kv->n_free_ext == kv->n_ext ||
         !forward_cuda_map(e->gpu)->kv_ext_host || !(e->cost.cpu_s[0] > 0))
         return w;
-    const int n_main = kv->n_blocks - kv->n_ext, n = b->n_tokens;
+    const int n = b->n_tokens;
     int64_t ext_pos = 0; /* the decode rows' trailing runs of extension blocks, in positions */
     for (int i = 0; i < n; i++) {
         const int s = b->seq[i];
         if ((i > 0 && b->seq[i - 1] == s) || (i + 1 < n && b->seq[i + 1] == s)) continue; /* a chunk's row */
-        const int32_t *row = kv->block_table + (size_t)s * kv->max_blocks;
-        int j = kv->n_held[s];
-        while (j > 0 && row[j - 1] >= n_main) j--;
-        ext_pos += (int64_t)(kv->n_held[s] - j) * kv->block_size;
+        ext_pos += (int64_t)(kv->n_held[s] - kv_cache_ext_first(kv, s)) * kv->block_size;
     }
     if (!ext_pos) return w;
     const struct llm_hparams *hp = &e->model.hp;

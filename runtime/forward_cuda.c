@@ -1198,8 +1198,7 @@ static void ext_plan(struct forward_cuda *f, const struct batch *b)
     f->ext_r0 = f->ext_r1 = 0;
     if (!f->ext_host) return;
     const struct kv_cache *kv = f->kv;
-    const int n_main = kv->n_blocks - kv->n_ext, n = b->n_tokens;
-    const int32_t *table = f->h_ints + 3 * (size_t)f->max_tokens;
+    const int n = b->n_tokens;
     int last_seq = -1, lo = 0, r0 = -1, r1 = 0;
     for (int i = 0; i < n; i++) {
         const int s = b->seq[i];
@@ -1208,10 +1207,8 @@ static void ext_plan(struct forward_cuda *f, const struct batch *b)
             f->h_pos_att[i] = b->pos[i];
             continue;
         }
-        if (s != last_seq) {
-            const int32_t *row = table + (size_t)s * kv->max_blocks;
-            int j = kv->n_held[s];
-            while (j > 0 && row[j - 1] >= n_main) j--;
+        if (s != last_seq) { /* (the staged table is the cache's own) */
+            const int j = kv_cache_ext_first(kv, s);
             lo = j < kv->n_held[s] ? (j > 0 ? j * kv->block_size : 1) : INT32_MAX;
             last_seq = s;
         }

@@ -116,6 +116,14 @@ int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos)
     return FERRY_OK;
 }
 
+int kv_cache_ext_first(const struct kv_cache *kv, int seq)
+{
+    const int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
+    int j = kv->n_held[seq];
+    while (j > 0 && row[j - 1] >= kv->n_blocks - kv->n_ext) j--;
+    return j;
+}
+
 void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos)
 {
     if (seq < 0 || seq >= kv->n_seqs) return;

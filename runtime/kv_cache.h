@@ -56,6 +56,9 @@ size_t kv_cache_bytes(const struct kv_cache *kv, enum kv_elem elem);
 /* Makes sure slot `seq` holds blocks for positions [0, n_pos). FERRY_ERR_RANGE when the pool is empty or
  * n_pos > ctx_size; blocks taken before the failure stay with the slot (the caller may trim). */
 int kv_cache_reserve(struct kv_cache *kv, int seq, int n_pos);
+/* The index in the slot's table row of the first block of its trailing run of extension blocks (n_held[seq]
+ * when its last block is a main one, or it holds none). */
+int kv_cache_ext_first(const struct kv_cache *kv, int seq);
 /* Returns the slot's blocks beyond what n_pos positions need. */
 void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos);
 void kv_cache_seq_free(struct kv_cache *kv, int seq);
