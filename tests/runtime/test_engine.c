@@ -392,9 +392,12 @@ Test(kv_cache, extension_blocks_are_taken_last)
     cr_assert_eq(kv_cache_reserve(&kv, 1, 3 * 4), 0);
     const int32_t *r1 = kv.block_table + kv.max_blocks, *r2 = kv.block_table + 2 * kv.max_blocks;
     cr_assert(r1[1] >= 5 && r1[2] >= 5, "the slot left the extension: %d %d %d", r1[0], r1[1], r1[2]);
+    cr_assert_eq(kv_cache_ext_first(&kv, 1), 0); /* all three in the extension */
+    cr_assert_eq(kv_cache_ext_first(&kv, 0), 3); /* main blocks only */
     cr_assert_eq(kv_cache_reserve(&kv, 2, 1 * 4), 0); /* a new slot starts on the device */
     cr_assert(r2[0] == 3 || r2[0] == 4, "a new slot: %d", r2[0]);
     cr_assert_eq(kv_cache_reserve(&kv, 1, 4 * 4), 0); /* the extension is full: a main block after all */
     cr_assert(r1[3] == 3 || r1[3] == 4, "%d", r1[3]);
+    cr_assert_eq(kv_cache_ext_first(&kv, 1), 4); /* its last block is a main one: no trailing run */
     kv_cache_free(&kv);
 }
