@@ -269,6 +269,7 @@ static void plain_to_f32(const void *w, ptrdiff_t c, int kc, float *dst, enum wk
 #define KCQ 1024 /* columns per decoded chunk: a multiple of 256 (whole K-quant super-blocks) */
 #define MBQ 64   /* x rows whose sums a task keeps (on its stack) before it moves to the next rows */
 #define MRQ 4    /* most x rows per dot call (the AVX2 kernel takes 2: 16 registers) */
+#define Q8_DIRECT_M 2 /* int8 arithmetic: up to this many x rows, kernels that read codes in place (no tile) */
 
 /* How a weight type's decoded codes become values (see q8_kind). */
 enum q8_mode {
@@ -681,29 +682,38 @@ static inline __attribute__((always_inline, target(T_AVX2))) __m256i bit_to_4(__
                   : _mm256_srl_epi16(v, _mm_cvtsi32_si128(i - 4));
 }
 
+/* The scales d·sc_i and minimums -(dmin·m_i) of sub-blocks i = 0..7 of the Q4_K/Q5_K super-block at bp (the
+ * values dec_q45k_c computes). */
+static inline __attribute__((always_inline, target(T_AVX2))) void q45k_scales(const uint8_t *bp, __m256 *s,
+                                                                              __m256 *mn)
+{
+    uint16_t h[2];
+    uint32_t a[3];
+    memcpy(h, bp, 4);
+    memcpy(a, bp + 4, 12);
+    /* The 8 scales and 8 minimums (6 bits each) as bytes: sub-blocks 0-3 in the low 6 bits of bytes 0-3
+     * (scales) and 4-7 (minimums); 4-7 from the nibbles of bytes 8-11 and the top bits of bytes 0-7. */
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    const uint64_t sc = (a[0] & m6) | (uint64_t)((a[2] & m4) | ((a[0] >> 6) & m2) << 4) << 32;
+    const uint64_t mi = (a[1] & m6) | (uint64_t)(((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4) << 32;
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    const __m256 mif = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mi)));
+    *s = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[0])), scf);
+    *mn = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[1])), mif), _mm256_set1_ps(-0.0f));
+}
+
 static inline __attribute__((always_inline, target(T_AVX2))) void
 dec_q45k_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn, int five)
 {
     const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
     const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
     const __m256i m0f = _mm256_set1_epi8(15), b10 = _mm256_set1_epi8(16);
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const uint8_t *bp = w + (size_t)(c0 / QK_K) * bsz;
     for (int sb = 0; sb < kc / QK_K; sb++, bp += bsz) {
-        uint16_t h[2];
-        uint32_t a[3];
-        memcpy(h, bp, 4);
-        memcpy(a, bp + 4, 12);
-        /* The 8 scales and 8 minimums (6 bits each) as bytes: sub-blocks 0-3 in the low 6 bits of bytes 0-3
-         * (scales) and 4-7 (minimums); 4-7 from the nibbles of bytes 8-11 and the top bits of bytes 0-7. */
-        const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-        const uint64_t sc = (a[0] & m6) | (uint64_t)((a[2] & m4) | ((a[0] >> 6) & m2) << 4) << 32;
-        const uint64_t mi = (a[1] & m6) | (uint64_t)(((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4) << 32;
-        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
-        const __m256 mif = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mi)));
-        _mm256_storeu_ps(s + 8 * sb, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[0])), scf));
-        _mm256_storeu_ps(mn + 8 * sb,
-                         _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[1])), mif), sign));
+        __m256 sv, mv;
+        q45k_scales(bp, &sv, &mv);
+        _mm256_storeu_ps(s + 8 * sb, sv);
+        _mm256_storeu_ps(mn + 8 * sb, mv);
         __m256i qh = _mm256_setzero_si256();
         if (five) qh = _mm256_loadu_si256((const __m256i *)(bp + offsetof(struct block_q5_k, qh)));
         for (int p = 0; p < 4; p++) {
@@ -1195,6 +1205,122 @@ DIR_FN(q4_1, Q8M_AFFINE)
  * 6.0-6.8 GB/s against 8.6-9.2 through the tile). */
 static const q8_dot_fn dir512[DTYPE_COUNT] = {
     [DTYPE_Q8_0] = dir512_q8_0, [DTYPE_Q4_0] = dir512_q4_0, [DTYPE_Q4_1] = dir512_q4_1};
+
+/* int8 arithmetic, Q4_K, m <= Q8_DIRECT_M on AVX512-VNNI: the nibbles are read in place (no decode pass, no
+ * tile) with two weight rows per 512-bit register (lanes 0-7 row j, 8-15 row j + 1; each half holds one
+ * block's 8 lanes), the scales and minimums unpacked once per super-block and multiplied by dx 8 blocks at a
+ * time. Every lane takes the integer sum and the f32 steps of q8_dot_body512 and q8_min_terms in their order
+ * (per block fma(lanes, s·dx, acc); per super-block fma(mn, sxd, macc)), so the results are bitwise equal;
+ * the saving is the tile's stores and loads and a third of the vector instructions. */
+static inline AI_512 __m512 dup_ps(__m256 v)
+{
+    return pair_ps(v, v);
+}
+
+/* q45k_scales for the super-blocks at pa and pb at once: s and mn hold pa's 8 values in lanes 0-7 and pb's in
+ * 8-15 (the same products, so the same bits), the 6-bit fields unpacked by byte shuffles. */
+static inline AI_512 void q45k_scales2(const uint8_t *pa, const uint8_t *pb, __m512 *s, __m512 *mn)
+{
+    /* Per 128-bit lane (one super-block): bytes 0-1 d, 2-3 dmin, 4 + t the packed byte t. Sub-block i's scale
+     * is t_i & 63 (i < 4) or (t_{i+4} & 15) | (t_{i-4} >> 6) << 4, its minimum t_{i+4} & 63 or
+     * (t_{i+4} >> 4) | (t_i >> 6) << 4: bytes 0-7 of r the scales, 8-15 the minimums. */
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                              _mm_loadu_si128((const __m128i *)pb), 1);
+    const __m256i i1 = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m256i i2 = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m256i ma = _mm256_broadcastsi128_si256(_mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0));
+    const __m256i mb = _mm256_broadcastsi128_si256(_mm_setr_epi32(0, 0, 0, 0x0f0f0f0f));
+    const __m256i t1 = _mm256_shuffle_epi8(v, i1), t2 = _mm256_shuffle_epi8(v, i2);
+    const __m256i r = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(t1, ma), _mm256_and_si256(_mm256_srli_epi16(t1, 4), mb)),
+        _mm256_and_si256(_mm256_srli_epi16(t2, 2), _mm256_set1_epi8(0x30)));
+    const __m256i q = _mm256_permute4x64_epi64(r, 0xd8); /* scales a, scales b, minimums a, minimums b */
+    const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
+    const __m512 mif = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
+    const __m256i id = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+    const __m512 d = _mm512_cvtph_ps(_mm256_permutexvar_epi16(id, v));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_permutexvar_epi16(_mm256_add_epi16(id, _mm256_set1_epi16(1)), v));
+    *s = _mm512_mul_ps(d, scf);
+    *mn = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mif)), _mm512_set1_epi32((int)0x80000000u)));
+}
+
+static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    const int8_t *xq[MRQ];
+    const float *dx[MRQ], *sxd[MRQ];
+    __m512 acc[MRQ][NRQ / 2], macc[MRQ][NRQ / 2]; /* [i][p]: weight rows 2p (lanes 0-7) and 2p + 1 */
+    for (int i = 0; i < mr; i++) {
+        const size_t r = (size_t)(a->i0 + i);
+        xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
+        dx[i] = x->dx + r * x->nbp + a->b0;
+        sxd[i] = x->sxd + r * x->nbp + a->b0;
+        for (int p = 0; p < NRQ / 2; p++) {
+            const float *ap = a->acc + (i * NRQ + 2 * p) * 16, *mp = a->macc + (i * NRQ + 2 * p) * 8;
+            acc[i][p] = a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
+            macc[i][p] = a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(mp), _mm256_loadu_ps(mp + 8));
+        }
+    }
+    const __m512i m0f = _mm512_set1_epi8(15);
+    const size_t qs_off = offsetof(struct block_q4_k, qs);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const size_t off = (size_t)(a->b0 / 8 + sb) * sizeof(struct block_q4_k);
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
+            __m512 sp, mp;
+            q45k_scales2(w0, w1, &sp, &mp);
+            __m512 sd[MRQ]; /* s·dx of the super-block's 8 blocks, both rows */
+            for (int i = 0; i < mr; i++) {
+                sd[i] = _mm512_mul_ps(sp, dup_ps(_mm256_loadu_ps(dx[i] + 8 * sb)));
+                macc[i][p] = _mm512_fmadd_ps(mp, dup_ps(_mm256_loadu_ps(sxd[i] + 8 * sb)), macc[i][p]);
+            }
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
+                const __m512i q = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qs_off + 32 * h))),
+                    _mm256_loadu_si256((const __m256i *)(w1 + qs_off + 32 * h)), 1);
+                const __m512i u[2] = {_mm512_and_si512(q, m0f),
+                                      _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f)};
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) {
+                    const int b = 2 * h + e;
+                    const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                                         8 + b, b, b, b, b, b, b, b, b);
+                    for (int i = 0; i < mr; i++) {
+                        const __m512i xv = _mm512_broadcast_i64x4(
+                            _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
+                        const __m512 l =
+                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[e], xv));
+                        acc[i][p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[i]), acc[i][p]);
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int p = 0; p < NRQ / 2; p++) {
+            float *ap = a->acc + (i * NRQ + 2 * p) * 16, *mp = a->macc + (i * NRQ + 2 * p) * 8;
+            _mm256_storeu_ps(ap, _mm512_castps512_ps256(acc[i][p]));
+            _mm256_storeu_ps(ap + 16, high_ps(acc[i][p]));
+            _mm256_storeu_ps(mp, _mm512_castps512_ps256(macc[i][p]));
+            _mm256_storeu_ps(mp + 8, high_ps(macc[i][p]));
+        }
+}
+
+__attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                             int sh)
+{
+    (void)m_, (void)sh;
+    if (mr == 1)
+        q4k_dot_body512(a, 1);
+    else
+        q4k_dot_body512(a, 2);
+}
+static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_K] = dir8_512_q4_k};
 #endif /* MM_X86 */
 
 /* ---- the types and the instruction sets ------------------------------------------------------------------
@@ -1234,7 +1360,8 @@ struct q8_isa {
     q8_dot_fn dot[KERN_CPU_ACT_COUNT];
     int mr[KERN_CPU_ACT_COUNT];
     q8_f32_fn to_f32;        /* f32 arithmetic past MR rows: codes to the f32 tile */
-    const q8_dot_fn *direct; /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
+    const q8_dot_fn *direct;  /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
+    const q8_dot_fn *direct8; /* int8 arithmetic, m <= Q8_DIRECT_M: the same, where a type has one */
 };
 
 static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
@@ -1251,7 +1378,8 @@ static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
                                  {f32_dot_avx512, q8_dot_vnni512},
                                  {MRQ, MRQ},
                                  q8_to_f32_avx2,
-                                 dir512},
+                                 dir512,
+                                 dir8_512},
 #endif
 };
 
@@ -1509,12 +1637,14 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
     memset(&tile, 0, sizeof tile);
     const int bs = dtype_block_size(c->wt);
     const size_t bsz = dtype_type_size(c->wt);
+    /* The int8 direct kernels use no tile: one chunk of whole rows (the same sums; fewer calls) */
+    const int kcq = c->int8 && c->direct ? k : KCQ;
     for (int i0m = 0; i0m < m; i0m += MBQ) {
         const int mb = m - i0m < MBQ ? m - i0m : MBQ;
         for (int j0 = j_lo; j0 < j_hi; j0 += NRQ) {
             const int nr = j_hi - j0 < NRQ ? j_hi - j0 : NRQ;
-            for (int c0 = 0; c0 < k; c0 += KCQ) {
-                const int kc = k - c0 < KCQ ? k - c0 : KCQ, nbc = kc / QB;
+            for (int c0 = 0; c0 < k; c0 += kcq) {
+                const int kc = k - c0 < kcq ? k - c0 : kcq, nbc = kc / QB;
                 const size_t off = (size_t)(c0 / bs) * bsz, len = (size_t)(kc / bs) * bsz;
                 const uint8_t *rows[NRQ];
                 for (int j = 0; j < NRQ; j++) {
@@ -1530,6 +1660,7 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                         for (size_t o = 0; o < len; o += 64)
                             prefetch_l2(wr + PF_AHEAD * c->row_bytes + off + o);
                     if (!c->direct) c->dec(wr, c0, kc, tile.u[j], tile.s[j], tile.mn[j]);
+                    if (kcq != KCQ) continue;
                     /* whole groups of 8 blocks are read by the per-block terms: zeros past the chunk */
                     for (int b = nbc; b % 8; b++) tile.mn[j][b] = 0.0f;
                     if (c->qk->mode == Q8M_OFF)
@@ -1623,6 +1754,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->dot = isa->dot[act];
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
+        if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
         if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
