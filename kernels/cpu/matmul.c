@@ -20,6 +20,9 @@
  *    pmaddwd with AVX2, plain C elsewhere; the offset enters exactly through the lanes' sums of q), converted
  *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
  *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
+ *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's and Q6_K's codes are read in place from the
+ *    weights instead (no tile; two weight rows per 512-bit register), with the same integer sums and the same
+ *    f32 steps per lane, so bitwise the tile's results (decode's products at m = 1: kernels/cpu/NOTES.md).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
@@ -269,7 +272,7 @@ static void plain_to_f32(const void *w, ptrdiff_t c, int kc, float *dst, enum wk
 #define KCQ 1024 /* columns per decoded chunk: a multiple of 256 (whole K-quant super-blocks) */
 #define MBQ 64   /* x rows whose sums a task keeps (on its stack) before it moves to the next rows */
 #define MRQ 4    /* most x rows per dot call (the AVX2 kernel takes 2: 16 registers) */
-#define Q8_DIRECT_M 2 /* int8 arithmetic: up to this many x rows, kernels that read codes in place (no tile) */
+#define Q8_DIRECT_M 2    /* int8: up to this many x rows, kernels that read codes in place (no tile) */
 
 /* How a weight type's decoded codes become values (see q8_kind). */
 enum q8_mode {
@@ -314,7 +317,7 @@ struct q8_dot {
     const struct q8x *x; /* x prepared: quantized (int8 arithmetic) or its block sums only (f32) */
     const float *xf;     /* x (m, k) itself (f32 arithmetic) */
     int i0;
-    struct q8_tile *t;      /* direct kernels write the blocks' scales into it as they go */
+    struct q8_tile *t;      /* the f32 direct kernels write the blocks' scales into it */
     const uint8_t *row[NR]; /* direct kernels: the weight rows, read in place */
     int k;                  /* columns of x */
     int b0, nb;             /* the chunk's first block within the row, and its block count */
@@ -1210,8 +1213,9 @@ static const q8_dot_fn dir512[DTYPE_COUNT] = {
  * tile) with two weight rows per 512-bit register (lanes 0-7 row j, 8-15 row j + 1; each half holds one
  * block's 8 lanes), the scales and minimums unpacked once per super-block and multiplied by dx 8 blocks at a
  * time. Every lane takes the integer sum and the f32 steps of q8_dot_body512 and q8_min_terms in their order
- * (per block fma(lanes, s·dx, acc); per super-block fma(mn, sxd, macc)), so the results are bitwise equal;
- * the saving is the tile's stores and loads and a third of the vector instructions. */
+ * (per block fma(lanes, s·dx, acc); per super-block fma(mn, sxd, macc)), so the results are bitwise equal.
+ * Saved: the decode pass, the tile's stores and loads, the per-block scale broadcasts (one thread, weights in
+ * L2: 1.7x the tile path's rate; kernels/cpu/NOTES.md, session 14). */
 static inline AI_512 __m512 dup_ps(__m256 v)
 {
     return pair_ps(v, v);
@@ -1226,10 +1230,10 @@ static inline AI_512 void q45k_scales2(const uint8_t *pa, const uint8_t *pb, __m
      * (t_{i+4} >> 4) | (t_i >> 6) << 4: bytes 0-7 of r the scales, 8-15 the minimums. */
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
                                               _mm_loadu_si128((const __m128i *)pb), 1);
-    const __m256i i1 = _mm256_broadcastsi128_si256(
-        _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m256i i2 = _mm256_broadcastsi128_si256(
-        _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m256i i1 =
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m256i i2 =
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
     const __m256i ma = _mm256_broadcastsi128_si256(_mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0));
     const __m256i mb = _mm256_broadcastsi128_si256(_mm_setr_epi32(0, 0, 0, 0x0f0f0f0f));
     const __m256i t1 = _mm256_shuffle_epi8(v, i1), t2 = _mm256_shuffle_epi8(v, i2);
@@ -1241,7 +1245,8 @@ static inline AI_512 void q45k_scales2(const uint8_t *pa, const uint8_t *pb, __m
     const __m512 mif = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
     const __m256i id = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
     const __m512 d = _mm512_cvtph_ps(_mm256_permutexvar_epi16(id, v));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_permutexvar_epi16(_mm256_add_epi16(id, _mm256_set1_epi16(1)), v));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_permutexvar_epi16(_mm256_add_epi16(id, _mm256_set1_epi16(1)), v));
     *s = _mm512_mul_ps(d, scf);
     *mn = _mm512_castsi512_ps(
         _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mif)), _mm512_set1_epi32((int)0x80000000u)));
@@ -1260,42 +1265,51 @@ static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
         sxd[i] = x->sxd + r * x->nbp + a->b0;
         for (int p = 0; p < NRQ / 2; p++) {
             const float *ap = a->acc + (i * NRQ + 2 * p) * 16, *mp = a->macc + (i * NRQ + 2 * p) * 8;
-            acc[i][p] = a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
-            macc[i][p] = a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(mp), _mm256_loadu_ps(mp + 8));
+            acc[i][p] =
+                a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
+            macc[i][p] =
+                a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(mp), _mm256_loadu_ps(mp + 8));
         }
     }
     const __m512i m0f = _mm512_set1_epi8(15);
     const size_t qs_off = offsetof(struct block_q4_k, qs);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * sizeof(struct block_q4_k);
+        __m512 sd[MRQ][NRQ / 2]; /* s·dx of the super-block's 8 blocks, rows 2p and 2p + 1 */
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
-            const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
             __m512 sp, mp;
-            q45k_scales2(w0, w1, &sp, &mp);
-            __m512 sd[MRQ]; /* s·dx of the super-block's 8 blocks, both rows */
+            q45k_scales2(a->row[2 * p] + off, a->row[2 * p + 1] + off, &sp, &mp);
             for (int i = 0; i < mr; i++) {
-                sd[i] = _mm512_mul_ps(sp, dup_ps(_mm256_loadu_ps(dx[i] + 8 * sb)));
+                sd[i][p] = _mm512_mul_ps(sp, dup_ps(_mm256_loadu_ps(dx[i] + 8 * sb)));
                 macc[i][p] = _mm512_fmadd_ps(mp, dup_ps(_mm256_loadu_ps(sxd[i] + 8 * sb)), macc[i][p]);
             }
+        }
 #pragma GCC unroll 4
-            for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
-                const __m512i q = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qs_off + 32 * h))),
-                    _mm256_loadu_si256((const __m256i *)(w1 + qs_off + 32 * h)), 1);
-                const __m512i u[2] = {_mm512_and_si512(q, m0f),
-                                      _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f)};
+        for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
+            __m512i u[NRQ / 2][2];
 #pragma GCC unroll 2
-                for (int e = 0; e < 2; e++) {
-                    const int b = 2 * h + e;
-                    const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
-                                                         8 + b, b, b, b, b, b, b, b, b);
-                    for (int i = 0; i < mr; i++) {
-                        const __m512i xv = _mm512_broadcast_i64x4(
-                            _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
+            for (int p = 0; p < NRQ / 2; p++) {
+                const uint8_t *w0 = a->row[2 * p] + off + qs_off, *w1 = a->row[2 * p + 1] + off + qs_off;
+                const __m512i q = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 32 * h))),
+                    _mm256_loadu_si256((const __m256i *)(w1 + 32 * h)), 1);
+                u[p][0] = _mm512_and_si512(q, m0f);
+                u[p][1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
+            }
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int b = 2 * h + e;
+                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                                     b, b, b, b, b, b, b, b);
+                for (int i = 0; i < mr; i++) {
+                    const __m512i xv = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
+#pragma GCC unroll 2
+                    for (int p = 0; p < NRQ / 2; p++) {
                         const __m512 l =
-                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[e], xv));
-                        acc[i][p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[i]), acc[i][p]);
+                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][e], xv));
+                        acc[i][p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[i][p]), acc[i][p]);
                     }
                 }
             }
@@ -1311,6 +1325,103 @@ static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
         }
 }
 
+/* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q4k_dot_body512's scheme for Q6_K's codes (the low
+ * bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the lanes' sums of
+ * x (n4·32 starts each dot product) and a scale per 16 elements (lanes 0-3 and 4-7 of a block): the integer
+ * sums and the f32 steps of q8_dot_body's Q8M_OFF16 (s·dx, then fma(lanes, s·dx, acc) block by block), so
+ * the results are bitwise equal. */
+static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    const int8_t *xq[MRQ];
+    const int32_t *n4[MRQ];
+    const float *dx[MRQ];
+    __m512 acc[MRQ][NRQ / 2]; /* [i][p]: weight rows 2p (lanes 0-7) and 2p + 1 */
+    for (int i = 0; i < mr; i++) {
+        const size_t r = (size_t)(a->i0 + i);
+        xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
+        n4[i] = x->n4 + (r * x->nb + a->b0) * 8;
+        dx[i] = x->dx + r * x->nbp + a->b0;
+        for (int p = 0; p < NRQ / 2; p++) {
+            const float *ap = a->acc + (i * NRQ + 2 * p) * 16;
+            acc[i][p] =
+                a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
+        }
+    }
+    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const struct block_q6_k *bl[NRQ];
+        __m512 sdx[MRQ][NRQ]; /* s·dx for the 16 scales of each row (scale t: block t/2's dx) */
+        for (int j = 0; j < NRQ; j++) {
+            bl[j] = (const struct block_q6_k *)a->row[j] + a->b0 / 8 + sb;
+            const __m512 s16 = _mm512_mul_ps(
+                _mm512_set1_ps(_cvtsh_ss(bl[j]->d)),
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[j]->scales))));
+            for (int i = 0; i < mr; i++)
+                sdx[i][j] = _mm512_mul_ps(
+                    s16,
+                    _mm512_permutexvar_ps(dup2, _mm512_castps256_ps512(_mm256_loadu_ps(dx[i] + 8 * sb))));
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) { /* elements 128h .. 128h + 127: blocks 4h + g */
+            __m512i xv[MRQ][4], cv[MRQ][4];
+            for (int i = 0; i < mr; i++)
+                for (int g = 0; g < 4; g++) {
+                    const int b = 8 * sb + 4 * h + g;
+                    xv[i][g] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq[i] + QB * b)));
+                    cv[i][g] = _mm512_slli_epi32(
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * b))), 5);
+                }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) {
+                const struct block_q6_k *b0 = bl[2 * p], *b1 = bl[2 * p + 1];
+#define PAIR256(f, o)                                                                                        \
+    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0->f + (o)))),           \
+                       _mm256_loadu_si256((const __m256i *)(b1->f + (o))), 1)
+                const __m512i l0 = PAIR256(ql, 64 * h), l1 = PAIR256(ql, 64 * h + 32),
+                              qh = PAIR256(qh, 32 * h);
+#undef PAIR256
+                const __m512i u[4] = {_mm512_or_si512(_mm512_and_si512(l0, m0f),
+                                                      _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
+                                      _mm512_or_si512(_mm512_and_si512(l1, m0f),
+                                                      _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
+                                      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f),
+                                                      _mm512_and_si512(qh, m30)),
+                                      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
+                                                      _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30))};
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) {
+                    const int t = 2 * (4 * h + g); /* the block's first scale */
+                    const __m512i sel =
+                        _mm512_setr_epi32(t, t, t, t, t + 1, t + 1, t + 1, t + 1, 16 + t, 16 + t, 16 + t,
+                                          16 + t, 17 + t, 17 + t, 17 + t, 17 + t);
+                    for (int i = 0; i < mr; i++) {
+                        const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i][g], u[g], xv[i][g]));
+                        const __m512 sd = _mm512_permutex2var_ps(sdx[i][2 * p], sel, sdx[i][2 * p + 1]);
+                        acc[i][p] = _mm512_fmadd_ps(l, sd, acc[i][p]);
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int p = 0; p < NRQ / 2; p++) {
+            float *ap = a->acc + (i * NRQ + 2 * p) * 16;
+            _mm256_storeu_ps(ap, _mm512_castps512_ps256(acc[i][p]));
+            _mm256_storeu_ps(ap + 16, high_ps(acc[i][p]));
+        }
+}
+
+__attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                             int sh)
+{
+    (void)m_, (void)sh;
+    if (mr == 1)
+        q6k_dot_body512(a, 1);
+    else
+        q6k_dot_body512(a, 2);
+}
 __attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
@@ -1320,7 +1431,7 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot
     else
         q4k_dot_body512(a, 2);
 }
-static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_K] = dir8_512_q4_k};
+static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q6_K] = dir8_512_q6_k};
 #endif /* MM_X86 */
 
 /* ---- the types and the instruction sets ------------------------------------------------------------------
@@ -1360,18 +1471,18 @@ struct q8_isa {
     q8_dot_fn dot[KERN_CPU_ACT_COUNT];
     int mr[KERN_CPU_ACT_COUNT];
     q8_f32_fn to_f32;        /* f32 arithmetic past MR rows: codes to the f32 tile */
-    const q8_dot_fn *direct;  /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
+    const q8_dot_fn *direct; /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
     const q8_dot_fn *direct8; /* int8 arithmetic, m <= Q8_DIRECT_M: the same, where a type has one */
 };
 
 static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
     [KERN_CPU_ISA_PORTABLE] =
-        {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL},
+        {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL},
 #ifdef MM_X86
     [KERN_CPU_ISA_AVX2] =
-        {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL},
+        {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL, NULL},
     [KERN_CPU_ISA_AVXVNNI] =
-        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL},
+        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL, NULL},
     [KERN_CPU_ISA_AVX512VNNI] = {"avx512-vnni",
                                  1,
                                  q8x_row_avx2,
@@ -1637,14 +1748,12 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
     memset(&tile, 0, sizeof tile);
     const int bs = dtype_block_size(c->wt);
     const size_t bsz = dtype_type_size(c->wt);
-    /* The int8 direct kernels use no tile: one chunk of whole rows (the same sums; fewer calls) */
-    const int kcq = c->int8 && c->direct ? k : KCQ;
     for (int i0m = 0; i0m < m; i0m += MBQ) {
         const int mb = m - i0m < MBQ ? m - i0m : MBQ;
         for (int j0 = j_lo; j0 < j_hi; j0 += NRQ) {
             const int nr = j_hi - j0 < NRQ ? j_hi - j0 : NRQ;
-            for (int c0 = 0; c0 < k; c0 += kcq) {
-                const int kc = k - c0 < kcq ? k - c0 : kcq, nbc = kc / QB;
+            for (int c0 = 0; c0 < k; c0 += KCQ) {
+                const int kc = k - c0 < KCQ ? k - c0 : KCQ, nbc = kc / QB;
                 const size_t off = (size_t)(c0 / bs) * bsz, len = (size_t)(kc / bs) * bsz;
                 const uint8_t *rows[NRQ];
                 for (int j = 0; j < NRQ; j++) {
@@ -1660,7 +1769,6 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                         for (size_t o = 0; o < len; o += 64)
                             prefetch_l2(wr + PF_AHEAD * c->row_bytes + off + o);
                     if (!c->direct) c->dec(wr, c0, kc, tile.u[j], tile.s[j], tile.mn[j]);
-                    if (kcq != KCQ) continue;
                     /* whole groups of 8 blocks are read by the per-block terms: zeros past the chunk */
                     for (int b = nbc; b % 8; b++) tile.mn[j][b] = 0.0f;
                     if (c->qk->mode == Q8M_OFF)

@@ -307,13 +307,13 @@ Test(matmul, q6_k)
     check_type(DTYPE_Q6_K);
 }
 
-/* The int8 products of 1 and 2 rows of x with Q4_K weights on AVX512-VNNI read the nibbles in place
+/* The int8 products of 1 and 2 rows of x with Q4_K or Q6_K weights on AVX512-VNNI read the codes in place
  * (matmul.c's direct kernels); batches of 3 or more decode them into a tile, and the other instruction sets
  * always do. Both must agree bitwise: each row of a 3-row batch equals that row alone and the first two rows
  * as a batch of 2, and every instruction set gives the same bits; and each against the references
  * (check_quantized). Shapes: n below, at and past a group of 4 and not a multiple of a task's rows, k of one
  * super-block up to 43 (11008: ten 1024-column chunks and a short one), pools of 1, 2 and 3 threads. */
-Test(matmul, q4_k_int8_small_m_equals_tile)
+static void check_small_m_equals_tile(enum dtype t)
 {
     struct tpool *tp2, *tp3;
     cr_assert_eq(tpool_init(&tp2, 2), FERRY_OK);
@@ -321,38 +321,39 @@ Test(matmul, q4_k_int8_small_m_equals_tile)
     const enum kern_cpu_act act0 = kern_cpu_matmul_act();
     const enum kern_cpu_isa best = kern_cpu_isa_best();
     kern_cpu_matmul_set_act(KERN_CPU_ACT_INT8);
-    kt_seed(4242);
+    kt_seed(4242 + (uint64_t)t);
     const int ns[] = {1, 3, 4, 6, 67, 133}, ks[] = {256, 256 * 3, 256 * 4, 256 * 9, 256 * 43};
     for (int ni = 0; ni < N_OF(ns); ni++)
         for (int ki = 0; ki < N_OF(ks); ki++) {
             const int n = ns[ni], k = ks[ki];
-            void *w = random_weight(DTYPE_Q4_K, n, k);
+            void *w = random_weight(t, n, k);
             float *x = random_x(3, k), *bias = malloc(sizeof(float) * n);
             float *y3 = malloc(sizeof(float) * 3 * n), *y = malloc(sizeof(float) * 2 * n);
             float *y2 = malloc(sizeof(float) * 2 * n), *ref = malloc(sizeof(float) * 3 * n);
             kt_fill(bias, n, -2.0f, 2.0f);
             char what[128];
-            snprintf(what, sizeof what, "Q4_K int8 n=%d k=%d (%s)", n, k, kern_cpu_isa_name(best));
-            cr_assert_eq(kern_cpu_matmul(y3, x, w, DTYPE_Q4_K, bias, 3, n, k, tp2), FERRY_OK);
+            snprintf(what, sizeof what, "%s int8 n=%d k=%d (%s)", dtype_name(t), n, k,
+                     kern_cpu_isa_name(best));
+            cr_assert_eq(kern_cpu_matmul(y3, x, w, t, bias, 3, n, k, tp2), FERRY_OK);
             for (int m = 1; m <= 2; m++) {
                 for (size_t e = 0; e < (size_t)m * n; e++) y[e] = NAN;
-                cr_assert_eq(kern_cpu_matmul(y, x, w, DTYPE_Q4_K, bias, m, n, k, tp3), FERRY_OK);
-                cr_assert_eq(kern_cpu_matmul_ref(ref, x, w, DTYPE_Q4_K, bias, m, n, k), FERRY_OK);
-                check_quantized(what, DTYPE_Q4_K, y, ref, x, w, bias, m, n, k);
+                cr_assert_eq(kern_cpu_matmul(y, x, w, t, bias, m, n, k, tp3), FERRY_OK);
+                cr_assert_eq(kern_cpu_matmul_ref(ref, x, w, t, bias, m, n, k), FERRY_OK);
+                check_quantized(what, t, y, ref, x, w, bias, m, n, k);
                 cr_assert(memcmp(y, y3, sizeof(float) * m * n) == 0, "%s: %d rows differ from a batch of 3",
                           what, m);
-                cr_assert_eq(kern_cpu_matmul(y2, x, w, DTYPE_Q4_K, bias, m, n, k, NULL), FERRY_OK);
+                cr_assert_eq(kern_cpu_matmul(y2, x, w, t, bias, m, n, k, NULL), FERRY_OK);
                 cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "%s: m=%d, 1 vs 3 threads", what, m);
                 for (int isa = KERN_CPU_ISA_PORTABLE; isa < (int)best; isa++) {
                     if (kern_cpu_isa_limit((enum kern_cpu_isa)isa) != (enum kern_cpu_isa)isa) continue;
-                    cr_assert_eq(kern_cpu_matmul(y2, x, w, DTYPE_Q4_K, bias, m, n, k, tp2), FERRY_OK);
+                    cr_assert_eq(kern_cpu_matmul(y2, x, w, t, bias, m, n, k, tp2), FERRY_OK);
                     kern_cpu_isa_limit(best);
                     cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "%s: m=%d, %s differs", what, m,
                               kern_cpu_isa_name((enum kern_cpu_isa)isa));
                 }
                 kern_cpu_isa_limit(best);
             }
-            cr_assert_eq(kern_cpu_matmul(y, x + k, w, DTYPE_Q4_K, bias, 1, n, k, tp2), FERRY_OK);
+            cr_assert_eq(kern_cpu_matmul(y, x + k, w, t, bias, 1, n, k, tp2), FERRY_OK);
             cr_assert(memcmp(y, y3 + n, sizeof(float) * n) == 0, "%s: row 1 alone differs", what);
             free(w);
             free(x);
@@ -365,6 +366,15 @@ Test(matmul, q4_k_int8_small_m_equals_tile)
     kern_cpu_matmul_set_act(act0);
     tpool_free(tp2);
     tpool_free(tp3);
+}
+
+Test(matmul, q4_k_int8_small_m_equals_tile)
+{
+    check_small_m_equals_tile(DTYPE_Q4_K);
+}
+Test(matmul, q6_k_int8_small_m_equals_tile)
+{
+    check_small_m_equals_tile(DTYPE_Q6_K);
 }
 
 /* x with a NaN or an infinity in one block: that row's outputs are not finite (int8: NaN; never a silently
