@@ -20,9 +20,9 @@
  *    pmaddwd with AVX2, plain C elsewhere; the offset enters exactly through the lanes' sums of q), converted
  *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
  *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
- *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's and Q6_K's codes are read in place from the
- *    weights instead (no tile; two weight rows per 512-bit register), with the same integer sums and the same
- *    f32 steps per lane, so bitwise the tile's results (decode's products at m = 1: kernels/cpu/NOTES.md).
+ *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's, Q5_K's and Q6_K's codes are read in place
+ *    from the weights instead (no tile; two weight rows per 512-bit register), with the same integer sums and
+ *    the same f32 steps per lane, so bitwise the tile's results (decode's products at m = 1: NOTES.md).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
@@ -1209,11 +1209,12 @@ DIR_FN(q4_1, Q8M_AFFINE)
 static const q8_dot_fn dir512[DTYPE_COUNT] = {
     [DTYPE_Q8_0] = dir512_q8_0, [DTYPE_Q4_0] = dir512_q4_0, [DTYPE_Q4_1] = dir512_q4_1};
 
-/* int8 arithmetic, Q4_K, m <= Q8_DIRECT_M on AVX512-VNNI: the nibbles are read in place (no decode pass, no
- * tile) with two weight rows per 512-bit register (lanes 0-7 row j, 8-15 row j + 1; each half holds one
- * block's 8 lanes), the scales and minimums unpacked once per super-block and multiplied by dx 8 blocks at a
- * time. Every lane takes the integer sum and the f32 steps of q8_dot_body512 and q8_min_terms in their order
- * (per block fma(lanes, s·dx, acc); per super-block fma(mn, sxd, macc)), so the results are bitwise equal.
+/* int8 arithmetic, Q4_K and Q5_K, m <= Q8_DIRECT_M on AVX512-VNNI: the nibbles (and Q5_K's fifth bits) are
+ * read in place (no decode pass, no tile) with two weight rows per 512-bit register (lanes 0-7 row j, 8-15
+ * row j + 1; each half holds one block's 8 lanes), the scales and minimums unpacked once per super-block and
+ * multiplied by dx 8 blocks at a time. Every lane takes the integer sum and the f32 steps of q8_dot_body512
+ * and q8_min_terms in their order (per block fma(lanes, s·dx, acc); per super-block fma(mn, sxd, macc)), so
+ * the results are bitwise equal.
  * Saved: the decode pass, the tile's stores and loads, the per-block scale broadcasts (one thread, weights in
  * L2: 1.7x the tile path's rate; kernels/cpu/NOTES.md, session 14). */
 static inline AI_512 __m512 dup_ps(__m256 v)
@@ -1252,7 +1253,9 @@ static inline AI_512 void q45k_scales2(const uint8_t *pa, const uint8_t *pb, __m
         _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mif)), _mm512_set1_epi32((int)0x80000000u)));
 }
 
-static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
+/* five: Q5_K, whose fifth bits (qh) are put on the nibbles as dec_q45k_avx2 does (bit i of qh[l] to bit 4
+ * of block i's element l), so the codes and every sum that follows are the tile's. */
+static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr, const int five)
 {
     const struct q8x *x = a->x;
     const int8_t *xq[MRQ];
@@ -1271,10 +1274,17 @@ static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
                 a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(mp), _mm256_loadu_ps(mp + 8));
         }
     }
-    const __m512i m0f = _mm512_set1_epi8(15);
-    const size_t qs_off = offsetof(struct block_q4_k, qs);
+    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const size_t qh_off = offsetof(struct block_q5_k, qh);
     for (int sb = 0; sb < a->nb / 8; sb++) {
-        const size_t off = (size_t)(a->b0 / 8 + sb) * sizeof(struct block_q4_k);
+        const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
+        __m512i qh[NRQ / 2]; /* Q5_K: qh of rows 2p (bytes 0-31) and 2p + 1 */
+        for (int p = 0; p < NRQ / 2 && five; p++)
+            qh[p] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a->row[2 * p] + off + qh_off))),
+                _mm256_loadu_si256((const __m256i *)(a->row[2 * p + 1] + off + qh_off)), 1);
         __m512 sd[MRQ][NRQ / 2]; /* s·dx of the super-block's 8 blocks, rows 2p and 2p + 1 */
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
@@ -1296,6 +1306,11 @@ static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
                     _mm256_loadu_si256((const __m256i *)(w1 + 32 * h)), 1);
                 u[p][0] = _mm512_and_si512(q, m0f);
                 u[p][1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
+                if (five) { /* bits 2h and 2h + 1 of each qh byte to bit 4 (b10 keeps each byte's own bit) */
+                    const __m512i hb = _mm512_srli_epi16(qh[p], 2 * h);
+                    u[p][0] = _mm512_or_si512(u[p][0], _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
+                    u[p][1] = _mm512_or_si512(u[p][1], _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
+                }
             }
 #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
@@ -1325,7 +1340,7 @@ static inline AI_512 void q4k_dot_body512(const struct q8_dot *a, const int mr)
         }
 }
 
-/* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q4k_dot_body512's scheme for Q6_K's codes (the low
+/* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q45k_dot_body512's scheme for Q6_K's codes (the low
  * bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the lanes' sums of
  * x (n4·32 starts each dot product) and a scale per 16 elements (lanes 0-3 and 4-7 of a block): the integer
  * sums and the f32 steps of q8_dot_body's Q8M_OFF16 (s·dx, then fma(lanes, s·dx, acc) block by block), so
@@ -1427,11 +1442,21 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot
 {
     (void)m_, (void)sh;
     if (mr == 1)
-        q4k_dot_body512(a, 1);
+        q45k_dot_body512(a, 1, 0);
     else
-        q4k_dot_body512(a, 2);
+        q45k_dot_body512(a, 2, 0);
 }
-static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q6_K] = dir8_512_q6_k};
+__attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                             int sh)
+{
+    (void)m_, (void)sh;
+    if (mr == 1)
+        q45k_dot_body512(a, 1, 1);
+    else
+        q45k_dot_body512(a, 2, 1);
+}
+static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
+    [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
 #endif /* MM_X86 */
 
 /* ---- the types and the instruction sets ------------------------------------------------------------------

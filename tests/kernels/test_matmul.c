@@ -307,10 +307,10 @@ Test(matmul, q6_k)
     check_type(DTYPE_Q6_K);
 }
 
-/* The int8 products of 1 and 2 rows of x with Q4_K or Q6_K weights on AVX512-VNNI read the codes in place
- * (matmul.c's direct kernels); batches of 3 or more decode them into a tile, and the other instruction sets
- * always do. Both must agree bitwise: each row of a 3-row batch equals that row alone and the first two rows
- * as a batch of 2, and every instruction set gives the same bits; and each against the references
+/* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI read the codes in
+ * place (matmul.c's direct kernels); batches of 3 or more decode them into a tile, and the other instruction
+ * sets always do. Both must agree bitwise: each row of a 3-row batch equals that row alone and the first two
+ * rows as a batch of 2, and every instruction set gives the same bits; and each against the references
  * (check_quantized). Shapes: n below, at and past a group of 4 and not a multiple of a task's rows, k of one
  * super-block up to 43 (11008: ten 1024-column chunks and a short one), pools of 1, 2 and 3 threads. */
 static void check_small_m_equals_tile(enum dtype t)
@@ -371,6 +371,11 @@ static void check_small_m_equals_tile(enum dtype t)
 Test(matmul, q4_k_int8_small_m_equals_tile)
 {
     check_small_m_equals_tile(DTYPE_Q4_K);
+}
+/* Q5_K: the fifth bits of qh (random in random_weight) put on the nibbles in place as the decoder does. */
+Test(matmul, q5_k_int8_small_m_equals_tile)
+{
+    check_small_m_equals_tile(DTYPE_Q5_K);
 }
 Test(matmul, q6_k_int8_small_m_equals_tile)
 {
