@@ -21,8 +21,9 @@
  *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
  *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
  *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's, Q5_K's and Q6_K's codes are read in place
- *    from the weights instead (no tile; two weight rows per 512-bit register), with the same integer sums and
- *    the same f32 steps per lane, so bitwise the tile's results (decode's products at m = 1: NOTES.md).
+ *    from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI Q4_K's
+ *    and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32 steps per lane,
+ *    so bitwise the tile's results (decode's products at m = 1: NOTES.md).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
@@ -901,6 +902,93 @@ __attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_do
         Q8_CASES2(Q8M_AFFINE, lane_dot_avxvnni)
     }
 }
+
+/* int8 arithmetic, Q4_K and Q5_K, m <= Q8_DIRECT_M on AVX2 and AVX-VNNI: the codes read in place as in
+ * q45k_dot_body512, one weight row and block per 256-bit register, the lane sums by the instruction set's
+ * lane_dot as q8_dot_body forms them. Every (x row, weight row) takes q8_dot_body's and q8_min_terms' f32
+ * steps in their order (per block fma(lanes, s·dx, acc), s·dx the same product; per super-block fma(mn, sxd,
+ * macc)), so the results are bitwise the tile's. A first pass over the chunk's scales puts s·dx on the stack
+ * (a broadcast load per block, no shuffle) and finishes macc, so the block pass holds only the 8 accumulators
+ * of 2 x rows in the 16 registers. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q45k_dot_body(const struct q8_dot *a, const int mr, const int five, lane_dot_fn dot)
+{
+    const struct q8x *x = a->x;
+    const int8_t *xq[Q8_DIRECT_M];
+    float sd[Q8_DIRECT_M][NRQ][KCQ / QB] __attribute__((aligned(32))); /* s·dx per block of the chunk */
+    __m256 acc[Q8_DIRECT_M][NRQ];
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const size_t qh_off = offsetof(struct block_q5_k, qh);
+    for (int i = 0; i < mr; i++) {
+        const size_t r = (size_t)(a->i0 + i);
+        const float *dx = x->dx + r * x->nbp + a->b0, *sxd = x->sxd + r * x->nbp + a->b0;
+        xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
+        for (int j = 0; j < NRQ; j++) {
+            float *mp = a->macc + (i * NRQ + j) * 8;
+            __m256 m = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(mp);
+            for (int sb = 0; sb < a->nb / 8; sb++) {
+                __m256 s, mn;
+                q45k_scales(a->row[j] + (size_t)(a->b0 / 8 + sb) * bsz, &s, &mn);
+                _mm256_store_ps(sd[i][j] + 8 * sb, _mm256_mul_ps(s, _mm256_loadu_ps(dx + 8 * sb)));
+                m = _mm256_fmadd_ps(mn, _mm256_loadu_ps(sxd + 8 * sb), m);
+            }
+            _mm256_storeu_ps(mp, m);
+            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
+        }
+    }
+    const __m256i m0f = _mm256_set1_epi8(15), b10 = _mm256_set1_epi8(16);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
+            __m256i xv[Q8_DIRECT_M][2];
+            for (int i = 0; i < mr; i++)
+                for (int e = 0; e < 2; e++)
+                    xv[i][e] = _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * (2 * h + e)));
+#pragma GCC unroll 4
+            for (int j = 0; j < NRQ; j++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qs_off + 32 * h));
+                __m256i u[2] = {_mm256_and_si256(q, m0f), _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f)};
+                if (five) { /* bits 2h and 2h + 1 of each qh byte to bit 4, as dec_q45k_avx2 */
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qh_off));
+                    u[0] = _mm256_or_si256(u[0], _mm256_and_si256(bit_to_4(qh, 2 * h), b10));
+                    u[1] = _mm256_or_si256(u[1], _mm256_and_si256(bit_to_4(qh, 2 * h + 1), b10));
+                }
+                for (int e = 0; e < 2; e++)
+                    for (int i = 0; i < mr; i++) {
+                        const __m256i l = dot(_mm256_setzero_si256(), u[e], xv[i][e]);
+                        const __m256 s = _mm256_broadcast_ss(&sd[i][j][8 * sb + 2 * h + e]);
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc[i][j]);
+                    }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+}
+
+#define DIR8_AVX2(name, target_, body, ...)                                                                  \
+    __attribute__((target(target_))) static void name(const struct q8_dot *a, int mr, enum q8_mode m_,       \
+                                                      int sh)                                                \
+    {                                                                                                        \
+        (void)m_, (void)sh;                                                                                  \
+        if (mr == 1)                                                                                         \
+            body(a, 1, __VA_ARGS__);                                                                         \
+        else                                                                                                 \
+            body(a, 2, __VA_ARGS__);                                                                         \
+    }
+DIR8_AVX2(dir8_avx2_q4_k, T_AVX2, q45k_dot_body, 0, lane_dot_avx2)
+DIR8_AVX2(dir8_avx2_q5_k, T_AVX2, q45k_dot_body, 1, lane_dot_avx2)
+DIR8_AVX2(dir8_avxvnni_q4_k, T_AVXVNNI, q45k_dot_body, 0, lane_dot_avxvnni)
+DIR8_AVX2(dir8_avxvnni_q5_k, T_AVXVNNI, q45k_dot_body, 1, lane_dot_avxvnni)
+/* Q6_K stays on the tile here: the same scheme in place (s·dx as 8 lanes per block from a first pass) was
+ * slower (one thread, weights in L2, m = 1: 19.7-20.2 GB/s against 20.6-21.7 through the tile). */
+static const q8_dot_fn dir8_avx2[DTYPE_COUNT] = {
+    [DTYPE_Q4_K] = dir8_avx2_q4_k, [DTYPE_Q5_K] = dir8_avx2_q5_k};
+static const q8_dot_fn dir8_avxvnni[DTYPE_COUNT] = {
+    [DTYPE_Q4_K] = dir8_avxvnni_q4_k, [DTYPE_Q5_K] = dir8_avxvnni_q5_k};
+
 /* The two 8-lane halves of a 512-bit register, and back (AVX512F only: the f32x8 forms need AVX512DQ). */
 static inline __attribute__((always_inline, target(T_VNNI512))) __m512 pair_ps(__m256 lo, __m256 hi)
 {
@@ -1505,9 +1593,15 @@ static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
         {"portable", 0, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL},
 #ifdef MM_X86
     [KERN_CPU_ISA_AVX2] =
-        {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL, NULL},
-    [KERN_CPU_ISA_AVXVNNI] =
-        {"avx-vnni", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL, NULL},
+        {"avx2", 1, q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL, dir8_avx2},
+    [KERN_CPU_ISA_AVXVNNI] = {"avx-vnni",
+                              1,
+                              q8x_row_avx2,
+                              {f32_dot_avx2, q8_dot_avxvnni},
+                              {1, 2},
+                              q8_to_f32_avx2,
+                              NULL,
+                              dir8_avxvnni},
     [KERN_CPU_ISA_AVX512VNNI] = {"avx512-vnni",
                                  1,
                                  q8x_row_avx2,

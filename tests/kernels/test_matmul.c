@@ -307,12 +307,13 @@ Test(matmul, q6_k)
     check_type(DTYPE_Q6_K);
 }
 
-/* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI read the codes in
- * place (matmul.c's direct kernels); batches of 3 or more decode them into a tile, and the other instruction
- * sets always do. Both must agree bitwise: each row of a 3-row batch equals that row alone and the first two
- * rows as a batch of 2, and every instruction set gives the same bits; and each against the references
- * (check_quantized). Shapes: n below, at and past a group of 4 and not a multiple of a task's rows, k of one
- * super-block up to 43 (11008: ten 1024-column chunks and a short one), pools of 1, 2 and 3 threads. */
+/* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and Q5_K also
+ * on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or more decode them
+ * into a tile, and the portable C always does. Both must agree bitwise: each row of a 3-row batch equals that
+ * row alone and the first two rows as a batch of 2, and every instruction set gives the same bits (its 1 and
+ * 2 rows and its 3-row batch); and each against the references (check_quantized). Shapes: n below, at and
+ * past a group of 4 and not a multiple of a task's rows, k of one super-block up to 43 (11008: ten
+ * 1024-column chunks and a short one), pools of 1, 2 and 3 threads. */
 static void check_small_m_equals_tile(enum dtype t)
 {
     struct tpool *tp2, *tp3;
@@ -355,6 +356,14 @@ static void check_small_m_equals_tile(enum dtype t)
             }
             cr_assert_eq(kern_cpu_matmul(y, x + k, w, t, bias, 1, n, k, tp2), FERRY_OK);
             cr_assert(memcmp(y, y3 + n, sizeof(float) * n) == 0, "%s: row 1 alone differs", what);
+            for (int isa = KERN_CPU_ISA_PORTABLE; isa < (int)best; isa++) { /* the tile on every ISA */
+                if (kern_cpu_isa_limit((enum kern_cpu_isa)isa) != (enum kern_cpu_isa)isa) continue;
+                cr_assert_eq(kern_cpu_matmul(ref, x, w, t, bias, 3, n, k, tp2), FERRY_OK);
+                kern_cpu_isa_limit(best);
+                cr_assert(memcmp(ref, y3, sizeof(float) * 3 * n) == 0, "%s: 3 rows on %s differ", what,
+                          kern_cpu_isa_name((enum kern_cpu_isa)isa));
+            }
+            kern_cpu_isa_limit(best);
             free(w);
             free(x);
             free(bias);
