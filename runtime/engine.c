@@ -816,8 +816,9 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
     }
     if (!ext_pos) return w;
     const struct llm_hparams *hp = &e->model.hp;
-    const double el = e->p.kv_type == KV_Q8_0 ? 34.0 / 32 : 2.0; /* bytes per K or V element on the GPU */
-    const double bytes = (double)ext_pos * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * el;
+    const enum kv_elem el = e->p.kv_type == KV_Q8_0 ? KV_Q8_0 : KV_F16; /* the GPU's K/V */
+    const double bytes =
+        2.0 * (double)kv_elem_bytes(el, (size_t)ext_pos * hp->n_layers * hp->n_kv_heads * hp->head_dim);
     const double pace = e->adapt && e->pace.pace > 0 ? e->pace.pace : 1.0;
     const double rate = (double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace);
     if (!step_plan_ext_streams(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate)) return w;

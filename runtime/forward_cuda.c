@@ -803,8 +803,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     }
     if (kv->n_ext) {
         const size_t ext_el = (size_t)L * kv->n_ext * kv->block_size * kvd; /* elements of K (or V) */
-        const size_t ext_bytes =
-            p->kv_q8 ? 2 * (ext_el + ext_el / 32 * sizeof(uint16_t)) : 2 * ext_el * sizeof(uint16_t);
+        const size_t ext_bytes = 2 * kv_elem_bytes(p->kv_q8 ? KV_Q8_0 : KV_F16, ext_el); /* both planes */
         FLOG_INFO("pinning %.2f GiB of host memory for the KV pool's extension (%lld positions)",
                   ext_bytes / 1073741824.0, (long long)f->map.kv_ext_tokens);
         if ((f->kv_ext = pinned_mapped_alloc(ext_bytes)) == NULL) {

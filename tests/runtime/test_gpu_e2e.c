@@ -368,9 +368,9 @@ static void ext_check(const struct e2e_model *m, struct engine_params p)
     cr_assert_eq(st.kv_host_bytes, 0);
     /* The batch needs more blocks than the device's part of the pool: later sequences use the extension. */
     const struct llm_hparams *hp = engine_hparams(ref);
-    const double el_bytes = p.kv_type == KV_Q8_0 ? 34.0 / 32 : 2.0; /* (Q8_0: codes and a scale per 32) */
     const uint64_t block_bytes =
-        (uint64_t)((double)st.kv_block_size * 2 * hp->n_layers * hp->n_kv_heads * hp->head_dim * el_bytes);
+        2 * kv_elem_bytes(p.kv_type == KV_Q8_0 ? KV_Q8_0 : KV_F16,
+                          (size_t)st.kv_block_size * hp->n_layers * hp->n_kv_heads * hp->head_dim);
     engine_get_stats(ext, &st);
     int need = 0;
     for (int s = 0; s < B; s++) need += (10 + 3 * s + steps + st.kv_block_size - 1) / st.kv_block_size;
