@@ -32,6 +32,7 @@ struct backend_stats {
     uint64_t vram_budget, vram_planned, vram_used;
     uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory */
     uint64_t kv_ext_host_rows; /* rows x layers whose extension positions the host's cores attended to */
+    double kv_ext_host_seconds; /* wall time of that attention (the compute stream waits on all of it) */
     double h2d_bytes_per_s; /* measured ceilings: pinned host→device, device copy (read+write) */
     double hbm_bytes_per_s;
     uint64_t layers_run;  /* layer calls made on this backend */

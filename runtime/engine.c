@@ -881,6 +881,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
         st->vram_used = gs.vram_used;
         st->kv_host_bytes = gs.kv_host_bytes;
         st->kv_ext_host_rows = gs.kv_ext_host_rows;
+        st->kv_ext_host_seconds = gs.kv_ext_host_seconds;
         st->h2d_bytes_per_s = gs.h2d_bytes_per_s;
         st->hbm_bytes_per_s = gs.hbm_bytes_per_s;
         if (e->cpu) {

@@ -1062,6 +1062,8 @@ static void CUDART_CB ext_attention_host(void *arg)
 {
     const struct ext_job *j = arg;
     struct forward_cuda *f = j->f;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
     const int T = f->max_tokens, r0 = f->ext_r0, rows = f->ext_r1 - f->ext_r0;
@@ -1082,6 +1084,8 @@ static void CUDART_CB ext_attention_host(void *arg)
         f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view, f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,
         f->h_ints + (size_t)T + r0, rows, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->ext_pool);
     if (rc && !f->ext_rc) f->ext_rc = rc;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    f->stats.kv_ext_host_seconds += (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
 }
 
 /* Layer l's attention with the host's part (see struct forward_cuda): the device's over the clamped

@@ -80,6 +80,7 @@ void metrics_set_engine(struct metrics *m, int queued, int running, const struct
     m->vram_used = st->vram_used;
     m->kv_host_bytes = st->kv_host_bytes;
     m->kv_ext_host_rows = st->kv_ext_host_rows;
+    m->kv_ext_host_seconds = st->kv_ext_host_seconds;
     m->ext_streamed_steps = st->ext_streamed_steps;
     m->host_pace = st->host_pace;
     m->plan_revisions = st->plan_revisions;
@@ -231,6 +232,12 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_kv_ext_host_rows_total",
             "Token rows x layers whose attention over the extension's positions the host's cores computed.",
             m->kv_ext_host_rows);
+    sb_printf(
+        &b,
+        "# HELP ferry_kv_ext_host_seconds_total Wall time of the host's attention over the extension (the "
+        "compute stream waits for it).\n"
+        "# TYPE ferry_kv_ext_host_seconds_total counter\nferry_kv_ext_host_seconds_total %.6f\n",
+        m->kv_ext_host_seconds);
     COUNTER(
         "ferry_ext_streamed_steps_total",
         "Steps whose CPU-planned host layers streamed instead, the host's cores attending to the extension.",

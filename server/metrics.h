@@ -37,7 +37,7 @@ struct metrics {
     int layers_resident, layers_streamed;
     uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes, kv_ext_host_rows,
         ext_streamed_steps;
-    double copy_seconds, stall_seconds;
+    double copy_seconds, stall_seconds, kv_ext_host_seconds;
     double
         host_pace; /* --placement auto: host layers' pace against their start-up timing (0: not followed) */
     int plan_revisions; /* times the step plan was made again for it */

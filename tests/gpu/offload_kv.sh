@@ -8,7 +8,8 @@
 # Env: OFFLOAD_TYPES (default "F16 Q8_0"), OFFLOAD_ARGS (extra options for both bench and serve),
 # OFFLOAD_MODES (default "host": FERRY_KV_EXT_ATTN for each run in turn; "device" reads the pool's extension
 # over the link as before session 11), OFFLOAD_BENCH (default 1; 0 skips ferry bench), OFFLOAD_TAG (a suffix for
-# the output files: runs with other OFFLOAD_ARGS in one call, e.g. OFFLOAD_ARGS="--kv-type q8_0" OFFLOAD_TAG=-kvq8).
+# the output files: runs with other OFFLOAD_ARGS in one call, e.g. OFFLOAD_ARGS="--kv-type q8_0" OFFLOAD_TAG=-kvq8),
+# OFFLOAD_TIME (the load's time limit in seconds, default 90).
 # Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>-<mode><tag>.json and .log.
 set -u
 src=$(pwd)
@@ -43,14 +44,14 @@ for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
   done
   if [ $up = 1 ]; then
     PYTHONUNBUFFERED=1 timeout 200 python3 tests/server/loadgen.py --url http://127.0.0.1:18080 --concurrency 16 \
-      --requests 32 --max-tokens 128 --temperature 0.8 --time-limit 90 --json > $W/load-$M.json 2> $W/load-$M.err
+      --requests 32 --max-tokens 128 --temperature 0.8 --time-limit ${OFFLOAD_TIME:-90} --json > $W/load-$M.json 2> $W/load-$M.err
     log "load rc=$?"
     python3 -c "
 import json,sys
 for r in json.load(open(sys.argv[1])):
     print(f\"served {sys.argv[2]} ($mode) c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
 " $W/load-$M.json $M | tee -a "$out/offload.txt"
-    curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|ext_streamed|kv_blocks|vram_|layers_|host_pace|step_plan)" | tee -a "$out/offload.txt"
+    curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|ext_streamed|kv_blocks|vram_|layers_|host_pace|step_plan|engine_(steps|busy)|stream_stall)" | tee -a "$out/offload.txt"
     cp $W/load-$M.json "$out/serve-offload-$M-$mode${OFFLOAD_TAG:-}.json"
   else
     log "ferry serve did not start: $(tail -3 $W/serve-$M.log)"

