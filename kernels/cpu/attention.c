@@ -516,7 +516,17 @@ static void att_task(void *arg, int task)
     const int r = task - c->task_base[lo], part = r / (n_kv * c->split), rr = r % (n_kv * c->split);
     const int kvh = rr / c->split, s = rr % c->split;
     const int h0 = kvh * c->group + s * per;
+#if defined(__SSE__)
+    /* Subnormals flushed (FTZ, DAZ) for the task: a peaked softmax makes many of its weights, and of their
+     * products with a Q8_0 block's scale, subnormal, and each such operation takes a microcode assist (tens
+     * to hundreds of cycles). What they would add is below 2^-126 against a sum of at least 1. */
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+#endif
     att_rows(c, c->tile_row[lo], c->tile_row[lo + 1] - c->tile_row[lo], kvh, h0, h0 + per, part);
+#if defined(__SSE__)
+    _mm_setcsr(csr);
+#endif
 }
 
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,

@@ -31,7 +31,8 @@ static double now_s(void)
 int main(int argc, char **argv)
 {
     int threads = 2, ctx = 4096, tokens = 1, heads = 32, kvh = 32, hd = 128, reps = 8, chunk = 0, opt;
-    while ((opt = getopt(argc, argv, "t:c:b:p:H:K:d:r:")) != -1) {
+    float scale = 0.088f;
+    while ((opt = getopt(argc, argv, "t:c:b:p:H:K:d:r:s:")) != -1) {
         const int v = atoi(optarg);
         switch (opt) {
         case 't':
@@ -58,11 +59,14 @@ int main(int argc, char **argv)
         case 'r':
             reps = v;
             break;
+        case 's':
+            scale = (float)atof(optarg);
+            break;
         default:
             fprintf(stderr,
                     "usage: %s [-t threads] [-c ctx] [-b tokens | -p rows] [-H heads] [-K kv_heads] [-d "
                     "head_dim] "
-                    "[-r reps]\n",
+                    "[-r reps] [-s scale]\n",
                     argv[0]);
             return 2;
         }
@@ -141,7 +145,7 @@ int main(int argc, char **argv)
                 kv.v_scale = (uint16_t *)((int8_t *)v[c] + cells);
             }
             const double t0 = now_s();
-            if (kern_cpu_attention(out, q, &kv, seq, pos, tokens, heads, 0.088f, tp) != FERRY_OK) return 1;
+            if (kern_cpu_attention(out, q, &kv, seq, pos, tokens, heads, scale, tp) != FERRY_OK) return 1;
             const double dt = now_s() - t0;
             if (r > 0 && dt < best) best = dt; /* r = 0: warm-up */
         }
