@@ -481,15 +481,6 @@ static int ext_attn_on_host(void)
     return !(mode && strcmp(mode, "device") == 0);
 }
 
-/* A Q8_0 pool gets an extension only with FERRY_KV_EXT_Q8=1: it is correct (gpu_e2e), but in its one
- * measurement (H200, Q8_0 7B, 4 GiB, 16 clients) it served 23-27 tok/s against f16's 123-182, for reasons not
- * yet found (runtime/NOTES.md, session 14); without it a Q8_0 pool queues what does not fit, as before. */
-static int ext_q8_allowed(void)
-{
-    const char *v = getenv("FERRY_KV_EXT_Q8");
-    return v && strcmp(v, "1") == 0;
-}
-
 /* Positions the KV pool's extension may take in host memory: half of what the host has available
  * (/proc/meminfo), less the model's layers (an upper bound of the host layers' pinned blocks). */
 static int64_t kv_ext_cap(const struct plan_sizes *ps, int n_layers)
@@ -535,7 +526,7 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         in.kv_tokens_floor = p->kv_tokens_floor;
         in.kv_tokens_min = p->kv_tokens_min;
         in.kv_block = kv_block;
-        in.kv_ext_max = p->kv_q8 && !ext_q8_allowed() ? 0 : kv_ext_cap(ps, m->hp.n_layers);
+        in.kv_ext_max = kv_ext_cap(ps, m->hp.n_layers);
         in.kv_ext_host = ext_attn_on_host();
     } else {
         in.fixed_bytes += ps->kv_bytes;

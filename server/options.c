@@ -117,9 +117,9 @@ static const struct opt_row rows[] = {
      "K-quant files (Q4_K_M, Q5_K_M, Q6_K: faster), f32 for the others"},
     {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32|q8_0",
      "element type of the KV cache: f16 (half the memory, and half the bytes a long-context step reads), f32 "
-     "(closest to the reference; CPU backend only) or q8_0 (llama.cpp's 8-bit blocks: 17/32 of f16's memory; "
-     "heads a multiple of 64 wide on the GPU, where the pool has no extension in host memory unless "
-     "FERRY_KV_EXT_Q8=1)"},
+     "(closest to the reference; CPU backend only) or q8_0 (llama.cpp's 8-bit blocks: 17/32 of f16's memory, "
+     "and of the bytes "
+     "the host reads when the pool overflows into host memory; heads a multiple of 64 wide on the GPU)"},
     {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
      "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its "
      "Q4_K_M mix "

@@ -406,9 +406,8 @@ Test(gpu_e2e, kv_extension_in_host_memory_is_bitwise_equal)
     model_file_close(m.mf);
 }
 
-/* The same with --kv-type q8_0 (a synthetic model: heads of 64; the extension is opt-in for Q8_0,
- * FERRY_KV_EXT_Q8=1): the extension holds codes and scales as the device's pool, and the host's cores read
- * them in that layout (KV_Q8_0_PLANES). */
+/* The same with --kv-type q8_0 (a synthetic model: heads of 64): the extension holds codes and scales as
+ * the device's pool, and the host's cores read them in that layout (KV_Q8_0_PLANES). */
 Test(gpu_e2e, kv_q8_0_extension_in_host_memory, .timeout = 300)
 {
     require_gpu();
@@ -416,9 +415,7 @@ Test(gpu_e2e, kv_q8_0_extension_in_host_memory, .timeout = 300)
     const struct e2e_model m = {.hp = &hp};
     struct engine_params p = engine_default_params();
     p.kv_type = KV_Q8_0;
-    setenv("FERRY_KV_EXT_Q8", "1", 1);
     ext_check(&m, p);
-    unsetenv("FERRY_KV_EXT_Q8");
 }
 
 Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
