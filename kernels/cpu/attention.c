@@ -25,7 +25,9 @@
 #include "kernels/core/status.h"
 
 #include <math.h>
-#if defined(__AVX__)
+/* _mm_getcsr / _mm_setcsr (FTZ, DAZ) in every x86-64 build; AVX, F16C and AVX-512 where the build has them.
+ */
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
