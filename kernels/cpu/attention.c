@@ -1,14 +1,15 @@
 /* attention — causal GQA attention over the paged KV cache, f32, f16 or Q8_0, the last in blocks or split
  * into planes of codes and scales as the GPU's cache holds it (see attention.h for the layouts).
  *
- * kern_cpu_attention runs one task per (tile, KV head) — all query heads of the group together, so each
- * K/V row is read once — or per (tile, query head) when there are too few of those to keep the pool busy. A
- * tile is one token, or a run of up to ATT_ROWS consecutive tokens of one sequence (a prefill chunk's rows):
- * each chunk of K/V rows is then read from memory once for all of them, not once per row.
- * Tasks are split over the pool statically; each output row is computed by one thread in a fixed order, the
- * same whatever the grouping: deterministic and independent of the pool size. A token whose context is longer
- * than ATT_PART positions is cut into parts of ATT_PART (a function of its own position only, so results do
- * not depend on the batch or the pool either): each part is a task producing an unnormalised online-softmax
+ * kern_cpu_attention runs one task per (tile, run of KV heads) — all query heads of their groups together, so
+ * each K/V row is read once, and a position's rows of the run are adjacent in memory — or per (tile, query
+ * head) when there are too few of those to keep the pool busy; runs are as long as 4 tasks per thread allow.
+ * A tile is one token, or a run of up to ATT_ROWS consecutive tokens of one sequence (a prefill chunk's
+ * rows): each chunk of K/V rows is then read from memory once for all of them, not once per row. Tasks are
+ * split over the pool statically; each output row is computed by one thread in a fixed order, the same
+ * whatever the grouping: deterministic and independent of the pool size. A token whose context is longer than
+ * ATT_PART positions is cut into parts of ATT_PART (a function of its own position only, so results do not
+ * depend on the batch or the pool either): each part is a task producing an unnormalised online-softmax
  * state, and the parts are merged in order afterwards (flash-decoding), so that one long sequence keeps both
  * threads busy while each K/V row is read once per KV head.
  * A task walks the token's sequence block by block; within a block it scores up to ATT_CHUNK positions,
@@ -25,7 +26,9 @@
 #include "kernels/core/status.h"
 
 #include <math.h>
-#if defined(__AVX__)
+/* _mm_getcsr / _mm_setcsr (FTZ, DAZ) in every x86-64 build; AVX, F16C and AVX-512 where the build has them.
+ */
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
@@ -206,6 +209,7 @@ struct att_ctx {
     int n_heads;
     int group; /* query heads per KV head */
     int split; /* tasks per (token, KV head, part): each takes group/split query heads */
+    int kvt;   /* split 1: KV heads per task (the last task of a tile's part may take fewer) */
     float scale;
     /* Long contexts are cut into parts of ATT_PART positions, run as separate tasks (partial online-softmax
      * states in `state`) and merged afterwards. Tokens [t0, t1) are in this pass, cut into n_tiles tiles
@@ -339,14 +343,162 @@ static inline __attribute__((always_inline)) void pv64(float *acc, const float *
     *(v8fu *)(acc + 32) = a4, *(v8fu *)(acc + 40) = a5, *(v8fu *)(acc + 48) = a6, *(v8fu *)(acc + 56) = a7;
 }
 
+#if defined(__AVX512F__)
+/* ---- AVX-512: 16 lanes (head_dim a multiple of 16) ----
+ * The same steps as the 8-lane helpers above, on 16 lanes: half the instructions for the widening of f16
+ * (vcvtph2ps) and int8 (vpmovsxbd + vcvtdq2ps) that bound these loops, not memory. For Q8_0 the scales of a
+ * chunk's K and V rows are widened once per chunk into a table (q8_scales; the same f32 values from either
+ * layout, so the arithmetic of the two stays the same), which the products read as a broadcast operand.
+ * An f32 cache keeps the 8-lane code and its results (bound by memory, not by widening). */
+#define ATT_Z 1
+
+/* Codes o..o+15 (o 0 or 16) of a block as f32 without the scale. */
+static inline __m512 q8_codes16(struct q8_blk k, int o, const int et)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q8_codes(k, et) + o))));
+}
+
+/* Elements i..i+15 of an f16 K/V array as f32 (et is KV_F16: an f32 cache keeps the 8-lane code). */
+static inline __m512 ld16(struct kv_data s, size_t i, const int et)
+{
+    (void)et;
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)s.x + i)));
+}
+
+/* sc[j nb + b] = the scale of block b < nb of the row at s[k + j kstride], j < n (Q8_0, either layout). */
+static inline void q8_scales(float *sc, struct kv_data s, size_t k, size_t kstride, int n, int nb,
+                             const int et)
+{
+    for (int j = 0; j < n; j++) {
+        struct q8_blk b = q8_at(s, k + j * kstride, et);
+        int i = 0;
+        if (et == KV_Q8_0_PLANES) /* contiguous f16: four at a time, exact as one at a time */
+            for (; i + 4 <= nb; i += 4)
+                _mm_storeu_ps(sc + j * nb + i, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(b.d + i))));
+        for (; i < nb; i++) sc[j * nb + i] = q8_scale(q8_at(s, k + j * kstride + (size_t)i * QK8_0, et), et);
+    }
+}
+
+/* The sum of a's lanes in a fixed order: halves, then eight lanes as dot's 8-lane tree. */
+static inline float hsum16(__m512 a)
+{
+    const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    const __m128 x =
+        _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1)); /* (0+4)(1+5)(2+6)(3+7) */
+    const __m128 p = _mm_add_ps(x, _mm_movehl_ps(x, x));                    /* (0+2) (1+3) */
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+/* q·(K elements b..b+d-1), d a multiple of 16 (32 for Q8_0; ks: the row's nb = d/32 scales). */
+static inline __attribute__((always_inline)) float dotz(const float *q, struct kv_data kb, size_t b, int d,
+                                                        const float *ks, const int et)
+{
+    __m512 a = _mm512_setzero_ps();
+    if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {
+        struct q8_blk k = q8_at(kb, b, et);
+        for (int i = 0; i < d; i += QK8_0, k = q8_next(k, et)) {
+            const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(q + i), q8_codes16(k, 0, et));
+            a = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), q8_codes16(k, 16, et), t),
+                                _mm512_set1_ps(ks[i / QK8_0]), a);
+        }
+    } else
+        for (int i = 0; i < d; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), ld16(kb, b + i, et), a);
+    return hsum16(a);
+}
+
+/* Eight dot products q·k_r as dot8, on 16 lanes; ks: the rows' scales (row r's at ks[r nb], Q8_0 only). */
+static inline __attribute__((always_inline)) void dot8z(float *out, const float *q, struct kv_data kb,
+                                                        size_t k, size_t kstride, int d, const float *ks,
+                                                        int nb, const int et)
+{
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) a[r] = _mm512_setzero_ps();
+    if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {
+        struct q8_blk b[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) b[r] = q8_at(kb, k + r * kstride, et);
+        for (int i = 0; i < d; i += QK8_0) {
+            const __m512 q0 = _mm512_loadu_ps(q + i), q1 = _mm512_loadu_ps(q + i + 16);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                const __m512 t =
+                    _mm512_fmadd_ps(q1, q8_codes16(b[r], 16, et), _mm512_mul_ps(q0, q8_codes16(b[r], 0, et)));
+                a[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(ks[r * nb + i / QK8_0]), a[r]);
+                b[r] = q8_next(b[r], et);
+            }
+        }
+    } else
+        for (int i = 0; i < d; i += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + i);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) a[r] = _mm512_fmadd_ps(qv, ld16(kb, k + r * kstride + i, et), a[r]);
+        }
+    /* Halves first, then dot8's 8-lane transpose-and-add. */
+    __m256 y[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+        y[r] = _mm256_add_ps(_mm512_castps512_ps256(a[r]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1)));
+    const __m256 t0 = _mm256_hadd_ps(y[0], y[1]), t1 = _mm256_hadd_ps(y[2], y[3]);
+    const __m256 t2 = _mm256_hadd_ps(y[4], y[5]), t3 = _mm256_hadd_ps(y[6], y[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    _mm256_storeu_ps(
+        out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+}
+
+/* acc (16 nz) += Σ_j e[j] * v_j for j < len, row j's elements from vb[v + j vstride], nz (4 or 8) registers
+ * of accumulators over the whole chunk. Q8_0: w[j nb + b] = e[j] times the scale of the row's block b (v at a
+ * block's start). With 4 registers, even and odd rows go to two sets summed at the end: 8 FMA chains. */
+static inline __attribute__((always_inline)) void pvz(float *acc, const float *e, const float *w, int nb,
+                                                      struct kv_data vb, size_t v, size_t vstride, int len,
+                                                      const int nz, const int et)
+{
+    __m512 a[8], b[8];
+#pragma GCC unroll 8
+    for (int z = 0; z < nz; z++) a[z] = _mm512_loadu_ps(acc + 16 * z), b[z] = _mm512_setzero_ps();
+    int j = 0;
+#define PVZ_ROW(A, J)                                                                                        \
+    do {                                                                                                     \
+        const size_t r_ = v + (size_t)(J)*vstride;                                                           \
+        if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {                                                         \
+            struct q8_blk k_ = q8_at(vb, r_, et);                                                            \
+            _Pragma("GCC unroll 4") for (int z = 0; z < nz; z += 2, k_ = q8_next(k_, et))                    \
+            {                                                                                                \
+                const __m512 w_ = _mm512_set1_ps(w[(J)*nb + z / 2]);                                         \
+                A[z] = _mm512_fmadd_ps(w_, q8_codes16(k_, 0, et), A[z]);                                     \
+                A[z + 1] = _mm512_fmadd_ps(w_, q8_codes16(k_, 16, et), A[z + 1]);                            \
+            }                                                                                                \
+        } else {                                                                                             \
+            const __m512 e_ = _mm512_set1_ps(e[J]);                                                          \
+            _Pragma("GCC unroll 8") for (int z = 0; z < nz; z++) A[z] =                                      \
+                _mm512_fmadd_ps(e_, ld16(vb, r_ + 16 * z, et), A[z]);                                        \
+        }                                                                                                    \
+    } while (0)
+    if (nz < 8)
+        for (; j + 2 <= len; j += 2) {
+            PVZ_ROW(a, j);
+            PVZ_ROW(b, j + 1);
+        }
+    for (; j < len; j++) PVZ_ROW(a, j);
+#undef PVZ_ROW
+#pragma GCC unroll 8
+    for (int z = 0; z < nz; z++) _mm512_storeu_ps(acc + 16 * z, nz < 8 ? _mm512_add_ps(a[z], b[z]) : a[z]);
+}
+#else
+#define ATT_Z 0
+#endif
 /* Part `part` of rows [ta, ta + nr) — one sequence, one first position: a prefill chunk's run of rows, or one
- * row — for query heads [h0, h1), all reading KV head kvh. Each chunk of K/V rows is loaded once for all of
- * them (from memory once, then from L1 for the other rows and heads). Every (row, head) takes the steps it
- * would take alone, in the same order: the same chunks, clipped at its own last position, and the same
- * arithmetic, so a row's result does not depend on the rows beside it. Instantiated for each element type
- * (et a constant). */
-static inline __attribute__((always_inline)) void att_rows_t(const struct att_ctx *c, int ta, int nr, int kvh,
-                                                             int h0, int h1, int part, const int et)
+ * row — for query heads [h0, h1), which read KV heads h0/group .. (h1-1)/group. Each chunk of K/V rows is
+ * loaded once for all of them (from memory once, then from L1 for the other rows and heads), its KV heads one
+ * after another: a position's rows of adjacent KV heads are adjacent in the cache, so a task of several KV
+ * heads reads runs of memory that hardware prefetchers follow, where one KV head's rows are a page apart.
+ * Every (row, head) takes the steps it would take alone, in the same order: the same chunks, clipped at its
+ * own last position, and the same arithmetic, so a row's result does not depend on the rows beside it.
+ * Instantiated for each element type (et a constant). */
+static inline __attribute__((always_inline)) void att_rows_t(const struct att_ctx *c, int ta, int nr, int h0,
+                                                             int h1, int part, const int et)
 {
     const struct kv_layer_view *kv = c->kv;
     const int hd = kv->head_dim, nh = h1 - h0, seq = c->seq[ta];
@@ -356,6 +508,12 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
     const struct kv_data kd = {kv->k, kv->k_scale}, vd = {kv->v, kv->v_scale};
     float acc[ATT_TILE_ACC];
     float sc[ATT_MAX_GROUP][ATT_CHUNK];
+#if ATT_Z
+    /* Q8_0: the chunk's K and V scales, (len, nb) f32, and a head's weights times V's scales, (lr, nb). */
+    float ksc[ATT_CHUNK * (ATT_MAX_ACC / QK8_0)], vsc[ATT_CHUNK * (ATT_MAX_ACC / QK8_0)];
+    float wq[ATT_CHUNK * (ATT_MAX_ACC / QK8_0)];
+    const int nb = hd / QK8_0; /* Q8_0 blocks per row */
+#endif
     float mx[ATT_ROWS][ATT_MAX_GROUP], sum[ATT_ROWS][ATT_MAX_GROUP];
     int p_hi[ATT_ROWS], n_parts[ATT_ROWS];
     /* The rows share their first position, so part `part` starts at the same position for all of them. */
@@ -379,63 +537,108 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
         int len = kv->block_size - p0 % kv->block_size;
         if (len > ATT_CHUNK) len = ATT_CHUNK;
         if (len > p_end - p0) len = p_end - p0;
-        const size_t kr = kv_row(kv, seq, p0, kvh), vr = kr; /* K and V share the layout */
-        /* Rows of one KV head are n_kv_heads*head_dim floats apart (often a whole page), which hardware
-         * prefetchers do not follow: when the sequence's cache is too big to stay in cache, ask for this
-         * chunk's V rows and the next chunk's K rows now (2-3x faster from DRAM; slower when cached). */
         const int p1 = p0 + len;
-        if (prefetch) {
-            for (int j = 0; j < len; j++) kv_prefetch(vd, vr + j * stride, hd, line, et);
-            if (p1 < p_end) {
-                const size_t kn = kv_row(kv, seq, p1, kvh);
-                int len_n = kv->block_size - p1 % kv->block_size;
-                if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
-                if (len_n > p_end - p1) len_n = p_end - p1;
-                for (int j = 0; j < len_n; j++) kv_prefetch(kd, kn + j * stride, hd, line, et);
-            }
-        }
-        for (int r = 0; r < nr; r++) {
-            if (p0 >= p_hi[r]) continue;
-            /* The row's own chunk: the same as the tile's but clipped at its last position. */
-            const int lr = p_hi[r] - p0 < len ? p_hi[r] - p0 : len;
-            const float *q = c->q + ((size_t)(ta + r) * c->n_heads + h0) * hd;
-            float *ra = acc + (size_t)r * nh * hd;
-            int j = 0;
-            if (hd % 8 == 0)
-                for (; j + 8 <= lr; j += 8)
-                    for (int g = 0; g < nh; g++) {
-                        dot8(&sc[g][j], q + (size_t)g * hd, kd, kr + j * stride, stride, hd, et);
-                        for (int i = 0; i < 8; i++) sc[g][j + i] *= c->scale;
-                    }
-            for (; j < lr; j++)
-                for (int g = 0; g < nh; g++)
-                    sc[g][j] = dot(q + (size_t)g * hd, kd, kr + j * stride, hd, et) * c->scale;
-            for (int g = 0; g < nh; g++) {
-                float cmx = -INFINITY;
-                for (j = 0; j < lr; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
-                if (cmx > mx[r][g]) {
-                    const float rs = expf(mx[r][g] - cmx); /* 0 on the first chunk */
-                    sum[r][g] *= rs;
-                    for (int d = 0; d < hd; d++) ra[g * hd + d] *= rs;
-                    mx[r][g] = cmx;
+        for (int kvh = h0 / c->group; kvh * c->group < h1; kvh++) {
+            /* The task's heads g0 <= g < g1 (counted from h0) read this KV head. */
+            const int g0 = (kvh * c->group > h0 ? kvh * c->group : h0) - h0;
+            const int g1 = ((kvh + 1) * c->group < h1 ? (kvh + 1) * c->group : h1) - h0;
+            const size_t kr = kv_row(kv, seq, p0, kvh), vr = kr; /* K and V share the layout */
+            /* Rows of one KV head are n_kv_heads*head_dim floats apart (often a whole page), which hardware
+             * prefetchers do not follow: when the sequence's cache is too big to stay in cache, ask for this
+             * chunk's V rows and the next chunk's K rows now (2-3x faster from DRAM; slower when cached). */
+            if (prefetch) {
+                for (int j = 0; j < len; j++) kv_prefetch(vd, vr + j * stride, hd, line, et);
+                if (p1 < p_end) {
+                    const size_t kn = kv_row(kv, seq, p1, kvh);
+                    int len_n = kv->block_size - p1 % kv->block_size;
+                    if (len_n > ATT_CHUNK) len_n = ATT_CHUNK;
+                    if (len_n > p_end - p1) len_n = p_end - p1;
+                    for (int j = 0; j < len_n; j++) kv_prefetch(kd, kn + j * stride, hd, line, et);
                 }
-                for (j = 0; j + 8 <= lr; j += 8) *(v8fu *)&sc[g][j] = v8_exp(*(v8fu *)&sc[g][j] - mx[r][g]);
-                for (; j < lr; j++) sc[g][j] = expf(sc[g][j] - mx[r][g]);
-                for (j = 0; j < lr; j++) sum[r][g] += sc[g][j];
             }
-            if (hd % 64 == 0) {
-                for (int g = 0; g < nh; g++)
-                    for (int d0 = 0; d0 < hd; d0 += 64)
-                        pv64(ra + g * hd + d0, sc[g], vd, vr + d0, stride, lr, et);
-            } else
-                for (j = 0; j < lr; j++) {
-                    const size_t v = vr + j * stride;
-                    for (int g = 0; g < nh; g++) {
-                        const float e = sc[g][j];
+#if ATT_Z
+            if (et == KV_Q8_0 || et == KV_Q8_0_PLANES) {
+                q8_scales(ksc, kd, kr, stride, len, nb, et);
+                q8_scales(vsc, vd, vr, stride, len, nb, et);
+            }
+#endif
+            for (int r = 0; r < nr; r++) {
+                if (p0 >= p_hi[r]) continue;
+                /* The row's own chunk: the same as the tile's but clipped at its last position. */
+                const int lr = p_hi[r] - p0 < len ? p_hi[r] - p0 : len;
+                const float *q = c->q + ((size_t)(ta + r) * c->n_heads + h0) * hd;
+                float *ra = acc + (size_t)r * nh * hd;
+                int j = 0;
+#if ATT_Z
+                if (et != KV_F32 && hd % 16 == 0) { /* f32: the 8-lane code, its results as before */
+                    for (; j + 8 <= lr; j += 8)
+                        for (int g = g0; g < g1; g++) {
+                            dot8z(&sc[g][j], q + (size_t)g * hd, kd, kr + j * stride, stride, hd,
+                                  ksc + j * nb, nb, et);
+                            for (int i = 0; i < 8; i++) sc[g][j + i] *= c->scale;
+                        }
+                    for (; j < lr; j++)
+                        for (int g = g0; g < g1; g++)
+                            sc[g][j] = dotz(q + (size_t)g * hd, kd, kr + j * stride, hd, ksc + j * nb, et) *
+                                       c->scale;
+                } /* j = lr now: the 8-lane loops below have nothing left */
+#endif
+                if (hd % 8 == 0)
+                    for (; j + 8 <= lr; j += 8)
+                        for (int g = g0; g < g1; g++) {
+                            dot8(&sc[g][j], q + (size_t)g * hd, kd, kr + j * stride, stride, hd, et);
+                            for (int i = 0; i < 8; i++) sc[g][j + i] *= c->scale;
+                        }
+                for (; j < lr; j++)
+                    for (int g = g0; g < g1; g++)
+                        sc[g][j] = dot(q + (size_t)g * hd, kd, kr + j * stride, hd, et) * c->scale;
+                for (int g = g0; g < g1; g++) {
+                    float cmx = -INFINITY;
+                    for (j = 0; j < lr; j++) cmx = sc[g][j] > cmx ? sc[g][j] : cmx;
+                    if (cmx > mx[r][g]) {
+                        const float rs = expf(mx[r][g] - cmx); /* 0 on the first chunk */
+                        sum[r][g] *= rs;
+                        for (int d = 0; d < hd; d++) ra[g * hd + d] *= rs;
+                        mx[r][g] = cmx;
+                    }
+                    for (j = 0; j + 8 <= lr; j += 8)
+                        *(v8fu *)&sc[g][j] = v8_exp(*(v8fu *)&sc[g][j] - mx[r][g]);
+                    for (; j < lr; j++) sc[g][j] = expf(sc[g][j] - mx[r][g]);
+                    for (j = 0; j < lr; j++) sum[r][g] += sc[g][j];
+                }
+#if ATT_Z
+                if (et != KV_F32 && hd % 32 == 0) {
+                    for (int g = g0; g < g1; g++) {
+                        if (et == KV_Q8_0 || et == KV_Q8_0_PLANES)
+                            for (j = 0; j < lr; j++)
+                                for (int b = 0; b < nb; b++) wq[j * nb + b] = sc[g][j] * vsc[j * nb + b];
                         float *a = ra + g * hd;
-                        for (int d = 0; d < hd; d++) a[d] += e * ld1(vd, v + d, et);
+                        if (hd % 128 == 0)
+                            for (int d0 = 0; d0 < hd; d0 += 128)
+                                pvz(a + d0, sc[g], wq + d0 / QK8_0, nb, vd, vr + d0, stride, lr, 8, et);
+                        else if (hd % 64 == 0)
+                            for (int d0 = 0; d0 < hd; d0 += 64)
+                                pvz(a + d0, sc[g], wq + d0 / QK8_0, nb, vd, vr + d0, stride, lr, 4, et);
+                        else
+                            for (int d0 = 0; d0 < hd; d0 += 32)
+                                pvz(a + d0, sc[g], wq + d0 / QK8_0, nb, vd, vr + d0, stride, lr, 2, et);
                     }
-                }
+                } else
+#endif
+                    if (hd % 64 == 0) {
+                    for (int g = g0; g < g1; g++)
+                        for (int d0 = 0; d0 < hd; d0 += 64)
+                            pv64(ra + g * hd + d0, sc[g], vd, vr + d0, stride, lr, et);
+                } else
+                    for (j = 0; j < lr; j++) {
+                        const size_t v = vr + j * stride;
+                        for (int g = g0; g < g1; g++) {
+                            const float e = sc[g][j];
+                            float *a = ra + g * hd;
+                            for (int d = 0; d < hd; d++) a[d] += e * ld1(vd, v + d, et);
+                        }
+                    }
+            }
         }
         p0 = p1;
     }
@@ -463,16 +666,16 @@ static inline __attribute__((always_inline)) void att_rows_t(const struct att_ct
     }
 }
 
-static void att_rows(const struct att_ctx *c, int ta, int nr, int kvh, int h0, int h1, int part)
+static void att_rows(const struct att_ctx *c, int ta, int nr, int h0, int h1, int part)
 {
     if (c->kv->elem == KV_Q8_0)
-        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_Q8_0);
+        att_rows_t(c, ta, nr, h0, h1, part, KV_Q8_0);
     else if (c->kv->elem == KV_Q8_0_PLANES)
-        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_Q8_0_PLANES);
+        att_rows_t(c, ta, nr, h0, h1, part, KV_Q8_0_PLANES);
     else if (c->kv->elem == KV_F16)
-        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_F16);
+        att_rows_t(c, ta, nr, h0, h1, part, KV_F16);
     else
-        att_rows_t(c, ta, nr, kvh, h0, h1, part, KV_F32);
+        att_rows_t(c, ta, nr, h0, h1, part, KV_F32);
 }
 
 /* out of token t, all heads, from its n_parts partial states, combined in part order. */
@@ -512,10 +715,12 @@ static void att_task(void *arg, int task)
         else
             hi = mid - 1;
     }
-    const int n_kv = c->kv->n_kv_heads, per = c->group / c->split;
-    const int r = task - c->task_base[lo], part = r / (n_kv * c->split), rr = r % (n_kv * c->split);
-    const int kvh = rr / c->split, s = rr % c->split;
-    const int h0 = kvh * c->group + s * per;
+    const int n_kvt = (c->kv->n_kv_heads + c->kvt - 1) / c->kvt, per = c->group / c->split;
+    const int r = task - c->task_base[lo], part = r / (n_kvt * c->split), rr = r % (n_kvt * c->split);
+    const int kt = rr / c->split, s = rr % c->split;
+    const int h0 = kt * c->kvt * c->group + s * per;
+    const int h1 =
+        c->split > 1 ? h0 + per : (h0 + c->kvt * c->group < c->n_heads ? h0 + c->kvt * c->group : c->n_heads);
 #if defined(__SSE__)
     /* Subnormals flushed (FTZ, DAZ) for the task: a peaked softmax makes many of its weights, and of their
      * products with a Q8_0 block's scale, subnormal, and each such operation takes a microcode assist (tens
@@ -523,7 +728,7 @@ static void att_task(void *arg, int task)
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
 #endif
-    att_rows(c, c->tile_row[lo], c->tile_row[lo + 1] - c->tile_row[lo], kvh, h0, h0 + per, part);
+    att_rows(c, c->tile_row[lo], c->tile_row[lo + 1] - c->tile_row[lo], h0, h1, part);
 #if defined(__SSE__)
     _mm_setcsr(csr);
 #endif
@@ -613,6 +818,24 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
                 break;
             split = group;
         }
+        /* Whole groups: several KV heads per task (each position's rows of them are adjacent in memory: runs
+         * that hardware prefetchers follow) while at least 4 tasks per thread remain and the accumulators of
+         * the tallest tile fit. The arithmetic of a (row, head) is again the same. */
+        int kvt = 1;
+        if (split == 1) {
+            const int n_kv = kv->n_kv_heads;
+            int max_rows = 1;
+            for (int i = 0; i < n_tiles; i++)
+                max_rows =
+                    tile_row[i + 1] - tile_row[i] > max_rows ? tile_row[i + 1] - tile_row[i] : max_rows;
+            const int64_t units = task_base[n_tiles] / n_kv; /* (tile, part) pairs */
+            for (int k = 2 * kvt;
+                 k <= n_kv && k * group <= ATT_MAX_GROUP && max_rows * k * group * hd <= ATT_TILE_ACC &&
+                 units * ((n_kv + k - 1) / k) >= 4 * (int64_t)tpool_size(tp);
+                 k *= 2)
+                kvt = k;
+            for (int i = 0; i <= n_tiles; i++) task_base[i] = task_base[i] / n_kv * ((n_kv + kvt - 1) / kvt);
+        }
         struct att_ctx c = {.out = out,
                             .q = q,
                             .kv = kv,
@@ -623,6 +846,7 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
                             .n_heads = n_heads,
                             .group = group,
                             .split = split,
+                            .kvt = kvt,
                             .scale = scale,
                             .t0 = t0,
                             .t1 = t1,
