@@ -20,10 +20,10 @@
  *    pmaddwd with AVX2, plain C elsewhere; the offset enters exactly through the lanes' sums of q), converted
  *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
  *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
- *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q8_0's, Q4_K's, Q5_K's and Q6_K's codes are read
- *    in place from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI
- *    Q8_0's, Q4_K's and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32
- *    steps per lane, so bitwise the tile's results (decode's products at m = 1: NOTES.md).
+ *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's, Q5_K's and Q6_K's codes are read in place
+ *    from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI Q4_K's
+ *    and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32 steps per lane,
+ *    so bitwise the tile's results (decode's products at m = 1: NOTES.md).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
@@ -968,61 +968,6 @@ q45k_dot_body(const struct q8_dot *a, const int mr, const int five, lane_dot_fn 
         for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
 }
 
-/* int8 arithmetic, Q8_0, m <= Q8_DIRECT_M on AVX2 and AVX-VNNI: the codes read in place, one weight row and
- * block per 256-bit register, the lanes as q8_dot_body forms them (signed: Q8M_SIGNED's sign trick for
- * pmaddubsw; else Q8M_OFF's q ^ 0x80 with n4·128 starting the dot product), and its f32 steps per block:
- * fma(lanes, s·dx, acc), s the f16 scale converted. Bitwise the tile's results. */
-static inline __attribute__((always_inline, target(T_AVX2))) void
-q8_0_dot_body(const struct q8_dot *a, const int mr, lane_dot_fn dot, const int signed_)
-{
-    const struct q8x *x = a->x;
-    const int8_t *xq[Q8_DIRECT_M];
-    const int32_t *n4[Q8_DIRECT_M];
-    const float *dx[Q8_DIRECT_M];
-    __m256 acc[Q8_DIRECT_M][NRQ];
-    for (int i = 0; i < mr; i++) {
-        const size_t r = (size_t)(a->i0 + i);
-        xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
-        n4[i] = x->n4 + (r * x->nb + a->b0) * 8;
-        dx[i] = x->dx + r * x->nbp + a->b0;
-        for (int j = 0; j < NRQ; j++)
-            acc[i][j] = a->first ? _mm256_setzero_ps() : _mm256_loadu_ps(a->acc + (i * NRQ + j) * 16);
-    }
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
-    const uint8_t *w[NRQ];
-    for (int j = 0; j < NRQ; j++) w[j] = a->row[j] + (size_t)a->b0 * sizeof(struct block_q8_0);
-    for (int b = 0; b < a->nb; b++) {
-        const size_t off = sizeof(struct block_q8_0) * (size_t)b;
-        uint64_t d4 = 0; /* the 4 rows' f16 scales, converted together (q8_0_dot_body512) */
-        for (int j = 0; j < NRQ; j++) {
-            uint16_t d;
-            memcpy(&d, w[j] + off, 2);
-            d4 |= (uint64_t)d << 16 * j;
-        }
-        const __m128 s4 = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
-        __m256i xv[Q8_DIRECT_M], cv[Q8_DIRECT_M];
-        __m256 sd4[Q8_DIRECT_M];
-        for (int i = 0; i < mr; i++) {
-            xv[i] = _mm256_loadu_si256((const __m256i *)(xq[i] + QB * b));
-            cv[i] = signed_ ? _mm256_setzero_si256()
-                            : _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * b)), 7);
-            sd4[i] = _mm256_castps128_ps256(_mm_mul_ps(s4, _mm_broadcast_ss(dx[i] + b)));
-        }
-#pragma GCC unroll 4
-        for (int j = 0; j < NRQ; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(w[j] + off + 2));
-            const __m256i u = signed_ ? _mm256_abs_epi8(q) : _mm256_xor_si256(q, x80);
-            for (int i = 0; i < mr; i++) {
-                const __m256i l = dot(cv[i], u, signed_ ? _mm256_sign_epi8(xv[i], q) : xv[i]);
-                const __m256 sd = _mm256_permutevar8x32_ps(sd4[i], _mm256_set1_epi32(j));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), sd, acc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
-}
-
 #define DIR8_AVX2(name, target_, body, ...)                                                                  \
     __attribute__((target(target_))) static void name(const struct q8_dot *a, int mr, enum q8_mode m_,       \
                                                       int sh)                                                \
@@ -1037,14 +982,12 @@ DIR8_AVX2(dir8_avx2_q4_k, T_AVX2, q45k_dot_body, 0, lane_dot_avx2)
 DIR8_AVX2(dir8_avx2_q5_k, T_AVX2, q45k_dot_body, 1, lane_dot_avx2)
 DIR8_AVX2(dir8_avxvnni_q4_k, T_AVXVNNI, q45k_dot_body, 0, lane_dot_avxvnni)
 DIR8_AVX2(dir8_avxvnni_q5_k, T_AVXVNNI, q45k_dot_body, 1, lane_dot_avxvnni)
-DIR8_AVX2(dir8_avx2_q8_0, T_AVX2, q8_0_dot_body, lane_dot_avx2, 1)
-DIR8_AVX2(dir8_avxvnni_q8_0, T_AVXVNNI, q8_0_dot_body, lane_dot_avxvnni, 0)
 /* Q6_K stays on the tile here: the same scheme in place (s·dx as 8 lanes per block from a first pass) was
  * slower (one thread, weights in L2, m = 1: 19.7-20.2 GB/s against 20.6-21.7 through the tile). */
 static const q8_dot_fn dir8_avx2[DTYPE_COUNT] = {
-    [DTYPE_Q8_0] = dir8_avx2_q8_0, [DTYPE_Q4_K] = dir8_avx2_q4_k, [DTYPE_Q5_K] = dir8_avx2_q5_k};
+    [DTYPE_Q4_K] = dir8_avx2_q4_k, [DTYPE_Q5_K] = dir8_avx2_q5_k};
 static const q8_dot_fn dir8_avxvnni[DTYPE_COUNT] = {
-    [DTYPE_Q8_0] = dir8_avxvnni_q8_0, [DTYPE_Q4_K] = dir8_avxvnni_q4_k, [DTYPE_Q5_K] = dir8_avxvnni_q5_k};
+    [DTYPE_Q4_K] = dir8_avxvnni_q4_k, [DTYPE_Q5_K] = dir8_avxvnni_q5_k};
 
 /* The two 8-lane halves of a 512-bit register, and back (AVX512F only: the f32x8 forms need AVX512DQ). */
 static inline __attribute__((always_inline, target(T_VNNI512))) __m512 pair_ps(__m256 lo, __m256 hi)
@@ -1600,90 +1543,8 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot
     else
         q45k_dot_body512(a, 2, 1);
 }
-
-/* int8 arithmetic, Q8_0, m <= Q8_DIRECT_M on AVX512-VNNI: the codes read in place, two weight rows per
- * 512-bit register (lanes 0-7 row 2p, 8-15 row 2p + 1) and made unsigned as the tile holds them (q ^ 0x80 =
- * q + 128), the offset through the lanes' sums of x (n4·128 starts each dot product): q8_dot_body512's
- * Q8M_OFF integer sums. Per block the 4 rows' f16 scales are gathered into one 64-bit word and converted
- * together, multiplied by dx (the tile's s·dx, the same product) and spread to each pair's lanes by vpermps;
- * each block takes one fma(lanes, s·dx, acc) in block order, so the results are bitwise equal. (Converting
- * each pair's two scales from word broadcasts, or 8 blocks' scales from a gather, was slower: 45 and 38 GB/s
- * against 49-51 from L2 at m = 1, one thread.) */
-static inline AI_512 void q8_0_dot_body512(const struct q8_dot *a, const int mr)
-{
-    const struct q8x *x = a->x;
-    const int8_t *xq[Q8_DIRECT_M];
-    const int32_t *n4[Q8_DIRECT_M];
-    const float *dx[Q8_DIRECT_M];
-    __m512 acc[Q8_DIRECT_M][NRQ / 2]; /* [i][p]: weight rows 2p (lanes 0-7) and 2p + 1 */
-    for (int i = 0; i < mr; i++) {
-        const size_t r = (size_t)(a->i0 + i);
-        xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
-        n4[i] = x->n4 + (r * x->nb + a->b0) * 8;
-        dx[i] = x->dx + r * x->nbp + a->b0;
-        for (int p = 0; p < NRQ / 2; p++) {
-            const float *ap = a->acc + (i * NRQ + 2 * p) * 16;
-            acc[i][p] =
-                a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
-        }
-    }
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    const uint8_t *w[NRQ];
-    for (int j = 0; j < NRQ; j++) w[j] = a->row[j] + (size_t)a->b0 * sizeof(struct block_q8_0);
-    const __m512i sel[NRQ / 2] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                  _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)};
-#pragma GCC unroll 2
-    for (int b = 0; b < a->nb; b++) {
-        const size_t off = sizeof(struct block_q8_0) * (size_t)b;
-        /* the 4 rows' f16 scales in one word, converted together; times dx, spread to each pair's lanes */
-        uint64_t d4 = 0;
-        for (int j = 0; j < NRQ; j++) {
-            uint16_t d;
-            memcpy(&d, w[j] + off, 2);
-            d4 |= (uint64_t)d << 16 * j;
-        }
-        const __m128 s4 = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
-        __m512i xv[Q8_DIRECT_M], cv[Q8_DIRECT_M];
-        __m512 sd4[Q8_DIRECT_M];
-        for (int i = 0; i < mr; i++) {
-            xv[i] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq[i] + QB * b)));
-            cv[i] = _mm512_slli_epi32(
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * b))), 7);
-            sd4[i] = _mm512_castps128_ps512(_mm_mul_ps(s4, _mm_broadcast_ss(dx[i] + b)));
-        }
-#pragma GCC unroll 2
-        for (int p = 0; p < NRQ / 2; p++) {
-            const uint8_t *b0 = w[2 * p] + off, *b1 = w[2 * p + 1] + off;
-            const __m512i u = _mm512_xor_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
-                                   _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1),
-                x80);
-            for (int i = 0; i < mr; i++) {
-                const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i], u, xv[i]));
-                acc[i][p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel[p], sd4[i]), acc[i][p]);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int p = 0; p < NRQ / 2; p++) {
-            float *ap = a->acc + (i * NRQ + 2 * p) * 16;
-            _mm256_storeu_ps(ap, _mm512_castps512_ps256(acc[i][p]));
-            _mm256_storeu_ps(ap + 16, high_ps(acc[i][p]));
-        }
-}
-__attribute__((target(T_VNNI512))) static void dir8_512_q8_0(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    if (mr == 1)
-        q8_0_dot_body512(a, 1);
-    else
-        q8_0_dot_body512(a, 2);
-}
-static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q8_0] = dir8_512_q8_0,
-                                                [DTYPE_Q4_K] = dir8_512_q4_k,
-                                                [DTYPE_Q5_K] = dir8_512_q5_k,
-                                                [DTYPE_Q6_K] = dir8_512_q6_k};
+static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
+    [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
 #endif /* MM_X86 */
 
 /* ---- the types and the instruction sets ------------------------------------------------------------------

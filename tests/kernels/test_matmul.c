@@ -307,14 +307,15 @@ Test(matmul, q6_k)
     check_type(DTYPE_Q6_K);
 }
 
-/* The int8 products of 1 and 2 rows of x with Q8_0, Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q8_0, Q4_K and
- * Q5_K also on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or more
- * decode them into a tile, and the portable C always does. Both must agree bitwise: each row of a 3-row batch
- * equals that row alone and the first two rows as a batch of 2, and every instruction set gives the same bits
- * (its 1 and 2 rows and its 3-row batch); and each against the references (check_quantized). Shapes: n below,
- * at and past a group of 4 and not a multiple of a task's rows, k of one super-block up to 43 (11008: ten
- * 1024-column chunks and a short one; Q8_0: odd block counts, 1 to 343 = ten chunks and 23 blocks), pools of
- * 1, 2 and 3 threads. */
+/* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and Q5_K also
+ * on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or more decode them
+ * into a tile, and the portable C always does. Both must agree bitwise: each row of a 3-row batch equals that
+ * row alone and the first two rows as a batch of 2, and every instruction set gives the same bits (its 1 and
+ * 2 rows and its 3-row batch); and each against the references (check_quantized). Shapes: n below, at and
+ * past a group of 4 and not a multiple of a task's rows, k of one super-block up to 43 (11008: ten
+ * 1024-column chunks and a short one), pools of 1, 2 and 3 threads. Q8_0 takes the tile at every m (its
+ * in-place kernels were slower from memory: kernels/cpu/NOTES.md, session 15) and is held to the same checks
+ * at odd block counts, 1 to 343 (ten chunks and 23 blocks). */
 static void check_small_m_equals_tile(enum dtype t)
 {
     struct tpool *tp2, *tp3;
