@@ -16,10 +16,12 @@
  * then folds them into a running (max, sum, accumulator) per head — the online softmax — rescaling the
  * accumulator only when the maximum grows. Positions are visited in increasing order.
  * The reference computes all scores in double, takes the max, exponentiates and normalises (two passes).
- * An f16 or Q8_0 cache is read through the same code: each element is widened to f32 as it is loaded (F16C
- * where the build has it; d·q for Q8_0), so the arithmetic, and its order, are those of the f32 cache on the
- * rounded values. The two Q8_0 layouts differ only in where a block's codes and scale are (q8_blk): the same
- * codes and scales give bitwise the same results in either.
+ * An f16 or Q8_0 cache is read through the same walk: each element is widened to f32 as it is loaded (F16C
+ * where the build has it; for Q8_0 the codes, with the block's scale applied once per block), and the
+ * arithmetic is f32. With AVX-512 the f16 and Q8_0 products run 16 lanes wide (attention_kv.h), so their
+ * rounding differs from the f32 cache's 8-lane order; every path stays within the tests' bound of the double
+ * reference. The two Q8_0 layouts differ only in where a block's codes and scale are (q8_blk): the same codes
+ * and scales give bitwise the same results in either.
  */
 #include "kernels/cpu/attention.h"
 
