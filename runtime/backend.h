@@ -3,7 +3,8 @@
  * A step (runtime/engine.c): begin on every backend in use; embed on the backend of layer 0; then, layer by
  * layer in order, `layer` on the backend that the step's placement names (runtime/step_plan.h), moving the
  * residual stream x between backends with x_out/x_in when two consecutive layers run in different places;
- * last, x moves to the head's backend and `head` writes the logits (and waits for everything of the step).
+ * last, x moves to the head's backend and `head` writes the logits (and waits for everything of the step),
+ * or `head_draw` queues the draw of the next tokens, which `draw_end` waits for.
  * Every backend computes a layer from the same description (runtime/layer.h). The residual stream is x plus
  * a pending delta (layer.h); x_out folds the delta in, so what crosses is always the plain x.
  * Backends today: the CPU (runtime/forward_cpu.h: the whole model, or the host layers of a GPU engine, whose
@@ -52,9 +53,12 @@ struct backend_ops {
     /* The rows that want logits: final norm, output head, into logits (n_out, n_vocab) f32 in batch order.
      * Returns once the whole step is complete on this backend. */
     int (*head)(struct backend *be, const struct step *st, float *logits);
-    /* As head, but each output row's next token is drawn on this backend (st->draw → st->drawn) and the
-     * logits stay here. NULL on a backend that cannot (the engine then refuses the draw before the step). */
+    /* As head, but each output row's next token is drawn on this backend from st->draw and the logits stay
+     * here; returns with the step on its way (st->draw read), and draw_end completes it. NULL on a backend
+     * that cannot (the engine then refuses the draw before the step). */
     int (*head_draw)(struct backend *be, const struct step *st);
+    /* After a head_draw that succeeded: waits for the whole step on this backend and writes st->drawn. */
+    int (*draw_end)(struct backend *be, const struct step *st);
     /* The most rows, bias entries and history entries one head_draw takes (0: no head_draw). */
     void (*draw_caps)(const struct backend *be, int *rows, int *bias, int *hist);
     /* The host buffer holding x (max_tokens, dim) f32 when x lives in host memory, else NULL. */

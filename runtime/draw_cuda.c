@@ -30,6 +30,7 @@ struct draw_cuda {
     unsigned char *dev;  /* (lay.end) then the sampler's workspace */
     void *ws;
     size_t ws_bytes;
+    int n_enqueued; /* rows of the draw on its way (draw_cuda_enqueue), 0 when none */
 };
 
 static size_t align_up(size_t n)
@@ -105,9 +106,10 @@ void draw_cuda_caps(const struct draw_cuda *d, int *rows, int *bias, int *hist)
     *hist = d->cap_hist;
 }
 
-int draw_cuda_run(struct draw_cuda *d, const float *logits, const struct draw_row *rows, int n,
-                  struct draw_out *out, cudaStream_t s)
+int draw_cuda_enqueue(struct draw_cuda *d, const float *logits, const struct draw_row *rows, int n,
+                      cudaStream_t s)
 {
+    d->n_enqueued = 0;
     if (n <= 0) return FERRY_OK;
     if (n > d->cap_rows) return FERRY_ERR_UNSUPPORTED;
     const struct draw_layout *l = &d->lay;
@@ -186,15 +188,29 @@ int draw_cuda_run(struct draw_cuda *d, const float *logits, const struct draw_ro
         .b = n,
         .n_vocab = d->n_vocab,
     };
-    int32_t *tokens = (int32_t *)(d->host + l->tokens);
-    struct kern_cuda_sample_lp *lp = (struct kern_cuda_sample_lp *)(d->host + l->lp);
     int rc = kern_cuda_sample(&kb, (int32_t *)(d->dev + l->tokens),
                               any_lp ? (struct kern_cuda_sample_lp *)(d->dev + l->lp) : NULL, d->ws,
                               d->ws_bytes, s);
     if (rc) return rc;
-    CK(cudaMemcpyAsync(tokens, d->dev + l->tokens, (size_t)n * sizeof *tokens, cudaMemcpyDeviceToHost, s));
-    if (any_lp) CK(cudaMemcpyAsync(lp, d->dev + l->lp, (size_t)n * sizeof *lp, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(d->host + l->tokens, d->dev + l->tokens, (size_t)n * sizeof(int32_t),
+                       cudaMemcpyDeviceToHost, s));
+    if (any_lp)
+        CK(cudaMemcpyAsync(d->host + l->lp, d->dev + l->lp, (size_t)n * sizeof(struct kern_cuda_sample_lp),
+                           cudaMemcpyDeviceToHost, s));
+    d->n_enqueued = n;
+    return FERRY_OK;
+}
+
+int draw_cuda_collect(struct draw_cuda *d, int n, struct draw_out *out, cudaStream_t s)
+{
+    if (n <= 0) return FERRY_OK;
+    if (n != d->n_enqueued) return FERRY_ERR_INVALID;
+    d->n_enqueued = 0;
     CK(cudaStreamSynchronize(s));
+    const struct draw_layout *l = &d->lay;
+    const struct kern_cuda_sample_row *kr = (const struct kern_cuda_sample_row *)(d->host + l->rows);
+    const int32_t *tokens = (const int32_t *)(d->host + l->tokens);
+    const struct kern_cuda_sample_lp *lp = (const struct kern_cuda_sample_lp *)(d->host + l->lp);
     for (int i = 0; i < n; i++) {
         struct draw_out *o = &out[i];
         o->token = tokens[i];

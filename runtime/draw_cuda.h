@@ -7,7 +7,7 @@
  * at init (rows, bias and history entries; draw_cuda_caps): engine_step_draw refuses a step beyond them
  * before running it. The device part is carved from the backend's arena (draw_cuda_device_bytes), the host
  * part is its own pinned allocation. Usage: draw_cuda_init(&d, dev, rows, n_vocab); per step
- * draw_cuda_run(...); draw_cuda_free(d).
+ * draw_cuda_enqueue(...) then draw_cuda_collect(...); draw_cuda_free(d).
  */
 #ifndef FERRY_DRAW_CUDA_H
 #define FERRY_DRAW_CUDA_H
@@ -27,9 +27,13 @@ int draw_cuda_init(struct draw_cuda **out, void *dev, int rows, int n_vocab);
 void draw_cuda_free(struct draw_cuda *d);
 /* The most rows, logit_bias entries and history entries (of rows with a penalty on) one run takes. */
 void draw_cuda_caps(const struct draw_cuda *d, int *rows, int *bias, int *hist);
-/* Draws rows[0, n) from logits (n, n_vocab) f32 device, on stream s, and waits for it: out[i] gets row i's
- * token and logprobs. FERRY_ERR_UNSUPPORTED beyond the capacities. */
-int draw_cuda_run(struct draw_cuda *d, const float *logits, const struct draw_row *rows, int n,
-                  struct draw_out *out, cudaStream_t s);
+/* Queues the draw of rows[0, n) from logits (n, n_vocab) f32 device on stream s, and the copies of its
+ * results to the host; returns without waiting (rows are read here, not later). FERRY_ERR_UNSUPPORTED
+ * beyond the capacities. */
+int draw_cuda_enqueue(struct draw_cuda *d, const float *logits, const struct draw_row *rows, int n,
+                      cudaStream_t s);
+/* Waits for stream s, then out[i] gets row i's token and logprobs of the draw enqueued last (n: its rows;
+ * FERRY_ERR_INVALID when no such draw is on its way). */
+int draw_cuda_collect(struct draw_cuda *d, int n, struct draw_out *out, cudaStream_t s);
 
 #endif

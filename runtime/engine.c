@@ -64,6 +64,10 @@ struct engine {
     enum placement
         *streamed; /* (n_layers) scratch: a step's plan with its CPU layers streamed (step_where) */
     struct engine_stats stats;
+    /* The drawing step engine_step_draw_begin left on its way, until engine_step_draw_end. */
+    struct step pend;
+    int pend_active, pend_tokens;
+    double pend_t0;
 };
 
 struct engine_params engine_default_params(void)
@@ -724,12 +728,13 @@ static int run_step(struct engine *e, const struct step *st, float *logits)
     return st->draw ? e->head->ops->head_draw(e->head, st) : e->head->ops->head(e->head, st, logits);
 }
 
-static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
-                struct draw_out *drawn);
+static int step_begin(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw);
+static int step_end(struct engine *e);
 
 int engine_step(struct engine *e, const struct batch *b, float *logits)
 {
-    return step(e, b, logits, NULL, NULL);
+    if (e->pend_active) return FERRY_ERR_INVALID;
+    return step_begin(e, b, logits, NULL);
 }
 
 int engine_draws(const struct engine *e)
@@ -737,10 +742,10 @@ int engine_draws(const struct engine *e)
     return e->head->ops->head_draw != NULL && e->head->ops->draw_caps != NULL;
 }
 
-int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows,
-                     struct draw_out *out)
+int engine_step_draw_begin(struct engine *e, const struct batch *b, const struct draw_row *rows)
 {
     const struct backend_ops *h = e->head->ops;
+    if (e->pend_active) return FERRY_ERR_INVALID;
     if (!engine_draws(e) || b->hidden) return FERRY_ERR_UNSUPPORTED;
     int cap_rows = 0, cap_bias = 0, cap_hist = 0, n_out = 0;
     h->draw_caps(e->head, &cap_rows, &cap_bias, &cap_hist);
@@ -753,7 +758,30 @@ int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_
         if (sampler_penalizes(rows[i].smp)) hist += sampler_history(rows[i].smp, NULL, NULL, 0);
     }
     if (bias > cap_bias || hist > cap_hist) return FERRY_ERR_UNSUPPORTED;
-    return step(e, b, NULL, rows, out);
+    return step_begin(e, b, NULL, rows);
+}
+
+int engine_step_draw_end(struct engine *e, struct draw_out *out)
+{
+    if (!e->pend_active) return FERRY_ERR_INVALID;
+    e->pend.drawn = out;
+    return step_end(e);
+}
+
+int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows,
+                     struct draw_out *out)
+{
+    int rc = engine_step_draw_begin(e, b, rows);
+    return rc ? rc : engine_step_draw_end(e, out);
+}
+
+int engine_step_overlaps(const struct engine *e, int n_tokens)
+{
+    if (!engine_draws(e) || n_tokens <= 0 || n_tokens > e->p.max_batch_tokens) return 0;
+    const enum placement *w = step_plan_where(&e->plan, n_tokens);
+    for (int l = 0; l < e->model.hp.n_layers; l++)
+        if (w[l] == PLACEMENT_CPU) return 0;
+    return 1;
 }
 
 /* After a step of a GPU engine that follows the host's pace: the seconds its CPU-computed host layers spent
@@ -827,24 +855,13 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
     return e->streamed;
 }
 
-static int step(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw,
-                struct draw_out *drawn)
+/* Once a step's work is complete, or it failed (rc; ran: its pass was started, so the slots may have been
+ * written from their first position on): the slots' lengths, the host's pace, the stats. */
+static int step_finish(struct engine *e, const struct step *st, int n_tokens, double t0, int ran, int rc)
 {
-    double t0 = now_seconds();
-    int rc = check_batch(e, b);
-    if (rc) return rc;
-    int n_seqs = e->p.n_seqs;
-    for (int s = 0; s < n_seqs && !rc; s++)
-        if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
-    if (!rc) {
-        struct step st = {.b = b, .where = step_where(e, b), .draw = draw, .drawn = drawn};
-        for (int i = 0; i < b->n_tokens; i++) {
-            if (b->pos[i] + 1 > st.max_len) st.max_len = b->pos[i] + 1;
-            st.n_out += b->want_logits[i] != 0;
-        }
-        rc = run_step(e, &st, logits);
-        if (!rc && e->adapt) follow_pace(e, st.where, b->n_tokens);
-        /* A failed pass may have overwritten the slots from their first written position on. */
+    const int n_seqs = e->p.n_seqs;
+    if (ran) {
+        if (!rc && e->adapt) follow_pace(e, st->where, n_tokens);
         for (int s = 0; s < n_seqs; s++)
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];
     }
@@ -852,9 +869,42 @@ static int step(struct engine *e, const struct batch *b, float *logits, const st
         if (e->new_len[s] >= 0) kv_cache_trim(&e->kv, s, e->kv.seq_len[s]);
     if (rc) return rc;
     e->stats.steps++;
-    e->stats.tokens += (uint64_t)b->n_tokens;
+    e->stats.tokens += (uint64_t)n_tokens;
     e->stats.busy_seconds += now_seconds() - t0;
     return FERRY_OK;
+}
+
+/* Runs the step; one that draws (draw non-NULL) is left on its way for step_end. */
+static int step_begin(struct engine *e, const struct batch *b, float *logits, const struct draw_row *draw)
+{
+    const double t0 = now_seconds();
+    int rc = check_batch(e, b);
+    if (rc) return rc;
+    for (int s = 0; s < e->p.n_seqs && !rc; s++)
+        if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
+    struct step st = {.b = b, .draw = draw};
+    if (rc) return step_finish(e, &st, b->n_tokens, t0, 0, rc);
+    st.where = step_where(e, b);
+    for (int i = 0; i < b->n_tokens; i++) {
+        if (b->pos[i] + 1 > st.max_len) st.max_len = b->pos[i] + 1;
+        st.n_out += b->want_logits[i] != 0;
+    }
+    rc = run_step(e, &st, logits);
+    if (rc || !draw) return step_finish(e, &st, b->n_tokens, t0, 1, rc);
+    st.b = NULL; /* the caller's; draw_end does not read it */
+    st.draw = NULL;
+    e->pend = st;
+    e->pend_tokens = b->n_tokens;
+    e->pend_t0 = t0;
+    e->pend_active = 1;
+    return FERRY_OK;
+}
+
+static int step_end(struct engine *e)
+{
+    e->pend_active = 0;
+    const int rc = e->head->ops->draw_end(e->head, &e->pend);
+    return step_finish(e, &e->pend, e->pend_tokens, e->pend_t0, 1, rc);
 }
 
 /* ----------------------------------------------------------------------------------------------------------

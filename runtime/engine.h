@@ -136,6 +136,15 @@ int engine_step(struct engine *e, const struct batch *b, float *logits);
  * runs engine_step and samples on the host. */
 int engine_step_draw(struct engine *e, const struct batch *b, const struct draw_row *rows,
                      struct draw_out *out);
+/* engine_step_draw in two halves, so that the host can work while the device runs the step: begin returns
+ * once the step is on its way (b and rows are read by then; a host layer of the plan is computed in it),
+ * end waits for it and writes out. Between them the engine takes no other step (FERRY_ERR_INVALID), and the
+ * caller may free or keep sequences that are not in the step. A failed begin leaves nothing on its way. */
+int engine_step_draw_begin(struct engine *e, const struct batch *b, const struct draw_row *rows);
+int engine_step_draw_end(struct engine *e, struct draw_out *out);
+/* 1 when engine_step_draw_begin of a step of n_tokens returns as soon as its work is queued: the head can
+ * draw, and the plan for that size computes no layer on the host's cores. */
+int engine_step_overlaps(const struct engine *e, int n_tokens);
 /* 1 when engine_step_draw can draw at all (the head's backend has a sampler: CUDA). */
 int engine_draws(const struct engine *e);
 

@@ -1418,16 +1418,30 @@ static int cuda_head(struct backend *be, const struct step *st, float *logits)
 }
 
 /* The rows' logits stay on the device (a graph step's capture for drawing has no copy either) and
- * the GPU sampler draws from them: they all fit logit_rows (engine_step_draw checks draw_caps). */
+ * the GPU sampler draws from them: they all fit logit_rows (engine_step_draw checks draw_caps). Returns with
+ * the draw queued; cuda_draw_end waits for it. */
 static int cuda_head_draw(struct backend *be, const struct step *st)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     if (st->b->hidden || st->n_out > f->logit_rows) return FERRY_ERR_INVALID;
-    if (!f->graph_step) RC(head_enqueue(f, st->b->want_logits, st->b->n_tokens, 0, 0));
-    int rc = draw_cuda_run(f->draw, f->logits, st->draw, st->n_out, st->drawn, f->compute);
-    if (!rc) rc = ext_status(f);
+    int rc = f->graph_step ? FERRY_OK : head_enqueue(f, st->b->want_logits, st->b->n_tokens, 0, 0);
+    if (!rc) rc = draw_cuda_enqueue(f->draw, f->logits, st->draw, st->n_out, f->compute);
     if (rc) {
         cudaStreamSynchronize(f->compute); /* the step's work is complete before a failure returns */
+        cudaGetLastError();
+        ext_status(f);
+    }
+    return rc;
+}
+
+static int cuda_draw_end(struct backend *be, const struct step *st)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    int rc = draw_cuda_collect(f->draw, st->n_out, st->drawn, f->compute);
+    const int ext = ext_status(f);
+    if (!rc) rc = ext;
+    if (rc) {
+        cudaStreamSynchronize(f->compute);
         cudaGetLastError();
         return rc;
     }
@@ -1497,6 +1511,7 @@ static const struct backend_ops cuda_ops = {
     .layer = cuda_layer,
     .head = cuda_head,
     .head_draw = cuda_head_draw,
+    .draw_end = cuda_draw_end,
     .draw_caps = cuda_draw_caps,
     .x_host = cuda_x_host,
     .x_out = cuda_x_out,

@@ -112,12 +112,13 @@ void metrics_token_out(struct metrics *m, int first, double seconds)
 }
 
 void metrics_step_done(struct metrics *m, int n_prefill, int n_gen, int n_drawn, double busy_seconds,
-                       int batch_tokens, int running)
+                       int batch_tokens, int running, int overlapped)
 {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += (uint64_t)n_prefill;
     m->generated_tokens += (uint64_t)n_gen;
     m->device_drawn_tokens += (uint64_t)n_drawn;
+    m->overlapped_steps += overlapped != 0;
     m->engine_steps++;
     m->engine_busy_seconds += busy_seconds;
     m->last_batch_tokens = batch_tokens;
@@ -196,6 +197,9 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_device_sampled_tokens_total",
             "Generated tokens drawn by the GPU sampler (--gpu-sampling) rather than on the host.",
             m->device_drawn_tokens);
+    COUNTER("ferry_overlapped_steps_total",
+            "Engine steps begun before the previous step's tokens were published (--overlap).",
+            m->overlapped_steps);
     COUNTER("ferry_requests_cancelled_total", "Sequences cancelled (client gone, timeout, shutdown).",
             m->requests_cancelled);
     COUNTER("ferry_requests_rejected_total", "Requests refused because the queue was full.",

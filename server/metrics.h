@@ -28,7 +28,8 @@ struct metrics {
     pthread_mutex_t mu;
     int status_code[METRICS_N_STATUS];
     uint64_t status_count[METRICS_N_STATUS];
-    uint64_t prompt_tokens, generated_tokens, device_drawn_tokens, requests_cancelled, requests_rejected;
+    uint64_t prompt_tokens, generated_tokens, device_drawn_tokens, overlapped_steps, requests_cancelled,
+        requests_rejected;
     uint64_t prompt_tokens_cached; /* prompt positions not prefilled: the prompt cache, or shared (n > 1) */
     struct histogram ttft, itl, batch_tokens, request_seconds;
     int queue_depth, running_seqs, last_batch_tokens;
@@ -63,9 +64,9 @@ void metrics_request_done(struct metrics *m, double seconds);
 /* A generated token went out: the first of its sequence (time to first token) or a later one. */
 void metrics_token_out(struct metrics *m, int first, double seconds);
 /* One engine step: its prefill and generated tokens (n_drawn of them drawn by the engine's device sampler),
- * the engine's time, the batch's tokens. */
+ * the engine's time, the batch's tokens; overlapped: it began before the last step's outputs went out. */
 void metrics_step_done(struct metrics *m, int n_prefill, int n_gen, int n_drawn, double busy_seconds,
-                       int batch_tokens, int running);
+                       int batch_tokens, int running, int overlapped);
 /* Renders into a malloc'd NUL-terminated buffer; returns NULL when out of memory. */
 char *metrics_render(struct metrics *m, size_t *len);
 

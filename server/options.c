@@ -52,6 +52,9 @@ static const struct opt_row rows[] = {
     {"gpu-sampling", OPT_BOOL, OFF(gpu_sampling), 0, 1, "1", NULL,
      "draw tokens on the GPU where the logits are (CUDA backend): only the ids and the logprobs asked for "
      "cross PCIe; false samples every row on the host"},
+    {"overlap", OPT_BOOL, OFF(overlap), 0, 1, "1", NULL,
+     "while the GPU draws, begin the next decode step before the last one's tokens are published (the "
+     "device runs while the host detokenizes and writes); false runs one step at a time"},
     {"prompt-cache", OPT_BOOL, OFF(prompt_cache), 0, 1, "1", NULL,
      "a finished sequence's KV stays in its slot; a prompt starting with the same tokens continues from it"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},

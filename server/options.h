@@ -28,6 +28,7 @@ struct serve_options {
     int max_batch_tokens;          /* tokens per engine step */
     int prefill_budget;            /* prompt tokens per step beside the decode rows; 0 = what is left */
     int gpu_sampling;              /* draw on the GPU (CUDA backend) */
+    int overlap;                   /* begin a decode step before the last one is published */
     int threads;                   /* CPU threads; 0 = online cores */
     int max_queue;                 /* waiting sequences before 503 */
     int64_t body_limit;            /* bytes */

@@ -326,78 +326,168 @@ static void pool_rows(struct sched *s)
     }
 }
 
+/* With mu held, after a step that drew every output row: whether the next step may begin before this one's
+ * outputs are published (overlap). It may when it is this step again one token further: every running choice
+ * decodes and goes on (none finished, cancelled, failed, past its deadline), nobody waits for a free slot,
+ * and the engine's begin returns as soon as the step is queued (no host layers in its plan). */
+static int overlap_ok_locked(struct sched *s, int rows, int ne)
+{
+    if (!s->p.overlap || ne > 0 || s->n_plp > 0 || s->stop || rows != s->n_run || rows == 0) return 0;
+    if (s->qhead && s->n_run < s->n_slots) return 0;
+    cut_expired_locked(s, sched_now());
+    for (int i = 0; i < s->n_run; i++) {
+        const struct choice *c = s->run[i];
+        const struct sreq *r = c->req;
+        if (c->fin || c->n_fed < c->n_prompt || r->cancelled || r->error || r->kind == SREQ_EMBED ||
+            c->out.oom)
+            return 0;
+    }
+    return engine_step_overlaps(s->e, rows);
+}
+
+/* With mu held: the rows of a step that ended are published (text, logprobs, token timings). */
+static void publish_rows_locked(struct sched *s, struct choice *const *owner, int rows, double t)
+{
+    for (int i = 0; i < rows; i++) {
+        struct choice *c = owner[i];
+        struct sreq *r = c->req;
+        const int first = c->out.n_gen == 1;
+        metrics_token_out(s->m, first, first ? t - r->t_arrival : t - c->t_last);
+        c->t_last = t;
+        if (c->out.release) {
+            if (buf_append(&c->text, &c->text_len, &c->text_cap, c->out.hold, c->out.release)) {
+                r->error = FERRY_ERR_NOMEM;
+                snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+            }
+            seq_output_take(&c->out, c->out.release);
+        }
+        if (c->out.has_lp) {
+            if (c->n_lps == c->lps_cap) {
+                int nc = c->lps_cap ? c->lps_cap * 2 : 16;
+                struct lp_entry *q = realloc(c->lps, (size_t)nc * sizeof *q);
+                if (q) {
+                    c->lps = q;
+                    c->lps_cap = nc;
+                }
+            }
+            if (c->n_lps < c->lps_cap) {
+                c->lps[c->n_lps++] = c->out.lp;
+            } else { /* an answer without this token's logprobs would be wrong, not short */
+                r->error = FERRY_ERR_NOMEM;
+                snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+            }
+        }
+        c->n_completion = c->out.n_gen;
+        if (c->out.oom) {
+            r->error = FERRY_ERR_NOMEM;
+            snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+        }
+        sched_req_signal_locked(r);
+    }
+}
+
+/* With mu held: every running request fails with rc (reaped at the top of the loop). */
+static void fail_running_locked(struct sched *s, int rc, int n)
+{
+    FLOG_ERROR("engine_step over %d tokens failed: %s", n, ferry_status_str(rc));
+    for (int i = 0; i < s->n_run; i++) {
+        struct sreq *r = s->run[i]->req;
+        r->error = rc;
+        snprintf(r->errmsg, sizeof r->errmsg, "the engine failed: %s", ferry_status_str(rc));
+        sched_req_signal_locked(r);
+    }
+}
+
+/* The loop: admit, build a step, run it, sample or take its draws, publish. A decode step that drew every
+ * row may have its successor begun before its own outputs are published (overlap_ok_locked): the device
+ * then runs step N+1 while this thread publishes step N and wakes its readers. `ahead` says the step of
+ * this iteration was begun so, at the end of the last one. */
 void *sched_engine_main(void *arg)
 {
     struct sched *s = arg;
     struct engine_stats st;
+    int ahead = 0, ahead_n = 0, ahead_rows = 0;
+    double ahead_t0 = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        double now = sched_now();
-        cut_expired_locked(s, now);
-        int n_cut = 0;
-        for (int i = 0; i < s->n_run;) {
-            struct sreq *r = s->run[i]->req;
-            if (r->cancelled || r->error) {
-                retire_locked(s, i, NULL);
-                n_cut++;
-            } else {
-                i++;
+        int rows = 0, n_prefill = 0, n = 0, ne = 0, rc = 0, drew = 0;
+        const int overlapped = ahead;
+        double t0, t1;
+        if (ahead) {
+            ahead = 0;
+            n = ahead_n;
+            rows = ahead_rows;
+            t0 = ahead_t0;
+            pthread_mutex_unlock(&s->mu);
+            rc = engine_step_draw_end(s->e, s->drawn);
+            drew = rc == 0;
+            t1 = sched_now();
+        } else {
+            double now = sched_now();
+            cut_expired_locked(s, now);
+            for (int i = 0; i < s->n_run;) {
+                struct sreq *r = s->run[i]->req;
+                if (r->cancelled || r->error) {
+                    retire_locked(s, i, NULL);
+                } else {
+                    i++;
+                }
             }
-        }
-        while (s->qhead && s->n_run < s->n_slots) {
-            struct choice *c = s->qhead;
-            /* first come first served: the head waits for KV room rather than being overtaken */
-            const int feeds =
-                c->req->max_tokens > 0 || sched_wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
-            /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
-            struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
-            if (lead && lead->n_fed < lead->n_prompt) break;
-            const int use_cache =
-                !lead && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
-            int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
-                                                            use_cache, &reuse)
-                                        : -1;
-            if (feeds && !fits_locked(s, c, slot)) break;
-            s->qhead = c->qnext;
-            if (!s->qhead) s->qtail = NULL;
-            s->n_queued--;
-            if (!feeds) { /* max_tokens 0 and nothing to compute */
-                sched_choice_done_locked(s, c, "length");
+            while (s->qhead && s->n_run < s->n_slots) {
+                struct choice *c = s->qhead;
+                /* first come first served: the head waits for KV room rather than being overtaken */
+                const int feeds =
+                    c->req->max_tokens > 0 || sched_wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
+                /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
+                struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
+                if (lead && lead->n_fed < lead->n_prompt) break;
+                const int use_cache = !lead && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) &&
+                                      c->req->kind != SREQ_EMBED;
+                int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
+                                                                use_cache, &reuse)
+                                            : -1;
+                if (feeds && !fits_locked(s, c, slot)) break;
+                s->qhead = c->qnext;
+                if (!s->qhead) s->qtail = NULL;
+                s->n_queued--;
+                if (!feeds) { /* max_tokens 0 and nothing to compute */
+                    sched_choice_done_locked(s, c, "length");
+                    continue;
+                }
+                int arc = admit_locked(s, c, slot, reuse, lead);
+                if (arc) {
+                    c->req->error = arc;
+                    snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
+                             ferry_status_str(arc));
+                    sched_choice_done_locked(s, c, NULL);
+                }
+            }
+            engine_get_stats(s->e, &st);
+            metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
+            if (s->n_run == 0) {
+                if (s->stop) break;
+                pthread_cond_wait(&s->cv_work, &s->mu);
                 continue;
             }
-            int rc = admit_locked(s, c, slot, reuse, lead);
-            if (rc) {
-                c->req->error = rc;
-                snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
-                         ferry_status_str(rc));
-                sched_choice_done_locked(s, c, NULL);
+
+            /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
+            n = step_batch_locked(s, &rows, &n_prefill);
+            ne = embed_batch_locked(s);
+            pthread_mutex_unlock(&s->mu);
+
+            const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
+            t0 = sched_now();
+            rc = FERRY_ERR_UNSUPPORTED;
+            if (n > 0 && rows > 0 && s->draws && s->n_plp == 0) { /* every output row is a draw */
+                s->rows_do = ROWS_MASK;
+                row_pool_run(s->samplers, rows);
+                rc = engine_step_draw(s->e, &b, s->draw, s->drawn);
+                drew = rc == 0;
             }
+            if (rc == FERRY_ERR_UNSUPPORTED) rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
+            t1 = sched_now();
         }
-        engine_get_stats(s->e, &st);
-        metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
-        if (s->n_run == 0) {
-            if (s->stop) break;
-            pthread_cond_wait(&s->cv_work, &s->mu);
-            continue;
-        }
-
-        /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
-        int rows = 0, n_prefill = 0;
-        const int n = step_batch_locked(s, &rows, &n_prefill);
-        const int ne = embed_batch_locked(s);
-        pthread_mutex_unlock(&s->mu);
-
-        struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
-        double t0 = sched_now();
-        int rc = FERRY_ERR_UNSUPPORTED, drew = 0;
-        if (n > 0 && rows > 0 && s->draws && s->n_plp == 0) { /* every output row is a draw */
-            s->rows_do = ROWS_MASK;
-            row_pool_run(s->samplers, rows);
-            rc = engine_step_draw(s->e, &b, s->draw, s->drawn);
-            drew = rc == 0;
-        }
-        if (rc == FERRY_ERR_UNSUPPORTED) rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
-        double t1 = sched_now();
+        const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
         if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
             s->rows_do = drew ? ROWS_DRAWN : ROWS_SAMPLE;
@@ -414,13 +504,7 @@ void *sched_engine_main(void *arg)
 
         pthread_mutex_lock(&s->mu);
         if (rc) {
-            FLOG_ERROR("engine_step over %d tokens failed: %s", n, ferry_status_str(rc));
-            for (int i = 0; i < s->n_run; i++) {
-                struct sreq *r = s->run[i]->req;
-                r->error = rc;
-                snprintf(r->errmsg, sizeof r->errmsg, "the engine failed: %s", ferry_status_str(rc));
-                sched_req_signal_locked(r);
-            }
+            fail_running_locked(s, rc, n);
             continue; /* reaped at the top of the loop */
         }
         for (int i = 0; i < s->n_run; i++) {
@@ -432,55 +516,46 @@ void *sched_engine_main(void *arg)
                 sched_req_signal_locked(c->req);
             }
         }
-        int n_gen_tokens = 0;
-        for (int i = 0; i < rows; i++) {
-            struct choice *c = s->row_owner[i];
-            struct sreq *r = c->req;
-            n_gen_tokens++;
-            const int first = c->out.n_gen == 1;
-            metrics_token_out(s->m, first, first ? t2 - r->t_arrival : t2 - c->t_last);
-            c->t_last = t2;
-            if (c->out.release) {
-                if (buf_append(&c->text, &c->text_len, &c->text_cap, c->out.hold, c->out.release)) {
-                    r->error = FERRY_ERR_NOMEM;
-                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
-                }
-                seq_output_take(&c->out, c->out.release);
-            }
-            if (c->out.has_lp) {
-                if (c->n_lps == c->lps_cap) {
-                    int nc = c->lps_cap ? c->lps_cap * 2 : 16;
-                    struct lp_entry *q = realloc(c->lps, (size_t)nc * sizeof *q);
-                    if (q) {
-                        c->lps = q;
-                        c->lps_cap = nc;
-                    }
-                }
-                if (c->n_lps < c->lps_cap) {
-                    c->lps[c->n_lps++] = c->out.lp;
-                } else { /* an answer without this token's logprobs would be wrong, not short */
-                    r->error = FERRY_ERR_NOMEM;
-                    snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
-                }
-            }
-            c->n_completion = c->out.n_gen;
-            if (c->out.oom) {
-                r->error = FERRY_ERR_NOMEM;
-                snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
-            }
-            sched_req_signal_locked(r);
-        }
-        for (int i = 0; i < s->n_run;) {
-            struct choice *c = s->run[i];
-            if (c->fin && c->n_fed == c->n_prompt) {
-                const char *f = c->fin;
-                c->fin = NULL;
-                retire_locked(s, i, f);
-            } else {
-                i++;
+        struct choice **owner = s->row_owner;
+        if (drew && overlap_ok_locked(s, rows, ne)) {
+            /* the next step (the same rows, one token on) begins before this one's outputs go out */
+            memcpy(s->pub_owner, s->row_owner, (size_t)rows * sizeof *owner);
+            owner = s->pub_owner;
+            int rows2 = 0, prefill2 = 0;
+            const int n2 = step_batch_locked(s, &rows2, &prefill2);
+            pthread_mutex_unlock(&s->mu);
+            const struct batch b2 = {n2, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
+            s->rows_do = ROWS_MASK;
+            row_pool_run(s->samplers, rows2);
+            const double t3 = sched_now();
+            const int rc2 = engine_step_draw_begin(s->e, &b2, s->draw);
+            pthread_mutex_lock(&s->mu);
+            if (rc2 == 0) {
+                ahead = 1;
+                ahead_n = n2;
+                ahead_rows = rows2;
+                ahead_t0 = t3;
+            } else if (rc2 != FERRY_ERR_UNSUPPORTED) {
+                fail_running_locked(s, rc2, n2); /* after this step's outputs, below */
             }
         }
-        metrics_step_done(s->m, n_prefill, n_gen_tokens, drew ? rows : 0, t1 - t0, n, s->n_run);
+        publish_rows_locked(s, owner, rows, t2);
+        if (!ahead)
+            for (int i = 0; i < s->n_run;) {
+                struct choice *c = s->run[i];
+                if (c->fin && c->n_fed == c->n_prompt) {
+                    const char *f = c->fin;
+                    c->fin = NULL;
+                    retire_locked(s, i, f);
+                } else {
+                    i++;
+                }
+            }
+        metrics_step_done(s->m, n_prefill, rows, drew ? rows : 0, t1 - t0, n, s->n_run, overlapped);
+        if (ahead) {
+            engine_get_stats(s->e, &st);
+            metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

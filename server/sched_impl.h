@@ -47,6 +47,8 @@ struct sched {
     float *e_out;              /* (max_batch_tokens, dim) */
     struct choice **row_owner; /* (n_slots) choice of each sampled row */
     int *row_at;               /* (n_slots) its row in logits */
+    struct choice *
+        *pub_owner; /* (n_slots) row_owner of a step whose successor began before its publication */
     /* prompt rows whose logprobs are asked (echo): at most PROMPT_LP_ROWS per step */
     struct choice *plp_owner[PROMPT_LP_ROWS];
     int plp_pos[PROMPT_LP_ROWS], plp_at[PROMPT_LP_ROWS], n_plp;

@@ -134,6 +134,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->e_out = touched_alloc(nb * (size_t)s->dim * sizeof(float));
     s->row_owner = calloc(ns, sizeof *s->row_owner);
     s->row_at = calloc(ns, sizeof *s->row_at);
+    s->pub_owner = calloc(ns, sizeof *s->pub_owner);
     s->draws = p->gpu_sampling && engine_draws(e);
     s->draw = calloc(ns, sizeof *s->draw);
     s->drawn = calloc(ns, sizeof *s->drawn);
@@ -144,8 +145,8 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->scratch = touched_alloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->idle || !s->idle_blocks || !s->steps || !s->chunk || !s->b_tokens ||
         !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens || !s->e_pos || !s->e_seq || !s->e_want ||
-        !s->e_out || !s->row_owner || !s->row_at || !s->draw || !s->drawn || !s->vocab || !s->pc ||
-        !s->logits || !s->scratch) {
+        !s->e_out || !s->row_owner || !s->row_at || !s->pub_owner || !s->draw || !s->drawn || !s->vocab ||
+        !s->pc || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -200,6 +201,7 @@ void sched_free(struct sched *s)
     free(s->e_out);
     free(s->row_owner);
     free(s->row_at);
+    free(s->pub_owner);
     free(s->draw);
     free(s->drawn);
     seq_vocab_free(s->vocab);

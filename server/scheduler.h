@@ -141,6 +141,8 @@ struct sched_params {
     int gpu_sampling; /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
                        * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
                        * on the host */
+    int overlap; /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
+                  * are published (the device runs while the host publishes; sched_engine.c) */
 };
 
 struct sched;

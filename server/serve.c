@@ -128,7 +128,8 @@ static void loader_main(void *arg)
                               .sample_threads = st > 8 ? 8 : st,
                               .prompt_cache = S->opt.prompt_cache,
                               .prefill_budget = S->opt.prefill_budget,
-                              .gpu_sampling = S->opt.gpu_sampling};
+                              .gpu_sampling = S->opt.gpu_sampling,
+                              .overlap = S->opt.overlap};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */

@@ -1,4 +1,5 @@
-/* test_gpu_draw — engine_step_draw (tokens drawn on the GPU where the logits are) against the host sampler.
+/* test_gpu_draw — engine_step_draw (tokens drawn on the GPU where the logits are), whole and in its two
+ * halves (engine_step_draw_begin/end), against the host sampler.
  *
  * Two CUDA engines over the same model take the same tokens step by step: one returns logits, sampled on the
  * host by runtime/sampler.c; the other draws on the device (runtime/draw_cuda.c → kernels/cuda/sample.cu).
@@ -124,7 +125,17 @@ Test(gpu_draw, tokens_equal_the_host_samplers, .timeout = 120)
         struct draw_out out[SEQS];
         for (int i = 0; i < SEQS; i++)
             rows[i] = (struct draw_row){ds[i], i == 3 ? mask : NULL, i == 1 ? 5 : -1};
-        cr_assert_eq(engine_step_draw(gpu, &b, rows, out), 0);
+        if (step % 2 == 0) {
+            cr_assert_eq(engine_step_draw(gpu, &b, rows, out), 0);
+        } else { /* in two halves, as the server overlaps them: b and rows are read by begin only */
+            cr_assert_eq(engine_step_draw_begin(gpu, &b, rows), 0);
+            cr_assert_eq(engine_step_draw_begin(gpu, &b, rows), FERRY_ERR_INVALID, "one step at a time");
+            cr_assert_eq(engine_step(gpu, &b, logits), FERRY_ERR_INVALID, "one step at a time");
+            memset(tok, 0xff, sizeof tok);
+            memset(rows, 0, sizeof rows);
+            cr_assert_eq(engine_step_draw_end(gpu, out), 0);
+            cr_assert_eq(engine_step_draw_end(gpu, out), FERRY_ERR_INVALID, "nothing left on its way");
+        }
         for (int i = 0; i < SEQS; i++) {
             memcpy(row, logits + (size_t)i * V, (size_t)V * sizeof(float));
             if (i == 3)
