@@ -823,10 +823,11 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
 /* Where each layer runs in this step: the plan's choice for its size, unless the host's cores are needed for
  * the KV pool's extension. The host attends to the extension's positions that the step's decode rows reach
  * (forward_cuda.c, ext_plan) with the cores that compute the plan's CPU layers, and the plan does not count
- * that time: step_plan_ext_streams weighs it, from the extension's K/V bytes those rows read over all
- * layers at the host's rate on the reference layer's weights. Measured on the H200 (runtime/NOTES.md,
- * session 14): 16 clients at 4 GiB served 123 tok/s with the plan as made, 182 with every host layer
- * streamed. */
+ * that time: step_plan_ext_shift weighs it, from the extension's K/V bytes those rows read over all
+ * layers at the host's rate on the reference layer's weights, and says how many of the CPU layers to stream
+ * instead. Measured on the H200 (runtime/NOTES.md, session 14): 16 clients at 4 GiB served 123 tok/s with
+ * the plan as made, 182 with every host layer streamed; session 16 moves only as many as the time calls for
+ * (F16 7B: 11 CPU layers at 16 tokens and 36 ms of the host's attention a step, all of them kept before). */
 static const enum placement *step_where(struct engine *e, const struct batch *b)
 {
     const enum placement *w = step_plan_where(&e->plan, b->n_tokens);
@@ -849,8 +850,17 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
         2.0 * (double)kv_elem_bytes(el, (size_t)ext_pos * hp->n_layers * hp->n_kv_heads * hp->head_dim);
     const double pace = e->adapt && e->pace.pace > 0 ? e->pace.pace : 1.0;
     const double rate = (double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace);
-    if (!step_plan_ext_streams(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate)) return w;
-    for (int l = 0; l < hp->n_layers; l++) e->streamed[l] = w[l] == PLACEMENT_CPU ? PLACEMENT_STREAM : w[l];
+    const int n_cpu = e->plan.n_cpu[bk];
+    const int j = step_plan_ext_shift(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate, n_cpu);
+    if (!j) return w;
+    /* j of the n_cpu CPU layers stream, spread evenly over them (the k-th CPU layer when k*j/n_cpu steps up),
+     * so that the link's copies stay spread between the layers computed meanwhile */
+    for (int l = 0, k = 0; l < hp->n_layers; l++) {
+        e->streamed[l] = w[l];
+        if (w[l] != PLACEMENT_CPU) continue;
+        if ((k + 1) * j / n_cpu != k * j / n_cpu) e->streamed[l] = PLACEMENT_STREAM;
+        k++;
+    }
     e->stats.ext_streamed_steps++;
     return e->streamed;
 }

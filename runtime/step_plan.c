@@ -322,11 +322,19 @@ int step_pace_observe(struct step_pace *p, double seconds, double expected)
     return 1;
 }
 
-int step_plan_ext_streams(double cpu_s, double stream_s, double attn_bytes, double rate)
+int step_plan_ext_shift(double cpu_s, double stream_s, double attn_bytes, double rate, int n_cpu)
 {
-    if (!(attn_bytes > 0) || !(rate > 0) || !(stream_s > 0)) return 0;
+    if (!(attn_bytes > 0) || !(rate > 0) || !(stream_s > 0) || n_cpu <= 0) return 0;
     const double t_a = attn_bytes / rate;
-    return cpu_s + t_a >= (stream_s > t_a ? stream_s : t_a);
+    int best = 0;
+    double best_s = cpu_s + t_a;
+    for (int j = 1; j <= n_cpu; j++) {
+        const double f = (double)j / n_cpu;
+        const double link = cpu_s + (stream_s - cpu_s) * f, host = cpu_s * (1.0 - f) + t_a;
+        const double s = link > host ? link : host;
+        if (s < best_s) best = j, best_s = s;
+    }
+    return best;
 }
 
 struct step_cost step_cost_paced(const struct step_cost *c, double pace)

@@ -121,12 +121,14 @@ int step_pace_observe(struct step_pace *p, double seconds, double expected);
 /* c with its host times multiplied by pace. */
 struct step_cost step_cost_paced(const struct step_cost *c, double pace);
 
-/* A step whose plan computes host layers on the CPU in cpu_s (stream_s with every host layer streamed),
- * while the host's cores also attend to attn_bytes of the KV pool's extension at rate bytes/s on every
- * layer's path (runtime/forward_cuda.c), a time the plan does not count: 1 when streaming them is cheaper
- * (the CPU layers then cost cpu_s + T_a; streamed, the attention runs while the link copies: max(stream_s,
- * T_a)). */
-int step_plan_ext_streams(double cpu_s, double stream_s, double attn_bytes, double rate);
+/* A step whose plan computes n_cpu host layers on the CPU in cpu_s (stream_s with every host layer
+ * streamed), while the host's cores also attend to attn_bytes of the KV pool's extension at rate bytes/s on
+ * every layer's path (runtime/forward_cuda.c), a time T_a the plan does not count: how many of the CPU
+ * layers to stream instead. With j of n streamed, the link's side of the step grows from cpu_s towards
+ * stream_s and the host's shrinks from cpu_s + T_a towards T_a, both in proportion to j/n (the plan balances
+ * the two sides at cpu_s); the step takes the larger side, and the j with the smallest step wins (the
+ * smallest j on a tie). 0 without attention, CPU layers or a ring. */
+int step_plan_ext_shift(double cpu_s, double stream_s, double attn_bytes, double rate, int n_cpu);
 
 /* A summary line per bucket and the layer maps of the smallest and largest buckets; snprintf semantics. */
 int step_plan_format(const struct step_plan *p, char *buf, size_t cap);

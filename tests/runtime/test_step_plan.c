@@ -419,14 +419,27 @@ Test(step_plan, paced_costs_move_host_layers)
 
 /* The host's attention over the KV extension against the plan's CPU layers (Q8_0 7B at 4 GiB: a host layer of
  * 215 MB in 2.6 ms; f16 K/V of 512 KiB a position over all layers): one sequence of 600 extension positions
- * keeps its CPU layers, 16 rows of 500 stream them, and nothing changes without attention or a ring. */
+ * keeps its CPU layers, 16 rows of 500 stream most of them, 4 rows some; nothing changes without attention,
+ * CPU layers or a ring; and the count found is the best one of the model (each j's step checked by hand). */
 Test(step_plan, ext_attention_streams_cpu_layers_when_it_costs_more)
 {
     const double rate = 215e6 / 2.6e-3, pos_bytes = 512.0 * 1024;
-    cr_assert_not(step_plan_ext_streams(35.6e-3, 69.9e-3, 600 * pos_bytes, rate));
-    cr_assert(step_plan_ext_streams(62.6e-3, 65.9e-3, 16 * 500 * pos_bytes, rate));
-    cr_assert(step_plan_ext_streams(53.4e-3, 69.9e-3, 8 * 500 * pos_bytes, rate));
-    cr_assert_not(step_plan_ext_streams(44.5e-3, 69.9e-3, 4 * 500 * pos_bytes, rate));
-    cr_assert_not(step_plan_ext_streams(35.6e-3, 69.9e-3, 0, rate));
-    cr_assert_not(step_plan_ext_streams(35.6e-3, 0, 16 * 500 * pos_bytes, rate)); /* no ring */
+    cr_assert_eq(step_plan_ext_shift(35.6e-3, 69.9e-3, 600 * pos_bytes, rate, 7), 0);
+    const int all16 = step_plan_ext_shift(62.6e-3, 65.9e-3, 16 * 500 * pos_bytes, rate, 5);
+    cr_assert(all16 >= 4, "16 rows of 500: %d of 5 streamed", all16);
+    const int j8 = step_plan_ext_shift(53.4e-3, 69.9e-3, 8 * 500 * pos_bytes, rate, 6);
+    const int j4 = step_plan_ext_shift(44.5e-3, 69.9e-3, 4 * 500 * pos_bytes, rate, 6);
+    cr_assert(j4 > 0 && j4 < 6 && j8 > j4, "4 rows %d, 8 rows %d of 6", j4, j8);
+    cr_assert_eq(step_plan_ext_shift(35.6e-3, 69.9e-3, 0, rate, 7), 0);
+    cr_assert_eq(step_plan_ext_shift(35.6e-3, 0, 16 * 500 * pos_bytes, rate, 7), 0); /* no ring */
+    cr_assert_eq(step_plan_ext_shift(35.6e-3, 69.9e-3, 16 * 500 * pos_bytes, rate, 0), 0);
+    /* F16 7B at 16 tokens (session 16): plan 110 ms with 11 CPU layers, 186 ms streaming all, 36 ms of
+     * attention: max(110 + 76 j/11, 110 (1 - j/11) + 36) is smallest at j = 2 (123.9 / 126.0 ms). */
+    const double t_a = 36e-3, bytes = t_a * rate;
+    cr_assert_eq(step_plan_ext_shift(110e-3, 186e-3, bytes, rate, 11), 2);
+    for (int j = 0; j <= 11; j++) {
+        const double f = j / 11.0, link = 110e-3 + 76e-3 * f, host = 110e-3 * (1 - f) + t_a;
+        const double s = link > host ? link : host;
+        cr_assert_geq(s, 126.0e-3 - 1e-6, "j = %d: %g ms beats the chosen 126 ms", j, s * 1e3);
+    }
 }
