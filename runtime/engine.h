@@ -88,8 +88,7 @@ struct engine_stats {
     uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory (device_map.h) */
     uint64_t kv_ext_host_rows; /* rows x layers whose extension positions the host's cores attended to */
     double kv_ext_host_seconds; /* wall time of that attention, on the compute stream's path */
-    uint64_t
-        ext_streamed_steps; /* steps whose CPU layers streamed for that attention (engine.c step_where) */
+    uint64_t ext_streamed_steps; /* steps that streamed CPU layers for that attention (engine.c step_where) */
     double h2d_bytes_per_s, hbm_bytes_per_s; /* ceilings measured at start-up */
     /* Host layers of a GPU engine computed on the CPU. */
     int cpu_threads;

@@ -242,10 +242,11 @@ char *metrics_render(struct metrics *m, size_t *len)
         "compute stream waits for it).\n"
         "# TYPE ferry_kv_ext_host_seconds_total counter\nferry_kv_ext_host_seconds_total %.6f\n",
         m->kv_ext_host_seconds);
-    COUNTER(
-        "ferry_ext_streamed_steps_total",
-        "Steps whose CPU-planned host layers streamed instead, the host's cores attending to the extension.",
-        m->ext_streamed_steps);
+    COUNTER("ferry_ext_streamed_steps_total",
+            "Steps that streamed some or all of their CPU-planned host layers instead, the host's cores "
+            "attending "
+            "to the extension.",
+            m->ext_streamed_steps);
     GAUGE("ferry_host_pace",
           "Host layers' arithmetic time against their start-up timing (--placement auto; 0: not followed).",
           "%.3f", m->host_pace);
