@@ -581,29 +581,6 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, struct devic
     return rc;
 }
 
-/* How a host thread waits for the device: CUDA's default on a host with more cores than contexts is to spin,
- * which takes a core from the host's threads while they attend to the KV extension or compute host layers.
- * FERRY_CUDA_WAIT=spin|yield|block sets it for measuring (runtime/NOTES.md, session 16). */
-static void wait_mode_from_env(void)
-{
-    const char *w = getenv("FERRY_CUDA_WAIT");
-    if (!w) return;
-    const unsigned flags = !strcmp(w, "spin")    ? cudaDeviceScheduleSpin
-                           : !strcmp(w, "yield") ? cudaDeviceScheduleYield
-                           : !strcmp(w, "block") ? cudaDeviceScheduleBlockingSync
-                                                 : cudaDeviceScheduleAuto;
-    if (cudaSetDeviceFlags(flags) != cudaSuccess) {
-        cudaGetLastError();
-        FLOG_WARN("FERRY_CUDA_WAIT=%s: the device's wait mode could not be set", w);
-    } else {
-        FLOG_INFO("FERRY_CUDA_WAIT=%s: host threads %s while they wait for the device", w,
-                  flags == cudaDeviceScheduleSpin           ? "spin"
-                  : flags == cudaDeviceScheduleYield        ? "yield their core"
-                  : flags == cudaDeviceScheduleBlockingSync ? "sleep"
-                                                            : "wait as CUDA chooses");
-    }
-}
-
 int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256])
 {
@@ -631,7 +608,6 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     /* Device memory free before this backend takes any (the CUDA context itself is created here). */
     size_t free_start = 0, total_start = 0;
     cudaFree(0);
-    wait_mode_from_env();
     cudaMemGetInfo(&free_start, &total_start);
     f->n_layers = L;
     f->max_tokens = T;
