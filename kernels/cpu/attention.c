@@ -359,6 +359,31 @@ static void att_merge(const struct att_ctx *c, int t, const float *state, int n_
     }
 }
 
+/* Subnormals flushed (FTZ, DAZ) from att_ftz_begin to att_ftz_end (given what begin returned), around every
+ * task and the merges of parts: a peaked softmax makes many of the weights, and of their products with a
+ * Q8_0 block's scale, subnormal, and so is a part's weight e^(m - M) in the merge when its maximum is 87-104
+ * below the row's; on Intel each operation with a subnormal operand or result takes a microcode assist (tens
+ * to hundreds of cycles). What they would add is below 2^-126 against a softmax sum of at least 1. */
+static inline unsigned att_ftz_begin(void)
+{
+#if defined(__SSE__)
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    return csr;
+#else
+    return 0;
+#endif
+}
+
+static inline void att_ftz_end(unsigned csr)
+{
+#if defined(__SSE__)
+    _mm_setcsr(csr);
+#else
+    (void)csr;
+#endif
+}
+
 static void att_task(void *arg, int task)
 {
     const struct att_ctx *c = arg;
@@ -377,17 +402,9 @@ static void att_task(void *arg, int task)
     const int h0 = kt * c->kvt * c->group + s * per;
     const int h1 =
         c->split > 1 ? h0 + per : (h0 + c->kvt * c->group < c->n_heads ? h0 + c->kvt * c->group : c->n_heads);
-#if defined(__SSE__)
-    /* Subnormals flushed (FTZ, DAZ) for the task: a peaked softmax makes many of its weights, and of their
-     * products with a Q8_0 block's scale, subnormal, and each such operation takes a microcode assist (tens
-     * to hundreds of cycles). What they would add is below 2^-126 against a sum of at least 1. */
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);
-#endif
+    const unsigned csr = att_ftz_begin();
     att_rows(c, c->tile_row[lo], c->tile_row[lo + 1] - c->tile_row[lo], h0, h1, part);
-#if defined(__SSE__)
-    _mm_setcsr(csr);
-#endif
+    att_ftz_end(csr);
 }
 
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
@@ -512,10 +529,12 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
                             .part_base = part_base,
                             .state = state};
         tpool_run(tp, att_task, &c, task_base[n_tiles]);
+        const unsigned csr = att_ftz_begin();
         for (int t = t0; t < t1; t++) {
             const int n = att_parts(lo_of(lo, t), pos[t]);
             if (n > 1) att_merge(&c, t, state + (size_t)part_base[t - t0] * per_part, n);
         }
+        att_ftz_end(csr);
         t0 = t1;
     }
     free(base);

@@ -648,6 +648,72 @@ Test(attention, q8_0_planes_match_blocks_gqa_8_96)
     planes_match_blocks(8, 1, 96, 43);
 }
 
+/* A peaked softmax, as served models have, over Q8_0 planes at odd sizes: scale 20 on q and K uniform in
+ * [-1, 1] spreads a row's scores by 20·√(head_dim)/3 (~65), so all but a few weights are e^-87 or below and
+ * their products with V's scales subnormal (flushed), and parts of ATT_PART positions have maxima tens to
+ * hundreds apart (merge weights that underflow). Blocks of 7 positions from block id 5, 3 KV heads, decode
+ * rows of 1 to 3 parts and a prefill chunk crossing a part, on a pool of 3 and none: against the double
+ * reference, and bitwise the Q8_0 blocks' output. Tolerance: a weight moves by the rounding of its f32 score
+ * times 20, and the output by that times |v| <= 1: 1e-4 + 1e-4 |ref| (the worst seen, on the 8-lane path:
+ * 1.1e-5 at |ref| 0.47; the 16-lane path rounds in another order). */
+static void planes_peaked(int nh, int nkv, int hd, unsigned seed)
+{
+    kt_seed(seed);
+    const int bs = 7, n_seq = 3, max_blocks = 610 / bs + 1, n_local = n_seq * max_blocks, base = 5;
+    const size_t row = (size_t)nkv * hd, cells = (size_t)n_local * bs * row;
+    int32_t *table = malloc(sizeof(int32_t) * n_local);
+    for (int i = 0; i < n_local; i++) table[i] = base + (13 * i + 4) % n_local;
+    struct kv_layer_view q8 = {.n_blocks = base + n_local,
+                               .block_size = bs,
+                               .block_table = table,
+                               .max_blocks = max_blocks,
+                               .n_kv_heads = nkv,
+                               .head_dim = hd,
+                               .elem = KV_Q8_0,
+                               .block_base = base};
+    struct kv_layer_view pl = q8;
+    pl.elem = KV_Q8_0_PLANES;
+    cache_alloc(&q8, cells);
+    cache_alloc(&pl, cells);
+    float *x = malloc(sizeof(float) * cells);
+    for (int v = 0; v < 2; v++) {
+        kt_fill(x, cells, -1.0f, 1.0f);
+        cache_fill(&q8, v, x, cells);
+        cache_fill(&pl, v, x, cells);
+    }
+    /* Seq 0 at 600 (3 parts), seq 1 at 300 (2) and 0, seq 2's chunk at 250..262 and its row at 30. */
+    enum { M = 17 };
+    int32_t seq[M] = {0, 1, 1, 2}, pos[M] = {600, 300, 0, 30};
+    for (int i = 4; i < M; i++) seq[i] = 2, pos[i] = 246 + i;
+    const size_t qn = (size_t)M * nh * hd;
+    float *q = malloc(sizeof(float) * qn), *a = malloc(sizeof(float) * qn), *b = malloc(sizeof(float) * qn),
+          *ref = malloc(sizeof(float) * qn);
+    kt_fill(q, qn, -1.0f, 1.0f);
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 3), FERRY_OK);
+    char what[96];
+    snprintf(what, sizeof what, "q8_0 planes, peaked softmax, %d heads / %d, head_dim %d", nh, nkv, hd);
+    cr_assert_eq(kern_cpu_attention(b, q, &pl, seq, pos, M, nh, 20.0f, tp), FERRY_OK);
+    kern_cpu_attention_ref(ref, q, &pl, seq, pos, M, nh, 20.0f);
+    kt_check_close(what, b, ref, qn, 1e-4, 1e-4);
+    cr_assert_eq(kern_cpu_attention(a, q, &q8, seq, pos, M, nh, 20.0f, tp), FERRY_OK);
+    cr_assert(memcmp(a, b, sizeof(float) * qn) == 0, "%s: differs from the q8_0 cache's", what);
+    cr_assert_eq(kern_cpu_attention(a, q, &pl, seq, pos, M, nh, 20.0f, NULL), FERRY_OK);
+    cr_assert(memcmp(a, b, sizeof(float) * qn) == 0, "%s: 3 threads vs none differ", what);
+    tpool_free(tp);
+    free(x), free(q), free(a), free(b), free(ref), free(table);
+    free(q8.k), free(q8.v), free(pl.k), free(pl.v);
+}
+
+Test(attention, q8_0_planes_peaked_softmax_gqa_2_96)
+{
+    planes_peaked(6, 3, 96, 45);
+}
+Test(attention, q8_0_planes_peaked_softmax_mha_128)
+{
+    planes_peaked(3, 3, 128, 46);
+}
+
 /* kern_cpu_kv_store into planes writes the split of what it writes into Q8_0 blocks, and nothing else: both
  * caches start with the same poison and are compared whole. Rows of 9 blocks (3 KV heads of 96, more than the
  * store's stack buffer of 8), magnitudes from 1e-3 to 1e2, one block all zeros (scale 0), block_size 5,
