@@ -5,9 +5,10 @@
  *
  * Tolerances, from the arithmetic (eps = 2^-24, one f32 rounding):
  *  - f32 arithmetic: kernel and kern_cpu_matmul_ref multiply the same weights, f32 against double sums. Plain
- *    types (|x|, |w| <= 1, k <= 8192): |got - ref| <= 1e-4 + 1e-5·|ref| (far above the ~sqrt(k)·eps·Σ|x·w|
- *    the sums reach); quantized types (random K-quant bytes: |w| up to ~60) and longer rows: the worst case
- *    (k/4 + 17)·eps·Σ|x·w| (check_f32).
+ *    types (|x|, |w| <= 1, k <= 8192): |got - ref| <= 1e-4·max(1, sqrt(k/512)) + 1e-5·|ref| (the sums'
+ *    rounding, ~sqrt(k)·eps·Σ|x·w| with random signs, reached 1.15e-4 at k = 2048 on an AVX2 host); quantized
+ * types (random K-quant bytes: |w| up to ~60) and longer rows: the worst case (k/4 + 17)·eps·Σ|x·w|
+ * (check_f32).
  *  - Quantized types (x quantized to int8 blocks of 32, matmul.c's first comment), two checks:
  *    (1) against q8_ref, this file's double evaluation of the documented arithmetic (x̂ = dx·q with dx, q
  *        computed by the documented f32 rule, times the exactly dequantized weights): only f32 rounding
@@ -151,7 +152,8 @@ static void check_f32(const char *what, enum dtype t, const float *y, const floa
                       const void *w, int m, int n, int k)
 {
     if (k <= 8192 && !dtype_get_traits(t)->is_quantized) {
-        kt_check_close(what, y, ref, (size_t)m * n, 1e-4, 1e-5);
+        /* random signs: the sums' rounding grows as sqrt(k) (BF16 m=5 k=2048 on an AVX2 host: 1.15e-4) */
+        kt_check_close(what, y, ref, (size_t)m * n, k > 512 ? 1e-4 * sqrt(k / 512.0) : 1e-4, 1e-5);
         return;
     }
     const size_t rb = dtype_row_size(t, k);
