@@ -398,6 +398,51 @@ static void fail_running_locked(struct sched *s, int rc, int n)
     }
 }
 
+/* With mu held, at the top of the loop when no step is on its way: cancelled, failed and expired choices
+ * leave their slots, then queued ones are admitted first come first served while slots and KV room last. */
+static void reap_and_admit_locked(struct sched *s)
+{
+    double now = sched_now();
+    cut_expired_locked(s, now);
+    for (int i = 0; i < s->n_run;) {
+        struct sreq *r = s->run[i]->req;
+        if (r->cancelled || r->error) {
+            retire_locked(s, i, NULL);
+        } else {
+            i++;
+        }
+    }
+    while (s->qhead && s->n_run < s->n_slots) {
+        struct choice *c = s->qhead;
+        /* first come first served: the head waits for KV room rather than being overtaken */
+        const int feeds =
+            c->req->max_tokens > 0 || sched_wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
+        /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
+        struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
+        if (lead && lead->n_fed < lead->n_prompt) break;
+        const int use_cache =
+            !lead && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
+        int reuse = 0,
+            slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt, use_cache, &reuse)
+                         : -1;
+        if (feeds && !fits_locked(s, c, slot)) break;
+        s->qhead = c->qnext;
+        if (!s->qhead) s->qtail = NULL;
+        s->n_queued--;
+        if (!feeds) { /* max_tokens 0 and nothing to compute */
+            sched_choice_done_locked(s, c, "length");
+            continue;
+        }
+        int arc = admit_locked(s, c, slot, reuse, lead);
+        if (arc) {
+            c->req->error = arc;
+            snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
+                     ferry_status_str(arc));
+            sched_choice_done_locked(s, c, NULL);
+        }
+    }
+}
+
 /* The loop: admit, build a step, run it, sample or take its draws, publish. A decode step that drew every
  * row may have its successor begun before its own outputs are published (overlap_ok_locked): the device
  * then runs step N+1 while this thread publishes step N and wakes its readers. `ahead` says the step of
@@ -423,45 +468,7 @@ void *sched_engine_main(void *arg)
             drew = rc == 0;
             t1 = sched_now();
         } else {
-            double now = sched_now();
-            cut_expired_locked(s, now);
-            for (int i = 0; i < s->n_run;) {
-                struct sreq *r = s->run[i]->req;
-                if (r->cancelled || r->error) {
-                    retire_locked(s, i, NULL);
-                } else {
-                    i++;
-                }
-            }
-            while (s->qhead && s->n_run < s->n_slots) {
-                struct choice *c = s->qhead;
-                /* first come first served: the head waits for KV room rather than being overtaken */
-                const int feeds =
-                    c->req->max_tokens > 0 || sched_wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
-                /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
-                struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
-                if (lead && lead->n_fed < lead->n_prompt) break;
-                const int use_cache = !lead && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) &&
-                                      c->req->kind != SREQ_EMBED;
-                int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
-                                                                use_cache, &reuse)
-                                            : -1;
-                if (feeds && !fits_locked(s, c, slot)) break;
-                s->qhead = c->qnext;
-                if (!s->qhead) s->qtail = NULL;
-                s->n_queued--;
-                if (!feeds) { /* max_tokens 0 and nothing to compute */
-                    sched_choice_done_locked(s, c, "length");
-                    continue;
-                }
-                int arc = admit_locked(s, c, slot, reuse, lead);
-                if (arc) {
-                    c->req->error = arc;
-                    snprintf(c->req->errmsg, sizeof c->req->errmsg, "cannot start a sequence: %s",
-                             ferry_status_str(arc));
-                    sched_choice_done_locked(s, c, NULL);
-                }
-            }
+            reap_and_admit_locked(s);
             engine_get_stats(s->e, &st);
             metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
             if (s->n_run == 0) {

@@ -42,6 +42,25 @@ static void cache_alloc(struct kv_layer_view *kv, size_t cells)
     }
 }
 
+/* A cache of Q8_0 blocks and its twin in planes, over the same block table (n_local blocks of bs positions,
+ * ids from base), each allocated for `cells` elements (cache_alloc). */
+static void q8_twins(struct kv_layer_view *q8, struct kv_layer_view *pl, const int32_t *table, int bs,
+                     int max_blocks, int n_local, int base, int nkv, int hd, size_t cells)
+{
+    *q8 = (struct kv_layer_view){.n_blocks = base + n_local,
+                                 .block_size = bs,
+                                 .block_table = table,
+                                 .max_blocks = max_blocks,
+                                 .n_kv_heads = nkv,
+                                 .head_dim = hd,
+                                 .elem = KV_Q8_0,
+                                 .block_base = base};
+    *pl = *q8;
+    pl->elem = KV_Q8_0_PLANES;
+    cache_alloc(q8, cells);
+    cache_alloc(pl, cells);
+}
+
 /* Splits the Q8_0 blocks of `cells` elements into codes and scales. */
 static void q8_split(const struct block_q8_0 *b, size_t cells, int8_t *codes, uint16_t *scales)
 {
@@ -531,18 +550,8 @@ static void planes_match_blocks(int nh, int nkv, int hd, unsigned seed)
     const size_t row = (size_t)nkv * hd, cells = (size_t)n_local * bs * row;
     int32_t *table = malloc(sizeof(int32_t) * n_local);
     for (int i = 0; i < n_local; i++) table[i] = base + (7 * i + 3) % n_local;
-    struct kv_layer_view q8 = {.n_blocks = base + n_local,
-                               .block_size = bs,
-                               .block_table = table,
-                               .max_blocks = max_blocks,
-                               .n_kv_heads = nkv,
-                               .head_dim = hd,
-                               .elem = KV_Q8_0,
-                               .block_base = base};
-    struct kv_layer_view pl = q8;
-    pl.elem = KV_Q8_0_PLANES;
-    cache_alloc(&q8, cells);
-    cache_alloc(&pl, cells);
+    struct kv_layer_view q8, pl;
+    q8_twins(&q8, &pl, table, bs, max_blocks, n_local, base, nkv, hd, cells);
     struct block_q8_0 *kb = q8.k, *vb = q8.v;
     for (size_t b = 0; b < cells / 32; b++) {
         kb[b].d = f32_to_f16(kt_uniform(0.002f, 0.008f)), vb[b].d = f32_to_f16(kt_uniform(0.002f, 0.008f));
@@ -663,18 +672,8 @@ static void planes_peaked(int nh, int nkv, int hd, unsigned seed)
     const size_t row = (size_t)nkv * hd, cells = (size_t)n_local * bs * row;
     int32_t *table = malloc(sizeof(int32_t) * n_local);
     for (int i = 0; i < n_local; i++) table[i] = base + (13 * i + 4) % n_local;
-    struct kv_layer_view q8 = {.n_blocks = base + n_local,
-                               .block_size = bs,
-                               .block_table = table,
-                               .max_blocks = max_blocks,
-                               .n_kv_heads = nkv,
-                               .head_dim = hd,
-                               .elem = KV_Q8_0,
-                               .block_base = base};
-    struct kv_layer_view pl = q8;
-    pl.elem = KV_Q8_0_PLANES;
-    cache_alloc(&q8, cells);
-    cache_alloc(&pl, cells);
+    struct kv_layer_view q8, pl;
+    q8_twins(&q8, &pl, table, bs, max_blocks, n_local, base, nkv, hd, cells);
     float *x = malloc(sizeof(float) * cells);
     for (int v = 0; v < 2; v++) {
         kt_fill(x, cells, -1.0f, 1.0f);
@@ -725,18 +724,8 @@ Test(attention, kv_store_planes_hold_the_q8_0_blocks_split)
     const size_t row = (size_t)nkv * hd, cells = (size_t)n_local * bs * row;
     int32_t table[2 * 8];
     for (int i = 0; i < n_local; i++) table[i] = base + (5 * i + 1) % n_local;
-    struct kv_layer_view q8 = {.n_blocks = base + n_local,
-                               .block_size = bs,
-                               .block_table = table,
-                               .max_blocks = max_blocks,
-                               .n_kv_heads = nkv,
-                               .head_dim = hd,
-                               .elem = KV_Q8_0,
-                               .block_base = base};
-    struct kv_layer_view pl = q8;
-    pl.elem = KV_Q8_0_PLANES;
-    cache_alloc(&q8, cells);
-    cache_alloc(&pl, cells);
+    struct kv_layer_view q8, pl;
+    q8_twins(&q8, &pl, table, bs, max_blocks, n_local, base, nkv, hd, cells);
     struct block_q8_0 *kb = q8.k, *vb = q8.v;
     for (size_t b = 0; b < cells / 32; b++) {
         kb[b].d = vb[b].d = f32_to_f16(6e4f);
