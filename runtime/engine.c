@@ -148,10 +148,12 @@ void engine_free(struct engine *e)
 }
 
 /* --cpu-arith auto on the CPU engine: int8 x when most of the layers' bytes are K-quants (Q4_K_M, Q5_K_M,
- * Q6_K files), whose f32 products are bound by their arithmetic (int8 x is 1.3x at 16 threads, ~3x at one:
- * kernels/cpu/NOTES.md; llama.cpp multiplies them the same way); f32 x otherwise (Q8_0 and the 32-element
- * types gain 10% or less, and x stays exact: SmolLM2-135M Q4_1 loses its "Paris" to int8 x). */
-static int kquant_model(const struct model *m)
+ * Q6_K files) or Q8_0. The f32 K-quant products are bound by their arithmetic (int8 x is 1.3x at 16 threads,
+ * ~3x at one: kernels/cpu/NOTES.md); Q8_0 with int8 x is llama.cpp's own arithmetic, 1.02x on the H200's
+ * 16-core host and 1.07-1.35x on 2 cores (runtime/NOTES.md, session 16), and rounds x to 1/127 of a block's
+ * largest value against the weights' 1/127. f32 x for the 4- and 5-bit 32-element types: SmolLM2-135M Q4_1
+ * loses its "Paris" to int8 x. */
+static int int8_model(const struct model *m)
 {
     uint64_t k = 0, all = 0;
     for (int l = 0; l < m->hp.n_layers; l++) {
@@ -159,7 +161,7 @@ static int kquant_model(const struct model *m)
         const struct wview *w[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
         all += layer_model_bytes(ly);
         for (int i = 0; i < 7; i++)
-            if (dtype_block_size(w[i]->type) == 256) k += wview_bytes(w[i]);
+            if (dtype_block_size(w[i]->type) == 256 || w[i]->type == DTYPE_Q8_0) k += wview_bytes(w[i]);
     }
     return all > 0 && 2 * k > all;
 }
@@ -469,7 +471,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         }
         if ((rc = model_quantize(&e->model, ftype, p.n_threads, err))) goto fail;
     }
-    if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || kquant_model(&e->model);
+    if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || int8_model(&e->model);
     kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */

@@ -2,15 +2,15 @@
  *
  *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b) [--gpu-memory
  * SIZE]
- *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--long-context
- * 8192]
- *               [--cpu] [--json]
+ *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--context 450]
+ *               [--long-context 8192] [--cpu] [--json]
  * Each figure is a median over repeated timed steps after a warm-up step. Decode at batch B: B sequences with
- * a short prompt each, then steps of one token per sequence; tokens/s = B / step time. Weight bandwidth =
- * weight bytes read per step / step time (the ceiling is the measured device-to-device copy rate); with
- * streamed layers the achieved link rate is bytes streamed / copy time (ceiling: the measured pinned copy).
- * Next to each measured step: where the step plan ran its host layers (CPU / streamed), the time the host's
- * cores spent in them, and the plan's predicted step time (runtime/step_plan.h).
+ * a prompt of --context tokens each (default 32), then steps of one token per sequence; tokens/s = B / step
+ * time. Weight bandwidth = weight bytes read per step / step time (the ceiling is the measured
+ * device-to-device copy rate); with streamed layers the achieved link rate is bytes streamed / copy time
+ * (ceiling: the measured pinned copy). Next to each measured step: where the step plan ran its host layers
+ * (CPU / streamed), the time the host's cores spent in them, and the plan's predicted step time
+ * (runtime/step_plan.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -59,7 +59,7 @@ static void bench_usage(FILE *f)
         "  --cpu-threads N       host threads computing host layers (default: --threads)\n"
         "  --cpu-arith auto|f32|int8  CPU products with block-type weights: x in f32 or in int8 blocks\n"
         "                        (llama.cpp's arithmetic, faster); auto (default): int8 for a GPU engine's\n"
-        "                        host layers; on the CPU backend int8 for K-quant files, else f32\n"
+        "                        host layers; on the CPU backend int8 for K-quant and Q8_0 files, else f32\n"
         "  --kv-type f16|f32|q8_0 the KV cache (default f16; f32 on the CPU backend only)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
@@ -67,6 +67,9 @@ static void bench_usage(FILE *f)
         "  --batches LIST        decode batch sizes (default 1,4,16,64)\n"
         "  --prefill N           prompt length of the prefill test (default 512; 0 = skip)\n"
         "  --decode-steps N      timed decode steps per batch size (default 16)\n"
+        "  --context N           the decode batches' context: each sequence's prompt (default 32). Given,\n"
+        "                        the KV pool is sized as ferry serve sizes it (to the budget, with its\n"
+        "                        extension in host memory when layers stream) for the largest batch\n"
         "  --long-context N      also decode one sequence at context N (default 0 = skip)\n"
         "  --json                print the results as JSON\n");
 }
@@ -153,6 +156,7 @@ int cli_bench_main(int argc, char **argv)
         {"prefill", required_argument, 0, 'p'},
         {"decode-steps", required_argument, 0, 'n'},
         {"long-context", required_argument, 0, 'L'},
+        {"context", required_argument, 0, 'C'},
         {"json", no_argument, 0, 'j'},
         {"log-level", required_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
@@ -167,7 +171,7 @@ int cli_bench_main(int argc, char **argv)
     enum dtype wt = DTYPE_F16;
     struct engine_params ep = engine_default_params();
     int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0,
-        as_json = 0;
+        as_json = 0, prompt = 32, serve_pool = 0;
     int log_level = LOG_LEVEL_INFO, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -245,6 +249,10 @@ int cli_bench_main(int argc, char **argv)
         case 'L':
             long_ctx = atoi(optarg);
             break;
+        case 'C':
+            if ((prompt = atoi(optarg)) <= 0) goto bad;
+            serve_pool = 1;
+            break;
         case 'j':
             as_json = 1;
             break;
@@ -264,10 +272,10 @@ int cli_bench_main(int argc, char **argv)
     int max_b = 1;
     for (int i = 0; i < n_batches; i++)
         if (batches[i] > max_b) max_b = batches[i];
-    const int prompt = 32;
     ep.n_seqs = max_b;
     ep.max_batch_tokens = prefill > max_b ? (prefill > 512 ? 512 : prefill) : max_b;
     if (ep.max_batch_tokens < max_b) ep.max_batch_tokens = max_b;
+    if (serve_pool) ep.max_batch_tokens = 512; /* ferry serve's default: the prompts go in 512-token chunks */
     ep.ctx_size = long_ctx + prompt + steps + 8 > prefill + 8 ? long_ctx + prompt + steps + 8 : prefill + 8;
     if (ep.ctx_size < prompt + steps + 8) ep.ctx_size = prompt + steps + 8;
         /* The pool holds the largest test, each sequence in whole blocks: a decode batch of max_b sequences,
@@ -278,7 +286,9 @@ int cli_bench_main(int argc, char **argv)
     if (BLOCKS(prefill + 16) > need) need = BLOCKS(prefill + 16);
     if (BLOCKS(long_ctx + steps + 16) > need) need = BLOCKS(long_ctx + steps + 16);
 #undef BLOCKS
-    ep.kv_tokens = need;
+    /* --context: the pool ferry serve would size for max_b sequences of ctx_size (0 = sized by the engine).
+     */
+    ep.kv_tokens = serve_pool ? 0 : need;
 
     struct model_file *mf = NULL;
     struct engine *e = NULL;

@@ -164,13 +164,12 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then
   # Issue 12: the CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;
-  # ferry with its default x (--cpu-arith auto: int8 on the K-quant file, f32 on Q8_0) and with the other one).
+  # ferry with its default x (--cpu-arith auto: int8 on both files since session 17) and with f32 x).
   nt=$(nproc)
   log "CPU backend, $nt threads: Q4_K_M and Q8_0"
   for t in Q4_K_M Q8_0; do
     c=cpu-$(echo $t | tr 'A-Z_' 'a-z-')
-    other=int8
-    [ $t = Q4_K_M ] && other=f32
+    other=f32
     ferry $c --model $W/$t.gguf --cpu --threads $nt --batches 1 --prefill 0 --decode-steps 16
     ferry $c-$other --model $W/$t.gguf --cpu --threads $nt --cpu-arith $other --batches 1 --prefill 0 \
       --decode-steps 16

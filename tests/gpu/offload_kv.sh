@@ -2,7 +2,8 @@
 # offload_kv.sh — on the GPU machine, in one call: issue 13's offloaded target. ferry (CUDA) is built by
 # all.sh (only server/ferry unless a build is there), random Llama-2-7B-shaped GGUFs are written
 # (tests/gpu/make_quant_gguf.py, kept in /tmp/cmp), then per file:
-#   ferry bench --gpu-memory 4GiB, b=1 and 16 at contexts 32 and 520 (the load's prompt + output);
+#   ferry bench --gpu-memory 4GiB, b=1 and 16 at context 32, b=1 at 520 (the load's prompt + output), b=16 at
+#   450 (--context: the KV pool sized as serve sizes it, with its extension in host memory);
 #   16 clients of issue 13's load (tests/server/loadgen.py: ~390-token prompts, 128 out, temperature 0.8,
 #   32 requests) against `ferry serve --gpu-memory 4GiB --parallel 16 --ctx-size 640`.
 # Env: OFFLOAD_TYPES (default "F16 Q8_0"), OFFLOAD_ARGS (extra options for both bench and serve),
@@ -31,6 +32,13 @@ for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
     --long-context 520 ${OFFLOAD_ARGS:-} > $W/bench-$M.log 2>&1
   log "rc=$?"
   grep -E "device_map:|KV pool|^batch|^(1|16) |tokens: .*predicted" $W/bench-$M.log | tee -a "$out/offload.txt"
+  # The same 16 sequences at the load's context (~450: 390-token prompts, 128 out), the KV pool sized as
+  # serve sizes it (its extension in host memory): what the server's steps cost without the server.
+  log "== $M: ferry bench --gpu-memory 4GiB --batches 16 --context 450 --prefill 0 --decode-steps 8 ${OFFLOAD_ARGS:-}"
+  timeout 240 $F bench --model $W/$M.gguf --gpu-memory 4GiB --batches 16 --context 450 --prefill 0 \
+    --decode-steps 8 ${OFFLOAD_ARGS:-} > $W/bench-ctx-$M.log 2>&1
+  log "rc=$?"
+  grep -E "device_map:|KV pool|^batch|^16 |16 tokens: .*predicted" $W/bench-ctx-$M.log | tee -a "$out/offload.txt"
   fi
   log "== $M, FERRY_KV_EXT_ATTN=$mode: 16 clients ${OFFLOAD_ARGS:-}"
   $F serve --model $W/$M.gguf --port 18080 --public-health --gpu-memory 4GiB --parallel 16 --ctx-size 640 \

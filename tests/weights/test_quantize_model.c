@@ -77,7 +77,7 @@ static float *logits_of(struct engine *e, const int32_t *toks, int n)
 }
 
 /* act: the CPU arithmetic --cpu-arith auto gives both engines (int8 x when most of the layers' bytes are
- * K-quants, runtime/engine.c). */
+ * K-quants or Q8_0, runtime/engine.c). */
 static void check_load_equals_file(int spec, enum engine_quant q, const char *type, enum kern_cpu_act act)
 {
     const struct qgen_spec *s = &qgen_specs[spec];
@@ -133,7 +133,7 @@ Test(quantize_model, int4_at_load_equals_q4_k_m_file_tied_80_layers, .timeout = 
 }
 Test(quantize_model, int8_at_load_equals_q8_0_file, .timeout = 120)
 {
-    check_load_equals_file(1, ENGINE_QUANT_INT8, "Q8_0", KERN_CPU_ACT_F32);
+    check_load_equals_file(1, ENGINE_QUANT_INT8, "Q8_0", KERN_CPU_ACT_INT8);
 }
 
 /* ---- real models against independent logits --------------------------------------------------------------
