@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "kernels/core/status.h"
+#include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
 #include "server/cli.h"
 #include "server/options.h"
@@ -63,6 +64,8 @@ static void bench_usage(FILE *f)
         "  --kv-type f16|f32|q8_0 the KV cache (default f16; f32 on the CPU backend only)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
+        "  --cpu-isa NAME        cap the instruction set of the CPU products (portable, avx2, avx-vnni,\n"
+        "                        avx512-vnni; default: the best the CPU has), to measure another host's path\n"
         "  --threads N           CPU threads (default: all cores)\n"
         "  --batches LIST        decode batch sizes (default 1,4,16,64)\n"
         "  --prefill N           prompt length of the prefill test (default 512; 0 = skip)\n"
@@ -165,6 +168,7 @@ int cli_bench_main(int argc, char **argv)
         {"cpu-threads", required_argument, 0, 'T'},
         {"cpu-arith", required_argument, 0, 'A'},
         {"kv-type", required_argument, 0, 'K'},
+        {"cpu-isa", required_argument, 0, 'S'},
         {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
@@ -220,6 +224,13 @@ int cli_bench_main(int argc, char **argv)
         case 'K':
             if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) goto bad;
             break;
+        case 'S': {
+            int isa = 0;
+            while (isa < KERN_CPU_ISA_COUNT && strcmp(kern_cpu_isa_name((enum kern_cpu_isa)isa), optarg)) isa++;
+            if (isa == KERN_CPU_ISA_COUNT) goto bad;
+            kern_cpu_isa_limit((enum kern_cpu_isa)isa);
+            break;
+        }
         case 'P':
             if (!strcmp(optarg, "auto"))
                 ep.placement = ENGINE_PLACEMENT_AUTO;

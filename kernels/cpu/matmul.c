@@ -330,9 +330,8 @@ typedef void (*q8_dot_fn)(const struct q8_dot *a, int mr, enum q8_mode mode, int
 typedef void (*q8_f32_fn)(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode,
                           int sh, float *dst);
 typedef void (*q8_xrow_fn)(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sxd, int nbp);
-/* A product's rows j_lo .. j_hi of W against x's mr rows, whole rows at a time, into y (mr, n). */
-typedef void (*q8_rows_fn)(const struct q8x *x, int mr, const uint8_t *w, size_t row_bytes, int j_lo,
-                           int j_hi, float *y, int n);
+/* A product's rows j_lo .. j_hi of W against x's one row, whole rows at a time, into y (n). */
+typedef void (*q8_rows_fn)(const struct q8x *x, const uint8_t *w, size_t row_bytes, int j_lo, int j_hi, float *y);
 
 /* ---- x quantization, portable ---------------------------------------------------------------------------
  */
@@ -992,55 +991,35 @@ static const q8_dot_fn dir8_avx2[DTYPE_COUNT] = {
 static const q8_dot_fn dir8_avxvnni[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_avxvnni_q4_k, [DTYPE_Q5_K] = dir8_avxvnni_q5_k};
 
-/* The two 8-lane halves of a 512-bit register, and back (AVX512F only: the f32x8 forms need AVX512DQ). */
-/* int8 arithmetic, Q8_0, m <= Q8_DIRECT_M, on AVX2 and AVX-VNNI hosts: each weight row of the range read
- * whole, block after block, so a thread reads one sequential stream (llama.cpp's vec_dot order) where the
- * tile reads NRQ rows a chunk at a time. Per (x row, weight row) the f32 steps are q8_dot_body's Q8M_SIGNED
- * ones (per block fma(lanes, s·dx, acc) with the same lane sums and the same s·dx product) and q8_task's
- * hsum8, so the results are bitwise the tile's (matmul/q8_0_int8_small_m_equals_tile). */
-static inline __attribute__((always_inline, target(T_AVX2))) void
-q8_0_rows_body(const struct q8x *x, const int mr, const uint8_t *w, size_t row_bytes, int j_lo, int j_hi,
-               float *y, int n)
+/* int8 arithmetic, Q8_0, one row of x, on AVX2 and AVX-VNNI hosts: each weight row of the range read whole,
+ * block after block, so a thread reads one sequential stream (llama.cpp's vec_dot order) where the tile reads
+ * NRQ rows a chunk at a time. The f32 steps are q8_dot_body's Q8M_SIGNED ones (per block fma(lanes, s·dx,
+ * acc) with the same lane sums and the same s·dx product) and q8_task's hsum8, so the results are bitwise the
+ * tile's (matmul/q8_0_int8_small_m_equals_tile). */
+__attribute__((target(T_AVX2))) static void q8_0_rows_avx2(const struct q8x *x, const uint8_t *w,
+                                                           size_t row_bytes, int j_lo, int j_hi, float *y)
 {
-    const int8_t *xq[Q8_DIRECT_M];
-    const float *dx[Q8_DIRECT_M];
-    for (int i = 0; i < mr; i++) {
-        xq[i] = x->q + (size_t)i * x->k;
-        dx[i] = x->dx + (size_t)i * x->nbp;
-    }
     for (int j = j_lo; j < j_hi; j++) {
         const uint8_t *bp = w + (size_t)j * row_bytes;
-        __m256 acc[Q8_DIRECT_M];
-        for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+        __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < x->nb; b++, bp += sizeof(struct block_q8_0)) {
             uint16_t h;
             memcpy(&h, bp, 2);
             const __m256 sv = _mm256_set1_ps(_cvtsh_ss(h));
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(bp + 2)), au = _mm256_abs_epi8(q);
-            for (int i = 0; i < mr; i++) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)QB * b));
-                const __m256i l = lane_dot_avx2(_mm256_setzero_si256(), au, _mm256_sign_epi8(xv, q));
-                const __m256 sd = _mm256_mul_ps(sv, _mm256_broadcast_ss(dx[i] + b));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), sd, acc[i]);
-            }
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(bp + 2));
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + (size_t)QB * b));
+            const __m256i l =
+                lane_dot_avx2(_mm256_setzero_si256(), _mm256_abs_epi8(q), _mm256_sign_epi8(xv, q));
+            const __m256 sd = _mm256_mul_ps(sv, _mm256_broadcast_ss(x->dx + b));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), sd, acc);
         }
-        for (int i = 0; i < mr; i++) {
-            float av[8];
-            _mm256_storeu_ps(av, acc[i]);
-            y[(size_t)i * n + j] = hsum8(av);
-        }
+        float av[8];
+        _mm256_storeu_ps(av, acc);
+        y[j] = hsum8(av);
     }
 }
-__attribute__((target(T_AVX2))) static void q8_0_rows_avx2(const struct q8x *x, int mr, const uint8_t *w,
-                                                           size_t row_bytes, int j_lo, int j_hi, float *y,
-                                                           int n)
-{
-    if (mr == 1)
-        q8_0_rows_body(x, 1, w, row_bytes, j_lo, j_hi, y, n);
-    else
-        q8_0_rows_body(x, 2, w, row_bytes, j_lo, j_hi, y, n);
-}
 
+/* The two 8-lane halves of a 512-bit register, and back (AVX512F only: the f32x8 forms need AVX512DQ). */
 static inline __attribute__((always_inline, target(T_VNNI512))) __m512 pair_ps(__m256 lo, __m256 hi)
 {
     return _mm512_castpd_ps(
@@ -1637,7 +1616,7 @@ struct q8_isa {
     q8_f32_fn to_f32;        /* f32 arithmetic past MR rows: codes to the f32 tile */
     const q8_dot_fn *direct; /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
     const q8_dot_fn *direct8; /* int8 arithmetic, m <= Q8_DIRECT_M: the same, where a type has one */
-    q8_rows_fn rows8_q8_0;    /* int8 arithmetic, Q8_0, m <= Q8_DIRECT_M: whole rows (NULL: the tile) */
+    q8_rows_fn rows8_q8_0;    /* int8 arithmetic, Q8_0, m = 1: whole rows (NULL: the tile) */
 };
 
 static const struct q8_isa q8_isas[KERN_CPU_ISA_COUNT] = {
@@ -1865,7 +1844,7 @@ struct mm_ctx {
     q8_dec_fn dec;
     q8_dot_fn dot;
     q8_dot_fn direct; /* reads codes in place (no tile), or NULL */
-    q8_rows_fn rows;  /* whole rows (Q8_0, int8, m <= Q8_DIRECT_M on AVX2 hosts), or NULL */
+    q8_rows_fn rows;  /* whole rows (Q8_0, int8, m = 1 on AVX2 hosts), or NULL */
     int mrq;
 };
 
@@ -1998,7 +1977,7 @@ static void mm_task(void *arg, int t)
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
     if (c->rows)
-        c->rows(c->xq, c->m, c->w, c->row_bytes, j_lo, j_hi, c->y, c->n);
+        c->rows(c->xq, c->w, c->row_bytes, j_lo, j_hi, c->y);
     else if (c->qk && !c->to_f32)
         q8_task(c, j_lo, j_hi);
     else
@@ -2046,7 +2025,8 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
         if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
-        if (c->int8 && m <= Q8_DIRECT_M && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
+        /* (one row only: at m = 2 ferry bench decoded ~5% slower end to end than through the tile) */
+        if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
         if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
