@@ -225,9 +225,8 @@ int cli_bench_main(int argc, char **argv)
             if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) goto bad;
             break;
         case 'S': {
-            int isa = 0;
-            while (isa < KERN_CPU_ISA_COUNT && strcmp(kern_cpu_isa_name((enum kern_cpu_isa)isa), optarg)) isa++;
-            if (isa == KERN_CPU_ISA_COUNT) goto bad;
+            const int isa = kern_cpu_isa_parse(optarg);
+            if (isa < 0) goto bad;
             kern_cpu_isa_limit((enum kern_cpu_isa)isa);
             break;
         }

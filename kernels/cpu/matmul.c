@@ -1731,6 +1731,13 @@ const char *kern_cpu_isa_name(enum kern_cpu_isa isa)
     return isa >= 0 && isa < KERN_CPU_ISA_COUNT && q8_isas[isa].name ? q8_isas[isa].name : "?";
 }
 
+int kern_cpu_isa_parse(const char *name)
+{
+    for (int isa = 0; isa < KERN_CPU_ISA_COUNT; isa++)
+        if (!strcmp(kern_cpu_isa_name((enum kern_cpu_isa)isa), name)) return isa;
+    return -1;
+}
+
 /* ---- x's scratch buffer: one per calling thread, grown to the largest product it has seen ---------------
  */
 
@@ -2025,7 +2032,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
         if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
-        /* (one row only: at m = 2 ferry bench decoded ~5% slower end to end than through the tile) */
+        /* (one row only: at m = 2 ferry bench decoded ~10% slower end to end than through the tile) */
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */

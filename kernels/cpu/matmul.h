@@ -71,6 +71,8 @@ enum kern_cpu_isa kern_cpu_isa_current(void);
 enum kern_cpu_isa kern_cpu_isa_limit(enum kern_cpu_isa max);
 /* "avx512-vnni", ...; "?" for anything else. */
 const char *kern_cpu_isa_name(enum kern_cpu_isa isa);
+/* The set of that name (kern_cpu_isa_name's), or -1. */
+int kern_cpu_isa_parse(const char *name);
 
 /* Reference: plain loops, each weight element dequantized through the type table (quant/dtype.h), double
  * accumulation. */

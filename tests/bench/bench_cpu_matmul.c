@@ -166,9 +166,8 @@ int main(int argc, char **argv)
             act_hi = strcmp(v, "f32") ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32;
             i++;
         } else if (!strcmp(a, "--isa")) {
-            int isa = 0;
-            while (isa < KERN_CPU_ISA_COUNT && strcmp(kern_cpu_isa_name((enum kern_cpu_isa)isa), v)) isa++;
-            if (isa == KERN_CPU_ISA_COUNT) {
+            const int isa = kern_cpu_isa_parse(v);
+            if (isa < 0) {
                 fprintf(stderr, "unknown instruction set %s\n", v);
                 return 2;
             }
