@@ -231,7 +231,9 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
         if ((rc = forward_cpu_time_layers(e->cpu, host, n_host, m, m <= 4 ? 7 : 3, &t))) return rc;
         c->cpu_m[c->n_cpu] = m;
         c->cpu_s[c->n_cpu++] = t;
-        if (t > 0.25 || m >= 64) break; /* past this the host is compute bound: extrapolated */
+        /* Past 64 tokens, once doubling them nearly doubles the time, the host is compute bound: extrapolated
+         * linearly. With AMX tiles (F16/BF16 weights) it stays memory bound much further. */
+        if (t > 0.25 || (m >= 64 && t > 1.6 * c->cpu_s[c->n_cpu - 2])) break;
     }
     /* The same layer at m = 1 while the link is busy: host memory serves both. */
     if (map->n_slots > 0) {
@@ -473,6 +475,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     }
     if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || int8_model(&e->model);
     kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
+    /* F16/BF16 weights: bf16 AMX tiles for products of many rows where the CPU has them, unless f32 was asked
+     */
+    kern_cpu_matmul_set_plain(p.cpu_int8 == 0 ? KERN_CPU_PLAIN_F32 : KERN_CPU_PLAIN_BF16);
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
     const int kv_auto = use_cuda && p.kv_tokens == 0;

@@ -6,6 +6,8 @@
  *    converted in registers, MR rows of x per pass (the later passes find the 4 rows in L1/L2); for larger m,
  *    k is walked in chunks of KC columns and each group's (NR, KC) slice is converted once into an f32 tile
  *    (L1) that an MR x NR register-blocked micro-kernel multiplies by all m rows of x.
+ *    With KERN_CPU_PLAIN_BF16 on a CPU with AMX, F16/BF16 products of KERN_CPU_AMX_M_MIN rows or more go to
+ *    the tiles in bf16 instead (matmul_amx.c).
  *  - Quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): every weight block is decoded once per
  *    chunk of KCQ columns into a small tile of codes (u8, value = code - offset), scales and minimums
  *    (q8_tile), reused for all m rows of x (register blocks of 1-4 rows). Two arithmetics
@@ -44,6 +46,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
 #include "quant/fp16.h"
@@ -1826,6 +1829,55 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
     return FERRY_OK;
 }
 
+/* ---- plain types on AMX tiles -------------------------------------------------------------------------- */
+
+static enum kern_cpu_plain plain_arith = KERN_CPU_PLAIN_F32;
+
+void kern_cpu_matmul_set_plain(enum kern_cpu_plain p)
+{
+    plain_arith = p;
+}
+enum kern_cpu_plain kern_cpu_matmul_plain(void)
+{
+    return plain_arith;
+}
+
+/* Whether a product of m rows goes to the tiles: bf16 chosen, m large enough, AMX here, some F16/BF16 job. */
+int kern_cpu_amx_available(void)
+{
+    return amx_available();
+}
+
+static int amx_wanted(const struct kern_cpu_mm *jobs, int n_jobs, int m)
+{
+    if (plain_arith != KERN_CPU_PLAIN_BF16 || m < KERN_CPU_AMX_M_MIN || !amx_available()) return 0;
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].wt == DTYPE_F16 || jobs[j].wt == DTYPE_BF16) return 1;
+    return 0;
+}
+
+struct amx_pack_job {
+    const float *x;
+    uint16_t *xp;
+    int m, k, ng, n_tasks;
+};
+static void amx_pack_task(void *arg, int t)
+{
+    const struct amx_pack_job *j = arg;
+    amx_pack_x(j->x, j->m, j->k, j->xp, j->ng * t / j->n_tasks, j->ng * (t + 1) / j->n_tasks);
+}
+
+/* x packed into bf16 tiles in the calling thread's buffer (the pool packs groups of 16 rows). */
+static int amx_prepare(uint16_t **xp, const float *x, int m, int k, struct tpool *tp)
+{
+    *xp = amx_x_buffer(m, k);
+    if (!*xp) return FERRY_ERR_NOMEM;
+    const int ng = (m + 31) / 32 * 2, n_tasks = ng < tpool_size(tp) ? ng : tpool_size(tp);
+    struct amx_pack_job job = {.x = x, .xp = *xp, .m = m, .k = k, .ng = ng, .n_tasks = n_tasks};
+    tpool_run(tp, amx_pack_task, &job, n_tasks);
+    return FERRY_OK;
+}
+
 /* ==== The product: partition, tasks, entry points =========================================================
  */
 
@@ -1853,6 +1905,8 @@ struct mm_ctx {
     q8_dot_fn direct; /* reads codes in place (no tile), or NULL */
     q8_rows_fn rows;  /* whole rows (Q8_0, int8, m = 1 on AVX2 hosts), or NULL */
     int mrq;
+    /* plain types on AMX tiles (kern_cpu_matmul_set_plain): x packed as bf16 tiles, or NULL */
+    const uint16_t *xp;
 };
 
 static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
@@ -1983,7 +2037,12 @@ static void mm_task(void *arg, int t)
               g1 = (int)((int64_t)n_groups * (t + 1) / c->n_tasks);
     if (g0 >= g1) return;
     const int j_lo = g0 * NR, j_hi = g1 * NR < c->n ? g1 * NR : c->n;
-    if (c->rows)
+    if (c->xp) {
+        /* A thread that cannot grow its weight buffer computes its rows in f32 instead: slower and not
+         * bitwise the tiles' results, but not lost. */
+        if (amx_matmul_rows(c->xp, c->m, c->k, c->w, c->wt, c->row_bytes, j_lo, j_hi, c->y, c->n))
+            plain_task(c, j_lo, j_hi);
+    } else if (c->rows)
         c->rows(c->xq, c->w, c->row_bytes, j_lo, j_hi, c->y);
     else if (c->qk && !c->to_f32)
         q8_task(c, j_lo, j_hi);
@@ -2010,7 +2069,7 @@ static int is_quantized(enum dtype wt)
  * wants (1 for tiny products). */
 static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w, enum dtype wt,
                       const float *bias, int m, int n, int k, struct tpool *tp, const struct q8x *xq,
-                      const struct q8_isa *isa)
+                      const struct q8_isa *isa, const uint16_t *xp)
 {
     *c = (struct mm_ctx){.y = y,
                          .x = x,
@@ -2021,7 +2080,8 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .n = n,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
-                         .n_tasks = tpool_size(tp)};
+                         .n_tasks = tpool_size(tp),
+                         .xp = wt == DTYPE_F16 || wt == DTYPE_BF16 ? xp : NULL};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
     if (quant) {
         c->qk = &q8_kinds[wt];
@@ -2101,6 +2161,11 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
         quantized |= is_quantized(jobs[j].wt);
     }
     const struct q8_isa *isa = &q8_isas[kern_cpu_isa_current()];
+    uint16_t *xp = NULL;
+    if (amx_wanted(jobs, n_jobs, m)) {
+        int st = amx_prepare(&xp, x, m, k, tp);
+        if (st) return st;
+    }
     struct q8x xq = {0};
     if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
         int st = q8x_prepare(&xq, x, m, k, isa, kern_cpu_matmul_act() == KERN_CPU_ACT_INT8, tp);
@@ -2110,7 +2175,7 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     mm.first[0] = 0;
     for (int j = 0; j < n_jobs; j++)
         mm.first[j + 1] = mm.first[j] + mm_prepare(&mm.c[j], jobs[j].y, x, jobs[j].w, jobs[j].wt,
-                                                   jobs[j].bias, m, jobs[j].n, k, tp, &xq, isa);
+                                                   jobs[j].bias, m, jobs[j].n, k, tp, &xq, isa, xp);
     if (n_jobs == 1)
         tpool_run(tp, mm_task, &mm.c[0], mm.first[1]);
     else

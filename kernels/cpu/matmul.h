@@ -54,6 +54,21 @@ enum kern_cpu_act {
 void kern_cpu_matmul_set_act(enum kern_cpu_act act);
 enum kern_cpu_act kern_cpu_matmul_act(void);
 
+/* The arithmetic of products with F16 or BF16 weights (process-wide). */
+enum kern_cpu_plain {
+    KERN_CPU_PLAIN_F32,  /* f32 products and sums (the default: exact inputs) */
+    KERN_CPU_PLAIN_BF16, /* on a CPU with AMX (Sapphire Rapids and later), products of KERN_CPU_AMX_M_MIN rows
+                          * of x or more take x and W rounded to bf16 on the AMX tiles, f32 sums
+                          * (kernels/cpu/matmul_amx.h: relative 2^-8 of Σ|w·x|); elsewhere, and below that
+                          * many rows, f32. FERRY_NO_AMX in the environment turns the tiles off. */
+};
+#define KERN_CPU_AMX_M_MIN 16
+/* Sets the plain types' arithmetic of later products (not while products run). */
+void kern_cpu_matmul_set_plain(enum kern_cpu_plain p);
+enum kern_cpu_plain kern_cpu_matmul_plain(void);
+/* 1 when this process can use the AMX tiles (the CPU has them and the OS granted them). */
+int kern_cpu_amx_available(void);
+
 /* The instruction sets the quantized products can run on; the best the CPU has is chosen at run time. */
 enum kern_cpu_isa {
     KERN_CPU_ISA_PORTABLE,   /* plain C */

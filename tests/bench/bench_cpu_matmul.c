@@ -11,9 +11,11 @@
  * give valgrind --tool=callgrind for instruction counts per weight byte).
  *
  * Quantized types run in the arithmetic --act names (f32, int8, or both: one line each) on the instruction
- * set --isa caps (portable, avx2, avx-vnni, avx512-vnni; default: the best the CPU has).
+ * set --isa caps (portable, avx2, avx-vnni, avx512-vnni; default: the best the CPU has). F16 and BF16 run
+ * in the arithmetic --plain names (f32, bf16: AMX tiles where the CPU has them, from KERN_CPU_AMX_M_MIN rows;
+ * or both).
  * Usage: bench_cpu_matmul [-t 1,2] [-m 1,2,4,16,64] [-T Q8_0,Q4_K] [-n 4096] [-k 4096] [-r reps] [--hot]
- *        [--no-ceiling] [--act f32|int8|both] [--isa NAME]
+ *        [--no-ceiling] [--act f32|int8|both] [--plain f32|bf16|both] [--isa NAME]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -145,6 +147,7 @@ int main(int argc, char **argv)
                                      DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
     int n_types = 10, n = 4096, k = 4096, reps = 0, hot = 0, ceiling = 1;
     int act_lo = KERN_CPU_ACT_F32, act_hi = KERN_CPU_ACT_INT8;
+    int plain_lo = KERN_CPU_PLAIN_F32, plain_hi = KERN_CPU_PLAIN_BF16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "-t"))
@@ -164,6 +167,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--act")) {
             act_lo = strcmp(v, "int8") ? KERN_CPU_ACT_F32 : KERN_CPU_ACT_INT8;
             act_hi = strcmp(v, "f32") ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32;
+            i++;
+        } else if (!strcmp(a, "--plain")) {
+            plain_lo = strcmp(v, "bf16") ? KERN_CPU_PLAIN_F32 : KERN_CPU_PLAIN_BF16;
+            plain_hi = strcmp(v, "f32") ? KERN_CPU_PLAIN_BF16 : KERN_CPU_PLAIN_F32;
             i++;
         } else if (!strcmp(a, "--isa")) {
             const int isa = kern_cpu_isa_parse(v);
@@ -191,7 +198,8 @@ int main(int argc, char **argv)
                     "usage: %s [-t 1,2] [-m 1,2,4] [-T Q8_0,Q4_K] [-n N] [-k K] [-r reps] [--hot] "
                     "[--no-ceiling]\n",
                     argv[0]);
-            fprintf(stderr, "       [--act f32|int8|both] [--isa portable|avx2|avx-vnni|avx512-vnni]\n");
+            fprintf(stderr, "       [--act f32|int8|both] [--plain f32|bf16|both] "
+                            "[--isa portable|avx2|avx-vnni|avx512-vnni]\n");
             return 2;
         }
     }
@@ -205,7 +213,8 @@ int main(int argc, char **argv)
                    ceil_gbs[ci], load_avg());
             tpool_free(tp);
         }
-    printf("quantized types on %s\n", kern_cpu_isa_name(kern_cpu_isa_current()));
+    printf("quantized types on %s; AMX tiles %s\n", kern_cpu_isa_name(kern_cpu_isa_current()),
+           kern_cpu_amx_available() ? "available" : "not available");
     printf("%-5s %4s %3s %5s %5s %3s %9s %8s %5s %8s %6s %5s %8s\n", "type", "act", "m", "n", "k", "thr",
            "ms/call", "GB/s(W)", "%ceil", "GFLOP/s", "t/t1", "load", "med GB/s");
     int max_m = 1;
@@ -228,9 +237,13 @@ int main(int argc, char **argv)
         }
         int rot = 0;
         const int q = dtype_get_traits(t)->is_quantized;
-        for (int act = q ? act_lo : KERN_CPU_ACT_F32; act <= (q ? act_hi : KERN_CPU_ACT_F32); act++)
+        const int plain = t == DTYPE_F16 || t == DTYPE_BF16;
+        for (int act = q ? act_lo : plain ? plain_lo : 0; act <= (q ? act_hi : plain ? plain_hi : 0); act++)
             for (int ci = 0; ci < n_thr; ci++) {
-                kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+                if (q)
+                    kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+                else
+                    kern_cpu_matmul_set_plain((enum kern_cpu_plain)act);
                 struct tpool *tp = NULL;
                 if (tpool_init(&tp, threads[ci]) != 0) return 1;
                 double t1 = 0;
@@ -255,7 +268,7 @@ int main(int argc, char **argv)
                     const double gbs = (double)wsize / best * 1e-9;
                     printf("%-5s %4s %3d %5d %5d %3d %9.3f %8.2f %5.0f %8.1f %6.2f %5.2f %8.2f\n",
                            dtype_name(t),
-                           !q                         ? "-"
+                           !q                         ? (act == KERN_CPU_PLAIN_BF16 ? "bf16" : "f32")
                            : act == KERN_CPU_ACT_INT8 ? "int8"
                                                       : "f32",
                            m, n, k, tpool_size(tp), best * 1e3, gbs,

@@ -565,6 +565,83 @@ Test(threadpool, survives_idle_sleep_and_wakeup)
 /* kern_cpu_matmul_multi: every job's output is bitwise what kern_cpu_matmul gives alone (same partition per
  * job), across types mixed in one call (plain and quantized, sharing one quantized x), batch sizes and a tiny
  * job that runs unsplit. */
+/* The AMX tiles (KERN_CPU_PLAIN_BF16, F16 and BF16 weights, KERN_CPU_AMX_M_MIN rows or more) against the f64
+ * oracle: x and W rounded to bf16 (relative 2^-9 each; BF16 weights exactly), products exact, f32 sums in an
+ * order of the hardware's: |got - ref| <= (2^-8 + 2^-17 + k·eps)·Σ|x·w| + 1e-6. Bitwise the same on 1, 2 and
+ * 3 threads, and each row the same in batches of other sizes (m >= the minimum); not bitwise the f32 path
+ * (the tiles ran). Without AMX it skips: the VM and CI have none, the GPU machine's host (Sapphire Rapids)
+ * has. */
+static void check_amx(enum dtype t, int m, int n, int k, struct tpool *tp2, struct tpool *tp3)
+{
+    void *w = random_weight(t, n, k);
+    float *x = random_x(m, k), *bias = malloc(sizeof(float) * n);
+    float *y = malloc(sizeof(float) * m * n), *y2 = malloc(sizeof(float) * m * n);
+    float *ref = malloc(sizeof(float) * m * n);
+    kt_fill(bias, n, -2.0f, 2.0f);
+    const size_t rb = dtype_row_size(t, k);
+    float *wf = malloc(sizeof(float) * k);
+    double worst = 0;
+    kern_cpu_matmul_set_plain(KERN_CPU_PLAIN_BF16);
+    for (size_t e = 0; e < (size_t)m * n; e++) y[e] = NAN;
+    cr_assert_eq(kern_cpu_matmul(y, x, w, t, bias, m, n, k, tp2), FERRY_OK);
+    cr_assert_eq(kern_cpu_matmul_ref(ref, x, w, t, bias, m, n, k), FERRY_OK);
+    for (int j = 0; j < n; j++) {
+        dtype_get_traits(t)->to_f32((const uint8_t *)w + rb * j, wf, k);
+        for (int i = 0; i < m; i++) {
+            double l1 = 0;
+            for (int c = 0; c < k; c++) l1 += fabs((double)x[(size_t)i * k + c] * wf[c]);
+            const double tol = (0x1.0p-8 + 0x1.0p-17 + k * EPS) * l1 + 1e-6;
+            const double d = fabs((double)y[(size_t)i * n + j] - ref[(size_t)i * n + j]);
+            cr_assert(d <= tol, "amx %s m=%d n=%d k=%d: y[%d][%d] = %.9g, ref %.9g (|d| %.3g > %.3g)",
+                      dtype_name(t), m, n, k, i, j, y[(size_t)i * n + j], ref[(size_t)i * n + j], d, tol);
+            if (d / (l1 + 1e-30) > worst) worst = d / (l1 + 1e-30);
+        }
+    }
+    cr_log_info("amx %s m=%d n=%d k=%d: worst |d| / Σ|x·w| = %.3g (bound 2^-8 = %.3g)", dtype_name(t), m, n,
+                k, worst, 0x1.0p-8);
+    struct tpool *pools[3] = {NULL, tp2, tp3};
+    for (int p = 0; p < 3; p++) {
+        cr_assert_eq(kern_cpu_matmul(y2, x, w, t, bias, m, n, k, pools[p]), FERRY_OK);
+        cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0, "amx %s m=%d: pool %d differs", dtype_name(t), m,
+                  p);
+    }
+    /* The last KERN_CPU_AMX_M_MIN rows as a batch of their own: the same bits. */
+    const int m2 = KERN_CPU_AMX_M_MIN, i0 = m - m2;
+    cr_assert_eq(kern_cpu_matmul(y2, x + (size_t)i0 * k, w, t, bias, m2, n, k, tp3), FERRY_OK);
+    cr_assert(memcmp(y + (size_t)i0 * n, y2, sizeof(float) * m2 * n) == 0,
+              "amx %s m=%d: rows %d.. alone differ", dtype_name(t), m, i0);
+    kern_cpu_matmul_set_plain(KERN_CPU_PLAIN_F32);
+    cr_assert_eq(kern_cpu_matmul(y2, x, w, t, bias, m, n, k, tp2), FERRY_OK);
+    cr_assert(memcmp(y, y2, sizeof(float) * m * n) != 0,
+              "amx %s m=%d: bitwise the f32 path (tiles not used?)", dtype_name(t), m);
+    free(w);
+    free(x);
+    free(bias);
+    free(y);
+    free(y2);
+    free(ref);
+    free(wf);
+}
+
+Test(matmul, amx_bf16_tiles)
+{
+    if (!kern_cpu_amx_available())
+        cr_skip_test(
+            "no AMX tiles on this CPU (or the OS did not grant them): the bf16 tile path is tested on "
+            "the GPU machine's host (tests/gpu/all.sh)");
+    struct tpool *tp2, *tp3;
+    cr_assert_eq(tpool_init(&tp2, 2), FERRY_OK);
+    cr_assert_eq(tpool_init(&tp3, 3), FERRY_OK);
+    kt_seed(4242);
+    const int shapes[][3] = {{16, 37, 1001},  {17, 70, 96},   {33, 37, 1001},
+                             {64, 129, 4096}, {130, 13, 333}, {47, 1003, 2048}};
+    for (int t = 0; t < 2; t++)
+        for (int s = 0; s < N_OF(shapes); s++)
+            check_amx(t ? DTYPE_BF16 : DTYPE_F16, shapes[s][0], shapes[s][1], shapes[s][2], tp2, tp3);
+    tpool_free(tp2);
+    tpool_free(tp3);
+}
+
 Test(matmul, multi_equals_separate_calls)
 {
     struct tpool *tp = NULL;

@@ -1,0 +1,285 @@
+/* matmul_amx — bf16 products on AMX tiles (see matmul_amx.h for the contract and the error bound).
+ *
+ * Tiles (palette 1, 16 rows of 64 bytes each): C0..C3 the f32 sums of two weight groups (16 rows each) by two
+ * x groups, A4/A5 the two weight groups' next 32 columns (bf16, from the task's converted block), B6/B7 the
+ * two x groups' same 32 columns as bf16 pairs (amx_pack_x). One step of 32 columns is 4 TDPBF16PS (16 x 16 x
+ * 32 each) from 4 tile loads. The converted block (AMX_WB rows by all of k) stays in L2 while every x group
+ * passes over it; x comes from L3 once per block.
+ */
+#include "kernels/cpu/matmul_amx.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "quant/fp16.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_BUILD 1
+#endif
+
+size_t amx_x_bytes(int m, int k)
+{
+    const size_t mp = ((size_t)m + 31) / 32 * 32, kp = ((size_t)k + 31) / 32 * 32;
+    return mp * kp * 2;
+}
+
+#ifdef AMX_BUILD
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA  18
+#define T_AMX               "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c"
+
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int avx512 = (b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1); /* F, BW, VL */
+    const int tile = d >> 24 & 1, bf16 = d >> 22 & 1;
+    __cpuid_count(7, 1, a, b, c, d);
+    const int avx512bf16 = a >> 5 & 1;
+    __cpuid(1, a, b, c, d);
+    if (!(avx512 && tile && bf16 && avx512bf16 && (c >> 27 & 1))) return; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xe6) != 0xe6) return; /* the OS saves the SSE, AVX and AVX-512 state */
+    /* Linux gives the tile data state (8 KiB a thread) only to a process that asks. */
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+int amx_available(void)
+{
+    if (getenv("FERRY_NO_AMX")) return 0; /* comparisons: the f32 path on the same host */
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+/* ---- per-thread buffers: the converted weight block (worker threads) and packed x (the calling thread,
+ * which may also run tasks: two keys) ----------------------------------------------------------------------
+ */
+
+enum { BUF_W, BUF_X, BUF_COUNT };
+struct amx_buf {
+    void *p;
+    size_t cap;
+};
+static pthread_key_t buf_keys[BUF_COUNT];
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+static int buf_keys_ok;
+
+static void buf_release(void *p)
+{
+    struct amx_buf *s = p;
+    free(s->p);
+    free(s);
+}
+static void buf_keys_init(void)
+{
+    buf_keys_ok = pthread_key_create(&buf_keys[BUF_W], buf_release) == 0 &&
+                  pthread_key_create(&buf_keys[BUF_X], buf_release) == 0;
+}
+/* At least bytes of 64-byte aligned memory owned by this thread (kept for its later products), or NULL. */
+static void *buf_get(int which, size_t bytes)
+{
+    pthread_once(&buf_once, buf_keys_init);
+    if (!buf_keys_ok) return NULL;
+    struct amx_buf *s = pthread_getspecific(buf_keys[which]);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(buf_keys[which], s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < bytes) {
+        free(s->p);
+        s->cap = 0;
+        s->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!s->p) return NULL;
+        s->cap = bytes;
+    }
+    return s->p;
+}
+
+uint16_t *amx_x_buffer(int m, int k)
+{
+    return buf_get(BUF_X, amx_x_bytes(m, k));
+}
+
+/* ---- conversions -----------------------------------------------------------------------------------------
+ */
+
+/* 32 f32 (n of them valid, the rest zero) to bf16, rounded to nearest even. */
+static inline __attribute__((always_inline, target(T_AMX))) __m512i bf16_32(const float *x, int n)
+{
+    const __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+    const __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
+    const __m512 lo = _mm512_maskz_loadu_ps(m0, x), hi = _mm512_maskz_loadu_ps(m1, x + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+__attribute__((target(T_AMX))) void amx_pack_x(const float *x, int m, int k, uint16_t *xp, int g_lo, int g_hi)
+{
+    const int nks = (k + 31) / 32;
+    uint32_t t[16][16] __attribute__((aligned(64)));
+    for (int g = g_lo; g < g_hi; g++)
+        for (int s = 0; s < nks; s++) {
+            const int c0 = 32 * s, nc = k - c0 < 32 ? k - c0 : 32;
+            for (int i = 0; i < 16; i++) {
+                const int r = 16 * g + i;
+                _mm512_store_si512(t[i],
+                                   r < m ? bf16_32(x + (size_t)r * k + c0, nc) : _mm512_setzero_si512());
+            }
+            /* tile row p: the pair of columns (2p, 2p + 1) of each x row */
+            uint32_t *dst = (uint32_t *)(xp + ((size_t)g * nks + s) * 512);
+            for (int p = 0; p < 16; p++)
+                for (int i = 0; i < 16; i++) dst[p * 16 + i] = t[i][p];
+        }
+}
+
+/* Row r of W (k elements) into dst (kp bf16, zero past k). */
+static __attribute__((target(T_AMX))) void weight_row(const uint8_t *w, enum dtype wt, int k, int kp,
+                                                      uint16_t *dst)
+{
+    int c = 0;
+    if (wt == DTYPE_F16) {
+        const uint16_t *h = (const uint16_t *)w;
+        for (; c + 32 <= k; c += 32) {
+            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c)));
+            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c + 16)));
+            _mm512_store_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+        for (; c < k; c++) dst[c] = f32_to_bf16(f16_to_f32(h[c]));
+    } else { /* DTYPE_BF16: already bf16 */
+        memcpy(dst, w, (size_t)k * 2);
+        c = k;
+    }
+    for (; c < kp; c++) dst[c] = 0;
+}
+
+/* ---- the product ------------------------------------------------------------------------------------------
+ */
+
+struct tilecfg {
+    uint8_t palette, start;
+    uint8_t rsv[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Tile c (16 weight rows wr0.., 16 x rows of group g) into y, transposed, where both are in range. */
+static void store_c(const float *ct, float *y, int ldy, int m, int g, int j, int nw)
+{
+    for (int wr = 0; wr < nw && wr < 16; wr++)
+        for (int xr = 0; xr < 16 && 16 * g + xr < m; xr++)
+            y[(size_t)(16 * g + xr) * ldy + j + wr] = ct[wr * 16 + xr];
+}
+
+__attribute__((target(T_AMX))) int amx_matmul_rows(const uint16_t *xp, int m, int k, const uint8_t *w,
+                                                   enum dtype wt, size_t row_bytes, int j_lo, int j_hi,
+                                                   float *y, int ldy)
+{
+    const int kp = (k + 31) / 32 * 32, nks = kp / 32, ng = (m + 15) / 16;
+    uint16_t *wb = buf_get(BUF_W, (size_t)AMX_WB * kp * 2);
+    if (!wb) return FERRY_ERR_NOMEM;
+    struct tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    _tile_loadconfig(&cfg);
+    float ct[16 * 16] __attribute__((aligned(64)));
+    const size_t lda = (size_t)kp * 2; /* bytes between the block's rows */
+    for (int j0 = j_lo; j0 < j_hi; j0 += AMX_WB) {
+        const int nr = j_hi - j0 < AMX_WB ? j_hi - j0 : AMX_WB;
+        for (int r = 0; r < AMX_WB; r++) {
+            if (r < nr)
+                weight_row(w + (size_t)(j0 + r) * row_bytes, wt, k, kp, wb + (size_t)r * kp);
+            else
+                memset(wb + (size_t)r * kp, 0, lda);
+        }
+        const uint16_t *a0 = wb, *a1 = wb + (size_t)16 * kp;
+        int g = 0;
+        for (; g + 1 < ng; g += 2) {
+            const uint16_t *b0 = xp + (size_t)g * nks * 512, *b1 = b0 + (size_t)nks * 512;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int s = 0; s < nks; s++) {
+                _tile_loadd(4, a0 + 32 * s, lda);
+                _tile_loadd(5, a1 + 32 * s, lda);
+                _tile_loadd(6, b0 + (size_t)512 * s, 64);
+                _tile_loadd(7, b1 + (size_t)512 * s, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, ct, 64);
+            store_c(ct, y, ldy, m, g, j0, nr);
+            _tile_stored(1, ct, 64);
+            store_c(ct, y, ldy, m, g + 1, j0, nr);
+            if (nr > 16) {
+                _tile_stored(2, ct, 64);
+                store_c(ct, y, ldy, m, g, j0 + 16, nr - 16);
+                _tile_stored(3, ct, 64);
+                store_c(ct, y, ldy, m, g + 1, j0 + 16, nr - 16);
+            }
+        }
+        if (g < ng) { /* an odd last group of x */
+            const uint16_t *b0 = xp + (size_t)g * nks * 512;
+            _tile_zero(0);
+            _tile_zero(2);
+            for (int s = 0; s < nks; s++) {
+                _tile_loadd(4, a0 + 32 * s, lda);
+                _tile_loadd(5, a1 + 32 * s, lda);
+                _tile_loadd(6, b0 + (size_t)512 * s, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(2, 5, 6);
+            }
+            _tile_stored(0, ct, 64);
+            store_c(ct, y, ldy, m, g, j0, nr);
+            if (nr > 16) {
+                _tile_stored(2, ct, 64);
+                store_c(ct, y, ldy, m, g, j0 + 16, nr - 16);
+            }
+        }
+    }
+    _tile_release();
+    return FERRY_OK;
+}
+
+#else /* no AMX in this build */
+
+uint16_t *amx_x_buffer(int m, int k)
+{
+    (void)m, (void)k;
+    return NULL;
+}
+
+int amx_available(void)
+{
+    return 0;
+}
+void amx_pack_x(const float *x, int m, int k, uint16_t *xp, int g_lo, int g_hi)
+{
+    (void)x, (void)m, (void)k, (void)xp, (void)g_lo, (void)g_hi;
+}
+int amx_matmul_rows(const uint16_t *xp, int m, int k, const uint8_t *w, enum dtype wt, size_t row_bytes,
+                    int j_lo, int j_hi, float *y, int ldy)
+{
+    (void)xp, (void)m, (void)k, (void)w, (void)wt, (void)row_bytes, (void)j_lo, (void)j_hi, (void)y,
+        (void)ldy;
+    return FERRY_ERR_UNSUPPORTED;
+}
+
+#endif
