@@ -42,6 +42,7 @@
 /* Host layers the start-up timing cycles through (7 calls at small steps: enough distinct layers to leave
  * the host's L3, as a step does). */
 #define ENGINE_MAX_LAYERS_TIMED 8
+#define CPU_TIMED_M_MAX         512 /* the largest step size the host's layer is timed at */
 
 struct engine {
     struct engine_params p;
@@ -226,15 +227,23 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
     for (int l = 0; l < hp->n_layers && n_host < ENGINE_MAX_LAYERS_TIMED; l++)
         if (l != ref && map->where[l] != PLACEMENT_GPU) host[n_host++] = l;
     int rc;
-    for (int m = 1; m <= e->p.max_batch_tokens && c->n_cpu < STEP_COST_MAX_M; m *= 2) {
+    /* 1, 2, 4 ... 64 tokens, then the largest step (at most CPU_TIMED_M_MAX): interpolated between them,
+     * extrapolated linearly past the last (compute bound). The largest is timed rather than extrapolated from
+     * 64 because products on AMX tiles stay memory bound far past 64 tokens. */
+    const int m_max = e->p.max_batch_tokens < CPU_TIMED_M_MAX ? e->p.max_batch_tokens : CPU_TIMED_M_MAX;
+    char timed[256];
+    int tl = 0;
+    for (int m = 1; m <= m_max && c->n_cpu < STEP_COST_MAX_M; m = m < 64 && 2 * m <= m_max ? 2 * m : m_max) {
         double t;
-        if ((rc = forward_cpu_time_layers(e->cpu, host, n_host, m, m <= 4 ? 7 : 3, &t))) return rc;
+        if ((rc = forward_cpu_time_layers(e->cpu, host, n_host, m, m <= 4 ? 7 : m <= 64 ? 3 : 1, &t)))
+            return rc;
         c->cpu_m[c->n_cpu] = m;
         c->cpu_s[c->n_cpu++] = t;
-        /* Past 64 tokens, once doubling them nearly doubles the time, the host is compute bound: extrapolated
-         * linearly. With AMX tiles (F16/BF16 weights) it stays memory bound much further. */
-        if (t > 0.25 || (m >= 64 && t > 1.6 * c->cpu_s[c->n_cpu - 2])) break;
+        if (tl < (int)sizeof timed)
+            tl += snprintf(timed + tl, sizeof timed - tl, "%s%d: %.2f", tl ? ", " : "", m, t * 1e3);
+        if (t > 0.25 || m == m_max) break;
     }
+    FLOG_INFO("cost model: host layer (ms) at tokens %s", timed);
     /* The same layer at m = 1 while the link is busy: host memory serves both. */
     if (map->n_slots > 0) {
         double t1;

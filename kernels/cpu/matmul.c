@@ -2114,6 +2114,12 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         }
         c->kc = kc >= k ? k : (int)kc;
     }
+    /* On the AMX tiles, ranges of at most AMX_TASK_ROWS rows (their sums stay in L2), handed out in turn. */
+    if (c->xp) {
+        const int want = (n + AMX_TASK_ROWS - 1) / AMX_TASK_ROWS;
+        if (want > c->n_tasks) c->n_tasks = want;
+        return c->n_tasks;
+    }
     /* Tiny products are not worth waking the pool for. */
     if ((int64_t)m * n * k < 32 * 1024) return c->n_tasks = 1;
     /* Up to TASK_M_MAX rows of x the product streams W. With TASK_MIN_THREADS threads or more it is cut into

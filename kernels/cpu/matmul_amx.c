@@ -146,24 +146,26 @@ __attribute__((target(T_AMX))) void amx_pack_x(const float *x, int m, int k, uin
         }
 }
 
-/* Row r of W (k elements) into dst (kp bf16, zero past k). */
-static __attribute__((target(T_AMX))) void weight_row(const uint8_t *w, enum dtype wt, int k, int kp,
-                                                      uint16_t *dst)
+/* Columns [c0, c0 + kc) of a row of W (k elements) into dst (kc bf16, zero past k); c0 and kc multiples of
+ * 32. */
+static __attribute__((target(T_AMX))) void weight_cols(const uint8_t *w, enum dtype wt, int k, int c0, int kc,
+                                                       uint16_t *dst)
 {
-    int c = 0;
+    const int end = k < c0 + kc ? k : c0 + kc;
+    int c = c0;
     if (wt == DTYPE_F16) {
         const uint16_t *h = (const uint16_t *)w;
-        for (; c + 32 <= k; c += 32) {
+        for (; c + 32 <= end; c += 32) {
             const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c)));
             const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c + 16)));
-            _mm512_store_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_store_si512(dst + (c - c0), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
-        for (; c < k; c++) dst[c] = f32_to_bf16(f16_to_f32(h[c]));
-    } else { /* DTYPE_BF16: already bf16 */
-        memcpy(dst, w, (size_t)k * 2);
-        c = k;
+        for (; c < end; c++) dst[c - c0] = f32_to_bf16(f16_to_f32(h[c]));
+    } else if (end > c) { /* DTYPE_BF16: already bf16 */
+        memcpy(dst, (const uint16_t *)w + c0, (size_t)(end - c0) * 2);
+        c = end;
     }
-    for (; c < kp; c++) dst[c] = 0;
+    for (; c < c0 + kc; c++) dst[c - c0] = 0;
 }
 
 /* ---- the product ------------------------------------------------------------------------------------------
@@ -176,82 +178,74 @@ struct tilecfg {
     uint8_t rows[16];
 };
 
-/* Tile c (16 weight rows wr0.., 16 x rows of group g) into y, transposed, where both are in range. */
-static void store_c(const float *ct, float *y, int ldy, int m, int g, int j, int nw)
-{
-    for (int wr = 0; wr < nw && wr < 16; wr++)
-        for (int xr = 0; xr < 16 && 16 * g + xr < m; xr++)
-            y[(size_t)(16 * g + xr) * ldy + j + wr] = ct[wr * 16 + xr];
-}
-
 __attribute__((target(T_AMX))) int amx_matmul_rows(const uint16_t *xp, int m, int k, const uint8_t *w,
                                                    enum dtype wt, size_t row_bytes, int j_lo, int j_hi,
                                                    float *y, int ldy)
 {
-    const int kp = (k + 31) / 32 * 32, nks = kp / 32, ng = (m + 15) / 16;
-    uint16_t *wb = buf_get(BUF_W, (size_t)AMX_WB * kp * 2);
-    if (!wb) return FERRY_ERR_NOMEM;
+    const int kp = (k + 31) / 32 * 32, nks = kp / 32, mp = (m + 31) / 32 * 32;
+    const int nrp = (j_hi - j_lo + AMX_WB - 1) / AMX_WB * AMX_WB; /* the range's rows, whole blocks */
+    const int xpan = mp < AMX_XP ? mp : AMX_XP;
+    /* The block's converted chunk (AMX_WB, AMX_KC) bf16, then the range's sums (nrp, xpan) f32. */
+    uint8_t *buf = buf_get(BUF_W, (size_t)AMX_WB * AMX_KC * 2 + (size_t)nrp * xpan * 4);
+    if (!buf) return FERRY_ERR_NOMEM;
+    uint16_t *wb = (uint16_t *)buf;
+    float *acc = (float *)(buf + (size_t)AMX_WB * AMX_KC * 2);
+    const size_t lacc = (size_t)xpan * 4; /* bytes between acc's rows */
     struct tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
     _tile_loadconfig(&cfg);
-    float ct[16 * 16] __attribute__((aligned(64)));
-    const size_t lda = (size_t)kp * 2; /* bytes between the block's rows */
-    for (int j0 = j_lo; j0 < j_hi; j0 += AMX_WB) {
-        const int nr = j_hi - j0 < AMX_WB ? j_hi - j0 : AMX_WB;
-        for (int r = 0; r < AMX_WB; r++) {
-            if (r < nr)
-                weight_row(w + (size_t)(j0 + r) * row_bytes, wt, k, kp, wb + (size_t)r * kp);
-            else
-                memset(wb + (size_t)r * kp, 0, lda);
+    for (int i0 = 0; i0 < mp; i0 += xpan) { /* panels of x: sums in acc, then out to y */
+        const int np = mp - i0 < xpan ? mp - i0 : xpan;
+        for (int k0 = 0; k0 < kp; k0 += AMX_KC) {
+            const int kc = kp - k0 < AMX_KC ? kp - k0 : AMX_KC, ns = kc / 32;
+            const size_t lda = (size_t)kc * 2;
+            for (int jb = j_lo; jb < j_hi; jb += AMX_WB) {
+                for (int r = 0; r < AMX_WB; r++) {
+                    if (jb + r < j_hi)
+                        weight_cols(w + (size_t)(jb + r) * row_bytes, wt, k, k0, kc, wb + (size_t)r * kc);
+                    else
+                        memset(wb + (size_t)r * kc, 0, lda);
+                }
+                const uint16_t *a0 = wb, *a1 = wb + (size_t)16 * kc;
+                float *c0 = acc + (size_t)(jb - j_lo) * xpan, *c1 = c0 + (size_t)16 * xpan;
+                for (int g = i0 / 16; g < (i0 + np) / 16; g += 2) {
+                    const int ci = 16 * g - i0;
+                    const uint16_t *b0 = xp + ((size_t)g * nks + k0 / 32) * 512, *b1 = b0 + (size_t)nks * 512;
+                    if (k0 == 0) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                    } else {
+                        _tile_loadd(0, c0 + ci, lacc);
+                        _tile_loadd(1, c0 + ci + 16, lacc);
+                        _tile_loadd(2, c1 + ci, lacc);
+                        _tile_loadd(3, c1 + ci + 16, lacc);
+                    }
+                    for (int s = 0; s < ns; s++) {
+                        _tile_loadd(4, a0 + 32 * s, lda);
+                        _tile_loadd(5, a1 + 32 * s, lda);
+                        _tile_loadd(6, b0 + (size_t)512 * s, 64);
+                        _tile_loadd(7, b1 + (size_t)512 * s, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                    _tile_stored(0, c0 + ci, lacc);
+                    _tile_stored(1, c0 + ci + 16, lacc);
+                    _tile_stored(2, c1 + ci, lacc);
+                    _tile_stored(3, c1 + ci + 16, lacc);
+                }
+            }
         }
-        const uint16_t *a0 = wb, *a1 = wb + (size_t)16 * kp;
-        int g = 0;
-        for (; g + 1 < ng; g += 2) {
-            const uint16_t *b0 = xp + (size_t)g * nks * 512, *b1 = b0 + (size_t)nks * 512;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int s = 0; s < nks; s++) {
-                _tile_loadd(4, a0 + 32 * s, lda);
-                _tile_loadd(5, a1 + 32 * s, lda);
-                _tile_loadd(6, b0 + (size_t)512 * s, 64);
-                _tile_loadd(7, b1 + (size_t)512 * s, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(0, ct, 64);
-            store_c(ct, y, ldy, m, g, j0, nr);
-            _tile_stored(1, ct, 64);
-            store_c(ct, y, ldy, m, g + 1, j0, nr);
-            if (nr > 16) {
-                _tile_stored(2, ct, 64);
-                store_c(ct, y, ldy, m, g, j0 + 16, nr - 16);
-                _tile_stored(3, ct, 64);
-                store_c(ct, y, ldy, m, g + 1, j0 + 16, nr - 16);
-            }
-        }
-        if (g < ng) { /* an odd last group of x */
-            const uint16_t *b0 = xp + (size_t)g * nks * 512;
-            _tile_zero(0);
-            _tile_zero(2);
-            for (int s = 0; s < nks; s++) {
-                _tile_loadd(4, a0 + 32 * s, lda);
-                _tile_loadd(5, a1 + 32 * s, lda);
-                _tile_loadd(6, b0 + (size_t)512 * s, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(2, 5, 6);
-            }
-            _tile_stored(0, ct, 64);
-            store_c(ct, y, ldy, m, g, j0, nr);
-            if (nr > 16) {
-                _tile_stored(2, ct, 64);
-                store_c(ct, y, ldy, m, g, j0 + 16, nr - 16);
-            }
+        /* acc is (weight row, x row): y is (x row, weight row) */
+        const int i_end = m < i0 + np ? m : i0 + np;
+        for (int i = i0; i < i_end; i++) {
+            float *yr = y + (size_t)i * ldy;
+            for (int j = j_lo; j < j_hi; j++) yr[j] = acc[(size_t)(j - j_lo) * xpan + (i - i0)];
         }
     }
     _tile_release();

@@ -1,12 +1,13 @@
 /* matmul_amx — y = x · Wᵀ on Intel AMX tiles in bf16, for plain F16/BF16 weights and x of many rows.
  *
  * Internal to kernels/cpu/matmul.c (which chooses it: kern_cpu_matmul_set_plain). x (m, k) f32 is packed once
- * per product into bf16 B tiles (amx_pack_x, spread over the pool by row groups); each task then converts a
- * block of AMX_WB weight rows to bf16 (all of k) and multiplies it by every group of x with TDPBF16PS, f32
- * sums in the tiles over the whole of k. Each output element is one tile element's sequence of operations, so
- * the results do not depend on the pool size, the partition or the other rows of x.
- * Error against exact f32: x and W each rounded to bf16 (relative 2^-9, to nearest even), products exact,
- * f32 sums: |y - Σ w·x| <= (2^-8 + 2^-16)·Σ|w·x| + ~k·2^-24·Σ|w·x| (inputs' and outputs' denormals flushed).
+ * per product into bf16 B tiles (amx_pack_x, spread over the pool by row groups). A task (at most
+ * AMX_TASK_ROWS weight rows) walks k in chunks of AMX_KC: it converts each block of AMX_WB rows' chunk to
+ * bf16 (L1) and multiplies it by every pair of x groups of the panel (L2) with TDPBF16PS into f32 sums that
+ * wait in an L2 buffer between chunks. Each output element is one tile element's sequence of operations in k
+ * order, so the results do not depend on the pool size, the partition or the other rows of x. Error against
+ * exact f32: x and W each rounded to bf16 (relative 2^-9, to nearest even), products exact, f32 sums: |y - Σ
+ * w·x| <= (2^-8 + 2^-16)·Σ|w·x| + ~k·2^-24·Σ|w·x| (inputs' and outputs' denormals flushed).
  */
 #ifndef FERRY_KERN_CPU_MATMUL_AMX_H
 #define FERRY_KERN_CPU_MATMUL_AMX_H
@@ -16,7 +17,10 @@
 
 #include "quant/dtype.h"
 
-#define AMX_WB 32 /* weight rows a task converts and multiplies at a time (two tiles of 16) */
+#define AMX_WB        32  /* weight rows converted and multiplied at a time (two tiles of 16) */
+#define AMX_KC        512 /* columns of a converted chunk: AMX_WB x AMX_KC bf16 = 32 KiB, in L1 */
+#define AMX_XP        512 /* rows of x per panel: a task's sums (its rows, AMX_XP) f32 stay in L2 */
+#define AMX_TASK_ROWS 128 /* most weight rows per task: (128, AMX_XP) f32 = 256 KiB of sums */
 
 /* 1 when the CPU has AMX-BF16 and AVX512-BF16 and the kernel granted this process the tile state (asked
  * once, process-wide). */
@@ -31,8 +35,8 @@ uint16_t *amx_x_buffer(int m, int k);
  * past k are zero. Groups are independent: the pool packs them in parallel. */
 void amx_pack_x(const float *x, int m, int k, uint16_t *xp, int g_lo, int g_hi);
 /* y rows [0, m) x columns [j_lo, j_hi) (y is (m, ldy)) = x · W[j_lo..j_hi)ᵀ, W (n, k) F16 or BF16 with rows
- * row_bytes apart, x packed by amx_pack_x. Overwrites y. Returns FERRY_ERR_NOMEM when the thread's weight
- * buffer (AMX_WB · k · 2 bytes, kept for its later products) cannot grow. */
+ * row_bytes apart, x packed by amx_pack_x. Overwrites y. Returns FERRY_ERR_NOMEM when the thread's buffer
+ * (the converted chunk and the range's sums, kept for its later products) cannot grow. */
 int amx_matmul_rows(const uint16_t *xp, int m, int k, const uint8_t *w, enum dtype wt, size_t row_bytes,
                     int j_lo, int j_hi, float *y, int ldy);
 
