@@ -47,8 +47,16 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
         any_cpu |= where[l] == PLACEMENT_CPU;
     }
     if (S && k <= 0) return INFINITY;
-    /* The link slows while the host's cores read the same memory. */
-    const double h2d = any_cpu && c->h2d_loaded > 0 ? c->h2d_loaded : c->h2d;
+    /* The link shares host memory with the CPU's layers. It ran at h2d_loaded beside layers of one token
+     * (the host reading its weights as fast as it can); at m tokens the host reads them t(1)/t(m) as fast,
+     * and the link loses that share of the difference (a prompt's layers on AMX tiles barely touch it). */
+    double h2d = c->h2d;
+    if (any_cpu && c->h2d_loaded > 0) {
+        const double t1 = step_cost_cpu_layer(c, c->cpu_ref_bytes, 1),
+                     tm = step_cost_cpu_layer(c, c->cpu_ref_bytes, m);
+        const double share = tm > 0 && tm > t1 ? t1 / tm : 1.0;
+        h2d = c->h2d_loaded + (c->h2d - c->h2d_loaded) * (1.0 - share);
+    }
     double *copy_end = NULL, *release = NULL;
     if (S) {
         copy_end = malloc(sizeof(double) * (size_t)S * SIM_STEPS);

@@ -443,3 +443,28 @@ Test(step_plan, ext_attention_streams_cpu_layers_when_it_costs_more)
         cr_assert_geq(s, 126.0e-3 - 1e-6, "j = %d: %g ms beats the chosen 126 ms", j, s * 1e3);
     }
 }
+
+/* The link loses host memory to the CPU's layers in proportion to how fast they read it: beside a prompt's
+ * layers (compute bound, here 12 TFLOP/s as on AMX tiles: 17 ms a layer at 512 tokens against 4.8 at one)
+ * it keeps most of its rate, so the CPU takes some of a prompt's host layers even where the link, measured
+ * beside one-token layers, drops to 20 GB/s. */
+Test(step_plan, prompt_layers_on_the_cpu_leave_the_link_its_rate)
+{
+    struct step_plan_input in = llama7b(5, 84, 12);
+    struct step_cost *c = &in.cost;
+    c->cpu_m[c->n_cpu] = 512;
+    c->cpu_s[c->n_cpu++] = 2.0 * PARAMS * 512 / 12e12;
+    c->h2d_loaded = 20e9;
+    struct step_plan p;
+    make(&in, &p);
+    const int b = step_plan_bucket(&p, 512);
+    cr_assert_gt(p.n_cpu[b], 0, "512 tokens: no host layer on the CPU");
+    cr_assert_lt(p.predicted_s[b], 0.95 * p.stream_s[b], "512 tokens: %g s against streaming %g s",
+                 p.predicted_s[b], p.stream_s[b]);
+    /* The same placement with the link at its loaded rate throughout would lose to streaming everything. */
+    const enum placement *w = step_plan_where(&p, 512);
+    struct step_plan_input flat = in;
+    flat.cost.cpu_s[flat.cost.n_cpu - 1] = flat.cost.cpu_s[0]; /* as fast as at one token: full share */
+    cr_assert_gt(step_plan_simulate(&flat, w, 512), p.stream_s[b], "a host reading at its full rate");
+    step_plan_free(&p);
+}
