@@ -118,7 +118,7 @@ static const struct opt_row rows[] = {
      "blocks as llama.cpp does (faster, slightly different outputs); auto: int8 for the host layers of a GPU "
      "engine (whose own products with such weights quantize x to int8 too); on the CPU backend int8 for "
      "K-quant and Q8_0 files (Q4_K_M, Q5_K_M, Q6_K, Q8_0: faster), f32 for the others. F16/BF16 weights on "
-     "a CPU with AMX tiles (Sapphire Rapids and later): products of 16 or more rows (prompts, large batches) "
+     "a CPU with AMX tiles (Sapphire Rapids and later): products of 32 or more rows (prompts, large batches) "
      "in bf16 on the tiles, except with f32"},
     {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32|q8_0",
      "element type of the KV cache: f16 (half the memory, and half the bytes a long-context step reads), f32 "

@@ -62,7 +62,9 @@ enum kern_cpu_plain {
                           * (kernels/cpu/matmul_amx.h: relative 2^-8 of Σ|w·x|); elsewhere, and below that
                           * many rows, f32. FERRY_NO_AMX in the environment turns the tiles off. */
 };
-#define KERN_CPU_AMX_M_MIN 16
+/* From 32 rows the tiles beat f32 (a 7B F16 layer on the host at 32 tokens: 11.5-12.2 ms against 22-25; at 16
+ * they were even, 10.0-11.6 against 10.0-10.2: kernels/cpu/NOTES.md, session 18). */
+#define KERN_CPU_AMX_M_MIN 32
 /* Sets the plain types' arithmetic of later products (not while products run). */
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p);
 enum kern_cpu_plain kern_cpu_matmul_plain(void);

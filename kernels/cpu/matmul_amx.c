@@ -202,16 +202,7 @@ __attribute__((target(T_AMX))) int amx_matmul_rows(const uint16_t *xp, int m, in
             const int kc = kp - k0 < AMX_KC ? kp - k0 : AMX_KC, ns = kc / 32;
             const size_t lda = (size_t)kc * 2;
             for (int jb = j_lo; jb < j_hi; jb += AMX_WB) {
-                /* The next (block, chunk) to convert: its rows' pieces (1 KiB each, rows apart) asked for
-                 * now, into L2, so that they come in while this block is multiplied. */
-                int nj = jb + AMX_WB, nk = k0;
-                if (nj >= j_hi) nj = j_lo, nk = k0 + AMX_KC;
-                const size_t pf_lo = (size_t)nk * 2, pf_hi = (size_t)(k < nk + AMX_KC ? k : nk + AMX_KC) * 2;
                 for (int r = 0; r < AMX_WB; r++) {
-                    if (nk < k && nj + r < j_hi) {
-                        const char *pr = (const char *)w + (size_t)(nj + r) * row_bytes;
-                        for (size_t o = pf_lo; o < pf_hi; o += 64) _mm_prefetch(pr + o, _MM_HINT_T1);
-                    }
                     if (jb + r < j_hi)
                         weight_cols(w + (size_t)(jb + r) * row_bytes, wt, k, k0, kc, wb + (size_t)r * kc);
                     else
