@@ -633,8 +633,9 @@ Test(matmul, amx_bf16_tiles)
     cr_assert_eq(tpool_init(&tp2, 2), FERRY_OK);
     cr_assert_eq(tpool_init(&tp3, 3), FERRY_OK);
     kt_seed(4242);
-    const int shapes[][3] = {{16, 37, 1001},  {17, 70, 96},   {33, 37, 1001},
-                             {64, 129, 4096}, {130, 13, 333}, {47, 1003, 2048}};
+    /* m from KERN_CPU_AMX_M_MIN (32): one pair of x groups, an odd count, more than a panel of 512 */
+    const int shapes[][3] = {{32, 37, 1001}, {37, 70, 96},     {33, 37, 1001}, {64, 129, 4096},
+                             {130, 13, 333}, {47, 1003, 2048}, {531, 45, 160}};
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < N_OF(shapes); s++)
             check_amx(t ? DTYPE_BF16 : DTYPE_F16, shapes[s][0], shapes[s][1], shapes[s][2], tp2, tp3);
