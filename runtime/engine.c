@@ -482,11 +482,13 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         }
         if ((rc = model_quantize(&e->model, ftype, p.n_threads, err))) goto fail;
     }
+    /* F16/BF16 weights: bf16 AMX tiles (where the CPU has them) for the products of many rows of a GPU
+     * engine's host layers, whose GPU products round x to f16 anyway, and wherever int8 is asked; the CPU
+     * engine keeps f32 by default (the reference the tests hold it to). */
+    const int plain_bf16 = p.cpu_int8 < 0 ? use_cuda : p.cpu_int8 == 1;
     if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || int8_model(&e->model);
     kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
-    /* F16/BF16 weights: bf16 AMX tiles for products of many rows where the CPU has them, unless f32 was asked
-     */
-    kern_cpu_matmul_set_plain(p.cpu_int8 == 0 ? KERN_CPU_PLAIN_F32 : KERN_CPU_PLAIN_BF16);
+    kern_cpu_matmul_set_plain(plain_bf16 ? KERN_CPU_PLAIN_BF16 : KERN_CPU_PLAIN_F32);
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
     const int kv_auto = use_cuda && p.kv_tokens == 0;

@@ -53,8 +53,8 @@ struct engine_params {
                    * -1 (the default): int8 for the host layers of a GPU engine (its own products with such
                    * weights take x in int8 too); on the CPU engine int8 when most of the
                    * layers' bytes are K-quants, else f32. Also F16/BF16 weights' products of many rows:
-                   * 0 keeps them in f32, otherwise bf16 AMX tiles where the CPU has them
-                   * (KERN_CPU_PLAIN_BF16) */
+                   * bf16 AMX tiles where the CPU has them (KERN_CPU_PLAIN_BF16) with 1, and with -1 for a
+                   * GPU engine's host layers; f32 with 0, and with -1 on the CPU engine */
     int kv_type;  /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
                    * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the
                    * references), KV_Q8_0  (llama.cpp's `-ctk q8_0 -ctv q8_0`: 17/32 of f16's bytes) */

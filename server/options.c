@@ -119,7 +119,7 @@ static const struct opt_row rows[] = {
      "engine (whose own products with such weights quantize x to int8 too); on the CPU backend int8 for "
      "K-quant and Q8_0 files (Q4_K_M, Q5_K_M, Q6_K, Q8_0: faster), f32 for the others. F16/BF16 weights on "
      "a CPU with AMX tiles (Sapphire Rapids and later): products of 32 or more rows (prompts, large batches) "
-     "in bf16 on the tiles, except with f32"},
+     "in bf16 on the tiles with int8, and with auto in a GPU engine's host layers"},
     {"kv-type", OPT_ENUM, OFF(kv_type), 0, 0, "f16", "f16|f32|q8_0",
      "element type of the KV cache: f16 (half the memory, and half the bytes a long-context step reads), f32 "
      "(closest to the reference; CPU backend only) or q8_0 (llama.cpp's 8-bit blocks: 17/32 of f16's memory, "
