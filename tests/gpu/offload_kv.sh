@@ -10,7 +10,10 @@
 # OFFLOAD_MODES (default "host": FERRY_KV_EXT_ATTN for each run in turn; "device" reads the pool's extension
 # over the link as before session 11), OFFLOAD_BENCH (default 1; 0 skips ferry bench), OFFLOAD_TAG (a suffix for
 # the output files: runs with other OFFLOAD_ARGS in one call, e.g. OFFLOAD_ARGS="--kv-type q8_0" OFFLOAD_TAG=-kvq8),
-# OFFLOAD_TIME (the load's time limit in seconds, default 90).
+# OFFLOAD_TIME (the load's time limit in seconds, default 90), OFFLOAD_ROUNDS (default 1) and OFFLOAD_VARIANTS
+# (default "-": the server as is; else a list of environment assignments, "-" for none, e.g. "- FERRY_PLAN_ADAPT=0"):
+# each round serves the load once per variant, in turn, so that an A/B alternates on one machine (a host's
+# run-to-run spread was ~20% in session 18, more than the effects measured).
 # Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>-<mode><tag>.json and .log.
 set -u
 src=$(pwd)
@@ -40,9 +43,14 @@ for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
   log "rc=$?"
   grep -E "device_map:|KV pool|^batch|^16 |16 tokens: .*predicted" $W/bench-ctx-$M.log | tee -a "$out/offload.txt"
   fi
-  log "== $M, FERRY_KV_EXT_ATTN=$mode: 16 clients ${OFFLOAD_ARGS:-}"
-  $F serve --model $W/$M.gguf --port 18080 --public-health --gpu-memory 4GiB --parallel 16 --ctx-size 640 \
-    ${OFFLOAD_ARGS:-} > $W/serve-$M.log 2>&1 &
+  for round in $(seq 1 ${OFFLOAD_ROUNDS:-1}); do
+  for var in ${OFFLOAD_VARIANTS:--}; do
+  envs=(); [ "$var" != - ] && envs=("$var")
+  vtag=${OFFLOAD_TAG:-}; [ "$var" != - ] && vtag="$vtag-${var//[^A-Za-z0-9_]/_}"
+  [ "${OFFLOAD_ROUNDS:-1}" != 1 ] && vtag="$vtag-r$round"
+  log "== $M, FERRY_KV_EXT_ATTN=$mode ${envs[*]:-}: 16 clients ${OFFLOAD_ARGS:-} (round $round)"
+  env ${envs[@]+"${envs[@]}"} $F serve --model $W/$M.gguf --port 18080 --public-health --gpu-memory 4GiB --parallel 16 \
+    --ctx-size 640 ${OFFLOAD_ARGS:-} > $W/serve-$M.log 2>&1 &
   fp=$!
   up=0
   for _ in $(seq 1 400); do
@@ -57,16 +65,18 @@ for M in ${OFFLOAD_TYPES:-F16 Q8_0}; do
     python3 -c "
 import json,sys
 for r in json.load(open(sys.argv[1])):
-    print(f\"served {sys.argv[2]} ($mode) c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
-" $W/load-$M.json $M | tee -a "$out/offload.txt"
+    print(f\"served {sys.argv[2]} ($mode {sys.argv[3]}) c={r['concurrency']}: {r['tokens_per_s']:.1f} gen tok/s, TTFT p50/p99 {r['ttft_p50_s']*1e3:.0f}/{r['ttft_p99_s']*1e3:.0f} ms, ITL p50/p99 {r['itl_p50_s']*1e3:.1f}/{r['itl_p99_s']*1e3:.1f} ms, errors {r['errors']}\")
+" $W/load-$M.json $M "$var" | tee -a "$out/offload.txt"
     curl -s http://127.0.0.1:18080/metrics | grep -E "^ferry_(kv_host_bytes|kv_ext_host|ext_streamed|kv_blocks|vram_|layers_|host_pace|step_plan|engine_(steps|busy)|stream_stall)" | tee -a "$out/offload.txt"
-    cp $W/load-$M.json "$out/serve-offload-$M-$mode${OFFLOAD_TAG:-}.json"
+    cp $W/load-$M.json "$out/serve-offload-$M-$mode$vtag.json"
   else
     log "ferry serve did not start: $(tail -3 $W/serve-$M.log)"
   fi
   kill -TERM $fp 2>/dev/null
   wait $fp
   grep -E "device_map|KV pool|pinning|engine:|placement auto|extension" $W/serve-$M.log | tee -a "$out/offload.txt"
-  cp $W/serve-$M.log "$out/serve-offload-$M-$mode${OFFLOAD_TAG:-}.log"
+  cp $W/serve-$M.log "$out/serve-offload-$M-$mode$vtag.log"
+  done
+  done
   done
 done
