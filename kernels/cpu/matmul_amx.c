@@ -3,8 +3,8 @@
  * Tiles (palette 1, 16 rows of 64 bytes each): C0..C3 the f32 sums of two weight groups (16 rows each) by two
  * x groups, A4/A5 the two weight groups' next 32 columns (bf16, from the task's converted block), B6/B7 the
  * two x groups' same 32 columns as bf16 pairs (amx_pack_x). One step of 32 columns is 4 TDPBF16PS (16 x 16 x
- * 32 each) from 4 tile loads. k goes in chunks of AMX_KC: a block's converted chunk (L1) multiplies every pair
- * of x groups of a panel (L2), and the task's sums wait in an L2 buffer between chunks.
+ * 32 each) from 4 tile loads. k goes in chunks of AMX_KC: a block's converted chunk (L1) multiplies every
+ * pair of x groups of a panel (L2), and the task's sums wait in an L2 buffer between chunks.
  */
 #include "kernels/cpu/matmul_amx.h"
 
