@@ -51,6 +51,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/matmul_impl.h"
+#include "kernels/cpu/thread_buf.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
 #include "quant/fp16.h"
@@ -620,47 +621,8 @@ int kern_cpu_isa_parse(const char *name)
 /* ---- x's scratch buffer: one per calling thread, grown to the largest product it has seen ---------------
  */
 
-struct q8_scratch {
-    void *p;
-    size_t cap;
-};
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static int scratch_key_ok;
-
-static void scratch_release(void *p)
-{
-    struct q8_scratch *s = p;
-    free(s->p);
-    free(s);
-}
-static void scratch_key_init(void)
-{
-    scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0;
-}
-
-/* At least bytes of 64-byte aligned memory owned by this thread, or NULL. */
-static void *scratch_get(size_t bytes)
-{
-    pthread_once(&scratch_once, scratch_key_init);
-    if (!scratch_key_ok) return NULL;
-    struct q8_scratch *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s || pthread_setspecific(scratch_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->cap < bytes) {
-        free(s->p);
-        s->cap = 0;
-        s->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!s->p) return NULL;
-        s->cap = bytes;
-    }
-    return s->p;
-}
+/* x prepared for the quantized products: in the calling thread's buffer (matmul_amx.c has its own two). */
+static struct thread_buf x_buf = THREAD_BUF_INIT;
 
 struct q8x_job {
     const float *x;
@@ -686,7 +648,7 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
     const int nb = k / QB, nbp = (nb + 7) / 8 * 8;
     const size_t qb = int8 ? ((size_t)m * k + 63) / 64 * 64 : 0, n4b = int8 ? (size_t)m * nb * 32 : 0,
                  fb = (size_t)m * nbp * 4;
-    uint8_t *p = scratch_get(qb + n4b + 2 * fb);
+    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb);
     if (!p) return FERRY_ERR_NOMEM;
     *xq = (struct q8x){.q = (int8_t *)p,
                        .n4 = (int32_t *)(p + qb),

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "kernels/cpu/thread_buf.h"
 #include "quant/fp16.h"
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -63,56 +64,14 @@ int amx_available(void)
     return amx_ok;
 }
 
-/* ---- per-thread buffers: the converted weight block (worker threads) and packed x (the calling thread,
- * which may also run tasks: two keys) ----------------------------------------------------------------------
- */
+/* ---- per-thread buffers: the converted weights and sums (worker threads) and x packed (the calling thread,
+ * which may also run tasks: two buffers) ---------------------------------------------------------------- */
 
-enum { BUF_W, BUF_X, BUF_COUNT };
-struct amx_buf {
-    void *p;
-    size_t cap;
-};
-static pthread_key_t buf_keys[BUF_COUNT];
-static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
-static int buf_keys_ok;
-
-static void buf_release(void *p)
-{
-    struct amx_buf *s = p;
-    free(s->p);
-    free(s);
-}
-static void buf_keys_init(void)
-{
-    buf_keys_ok = pthread_key_create(&buf_keys[BUF_W], buf_release) == 0 &&
-                  pthread_key_create(&buf_keys[BUF_X], buf_release) == 0;
-}
-/* At least bytes of 64-byte aligned memory owned by this thread (kept for its later products), or NULL. */
-static void *buf_get(int which, size_t bytes)
-{
-    pthread_once(&buf_once, buf_keys_init);
-    if (!buf_keys_ok) return NULL;
-    struct amx_buf *s = pthread_getspecific(buf_keys[which]);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s || pthread_setspecific(buf_keys[which], s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->cap < bytes) {
-        free(s->p);
-        s->cap = 0;
-        s->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!s->p) return NULL;
-        s->cap = bytes;
-    }
-    return s->p;
-}
+static struct thread_buf w_buf = THREAD_BUF_INIT, x_buf = THREAD_BUF_INIT;
 
 uint16_t *amx_x_buffer(int m, int k)
 {
-    return buf_get(BUF_X, amx_x_bytes(m, k));
+    return thread_buf_get(&x_buf, amx_x_bytes(m, k));
 }
 
 /* ---- conversions -----------------------------------------------------------------------------------------
@@ -186,7 +145,7 @@ __attribute__((target(T_AMX))) int amx_matmul_rows(const uint16_t *xp, int m, in
     const int nrp = (j_hi - j_lo + AMX_WB - 1) / AMX_WB * AMX_WB; /* the range's rows, whole blocks */
     const int xpan = mp < AMX_XP ? mp : AMX_XP;
     /* The block's converted chunk (AMX_WB, AMX_KC) bf16, then the range's sums (nrp, xpan) f32. */
-    uint8_t *buf = buf_get(BUF_W, (size_t)AMX_WB * AMX_KC * 2 + (size_t)nrp * xpan * 4);
+    uint8_t *buf = thread_buf_get(&w_buf, (size_t)AMX_WB * AMX_KC * 2 + (size_t)nrp * xpan * 4);
     if (!buf) return FERRY_ERR_NOMEM;
     uint16_t *wb = (uint16_t *)buf;
     float *acc = (float *)(buf + (size_t)AMX_WB * AMX_KC * 2);

@@ -52,7 +52,7 @@ enum q8_mode {
  *       -2^sh·Σq start the dot products of offset codes)
  *   dx  (m, nbp) f32: amax/127 (NaN when the block holds a NaN or an infinity, so that y does), 0 past nb
  *   sxd (m, nbp) f32: dx·Σq, the block's sum of x̂ (the minimums' weight), 0 past nb
- * nb = k/32, nbp = nb rounded up to a multiple of 8. Lives in a per-thread scratch buffer (q8_scratch). */
+ * nb = k/32, nbp = nb rounded up to a multiple of 8. Lives in the calling thread's buffer (thread_buf). */
 struct q8x {
     int8_t *q;
     int32_t *n4;

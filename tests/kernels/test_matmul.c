@@ -28,6 +28,7 @@
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_buf.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/blocks.h"
 #include "quant/dtype.h"
@@ -641,6 +642,35 @@ Test(matmul, amx_bf16_tiles)
             check_amx(t ? DTYPE_BF16 : DTYPE_F16, shapes[s][0], shapes[s][1], shapes[s][2], tp2, tp3);
     tpool_free(tp2);
     tpool_free(tp3);
+}
+
+/* thread_buf: each thread its own buffer, kept (contents too) while it is large enough, 64-byte aligned; two
+ * buffers are two. */
+static struct thread_buf tb_a = THREAD_BUF_INIT, tb_b = THREAD_BUF_INIT;
+static void *tb_other(void *arg)
+{
+    (void)arg;
+    return thread_buf_get(&tb_a, 100);
+}
+
+Test(thread_buf, per_thread_kept_and_grown)
+{
+    unsigned char *p = thread_buf_get(&tb_a, 100);
+    cr_assert(p && (uintptr_t)p % 64 == 0);
+    memset(p, 0x5a, 100);
+    unsigned char *q = thread_buf_get(&tb_a, 60);
+    cr_assert_eq(q, p, "a smaller request moved the buffer");
+    for (int i = 0; i < 100; i++) cr_assert_eq(q[i], 0x5a);
+    unsigned char *big = thread_buf_get(&tb_a, 1 << 20);
+    cr_assert(big && (uintptr_t)big % 64 == 0);
+    memset(big, 1, 1 << 20); /* all of it is the thread's (ASan checks the size) */
+    void *other = thread_buf_get(&tb_b, 100);
+    cr_assert(other && other != (void *)big);
+    pthread_t t;
+    void *theirs = NULL;
+    cr_assert_eq(pthread_create(&t, NULL, tb_other, NULL), 0);
+    cr_assert_eq(pthread_join(t, &theirs), 0);
+    cr_assert(theirs && theirs != (void *)big, "another thread got this thread's buffer");
 }
 
 Test(matmul, multi_equals_separate_calls)
