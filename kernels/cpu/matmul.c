@@ -675,22 +675,24 @@ void kern_cpu_matmul_set_plain(enum kern_cpu_plain p)
 {
     plain_arith = p;
 }
-enum kern_cpu_plain kern_cpu_matmul_plain(void)
-{
-    return plain_arith;
-}
 
-/* Whether a product of m rows goes to the tiles: bf16 chosen, m large enough, AMX here, some F16/BF16 job. */
 int kern_cpu_amx_available(void)
 {
     return amx_available();
 }
 
+/* The types the tiles take. */
+static int amx_type(enum dtype wt)
+{
+    return wt == DTYPE_F16 || wt == DTYPE_BF16;
+}
+
+/* Whether a product of m rows goes to the tiles: bf16 chosen, m large enough, AMX here, some F16/BF16 job. */
 static int amx_wanted(const struct kern_cpu_mm *jobs, int n_jobs, int m)
 {
     if (plain_arith != KERN_CPU_PLAIN_BF16 || m < KERN_CPU_AMX_M_MIN || !amx_available()) return 0;
     for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].wt == DTYPE_F16 || jobs[j].wt == DTYPE_BF16) return 1;
+        if (amx_type(jobs[j].wt)) return 1;
     return 0;
 }
 
@@ -919,7 +921,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
                          .n_tasks = tpool_size(tp),
-                         .xp = wt == DTYPE_F16 || wt == DTYPE_BF16 ? xp : NULL};
+                         .xp = amx_type(wt) ? xp : NULL};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
     if (quant) {
         c->qk = &q8_kinds[wt];
