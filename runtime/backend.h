@@ -25,8 +25,8 @@ struct backend;
 
 /* What a backend did so far (zeros where it does not apply). */
 struct backend_stats {
-    int n_resident, n_host,
-        n_slots;             /* device_map: resident layers, layers in pinned host memory, ring slots */
+    int n_resident, n_host;  /* device_map: resident layers, layers in pinned host memory */
+    uint64_t ring_bytes;     /* and its streaming ring */
     uint64_t bytes_streamed; /* weight bytes copied host→device for layers the steps used */
     double copy_seconds;     /* copy-stream time for those bytes */
     double stall_seconds;    /* compute time spent waiting for copies */

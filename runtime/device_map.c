@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/ring.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -27,44 +28,64 @@ static enum placement where_of(const struct device_map_input *in, int i, int res
     return spread(i, in->n_layers - resident, in->n_layers);
 }
 
-/* Bytes of the weights when `resident` layers stay on the device and the rest stream through k slots. */
-static uint64_t weights_bytes(const struct device_map_input *in, int resident, int k, int *slots,
-                              uint64_t *slot_b)
+static uint64_t align_ring(uint64_t x)
 {
-    const int L = in->n_layers, streamed = L - resident;
-    uint64_t res = 0, big = 0;
-    for (int i = 0; i < L; i++) {
-        if (where_of(in, i, resident) == PLACEMENT_GPU)
-            res += layer_size(in, i);
-        else if (layer_size(in, i) > big)
-            big = layer_size(in, i);
-    }
-    int s = streamed ? (k < streamed ? k : streamed) : 0;
-    if (streamed && s < 2 && L >= 2) s = 2;
-    if (in->no_ring) s = 0;
-    *slots = s;
-    *slot_b = streamed ? big : in->layer_bytes;
-    return res + (uint64_t)s * big;
+    return (x + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+}
+
+/* The largest layer that streams when `resident` layers stay on the device (0: none streams). */
+static uint64_t largest_streamed(const struct device_map_input *in, int resident)
+{
+    uint64_t big = 0;
+    for (int i = 0; i < in->n_layers; i++)
+        if (where_of(in, i, resident) != PLACEMENT_GPU && layer_size(in, i) > big) big = layer_size(in, i);
+    return big;
+}
+
+/* The largest piece that streams (a layer's largest matrix group; the whole layer when not given). */
+static uint64_t largest_piece(const struct device_map_input *in, int resident)
+{
+    const uint64_t big = largest_streamed(in, resident);
+    return in->piece_bytes && in->piece_bytes < big ? in->piece_bytes : big;
+}
+
+/* The ring's bytes beside `resident` layers: the caller's layers' worth, else two of the largest pieces (the
+ * planner grows it later); 0 when nothing streams. */
+static uint64_t ring_min(const struct device_map_input *in, int resident)
+{
+    const uint64_t big = largest_streamed(in, resident);
+    if (!big || in->no_ring) return 0;
+    if (in->ring_layers > 0) return align_ring((uint64_t)in->ring_layers * big);
+    return 2 * align_ring(largest_piece(in, resident));
+}
+
+/* Bytes of the weights when `resident` layers stay on the device and the rest stream through a ring of
+ * ring_min. */
+static uint64_t weights_bytes(const struct device_map_input *in, int resident)
+{
+    uint64_t res = 0;
+    for (int i = 0; i < in->n_layers; i++)
+        if (where_of(in, i, resident) == PLACEMENT_GPU) res += layer_size(in, i);
+    return res + ring_min(in, resident);
 }
 
 /* The most resident layers beside a pool of kv_floor positions (or what the smallest plan leaves, if less,
- * never below kv_min), for a ring of k; the pool's positions in *kv_out. */
+ * never below kv_min); the pool's positions in *kv_out. */
 static int fit_beside(const struct device_map_input *in, uint64_t base, int64_t kv_floor, int64_t kv_min,
-                      int64_t blk, int min_resident, int k, int64_t *kv_out)
+                      int64_t blk, int min_resident, int64_t *kv_out)
 {
     const uint64_t kvt = in->kv_token_bytes;
     const int auto_kv = kvt > 0;
-    int slots;
-    uint64_t slot_b;
     int64_t kv = kv_floor;
-    const uint64_t w_min = weights_bytes(in, min_resident, k, &slots, &slot_b);
+    const uint64_t w_min = weights_bytes(in, min_resident);
     if (auto_kv && in->budget < base + w_min + (uint64_t)kv * kvt && in->budget > base + w_min)
         kv = (int64_t)((in->budget - base - w_min) / kvt) / blk * blk;
     if (kv < kv_min) kv = kv_min;
     int resident = in->n_layers; /* (every layer may still fit beside the floor) */
-    while (resident > min_resident &&
-           base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt > in->budget)
+    while (resident > min_resident && base + weights_bytes(in, resident) + (uint64_t)kv * kvt > in->budget)
         resident--;
+    resident -= in->fewer_resident;
+    if (resident < min_resident) resident = min_resident;
     *kv_out = kv;
     return resident;
 }
@@ -74,7 +95,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     memset(out, 0, sizeof *out);
     const int L = in->n_layers;
     const int auto_kv = in->kv_token_bytes > 0;
-    if (L <= 0 || in->gpu_layers < -1 || in->gpu_layers > L || in->n_slots < 0 ||
+    if (L <= 0 || in->gpu_layers < -1 || in->gpu_layers > L || in->ring_layers < 0 ||
         (auto_kv && (in->kv_block <= 0 || in->kv_tokens_min <= 0 || in->kv_tokens_max < in->kv_tokens_min))) {
         snprintf(err, 256, "invalid placement request (layers %d, --gpu-layers %d)", L, in->gpu_layers);
         return FERRY_ERR_INVALID;
@@ -86,48 +107,50 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     int64_t kv_floor = auto_kv ? in->kv_tokens_floor / blk * blk : 0;
     if (kv_floor < kv_min) kv_floor = kv_min;
     if (kv_floor > kv_max) kv_floor = kv_max > kv_min ? kv_max : kv_min;
-    int k = in->n_slots ? in->n_slots : 2;
-    if (k > L) k = L;
-    if (k < 2 && L >= 2) k = 2;
-    int slots;
-    uint64_t slot_b;
     int n_mask = 0;
     if (in->resident_mask)
         for (int i = 0; i < L; i++) n_mask += in->resident_mask[i] != 0;
-    /* The smallest plan: every layer streams (or all resident when the ring would hold them all anyway). */
-    const int min_resident = in->resident_mask ? n_mask : (!in->no_ring && (L == 1 || L <= k)) ? L : 0;
-    out->bytes_minimum = base + weights_bytes(in, min_resident, k, &slots, &slot_b) + (uint64_t)kv_min * kvt;
+    /* The smallest plan: every layer streams (through the smallest ring; with no ring, the host computes). */
+    const int min_resident = in->resident_mask ? n_mask : 0;
+    out->bytes_minimum = base + weights_bytes(in, min_resident) + (uint64_t)kv_min * kvt;
 
     int resident;
     int64_t kv = kv_max;
-    uint64_t all = weights_bytes(in, L, k, &slots, &slot_b);
     if (in->resident_mask) {
         resident = n_mask;
         kv = kv_min;
     } else if (in->gpu_layers >= 0) {
         resident = in->gpu_layers;
         kv = kv_min; /* grows below into what the layers leave */
-    } else if (in->budget >= base + all + (uint64_t)kv_max * kvt) {
+    } else if (in->budget >= base + weights_bytes(in, L) + (uint64_t)kv_max * kvt) {
         resident = L;
     } else {
-        resident = fit_beside(in, base, kv_floor, kv_min, blk, min_resident, k, &kv);
+        resident = fit_beside(in, base, kv_floor, kv_min, blk, min_resident, &kv);
         /* An extension the host attends to is cheap: the layers go first, unless all of them would fit. */
         if (auto_kv && in->kv_ext_host && in->kv_ext_max > 0 && kv_floor > kv_min) {
             int64_t kv2;
-            const int r2 = fit_beside(in, base, kv_min, kv_min, blk, min_resident, k, &kv2);
+            const int r2 = fit_beside(in, base, kv_min, kv_min, blk, min_resident, &kv2);
             if (r2 < L) resident = r2, kv = kv2;
         }
     }
-    if (auto_kv) { /* the pool takes what the layers leave, up to its maximum */
-        const uint64_t used = base + weights_bytes(in, resident, k, &slots, &slot_b);
-        if (in->budget > used) {
-            int64_t fit = (int64_t)((in->budget - used) / kvt) / blk * blk;
-            if (fit > kv_max) fit = kv_max;
-            if (fit > kv) kv = fit;
-        }
-        if (kv < kv_min) kv = kv_min;
+    if (kv < kv_min) kv = kv_min;
+    /* The ring grows into what the layers leave beside the pool's floor, up to two of the largest streamed
+     * layers; then the pool takes the rest, up to its maximum. */
+    uint64_t ring = ring_min(in, resident);
+    const uint64_t used = base + weights_bytes(in, resident) + (uint64_t)kv * kvt;
+    if (ring && in->ring_layers == 0 && in->budget > used) {
+        const uint64_t most = 2 * align_ring(largest_streamed(in, resident));
+        uint64_t grown = ring + (in->budget - used) / RING_ALIGN * RING_ALIGN;
+        if (grown > most) grown = most;
+        if (grown > ring) ring = grown;
     }
-    uint64_t total = base + weights_bytes(in, resident, k, &slots, &slot_b) + (uint64_t)kv * kvt;
+    const uint64_t weights = weights_bytes(in, resident) - ring_min(in, resident) + ring;
+    if (auto_kv && in->budget > base + weights) {
+        int64_t fit = (int64_t)((in->budget - base - weights) / kvt) / blk * blk;
+        if (fit > kv_max) fit = kv_max;
+        if (fit > kv) kv = fit;
+    }
+    uint64_t total = base + weights + (uint64_t)kv * kvt;
     if (total > in->budget) {
         if (auto_kv)
             snprintf(
@@ -136,11 +159,10 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
                 "%lld positions = one --ctx-size sequence)",
                 in->budget / GIB, out->bytes_minimum / GIB, L - min_resident, (long long)kv_min);
         else
-            snprintf(
-                err, 256,
-                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (this plan: %.2f GiB, %d resident "
-                "layers, %d slots of %.1f MiB)",
-                in->budget / GIB, out->bytes_minimum / GIB, total / GIB, resident, slots, slot_b / 1048576.0);
+            snprintf(err, 256,
+                     "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (this plan: %.2f GiB, %d "
+                     "resident layers, a ring of %.1f MiB)",
+                     in->budget / GIB, out->bytes_minimum / GIB, total / GIB, resident, ring / 1048576.0);
         return FERRY_ERR_DEVICE_MEM;
     }
     out->where = malloc((size_t)L * sizeof *out->where);
@@ -154,8 +176,8 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     out->n_layers = L;
     out->n_resident = resident;
     out->n_streamed = L - resident;
-    out->n_slots = slots;
-    out->layer_bytes = slot_b;
+    out->ring_bytes = ring;
+    out->piece_bytes = ring ? largest_piece(in, resident) : 0;
     out->kv_tokens = auto_kv ? kv : 0;
     out->kv_bytes = (uint64_t)out->kv_tokens * kvt;
     if (auto_kv && resident < L && kv < kv_max && in->kv_ext_max > 0) {
@@ -187,10 +209,14 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
         int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__);                    \
         if (w_ > 0) n += (size_t)w_;                                                                         \
     } while (0)
-    EMIT("device_map: %d layers resident, %d in host memory, %d slots of %.1f MiB; %.2f GiB in use "
-         "(minimum %.2f GiB); predicted batch-1 step when streaming %.2f ms\n",
-         m->n_resident, m->n_streamed, m->n_slots, m->layer_bytes / 1048576.0, m->bytes_total / GIB,
-         m->bytes_minimum / GIB, m->predicted_step_s * 1e3);
+    char ring[64] = "no ring";
+    if (m->ring_bytes)
+        snprintf(ring, sizeof ring, "a ring of %.1f MiB (pieces up to %.1f MiB)", m->ring_bytes / 1048576.0,
+                 m->piece_bytes / 1048576.0);
+    EMIT("device_map: %d layers resident, %d in host memory, %s; %.2f GiB in use (minimum %.2f GiB); "
+         "predicted batch-1 step when streaming %.2f ms\n",
+         m->n_resident, m->n_streamed, ring, m->bytes_total / GIB, m->bytes_minimum / GIB,
+         m->predicted_step_s * 1e3);
     if (m->kv_tokens)
         EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
              m->kv_bytes / GIB);

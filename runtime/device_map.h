@@ -1,29 +1,33 @@
 /* device_map — where each transformer layer's weights live during a forward pass on the GPU, and why.
  *
  * A layer is resident (PLACEMENT_GPU) or lives in pinned host memory (PLACEMENT_STREAM in `where`). A host
- * layer is, on each step, either streamed (copied into one of a ring of n_slots device slots just before
- * use: PLACEMENT_STREAM) or computed by the host's cores in place (PLACEMENT_CPU); that choice is the step
- * plan's (runtime/step_plan.h), per step size. The output head is always resident; the token embedding is
- * gathered on the host (only the rows a batch needs cross the link).
- * The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it anywhere):
- *   budget = fixed (activations, workspaces) + KV pool + head + resident layers + slot ring (if any streams).
- * Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes, a slot the
- * largest streamed layer's. Streamed layers are spread evenly between resident ones so every copy hides
- * behind resident compute.
- * KV pool: fixed by the caller, or sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer
- * fits beside it; otherwise the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a
- * streamed layer's bytes into many tokens) and the layers take the rest, then the pool takes what the layers
- * leave, up to kv_tokens_max. It never goes below kv_tokens_min (one full-length sequence): a budget that
- * cannot hold that beside the smallest streaming plan is refused, naming the minimum.
- * Extension: when some layers stream and the pool falls short of kv_tokens_max, the missing positions (up to
- * kv_ext_max) become an extension of the pool in pinned host memory (kv_cache.h: its blocks are handed out
- * last). Those sequences then run at once instead of queueing. When the host's cores attend to the
- * extension's positions (kv_ext_host; runtime/forward_cuda.c), a position there costs the step little beside
- * the streamed weights, so the pool keeps only kv_tokens_min before layers are made resident (more resident
- * layers, shorter steps, the extension holding the rest), unless that would make every layer resident (then
- * the plan is the one above: a pool that small would queue sequences). When the device reads them over the
- * link instead, each position costs link time (runtime/NOTES.md, session 8). Not when every layer is
- * resident: there a step is so short that the extension would cost more than the queue.
+ * layer is, on each step, either streamed (its pieces, the matrix groups, copied one after another into a
+ * ring buffer on the device just before use: PLACEMENT_STREAM; runtime/ring.h) or computed by the host's
+ * cores in place (PLACEMENT_CPU); that choice is the step plan's (runtime/step_plan.h), per step size. The
+ * output head is always resident; the token embedding is gathered on the host (only the rows a batch needs
+ * cross the link). The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it
+ * anywhere): budget = fixed (activations, workspaces) + KV pool + head + resident layers + ring (if any
+ * streams). Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes. The
+ * ring holds at least two of the largest pieces (the link copies one while the device computes with the
+ * other): layers are made resident beside that, the ring then grows into what they leave up to two of the
+ * largest streamed layers (the lookahead that lets the link work ahead while the host's cores compute
+ * layers), and the pool takes the rest. A resident layer saves its whole copy (or host computation) on every
+ * step, where depth past two pieces only lets copies start earlier, so layers come first. Streamed layers are
+ * spread evenly between resident ones so every copy hides behind resident compute. KV pool: fixed by the
+ * caller, or sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer fits beside it; otherwise
+ * the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a streamed layer's bytes into
+ * many tokens) and the layers take the rest, then the pool takes what the layers leave, up to kv_tokens_max.
+ * It never goes below kv_tokens_min (one full-length sequence): a budget that cannot hold that beside the
+ * smallest streaming plan is refused, naming the minimum. Extension: when some layers stream and the pool
+ * falls short of kv_tokens_max, the missing positions (up to kv_ext_max) become an extension of the pool in
+ * pinned host memory (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead
+ * of queueing. When the host's cores attend to the extension's positions (kv_ext_host;
+ * runtime/forward_cuda.c), a position there costs the step little beside the streamed weights, so the pool
+ * keeps only kv_tokens_min before layers are made resident (more resident layers, shorter steps, the
+ * extension holding the rest), unless that would make every layer resident (then the plan is the one above: a
+ * pool that small would queue sequences). When the device reads them over the link instead, each position
+ * costs link time (runtime/NOTES.md, session 8). Not when every layer is resident: there a step is so short
+ * that the extension would cost more than the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -50,8 +54,11 @@ struct device_map_input {
                               * floor drops to kv_tokens_min when that leaves a layer streaming */
     uint64_t budget;         /* device bytes the plan may use */
     int gpu_layers;          /* -1: as many as fit; else exactly this many resident */
-    int n_slots;             /* ring size when some layers stream; 0: the planner's choice (2) */
-    int no_ring;             /* host layers are never streamed (--placement cpu): no slots */
+    uint64_t piece_bytes;    /* the largest piece (matrix group) of any layer */
+    int ring_layers;         /* ring of this many of the largest streamed layers; 0: the planner's choice */
+    int no_ring;             /* host layers are never streamed (--placement cpu): no ring */
+    int fewer_resident;      /* this many layers fewer resident than fit beside the smallest ring: the ring
+                              * grows into their bytes (the engine compares such maps) */
     const uint8_t
         *resident_mask;     /* (n_layers) tests: 1 = resident, exactly these; NULL: the planner's spread */
     double h2d_bytes_per_s; /* measured pinned host→device rate (for the prediction) */
@@ -63,14 +70,14 @@ struct device_map {
     enum placement *where; /* (n_layers) */
     int n_resident;
     int n_streamed;          /* layers in host memory (streamed or computed on the host, step by step) */
-    int n_slots;             /* 0 when nothing streams */
-    uint64_t layer_bytes;    /* slot size: the largest streamed layer (the largest layer when none streams) */
+    uint64_t ring_bytes;     /* the streaming ring; 0 when nothing streams */
+    uint64_t piece_bytes;    /* the largest piece it carries */
     int64_t kv_tokens;       /* the KV pool's positions when the planner sized it, else 0 */
     uint64_t kv_bytes;       /* its device bytes (0 when fixed by the caller) */
     int64_t kv_ext_tokens;   /* positions of its extension in host memory (0: none) */
     uint64_t kv_ext_bytes;   /* the extension's bytes */
     int kv_ext_host;         /* the host's cores attend to its positions (the input's kv_ext_host) */
-    uint64_t bytes_total;    /* fixed + head + resident + slots: what the plan allocates */
+    uint64_t bytes_total;    /* fixed + head + resident + ring: what the plan allocates */
     uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,
                               * all weight bytes / hbm) (the step plan refines it) */

@@ -84,7 +84,7 @@ struct engine_params engine_default_params(void)
         .gpu_memory = 0,
         .reserve_vram = (int64_t)1 << 30,
         .gpu_layers = -1,
-        .n_slots = 0,
+        .ring_layers = 0,
         .placement = ENGINE_PLACEMENT_AUTO,
         .cpu_threads = 0,
         .plan_override = NULL,
@@ -177,7 +177,7 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .gpu_memory = p->gpu_memory,
                                         .reserve_vram = p->reserve_vram,
                                         .gpu_layers = p->gpu_layers,
-                                        .n_slots = p->n_slots,
+                                        .ring_layers = p->ring_layers,
                                         .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
                                         .force_where = p->plan_override,
                                         .kv_auto = kv_auto,
@@ -245,7 +245,7 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
     }
     FLOG_INFO("cost model: host layer (ms) at tokens %s", timed);
     /* The same layer at m = 1 while the link is busy: host memory serves both. */
-    if (map->n_slots > 0) {
+    if (map->ring_bytes > 0) {
         double t1;
         if ((rc = forward_cuda_link_load_begin(e->gpu, 8 * c->cpu_s[0]))) return rc;
         rc = forward_cpu_time_layers(e->cpu, host, n_host, 1, 7, &t1);
@@ -280,12 +280,14 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
                      int mode_override, struct step_plan *out, char err[256])
 {
     const int L = e->model.hp.n_layers;
-    uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params);
+    uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params),
+             *pieces = calloc((size_t)L * LAYER_N_MATS, sizeof *pieces);
     int rc = FERRY_ERR_NOMEM;
-    if (bytes && params) {
+    if (bytes && params && pieces) {
         for (int l = 0; l < L; l++) {
             bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
             params[l] = layer_params(&e->model.layers[l]);
+            forward_cuda_layer_pieces(e->gpu, l, pieces + (size_t)l * LAYER_N_MATS);
         }
         const enum step_mode mode = mode_override >= 0 ? (enum step_mode)mode_override
                                     : e->p.placement == ENGINE_PLACEMENT_STREAM ? STEP_MODE_STREAM
@@ -298,7 +300,9 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             .layer_params = params,
             .head_bytes = (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *
                           (uint64_t)e->model.output.rows,
-            .n_slots = map->n_slots,
+            .ring_bytes = map->ring_bytes,
+            .piece_bytes = pieces,
+            .n_pieces = LAYER_N_MATS,
             .max_tokens = e->p.max_batch_tokens,
             .mode = mode,
             .margin = ENGINE_PLAN_MARGIN,
@@ -308,6 +312,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
     }
     free(bytes);
     free(params);
+    free(pieces);
     return rc;
 }
 
@@ -354,7 +359,7 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     step_pace_init(&e->pace);
     e->host_s = 0;
     const char *adapt_env = getenv("FERRY_PLAN_ADAPT"); /* "0": keep the start-up plan (comparisons) */
-    e->adapt = e->cpu && cost->n_cpu > 0 && map->n_slots > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
+    e->adapt = e->cpu && cost->n_cpu > 0 && map->ring_bytes > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
                !e->p.plan_override && !(adapt_env && !strcmp(adapt_env, "0"));
     return make_plan(e, map, cost, -1, &e->plan, err);
 }
@@ -369,8 +374,9 @@ static int gpu_engine_init(struct engine *e, const struct forward_cuda_params *c
     e->p.kv_tokens = e->kv.n_blocks * e->kv.block_size;
     e->head = e->gpu;
     const struct device_map *map = forward_cuda_map(e->gpu);
-    const int host_cpu = e->p.plan_override ? strchr(e->p.plan_override, 'c') != NULL
-                                            : e->p.placement != ENGINE_PLACEMENT_STREAM || map->n_slots == 0;
+    const int host_cpu = e->p.plan_override
+                             ? strchr(e->p.plan_override, 'c') != NULL
+                             : e->p.placement != ENGINE_PLACEMENT_STREAM || map->ring_bytes == 0;
     if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) return rc;
     return gpu_plan(e, cost, slow, err);
 }
@@ -385,56 +391,77 @@ static void gpu_engine_drop(struct engine *e)
     step_plan_free(&e->plan);
 }
 
-/* --placement auto with a ring: its slots could hold resident layers instead, with every host layer on the
- * CPU. Both are predicted, from the costs just measured, for a workload of the configured concurrency
- * (--parallel sequences at once, each with ENGINE_MIX_PROMPT prompt and ENGINE_MIX_GEN generated tokens);
- * when the map without a ring is faster by the margin, the GPU backend is built again without one. It can pay
- * when one or two layers are left over and prompts are short; in every configuration measured so far (Q4_K_M
- * 7B at 3.9-4 GiB, one and sixteen sequences) the ring won (runtime/NOTES.md, session 5). */
+/* --placement auto with a ring: the map planned first holds as many resident layers as fit beside the
+ * smallest ring (two of the largest pieces), the ring growing into what they leave. Its alternatives: one or
+ * two resident layers fewer, for a deeper ring (the link works further ahead while the host's cores compute
+ * layers), or no ring at all, with more resident layers and every host layer on the CPU. Each is predicted,
+ * from the costs just measured, for a workload of the configured concurrency (--parallel sequences at once,
+ * each with ENGINE_MIX_PROMPT prompt and ENGINE_MIX_GEN generated tokens); when the best beats the first map
+ * by the margin, the GPU backend is built again with it. No ring can pay when one or two layers are left over
+ * and prompts are short; in every configuration measured so far (Q4_K_M 7B at 3.9-4 GiB, one and sixteen
+ * sequences) the ring won (runtime/NOTES.md, session 5). */
+#define SETTLE_FEWER 2 /* resident layers given up for depth, at most */
+
 static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const struct step_cost *cost,
                        double slow, char err[256])
 {
     const struct device_map *map = forward_cuda_map(e->gpu);
-    struct device_map alt;
-    char why[256];
-    if (forward_cuda_map_variant(e->gpu, 1, &alt, why)) return FERRY_OK; /* no plan without a ring fits */
     struct step_cost alone = *cost; /* with no ring, the host computes with the link idle */
     for (int i = 0; i < alone.n_cpu; i++) alone.cpu_s[i] /= slow;
-    struct step_plan alt_plan = {0};
-    int rc = FERRY_OK;
-    double t_ring = 0, t_none = 0;
-    if (alt.n_streamed == 0 || e->cpu) {
-        if (!make_plan(e, &alt, &alone, STEP_MODE_CPU, &alt_plan, why)) {
-            t_ring = step_plan_workload_s(&e->plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
-            t_none = step_plan_workload_s(&alt_plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
-        }
+    const double t_first = step_plan_workload_s(&e->plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
+    if (t_first <= 0) return FERRY_OK;
+    /* Variant v: 1..SETTLE_FEWER resident layers fewer with a ring; SETTLE_FEWER + 1: no ring. */
+    double best_t = t_first;
+    int best_v = 0, best_resident = map->n_resident;
+    char line[512];
+    int at = snprintf(line, sizeof line, "%d resident layers and a ring of %.0f MiB %.2f s", map->n_resident,
+                      map->ring_bytes / 1048576.0, t_first);
+    for (int v = 1; v <= SETTLE_FEWER + 1; v++) {
+        const int no_ring = v == SETTLE_FEWER + 1;
+        struct device_map alt;
+        char why[256];
+        if (forward_cuda_map_variant(e->gpu, no_ring, no_ring ? 0 : v, &alt, why)) continue; /* none fits */
+        struct step_plan alt_plan = {0};
+        double t = 0;
+        if ((no_ring || alt.n_resident == map->n_resident - v) &&
+            (alt.n_streamed == 0 || e->cpu || !no_ring) &&
+            !make_plan(e, &alt, no_ring ? &alone : cost, no_ring ? STEP_MODE_CPU : -1, &alt_plan, why))
+            t = step_plan_workload_s(&alt_plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
+        step_plan_free(&alt_plan);
+        if (t > 0 && at < (int)sizeof line)
+            at += snprintf(line + at, sizeof line - at,
+                           no_ring ? "; %d without a ring %.2f s" : "; %d and %.0f MiB %.2f s",
+                           alt.n_resident, no_ring ? t : alt.ring_bytes / 1048576.0, t);
+        if (t > 0 && t < best_t) best_t = t, best_v = v, best_resident = alt.n_resident;
+        device_map_free(&alt);
     }
-    step_plan_free(&alt_plan);
-    const int drop = t_ring > 0 && t_none > 0 && t_none < t_ring * (1.0 - ENGINE_PLAN_MARGIN);
-    if (t_ring > 0 && t_none > 0)
-        FLOG_INFO(
-            "placement auto: %d sequences of %d prompt + %d generated tokens predicted %.2f s with a ring "
-            "(%d resident layers), %.2f s without (%d resident, host layers on the CPU): %s",
-            e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN, t_ring, map->n_resident, t_none, alt.n_resident,
-            drop ? "no ring" : "ring kept");
-    const int alt_resident = alt.n_resident;
-    device_map_free(&alt);
-    if (!drop) return FERRY_OK;
+    const int change = best_v && best_t < t_first * (1.0 - ENGINE_PLAN_MARGIN);
+    FLOG_INFO("placement auto: %d sequences of %d prompt + %d generated tokens predicted with %s: %s",
+              e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN, line,
+              !change                      ? "first map kept"
+              : best_v == SETTLE_FEWER + 1 ? "no ring"
+                                           : "fewer resident layers");
+    if (!change) return FERRY_OK;
     gpu_engine_drop(e);
-    cp->no_ring = 1;
+    if (best_v == SETTLE_FEWER + 1)
+        cp->no_ring = 1;
+    else
+        cp->fewer_resident = best_v;
     struct step_cost c2;
     double s2;
+    int rc;
     if ((rc = gpu_engine_init(e, cp, &c2, &s2, err))) {
         /* (the device's memory may not give the new layout what it gave the old one) */
-        FLOG_WARN("placement auto: building without a ring failed (%s); keeping the ring", err);
+        FLOG_WARN("placement auto: building the other map failed (%s); keeping the first", err);
         gpu_engine_drop(e);
         cp->no_ring = 0;
+        cp->fewer_resident = 0;
         err[0] = 0;
         return gpu_engine_init(e, cp, &c2, &s2, err);
     }
-    if (forward_cuda_map(e->gpu)->n_resident != alt_resident)
-        FLOG_INFO("placement auto: the plan without a ring has %d resident layers (predicted %d)",
-                  forward_cuda_map(e->gpu)->n_resident, alt_resident);
+    if (forward_cuda_map(e->gpu)->n_resident != best_resident)
+        FLOG_INFO("placement auto: the map has %d resident layers (predicted %d)",
+                  forward_cuda_map(e->gpu)->n_resident, best_resident);
     return FERRY_OK;
 }
 
@@ -515,8 +542,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         struct step_cost cost;
         double slow;
         if ((rc = gpu_engine_init(e, &cp, &cost, &slow, err))) goto fail;
-        if (p.placement == ENGINE_PLACEMENT_AUTO && !p.plan_override && p.gpu_layers < 0 && p.n_slots == 0 &&
-            forward_cuda_map(e->gpu)->n_slots > 0 && (rc = settle_ring(e, &cp, &cost, slow, err)))
+        if (p.placement == ENGINE_PLACEMENT_AUTO && !p.plan_override && p.gpu_layers < 0 &&
+            p.ring_layers == 0 && forward_cuda_map(e->gpu)->ring_bytes > 0 &&
+            (rc = settle_ring(e, &cp, &cost, slow, err)))
             goto fail;
         const struct device_map *map = forward_cuda_map(e->gpu);
         at = (size_t)device_map_format(map, e->placement, sizeof e->placement);
@@ -950,7 +978,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
         e->gpu->ops->stats(e->gpu, &gs);
         st->n_resident = gs.n_resident;
         st->n_streamed = gs.n_host;
-        st->n_slots = gs.n_slots;
+        st->ring_bytes = gs.ring_bytes;
         st->bytes_streamed = gs.bytes_streamed;
         st->copy_seconds = gs.copy_seconds;
         st->stall_seconds = gs.stall_seconds;

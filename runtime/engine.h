@@ -62,7 +62,7 @@ struct engine_params {
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
     int gpu_layers;       /* resident layers; -1 = as many as fit */
-    int n_slots;          /* streaming ring size; 0 = the planner's choice */
+    int ring_layers;      /* streaming ring size in the largest streamed layers; 0 = the planner's choice */
     enum engine_placement placement;
     int cpu_threads; /* host threads computing host layers of a GPU engine (pinned); 0 = n_threads, or all
                       * cores when that is 0 too */
@@ -82,7 +82,8 @@ struct engine_stats {
     double busy_seconds; /* wall time inside engine_step */
     const char *backend; /* "cpu" or "cuda" */
     /* CUDA backend only (zero on the CPU). */
-    int n_resident, n_streamed, n_slots; /* n_streamed: layers in host memory (streamed or host-computed) */
+    int n_resident, n_streamed;          /* n_streamed: layers in host memory (streamed or host-computed) */
+    uint64_t ring_bytes;                 /* the streaming ring (0: none) */
     uint64_t bytes_streamed;             /* weight bytes copied host→device for the layers steps streamed */
     double copy_seconds;                 /* copy-stream time for those bytes */
     double stall_seconds;                /* compute time spent waiting for copies */

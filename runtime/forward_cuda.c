@@ -1,7 +1,7 @@
 /* forward_cuda — see forward_cuda.h for the contract.
  *
- * Sections: state, init (plan, arena, uploads), streaming (the slot ring), the layer program on the device,
- * the backend table, cost-model probes. Pinned host memory and the link's rates: runtime/pinned.c.
+ * Sections: state, init (plan, arena, uploads), streaming (the ring of pieces), the layer program on the
+ * device, the backend table, cost-model probes. Pinned host memory and the link's rates: runtime/pinned.c.
  */
 #include "runtime/forward_cuda.h"
 
@@ -105,17 +105,21 @@ struct forward_cuda {
     void **resident;          /* (n_layers) device block of a resident layer, else NULL */
     void **host_block;        /* (n_layers) pinned block of a host layer, else NULL */
     struct pinned_block host; /* one allocation holding every host block */
-    void **slot;              /* (n_slots) device slots */
+    void **tail;              /* (n_layers) a host layer's tail (norms, biases) on the device, else NULL */
+    /* The ring (runtime/ring.h): a streamed layer's pieces are its matrix groups in the program's order of
+     * use; item l * LAYER_N_MATS + g is layer l's group g. */
+    char *ring_buf; /* (map.ring_bytes) device */
     struct ring ring;
-    int *step_list;                 /* (n_layers) scratch: the step's streamed layers */
-    cudaEvent_t *copy_done;         /* (n_slots) the last copy into each slot */
-    cudaEvent_t *slot_free;         /* (n_slots) the last use of each slot */
+    int *step_items;                /* (n_layers * LAYER_N_MATS) scratch: the step's streamed pieces */
+    uint64_t *step_bytes;           /* (n_layers * LAYER_N_MATS) their sizes */
+    cudaEvent_t *copy_done;         /* (RING_HISTORY) copy c's arrival at c mod RING_HISTORY */
+    cudaEvent_t *use_done;          /* (RING_HISTORY) the end of copy c's use at c mod RING_HISTORY */
     cudaEvent_t *copy_t0, *copy_t1; /* (n_copy_ev) timing of copy c at c mod n_copy_ev */
     int n_copy_ev;
     cudaEvent_t *wait_t0,
         *wait_t1; /* (n_wait_ev) compute-stream stall around the wait of the step's i-th use */
     int n_wait_ev;
-    uint64_t *step_copy; /* (n_layers) copy number of the step's i-th use */
+    uint64_t *step_copy; /* (n_layers * LAYER_N_MATS) copy number of the step's i-th use */
     int step_uses;
     void *head; /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
@@ -252,6 +256,19 @@ uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
     return l >= 0 && l < f->n_layers ? f->layer_sizes[l] : 0;
 }
 
+void forward_cuda_layer_pieces(const struct backend *be, int l, uint64_t out[LAYER_N_MATS])
+{
+    const struct forward_cuda *f = (const struct forward_cuda *)be;
+    int n = 0;
+    for (int i = 0; i < f->prog->n_ops && n < LAYER_N_MATS; i++)
+        if (f->prog->ops[i].kind == LOP_LINEAR) {
+            size_t off, bytes;
+            layer_piece(&f->layouts[l], f->prog->ops[i].arg, &off, &bytes);
+            out[n++] = bytes;
+        }
+    while (n < LAYER_N_MATS) out[n++] = 0;
+}
+
 static void destroy_events(cudaEvent_t *ev, int n)
 {
     if (!ev) return;
@@ -266,9 +283,8 @@ static void cuda_free(struct backend *be)
     if (!f) return;
     if (f->compute) cudaStreamSynchronize(f->compute);
     if (f->copy) cudaStreamSynchronize(f->copy);
-    const int k = f->map.n_slots;
-    destroy_events(f->copy_done, k);
-    destroy_events(f->slot_free, k);
+    destroy_events(f->copy_done, f->ring_buf ? RING_HISTORY : 0);
+    destroy_events(f->use_done, f->ring_buf ? RING_HISTORY : 0);
     destroy_events(f->copy_t0, f->n_copy_ev);
     destroy_events(f->copy_t1, f->n_copy_ev);
     destroy_events(f->wait_t0, f->n_wait_ev);
@@ -302,8 +318,9 @@ static void cuda_free(struct backend *be)
     free(f->layer_sizes);
     free(f->resident);
     free(f->host_block);
-    free(f->slot);
-    free(f->step_list);
+    free(f->tail);
+    free(f->step_items);
+    free(f->step_bytes);
     free(f->step_copy);
     device_map_free(&f->map);
     free(f);
@@ -358,7 +375,9 @@ static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, 
 static int upload_layers(struct forward_cuda *f, const struct model *m)
 {
     const struct llm_hparams *hp = &m->hp;
-    size_t max_bytes = f->map.layer_bytes;
+    size_t max_bytes = 0;
+    for (int l = 0; l < f->n_layers; l++)
+        if (f->layouts[l].bytes > max_bytes) max_bytes = f->layouts[l].bytes;
     int64_t max_cols = hp->dim > hp->ffn_dim ? hp->dim : hp->ffn_dim;
     if ((int64_t)hp->n_heads * hp->head_dim > max_cols) max_cols = (int64_t)hp->n_heads * hp->head_dim;
     float *row_tmp = malloc((size_t)max_cols * sizeof(float));
@@ -386,7 +405,12 @@ static int upload_layers(struct forward_cuda *f, const struct model *m)
                 cudaEventRecord(staged[s], f->copy) != cudaSuccess)
                 goto out;
         } else {
-            if ((rc = layer_pack(&m->layers[l], hp, &f->layouts[l], f->host_block[l], row_tmp))) goto out;
+            const struct layer_layout *lay = &f->layouts[l];
+            if ((rc = layer_pack(&m->layers[l], hp, lay, f->host_block[l], row_tmp))) goto out;
+            rc = FERRY_ERR_CUDA;
+            if (cudaMemcpy(f->tail[l], (const char *)f->host_block[l] + lay->norm_off[0],
+                           lay->bytes - lay->norm_off[0], cudaMemcpyHostToDevice) != cudaSuccess)
+                goto out;
         }
         if ((l + 1) % 8 == 0 || l + 1 == f->n_layers)
             FLOG_INFO("uploading weights: %d/%d layers (%d resident so far)", l + 1, f->n_layers, n_up);
@@ -424,6 +448,7 @@ static int upload_head(struct forward_cuda *f, const struct model *m)
 /* What a plan has to fit, from the model's shapes and the KV pool's geometry (no device needed). */
 struct plan_sizes {
     size_t layer_bytes;    /* the largest layer block */
+    size_t piece_bytes;    /* the largest piece (matrix group) of any layer */
     uint64_t *layer_sizes; /* (n_layers) each layer block's bytes (caller-owned) */
     size_t head_bytes;     /* output head + final norm */
     size_t fixed_bytes; /* activations, attention workspace; cuBLAS's context and the KV pool not included */
@@ -441,11 +466,18 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     memset(ps, 0, sizeof *ps);
     ps->layer_sizes = layer_sizes;
     size_t w16_elems = dtype_block_size(m->output.type) > 1 ? (size_t)m->output.rows * m->output.cols : 0;
+    size_t tails = 0; /* every layer's tail, kept on the device when the layer lives on the host */
     for (int l = 0; l < hp->n_layers; l++) {
         struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
         layer_layout_of(&m->layers[l], hp, packed_type, lay);
         layer_sizes[l] = lay->bytes;
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
+        for (int i = 0; i < LAYER_N_MATS; i++) {
+            size_t off, bytes;
+            layer_piece(lay, i, &off, &bytes);
+            if (bytes > ps->piece_bytes) ps->piece_bytes = bytes;
+        }
+        tails += align_up(lay->bytes - lay->norm_off[0]);
         for (int i = 0; i < LAYER_N_MATS; i++)
             for (int p = 0; p < lay->n_parts[i]; p++) {
                 const int64_t rows = lay->uniform[i] ? lay->rows[i] : lay->part[i][p].rows; /* one product */
@@ -467,7 +499,7 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         kv_q8 ? 2 * (kv_row + kv_row / 32 * sizeof(uint16_t)) : 2 * kv_row * sizeof(uint16_t);
     /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
-                      (kv_q8 ? 4 : 2) * ALIGN;
+                      (kv_q8 ? 4 : 2) * ALIGN + tails;
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
@@ -508,12 +540,14 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
     struct device_map_input in = {.n_layers = m->hp.n_layers,
                                   .layer_bytes = ps->layer_bytes,
                                   .layer_sizes = ps->layer_sizes,
+                                  .piece_bytes = ps->piece_bytes,
                                   .head_bytes = ps->head_bytes,
                                   .fixed_bytes = ps->fixed_bytes + other_fixed,
                                   .budget = budget,
                                   .gpu_layers = p->gpu_layers,
-                                  .n_slots = p->n_slots,
+                                  .ring_layers = p->ring_layers,
                                   .no_ring = p->no_ring,
+                                  .fewer_resident = p->fewer_resident,
                                   .h2d_bytes_per_s = h2d,
                                   .hbm_bytes_per_s = hbm};
     if (p->force_where && (int)strlen(p->force_where) >= m->hp.n_layers) {
@@ -559,12 +593,14 @@ out:
     return rc;
 }
 
-int forward_cuda_map_variant(const struct backend *be, int no_ring, struct device_map *out, char err[256])
+int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_resident,
+                             struct device_map *out, char err[256])
 {
     const struct forward_cuda *f = (const struct forward_cuda *)be;
     const struct model *m = f->m;
     struct forward_cuda_params p = f->params;
     p.no_ring = no_ring;
+    p.fewer_resident = fewer_resident;
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
     uint8_t *mask = malloc((size_t)m->hp.n_layers);
@@ -615,11 +651,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->layer_sizes = calloc((size_t)L, sizeof *f->layer_sizes);
     f->resident = calloc((size_t)L, sizeof *f->resident);
     f->host_block = calloc((size_t)L, sizeof *f->host_block);
-    f->step_list = calloc((size_t)L, sizeof *f->step_list);
-    f->step_copy = calloc((size_t)L, sizeof *f->step_copy);
+    f->tail = calloc((size_t)L, sizeof *f->tail);
+    f->step_items = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_items);
+    f->step_bytes = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_bytes);
+    f->step_copy = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_copy);
     uint8_t *mask = malloc((size_t)L);
-    if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->step_list || !f->step_copy ||
-        !mask)
+    if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->tail || !f->step_items ||
+        !f->step_bytes || !f->step_copy || !mask)
         goto fail;
     struct plan_sizes ps;
     plan_sizes_of(m, kv, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
@@ -688,7 +726,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->stats.kv_host_bytes = f->map.kv_ext_bytes;
     f->stats.n_resident = f->map.n_resident;
     f->stats.n_host = f->map.n_streamed;
-    f->stats.n_slots = f->map.n_slots;
+    f->stats.ring_bytes = f->map.ring_bytes;
     char desc[2048];
     device_map_format(&f->map, desc, sizeof desc);
     FLOG_INFO("measured host->device %.1f GB/s, device memory %.0f GB/s; budget %.2f GiB (%.0f MiB of it "
@@ -733,18 +771,21 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
-    const int S = f->map.n_streamed, k = f->map.n_slots;
-    f->slot = calloc((size_t)(k > 0 ? k : 1), sizeof *f->slot);
-    if (!f->slot || (k > 0 && (rc = ring_init(&f->ring, k, S)))) {
-        rc = FERRY_ERR_NOMEM;
-        goto fail;
+    const int S = f->map.n_streamed;
+    const uint64_t ring_bytes = f->map.ring_bytes;
+    if (ring_bytes && (rc = ring_init(&f->ring, ring_bytes, S * LAYER_N_MATS))) goto fail;
+    int tails_ok = 1;
+    for (int l = 0; l < L; l++) {
+        if (f->map.where[l] == PLACEMENT_GPU)
+            f->resident[l] = carve(&c, f->layer_sizes[l]);
+        else
+            tails_ok &= (f->tail[l] = carve(&c, f->layouts[l].bytes - f->layouts[l].norm_off[0])) != NULL;
     }
-    for (int l = 0; l < L; l++)
-        if (f->map.where[l] == PLACEMENT_GPU) f->resident[l] = carve(&c, f->layer_sizes[l]);
-    for (int i = 0; i < k; i++) f->slot[i] = carve(&c, f->map.layer_bytes);
+    if (ring_bytes) f->ring_buf = carve(&c, ring_bytes);
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
-        !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || (k && !f->slot[k - 1])) {
+        !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok ||
+        (ring_bytes && !f->ring_buf)) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
@@ -807,10 +848,11 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         f->kv_ext_dev = (char *)pinned_device_ptr(f->kv_ext);
         if ((rc = ext_host_init(f, T, err))) goto fail;
     }
-    f->n_copy_ev = S ? 2 * (L + k) : 0;
-    f->n_wait_ev = S ? L : 0;
-    if ((rc = create_events(&f->copy_done, k, cudaEventDisableTiming)) ||
-        (rc = create_events(&f->slot_free, k, cudaEventDisableTiming)) ||
+    const int ring_ev = f->ring_buf ? RING_HISTORY : 0;
+    f->n_copy_ev = f->ring_buf ? L * LAYER_N_MATS + RING_HISTORY : 0;
+    f->n_wait_ev = f->ring_buf ? L * LAYER_N_MATS : 0;
+    if ((rc = create_events(&f->copy_done, ring_ev, cudaEventDisableTiming)) ||
+        (rc = create_events(&f->use_done, ring_ev, cudaEventDisableTiming)) ||
         (rc = create_events(&f->copy_t0, f->n_copy_ev, cudaEventDefault)) ||
         (rc = create_events(&f->copy_t1, f->n_copy_ev, cudaEventDefault)) ||
         (rc = create_events(&f->wait_t0, f->n_wait_ev, cudaEventDefault)) ||
@@ -869,51 +911,47 @@ int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weig
  */
 /* Streaming */
 
-/* Queues every copy the ring wants issued: into slot s once the compute stream has released it. */
+/* Queues every copy the ring wants issued, each after the use of the newest copy whose bytes it overwrites.
+ */
 static int issue_copies(struct forward_cuda *f)
 {
-    int l, s;
-    uint64_t c;
-    while (ring_next_copy(&f->ring, &l, &s, &c)) {
-        const int e = (int)(c % (uint64_t)f->n_copy_ev);
-        CK(cudaStreamWaitEvent(f->copy, f->slot_free[s], 0));
+    struct ring_issue is;
+    while (ring_next_copy(&f->ring, &is)) {
+        const int l = is.item / LAYER_N_MATS, g = is.item % LAYER_N_MATS;
+        size_t off, bytes;
+        layer_piece(&f->layouts[l], g, &off, &bytes);
+        const int e = (int)(is.copy % (uint64_t)f->n_copy_ev);
+        if (is.after >= 0) CK(cudaStreamWaitEvent(f->copy, f->use_done[is.after % RING_HISTORY], 0));
         CK(cudaEventRecord(f->copy_t0[e], f->copy));
-        CK(cudaMemcpyAsync(f->slot[s], f->host_block[l], f->layouts[l].bytes, cudaMemcpyHostToDevice,
-                           f->copy));
+        CK(cudaMemcpyAsync(f->ring_buf + is.off, (const char *)f->host_block[l] + off, bytes,
+                           cudaMemcpyHostToDevice, f->copy));
         CK(cudaEventRecord(f->copy_t1[e], f->copy));
-        CK(cudaEventRecord(f->copy_done[s], f->copy));
+        CK(cudaEventRecord(f->copy_done[is.copy % RING_HISTORY], f->copy));
     }
     return FERRY_OK;
 }
 
-/* The weights of layer l for this step; a streamed layer waits (on the device) for its copy. */
-static int layer_acquire(struct forward_cuda *f, int l, enum placement where, struct layer_weights *w,
-                         int *slot)
+/* Group g of streamed layer l into w: its piece's use (the compute stream waits for the copy). */
+static int piece_acquire(struct forward_cuda *f, int l, int g, struct layer_weights *w, uint64_t *copy)
 {
-    *slot = -1;
-    if (where == PLACEMENT_GPU) {
-        if (!f->resident[l]) return FERRY_ERR_INVALID;
-        layer_weights_at(w, &f->layouts[l], f->resident[l]);
-        return FERRY_OK;
-    }
-    if (where != PLACEMENT_STREAM || !f->host_block[l]) return FERRY_ERR_INVALID;
-    uint64_t c;
-    RC(ring_use(&f->ring, l, slot, &c));
+    uint64_t off;
+    RC(ring_use(&f->ring, l * LAYER_N_MATS + g, &off, copy));
     const int u = f->step_uses++;
-    f->step_copy[u] = c;
+    f->step_copy[u] = *copy;
     CK(cudaEventRecord(f->wait_t0[u], f->compute));
-    CK(cudaStreamWaitEvent(f->compute, f->copy_done[*slot], 0));
+    CK(cudaStreamWaitEvent(f->compute, f->copy_done[*copy % RING_HISTORY], 0));
     CK(cudaEventRecord(f->wait_t1[u], f->compute));
-    f->stats.bytes_streamed += f->layouts[l].bytes;
-    layer_weights_at(w, &f->layouts[l], f->slot[*slot]);
+    size_t poff, bytes;
+    layer_piece(&f->layouts[l], g, &poff, &bytes);
+    f->stats.bytes_streamed += bytes;
+    layer_group_at(w, &f->layouts[l], g, f->ring_buf + off);
     return FERRY_OK;
 }
 
-/* Hands a slot back and queues the copies that may now use it. */
-static int layer_release(struct forward_cuda *f, int slot)
+/* Ends a piece's use (after the work that reads it) and queues the copies that may now overwrite it. */
+static int piece_release(struct forward_cuda *f, uint64_t copy)
 {
-    if (slot < 0) return FERRY_OK;
-    CK(cudaEventRecord(f->slot_free[slot], f->compute));
+    CK(cudaEventRecord(f->use_done[copy % RING_HISTORY], f->compute));
     return issue_copies(f);
 }
 
@@ -1148,14 +1186,27 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     return FERRY_ERR_INTERNAL;
 }
 
-/* Enqueues layer l (resident or streamed) on the compute stream. */
+/* Enqueues layer l (resident or streamed) on the compute stream; a streamed layer's products each wait for
+ * their piece. */
 static int layer_enqueue(struct forward_cuda *f, int l, enum placement where, int n)
 {
     struct layer_weights w;
-    int slot;
-    RC(layer_acquire(f, l, where, &w, &slot));
-    for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
-    return layer_release(f, slot);
+    if (where == PLACEMENT_GPU) {
+        if (!f->resident[l]) return FERRY_ERR_INVALID;
+        layer_weights_at(&w, &f->layouts[l], f->resident[l]);
+        for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
+        return FERRY_OK;
+    }
+    if (where != PLACEMENT_STREAM || !f->host_block[l] || !f->ring_buf) return FERRY_ERR_INVALID;
+    layer_weights_tail(&w, &f->layouts[l], f->tail[l]);
+    for (int i = 0; i < f->prog->n_ops; i++) {
+        const struct layer_op *op = &f->prog->ops[i];
+        uint64_t copy;
+        if (op->kind == LOP_LINEAR) RC(piece_acquire(f, l, op->arg, &w, &copy));
+        RC(run_op(f, op, &w, l, n, f->qkv));
+        if (op->kind == LOP_LINEAR) RC(piece_release(f, copy));
+    }
+    return FERRY_OK;
 }
 
 /* x (n, dim) on the device = the rows of host x (mapped pinned memory; host_x_dev is its device address),
@@ -1349,14 +1400,21 @@ static int cuda_begin(struct backend *be, const struct step *st)
         return FERRY_OK;
     }
     RC(upload_inputs(f));
-    if (f->map.n_slots == 0) return FERRY_OK;
+    if (!f->ring_buf) return FERRY_OK;
     int n_list = 0;
     for (int l = 0; l < f->n_layers; l++)
-        if (st->where[l] == PLACEMENT_STREAM) f->step_list[n_list++] = l;
-    const int dropped = ring_begin(&f->ring, f->step_list, n_list);
+        if (st->where[l] == PLACEMENT_STREAM)
+            for (int i = 0; i < f->prog->n_ops; i++)
+                if (f->prog->ops[i].kind == LOP_LINEAR) {
+                    size_t off, bytes;
+                    layer_piece(&f->layouts[l], f->prog->ops[i].arg, &off, &bytes);
+                    f->step_items[n_list] = l * LAYER_N_MATS + f->prog->ops[i].arg;
+                    f->step_bytes[n_list++] = bytes;
+                }
+    const int dropped = ring_begin(&f->ring, f->step_items, f->step_bytes, n_list);
     if (dropped < 0) return dropped;
     if (dropped)
-        FLOG_DEBUG("streaming: %d prefetched layer copies dropped (the step's plan changed)", dropped);
+        FLOG_DEBUG("streaming: %d prefetched piece copies dropped (the step's plan changed)", dropped);
     return issue_copies(f);
 }
 
@@ -1623,17 +1681,19 @@ int forward_cuda_link_load_begin(struct backend *be, double seconds)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     f->load_bytes = 0;
-    if (f->map.n_slots == 0 || f->map.n_streamed == 0 || seconds <= 0) return FERRY_OK;
+    if (!f->ring_buf || f->map.n_streamed == 0 || seconds <= 0) return FERRY_OK;
     const double rate = f->stats.h2d_bytes_per_s > 0 ? f->stats.h2d_bytes_per_s : 50e9;
-    /* Straight into the slots, outside the ring: no step is running, and the copy stream keeps order with the
-     * ring's later copies. */
+    /* The host layers' pieces straight into the ring's start, outside its bookkeeping: no step is running,
+     * and the copy stream keeps order with the ring's later copies. */
     CK(cudaEventRecord(f->load_t0, f->copy));
     for (int i = 0, l = 0; f->load_bytes < rate * seconds && i < 100000; i++) {
         while (!f->host_block[l]) l = (l + 1) % f->n_layers;
-        CK(cudaMemcpyAsync(f->slot[i % f->map.n_slots], f->host_block[l], f->layouts[l].bytes,
-                           cudaMemcpyHostToDevice, f->copy));
-        f->load_bytes += f->layouts[l].bytes;
-        l = (l + 1) % f->n_layers;
+        size_t off, bytes;
+        layer_piece(&f->layouts[l], i % LAYER_N_MATS, &off, &bytes);
+        CK(cudaMemcpyAsync(f->ring_buf, (const char *)f->host_block[l] + off, bytes, cudaMemcpyHostToDevice,
+                           f->copy));
+        f->load_bytes += bytes;
+        if (i % LAYER_N_MATS == LAYER_N_MATS - 1) l = (l + 1) % f->n_layers;
     }
     CK(cudaEventRecord(f->load_t1, f->copy));
     return FERRY_OK;

@@ -2,14 +2,15 @@
  * pinned host memory according to a device_map (device_map.h), plus the KV cache and the output head.
  *
  * All device memory is one cudaMalloc sized by the plan and carved with a cursor (KV pool in f16,
- * activations, attention workspace, output head, resident layers, slot ring); cuBLAS's handle and its
+ * activations, attention workspace, output head, resident layers, the ring); cuBLAS's handle and its
  * workspace are the only other device allocations (counted in the plan's fixed bytes). Nothing is allocated
  * per step. Host layers: one packed block per layer (runtime/layer.h) in pinned, cacheable host memory (pages
- * spread over the NUMA nodes when there are several). On each step a host layer is either streamed (its block
- * copied into the next slot of a ring of k; runtime/ring.h) or computed by the host's cores from the same
- * block (runtime/forward_cpu.h, which sends its q|k|v here through `attend`: the KV cache of every layer
- * lives on the device). The copy of a streamed use is queued as soon as its slot is released, so the link
- * works while the CPU computes and the next step's first copies overlap this step's last layers. Small
+ * spread over the NUMA nodes when there are several). On each step a host layer is either streamed (its
+ * pieces, the matrix groups, copied one after another into the ring buffer; runtime/ring.h; its norms and
+ * biases stay on the device) or computed by the host's cores from the same block (runtime/forward_cpu.h,
+ * which sends its q|k|v here through `attend`: the KV cache of every layer lives on the device). A copy is
+ * queued as soon as the bytes it overwrites are released, so the link works while the CPU computes and the
+ * next step's first copies overlap this step's last layers; each product waits only for its own piece. Small
  * host→device transfers in the middle of a step (x after host layers, a host layer's q|k|v) are read by
  * kernels straight from mapped pinned memory rather than copied, so they never queue behind a layer copy on
  * the copy engine. When the budget is short, the KV pool's extension lives in pinned host memory: the decode
@@ -36,8 +37,9 @@ struct forward_cuda_params {
     int64_t gpu_memory;   /* budget in bytes; 0: free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 */
     int gpu_layers;       /* -1: as many as fit */
-    int n_slots;          /* 0: the planner's choice */
-    int no_ring; /* host layers are never streamed (--placement cpu): no slots, more layers resident */
+    int ring_layers;      /* the ring in the largest streamed layers; 0: the planner's choice */
+    int no_ring;        /* host layers are never streamed (--placement cpu): no ring, more layers resident */
+    int fewer_resident; /* resident layers fewer than fit, for a deeper ring (device_map.h) */
     /* Tests: one character per layer, 'g' resident, anything else in host memory; NULL: the planner's. */
     const char *force_where;
     /* KV pool: kv_auto 0 keeps the pool the caller sized; 1 lets the planner size it to the budget (see
@@ -57,6 +59,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
 const struct device_map *forward_cuda_map(const struct backend *be);
 /* Bytes of layer l's packed block (what a stream copies). */
 uint64_t forward_cuda_layer_bytes(const struct backend *be, int l);
+/* The bytes of layer l's pieces in the order a streamed layer copies them (LAYER_N_MATS of them). */
+void forward_cuda_layer_pieces(const struct backend *be, int l, uint64_t out[LAYER_N_MATS]);
 
 /* Layer l's weights as the host's cores read them: its pinned block when l lives in host memory and the
  * block holds every matrix in its stored type; the model's own tensors when the block holds converted ones
@@ -80,9 +84,10 @@ int forward_cuda_time_layer(struct backend *be, int l, int n_tokens, double *sec
 int forward_cuda_link_load_begin(struct backend *be, double seconds);
 double forward_cuda_link_load_end(struct backend *be);
 
-/* The device_map this backend would have planned with no_ring set as given, from the same budget, sizes and
- * KV bounds (the engine compares a plan with a ring against one without before it settles). */
-int forward_cuda_map_variant(const struct backend *be, int no_ring, struct device_map *out, char err[256]);
+/* The device_map this backend would have planned with no_ring and fewer_resident set as given, from the same
+ * budget, sizes and KV bounds (the engine compares its alternatives before it settles). */
+int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_resident,
+                             struct device_map *out, char err[256]);
 
 /* The device_map forward_cuda_init would choose for budget p->gpu_memory, computed without a device, with the
  * given ceilings (bytes/s) for the prediction. For `ferry inspect`. FERRY_ERR_UNSUPPORTED without CUDA. */

@@ -32,6 +32,12 @@ uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
     return 0;
 }
 
+void forward_cuda_layer_pieces(const struct backend *be, int l, uint64_t out[LAYER_N_MATS])
+{
+    (void)be, (void)l;
+    for (int i = 0; i < LAYER_N_MATS; i++) out[i] = 0;
+}
+
 int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weights *w)
 {
     (void)be, (void)l, (void)w;
@@ -75,9 +81,10 @@ double forward_cuda_link_load_end(struct backend *be)
     return 0;
 }
 
-int forward_cuda_map_variant(const struct backend *be, int no_ring, struct device_map *out, char err[256])
+int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_resident,
+                             struct device_map *out, char err[256])
 {
-    (void)be, (void)no_ring, (void)out;
+    (void)be, (void)no_ring, (void)fewer_resident, (void)out;
     snprintf(err, 256, "this build has no CUDA backend");
     return FERRY_ERR_UNSUPPORTED;
 }

@@ -170,9 +170,18 @@ int layer_pack(const struct model_layer *L, const struct llm_hparams *hp, const 
     return FERRY_OK;
 }
 
-void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, const void *base)
+void layer_piece(const struct layer_layout *lay, int i, size_t *off, size_t *bytes)
 {
-    const char *b = base;
+    const int last = lay->n_parts[i] - 1;
+    *off = lay->part[i][0].off;
+    *bytes = lay->part[i][last].off +
+             dtype_row_size(lay->part[i][last].type, lay->cols[i]) * (size_t)lay->part[i][last].rows - *off;
+}
+
+void layer_weights_tail(struct layer_weights *w, const struct layer_layout *lay, const void *tail)
+{
+    const char *t = tail;
+    const size_t t0 = lay->norm_off[0]; /* the tail's offset in the block */
     memset(w, 0, sizeof *w);
     for (int i = 0; i < LAYER_N_MATS; i++) {
         struct layer_group *g = &w->mat[i];
@@ -181,16 +190,29 @@ void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, c
         g->rows = lay->rows[i];
         g->cols = lay->cols[i];
         for (int j = 0; j < g->n_parts; j++) {
-            g->part[j].data = b + lay->part[i][j].off;
             g->part[j].type = lay->part[i][j].type;
             g->part[j].row0 = lay->part[i][j].row0;
             g->part[j].rows = lay->part[i][j].rows;
             g->part[j].bias = i == LAYER_QKV && lay->bias_off != SIZE_MAX
-                                  ? (const float *)(b + lay->bias_off) + lay->part[i][j].row0
+                                  ? (const float *)(t + (lay->bias_off - t0)) + lay->part[i][j].row0
                                   : NULL;
         }
     }
-    for (int i = 0; i < LAYER_N_NORMS; i++) w->norm[i] = (const float *)(b + lay->norm_off[i]);
+    for (int i = 0; i < LAYER_N_NORMS; i++) w->norm[i] = (const float *)(t + (lay->norm_off[i] - t0));
+}
+
+void layer_group_at(struct layer_weights *w, const struct layer_layout *lay, int i, const void *piece)
+{
+    const size_t first = lay->part[i][0].off;
+    for (int j = 0; j < lay->n_parts[i]; j++)
+        w->mat[i].part[j].data = (const char *)piece + (lay->part[i][j].off - first);
+}
+
+void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, const void *base)
+{
+    const char *b = base;
+    layer_weights_tail(w, lay, b + lay->norm_off[0]);
+    for (int i = 0; i < LAYER_N_MATS; i++) layer_group_at(w, lay, i, b + lay->part[i][0].off);
 }
 
 uint64_t layer_model_bytes(const struct model_layer *L)

@@ -114,6 +114,15 @@ int layer_pack(const struct model_layer *L, const struct llm_hparams *hp, const 
 int layer_pack_matrix(const struct wview *w, enum dtype to, void *dst, float *row_tmp);
 /* The weights of the block at base (host or device memory: pointers are only offset, never read). */
 void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, const void *base);
+/* Pieces: a streamed layer crosses the link one matrix group at a time, each group's parts one range of the
+ * block, [*off, *off + *bytes) (runtime/ring.h). The rest, the tail from lay->norm_off[0] to the end (norms
+ * and biases), stays on the device for every host layer. */
+void layer_piece(const struct layer_layout *lay, int i, size_t *off, size_t *bytes);
+/* The weights of a layer whose tail is at `tail`: norms, biases and every group's shape, no matrix data yet
+ * (layer_group_at places each group when its piece has arrived). */
+void layer_weights_tail(struct layer_weights *w, const struct layer_layout *lay, const void *tail);
+/* Group i's parts within its piece at `piece`. */
+void layer_group_at(struct layer_weights *w, const struct layer_layout *lay, int i, const void *piece);
 
 /* Bytes of a layer's matrices as the model stores them, and its multiply-adds per token. */
 uint64_t layer_model_bytes(const struct model_layer *L);

@@ -6,15 +6,21 @@
 
 #include "kernels/core/status.h"
 
-int ring_init(struct ring *r, int k, int max_list)
+uint64_t ring_place(uint64_t cap, uint64_t prev_end, uint64_t bytes)
+{
+    const uint64_t at = (prev_end + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    return at + bytes <= cap ? at : 0;
+}
+
+int ring_init(struct ring *r, uint64_t cap, int max_list)
 {
     memset(r, 0, sizeof *r);
-    if (k <= 0 || max_list < 0) return FERRY_ERR_INVALID;
-    r->k = k;
-    r->cap = max_list;
-    r->queue = malloc((size_t)k * sizeof *r->queue);
+    if (cap == 0 || max_list < 0) return FERRY_ERR_INVALID;
+    r->cap = cap;
+    r->max_list = max_list;
     r->list = malloc((size_t)(max_list > 0 ? max_list : 1) * sizeof *r->list);
-    if (!r->queue || !r->list) {
+    r->bytes = malloc((size_t)(max_list > 0 ? max_list : 1) * sizeof *r->bytes);
+    if (!r->list || !r->bytes) {
         ring_free(r);
         return FERRY_ERR_NOMEM;
     }
@@ -24,8 +30,8 @@ int ring_init(struct ring *r, int k, int max_list)
 void ring_free(struct ring *r)
 {
     if (!r) return;
-    free(r->queue);
     free(r->list);
+    free(r->bytes);
     memset(r, 0, sizeof *r);
 }
 
@@ -34,45 +40,71 @@ int ring_waiting(const struct ring *r)
     return (int)(r->next_copy - r->next_use);
 }
 
-int ring_begin(struct ring *r, const int *layers, int n)
+static const struct ring_copy *copy_of(const struct ring *r, uint64_t c)
 {
-    if (n < 0 || n > r->cap) return FERRY_ERR_INVALID;
+    return &r->hist[c % RING_HISTORY];
+}
+
+int ring_begin(struct ring *r, const int *items, const uint64_t *bytes, int n)
+{
+    if (n < 0 || n > r->max_list) return FERRY_ERR_INVALID;
+    for (int i = 0; i < n; i++)
+        if (bytes[i] == 0 || bytes[i] > r->cap) return FERRY_ERR_INVALID;
     if (n == 0) {
         r->n_list = 0;
         r->cursor = 0;
         return 0;
     }
-    memcpy(r->list, layers, (size_t)n * sizeof *layers);
+    memcpy(r->list, items, (size_t)n * sizeof *items);
+    memcpy(r->bytes, bytes, (size_t)n * sizeof *bytes);
     r->n_list = n;
     /* Keep the waiting copies that are what this list (and its repetitions) would have issued. */
     const int waiting = ring_waiting(r);
     int keep = 0;
-    while (keep < waiting && r->queue[(r->next_use + (uint64_t)keep) % (uint64_t)r->k] == layers[keep % n])
+    while (keep < waiting && copy_of(r, r->next_use + (uint64_t)keep)->item == items[keep % n] &&
+           copy_of(r, r->next_use + (uint64_t)keep)->bytes == bytes[keep % n])
         keep++;
     r->next_copy = r->next_use + (uint64_t)keep;
     r->cursor = keep;
     return waiting - keep;
 }
 
-int ring_next_copy(struct ring *r, int *layer, int *slot, uint64_t *copy)
+static int overlap(const struct ring_copy *a, uint64_t off, uint64_t bytes)
 {
-    if (r->n_list == 0 || ring_waiting(r) >= r->k) return 0;
-    const uint64_t c = r->next_copy++;
-    *layer = r->list[r->cursor++ % r->n_list];
-    *slot = (int)(c % (uint64_t)r->k);
-    *copy = c;
-    r->queue[*slot] = *layer;
+    return a->off < off + bytes && off < a->off + a->bytes;
+}
+
+int ring_next_copy(struct ring *r, struct ring_issue *out)
+{
+    if (r->n_list == 0 || ring_waiting(r) >= RING_MAX_WAIT) return 0;
+    const uint64_t c = r->next_copy;
+    const int i = (int)(r->cursor % r->n_list);
+    const uint64_t bytes = r->bytes[i];
+    const uint64_t off = c ? ring_place(r->cap, copy_of(r, c - 1)->off + copy_of(r, c - 1)->bytes, bytes) : 0;
+    for (uint64_t j = r->next_use; j < c; j++)
+        if (overlap(copy_of(r, j), off, bytes)) return 0; /* its bytes still wait for their use */
+    /* The newest used copy it overwrites. Past the history the newest used copy stands in for an older one
+     * (it finishes after them all); before the history runs out, no overlap means bytes never written. */
+    int64_t after = c >= RING_HISTORY ? (int64_t)r->next_use - 1 : -1;
+    for (uint64_t j = r->next_use; j-- > 0 && j + RING_HISTORY > c;)
+        if (overlap(copy_of(r, j), off, bytes)) {
+            after = (int64_t)j;
+            break;
+        }
+    r->hist[c % RING_HISTORY] = (struct ring_copy){.item = r->list[i], .off = off, .bytes = bytes};
+    r->next_copy++;
+    r->cursor++;
+    *out = (struct ring_issue){.item = r->list[i], .off = off, .bytes = bytes, .copy = c, .after = after};
     return 1;
 }
 
-int ring_use(struct ring *r, int layer, int *slot, uint64_t *copy)
+int ring_use(struct ring *r, int item, uint64_t *off, uint64_t *copy)
 {
     if (r->next_use >= r->next_copy) return FERRY_ERR_INTERNAL;
     const uint64_t c = r->next_use;
-    const int s = (int)(c % (uint64_t)r->k);
-    if (r->queue[s] != layer) return FERRY_ERR_INTERNAL;
+    if (copy_of(r, c)->item != item) return FERRY_ERR_INTERNAL;
     r->next_use++;
-    *slot = s;
+    *off = copy_of(r, c)->off;
     *copy = c;
     return FERRY_OK;
 }

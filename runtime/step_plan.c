@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/ring.h"
 
 #define SIM_STEPS 3 /* steady state: the last of three identical steps (the first has nothing prefetched) */
 
@@ -37,16 +38,22 @@ static double gpu_layer(const struct step_plan_input *in, int l, int m)
     return c->gpu_layer_s + (mem > math ? mem : math);
 }
 
+/* The copies of the simulated steps: where each lies in the ring, when its use ended. */
+struct sim_copy {
+    uint64_t off, bytes;
+    double release;
+};
+
 double step_plan_simulate(const struct step_plan_input *in, const enum placement *where, int m)
 {
     const struct step_cost *c = &in->cost;
-    const int L = in->n_layers, k = in->n_slots;
+    const int L = in->n_layers, np = in->piece_bytes ? in->n_pieces : 1;
     int S = 0, any_cpu = 0;
     for (int l = 0; l < L; l++) {
         S += where[l] == PLACEMENT_STREAM;
         any_cpu |= where[l] == PLACEMENT_CPU;
     }
-    if (S && k <= 0) return INFINITY;
+    if (S && (in->ring_bytes == 0 || np <= 0)) return INFINITY;
     /* The link shares host memory with the CPU's layers. It ran at h2d_loaded beside layers of one token
      * (the host reading its weights as fast as it can); at m tokens the host reads them t(1)/t(m) as fast,
      * and the link loses that share of the difference (a prompt's layers on AMX tiles barely touch it). */
@@ -57,16 +64,8 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
         const double share = tm > 0 && tm > t1 ? t1 / tm : 1.0;
         h2d = c->h2d_loaded + (c->h2d - c->h2d_loaded) * (1.0 - share);
     }
-    double *copy_end = NULL, *release = NULL;
-    if (S) {
-        copy_end = malloc(sizeof(double) * (size_t)S * SIM_STEPS);
-        release = malloc(sizeof(double) * (size_t)S * SIM_STEPS);
-        if (!copy_end || !release) {
-            free(copy_end);
-            free(release);
-            return INFINITY;
-        }
-    }
+    struct sim_copy *cp = NULL;
+    if (S && !(cp = malloc(sizeof *cp * (size_t)S * (size_t)np * SIM_STEPS))) return INFINITY;
     const double xfer = c->h2d > 0 ? 1.0 / c->h2d : 0;
     double t = 0, link = 0, end[SIM_STEPS];
     int u = 0;
@@ -78,14 +77,31 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
                 t += gpu_layer(in, l, m);
                 break;
             case PLACEMENT_STREAM: {
-                /* Copies run in use order, each once its slot's previous use is done. */
-                double start = link;
-                if (u >= k && release[u - k] > start) start = release[u - k];
-                link = start + (h2d > 0 ? (double)in->layer_bytes[l] / h2d : 0);
-                copy_end[u] = link;
-                if (copy_end[u] > t) t = copy_end[u];
-                t += gpu_layer(in, l, m);
-                release[u++] = t;
+                const double dev = gpu_layer(in, l, m);
+                for (int p = 0; p < np; p++) {
+                    const uint64_t b =
+                        in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
+                    if (b == 0) continue; /* (a layer with fewer pieces) */
+                    if (b > in->ring_bytes) {
+                        free(cp);
+                        return INFINITY;
+                    }
+                    cp[u].bytes = b;
+                    cp[u].off = u ? ring_place(in->ring_bytes, cp[u - 1].off + cp[u - 1].bytes, b) : 0;
+                    /* A copy runs once the uses of the copies it overwrites are done (and at most
+                     * RING_MAX_WAIT wait), in use order on the one copy stream. */
+                    double start = link;
+                    for (int j = u - 1; j >= 0 && j > u - RING_HISTORY; j--)
+                        if (cp[j].off < cp[u].off + b && cp[u].off < cp[j].off + cp[j].bytes &&
+                            cp[j].release > start)
+                            start = cp[j].release;
+                    if (u >= RING_MAX_WAIT && cp[u - RING_MAX_WAIT].release > start)
+                        start = cp[u - RING_MAX_WAIT].release;
+                    link = start + (h2d > 0 ? (double)b / h2d : 0);
+                    if (link > t) t = link;
+                    t += in->layer_bytes[l] ? dev * (double)b / (double)in->layer_bytes[l] : dev / np;
+                    cp[u++].release = t;
+                }
                 break;
             }
             case PLACEMENT_CPU:
@@ -99,8 +115,7 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
         t += c->hbm > 0 ? (double)in->head_bytes / c->hbm : 0;
         end[r] = t;
     }
-    free(copy_end);
-    free(release);
+    free(cp);
     return end[SIM_STEPS - 1] - end[SIM_STEPS - 2];
 }
 
@@ -172,9 +187,10 @@ static int forced(const struct step_plan_input *in, int b, enum placement *w, ch
             snprintf(err, 256, "forced plan: '%c' at layer %d is not g, s or c", s[l], l);
             return FERRY_ERR_INVALID;
         }
-        if (host != (w[l] != PLACEMENT_GPU) || (w[l] == PLACEMENT_STREAM && in->n_slots <= 0)) {
+        if (host != (w[l] != PLACEMENT_GPU) || (w[l] == PLACEMENT_STREAM && in->ring_bytes == 0)) {
             snprintf(err, 256, "forced plan: layer %d cannot be '%c' (it is %s)", l, s[l],
-                     host ? (in->n_slots ? "in host memory" : "in host memory, with no ring") : "resident");
+                     host ? (in->ring_bytes ? "in host memory" : "in host memory, with no ring")
+                          : "resident");
             return FERRY_ERR_INVALID;
         }
     }
@@ -199,15 +215,15 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
     for (int b = 0; b < out->n_buckets && !rc; b++) {
         const int m = out->tokens[b];
         enum placement *w = out->where + (size_t)b * L;
-        if (in->n_slots > 0) {
+        if (in->ring_bytes > 0) {
             assign(in, 0, h ? h : 1, trial);
             out->stream_s[b] = step_plan_simulate(in, trial, m);
         }
         if (in->force) {
             rc = forced(in, b, w, err);
-        } else if (in->mode == STEP_MODE_STREAM && in->n_slots > 0) {
+        } else if (in->mode == STEP_MODE_STREAM && in->ring_bytes > 0) {
             assign(in, 0, h ? h : 1, w);
-        } else if (in->mode == STEP_MODE_CPU || in->n_slots <= 0 || h == 0) {
+        } else if (in->mode == STEP_MODE_CPU || in->ring_bytes == 0 || h == 0) {
             assign(in, h, h ? h : 1, w);
         } else {
             /* AUTO: the fastest c; more host layers only when they beat streaming all of them by the margin.

@@ -4,9 +4,10 @@
  * The device_map fixes which layers are resident and which live in host memory. Which host layers the CPU
  * takes depends on the step's token count, so the planner decides it per bucket of step sizes (1, 2, 4, ...
  * max_tokens; a step of n tokens uses the first bucket >= n): it tries c = 0..h of the h host layers on the
- * CPU, spread evenly among them, simulates the step in steady state (a FIFO copy stream feeding a ring of k
- * slots, each copy waiting for its slot's last use; the layers in order on the GPU or the CPU; the exchanges
- * around each host layer) and keeps the fastest (AUTO: only when it beats streaming everything by `margin`).
+ * CPU, spread evenly among them, simulates the step in steady state (a FIFO copy stream feeding the ring
+ * buffer with each streamed layer's pieces, laid as runtime/ring.c lays them, each copy waiting for the uses
+ * of the copies whose bytes it overwrites; the layers in order on the GPU or the CPU; the exchanges around
+ * each host layer) and keeps the fastest (AUTO: only when it beats streaming everything by `margin`).
  * STREAM and CPU force c = 0 and c = h. The costs come from start-up measurements (step_cost). Pure
  * arithmetic: no device, tested in CI. Usage: step_plan_make → step_plan_where(n) per step → step_plan_free.
  */
@@ -51,7 +52,10 @@ struct step_plan_input {
         *layer_bytes; /* (n_layers) bytes of each layer's block (what a copy moves, the host reads) */
     const uint64_t *layer_params; /* (n_layers) multiply-adds per token */
     uint64_t head_bytes;
-    int n_slots;    /* ring size; 0: host layers cannot stream */
+    uint64_t ring_bytes;         /* the ring's bytes; 0: host layers cannot stream */
+    const uint64_t *piece_bytes; /* (n_layers, n_pieces) each layer's pieces in use order; NULL: one piece,
+                                  * the whole layer */
+    int n_pieces;
     int max_tokens; /* the largest step */
     enum step_mode mode;
     double

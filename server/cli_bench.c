@@ -53,7 +53,7 @@ static void bench_usage(FILE *f)
         "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
         "  --reserve-vram SIZE   (default 1GiB)\n"
         "  --gpu-layers N        resident layers (default: as many as fit)\n"
-        "  --slots K             streaming ring size (default: planner's choice)\n"
+        "  --ring-layers K       streaming ring size in layers (default: planner's choice)\n"
         "  --quant int8|int4     quantize the weights at load (llama.cpp's Q8_0 / Q4_K_M mix)\n"
         "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
         "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
@@ -155,7 +155,7 @@ int cli_bench_main(int argc, char **argv)
         {"gpu-memory", required_argument, 0, 'g'},
         {"reserve-vram", required_argument, 0, 'r'},
         {"gpu-layers", required_argument, 0, 'l'},
-        {"slots", required_argument, 0, 'k'},
+        {"ring-layers", required_argument, 0, 'k'},
         {"cpu", no_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'},
         {"batches", required_argument, 0, 'b'},
@@ -206,7 +206,7 @@ int cli_bench_main(int argc, char **argv)
             ep.gpu_layers = atoi(optarg);
             break;
         case 'k':
-            ep.n_slots = atoi(optarg);
+            ep.ring_layers = atoi(optarg);
             break;
         case 'c':
             ep.backend = ENGINE_BACKEND_CPU;

@@ -104,9 +104,9 @@ static const struct opt_row rows[] = {
      "VRAM left free when --gpu-memory is 0 (CUDA backend)"},
     {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
      "layers resident on the GPU, the rest streamed (-1 = as many as fit; CUDA backend)"},
-    {"slots", OPT_INT, OFF(n_slots), 0, 1 << 16, "0", NULL,
-     "device slots the streamed layers are copied into, one after another (0 = the planner's choice, 2; "
-     "CUDA backend)"},
+    {"ring-layers", OPT_INT, OFF(ring_layers), 0, 1 << 16, "0", NULL,
+     "the streaming ring's size in the largest streamed layers (0 = the planner's choice: two of the largest "
+     "pieces, grown with what the resident layers leave up to two layers; CUDA backend)"},
     {"placement", OPT_ENUM, OFF(placement), 0, 0, "auto", "auto|stream|cpu",
      "layers that do not fit on the GPU: auto (per step size, streamed or computed by the host's cores, "
      "whichever is predicted faster), stream, cpu (CUDA backend)"},

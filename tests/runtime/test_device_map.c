@@ -1,4 +1,4 @@
-/* test_device_map — the placement planner's arithmetic: budgets, the minimum, the even spread. */
+/* test_device_map — the placement planner's arithmetic: budgets, the minimum, the even spread, the ring. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -11,6 +11,7 @@ static struct device_map_input llama7b_like(uint64_t budget)
 {
     return (struct device_map_input){.n_layers = 32,
                                      .layer_bytes = 386 * MIB,
+                                     .piece_bytes = 172 * MIB, /* gate|up */
                                      .head_bytes = 250 * MIB,
                                      .fixed_bytes = 600 * MIB,
                                      .budget = budget,
@@ -27,7 +28,7 @@ Test(device_map, everything_fits)
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 32);
     cr_assert_eq(m.n_streamed, 0);
-    cr_assert_eq(m.n_slots, 0);
+    cr_assert_eq(m.ring_bytes, 0);
     cr_assert_eq(m.bytes_total, 600 * MIB + 250 * MIB + 32 * 386 * MIB);
     for (int i = 0; i < 32; i++) cr_assert_eq(m.where[i], PLACEMENT_GPU);
     device_map_free(&m);
@@ -40,11 +41,13 @@ Test(device_map, budget_limits_resident_layers_and_spreads_streamed_ones)
     uint64_t budget = 4096 * MIB;
     struct device_map_input in = llama7b_like(budget);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    /* 4096 - 850 = 3246 MiB: 2 slots (772) leave 2474 MiB = 6 layers of 386. */
-    cr_assert_eq(m.n_slots, 2);
-    cr_assert_eq(m.n_resident, 6);
-    cr_assert_eq(m.n_streamed, 26);
-    cr_assert_leq(m.bytes_total, budget);
+    /* 4096 - 850 = 3246 MiB: a ring of two pieces (344) leaves 2902 MiB = 7 layers of 386 (2702); the ring
+     * grows into the 200 MiB they leave. */
+    cr_assert_eq(m.n_resident, 7);
+    cr_assert_eq(m.n_streamed, 25);
+    cr_assert_eq(m.ring_bytes, 544 * MIB);
+    cr_assert_eq(m.piece_bytes, 172 * MIB);
+    cr_assert_eq(m.bytes_total, budget);
     int resident = 0, streamed = 0, run = 0, max_run = 0;
     for (int i = 0; i < 32; i++) {
         if (m.where[i] == PLACEMENT_GPU) {
@@ -55,11 +58,11 @@ Test(device_map, budget_limits_resident_layers_and_spreads_streamed_ones)
             if (++run > max_run) max_run = run;
         }
     }
-    cr_assert_eq(resident, 6);
-    cr_assert_eq(streamed, 26);
-    /* 26 streamed among 32: resident layers break the streamed runs evenly (runs of at most 5). */
-    cr_assert_leq(max_run, 5);
-    cr_assert_gt(m.predicted_step_s, 26 * 386.0 * MIB / 54.9e9 * 0.99);
+    cr_assert_eq(resident, 7);
+    cr_assert_eq(streamed, 25);
+    /* 25 streamed among 32: resident layers break the streamed runs evenly (runs of at most 4). */
+    cr_assert_leq(max_run, 4);
+    cr_assert_gt(m.predicted_step_s, 25 * 386.0 * MIB / 54.9e9 * 0.99);
     device_map_free(&m);
 }
 
@@ -67,15 +70,15 @@ Test(device_map, minimum_budget_is_exact_and_named)
 {
     struct device_map m;
     char err[256] = "";
-    struct device_map_input in = llama7b_like(600 * MIB + 250 * MIB + 2 * 386 * MIB);
+    struct device_map_input in = llama7b_like(600 * MIB + 250 * MIB + 2 * 172 * MIB);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 0);
     cr_assert_eq(m.n_streamed, 32);
-    cr_assert_eq(m.n_slots, 2);
+    cr_assert_eq(m.ring_bytes, 2 * 172 * MIB, "the smallest ring: two of the largest pieces");
     device_map_free(&m);
     in.budget -= 1;
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
-    cr_assert(strstr(err, "minimum is 1.58 GiB"), "message: %s", err);
+    cr_assert(strstr(err, "minimum is 1.17 GiB"), "message: %s", err);
     cr_assert_null(m.where);
 }
 
@@ -89,10 +92,10 @@ Test(device_map, explicit_gpu_layers)
     cr_assert_eq(m.n_streamed, 32);
     device_map_free(&m);
     in.gpu_layers = 16;
-    in.n_slots = 3;
+    in.ring_layers = 3;
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 16);
-    cr_assert_eq(m.n_slots, 3);
+    cr_assert_eq(m.ring_bytes, 3 * 386 * MIB, "the caller's ring, not grown");
     /* Half streamed: they alternate. */
     for (int i = 0; i + 1 < 32; i++) cr_assert_neq(m.where[i], m.where[i + 1], "layers %d and %d", i, i + 1);
     device_map_free(&m);
@@ -112,12 +115,16 @@ Test(device_map, format_lists_runs)
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     int n = device_map_format(&m, buf, sizeof buf);
     cr_assert_gt(n, 0);
-    cr_assert(strstr(buf, "30 layers resident, 2 in host memory, 2 slots"), "%s", buf);
+    /* Room to spare: the ring grows to two layers, no further. */
+    cr_assert(
+        strstr(buf, "30 layers resident, 2 in host memory, a ring of 772.0 MiB (pieces up to 172.0 MiB)"),
+        "%s", buf);
     cr_assert(strstr(buf, "layers  15-15  host"), "%s", buf);
     device_map_free(&m);
 }
 
-/* Q4_K_M-like: layers of two sizes. Resident layers take their own bytes, slots the largest streamed one. */
+/* Q4_K_M-like: layers of two sizes. Resident layers take their own bytes, the ring two of the largest
+ * streamed one (here its largest piece is given as larger than a layer: the layer bounds it). */
 Test(device_map, layers_of_different_sizes)
 {
     uint64_t sizes[32];
@@ -142,8 +149,9 @@ Test(device_map, layers_of_different_sizes)
         else if (sizes[i] > big)
             big = sizes[i];
     cr_assert_gt(m.n_streamed, 0);
-    cr_assert_eq(m.layer_bytes, big);
-    cr_assert_eq(m.bytes_total, 850 * MIB + res + (uint64_t)m.n_slots * big);
+    cr_assert_eq(m.piece_bytes, big);
+    cr_assert_eq(m.ring_bytes, 2 * big);
+    cr_assert_eq(m.bytes_total, 850 * MIB + res + 2 * big);
     cr_assert_leq(m.bytes_total, in.budget);
     /* One more resident layer would not have fitted. */
     struct device_map more;
@@ -210,7 +218,7 @@ Test(device_map, all_layers_resident_beside_the_floor)
     struct device_map_input in = auto_kv(16000 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 32);
-    cr_assert_eq(m.n_slots, 0);
+    cr_assert_eq(m.ring_bytes, 0);
     cr_assert_eq(m.kv_tokens, (16000 - 12902) * 2 / 16 * 16);
     device_map_free(&m);
 }
@@ -294,24 +302,24 @@ Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
 {
     struct device_map m;
     char err[256] = "";
-    /* 300 + 250 + 2 x 386 MiB of weights and ring, plus 4096 positions (2 GiB) */
-    struct device_map_input in = auto_kv(3000 * MIB, 4 * 4096, 4 * 1024, 4096);
+    /* 300 + 250 + 2 x 172 MiB of head, fixed and ring, plus 4096 positions (2 GiB): 2942 MiB */
+    struct device_map_input in = auto_kv(2900 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
-    cr_assert(strstr(err, "minimum is 3.29 GiB"), "message: %s", err);
+    cr_assert(strstr(err, "minimum is 2.87 GiB"), "message: %s", err);
     cr_assert_eq(err[strlen(err) - 1], ')', "the message is whole: %s", err);
     cr_assert_lt(strlen(err), 200);
 }
 
-/* --placement cpu: host layers never stream, so no ring; its memory holds two more resident layers. */
-Test(device_map, no_ring_gives_the_slots_to_resident_layers)
+/* --placement cpu: host layers never stream, so no ring; its memory holds one more resident layer. */
+Test(device_map, no_ring_gives_the_ring_to_resident_layers)
 {
     struct device_map m;
     char err[256] = "";
     struct device_map_input in = llama7b_like(4096 * MIB);
     in.no_ring = 1;
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    /* 4096 - 850 = 3246 MiB = 8 layers of 386, no slots. */
-    cr_assert_eq(m.n_slots, 0);
+    /* 4096 - 850 = 3246 MiB = 8 layers of 386, no ring. */
+    cr_assert_eq(m.ring_bytes, 0);
     cr_assert_eq(m.n_resident, 8);
     cr_assert_eq(m.n_streamed, 24);
     cr_assert_leq(m.bytes_total, 4096 * MIB);
@@ -320,7 +328,7 @@ Test(device_map, no_ring_gives_the_slots_to_resident_layers)
     in.budget = 900 * MIB;
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 0);
-    cr_assert_eq(m.n_slots, 0);
+    cr_assert_eq(m.ring_bytes, 0);
     cr_assert_eq(m.bytes_total, 850 * MIB);
     device_map_free(&m);
 }
@@ -337,11 +345,11 @@ Test(device_map, resident_mask_is_obeyed)
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.n_resident, 3);
     cr_assert_eq(m.n_streamed, 29);
-    cr_assert_eq(m.n_slots, 2);
+    cr_assert_eq(m.ring_bytes, 2 * 386 * MIB);
     for (int i = 0; i < 32; i++)
         cr_assert_eq(m.where[i], mask[i] ? PLACEMENT_GPU : PLACEMENT_STREAM, "layer %d", i);
     device_map_free(&m);
-    in.budget = 2000 * MIB; /* 850 + 3 x 386 + 2 slots x 386 = 2780 MiB: too small */
+    in.budget = 2000 * MIB; /* 850 + 3 x 386 + a ring of 2 x 172 = 2352 MiB: too small */
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
     cr_assert(strstr(err, "too small"), "%s", err);
 }

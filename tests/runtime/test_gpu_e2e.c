@@ -41,8 +41,8 @@ static int quant_int8;
 /* Host layers stream unless a test says otherwise: the bitwise placement tests compare GPU-only plans. */
 static enum engine_placement placement = ENGINE_PLACEMENT_STREAM;
 
-static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers, int n_slots,
-                                  int n_seqs)
+static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers,
+                                  int ring_layers, int n_seqs)
 {
     struct engine_params p = engine_default_params();
     p.quant = quant_int8 ? ENGINE_QUANT_INT8 : ENGINE_QUANT_NONE;
@@ -52,7 +52,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
     p.ctx_size = 512;
     p.max_batch_tokens = 256;
     p.gpu_layers = gpu_layers;
-    p.n_slots = n_slots;
+    p.ring_layers = ring_layers;
     p.placement = placement;
     p.n_threads = 2;
     struct engine *e = NULL;
@@ -233,14 +233,15 @@ static void run_batched(struct engine *e, int B, int steps, float *lg)
     }
 }
 
-/* All resident, all streamed through a 2-slot ring, and mixed: bitwise the same logits, over several
- * sequences batched together and enough steps to wrap the ring many times. */
+/* All resident, all streamed through the planner's ring and through rings of one and two layers (pieces of
+ * four sizes wrapping at different points), and mixed: bitwise the same logits, over several sequences
+ * batched together and enough steps to wrap the ring many times. */
 Test(gpu_e2e, placements_are_bitwise_equal)
 {
     require_gpu();
     struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
-    /* (gpu_layers, slots) */
-    const int configs[][2] = {{-1, 0}, {0, 2}, {1, 2}, {0, 3}};
+    /* (gpu_layers, ring_layers) */
+    const int configs[][2] = {{-1, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 2}, {1, 3}};
     float *ref = NULL;
     const int steps = 12, B = 3;
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
@@ -256,7 +257,7 @@ Test(gpu_e2e, placements_are_bitwise_equal)
             ref = lg;
         } else {
             cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
-                         "placement config %zu (gpu_layers %d, slots %d) differs from all-resident", c,
+                         "placement config %zu (gpu_layers %d, ring_layers %d) differs from all-resident", c,
                          configs[c][0], configs[c][1]);
             free(lg);
         }
@@ -542,11 +543,12 @@ static void compare_hybrid(const char *model, struct engine *cpu, struct engine 
     }
     struct engine_stats st;
     engine_get_stats(gpu, &st);
-    fprintf(stderr,
-            "note: %s %s: worst |hybrid-cpu| / max|logit| = %.2e; %d resident, %d in host memory, %d slots; "
-            "%llu host layer runs on the CPU (%.2f ms), %.2f MB streamed\n",
-            model, what, worst_rel, st.n_resident, st.n_streamed, st.n_slots,
-            (unsigned long long)st.cpu_layers_run, st.cpu_layer_seconds * 1e3, st.bytes_streamed / 1e6);
+    fprintf(
+        stderr,
+        "note: %s %s: worst |hybrid-cpu| / max|logit| = %.2e; %d resident, %d in host memory, ring %.2f MB; "
+        "%llu host layer runs on the CPU (%.2f ms), %.2f MB streamed\n",
+        model, what, worst_rel, st.n_resident, st.n_streamed, st.ring_bytes / 1e6,
+        (unsigned long long)st.cpu_layers_run, st.cpu_layer_seconds * 1e3, st.bytes_streamed / 1e6);
     free(lc);
     free(lg);
 }
@@ -703,7 +705,7 @@ Test(gpu_e2e, hybrid_placement_modes)
     struct engine *c = make_hybrid(mf, NULL, ENGINE_PLACEMENT_CPU, 1, 1);
     struct engine_stats st;
     engine_get_stats(c, &st);
-    cr_assert_eq(st.n_slots, 0, "--placement cpu plans no ring");
+    cr_assert_eq(st.ring_bytes, 0, "--placement cpu plans no ring");
     cr_assert_eq(st.n_streamed, 2);
     struct engine_step_info info;
     for (int n = 1; n <= 256; n *= 2) {

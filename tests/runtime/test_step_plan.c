@@ -16,7 +16,8 @@
 static enum placement where7[L7];
 static uint64_t bytes7[L7], params7[L7];
 
-/* The device_map of a 4 GiB budget: 5 resident layers spread among 27 in host memory, 2 slots. cpu_gbs: the
+/* The device_map of a 4 GiB budget: 5 resident layers spread among 27 in host memory, a ring of two whole
+ * layers (each layer one piece: the ring of slots before pieces). cpu_gbs: the
  * host's read rate at 1 token; cpu_tflops: its matrix rate at larger steps. */
 static struct step_plan_input llama7b(int resident, double cpu_gbs, double cpu_tflops)
 {
@@ -31,7 +32,7 @@ static struct step_plan_input llama7b(int resident, double cpu_gbs, double cpu_t
                                  .layer_bytes = bytes7,
                                  .layer_params = params7,
                                  .head_bytes = 262144000,
-                                 .n_slots = 2,
+                                 .ring_bytes = 2 * LAYER_F16,
                                  .max_tokens = 512,
                                  .mode = STEP_MODE_AUTO,
                                  .margin = 0.03};
@@ -101,15 +102,32 @@ Test(step_plan, simulation_matches_closed_forms)
     const double cpu = step_plan_simulate(&in, w, 1);
     const double cpu_floor = 27 * step_cost_cpu_layer(&in.cost, LAYER_F16, 1);
     cr_assert(cpu > cpu_floor && cpu < cpu_floor + 0.01, "cpu all: %g vs floor %g", cpu, cpu_floor);
-    /* One slot serialises copy and use; more slots never hurt. */
+    /* A ring of one layer serialises copy and use; a deeper one never hurts. */
     for (int i = 0; i < L7; i++) w[i] = where7[i];
-    in.n_slots = 1;
+    in.ring_bytes = LAYER_F16;
     const double k1 = step_plan_simulate(&in, w, 1);
-    in.n_slots = 3;
+    in.ring_bytes = 3 * LAYER_F16;
     const double k3 = step_plan_simulate(&in, w, 1);
-    cr_assert_gt(k1, t * 1.005, "one slot %g vs two %g", k1, t);
+    cr_assert_gt(k1, t * 1.005, "one layer %g vs two %g", k1, t);
     cr_assert_leq(k3, t * 1.0001);
-    in.n_slots = 0;
+    /* Pieces (the matrix groups): a ring of two of the largest keeps the link as busy as two whole layers; a
+     * ring of one serialises again. */
+    static uint64_t pieces[L7 * 4];
+    for (int i = 0; i < L7; i++) {
+        pieces[4 * i] = 100663296, pieces[4 * i + 1] = 33554432;     /* q|k|v, o */
+        pieces[4 * i + 2] = 180355072, pieces[4 * i + 3] = 90177536; /* gate|up, down */
+    }
+    in.piece_bytes = pieces;
+    in.n_pieces = 4;
+    in.ring_bytes = 2 * 180355072;
+    const double p2 = step_plan_simulate(&in, w, 1);
+    cr_assert(fabs(p2 - link) < 0.01 * link, "two pieces: %g s, link alone %g s", p2, link);
+    in.ring_bytes = 180355072;
+    cr_assert_gt(step_plan_simulate(&in, w, 1), p2 * 1.005, "a ring of one piece");
+    in.ring_bytes = 180355072 - 1;
+    cr_assert(isinf(step_plan_simulate(&in, w, 1)), "a piece larger than the ring");
+    in.piece_bytes = NULL;
+    in.ring_bytes = 0;
     cr_assert(isinf(step_plan_simulate(&in, w, 1)), "streaming without a ring is impossible");
 }
 
@@ -212,9 +230,9 @@ Test(step_plan, modes_force_one_choice)
     make(&in, &p);
     for (int b = 0; b < p.n_buckets; b++) cr_assert_eq(p.n_cpu[b], 27);
     step_plan_free(&p);
-    /* No ring (--placement cpu plans without slots): AUTO can only compute host layers on the CPU. */
+    /* No ring (--placement cpu plans without one): AUTO can only compute host layers on the CPU. */
     in.mode = STEP_MODE_AUTO;
-    in.n_slots = 0;
+    in.ring_bytes = 0;
     make(&in, &p);
     for (int b = 0; b < p.n_buckets; b++) {
         cr_assert_eq(p.n_cpu[b], 27);
@@ -224,7 +242,7 @@ Test(step_plan, modes_force_one_choice)
     step_plan_free(&p);
     /* Nothing in host memory: every layer on the GPU, at every size. */
     for (int i = 0; i < L7; i++) where7[i] = PLACEMENT_GPU;
-    in.n_slots = 0;
+    in.ring_bytes = 0;
     make(&in, &p);
     for (int b = 0; b < p.n_buckets; b++) {
         cr_assert_eq(p.n_cpu[b] + p.n_stream[b], 0);
@@ -241,7 +259,7 @@ Test(step_plan, forced_plans_are_checked)
                                  .where = where,
                                  .layer_bytes = bytes,
                                  .layer_params = params,
-                                 .n_slots = 2,
+                                 .ring_bytes = 200,
                                  .max_tokens = 16,
                                  .force = "gscc/gcsc/gsss"};
     in.cost.h2d = 1e9;
@@ -270,7 +288,7 @@ Test(step_plan, forced_plans_are_checked)
         cr_assert(strstr(err, "forced plan"), "%s", err);
     }
     in.force = "gscc";
-    in.n_slots = 0;
+    in.ring_bytes = 0;
     cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "streaming without a ring");
 }
 
@@ -327,7 +345,7 @@ Test(step_plan, ring_or_more_resident_layers_depends_on_concurrency)
     in.where = w_ring;
     make(&in, &ring);
     in.where = w_none;
-    in.n_slots = 0;
+    in.ring_bytes = 0;
     make(&in, &none);
     const double r1 = step_plan_workload_s(&ring, 1, 512, 256), n1 = step_plan_workload_s(&none, 1, 512, 256);
     const double r16 = step_plan_workload_s(&ring, 16, 512, 256),
@@ -467,4 +485,41 @@ Test(step_plan, prompt_layers_on_the_cpu_leave_the_link_its_rate)
     flat.cost.cpu_s[flat.cost.n_cpu - 1] = flat.cost.cpu_s[0]; /* as fast as at one token: full share */
     cr_assert_gt(step_plan_simulate(&flat, w, 512), p.stream_s[b], "a host reading at its full rate");
     step_plan_free(&p);
+}
+
+/* Under 4 GiB with the bench's pool (369 MiB left beside 5 resident layers and two whole-layer slots): the
+ * pieces' ring gives that memory and one layer's to a sixth resident layer and still holds 755 MiB. At one
+ * token and for a prompt the sixth layer wins; at 64 tokens the slightly shallower ring loses (each host
+ * layer the CPU takes then lasts ~17 ms, and the link's lookahead is the ring), which is why the engine
+ * predicts the maps it could choose and keeps the best for its workload (engine.c settle_ring). Seven
+ * resident layers beside a ring of two pieces (369 MiB) stream a prompt fastest and decode one token slowest.
+ */
+Test(step_plan, pieces_trade_resident_layers_against_depth)
+{
+    static uint64_t pieces[L7 * 4];
+    for (int i = 0; i < L7; i++) {
+        pieces[4 * i] = 100663296, pieces[4 * i + 1] = 33554432;
+        pieces[4 * i + 2] = 180355072, pieces[4 * i + 3] = 90177536;
+    }
+    struct step_plan p[3];
+    static enum placement w[3][L7];
+    const int resident[3] = {5, 6, 7};
+    const uint64_t ring[3] = {2 * LAYER_F16, 755ull << 20, 369ull << 20};
+    for (int i = 0; i < 3; i++) {
+        struct step_plan_input in = llama7b(resident[i], 84, 1.5);
+        memcpy(w[i], where7, sizeof w[i]);
+        in.where = w[i];
+        in.ring_bytes = ring[i];
+        if (i) in.piece_bytes = pieces, in.n_pieces = 4;
+        make(&in, &p[i]);
+    }
+    const int last = p[0].n_buckets - 1, b64 = last - 3;
+    cr_assert_eq(p[0].tokens[b64], 64);
+    cr_assert_lt(p[1].predicted_s[0], p[0].predicted_s[0] * 0.98, "1 token: 6 resident %.2f ms, 5 %.2f",
+                 p[1].predicted_s[0] * 1e3, p[0].predicted_s[0] * 1e3);
+    cr_assert_lt(p[1].predicted_s[last], p[0].predicted_s[last] * 0.97, "512 tokens");
+    cr_assert_gt(p[1].predicted_s[b64], p[0].predicted_s[b64], "64 tokens: the shallower ring loses");
+    cr_assert_lt(p[2].predicted_s[last], p[1].predicted_s[last] * 0.97, "7 resident: the fastest prompt");
+    cr_assert_gt(p[2].predicted_s[0], p[0].predicted_s[0] * 1.1, "and the slowest token");
+    for (int i = 0; i < 3; i++) step_plan_free(&p[i]);
 }
