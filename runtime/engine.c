@@ -51,6 +51,7 @@ struct engine {
     struct backend *gpu;  /* CUDA: resident and streamed layers, the KV cache, the head; or NULL */
     struct backend *cpu;  /* the CPU engine, or a GPU engine's host layers computed on the CPU; or NULL */
     struct backend *head; /* the backend holding the output head */
+    int act, plain;       /* the host's arithmetic (kernels/cpu/matmul.h), given to forward_cpu */
     struct step_plan plan;
     /* A GPU engine's host costs as measured at start-up (slow: how much slower a host layer ran while the
      * link copied), and the host's pace since: the plan is made again when the pace moves (step_plan.h). */
@@ -207,6 +208,8 @@ static int host_backend_init(struct engine *e, char err[256])
     cp.host_alloc = forward_cuda_host_alloc;
     cp.host_free = forward_cuda_host_free;
     cp.alloc_ctx = e->gpu;
+    cp.act = e->act;
+    cp.plain = e->plain;
     int rc = forward_cpu_init(&e->cpu, &e->model, &cp);
     free(w);
     if (rc) snprintf(err, 256, "cannot set up the host's share of the layers (%s)", ferry_status_str(rc));
@@ -514,8 +517,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
      * engine keeps f32 by default (the reference the tests hold it to). */
     const int plain_bf16 = p.cpu_int8 < 0 ? use_cuda : p.cpu_int8 == 1;
     if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || int8_model(&e->model);
-    kern_cpu_matmul_set_act(p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32); /* process-wide: one engine */
-    kern_cpu_matmul_set_plain(plain_bf16 ? KERN_CPU_PLAIN_BF16 : KERN_CPU_PLAIN_F32);
+    e->act = p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32; /* (forward_cpu sets them as it computes) */
+    e->plain = plain_bf16 ? KERN_CPU_PLAIN_BF16 : KERN_CPU_PLAIN_F32;
     if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
     const int kv_auto = use_cuda && p.kv_tokens == 0;
@@ -561,6 +564,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         cp.max_tokens = p.max_batch_tokens;
         cp.n_threads = p.n_threads;
         cp.kv = &e->kv;
+        cp.act = e->act;
+        cp.plain = e->plain;
         if ((rc = forward_cpu_init(&e->cpu, &e->model, &cp))) {
             snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
             goto fail;

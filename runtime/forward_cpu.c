@@ -34,6 +34,7 @@ struct forward_cpu {
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
     void *alloc_ctx;
+    int act, plain;  /* the products' arithmetic (forward_cpu_params), -1: the thread's */
     float *x;        /* (max_tokens, dim) residual stream */
     float *xn;       /* (max_tokens, dim) normed input of a block */
     float *d;        /* (max_tokens, dim) the last block's output, pending when `pending` */
@@ -78,7 +79,7 @@ static void default_free(void *ctx, void *p)
 
 struct forward_cpu_params forward_cpu_default_params(void)
 {
-    return (struct forward_cpu_params){.max_tokens = 512};
+    return (struct forward_cpu_params){.max_tokens = 512, .act = -1, .plain = -1};
 }
 
 static void print_profile(const struct forward_cpu *f)
@@ -101,6 +102,13 @@ static void print_profile(const struct forward_cpu *f)
         if (f->prof_bytes[i] > 0) fprintf(stderr, " %8.1f", f->prof_bytes[i] / f->prof_s[i] / 1e9);
         fprintf(stderr, "\n");
     }
+}
+
+/* This backend's arithmetic on the calling thread, before it computes (kernels/cpu/matmul.h: per thread). */
+static void arith_enter(const struct forward_cpu *f)
+{
+    if (f->act >= 0) kern_cpu_matmul_set_act((enum kern_cpu_act)f->act);
+    if (f->plain >= 0) kern_cpu_matmul_set_plain((enum kern_cpu_plain)f->plain);
 }
 
 static void cpu_free(struct backend *be)
@@ -282,6 +290,7 @@ static int cpu_layer(struct backend *be, int l, const struct step *st)
     struct forward_cpu *f = (struct forward_cpu *)be;
     const int n = st->b->n_tokens;
     if (n <= 0 || n > f->max_tokens || l < 0 || l >= f->m->hp.n_layers) return FERRY_ERR_INVALID;
+    arith_enter(f);
     const double t0 = now_s();
     int rc = run_layer(f, l, st, n, 1);
     f->layer_seconds += now_s() - t0;
@@ -296,6 +305,7 @@ static int cpu_head(struct backend *be, const struct step *st, float *logits)
     const struct llm_hparams *hp = &m->hp;
     const struct batch *b = st->b;
     const int n = b->n_tokens, dim = hp->dim;
+    arith_enter(f);
     if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * dim);
     f->pending = 0;
     /* Gather the rows that want logits, then norm and project only those. */
@@ -408,6 +418,8 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->host_alloc = p->host_alloc ? p->host_alloc : default_alloc;
     f->host_free = p->host_alloc ? p->host_free : default_free;
     f->alloc_ctx = p->alloc_ctx;
+    f->act = p->act;
+    f->plain = p->plain;
     int rc = FERRY_ERR_NOMEM;
     f->w = calloc((size_t)hp->n_layers, sizeof *f->w);
     if (!f->w) goto fail;
@@ -460,6 +472,7 @@ int forward_cpu_time_layers(struct backend *be, const int *layers, int n, int m,
     for (int i = 0; i < n; i++)
         if (layers[i] < 0 || layers[i] >= hp->n_layers || layer_bytes(&f->w[layers[i]]) <= 0)
             return FERRY_ERR_INVALID;
+    arith_enter(f);
     /* Random activations of a realistic scale (zeros or denormals would time a different machine). */
     uint64_t s = 0x9e3779b97f4a7c15ull;
     const size_t qd = (size_t)hp->n_heads * hp->head_dim;

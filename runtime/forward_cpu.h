@@ -32,6 +32,9 @@ struct forward_cpu_params {
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
     void *alloc_ctx;
+    /* The products' arithmetic (kernels/cpu/matmul.h), set on the calling thread whenever this backend
+     * computes: an enum kern_cpu_act and an enum kern_cpu_plain; -1 leaves the thread's as they are. */
+    int act, plain;
 };
 
 struct forward_cpu_params forward_cpu_default_params(void);

@@ -536,16 +536,18 @@ static const struct q8_isa *const q8_isas[KERN_CPU_ISA_COUNT] = {
 #ifndef KERN_CPU_ACT_DEFAULT
 #define KERN_CPU_ACT_DEFAULT KERN_CPU_ACT_F32
 #endif
-static int act_mode = KERN_CPU_ACT_DEFAULT;
+/* Per thread (read by the thread that calls the product, before its pool runs): two engines in one process,
+ * a test's CPU reference beside a GPU engine's host layers, each keep their own (forward_cpu sets them). */
+static _Thread_local int act_mode = KERN_CPU_ACT_DEFAULT;
 
 void kern_cpu_matmul_set_act(enum kern_cpu_act act)
 {
-    if (act >= 0 && act < KERN_CPU_ACT_COUNT) __atomic_store_n(&act_mode, (int)act, __ATOMIC_RELAXED);
+    if (act >= 0 && act < KERN_CPU_ACT_COUNT) act_mode = (int)act;
 }
 
 enum kern_cpu_act kern_cpu_matmul_act(void)
 {
-    return (enum kern_cpu_act)__atomic_load_n(&act_mode, __ATOMIC_RELAXED);
+    return (enum kern_cpu_act)act_mode;
 }
 
 static int isa_best = -1; /* cpuid's answer, at first use */
@@ -669,7 +671,7 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
 
 /* ---- plain types on AMX tiles -------------------------------------------------------------------------- */
 
-static enum kern_cpu_plain plain_arith = KERN_CPU_PLAIN_F32;
+static _Thread_local enum kern_cpu_plain plain_arith = KERN_CPU_PLAIN_F32; /* (per thread: as act_mode) */
 
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p)
 {

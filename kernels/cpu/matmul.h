@@ -49,12 +49,12 @@ enum kern_cpu_act {
                         * runtime/engine.c) */
     KERN_CPU_ACT_COUNT,
 };
-/* Sets the arithmetic of later products (not while products run). The build's default is
- * KERN_CPU_ACT_DEFAULT (KERN_CPU_ACT_F32 unless defined otherwise). */
+/* Sets the arithmetic of this thread's later products. The build's default is KERN_CPU_ACT_DEFAULT
+ * (KERN_CPU_ACT_F32 unless defined otherwise). */
 void kern_cpu_matmul_set_act(enum kern_cpu_act act);
 enum kern_cpu_act kern_cpu_matmul_act(void);
 
-/* The arithmetic of products with F16 or BF16 weights (process-wide). */
+/* The arithmetic of products with F16 or BF16 weights (per thread, as kern_cpu_matmul_set_act). */
 enum kern_cpu_plain {
     KERN_CPU_PLAIN_F32,  /* f32 products and sums (the default: exact inputs) */
     KERN_CPU_PLAIN_BF16, /* on a CPU with AMX (Sapphire Rapids and later), products of KERN_CPU_AMX_M_MIN rows
@@ -65,7 +65,7 @@ enum kern_cpu_plain {
 /* From 32 rows the tiles beat f32 (a 7B F16 layer on the host at 32 tokens: 11.5-12.2 ms against 22-25; at 16
  * they were even, 10.0-11.6 against 10.0-10.2: kernels/cpu/NOTES.md, session 18). */
 #define KERN_CPU_AMX_M_MIN 32
-/* Sets the plain types' arithmetic of later products (not while products run). */
+/* Sets the plain types' arithmetic of this thread's later products. */
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p);
 /* 1 when this process can use the AMX tiles (the CPU has them and the OS granted them). */
 int kern_cpu_amx_available(void);
