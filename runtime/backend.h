@@ -28,6 +28,7 @@ struct backend_stats {
     int n_resident, n_host;  /* device_map: resident layers, layers in pinned host memory */
     uint64_t ring_bytes;     /* and its streaming ring */
     uint64_t bytes_streamed; /* weight bytes copied host→device for layers the steps used */
+    uint64_t bytes_parked;   /* and for layers parked at the ring's end (runtime/step_plan.h; not timed) */
     double copy_seconds;     /* copy-stream time for those bytes */
     double stall_seconds;    /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;

@@ -292,6 +292,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             params[l] = layer_params(&e->model.layers[l]);
             forward_cuda_layer_pieces(e->gpu, l, pieces + (size_t)l * LAYER_N_MATS);
         }
+        const char *no_park = getenv("FERRY_NO_PARK"); /* "1": never park host layers (comparisons) */
         const enum step_mode mode = mode_override >= 0 ? (enum step_mode)mode_override
                                     : e->p.placement == ENGINE_PLACEMENT_STREAM ? STEP_MODE_STREAM
                                     : e->p.placement == ENGINE_PLACEMENT_CPU    ? STEP_MODE_CPU
@@ -306,6 +307,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             .ring_bytes = map->ring_bytes,
             .piece_bytes = pieces,
             .n_pieces = LAYER_N_MATS,
+            .no_park = no_park != NULL && strcmp(no_park, "0") != 0,
             .max_tokens = e->p.max_batch_tokens,
             .mode = mode,
             .margin = ENGINE_PLAN_MARGIN,
@@ -985,6 +987,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
         st->n_streamed = gs.n_host;
         st->ring_bytes = gs.ring_bytes;
         st->bytes_streamed = gs.bytes_streamed;
+        st->bytes_parked = gs.bytes_parked;
         st->copy_seconds = gs.copy_seconds;
         st->stall_seconds = gs.stall_seconds;
         st->vram_budget = gs.vram_budget;
@@ -1013,7 +1016,8 @@ int engine_step_info(const struct engine *e, int n_tokens, struct engine_step_in
     info->bucket_tokens = e->plan.tokens[b];
     for (int l = 0; l < e->model.hp.n_layers; l++) {
         info->n_gpu += w[l] == PLACEMENT_GPU;
-        info->n_stream += w[l] == PLACEMENT_STREAM;
+        info->n_stream += w[l] == PLACEMENT_STREAM || w[l] == PLACEMENT_PARK;
+        info->n_park += w[l] == PLACEMENT_PARK;
         info->n_cpu += w[l] == PLACEMENT_CPU;
     }
     info->predicted_s = e->plan.predicted_s[b];

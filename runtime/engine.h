@@ -85,6 +85,7 @@ struct engine_stats {
     int n_resident, n_streamed;          /* n_streamed: layers in host memory (streamed or host-computed) */
     uint64_t ring_bytes;                 /* the streaming ring (0: none) */
     uint64_t bytes_streamed;             /* weight bytes copied host→device for the layers steps streamed */
+    uint64_t bytes_parked;               /* and for the layers they parked (runtime/step_plan.h) */
     double copy_seconds;                 /* copy-stream time for those bytes */
     double stall_seconds;                /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
@@ -107,6 +108,7 @@ struct engine_stats {
 struct engine_step_info {
     int bucket_tokens; /* the largest step of n_tokens' bucket */
     int n_gpu, n_stream, n_cpu;
+    int n_park;         /* of the streamed ones, parked at the ring's end (runtime/step_plan.h) */
     double predicted_s; /* steady-state step time (0: not predicted, e.g. the CPU engine) */
     double stream_s;    /* the same with every host layer streamed (0: no ring) */
 };

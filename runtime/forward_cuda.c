@@ -24,6 +24,7 @@
 #include "runtime/draw_cuda.h"
 #include "runtime/pinned.h"
 #include "runtime/ring.h"
+#include "runtime/step_plan.h"
 
 /* CUDA runtime calls go through CK (runtime/cuda_check.h); a status from our own calls through RC. */
 #define RC(call)                                                                                             \
@@ -121,6 +122,13 @@ struct forward_cuda {
     int n_wait_ev;
     uint64_t *step_copy; /* (n_layers * LAYER_N_MATS) copy number of the step's i-th use */
     int step_uses;
+    /* Parked layers (runtime/step_plan.h): a step whose plan parks host layers streams through the ring's
+     * start and keeps them at its end (step_plan_park_layout), where they stay while no copy writes there. */
+    uint64_t *parked;      /* (n_layers) the offset of layer l's groups in the ring, UINT64_MAX: not parked */
+    uint64_t *park_want;   /* (n_layers) scratch: this step's layout */
+    uint64_t park_lo;      /* the lowest offset of a parked layer (UINT64_MAX: none) */
+    cudaEvent_t park_done; /* the last parking copy (copy stream) */
+    cudaEvent_t park_used; /* the last use of a parked layer (compute stream) */
     void *head; /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
     float *out_norm; /* (dim) */
@@ -289,6 +297,8 @@ static void cuda_free(struct backend *be)
     destroy_events(f->copy_t1, f->n_copy_ev);
     destroy_events(f->wait_t0, f->n_wait_ev);
     destroy_events(f->wait_t1, f->n_wait_ev);
+    if (f->park_done) cudaEventDestroy(f->park_done);
+    if (f->park_used) cudaEventDestroy(f->park_used);
     if (f->load_t0) cudaEventDestroy(f->load_t0);
     if (f->load_t1) cudaEventDestroy(f->load_t1);
     if (f->graphs) {
@@ -322,6 +332,8 @@ static void cuda_free(struct backend *be)
     free(f->step_items);
     free(f->step_bytes);
     free(f->step_copy);
+    free(f->parked);
+    free(f->park_want);
     device_map_free(&f->map);
     free(f);
 }
@@ -655,10 +667,14 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->step_items = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_items);
     f->step_bytes = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_bytes);
     f->step_copy = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_copy);
+    f->parked = malloc((size_t)L * sizeof *f->parked);
+    f->park_want = malloc((size_t)L * sizeof *f->park_want);
     uint8_t *mask = malloc((size_t)L);
     if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->tail || !f->step_items ||
-        !f->step_bytes || !f->step_copy || !mask)
+        !f->step_bytes || !f->step_copy || !f->parked || !f->park_want || !mask)
         goto fail;
+    for (int l = 0; l < L; l++) f->parked[l] = UINT64_MAX;
+    f->park_lo = UINT64_MAX;
     struct plan_sizes ps;
     plan_sizes_of(m, kv, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
     const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
@@ -861,7 +877,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         goto fail;
     }
     rc = FERRY_ERR_CUDA;
-    if (cudaEventCreate(&f->load_t0) != cudaSuccess || cudaEventCreate(&f->load_t1) != cudaSuccess) goto fail;
+    if (cudaEventCreate(&f->load_t0) != cudaSuccess || cudaEventCreate(&f->load_t1) != cudaSuccess ||
+        cudaEventCreateWithFlags(&f->park_done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&f->park_used, cudaEventDisableTiming) != cudaSuccess)
+        goto fail;
     if ((rc = upload_layers(f, m)) || (rc = upload_head(f, m))) {
         snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
         goto fail;
@@ -911,7 +930,27 @@ int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weig
  */
 /* Streaming */
 
-/* Queues every copy the ring wants issued, each after the use of the newest copy whose bytes it overwrites.
+/* The bytes a parked layer holds at the ring's end: its groups (the block up to its tail). */
+static uint64_t parked_bytes(const struct forward_cuda *f, int l)
+{
+    return f->layouts[l].norm_off[0];
+}
+
+/* Forgets the parked layers that overlap [off, off + bytes), and the lowest parked offset again. */
+static void unpark_over(struct forward_cuda *f, uint64_t off, uint64_t bytes)
+{
+    f->park_lo = UINT64_MAX;
+    for (int l = 0; l < f->n_layers; l++) {
+        if (f->parked[l] == UINT64_MAX) continue;
+        if (f->parked[l] < off + bytes && off < f->parked[l] + parked_bytes(f, l))
+            f->parked[l] = UINT64_MAX;
+        else if (f->parked[l] < f->park_lo)
+            f->park_lo = f->parked[l];
+    }
+}
+
+/* Queues every copy the ring wants issued, each after the use of the newest copy whose bytes it overwrites
+ * (and, over parked layers, after their last use).
  */
 static int issue_copies(struct forward_cuda *f)
 {
@@ -921,6 +960,10 @@ static int issue_copies(struct forward_cuda *f)
         size_t off, bytes;
         layer_piece(&f->layouts[l], g, &off, &bytes);
         const int e = (int)(is.copy % (uint64_t)f->n_copy_ev);
+        if (is.off + is.bytes > f->park_lo) {
+            CK(cudaStreamWaitEvent(f->copy, f->park_used, 0));
+            unpark_over(f, is.off, is.bytes);
+        }
         if (is.after >= 0) CK(cudaStreamWaitEvent(f->copy, f->use_done[is.after % RING_HISTORY], 0));
         CK(cudaEventRecord(f->copy_t0[e], f->copy));
         CK(cudaMemcpyAsync(f->ring_buf + is.off, (const char *)f->host_block[l] + off, bytes,
@@ -945,6 +988,30 @@ static int piece_acquire(struct forward_cuda *f, int l, int g, struct layer_weig
     layer_piece(&f->layouts[l], g, &poff, &bytes);
     f->stats.bytes_streamed += bytes;
     layer_group_at(w, &f->layouts[l], g, f->ring_buf + off);
+    return FERRY_OK;
+}
+
+/* Brings the step's parked layers (where[l] == PLACEMENT_PARK) to their places at the ring's end (park_want)
+ * unless they are there already, after the work queued so far (the earlier uses of those bytes). */
+static int park_layers(struct forward_cuda *f, const enum placement *where)
+{
+    int copied = 0;
+    for (int l = 0; l < f->n_layers; l++) {
+        if (where[l] != PLACEMENT_PARK || f->parked[l] == f->park_want[l]) continue;
+        if (!f->host_block[l]) return FERRY_ERR_INVALID;
+        const uint64_t at = f->park_want[l], bytes = parked_bytes(f, l);
+        if (!copied) {
+            CK(cudaEventRecord(f->park_done, f->compute));
+            CK(cudaStreamWaitEvent(f->copy, f->park_done, 0));
+        }
+        copied = 1;
+        unpark_over(f, at, bytes);
+        CK(cudaMemcpyAsync(f->ring_buf + at, f->host_block[l], bytes, cudaMemcpyHostToDevice, f->copy));
+        f->parked[l] = at;
+        if (at < f->park_lo) f->park_lo = at;
+        f->stats.bytes_parked += bytes;
+    }
+    if (copied) CK(cudaEventRecord(f->park_done, f->copy));
     return FERRY_OK;
 }
 
@@ -1197,6 +1264,17 @@ static int layer_enqueue(struct forward_cuda *f, int l, enum placement where, in
         for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
         return FERRY_OK;
     }
+    if (where == PLACEMENT_PARK) {
+        if (!f->ring_buf || f->parked[l] == UINT64_MAX) return FERRY_ERR_INVALID;
+        const struct layer_layout *lay = &f->layouts[l];
+        CK(cudaStreamWaitEvent(f->compute, f->park_done, 0));
+        layer_weights_tail(&w, lay, f->tail[l]);
+        for (int g = 0; g < LAYER_N_MATS; g++)
+            layer_group_at(&w, lay, g, f->ring_buf + f->parked[l] + lay->part[g][0].off);
+        for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
+        CK(cudaEventRecord(f->park_used, f->compute));
+        return FERRY_OK;
+    }
     if (where != PLACEMENT_STREAM || !f->host_block[l] || !f->ring_buf) return FERRY_ERR_INVALID;
     layer_weights_tail(&w, &f->layouts[l], f->tail[l]);
     for (int i = 0; i < f->prog->n_ops; i++) {
@@ -1411,10 +1489,14 @@ static int cuda_begin(struct backend *be, const struct step *st)
                     f->step_items[n_list] = l * LAYER_N_MATS + f->prog->ops[i].arg;
                     f->step_bytes[n_list++] = bytes;
                 }
-    const int dropped = ring_begin(&f->ring, f->step_items, f->step_bytes, n_list);
+    const uint64_t cap =
+        step_plan_park_layout(f->map.ring_bytes, f->layer_sizes, st->where, f->n_layers, f->park_want);
+    if (cap == UINT64_MAX) return FERRY_ERR_INVALID;
+    const int dropped = ring_begin(&f->ring, f->step_items, f->step_bytes, n_list, cap);
     if (dropped < 0) return dropped;
     if (dropped)
         FLOG_DEBUG("streaming: %d prefetched piece copies dropped (the step's plan changed)", dropped);
+    RC(park_layers(f, st->where));
     return issue_copies(f);
 }
 

@@ -12,11 +12,11 @@ uint64_t ring_place(uint64_t cap, uint64_t prev_end, uint64_t bytes)
     return at + bytes <= cap ? at : 0;
 }
 
-int ring_init(struct ring *r, uint64_t cap, int max_list)
+int ring_init(struct ring *r, uint64_t size, int max_list)
 {
     memset(r, 0, sizeof *r);
-    if (cap == 0 || max_list < 0) return FERRY_ERR_INVALID;
-    r->cap = cap;
+    if (size == 0 || max_list < 0) return FERRY_ERR_INVALID;
+    r->size = r->cap = size;
     r->max_list = max_list;
     r->list = malloc((size_t)(max_list > 0 ? max_list : 1) * sizeof *r->list);
     r->bytes = malloc((size_t)(max_list > 0 ? max_list : 1) * sizeof *r->bytes);
@@ -45,27 +45,29 @@ static const struct ring_copy *copy_of(const struct ring *r, uint64_t c)
     return &r->hist[c % RING_HISTORY];
 }
 
-int ring_begin(struct ring *r, const int *items, const uint64_t *bytes, int n)
+int ring_begin(struct ring *r, const int *items, const uint64_t *bytes, int n, uint64_t cap)
 {
-    if (n < 0 || n > r->max_list) return FERRY_ERR_INVALID;
+    if (n < 0 || n > r->max_list || cap == 0 || cap > r->size) return FERRY_ERR_INVALID;
     for (int i = 0; i < n; i++)
-        if (bytes[i] == 0 || bytes[i] > r->cap) return FERRY_ERR_INVALID;
-    if (n == 0) {
-        r->n_list = 0;
-        r->cursor = 0;
-        return 0;
+        if (bytes[i] == 0 || bytes[i] > cap) return FERRY_ERR_INVALID;
+    r->cap = cap;
+    if (n > 0) {
+        memcpy(r->list, items, (size_t)n * sizeof *items);
+        memcpy(r->bytes, bytes, (size_t)n * sizeof *bytes);
     }
-    memcpy(r->list, items, (size_t)n * sizeof *items);
-    memcpy(r->bytes, bytes, (size_t)n * sizeof *bytes);
     r->n_list = n;
-    /* Keep the waiting copies that are what this list (and its repetitions) would have issued. */
+    /* Keep the waiting copies within cap that are what this list (and its repetitions) would have issued (an
+     * empty list keeps them all for a later step). */
     const int waiting = ring_waiting(r);
     int keep = 0;
-    while (keep < waiting && copy_of(r, r->next_use + (uint64_t)keep)->item == items[keep % n] &&
-           copy_of(r, r->next_use + (uint64_t)keep)->bytes == bytes[keep % n])
+    while (keep < waiting) {
+        const struct ring_copy *w = copy_of(r, r->next_use + (uint64_t)keep);
+        if (w->off + w->bytes > cap || (n && (w->item != items[keep % n] || w->bytes != bytes[keep % n])))
+            break;
         keep++;
+    }
     r->next_copy = r->next_use + (uint64_t)keep;
-    r->cursor = keep;
+    r->cursor = n ? keep : 0;
     return waiting - keep;
 }
 

@@ -17,6 +17,8 @@
  * Against slots of a whole layer each: a ring of two of the largest pieces (a quarter to a half of a layer)
  * keeps the link busy while the device computes, and the bytes it saves hold more resident layers; a deeper
  * ring holds as many pieces as fit, with no slot's tail left empty by a smaller layer.
+ * A step may rotate through less than the whole ring (`cap` of ring_begin): the rest holds parked layers
+ * (forward_cuda.c), and waiting copies that reach past the step's cap are dropped.
  * Invariants: next_use <= next_copy <= next_use + RING_MAX_WAIT; waiting copies never overlap; copy c's item,
  * offset and size stay in hist[c mod RING_HISTORY] until copy c + RING_HISTORY is issued.
  */
@@ -43,7 +45,8 @@ struct ring_issue {
 };
 
 struct ring {
-    uint64_t cap;       /* bytes */
+    uint64_t size;      /* bytes */
+    uint64_t cap;       /* the bytes this step rotates through: [0, cap) */
     uint64_t next_copy; /* copies issued: numbers below it */
     uint64_t next_use;  /* copies consumed */
     struct ring_copy hist[RING_HISTORY];
@@ -57,13 +60,13 @@ struct ring {
  * at 0 when it would run past cap. */
 uint64_t ring_place(uint64_t cap, uint64_t prev_end, uint64_t bytes);
 
-/* cap: the ring's bytes; max_list: the most items a step may stream. FERRY_ERR_INVALID / FERRY_ERR_NOMEM. */
-int ring_init(struct ring *r, uint64_t cap, int max_list);
+/* size: the ring's bytes; max_list: the most items a step may stream. FERRY_ERR_INVALID / FERRY_ERR_NOMEM. */
+int ring_init(struct ring *r, uint64_t size, int max_list);
 void ring_free(struct ring *r);
-/* Declares the step's streamed items and their sizes (n may be 0: then the waiting copies are kept for a
- * later step). Returns the number of waiting copies dropped, or FERRY_ERR_INVALID when n > max_list or an
- * item does not fit the ring. */
-int ring_begin(struct ring *r, const int *items, const uint64_t *bytes, int n);
+/* Declares the step's streamed items and their sizes, and the ring's bytes [0, cap) it rotates through (cap
+ * <= size; n may be 0: then the waiting copies within cap are kept for a later step). Returns the number of
+ * waiting copies dropped, or FERRY_ERR_INVALID when n > max_list, cap > size or an item does not fit cap. */
+int ring_begin(struct ring *r, const int *items, const uint64_t *bytes, int n, uint64_t cap);
 /* The next copy to issue: 1 with it in *out, or 0 when it must wait for uses (or the list is empty). The
  * caller must issue it (the ring counts it as issued). */
 int ring_next_copy(struct ring *r, struct ring_issue *out);

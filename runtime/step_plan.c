@@ -53,7 +53,9 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
         S += where[l] == PLACEMENT_STREAM;
         any_cpu |= where[l] == PLACEMENT_CPU;
     }
-    if (S && (in->ring_bytes == 0 || np <= 0)) return INFINITY;
+    /* the bytes the streamed pieces rotate through: what the parked layers leave of the ring */
+    const uint64_t cap = step_plan_park_layout(in->ring_bytes, in->layer_bytes, where, L, NULL);
+    if ((S && (cap == 0 || np <= 0)) || cap == UINT64_MAX) return INFINITY;
     /* The link shares host memory with the CPU's layers. It ran at h2d_loaded beside layers of one token
      * (the host reading its weights as fast as it can); at m tokens the host reads them t(1)/t(m) as fast,
      * and the link loses that share of the difference (a prompt's layers on AMX tiles barely touch it). */
@@ -74,6 +76,7 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
         for (int l = 0; l < L; l++) {
             switch (where[l]) {
             case PLACEMENT_GPU:
+            case PLACEMENT_PARK: /* (copied once: the prediction is of steps that follow each other) */
                 t += gpu_layer(in, l, m);
                 break;
             case PLACEMENT_STREAM: {
@@ -82,12 +85,12 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
                     const uint64_t b =
                         in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
                     if (b == 0) continue; /* (a layer with fewer pieces) */
-                    if (b > in->ring_bytes) {
+                    if (b > cap) {
                         free(cp);
                         return INFINITY;
                     }
                     cp[u].bytes = b;
-                    cp[u].off = u ? ring_place(in->ring_bytes, cp[u - 1].off + cp[u - 1].bytes, b) : 0;
+                    cp[u].off = u ? ring_place(cap, cp[u - 1].off + cp[u - 1].bytes, b) : 0;
                     /* A copy runs once the uses of the copies it overwrites are done (and at most
                      * RING_MAX_WAIT wait), in use order on the one copy stream. */
                     double start = link;
@@ -130,6 +133,72 @@ static void assign(const struct step_plan_input *in, int c, int h, enum placemen
         w[l] = (int64_t)(j + 1) * c / h > (int64_t)j * c / h ? PLACEMENT_CPU : PLACEMENT_STREAM;
         j++;
     }
+}
+
+static uint64_t ring_align(uint64_t x)
+{
+    return (x + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+}
+
+uint64_t step_plan_park_layout(uint64_t ring_bytes, const uint64_t *layer_bytes, const enum placement *where,
+                               int n_layers, uint64_t *park_off)
+{
+    uint64_t end = ring_bytes / RING_ALIGN * RING_ALIGN;
+    for (int l = 0; l < n_layers; l++) {
+        if (where[l] != PLACEMENT_PARK) continue;
+        const uint64_t b = ring_align(layer_bytes[l]);
+        if (b == 0 || b > end) return UINT64_MAX;
+        end -= b;
+        if (park_off) park_off[l] = end;
+    }
+    return end == ring_bytes / RING_ALIGN * RING_ALIGN ? ring_bytes : end;
+}
+
+/* Parks up to k of w's streamed layers (the first ones) when w has no CPU layer: as many as leave the
+ * streamed pieces two of the largest of them. Returns how many it parked. */
+static int park(const struct step_plan_input *in, enum placement *w, int k)
+{
+    if (in->no_park || in->ring_bytes == 0 || k <= 0) return 0;
+    const int np = in->piece_bytes ? in->n_pieces : 1;
+    uint64_t piece = 0;
+    for (int l = 0; l < in->n_layers; l++) {
+        if (w[l] == PLACEMENT_CPU) return 0;
+        if (w[l] != PLACEMENT_STREAM) continue;
+        for (int p = 0; p < np; p++) {
+            const uint64_t b = in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
+            if (b > piece) piece = b;
+        }
+    }
+    const uint64_t room = in->ring_bytes / RING_ALIGN * RING_ALIGN, need = 2 * ring_align(piece);
+    if (piece == 0 || room <= need) return 0;
+    uint64_t spare = room - need;
+    int n = 0;
+    for (int l = 0; l < in->n_layers && n < k; l++) {
+        if (w[l] != PLACEMENT_STREAM || ring_align(in->layer_bytes[l]) > spare) continue;
+        spare -= ring_align(in->layer_bytes[l]);
+        w[l] = PLACEMENT_PARK;
+        n++;
+    }
+    return n;
+}
+
+/* Every host layer streamed, with the number of parked ones that makes the fastest step at m tokens:
+ * into w, its time returned. */
+static double stream_all(const struct step_plan_input *in, int h, int m, enum placement *w,
+                         enum placement *tmp)
+{
+    assign(in, 0, h ? h : 1, w);
+    double best = step_plan_simulate(in, w, m);
+    for (int k = 1; k <= h; k++) {
+        assign(in, 0, h ? h : 1, tmp);
+        if (park(in, tmp, k) < k) break;
+        const double t = step_plan_simulate(in, tmp, m);
+        if (t < best) {
+            best = t;
+            memcpy(w, tmp, sizeof *w * (size_t)in->n_layers);
+        }
+    }
+    return best;
 }
 
 static int make_buckets(struct step_plan *out, int n_layers, int max_tokens)
@@ -183,16 +252,33 @@ static int forced(const struct step_plan_input *in, int b, enum placement *w, ch
         case 'c':
             w[l] = PLACEMENT_CPU;
             break;
+        case 'p':
+            w[l] = PLACEMENT_PARK;
+            break;
         default:
-            snprintf(err, 256, "forced plan: '%c' at layer %d is not g, s or c", s[l], l);
+            snprintf(err, 256, "forced plan: '%c' at layer %d is not g, s, c or p", s[l], l);
             return FERRY_ERR_INVALID;
         }
-        if (host != (w[l] != PLACEMENT_GPU) || (w[l] == PLACEMENT_STREAM && in->ring_bytes == 0)) {
+        const int ringed = w[l] == PLACEMENT_STREAM || w[l] == PLACEMENT_PARK;
+        if (host != (w[l] != PLACEMENT_GPU) || (ringed && in->ring_bytes == 0)) {
             snprintf(err, 256, "forced plan: layer %d cannot be '%c' (it is %s)", l, s[l],
                      host ? (in->ring_bytes ? "in host memory" : "in host memory, with no ring")
                           : "resident");
             return FERRY_ERR_INVALID;
         }
+    }
+    /* the streamed pieces must fit what the parked layers leave */
+    const uint64_t cap = step_plan_park_layout(in->ring_bytes, in->layer_bytes, w, in->n_layers, NULL);
+    const int np = in->piece_bytes ? in->n_pieces : 1;
+    uint64_t largest = 0;
+    for (int l = 0; l < in->n_layers; l++)
+        for (int p = 0; p < np && w[l] == PLACEMENT_STREAM; p++) {
+            const uint64_t pb = in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
+            if (pb > largest) largest = pb;
+        }
+    if (cap == UINT64_MAX || largest > cap) {
+        snprintf(err, 256, "forced plan: the parked layers do not fit the ring beside the streamed pieces");
+        return FERRY_ERR_INVALID;
     }
     return FERRY_OK;
 }
@@ -207,7 +293,7 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
     const int L = in->n_layers;
     int h = 0;
     for (int l = 0; l < L; l++) h += in->where[l] != PLACEMENT_GPU;
-    enum placement *trial = malloc(sizeof *trial * (size_t)L);
+    enum placement *trial = malloc(sizeof *trial * (size_t)L * 2), *streamed = trial + L;
     if (!trial) {
         step_plan_free(out);
         return FERRY_ERR_NOMEM;
@@ -215,14 +301,11 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
     for (int b = 0; b < out->n_buckets && !rc; b++) {
         const int m = out->tokens[b];
         enum placement *w = out->where + (size_t)b * L;
-        if (in->ring_bytes > 0) {
-            assign(in, 0, h ? h : 1, trial);
-            out->stream_s[b] = step_plan_simulate(in, trial, m);
-        }
+        if (in->ring_bytes > 0) out->stream_s[b] = stream_all(in, h, m, streamed, trial);
         if (in->force) {
             rc = forced(in, b, w, err);
         } else if (in->mode == STEP_MODE_STREAM && in->ring_bytes > 0) {
-            assign(in, 0, h ? h : 1, w);
+            memcpy(w, streamed, sizeof *w * (size_t)L);
         } else if (in->mode == STEP_MODE_CPU || in->ring_bytes == 0 || h == 0) {
             assign(in, h, h ? h : 1, w);
         } else {
@@ -235,7 +318,10 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
                 const double t = step_plan_simulate(in, trial, m);
                 if (t < best && t < out->stream_s[b] * (1.0 - in->margin)) best = t, best_c = c;
             }
-            assign(in, best_c, h, w);
+            if (best_c)
+                assign(in, best_c, h, w);
+            else
+                memcpy(w, streamed, sizeof *w * (size_t)L);
         }
         if (rc) break;
         const double t = step_plan_simulate(in, w, m);
@@ -243,7 +329,8 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
         if (!isfinite(out->stream_s[b])) out->stream_s[b] = 0;
         for (int l = 0; l < L; l++) {
             out->n_cpu[b] += w[l] == PLACEMENT_CPU;
-            out->n_stream[b] += w[l] == PLACEMENT_STREAM;
+            out->n_stream[b] += w[l] == PLACEMENT_STREAM || w[l] == PLACEMENT_PARK;
+            out->n_park[b] += w[l] == PLACEMENT_PARK;
         }
     }
     free(trial);
@@ -295,6 +382,7 @@ int step_plan_format(const struct step_plan *p, char *buf, size_t cap)
     EMIT("step plan (per step size: host layers computed by the CPU / streamed; predicted step time):\n");
     for (int b = 0; b < p->n_buckets; b++) {
         EMIT("  %5d tokens: %2d cpu, %2d stream", p->tokens[b], p->n_cpu[b], p->n_stream[b]);
+        if (p->n_park[b]) EMIT(" (%d of them parked)", p->n_park[b]);
         if (p->predicted_s[b] > 0) EMIT("; predicted %.2f ms", p->predicted_s[b] * 1e3);
         if (p->stream_s[b] > 0 && p->n_cpu[b]) EMIT(" (streaming all: %.2f ms)", p->stream_s[b] * 1e3);
         EMIT("\n");
@@ -304,7 +392,10 @@ int step_plan_format(const struct step_plan *p, char *buf, size_t cap)
         EMIT("  layers at %d tokens: ", p->tokens[show[i]]);
         for (int l = 0; l < p->n_layers; l++) {
             const enum placement w = p->where[(size_t)show[i] * p->n_layers + l];
-            EMIT("%c", w == PLACEMENT_GPU ? 'g' : w == PLACEMENT_STREAM ? 's' : 'c');
+            EMIT("%c", w == PLACEMENT_GPU      ? 'g'
+                       : w == PLACEMENT_STREAM ? 's'
+                       : w == PLACEMENT_PARK   ? 'p'
+                                               : 'c');
         }
         EMIT("\n");
     }

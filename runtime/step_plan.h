@@ -8,8 +8,13 @@
  * buffer with each streamed layer's pieces, laid as runtime/ring.c lays them, each copy waiting for the uses
  * of the copies whose bytes it overwrites; the layers in order on the GPU or the CPU; the exchanges around
  * each host layer) and keeps the fastest (AUTO: only when it beats streaming everything by `margin`).
- * STREAM and CPU force c = 0 and c = h. The costs come from start-up measurements (step_cost). Pure
- * arithmetic: no device, tested in CI. Usage: step_plan_make → step_plan_where(n) per step → step_plan_free.
+ * STREAM and CPU force c = 0 and c = h. A step whose plan gives the CPU no layer may stream through less of
+ * the ring, down to two of the largest pieces (the device computes faster than the link brings them): host
+ * layers are parked in the rest (PLACEMENT_PARK), copied once and reused while such steps follow each other,
+ * as long prompts' chunks, back-to-back prompts and large decode batches do (the prediction assumes they do);
+ * the planner parks as many (of those that fit) as make the simulated step fastest. The costs come from
+ * start-up measurements (step_cost). Pure arithmetic: no device, tested in CI.
+ * Usage: step_plan_make → step_plan_where(n) per step → step_plan_free.
  */
 #ifndef FERRY_STEP_PLAN_H
 #define FERRY_STEP_PLAN_H
@@ -56,13 +61,14 @@ struct step_plan_input {
     const uint64_t *piece_bytes; /* (n_layers, n_pieces) each layer's pieces in use order; NULL: one piece,
                                   * the whole layer */
     int n_pieces;
+    int no_park;    /* never park host layers (comparisons) */
     int max_tokens; /* the largest step */
     enum step_mode mode;
     double
         margin; /* AUTO: host layers go to the CPU only when that beats streaming them all by this fraction */
     /* Tests: the plan itself, one character per layer ('g' resident, 's' streamed, 'c' on the CPU), one
      * string per bucket separated by '/', the last one repeated for the larger buckets; NULL: planned. */
-    const char *force;
+    const char *force; /* ('p': parked at the ring's end) */
     struct step_cost cost;
 };
 
@@ -71,7 +77,8 @@ struct step_plan {
     int tokens[STEP_PLAN_MAX_BUCKETS];         /* the largest step of each bucket: 1, 2, 4, ..., max_tokens */
     enum placement *where;                     /* (n_buckets, n_layers) */
     int n_cpu[STEP_PLAN_MAX_BUCKETS];          /* host layers on the CPU */
-    int n_stream[STEP_PLAN_MAX_BUCKETS];       /* host layers streamed */
+    int n_stream[STEP_PLAN_MAX_BUCKETS];       /* host layers streamed (parked ones included) */
+    int n_park[STEP_PLAN_MAX_BUCKETS];         /* of them, parked in the ring's end */
     double predicted_s[STEP_PLAN_MAX_BUCKETS]; /* steady-state step time at tokens[b] (0: not predicted) */
     double stream_s[STEP_PLAN_MAX_BUCKETS]; /* the same with every host layer streamed (0 without a ring) */
 };
@@ -93,6 +100,12 @@ const enum placement *step_plan_where(const struct step_plan *p, int n_tokens);
 /* Steady-state seconds of a step of m tokens under the placement `where` (n_layers), per the input's costs.
  */
 double step_plan_simulate(const struct step_plan_input *in, const enum placement *where, int m);
+/* Where the layers that `where` parks lie: from the end of the ring (its bytes rounded down to RING_ALIGN),
+ * each in its bytes rounded up to RING_ALIGN, in layer order (park_off[l] for each parked l; park_off may be
+ * NULL). Returns the bytes the step's streamed pieces rotate through (ring_bytes when none is parked), or
+ * UINT64_MAX when the parked layers do not fit. forward_cuda lays them out by this. */
+uint64_t step_plan_park_layout(uint64_t ring_bytes, const uint64_t *layer_bytes, const enum placement *where,
+                               int n_layers, uint64_t *park_off);
 /* The host's seconds for a layer of `bytes` at m tokens, from the measured reference layer. */
 double step_cost_cpu_layer(const struct step_cost *c, uint64_t bytes, int m);
 

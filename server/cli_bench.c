@@ -136,7 +136,8 @@ static int decode_step(struct bench_ctx *c, int B, int p)
 
 struct decode_result {
     int batch;
-    int n_cpu, n_stream; /* the step plan of this batch size: host layers on the CPU, streamed */
+    int n_cpu, n_stream, n_park; /* the step plan of this batch size: host layers on the CPU, streamed (of
+                                  * them parked) */
     double predicted_s;  /* the plan's prediction (0: none) */
     double host_ms;      /* per step: time the host's cores spent in host layers */
     double step_s;       /* median */
@@ -413,6 +414,7 @@ int cli_bench_main(int argc, char **argv)
         engine_step_info(e, B, &info);
         r->n_cpu = info.n_cpu;
         r->n_stream = info.n_stream;
+        r->n_park = info.n_park;
         r->predicted_s = info.predicted_s;
         if (bi == n_batches) r->batch = -long_ctx; /* marks the long-context row */
     }
@@ -431,6 +433,7 @@ int cli_bench_main(int argc, char **argv)
         json_object_set_new(root, "prefill_tok_s", json_real(prefill_tok_s));
         json_object_set_new(root, "prefill_predicted_ms", json_real(prefill_info.predicted_s * 1e3));
         json_object_set_new(root, "prefill_cpu_layers", json_integer(prefill_info.n_cpu));
+        json_object_set_new(root, "prefill_parked_layers", json_integer(prefill_info.n_park));
         json_object_set_new(root, "placement_mode",
                             json_string(ep.placement == ENGINE_PLACEMENT_STREAM ? "stream"
                                         : ep.placement == ENGINE_PLACEMENT_CPU  ? "cpu"
@@ -452,6 +455,7 @@ int cli_bench_main(int argc, char **argv)
             json_object_set_new(d, "stall_ms_per_step", json_real(res[i].stall_ms));
             json_object_set_new(d, "cpu_layers", json_integer(res[i].n_cpu));
             json_object_set_new(d, "streamed_layers", json_integer(res[i].n_stream));
+            json_object_set_new(d, "parked_layers", json_integer(res[i].n_park));
             json_object_set_new(d, "host_ms_per_step", json_real(res[i].host_ms));
             json_object_set_new(d, "predicted_step_ms", json_real(res[i].predicted_s * 1e3));
             json_array_append_new(dec, d);
@@ -476,7 +480,8 @@ int cli_bench_main(int argc, char **argv)
         if (prefill) {
             printf("prefill   %d tokens: %.0f tokens/s", prefill, prefill_tok_s);
             if (prefill_info.predicted_s > 0)
-                printf(" (%d host layers on the CPU; predicted %.0f tokens/s)", prefill_info.n_cpu,
+                printf(" (%d host layers on the CPU, %d parked; predicted %.0f tokens/s)", prefill_info.n_cpu,
+                       prefill_info.n_park,
                        (prefill < ep.max_batch_tokens ? prefill : ep.max_batch_tokens) /
                            prefill_info.predicted_s);
             putchar('\n');
@@ -488,7 +493,9 @@ int cli_bench_main(int argc, char **argv)
             int B = res[i].batch > 0 ? res[i].batch : 1, ctx = res[i].batch > 0 ? prompt : -res[i].batch;
             char hbm[16] = "-", plan[16] = "-", pred[16] = "-";
             if (d2d > 0) snprintf(hbm, sizeof hbm, "%.0f%%", 100.0 * res[i].weight_gbs * 1e9 / d2d);
-            if (st1.n_streamed) snprintf(plan, sizeof plan, "%d/%d", res[i].n_cpu, res[i].n_stream);
+            if (st1.n_streamed)
+                snprintf(plan, sizeof plan, res[i].n_park ? "%d/%d(%dp)" : "%d/%d", res[i].n_cpu,
+                         res[i].n_stream, res[i].n_park);
             if (res[i].predicted_s > 0) snprintf(pred, sizeof pred, "%.2f", res[i].predicted_s * 1e3);
             printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f %9s %10.2f %12s\n", B, ctx,
                    res[i].step_s * 1e3, res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs,

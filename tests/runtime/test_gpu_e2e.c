@@ -845,7 +845,10 @@ Test(gpu_e2e, kv_q8_0_matches_cpu, .timeout = 300)
 }
 
 /* Forced plans over the same 8 layers, with 4 sequences decoding together (steps of 4 tokens and single
- * tokens): the CPU layers' exchange with the GPU's KV cache at m > 1 (stacked q|k|v rows). */
+ * tokens): the CPU layers' exchange with the GPU's KV cache at m > 1 (stacked q|k|v rows). The last plan
+ * parks layer 6 in a ring of three layers for the prompt and the 4-token steps ('p'), and every third step
+ * (one token) streams through the whole ring with CPU layers beside: the parked layer is copied again after
+ * each of those, and its logits are bitwise those of the same plan streaming it. */
 Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
 {
     require_gpu();
@@ -855,7 +858,10 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
     p.ctx_size = 256;
     p.max_batch_tokens = 64;
     p.n_threads = 2;
-    const char *plans[] = {"gscsccsg/gssssssg/gcccccsg", "cccccccc", "scscscsc/cscscscs/ssssssss"};
+    const char *plans[] = {"gscsccsg/gssssssg/gcccccsg", "cccccccc", "scscscsc/cscscscs/ssssssss",
+                           "gscsccsg/gsssssps", "gscsccsg/gsssssss"};
+    const int rings[] = {0, 0, 0, 3, 3}; /* --ring-layers */
+    float *parked_out = NULL;
     struct engine *cpu = NULL;
     char err[256] = "";
     p.backend = ENGINE_BACKEND_CPU;
@@ -864,6 +870,7 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
         struct engine *gpu = NULL;
         p.backend = ENGINE_BACKEND_CUDA;
         p.plan_override = plans[i];
+        p.ring_layers = rings[i];
         cr_assert_eq(engine_init_synthetic(&gpu, &hp, DTYPE_F16, &p, err), 0, "%s: %s", plans[i], err);
         struct engine *e[2] = {cpu, gpu};
         const int V = hp.n_vocab;
@@ -906,10 +913,27 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
             worst_rel = fmax(worst_rel, worst / maxref);
             cr_expect_leq(worst, 1e-2 * maxref + 1e-3, "%s row %d: |hybrid-cpu| = %g", plans[i], r, worst);
         }
-        fprintf(stderr, "note: synthetic, plan %s: %d rows, worst rel %.2e\n", plans[i], rows, worst_rel);
+        struct engine_stats st;
+        engine_get_stats(gpu, &st);
+        fprintf(stderr, "note: synthetic, plan %s: %d rows, worst rel %.2e, %.2f MB parked\n", plans[i], rows,
+                worst_rel, st.bytes_parked / 1e6);
+        const size_t row_bytes = (size_t)rows * V * sizeof(float);
+        if (strchr(plans[i], 'p')) {
+            /* parked for the prompt, and again after a 1-token step's copies (and their prefetch of the next
+             * such step, as deep as the ring allows) wrote over it */
+            const uint64_t layer = 2 * (uint64_t)hp.dim * (2 * hp.dim + 2 * 128 + 3 * hp.ffn_dim);
+            cr_assert_geq(st.bytes_parked, 2 * layer * 9 / 10, "%s: %.2f MB parked", plans[i],
+                          st.bytes_parked / 1e6);
+            parked_out = out[1];
+            out[1] = NULL;
+        } else if (parked_out) {
+            cr_assert_eq(memcmp(parked_out, out[1], row_bytes), 0, "%s: parked and streamed differ",
+                         plans[i]);
+        }
         free(out[0]);
         free(out[1]);
         engine_free(gpu);
     }
+    free(parked_out);
     engine_free(cpu);
 }

@@ -38,7 +38,8 @@ static int issue_all(struct ring *r, struct model *m)
     while (ring_next_copy(r, &is)) {
         const int64_t me = m->n_issues++;
         cr_assert_eq(is.off % RING_ALIGN, 0);
-        cr_assert_leq(is.off + is.bytes, r->cap, "copy %llu runs past the ring", (unsigned long long)is.copy);
+        cr_assert_leq(is.off + is.bytes, r->cap, "copy %llu runs past the step's part of the ring",
+                      (unsigned long long)is.copy);
         int64_t newest = -1;
         for (uint64_t u = is.off / RING_ALIGN; u < (is.off + is.bytes + RING_ALIGN - 1) / RING_ALIGN; u++) {
             const int64_t w = m->writer[u];
@@ -66,14 +67,15 @@ static uint64_t size_of(int item)
     return (uint64_t)(1 + item % 5) * 700; /* 700 .. 3,500 bytes: 3 to 14 units, not multiples */
 }
 
-/* One step: declare, issue, use each piece of the list in order (issuing after every use). */
-static int step(struct ring *r, struct model *m, const int *list, int n)
+/* One step through [0, cap): declare, issue, use each piece of the list in order (issuing after every use).
+ */
+static int step_cap(struct ring *r, struct model *m, const int *list, int n, uint64_t cap)
 {
     uint64_t sizes[256];
     for (int i = 0; i < n; i++) sizes[i] = size_of(list[i]);
     const int waiting_before = ring_waiting(r);
     const uint64_t nc = r->next_copy;
-    const int dropped = ring_begin(r, list, sizes, n);
+    const int dropped = ring_begin(r, list, sizes, n, cap);
     cr_assert_geq(dropped, 0);
     cr_assert_leq(dropped, waiting_before);
     for (int i = 0; i < dropped; i++) m->used[m->issue[nc - 1 - (uint64_t)i]] = 1;
@@ -90,6 +92,11 @@ static int step(struct ring *r, struct model *m, const int *list, int n)
         issue_all(r, m);
     }
     return dropped;
+}
+
+static int step(struct ring *r, struct model *m, const int *list, int n)
+{
+    return step_cap(r, m, list, n, r->size);
 }
 
 Test(ring, same_list_every_step_prefetches_across_steps)
@@ -175,15 +182,48 @@ Test(ring, uses_out_of_order_and_pieces_past_the_ring_are_refused)
     cr_assert_eq(ring_init(&r, 2 * 3500, 4), FERRY_OK);
     const int list[] = {4, 9, 14}; /* 3,500 bytes each: two fit */
     const uint64_t sizes[] = {3500, 3500, 3500};
-    cr_assert_eq(ring_begin(&r, list, sizes, 3), 0);
+    cr_assert_eq(ring_begin(&r, list, sizes, 3, r.size), 0);
     cr_assert_eq(issue_all(&r, &m), 1, "the second piece would run past the end onto the first");
     uint64_t off, c;
     cr_assert_eq(ring_use(&r, 9, &off, &c), FERRY_ERR_INTERNAL);
     cr_assert_eq(ring_use(&r, 4, &off, &c), FERRY_OK);
     cr_assert_eq(ring_use(&r, 9, &off, &c), FERRY_ERR_INTERNAL, "not issued yet");
-    cr_assert_eq(ring_begin(&r, list, sizes, 5), FERRY_ERR_INVALID, "more items than the ring was made for");
+    cr_assert_eq(ring_begin(&r, list, sizes, 5, r.size), FERRY_ERR_INVALID,
+                 "more items than the ring was made for");
     const uint64_t big[] = {3500, 7001};
-    cr_assert_eq(ring_begin(&r, list, big, 2), FERRY_ERR_INVALID, "a piece larger than the ring");
+    cr_assert_eq(ring_begin(&r, list, big, 2, r.size), FERRY_ERR_INVALID, "a piece larger than the ring");
+    cr_assert_eq(ring_begin(&r, list, sizes, 3, 3499), FERRY_ERR_INVALID,
+                 "a piece larger than the step's cap");
+    cr_assert_eq(ring_begin(&r, list, sizes, 3, r.size + 1), FERRY_ERR_INVALID, "a cap past the ring");
     ring_free(&r);
     cr_assert_eq(ring_init(&r, 0, 4), FERRY_ERR_INVALID);
+}
+
+/* Steps that park layers rotate through less of the ring: the waiting copies past their cap are dropped, no
+ * copy lands there, and a full step afterwards writes there again. */
+Test(ring, steps_of_a_smaller_cap_leave_the_end_alone)
+{
+    struct ring r;
+    static struct model m;
+    fresh(&m);
+    cr_assert_eq(ring_init(&r, UNITS * RING_ALIGN, 4 * 27), FERRY_OK);
+    int list[4 * 27], n = 0;
+    for (int l = 0; l < 27; l++)
+        for (int p = 0; p < 4; p++) list[n++] = 4 * l + p;
+    const uint64_t small = 2 * 3584; /* two of the largest pieces (3,500 bytes, 14 units) */
+    unsigned seed = 777u;
+    for (int i = 0; i < 200; i++) {
+        seed = seed * 1103515245u + 12345u;
+        const int parked = (seed >> 16) % 2;
+        const uint64_t cap = parked ? small : r.size;
+        const uint64_t before = r.next_copy;
+        const int waiting = ring_waiting(&r);
+        int beyond = 0;
+        for (uint64_t c = r.next_use; c < before; c++)
+            beyond |= r.hist[c % RING_HISTORY].off + r.hist[c % RING_HISTORY].bytes > cap;
+        const int dropped = step_cap(&r, &m, list, n, cap);
+        if (beyond) cr_assert_gt(dropped, 0, "step %d: a waiting copy past the cap was kept", i);
+        cr_assert_leq(dropped, waiting);
+    }
+    ring_free(&r);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/ring.h"
 #include "runtime/step_plan.h"
 
 #define L7        32
@@ -338,6 +339,7 @@ Test(step_plan, ring_or_more_resident_layers_depends_on_concurrency)
         w_none[i] = (int64_t)(i + 1) * 2 / L7 > (int64_t)i * 2 / L7 ? PLACEMENT_STREAM : PLACEMENT_GPU;
     }
     in.cost.cpu_ref_bytes = q4;
+    in.ring_bytes = 2 * q4;
     for (int i = 0; i < in.cost.n_cpu; i++) { /* 2.4 ms a layer at 1 token (measured), compute bound above */
         const double math = 2.0 * PARAMS * in.cost.cpu_m[i] / 1.5e12;
         in.cost.cpu_s[i] = math > 2.4e-3 ? math : 2.4e-3;
@@ -492,7 +494,9 @@ Test(step_plan, prompt_layers_on_the_cpu_leave_the_link_its_rate)
  * token and for a prompt the sixth layer wins; at 64 tokens the slightly shallower ring loses (each host
  * layer the CPU takes then lasts ~17 ms, and the link's lookahead is the ring), which is why the engine
  * predicts the maps it could choose and keeps the best for its workload (engine.c settle_ring). Seven
- * resident layers beside a ring of two pieces (369 MiB) stream a prompt fastest and decode one token slowest.
+ * resident layers beside a ring of two pieces (369 MiB) decode one token slowest; they stream a prompt
+ * fastest unless the deeper ring parks a host layer in what the prompt's pieces leave of it (then the six
+ * resident layers and the parked one stream as much as seven).
  */
 Test(step_plan, pieces_trade_resident_layers_against_depth)
 {
@@ -501,15 +505,16 @@ Test(step_plan, pieces_trade_resident_layers_against_depth)
         pieces[4 * i] = 100663296, pieces[4 * i + 1] = 33554432;
         pieces[4 * i + 2] = 180355072, pieces[4 * i + 3] = 90177536;
     }
-    struct step_plan p[3];
-    static enum placement w[3][L7];
-    const int resident[3] = {5, 6, 7};
-    const uint64_t ring[3] = {2 * LAYER_F16, 755ull << 20, 369ull << 20};
-    for (int i = 0; i < 3; i++) {
+    struct step_plan p[4];
+    static enum placement w[4][L7];
+    const int resident[4] = {5, 6, 7, 6};
+    const uint64_t ring[4] = {2 * LAYER_F16, 755ull << 20, 369ull << 20, 755ull << 20};
+    for (int i = 0; i < 4; i++) {
         struct step_plan_input in = llama7b(resident[i], 84, 1.5);
         memcpy(w[i], where7, sizeof w[i]);
         in.where = w[i];
         in.ring_bytes = ring[i];
+        in.no_park = i != 1;
         if (i) in.piece_bytes = pieces, in.n_pieces = 4;
         make(&in, &p[i]);
     }
@@ -519,7 +524,95 @@ Test(step_plan, pieces_trade_resident_layers_against_depth)
                  p[1].predicted_s[0] * 1e3, p[0].predicted_s[0] * 1e3);
     cr_assert_lt(p[1].predicted_s[last], p[0].predicted_s[last] * 0.97, "512 tokens");
     cr_assert_gt(p[1].predicted_s[b64], p[0].predicted_s[b64], "64 tokens: the shallower ring loses");
-    cr_assert_lt(p[2].predicted_s[last], p[1].predicted_s[last] * 0.97, "7 resident: the fastest prompt");
+    cr_assert_lt(p[2].predicted_s[last], p[3].predicted_s[last] * 0.97,
+                 "7 resident: the fastest prompt (%.2f "
+                 "ms) against 6 that park none (%.2f)",
+                 p[2].predicted_s[last] * 1e3, p[3].predicted_s[last] * 1e3);
+    cr_assert_eq(p[1].n_park[last], 1, "a prompt parks one host layer in the 755 MiB ring");
+    cr_assert_eq(p[1].n_stream[last], 26);
+    cr_assert_eq(p[1].n_park[0], 0, "one token puts host layers on the CPU: nothing parked");
+    cr_assert_lt(p[1].predicted_s[last], p[2].predicted_s[last] * 1.01,
+                 "6 resident and one parked: %.2f ms, 7 "
+                 "resident: %.2f",
+                 p[1].predicted_s[last] * 1e3, p[2].predicted_s[last] * 1e3);
     cr_assert_gt(p[2].predicted_s[0], p[0].predicted_s[0] * 1.1, "and the slowest token");
-    for (int i = 0; i < 3; i++) step_plan_free(&p[i]);
+    for (int i = 0; i < 4; i++) step_plan_free(&p[i]);
+}
+
+/* Parking: the layout from the ring's end, a parked layer priced as a resident one beside a ring of what it
+ * leaves, forced plans with 'p' checked against the ring, and FERRY_NO_PARK's input. */
+Test(step_plan, parked_layers_lie_at_the_ring_end_and_cost_as_resident_ones)
+{
+    struct step_plan_input in = llama7b(6, 84, 1.5);
+    in.ring_bytes = (755ull << 20) + 100; /* not a multiple of RING_ALIGN */
+    enum placement w[L7];
+    uint64_t off[L7];
+    memcpy(w, where7, sizeof w);
+    cr_assert_eq(step_plan_park_layout(in.ring_bytes, bytes7, w, L7, off), in.ring_bytes, "none parked");
+    int first = -1, second = -1;
+    for (int l = 0; l < L7; l++)
+        if (w[l] == PLACEMENT_STREAM) {
+            if (first < 0)
+                first = l;
+            else if (second < 0)
+                second = l;
+        }
+    bytes7[second] = LAYER_F16 - 1000; /* (a smaller layer) */
+    w[first] = w[second] = PLACEMENT_PARK;
+    const uint64_t a1 = (LAYER_F16 + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN,
+                   a2 = (LAYER_F16 - 1000 + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    cr_assert_eq(step_plan_park_layout(in.ring_bytes, bytes7, w, L7, off), UINT64_MAX, "two do not fit");
+    in.ring_bytes = 3 * LAYER_F16 + 77;
+    const uint64_t top3 = in.ring_bytes / RING_ALIGN * RING_ALIGN;
+    const uint64_t cap = step_plan_park_layout(in.ring_bytes, bytes7, w, L7, off);
+    cr_assert_eq(off[first], top3 - a1, "the first parked layer ends the ring");
+    cr_assert_eq(off[second], top3 - a1 - a2);
+    cr_assert_eq(cap, top3 - a1 - a2);
+    cr_assert_eq(off[second] % RING_ALIGN, 0);
+    /* Priced as resident layers beside a ring of cap bytes. */
+    enum placement as_resident[L7];
+    memcpy(as_resident, w, sizeof w);
+    as_resident[first] = as_resident[second] = PLACEMENT_GPU;
+    struct step_plan_input small = in;
+    small.ring_bytes = cap;
+    for (int m = 1; m <= 512; m *= 8) {
+        const double a = step_plan_simulate(&in, w, m), b = step_plan_simulate(&small, as_resident, m);
+        cr_assert(isfinite(a) && fabs(a - b) <= 1e-12 * b, "%d tokens: parked %.6f ms, resident %.6f", m,
+                  a * 1e3, b * 1e3);
+    }
+    /* Forced plans: 'p' on a host layer, never on a resident one, never more than fit. */
+    char force[L7 + 1], err[256];
+    struct step_plan p;
+    for (int l = 0; l < L7; l++) force[l] = w[l] == PLACEMENT_GPU ? 'g' : w[l] == PLACEMENT_PARK ? 'p' : 's';
+    force[L7] = 0;
+    in.force = force;
+    make(&in, &p);
+    cr_assert_eq(p.n_park[0], 2);
+    cr_assert_eq(step_plan_where(&p, 1)[first], PLACEMENT_PARK);
+    step_plan_free(&p);
+    for (int l = 0; l < L7; l++)
+        if (w[l] != PLACEMENT_GPU) force[l] = 'p';
+    cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID,
+                 "every host layer parked in 3 layers' ring");
+    force[first] = 's';
+    for (int l = 0; l < L7; l++)
+        if (w[l] == PLACEMENT_GPU) {
+            force[l] = 'p';
+            break;
+        }
+    cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "a resident layer parked");
+    /* Planned: a prompt parks, FERRY_NO_PARK's input does not; nothing parks beside a CPU layer. */
+    in.force = NULL;
+    make(&in, &p);
+    const int last = p.n_buckets - 1;
+    cr_assert_gt(p.n_park[last], 0, "a prompt with two layers' room to spare parks");
+    for (int b = 0; b < p.n_buckets; b++)
+        if (p.n_cpu[b]) cr_assert_eq(p.n_park[b], 0, "bucket %d: parked beside CPU layers", b);
+    struct step_plan q;
+    in.no_park = 1;
+    make(&in, &q);
+    for (int b = 0; b < q.n_buckets; b++) cr_assert_eq(q.n_park[b], 0);
+    cr_assert_lt(p.predicted_s[last], q.predicted_s[last], "parking makes the prompt faster");
+    step_plan_free(&p);
+    step_plan_free(&q);
 }
