@@ -859,7 +859,7 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
     p.max_batch_tokens = 64;
     p.n_threads = 2;
     const char *plans[] = {"gscsccsg/gssssssg/gcccccsg", "cccccccc", "scscscsc/cscscscs/ssssssss",
-                           "gscsccsg/gsssssps", "gscsccsg/gsssssss"};
+                           "gscsccsg/gssssspg", "gscsccsg/gssssssg"};
     const int rings[] = {0, 0, 0, 3, 3}; /* --ring-layers */
     float *parked_out = NULL;
     struct engine *cpu = NULL;
