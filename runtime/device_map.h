@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 /* PLACEMENT_PARK (a step plan's, never the map's): a host layer kept in the end of the ring that steps of its
- * size leave unused, copied there once and reused while such steps follow each other (runtime/step_plan.h).
+ * plan leave unused, copied there once and reused while such steps follow each other (runtime/step_plan.h).
  */
 enum placement { PLACEMENT_GPU = 0, PLACEMENT_STREAM = 1, PLACEMENT_CPU = 2, PLACEMENT_PARK = 3 };
 

@@ -154,15 +154,14 @@ uint64_t step_plan_park_layout(uint64_t ring_bytes, const uint64_t *layer_bytes,
     return end == ring_bytes / RING_ALIGN * RING_ALIGN ? ring_bytes : end;
 }
 
-/* Parks up to k of w's streamed layers (the first ones) when w has no CPU layer: as many as leave the
- * streamed pieces two of the largest of them. Returns how many it parked. */
+/* Parks up to k of w's streamed layers (the first ones): as many as leave the streamed pieces two of the
+ * largest of them. Returns how many it parked. */
 static int park(const struct step_plan_input *in, enum placement *w, int k)
 {
     if (in->no_park || in->ring_bytes == 0 || k <= 0) return 0;
     const int np = in->piece_bytes ? in->n_pieces : 1;
     uint64_t piece = 0;
     for (int l = 0; l < in->n_layers; l++) {
-        if (w[l] == PLACEMENT_CPU) return 0;
         if (w[l] != PLACEMENT_STREAM) continue;
         for (int p = 0; p < np; p++) {
             const uint64_t b = in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
@@ -182,15 +181,15 @@ static int park(const struct step_plan_input *in, enum placement *w, int k)
     return n;
 }
 
-/* Every host layer streamed, with the number of parked ones that makes the fastest step at m tokens:
- * into w, its time returned. */
-static double stream_all(const struct step_plan_input *in, int h, int m, enum placement *w,
+/* c host layers on the CPU (assign), the rest streamed, with the number of parked ones that makes the fastest
+ * step at m tokens: into w, its time returned (tmp: scratch). */
+static double with_parks(const struct step_plan_input *in, int c, int h, int m, enum placement *w,
                          enum placement *tmp)
 {
-    assign(in, 0, h ? h : 1, w);
+    assign(in, c, h ? h : 1, w);
     double best = step_plan_simulate(in, w, m);
-    for (int k = 1; k <= h; k++) {
-        assign(in, 0, h ? h : 1, tmp);
+    for (int k = 1; k <= h - c; k++) {
+        assign(in, c, h ? h : 1, tmp);
         if (park(in, tmp, k) < k) break;
         const double t = step_plan_simulate(in, tmp, m);
         if (t < best) {
@@ -293,7 +292,8 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
     const int L = in->n_layers;
     int h = 0;
     for (int l = 0; l < L; l++) h += in->where[l] != PLACEMENT_GPU;
-    enum placement *trial = malloc(sizeof *trial * (size_t)L * 2), *streamed = trial + L;
+    enum placement *trial = malloc(sizeof *trial * (size_t)L * 3), *streamed = trial + L,
+                   *tmp = trial + 2 * L;
     if (!trial) {
         step_plan_free(out);
         return FERRY_ERR_NOMEM;
@@ -301,7 +301,7 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
     for (int b = 0; b < out->n_buckets && !rc; b++) {
         const int m = out->tokens[b];
         enum placement *w = out->where + (size_t)b * L;
-        if (in->ring_bytes > 0) out->stream_s[b] = stream_all(in, h, m, streamed, trial);
+        if (in->ring_bytes > 0) out->stream_s[b] = with_parks(in, 0, h, m, streamed, tmp);
         if (in->force) {
             rc = forced(in, b, w, err);
         } else if (in->mode == STEP_MODE_STREAM && in->ring_bytes > 0) {
@@ -312,16 +312,14 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
             /* AUTO: the fastest c; more host layers only when they beat streaming all of them by the margin.
              */
             double best = out->stream_s[b];
-            int best_c = 0;
+            memcpy(w, streamed, sizeof *w * (size_t)L);
             for (int c = 1; c <= h; c++) {
-                assign(in, c, h, trial);
-                const double t = step_plan_simulate(in, trial, m);
-                if (t < best && t < out->stream_s[b] * (1.0 - in->margin)) best = t, best_c = c;
+                const double t = with_parks(in, c, h, m, trial, tmp);
+                if (t < best && t < out->stream_s[b] * (1.0 - in->margin)) {
+                    best = t;
+                    memcpy(w, trial, sizeof *w * (size_t)L);
+                }
             }
-            if (best_c)
-                assign(in, best_c, h, w);
-            else
-                memcpy(w, streamed, sizeof *w * (size_t)L);
         }
         if (rc) break;
         const double t = step_plan_simulate(in, w, m);

@@ -8,13 +8,15 @@
  * buffer with each streamed layer's pieces, laid as runtime/ring.c lays them, each copy waiting for the uses
  * of the copies whose bytes it overwrites; the layers in order on the GPU or the CPU; the exchanges around
  * each host layer) and keeps the fastest (AUTO: only when it beats streaming everything by `margin`).
- * STREAM and CPU force c = 0 and c = h. A step whose plan gives the CPU no layer may stream through less of
- * the ring, down to two of the largest pieces (the device computes faster than the link brings them): host
- * layers are parked in the rest (PLACEMENT_PARK), copied once and reused while such steps follow each other,
- * as long prompts' chunks, back-to-back prompts and large decode batches do (the prediction assumes they do);
- * the planner parks as many (of those that fit) as make the simulated step fastest. The costs come from
- * start-up measurements (step_cost). Pure arithmetic: no device, tested in CI.
- * Usage: step_plan_make → step_plan_where(n) per step → step_plan_free.
+ * STREAM and CPU force c = 0 and c = h. A step may stream through less of the ring, down to two of the
+ * largest pieces (the device computes faster than the link brings them): host layers are parked in the rest
+ * (PLACEMENT_PARK), copied once and reused while steps of the same plan follow each other, as long prompts'
+ * chunks, back-to-back prompts and runs of decode steps do (the prediction assumes they do). For each c the
+ * planner parks as many of the streamed layers (of those that fit) as make the simulated step fastest: with
+ * no CPU layer a prompt gains a layer's copy; beside CPU layers the ring's depth usually matters more (the
+ * link can fill only what is free while the CPU computes), and the simulation then parks none. The costs come
+ * from start-up measurements (step_cost). Pure arithmetic: no device, tested in CI. Usage: step_plan_make →
+ * step_plan_where(n) per step → step_plan_free.
  */
 #ifndef FERRY_STEP_PLAN_H
 #define FERRY_STEP_PLAN_H

@@ -845,10 +845,12 @@ Test(gpu_e2e, kv_q8_0_matches_cpu, .timeout = 300)
 }
 
 /* Forced plans over the same 8 layers, with 4 sequences decoding together (steps of 4 tokens and single
- * tokens): the CPU layers' exchange with the GPU's KV cache at m > 1 (stacked q|k|v rows). The last plan
- * parks layer 6 in a ring of three layers for the prompt and the 4-token steps ('p'), and every third step
- * (one token) streams through the whole ring with CPU layers beside: the parked layer is copied again after
- * each of those, and its logits are bitwise those of the same plan streaming it. */
+ * tokens): the CPU layers' exchange with the GPU's KV cache at m > 1 (stacked q|k|v rows). The last plans
+ * run in a ring of three layers: the fourth streams them all; the fifth parks layer 6 for the prompt and the
+ * 4-token steps ('p'), and every third step (one token) streams through the whole ring with CPU layers
+ * beside, so the parked layer is copied again after each of those; the sixth parks layer 1 beside the one
+ * token's CPU layers, in the place of layer 6 (each kind of step moves the other's out). Their logits are
+ * bitwise those of the fourth. */
 Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
 {
     require_gpu();
@@ -858,10 +860,10 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
     p.ctx_size = 256;
     p.max_batch_tokens = 64;
     p.n_threads = 2;
-    const char *plans[] = {"gscsccsg/gssssssg/gcccccsg", "cccccccc", "scscscsc/cscscscs/ssssssss",
-                           "gscsccsg/gssssspg", "gscsccsg/gssssssg"};
-    const int rings[] = {0, 0, 0, 3, 3}; /* --ring-layers */
-    float *parked_out = NULL;
+    const char *plans[] = {"gscsccsg/gssssssg/gcccccsg", "cccccccc",          "scscscsc/cscscscs/ssssssss",
+                           "gscsccsg/gssssssg",          "gscsccsg/gssssspg", "gpcsccsg/gssssspg"};
+    const int rings[] = {0, 0, 0, 3, 3, 3}; /* --ring-layers */
+    float *streamed_out = NULL;
     struct engine *cpu = NULL;
     char err[256] = "";
     p.backend = ENGINE_BACKEND_CPU;
@@ -924,16 +926,17 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
             const uint64_t layer = 2 * (uint64_t)hp.dim * (2 * hp.dim + 2 * 128 + 3 * hp.ffn_dim);
             cr_assert_geq(st.bytes_parked, 2 * layer * 9 / 10, "%s: %.2f MB parked", plans[i],
                           st.bytes_parked / 1e6);
-            parked_out = out[1];
-            out[1] = NULL;
-        } else if (parked_out) {
-            cr_assert_eq(memcmp(parked_out, out[1], row_bytes), 0, "%s: parked and streamed differ",
+            cr_assert(streamed_out != NULL);
+            cr_assert_eq(memcmp(streamed_out, out[1], row_bytes), 0, "%s: parked and streamed differ",
                          plans[i]);
+        } else if (rings[i]) {
+            streamed_out = out[1];
+            out[1] = NULL;
         }
         free(out[0]);
         free(out[1]);
         engine_free(gpu);
     }
-    free(parked_out);
+    free(streamed_out);
     engine_free(cpu);
 }
