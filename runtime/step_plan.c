@@ -154,15 +154,15 @@ uint64_t step_plan_park_layout(uint64_t ring_bytes, const uint64_t *layer_bytes,
     return end == ring_bytes / RING_ALIGN * RING_ALIGN ? ring_bytes : end;
 }
 
-/* Parks up to k of w's streamed layers (the first ones): as many as leave the streamed pieces two of the
- * largest of them. Returns how many it parked. */
+/* Parks up to k of w's streamed layers (the first ones): as many as leave two of the largest pieces of any
+ * host layer (engine.c's step_where may stream a CPU layer of the plan). Returns how many it parked. */
 static int park(const struct step_plan_input *in, enum placement *w, int k)
 {
     if (in->no_park || in->ring_bytes == 0 || k <= 0) return 0;
     const int np = in->piece_bytes ? in->n_pieces : 1;
     uint64_t piece = 0;
     for (int l = 0; l < in->n_layers; l++) {
-        if (w[l] != PLACEMENT_STREAM) continue;
+        if (in->where[l] == PLACEMENT_GPU) continue;
         for (int p = 0; p < np; p++) {
             const uint64_t b = in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
             if (b > piece) piece = b;
