@@ -28,11 +28,6 @@ static enum placement where_of(const struct device_map_input *in, int i, int res
     return spread(i, in->n_layers - resident, in->n_layers);
 }
 
-static uint64_t align_ring(uint64_t x)
-{
-    return (x + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
-}
-
 /* The largest layer that streams when `resident` layers stay on the device (0: none streams). */
 static uint64_t largest_streamed(const struct device_map_input *in, int resident)
 {
@@ -55,8 +50,8 @@ static uint64_t ring_min(const struct device_map_input *in, int resident)
 {
     const uint64_t big = largest_streamed(in, resident);
     if (!big || in->no_ring) return 0;
-    if (in->ring_layers > 0) return align_ring((uint64_t)in->ring_layers * big);
-    return 2 * align_ring(largest_piece(in, resident));
+    if (in->ring_layers > 0) return ring_align((uint64_t)in->ring_layers * big);
+    return 2 * ring_align(largest_piece(in, resident));
 }
 
 /* Bytes of the weights when `resident` layers stay on the device and the rest stream through a ring of
@@ -139,7 +134,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     uint64_t ring = ring_min(in, resident);
     const uint64_t used = base + weights_bytes(in, resident) + (uint64_t)kv * kvt;
     if (ring && in->ring_layers == 0 && in->budget > used) {
-        const uint64_t most = 2 * align_ring(largest_streamed(in, resident));
+        const uint64_t most = 2 * ring_align(largest_streamed(in, resident));
         uint64_t grown = ring + (in->budget - used) / RING_ALIGN * RING_ALIGN;
         if (grown > most) grown = most;
         if (grown > ring) ring = grown;

@@ -1000,7 +1000,7 @@ static int park_layers(struct forward_cuda *f, const enum placement *where)
         if (where[l] != PLACEMENT_PARK || f->parked[l] == f->park_want[l]) continue;
         if (!f->host_block[l]) return FERRY_ERR_INVALID;
         const uint64_t at = f->park_want[l], bytes = parked_bytes(f, l);
-        if (!copied) {
+        if (!copied) { /* (park_done marks the compute stream's work so far here; re-recorded below) */
             CK(cudaEventRecord(f->park_done, f->compute));
             CK(cudaStreamWaitEvent(f->copy, f->park_done, 0));
         }

@@ -8,7 +8,7 @@
 
 uint64_t ring_place(uint64_t cap, uint64_t prev_end, uint64_t bytes)
 {
-    const uint64_t at = (prev_end + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    const uint64_t at = ring_align(prev_end);
     return at + bytes <= cap ? at : 0;
 }
 

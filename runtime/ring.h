@@ -31,6 +31,12 @@
 #define RING_HISTORY  64
 #define RING_MAX_WAIT (RING_HISTORY / 2)
 
+/* x rounded up to RING_ALIGN: where copies start, and what a parked layer takes (runtime/step_plan.h). */
+static inline uint64_t ring_align(uint64_t x)
+{
+    return (x + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+}
+
 struct ring_copy {
     int item;
     uint64_t off, bytes;

@@ -38,6 +38,12 @@ static double gpu_layer(const struct step_plan_input *in, int l, int m)
     return c->gpu_layer_s + (mem > math ? mem : math);
 }
 
+/* Bytes of piece p of layer l (the whole layer when the input gives no pieces). */
+static uint64_t piece_of(const struct step_plan_input *in, int l, int p)
+{
+    return in->piece_bytes ? in->piece_bytes[(size_t)l * in->n_pieces + p] : in->layer_bytes[l];
+}
+
 /* The copies of the simulated steps: where each lies in the ring, when its use ended. */
 struct sim_copy {
     uint64_t off, bytes;
@@ -82,8 +88,7 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
             case PLACEMENT_STREAM: {
                 const double dev = gpu_layer(in, l, m);
                 for (int p = 0; p < np; p++) {
-                    const uint64_t b =
-                        in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
+                    const uint64_t b = piece_of(in, l, p);
                     if (b == 0) continue; /* (a layer with fewer pieces) */
                     if (b > cap) {
                         free(cp);
@@ -135,11 +140,6 @@ static void assign(const struct step_plan_input *in, int c, int h, enum placemen
     }
 }
 
-static uint64_t ring_align(uint64_t x)
-{
-    return (x + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
-}
-
 uint64_t step_plan_park_layout(uint64_t ring_bytes, const uint64_t *layer_bytes, const enum placement *where,
                                int n_layers, uint64_t *park_off)
 {
@@ -163,10 +163,8 @@ static int park(const struct step_plan_input *in, enum placement *w, int k)
     uint64_t piece = 0;
     for (int l = 0; l < in->n_layers; l++) {
         if (in->where[l] == PLACEMENT_GPU) continue;
-        for (int p = 0; p < np; p++) {
-            const uint64_t b = in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
-            if (b > piece) piece = b;
-        }
+        for (int p = 0; p < np; p++)
+            if (piece_of(in, l, p) > piece) piece = piece_of(in, l, p);
     }
     const uint64_t room = in->ring_bytes / RING_ALIGN * RING_ALIGN, need = 2 * ring_align(piece);
     if (piece == 0 || room <= need) return 0;
@@ -271,10 +269,8 @@ static int forced(const struct step_plan_input *in, int b, enum placement *w, ch
     const int np = in->piece_bytes ? in->n_pieces : 1;
     uint64_t largest = 0;
     for (int l = 0; l < in->n_layers; l++)
-        for (int p = 0; p < np && w[l] == PLACEMENT_STREAM; p++) {
-            const uint64_t pb = in->piece_bytes ? in->piece_bytes[(size_t)l * np + p] : in->layer_bytes[l];
-            if (pb > largest) largest = pb;
-        }
+        for (int p = 0; p < np && w[l] == PLACEMENT_STREAM; p++)
+            if (piece_of(in, l, p) > largest) largest = piece_of(in, l, p);
     if (cap == UINT64_MAX || largest > cap) {
         snprintf(err, 256, "forced plan: the parked layers do not fit the ring beside the streamed pieces");
         return FERRY_ERR_INVALID;
