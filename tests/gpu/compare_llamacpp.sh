@@ -9,7 +9,8 @@
 # CMP_FILES="F16" (say) writes only those files (CMP_F16=1 adds F16 to the default two); rows whose file is
 # missing are left out, and CMP_HYBRID_FILES="F16" (say) limits the hybrid part to those files. bench runs in
 # parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl
-# accumulates).
+# accumulates); CMP_1SEQ=0 leaves out the hybrid part's one-sequence rows (b=1 with the KV cache sized for one
+# sequence on both sides, as a one-user `ferry serve --parallel 1` sizes it).
 # CMP_ROUNDS=N runs the parts that involve the host's cores (Q4_4G, HYBRID, CPU) N times, ferry and llama.cpp
 # alternating within each round; the table shows medians and their ranges (the host's figures move by 10-30%
 # between calls on these machines: runtime/NOTES.md, session 10).
@@ -146,6 +147,10 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
     ferry f16-4g-auto --model $F16 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 24
     ferry f16-4g-cpu --model $F16 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
+    if [ "${CMP_1SEQ:-1}" = 1 ]; then # one sequence: both sides size their KV for it alone
+      ferry f16-1s-auto --model $F16 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 24
+      for ngl in 10 11; do llama_batched f16-1s-ngl$ngl $F16 $ngl 1 32 16; done
+    fi
   fi
   if [ -s $Q8 ] && [[ $hf == *" Q8_0 "* ]]; then
     log "Q8_0, 4 GiB: auto, and llama.cpp's -ngl sweep"
@@ -153,6 +158,10 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
     ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
     ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
+    if [ "${CMP_1SEQ:-1}" = 1 ]; then
+      ferry q8-1s-auto --model $Q8 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 24
+      for ngl in 18 19 20; do llama_batched q8-1s-ngl$ngl $Q8 $ngl 1 32 16; done
+    fi
   fi
   if [ -s $Q4 ] && [[ $hf == *" Q4_K_M "* ]]; then
     log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
@@ -160,6 +169,10 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
     ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
     ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+    if [ "${CMP_1SEQ:-1}" = 1 ]; then
+      ferry q4-2g1s-auto --model $Q4 --gpu-memory 2GiB --batches 1 --prefill 0 --decode-steps 24
+      for ngl in 15 16 17 18; do llama_batched q4-2g1s-ngl$ngl $Q4 $ngl 1 32 16; done
+    fi
   fi
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then

@@ -97,9 +97,14 @@ for name, fcases, prefix, mib, tgt in (("Q4_K_M 4 GiB", ("q4-4g", "q4-4g-cpu", "
                                         {1: ">= 1.5x, >= 65"}),
                                        ("F16 4 GiB", ("f16-4g-stream", "f16-4g-auto", "f16-4g-cpu"), "f16-4g-ngl", 4096,
                                         {1: ">= 12, >= 1.5x", 16: ">= 81"}),
+                                       ("F16 4 GiB, 1 seq", ("f16-1s-auto",), "f16-1s-ngl", 4096,
+                                        {1: ">= 12, >= 1.5x"}),
                                        ("Q8_0 4 GiB", ("q8-4g-auto", "q8-4g-auto-int8", "q8-4g-cpu-int8"), "q8-4g-ngl", 4096,
                                         {1: ">= 30"}),
+                                       ("Q8_0 4 GiB, 1 seq", ("q8-1s-auto",), "q8-1s-ngl", 4096, {1: ">= 30"}),
                                        ("Q4_K_M 2 GiB", ("q4-2g-auto", "q4-2g-auto-int8", "q4-2g-cpu-int8"), "q4-2g-ngl", 2048,
+                                        {1: ">= 1.5x"}),
+                                       ("Q4_K_M 2 GiB, 1 seq", ("q4-2g1s-auto",), "q4-2g1s-ngl", 2048,
                                         {1: ">= 1.5x"})):
     b = best_under(prefix, mib)
     ngl = b["case"].split("ngl")[1] if b else "?"
