@@ -126,36 +126,31 @@ char *utf8_sanitize(const char *s, size_t n, size_t *out_len)
     size_t j = 0;
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
+        const unsigned c = u[i];
+        /* The sequence's length and its second byte's range (Unicode Table 3-7: E0, ED, F0 and F4 narrow it,
+         * which excludes overlongs, surrogates and code points past U+10FFFF). */
         size_t k = 0;
-        unsigned cp = 0;
-        if (c < 0x80)
-            k = 1, cp = c;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c >= 0x01 && c < 0x80) /* NUL would cut C strings downstream */
+            k = 1;
         else if (c >= 0xc2 && c <= 0xdf)
-            k = 2, cp = c & 0x1f;
+            k = 2;
         else if (c >= 0xe0 && c <= 0xef)
-            k = 3, cp = c & 0x0f;
+            k = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
         else if (c >= 0xf0 && c <= 0xf4)
-            k = 4, cp = c & 0x07;
-        int ok = k > 0 && i + k <= n;
-        for (size_t m = 1; ok && m < k; m++) {
-            if ((u[i + m] & 0xc0) != 0x80)
-                ok = 0;
-            else
-                cp = (cp << 6) | (u[i + m] & 0x3f);
-        }
-        if (ok && ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-                   (k == 4 && (cp < 0x10000 || cp > 0x10ffff))))
-            ok = 0;
-        if (c == 0) ok = 0; /* NUL would cut C strings downstream */
-        if (ok) {
+            k = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+        /* m: how many bytes of the sequence are well-formed so far (its maximal subpart when it is cut). */
+        size_t m = k ? 1 : 0;
+        while (m < k && i + m < n && u[i + m] >= (m == 1 ? lo : 0x80) && u[i + m] <= (m == 1 ? hi : 0xbf))
+            m++;
+        if (k && m == k) {
             memcpy(o + j, s + i, k);
             j += k;
             i += k;
-        } else {
+        } else { /* one U+FFFD for the maximal subpart (at least one byte), as Python, ICU and WHATWG do */
             memcpy(o + j, "\xef\xbf\xbd", 3);
             j += 3;
-            i += 1;
+            i += m ? m : 1;
         }
     }
     o[j] = 0;

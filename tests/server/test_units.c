@@ -206,7 +206,17 @@ Test(api, utf8_sanitize)
          3,
          "a\xef\xbf\xbd"
          "b"},
-        {"\xe2\x82", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* truncated sequence */
+        {"\xe2\x82", 2, "\xef\xbf\xbd"},                         /* truncated sequence: one U+FFFD */
+        {"\xf0\x9f\x8c", 3, "\xef\xbf\xbd"},                     /* an emoji cut by max_tokens */
+        {"\xe2\x82\xe2\x82\xac", 5, "\xef\xbf\xbd\xe2\x82\xac"}, /* cut, then a whole one */
+        {"\xf0\x9f\x8c"
+         "A",
+         4,
+         "\xef\xbf\xbd"
+         "A"}, /* cut by an ASCII byte */
+        {"\xf4\x90\x80\x80", 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* past U+10FFFF */
+        {"\xe0\x80\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},                 /* overlong, 3 bytes */
+        {"\x80\x80", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* lone continuation bytes */
         {"\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd"},                 /* overlong */
         {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* surrogate */
         {"a\0b", 3,
