@@ -853,8 +853,10 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
         streams |= where[l] == PLACEMENT_STREAM;
     }
     if (!(expected > 0)) return;
-    if (!streams && e->slow > 1) expected /= e->slow; /* the costs are given with the link busy */
-    if (!step_pace_observe(&e->pace, took, expected)) return;
+    /* The costs are given with the link busy (e->slow: how much slower than alone); a step that streams keeps
+     * the link busy only while the ring has room, so its host layers may run as fast as alone. */
+    const double alone = e->slow > 1 ? expected / e->slow : expected;
+    if (!step_pace_observe(&e->pace, took, alone, streams ? expected : alone)) return;
     const struct step_cost c = step_cost_paced(&e->cost, e->pace.pace);
     struct step_plan plan;
     char err[256];

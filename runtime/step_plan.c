@@ -409,14 +409,14 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int step_pace_observe(struct step_pace *p, double seconds, double expected)
+int step_pace_observe(struct step_pace *p, double seconds, double lo, double hi)
 {
-    if (!(seconds > 0) || !(expected > 0) || !isfinite(seconds) || !isfinite(expected)) return 0;
+    if (!(seconds > 0) || !(lo > 0) || !(hi >= lo) || !isfinite(seconds) || !isfinite(hi)) return 0;
     if (p->n == STEP_PACE_WINDOW) {
         memmove(p->ratio, p->ratio + 1, sizeof p->ratio[0] * (STEP_PACE_WINDOW - 1));
         p->n--;
     }
-    p->ratio[p->n++] = seconds / expected;
+    p->ratio[p->n++] = seconds < lo ? seconds / lo : seconds > hi ? seconds / hi : 1.0;
     if (p->n < STEP_PACE_WINDOW) return 0;
     double s[STEP_PACE_WINDOW];
     memcpy(s, p->ratio, sizeof s);

@@ -133,10 +133,13 @@ struct step_pace {
 };
 
 void step_pace_init(struct step_pace *p);
-/* One step's host arithmetic: `seconds` taken, `expected` by the cost model at pace 1 (both > 0, else
- * ignored). Returns 1 when the window's median left the band around the current pace: p->pace is then the
- * median (within [STEP_PACE_MIN, STEP_PACE_MAX]), the window starts again and the caller re-plans. */
-int step_pace_observe(struct step_pace *p, double seconds, double expected);
+/* One step's host arithmetic: `seconds` taken, where the cost model (at pace 1) puts it between `lo` and `hi`
+ * (0 < lo <= hi, else ignored): the model times a host layer alone and beside the link's copies, and in a
+ * step that streams the link is busy only while the ring has room, so the layers may run at either rate or
+ * between. A step inside [lo, hi] is at pace 1, one outside at seconds / lo or seconds / hi. Returns 1 when
+ * the window's median left the band around the current pace: p->pace is then the median (within
+ * [STEP_PACE_MIN, STEP_PACE_MAX]), the window starts again and the caller re-plans. */
+int step_pace_observe(struct step_pace *p, double seconds, double lo, double hi);
 /* c with its host times multiplied by pace. */
 struct step_cost step_cost_paced(const struct step_cost *c, double pace);
 
