@@ -10,7 +10,8 @@
 # missing are left out, and CMP_HYBRID_FILES="F16" (say) limits the hybrid part to those files. bench runs in
 # parts: CMP_MAIN=0, CMP_Q4_4G=0, CMP_HYBRID=0, CMP_CPU=0, CMP_INT4=0 leave a part out (results.jsonl
 # accumulates); CMP_1SEQ=0 leaves out the hybrid part's one-sequence rows (b=1 with the KV cache sized for one
-# sequence on both sides, as a one-user `ferry serve --parallel 1` sizes it).
+# sequence on both sides, as a one-user `ferry serve --parallel 1` sizes it); CMP_1SEQ=only runs only those rows
+# where the part has them (Q4_K_M).
 # CMP_ROUNDS=N runs the parts that involve the host's cores (Q4_4G, HYBRID, CPU) N times, ferry and llama.cpp
 # alternating within each round; the table shows medians and their ranges (the host's figures move by 10-30%
 # between calls on these machines: runtime/NOTES.md, session 10).
@@ -147,7 +148,7 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
     ferry f16-4g-auto --model $F16 --gpu-memory 4GiB --placement auto --batches 1,16 --prefill 512 --decode-steps 24
     ferry f16-4g-cpu --model $F16 --gpu-memory 4GiB --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 6 8 10; do llama_batched f16-4g-ngl$ngl $F16 $ngl 1,16 32 16; done
-    if [ "${CMP_1SEQ:-1}" = 1 ]; then # one sequence: both sides size their KV for it alone
+    if [ "${CMP_1SEQ:-1}" != 0 ]; then # one sequence: both sides size their KV for it alone
       ferry f16-1s-auto --model $F16 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 24
       for ngl in 10 11; do llama_batched f16-1s-ngl$ngl $F16 $ngl 1 32 16; done
     fi
@@ -158,20 +159,22 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
     ferry q8-4g-auto-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
     ferry q8-4g-cpu-int8 --model $Q8 --gpu-memory 4GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
     for ngl in 15 16 17 18; do llama_batched q8-4g-ngl$ngl $Q8 $ngl 1,16 32 16; done
-    if [ "${CMP_1SEQ:-1}" = 1 ]; then
+    if [ "${CMP_1SEQ:-1}" != 0 ]; then
       ferry q8-1s-auto --model $Q8 --gpu-memory 4GiB --batches 1 --prefill 0 --decode-steps 24
       for ngl in 18 19 20; do llama_batched q8-1s-ngl$ngl $Q8 $ngl 1 32 16; done
     fi
   fi
   if [ -s $Q4 ] && [[ $hf == *" Q4_K_M "* ]]; then
     log "Q4_K_M, 2 GiB: auto, and llama.cpp's -ngl sweep"
-    ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 24
-    ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
-    ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
-    for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
-    if [ "${CMP_1SEQ:-1}" = 1 ]; then
+    if [ "${CMP_1SEQ:-1}" != only ]; then
+      ferry q4-2g-auto --model $Q4 --cpu-arith f32 --gpu-memory 2GiB --batches 1,16 --prefill 512 --decode-steps 24
+      ferry q4-2g-auto-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --batches 1,16 --prefill 0 --decode-steps 24
+      ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
+      for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
+    fi
+    if [ "${CMP_1SEQ:-1}" != 0 ]; then # (-ngl 17 took 2,085 MiB in session 21: past the budget)
       ferry q4-2g1s-auto --model $Q4 --gpu-memory 2GiB --batches 1 --prefill 0 --decode-steps 24
-      for ngl in 15 16 17 18; do llama_batched q4-2g1s-ngl$ngl $Q4 $ngl 1 32 16; done
+      for ngl in 15 16; do llama_batched q4-2g1s-ngl$ngl $Q4 $ngl 1 32 16; done
     fi
   fi
 fi
