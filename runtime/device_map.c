@@ -98,7 +98,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     const uint64_t base = in->fixed_bytes + in->head_bytes, kvt = in->kv_token_bytes;
     const int64_t blk = auto_kv ? in->kv_block : 1;
     const int64_t kv_max = auto_kv ? in->kv_tokens_max / blk * blk : 0;
-    const int64_t kv_min = auto_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
+    int64_t kv_min = auto_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
     int64_t kv_floor = auto_kv ? in->kv_tokens_floor / blk * blk : 0;
     if (kv_floor < kv_min) kv_floor = kv_min;
     if (kv_floor > kv_max) kv_floor = kv_max > kv_min ? kv_max : kv_min;
@@ -107,7 +107,19 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         for (int i = 0; i < L; i++) n_mask += in->resident_mask[i] != 0;
     /* The smallest plan: every layer streams (through the smallest ring; with no ring, the host computes). */
     const int min_resident = in->resident_mask ? n_mask : 0;
-    out->bytes_minimum = base + weights_bytes(in, min_resident) + (uint64_t)kv_min * kvt;
+    const uint64_t smallest = base + weights_bytes(in, min_resident);
+    /* With an extension the host's cores attend to, one full-length sequence need not fit on the device: when
+     * it does not fit beside the smallest plan, the device holds what does (whole blocks, at least one) and
+     * the extension the rest of it, if the extension can. */
+    const int seq_may_split =
+        auto_kv && in->kv_ext_host && in->kv_ext_max >= kv_min && !in->resident_mask && in->gpu_layers < 0;
+    if (seq_may_split && smallest + (uint64_t)kv_min * kvt > in->budget &&
+        in->budget >= smallest + (uint64_t)blk * kvt) {
+        kv_min = (int64_t)((in->budget - smallest) / kvt) / blk * blk;
+        kv_floor = kv_min;
+        out->kv_seq_split = 1;
+    }
+    out->bytes_minimum = smallest + (uint64_t)(seq_may_split ? blk : kv_min) * kvt;
 
     int resident;
     int64_t kv = kv_max;
@@ -215,6 +227,9 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
     if (m->kv_tokens)
         EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
              m->kv_bytes / GIB);
+    if (m->kv_seq_split)
+        EMIT("  one --ctx-size sequence does not fit on the device beside the smallest plan: the rest of it "
+             "lives in the extension below (a smaller --ctx-size leaves room for resident layers)\n");
     if (m->kv_ext_tokens)
         EMIT("  KV pool extension in host memory: %lld positions (%.2f GiB), used when the device's are all "
              "taken; %s\n",

@@ -17,8 +17,10 @@
  * caller, or sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer fits beside it; otherwise
  * the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a streamed layer's bytes into
  * many tokens) and the layers take the rest, then the pool takes what the layers leave, up to kv_tokens_max.
- * It never goes below kv_tokens_min (one full-length sequence): a budget that cannot hold that beside the
- * smallest streaming plan is refused, naming the minimum. Extension: when some layers stream and the pool
+ * It never goes below kv_tokens_min (one full-length sequence), except where the host's cores attend to an
+ * extension that can hold the rest of it: a budget that cannot hold that sequence beside the smallest
+ * streaming plan then keeps what fits of it on the device (kv_seq_split); otherwise it is refused, naming the
+ * minimum. Extension: when some layers stream and the pool
  * falls short of kv_tokens_max, the missing positions (up to kv_ext_max) become an extension of the pool in
  * pinned host memory (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead
  * of queueing. When the host's cores attend to the extension's positions (kv_ext_host;
@@ -80,6 +82,7 @@ struct device_map {
     int64_t kv_ext_tokens;   /* positions of its extension in host memory (0: none) */
     uint64_t kv_ext_bytes;   /* the extension's bytes */
     int kv_ext_host;         /* the host's cores attend to its positions (the input's kv_ext_host) */
+    int kv_seq_split; /* kv_tokens is less than one full-length sequence: the extension holds the rest */
     uint64_t bytes_total;    /* fixed + head + resident + ring: what the plan allocates */
     uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,

@@ -310,6 +310,53 @@ Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
     cr_assert_lt(strlen(err), 200);
 }
 
+/* One full-length sequence that does not fit beside the smallest plan (Q4_K_M 7B under 2 GiB with the default
+ * 4,096-position context refused to start before session 21): with an extension the host's cores attend to
+ * and that can hold the rest, the device keeps what fits of it; without one, or one too small, the refusal
+ * stays. */
+Test(device_map, one_sequence_split_with_the_extension)
+{
+    struct device_map m;
+    char err[256] = "";
+    struct device_map_input in = auto_kv(2900 * MIB, 4 * 4096, 4 * 1024, 4096);
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM,
+                 "the device reads the extension: refused");
+    in.kv_ext_host = 1;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.kv_seq_split, 1);
+    cr_assert_eq(m.n_resident, 0);
+    /* 2900 - (300 + 250 + 2 x 172) MiB = 2006 MiB: 4,012 positions, 4,000 in whole blocks of 16. */
+    cr_assert_eq(m.kv_tokens, 4000, "device positions %lld", (long long)m.kv_tokens);
+    cr_assert_eq(m.kv_tokens + m.kv_ext_tokens, 4 * 4096, "the extension holds the rest of every slot");
+    cr_assert_leq(m.bytes_total, in.budget);
+    cr_assert_lt(m.bytes_minimum, in.budget);
+    char buf[2048];
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "does not fit on the device"), "%s", buf);
+    device_map_free(&m);
+    /* A budget with room for one block beside the smallest plan still plans; less than that is refused. */
+    in.budget = (300 + 250 + 2 * 172) * MIB + 16 * 512 * 1024;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.kv_tokens, 16);
+    device_map_free(&m);
+    in.budget -= 1;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+    /* An extension that cannot hold one sequence: refused as before. */
+    in = auto_kv(2900 * MIB, 4 * 4096, 4 * 1024, 4096);
+    in.kv_ext_host = 1;
+    in.kv_ext_max = 4000;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+    /* A budget that holds the sequence: no split. */
+    in = auto_kv(4096 * MIB, 4 * 4096, 4 * 1024, 4096);
+    in.kv_ext_host = 1;
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.kv_seq_split, 0);
+    cr_assert_geq(m.kv_tokens, 4096);
+    device_map_free(&m);
+}
+
 /* --placement cpu: host layers never stream, so no ring; its memory holds one more resident layer. */
 Test(device_map, no_ring_gives_the_ring_to_resident_layers)
 {
