@@ -159,7 +159,13 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     }
     uint64_t total = base + weights + (uint64_t)kv * kvt;
     if (total > in->budget) {
-        if (auto_kv)
+        if (auto_kv && seq_may_split)
+            snprintf(
+                err, 256,
+                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (%d layers streamed, one block of "
+                "the KV pool on the device and the rest in host memory)",
+                in->budget / GIB, out->bytes_minimum / GIB, L - min_resident);
+        else if (auto_kv)
             snprintf(
                 err, 256,
                 "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (%d layers streamed, a KV pool of "

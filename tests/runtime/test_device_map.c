@@ -342,6 +342,8 @@ Test(device_map, one_sequence_split_with_the_extension)
     device_map_free(&m);
     in.budget -= 1;
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+    cr_assert(strstr(err, "one block of the KV pool on the device and the rest in host memory)"), "%s", err);
+    cr_assert_lt(strlen(err), 200);
     /* An extension that cannot hold one sequence: refused as before. */
     in = auto_kv(2900 * MIB, 4 * 4096, 4 * 1024, 4096);
     in.kv_ext_host = 1;
