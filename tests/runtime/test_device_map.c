@@ -310,10 +310,11 @@ Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
     cr_assert_lt(strlen(err), 200);
 }
 
-/* One full-length sequence that does not fit beside the smallest plan (Q4_K_M 7B under 2 GiB with the default
- * 4,096-position context refused to start before session 21): with an extension the host's cores attend to
- * and that can hold the rest, the device keeps what fits of it; without one, or one too small, the refusal
- * stays. */
+/* One full-length sequence need not be on the device when the host's cores attend to an extension that can
+ * hold the rest of it (Q4_K_M 7B under 2 GiB with the default 4,096-position context refused to start before
+ * session 21, and under 4 GiB kept 2 GiB of KV before any layer): the device keeps KV_DEVICE_POSITIONS and
+ * the layers take the rest; a budget that cannot hold those beside the smallest plan keeps what fits; without
+ * a host-attended extension, or one too small, the refusal stays. */
 Test(device_map, one_sequence_split_with_the_extension)
 {
     struct device_map m;
@@ -325,15 +326,25 @@ Test(device_map, one_sequence_split_with_the_extension)
     in.kv_ext_host = 1;
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
     cr_assert_eq(m.kv_seq_split, 1);
-    cr_assert_eq(m.n_resident, 0);
-    /* 2900 - (300 + 250 + 2 x 172) MiB = 2006 MiB: 4,012 positions, 4,000 in whole blocks of 16. */
-    cr_assert_eq(m.kv_tokens, 4000, "device positions %lld", (long long)m.kv_tokens);
+    /* 2900 - (300 + 250) MiB - 1024 positions (512 MiB) = 1838 MiB: 3 layers of 386 MiB beside a ring of two
+     * (344 MiB); the ring grows into what is left, up to two layers, the pool takes the rest. */
+    cr_assert_eq(m.n_resident, 3, "resident %d", m.n_resident);
+    cr_assert_geq(m.kv_tokens, KV_DEVICE_POSITIONS, "device positions %lld", (long long)m.kv_tokens);
+    cr_assert_lt(m.kv_tokens, 4096);
     cr_assert_eq(m.kv_tokens + m.kv_ext_tokens, 4 * 4096, "the extension holds the rest of every slot");
     cr_assert_leq(m.bytes_total, in.budget);
     cr_assert_lt(m.bytes_minimum, in.budget);
     char buf[2048];
     device_map_format(&m, buf, sizeof buf);
-    cr_assert(strstr(buf, "does not fit on the device"), "%s", buf);
+    cr_assert(strstr(buf, "fewer positions than one --ctx-size sequence"), "%s", buf);
+    device_map_free(&m);
+    /* Room for fewer than KV_DEVICE_POSITIONS beside the smallest plan: every layer streams, the device keeps
+     * what fits. 300 + 250 + 2 x 172 MiB and 500 positions: 496 in whole blocks of 16. */
+    in.budget = (300 + 250 + 2 * 172) * MIB + 500 * 512 * 1024;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_eq(m.n_resident, 0);
+    cr_assert_eq(m.kv_tokens, 496, "device positions %lld", (long long)m.kv_tokens);
+    cr_assert_eq(m.kv_seq_split, 1);
     device_map_free(&m);
     /* A budget with room for one block beside the smallest plan still plans; less than that is refused. */
     in.budget = (300 + 250 + 2 * 172) * MIB + 16 * 512 * 1024;
@@ -349,14 +360,23 @@ Test(device_map, one_sequence_split_with_the_extension)
     in.kv_ext_host = 1;
     in.kv_ext_max = 4000;
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
-    /* A budget that holds the sequence: no split. */
-    in = auto_kv(4096 * MIB, 4 * 4096, 4 * 1024, 4096);
-    in.kv_ext_host = 1;
+    /* A budget that holds the sequence beside some layers (ferry serve's default 4 x 4096 under 4 GiB): the
+     * layers still go first, beside KV_DEVICE_POSITIONS: 4096 - 550 - 512 MiB, less a ring of 344, holds 6
+     * layers of 386 MiB, where keeping the 4096 positions (2 GiB) left room for 2. With the extension read by
+     * the device the pool comes first and holds the sequence whole. */
+    in = auto_kv(4096 * MIB, 4 * 4096, 4 * 4096, 4096);
     in.kv_ext_max = 1 << 30;
+    struct device_map whole;
+    cr_assert_eq(device_map_plan(&in, &whole, err), 0, "%s", err);
+    cr_assert_eq(whole.kv_seq_split, 0);
+    cr_assert_geq(whole.kv_tokens, 4096);
+    in.kv_ext_host = 1;
     cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
-    cr_assert_eq(m.kv_seq_split, 0);
-    cr_assert_geq(m.kv_tokens, 4096);
+    cr_assert_eq(m.kv_seq_split, 1);
+    cr_assert_geq(m.kv_tokens, KV_DEVICE_POSITIONS);
+    cr_assert_eq(m.n_resident, 6, "resident %d", m.n_resident);
     device_map_free(&m);
+    device_map_free(&whole);
 }
 
 /* --placement cpu: host layers never stream, so no ring; its memory holds one more resident layer. */
