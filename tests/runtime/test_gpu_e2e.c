@@ -419,6 +419,103 @@ Test(gpu_e2e, kv_q8_0_extension_in_host_memory, .timeout = 300)
     ext_check(&m, p);
 }
 
+/* One sequence of `len` prompt tokens in chunks of the engine's max_batch_tokens, then `steps` decode steps;
+ * lg gets the last prompt token's logits and each step's. */
+static void run_long(struct engine *e, int len, int steps, float *lg)
+{
+    const int V = engine_hparams(e)->n_vocab, T = 200;
+    int32_t tok[200], pos[200], seq[200];
+    uint8_t want[200];
+    for (int start = 0; start < len; start += T) {
+        const int n = len - start < T ? len - start : T;
+        for (int i = 0; i < n; i++)
+            tok[i] = (int32_t)(((start + i) * 31 + 7) % V), pos[i] = start + i, seq[i] = 0,
+            want[i] = start + i == len - 1;
+        struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+        cr_assert_eq(engine_step(e, &b, lg), 0);
+    }
+    for (int k = 1; k <= steps; k++) {
+        tok[0] = (int32_t)((k * 17) % V), pos[0] = len + k - 1, seq[0] = 0, want[0] = 1;
+        struct batch b = {.n_tokens = 1, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+        cr_assert_eq(engine_step(e, &b, lg + (size_t)k * V), 0);
+    }
+}
+
+/* The device's KV floor (device_map.h, KV_DEVICE_POSITIONS): under a budget where the layers do not all fit,
+ * one sequence longer than the floor keeps its first positions on the device and the rest in the extension
+ * while layers are resident; its prompt's chunks straddle the two (chunks of 200 against a floor of 1024) and
+ * its decode rows attend to both. The logits agree with the whole pool on the device within the tolerance of
+ * the host's attention (as ext_check). */
+Test(gpu_e2e, one_sequence_across_the_device_floor_and_the_extension, .timeout = 300)
+{
+    require_gpu();
+    /* 4 layers of 6.3 MB (f16) and 8 KiB of K/V a position: 1,024 positions are 8 MiB */
+    const struct llm_hparams hp = synthetic_llama(512, 4, 8, 8, 64, 1376);
+    const struct e2e_model m = {.hp = &hp};
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.n_seqs = 1;
+    p.ctx_size = 1600;
+    p.max_batch_tokens = 200;
+    p.placement = ENGINE_PLACEMENT_STREAM;
+    char err[256] = "";
+    struct engine *e = NULL, *ref = NULL;
+    struct engine_stats st;
+    /* The smallest budget that starts, then up in steps of 1 MiB to the first with a resident layer. */
+    int64_t lo = 0, hi = 8 << 20;
+    for (;; lo = hi, hi += hi / 8) {
+        cr_assert_leq(hi, (int64_t)1 << 30, "no budget up to 1 GiB starts: %s", err);
+        p.gpu_memory = hi;
+        if (model_engine(&e, &m, &p, err) == 0) break;
+    }
+    engine_free(e);
+    while (hi - lo > (1 << 20)) {
+        p.gpu_memory = lo + (hi - lo) / 2;
+        if (model_engine(&e, &m, &p, err) == 0) {
+            hi = p.gpu_memory;
+            engine_free(e);
+        } else {
+            lo = p.gpu_memory;
+        }
+    }
+    for (p.gpu_memory = hi;; p.gpu_memory += 1 << 20) {
+        cr_assert_eq(model_engine(&e, &m, &p, err), 0, "%s", err);
+        engine_get_stats(e, &st);
+        if (st.n_resident > 0) break;
+        engine_free(e);
+    }
+    const int device_positions = st.kv_blocks_total * st.kv_block_size - (int)(st.kv_host_bytes / (8 << 10));
+    cr_log_info(
+        "budget %lld MiB: %d resident, %d streamed, %d device positions, %.2f MiB of K/V in host memory",
+        (long long)(p.gpu_memory >> 20), st.n_resident, st.n_streamed, device_positions,
+        st.kv_host_bytes / 1048576.0);
+    cr_assert_lt(st.n_resident, 4, "every layer resident: no floor at this budget");
+    cr_assert_gt(st.kv_host_bytes, 0, "no extension");
+    cr_assert_lt(device_positions, 1400, "the device holds the whole sequence");
+    const int V = hp.n_vocab, len = 1400, steps = 6;
+    const size_t n = (size_t)(steps + 1) * V;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    run_long(e, len, steps, b);
+    engine_get_stats(e, &st);
+    cr_assert_gt(st.kv_ext_host_rows, 0, "the host attended to no row of the extension");
+    engine_free(e);
+    p.gpu_memory = 0;
+    cr_assert_eq(model_engine(&ref, &m, &p, err), 0, "%s", err);
+    engine_get_stats(ref, &st);
+    cr_assert_eq(st.kv_host_bytes, 0);
+    run_long(ref, len, steps, a);
+    engine_free(ref);
+    double maxref = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        maxref = fmax(maxref, fabs(a[i]));
+        worst = fmax(worst, fabs(a[i] - b[i]));
+    }
+    cr_log_info("one sequence across the floor: max |diff| %g of max |logit| %g", worst, maxref);
+    cr_assert_leq(worst, 1e-3 * maxref + 1e-4, "|diff| %g", worst);
+    free(a);
+    free(b);
+}
+
 Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
 {
     require_gpu();
