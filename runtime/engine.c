@@ -586,6 +586,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     }
     e->stats.backend = use_cuda ? "cuda" : "cpu";
     e->stats.kv_blocks_total = e->kv.n_blocks;
+    e->stats.kv_blocks_ext = e->kv.n_ext;
     e->stats.kv_block_size = e->kv.block_size;
     e->stats.cpu_threads = e->cpu ? forward_cpu_threads(e->cpu) : 0;
     const int kv_pos = e->kv.n_blocks * e->kv.block_size, full = kv_pos / (p.ctx_size > 0 ? p.ctx_size : 1);

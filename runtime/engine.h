@@ -75,6 +75,7 @@ struct engine_params engine_default_params(void);
 
 struct engine_stats {
     int kv_blocks_total;
+    int kv_blocks_ext; /* of them, the extension in host memory (device_map.h): handed out last */
     int kv_blocks_used;
     int kv_block_size;   /* positions per block */
     uint64_t steps;      /* engine_step calls */

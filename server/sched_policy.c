@@ -44,8 +44,13 @@ enum sched_admit sched_policy_admit(const struct sched_policy_params *p, int n_r
     if (n_running >= p->n_slots) return SCHED_ADMIT_WAIT;
     long long idle = 0;
     for (int i = 0; i < n_idle; i++) idle += idle_blocks[i];
+    const int fast =
+        p->kv_fast_blocks > 0 && p->kv_fast_blocks < p->kv_blocks ? p->kv_fast_blocks : p->kv_blocks;
     for (int k = 0;; k++) {
         if ((long long)kv_reserved + need + idle <= p->kv_blocks) {
+            /* and past that, the caches that keep the head off the device's blocks */
+            while (k < n_idle && idle > 0 && (long long)kv_reserved + need + idle > fast)
+                idle -= idle_blocks[k++];
             *n_evict = k;
             return SCHED_ADMIT_NOW;
         }

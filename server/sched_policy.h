@@ -20,6 +20,8 @@ struct sched_policy_params {
     int prompt_lp_rows;   /* prompt rows with logits (echo with logprobs) one step may hold */
     int ctx;              /* positions per sequence */
     int kv_blocks;        /* blocks in the KV pool */
+    int kv_fast_blocks;   /* of them on the device (the rest: the extension in host memory, handed out last);
+                           * 0: all */
     int kv_block;         /* positions per block (>= 1) */
 };
 
@@ -43,7 +45,10 @@ enum sched_admit {
 };
 /* The queue's head, needing `need` KV blocks: admitted when a slot is free and the running sequences'
  * reservations (kv_reserved), the head's need and the idle caches that stay fit in the pool.
- * idle_blocks[0, n_idle) are the blocks of the free slots' caches, least recently used first. */
+ * idle_blocks[0, n_idle) are the blocks of the free slots' caches, least recently used first. Idle caches
+ * are also dropped (least recently used first) where they would push the head's positions past the device's
+ * blocks into the extension: a live sequence's positions there cost it every step, a cache's only a prefill
+ * it may never be asked for. */
 enum sched_admit sched_policy_admit(const struct sched_policy_params *p, int n_running, int kv_reserved,
                                     int need, const int *idle_blocks, int n_idle, int *n_evict);
 
