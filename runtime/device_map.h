@@ -21,11 +21,10 @@
  * extension that can hold the rest of it: there the device keeps KV_DEVICE_POSITIONS (or one sequence, if
  * shorter) before layers are made resident, and a longer sequence's later positions live in the extension
  * (kv_seq_split); a budget that cannot hold even that beside the smallest streaming plan keeps what fits.
- * Otherwise a budget too small for one sequence is refused, naming the
- * minimum. Extension: when some layers stream and the pool
- * falls short of kv_tokens_max, the missing positions (up to kv_ext_max) become an extension of the pool in
- * pinned host memory (kv_cache.h: its blocks are handed out last). Those sequences then run at once instead
- * of queueing. When the host's cores attend to the extension's positions (kv_ext_host;
+ * Otherwise a budget too small for one sequence is refused, naming the minimum. Extension: when some layers
+ * stream and the pool falls short of kv_tokens_max, the missing positions (up to kv_ext_max) become an
+ * extension of the pool in pinned host memory (kv_cache.h: its blocks are handed out last). Those sequences
+ * then run at once instead of queueing. When the host's cores attend to the extension's positions (kv_ext_host;
  * runtime/forward_cuda.c), a position there costs the step little beside the streamed weights, so the pool
  * keeps only kv_tokens_min (at most KV_DEVICE_POSITIONS) before layers are made resident (more resident
  * layers, shorter steps, the extension holding the rest), unless that would make every layer resident (then
