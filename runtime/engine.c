@@ -170,7 +170,7 @@ static int int8_model(const struct model *m)
 
 /* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs
  * sequences of up to 1024 positions before layers are made resident, and never less than one full-length
- * sequence. */
+ * sequence unless the host's cores attend to its extension (device_map.h: KV_DEVICE_POSITIONS). */
 static struct forward_cuda_params cuda_params(const struct engine_params *p, int kv_auto)
 {
     const int64_t ctx = p->ctx_size, short_ctx = ctx < 1024 ? ctx : 1024;
