@@ -24,13 +24,13 @@
  * Otherwise a budget too small for one sequence is refused, naming the minimum. Extension: when some layers
  * stream and the pool falls short of kv_tokens_max, the missing positions (up to kv_ext_max) become an
  * extension of the pool in pinned host memory (kv_cache.h: its blocks are handed out last). Those sequences
- * then run at once instead of queueing. When the host's cores attend to the extension's positions (kv_ext_host;
- * runtime/forward_cuda.c), a position there costs the step little beside the streamed weights, so the pool
- * keeps only kv_tokens_min (at most KV_DEVICE_POSITIONS) before layers are made resident (more resident
- * layers, shorter steps, the extension holding the rest), unless that would make every layer resident (then
- * the plan is the one above: a pool that small would queue sequences). When the device reads them over the
- * link instead, each position costs link time (runtime/NOTES.md, session 8). Not when every layer is
- * resident: there a step is so short that the extension would cost more than the queue.
+ * then run at once instead of queueing. When the host's cores attend to the extension's positions
+ * (kv_ext_host; runtime/forward_cuda.c), a position there costs the step little beside the streamed weights,
+ * so the pool keeps only kv_tokens_min (at most KV_DEVICE_POSITIONS) before layers are made resident (more
+ * resident layers, shorter steps, the extension holding the rest), unless that would make every layer
+ * resident (then the plan is the one above: a pool that small would queue sequences). When the device reads
+ * them over the link instead, each position costs link time (runtime/NOTES.md, session 8). Not when every
+ * layer is resident: there a step is so short that the extension would cost more than the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -81,16 +81,16 @@ struct device_map {
     int n_layers;
     enum placement *where; /* (n_layers) */
     int n_resident;
-    int n_streamed;          /* layers in host memory (streamed or computed on the host, step by step) */
-    uint64_t ring_bytes;     /* the streaming ring; 0 when nothing streams */
-    uint64_t piece_bytes;    /* the largest piece it carries */
-    int64_t kv_tokens;       /* the KV pool's positions when the planner sized it, else 0 */
-    uint64_t kv_bytes;       /* its device bytes (0 when fixed by the caller) */
-    int64_t kv_ext_tokens;   /* positions of its extension in host memory (0: none) */
-    uint64_t kv_ext_bytes;   /* the extension's bytes */
-    int kv_ext_host;         /* the host's cores attend to its positions (the input's kv_ext_host) */
-    int kv_seq_split; /* kv_tokens is less than one full-length sequence: the extension holds the rest */
-    uint64_t bytes_total;    /* fixed + head + resident + ring: what the plan allocates */
+    int n_streamed;        /* layers in host memory (streamed or computed on the host, step by step) */
+    uint64_t ring_bytes;   /* the streaming ring; 0 when nothing streams */
+    uint64_t piece_bytes;  /* the largest piece it carries */
+    int64_t kv_tokens;     /* the KV pool's positions when the planner sized it, else 0 */
+    uint64_t kv_bytes;     /* its device bytes (0 when fixed by the caller) */
+    int64_t kv_ext_tokens; /* positions of its extension in host memory (0: none) */
+    uint64_t kv_ext_bytes; /* the extension's bytes */
+    int kv_ext_host;       /* the host's cores attend to its positions (the input's kv_ext_host) */
+    int kv_seq_split;      /* kv_tokens is less than one full-length sequence: the extension holds the rest */
+    uint64_t bytes_total;  /* fixed + head + resident + ring: what the plan allocates */
     uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,
                               * all weight bytes / hbm) (the step plan refines it) */
