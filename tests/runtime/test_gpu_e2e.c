@@ -301,6 +301,32 @@ static int model_engine(struct engine **e, const struct e2e_model *m, const stru
     return m->mf ? engine_init(e, m->mf, p, err) : engine_init_synthetic(e, m->hp, DTYPE_F16, p, err);
 }
 
+/* The smallest --gpu-memory (to within `tol` bytes) at which an engine of m with parameters p starts; each
+ * engine is tried alone in the process (one alive beside it would leave it the CUDA runtime's share of the
+ * budget: another plan). */
+static int64_t smallest_budget(const struct e2e_model *m, struct engine_params p, int64_t tol)
+{
+    char err[256] = "";
+    struct engine *e = NULL;
+    int64_t lo = 0, hi = 8 << 20;
+    for (;; lo = hi, hi += hi / 8) {
+        cr_assert_leq(hi, (int64_t)1 << 30, "no budget up to 1 GiB starts: %s", err);
+        p.gpu_memory = hi;
+        if (model_engine(&e, m, &p, err) == 0) break;
+    }
+    engine_free(e);
+    while (hi - lo > tol) {
+        p.gpu_memory = lo + (hi - lo) / 2;
+        if (model_engine(&e, m, &p, err) == 0) {
+            hi = p.gpu_memory;
+            engine_free(e);
+        } else {
+            lo = p.gpu_memory;
+        }
+    }
+    return hi;
+}
+
 /* The KV pool's extension in host memory (device_map.h): under a budget whose pool holds fewer positions than
  * the sequences need, with every layer streamed, the later sequences' K/V live in host memory. With the
  * device reading them over the link (FERRY_KV_EXT_ATTN=device) the logits are bitwise those of the same plan
@@ -320,23 +346,7 @@ static void ext_check(const struct e2e_model *m, struct engine_params p)
     struct engine_stats st;
     /* The smallest budget that starts (to 4 KiB, under one block of K/V): its pool holds about one sequence
      * (4 blocks), the extension the rest. */
-    int64_t lo = 0, hi = 8 << 20;
-    for (;; lo = hi, hi += hi / 8) {
-        cr_assert_leq(hi, (int64_t)1 << 30, "no budget up to 1 GiB starts: %s", err);
-        p.gpu_memory = hi;
-        if (model_engine(&ext, m, &p, err) == 0) break;
-    }
-    engine_free(ext);
-    while (hi - lo > 4096) {
-        p.gpu_memory = lo + (hi - lo) / 2;
-        if (model_engine(&ext, m, &p, err) == 0) {
-            hi = p.gpu_memory;
-            engine_free(ext);
-        } else {
-            lo = p.gpu_memory;
-        }
-    }
-    p.gpu_memory = hi;
+    p.gpu_memory = smallest_budget(m, p, 4096);
     /* The host attending to the extension (the default), alone in the process as in the search above (an
      * engine alive beside it would leave it the CUDA runtime's share of the budget: another plan). */
     struct engine *ext_host = NULL;
@@ -462,23 +472,7 @@ Test(gpu_e2e, one_sequence_across_the_device_floor_and_the_extension, .timeout =
     struct engine *e = NULL, *ref = NULL;
     struct engine_stats st;
     /* The smallest budget that starts, then up in steps of 1 MiB to the first with a resident layer. */
-    int64_t lo = 0, hi = 8 << 20;
-    for (;; lo = hi, hi += hi / 8) {
-        cr_assert_leq(hi, (int64_t)1 << 30, "no budget up to 1 GiB starts: %s", err);
-        p.gpu_memory = hi;
-        if (model_engine(&e, &m, &p, err) == 0) break;
-    }
-    engine_free(e);
-    while (hi - lo > (1 << 20)) {
-        p.gpu_memory = lo + (hi - lo) / 2;
-        if (model_engine(&e, &m, &p, err) == 0) {
-            hi = p.gpu_memory;
-            engine_free(e);
-        } else {
-            lo = p.gpu_memory;
-        }
-    }
-    for (p.gpu_memory = hi;; p.gpu_memory += 1 << 20) {
+    for (p.gpu_memory = smallest_budget(&m, p, 1 << 20);; p.gpu_memory += 1 << 20) {
         cr_assert_eq(model_engine(&e, &m, &p, err), 0, "%s", err);
         engine_get_stats(e, &st);
         if (st.n_resident > 0) break;
