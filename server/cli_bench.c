@@ -3,7 +3,7 @@
  *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b) [--gpu-memory
  * SIZE]
  *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--context 450]
- *               [--long-context 8192] [--cpu] [--json]
+ *               [--long-context 8192] [--spec-oracle K [--spec-accept P]] [--cpu] [--json]
  * Each figure is a median over repeated timed steps after a warm-up step. Decode at batch B: B sequences with
  * a prompt of --context tokens each (default 32), then steps of one token per sequence; tokens/s = B / step
  * time. Weight bandwidth = weight bytes read per step / step time (the ceiling is the measured
@@ -11,6 +11,11 @@
  * (ceiling: the measured pinned copy). Next to each measured step: where the step plan ran its host layers
  * (CPU / streamed), the time the host's cores spent in them, and the plan's predicted step time
  * (runtime/step_plan.h).
+ * --spec-oracle K: one sequence decoded by speculation (runtime/spec.h) with a drafter that proposes K tokens
+ * a step, each accepted with probability P until the first rejection (1: the target's own next tokens, the
+ * mechanism's ceiling). A step's cost does not depend on the token values, so the acceptance is drawn, not
+ * checked; the rejected rows' positions are cut from the KV cache as in serving. Reported beside one-row
+ * steps of the same sequence.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -23,6 +28,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
+#include "runtime/spec.h"
 #include "server/cli.h"
 #include "server/options.h"
 
@@ -77,6 +83,9 @@ static void bench_usage(FILE *f)
         "                        the KV pool is sized as ferry serve sizes it (to the budget, with its\n"
         "                        extension in host memory when layers stream) for the largest batch\n"
         "  --long-context N      also decode one sequence at context N (default 0 = skip)\n"
+        "  --spec-oracle K       also decode one sequence by speculation, K drafted tokens a step (1..32)\n"
+        "  --spec-accept P       each draft accepted with probability P until the first rejection\n"
+        "                        (default 1: every draft, the ceiling)\n"
         "  --json                print the results as JSON\n");
 }
 
@@ -134,13 +143,67 @@ static int decode_step(struct bench_ctx *c, int B, int p)
     return engine_step(c->e, &b, c->logits);
 }
 
+struct spec_result {
+    int k;
+    double accept;
+    double plain_step_s, spec_step_s; /* medians: one row; K+1 rows */
+    double plain_tok_s, spec_tok_s;   /* tokens emitted / wall time */
+    double tokens_per_step;
+};
+
+/* Decodes slot 0 from position ctx0: `steps` one-row steps, then `steps` verification steps of k drafts, each
+ * accepted with probability accept until the first rejection; the rejected positions are cut back. */
+static int bench_spec(struct bench_ctx *c, int ctx0, int steps, int k, double accept, double *times,
+                      struct spec_result *r)
+{
+    int rc = prefill_slot(c, 0, ctx0);
+    int p = ctx0, emitted = 0;
+    double total = 0;
+    int32_t draft[SPEC_MAX_DRAFT];
+    for (int i = 0; i <= steps && !rc; i++) { /* step 0 warms up */
+        double t0 = now_s();
+        rc = spec_step(c->e, 0, (int32_t)(p * 31) % c->n_vocab, p, NULL, 0, c->logits);
+        if (i) times[i - 1] = now_s() - t0, total += times[i - 1];
+        p++;
+    }
+    if (rc) return rc;
+    qsort(times, (size_t)steps, sizeof *times, cmp_double);
+    r->plain_step_s = times[steps / 2];
+    r->plain_tok_s = steps / total;
+    unsigned rng = 0x9e3779b9u;
+    total = 0;
+    for (int i = 0; i <= steps && !rc; i++) {
+        for (int j = 0; j < k; j++) draft[j] = (int32_t)((p + 1 + j) * 31) % c->n_vocab;
+        double t0 = now_s();
+        rc = spec_step(c->e, 0, (int32_t)(p * 31) % c->n_vocab, p, draft, k, c->logits);
+        int a = 0;
+        while (a < k) {
+            rng = rng * 1664525u + 1013904223u;
+            if ((rng >> 8) * (1.0 / 16777216.0) >= accept) break;
+            a++;
+        }
+        if (!rc && a < k) rc = engine_seq_keep(c->e, 0, p + 1 + a) == p + 1 + a ? 0 : FERRY_ERR_INVALID;
+        if (i) times[i - 1] = now_s() - t0, total += times[i - 1], emitted += a + 1;
+        p += a + 1;
+    }
+    engine_seq_free(c->e, 0);
+    if (rc) return rc;
+    qsort(times, (size_t)steps, sizeof *times, cmp_double);
+    r->k = k;
+    r->accept = accept;
+    r->spec_step_s = times[steps / 2];
+    r->spec_tok_s = emitted / total;
+    r->tokens_per_step = (double)emitted / steps;
+    return 0;
+}
+
 struct decode_result {
     int batch;
     int n_cpu, n_stream, n_park; /* the step plan of this batch size: host layers on the CPU, streamed (of
                                   * them parked) */
-    double predicted_s;  /* the plan's prediction (0: none) */
-    double host_ms;      /* per step: time the host's cores spent in host layers */
-    double step_s;       /* median */
+    double predicted_s;          /* the plan's prediction (0: none) */
+    double host_ms;              /* per step: time the host's cores spent in host layers */
+    double step_s;               /* median */
     double tok_s;
     double weight_gbs; /* weight bytes / step time */
     double link_gbs;   /* streamed bytes / copy time (0 when nothing streams) */
@@ -173,13 +236,16 @@ int cli_bench_main(int argc, char **argv)
         {"cpu-arith", required_argument, 0, 'A'},
         {"kv-type", required_argument, 0, 'K'},
         {"cpu-isa", required_argument, 0, 'S'},
+        {"spec-oracle", required_argument, 0, 'O'},
+        {"spec-accept", required_argument, 0, 'a'},
         {0, 0, 0, 0},
     };
     const char *model = NULL, *synthetic = NULL;
     enum dtype wt = DTYPE_F16;
     struct engine_params ep = engine_default_params();
     int batches[MAX_BATCHES] = {1, 4, 16, 64}, n_batches = 4, prefill = 512, steps = 16, long_ctx = 0,
-        as_json = 0, prompt = 32, serve_pool = 0;
+        as_json = 0, prompt = 32, serve_pool = 0, spec_k = 0;
+    double spec_accept = 1.0;
     int log_level = LOG_LEVEL_INFO, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -270,6 +336,15 @@ int cli_bench_main(int argc, char **argv)
         case 'j':
             as_json = 1;
             break;
+        case 'O':
+            if ((spec_k = atoi(optarg)) < 1 || spec_k > SPEC_MAX_DRAFT) goto bad;
+            break;
+        case 'a': {
+            char *end;
+            spec_accept = strtod(optarg, &end);
+            if (*end || !(spec_accept >= 0 && spec_accept <= 1)) goto bad;
+            break;
+        }
         case 'v':
             if ((log_level = cli_log_level_parse(optarg)) < 0) goto bad;
             break;
@@ -292,6 +367,10 @@ int cli_bench_main(int argc, char **argv)
     if (serve_pool) ep.max_batch_tokens = 512; /* ferry serve's default: the prompts go in 512-token chunks */
     ep.ctx_size = long_ctx + prompt + steps + 8 > prefill + 8 ? long_ctx + prompt + steps + 8 : prefill + 8;
     if (ep.ctx_size < prompt + steps + 8) ep.ctx_size = prompt + steps + 8;
+    /* --spec-oracle: one sequence grows by up to k + 1 positions a step, after as many one-row steps */
+    const int spec_len = spec_k ? prompt + (steps + 1) * (spec_k + 2) + 8 : 0;
+    if (ep.ctx_size < spec_len) ep.ctx_size = spec_len;
+    if (ep.max_batch_tokens < spec_k + 1) ep.max_batch_tokens = spec_k + 1;
         /* The pool holds the largest test, each sequence in whole blocks: a decode batch of max_b sequences,
          * one prefill, one long-context sequence (llama-batched-bench's -c is sized the same way, with no
          * slack). */
@@ -299,6 +378,7 @@ int cli_bench_main(int argc, char **argv)
     int need = max_b * BLOCKS(prompt + steps + 2);
     if (BLOCKS(prefill + 16) > need) need = BLOCKS(prefill + 16);
     if (BLOCKS(long_ctx + steps + 16) > need) need = BLOCKS(long_ctx + steps + 16);
+    if (BLOCKS(spec_len + 16) > need) need = BLOCKS(spec_len + 16);
 #undef BLOCKS
     /* --context: the pool ferry serve would size for max_b sequences of ctx_size (0 = sized by the engine).
      */
@@ -418,6 +498,8 @@ int cli_bench_main(int argc, char **argv)
         r->predicted_s = info.predicted_s;
         if (bi == n_batches) r->batch = -long_ctx; /* marks the long-context row */
     }
+    struct spec_result sr = {0};
+    if (spec_k && (rc = bench_spec(&bc, prompt, steps, spec_k, spec_accept, times, &sr))) goto step_failed;
     engine_get_stats(e, &st1);
 
     if (as_json) {
@@ -461,6 +543,18 @@ int cli_bench_main(int argc, char **argv)
             json_array_append_new(dec, d);
         }
         json_object_set_new(root, "decode", dec);
+        if (spec_k) {
+            json_t *sp = json_object();
+            json_object_set_new(sp, "draft", json_integer(sr.k));
+            json_object_set_new(sp, "accept", json_real(sr.accept));
+            json_object_set_new(sp, "context", json_integer(prompt));
+            json_object_set_new(sp, "plain_step_ms", json_real(sr.plain_step_s * 1e3));
+            json_object_set_new(sp, "spec_step_ms", json_real(sr.spec_step_s * 1e3));
+            json_object_set_new(sp, "tokens_per_step", json_real(sr.tokens_per_step));
+            json_object_set_new(sp, "plain_tok_s", json_real(sr.plain_tok_s));
+            json_object_set_new(sp, "spec_tok_s", json_real(sr.spec_tok_s));
+            json_object_set_new(root, "speculative", sp);
+        }
         char *s = json_dumps(root, JSON_INDENT(2));
         if (s) puts(s);
         free(s);
@@ -501,6 +595,13 @@ int cli_bench_main(int argc, char **argv)
                    res[i].step_s * 1e3, res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs,
                    res[i].stall_ms, plan, res[i].host_ms, pred);
         }
+        if (spec_k)
+            printf("speculative  one sequence from context %d, %d drafts a step accepted with p=%.2f: %d-row "
+                   "step %.2f ms against 1-row %.2f ms (%.2fx), %.2f tokens a step, %.1f tokens/s against "
+                   "%.1f (%.2fx)\n",
+                   prompt, sr.k, sr.accept, sr.k + 1, sr.spec_step_s * 1e3, sr.plain_step_s * 1e3,
+                   sr.spec_step_s / sr.plain_step_s, sr.tokens_per_step, sr.spec_tok_s, sr.plain_tok_s,
+                   sr.spec_tok_s / sr.plain_tok_s);
         if (st1.plan_revisions)
             printf(
                 "the host ran at %.2fx its start-up timing: the step plan was made again %d time%s (the rows "
