@@ -11,6 +11,8 @@
 #            ferry bench on each, fully resident and (Q4_K_M) under --gpu-memory 4GiB
 #   cpu      the host's cores: topology, bench_host_layer (one 7B layer per type, 16 and 8 threads),
 #            bench_cpu_matmul per type at m = 1, and `ferry bench --cpu` on the random 7B Q4_K_M and Q8_0 files
+#   spec     ferry bench --spec-oracle 4 on the synthetic F16 7B under 4 GiB and resident: a 5-row verification
+#            step against a 1-row step, and tokens/s at acceptance 1, 0.9, 0.7 and 0.5
 #   build    nothing more (ALL_TARGETS="server/ferry" limits what ninja builds)
 # Each phase prints a short summary to stdout and $OUT/summary.txt; full logs go to $OUT/<phase>.log (at most 8
 # files come back). Needs .debs and .gpu-data carried (see tests/gpu/run.sh).
@@ -75,6 +77,16 @@ for ph in $phases; do
     timeout 240 python3 tests/gpu/gpu_sampling.py build/server/ferry "$FERRY_TESTDATA/models/stories260K.gguf" \
       > "$out/sampling.log" 2>&1
     log "gpu_sampling rc=$?"; tail -12 "$out/sampling.log"
+    ;;
+  spec)
+    for a in 1 0.9 0.7 0.5; do
+      timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --gpu-memory 4GiB --batches 1 --prefill 0 \
+        --decode-steps 12 --spec-oracle 4 --spec-accept $a >> "$out/spec.log" 2>&1
+      log "spec 4GiB accept $a rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
+    done
+    timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1 --prefill 0 --decode-steps 16 \
+      --spec-oracle 4 >> "$out/spec.log" 2>&1
+    log "spec resident rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
     ;;
   e2e)
     timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1,16,64 --prefill 512 \
