@@ -101,6 +101,15 @@ void metrics_add_cached(struct metrics *m, int positions)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_spec(struct metrics *m, int drafted, int accepted)
+{
+    pthread_mutex_lock(&m->mu);
+    m->spec_steps++;
+    m->spec_drafted += (uint64_t)drafted;
+    m->spec_accepted += (uint64_t)accepted;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_request_done(struct metrics *m, double seconds)
 {
     metrics_observe(m, &m->request_seconds, seconds);
@@ -194,6 +203,13 @@ char *metrics_render(struct metrics *m, size_t *len)
             "prompt.",
             m->prompt_tokens_cached);
     COUNTER("ferry_generated_tokens_total", "Tokens generated.", m->generated_tokens);
+    COUNTER("ferry_spec_verifications_total",
+            "Speculative decoding (--spec-type): a sequence's drafted tokens verified in one step.",
+            m->spec_steps);
+    COUNTER("ferry_spec_drafted_tokens_total", "Speculative decoding: tokens drafted.", m->spec_drafted);
+    COUNTER("ferry_spec_accepted_tokens_total",
+            "Speculative decoding: drafted tokens accepted (generated without a step of their own).",
+            m->spec_accepted);
     COUNTER("ferry_device_sampled_tokens_total",
             "Generated tokens drawn by the GPU sampler (--gpu-sampling) rather than on the host.",
             m->device_drawn_tokens);

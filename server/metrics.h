@@ -31,6 +31,7 @@ struct metrics {
     uint64_t prompt_tokens, generated_tokens, device_drawn_tokens, overlapped_steps, requests_cancelled,
         requests_rejected;
     uint64_t prompt_tokens_cached; /* prompt positions not prefilled: the prompt cache, or shared (n > 1) */
+    uint64_t spec_steps, spec_drafted, spec_accepted; /* speculative decoding: verification steps, tokens */
     struct histogram ttft, itl, batch_tokens, request_seconds;
     int queue_depth, running_seqs, last_batch_tokens;
     int kv_blocks_used, kv_blocks_total;
@@ -60,6 +61,8 @@ void metrics_set_queue_depth(struct metrics *m, int queued);
 void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st);
 void metrics_count_cancelled(struct metrics *m);
 void metrics_add_cached(struct metrics *m, int positions); /* prompt positions not prefilled */
+/* Speculative decoding: one sequence's verification of `drafted` tokens, `accepted` of them kept. */
+void metrics_spec(struct metrics *m, int drafted, int accepted);
 void metrics_request_done(struct metrics *m, double seconds);
 /* A generated token went out: the first of its sequence (time to first token) or a later one. */
 void metrics_token_out(struct metrics *m, int first, double seconds);

@@ -34,11 +34,46 @@ static int buf_append(char **p, size_t *len, size_t *cap, const char *src, size_
     return 0;
 }
 
-/* Outside the lock: samples the next token of c from its logits row and decides what text is released. */
+/* A speculating choice's history gets the token it just generated. */
+static void hist_push(struct choice *c)
+{
+    const int at = c->n_prompt + c->out.n_gen - 1;
+    if (c->hist && at < c->hist_cap) c->hist[at] = c->out.last;
+}
+
+struct walk_ctx {
+    struct sched *s;
+    struct choice *c;
+};
+
+/* spec_draw_fn: one row of a verification step through c's output pipeline; -1 once the output ends. */
+static int32_t walk_draw(void *arg, float *row)
+{
+    struct walk_ctx *w = arg;
+    struct choice *c = w->c;
+    float *raw = w->s->scratch + (size_t)(row - w->s->logits); /* the unconstrained row, for logprobs */
+    const int32_t t = seq_output_step(&c->out, row, raw);
+    hist_push(c);
+    if (c->spec_lps && c->out.has_lp) c->spec_lps[c->spec_drawn] = c->out.lp;
+    c->spec_drawn++;
+    return c->out.fin ? -1 : t;
+}
+
+/* Outside the lock: samples the next token of c from its logits row and decides what text is released; with
+ * drafts, the rows after it too, in order, while each draw equals its draft (runtime/spec.h). */
 static void process_row(struct sched *s, struct choice *c, float *row)
 {
-    float *raw = s->scratch + (size_t)(row - s->logits); /* the unconstrained row, for logprobs */
-    seq_output_step(&c->out, row, raw);
+    if (c->n_draft > 0) {
+        struct walk_ctx w = {s, c};
+        int32_t drawn[SPEC_MAX_DRAFT + 1];
+        int ended;
+        c->spec_drawn = 0;
+        spec_walk(row, s->n_vocab, c->draft, c->n_draft, walk_draw, &w, drawn, &ended);
+    } else {
+        float *raw = s->scratch + (size_t)(row - s->logits); /* the unconstrained row, for logprobs */
+        seq_output_step(&c->out, row, raw);
+        hist_push(c);
+    }
     c->fin = c->out.fin;
 }
 
@@ -112,6 +147,23 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     };
     int rc = seq_output_init(&c->out, s->vocab, &op, &sp);
     if (rc) return rc;
+    /* Speculative decoding keeps the sequence's tokens for prompt lookup; without memory for them it does
+     * not speculate. */
+    c->n_draft = c->spec_miss = c->spec_skip = 0;
+    c->spec_drawn = 1;
+    if (s->p.spec_n_max > 0 && r->kind != SREQ_EMBED && r->max_tokens > 1 && !c->hist) {
+        const int cap = (c->n_prompt + r->max_tokens < s->ctx ? c->n_prompt + r->max_tokens : s->ctx) + 1;
+        c->hist = malloc((size_t)cap * sizeof *c->hist);
+        if (c->hist && r->logprobs >= 0 &&
+            !(c->spec_lps = malloc((SPEC_MAX_DRAFT + 1) * sizeof *c->spec_lps))) {
+            free(c->hist);
+            c->hist = NULL;
+        }
+        if (c->hist) {
+            c->hist_cap = cap;
+            memcpy(c->hist, c->prompt, (size_t)c->n_prompt * sizeof *c->hist);
+        }
+    }
     if (r->kind == SREQ_EMBED && !(c->embd = calloc((size_t)s->dim, sizeof(float)))) {
         seq_output_free(&c->out);
         return FERRY_ERR_NOMEM;
@@ -190,6 +242,7 @@ void sched_sample_row(void *arg, int i)
         memcpy(lp.top_id, d->top_id, (size_t)d->n_top * sizeof *lp.top_id);
         memcpy(lp.top_lp, d->top_lp, (size_t)d->n_top * sizeof *lp.top_lp);
         seq_output_drawn(&c->out, d->token, c->out.p.logprobs >= 0 ? &lp : NULL);
+        hist_push(c);
         c->fin = c->out.fin;
     } else {
         process_row(s, c, s->logits + (size_t)at * s->n_vocab);
@@ -259,20 +312,46 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, skip, plp};
     }
     struct sched_step_plan plan;
-    sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
+    const int planned = sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
+    const int k_max = sched_policy_spec_len(s->p.spec_n_max, plan.n_decode, s->p.max_batch_tokens - planned);
     /* `at` counts the rows that want logits: the engine returns them in batch order. */
     int n = 0, rows = 0, at = 0;
     s->n_plp = 0;
+    s->n_draft_step = 0;
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
         if (c->n_fed < c->n_prompt) continue;
+        const int pos = c->n_prompt + c->out.n_gen - 1;
         s->b_tokens[n] = c->out.last;
-        s->b_pos[n] = c->n_prompt + c->out.n_gen - 1;
+        s->b_pos[n] = pos;
         s->b_seq[n] = c->slot;
         s->b_want[n] = 1;
         s->row_owner[rows] = c;
         s->row_at[rows++] = at++;
         n++;
+        /* Drafts follow their sequence's pending token, each a row of its own. */
+        c->n_draft = 0;
+        c->spec_drawn = 1;
+        c->spec_pos = pos;
+        if (!c->hist || k_max <= 0) continue;
+        if (c->spec_skip > 0) {
+            c->spec_skip--;
+            continue;
+        }
+        int k = k_max;
+        if (k > c->out.p.max_tokens - c->out.n_gen - 1) k = c->out.p.max_tokens - c->out.n_gen - 1;
+        if (k > s->ctx - (pos + 1) - 1) k = s->ctx - (pos + 1) - 1;
+        if (k <= 0) continue;
+        c->n_draft = spec_ngram_draft(c->hist, pos + 1, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, c->draft);
+        for (int j = 0; j < c->n_draft; j++) {
+            s->b_tokens[n] = c->draft[j];
+            s->b_pos[n] = pos + 1 + j;
+            s->b_seq[n] = c->slot;
+            s->b_want[n] = 1;
+            n++;
+        }
+        at += c->n_draft;
+        s->n_draft_step += c->n_draft;
     }
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
@@ -333,6 +412,8 @@ static void pool_rows(struct sched *s)
 static int overlap_ok_locked(struct sched *s, int rows, int ne)
 {
     if (!s->p.overlap || ne > 0 || s->n_plp > 0 || s->stop || rows != s->n_run || rows == 0) return 0;
+    /* the next step may draft (speculative decoding): its tokens are drawn on the host */
+    if (s->p.spec_n_max > 0 && rows <= SCHED_SPEC_MAX_SEQS) return 0;
     if (s->qhead && s->n_run < s->n_slots) return 0;
     cut_expired_locked(s, sched_now());
     for (int i = 0; i < s->n_run; i++) {
@@ -345,14 +426,45 @@ static int overlap_ok_locked(struct sched *s, int rows, int ne)
     return engine_step_overlaps(s->e, rows);
 }
 
+/* The engine thread, after a verification step's rows were drawn: each speculating sequence keeps its
+ * positions up to the last accepted draft (the rejected ones leave the KV cache and the prompt cache's
+ * record), and a sequence whose drafts were all rejected drafts again only after a back-off that doubles
+ * with each such step. Returns the drafts accepted. */
+static int spec_settle(struct sched *s, int rows)
+{
+    int accepted = 0;
+    for (int i = 0; i < rows; i++) {
+        struct choice *c = s->row_owner[i];
+        if (c->n_draft <= 0) continue;
+        const int acc = c->spec_drawn - 1, keep = c->spec_pos + c->spec_drawn;
+        if (acc < c->n_draft) {
+            engine_seq_keep(s->e, c->slot, keep);
+            if (s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > keep)
+                prompt_cache_set_len(s->pc, c->slot, keep);
+        }
+        metrics_spec(s->m, c->n_draft, acc);
+        accepted += acc;
+        if (acc > 0) {
+            c->spec_miss = 0;
+        } else {
+            c->spec_skip = 1 << (c->spec_miss < 4 ? c->spec_miss : 4);
+            c->spec_miss++;
+        }
+    }
+    return accepted;
+}
+
 /* With mu held: the rows of a step that ended are published (text, logprobs, token timings). */
 static void publish_rows_locked(struct sched *s, struct choice *const *owner, int rows, double t)
 {
     for (int i = 0; i < rows; i++) {
         struct choice *c = owner[i];
         struct sreq *r = c->req;
-        const int first = c->out.n_gen == 1;
-        metrics_token_out(s->m, first, first ? t - r->t_arrival : t - c->t_last);
+        /* a verification step generates its accepted drafts and one token more, all at once */
+        for (int j = 0; j < c->spec_drawn; j++) {
+            const int first = c->out.n_gen - c->spec_drawn + j == 0;
+            metrics_token_out(s->m, first, first ? t - r->t_arrival : j ? 0.0 : t - c->t_last);
+        }
         c->t_last = t;
         if (c->out.release) {
             if (buf_append(&c->text, &c->text_len, &c->text_cap, c->out.hold, c->out.release)) {
@@ -361,7 +473,9 @@ static void publish_rows_locked(struct sched *s, struct choice *const *owner, in
             }
             seq_output_take(&c->out, c->out.release);
         }
-        if (c->out.has_lp) {
+        const int n_lp = c->n_draft > 0 && c->spec_lps ? c->spec_drawn : c->out.has_lp;
+        for (int j = 0; j < n_lp; j++) {
+            const struct lp_entry *e = c->n_draft > 0 && c->spec_lps ? &c->spec_lps[j] : &c->out.lp;
             if (c->n_lps == c->lps_cap) {
                 int nc = c->lps_cap ? c->lps_cap * 2 : 16;
                 struct lp_entry *q = realloc(c->lps, (size_t)nc * sizeof *q);
@@ -371,7 +485,7 @@ static void publish_rows_locked(struct sched *s, struct choice *const *owner, in
                 }
             }
             if (c->n_lps < c->lps_cap) {
-                c->lps[c->n_lps++] = c->out.lp;
+                c->lps[c->n_lps++] = *e;
             } else { /* an answer without this token's logprobs would be wrong, not short */
                 r->error = FERRY_ERR_NOMEM;
                 snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
@@ -455,7 +569,7 @@ void *sched_engine_main(void *arg)
     double ahead_t0 = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        int rows = 0, n_prefill = 0, n = 0, ne = 0, rc = 0, drew = 0;
+        int rows = 0, n_prefill = 0, n = 0, ne = 0, rc = 0, drew = 0, n_spec_accepted = 0;
         const int overlapped = ahead;
         double t0, t1;
         if (ahead) {
@@ -485,7 +599,8 @@ void *sched_engine_main(void *arg)
             const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
             t0 = sched_now();
             rc = FERRY_ERR_UNSUPPORTED;
-            if (n > 0 && rows > 0 && s->draws && s->n_plp == 0) { /* every output row is a draw */
+            if (n > 0 && rows > 0 && s->draws && s->n_plp == 0 && s->n_draft_step == 0) {
+                /* every output row is a draw */
                 s->rows_do = ROWS_MASK;
                 row_pool_run(s->samplers, rows);
                 rc = engine_step_draw(s->e, &b, s->draw, s->drawn);
@@ -500,6 +615,7 @@ void *sched_engine_main(void *arg)
             s->rows_do = drew ? ROWS_DRAWN : ROWS_SAMPLE;
             row_pool_run(s->samplers, rows);
             prompt_logprobs(s);
+            if (s->n_draft_step) n_spec_accepted = spec_settle(s, rows);
         }
         if (rc == 0 && ne > 0) {
             struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1};
@@ -558,7 +674,8 @@ void *sched_engine_main(void *arg)
                     i++;
                 }
             }
-        metrics_step_done(s->m, n_prefill, rows, drew ? rows : 0, t1 - t0, n, s->n_run, overlapped);
+        metrics_step_done(s->m, n_prefill, rows + n_spec_accepted, drew ? rows : 0, t1 - t0, n, s->n_run,
+                          overlapped);
         if (ahead) {
             engine_get_stats(s->e, &st);
             metrics_set_engine(s->m, s->n_queued, s->n_run, &st);

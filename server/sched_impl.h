@@ -60,6 +60,7 @@ struct sched {
     int draws;              /* the engine draws the tokens (engine_step_draw) when a step allows */
     struct draw_row *draw;  /* (n_slots) the step's draws, by output row */
     struct draw_out *drawn; /* (n_slots) */
+    int n_draft_step;       /* drafted tokens in the step being built (sched_params.spec_n_max) */
 };
 
 /* With mu held: new output, a finish or an error on r. */

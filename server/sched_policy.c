@@ -104,3 +104,11 @@ int sched_policy_plan_step(const struct sched_policy_params *p, const struct sch
     }
     return plan->n_decode + plan->n_prefill;
 }
+
+int sched_policy_spec_len(int n_max, int n_dec, int rows_left)
+{
+    if (n_max <= 0 || n_dec <= 0 || n_dec > SCHED_SPEC_MAX_SEQS || rows_left <= 0) return 0;
+    if (rows_left > SCHED_SPEC_ROWS) rows_left = SCHED_SPEC_ROWS;
+    const int k = rows_left / n_dec;
+    return k < n_max ? k : n_max;
+}

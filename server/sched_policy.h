@@ -73,4 +73,13 @@ int sched_policy_plan_step(const struct sched_policy_params *p, const struct sch
  * Returns the tokens. */
 int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int n, int *chunk);
 
+/* Speculative decoding: a step verifies at most SCHED_SPEC_ROWS drafted tokens, and none when more than
+ * SCHED_SPEC_MAX_SEQS sequences decode (a large batch already shares each pass over the weights). */
+#define SCHED_SPEC_ROWS     32
+#define SCHED_SPEC_MAX_SEQS 8
+/* The tokens each of n_dec decoding sequences may draft this step: an equal share of rows_left (what the
+ * step's decode rows and prefill chunks leave of max_batch_tokens), at most SCHED_SPEC_ROWS in all and n_max
+ * each. */
+int sched_policy_spec_len(int n_max, int n_dec, int rows_left);
+
 #endif

@@ -141,7 +141,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->drawn = calloc(ns, sizeof *s->drawn);
     if (seq_vocab_init(&s->vocab, t, s->n_vocab, 1)) s->vocab = NULL;
     if (prompt_cache_init(&s->pc, s->n_slots)) s->pc = NULL;
-    const size_t rows = ns + PROMPT_LP_ROWS;
+    const size_t rows = ns + PROMPT_LP_ROWS + (s->p.spec_n_max > 0 ? SCHED_SPEC_ROWS : 0);
     s->logits = touched_alloc(rows * (size_t)s->n_vocab * sizeof(float));
     s->scratch = touched_alloc(rows * (size_t)s->n_vocab * sizeof(float));
     if (!s->run || !s->slot_free || !s->idle || !s->idle_blocks || !s->steps || !s->chunk || !s->b_tokens ||

@@ -19,6 +19,7 @@
 
 #include "runtime/grammar.h"
 #include "runtime/sampler.h"
+#include "runtime/spec.h"
 #include "runtime/tokenizer.h"
 #include "server/seq_output.h"
 
@@ -51,6 +52,14 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int chunk;       /* prompt tokens in the current step */
     const char *fin; /* finish decided in this step */
     int e_at;        /* SREQ_EMBED: this step's first output row */
+    /* speculative decoding (sched_params.spec_n_max): the prompt and the tokens generated so far, this
+     * step's drafts (verified in rows after the pending token's), what the walk over them drew, and a
+     * back-off after drafts that were all rejected */
+    int32_t *hist; /* (hist_cap) NULL: this choice does not speculate */
+    int hist_cap;
+    int n_draft, spec_pos, spec_drawn, spec_miss, spec_skip;
+    int32_t draft[SPEC_MAX_DRAFT];
+    struct lp_entry *spec_lps; /* (spec_drawn) with logprobs: the entries of the tokens the walk drew */
     /* shared, under the scheduler mutex */
     enum choice_state state;
     char *text; /* released text (never contains a stop string) */
@@ -138,11 +147,13 @@ struct sched_params {
                          * tokens continues from there instead of recomputing them */
     int prefill_budget; /* prefill tokens per step at most; 0: max_batch_tokens minus the step's decode rows
                          */
-    int gpu_sampling; /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
-                       * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
-                       * on the host */
-    int overlap; /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
-                  * are published (the device runs while the host publishes; sched_engine.c) */
+    int gpu_sampling;   /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
+                         * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
+                         * on the host */
+    int overlap;    /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
+                     * are published (the device runs while the host publishes; sched_engine.c) */
+    int spec_n_max; /* speculative decoding (runtime/spec.h): tokens one sequence drafts a step at most by
+                     * prompt lookup; 0 = off */
 };
 
 struct sched;

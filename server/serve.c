@@ -129,7 +129,8 @@ static void loader_main(void *arg)
                               .prompt_cache = S->opt.prompt_cache,
                               .prefill_budget = S->opt.prefill_budget,
                               .gpu_sampling = S->opt.gpu_sampling,
-                              .overlap = S->opt.overlap};
+                              .overlap = S->opt.overlap,
+                              .spec_n_max = strcmp(S->opt.spec_type, "ngram") ? 0 : S->opt.spec_draft_n_max};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */
@@ -160,9 +161,9 @@ static void close_all(struct server *S)
 {
     S->closing = 1;
     http_server_close(S->http);
-    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int,
+    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term,    (uv_handle_t *)&S->sig_int,
                          (uv_handle_t *)&S->drain_timer, (uv_handle_t *)&S->ping_timer,
-                         (uv_handle_t *)&S->trim_timer, (uv_handle_t *)&S->wake};
+                         (uv_handle_t *)&S->trim_timer,  (uv_handle_t *)&S->wake};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     if (S->loader_started && !S->loader_done) {

@@ -34,6 +34,8 @@ void sreq_free(struct sreq *r)
         free(r->choices[i].text);
         free(r->choices[i].lps);
         free(r->choices[i].prompt_lps);
+        free(r->choices[i].hist);
+        free(r->choices[i].spec_lps);
     }
     free(r->choices);
     for (int i = 0; i < r->n_prompts; i++) {

@@ -371,3 +371,23 @@ Test(sched_policy, admission_stops_when_slots_run_out)
     cr_assert_eq(q[0].done_at, 2);
     cr_assert_eq(q[2].admitted_at, 3);
 }
+
+/* Speculative decoding: one sequence drafts up to its maximum; many share the rows a step has left; a large
+ * batch or a full step drafts nothing. */
+Test(sched_policy, spec_drafts_shrink_with_the_batch_and_the_rows_left)
+{
+    cr_assert_eq(sched_policy_spec_len(8, 1, 500), 8);
+    cr_assert_eq(sched_policy_spec_len(0, 1, 500), 0); /* off */
+    cr_assert_eq(sched_policy_spec_len(8, 4, 500), SCHED_SPEC_ROWS / 4 < 8 ? SCHED_SPEC_ROWS / 4 : 8);
+    cr_assert_eq(sched_policy_spec_len(8, 8, 500), SCHED_SPEC_ROWS / 8);
+    cr_assert_eq(sched_policy_spec_len(8, SCHED_SPEC_MAX_SEQS + 1, 500), 0);
+    cr_assert_eq(sched_policy_spec_len(8, 2, 6), 3); /* the prefill took the rest of the step */
+    cr_assert_eq(sched_policy_spec_len(8, 3, 2), 0);
+    cr_assert_eq(sched_policy_spec_len(8, 1, 0), 0);
+    for (int n = 1; n <= SCHED_SPEC_MAX_SEQS; n++)
+        for (int left = 0; left < 80; left++) {
+            const int k = sched_policy_spec_len(8, n, left);
+            cr_assert(k >= 0 && k <= 8 && n * k <= left && n * k <= SCHED_SPEC_ROWS, "n %d left %d: %d", n,
+                      left, k);
+        }
+}

