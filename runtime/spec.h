@@ -21,6 +21,9 @@
 #include "runtime/engine.h"
 
 #define SPEC_MAX_DRAFT 32
+/* The n-gram lengths prompt lookup tries (longest first) in ferry run and ferry serve. */
+#define SPEC_NGRAM_MIN 1
+#define SPEC_NGRAM_MAX 3
 
 /* Prompt lookup: the longest suffix of hist, of n_max down to n_min tokens, that also occurs earlier in hist;
  * proposes up to k of the tokens that followed its latest earlier occurrence followed by k tokens (else the

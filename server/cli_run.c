@@ -701,7 +701,7 @@ int cli_run_main(int argc, char **argv)
         if (nd > m - 1) engine_seq_keep(eng, 0, pos);
         memcpy(hist + n_prompt, gen, (size_t)n_gen * sizeof *hist);
         int k = o.spec_n_max < o.max_tokens - n_gen - 1 ? o.spec_n_max : o.max_tokens - n_gen - 1;
-        nd = k > 0 ? spec_ngram_draft(hist, n_prompt + n_gen, 1, 3, k, draft) : 0;
+        nd = k > 0 ? spec_ngram_draft(hist, n_prompt + n_gen, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, draft) : 0;
         n_drafted += (uint64_t)nd;
         n_steps++;
         if ((rc = spec_step(eng, 0, gen[n_gen - 1], pos, draft, nd, logits))) {
