@@ -6,13 +6,14 @@
 
 #include "weights/model_file.h"
 
-extern const struct arch_family arch_llama, arch_mistral, arch_qwen2;
+extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
 
 /* The table: one line per family, in the order messages list them. */
 static const struct arch_family *const families[] = {
     &arch_llama,
     &arch_mistral,
     &arch_qwen2,
+    &arch_qwen3,
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
