@@ -54,6 +54,11 @@ const struct arch_family *arch_of(const struct llm_hparams *hp)
     return arch_find_gguf(hp->arch, strnlen(hp->arch, sizeof hp->arch));
 }
 
+const struct arch_family *arch_family_at(int i)
+{
+    return i >= 0 && (size_t)i < N_FAMILIES ? families[i] : NULL;
+}
+
 const char *arch_supported(int hf, char *buf, size_t n)
 {
     size_t o = 0;

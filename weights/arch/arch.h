@@ -77,6 +77,8 @@ const struct arch_family *arch_find_hf(const char *cls, const char *model_type);
 /* hp's family: hp->family, or for hyperparameters built in code (synthetic models) the family answering to
  * hp->arch as a GGUF name; NULL when neither names one. */
 const struct arch_family *arch_of(const struct llm_hparams *hp);
+/* Family i of the table (0 ..), or NULL past its end: for listings and tests. */
+const struct arch_family *arch_family_at(int i);
 /* "llama, mistral, qwen2, ..." (GGUF names) or, hf set, "LlamaForCausalLM, ..." into buf; returns buf. */
 const char *arch_supported(int hf, char *buf, size_t n);
 
