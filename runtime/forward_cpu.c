@@ -61,7 +61,8 @@ static double now_s(void)
 }
 
 /* Activation buffers, sized for the largest step: touched now, so the process holds at start what its largest
- * step will use, rather than growing into it under load (a memory limit then fails at start, not hours in). */
+ * step will use, rather than growing into it under load (a memory limit then fails at start, not hours in).
+ */
 static void *default_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
@@ -204,7 +205,8 @@ static int kv_ops_remote(struct forward_cpu *f, int l, const struct step *st, in
 static double group_bytes(const struct layer_group *g)
 {
     double b = 0;
-    for (int j = 0; j < g->n_parts; j++) b += (double)dtype_row_size(g->part[j].type, g->cols) * g->part[j].rows;
+    for (int j = 0; j < g->n_parts; j++)
+        b += (double)dtype_row_size(g->part[j].type, g->cols) * g->part[j].rows;
     return b;
 }
 
@@ -225,6 +227,16 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
     case LOP_SILU_MUL:
         kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
         return FERRY_OK;
+    case LOP_QK_NORM: {
+        /* The query part is (n * n_heads, head_dim) rows, the key part after it (n * n_kv_heads, head_dim).
+         */
+        const int hd = hp->head_dim;
+        float *q = f->qkv, *k = q + (size_t)n * hp->n_heads * hd;
+        if (!w->norm[LAYER_Q_NORM] || !w->norm[LAYER_K_NORM]) return FERRY_ERR_INTERNAL;
+        kern_cpu_rmsnorm(q, q, w->norm[LAYER_Q_NORM], n * hp->n_heads, hd, hp->norm_eps);
+        kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * hp->n_kv_heads, hd, hp->norm_eps);
+        return FERRY_OK;
+    }
     case LOP_ROPE_KV:
     case LOP_ATTENTION:
         return FERRY_ERR_INTERNAL; /* run as a unit by kv_ops_* */
@@ -412,6 +424,10 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->be.ops = &cpu_ops;
     f->m = m;
     f->prog = layer_program_of(hp);
+    if (!f->prog) {
+        free(f);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     f->kv = p->kv;
     f->kv_owner = p->kv_owner;
     f->max_tokens = p->max_tokens;

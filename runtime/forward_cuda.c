@@ -129,7 +129,7 @@ struct forward_cuda {
     uint64_t park_lo;      /* the lowest offset of a parked layer (UINT64_MAX: none) */
     cudaEvent_t park_done; /* the last parking copy (copy stream) */
     cudaEvent_t park_used; /* the last use of a parked layer (compute stream) */
-    void *head; /* output head (n_vocab, dim) in head_type */
+    void *head;            /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
     float *out_norm; /* (dim) */
     float *inv_freq; /* (rope_dim/2) device */
@@ -643,6 +643,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                  hp->head_dim);
         return FERRY_ERR_UNSUPPORTED;
     }
+    if (!layer_program_of(hp)) {
+        snprintf(err, 256, "architecture '%.31s' has no layer program", hp->arch);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     int rc = check_types(m, err);
     if (rc) return rc;
     struct forward_cuda *f = calloc(1, sizeof *f);
@@ -1144,8 +1148,8 @@ static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const stru
     float *xd;
     int rc = kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, hp->dim, &xq, &xd);
     if (rc == FERRY_OK)
-        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim, hp->norm_eps,
-                               xq, xd, f->compute);
+        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim,
+                               hp->norm_eps, xq, xd, f->compute);
     if (rc != FERRY_OK) /* the workspace was not written: forget the target */
         kern_cuda_matmul_x8_target(f->kctx, NULL, DTYPE_F32, 0, 0, NULL, NULL);
     return rc;
@@ -1249,6 +1253,10 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     }
     case LOP_SILU_MUL:
         return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
+    case LOP_QK_NORM:
+        return kern_cuda_qk_norm(act(f, op->in), (hp->n_heads + 2 * hp->n_kv_heads) * hp->head_dim,
+                                 w->norm[LAYER_Q_NORM], w->norm[LAYER_K_NORM], n, hp->n_heads, hp->n_kv_heads,
+                                 hp->head_dim, hp->norm_eps, cs);
     }
     return FERRY_ERR_INTERNAL;
 }

@@ -1,4 +1,4 @@
-/* layer — the Llama layer program, weight views and packed blocks (see layer.h). */
+/* layer — weight views and packed blocks of a layer, and its family's program (see layer.h). */
 #include "runtime/layer.h"
 
 #include <string.h>
@@ -6,6 +6,7 @@
 #include "kernels/core/fp16.h"
 #include "kernels/core/status.h"
 #include "quant/dequant.h"
+#include "weights/arch/arch.h"
 
 #define LAYER_ALIGN 256
 static size_t align_up(size_t x)
@@ -13,27 +14,20 @@ static size_t align_up(size_t x)
     return (x + LAYER_ALIGN - 1) & ~(size_t)(LAYER_ALIGN - 1);
 }
 
-/* Llama, Mistral, Qwen2 (biases on q|k|v, present in the weights when the file has them):
- *   x += D; xn = norm(x)·attn_norm;  qkv = xn·Wqkvᵀ + b;  q, cache = rope(qkv);  att = attention(q, cache);
- *   D = att·Woᵀ;  x += D; xn = norm(x)·ffn_norm;  gu = xn·Wguᵀ;  h = silu(g)·u;  D = h·Wdownᵀ. */
-static const struct layer_op llama_ops[] = {
-    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_ATTN_NORM},
-    {LOP_LINEAR, LACT_XN, LACT_QKV, LAYER_QKV},
-    {LOP_ROPE_KV, LACT_QKV, LACT_Q, 0},
-    {LOP_ATTENTION, LACT_Q, LACT_ATT, 0},
-    {LOP_LINEAR, LACT_ATT, LACT_D, LAYER_O},
-    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM},
-    {LOP_LINEAR, LACT_XN, LACT_GU, LAYER_GU},
-    {LOP_SILU_MUL, LACT_GU, LACT_H, 0},
-    {LOP_LINEAR, LACT_H, LACT_D, LAYER_DOWN},
-};
-static const struct layer_program llama_program = {
-    .ops = llama_ops, .n_ops = sizeof llama_ops / sizeof llama_ops[0], .kv_first = 2, .kv_last = 3};
-
 const struct layer_program *layer_program_of(const struct llm_hparams *hp)
 {
-    (void)hp;
-    return &llama_program;
+    const struct arch_family *f = arch_of(hp);
+    return f ? f->program : NULL;
+}
+
+/* The norm vectors of a layer and their lengths (0: absent). */
+static void layer_norms(const struct model_layer *L, const struct llm_hparams *hp,
+                        const float *v[LAYER_N_NORMS], int len[LAYER_N_NORMS])
+{
+    v[LAYER_ATTN_NORM] = L->attn_norm, len[LAYER_ATTN_NORM] = hp->dim;
+    v[LAYER_FFN_NORM] = L->ffn_norm, len[LAYER_FFN_NORM] = hp->dim;
+    v[LAYER_Q_NORM] = L->q_norm, len[LAYER_Q_NORM] = L->q_norm ? hp->head_dim : 0;
+    v[LAYER_K_NORM] = L->k_norm, len[LAYER_K_NORM] = L->k_norm ? hp->head_dim : 0;
 }
 
 /* The parts of group i in row order, with their biases; returns their count. */
@@ -80,6 +74,8 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
     }
     w->norm[LAYER_ATTN_NORM] = L->attn_norm;
     w->norm[LAYER_FFN_NORM] = L->ffn_norm;
+    w->norm[LAYER_Q_NORM] = L->q_norm;
+    w->norm[LAYER_K_NORM] = L->k_norm;
 }
 
 void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
@@ -110,9 +106,11 @@ void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
         }
         off = align_up(off);
     }
+    const float *nv[LAYER_N_NORMS];
+    layer_norms(L, hp, nv, lay->norm_len);
     for (int i = 0; i < LAYER_N_NORMS; i++) {
         lay->norm_off[i] = off;
-        off = align_up(off + (size_t)hp->dim * sizeof(float));
+        if (lay->norm_len[i]) off = align_up(off + (size_t)lay->norm_len[i] * sizeof(float));
     }
     lay->bias_off = SIZE_MAX;
     if (L->bq || L->bk || L->bv) {
@@ -152,8 +150,12 @@ int layer_pack(const struct model_layer *L, const struct llm_hparams *hp, const 
             if (rc) return rc;
         }
     }
-    memcpy(base + lay->norm_off[LAYER_ATTN_NORM], L->attn_norm, (size_t)hp->dim * sizeof(float));
-    memcpy(base + lay->norm_off[LAYER_FFN_NORM], L->ffn_norm, (size_t)hp->dim * sizeof(float));
+    const float *nv[LAYER_N_NORMS];
+    int nl[LAYER_N_NORMS];
+    layer_norms(L, hp, nv, nl);
+    for (int i = 0; i < LAYER_N_NORMS; i++)
+        if (lay->norm_len[i])
+            memcpy(base + lay->norm_off[i], nv[i], (size_t)lay->norm_len[i] * sizeof(float));
     if (lay->bias_off != SIZE_MAX) {
         const struct wview *parts[LAYER_MAX_PARTS];
         const float *bias[LAYER_MAX_PARTS];
@@ -198,7 +200,8 @@ void layer_weights_tail(struct layer_weights *w, const struct layer_layout *lay,
                                   : NULL;
         }
     }
-    for (int i = 0; i < LAYER_N_NORMS; i++) w->norm[i] = (const float *)(t + (lay->norm_off[i] - t0));
+    for (int i = 0; i < LAYER_N_NORMS; i++)
+        w->norm[i] = lay->norm_len[i] ? (const float *)(t + (lay->norm_off[i] - t0)) : NULL;
 }
 
 void layer_group_at(struct layer_weights *w, const struct layer_layout *lay, int i, const void *piece)

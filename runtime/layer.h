@@ -1,17 +1,19 @@
-/* layer — one description of a Llama-family transformer layer, read by every backend.
+/* layer — one description of a transformer layer, read by every backend.
  *
  * Weights: four matrix groups (q|k|v, o, gate|up, down), each one or more parts stacked by rows (a group of
- * parts of one type is one product on the GPU), and two norm vectors. `struct layer_weights` views them
+ * parts of one type is one product on the GPU), and the norm vectors (the two block norms; the per-head q and
+ * k norms of families with QK-norm, absent otherwise). `struct layer_weights` views them
  * wherever they live: the model's tensors (mmap), or a packed block — one contiguous image per layer, the
  * unit that a stream copies in one piece, a resident layer keeps on the device and the host's cores read in
  * place
  * (`struct layer_layout` says where each tensor sits in it).
- * Computation: a short program of ops over named activations (layer_program). Each backend implements the op
- * kinds with its own kernels and buffers; a new architecture is a new program, written once here (and a new
- * op kind only when it needs one). The ops between kv_first and kv_last read or write the KV cache: they run
- * on the backend that holds it, which for a layer computed on the host is the GPU (backend.h `attend`).
- * Residual stream: x plus a pending delta D. A layer ends with its last product in D; the first op of the
- * next layer (and of the head) adds it as it norms (x += D; xn = norm(x)), one fused kernel on the GPU.
+ * Computation: a short program of ops over named activations (weights/arch/program.h), the family's. Each
+ * backend implements the op kinds with its own kernels and buffers; a new architecture is a new program,
+ * written once in its family's file (and a new op kind only when it needs one). The ops between kv_first and
+ * kv_last read or write the KV cache: they run on the backend that holds it, which for a layer computed on
+ * the host is the GPU (backend.h `attend`). Residual stream: x plus a pending delta D. A layer ends with its
+ * last product in D; the first op of the next layer (and of the head) adds it as it norms (x += D; xn =
+ * norm(x)), one fused kernel on the GPU.
  */
 #ifndef FERRY_LAYER_H
 #define FERRY_LAYER_H
@@ -21,44 +23,11 @@
 
 #include "kernels/core/dtype.h"
 #include "runtime/model.h"
+#include "weights/arch/program.h"
 
-/* Activations a program names; each backend maps them onto its buffers (shapes per token row). */
-enum layer_act {
-    LACT_X,   /* (dim) residual stream */
-    LACT_XN,  /* (dim) normed input of a block */
-    LACT_QKV, /* (q_dim + 2 kv_dim) the q|k|v product */
-    LACT_Q,   /* (q_dim) rotated queries */
-    LACT_ATT, /* (q_dim) attention output */
-    LACT_D,   /* (dim) a block's output, added to x by the next LOP_ADD_NORM */
-    LACT_GU,  /* (2 ffn) the gate|up product */
-    LACT_H,   /* (ffn) silu(gate) * up */
-};
-
-enum layer_op_kind {
-    LOP_ADD_NORM,  /* x += D when a delta is pending; out = rmsnorm(x) * norm[arg] */
-    LOP_LINEAR,    /* out = in · (matrix group arg)ᵀ + the parts' biases */
-    LOP_ROPE_KV,   /* out = rope(in's queries); the cache rows of (seq, pos) = rope(in's keys), in's values */
-    LOP_ATTENTION, /* out = causal attention of the queries in over the cache rows of the token's sequence */
-    LOP_SILU_MUL,  /* out = silu(in's gate half) * in's up half */
-};
-
-struct layer_op {
-    enum layer_op_kind kind;
-    enum layer_act in, out;
-    int arg; /* LOP_LINEAR: a LAYER_* group; LOP_ADD_NORM: a LAYER_*_NORM vector */
-};
-
-struct layer_program {
-    const struct layer_op *ops;
-    int n_ops;
-    int kv_first, kv_last; /* ops [kv_first, kv_last] touch the KV cache */
-};
-
-/* The program for hp's architecture (every supported one is the Llama block today). */
+/* The program of hp's family (weights/arch/), or NULL when hp names none. */
 const struct layer_program *layer_program_of(const struct llm_hparams *hp);
 
-enum { LAYER_QKV, LAYER_O, LAYER_GU, LAYER_DOWN, LAYER_N_MATS };
-enum { LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_N_NORMS };
 #define LAYER_MAX_PARTS 3
 
 /* One matrix of a group: rows [row0, row0 + rows) of the group's output, (rows, cols) in `type`. */
@@ -79,15 +48,15 @@ struct layer_group {
 
 struct layer_weights {
     struct layer_group mat[LAYER_N_MATS];
-    const float *norm[LAYER_N_NORMS]; /* (dim) f32 */
+    const float *norm[LAYER_N_NORMS]; /* (dim) f32 block norms, (head_dim) f32 q/k norms or NULL */
 };
 
 /* The layer's tensors where the model keeps them. */
 void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L);
 
 /* A packed block: the parts of each group one after the other (each in its packed type), groups and vectors
- * 256-byte aligned, then the two norms and the q|k|v biases stacked like their rows (zeros for an absent one;
- * none when the layer has no biases). */
+ * 256-byte aligned, then the norms the layer has (an absent one takes no bytes) and the q|k|v biases stacked
+ * like their rows (zeros for an absent one; none when the layer has no biases). */
 struct layer_layout {
     struct {
         enum dtype type;
@@ -98,7 +67,8 @@ struct layer_layout {
     int uniform[LAYER_N_MATS];
     int64_t rows[LAYER_N_MATS], cols[LAYER_N_MATS];
     size_t norm_off[LAYER_N_NORMS];
-    size_t bias_off; /* the stacked q|k|v biases, or SIZE_MAX */
+    int norm_len[LAYER_N_NORMS]; /* floats; 0 for a norm the layer does not have */
+    size_t bias_off;             /* the stacked q|k|v biases, or SIZE_MAX */
     size_t bytes;
 };
 

@@ -12,6 +12,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "quant/matrix.h"
 #include "quant/mix.h"
+#include "weights/arch/arch.h"
 
 static int find_matrix(const struct model_file *mf, const char *name, int64_t rows, int64_t cols,
                        struct wview *out, char err[256])
@@ -57,6 +58,49 @@ static int load_vector(const struct model_file *mf, const char *name, int64_t n,
     return FERRY_OK;
 }
 
+/* Where a layer keeps the tensor of a role: a matrix, or an f32 vector (NULL for a role no program reads). */
+static struct wview *layer_matrix(struct model_layer *L, enum arch_role r)
+{
+    switch (r) {
+    case ARCH_ROLE_WQ:
+        return &L->wq;
+    case ARCH_ROLE_WK:
+        return &L->wk;
+    case ARCH_ROLE_WV:
+        return &L->wv;
+    case ARCH_ROLE_WO:
+        return &L->wo;
+    case ARCH_ROLE_W_GATE:
+        return &L->w_gate;
+    case ARCH_ROLE_W_UP:
+        return &L->w_up;
+    default:
+        return &L->w_down;
+    }
+}
+
+static float **layer_vector(struct model_layer *L, enum arch_role r)
+{
+    switch (r) {
+    case ARCH_ROLE_ATTN_NORM:
+        return &L->attn_norm;
+    case ARCH_ROLE_FFN_NORM:
+        return &L->ffn_norm;
+    case ARCH_ROLE_BQ:
+        return &L->bq;
+    case ARCH_ROLE_BK:
+        return &L->bk;
+    case ARCH_ROLE_BV:
+        return &L->bv;
+    case ARCH_ROLE_Q_NORM:
+        return &L->q_norm;
+    case ARCH_ROLE_K_NORM:
+        return &L->k_norm;
+    default:
+        return NULL;
+    }
+}
+
 uint64_t wview_bytes(const struct wview *w)
 {
     return dtype_row_size(w->type, w->cols) * (uint64_t)w->rows;
@@ -75,8 +119,7 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
                  hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->rope_dim);
         return FERRY_ERR_FORMAT;
     }
-    const int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim,
-                  kvd = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim;
+    const int64_t dim = hp->dim;
     int rc;
     char name[96];
     if ((rc = find_matrix(mf, "token_embd.weight", hp->n_vocab, dim, &m->tok_embd, err))) goto fail;
@@ -92,29 +135,27 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         goto fail;
     }
     m->weight_bytes = wview_bytes(&m->output);
+    const struct arch_family *fam = arch_of(hp);
+    if (!fam) {
+        snprintf(err, 256, "architecture '%.31s' is not supported", hp->arch);
+        rc = FERRY_ERR_UNSUPPORTED;
+        goto fail;
+    }
     for (int l = 0; l < hp->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
-#define MAT(field, suffix, r, c)                                                                             \
-    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                     \
-    if ((rc = find_matrix(mf, name, r, c, &L->field, err))) goto fail;                                       \
-    m->weight_bytes += wview_bytes(&L->field);
-#define VEC(field, suffix, n, opt)                                                                           \
-    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                     \
-    if ((rc = load_vector(mf, name, n, opt, &L->field, err))) goto fail;
-        MAT(wq, "attn_q.weight", qd, dim);
-        MAT(wk, "attn_k.weight", kvd, dim);
-        MAT(wv, "attn_v.weight", kvd, dim);
-        MAT(wo, "attn_output.weight", dim, qd);
-        MAT(w_gate, "ffn_gate.weight", ffn, dim);
-        MAT(w_up, "ffn_up.weight", ffn, dim);
-        MAT(w_down, "ffn_down.weight", dim, ffn);
-        VEC(attn_norm, "attn_norm.weight", dim, 0);
-        VEC(ffn_norm, "ffn_norm.weight", dim, 0);
-        VEC(bq, "attn_q.bias", qd, 1);
-        VEC(bk, "attn_k.bias", kvd, 1);
-        VEC(bv, "attn_v.bias", kvd, 1);
-#undef MAT
-#undef VEC
+        for (int i = 0; i < fam->n_tensors; i++) {
+            const struct arch_tensor *at = &fam->tensors[i];
+            long long ne[2];
+            snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
+            if (arch_role_shape(at->role, hp, ne) == 2) {
+                struct wview *v = layer_matrix(L, at->role);
+                if ((rc = find_matrix(mf, name, ne[1], ne[0], v, err))) goto fail;
+                m->weight_bytes += wview_bytes(v);
+                continue;
+            }
+            float **v = layer_vector(L, at->role);
+            if (v && (rc = load_vector(mf, name, ne[0], at->need != ARCH_NEED_ALWAYS, v, err))) goto fail;
+        }
     }
     m->inv_freq = malloc((size_t)(hp->rope_dim / 2) * sizeof(float));
     if (!m->inv_freq) {
@@ -178,9 +219,9 @@ int model_quantize(struct model *m, int ftype, int n_threads, char err[256])
         }
     }
     qsort(qt, (size_t)n, sizeof *qt, cmp_qtensor);
-    /* llama.cpp's 70B class (llama-model.cpp): 80 layers, grouped-query attention (any qwen2 of 80 layers).
-     */
-    const bool is_70b = hp->n_layers == 80 && (!strcmp(hp->arch, "qwen2") || hp->n_heads != hp->n_kv_heads);
+    /* llama.cpp's 70B class (llama-model.cpp), by the family's rule. */
+    const struct arch_family *fam = arch_of(hp);
+    const bool is_70b = fam && fam->is_70b && fam->is_70b(hp);
     struct quant_mix mix;
     if (!quant_mix_init(&mix, ftype, hp->n_layers, hp->n_layers, !tied, is_70b)) {
         free(qt);
@@ -234,6 +275,8 @@ void model_free(struct model *m)
             free(L->bq);
             free(L->bk);
             free(L->bv);
+            free(L->q_norm);
+            free(L->k_norm);
         }
     }
     free(m->layers);

@@ -1,4 +1,5 @@
-/* model — the Llama-family network as the forward pass sees it: hyperparameters and per-layer weight views.
+/* model — the network as the forward pass sees it: hyperparameters and per-layer weight views, placed by
+ * the roles of its family's tensor list (weights/arch/arch.h).
  *
  * Built from a model_file (borrowed: the file must outlive the model). Matrices stay in their stored type
  * and memory (mmap); only the small 1-D tensors (norm weights, biases) are converted to f32 copies that the
@@ -43,6 +44,7 @@ struct model_layer {
     float *attn_norm;            /* (dim) f32 */
     struct wview wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
     float *bq, *bk, *bv;         /* (n_heads*hd), (n_kv*hd), (n_kv*hd) f32 or NULL */
+    float *q_norm, *k_norm;      /* (hd) f32 per-head norms, or NULL (families without QK-norm) */
     float *ffn_norm;             /* (dim) f32 */
     struct wview w_gate, w_up;   /* (ffn, dim) */
     struct wview w_down;         /* (dim, ffn) */

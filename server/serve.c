@@ -37,6 +37,7 @@
 #include "server/options.h"
 #include "server/scheduler.h"
 #include "server/serve_impl.h"
+#include "weights/arch/arch.h"
 #include "weights/model_file.h"
 
 /* ---- lifecycle ---- */
@@ -86,21 +87,23 @@ static void loader_main(void *arg)
                  ferry_status_str(rc));
         goto done;
     }
-    const char *tmpl = NULL;
+    const char *tmpl = NULL, *fallback = "chatml";
     if (S->chat_template_text)
         tmpl = S->chat_template_text;
     else if (S->opt.chat_template)
         tmpl = chat_template_builtin(S->opt.chat_template);
     else if (S->mf->chat_template)
         tmpl = S->mf->chat_template;
-    else {
-        tmpl = chat_template_builtin("chatml");
-        FLOG_WARN("the model has no chat template: /v1/chat/completions uses the builtin 'chatml'");
+    else { /* the family's default (weights/arch/) */
+        const struct arch_family *fam = arch_of(&S->mf->hp);
+        fallback = fam && fam->chat_template ? fam->chat_template : "chatml";
+        tmpl = chat_template_builtin(fallback);
+        FLOG_WARN("the model has no chat template: /v1/chat/completions uses the builtin '%s'", fallback);
     }
     if (!tmpl) {
         rc = FERRY_ERR_NOT_FOUND;
         snprintf(S->load_err, sizeof S->load_err, "no chat template available (--chat-template %s)",
-                 S->opt.chat_template ? S->opt.chat_template : "chatml");
+                 S->opt.chat_template ? S->opt.chat_template : fallback);
         goto done;
     }
     struct api_ctx *a = &S->api;

@@ -10,6 +10,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "weights/arch/arch.h"
 #include "weights/mapfile.h"
 
 #define HF_MAX_DIM (1 << 30) /* no sane size field is larger */
@@ -24,7 +25,8 @@ static int get_int(json_t *o, const char *key, int def, int *out, const char *fi
         return FERRY_OK;
     }
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > HF_MAX_DIM)
-        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not an integer in 1..%d", file, key, HF_MAX_DIM);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not an integer in 1..%d", file, key,
+                          HF_MAX_DIM);
     *out = (int)json_integer_value(v);
     return FERRY_OK;
 }
@@ -52,7 +54,8 @@ static int get_bool(json_t *o, const char *key, int def, int *out, const char *f
         *out = def;
         return FERRY_OK;
     }
-    if (!json_is_boolean(v)) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a boolean", file, key);
+    if (!json_is_boolean(v))
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key '%s' is not a boolean", file, key);
     *out = json_is_true(v);
     return FERRY_OK;
 }
@@ -63,11 +66,13 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
     memset(out, 0, sizeof *out);
     out->type = ROPE_SCALING_NONE;
     if (!rs || json_is_null(rs)) return FERRY_OK;
-    if (!json_is_object(rs)) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_scaling' is not an object", f);
+    if (!json_is_object(rs))
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_scaling' is not an object", f);
     json_t *t = json_object_get(rs, "rope_type");
     if (!t || json_is_null(t)) t = json_object_get(rs, "type");
     const char *ts = json_string_value(t);
-    if (!ts) return ferry_fail(err, FERRY_ERR_FORMAT, "%s: rope_scaling has no string 'rope_type' or 'type'", f);
+    if (!ts)
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%s: rope_scaling has no string 'rope_type' or 'type'", f);
     int rc;
     if (strcmp(ts, "default") == 0) return FERRY_OK;
     if (strcmp(ts, "linear") == 0) {
@@ -82,11 +87,12 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
         if ((rc = get_pos(rs, "high_freq_factor", -1, &out->high_freq_factor, g, err))) return rc;
         if ((rc = get_int(rs, "original_max_position_embeddings", -1, &out->orig_ctx, g, err))) return rc;
         if (out->high_freq_factor <= out->low_freq_factor)
-            return ferry_fail(err, FERRY_ERR_FORMAT, "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
+            return ferry_fail(err, FERRY_ERR_FORMAT,
+                              "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
         return FERRY_OK;
     }
-    return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: rope_scaling type '%.40s' is not supported (llama3, linear)",
-                f, ts);
+    return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
+                      "%s: rope_scaling type '%.40s' is not supported (llama3, linear)", f, ts);
 }
 
 int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char err[256])
@@ -103,30 +109,21 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     }
 
     /* The architecture: architectures[0], else model_type. */
-    static const struct {
-        const char *cls, *type, *arch;
-    } archs[] = {{"LlamaForCausalLM", "llama", "llama"},
-                 {"MistralForCausalLM", "mistral", "mistral"},
-                 {"Qwen2ForCausalLM", "qwen2", "qwen2"}};
     json_t *ja = json_object_get(root, "architectures");
     const char *cls = json_is_array(ja) ? json_string_value(json_array_get(ja, 0)) : NULL;
     const char *mt = json_string_value(json_object_get(root, "model_type"));
-    const char *arch = NULL;
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
-        if (cls ? strcmp(cls, archs[i].cls) == 0 : (mt && strcmp(mt, archs[i].type) == 0))
-            arch = archs[i].arch;
-    }
-    if (!arch) {
-        rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                  "%s: architecture '%.60s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                  "Qwen2ForCausalLM)",
-                  f,
-                  cls  ? cls
-                  : mt ? mt
-                       : "(none)");
+    const struct arch_family *fam = arch_find_hf(cls, mt);
+    if (!fam) {
+        char list[200];
+        rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: architecture '%.60s' is not supported (%s)", f,
+                        cls  ? cls
+                        : mt ? mt
+                             : "(none)",
+                        arch_supported(1, list, sizeof list));
         goto out;
     }
-    snprintf(hp->arch, sizeof hp->arch, "%s", arch);
+    hp->family = fam;
+    snprintf(hp->arch, sizeof hp->arch, "%s", fam->hf_types[0]);
 
     if ((rc = get_int(root, "hidden_size", -1, &hp->dim, f, err))) goto out;
     if ((rc = get_int(root, "intermediate_size", -1, &hp->ffn_dim, f, err))) goto out;
@@ -159,27 +156,27 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     if ((rc = parse_rope_scaling(rs, &hp->rope_scaling, err))) goto out;
     hp->rope_dim = hp->head_dim;
     hp->rope_style = ROPE_STYLE_HALF;
-    hp->qkv_bias = strcmp(arch, "qwen2") == 0;
+    hp->qkv_bias = fam->hf_qkv_bias;
 
     int ab = 0, mb = 0;
     if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
     if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
     if (ab || mb) {
         rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
-                  ab ? "attention_bias" : "mlp_bias");
+                        ab ? "attention_bias" : "mlp_bias");
         goto out;
     }
     json_t *hact = json_object_get(root, "hidden_act");
     if (hact && json_is_string(hact) && strcmp(json_string_value(hact), "silu") != 0) {
         rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: hidden_act '%.40s' is not supported (silu)", f,
-                  json_string_value(hact));
+                        json_string_value(hact));
         goto out;
     }
     int sw = 0;
     if ((rc = get_bool(root, "use_sliding_window", 0, &sw, f, err))) goto out;
     if (sw) FLOG_WARN("%s: use_sliding_window is set; ferry attends to the full context", f);
     json_t *swin = json_object_get(root, "sliding_window");
-    if (strcmp(arch, "mistral") == 0 && json_is_integer(swin) && json_integer_value(swin) < hp->ctx_train)
+    if (fam->hf_window_warn && json_is_integer(swin) && json_integer_value(swin) < hp->ctx_train)
         FLOG_WARN("%s: sliding_window %lld is ignored; ferry attends to the full context", f,
                   (long long)json_integer_value(swin));
 out:
@@ -214,7 +211,7 @@ int hf_chat_template_parse(const char *json, size_t len, char **out, char err[25
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return ferry_fail(err, FERRY_ERR_FORMAT, "tokenizer_config.json at offset %d: %.150s", je.position,
-                    je.text);
+                          je.text);
     int rc = FERRY_OK;
     json_t *ct = json_is_object(root) ? json_object_get(root, "chat_template") : NULL;
     const char *tpl = NULL;
@@ -231,7 +228,7 @@ int hf_chat_template_parse(const char *json, size_t len, char **out, char err[25
         if (!tpl) FLOG_WARN("tokenizer_config.json: chat_template list has no \"default\" entry");
     } else if (ct && !json_is_null(ct)) {
         rc = ferry_fail(err, FERRY_ERR_FORMAT,
-                  "tokenizer_config.json: chat_template is neither a string nor a list");
+                        "tokenizer_config.json: chat_template is neither a string nor a list");
     }
     if (tpl && !(*out = strdup(tpl))) rc = ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
     json_decref(root);

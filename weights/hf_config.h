@@ -1,11 +1,12 @@
-/* hf_config — a Hugging Face model directory's config.json (Llama family) and its chat template.
+/* hf_config — a Hugging Face model directory's config.json and its chat template.
  *
- * Reads LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM configs into struct llm_hparams:
+ * Reads the config of a family of weights/arch/ (architectures[0], else model_type) into struct llm_hparams:
  * hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
  * heads), head_dim (default hidden/heads), rms_norm_eps (default 1e-6), rope_theta (default 10000),
  * max_position_embeddings (default 2048), tie_word_embeddings (default false), vocab_size, rope_scaling
  * ({rope_type|type: "llama3", factor, low_freq_factor, high_freq_factor, original_max_position_embeddings} or
- * {"linear", factor}). HF checkpoints use rotate-half rotary pairs (ROPE_STYLE_HALF); Qwen2 has q/k/v biases.
+ * {"linear", factor}). HF checkpoints use rotate-half rotary pairs (ROPE_STYLE_HALF); the family says whether
+ * they carry q/k/v biases.
  * The chat template comes from tokenizer_config.json's "chat_template" (a string, or a list of
  * {name, template} of which "default" is taken), else from a chat_template.jinja file beside it.
  */

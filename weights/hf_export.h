@@ -14,8 +14,8 @@
 #include "weights/gguf_write.h"
 #include "weights/model_file.h"
 
-/* All of it: hyperparameters, then hf_export_tokenizer. arch: "llama" or "qwen2" (llama.cpp writes Mistral
- * checkpoints as llama). */
+/* All of it: hyperparameters, then hf_export_tokenizer. arch: the general.architecture to write (the family's
+ * gguf_writes, weights/arch/arch.h: llama.cpp writes Mistral checkpoints as llama). */
 int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const char *arch, char err[256]);
 
 /* A byte-level BPE tokenizer.json (Llama 3, Qwen2, SmolLM, GPT-2 style) as llama.cpp's "gpt2" tokenizer:

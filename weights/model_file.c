@@ -16,6 +16,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "weights/arch/arch.h"
 #include "weights/gguf.h"
 #include "weights/hf_config.h"
 #include "weights/mapfile.h"
@@ -73,7 +74,7 @@ static int gguf_hp(const struct gguf *g, const char *arch, const char *key, int 
     if (rc == FERRY_ERR_NOT_FOUND) return ferry_fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
     if (rc || v < 1 || v > (1u << 30))
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not an integer in 1..2^30 (type %d)", k,
-                    (int)gguf_kv_type(g, gguf_find_key(g, k)));
+                          (int)gguf_kv_type(g, gguf_find_key(g, k)));
     *out = (int)v;
     return FERRY_OK;
 }
@@ -106,20 +107,19 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     rc = gguf_get_str(g, "general.architecture", &s);
     if (rc)
         return ferry_fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s",
-                    rc == FERRY_ERR_NOT_FOUND ? "missing" : "not a string");
-    if (s.len == 0 || s.len >= sizeof hp->arch || memchr(s.ptr, '\0', s.len))
-        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                    "architecture '%.*s' is not supported (llama, mistral, qwen2)",
-                    (int)(s.len < 40 ? s.len : 40), s.ptr);
+                          rc == FERRY_ERR_NOT_FOUND ? "missing" : "not a string");
+    hp->family = arch_find_gguf(s.ptr, s.len);
+    if (!hp->family || s.len >= sizeof hp->arch) {
+        char name[48], list[160];
+        size_t n = s.len < sizeof name - 1 ? s.len : sizeof name - 1;
+        for (size_t i = 0; i < n; i++) name[i] = s.ptr[i] < 0x20 || s.ptr[i] >= 0x7f ? '?' : s.ptr[i];
+        name[n] = '\0';
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (%s)", name,
+                          arch_supported(0, list, sizeof list));
+    }
     memcpy(hp->arch, s.ptr, s.len);
     hp->arch[s.len] = '\0';
     const char *a = hp->arch;
-    if (strcmp(a, "llama") != 0 && strcmp(a, "mistral") != 0 && strcmp(a, "qwen2") != 0) {
-        for (char *c = hp->arch; *c; c++)
-            if (*c < 0x20 || *c >= 0x7f) *c = '?';
-        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2)",
-                    a);
-    }
     if ((rc = gguf_hp(g, a, "context_length", -1, &hp->ctx_train, err))) return rc;
     if ((rc = gguf_hp(g, a, "embedding_length", -1, &hp->dim, err))) return rc;
     if ((rc = gguf_hp(g, a, "feed_forward_length", -1, &hp->ffn_dim, err))) return rc;
@@ -130,7 +130,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     if ((rc = gguf_hp(g, a, "rope.dimension_count", hp->head_dim, &hp->rope_dim, err))) return rc;
     if ((rc = gguf_hp_f(g, a, "attention.layer_norm_rms_epsilon", -1, &hp->norm_eps, err))) return rc;
     if ((rc = gguf_hp_f(g, a, "rope.freq_base", 10000.0f, &hp->rope_theta, err))) return rc;
-    hp->rope_style = strcmp(a, "qwen2") == 0 ? ROPE_STYLE_HALF : ROPE_STYLE_INTERLEAVED;
+    hp->rope_style = hp->family->gguf_rope;
 
     /* Rope scaling: rope.scaling.type (+ factor), or the older rope.scale_linear. */
     char k[96];
@@ -143,8 +143,8 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
             if ((rc = gguf_hp_f(g, a, "rope.scaling.factor", -1, &hp->rope_scaling.factor, err))) return rc;
         } else if (!(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                        "key '%s': rope scaling '%.*s' is not supported (none, linear)", k,
-                        (int)(s.len < 32 ? s.len : 32), s.ptr);
+                              "key '%s': rope scaling '%.*s' is not supported (none, linear)", k,
+                              (int)(s.len < 32 ? s.len : 32), s.ptr);
         }
     } else if (rc != FERRY_ERR_NOT_FOUND) {
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a string", k);
@@ -198,41 +198,20 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 
 /* ---------------------------------------------------------------- Hugging Face */
 
-/* HF name -> GGUF name; 0 when it maps, -1 for names ferry does not use. */
-static int hf_map_name(const char *hf, char out[96])
+/* HF name -> GGUF name under the family's tensor list; 0 when it maps, -1 for names ferry does not use. */
+static int hf_map_name(const struct arch_family *fam, const char *hf, char out[96])
 {
-    static const struct {
-        const char *hf, *gguf;
-    } top[] = {{"model.embed_tokens.weight", "token_embd.weight"},
-               {"model.norm.weight", "output_norm.weight"},
-               {"lm_head.weight", "output.weight"}};
-    static const struct {
-        const char *hf, *gguf;
-    } layer[] = {
-        {"self_attn.q_proj.weight", "attn_q.weight"},
-        {"self_attn.q_proj.bias", "attn_q.bias"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},
-        {"self_attn.k_proj.bias", "attn_k.bias"},
-        {"self_attn.v_proj.weight", "attn_v.weight"},
-        {"self_attn.v_proj.bias", "attn_v.bias"},
-        {"self_attn.o_proj.weight", "attn_output.weight"},
-        {"self_attn.o_proj.bias", "attn_output.bias"},
-        {"mlp.gate_proj.weight", "ffn_gate.weight"},
-        {"mlp.up_proj.weight", "ffn_up.weight"},
-        {"mlp.down_proj.weight", "ffn_down.weight"},
-        {"input_layernorm.weight", "attn_norm.weight"},
-        {"post_attention_layernorm.weight", "ffn_norm.weight"},
-    };
-    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
-        if (strcmp(hf, top[i].hf) == 0) return snprintf(out, 96, "%s", top[i].gguf), 0;
+    for (int i = 0; i < arch_n_globals; i++)
+        if (strcmp(hf, arch_globals[i].hf) == 0) return snprintf(out, 96, "%s", arch_globals[i].gguf), 0;
     const char *p = "model.layers.";
     if (strncmp(hf, p, strlen(p)) != 0) return -1;
     const char *d = hf + strlen(p);
     int nd = 0, li = 0;
     while (d[nd] >= '0' && d[nd] <= '9' && nd < 5) li = li * 10 + (d[nd++] - '0');
     if (nd == 0 || d[nd] != '.' || (nd > 1 && d[0] == '0') || li >= MAX_LAYERS) return -1;
-    for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
-        if (strcmp(d + nd + 1, layer[i].hf) == 0) return snprintf(out, 96, "blk.%d.%s", li, layer[i].gguf), 0;
+    for (int i = 0; i < fam->n_tensors; i++)
+        if (strcmp(d + nd + 1, fam->tensors[i].hf) == 0)
+            return snprintf(out, 96, "blk.%d.%s", li, fam->tensors[i].gguf), 0;
     return -1;
 }
 
@@ -254,26 +233,26 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
     for (int i = 0; i < n; i++) {
         const struct st_tensor *t = safetensors_tensor(st, i);
         char name[96];
-        if (hf_map_name(t->name, name) != 0) {
+        if (hf_map_name(mf->hp.family, t->name, name) != 0) {
             FLOG_DEBUG("%s: ignoring tensor '%s'", file, t->name);
             continue;
         }
         if (t->dtype < 0)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                        "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file, t->name,
-                        t->dtype_str);
+                              "%.60s: tensor '%.80s' has dtype %s (F32, F16, BF16 only)", file, t->name,
+                              t->dtype_str);
         /* Kernels load elements directly: the mapping is page-aligned, so this checks the file offset. */
         if ((uintptr_t)t->data % dtype_type_size((enum dtype)t->dtype) != 0)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                        "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
-                        "element size",
-                        file, t->name, (size_t)t->offset);
+                              "%.60s: tensor '%.80s' at file offset %zu is not aligned to its "
+                              "element size",
+                              file, t->name, (size_t)t->offset);
         if (t->n_dims < 1 || t->n_dims > 4)
             return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has %d dimensions (1..4)", file,
-                        t->name, t->n_dims);
+                              t->name, t->n_dims);
         if (model_file_tensor(mf, name))
-            return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards", file,
-                        t->name);
+            return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' appears twice among the shards",
+                              file, t->name);
         struct wtensor *w = &mf->tensors[mf->n_tensors];
         memset(w, 0, sizeof *w);
         snprintf(w->name, sizeof w->name, "%s", name);
@@ -284,7 +263,7 @@ static int add_shard(struct model_file *mf, const char *dir, const char *file, s
             w->ne[dd] = t->shape[t->n_dims - 1 - dd];
             if (w->ne[dd] < 1)
                 return ferry_fail(err, FERRY_ERR_FORMAT, "%.60s: tensor '%.80s' has an empty dimension", file,
-                            t->name);
+                                  t->name);
         }
         w->data = t->data;
         w->nbytes = t->nbytes;
@@ -316,11 +295,11 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
             snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
             if (stat(path, &sb) == 0)
                 return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                            "%.100s: only safetensors weights are read, not "
-                            "pytorch_model.bin",
-                            base_name(dir));
+                                  "%.100s: only safetensors weights are read, not "
+                                  "pytorch_model.bin",
+                                  base_name(dir));
             return ferry_fail(err, FERRY_ERR_NOT_FOUND,
-                        "%.100s: no model.safetensors or model.safetensors.index.json", base_name(dir));
+                              "%.100s: no model.safetensors or model.safetensors.index.json", base_name(dir));
         }
         if (!(pv->st = calloc(1, sizeof *pv->st))) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
         pr->total = (uint64_t)sb.st_size;
@@ -345,9 +324,9 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
         for (int i = 0; i < ix.n_files && rc == FERRY_OK; i++) rc = add_shard(mf, dir, ix.files[i], pr, err);
         for (int i = 0; i < ix.n_entries && rc == FERRY_OK; i++) {
             if (!safetensors_find(pv->st[ix.file_of[i]], ix.names[i]))
-                rc =
-                    ferry_fail(err, FERRY_ERR_FORMAT, "index lists tensor '%.80s' in %.60s but that shard lacks it",
-                         ix.names[i], ix.files[ix.file_of[i]]);
+                rc = ferry_fail(err, FERRY_ERR_FORMAT,
+                                "index lists tensor '%.80s' in %.60s but that shard lacks it", ix.names[i],
+                                ix.files[ix.file_of[i]]);
         }
         st_index_free(&ix);
         if (rc) return rc;
@@ -357,8 +336,8 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
     int has_out = model_file_tensor(mf, "output.weight") != NULL;
     if (!has_out && !config_tied)
         return ferry_fail(err, FERRY_ERR_FORMAT,
-                    "missing tensor 'lm_head.weight' (config.json says tie_word_embeddings "
-                    "is false)");
+                          "missing tensor 'lm_head.weight' (config.json says tie_word_embeddings "
+                          "is false)");
     mf->hp.tied_embeddings = !has_out;
     if (model_file_tensor(mf, "blk.0.attn_q.bias")) mf->hp.qkv_bias = 1;
     return FERRY_OK;
@@ -376,22 +355,24 @@ static int want(const struct model_file *mf, const char *name, int n_dims, int64
                 int float_only, char *err)
 {
     const struct wtensor *t = model_file_tensor(mf, name);
-    if (!t) return ferry_fail(err, FERRY_ERR_FORMAT, "missing tensor '%s'", name);
+    if (!t)
+        return ferry_fail(err, FERRY_ERR_FORMAT, "missing tensor '%s' (%s family)", name,
+                          mf->hp.family ? mf->hp.family->name : mf->hp.arch);
     int64_t e[4] = {a, n_dims > 1 ? b : 1, 1, 1};
     if (t->ne[0] != e[0] || t->ne[1] != e[1] || t->ne[2] != 1 || t->ne[3] != 1) {
         if (n_dims == 1)
             return ferry_fail(err, FERRY_ERR_FORMAT,
-                        "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]", name,
-                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
-                        (long long)a);
+                              "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]", name,
+                              (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                              (long long)t->ne[3], (long long)a);
         return ferry_fail(err, FERRY_ERR_FORMAT,
-                    "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
-                    (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
-                    (long long)a, (long long)b);
+                          "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                          (long long)a, (long long)b);
     }
     if (float_only && !is_float(t->type))
-        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' has type %s; F32, F16 or BF16 expected", name,
-                    dtype_name(t->type));
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor '%s' has type %s; F32, F16 or BF16 expected",
+                          name, dtype_name(t->type));
     return FERRY_OK;
 }
 
@@ -401,32 +382,30 @@ int model_file_validate(const struct model_file *mf, char err[256])
     if (hp->dim < 1 || hp->n_layers < 1 || hp->n_heads < 1 || hp->n_kv_heads < 1 || hp->head_dim < 1 ||
         hp->ffn_dim < 1 || hp->n_vocab < 1 || hp->ctx_train < 1)
         return ferry_fail(err, FERRY_ERR_FORMAT,
-                    "hyperparameters must be positive (dim %d, layers %d, heads %d/%d, "
-                    "head_dim %d, ffn %d, vocab %d, ctx %d)",
-                    hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->ffn_dim,
-                    hp->n_vocab, hp->ctx_train);
+                          "hyperparameters must be positive (dim %d, layers %d, heads %d/%d, "
+                          "head_dim %d, ffn %d, vocab %d, ctx %d)",
+                          hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->ffn_dim,
+                          hp->n_vocab, hp->ctx_train);
     if (hp->n_layers > MAX_LAYERS)
         return ferry_fail(err, FERRY_ERR_FORMAT, "%d layers is more than %d", hp->n_layers, MAX_LAYERS);
     if (hp->n_heads % hp->n_kv_heads != 0)
-        return ferry_fail(err, FERRY_ERR_FORMAT, "%d attention heads is not a multiple of %d kv heads", hp->n_heads,
-                    hp->n_kv_heads);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "%d attention heads is not a multiple of %d kv heads",
+                          hp->n_heads, hp->n_kv_heads);
     if (hp->head_dim % 2 != 0 || hp->rope_dim < 2 || hp->rope_dim % 2 != 0 || hp->rope_dim > hp->head_dim)
         return ferry_fail(err, FERRY_ERR_FORMAT, "rotary dims %d must be even and at most head_dim %d (even)",
-                    hp->rope_dim, hp->head_dim);
+                          hp->rope_dim, hp->head_dim);
     if (!(hp->norm_eps > 0) || !(hp->rope_theta > 0))
-        return ferry_fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive", hp->norm_eps,
-                    hp->rope_theta);
+        return ferry_fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive",
+                          hp->norm_eps, hp->rope_theta);
     const struct rope_scaling *rs = &hp->rope_scaling;
     if (rs->type != ROPE_SCALING_NONE && !(rs->factor > 0))
         return ferry_fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);
     if (rs->type == ROPE_SCALING_LLAMA3 &&
         (rs->orig_ctx < 1 || !(rs->high_freq_factor > rs->low_freq_factor)))
         return ferry_fail(err, FERRY_ERR_FORMAT,
-                    "llama3 rope scaling needs original context and high > low freq factor");
+                          "llama3 rope scaling needs original context and high > low freq factor");
 
-    int64_t dim = hp->dim, q = (int64_t)hp->n_heads * hp->head_dim,
-            kv = (int64_t)hp->n_kv_heads * hp->head_dim;
-    int64_t ffn = hp->ffn_dim, vocab = hp->n_vocab;
+    const int64_t dim = hp->dim, vocab = hp->n_vocab;
     int rc;
     if ((rc = want(mf, "token_embd.weight", 2, dim, vocab, 0, err))) return rc;
     if ((rc = want(mf, "output_norm.weight", 1, dim, 1, 1, err))) return rc;
@@ -436,48 +415,20 @@ int model_file_validate(const struct model_file *mf, char err[256])
         if (model_file_tensor(mf, "rope_freqs.weight")->type != DTYPE_F32)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor 'rope_freqs.weight' must be F32");
     }
+    const struct arch_family *fam = arch_of(hp);
+    if (!fam)
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%.31s' is not supported", hp->arch);
     for (int l = 0; l < hp->n_layers; l++) {
-        static const struct {
-            const char *name;
-            int which; /* shape selector, see below */
-        } per_layer[] = {
-            {"attn_norm.weight", 0}, {"attn_q.weight", 1},      {"attn_k.weight", 2},
-            {"attn_v.weight", 2},    {"attn_output.weight", 3}, {"ffn_norm.weight", 0},
-            {"ffn_gate.weight", 4},  {"ffn_up.weight", 4},      {"ffn_down.weight", 5},
-        };
-        for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
+        for (int i = 0; i < fam->n_tensors; i++) {
+            const struct arch_tensor *at = &fam->tensors[i];
             char name[96];
-            snprintf(name, sizeof name, "blk.%d.%s", l, per_layer[i].name);
-            switch (per_layer[i].which) {
-            case 0:
-                rc = want(mf, name, 1, dim, 1, 1, err);
-                break;
-            case 1:
-                rc = want(mf, name, 2, dim, q, 0, err);
-                break;
-            case 2:
-                rc = want(mf, name, 2, dim, kv, 0, err);
-                break;
-            case 3:
-                rc = want(mf, name, 2, q, dim, 0, err);
-                break;
-            case 4:
-                rc = want(mf, name, 2, dim, ffn, 0, err);
-                break;
-            default:
-                rc = want(mf, name, 2, ffn, dim, 0, err);
-                break;
-            }
-            if (rc) return rc;
-        }
-        if (hp->qkv_bias) {
-            char name[96];
-            snprintf(name, sizeof name, "blk.%d.attn_q.bias", l);
-            if ((rc = want(mf, name, 1, q, 1, 1, err))) return rc;
-            snprintf(name, sizeof name, "blk.%d.attn_k.bias", l);
-            if ((rc = want(mf, name, 1, kv, 1, 1, err))) return rc;
-            snprintf(name, sizeof name, "blk.%d.attn_v.bias", l);
-            if ((rc = want(mf, name, 1, kv, 1, 1, err))) return rc;
+            snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
+            if ((at->need == ARCH_NEED_IF_BIAS && !hp->qkv_bias) ||
+                (at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)))
+                continue;
+            long long ne[2];
+            const int nd = arch_role_shape(at->role, hp, ne);
+            if ((rc = want(mf, name, nd, ne[0], ne[1], nd == 1, err))) return rc;
         }
     }
     return FERRY_OK;
@@ -516,7 +467,8 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
         if (!f)
             rc = ferry_fail(e2, FERRY_ERR_IO, "cannot open");
         else if (got != 4 || memcmp(magic, "GGUF", 4) != 0)
-            rc = ferry_fail(e2, FERRY_ERR_FORMAT, "neither a GGUF file (bad magic at offset 0) nor a directory");
+            rc = ferry_fail(e2, FERRY_ERR_FORMAT,
+                            "neither a GGUF file (bad magic at offset 0) nor a directory");
         else
             rc = gguf_open(path, &mf->gguf, e2);
         if (rc == FERRY_OK) rc = from_gguf(mf, &pr, e2);

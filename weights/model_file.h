@@ -21,11 +21,14 @@
 #include "kernels/core/rope.h"
 
 struct gguf;
+struct arch_family;
 
 enum model_format { MODEL_FORMAT_GGUF = 0, MODEL_FORMAT_HF = 1 };
 
 struct llm_hparams {
-    char arch[32];       /* "llama", "mistral", "qwen2" */
+    char arch[32];       /* the name the file gives its architecture (GGUF general.architecture, the HF
+                          * model_type of its family): the prefix of its GGUF keys */
+    const struct arch_family *family; /* weights/arch/arch.h; NULL in hyperparameters built in code */
     int n_vocab;
     int dim;             /* hidden size */
     int n_layers;
@@ -79,10 +82,10 @@ int model_file_open_gguf_mem(const void *buf, size_t size, struct model_file **o
 /* The tensor with this internal name, or NULL. */
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name);
 
-/* Checks the hyperparameters and that every tensor a Llama-family forward pass reads exists with the shape
+/* Checks the hyperparameters and that every tensor the family's forward pass reads exists with the shape
  * the hyperparameters imply (norms and biases in F32/F16/BF16; rope_freqs.weight, if present, F32 of
- * rope_dim/2). FERRY_OK or FERRY_ERR_FORMAT with err naming the tensor, its shape and the expected one.
- * model_file_open calls it. */
+ * rope_dim/2). FERRY_OK or FERRY_ERR_FORMAT with err naming the tensor and the family, its shape and the
+ * expected one. model_file_open calls it. */
 int model_file_validate(const struct model_file *mf, char err[256]);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "weights/arch/arch.h"
 #include "weights/gguf.h"
 #include "weights/gguf_write.h"
 #include "weights/hf_export.h"
@@ -35,18 +36,19 @@ static int cmp_plan(const void *a, const void *b)
     return quant_mix_order(((const struct plan *)a)->src->name, ((const struct plan *)b)->src->name);
 }
 
-/* The output architecture: llama.cpp writes Mistral checkpoints as llama. */
-static const char *out_arch(const struct model_file *mf)
+/* The output family: llama.cpp writes Mistral checkpoints as llama. */
+static const struct arch_family *out_family(const struct model_file *mf)
 {
-    return strcmp(mf->hp.arch, "qwen2") == 0 ? "qwen2" : "llama";
+    const struct arch_family *f = arch_of(&mf->hp);
+    const struct arch_family *w = arch_find_gguf(f->gguf_writes, strlen(f->gguf_writes));
+    return w ? w : f;
 }
 
-/* llama.cpp's LLM_TYPE_70B, which bumps attn_v (llama-model.cpp: llama with 80 layers and grouped-query
- * attention, qwen2 with 80 layers). */
+/* llama.cpp's LLM_TYPE_70B of the output family, which bumps attn_v. */
 static bool is_70b(const struct model_file *mf)
 {
-    if (mf->hp.n_layers != 80) return false;
-    return strcmp(out_arch(mf), "qwen2") == 0 || mf->hp.n_heads != mf->hp.n_kv_heads;
+    const struct arch_family *f = out_family(mf);
+    return f->is_70b && f->is_70b(&mf->hp);
 }
 
 /* The output tensors: the model's, and for a Hugging Face llama3-scaled model the rope_freqs.weight that
@@ -84,7 +86,7 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
                               "tensor %s is already %s: ferry quantize reads F32, F16 or BF16 weights "
                               "(requantizing compounds the errors; llama-quantize refuses it too)",
                               t->name, dtype_name(t->type));
-        p->permute = hf && strcmp(out_arch(mf), "llama") == 0 && p->n_dims == 2 &&
+        p->permute = hf && out_family(mf)->gguf_rope == ROPE_STYLE_INTERLEAVED && p->n_dims == 2 &&
                      (strstr(t->name, ".attn_q.weight") || strstr(t->name, ".attn_k.weight"));
     }
     return FERRY_OK;
@@ -192,7 +194,7 @@ int quantize_model_file(const struct model_file *mf, const char *out_path, const
     if ((rc = gguf_writer_init(&w, err))) goto out;
     if (mf->format == MODEL_FORMAT_GGUF) {
         if ((rc = copy_gguf_metadata(w, mf->gguf, err))) goto out;
-    } else if ((rc = hf_export_metadata(w, mf, out_arch(mf), err))) {
+    } else if ((rc = hf_export_metadata(w, mf, out_family(mf)->gguf_writes, err))) {
         goto out;
     }
     if ((rc = gguf_writer_kv_u32(w, "general.quantization_version", QUANT_VERSION, err))) goto out;

@@ -88,6 +88,17 @@ void kern_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int m, int d
     }
 }
 
+void kern_cpu_qk_norm_ref(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads,
+                          int n_kv_heads, int head_dim, float eps)
+{
+    for (int r = 0; r < m; r++) {
+        float *row = qkv + (size_t)r * ld;
+        kern_cpu_rmsnorm_ref(row, row, qw, n_heads, head_dim, eps);
+        kern_cpu_rmsnorm_ref(row + (size_t)n_heads * head_dim, row + (size_t)n_heads * head_dim, kw,
+                             n_kv_heads, head_dim, eps);
+    }
+}
+
 /* ---- rotary embedding ------------------------------------------------------------------------------------
  */
 

