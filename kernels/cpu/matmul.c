@@ -82,8 +82,8 @@ typedef float vfu __attribute__((vector_size(VL * 4), aligned(4)));    /* unalig
 typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2))); /* unaligned 16-bit load */
 typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 
-#define MR           4    /* rows of x per micro-kernel call */
-#define STREAM_M_MAX 16   /* up to this many rows of x, plain rows stream whole (no tile), MR rows per pass */
+#define MR           4  /* rows of x per micro-kernel call */
+#define STREAM_M_MAX 16 /* up to this many rows of x, plain rows stream whole (no tile), MR rows per pass */
 /* Products of up to TASK_M_MAX rows of x, on pools of TASK_MIN_THREADS threads or more, are cut into tasks of
  * TASK_ROWS rows of W (a multiple of NR), or of TASK_MIN_BYTES of W when that is more rows (small models);
  * other products into one slice per thread, which keeps each slice of x in a thread's L2 the longest. */
@@ -91,9 +91,9 @@ typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
 #define TASK_MIN_BYTES   (128 << 10)
 #define TASK_M_MAX       16
 #define TASK_MIN_THREADS 8
-#define KC_MAX       1024 /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
-#define TILE_PAD     16   /* floats added to the tile's row stride */
-#define X_L2_BYTES   (512 * 1024) /* budget for the (m, KC) slice of x */
+#define KC_MAX           1024 /* columns per chunk: an (NR, KC_MAX) f32 tile is 16 KiB and stays in L1 */
+#define TILE_PAD         16   /* floats added to the tile's row stride */
+#define X_L2_BYTES       (512 * 1024) /* budget for the (m, KC) slice of x */
 
 /* Pins a value in a vector register: stops GCC from re-reading it from memory (as an FMA operand). */
 #if defined(__x86_64__) && defined(__AVX512F__)
@@ -899,6 +899,7 @@ static int mm_check(const float *y, const float *x, const void *w, enum dtype wt
 {
     if (!y || !x || !w || !dtype_valid(wt) || m <= 0 || n <= 0 || k <= 0) return FERRY_ERR_INVALID;
     if (k % dtype_block_size(wt)) return FERRY_ERR_INVALID;
+    if (dtype_get_traits(wt)->is_quantized && !q8_kinds[wt].dec) return FERRY_ERR_UNSUPPORTED;
     return FERRY_OK;
 }
 
