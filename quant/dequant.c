@@ -204,3 +204,39 @@ void row_bf16_to_f32(const void *src, float *dst, int64_t n)
     const uint16_t *h = src;
     for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
 }
+
+/* Q2_K (256 elements, 84 bytes): { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin; }. Element e = 128h + 32j + l
+ * (h < 2, j < 4, l < 32): q = (qs[32h + l] >> 2j) & 3; its sub-block t = e / 16 has scale d·(scales[t] & 15)
+ * and minimum dmin·(scales[t] >> 4); x = (d·sc)·q - (dmin·mn). */
+void row_q2_k_to_f32(const void *src, float *restrict y, int64_t n)
+{
+    const struct block_q2_k *restrict b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+        for (int t = 0; t < 16; t++, y += 16) {
+            const float dl = d * (float)(b[i].scales[t] & 15), ml = dmin * (float)(b[i].scales[t] >> 4);
+            const int h = t / 8, j = (t % 8) / 2, l0 = 16 * (t % 2);
+            for (int l = 0; l < 16; l++) y[l] = dl * (float)((b[i].qs[32 * h + l0 + l] >> (2 * j)) & 3) - ml;
+        }
+    }
+}
+
+/* Q3_K (256 elements, 110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d; }. Element e = 128h + 32j
+ * + l: low bits (qs[32h + l] >> 2j) & 3, minus 4 unless bit 4h + j of hmask[l] is set; sub-block t = e / 16
+ * has the 6-bit scale s_t (block_q3_k_scale); x = (d·(s_t - 32))·q. */
+void row_q3_k_to_f32(const void *src, float *restrict y, int64_t n)
+{
+    const struct block_q3_k *restrict b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(b[i].d);
+        for (int t = 0; t < 16; t++, y += 16) {
+            const float dl = d * (float)(block_q3_k_scale(t, b[i].scales) - 32);
+            const int h = t / 8, j = (t % 8) / 2, l0 = 16 * (t % 2);
+            for (int l = 0; l < 16; l++) {
+                const int q = ((b[i].qs[32 * h + l0 + l] >> (2 * j)) & 3) -
+                              ((b[i].hmask[l0 + l] >> (4 * h + j)) & 1 ? 0 : 4);
+                y[l] = dl * (float)q;
+            }
+        }
+    }
+}

@@ -18,6 +18,13 @@
         .to_f32 = row_##t##_to_f32, .from_f32 = row_##t##_from_f32, .device_form = dev                       \
     }
 
+/* A type ferry reads but does not write. */
+#define READ_ONLY(t, nm, bs, blk)                                                                            \
+    {                                                                                                        \
+        .name = nm, .block_size = bs, .type_size = sizeof(struct blk), .is_quantized = true,                 \
+        .to_f32 = row_##t##_to_f32, .from_f32 = NULL, .device_form = DTYPE_Q8_0                              \
+    }
+
 static const struct dtype_traits dtype_table[DTYPE_COUNT] = {
     [DTYPE_F32] = PLAIN(f32, "F32", 4, DTYPE_F32),
     [DTYPE_F16] = PLAIN(f16, "F16", 2, DTYPE_F16),
@@ -30,6 +37,19 @@ static const struct dtype_traits dtype_table[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = BLOCKS(q4_k, "Q4_K", QK_K, block_q4_k, DTYPE_Q8_0),
     [DTYPE_Q5_K] = BLOCKS(q5_k, "Q5_K", QK_K, block_q5_k, DTYPE_Q8_0),
     [DTYPE_Q6_K] = BLOCKS(q6_k, "Q6_K", QK_K, block_q6_k, DTYPE_Q8_0),
+    [DTYPE_Q2_K] = READ_ONLY(q2_k, "Q2_K", QK_K, block_q2_k),
+    [DTYPE_Q3_K] = READ_ONLY(q3_k, "Q3_K", QK_K, block_q3_k),
+    [DTYPE_IQ4_NL] = READ_ONLY(iq4_nl, "IQ4_NL", QK4_NL, block_iq4_nl),
+    [DTYPE_IQ4_XS] = READ_ONLY(iq4_xs, "IQ4_XS", QK_K, block_iq4_xs),
+    [DTYPE_MXFP4] = READ_ONLY(mxfp4, "MXFP4", QK_MXFP4, block_mxfp4),
+    [DTYPE_NVFP4] = READ_ONLY(nvfp4, "NVFP4", QK_NVFP4, block_nvfp4),
+    [DTYPE_IQ2_XXS] = READ_ONLY(iq2_xxs, "IQ2_XXS", QK_K, block_iq2_xxs),
+    [DTYPE_IQ2_XS] = READ_ONLY(iq2_xs, "IQ2_XS", QK_K, block_iq2_xs),
+    [DTYPE_IQ2_S] = READ_ONLY(iq2_s, "IQ2_S", QK_K, block_iq2_s),
+    [DTYPE_IQ3_XXS] = READ_ONLY(iq3_xxs, "IQ3_XXS", QK_K, block_iq3_xxs),
+    [DTYPE_IQ3_S] = READ_ONLY(iq3_s, "IQ3_S", QK_K, block_iq3_s),
+    [DTYPE_IQ1_S] = READ_ONLY(iq1_s, "IQ1_S", QK_K, block_iq1_s),
+    [DTYPE_IQ1_M] = READ_ONLY(iq1_m, "IQ1_M", QK_K, block_iq1_m),
 };
 
 const struct dtype_traits *dtype_get_traits(uint32_t t)
@@ -85,7 +105,7 @@ bool dtype_to_f32(enum dtype t, const void *src, float *dst, int64_t n)
 
 bool dtype_from_f32(enum dtype t, const float *src, void *dst, int64_t n)
 {
-    if (!row_ok(t, src, dst, n)) return false;
+    if (!row_ok(t, src, dst, n) || !dtype_table[t].from_f32) return false;
     dtype_table[t].from_f32(src, dst, n);
     return true;
 }

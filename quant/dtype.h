@@ -26,11 +26,24 @@ enum dtype {
     DTYPE_Q5_0 = 6,
     DTYPE_Q5_1 = 7,
     DTYPE_Q8_0 = 8,
+    DTYPE_Q2_K = 10,
+    DTYPE_Q3_K = 11,
     DTYPE_Q4_K = 12,
     DTYPE_Q5_K = 13,
     DTYPE_Q6_K = 14,
+    DTYPE_IQ2_XXS = 16,
+    DTYPE_IQ2_XS = 17,
+    DTYPE_IQ3_XXS = 18,
+    DTYPE_IQ1_S = 19,
+    DTYPE_IQ4_NL = 20,
+    DTYPE_IQ3_S = 21,
+    DTYPE_IQ2_S = 22,
+    DTYPE_IQ4_XS = 23,
+    DTYPE_IQ1_M = 29,
     DTYPE_BF16 = 30,
-    DTYPE_COUNT = 31, /* one past the largest id; not a type */
+    DTYPE_MXFP4 = 39,
+    DTYPE_NVFP4 = 40,
+    DTYPE_COUNT = 41, /* one past the largest id; not a type */
 };
 
 /* src holds n elements of the type (n a multiple of its block size); dst (n) f32. */
@@ -40,13 +53,14 @@ typedef void (*dtype_from_f32_fn)(const float *src, void *dst, int64_t n);
 
 struct dtype_traits {
     const char *name;  /* ggml's name: "F16", "Q4_K" */
-    int block_size;    /* elements per block: 1, 32 or 256 */
+    int block_size;    /* elements per block: 1, 32, 64 or 256 */
     size_t type_size;  /* bytes per block */
     bool is_quantized; /* a block format (integer codes and scales), not a plain float type */
     /* Exact conversion to f32, bitwise ggml's dequantize_row_* (and gguf-py's); never NULL. */
     dtype_to_f32_fn to_f32;
     /* Round to nearest (F16, BF16: to nearest even) or ggml's reference quantizer quantize_row_*_ref without
-     * an importance matrix, byte for byte; never NULL for the types listed above. */
+     * an importance matrix, byte for byte; NULL for the types ferry reads but does not write (Q2_K, Q3_K,
+     * the IQ types, MXFP4, NVFP4). */
     dtype_from_f32_fn from_f32;
     /* Device form: what a backend that has no kernel of its own for this type converts it to at load. The
      * type itself for the plain types and Q8_0; Q8_0 for the other block types (8.5 bits per weight, read
@@ -64,7 +78,7 @@ int dtype_valid(uint32_t t);
 const char *dtype_name(enum dtype t);
 /* The type called `name` (ggml's spelling, case-insensitive), or -1. */
 int dtype_from_name(const char *name);
-/* Elements per block (1, 32 or 256); 0 for an unknown type. */
+/* Elements per block (1, 32, 64 or 256); 0 for an unknown type. */
 int dtype_block_size(enum dtype t);
 /* Bytes per block; 0 for an unknown type. */
 size_t dtype_type_size(enum dtype t);
@@ -73,7 +87,7 @@ size_t dtype_row_size(enum dtype t, int64_t n);
 
 /* Checked row conversions: dst (n) f32 from src holding n elements of type t, and the reverse (dst must hold
  * dtype_row_size(t, n) bytes). False, and nothing written, for an unknown type, a NULL pointer, or n negative
- * or not a multiple of the block size. */
+ * or not a multiple of the block size; dtype_from_f32 also for a type without a quantizer. */
 bool dtype_to_f32(enum dtype t, const void *src, float *dst, int64_t n);
 bool dtype_from_f32(enum dtype t, const float *src, void *dst, int64_t n);
 

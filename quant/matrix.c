@@ -74,6 +74,7 @@ bool quant_matrix(enum dtype to, void *dst, enum dtype from, const void *src, in
     const struct dtype_traits *tt = dtype_get_traits(to), *ft = dtype_get_traits(from);
     if (!tt || !ft || !dst || !src || rows < 0 || cols < 0 || cols % tt->block_size || cols % ft->block_size)
         return false;
+    if (to != from && !tt->from_f32) return false; /* a type ferry reads but does not write */
     if (bad_row) *bad_row = -1;
     if (rows == 0 || cols == 0) return true;
     struct job j = {.to = tt,

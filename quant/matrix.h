@@ -27,7 +27,8 @@ struct quant_runner {
 /* dst (rows, cols) in type `to` from src (rows, cols) in type `from`; from == to copies the bytes. When
  * bad_row is not NULL it receives the first row holding a NaN or an infinity (checked on the f32 values;
  * never for a copy), or -1; that row is converted all the same. False, with nothing written, when a type is
- * unknown, a pointer is NULL, rows or cols is negative, or cols is not a multiple of both block sizes. */
+ * unknown, `to` has no quantizer (and differs from `from`), a pointer is NULL, rows or cols is negative, or
+ * cols is not a multiple of both block sizes. */
 bool quant_matrix(enum dtype to, void *dst, enum dtype from, const void *src, int64_t rows, int64_t cols,
                   const struct quant_runner *runner, int64_t *bad_row);
 

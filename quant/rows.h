@@ -25,5 +25,21 @@ ROW_FNS(q4_k)
 ROW_FNS(q5_k)
 ROW_FNS(q6_k)
 #undef ROW_FNS
+/* Types ferry reads but does not write (no quantizer yet): dequant.c (Q2_K, Q3_K) and dequant_iq.c. */
+#define ROW_TO_F32(t) void row_##t##_to_f32(const void *src, float *dst, int64_t n);
+ROW_TO_F32(q2_k)
+ROW_TO_F32(q3_k)
+ROW_TO_F32(iq4_nl)
+ROW_TO_F32(iq4_xs)
+ROW_TO_F32(mxfp4)
+ROW_TO_F32(nvfp4)
+ROW_TO_F32(iq2_xxs)
+ROW_TO_F32(iq2_xs)
+ROW_TO_F32(iq2_s)
+ROW_TO_F32(iq3_xxs)
+ROW_TO_F32(iq3_s)
+ROW_TO_F32(iq1_s)
+ROW_TO_F32(iq1_m)
+#undef ROW_TO_F32
 
 #endif

@@ -188,6 +188,7 @@ static const char *ggml_type_name(uint32_t t)
         "Q2_K",   "Q3_K",  "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
         "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",    "I16",   "I32",     "I64",    "F64",     "IQ1_M",
         "BF16",   NULL,    NULL,    NULL,     "TQ1_0", "TQ2_0", NULL,      NULL,     NULL,      "MXFP4",
+        "NVFP4",  "Q1_0",  "Q2_0",
     };
     return t < sizeof names / sizeof names[0] ? names[t] : NULL;
 }

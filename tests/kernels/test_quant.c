@@ -80,6 +80,28 @@ Test(quant, dequant_q5_k)
 {
     check_dequant(DTYPE_Q5_K, "Q5_K");
 }
+/* The types ferry reads but does not write, against llama.cpp's dequantize_row_* (equal to gguf-py's, which
+ * make_iquant_fixtures.py checked): random bytes with sane scales, and llama.cpp's own quantizer's output. */
+#define IQ_DEQUANT_TEST(t, nm)                                                                               \
+    Test(quant, dequant_##t)                                                                                 \
+    {                                                                                                        \
+        check_dequant(DTYPE_##nm, #nm);                                                                      \
+        check_dequant(DTYPE_##nm, #nm ".pq");                                                                \
+    }
+IQ_DEQUANT_TEST(q2_k, Q2_K)
+IQ_DEQUANT_TEST(q3_k, Q3_K)
+IQ_DEQUANT_TEST(iq4_nl, IQ4_NL)
+IQ_DEQUANT_TEST(iq4_xs, IQ4_XS)
+IQ_DEQUANT_TEST(mxfp4, MXFP4)
+IQ_DEQUANT_TEST(nvfp4, NVFP4)
+IQ_DEQUANT_TEST(iq3_xxs, IQ3_XXS)
+IQ_DEQUANT_TEST(iq3_s, IQ3_S)
+IQ_DEQUANT_TEST(iq2_xxs, IQ2_XXS)
+IQ_DEQUANT_TEST(iq2_xs, IQ2_XS)
+IQ_DEQUANT_TEST(iq2_s, IQ2_S)
+IQ_DEQUANT_TEST(iq1_s, IQ1_S)
+IQ_DEQUANT_TEST(iq1_m, IQ1_M)
+
 Test(quant, dequant_f16)
 {
     check_dequant(DTYPE_F16, "F16");
@@ -178,7 +200,8 @@ Test(quant, rejects_bad_lengths)
     cr_assert(!dtype_to_f32(DTYPE_Q8_0, src, dst, 33));
     cr_assert(!dtype_to_f32(DTYPE_Q4_K, src, dst, 32));
     cr_assert(!dtype_to_f32((enum dtype)9, src, dst, 32));   /* Q8_1: not a storage type */
-    cr_assert(!dtype_to_f32((enum dtype)11, src, dst, 256)); /* Q3_K: known to ggml, not to ferry */
+    cr_assert(!dtype_to_f32((enum dtype)34, src, dst, 256)); /* TQ1_0: known to ggml, not to ferry */
+    cr_assert(!dtype_from_f32(DTYPE_IQ4_XS, dst, src, 256)); /* read-only: no quantizer */
     cr_assert(!dtype_from_f32(DTYPE_Q4_0, dst, src, 31));
     cr_assert(!dtype_from_f32(DTYPE_Q6_K, dst, src, -256));
     cr_assert(!dtype_from_f32(DTYPE_F32, NULL, src, 4));
@@ -205,7 +228,20 @@ Test(quant, table_matches_blocks_and_names)
                 {DTYPE_Q5_1, QK5_1, sizeof(struct block_q5_1)},
                 {DTYPE_Q4_K, QK_K, sizeof(struct block_q4_k)},
                 {DTYPE_Q5_K, QK_K, sizeof(struct block_q5_k)},
-                {DTYPE_Q6_K, QK_K, sizeof(struct block_q6_k)}};
+                {DTYPE_Q6_K, QK_K, sizeof(struct block_q6_k)},
+                {DTYPE_Q2_K, QK_K, sizeof(struct block_q2_k)},
+                {DTYPE_Q3_K, QK_K, sizeof(struct block_q3_k)},
+                {DTYPE_IQ4_NL, 32, sizeof(struct block_iq4_nl)},
+                {DTYPE_IQ4_XS, QK_K, sizeof(struct block_iq4_xs)},
+                {DTYPE_MXFP4, 32, sizeof(struct block_mxfp4)},
+                {DTYPE_NVFP4, 64, sizeof(struct block_nvfp4)},
+                {DTYPE_IQ2_XXS, QK_K, sizeof(struct block_iq2_xxs)},
+                {DTYPE_IQ2_XS, QK_K, sizeof(struct block_iq2_xs)},
+                {DTYPE_IQ2_S, QK_K, sizeof(struct block_iq2_s)},
+                {DTYPE_IQ3_XXS, QK_K, sizeof(struct block_iq3_xxs)},
+                {DTYPE_IQ3_S, QK_K, sizeof(struct block_iq3_s)},
+                {DTYPE_IQ1_S, QK_K, sizeof(struct block_iq1_s)},
+                {DTYPE_IQ1_M, QK_K, sizeof(struct block_iq1_m)}};
     int n_valid = 0;
     for (int t = 0; t < DTYPE_COUNT; t++) n_valid += dtype_valid((uint32_t)t);
     cr_assert_eq(n_valid, (int)(sizeof want / sizeof want[0]), "the table has %d types", n_valid);
@@ -215,14 +251,17 @@ Test(quant, table_matches_blocks_and_names)
         cr_assert_eq(tr->block_size, want[i].bs, "%s", tr->name);
         cr_assert_eq(tr->type_size, want[i].sz, "%s", tr->name);
         cr_assert_eq(tr->is_quantized, want[i].bs > 1, "%s", tr->name);
-        cr_assert(tr->to_f32 && tr->from_f32, "%s", tr->name);
+        cr_assert(tr->to_f32, "%s", tr->name);
+        /* The types ferry only reads (listed after Q6_K above) have no quantizer. */
+        cr_assert_eq(tr->from_f32 != NULL, i < 11, "%s", tr->name);
         cr_assert_eq(dtype_from_name(tr->name), (int)want[i].t, "%s", tr->name);
         /* The device form is a type every backend is expected to read: plain types stay, blocks go to Q8_0.
          */
         cr_assert_eq(tr->device_form, tr->is_quantized ? DTYPE_Q8_0 : want[i].t, "%s", tr->name);
     }
     cr_assert_eq(dtype_from_name("q4_k"), DTYPE_Q4_K);
-    cr_assert_eq(dtype_from_name("Q3_K"), -1);
+    cr_assert_eq(dtype_from_name("iq2_xxs"), DTYPE_IQ2_XXS);
+    cr_assert_eq(dtype_from_name("TQ1_0"), -1);
     cr_assert_eq(dtype_from_name(""), -1);
 }
 
@@ -353,7 +392,8 @@ Test(quant, matrix_equals_rows_any_threads)
     /* Refusals: block sizes that do not divide the row, unknown types. */
     cr_assert(!quant_matrix(DTYPE_Q4_K, q, DTYPE_F32, x, 2, 4000, NULL, NULL));
     cr_assert(!quant_matrix(DTYPE_Q8_0, q, DTYPE_F32, x, 2, 33, NULL, NULL));
-    cr_assert(!quant_matrix((enum dtype)11, q, DTYPE_F32, x, 2, 256, NULL, NULL));
+    cr_assert(!quant_matrix((enum dtype)34, q, DTYPE_F32, x, 2, 256, NULL, NULL));
+    cr_assert(!quant_matrix(DTYPE_Q3_K, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* read-only */
     free(q);
     free(bad_x);
     free(x);

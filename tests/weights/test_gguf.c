@@ -516,10 +516,19 @@ Test(gguf, hostile_tensor_infos)
     expect_fail(k, FERRY_ERR_FORMAT, "runs past the end");
     k = defaults(), k.ttype = 99;
     expect_fail(k, FERRY_ERR_FORMAT, "unknown ggml type 99");
-    k = defaults(), k.ttype = 11;
+    /* Types llama.cpp reads and ferry does not: refused by name, naming the tensor. */
+    k = defaults(), k.ttype = 34;
     expect_fail(k, FERRY_ERR_UNSUPPORTED, "tensor 'first' at offset");
-    k = defaults(), k.ttype = 11;
-    expect_fail(k, FERRY_ERR_UNSUPPORTED, "Q3_K");
+    k = defaults(), k.ttype = 34;
+    expect_fail(k, FERRY_ERR_UNSUPPORTED, "type TQ1_0 (34) is not supported");
+    k = defaults(), k.ttype = 35;
+    expect_fail(k, FERRY_ERR_UNSUPPORTED, "type TQ2_0 (35) is not supported");
+    k = defaults(), k.ttype = 41;
+    expect_fail(k, FERRY_ERR_UNSUPPORTED, "type Q1_0 (41) is not supported");
+    k = defaults(), k.ttype = 42;
+    expect_fail(k, FERRY_ERR_UNSUPPORTED, "type Q2_0 (42) is not supported");
+    k = defaults(), k.ttype = 43;
+    expect_fail(k, FERRY_ERR_FORMAT, "unknown ggml type 43");
     k = defaults(), k.ttype = DTYPE_Q8_0, k.ne[0] = 31;
     expect_fail(k, FERRY_ERR_FORMAT, "not a multiple of Q8_0's block size 32");
     k = defaults(), k.offset0 = 1ull << 62;
