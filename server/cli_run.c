@@ -68,7 +68,7 @@ static void run_usage(FILE *f)
             "  --chat-template NAME   built-in template instead of the model's (chatml, llama2, llama3,\n"
             "                         mistral, gemma, phi3, zephyr)\n"
             "  --max-tokens N         tokens to generate (default 128)\n"
-            "  --temperature T        0 = greedy (default 0.8)\n"
+            "  --temperature T        0 = greedy, the default; e.g. 0.8 to sample\n"
             "  --top-k K              (default 40; 0 = off)\n"
             "  --top-p P              (default 0.95; 1 = off)\n"
             "  --min-p P              (default 0.05; 0 = off)\n"
@@ -243,7 +243,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->model = getenv("FERRY_MODEL");
     o->max_tokens = 128;
     o->sp = sampler_default_params();
-    o->sp.temperature = 0.8f;
+    o->sp.temperature = 0.0f; /* greedy: one prompt, one answer, the same every time */
     o->sp.top_k = 40;
     o->sp.top_p = 0.95f;
     o->sp.min_p = 0.05f;

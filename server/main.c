@@ -23,7 +23,10 @@ static void stderr_sink(enum log_level level, const char *msg, void *user)
             level_names[level], msg);
 }
 
-void cli_log_init(enum log_level level) { ferry_log_set(stderr_sink, NULL, level); }
+void cli_log_init(enum log_level level)
+{
+    ferry_log_set(stderr_sink, NULL, level);
+}
 
 int cli_log_level_parse(const char *s)
 {
@@ -32,21 +35,40 @@ int cli_log_level_parse(const char *s)
     return -1;
 }
 
-static void progress_bar(uint64_t done, uint64_t total, void *user)
+void cli_progress_init(struct cli_progress *p)
 {
-    (void)user;
-    if (!total) return;
+    p->tty = isatty(STDERR_FILENO);
+    p->last = -1;
+}
+
+void cli_progress(uint64_t done, uint64_t total, void *user)
+{
+    struct cli_progress *p = user;
+    if (!total || !p) return;
+    if (done > total) done = total;
     int pct = (int)(done * 100 / total);
-    fprintf(stderr, "\rloading model: %3d%% (%llu / %llu MiB)", pct, (unsigned long long)(done >> 20),
+    if (p->tty) {
+        fprintf(stderr, "\rloading model: %3d%% (%llu / %llu MiB)", pct, (unsigned long long)(done >> 20),
+                (unsigned long long)(total >> 20));
+        if (done >= total) fputc('\n', stderr);
+        return;
+    }
+    int quarter = pct / 25;
+    if (quarter <= p->last) return;
+    p->last = quarter;
+    fprintf(stderr, "loading model: %d%% (%llu / %llu MiB)\n", quarter * 25, (unsigned long long)(done >> 20),
             (unsigned long long)(total >> 20));
-    if (done >= total) fputc('\n', stderr);
 }
 
 int cli_open_model(const char *path, struct model_file **out)
 {
     char err[256] = "";
-    int rc = model_file_open(path, out, isatty(STDERR_FILENO) ? progress_bar : NULL, NULL, err);
-    if (rc) fprintf(stderr, "ferry: cannot load model %s: %s (%s)\n", path, err[0] ? err : "", ferry_status_str(rc));
+    struct cli_progress prog;
+    cli_progress_init(&prog);
+    int rc = model_file_open(path, out, cli_progress, &prog, err);
+    if (rc)
+        fprintf(stderr, "ferry: cannot load model %s: %s (%s)\n", path, err[0] ? err : "",
+                ferry_status_str(rc));
     return rc;
 }
 
