@@ -23,6 +23,7 @@
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 #include "server/seq_output.h"
+#include "server/gpu_arch.h"
 
 #define MAX_MESSAGES 256
 
@@ -510,6 +511,11 @@ int cli_run_main(int argc, char **argv)
     char err[256] = "";
     int n_prompt = 0, n_gen = 0;
 
+    char arch_err[512];
+    if (gpu_arch_check(o.backend == ENGINE_BACKEND_CPU ? "cpu" : "auto", arch_err)) {
+        fprintf(stderr, "ferry run: %s\n", arch_err);
+        goto out;
+    }
     if (cli_open_model(o.model, &mf)) goto out;
     int rc = tokenizer_init(&tok, mf, err);
     if (rc) {

@@ -6,6 +6,7 @@
 
 #include "kernels/core/status.h"
 #include "server/cli.h"
+#include "server/gpu_arch.h"
 #ifdef FERRY_SERVER
 #include "server/serve.h"
 #endif
@@ -104,7 +105,9 @@ int main(int argc, char **argv)
 #endif
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("ferry 0.1.0\n");
+        const char *archs = gpu_arch_built();
+        printf("ferry 0.1.0 (%s%s)\n",
+               archs[0] ? "CUDA kernels for compute capabilities " : "CPU only, no CUDA", archs);
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

@@ -33,6 +33,7 @@
 #include "server/api.h"
 #include "server/build_id.h"
 #include "server/cli.h"
+#include "server/gpu_arch.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/options.h"
@@ -393,6 +394,11 @@ int serve_main(int argc, char **argv)
         goto out_free;
     }
     model_names_build(&S->names, S->opt.model, general_name, S->opt.served_model_name);
+    char arch_err[512];
+    if (gpu_arch_check(S->opt.backend, arch_err)) {
+        fprintf(stderr, "ferry serve: %s\n", arch_err);
+        goto out_free;
+    }
     snprintf(S->model_name, sizeof S->model_name, "%s", S->names.n ? S->names.name[0] : "model");
     signal(SIGPIPE, SIG_IGN);
     S->t_start = sched_now();

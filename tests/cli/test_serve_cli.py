@@ -223,3 +223,52 @@ def test_run_prompt_text_is_greedy_by_default():
         assert r.returncode == 0, r.stderr
         texts.add(r.stdout)
     assert len(texts) == 1 and "Paris" in texts.pop()
+
+
+def built_archs():
+    out = subprocess.run([FERRY, "version"], capture_output=True, text=True, timeout=10).stdout
+    if "CUDA kernels for compute capabilities " not in out:
+        return []
+    return [int(a) for a in out.split("capabilities ")[1].rstrip(")\n").split(",")]
+
+
+def uncovered(archs):
+    """Compute capabilities whose GPUs this build cannot run (NVIDIA's rules, written out independently)."""
+    def runs(cc):
+        return any(a // 10 == cc // 10 and a % 10 <= cc % 10 for a in archs) or cc >= max(archs)
+    return [cc for cc in (61, 75, 80, 86, 89, 90, 100, 120) if not runs(cc)]
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+def test_gpu_without_kernels_in_this_build_gets_a_clear_error(command):
+    need(STORIES, "stories260K (../shared/testdata)")
+    archs = built_archs()
+    if not archs:
+        pytest.skip("this ferry is built without CUDA (the check is tested in tests/cli/test_gpu_arch.c)")
+    env = dict(os.environ)
+    for cc in uncovered(archs):
+        env["FERRY_FAKE_GPU"] = f"NVIDIA Test Card {cc}:{cc // 10}.{cc % 10}"
+        port = free_port()
+        args = ["serve", "-m", STORIES, "--port", str(port)] if command == "serve" else \
+            ["run", "-m", STORIES, "--prompt-tokens", "1,2", "--max-tokens", "2"]
+        r = subprocess.run([FERRY, *args], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode != 0, r.stderr
+        assert f"NVIDIA Test Card {cc}" in r.stderr and f"{cc // 10}.{cc % 10}" in r.stderr, r.stderr
+        assert "--backend cpu" in r.stderr and "listening" not in r.stderr, r.stderr
+        if cc >= 80:
+            assert f"-Dgpu_arch={cc}" in r.stderr and f"FERRY_CUDA_ARCH={cc}" in r.stderr, r.stderr
+        # the alternative it names works
+        r = subprocess.run([FERRY, "run", "-m", STORIES, "--prompt-tokens", "1,2", "--max-tokens", "2",
+                            "--backend", "cpu"], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+
+
+def test_short_model_option_everywhere(tmp_path):
+    need(STORIES, "stories260K (../shared/testdata)")
+    r = subprocess.run([FERRY, "inspect", "-m", STORIES, "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout), r.stderr
+    missing = str(tmp_path / "absent.gguf")
+    for cmd in ("bench", "quantize"):
+        extra = ["--type", "Q8_0", "--out", str(tmp_path / "o.gguf")] if cmd == "quantize" else []
+        r = subprocess.run([FERRY, cmd, "-m", missing, *extra], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and missing in r.stderr, (cmd, r.stderr)  # -m was taken as the model
