@@ -1,4 +1,4 @@
-/* main — the ferry binary: `ferry serve | run | inspect | bench`, each in its own file. */
+/* main — the ferry binary: `ferry serve | run | chat | inspect | bench | quantize`, each in its own file. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -79,6 +79,7 @@ static void usage(FILE *f)
                "commands:\n"
                "  serve     OpenAI-compatible HTTP server (ferry serve --help)\n"
                "  run       one generation from the command line (ferry run --help)\n"
+               "  chat      an interactive chat in the terminal (ferry chat --help)\n"
                "  inspect   model metadata and the placement plan (ferry inspect --help)\n"
                "  bench     prefill/decode throughput (ferry bench --help)\n"
                "  quantize  write a quantized GGUF (ferry quantize --help)\n"
@@ -96,6 +97,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "inspect")) return cli_inspect_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cli_bench_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cli_quantize_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return cli_chat_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) {
 #ifdef FERRY_SERVER
         return serve_main(argc - 1, argv + 1);
