@@ -18,6 +18,7 @@
 #include "runtime/chat_template.h"
 #include "runtime/tokenizer.h"
 #include "server/api_impl.h"
+#include "server/model_names.h"
 
 #define API_MAX_PROMPTS             128
 #define API_MAX_N                   128
@@ -472,7 +473,7 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     const char *str = NULL;
 
     if (api_get_str(o, "model", &str, e) < 0) goto fail;
-    if (str && !a->any_model && strcmp(str, a->model_name)) {
+    if (str && !a->any_model && !model_names_match(a->model_name, a->model_aliases, str)) {
         e->status = FERRY_ERR_NOT_FOUND, e->param = "model";
         snprintf(e->msg, sizeof e->msg, "The model '%.100s' does not exist; this server serves '%.100s'", str,
                  a->model_name);

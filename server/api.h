@@ -32,8 +32,9 @@ enum {
 struct api_ctx {
     const struct tokenizer *tok;
     const char *model_name;
-    int any_model;         /* accept any "model" value */
-    const char *chat_tmpl; /* template source */
+    const char *const *model_aliases; /* every name the model answers to, NULL-terminated (model_names.h) */
+    int any_model;                    /* accept any "model" value */
+    const char *chat_tmpl;            /* template source */
     const char *bos_str, *eos_str;
     int ctx_size;            /* positions per sequence */
     int n_vocab;             /* valid token ids: [0, n_vocab) */

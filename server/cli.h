@@ -11,13 +11,23 @@ int cli_run_main(int argc, char **argv);
 int cli_inspect_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 int cli_quantize_main(int argc, char **argv);
-
+int cli_chat_main(int argc, char **argv);
 
 /* Installs the stderr log sink. */
 void cli_log_init(enum log_level level);
 /* Parses "error|warn|info|debug"; -1 when unknown. */
 int cli_log_level_parse(const char *s);
-/* Opens a model with a progress bar on a TTY; prints a one-line error and returns non-zero on failure. */
+/* Opens a model with load progress on stderr (cli_progress); prints a one-line error and returns non-zero on
+ * failure. */
 int cli_open_model(const char *path, struct model_file **out);
+
+/* Load progress for model_file_open: on a TTY a bar redrawn in place, otherwise (a log file, a service's
+ * journal) one line at each quarter. user points to a struct cli_progress set up by cli_progress_init. */
+struct cli_progress {
+    int tty;
+    int last; /* the last quarter printed (lines mode), -1 before any */
+};
+void cli_progress_init(struct cli_progress *p);
+void cli_progress(uint64_t done, uint64_t total, void *user);
 
 #endif

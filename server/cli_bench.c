@@ -248,7 +248,7 @@ int cli_bench_main(int argc, char **argv)
     double spec_accept = 1.0;
     int log_level = LOG_LEVEL_INFO, c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm':
             model = optarg;

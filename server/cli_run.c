@@ -24,6 +24,7 @@
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 #include "server/seq_output.h"
+#include "server/gpu_arch.h"
 
 #define MAX_MESSAGES 256
 
@@ -70,7 +71,7 @@ static void run_usage(FILE *f)
             "  --chat-template NAME   built-in template instead of the model's (chatml, llama2, llama3,\n"
             "                         mistral, gemma, phi3, zephyr)\n"
             "  --max-tokens N         tokens to generate (default 128)\n"
-            "  --temperature T        0 = greedy (default 0.8)\n"
+            "  --temperature T        0 = greedy, the default; e.g. 0.8 to sample\n"
             "  --top-k K              (default 40; 0 = off)\n"
             "  --top-p P              (default 0.95; 1 = off)\n"
             "  --min-p P              (default 0.05; 0 = off)\n"
@@ -253,7 +254,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->model = getenv("FERRY_MODEL");
     o->max_tokens = 128;
     o->sp = sampler_default_params();
-    o->sp.temperature = 0.8f;
+    o->sp.temperature = 0.0f; /* greedy: one prompt, one answer, the same every time */
     o->sp.top_k = 40;
     o->sp.top_p = 0.95f;
     o->sp.min_p = 0.05f;
@@ -562,6 +563,11 @@ int cli_run_main(int argc, char **argv)
     char err[256] = "";
     int n_prompt = 0, n_gen = 0;
 
+    char arch_err[512];
+    if (gpu_arch_check(o.backend == ENGINE_BACKEND_CPU ? "cpu" : "auto", arch_err)) {
+        fprintf(stderr, "ferry run: %s\n", arch_err);
+        goto out;
+    }
     if (cli_open_model(o.model, &mf)) goto out;
     int rc = tokenizer_init(&tok, mf, err);
     if (rc) {

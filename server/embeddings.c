@@ -15,6 +15,7 @@
 #include "kernels/core/status.h"
 #include "server/api.h"
 #include "server/api_impl.h"
+#include "server/model_names.h"
 
 #define API_MAX_EMBED_INPUTS 2048
 
@@ -61,7 +62,7 @@ static int parse(const struct api_ctx *a, json_t *o, struct sreq *r, struct api_
 {
     const char *str = NULL;
     if (api_get_str(o, "model", &str, e) < 0) return e->status;
-    if (str && !a->any_model && strcmp(str, a->model_name))
+    if (str && !a->any_model && !model_names_match(a->model_name, a->model_aliases, str))
         FAIL(FERRY_ERR_NOT_FOUND, "model", "The model '%.100s' does not exist; this server serves '%.100s'",
              str, a->model_name);
     const char *fmt = "float";

@@ -1,4 +1,4 @@
-/* main — the ferry binary: `ferry serve | run | inspect | bench`, each in its own file. */
+/* main — the ferry binary: `ferry serve | run | chat | inspect | bench | quantize`, each in its own file. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -6,6 +6,7 @@
 
 #include "kernels/core/status.h"
 #include "server/cli.h"
+#include "server/gpu_arch.h"
 #ifdef FERRY_SERVER
 #include "server/serve.h"
 #endif
@@ -23,7 +24,10 @@ static void stderr_sink(enum log_level level, const char *msg, void *user)
             level_names[level], msg);
 }
 
-void cli_log_init(enum log_level level) { ferry_log_set(stderr_sink, NULL, level); }
+void cli_log_init(enum log_level level)
+{
+    ferry_log_set(stderr_sink, NULL, level);
+}
 
 int cli_log_level_parse(const char *s)
 {
@@ -32,21 +36,40 @@ int cli_log_level_parse(const char *s)
     return -1;
 }
 
-static void progress_bar(uint64_t done, uint64_t total, void *user)
+void cli_progress_init(struct cli_progress *p)
 {
-    (void)user;
-    if (!total) return;
+    p->tty = isatty(STDERR_FILENO);
+    p->last = -1;
+}
+
+void cli_progress(uint64_t done, uint64_t total, void *user)
+{
+    struct cli_progress *p = user;
+    if (!total || !p) return;
+    if (done > total) done = total;
     int pct = (int)(done * 100 / total);
-    fprintf(stderr, "\rloading model: %3d%% (%llu / %llu MiB)", pct, (unsigned long long)(done >> 20),
+    if (p->tty) {
+        fprintf(stderr, "\rloading model: %3d%% (%llu / %llu MiB)", pct, (unsigned long long)(done >> 20),
+                (unsigned long long)(total >> 20));
+        if (done >= total) fputc('\n', stderr);
+        return;
+    }
+    int quarter = pct / 25;
+    if (quarter <= p->last) return;
+    p->last = quarter;
+    fprintf(stderr, "loading model: %d%% (%llu / %llu MiB)\n", quarter * 25, (unsigned long long)(done >> 20),
             (unsigned long long)(total >> 20));
-    if (done >= total) fputc('\n', stderr);
 }
 
 int cli_open_model(const char *path, struct model_file **out)
 {
     char err[256] = "";
-    int rc = model_file_open(path, out, isatty(STDERR_FILENO) ? progress_bar : NULL, NULL, err);
-    if (rc) fprintf(stderr, "ferry: cannot load model %s: %s (%s)\n", path, err[0] ? err : "", ferry_status_str(rc));
+    struct cli_progress prog;
+    cli_progress_init(&prog);
+    int rc = model_file_open(path, out, cli_progress, &prog, err);
+    if (rc)
+        fprintf(stderr, "ferry: cannot load model %s: %s (%s)\n", path, err[0] ? err : "",
+                ferry_status_str(rc));
     return rc;
 }
 
@@ -56,6 +79,7 @@ static void usage(FILE *f)
                "commands:\n"
                "  serve     OpenAI-compatible HTTP server (ferry serve --help)\n"
                "  run       one generation from the command line (ferry run --help)\n"
+               "  chat      an interactive chat in the terminal (ferry chat --help)\n"
                "  inspect   model metadata and the placement plan (ferry inspect --help)\n"
                "  bench     prefill/decode throughput (ferry bench --help)\n"
                "  quantize  write a quantized GGUF (ferry quantize --help)\n"
@@ -73,6 +97,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "inspect")) return cli_inspect_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cli_bench_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cli_quantize_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return cli_chat_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) {
 #ifdef FERRY_SERVER
         return serve_main(argc - 1, argv + 1);
@@ -82,7 +107,9 @@ int main(int argc, char **argv)
 #endif
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("ferry 0.1.0\n");
+        const char *archs = gpu_arch_built();
+        printf("ferry 0.1.0 (%s%s)\n",
+               archs[0] ? "CUDA kernels for compute capabilities " : "CPU only, no CUDA", archs);
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

@@ -319,6 +319,7 @@ int serve_options_parse(struct serve_options *o, int argc, char **argv, char err
     }
     for (int a = 1; a < argc; a++) {
         const char *arg = argv[a];
+        if (!strcmp(arg, "-m")) arg = "--model"; /* the short form `ferry run` takes too */
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
             o->help = 1;
             continue;

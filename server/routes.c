@@ -30,6 +30,7 @@
 #include "server/scheduler.h"
 #include "server/serve_impl.h"
 #include "server/web_assets.h"
+#include "server/model_names.h"
 
 /* ---- responses ---- */
 
@@ -132,7 +133,7 @@ static void get_models(struct hreq *h, const char *path)
 {
     struct server *S = h->S;
     const char *id = !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
-    if (id && strcmp(id, S->api.model_name)) {
+    if (id && !model_names_match(S->api.model_name, S->api.model_aliases, id)) {
         char safe[128];
         hreq_respond_error(h, FERRY_ERR_NOT_FOUND, "model", "The model '%s' does not exist",
                            ferry_log_safe(id, safe, sizeof safe));

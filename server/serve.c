@@ -19,6 +19,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <jansson.h>
 #include <uv.h>
@@ -32,12 +33,14 @@
 #include "server/api.h"
 #include "server/build_id.h"
 #include "server/cli.h"
+#include "server/gpu_arch.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/scheduler.h"
 #include "server/serve_impl.h"
 #include "weights/arch/arch.h"
+#include "weights/gguf.h"
 #include "weights/model_file.h"
 
 /* ---- lifecycle ---- */
@@ -46,7 +49,9 @@ static void loader_main(void *arg)
 {
     struct server *S = arg;
     char err[256] = "";
-    int rc = model_file_open(S->opt.model, &S->mf, NULL, NULL, err);
+    struct cli_progress prog;
+    cli_progress_init(&prog);
+    int rc = model_file_open(S->opt.model, &S->mf, cli_progress, &prog, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot open model %s: %.180s (%s)", S->opt.model, err,
                  ferry_status_str(rc));
@@ -109,6 +114,7 @@ static void loader_main(void *arg)
     struct api_ctx *a = &S->api;
     a->tok = S->tok;
     a->model_name = S->model_name;
+    a->model_aliases = S->names.list;
     a->any_model = S->opt.any_model;
     a->chat_tmpl = tmpl;
     int32_t bos = tokenizer_bos(S->tok), eos = tokenizer_eos(S->tok);
@@ -201,6 +207,7 @@ static void on_loaded(uv_async_t *a)
     }
     FLOG_INFO("model ready: %s (ctx %d, %d slots, max batch %d tokens, vocab %d)", S->model_name,
               S->api.ctx_size, S->opt.parallel, S->opt.max_batch_tokens, S->api.n_vocab);
+    FLOG_INFO("open %s for the chat page; the API is at %sv1/", S->page_url, S->page_url);
 }
 
 static void on_drain_tick(uv_timer_t *t)
@@ -273,6 +280,62 @@ static int is_loopback_host(const char *host)
     return 0;
 }
 
+/* What can be known about the model file before the socket is bound, so that a wrong path or a file that is
+ * not a model fails at once instead of after the port is taken: the path exists, a directory holds a
+ * config.json, a file parses as GGUF (its header, metadata and tensor table; the weights are read by the
+ * background load; a pipe or device is left to it). Fills general_name (the GGUF's general.name, or "") and
+ * returns 0, or fills err. */
+static int model_precheck(const char *path, char general_name[MODEL_NAME_LEN], char err[256])
+{
+    general_name[0] = 0;
+    struct stat st;
+    if (stat(path, &st)) {
+        snprintf(err, 256, "cannot open model %.200s: %s", path, strerror(errno));
+        return FERRY_ERR_NOT_FOUND;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        char cfg[4096];
+        snprintf(cfg, sizeof cfg, "%s/config.json", path);
+        if (access(cfg, R_OK)) {
+            snprintf(err, 256,
+                     "model %.100s is a directory without a readable config.json (a Hugging Face "
+                     "model directory or a GGUF file is needed)",
+                     path);
+            return FERRY_ERR_NOT_FOUND;
+        }
+        return 0;
+    }
+    if (!S_ISREG(st.st_mode)) return 0; /* a pipe or a device: opening it may block; the load reports it */
+    struct gguf *g = NULL;
+    char gerr[256] = "";
+    int rc = gguf_open(path, &g, gerr);
+    if (rc) {
+        snprintf(err, 256, "cannot load model %.100s: %.120s (%s)", path, gerr, ferry_status_str(rc));
+        return rc;
+    }
+    struct gguf_str name;
+    if (gguf_get_str(g, "general.name", &name) == FERRY_OK) {
+        size_t n = name.len < MODEL_NAME_LEN - 1 ? name.len : MODEL_NAME_LEN - 1;
+        memcpy(general_name, name.ptr, n);
+        general_name[n] = 0;
+    }
+    gguf_close(g);
+    return 0;
+}
+
+/* The address a browser on this machine can open for host:port (a wildcard host means any local address). */
+static void page_url(const char *host, int port, char *out, size_t size)
+{
+    if (!strcmp(host, "0.0.0.0") || !*host)
+        snprintf(out, size, "http://127.0.0.1:%d/", port);
+    else if (!strcmp(host, "::"))
+        snprintf(out, size, "http://[::1]:%d/", port);
+    else if (strchr(host, ':'))
+        snprintf(out, size, "http://[%s]:%d/", host, port);
+    else
+        snprintf(out, size, "http://%s:%d/", host, port);
+}
+
 /* --chat-template-file: the whole file, NUL-terminated (at most 1 MiB), or NULL. */
 static char *read_template_file(const char *path)
 {
@@ -329,16 +392,18 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "ferry serve: --chat-template %s is not a builtin template\n", S->opt.chat_template);
         goto out_free;
     }
-    if (S->opt.served_model_name) {
-        snprintf(S->model_name, sizeof S->model_name, "%s", S->opt.served_model_name);
-    } else {
-        const char *p = S->opt.model;
-        size_t n = strlen(p);
-        while (n > 1 && p[n - 1] == '/') n--;
-        size_t b = n;
-        while (b > 0 && p[b - 1] != '/') b--;
-        snprintf(S->model_name, sizeof S->model_name, "%.*s", (int)(n - b), p + b);
+    char general_name[MODEL_NAME_LEN];
+    if (model_precheck(S->opt.model, general_name, err)) {
+        fprintf(stderr, "ferry serve: %s\n", err);
+        goto out_free;
     }
+    model_names_build(&S->names, S->opt.model, general_name, S->opt.served_model_name);
+    char arch_err[512];
+    if (gpu_arch_check(S->opt.backend, arch_err)) {
+        fprintf(stderr, "ferry serve: %s\n", arch_err);
+        goto out_free;
+    }
+    snprintf(S->model_name, sizeof S->model_name, "%s", S->names.n ? S->names.name[0] : "model");
     signal(SIGPIPE, SIG_IGN);
     S->t_start = sched_now();
     json_set_alloc_funcs(api_json_alloc, free);
@@ -369,8 +434,15 @@ int serve_main(int argc, char **argv)
         uv_loop_close(&S->loop);
         goto out_mutex;
     }
-    FLOG_INFO("listening on http://%s:%d (model %s loading in the background)", S->opt.host,
-              http_server_port(S->http), S->model_name);
+    page_url(S->opt.host, http_server_port(S->http), S->page_url, sizeof S->page_url);
+    FLOG_INFO("listening on %s (model %s loading in the background)", S->page_url, S->model_name);
+    if (S->names.n > 1) {
+        char also[4 * MODEL_NAME_LEN] = "";
+        for (int i = 1; i < S->names.n; i++)
+            snprintf(also + strlen(also), sizeof also - strlen(also), "%s'%s'", i > 1 ? ", " : "",
+                     S->names.name[i]);
+        FLOG_INFO("requests may name the model '%s' or %s", S->model_name, also);
+    }
     if (S->opt.n_api_keys == 0 && !is_loopback_host(S->opt.host))
         FLOG_WARN(
             "serving on %s without an API key: anyone who can reach this address can use the model "

@@ -15,6 +15,7 @@
 #include "server/api.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/model_names.h"
 #include "server/options.h"
 
 enum server_state { STATE_LOADING = 0, STATE_READY = 1, STATE_DRAINING = 2, STATE_FAILED = 3 };
@@ -43,6 +44,8 @@ struct server {
     struct sched *sched;
     struct api_ctx api;
     char model_name[256];
+    struct model_names names; /* every name the model answers to; names.list feeds api.model_aliases */
+    char page_url[300];       /* http://HOST:PORT/ as a browser on this machine opens it */
     char *chat_template_text; /* --chat-template-file's contents, owned */
     double t_start;           /* sched_now() at start, for the dashboard's uptime */
     struct metrics metrics;

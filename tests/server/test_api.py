@@ -890,7 +890,8 @@ def test_kv_admission():
         st, _, body = get(s.url + "/v1/models")  # --served-model-name
         assert [d["id"] for d in body["data"]] == ["tiny-stories"]
         assert complete(s, prompt="hi", max_tokens=1, model="tiny-stories")["model"] == "tiny-stories"
-        st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "model": MODEL_NAME})
+        assert complete(s, prompt="hi", max_tokens=1, model=MODEL_NAME)["model"] == "tiny-stories"  # file name too
+        st, _, body = post(s.url + "/v1/completions", {"prompt": "hi", "model": "another-model"})
         assert_error(st, body, 404, "model")
     finally:
         assert s.stop() == 0
