@@ -203,3 +203,34 @@ def test_embedding_steps_in_batch_metrics():
         assert after["ferry_batch_tokens"] == n
     finally:
         assert s.stop() == 0
+
+
+# ---- the chat template at start-up -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("src,what", [("{% if messages %}x", "unclosed 'if'"), ("{% include 'x' %}", "include")])
+def test_template_that_does_not_compile_is_refused_at_start(tmp_path, src, what):
+    """A template outside the subset would answer every chat with 400 while /health said ok: the server refuses
+    it at start-up, naming the construct."""
+    path = tmp_path / "t.jinja"
+    path.write_text(src)
+    with pytest.raises(RuntimeError) as ei:
+        Server("--chat-template-file", str(path))
+    msg = str(ei.value)
+    assert "exited" in msg and "chat template does not compile" in msg and what in msg, msg
+
+
+def test_template_with_filter_block_dictsort_and_format_serves(tmp_path):
+    """Constructs the firefunction-v2, Seed-OSS, Hy3 and functionary templates use render over HTTP."""
+    src = ("{%- filter trim %}  {{ '<{}>'.format(bos_token) }} {% endfilter -%}"
+           "{%- for k, v in {'b': 2, 'a': 1} | dictsort %}{{ k }}{{ v }}{% endfor -%}"
+           "{{ tools | selectattr('type', 'equalto', 'x') | list | length }}"
+           "{%- for m in messages %}|{{ m.role }}:{{ m.content }}{% endfor %}|")
+    path = tmp_path / "t.jinja"
+    path.write_text(src)
+    s = Server("--chat-template-file", str(path))
+    try:
+        st, _, body = post(s.url + "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+        assert st == 200 and body["prompt"] == "<<s>>a1b20|user:hi|", body
+    finally:
+        assert s.stop() == 0
