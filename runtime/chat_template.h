@@ -22,8 +22,10 @@
  * Context: messages (dicts with role, content), add_generation_prompt, bos_token, eos_token, and
  * tools = documents = None as HF passes them; chat_template_render_json passes messages, tools and extra
  * variables from JSON (tool calls, tool results, date_string ...).
- * Not supported: include/extends/import/block, raw, call blocks, filter blocks, recursive loops,
- * printf-style `%` formatting, str.format, macro varargs/caller; case mapping is ASCII-only.
+ * Also: filter blocks, dictsort, str.format with plain fields, Markup (`|safe` + str escapes the str, as
+ * markupsafe does), select/selectattr/map over none (nothing).
+ * Not supported: include/extends/import/block, raw, call blocks, recursive loops, printf-style `%`
+ * formatting, str.format specs and conversions, macro varargs/caller; case mapping is ASCII-only.
  */
 #ifndef FERRY_CHAT_TEMPLATE_H
 #define FERRY_CHAT_TEMPLATE_H
@@ -53,6 +55,11 @@ struct chat_template_params chat_template_default_params(void);
 int chat_template_render(const char *tmpl, const struct chat_msg *msgs, int n_msgs, int add_generation_prompt,
                          const char *bos_token, const char *eos_token, char **out, size_t *out_len,
                          char err[256]);
+
+/* Compiles without rendering: FERRY_OK, or the error a render would report for the template itself
+ * (FERRY_ERR_FORMAT malformed, FERRY_ERR_UNSUPPORTED a construct outside the subset, with the byte offset).
+ * A server checks its template once at start-up. Filters and methods are looked up when they run. */
+int chat_template_check(const char *tmpl, char err[256]);
 
 /* The same with explicit bounds (params NULL: defaults). */
 int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs,

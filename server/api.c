@@ -133,6 +133,9 @@ int api_http_status(int status, const char **type, const char **code)
     case SERVE_ERR_FORBIDDEN:
         http = 403, t = "invalid_request_error", c = "host_not_allowed";
         break;
+    case SERVE_ERR_CONTEXT:
+        http = 400, t = "invalid_request_error", c = "context_length_exceeded";
+        break;
     case SERVE_ERR_MEDIA_TYPE:
         http = 415, t = "invalid_request_error", c = "unsupported_media_type";
         break;
@@ -492,6 +495,8 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
         }
         if (e->status) goto fail;
     }
+    if (api_get_bool(o, "ignore_eos", &b, e) > 0) r->ignore_eos = b;
+    if (e->status) goto fail;
     if (api_get_bool(o, "stream", &b, e) > 0) r->stream = b;
     if (e->status) goto fail;
     json_t *so = json_object_get(o, "stream_options");
@@ -546,7 +551,7 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     } else {
         if (api_chat_prompt(a, r, o, json_object_get(o, "messages"), e)) goto fail;
     }
-    if (api_response_format(a, r, json_object_get(o, "response_format"), "response_format", e)) goto fail;
+    if (api_output_constraints(a, r, o, e)) goto fail;
     if ((long long)r->n_prompts * r->n > API_MAX_N) {
         e->status = FERRY_ERR_INVALID, e->param = "n";
         snprintf(e->msg, sizeof e->msg, "prompts × n must be at most %d", API_MAX_N);
@@ -558,7 +563,7 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
         if (r->n_prompt_toks[i] > longest) longest = r->n_prompt_toks[i];
     }
     if (longest >= a->ctx_size) {
-        e->status = FERRY_ERR_RANGE, e->param = kind != SREQ_COMPLETION ? "messages" : "prompt";
+        e->status = SERVE_ERR_CONTEXT, e->param = kind != SREQ_COMPLETION ? "messages" : "prompt";
         snprintf(e->msg, sizeof e->msg,
                  "This model's maximum context length is %d tokens, but the prompt has %d tokens",
                  a->ctx_size, longest);
@@ -567,7 +572,7 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     /* compared as max_tokens > room, never longest + max_tokens: a max_tokens near LLONG_MAX would overflow
      */
     if (max_tokens > (long long)a->ctx_size - longest) {
-        e->status = FERRY_ERR_RANGE,
+        e->status = SERVE_ERR_CONTEXT,
         e->param = kind != SREQ_COMPLETION && json_object_get(o, "max_completion_tokens")
                        ? "max_completion_tokens"
                        : "max_tokens";
@@ -661,6 +666,26 @@ json_t *api_load_object(const char *body, size_t len, struct api_err *e)
     return o;
 }
 
+/* {"id", "piece"} as llama-server writes it: the piece as a string when its bytes are valid UTF-8, else as
+ * the array of its byte values (a byte token, or half of a character). */
+static json_t *token_piece_json(const struct api_ctx *a, int32_t id)
+{
+    size_t len = 0;
+    const char *p = tokenizer_piece(a->tok, id, &len);
+    if (!p) len = 0;
+    size_t m = 0;
+    char *clean = utf8_sanitize(p ? p : "", len, &m);
+    json_t *piece;
+    if (clean && m == len && !memcmp(clean, p ? p : "", len)) {
+        piece = json_stringn_nocheck(clean, m);
+    } else {
+        piece = json_array();
+        for (size_t i = 0; i < len; i++) json_array_append_new(piece, json_integer((unsigned char)p[i]));
+    }
+    free(clean);
+    return json_pack("{s:i,s:o}", "id", (int)id, "piece", piece ? piece : json_null());
+}
+
 int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
                  struct api_err *e)
 {
@@ -669,13 +694,14 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
     if (!o) return e->status;
     json_t *c = json_object_get(o, "content");
     if (!c) c = json_object_get(o, "prompt");
-    int add_special = 0, parse_special = 0;
+    int add_special = 0, parse_special = 0, with_pieces = 0;
     if (!json_is_string(c)) {
         json_decref(o);
         FAIL(FERRY_ERR_INVALID, "content", "'content' must be a string");
     }
     if (api_get_bool(o, "add_special", &add_special, e) < 0 ||
-        api_get_bool(o, "parse_special", &parse_special, e) < 0) {
+        api_get_bool(o, "parse_special", &parse_special, e) < 0 ||
+        api_get_bool(o, "with_pieces", &with_pieces, e) < 0) {
         json_decref(o);
         return e->status;
     }
@@ -686,7 +712,8 @@ int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **o
     json_decref(o);
     if (rc) FAIL(rc, "content", "cannot tokenize: %s", ferry_status_str(rc));
     json_t *arr = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    for (int i = 0; i < n; i++)
+        json_array_append_new(arr, with_pieces ? token_piece_json(a, ids[i]) : json_integer(ids[i]));
     free(ids);
     *out = api_dump(json_pack("{s:o}", "tokens", arr), out_len);
     return *out ? 0 : FERRY_ERR_NOMEM;

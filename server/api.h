@@ -27,6 +27,7 @@ enum {
     SERVE_ERR_SHUTDOWN = -106,     /* 503 while draining */
     SERVE_ERR_FORBIDDEN = -107,    /* 403: a Host name not allowed without an API key */
     SERVE_ERR_MEDIA_TYPE = -108,   /* 415: a POST body that is not application/json */
+    SERVE_ERR_CONTEXT = -109,      /* 400 context_length_exceeded: prompt (+ max_tokens) beyond the context */
 };
 
 struct api_ctx {
@@ -92,6 +93,9 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
 char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len);
 int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
                  struct api_err *e);
+/* llama-server's POST /apply-template: the chat's rendered prompt, {"prompt": "..."}. */
+int api_apply_template(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                       struct api_err *e);
 int api_detokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
                    struct api_err *e);
 

@@ -33,6 +33,7 @@ struct tools {
     struct tool_def defs[API_MAX_TOOLS];
     char *params[API_MAX_TOOLS]; /* JSON Schema texts (owned) */
     int choice, named, parallel;
+    int parallel_set; /* the request said parallel_tool_calls */
 };
 
 static void tools_free(struct tools *t)
@@ -123,13 +124,14 @@ static int parse_tools(json_t *o, struct tools *t, struct api_err *e)
     if (api_get_bool(o, "parallel_tool_calls", &b, e) < 0) return e->status;
     if (e->status == 0 && json_object_get(o, "parallel_tool_calls") &&
         !json_is_null(json_object_get(o, "parallel_tool_calls")))
-        t->parallel = b;
+        t->parallel = b, t->parallel_set = 1;
     return 0;
 }
 
 /* ---- messages ------------------------------------------------------------------------------------------ */
 
-/* A message's content as one string (text parts joined), or NULL for null. */
+/* A message's content as one string, or NULL for null. Text parts are joined with a newline, as llama.cpp
+ * and vLLM join them ("What is" + "the best book" must not read "What isthe best book"). */
 static int content_text(json_t *content, size_t i, char **out, struct api_err *e)
 {
     *out = NULL;
@@ -157,6 +159,7 @@ static int content_text(json_t *content, size_t i, char **out, struct api_err *e
                  "messages[%zu].content[%zu]: only text parts are supported (this server runs a text model)",
                  i, k);
         }
+        if (k > 0) strbuf_add(&b, "\n", 1);
         strbuf_add(&b, json_string_value(text), json_string_length(text));
     }
     if (b.oom) {
@@ -366,7 +369,7 @@ static int has_tool_history(json_t *msgs)
 
 /* Renders once: arguments as objects, or as strings. */
 static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools *t, int tools_active,
-                       int generic, int as_objects, char **out, size_t *len, char terr[256],
+                       int generic, int as_objects, int add_gen, char **out, size_t *len, char terr[256],
                        struct api_err *e)
 {
     struct strbuf sys = {0};
@@ -383,33 +386,91 @@ static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools
         free(tj);
         FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
     }
-    struct chat_render in = {mj, tj, NULL, 1, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : ""};
+    struct chat_render in = {
+        mj, tj, NULL, add_gen, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : ""};
     rc = chat_template_render_json(a->chat_tmpl, &in, NULL, out, len, terr);
     free(mj);
     free(tj);
     return rc ? rc : 0;
 }
 
-int api_chat_prompt(const struct api_ctx *a, struct sreq *r, json_t *o, json_t *msgs, struct api_err *e)
+/* add_generation_prompt (default true) and continue_final_message (default false), as vLLM and HF's
+ * apply_chat_template take them: continuing needs an assistant message last and no generation prompt. */
+static int chat_flags(json_t *o, json_t *msgs, int *add_gen, int *cont, struct api_err *e)
 {
+    if (api_get_bool(o, "add_generation_prompt", add_gen, e) < 0) return e->status;
+    if (api_get_bool(o, "continue_final_message", cont, e) < 0) return e->status;
+    if (!*cont) return 0;
+    json_t *add = json_object_get(o, "add_generation_prompt");
+    if (add && json_is_true(add))
+        FAIL(FERRY_ERR_INVALID, "continue_final_message",
+             "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    *add_gen = 0;
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    if (!role || strcmp(role, "assistant"))
+        FAIL(FERRY_ERR_INVALID, "continue_final_message",
+             "'continue_final_message' needs an assistant message last in 'messages'");
+    return 0;
+}
+
+/* Cuts the rendered chat right after the final message's text (HF's continue_final_message): what the
+ * template writes after it (end of turn) goes, so the model continues the message. */
+static int cut_after_final(json_t *msgs, char *rendered, size_t *len, struct api_err *e)
+{
+    size_t last = json_array_size(msgs) - 1;
+    char *text = NULL;
+    if (content_text(json_object_get(json_array_get(msgs, last), "content"), last, &text, e))
+        return e->status;
+    const char *t = text ? text : "";
+    size_t n = strlen(t);
+    for (int pass = 0; pass < 2; pass++) { /* the text as given, then without its outer whitespace */
+        const char *p = t;
+        size_t m = n;
+        if (pass) {
+            while (m && (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')) p++, m--;
+            while (m && (p[m - 1] == ' ' || p[m - 1] == '\n' || p[m - 1] == '\t' || p[m - 1] == '\r')) m--;
+        }
+        for (size_t at = *len >= m ? *len - m + 1 : 0; m && at-- > 0;) {
+            if (!memcmp(rendered + at, p, m)) {
+                *len = at + m;
+                rendered[*len] = 0;
+                free(text);
+                return 0;
+            }
+        }
+    }
+    free(text);
+    FAIL(FERRY_ERR_INVALID, "continue_final_message",
+         "'continue_final_message' is set but the final message does not appear in the rendered chat (it "
+         "needs non-empty text)");
+}
+
+/* Parses the tools and renders the messages through the template (the chat's whole prompt text, before any
+ * tool-call marker): *t must be freed with tools_free whatever the outcome; *rendered is malloc'd. */
+static int chat_render(const struct api_ctx *a, json_t *o, json_t *msgs, struct tools *t, char **rendered,
+                       size_t *rlen, struct api_err *e)
+{
+    memset(t, 0, sizeof *t);
+    *rendered = NULL;
+    *rlen = 0;
     if (!msgs || json_is_null(msgs)) FAIL(FERRY_ERR_INVALID, "messages", "'messages' is required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         FAIL(FERRY_ERR_INVALID, "messages", "'messages' must be a non-empty array");
     if (json_array_size(msgs) > API_MAX_MESSAGES)
         FAIL(FERRY_ERR_INVALID, "messages", "at most %d messages", API_MAX_MESSAGES);
-    struct tools t;
-    int rc = parse_tools(o, &t, e);
-    char *rendered = NULL;
-    size_t rlen = 0;
-    if (rc) goto out;
+    int rc = parse_tools(o, t, e);
+    if (rc) return rc;
+    int add_gen = 1, cont = 0;
+    if ((rc = chat_flags(o, msgs, &add_gen, &cont, e))) return rc;
     const int fmt = a->tool_format;
-    const int tools_active = t.n > 0 && t.choice != CHOICE_NONE;
+    const int tools_active = t->n > 0 && t->choice != CHOICE_NONE;
     const int generic = fmt == TOOL_FORMAT_GENERIC && (tools_active || has_tool_history(msgs));
     char terr[256] = "";
-    rc = render_once(a, msgs, &t, tools_active, generic, 1, &rendered, &rlen, terr, e);
+    rc = render_once(a, msgs, t, tools_active, generic, 1, add_gen, rendered, rlen, terr, e);
     if (rc && !e->status && has_tool_history(msgs)) { /* this template may want the arguments as strings */
         char terr2[256] = "";
-        if (!render_once(a, msgs, &t, tools_active, generic, 0, &rendered, &rlen, terr2, e)) rc = 0;
+        if (!render_once(a, msgs, t, tools_active, generic, 0, add_gen, rendered, rlen, terr2, e)) rc = 0;
     }
     if (rc) {
         if (!e->status) {
@@ -418,15 +479,50 @@ int api_chat_prompt(const struct api_ctx *a, struct sreq *r, json_t *o, json_t *
             snprintf(e->msg, sizeof e->msg, "the chat template failed: %.200s",
                      terr[0] ? terr : ferry_status_str(rc));
         }
-        rc = e->status;
-        goto out;
+        return e->status;
     }
+    if (cont && (rc = cut_after_final(msgs, *rendered, rlen, e))) return rc;
+    return 0;
+}
+
+int api_apply_template(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                       struct api_err *e)
+{
+    memset(e, 0, sizeof *e);
+    json_t *o = api_load_object(body, len, e);
+    if (!o) return e->status;
+    struct tools t;
+    char *rendered = NULL;
+    size_t rlen = 0;
+    int rc = chat_render(a, o, json_object_get(o, "messages"), &t, &rendered, &rlen, e);
+    tools_free(&t);
+    json_decref(o);
+    if (rc) {
+        free(rendered);
+        return rc;
+    }
+    *out = api_dump(json_pack("{s:o}", "prompt", api_jstr(rendered, rlen)), out_len);
+    free(rendered);
+    return *out ? 0 : FERRY_ERR_NOMEM;
+}
+
+int api_chat_prompt(const struct api_ctx *a, struct sreq *r, json_t *o, json_t *msgs, struct api_err *e)
+{
+    struct tools t;
+    char *rendered = NULL;
+    size_t rlen = 0;
+    int rc = chat_render(a, o, msgs, &t, &rendered, &rlen, e);
+    if (rc) goto out;
+    const int fmt = a->tool_format;
+    const int tools_active = t.n > 0 && t.choice != CHOICE_NONE;
     const int call_fmt = fmt == TOOL_FORMAT_GENERIC ? TOOL_FORMAT_HERMES : fmt;
     if (tools_active && (t.choice == CHOICE_REQUIRED || t.choice == CHOICE_NAMED)) {
         char gerr[256] = "";
         const struct tool_def *defs = t.choice == CHOICE_NAMED ? &t.defs[t.named] : t.defs;
-        rc = tool_call_grammar(call_fmt, defs, t.choice == CHOICE_NAMED ? 1 : t.n,
-                               t.parallel ? TOOL_CALL_MAX : 1, API_JSON_WS, &r->grammar, gerr);
+        /* a named function is one call, as OpenAI and vLLM answer it, unless parallel calls were asked for */
+        const int many = t.choice == CHOICE_NAMED ? t.parallel_set && t.parallel : t.parallel;
+        rc = tool_call_grammar(call_fmt, defs, t.choice == CHOICE_NAMED ? 1 : t.n, many ? TOOL_CALL_MAX : 1,
+                               API_JSON_WS, &r->grammar, gerr);
         if (rc) {
             e->status = rc == FERRY_ERR_NOMEM || rc == FERRY_ERR_RANGE || rc == FERRY_ERR_UNSUPPORTED
                             ? rc
@@ -487,6 +583,36 @@ out:
 /* ---- response_format ------------------------------------------------------------------------------------
  */
 
+/* A JSON Schema (object or boolean) compiled into r->grammar; field names the request field in errors. */
+static int schema_constrain(struct sreq *r, json_t *schema, const char *field, struct api_err *e)
+{
+    if (!schema || (!json_is_object(schema) && !json_is_boolean(schema)))
+        FAIL(FERRY_ERR_INVALID, field, "'%s' needs a 'schema' (a JSON Schema object)", field);
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
+    char err[256] = "";
+    int rc = json_schema_grammar(text, strlen(text), API_JSON_WS, &r->grammar, err);
+    free(text);
+    if (rc) {
+        e->status = rc == FERRY_ERR_NOMEM ? rc : rc == FERRY_ERR_UNSUPPORTED ? rc : FERRY_ERR_INVALID;
+        e->param = field;
+        snprintf(e->msg, sizeof e->msg, "%s: %.220s", field, err);
+        return e->status;
+    }
+    r->reasoning = 0; /* the grammar decides the whole output */
+    return 0;
+}
+
+static int refuse_with_tools(const struct sreq *r, const char *field, struct api_err *e)
+{
+    if (r->grammar || r->tools)
+        FAIL(FERRY_ERR_UNSUPPORTED, field,
+             "'%s' together with tools or another output constraint is not supported; use tool_choice "
+             "'none' or drop one of them",
+             field);
+    return 0;
+}
+
 int api_response_format(const struct api_ctx *a, struct sreq *r, json_t *j, const char *field,
                         struct api_err *e)
 {
@@ -495,35 +621,45 @@ int api_response_format(const struct api_ctx *a, struct sreq *r, json_t *j, cons
     const char *type = json_is_object(j) ? json_string_value(json_object_get(j, "type")) : NULL;
     if (!type) FAIL(FERRY_ERR_INVALID, field, "'%s' must be an object with a string 'type'", field);
     if (!strcmp(type, "text")) return 0;
-    if (r->grammar || r->tools)
-        FAIL(FERRY_ERR_UNSUPPORTED, field,
-             "'%s' %s together with tools is not supported; use tool_choice 'none' or drop one of them",
-             field, type);
-    char err[256] = "";
-    int rc;
-    if (!strcmp(type, "json_object")) {
-        rc = grammar_json_object(&r->grammar, API_JSON_WS, 0, err);
-    } else if (!strcmp(type, "json_schema")) {
-        /* chat completions nest the schema in "json_schema"; /v1/responses' text.format holds it directly */
+    if (refuse_with_tools(r, field, e)) return e->status;
+    json_t *schema = json_object_get(j, "schema");
+    if (!strcmp(type, "json_object") && (!schema || json_is_null(schema))) {
+        char err[256] = "";
+        int rc = grammar_json_object(&r->grammar, API_JSON_WS, 0, err);
+        if (rc) {
+            e->status = rc == FERRY_ERR_NOMEM ? rc : FERRY_ERR_INVALID;
+            e->param = field;
+            snprintf(e->msg, sizeof e->msg, "%s: %.220s", field, err);
+            return e->status;
+        }
+        r->reasoning = 0;
+        return 0;
+    }
+    if (!strcmp(type, "json_object")) /* llama-server's {"type": "json_object", "schema": {...}} */
+        return schema_constrain(r, schema, field, e);
+    if (!strcmp(type, "json_schema")) {
+        /* chat completions nest the schema in "json_schema"; /v1/responses' text.format and llama-server
+         * hold it directly */
         json_t *js = json_object_get(j, "json_schema");
-        json_t *schema = json_object_get(js ? js : j, "schema");
-        if (!schema || (!json_is_object(schema) && !json_is_boolean(schema)))
-            FAIL(FERRY_ERR_INVALID, field, "'%s' of type json_schema needs a 'schema' (a JSON Schema object)",
-                 field);
-        char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
-        if (!text) FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
-        rc = json_schema_grammar(text, strlen(text), API_JSON_WS, &r->grammar, err);
-        free(text);
-    } else {
-        FAIL(FERRY_ERR_INVALID, field,
-             "%s type '%.40s' is not supported (use 'text', 'json_object' or 'json_schema')", field, type);
+        return schema_constrain(r, json_object_get(js ? js : j, "schema"), field, e);
     }
-    if (rc) {
-        e->status = rc == FERRY_ERR_NOMEM ? rc : rc == FERRY_ERR_UNSUPPORTED ? rc : FERRY_ERR_INVALID;
-        e->param = field;
-        snprintf(e->msg, sizeof e->msg, "%s: %.220s", field, err);
+    FAIL(FERRY_ERR_INVALID, field,
+         "%s type '%.40s' is not supported (use 'text', 'json_object' or 'json_schema')", field, type);
+}
+
+int api_output_constraints(const struct api_ctx *a, struct sreq *r, json_t *o, struct api_err *e)
+{
+    if (api_response_format(a, r, json_object_get(o, "response_format"), "response_format", e))
         return e->status;
+    json_t *js = json_object_get(o, "json_schema");
+    if (js && !json_is_null(js)) { /* llama-server's top-level form */
+        if (refuse_with_tools(r, "json_schema", e)) return e->status;
+        if (schema_constrain(r, js, "json_schema", e)) return e->status;
     }
-    r->reasoning = 0; /* the grammar decides the whole output */
+    json_t *g = json_object_get(o, "grammar");
+    if (g && !json_is_null(g)) /* refused rather than ignored: an unconstrained answer would look valid */
+        FAIL(FERRY_ERR_UNSUPPORTED, "grammar",
+             "'grammar' (GBNF) is not supported; constrain the output with 'json_schema' or "
+             "'response_format'");
     return 0;
 }

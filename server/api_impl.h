@@ -49,7 +49,8 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
 int api_parse_responses(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
                         struct api_err *e);
 /* /v1/embeddings (embeddings.c). */
-int api_parse_embeddings(const struct api_ctx *a, const char *body, size_t len, struct sreq **out, struct api_err *e);
+int api_parse_embeddings(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
+                         struct api_err *e);
 char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 char *api_responses_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 void api_responses_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
@@ -61,6 +62,10 @@ int api_chat_prompt(const struct api_ctx *a, struct sreq *r, json_t *o, json_t *
  * the last two. field names the request field in errors. (api_chat.c) */
 int api_response_format(const struct api_ctx *a, struct sreq *r, json_t *j, const char *field,
                         struct api_err *e);
+
+/* The output constraints of a completions or chat request: response_format, llama-server's top-level
+ * json_schema, grammar (refused). (api_chat.c) */
+int api_output_constraints(const struct api_ctx *a, struct sreq *r, json_t *o, struct api_err *e);
 
 /* One choice's output split for the client: reasoning, content and tool calls (api_render.c). */
 struct api_split {

@@ -230,6 +230,11 @@ static int parse_detokenize(struct hreq *h)
     return api_detokenize(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
 }
 
+static int parse_apply_template(struct hreq *h)
+{
+    return api_apply_template(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
 static const struct route routes[] = {
     {"/health", "GET", 0, 0, get_health, NULL},
     {"/metrics", "GET", 0, 0, get_metrics, NULL},
@@ -243,9 +248,11 @@ static const struct route routes[] = {
     {"/models", "GET", 0, 1, get_models, NULL},
     {"/completions", "POST", 0, 1, NULL, parse_completion},
     {"/chat/completions", "POST", 0, 1, NULL, parse_chat},
+    {"/responses", "POST", 0, 1, NULL, parse_responses},
     {"/embeddings", "POST", 0, 1, NULL, parse_embeddings},
     {"/tokenize", "POST", 0, 1, NULL, parse_tokenize},
     {"/detokenize", "POST", 0, 1, NULL, parse_detokenize},
+    {"/apply-template", "POST", 0, 1, NULL, parse_apply_template},
     /* the web page and its live view */
     {"/", "GET", 0, 0, get_web, NULL},
     {"/index.html", "GET", 0, 0, get_web, NULL},

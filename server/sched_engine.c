@@ -141,6 +141,7 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
         .n_stops = r->n_stops,
         .logprobs = r->logprobs,
         .keep_special = r->keep_special,
+        .ignore_eos = r->ignore_eos,
         .max_tokens = r->max_tokens,
         .n_prompt = c->n_prompt,
         .ctx = s->ctx,
@@ -674,7 +675,7 @@ void *sched_engine_main(void *arg)
                     i++;
                 }
             }
-        metrics_step_done(s->m, n_prefill, rows + n_spec_accepted, drew ? rows : 0, t1 - t0, n, s->n_run,
+        metrics_step_done(s->m, n_prefill, rows + n_spec_accepted, drew ? rows : 0, t1 - t0, n + ne, s->n_run,
                           overlapped);
         if (ahead) {
             engine_get_stats(s->e, &st);

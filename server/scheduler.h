@@ -101,6 +101,7 @@ struct sreq {
     int stream, include_usage;
     int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
+    int ignore_eos; /* end-of-generation tokens are sampled as text: only max_tokens and stops end it */
     struct grammar *grammar; /* owned; non-NULL: outputs are constrained to it (response_format json_object or
                               * json_schema, a required tool call); the output ends when the grammar does */
     int keep_special; /* control tokens other than end-of-generation go into the text (tool-call markers

@@ -111,6 +111,14 @@ static void loader_main(void *arg)
                  S->opt.chat_template ? S->opt.chat_template : fallback);
         goto done;
     }
+    char terr[256];
+    if ((rc = chat_template_check(tmpl, terr))) { /* refused now, not with a 400 on every chat */
+        snprintf(
+            S->load_err, sizeof S->load_err,
+            "the chat template does not compile: %.160s (use --chat-template NAME or --chat-template-file)",
+            terr);
+        goto done;
+    }
     struct api_ctx *a = &S->api;
     a->tok = S->tok;
     a->model_name = S->model_name;

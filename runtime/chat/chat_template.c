@@ -298,6 +298,36 @@ static int render(const char *tmpl, const struct render_args *a, const struct ch
     return rc;
 }
 
+int chat_template_check(const char *tmpl, char err[256])
+{
+    if (err) err[0] = 0;
+    if (!tmpl) {
+        if (err) snprintf(err, 256, "chat_template_check: invalid argument");
+        return FERRY_ERR_INVALID;
+    }
+    struct chat_template_params p = chat_template_default_params();
+    struct jctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (err) snprintf(err, 256, "out of memory");
+        return FERRY_ERR_NOMEM;
+    }
+    c->arena.limit = ((size_t)64 << 20) + 4 * strlen(tmpl);
+    c->max_output = p.max_output;
+    c->max_steps = p.max_steps;
+    c->max_depth = p.max_depth;
+    int rc = FERRY_OK;
+    if (setjmp(c->fail)) {
+        rc = c->status;
+        if (err) snprintf(err, 256, "%s", c->err);
+    } else {
+        normalise_source(c, tmpl);
+        jinja_parse(c);
+    }
+    jarena_free(&c->arena);
+    free(c);
+    return rc;
+}
+
 int chat_template_render_ex(const char *tmpl, const struct chat_msg *msgs, int n_msgs,
                             int add_generation_prompt, const char *bos_token, const char *eos_token,
                             const struct chat_template_params *params, char **out, size_t *out_len,

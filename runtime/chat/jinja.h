@@ -48,7 +48,9 @@ struct jloop;
 struct jnode;
 
 struct jv {
-    int type; /* enum jv_type */
+    int type;   /* enum jv_type */
+    int markup; /* JV_STR: a Markup string (the safe filter's): `+` escapes a plain string operand, as
+                 * markupsafe does, though nothing is autoescaped on output */
     union {
         int64_t i; /* JV_BOOL (0/1), JV_INT, JV_FUNC (enum jfunc) */
         double f;
@@ -116,6 +118,7 @@ enum jn_kind {
     JN_MACRO,
     JN_BREAK,
     JN_CONTINUE,
+    JN_FILTERBLOCK, /* {% filter f | g %}body{% endfilter %}: a = the filter chain over FILTER_BODY_VAR */
     /* expressions */
     JN_CONST,
     JN_NAME,
@@ -171,6 +174,9 @@ struct jnode {
     struct jnode **kwvals;
     int nkw;
 };
+
+/* The name a filter block's body is bound to while its chain runs (no template can spell it). */
+#define FILTER_BODY_VAR " body"
 
 /* ---- render context ------------------------------------------------------------------------------- */
 

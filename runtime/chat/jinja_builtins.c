@@ -251,6 +251,76 @@ static struct jv items_of(struct jctx *c, struct jv d, size_t off)
 
 /* ---- methods -------------------------------------------------------------------------------------- */
 
+/* Python's str.format with plain fields: {}, {0}, {name}, {{ and }}; conversions (!r), attribute or item
+ * fields and format specs are outside the subset. */
+static struct jv str_format(struct jctx *c, struct jv fmt, const struct jargs *A)
+{
+    struct jbuf b = {0};
+    int auto_idx = 0, manual = 0;
+    const char *p = fmt.s.p, *end = fmt.s.p + fmt.s.n;
+    while (p < end) {
+        if (*p == '}') {
+            if (p + 1 < end && p[1] == '}') {
+                jbuf_putc(c, &b, '}');
+                p += 2;
+                continue;
+            }
+            jfail(c, FERRY_ERR_INVALID, A->off, "Single '}' encountered in format string");
+        }
+        if (*p != '{') {
+            jbuf_putc(c, &b, *p++);
+            continue;
+        }
+        if (p + 1 < end && p[1] == '{') {
+            jbuf_putc(c, &b, '{');
+            p += 2;
+            continue;
+        }
+        const char *q = memchr(p, '}', (size_t)(end - p));
+        if (!q) jfail(c, FERRY_ERR_INVALID, A->off, "Single '{' encountered in format string");
+        const char *f = p + 1;
+        size_t fl = (size_t)(q - f);
+        for (size_t i = 0; i < fl; i++)
+            if (f[i] == '!' || f[i] == ':' || f[i] == '.' || f[i] == '[' || f[i] == '{')
+                jfail(c, FERRY_ERR_UNSUPPORTED, A->off, "unsupported str.format field '{%.*s}'",
+                      (int)(fl > 40 ? 40 : fl), f);
+        struct jv v;
+        if (fl == 0 || (f[0] >= '0' && f[0] <= '9')) {
+            long idx;
+            if (fl == 0) {
+                if (manual)
+                    jfail(c, FERRY_ERR_INVALID, A->off,
+                          "cannot switch from manual field specification to automatic field numbering");
+                idx = auto_idx++;
+            } else {
+                if (auto_idx)
+                    jfail(c, FERRY_ERR_INVALID, A->off,
+                          "cannot switch from automatic field numbering to manual field specification");
+                manual = 1;
+                idx = 0;
+                for (size_t i = 0; i < fl; i++) {
+                    if (f[i] < '0' || f[i] > '9' || idx > 100000)
+                        jfail(c, FERRY_ERR_INVALID, A->off, "bad str.format field '{%.*s}'",
+                              (int)(fl > 40 ? 40 : fl), f);
+                    idx = idx * 10 + (f[i] - '0');
+                }
+            }
+            if (idx >= A->npos)
+                jfail(c, FERRY_ERR_INVALID, A->off,
+                      "Replacement index %ld out of range for positional args tuple", idx);
+            v = A->pos[idx];
+        } else {
+            int found = 0;
+            for (int k = 0; k < A->nkw && !found; k++)
+                if (A->kwn[k].s.n == fl && !memcmp(A->kwn[k].s.p, f, fl)) v = A->kwv[k], found = 1;
+            if (!found) jfail(c, FERRY_ERR_INVALID, A->off, "KeyError: '%.*s'", (int)(fl > 40 ? 40 : fl), f);
+        }
+        jv_write_str(c, &b, v);
+        p = q + 1;
+    }
+    return jbuf_take(&b);
+}
+
 int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, const struct jargs *A,
                  struct jv *out)
 {
@@ -285,6 +355,8 @@ int jcall_method(struct jctx *c, struct jv obj, const char *name, size_t n, cons
                 str_replace(c, obj, a0, a1, want_int(c, arg_or(A, 2, "count", jv_int(-1)), "replace", off));
         } else if (NAME_IS("join")) {
             *out = join(c, jv_iter_list(c, a0, off), obj, jv_none(), off);
+        } else if (NAME_IS("format")) {
+            *out = str_format(c, obj, A);
         } else if (NAME_IS("find") || NAME_IS("count")) {
             want_str(c, a0, "find", off);
             int64_t found = -1, cnt = 0;
@@ -442,8 +514,10 @@ int japply_test(struct jctx *c, const char *name, size_t n, struct jv v, const s
 static struct jv select_items(struct jctx *c, struct jv seq, const struct jargs *A, int skip, struct jv attr,
                               int keep)
 {
-    struct jlist *l = jv_iter_list(c, seq, A->off);
     struct jv out = jv_list(c, 0);
+    out.l->gen = 1;
+    if (!jv_truthy(seq)) return out; /* Jinja's `if seq:` — none selects nothing */
+    struct jlist *l = jv_iter_list(c, seq, A->off);
     struct jargs TA = {.off = A->off};
     if (A->npos > skip + 1) {
         TA.pos = A->pos + skip + 1;
@@ -571,6 +645,31 @@ static struct jv do_sort(struct jctx *c, struct jv v, const struct jargs *A, int
     return out;
 }
 
+/* dictsort(case_sensitive=False, by='key', reverse=False): the (key, value) pairs sorted by key or value. */
+static struct jv dictsort(struct jctx *c, struct jv d, const struct jargs *A)
+{
+    if (d.type != JV_DICT && d.type != JV_NS)
+        jfail(c, FERRY_ERR_INVALID, A->off, "dictsort: '%s' is not a mapping", jv_type_name(d));
+    int cs = jv_truthy(arg_or(A, 0, "case_sensitive", jv_bool(0)));
+    struct jv by = arg_or(A, 1, "by", jv_str("key", 3));
+    int reverse = jv_truthy(arg_or(A, 2, "reverse", jv_bool(0)));
+    int pos;
+    if (by.type == JV_STR && by.s.n == 3 && !memcmp(by.s.p, "key", 3))
+        pos = 0;
+    else if (by.type == JV_STR && by.s.n == 5 && !memcmp(by.s.p, "value", 5))
+        pos = 1;
+    else
+        jfail(c, FERRY_ERR_INVALID, A->off, "You can only sort by either \"key\" or \"value\"");
+    struct jv pairs = items_of(c, d, A->off);
+    size_t n = pairs.l->n;
+    struct jv *keys = jalloc(c, (n + 1) * sizeof *keys), *tk = jalloc(c, (n + 1) * sizeof *tk);
+    struct jv *ti = jalloc(c, (n + 1) * sizeof *ti);
+    for (size_t i = 0; i < n; i++) keys[i] = sort_key(c, pairs.l->v[i].l->v[pos], jv_none(), cs, A->off);
+    for (size_t m = n; m > 1; m /= 2) jcharge(c, n);
+    merge_sort(c, keys, pairs.l->v, tk, ti, n, reverse, A->off);
+    return pairs;
+}
+
 struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v, const struct jargs *A)
 {
     jcharge(c, jv_cost(v));
@@ -651,7 +750,12 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         return jbuf_take(&b);
     }
     if (NAME_IS("string")) return jv_to_str(c, v);
-    if (NAME_IS("safe")) return jv_to_str(c, v); /* Markup: a string from here on */
+    if (NAME_IS("safe")) { /* Markup: `+` escapes the plain string it meets (jinja_eval.c) */
+        struct jv r = jv_to_str(c, v);
+        r.markup = 1;
+        return r;
+    }
+    if (NAME_IS("dictsort")) return dictsort(c, v, A);
     if (NAME_IS("int")) return to_int(c, v, arg_or(A, 0, "default", jv_int(0)));
     if (NAME_IS("float")) {
         struct jv dflt = arg_or(A, 0, "default", jv_float(0.0));
@@ -702,6 +806,11 @@ struct jv japply_filter(struct jctx *c, const char *name, size_t n, struct jv v,
         return select_items(c, v, A, 1, attr, name[0] == 's');
     }
     if (NAME_IS("map")) {
+        if (!jv_truthy(v)) { /* Jinja's `if value:` — none maps to nothing */
+            struct jv out = jv_list(c, 0);
+            out.l->gen = 1;
+            return out;
+        }
         struct jlist *l = jv_iter_list(c, v, off);
         struct jv out = jv_list(c, l->n), attr;
         if (argp(A, -1, "attribute", &attr)) {

@@ -255,6 +255,36 @@ struct jv jv_concat(struct jctx *c, struct jv a, struct jv b)
     return jbuf_take(&buf);
 }
 
+/* A string into a Markup result: as it is when it is Markup, else HTML-escaped the way markupsafe escapes. */
+static void markup_put(struct jctx *c, struct jbuf *b, struct jv s)
+{
+    if (s.markup) {
+        jbuf_put(c, b, s.s.p, s.s.n);
+        return;
+    }
+    for (size_t i = 0; i < s.s.n; i++) {
+        switch (s.s.p[i]) {
+        case '&':
+            jbuf_put(c, b, "&amp;", 5);
+            break;
+        case '<':
+            jbuf_put(c, b, "&lt;", 4);
+            break;
+        case '>':
+            jbuf_put(c, b, "&gt;", 4);
+            break;
+        case '"':
+            jbuf_put(c, b, "&#34;", 5);
+            break;
+        case '\'':
+            jbuf_put(c, b, "&#39;", 5);
+            break;
+        default:
+            jbuf_putc(c, b, s.s.p[i]);
+        }
+    }
+}
+
 static struct jv binary(struct jctx *c, int op, struct jv a, struct jv b, size_t off)
 {
     static const char *names[] = {"+", "-", "*", "/", "//", "%", "**", "~"};
@@ -307,6 +337,14 @@ static struct jv binary(struct jctx *c, int op, struct jv a, struct jv b, size_t
             }
             return jv_float(pow(as_f(a), as_f(b)));
         }
+    }
+    if (op == JOP_ADD && a.type == JV_STR && b.type == JV_STR && (a.markup || b.markup)) {
+        struct jbuf buf = {0};
+        markup_put(c, &buf, a);
+        markup_put(c, &buf, b);
+        struct jv m = jbuf_take(&buf);
+        m.markup = 1;
+        return m;
     }
     if (op == JOP_ADD && a.type == JV_STR && b.type == JV_STR) {
         char *p = jalloc(c, a.s.n + b.s.n + 1);
@@ -722,6 +760,16 @@ void jrender(struct jctx *c, const struct jnode *n, struct jframe *f)
     case JN_MACRO:
         frame_set(c, f, n->val, (struct jv){.type = JV_MACRO, .m = n});
         break;
+    case JN_FILTERBLOCK: {
+        struct jbuf buf = {0}, *saved = c->out;
+        c->out = &buf;
+        jrender(c, n->b, f);
+        c->out = saved;
+        struct jframe frame = {.parent = f};
+        frame_set(c, &frame, jv_str(FILTER_BODY_VAR, sizeof FILTER_BODY_VAR - 1), jbuf_take(&buf));
+        jv_write_str(c, c->out, jeval(c, n->a, &frame));
+        break;
+    }
     case JN_BREAK:
         c->flow = 1;
         break;

@@ -698,6 +698,27 @@ static struct jnode *parse_macro(struct jctx *c, size_t off)
     return n;
 }
 
+/* {% filter name(args) | more %}...{% endfilter %}: the chain is parsed as a filter expression whose subject
+ * is the body, bound to FILTER_BODY_VAR when it is rendered. */
+static struct jnode *parse_filter_block(struct jctx *c, size_t off)
+{
+    struct jnode *n = node(c, JN_FILTERBLOCK, off);
+    struct jnode *subject = node(c, JN_NAME, off);
+    subject->val = jv_str(FILTER_BODY_VAR, sizeof FILTER_BODY_VAR - 1);
+    size_t foff = cur(c)->off;
+    struct jnode *f = node(c, JN_FILTER, foff);
+    f->val = expect_name(c);
+    f->a = subject;
+    if (is_op(c, "(")) parse_call_args(c, f);
+    n->a = parse_filter_expr(c, f);
+    expect_block_end(c);
+    static const char *const ends[] = {"endfilter", NULL};
+    n->b = parse_body(c, ends, off, "filter");
+    next_tok(c);
+    expect_block_end(c);
+    return n;
+}
+
 static struct jnode *parse_statement(struct jctx *c, size_t off)
 {
     struct jtok *kw = cur(c);
@@ -713,6 +734,7 @@ static struct jnode *parse_statement(struct jctx *c, size_t off)
         expect_block_end(c);
         return node(c, tok_is_name(kw, "break") ? JN_BREAK : JN_CONTINUE, off);
     }
+    if (tok_is_name(kw, "filter")) return parse_filter_block(c, off);
     if (tok_is_name(kw, "generation")) { /* HF's AssistantTracker marks; renders its body unchanged */
         expect_block_end(c);
         static const char *const ends[] = {"endgeneration", NULL};
@@ -721,8 +743,8 @@ static struct jnode *parse_statement(struct jctx *c, size_t off)
         expect_block_end(c);
         return b;
     }
-    static const char *const known[] = {"elif",   "else",     "endif",         "endfor",
-                                        "endset", "endmacro", "endgeneration", NULL};
+    static const char *const known[] = {"elif",     "else",          "endif",     "endfor", "endset",
+                                        "endmacro", "endgeneration", "endfilter", NULL};
     for (int i = 0; known[i]; i++)
         if (tok_is_name(kw, known[i])) jfail(c, FERRY_ERR_FORMAT, kw->off, "unexpected '%s'", known[i]);
     jfail(c, FERRY_ERR_UNSUPPORTED, kw->off, "unsupported tag '%.*s'", (int)(kw->n > 40 ? 40 : kw->n), kw->p);

@@ -159,6 +159,11 @@ FEATURES = {
     "dotted_filter_untaken": "{% if false %}{{ x | tojson.keys }}{% endif %}ok",
     "crlf_source": "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n",
     "trailing_newline": "x\n\n",
+    "filter_block": "{% filter upper %}a{{ messages[0].role }}b{% endfilter %}|{%- filter trim | replace('x', 'y') -%}  x{{ 1 }}x  {% endfilter -%}|{% filter indent(2, true) %}l1\nl2{% endfilter %}",
+    "dictsort": "{% for k, v in {'b': 1, 'A': 3, 'a': 2} | dictsort %}{{ k }}={{ v }};{% endfor %}|{{ {'b': 1, 'a': 2} | dictsort(by='value', reverse=true) }}|{{ {'B': 1, 'a': 2} | dictsort(true) }}",
+    "str_format": "{{ '<{}|{}>'.format('x', 1) }}|{{ '{0}-{1}-{0}'.format('a', none) }}|{{ '{name}!{{}}'.format(name=messages[0].role) }}|{{ '{}'.format(true) }}",
+    "select_over_none": "[{{ none | selectattr('type', 'equalto', 'x') | list }}][{{ nope | rejectattr('a') | list | length }}][{{ none | select | list }}][{{ none | map(attribute='a') | list }}]",
+    "markup_add": "{{ 'a<'|safe + messages[0].content + '\"q\"' + ('&'|safe) }}|{{ 'x' + ('<b>'|safe) }}|{{ ('s'|safe) ~ '<' }}",
 }
 
 FEATURE_CONV = [
