@@ -4,6 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "server/cli.h"
 #include "server/gpu_arch.h"
@@ -57,8 +58,9 @@ void cli_progress(uint64_t done, uint64_t total, void *user)
     int quarter = pct / 25;
     if (quarter <= p->last) return;
     p->last = quarter;
-    fprintf(stderr, "loading model: %d%% (%llu / %llu MiB)\n", quarter * 25, (unsigned long long)(done >> 20),
-            (unsigned long long)(total >> 20));
+    /* without a terminal: log lines, as the rest of the start-up */
+    FLOG_INFO("loading model: %d%% (%llu / %llu MiB)", quarter * 25, (unsigned long long)(done >> 20),
+              (unsigned long long)(total >> 20));
 }
 
 int cli_open_model(const char *path, struct model_file **out)

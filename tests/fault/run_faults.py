@@ -140,7 +140,7 @@ class Run:
             if self.proc.poll() is not None:
                 return False
             if self.port is None:
-                m = re.search(r"listening on http://[^ ]*:(\d+) ", self.output())
+                m = re.search(r"listening on http://[^ ]*:(\d+)[/ ]", self.output())
                 if not m:
                     time.sleep(0.01)
                     continue

@@ -347,7 +347,7 @@ def main():
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         pid = proc.pid  # nice execs the server in its own process
         for _ in range(600):
-            m = re.search(r"listening on http://[^ ]*:(\d+) ", open("/tmp/ferry-soak.log").read())
+            m = re.search(r"listening on http://[^ ]*:(\d+)[/ ]", open("/tmp/ferry-soak.log").read())
             if m:
                 base = f"http://127.0.0.1:{m.group(1)}"
                 break
