@@ -57,10 +57,14 @@ static const struct opt_row rows[] = {
      "device runs while the host detokenizes and writes); false runs one step at a time"},
     {"prompt-cache", OPT_BOOL, OFF(prompt_cache), 0, 1, "1", NULL,
      "a finished sequence's KV stays in its slot; a prompt starting with the same tokens continues from it"},
-    {"spec-type", OPT_ENUM, OFF(spec_type), 0, 0, "none", "none|ngram",
-     "speculative decoding: ngram drafts continuations found earlier in a sequence's prompt and output "
-     "(prompt lookup) and verifies them in one step with its next token; outputs are unchanged. Pays most "
-     "for one or few sequences, offloaded or not, on answers that quote their prompt (code edits, RAG)"},
+    {"spec-type", OPT_ENUM, OFF(spec_type), 0, 0, "none", "none|ngram|draft",
+     "speculative decoding: drafted tokens are verified in one step with a sequence's next token, and "
+     "outputs are unchanged. ngram drafts continuations found earlier in the sequence's prompt and output "
+     "(prompt lookup: answers that quote their prompt, code edits, RAG); draft asks --model-draft. Pays most "
+     "for one or few sequences, above all with layers in host memory"},
+    {"model-draft", OPT_STR, OFF(model_draft), 0, 0, NULL, NULL,
+     "a smaller model with the same vocabulary that drafts for --spec-type draft (implied by this option); "
+     "on a GPU its bytes come out of --gpu-memory"},
     {"spec-draft-n-max", OPT_INT, OFF(spec_draft_n_max), 1, 32, "8", NULL,
      "tokens one sequence drafts a step at most (fewer when many sequences decode together)"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},

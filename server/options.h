@@ -61,7 +61,8 @@ struct serve_options {
     const char *quant;     /* none|int8|int4 */
     int deterministic;
     int prompt_cache;                    /* reuse a free slot's KV for a prompt with the same start */
-    const char *spec_type;               /* none|ngram: speculative decoding's drafter */
+    const char *spec_type;               /* none|ngram|draft: speculative decoding's drafter */
+    const char *model_draft;             /* the draft model of --spec-type draft */
     int spec_draft_n_max;                /* tokens one sequence drafts a step at most */
     int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */

@@ -9,6 +9,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "runtime/draft_model.h"
 #include "runtime/engine.h"
 #include "server/metrics.h"
 #include "server/prompt_cache.h"
@@ -343,7 +344,10 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         if (k > c->out.p.max_tokens - c->out.n_gen - 1) k = c->out.p.max_tokens - c->out.n_gen - 1;
         if (k > s->ctx - (pos + 1) - 1) k = s->ctx - (pos + 1) - 1;
         if (k <= 0) continue;
-        c->n_draft = spec_ngram_draft(c->hist, pos + 1, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, c->draft);
+        if (s->p.draft) /* made before the lock was taken (draft_with_model), cut to what the step allows */
+            c->n_draft = c->n_model_draft < k ? c->n_model_draft : k;
+        else
+            c->n_draft = spec_ngram_draft(c->hist, pos + 1, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, c->draft);
         for (int j = 0; j < c->n_draft; j++) {
             s->b_tokens[n] = c->draft[j];
             s->b_pos[n] = pos + 1 + j;
@@ -425,6 +429,46 @@ static int overlap_ok_locked(struct sched *s, int rows, int ne)
             return 0;
     }
     return engine_step_overlaps(s->e, rows);
+}
+
+/* With mu held, before a step is built: the draft model drafts for every decoding sequence that may
+ * speculate, with the lock released meanwhile (running choices change only on this thread, and the fields
+ * used are this thread's). A failure leaves the step without drafts. The step may use fewer drafts than made:
+ * its prefill chunks come first (step_batch_locked). */
+static void draft_with_model_locked(struct sched *s)
+{
+    int n_dec = 0, n = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        c->n_model_draft = 0;
+        n_dec += c->n_fed == c->n_prompt && c->req->kind != SREQ_EMBED;
+    }
+    const int k_max = sched_policy_spec_len(s->p.spec_n_max, n_dec, s->p.max_batch_tokens - n_dec);
+    if (k_max <= 0) return;
+    int seq[SCHED_SPEC_MAX_SEQS], n_hist[SCHED_SPEC_MAX_SEQS], k[SCHED_SPEC_MAX_SEQS],
+        n_out[SCHED_SPEC_MAX_SEQS];
+    const int32_t *hist[SCHED_SPEC_MAX_SEQS];
+    int32_t *out[SCHED_SPEC_MAX_SEQS];
+    struct choice *who[SCHED_SPEC_MAX_SEQS];
+    for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
+        struct choice *c = s->run[i];
+        if (c->n_fed < c->n_prompt || !c->hist || c->spec_skip > 0 || c->fin) continue;
+        const int len = c->n_prompt + c->out.n_gen; /* its tokens, the last one pending */
+        int kk = k_max;
+        if (kk > c->out.p.max_tokens - c->out.n_gen - 1) kk = c->out.p.max_tokens - c->out.n_gen - 1;
+        if (kk > s->ctx - len - 1) kk = s->ctx - len - 1;
+        if (kk <= 0) continue;
+        seq[n] = c->slot, hist[n] = c->hist, n_hist[n] = len, k[n] = kk, out[n] = c->draft, who[n++] = c;
+    }
+    if (!n) return;
+    pthread_mutex_unlock(&s->mu);
+    const int rc = draft_model_propose(s->p.draft, n, seq, hist, n_hist, k, out, n_out);
+    pthread_mutex_lock(&s->mu);
+    if (rc) {
+        FLOG_WARN("the draft model failed (%s): this step goes without drafts", ferry_status_str(rc));
+        return;
+    }
+    for (int i = 0; i < n; i++) who[i]->n_model_draft = n_out[i];
 }
 
 /* The engine thread, after a verification step's rows were drawn: each speculating sequence keeps its
@@ -592,7 +636,9 @@ void *sched_engine_main(void *arg)
                 continue;
             }
 
-            /* one step: every decoding sequence gets its token, then prefill chunks in admission order */
+            /* one step: every decoding sequence gets its token (and its drafts), then prefill chunks in
+             * admission order */
+            if (s->p.draft) draft_with_model_locked(s);
             n = step_batch_locked(s, &rows, &n_prefill);
             ne = embed_batch_locked(s);
             pthread_mutex_unlock(&s->mu);

@@ -58,6 +58,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int32_t *hist; /* (hist_cap) NULL: this choice does not speculate */
     int hist_cap;
     int n_draft, spec_pos, spec_drawn, spec_miss, spec_skip;
+    int n_model_draft; /* drafts the draft model made for the next step (sched_params.draft), in draft[] */
     int32_t draft[SPEC_MAX_DRAFT];
     struct lp_entry *spec_lps; /* (spec_drawn) with logprobs: the entries of the tokens the walk drew */
     /* shared, under the scheduler mutex */
@@ -153,8 +154,10 @@ struct sched_params {
                          * on the host */
     int overlap;    /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
                      * are published (the device runs while the host publishes; sched_engine.c) */
-    int spec_n_max; /* speculative decoding (runtime/spec.h): tokens one sequence drafts a step at most by
-                     * prompt lookup; 0 = off */
+    int spec_n_max; /* speculative decoding (runtime/spec.h): tokens one sequence drafts a step at most;
+                     * 0 = off */
+    struct draft_model *draft; /* the drafter (runtime/draft_model.h; borrowed, run by the engine thread),
+                                * or NULL: prompt lookup */
 };
 
 struct sched;

@@ -37,6 +37,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "runtime/draft_model.h"
 #include "server/scheduler.h"
 #include "server/serve_impl.h"
 #include "weights/arch/arch.h"
@@ -86,6 +87,36 @@ static void loader_main(void *arg)
     /* options.c allows only auto|f32|int8 */
     ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8") ? 1 : !strcmp(S->opt.cpu_arith, "f32") ? 0 : -1;
     ep.kv_type = engine_kv_type_parse(S->opt.kv_type); /* options.c allows only f16|f32|q8_0 */
+    if (S->opt.model_draft) {
+        /* The draft model first, on a GPU with a budget of its bytes and room for its KV and activations,
+         * taken out of the model's. */
+        if ((rc = model_file_open(S->opt.model_draft, &S->mf_draft, NULL, NULL, err))) {
+            snprintf(S->load_err, sizeof S->load_err, "cannot open the draft model %s: %.180s (%s)",
+                     S->opt.model_draft, err, ferry_status_str(rc));
+            goto done;
+        }
+        struct engine_params dp = ep;
+        dp.gpu_memory = (int64_t)S->mf_draft->file_bytes + ((int64_t)512 << 20);
+        dp.gpu_layers = -1;
+        dp.kv_tokens = 0;
+        if (ep.gpu_memory > 0) {
+            if (ep.gpu_memory <= dp.gpu_memory) {
+                rc = FERRY_ERR_DEVICE_MEM;
+                snprintf(S->load_err, sizeof S->load_err,
+                         "--gpu-memory %.2f GiB cannot hold the draft model (%.2f GiB with its KV and "
+                         "activations) and the model",
+                         ep.gpu_memory / 1073741824.0, dp.gpu_memory / 1073741824.0);
+                goto done;
+            }
+            ep.gpu_memory -= dp.gpu_memory;
+        }
+        if ((rc = draft_model_init(&S->dm, S->mf_draft, &dp, S->mf->hp.n_vocab, err))) {
+            snprintf(S->load_err, sizeof S->load_err, "cannot start the draft model: %.200s (%s)", err,
+                     ferry_status_str(rc));
+            goto done;
+        }
+        FLOG_INFO("draft model: %s (%s)", S->opt.model_draft, engine_placement(draft_model_engine(S->dm)));
+    }
     rc = engine_init(&S->eng, S->mf, &ep, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot start the engine: %.200s (%s)", err,
@@ -147,7 +178,9 @@ static void loader_main(void *arg)
                               .prefill_budget = S->opt.prefill_budget,
                               .gpu_sampling = S->opt.gpu_sampling,
                               .overlap = S->opt.overlap,
-                              .spec_n_max = strcmp(S->opt.spec_type, "ngram") ? 0 : S->opt.spec_draft_n_max};
+                              .spec_n_max =
+                                  S->dm || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
+                              .draft = S->dm};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */
@@ -406,6 +439,19 @@ int serve_main(int argc, char **argv)
         goto out_free;
     }
     model_names_build(&S->names, S->opt.model, general_name, S->opt.served_model_name);
+    if (!strcmp(S->opt.spec_type, "draft") && !S->opt.model_draft) {
+        fprintf(stderr, "ferry serve: --spec-type draft needs --model-draft PATH\n");
+        goto out_free;
+    }
+    if (S->opt.model_draft && strcmp(S->opt.spec_type, "none") && strcmp(S->opt.spec_type, "draft")) {
+        fprintf(stderr, "ferry serve: --model-draft goes with --spec-type draft, not %s\n", S->opt.spec_type);
+        goto out_free;
+    }
+    char draft_name[MODEL_NAME_LEN];
+    if (S->opt.model_draft && model_precheck(S->opt.model_draft, draft_name, err)) {
+        fprintf(stderr, "ferry serve: --model-draft: %s\n", err);
+        goto out_free;
+    }
     char arch_err[512];
     if (gpu_arch_check(S->opt.backend, arch_err)) {
         fprintf(stderr, "ferry serve: %s\n", arch_err);
@@ -494,8 +540,10 @@ int serve_main(int argc, char **argv)
     if (S->loader_started) uv_thread_join(&S->loader);
     sched_free(S->sched);
     engine_free(S->eng);
+    draft_model_free(S->dm);
     tokenizer_free(S->tok);
     model_file_close(S->mf);
+    model_file_close(S->mf_draft);
     ret = S->exit_code;
     FLOG_INFO("ferry serve: exit %d", ret);
 out_mutex:

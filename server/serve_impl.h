@@ -39,6 +39,8 @@ struct server {
     int state;               /* enum server_state, atomic (the loader thread reads it) */
     int was_ready;           /* the model finished loading (atomic) */
     struct model_file *mf;
+    struct model_file *mf_draft; /* --model-draft, or NULL */
+    struct draft_model *dm;      /* its engine (runtime/draft_model.h), or NULL */
     struct tokenizer *tok;
     struct engine *eng;
     struct sched *sched;

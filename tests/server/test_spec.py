@@ -107,3 +107,43 @@ def test_smollm2_copy_task():
     finally:
         for s in servers:
             assert s.stop() == 0, s.read_log()
+
+
+def test_draft_model_server(pair, tmp_path):
+    """--model-draft: a Q4_0 quantization of stories260K drafts; answers equal the plain server's, alone and four
+    at once, and some drafts are accepted."""
+    from conftest import FERRY
+    import subprocess
+    draft = str(tmp_path / "draft.gguf")
+    r = subprocess.run([FERRY, "quantize", "--model", MODEL, "--type", "Q4_0", "--out", draft], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = Server("--parallel", "4", "--threads", "2", "--model-draft", draft, "--spec-draft-n-max", "5")
+    try:
+        for p in PROMPTS[:2]:
+            for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 2}):
+                a = complete(pair[0], prompt=p, max_tokens=80, **sampling)
+                b = complete(s, prompt=p, max_tokens=80, **sampling)
+                assert a["choices"][0]["text"] == b["choices"][0]["text"], (p, sampling)
+        bodies = [dict(prompt=p, max_tokens=60, temperature=0.7, seed=9 + i) for i, p in enumerate(PROMPTS)]
+        want = [complete(pair[0], **b)["choices"][0]["text"] for b in bodies]
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda b: complete(s, **b)["choices"][0]["text"], bodies))
+        assert got == want
+        m = s.metrics()
+        assert 0 < m["ferry_spec_accepted_tokens_total"] < m["ferry_spec_drafted_tokens_total"], m
+    finally:
+        assert s.stop() == 0, s.read_log()
+
+
+def test_draft_model_refused_at_start(tmp_path):
+    from conftest import FERRY
+    import subprocess
+    src = os.environ.get("FERRY_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
+    other = os.path.join(src, "tests", "golden", "models", "llama_mha_f32")
+    for args, words in ((["--model-draft", other], ["257", "512"]), (["--spec-type", "draft"], ["--model-draft"]),
+                        (["--model-draft", str(tmp_path / "none.gguf")], ["none.gguf"])):
+        r = subprocess.run([FERRY, "serve", "--model", MODEL, "--port", "0", *args], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0, args
+        assert all(w in r.stderr for w in words), r.stderr
