@@ -87,6 +87,9 @@ for ph in $phases; do
     timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1 --prefill 0 --decode-steps 16 \
       --spec-oracle 4 >> "$out/spec.log" 2>&1
     log "spec resident rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
+    timeout 120 ./build/tests/bench/bench_cpu_matmul -t $(nproc) -m 1,2,5,9 -T Q4_K,Q8_0 -n 11008 -k 4096 \
+      --act int8 > "$out/cpu_rows.log" 2>&1
+    log "cpu products by rows rc=$?"; tail -9 "$out/cpu_rows.log"
     ;;
   e2e)
     timeout 200 ./build/server/ferry bench --synthetic llama-2-7b --batches 1,16,64 --prefill 512 \
