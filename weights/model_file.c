@@ -8,6 +8,7 @@
  */
 #include "weights/model_file.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,11 @@ static void progress_add(struct progress *p, uint64_t n)
         p->fn(p->done, p->total, p->user);
         while (p->next <= p->done) p->next += PROGRESS_STEP;
     }
+}
+
+float llm_attn_scale(const struct llm_hparams *hp)
+{
+    return hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
 }
 
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name)
@@ -159,6 +165,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a);
     uint32_t oc;
     if (gguf_get_u32(g, k, &oc) == FERRY_OK && oc <= (1u << 30)) hp->rope_scaling.orig_ctx = (int)oc;
+    if (hp->family->gguf_hparams && (rc = hp->family->gguf_hparams(g, hp, err))) return rc;
 
     /* Tensors, names as they are (the reader bounds them to 95 bytes). */
     int n = gguf_n_tensors(g);

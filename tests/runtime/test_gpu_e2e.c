@@ -160,6 +160,13 @@ Test(gpu_e2e, qwen3_qknorm_f32_matches_cpu)
     compare_backends(src_path("tests/golden/models/qwen3_qknorm_f32"), 33);
 }
 
+/* 200 positions through 16-position windows on the local layers (the tile kernel: head_dim 32). */
+Test(gpu_e2e, gemma3_swa_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/gemma3_swa_f32"), 200);
+}
+
 /* Q8_0 on both sides: the GPU's GEMV (decode) and Q8_0→f16 + tensor-core GEMM (prefill of 33 rows) against
  * the CPU's Q8_0 matmul. */
 Test(gpu_e2e, llama3_gqa_int8_matches_cpu)
