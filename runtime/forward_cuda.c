@@ -129,7 +129,7 @@ struct forward_cuda {
     uint64_t park_lo;      /* the lowest offset of a parked layer (UINT64_MAX: none) */
     cudaEvent_t park_done; /* the last parking copy (copy stream) */
     cudaEvent_t park_used; /* the last use of a parked layer (compute stream) */
-    void *head;            /* output head (n_vocab, dim) in head_type */
+    void *head; /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
     float *out_norm;       /* (dim) */
     float *inv_freq;       /* (rope_dim/2) device */
@@ -1160,8 +1160,8 @@ static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const stru
     float *xd;
     int rc = kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, hp->dim, &xq, &xd);
     if (rc == FERRY_OK)
-        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim,
-                               hp->norm_eps, xq, xd, f->compute);
+        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim, hp->norm_eps,
+                               xq, xd, f->compute);
     if (rc != FERRY_OK) /* the workspace was not written: forget the target */
         kern_cuda_matmul_x8_target(f->kctx, NULL, DTYPE_F32, 0, 0, NULL, NULL);
     return rc;

@@ -59,6 +59,9 @@ struct arch_tensor {
 
 struct arch_family {
     const char *name;                  /* for messages: "llama" */
+    const char *title;                 /* for listings: "Llama 2 / 3 / 3.x, SmolLM, TinyLlama" */
+    const char *sizes;                 /* the sizes people run: "1B-70B" */
+    const char *notes;                 /* what is special about it, one line */
     const char *const *gguf_names;     /* general.architecture values it answers to; NULL-terminated */
     const char *const *hf_classes;     /* config.json architectures[0]; NULL-terminated */
     const char *const *hf_types;       /* config.json model_type (read when there is no architectures) */

@@ -173,6 +173,10 @@ static int gemma3_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
 
 const struct arch_family arch_gemma3 = {
     .name = "gemma3",
+    .title = "Gemma 3 (text)",
+    .sizes = "1B-27B",
+    .notes = "local sliding-window layers (own rotary base) every 5 of 6, sandwich norms, GeGLU, QK-norm, "
+             "scaled embeddings and queries, (1 + w) norms",
     .gguf_names = (const char *const[]){"gemma3", NULL},
     .hf_classes = (const char *const[]){"Gemma3ForCausalLM", NULL},
     .hf_types = (const char *const[]){"gemma3_text", NULL},
