@@ -404,6 +404,13 @@ int model_file_validate(const struct model_file *mf, char err[256])
     if (!(hp->norm_eps > 0) || !(hp->rope_theta > 0))
         return ferry_fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive",
                           hp->norm_eps, hp->rope_theta);
+    if (!(hp->attn_scale >= 0) || !isfinite(hp->attn_scale) || !(hp->embed_scale >= 0) ||
+        !isfinite(hp->embed_scale) || hp->sliding_window < 0 || hp->swa_pattern < 0 ||
+        (hp->sliding_window > 0 && (!(hp->rope_theta_swa > 0) || !isfinite(hp->rope_theta_swa))))
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "attention scale %g, embedding scale %g, window %d/%d, local rope theta %g are invalid",
+            hp->attn_scale, hp->embed_scale, hp->sliding_window, hp->swa_pattern, hp->rope_theta_swa);
     const struct rope_scaling *rs = &hp->rope_scaling;
     if (rs->type != ROPE_SCALING_NONE && !(rs->factor > 0))
         return ferry_fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);
