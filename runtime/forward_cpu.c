@@ -42,6 +42,8 @@ struct forward_cpu {
     float *att;      /* (max_tokens, q_dim) */
     float *gu;       /* (max_tokens * 2 ffn) gate part, then up part */
     float *qkv_rows; /* (max_tokens, q_dim + 2 kv_dim) stacked rows for kv_owner, or NULL */
+    int32_t *win_lo; /* (max_tokens) first position a local layer's row attends to; NULL without windows */
+    float *win_lse;  /* (max_tokens, n_heads) the windowed attention's log-sum-exps (unused), or NULL */
     int pending;
     uint64_t layers_run;
     double layer_seconds;
@@ -121,6 +123,8 @@ static void cpu_free(struct backend *be)
     float *bufs[] = {f->x, f->xn, f->d, f->qkv, f->att, f->gu, f->qkv_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->host_free(f->alloc_ctx, bufs[i]);
+    free(f->win_lo);
+    free(f->win_lse);
     free(f->w);
     free(f);
 }
@@ -176,11 +180,19 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     const struct batch *b = st->b;
     float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
     struct kv_layer_view view = kv_cache_layer(f->kv, l);
-    kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, f->m->inv_freq, hp->rope_style);
-    kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, f->m->inv_freq, hp->rope_style);
+    const int local = llm_layer_is_local(hp, l);
+    const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
+    kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
+    kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
     kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
-    return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads,
-                              1.0f / sqrtf((float)hp->head_dim), f->tp);
+    if (!local)
+        return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, llm_attn_scale(hp),
+                                  f->tp);
+    /* A local layer attends to the window's positions (pos - window, pos]. */
+    for (int i = 0; i < n; i++)
+        f->win_lo[i] = b->pos[i] >= hp->sliding_window ? b->pos[i] - hp->sliding_window + 1 : 0;
+    return kern_cpu_attention_range(f->att, f->win_lse, q, &view, b->seq, f->win_lo, b->pos, n, hp->n_heads,
+                                    llm_attn_scale(hp), f->tp);
 }
 
 /* The KV ops of layer l on the KV owner: q|k|v rows go over, the attention output comes back into att. */
@@ -227,6 +239,12 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
     case LOP_SILU_MUL:
         kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
         return FERRY_OK;
+    case LOP_NORM:
+        kern_cpu_rmsnorm(act(f, op->out), act(f, op->in), w->norm[op->arg], n, hp->dim, hp->norm_eps);
+        return FERRY_OK;
+    case LOP_GELU_MUL:
+        kern_cpu_gelu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
+        return FERRY_OK;
     case LOP_QK_NORM: {
         /* The query part is (n * n_heads, head_dim) rows, the key part after it (n * n_kv_heads, head_dim).
          */
@@ -263,7 +281,9 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
         } else {
             const struct layer_op *op = &p->ops[i];
             rc = run_op(f, op, w, n);
-            kind = op->kind == LOP_LINEAR ? op->arg : op->kind == LOP_SILU_MUL ? PROF_SILU : PROF_NORM;
+            kind = op->kind == LOP_LINEAR                                 ? op->arg
+                   : op->kind == LOP_SILU_MUL || op->kind == LOP_GELU_MUL ? PROF_SILU
+                                                                          : PROF_NORM;
             if (f->profile && op->kind == LOP_LINEAR) f->prof_bytes[kind] += group_bytes(&w->mat[op->arg]);
         }
         if (rc) return rc;
@@ -293,6 +313,7 @@ static int cpu_embed(struct backend *be, const struct step *st)
     const double t0 = f->profile ? now_s() : 0;
     const int rc = kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                                   st->b->tokens, n);
+    if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
     if (f->profile) f->prof_s[PROF_EMBED] += now_s() - t0, f->prof_calls[PROF_EMBED]++;
     return rc;
 }
@@ -454,6 +475,9 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
     f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
     if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
+    if (hp->sliding_window > 0 && (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||
+                                   !(f->win_lse = malloc(n * hp->n_heads * sizeof(float)))))
+        goto fail;
     if (!f->x || !f->xn || !f->d || !f->qkv || !f->att || !f->gu || (f->kv_owner && !f->qkv_rows)) goto fail;
     rc = p->pin_threads ? tpool_init_pinned(&f->tp, p->n_threads) : tpool_init(&f->tp, p->n_threads);
     if (rc) goto fail;

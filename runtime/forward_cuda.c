@@ -129,10 +129,11 @@ struct forward_cuda {
     uint64_t park_lo;      /* the lowest offset of a parked layer (UINT64_MAX: none) */
     cudaEvent_t park_done; /* the last parking copy (copy stream) */
     cudaEvent_t park_used; /* the last use of a parked layer (compute stream) */
-    void *head;            /* output head (n_vocab, dim) in head_type */
+    void *head; /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
-    float *out_norm; /* (dim) */
-    float *inv_freq; /* (rope_dim/2) device */
+    float *out_norm;       /* (dim) */
+    float *inv_freq;       /* (rope_dim/2) device */
+    float *inv_freq_local; /* (rope_dim/2) device, the sliding-window layers' (model.h), or NULL */
 
     /* KV pool (f16, or Q8_0 codes and scales: kernels/cuda/attention.h) and its block table mirror; the
      * pool's last n_ext blocks are its extension in pinned, mapped host memory (device_map.h), in the same
@@ -380,8 +381,9 @@ static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, 
     size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim) +
                     (size_t)logit_rows(T, n_seqs) * hp->n_vocab;
     return floats * sizeof(float) + 15 * ALIGN + (size_t)5 * T * sizeof(int32_t) +
-           (size_t)n_seqs * max_blocks * sizeof(int32_t) + (size_t)(hp->rope_dim / 2) * sizeof(float) +
-           draw_cuda_device_bytes(logit_rows(T, n_seqs), hp->n_vocab);
+           (size_t)n_seqs * max_blocks * sizeof(int32_t) +
+           (size_t)(hp->rope_dim / 2) * sizeof(float) * (hp->sliding_window > 0 ? 2 : 1) +
+           (hp->sliding_window > 0 ? ALIGN : 0) + draw_cuda_device_bytes(logit_rows(T, n_seqs), hp->n_vocab);
 }
 
 static int upload_layers(struct forward_cuda *f, const struct model *m)
@@ -647,6 +649,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "architecture '%.31s' has no layer program", hp->arch);
         return FERRY_ERR_UNSUPPORTED;
     }
+    if (hp->sliding_window > 0 && kv->n_ext > 0) {
+        snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
+        return FERRY_ERR_UNSUPPORTED;
+    }
     int rc = check_types(m, err);
     if (rc) return rc;
     struct forward_cuda *f = calloc(1, sizeof *f);
@@ -789,6 +795,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
+    if (m->inv_freq_local) f->inv_freq_local = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
     const int S = f->map.n_streamed;
@@ -805,7 +812,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
         !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok ||
-        (ring_bytes && !f->ring_buf)) {
+        (m->inv_freq_local && !f->inv_freq_local) || (ring_bytes && !f->ring_buf)) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
@@ -813,6 +820,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     }
     rc = FERRY_ERR_CUDA;
     if (cudaMemcpy(f->inv_freq, m->inv_freq, (size_t)(hp->rope_dim / 2) * sizeof(float),
+                   cudaMemcpyHostToDevice) != cudaSuccess)
+        goto fail;
+    if (m->inv_freq_local &&
+        cudaMemcpy(f->inv_freq_local, m->inv_freq_local, (size_t)(hp->rope_dim / 2) * sizeof(float),
                    cudaMemcpyHostToDevice) != cudaSuccess)
         goto fail;
 
@@ -1131,7 +1142,8 @@ static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
                                        .block_table = f->d_block_table,
                                        .max_blocks = kv->max_blocks,
                                        .n_kv_heads = hp->n_kv_heads,
-                                       .head_dim = hp->head_dim};
+                                       .head_dim = hp->head_dim,
+                                       .window = llm_layer_is_local(hp, l) ? hp->sliding_window : 0};
 }
 
 /* A layer norm whose output feeds a block-type product that reads x in int8 (decode steps of a quantized
@@ -1148,8 +1160,8 @@ static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const stru
     float *xd;
     int rc = kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, hp->dim, &xq, &xd);
     if (rc == FERRY_OK)
-        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim,
-                               hp->norm_eps, xq, xd, f->compute);
+        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim, hp->norm_eps,
+                               xq, xd, f->compute);
     if (rc != FERRY_OK) /* the workspace was not written: forget the target */
         kern_cuda_matmul_x8_target(f->kctx, NULL, DTYPE_F32, 0, 0, NULL, NULL);
     return rc;
@@ -1182,7 +1194,7 @@ static void CUDART_CB ext_attention_host(void *arg)
                                        .block_base = kv->n_blocks - kv->n_ext};
     const int rc = kern_cpu_attention_range(
         f->h_ext_o, f->h_ext_lse, f->h_ext_q, &view, f->h_ints + 2 * (size_t)T + r0, f->h_ext_lo + r0,
-        f->h_ints + (size_t)T + r0, rows, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim), f->ext_pool);
+        f->h_ints + (size_t)T + r0, rows, hp->n_heads, llm_attn_scale(hp), f->ext_pool);
     if (rc && !f->ext_rc) f->ext_rc = rc;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     f->stats.kv_ext_host_seconds += (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
@@ -1202,8 +1214,7 @@ static int attention_split(struct forward_cuda *f, const struct layer_op *op,
     float *out = act(f, op->out), *lse = f->h;
     const float *q = act(f, op->in);
     RC(kern_cuda_attention_mixed(out, lse, q, view, d_seq, f->d_pos_att, n, f->n_decode, hp->n_heads,
-                                 1.0f / sqrtf((float)hp->head_dim), f->max_len, f->attn_ws, f->attn_ws_bytes,
-                                 cs));
+                                 llm_attn_scale(hp), f->max_len, f->attn_ws, f->attn_ws_bytes, cs));
     CK(cudaMemcpyAsync(f->h_ext_q, q + (size_t)r0 * qd, (size_t)rows * qd * sizeof(float),
                        cudaMemcpyDeviceToHost, cs));
     f->ext_jobs[l] = (struct ext_job){.f = f, .l = l};
@@ -1241,18 +1252,24 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         return FERRY_OK;
     case LOP_ROPE_KV: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
-        return kern_cuda_rope_kv_store(act(f, op->out), qkv_in, &view, d_seq, d_pos, n, hp->n_heads,
-                                       hp->rope_dim, f->inv_freq, hp->rope_style, cs);
+        return kern_cuda_rope_kv_store(
+            act(f, op->out), qkv_in, &view, d_seq, d_pos, n, hp->n_heads, hp->rope_dim,
+            llm_layer_is_local(hp, l) ? f->inv_freq_local : f->inv_freq, hp->rope_style, cs);
     }
     case LOP_ATTENTION: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
         if (f->ext_r1 > f->ext_r0) return attention_split(f, op, &view, l, n);
         return kern_cuda_attention_mixed(act(f, op->out), NULL, act(f, op->in), &view, d_seq, d_pos, n,
-                                         f->n_decode, hp->n_heads, 1.0f / sqrtf((float)hp->head_dim),
-                                         f->max_len, f->attn_ws, f->attn_ws_bytes, cs);
+                                         f->n_decode, hp->n_heads, llm_attn_scale(hp), f->max_len, f->attn_ws,
+                                         f->attn_ws_bytes, cs);
     }
     case LOP_SILU_MUL:
         return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
+    case LOP_NORM:
+        return kern_cuda_rmsnorm(act(f, op->out), act(f, op->in), w->norm[op->arg], n, hp->dim, hp->norm_eps,
+                                 cs);
+    case LOP_GELU_MUL:
+        return kern_cuda_gelu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
     case LOP_QK_NORM:
         return kern_cuda_qk_norm(act(f, op->in), (hp->n_heads + 2 * hp->n_kv_heads) * hp->head_dim,
                                  w->norm[LAYER_Q_NORM], w->norm[LAYER_K_NORM], n, hp->n_heads, hp->n_kv_heads,
@@ -1479,6 +1496,7 @@ static int cuda_begin(struct backend *be, const struct step *st)
         const struct model *m = f->m;
         RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                           b->tokens, n));
+        if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->h_x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
         cudaGraphExec_t g;
         RC(step_graph(f, st, &g));
         CK(cudaGraphLaunch(g, f->compute));
@@ -1516,6 +1534,7 @@ static int cuda_embed(struct backend *be, const struct step *st)
     const int n = st->b->n_tokens;
     RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                       st->b->tokens, n));
+    if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->h_x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
     return x_gather(f, f->h_x_dev, n);
 }
 

@@ -28,6 +28,8 @@ static void layer_norms(const struct model_layer *L, const struct llm_hparams *h
     v[LAYER_FFN_NORM] = L->ffn_norm, len[LAYER_FFN_NORM] = hp->dim;
     v[LAYER_Q_NORM] = L->q_norm, len[LAYER_Q_NORM] = L->q_norm ? hp->head_dim : 0;
     v[LAYER_K_NORM] = L->k_norm, len[LAYER_K_NORM] = L->k_norm ? hp->head_dim : 0;
+    v[LAYER_POST_ATTN_NORM] = L->post_attn_norm, len[LAYER_POST_ATTN_NORM] = L->post_attn_norm ? hp->dim : 0;
+    v[LAYER_POST_FFN_NORM] = L->post_ffn_norm, len[LAYER_POST_FFN_NORM] = L->post_ffn_norm ? hp->dim : 0;
 }
 
 /* The parts of group i in row order, with their biases; returns their count. */
@@ -76,6 +78,8 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
     w->norm[LAYER_FFN_NORM] = L->ffn_norm;
     w->norm[LAYER_Q_NORM] = L->q_norm;
     w->norm[LAYER_K_NORM] = L->k_norm;
+    w->norm[LAYER_POST_ATTN_NORM] = L->post_attn_norm;
+    w->norm[LAYER_POST_FFN_NORM] = L->post_ffn_norm;
 }
 
 void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,

@@ -96,9 +96,26 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->q_norm;
     case ARCH_ROLE_K_NORM:
         return &L->k_norm;
+    case ARCH_ROLE_POST_ATTN_NORM:
+        return &L->post_attn_norm;
+    case ARCH_ROLE_POST_FFN_NORM:
+        return &L->post_ffn_norm;
     default:
         return NULL;
     }
+}
+
+static int is_norm(enum arch_role r)
+{
+    return r == ARCH_ROLE_ATTN_NORM || r == ARCH_ROLE_FFN_NORM || r == ARCH_ROLE_Q_NORM ||
+           r == ARCH_ROLE_K_NORM || r == ARCH_ROLE_POST_ATTN_NORM || r == ARCH_ROLE_POST_FFN_NORM;
+}
+
+/* v (n) += shift, as float adds (what transformers' `1.0 + weight.float()` computes). */
+static void shift_norm(float *v, int64_t n, float shift)
+{
+    if (shift != 0.0f && v)
+        for (int64_t i = 0; i < n; i++) v[i] = v[i] + shift;
 }
 
 uint64_t wview_bytes(const struct wview *w)
@@ -141,6 +158,8 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         rc = FERRY_ERR_UNSUPPORTED;
         goto fail;
     }
+    /* HF Gemma stores norm weights minus 1 (its RMSNorm multiplies by 1 + w); GGUF files have it added. */
+    const float norm_shift = mf->format == MODEL_FORMAT_HF ? fam->hf_norm_shift : 0.0f;
     for (int l = 0; l < hp->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
         for (int i = 0; i < fam->n_tensors; i++) {
@@ -155,14 +174,23 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             }
             float **v = layer_vector(L, at->role);
             if (v && (rc = load_vector(mf, name, ne[0], at->need != ARCH_NEED_ALWAYS, v, err))) goto fail;
+            if (v && *v && is_norm(at->role)) shift_norm(*v, ne[0], norm_shift);
         }
     }
+    shift_norm(m->output_norm, dim, norm_shift);
     m->inv_freq = malloc((size_t)(hp->rope_dim / 2) * sizeof(float));
     if (!m->inv_freq) {
         rc = FERRY_ERR_NOMEM;
         goto fail;
     }
     kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
+    if (hp->sliding_window > 0) { /* the local layers' own base, unscaled */
+        if (!(m->inv_freq_local = malloc((size_t)(hp->rope_dim / 2) * sizeof(float)))) {
+            rc = FERRY_ERR_NOMEM;
+            goto fail;
+        }
+        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa, NULL);
+    }
     /* GGUF llama3 files bake the scaling into per-frequency divisors. */
     float *factors = NULL;
     if ((rc = load_vector(mf, "rope_freqs.weight", hp->rope_dim / 2, 1, &factors, err))) goto fail;
@@ -277,11 +305,14 @@ void model_free(struct model *m)
             free(L->bv);
             free(L->q_norm);
             free(L->k_norm);
+            free(L->post_attn_norm);
+            free(L->post_ffn_norm);
         }
     }
     free(m->layers);
     free(m->output_norm);
     free(m->inv_freq);
+    free(m->inv_freq_local);
     free(m->owned);
     free(m->quant_owned);
     memset(m, 0, sizeof *m);

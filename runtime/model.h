@@ -45,6 +45,8 @@ struct model_layer {
     struct wview wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim), (n_kv*hd, dim), (dim, n_heads*hd) */
     float *bq, *bk, *bv;         /* (n_heads*hd), (n_kv*hd), (n_kv*hd) f32 or NULL */
     float *q_norm, *k_norm;      /* (hd) f32 per-head norms, or NULL (families without QK-norm) */
+    float *post_attn_norm;       /* (dim) f32 sandwich norms of the block outputs, or NULL */
+    float *post_ffn_norm;        /* (dim) f32 or NULL */
     float *ffn_norm;             /* (dim) f32 */
     struct wview w_gate, w_up;   /* (ffn, dim) */
     struct wview w_down;         /* (dim, ffn) */
@@ -57,6 +59,7 @@ struct model {
     float *output_norm;         /* (dim) f32 */
     struct model_layer *layers; /* (n_layers) */
     float *inv_freq;            /* (rope_dim/2) f32 */
+    float *inv_freq_local;      /* (rope_dim/2) f32 of the sliding-window layers (rope_theta_swa), or NULL */
     uint64_t weight_bytes;      /* bytes of all matrices read per forward pass */
     void *owned;                /* synthetic models: the one allocation holding every matrix */
     void *quant_owned;          /* matrices quantized at load, or NULL */

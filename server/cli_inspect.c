@@ -11,6 +11,7 @@
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 #include "server/options.h"
+#include "weights/arch/arch.h"
 
 static void inspect_usage(FILE *f)
 {
@@ -24,13 +25,29 @@ static void inspect_usage(FILE *f)
                "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
                "  --parallel N        sequences (default 1)\n"
                "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
-               "  --json              machine-readable output\n");
+               "  --json              machine-readable output\n"
+               "  --families          list the supported model families (a Markdown table) and exit\n");
 }
 
 static const char *rope_style_name(enum rope_style s) { return s == ROPE_STYLE_HALF ? "half" : "interleaved"; }
 static const char *rope_scaling_name(enum rope_scaling_type t)
 {
     return t == ROPE_SCALING_LLAMA3 ? "llama3" : t == ROPE_SCALING_LINEAR ? "linear" : "none";
+}
+
+/* The registry (weights/arch/) as the README's table of families. */
+static void print_families(void)
+{
+    printf("| family | GGUF `general.architecture` | Hugging Face class | sizes | what is special |\n");
+    printf("|---|---|---|---|---|\n");
+    for (int i = 0; arch_family_at(i); i++) {
+        const struct arch_family *f = arch_family_at(i);
+        printf("| %s | ", f->title);
+        for (int j = 0; f->gguf_names[j]; j++) printf("%s`%s`", j ? ", " : "", f->gguf_names[j]);
+        printf(" | ");
+        for (int j = 0; f->hf_classes[j]; j++) printf("%s`%s`", j ? ", " : "", f->hf_classes[j]);
+        printf(" | %s | %s |\n", f->sizes, f->notes);
+    }
 }
 
 int cli_inspect_main(int argc, char **argv)
@@ -42,6 +59,7 @@ int cli_inspect_main(int argc, char **argv)
                                              {"ctx-size", required_argument, 0, 'c'},
                                              {"parallel", required_argument, 0, 'p'},
                                              {"kv-type", required_argument, 0, 'k'},
+                                             {"families", no_argument, 0, 'F'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *model = getenv("FERRY_MODEL");
@@ -67,6 +85,7 @@ int cli_inspect_main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'F': print_families(); return 0;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return 2;
         }
@@ -157,6 +176,12 @@ int cli_inspect_main(int argc, char **argv)
         printf("context      %d trained; rope theta %g, %d dims, %s pairs, scaling %s\n", hp->ctx_train,
                hp->rope_theta, hp->rope_dim, rope_style_name(hp->rope_style),
                rope_scaling_name(hp->rope_scaling.type));
+        if (hp->sliding_window > 0 && hp->swa_pattern > 0)
+            printf("attention    window of %d positions on %d of every %d layers; their rope theta %g\n",
+                   hp->sliding_window, hp->swa_pattern - 1, hp->swa_pattern, hp->rope_theta_swa);
+        else if (hp->sliding_window > 0)
+            printf("attention    window of %d positions on every layer; rope theta %g\n", hp->sliding_window,
+                   hp->rope_theta_swa);
         printf("norm eps     %g; tied embeddings %s; qkv bias %s\n", hp->norm_eps, hp->tied_embeddings ? "yes" : "no",
                hp->qkv_bias ? "yes" : "no");
         printf("tensors      %d, %.1f MiB\n", mf->n_tensors, total / 1048576.0);

@@ -143,6 +143,9 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
         rc = ferry_fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_parameters' is not an object", f);
         goto out;
     }
+    /* Per layer kind ({"full_attention": {...}, "sliding_attention": {...}}): the global layers' here, the
+     * local layers' read by the family. */
+    if (json_is_object(json_object_get(rp, "full_attention"))) rp = json_object_get(rp, "full_attention");
     json_t *jt = json_object_get(root, "rope_theta");
     if ((!jt || json_is_null(jt)) && json_is_object(rp)) {
         if ((rc = get_pos(rp, "rope_theta", 10000.0, &hp->rope_theta, "config.json rope_parameters", err)))
@@ -166,11 +169,15 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
                         ab ? "attention_bias" : "mlp_bias");
         goto out;
     }
-    json_t *hact = json_object_get(root, "hidden_act");
-    if (hact && json_is_string(hact) && strcmp(json_string_value(hact), "silu") != 0) {
-        rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: hidden_act '%.40s' is not supported (silu)", f,
-                        json_string_value(hact));
-        goto out;
+    const char *want_act = fam->hf_act ? fam->hf_act : "silu";
+    static const char *const act_keys[] = {"hidden_act", "hidden_activation"};
+    for (int i = 0; i < 2; i++) {
+        json_t *hact = json_object_get(root, act_keys[i]);
+        if (hact && json_is_string(hact) && strcmp(json_string_value(hact), want_act) != 0) {
+            rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s '%.40s' is not supported (%s)", f,
+                            act_keys[i], json_string_value(hact), want_act);
+            goto out;
+        }
     }
     int sw = 0;
     if ((rc = get_bool(root, "use_sliding_window", 0, &sw, f, err))) goto out;
@@ -179,6 +186,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     if (fam->hf_window_warn && json_is_integer(swin) && json_integer_value(swin) < hp->ctx_train)
         FLOG_WARN("%s: sliding_window %lld is ignored; ferry attends to the full context", f,
                   (long long)json_integer_value(swin));
+    if (fam->hf_hparams) rc = fam->hf_hparams(root, hp, err);
 out:
     json_decref(root);
     return rc;

@@ -1,4 +1,5 @@
 /* hf_export — Hugging Face hyperparameters and tokenizer as llama.cpp GGUF metadata (see hf_export.h). */
+#include "weights/arch/arch.h"
 #include "weights/hf_export.h"
 
 #include <jansson.h>
@@ -57,6 +58,8 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
         TRY(gguf_writer_kv_str(w, KEY("rope.scaling.type"), "linear", 6, err));
         TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.factor"), hp->rope_scaling.factor, err));
     }
+    const struct arch_family *fam = arch_find_gguf(arch, strlen(arch));
+    if (fam && fam->gguf_write) TRY(fam->gguf_write(w, hp, arch, err));
 #undef KEY
 #undef TRY
     return hf_export_tokenizer(w, mf, err);

@@ -8,6 +8,7 @@
  */
 #include "weights/model_file.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,11 @@ static void progress_add(struct progress *p, uint64_t n)
         p->fn(p->done, p->total, p->user);
         while (p->next <= p->done) p->next += PROGRESS_STEP;
     }
+}
+
+float llm_attn_scale(const struct llm_hparams *hp)
+{
+    return hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
 }
 
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name)
@@ -159,6 +165,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a);
     uint32_t oc;
     if (gguf_get_u32(g, k, &oc) == FERRY_OK && oc <= (1u << 30)) hp->rope_scaling.orig_ctx = (int)oc;
+    if (hp->family->gguf_hparams && (rc = hp->family->gguf_hparams(g, hp, err))) return rc;
 
     /* Tensors, names as they are (the reader bounds them to 95 bytes). */
     int n = gguf_n_tensors(g);
@@ -397,6 +404,13 @@ int model_file_validate(const struct model_file *mf, char err[256])
     if (!(hp->norm_eps > 0) || !(hp->rope_theta > 0))
         return ferry_fail(err, FERRY_ERR_FORMAT, "norm eps %g and rope theta %g must be positive",
                           hp->norm_eps, hp->rope_theta);
+    if (!(hp->attn_scale >= 0) || !isfinite(hp->attn_scale) || !(hp->embed_scale >= 0) ||
+        !isfinite(hp->embed_scale) || hp->sliding_window < 0 || hp->swa_pattern < 0 ||
+        (hp->sliding_window > 0 && (!(hp->rope_theta_swa > 0) || !isfinite(hp->rope_theta_swa))))
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "attention scale %g, embedding scale %g, window %d/%d, local rope theta %g are invalid",
+            hp->attn_scale, hp->embed_scale, hp->sliding_window, hp->swa_pattern, hp->rope_theta_swa);
     const struct rope_scaling *rs = &hp->rope_scaling;
     if (rs->type != ROPE_SCALING_NONE && !(rs->factor > 0))
         return ferry_fail(err, FERRY_ERR_FORMAT, "rope scaling factor %g must be positive", rs->factor);

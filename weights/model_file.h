@@ -26,32 +26,47 @@ struct arch_family;
 enum model_format { MODEL_FORMAT_GGUF = 0, MODEL_FORMAT_HF = 1 };
 
 struct llm_hparams {
-    char arch[32];       /* the name the file gives its architecture (GGUF general.architecture, the HF
-                          * model_type of its family): the prefix of its GGUF keys */
+    char arch[32]; /* the name the file gives its architecture (GGUF general.architecture, the HF
+                    * model_type of its family): the prefix of its GGUF keys */
     const struct arch_family *family; /* weights/arch/arch.h; NULL in hyperparameters built in code */
     int n_vocab;
-    int dim;             /* hidden size */
+    int dim; /* hidden size */
     int n_layers;
     int n_heads;
     int n_kv_heads;
-    int head_dim;        /* dim / n_heads unless the file says otherwise */
-    int ffn_dim;         /* intermediate size */
-    int ctx_train;       /* max_position_embeddings / context_length */
-    float norm_eps;      /* RMSNorm epsilon */
-    float rope_theta;    /* base, default 10000 */
-    int rope_dim;        /* rotary dimensions per head (== head_dim for the Llama family) */
+    int head_dim;     /* dim / n_heads unless the file says otherwise */
+    int ffn_dim;      /* intermediate size */
+    int ctx_train;    /* max_position_embeddings / context_length */
+    float norm_eps;   /* RMSNorm epsilon */
+    float rope_theta; /* base, default 10000 */
+    int rope_dim;     /* rotary dimensions per head (== head_dim for the Llama family) */
     enum rope_style rope_style;
     struct rope_scaling rope_scaling;
     int tied_embeddings; /* 1 when there is no output.weight and the head reuses token_embd.weight */
     int qkv_bias;        /* 1 when attn_q/k/v have biases (Qwen2) */
+    /* Family extras (weights/arch/; zero in the Llama family, which then computes exactly as before): */
+    float embed_scale;    /* the embedding rows are multiplied by it (Gemma: sqrt(dim)); 0: not scaled */
+    float attn_scale;     /* the attention's query scale; 0: 1/sqrt(head_dim) (llm_attn_scale) */
+    int sliding_window;   /* positions a local layer attends to (itself included); 0: every layer is global */
+    int swa_pattern;      /* with a window: layer l is local unless l % swa_pattern == swa_pattern - 1 */
+    float rope_theta_swa; /* the local layers' rotary base (no scaling); used with a window */
 };
 
+/* 1 when layer l of hp attends through the sliding window only. */
+static inline int llm_layer_is_local(const struct llm_hparams *hp, int l)
+{
+    return hp->sliding_window > 0 && (hp->swa_pattern <= 0 || l % hp->swa_pattern != hp->swa_pattern - 1);
+}
+
+/* The attention's query scale. */
+float llm_attn_scale(const struct llm_hparams *hp);
+
 struct wtensor {
-    char name[96];       /* internal name, NUL-terminated */
+    char name[96]; /* internal name, NUL-terminated */
     enum dtype type;
-    int n_dims;          /* 1..4 */
-    int64_t ne[4];       /* GGUF order: ne[0] is the contiguous (row) dimension; unused dims are 1 */
-    const void *data;    /* borrowed from the mmap */
+    int n_dims;       /* 1..4 */
+    int64_t ne[4];    /* GGUF order: ne[0] is the contiguous (row) dimension; unused dims are 1 */
+    const void *data; /* borrowed from the mmap */
     size_t nbytes;
 };
 
@@ -59,13 +74,13 @@ struct model_file {
     enum model_format format;
     struct llm_hparams hp;
     int n_tensors;
-    struct wtensor *tensors;   /* (n_tensors) */
-    struct gguf *gguf;         /* GGUF only: the parsed file, for tokenizer.ggml.* metadata; else NULL */
-    char *dir;                 /* HF only: the directory (tokenizer.json, tokenizer_config.json); else NULL */
-    char *chat_template;       /* the model's own template (GGUF tokenizer.chat_template or HF
-                                * tokenizer_config.json chat_template), NUL-terminated, or NULL */
-    uint64_t file_bytes;       /* total size of the mapped weight files */
-    void *priv;                /* mappings; owned */
+    struct wtensor *tensors; /* (n_tensors) */
+    struct gguf *gguf;       /* GGUF only: the parsed file, for tokenizer.ggml.* metadata; else NULL */
+    char *dir;               /* HF only: the directory (tokenizer.json, tokenizer_config.json); else NULL */
+    char *chat_template;     /* the model's own template (GGUF tokenizer.chat_template or HF
+                              * tokenizer_config.json chat_template), NUL-terminated, or NULL */
+    uint64_t file_bytes;     /* total size of the mapped weight files */
+    void *priv;              /* mappings; owned */
 };
 
 /* Progress callback for long loads: done/total bytes checked so far. May be NULL. */

@@ -22,6 +22,7 @@ struct plan {
     enum dtype to;
     int n_dims;  /* ggml's count: trailing dimensions of 1 dropped */
     int permute; /* HF llama-arch attn_q/attn_k: rows reordered to llama.cpp's rotary layout (heads) */
+    float shift; /* added to every element of a norm (HF Gemma's w becomes llama.cpp's 1 + w) */
 };
 
 static int ggml_n_dims(const int64_t ne[4])
@@ -86,6 +87,9 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
                               "tensor %s is already %s: ferry quantize reads F32, F16 or BF16 weights "
                               "(requantizing compounds the errors; llama-quantize refuses it too)",
                               t->name, dtype_name(t->type));
+        const size_t nl = strlen(t->name);
+        if (hf && p->n_dims == 1 && nl >= 11 && !strcmp(t->name + nl - 11, "norm.weight"))
+            p->shift = arch_of(&mf->hp)->hf_norm_shift;
         p->permute = hf && out_family(mf)->gguf_rope == ROPE_STYLE_INTERLEAVED && p->n_dims == 2 &&
                      (strstr(t->name, ".attn_q.weight") || strstr(t->name, ".attn_k.weight"));
     }
@@ -146,6 +150,18 @@ static int write_tensor(struct gguf_writer *w, const struct model_file *mf, cons
             memcpy((uint8_t *)perm_buf + src_row * (size_t)r, src + src_row * (size_t)permuted_row(r, hd),
                    src_row);
         src = perm_buf;
+    }
+    if (pl->shift != 0.0f) { /* a norm vector, written as F32 (plan_types) */
+        const int64_t n = cols * rows;
+        float *v = buf;
+        if (pl->to != DTYPE_F32 || !dtype_to_f32(t->type, src, v, n))
+            return ferry_fail(err, FERRY_ERR_INTERNAL, "tensor %s: cannot shift a %s norm", t->name,
+                              dtype_name(t->type));
+        for (int64_t i = 0; i < n; i++) v[i] = v[i] + pl->shift;
+        int rc = gguf_writer_data(w, v, (size_t)n * sizeof(float), err);
+        pg->done += (size_t)n * sizeof(float);
+        report(pg, pl);
+        return rc;
     }
     if (pl->to == t->type) { /* kept as it is */
         int rc = gguf_writer_data(w, src, t->nbytes, err);
@@ -209,7 +225,7 @@ int quantize_model_file(const struct model_file *mf, const char *out_path, const
         if ((rc = gguf_writer_tensor(w, t->name, pl[i].to, pl[i].n_dims, t->ne, err))) goto out;
         const size_t bytes = gguf_writer_tensor_bytes(w, i), row = dtype_row_size(pl[i].to, t->ne[0]);
         total += bytes;
-        if (pl[i].to != t->type) {
+        if (pl[i].to != t->type || pl[i].shift != 0.0f) {
             const size_t c = bytes < CHUNK_BYTES + row ? bytes : CHUNK_BYTES + row;
             if (c > max_chunk) max_chunk = c;
         }

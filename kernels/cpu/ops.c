@@ -236,6 +236,28 @@ void kern_cpu_silu_mul(float *gate, const float *up, int64_t n)
     }
 }
 
+void kern_cpu_gelu_mul(float *gate, const float *up, int64_t n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        gate[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
+void kern_cpu_gelu_mul_ref(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const double x = gate[i];
+        gate[i] = (float)(0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * up[i]);
+    }
+}
+
+void kern_cpu_scale(float *x, float s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
 void kern_cpu_add(float *y, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];

@@ -42,6 +42,12 @@ void kern_cpu_rope_ref(float *x, const int32_t *pos, int m, int n_heads, int hea
 
 /* gate (n) = silu(gate) * up, silu(a) = a / (1 + exp(-a)). */
 void kern_cpu_silu_mul(float *gate, const float *up, int64_t n);
+/* gate (n) = gelu_tanh(gate) * up (n), in place: GeGLU with transformers' gelu_pytorch_tanh,
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). _ref: the same in double, rounded once. */
+void kern_cpu_gelu_mul(float *gate, const float *up, int64_t n);
+void kern_cpu_gelu_mul_ref(float *gate, const float *up, int64_t n);
+/* x (n) *= s. */
+void kern_cpu_scale(float *x, float s, int64_t n);
 /* y (n) += x (n). */
 void kern_cpu_add(float *y, const float *x, int64_t n);
 

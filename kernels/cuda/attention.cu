@@ -85,6 +85,7 @@ struct att_params {
     int skip;                    /* ATT_SKIP_*: rows this launch leaves to the other kernel */
     unsigned long long bs_magic; /* ceil(2^32 / block_size): p / block_size = (p * bs_magic) >> 32 */
     float scale;
+    int window; /* a row at pos attends to (pos - window, pos]: the layer's sliding window, or 2^30 */
 };
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
@@ -380,7 +381,8 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                 for (int j = 0; j < ATT_RMAX / 2; j++) {
                     const int r = rg + 2 * j;
                     if (r < R) {
-                        const bool ok = r >= r_lo && r < r_hi && tt < nt && pp <= row_pos[r];
+                        const bool ok =
+                            r >= r_lo && r < r_hi && tt < nt && pp <= row_pos[r] && pp > row_pos[r] - p.window;
                         Ss[r * ATT_T + tt] = ok ? s[j] * p.scale : -INFINITY;
                     }
                 }
@@ -518,8 +520,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
     if (p.skip == ATT_SKIP_RUNS && !att_single(p, tok)) return; /* a prefill row: the prefill launch's */
     const int R = p.G, kvh = kvg * HB + hh;
     const int sq = p.seq[tok], pos = p.pos[tok];
-    const int lo = split * p.chunk;
-    const int hi = split == p.n_split - 1 ? pos + 1 : min(lo + p.chunk, pos + 1);
+    const int lo0 = split * p.chunk;
+    const int hi = split == p.n_split - 1 ? pos + 1 : min(lo0 + p.chunk, pos + 1);
+    const int lo = max(lo0, pos + 1 - p.window); /* a split below the window holds nothing (span <= 0) */
 
     /* q in base-2 units: scores come out multiplied by log2 e, so exp2 gives the natural softmax. */
     const float qscale = p.scale * 1.44269504088896341f;
@@ -971,6 +974,9 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
         /* Last position each row sees in this range (-1: none; rows of other runs see none). */
         const bool ina = oka && tla >= rs && tla < re, inb = okb && tlb >= rs && tlb < re;
         const int lima = ina ? min(s_pos[tla], hi - 1) : -1, limb = inb ? min(s_pos[tlb], hi - 1) : -1;
+        /* First position each row sees (its window's start). */
+        const int lowa = ina ? s_pos[tla] + 1 - p.window : 0, lowb = inb ? s_pos[tlb] + 1 - p.window : 0;
+        const int tlow = max(lowa, lowb);
         int wlim = max(lima, limb);
         for (int o = 16; o > 0; o >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, o));
         const int tlim = min(lima, limb);
@@ -1048,6 +1054,16 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
                         if (c0 + 1 > lima) s[j][1] = -INFINITY;
                         if (c0 > limb) s[j][2] = -INFINITY;
                         if (c0 + 1 > limb) s[j][3] = -INFINITY;
+                    }
+                }
+                if (t0 < tlow) { /* some position of the tile is before one of this thread's rows' window */
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+                        const int c0 = t0 + 8 * j + 2 * t;
+                        if (c0 < lowa) s[j][0] = -INFINITY;
+                        if (c0 + 1 < lowa) s[j][1] = -INFINITY;
+                        if (c0 < lowb) s[j][2] = -INFINITY;
+                        if (c0 + 1 < lowb) s[j][3] = -INFINITY;
                     }
                 }
                 float xa = -INFINITY, xb = -INFINITY;
@@ -1729,6 +1745,7 @@ static int attn_begin(att_params &p, float *out, const float *q, const struct ke
     p.m = m;
     p.bs_magic = ((1ull << 32) + (unsigned long long)kv->block_size - 1) / (unsigned long long)kv->block_size;
     p.scale = scale;
+    p.window = kv->window > 0 ? kv->window : 1 << 30;
     return FERRY_OK;
 }
 

@@ -66,6 +66,7 @@ struct kern_cuda_kv_layer {
     uint16_t *k_scale,
         *v_scale; /* q8: (n_blocks - n_ext, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
     uint16_t *k_ext_scale, *v_ext_scale; /* q8 with an extension: its scales, (n_ext, ...) as k_scale */
+    int window; /* sliding-window layers: a row at pos attends to positions (pos - window, pos] only; 0: all */
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };

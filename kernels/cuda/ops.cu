@@ -1,4 +1,4 @@
-/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU-gated
+/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU- and GELU-gated
  * activation; see ops.h for the contracts. (Rotary embedding is fused with the KV store:
  * kernels/cuda/attention.h.)
  *
@@ -243,9 +243,9 @@ extern "C" int kern_cuda_norm_x8(float *resid, const float *delta, float *y, con
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* SiLU-gated activation */
+/* Gated activations: SiLU (SwiGLU) and GELU-tanh (GeGLU) */
 
-__global__ void silu_mul_kernel(float *h, const float *gu, int m, int ffn)
+template <bool GELU> __global__ void glu_kernel(float *h, const float *gu, int m, int ffn)
 {
     pdl_wait();
     pdl_trigger();
@@ -255,16 +255,29 @@ __global__ void silu_mul_kernel(float *h, const float *gu, int m, int ffn)
         const int64_t row = i / ffn;
         const float *g = gu + row * 2 * ffn + (i - row * ffn);
         const float a = g[0];
-        h[i] = a / (1.0f + expf(-a)) * g[ffn];
+        if (GELU)
+            h[i] = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * g[ffn];
+        else
+            h[i] = a / (1.0f + expf(-a)) * g[ffn];
     }
 }
 
-extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
+template <bool GELU> static int glu_launch(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
     if (!h || !gu || m < 0 || ffn <= 0 || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(gu, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(silu_mul_kernel, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream,
+    FCUDA_CHECK(pdl_launch(glu_kernel<GELU>, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream,
                            h, gu, m, ffn));
     return FERRY_OK;
+}
+
+extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
+{
+    return glu_launch<false>(h, gu, m, ffn, stream);
+}
+
+extern "C" int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
+{
+    return glu_launch<true>(h, gu, m, ffn, stream);
 }

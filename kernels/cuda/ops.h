@@ -40,8 +40,8 @@ int kern_cuda_add_rmsnorm(float *resid, const float *delta, float *y, const floa
  * are RMS-normed and scaled by qw (head_dim), the n_kv_heads key heads after them by kw; values untouched
  * (kernels/cuda/qk_norm.cu; reference kern_cpu_qk_norm_ref). head_dim <= 1024, ld >= (n_heads + n_kv_heads)
  * * head_dim. One warp per head, fixed-order reduction. */
-int kern_cuda_qk_norm(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads, int n_kv_heads,
-                      int head_dim, float eps, cudaStream_t stream);
+int kern_cuda_qk_norm(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads,
+                      int n_kv_heads, int head_dim, float eps, cudaStream_t stream);
 
 /* The norm (kern_cuda_add_rmsnorm with delta, kern_cuda_rmsnorm of resid without: resid is then only read)
  * that also writes y's int8 form for the block-type products at xq, xd (kern_cuda_matmul_x8_target gives
@@ -50,9 +50,12 @@ int kern_cuda_qk_norm(float *qkv, int ld, const float *qw, const float *kw, int 
 int kern_cuda_norm_x8(float *resid, const float *delta, float *y, const float *w, int m, int d, float eps,
                       uint8_t *xq, float *xd, cudaStream_t stream);
 
-/* h (m, ffn) = silu(gate) * up, where gu (m, 2*ffn) holds each row's gate then up (the fused gate|up product).
- * h must not alias gu. */
+/* h (m, ffn) = silu(gate) * up, where gu (m, 2*ffn) holds each row's gate then up (the fused gate|up
+ * product). h must not alias gu. */
 int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream);
+/* The same with GELU (tanh approximation, transformers' gelu_pytorch_tanh): h (m, ffn) = gelu_tanh(gate) * up
+ * (Gemma's GeGLU; reference kern_cpu_gelu_mul_ref). */
+int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -168,17 +168,19 @@ static void ref_attention(double *out, const float *q, const struct cache *c, co
         for (int h = 0; h < c->n_heads; h++) {
             const float *qh = q + ((size_t)i * c->n_heads + h) * D;
             double mx = -INFINITY, sum = 0;
-            for (int p = 0; p <= pos[i]; p++) {
+            /* A sliding-window layer's row sees (pos - window, pos]. */
+            const int plo = c->dev.window > 0 && pos[i] + 1 > c->dev.window ? pos[i] + 1 - c->dev.window : 0;
+            for (int p = plo; p <= pos[i]; p++) {
                 const uint16_t *kr = cache_row(c, c->k, seq[i], p, h / G);
                 double s = 0;
                 for (int d = 0; d < D; d++) s += (double)qh[d] * f16_to_f32(kr[d]);
                 sc[p] = s * scale;
                 if (sc[p] > mx) mx = sc[p];
             }
-            for (int p = 0; p <= pos[i]; p++) sum += (sc[p] = exp(sc[p] - mx));
+            for (int p = plo; p <= pos[i]; p++) sum += (sc[p] = exp(sc[p] - mx));
             double *o = out + ((size_t)i * c->n_heads + h) * D;
             for (int d = 0; d < D; d++) o[d] = 0;
-            for (int p = 0; p <= pos[i]; p++) {
+            for (int p = plo; p <= pos[i]; p++) {
                 const uint16_t *vr = cache_row(c, c->v, seq[i], p, h / G);
                 for (int d = 0; d < D; d++) o[d] += sc[p] / sum * f16_to_f32(vr[d]);
             }
@@ -261,6 +263,9 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
     free(ref);
 }
 
+/* The sliding window the next check_config_of gives its cache (kern_cuda_kv_layer.window; 0: none). */
+static int test_window;
+
 /* Every position of every sequence (a prefill batch), and the last position of each (a decode batch); q8: the
  * device's cache in Q8_0 blocks. */
 static void check_config_of(int n_heads, int n_kv, int D, int bs, const int *len, int n_seqs, int q8,
@@ -271,6 +276,7 @@ static void check_config_of(int n_heads, int n_kv, int D, int bs, const int *len
         cache_init_q8(&c, n_heads, n_kv, D, bs, n_seqs, len);
     else
         cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    c.dev.window = test_window;
     int total = 0;
     for (int s = 0; s < n_seqs; s++) total += len[s];
     int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
@@ -344,6 +350,25 @@ Test(cuda_attention, q8_cache_bad_arguments)
     cudaFree(dq);
     cudaFree(dout);
     cache_free(&c);
+}
+
+/* Sliding-window layers (Gemma): windows of 1 position, shorter than a tile, between tiles and longer than
+ * most sequences, through the tensor-core (64, 128), tile (32, 96) and decode kernels, every variant. */
+Test(cuda_attention, sliding_window, .timeout = 600)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(77);
+    static const int wl[] = {1, 7, 129, 300};
+    static const int windows[] = {1, 5, 64, 100};
+    static const int dims[] = {64, 128, 32, 96};
+    for (int di = 0; di < 4; di++)
+        for (int wi = 0; wi < 4; wi++) {
+            char what[64];
+            snprintf(what, sizeof what, "window %d D %d", windows[wi], dims[di]);
+            test_window = windows[wi];
+            check_config(8, 2, dims[di], 16, wl, 4, what);
+            test_window = 0;
+        }
 }
 
 Test(cuda_attention, gqa1_d64)

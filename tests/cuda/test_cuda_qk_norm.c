@@ -1,4 +1,6 @@
-/* test_cuda_qk_norm — kern_cuda_qk_norm against kern_cpu_qk_norm_ref on random q|k|v rows at odd shapes:
+/* test_cuda_qk_norm — the CUDA kernels of the family ops (QK-norm, GeGLU) against their CPU references.
+ *
+ * kern_cuda_qk_norm against kern_cpu_qk_norm_ref on random q|k|v rows at odd shapes:
  * head sizes below, at and above a warp (and not multiples of it), GQA and MHA head counts, rows with padding
  * past the values (ld > row). The queries and keys must match within fp32 rounding of a sum of at most a few
  * hundred squares (|got - ref| <= 2e-6 |ref| + 1e-6); the values and the padding must be bitwise untouched.
@@ -57,4 +59,34 @@ Test(cuda_qk_norm, bad_arguments)
     cr_assert_eq(kern_cuda_qk_norm(NULL, 16, d, d, 1, 2, 1, 4, 1e-6f, 0), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cuda_qk_norm(d, 16, d, d, 0, 2, 1, 4, 1e-6f, 0), FERRY_OK, "no rows");
     cudaFree(d);
+}
+
+/* GeGLU: gelu_tanh(gate) * up against the double reference, odd widths, |x| up to 6 (tanh saturating). */
+Test(cuda_gelu_mul, odd_shapes)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(37);
+    static const int ms[] = {1, 3, 17}, ffns[] = {1, 33, 1000, 4099};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 4; b++) {
+            const int m = ms[a], ffn = ffns[b];
+            const size_t n = (size_t)m * ffn;
+            float *gu = host_rand(2 * n, -6, 6), *ref = malloc(n * 4), *got = malloc(n * 4);
+            for (int r = 0; r < m; r++) {
+                memcpy(ref + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, (size_t)ffn * 4);
+                kern_cpu_gelu_mul_ref(ref + (size_t)r * ffn, gu + (size_t)r * 2 * ffn + ffn, ffn);
+            }
+            float *dgu = dev_upload(gu, 2 * n * 4), *dh = dev_poison(n * 4);
+            cr_assert_eq(kern_cuda_gelu_mul(dh, dgu, m, ffn, 0), FERRY_OK);
+            dev_download(got, dh, n * 4);
+            for (size_t i = 0; i < n; i++)
+                cr_assert(isfinite(got[i]) && fabsf(got[i] - ref[i]) <= 1e-5f * fabsf(ref[i]) + 1e-6f,
+                          "m %d ffn %d [%zu]: %g, reference %g", m, ffn, i, got[i], ref[i]);
+            cudaFree(dgu);
+            cudaFree(dh);
+            free(gu);
+            free(ref);
+            free(got);
+        }
+    cr_assert_eq(kern_cuda_gelu_mul(NULL, NULL, 1, 1, 0), FERRY_ERR_INVALID);
 }

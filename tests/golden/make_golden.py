@@ -12,6 +12,10 @@ Models (odd sizes on purpose):
   llama3_gqa_f16    Llama-3 style: GQA 8/2, rope_scaling llama3, tied embeddings, theta 5e5, f16
   qwen2_bias_bf16   Qwen2: q/k/v biases, GQA 7/1, theta 1e6, bf16 (config in transformers 5's rope_parameters form)
   qwen3_qknorm_f32  Qwen3: QK-norm, GQA 6/2, head_dim 24 != hidden/heads, tied embeddings, theta 1e6, f32
+  gemma3_swa_f32    Gemma 3 text: 5 layers local/global with period 3 and a 16-position window (the 33- and
+                    200-token prompts exceed it), local base 1e4 / global 1e6 with linear scaling 2, QK-norm,
+                    sandwich norms, GeGLU, embeddings x sqrt(dim), query_pre_attn_scalar 40 != head_dim 32,
+                    GQA 4/2, untied, f32
 Run: python3 tests/golden/make_golden.py [NAME...]  (needs torch, transformers, safetensors; CI uses the
 committed output; with names, only those models are written)
 """
@@ -20,7 +24,8 @@ import os
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_GREEDY = 24
@@ -119,6 +124,15 @@ MODELS = {
         num_key_value_heads=2, head_dim=24, max_position_embeddings=1024, rms_norm_eps=1e-6,
         rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False, bos_token_id=1,
         eos_token_id=2), torch.float32, seed=41),
+    "gemma3_swa_f32": lambda: make("gemma3_swa_f32", Gemma3TextConfig, Gemma3ForCausalLM, dict(
+        vocab_size=283, hidden_size=72, intermediate_size=106, num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, rms_norm_eps=1e-6,
+        query_pre_attn_scalar=40, sliding_window=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, pad_token_id=0), torch.float32, seed=53),
 }
 
 

@@ -19,8 +19,7 @@ Test(ops, embed_every_dtype)
         const enum dtype t = types[ti];
         const size_t rb = dtype_row_size(t, d);
         uint8_t *table = malloc(rb * n_rows);
-        for (int r = 0; r < n_rows; r++)
-            cr_assert(dtype_from_f32(t, src + (size_t)r * d, table + rb * r, d));
+        for (int r = 0; r < n_rows; r++) cr_assert(dtype_from_f32(t, src + (size_t)r * d, table + rb * r, d));
         cr_assert_eq(kern_cpu_embed(x, table, t, n_rows, d, tok, 5), FERRY_OK);
         for (int i = 0; i < 5; i++) {
             cr_assert(dtype_to_f32(t, table + rb * tok[i], row, d));
@@ -220,4 +219,28 @@ Test(ops, silu_mul_and_add)
     memcpy(y0, y, sizeof y);
     kern_cpu_add(y, u, n);
     for (int i = 0; i < n; i++) cr_assert_eq(y[i], y0[i] + u[i]);
+}
+
+/* GeGLU against torch's gelu(approximate="tanh") formula evaluated in double (written out here, independent
+ * of kern_cpu_gelu_mul_ref), then the reference against the same; odd length, tails of tanh included. */
+Test(ops, gelu_mul)
+{
+    const int n = 1003;
+    float g[1003], g2[1003], u[1003], want[1003];
+    kt_seed(36);
+    kt_fill(g, n, -8.0f, 8.0f);
+    kt_fill(u, n, -3.0f, 3.0f);
+    g[0] = -30.0f, g[1] = 30.0f, g[2] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const double x = g[i], inner = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+        want[i] = (float)(0.5 * x * (1.0 + tanh(inner)) * u[i]);
+    }
+    memcpy(g2, g, sizeof g);
+    kern_cpu_gelu_mul(g, u, n);
+    kt_check_close("gelu_mul", g, want, n, 1e-6, 2e-6);
+    kern_cpu_gelu_mul_ref(g2, u, n);
+    kt_check_close("gelu_mul_ref", g2, want, n, 1e-7, 1e-7);
+    float x[7] = {1, -2, 3, -4, 5, -6, 7};
+    kern_cpu_scale(x, 0.5f, 7);
+    for (int i = 0; i < 7; i++) cr_assert_eq(x[i], (i % 2 ? -0.5f : 0.5f) * (float)(i + 1));
 }

@@ -237,12 +237,18 @@ Test(golden_hf, qwen3_qknorm_f32)
 {
     run_hf_golden("qwen3_qknorm_f32", 0, 0);
 }
+/* Gemma 3: the 33- and 200-token prompts run past the local layers' 16-position window. */
+Test(golden_hf, gemma3_swa_f32)
+{
+    run_hf_golden("gemma3_swa_f32", 0, 0);
+}
 Test(golden_hf, f16_kv_cache)
 {
     run_hf_golden("llama_mha_f32", 1, 2e-3);
     run_hf_golden("llama3_gqa_f16", 1, 2e-3);
     run_hf_golden("qwen2_bias_bf16", 1, 2e-3);
     run_hf_golden("qwen3_qknorm_f32", 1, 2e-3);
+    run_hf_golden("gemma3_swa_f32", 1, 2e-3);
 }
 /* The same references from GGUF files ferry writes (its metadata keys and tensor names for each family, as
  * llama.cpp's converter writes them). */
@@ -251,6 +257,7 @@ Test(golden_gguf, written_by_ferry)
     run_golden("llama_mha_f32", 0, 0, 1);
     run_golden("qwen2_bias_bf16", 0, 0, 1);
     run_golden("qwen3_qknorm_f32", 0, 0, 1);
+    run_golden("gemma3_swa_f32", 0, 0, 1); /* norms written as 1 + w, the window and scale keys */
 }
 
 static char *testdata_file(const char *rel)

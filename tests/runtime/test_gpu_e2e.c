@@ -30,12 +30,12 @@ static struct model_file *open_model(const char *path)
     return mf;
 }
 
-/* Set by a test before compare_backends: the engines quantize the model to Q8_0 at load, and their CPU
- * products take x in int8 blocks too (the GPU's arithmetic for block types). x still reaches each product
- * slightly differently on the two backends (f16 tiles in the GPU's prefill products, other reduction orders),
- * int8 rounding turns such differences into steps of 1/127 of a block's largest value, and these random tiny
- * models amplify that: measured on the H200 (2026-12-01) 2.2% of the largest logit (with f32 x on the
- * CPU 4.9%), against 0.1-0.4% for the unquantized models. The bound is 3e-2 there, 1e-2 otherwise. */
+/* Set by a test before compare_backends: the engines quantize the model to Q8_0 at load, and their CPU products
+ * take x in int8 blocks too (the GPU's arithmetic for block types). x still reaches each product slightly
+ * differently on the two backends (f16 tiles in the GPU's prefill products, other reduction orders), int8
+ * rounding turns such differences into steps of 1/127 of a block's largest value, and these random tiny models
+ * amplify that: measured on the H200 (2026-12-01) 2.2% of the largest logit (with
+ * f32 x on the CPU 4.9%), against 0.1-0.4% for the unquantized models. The bound is 3e-2 there, 1e-2 otherwise. */
 static int quant_int8;
 #define REL_TOL_INT8 3e-2
 /* Host layers stream unless a test says otherwise: the bitwise placement tests compare GPU-only plans. */
@@ -158,6 +158,13 @@ Test(gpu_e2e, qwen3_qknorm_f32_matches_cpu)
 {
     require_gpu();
     compare_backends(src_path("tests/golden/models/qwen3_qknorm_f32"), 33);
+}
+
+/* 200 positions through 16-position windows on the local layers (the tile kernel: head_dim 32). */
+Test(gpu_e2e, gemma3_swa_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/gemma3_swa_f32"), 200);
 }
 
 /* Q8_0 on both sides: the GPU's GEMV (decode) and Q8_0→f16 + tensor-core GEMM (prefill of 33 rows) against
@@ -553,8 +560,7 @@ Test(gpu_e2e, kv_pool_sized_to_budget)
     p.n_seqs = 1024;
     p.ctx_size = 4096;
     /* 1 GiB: the engine counts the device memory that appears between its first and second look (the CUDA
-     * runtime's and cuBLAS's own), which other test processes on the same GPU can inflate up to its 512 MiB
-     * cap. */
+     * runtime's and cuBLAS's own), which other test processes on the same GPU can inflate up to its 512 MiB cap. */
     p.gpu_memory = (int64_t)1 << 30;
     struct engine *e = NULL;
     char err[256] = "";

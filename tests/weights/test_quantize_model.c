@@ -197,7 +197,7 @@ static void check_logits(const char *what, const char *type, const float *got, c
 Test(quantize_model, hf_tiny_models_against_transformers, .timeout = 120)
 {
     static const char *const models[] = {"llama3_gqa_f16", "llama_mha_f32", "qwen2_bias_bf16",
-                                         "qwen3_qknorm_f32"};
+                                         "qwen3_qknorm_f32", "gemma3_swa_f32"};
     static const struct tol tols[] = {{"F32", 0}, {"Q8_0", 0.06}, {"Q4_K_M", 0.35}, {"Q4_0", 0.6}};
     for (int mi = 0; mi < (int)(sizeof models / sizeof models[0]); mi++) {
         char dir[4096], gold[4096], out[4096], name[96];

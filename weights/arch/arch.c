@@ -6,14 +6,11 @@
 
 #include "weights/model_file.h"
 
-extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
+extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3;
 
 /* The table: one line per family, in the order messages list them. */
 static const struct arch_family *const families[] = {
-    &arch_llama,
-    &arch_mistral,
-    &arch_qwen2,
-    &arch_qwen3,
+    &arch_llama, &arch_mistral, &arch_qwen2, &arch_qwen3, &arch_gemma3,
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -78,6 +75,8 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     switch (role) {
     case ARCH_ROLE_ATTN_NORM:
     case ARCH_ROLE_FFN_NORM:
+    case ARCH_ROLE_POST_ATTN_NORM:
+    case ARCH_ROLE_POST_FFN_NORM:
     case ARCH_ROLE_BO:
         ne[0] = dim;
         return 1;

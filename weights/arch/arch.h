@@ -17,24 +17,29 @@
 #include "weights/arch/program.h"
 
 struct llm_hparams;
+struct gguf;
+struct gguf_writer;
+struct json_t;
 
 /* What a per-layer tensor is; its shape follows from the role and the hyperparameters (arch_role_shape). */
 enum arch_role {
-    ARCH_ROLE_ATTN_NORM, /* (dim) */
-    ARCH_ROLE_WQ,        /* (q_dim, dim) */
-    ARCH_ROLE_WK,        /* (kv_dim, dim) */
-    ARCH_ROLE_WV,        /* (kv_dim, dim) */
-    ARCH_ROLE_WO,        /* (dim, q_dim) */
-    ARCH_ROLE_BQ,        /* (q_dim) */
-    ARCH_ROLE_BK,        /* (kv_dim) */
-    ARCH_ROLE_BV,        /* (kv_dim) */
-    ARCH_ROLE_BO,        /* (dim): mapped from HF, not read by any program yet */
-    ARCH_ROLE_Q_NORM,    /* (head_dim) */
-    ARCH_ROLE_K_NORM,    /* (head_dim) */
-    ARCH_ROLE_FFN_NORM,  /* (dim) */
-    ARCH_ROLE_W_GATE,    /* (ffn, dim) */
-    ARCH_ROLE_W_UP,      /* (ffn, dim) */
-    ARCH_ROLE_W_DOWN,    /* (dim, ffn) */
+    ARCH_ROLE_ATTN_NORM,      /* (dim) */
+    ARCH_ROLE_WQ,             /* (q_dim, dim) */
+    ARCH_ROLE_WK,             /* (kv_dim, dim) */
+    ARCH_ROLE_WV,             /* (kv_dim, dim) */
+    ARCH_ROLE_WO,             /* (dim, q_dim) */
+    ARCH_ROLE_BQ,             /* (q_dim) */
+    ARCH_ROLE_BK,             /* (kv_dim) */
+    ARCH_ROLE_BV,             /* (kv_dim) */
+    ARCH_ROLE_BO,             /* (dim): mapped from HF, not read by any program yet */
+    ARCH_ROLE_Q_NORM,         /* (head_dim) */
+    ARCH_ROLE_K_NORM,         /* (head_dim) */
+    ARCH_ROLE_FFN_NORM,       /* (dim) */
+    ARCH_ROLE_POST_ATTN_NORM, /* (dim) */
+    ARCH_ROLE_POST_FFN_NORM,  /* (dim) */
+    ARCH_ROLE_W_GATE,         /* (ffn, dim) */
+    ARCH_ROLE_W_UP,           /* (ffn, dim) */
+    ARCH_ROLE_W_DOWN,         /* (dim, ffn) */
     ARCH_N_ROLES
 };
 
@@ -54,6 +59,9 @@ struct arch_tensor {
 
 struct arch_family {
     const char *name;                  /* for messages: "llama" */
+    const char *title;                 /* for listings: "Llama 2 / 3 / 3.x, SmolLM, TinyLlama" */
+    const char *sizes;                 /* the sizes people run: "1B-70B" */
+    const char *notes;                 /* what is special about it, one line */
     const char *const *gguf_names;     /* general.architecture values it answers to; NULL-terminated */
     const char *const *hf_classes;     /* config.json architectures[0]; NULL-terminated */
     const char *const *hf_types;       /* config.json model_type (read when there is no architectures) */
@@ -68,6 +76,14 @@ struct arch_family {
      */
     int (*is_70b)(const struct llm_hparams *hp);
     const char *chat_template; /* builtin template (runtime/chat_template.h) when the file has none */
+    const char *hf_act;        /* config.json hidden_act/hidden_activation it runs; NULL: "silu" */
+    float hf_norm_shift; /* HF stores norm weights minus this (Gemma: 1; llama.cpp's GGUF adds it back) */
+    /* Hyperparameters beyond the common ones (NULL: none), after those are read. GGUF: from g's {arch}.*
+     * keys; HF: from config.json's object; the writer: the keys llama.cpp's converter adds for the family.
+     * FERRY_OK or a status with err naming the key. */
+    int (*gguf_hparams)(const struct gguf *g, struct llm_hparams *hp, char *err);
+    int (*hf_hparams)(struct json_t *config, struct llm_hparams *hp, char *err);
+    int (*gguf_write)(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

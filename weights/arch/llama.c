@@ -33,6 +33,9 @@ int arch_llama_is_70b(const struct llm_hparams *hp)
 
 const struct arch_family arch_llama = {
     .name = "llama",
+    .title = "Llama 2 / 3 / 3.1-3.3, SmolLM, TinyLlama",
+    .sizes = "135M-70B",
+    .notes = "the reference block: RMSNorm, SwiGLU, GQA; Llama 3 rope scaling; GGUF q/k rows interleaved",
     .gguf_names = (const char *const[]){"llama", NULL},
     .hf_classes = (const char *const[]){"LlamaForCausalLM", NULL},
     .hf_types = (const char *const[]){"llama", NULL},

@@ -9,6 +9,9 @@ static const struct arch_tensor mistral_tensors[] = {ARCH_LLAMA_TENSORS};
 
 const struct arch_family arch_mistral = {
     .name = "mistral",
+    .title = "Mistral 7B, Mistral Nemo",
+    .sizes = "7B-12B",
+    .notes = "the Llama block; the config's `sliding_window` is ignored (full attention)",
     .gguf_names = (const char *const[]){"mistral", NULL},
     .hf_classes = (const char *const[]){"MistralForCausalLM", NULL},
     .hf_types = (const char *const[]){"mistral", NULL},

@@ -19,7 +19,7 @@ enum layer_act {
     LACT_ATT, /* (q_dim) attention output */
     LACT_D,   /* (dim) a block's output, added to x by the next LOP_ADD_NORM */
     LACT_GU,  /* (2 ffn) the gate|up product */
-    LACT_H,   /* (ffn) silu(gate) * up */
+    LACT_H,   /* (ffn) act(gate) * up */
 };
 
 enum layer_op_kind {
@@ -30,6 +30,9 @@ enum layer_op_kind {
     LOP_SILU_MUL,  /* out = silu(in's gate half) * in's up half */
     LOP_QK_NORM,   /* in place on q|k|v: each query head = rmsnorm(head) * norm[LAYER_Q_NORM] (head_dim), each
                     * key head likewise with norm[LAYER_K_NORM]; values untouched (Qwen3, Gemma 3) */
+    LOP_NORM,      /* out = rmsnorm(in) * norm[arg], in place allowed; a pending D stays pending (sandwich
+                    * norms: Gemma's post-attention and post-FFN norms) */
+    LOP_GELU_MUL,  /* out = gelu_tanh(in's gate half) * in's up half (Gemma's GeGLU) */
 };
 
 struct layer_op {
@@ -46,8 +49,16 @@ struct layer_program {
 
 /* Matrix groups: q|k|v, o, gate|up, down. */
 enum { LAYER_QKV, LAYER_O, LAYER_GU, LAYER_DOWN, LAYER_N_MATS };
-/* Norm vectors: the two block norms (dim) and the per-head q and k norms (head_dim; absent in most
- * families). */
-enum { LAYER_ATTN_NORM, LAYER_FFN_NORM, LAYER_Q_NORM, LAYER_K_NORM, LAYER_N_NORMS };
+/* Norm vectors: the two block norms (dim), the per-head q and k norms (head_dim) and the post-attention and
+ * post-FFN norms (dim); all but the first two are absent in most families. */
+enum {
+    LAYER_ATTN_NORM,
+    LAYER_FFN_NORM,
+    LAYER_Q_NORM,
+    LAYER_K_NORM,
+    LAYER_POST_ATTN_NORM,
+    LAYER_POST_FFN_NORM,
+    LAYER_N_NORMS
+};
 
 #endif

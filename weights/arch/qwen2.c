@@ -14,6 +14,9 @@ static int qwen2_is_70b(const struct llm_hparams *hp)
 
 const struct arch_family arch_qwen2 = {
     .name = "qwen2",
+    .title = "Qwen2, Qwen2.5",
+    .sizes = "0.5B-72B",
+    .notes = "q/k/v biases; rotate-half rotary in GGUF too",
     .gguf_names = (const char *const[]){"qwen2", NULL},
     .hf_classes = (const char *const[]){"Qwen2ForCausalLM", NULL},
     .hf_types = (const char *const[]){"qwen2", NULL},

@@ -31,6 +31,9 @@ static const struct arch_tensor qwen3_tensors[] = {
 
 const struct arch_family arch_qwen3 = {
     .name = "qwen3",
+    .title = "Qwen3 (dense)",
+    .sizes = "0.6B-32B",
+    .notes = "per-head QK-norm, explicit head_dim; `<think>` reasoning, Hermes `<tool_call>` tools",
     .gguf_names = (const char *const[]){"qwen3", NULL},
     .hf_classes = (const char *const[]){"Qwen3ForCausalLM", NULL},
     .hf_types = (const char *const[]){"qwen3", NULL},
