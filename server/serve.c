@@ -431,7 +431,8 @@ int serve_main(int argc, char **argv)
         goto out_mutex;
     }
     page_url(S->opt.host, http_server_port(S->http), S->page_url, sizeof S->page_url);
-    FLOG_INFO("listening on %s (model %s loading in the background)", S->page_url, S->model_name);
+    FLOG_INFO("listening on http://%s:%d (model %s loading in the background)", S->opt.host,
+              http_server_port(S->http), S->model_name);
     if (S->names.n > 1) {
         char also[4 * MODEL_NAME_LEN] = "";
         for (int i = 1; i < S->names.n; i++)
