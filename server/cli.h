@@ -12,6 +12,8 @@ int cli_inspect_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 int cli_quantize_main(int argc, char **argv);
 int cli_chat_main(int argc, char **argv);
+int cli_pull_main(int argc, char **argv);
+int cli_list_main(int argc, char **argv);
 
 /* Installs the stderr log sink. */
 void cli_log_init(enum log_level level);

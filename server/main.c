@@ -82,6 +82,8 @@ static void usage(FILE *f)
                "  serve     OpenAI-compatible HTTP server (ferry serve --help)\n"
                "  run       one generation from the command line (ferry run --help)\n"
                "  chat      an interactive chat in the terminal (ferry chat --help)\n"
+               "  pull      download a GGUF model from a Hugging Face hub (ferry pull OWNER/REPO[:QUANT])\n"
+               "  list      the models ferry pull downloaded\n"
                "  inspect   model metadata and the placement plan (ferry inspect --help)\n"
                "  bench     prefill/decode throughput (ferry bench --help)\n"
                "  quantize  write a quantized GGUF (ferry quantize --help)\n"
@@ -100,6 +102,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return cli_bench_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cli_quantize_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return cli_chat_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pull")) return cli_pull_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "list")) return cli_list_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) {
 #ifdef FERRY_SERVER
         return serve_main(argc - 1, argv + 1);

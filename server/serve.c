@@ -46,13 +46,25 @@
 
 /* ---- lifecycle ---- */
 
+/* Load progress as log lines (a server's stderr is a journal or a file as often as a terminal): one at each
+ * quarter. user: the last quarter logged, -1 before any. */
+static void on_load_progress(uint64_t done, uint64_t total, void *user)
+{
+    int *last = user;
+    if (!total) return;
+    int quarter = (int)((done < total ? done : total) * 4 / total);
+    if (quarter <= *last) return;
+    *last = quarter;
+    FLOG_INFO("loading model: %d%% (%llu / %llu MiB)", quarter * 25, (unsigned long long)(done >> 20),
+              (unsigned long long)(total >> 20));
+}
+
 static void loader_main(void *arg)
 {
     struct server *S = arg;
     char err[256] = "";
-    struct cli_progress prog;
-    cli_progress_init(&prog);
-    int rc = model_file_open(S->opt.model, &S->mf, cli_progress, &prog, err);
+    int last_quarter = -1;
+    int rc = model_file_open(S->opt.model, &S->mf, on_load_progress, &last_quarter, err);
     if (rc) {
         snprintf(S->load_err, sizeof S->load_err, "cannot open model %s: %.180s (%s)", S->opt.model, err,
                  ferry_status_str(rc));
@@ -489,7 +501,8 @@ int serve_main(int argc, char **argv)
         goto out_mutex;
     }
     page_url(S->opt.host, http_server_port(S->http), S->page_url, sizeof S->page_url);
-    FLOG_INFO("listening on %s (model %s loading in the background)", S->page_url, S->model_name);
+    FLOG_INFO("listening on http://%s:%d (model %s loading in the background)", S->opt.host,
+              http_server_port(S->http), S->model_name);
     if (S->names.n > 1) {
         char also[4 * MODEL_NAME_LEN] = "";
         for (int i = 1; i < S->names.n; i++)
