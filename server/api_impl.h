@@ -51,6 +51,13 @@ int api_parse_responses(const struct api_ctx *a, const char *body, size_t len, s
 /* /v1/embeddings (embeddings.c). */
 int api_parse_embeddings(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
                          struct api_err *e);
+/* /v1/messages (anthropic.c): the request becomes a chat; the answer is an Anthropic message. */
+int api_parse_anthropic(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
+                        struct api_err *e);
+char *api_anthropic_full(const struct api_ctx *a, struct sreq *r, size_t *len);
+void api_anthropic_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
+/* Anthropic's error type for a status ("invalid_request_error", "overloaded_error", ...). */
+const char *api_anthropic_error_type(int status);
 char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 char *api_responses_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 void api_responses_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);

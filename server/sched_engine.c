@@ -40,6 +40,7 @@ static void process_row(struct sched *s, struct choice *c, float *row)
     float *raw = s->scratch + (size_t)(row - s->logits); /* the unconstrained row, for logprobs */
     seq_output_step(&c->out, row, raw);
     c->fin = c->out.fin;
+    c->stop_hit = c->out.stop_hit;
 }
 
 /* With mu held: the running choice at run[i] leaves its slot (KV blocks freed now). */
@@ -192,6 +193,7 @@ void sched_sample_row(void *arg, int i)
         memcpy(lp.top_lp, d->top_lp, (size_t)d->n_top * sizeof *lp.top_lp);
         seq_output_drawn(&c->out, d->token, c->out.p.logprobs >= 0 ? &lp : NULL);
         c->fin = c->out.fin;
+        c->stop_hit = c->out.stop_hit;
     } else {
         process_row(s, c, s->logits + (size_t)at * s->n_vocab);
     }
