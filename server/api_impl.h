@@ -56,6 +56,9 @@ int api_parse_anthropic(const struct api_ctx *a, const char *body, size_t len, s
                         struct api_err *e);
 char *api_anthropic_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 void api_anthropic_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
+/* llama-server's /completion answers (llama_api.c). */
+char *api_llama_full(const struct api_ctx *a, struct sreq *r, size_t *len);
+void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
 /* Anthropic's error type for a status ("invalid_request_error", "overloaded_error", ...). */
 const char *api_anthropic_error_type(int status);
 char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len);

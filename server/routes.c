@@ -241,6 +241,38 @@ static int parse_count_tokens(struct hreq *h)
     return api_anthropic_count_tokens(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
 }
 
+static int parse_llama_completion(struct hreq *h)
+{
+    return api_parse_llama(&h->S->api, 0, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_infill(struct hreq *h)
+{
+    return api_parse_llama(&h->S->api, 1, h->body, h->body_len, &h->req, &h->err);
+}
+
+/* GET /props and GET /slots: llama-server's views of the server and of its slots. */
+static void get_llama(struct hreq *h, const char *path)
+{
+    struct server *S = h->S;
+    struct api_llama_info info = {S->opt.parallel, S->opt.model};
+    size_t len = 0;
+    char *b = NULL;
+    api_oom_reset();
+    if (!strcmp(path, "/props")) {
+        b = api_llama_props(&S->api, &info, &len);
+    } else {
+        struct sched_seq seqs[256];
+        int n = sched_describe(S->sched, seqs, 256);
+        b = api_llama_slots(&S->api, &info, seqs, n < 256 ? n : 256, &len);
+    }
+    if (api_oom_seen()) {
+        free(b);
+        b = NULL;
+    }
+    hreq_respond_json(h, 200, b, len);
+}
+
 static int parse_apply_template(struct hreq *h)
 {
     return api_apply_template(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
@@ -266,6 +298,10 @@ static const struct route routes[] = {
     {"/embeddings", "POST", 0, 1, NULL, parse_embeddings, DIALECT_OPENAI},
     {"/tokenize", "POST", 0, 1, NULL, parse_tokenize, DIALECT_OPENAI},
     {"/detokenize", "POST", 0, 1, NULL, parse_detokenize, DIALECT_OPENAI},
+    {"/completion", "POST", 0, 1, NULL, parse_llama_completion, DIALECT_OPENAI},
+    {"/infill", "POST", 0, 1, NULL, parse_infill, DIALECT_OPENAI},
+    {"/props", "GET", 0, 1, get_llama, NULL, DIALECT_OPENAI},
+    {"/slots", "GET", 0, 1, get_llama, NULL, DIALECT_OPENAI},
     {"/apply-template", "POST", 0, 1, NULL, parse_apply_template, DIALECT_OPENAI},
     /* the web page and its live view */
     {"/", "GET", 0, 0, get_web, NULL, DIALECT_OPENAI},

@@ -356,6 +356,7 @@ static void publish_rows_locked(struct sched *s, struct choice *const *owner, in
         struct sreq *r = c->req;
         const int first = c->out.n_gen == 1;
         metrics_token_out(s->m, first, first ? t - r->t_arrival : t - c->t_last);
+        if (first) c->t_first = t;
         c->t_last = t;
         if (c->out.release) {
             if (buf_append(&c->text, &c->text_len, &c->text_cap, c->out.hold, c->out.release)) {

@@ -50,6 +50,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
     struct seq_output out; /* sampling, grammar, detokenization, stop strings, logprobs (seq_output.h) */
     double t_last;
+    double t_first; /* when its first token was published (sched_now), 0 before */
     int chunk;       /* prompt tokens in the current step */
     const char *fin; /* finish decided in this step */
     int e_at;        /* SREQ_EMBED: this step's first output row */
