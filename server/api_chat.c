@@ -684,10 +684,19 @@ int api_output_constraints(const struct api_ctx *a, struct sreq *r, json_t *o, s
         if (refuse_with_tools(r, "json_schema", e)) return e->status;
         if (schema_constrain(r, js, "json_schema", e)) return e->status;
     }
-    json_t *g = json_object_get(o, "grammar");
-    if (g && !json_is_null(g)) /* refused rather than ignored: an unconstrained answer would look valid */
-        FAIL(FERRY_ERR_UNSUPPORTED, "grammar",
-             "'grammar' (GBNF) is not supported; constrain the output with 'json_schema' or "
-             "'response_format'");
+    json_t *g = json_object_get(o, "grammar"); /* llama-server's GBNF */
+    if (g && !json_is_null(g)) {
+        if (!json_is_string(g)) FAIL(FERRY_ERR_INVALID, "grammar", "'grammar' must be a string (GBNF)");
+        if (refuse_with_tools(r, "grammar", e)) return e->status;
+        char err[256] = "";
+        int rc = grammar_gbnf(json_string_value(g), json_string_length(g), &r->grammar, err);
+        if (rc) {
+            e->status = rc == FERRY_ERR_NOMEM ? rc : rc == FERRY_ERR_UNSUPPORTED ? rc : FERRY_ERR_INVALID;
+            e->param = "grammar";
+            snprintf(e->msg, sizeof e->msg, "grammar: %.230s", err);
+            return e->status;
+        }
+        r->reasoning = 0;
+    }
     return 0;
 }

@@ -74,7 +74,7 @@ int api_response_format(const struct api_ctx *a, struct sreq *r, json_t *j, cons
                         struct api_err *e);
 
 /* The output constraints of a completions or chat request: response_format, llama-server's top-level
- * json_schema, grammar (refused). (api_chat.c) */
+ * json_schema, and its GBNF grammar. (api_chat.c) */
 int api_output_constraints(const struct api_ctx *a, struct sreq *r, json_t *o, struct api_err *e);
 
 /* One choice's output split for the client: reasoning, content and tool calls (api_render.c). */

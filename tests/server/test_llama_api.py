@@ -143,10 +143,28 @@ def test_json_schema_and_defaults(server):
     assert gs["top_p"] == pytest.approx(0.95) and gs["min_p"] == pytest.approx(0.05) and gs["seed"] == 3
 
 
+def test_grammar(server):
+    """GBNF constrains /completion, /v1/completions and chat alike (the language checked with a regex here)."""
+    import re
+    g = 'root ::= ("yes" | "no") ", " [a-z]{2,5} ("!" | ".")\n'
+    for path, extra in [("/completion", {"prompt": "Once", "n_predict": 20}),
+                        ("/v1/completions", {"prompt": "Once", "max_tokens": 20}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20})]:
+        for seed in (1, 2, 3):
+            st, _, out = post(server.url + path, dict(extra, grammar=g, seed=seed, temperature=1.0))
+            assert st == 200, out
+            text = out["content"] if "content" in out else (
+                out["choices"][0]["text"] if "text" in out["choices"][0] else out["choices"][0]["message"]["content"])
+            assert re.fullmatch(r"(yes|no), [a-z]{2,5}[!.]", text), text
+    st, _, out = post(server.url + "/completion", {"prompt": "x", "grammar": 'root ::= "a"\nb ::= [c\n'})
+    assert_error(st, out, 400, "grammar")
+    assert "line 2" in out["error"]["message"]
+
+
 @pytest.mark.parametrize("field,value", [("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8),
                                          ("xtc_probability", 0.5), ("samplers", ["top_k"]), ("id_slot", 1),
-                                         ("post_sampling_probs", True), ("grammar", "root ::= \"a\""),
-                                         ("n_probs", 500), ("n_predict", "8")])
+                                         ("post_sampling_probs", True), ("n_probs", 500), ("n_predict", "8"),
+                                         ("grammar", "root ::= undefined-rule"), ("grammar", 5)])
 def test_unsupported_fields_refused_by_name(server, field, value):
     st, _, out = post(server.url + "/completion", {"prompt": "x", "n_predict": 2, field: value})
     assert_error(st, out, 400, field)
