@@ -30,9 +30,10 @@ static const struct {
     const char *name;
     double dflt;
 } llama_fixed[] = {
-    {"typical_p", 1.0},    {"mirostat", 0.0},       {"dry_multiplier", 0.0},   {"xtc_probability", 0.0},
-    {"top_n_sigma", -1.0}, {"dynatemp_range", 0.0}, {"n_keep", 0.0},           {"n_discard", 0.0},
-    {"id_slot", -1.0},     {"n_indent", 0.0},       {"t_max_predict_ms", 0.0}, {"n_cmpl", 1.0},
+    {"typical_p", 1.0},       {"adaptive_target", -1.0}, {"mirostat", 0.0},       {"dry_multiplier", 0.0},
+    {"xtc_probability", 0.0}, {"top_n_sigma", -1.0},     {"dynatemp_range", 0.0}, {"n_keep", 0.0},
+    {"n_discard", 0.0},       {"id_slot", -1.0},         {"n_indent", 0.0},       {"t_max_predict_ms", 0.0},
+    {"n_cmpl", 1.0},
 };
 /* ... and booleans that must be false. */
 static const char *const llama_off[] = {"post_sampling_probs", "timings_per_token", "return_progress",
@@ -226,8 +227,38 @@ static int infill_prompt(const struct api_ctx *a, json_t *o, json_t **out, struc
     return 0;
 }
 
-/* llama-server's logit_bias: {"id": bias} or [[id or text, bias or false], ...] (false bans the token; text
- * biases each of its tokens) → OpenAI's object. */
+/* llama-server's logit_bias: {"id" or "text": bias} or [[id or text, bias or false], ...] (false bans the
+ * token; text biases each of its tokens) → OpenAI's object. */
+static int bias_entry(const struct api_ctx *a, json_t *what, json_t *bias, json_t *obj, struct api_err *e)
+{
+    if (!(json_is_number(bias) || json_is_false(bias)))
+        FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias values must be numbers or false");
+    double b = json_is_false(bias) ? -100 : json_number_value(bias);
+    b = b < -100 ? -100 : b > 100 ? 100 : b;
+    json_t *ids = json_array();
+    if (json_is_integer(what)) {
+        json_array_append(ids, what);
+    } else if (json_is_string(what)) {
+        if (add_text(a, json_string_value(what), json_string_length(what), 0, ids, e)) {
+            json_decref(ids);
+            return e->status;
+        }
+    } else {
+        json_decref(ids);
+        FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias keys must be token ids or strings");
+    }
+    size_t k;
+    json_t *id;
+    json_array_foreach(ids, k, id)
+    {
+        char key[24];
+        snprintf(key, sizeof key, "%lld", (long long)json_integer_value(id));
+        json_object_set_new(obj, key, json_real(b));
+    }
+    json_decref(ids);
+    return 0;
+}
+
 static int convert_bias(const struct api_ctx *a, json_t *lb, json_t *dst, struct api_err *e)
 {
     if (!lb || json_is_null(lb)) return 0;
@@ -238,11 +269,12 @@ static int convert_bias(const struct api_ctx *a, json_t *lb, json_t *dst, struct
         json_t *v;
         json_object_foreach(lb, k, v)
         {
-            if (json_is_false(v))
-                v = json_real(-100);
-            else
-                json_incref(v);
-            json_object_set_new(obj, k, v);
+            char *end;
+            long long id = strtoll(k, &end, 10);
+            json_t *what = *k && !*end ? json_integer(id) : json_string(k);
+            int rc = bias_entry(a, what, v, obj, e);
+            json_decref(what);
+            if (rc) return rc;
         }
         return 0;
     }
@@ -252,34 +284,10 @@ static int convert_bias(const struct api_ctx *a, json_t *lb, json_t *dst, struct
     json_t *pair;
     json_array_foreach(lb, i, pair)
     {
-        json_t *what = json_array_get(pair, 0), *bias = json_array_get(pair, 1);
-        if (!json_is_array(pair) || json_array_size(pair) != 2 ||
-            !(json_is_number(bias) || json_is_false(bias)))
+        if (!json_is_array(pair) || json_array_size(pair) != 2)
             FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias[%zu] must be [token id or text, bias or false]",
                  i);
-        double b = json_is_false(bias) ? -100 : json_number_value(bias);
-        b = b < -100 ? -100 : b > 100 ? 100 : b;
-        json_t *ids = json_array();
-        if (json_is_integer(what)) {
-            json_array_append(ids, what);
-        } else if (json_is_string(what)) {
-            if (add_text(a, json_string_value(what), json_string_length(what), 0, ids, e)) {
-                json_decref(ids);
-                return e->status;
-            }
-        } else {
-            json_decref(ids);
-            FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias[%zu][0] must be a token id or a string", i);
-        }
-        size_t k;
-        json_t *id;
-        json_array_foreach(ids, k, id)
-        {
-            char key[24];
-            snprintf(key, sizeof key, "%lld", (long long)json_integer_value(id));
-            json_object_set_new(obj, key, json_real(b));
-        }
-        json_decref(ids);
+        if (bias_entry(a, json_array_get(pair, 0), json_array_get(pair, 1), obj, e)) return e->status;
     }
     return 0;
 }
@@ -384,6 +392,8 @@ int api_parse_llama(const struct api_ctx *a, int infill, const char *body, size_
             "ignore_eos", r->ignore_eos, "cache_prompt", cache_prompt, "grammar", "", "typical_p", 1.0,
             "mirostat", 0, "dry_multiplier", 0.0, "xtc_probability", 0.0, "top_n_sigma", -1.0, "n_keep", 0,
             "repeat_last_n", -1, "samplers", "penalties", "temperature", "top_k", "top_p", "min_p");
+        json_object_set_new(gs, "adaptive_target", json_real(-1.0));
+        json_object_set_new(gs, "adaptive_decay", json_real(0.9));
         json_t *stops = json_array();
         for (int i = 0; i < r->n_stops; i++) json_array_append_new(stops, json_string(r->stops[i]));
         json_object_set_new(gs, "stop", stops);
@@ -567,17 +577,19 @@ void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *ou
         struct choice *c = &r->choices[i];
         if (c->finish_sent) continue;
         /* new tokens (and the text they released) since the last chunk */
-        if (c->n_lps > c->lps_sent || c->text_len > c->sent) {
+        /* one chunk per new token, as llama-server sends them; the text released since the last chunk rides
+         * on the last one (text that may still become a stop string is held back until it cannot) */
+        for (int k = c->lps_sent; k < c->n_lps || (k == c->lps_sent && c->text_len > c->sent); k++) {
+            const int last = k + 1 >= c->n_lps, to = k < c->n_lps ? k + 1 : k;
             json_t *o = json_pack("{s:i,s:o,s:o,s:b,s:i,s:i,s:i}", "index", c->index, "content",
-                                  api_jstr(c->text + c->sent, c->text_len - c->sent), "tokens",
-                                  token_ids(c, c->lps_sent, c->n_lps), "stop", 0, "id_slot", -1,
-                                  "tokens_predicted", c->n_completion, "tokens_evaluated", c->n_prompt);
-            if (r->logprobs > 0)
-                json_object_set_new(o, "completion_probabilities", probs_json(a, c, c->lps_sent, c->n_lps));
+                                  last ? api_jstr(c->text + c->sent, c->text_len - c->sent) : json_string(""),
+                                  "tokens", token_ids(c, k, to), "stop", 0, "id_slot", -1, "tokens_predicted",
+                                  c->n_completion - (c->n_lps - to), "tokens_evaluated", c->n_prompt);
+            if (r->logprobs > 0) json_object_set_new(o, "completion_probabilities", probs_json(a, c, k, to));
             chunk(out, o);
-            c->sent = c->text_len;
-            c->lps_sent = c->n_lps;
+            if (last) c->sent = c->text_len;
         }
+        c->lps_sent = c->n_lps;
         if (c->state == CHOICE_DONE) {
             if (!echo) echo = json_loads(r->echo_json ? r->echo_json : "{}", 0, NULL);
             if (r->cancelled || r->error) {
