@@ -36,6 +36,9 @@ void grammar_free(struct grammar *g);
  * newline and then spaces or tabs, unless any_ws (any of the four JSON whitespace bytes, in any order). */
 int grammar_json_object(struct grammar **out, int ws, int any_ws, char err[256]);
 
+/* A GBNF grammar (llama.cpp's format, runtime/grammar_gbnf.c) from len bytes of text; errors name the line. */
+int grammar_gbnf(const char *src, size_t len, struct grammar **out, char err[256]);
+
 /* ---- states ---- */
 struct gstate *grammar_state_new(const struct grammar *g); /* the initial state; NULL when out of memory */
 void grammar_state_free(struct gstate *st);

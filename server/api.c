@@ -431,6 +431,7 @@ int api_parse_request(const struct api_ctx *a, enum sreq_kind kind, const char *
     memset(e, 0, sizeof *e);
     if (kind == SREQ_RESPONSES) return api_parse_responses(a, body, len, out, e);
     if (kind == SREQ_EMBED) return api_parse_embeddings(a, body, len, out, e);
+    if (kind == SREQ_ANTHROPIC) return api_parse_anthropic(a, body, len, out, e);
     json_t *o = api_load_object(body, len, e);
     if (!o) return e->status;
     int rc = api_parse_object(a, kind, o, out, e);
@@ -624,6 +625,7 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     api_make_id(r->id, sizeof r->id,
                 kind == SREQ_CHAT        ? "chatcmpl-"
                 : kind == SREQ_RESPONSES ? "resp_"
+                : kind == SREQ_ANTHROPIC ? "msg_"
                                          : "cmpl-");
     r->created = (long long)time(NULL);
     r->t_arrival = sched_now();

@@ -89,6 +89,25 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len);
  * once `data: [DONE]` has been appended. */
 void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
 
+/* Anthropic's Messages API (anthropic.c): POST /v1/messages/count_tokens's answer, and the error body
+ * {"type": "error", "error": {"type", "message"}} that the /v1/messages routes answer with. */
+int api_anthropic_count_tokens(const struct api_ctx *a, const char *body, size_t len, char **out,
+                               size_t *out_len, struct api_err *e);
+char *api_anthropic_error_body(int status, const char *msg, size_t *len);
+
+/* llama-server's native endpoints (llama_api.c): POST /completion and /infill parse into a request answered
+ * in llama-server's shape; GET /props and GET /slots. */
+struct api_llama_info {
+    int n_slots;            /* --parallel */
+    const char *model_path; /* as given */
+};
+struct sched_seq;
+int api_parse_llama(const struct api_ctx *a, int infill, const char *body, size_t len, struct sreq **out,
+                    struct api_err *e);
+char *api_llama_props(const struct api_ctx *a, const struct api_llama_info *info, size_t *len);
+char *api_llama_slots(const struct api_ctx *a, const struct api_llama_info *info,
+                      const struct sched_seq *seqs, int n_seqs, size_t *len);
+
 /* /v1/models, /tokenize, /detokenize bodies. */
 char *api_models_body(const struct api_ctx *a, const char *only_id, size_t *len);
 int api_tokenize(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,

@@ -328,6 +328,10 @@ static int convert_messages(json_t *msgs, int as_objects, int generic, const cha
             if (json_is_string(tcid)) json_object_set(o, "tool_call_id", tcid);
             if (json_is_string(name)) json_object_set(o, "name", name);
         }
+        json_t *reasoning = json_object_get(m, "reasoning_content"); /* earlier thinking, for templates that
+                                                                      * render it (Qwen3, DeepSeek) */
+        if (json_is_string(reasoning) && !strcmp(role, "assistant"))
+            json_object_set(o, "reasoning_content", reasoning);
         free(content);
         json_array_append_new(res, o);
     }
@@ -369,8 +373,8 @@ static int has_tool_history(json_t *msgs)
 
 /* Renders once: arguments as objects, or as strings. */
 static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools *t, int tools_active,
-                       int generic, int as_objects, int add_gen, char **out, size_t *len, char terr[256],
-                       struct api_err *e)
+                       int generic, int as_objects, int add_gen, json_t *kwargs, char **out, size_t *len,
+                       char terr[256], struct api_err *e)
 {
     struct strbuf sys = {0};
     if (generic && tools_active) tools_system_text(t, &sys);
@@ -380,17 +384,19 @@ static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools
     if (rc) return rc;
     char *mj = json_dumps(conv, JSON_COMPACT);
     char *tj = tools_active && !generic ? json_dumps(t->arr, JSON_COMPACT) : NULL;
+    char *ej = kwargs ? json_dumps(kwargs, JSON_COMPACT) : NULL;
     json_decref(conv);
-    if (!mj || (tools_active && !generic && !tj)) {
+    if (!mj || (tools_active && !generic && !tj) || (kwargs && !ej)) {
         free(mj);
         free(tj);
+        free(ej);
         FAIL(FERRY_ERR_NOMEM, NULL, "out of memory");
     }
-    struct chat_render in = {
-        mj, tj, NULL, add_gen, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : ""};
+    struct chat_render in = {mj, tj, ej, add_gen, a->bos_str ? a->bos_str : "", a->eos_str ? a->eos_str : ""};
     rc = chat_template_render_json(a->chat_tmpl, &in, NULL, out, len, terr);
     free(mj);
     free(tj);
+    free(ej);
     return rc ? rc : 0;
 }
 
@@ -411,6 +417,25 @@ static int chat_flags(json_t *o, json_t *msgs, int *add_gen, int *cont, struct a
     if (!role || strcmp(role, "assistant"))
         FAIL(FERRY_ERR_INVALID, "continue_final_message",
              "'continue_final_message' needs an assistant message last in 'messages'");
+    return 0;
+}
+
+/* chat_template_kwargs (vLLM's and llama-server's): extra variables of the template, such as
+ * enable_thinking; the variables the server itself sets are refused. */
+static int template_kwargs(json_t *o, json_t **out, struct api_err *e)
+{
+    *out = NULL;
+    json_t *k = json_object_get(o, "chat_template_kwargs");
+    if (!k || json_is_null(k)) return 0;
+    if (!json_is_object(k))
+        FAIL(FERRY_ERR_INVALID, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    static const char *const own[] = {"messages",  "tools",     "add_generation_prompt",
+                                      "bos_token", "eos_token", NULL};
+    for (int i = 0; own[i]; i++)
+        if (json_object_get(k, own[i]))
+            FAIL(FERRY_ERR_INVALID, "chat_template_kwargs",
+                 "'chat_template_kwargs' cannot set '%s' (the request's own fields do)", own[i]);
+    *out = k;
     return 0;
 }
 
@@ -463,14 +488,17 @@ static int chat_render(const struct api_ctx *a, json_t *o, json_t *msgs, struct 
     if (rc) return rc;
     int add_gen = 1, cont = 0;
     if ((rc = chat_flags(o, msgs, &add_gen, &cont, e))) return rc;
+    json_t *kwargs = NULL;
+    if ((rc = template_kwargs(o, &kwargs, e))) return rc;
     const int fmt = a->tool_format;
     const int tools_active = t->n > 0 && t->choice != CHOICE_NONE;
     const int generic = fmt == TOOL_FORMAT_GENERIC && (tools_active || has_tool_history(msgs));
     char terr[256] = "";
-    rc = render_once(a, msgs, t, tools_active, generic, 1, add_gen, rendered, rlen, terr, e);
+    rc = render_once(a, msgs, t, tools_active, generic, 1, add_gen, kwargs, rendered, rlen, terr, e);
     if (rc && !e->status && has_tool_history(msgs)) { /* this template may want the arguments as strings */
         char terr2[256] = "";
-        if (!render_once(a, msgs, t, tools_active, generic, 0, add_gen, rendered, rlen, terr2, e)) rc = 0;
+        if (!render_once(a, msgs, t, tools_active, generic, 0, add_gen, kwargs, rendered, rlen, terr2, e))
+            rc = 0;
     }
     if (rc) {
         if (!e->status) {
@@ -656,10 +684,19 @@ int api_output_constraints(const struct api_ctx *a, struct sreq *r, json_t *o, s
         if (refuse_with_tools(r, "json_schema", e)) return e->status;
         if (schema_constrain(r, js, "json_schema", e)) return e->status;
     }
-    json_t *g = json_object_get(o, "grammar");
-    if (g && !json_is_null(g)) /* refused rather than ignored: an unconstrained answer would look valid */
-        FAIL(FERRY_ERR_UNSUPPORTED, "grammar",
-             "'grammar' (GBNF) is not supported; constrain the output with 'json_schema' or "
-             "'response_format'");
+    json_t *g = json_object_get(o, "grammar"); /* llama-server's GBNF */
+    if (g && !json_is_null(g)) {
+        if (!json_is_string(g)) FAIL(FERRY_ERR_INVALID, "grammar", "'grammar' must be a string (GBNF)");
+        if (refuse_with_tools(r, "grammar", e)) return e->status;
+        char err[256] = "";
+        int rc = grammar_gbnf(json_string_value(g), json_string_length(g), &r->grammar, err);
+        if (rc) {
+            e->status = rc == FERRY_ERR_NOMEM ? rc : rc == FERRY_ERR_UNSUPPORTED ? rc : FERRY_ERR_INVALID;
+            e->param = "grammar";
+            snprintf(e->msg, sizeof e->msg, "grammar: %.230s", err);
+            return e->status;
+        }
+        r->reasoning = 0;
+    }
     return 0;
 }

@@ -51,6 +51,16 @@ int api_parse_responses(const struct api_ctx *a, const char *body, size_t len, s
 /* /v1/embeddings (embeddings.c). */
 int api_parse_embeddings(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
                          struct api_err *e);
+/* /v1/messages (anthropic.c): the request becomes a chat; the answer is an Anthropic message. */
+int api_parse_anthropic(const struct api_ctx *a, const char *body, size_t len, struct sreq **out,
+                        struct api_err *e);
+char *api_anthropic_full(const struct api_ctx *a, struct sreq *r, size_t *len);
+void api_anthropic_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
+/* llama-server's /completion answers (llama_api.c). */
+char *api_llama_full(const struct api_ctx *a, struct sreq *r, size_t *len);
+void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
+/* Anthropic's error type for a status ("invalid_request_error", "overloaded_error", ...). */
+const char *api_anthropic_error_type(int status);
 char *api_embeddings_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 char *api_responses_full(const struct api_ctx *a, struct sreq *r, size_t *len);
 void api_responses_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done);
@@ -64,7 +74,7 @@ int api_response_format(const struct api_ctx *a, struct sreq *r, json_t *j, cons
                         struct api_err *e);
 
 /* The output constraints of a completions or chat request: response_format, llama-server's top-level
- * json_schema, grammar (refused). (api_chat.c) */
+ * json_schema, and its GBNF grammar. (api_chat.c) */
 int api_output_constraints(const struct api_ctx *a, struct sreq *r, json_t *o, struct api_err *e);
 
 /* One choice's output split for the client: reasoning, content and tool calls (api_render.c). */

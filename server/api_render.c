@@ -236,6 +236,8 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 {
     if (r->kind == SREQ_RESPONSES) return api_responses_full(a, r, len);
     if (r->kind == SREQ_EMBED) return api_embeddings_full(a, r, len);
+    if (r->kind == SREQ_ANTHROPIC) return api_anthropic_full(a, r, len);
+    if (r->kind == SREQ_LLAMA) return api_llama_full(a, r, len);
     json_t *o = envelope(a, r, 0);
     json_t *choices = json_array();
     for (int i = 0; i < r->n_choices; i++) {
@@ -350,6 +352,14 @@ void api_render_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *o
 {
     if (r->kind == SREQ_RESPONSES) {
         api_responses_stream(a, r, out, done);
+        return;
+    }
+    if (r->kind == SREQ_ANTHROPIC) {
+        api_anthropic_stream(a, r, out, done);
+        return;
+    }
+    if (r->kind == SREQ_LLAMA) {
+        api_llama_stream(a, r, out, done);
         return;
     }
     *done = 0;

@@ -32,6 +32,21 @@
 #include "server/web_assets.h"
 #include "server/model_names.h"
 
+/* A GET route answers on the loop; a POST route's `parse` runs on the worker pool with the body (copied in
+ * h->body): it fills h->out (answered as JSON) or h->req (a completion, then submitted), or returns an error
+ * status with h->err. Adding a route is a row of the table below and its handler. */
+enum { DIALECT_OPENAI, DIALECT_ANTHROPIC }; /* the shape of a route's errors */
+
+struct route {
+    const char *path;
+    const char *method; /* GET routes also answer HEAD */
+    int prefix;         /* the path is a prefix: "/v1/models/" + an id */
+    int needs_model;    /* 503 while the model loads */
+    void (*get)(struct hreq *h, const char *path);
+    int (*parse)(struct hreq *h);
+    int dialect;
+};
+
 /* ---- responses ---- */
 
 /* Queues a response whose body is taken over. */
@@ -72,7 +87,8 @@ void hreq_respond_error(struct hreq *h, int status, const char *param, const cha
     va_end(ap);
     size_t len = 0;
     api_oom_reset();
-    char *body = api_error_body(status, msg, param, &len);
+    char *body = h->rt && h->rt->dialect == DIALECT_ANTHROPIC ? api_anthropic_error_body(status, msg, &len)
+                                                              : api_error_body(status, msg, param, &len);
     if (api_oom_seen()) { /* a partial error object is no error object */
         free(body);
         body = NULL;
@@ -82,21 +98,7 @@ void hreq_respond_error(struct hreq *h, int status, const char *param, const cha
     hreq_respond_json(h, http, body, len);
 }
 
-/* ---- routing and the checks before the body ---- */
-
 /* ---- the routes ---- */
-
-/* A GET route answers on the loop; a POST route's `parse` runs on the worker pool with the body (copied in
- * h->body): it fills h->out (answered as JSON) or h->req (a completion, then submitted), or returns an error
- * status with h->err. Adding a route is a row here and its handler. */
-struct route {
-    const char *path;
-    const char *method; /* GET routes also answer HEAD */
-    int prefix;         /* the path is a prefix: "/v1/models/" + an id */
-    int needs_model;    /* 503 while the model loads */
-    void (*get)(struct hreq *h, const char *path);
-    int (*parse)(struct hreq *h);
-};
 
 static void get_health(struct hreq *h, const char *path)
 {
@@ -230,33 +232,82 @@ static int parse_detokenize(struct hreq *h)
     return api_detokenize(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
 }
 
+static int parse_messages(struct hreq *h)
+{
+    return api_parse_request(&h->S->api, SREQ_ANTHROPIC, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_count_tokens(struct hreq *h)
+{
+    return api_anthropic_count_tokens(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
+static int parse_llama_completion(struct hreq *h)
+{
+    return api_parse_llama(&h->S->api, 0, h->body, h->body_len, &h->req, &h->err);
+}
+
+static int parse_infill(struct hreq *h)
+{
+    return api_parse_llama(&h->S->api, 1, h->body, h->body_len, &h->req, &h->err);
+}
+
+/* GET /props and GET /slots: llama-server's views of the server and of its slots. */
+static void get_llama(struct hreq *h, const char *path)
+{
+    struct server *S = h->S;
+    struct api_llama_info info = {S->opt.parallel, S->opt.model};
+    size_t len = 0;
+    char *b = NULL;
+    api_oom_reset();
+    if (!strcmp(path, "/props")) {
+        b = api_llama_props(&S->api, &info, &len);
+    } else {
+        struct sched_seq seqs[256];
+        int n = sched_describe(S->sched, seqs, 256);
+        b = api_llama_slots(&S->api, &info, seqs, n < 256 ? n : 256, &len);
+    }
+    if (api_oom_seen()) {
+        free(b);
+        b = NULL;
+    }
+    hreq_respond_json(h, 200, b, len);
+}
+
 static int parse_apply_template(struct hreq *h)
 {
     return api_apply_template(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
 }
 
 static const struct route routes[] = {
-    {"/health", "GET", 0, 0, get_health, NULL},
-    {"/metrics", "GET", 0, 0, get_metrics, NULL},
-    {"/v1/models", "GET", 0, 1, get_models, NULL},
-    {"/v1/models/", "GET", 1, 1, get_models, NULL},
-    {"/v1/completions", "POST", 0, 1, NULL, parse_completion},
-    {"/v1/chat/completions", "POST", 0, 1, NULL, parse_chat},
-    {"/v1/responses", "POST", 0, 1, NULL, parse_responses},
-    {"/v1/embeddings", "POST", 0, 1, NULL, parse_embeddings},
+    {"/health", "GET", 0, 0, get_health, NULL, DIALECT_OPENAI},
+    {"/metrics", "GET", 0, 0, get_metrics, NULL, DIALECT_OPENAI},
+    {"/v1/models", "GET", 0, 1, get_models, NULL, DIALECT_OPENAI},
+    {"/v1/models/", "GET", 1, 1, get_models, NULL, DIALECT_OPENAI},
+    {"/v1/completions", "POST", 0, 1, NULL, parse_completion, DIALECT_OPENAI},
+    {"/v1/chat/completions", "POST", 0, 1, NULL, parse_chat, DIALECT_OPENAI},
+    {"/v1/responses", "POST", 0, 1, NULL, parse_responses, DIALECT_OPENAI},
+    {"/v1/embeddings", "POST", 0, 1, NULL, parse_embeddings, DIALECT_OPENAI},
+    /* Anthropic's Messages API */
+    {"/v1/messages", "POST", 0, 1, NULL, parse_messages, DIALECT_ANTHROPIC},
+    {"/v1/messages/count_tokens", "POST", 0, 1, NULL, parse_count_tokens, DIALECT_ANTHROPIC},
     /* the paths without /v1 that llama-server also answers */
-    {"/models", "GET", 0, 1, get_models, NULL},
-    {"/completions", "POST", 0, 1, NULL, parse_completion},
-    {"/chat/completions", "POST", 0, 1, NULL, parse_chat},
-    {"/responses", "POST", 0, 1, NULL, parse_responses},
-    {"/embeddings", "POST", 0, 1, NULL, parse_embeddings},
-    {"/tokenize", "POST", 0, 1, NULL, parse_tokenize},
-    {"/detokenize", "POST", 0, 1, NULL, parse_detokenize},
-    {"/apply-template", "POST", 0, 1, NULL, parse_apply_template},
+    {"/models", "GET", 0, 1, get_models, NULL, DIALECT_OPENAI},
+    {"/completions", "POST", 0, 1, NULL, parse_completion, DIALECT_OPENAI},
+    {"/chat/completions", "POST", 0, 1, NULL, parse_chat, DIALECT_OPENAI},
+    {"/responses", "POST", 0, 1, NULL, parse_responses, DIALECT_OPENAI},
+    {"/embeddings", "POST", 0, 1, NULL, parse_embeddings, DIALECT_OPENAI},
+    {"/tokenize", "POST", 0, 1, NULL, parse_tokenize, DIALECT_OPENAI},
+    {"/detokenize", "POST", 0, 1, NULL, parse_detokenize, DIALECT_OPENAI},
+    {"/completion", "POST", 0, 1, NULL, parse_llama_completion, DIALECT_OPENAI},
+    {"/infill", "POST", 0, 1, NULL, parse_infill, DIALECT_OPENAI},
+    {"/props", "GET", 0, 1, get_llama, NULL, DIALECT_OPENAI},
+    {"/slots", "GET", 0, 1, get_llama, NULL, DIALECT_OPENAI},
+    {"/apply-template", "POST", 0, 1, NULL, parse_apply_template, DIALECT_OPENAI},
     /* the web page and its live view */
-    {"/", "GET", 0, 0, get_web, NULL},
-    {"/index.html", "GET", 0, 0, get_web, NULL},
-    {"/status", "GET", 0, 1, get_status, NULL},
+    {"/", "GET", 0, 0, get_web, NULL, DIALECT_OPENAI},
+    {"/index.html", "GET", 0, 0, get_web, NULL, DIALECT_OPENAI},
+    {"/status", "GET", 0, 1, get_status, NULL, DIALECT_OPENAI},
 };
 
 static const struct route *route_match(const char *path)
@@ -301,6 +352,8 @@ static int authorized(struct hreq *h, const char *path)
     if (S->opt.n_api_keys == 0) return 1;
     if (S->opt.public_health && (!strcmp(path, "/health") || !strcmp(path, "/metrics"))) return 1;
     if (web_asset_find(path)) return 1; /* the page holds no data; what it fetches needs the key */
+    const char *x = http_req_header(h->q, "x-api-key"); /* Anthropic's clients send the key so */
+    if (x && key_ok(S, x)) return 1;
     const char *a = http_req_header(h->q, "Authorization");
     if (!a || strncasecmp(a, "Bearer ", 7)) return 0;
     a += 7;
@@ -366,7 +419,9 @@ static void options_reply(struct hreq *h)
         hd[n++] = (struct http_hdr){"Access-Control-Allow-Origin", S->opt.cors_origin};
         if (strcmp(S->opt.cors_origin, "*")) hd[n++] = (struct http_hdr){"Vary", "Origin"};
         hd[n++] = (struct http_hdr){"Access-Control-Allow-Methods", "GET, POST, OPTIONS"};
-        hd[n++] = (struct http_hdr){"Access-Control-Allow-Headers", "Authorization, Content-Type"};
+        hd[n++] =
+            (struct http_hdr){"Access-Control-Allow-Headers",
+                              "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"};
         hd[n++] = (struct http_hdr){"Access-Control-Max-Age", "600"};
     }
     h->status = 204;
@@ -415,7 +470,7 @@ void routes_on_head(struct http_req *q, void *user)
     }
     if (!authorized(h, path)) {
         hreq_respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
-                           "a valid API key is required (Authorization: Bearer KEY)");
+                           "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)");
         return;
     }
     char safe[128];

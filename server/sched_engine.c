@@ -76,6 +76,7 @@ static void process_row(struct sched *s, struct choice *c, float *row)
         hist_push(c);
     }
     c->fin = c->out.fin;
+    c->stop_hit = c->out.stop_hit;
 }
 
 /* With mu held: the running choice at run[i] leaves its slot (KV blocks freed now). */
@@ -246,6 +247,7 @@ void sched_sample_row(void *arg, int i)
         seq_output_drawn(&c->out, d->token, c->out.p.logprobs >= 0 ? &lp : NULL);
         hist_push(c);
         c->fin = c->out.fin;
+        c->stop_hit = c->out.stop_hit;
     } else {
         process_row(s, c, s->logits + (size_t)at * s->n_vocab);
     }
@@ -509,6 +511,7 @@ static void publish_rows_locked(struct sched *s, struct choice *const *owner, in
         for (int j = 0; j < c->spec_drawn; j++) {
             const int first = c->out.n_gen - c->spec_drawn + j == 0;
             metrics_token_out(s->m, first, first ? t - r->t_arrival : j ? 0.0 : t - c->t_last);
+            if (first) c->t_first = t;
         }
         c->t_last = t;
         if (c->out.release) {

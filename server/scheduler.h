@@ -33,6 +33,8 @@ enum sreq_kind {
     SREQ_CHAT = 1,
     SREQ_RESPONSES = 2, /* /v1/responses: a chat, answered as a response */
     SREQ_EMBED = 3,     /* /v1/embeddings: each choice's prompt is run for its final hidden states, pooled */
+    SREQ_ANTHROPIC = 4, /* /v1/messages: a chat, answered as an Anthropic message */
+    SREQ_LLAMA = 5,     /* llama-server's /completion: a completion, answered in its shape */
 };
 enum choice_state { CHOICE_QUEUED = 0, CHOICE_RUNNING = 1, CHOICE_DONE = 2 };
 
@@ -49,6 +51,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
     struct seq_output out; /* sampling, grammar, detokenization, stop strings, logprobs (seq_output.h) */
     double t_last;
+    double t_first; /* when its first token was published (sched_now), 0 before */
     int chunk;       /* prompt tokens in the current step */
     const char *fin; /* finish decided in this step */
     int e_at;        /* SREQ_EMBED: this step's first output row */
@@ -73,6 +76,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     struct lp_entry *prompt_lps;
     int prompt_lps_ready;
     const char *finish; /* "stop", "length" or NULL while running */
+    int stop_hit;       /* 1 + the index in req->stops of the stop string that ended it; 0 when none did */
     float *embd;      /* (dim) SREQ_EMBED: the pooled final hidden state, complete once the choice is done */
     int n_completion; /* tokens generated */
     /* HTTP thread only: streaming progress */

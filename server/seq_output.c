@@ -127,12 +127,12 @@ static void hold_append(struct seq_output *o, const char *src, size_t n)
 }
 
 /* Earliest offset of any stop string in t[0..len), or -1. */
-static long stop_find(const struct seq_output_params *p, const char *t, size_t len)
+static long stop_find(const struct seq_output_params *p, const char *t, size_t len, int *which)
 {
     long best = -1;
     for (int i = 0; i < p->n_stops; i++) {
         const char *hit = memmem(t, len, p->stops[i], strlen(p->stops[i]));
-        if (hit && (best < 0 || hit - t < best)) best = hit - t;
+        if (hit && (best < 0 || hit - t < best)) best = hit - t, *which = i;
     }
     return best;
 }
@@ -240,8 +240,10 @@ static void token_chosen(struct seq_output *o, int32_t tok, const struct lp_entr
             if (k > 0) hold_append(o, buf, (size_t)k);
         }
     }
-    long at = stop_find(p, o->hold ? o->hold : "", o->hold_len);
+    int which = -1;
+    long at = stop_find(p, o->hold ? o->hold : "", o->hold_len, &which);
     if (at >= 0) {
+        o->stop_hit = which + 1;
         o->hold_len = (size_t)at;
         o->release = (size_t)at;
         o->fin = "stop";

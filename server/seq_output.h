@@ -76,6 +76,7 @@ struct seq_output {
     size_t release;  /* bytes at the start of hold that may be shown */
     const char *fin; /* "stop", "length" or NULL */
     int eog;         /* the token was an end-of-generation token */
+    int stop_hit;    /* 1 + the index of the stop string that ended the output; 0 when none did */
     int has_lp;      /* lp holds its logprobs */
     struct lp_entry lp;
     int oom; /* an allocation failed: the text may have a hole (sticky) */

@@ -3,7 +3,8 @@
  *   grammar_tool gen SCHEMA_FILE SEED N [SOFT_LEN]   N random outputs of the schema's grammar, one per line
  * as hex; "DEADEND <hex>" when a prefix cannot go on (a bug) grammar_tool check SCHEMA_FILE reads hex lines
  * on stdin, prints 1/0: accepted in full grammar_tool compile SCHEMA_FILE                 prints "ok" or
- * "error <status> <message>" SCHEMA_FILE "-object-" stands for response_format json_object's grammar. The
+ * "error <status> <message>" SCHEMA_FILE "-object-" stands for response_format json_object's grammar; a file
+ * named *.gbnf is a GBNF grammar. The
  * random walk picks among the bytes the recogniser accepts; past SOFT_LEN bytes it picks the byte that brings
  * the end closest, so every walk ends: that is the property the budget of grammar_mask relies on.
  */
@@ -39,7 +40,9 @@ static int load(const char *path, struct grammar **g, char err[256])
     size_t len = 0;
     char *s = read_file(path, &len);
     if (!s) return ferry_fail(err, FERRY_ERR_IO, "cannot read %s", path);
-    int rc = json_schema_grammar(s, len, 16, g, err);
+    size_t pl = strlen(path);
+    int rc = pl > 5 && !strcmp(path + pl - 5, ".gbnf") ? grammar_gbnf(s, len, g, err)
+                                                       : json_schema_grammar(s, len, 16, g, err);
     free(s);
     return rc;
 }
