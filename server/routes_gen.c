@@ -206,6 +206,7 @@ static void submit(struct hreq *h)
     struct sreq *r = h->req;
     r->wake = on_engine_wake;
     r->wake_user = h;
+    snprintf(r->client, sizeof r->client, "%s", h->client);
     int rc = sched_submit(S->sched, r);
     if (rc) {
         h->req = NULL;

@@ -40,6 +40,7 @@ int sched_describe(struct sched *s, struct sched_seq *out, int cap)
             if (n < cap) {
                 struct sched_seq *q = &out[n];
                 snprintf(q->id, sizeof q->id, "%s", c->req->id);
+                snprintf(q->client, sizeof q->client, "%s", c->req->client);
                 q->kind = c->req->kind;
                 q->running = pass == 0;
                 q->slot = pass == 0 ? c->slot : -1;

@@ -80,6 +80,8 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
 struct sreq {
     enum sreq_kind kind;
     char id[48];       /* "cmpl-..." / "chatcmpl-..." */
+    char client[48];   /* who sent it, for fair sharing and /status: "key N" (the Nth API key) or the
+                        * client's address; "" = unknown (one client of its own) */
     long long created; /* unix seconds */
     double t_arrival;  /* monotonic seconds */
     double deadline;   /* monotonic seconds; 0 = none */
@@ -138,9 +140,9 @@ struct sched_params {
                          * tokens continues from there instead of recomputing them */
     int prefill_budget; /* prefill tokens per step at most; 0: max_batch_tokens minus the step's decode rows
                          */
-    int gpu_sampling; /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
-                       * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
-                       * on the host */
+    int gpu_sampling;   /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
+                         * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
+                         * on the host */
     int overlap; /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
                   * are published (the device runs while the host publishes; sched_engine.c) */
 };
@@ -178,13 +180,14 @@ int sched_in_flight(struct sched *s);
 double sched_now(void); /* monotonic seconds */
 /* One sequence as the dashboard shows it. */
 struct sched_seq {
-    char id[48];  /* its request's id */
-    int kind;     /* enum sreq_kind */
-    int running;  /* 1 running (in a slot), 0 queued */
-    int slot;     /* -1 when queued */
-    int n_prompt; /* prompt tokens */
-    int n_fed;    /* of them computed (or taken from the prompt cache) */
-    int n_gen;    /* tokens generated */
+    char id[48];     /* its request's id */
+    char client[48]; /* its request's client (struct sreq) */
+    int kind;        /* enum sreq_kind */
+    int running;     /* 1 running (in a slot), 0 queued */
+    int slot;        /* -1 when queued */
+    int n_prompt;    /* prompt tokens */
+    int n_fed;       /* of them computed (or taken from the prompt cache) */
+    int n_gen;       /* tokens generated */
     int max_tokens;
     double age; /* seconds since the request arrived */
 };

@@ -160,9 +160,9 @@ static void close_all(struct server *S)
 {
     S->closing = 1;
     http_server_close(S->http);
-    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int,
+    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term,    (uv_handle_t *)&S->sig_int,
                          (uv_handle_t *)&S->drain_timer, (uv_handle_t *)&S->ping_timer,
-                         (uv_handle_t *)&S->trim_timer, (uv_handle_t *)&S->wake};
+                         (uv_handle_t *)&S->trim_timer,  (uv_handle_t *)&S->wake};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     if (S->loader_started && !S->loader_done) {
@@ -208,13 +208,17 @@ static void on_drain_tick(uv_timer_t *t)
         close_all(S);
         return;
     }
-    if (!S->drain_cut && waited >= S->opt.shutdown_timeout) {
-        FLOG_WARN("shutdown timeout (%ds): cutting %d in-flight request(s)", S->opt.shutdown_timeout,
-                  S->active_gen);
+    /* the deadlines run from the first signal, or from a second one that cut the wait short; the log
+     * reports the time since the first */
+    const double over = S->drain_force > 0 ? sched_now() - S->drain_force + S->opt.shutdown_timeout : waited;
+    if (!S->drain_cut && over >= S->opt.shutdown_timeout) {
+        if (S->drain_force == 0)
+            FLOG_WARN("shutdown timeout (%ds): cutting %d in-flight request(s)", S->opt.shutdown_timeout,
+                      S->active_gen);
         if (S->loader_done && S->sched) sched_cancel_all(S->sched, FERRY_ERR_CANCELLED);
         S->drain_cut = 1;
     }
-    if (waited >= S->opt.shutdown_timeout + 5.0) {
+    if (over >= S->opt.shutdown_timeout + 5.0) {
         FLOG_WARN("giving up on %d request(s) after the shutdown timeout", S->active_gen);
         close_all(S);
     }
@@ -225,7 +229,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     struct server *S = sig->data;
     if (serve_load_state(S) == STATE_DRAINING) {
         FLOG_WARN("second signal: cutting in-flight requests now");
-        S->drain_start = sched_now() - S->opt.shutdown_timeout;
+        if (S->drain_force == 0) S->drain_force = sched_now();
         return;
     }
     FLOG_INFO("%s: draining (up to %ds), no new connections", signum == SIGTERM ? "SIGTERM" : "SIGINT",
