@@ -24,10 +24,11 @@ int sched_policy_kv_need(const struct sched_policy_params *p, int n_prompt, int 
 
 int sched_policy_accepts(const struct sched_policy_params *p, int n_queued, int n_running, int n_seqs)
 {
-    if (n_seqs > p->n_slots + p->max_queue) return FERRY_ERR_RANGE; /* could never be admitted */
     const int free_slots = p->n_slots - n_running;
-    if (n_queued + n_seqs > p->max_queue + (free_slots > 0 ? free_slots : 0)) return FERRY_ERR_BUSY;
-    return 0;
+    if (n_queued + n_seqs <= p->max_queue + (free_slots > 0 ? free_slots : 0)) return 0;
+    /* A request with more sequences than the queue holds (n up to 128, 2,048 embedding inputs: the API bounds
+     * them) waits alone: it is taken when nothing else waits. */
+    return n_queued == 0 ? 0 : FERRY_ERR_BUSY;
 }
 
 int sched_policy_fits_pool(const struct sched_policy_params *p, int n_prompt, int max_tokens, int *need)

@@ -31,9 +31,9 @@ int sched_policy_kv_need(const struct sched_policy_params *p, int n_prompt, int 
 /* Blocks that hold `positions` positions. */
 int sched_policy_blocks(const struct sched_policy_params *p, int positions);
 
-/* Whether a request can be queued: 0, or FERRY_ERR_RANGE when it has more sequences than slots + queue could
- * ever hold, FERRY_ERR_BUSY when the queue has no room for it now. n_queued and n_running are the current
- * counts. */
+/* Whether a request can be queued: 0, or FERRY_ERR_BUSY when the queue has no room for it now. A request
+ * with more sequences than the free slots and the queue hold is taken when nothing else is queued (it then
+ * waits alone; the API bounds its sequences). n_queued and n_running are the current counts. */
 int sched_policy_accepts(const struct sched_policy_params *p, int n_queued, int n_running, int n_seqs);
 /* Whether one sequence can ever run: 0, or FERRY_ERR_DEVICE_MEM when it needs more KV blocks than the whole
  * pool (*need gets its blocks). */

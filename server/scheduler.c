@@ -303,8 +303,6 @@ int sched_kv_need(const struct sched *s, const struct choice *c)
 
 int sched_submit(struct sched *s, struct sreq *req)
 {
-    int rc = sched_policy_accepts(&s->pp, 0, 0, req->n_choices);
-    if (rc) return rc; /* more sequences than could ever be admitted */
     for (int i = 0; i < req->n_choices; i++) {
         const struct choice *c = &req->choices[i];
         if (sched_policy_fits_pool(&s->pp, c->n_prompt, req->max_tokens, NULL)) { /* nor this */

@@ -158,10 +158,10 @@ int sched_start(struct sched *s); /* spawns the engine thread */
 void sched_stop(struct sched *s); /* cancels everything, joins the engine thread */
 void sched_free(struct sched *s);
 
-/* Queues every choice of req (FCFS). Returns FERRY_ERR_BUSY when the queue is full (nothing queued),
- * FERRY_ERR_RANGE when the request has more choices than slots + queue could ever hold,
- * FERRY_ERR_DEVICE_MEM when one sequence needs more KV blocks than the whole pool (req->errmsg then names
- * the positions it needs and the pool's). */
+/* Queues every choice of req. Returns FERRY_ERR_BUSY when the queue is full (nothing queued; a request with
+ * more choices than slots + queue is taken when nothing else is queued), FERRY_ERR_DEVICE_MEM when one
+ * sequence needs more KV blocks than the whole pool (req->errmsg then names the positions it needs and the
+ * pool's). */
 int sched_submit(struct sched *s, struct sreq *req);
 /* Cuts a request (client gone, timeout, shutdown): queued choices leave now, running ones at the next
  * iteration, where their KV blocks are freed. */

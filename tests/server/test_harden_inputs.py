@@ -278,3 +278,24 @@ def test_fuzz_runner_says_skipped_without_test_data(tmp_path):
     assert out.returncode == 77, text[-2000:]
     assert re.search(r"fuzz_tokenizer: SKIPPED.*nothing is exercised", text), text[-2000:]
     assert "fuzz_tokenizer: ok" not in text
+
+
+# ---- limits the README states -----------------------------------------------------------------------------
+
+
+def test_n_128_and_2048_embedding_inputs_with_the_default_pool():
+    """With the defaults (--parallel 4, --max-queue 64) a request of more than 68 sequences got 400, while the README
+    promises n up to 128 and embeddings up to 2,048 inputs."""
+    s = Server()
+    try:
+        st, _, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1, "n": 128, "seed": 1})
+        assert st == 200, out
+        assert sorted(c["index"] for c in out["choices"]) == list(range(128))
+        st, _, out = post(s.url + "/v1/embeddings", {"input": ["hi", "there"] * 1024}, timeout=120)
+        assert st == 200, out
+        assert len(out["data"]) == 2048 and out["data"][0]["embedding"] == out["data"][2046]["embedding"]
+        st, _, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1, "n": 129})
+        assert_error(st, out, 400, "n")
+        assert "128" in out["error"]["message"]
+    finally:
+        assert s.stop() == 0
