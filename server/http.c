@@ -31,6 +31,7 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "server/http_door.h"
+#include "server/http_fair.h"
 #include "server/http_impl.h"
 
 #define SWEEP_MS     250
@@ -91,7 +92,44 @@ void http_server_unlink(struct http_server *s, struct http_req *c)
         s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_open--;
+    if (c->evicted) s->n_evicted--;
     http_door_ip_release(s, c->ip);
+}
+
+/* At the cap: the connection that gives way to a newcomer from `key` (server/http_fair.h), closed now (a
+ * slow head or body gets the 503 the newcomer would have had). Returns 0 when none may. */
+static int make_room(struct http_server *s, const unsigned char key[16])
+{
+    const struct ip_entry *ne = http_door_ip_find(s, key, 0);
+    const int newcomer = ne ? ne->count : 0;
+    const double now = http_now_s();
+    struct http_req *victim = NULL;
+    struct http_fair_cand best = {0};
+    for (struct http_req *c = s->conns; c; c = c->next) {
+        if (c->cut || !c->mc || !c->ip) continue;
+        const struct http_fair_cand k = {
+            .addr_count = c->ip->count,
+            .activity = c->state == C_IDLE  ? HTTP_FAIR_IDLE
+                        : c->state == C_APP ? HTTP_FAIR_WORKING
+                                            : HTTP_FAIR_READING,
+            .silent_s = now - (c->state == C_IDLE && c->fresh ? c->t_start : c->t_last),
+        };
+        if (http_fair_eligible(&k, newcomer) && (!victim || http_fair_prefer(&k, &best))) {
+            victim = c;
+            best = k;
+        }
+    }
+    if (!victim) return 0;
+    s->st.evicted++;
+    victim->evicted = 1;
+    s->n_evicted++;
+    FLOG_DEBUG("http: closing a %s connection of %s (%d open from it) to let a new address in",
+               victim->state == C_IDLE ? "idle" : "slow", victim->peer, best.addr_count);
+    if (victim->state == C_IDLE)
+        http_conn_cut(victim, NULL, 0);
+    else
+        http_conn_cut(victim, s->canned_busy, s->canned_busy_len);
+    return 1;
 }
 
 static void accept_one(struct http_server *s, int fd, const struct sockaddr_storage *ss, socklen_t sl)
@@ -105,15 +143,15 @@ static void accept_one(struct http_server *s, int fd, const struct sockaddr_stor
         close(fd);
         return;
     }
-    if (s->n_open >= s->p.max_connections) {
-        s->st.rejected_full++;
-        http_door_refuse_fd(s, fd, s->canned_busy, s->canned_busy_len);
-        return;
-    }
     unsigned char key[16];
     char peer[INET6_ADDRSTRLEN];
     int lo;
     http_door_peer_of(ss, key, peer, sizeof peer, &lo);
+    if (s->n_open - s->n_evicted >= s->p.max_connections && !make_room(s, key)) {
+        s->st.rejected_full++;
+        http_door_refuse_fd(s, fd, s->canned_busy, s->canned_busy_len);
+        return;
+    }
     struct ip_entry *e = http_door_ip_find(s, key, 1);
     if (!e) {
         http_door_refuse_fd(s, fd, s->canned_oom, s->canned_oom_len);

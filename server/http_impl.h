@@ -42,6 +42,7 @@ struct http_req {
     enum conn_state state;
     int fresh;        /* no request seen yet on this connection */
     int cut;          /* shut down by us: MHD closes it next */
+    int evicted;      /* cut to make room for another address at the cap (counted in n_evicted) */
     double t_start;   /* start of the current head or body (of the accept for a fresh connection) */
     double t_last;    /* last bytes seen from the client, or the end of the last response */
     uint64_t rx_mark; /* the socket's received-byte count when last looked at */
@@ -101,6 +102,7 @@ struct http_server {
     struct linger_conn *lingers;
     struct http_req *deferred; /* connections with work due after MHD_run returns */
     int n_open, n_linger;
+    int n_evicted; /* of n_open, connections cut to make room that MHD has not closed yet */
     int draining, closed;
     struct ip_entry *ips[IP_BUCKETS];
     struct http_stats st;

@@ -264,6 +264,9 @@ char *metrics_render(struct metrics *m, size_t *len)
         "ferry_http_connections_rejected_total{limit=\"max_connections\"} %llu\n"
         "ferry_http_connections_rejected_total{limit=\"per_ip\"} %llu\n",
         (unsigned long long)hs->rejected_full, (unsigned long long)hs->rejected_per_ip);
+    COUNTER("ferry_http_connections_evicted_total",
+            "Idle or slow connections closed at --max-connections to let a client from another address in.",
+            hs->evicted);
     COUNTER("ferry_http_request_timeouts_total",
             "Requests answered 408: head or body not complete in time, or silent mid-request.",
             hs->head_timeouts);
