@@ -63,6 +63,12 @@ static const struct opt_row rows[] = {
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},
     {"max-queue", OPT_INT, OFF(max_queue), 0, 1 << 20, "64", NULL,
      "sequences waiting for a slot before 503 + Retry-After"},
+    {"queue-timeout", OPT_INT, OFF(queue_timeout), 0, 86400 * 7, "120", NULL,
+     "seconds a request may wait for its first slot; then 503 + Retry-After (0 = as long as --timeout)"},
+    {"fair-share", OPT_BOOL, OFF(fair_share), 0, 1, "1", NULL,
+     "share the slots between clients (an API key, else an address) while others wait: a client holding more "
+     "than its share gives a slot up (an embedding input starts over, a generation is recomputed); a stream "
+     "whose client stops reading pauses and gives its slot to anyone waiting either way"},
     {"body-limit", OPT_SIZE, OFF(body_limit), 1024, (int64_t)1 << 30, "1MiB", NULL,
      "largest request body (413 above)"},
     {"timeout", OPT_INT, OFF(timeout), 0, 86400 * 7, "600", NULL,

@@ -105,3 +105,46 @@ int sched_policy_plan_step(const struct sched_policy_params *p, const struct sch
     }
     return plan->n_decode + plan->n_prefill;
 }
+
+/* ---- sharing between clients ---- */
+
+int sched_policy_fair_share(int n_slots, int n_clients)
+{
+    const int share = n_clients > 0 ? n_slots / n_clients : n_slots;
+    return share > 0 ? share : 1;
+}
+
+int sched_policy_fair_pick(const int *q_client, const unsigned char *q_ready, int nq, const int *running_of,
+                           int share)
+{
+    int first = -1;
+    for (int i = 0; i < nq; i++) {
+        if (!q_ready[i]) continue;
+        if (first < 0) first = i;
+        if (running_of[q_client[i]] < share) return i;
+    }
+    return first;
+}
+
+int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int *running_of, int share, int w)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++) /* a paused stream: nobody reads it */
+        if (run[i].how == SCHED_YIELD_PAUSED && (best < 0 || run[i].cost < run[best].cost)) best = i;
+    if (best >= 0 || running_of[w] >= share) return best;
+    for (int i = 0; i < n; i++) {
+        const struct sched_fair_seq *q = &run[i];
+        if (q->how != SCHED_YIELD_SHARE || q->client == w || running_of[q->client] <= share) continue;
+        if (best < 0 || running_of[q->client] > running_of[run[best].client] ||
+            (running_of[q->client] == running_of[run[best].client] && q->cost < run[best].cost))
+            best = i;
+    }
+    return best;
+}
+
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting)
+{
+    if (!others_running && !others_waiting) return p->max_batch_tokens;
+    const int b = p->max_batch_tokens / 4;
+    return b > 0 ? b : 1;
+}

@@ -73,4 +73,43 @@ int sched_policy_plan_step(const struct sched_policy_params *p, const struct sch
  * Returns the tokens. */
 int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int n, int *chunk);
 
+/* ---- sharing between clients ----
+ * A client is an API key, else an address (struct sreq's client). While others wait, no client keeps more
+ * than its share of the slots: the queue is served first to clients below their share, and a slot held
+ * beyond the share by a sequence that can give it up is taken back. A stream whose client stopped reading
+ * (paused: it gets no decode rows) gives its slot to any waiting sequence; it is recomputed (prompt and
+ * tokens so far) when its client reads again. Other sequences give their slot up only beyond their client's
+ * share: an embedding input starts over, a generating sequence is recomputed as a paused one. Embedding
+ * prefill shares the engine too: beside other work it takes a quarter of a step's budget. */
+
+/* Slots one client may hold while others wait: n_slots / n_clients, at least 1. */
+int sched_policy_fair_share(int n_slots, int n_clients);
+
+/* The queued sequence to admit next, over the queue in order: q_client[i] its client, q_ready[i] 0 for one
+ * that must not run now (a paused stream waiting to resume). The first ready one whose client holds fewer
+ * than `share` running sequences (running_of, by client) goes first; else the first ready one. -1: none. */
+int sched_policy_fair_pick(const int *q_client, const unsigned char *q_ready, int nq, const int *running_of,
+                           int share);
+
+enum sched_yield {
+    SCHED_YIELD_NO = 0,     /* keeps its slot */
+    SCHED_YIELD_PAUSED = 1, /* a stream nobody reads: gives its slot to anyone, resumed later */
+    SCHED_YIELD_SHARE = 2,  /* gives its slot up beyond its client's share (an embedding input starts over,
+                             * a generating sequence is recomputed) */
+};
+struct sched_fair_seq {
+    int client;           /* index of its client */
+    enum sched_yield how; /* whether and how it may give its slot up */
+    int cost;             /* positions recomputed if it does */
+};
+/* The running sequence (index into run) that gives its slot to a waiting sequence of client w, or -1: a
+ * paused stream first, the cheapest to recompute; else, only while w holds fewer than `share`, a
+ * SCHED_YIELD_SHARE one of the client holding the most beyond its share, the cheapest first. */
+int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int *running_of, int share,
+                             int w);
+
+/* Embedding prefill tokens of one step: the whole budget alone, a quarter of it (at least 1) while other
+ * sequences run or wait. */
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting);
+
 #endif

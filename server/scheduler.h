@@ -1,6 +1,7 @@
-/* scheduler — the scheduler and the engine thread: a FIFO queue of sequences, continuous batching at
- * iteration level, chunked prefill. What is admitted and how a step is cut is sched_policy's; a sequence's
- * sampling, stops and text are seq_output's; the slots' reusable prompts are prompt_cache's.
+/* scheduler — the scheduler and the engine thread: a queue of sequences served first come first served
+ * within each client's fair share of the slots, continuous batching at iteration level, chunked prefill. What
+ * is admitted and how a step is cut is sched_policy's; a sequence's sampling, stops and text are
+ * seq_output's; the slots' reusable prompts are prompt_cache's.
  *
  * HTTP threads build a `struct sreq` (api.c), sched_submit() it, then read its choices' outputs under
  * sched_lock() and wait on sched_wait(); the engine thread is the only caller of the engine. A request is
@@ -44,6 +45,15 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_prompt;
     struct choice *qnext; /* queue link */
     /* engine thread only */
+    const int32_t *feed; /* (n_feed) what its slot computes before it decodes: the prompt, or for a sequence
+                          * that gave its slot up mid-generation (resume), the prompt and its tokens so far */
+    int n_feed;
+    int resume;   /* it gave its slot up mid-generation: its output state is kept, its KV recomputed */
+    int32_t *gen; /* (n_rec) the tokens generated so far, kept where it may give its slot up */
+    int n_rec, gen_cap;
+    int32_t *feed_buf; /* (feed_cap) owned: the feed of a resumed sequence */
+    int feed_cap;
+    int no_yield; /* it cannot give its slot up (the record of its tokens failed) */
     int slot, n_fed;
     int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
     struct seq_output out; /* sampling, grammar, detokenization, stop strings, logprobs (seq_output.h) */
@@ -125,7 +135,10 @@ struct sreq {
      * wake_user goes away. */
     void (*wake)(void *user);
     void *wake_user;
-    int n_done;    /* choices in CHOICE_DONE */
+    int client_id; /* its client in the scheduler's table (sched_submit) */
+    int started;   /* a choice was admitted: the queue timeout no longer applies */
+    int paused; /* the client does not read the stream: its choices get no decode rows (sched_set_paused) */
+    int n_done; /* choices in CHOICE_DONE */
     int cancelled; /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
     int error;     /* 0 or the status of an engine failure */
     char errmsg[160];
@@ -143,8 +156,10 @@ struct sched_params {
     int gpu_sampling;   /* the engine draws the tokens where the logits are (engine_step_draw: on the GPU only
                          * the ids cross PCIe); steps it cannot draw (the CPU backend, prompt logprobs) sample
                          * on the host */
-    int overlap; /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
-                  * are published (the device runs while the host publishes; sched_engine.c) */
+    int overlap;    /* with gpu_sampling: a decode step whose rows go on begins before the last one's outputs
+                     * are published (the device runs while the host publishes; sched_engine.c) */
+    int fair_share; /* share the slots between clients while others wait (sched_policy.h) */
+    double queue_timeout; /* seconds a request may wait for its first slot; then 503 (0 = no limit) */
 };
 
 struct sched;
@@ -169,6 +184,10 @@ void sched_cancel(struct sched *s, struct sreq *req, int status);
 void sched_cancel_all(struct sched *s, int status);
 /* Drops the caller's reference; frees the request when the scheduler is done with it too. */
 void sched_release(struct sched *s, struct sreq *req);
+
+/* The HTTP side says whether req's client reads its stream (paused: it does not, and its choices get no
+ * decode rows; a paused stream's slot goes to a waiting sequence). Wakes the engine on a change. */
+void sched_set_paused(struct sched *s, struct sreq *req, int paused);
 
 void sched_lock(struct sched *s);
 void sched_unlock(struct sched *s);

@@ -129,7 +129,9 @@ static void loader_main(void *arg)
                               .prompt_cache = S->opt.prompt_cache,
                               .prefill_budget = S->opt.prefill_budget,
                               .gpu_sampling = S->opt.gpu_sampling,
-                              .overlap = S->opt.overlap};
+                              .overlap = S->opt.overlap,
+                              .fair_share = S->opt.fair_share,
+                              .queue_timeout = S->opt.queue_timeout};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */
