@@ -476,6 +476,11 @@ static int parse_repeat(struct rxparse *P)
         P->nodes[r].min = mn;
         P->nodes[r].max = mx;
         nd = r;
+        /* ECMAScript refuses a quantifier on a quantifier ("a**", "a+{2}"): there is nothing to repeat */
+        c = peek(P);
+        if (c == '*' || c == '+' || c == '?' ||
+            (c == '{' && P->i + 1 < P->n && P->p[P->i + 1] >= '0' && P->p[P->i + 1] <= '9'))
+            return fail(P, FERRY_ERR_INVALID, "nothing to repeat: a quantifier follows a quantifier");
     }
     return nd;
 }

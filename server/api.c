@@ -331,6 +331,10 @@ static int parse_prompt(const struct api_ctx *a, struct sreq *r, json_t *p, stru
                     FAIL(FERRY_ERR_INVALID, "prompt",
                          "'prompt' must be a string, an array of strings, an array of token ids or an array "
                          "of non-empty arrays of token ids");
+                if (np > 0 && kinds[np] != kinds[0]) /* OpenAI's four forms: none of them mixes */
+                    FAIL(FERRY_ERR_INVALID, "prompt",
+                         "'prompt' mixes strings and arrays of token ids: all its elements must be strings "
+                         "or all arrays of token ids");
                 list[np++] = x;
             }
         }
@@ -406,7 +410,8 @@ static int parse_bias(const struct api_ctx *a, struct sreq *r, json_t *j, struct
     {
         char *end;
         long id = strtol(key, &end, 10);
-        if (!*key || *end || id < 0 || id >= a->n_vocab)
+        /* digits only: strtol alone would take " 5" or "+5" as 5 */
+        if (*key < '0' || *key > '9' || *end || id < 0 || id >= a->n_vocab)
             FAIL(FERRY_ERR_INVALID, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", key,
                  a->n_vocab);
         if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)

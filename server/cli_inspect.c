@@ -29,7 +29,10 @@ static void inspect_usage(FILE *f)
                "  --families          list the supported model families (a Markdown table) and exit\n");
 }
 
-static const char *rope_style_name(enum rope_style s) { return s == ROPE_STYLE_HALF ? "half" : "interleaved"; }
+static const char *rope_style_name(enum rope_style s)
+{
+    return s == ROPE_STYLE_HALF ? "half" : "interleaved";
+}
 static const char *rope_scaling_name(enum rope_scaling_type t)
 {
     return t == ROPE_SCALING_LLAMA3 ? "llama3" : t == ROPE_SCALING_LINEAR ? "linear" : "none";
@@ -68,26 +71,42 @@ int cli_inspect_main(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:jh", longopts, NULL)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
-        case 'j': as_json = 1; break;
+        case 'm':
+            model = optarg;
+            break;
+        case 'j':
+            as_json = 1;
+            break;
         case 'g':
             if (opt_parse_size(optarg, &ep.gpu_memory) || ep.gpu_memory <= 0) {
                 fprintf(stderr, "ferry inspect: invalid --gpu-memory '%s'\n", optarg);
                 return 2;
             }
             break;
-        case 'l': ep.gpu_layers = atoi(optarg); break;
-        case 'c': ep.ctx_size = atoi(optarg); break;
-        case 'p': ep.n_seqs = atoi(optarg); break;
+        case 'l':
+            ep.gpu_layers = atoi(optarg);
+            break;
+        case 'c':
+            ep.ctx_size = atoi(optarg);
+            break;
+        case 'p':
+            ep.n_seqs = atoi(optarg);
+            break;
         case 'k':
             if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) {
                 fprintf(stderr, "ferry inspect: --kv-type must be one of f16|f32|q8_0\n");
                 return 2;
             }
             break;
-        case 'F': print_families(); return 0;
-        case 'h': inspect_usage(stdout); return 0;
-        default: inspect_usage(stderr); return 2;
+        case 'F':
+            print_families();
+            return 0;
+        case 'h':
+            inspect_usage(stdout);
+            return 0;
+        default:
+            inspect_usage(stderr);
+            return 2;
         }
     }
     if (!model || optind < argc) {
@@ -153,8 +172,10 @@ int cli_inspect_main(int argc, char **argv)
         json_object_set_new(tk, "error", json_string(err));
     }
     json_object_set_new(root, "tokenizer", tk);
-    json_object_set_new(root, "chat_template", mf->chat_template ? json_string(mf->chat_template) : json_null());
-    /* Placement: on the CPU every layer is computed from host memory; with a GPU budget, the planner's map. */
+    json_object_set_new(root, "chat_template",
+                        mf->chat_template ? json_string(mf->chat_template) : json_null());
+    /* Placement: on the CPU every layer is computed from host memory; with a GPU budget, the planner's map.
+     */
     char plan[4096] = "cpu: all layers";
     int plan_rc = 0;
     if (ep.gpu_memory > 0) {
@@ -169,10 +190,10 @@ int cli_inspect_main(int argc, char **argv)
         if (s) puts(s);
         free(s);
     } else {
-        printf("model        %s (%s, arch %s)\n", model, mf->format == MODEL_FORMAT_GGUF ? "GGUF" : "Hugging Face",
-               hp->arch);
-        printf("shape        %d layers, dim %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n", hp->n_layers,
-               hp->dim, hp->ffn_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
+        printf("model        %s (%s, arch %s)\n", model,
+               mf->format == MODEL_FORMAT_GGUF ? "GGUF" : "Hugging Face", hp->arch);
+        printf("shape        %d layers, dim %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n",
+               hp->n_layers, hp->dim, hp->ffn_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
         printf("context      %d trained; rope theta %g, %d dims, %s pairs, scaling %s\n", hp->ctx_train,
                hp->rope_theta, hp->rope_dim, rope_style_name(hp->rope_style),
                rope_scaling_name(hp->rope_scaling.type));
@@ -182,19 +203,20 @@ int cli_inspect_main(int argc, char **argv)
         else if (hp->sliding_window > 0)
             printf("attention    window of %d positions on every layer; rope theta %g\n", hp->sliding_window,
                    hp->rope_theta_swa);
-        printf("norm eps     %g; tied embeddings %s; qkv bias %s\n", hp->norm_eps, hp->tied_embeddings ? "yes" : "no",
-               hp->qkv_bias ? "yes" : "no");
+        printf("norm eps     %g; tied embeddings %s; qkv bias %s\n", hp->norm_eps,
+               hp->tied_embeddings ? "yes" : "no", hp->qkv_bias ? "yes" : "no");
         printf("tensors      %d, %.1f MiB\n", mf->n_tensors, total / 1048576.0);
         for (int t = 0; t < DTYPE_COUNT; t++)
             if (count_by_type[t])
                 printf("  %-6s     %4d tensors, %.1f MiB\n", dtype_name((enum dtype)t), count_by_type[t],
                        bytes_by_type[t] / 1048576.0);
         if (tok_rc == 0)
-            printf("tokenizer    %d tokens, bos %d, eos %d, add_bos %s\n", tokenizer_n_vocab(tok), tokenizer_bos(tok),
-                   tokenizer_eos(tok), tokenizer_add_bos(tok) ? "yes" : "no");
+            printf("tokenizer    %d tokens, bos %d, eos %d, add_bos %s\n", tokenizer_n_vocab(tok),
+                   tokenizer_bos(tok), tokenizer_eos(tok), tokenizer_add_bos(tok) ? "yes" : "no");
         else
             printf("tokenizer    unavailable: %s\n", err);
-        printf("chat template %s\n", mf->chat_template ? "yes (the model's own)" : "none (use --chat-template)");
+        printf("chat template %s\n",
+               mf->chat_template ? "yes (the model's own)" : "none (use --chat-template)");
         printf("placement    %s%s", plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }
     json_decref(root);

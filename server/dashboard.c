@@ -38,12 +38,13 @@ char *dashboard_json(const struct dashboard_ctx *d, size_t *len)
     int n = d->s ? sched_describe(d->s, seqs, MAX_SEQS) : 0;
     json_t *list = json_array();
     for (int i = 0; i < n && i < MAX_SEQS; i++)
-        json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:f}", "id", seqs[i].id,
-                                              "kind", kind_name(seqs[i].kind), "state",
-                                              seqs[i].running ? "running" : "queued", "slot", seqs[i].slot,
-                                              "prompt_tokens", seqs[i].n_prompt, "prefilled", seqs[i].n_fed,
-                                              "generated", seqs[i].n_gen, "max_tokens", seqs[i].max_tokens,
-                                              "age_s", seqs[i].age));
+        if (!d->client || !strcmp(seqs[i].client, d->client))
+            json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:f}", "id", seqs[i].id,
+                                                  "kind", kind_name(seqs[i].kind), "state",
+                                                  seqs[i].running ? "running" : "queued", "slot",
+                                                  seqs[i].slot, "prompt_tokens", seqs[i].n_prompt,
+                                                  "prefilled", seqs[i].n_fed, "generated", seqs[i].n_gen,
+                                                  "max_tokens", seqs[i].max_tokens, "age_s", seqs[i].age));
     pthread_mutex_unlock(&seqs_mu);
 
     json_t *o = json_pack(

@@ -1,6 +1,7 @@
 /* dashboard — GET /status: what the web page's live view shows, as one JSON object: where the layers are
  * (resident on the GPU, streamed, computed on the CPU), VRAM budget and use, the link's achieved GB/s and the
- * stall time, KV blocks, the running and queued sequences, and the token counters the page turns into
+ * stall time, KV blocks, the counts of running and queued sequences and the caller's own (another client's
+ * requests are never shown: with API keys each key is a tenant), and the token counters the page turns into
  * tokens/s. Read from the metrics (which the engine thread fills from engine_get_stats every iteration) and
  * the scheduler; never touches the engine.
  */
@@ -19,6 +20,8 @@ struct dashboard_ctx {
     double t_start; /* sched_now() when the server started */
     struct metrics *m;
     struct sched *s;
+    const char *client; /* the caller (struct sreq's client): only its own sequences are listed; the counts
+                         * cover everyone's. NULL: every sequence is listed */
 };
 
 /* The JSON body (malloc'd), or NULL when out of memory. */

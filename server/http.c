@@ -24,12 +24,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "server/http_door.h"
+#include "server/http_fair.h"
 #include "server/http_impl.h"
 
 #define SWEEP_MS     250
@@ -53,8 +55,11 @@ static void mhd_pump(struct http_server *s)
     }
     if (s->closed) return;
     MHD_UNSIGNED_LONG_LONG ms = 0;
+    /* at least 1 ms: MHD says 0 for as long as a connection has work it cannot do (a chunk line that fills
+     * its buffer), and a 0 ms timer re-armed from its own callback keeps libuv's timer run from ever
+     * returning to the poll: the whole loop would stall until MHD times the connection out */
     if (MHD_get_timeout(s->d, &ms) == MHD_YES)
-        uv_timer_start(&s->mhd_timer, on_mhd_timer, ms > 3600000 ? 3600000 : ms, 0);
+        uv_timer_start(&s->mhd_timer, on_mhd_timer, ms > 3600000 ? 3600000 : ms < 1 ? 1 : ms, 0);
     else
         uv_timer_stop(&s->mhd_timer);
 }
@@ -87,7 +92,44 @@ void http_server_unlink(struct http_server *s, struct http_req *c)
         s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_open--;
+    if (c->evicted) s->n_evicted--;
     http_door_ip_release(s, c->ip);
+}
+
+/* At the cap: the connection that gives way to a newcomer from `key` (server/http_fair.h), closed now (a
+ * slow head or body gets the 503 the newcomer would have had). Returns 0 when none may. */
+static int make_room(struct http_server *s, const unsigned char key[16])
+{
+    const struct ip_entry *ne = http_door_ip_find(s, key, 0);
+    const int newcomer = ne ? ne->count : 0;
+    const double now = http_now_s();
+    struct http_req *victim = NULL;
+    struct http_fair_cand best = {0};
+    for (struct http_req *c = s->conns; c; c = c->next) {
+        if (c->cut || !c->mc || !c->ip) continue;
+        const struct http_fair_cand k = {
+            .addr_count = c->ip->count,
+            .activity = c->state == C_IDLE  ? HTTP_FAIR_IDLE
+                        : c->state == C_APP ? HTTP_FAIR_WORKING
+                                            : HTTP_FAIR_READING,
+            .silent_s = now - (c->state == C_IDLE && c->fresh ? c->t_start : c->t_last),
+        };
+        if (http_fair_eligible(&k, newcomer) && (!victim || http_fair_prefer(&k, &best))) {
+            victim = c;
+            best = k;
+        }
+    }
+    if (!victim) return 0;
+    s->st.evicted++;
+    victim->evicted = 1;
+    s->n_evicted++;
+    FLOG_DEBUG("http: closing a %s connection of %s (%d open from it) to let a new address in",
+               victim->state == C_IDLE ? "idle" : "slow", victim->peer, best.addr_count);
+    if (victim->state == C_IDLE)
+        http_conn_cut(victim, NULL, 0);
+    else
+        http_conn_cut(victim, s->canned_busy, s->canned_busy_len);
+    return 1;
 }
 
 static void accept_one(struct http_server *s, int fd, const struct sockaddr_storage *ss, socklen_t sl)
@@ -101,15 +143,15 @@ static void accept_one(struct http_server *s, int fd, const struct sockaddr_stor
         close(fd);
         return;
     }
-    if (s->n_open >= s->p.max_connections) {
-        s->st.rejected_full++;
-        http_door_refuse_fd(s, fd, s->canned_busy, s->canned_busy_len);
-        return;
-    }
     unsigned char key[16];
     char peer[INET6_ADDRSTRLEN];
     int lo;
     http_door_peer_of(ss, key, peer, sizeof peer, &lo);
+    if (s->n_open - s->n_evicted >= s->p.max_connections && !make_room(s, key)) {
+        s->st.rejected_full++;
+        http_door_refuse_fd(s, fd, s->canned_busy, s->canned_busy_len);
+        return;
+    }
     struct ip_entry *e = http_door_ip_find(s, key, 1);
     if (!e) {
         http_door_refuse_fd(s, fd, s->canned_oom, s->canned_oom_len);
@@ -178,6 +220,27 @@ static void on_listen(uv_poll_t *p, int status, int events)
 
 /* ---- deadlines ---- */
 
+/* Reading a body, MHD stops taking bytes from the socket only when a line it must see whole (a chunk's size
+ * and extensions) has filled its buffer: it would wait for the idle timeout and close without an answer.
+ * Bytes that wait unread in the socket for STUCK_SWEEPS sweeps, with no piece of the body delivered
+ * meanwhile, say so. */
+#define STUCK_SWEEPS 4
+static int parser_stuck(struct http_req *c, double now)
+{
+    int q = 0;
+    if (c->responded || c->refusal || c->suspended || ioctl(c->fd, FIONREAD, &q) || q <= 0) {
+        c->rxq_still = 0;
+        c->rxq_mark = 0;
+        return 0;
+    }
+    if ((uint64_t)q == c->rxq_mark && now - c->t_last >= STUCK_SWEEPS * SWEEP_MS / 1000.0)
+        c->rxq_still++;
+    else
+        c->rxq_still = 0;
+    c->rxq_mark = (uint64_t)q;
+    return c->rxq_still >= STUCK_SWEEPS;
+}
+
 static void on_sweep(uv_timer_t *t)
 {
     struct http_server *s = t->data;
@@ -213,6 +276,12 @@ static void on_sweep(uv_timer_t *t)
             }
             break;
         case C_BODY:
+            if (parser_stuck(c, now)) {
+                s->st.protocol_errors++;
+                FLOG_INFO("http: 400 to %s: a chunk line longer than the parser's buffer", c->peer);
+                http_conn_cut(c, s->canned_400line, s->canned_400line_len);
+                break;
+            }
             if (now - c->t_start > p->body_timeout || now - c->t_last > p->idle_timeout) {
                 s->st.head_timeouts++;
                 FLOG_INFO("http: 408 to %s: the body did not arrive in time", c->peer);
@@ -302,6 +371,12 @@ int http_server_init(struct http_server **out, uv_loop_t *loop, const struct htt
                                           "the request head did not arrive in time (--header-timeout)");
     s->canned_408b_len = http_door_canned(s->canned_408b, sizeof s->canned_408b, 408,
                                           "the request body did not arrive in time (--body-timeout)");
+    s->canned_400line_len = http_door_canned(
+        s->canned_400line, sizeof s->canned_400line, 400,
+        "a chunk line of the body (its size and extensions) is longer than the server reads");
+    s->canned_413chunk_len =
+        http_door_canned(s->canned_413chunk, sizeof s->canned_413chunk, 413,
+                         "a chunk of the body is declared larger than the limit (--body-limit)");
     static const char oom[] = "{\"error\":{\"message\":\"the server is out of memory\",\"type\":"
                               "\"server_overloaded\",\"param\":null,\"code\":\"too_many_connections\"}}";
     s->resp_oom = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);

@@ -1,16 +1,18 @@
 /* http — ferry's HTTP server: libmicrohttpd driven from a libuv loop, with ferry's own accept, limits and
  * deadlines.
  *
- * Every socket lives on the one loop thread (libmicrohttpd in external epoll mode, connections suspended while
- * the application works): thousands of idle or trickling connections cost memory, never threads.
- * Limits: at most max_connections open (a connection past it, or past max_per_ip from one address, is
- * answered 503 + Retry-After and closed gracefully, never reset), the whole head within header_timeout of its
+ * Every socket lives on the one loop thread (libmicrohttpd in external epoll mode, connections suspended
+ * while the application works): thousands of idle or trickling connections cost memory, never threads.
+ * Limits: at most max_connections open (at the cap, an idle or slow connection of the address holding the
+ * most gives way to a newcomer from an address holding fewer (server/http_fair.h); a connection that finds
+ * none to replace, or past max_per_ip from one address, is answered 503 + Retry-After and closed gracefully,
+ * never reset), the whole head within header_timeout of its
  * first byte (of the accept for a new connection), the body within body_timeout, no silence longer than
  * idle_timeout (between requests too), and a reader that takes no bytes for about idle_timeout is dropped.
  * libmicrohttpd parses; ambiguous framing it lets through (two Content-Lengths, Content-Length with
- * Transfer-Encoding, ...) is refused here. Every error from this layer is an OpenAI-style JSON error and closes
- * the connection; heads libmicrohttpd cannot parse get its own (HTML) answers. One request at a time per
- * connection: pipelined bytes wait until the response has been written.
+ * Transfer-Encoding, ...) is refused here. Every error from this layer is an OpenAI-style JSON error and
+ * closes the connection; heads libmicrohttpd cannot parse get its own (HTML) answers. One request at a time
+ * per connection: pipelined bytes wait until the response has been written.
  *
  * The application sees requests through struct http_handlers, always on the loop thread. A request (struct
  * http_req, the connection itself) is valid from on_head until on_end returns; the application answers it
@@ -76,6 +78,7 @@ struct http_stats {
     uint64_t accepted;        /* connections taken */
     uint64_t rejected_full;   /* answered 503: max_connections reached */
     uint64_t rejected_per_ip; /* answered 503: max_per_ip reached */
+    uint64_t evicted;         /* idle or slow connections closed at the cap to let another address in */
     uint64_t head_timeouts;   /* 408: head or body not complete in time, or silent too long mid-request */
     uint64_t idle_closed;     /* idle connections closed after idle_timeout */
     uint64_t stalled_readers; /* dropped: the client took no response bytes for idle_timeout */

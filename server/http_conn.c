@@ -300,7 +300,7 @@ static enum MHD_Result head_arrived(struct http_req *c, const char *url, const c
     if ((size_t)snprintf(c->path, sizeof c->path, "%s", url) >= sizeof c->path) c->path[0] = 0;
     c->http10 = !strcmp(version, MHD_HTTP_VERSION_1_0);
     const char *why = NULL;
-    int refused = http_check_head(c->mc, c->http10, s->p.body_limit, &why);
+    int refused = http_check_head(c->mc, method, c->http10, s->p.body_limit, &why);
     if (refused) return refuse(c, (unsigned)refused, why);
     const char *te = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     const char *cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -310,10 +310,36 @@ static enum MHD_Result head_arrived(struct http_req *c, const char *url, const c
     /* MHD closes a connection answered before its request has been read whole; a body that is absent or
      * small (and not waiting for a 100 Continue) is read and dropped instead, so that the connection stays */
     c->hold = !te && !ex && (!cl || strtoull(cl, NULL, 10) <= 65536);
+    const union MHD_ConnectionInfo *hi =
+        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    c->chunked = te != NULL;
+    c->chunk_lost = !hi;
+    c->chunk_left = 0;
+    c->head_end = hi ? method + hi->header_size : NULL;
     c->app_active = 1;
     c->app = NULL;
     if (s->h.on_head) s->h.on_head(c, s->h.user);
     return c->cut ? MHD_NO : MHD_YES;
+}
+
+/* A piece of a chunked body (n bytes at data, MHD's buffer): whether its chunk was declared larger than what
+ * is left of the body limit. The first piece of each chunk follows the chunk's line in MHD's buffer, where
+ * http_check_chunk_line reads the size; where it is not found the shadow stops and the limit is checked as
+ * the bytes come (a client could otherwise hold the connection on a chunk it never sends). */
+static int chunk_over_limit(struct http_req *c, const char *data, size_t n)
+{
+    if (!c->chunked || c->chunk_lost) return 0;
+    if (c->chunk_left == 0 && !http_check_chunk_line(data, c->head_end, &c->chunk_left)) {
+        c->chunk_lost = 1;
+        return 0;
+    }
+    if (c->chunk_left > (uint64_t)c->srv->p.body_limit - c->body_len) return 1;
+    if (n > c->chunk_left) { /* a piece past its chunk: not the layout looked for */
+        c->chunk_lost = 1;
+        return 0;
+    }
+    c->chunk_left -= n;
+    return 0;
 }
 
 enum MHD_Result http_conn_on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
@@ -336,6 +362,15 @@ enum MHD_Result http_conn_on_access(void *cls, struct MHD_Connection *mc, const 
         *upload_data_size = 0;
         c->t_last = http_now_s();
         if (c->responded || c->refusal) goto out;
+        if (chunk_over_limit(c, upload_data, n)) {
+            /* MHD takes no answer mid-body, and this body may never end: the answer goes out raw (nothing
+             * of it was sent yet) and the connection closes */
+            s->st.protocol_errors++;
+            FLOG_INFO("http: 413 to %s: a chunk declared larger than the body limit", c->peer);
+            http_conn_cut(c, s->canned_413chunk, s->canned_413chunk_len);
+            ret = MHD_NO;
+            goto out;
+        }
         char *b = NULL;
         size_t cap = c->body_cap ? c->body_cap : 1024;
         if (c->body_len + n <= (size_t)s->p.body_limit && c->body_len + n + 1 > c->body_cap) {

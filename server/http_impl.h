@@ -42,6 +42,7 @@ struct http_req {
     enum conn_state state;
     int fresh;        /* no request seen yet on this connection */
     int cut;          /* shut down by us: MHD closes it next */
+    int evicted;      /* cut to make room for another address at the cap (counted in n_evicted) */
     double t_start;   /* start of the current head or body (of the accept for a fresh connection) */
     double t_last;    /* last bytes seen from the client, or the end of the last response */
     uint64_t rx_mark; /* the socket's received-byte count when last looked at */
@@ -55,7 +56,14 @@ struct http_req {
     char *body; /* (body_len) bytes, NUL-terminated; malloc'd as it arrives */
     size_t body_len, body_cap;
     int refusal; /* 413 (the body passed body_limit) or 503 (no memory for it): answered once MHD lets us */
-    int app_active; /* on_head was called and on_end not yet */
+    /* a chunked body, shadowed (http_check_chunk_line): the declared size of each chunk, read where MHD
+     * leaves its line in its buffer, so that one larger than the body limit is refused at once */
+    int chunked, chunk_lost;
+    const char *head_end; /* the end of the head in MHD's buffer (the first chunk line follows) */
+    uint64_t chunk_left;  /* bytes of the current chunk still to come */
+    uint64_t rxq_mark;    /* bytes waiting in the socket at the last sweep (a parser that stopped reading) */
+    int rxq_still;        /* sweeps those bytes have waited unread */
+    int app_active;       /* on_head was called and on_end not yet */
     void *app;
     int responded; /* an answer was queued (or is pending) */
     int close_after;
@@ -81,7 +89,7 @@ struct http_server {
     struct http_handlers h;
     struct MHD_Daemon *d;
     int mhd_up; /* MHD_start_daemon returned: its messages from then on are per connection (debug) */
-    int lfd; /* the listening socket; -1 once closed */
+    int lfd;    /* the listening socket; -1 once closed */
     uv_poll_t lpoll, epoll_poll;
     int lpoll_init, epoll_init;
     uv_timer_t mhd_timer, sweep;
@@ -94,12 +102,15 @@ struct http_server {
     struct linger_conn *lingers;
     struct http_req *deferred; /* connections with work due after MHD_run returns */
     int n_open, n_linger;
+    int n_evicted; /* of n_open, connections cut to make room that MHD has not closed yet */
     int draining, closed;
     struct ip_entry *ips[IP_BUCKETS];
     struct http_stats st;
     struct MHD_Response *resp_oom; /* answers that need no allocation of ours */
-    char canned_busy[512], canned_oom[512], canned_408h[512], canned_408b[512];
-    size_t canned_busy_len, canned_oom_len, canned_408h_len, canned_408b_len;
+    char canned_busy[512], canned_oom[512], canned_408h[512], canned_408b[512], canned_400line[512],
+        canned_413chunk[512];
+    size_t canned_busy_len, canned_oom_len, canned_408h_len, canned_408b_len, canned_400line_len,
+        canned_413chunk_len;
 };
 
 static inline double http_now_s(void)

@@ -94,6 +94,20 @@ void metrics_count_cancelled(struct metrics *m)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_count_preempted(struct metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->seqs_yielded++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_count_queue_timeout(struct metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->queue_timeouts++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_add_cached(struct metrics *m, int positions)
 {
     pthread_mutex_lock(&m->mu);
@@ -218,6 +232,12 @@ char *metrics_render(struct metrics *m, size_t *len)
             m->overlapped_steps);
     COUNTER("ferry_requests_cancelled_total", "Sequences cancelled (client gone, timeout, shutdown).",
             m->requests_cancelled);
+    COUNTER(
+        "ferry_sequences_yielded_total",
+        "Running sequences that gave their slot to a waiting one (a paused stream, a client over its share).",
+        m->seqs_yielded);
+    COUNTER("ferry_queue_timeouts_total", "Requests answered 503 after --queue-timeout without a slot.",
+            m->queue_timeouts);
     COUNTER("ferry_requests_rejected_total", "Requests refused because the queue was full.",
             m->requests_rejected);
     COUNTER("ferry_engine_steps_total", "engine_step calls.", m->engine_steps);
@@ -280,6 +300,9 @@ char *metrics_render(struct metrics *m, size_t *len)
         "ferry_http_connections_rejected_total{limit=\"max_connections\"} %llu\n"
         "ferry_http_connections_rejected_total{limit=\"per_ip\"} %llu\n",
         (unsigned long long)hs->rejected_full, (unsigned long long)hs->rejected_per_ip);
+    COUNTER("ferry_http_connections_evicted_total",
+            "Idle or slow connections closed at --max-connections to let a client from another address in.",
+            hs->evicted);
     COUNTER("ferry_http_request_timeouts_total",
             "Requests answered 408: head or body not complete in time, or silent mid-request.",
             hs->head_timeouts);

@@ -32,6 +32,8 @@ struct metrics {
         requests_rejected;
     uint64_t prompt_tokens_cached; /* prompt positions not prefilled: the prompt cache, or shared (n > 1) */
     uint64_t spec_steps, spec_drafted, spec_accepted; /* speculative decoding: verification steps, tokens */
+    uint64_t seqs_yielded;   /* sequences that gave their slot up to a waiting one (sched_policy.h) */
+    uint64_t queue_timeouts; /* requests refused 503 after --queue-timeout without a slot */
     struct histogram ttft, itl, batch_tokens, request_seconds;
     int queue_depth, running_seqs, last_batch_tokens;
     int kv_blocks_used, kv_blocks_total;
@@ -60,6 +62,8 @@ void metrics_set_queue_depth(struct metrics *m, int queued);
 /* Gauges of one iteration: the queue, the running sequences and the engine's own statistics. */
 void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st);
 void metrics_count_cancelled(struct metrics *m);
+void metrics_count_preempted(struct metrics *m);           /* a running sequence gave its slot up */
+void metrics_count_queue_timeout(struct metrics *m);       /* a request waited past --queue-timeout */
 void metrics_add_cached(struct metrics *m, int positions); /* prompt positions not prefilled */
 /* Speculative decoding: one sequence's verification of `drafted` tokens, `accepted` of them kept. */
 void metrics_spec(struct metrics *m, int drafted, int accepted);

@@ -34,8 +34,11 @@ static const struct opt_row rows[] = {
     {"host", OPT_STR, OFF(host), 0, 0, "127.0.0.1", NULL, "address to bind"},
     {"port", OPT_INT, OFF(port), 0, 65535, "8080", NULL, "TCP port (0 = any free port, logged)"},
     {"api-key", OPT_KEYS, OFF(api_keys), 0, 0, NULL, NULL,
-     "accepted bearer key (repeatable; env: one key); none = no auth"},
-    {"api-key-file", OPT_STR, OFF(api_key_file), 0, 0, NULL, NULL, "file with one key per line"},
+     "accepted bearer key (repeatable; env: one key); none = no auth. A key given here is visible to "
+     "every local user in the process list (ps): prefer --api-key-file or the environment variable"},
+    {"api-key-file", OPT_STR, OFF(api_key_file), 0, 0, NULL, NULL,
+     "file with one key per line ('#' comments; keeps the keys out of the process list: make it readable "
+     "by the server's user only)"},
     {"ctx-size", OPT_INT, OFF(ctx_size), 0, 1 << 20, "0", NULL,
      "positions per sequence (0 = min(model's, 4096))"},
     {"kv-tokens", OPT_INT, OFF(kv_tokens), 0, 1 << 30, "0", NULL,
@@ -70,6 +73,12 @@ static const struct opt_row rows[] = {
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},
     {"max-queue", OPT_INT, OFF(max_queue), 0, 1 << 20, "64", NULL,
      "sequences waiting for a slot before 503 + Retry-After"},
+    {"queue-timeout", OPT_INT, OFF(queue_timeout), 0, 86400 * 7, "120", NULL,
+     "seconds a request may wait for its first slot; then 503 + Retry-After (0 = as long as --timeout)"},
+    {"fair-share", OPT_BOOL, OFF(fair_share), 0, 1, "1", NULL,
+     "share the slots between clients (an API key, else an address) while others wait: a client holding more "
+     "than its share gives a slot up (an embedding input starts over, a generation is recomputed); a stream "
+     "whose client stops reading pauses and gives its slot to anyone waiting either way"},
     {"body-limit", OPT_SIZE, OFF(body_limit), 1024, (int64_t)1 << 30, "1MiB", NULL,
      "largest request body (413 above)"},
     {"timeout", OPT_INT, OFF(timeout), 0, 86400 * 7, "600", NULL,
@@ -366,16 +375,30 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
         snprintf(err, 256, "--api-key-file %s: %s", o->api_key_file, strerror(errno));
         return FERRY_ERR_IO;
     }
-    char line[1024];
-    int rc = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (!strchr(line, '\n') && !feof(f)) { /* fgets would cut it into two keys */
-            snprintf(err, 256, "--api-key-file %s: a line is longer than %zu bytes", o->api_key_file,
-                     sizeof line - 2);
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
+    int rc = 0, lineno = 0;
+    while ((got = getline(&line, &line_cap, f)) >= 0) {
+        size_t len = (size_t)got;
+        lineno++;
+        if (len > 1023) {
+            snprintf(err, 256, "--api-key-file %s: line %d is longer than 1022 bytes", o->api_key_file,
+                     lineno);
+            rc = FERRY_ERR_INVALID;
+            break;
+        }
+        if (memchr(line, 0, len)) { /* a C string would end the key there: a different key than written */
+            snprintf(err, 256, "--api-key-file %s: line %d holds a NUL byte", o->api_key_file, lineno);
             rc = FERRY_ERR_INVALID;
             break;
         }
         char *s = line;
+        /* a UTF-8 byte-order mark (editors on Windows write one) is not part of the first key */
+        if (lineno == 1 && len >= 3 && !memcmp(s, "\xEF\xBB\xBF", 3)) {
+            FLOG_WARN("--api-key-file %s: skipping the UTF-8 byte-order mark at its start", o->api_key_file);
+            s += 3;
+        }
         while (isspace((unsigned char)*s)) s++;
         size_t n = strlen(s);
         while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
@@ -393,6 +416,7 @@ int serve_options_load_key_file(struct serve_options *o, char err[256])
         o->owned[o->n_owned++] = k;
         o->api_keys[o->n_api_keys++] = k;
     }
+    free(line);
     if (!rc && ferror(f)) {
         snprintf(err, 256, "--api-key-file %s: read error", o->api_key_file);
         rc = FERRY_ERR_IO;

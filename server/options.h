@@ -31,6 +31,8 @@ struct serve_options {
     int overlap;                    /* begin a decode step before the last one is published */
     int threads;                    /* CPU threads; 0 = online cores */
     int max_queue;                  /* waiting sequences before 503 */
+    int queue_timeout;              /* seconds a request may wait for its first slot before 503; 0 = none */
+    int fair_share;                 /* share the slots between clients (API key, else address) */
     int64_t body_limit;             /* bytes */
     int timeout;                    /* seconds per request (queue + generation); 0 = none */
     int conn_timeout;               /* seconds a connection may stay silent, or leave the response unread */

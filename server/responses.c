@@ -26,9 +26,15 @@ static int input_item(json_t *it, size_t i, json_t *msgs, struct api_err *e)
     const char *role = json_string_value(json_object_get(it, "role"));
     if (!type || !strcmp(type, "message")) {
         if (!role) FAIL(FERRY_ERR_INVALID, "input", "input[%zu] needs a 'role'", i);
+        if (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") &&
+            strcmp(role, "developer"))
+            FAIL(FERRY_ERR_INVALID, "input",
+                 "input[%zu]: role '%.40s' is not one of user, assistant, system, developer", i, role);
         json_t *content = json_object_get(it, "content");
-        json_array_append_new(
-            msgs, json_pack("{s:s,s:O}", "role", role, "content", content ? content : json_null()));
+        if (!json_is_string(content) && !json_is_array(content))
+            FAIL(FERRY_ERR_INVALID, "input",
+                 "input[%zu]: a message needs 'content' (a string or an array of content parts)", i);
+        json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", role, "content", content));
         return 0;
     }
     if (!strcmp(type, "function_call")) {

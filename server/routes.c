@@ -191,7 +191,8 @@ static void get_status(struct hreq *h, const char *path)
                               S->api.ctx_size,
                               S->t_start,
                               &S->metrics,
-                              S->sched};
+                              S->sched,
+                              h->client};
     size_t len = 0;
     api_oom_reset();
     char *b = dashboard_json(&d, &len);
@@ -330,7 +331,8 @@ int route_parse(struct hreq *h)
     return h->rt->parse(h);
 }
 
-/* Constant-time in the key contents: every key is compared over its whole length, no early exit. */
+/* Constant-time in the key contents: every key is compared over its whole length, no early exit. Returns
+ * 1 + the index of the matching key, or 0. */
 static int key_ok(const struct server *S, const char *got)
 {
     size_t gl = strlen(got);
@@ -341,7 +343,7 @@ static int key_ok(const struct server *S, const char *got)
         volatile unsigned char diff = (unsigned char)(gl != kl);
         for (size_t j = 0; j < kl; j++)
             diff |= (unsigned char)((j < gl ? (unsigned char)got[j] : 0) ^ (unsigned char)k[j]);
-        ok |= diff == 0;
+        ok |= (diff == 0) * (i + 1);
     }
     return ok;
 }
@@ -358,7 +360,9 @@ static int authorized(struct hreq *h, const char *path)
     if (!a || strncasecmp(a, "Bearer ", 7)) return 0;
     a += 7;
     while (*a == ' ') a++;
-    return key_ok(S, a);
+    const int k = key_ok(S, a);
+    if (k) snprintf(h->client, sizeof h->client, "key %d", k); /* the tenant: fair shares, /status */
+    return k != 0;
 }
 
 /* Without an API key, a web page the user visits must not reach the server through DNS rebinding (a name of
@@ -468,6 +472,7 @@ void routes_on_head(struct http_req *q, void *user)
         options_reply(h);
         return;
     }
+    snprintf(h->client, sizeof h->client, "%s", http_req_peer(q)); /* (authorized: the key instead) */
     if (!authorized(h, path)) {
         hreq_respond_error(h, SERVE_ERR_UNAUTHORIZED, NULL,
                            "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)");

@@ -149,7 +149,10 @@ static void pump(struct hreq *h)
         h->sse.len = 0;
         if (http_stream_write(h->q, h->sse.p, n)) return; /* the connection closed: h may be gone */
     }
-    if (h->sse_done) http_stream_end(h->q);
+    if (h->sse_done)
+        http_stream_end(h->q);
+    else /* a client that stops reading pauses its sequences (they give their slots to waiting ones) */
+        sched_set_paused(S->sched, h->req, http_req_unsent(h->q) >= STREAM_UNSENT_MAX);
 }
 
 void routes_on_wake(uv_async_t *a)
@@ -206,6 +209,7 @@ static void submit(struct hreq *h)
     struct sreq *r = h->req;
     r->wake = on_engine_wake;
     r->wake_user = h;
+    snprintf(r->client, sizeof r->client, "%s", h->client);
     int rc = sched_submit(S->sched, r);
     if (rc) {
         h->req = NULL;

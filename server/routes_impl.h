@@ -24,7 +24,8 @@ struct hreq {
     struct server *S;
     struct http_req *q; /* NULL once the HTTP request ended */
     uint64_t id;
-    char rid[72]; /* the client's X-Request-Id when it is sane, else our counter */
+    char rid[72];    /* the client's X-Request-Id when it is sane, else our counter */
+    char client[48]; /* who asks: "key N" (the API key it gave) or its address (struct sreq's client) */
     double t0;
     const struct route *rt; /* NULL: no route */
     int status;             /* HTTP status sent, for the access log */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
@@ -133,6 +134,20 @@ static int fits_locked(struct sched *s, const struct choice *c, int slot)
 static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, const struct choice *lead)
 {
     struct sreq *r = c->req;
+    r->started = 1;
+    if (c->resume) { /* its output state is kept: its slot recomputes the prompt and the tokens so far */
+        engine_seq_free(s->e, slot);
+        prompt_cache_drop(s->pc, slot);
+        s->kv_reserved += sched_kv_need(s, c);
+        s->slot_free[slot] = 0;
+        c->slot = slot;
+        c->n_fed = c->n_cached = 0;
+        c->state = CHOICE_RUNNING;
+        s->run[s->n_run++] = c;
+        return 0;
+    }
+    c->feed = c->prompt;
+    c->n_feed = c->n_prompt;
     struct sampler_params sp = r->sp;
     sp.seed = r->sp.seed + (uint64_t)c->index;
     sp.logit_bias = r->bias;
@@ -207,6 +222,16 @@ static void cut_expired_locked(struct sched *s, double now)
             r->cancelled = FERRY_ERR_TIMEOUT;
             sched_req_signal_locked(r);
         }
+        /* waited too long for its first slot: refused as busy (503 + Retry-After), never half served */
+        if (!r->cancelled && !r->started && s->p.queue_timeout > 0 &&
+            now - r->t_arrival > s->p.queue_timeout) {
+            r->error = r->cancelled = FERRY_ERR_BUSY;
+            snprintf(r->errmsg, sizeof r->errmsg,
+                     "the server is busy: no slot came free within %.0fs (--queue-timeout); retry later",
+                     s->p.queue_timeout);
+            metrics_count_queue_timeout(s->m);
+            sched_req_signal_locked(r);
+        }
     }
     for (int i = 0; i < s->n_run; i++) {
         struct sreq *r = s->run[i]->req;
@@ -276,7 +301,10 @@ static int embed_batch_locked(struct sched *s)
         const struct choice *c = s->run[i];
         s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, c->req->kind != SREQ_EMBED, 0};
     }
-    sched_policy_plan_prefill(s->p.max_batch_tokens, s->steps, s->n_run, s->chunk);
+    int others = 0;
+    for (int i = 0; i < s->n_run; i++) others += s->run[i]->req->kind != SREQ_EMBED;
+    sched_policy_plan_prefill(sched_policy_embed_budget(&s->pp, others, s->n_queued > 0), s->steps, s->n_run,
+                              s->chunk);
     int ne = 0, at = 0;
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
@@ -313,7 +341,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
             snprintf(c->req->errmsg, sizeof c->req->errmsg, "out of memory");
             skip = 1;
         }
-        s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, skip, plp};
+        s->steps[i] = (struct sched_step_seq){c->n_feed, c->n_fed, skip, plp};
     }
     struct sched_step_plan plan;
     const int planned = sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
@@ -324,7 +352,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
     s->n_draft_step = 0;
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
-        if (c->n_fed < c->n_prompt) continue;
+        if (c->n_fed < c->n_feed || c->req->paused) continue; /* prefilling, or nobody reads it */
         const int pos = c->n_prompt + c->out.n_gen - 1;
         s->b_tokens[n] = c->out.last;
         s->b_pos[n] = pos;
@@ -367,7 +395,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         const int plp = sched_wants_prompt_lps(c->req);
         for (int j = 0; j < k; j++) {
             const int p = c->n_fed + j;
-            s->b_tokens[n] = c->prompt[p];
+            s->b_tokens[n] = c->feed[p];
             s->b_pos[n] = p;
             s->b_seq[n] = c->slot;
             s->b_want[n] = plp && p + 1 < c->n_prompt;
@@ -380,7 +408,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         }
         c->chunk = k;
         *n_prefill += k;
-        if (c->n_fed + k == c->n_prompt) {
+        if (c->n_fed + k == c->n_feed) {
             if (c->req->max_tokens > 0) {
                 s->b_want[n - 1] = 1;
                 s->row_owner[rows] = c;
@@ -426,8 +454,8 @@ static int overlap_ok_locked(struct sched *s, int rows, int ne)
     for (int i = 0; i < s->n_run; i++) {
         const struct choice *c = s->run[i];
         const struct sreq *r = c->req;
-        if (c->fin || c->n_fed < c->n_prompt || r->cancelled || r->error || r->kind == SREQ_EMBED ||
-            c->out.oom)
+        if (c->fin || c->n_fed < c->n_feed || r->cancelled || r->error || r->kind == SREQ_EMBED ||
+            r->paused || c->out.oom)
             return 0;
     }
     return engine_step_overlaps(s->e, rows);
@@ -443,7 +471,7 @@ static void draft_with_model_locked(struct sched *s)
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
         c->n_model_draft = 0;
-        n_dec += c->n_fed == c->n_prompt && c->req->kind != SREQ_EMBED;
+        n_dec += c->n_fed == c->n_feed && !c->req->paused && c->req->kind != SREQ_EMBED;
     }
     const int k_max = sched_policy_spec_len(s->p.spec_n_max, n_dec, s->p.max_batch_tokens - n_dec);
     if (k_max <= 0) return;
@@ -454,7 +482,7 @@ static void draft_with_model_locked(struct sched *s)
     struct choice *who[SCHED_SPEC_MAX_SEQS];
     for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
         struct choice *c = s->run[i];
-        if (c->n_fed < c->n_prompt || !c->hist || c->spec_skip > 0 || c->fin) continue;
+        if (c->n_fed < c->n_feed || c->req->paused || !c->hist || c->spec_skip > 0 || c->fin) continue;
         const int len = c->n_prompt + c->out.n_gen; /* its tokens, the last one pending */
         int kk = k_max;
         if (kk > c->out.p.max_tokens - c->out.n_gen - 1) kk = c->out.p.max_tokens - c->out.n_gen - 1;
@@ -501,6 +529,32 @@ static int spec_settle(struct sched *s, int rows)
     return accepted;
 }
 
+/* With mu held, after a row of c was sampled: its token joins the record a resumed sequence recomputes from
+ * (kept where it may give its slot up mid-generation: not with prompt logprobs, not for embeddings). */
+static void record_gen(struct choice *c)
+{
+    if (c->no_yield || c->req->kind == SREQ_EMBED || sched_wants_prompt_lps(c->req)) return;
+    /* one token a step, or (speculative decoding) the step's tokens from the sequence's history */
+    if (c->n_rec != c->out.n_gen - 1 && !(c->hist && c->n_rec < c->out.n_gen)) { /* a token missed */
+        c->no_yield = 1;
+        return;
+    }
+    while (c->n_rec < c->out.n_gen) {
+        if (c->n_rec == c->gen_cap) {
+            const int cap = c->gen_cap ? c->gen_cap * 2 : 64;
+            int32_t *g = realloc(c->gen, (size_t)cap * sizeof *g);
+            if (!g) {
+                c->no_yield = 1;
+                return;
+            }
+            c->gen = g;
+            c->gen_cap = cap;
+        }
+        c->gen[c->n_rec] = c->hist ? c->hist[c->n_prompt + c->n_rec] : c->out.last;
+        c->n_rec++;
+    }
+}
+
 /* With mu held: the rows of a step that ended are published (text, logprobs, token timings). */
 static void publish_rows_locked(struct sched *s, struct choice *const *owner, int rows, double t)
 {
@@ -540,6 +594,7 @@ static void publish_rows_locked(struct sched *s, struct choice *const *owner, in
             }
         }
         c->n_completion = c->out.n_gen;
+        record_gen(c);
         if (c->out.oom) {
             r->error = FERRY_ERR_NOMEM;
             snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
@@ -560,6 +615,126 @@ static void fail_running_locked(struct sched *s, int rc, int n)
     }
 }
 
+/* ---- sharing the slots between clients (sched_policy.h) ---- */
+
+/* With mu held: running and queued sequences by client; returns the clients with either. */
+static int count_clients_locked(struct sched *s)
+{
+    for (int i = 0; i < s->clients_cap; i++) s->running_of[i] = s->waiting_of[i] = 0;
+    for (int i = 0; i < s->n_run; i++) s->running_of[s->run[i]->req->client_id]++;
+    for (const struct choice *c = s->qhead; c; c = c->qnext) s->waiting_of[c->req->client_id]++;
+    int n = 0;
+    for (int i = 0; i < s->clients_cap; i++) n += s->running_of[i] + s->waiting_of[i] > 0;
+    return n;
+}
+
+/* With mu held: the queued choice to admit next (and the one before it in the queue), or NULL. With fair
+ * sharing, the first of a client below its share goes first; a stream paused off its slot waits for its
+ * client to read. */
+static struct choice *pick_locked(struct sched *s, struct choice **prev_out)
+{
+    *prev_out = NULL;
+    if (s->n_queued > s->q_cap) {
+        const int cap = s->n_queued * 2;
+        int *qc = realloc(s->q_client, (size_t)cap * sizeof *qc);
+        if (qc) s->q_client = qc;
+        unsigned char *qr = qc ? realloc(s->q_ready, (size_t)cap) : NULL;
+        if (qr) s->q_ready = qr;
+        if (qc && qr) s->q_cap = cap;
+    }
+    int nq = 0;
+    for (const struct choice *c = s->qhead; c && nq < s->q_cap; c = c->qnext, nq++) {
+        s->q_client[nq] = c->req->client_id;
+        s->q_ready[nq] = !(c->resume && c->req->paused);
+    }
+    if (nq == 0) return s->qhead; /* (no memory for the arrays: the head) */
+    const int n_clients = count_clients_locked(s);
+    const int share = s->p.fair_share ? sched_policy_fair_share(s->n_slots, n_clients) : s->n_slots;
+    const int k = sched_policy_fair_pick(s->q_client, s->q_ready, nq, s->running_of,
+                                         s->p.fair_share ? share : s->n_slots + 1);
+    if (k < 0) return NULL;
+    struct choice *c = s->qhead;
+    for (int i = 0; i < k; i++) *prev_out = c, c = c->qnext;
+    return c;
+}
+
+/* With mu held: the running choice at run[i] gives its slot up and goes back to the head of the queue. A
+ * stream is resumed later from its record (prompt and tokens so far, recomputed); an embedding input starts
+ * over. */
+static void yield_locked(struct sched *s, int i)
+{
+    struct choice *c = s->run[i];
+    struct sreq *r = c->req;
+    if (r->kind == SREQ_EMBED) {
+        seq_output_free(&c->out);
+        free(c->embd);
+        c->embd = NULL;
+        c->resume = 0;
+    } else {
+        const int n = c->n_prompt + c->n_rec;
+        int32_t *f =
+            c->feed_buf; /* (yield_for_locked made it hold n, and checked that the record is whole) */
+        memcpy(f, c->prompt, (size_t)c->n_prompt * sizeof *f);
+        memcpy(f + c->n_prompt, c->gen, (size_t)c->n_rec * sizeof *f);
+        c->feed = f;
+        c->n_feed = n;
+        c->resume = 1;
+    }
+    engine_seq_free(s->e, c->slot);
+    prompt_cache_drop(s->pc, c->slot);
+    s->kv_reserved -= sched_kv_need(s, c);
+    s->slot_free[c->slot] = 1;
+    c->slot = -1;
+    c->n_fed = 0;
+    c->chunk = 0;
+    memmove(&s->run[i], &s->run[i + 1], (size_t)(s->n_run - i - 1) * sizeof *s->run);
+    s->n_run--;
+    c->state = CHOICE_QUEUED;
+    c->qnext = s->qhead;
+    s->qhead = c;
+    if (!s->qtail) s->qtail = c;
+    s->n_queued++;
+    metrics_count_preempted(s->m);
+}
+
+/* With mu held, no slot free: a running sequence gives its slot to the waiting choice w if the policy names
+ * one. Returns 1 when a slot was freed. */
+static int yield_for_locked(struct sched *s, const struct choice *w)
+{
+    const int n_clients = count_clients_locked(s);
+    const int share = s->p.fair_share ? sched_policy_fair_share(s->n_slots, n_clients) : s->n_slots;
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        const struct sreq *r = c->req;
+        struct sched_fair_seq *q = &s->fair_run[i];
+        q->client = r->client_id;
+        q->how = SCHED_YIELD_NO;
+        q->cost = c->n_fed;
+        if (c->fin || r->cancelled || r->error || c == w) continue;
+        if (r->kind == SREQ_EMBED) {
+            q->how = s->p.fair_share ? SCHED_YIELD_SHARE : SCHED_YIELD_NO;
+        } else if (!sched_wants_prompt_lps(r) && !c->no_yield && c->n_fed == c->n_feed &&
+                   c->n_rec == c->out.n_gen && c->out.n_gen > 0 && r->n < 2) {
+            /* a decoding sequence of its own (not one whose prompt's blocks others share) */
+            const int n = c->n_prompt + c->n_rec;
+            if (c->feed_cap < n) {
+                const int cap = n + 256;
+                int32_t *f = realloc(c->feed_buf, (size_t)cap * sizeof *f);
+                if (!f) continue;
+                if (c->feed == c->feed_buf) c->feed = f; /* (a resumed one reads it) */
+                c->feed_buf = f;
+                c->feed_cap = cap;
+            }
+            q->how = r->paused ? SCHED_YIELD_PAUSED : s->p.fair_share ? SCHED_YIELD_SHARE : SCHED_YIELD_NO;
+            q->cost = n;
+        }
+    }
+    const int v = sched_policy_fair_victim(s->fair_run, s->n_run, s->running_of, share, w->req->client_id);
+    if (v < 0) return 0;
+    yield_locked(s, v);
+    return 1;
+}
+
 /* With mu held, at the top of the loop when no step is on its way: cancelled, failed and expired choices
  * leave their slots, then queued ones are admitted first come first served while slots and KV room last. */
 static void reap_and_admit_locked(struct sched *s)
@@ -574,22 +749,33 @@ static void reap_and_admit_locked(struct sched *s)
             i++;
         }
     }
-    while (s->qhead && s->n_run < s->n_slots) {
-        struct choice *c = s->qhead;
-        /* first come first served: the head waits for KV room rather than being overtaken */
+    int yields = 0;
+    while (s->qhead) {
+        struct choice *prev = NULL, *c = pick_locked(s, &prev);
+        if (!c) break;
+        if (s->n_run >= s->n_slots) {
+            /* no free slot: one that may be given up goes to the picked sequence (the sharing policy); the
+             * one given up joins the queue's head, so the pick is made again */
+            if (yields++ < s->n_slots && yield_for_locked(s, c)) continue;
+            break;
+        }
         const int feeds =
             c->req->max_tokens > 0 || sched_wants_prompt_lps(c->req) || c->req->kind == SREQ_EMBED;
         /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
-        struct choice *lead = feeds ? running_leader_locked(s, c) : NULL;
+        struct choice *lead = feeds && !c->resume ? running_leader_locked(s, c) : NULL;
         if (lead && lead->n_fed < lead->n_prompt) break;
-        const int use_cache =
-            !lead && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
+        const int use_cache = !lead && !c->resume && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) &&
+                              c->req->kind != SREQ_EMBED;
         int reuse = 0,
             slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt, use_cache, &reuse)
                          : -1;
+        /* the picked sequence waits for KV room rather than being overtaken */
         if (feeds && !fits_locked(s, c, slot)) break;
-        s->qhead = c->qnext;
-        if (!s->qhead) s->qtail = NULL;
+        if (prev)
+            prev->qnext = c->qnext;
+        else
+            s->qhead = c->qnext;
+        if (s->qtail == c) s->qtail = prev;
         s->n_queued--;
         if (!feeds) { /* max_tokens 0 and nothing to compute */
             sched_choice_done_locked(s, c, "length");
@@ -644,6 +830,15 @@ void *sched_engine_main(void *arg)
             if (s->p.draft) draft_with_model_locked(s);
             n = step_batch_locked(s, &rows, &n_prefill);
             ne = embed_batch_locked(s);
+            if (n == 0 &&
+                ne == 0) { /* every running stream is paused: wait for a reader, a request, a deadline */
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                ts.tv_nsec += 100 * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+                pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
+                continue;
+            }
             pthread_mutex_unlock(&s->mu);
 
             const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
@@ -683,7 +878,7 @@ void *sched_engine_main(void *arg)
         for (int i = 0; i < s->n_run; i++) {
             struct choice *c = s->run[i];
             c->n_fed += c->chunk;
-            if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_prompt) c->fin = "stop"; /* pooled: done */
+            if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_feed) c->fin = "stop"; /* pooled: done */
             if (c->chunk && c->n_fed == c->n_prompt && sched_wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;
                 sched_req_signal_locked(c->req);
@@ -716,7 +911,7 @@ void *sched_engine_main(void *arg)
         if (!ahead)
             for (int i = 0; i < s->n_run;) {
                 struct choice *c = s->run[i];
-                if (c->fin && c->n_fed == c->n_prompt) {
+                if (c->fin && c->n_fed == c->n_feed) {
                     const char *f = c->fin;
                     c->fin = NULL;
                     retire_locked(s, i, f);

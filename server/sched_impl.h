@@ -61,6 +61,18 @@ struct sched {
     struct draw_row *draw;  /* (n_slots) the step's draws, by output row */
     struct draw_out *drawn; /* (n_slots) */
     int n_draft_step;       /* drafted tokens in the step being built (sched_params.spec_n_max) */
+    /* clients with requests in flight (under mu): sreq.client_id indexes them; an entry is free at refs 0 */
+    struct sched_client {
+        char name[48];
+        int refs; /* requests in flight */
+    } * clients;
+    int clients_cap;
+    int *running_of;        /* (clients_cap) engine thread: running sequences by client, this iteration */
+    int *waiting_of;        /* (clients_cap) queued ones */
+    int *q_client;          /* (q_cap) engine thread: the queue's clients, in order */
+    unsigned char *q_ready; /* (q_cap) */
+    int q_cap;
+    struct sched_fair_seq *fair_run; /* (n_slots) the running sequences as the sharing policy sees them */
 };
 
 /* With mu held: new output, a finish or an error on r. */

@@ -24,10 +24,11 @@ int sched_policy_kv_need(const struct sched_policy_params *p, int n_prompt, int 
 
 int sched_policy_accepts(const struct sched_policy_params *p, int n_queued, int n_running, int n_seqs)
 {
-    if (n_seqs > p->n_slots + p->max_queue) return FERRY_ERR_RANGE; /* could never be admitted */
     const int free_slots = p->n_slots - n_running;
-    if (n_queued + n_seqs > p->max_queue + (free_slots > 0 ? free_slots : 0)) return FERRY_ERR_BUSY;
-    return 0;
+    if (n_queued + n_seqs <= p->max_queue + (free_slots > 0 ? free_slots : 0)) return 0;
+    /* A request with more sequences than the queue holds (n up to 128, 2,048 embedding inputs: the API bounds
+     * them) waits alone: it is taken when nothing else waits. */
+    return n_queued == 0 ? 0 : FERRY_ERR_BUSY;
 }
 
 int sched_policy_fits_pool(const struct sched_policy_params *p, int n_prompt, int max_tokens, int *need)
@@ -111,4 +112,47 @@ int sched_policy_spec_len(int n_max, int n_dec, int rows_left)
     if (rows_left > SCHED_SPEC_ROWS) rows_left = SCHED_SPEC_ROWS;
     const int k = rows_left / n_dec;
     return k < n_max ? k : n_max;
+}
+
+/* ---- sharing between clients ---- */
+
+int sched_policy_fair_share(int n_slots, int n_clients)
+{
+    const int share = n_clients > 0 ? n_slots / n_clients : n_slots;
+    return share > 0 ? share : 1;
+}
+
+int sched_policy_fair_pick(const int *q_client, const unsigned char *q_ready, int nq, const int *running_of,
+                           int share)
+{
+    int first = -1;
+    for (int i = 0; i < nq; i++) {
+        if (!q_ready[i]) continue;
+        if (first < 0) first = i;
+        if (running_of[q_client[i]] < share) return i;
+    }
+    return first;
+}
+
+int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int *running_of, int share, int w)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++) /* a paused stream: nobody reads it */
+        if (run[i].how == SCHED_YIELD_PAUSED && (best < 0 || run[i].cost < run[best].cost)) best = i;
+    if (best >= 0 || running_of[w] >= share) return best;
+    for (int i = 0; i < n; i++) {
+        const struct sched_fair_seq *q = &run[i];
+        if (q->how != SCHED_YIELD_SHARE || q->client == w || running_of[q->client] <= share) continue;
+        if (best < 0 || running_of[q->client] > running_of[run[best].client] ||
+            (running_of[q->client] == running_of[run[best].client] && q->cost < run[best].cost))
+            best = i;
+    }
+    return best;
+}
+
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting)
+{
+    if (!others_running && !others_waiting) return p->max_batch_tokens;
+    const int b = p->max_batch_tokens / 4;
+    return b > 0 ? b : 1;
 }

@@ -31,9 +31,9 @@ int sched_policy_kv_need(const struct sched_policy_params *p, int n_prompt, int 
 /* Blocks that hold `positions` positions. */
 int sched_policy_blocks(const struct sched_policy_params *p, int positions);
 
-/* Whether a request can be queued: 0, or FERRY_ERR_RANGE when it has more sequences than slots + queue could
- * ever hold, FERRY_ERR_BUSY when the queue has no room for it now. n_queued and n_running are the current
- * counts. */
+/* Whether a request can be queued: 0, or FERRY_ERR_BUSY when the queue has no room for it now. A request
+ * with more sequences than the free slots and the queue hold is taken when nothing else is queued (it then
+ * waits alone; the API bounds its sequences). n_queued and n_running are the current counts. */
 int sched_policy_accepts(const struct sched_policy_params *p, int n_queued, int n_running, int n_seqs);
 /* Whether one sequence can ever run: 0, or FERRY_ERR_DEVICE_MEM when it needs more KV blocks than the whole
  * pool (*need gets its blocks). */
@@ -81,5 +81,43 @@ int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int
  * step's decode rows and prefill chunks leave of max_batch_tokens), at most SCHED_SPEC_ROWS in all and n_max
  * each. */
 int sched_policy_spec_len(int n_max, int n_dec, int rows_left);
+/* ---- sharing between clients ----
+ * A client is an API key, else an address (struct sreq's client). While others wait, no client keeps more
+ * than its share of the slots: the queue is served first to clients below their share, and a slot held
+ * beyond the share by a sequence that can give it up is taken back. A stream whose client stopped reading
+ * (paused: it gets no decode rows) gives its slot to any waiting sequence; it is recomputed (prompt and
+ * tokens so far) when its client reads again. Other sequences give their slot up only beyond their client's
+ * share: an embedding input starts over, a generating sequence is recomputed as a paused one. Embedding
+ * prefill shares the engine too: beside other work it takes a quarter of a step's budget. */
+
+/* Slots one client may hold while others wait: n_slots / n_clients, at least 1. */
+int sched_policy_fair_share(int n_slots, int n_clients);
+
+/* The queued sequence to admit next, over the queue in order: q_client[i] its client, q_ready[i] 0 for one
+ * that must not run now (a paused stream waiting to resume). The first ready one whose client holds fewer
+ * than `share` running sequences (running_of, by client) goes first; else the first ready one. -1: none. */
+int sched_policy_fair_pick(const int *q_client, const unsigned char *q_ready, int nq, const int *running_of,
+                           int share);
+
+enum sched_yield {
+    SCHED_YIELD_NO = 0,     /* keeps its slot */
+    SCHED_YIELD_PAUSED = 1, /* a stream nobody reads: gives its slot to anyone, resumed later */
+    SCHED_YIELD_SHARE = 2,  /* gives its slot up beyond its client's share (an embedding input starts over,
+                             * a generating sequence is recomputed) */
+};
+struct sched_fair_seq {
+    int client;           /* index of its client */
+    enum sched_yield how; /* whether and how it may give its slot up */
+    int cost;             /* positions recomputed if it does */
+};
+/* The running sequence (index into run) that gives its slot to a waiting sequence of client w, or -1: a
+ * paused stream first, the cheapest to recompute; else, only while w holds fewer than `share`, a
+ * SCHED_YIELD_SHARE one of the client holding the most beyond its share, the cheapest first. */
+int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int *running_of, int share,
+                             int w);
+
+/* Embedding prefill tokens of one step: the whole budget alone, a quarter of it (at least 1) while other
+ * sequences run or wait. */
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting);
 
 #endif

@@ -40,6 +40,7 @@ int sched_describe(struct sched *s, struct sched_seq *out, int cap)
             if (n < cap) {
                 struct sched_seq *q = &out[n];
                 snprintf(q->id, sizeof q->id, "%s", c->req->id);
+                snprintf(q->client, sizeof q->client, "%s", c->req->client);
                 q->kind = c->req->kind;
                 q->running = pass == 0;
                 q->slot = pass == 0 ? c->slot : -1;
@@ -137,6 +138,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->row_at = calloc(ns, sizeof *s->row_at);
     s->pub_owner = calloc(ns, sizeof *s->pub_owner);
     s->draws = p->gpu_sampling && engine_draws(e);
+    s->fair_run = calloc(ns, sizeof *s->fair_run);
     s->draw = calloc(ns, sizeof *s->draw);
     s->drawn = calloc(ns, sizeof *s->drawn);
     if (seq_vocab_init(&s->vocab, t, s->n_vocab, 1)) s->vocab = NULL;
@@ -147,7 +149,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     if (!s->run || !s->slot_free || !s->idle || !s->idle_blocks || !s->steps || !s->chunk || !s->b_tokens ||
         !s->b_pos || !s->b_seq || !s->b_want || !s->e_tokens || !s->e_pos || !s->e_seq || !s->e_want ||
         !s->e_out || !s->row_owner || !s->row_at || !s->pub_owner || !s->draw || !s->drawn || !s->vocab ||
-        !s->pc || !s->logits || !s->scratch) {
+        !s->fair_run || !s->pc || !s->logits || !s->scratch) {
         sched_free(s);
         return FERRY_ERR_NOMEM;
     }
@@ -205,6 +207,12 @@ void sched_free(struct sched *s)
     free(s->pub_owner);
     free(s->draw);
     free(s->drawn);
+    free(s->fair_run);
+    free(s->clients);
+    free(s->running_of);
+    free(s->waiting_of);
+    free(s->q_client);
+    free(s->q_ready);
     seq_vocab_free(s->vocab);
     prompt_cache_free(s->pc);
     free(s->logits);
@@ -281,6 +289,8 @@ void sched_choice_done_locked(struct sched *s, struct choice *c, const char *fin
     sched_req_signal_locked(r);
     if (r->n_done == r->n_choices) {
         s->in_flight--;
+        if (r->client_id >= 0 && r->client_id < s->clients_cap) s->clients[r->client_id].refs--;
+        r->client_id = -1;
         metrics_request_done(s->m, sched_now() - r->t_arrival);
         sched_req_unref_locked(r);
     }
@@ -300,10 +310,52 @@ int sched_kv_need(const struct sched *s, const struct choice *c)
     return sched_policy_kv_need(&s->pp, c->n_prompt, c->req->max_tokens);
 }
 
+/* With mu held: req's client in the table (a new entry, or the one of a request in flight from it). Returns
+ * 0, or FERRY_ERR_NOMEM. */
+static int client_intern_locked(struct sched *s, struct sreq *req)
+{
+    int free_at = -1;
+    for (int i = 0; i < s->clients_cap; i++) {
+        if (s->clients[i].refs > 0 && !strcmp(s->clients[i].name, req->client)) {
+            s->clients[i].refs++;
+            req->client_id = i;
+            return 0;
+        }
+        if (s->clients[i].refs == 0 && free_at < 0) free_at = i;
+    }
+    if (free_at < 0) { /* the table, and the engine thread's counts by client, grow together */
+        const int cap = s->clients_cap ? s->clients_cap * 2 : 16;
+        struct sched_client *c = realloc(s->clients, (size_t)cap * sizeof *c);
+        if (!c) return FERRY_ERR_NOMEM;
+        s->clients = c;
+        int *ro = realloc(s->running_of, (size_t)cap * sizeof *ro);
+        if (!ro) return FERRY_ERR_NOMEM;
+        s->running_of = ro;
+        int *wo = realloc(s->waiting_of, (size_t)cap * sizeof *wo);
+        if (!wo) return FERRY_ERR_NOMEM;
+        s->waiting_of = wo;
+        for (int i = s->clients_cap; i < cap; i++) s->clients[i].refs = 0;
+        free_at = s->clients_cap;
+        s->clients_cap = cap;
+    }
+    snprintf(s->clients[free_at].name, sizeof s->clients[free_at].name, "%s", req->client);
+    s->clients[free_at].refs = 1;
+    req->client_id = free_at;
+    return 0;
+}
+
+void sched_set_paused(struct sched *s, struct sreq *req, int paused)
+{
+    pthread_mutex_lock(&s->mu);
+    if (req->paused != paused) {
+        req->paused = paused;
+        pthread_cond_signal(&s->cv_work);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 int sched_submit(struct sched *s, struct sreq *req)
 {
-    int rc = sched_policy_accepts(&s->pp, 0, 0, req->n_choices);
-    if (rc) return rc; /* more sequences than could ever be admitted */
     for (int i = 0; i < req->n_choices; i++) {
         const struct choice *c = &req->choices[i];
         if (sched_policy_fits_pool(&s->pp, c->n_prompt, req->max_tokens, NULL)) { /* nor this */
@@ -320,6 +372,10 @@ int sched_submit(struct sched *s, struct sreq *req)
     if (s->stop || sched_policy_accepts(&s->pp, s->n_queued, s->n_run, req->n_choices)) {
         pthread_mutex_unlock(&s->mu);
         return s->stop ? FERRY_ERR_CANCELLED : FERRY_ERR_BUSY;
+    }
+    if (client_intern_locked(s, req)) {
+        pthread_mutex_unlock(&s->mu);
+        return FERRY_ERR_BUSY; /* (no memory for one more client: busy for now) */
     }
     req->refs++;
     s->in_flight++;

@@ -1,6 +1,7 @@
-/* scheduler — the scheduler and the engine thread: a FIFO queue of sequences, continuous batching at
- * iteration level, chunked prefill. What is admitted and how a step is cut is sched_policy's; a sequence's
- * sampling, stops and text are seq_output's; the slots' reusable prompts are prompt_cache's.
+/* scheduler — the scheduler and the engine thread: a queue of sequences served first come first served
+ * within each client's fair share of the slots, continuous batching at iteration level, chunked prefill. What
+ * is admitted and how a step is cut is sched_policy's; a sequence's sampling, stops and text are
+ * seq_output's; the slots' reusable prompts are prompt_cache's.
  *
  * HTTP threads build a `struct sreq` (api.c), sched_submit() it, then read its choices' outputs under
  * sched_lock() and wait on sched_wait(); the engine thread is the only caller of the engine. A request is
@@ -47,11 +48,20 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_prompt;
     struct choice *qnext; /* queue link */
     /* engine thread only */
+    const int32_t *feed; /* (n_feed) what its slot computes before it decodes: the prompt, or for a sequence
+                          * that gave its slot up mid-generation (resume), the prompt and its tokens so far */
+    int n_feed;
+    int resume;   /* it gave its slot up mid-generation: its output state is kept, its KV recomputed */
+    int32_t *gen; /* (n_rec) the tokens generated so far, kept where it may give its slot up */
+    int n_rec, gen_cap;
+    int32_t *feed_buf; /* (feed_cap) owned: the feed of a resumed sequence */
+    int feed_cap;
+    int no_yield; /* it cannot give its slot up (the record of its tokens failed) */
     int slot, n_fed;
     int n_cached;          /* prompt positions taken from the slot's previous sequence (the prompt cache) */
     struct seq_output out; /* sampling, grammar, detokenization, stop strings, logprobs (seq_output.h) */
     double t_last;
-    double t_first; /* when its first token was published (sched_now), 0 before */
+    double t_first;  /* when its first token was published (sched_now), 0 before */
     int chunk;       /* prompt tokens in the current step */
     const char *fin; /* finish decided in this step */
     int e_at;        /* SREQ_EMBED: this step's first output row */
@@ -94,6 +104,8 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
 struct sreq {
     enum sreq_kind kind;
     char id[48];       /* "cmpl-..." / "chatcmpl-..." */
+    char client[48];   /* who sent it, for fair sharing and /status: "key N" (the Nth API key) or the
+                        * client's address; "" = unknown (one client of its own) */
     long long created; /* unix seconds */
     double t_arrival;  /* monotonic seconds */
     double deadline;   /* monotonic seconds; 0 = none */
@@ -138,7 +150,10 @@ struct sreq {
      * wake_user goes away. */
     void (*wake)(void *user);
     void *wake_user;
-    int n_done;    /* choices in CHOICE_DONE */
+    int client_id; /* its client in the scheduler's table (sched_submit) */
+    int started;   /* a choice was admitted: the queue timeout no longer applies */
+    int paused; /* the client does not read the stream: its choices get no decode rows (sched_set_paused) */
+    int n_done; /* choices in CHOICE_DONE */
     int cancelled; /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
     int error;     /* 0 or the status of an engine failure */
     char errmsg[160];
@@ -162,6 +177,8 @@ struct sched_params {
                      * 0 = off */
     struct draft_model *draft; /* the drafter (runtime/draft_model.h; borrowed, run by the engine thread),
                                 * or NULL: prompt lookup */
+    int fair_share;            /* share the slots between clients while others wait (sched_policy.h) */
+    double queue_timeout;      /* seconds a request may wait for its first slot; then 503 (0 = no limit) */
 };
 
 struct sched;
@@ -175,10 +192,10 @@ int sched_start(struct sched *s); /* spawns the engine thread */
 void sched_stop(struct sched *s); /* cancels everything, joins the engine thread */
 void sched_free(struct sched *s);
 
-/* Queues every choice of req (FCFS). Returns FERRY_ERR_BUSY when the queue is full (nothing queued),
- * FERRY_ERR_RANGE when the request has more choices than slots + queue could ever hold,
- * FERRY_ERR_DEVICE_MEM when one sequence needs more KV blocks than the whole pool (req->errmsg then names
- * the positions it needs and the pool's). */
+/* Queues every choice of req. Returns FERRY_ERR_BUSY when the queue is full (nothing queued; a request with
+ * more choices than slots + queue is taken when nothing else is queued), FERRY_ERR_DEVICE_MEM when one
+ * sequence needs more KV blocks than the whole pool (req->errmsg then names the positions it needs and the
+ * pool's). */
 int sched_submit(struct sched *s, struct sreq *req);
 /* Cuts a request (client gone, timeout, shutdown): queued choices leave now, running ones at the next
  * iteration, where their KV blocks are freed. */
@@ -186,6 +203,10 @@ void sched_cancel(struct sched *s, struct sreq *req, int status);
 void sched_cancel_all(struct sched *s, int status);
 /* Drops the caller's reference; frees the request when the scheduler is done with it too. */
 void sched_release(struct sched *s, struct sreq *req);
+
+/* The HTTP side says whether req's client reads its stream (paused: it does not, and its choices get no
+ * decode rows; a paused stream's slot goes to a waiting sequence). Wakes the engine on a change. */
+void sched_set_paused(struct sched *s, struct sreq *req, int paused);
 
 void sched_lock(struct sched *s);
 void sched_unlock(struct sched *s);
@@ -197,13 +218,14 @@ int sched_in_flight(struct sched *s);
 double sched_now(void); /* monotonic seconds */
 /* One sequence as the dashboard shows it. */
 struct sched_seq {
-    char id[48];  /* its request's id */
-    int kind;     /* enum sreq_kind */
-    int running;  /* 1 running (in a slot), 0 queued */
-    int slot;     /* -1 when queued */
-    int n_prompt; /* prompt tokens */
-    int n_fed;    /* of them computed (or taken from the prompt cache) */
-    int n_gen;    /* tokens generated */
+    char id[48];     /* its request's id */
+    char client[48]; /* its request's client (struct sreq) */
+    int kind;        /* enum sreq_kind */
+    int running;     /* 1 running (in a slot), 0 queued */
+    int slot;        /* -1 when queued */
+    int n_prompt;    /* prompt tokens */
+    int n_fed;       /* of them computed (or taken from the prompt cache) */
+    int n_gen;       /* tokens generated */
     int max_tokens;
     double age; /* seconds since the request arrived */
 };

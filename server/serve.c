@@ -192,7 +192,9 @@ static void loader_main(void *arg)
                               .overlap = S->opt.overlap,
                               .spec_n_max =
                                   S->dm || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
-                              .draft = S->dm};
+                              .draft = S->dm,
+                              .fair_share = S->opt.fair_share,
+                              .queue_timeout = S->opt.queue_timeout};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */
@@ -272,13 +274,17 @@ static void on_drain_tick(uv_timer_t *t)
         close_all(S);
         return;
     }
-    if (!S->drain_cut && waited >= S->opt.shutdown_timeout) {
-        FLOG_WARN("shutdown timeout (%ds): cutting %d in-flight request(s)", S->opt.shutdown_timeout,
-                  S->active_gen);
+    /* the deadlines run from the first signal, or from a second one that cut the wait short; the log
+     * reports the time since the first */
+    const double over = S->drain_force > 0 ? sched_now() - S->drain_force + S->opt.shutdown_timeout : waited;
+    if (!S->drain_cut && over >= S->opt.shutdown_timeout) {
+        if (S->drain_force == 0)
+            FLOG_WARN("shutdown timeout (%ds): cutting %d in-flight request(s)", S->opt.shutdown_timeout,
+                      S->active_gen);
         if (S->loader_done && S->sched) sched_cancel_all(S->sched, FERRY_ERR_CANCELLED);
         S->drain_cut = 1;
     }
-    if (waited >= S->opt.shutdown_timeout + 5.0) {
+    if (over >= S->opt.shutdown_timeout + 5.0) {
         FLOG_WARN("giving up on %d request(s) after the shutdown timeout", S->active_gen);
         close_all(S);
     }
@@ -289,7 +295,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     struct server *S = sig->data;
     if (serve_load_state(S) == STATE_DRAINING) {
         FLOG_WARN("second signal: cutting in-flight requests now");
-        S->drain_start = sched_now() - S->opt.shutdown_timeout;
+        if (S->drain_force == 0) S->drain_force = sched_now();
         return;
     }
     FLOG_INFO("%s: draining (up to %ds), no new connections", signum == SIGTERM ? "SIGTERM" : "SIGINT",

@@ -56,7 +56,8 @@ struct server {
     struct hreq *streams; /* streaming requests (loop thread), for keep-alive pings */
     int active_gen;       /* completion requests between submit and their end (loop thread) */
     uint64_t next_id;
-    double drain_start;
+    double drain_start; /* the first signal */
+    double drain_force; /* a second signal: cut now (0 = none) */
     int drain_cut;
     int exit_code;
     char load_err[256];

@@ -13,6 +13,7 @@ struct sreq *sreq_new(void)
 {
     struct sreq *r = calloc(1, sizeof *r);
     if (!r) return NULL;
+    r->client_id = -1; /* (sched_submit gives it one) */
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -36,6 +37,8 @@ void sreq_free(struct sreq *r)
         free(r->choices[i].prompt_lps);
         free(r->choices[i].hist);
         free(r->choices[i].spec_lps);
+        free(r->choices[i].gen);
+        free(r->choices[i].feed_buf);
     }
     free(r->choices);
     for (int i = 0; i < r->n_prompts; i++) {

@@ -10,8 +10,11 @@
 # (a key may repeat on several lines, to stay within the 110-column format; the values are joined)
 #   // MAXLEN: 65536            (optional, default 65536)
 # Seeds come from tests/fuzz/corpus/NAME/ (copied, so new inputs stay in build-fuzz/); a dictionary from
-# tests/fuzz/NAME.dict if present. Crash inputs land in build-fuzz/artifacts/. Exit status: 0 when every
-# target built and ran clean, 1 when one crashed or failed to build, 77 (skip) when clang's libFuzzer is absent.
+# tests/fuzz/NAME.dict if present. Crash inputs land in build-fuzz/artifacts/.
+# A target whose test data is missing (a model, a vocab) says so on stderr in a line holding "nothing is
+# exercised"; it is then reported SKIPPED with that line, never "ok" (its runs checked nothing).
+# Exit status: 0 when every target built and ran clean (skipped ones included, each named in the summary),
+# 1 when one crashed or failed to build, 77 (skip) when clang's libFuzzer is absent or every target skipped.
 # Needs: clang and its compiler-rt (Debian/Ubuntu: apt-get install clang libclang-rt-14-dev, or the
 # libclang-rt-dev of the installed clang), libjansson-dev.
 set -u
@@ -43,6 +46,8 @@ field() { # field FILE NAME: the values of every "// NAME: ..." line in the firs
 
 status=0
 summary=()
+ran=0
+skipped=0
 for src in tests/fuzz/fuzz_*.c; do
     name=$(basename "$src" .c)
     if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
@@ -76,10 +81,15 @@ for src in tests/fuzz/fuzz_*.c; do
         summary+=("$name: FAILED (exit $rc), see $OUT/$name.log and $OUT/artifacts/")
         tail -n 40 "$OUT/$name.log"
         status=1
+    elif why=$(grep -m 1 'nothing is exercised' "$OUT/$name.log"); then
+        summary+=("$name: SKIPPED, its ${execs:-?} runs checked nothing: $why")
+        skipped=$((skipped + 1))
     else
         summary+=("$name: ok, ${execs:-?} runs in ${SECS}s")
     fi
+    ran=$((ran + 1))
 done
 echo "== fuzz summary"
 printf '  %s\n' "${summary[@]}"
+if [ $status -eq 0 ] && [ $ran -gt 0 ] && [ $skipped -eq $ran ]; then exit 77; fi
 exit $status

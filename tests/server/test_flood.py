@@ -127,10 +127,9 @@ def test_cap_answers_503_with_retry_after():
             head = json_error_of(read_all(c), 503)
             assert b"Retry-After: 1" in head
             c.close()
-        # everyone is over the cap now, the normal client too: a JSON 503, not a reset
+        # a client from another address is served: one of the flood's idle connections gives way to it
         st, hdrs, out = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1})
-        assert_error(st, out, 503)
-        assert hdrs["Retry-After"] == "1"
+        assert st == 200, out
         for c in held[:10]:
             c.close()
         deadline = time.time() + 5
@@ -141,7 +140,8 @@ def test_cap_answers_503_with_retry_after():
             time.sleep(0.05)
         assert st == 200, out
         m = s.metrics()
-        assert m['ferry_http_connections_rejected_total{limit="max_connections"}'] >= 21
+        assert m['ferry_http_connections_rejected_total{limit="max_connections"}'] >= 20
+        assert m["ferry_http_connections_evicted_total"] >= 1
     finally:
         for c in held:
             c.close()

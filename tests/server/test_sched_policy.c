@@ -39,7 +39,10 @@ Test(sched_policy, kv_need_rounds_up_and_caps_at_context)
 Test(sched_policy, accepts_refuses_too_many_sequences_and_a_full_queue)
 {
     struct sched_policy_params p = params(); /* 4 slots + 8 queued */
-    cr_assert_eq(sched_policy_accepts(&p, 0, 0, 13), FERRY_ERR_RANGE);
+    /* more than slots + queue: taken alone, when nothing else waits */
+    cr_assert_eq(sched_policy_accepts(&p, 0, 0, 13), 0);
+    cr_assert_eq(sched_policy_accepts(&p, 0, 4, 2048), 0);
+    cr_assert_eq(sched_policy_accepts(&p, 1, 4, 13), FERRY_ERR_BUSY);
     cr_assert_eq(sched_policy_accepts(&p, 0, 0, 12), 0);
     /* all slots running, 8 queued: one more is busy, not out of range */
     cr_assert_eq(sched_policy_accepts(&p, 8, 4, 1), FERRY_ERR_BUSY);
