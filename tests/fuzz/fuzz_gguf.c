@@ -1,5 +1,4 @@
-// SOURCES: weights/gguf.c weights/model_file.c weights/safetensors.c weights/hf_config.c
-// SOURCES: weights/mapfile.c quant/dtype.c quant/dequant.c quant/quantize.c quant/kquant.c kernels/core/status.c kernels/core/log.c
+// SOURCES: weights/*.c weights/arch/*.c quant/*.c kernels/core/status.c kernels/core/log.c
 // LIBS: -ljansson -lm
 /* libFuzzer target for the GGUF reader and the model_file layer over it (hyperparameters, validation): any
  * input must be rejected with a message or accepted with every view inside the buffer. Built and run by

@@ -1,5 +1,4 @@
-// SOURCES: weights/safetensors.c weights/hf_config.c weights/mapfile.c
-// SOURCES: quant/dtype.c quant/dequant.c quant/quantize.c quant/kquant.c kernels/core/status.c kernels/core/log.c
+// SOURCES: weights/*.c weights/arch/*.c quant/*.c kernels/core/status.c kernels/core/log.c
 // LIBS: -ljansson -lm
 /* libFuzzer target for the safetensors reader, and (on the same bytes) the JSON readers of an HF directory:
  * config.json, model.safetensors.index.json and tokenizer_config.json. Built and run by tests/fuzz/run.sh. */
