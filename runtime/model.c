@@ -105,6 +105,28 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
     }
 }
 
+/* A fused tensor as the row ranges its parts are: q|k|v or gate|up (views into it, no copy). */
+static void split_rows(struct model_layer *L, enum arch_role r, const struct wview *whole,
+                       const struct llm_hparams *hp)
+{
+    const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    struct wview *parts[3] = {&L->wq, &L->wk, &L->wv};
+    int64_t rows[3] = {qd, kvd, kvd};
+    int n = 3;
+    if (r == ARCH_ROLE_W_GATE_UP) {
+        parts[0] = &L->w_gate, parts[1] = &L->w_up, rows[0] = rows[1] = hp->ffn_dim, n = 2;
+    }
+    const size_t row_bytes = dtype_row_size(whole->type, whole->cols);
+    int64_t row0 = 0;
+    for (int i = 0; i < n; i++) {
+        *parts[i] = (struct wview){.data = (const char *)whole->data + row_bytes * (size_t)row0,
+                                   .type = whole->type,
+                                   .rows = rows[i],
+                                   .cols = whole->cols};
+        row0 += rows[i];
+    }
+}
+
 static int is_norm(enum arch_role r)
 {
     return r == ARCH_ROLE_ATTN_NORM || r == ARCH_ROLE_FFN_NORM || r == ARCH_ROLE_Q_NORM ||
@@ -166,6 +188,14 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             const struct arch_tensor *at = &fam->tensors[i];
             long long ne[2];
             snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
+            if (at->role == ARCH_ROLE_WQKV || at->role == ARCH_ROLE_W_GATE_UP) {
+                arch_role_shape(at->role, hp, ne);
+                struct wview whole;
+                if ((rc = find_matrix(mf, name, ne[1], ne[0], &whole, err))) goto fail;
+                m->weight_bytes += wview_bytes(&whole);
+                split_rows(L, at->role, &whole, hp);
+                continue;
+            }
             if (arch_role_shape(at->role, hp, ne) == 2) {
                 struct wview *v = layer_matrix(L, at->role);
                 if ((rc = find_matrix(mf, name, ne[1], ne[0], v, err))) goto fail;
