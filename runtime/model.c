@@ -399,6 +399,11 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
         return FERRY_ERR_INVALID;
     }
     m->hp = *hp;
+    const struct arch_family *fam = arch_of(hp);
+    if (!fam) {
+        snprintf(err, 256, "architecture '%.31s' is not supported", hp->arch);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     const int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim,
                   kvd = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim, V = hp->n_vocab;
     const size_t es = dtype_type_size(wt);
@@ -448,9 +453,28 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
             model_free(m);
             return FERRY_ERR_NOMEM;
         }
+        /* The other norms the family's layers have (QK-norm, sandwich norms), also near 1. */
+        for (int i = 0; fam && i < fam->n_tensors; i++) {
+            const enum arch_role r = fam->tensors[i].role;
+            float **v = layer_vector(L, r);
+            if (!v || *v || !is_norm(r)) continue;
+            long long ne[2];
+            arch_role_shape(r, hp, ne);
+            if (!(*v = unit_vector((size_t)ne[0], (float)l + 0.5f + 0.125f * (float)i))) {
+                model_free(m);
+                return FERRY_ERR_NOMEM;
+            }
+        }
     }
 #undef NEXT
     m->weight_bytes = (uint64_t)(per_layer * (size_t)hp->n_layers + (size_t)V * dim) * es;
     kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
+    if (hp->sliding_window > 0) {
+        if (!(m->inv_freq_local = malloc((size_t)(hp->rope_dim / 2) * sizeof(float)))) {
+            model_free(m);
+            return FERRY_ERR_NOMEM;
+        }
+        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa, NULL);
+    }
     return FERRY_OK;
 }
