@@ -346,6 +346,7 @@ int cli_bench_main(int argc, char **argv)
             hp.rope_theta_swa = 10000.0f;
             hp.embed_scale = sqrtf((float)pr->dim);
             hp.rope_scaling = (struct rope_scaling){.type = ROPE_SCALING_LINEAR, .factor = 8.0f};
+            hp.tied_embeddings = 1; /* as Gemma 3 checkpoints are */
         }
         name = pr->name;
         rc = engine_init_synthetic(&e, &hp, wt, &ep, err);
