@@ -105,6 +105,28 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
     }
 }
 
+/* A fused tensor as the row ranges its parts are: q|k|v or gate|up (views into it, no copy). */
+static void split_rows(struct model_layer *L, enum arch_role r, const struct wview *whole,
+                       const struct llm_hparams *hp)
+{
+    const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    struct wview *parts[3] = {&L->wq, &L->wk, &L->wv};
+    int64_t rows[3] = {qd, kvd, kvd};
+    int n = 3;
+    if (r == ARCH_ROLE_W_GATE_UP) {
+        parts[0] = &L->w_gate, parts[1] = &L->w_up, rows[0] = rows[1] = hp->ffn_dim, n = 2;
+    }
+    const size_t row_bytes = dtype_row_size(whole->type, whole->cols);
+    int64_t row0 = 0;
+    for (int i = 0; i < n; i++) {
+        *parts[i] = (struct wview){.data = (const char *)whole->data + row_bytes * (size_t)row0,
+                                   .type = whole->type,
+                                   .rows = rows[i],
+                                   .cols = whole->cols};
+        row0 += rows[i];
+    }
+}
+
 static int is_norm(enum arch_role r)
 {
     return r == ARCH_ROLE_ATTN_NORM || r == ARCH_ROLE_FFN_NORM || r == ARCH_ROLE_Q_NORM ||
@@ -166,6 +188,14 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             const struct arch_tensor *at = &fam->tensors[i];
             long long ne[2];
             snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
+            if (at->role == ARCH_ROLE_WQKV || at->role == ARCH_ROLE_W_GATE_UP) {
+                arch_role_shape(at->role, hp, ne);
+                struct wview whole;
+                if ((rc = find_matrix(mf, name, ne[1], ne[0], &whole, err))) goto fail;
+                m->weight_bytes += wview_bytes(&whole);
+                split_rows(L, at->role, &whole, hp);
+                continue;
+            }
             if (arch_role_shape(at->role, hp, ne) == 2) {
                 struct wview *v = layer_matrix(L, at->role);
                 if ((rc = find_matrix(mf, name, ne[1], ne[0], v, err))) goto fail;
@@ -369,6 +399,11 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
         return FERRY_ERR_INVALID;
     }
     m->hp = *hp;
+    const struct arch_family *fam = arch_of(hp);
+    if (!fam) {
+        snprintf(err, 256, "architecture '%.31s' is not supported", hp->arch);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     const int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim,
                   kvd = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim, V = hp->n_vocab;
     const size_t es = dtype_type_size(wt);
@@ -418,9 +453,28 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
             model_free(m);
             return FERRY_ERR_NOMEM;
         }
+        /* The other norms the family's layers have (QK-norm, sandwich norms), also near 1. */
+        for (int i = 0; fam && i < fam->n_tensors; i++) {
+            const enum arch_role r = fam->tensors[i].role;
+            float **v = layer_vector(L, r);
+            if (!v || *v || !is_norm(r)) continue;
+            long long ne[2];
+            arch_role_shape(r, hp, ne);
+            if (!(*v = unit_vector((size_t)ne[0], (float)l + 0.5f + 0.125f * (float)i))) {
+                model_free(m);
+                return FERRY_ERR_NOMEM;
+            }
+        }
     }
 #undef NEXT
     m->weight_bytes = (uint64_t)(per_layer * (size_t)hp->n_layers + (size_t)V * dim) * es;
     kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
+    if (hp->sliding_window > 0) {
+        if (!(m->inv_freq_local = malloc((size_t)(hp->rope_dim / 2) * sizeof(float)))) {
+            model_free(m);
+            return FERRY_ERR_NOMEM;
+        }
+        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa, NULL);
+    }
     return FERRY_OK;
 }

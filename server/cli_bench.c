@@ -1,7 +1,7 @@
 /* cli_bench — `ferry bench`: prefill and decode throughput of the engine, next to the ceilings it measures.
  *
- *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b) [--gpu-memory
- * SIZE]
+ *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b|qwen3-8b|
+ *                gemma-3-12b|phi-4) [--gpu-memory SIZE]
  *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--context 450]
  *               [--long-context 8192] [--spec-oracle K [--spec-accept P]] [--cpu] [--json]
  * Each figure is a median over repeated timed steps after a warm-up step. Decode at batch B: B sequences with
@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,13 +39,20 @@ struct preset {
     const char *name;
     int dim, ffn, layers, heads, kv_heads, vocab;
     float theta;
+    const char *arch; /* the family (weights/arch/), by its GGUF name */
+    int head_dim;     /* 0: dim / heads */
+    int window;       /* sliding window of the local layers (every layer but each 6th), 0: none */
 };
 
+/* Gemma 3 12B: local layers with base 1e4, global ones 1e6 with linear scaling 8, embeddings x sqrt(dim). */
 static const struct preset presets[] = {
-    {"llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0f},
-    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 500000.0f},
-    {"llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 10000.0f},
-    {"llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0f},
+    {"llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0f, "llama", 0, 0},
+    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 500000.0f, "llama", 0, 0},
+    {"llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 10000.0f, "llama", 0, 0},
+    {"llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0f, "llama", 0, 0},
+    {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 1000000.0f, "qwen3", 128, 0},
+    {"gemma-3-12b", 3840, 15360, 48, 16, 8, 262208, 1000000.0f, "gemma3", 256, 1024},
+    {"phi-4", 5120, 17920, 40, 40, 10, 100352, 250000.0f, "phi3", 128, 0},
 };
 
 static void bench_usage(FILE *f)
@@ -54,7 +62,7 @@ static void bench_usage(FILE *f)
         "usage: ferry bench (--model PATH | --synthetic NAME) [options]\n\n"
         "  --model PATH          GGUF file or Hugging Face directory\n"
         "  --synthetic NAME      random f16 weights of a real shape: llama-2-7b, llama-3-8b, llama-2-13b,\n"
-        "                        llama-2-70b\n"
+        "                        llama-2-70b, qwen3-8b, gemma-3-12b, phi-4\n"
         "  --dtype f16|bf16|f32  synthetic weight type (default f16)\n"
         "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
         "  --reserve-vram SIZE   (default 1GiB)\n"
@@ -398,19 +406,28 @@ int cli_bench_main(int argc, char **argv)
             fprintf(stderr, "ferry bench: unknown synthetic model '%s'\n", synthetic);
             return 2;
         }
+        const int hd = pr->head_dim ? pr->head_dim : pr->dim / pr->heads;
         struct llm_hparams hp = {.n_vocab = pr->vocab,
                                  .dim = pr->dim,
                                  .n_layers = pr->layers,
                                  .n_heads = pr->heads,
                                  .n_kv_heads = pr->kv_heads,
-                                 .head_dim = pr->dim / pr->heads,
+                                 .head_dim = hd,
                                  .ffn_dim = pr->ffn,
                                  .ctx_train = 8192,
                                  .norm_eps = 1e-5f,
                                  .rope_theta = pr->theta,
-                                 .rope_dim = pr->dim / pr->heads,
+                                 .rope_dim = hd,
                                  .rope_style = ROPE_STYLE_HALF};
-        snprintf(hp.arch, sizeof hp.arch, "llama");
+        snprintf(hp.arch, sizeof hp.arch, "%s", pr->arch);
+        if (pr->window) {
+            hp.sliding_window = pr->window;
+            hp.swa_pattern = 6;
+            hp.rope_theta_swa = 10000.0f;
+            hp.embed_scale = sqrtf((float)pr->dim);
+            hp.rope_scaling = (struct rope_scaling){.type = ROPE_SCALING_LINEAR, .factor = 8.0f};
+            hp.tied_embeddings = 1; /* as Gemma 3 checkpoints are */
+        }
         name = pr->name;
         rc = engine_init_synthetic(&e, &hp, wt, &ep, err);
     } else {

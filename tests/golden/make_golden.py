@@ -16,6 +16,8 @@ Models (odd sizes on purpose):
                     200-token prompts exceed it), local base 1e4 / global 1e6 with linear scaling 2, QK-norm,
                     sandwich norms, GeGLU, embeddings x sqrt(dim), query_pre_attn_scalar 40 != head_dim 32,
                     GQA 4/2, untied, f32
+  phi3_fused_bf16   Phi-3/Phi-4: fused q|k|v and gate|up, partial rotary 0.75 (12 of 16 dims), a 24-position
+                    window on every layer (the 33- and 200-token prompts exceed it), GQA 4/2, bf16
 Run: python3 tests/golden/make_golden.py [NAME...]  (needs torch, transformers, safetensors; CI uses the
 committed output; with names, only those models are written)
 """
@@ -24,8 +26,8 @@ import os
 import sys
 
 import torch
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_GREEDY = 24
@@ -133,6 +135,13 @@ MODELS = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, pad_token_id=0), torch.float32, seed=53),
+    "phi3_fused_bf16": lambda: make("phi3_fused_bf16", Phi3Config, Phi3ForCausalLM, dict(
+        vocab_size=277, hidden_size=64, intermediate_size=88, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, original_max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                            "partial_rotary_factor": 0.75},
+        sliding_window=24, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+        torch.bfloat16, seed=66),
 }
 
 

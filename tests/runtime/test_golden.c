@@ -242,6 +242,11 @@ Test(golden_hf, gemma3_swa_f32)
 {
     run_hf_golden("gemma3_swa_f32", 0, 0);
 }
+/* Phi-3/4: fused tensors, partial rotary, a window on every layer. */
+Test(golden_hf, phi3_fused_bf16)
+{
+    run_hf_golden("phi3_fused_bf16", 0, 0);
+}
 Test(golden_hf, f16_kv_cache)
 {
     run_hf_golden("llama_mha_f32", 1, 2e-3);
@@ -249,6 +254,7 @@ Test(golden_hf, f16_kv_cache)
     run_hf_golden("qwen2_bias_bf16", 1, 2e-3);
     run_hf_golden("qwen3_qknorm_f32", 1, 2e-3);
     run_hf_golden("gemma3_swa_f32", 1, 2e-3);
+    run_hf_golden("phi3_fused_bf16", 1, 2e-3);
 }
 /* The same references from GGUF files ferry writes (its metadata keys and tensor names for each family, as
  * llama.cpp's converter writes them). */
@@ -257,7 +263,8 @@ Test(golden_gguf, written_by_ferry)
     run_golden("llama_mha_f32", 0, 0, 1);
     run_golden("qwen2_bias_bf16", 0, 0, 1);
     run_golden("qwen3_qknorm_f32", 0, 0, 1);
-    run_golden("gemma3_swa_f32", 0, 0, 1); /* norms written as 1 + w, the window and scale keys */
+    run_golden("gemma3_swa_f32", 0, 0, 1);  /* norms written as 1 + w, the window and scale keys */
+    run_golden("phi3_fused_bf16", 0, 0, 1); /* fused tensors as written, rotary dims, the window key */
 }
 
 static char *testdata_file(const char *rel)

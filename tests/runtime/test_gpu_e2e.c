@@ -167,6 +167,13 @@ Test(gpu_e2e, gemma3_swa_f32_matches_cpu)
     compare_backends(src_path("tests/golden/models/gemma3_swa_f32"), 200);
 }
 
+/* Fused q|k|v and gate|up split at load, 12 of 16 dims rotated, a 24-position window on every layer. */
+Test(gpu_e2e, phi3_fused_bf16_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/phi3_fused_bf16"), 200);
+}
+
 /* Q8_0 on both sides: the GPU's GEMV (decode) and Q8_0→f16 + tensor-core GEMM (prefill of 33 rows) against
  * the CPU's Q8_0 matmul. */
 Test(gpu_e2e, llama3_gqa_int8_matches_cpu)

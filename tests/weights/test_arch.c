@@ -90,7 +90,7 @@ Test(arch, qwen3_hf_and_gguf)
     /* An unknown architecture names itself and lists the supported ones. */
     cr_assert_gt(patch(buf, n, "qwen3", "qwen9"), 0);
     expect_fail(buf, n, FERRY_ERR_UNSUPPORTED,
-                "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3)");
+                "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3)");
     free(buf);
     model_file_close(hf);
 }
@@ -140,6 +140,35 @@ Test(arch, gemma3_hf_and_gguf)
 
     cr_assert_eq(patch(buf, n, "blk.4.post_ffw_norm.weight", "blk.4.post_ffw_xorm.weight"), 1);
     expect_fail(buf, n, FERRY_ERR_FORMAT, "missing tensor 'blk.4.post_ffw_norm.weight' (gemma3 family)");
+    free(buf);
+    model_file_close(hf);
+}
+
+Test(arch, phi3_fused_partial_rotary_window)
+{
+    struct model_file *hf = open_golden("phi3_fused_bf16");
+    const struct llm_hparams *h = &hf->hp;
+    cr_assert_str_eq(h->family->name, "phi3");
+    cr_assert_eq(h->head_dim, 16);
+    cr_assert_eq(h->rope_dim, 12, "partial_rotary_factor 0.75");
+    cr_assert_eq(h->sliding_window, 24);
+    for (int l = 0; l < 3; l++) cr_assert(llm_layer_is_local(h, l), "every layer has the window");
+    cr_assert_eq(h->rope_theta_swa, h->rope_theta);
+    cr_assert_not_null(model_file_tensor(hf, "blk.0.attn_qkv.weight"));
+    size_t n;
+    uint8_t *buf = gguf_of(hf, "phi3", &n);
+    struct model_file *g;
+    char err[256] = "";
+    cr_assert_eq(model_file_open_gguf_mem(buf, n, &g, err), FERRY_OK, "%s", err);
+    cr_assert_eq(g->hp.rope_dim, 12);
+    cr_assert_eq(g->hp.sliding_window, 24);
+    cr_assert_eq(g->hp.swa_pattern, 0);
+    cr_assert_eq(g->hp.rope_style, ROPE_STYLE_HALF);
+    const struct wtensor *up = model_file_tensor(g, "blk.2.ffn_up.weight");
+    cr_assert(up && up->ne[0] == 64 && up->ne[1] == 2 * 88, "ffn_up holds gate and up");
+    model_file_close(g);
+    cr_assert_eq(patch(buf, n, "blk.2.attn_qkv.weight", "blk.2.attn_qkx.weight"), 1);
+    expect_fail(buf, n, FERRY_ERR_FORMAT, "missing tensor 'blk.2.attn_qkv.weight' (phi3 family)");
     free(buf);
     model_file_close(hf);
 }

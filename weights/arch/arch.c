@@ -6,12 +6,19 @@
 
 #include "weights/model_file.h"
 
-extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3;
+extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3;
 
 /* The table: one line per family, in the order messages list them. */
+/* clang-format off */
 static const struct arch_family *const families[] = {
-    &arch_llama, &arch_mistral, &arch_qwen2, &arch_qwen3, &arch_gemma3,
+    &arch_llama,
+    &arch_mistral,
+    &arch_qwen2,
+    &arch_qwen3,
+    &arch_gemma3,
+    &arch_phi3,
 };
+/* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
 const struct arch_global arch_globals[] = {
@@ -104,6 +111,12 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     case ARCH_ROLE_W_GATE:
     case ARCH_ROLE_W_UP:
         ne[0] = dim, ne[1] = ffn;
+        return 2;
+    case ARCH_ROLE_WQKV:
+        ne[0] = dim, ne[1] = q + 2 * kv;
+        return 2;
+    case ARCH_ROLE_W_GATE_UP:
+        ne[0] = dim, ne[1] = 2 * ffn;
         return 2;
     case ARCH_ROLE_W_DOWN:
     case ARCH_N_ROLES:

@@ -40,6 +40,8 @@ enum arch_role {
     ARCH_ROLE_W_GATE,         /* (ffn, dim) */
     ARCH_ROLE_W_UP,           /* (ffn, dim) */
     ARCH_ROLE_W_DOWN,         /* (dim, ffn) */
+    ARCH_ROLE_WQKV,           /* (q_dim + 2 kv_dim, dim): q, k, v as one tensor (split into WQ/WK/WV views) */
+    ARCH_ROLE_W_GATE_UP,      /* (2 ffn, dim): gate then up as one tensor (split into W_GATE/W_UP views) */
     ARCH_N_ROLES
 };
 
