@@ -8,7 +8,10 @@
  *    (L1) that an MR x NR register-blocked micro-kernel multiplies by all m rows of x.
  *    With KERN_CPU_PLAIN_BF16 on a CPU with AMX, F16/BF16 products of KERN_CPU_AMX_M_MIN rows or more go to
  *    the tiles in bf16 instead (matmul_amx.c).
- *  - Quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): every weight block is decoded once per
+ *  - Quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and through matmul_lut.c's decoders
+ *    Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4 and the IQ3/IQ2/IQ1 i-quants, whose values are small integers
+ *    times a block scale too; Q2_K, affine per 16 elements, runs the portable kernels only): every weight
+ *    block is decoded once per
  *    chunk of KCQ columns into a small tile of codes (u8, value = code - offset), scales and minimums
  *    (q8_tile), reused for all m rows of x (register blocks of 1-4 rows). Two arithmetics
  *    (kern_cpu_matmul_set_act):
@@ -420,11 +423,15 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
                 const int gb = a->b0 + b;
                 const uint8_t *ub = t->u[j] + QB * b;
                 const int8_t *qb = xq + (size_t)QB * gb;
+                const int per16 = mode == Q8M_OFF16 || mode == Q8M_AFFINE16;
                 for (int l = 0; l < 8; l++) {
-                    int32_t dot = mode == Q8M_AFFINE ? 0 : n4[8 * gb + l] * (1 << sh);
+                    int32_t dot = mode == Q8M_AFFINE || mode == Q8M_AFFINE16 ? 0 : n4[8 * gb + l] * (1 << sh);
                     for (int e = 4 * l; e < 4 * l + 4; e++) dot += (int32_t)ub[e] * (int32_t)qb[e];
-                    const float sc = mode == Q8M_OFF16 ? t->s[j][2 * b + l / 4] : t->s[j][b];
+                    const float sc = per16 ? t->s[j][2 * b + l / 4] : t->s[j][b];
                     av[l] = fmaf((float)dot, sc * dx[gb], av[l]);
+                    /* Q8M_AFFINE16: the minimum of these 16 times the lane's sum of x̂ (-n4: Σq of 4) */
+                    if (mode == Q8M_AFFINE16)
+                        av[l] = fmaf((float)-n4[8 * gb + l], t->mn[j][2 * b + l / 4] * dx[gb], av[l]);
                 }
             }
             if (mode == Q8M_AFFINE)
@@ -475,10 +482,15 @@ static void f32_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
                 const float *xb = xr + (size_t)QB * (a->b0 + b);
                 float c[QB];
                 for (int e = 0; e < QB; e++) c[e] = (float)t->u[j][QB * b + e] - coff;
-                if (mode == Q8M_OFF16) {
+                if (mode == Q8M_OFF16 || mode == Q8M_AFFINE16) {
                     for (int l = 0; l < 16; l++) av[l] = fmaf(t->s[j][2 * b], c[l] * xb[l], av[l]);
                     for (int l = 0; l < 16; l++)
                         av[l] = fmaf(t->s[j][2 * b + 1], c[16 + l] * xb[16 + l], av[l]);
+                    if (mode == Q8M_AFFINE16) /* the minimums, per element (no per-16 sums of x) */
+                        for (int l = 0; l < 16; l++) {
+                            av[l] = fmaf(t->mn[j][2 * b], xb[l], av[l]);
+                            av[l] = fmaf(t->mn[j][2 * b + 1], xb[16 + l], av[l]);
+                        }
                 } else {
                     for (int l = 0; l < 16; l++) {
                         const float tl = fmaf(c[16 + l], xb[16 + l], c[l] * xb[l]);
@@ -505,8 +517,10 @@ static void q8_to_f32_c(const uint8_t *u, const float *s, const float *mn, int k
 {
     const float off = mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh);
     for (int e = 0; e < kc; e++) {
-        const float c = (float)u[e], sc = mode == Q8M_OFF16 ? s[e / 16] : s[e / QB];
-        dst[e] = mode == Q8M_AFFINE ? fmaf(sc, c, mn[e / QB]) : sc * (c - off);
+        const float c = (float)u[e], sc = mode == Q8M_OFF16 || mode == Q8M_AFFINE16 ? s[e / 16] : s[e / QB];
+        dst[e] = mode == Q8M_AFFINE     ? fmaf(sc, c, mn[e / QB])
+                 : mode == Q8M_AFFINE16 ? fmaf(sc, c, mn[e / 16])
+                                        : sc * (c - off);
     }
 }
 
@@ -514,10 +528,28 @@ static void q8_to_f32_c(const uint8_t *u, const float *s, const float *mn, int k
  */
 
 static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
-    [DTYPE_Q8_0] = {7, Q8M_OFF, dec_q8_0_c},    [DTYPE_Q4_0] = {3, Q8M_OFF, dec_q4_0_c},
-    [DTYPE_Q4_1] = {0, Q8M_AFFINE, dec_q4_1_c}, [DTYPE_Q5_0] = {4, Q8M_OFF, dec_q5_0_c},
-    [DTYPE_Q5_1] = {0, Q8M_AFFINE, dec_q5_1_c}, [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c},
-    [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c}, [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c},
+    [DTYPE_Q8_0] = {7, Q8M_OFF, dec_q8_0_c},
+    [DTYPE_Q4_0] = {3, Q8M_OFF, dec_q4_0_c},
+    [DTYPE_Q4_1] = {0, Q8M_AFFINE, dec_q4_1_c},
+    [DTYPE_Q5_0] = {4, Q8M_OFF, dec_q5_0_c},
+    [DTYPE_Q5_1] = {0, Q8M_AFFINE, dec_q5_1_c},
+    [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c},
+    [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c},
+    [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c},
+    /* matmul_lut.c */
+    [DTYPE_Q2_K] = {0, Q8M_AFFINE16, q8_dec_q2_k},
+    [DTYPE_Q3_K] = {2, Q8M_OFF16, q8_dec_q3_k},
+    [DTYPE_IQ4_NL] = {7, Q8M_OFF, q8_dec_iq4_nl},
+    [DTYPE_IQ4_XS] = {7, Q8M_OFF, q8_dec_iq4_xs},
+    [DTYPE_MXFP4] = {4, Q8M_OFF, q8_dec_mxfp4},
+    [DTYPE_NVFP4] = {4, Q8M_OFF16, q8_dec_nvfp4},
+    [DTYPE_IQ2_XXS] = {6, Q8M_OFF, q8_dec_iq2_xxs},
+    [DTYPE_IQ2_XS] = {6, Q8M_OFF16, q8_dec_iq2_xs},
+    [DTYPE_IQ2_S] = {6, Q8M_OFF16, q8_dec_iq2_s},
+    [DTYPE_IQ3_XXS] = {6, Q8M_OFF, q8_dec_iq3_xxs},
+    [DTYPE_IQ3_S] = {4, Q8M_OFF, q8_dec_iq3_s},
+    [DTYPE_IQ1_S] = {4, Q8M_OFF, q8_dec_iq1_s},
+    [DTYPE_IQ1_M] = {4, Q8M_OFF16, q8_dec_iq1_m},
 };
 
 static const struct q8_isa q8_isa_portable = {
@@ -926,6 +958,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .n_tasks = tpool_size(tp),
                          .xp = amx_type(wt) ? xp : NULL};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
+    if (quant && q8_kinds[wt].mode == Q8M_AFFINE16) isa = &q8_isa_portable; /* its only kernels */
     if (quant) {
         c->qk = &q8_kinds[wt];
         c->xq = xq;

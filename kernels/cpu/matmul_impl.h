@@ -39,11 +39,13 @@ static inline float hsum8(const float *s)
 
 /* How a weight type's decoded codes become values (see q8_kind). */
 enum q8_mode {
-    Q8M_OFF,    /* value = code - 2^sh, one scale per 32 elements */
-    Q8M_OFF16,  /* value = code - 2^sh, one scale per 16 elements (Q6_K) */
-    Q8M_AFFINE, /* value = code, one scale and one minimum per 32 elements: w = s·code + mn */
-    Q8M_SIGNED, /* the AVX2 kernel's Q8_0: code ^ 0x80 is the value, multiplied through the sign trick (a
-                   u8·s8 pair of 255·127 would overflow pmaddubsw's int16) */
+    Q8M_OFF,      /* value = code - 2^sh, one scale per 32 elements */
+    Q8M_OFF16,    /* value = code - 2^sh, one scale per 16 elements (Q6_K) */
+    Q8M_AFFINE,   /* value = code, one scale and one minimum per 32 elements: w = s·code + mn */
+    Q8M_SIGNED,   /* the AVX2 kernel's Q8_0: code ^ 0x80 is the value, multiplied through the sign trick (a
+                     u8·s8 pair of 255·127 would overflow pmaddubsw's int16) */
+    Q8M_AFFINE16, /* value = code, one scale and one minimum per 16 elements (Q2_K): the portable kernels
+                   * only (matmul.c routes it there on every instruction set) */
 };
 
 /* x prepared for the integer products: for row i and block b of 32 elements,
@@ -67,7 +69,7 @@ struct q8x {
 struct q8_tile {
     uint8_t u[NRQ][KCQ] __attribute__((aligned(64)));
     float s[NRQ][KCQ / 16];
-    float mn[NRQ][KCQ / QB];
+    float mn[NRQ][KCQ / 16]; /* per 32 elements (Q8M_AFFINE) or per 16 (Q8M_AFFINE16) */
 };
 
 /* Decodes elements c0 .. c0 + kc (multiples of the type's block size) of row w into u (kc), s and mn. */
@@ -132,6 +134,23 @@ struct q8_isa {
     const q8_dot_fn *direct8; /* int8 arithmetic, m <= Q8_DIRECT_M: the same, where a type has one */
     q8_rows_fn rows8_q8_0;    /* int8 arithmetic, Q8_0, m = 1: whole rows (NULL: the tile) */
 };
+
+/* matmul_lut.c's portable decoders of the table and grid types (its first comment lists their modes). */
+#define Q8_DEC_LUT(t) void q8_dec_##t(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn);
+Q8_DEC_LUT(q2_k)
+Q8_DEC_LUT(q3_k)
+Q8_DEC_LUT(iq4_nl)
+Q8_DEC_LUT(iq4_xs)
+Q8_DEC_LUT(mxfp4)
+Q8_DEC_LUT(nvfp4)
+Q8_DEC_LUT(iq2_xxs)
+Q8_DEC_LUT(iq2_xs)
+Q8_DEC_LUT(iq2_s)
+Q8_DEC_LUT(iq3_xxs)
+Q8_DEC_LUT(iq3_s)
+Q8_DEC_LUT(iq1_s)
+Q8_DEC_LUT(iq1_m)
+#undef Q8_DEC_LUT
 
 #if defined(__x86_64__)
 /* matmul_x86.c's instruction sets. */

@@ -36,8 +36,46 @@
 
 #define EPS 0x1.0p-24
 
+/* The types ferry reads but does not write: random bytes (every code, grid index and sign) with sane scales
+ * (f16 d of 0.001-0.01, MXFP4 exponents 2^-10..2^-3, NVFP4 scales below 1). */
+static void random_lut_row(enum dtype t, uint8_t *wr, int k)
+{
+    const size_t bsz = dtype_type_size(t), nb = (size_t)(k / dtype_block_size(t));
+    for (size_t b = 0; b < bsz * nb; b++) wr[b] = (uint8_t)kt_next();
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *bp = wr + b * bsz;
+        const uint16_t d = f32_to_f16(kt_uniform(0.001f, 0.01f));
+        switch (t) {
+        case DTYPE_Q2_K:
+            memcpy(bp + offsetof(struct block_q2_k, d), &d, 2);
+            memcpy(bp + offsetof(struct block_q2_k, dmin), &d, 2);
+            break;
+        case DTYPE_Q3_K:
+            memcpy(bp + offsetof(struct block_q3_k, d), &d, 2);
+            break;
+        case DTYPE_MXFP4:
+            bp[0] = (uint8_t)(118 + kt_next() % 8);
+            break;
+        case DTYPE_NVFP4:
+            for (int s = 0; s < 4; s++) bp[s] = (uint8_t)(kt_next() % 0x38);
+            break;
+        case DTYPE_IQ1_M: {
+            uint16_t sc[4];
+            memcpy(sc, bp + offsetof(struct block_iq1_m, scales), 8);
+            for (int i = 0; i < 4; i++) sc[i] = (uint16_t)((sc[i] & 0x0fff) | ((d >> (4 * i)) & 15) << 12);
+            memcpy(bp + offsetof(struct block_iq1_m, scales), sc, 8);
+            break;
+        }
+        default: /* f16 d first */
+            memcpy(bp, &d, 2);
+            break;
+        }
+    }
+}
+
 /* A random (n, k) weight of type t: plain types from uniform floats, Q4_0/Q4_1/Q5_* through dtype_from_f32,
- * Q8_0 and the K-quants as random bytes (every code, Q8_0's -128 included) with sane f16 scales. */
+ * Q8_0 and the K-quants as random bytes (every code, Q8_0's -128 included) with sane f16 scales, the types
+ * without a quantizer by random_lut_row. */
 static void *random_weight(enum dtype t, int n, int k)
 {
     const size_t rb = dtype_row_size(t, k);
@@ -71,7 +109,10 @@ static void *random_weight(enum dtype t, int n, int k)
             }
             break;
         default:
-            cr_assert(dtype_from_f32(t, row, wr, k));
+            if (dtype_get_traits(t)->from_f32)
+                cr_assert(dtype_from_f32(t, row, wr, k));
+            else
+                random_lut_row(t, wr, k);
             break;
         }
     }
@@ -255,7 +296,8 @@ static void check_type(enum dtype t)
     check_shape(t, 65, 1, bs == 1 ? 333 : bs == 32 ? 32 * 5 : 256, tp2, tp3);
     check_shape(t, 3, 2, bs == 1 ? 7 : bs, tp2, tp3);
     check_shape(t, 2, 5, bs == 1 ? 4099 * 4 + 1 : bs == 32 ? 32 * 521 : 256 * 65, tp2, tp3);
-    /* Up to 16 rows of x on a pool of 8: tasks of 64 rows or more (128 KiB of W), the last short of a group. */
+    /* Up to 16 rows of x on a pool of 8: tasks of 64 rows or more (128 KiB of W), the last short of a group.
+     */
     struct tpool *tp8;
     cr_assert_eq(tpool_init(&tp8, 8), FERRY_OK);
     check_shape(t, 1, 1003, 2048, tp8, tp3);
@@ -309,6 +351,26 @@ Test(matmul, q6_k)
 {
     check_type(DTYPE_Q6_K);
 }
+
+/* The types of matmul_lut.c: every m and shape of check_type. */
+#define LUT_TEST(t, nm)                                                                                      \
+    Test(matmul, t, .timeout = 120)                                                                          \
+    {                                                                                                        \
+        check_type(DTYPE_##nm);                                                                              \
+    }
+LUT_TEST(q2_k, Q2_K)
+LUT_TEST(q3_k, Q3_K)
+LUT_TEST(iq4_nl, IQ4_NL)
+LUT_TEST(iq4_xs, IQ4_XS)
+LUT_TEST(mxfp4, MXFP4)
+LUT_TEST(nvfp4, NVFP4)
+LUT_TEST(iq2_xxs, IQ2_XXS)
+LUT_TEST(iq2_xs, IQ2_XS)
+LUT_TEST(iq2_s, IQ2_S)
+LUT_TEST(iq3_xxs, IQ3_XXS)
+LUT_TEST(iq3_s, IQ3_S)
+LUT_TEST(iq1_s, IQ1_S)
+LUT_TEST(iq1_m, IQ1_M)
 
 /* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and Q5_K also
  * on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or more decode them
@@ -407,7 +469,7 @@ Test(matmul, q6_k_int8_small_m_equals_tile)
 Test(matmul, nonfinite_x_gives_nan)
 {
     const int n = 5, k = 256 * 2;
-    const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q5_1};
+    const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q5_1, DTYPE_Q2_K, DTYPE_IQ4_XS};
     for (int ti = 0; ti < N_OF(types); ti++) {
         void *w = random_weight(types[ti], n, k);
         float x[3 * 256 * 2], y[3 * 5], ref[5];
