@@ -228,6 +228,14 @@ QB_FN void qs_copy16(unsigned char *dst, uintptr_t src)
     memcpy(dst, (const void *)src, 16);
 #endif
 }
+QB_FN void qs_copy1(unsigned char *dst, uintptr_t src)
+{
+#ifdef __CUDA_ARCH__
+    *dst = __ldg(reinterpret_cast<const unsigned char *>(src));
+#else
+    *dst = *(const unsigned char *)src;
+#endif
+}
 QB_FN void qs_copy2(unsigned char *dst, uintptr_t src)
 {
 #ifdef __CUDA_ARCH__
@@ -240,8 +248,9 @@ QB_FN void qs_copy2(unsigned char *dst, uintptr_t src)
 /* Copies blocks [b0, b0 + nbc) of rows [row0, row0 + RW) (rows past n repeat row n-1) of W into stage with
  * the lane's share of the 16-byte pieces (G = qs_geom<Q, RW, CB>); pieces past a row's chunk are skipped,
  * pieces that would reach outside W (its first and last 16 bytes when W's ends are not aligned) are assembled
- * from the chunk's own bytes with 2-byte loads. Offsets are 32-bit, relative to W's 16-byte-aligned base a16
- * (W's start is a16 + w0, its size wbytes: the caller guarantees w0 + wbytes + 16 < 2^32). */
+ * from the chunk's own bytes with 2-byte loads (1-byte loads for byte-aligned types). Offsets are 32-bit,
+ * relative to W's 16-byte-aligned base a16 (W's start is a16 + w0, its size wbytes: the caller guarantees w0
+ * + wbytes + 16 < 2^32). */
 template <class Q, int RW, int CB>
 QB_FN void qs_issue(unsigned char *stage, uintptr_t a16, uint32_t w0, uint32_t wbytes, int row0, int n,
                     uint32_t rowbytes, int b0, int nbc, int lane)
@@ -260,6 +269,12 @@ QB_FN void qs_issue(unsigned char *stage, uintptr_t a16, uint32_t w0, uint32_t w
         unsigned char *dst = stage + r * G::STRIDE + 16 * q;
         if (src >= w0 && src + 16 <= w0 + wbytes) {
             qs_copy16(dst, a16 + src);
+        } else if constexpr (Q::ALIGN == 1) { /* byte-aligned blocks (MXFP4): byte loads */
+            QB_UNROLL
+            for (uint32_t e = 0; e < 16; e++) {
+                const uint32_t a = src + e;
+                if (a >= ga && a < ga + nbytes) qs_copy1(dst + e, a16 + a);
+            }
         } else {
             QB_UNROLL
             for (uint32_t e = 0; e < 16; e += 2) {

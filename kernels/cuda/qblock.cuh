@@ -544,6 +544,9 @@ struct qb_q6_k {
     }
 };
 
+/* The lookup-table types (IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q3_K, the i-quants). */
+#include "kernels/cuda/qblock_lut.cuh"
+
 /* Every type the quantized products support, as X(DTYPE suffix, lower-case name, trait). */
 #define QB_TYPES(X)                                                                                          \
     X(Q4_0, q4_0, qb_q4_0)                                                                                   \
@@ -553,7 +556,19 @@ struct qb_q6_k {
     X(Q8_0, q8_0, qb_q8_0)                                                                                   \
     X(Q4_K, q4_k, qb_q4_k)                                                                                   \
     X(Q5_K, q5_k, qb_q5_k)                                                                                   \
-    X(Q6_K, q6_k, qb_q6_k)
+    X(Q6_K, q6_k, qb_q6_k)                                                                                   \
+    X(Q3_K, q3_k, qb_q3_k)                                                                                   \
+    X(IQ4_NL, iq4_nl, qb_iq4_nl)                                                                             \
+    X(IQ4_XS, iq4_xs, qb_iq4_xs)                                                                             \
+    X(MXFP4, mxfp4, qb_mxfp4)                                                                                \
+    X(NVFP4, nvfp4, qb_nvfp4)                                                                                \
+    X(IQ2_XXS, iq2_xxs, qb_iq2_xxs)                                                                          \
+    X(IQ2_XS, iq2_xs, qb_iq2_xs)                                                                             \
+    X(IQ2_S, iq2_s, qb_iq2_s)                                                                                \
+    X(IQ3_XXS, iq3_xxs, qb_iq3_xxs)                                                                          \
+    X(IQ3_S, iq3_s, qb_iq3_s)                                                                                \
+    X(IQ1_S, iq1_s, qb_iq1_s)                                                                                \
+    X(IQ1_M, iq1_m, qb_iq1_m)
 
 /* ---- users of the unit -------------------------------------------------------------------------------- */
 
