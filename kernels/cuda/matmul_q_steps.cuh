@@ -149,7 +149,7 @@ QB_FN void gqm_load_x(gqm_x &x, const uint8_t *xqf, const float *xdf, int nu, in
     const qb_v4 d = qb_ldg128(xdf + (cu * 4 + (lane & 3)) * 8);
     memcpy(&x.dx[0], &d.x, 4), memcpy(&x.sx[0], &d.y, 4), memcpy(&x.dx[1], &d.z, 4),
         memcpy(&x.sx[1], &d.w, 4);
-    if (Q::QOFF != 0) {
+    if (Q::QOFF != 0 || Q::TWO_M) { /* the halves' sums of xq: offsets, and TWO_M's minimums */
         const qb_v4 q = qb_ldg128(xdf + (cu * 4 + (lane & 3)) * 8 + 4);
         x.sq[0][0] = (int)q.x, x.sq[0][1] = (int)q.y, x.sq[1][0] = (int)q.z, x.sq[1][1] = (int)q.w;
     }
@@ -174,7 +174,11 @@ QB_FN void gqm_epilogue(float (&acc)[4], const int (&c)[4], const int (&c_hi)[4]
             t = qb_mul(r[h].d0, (float)s);
         }
         acc[e] = qb_fma(x.dx[col], t, acc[e]);
-        if (Q::HAS_M) acc[e] = qb_fma(r[h].m, x.sx[col], acc[e]);
+        if (Q::TWO_M)
+            acc[e] = qb_fma(
+                x.dx[col], qb_fma(r[h].m, (float)x.sq[col][0], qb_mul(r[h].m1, (float)x.sq[col][1])), acc[e]);
+        else if (Q::HAS_M)
+            acc[e] = qb_fma(r[h].m, x.sx[col], acc[e]);
     }
 }
 

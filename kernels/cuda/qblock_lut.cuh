@@ -3,7 +3,10 @@
  * quant/dequant.c).
  *
  * Every value of these types is a small signed integer times a scale per 32 (or per 16: TWO_D) elements, so a
- * unit of 32 is 8 words of int8 values (QOFF 0, no minimum) and the shared kernels run them unchanged:
+ * unit of 32 is 8 words of int8 values (QOFF 0, no minimum) and the shared kernels run them unchanged;
+ * Q2_K adds a minimum per 16 elements (TWO_M: m for elements 0..15, m1 for 16..31, taken through the halves'
+ * sums of the int8 x):
+ *   Q2_K: q in 0..3, d·sc per 16 and -dmin·mn per 16.
  *   IQ4_NL, IQ4_XS, MXFP4, NVFP4: the 4-bit codes through their 16-value table (two byte permutes, no
  *     memory); IQ4_XS's scale d·(s - 32), MXFP4's 2^(e - 128), NVFP4's UE4M3/2 per 16.
  *   Q3_K: q - 4 from the 2 low bits and the high-mask bit; d·(s - 32) per 16.
@@ -171,7 +174,7 @@ QB_FN float qb_ue4m3_half(uint32_t x)
 
 template <class D> struct qb_lut {
     static constexpr int QK = D::QK, BYTES = D::BYTES, ALIGN = D::ALIGN, UPP = 1, PPB = D::QK / 32, QOFF = 0;
-    static constexpr bool TWO_D = D::TWO_D, HAS_M = false, EXACT_H = D::EXACT_H;
+    static constexpr bool TWO_D = D::TWO_D, HAS_M = D::TWO_M, TWO_M = D::TWO_M, EXACT_H = D::EXACT_H;
     struct raw {
         const uint8_t *b; /* the block (staged copies stay in place while a unit is decoded) */
     };
@@ -182,21 +185,23 @@ template <class D> struct qb_lut {
         QB_UNROLL
         for (int j = 0; j < 8; j++) u.q[j] = D::word(r.b, p, j);
         D::scales(r.b, p, u.d0, u.d1);
-        u.m = -0.0f;
+        u.m = u.m1 = -0.0f;
+        if constexpr (D::TWO_M) D::mins(r.b, p, u.m, u.m1);
     }
     static QB_FN void frag(const uint8_t *blk, int U, int t, qb_frag &f)
     {
         f.w0 = D::word(blk, U, t);
         f.w1 = D::word(blk, U, t + 4);
         D::scales(blk, U, f.d0, f.d1);
-        f.m = -0.0f;
+        f.m = f.m1 = -0.0f;
+        if constexpr (D::TWO_M) D::mins(blk, U, f.m, f.m1);
     }
 };
 
 /* IQ4_NL (18 bytes): { f16 d; u8 qs[16]; } */
 struct qbd_iq4_nl {
     static constexpr int QK = 32, BYTES = 18, ALIGN = 2;
-    static constexpr bool TWO_D = false, EXACT_H = true;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = true;
     static QB_FN uint32_t word(const uint8_t *b, int, int j) { return qb_iq4nl(qb_nib_word(b + 2, j)); }
     static QB_FN void scales(const uint8_t *b, int, float &d0, float &d1) { d0 = d1 = qb_f16(qb_b16(b)); }
 };
@@ -204,7 +209,7 @@ struct qbd_iq4_nl {
 /* IQ4_XS (136 bytes): { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]; } sub-block U at qs + 16U. */
 struct qbd_iq4_xs {
     static constexpr int QK = 256, BYTES = 136, ALIGN = 8;
-    static constexpr bool TWO_D = false, EXACT_H = false;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         return qb_iq4nl(qb_nib_word(b + 8 + 16 * U, j));
@@ -220,7 +225,7 @@ struct qbd_iq4_xs {
 /* MXFP4 (17 bytes): { u8 e; u8 qs[16]; } */
 struct qbd_mxfp4 {
     static constexpr int QK = 32, BYTES = 17, ALIGN = 1;
-    static constexpr bool TWO_D = false, EXACT_H = false;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int, int j) { return qb_fp4(qb_nib_word(b + 1, j)); }
     static QB_FN void scales(const uint8_t *b, int, float &d0, float &d1)
     {
@@ -232,7 +237,7 @@ struct qbd_mxfp4 {
  * nibbles elements 0..7, high 8..15). */
 struct qbd_nvfp4 {
     static constexpr int QK = 64, BYTES = 36, ALIGN = 4;
-    static constexpr bool TWO_D = true, EXACT_H = false;
+    static constexpr bool TWO_D = true, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const int s = 2 * U + j / 4, e0 = 4 * (j % 4);
@@ -249,7 +254,7 @@ struct qbd_nvfp4 {
  * + l] >> 2jj, minus 4 unless bit 4h + jj of hmask[l]. */
 struct qbd_q3_k {
     static constexpr int QK = 256, BYTES = 110, ALIGN = 2;
-    static constexpr bool TWO_D = true, EXACT_H = false;
+    static constexpr bool TWO_D = true, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const int h = U / 4, jj = U % 4;
@@ -272,10 +277,33 @@ struct qbd_q3_k {
     }
 };
 
+/* Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin; } unit U = 4h + jj: q = (qs[32h + l] >> 2jj)
+ * & 3; sub-block t of 16: scale d·(scales[t] & 15), minimum -(dmin·(scales[t] >> 4)) (TWO_M: per 16). */
+struct qbd_q2_k {
+    static constexpr int QK = 256, BYTES = 84, ALIGN = 4;
+    static constexpr bool TWO_D = true, TWO_M = true, EXACT_H = false;
+    static QB_FN uint32_t word(const uint8_t *b, int U, int j)
+    {
+        return (qb_b32(b + 16 + 32 * (U / 4) + 4 * j) >> (2 * (U % 4))) & 0x03030303u;
+    }
+    static QB_FN void scales(const uint8_t *b, int U, float &d0, float &d1)
+    {
+        const float d = qb_f16(qb_b16(b + 80));
+        d0 = qb_mul(d, (float)(qb_b8(b + 2 * U) & 15));
+        d1 = qb_mul(d, (float)(qb_b8(b + 2 * U + 1) & 15));
+    }
+    static QB_FN void mins(const uint8_t *b, int U, float &m0, float &m1)
+    {
+        const float dmin = qb_f16(qb_b16(b + 82));
+        m0 = -qb_mul(dmin, (float)(qb_b8(b + 2 * U) >> 4));
+        m1 = -qb_mul(dmin, (float)(qb_b8(b + 2 * U + 1) >> 4));
+    }
+};
+
 /* IQ2_XXS (66 bytes): per unit two u32 at 2 + 8U: 4 grid indices; 4 x 7 sign bits and the scale. */
 struct qbd_iq2_xxs {
     static constexpr int QK = 256, BYTES = 66, ALIGN = 2;
-    static constexpr bool TWO_D = false, EXACT_H = false;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const int l = j / 2;
@@ -296,10 +324,19 @@ QB_FN float qb_iq2_scale(float d, uint32_t s)
     return qb_mul(qb_mul(d, 0.5f + (float)s), 0.25f);
 }
 
+/* IQ2_XS's and IQ2_S's two scales of unit U: the nibbles of byte U of the scales at b + off, f16 d at b. */
+QB_FN void qb_iq2_scales(const uint8_t *b, int off, int U, float &d0, float &d1)
+{
+    const float d = qb_f16(qb_b16(b));
+    const uint32_t s = qb_b8(b + off + U);
+    d0 = qb_iq2_scale(d, s & 15);
+    d1 = qb_iq2_scale(d, s >> 4);
+}
+
 /* IQ2_XS (74 bytes): { f16 d; u16 qs[32]; u8 scales[8]; } */
 struct qbd_iq2_xs {
     static constexpr int QK = 256, BYTES = 74, ALIGN = 2;
-    static constexpr bool TWO_D = true, EXACT_H = false;
+    static constexpr bool TWO_D = true, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const uint32_t q = qb_b16(b + 2 + 2 * (4 * U + j / 2));
@@ -307,17 +344,14 @@ struct qbd_iq2_xs {
     }
     static QB_FN void scales(const uint8_t *b, int U, float &d0, float &d1)
     {
-        const float d = qb_f16(qb_b16(b));
-        const uint32_t s = qb_b8(b + 66 + U);
-        d0 = qb_iq2_scale(d, s & 15);
-        d1 = qb_iq2_scale(d, s >> 4);
+        qb_iq2_scales(b, 66, U, d0, d1);
     }
 };
 
 /* IQ2_S (82 bytes): { f16 d; u8 qs[32]; u8 signs[32]; u8 qh[8]; u8 scales[8]; } */
 struct qbd_iq2_s {
     static constexpr int QK = 256, BYTES = 82, ALIGN = 2;
-    static constexpr bool TWO_D = true, EXACT_H = false;
+    static constexpr bool TWO_D = true, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const int l = j / 2;
@@ -326,17 +360,14 @@ struct qbd_iq2_s {
     }
     static QB_FN void scales(const uint8_t *b, int U, float &d0, float &d1)
     {
-        const float d = qb_f16(qb_b16(b));
-        const uint32_t s = qb_b8(b + 74 + U);
-        d0 = qb_iq2_scale(d, s & 15);
-        d1 = qb_iq2_scale(d, s >> 4);
+        qb_iq2_scales(b, 74, U, d0, d1);
     }
 };
 
 /* IQ3_XXS (98 bytes): { f16 d; u8 qs[64] (grid rows of 4); u32 scales_and_signs[8]; } */
 struct qbd_iq3_xxs {
     static constexpr int QK = 256, BYTES = 98, ALIGN = 2;
-    static constexpr bool TWO_D = false, EXACT_H = false;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const uint32_t a = qb_b32(b + 66 + 4 * U);
@@ -353,7 +384,7 @@ struct qbd_iq3_xxs {
 /* IQ3_S (110 bytes): { f16 d; u8 qs[64]; u8 qh[8]; u8 signs[32]; u8 scales[4]; } */
 struct qbd_iq3_s {
     static constexpr int QK = 256, BYTES = 110, ALIGN = 2;
-    static constexpr bool TWO_D = false, EXACT_H = false;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const uint32_t idx = qb_b8(b + 2 + 8 * U + j) | ((qb_b8(b + 66 + U) << (8 - j)) & 256);
@@ -369,7 +400,7 @@ struct qbd_iq3_s {
 /* IQ1_S (50 bytes): { f16 d; u8 qs[32]; u16 qh[8]; } */
 struct qbd_iq1_s {
     static constexpr int QK = 256, BYTES = 50, ALIGN = 2;
-    static constexpr bool TWO_D = false, EXACT_H = false;
+    static constexpr bool TWO_D = false, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const int l = j / 2;
@@ -387,7 +418,7 @@ struct qbd_iq1_s {
 /* IQ1_M (56 bytes): { u8 qs[32]; u8 qh[16]; u8 scales[8]; } (the f16 d in the scales' top nibbles) */
 struct qbd_iq1_m {
     static constexpr int QK = 256, BYTES = 56, ALIGN = 8;
-    static constexpr bool TWO_D = true, EXACT_H = false;
+    static constexpr bool TWO_D = true, TWO_M = false, EXACT_H = false;
     static QB_FN uint32_t word(const uint8_t *b, int U, int j)
     {
         const int l = j / 2;
@@ -408,6 +439,7 @@ using qb_iq4_nl = qb_lut<qbd_iq4_nl>;
 using qb_iq4_xs = qb_lut<qbd_iq4_xs>;
 using qb_mxfp4 = qb_lut<qbd_mxfp4>;
 using qb_nvfp4 = qb_lut<qbd_nvfp4>;
+using qb_q2_k = qb_lut<qbd_q2_k>;
 using qb_q3_k = qb_lut<qbd_q3_k>;
 using qb_iq2_xxs = qb_lut<qbd_iq2_xxs>;
 using qb_iq2_xs = qb_lut<qbd_iq2_xs>;

@@ -69,6 +69,10 @@ static inline void qref_random_blocks(enum dtype t, uint8_t *w, int64_t nb)
         case DTYPE_Q3_K:
             qref_put16(p + 108, qref_scale());
             break;
+        case DTYPE_Q2_K:
+            qref_put16(p + 80, qref_scale());
+            qref_put16(p + 82, qref_scale());
+            break;
         case DTYPE_MXFP4: /* exponents 2^-20 .. 2^-1 */
             p[0] = (uint8_t)(108 + qref_u64() % 20);
             break;
@@ -187,7 +191,12 @@ static inline void qref_q8_row(const uint8_t *wrow, const struct qref_xq *xq, in
         }
         s += t * xq->dx[xu];
         a += ta * xq->dx[xu];
-        if (Q::HAS_M) {
+        if (Q::TWO_M) {
+            const double mt = ((double)u.m * xq->sq_lo[xu] + (double)u.m1 * xq->sq_hi[xu]) * xq->dx[xu];
+            s += mt;
+            a += fabs((double)u.m * xq->sq_lo[xu] * xq->dx[xu]) +
+                 fabs((double)u.m1 * xq->sq_hi[xu] * xq->dx[xu]);
+        } else if (Q::HAS_M) {
             s += (double)u.m * xq->sx[xu];
             a += fabs((double)u.m * xq->sx[xu]);
         }
@@ -243,6 +252,9 @@ static inline double qref_q8_bound_row(const uint8_t *wrow, const struct qref_xq
         case DTYPE_Q6_K:                                                                                     \
             F<qb_q6_k>(__VA_ARGS__);                                                                         \
             return 1;                                                                                        \
+        case DTYPE_Q2_K:                                                                                     \
+            F<qb_q2_k>(__VA_ARGS__);                                                                         \
+            return 1;                                                                                        \
         case DTYPE_Q3_K:                                                                                     \
             F<qb_q3_k>(__VA_ARGS__);                                                                         \
             return 1;                                                                                        \
@@ -284,10 +296,10 @@ static inline double qref_q8_bound_row(const uint8_t *wrow, const struct qref_xq
         }                                                                                                    \
     }()
 
-static const enum dtype qref_types[] = {DTYPE_Q4_0,   DTYPE_Q4_1,    DTYPE_Q5_0,  DTYPE_Q5_1,    DTYPE_Q8_0,
-                                        DTYPE_Q4_K,   DTYPE_Q5_K,    DTYPE_Q6_K,  DTYPE_Q3_K,    DTYPE_IQ4_NL,
-                                        DTYPE_IQ4_XS, DTYPE_MXFP4,   DTYPE_NVFP4, DTYPE_IQ2_XXS, DTYPE_IQ2_XS,
-                                        DTYPE_IQ2_S,  DTYPE_IQ3_XXS, DTYPE_IQ3_S, DTYPE_IQ1_S,   DTYPE_IQ1_M};
-#define QREF_NTYPES 20
+static const enum dtype qref_types[] = {
+    DTYPE_Q4_0,    DTYPE_Q4_1,   DTYPE_Q5_0,  DTYPE_Q5_1,    DTYPE_Q8_0,   DTYPE_Q4_K,  DTYPE_Q5_K,
+    DTYPE_Q6_K,    DTYPE_Q2_K,   DTYPE_Q3_K,  DTYPE_IQ4_NL,  DTYPE_IQ4_XS, DTYPE_MXFP4, DTYPE_NVFP4,
+    DTYPE_IQ2_XXS, DTYPE_IQ2_XS, DTYPE_IQ2_S, DTYPE_IQ3_XXS, DTYPE_IQ3_S,  DTYPE_IQ1_S, DTYPE_IQ1_M};
+#define QREF_NTYPES (int)(sizeof qref_types / sizeof qref_types[0])
 
 #endif

@@ -110,7 +110,8 @@ template <class Q> static void frag_all_alignments(enum dtype t)
                               "%s (W at 16k+%d) block %d unit %d t %d: words %08x %08x, unit %08x %08x",
                               dtype_name(t), off, b, U, th, f.w0, f.w1, u.q[th], u.q[th + 4]);
                     cr_assert(f32_bits(f.d0) == f32_bits(u.d0) && f32_bits(f.d1) == f32_bits(u.d1) &&
-                                  f32_bits(f.m) == f32_bits(u.m),
+                                  f32_bits(f.m) == f32_bits(u.m) &&
+                                  (!Q::TWO_M || f32_bits(f.m1) == f32_bits(u.m1)),
                               "%s block %d unit %d t %d: scales %g %g %g, unit %g %g %g", dtype_name(t), b, U,
                               th, f.d0, f.d1, f.m, u.d0, u.d1, u.m);
                 }
@@ -142,6 +143,8 @@ template <class Q> static void decode_extremes(enum dtype t)
             qref_put16(p + 208, s);
         else if (t == DTYPE_Q3_K)
             qref_put16(p + 108, s);
+        else if (t == DTYPE_Q2_K)
+            qref_put16(p + 80, s), qref_put16(p + 82, s2);
         else if (t == DTYPE_MXFP4)
             p[0] = b % 2 ? 252 : 1; /* a large exponent (12·d finite) and a subnormal scale */
         else if (t == DTYPE_NVFP4)
@@ -436,6 +439,7 @@ template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, 
                                 f[lane][at][h].d0 = ks[src][at][h][v].d0;
                                 f[lane][at][h].d1 = Q::TWO_D ? ks[src][at][h][v].d1 : f[lane][at][h].d0;
                                 f[lane][at][h].m = Q::HAS_M ? ks[src][at][h][v].m : -0.0f;
+                                f[lane][at][h].m1 = Q::TWO_M ? ks[src][at][h][v].m1 : -0.0f;
                             }
                     }
                 }
