@@ -10,6 +10,9 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
 extern const uint64_t iq2xxs_grid[256];
 extern const uint64_t iq2xs_grid[512];
 extern const uint64_t iq2s_grid[1024];
@@ -18,6 +21,9 @@ extern const uint32_t iq3s_grid[512];
 extern const uint64_t iq1s_grid[2048];
 extern const int8_t iq4nl_values[16];
 extern const int8_t fp4_values[16];
+#ifdef __cplusplus
+}
+#endif
 
 /* The eighth sign bit of 7 (ggml's ksigns_iq2xs[i]: i with bit 7 = parity of i). */
 static inline uint8_t iq_signs7(uint32_t i)

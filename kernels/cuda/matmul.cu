@@ -674,8 +674,16 @@ extern "C" int kern_cuda_qmm_variant_applies(enum dtype t, int variant)
 
 extern "C" int kern_cuda_qmm_pick(enum dtype t, int m)
 {
-    for (size_t i = 0; i < sizeof qmm_picks / sizeof qmm_picks[0]; i++)
+    int listed = 0;
+    for (size_t i = 0; i < sizeof qmm_picks / sizeof qmm_picks[0]; i++) {
+        listed |= qmm_picks[i].t == t;
         if (qmm_picks[i].t == t && m <= qmm_picks[i].m_max) return qmm_picks[i].variant;
+    }
+    /* Types not measured yet (the lookup-table types of qblock_lut.cuh): the shape most measured types share,
+     * dp4a for 1-2 rows, the int8 MMA up to 128, then f16 pieces. */
+    if (!listed && m <= 2) return KERN_QV_DP4A_R1;
+    if (!listed && m <= 32) return KERN_QV_MMA_16;
+    if (!listed && m <= 128) return KERN_QV_MMA_32;
     return KERN_QV_F16_PIECES;
 }
 

@@ -149,7 +149,7 @@ QB_FN void gqm_load_x(gqm_x &x, const uint8_t *xqf, const float *xdf, int nu, in
     const qb_v4 d = qb_ldg128(xdf + (cu * 4 + (lane & 3)) * 8);
     memcpy(&x.dx[0], &d.x, 4), memcpy(&x.sx[0], &d.y, 4), memcpy(&x.dx[1], &d.z, 4),
         memcpy(&x.sx[1], &d.w, 4);
-    if (Q::QOFF != 0) {
+    if (Q::QOFF != 0 || Q::TWO_M) { /* the halves' sums of xq: offsets, and TWO_M's minimums */
         const qb_v4 q = qb_ldg128(xdf + (cu * 4 + (lane & 3)) * 8 + 4);
         x.sq[0][0] = (int)q.x, x.sq[0][1] = (int)q.y, x.sq[1][0] = (int)q.z, x.sq[1][1] = (int)q.w;
     }
@@ -174,7 +174,11 @@ QB_FN void gqm_epilogue(float (&acc)[4], const int (&c)[4], const int (&c_hi)[4]
             t = qb_mul(r[h].d0, (float)s);
         }
         acc[e] = qb_fma(x.dx[col], t, acc[e]);
-        if (Q::HAS_M) acc[e] = qb_fma(r[h].m, x.sx[col], acc[e]);
+        if (Q::TWO_M)
+            acc[e] = qb_fma(
+                x.dx[col], qb_fma(r[h].m, (float)x.sq[col][0], qb_mul(r[h].m1, (float)x.sq[col][1])), acc[e]);
+        else if (Q::HAS_M)
+            acc[e] = qb_fma(r[h].m, x.sx[col], acc[e]);
     }
 }
 
@@ -228,6 +232,14 @@ QB_FN void qs_copy16(unsigned char *dst, uintptr_t src)
     memcpy(dst, (const void *)src, 16);
 #endif
 }
+QB_FN void qs_copy1(unsigned char *dst, uintptr_t src)
+{
+#ifdef __CUDA_ARCH__
+    *dst = __ldg(reinterpret_cast<const unsigned char *>(src));
+#else
+    *dst = *(const unsigned char *)src;
+#endif
+}
 QB_FN void qs_copy2(unsigned char *dst, uintptr_t src)
 {
 #ifdef __CUDA_ARCH__
@@ -240,8 +252,9 @@ QB_FN void qs_copy2(unsigned char *dst, uintptr_t src)
 /* Copies blocks [b0, b0 + nbc) of rows [row0, row0 + RW) (rows past n repeat row n-1) of W into stage with
  * the lane's share of the 16-byte pieces (G = qs_geom<Q, RW, CB>); pieces past a row's chunk are skipped,
  * pieces that would reach outside W (its first and last 16 bytes when W's ends are not aligned) are assembled
- * from the chunk's own bytes with 2-byte loads. Offsets are 32-bit, relative to W's 16-byte-aligned base a16
- * (W's start is a16 + w0, its size wbytes: the caller guarantees w0 + wbytes + 16 < 2^32). */
+ * from the chunk's own bytes with 2-byte loads (1-byte loads for byte-aligned types). Offsets are 32-bit,
+ * relative to W's 16-byte-aligned base a16 (W's start is a16 + w0, its size wbytes: the caller guarantees w0
+ * + wbytes + 16 < 2^32). */
 template <class Q, int RW, int CB>
 QB_FN void qs_issue(unsigned char *stage, uintptr_t a16, uint32_t w0, uint32_t wbytes, int row0, int n,
                     uint32_t rowbytes, int b0, int nbc, int lane)
@@ -260,6 +273,12 @@ QB_FN void qs_issue(unsigned char *stage, uintptr_t a16, uint32_t w0, uint32_t w
         unsigned char *dst = stage + r * G::STRIDE + 16 * q;
         if (src >= w0 && src + 16 <= w0 + wbytes) {
             qs_copy16(dst, a16 + src);
+        } else if constexpr (Q::ALIGN == 1) { /* byte-aligned blocks (MXFP4): byte loads */
+            QB_UNROLL
+            for (uint32_t e = 0; e < 16; e++) {
+                const uint32_t a = src + e;
+                if (a >= ga && a < ga + nbytes) qs_copy1(dst + e, a16 + a);
+            }
         } else {
             QB_UNROLL
             for (uint32_t e = 0; e < 16; e += 2) {

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
                 /* K-quants (one block per chunk): thread t decodes the scales of units 2t and 2t+1 of its
                  * rows once per chunk, and each unit's come from lane (g, U / 2) by shuffles, instead of
                  * every thread decoding every unit's packed scale bytes. */
-                float ks[AT][2][2][3]; /* [at][h][unit 2t + v][d0, d1, m] */
+                float ks[AT][2][2][4]; /* [at][h][unit 2t + v][d0, d1, m, m1] */
                 if constexpr (UPB == 8) {
 #pragma unroll
                     for (int at = 0; at < AT; at++)
@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
                                 qb_frag sf;
                                 Q::frag(rp[at][h], 2 * t + v, t, sf);
                                 ks[at][h][v][0] = sf.d0, ks[at][h][v][1] = sf.d1, ks[at][h][v][2] = sf.m;
+                                ks[at][h][v][3] = sf.m1;
                             }
                 }
                 /* Two units per iteration, one from 32 columns of x on: a full unroll holds every unit's
@@ -148,6 +149,9 @@ __global__ void __launch_bounds__(QS_WARPS * 32, MINB)
                                     Q::HAS_M
                                         ? __shfl_sync(0xffffffffu, v ? ks[at][h][1][2] : ks[at][h][0][2], src)
                                         : -0.0f;
+                                if (Q::TWO_M)
+                                    f[at][h].m1 =
+                                        __shfl_sync(0xffffffffu, v ? ks[at][h][1][3] : ks[at][h][0][3], src);
                             }
                     }
 #pragma unroll

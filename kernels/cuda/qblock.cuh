@@ -5,18 +5,20 @@
  * The common form. Every supported type is read as "units" of 32 consecutive elements along k (one x block of
  * the int8 path): qb_unit holds the 32 quants as int8 (element 4j+i in byte i of q[j]), and the element
  * values are w = fmaf(d, (float)(q + QOFF), m) with d = d0 for elements 0..15 and d1 for 16..31 (equal except
- * for Q6_K, whose scales cover 16 elements), m = -0.0f for types without a minimum. Every product d * (q +
- * QOFF) of these formats is exact in f32 (at most 24 significant bits), and dequant_row adds m after it, so
- * this fma is bitwise dequant_row's value (-0.0f keeps the sign of a zero product). Blocks are read in
- * "pieces" of UPP units that share bytes (Q4_K: the two sub-blocks of one 32-byte qs group), PPB pieces per
- * block. load() reads a piece's raw bytes with aligned 4/8/16-byte loads; types whose blocks are only 2-byte
- * aligned (Q8_0, Q4_0, Q5_0, Q6_K) load the enclosing aligned words and funnel-shift, so a load may touch up
- * to 3 bytes outside the block on either side (the kernels read from a staged copy that holds them). Each
- * type's minimum alignment of W (and so of every block) is ALIGN. Traits per type (one struct each): QK,
- * BYTES, ALIGN, UPP, PPB, QOFF, TWO_D (d0 != d1 possible), HAS_M, EXACT_H (d * (q + QOFF) is exact in f16
- *   math: f16 scale, no minimum), raw (registers of one piece), load(raw, blk, piece), unit_elem(piece, v)
- *   (first element of unit v of a piece, within the block), unit(raw, piece, v, qb_unit&).
- * Device-side users: qb_dot (int8 x, dp4a) and qb_decode_h2 (f16 values for the tensor-core GEMM).
+ * for Q6_K and other types whose scales cover 16 elements: TWO_D), m = -0.0f for types without a minimum
+ * (Q2_K, TWO_M: m for elements 0..15, m1 for 16..31; qblock_lut.cuh holds it and the other lookup-table
+ * types). Every product d * (q + QOFF) of these formats is exact in f32 (at most 24 significant bits), and
+ * dequant_row adds m after it, so this fma is bitwise dequant_row's value (-0.0f keeps the sign of a zero
+ * product). Blocks are read in "pieces" of UPP units that share bytes (Q4_K: the two sub-blocks of one
+ * 32-byte qs group), PPB pieces per block. load() reads a piece's raw bytes with aligned 4/8/16-byte loads;
+ * types whose blocks are only 2-byte aligned (Q8_0, Q4_0, Q5_0, Q6_K) load the enclosing aligned words and
+ * funnel-shift, so a load may touch up to 3 bytes outside the block on either side (the kernels read from a
+ * staged copy that holds them). Each type's minimum alignment of W (and so of every block) is ALIGN. Traits
+ * per type (one struct each): QK, BYTES, ALIGN, UPP, PPB, QOFF, TWO_D (d0 != d1 possible), HAS_M, TWO_M,
+ * EXACT_H (d * (q + QOFF) is exact in f16 math: f16 scale, no minimum), raw (registers of one piece),
+ * load(raw, blk, piece), unit_elem(piece, v) (first element of unit v of a piece, within the block),
+ * unit(raw, piece, v, qb_unit&). Device-side users: qb_dot (int8 x, dp4a) and qb_decode_h2 (f16 values for
+ * the tensor-core GEMM).
  */
 #ifndef FERRY_KERN_CUDA_QBLOCK_CUH
 #define FERRY_KERN_CUDA_QBLOCK_CUH
@@ -181,6 +183,7 @@ struct qb_unit {
     uint32_t q[8]; /* 32 int8 quants, element 4j+i in byte i of q[j] */
     float d0, d1;  /* scale of elements 0..15 and 16..31 */
     float m;       /* minimum term; -0.0f for types without one */
+    float m1;      /* TWO_M types (Q2_K): the minimum term of elements 16..31 (m then covers 0..15) */
 };
 
 /* What one thread of an int8 MMA needs of unit U of a block: quant words t and t+4 of the unit (elements
@@ -189,7 +192,7 @@ struct qb_unit {
  */
 struct qb_frag {
     uint32_t w0, w1;
-    float d0, d1, m;
+    float d0, d1, m, m1; /* m1: as qb_unit's */
 };
 
 /* A window of N aligned words read from the 4-byte boundary at or below p (p 2-byte aligned); word(o) is the
@@ -220,7 +223,7 @@ template <int N> struct qb_win {
 /* Q4_0 (18 bytes): { f16 d; u8 qs[16]; }, x[j] = d * ((qs[j] & 15) - 8), x[j+16] = d * ((qs[j] >> 4) - 8). */
 struct qb_q4_0 {
     static constexpr int QK = 32, BYTES = 18, ALIGN = 2, UPP = 1, PPB = 1, QOFF = -8;
-    static constexpr bool TWO_D = false, HAS_M = false, EXACT_H = true;
+    static constexpr bool TWO_D = false, HAS_M = false, EXACT_H = true, TWO_M = false;
     struct raw {
         qb_win<5> b;
     };
@@ -251,7 +254,7 @@ struct qb_q4_0 {
 /* Q4_1 (20 bytes, 4-byte aligned): { f16 d; f16 m; u8 qs[16]; }, x = d * q + m with q as in Q4_0. */
 struct qb_q4_1 {
     static constexpr int QK = 32, BYTES = 20, ALIGN = 4, UPP = 1, PPB = 1, QOFF = 0;
-    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false;
+    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false, TWO_M = false;
     struct raw {
         uint32_t w[5];
     };
@@ -285,7 +288,7 @@ struct qb_q4_1 {
  * x[j+16] = d * ((qs[j] >> 4 | (qh >> (j+16) & 1) << 4) - 16). */
 struct qb_q5_0 {
     static constexpr int QK = 32, BYTES = 22, ALIGN = 2, UPP = 1, PPB = 1, QOFF = -16;
-    static constexpr bool TWO_D = false, HAS_M = false, EXACT_H = true;
+    static constexpr bool TWO_D = false, HAS_M = false, EXACT_H = true, TWO_M = false;
     struct raw {
         qb_win<6> b;
     };
@@ -318,7 +321,7 @@ struct qb_q5_0 {
  */
 struct qb_q5_1 {
     static constexpr int QK = 32, BYTES = 24, ALIGN = 8, UPP = 1, PPB = 1, QOFF = 0;
-    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false;
+    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false, TWO_M = false;
     struct raw {
         uint32_t w[6];
     };
@@ -352,7 +355,7 @@ struct qb_q5_1 {
 /* Q8_0 (34 bytes): { f16 d; int8 qs[32]; }, x = d * q. */
 struct qb_q8_0 {
     static constexpr int QK = 32, BYTES = 34, ALIGN = 2, UPP = 1, PPB = 1, QOFF = 0;
-    static constexpr bool TWO_D = false, HAS_M = false, EXACT_H = true;
+    static constexpr bool TWO_D = false, HAS_M = false, EXACT_H = true, TWO_M = false;
     struct raw {
         qb_win<9> b;
     };
@@ -398,7 +401,7 @@ QB_FN void qb_k_scale_min(uint32_t s1, uint32_t s2, uint32_t s3, uint32_t s, uin
  * p = the two sub-blocks of qs group p (elements 64p .. 64p+63). */
 struct qb_q4_k {
     static constexpr int QK = 256, BYTES = 144, ALIGN = 16, UPP = 2, PPB = 4, QOFF = 0;
-    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false;
+    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false, TWO_M = false;
     struct raw {
         qb_v4 h;    /* d | dmin << 16, scales[0..3], [4..7], [8..11] */
         qb_v4 q[2]; /* qs[32p .. 32p+31] */
@@ -440,7 +443,7 @@ struct qb_q4_k {
  * a fifth bit: element 32s + l adds 16 * (qh[l] >> s & 1). */
 struct qb_q5_k {
     static constexpr int QK = 256, BYTES = 176, ALIGN = 16, UPP = 2, PPB = 4, QOFF = 0;
-    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false;
+    static constexpr bool TWO_D = false, HAS_M = true, EXACT_H = false, TWO_M = false;
     struct raw {
         qb_v4 h;
         qb_v4 qh[2]; /* qh[0..31] */
@@ -491,7 +494,7 @@ struct qb_q5_k {
  * share their ql and qh bytes: v = 0 -> quarter i0, v = 1 -> quarter i0 + 2. */
 struct qb_q6_k {
     static constexpr int QK = 256, BYTES = 210, ALIGN = 2, UPP = 2, PPB = 4, QOFF = -32;
-    static constexpr bool TWO_D = true, HAS_M = false, EXACT_H = false;
+    static constexpr bool TWO_D = true, HAS_M = false, EXACT_H = false, TWO_M = false;
     struct raw {
         qb_win<9> ql; /* ql[64h + 32 i0 .. +32] */
         qb_win<9> qh; /* qh[32h .. +32] */
@@ -544,6 +547,9 @@ struct qb_q6_k {
     }
 };
 
+/* The lookup-table types (IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q3_K, the i-quants). */
+#include "kernels/cuda/qblock_lut.cuh"
+
 /* Every type the quantized products support, as X(DTYPE suffix, lower-case name, trait). */
 #define QB_TYPES(X)                                                                                          \
     X(Q4_0, q4_0, qb_q4_0)                                                                                   \
@@ -553,7 +559,20 @@ struct qb_q6_k {
     X(Q8_0, q8_0, qb_q8_0)                                                                                   \
     X(Q4_K, q4_k, qb_q4_k)                                                                                   \
     X(Q5_K, q5_k, qb_q5_k)                                                                                   \
-    X(Q6_K, q6_k, qb_q6_k)
+    X(Q6_K, q6_k, qb_q6_k)                                                                                   \
+    X(Q2_K, q2_k, qb_q2_k)                                                                                   \
+    X(Q3_K, q3_k, qb_q3_k)                                                                                   \
+    X(IQ4_NL, iq4_nl, qb_iq4_nl)                                                                             \
+    X(IQ4_XS, iq4_xs, qb_iq4_xs)                                                                             \
+    X(MXFP4, mxfp4, qb_mxfp4)                                                                                \
+    X(NVFP4, nvfp4, qb_nvfp4)                                                                                \
+    X(IQ2_XXS, iq2_xxs, qb_iq2_xxs)                                                                          \
+    X(IQ2_XS, iq2_xs, qb_iq2_xs)                                                                             \
+    X(IQ2_S, iq2_s, qb_iq2_s)                                                                                \
+    X(IQ3_XXS, iq3_xxs, qb_iq3_xxs)                                                                          \
+    X(IQ3_S, iq3_s, qb_iq3_s)                                                                                \
+    X(IQ1_S, iq1_s, qb_iq1_s)                                                                                \
+    X(IQ1_M, iq1_m, qb_iq1_m)
 
 /* ---- users of the unit -------------------------------------------------------------------------------- */
 
@@ -561,11 +580,12 @@ struct qb_q6_k {
 template <class Q> QB_FN float qb_value(const qb_unit &u, int e)
 {
     const int q = (int)(int8_t)(u.q[e >> 2] >> (8 * (e & 3))) + Q::QOFF;
-    return qb_fma(e < 16 ? u.d0 : u.d1, (float)q, u.m);
+    return qb_fma(e < 16 ? u.d0 : u.d1, (float)q, Q::TWO_M && e >= 16 ? u.m1 : u.m);
 }
 
 /* x is one unit of a row of x quantized to int8 (xq: 32 values, xd = {dx, sum of the f32 x, sum of xq over
- * elements 0..15, over 16..31 (int bits)}): acc += dx * sum_i d(i) * (q_i + QOFF) * xq_i + m * sum(x). */
+ * elements 0..15, over 16..31 (int bits)}): acc += dx * sum_i d(i) * (q_i + QOFF) * xq_i + m * sum(x)
+ * (TWO_M: + dx * (m * sum of xq over 0..15 + m1 * over 16..31)). */
 QB_FN void qb_dot_parts(const qb_unit &u, const uint32_t (&xw)[8], int &lo, int &hi)
 {
     lo = 0, hi = 0;
@@ -590,7 +610,10 @@ QB_FN float qb_dot(const qb_unit &u, const uint32_t (&xw)[8], float dx, float sx
         t = qb_mul(u.d0, (float)(lo + hi + Q::QOFF * (sq_lo + sq_hi)));
     }
     acc = qb_fma(dx, t, acc);
-    if (Q::HAS_M) acc = qb_fma(u.m, sx, acc);
+    if (Q::TWO_M) /* a minimum per 16 elements: through the halves' sums of xq */
+        acc = qb_fma(dx, qb_fma(u.m, (float)sq_lo, qb_mul(u.m1, (float)sq_hi)), acc);
+    else if (Q::HAS_M)
+        acc = qb_fma(u.m, sx, acc);
     return acc;
 }
 
@@ -635,7 +658,8 @@ template <class Q> QB_FN void qb_decode_h2(const qb_unit &u, uint32_t (&out)[16]
                 const uint32_t bits = qb_prmt(x, 0x4B000000u, 0x7440u + (uint32_t)i);
                 float t;
                 memcpy(&t, &bits, 4);
-                f[i] = qb_fma(j < 4 ? u.d0 : u.d1, t - (8388736.0f - (float)Q::QOFF), u.m);
+                f[i] = qb_fma(j < 4 ? u.d0 : u.d1, t - (8388736.0f - (float)Q::QOFF),
+                              Q::TWO_M && j >= 4 ? u.m1 : u.m);
             }
             out[2 * j] = qb_pack_h2(f[0], f[1]);
             out[2 * j + 1] = qb_pack_h2(f[2], f[3]);

@@ -66,6 +66,26 @@ static inline void qref_random_blocks(enum dtype t, uint8_t *w, int64_t nb)
         case DTYPE_Q6_K:
             qref_put16(p + 208, qref_scale());
             break;
+        case DTYPE_Q3_K:
+            qref_put16(p + 108, qref_scale());
+            break;
+        case DTYPE_Q2_K:
+            qref_put16(p + 80, qref_scale());
+            qref_put16(p + 82, qref_scale());
+            break;
+        case DTYPE_MXFP4: /* exponents 2^-20 .. 2^-1 */
+            p[0] = (uint8_t)(108 + qref_u64() % 20);
+            break;
+        case DTYPE_NVFP4: /* UE4M3 scales below 2^3 (random bytes otherwise: subnormal, 0 and 0x7F included)
+                           */
+            for (int s = 0; s < 4; s++) p[s] = (uint8_t)(qref_u64() % 0x50);
+            break;
+        case DTYPE_IQ1_M: { /* the f16 d in the top nibbles of the four scale words */
+            const uint16_t d = qref_scale();
+            for (int s = 0; s < 4; s++)
+                p[49 + 2 * s] = (uint8_t)((p[49 + 2 * s] & 0x0F) | ((d >> (4 * s)) & 15) << 4);
+            break;
+        }
         case DTYPE_Q4_1:
         case DTYPE_Q5_1:
         case DTYPE_Q4_K:
@@ -171,7 +191,12 @@ static inline void qref_q8_row(const uint8_t *wrow, const struct qref_xq *xq, in
         }
         s += t * xq->dx[xu];
         a += ta * xq->dx[xu];
-        if (Q::HAS_M) {
+        if (Q::TWO_M) {
+            const double mt = ((double)u.m * xq->sq_lo[xu] + (double)u.m1 * xq->sq_hi[xu]) * xq->dx[xu];
+            s += mt;
+            a += fabs((double)u.m * xq->sq_lo[xu] * xq->dx[xu]) +
+                 fabs((double)u.m1 * xq->sq_hi[xu] * xq->dx[xu]);
+        } else if (Q::HAS_M) {
             s += (double)u.m * xq->sx[xu];
             a += fabs((double)u.m * xq->sx[xu]);
         }
@@ -227,13 +252,54 @@ static inline double qref_q8_bound_row(const uint8_t *wrow, const struct qref_xq
         case DTYPE_Q6_K:                                                                                     \
             F<qb_q6_k>(__VA_ARGS__);                                                                         \
             return 1;                                                                                        \
+        case DTYPE_Q2_K:                                                                                     \
+            F<qb_q2_k>(__VA_ARGS__);                                                                         \
+            return 1;                                                                                        \
+        case DTYPE_Q3_K:                                                                                     \
+            F<qb_q3_k>(__VA_ARGS__);                                                                         \
+            return 1;                                                                                        \
+        case DTYPE_IQ4_NL:                                                                                   \
+            F<qb_iq4_nl>(__VA_ARGS__);                                                                       \
+            return 1;                                                                                        \
+        case DTYPE_IQ4_XS:                                                                                   \
+            F<qb_iq4_xs>(__VA_ARGS__);                                                                       \
+            return 1;                                                                                        \
+        case DTYPE_MXFP4:                                                                                    \
+            F<qb_mxfp4>(__VA_ARGS__);                                                                        \
+            return 1;                                                                                        \
+        case DTYPE_NVFP4:                                                                                    \
+            F<qb_nvfp4>(__VA_ARGS__);                                                                        \
+            return 1;                                                                                        \
+        case DTYPE_IQ2_XXS:                                                                                  \
+            F<qb_iq2_xxs>(__VA_ARGS__);                                                                      \
+            return 1;                                                                                        \
+        case DTYPE_IQ2_XS:                                                                                   \
+            F<qb_iq2_xs>(__VA_ARGS__);                                                                       \
+            return 1;                                                                                        \
+        case DTYPE_IQ2_S:                                                                                    \
+            F<qb_iq2_s>(__VA_ARGS__);                                                                        \
+            return 1;                                                                                        \
+        case DTYPE_IQ3_XXS:                                                                                  \
+            F<qb_iq3_xxs>(__VA_ARGS__);                                                                      \
+            return 1;                                                                                        \
+        case DTYPE_IQ3_S:                                                                                    \
+            F<qb_iq3_s>(__VA_ARGS__);                                                                        \
+            return 1;                                                                                        \
+        case DTYPE_IQ1_S:                                                                                    \
+            F<qb_iq1_s>(__VA_ARGS__);                                                                        \
+            return 1;                                                                                        \
+        case DTYPE_IQ1_M:                                                                                    \
+            F<qb_iq1_m>(__VA_ARGS__);                                                                        \
+            return 1;                                                                                        \
         default:                                                                                             \
             return 0;                                                                                        \
         }                                                                                                    \
     }()
 
-static const enum dtype qref_types[] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1,
-                                        DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
-#define QREF_NTYPES 8
+static const enum dtype qref_types[] = {
+    DTYPE_Q4_0,    DTYPE_Q4_1,   DTYPE_Q5_0,  DTYPE_Q5_1,    DTYPE_Q8_0,   DTYPE_Q4_K,  DTYPE_Q5_K,
+    DTYPE_Q6_K,    DTYPE_Q2_K,   DTYPE_Q3_K,  DTYPE_IQ4_NL,  DTYPE_IQ4_XS, DTYPE_MXFP4, DTYPE_NVFP4,
+    DTYPE_IQ2_XXS, DTYPE_IQ2_XS, DTYPE_IQ2_S, DTYPE_IQ3_XXS, DTYPE_IQ3_S,  DTYPE_IQ1_S, DTYPE_IQ1_M};
+#define QREF_NTYPES (int)(sizeof qref_types / sizeof qref_types[0])
 
 #endif

@@ -10,17 +10,18 @@
  *   int8:   the int8 paths' arithmetic with exact sums (dp4a GEMV, int8 MMA): x quantized as the kernels do
  *           (tests/cuda/qref.h: bitwise the same xq and dx), Σ_units dx·Σ d(q+QOFF)·xq + m·Σx (A counts
  * |m|·Σ|x| for the last term: the kernel's f32 sum of a block of x is off by a few roundings of that); f16:
- * the GEMM's (and the f16 pieces') arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value; f16x: kern_cuda_gemv_q8's
- * (Q8_0 only): Σ f16(x)·w, w exact (q in f16, d applied in f32 per block). Tolerances, derived (u = 2^-24, A
- * = the sum of the magnitudes of the reference's terms): int8 path vs int8 ref: (k/32 + 16)·2u·A — one f32
- * rounding per unit term and per addition of the k/32 unit terms, the lane tree and the split sum, each at
- * most u relative to a partial sum <= A, doubled; int8 path vs exact: Σ|d(q+QOFF)|·dx/2 (each xq off by at
- * most dx/2 from x/dx) + the above + 2u|exact|; f16 paths vs their ref: (k/16 + 16)·8u·A — one tensor-core
- * accumulation step per 16 products, allowing 4 ulp each (the tensor cores' f32 adds are not specified as
- * round-to-nearest); a wrong element, block, scale or offset gives errors of the order of A itself; f16 path
- * vs exact: Σ|x·w|·(2^-11 + 2^-11 + 2^-22) (x and w each rounded to f16 once) + the above + 2u|exact| (f16x:
- * x only). Every failing case prints one line (variant, type, m, n, k, ldy, the worst element and its error /
- * tolerance) and the test fails at the end, so one GPU run reports everything.
+ * the GEMM's (and the f16 pieces') arithmetic with exact sums: Σ f16(x)·f16(w), w = dequant_row's value;
+ * f16x: kern_cuda_gemv_q8's (Q8_0 only): Σ f16(x)·w, w exact (q in f16, d applied in f32 per block).
+ * Tolerances, derived (u = 2^-24, A = the sum of the magnitudes of the reference's terms): int8 path vs int8
+ * ref: (k/32 + 16)·2u·A — one f32 rounding per unit term and per addition of the k/32 unit terms, the lane
+ * tree and the split sum, each at most u relative to a partial sum <= A, doubled; int8 path vs exact:
+ * Σ|d(q+QOFF)|·dx/2 (each xq off by at most dx/2 from x/dx) + the above + 2u|exact|; f16 paths vs their ref:
+ * (k/16 + 16)·8u·A — one tensor-core accumulation step per 16 products, allowing 4 ulp each (the tensor
+ * cores' f32 adds are not specified as round-to-nearest); a wrong element, block, scale or offset gives
+ * errors of the order of A itself; f16 path vs exact: Σ|x·w|·(2^-11 + 2^-11 + 2^-22) (x and w each rounded to
+ * f16 once) + the above + 2u|exact| (f16x: x only). Every failing case prints one line (variant, type, m, n,
+ * k, ldy, the worst element and its error / tolerance) and the test fails at the end, so one GPU run reports
+ * everything.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -69,9 +70,11 @@ struct wmat {
     std::vector<uint8_t> buf;
     uint8_t *w;
     size_t bytes;
-    std::vector<float> deq; /* (n, k) */
-    std::vector<double> wd; /* (n, k) d(i)·(q_i + QOFF) */
-    std::vector<double> um; /* (n, k/32) unit minimum term */
+    std::vector<float> deq;  /* (n, k) */
+    std::vector<double> wd;  /* (n, k) d(i)·(q_i + QOFF) */
+    std::vector<double> um;  /* (n, k/32) unit minimum term */
+    std::vector<double> um1; /* (n, k/32) TWO_M types: the minimum of elements 16..31 (um: of 0..15) */
+    bool two_m;
 };
 
 template <class Q> static void fill_views(wmat *W)
@@ -86,6 +89,8 @@ template <class Q> static void fill_views(wmat *W)
                 W->wd[(size_t)r * W->k + 32 * U + i] = (double)(i < 16 ? u.d0 : u.d1) * q;
             }
             W->um[(size_t)r * (W->k / 32) + U] = Q::HAS_M ? (double)u.m : 0.0;
+            W->um1[(size_t)r * (W->k / 32) + U] = Q::TWO_M ? (double)u.m1 : 0.0;
+            W->two_m = Q::TWO_M;
         }
 }
 
@@ -100,6 +105,7 @@ static void make_wmat(wmat *W, enum dtype t, int n, int k, int woff)
     W->deq.resize((size_t)n * k);
     W->wd.resize((size_t)n * k);
     W->um.resize((size_t)n * (k / 32));
+    W->um1.resize((size_t)n * (k / 32));
     for (int r = 0; r < n; r++)
         cr_assert_eq(dequant_row(t, W->w + rb * r, W->deq.data() + (size_t)r * k, k), 0);
     cr_assert(QREF_DISPATCH(t, fill_views, W));
@@ -196,8 +202,13 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
                 }
                 /* The minimum term with the exact sum of x; the kernel's f32 sum of the block is off by at
                  * most a few roundings of Σ|x|, so that magnitude joins the terms'. */
-                const double um = W->um[(size_t)j * ku + U];
-                q8 += t * dx + um * X->xq.sxd[xu], q8a += ta * dx + fabs(um) * X->xq.sxa[xu];
+                const double um = W->um[(size_t)j * ku + U], um1 = W->um1[(size_t)j * ku + U];
+                if (W->two_m) { /* TWO_M (Q2_K): per-half sums of xq */
+                    const double lo = um * X->xq.sq_lo[xu] * dx, hi = um1 * X->xq.sq_hi[xu] * dx;
+                    q8 += t * dx + lo + hi, q8a += ta * dx + fabs(lo) + fabs(hi);
+                } else {
+                    q8 += t * dx + um * X->xq.sxd[xu], q8a += ta * dx + fabs(um) * X->xq.sxa[xu];
+                }
                 q8b += bd * 0.5 * dx;
             }
             for (int e = 0; e < k; e++) {
@@ -396,7 +407,8 @@ static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int 
 /* k: a multiple of 256 for the K-quants, of 32 but not of 256 for the 32-blocks. */
 static int k_of(enum dtype t, int k256, int extra32)
 {
-    return dtype_block_size(t) == 256 ? k256 : k256 + 32 * extra32;
+    const int bs = dtype_block_size(t); /* 32, 64 (NVFP4: rounded up to whole blocks) or 256 */
+    return bs == 256 ? k256 : (k256 + 32 * extra32 + bs - 1) / bs * bs;
 }
 
 /* w16: the piece buffer for W decoded to f16 (KERN_QV_F16_PIECES; 0: that variant runs the GEMM). */
@@ -441,6 +453,7 @@ Test(cuda_matmul_q, small_k_all_variants)
         const int nk = big ? 2 : 8;
         for (int i = 0; i < nk; i++) {
             const int k = big ? ks256[i] : ks32[i];
+            if (k % dtype_block_size(t)) continue; /* NVFP4: 64-element blocks */
             fails += check_matrix(ctx, 2 * max_x, t, 311, k, 313, i % 2 && al < 16 ? al : 0, i % 3 == 0,
                                   SWEEP_ALL, 33);
         }
@@ -471,8 +484,9 @@ Test(cuda_matmul_q, every_type_every_m_large_shapes)
     cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
 }
 
-/* A workspace of 100 rows of x: the automatic choice (W in f16 pieces) runs m = 512 in chunks of 100; one row less than k: FERRY_ERR_RANGE.
- * A workspace of 20 rows: the int8 MMA cannot hold 32 or 64 padded rows and falls back to the GEMM. */
+/* A workspace of 100 rows of x: the automatic choice (W in f16 pieces) runs m = 512 in chunks of 100; one row
+ * less than k: FERRY_ERR_RANGE. A workspace of 20 rows: the int8 MMA cannot hold 32 or 64 padded rows and
+ * falls back to the GEMM. */
 Test(cuda_matmul_q, small_workspace_row_chunks)
 {
     SKIP_WITHOUT_GPU();
@@ -529,7 +543,8 @@ Test(cuda_matmul_q, norm_writes_the_products_int8_x)
         for (int m = 1; m <= 4; m++) {
             std::vector<float> h((size_t)m * k), hw(k), hw2(k);
             for (float &v : h) v = qref_frand();
-            for (int j = 0; j < k; j++) hw[j] = 0.5f + qref_frand() * 0.25f, hw2[j] = 1.0f - qref_frand() * 0.25f;
+            for (int j = 0; j < k; j++)
+                hw[j] = 0.5f + qref_frand() * 0.25f, hw2[j] = 1.0f - qref_frand() * 0.25f;
             CU_OK(cudaMemcpy(resid_a, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
             CU_OK(cudaMemcpy(resid_b, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
             for (float &v : h) v = qref_frand();
@@ -541,8 +556,8 @@ Test(cuda_matmul_q, norm_writes_the_products_int8_x)
             const int rc = kern_cuda_matmul_x8_target(ctx, xb, t, m, k, &xq, &xd);
             const int v = kern_cuda_qmm_pick(t, m);
             if (v < KERN_QV_DP4A_R1 || v > KERN_QV_DP4A_R4) {
-                cr_assert_eq(rc, FERRY_ERR_UNSUPPORTED, "%s m=%d: variant %d reads its own layout", dtype_name(t),
-                             m);
+                cr_assert_eq(rc, FERRY_ERR_UNSUPPORTED, "%s m=%d: variant %d reads its own layout",
+                             dtype_name(t), m);
                 continue;
             }
             cr_assert_eq(rc, FERRY_OK, "%s m=%d", dtype_name(t), m);
@@ -563,7 +578,8 @@ Test(cuda_matmul_q, norm_writes_the_products_int8_x)
             CU_OK(cudaMemcpy(rb.data(), resid_b, rb.size() * 4, cudaMemcpyDeviceToHost));
             CU_OK(cudaMemcpy(oa.data(), ya, oa.size() * 4, cudaMemcpyDeviceToHost));
             CU_OK(cudaMemcpy(ob.data(), yb, ob.size() * 4, cudaMemcpyDeviceToHost));
-            cr_assert(!memcmp(xa_h.data(), xb_h.data(), xa_h.size() * 4), "%s m=%d: norm output", dtype_name(t), m);
+            cr_assert(!memcmp(xa_h.data(), xb_h.data(), xa_h.size() * 4), "%s m=%d: norm output",
+                      dtype_name(t), m);
             cr_assert(!memcmp(ra.data(), rb.data(), ra.size() * 4), "%s m=%d: residual", dtype_name(t), m);
             cr_assert(!memcmp(oa.data(), ob.data(), oa.size() * 4), "%s m=%d: products on the norm's int8 x",
                       dtype_name(t), m);
@@ -599,8 +615,9 @@ Test(cuda_matmul_q, rejects_bad_arguments)
         cr_assert(kern_cuda_matmul_supports(t), "%s", dtype_name(t));
         cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, t, NULL, 1, 1, bs == 256 ? 288 : 48, 0),
                      FERRY_ERR_INVALID, "%s: k not a multiple of the block", dtype_name(t));
-        cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, (char *)p + al / 2, t, NULL, 1, 1, bs, 0),
-                     FERRY_ERR_INVALID, "%s: W misaligned", dtype_name(t));
+        if (al > 1) /* (MXFP4's 17-byte blocks: any address) */
+            cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, (char *)p + al / 2, t, NULL, 1, 1, bs, 0),
+                         FERRY_ERR_INVALID, "%s: W misaligned", dtype_name(t));
         cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p + 1, p, t, NULL, 1, 1, bs, 0), FERRY_ERR_INVALID,
                      "%s: x not 16-byte aligned", dtype_name(t));
         cr_assert_eq(kern_cuda_matmul(ctx, p, 2, p, p, t, NULL, 1, 3, bs, 0), FERRY_ERR_INVALID,
@@ -611,8 +628,8 @@ Test(cuda_matmul_q, rejects_bad_arguments)
                      "%s: no context", dtype_name(t));
         cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, t, NULL, 0, 1, bs, 0), FERRY_ERR_INVALID, "m = 0");
     }
-    cr_assert_eq(kern_cuda_matmul(ctx, p, 1 << 20, p, p, DTYPE_Q8_0, NULL, 1, 1 << 20, 8192, 0), FERRY_ERR_INVALID,
-                 "W of 9 GB: the kernels address W with 32-bit offsets");
+    cr_assert_eq(kern_cuda_matmul(ctx, p, 1 << 20, p, p, DTYPE_Q8_0, NULL, 1, 1 << 20, 8192, 0),
+                 FERRY_ERR_INVALID, "W of 9 GB: the kernels address W with 32-bit offsets");
     cr_assert(!kern_cuda_matmul_supports((enum dtype)5));
     cr_assert(!kern_cuda_matmul_supports((enum dtype)99));
     cr_assert_eq(kern_cuda_matmul(ctx, p, 1, p, p, (enum dtype)5, NULL, 1, 1, 32, 0), FERRY_ERR_UNSUPPORTED);

@@ -110,7 +110,8 @@ template <class Q> static void frag_all_alignments(enum dtype t)
                               "%s (W at 16k+%d) block %d unit %d t %d: words %08x %08x, unit %08x %08x",
                               dtype_name(t), off, b, U, th, f.w0, f.w1, u.q[th], u.q[th + 4]);
                     cr_assert(f32_bits(f.d0) == f32_bits(u.d0) && f32_bits(f.d1) == f32_bits(u.d1) &&
-                                  f32_bits(f.m) == f32_bits(u.m),
+                                  f32_bits(f.m) == f32_bits(u.m) &&
+                                  (!Q::TWO_M || f32_bits(f.m1) == f32_bits(u.m1)),
                               "%s block %d unit %d t %d: scales %g %g %g, unit %g %g %g", dtype_name(t), b, U,
                               th, f.d0, f.d1, f.m, u.d0, u.d1, u.m);
                 }
@@ -140,6 +141,17 @@ template <class Q> static void decode_extremes(enum dtype t)
         const uint16_t s = scales[b % 4], s2 = scales[(b + 1) % 4];
         if (t == DTYPE_Q6_K)
             qref_put16(p + 208, s);
+        else if (t == DTYPE_Q3_K)
+            qref_put16(p + 108, s);
+        else if (t == DTYPE_Q2_K)
+            qref_put16(p + 80, s), qref_put16(p + 82, s2);
+        else if (t == DTYPE_MXFP4)
+            p[0] = b % 2 ? 252 : 1; /* a large exponent (12·d finite) and a subnormal scale */
+        else if (t == DTYPE_NVFP4)
+            memset(p, b % 2 ? 0x7E : 0x01, 4); /* the largest UE4M3 scale, and the smallest subnormal */
+        else if (t == DTYPE_IQ1_M)
+            for (int w = 0; w < 4; w++)
+                p[49 + 2 * w] = (uint8_t)((p[49 + 2 * w] & 0x0F) | ((s >> (4 * w)) & 15) << 4);
         else {
             qref_put16(p, s);
             if (Q::HAS_M) qref_put16(p + 2, s2);
@@ -209,6 +221,12 @@ Test(qblock, traits_match_dtype_table)
     cr_assert_eq(Q::BYTES % Q::ALIGN, 0, #T " ALIGN");
     QB_TYPES(CHECK_TRAIT)
 #undef CHECK_TRAIT
+}
+
+/* k rounded up to a whole number of Q's blocks (32 * odd shapes for the 64-element NVFP4). */
+template <class Q> static int qk_up(int k)
+{
+    return (k + Q::QK - 1) / Q::QK * Q::QK;
 }
 
 /* Copies W's bytes [ga, ga + nbytes) with their enclosing 16-byte-aligned range into buf (as the kernels'
@@ -297,7 +315,7 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
 
 template <class Q> static void emulate_gemv_all(enum dtype t)
 {
-    const int k = Q::QK == 256 ? 1024 : 32 * 37; /* several chunks, the last one partial */
+    const int k = Q::QK == 256 ? 1024 : qk_up<Q>(32 * 37); /* several chunks, the last one partial */
     for (int woff = 0; woff < 16; woff += Q::ALIGN < 4 ? 6 : Q::ALIGN) {
         emulate_gemv<Q, 1, 4>(t, 9, k, woff);
         emulate_gemv<Q, 4, 4>(t, 6, k, woff);
@@ -311,6 +329,7 @@ template <class Q> static void emulate_gemv_small_k(enum dtype t)
     const int ks32[] = {32, 64, 96, 128, 160, 224, 256, 288}, ks256[] = {256, 512, 768};
     const int *ks = Q::QK == 256 ? ks256 : ks32, nk = Q::QK == 256 ? 3 : 8;
     for (int i = 0; i < nk; i++) {
+        if (ks[i] % Q::QK) continue;
         emulate_gemv<Q, 1, 4>(t, 311, ks[i], 0);
         emulate_gemv<Q, 1, 4>(t, 37, ks[i], Q::ALIGN < 16 ? Q::ALIGN : 0);
         emulate_gemv<Q, 4, 4>(t, 9, ks[i], 0);
@@ -420,6 +439,7 @@ template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, 
                                 f[lane][at][h].d0 = ks[src][at][h][v].d0;
                                 f[lane][at][h].d1 = Q::TWO_D ? ks[src][at][h][v].d1 : f[lane][at][h].d0;
                                 f[lane][at][h].m = Q::HAS_M ? ks[src][at][h][v].m : -0.0f;
+                                f[lane][at][h].m1 = Q::TWO_M ? ks[src][at][h][v].m1 : -0.0f;
                             }
                     }
                 }
@@ -467,12 +487,12 @@ template <class Q, int AT, int NT> static void emulate_mma(enum dtype t, int n, 
 
 template <class Q> static void emulate_mma_all(enum dtype t)
 {
-    const int k = Q::QK == 256 ? 768 : 32 * 21, al = Q::ALIGN < 16 ? Q::ALIGN : 0;
+    const int k = Q::QK == 256 ? 768 : qk_up<Q>(32 * 21), al = Q::ALIGN < 16 ? Q::ALIGN : 0;
     emulate_mma<Q, 1, 1>(t, 21, k, 0, 3);
     emulate_mma<Q, 1, 2>(t, 19, k, al, 13);
     emulate_mma<Q, 2, 1>(t, 37, k, al, 8);
     emulate_mma<Q, 2, 2>(t, 33, Q::QK == 256 ? 256 : 64, 0, 16);
-    emulate_mma<Q, 1, 8>(t, 16, Q::QK == 256 ? 256 : 96, al, 61);
+    emulate_mma<Q, 1, 8>(t, 16, Q::QK == 256 ? 256 : qk_up<Q>(96), al, 61);
 }
 
 Test(qblock, mma_fragment_math_emulated)
@@ -485,7 +505,7 @@ Test(qblock, mma_fragment_math_emulated)
 template <class Q> static void emulate_gemm_decode(enum dtype t)
 {
     using RW = gm_raw<Q>;
-    const int n = 3, k = Q::QK == 256 ? 768 : 32 * 21; /* 32-blocks: a partial last raw stage and tile */
+    const int n = 3, k = Q::QK == 256 ? 768 : qk_up<Q>(32 * 21); /* a partial last raw stage and tile */
     const size_t rb = dtype_row_size(t, k);
     std::vector<uint8_t> wbuf(rb * n + 64), stage(RW::RSTRIDE + 16);
     std::vector<float> deq((size_t)k);

@@ -118,25 +118,10 @@ static void check_mixed(int int8)
     const int32_t toks[7] = {1, 17, 4, 33, 9, 47, 20};
     float *a = logits_of(q, toks, n), *b = logits_of(f, toks, n);
     for (int r = 0; r <= n; r++) {
-        const float *x = a + (size_t)V * r, *y = b + (size_t)V * r;
-        double num = 0, den = 0, maxref = 0, worst = 0;
-        int top_x = 0, top_y = 0;
-        for (int v = 0; v < V; v++) {
-            num += ((double)x[v] - y[v]) * ((double)x[v] - y[v]);
-            den += (double)y[v] * y[v];
-            maxref = fmax(maxref, fabs(y[v]));
-            worst = fmax(worst, fabs((double)x[v] - y[v]));
-            if (x[v] > x[top_x]) top_x = v;
-            if (y[v] > y[top_y]) top_y = v;
-        }
-        cr_assert(isfinite(num) && den > 0, "row %d: logits not finite", r);
-        if (int8) {
-            cr_assert(sqrt(num / den) <= 0.05, "row %d: int8 relative RMS %.3g > 0.05", r, sqrt(num / den));
-            cr_assert_eq(top_x, top_y, "row %d: top token %d, F32 copy %d", r, top_x, top_y);
-        } else {
-            cr_assert(worst <= 1e-4 * (1 + maxref), "row %d: logits differ by %.3g (max|ref| %.3g)", r, worst,
-                      maxref);
-        }
+        char what[32];
+        snprintf(what, sizeof what, "row %d", r);
+        wt_check_logits(what, int8 ? "int8" : "f32", a + (size_t)V * r, b + (size_t)V * r, V, int8 ? 0.05 : 0,
+                        1e-4);
     }
     free(a);
     free(b);

@@ -164,31 +164,6 @@ struct tol {
     double rel_rms; /* ||got - ref|| / ||ref|| at most (0: the fp32 bound atol + rtol * max|ref| instead) */
 };
 
-/* got vs ref logits: the relative RMS bound for quantized types, the element-wise fp32 bound for F32, and the
- * same top-1 token either way. */
-static void check_logits(const char *what, const char *type, const float *got, const float *ref, int V,
-                         double rel_rms, double fp_rtol)
-{
-    double num = 0, den = 0, maxref = 0, worst = 0;
-    int top_g = 0, top_r = 0;
-    for (int v = 0; v < V; v++) {
-        num += ((double)got[v] - ref[v]) * ((double)got[v] - ref[v]);
-        den += (double)ref[v] * ref[v];
-        maxref = fmax(maxref, fabs(ref[v]));
-        worst = fmax(worst, fabs((double)got[v] - ref[v]));
-        if (got[v] > got[top_g]) top_g = v;
-        if (ref[v] > ref[top_r]) top_r = v;
-    }
-    if (rel_rms > 0)
-        cr_assert(sqrt(num / den) <= rel_rms, "%s %s: logits relative RMS error %.3g > %.3g", what, type,
-                  sqrt(num / den), rel_rms);
-    else
-        cr_assert(worst <= fp_rtol * maxref + fp_rtol, "%s %s: logits differ by %.3g (max|ref| %.3g)", what,
-                  type, worst, maxref);
-    if (rel_rms == 0 || rel_rms <= 0.1)
-        cr_assert_eq(top_g, top_r, "%s %s: top token %d, reference %d", what, type, top_g, top_r);
-}
-
 /* The tiny Hugging Face models of tests/golden (transformers fp32 logits): converted to F32 the logits are
  * the HF ones to fp32 precision (the Q/K row permutation and the metadata are right); quantized they stay
  * within the stated relative RMS error. These random-weight models are sensitive to weight noise: measured
@@ -225,7 +200,7 @@ Test(quantize_model, hf_tiny_models_against_transformers, .timeout = 120)
                     ref[v] = (float)json_real_value(json_array_get(json_object_get(cs, "logits"), (size_t)v));
                 prefill_last(e, toks, n, logits);
                 snprintf(name, sizeof name, "%s case %zu (%d tokens)", models[mi], c, n);
-                check_logits(name, tols[ti].type, logits, ref, V, tols[ti].rel_rms, 1e-4);
+                wt_check_logits(name, tols[ti].type, logits, ref, V, tols[ti].rel_rms, 1e-4);
                 free(toks);
             }
             free(logits);
@@ -265,7 +240,7 @@ Test(quantize_model, stories260k_against_llama_cpp, .timeout = 60)
         cr_assert_eq(engine_hparams(e)->n_vocab, 512);
         float logits[512];
         prefill_last(e, prompt, 5, logits);
-        check_logits("stories260K", tols[ti].type, logits, ref, 512, tols[ti].rel_rms, 1e-3);
+        wt_check_logits("stories260K", tols[ti].type, logits, ref, 512, tols[ti].rel_rms, 1e-3);
         engine_free(e);
         model_file_close(mf);
         unlink(out);

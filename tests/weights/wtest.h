@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,33 @@ static inline void wt_pad(struct wt_buf *b, size_t align)
 static inline void wt_zeros(struct wt_buf *b, size_t n)
 {
     for (size_t i = 0; i < n; i++) wt_put(b, "", 1);
+}
+
+/* got vs ref logits (V): finite; the relative RMS bound rel_rms for quantized types, or (rel_rms 0) the
+ * element-wise fp32 bound |got - ref| <= fp_rtol·(1 + max|ref|); and the same top-1 token either way (up to
+ * rel_rms 0.1). */
+static inline void wt_check_logits(const char *what, const char *type, const float *got, const float *ref,
+                                   int V, double rel_rms, double fp_rtol)
+{
+    double num = 0, den = 0, maxref = 0, worst = 0;
+    int top_g = 0, top_r = 0;
+    for (int v = 0; v < V; v++) {
+        num += ((double)got[v] - ref[v]) * ((double)got[v] - ref[v]);
+        den += (double)ref[v] * ref[v];
+        maxref = fmax(maxref, fabs(ref[v]));
+        worst = fmax(worst, fabs((double)got[v] - ref[v]));
+        if (got[v] > got[top_g]) top_g = v;
+        if (ref[v] > ref[top_r]) top_r = v;
+    }
+    cr_assert(isfinite(num) && den > 0, "%s %s: logits not finite (or all zero)", what, type);
+    if (rel_rms > 0)
+        cr_assert(sqrt(num / den) <= rel_rms, "%s %s: logits relative RMS error %.3g > %.3g", what, type,
+                  sqrt(num / den), rel_rms);
+    else
+        cr_assert(worst <= fp_rtol * maxref + fp_rtol, "%s %s: logits differ by %.3g (max|ref| %.3g)", what,
+                  type, worst, maxref);
+    if (rel_rms == 0 || rel_rms <= 0.1)
+        cr_assert_eq(top_g, top_r, "%s %s: top token %d, reference %d", what, type, top_g, top_r);
 }
 
 #endif
