@@ -390,7 +390,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     }
     int n_src = !!o->prompt + !!o->prompt_tokens + !!o->chat;
     if (n_src != 1) {
-        fprintf(stderr, "ferry run: give exactly one of --prompt, --prompt-tokens, --chat/--message\n");
+        fprintf(stderr, "ferry run: give exactly one of --prompt, --prompt-tokens, --chat/--message%s\n",
+                n_src ? "" : " (for an interactive chat: ferry chat -m MODEL)");
         return -1;
     }
     if (o->messages_file && load_messages(o, o->messages_file)) return -1;
