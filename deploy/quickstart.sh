@@ -18,7 +18,7 @@ echo "quickstart: [2/3] ready after $((SECONDS - start)) s"
 # name without its extensions) as well as to its file name.
 case " $* " in
 *" --model "* | *" --model="* | *" -m "* | *" --hf-repo "* | *" --hf-repo="*) set -- "$@" ;;
-*) [[ -n ${FERRY_MODEL:-} ]] || set -- --model "$model" "$@" ;;
+*) [[ -n ${FERRY_MODEL:-}${FERRY_HF_REPO:-} ]] || set -- --model "$model" "$@" ;;
 esac
 echo "quickstart: [3/3] ferry serve $* (Ctrl-C stops it; the log says where the chat page is)"
 exec build/server/ferry serve "$@"
