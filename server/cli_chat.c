@@ -308,6 +308,11 @@ static int chat_turn(struct chat *ch)
         if (ch->n_msgs - first > 1 && strcmp(ch->msgs[first].role, "user")) chat_drop(ch, first);
         if (o->verbose) fprintf(stderr, "ferry chat: the oldest turn was dropped to fit the context\n");
     }
+    if (n < 1) { /* a template that renders nothing: nothing to answer */
+        free(ids);
+        chat_drop(ch, ch->n_msgs - 1);
+        return 0;
+    }
     int keep = 0;
     while (keep < ch->n_kv && keep < n - 1 && ch->kv[keep] == ids[keep]) keep++;
     keep = engine_seq_keep(ch->eng, 0, keep);

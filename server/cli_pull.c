@@ -306,43 +306,32 @@ static int pull_one(const char *repo, const struct pull_file *f, const char *dir
     return 0;
 }
 
-int cli_pull_main(int argc, char **argv)
+int cli_pull_model(const char *spec, char *path, size_t path_size)
 {
-    if (argc != 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        FILE *f = argc == 2 ? stdout : stderr;
-        fprintf(f, "usage: ferry pull OWNER/REPO[:QUANT]\n\n"
-                   "Downloads a GGUF model (default QUANT: Q4_K_M) from $HF_ENDPOINT (default "
-                   "https://huggingface.co;\n"
-                   "$HF_TOKEN for private or gated repositories) into the cache ($FERRY_CACHE, else "
-                   "~/.cache/ferry),\n"
-                   "resuming interrupted transfers and checking size and SHA-256; prints the file's path.\n"
-                   "example: ferry pull bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M\n");
-        return argc == 2 ? 0 : 2;
-    }
     char repo[256], quant[64] = "Q4_K_M";
-    const char *spec = argv[1], *colon = strchr(spec, ':');
+    const char *colon = strchr(spec, ':');
     size_t rl = colon ? (size_t)(colon - spec) : strlen(spec);
     if (rl >= sizeof repo || (colon && (!colon[1] || strlen(colon + 1) >= sizeof quant))) {
-        fprintf(stderr, "ferry pull: '%s' is too long\n", spec);
-        return 2;
+        fprintf(stderr, "ferry pull: '%s' is too long or has an empty QUANT\n", spec);
+        return FERRY_ERR_INVALID;
     }
     memcpy(repo, spec, rl);
     repo[rl] = 0;
     if (colon) snprintf(quant, sizeof quant, "%s", colon + 1);
     if (!pull_valid_repo(repo)) {
         fprintf(stderr, "ferry pull: '%s' is not OWNER/REPO\n", repo);
-        return 2;
+        return FERRY_ERR_INVALID;
     }
     char cache[PATH_MAX - 300], dir[PATH_MAX - 100], tree_path[PATH_MAX];
     if (pull_cache_dir(cache, sizeof cache)) {
         fprintf(stderr, "ferry pull: no cache directory: set FERRY_CACHE\n");
-        return 1;
+        return FERRY_ERR_IO;
     }
     const char *name = strchr(repo, '/') + 1; /* OWNER--NAME: one directory per repository */
     snprintf(dir, sizeof dir, "%s/%.*s--%s", cache, (int)(name - 1 - repo), repo, name);
     if (pull_mkdirs(dir)) {
         fprintf(stderr, "ferry pull: cannot create %s: %s\n", dir, strerror(errno));
-        return 1;
+        return FERRY_ERR_IO;
     }
     snprintf(tree_path, sizeof tree_path, "%s/.tree.json", dir);
     char url[1024];
@@ -355,7 +344,7 @@ int cli_pull_main(int argc, char **argv)
         else
             fprintf(stderr, "ferry pull: cannot reach %s (curl exit %d)\n", pull_endpoint(), rc);
         unlink(tree_path);
-        return 1;
+        return FERRY_ERR_IO;
     }
     json_error_t je;
     json_t *tree = json_load_file(tree_path, 0, &je);
@@ -363,7 +352,7 @@ int cli_pull_main(int argc, char **argv)
     if (!json_is_array(tree)) {
         fprintf(stderr, "ferry pull: the hub's file list for %s is not a JSON array (%s)\n", repo, je.text);
         json_decref(tree);
-        return 1;
+        return FERRY_ERR_FORMAT;
     }
     struct pull_file *files = calloc(PULL_MAX_PARTS, sizeof *files);
     int n = 0;
@@ -383,10 +372,31 @@ int cli_pull_main(int argc, char **argv)
     for (int i = 0; !rc && i < n; i++) rc = pull_one(repo, &files[i], dir);
     if (!rc) {
         const char *base = strrchr(files[0].path, '/') ? strrchr(files[0].path, '/') + 1 : files[0].path;
-        printf("%s/%s\n", dir, base);
+        if (snprintf(path, path_size, "%s/%s", dir, base) >= (int)path_size) rc = FERRY_ERR_RANGE;
     }
     free(files);
-    return rc ? 1 : 0;
+    return rc;
+}
+
+int cli_pull_main(int argc, char **argv)
+{
+    if (argc != 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        FILE *f = argc == 2 ? stdout : stderr;
+        fprintf(f, "usage: ferry pull OWNER/REPO[:QUANT]\n\n"
+                   "Downloads a GGUF model (default QUANT: Q4_K_M) from $HF_ENDPOINT (default "
+                   "https://huggingface.co;\n"
+                   "$HF_TOKEN for private or gated repositories) into the cache ($FERRY_CACHE, else "
+                   "~/.cache/ferry),\n"
+                   "resuming interrupted transfers and checking size and SHA-256; prints the file's path.\n"
+                   "example: ferry pull bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M\n");
+        return argc == 2 ? 0 : 2;
+    }
+    char path[PATH_MAX];
+    int rc = cli_pull_model(argv[1], path, sizeof path);
+    if (rc == FERRY_ERR_INVALID) return 2;
+    if (rc) return 1;
+    printf("%s\n", path);
+    return 0;
 }
 
 int cli_list_main(int argc, char **argv)

@@ -31,6 +31,8 @@
 
 struct run_opts {
     const char *model;
+    const char *hf_repo; /* --hf-repo OWNER/REPO[:QUANT]: pulled into the cache, then model */
+    char pulled[4096];   /* its local path */
     const char *prompt;
     const char *prompt_tokens;
     int chat;
@@ -90,6 +92,7 @@ static void run_usage(FILE *f)
             "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
             "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
+            "  --hf-repo OWNER/REPO[:QUANT]  the model from a Hugging Face hub, as ferry pull fetches it\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --spec-type none|ngram|draft  speculative decoding: ngram drafts continuations found earlier\n"
             "                         in the prompt and output (prompt lookup), draft asks --model-draft;\n"
@@ -219,7 +222,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_SYSTEM,
         O_SPEC_TYPE,
         O_SPEC_N_MAX,
-        O_MODEL_DRAFT
+        O_MODEL_DRAFT,
+        O_HF_REPO
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -254,6 +258,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"spec-type", required_argument, 0, O_SPEC_TYPE},
         {"spec-draft-n-max", required_argument, 0, O_SPEC_N_MAX},
         {"model-draft", required_argument, 0, O_MODEL_DRAFT},
+        {"hf-repo", required_argument, 0, O_HF_REPO},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -370,6 +375,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_KV_TYPE:
             if ((o->kv_type = engine_kv_type_parse(optarg)) < 0) bad = 1;
             break;
+        case O_HF_REPO:
+            o->hf_repo = optarg;
+            break;
         case O_BACKEND:
             if (!strcmp(optarg, "auto"))
                 o->backend = ENGINE_BACKEND_AUTO;
@@ -422,13 +430,22 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         fprintf(stderr, "ferry run: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
+    if (o->hf_repo && o->model && !getenv("FERRY_MODEL")) {
+        fprintf(stderr, "ferry run: give --model or --hf-repo, not both\n");
+        return -1;
+    }
+    if (o->hf_repo) {
+        if (cli_pull_model(o->hf_repo, o->pulled, sizeof o->pulled)) return -1;
+        o->model = o->pulled;
+    }
     if (!o->model) {
-        fprintf(stderr, "ferry run: --model is required\n");
+        fprintf(stderr, "ferry run: --model (or --hf-repo) is required\n");
         return -1;
     }
     int n_src = !!o->prompt + !!o->prompt_tokens + !!o->chat;
     if (n_src != 1) {
-        fprintf(stderr, "ferry run: give exactly one of --prompt, --prompt-tokens, --chat/--message\n");
+        fprintf(stderr, "ferry run: give exactly one of --prompt, --prompt-tokens, --chat/--message%s\n",
+                n_src ? "" : " (for an interactive chat: ferry chat -m MODEL)");
         return -1;
     }
     if (o->messages_file && load_messages(o, o->messages_file)) return -1;

@@ -113,6 +113,8 @@ static const struct opt_row rows[] = {
     {"log-level", OPT_ENUM, OFF(log_level), 0, 0, "info", "error|warn|info|debug", "log verbosity"},
     {"served-model-name", OPT_STR, OFF(served_model_name), 0, 0, NULL, NULL,
      "model id in the API (default: file name of --model)"},
+    {"hf-repo", OPT_STR, OFF(hf_repo), 0, 0, NULL, NULL,
+     "OWNER/REPO[:QUANT]: download the model from a Hugging Face hub into the cache (as ferry pull), then serve it"},
     {"any-model", OPT_BOOL, OFF(any_model), 0, 1, "0", NULL,
      "accept any \"model\" in requests (clients with a hard-coded name) instead of answering 404"},
     {"seed", OPT_I64, OFF(seed), -1, INT64_MAX, "-1", NULL,

@@ -69,6 +69,8 @@ struct serve_options {
     int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
     int n_owned;
+    /* --hf-repo OWNER/REPO[:QUANT]: the model from a hub (as ferry pull fetches it), instead of --model */
+    const char *hf_repo;
 };
 
 struct serve_options serve_options_default(void);

@@ -432,8 +432,16 @@ int serve_main(int argc, char **argv)
         goto out_free;
     }
     cli_log_init((enum log_level)cli_log_level_parse(S->opt.log_level));
+    if (S->opt.hf_repo) {
+        if (S->opt.model && !getenv("FERRY_MODEL")) {
+            fprintf(stderr, "ferry serve: give --model or --hf-repo, not both\n");
+            goto out_free;
+        }
+        if (cli_pull_model(S->opt.hf_repo, S->pulled_model, sizeof S->pulled_model)) goto out_free;
+        S->opt.model = S->pulled_model;
+    }
     if (!S->opt.model) {
-        fprintf(stderr, "ferry serve: --model PATH (or FERRY_MODEL) is required; see --help\n");
+        fprintf(stderr, "ferry serve: --model PATH (or FERRY_MODEL, or --hf-repo) is required; see --help\n");
         goto out_free;
     }
     if (serve_options_load_key_file(&S->opt, err)) {

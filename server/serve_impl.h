@@ -48,6 +48,7 @@ struct server {
     char model_name[256];
     struct model_names names; /* every name the model answers to; names.list feeds api.model_aliases */
     char page_url[300];       /* http://HOST:PORT/ as a browser on this machine opens it */
+    char pulled_model[4096];  /* --hf-repo's local path */
     char *chat_template_text; /* --chat-template-file's contents, owned */
     double t_start;           /* sched_now() at start, for the dashboard's uptime */
     struct metrics metrics;

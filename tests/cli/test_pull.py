@@ -1,4 +1,4 @@
-"""test_pull — `ferry pull REPO[:QUANT]` and `ferry list` against a local HTTP server that mimics a Hugging Face
+"""test_pull — `ferry pull REPO[:QUANT]`, `ferry list` and `--hf-repo` on serve and run, against a local HTTP server that mimics a Hugging Face
 hub: the file list API (/api/models/REPO/tree/main with sizes and LFS SHA-256), downloads under
 /REPO/resolve/main/FILE answered by a redirect to a storage path, range requests, a transfer that breaks
 halfway, a wrong checksum, a private repository (401) and a missing one (404). The digests are Python's
@@ -9,8 +9,11 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import threading
+import time
+import urllib.request
 
 import pytest
 
@@ -183,3 +186,41 @@ def test_pull_errors_404_401_and_no_match(tmp_path, hub):
     for bad in ("noslash", "a/b/c", "../x/y", "a/b:"):
         r = pull(tmp_path, hub, bad)
         assert r.returncode == 2, (bad, r.stderr)
+
+
+STORIES = os.path.join(os.environ.get("FERRY_TESTDATA", "../shared/testdata"), "models", "stories260K.gguf")
+
+
+def test_serve_and_run_take_a_model_from_the_hub(tmp_path, hub):
+    if not os.path.exists(STORIES):
+        pytest.skip(f"missing {STORIES} (../shared/testdata)")
+    model = open(STORIES, "rb").read()
+    hub.repos["acme/Stories-GGUF"] = {"stories260K-F32.gguf": model, "stories260K-Q8_0.gguf": b"x" * 10}
+    env = dict(os.environ, HF_ENDPOINT=hub.url, FERRY_CACHE=str(tmp_path / "cache"))
+    args = ["--prompt-tokens", "1,403,407", "--temperature", "0", "--max-tokens", "8", "--json", "--backend", "cpu"]
+    r = subprocess.run([FERRY, "run", "--hf-repo", "acme/Stories-GGUF:F32", *args], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    want = subprocess.run([FERRY, "run", "-m", STORIES, *args], capture_output=True, text=True, timeout=120)
+    assert json.loads(r.stdout)["tokens"] == json.loads(want.stdout)["tokens"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([FERRY, "serve", "--hf-repo", "acme/Stories-GGUF:F32", "--port", str(port), "--threads", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.time() + 30
+        while True:
+            assert p.poll() is None and time.time() < deadline, p.stderr.read() if p.poll() is not None else "timeout"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/stories260K-F32", timeout=1) as m:
+                    assert json.loads(m.read())["id"] == "stories260K-F32.gguf"
+                    break
+            except OSError:
+                time.sleep(0.1)
+    finally:
+        p.terminate()
+        assert p.wait(timeout=30) == 0
+    r = subprocess.run([FERRY, "serve", "--hf-repo", "acme/Stories-GGUF:F32", "-m", STORIES], capture_output=True,
+                       text=True, env={k: v for k, v in env.items() if k != "FERRY_MODEL"}, timeout=30)
+    assert r.returncode == 1 and "not both" in r.stderr

@@ -77,4 +77,4 @@ fi
 log "ferry binary: ${FERRY_BIN:-none found (proxy tests skip; FERRY_DEPLOY_REQUIRE_SERVER=1 makes that a failure)}"
 
 cd "$here"
-exec $py -m pytest -p no:cacheprovider -rs -v "$@" test_static.py test_proxy.py test_setup.py
+exec $py -m pytest -p no:cacheprovider -rs -v "$@" test_static.py test_proxy.py test_setup.py test_docs.py
