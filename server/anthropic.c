@@ -144,9 +144,8 @@ static int assistant_blocks(json_t *content, size_t i, json_t *msgs, struct api_
     }
     if (!rc) {
         json_t *m = json_pack("{s:s}", "role", "assistant");
-        json_object_set_new(m, "content",
-                            text.len || !json_array_size(calls) ? json_string(text.p ? text.p : "")
-                                                                : json_null());
+        /* "" rather than null next to tool calls: templates test `'x' in message.content` */
+        json_object_set_new(m, "content", json_string(text.p ? text.p : ""));
         if (think.len) json_object_set_new(m, "reasoning_content", json_string(think.p));
         if (json_array_size(calls)) json_object_set(m, "tool_calls", calls);
         json_array_append_new(msgs, m);

@@ -608,6 +608,24 @@ void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *ou
     *done = r->n_done == r->n_choices;
 }
 
+/* POST /chat/completions/input_tokens: {"input_tokens": N}, the chat's prompt as the model would see it. */
+int api_chat_input_tokens(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                          struct api_err *e)
+{
+    memset(e, 0, sizeof *e);
+    json_t *o = api_load_object(body, len, e);
+    if (!o) return e->status;
+    static const char *const dropped[] = {"max_tokens", "max_completion_tokens", "stream", "n", NULL};
+    for (int i = 0; dropped[i]; i++) json_object_del(o, dropped[i]);
+    struct sreq *r = NULL;
+    int rc = api_parse_object(a, SREQ_CHAT, o, &r, e);
+    json_decref(o);
+    if (rc) return rc;
+    *out = api_dump(json_pack("{s:i}", "input_tokens", r->prompt_tokens), out_len);
+    sched_release(NULL, r);
+    return *out ? 0 : FERRY_ERR_NOMEM;
+}
+
 /* ---- GET /props, GET /slots ------------------------------------------------------------------------------
  */
 
