@@ -441,18 +441,7 @@ char *api_anthropic_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 static void event(struct strbuf *out, const char *type, json_t *data)
 {
     json_object_set_new(data, "type", json_string(type));
-    size_t n;
-    char *s = api_dump(data, &n);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "event: ", 7);
-    strbuf_add(out, type, strlen(type));
-    strbuf_add(out, "\ndata: ", 7);
-    strbuf_add(out, s, n);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
+    api_sse_event(out, type, data);
 }
 
 static void block_stop(struct strbuf *out, int index)

@@ -557,16 +557,7 @@ char *api_llama_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 
 static void chunk(struct strbuf *out, json_t *o)
 {
-    size_t n;
-    char *s = api_dump(o, &n);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "data: ", 6);
-    strbuf_add(out, s, n);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
+    api_sse_event(out, NULL, o);
 }
 
 void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done)
