@@ -387,8 +387,10 @@ static int parse_item(struct gbnf *p)
         return failf(p, FERRY_ERR_FORMAT, "unexpected '%c'", c);
     }
     if (k < 0) return -1;
-    for (;;) { /* postfix operators */
+    for (int ops = 0;; ops++) { /* postfix operators (a few: each one nests the walks below) */
         int min, max;
+        if (ops == 4 && p->s < p->end && *p->s && strchr("*+?{", *p->s))
+            return failf(p, FERRY_ERR_FORMAT, "more than 4 repetition operators on one item");
         if (p->s >= p->end) break;
         c = *p->s;
         if (c == '*' || c == '+' || c == '?') {
