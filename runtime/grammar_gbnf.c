@@ -168,7 +168,7 @@ static int32_t utf8_next(struct gbnf *p)
 
 static int hex_digits(struct gbnf *p, int n)
 {
-    int32_t v = 0;
+    uint32_t v = 0; /* 8 digits fit; beyond U+10FFFF is refused by the caller */
     for (int i = 0; i < n; i++) {
         if (p->s >= p->end) return -1;
         char c = *p->s++;
@@ -177,9 +177,9 @@ static int hex_digits(struct gbnf *p, int n)
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                        : -1;
         if (d < 0) return -1;
-        v = v * 16 + d;
+        v = v * 16 + (uint32_t)d;
     }
-    return v;
+    return v > 0x7FFFFFFF ? 0x7FFFFFFF : (int)v;
 }
 
 /* One character of a literal or class (escapes decoded); -1 after an error. */
@@ -281,10 +281,9 @@ static int cmp_range(const void *a, const void *b)
 /* The ranges from `from` on, sorted and merged, then complemented over the code points when neg. */
 static int normalise_class(struct gbnf *p, int from, int neg)
 {
-    int n = p->nranges - from;
-    uint32_t *r = p->ranges + 2 * from;
-    qsort(r, (size_t)n, 2 * sizeof *r, cmp_range);
-    int m = 0;
+    int n = p->nranges - from, m = 0;
+    uint32_t *r = n ? p->ranges + 2 * from : NULL; /* `.` has none yet (and the pool may be unallocated) */
+    if (n) qsort(r, (size_t)n, 2 * sizeof *r, cmp_range);
     for (int i = 0; i < n; i++) {
         if (m && r[2 * i] <= r[2 * m - 1] + 1) {
             if (r[2 * i + 1] > r[2 * m - 1]) r[2 * m - 1] = r[2 * i + 1];
@@ -296,7 +295,7 @@ static int normalise_class(struct gbnf *p, int from, int neg)
     if (!neg) return m;
     uint32_t *copy = malloc((size_t)(2 * m + 1) * sizeof *copy);
     if (!copy) return failf(p, FERRY_ERR_NOMEM, "out of memory");
-    memcpy(copy, r, (size_t)(2 * m) * sizeof *copy);
+    if (m) memcpy(copy, r, (size_t)(2 * m) * sizeof *copy);
     p->nranges = from;
     uint32_t next = 0;
     for (int i = 0; i < m; i++) {
@@ -388,8 +387,10 @@ static int parse_item(struct gbnf *p)
         return failf(p, FERRY_ERR_FORMAT, "unexpected '%c'", c);
     }
     if (k < 0) return -1;
-    for (;;) { /* postfix operators */
+    for (int ops = 0;; ops++) { /* postfix operators (a few: each one nests the walks below) */
         int min, max;
+        if (ops == 4 && p->s < p->end && *p->s && strchr("*+?{", *p->s))
+            return failf(p, FERRY_ERR_FORMAT, "more than 4 repetition operators on one item");
         if (p->s >= p->end) break;
         c = *p->s;
         if (c == '*' || c == '+' || c == '?') {

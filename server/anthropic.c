@@ -144,9 +144,8 @@ static int assistant_blocks(json_t *content, size_t i, json_t *msgs, struct api_
     }
     if (!rc) {
         json_t *m = json_pack("{s:s}", "role", "assistant");
-        json_object_set_new(m, "content",
-                            text.len || !json_array_size(calls) ? json_string(text.p ? text.p : "")
-                                                                : json_null());
+        /* "" rather than null next to tool calls: templates test `'x' in message.content` */
+        json_object_set_new(m, "content", json_string(text.p ? text.p : ""));
         if (think.len) json_object_set_new(m, "reasoning_content", json_string(think.p));
         if (json_array_size(calls)) json_object_set(m, "tool_calls", calls);
         json_array_append_new(msgs, m);
@@ -442,18 +441,7 @@ char *api_anthropic_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 static void event(struct strbuf *out, const char *type, json_t *data)
 {
     json_object_set_new(data, "type", json_string(type));
-    size_t n;
-    char *s = api_dump(data, &n);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "event: ", 7);
-    strbuf_add(out, type, strlen(type));
-    strbuf_add(out, "\ndata: ", 7);
-    strbuf_add(out, s, n);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
+    api_sse_event(out, type, data);
 }
 
 static void block_stop(struct strbuf *out, int index)

@@ -102,6 +102,25 @@ char *api_dump(json_t *j, size_t *len)
     return s;
 }
 
+void api_sse_event(struct strbuf *out, const char *name, json_t *data)
+{
+    size_t n;
+    char *s = api_dump(data, &n);
+    if (!s) {
+        out->oom = 1;
+        return;
+    }
+    if (name) {
+        strbuf_add(out, "event: ", 7);
+        strbuf_add(out, name, strlen(name));
+        strbuf_add(out, "\n", 1);
+    }
+    strbuf_add(out, "data: ", 6);
+    strbuf_add(out, s, n);
+    strbuf_add(out, "\n\n", 2);
+    free(s);
+}
+
 /* ---- errors ---------------------------------------------------------------------------------------- */
 
 int api_http_status(int status, const char **type, const char **code)

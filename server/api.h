@@ -104,6 +104,8 @@ struct api_llama_info {
 struct sched_seq;
 int api_parse_llama(const struct api_ctx *a, int infill, const char *body, size_t len, struct sreq **out,
                     struct api_err *e);
+int api_chat_input_tokens(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                          struct api_err *e);
 char *api_llama_props(const struct api_ctx *a, const struct api_llama_info *info, size_t *len);
 char *api_llama_slots(const struct api_ctx *a, const struct api_llama_info *info,
                       const struct sched_seq *seqs, int n_seqs, size_t *len);

@@ -25,6 +25,10 @@ json_t *api_jstr(const char *s, size_t n);
 /* Compact JSON text of j (consumed); NULL when out of memory. */
 char *api_dump(json_t *j, size_t *len);
 
+/* Appends one server-sent event: "event: NAME\n" when name is given (else none), then "data: " and data as
+ * compact JSON (consumed); a failed allocation marks out->oom. */
+void api_sse_event(struct strbuf *out, const char *name, json_t *data);
+
 /* Field readers: 1 = present, 0 = absent or null, negative = wrong type or range (e filled, naming k). */
 int api_get_num(json_t *o, const char *k, double lo, double hi, double *v, struct api_err *e);
 int api_get_int(json_t *o, const char *k, long long lo, long long hi, long long *v, struct api_err *e);

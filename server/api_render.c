@@ -299,16 +299,7 @@ char *api_render_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 
 static void sse(struct strbuf *out, json_t *j)
 {
-    size_t len;
-    char *s = api_dump(j, &len);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "data: ", 6);
-    strbuf_add(out, s, len);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
+    api_sse_event(out, NULL, j);
 }
 
 /* A chat delta of everything new in the choice's reasoning, content and tool calls (NULL when nothing is). */

@@ -12,8 +12,8 @@
 
 static const char *kind_name(int k)
 {
-    static const char *names[] = {"completion", "chat", "response", "embedding"};
-    return k >= 0 && k < 4 ? names[k] : "?";
+    static const char *names[] = {"completion", "chat", "response", "embedding", "message", "completion"};
+    return k >= 0 && k < (int)(sizeof names / sizeof names[0]) ? names[k] : "?";
 }
 
 char *dashboard_json(const struct dashboard_ctx *d, size_t *len)

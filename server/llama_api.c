@@ -557,16 +557,7 @@ char *api_llama_full(const struct api_ctx *a, struct sreq *r, size_t *len)
 
 static void chunk(struct strbuf *out, json_t *o)
 {
-    size_t n;
-    char *s = api_dump(o, &n);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "data: ", 6);
-    strbuf_add(out, s, n);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
+    api_sse_event(out, NULL, o);
 }
 
 void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *out, int *done)
@@ -606,6 +597,24 @@ void api_llama_stream(const struct api_ctx *a, struct sreq *r, struct strbuf *ou
     }
     json_decref(echo);
     *done = r->n_done == r->n_choices;
+}
+
+/* POST /chat/completions/input_tokens: {"input_tokens": N}, the chat's prompt as the model would see it. */
+int api_chat_input_tokens(const struct api_ctx *a, const char *body, size_t len, char **out, size_t *out_len,
+                          struct api_err *e)
+{
+    memset(e, 0, sizeof *e);
+    json_t *o = api_load_object(body, len, e);
+    if (!o) return e->status;
+    static const char *const dropped[] = {"max_tokens", "max_completion_tokens", "stream", "n", NULL};
+    for (int i = 0; dropped[i]; i++) json_object_del(o, dropped[i]);
+    struct sreq *r = NULL;
+    int rc = api_parse_object(a, SREQ_CHAT, o, &r, e);
+    json_decref(o);
+    if (rc) return rc;
+    *out = api_dump(json_pack("{s:i}", "input_tokens", r->prompt_tokens), out_len);
+    sched_release(NULL, r);
+    return *out ? 0 : FERRY_ERR_NOMEM;
 }
 
 /* ---- GET /props, GET /slots ------------------------------------------------------------------------------

@@ -303,18 +303,7 @@ static void event(struct strbuf *out, struct choice *c, const char *type, json_t
 {
     json_object_set_new(data, "type", json_string(type));
     json_object_set_new(data, "sequence_number", json_integer(c->seq++));
-    size_t n;
-    char *s = api_dump(data, &n);
-    if (!s) {
-        out->oom = 1;
-        return;
-    }
-    strbuf_add(out, "event: ", 7);
-    strbuf_add(out, type, strlen(type));
-    strbuf_add(out, "\ndata: ", 7);
-    strbuf_add(out, s, n);
-    strbuf_add(out, "\n\n", 2);
-    free(s);
+    api_sse_event(out, type, data);
 }
 
 static void close_reasoning(struct sreq *r, struct choice *c, struct strbuf *out, const struct api_split *sp)

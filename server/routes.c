@@ -253,6 +253,11 @@ static int parse_infill(struct hreq *h)
     return api_parse_llama(&h->S->api, 1, h->body, h->body_len, &h->req, &h->err);
 }
 
+static int parse_input_tokens(struct hreq *h)
+{
+    return api_chat_input_tokens(&h->S->api, h->body, h->body_len, &h->out, &h->out_len, &h->err);
+}
+
 /* GET /props and GET /slots: llama-server's views of the server and of its slots. */
 static void get_llama(struct hreq *h, const char *path)
 {
@@ -303,6 +308,8 @@ static const struct route routes[] = {
     {"/completion", "POST", 0, 1, NULL, parse_llama_completion, DIALECT_OPENAI},
     {"/infill", "POST", 0, 1, NULL, parse_infill, DIALECT_OPENAI},
     {"/props", "GET", 0, 1, get_llama, NULL, DIALECT_OPENAI},
+    {"/chat/completions/input_tokens", "POST", 0, 1, NULL, parse_input_tokens, DIALECT_OPENAI},
+    {"/v1/chat/completions/input_tokens", "POST", 0, 1, NULL, parse_input_tokens, DIALECT_OPENAI},
     {"/slots", "GET", 0, 1, get_llama, NULL, DIALECT_OPENAI},
     {"/apply-template", "POST", 0, 1, NULL, parse_apply_template, DIALECT_OPENAI},
     /* the web page and its live view */

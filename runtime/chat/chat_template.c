@@ -202,6 +202,21 @@ struct render_args {
     const char *bos_token, *eos_token;
 };
 
+/* A render context bounded by p (max_memory set); NULL with err filled when out of memory. */
+static struct jctx *jctx_new(const struct chat_template_params *p, char err[256])
+{
+    struct jctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (err) snprintf(err, 256, "out of memory");
+        return NULL;
+    }
+    c->arena.limit = p->max_memory;
+    c->max_output = p->max_output;
+    c->max_steps = p->max_steps;
+    c->max_depth = p->max_depth;
+    return c;
+}
+
 /* The common render (its arguments come in one struct: nothing here is modified after setjmp). */
 static int render(const char *tmpl, const struct render_args *a, const struct chat_template_params *params,
                   char **out, size_t *out_len, char err[256])
@@ -230,15 +245,8 @@ static int render(const char *tmpl, const struct render_args *a, const struct ch
     }
     if (p.max_memory == 0) p.max_memory = ((size_t)64 << 20) + 16 * msg_bytes + 4 * strlen(tmpl);
 
-    struct jctx *c = calloc(1, sizeof *c);
-    if (!c) {
-        if (err) snprintf(err, 256, "out of memory");
-        return FERRY_ERR_NOMEM;
-    }
-    c->arena.limit = p.max_memory;
-    c->max_output = p.max_output;
-    c->max_steps = p.max_steps;
-    c->max_depth = p.max_depth;
+    struct jctx *c = jctx_new(&p, err);
+    if (!c) return FERRY_ERR_NOMEM;
     int rc = FERRY_OK;
     if (setjmp(c->fail)) {
         rc = c->status;
@@ -306,15 +314,9 @@ int chat_template_check(const char *tmpl, char err[256])
         return FERRY_ERR_INVALID;
     }
     struct chat_template_params p = chat_template_default_params();
-    struct jctx *c = calloc(1, sizeof *c);
-    if (!c) {
-        if (err) snprintf(err, 256, "out of memory");
-        return FERRY_ERR_NOMEM;
-    }
-    c->arena.limit = ((size_t)64 << 20) + 4 * strlen(tmpl);
-    c->max_output = p.max_output;
-    c->max_steps = p.max_steps;
-    c->max_depth = p.max_depth;
+    p.max_memory = ((size_t)64 << 20) + 4 * strlen(tmpl);
+    struct jctx *c = jctx_new(&p, err);
+    if (!c) return FERRY_ERR_NOMEM;
     int rc = FERRY_OK;
     if (setjmp(c->fail)) {
         rc = c->status;

@@ -20,7 +20,8 @@ import tarfile
 
 import jinja2
 import transformers.utils.chat_template_utils as ctu
-from transformers.utils.chat_template_utils import render_jinja_template
+
+import make_chat_cases  # the same reference render, errors classified the same way
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -100,18 +101,7 @@ BOS, EOS = "<s>", "</s>"
 
 
 def render(template, messages, tools, add_gen, extra):
-    try:
-        out, _ = render_jinja_template(
-            conversations=[messages], chat_template=template, add_generation_prompt=add_gen,
-            bos_token=BOS, eos_token=EOS, tools=tools, **extra)
-        return {"expected": out[0]}
-    except jinja2.exceptions.TemplateSyntaxError as e:
-        return {"error": "syntax", "message": str(e)}
-    except jinja2.exceptions.TemplateError as e:
-        kind = "raise" if type(e) is jinja2.exceptions.TemplateError else "other"
-        return {"error": kind, "message": str(e)}
-    except Exception as e:  # noqa: BLE001 - Python type errors in a template
-        return {"error": "other", "message": f"{type(e).__name__}: {e}"}
+    return make_chat_cases.render(template, messages, add_gen, BOS, EOS, tools, extra)
 
 
 def main():

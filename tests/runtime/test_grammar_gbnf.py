@@ -129,6 +129,8 @@ BAD = [
     ('root ::= "a"{3,1}\n', "max below min"),
     ('root ::= "\\q"\n', "unknown escape"),
     ('root ::= x\nx ::= "a" x\n', "accepts nothing"),
+    ('root ::= "a"' + "?" * 100000 + "\n", "more than 4 repetition operators"),
+    ("root ::= " + "(" * 100 + '"a"' + ")" * 100 + "\n", "groups nest deeper than 64"),
 ]
 
 

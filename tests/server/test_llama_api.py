@@ -254,3 +254,10 @@ def test_infill_refused_without_fim_tokens(server):
     st, _, out = post(server.url + "/infill", {"input_prefix": "a", "input_suffix": "b"})
     assert_error(st, out, 400)
     assert "fill-in-the-middle" in out["error"]["message"]
+
+
+def test_chat_input_tokens(server):
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    st, _, n = post(server.url + "/chat/completions/input_tokens", {"messages": msgs})
+    st2, _, full = post(server.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+    assert st == st2 == 200 and n == {"input_tokens": full["usage"]["prompt_tokens"]}
