@@ -109,7 +109,9 @@ int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int 
                              int w);
 
 /* Embedding prefill tokens of one step: the whole budget alone, a quarter of it (at least 1) while other
- * sequences run or wait. */
-int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting);
+ * sequences run or wait, none while another sequence is starting (its prompt prefilled, its first token not
+ * out yet: a step's outputs are published once its embedding batch is done too). */
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting,
+                              int others_starting);
 
 #endif
