@@ -146,7 +146,7 @@ int sched_policy_embed_budget(const struct sched_policy_params *p, int others_ru
                               int others_starting)
 {
     if (others_starting) return 0; /* first tokens first */
-    if (!others_running && !others_waiting) return p->max_batch_tokens;
-    const int b = p->max_batch_tokens / 4;
+    /* alone a quarter (a request arriving meanwhile waits for one such step), beside others an eighth */
+    const int b = p->max_batch_tokens / (others_running || others_waiting ? 8 : 4);
     return b > 0 ? b : 1;
 }

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 
-import pytest
 from conftest import Server, assert_error
 
 EOS_BANNED = {"2": -100}  # stories260K's end of text: outputs run to max_tokens
