@@ -301,10 +301,15 @@ static int embed_batch_locked(struct sched *s)
         const struct choice *c = s->run[i];
         s->steps[i] = (struct sched_step_seq){c->n_prompt, c->n_fed, c->req->kind != SREQ_EMBED, 0};
     }
-    int others = 0;
-    for (int i = 0; i < s->n_run; i++) others += s->run[i]->req->kind != SREQ_EMBED;
-    sched_policy_plan_prefill(sched_policy_embed_budget(&s->pp, others, s->n_queued > 0), s->steps, s->n_run,
-                              s->chunk);
+    int others = 0, starting = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        const struct choice *c = s->run[i];
+        if (c->req->kind == SREQ_EMBED) continue;
+        others++;
+        starting += c->n_fed < c->n_feed || (c->out.n_gen == 0 && c->req->max_tokens > 0);
+    }
+    sched_policy_plan_prefill(sched_policy_embed_budget(&s->pp, others, s->n_queued > 0, starting), s->steps,
+                              s->n_run, s->chunk);
     int ne = 0, at = 0;
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];

@@ -150,9 +150,11 @@ int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int 
     return best;
 }
 
-int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting)
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting,
+                              int others_starting)
 {
-    if (!others_running && !others_waiting) return p->max_batch_tokens;
-    const int b = p->max_batch_tokens / 4;
+    if (others_starting) return 0; /* first tokens first */
+    /* alone a quarter (a request arriving meanwhile waits for one such step), beside others an eighth */
+    const int b = p->max_batch_tokens / (others_running || others_waiting ? 8 : 4);
     return b > 0 ? b : 1;
 }

@@ -88,7 +88,7 @@ int sched_policy_spec_len(int n_max, int n_dec, int rows_left);
  * (paused: it gets no decode rows) gives its slot to any waiting sequence; it is recomputed (prompt and
  * tokens so far) when its client reads again. Other sequences give their slot up only beyond their client's
  * share: an embedding input starts over, a generating sequence is recomputed as a paused one. Embedding
- * prefill shares the engine too: beside other work it takes a quarter of a step's budget. */
+ * prefill shares the engine too: in small steps, and none in a step that gives another its first token. */
 
 /* Slots one client may hold while others wait: n_slots / n_clients, at least 1. */
 int sched_policy_fair_share(int n_slots, int n_clients);
@@ -116,8 +116,12 @@ struct sched_fair_seq {
 int sched_policy_fair_victim(const struct sched_fair_seq *run, int n, const int *running_of, int share,
                              int w);
 
-/* Embedding prefill tokens of one step: the whole budget alone, a quarter of it (at least 1) while other
- * sequences run or wait. */
-int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting);
+/* Embedding prefill tokens of one step (at least 1): a quarter of max_batch_tokens alone (a request arriving
+ * meanwhile waits for that step), an eighth while other sequences run or wait, and none while another
+ * sequence is starting (its prompt prefilled, its first token not out yet: a step's outputs are published
+ * once its embedding batch is done too). Prefill of 64-128 rows per step costs little throughput on the
+ * CPU; the steps between a newcomer and its first token are what it buys. */
+int sched_policy_embed_budget(const struct sched_policy_params *p, int others_running, int others_waiting,
+                              int others_starting);
 
 #endif

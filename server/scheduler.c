@@ -369,7 +369,13 @@ int sched_submit(struct sched *s, struct sreq *req)
         }
     }
     pthread_mutex_lock(&s->mu);
-    if (s->stop || sched_policy_accepts(&s->pp, s->n_queued, s->n_run, req->n_choices)) {
+    /* A request with more sequences than slots + queue waits apart (one at a time), so that it never fills
+     * the queue against the others: each kind is counted among its own. */
+    req->oversize = req->n_choices > s->n_slots + s->p.max_queue;
+    int n_over = 0;
+    for (const struct choice *c = s->qhead; c; c = c->qnext) n_over += c->req->oversize;
+    if (s->stop || sched_policy_accepts(&s->pp, req->oversize ? n_over : s->n_queued - n_over, s->n_run,
+                                        req->n_choices)) {
         pthread_mutex_unlock(&s->mu);
         return s->stop ? FERRY_ERR_CANCELLED : FERRY_ERR_BUSY;
     }

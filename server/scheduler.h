@@ -152,6 +152,7 @@ struct sreq {
     void *wake_user;
     int client_id; /* its client in the scheduler's table (sched_submit) */
     int started;   /* a choice was admitted: the queue timeout no longer applies */
+    int oversize;  /* more choices than slots + queue: queued apart from the others (sched_submit) */
     int paused; /* the client does not read the stream: its choices get no decode rows (sched_set_paused) */
     int n_done; /* choices in CHOICE_DONE */
     int cancelled; /* 0 or the status that cut it (CANCELLED, TIMEOUT) */
@@ -193,7 +194,8 @@ void sched_stop(struct sched *s); /* cancels everything, joins the engine thread
 void sched_free(struct sched *s);
 
 /* Queues every choice of req. Returns FERRY_ERR_BUSY when the queue is full (nothing queued; a request with
- * more choices than slots + queue is taken when nothing else is queued), FERRY_ERR_DEVICE_MEM when one
+ * more choices than slots + queue is taken when no other such request is queued, and does not count against
+ * the others' room), FERRY_ERR_DEVICE_MEM when one
  * sequence needs more KV blocks than the whole pool (req->errmsg then names the positions it needs and the
  * pool's). */
 int sched_submit(struct sched *s, struct sreq *req);

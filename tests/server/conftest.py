@@ -121,6 +121,20 @@ def server():
     assert rc == 0, s.read_log()
 
 
+def recv_all(sock):
+    """Reads sock until the server closes it (or its timeout, or a reset); returns the bytes."""
+    data = b""
+    try:
+        while True:
+            d = sock.recv(65536)
+            if not d:
+                break
+            data += d
+    except (socket.timeout, ConnectionResetError):
+        pass
+    return data
+
+
 def post(url, body, headers=None, timeout=60):
     """POST JSON (or raw bytes); returns (status, headers, parsed body or raw text)."""
     data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()

@@ -858,8 +858,10 @@ def test_queue_full_and_timeout():
         st, hdrs, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert_error(st, body, 503)  # 1 running + 3 queued: full
         assert hdrs["Retry-After"] == "1"
+        # more than --parallel + --max-queue: queued apart from the others (never refused for its size); served
+        # once the long request is cut, unless its own --timeout of 1 s runs out first
         st, hdrs, body = post(s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 5})
-        assert_error(st, body, 503)  # more than --parallel + --max-queue: taken only when nothing else waits
+        assert st == 504 or (st == 200 and len(body["choices"]) == 5), (st, body)
         t.join(30)
         st, _, body = results["long"]  # 4 × 2000 tokens through one slot cannot finish in 1 s
         assert_error(st, body, 504)

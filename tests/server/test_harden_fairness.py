@@ -3,10 +3,9 @@ silent sockets no longer keep a client from another address out. Loopback only: 
 source addresses (all of 127/8 is the loopback on Linux)."""
 import socket
 import time
-import urllib.request
 
 import pytest
-from conftest import Server
+from conftest import Server, recv_all
 
 ADDRS, PER_ADDR = 16, 16
 
@@ -27,15 +26,8 @@ def get_from(src, url, timeout):
     s = socket.create_connection((host, int(port)), timeout=timeout, source_address=(src, 0))
     t0 = time.time()
     s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-    data = b""
-    try:
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            data += d
-    finally:
-        s.close()
+    data = recv_all(s)
+    s.close()
     return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else None, time.time() - t0
 
 

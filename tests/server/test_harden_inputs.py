@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import BUILD, FERRY, Server, assert_error, get, post
+from conftest import FERRY, Server, assert_error, get, post, recv_all
 
 KEY = "k-harden"
 AUTH = {"Authorization": "Bearer " + KEY}
@@ -34,15 +34,7 @@ def exchange(port, raw, timeout=10.0):
     s.settimeout(timeout)
     t0 = time.time()
     s.sendall(raw)
-    data = b""
-    try:
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            data += d
-    except (socket.timeout, ConnectionResetError):
-        pass
+    data = recv_all(s)
     s.close()
     return time.time() - t0, data
 
@@ -113,12 +105,7 @@ def test_chunked_body_in_many_pieces_still_served(keyed):
         s.sendall(chunks[i:i + 9])
         time.sleep(0.002)
     s.sendall(b"0\r\n\r\n")
-    data = b""
-    while True:
-        d = s.recv(65536)
-        if not d:
-            break
-        data += d
+    data = recv_all(s)
     s.close()
     assert status_of(data) == 200, data[:300]
 

@@ -73,9 +73,13 @@ Test(sched_fair, beyond_the_share_the_biggest_holder_gives_way)
 Test(sched_fair, embedding_budget_shrinks_beside_other_work)
 {
     struct sched_policy_params p = {.n_slots = 4, .max_batch_tokens = 512};
-    cr_assert_eq(sched_policy_embed_budget(&p, 0, 0), 512);
-    cr_assert_eq(sched_policy_embed_budget(&p, 1, 0), 128);
-    cr_assert_eq(sched_policy_embed_budget(&p, 0, 1), 128);
+    cr_assert_eq(sched_policy_embed_budget(&p, 0, 0, 0), 128);
+    cr_assert_eq(sched_policy_embed_budget(&p, 1, 0, 0), 64);
+    cr_assert_eq(sched_policy_embed_budget(&p, 0, 1, 0), 64);
     p.max_batch_tokens = 3;
-    cr_assert_eq(sched_policy_embed_budget(&p, 1, 1), 1);
+    cr_assert_eq(sched_policy_embed_budget(&p, 1, 1, 0), 1);
+    cr_assert_eq(sched_policy_embed_budget(&p, 0, 0, 0), 1);
+    /* a sequence awaiting its first token: no embedding rows in its step */
+    p.max_batch_tokens = 512;
+    cr_assert_eq(sched_policy_embed_budget(&p, 1, 0, 1), 0);
 }

