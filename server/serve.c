@@ -284,8 +284,9 @@ static void on_drain_tick(uv_timer_t *t)
         if (S->loader_done && S->sched) sched_cancel_all(S->sched, FERRY_ERR_CANCELLED);
         S->drain_cut = 1;
     }
-    if (over >= S->opt.shutdown_timeout + 5.0) {
-        FLOG_WARN("giving up on %d request(s) after the shutdown timeout", S->active_gen);
+    /* requests cut but not ended (a client that reads nothing) get 5 s to go, 1 s after a second signal */
+    if (over >= S->opt.shutdown_timeout + (S->drain_force > 0 ? 1.0 : 5.0)) {
+        FLOG_WARN("giving up on %d request(s) %.2fs after the first signal", S->active_gen, waited);
         close_all(S);
     }
 }

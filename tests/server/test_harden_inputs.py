@@ -223,19 +223,30 @@ def test_status_lists_only_the_callers_own_requests(keyed):
 # ---- shutdown -------------------------------------------------------------------------------------------
 
 
-def test_second_sigterm_logs_the_real_drain_time():
-    """After a second SIGTERM the log said "drained in 30.09s" where the server exited 2.7 s after the first."""
-    s = Server("--shutdown-timeout", "30", "--conn-timeout", "60")
-    # a stream whose client reads nothing keeps its request in flight
-    c = socket.create_connection(("127.0.0.1", s.port))
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "stream": True, "logit_bias": {"2": -100}}).encode()
+def stream_nobody_reads(s):
+    """A stream whose client reads nothing keeps its request in flight (a small window, and events of about 1 KB
+    with their logprobs: the stream outgrows the socket buffers). Returns the client's socket."""
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c.connect(("127.0.0.1", s.port))
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "stream": True, "logit_bias": {"2": -100},
+                       "logprobs": 5}).encode()
     c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     time.sleep(1.0)
+    return c
+
+
+def two_sigterms(s, c, read_after):
+    """SIGTERM, a second one a second later; the client reads the rest when read_after. Returns (seconds from the
+    first signal to the exit, the log)."""
     t0 = time.time()
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(1.0)
     s.proc.send_signal(signal.SIGTERM)
+    if read_after:
+        c.settimeout(10)
+        recv_all(c)  # the client reads now: its request, cut, ends
     rc = s.proc.wait(20)
     took = time.time() - t0
     c.close()
@@ -243,9 +254,24 @@ def test_second_sigterm_logs_the_real_drain_time():
     with open(s.log_path) as f:
         log = f.read()
     assert rc == 0, log
+    return took, log
+
+
+def test_second_sigterm_logs_the_real_drain_time():
+    """After a second SIGTERM the log said "drained in 30.09s" where the server exited 2.7 s after the first."""
+    s = Server("--shutdown-timeout", "30", "--conn-timeout", "60")
+    took, log = two_sigterms(s, stream_nobody_reads(s), read_after=True)
     m = re.search(r"drained in ([0-9.]+)s", log)
     assert m, log
     assert abs(float(m.group(1)) - took) < 1.0 and took < 10, (m.group(0), took)
+
+
+def test_second_sigterm_gives_up_soon_on_a_client_that_reads_nothing():
+    s = Server("--shutdown-timeout", "30", "--conn-timeout", "60")
+    took, log = two_sigterms(s, stream_nobody_reads(s), read_after=False)
+    m = re.search(r"giving up on 1 request\(s\) ([0-9.]+)s after the first signal", log)
+    assert m, log
+    assert abs(float(m.group(1)) - took) < 1.0 and took < 4, (m.group(0), took)
 
 
 # ---- the fuzz runner --------------------------------------------------------------------------------------
