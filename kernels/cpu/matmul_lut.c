@@ -24,6 +24,10 @@
  */
 #include <string.h>
 
+#if defined(__SSSE3__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/matmul_impl.h"
 #include "quant/blocks.h"
 #include "quant/fp16.h"
@@ -63,13 +67,29 @@ void q8_dec_q3_k(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *
 
 /* ---- nibble tables ---- */
 
-/* n elements of IQ4_NL layout (low nibbles, then high nibbles) through table v, plus off. */
+/* 2·half elements of IQ4_NL layout (half = 16 or 8 bytes: low nibbles, then high nibbles) through the
+ * 16-entry table v (a byte shuffle where the CPU has one). */
 static inline void nibbles(const uint8_t *qs, const uint8_t *v, uint8_t *u, int half)
 {
+#if defined(__SSSE3__)
+    const __m128i t = _mm_loadu_si128((const __m128i *)v), m4 = _mm_set1_epi8(15);
+    const __m128i q =
+        half == 16 ? _mm_loadu_si128((const __m128i *)qs) : _mm_loadl_epi64((const __m128i *)qs);
+    const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(q, m4));
+    const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    if (half == 16) {
+        _mm_storeu_si128((__m128i *)u, lo);
+        _mm_storeu_si128((__m128i *)(u + 16), hi);
+    } else {
+        _mm_storel_epi64((__m128i *)u, lo);
+        _mm_storel_epi64((__m128i *)(u + 8), hi);
+    }
+#else
     for (int j = 0; j < half; j++) {
         u[j] = v[qs[j] & 15];
         u[j + half] = v[qs[j] >> 4];
     }
+#endif
 }
 
 /* The tables with the offset added: iq4nl_values + 128, fp4_values + 16. */
@@ -132,13 +152,22 @@ void q8_dec_nvfp4(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float 
 
 /* ---- lattice grids ---- */
 
-/* 8 elements of grid row g with sign bits signs, plus 2^sh. */
+#define BYTES8(b) (0x0101010101010101ull * (uint64_t)(b))
+
+/* 0xFF in each byte of x that is not zero, else 0 (no carries between bytes). */
+static inline uint64_t bytes_nonzero(uint64_t x)
+{
+    const uint64_t t = (x | ((x & BYTES8(0x7F)) + BYTES8(0x7F))) & BYTES8(0x80);
+    return (t >> 7) * 0xFF;
+}
+
+/* 8 elements of grid row g (bytes below off) with sign bits signs, plus off: off ± g per byte, in one word
+ * (neither the sum nor the difference leaves its byte). */
 static inline void grid8(uint64_t g, uint8_t signs, int off, uint8_t *u)
 {
-    for (int j = 0; j < 8; j++) {
-        const int v = iq_grid8(g, j);
-        u[j] = (uint8_t)(off + (signs >> j & 1 ? -v : v));
-    }
+    const uint64_t neg = bytes_nonzero(BYTES8(signs) & 0x8040201008040201ull);
+    const uint64_t r = ((BYTES8(off) + g) & ~neg) | ((BYTES8(off) - g) & neg);
+    memcpy(u, &r, 8);
 }
 
 void q8_dec_iq2_xxs(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
@@ -226,10 +255,13 @@ void q8_dec_iq3_s(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float 
     }
 }
 
-/* 8 elements of IQ1_S/IQ1_M: 8·g + delta (delta ±1) + 16. */
+/* 8 elements of IQ1_S/IQ1_M: 8·g + delta (delta ±1) + 16, g in {-1, 0, 1} per byte: (g + 1)·8 + 8 + delta,
+ * in one word (g + 1 per byte without carries, then small enough that the shift stays in its byte). */
 static inline void grid1(uint64_t g, int delta, uint8_t *u)
 {
-    for (int j = 0; j < 8; j++) u[j] = (uint8_t)(16 + 8 * (int8_t)iq_grid8(g, j) + delta);
+    const uint64_t g1 = ((g & BYTES8(0x7F)) + BYTES8(1)) ^ (g & BYTES8(0x80));
+    const uint64_t r = (g1 << 3) + BYTES8(8 + delta);
+    memcpy(u, &r, 8);
 }
 
 void q8_dec_iq1_s(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
