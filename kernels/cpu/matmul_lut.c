@@ -3,10 +3,10 @@
  *
  * Each writes a chunk of one weight row into q8_tile form (matmul_impl.h): one unsigned code per element
  * with value = code - 2^sh, and a scale per 32 elements (Q8M_OFF) or per 16 (Q8M_OFF16); Q2_K is affine
- * per 16 (Q8M_AFFINE16: value = s·code + mn). Every value these types hold is a small integer times a
+ * per 16 (Q8M_AFFINE16: value = s·(code - 1) + mn). Every value these types hold is a small integer times a
  * per-block f32 scale, so the integer products of matmul.c take them unchanged:
  *   type     values (integers)                        scale                        sh  mode
- *   Q2_K     q in 0..3                                d·sc, minimum -dmin·m per 16  0  AFFINE16
+ *   Q2_K     q in 0..3 (code q + 1)                   d·sc, minimum -dmin·m per 16  0  AFFINE16
  *   Q3_K     q - 4 in -4..3                           d·(s - 32) per 16             2  OFF16
  *   IQ4_NL   iq4nl_values: -127..113                  d per 32                      7  OFF
  *   IQ4_XS   iq4nl_values                             d·(s - 32) per 32             7  OFF
@@ -46,7 +46,8 @@ void q8_dec_q2_k(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *
         }
         for (int h = 0; h < 2; h++)
             for (int j = 0; j < 4; j++)
-                for (int l = 0; l < 32; l++) u[128 * h + 32 * j + l] = (b->qs[32 * h + l] >> (2 * j)) & 3;
+                for (int l = 0; l < 32; l++)
+                    u[128 * h + 32 * j + l] = ((b->qs[32 * h + l] >> (2 * j)) & 3) + 1;
     }
 }
 
