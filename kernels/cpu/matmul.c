@@ -10,9 +10,9 @@
  *    the tiles in bf16 instead (matmul_amx.c).
  *  - Quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and through matmul_lut.c's decoders
  *    Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4 and the IQ3/IQ2/IQ1 i-quants, whose values are small integers
- *    times a block scale too; Q2_K, affine per 16 elements, runs the portable kernels only): every weight
- *    block is decoded once per
- *    chunk of KCQ columns into a small tile of codes (u8, value = code - offset), scales and minimums
+ *    times a block scale too; Q2_K, affine per 16 elements, runs the OFF16 kernels and adds its minimums
+ *    in q8_min16_terms): every weight block is decoded once per chunk of KCQ columns into a small tile of
+ *    codes (u8, value = code - offset), scales and minimums
  *    (q8_tile), reused for all m rows of x (register blocks of 1-4 rows). Two arithmetics
  *    (kern_cpu_matmul_set_act):
  *    f32 (the default): for m <= MR, per block t = Σ code·x in f32 and acc += s·t (the scale once per block;
@@ -423,15 +423,11 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
                 const int gb = a->b0 + b;
                 const uint8_t *ub = t->u[j] + QB * b;
                 const int8_t *qb = xq + (size_t)QB * gb;
-                const int per16 = mode == Q8M_OFF16 || mode == Q8M_AFFINE16;
                 for (int l = 0; l < 8; l++) {
-                    int32_t dot = mode == Q8M_AFFINE || mode == Q8M_AFFINE16 ? 0 : n4[8 * gb + l] * (1 << sh);
+                    int32_t dot = mode == Q8M_AFFINE ? 0 : n4[8 * gb + l] * (1 << sh);
                     for (int e = 4 * l; e < 4 * l + 4; e++) dot += (int32_t)ub[e] * (int32_t)qb[e];
-                    const float sc = per16 ? t->s[j][2 * b + l / 4] : t->s[j][b];
+                    const float sc = mode == Q8M_OFF16 ? t->s[j][2 * b + l / 4] : t->s[j][b];
                     av[l] = fmaf((float)dot, sc * dx[gb], av[l]);
-                    /* Q8M_AFFINE16: the minimum of these 16 times the lane's sum of x̂ (-n4: Σq of 4) */
-                    if (mode == Q8M_AFFINE16)
-                        av[l] = fmaf((float)-n4[8 * gb + l], t->mn[j][2 * b + l / 4] * dx[gb], av[l]);
                 }
             }
             if (mode == Q8M_AFFINE)
@@ -482,15 +478,10 @@ static void f32_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
                 const float *xb = xr + (size_t)QB * (a->b0 + b);
                 float c[QB];
                 for (int e = 0; e < QB; e++) c[e] = (float)t->u[j][QB * b + e] - coff;
-                if (mode == Q8M_OFF16 || mode == Q8M_AFFINE16) {
+                if (mode == Q8M_OFF16) {
                     for (int l = 0; l < 16; l++) av[l] = fmaf(t->s[j][2 * b], c[l] * xb[l], av[l]);
                     for (int l = 0; l < 16; l++)
                         av[l] = fmaf(t->s[j][2 * b + 1], c[16 + l] * xb[16 + l], av[l]);
-                    if (mode == Q8M_AFFINE16) /* the minimums, per element (no per-16 sums of x) */
-                        for (int l = 0; l < 16; l++) {
-                            av[l] = fmaf(t->mn[j][2 * b], xb[l], av[l]);
-                            av[l] = fmaf(t->mn[j][2 * b + 1], xb[16 + l], av[l]);
-                        }
                 } else {
                     for (int l = 0; l < 16; l++) {
                         const float tl = fmaf(c[16 + l], xb[16 + l], c[l] * xb[l]);
@@ -510,6 +501,40 @@ static void f32_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
     }
 }
 
+/* Q8M_AFFINE16 (Q2_K): after the OFF16 kernel's scaled codes, the minimums of each 16 elements times the sum
+ * of x over them into macc (lane 2b + h mod 8 for half h of chunk block b): int8, mn·dx·Σq (Σq from the
+ * per-4 sums n4); f32, mn·Σx (x summed in element order). Every instruction set runs this same code. */
+static void q8_min16_terms(const struct q8_dot *a, int mr, int int8)
+{
+    const struct q8x *x = a->x;
+    const struct q8_tile *t = a->t;
+    for (int i = 0; i < mr; i++) {
+        const int r = a->i0 + i;
+        const int32_t *n4 = x->n4 + (size_t)r * x->nb * 8;
+        const float *dx = x->dx + (size_t)r * x->nbp, *xr = a->xf + (size_t)r * a->k;
+        for (int j = 0; j < NRQ; j++) {
+            float *macc = a->macc + (i * NRQ + j) * 8, mv[8];
+            for (int l = 0; l < 8; l++) mv[l] = a->first ? 0.0f : macc[l];
+            for (int b = 0; b < a->nb; b++) {
+                const int gb = a->b0 + b;
+                for (int h = 0; h < 2; h++) {
+                    const int l = (2 * b + h) % 8;
+                    if (int8) {
+                        const int32_t sq = -(n4[8 * gb + 4 * h] + n4[8 * gb + 4 * h + 1] +
+                                             n4[8 * gb + 4 * h + 2] + n4[8 * gb + 4 * h + 3]);
+                        mv[l] = fmaf(t->mn[j][2 * b + h] * dx[gb], (float)sq, mv[l]);
+                    } else {
+                        float sx = 0.0f;
+                        for (int e = 0; e < 16; e++) sx += xr[QB * gb + 16 * h + e];
+                        mv[l] = fmaf(t->mn[j][2 * b + h], sx, mv[l]);
+                    }
+                }
+            }
+            memcpy(macc, mv, sizeof mv);
+        }
+    }
+}
+
 /* f32 arithmetic, batches of more than MR rows: the decoded codes back to f32 weights (w = s·(code - 2^sh),
  * or fma(s, code, mn) for the affine types) in the plain types' tile. */
 static void q8_to_f32_c(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode, int sh,
@@ -518,8 +543,9 @@ static void q8_to_f32_c(const uint8_t *u, const float *s, const float *mn, int k
     const float off = mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh);
     for (int e = 0; e < kc; e++) {
         const float c = (float)u[e], sc = mode == Q8M_OFF16 || mode == Q8M_AFFINE16 ? s[e / 16] : s[e / QB];
+        /* Q8M_AFFINE16's codes carry the offset 1 (the OFF16 kernels with sh 0 take its scaled part) */
         dst[e] = mode == Q8M_AFFINE     ? fmaf(sc, c, mn[e / QB])
-                 : mode == Q8M_AFFINE16 ? fmaf(sc, c, mn[e / 16])
+                 : mode == Q8M_AFFINE16 ? fmaf(sc, c - 1.0f, mn[e / 16])
                                         : sc * (c - off);
     }
 }
@@ -837,7 +863,7 @@ static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
 
 static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
 {
-    const int m = c->m, k = c->k, affine = c->qk->mode == Q8M_AFFINE;
+    const int m = c->m, k = c->k, affine = c->qk->mode == Q8M_AFFINE || c->qk->mode == Q8M_AFFINE16;
     struct q8_tile tile;
     float accb[MBQ * NRQ * 16], maccb[MBQ * NRQ * 8];
     memset(&tile, 0, sizeof tile);
@@ -882,7 +908,12 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                                        .macc = maccb + (size_t)i0 * NRQ * 8,
                                        .first = c0 == 0};
                     memcpy(d.row, rows, sizeof rows);
-                    (c->direct ? c->direct : c->dot)(&d, mr, c->qk->mode, c->qk->sh);
+                    if (c->qk->mode == Q8M_AFFINE16) { /* the scaled codes, then the minimums */
+                        c->dot(&d, mr, Q8M_OFF16, 0);
+                        q8_min16_terms(&d, mr, c->int8);
+                    } else {
+                        (c->direct ? c->direct : c->dot)(&d, mr, c->qk->mode, c->qk->sh);
+                    }
                 }
             }
             for (int i = 0; i < mb; i++)
@@ -958,7 +989,6 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .n_tasks = tpool_size(tp),
                          .xp = amx_type(wt) ? xp : NULL};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
-    if (quant && q8_kinds[wt].mode == Q8M_AFFINE16) isa = &q8_isa_portable; /* its only kernels */
     if (quant) {
         c->qk = &q8_kinds[wt];
         c->xq = xq;
@@ -972,7 +1002,8 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
-        if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
+        if (!c->int8 && m > MR)
+            c->to_f32 = c->qk->mode == Q8M_AFFINE16 ? q8_to_f32_c : isa->to_f32; /* (portable only) */
     }
     if (!quant || c->to_f32) {
         static const micro_fn micros[3] = {micro_f32, micro_f16, micro_bf16};

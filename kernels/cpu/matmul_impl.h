@@ -44,8 +44,8 @@ enum q8_mode {
     Q8M_AFFINE,   /* value = code, one scale and one minimum per 32 elements: w = s·code + mn */
     Q8M_SIGNED,   /* the AVX2 kernel's Q8_0: code ^ 0x80 is the value, multiplied through the sign trick (a
                      u8·s8 pair of 255·127 would overflow pmaddubsw's int16) */
-    Q8M_AFFINE16, /* value = code, one scale and one minimum per 16 elements (Q2_K): the portable kernels
-                   * only (matmul.c routes it there on every instruction set) */
+    Q8M_AFFINE16, /* value = code - 1, one scale and one minimum per 16 elements (Q2_K): the OFF16 kernels
+                   * (sh 0) take the scaled codes, q8_min16_terms (matmul.c) the minimums */
 };
 
 /* x prepared for the integer products: for row i and block b of 32 elements,
@@ -107,7 +107,7 @@ static inline float f32_conv_off(enum q8_mode mode, int sh)
 }
 static inline int f32_uses_macc(enum q8_mode mode, int sh)
 {
-    return mode == Q8M_AFFINE || (mode == Q8M_OFF && sh != 7);
+    return mode == Q8M_AFFINE || mode == Q8M_AFFINE16 || (mode == Q8M_OFF && sh != 7);
 }
 
 /* Blocks with amax below this are zero (their share of y is below 1e-30·Σ|w|). */

@@ -3,10 +3,10 @@
  *
  * Each writes a chunk of one weight row into q8_tile form (matmul_impl.h): one unsigned code per element
  * with value = code - 2^sh, and a scale per 32 elements (Q8M_OFF) or per 16 (Q8M_OFF16); Q2_K is affine
- * per 16 (Q8M_AFFINE16: value = s·code + mn). Every value these types hold is a small integer times a
+ * per 16 (Q8M_AFFINE16: value = s·(code - 1) + mn). Every value these types hold is a small integer times a
  * per-block f32 scale, so the integer products of matmul.c take them unchanged:
  *   type     values (integers)                        scale                        sh  mode
- *   Q2_K     q in 0..3                                d·sc, minimum -dmin·m per 16  0  AFFINE16
+ *   Q2_K     q in 0..3 (code q + 1)                   d·sc, minimum -dmin·m per 16  0  AFFINE16
  *   Q3_K     q - 4 in -4..3                           d·(s - 32) per 16             2  OFF16
  *   IQ4_NL   iq4nl_values: -127..113                  d per 32                      7  OFF
  *   IQ4_XS   iq4nl_values                             d·(s - 32) per 32             7  OFF
@@ -23,6 +23,10 @@
  * below 128 except for IQ4_NL/IQ4_XS (sh 7: the AVX2 kernel's signed path, as Q8_0's).
  */
 #include <string.h>
+
+#if defined(__SSSE3__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/matmul_impl.h"
 #include "quant/blocks.h"
@@ -42,7 +46,8 @@ void q8_dec_q2_k(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *
         }
         for (int h = 0; h < 2; h++)
             for (int j = 0; j < 4; j++)
-                for (int l = 0; l < 32; l++) u[128 * h + 32 * j + l] = (b->qs[32 * h + l] >> (2 * j)) & 3;
+                for (int l = 0; l < 32; l++)
+                    u[128 * h + 32 * j + l] = ((b->qs[32 * h + l] >> (2 * j)) & 3) + 1;
     }
 }
 
@@ -63,13 +68,29 @@ void q8_dec_q3_k(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *
 
 /* ---- nibble tables ---- */
 
-/* n elements of IQ4_NL layout (low nibbles, then high nibbles) through table v, plus off. */
+/* 2·half elements of IQ4_NL layout (half = 16 or 8 bytes: low nibbles, then high nibbles) through the
+ * 16-entry table v (a byte shuffle where the CPU has one). */
 static inline void nibbles(const uint8_t *qs, const uint8_t *v, uint8_t *u, int half)
 {
+#if defined(__SSSE3__)
+    const __m128i t = _mm_loadu_si128((const __m128i *)v), m4 = _mm_set1_epi8(15);
+    const __m128i q =
+        half == 16 ? _mm_loadu_si128((const __m128i *)qs) : _mm_loadl_epi64((const __m128i *)qs);
+    const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(q, m4));
+    const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    if (half == 16) {
+        _mm_storeu_si128((__m128i *)u, lo);
+        _mm_storeu_si128((__m128i *)(u + 16), hi);
+    } else {
+        _mm_storel_epi64((__m128i *)u, lo);
+        _mm_storel_epi64((__m128i *)(u + 8), hi);
+    }
+#else
     for (int j = 0; j < half; j++) {
         u[j] = v[qs[j] & 15];
         u[j + half] = v[qs[j] >> 4];
     }
+#endif
 }
 
 /* The tables with the offset added: iq4nl_values + 128, fp4_values + 16. */
@@ -132,13 +153,22 @@ void q8_dec_nvfp4(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float 
 
 /* ---- lattice grids ---- */
 
-/* 8 elements of grid row g with sign bits signs, plus 2^sh. */
+#define BYTES8(b) (0x0101010101010101ull * (uint64_t)(b))
+
+/* 0xFF in each byte of x that is not zero, else 0 (no carries between bytes). */
+static inline uint64_t bytes_nonzero(uint64_t x)
+{
+    const uint64_t t = (x | ((x & BYTES8(0x7F)) + BYTES8(0x7F))) & BYTES8(0x80);
+    return (t >> 7) * 0xFF;
+}
+
+/* 8 elements of grid row g (bytes below off) with sign bits signs, plus off: off ± g per byte, in one word
+ * (neither the sum nor the difference leaves its byte). */
 static inline void grid8(uint64_t g, uint8_t signs, int off, uint8_t *u)
 {
-    for (int j = 0; j < 8; j++) {
-        const int v = iq_grid8(g, j);
-        u[j] = (uint8_t)(off + (signs >> j & 1 ? -v : v));
-    }
+    const uint64_t neg = bytes_nonzero(BYTES8(signs) & 0x8040201008040201ull);
+    const uint64_t r = ((BYTES8(off) + g) & ~neg) | ((BYTES8(off) - g) & neg);
+    memcpy(u, &r, 8);
 }
 
 void q8_dec_iq2_xxs(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)
@@ -226,10 +256,13 @@ void q8_dec_iq3_s(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float 
     }
 }
 
-/* 8 elements of IQ1_S/IQ1_M: 8·g + delta (delta ±1) + 16. */
+/* 8 elements of IQ1_S/IQ1_M: 8·g + delta (delta ±1) + 16, g in {-1, 0, 1} per byte: (g + 1)·8 + 8 + delta,
+ * in one word (g + 1 per byte without carries, then small enough that the shift stays in its byte). */
 static inline void grid1(uint64_t g, int delta, uint8_t *u)
 {
-    for (int j = 0; j < 8; j++) u[j] = (uint8_t)(16 + 8 * (int8_t)iq_grid8(g, j) + delta);
+    const uint64_t g1 = ((g & BYTES8(0x7F)) + BYTES8(1)) ^ (g & BYTES8(0x80));
+    const uint64_t r = (g1 << 3) + BYTES8(8 + delta);
+    memcpy(u, &r, 8);
 }
 
 void q8_dec_iq1_s(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn)

@@ -258,8 +258,11 @@ static const int lshapes[4][2] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4
 static const char *const lnames[4] = {"qkv", "o", "gu", "down"};
 enum { NQM = 4 };
 static const int qms[NQM] = {1, 16, 64, 512};
-static const enum dtype qtypes[8] = {DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1,
-                                     DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+enum { NQT = 21 };
+static const enum dtype qtypes[NQT] = {
+    DTYPE_Q4_0,  DTYPE_Q4_1,    DTYPE_Q5_0,  DTYPE_Q5_1,   DTYPE_Q8_0,    DTYPE_Q4_K,  DTYPE_Q5_K,
+    DTYPE_Q6_K,  DTYPE_Q2_K,    DTYPE_Q3_K,  DTYPE_IQ4_NL, DTYPE_IQ4_XS,  DTYPE_MXFP4, DTYPE_NVFP4,
+    DTYPE_IQ3_S, DTYPE_IQ3_XXS, DTYPE_IQ2_S, DTYPE_IQ2_XS, DTYPE_IQ2_XXS, DTYPE_IQ1_M, DTYPE_IQ1_S};
 /* Batch sizes of the variant sweep. */
 enum { NSM = 11 };
 static const int sms[NSM] = {1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512};
@@ -288,8 +291,9 @@ static const char *venum(int v)
     return buf[v];
 }
 /* Whether the sweep times variant v at m: the dp4a GEMV up to two launches, the int8 MMA at every m (tiles of
- * 64 rows from m = 128), gemv_q8 up to its 16 rows, the f16 pieces (P) from m = 16, the GEMM's configurations where their row tile fits (16
- * and 32 rows: cfg 1, 2, 3, 8, 9 up to m = 64; 64 rows: 4, 5 from m = 16; 128 rows: the others from m = 64).
+ * 64 rows from m = 128), gemv_q8 up to its 16 rows, the f16 pieces (P) from m = 16, the GEMM's configurations
+ * where their row tile fits (16 and 32 rows: cfg 1, 2, 3, 8, 9 up to m = 64; 64 rows: 4, 5 from m = 16; 128
+ * rows: the others from m = 64).
  */
 static int sweep_has(enum dtype t, int v, int m)
 {
@@ -361,7 +365,7 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
                         double ceil_gbs)
 {
     static char table[8 * NQM + 8][170];
-    static char best_line[8][1200], picks[8][600];
+    static char best_line[NQT][1200], picks[NQT][600];
     int rows = 0;
     double f16_tflops[NQM] = {0};
     samples = 9;
@@ -381,7 +385,7 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
 
     /* Variant sweep: layer us per variant, best per m. */
     printf("variant sweep (layer us; %% of copy for m <= 16, TFLOP/s above; * best):\n");
-    for (int ti = 0; ti < 8; ti++) {
+    for (int ti = 0; ti < NQT; ti++) {
         const enum dtype t = qtypes[ti];
         const double bytes = layer_bytes(t);
         int bo = snprintf(best_line[ti], sizeof best_line[0], "%-5s", dtype_name(t));
@@ -419,7 +423,7 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
     }
 
     /* The automatic choice (this build's table) at the layer shapes. */
-    for (int ti = 0; ti < 8; ti++)
+    for (int ti = 0; ti < NQT; ti++)
         for (int mi = 0; mi < NQM; mi++) {
             double us[4];
             const enum dtype t = qtypes[ti];
@@ -434,8 +438,8 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
             printf("%s\n", table[rows - 1]);
         }
     /* Products only, a whole Llama-2-7B step at m = 64 (32 layers + the 32000x4096 head in the same type). */
-    char model[8][64];
-    for (int ti = 0; ti < 8; ti++) {
+    char model[NQT][64];
+    for (int ti = 0; ti < NQT; ti++) {
         double t = 32 * time_layer(ctx, pool, pool_bytes, x, y, qtypes[ti], 64, KERN_QV_AUTO, NULL);
         struct mm_arg h = {ctx, y, x, pool, 0, 1, 64, 32000, 4096, MM_AUTO, qtypes[ti]};
         t += time_product(h, pool_bytes);
@@ -446,16 +450,16 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
            "rows/warp, "
            "M16/M32 int8 MMA rows/warp, G f16 GEMM auto, Gn its config n, q8 gemv_q8, P W in f16 pieces + "
            "cuBLAS) ==\n");
-    for (int ti = 0; ti < 8; ti++) printf("%s\n", best_line[ti]);
+    for (int ti = 0; ti < NQT; ti++) printf("%s\n", best_line[ti]);
     printf("== table lines for kernels/cuda/matmul.cu qmm_picks (this run's best) ==\n");
-    for (int ti = 0; ti < 8; ti++) printf("   %s\n", picks[ti]);
+    for (int ti = 0; ti < NQT; ti++) printf("   %s\n", picks[ti]);
     printf("== summary, automatic choice of this build: us per product (%s %s %s %s), one layer: us, weight "
            "GB/s, "
            "%% of copy (%.0f GB/s), TFLOP/s, TFLOP/s vs F16 (variant) ==\n",
            lnames[0], lnames[1], lnames[2], lnames[3], ceil_gbs);
     for (int i = 0; i < rows; i++) printf("%s\n", table[i]);
     printf("== Llama-2-7B products only at m = 64 (32 layers + head):");
-    for (int ti = 0; ti < 8; ti++) printf("%s %s", ti % 3 ? ";" : "\n  ", model[ti]);
+    for (int ti = 0; ti < NQT; ti++) printf("%s %s", ti % 3 ? ";" : "\n  ", model[ti]);
     printf("\n");
 }
 

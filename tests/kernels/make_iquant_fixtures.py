@@ -6,6 +6,8 @@ tests/kernels/data (raw little-endian, no header; test_quant.c reads them):
   <T>.blocks / <T>.deq        random bytes with sane f16 (or E8M0 / UE4M3) scales, and their f32 values
   <T>.pq.blocks / <T>.pq.deq  llama.cpp's own quantizer (quantize_<t>, with an importance matrix of ones
                               for the types that require one) applied to 3072 Gaussian values, and theirs
+  <T>.quant                   IQ4_NL, IQ4_XS, MXFP4: llama.cpp's quantize_<t> without an importance matrix
+                              (what llama-quantize runs) of quant_in.f32 (make_quant_fixtures.py's inputs)
 
 The f32 values come from llama.cpp's C dequantize_row_<t> (ggml-quants.c of the peer tree, compiled here into
 a throwaway shared library) and must equal gguf-py's numpy dequantize (gguf.quants) bit for bit (NaN-aware):
@@ -33,6 +35,9 @@ TYPES = {  # type: (ggml name, quantizer needs an importance matrix)
     QT.IQ2_XS: ("iq2_xs", True), QT.IQ2_S: ("iq2_s", False), QT.IQ1_S: ("iq1_s", True),
     QT.IQ1_M: ("iq1_m", True),
 }
+
+# Types ferry also quantizes (from_f32): as llama-quantize does without an importance matrix.
+QUANTIZED = (QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4)
 
 STUB = r"""
 #include <stdio.h>
@@ -141,6 +146,13 @@ def main():
             blocks.tofile(os.path.join(OUT, qt.name + suffix + ".blocks"))
             ref.tofile(os.path.join(OUT, qt.name + suffix + ".deq"))
             print("%-8s%-4s %5d bytes, |x| max %.4g" % (qt.name, suffix, blocks.size, np.nanmax(np.abs(ref))))
+    # The quantizers ferry has for these types: llama.cpp's output for test_quant's quant_in.f32.
+    x = np.fromfile(os.path.join(OUT, "quant_in.f32"), dtype=np.float32)
+    for qt in QUANTIZED:
+        name, _ = TYPES[qt]
+        q = c_quantize(lib, qt, name, False, x, 256)
+        q.tofile(os.path.join(OUT, qt.name + ".quant"))
+        print("%-8s quant %5d bytes" % (qt.name, q.size))
 
 
 if __name__ == "__main__":

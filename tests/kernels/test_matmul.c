@@ -74,8 +74,8 @@ static void random_lut_row(enum dtype t, uint8_t *wr, int k)
 }
 
 /* A random (n, k) weight of type t: plain types from uniform floats, Q4_0/Q4_1/Q5_* through dtype_from_f32,
- * Q8_0 and the K-quants as random bytes (every code, Q8_0's -128 included) with sane f16 scales, the types
- * without a quantizer by random_lut_row. */
+ * Q8_0 and the K-quants as random bytes (every code, Q8_0's -128 included) with sane f16 scales, the table
+ * and grid types by random_lut_row. */
 static void *random_weight(enum dtype t, int n, int k)
 {
     const size_t rb = dtype_row_size(t, k);
@@ -109,7 +109,8 @@ static void *random_weight(enum dtype t, int n, int k)
             }
             break;
         default:
-            if (dtype_get_traits(t)->from_f32)
+            if (!dtype_get_traits(t)->is_quantized || t == DTYPE_Q4_0 || t == DTYPE_Q4_1 || t == DTYPE_Q5_0 ||
+                t == DTYPE_Q5_1)
                 cr_assert(dtype_from_f32(t, row, wr, k));
             else
                 random_lut_row(t, wr, k);

@@ -201,7 +201,7 @@ Test(quant, rejects_bad_lengths)
     cr_assert(!dtype_to_f32(DTYPE_Q4_K, src, dst, 32));
     cr_assert(!dtype_to_f32((enum dtype)9, src, dst, 32));   /* Q8_1: not a storage type */
     cr_assert(!dtype_to_f32((enum dtype)34, src, dst, 256)); /* TQ1_0: known to ggml, not to ferry */
-    cr_assert(!dtype_from_f32(DTYPE_IQ4_XS, dst, src, 256)); /* read-only: no quantizer */
+    cr_assert(!dtype_from_f32(DTYPE_IQ2_XS, dst, src, 256)); /* read-only: no quantizer */
     cr_assert(!dtype_from_f32(DTYPE_Q4_0, dst, src, 31));
     cr_assert(!dtype_from_f32(DTYPE_Q6_K, dst, src, -256));
     cr_assert(!dtype_from_f32(DTYPE_F32, NULL, src, 4));
@@ -210,6 +210,21 @@ Test(quant, rejects_bad_lengths)
     cr_assert_eq(dtype_row_size(DTYPE_Q5_K, 512), 352);
     cr_assert_null(dtype_get_traits(DTYPE_COUNT));
     cr_assert_null(dtype_get_traits(4));
+}
+
+/* llama-quantize's IQ4_NL, IQ4_XS and MXFP4 (quantize_* without an importance matrix,
+ * make_iquant_fixtures.py). */
+Test(quant, quant_iq4_nl)
+{
+    check_quant(DTYPE_IQ4_NL, "IQ4_NL");
+}
+Test(quant, quant_iq4_xs)
+{
+    check_quant(DTYPE_IQ4_XS, "IQ4_XS");
+}
+Test(quant, quant_mxfp4)
+{
+    check_quant(DTYPE_MXFP4, "MXFP4");
 }
 
 Test(quant, table_matches_blocks_and_names)
@@ -252,8 +267,11 @@ Test(quant, table_matches_blocks_and_names)
         cr_assert_eq(tr->type_size, want[i].sz, "%s", tr->name);
         cr_assert_eq(tr->is_quantized, want[i].bs > 1, "%s", tr->name);
         cr_assert(tr->to_f32, "%s", tr->name);
-        /* The types ferry only reads (listed after Q6_K above) have no quantizer. */
-        cr_assert_eq(tr->from_f32 != NULL, i < 11, "%s", tr->name);
+        /* The types listed after Q6_K have no quantizer, but for IQ4_NL, IQ4_XS and MXFP4. */
+        cr_assert_eq(tr->from_f32 != NULL,
+                     i < 11 || want[i].t == DTYPE_IQ4_NL || want[i].t == DTYPE_IQ4_XS ||
+                         want[i].t == DTYPE_MXFP4,
+                     "%s", tr->name);
         cr_assert_eq(dtype_from_name(tr->name), (int)want[i].t, "%s", tr->name);
         /* The device form is a type every backend is expected to read: plain types stay, blocks go to Q8_0.
          */
