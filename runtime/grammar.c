@@ -602,12 +602,48 @@ static int child_done(const struct grammar *g, struct gframe *p)
 }
 
 struct emit {
+    const struct grammar *g;
     struct gstate *out;
     int frames; /* frames already in out */
 };
 
+/* Frames still needed above index i by the frame there (its own included), along the path needing fewest. */
+static uint32_t frame_height(const struct grammar *g, const struct gframe *f)
+{
+    const struct gnode *n = &g->nodes[f->node];
+    uint32_t h = 0;
+    switch (n->kind) {
+    case GK_SEQ:
+        for (int i = (int)f->a; i < n->b; i++)
+            if (g->nodes[g->kids[n->a + i]].height > h) h = g->nodes[g->kids[n->a + i]].height;
+        return 1 + h;
+    case GK_REP:
+        return (int)f->a < n->min ? 1 + (uint32_t)g->nodes[n->a].height : 1;
+    case GK_LITSET: {
+        int lo = (int)(f->b & 0xFFFFFFFF), hi = f->a == 0 && f->b == 0 ? n->b - 1 : (int)(f->b >> 32);
+        h = GHEIGHT_INF;
+        for (int k = lo; k <= hi; k++) {
+            const struct glit *l = &g->lits[n->a + k];
+            uint32_t c = l->cont >= 0 ? g->nodes[l->cont].height : 1;
+            if (c < h) h = c;
+        }
+        return h;
+    }
+    default:
+        return n->height; /* objects and arrays: all their required parts (no fewer remain) */
+    }
+}
+
+int gthread_fits(const struct grammar *g, const struct gframe *f, int depth)
+{
+    for (int i = 0; i < depth; i++)
+        if ((uint32_t)i + frame_height(g, &f[i]) > GRAMMAR_MAX_DEPTH) return 0;
+    return 1;
+}
+
 static void emit(struct emit *o, const struct thr *t)
 {
+    if (!gthread_fits(o->g, t->f, t->depth)) return; /* it could not finish within the frames a state has */
     struct gstate *s = o->out;
     int at = 0;
     for (int i = 0; i < s->n; i++) {
@@ -742,7 +778,7 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
 
 int gstate_step(const struct grammar *g, const struct gstate *in, int c, struct gstate *out)
 {
-    struct emit o = {out, 0};
+    struct emit o = {g, out, 0};
     out->n = 0;
     struct thr t;
     int at = 0;

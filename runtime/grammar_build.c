@@ -467,6 +467,55 @@ static uint32_t node_cost(const struct grammar *g, const struct gnode *n)
     }
 }
 
+static uint32_t hmax(uint32_t a, uint32_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Frames a complete match of n needs, its own included, along the path needing fewest (see gnode.height): a
+ * list's frame stays under each kid, an alternative is replaced by the kid it takes, a literal set by its
+ * continuation. */
+static uint32_t node_height(const struct grammar *g, const struct gnode *n)
+{
+    uint32_t h = 0;
+    switch (n->kind) {
+    case GK_SEQ:
+        for (int i = 0; i < n->b; i++) h = hmax(h, g->nodes[g->kids[n->a + i]].height);
+        return h >= GHEIGHT_INF ? GHEIGHT_INF : 1 + h;
+    case GK_ALT:
+        h = GHEIGHT_INF;
+        for (int i = 0; i < n->b; i++) {
+            const struct gnode *k = &g->nodes[g->kids[n->a + i]];
+            if (k->cost < GCOST_INF && k->height < h) h = k->height;
+        }
+        return h;
+    case GK_REP:
+        if (n->min == 0) return 1;
+        h = g->nodes[n->a].height;
+        return h >= GHEIGHT_INF ? GHEIGHT_INF : 1 + h;
+    case GK_OBJECT:
+        for (int i = 0; i < n->b; i++)
+            if (g->props[n->a + i].required) h = hmax(h, g->nodes[g->props[n->a + i].value].height);
+        return h >= GHEIGHT_INF ? GHEIGHT_INF : 1 + h;
+    case GK_ARRAY:
+        for (int i = 0; i < n->min; i++) {
+            int item = i < n->c ? g->kids[n->b + i] : n->a;
+            h = hmax(h, item < 0 ? GHEIGHT_INF : g->nodes[item].height);
+        }
+        return h >= GHEIGHT_INF ? GHEIGHT_INF : 1 + h;
+    case GK_LITSET:
+        h = GHEIGHT_INF;
+        for (int i = 0; i < n->b; i++) {
+            const struct glit *l = &g->lits[n->a + i];
+            uint32_t c = l->cont >= 0 ? g->nodes[l->cont].height : 1;
+            if (c < h) h = c;
+        }
+        return h;
+    default: /* LIT, WS, STRING, NUMBER: matched within their own frame */
+        return 1;
+    }
+}
+
 static void set_bit(uint8_t *set, int c)
 {
     set[c >> 3] |= (uint8_t)(1u << (c & 7));
@@ -591,6 +640,19 @@ int gb_finish(struct gbuilder *b, int root, struct grammar **out, char err[256])
         snprintf(err, 256, "the schema accepts no value that ferry can generate");
         gb_free(b);
         return FERRY_ERR_INVALID;
+    }
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i].height = GHEIGHT_INF;
+    for (int it = 0, changed = 1; changed && it < 400; it++) { /* like the costs: down from "none" */
+        changed = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            uint32_t h = node_height(g, &g->nodes[i]);
+            if (h < g->nodes[i].height) g->nodes[i].height = (uint16_t)h, changed = 1;
+        }
+    }
+    if (g->nodes[root].height > GRAMMAR_MAX_DEPTH) {
+        snprintf(err, 256, "every value nests deeper than the recogniser's %d levels", GRAMMAR_MAX_DEPTH);
+        gb_free(b);
+        return FERRY_ERR_UNSUPPORTED;
     }
     struct grammar *res = malloc(sizeof *res);
     if (!res) {

@@ -9,7 +9,8 @@
 #include "runtime/grammar.h"
 #include "runtime/regex.h"
 
-#define GCOST_INF 0x3FFFFFFFu
+#define GCOST_INF   0x3FFFFFFFu
+#define GHEIGHT_INF 0xFFFFu
 
 enum gkind {
     GK_LIT,    /* a: byte offset, b: length */
@@ -33,6 +34,9 @@ struct gnode {
     int32_t min, max;
     double lo, hi;
     uint32_t cost;     /* fewest bytes of a complete match; GCOST_INF when none */
+    uint16_t height;   /* frames a complete match needs at most, its own included, along the path that needs
+                        * fewest (GHEIGHT_INF when none): a thread whose completion needs more frames than a
+                        * state holds is dropped, so a walk never reaches a prefix it cannot finish */
     uint8_t first[32]; /* bit set of the bytes a match can start with */
 };
 
@@ -115,6 +119,9 @@ static inline int bit(const uint8_t *set, int c)
 
 /* Bytes of the shortest number within a GK_NUMBER node's bounds, or GCOST_INF (grammar.c). */
 uint32_t gnum_min_len(const struct gnode *n);
+
+/* 1 when thread frames f[0, depth) can still be completed within GRAMMAR_MAX_DEPTH frames (grammar.c). */
+int gthread_fits(const struct grammar *g, const struct gframe *f, int depth);
 
 /* Feeds one byte of `in` into `out` (which must have room for a full state); returns the threads left. */
 int gstate_step(const struct grammar *g, const struct gstate *in, int c, struct gstate *out);

@@ -37,17 +37,7 @@ class PinnedDatetime(datetime.datetime):
 
 ctu.datetime = PinnedDatetime  # strftime_now reads datetime.now() from the module
 
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "The city name"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "get_time", "description": "The local time in a timezone.",
-        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}},
-]
+TOOLS = make_chat_cases.TOOLS
 
 
 def call(cid, name, args, as_string):

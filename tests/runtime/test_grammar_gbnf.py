@@ -170,6 +170,19 @@ def main():
             for text, want in LABELLED.get(name, []):
                 got = tool("check", path, stdin=text.encode("utf-8").hex() + "\n").strip()
                 check(got == str(want), f"{name}: {text!r} -> {got}, want {want}")
+        # nesting deeper than a recogniser state holds (a grammar the fuzzer found): the walks must close in time
+        # instead of reaching a prefix they cannot finish
+        path = os.path.join(d, "nest.gbnf")
+        with open(path, "w") as f:
+            f.write('root ::= obj\nobj ::= "{" ws (pair ("ob," ws pair)*)? "}"\npair ::= "st r:" ws obj\n'
+                    'ws ::= [ \\t\\n]{0,3}\n')
+        lines = tool("gen", path, "5", "100", "3000").splitlines()
+        check(len(lines) == 100, f"nest.gbnf: {len(lines)} walks")
+        for ln in lines:
+            check(not ln.startswith("DEAD"), f"nest.gbnf: dead end {ln[:80]}")
+            if not ln.startswith("DEAD"):
+                s = bytes.fromhex(ln).decode()
+                check(s.count("{") == s.count("}"), f"nest.gbnf: {s[:80]!r} is not balanced")
         for i, (src, want) in enumerate(BAD):
             path = os.path.join(d, f"bad{i}.gbnf")
             with open(path, "w") as f:
