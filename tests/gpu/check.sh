@@ -1,0 +1,51 @@
+#!/bin/bash
+# check.sh — on the GPU machine, in one short call: build only the CUDA tests of the kernels and the engine and
+# the ferry binary (sm_90), run them, then the speculative-decoding oracle on the synthetic F16 7B under 4 GiB
+# and resident. Each step has its own time limit; a summary goes to stdout and $OUT/summary.txt, logs to $OUT.
+# Needs .debs and .gpu-data carried (tests/gpu/run.sh says how they are made).
+set -u
+src=$(pwd)
+out=${OUT:-$src/out}
+mkdir -p "$out"
+t0=$(date +%s)
+log() { echo "== [$(($(date +%s) - t0))s] $*" | tee -a "$out/summary.txt"; }
+. tests/gpu/deps.sh
+
+W=/tmp/fc
+mkdir -p $W
+tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./out --exclude=./.git --exclude=./.whl \
+  --exclude=./.gpu-data -cf - . | tar -C $W -xf -
+mkdir -p /tmp/shared && rm -rf /tmp/shared/testdata && cp -r "$src/.gpu-data" /tmp/shared/testdata
+cd $W || exit 1
+export FERRY_SRC=$W FERRY_TESTDATA=/tmp/shared/testdata
+log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
+meson setup build -Dcuda=enabled -Dgpu_arch=90 -Dbuildtype=release > "$out/build.log" 2>&1 ||
+  { log "meson setup FAILED"; tail -30 "$out/build.log"; exit 1; }
+targets="server/ferry tests/cuda/test_qblock tests/cuda/test_cuda_qk_norm tests/cuda/test_cuda_ops
+  tests/cuda/test_cuda_attention tests/cuda/test_cuda_matmul_q tests/runtime/test_gpu_e2e"
+if ! ninja -C build $targets >> "$out/build.log" 2>&1; then
+  log "build FAILED"; grep -E "error" "$out/build.log" | head -30; exit 1
+fi
+log "build ok"
+run() { # name limit command...
+  local name=$1 lim=$2; shift 2
+  timeout "$lim" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  log "$name rc=$rc: $(grep -E 'Synthesis' "$out/$name.log" | tail -1)"
+  grep -E "\[FAIL\]|Assertion|differs" "$out/$name.log" | head -12
+}
+run qblock 60 ./build/tests/cuda/test_qblock --jobs 4
+run qk_norm 60 ./build/tests/cuda/test_cuda_qk_norm
+run ops 90 ./build/tests/cuda/test_cuda_ops
+run attention 120 ./build/tests/cuda/test_cuda_attention --jobs 2
+run matmul_q 150 ./build/tests/cuda/test_cuda_matmul_q --jobs 3
+run gpu_e2e 200 ./build/tests/runtime/test_gpu_e2e --jobs 1
+for a in 1 0.7; do
+  timeout 90 ./build/server/ferry bench --synthetic llama-2-7b --gpu-memory 4GiB --batches 1 --prefill 0 \
+    --decode-steps 8 --spec-oracle 4 --spec-accept $a >> "$out/spec.log" 2>&1
+  log "spec 4GiB accept $a rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
+done
+timeout 90 ./build/server/ferry bench --synthetic llama-2-7b --batches 1 --prefill 0 --decode-steps 16 \
+  --spec-oracle 4 >> "$out/spec.log" 2>&1
+log "spec resident rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
+log "done"
