@@ -29,7 +29,7 @@
  * so the pool keeps only kv_tokens_min (at most KV_DEVICE_POSITIONS) before layers are made resident (more
  * resident layers, shorter steps, the extension holding the rest), unless that would make every layer
  * resident (then the plan is the one above: a pool that small would queue sequences). When the device reads
- * them over the link instead, each position costs link time (runtime/NOTES.md, session 8). Not when every
+ * them over the link instead, each position costs link time (runtime/NOTES.md, 2026-12-01f). Not when every
  * layer is resident: there a step is so short that the extension would cost more than the queue.
  */
 #ifndef FERRY_DEVICE_MAP_H

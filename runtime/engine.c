@@ -152,7 +152,7 @@ void engine_free(struct engine *e)
 /* --cpu-arith auto on the CPU engine: int8 x when most of the layers' bytes are K-quants (Q4_K_M, Q5_K_M,
  * Q6_K files) or Q8_0. The f32 K-quant products are bound by their arithmetic (int8 x is 1.3x at 16 threads,
  * ~3x at one: kernels/cpu/NOTES.md); Q8_0 with int8 x is llama.cpp's own arithmetic, 1.02x on the H200's
- * 16-core host and 1.07-1.35x on 2 cores (runtime/NOTES.md, session 16), and rounds x to 1/127 of a block's
+ * 16-core host and 1.07-1.35x on 2 cores (runtime/NOTES.md, 2026-12-02i), and rounds x to 1/127 of a block's
  * largest value against the weights' 1/127. f32 x for the 4- and 5-bit 32-element types: SmolLM2-135M Q4_1
  * loses its "Paris" to int8 x. */
 static int int8_model(const struct model *m)
@@ -404,7 +404,7 @@ static void gpu_engine_drop(struct engine *e)
  * each with ENGINE_MIX_PROMPT prompt and ENGINE_MIX_GEN generated tokens); when the best beats the first map
  * by the margin, the GPU backend is built again with it. No ring can pay when one or two layers are left over
  * and prompts are short; in every configuration measured so far (Q4_K_M 7B at 3.9-4 GiB, one and sixteen
- * sequences) the ring won (runtime/NOTES.md, session 5). */
+ * sequences) the ring won (runtime/NOTES.md, 2026-12-01c). */
 #define SETTLE_FEWER 2 /* resident layers given up for depth, at most */
 
 static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const struct step_cost *cost,
@@ -881,8 +881,8 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
  * (forward_cuda.c, ext_plan) with the cores that compute the plan's CPU layers, and the plan does not count
  * that time: step_plan_ext_shift weighs it, from the extension's K/V bytes those rows read over all
  * layers at the host's rate on the reference layer's weights, and says how many of the CPU layers to stream
- * instead. Measured on the H200 (runtime/NOTES.md, session 14): 16 clients at 4 GiB served 123 tok/s with
- * the plan as made, 182 with every host layer streamed; session 16 moves only as many as the time calls for
+ * instead. Measured on the H200 (runtime/NOTES.md, 2026-12-02g): 16 clients at 4 GiB served 123 tok/s with
+ * the plan as made, 182 with every host layer streamed; since 2026-12-02i it moves only as many as the time calls for
  * (F16 7B: 11 CPU layers at 16 tokens and 36 ms of the host's attention a step, all of them kept before). */
 static const enum placement *step_where(struct engine *e, const struct batch *b)
 {

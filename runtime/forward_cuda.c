@@ -143,7 +143,7 @@ struct forward_cuda {
     char *kv_ext;                /* K, V[, K scales, V scales], each (n_layers, n_ext, ...) (host), or NULL */
     char *kv_ext_dev;            /* its device address */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
-    /* Attention over the extension's positions on the host's cores (runtime/NOTES.md, session 11). Each
+    /* Attention over the extension's positions on the host's cores (runtime/NOTES.md, 2026-12-02d). Each
      * step, a row whose sequence ends in a run of extension blocks gives the positions of that run (from
      * ext_lo[i], at least 1) to the host: the device attends to the rest (positions clamped, d_pos_att) and
      * writes each row's log-sum-exp; per layer q's rows [ext_r0, ext_r1) go down, the CPU attends to its

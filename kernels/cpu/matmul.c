@@ -1033,7 +1033,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
      * slices of TASK_ROWS rows (more when those would hold less than TASK_MIN_BYTES), handed out one at a
      * time, so that a core that is slow this time (another thread on it, a page walk) holds up one slice,
      * not 1/threads of the product; llama.cpp cuts the same way. With fewer threads the slices' own costs
-     * outweigh that (kernels/cpu/NOTES.md, session 12). */
+     * outweigh that (kernels/cpu/NOTES.md, 2026-12-02e). */
     if (m <= TASK_M_MAX && c->n_tasks >= TASK_MIN_THREADS) {
         int64_t rows = ((int64_t)TASK_MIN_BYTES + (int64_t)c->row_bytes - 1) / (int64_t)c->row_bytes;
         rows = rows < TASK_ROWS ? TASK_ROWS : (rows + NR - 1) / NR * NR;

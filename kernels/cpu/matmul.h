@@ -63,7 +63,7 @@ enum kern_cpu_plain {
                           * many rows, f32. FERRY_NO_AMX in the environment turns the tiles off. */
 };
 /* From 32 rows the tiles beat f32 (a 7B F16 layer on the host at 32 tokens: 11.5-12.2 ms against 22-25; at 16
- * they were even, 10.0-11.6 against 10.0-10.2: kernels/cpu/NOTES.md, session 18). */
+ * they were even, 10.0-11.6 against 10.0-10.2: kernels/cpu/NOTES.md, 2026-12-06b). */
 #define KERN_CPU_AMX_M_MIN 32
 /* Sets the plain types' arithmetic of this thread's later products. */
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p);

@@ -753,7 +753,7 @@ static const q8_dot_fn dir512[DTYPE_COUNT] = {
  * and q8_min_terms in their order (per block fma(lanes, s·dx, acc); per super-block fma(mn, sxd, macc)), so
  * the results are bitwise equal.
  * Saved: the decode pass, the tile's stores and loads, the per-block scale broadcasts (one thread, weights in
- * L2: 1.7x the tile path's rate; kernels/cpu/NOTES.md, session 14). */
+ * L2: 1.7x the tile path's rate; kernels/cpu/NOTES.md, 2026-12-02g). */
 static inline AI_512 __m512 dup_ps(__m256 v)
 {
     return pair_ps(v, v);

@@ -617,7 +617,7 @@ struct qmm_pick {
     int variant;
 };
 static const struct qmm_pick qmm_picks[] = {
-    /* The best variant per type and m measured on the H200 (session 9: bench_cuda --quant's "table lines"
+    /* The best variant per type and m measured on the H200 (2026-12-02b: bench_cuda --quant's "table lines"
      * over the Llama-2-7B layer shapes); past the last entry of a type, KERN_QV_F16_PIECES. */
     {DTYPE_Q4_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_0, 32, KERN_QV_MMA_16}, {DTYPE_Q4_0, 64, KERN_QV_MMA_32},
     {DTYPE_Q4_0, 512, KERN_QV_F16_PIECES},

@@ -144,7 +144,7 @@ int main(int argc, char **argv)
     /* All four types' copies are filled first and the calls then go round the types, one call of each per
      * repetition, so that a burst of other work on the machine lands on every type, not on the one being
      * timed then. Run back to back, one type's calls took ~15 ms on the H200's host, and one type's best
-     * moved by up to 1.6x between runs (kernels/cpu/NOTES.md, session 16). */
+     * moved by up to 1.6x between runs (kernels/cpu/NOTES.md, 2026-12-02i). */
     static const char *const names[4] = {"f32", "f16", "q8_0", "q8_0 planes"};
     const int n_el = hd % 32 ? KV_F16 + 1 : KV_Q8_0_PLANES + 1;
     int copies[4];

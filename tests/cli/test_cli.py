@@ -83,8 +83,8 @@ def test_inspect_json_hf_model():
 
 def test_inspect_one_sequence_split_with_the_extension():
     """`ferry inspect --gpu-memory`: with the extension attended by the host's cores, the device keeps 1,024
-    positions of an 8,192-position sequence and resident layers take the rest of the budget (before session 21 it
-    was refused; in session 21 every layer streamed beside as much of the sequence as fitted); a budget below the
+    positions of an 8,192-position sequence and resident layers take the rest of the budget (before 2026-12-06d it
+    was refused; then every layer streamed beside as much of the sequence as fitted); a budget below the
     smallest plan is refused with a whole message naming the minimum."""
     model = os.environ.get("FERRY_SMOLLM2_GGUF", "")
     if not model or not os.path.exists(model):

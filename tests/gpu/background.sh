@@ -7,8 +7,8 @@
 #
 # SCRIPT writes its results under /tmp/o and appends "[HH:MM:SS] what" lines to /tmp/o/chain.txt, the last one
 # "[...] done". Why: a call returns at most 8 files (a tarball is one), lasts at most 10 minutes, and the
-# machine goes back after ~30 s idle, so chain the `wait` calls back to back (session 18's results came this
-# way: tests/gpu/results/2026-12-06b/).
+# machine goes back after ~30 s idle, so chain the `wait` calls back to back (the 2026-12-06b results came this
+# way).
 set -u
 case ${1:-} in
 start)

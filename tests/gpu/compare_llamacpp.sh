@@ -1,6 +1,6 @@
 #!/bin/bash
 # compare_llamacpp.sh [prepare|bench|all] — on the GPU machine: ferry beside llama.cpp (the peer, built from the
-# carried .peers/ copy of ../shared/peers) on the same GGUF files, in one run. Issue 11's table.
+# carried .peers/ copy of ../shared/peers) on the same GGUF files, in one run: the table of docs/benchmarks.md.
 #
 #   prepare  build ferry (CUDA) and llama.cpp in parallel, write the Llama-2-7B-shaped random Q4_K_M and Q8_0
 #            files (tests/gpu/make_quant_gguf.py) into /tmp/cmp                         (about 5 minutes)
@@ -14,7 +14,7 @@
 # where the part has them (Q4_K_M).
 # CMP_ROUNDS=N runs the parts that involve the host's cores (Q4_4G, HYBRID, CPU) N times, ferry and llama.cpp
 # alternating within each round; the table shows medians and their ranges (the host's figures move by 10-30%
-# between calls on these machines: runtime/NOTES.md, session 10).
+# between calls on these machines: runtime/NOTES.md, 2026-12-02c).
 # ferry: `ferry bench` (decode b=1/16/64 as tokens/s of all sequences, prefill 512). llama.cpp: llama-bench
 # (-p 512 -n 64, flash attention) for b=1 and prefill, llama-batched-bench (-npp 128 -ntg 64) for b=16/64; the
 # 4 GiB case sweeps llama.cpp's -ngl and keeps the largest whose device buffers (model + KV + compute, as it
@@ -136,7 +136,7 @@ if [ "${CMP_Q4_4G:-1}" = 1 ]; then
   for ngl in 31 32 33; do llama_batched q4-1s-ngl$ngl $Q4 $ngl 1 32 16; done
 fi
 if [ "${CMP_HYBRID:-1}" = 1 ]; then
-  # Issue 12: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
+  # Under a budget: layers that do not fit, computed by the host's cores or streamed. llama.cpp computes them on the
   # CPU (-ngl: the last N layers on the GPU); its best -ngl whose device buffers fit the budget is the peer.
   # ferry's budget rows decode 24 steps (the median step): auto re-plans after 9 steps when the host runs at
   # another pace than its start-up timing (runtime/step_plan.h); the median step mostly runs the last plan.
@@ -172,15 +172,15 @@ if [ "${CMP_HYBRID:-1}" = 1 ]; then
       ferry q4-2g-cpu-int8 --model $Q4 --gpu-memory 2GiB --cpu-arith int8 --placement cpu --batches 1,16 --prefill 0 --decode-steps 24
       for ngl in 13 14 15 16; do llama_batched q4-2g-ngl$ngl $Q4 $ngl 1,16 32 16; done
     fi
-    if [ "${CMP_1SEQ:-1}" != 0 ]; then # (-ngl 17 took 2,085 MiB in session 21: past the budget)
+    if [ "${CMP_1SEQ:-1}" != 0 ]; then # (-ngl 17 took 2,085 MiB on 2026-12-06: past the budget)
       ferry q4-2g1s-auto --model $Q4 --gpu-memory 2GiB --batches 1 --prefill 0 --decode-steps 24
       for ngl in 15 16; do llama_batched q4-2g1s-ngl$ngl $Q4 $ngl 1 32 16; done
     fi
   fi
 fi
 if [ "${CMP_CPU:-1}" = 1 ]; then
-  # Issue 12: the CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;
-  # ferry with its default x (--cpu-arith auto: int8 on both files since session 17) and with f32 x).
+  # The CPU backend on the host's cores against llama.cpp -ngl 0, the same thread count (decode b=1;
+  # ferry with its default x (--cpu-arith auto: int8 on both files since 2026-12-06) and with f32 x).
   nt=$(nproc)
   log "CPU backend, $nt threads: Q4_K_M and Q8_0"
   for t in Q4_K_M Q8_0; do

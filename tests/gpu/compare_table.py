@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """compare_table.py RESULTS.jsonl — the table of tests/gpu/compare_llamacpp.sh: ferry beside llama.cpp per case,
-with the ratio and issue 11's target for it. One JSON object per line: {"who", "case", "tool", "decode": {batch:
+with the ratio and the target for it. One JSON object per line: {"who", "case", "tool", "decode": {batch:
 tok/s}, "prefill", "vram_planned" | "vram_mib"}. Figures measured in several rounds are medians; the lines
 after the table give their ranges."""
 import json
@@ -133,7 +133,7 @@ for (who, case), r in get.items():
         print(f"llama.cpp {case}: device buffers {r['vram_mib']:.0f} MiB")
     if who == "ferry":
         print(f"ferry {case}: planned {(r.get('vram_planned') or 0) / 2**30:.2f} GiB; {(r.get('placement') or '')[:160]}")
-# The step planner's prediction beside each measured step, every round (issue 12: within 15%).
+# The step planner's prediction beside each measured step, every round (target: within 15%).
 for r in rows:
     for bt, (ms, pred) in sorted((r.get("step_ms") or {}).items(), key=lambda kv: int(kv[0])):
         if pred and ms:

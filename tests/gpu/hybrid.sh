@@ -1,5 +1,5 @@
 #!/bin/bash
-# hybrid.sh — on the GPU machine: issue 12 (host layers streamed or computed by the host's cores, per step size).
+# hybrid.sh — on the GPU machine: hybrid placement (host layers streamed or computed by the host's cores, per step size).
 # Builds ferry, runs the runtime suite and the GPU end-to-end tests (hybrid plans against the CPU engine), the
 # host-memory and CPU-matmul measurements, then `ferry bench --synthetic llama-2-7b --gpu-memory 4GiB` with
 # --placement stream|cpu|auto (f16) and the Q8_0 cases, and prints a compact table last: measured tokens/s,

@@ -1,19 +1,19 @@
 #!/bin/bash
-# offload_kv.sh — on the GPU machine, in one call: issue 13's offloaded target. ferry (CUDA) is built by
+# offload_kv.sh — on the GPU machine, in one run: offloaded serving. ferry (CUDA) is built by
 # all.sh (only server/ferry unless a build is there), random Llama-2-7B-shaped GGUFs are written
 # (tests/gpu/make_quant_gguf.py, kept in /tmp/cmp), then per file:
 #   ferry bench --gpu-memory 4GiB, b=1 and 16 at context 32, b=1 at 520 (the load's prompt + output), b=16 at
 #   450 (--context: the KV pool sized as serve sizes it, with its extension in host memory);
-#   16 clients of issue 13's load (tests/server/loadgen.py: ~390-token prompts, 128 out, temperature 0.8,
+#   16 clients of the serving load (tests/server/loadgen.py: ~390-token prompts, 128 out, temperature 0.8,
 #   32 requests) against `ferry serve --gpu-memory 4GiB --parallel 16 --ctx-size 640`.
 # Env: OFFLOAD_TYPES (default "F16 Q8_0"), OFFLOAD_ARGS (extra options for both bench and serve),
 # OFFLOAD_MODES (default "host": FERRY_KV_EXT_ATTN for each run in turn; "device" reads the pool's extension
-# over the link as before session 11), OFFLOAD_BENCH (default 1; 0 skips ferry bench), OFFLOAD_TAG (a suffix for
+# over the link as before 2026-12-02d), OFFLOAD_BENCH (default 1; 0 skips ferry bench), OFFLOAD_TAG (a suffix for
 # the output files: runs with other OFFLOAD_ARGS in one call, e.g. OFFLOAD_ARGS="--kv-type q8_0" OFFLOAD_TAG=-kvq8),
 # OFFLOAD_TIME (the load's time limit in seconds, default 90), OFFLOAD_ROUNDS (default 1) and OFFLOAD_VARIANTS
 # (default "-": the server as is; else a list of environment assignments, "-" for none, e.g. "- FERRY_PLAN_ADAPT=0"):
 # each round serves the load once per variant, in turn, so that an A/B alternates on one machine (a host's
-# run-to-run spread was ~20% in session 18, more than the effects measured).
+# run-to-run spread was ~20% on 2026-12-06b, more than the effects measured).
 # Output: $OUT/offload.txt (summary), $OUT/serve-offload-<type>-<mode><tag>.json and .log.
 set -u
 src=$(pwd)

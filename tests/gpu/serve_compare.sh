@@ -2,14 +2,14 @@
 # serve_compare.sh [prepare|run|all] — on the GPU machine: `ferry serve` beside llama-server (built from the
 # carried .peers/ copy of ../shared/peers) on the same random Llama-2-7B-shaped F16 GGUF, driven by the same load
 # generator (tests/server/loadgen.py: streamed completions of 60-word prompts, 128 tokens out, temperature 0.8,
-# closed loop), in one run. Issue 13's serving table: generated tokens/s, TTFT and ITL percentiles, ratios.
+# closed loop), in one run. The serving table: generated tokens/s, TTFT and ITL percentiles, ratios.
 #
 #   prepare  build ferry and llama.cpp, write /tmp/cmp/F16.gguf (13.5 GB)             (about 5 minutes)
 #   run      each server in turn at concurrency 1, 8, 32, 64 (llama-server: 1, 8, 32) (about 5 minutes)
 # Env: SERVE_LEVELS (default 1,8,32,64), SERVE_REQS (requests per level, default 64), FERRY_SERVE_ARGS (extra
 # `ferry serve` options, e.g. "--gpu-memory 4GiB"), SERVE_MODEL (a path; default the F16 file), SERVE_PEER=0
 # (ferry alone, no llama-server), SERVE_BENCH_ARGS (options of the b=1 reference bench, e.g. "--gpu-memory
-# 4GiB"), LLAMA_SERVER_ARGS (default "-ngl 99 -fa -np 32 -c 32768 -cb"; issue 12's hybrid
+# 4GiB"), LLAMA_SERVER_ARGS (default "-ngl 99 -fa -np 32 -c 32768 -cb"; the hybrid
 # comparison: FERRY_SERVE_ARGS="--gpu-memory 4GiB --parallel 16 --ctx-size 640" LLAMA_SERVER_ARGS="-ngl 8 -fa
 # -np 16 -c 10240 -cb" SERVE_LEVELS=1,16).
 set -u

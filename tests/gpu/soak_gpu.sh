@@ -1,5 +1,5 @@
 #!/bin/bash
-# soak_gpu.sh start|wait|run — on the GPU machine: issue 15's GPU soak. `start` (after tests/gpu/all.sh built /tmp/fw)
+# soak_gpu.sh start|wait|run — on the GPU machine: the GPU soak. `start` (after tests/gpu/all.sh built /tmp/fw)
 # writes a random Llama-2-7B-shaped Q4_K_M GGUF (3.8 GiB, tests/gpu/make_quant_gguf.py) and starts
 # tests/soak/soak.py for SOAK_MIN minutes (default 10) in its own session (it outlives the call) against
 # `ferry serve --gpu-memory 2GiB`: about half the layers live in host memory, streamed or run on the CPU; every

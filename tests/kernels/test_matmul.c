@@ -380,7 +380,7 @@ LUT_TEST(iq1_m, IQ1_M)
  * 2 rows and its 3-row batch); and each against the references (check_quantized). Shapes: n below, at and
  * past a group of 4 and not a multiple of a task's rows, k of one super-block up to 43 (11008: ten
  * 1024-column chunks and a short one), pools of 1, 2 and 3 threads. Q8_0 takes the tile at every m (its
- * in-place kernels were slower from memory: kernels/cpu/NOTES.md, session 15) and is held to the same checks
+ * in-place kernels were slower from memory: kernels/cpu/NOTES.md, 2026-12-02h) and is held to the same checks
  * at odd block counts, 1 to 343 (ten chunks and 23 blocks). */
 static void check_small_m_equals_tile(enum dtype t)
 {

@@ -312,7 +312,7 @@ Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
 
 /* One full-length sequence need not be on the device when the host's cores attend to an extension that can
  * hold the rest of it (Q4_K_M 7B under 2 GiB with the default 4,096-position context refused to start before
- * session 21, and under 4 GiB kept 2 GiB of KV before any layer): the device keeps KV_DEVICE_POSITIONS and
+ * 2026-12-06d, and under 4 GiB kept 2 GiB of KV before any layer): the device keeps KV_DEVICE_POSITIONS and
  * the layers take the rest; a budget that cannot hold those beside the smallest plan keeps what fits; without
  * a host-attended extension, or one too small, the refusal stays. */
 Test(device_map, one_sequence_split_with_the_extension)

@@ -346,7 +346,7 @@ Test(golden_smollm2, transformers_fp32, .timeout = 120)
     /* Two arithmetics: x in f32 (the default: the forward pass itself, held to the oracle's rounding), and x
      * in int8 blocks (--cpu-arith int8, llama.cpp's arithmetic; its own logits differ from these by
      * 0.29-0.96, kernels/cpu/NOTES.md), held to 6% of the largest logit (measured: under 5% on AVX-512
-     * hosts, 5.3% on an AVX2 one, AMD EPYC, session 16) and, where the reference's top two are clearly
+     * hosts, 5.3% on an AVX2 one, AMD EPYC, 2026-12-02i) and, where the reference's top two are clearly
      * apart, the same first greedy token. Then x in f32 over a KV cache in Q8_0 blocks (--kv-type
      * q8_0), held the same way to 5% (measured: up to 2.7%; SmolLM2's K rows have large channels, so a
      * block's scale leaves the small ones few levels). */

@@ -411,7 +411,7 @@ Test(step_plan, pace_follows_the_median_outside_the_band)
 }
 
 /* A step that streams: the model times the host's layers alone (lo) and beside the link's copies (hi), and
- * the link is busy only part of such a step. Session 21 (F16 7B under 4 GiB, H100 host): the layers ran at
+ * the link is busy only part of such a step. On 2026-12-06d (F16 7B under 4 GiB, H100 host): the layers ran at
  * 0.855 of the busy-link timing, within the 1.14x between the two, and the old single expectation re-planned
  * for a faster host (20 CPU layers, predicted 55.8 ms a token, measured 69.6). Inside [lo, hi] is pace 1;
  * outside, the distance to the nearer end. */
@@ -478,7 +478,7 @@ Test(step_plan, ext_attention_streams_cpu_layers_when_it_costs_more)
     cr_assert_eq(step_plan_ext_shift(35.6e-3, 69.9e-3, 0, rate, 7), 0);
     cr_assert_eq(step_plan_ext_shift(35.6e-3, 0, 16 * 500 * pos_bytes, rate, 7), 0); /* no ring */
     cr_assert_eq(step_plan_ext_shift(35.6e-3, 69.9e-3, 16 * 500 * pos_bytes, rate, 0), 0);
-    /* F16 7B at 16 tokens (session 16): plan 110 ms with 11 CPU layers, 186 ms streaming all, 36 ms of
+    /* F16 7B at 16 tokens (2026-12-02i): plan 110 ms with 11 CPU layers, 186 ms streaming all, 36 ms of
      * attention: max(110 + 76 j/11, 110 (1 - j/11) + 36) is smallest at j = 2 (123.9 / 126.0 ms). */
     const double t_a = 36e-3, bytes = t_a * rate;
     cr_assert_eq(step_plan_ext_shift(110e-3, 186e-3, bytes, rate, 11), 2);
