@@ -2,7 +2,7 @@
  * cores, and the rates of the link (CUDA builds only; used by forward_cuda.c).
  *
  * Host layers' blocks are cacheable pinned memory, because the host's cores read them too: write-combined
- * memory (cudaHostAllocWriteCombined, what they were before issue 12) is uncached for CPU reads, tens of
+ * memory (cudaHostAllocWriteCombined, what they were before) is uncached for CPU reads, tens of
  * times slower to read, and gains nothing for the GPU's copies (runtime/NOTES.md). They are mapped
  * anonymously and registered (cudaHostRegister), so that the pages can be spread over the NUMA nodes and be
  * transparent huge pages before the registration faults them in; FERRY_HOST_WC=1 restores the write-combined

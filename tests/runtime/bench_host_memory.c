@@ -1,7 +1,7 @@
 /* bench_host_memory — the host memory a GPU engine's host layers live in, measured (not a test).
  *
  * For each kind of buffer (malloc'd; cudaHostAlloc default; cudaHostAlloc write-combined, what host layers
- * used before issue 12; mmap + cudaHostRegister, what they use now): the rate at which N pinned threads read
+ * used before; mmap + cudaHostRegister, what they use now): the rate at which N pinned threads read
  * it (vector sums, each thread its own contiguous range, the partition a layer's matmul uses), and the pinned
  * host→device copy rate from it. Then both at once: threads reading one registered buffer while the copy
  * stream copies another, which is how host layers run beside streamed ones. Prints GB/s.

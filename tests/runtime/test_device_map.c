@@ -160,7 +160,7 @@ Test(device_map, layers_of_different_sizes)
     device_map_free(&m);
 }
 
-/* Llama-2-7B f16 under 4 GiB with --parallel 16 --ctx-size 512 (issue 13): the KV pool (512 KiB a position)
+/* Llama-2-7B f16 under 4 GiB with --parallel 16 --ctx-size 512: the KV pool (512 KiB a position)
  * is sized to the budget instead of the plan failing. */
 static struct device_map_input auto_kv(uint64_t budget, int64_t max, int64_t floor, int64_t min)
 {
@@ -223,7 +223,7 @@ Test(device_map, all_layers_resident_beside_the_floor)
     device_map_free(&m);
 }
 
-/* Issue 13's offloaded load (16 sequences of 640 at 4 GiB): the positions the device cannot hold become the
+/* The offloaded load (16 sequences of 640 at 4 GiB): the positions the device cannot hold become the
  * pool's extension in host memory, up to kv_ext_max; never when every layer is resident. */
 Test(device_map, kv_extension_in_host_memory)
 {

@@ -556,7 +556,7 @@ Test(gpu_e2e, budget_too_small_fails_cleanly_and_budget_is_kept)
     model_file_close(mf);
 }
 
-/* An unset KV pool is sized to the budget (issue 13): --parallel x --ctx-size positions would not fit in
+/* An unset KV pool is sized to the budget: --parallel x --ctx-size positions would not fit in
  * 1 GiB, so the engine starts with fewer, at least one full-length sequence, and within the budget. */
 Test(gpu_e2e, kv_pool_sized_to_budget)
 {
@@ -592,7 +592,7 @@ Test(gpu_e2e, kv_pool_sized_to_budget)
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* Hybrid plans: host layers computed by the CPU beside resident and streamed ones (issue 12). The CPU engine
+/* Hybrid plans: host layers computed by the CPU beside resident and streamed ones. The CPU engine
  * is the reference, with the bound of compare_backends; each configuration prints its plan and worst error.
  */
 

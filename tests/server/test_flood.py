@@ -1,4 +1,4 @@
-"""Connection exhaustion (issue 15): 256 idle or slowloris sockets used to lock every client out (TCP resets) with
+"""Connection exhaustion: 256 idle or slowloris sockets used to lock every client out (TCP resets) with
 a thread per socket. Now 1,000 held connections cost no threads, a normal request is still answered in under a
 second, the limits answer 503 + Retry-After instead of a reset, and the deadlines close what trickles.
 

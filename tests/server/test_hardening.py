@@ -1,4 +1,4 @@
-"""Hostile input against a real `ferry serve` (issue 15): values at the edges of every integer a request carries,
+"""Hostile input against a real `ferry serve`: values at the edges of every integer a request carries,
 the auth, HTTP framing and cross-site rules, and the option parser. Each test here failed before its fix.
 
 Run under the sanitizer build (tests/run.sh builds one) a request that reaches undefined behaviour aborts the

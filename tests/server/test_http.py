@@ -1,4 +1,4 @@
-"""The HTTP layer of `ferry serve` against raw sockets (issue 15): request smuggling is refused, every error a
+"""The HTTP layer of `ferry serve` against raw sockets: request smuggling is refused, every error a
 client can get is one OpenAI-style JSON error (never an HTML page, never two heads), the access log cannot be
 forged through the path, and the cross-site guards (415 for a non-JSON POST, the Host allow-list without a key).
 """
