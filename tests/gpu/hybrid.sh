@@ -114,7 +114,7 @@ for r in rows:
         pred = r.get("prefill_predicted_ms", 0)
         print("%-11s %6s %9.0f %9s %9.2f %9s %7s %9s %s" % (r["name"], "pf512", p, "-", pred, "-",
               "%d/-" % r.get("prefill_cpu_layers", 0), "-", tgt))
-print("(link ceiling %.1f GB/s, HBM %.0f GB/s; targets from issue 12: f16 b=1 >= 12, b=16 >= 81, prefill 512 >= 2,700,"
+print("(link ceiling %.1f GB/s, HBM %.0f GB/s; targets: f16 b=1 >= 12, b=16 >= 81, prefill 512 >= 2,700,"
       " q8 b=1 >= 30 tok/s; prediction within 15%% at b=1 and b=16)" % (
       rows[0].get("ceiling_h2d_gbs", 0) if rows else 0, rows[0].get("ceiling_hbm_gbs", 0) if rows else 0))
 PY
