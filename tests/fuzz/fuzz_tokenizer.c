@@ -1,4 +1,4 @@
-// SOURCES: runtime/tok/tokenizer.c runtime/tok/tok_encode.c runtime/tok/tok_decode.c runtime/tok/tok_load.c runtime/tok/tok_hf.c runtime/tok/pretok.c runtime/tok/unicode.c runtime/tok/unicode_tables.c runtime/tok/nfc.c weights/gguf.c weights/mapfile.c quant/dtype.c quant/dequant_iq.c quant/iq_tables.c quant/dequant.c quant/quantize.c quant/kquant.c kernels/core/status.c kernels/core/log.c
+// SOURCES: runtime/tok/tokenizer.c runtime/tok/tok_encode.c runtime/tok/tok_decode.c runtime/tok/tok_load.c runtime/tok/tok_hf.c runtime/tok/pretok.c runtime/tok/unicode.c runtime/tok/unicode_tables.c runtime/tok/nfc.c weights/gguf.c weights/mapfile.c quant/*.c kernels/core/status.c kernels/core/log.c
 // LIBS: -ljansson -lm
 // MAXLEN: 16384
 /* fuzz_tokenizer — libFuzzer target for the tokenizer: the input is text, encoded with parse_special off and
