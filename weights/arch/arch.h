@@ -42,6 +42,10 @@ enum arch_role {
     ARCH_ROLE_W_DOWN,         /* (dim, ffn) */
     ARCH_ROLE_WQKV,           /* (q_dim + 2 kv_dim, dim): q, k, v as one tensor (split into WQ/WK/WV views) */
     ARCH_ROLE_W_GATE_UP,      /* (2 ffn, dim): gate then up as one tensor (split into W_GATE/W_UP views) */
+    ARCH_ROLE_ROUTER,         /* (n_expert, dim): the router's logits */
+    ARCH_ROLE_EXP_GATE,       /* (n_expert, expert_ffn, dim): the experts' gates stacked */
+    ARCH_ROLE_EXP_UP,         /* (n_expert, expert_ffn, dim) */
+    ARCH_ROLE_EXP_DOWN,       /* (n_expert, dim, expert_ffn) */
     ARCH_N_ROLES
 };
 
@@ -56,7 +60,8 @@ struct arch_tensor {
     enum arch_role role;
     enum arch_need need;
     const char *gguf; /* after "blk.N." */
-    const char *hf;   /* after "model.layers.N." */
+    const char *hf;   /* after "model.layers.N."; for the stacked expert roles, the name of one expert's
+                       * matrix with '*' for its number (transformers stores them one per expert) */
 };
 
 struct arch_family {
@@ -100,8 +105,9 @@ const struct arch_family *arch_family_at(int i);
 /* "llama, mistral, qwen2, ..." (GGUF names) or, hf set, "LlamaForCausalLM, ..." into buf; returns buf. */
 const char *arch_supported(int hf, char *buf, size_t n);
 
-/* The shape of a tensor of this role as GGUF dims (ne[0] contiguous); returns its number of dims (1 or 2). */
-int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[2]);
+/* The shape of a tensor of this role as GGUF dims (ne[0] contiguous; unused dims 1); returns its number of
+ * dims (1, 2, or 3 for the stacked experts). */
+int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[3]);
 /* The family's tensor of this role, or NULL when it has none. */
 const struct arch_tensor *arch_tensor_of(const struct arch_family *f, enum arch_role role);
 
