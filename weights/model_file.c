@@ -117,6 +117,12 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
         return ferry_fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s",
                           rc == FERRY_ERR_NOT_FOUND ? "missing" : "not a string");
     hp->family = arch_find_gguf(s.ptr, s.len);
+    if (hp->family && hp->family->gguf_experts && s.len < 64) { /* e.g. Mixtral: "llama" with experts */
+        char k[96];
+        uint32_t ne = 0;
+        snprintf(k, sizeof k, "%.*s.expert_count", (int)s.len, s.ptr);
+        if (gguf_get_u32(g, k, &ne) == FERRY_OK && ne > 0) hp->family = hp->family->gguf_experts;
+    }
     if (!hp->family || s.len >= sizeof hp->arch) {
         char name[48], list[160];
         size_t n = s.len < sizeof name - 1 ? s.len : sizeof name - 1;

@@ -21,6 +21,8 @@ Models (odd sizes on purpose):
   qwen3moe_top2_f32 Qwen3-MoE: 8 experts of FFN 30, top-2 with norm_topk_prob, QK-norm, GQA 4/2, head_dim 16,
                     3 layers, untied, f32
   qwen3moe_top3_bf16 Qwen3-MoE: 7 experts of FFN 26, top-3 without norm_topk_prob, 2 layers, tied, bf16
+  mixtral_top2_f16  Mixtral: 5 experts of FFN 34, top-2 normalised, GQA 6/2, 2 layers, untied, f16 (its GGUF is
+                    "llama" with experts and permuted q/k rows)
 For the MoE models the smallest gap between the k-th and (k+1)-th router probability over every token of
 every reference pass is recorded too (min_router_gap): far above fp32 noise, so both sides pick the same
 experts.
@@ -34,7 +36,7 @@ import sys
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, MixtralConfig, MixtralForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_GREEDY = 24
@@ -105,7 +107,7 @@ def make(name, cfg_cls, model_cls, cfg_kwargs, dtype, seed, classic_config=False
     # MoE: the smallest gap between the k-th and (k+1)-th router probability of any token of any pass.
     gaps = []
     for name_, mod in ref.named_modules():
-        if name_.endswith("mlp.gate") and k:
+        if name_.endswith((".mlp.gate", "block_sparse_moe.gate")) and k:
             def hook(_m, _inp, out):
                 probs = torch.softmax(out[0].double(), dim=-1)
                 top = torch.topk(probs, k + 1, dim=-1).values
@@ -177,6 +179,11 @@ MODELS = {
         norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=1024,
         rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False,
         bos_token_id=1, eos_token_id=2), torch.bfloat16, seed=83),
+    "mixtral_top2_f16": lambda: make("mixtral_top2_f16", MixtralConfig, MixtralForCausalLM, dict(
+        vocab_size=233, hidden_size=48, intermediate_size=34, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, num_local_experts=5, num_experts_per_tok=2, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2), torch.float16, seed=107),
 }
 
 

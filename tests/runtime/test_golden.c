@@ -258,6 +258,11 @@ Test(golden_hf, qwen3moe_top3_bf16)
 {
     run_hf_golden("qwen3moe_top3_bf16", 0, 0);
 }
+/* Mixtral: block_sparse_moe.experts.E.w1/w3/w2, top-2 normalised, f16. */
+Test(golden_hf, mixtral_top2_f16)
+{
+    run_hf_golden("mixtral_top2_f16", 0, 0);
+}
 Test(golden_hf, f16_kv_cache)
 {
     run_hf_golden("llama_mha_f32", 1, 2e-3);
@@ -282,6 +287,7 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
 {
     run_golden("qwen3moe_top2_f32", 0, 0, 1);
     run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
+    run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
 }
 
 /* Bytes of the file at path (malloc'd), or NULL. */

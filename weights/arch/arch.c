@@ -7,7 +7,7 @@
 #include "weights/model_file.h"
 
 extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
-    arch_qwen3moe;
+    arch_qwen3moe, arch_mixtral;
 
 /* The table: one line per family, in the order messages list them. */
 /* clang-format off */
@@ -19,6 +19,7 @@ static const struct arch_family *const families[] = {
     &arch_gemma3,
     &arch_phi3,
     &arch_qwen3moe,
+    &arch_mixtral,
 };
 /* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])

@@ -91,6 +91,9 @@ struct arch_family {
     int (*gguf_hparams)(const struct gguf *g, struct llm_hparams *hp, char *err);
     int (*hf_hparams)(struct json_t *config, struct llm_hparams *hp, char *err);
     int (*gguf_write)(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
+    /* The family a GGUF file of this architecture is when it has {arch}.expert_count > 0 (llama.cpp writes
+     * Mixtral as "llama" with experts), or NULL. */
+    const struct arch_family *gguf_experts;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */
@@ -136,6 +139,12 @@ extern const int arch_n_globals;
     {                                                                                                        \
         ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down.weight", "mlp.down_proj.weight"                        \
     }
+
+/* The expert keys of GGUF files as llama.cpp writes them ({arch}.expert_count, expert_used_count,
+ * expert_feed_forward_length (default: feed_forward_length), expert_weights_norm (default: true)), read and
+ * written for the MoE families (qwen3moe.c). */
+int arch_moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
+int arch_moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
 
 /* The Llama layer program (llama.c), which several families run unchanged. */
 extern const struct layer_program arch_llama_program;

@@ -49,15 +49,19 @@ static const struct arch_tensor qwen3moe_tensors[] = {
 
 #define KEY(k) (snprintf(key, sizeof key, "%s.%s", arch, k), key)
 
-static int qwen3moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
+int arch_moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
 {
     const char *arch = hp->arch;
     char key[96];
     uint32_t u[3];
     static const char *const keys[3] = {"expert_count", "expert_used_count", "expert_feed_forward_length"};
-    for (int i = 0; i < 3; i++)
-        if (gguf_get_u32(g, KEY(keys[i]), &u[i]) != FERRY_OK || u[i] < 1 || u[i] > (1u << 30))
+    for (int i = 0; i < 3; i++) {
+        /* Mixtral's llama files have no expert_feed_forward_length: the experts are the FFN. */
+        if (i == 2 && gguf_get_u32(g, KEY(keys[i]), &u[i]) == FERRY_ERR_NOT_FOUND)
+            u[i] = (uint32_t)hp->ffn_dim;
+        else if (gguf_get_u32(g, KEY(keys[i]), &u[i]) != FERRY_OK || u[i] < 1 || u[i] > (1u << 30))
             return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is missing or not a positive integer", key);
+    }
     hp->n_expert = (int)u[0], hp->n_expert_used = (int)u[1], hp->expert_ffn_dim = (int)u[2];
     /* llama.cpp always normalises Qwen3-MoE's top-k weights; the key (which it defines) can say otherwise. */
     hp->expert_norm_topk = 1;
@@ -66,8 +70,7 @@ static int qwen3moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, c
     return FERRY_OK;
 }
 
-static int qwen3moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch,
-                               char *err)
+int arch_moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err)
 {
     char key[96];
     int rc;
@@ -122,7 +125,7 @@ const struct arch_family arch_qwen3moe = {
     .n_tensors = sizeof qwen3moe_tensors / sizeof qwen3moe_tensors[0],
     .program = &qwen3moe_program,
     .chat_template = "chatml",
-    .gguf_hparams = qwen3moe_gguf_hparams,
+    .gguf_hparams = arch_moe_gguf_hparams,
     .hf_hparams = qwen3moe_hf_hparams,
-    .gguf_write = qwen3moe_gguf_write,
+    .gguf_write = arch_moe_gguf_write,
 };
