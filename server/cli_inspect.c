@@ -184,7 +184,8 @@ int cli_inspect_main(int argc, char **argv)
     char plan[4096] = "cpu: all layers";
     int plan_rc = 0;
     if (ep.gpu_memory > 0 && hp->n_expert > 0) {
-        snprintf(plan, sizeof plan, "cpu: all layers (the CUDA backend has no kernels for expert layers yet)");
+        snprintf(plan, sizeof plan,
+                 "cpu: all layers (the CUDA backend has no kernels for expert layers yet)");
     } else if (ep.gpu_memory > 0) {
         char perr[256] = "";
         plan_rc = engine_plan(mf, &ep, plan, sizeof plan, perr);

@@ -121,9 +121,9 @@ struct arch_global {
 extern const struct arch_global arch_globals[];
 extern const int arch_n_globals;
 
-/* The Llama tensor set, for families that extend it (GGUF and HF names as llama.cpp and transformers write
- * them). */
-#define ARCH_LLAMA_TENSORS                                                                                   \
+/* The Llama attention block's tensors and the FFN norm (GGUF and HF names as llama.cpp and transformers write
+ * them), for families that put another FFN after them (the MoE families). */
+#define ARCH_LLAMA_ATTN_TENSORS                                                                              \
     {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},                   \
         {ARCH_ROLE_WQ, ARCH_NEED_ALWAYS, "attn_q.weight", "self_attn.q_proj.weight"},                        \
         {ARCH_ROLE_WK, ARCH_NEED_ALWAYS, "attn_k.weight", "self_attn.k_proj.weight"},                        \
@@ -133,7 +133,13 @@ extern const int arch_n_globals;
         {ARCH_ROLE_BK, ARCH_NEED_IF_BIAS, "attn_k.bias", "self_attn.k_proj.bias"},                           \
         {ARCH_ROLE_BV, ARCH_NEED_IF_BIAS, "attn_v.bias", "self_attn.v_proj.bias"},                           \
         {ARCH_ROLE_BO, ARCH_NEED_NEVER, "attn_output.bias", "self_attn.o_proj.bias"},                        \
-        {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"},        \
+    {                                                                                                        \
+        ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"           \
+    }
+
+/* The Llama tensor set, for families that extend it. */
+#define ARCH_LLAMA_TENSORS                                                                                   \
+    ARCH_LLAMA_ATTN_TENSORS,                                                                                 \
         {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate.weight", "mlp.gate_proj.weight"},                     \
         {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up.weight", "mlp.up_proj.weight"},                           \
     {                                                                                                        \

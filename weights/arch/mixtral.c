@@ -26,12 +26,7 @@ static const struct layer_program mixtral_program = {
     .ops = mixtral_ops, .n_ops = sizeof mixtral_ops / sizeof mixtral_ops[0], .kv_first = 2, .kv_last = 3};
 
 static const struct arch_tensor mixtral_tensors[] = {
-    {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},
-    {ARCH_ROLE_WQ, ARCH_NEED_ALWAYS, "attn_q.weight", "self_attn.q_proj.weight"},
-    {ARCH_ROLE_WK, ARCH_NEED_ALWAYS, "attn_k.weight", "self_attn.k_proj.weight"},
-    {ARCH_ROLE_WV, ARCH_NEED_ALWAYS, "attn_v.weight", "self_attn.v_proj.weight"},
-    {ARCH_ROLE_WO, ARCH_NEED_ALWAYS, "attn_output.weight", "self_attn.o_proj.weight"},
-    {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"},
+    ARCH_LLAMA_ATTN_TENSORS,
     {ARCH_ROLE_ROUTER, ARCH_NEED_ALWAYS, "ffn_gate_inp.weight", "block_sparse_moe.gate.weight"},
     {ARCH_ROLE_EXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_exps.weight", "block_sparse_moe.experts.*.w1.weight"},
     {ARCH_ROLE_EXP_UP, ARCH_NEED_ALWAYS, "ffn_up_exps.weight", "block_sparse_moe.experts.*.w3.weight"},

@@ -33,14 +33,9 @@ static const struct layer_program qwen3moe_program = {
     .ops = qwen3moe_ops, .n_ops = sizeof qwen3moe_ops / sizeof qwen3moe_ops[0], .kv_first = 3, .kv_last = 4};
 
 static const struct arch_tensor qwen3moe_tensors[] = {
-    {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},
-    {ARCH_ROLE_WQ, ARCH_NEED_ALWAYS, "attn_q.weight", "self_attn.q_proj.weight"},
-    {ARCH_ROLE_WK, ARCH_NEED_ALWAYS, "attn_k.weight", "self_attn.k_proj.weight"},
-    {ARCH_ROLE_WV, ARCH_NEED_ALWAYS, "attn_v.weight", "self_attn.v_proj.weight"},
-    {ARCH_ROLE_WO, ARCH_NEED_ALWAYS, "attn_output.weight", "self_attn.o_proj.weight"},
+    ARCH_LLAMA_ATTN_TENSORS,
     {ARCH_ROLE_Q_NORM, ARCH_NEED_ALWAYS, "attn_q_norm.weight", "self_attn.q_norm.weight"},
     {ARCH_ROLE_K_NORM, ARCH_NEED_ALWAYS, "attn_k_norm.weight", "self_attn.k_norm.weight"},
-    {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"},
     {ARCH_ROLE_ROUTER, ARCH_NEED_ALWAYS, "ffn_gate_inp.weight", "mlp.gate.weight"},
     {ARCH_ROLE_EXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_exps.weight", "mlp.experts.*.gate_proj.weight"},
     {ARCH_ROLE_EXP_UP, ARCH_NEED_ALWAYS, "ffn_up_exps.weight", "mlp.experts.*.up_proj.weight"},
