@@ -24,6 +24,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
+#include "runtime/forward_cuda.h"
 #include "weights/quantize.h"
 
 static char *path_join(const char *a, const char *b)
@@ -65,14 +66,14 @@ struct runner {
 
 /* kv_type: the KV cache's enum kv_elem (KV_F16: the engine's default, and llama.cpp's; KV_F32: what the fp32
  * references compute); cpu_int8: engine_params.cpu_int8 (-1: the default, f32 x on the CPU). */
-static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8)
+static void runner_open_on(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8,
+                           enum engine_backend backend)
 {
     char err[256] = "";
     int rc = model_file_open(model, &r->mf, NULL, NULL, err);
     cr_assert_eq(rc, 0, "model_file_open(%s): %s", model, err);
     struct engine_params p = engine_default_params();
-    p.backend =
-        ENGINE_BACKEND_CPU; /* the reference backend; tests/runtime/test_gpu_e2e.c compares CUDA to it */
+    p.backend = backend;
     p.n_seqs = n_seqs;
     p.ctx_size = 512;
     p.n_threads = 2;
@@ -82,6 +83,12 @@ static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_
     cr_assert_eq(rc, 0, "engine_init: %s", err);
     r->n_vocab = engine_hparams(r->e)->n_vocab;
     r->logits = malloc((size_t)r->n_vocab * sizeof(float) * 4);
+}
+
+/* On the reference backend, the CPU (tests/runtime/test_gpu_e2e.c compares CUDA to it). */
+static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8)
+{
+    runner_open_on(r, model, n_seqs, kv_type, cpu_int8, ENGINE_BACKEND_CPU);
 }
 
 static void runner_close(struct runner *r)
@@ -288,6 +295,47 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
     run_golden("qwen3moe_top2_f32", 0, 0, 1);
     run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
     run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
+}
+
+/* Expert layers and the backends: --backend cuda is refused (on a GPU machine with a message naming the
+ * expert layers: the CUDA backend has no kernels for them yet), --backend auto runs them on the CPU and
+ * matches transformers there as the CPU backend does. */
+Test(golden_gguf, qwen3moe_backends)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *jpath = path_join(src, "tests/golden/qwen3moe_top2_f32.json");
+    char *mdir = path_join(src, "tests/golden/models/qwen3moe_top2_f32");
+    char err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(mdir, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 512;
+    struct engine *e = NULL;
+    cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
+    cr_assert_null(e);
+    if (forward_cuda_devices() > 0) cr_assert(strstr(err, "expert layers"), "%s", err);
+    model_file_close(mf);
+
+    json_t *g = load_json(jpath);
+    json_t *c = json_array_get(json_object_get(g, "cases"), 1);
+    int n;
+    int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+    json_t *jl = json_object_get(c, "logits");
+    struct runner r;
+    runner_open_on(&r, mdir, 1, KV_F32, -1, ENGINE_BACKEND_AUTO);
+    cr_assert_eq((int)json_array_size(jl), r.n_vocab);
+    float *ref = malloc((size_t)r.n_vocab * sizeof *ref);
+    for (int i = 0; i < r.n_vocab; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
+    prefill(&r, ids, n);
+    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, "qwen3moe_top2_f32 with --backend auto");
+    runner_close(&r);
+    free(ref);
+    free(ids);
+    json_decref(g);
+    free(jpath);
+    free(mdir);
 }
 
 /* Bytes of the file at path (malloc'd), or NULL. */
