@@ -33,9 +33,9 @@ Test(moe, route_softmax_topk_and_ties)
     cr_assert_eq(kern_cpu_moe_route(l2, 1, 6, 0, 1, ids, w), FERRY_ERR_INVALID);
 }
 
-static void check_ffn(enum dtype wt, int n_threads)
+static void check_ffn(enum dtype wt, int n_threads, int dim, int ffn)
 {
-    const int n = 13, dim = 37, ffn = 23, n_expert = 7, k = 3;
+    const int n = 13, n_expert = 7, k = 3;
     kt_seed(5 + (uint64_t)wt);
     float *x = malloc(sizeof(float) * n * dim), *logits = malloc(sizeof(float) * n * n_expert);
     float *g = malloc(sizeof(float) * n_expert * ffn * dim),
@@ -83,8 +83,9 @@ static void check_ffn(enum dtype wt, int n_threads)
     float amax = 0;
     for (int i = 0; i < n * dim; i++) amax = fmaxf(amax, fabsf(ref[i]));
     cr_assert(amax > 1e-2f, "degenerate reference");
-    /* F16 weights: the products round x to the weights' type on some paths; the reference uses f32 x. */
-    const float tol = (wt == DTYPE_F32 ? 1e-5f : 3e-3f) * amax;
+    /* F16 weights: the products round x to the weights' type on some paths; the reference uses f32 x. Q8_0:
+     * f32 x times the decoded blocks (the default arithmetic), as the reference computes. */
+    const float tol = (wt == DTYPE_F16 ? 3e-3f : 1e-5f) * amax;
     for (int i = 0; i < n * dim; i++)
         cr_assert(fabsf(y[i] - ref[i]) <= tol, "%s [%d] %g vs %g", dtype_name(wt), i, y[i], ref[i]);
     /* An expert id out of range is refused, not read. */
@@ -97,9 +98,13 @@ static void check_ffn(enum dtype wt, int n_threads)
 
 Test(moe, ffn_f32_matches_reference)
 {
-    check_ffn(DTYPE_F32, 1);
+    check_ffn(DTYPE_F32, 1, 37, 23);
 }
 Test(moe, ffn_f16_matches_reference_threads)
 {
-    check_ffn(DTYPE_F16, 3);
+    check_ffn(DTYPE_F16, 3, 37, 23);
+}
+Test(moe, ffn_q8_0_matches_reference)
+{
+    check_ffn(DTYPE_Q8_0, 2, 96, 64);
 }
