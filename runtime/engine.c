@@ -486,8 +486,12 @@ static int engine_create(struct engine **out, struct model *model, const struct 
 {
     *out = NULL;
     struct engine_params p = *params;
-    const int use_cuda =
-        p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && forward_cuda_devices() > 0);
+    /* auto: the GPU when there is one, except for expert layers, which only the CPU backend runs yet. */
+    const int moe = model->hp.n_expert > 0;
+    const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
+                         (p.backend == ENGINE_BACKEND_AUTO && !moe && forward_cuda_devices() > 0);
+    if (p.backend == ENGINE_BACKEND_AUTO && moe && forward_cuda_devices() > 0)
+        FLOG_WARN("expert layers run on the CPU backend only: the GPU is not used for this model");
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
         p.ctx_size < 0 || p.kv_tokens < 0 || p.cpu_threads < 0 || p.cpu_threads > 1024 ||
         (unsigned)p.placement > ENGINE_PLACEMENT_CPU) {

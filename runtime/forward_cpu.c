@@ -16,6 +16,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 
@@ -44,6 +45,10 @@ struct forward_cpu {
     float *qkv_rows; /* (max_tokens, q_dim + 2 kv_dim) stacked rows for kv_owner, or NULL */
     int32_t *win_lo; /* (max_tokens) first position a local layer's row attends to; NULL without windows */
     float *win_lse;  /* (max_tokens, n_heads) the windowed attention's log-sum-exps (unused), or NULL */
+    /* Expert layers only (NULL otherwise): router logits (max_tokens, n_expert), each token's chosen experts
+     * and weights (max_tokens, n_expert_used), the experts' workspace (kern_cpu_moe_ws_floats). */
+    float *moe_logits, *moe_wts, *moe_ws;
+    int32_t *moe_ids;
     int pending;
     uint64_t layers_run;
     double layer_seconds;
@@ -125,6 +130,10 @@ static void cpu_free(struct backend *be)
         if (bufs[i]) f->host_free(f->alloc_ctx, bufs[i]);
     free(f->win_lo);
     free(f->win_lse);
+    free(f->moe_logits);
+    free(f->moe_wts);
+    free(f->moe_ws);
+    free(f->moe_ids);
     free(f->w);
     free(f);
 }
@@ -255,6 +264,29 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * hp->n_kv_heads, hd, hp->norm_eps);
         return FERRY_OK;
     }
+    case LOP_MOE: {
+        const struct layer_moe *e = &w->moe;
+        if (e->n_expert <= 0 || !f->moe_ws) return FERRY_ERR_INTERNAL; /* weights without their experts */
+        const struct kern_cpu_moe_experts ex = {.gate = e->gate.data,
+                                                .up = e->up.data,
+                                                .down = e->down.data,
+                                                .gate_t = e->gate.type,
+                                                .up_t = e->up.type,
+                                                .down_t = e->down.type,
+                                                .n_expert = e->n_expert,
+                                                .dim = hp->dim,
+                                                .ffn = e->ffn};
+        int rc = kern_cpu_matmul(f->moe_logits, act(f, op->in), e->router.data, e->router.type, NULL, n,
+                                 e->n_expert, hp->dim, f->tp);
+        if (!rc)
+            rc = kern_cpu_moe_route(f->moe_logits, n, e->n_expert, e->n_used, e->norm_topk, f->moe_ids,
+                                    f->moe_wts);
+        if (!rc)
+            rc = kern_cpu_moe_ffn(act(f, op->out), act(f, op->in), f->moe_ids, f->moe_wts, n, e->n_used, &ex,
+                                  f->moe_ws, f->tp);
+        if (op->out == LACT_D) f->pending = 1;
+        return rc;
+    }
     case LOP_ROPE_KV:
     case LOP_ATTENTION:
         return FERRY_ERR_INTERNAL; /* run as a unit by kv_ops_* */
@@ -282,6 +314,7 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
             const struct layer_op *op = &p->ops[i];
             rc = run_op(f, op, w, n);
             kind = op->kind == LOP_LINEAR                                 ? op->arg
+                   : op->kind == LOP_MOE                                  ? LAYER_GU
                    : op->kind == LOP_SILU_MUL || op->kind == LOP_GELU_MUL ? PROF_SILU
                                                                           : PROF_NORM;
             if (f->profile && op->kind == LOP_LINEAR) f->prof_bytes[kind] += group_bytes(&w->mat[op->arg]);
@@ -460,11 +493,25 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     int rc = FERRY_ERR_NOMEM;
     f->w = calloc((size_t)hp->n_layers, sizeof *f->w);
     if (!f->w) goto fail;
+    if (p->weights && hp->n_expert > 0) { /* packed blocks carry no experts */
+        rc = FERRY_ERR_UNSUPPORTED;
+        goto fail;
+    }
     for (int l = 0; l < hp->n_layers; l++) {
         if (p->weights)
             f->w[l] = p->weights[l];
         else
-            layer_weights_of_model(&f->w[l], &m->layers[l]);
+            layer_weights_of_model_moe(&f->w[l], &m->layers[l], hp);
+    }
+    if (hp->n_expert > 0) {
+        const struct kern_cpu_moe_experts ex = {
+            .n_expert = hp->n_expert, .dim = hp->dim, .ffn = hp->expert_ffn_dim};
+        const size_t nt = (size_t)p->max_tokens;
+        if (!(f->moe_logits = malloc(nt * (size_t)hp->n_expert * sizeof(float))) ||
+            !(f->moe_wts = malloc(nt * (size_t)hp->n_expert_used * sizeof(float))) ||
+            !(f->moe_ids = malloc(nt * (size_t)hp->n_expert_used * sizeof(int32_t))) ||
+            !(f->moe_ws = malloc(kern_cpu_moe_ws_floats(&ex, p->max_tokens) * sizeof(float))))
+            goto fail;
     }
     const size_t n = (size_t)p->max_tokens, qd = (size_t)hp->n_heads * hp->head_dim,
                  kvd = (size_t)hp->n_kv_heads * hp->head_dim;

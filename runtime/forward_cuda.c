@@ -649,6 +649,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "architecture '%.31s' has no layer program", hp->arch);
         return FERRY_ERR_UNSUPPORTED;
     }
+    if (hp->n_expert > 0) {
+        snprintf(err, 256,
+                 "the CUDA backend has no kernels for expert layers (%d experts, %d per token): run this "
+                 "model with --backend cpu",
+                 hp->n_expert, hp->n_expert_used);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     if (hp->sliding_window > 0 && kv->n_ext > 0) {
         snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
         return FERRY_ERR_UNSUPPORTED;
@@ -1274,6 +1281,8 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         return kern_cuda_qk_norm(act(f, op->in), (hp->n_heads + 2 * hp->n_kv_heads) * hp->head_dim,
                                  w->norm[LAYER_Q_NORM], w->norm[LAYER_K_NORM], n, hp->n_heads, hp->n_kv_heads,
                                  hp->head_dim, hp->norm_eps, cs);
+    case LOP_MOE:
+        return FERRY_ERR_UNSUPPORTED; /* refused at init (forward_cuda_init) */
     }
     return FERRY_ERR_INTERNAL;
 }

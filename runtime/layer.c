@@ -82,6 +82,21 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
     w->norm[LAYER_POST_FFN_NORM] = L->post_ffn_norm;
 }
 
+void layer_weights_of_model_moe(struct layer_weights *w, const struct model_layer *L,
+                                const struct llm_hparams *hp)
+{
+    layer_weights_of_model(w, L);
+    if (hp->n_expert <= 0) return;
+    w->moe = (struct layer_moe){.router = L->router,
+                                .gate = L->exp_gate,
+                                .up = L->exp_up,
+                                .down = L->exp_down,
+                                .n_expert = hp->n_expert,
+                                .n_used = hp->n_expert_used,
+                                .ffn = hp->expert_ffn_dim,
+                                .norm_topk = hp->expert_norm_topk};
+}
+
 void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
                      enum dtype (*packed_type)(enum dtype), struct layer_layout *lay)
 {
@@ -225,7 +240,9 @@ void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, c
 uint64_t layer_model_bytes(const struct model_layer *L)
 {
     return wview_bytes(&L->wq) + wview_bytes(&L->wk) + wview_bytes(&L->wv) + wview_bytes(&L->wo) +
-           wview_bytes(&L->w_gate) + wview_bytes(&L->w_up) + wview_bytes(&L->w_down);
+           wview_bytes(&L->w_gate) + wview_bytes(&L->w_up) + wview_bytes(&L->w_down) +
+           wview_bytes(&L->router) + wview_bytes(&L->exp_gate) + wview_bytes(&L->exp_up) +
+           wview_bytes(&L->exp_down);
 }
 
 uint64_t layer_params(const struct model_layer *L)

@@ -46,13 +46,24 @@ struct layer_group {
     int64_t cols;
 };
 
+/* A layer's experts (LOP_MOE) where the model keeps them: the router and the stacked experts
+ * (runtime/model.h); n_expert 0 in a dense layer. */
+struct layer_moe {
+    struct wview router, gate, up, down;
+    int n_expert, n_used, ffn, norm_topk;
+};
+
 struct layer_weights {
     struct layer_group mat[LAYER_N_MATS];
     const float *norm[LAYER_N_NORMS]; /* (dim) f32 block norms, (head_dim) f32 q/k norms or NULL */
+    struct layer_moe moe;             /* set by layer_weights_of_model only: packed blocks have no experts */
 };
 
 /* The layer's tensors where the model keeps them. */
 void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L);
+/* The same with the layer's experts, for hp's expert layers. */
+void layer_weights_of_model_moe(struct layer_weights *w, const struct model_layer *L,
+                                const struct llm_hparams *hp);
 
 /* A packed block: the parts of each group one after the other (each in its packed type), groups and vectors
  * 256-byte aligned, then the norms the layer has (an absent one takes no bytes) and the q|k|v biases stacked

@@ -74,6 +74,8 @@ static struct wview *layer_matrix(struct model_layer *L, enum arch_role r)
         return &L->w_gate;
     case ARCH_ROLE_W_UP:
         return &L->w_up;
+    case ARCH_ROLE_ROUTER:
+        return &L->router;
     default:
         return &L->w_down;
     }
@@ -186,7 +188,7 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         struct model_layer *L = &m->layers[l];
         for (int i = 0; i < fam->n_tensors; i++) {
             const struct arch_tensor *at = &fam->tensors[i];
-            long long ne[2];
+            long long ne[3];
             snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
             if (at->role == ARCH_ROLE_WQKV || at->role == ARCH_ROLE_W_GATE_UP) {
                 arch_role_shape(at->role, hp, ne);
@@ -196,7 +198,22 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
                 split_rows(L, at->role, &whole, hp);
                 continue;
             }
-            if (arch_role_shape(at->role, hp, ne) == 2) {
+            const int nd = arch_role_shape(at->role, hp, ne);
+            if (nd == 3) { /* stacked experts: checked by model_file_validate, viewed as one matrix */
+                const struct wtensor *t = model_file_tensor(mf, name);
+                if (!t || t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != ne[2]) {
+                    snprintf(err, 256, "expert tensor %s is missing or misshapen", name);
+                    rc = FERRY_ERR_FORMAT;
+                    goto fail;
+                }
+                struct wview *v = at->role == ARCH_ROLE_EXP_GATE ? &L->exp_gate
+                                  : at->role == ARCH_ROLE_EXP_UP ? &L->exp_up
+                                                                 : &L->exp_down;
+                *v = (struct wview){.data = t->data, .type = t->type, .rows = ne[1] * ne[2], .cols = ne[0]};
+                m->weight_bytes += wview_bytes(v);
+                continue;
+            }
+            if (nd == 2) {
                 struct wview *v = layer_matrix(L, at->role);
                 if ((rc = find_matrix(mf, name, ne[1], ne[0], v, err))) goto fail;
                 m->weight_bytes += wview_bytes(v);
@@ -258,6 +275,11 @@ static void run_on_pool(void *pool, quant_task_fn task, void *ctx, int n_tasks)
 int model_quantize(struct model *m, int ftype, int n_threads, char err[256])
 {
     const struct llm_hparams *hp = &m->hp;
+    if (hp->n_expert > 0) {
+        snprintf(err, 256,
+                 "quantization at load of expert layers is not supported; quantize the file instead");
+        return FERRY_ERR_UNSUPPORTED;
+    }
     const int tied = m->output.data == m->tok_embd.data;
     const int n_max = 2 + 7 * hp->n_layers;
     struct qtensor *qt = calloc((size_t)n_max, sizeof *qt);
@@ -404,6 +426,10 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
         snprintf(err, 256, "architecture '%.31s' is not supported", hp->arch);
         return FERRY_ERR_UNSUPPORTED;
     }
+    if (hp->n_expert > 0 || arch_tensor_of(fam, ARCH_ROLE_EXP_GATE)) {
+        snprintf(err, 256, "synthetic models of expert layers (%s) are not supported", fam->name);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     const int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim,
                   kvd = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim, V = hp->n_vocab;
     const size_t es = dtype_type_size(wt);
@@ -458,7 +484,7 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
             const enum arch_role r = fam->tensors[i].role;
             float **v = layer_vector(L, r);
             if (!v || *v || !is_norm(r)) continue;
-            long long ne[2];
+            long long ne[3];
             arch_role_shape(r, hp, ne);
             if (!(*v = unit_vector((size_t)ne[0], (float)l + 0.5f + 0.125f * (float)i))) {
                 model_free(m);

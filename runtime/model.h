@@ -50,6 +50,12 @@ struct model_layer {
     float *ffn_norm;             /* (dim) f32 */
     struct wview w_gate, w_up;   /* (ffn, dim) */
     struct wview w_down;         /* (dim, ffn) */
+    /* Mixture-of-experts layers (hp.n_expert > 0; then w_gate/w_up/w_down are empty): the router and the
+     * experts stacked by rows, expert e's gate/up rows [e*ffn, (e+1)*ffn) and down rows [e*dim, (e+1)*dim),
+     * ffn = hp.expert_ffn_dim. */
+    struct wview router;           /* (n_expert, dim) */
+    struct wview exp_gate, exp_up; /* (n_expert*ffn, dim) */
+    struct wview exp_down;         /* (n_expert*dim, ffn) */
 };
 
 struct model {

@@ -142,6 +142,11 @@ int cli_inspect_main(int argc, char **argv)
     json_object_set_new(h, "n_kv_heads", json_integer(hp->n_kv_heads));
     json_object_set_new(h, "head_dim", json_integer(hp->head_dim));
     json_object_set_new(h, "ffn_dim", json_integer(hp->ffn_dim));
+    if (hp->n_expert > 0) {
+        json_object_set_new(h, "n_expert", json_integer(hp->n_expert));
+        json_object_set_new(h, "n_expert_used", json_integer(hp->n_expert_used));
+        json_object_set_new(h, "expert_ffn_dim", json_integer(hp->expert_ffn_dim));
+    }
     json_object_set_new(h, "ctx_train", json_integer(hp->ctx_train));
     json_object_set_new(h, "norm_eps", json_real(hp->norm_eps));
     json_object_set_new(h, "rope_theta", json_real(hp->rope_theta));
@@ -178,7 +183,10 @@ int cli_inspect_main(int argc, char **argv)
      */
     char plan[4096] = "cpu: all layers";
     int plan_rc = 0;
-    if (ep.gpu_memory > 0) {
+    if (ep.gpu_memory > 0 && hp->n_expert > 0) {
+        snprintf(plan, sizeof plan,
+                 "cpu: all layers (the CUDA backend has no kernels for expert layers yet)");
+    } else if (ep.gpu_memory > 0) {
         char perr[256] = "";
         plan_rc = engine_plan(mf, &ep, plan, sizeof plan, perr);
         if (plan_rc) snprintf(plan, sizeof plan, "no plan: %s", perr);
@@ -194,6 +202,10 @@ int cli_inspect_main(int argc, char **argv)
                mf->format == MODEL_FORMAT_GGUF ? "GGUF" : "Hugging Face", hp->arch);
         printf("shape        %d layers, dim %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n",
                hp->n_layers, hp->dim, hp->ffn_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
+        if (hp->n_expert > 0)
+            printf("experts      %d per layer, %d per token, expert ffn %d%s\n", hp->n_expert,
+                   hp->n_expert_used, hp->expert_ffn_dim,
+                   hp->expert_norm_topk ? ", top-k weights normalised" : "");
         printf("context      %d trained; rope theta %g, %d dims, %s pairs, scaling %s\n", hp->ctx_train,
                hp->rope_theta, hp->rope_dim, rope_style_name(hp->rope_style),
                rope_scaling_name(hp->rope_scaling.type));

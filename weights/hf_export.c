@@ -59,6 +59,7 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
         TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.factor"), hp->rope_scaling.factor, err));
     }
     const struct arch_family *fam = arch_find_gguf(arch, strlen(arch));
+    if (fam && hp->n_expert > 0 && fam->gguf_experts) fam = fam->gguf_experts; /* Mixtral: llama + experts */
     if (fam && fam->gguf_write) TRY(fam->gguf_write(w, hp, arch, err));
 #undef KEY
 #undef TRY

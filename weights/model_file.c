@@ -25,10 +25,12 @@
 
 #define PROGRESS_STEP (64ull << 20) /* bytes between progress reports */
 #define MAX_LAYERS    4096
+#define MAX_EXPERTS   1024
 
 struct mf_priv {
     int n_st;
     struct safetensors **st; /* (n_st) HF shards */
+    void *experts;           /* HF only: the experts' matrices stacked per layer (stack_experts), or NULL */
 };
 
 static const char *base_name(const char *path)
@@ -115,6 +117,12 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
         return ferry_fail(err, FERRY_ERR_FORMAT, "key 'general.architecture' is %s",
                           rc == FERRY_ERR_NOT_FOUND ? "missing" : "not a string");
     hp->family = arch_find_gguf(s.ptr, s.len);
+    if (hp->family && hp->family->gguf_experts && s.len < 64) { /* e.g. Mixtral: "llama" with experts */
+        char k[96];
+        uint32_t ne = 0;
+        snprintf(k, sizeof k, "%.*s.expert_count", (int)s.len, s.ptr);
+        if (gguf_get_u32(g, k, &ne) == FERRY_OK && ne > 0) hp->family = hp->family->gguf_experts;
+    }
     if (!hp->family || s.len >= sizeof hp->arch) {
         char name[48], list[160];
         size_t n = s.len < sizeof name - 1 ? s.len : sizeof name - 1;
@@ -216,10 +224,100 @@ static int hf_map_name(const struct arch_family *fam, const char *hf, char out[9
     int nd = 0, li = 0;
     while (d[nd] >= '0' && d[nd] <= '9' && nd < 5) li = li * 10 + (d[nd++] - '0');
     if (nd == 0 || d[nd] != '.' || (nd > 1 && d[0] == '0') || li >= MAX_LAYERS) return -1;
-    for (int i = 0; i < fam->n_tensors; i++)
-        if (strcmp(d + nd + 1, fam->tensors[i].hf) == 0)
-            return snprintf(out, 96, "blk.%d.%s", li, fam->tensors[i].gguf), 0;
+    const char *rest = d + nd + 1;
+    for (int i = 0; i < fam->n_tensors; i++) {
+        const char *hf_name = fam->tensors[i].hf, *star = strchr(hf_name, '*');
+        if (!star) {
+            if (strcmp(rest, hf_name) == 0)
+                return snprintf(out, 96, "blk.%d.%s", li, fam->tensors[i].gguf), 0;
+            continue;
+        }
+        /* One expert's matrix: "<gguf name>#E" until stack_experts stacks the layer's experts. */
+        const size_t pre = (size_t)(star - hf_name);
+        if (strncmp(rest, hf_name, pre) != 0) continue;
+        int ne = 0, ei = 0;
+        while (rest[pre + ne] >= '0' && rest[pre + ne] <= '9' && ne < 5)
+            ei = ei * 10 + (rest[pre + ne++] - '0');
+        if (ne == 0 || (ne > 1 && rest[pre] == '0') || strcmp(rest + pre + ne, star + 1) != 0) continue;
+        return snprintf(out, 96, "blk.%d.%s#%d", li, fam->tensors[i].gguf, ei), 0;
+    }
     return -1;
+}
+
+/* The per-expert matrices of an HF checkpoint ("blk.N.ffn_gate_exps.weight#E") as the stacked tensors
+ * GGUF files have ("blk.N.ffn_gate_exps.weight", ne {cols, rows, n_expert}), copied into one owned
+ * buffer; the per-expert entries leave the tensor list. Every expert of a layer must be present with the
+ * shape and type of the first. */
+static int stack_experts(struct model_file *mf, char *err)
+{
+    const struct llm_hparams *hp = &mf->hp;
+    const struct arch_family *fam = hp->family;
+    struct mf_priv *pv = mf->priv;
+    size_t bytes = 0;
+    int n_stacked = 0;
+    char name[96];
+    for (int pass = 0; pass < 2; pass++) {
+        char *dst = pv->experts;
+        for (int l = 0; l < hp->n_layers; l++) {
+            for (int i = 0; i < fam->n_tensors; i++) {
+                const struct arch_tensor *at = &fam->tensors[i];
+                if (!strchr(at->hf, '*')) continue;
+                long long ne[3];
+                arch_role_shape(at->role, hp, ne);
+                const struct wtensor *first = NULL;
+                for (int e = 0; e < hp->n_expert; e++) {
+                    snprintf(name, sizeof name, "blk.%d.%s#%d", l, at->gguf, e);
+                    const struct wtensor *t = model_file_tensor(mf, name);
+                    char hf[96];
+                    snprintf(hf, sizeof hf, "model.layers.%d.%.*s%d%s", l,
+                             (int)(strchr(at->hf, '*') - at->hf), at->hf, e, strchr(at->hf, '*') + 1);
+                    if (!t)
+                        return ferry_fail(err, FERRY_ERR_FORMAT, "missing tensor '%s' (%d experts)", hf,
+                                          hp->n_expert);
+                    if (t->n_dims != 2 || t->ne[0] != ne[0] || t->ne[1] != ne[1] ||
+                        (first && t->type != first->type))
+                        return ferry_fail(
+                            err, FERRY_ERR_FORMAT,
+                            "expert tensor '%s' has shape [%lld, %lld] %s, expected [%lld, %lld]%s%s", hf,
+                            (long long)t->ne[1], (long long)t->ne[0], dtype_name(t->type), ne[1], ne[0],
+                            first ? " " : "", first ? dtype_name(first->type) : "");
+                    if (!first) first = t;
+                    if (pass == 1) memcpy(dst, t->data, t->nbytes);
+                    if (pass == 1)
+                        dst += t->nbytes;
+                    else
+                        bytes += t->nbytes;
+                }
+                if (pass == 0) {
+                    n_stacked++;
+                    continue;
+                }
+                struct wtensor *w = &mf->tensors[mf->n_tensors++];
+                memset(w, 0, sizeof *w);
+                snprintf(w->name, sizeof w->name, "blk.%d.%s", l, at->gguf);
+                w->type = first->type;
+                w->n_dims = 3;
+                w->ne[0] = ne[0], w->ne[1] = ne[1], w->ne[2] = ne[2], w->ne[3] = 1;
+                w->nbytes = first->nbytes * (size_t)hp->n_expert;
+                w->data = dst - w->nbytes;
+            }
+        }
+        if (pass == 1) break;
+        if (!n_stacked) return FERRY_OK;
+        if (!(pv->experts = malloc(bytes ? bytes : 1)))
+            return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %zu MiB of experts", bytes >> 20);
+        /* Drop the per-expert entries (their data stays mapped until copied below, in pass 1, which reads
+         * them before they are overwritten: the list is compacted only after). */
+        struct wtensor *nt =
+            realloc(mf->tensors, ((size_t)mf->n_tensors + (size_t)n_stacked + 1) * sizeof *nt);
+        if (!nt) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for tensors");
+        mf->tensors = nt;
+    }
+    int o = 0;
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (!strchr(mf->tensors[i].name, '#')) mf->tensors[o++] = mf->tensors[i];
+    mf->n_tensors = o;
+    return FERRY_OK;
 }
 
 static int add_shard(struct model_file *mf, const char *dir, const char *file, struct progress *pr, char *err)
@@ -347,7 +445,7 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
                           "is false)");
     mf->hp.tied_embeddings = !has_out;
     if (model_file_tensor(mf, "blk.0.attn_q.bias")) mf->hp.qkv_bias = 1;
-    return FERRY_OK;
+    return mf->hp.n_expert > 0 ? stack_experts(mf, err) : FERRY_OK;
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -432,6 +530,12 @@ int model_file_validate(const struct model_file *mf, char err[256])
     const struct arch_family *fam = arch_of(hp);
     if (!fam)
         return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "architecture '%.31s' is not supported", hp->arch);
+    if (arch_tensor_of(fam, ARCH_ROLE_EXP_GATE) &&
+        (hp->n_expert < 1 || hp->n_expert > MAX_EXPERTS || hp->n_expert_used < 1 ||
+         hp->n_expert_used > hp->n_expert || hp->expert_ffn_dim < 1))
+        return ferry_fail(err, FERRY_ERR_FORMAT,
+                          "experts: %d of %d per token with FFN %d (1..%d experts, at most all of them used)",
+                          hp->n_expert_used, hp->n_expert, hp->expert_ffn_dim, MAX_EXPERTS);
     for (int l = 0; l < hp->n_layers; l++) {
         for (int i = 0; i < fam->n_tensors; i++) {
             const struct arch_tensor *at = &fam->tensors[i];
@@ -440,8 +544,22 @@ int model_file_validate(const struct model_file *mf, char err[256])
             if ((at->need == ARCH_NEED_IF_BIAS && !hp->qkv_bias) ||
                 (at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)))
                 continue;
-            long long ne[2];
+            long long ne[3];
             const int nd = arch_role_shape(at->role, hp, ne);
+            if (nd == 3) {
+                const struct wtensor *t = model_file_tensor(mf, name);
+                if (!t)
+                    return ferry_fail(err, FERRY_ERR_FORMAT, "missing tensor '%s' (%s family)", name,
+                                      fam->name);
+                if (t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != ne[2] || t->ne[3] != 1)
+                    return ferry_fail(
+                        err, FERRY_ERR_FORMAT,
+                        "expert tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, "
+                        "%lld, %lld] (%d experts)",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        (long long)t->ne[3], ne[0], ne[1], ne[2], hp->n_expert);
+                continue;
+            }
             if ((rc = want(mf, name, nd, ne[0], ne[1], nd == 1, err))) return rc;
         }
     }
@@ -535,6 +653,7 @@ void model_file_close(struct model_file *mf)
     if (pv) {
         for (int i = 0; i < pv->n_st; i++) safetensors_close(pv->st[i]);
         free(pv->st);
+        free(pv->experts);
         free(pv);
     }
     gguf_close(mf->gguf);

@@ -50,6 +50,13 @@ struct llm_hparams {
     int sliding_window;   /* positions a local layer attends to (itself included); 0: every layer is global */
     int swa_pattern;      /* with a window: layer l is local unless l % swa_pattern == swa_pattern - 1 */
     float rope_theta_swa; /* the local layers' rotary base (no scaling); used with a window */
+    /* Mixture of experts (0 in dense families): every layer's FFN is n_expert SwiGLU experts of
+     * expert_ffn_dim, of which the router picks n_expert_used per token, weighted by their softmax
+     * probabilities (divided by their sum when expert_norm_topk). */
+    int n_expert;
+    int n_expert_used;
+    int expert_ffn_dim;
+    int expert_norm_topk;
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */

@@ -18,6 +18,14 @@ Models (odd sizes on purpose):
                     GQA 4/2, untied, f32
   phi3_fused_bf16   Phi-3/Phi-4: fused q|k|v and gate|up, partial rotary 0.75 (12 of 16 dims), a 24-position
                     window on every layer (the 33- and 200-token prompts exceed it), GQA 4/2, bf16
+  qwen3moe_top2_f32 Qwen3-MoE: 8 experts of FFN 30, top-2 with norm_topk_prob, QK-norm, GQA 4/2, head_dim 16,
+                    3 layers, untied, f32
+  qwen3moe_top3_bf16 Qwen3-MoE: 7 experts of FFN 26, top-3 without norm_topk_prob, 2 layers, tied, bf16
+  mixtral_top2_f16  Mixtral: 5 experts of FFN 34, top-2 normalised, GQA 6/2, 2 layers, untied, f16 (its GGUF is
+                    "llama" with experts and permuted q/k rows)
+For the MoE models the smallest gap between the k-th and (k+1)-th router probability over every token of
+every reference pass is recorded too (min_router_gap): far above fp32 noise, so both sides pick the same
+experts.
 Run: python3 tests/golden/make_golden.py [NAME...]  (needs torch, transformers, safetensors; CI uses the
 committed output; with names, only those models are written)
 """
@@ -27,7 +35,8 @@ import sys
 
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, MixtralConfig, MixtralForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_GREEDY = 24
@@ -45,7 +54,7 @@ def init_weights(model, seed):
                 else:  # biases
                     p.copy_(0.3 * torch.randn(p.shape, generator=g))
             else:
-                fan_in = p.shape[1]
+                fan_in = p.shape[-1]  # (out, in), or (experts, out, in) for stacked experts
                 scale = 1.0 if "embed" in name else 1.5 / fan_in**0.5
                 p.copy_(scale * torch.randn(p.shape, generator=g))
 
@@ -91,7 +100,19 @@ def make(name, cfg_cls, model_cls, cfg_kwargs, dtype, seed, classic_config=False
             json.dump(c, f, indent=2)
         assert model_cls.from_pretrained(out_dir).config.rope_parameters["rope_type"] == rp.get("rope_type", "default")
     # The reference is transformers reading back exactly the files ferry reads, computing in fp32.
-    ref = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
+    # MoE: the reference is the eager per-expert loop (the grouped kernel needs 16-byte strides).
+    k = getattr(cfg, "num_experts_per_tok", 0)
+    extra = {"experts_implementation": "eager"} if k else {}
+    ref = model_cls.from_pretrained(out_dir, dtype=torch.float32, **extra).eval()
+    # MoE: the smallest gap between the k-th and (k+1)-th router probability of any token of any pass.
+    gaps = []
+    for name_, mod in ref.named_modules():
+        if name_.endswith((".mlp.gate", "block_sparse_moe.gate")) and k:
+            def hook(_m, _inp, out):
+                probs = torch.softmax(out[0].double(), dim=-1)
+                top = torch.topk(probs, k + 1, dim=-1).values
+                gaps.append(float((top[:, k - 1] - top[:, k]).min()))
+            mod.register_forward_hook(hook)
     g = torch.Generator().manual_seed(seed + 1)
     cases = []
     for n in PROMPT_LENGTHS:
@@ -102,8 +123,12 @@ def make(name, cfg_cls, model_cls, cfg_kwargs, dtype, seed, classic_config=False
         cases.append({"prompt_tokens": ids, "logits": [float(x) for x in logits], "greedy_tokens": toks,
                       "min_top2_margin": margin})
         print(f"{name}: prompt {n:3d} min top-2 margin {margin:.4f} logit absmax {float(logits.abs().max()):.2f}")
+    out = {"model": f"models/{name}", "dtype": str(dtype).replace("torch.", ""), "cases": cases}
+    if gaps:
+        out["min_router_gap"] = min(gaps)
+        print(f"{name}: min router gap {min(gaps):.2e}")
     with open(os.path.join(HERE, name + ".json"), "w") as f:
-        json.dump({"model": f"models/{name}", "dtype": str(dtype).replace("torch.", ""), "cases": cases}, f)
+        json.dump(out, f)
 
 
 MODELS = {
@@ -142,6 +167,23 @@ MODELS = {
                                             "partial_rotary_factor": 0.75},
         sliding_window=24, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0),
         torch.bfloat16, seed=66),
+    "qwen3moe_top2_f32": lambda: make("qwen3moe_top2_f32", Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        vocab_size=251, hidden_size=44, intermediate_size=70, moe_intermediate_size=30, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=1024,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, use_sliding_window=False,
+        bos_token_id=1, eos_token_id=2), torch.float32, seed=71),
+    "qwen3moe_top3_bf16": lambda: make("qwen3moe_top3_bf16", Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        vocab_size=241, hidden_size=40, intermediate_size=50, moe_intermediate_size=26, num_hidden_layers=2,
+        num_attention_heads=5, num_key_value_heads=1, head_dim=8, num_experts=7, num_experts_per_tok=3,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=1024,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False,
+        bos_token_id=1, eos_token_id=2), torch.bfloat16, seed=83),
+    "mixtral_top2_f16": lambda: make("mixtral_top2_f16", MixtralConfig, MixtralForCausalLM, dict(
+        vocab_size=233, hidden_size=48, intermediate_size=34, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, num_local_experts=5, num_experts_per_tok=2, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2), torch.float16, seed=107),
 }
 
 

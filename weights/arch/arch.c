@@ -6,7 +6,8 @@
 
 #include "weights/model_file.h"
 
-extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3;
+extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
+    arch_qwen3moe, arch_mixtral;
 
 /* The table: one line per family, in the order messages list them. */
 /* clang-format off */
@@ -17,6 +18,8 @@ static const struct arch_family *const families[] = {
     &arch_qwen3,
     &arch_gemma3,
     &arch_phi3,
+    &arch_qwen3moe,
+    &arch_mixtral,
 };
 /* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -74,11 +77,11 @@ const char *arch_supported(int hf, char *buf, size_t n)
     return buf;
 }
 
-int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[2])
+int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[3])
 {
     const long long dim = hp->dim, q = (long long)hp->n_heads * hp->head_dim,
                     kv = (long long)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim;
-    ne[1] = 1;
+    ne[1] = ne[2] = 1;
     switch (role) {
     case ARCH_ROLE_ATTN_NORM:
     case ARCH_ROLE_FFN_NORM:
@@ -118,6 +121,16 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     case ARCH_ROLE_W_GATE_UP:
         ne[0] = dim, ne[1] = 2 * ffn;
         return 2;
+    case ARCH_ROLE_ROUTER:
+        ne[0] = dim, ne[1] = hp->n_expert;
+        return 2;
+    case ARCH_ROLE_EXP_GATE:
+    case ARCH_ROLE_EXP_UP:
+        ne[0] = dim, ne[1] = hp->expert_ffn_dim, ne[2] = hp->n_expert;
+        return 3;
+    case ARCH_ROLE_EXP_DOWN:
+        ne[0] = hp->expert_ffn_dim, ne[1] = dim, ne[2] = hp->n_expert;
+        return 3;
     case ARCH_ROLE_W_DOWN:
     case ARCH_N_ROLES:
         break;

@@ -42,6 +42,10 @@ enum arch_role {
     ARCH_ROLE_W_DOWN,         /* (dim, ffn) */
     ARCH_ROLE_WQKV,           /* (q_dim + 2 kv_dim, dim): q, k, v as one tensor (split into WQ/WK/WV views) */
     ARCH_ROLE_W_GATE_UP,      /* (2 ffn, dim): gate then up as one tensor (split into W_GATE/W_UP views) */
+    ARCH_ROLE_ROUTER,         /* (n_expert, dim): the router's logits */
+    ARCH_ROLE_EXP_GATE,       /* (n_expert, expert_ffn, dim): the experts' gates stacked */
+    ARCH_ROLE_EXP_UP,         /* (n_expert, expert_ffn, dim) */
+    ARCH_ROLE_EXP_DOWN,       /* (n_expert, dim, expert_ffn) */
     ARCH_N_ROLES
 };
 
@@ -56,7 +60,8 @@ struct arch_tensor {
     enum arch_role role;
     enum arch_need need;
     const char *gguf; /* after "blk.N." */
-    const char *hf;   /* after "model.layers.N." */
+    const char *hf;   /* after "model.layers.N."; for the stacked expert roles, the name of one expert's
+                       * matrix with '*' for its number (transformers stores them one per expert) */
 };
 
 struct arch_family {
@@ -86,6 +91,9 @@ struct arch_family {
     int (*gguf_hparams)(const struct gguf *g, struct llm_hparams *hp, char *err);
     int (*hf_hparams)(struct json_t *config, struct llm_hparams *hp, char *err);
     int (*gguf_write)(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
+    /* The family a GGUF file of this architecture is when it has {arch}.expert_count > 0 (llama.cpp writes
+     * Mixtral as "llama" with experts), or NULL. */
+    const struct arch_family *gguf_experts;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */
@@ -100,8 +108,9 @@ const struct arch_family *arch_family_at(int i);
 /* "llama, mistral, qwen2, ..." (GGUF names) or, hf set, "LlamaForCausalLM, ..." into buf; returns buf. */
 const char *arch_supported(int hf, char *buf, size_t n);
 
-/* The shape of a tensor of this role as GGUF dims (ne[0] contiguous); returns its number of dims (1 or 2). */
-int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[2]);
+/* The shape of a tensor of this role as GGUF dims (ne[0] contiguous; unused dims 1); returns its number of
+ * dims (1, 2, or 3 for the stacked experts). */
+int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long ne[3]);
 /* The family's tensor of this role, or NULL when it has none. */
 const struct arch_tensor *arch_tensor_of(const struct arch_family *f, enum arch_role role);
 
@@ -112,9 +121,9 @@ struct arch_global {
 extern const struct arch_global arch_globals[];
 extern const int arch_n_globals;
 
-/* The Llama tensor set, for families that extend it (GGUF and HF names as llama.cpp and transformers write
- * them). */
-#define ARCH_LLAMA_TENSORS                                                                                   \
+/* The Llama attention block's tensors and the FFN norm (GGUF and HF names as llama.cpp and transformers write
+ * them), for families that put another FFN after them (the MoE families). */
+#define ARCH_LLAMA_ATTN_TENSORS                                                                              \
     {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},                   \
         {ARCH_ROLE_WQ, ARCH_NEED_ALWAYS, "attn_q.weight", "self_attn.q_proj.weight"},                        \
         {ARCH_ROLE_WK, ARCH_NEED_ALWAYS, "attn_k.weight", "self_attn.k_proj.weight"},                        \
@@ -124,12 +133,24 @@ extern const int arch_n_globals;
         {ARCH_ROLE_BK, ARCH_NEED_IF_BIAS, "attn_k.bias", "self_attn.k_proj.bias"},                           \
         {ARCH_ROLE_BV, ARCH_NEED_IF_BIAS, "attn_v.bias", "self_attn.v_proj.bias"},                           \
         {ARCH_ROLE_BO, ARCH_NEED_NEVER, "attn_output.bias", "self_attn.o_proj.bias"},                        \
-        {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"},        \
+    {                                                                                                        \
+        ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "post_attention_layernorm.weight"           \
+    }
+
+/* The Llama tensor set, for families that extend it. */
+#define ARCH_LLAMA_TENSORS                                                                                   \
+    ARCH_LLAMA_ATTN_TENSORS,                                                                                 \
         {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate.weight", "mlp.gate_proj.weight"},                     \
         {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up.weight", "mlp.up_proj.weight"},                           \
     {                                                                                                        \
         ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down.weight", "mlp.down_proj.weight"                        \
     }
+
+/* The expert keys of GGUF files as llama.cpp writes them ({arch}.expert_count, expert_used_count,
+ * expert_feed_forward_length (default: feed_forward_length), expert_weights_norm (default: true)), read and
+ * written for the MoE families (qwen3moe.c). */
+int arch_moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
+int arch_moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
 
 /* The Llama layer program (llama.c), which several families run unchanged. */
 extern const struct layer_program arch_llama_program;

@@ -7,6 +7,8 @@
 #include "weights/arch/arch.h"
 #include "weights/model_file.h"
 
+extern const struct arch_family arch_mixtral;
+
 /*   x += D; xn = norm(x)·attn_norm;  qkv = xn·Wqkvᵀ + b;  q, cache = rope(qkv);  att = attention(q, cache);
  *   D = att·Woᵀ;  x += D; xn = norm(x)·ffn_norm;  gu = xn·Wguᵀ;  h = silu(g)·u;  D = h·Wdownᵀ. */
 static const struct layer_op llama_ops[] = {
@@ -46,4 +48,5 @@ const struct arch_family arch_llama = {
     .program = &arch_llama_program,
     .is_70b = arch_llama_is_70b,
     .chat_template = "chatml",
+    .gguf_experts = &arch_mixtral,
 };

@@ -33,6 +33,8 @@ enum layer_op_kind {
     LOP_NORM,      /* out = rmsnorm(in) * norm[arg], in place allowed; a pending D stays pending (sandwich
                     * norms: Gemma's post-attention and post-FFN norms) */
     LOP_GELU_MUL,  /* out = gelu_tanh(in's gate half) * in's up half (Gemma's GeGLU) */
+    LOP_MOE,       /* out = the layer's experts on in (rows of dim): the router's softmax top-k, each chosen
+                    * expert's SwiGLU FFN on the rows routed to it, their weighted sum (kernels/cpu/moe.h) */
 };
 
 struct layer_op {

@@ -1,0 +1,47 @@
+/* moe — the Mixture-of-Experts FFN on the host: the router's top-k choice and the experts' SwiGLU products.
+ *
+ * Routing (kern_cpu_moe_route): per token, softmax over the router's logits (n_expert), the k largest
+ * probabilities (ties broken by the lowest expert id), and as weights either those probabilities or, with
+ * norm, the probabilities divided by their sum (Qwen3-MoE's norm_topk_prob, Mixtral). torch.topk does not
+ * promise an order among equal values (on the CPU, topk([0.3, 0.2, 0.3, 0.2, 0.3], 2) returns ids 2 and 4,
+ * and topk of 8 equal values returns 6, 5, 4 for k = 3, as measured with torch 2.15); exact ties between
+ * softmax outputs of real activations do not occur in practice, so ferry fixes the lowest id, the order
+ * llama.cpp's stable argsort also gives.
+ * Experts (kern_cpu_moe_ffn): for each expert, the rows of the tokens routed to it are gathered, multiplied
+ * by its gate and up matrices (kern_cpu_matmul, any stored type), silu(gate)·up by its down matrix, and the
+ * result scatter-added into y weighted by the token's routing weight. An expert no token chose costs nothing.
+ * kern_cpu_moe_ref is the plain per-token reference over f32 weights.
+ */
+#ifndef FERRY_KERN_CPU_MOE_H
+#define FERRY_KERN_CPU_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/dtype.h"
+
+struct tpool;
+
+/* ids, wts: (n, k) expert ids and weights of each token, in descending probability. logits (n, n_expert) is
+ * left unchanged. FERRY_ERR_INVALID for k outside 1..n_expert or n <= 0. */
+int kern_cpu_moe_route(const float *logits, int n, int n_expert, int k, int norm, int32_t *ids, float *wts);
+
+/* The experts of one layer, stacked: expert e's gate and up are rows [e*ffn, (e+1)*ffn) of (n_expert*ffn,
+ * dim) matrices, its down rows [e*dim, (e+1)*dim) of an (n_expert*dim, ffn) matrix. */
+struct kern_cpu_moe_experts {
+    const void *gate, *up, *down;
+    enum dtype gate_t, up_t, down_t;
+    int n_expert, dim, ffn;
+};
+
+/* Floats of workspace kern_cpu_moe_ffn needs for n tokens. */
+size_t kern_cpu_moe_ws_floats(const struct kern_cpu_moe_experts *ex, int n);
+/* y (n, dim) = sum over each token's k experts of wts · down(silu(gate x) · up x); x (n, dim). ws holds
+ * kern_cpu_moe_ws_floats floats. FERRY_ERR_RANGE for an expert id outside 0..n_expert-1. */
+int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
+                     const struct kern_cpu_moe_experts *ex, float *ws, struct tpool *tp);
+/* The reference: the same with f32 stacked weights, token by token, in double sums. */
+int kern_cpu_moe_ref(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
+                     const float *gate, const float *up, const float *down, int n_expert, int dim, int ffn);
+
+#endif
