@@ -38,7 +38,7 @@ def test_readme_two_commands_and_replaceable_sections():
     assert "bash deploy/quickstart.sh" in readme and "bash tests/run.sh" in readme
     ci = (SRC / ".ci" / "run").read_text()
     assert [l for l in ci.splitlines() if "tests/run.sh" in l] == ["exec bash tests/run.sh"]
-    for section in ("## Supported models", "## Quantization types"):
+    for section in ("## Supported model families", "## Quantization types"):
         body = readme.split(section + "\n", 1)[1].split("\n## ", 1)[0]
         assert body.strip() and "TODO" not in body and "placeholder" not in body.lower(), section
     assert len(readme.splitlines()) < 260
