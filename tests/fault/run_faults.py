@@ -313,6 +313,7 @@ def sweep(args, cls):
         return ok
 
     new_sites = {}
+    tries = {}  # armed runs of each site (hex)
     if args.every:
         arms = [{"FERRY_FAULT_N": str(n)} for n in range(1, total + 1, args.stride)]
         with ThreadPoolExecutor(args.jobs) as ex:
@@ -321,7 +322,6 @@ def sweep(args, cls):
         # round 1: the clean run's sites; then each site first seen in the handling of an earlier failure, armed
         # after that failure; a site a run did not reach (threads interleave differently) is tried again
         arms = [{"FERRY_FAULT_SITE": hex(s)} for s in sorted(sites)]
-        tries = {}
         for round_no in range(1, 6):
             arms = [a for a in arms if int(a["FERRY_FAULT_SITE"].split(",")[-1], 16) not in done_sites]
             if not arms:
@@ -362,10 +362,18 @@ def sweep(args, cls):
               f"call paths")
         if missed:
             print(f"   call paths not reached again when armed: " + ", ".join(names.get(s, hex(s)) for s in missed[:20]))
-        if calls_all - calls_failed:
+        # a call none of whose paths an armed run reached, each armed three times, is one that only timing
+        # reaches (a stream event under load): listed, not counted; any other call that never failed fails
+        timing = {s & 0xffffffff for s in missed if tries.get(hex(s), 0) >= 3}
+        untested = calls_all - calls_failed - {c for c in timing
+                                               if all(s in missed for s in sites if s & 0xffffffff == c)}
+        if calls_all - calls_failed - untested:
+            print("   not failed, reached only by timing (armed three times): " +
+                  ", ".join(names.get(s, hex(s)) for s in missed if s & 0xffffffff in calls_all - calls_failed - untested))
+        if untested:
             ok_all = False
-            print(f"   FAIL: {len(calls_all - calls_failed)} calls never failed: " +
-                  ", ".join(names.get(s, hex(s)) for s in missed if s & 0xffffffff not in calls_failed))
+            print(f"   FAIL: {len(untested)} calls never failed: " +
+                  ", ".join(names.get(s, hex(s)) for s in missed if s & 0xffffffff in untested))
     return ok_all, len(results)
 
 
