@@ -181,6 +181,20 @@ void routes_on_wake(uv_async_t *a)
     }
 }
 
+/* After the loop and the engine thread have stopped: frees the requests whose connection ended while they
+ * waited on the wake list (their free_on_pop was set, and no wake-up will ever pop them now). */
+void routes_wake_drain(struct server *S)
+{
+    pthread_mutex_lock(&S->wake_mu);
+    struct hreq *list = S->wake_head;
+    S->wake_head = NULL;
+    pthread_mutex_unlock(&S->wake_mu);
+    for (struct hreq *h = list, *next; h; h = next) {
+        next = h->wnext;
+        if (h->free_on_pop) hreq_free(h);
+    }
+}
+
 void routes_on_drain(struct http_req *q, void *user)
 {
     (void)user;

@@ -225,9 +225,9 @@ static void close_all(struct server *S)
 {
     S->closing = 1;
     http_server_close(S->http);
-    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term, (uv_handle_t *)&S->sig_int,
+    uv_handle_t *hs[] = {(uv_handle_t *)&S->sig_term,    (uv_handle_t *)&S->sig_int,
                          (uv_handle_t *)&S->drain_timer, (uv_handle_t *)&S->ping_timer,
-                         (uv_handle_t *)&S->trim_timer, (uv_handle_t *)&S->wake};
+                         (uv_handle_t *)&S->trim_timer,  (uv_handle_t *)&S->wake};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (!uv_is_closing(hs[i])) uv_close(hs[i], NULL);
     if (S->loader_started && !S->loader_done) {
@@ -567,6 +567,7 @@ int serve_main(int argc, char **argv)
     }
     if (S->loader_started) uv_thread_join(&S->loader);
     sched_free(S->sched);
+    routes_wake_drain(S); /* no wake-up comes any more */
     engine_free(S->eng);
     draft_model_free(S->dm);
     tokenizer_free(S->tok);

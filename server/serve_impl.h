@@ -78,6 +78,7 @@ void routes_on_end(struct http_req *q, int aborted, void *user);
 void routes_on_drain(struct http_req *q, void *user);
 /* S->wake: the engine thread queued requests on wake_head; write what they have. */
 void routes_on_wake(uv_async_t *a);
+void routes_wake_drain(struct server *S);
 /* Every second (S->ping_timer): keep-alive comments on streams that have been silent. */
 void routes_on_ping(uv_timer_t *t);
 
