@@ -2,6 +2,7 @@
  */
 #include "runtime/draft_model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,8 @@ struct draft_model {
     uint8_t *want;           /* (max_batch) */
     int *row_of;             /* (max_batch) the proposal whose logits row this is */
     float *logits;           /* (max_batch, n_vocab) */
-    int *at;                 /* (max_batch >= n_seqs) per proposal: the next position to feed */
+    int *at;                 /* (max_batch >= n_seqs) per proposal: the next position to feed; -1: done */
+    const float *p_min;      /* the proposal being made: its lowest draft probabilities, or NULL */
 };
 
 int draft_model_init(struct draft_model **out, const struct model_file *mf, const struct engine_params *p,
@@ -94,6 +96,14 @@ static int32_t argmax(const float *row, int n)
 }
 
 /* Runs the batch built so far; each row with logits gives its proposal's next draft. */
+/* The probability softmax gives the row's largest logit, top. */
+static float top_prob(const float *row, int n, float top)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)row[i] - top);
+    return (float)(1.0 / sum);
+}
+
 static int run_step(struct draft_model *d, int n_tok, int n_rows, int32_t *const *out, int *n_out)
 {
     struct batch b = {
@@ -102,15 +112,22 @@ static int run_step(struct draft_model *d, int n_tok, int n_rows, int32_t *const
     if (rc) return rc;
     for (int r = 0; r < n_rows; r++) {
         const int i = d->row_of[r];
-        out[i][n_out[i]++] = argmax(d->logits + (size_t)r * d->n_vocab, d->n_vocab);
+        const float *row = d->logits + (size_t)r * d->n_vocab;
+        const int32_t t = argmax(row, d->n_vocab);
+        if (d->p_min && d->p_min[i] > 0 && top_prob(row, d->n_vocab, row[t]) < d->p_min[i]) {
+            d->at[i] = -1; /* unsure: the draft ends before this token */
+            continue;
+        }
+        out[i][n_out[i]++] = t;
     }
     return 0;
 }
 
 int draft_model_propose(struct draft_model *d, int n, const int *seq, const int32_t *const *hist,
-                        const int *n_hist, const int *k, int32_t *const *out, int *n_out)
+                        const int *n_hist, const int *k, const float *p_min, int32_t *const *out, int *n_out)
 {
     if (n > d->n_seqs) return FERRY_ERR_INVALID;
+    d->p_min = p_min;
     int rc = 0;
     for (int i = 0; i < n; i++) {
         n_out[i] = 0;

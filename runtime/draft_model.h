@@ -26,10 +26,11 @@ void draft_model_free(struct draft_model *d);
 const struct engine *draft_model_engine(const struct draft_model *d);
 
 /* One proposal per request i in [0, n): slot seq[i], the sequence's tokens hist[i] (n_hist[i] of them), up
- * to k[i] greedy drafts into out[i]; n_out[i] gets how many (fewer when the slot's context ends). Returns
+ * to k[i] greedy drafts into out[i]; n_out[i] gets how many (fewer when the slot's context ends, or before
+ * the first token whose probability is below p_min[i] when p_min is not NULL). Returns
  * engine_step's status (a failure leaves the slots to be rebuilt at their next proposal). */
 int draft_model_propose(struct draft_model *d, int n, const int *seq, const int32_t *const *hist,
-                        const int *n_hist, const int *k, int32_t *const *out, int *n_out);
+                        const int *n_hist, const int *k, const float *p_min, int32_t *const *out, int *n_out);
 /* The slot's sequence ended: its KV is returned. */
 void draft_model_seq_free(struct draft_model *d, int seq);
 

@@ -522,6 +522,12 @@ int api_parse_object(const struct api_ctx *a, enum sreq_kind kind, json_t *o, st
     }
     if (api_get_bool(o, "ignore_eos", &b, e) > 0) r->ignore_eos = b;
     if (e->status) goto fail;
+    if (api_get_int(o, "speculative.n_max", 0, SPEC_MAX_DRAFT, &ll, e) > 0) r->spec_n_max = (int)ll;
+    if (e->status) goto fail;
+    if (api_get_int(o, "speculative.n_min", 0, SPEC_MAX_DRAFT, &ll, e) > 0) r->spec_n_min = (int)ll;
+    if (e->status) goto fail;
+    if (api_get_num(o, "speculative.p_min", 0, 1, &d, e) > 0) r->spec_p_min = (float)d;
+    if (e->status) goto fail;
     if (api_get_bool(o, "stream", &b, e) > 0) r->stream = b;
     if (e->status) goto fail;
     json_t *so = json_object_get(o, "stream_options");

@@ -56,6 +56,8 @@ struct run_opts {
     enum engine_backend backend;
     int kv_type;             /* --kv-type: enum kv_elem (default f16) */
     int spec_n_max;          /* --spec-type: drafts of up to this many tokens a step; 0 = off */
+    int spec_n_min;          /* a shorter draft is not verified */
+    float spec_p_min;        /* --model-draft stops a draft at a token below this probability */
     const char *model_draft; /* --spec-type draft: the draft model */
 };
 
@@ -100,6 +102,8 @@ static void run_usage(FILE *f)
             "                         without (default none; draft when --model-draft is given)\n"
             "  --model-draft PATH     a smaller model with the same vocabulary that drafts (GGUF or HF)\n"
             "  --spec-draft-n-max N   tokens drafted a step, 1..32 (default 8)\n"
+            "  --spec-draft-n-min N   a shorter draft is not verified (default 0)\n"
+            "  --spec-draft-p-min P   the draft model stops at a token it gives less than P (default 0)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
 }
 
@@ -222,6 +226,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_SYSTEM,
         O_SPEC_TYPE,
         O_SPEC_N_MAX,
+        O_SPEC_N_MIN,
+        O_SPEC_P_MIN,
         O_MODEL_DRAFT,
         O_HF_REPO
     };
@@ -257,6 +263,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"backend", required_argument, 0, O_BACKEND},
         {"spec-type", required_argument, 0, O_SPEC_TYPE},
         {"spec-draft-n-max", required_argument, 0, O_SPEC_N_MAX},
+        {"spec-draft-n-min", required_argument, 0, O_SPEC_N_MIN},
+        {"spec-draft-p-min", required_argument, 0, O_SPEC_P_MIN},
         {"model-draft", required_argument, 0, O_MODEL_DRAFT},
         {"hf-repo", required_argument, 0, O_HF_REPO},
         {"help", no_argument, 0, 'h'},
@@ -403,6 +411,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         case O_SPEC_N_MAX:
             bad |= parse_int(optarg, 1, SPEC_MAX_DRAFT, &spec_n_max) ? 1 : 0;
+            break;
+        case O_SPEC_N_MIN:
+            bad |= parse_int(optarg, 0, SPEC_MAX_DRAFT, &o->spec_n_min) ? 1 : 0;
+            break;
+        case O_SPEC_P_MIN:
+            bad |= parse_float(optarg, 0, 1, &o->spec_p_min) ? 1 : 0;
             break;
         case 'h':
             run_usage(stdout);
@@ -759,13 +773,14 @@ int cli_run_main(int argc, char **argv)
             const int32_t *h = hist;
             const int nh = n_prompt + n_gen, s0 = 0;
             int32_t *dout = draft;
-            if ((rc = draft_model_propose(dm, 1, &s0, &h, &nh, &k, &dout, &nd))) {
+            if ((rc = draft_model_propose(dm, 1, &s0, &h, &nh, &k, &o.spec_p_min, &dout, &nd))) {
                 fprintf(stderr, "\nferry run: the draft model failed: %s\n", ferry_status_str(rc));
                 break;
             }
         } else if (k > 0) {
             nd = spec_ngram_draft(hist, n_prompt + n_gen, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, draft);
         }
+        if (nd < o.spec_n_min) nd = 0;
         n_drafted += (uint64_t)nd;
         n_steps++;
         if ((rc = spec_step(eng, 0, gen[n_gen - 1], pos, draft, nd, logits))) {

@@ -331,6 +331,9 @@ int api_parse_llama(const struct api_ctx *a, int infill, const char *body, size_
         {"json_schema", "json_schema"},
         {"response_format", "response_format"},
         {"grammar", "grammar"},
+        {"speculative.n_max", "speculative.n_max"},
+        {"speculative.n_min", "speculative.n_min"},
+        {"speculative.p_min", "speculative.p_min"},
     };
     for (size_t k = 0; !rc && k < sizeof copied / sizeof copied[0]; k++) {
         json_t *v = json_object_get(o, copied[k][0]);

@@ -7,6 +7,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 
-enum opt_type { OPT_STR, OPT_INT, OPT_I64, OPT_SIZE, OPT_BOOL, OPT_KEYS, OPT_ENUM };
+enum opt_type { OPT_STR, OPT_INT, OPT_I64, OPT_SIZE, OPT_BOOL, OPT_KEYS, OPT_ENUM, OPT_REAL };
 
 struct opt_row {
     const char *name; /* long option without dashes; env var is FERRY_<NAME> */
@@ -70,6 +71,10 @@ static const struct opt_row rows[] = {
      "on a GPU its bytes come out of --gpu-memory"},
     {"spec-draft-n-max", OPT_INT, OFF(spec_draft_n_max), 1, 32, "8", NULL,
      "tokens one sequence drafts a step at most (fewer when many sequences decode together)"},
+    {"spec-draft-n-min", OPT_INT, OFF(spec_draft_n_min), 0, 32, "0", NULL,
+     "a draft shorter than this is not verified (the step goes without it)"},
+    {"spec-draft-p-min", OPT_REAL, OFF(spec_draft_p_min), 0, 1, "0", NULL,
+     "--model-draft stops a draft at a token it gives less than this probability (0: always k tokens)"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, "0", NULL, "CPU threads (0 = online cores)"},
     {"max-queue", OPT_INT, OFF(max_queue), 0, 1 << 20, "64", NULL,
      "sequences waiting for a slot before 503 + Retry-After"},
@@ -114,7 +119,8 @@ static const struct opt_row rows[] = {
     {"served-model-name", OPT_STR, OFF(served_model_name), 0, 0, NULL, NULL,
      "model id in the API (default: file name of --model)"},
     {"hf-repo", OPT_STR, OFF(hf_repo), 0, 0, NULL, NULL,
-     "OWNER/REPO[:QUANT]: download the model from a Hugging Face hub into the cache (as ferry pull), then serve it"},
+     "OWNER/REPO[:QUANT]: download the model from a Hugging Face hub into the cache (as ferry pull), then "
+     "serve it"},
     {"any-model", OPT_BOOL, OFF(any_model), 0, 1, "0", NULL,
      "accept any \"model\" in requests (clients with a hard-coded name) instead of answering 404"},
     {"seed", OPT_I64, OFF(seed), -1, INT64_MAX, "-1", NULL,
@@ -281,6 +287,17 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
         *(int *)base = b;
         return 0;
     }
+    case OPT_REAL: {
+        char *end = NULL;
+        double d = val && *val ? strtod(val, &end) : NAN;
+        if (!end || *end || !(d >= (double)r->lo && d <= (double)r->hi)) {
+            snprintf(err, 256, "%s: --%s: '%s' is not a number in [%lld, %lld]", from, r->name,
+                     val ? val : "", (long long)r->lo, (long long)r->hi);
+            return FERRY_ERR_INVALID;
+        }
+        *(double *)base = d;
+        return 0;
+    }
     case OPT_INT:
     case OPT_I64:
     case OPT_SIZE: {
@@ -445,13 +462,14 @@ void serve_options_help(FILE *f)
         const char *meta = r->type == OPT_BOOL                        ? " [BOOL]"
                            : r->type == OPT_SIZE                      ? " SIZE"
                            : r->type == OPT_INT || r->type == OPT_I64 ? " N"
+                           : r->type == OPT_REAL                      ? " X"
                            : r->type == OPT_ENUM                      ? " WORD"
                                                                       : " TEXT";
         snprintf(lhs, sizeof lhs, "--%s%s", r->name, meta);
         fprintf(f, "  %-26s %s\n", lhs, r->help);
         fprintf(f, "  %-26s env %s", "", env);
         if (r->type == OPT_ENUM) fprintf(f, ", one of %s", r->choices);
-        if ((r->type == OPT_INT || r->type == OPT_I64) && r->hi > r->lo)
+        if ((r->type == OPT_INT || r->type == OPT_I64 || r->type == OPT_REAL) && r->hi > r->lo)
             fprintf(f, ", range [%lld, %lld]", (long long)r->lo, (long long)r->hi);
         if (r->def) fprintf(f, ", default %s", r->def);
         fprintf(f, "\n");

@@ -20,52 +20,54 @@ struct serve_options {
     int port;                                 /* 0 = any free port (logged) */
     const char *api_keys[SERVE_MAX_API_KEYS]; /* --api-key, repeatable */
     int n_api_keys;
-    const char *api_key_file;      /* one key per line, '#' comments */
-    int ctx_size;                  /* positions per sequence; 0 = engine default */
-    int kv_tokens;                 /* KV pool positions over all sequences; 0 = parallel * ctx */
-    const char *backend;           /* auto|cpu|cuda */
-    int parallel;                  /* sequence slots */
-    int max_batch_tokens;          /* tokens per engine step */
-    int prefill_budget;            /* prompt tokens per step beside the decode rows; 0 = what is left */
-    int gpu_sampling;              /* draw on the GPU (CUDA backend) */
-    int overlap;                   /* begin a decode step before the last one is published */
-    int threads;                   /* CPU threads; 0 = online cores */
-    int max_queue;                 /* waiting sequences before 503 */
-    int queue_timeout;             /* seconds a request may wait for its first slot (503 after); 0 = none */
-    int fair_share;                /* share the slots between clients (API key, else address) */
-    int64_t body_limit;            /* bytes */
-    int timeout;                   /* seconds per request (queue + generation); 0 = none */
-    int conn_timeout;              /* seconds a connection may stay silent, or leave the response unread */
-    int header_timeout;            /* seconds for a whole request head, from its first byte */
-    int body_timeout;              /* seconds for a whole request body, from the end of the head */
-    int max_connections;           /* open at once; past it 503 + Retry-After */
-    int max_connections_per_ip;    /* from one address; 0 = no limit */
-    const char *allowed_hosts;     /* without an API key: Host names accepted besides loopback ones */
-    int shutdown_timeout;          /* seconds to drain on SIGTERM before cutting requests */
-    const char *cors_origin;       /* Access-Control-Allow-Origin value; NULL = no CORS headers */
-    const char *chat_template;     /* builtin template name overriding the model's */
+    const char *api_key_file;       /* one key per line, '#' comments */
+    int ctx_size;                   /* positions per sequence; 0 = engine default */
+    int kv_tokens;                  /* KV pool positions over all sequences; 0 = parallel * ctx */
+    const char *backend;            /* auto|cpu|cuda */
+    int parallel;                   /* sequence slots */
+    int max_batch_tokens;           /* tokens per engine step */
+    int prefill_budget;             /* prompt tokens per step beside the decode rows; 0 = what is left */
+    int gpu_sampling;               /* draw on the GPU (CUDA backend) */
+    int overlap;                    /* begin a decode step before the last one is published */
+    int threads;                    /* CPU threads; 0 = online cores */
+    int max_queue;                  /* waiting sequences before 503 */
+    int queue_timeout;              /* seconds a request may wait for its first slot (503 after); 0 = none */
+    int fair_share;                 /* share the slots between clients (API key, else address) */
+    int64_t body_limit;             /* bytes */
+    int timeout;                    /* seconds per request (queue + generation); 0 = none */
+    int conn_timeout;               /* seconds a connection may stay silent, or leave the response unread */
+    int header_timeout;             /* seconds for a whole request head, from its first byte */
+    int body_timeout;               /* seconds for a whole request body, from the end of the head */
+    int max_connections;            /* open at once; past it 503 + Retry-After */
+    int max_connections_per_ip;     /* from one address; 0 = no limit */
+    const char *allowed_hosts;      /* without an API key: Host names accepted besides loopback ones */
+    int shutdown_timeout;           /* seconds to drain on SIGTERM before cutting requests */
+    const char *cors_origin;        /* Access-Control-Allow-Origin value; NULL = no CORS headers */
+    const char *chat_template;      /* builtin template name overriding the model's */
     const char *chat_template_file; /* a template file overriding both */
-    const char *reasoning_format;  /* auto|none: <think> blocks of chat answers into reasoning_content */
-    const char *pooling;           /* mean|last: how /v1/embeddings pools the hidden states */
-    int public_health;             /* 1: /health and /metrics need no key */
-    const char *log_level;         /* error|warn|info|debug */
-    const char *served_model_name; /* NULL = file name of --model */
-    int any_model;                 /* 1: accept any "model" value instead of 404 */
-    int64_t seed;                  /* default seed when a request gives none; -1 = random per request */
-    int64_t gpu_memory;            /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
+    const char *reasoning_format;   /* auto|none: <think> blocks of chat answers into reasoning_content */
+    const char *pooling;            /* mean|last: how /v1/embeddings pools the hidden states */
+    int public_health;              /* 1: /health and /metrics need no key */
+    const char *log_level;          /* error|warn|info|debug */
+    const char *served_model_name;  /* NULL = file name of --model */
+    int any_model;                  /* 1: accept any "model" value instead of 404 */
+    int64_t seed;                   /* default seed when a request gives none; -1 = random per request */
+    int64_t gpu_memory;             /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
     int64_t reserve_vram;
-    int gpu_layers;    /* -1 = planner decides */
-    int ring_layers;   /* streaming ring size in the largest streamed layers; 0 = planner decides */
+    int gpu_layers;        /* -1 = planner decides */
+    int ring_layers;       /* streaming ring size in the largest streamed layers; 0 = planner decides */
     const char *placement; /* auto|stream|cpu: what the host layers do (CUDA backend) */
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
     const char *cpu_arith; /* f32|int8: x of CPU products with block-type weights */
     const char *kv_type;   /* f16|f32|q8_0: the CPU backend's KV cache */
-    const char *quant; /* none|int8|int4 */
+    const char *quant;     /* none|int8|int4 */
     int deterministic;
     int prompt_cache;                    /* reuse a free slot's KV for a prompt with the same start */
     const char *spec_type;               /* none|ngram|draft: speculative decoding's drafter */
     const char *model_draft;             /* the draft model of --spec-type draft */
     int spec_draft_n_max;                /* tokens one sequence drafts a step at most */
+    int spec_draft_n_min;                /* a shorter draft is not verified */
+    double spec_draft_p_min;             /* the draft model stops at a token below this probability */
     int help;                            /* --help was given */
     char *owned[SERVE_MAX_API_KEYS + 1]; /* allocations to free (key-file keys) */
     int n_owned;

@@ -330,6 +330,19 @@ static int embed_batch_locked(struct sched *s)
     return ne;
 }
 
+/* A request's drafts a step at most: the step's k_max, or less where the request asked (speculative.n_max).
+ */
+static int spec_cap(const struct sreq *r, int k_max)
+{
+    return r->spec_n_max >= 0 && r->spec_n_max < k_max ? r->spec_n_max : k_max;
+}
+
+/* The shortest draft worth its rows for r (speculative.n_min, else the server's). */
+static int spec_min(const struct sched *s, const struct sreq *r)
+{
+    return r->spec_n_min >= 0 ? r->spec_n_min : s->p.spec_n_min;
+}
+
 /* With mu held: one step's batch: every decoding sequence gets its token, then prefill chunks in admission
  * order as the policy cuts them. Fills the batch arrays, row_owner/row_at (rows sampled) and the prompt
  * rows whose logprobs are asked; returns the batch's tokens, *rows and *n_prefill. */
@@ -375,7 +388,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
             c->spec_skip--;
             continue;
         }
-        int k = k_max;
+        int k = spec_cap(c->req, k_max);
         if (k > c->out.p.max_tokens - c->out.n_gen - 1) k = c->out.p.max_tokens - c->out.n_gen - 1;
         if (k > s->ctx - (pos + 1) - 1) k = s->ctx - (pos + 1) - 1;
         if (k <= 0) continue;
@@ -383,6 +396,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
             c->n_draft = c->n_model_draft < k ? c->n_model_draft : k;
         else
             c->n_draft = spec_ngram_draft(c->hist, pos + 1, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, c->draft);
+        if (c->n_draft < spec_min(s, c->req)) c->n_draft = 0; /* too short to be worth its rows */
         for (int j = 0; j < c->n_draft; j++) {
             s->b_tokens[n] = c->draft[j];
             s->b_pos[n] = pos + 1 + j;
@@ -484,20 +498,22 @@ static void draft_with_model_locked(struct sched *s)
         n_out[SCHED_SPEC_MAX_SEQS];
     const int32_t *hist[SCHED_SPEC_MAX_SEQS];
     int32_t *out[SCHED_SPEC_MAX_SEQS];
+    float p_min[SCHED_SPEC_MAX_SEQS];
     struct choice *who[SCHED_SPEC_MAX_SEQS];
     for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
         struct choice *c = s->run[i];
         if (c->n_fed < c->n_feed || c->req->paused || !c->hist || c->spec_skip > 0 || c->fin) continue;
         const int len = c->n_prompt + c->out.n_gen; /* its tokens, the last one pending */
-        int kk = k_max;
+        int kk = spec_cap(c->req, k_max);
         if (kk > c->out.p.max_tokens - c->out.n_gen - 1) kk = c->out.p.max_tokens - c->out.n_gen - 1;
         if (kk > s->ctx - len - 1) kk = s->ctx - len - 1;
-        if (kk <= 0) continue;
+        if (kk <= 0 || kk < spec_min(s, c->req)) continue;
+        p_min[n] = c->req->spec_p_min >= 0 ? c->req->spec_p_min : s->p.spec_p_min;
         seq[n] = c->slot, hist[n] = c->hist, n_hist[n] = len, k[n] = kk, out[n] = c->draft, who[n++] = c;
     }
     if (!n) return;
     pthread_mutex_unlock(&s->mu);
-    const int rc = draft_model_propose(s->p.draft, n, seq, hist, n_hist, k, out, n_out);
+    const int rc = draft_model_propose(s->p.draft, n, seq, hist, n_hist, k, p_min, out, n_out);
     pthread_mutex_lock(&s->mu);
     if (rc) {
         FLOG_WARN("the draft model failed (%s): this step goes without drafts", ferry_status_str(rc));

@@ -119,6 +119,11 @@ struct sreq {
     int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
     int ignore_eos; /* end-of-generation tokens are sampled as text: only max_tokens and stops end it */
+    /* speculative decoding for this request (llama-server's speculative.n_max/n_min/p_min), within the
+     * server's: drafts a step at most (0: none), the shortest draft worth a verification, and the draft
+     * model's lowest token probability; -1: the server's */
+    int spec_n_max, spec_n_min;
+    float spec_p_min;
     struct grammar *grammar; /* owned; non-NULL: outputs are constrained to it (response_format json_object or
                               * json_schema, a required tool call); the output ends when the grammar does */
     int keep_special; /* control tokens other than end-of-generation go into the text (tool-call markers
@@ -176,6 +181,8 @@ struct sched_params {
                      * are published (the device runs while the host publishes; sched_engine.c) */
     int spec_n_max; /* speculative decoding (runtime/spec.h): tokens one sequence drafts a step at most;
                      * 0 = off */
+    int spec_n_min; /* a shorter draft is dropped (the step goes without it) */
+    float spec_p_min; /* the draft model stops a draft at a token it gives less than this probability */
     struct draft_model *draft; /* the drafter (runtime/draft_model.h; borrowed, run by the engine thread),
                                 * or NULL: prompt lookup */
     int fair_share;            /* share the slots between clients while others wait (sched_policy.h) */

@@ -22,6 +22,8 @@ struct sreq *sreq_new(void)
     r->refs = 1;
     r->logprobs = -1;
     r->n = 1;
+    r->spec_n_max = r->spec_n_min = -1;
+    r->spec_p_min = -1;
     return r;
 }
 

@@ -58,6 +58,40 @@ def test_drafts_are_accepted(pair):
     assert plain.metrics()["ferry_spec_drafted_tokens_total"] == 0
 
 
+def spec_counts(server, body, path="/v1/completions"):
+    """(answer, drafted, verification steps) of one request alone on server."""
+    m0 = server.metrics()
+    status, _, out = post(server.url + path, body)
+    assert status == 200, out
+    m1 = server.metrics()
+    return (out, m1["ferry_spec_drafted_tokens_total"] - m0["ferry_spec_drafted_tokens_total"],
+            m1["ferry_spec_verifications_total"] - m0["ferry_spec_verifications_total"])
+
+
+def test_per_request_controls(pair):
+    """speculative.n_max / n_min as llama-server names them: within the server's limits, answers unchanged."""
+    plain, spec = pair
+    body = dict(prompt=PROMPTS[0], max_tokens=96, temperature=0)
+    want = complete(plain, **body)["choices"][0]["text"]
+    out, drafted, steps = spec_counts(spec, dict(body, **{"speculative.n_max": 0}))
+    assert out["choices"][0]["text"] == want and drafted == 0 and steps == 0
+    out, drafted, steps = spec_counts(spec, dict(body, **{"speculative.n_max": 2}))
+    assert out["choices"][0]["text"] == want and steps > 0 and drafted <= 2 * steps, (drafted, steps)
+    _, drafted_all, steps_all = spec_counts(spec, body)
+    assert drafted_all > 2 * steps_all or drafted_all > drafted, (drafted_all, steps_all, drafted)
+    # a draft of 6 or fewer tokens never reaches a minimum of 7
+    out, drafted, steps = spec_counts(spec, dict(body, **{"speculative.n_min": 7}))
+    assert out["choices"][0]["text"] == want and drafted == 0
+    # llama-server's own endpoint takes the same fields
+    out, drafted, _ = spec_counts(spec, {"prompt": PROMPTS[0], "n_predict": 96, "temperature": 0,
+                                         "speculative.n_max": 0}, "/completion")
+    assert out["content"] == want and drafted == 0
+    for bad in ({"speculative.n_max": 33}, {"speculative.n_min": -1}, {"speculative.p_min": 1.5},
+                {"speculative.n_max": "4"}):
+        status, _, out = post(spec.url + "/v1/completions", dict(body, **bad))
+        assert status == 400 and out["error"]["param"] == next(iter(bad)), (bad, out)
+
+
 def test_same_answers_decoding_together(pair):
     """Four requests at once: verification rows of several sequences share steps with each other."""
     bodies = [dict(prompt=p, max_tokens=80, temperature=0.7, seed=3 + i) for i, p in enumerate(PROMPTS)]
@@ -132,6 +166,15 @@ def test_draft_model_server(pair, tmp_path):
         assert got == want
         m = s.metrics()
         assert 0 < m["ferry_spec_accepted_tokens_total"] < m["ferry_spec_drafted_tokens_total"], m
+        # speculative.p_min: the draft stops at a token the draft model is less sure of; 1 stops every draft
+        body = dict(prompt=PROMPTS[0], max_tokens=80, temperature=0)
+        want = complete(pair[0], **body)["choices"][0]["text"]
+        counts = []
+        for p_min in (0, 0.6, 1):
+            out, drafted, steps = spec_counts(s, dict(body, **{"speculative.p_min": p_min}))
+            assert out["choices"][0]["text"] == want, p_min
+            counts.append(drafted)
+        assert counts[0] > counts[1] > 0 and counts[2] == 0, counts
     finally:
         assert s.stop() == 0, s.read_log()
 
@@ -142,7 +185,10 @@ def test_draft_model_refused_at_start(tmp_path):
     src = os.environ.get("FERRY_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
     other = os.path.join(src, "tests", "golden", "models", "llama_mha_f32")
     for args, words in ((["--model-draft", other], ["257", "512"]), (["--spec-type", "draft"], ["--model-draft"]),
-                        (["--model-draft", str(tmp_path / "none.gguf")], ["none.gguf"])):
+                        (["--model-draft", str(tmp_path / "none.gguf")], ["none.gguf"]),
+                        (["--spec-draft-p-min", "1.5"], ["--spec-draft-p-min", "[0, 1]"]),
+                        (["--spec-draft-p-min", "0.5x"], ["--spec-draft-p-min"]),
+                        (["--spec-draft-n-min", "33"], ["--spec-draft-n-min"])):
         r = subprocess.run([FERRY, "serve", "--model", MODEL, "--port", "0", *args], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode != 0, args
