@@ -26,7 +26,7 @@ apt_pkgs=(meson ninja-build pkg-config gcc g++ libjansson-dev libuv1-dev libmicr
 apt_test=(libcriterion-dev)
 apt_extra=(clang libclang-rt-14-dev nginx-light chromium)
 [[ $mode == test ]] && apt_pkgs+=("${apt_test[@]}") || apt_extra=()
-py_test=(openai anthropic pytest pyyaml httpx jsonschema)
+py_test=(openai anthropic pytest pyyaml httpx jsonschema gguf)
 setup_args=(--buildtype=release)
 [[ $mode == serve ]] && setup_args+=(-Dtests=disabled)
 [[ -n ${FERRY_CUDA_ARCH:-} ]] && setup_args+=("-Dgpu_arch=$FERRY_CUDA_ARCH")

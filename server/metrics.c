@@ -63,9 +63,12 @@ void metrics_set_queue_depth(struct metrics *m, int queued)
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st)
+void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st,
+                        int kv_idle)
 {
     pthread_mutex_lock(&m->mu);
+    m->kv_blocks_idle = kv_idle;
+    m->kv_block_size = st->kv_block_size;
     m->queue_depth = queued;
     m->running_seqs = running;
     m->kv_blocks_used = st->kv_blocks_used;
@@ -197,6 +200,40 @@ static void render_hist(struct sbuf *b, const char *name, const char *help, cons
               name, h->sum, name, (unsigned long long)h->n);
 }
 
+/* The Gateway API Inference Extension's model server protocol: queued requests, running requests and the KV
+ * cache's utilisation as gauges, named as its endpoint picker's default configuration names them (vLLM's; the
+ * KV utilisation under vLLM's current name and the one older pickers default to). Waiting and running count
+ * sequences (a request with n choices is n), as vLLM's scheduler does. The utilisation is a fraction (0..1)
+ * of the KV pool held by running sequences: a free slot's prompt cache is given up when a new sequence needs
+ * its blocks, so it counts as free, as vLLM counts its cached free blocks. cache_config_info gives the block
+ * size (positions) and the pool's blocks (the whole pool, which on a GPU includes any extension in host
+ * memory) to the picker's prefix-cache scorer. No LoRA gauge: ferry serves no adapters. */
+static void render_gateway(struct sbuf *b, const struct metrics *m)
+{
+    int active = m->kv_blocks_used - m->kv_blocks_idle;
+    if (active < 0) active = 0; /* a free slot's cache may share blocks with a running sequence */
+    const double usage = m->kv_blocks_total > 0 ? (double)active / m->kv_blocks_total : 0.0;
+    sb_printf(b,
+              "# HELP vllm:num_requests_waiting Sequences waiting for a slot (as ferry_queue_depth).\n"
+              "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting %d\n"
+              "# HELP vllm:num_requests_running Sequences holding a slot (as ferry_running_sequences).\n"
+              "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %d\n",
+              m->queue_depth, m->running_seqs);
+    static const char *const usage_names[] = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"};
+    for (int i = 0; i < 2; i++)
+        sb_printf(b,
+                  "# HELP %s Fraction of the KV cache's blocks held by running sequences (1 = full; a free "
+                  "slot's prompt cache counts as free).\n# TYPE %s gauge\n%s %.6f\n",
+                  usage_names[i], usage_names[i], usage_names[i], usage);
+    if (m->kv_blocks_total > 0)
+        sb_printf(
+            b,
+            "# HELP vllm:cache_config_info The KV cache's shape: positions per block, blocks in the pool.\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n",
+            m->kv_block_size, m->kv_blocks_total);
+}
+
 char *metrics_render(struct metrics *m, size_t *len)
 {
     struct sbuf b = {malloc(4096), 0, 4096, 0};
@@ -318,6 +355,7 @@ char *metrics_render(struct metrics *m, size_t *len)
     render_hist(&b, "ferry_batch_size_tokens", "Tokens per engine step.", &m->batch_tokens);
     render_hist(&b, "ferry_request_duration_seconds", "Time from arrival to completion of a request.",
                 &m->request_seconds);
+    render_gateway(&b, m);
     pthread_mutex_unlock(&m->mu);
     if (b.oom) {
         free(b.p);

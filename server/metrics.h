@@ -3,6 +3,8 @@
  * All updates take one mutex (they are a few per token, far below the cost of a step). Histograms have
  * fixed bucket bounds in seconds or tokens. The engine thread owns the gauges it reports (running
  * sequences, batch size, KV blocks); the loop thread counts requests by status when they complete.
+ * Besides ferry's own names, /metrics carries the gauges the Kubernetes Gateway API Inference Extension's
+ * endpoint picker reads to route between replicas, under the names its configuration documents (vLLM's).
  * Usage: metrics_init(&m) → metrics_* updates from any thread → metrics_render(&m, &buf) → metrics_free.
  */
 #ifndef FERRY_SERVER_METRICS_H
@@ -37,6 +39,9 @@ struct metrics {
     struct histogram ttft, itl, batch_tokens, request_seconds;
     int queue_depth, running_seqs, last_batch_tokens;
     int kv_blocks_used, kv_blocks_total;
+    int kv_blocks_idle; /* of kv_blocks_used, blocks held only by free slots' prompt caches (given up on
+                           demand) */
+    int kv_block_size;  /* positions per KV block */
     /* Offloading (CUDA backend; zero on the CPU): copied from engine_get_stats by the engine thread. */
     int layers_resident, layers_streamed;
     uint64_t bytes_streamed, vram_budget, vram_planned, vram_used, kv_host_bytes, kv_ext_host_rows,
@@ -59,8 +64,10 @@ void metrics_observe(struct metrics *m, struct histogram *h, double v);
 /* The scheduler's updates (engine thread, or a sched_cancel caller; each takes m->mu). */
 struct engine_stats;
 void metrics_set_queue_depth(struct metrics *m, int queued);
-/* Gauges of one iteration: the queue, the running sequences and the engine's own statistics. */
-void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st);
+/* Gauges of one iteration: the queue, the running sequences, the engine's own statistics and, of its KV
+ * blocks in use, those held only by the prompt caches of free slots (kv_idle). */
+void metrics_set_engine(struct metrics *m, int queued, int running, const struct engine_stats *st,
+                        int kv_idle);
 void metrics_count_cancelled(struct metrics *m);
 void metrics_count_preempted(struct metrics *m);           /* a running sequence gave its slot up */
 void metrics_count_queue_timeout(struct metrics *m);       /* a request waited past --queue-timeout */

@@ -812,6 +812,16 @@ static void reap_and_admit_locked(struct sched *s)
     }
 }
 
+/* With mu held (engine thread): the KV blocks that free slots still hold for their prompt caches. A new
+ * sequence takes them back when it needs them (fits_locked), so /metrics counts them as free. */
+static int kv_blocks_idle_locked(const struct sched *s)
+{
+    int n = 0;
+    for (int q = 0; q < s->n_slots; q++)
+        if (s->slot_free[q]) n += sched_policy_blocks(&s->pp, engine_seq_len(s->e, q));
+    return n;
+}
+
 /* The loop: admit, build a step, run it, sample or take its draws, publish. A decode step that drew every
  * row may have its successor begun before its own outputs are published (overlap_ok_locked): the device
  * then runs step N+1 while this thread publishes step N and wakes its readers. `ahead` says the step of
@@ -839,7 +849,7 @@ void *sched_engine_main(void *arg)
         } else {
             reap_and_admit_locked(s);
             engine_get_stats(s->e, &st);
-            metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
+            metrics_set_engine(s->m, s->n_queued, s->n_run, &st, kv_blocks_idle_locked(s));
             if (s->n_run == 0) {
                 if (s->stop) break;
                 pthread_cond_wait(&s->cv_work, &s->mu);
@@ -944,7 +954,7 @@ void *sched_engine_main(void *arg)
                           overlapped);
         if (ahead) {
             engine_get_stats(s->e, &st);
-            metrics_set_engine(s->m, s->n_queued, s->n_run, &st);
+            metrics_set_engine(s->m, s->n_queued, s->n_run, &st, kv_blocks_idle_locked(s));
         }
     }
     pthread_mutex_unlock(&s->mu);

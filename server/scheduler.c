@@ -164,6 +164,9 @@ int sched_start(struct sched *s)
     if (want > s->n_slots - 1) want = s->n_slots - 1;
     int rc = row_pool_init(&s->samplers, want > 0 ? want : 0, sched_sample_row, s);
     if (rc) return rc;
+    struct engine_stats st; /* the KV pool's shape is on /metrics before the server is ready */
+    engine_get_stats(s->e, &st);
+    metrics_set_engine(s->m, 0, 0, &st, 0);
     if (pthread_create(&s->thread, NULL, sched_engine_main, s)) return FERRY_ERR_NOMEM;
     s->started = 1;
     return 0;

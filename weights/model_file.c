@@ -19,6 +19,7 @@
 #include "kernels/core/status.h"
 #include "weights/arch/arch.h"
 #include "weights/gguf.h"
+#include "weights/gguf_split.h"
 #include "weights/hf_config.h"
 #include "weights/mapfile.h"
 #include "weights/safetensors.h"
@@ -29,8 +30,9 @@
 
 struct mf_priv {
     int n_st;
-    struct safetensors **st; /* (n_st) HF shards */
-    void *experts;           /* HF only: the experts' matrices stacked per layer (stack_experts), or NULL */
+    struct safetensors **st;  /* (n_st) HF shards */
+    void *experts;            /* HF only: the experts' matrices stacked per layer (stack_experts), or NULL */
+    struct gguf_split *split; /* GGUF only: shards 2..N of a split model, or NULL for one file */
 };
 
 static const char *base_name(const char *path)
@@ -108,7 +110,14 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 {
     int rc;
     const struct gguf *g = mf->gguf;
+    const struct gguf_split *split = ((struct mf_priv *)mf->priv)->split;
+    uint32_t n_split = 0;
+    if (!split && gguf_get_u32(g, "split.count", &n_split) == FERRY_OK && n_split > 1)
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "one shard of %u: open the model from its first file",
+                          n_split);
     mf->file_bytes = gguf_file_size(g);
+    for (int f = 1; f < gguf_split_n(split); f++)
+        mf->file_bytes += gguf_file_size(gguf_split_shard(split, f));
     struct llm_hparams *hp = &mf->hp;
 
     struct gguf_str s;
@@ -175,12 +184,16 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     if (gguf_get_u32(g, k, &oc) == FERRY_OK && oc <= (1u << 30)) hp->rope_scaling.orig_ctx = (int)oc;
     if (hp->family->gguf_hparams && (rc = hp->family->gguf_hparams(g, hp, err))) return rc;
 
-    /* Tensors, names as they are (the reader bounds them to 95 bytes). */
-    int n = gguf_n_tensors(g);
+    /* Tensors, names as they are (the reader bounds them to 95 bytes), of every shard in order. */
+    long long n_all = 0;
+    for (int f = 0; f < gguf_split_n(split); f++) n_all += gguf_n_tensors(f ? gguf_split_shard(split, f) : g);
+    if (n_all > INT32_MAX) return ferry_fail(err, FERRY_ERR_FORMAT, "%lld tensors", n_all);
+    const int n = (int)n_all;
     mf->tensors = calloc(n ? (size_t)n : 1, sizeof *mf->tensors);
     if (!mf->tensors) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory for %d tensors", n);
-    for (int i = 0; i < n; i++) {
-        const struct gguf_tensor_info *ti = gguf_tensor(g, i);
+    for (int i = 0, f = 0, fi = 0; i < n; i++, fi++) {
+        while (fi >= gguf_n_tensors(f ? gguf_split_shard(split, f) : g)) f++, fi = 0;
+        const struct gguf_tensor_info *ti = gguf_tensor(f ? gguf_split_shard(split, f) : g, fi);
         struct wtensor *w = &mf->tensors[i];
         pr->total += ti->nbytes;
         memcpy(w->name, ti->name.ptr, ti->name.len);
@@ -603,6 +616,7 @@ int model_file_open(const char *path, struct model_file **out, model_file_progre
                             "neither a GGUF file (bad magic at offset 0) nor a directory");
         else
             rc = gguf_open(path, &mf->gguf, e2);
+        if (rc == FERRY_OK) rc = gguf_split_open(path, mf->gguf, &pv->split, e2);
         if (rc == FERRY_OK) rc = from_gguf(mf, &pr, e2);
     }
     if (rc == FERRY_OK) rc = model_file_validate(mf, e2);
@@ -654,6 +668,7 @@ void model_file_close(struct model_file *mf)
         for (int i = 0; i < pv->n_st; i++) safetensors_close(pv->st[i]);
         free(pv->st);
         free(pv->experts);
+        gguf_split_close(pv->split);
         free(pv);
     }
     gguf_close(mf->gguf);
