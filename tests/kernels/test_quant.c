@@ -419,7 +419,7 @@ Test(quant, matrix_equals_rows_any_threads)
     cr_assert(!quant_matrix(DTYPE_Q4_K, q, DTYPE_F32, x, 2, 4000, NULL, NULL));
     cr_assert(!quant_matrix(DTYPE_Q8_0, q, DTYPE_F32, x, 2, 33, NULL, NULL));
     cr_assert(!quant_matrix((enum dtype)34, q, DTYPE_F32, x, 2, 256, NULL, NULL));
-    cr_assert(!quant_matrix(DTYPE_Q3_K, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* read-only */
+    cr_assert(!quant_matrix(DTYPE_IQ3_S, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* read-only */
     free(q);
     free(bad_x);
     free(x);
