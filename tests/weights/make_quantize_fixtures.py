@@ -2,9 +2,11 @@
 """Writes tests/weights/fixtures/quantize_llama.json: what llama.cpp's llama-quantize makes of three small random
 GGUF models, for tests/weights/test_quantize_llama.c to compare ferry's quantizer with, byte for byte.
 
-Made with llama.cpp b4748 (commit c392e5094, February 2025), its CPU build of llama-quantize:
+Made with llama.cpp lcp0336 (October 2026), a CPU build of its llama-quantize (cmake -DGGML_NATIVE=OFF, so
+ggml-base has no FMA, as ferry's quant/ is built; the ten legacy and Q4/Q5/Q6 K types were first recorded with
+b4748, and lcp0336 writes the same bytes for them):
 
-    python3 tests/weights/make_quantize_fixtures.py [/tmp/llcpu/bin/llama-quantize]
+    python3 tests/weights/make_quantize_fixtures.py [BUILD/bin/llama-quantize [PEER_LABEL]]
 
 Needs numpy and gguf (gguf-py). The models (the C test rebuilds them with the same generator and ferry's GGUF
 writer, and checks that its file hashes to the input_sha256 recorded here, so both sides start from the same
@@ -37,7 +39,8 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "quantize_llama.json")
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
+         "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "MXFP4_MOE"]
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -176,7 +179,9 @@ def describe(path):
 
 def main():
     quantize = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llcpu/bin/llama-quantize"
-    fixture = {"llama_cpp": "b4748 (commit c392e5094), llama-quantize CPU build, default options, no imatrix",
+    peer = sys.argv[2] if len(sys.argv) > 2 else "lcp0336"
+    out = os.environ.get("QFIX_OUT", OUT)
+    fixture = {"llama_cpp": peer + ", llama-quantize CPU build, default options, no imatrix",
                "types": TYPES, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for spec in MODELS:
@@ -205,11 +210,11 @@ def main():
                 os.remove(dst)
             fixture["models"][name] = entry
             print(f"{name}: done", file=sys.stderr)
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(fixture, f, indent=1, separators=(",", ": "))
         f.write("\n")
-    print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes)", file=sys.stderr)
+    print(f"wrote {out} ({os.path.getsize(out)} bytes)", file=sys.stderr)
 
 
 if __name__ == "__main__":
