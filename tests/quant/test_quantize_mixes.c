@@ -30,7 +30,7 @@
 #define N_VOCAB  256
 #define N_GEN    24
 
-static const struct qgen_spec spec = {"mixrun", N_LAYERS, DIM, 8, 2, 32, 512, N_VOCAB, 0, 0, 1};
+static const struct qgen_spec spec = {"mixrun", N_LAYERS, DIM, 8, 2, 32, 512, N_VOCAB, 0, 0, 1, 0, 0};
 
 /* The model of spec with well-conditioned weights: qgen's values (sums of four uniforms, standard deviation
  * 0.58) scaled to unit gain per row, the head 4x sharper so that the top token is clear; norms 1 + 0.1 g. */

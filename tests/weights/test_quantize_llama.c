@@ -1,7 +1,7 @@
 /* ferry's quantizer against llama.cpp's llama-quantize, byte for byte.
  *
  * fixtures/quantize_llama.json was written by make_quantize_fixtures.py with llama.cpp lcp0336 (a CPU build
- * of llama-quantize, default options, no importance matrix). For three small random Llama models (a: 10
+ * of llama-quantize, default options, no importance matrix). For four small random Llama models (a: 10
  * layers, an output head, 4 heads per KV head, ffn_down rows of 352 columns that K mixes must re-type; a in
  * F16; b: 80 layers with grouped-query attention, the "70B" class, and tied embeddings) and seventeen types
  * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, IQ4_NL,
@@ -146,4 +146,8 @@ Test(quantize_llama, model_a_f16, .timeout = 120)
 Test(quantize_llama, model_b_f32_80_layers_tied, .timeout = 120)
 {
     check_model(2);
+}
+Test(quantize_llama, model_c_8_experts, .timeout = 120)
+{
+    check_model(3);
 }
