@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the committed reference data for the types ferry reads but does not write (Q2_K, Q3_K, IQ4_NL,
-IQ4_XS, MXFP4, NVFP4 and the i-quants IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) into
+"""Writes the committed reference data for the types gguf-py cannot quantize (Q2_K, Q3_K, IQ4_NL, IQ4_XS,
+MXFP4, NVFP4 and the i-quants IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) into
 tests/kernels/data (raw little-endian, no header; test_quant.c reads them):
 
   <T>.blocks / <T>.deq        random bytes with sane f16 (or E8M0 / UE4M3) scales, and their f32 values
