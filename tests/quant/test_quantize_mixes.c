@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "kernels/core/status.h"
-#include "kernels/cpu/threadpool.h"
 #include "qgen.h"
+#include "qrun.h"
 #include "runtime/engine.h"
 #include "weights/model_file.h"
 #include "weights/quantize.h"
@@ -62,31 +62,6 @@ static void write_model(const char *path)
     free(t);
 }
 
-static void run_on_pool(void *pool, quant_task_fn task, void *ctx, int n_tasks)
-{
-    tpool_run(pool, task, ctx, n_tasks);
-}
-
-static void tmp_path(char *buf, size_t n, const char *name)
-{
-    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(buf, n, "%s/ferry-qmix-%ld-%s", tmp, (long)getpid(), name);
-}
-
-static void quantize(const char *in, const char *out, const char *type)
-{
-    char err[256] = "";
-    struct model_file *mf;
-    cr_assert_eq(model_file_open(in, &mf, NULL, NULL, err), FERRY_OK, "%s: %s", in, err);
-    struct tpool *tp;
-    cr_assert_eq(tpool_init(&tp, 2), 0);
-    const struct quantize_params qp = {.ftype = quant_ftype_from_name(type), .runner = {run_on_pool, tp}};
-    cr_assert_geq(qp.ftype, 0, "%s", type);
-    cr_assert_eq(quantize_model_file(mf, out, &qp, err), FERRY_OK, "%s %s: %s", in, type, err);
-    tpool_free(tp);
-    model_file_close(mf);
-}
-
 /* Logits (n, V) of toks fed one at a time on the CPU backend. */
 static float *run_logits(const char *path, const int32_t *toks, int n, int *V_out)
 {
@@ -103,13 +78,7 @@ static float *run_logits(const char *path, const int32_t *toks, int n, int *V_ou
     cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_OK, "%s: %s", path, err);
     const int V = engine_hparams(e)->n_vocab;
     float *out = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        int32_t tok = toks[i], pos = i, seq = 0;
-        uint8_t want = 1;
-        const struct batch b = {
-            .n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .want_logits = &want};
-        cr_assert_eq(engine_step(e, &b, out + (size_t)V * i), FERRY_OK);
-    }
+    qrun_steps(e, toks, n, out);
     engine_free(e);
     model_file_close(mf);
     *V_out = V;
@@ -349,8 +318,8 @@ Test(quantize_mixes, every_mix_types_and_logits, .timeout = 300)
         {"Q6_K", 0.11, 18},   {"IQ4_NL", 0.35, 12}, {"IQ4_XS", 0.35, 12}, {"MXFP4_MOE", 0.04, 22},
     };
     char in[4096], out[4096], deq[4096];
-    tmp_path(in, sizeof in, "f32.gguf");
-    tmp_path(deq, sizeof deq, "deq.gguf");
+    qrun_tmp_path(in, sizeof in, "ferry-qmix", "f32.gguf");
+    qrun_tmp_path(deq, sizeof deq, "ferry-qmix", "deq.gguf");
     write_model(in);
     int32_t toks[N_GEN] = {1, 17, 99, 203};
     greedy(in, toks, 4, N_GEN);
@@ -361,8 +330,8 @@ Test(quantize_mixes, every_mix_types_and_logits, .timeout = 300)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char name[64];
         snprintf(name, sizeof name, "%s.gguf", cases[c].type);
-        tmp_path(out, sizeof out, name);
-        quantize(in, out, cases[c].type);
+        qrun_tmp_path(out, sizeof out, "ferry-qmix", name);
+        qrun_quantize(in, out, cases[c].type);
         check_types(out, &expected_types[c]);
         cr_assert_str_eq(expected_types[c].type, cases[c].type);
         int top1;
@@ -374,7 +343,7 @@ Test(quantize_mixes, every_mix_types_and_logits, .timeout = 300)
                       top1, N_GEN);
         /* The products themselves: the quantized model computes what its own weights, dequantized to an F32
          * file, compute (x in f32 in both: only the order of sums differs). */
-        quantize(out, deq, "F32");
+        qrun_quantize(out, deq, "F32");
         float *ref_deq = run_logits(deq, toks, N_GEN, &V);
         const double e_deq = compare(out, toks, N_GEN, ref_deq, V, &top1);
         fprintf(stderr, "; against its dequantized weights %.2g top-1 %d/%d\n", e_deq, top1, N_GEN);
@@ -415,8 +384,8 @@ Test(quantize_mixes, stories260k_generates, .timeout = 120)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char name[64];
         snprintf(name, sizeof name, "stories-%s.gguf", cases[c].type);
-        tmp_path(out, sizeof out, name);
-        quantize(in, out, cases[c].type);
+        qrun_tmp_path(out, sizeof out, "ferry-qmix", name);
+        qrun_quantize(in, out, cases[c].type);
         int top1;
         const double e = compare(out, toks, N_GEN, ref, V, &top1);
         fprintf(stderr, "stories260K %-9s rel rms %.4f top-1 %d/%d\n", cases[c].type, e, top1, N_GEN);
