@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "weights/arch/arch.h"
 #include "weights/gguf.h"
