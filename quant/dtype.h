@@ -61,7 +61,7 @@ struct dtype_traits {
     /* Round to nearest (F16, BF16: to nearest even) or ggml's reference quantizer quantize_row_*_ref without
      * an importance matrix, byte for byte; IQ4_NL and IQ4_XS with llama-quantize's 7-step scale search
      * (quantize_iq4_nl / quantize_iq4_xs without an importance matrix); NULL for the types ferry reads but
-     * does not write (Q2_K, Q3_K, NVFP4, the IQ3/IQ2/IQ1 i-quants). */
+     * does not write (NVFP4, the IQ3/IQ2/IQ1 i-quants). */
     dtype_from_f32_fn from_f32;
     /* Device form: what a backend that has no kernel of its own for this type converts it to at load. The
      * type itself for the plain types and Q8_0; Q8_0 for the other block types (8.5 bits per weight, read

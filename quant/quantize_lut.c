@@ -20,18 +20,10 @@
 #include "quant/blocks.h"
 #include "quant/fp16.h"
 #include "quant/iq_tables.h"
+#include "quant/rounding.h"
 #include "quant/rows.h"
 
-#define GROUP_MAX_EPS 1e-15f /* below this largest magnitude a block is all zero (ggml's) */
-#define IQ4_NTRY      7
-
-static inline int nearest_int(float v)
-{
-    const float t = v + 12582912.0f; /* 1.5 * 2^23: the integer lands in the low mantissa bits */
-    int32_t i;
-    memcpy(&i, &t, sizeof i);
-    return (i & 0x007fffff) - 0x00400000;
-}
+#define IQ4_NTRY 7
 
 /* The index of the table value nearest x (the table ascending; ties to the upper one, as ggml). */
 static int best_value(const int8_t *v, int n, float x)

@@ -21,6 +21,8 @@ ROW_FNS(q4_0)
 ROW_FNS(q4_1)
 ROW_FNS(q5_0)
 ROW_FNS(q5_1)
+ROW_FNS(q2_k)
+ROW_FNS(q3_k)
 ROW_FNS(q4_k)
 ROW_FNS(q5_k)
 ROW_FNS(q6_k)
@@ -28,10 +30,8 @@ ROW_FNS(iq4_nl) /* from_f32: quantize_lut.c */
 ROW_FNS(iq4_xs)
 ROW_FNS(mxfp4)
 #undef ROW_FNS
-/* Types ferry reads but does not write (no quantizer yet): dequant.c (Q2_K, Q3_K) and dequant_iq.c. */
+/* Types ferry reads but does not write (no quantizer): dequant.c (NVFP4) and dequant_iq.c. */
 #define ROW_TO_F32(t) void row_##t##_to_f32(const void *src, float *dst, int64_t n);
-ROW_TO_F32(q2_k)
-ROW_TO_F32(q3_k)
 ROW_TO_F32(nvfp4)
 ROW_TO_F32(iq2_xxs)
 ROW_TO_F32(iq2_xs)

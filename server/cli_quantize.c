@@ -1,5 +1,6 @@
-/* cli_quantize — `ferry quantize --model IN --type Q4_K_M --out OUT.gguf`: an F32/F16/BF16 GGUF or a Hugging
- * Face directory to a quantized GGUF that llama.cpp and ferry load (weights/quantize.h does the work). */
+/* cli_quantize — `ferry quantize --model IN --type Q4_K_M --out OUT.gguf` (or llama-quantize's order: `ferry
+ * quantize IN OUT TYPE`): an F32/F16/BF16 GGUF or a Hugging Face directory to a quantized GGUF that llama.cpp
+ * and ferry load (weights/quantize.h does the work). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,15 +17,21 @@
 
 static void quantize_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ferry quantize --model IN --type TYPE --out OUT.gguf [--threads N]\n\n"
-            "  --model IN     F32/F16/BF16 GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
-            "  --type TYPE    %s\n"
-            "                 (llama.cpp's mixes: the output head in Q6_K, Q4_K_M/Q5_K_M give Q6_K to some\n"
-            "                 attn_v and ffn_down layers; byte for byte what llama-quantize writes)\n"
-            "  --out OUT      the GGUF to write (written to OUT.tmp-PID, renamed when complete)\n"
-            "  --threads N    worker threads (default: all cores)\n",
-            quant_ftype_names());
+    fprintf(
+        f,
+        "usage: ferry quantize --model IN --type TYPE --out OUT.gguf [--threads N]\n"
+        "       ferry quantize [--threads N] IN OUT.gguf TYPE\n\n"
+        "  --model IN     F32/F16/BF16 GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
+        "  --type TYPE    %s\n"
+        "                 (any case; Q3_K, Q4_K, Q5_K are the _M mixes). llama.cpp's mixes, byte for byte\n"
+        "                 what llama-quantize writes without an importance matrix: the output head in Q6_K,\n"
+        "                 more bits for attn_v, ffn_down and attn_output by layer position and attention\n"
+        "                 shape; MXFP4_MOE: experts in MXFP4, the rest in Q8_0. Not written: the "
+        "IQ1/IQ2/IQ3\n"
+        "                 mixes and Q2_K_S (they need an importance matrix), TQ1_0/TQ2_0\n"
+        "  --out OUT      the GGUF to write (written to OUT.tmp-PID, renamed when complete)\n"
+        "  --threads N    worker threads (default: all cores)\n",
+        quant_ftype_names());
 }
 
 /* kernels/cpu/threadpool as quant/'s parallel-for. */
@@ -105,13 +112,23 @@ int cli_quantize_main(int argc, char **argv)
             return 2;
         }
     }
+    if (!type && !out_path && argc - optind == 3) { /* llama-quantize's IN OUT TYPE */
+        model = argv[optind];
+        out_path = argv[optind + 1];
+        type = argv[optind + 2];
+        optind = argc;
+    }
     if (!model || !type || !out_path || optind < argc) {
         quantize_usage(stderr);
         return 2;
     }
     const int ftype = quant_ftype_from_name(type);
     if (ftype < 0) {
-        fprintf(stderr, "ferry quantize: unknown --type '%s' (one of %s)\n", type, quant_ftype_names());
+        const char *why = quant_ftype_refusal(type);
+        if (why)
+            fprintf(stderr, "ferry quantize: %s is not written by ferry: %s\n", type, why);
+        else
+            fprintf(stderr, "ferry quantize: unknown --type '%s' (one of %s)\n", type, quant_ftype_names());
         return 2;
     }
     if (same_file(model, out_path)) {

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "weights/arch/arch.h"
 #include "weights/gguf.h"
@@ -57,16 +56,19 @@ static bool is_70b(const struct model_file *mf)
 static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype,
                       struct plan *pl, char err[256])
 {
-    int n_attn_v = 0;
+    struct quant_mix_model mm = {.n_layers = mf->hp.n_layers,
+                                 .n_gqa = mf->hp.n_kv_heads ? mf->hp.n_heads / mf->hp.n_kv_heads : 0,
+                                 .n_expert = mf->hp.n_expert,
+                                 .has_output = model_file_tensor(mf, "output.weight") != NULL,
+                                 .is_70b = is_70b(mf)};
     for (int i = 0; i < n; i++) {
         const struct wtensor *t = i < mf->n_tensors ? &mf->tensors[i] : extra;
         pl[i] = (struct plan){.src = t, .n_dims = ggml_n_dims(t->ne)};
-        if (strstr(t->name, "attn_v.weight")) n_attn_v++;
+        mm.n_attn_v += quant_mix_attn_v_like(t->name);
     }
     qsort(pl, (size_t)n, sizeof *pl, cmp_plan);
     struct quant_mix mix;
-    if (!quant_mix_init(&mix, ftype, mf->hp.n_layers, n_attn_v,
-                        model_file_tensor(mf, "output.weight") != NULL, is_70b(mf)))
+    if (!quant_mix_init_model(&mix, ftype, &mm))
         return ferry_fail(err, FERRY_ERR_INVALID, "unknown file type %d", ftype);
     const int hf = mf->format == MODEL_FORMAT_HF;
     for (int i = 0; i < n; i++) {
@@ -76,11 +78,10 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
         const enum dtype cur = hf && p->n_dims == 1 ? DTYPE_F32 : t->type;
         const int to = quant_mix_type(&mix, t->name, p->n_dims, t->ne[0], cur);
         if (to < 0)
-            FLOG_WARN(
-                "tensor %s: %lld columns fit no block of %s's mix: kept as %s (llama-quantize refuses such a "
-                "model)",
-                t->name, (long long)t->ne[0], quant_ftype_name(ftype), dtype_name(cur));
-        p->to = to < 0 ? cur : (enum dtype)to;
+            return ferry_fail(err, FERRY_ERR_FORMAT,
+                              "tensor %s: no layer below %d in the name of an expert tensor", t->name,
+                              mf->hp.n_layers);
+        p->to = (enum dtype)to;
         if (p->to != t->type && dtype_get_traits(t->type)->is_quantized &&
             dtype_get_traits(p->to)->is_quantized)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,

@@ -33,10 +33,10 @@ struct quantize_params {
     void *user;
 };
 
-/* A matrix whose rows fit no block of the mix (e.g. 48 columns in Q4_0; llama-quantize refuses the whole
- * model) keeps its type, with a warning, as `--quant` does at load (runtime/model.h). FERRY_ERR_INVALID
- * (unknown ftype), FERRY_ERR_UNSUPPORTED (requantization), FERRY_ERR_FORMAT (NaN or infinity in a weight),
- * FERRY_ERR_IO, FERRY_ERR_NOMEM; err names the tensor. */
+/* A matrix whose rows fit no block of its type falls back as llama-quantize does (quant/mix.h; F16 when no
+ * block fits, e.g. 48 columns). FERRY_ERR_INVALID (unknown ftype), FERRY_ERR_UNSUPPORTED (requantization),
+ * FERRY_ERR_FORMAT (NaN or infinity in a weight; an expert tensor without a layer), FERRY_ERR_IO,
+ * FERRY_ERR_NOMEM; err names the tensor. */
 int quantize_model_file(const struct model_file *mf, const char *out_path, const struct quantize_params *p,
                         char err[256]);
 

@@ -162,7 +162,11 @@ def test_quantize_cli(tmp_path):
     from_file = json.loads(ferry("run", "--model", str(out), *args).stdout)
     at_load = json.loads(ferry("run", "--model", hf, "--quant", "int8", *args).stdout)
     assert from_file["tokens"] == at_load["tokens"]
-    for bad, msg in [(["--model", hf, "--type", "Q3_K", "--out", str(tmp_path / "y.gguf")], "unknown --type"),
+    # llama-quantize's order and spelling: IN OUT TYPE, any case (Q3_K is its alias of Q3_K_M).
+    r = ferry("quantize", "--threads", "2", hf, str(tmp_path / "q3.gguf"), "q3_k")
+    assert "wrote" in r.stderr and "Q3_K_M" in r.stderr and (tmp_path / "q3.gguf").exists()
+    for bad, msg in [(["--model", hf, "--type", "Q9_K", "--out", str(tmp_path / "y.gguf")], "unknown --type"),
+                     ([hf, str(tmp_path / "y.gguf"), "IQ2_XXS"], "needs an importance matrix"),
                      (["--model", str(out), "--type", "Q4_0", "--out", str(out)], "is the input model"),
                      (["--model", hf, "--out", str(tmp_path / "y.gguf")], "usage")]:
         r = ferry("quantize", *bad, check=False)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes the committed reference data for the types ferry reads but does not write (Q2_K, Q3_K, IQ4_NL,
-IQ4_XS, MXFP4, NVFP4 and the i-quants IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) into
+"""Writes the committed reference data for the types gguf-py cannot quantize (Q2_K, Q3_K, IQ4_NL, IQ4_XS,
+MXFP4, NVFP4 and the i-quants IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) into
 tests/kernels/data (raw little-endian, no header; test_quant.c reads them):
 
   <T>.blocks / <T>.deq        random bytes with sane f16 (or E8M0 / UE4M3) scales, and their f32 values
   <T>.pq.blocks / <T>.pq.deq  llama.cpp's own quantizer (quantize_<t>, with an importance matrix of ones
                               for the types that require one) applied to 3072 Gaussian values, and theirs
-  <T>.quant                   IQ4_NL, IQ4_XS, MXFP4: llama.cpp's quantize_<t> without an importance matrix
+  <T>.quant                   Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4: llama.cpp's quantize_<t> without an importance matrix
                               (what llama-quantize runs) of quant_in.f32 (make_quant_fixtures.py's inputs)
 
 The f32 values come from llama.cpp's C dequantize_row_<t> (ggml-quants.c of the peer tree, compiled here into
@@ -37,7 +37,7 @@ TYPES = {  # type: (ggml name, quantizer needs an importance matrix)
 }
 
 # Types ferry also quantizes (from_f32): as llama-quantize does without an importance matrix.
-QUANTIZED = (QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4)
+QUANTIZED = (QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4)
 
 STUB = r"""
 #include <stdio.h>

@@ -132,7 +132,7 @@ static void check_quant(enum dtype t, const char *name)
             if (first < 0) first = (long)b;
             bad_blocks++;
         }
-    cr_assert_eq(bad_blocks, 0, "%s: %d blocks differ from gguf-py's quantize, first block %ld", name,
+    cr_assert_eq(bad_blocks, 0, "%s: %d blocks differ from the reference quantizer, first block %ld", name,
                  bad_blocks, first);
     /* Round trip: within half a step plus the f16 rounding of d (127 steps of at most 2^-11 d), for Q8_0. */
     if (t == DTYPE_Q8_0) {
@@ -212,8 +212,16 @@ Test(quant, rejects_bad_lengths)
     cr_assert_null(dtype_get_traits(4));
 }
 
-/* llama-quantize's IQ4_NL, IQ4_XS and MXFP4 (quantize_* without an importance matrix,
+/* llama-quantize's Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 (quantize_* without an importance matrix,
  * make_iquant_fixtures.py). */
+Test(quant, quant_q2_k)
+{
+    check_quant(DTYPE_Q2_K, "Q2_K");
+}
+Test(quant, quant_q3_k)
+{
+    check_quant(DTYPE_Q3_K, "Q3_K");
+}
 Test(quant, quant_iq4_nl)
 {
     check_quant(DTYPE_IQ4_NL, "IQ4_NL");
@@ -267,9 +275,9 @@ Test(quant, table_matches_blocks_and_names)
         cr_assert_eq(tr->type_size, want[i].sz, "%s", tr->name);
         cr_assert_eq(tr->is_quantized, want[i].bs > 1, "%s", tr->name);
         cr_assert(tr->to_f32, "%s", tr->name);
-        /* The types listed after Q6_K have no quantizer, but for IQ4_NL, IQ4_XS and MXFP4. */
+        /* The types listed after Q3_K have no quantizer, but for IQ4_NL, IQ4_XS and MXFP4. */
         cr_assert_eq(tr->from_f32 != NULL,
-                     i < 11 || want[i].t == DTYPE_IQ4_NL || want[i].t == DTYPE_IQ4_XS ||
+                     i < 13 || want[i].t == DTYPE_IQ4_NL || want[i].t == DTYPE_IQ4_XS ||
                          want[i].t == DTYPE_MXFP4,
                      "%s", tr->name);
         cr_assert_eq(dtype_from_name(tr->name), (int)want[i].t, "%s", tr->name);
@@ -411,7 +419,7 @@ Test(quant, matrix_equals_rows_any_threads)
     cr_assert(!quant_matrix(DTYPE_Q4_K, q, DTYPE_F32, x, 2, 4000, NULL, NULL));
     cr_assert(!quant_matrix(DTYPE_Q8_0, q, DTYPE_F32, x, 2, 33, NULL, NULL));
     cr_assert(!quant_matrix((enum dtype)34, q, DTYPE_F32, x, 2, 256, NULL, NULL));
-    cr_assert(!quant_matrix(DTYPE_Q3_K, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* read-only */
+    cr_assert(!quant_matrix(DTYPE_IQ3_S, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* read-only */
     free(q);
     free(bad_x);
     free(x);

@@ -2,9 +2,11 @@
 """Writes tests/weights/fixtures/quantize_llama.json: what llama.cpp's llama-quantize makes of three small random
 GGUF models, for tests/weights/test_quantize_llama.c to compare ferry's quantizer with, byte for byte.
 
-Made with llama.cpp b4748 (commit c392e5094, February 2025), its CPU build of llama-quantize:
+Made with llama.cpp lcp0336 (October 2026), a CPU build of its llama-quantize (cmake -DGGML_NATIVE=OFF, so
+ggml-base has no FMA, as ferry's quant/ is built; the ten legacy and Q4/Q5/Q6 K types were first recorded with
+b4748, and lcp0336 writes the same bytes for them):
 
-    python3 tests/weights/make_quantize_fixtures.py [/tmp/llcpu/bin/llama-quantize]
+    python3 tests/weights/make_quantize_fixtures.py [BUILD/bin/llama-quantize [PEER_LABEL]]
 
 Needs numpy and gguf (gguf-py). The models (the C test rebuilds them with the same generator and ferry's GGUF
 writer, and checks that its file hashes to the input_sha256 recorded here, so both sides start from the same
@@ -16,6 +18,8 @@ bytes):
   a_f16  the same model with its matrices in F16 (norms F32, as convert_hf_to_gguf.py writes them).
   b_f32  llama, 80 layers with grouped-query attention (llama.cpp's "70B" class: attn_v bumped), dim 32,
          2 heads / 1 KV head of 16, ffn 256, vocab 67, tied embeddings (token_embd is the head).
+  c_moe  llama with 8 experts of ffn 256 (Mixtral's layout: ffn_gate_inp and stacked ffn_*_exps), 4 layers,
+         dim 256, 4 heads / 1 KV head of 64, vocab 103: the 8-expert rules and MXFP4_MOE's experts.
 Values: element e of tensor t (file order) is g = u0+u1+u2+u3-2 with u_k = (splitmix64(t*2^40 + 4e + k) >> 40)
 * 2^-24, and a row kind by row index r % 11 (scales 1, 0.02, 30; all zero; constant 0.25; scale 1e-7;
 multiples of 1/8; one outlier x64; |g|; every other 32-block zero; scale 1e-30), rounded once to f32 from
@@ -37,7 +41,8 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "quantize_llama.json")
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
+         "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "MXFP4_MOE"]
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -97,25 +102,30 @@ def norm(t, n):
     return (1.0 + 0.1 * base_values(t, n)).astype(np.float32)
 
 
-# (name, n_layers, dim, heads, kv_heads, head_dim, ffn, vocab, tied, f16, tokenizer)
+# (name, n_layers, dim, heads, kv_heads, head_dim, ffn, vocab, tied, f16, tokenizer, n_expert, n_expert_used)
 MODELS = [
-    ("a_f32", 10, 256, 4, 1, 64, 352, 103, False, False, True),
-    ("a_f16", 10, 256, 4, 1, 64, 352, 103, False, True, True),
-    ("b_f32", 80, 32, 2, 1, 16, 256, 67, True, False, False),
+    ("a_f32", 10, 256, 4, 1, 64, 352, 103, False, False, True, 0, 0),
+    ("a_f16", 10, 256, 4, 1, 64, 352, 103, False, True, True, 0, 0),
+    ("b_f32", 80, 32, 2, 1, 16, 256, 67, True, False, False, 0, 0),
+    ("c_moe", 4, 256, 4, 1, 64, 256, 103, False, False, True, 8, 2),
 ]
 
 
 def tensors_of(spec):
     """(name, array) in file order; matrices as (rows, cols) = (ne1, ne0)."""
-    _, L, dim, nh, nkv, hd, ffn, vocab, tied, f16, _ = spec
+    _, L, dim, nh, nkv, hd, ffn, vocab, tied, f16, _, ne, _ = spec
     shapes = [("token_embd.weight", (vocab, dim))]
     for l in range(L):
         p = f"blk.{l}."
         shapes += [(p + "attn_norm.weight", (dim,)), (p + "attn_q.weight", (nh * hd, dim)),
                    (p + "attn_k.weight", (nkv * hd, dim)), (p + "attn_v.weight", (nkv * hd, dim)),
-                   (p + "attn_output.weight", (dim, nh * hd)), (p + "ffn_norm.weight", (dim,)),
-                   (p + "ffn_gate.weight", (ffn, dim)), (p + "ffn_up.weight", (ffn, dim)),
-                   (p + "ffn_down.weight", (dim, ffn))]
+                   (p + "attn_output.weight", (dim, nh * hd)), (p + "ffn_norm.weight", (dim,))]
+        if ne:
+            shapes += [(p + "ffn_gate_inp.weight", (ne, dim)), (p + "ffn_gate_exps.weight", (ne, ffn, dim)),
+                       (p + "ffn_up_exps.weight", (ne, ffn, dim)), (p + "ffn_down_exps.weight", (ne, dim, ffn))]
+        else:
+            shapes += [(p + "ffn_gate.weight", (ffn, dim)), (p + "ffn_up.weight", (ffn, dim)),
+                       (p + "ffn_down.weight", (dim, ffn))]
     shapes.append(("output_norm.weight", (dim,)))
     if not tied:
         shapes.append(("output.weight", (vocab, dim)))
@@ -123,14 +133,14 @@ def tensors_of(spec):
     for t, (name, shape) in enumerate(shapes):
         if len(shape) == 1:
             out.append((name, norm(t, shape[0])))
-        else:
-            m = matrix(t, *shape)
+        else:  # stacked experts are valued as one (experts * rows, cols) matrix
+            m = matrix(t, int(np.prod(shape[:-1])), shape[-1]).reshape(shape)
             out.append((name, m.astype(np.float16) if f16 else m))
     return out
 
 
 def write_model(spec, path):
-    name, L, dim, nh, nkv, hd, ffn, vocab, tied, f16, tok = spec
+    name, L, dim, nh, nkv, hd, ffn, vocab, tied, f16, tok, n_expert, n_used = spec
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("quantfixture-" + name)
     w.add_context_length(512)
@@ -144,6 +154,9 @@ def write_model(spec, path):
     w.add_file_type(1 if f16 else 0)  # dropped and re-added at the end by llama-quantize
     w.add_rope_dimension_count(hd)
     w.add_quantization_version(2)  # likewise
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_used)
     if tok:
         w.add_tokenizer_model("llama")
         toks = ["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(vocab - 3)]
@@ -176,7 +189,9 @@ def describe(path):
 
 def main():
     quantize = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llcpu/bin/llama-quantize"
-    fixture = {"llama_cpp": "b4748 (commit c392e5094), llama-quantize CPU build, default options, no imatrix",
+    peer = sys.argv[2] if len(sys.argv) > 2 else "lcp0336"
+    out = os.environ.get("QFIX_OUT", OUT)
+    fixture = {"llama_cpp": peer + ", llama-quantize CPU build, default options, no imatrix",
                "types": TYPES, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for spec in MODELS:
@@ -205,11 +220,11 @@ def main():
                 os.remove(dst)
             fixture["models"][name] = entry
             print(f"{name}: done", file=sys.stderr)
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(fixture, f, indent=1, separators=(",", ": "))
         f.write("\n")
-    print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes)", file=sys.stderr)
+    print(f"wrote {out} ({os.path.getsize(out)} bytes)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -83,12 +83,14 @@ static void fill_matrix(int t, int64_t rows, int64_t cols, float *out)
 struct qgen_spec {
     const char *name;
     int n_layers, dim, heads, kv_heads, head_dim, ffn, vocab, tied, f16, tokenizer;
+    int n_expert, n_expert_used; /* 0: dense; else every FFN is n_expert stacked experts of ffn (Mixtral) */
 };
 
 static const struct qgen_spec qgen_specs[] = {
-    {"a_f32", 10, 256, 4, 1, 64, 352, 103, 0, 0, 1},
-    {"a_f16", 10, 256, 4, 1, 64, 352, 103, 0, 1, 1},
-    {"b_f32", 80, 32, 2, 1, 16, 256, 67, 1, 0, 0},
+    {"a_f32", 10, 256, 4, 1, 64, 352, 103, 0, 0, 1, 0, 0},
+    {"a_f16", 10, 256, 4, 1, 64, 352, 103, 0, 1, 1, 0, 0},
+    {"b_f32", 80, 32, 2, 1, 16, 256, 67, 1, 0, 0, 0, 0},
+    {"c_moe", 4, 256, 4, 1, 64, 256, 103, 0, 0, 1, 8, 2},
 };
 
 #define CHECK(call) cr_assert_eq((call), FERRY_OK, "%s", err)
@@ -111,6 +113,10 @@ static void add_metadata(struct gguf_writer *w, const struct qgen_spec *s, char 
     CHECK(gguf_writer_kv_u32(w, "general.file_type", s->f16 ? 1 : 0, err));
     CHECK(gguf_writer_kv_u32(w, "llama.rope.dimension_count", (uint32_t)s->head_dim, err));
     CHECK(gguf_writer_kv_u32(w, "general.quantization_version", 2, err));
+    if (s->n_expert) {
+        CHECK(gguf_writer_kv_u32(w, "llama.expert_count", (uint32_t)s->n_expert, err));
+        CHECK(gguf_writer_kv_u32(w, "llama.expert_used_count", (uint32_t)s->n_expert_used, err));
+    }
     if (!s->tokenizer) return;
     CHECK(gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama", 5, err));
     const int V = s->vocab;
@@ -145,12 +151,14 @@ static void add_metadata(struct gguf_writer *w, const struct qgen_spec *s, char 
 struct gen_tensor {
     char name[64];
     int64_t rows, cols; /* rows 0: a 1-D norm of cols elements */
+    int64_t experts;    /* > 0: (experts, rows, cols) stacked, valued as one (experts * rows, cols) matrix */
 };
 
 static int gen_tensors(const struct qgen_spec *s, struct gen_tensor *t)
 {
     int n = 0;
-#define ADD(nm, r, c) (snprintf(t[n].name, sizeof t[n].name, "%s", nm), t[n].rows = (r), t[n].cols = (c), n++)
+#define ADD(nm, r, c)                                                                                        \
+    (snprintf(t[n].name, sizeof t[n].name, "%s", nm), t[n].rows = (r), t[n].cols = (c), t[n].experts = 0, n++)
     ADD("token_embd.weight", s->vocab, s->dim);
     char nm[64];
     const int qd = s->heads * s->head_dim, kvd = s->kv_heads * s->head_dim;
@@ -162,6 +170,13 @@ static int gen_tensors(const struct qgen_spec *s, struct gen_tensor *t)
         L("attn_v.weight", kvd, s->dim);
         L("attn_output.weight", s->dim, qd);
         L("ffn_norm.weight", 0, s->dim);
+        if (s->n_expert) {
+            L("ffn_gate_inp.weight", s->n_expert, s->dim);
+            L("ffn_gate_exps.weight", s->ffn, s->dim), t[n - 1].experts = s->n_expert;
+            L("ffn_up_exps.weight", s->ffn, s->dim), t[n - 1].experts = s->n_expert;
+            L("ffn_down_exps.weight", s->dim, s->ffn), t[n - 1].experts = s->n_expert;
+            continue;
+        }
         L("ffn_gate.weight", s->ffn, s->dim);
         L("ffn_up.weight", s->ffn, s->dim);
         L("ffn_down.weight", s->dim, s->ffn);
@@ -174,22 +189,23 @@ static int gen_tensors(const struct qgen_spec *s, struct gen_tensor *t)
 }
 
 /* Writes spec s to path as the script does and returns the file's SHA-256. */
-static void qgen_write(const struct qgen_spec *s, const char *path, char hex[65])
+static inline void qgen_write(const struct qgen_spec *s, const char *path, char hex[65])
 {
     char err[256] = "";
     struct gguf_writer *w;
     CHECK(gguf_writer_init(&w, err));
     add_metadata(w, s, err);
-    struct gen_tensor *t = malloc(sizeof *t * (size_t)(9 * s->n_layers + 4));
+    struct gen_tensor *t = malloc(sizeof *t * (size_t)(10 * s->n_layers + 4));
     const int n = gen_tensors(s, t);
     for (int i = 0; i < n; i++) {
-        const int64_t ne[2] = {t[i].cols, t[i].rows};
+        const int64_t ne[3] = {t[i].cols, t[i].rows, t[i].experts};
         const enum dtype ty = t[i].rows && s->f16 ? DTYPE_F16 : DTYPE_F32;
-        CHECK(gguf_writer_tensor(w, t[i].name, ty, t[i].rows ? 2 : 1, ne, err));
+        CHECK(gguf_writer_tensor(w, t[i].name, ty, t[i].experts ? 3 : t[i].rows ? 2 : 1, ne, err));
     }
     CHECK(gguf_writer_open(w, path, err));
     for (int i = 0; i < n; i++) {
-        const int64_t rows = t[i].rows ? t[i].rows : 1, cols = t[i].cols, ne = rows * cols;
+        const int64_t rows = (t[i].rows ? t[i].rows : 1) * (t[i].experts ? t[i].experts : 1),
+                      cols = t[i].cols, ne = rows * cols;
         float *v = malloc(sizeof(float) * (size_t)ne);
         if (t[i].rows)
             fill_matrix(i, rows, cols, v);

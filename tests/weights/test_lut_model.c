@@ -19,6 +19,7 @@
 #include "weights/gguf.h"
 #include "weights/gguf_write.h"
 #include "weights/model_file.h"
+#include "qrun.h"
 #include "wtest.h"
 
 /* Writes `out`: the GGUF at `in` with every tensor replaced by its f32 values. Returns the bytes of the
@@ -83,13 +84,7 @@ static float *logits_of(struct engine *e, const int32_t *toks, int n)
 {
     const int V = engine_hparams(e)->n_vocab;
     float *out = malloc(sizeof(float) * (size_t)V * (size_t)(n + 1));
-    for (int i = 0; i < n; i++) {
-        int32_t tok = toks[i], pos = i, seq = 0;
-        uint8_t want = 1;
-        const struct batch b = {
-            .n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .want_logits = &want};
-        cr_assert_eq(engine_step(e, &b, out + (size_t)V * i), FERRY_OK);
-    }
+    qrun_steps(e, toks, n, out);
     cr_assert_eq(engine_seq_free(e, 0), FERRY_OK);
     int32_t pos[16], seq[16] = {0};
     uint8_t want[16] = {0};

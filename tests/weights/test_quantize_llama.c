@@ -1,16 +1,16 @@
 /* ferry's quantizer against llama.cpp's llama-quantize, byte for byte.
  *
- * fixtures/quantize_llama.json was written by make_quantize_fixtures.py with llama.cpp b4748 (commit
- * c392e5094, its CPU build of llama-quantize, default options, no importance matrix). For three small random
- * Llama models (a: 10 layers, an output head, ffn_down rows of 352 columns that K mixes must re-type; a in
- * F16; b: 80 layers with grouped-query attention, the "70B" class, and tied embeddings) and ten types (Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K) it holds the SHA-256 of llama-quantize's
- * output file, and per tensor its type and a short hash. This test rebuilds each input with the script's
- * generator and ferry's GGUF writer (its SHA-256 must equal the script's gguf-py file first: both sides start
- * from the same bytes), runs quantize_model_file on two threads, and requires the same output file: every row
- * quantizer, every per-tensor type choice of the mixes, the fallbacks, the metadata and the layout. On a
- * mismatch it names the first tensor whose type or bytes differ, and the first differing byte of a recorded
- * row.
+ * fixtures/quantize_llama.json was written by make_quantize_fixtures.py with llama.cpp lcp0336 (a CPU build
+ * of llama-quantize, default options, no importance matrix). For four small random Llama models (a: 10
+ * layers, an output head, 4 heads per KV head, ffn_down rows of 352 columns that K mixes must re-type; a in
+ * F16; b: 80 layers with grouped-query attention, the "70B" class, and tied embeddings) and seventeen types
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, IQ4_NL,
+ * IQ4_XS, MXFP4_MOE) it holds the SHA-256 of llama-quantize's output file, and per tensor its type and a
+ * short hash. This test rebuilds each input with the script's generator and ferry's GGUF writer (its SHA-256
+ * must equal the script's gguf-py file first: both sides start from the same bytes), runs quantize_model_file
+ * on two threads, and requires the same output file: every row quantizer, every per-tensor type choice of the
+ * mixes, the fallbacks, the metadata and the layout. On a mismatch it names the first tensor whose type or
+ * bytes differ, and the first differing byte of a recorded row.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -146,4 +146,8 @@ Test(quantize_llama, model_a_f16, .timeout = 120)
 Test(quantize_llama, model_b_f32_80_layers_tied, .timeout = 120)
 {
     check_model(2);
+}
+Test(quantize_llama, model_c_8_experts, .timeout = 120)
+{
+    check_model(3);
 }

@@ -14,37 +14,13 @@
 #include "kernels/cpu/threadpool.h"
 #include "quant/mix.h"
 #include "qgen.h"
+#include "qrun.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
 #include "weights/model_file.h"
 #include "kernels/cpu/matmul.h"
 #include "weights/quantize.h"
 #include "wtest.h"
-
-static void run_on_pool(void *pool, quant_task_fn task, void *ctx, int n_tasks)
-{
-    tpool_run(pool, task, ctx, n_tasks);
-}
-
-static void tmp_path(char *buf, size_t n, const char *name)
-{
-    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(buf, n, "%s/ferry-qmodel-%ld-%s", tmp, (long)getpid(), name);
-}
-
-/* Quantizes the model at `in` to `out` with the mix `type` on two threads. */
-static void quantize_file(const char *in, const char *out, const char *type)
-{
-    char err[256] = "";
-    struct model_file *mf;
-    cr_assert_eq(model_file_open(in, &mf, NULL, NULL, err), FERRY_OK, "%s: %s", in, err);
-    struct tpool *tp;
-    cr_assert_eq(tpool_init(&tp, 2), 0);
-    const struct quantize_params qp = {.ftype = quant_ftype_from_name(type), .runner = {run_on_pool, tp}};
-    cr_assert_eq(quantize_model_file(mf, out, &qp, err), FERRY_OK, "%s %s: %s", in, type, err);
-    tpool_free(tp);
-    model_file_close(mf);
-}
 
 static struct engine *open_engine(const char *path, struct model_file **mf, enum engine_quant q)
 {
@@ -64,15 +40,8 @@ static struct engine *open_engine(const char *path, struct model_file **mf, enum
 /* Logits (n_tokens, V) of a prompt fed one token at a time. */
 static float *logits_of(struct engine *e, const int32_t *toks, int n)
 {
-    const int V = engine_hparams(e)->n_vocab;
-    float *out = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        int32_t tok = toks[i], pos = i, seq = 0;
-        uint8_t want = 1;
-        const struct batch b = {
-            .n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .want_logits = &want};
-        cr_assert_eq(engine_step(e, &b, out + (size_t)V * i), FERRY_OK);
-    }
+    float *out = malloc(sizeof(float) * (size_t)engine_hparams(e)->n_vocab * (size_t)n);
+    qrun_steps(e, toks, n, out);
     return out;
 }
 
@@ -83,11 +52,11 @@ static void check_load_equals_file(int spec, enum engine_quant q, const char *ty
     const struct qgen_spec *s = &qgen_specs[spec];
     char in[4096], out[4096], hex[65], name[64];
     snprintf(name, sizeof name, "%s.gguf", s->name);
-    tmp_path(in, sizeof in, name);
+    qrun_tmp_path(in, sizeof in, "ferry-qmodel", name);
     snprintf(name, sizeof name, "%s-%s.gguf", s->name, type);
-    tmp_path(out, sizeof out, name);
+    qrun_tmp_path(out, sizeof out, "ferry-qmodel", name);
     qgen_write(s, in, hex);
-    quantize_file(in, out, type);
+    qrun_quantize(in, out, type);
     struct model_file *mf_in, *mf_out;
     struct engine *at_load = open_engine(in, &mf_in, q),
                   *from_file = open_engine(out, &mf_out, ENGINE_QUANT_NONE);
@@ -183,8 +152,8 @@ Test(quantize_model, hf_tiny_models_against_transformers, .timeout = 120)
         cr_assert_not_null(g, "%s: %s", gold, je.text);
         for (size_t ti = 0; ti < sizeof tols / sizeof tols[0]; ti++) {
             snprintf(name, sizeof name, "%s-%s.gguf", models[mi], tols[ti].type);
-            tmp_path(out, sizeof out, name);
-            quantize_file(dir, out, tols[ti].type);
+            qrun_tmp_path(out, sizeof out, "ferry-qmodel", name);
+            qrun_quantize(dir, out, tols[ti].type);
             struct model_file *mf;
             struct engine *e = open_engine(out, &mf, ENGINE_QUANT_NONE);
             const int V = engine_hparams(e)->n_vocab;
@@ -233,8 +202,8 @@ Test(quantize_model, stories260k_against_llama_cpp, .timeout = 60)
     static const int32_t prompt[] = {1, 403, 407, 261, 378};
     for (size_t ti = 0; ti < sizeof tols / sizeof tols[0]; ti++) {
         snprintf(name, sizeof name, "stories-%s.gguf", tols[ti].type);
-        tmp_path(out, sizeof out, name);
-        quantize_file(model, out, tols[ti].type);
+        qrun_tmp_path(out, sizeof out, "ferry-qmodel", name);
+        qrun_quantize(model, out, tols[ti].type);
         struct model_file *mf;
         struct engine *e = open_engine(out, &mf, ENGINE_QUANT_NONE);
         cr_assert_eq(engine_hparams(e)->n_vocab, 512);
@@ -254,7 +223,7 @@ Test(quantize_model, stories260k_against_llama_cpp, .timeout = 60)
 Test(quantize_model, hf_tokenizer_exported, .timeout = 60)
 {
     char dir[4096], out[4096], src[4096], dst[4200], err[256] = "";
-    tmp_path(dir, sizeof dir, "hf-tok");
+    qrun_tmp_path(dir, sizeof dir, "ferry-qmodel", "hf-tok");
     cr_assert_eq(mkdir(dir, 0755), 0);
     static const char *const files[][2] = {
         {"tests/golden/models/llama3_gqa_f16", "config.json"},
@@ -266,8 +235,8 @@ Test(quantize_model, hf_tokenizer_exported, .timeout = 60)
         snprintf(dst, sizeof dst, "%s/%s", dir, files[i][1]);
         cr_assert_eq(symlink(src, dst), 0, "symlink %s", dst);
     }
-    tmp_path(out, sizeof out, "hf-tok.gguf");
-    quantize_file(dir, out, "Q8_0");
+    qrun_tmp_path(out, sizeof out, "ferry-qmodel", "hf-tok.gguf");
+    qrun_quantize(dir, out, "Q8_0");
     struct model_file *mf;
     cr_assert_eq(model_file_open(out, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
     struct tokenizer *from_gguf, *from_hf;
