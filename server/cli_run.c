@@ -24,6 +24,7 @@
 #include "runtime/spec.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
+#include "server/sched_policy.h"
 #include "server/seq_output.h"
 #include "server/gpu_arch.h"
 
@@ -57,6 +58,7 @@ struct run_opts {
     int kv_type;             /* --kv-type: enum kv_elem (default f16) */
     int spec_n_max;          /* --spec-type: drafts of up to this many tokens a step; 0 = off */
     int spec_n_min;          /* a shorter draft is not verified */
+    int spec_fixed;          /* drafts of spec_n_max tokens, not adapted to acceptance and the cost of rows */
     float spec_p_min;        /* --model-draft stops a draft at a token below this probability */
     const char *model_draft; /* --spec-type draft: the draft model */
 };
@@ -103,6 +105,8 @@ static void run_usage(FILE *f)
             "  --model-draft PATH     a smaller model with the same vocabulary that drafts (GGUF or HF)\n"
             "  --spec-draft-n-max N   tokens drafted a step, 1..32 (default 8)\n"
             "  --spec-draft-n-min N   a shorter draft is not verified (default 0)\n"
+            "  --spec-draft-adapt 0|1 the draft length follows acceptance and the measured cost of rows\n"
+            "                         (default 1); 0: always --spec-draft-n-max\n"
             "  --spec-draft-p-min P   the draft model stops at a token it gives less than P (default 0)\n"
             "  --log-level LEVEL      error|warn|info|debug (default warn)\n");
 }
@@ -227,6 +231,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_SPEC_TYPE,
         O_SPEC_N_MAX,
         O_SPEC_N_MIN,
+        O_SPEC_ADAPT,
         O_SPEC_P_MIN,
         O_MODEL_DRAFT,
         O_HF_REPO
@@ -264,6 +269,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"spec-type", required_argument, 0, O_SPEC_TYPE},
         {"spec-draft-n-max", required_argument, 0, O_SPEC_N_MAX},
         {"spec-draft-n-min", required_argument, 0, O_SPEC_N_MIN},
+        {"spec-draft-adapt", required_argument, 0, O_SPEC_ADAPT},
         {"spec-draft-p-min", required_argument, 0, O_SPEC_P_MIN},
         {"model-draft", required_argument, 0, O_MODEL_DRAFT},
         {"hf-repo", required_argument, 0, O_HF_REPO},
@@ -411,6 +417,14 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         case O_SPEC_N_MAX:
             bad |= parse_int(optarg, 1, SPEC_MAX_DRAFT, &spec_n_max) ? 1 : 0;
+            break;
+        case O_SPEC_ADAPT:
+            if (!strcmp(optarg, "0") || !strcmp(optarg, "false"))
+                o->spec_fixed = 1;
+            else if (!strcmp(optarg, "1") || !strcmp(optarg, "true"))
+                o->spec_fixed = 0;
+            else
+                bad = 1;
             break;
         case O_SPEC_N_MIN:
             bad |= parse_int(optarg, 0, SPEC_MAX_DRAFT, &o->spec_n_min) ? 1 : 0;
@@ -758,16 +772,21 @@ int cli_run_main(int argc, char **argv)
     int32_t draft[SPEC_MAX_DRAFT], drawn[SPEC_MAX_DRAFT + 1];
     int nd = 0, ended = 0;
     uint64_t n_steps = 0, n_drafted = 0, n_accepted = 0;
+    struct sched_spec_cost cost = {0}; /* the draft length: what steps cost by rows, what is accepted */
+    struct sched_spec_accept acc = sched_spec_accept_new();
     n_gen = 0;
     while (!ended && n_gen < o.max_tokens) {
         int m = spec_walk(logits, n_vocab, draft, nd, run_draw_row, &rd, drawn, &ended);
         n_accepted += (uint64_t)(m - 1);
+        sched_spec_accept_note(&acc, nd, m - 1);
         if (ended || n_gen >= o.max_tokens) break;
         /* The pending token sits at pos; the positions past it that held rejected drafts go. */
         const int pos = n_prompt + n_gen - 1;
         if (nd > m - 1) engine_seq_keep(eng, 0, pos);
         memcpy(hist + n_prompt, gen, (size_t)n_gen * sizeof *hist);
         int k = o.spec_n_max < o.max_tokens - n_gen - 1 ? o.spec_n_max : o.max_tokens - n_gen - 1;
+        const double alpha = sched_spec_accept_rate(&acc);
+        if (!o.spec_fixed) k = sched_policy_spec_pick(&cost, 1, &alpha, 1, k);
         nd = 0;
         if (k > 0 && dm) {
             const int32_t *h = hist;
@@ -783,10 +802,12 @@ int cli_run_main(int argc, char **argv)
         if (nd < o.spec_n_min) nd = 0;
         n_drafted += (uint64_t)nd;
         n_steps++;
+        const double t_step = now_s();
         if ((rc = spec_step(eng, 0, gen[n_gen - 1], pos, draft, nd, logits))) {
             fprintf(stderr, "\nferry run: forward pass failed: %s\n", ferry_status_str(rc));
             break;
         }
+        sched_spec_cost_note(&cost, 1 + nd, now_s() - t_step);
     }
     double t2 = now_s();
     free(hist);

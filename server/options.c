@@ -71,6 +71,9 @@ static const struct opt_row rows[] = {
      "on a GPU its bytes come out of --gpu-memory"},
     {"spec-draft-n-max", OPT_INT, OFF(spec_draft_n_max), 1, 32, "8", NULL,
      "tokens one sequence drafts a step at most (fewer when many sequences decode together)"},
+    {"spec-draft-adapt", OPT_BOOL, OFF(spec_draft_adapt), 0, 1, "1", NULL,
+     "the draft length follows how often drafts are accepted and what extra rows cost as measured (none "
+     "where they cost more than they bring); false: always --spec-draft-n-max"},
     {"spec-draft-n-min", OPT_INT, OFF(spec_draft_n_min), 0, 32, "0", NULL,
      "a draft shorter than this is not verified (the step goes without it)"},
     {"spec-draft-p-min", OPT_REAL, OFF(spec_draft_p_min), 0, 1, "0", NULL,

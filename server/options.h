@@ -66,6 +66,7 @@ struct serve_options {
     const char *spec_type;               /* none|ngram|draft: speculative decoding's drafter */
     const char *model_draft;             /* the draft model of --spec-type draft */
     int spec_draft_n_max;                /* tokens one sequence drafts a step at most */
+    int spec_draft_adapt;                /* the draft length follows acceptance and the cost of rows */
     int spec_draft_n_min;                /* a shorter draft is not verified */
     double spec_draft_p_min;             /* the draft model stops at a token below this probability */
     int help;                            /* --help was given */

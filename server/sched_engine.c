@@ -179,6 +179,7 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
         }
         if (c->hist) {
             c->hist_cap = cap;
+            c->spec_acc = sched_spec_accept_new();
             memcpy(c->hist, c->prompt, (size_t)c->n_prompt * sizeof *c->hist);
         }
     }
@@ -337,6 +338,22 @@ static int spec_cap(const struct sreq *r, int k_max)
     return r->spec_n_max >= 0 && r->spec_n_max < k_max ? r->spec_n_max : k_max;
 }
 
+/* With mu held: the draft length of a step whose other rows number `base`, at most k_max, from what the
+ * speculating sequences' drafts have been accepted at and what steps of each size cost
+ * (sched_policy_spec_pick). */
+static int spec_pick_locked(struct sched *s, int base, int k_max)
+{
+    if (k_max <= 0 || !s->p.spec_adapt) return k_max;
+    double alpha[SCHED_SPEC_MAX_SEQS];
+    int n = 0;
+    for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
+        const struct choice *c = s->run[i];
+        if (c->hist && c->n_fed == c->n_feed && !c->req->paused && c->spec_skip == 0)
+            alpha[n++] = sched_spec_accept_rate(&c->spec_acc);
+    }
+    return sched_policy_spec_pick(&s->spec_cost, base, alpha, n, k_max);
+}
+
 /* The shortest draft worth its rows for r (speculative.n_min, else the server's). */
 static int spec_min(const struct sched *s, const struct sreq *r)
 {
@@ -363,7 +380,8 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
     }
     struct sched_step_plan plan;
     const int planned = sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
-    const int k_max = sched_policy_spec_len(s->p.spec_n_max, plan.n_decode, s->p.max_batch_tokens - planned);
+    const int k_max = spec_pick_locked(
+        s, planned, sched_policy_spec_len(s->p.spec_n_max, plan.n_decode, s->p.max_batch_tokens - planned));
     /* `at` counts the rows that want logits: the engine returns them in batch order. */
     int n = 0, rows = 0, at = 0;
     s->n_plp = 0;
@@ -492,7 +510,8 @@ static void draft_with_model_locked(struct sched *s)
         c->n_model_draft = 0;
         n_dec += c->n_fed == c->n_feed && !c->req->paused && c->req->kind != SREQ_EMBED;
     }
-    const int k_max = sched_policy_spec_len(s->p.spec_n_max, n_dec, s->p.max_batch_tokens - n_dec);
+    const int k_max = spec_pick_locked(
+        s, n_dec, sched_policy_spec_len(s->p.spec_n_max, n_dec, s->p.max_batch_tokens - n_dec));
     if (k_max <= 0) return;
     int seq[SCHED_SPEC_MAX_SEQS], n_hist[SCHED_SPEC_MAX_SEQS], k[SCHED_SPEC_MAX_SEQS],
         n_out[SCHED_SPEC_MAX_SEQS];
@@ -539,6 +558,7 @@ static int spec_settle(struct sched *s, int rows)
                 prompt_cache_set_len(s->pc, c->slot, keep);
         }
         metrics_spec(s->m, c->n_draft, acc);
+        sched_spec_accept_note(&c->spec_acc, c->n_draft, acc);
         accepted += acc;
         if (acc > 0) {
             c->spec_miss = 0;
@@ -884,6 +904,7 @@ void *sched_engine_main(void *arg)
             }
             if (rc == FERRY_ERR_UNSUPPORTED) rc = n > 0 ? engine_step(s->e, &b, s->logits) : 0;
             t1 = sched_now();
+            if (rc == 0 && n > 0 && s->p.spec_n_max > 0) sched_spec_cost_note(&s->spec_cost, n, t1 - t0);
         }
         const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
         if (rc == 0 && n > 0) {

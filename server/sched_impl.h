@@ -57,10 +57,11 @@ struct sched {
     float *scratch;            /* (n_slots + PROMPT_LP_ROWS, n_vocab) raw rows kept for logprobs */
     struct row_pool *samplers; /* rows of one step are sampled in parallel (each row's state is its own) */
     enum { ROWS_SAMPLE, ROWS_MASK, ROWS_DRAWN } rows_do; /* what the pool does to each row this time */
-    int draws;              /* the engine draws the tokens (engine_step_draw) when a step allows */
-    struct draw_row *draw;  /* (n_slots) the step's draws, by output row */
-    struct draw_out *drawn; /* (n_slots) */
-    int n_draft_step;       /* drafted tokens in the step being built (sched_params.spec_n_max) */
+    int draws;                        /* the engine draws the tokens (engine_step_draw) when a step allows */
+    struct draw_row *draw;            /* (n_slots) the step's draws, by output row */
+    struct draw_out *drawn;           /* (n_slots) */
+    int n_draft_step;                 /* drafted tokens in the step being built (sched_params.spec_n_max) */
+    struct sched_spec_cost spec_cost; /* step times by rows, for the draft length (engine thread) */
     /* clients with requests in flight (under mu): sreq.client_id indexes them; an entry is free at refs 0 */
     struct sched_client {
         char name[48];

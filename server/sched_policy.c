@@ -114,6 +114,56 @@ int sched_policy_spec_len(int n_max, int n_dec, int rows_left)
     return k < n_max ? k : n_max;
 }
 
+void sched_spec_cost_note(struct sched_spec_cost *c, int rows, double seconds)
+{
+    if (rows < 1 || rows > SCHED_SPEC_COST_ROWS || !(seconds > 0)) return;
+    c->t[rows] = c->t[rows] > 0 ? 0.7 * c->t[rows] + 0.3 * seconds : seconds;
+}
+
+struct sched_spec_accept sched_spec_accept_new(void)
+{
+    return (struct sched_spec_accept){2 * SCHED_SPEC_ALPHA0, 2};
+}
+
+void sched_spec_accept_note(struct sched_spec_accept *a, int drafted, int accepted)
+{
+    if (drafted <= 0) return;
+    a->succ = 0.8 * a->succ + accepted;
+    a->tried = 0.8 * a->tried + accepted + (accepted < drafted);
+}
+
+double sched_spec_accept_rate(const struct sched_spec_accept *a)
+{
+    return a->tried > 0 ? a->succ / a->tried : SCHED_SPEC_ALPHA0;
+}
+
+/* cost(rows): the measured time, else the nearest measured below; 0 when none is. */
+static double spec_cost_at(const struct sched_spec_cost *c, int rows)
+{
+    for (int r = rows; r >= 1; r--)
+        if (c->t[r] > 0) return c->t[r];
+    return 0;
+}
+
+int sched_policy_spec_pick(const struct sched_spec_cost *c, int base, const double *alpha, int n, int k_max)
+{
+    if (k_max <= 0 || n <= 0) return 0;
+    if (base < 1) base = 1;
+    if (base + n * k_max > SCHED_SPEC_COST_ROWS || spec_cost_at(c, base) <= 0) return k_max;
+    int best = 0;
+    double best_rate = 0;
+    for (int k = 0; k <= k_max; k++) {
+        double tokens = 0;
+        for (int i = 0; i < n; i++) {
+            double a = alpha[i] < 0 ? 0 : alpha[i] > 1 ? 1 : alpha[i], p = 1;
+            for (int j = 0; j <= k; j++, p *= a) tokens += p;
+        }
+        const double rate = tokens / spec_cost_at(c, base + n * k);
+        if (rate > best_rate * (1 + 1e-9)) best = k, best_rate = rate;
+    }
+    return best;
+}
+
 /* ---- sharing between clients ---- */
 
 int sched_policy_fair_share(int n_slots, int n_clients)

@@ -81,6 +81,36 @@ int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int
  * step's decode rows and prefill chunks leave of max_batch_tokens), at most SCHED_SPEC_ROWS in all and n_max
  * each. */
 int sched_policy_spec_len(int n_max, int n_dec, int rows_left);
+
+/* What a step costs by its rows, as measured: t[r] the smoothed seconds of a step of r tokens (0: none seen),
+ * r = 1..SCHED_SPEC_COST_ROWS. */
+#define SCHED_SPEC_COST_ROWS 64
+struct sched_spec_cost {
+    double t[SCHED_SPEC_COST_ROWS + 1];
+};
+/* A step of `rows` tokens took `seconds`. */
+void sched_spec_cost_note(struct sched_spec_cost *c, int rows, double seconds);
+
+/* How often one sequence's drafts are accepted: draft tokens accepted (`succ`) out of those the walk reached
+ * (`tried`: the accepted ones and the first rejected one), decayed so that recent steps count most. A new
+ * sequence starts at SCHED_SPEC_ALPHA0 with the weight of two tries. */
+#define SCHED_SPEC_ALPHA0 0.8
+struct sched_spec_accept {
+    double succ, tried;
+};
+struct sched_spec_accept sched_spec_accept_new(void);
+void sched_spec_accept_note(struct sched_spec_accept *a, int drafted, int accepted);
+/* The chance that a draft token is accepted after the previous one was. */
+double sched_spec_accept_rate(const struct sched_spec_accept *a);
+
+/* The draft length for a step whose other rows number `base`, of n speculating sequences whose draft tokens
+ * are accepted with chances alpha[0, n): the k <= k_max that makes the expected tokens per second largest,
+ * sum_i (1 + alpha_i + ... + alpha_i^k) / cost(base + n k). A row count not measured yet costs what the
+ * nearest measured count below it cost (so a longer draft is tried, and then measured); with nothing
+ * measured, or past SCHED_SPEC_COST_ROWS, k_max. Ties go to the shorter draft. Where rows cost nearly
+ * nothing (a step bound by reading weights: a GPU, host layers) this is k_max; where each row costs about
+ * as much as the first (the CPU backend on few cores) it is short, or 0 when drafts are seldom accepted. */
+int sched_policy_spec_pick(const struct sched_spec_cost *c, int base, const double *alpha, int n, int k_max);
 /* ---- sharing between clients ----
  * A client is an API key, else an address (struct sreq's client). While others wait, no client keeps more
  * than its share of the slots: the queue is served first to clients below their share, and a slot held

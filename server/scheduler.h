@@ -22,6 +22,7 @@
 #include "runtime/sampler.h"
 #include "runtime/spec.h"
 #include "runtime/tokenizer.h"
+#include "server/sched_policy.h"
 #include "server/seq_output.h"
 
 struct engine;
@@ -71,6 +72,7 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int32_t *hist; /* (hist_cap) NULL: this choice does not speculate */
     int hist_cap;
     int n_draft, spec_pos, spec_drawn, spec_miss, spec_skip;
+    struct sched_spec_accept spec_acc; /* how often its drafts are accepted */
     int n_model_draft; /* drafts the draft model made for the next step (sched_params.draft), in draft[] */
     int32_t draft[SPEC_MAX_DRAFT];
     struct lp_entry *spec_lps; /* (spec_drawn) with logprobs: the entries of the tokens the walk drew */
@@ -182,6 +184,8 @@ struct sched_params {
     int spec_n_max; /* speculative decoding (runtime/spec.h): tokens one sequence drafts a step at most;
                      * 0 = off */
     int spec_n_min; /* a shorter draft is dropped (the step goes without it) */
+    int spec_adapt; /* the draft length follows acceptance and the measured cost of rows
+                     * (sched_policy_spec_pick); 0: spec_n_max (as the load allows) */
     float spec_p_min; /* the draft model stops a draft at a token it gives less than this probability */
     struct draft_model *draft; /* the drafter (runtime/draft_model.h; borrowed, run by the engine thread),
                                 * or NULL: prompt lookup */

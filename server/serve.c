@@ -193,6 +193,7 @@ static void loader_main(void *arg)
                               .spec_n_max =
                                   S->dm || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
                               .spec_n_min = S->opt.spec_draft_n_min,
+                              .spec_adapt = S->opt.spec_draft_adapt,
                               .spec_p_min = (float)S->opt.spec_draft_p_min,
                               .draft = S->dm,
                               .fair_share = S->opt.fair_share,

