@@ -85,11 +85,11 @@ static const struct {
     int dim;
     struct rope_scaling sc;
 } rope_cfgs[] = {
-    {10000.0f, 64, {ROPE_SCALING_NONE, 0, 0, 0, 0}},
-    {500000.0f, 128, {ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192}},
-    {500000.0f, 64, {ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 8192}},
-    {10000.0f, 48, {ROPE_SCALING_LINEAR, 4.0f, 0, 0, 0}},
-    {1000000.0f, 128, {ROPE_SCALING_NONE, 0, 0, 0, 0}},
+    {10000.0f, 64, {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {500000.0f, 128, {ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192, 0, 0, 0, 0}},
+    {500000.0f, 64, {ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 8192, 0, 0, 0, 0}},
+    {10000.0f, 48, {ROPE_SCALING_LINEAR, 4.0f, 0, 0, 0, 0, 0, 0, 0}},
+    {1000000.0f, 128, {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0}},
 };
 
 Test(ops, rope_freqs_match_transformers)
@@ -145,7 +145,7 @@ Test(ops, rope_vs_ref_both_styles_partial)
         for (int rd = 0; rd < 2; rd++) {
             const int rope_dim = rope_dims[rd];
             float f[40];
-            const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0};
+            const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0};
             kern_cpu_rope_freqs(f, rope_dim, 10000.0f, &none);
             float *a = malloc(sizeof(float) * m * nh * hd), *b = malloc(sizeof(float) * m * nh * hd);
             float *orig = malloc(sizeof(float) * m * nh * hd);
@@ -183,7 +183,7 @@ Test(ops, rope_styles_differ_by_permutation)
      * llama.cpp's permuted GGUF weights and HF's layout. */
     const int hd = 64;
     float f[32], a[64], b[64];
-    const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0};
+    const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0};
     kern_cpu_rope_freqs(f, hd, 10000.0f, &none);
     kt_seed(14);
     kt_fill(a, hd, -1.0f, 1.0f);

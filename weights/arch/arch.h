@@ -31,7 +31,7 @@ enum arch_role {
     ARCH_ROLE_BQ,             /* (q_dim) */
     ARCH_ROLE_BK,             /* (kv_dim) */
     ARCH_ROLE_BV,             /* (kv_dim) */
-    ARCH_ROLE_BO,             /* (dim): mapped from HF, not read by any program yet */
+    ARCH_ROLE_BO,             /* (dim) */
     ARCH_ROLE_Q_NORM,         /* (head_dim) */
     ARCH_ROLE_K_NORM,         /* (head_dim) */
     ARCH_ROLE_FFN_NORM,       /* (dim) */
@@ -46,6 +46,11 @@ enum arch_role {
     ARCH_ROLE_EXP_GATE,       /* (n_expert, expert_ffn, dim): the experts' gates stacked */
     ARCH_ROLE_EXP_UP,         /* (n_expert, expert_ffn, dim) */
     ARCH_ROLE_EXP_DOWN,       /* (n_expert, dim, expert_ffn) */
+    ARCH_ROLE_ATTN_SINKS,     /* (n_heads) */
+    ARCH_ROLE_ROUTER_BIAS,    /* (n_expert) */
+    ARCH_ROLE_EXP_GATE_BIAS,  /* (n_expert, expert_ffn) */
+    ARCH_ROLE_EXP_UP_BIAS,    /* (n_expert, expert_ffn) */
+    ARCH_ROLE_EXP_DOWN_BIAS,  /* (n_expert, dim) */
     ARCH_N_ROLES
 };
 
