@@ -545,35 +545,7 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                             const int32_t *pos, int m, int n_heads, float scale)
 {
-    const int hd = kv->head_dim, group = n_heads / kv->n_kv_heads;
-    const struct kv_data kd = {kv->k, kv->k_scale}, vd = {kv->v, kv->v_scale};
-    int max_pos = 0;
-    for (int t = 0; t < m; t++)
-        if (pos[t] > max_pos) max_pos = pos[t];
-    double *s = malloc(sizeof(double) * ((size_t)max_pos + 1 + hd));
-    if (!s) return; /* reference only: used by tests */
-    double *acc = s + max_pos + 1;
-    for (int t = 0; t < m; t++)
-        for (int h = 0; h < n_heads; h++) {
-            const float *qh = q + ((size_t)t * n_heads + h) * hd;
-            double mx = -INFINITY, sum = 0;
-            for (int p = 0; p <= pos[t]; p++) {
-                const size_t kr = kv_row(kv, seq[t], p, h / group);
-                double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kd, kr + i, kv->elem);
-                s[p] = d * scale;
-                if (s[p] > mx) mx = s[p];
-            }
-            for (int i = 0; i < hd; i++) acc[i] = 0;
-            for (int p = 0; p <= pos[t]; p++) {
-                const double e = exp(s[p] - mx);
-                sum += e;
-                const size_t vr = kv_row(kv, seq[t], p, h / group);
-                for (int i = 0; i < hd; i++) acc[i] += e * ld1(vd, vr + i, kv->elem);
-            }
-            for (int i = 0; i < hd; i++) out[((size_t)t * n_heads + h) * hd + i] = (float)(acc[i] / sum);
-        }
-    free(s);
+    kern_cpu_attention_sinks_ref(out, q, kv, seq, NULL, pos, NULL, m, n_heads, scale);
 }
 
 /* ---- attention sinks ----------------------------------------------------------------------------------- */
@@ -606,8 +578,9 @@ void kern_cpu_attention_sinks_ref(float *out, const float *q, const struct kv_la
     for (int t = 0; t < m; t++)
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + ((size_t)t * n_heads + h) * hd;
-            double mx = sinks[h], sum = 0;
-            for (int p = lo[t]; p <= pos[t]; p++) {
+            const int p0 = lo ? lo[t] : 0;
+            double mx = sinks ? sinks[h] : -INFINITY, sum = 0;
+            for (int p = p0; p <= pos[t]; p++) {
                 const size_t kr = kv_row(kv, seq[t], p, h / group);
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kd, kr + i, kv->elem);
@@ -615,8 +588,8 @@ void kern_cpu_attention_sinks_ref(float *out, const float *q, const struct kv_la
                 if (s[p] > mx) mx = s[p];
             }
             for (int i = 0; i < hd; i++) acc[i] = 0;
-            sum = exp((double)sinks[h] - mx); /* the sink's share: in the sum, with no value */
-            for (int p = lo[t]; p <= pos[t]; p++) {
+            if (sinks) sum = exp((double)sinks[h] - mx); /* the sink's share: in the sum, with no value */
+            for (int p = p0; p <= pos[t]; p++) {
                 const double e = exp(s[p] - mx);
                 sum += e;
                 const size_t vr = kv_row(kv, seq[t], p, h / group);

@@ -77,7 +77,8 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
  * attended to nothing (lse -inf) stays 0. sinks (n_heads) f32. */
 void kern_cpu_attention_sinks(float *out, const float *lse, const float *sinks, int m, int n_heads,
                               int head_dim);
-/* Its reference: attention over positions lo[i]..pos[i] with the sinks, two-pass softmax in double. */
+/* Its reference: attention over positions lo[i]..pos[i] (lo NULL: from 0) with the sinks (NULL: none),
+ * two-pass softmax in double; kern_cpu_attention_ref is it without either. */
 void kern_cpu_attention_sinks_ref(float *out, const float *q, const struct kv_layer_view *kv,
                                   const int32_t *seq, const int32_t *lo, const int32_t *pos,
                                   const float *sinks, int m, int n_heads, float scale);

@@ -29,10 +29,10 @@ import gguf
 from gguf.quants import quantize, dequantize
 from transformers import GptOssConfig, GptOssForCausalLM
 
+from make_golden import N_GREEDY, PROMPT_LENGTHS, greedy  # the other families' prompts and greedy walk
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "gptoss_yarn"
-N_GREEDY = 24
-PROMPT_LENGTHS = [1, 7, 33, 200]
 SEED = 133
 ARCH = "gpt-oss"
 
@@ -157,20 +157,6 @@ def write_gguf(path, model, cfg, mxfp4):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def greedy(model, ids, n):
-    out, margins = [], []
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(torch.tensor([ids])).logits[0, -1].double()
-            top2 = torch.topk(logits, 2).values
-            margins.append(float(top2[0] - top2[1]))
-            t = int(torch.argmax(logits))
-            out.append(t)
-            ids.append(t)
-    return out, min(margins)
 
 
 def main():
