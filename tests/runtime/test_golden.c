@@ -314,10 +314,23 @@ Test(golden_gguf, gptoss_yarn)
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 0, 0, 0);
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 1, 2e-3, 0);
 }
-/* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept). */
+/* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept). The CUDA
+ * backend has no kernels for sinks and these experts: --backend cuda is refused. */
 Test(golden_gguf, gptoss_written_by_ferry)
 {
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 1);
+    const char *src = getenv("FERRY_SRC");
+    char *path = path_join(src, "tests/golden/models/gptoss_yarn_mxfp4.gguf"), err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 256;
+    struct engine *e = NULL;
+    cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
+    cr_assert_null(e);
+    model_file_close(mf);
+    free(path);
 }
 
 /* Expert layers and the backends: --backend cuda is refused (on a GPU machine with a message naming the
