@@ -181,7 +181,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     int ab = 0, mb = 0;
     if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
     if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
-    if (ab || mb) {
+    if ((ab && !fam->hf_attention_bias) || mb) {
         rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
                         ab ? "attention_bias" : "mlp_bias");
         goto out;

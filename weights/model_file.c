@@ -473,7 +473,8 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
                           "is false)");
     mf->hp.tied_embeddings = !has_out;
     if (model_file_tensor(mf, "blk.0.attn_q.bias")) mf->hp.qkv_bias = 1;
-    return mf->hp.n_expert > 0 ? stack_experts(mf, err) : FERRY_OK;
+    if (mf->hp.n_expert > 0 && (rc = stack_experts(mf, err))) return rc;
+    return mf->hp.family->hf_tensors ? mf->hp.family->hf_tensors(mf, err) : FERRY_OK;
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -696,6 +697,7 @@ void model_file_close(struct model_file *mf)
         free(pv);
     }
     gguf_close(mf->gguf);
+    free(mf->arch_owned);
     free(mf->tensors);
     free(mf->dir);
     free(mf->chat_template);

@@ -91,6 +91,7 @@ struct model_file {
                               * tokenizer_config.json chat_template), NUL-terminated, or NULL */
     uint64_t file_bytes;     /* total size of the mapped weight files */
     void *priv;              /* mappings; owned */
+    void *arch_owned; /* HF only: tensors the family rearranged (arch_family.hf_tensors), or NULL; owned */
 };
 
 /* Progress callback for long loads: done/total bytes checked so far. May be NULL. */

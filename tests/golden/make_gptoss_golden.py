@@ -7,11 +7,12 @@ interleaved), so this script converts the checkpoint itself, the way llama.cpp's
 attn_sinks.weight, gate_up_proj split into ffn_gate_exps / ffn_up_exps (even / odd columns) and transposed,
 down_proj transposed, the experts' biases as (n_expert, rows) tables, 1-D tensors in F32.
 
-Writes tests/golden/models/gptoss_yarn_f16.gguf (matrices F16) and gptoss_yarn_mxfp4.gguf (experts in MXFP4,
-the rest as in the F16 file), and tests/golden/gptoss_yarn.json: for prompts of 1, 7, 33 and 200 tokens the
+Writes under tests/golden/models/: gptoss_yarn_f16/ (config.json and model.safetensors in F16, as
+transformers writes them), gptoss_yarn_f16.gguf (matrices F16) and gptoss_yarn_mxfp4.gguf (experts in MXFP4,
+the rest as in the F16 file); and tests/golden/gptoss_yarn.json: for prompts of 1, 7, 33 and 200 tokens the
 last-position logits and 24 greedy tokens of transformers in float32. The random weights are rounded first
-to what the files hold (matrices to F16 values, the experts to MXFP4 values, which F16 holds exactly), so both
-files are the same function as the reference.
+to what the files hold (every tensor to F16 values, the experts to MXFP4 values, which F16 holds exactly), so
+the three are the same function as the reference.
 
 The model: 2 layers (sliding window of 16, then full attention: the 33- and 200-token prompts run past the
 window), hidden 64, 4 heads of 16 with 2 KV heads, q/k/v/o biases, sinks, YaRN (factor 4, original context
@@ -82,12 +83,10 @@ def round_to_files(model):
             elif "down_proj" in name and not name.endswith("_bias"):
                 w = p.detach().numpy().transpose(0, 2, 1)  # (E, dim, ffn)
                 p.copy_(torch.from_numpy(mxfp4_round(w).transpose(0, 2, 1).copy()))
-            elif p.dim() == 2 and "router" not in name:
+            else:  # F16 in the checkpoint and the F16 file (the GGUF files keep 1-D tensors in F32)
                 p.copy_(p.half().float())
-            # 1-D tensors, the router and the biases stay F32 in both files
         for name, p in model.named_parameters():
-            if "experts" in name and not name.endswith("_bias"):
-                assert torch.equal(p, p.half().float()), f"{name}: MXFP4 values must be F16 values"
+            assert torch.equal(p, p.half().float()), f"{name}: the checkpoint's F16 must hold it exactly"
 
 
 def gguf_tensors(model, cfg):
@@ -168,9 +167,16 @@ def main():
     model_dir = os.path.join(HERE, "models")
     for mx in (False, True):
         write_gguf(os.path.join(model_dir, f"{NAME}_{'mxfp4' if mx else 'f16'}.gguf"), model, cfg, mx)
-    # The reference: transformers' eager attention (the one with sinks) and eager per-expert loop, in fp32.
-    model.config._attn_implementation = "eager"
-    model.set_experts_implementation("eager") if hasattr(model, "set_experts_implementation") else None
+    # The checkpoint itself, F16 safetensors as transformers writes them (experts stacked and transposed).
+    hf_dir = os.path.join(model_dir, f"{NAME}_f16")
+    model.half().save_pretrained(hf_dir, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(hf_dir, extra)):
+            os.remove(os.path.join(hf_dir, extra))
+    # The reference: transformers reading the checkpoint back in fp32, with its eager attention (the one with
+    # sinks) and its eager per-expert loop.
+    model = GptOssForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager",
+                                              experts_implementation="eager").eval()
     k = cfg.num_experts_per_tok
     gaps = []
     for name, mod in model.named_modules():

@@ -310,15 +310,18 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
  * are transformers' function): sinks, windows of 16 on layer 0, YaRN, biases, the clamped SwiGLU. */
 Test(golden_gguf, gptoss_yarn)
 {
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16", 0, 0, 0); /* the HF checkpoint */
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 0);
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 0, 0, 0);
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 1, 2e-3, 0);
 }
-/* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept). The CUDA
+/* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept), and the
+ * HF checkpoint written as a GGUF by it (its experts in llama.cpp's layout, the family's keys). The CUDA
  * backend has no kernels for sinks and these experts: --backend cuda is refused. */
 Test(golden_gguf, gptoss_written_by_ferry)
 {
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 1);
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16", 0, 0, 1);
     const char *src = getenv("FERRY_SRC");
     char *path = path_join(src, "tests/golden/models/gptoss_yarn_mxfp4.gguf"), err[256] = "";
     struct model_file *mf;

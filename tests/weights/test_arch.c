@@ -215,6 +215,31 @@ Test(arch, gptoss_gguf)
     cr_assert_eq(h->qkv_bias, 1);
     cr_assert_float_eq(h->swiglu_alpha, 1.702f, 0);
     cr_assert_float_eq(h->swiglu_limit, 7.0f, 0);
+    /* The HF checkpoint of the same model: the same hyperparameters (truncate from its rope_parameters), and
+     * its experts rearranged into exactly the GGUF file's tensors. */
+    struct model_file *hf = open_golden("gptoss_yarn_f16");
+    const struct llm_hparams *q = &hf->hp;
+    cr_assert_eq(q->family, h->family);
+    cr_assert(q->sliding_window == 16 && q->swa_pattern == 2 && q->swa_rope_scaled && q->qkv_bias);
+    cr_assert(q->rope_scaling.type == ROPE_SCALING_YARN && q->rope_scaling.truncate == 0);
+    cr_assert_eq(llm_attn_scale(q), llm_attn_scale(h));
+    cr_assert(q->n_expert == 5 && q->n_expert_used == 2 && q->expert_ffn_dim == 32);
+    cr_assert(q->swiglu_alpha == h->swiglu_alpha && q->swiglu_limit == h->swiglu_limit);
+    static const char *const exps[] = {"blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight",
+                                       "blk.1.ffn_down_exps.weight", "blk.0.ffn_gate_exps.bias",
+                                       "blk.0.ffn_up_exps.bias",     "blk.0.ffn_down_exps.bias"};
+    for (int i = 0; i < 6; i++) {
+        const struct wtensor *a = model_file_tensor(hf, exps[i]), *b = model_file_tensor(g, exps[i]);
+        cr_assert(a && b && a->type == DTYPE_F16, "%s", exps[i]);
+        cr_assert(a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2], "%s", exps[i]);
+        const int64_t n = a->ne[0] * a->ne[1] * a->ne[2];
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+        cr_assert(dtype_to_f32(a->type, a->data, x, n) && dtype_to_f32(b->type, b->data, y, n));
+        cr_assert(memcmp(x, y, sizeof(float) * (size_t)n) == 0, "%s differs from the GGUF's", exps[i]);
+        free(x);
+        free(y);
+    }
+    model_file_close(hf);
     model_file_close(g);
 
     FILE *f = fopen(path, "rb");
