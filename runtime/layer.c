@@ -156,6 +156,7 @@ void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
 int layer_pack_matrix(const struct wview *w, enum dtype to, void *dst, float *row_tmp)
 {
     const size_t row_bytes = dtype_row_size(w->type, w->cols);
+    if (w->rows == 0) return FERRY_OK; /* an expert layer's empty dense FFN */
     if (to == w->type) {
         memcpy(dst, w->data, row_bytes * (size_t)w->rows);
         return FERRY_OK;
