@@ -315,6 +315,41 @@ Test(golden_gguf, gptoss_yarn)
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 0, 0, 0);
     run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 1, 2e-3, 0);
 }
+/* The 200-token prompt prefilled in chunks of 37 (each chunk's rows attend to the cache's earlier positions
+ * through the window and the sinks) ends at transformers' logits as the one-step prefill does. */
+Test(golden_gguf, gptoss_chunked_prefill)
+{
+    const char *src = getenv("FERRY_SRC");
+    char *jpath = path_join(src, "tests/golden/gptoss_yarn.json"),
+         *mpath = path_join(src, "tests/golden/models/gptoss_yarn_mxfp4.gguf");
+    json_t *g = load_json(jpath);
+    json_t *c = json_array_get(json_object_get(g, "cases"), 3);
+    int n;
+    int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+    json_t *jl = json_object_get(c, "logits");
+    struct runner r;
+    runner_open(&r, mpath, 1, KV_F32, -1);
+    cr_assert_eq((int)json_array_size(jl), r.n_vocab);
+    cr_assert_gt(n, 2 * 37);
+    float *ref = malloc((size_t)r.n_vocab * sizeof *ref);
+    for (int i = 0; i < r.n_vocab; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
+    int32_t pos[37], seq[37] = {0};
+    uint8_t want[37];
+    for (int i0 = 0; i0 < n; i0 += 37) {
+        const int m = n - i0 < 37 ? n - i0 : 37;
+        for (int i = 0; i < m; i++) pos[i] = i0 + i, want[i] = i0 + i == n - 1;
+        struct batch b = {.n_tokens = m, .tokens = ids + i0, .pos = pos, .seq = seq, .want_logits = want};
+        cr_assert_eq(engine_step(r.e, &b, r.logits), FERRY_OK);
+    }
+    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, "gptoss_yarn 200 tokens in chunks of 37");
+    runner_close(&r);
+    free(ref);
+    free(ids);
+    json_decref(g);
+    free(jpath);
+    free(mpath);
+}
+
 /* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept), and the
  * HF checkpoint written as a GGUF by it (its experts in llama.cpp's layout, the family's keys). The CUDA
  * backend has no kernels for sinks and these experts: --backend cuda is refused. */
