@@ -117,7 +117,10 @@ static enum dtype mixed_type(struct quant_mix *m, const char *name, int64_t ne0)
 
 int quant_mix_type(struct quant_mix *m, const char *name, int n_dims, int64_t ne0, enum dtype cur)
 {
-    if (!ends_with(name, "weight") || n_dims < 2 || strstr(name, "_norm.weight")) return (int)cur;
+    /* llama.cpp keeps norms and the experts' router (ffn_gate_inp) as they are. */
+    if (!ends_with(name, "weight") || n_dims < 2 || strstr(name, "_norm.weight") ||
+        strstr(name, "ffn_gate_inp.weight"))
+        return (int)cur;
     enum dtype t = m->base;
     if (!dtype_get_traits(t)->is_quantized) return (int)t;
     t = mixed_type(m, name, ne0);
