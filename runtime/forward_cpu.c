@@ -44,7 +44,7 @@ struct forward_cpu {
     float *gu;       /* (max_tokens * 2 ffn) gate part, then up part */
     float *qkv_rows; /* (max_tokens, q_dim + 2 kv_dim) stacked rows for kv_owner, or NULL */
     int32_t *win_lo; /* (max_tokens) first position a local layer's row attends to; NULL without windows */
-    float *win_lse;  /* (max_tokens, n_heads) the windowed attention's log-sum-exps (unused), or NULL */
+    float *win_lse;  /* (max_tokens, n_heads) the ranged attention's log-sum-exps (read for sinks), or NULL */
     /* Expert layers only (NULL otherwise): router logits (max_tokens, n_expert), each token's chosen experts
      * and weights (max_tokens, n_expert_used), the experts' workspace (kern_cpu_moe_ws_floats). */
     float *moe_logits, *moe_wts, *moe_ws;
