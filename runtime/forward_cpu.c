@@ -544,10 +544,9 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
     f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
     if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
-    int sinks = 0;
-    for (int i = 0; i < f->prog->n_ops; i++) sinks |= f->prog->ops[i].kind == LOP_ATTENTION_SINKS;
-    if ((hp->sliding_window > 0 || sinks) && (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||
-                                              !(f->win_lse = malloc(n * hp->n_heads * sizeof(float)))))
+    if ((hp->sliding_window > 0 || layer_program_has(f->prog, LOP_ATTENTION_SINKS)) &&
+        (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||
+         !(f->win_lse = malloc(n * hp->n_heads * sizeof(float)))))
         goto fail;
     if (!f->x || !f->xn || !f->d || !f->qkv || !f->att || !f->gu || (f->kv_owner && !f->qkv_rows)) goto fail;
     rc = p->pin_threads ? tpool_init_pinned(&f->tp, p->n_threads) : tpool_init(&f->tp, p->n_threads);

@@ -20,6 +20,13 @@ const struct layer_program *layer_program_of(const struct llm_hparams *hp)
     return f ? f->program : NULL;
 }
 
+int layer_program_has(const struct layer_program *p, enum layer_op_kind kind)
+{
+    for (int i = 0; p && i < p->n_ops; i++)
+        if (p->ops[i].kind == kind) return 1;
+    return 0;
+}
+
 /* The norm vectors of a layer and their lengths (0: absent). */
 static void layer_norms(const struct model_layer *L, const struct llm_hparams *hp,
                         const float *v[LAYER_N_NORMS], int len[LAYER_N_NORMS])

@@ -27,6 +27,8 @@
 
 /* The program of hp's family (weights/arch/), or NULL when hp names none. */
 const struct layer_program *layer_program_of(const struct llm_hparams *hp);
+/* 1 when program p has an op of this kind (a backend refuses a program with a kind it has no kernel for). */
+int layer_program_has(const struct layer_program *p, enum layer_op_kind kind);
 
 #define LAYER_MAX_PARTS 3
 
