@@ -44,7 +44,7 @@ struct forward_cpu {
     float *gu;       /* (max_tokens * 2 ffn) gate part, then up part */
     float *qkv_rows; /* (max_tokens, q_dim + 2 kv_dim) stacked rows for kv_owner, or NULL */
     int32_t *win_lo; /* (max_tokens) first position a local layer's row attends to; NULL without windows */
-    float *win_lse;  /* (max_tokens, n_heads) the windowed attention's log-sum-exps (unused), or NULL */
+    float *win_lse;  /* (max_tokens, n_heads) the ranged attention's log-sum-exps (read for sinks), or NULL */
     /* Expert layers only (NULL otherwise): router logits (max_tokens, n_expert), each token's chosen experts
      * and weights (max_tokens, n_expert_used), the experts' workspace (kern_cpu_moe_ws_floats). */
     float *moe_logits, *moe_wts, *moe_ws;
@@ -181,6 +181,13 @@ static float *act(struct forward_cpu *f, enum layer_act a)
     return NULL;
 }
 
+/* The attention sinks of layer l when its program attends with them (LOP_ATTENTION_SINKS), else NULL. */
+static const float *layer_sinks(const struct forward_cpu *f, int l)
+{
+    const struct layer_program *p = f->prog;
+    return p->ops[p->kv_last].kind == LOP_ATTENTION_SINKS ? f->w[l].norm[LAYER_ATTN_SINKS] : NULL;
+}
+
 /* The KV ops of layer l on the host's own cache. */
 static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int n)
 {
@@ -194,14 +201,17 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
     kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
     kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
-    if (!local)
+    const float *sinks = layer_sinks(f, l);
+    if (!local && !sinks)
         return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, llm_attn_scale(hp),
                                   f->tp);
-    /* A local layer attends to the window's positions (pos - window, pos]. */
+    /* A local layer attends to the window's positions (pos - window, pos]; sinks need the log-sum-exps. */
     for (int i = 0; i < n; i++)
-        f->win_lo[i] = b->pos[i] >= hp->sliding_window ? b->pos[i] - hp->sliding_window + 1 : 0;
-    return kern_cpu_attention_range(f->att, f->win_lse, q, &view, b->seq, f->win_lo, b->pos, n, hp->n_heads,
-                                    llm_attn_scale(hp), f->tp);
+        f->win_lo[i] = local && b->pos[i] >= hp->sliding_window ? b->pos[i] - hp->sliding_window + 1 : 0;
+    int rc = kern_cpu_attention_range(f->att, f->win_lse, q, &view, b->seq, f->win_lo, b->pos, n, hp->n_heads,
+                                      llm_attn_scale(hp), f->tp);
+    if (!rc && sinks) kern_cpu_attention_sinks(f->att, f->win_lse, sinks, n, hp->n_heads, hp->head_dim);
+    return rc;
 }
 
 /* The KV ops of layer l on the KV owner: q|k|v rows go over, the attention output comes back into att. */
@@ -211,6 +221,7 @@ static int kv_ops_remote(struct forward_cpu *f, int l, const struct step *st, in
     const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim,
                  row = qd + 2 * kvd;
     const float *rows = f->qkv;
+    if (layer_sinks(f, l)) return FERRY_ERR_UNSUPPORTED; /* the owners' `attend` has no sinks */
     if (n > 1) {
         for (int i = 0; i < n; i++) {
             float *r = f->qkv_rows + (size_t)i * row;
@@ -264,9 +275,11 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * hp->n_kv_heads, hd, hp->norm_eps);
         return FERRY_OK;
     }
-    case LOP_MOE: {
+    case LOP_MOE:
+    case LOP_MOE_CLAMPED: {
         const struct layer_moe *e = &w->moe;
         if (e->n_expert <= 0 || !f->moe_ws) return FERRY_ERR_INTERNAL; /* weights without their experts */
+        const int clamped = op->kind == LOP_MOE_CLAMPED;
         const struct kern_cpu_moe_experts ex = {.gate = e->gate.data,
                                                 .up = e->up.data,
                                                 .down = e->down.data,
@@ -275,12 +288,20 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
                                                 .down_t = e->down.type,
                                                 .n_expert = e->n_expert,
                                                 .dim = hp->dim,
-                                                .ffn = e->ffn};
-        int rc = kern_cpu_matmul(f->moe_logits, act(f, op->in), e->router.data, e->router.type, NULL, n,
-                                 e->n_expert, hp->dim, f->tp);
+                                                .ffn = e->ffn,
+                                                .gate_b = clamped ? e->gate_b : NULL,
+                                                .up_b = clamped ? e->up_b : NULL,
+                                                .down_b = clamped ? e->down_b : NULL,
+                                                .act =
+                                                    clamped ? KERN_CPU_MOE_SWIGLU_CLAMPED : KERN_CPU_MOE_SILU,
+                                                .alpha = e->alpha,
+                                                .limit = e->limit};
+        int rc = kern_cpu_matmul(f->moe_logits, act(f, op->in), e->router.data, e->router.type,
+                                 clamped ? e->router_b : NULL, n, e->n_expert, hp->dim, f->tp);
+        /* gpt-oss's weights, the softmax of the top-k logits, are the normalised top-k probabilities. */
         if (!rc)
-            rc = kern_cpu_moe_route(f->moe_logits, n, e->n_expert, e->n_used, e->norm_topk, f->moe_ids,
-                                    f->moe_wts);
+            rc = kern_cpu_moe_route(f->moe_logits, n, e->n_expert, e->n_used, clamped || e->norm_topk,
+                                    f->moe_ids, f->moe_wts);
         if (!rc)
             rc = kern_cpu_moe_ffn(act(f, op->out), act(f, op->in), f->moe_ids, f->moe_wts, n, e->n_used, &ex,
                                   f->moe_ws, f->tp);
@@ -289,6 +310,7 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
     }
     case LOP_ROPE_KV:
     case LOP_ATTENTION:
+    case LOP_ATTENTION_SINKS:
         return FERRY_ERR_INTERNAL; /* run as a unit by kv_ops_* */
     }
     return FERRY_ERR_INTERNAL;
@@ -314,7 +336,7 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
             const struct layer_op *op = &p->ops[i];
             rc = run_op(f, op, w, n);
             kind = op->kind == LOP_LINEAR                                 ? op->arg
-                   : op->kind == LOP_MOE                                  ? LAYER_GU
+                   : op->kind == LOP_MOE || op->kind == LOP_MOE_CLAMPED   ? LAYER_GU
                    : op->kind == LOP_SILU_MUL || op->kind == LOP_GELU_MUL ? PROF_SILU
                                                                           : PROF_NORM;
             if (f->profile && op->kind == LOP_LINEAR) f->prof_bytes[kind] += group_bytes(&w->mat[op->arg]);
@@ -522,8 +544,9 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
     f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
     if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
-    if (hp->sliding_window > 0 && (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||
-                                   !(f->win_lse = malloc(n * hp->n_heads * sizeof(float)))))
+    if ((hp->sliding_window > 0 || layer_program_has(f->prog, LOP_ATTENTION_SINKS)) &&
+        (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||
+         !(f->win_lse = malloc(n * hp->n_heads * sizeof(float)))))
         goto fail;
     if (!f->x || !f->xn || !f->d || !f->qkv || !f->att || !f->gu || (f->kv_owner && !f->qkv_rows)) goto fail;
     rc = p->pin_threads ? tpool_init_pinned(&f->tp, p->n_threads) : tpool_init(&f->tp, p->n_threads);

@@ -20,6 +20,13 @@ const struct layer_program *layer_program_of(const struct llm_hparams *hp)
     return f ? f->program : NULL;
 }
 
+int layer_program_has(const struct layer_program *p, enum layer_op_kind kind)
+{
+    for (int i = 0; p && i < p->n_ops; i++)
+        if (p->ops[i].kind == kind) return 1;
+    return 0;
+}
+
 /* The norm vectors of a layer and their lengths (0: absent). */
 static void layer_norms(const struct model_layer *L, const struct llm_hparams *hp,
                         const float *v[LAYER_N_NORMS], int len[LAYER_N_NORMS])
@@ -30,6 +37,7 @@ static void layer_norms(const struct model_layer *L, const struct llm_hparams *h
     v[LAYER_K_NORM] = L->k_norm, len[LAYER_K_NORM] = L->k_norm ? hp->head_dim : 0;
     v[LAYER_POST_ATTN_NORM] = L->post_attn_norm, len[LAYER_POST_ATTN_NORM] = L->post_attn_norm ? hp->dim : 0;
     v[LAYER_POST_FFN_NORM] = L->post_ffn_norm, len[LAYER_POST_FFN_NORM] = L->post_ffn_norm ? hp->dim : 0;
+    v[LAYER_ATTN_SINKS] = L->attn_sinks, len[LAYER_ATTN_SINKS] = L->attn_sinks ? hp->n_heads : 0;
 }
 
 /* The parts of group i in row order, with their biases; returns their count. */
@@ -44,6 +52,7 @@ static int group_parts(const struct model_layer *L, int i, const struct wview *p
         return 3;
     case LAYER_O:
         parts[0] = &L->wo;
+        bias[0] = L->bo;
         return 1;
     case LAYER_GU:
         parts[0] = &L->w_gate, parts[1] = &L->w_up;
@@ -80,6 +89,7 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
     w->norm[LAYER_K_NORM] = L->k_norm;
     w->norm[LAYER_POST_ATTN_NORM] = L->post_attn_norm;
     w->norm[LAYER_POST_FFN_NORM] = L->post_ffn_norm;
+    w->norm[LAYER_ATTN_SINKS] = L->attn_sinks;
 }
 
 void layer_weights_of_model_moe(struct layer_weights *w, const struct model_layer *L,
@@ -94,7 +104,13 @@ void layer_weights_of_model_moe(struct layer_weights *w, const struct model_laye
                                 .n_expert = hp->n_expert,
                                 .n_used = hp->n_expert_used,
                                 .ffn = hp->expert_ffn_dim,
-                                .norm_topk = hp->expert_norm_topk};
+                                .norm_topk = hp->expert_norm_topk,
+                                .router_b = L->router_b,
+                                .gate_b = L->exp_gate_b,
+                                .up_b = L->exp_up_b,
+                                .down_b = L->exp_down_b,
+                                .alpha = hp->swiglu_alpha,
+                                .limit = hp->swiglu_limit};
 }
 
 void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
@@ -136,12 +152,18 @@ void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,
         lay->bias_off = off;
         off = align_up(off + (size_t)lay->rows[LAYER_QKV] * sizeof(float));
     }
+    lay->bias_o_off = SIZE_MAX;
+    if (L->bo) {
+        lay->bias_o_off = off;
+        off = align_up(off + (size_t)lay->rows[LAYER_O] * sizeof(float));
+    }
     lay->bytes = off;
 }
 
 int layer_pack_matrix(const struct wview *w, enum dtype to, void *dst, float *row_tmp)
 {
     const size_t row_bytes = dtype_row_size(w->type, w->cols);
+    if (w->rows == 0) return FERRY_OK; /* an expert layer's empty dense FFN */
     if (to == w->type) {
         memcpy(dst, w->data, row_bytes * (size_t)w->rows);
         return FERRY_OK;
@@ -188,6 +210,8 @@ int layer_pack(const struct model_layer *L, const struct llm_hparams *hp, const 
             v += parts[j]->rows;
         }
     }
+    if (lay->bias_o_off != SIZE_MAX)
+        memcpy(base + lay->bias_o_off, L->bo, (size_t)lay->rows[LAYER_O] * sizeof(float));
     return FERRY_OK;
 }
 
@@ -216,6 +240,8 @@ void layer_weights_tail(struct layer_weights *w, const struct layer_layout *lay,
             g->part[j].rows = lay->part[i][j].rows;
             g->part[j].bias = i == LAYER_QKV && lay->bias_off != SIZE_MAX
                                   ? (const float *)(t + (lay->bias_off - t0)) + lay->part[i][j].row0
+                              : i == LAYER_O && lay->bias_o_off != SIZE_MAX
+                                  ? (const float *)(t + (lay->bias_o_off - t0))
                                   : NULL;
         }
     }

@@ -27,6 +27,8 @@
 
 /* The program of hp's family (weights/arch/), or NULL when hp names none. */
 const struct layer_program *layer_program_of(const struct llm_hparams *hp);
+/* 1 when program p has an op of this kind (a backend refuses a program with a kind it has no kernel for). */
+int layer_program_has(const struct layer_program *p, enum layer_op_kind kind);
 
 #define LAYER_MAX_PARTS 3
 
@@ -51,6 +53,11 @@ struct layer_group {
 struct layer_moe {
     struct wview router, gate, up, down;
     int n_expert, n_used, ffn, norm_topk;
+    /* LOP_MOE_CLAMPED (gpt-oss): the biases, f32 or NULL, and the activation's gain and clamp. */
+    const float *router_b;      /* (n_expert) */
+    const float *gate_b, *up_b; /* (n_expert, ffn) */
+    const float *down_b;        /* (n_expert, dim) */
+    float alpha, limit;
 };
 
 struct layer_weights {
@@ -67,7 +74,7 @@ void layer_weights_of_model_moe(struct layer_weights *w, const struct model_laye
 
 /* A packed block: the parts of each group one after the other (each in its packed type), groups and vectors
  * 256-byte aligned, then the norms the layer has (an absent one takes no bytes) and the q|k|v biases stacked
- * like their rows (zeros for an absent one; none when the layer has no biases). */
+ * like their rows (zeros for an absent one; none when the layer has no biases), then the o bias if any. */
 struct layer_layout {
     struct {
         enum dtype type;
@@ -81,6 +88,7 @@ struct layer_layout {
     int norm_len[LAYER_N_NORMS]; /* floats; 0 for a norm the layer does not have */
     size_t bias_off;             /* the stacked q|k|v biases, or SIZE_MAX */
     size_t bytes;
+    size_t bias_o_off; /* the o bias (dim floats, after the q|k|v biases), or SIZE_MAX */
 };
 
 /* packed_type: the type a matrix of stored type t takes in the block (what its readers decode). */

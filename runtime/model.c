@@ -31,9 +31,10 @@ static int find_matrix(const struct model_file *mf, const char *name, int64_t ro
     return FERRY_OK;
 }
 
-/* An f32 copy of a 1-D tensor of n elements; *out stays NULL when optional and absent. */
-static int load_vector(const struct model_file *mf, const char *name, int64_t n, int optional, float **out,
-                       char err[256])
+/* An f32 copy of a tensor of ne {n, n1} (a vector when n1 is 1, else a table of n1 rows: the experts'
+ * biases); *out stays NULL when optional and absent. */
+static int load_f32(const struct model_file *mf, const char *name, int64_t n, int64_t n1, int optional,
+                    float **out, char err[256])
 {
     *out = NULL;
     const struct wtensor *t = model_file_tensor(mf, name);
@@ -42,11 +43,12 @@ static int load_vector(const struct model_file *mf, const char *name, int64_t n,
         snprintf(err, 256, "missing tensor %s", name);
         return FERRY_ERR_NOT_FOUND;
     }
-    if (t->ne[0] != n || t->ne[1] * t->ne[2] * t->ne[3] != 1) {
-        snprintf(err, 256, "tensor %s has %lld elements, expected %lld", name, (long long)t->ne[0],
-                 (long long)n);
+    if (t->ne[0] != n || t->ne[1] != n1 || t->ne[2] * t->ne[3] != 1) {
+        snprintf(err, 256, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name,
+                 (long long)t->ne[0], (long long)t->ne[1], (long long)n, (long long)n1);
         return FERRY_ERR_FORMAT;
     }
+    n *= n1;
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return FERRY_ERR_NOMEM;
     if (!dtype_to_f32(t->type, t->data, v, n)) {
@@ -56,6 +58,12 @@ static int load_vector(const struct model_file *mf, const char *name, int64_t n,
     }
     *out = v;
     return FERRY_OK;
+}
+
+static int load_vector(const struct model_file *mf, const char *name, int64_t n, int optional, float **out,
+                       char err[256])
+{
+    return load_f32(mf, name, n, 1, optional, out, err);
 }
 
 /* Where a layer keeps the tensor of a role: a matrix, or an f32 vector (NULL for a role no program reads). */
@@ -102,6 +110,18 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->post_attn_norm;
     case ARCH_ROLE_POST_FFN_NORM:
         return &L->post_ffn_norm;
+    case ARCH_ROLE_BO:
+        return &L->bo;
+    case ARCH_ROLE_ATTN_SINKS:
+        return &L->attn_sinks;
+    case ARCH_ROLE_ROUTER_BIAS:
+        return &L->router_b;
+    case ARCH_ROLE_EXP_GATE_BIAS:
+        return &L->exp_gate_b;
+    case ARCH_ROLE_EXP_UP_BIAS:
+        return &L->exp_up_b;
+    case ARCH_ROLE_EXP_DOWN_BIAS:
+        return &L->exp_down_b;
     default:
         return NULL;
     }
@@ -213,6 +233,12 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
                 m->weight_bytes += wview_bytes(v);
                 continue;
             }
+            float **vec = layer_vector(L, at->role);
+            if (nd == 2 && vec) { /* the experts' biases: one row per expert */
+                if ((rc = load_f32(mf, name, ne[0], ne[1], at->need != ARCH_NEED_ALWAYS, vec, err)))
+                    goto fail;
+                continue;
+            }
             if (nd == 2) {
                 struct wview *v = layer_matrix(L, at->role);
                 if ((rc = find_matrix(mf, name, ne[1], ne[0], v, err))) goto fail;
@@ -236,7 +262,8 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa, NULL);
+        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa,
+                            hp->swa_rope_scaled ? &hp->rope_scaling : NULL);
     }
     /* GGUF llama3 files bake the scaling into per-frequency divisors. */
     float *factors = NULL;
@@ -359,6 +386,12 @@ void model_free(struct model *m)
             free(L->k_norm);
             free(L->post_attn_norm);
             free(L->post_ffn_norm);
+            free(L->bo);
+            free(L->attn_sinks);
+            free(L->router_b);
+            free(L->exp_gate_b);
+            free(L->exp_up_b);
+            free(L->exp_down_b);
         }
     }
     free(m->layers);
@@ -500,7 +533,8 @@ int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dty
             model_free(m);
             return FERRY_ERR_NOMEM;
         }
-        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa, NULL);
+        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa,
+                            hp->swa_rope_scaled ? &hp->rope_scaling : NULL);
     }
     return FERRY_OK;
 }

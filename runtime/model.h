@@ -56,6 +56,13 @@ struct model_layer {
     struct wview router;           /* (n_expert, dim) */
     struct wview exp_gate, exp_up; /* (n_expert*ffn, dim) */
     struct wview exp_down;         /* (n_expert*dim, ffn) */
+    /* gpt-oss's extras, NULL elsewhere: the o bias, the attention sinks, the router's bias and the experts'.
+     */
+    float *bo;                    /* (dim) f32 */
+    float *attn_sinks;            /* (n_heads) f32 */
+    float *router_b;              /* (n_expert) f32 */
+    float *exp_gate_b, *exp_up_b; /* (n_expert, ffn) f32 */
+    float *exp_down_b;            /* (n_expert, dim) f32 */
 };
 
 struct model {

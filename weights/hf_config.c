@@ -91,8 +91,25 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
                               "%s: llama3 high_freq_factor must exceed low_freq_factor", g);
         return FERRY_OK;
     }
+    if (strcmp(ts, "yarn") == 0) { /* transformers' _compute_yarn_parameters */
+        out->type = ROPE_SCALING_YARN;
+        const char *g = "config.json rope_scaling";
+        if ((rc = get_pos(rs, "factor", -1, &out->factor, g, err))) return rc;
+        if ((rc = get_int(rs, "original_max_position_embeddings", -1, &out->orig_ctx, g, err))) return rc;
+        if ((rc = get_pos(rs, "beta_fast", 32.0, &out->beta_fast, g, err))) return rc;
+        if ((rc = get_pos(rs, "beta_slow", 1.0, &out->beta_slow, g, err))) return rc;
+        if ((rc = get_pos(rs, "attention_factor", 0.0, &out->attn_factor, g, err))) return rc;
+        if ((rc = get_bool(rs, "truncate", 1, &out->truncate, g, err))) return rc;
+        static const char *const other[] = {"mscale", "mscale_all_dim"};
+        for (int i = 0; i < 2; i++) {
+            json_t *v = json_object_get(rs, other[i]);
+            if (v && !json_is_null(v))
+                return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: yarn's %s is not supported", g, other[i]);
+        }
+        return FERRY_OK;
+    }
     return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                      "%s: rope_scaling type '%.40s' is not supported (llama3, linear)", f, ts);
+                      "%s: rope_scaling type '%.40s' is not supported (llama3, linear, yarn)", f, ts);
 }
 
 int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char err[256])
@@ -164,7 +181,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     int ab = 0, mb = 0;
     if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
     if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
-    if (ab || mb) {
+    if ((ab && !fam->hf_attention_bias) || mb) {
         rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
                         ab ? "attention_bias" : "mlp_bias");
         goto out;

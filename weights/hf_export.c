@@ -58,6 +58,16 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
         TRY(gguf_writer_kv_str(w, KEY("rope.scaling.type"), "linear", 6, err));
         TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.factor"), hp->rope_scaling.factor, err));
     }
+    if (hp->rope_scaling.type == ROPE_SCALING_YARN) { /* as llama.cpp's converter (truncate has no key) */
+        const struct rope_scaling *sc = &hp->rope_scaling;
+        TRY(gguf_writer_kv_str(w, KEY("rope.scaling.type"), "yarn", 4, err));
+        TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.factor"), sc->factor, err));
+        TRY(gguf_writer_kv_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)sc->orig_ctx, err));
+        TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.yarn_beta_fast"), sc->beta_fast, err));
+        TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.yarn_beta_slow"), sc->beta_slow, err));
+        if (sc->attn_factor > 0)
+            TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.yarn_attn_factor"), sc->attn_factor, err));
+    }
     const struct arch_family *fam = arch_find_gguf(arch, strlen(arch));
     if (fam && hp->n_expert > 0 && fam->gguf_experts) fam = fam->gguf_experts; /* Mixtral: llama + experts */
     if (fam && fam->gguf_write) TRY(fam->gguf_write(w, hp, arch, err));

@@ -58,7 +58,11 @@ static void progress_add(struct progress *p, uint64_t n)
 
 float llm_attn_scale(const struct llm_hparams *hp)
 {
-    return hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
+    const float s = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
+    if (hp->rope_scaling.type != ROPE_SCALING_YARN) return s;
+    /* transformers scales cos and sin by it, so q and k each carry it into the scores. */
+    const float m = rope_scaling_attn_factor(&hp->rope_scaling);
+    return s * m * m;
 }
 
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name)
@@ -102,6 +106,28 @@ static int gguf_hp_f(const struct gguf *g, const char *arch, const char *key, fl
     if (rc == FERRY_ERR_NOT_FOUND) return ferry_fail(err, FERRY_ERR_FORMAT, "missing key '%s'", k);
     if (rc || !(*out > 0) || *out > 1e30f)
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a positive number", k);
+    return FERRY_OK;
+}
+
+/* YaRN as llama.cpp's converter writes it: rope.scaling.factor and original_context_length, and when the
+ * checkpoint set them yarn_beta_fast, yarn_beta_slow, yarn_attn_factor. GGUF has no key for transformers'
+ * truncate: its default (true) here, a family may say otherwise. DeepSeek's yarn_log_multiplier is refused.
+ */
+static int gguf_yarn(const struct gguf *g, const char *a, struct rope_scaling *sc, char *err)
+{
+    int rc;
+    sc->type = ROPE_SCALING_YARN;
+    sc->truncate = 1;
+    if ((rc = gguf_hp_f(g, a, "rope.scaling.factor", -1, &sc->factor, err))) return rc;
+    if ((rc = gguf_hp(g, a, "rope.scaling.original_context_length", -1, &sc->orig_ctx, err))) return rc;
+    if ((rc = gguf_hp_f(g, a, "rope.scaling.yarn_beta_fast", 32.0f, &sc->beta_fast, err))) return rc;
+    if ((rc = gguf_hp_f(g, a, "rope.scaling.yarn_beta_slow", 1.0f, &sc->beta_slow, err))) return rc;
+    if ((rc = gguf_hp_f(g, a, "rope.scaling.yarn_attn_factor", 0.0f, &sc->attn_factor, err))) return rc;
+    float lm = 0;
+    char k[96];
+    snprintf(k, sizeof k, "%s.rope.scaling.yarn_log_multiplier", a);
+    if (gguf_get_f32(g, k, &lm) == FERRY_OK && lm != 0.0f)
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "key '%s': YaRN's log multiplier is not supported", k);
     return FERRY_OK;
 }
 
@@ -164,9 +190,11 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
         if (s.len == 6 && memcmp(s.ptr, "linear", 6) == 0) {
             hp->rope_scaling.type = ROPE_SCALING_LINEAR;
             if ((rc = gguf_hp_f(g, a, "rope.scaling.factor", -1, &hp->rope_scaling.factor, err))) return rc;
+        } else if (s.len == 4 && memcmp(s.ptr, "yarn", 4) == 0) {
+            if ((rc = gguf_yarn(g, a, &hp->rope_scaling, err))) return rc;
         } else if (!(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                              "key '%s': rope scaling '%.*s' is not supported (none, linear)", k,
+                              "key '%s': rope scaling '%.*s' is not supported (none, linear, yarn)", k,
                               (int)(s.len < 32 ? s.len : 32), s.ptr);
         }
     } else if (rc != FERRY_ERR_NOT_FOUND) {
@@ -458,7 +486,8 @@ static int open_hf(struct model_file *mf, const char *dir, struct progress *pr, 
                           "is false)");
     mf->hp.tied_embeddings = !has_out;
     if (model_file_tensor(mf, "blk.0.attn_q.bias")) mf->hp.qkv_bias = 1;
-    return mf->hp.n_expert > 0 ? stack_experts(mf, err) : FERRY_OK;
+    if (mf->hp.n_expert > 0 && (rc = stack_experts(mf, err))) return rc;
+    return mf->hp.family->hf_tensors ? mf->hp.family->hf_tensors(mf, err) : FERRY_OK;
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -529,6 +558,17 @@ int model_file_validate(const struct model_file *mf, char err[256])
         (rs->orig_ctx < 1 || !(rs->high_freq_factor > rs->low_freq_factor)))
         return ferry_fail(err, FERRY_ERR_FORMAT,
                           "llama3 rope scaling needs original context and high > low freq factor");
+    if (rs->type == ROPE_SCALING_YARN && (rs->orig_ctx < 1 || !(rs->beta_fast > 0) || !(rs->beta_slow > 0) ||
+                                          !(rs->attn_factor >= 0) || !isfinite(rs->attn_factor)))
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "yarn rope scaling needs an original context and positive betas (attention factor %g)",
+            rs->attn_factor);
+    /* YaRN's attention factor is folded into every layer's scale (llm_attn_scale): local layers must then
+     * rotate with the same scaling. */
+    if (rs->type == ROPE_SCALING_YARN && hp->sliding_window > 0 && !hp->swa_rope_scaled)
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
+                          "yarn rope scaling with unscaled sliding-window layers is not supported");
 
     const int64_t dim = hp->dim, vocab = hp->n_vocab;
     int rc;
@@ -672,6 +712,7 @@ void model_file_close(struct model_file *mf)
         free(pv);
     }
     gguf_close(mf->gguf);
+    free(mf->arch_owned);
     free(mf->tensors);
     free(mf->dir);
     free(mf->chat_template);

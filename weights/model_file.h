@@ -57,6 +57,9 @@ struct llm_hparams {
     int n_expert_used;
     int expert_ffn_dim;
     int expert_norm_topk;
+    int swa_rope_scaled; /* 1: local layers rotate as the global ones (rope_theta and its scaling; gpt-oss) */
+    float swiglu_alpha;  /* LOP_MOE_CLAMPED's sigmoid gain (gpt-oss: 1.702) */
+    float swiglu_limit;  /* LOP_MOE_CLAMPED's clamp of gate (above) and up (both sides) (gpt-oss: 7) */
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */
@@ -65,7 +68,7 @@ static inline int llm_layer_is_local(const struct llm_hparams *hp, int l)
     return hp->sliding_window > 0 && (hp->swa_pattern <= 0 || l % hp->swa_pattern != hp->swa_pattern - 1);
 }
 
-/* The attention's query scale. */
+/* The attention's query scale, times YaRN's attention factor squared (kernels/core/rope.h). */
 float llm_attn_scale(const struct llm_hparams *hp);
 
 struct wtensor {
@@ -88,6 +91,7 @@ struct model_file {
                               * tokenizer_config.json chat_template), NUL-terminated, or NULL */
     uint64_t file_bytes;     /* total size of the mapped weight files */
     void *priv;              /* mappings; owned */
+    void *arch_owned; /* HF only: tensors the family rearranged (arch_family.hf_tensors), or NULL; owned */
 };
 
 /* Progress callback for long loads: done/total bytes checked so far. May be NULL. */

@@ -45,14 +45,14 @@
 /* Vector-passing static helpers are never called across an ABI boundary. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#define ATT_CHUNK          32         /* positions scored at a time */
-#define ATT_MAX_GROUP      16         /* query heads one task may take */
-#define ATT_MAX_ACC        2048       /* floats of accumulators of one row in a task: heads * head_dim */
-#define ATT_ROWS           16         /* rows of one sequence (a prefill chunk's) one task may take */
-#define ATT_TILE_ACC       8192       /* floats of accumulators in one task: rows * heads * head_dim */
+#define ATT_CHUNK          32           /* positions scored at a time */
+#define ATT_MAX_GROUP      16           /* query heads one task may take */
+#define ATT_MAX_ACC        2048         /* floats of accumulators of one row in a task: heads * head_dim */
+#define ATT_ROWS           16           /* rows of one sequence (a prefill chunk's) one task may take */
+#define ATT_TILE_ACC       8192         /* floats of accumulators in one task: rows * heads * head_dim */
 #define ATT_PREFETCH_BYTES (256u << 10) /* K+V of a sequence's layer beyond which rows are prefetched */
-#define ATT_PART           256        /* positions per part of a long context (parallel, merged after) */
-#define ATT_STATE_FLOATS   (1u << 20) /* budget of partial states per pass over the batch (4 MiB) */
+#define ATT_PART           256          /* positions per part of a long context (parallel, merged after) */
+#define ATT_STATE_FLOATS   (1u << 20)   /* budget of partial states per pass over the batch (4 MiB) */
 
 /* The element index of (seq, pos, KV head kvh)'s row in a layer's K or V. */
 static inline size_t kv_row(const struct kv_layer_view *kv, int seq, int pos, int kvh)
@@ -408,7 +408,7 @@ static void att_task(void *arg, int task)
 }
 
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
-                        const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp)
+                       const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp)
 {
     if (kv->head_dim > ATT_MAX_ACC) { /* no such model; correct but slow */
         if (m > 0) kern_cpu_attention_ref(out, q, kv, seq, pos, m, n_heads, scale);
@@ -545,6 +545,28 @@ int kern_cpu_attention_range(float *out, float *lse, const float *q, const struc
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                             const int32_t *pos, int m, int n_heads, float scale)
 {
+    kern_cpu_attention_sinks_ref(out, q, kv, seq, NULL, pos, NULL, m, n_heads, scale);
+}
+
+/* ---- attention sinks ----------------------------------------------------------------------------------- */
+
+void kern_cpu_attention_sinks(float *out, const float *lse, const float *sinks, int m, int n_heads,
+                              int head_dim)
+{
+    for (int t = 0; t < m; t++)
+        for (int h = 0; h < n_heads; h++) {
+            /* Σ e^s / (Σ e^s + e^sink) = 1 / (1 + e^(sink - lse)); lse -inf (no position) gives 0. */
+            const float l = lse[(size_t)t * n_heads + h];
+            const float a = (float)(1.0 / (1.0 + exp((double)sinks[h] - (double)l)));
+            float *o = out + ((size_t)t * n_heads + h) * head_dim;
+            for (int i = 0; i < head_dim; i++) o[i] *= a;
+        }
+}
+
+void kern_cpu_attention_sinks_ref(float *out, const float *q, const struct kv_layer_view *kv,
+                                  const int32_t *seq, const int32_t *lo, const int32_t *pos,
+                                  const float *sinks, int m, int n_heads, float scale)
+{
     const int hd = kv->head_dim, group = n_heads / kv->n_kv_heads;
     const struct kv_data kd = {kv->k, kv->k_scale}, vd = {kv->v, kv->v_scale};
     int max_pos = 0;
@@ -556,8 +578,9 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
     for (int t = 0; t < m; t++)
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + ((size_t)t * n_heads + h) * hd;
-            double mx = -INFINITY, sum = 0;
-            for (int p = 0; p <= pos[t]; p++) {
+            const int p0 = lo ? lo[t] : 0;
+            double mx = sinks ? sinks[h] : -INFINITY, sum = 0;
+            for (int p = p0; p <= pos[t]; p++) {
                 const size_t kr = kv_row(kv, seq[t], p, h / group);
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += (double)qh[i] * ld1(kd, kr + i, kv->elem);
@@ -565,7 +588,8 @@ void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_vi
                 if (s[p] > mx) mx = s[p];
             }
             for (int i = 0; i < hd; i++) acc[i] = 0;
-            for (int p = 0; p <= pos[t]; p++) {
+            if (sinks) sum = exp((double)sinks[h] - mx); /* the sink's share: in the sum, with no value */
+            for (int p = p0; p <= pos[t]; p++) {
                 const double e = exp(s[p] - mx);
                 sum += e;
                 const size_t vr = kv_row(kv, seq[t], p, h / group);

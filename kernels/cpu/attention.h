@@ -36,8 +36,8 @@ static inline size_t kv_elem_bytes(enum kv_elem e, size_t n)
 }
 
 struct kv_layer_view {
-    void *k;                    /* (n_blocks, block_size, n_kv_heads, head_dim) elements of type elem */
-    void *v;                    /* same shape */
+    void *k; /* (n_blocks, block_size, n_kv_heads, head_dim) elements of type elem */
+    void *v; /* same shape */
     int n_blocks;
     int block_size;             /* positions per block */
     const int32_t *block_table; /* (n_seqs, max_blocks) block ids */
@@ -59,9 +59,10 @@ void kern_cpu_kv_store(const struct kv_layer_view *kv, const float *k_new, const
                        const int32_t *seq, const int32_t *pos, int m);
 
 /* out (m, n_heads*head_dim) = softmax(q kᵀ * scale) v per token and head; q (m, n_heads, head_dim).
- * Returns FERRY_OK, or FERRY_ERR_NOMEM when its small per-call workspace cannot be had (out is then unwritten). */
+ * Returns FERRY_OK, or FERRY_ERR_NOMEM when its small per-call workspace cannot be had (out is then
+ * unwritten). */
 int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
-                        const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp);
+                       const int32_t *pos, int m, int n_heads, float scale, struct tpool *tp);
 /* The same over positions lo[i]..pos[i] only, with lse (m, n_heads) = log Σ exp(score) over them (natural
  * log, scores scaled): a partial attention that merges with another over the other positions of the row by
  * o = (o₁ e^(lse₁ - M) + o₂ e^(lse₂ - M)) / (e^(lse₁ - M) + e^(lse₂ - M)). A row with lo[i] > pos[i] gets
@@ -70,6 +71,17 @@ int kern_cpu_attention(float *out, const float *q, const struct kv_layer_view *k
 int kern_cpu_attention_range(float *out, float *lse, const float *q, const struct kv_layer_view *kv,
                              const int32_t *seq, const int32_t *lo, const int32_t *pos, int m, int n_heads,
                              float scale, struct tpool *tp);
+/* Attention sinks (gpt-oss): each head's softmax denominator also counts e^sinks[h], a learned logit that
+ * takes probability mass and contributes no value. Applied to the output of kern_cpu_attention_range with
+ * its lse (m, n_heads): out (m, n_heads, head_dim) *= 1 / (1 + e^(sinks[h] - lse)), in place; a row that
+ * attended to nothing (lse -inf) stays 0. sinks (n_heads) f32. */
+void kern_cpu_attention_sinks(float *out, const float *lse, const float *sinks, int m, int n_heads,
+                              int head_dim);
+/* Its reference: attention over positions lo[i]..pos[i] (lo NULL: from 0) with the sinks (NULL: none),
+ * two-pass softmax in double; kern_cpu_attention_ref is it without either. */
+void kern_cpu_attention_sinks_ref(float *out, const float *q, const struct kv_layer_view *kv,
+                                  const int32_t *seq, const int32_t *lo, const int32_t *pos,
+                                  const float *sinks, int m, int n_heads, float scale);
 /* Reference: two-pass softmax in double, over the values as stored. */
 void kern_cpu_attention_ref(float *out, const float *q, const struct kv_layer_view *kv, const int32_t *seq,
                             const int32_t *pos, int m, int n_heads, float scale);

@@ -70,11 +70,17 @@ int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *
         const char *wg = (const char *)ex->gate + gate_row * (size_t)ffn * e,
                    *wu = (const char *)ex->up + up_row * (size_t)ffn * e,
                    *wd = (const char *)ex->down + down_row * (size_t)dim * e;
-        int rc = kern_cpu_matmul(g, xs, wg, ex->gate_t, NULL, c, ffn, dim, tp);
-        if (!rc) rc = kern_cpu_matmul(u, xs, wu, ex->up_t, NULL, c, ffn, dim, tp);
+        const float *bg = ex->gate_b ? ex->gate_b + (size_t)e * ffn : NULL,
+                    *bu = ex->up_b ? ex->up_b + (size_t)e * ffn : NULL,
+                    *bd = ex->down_b ? ex->down_b + (size_t)e * dim : NULL;
+        int rc = kern_cpu_matmul(g, xs, wg, ex->gate_t, bg, c, ffn, dim, tp);
+        if (!rc) rc = kern_cpu_matmul(u, xs, wu, ex->up_t, bu, c, ffn, dim, tp);
         if (rc) return rc;
-        kern_cpu_silu_mul(g, u, (int64_t)c * ffn);
-        if ((rc = kern_cpu_matmul(d, g, wd, ex->down_t, NULL, c, dim, ffn, tp))) return rc;
+        if (ex->act == KERN_CPU_MOE_SWIGLU_CLAMPED)
+            kern_cpu_swiglu_clamped(g, u, (int64_t)c * ffn, ex->alpha, ex->limit);
+        else
+            kern_cpu_silu_mul(g, u, (int64_t)c * ffn);
+        if ((rc = kern_cpu_matmul(d, g, wd, ex->down_t, bd, c, dim, ffn, tp))) return rc;
         for (int r = 0; r < c; r++) {
             float *yt = y + (size_t)tok[r] * dim;
             const float *dr = d + (size_t)r * dim;
@@ -101,6 +107,42 @@ int kern_cpu_moe_ref(float *y, const float *x, const int32_t *ids, const float *
                 for (int i = 0; i < dim; i++)
                     y[(size_t)t * dim + i] += (float)(h * down[((size_t)e * dim + i) * ffn + f]);
             }
+        }
+    }
+    return FERRY_OK;
+}
+
+int kern_cpu_moe_ref_ex(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
+                        const struct kern_cpu_moe_experts *ex)
+{
+    const int dim = ex->dim, ffn = ex->ffn;
+    const float *gate = ex->gate, *up = ex->up, *down = ex->down;
+    if (ex->gate_t != DTYPE_F32 || ex->up_t != DTYPE_F32 || ex->down_t != DTYPE_F32) return FERRY_ERR_INVALID;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] = 0;
+        for (int j = 0; j < k; j++) {
+            const int e = ids[(size_t)t * k + j];
+            if (e < 0 || e >= ex->n_expert) return FERRY_ERR_RANGE;
+            const double w = wts[(size_t)t * k + j];
+            for (int f = 0; f < ffn; f++) {
+                const float *gr = gate + ((size_t)e * ffn + f) * dim, *ur = up + ((size_t)e * ffn + f) * dim;
+                double a = ex->gate_b ? ex->gate_b[(size_t)e * ffn + f] : 0;
+                double b = ex->up_b ? ex->up_b[(size_t)e * ffn + f] : 0;
+                for (int c = 0; c < dim; c++) a += (double)gr[c] * xt[c], b += (double)ur[c] * xt[c];
+                double h;
+                if (ex->act == KERN_CPU_MOE_SWIGLU_CLAMPED) {
+                    const double g = fmin(a, ex->limit), u = fmax(-ex->limit, fmin(b, ex->limit));
+                    h = g / (1.0 + exp(-(double)ex->alpha * g)) * (u + 1.0);
+                } else {
+                    h = a / (1.0 + exp(-a)) * b;
+                }
+                for (int i = 0; i < dim; i++)
+                    y[(size_t)t * dim + i] += (float)(w * h * down[((size_t)e * dim + i) * ffn + f]);
+            }
+            if (ex->down_b)
+                for (int i = 0; i < dim; i++)
+                    y[(size_t)t * dim + i] += (float)(w * ex->down_b[(size_t)e * dim + i]);
         }
     }
     return FERRY_OK;

@@ -10,6 +10,8 @@
  * Experts (kern_cpu_moe_ffn): for each expert, the rows of the tokens routed to it are gathered, multiplied
  * by its gate and up matrices (kern_cpu_matmul, any stored type), silu(gate)·up by its down matrix, and the
  * result scatter-added into y weighted by the token's routing weight. An expert no token chose costs nothing.
+ * gpt-oss adds biases to each product and gates with its clamped SwiGLU; its router (softmax over the top-k
+ * logits) is this softmax's top-k with norm: e^l_i / Σ_topk e^l_j either way.
  * kern_cpu_moe_ref is the plain per-token reference over f32 weights.
  */
 #ifndef FERRY_KERN_CPU_MOE_H
@@ -26,12 +28,20 @@ struct tpool;
  * left unchanged. FERRY_ERR_INVALID for k outside 1..n_expert or n <= 0. */
 int kern_cpu_moe_route(const float *logits, int n, int n_expert, int k, int norm, int32_t *ids, float *wts);
 
+/* The experts' activation: silu(gate) * up, or gpt-oss's clamped SwiGLU (kern_cpu_swiglu_clamped). */
+enum kern_cpu_moe_act { KERN_CPU_MOE_SILU = 0, KERN_CPU_MOE_SWIGLU_CLAMPED = 1 };
+
 /* The experts of one layer, stacked: expert e's gate and up are rows [e*ffn, (e+1)*ffn) of (n_expert*ffn,
- * dim) matrices, its down rows [e*dim, (e+1)*dim) of an (n_expert*dim, ffn) matrix. */
+ * dim) matrices, its down rows [e*dim, (e+1)*dim) of an (n_expert*dim, ffn) matrix. The fields after ffn
+ * are zero in the SiLU families (no biases). */
 struct kern_cpu_moe_experts {
     const void *gate, *up, *down;
     enum dtype gate_t, up_t, down_t;
     int n_expert, dim, ffn;
+    const float *gate_b, *up_b; /* (n_expert, ffn) f32 biases of gate and up, or NULL */
+    const float *down_b;        /* (n_expert, dim) f32, added before the routing weight, or NULL */
+    enum kern_cpu_moe_act act;
+    float alpha, limit; /* KERN_CPU_MOE_SWIGLU_CLAMPED's sigmoid gain and clamp */
 };
 
 /* Floats of workspace kern_cpu_moe_ffn needs for n tokens. */
@@ -43,5 +53,9 @@ int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *
 /* The reference: the same with f32 stacked weights, token by token, in double sums. */
 int kern_cpu_moe_ref(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
                      const float *gate, const float *up, const float *down, int n_expert, int dim, int ffn);
+/* The reference with ex's biases and activation (ex's gate/up/down must be F32), token by token: the
+ * products in double sums, the activation in double. */
+int kern_cpu_moe_ref_ex(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
+                        const struct kern_cpu_moe_experts *ex);
 
 #endif

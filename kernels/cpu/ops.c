@@ -102,6 +102,37 @@ void kern_cpu_qk_norm_ref(float *qkv, int ld, const float *qw, const float *kw, 
 /* ---- rotary embedding ------------------------------------------------------------------------------------
  */
 
+/* YaRN, as transformers' _compute_yarn_parameters: the correction range [low, high] of pair indices from
+ * the rotations beta_fast and beta_slow over the original context (in double, as Python's math does),
+ * rounded outwards when truncate, and a linear ramp over it between the extrapolated frequencies (below
+ * low, kept) and the interpolated ones (above high, divided by factor); every tensor step in f32 as torch
+ * rounds it. */
+static void rope_freqs_yarn(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc)
+{
+    const int half = rope_dim / 2;
+    const double two_pi = 2.0 * M_PI, base = (double)theta, dim = (double)rope_dim;
+    const double beta_fast = sc->beta_fast > 0 ? sc->beta_fast : 32.0;
+    const double beta_slow = sc->beta_slow > 0 ? sc->beta_slow : 1.0;
+    const double ctx = (double)sc->orig_ctx;
+    double low = dim * log(ctx / (beta_fast * two_pi)) / (2.0 * log(base));
+    double high = dim * log(ctx / (beta_slow * two_pi)) / (2.0 * log(base));
+    if (sc->truncate) low = floor(low), high = ceil(high);
+    low = low > 0 ? low : 0;
+    high = high < dim - 1 ? high : dim - 1;
+    if (low == high) high += 0.001; /* transformers' guard against a zero-width ramp */
+    const float lo = (float)low, span = (float)(high - low);
+    for (int i = 0; i < half; i++) {
+        const float e = f32_keep((float)(2 * i) / (float)rope_dim);
+        const float pos_freq = (float)pow(base, (double)e); /* as kern_cpu_rope_freqs computes it */
+        const float extra = f32_keep(1.0f / pos_freq);
+        const float inter = f32_keep(1.0f / f32_keep(sc->factor * pos_freq));
+        float ramp = f32_keep(f32_keep((float)i - lo) / span);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        const float keep = f32_keep(1.0f - ramp); /* the extrapolation factor */
+        inv_freq[i] = f32_keep(f32_keep(inter * f32_keep(1.0f - keep)) + f32_keep(extra * keep));
+    }
+}
+
 void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc)
 {
     const int half = rope_dim / 2;
@@ -114,6 +145,10 @@ void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struc
     if (!sc || sc->type == ROPE_SCALING_NONE) return;
     if (sc->type == ROPE_SCALING_LINEAR) {
         for (int i = 0; i < half; i++) inv_freq[i] = f32_keep(inv_freq[i] / sc->factor);
+        return;
+    }
+    if (sc->type == ROPE_SCALING_YARN) {
+        rope_freqs_yarn(inv_freq, rope_dim, theta, sc);
         return;
     }
     /* llama3, as transformers' _compute_llama3_parameters. torch evaluates `python_scalar / tensor` as
@@ -261,4 +296,13 @@ void kern_cpu_scale(float *x, float s, int64_t n)
 void kern_cpu_add(float *y, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void kern_cpu_swiglu_clamped(float *gate, const float *up, int64_t n, float alpha, float limit)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        gate[i] = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+    }
 }

@@ -46,6 +46,9 @@ void kern_cpu_silu_mul(float *gate, const float *up, int64_t n);
  * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). _ref: the same in double, rounded once. */
 void kern_cpu_gelu_mul(float *gate, const float *up, int64_t n);
 void kern_cpu_gelu_mul_ref(float *gate, const float *up, int64_t n);
+/* gpt-oss's clamped SwiGLU, in place on gate (n): g = min(gate, limit), u = clamp(up, -limit, limit),
+ * gate = g * sigmoid(alpha * g) * (u + 1) (transformers' GptOssExperts._apply_gate), in f32. */
+void kern_cpu_swiglu_clamped(float *gate, const float *up, int64_t n, float alpha, float limit);
 /* x (n) *= s. */
 void kern_cpu_scale(float *x, float s, int64_t n);
 /* y (n) += x (n). */

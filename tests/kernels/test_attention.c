@@ -759,3 +759,79 @@ Test(attention, kv_store_planes_hold_the_q8_0_blocks_split)
     free(codes), free(scales), free(kn), free(vn);
     free(q8.k), free(q8.v), free(pl.k), free(pl.v);
 }
+
+/* Attention sinks (gpt-oss): kern_cpu_attention_range then kern_cpu_attention_sinks against the double
+ * reference that puts e^sink in each softmax's denominator, at odd sizes (7 query heads over 1 KV head of 40,
+ * then 6 over 3 of 24), f32 and f16 caches, full rows and windows, sinks from far below the scores (no
+ * effect) to far above (the output shrinks towards 0); a row whose range is empty stays 0. Tolerance as
+ * above. */
+static void sinks_case(int nh, int nkv, int hd, int elem, unsigned seed)
+{
+    kt_seed(seed);
+    const int len = 301, bs = 16, max_blocks = (len + bs - 1) / bs;
+    const size_t row = (size_t)nkv * hd, cells = (size_t)max_blocks * bs * row;
+    float *kf = malloc(sizeof(float) * cells), *vf = malloc(sizeof(float) * cells);
+    kt_fill(kf, cells, -1.0f, 1.0f);
+    kt_fill(vf, cells, -1.0f, 1.0f);
+    int32_t table[32];
+    for (int i = 0; i < max_blocks; i++) table[i] = (7 * i + 3) % max_blocks;
+    struct kv_layer_view kv = {.n_blocks = max_blocks,
+                               .block_size = bs,
+                               .block_table = table,
+                               .max_blocks = max_blocks,
+                               .n_kv_heads = nkv,
+                               .head_dim = hd,
+                               .elem = elem};
+    cache_alloc(&kv, cells);
+    cache_fill(&kv, 0, kf, cells);
+    cache_fill(&kv, 1, vf, cells);
+    enum { M = 7 };
+    const int32_t seq[M] = {0, 0, 0, 0, 0, 0, 0}, pos[M] = {0, 1, 16, 17, 128, 300, 5};
+    const int32_t lo[M] = {0, 0, 1, 2, 0, 172, 6}; /* windows of 16 and 129; row 6 empty */
+    const size_t qn = (size_t)M * nh * hd;
+    float *q = malloc(sizeof(float) * qn), *got = malloc(sizeof(float) * qn),
+          *ref = malloc(sizeof(float) * qn);
+    float *lse = malloc(sizeof(float) * M * nh), *sinks = malloc(sizeof(float) * nh);
+    kt_fill(q, qn, -1.0f, 1.0f);
+    for (int h = 0; h < nh; h++) sinks[h] = h == 0 ? -30.0f : h == 1 ? 12.0f : kt_uniform(-2.0f, 3.0f);
+    const float scale = 0.4f;
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), FERRY_OK);
+    cr_assert_eq(kern_cpu_attention_range(got, lse, q, &kv, seq, lo, pos, M, nh, scale, tp), FERRY_OK);
+    kern_cpu_attention_sinks(got, lse, sinks, M, nh, hd);
+    kern_cpu_attention_sinks_ref(ref, q, &kv, seq, lo, pos, sinks, M, nh, scale);
+    char what[96];
+    snprintf(what, sizeof what, "sinks %d/%d heads of %d, %s", nh, nkv, hd, elem_name(elem));
+    kt_check_close(what, got, ref, (size_t)(M - 1) * nh * hd, 1e-5, 1e-5);
+    for (size_t i = (size_t)(M - 1) * nh * hd; i < qn; i++) cr_assert_eq(got[i], 0.0f, "empty row");
+    /* The sinks change the output: head 1's (e^12) leaves a few percent of it, head 0's (e^-30) none. */
+    float *plain = malloc(sizeof(float) * qn);
+    cr_assert_eq(kern_cpu_attention_range(plain, lse, q, &kv, seq, lo, pos, M, nh, scale, tp), FERRY_OK);
+    double n0 = 0, n1 = 0, d0 = 0;
+    for (int t = 0; t < M - 1; t++)
+        for (int e = 0; e < hd; e++) {
+            const size_t h0 = ((size_t)t * nh) * hd + e, h1 = h0 + hd;
+            d0 = fmax(d0, fabs(got[h0] - plain[h0]));
+            n0 += fabs(plain[h1]), n1 += fabs(got[h1]);
+        }
+    cr_assert(d0 < 1e-6, "a sink far below the scores changes nothing (%g)", d0);
+    cr_assert(n1 < 0.2 * n0, "a sink far above the scores takes most of the mass (%g of %g)", n1, n0);
+    tpool_free(tp);
+    free(kv.k);
+    free(kv.v);
+    free(kf);
+    free(vf);
+    free(q);
+    free(got);
+    free(ref);
+    free(lse);
+    free(sinks);
+    free(plain);
+}
+
+Test(attention, sinks_against_reference)
+{
+    sinks_case(7, 1, 40, KV_F32, 61);
+    sinks_case(6, 3, 24, KV_F32, 62);
+    sinks_case(6, 3, 24, KV_F16, 63);
+}

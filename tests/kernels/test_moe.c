@@ -33,7 +33,8 @@ Test(moe, route_softmax_topk_and_ties)
     cr_assert_eq(kern_cpu_moe_route(l2, 1, 6, 0, 1, ids, w), FERRY_ERR_INVALID);
 }
 
-static void check_ffn(enum dtype wt, int n_threads, int dim, int ffn)
+/* clamped: gpt-oss's experts, with biases (large enough to reach both clamps) and the clamped SwiGLU. */
+static void check_ffn_act(enum dtype wt, int n_threads, int dim, int ffn, int clamped)
 {
     const int n = 13, n_expert = 7, k = 3;
     kt_seed(5 + (uint64_t)wt);
@@ -65,6 +66,11 @@ static void check_ffn(enum dtype wt, int n_threads, int dim, int ffn)
     int32_t ids[13 * 3];
     float w[13 * 3];
     cr_assert_eq(kern_cpu_moe_route(logits, n, n_expert, k, 1, ids, w), FERRY_OK);
+    float *gb = malloc(sizeof(float) * n_expert * ffn), *ub = malloc(sizeof(float) * n_expert * ffn),
+          *db = malloc(sizeof(float) * n_expert * dim);
+    kt_fill(gb, (size_t)n_expert * ffn, -4.0f, 9.0f);
+    kt_fill(ub, (size_t)n_expert * ffn, -9.0f, 9.0f);
+    kt_fill(db, (size_t)n_expert * dim, -1.0f, 1.0f);
     const struct kern_cpu_moe_experts ex = {.gate = gs,
                                             .up = us,
                                             .down = ds,
@@ -73,13 +79,25 @@ static void check_ffn(enum dtype wt, int n_threads, int dim, int ffn)
                                             .down_t = wt,
                                             .n_expert = n_expert,
                                             .dim = dim,
-                                            .ffn = ffn};
+                                            .ffn = ffn,
+                                            .gate_b = clamped ? gb : NULL,
+                                            .up_b = clamped ? ub : NULL,
+                                            .down_b = clamped ? db : NULL,
+                                            .act = clamped ? KERN_CPU_MOE_SWIGLU_CLAMPED : KERN_CPU_MOE_SILU,
+                                            .alpha = 1.702f,
+                                            .limit = 7.0f};
+    struct kern_cpu_moe_experts ex_ref = ex;
+    ex_ref.gate = g, ex_ref.up = u, ex_ref.down = d;
+    ex_ref.gate_t = ex_ref.up_t = ex_ref.down_t = DTYPE_F32;
     float *ws = malloc(sizeof(float) * kern_cpu_moe_ws_floats(&ex, n));
     float *y = malloc(sizeof(float) * n * dim), *ref = malloc(sizeof(float) * n * dim);
     struct tpool *tp;
     cr_assert_eq(tpool_init(&tp, n_threads), FERRY_OK);
     cr_assert_eq(kern_cpu_moe_ffn(y, x, ids, w, n, k, &ex, ws, tp), FERRY_OK);
-    cr_assert_eq(kern_cpu_moe_ref(ref, x, ids, w, n, k, g, u, d, n_expert, dim, ffn), FERRY_OK);
+    if (clamped)
+        cr_assert_eq(kern_cpu_moe_ref_ex(ref, x, ids, w, n, k, &ex_ref), FERRY_OK);
+    else
+        cr_assert_eq(kern_cpu_moe_ref(ref, x, ids, w, n, k, g, u, d, n_expert, dim, ffn), FERRY_OK);
     float amax = 0;
     for (int i = 0; i < n * dim; i++) amax = fmaxf(amax, fabsf(ref[i]));
     cr_assert(amax > 1e-2f, "degenerate reference");
@@ -93,7 +111,12 @@ static void check_ffn(enum dtype wt, int n_threads, int dim, int ffn)
     cr_assert_eq(kern_cpu_moe_ffn(y, x, ids, w, n, k, &ex, ws, tp), FERRY_ERR_RANGE);
     tpool_free(tp);
     free(x), free(logits), free(g), free(u), free(d), free(gs), free(us), free(ds), free(ws), free(y),
-        free(ref);
+        free(ref), free(gb), free(ub), free(db);
+}
+
+static void check_ffn(enum dtype wt, int n_threads, int dim, int ffn)
+{
+    check_ffn_act(wt, n_threads, dim, ffn, 0);
 }
 
 Test(moe, ffn_f32_matches_reference)
@@ -107,4 +130,15 @@ Test(moe, ffn_f16_matches_reference_threads)
 Test(moe, ffn_q8_0_matches_reference)
 {
     check_ffn(DTYPE_Q8_0, 2, 96, 64);
+}
+
+/* gpt-oss's experts: biases on gate, up and down, the clamped SwiGLU; F32 at odd sizes, MXFP4 blocks (the
+ * released checkpoints' type) on three threads. */
+Test(moe, ffn_clamped_biased_f32_matches_reference)
+{
+    check_ffn_act(DTYPE_F32, 1, 37, 23, 1);
+}
+Test(moe, ffn_clamped_biased_mxfp4_matches_reference)
+{
+    check_ffn_act(DTYPE_MXFP4, 3, 96, 64, 1);
 }

@@ -85,11 +85,11 @@ static const struct {
     int dim;
     struct rope_scaling sc;
 } rope_cfgs[] = {
-    {10000.0f, 64, {ROPE_SCALING_NONE, 0, 0, 0, 0}},
-    {500000.0f, 128, {ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192}},
-    {500000.0f, 64, {ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 8192}},
-    {10000.0f, 48, {ROPE_SCALING_LINEAR, 4.0f, 0, 0, 0}},
-    {1000000.0f, 128, {ROPE_SCALING_NONE, 0, 0, 0, 0}},
+    {10000.0f, 64, {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {500000.0f, 128, {ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192, 0, 0, 0, 0}},
+    {500000.0f, 64, {ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 8192, 0, 0, 0, 0}},
+    {10000.0f, 48, {ROPE_SCALING_LINEAR, 4.0f, 0, 0, 0, 0, 0, 0, 0}},
+    {1000000.0f, 128, {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0}},
 };
 
 Test(ops, rope_freqs_match_transformers)
@@ -145,7 +145,7 @@ Test(ops, rope_vs_ref_both_styles_partial)
         for (int rd = 0; rd < 2; rd++) {
             const int rope_dim = rope_dims[rd];
             float f[40];
-            const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0};
+            const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0};
             kern_cpu_rope_freqs(f, rope_dim, 10000.0f, &none);
             float *a = malloc(sizeof(float) * m * nh * hd), *b = malloc(sizeof(float) * m * nh * hd);
             float *orig = malloc(sizeof(float) * m * nh * hd);
@@ -183,7 +183,7 @@ Test(ops, rope_styles_differ_by_permutation)
      * llama.cpp's permuted GGUF weights and HF's layout. */
     const int hd = 64;
     float f[32], a[64], b[64];
-    const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0};
+    const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0};
     kern_cpu_rope_freqs(f, hd, 10000.0f, &none);
     kt_seed(14);
     kt_fill(a, hd, -1.0f, 1.0f);
@@ -243,4 +243,105 @@ Test(ops, gelu_mul)
     float x[7] = {1, -2, 3, -4, 5, -6, 7};
     kern_cpu_scale(x, 0.5f, 7);
     for (int i = 0; i < 7; i++) cr_assert_eq(x[i], (i % 2 ? -0.5f : 0.5f) * (float)(i + 1));
+}
+
+/* The configurations of make_yarn_fixture.py's YARN_CONFIGS, in order. */
+static const struct {
+    float theta;
+    int dim;
+    struct rope_scaling sc;
+} yarn_cfgs[] = {
+    {150000.0f,
+     64,
+     {.type = ROPE_SCALING_YARN, .factor = 32, .orig_ctx = 4096, .beta_fast = 32, .beta_slow = 1}},
+    {150000.0f,
+     64,
+     {.type = ROPE_SCALING_YARN,
+      .factor = 32,
+      .orig_ctx = 4096,
+      .beta_fast = 32,
+      .beta_slow = 1,
+      .truncate = 1}},
+    {1000000.0f,
+     128,
+     {.type = ROPE_SCALING_YARN,
+      .factor = 4,
+      .orig_ctx = 32768,
+      .beta_fast = 32,
+      .beta_slow = 1,
+      .truncate = 1}},
+    {10000.0f,
+     80,
+     {.type = ROPE_SCALING_YARN,
+      .factor = 2.5f,
+      .orig_ctx = 1000,
+      .beta_fast = 16,
+      .beta_slow = 2,
+      .truncate = 1,
+      .attn_factor = 1.25f}},
+    {150000.0f,
+     16,
+     {.type = ROPE_SCALING_YARN, .factor = 4, .orig_ctx = 256, .beta_fast = 32, .beta_slow = 1}},
+    {500000.0f,
+     48,
+     {.type = ROPE_SCALING_YARN,
+      .factor = 8,
+      .orig_ctx = 64,
+      .beta_fast = 32,
+      .beta_slow = 1,
+      .truncate = 1}},
+};
+
+/* YaRN's frequencies and attention factor against transformers' _compute_yarn_parameters
+ * (make_yarn_fixture.py): every frequency within 1 ulp (the f32 steps are torch's, pow is within 1 ulp of
+ * it), the factor within 1e-6; the truncated and untruncated gpt-oss configurations differ. */
+Test(ops, rope_freqs_yarn_match_transformers)
+{
+    size_t n;
+    float *want;
+    KT_LOAD(want, "rope_yarn.f32", n);
+    size_t off = 0;
+    float f[6][64];
+    for (size_t c = 0; c < sizeof yarn_cfgs / sizeof yarn_cfgs[0]; c++) {
+        const int half = yarn_cfgs[c].dim / 2;
+        cr_assert_leq(off + (size_t)half + 1, n / sizeof(float), "rope_yarn.f32 is short");
+        kern_cpu_rope_freqs(f[c], yarn_cfgs[c].dim, yarn_cfgs[c].theta, &yarn_cfgs[c].sc);
+        for (int i = 0; i < half; i++) {
+            const float w = want[off + (size_t)i];
+            cr_assert(fabsf(f[c][i] - w) <= fabsf(w) * 0x1p-23f,
+                      "config %zu pair %d: %.9g, transformers %.9g", c, i, f[c][i], w);
+        }
+        const float af = rope_scaling_attn_factor(&yarn_cfgs[c].sc);
+        cr_assert_float_eq(af, want[off + (size_t)half], 1e-6f, "config %zu attention factor %.9g, want %.9g",
+                           c, af, want[off + (size_t)half]);
+        off += (size_t)half + 1;
+    }
+    cr_assert_eq(off, n / sizeof(float));
+    int differ = 0;
+    for (int i = 0; i < 32; i++) differ |= f[0][i] != f[1][i];
+    cr_assert(differ, "truncation changes the gpt-oss frequencies");
+    free(want);
+}
+
+/* gpt-oss's clamped SwiGLU against its double formula, on an odd length spanning both clamps. */
+Test(ops, swiglu_clamped_against_reference)
+{
+    const int n = 1001;
+    const float alpha = 1.702f, limit = 7.0f;
+    kt_seed(29);
+    float *g = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
+    kt_fill(g, n, -12.0f, 12.0f);
+    kt_fill(u, n, -12.0f, 12.0f);
+    for (int i = 0; i < n; i++) {
+        const double a = fmin(g[i], limit), b = fmax(-limit, fmin(u[i], limit));
+        ref[i] = (float)(a / (1.0 + exp(-alpha * a)) * (b + 1.0));
+    }
+    int clamped_g = 0, clamped_u = 0;
+    for (int i = 0; i < n; i++) clamped_g += g[i] > limit, clamped_u += fabsf(u[i]) > limit;
+    cr_assert(clamped_g > 50 && clamped_u > 100, "the data reach both clamps");
+    kern_cpu_swiglu_clamped(g, u, n, alpha, limit);
+    kt_check_close("clamped swiglu", g, ref, n, 1e-6, 1e-6);
+    free(g);
+    free(u);
+    free(ref);
 }

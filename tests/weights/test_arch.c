@@ -89,9 +89,9 @@ Test(arch, qwen3_hf_and_gguf)
     expect_fail(buf, n, FERRY_ERR_FORMAT, "missing tensor 'blk.1.attn_q_norm.weight' (qwen3 family)");
     /* An unknown architecture names itself and lists the supported ones. */
     cr_assert_gt(patch(buf, n, "qwen3", "qwen9"), 0);
-    expect_fail(
-        buf, n, FERRY_ERR_UNSUPPORTED,
-        "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, qwen3moe)");
+    expect_fail(buf, n, FERRY_ERR_UNSUPPORTED,
+                "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, "
+                "qwen3moe, gpt-oss)");
     free(buf);
     model_file_close(hf);
 }
@@ -185,4 +185,92 @@ Test(arch, gemma3_irregular_layer_types)
     char err[256] = "";
     cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_ERR_UNSUPPORTED);
     cr_assert(strstr(err, "layer_types[2]") != NULL, "%s", err);
+}
+
+/* gpt-oss from the GGUF tests/golden/make_gptoss_golden.py writes as llama.cpp's converter does: the window
+ * on every other layer with the global rotary, YaRN untruncated (GGUF has no key for it; the released config
+ * says false), the clamped SwiGLU's constants; a missing sink tensor or window key is named. */
+Test(arch, gptoss_gguf)
+{
+    char path[4096], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/gptoss_yarn_f16.gguf", getenv("FERRY_SRC"));
+    struct model_file *g;
+    cr_assert_eq(model_file_open(path, &g, NULL, NULL, err), FERRY_OK, "%s", err);
+    const struct llm_hparams *h = &g->hp;
+    cr_assert_str_eq(h->family->name, "gpt-oss");
+    cr_assert_eq(h->sliding_window, 16);
+    cr_assert(llm_layer_is_local(h, 0) && !llm_layer_is_local(h, 1), "sliding, then full attention");
+    cr_assert(h->swa_rope_scaled && h->rope_theta_swa == h->rope_theta);
+    cr_assert_eq(h->rope_style, ROPE_STYLE_HALF);
+    cr_assert_eq(h->rope_scaling.type, ROPE_SCALING_YARN);
+    cr_assert_eq(h->rope_scaling.orig_ctx, 256);
+    cr_assert_eq(h->rope_scaling.truncate, 0);
+    cr_assert_float_eq(h->rope_scaling.factor, 4.0f, 0);
+    /* (0.1 ln 4 + 1)^2 on 16^-1/2 */
+    const double m = 0.1 * log(4.0) + 1;
+    cr_assert_float_eq(llm_attn_scale(h), m * m / 4.0, 1e-6);
+    cr_assert_eq(h->n_expert, 5);
+    cr_assert_eq(h->n_expert_used, 2);
+    cr_assert_eq(h->expert_ffn_dim, 32);
+    cr_assert_eq(h->qkv_bias, 1);
+    cr_assert_float_eq(h->swiglu_alpha, 1.702f, 0);
+    cr_assert_float_eq(h->swiglu_limit, 7.0f, 0);
+    /* The HF checkpoint of the same model: the same hyperparameters (truncate from its rope_parameters), and
+     * its experts rearranged into exactly the GGUF file's tensors. */
+    struct model_file *hf = open_golden("gptoss_yarn_f16");
+    const struct llm_hparams *q = &hf->hp;
+    cr_assert_eq(q->family, h->family);
+    cr_assert(q->sliding_window == 16 && q->swa_pattern == 2 && q->swa_rope_scaled && q->qkv_bias);
+    cr_assert(q->rope_scaling.type == ROPE_SCALING_YARN && q->rope_scaling.truncate == 0);
+    cr_assert_eq(llm_attn_scale(q), llm_attn_scale(h));
+    cr_assert(q->n_expert == 5 && q->n_expert_used == 2 && q->expert_ffn_dim == 32);
+    cr_assert(q->swiglu_alpha == h->swiglu_alpha && q->swiglu_limit == h->swiglu_limit);
+    static const char *const exps[] = {"blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight",
+                                       "blk.1.ffn_down_exps.weight", "blk.0.ffn_gate_exps.bias",
+                                       "blk.0.ffn_up_exps.bias",     "blk.0.ffn_down_exps.bias"};
+    for (int i = 0; i < 6; i++) {
+        const struct wtensor *a = model_file_tensor(hf, exps[i]), *b = model_file_tensor(g, exps[i]);
+        cr_assert(a && b && a->type == DTYPE_F16, "%s", exps[i]);
+        cr_assert(a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2], "%s", exps[i]);
+        const int64_t n = a->ne[0] * a->ne[1] * a->ne[2];
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+        cr_assert(dtype_to_f32(a->type, a->data, x, n) && dtype_to_f32(b->type, b->data, y, n));
+        cr_assert(memcmp(x, y, sizeof(float) * (size_t)n) == 0, "%s differs from the GGUF's", exps[i]);
+        free(x);
+        free(y);
+    }
+    /* Quantized as llama.cpp's llama-quantize does: the router stays as it is, the experts are quantized. */
+    char qpath[512];
+    snprintf(qpath, sizeof qpath, "%s/ferry-arch-%ld-gptoss-q8.gguf",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+    const struct quantize_params qp = {.ftype = QUANT_FTYPE_Q8_0};
+    cr_assert_eq(quantize_model_file(hf, qpath, &qp, err), FERRY_OK, "%s", err);
+    struct model_file *q8;
+    cr_assert_eq(model_file_open(qpath, &q8, NULL, NULL, err), FERRY_OK, "%s", err);
+    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_gate_inp.weight")->type, DTYPE_F16);
+    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_up_exps.weight")->type, DTYPE_Q8_0);
+    cr_assert_eq(model_file_tensor(q8, "blk.0.attn_q.weight")->type, DTYPE_Q8_0);
+    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_up_exps.bias")->type, DTYPE_F16);
+    model_file_close(q8);
+    unlink(qpath);
+    model_file_close(hf);
+    model_file_close(g);
+
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    const size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc(n);
+    cr_assert_eq(fread(buf, 1, n, f), n);
+    fclose(f);
+    uint8_t *copy = malloc(n);
+    memcpy(copy, buf, n);
+    cr_assert_eq(patch(copy, n, "blk.1.attn_sinks.weight", "blk.1.attn_sinkx.weight"), 1);
+    expect_fail(copy, n, FERRY_ERR_FORMAT, "missing tensor 'blk.1.attn_sinks.weight' (gpt-oss family)");
+    memcpy(copy, buf, n);
+    cr_assert_eq(patch(copy, n, "gpt-oss.attention.sliding_window", "gpt-oss.attention.sliding_windox"), 1);
+    expect_fail(copy, n, FERRY_ERR_FORMAT, "key 'gpt-oss.attention.sliding_window' is missing");
+    free(copy);
+    free(buf);
 }

@@ -325,8 +325,10 @@ Test(model_file, hf_errors)
     rm_dir(d);
 
     d = copy_dir("hf_llama");
+    edit_config(d, "rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 4.0}");
+    expect_open_fail(d, FERRY_ERR_UNSUPPORTED, "rope_scaling type 'dynamic'");
     edit_config(d, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}");
-    expect_open_fail(d, FERRY_ERR_UNSUPPORTED, "rope_scaling type 'yarn'");
+    expect_open_fail(d, FERRY_ERR_FORMAT, "rope_scaling: missing key 'original_max_position_embeddings'");
     rm_dir(d);
 
     d = copy_dir("hf_llama");

@@ -20,6 +20,7 @@ struct llm_hparams;
 struct gguf;
 struct gguf_writer;
 struct json_t;
+struct model_file;
 
 /* What a per-layer tensor is; its shape follows from the role and the hyperparameters (arch_role_shape). */
 enum arch_role {
@@ -31,7 +32,7 @@ enum arch_role {
     ARCH_ROLE_BQ,             /* (q_dim) */
     ARCH_ROLE_BK,             /* (kv_dim) */
     ARCH_ROLE_BV,             /* (kv_dim) */
-    ARCH_ROLE_BO,             /* (dim): mapped from HF, not read by any program yet */
+    ARCH_ROLE_BO,             /* (dim) */
     ARCH_ROLE_Q_NORM,         /* (head_dim) */
     ARCH_ROLE_K_NORM,         /* (head_dim) */
     ARCH_ROLE_FFN_NORM,       /* (dim) */
@@ -46,6 +47,11 @@ enum arch_role {
     ARCH_ROLE_EXP_GATE,       /* (n_expert, expert_ffn, dim): the experts' gates stacked */
     ARCH_ROLE_EXP_UP,         /* (n_expert, expert_ffn, dim) */
     ARCH_ROLE_EXP_DOWN,       /* (n_expert, dim, expert_ffn) */
+    ARCH_ROLE_ATTN_SINKS,     /* (n_heads) */
+    ARCH_ROLE_ROUTER_BIAS,    /* (n_expert) */
+    ARCH_ROLE_EXP_GATE_BIAS,  /* (n_expert, expert_ffn) */
+    ARCH_ROLE_EXP_UP_BIAS,    /* (n_expert, expert_ffn) */
+    ARCH_ROLE_EXP_DOWN_BIAS,  /* (n_expert, dim) */
     ARCH_N_ROLES
 };
 
@@ -94,6 +100,12 @@ struct arch_family {
     /* The family a GGUF file of this architecture is when it has {arch}.expert_count > 0 (llama.cpp writes
      * Mixtral as "llama" with experts), or NULL. */
     const struct arch_family *gguf_experts;
+    /* config.json's attention_bias (q/k/v/o biases) is read rather than refused. */
+    int hf_attention_bias;
+    /* HF checkpoints: rearranges the tensors, once mapped to GGUF names, into the layout of the family's GGUF
+     * files (gpt-oss: its experts stored transposed, gate and up interleaved), keeping any new data in
+     * mf->arch_owned; NULL: none needed. FERRY_OK or a status with err naming the tensor. */
+    int (*hf_tensors)(struct model_file *mf, char *err);
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

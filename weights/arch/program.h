@@ -35,6 +35,10 @@ enum layer_op_kind {
     LOP_GELU_MUL,  /* out = gelu_tanh(in's gate half) * in's up half (Gemma's GeGLU) */
     LOP_MOE,       /* out = the layer's experts on in (rows of dim): the router's softmax top-k, each chosen
                     * expert's SwiGLU FFN on the rows routed to it, their weighted sum (kernels/cpu/moe.h) */
+    LOP_ATTENTION_SINKS, /* LOP_ATTENTION whose softmax denominators also count e^sink of the head
+                          * (norm[LAYER_ATTN_SINKS], n_heads): a learned logit with no value (gpt-oss) */
+    LOP_MOE_CLAMPED,     /* LOP_MOE with the router's and the experts' biases and gpt-oss's clamped SwiGLU
+                          * (hp swiglu_alpha, swiglu_limit); weights: the softmax of the top-k logits */
 };
 
 struct layer_op {
@@ -52,7 +56,8 @@ struct layer_program {
 /* Matrix groups: q|k|v, o, gate|up, down. */
 enum { LAYER_QKV, LAYER_O, LAYER_GU, LAYER_DOWN, LAYER_N_MATS };
 /* Norm vectors: the two block norms (dim), the per-head q and k norms (head_dim) and the post-attention and
- * post-FFN norms (dim); all but the first two are absent in most families. */
+ * post-FFN norms (dim); all but the first two are absent in most families. Other per-layer f32 vectors
+ * travel with them: the attention sinks (n_heads). */
 enum {
     LAYER_ATTN_NORM,
     LAYER_FFN_NORM,
@@ -60,6 +65,7 @@ enum {
     LAYER_K_NORM,
     LAYER_POST_ATTN_NORM,
     LAYER_POST_FFN_NORM,
+    LAYER_ATTN_SINKS,
     LAYER_N_NORMS
 };
 
