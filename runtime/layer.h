@@ -27,6 +27,8 @@
 
 /* The program of hp's family (weights/arch/), or NULL when hp names none. */
 const struct layer_program *layer_program_of(const struct llm_hparams *hp);
+/* The program layer l runs: the family's recurrent one for its linear-attention layers, else the above. */
+const struct layer_program *layer_program_of_layer(const struct llm_hparams *hp, int l);
 
 #define LAYER_MAX_PARTS 3
 
@@ -53,10 +55,18 @@ struct layer_moe {
     int n_expert, n_used, ffn, norm_topk;
 };
 
+/* A gated DeltaNet layer's mixer (LOP_DELTANET) where the model keeps it (runtime/model.h); data NULL in
+ * other layers. */
+struct layer_deltanet {
+    struct wview qkv, z, beta, alpha, out;
+    const float *conv, *dt, *a, *norm;
+};
+
 struct layer_weights {
     struct layer_group mat[LAYER_N_MATS];
     const float *norm[LAYER_N_NORMS]; /* (dim) f32 block norms, (head_dim) f32 q/k norms or NULL */
     struct layer_moe moe;             /* set by layer_weights_of_model only: packed blocks have no experts */
+    struct layer_deltanet dn;         /* set by layer_weights_of_model only, like moe */
 };
 
 /* The layer's tensors where the model keeps them. */

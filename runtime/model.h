@@ -56,6 +56,15 @@ struct model_layer {
     struct wview router;           /* (n_expert, dim) */
     struct wview exp_gate, exp_up; /* (n_expert*ffn, dim) */
     struct wview exp_down;         /* (n_expert*dim, ffn) */
+    /* Gated DeltaNet layers (llm_layer_is_recurrent; empty otherwise, and wq..wo empty in them): conv_dim =
+     * llm_ssm_conv_dim, inner = hp.ssm_inner, n_v = hp.ssm_n_v_heads. */
+    struct wview ssm_qkv;             /* (conv_dim, dim) */
+    struct wview ssm_z;               /* (inner, dim) */
+    struct wview ssm_beta, ssm_alpha; /* (n_v, dim) */
+    struct wview ssm_out;             /* (dim, inner) */
+    float *ssm_conv;                  /* (conv_dim, conv_kernel) f32 */
+    float *ssm_dt, *ssm_a;            /* (n_v) f32: the decay's bias and -exp(A_log) */
+    float *ssm_norm;                  /* (head_v) f32 */
 };
 
 struct model {

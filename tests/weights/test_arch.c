@@ -89,9 +89,9 @@ Test(arch, qwen3_hf_and_gguf)
     expect_fail(buf, n, FERRY_ERR_FORMAT, "missing tensor 'blk.1.attn_q_norm.weight' (qwen3 family)");
     /* An unknown architecture names itself and lists the supported ones. */
     cr_assert_gt(patch(buf, n, "qwen3", "qwen9"), 0);
-    expect_fail(
-        buf, n, FERRY_ERR_UNSUPPORTED,
-        "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, qwen3moe)");
+    expect_fail(buf, n, FERRY_ERR_UNSUPPORTED,
+                "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, "
+                "qwen3moe, qwen35)");
     free(buf);
     model_file_close(hf);
 }
