@@ -495,6 +495,13 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const int recurrent = model->hp.full_attn_interval > 0; /* gated DeltaNet layers: the CPU only, too */
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && !moe &&
                                                               !recurrent && forward_cuda_devices() > 0);
+    if (p.backend == ENGINE_BACKEND_CUDA && recurrent) {
+        snprintf(err, 256,
+                 "the CUDA backend has no kernels for gated DeltaNet (linear-attention) layers: run this model "
+                 "with --backend cpu");
+        model_free(model);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     if (p.backend == ENGINE_BACKEND_AUTO && recurrent && forward_cuda_devices() > 0)
         FLOG_WARN("gated DeltaNet layers run on the CPU backend only: the GPU is not used for this model");
     if (p.backend == ENGINE_BACKEND_AUTO && moe && forward_cuda_devices() > 0)
