@@ -206,7 +206,7 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     const int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
     const struct batch *b = st->b;
     float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
-    struct kv_layer_view view = kv_cache_layer(f->kv, l);
+    struct kv_layer_view view = kv_cache_layer(f->kv, llm_kv_layer(hp, l)); /* recurrent layers have none */
     const int local = llm_layer_is_local(hp, l);
     const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
     kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);

@@ -81,6 +81,16 @@ static inline int llm_layer_is_recurrent(const struct llm_hparams *hp, int l)
     return hp->full_attn_interval > 0 && (l + 1) % hp->full_attn_interval != 0;
 }
 
+/* Layers with a KV cache (all but the recurrent ones), and layer l's place among them (l not recurrent). */
+static inline int llm_kv_layers(const struct llm_hparams *hp)
+{
+    return hp->full_attn_interval > 0 ? hp->n_layers / hp->full_attn_interval : hp->n_layers;
+}
+static inline int llm_kv_layer(const struct llm_hparams *hp, int l)
+{
+    return hp->full_attn_interval > 0 ? (l + 1) / hp->full_attn_interval - 1 : l;
+}
+
 /* A linear layer's value head size, and its convolution's channels (queries | keys | values). */
 static inline int llm_ssm_head_v(const struct llm_hparams *hp)
 {
