@@ -656,6 +656,10 @@ int cli_run_main(int argc, char **argv)
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;
     }
+    if (o.spec_n_max && mf->hp.full_attn_interval > 0) { /* rejected drafts cannot leave a recurrent state */
+        fprintf(stderr, "ferry run: speculative decoding is not supported with linear-attention layers\n");
+        goto out;
+    }
     const int n_vocab = engine_hparams(eng)->n_vocab, ctx = engine_ctx_size(eng);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= n_vocab) {
