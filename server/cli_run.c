@@ -656,7 +656,9 @@ int cli_run_main(int argc, char **argv)
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;
     }
-    if (o.spec_n_max && mf->hp.full_attn_interval > 0) { /* rejected drafts cannot leave a recurrent state */
+    /* Rejected drafts cannot be taken back out of a recurrent state. */
+    if (o.spec_n_max &&
+        (mf->hp.full_attn_interval > 0 || (mf_draft && mf_draft->hp.full_attn_interval > 0))) {
         fprintf(stderr, "ferry run: speculative decoding is not supported with linear-attention layers\n");
         goto out;
     }

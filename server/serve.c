@@ -135,7 +135,8 @@ static void loader_main(void *arg)
                  ferry_status_str(rc));
         goto done;
     }
-    if (strcmp(S->opt.spec_type, "none") && S->mf->hp.full_attn_interval > 0) {
+    if (strcmp(S->opt.spec_type, "none") &&
+        (S->mf->hp.full_attn_interval > 0 || (S->mf_draft && S->mf_draft->hp.full_attn_interval > 0))) {
         /* Rejected drafts cannot be taken back out of a recurrent state. */
         snprintf(S->load_err, sizeof S->load_err,
                  "speculative decoding (--spec-type %s) is not supported with linear-attention layers",

@@ -90,6 +90,10 @@ def test_inspect_json_linear_attention_state():
     assert out["arch"] == "qwen35" and h["full_attention_interval"] == 4
     assert (h["ssm_n_k_heads"], h["ssm_n_v_heads"], h["ssm_head_k"], h["ssm_head_v"]) == (2, 4, 16, 16)
     assert out["state_bytes_per_slot"] == 3 * (3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16) * 4
+    # Rejected drafts cannot be taken back out of a recurrent state: speculative decoding is refused.
+    r = ferry("run", "--model", model, "--prompt-tokens", "5,6,7", "--max-tokens", "4", "--spec-type", "ngram",
+              check=False)
+    assert r.returncode != 0 and "not supported with linear-attention layers" in r.stderr, r.stderr
 
 
 def test_inspect_one_sequence_split_with_the_extension():

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from make_golden import greedy  # the same greedy loop and top-2 margins as the other goldens
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = "qwen35_deltanet_f16"
 N_GREEDY = 24
@@ -71,20 +73,6 @@ def init_weights(model, seed):
                 fan_in = p.shape[-1]
                 scale = 1.0 if "embed" in name else (5.0 if "lm_head" in name else 1.5) / fan_in**0.5
                 p.copy_(scale * torch.randn(p.shape, generator=g))
-
-
-def greedy(model, ids, n):
-    out, margins = [], []
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(torch.tensor([ids])).logits[0, -1].double()
-            top2 = torch.topk(logits, 2).values
-            margins.append(float(top2[0] - top2[1]))
-            t = int(torch.argmax(logits))
-            out.append(t)
-            ids.append(t)
-    return out, min(margins)
 
 
 def tiled(t, dim, nk, nv, head):
