@@ -8,7 +8,8 @@
  *    the same logits within 1e-4, and the same as the reference;
  *  - two sequences interleaved in one batch each match their own run (every slot has its own state), a slot
  *    started again at position 0 starts from a fresh state, a rewind into a slot is refused and
- *    engine_seq_keep gives back no prefix of one (its state holds only where it stands);
+ *    engine_seq_keep gives back no prefix of one (its state holds only where it stands), and a slot kept
+ *    whole and continued matches one fresh prefill of the longer prompt;
  *  - a file whose linear-attention tensors disagree with its hyperparameters is refused at open, naming the
  *    tensor; --backend cuda is refused with a message naming the layers.
  * Skips (with a message) when the committed model is missing.
@@ -213,6 +214,17 @@ Test(qwen35, slots_keep_their_own_state)
     /* Slot 1 takes slot 0's prompt from position 0, without being freed: a fresh state, the same logits. */
     cr_assert_eq(feed(&q, 1, a, 0, na, 8, lg), FERRY_OK);
     expect_close(lg, ra, q.n_vocab, 1e-4, "slot 1 started again at position 0");
+    /* Kept whole, the slot continues: a + b fed on from where a ends equals a + b from position 0. */
+    int32_t ab[64];
+    memcpy(ab, a, sizeof(int32_t) * (size_t)na);
+    memcpy(ab + na, b, sizeof(int32_t) * (size_t)nb);
+    float *fresh = malloc(sizeof(float) * nv);
+    cr_assert_eq(engine_seq_keep(q.e, 1, na), na);
+    cr_assert_eq(feed(&q, 1, ab, na, na + nb, 3, lg), FERRY_OK);
+    cr_assert_eq(feed(&q, 0, ab, 0, na + nb, na + nb, fresh), FERRY_OK);
+    expect_close(lg, fresh, q.n_vocab, 1e-4, "slot continued after its prompt vs one fresh prefill");
+    free(fresh);
+    cr_assert_eq(feed(&q, 1, a, 0, na, na, lg), FERRY_OK); /* back to a alone */
     /* No rewind into a slot's state, and no prefix of it kept. */
     cr_assert_eq(feed(&q, 1, a, 20, 21, 1, lg), FERRY_ERR_INVALID);
     cr_assert_eq(engine_seq_len(q.e, 1), na);
