@@ -2,8 +2,7 @@
  *
  *  - golden: tests/golden/qwen35_deltanet_f16.gguf against transformers 5 in fp32 with its torch paths
  *    (tests/golden/make_qwen35_golden.py): last-position logits within 1e-4 of the range + 1e-4 (f32 KV
- *    cache) and 24 greedy tokens exact, on prompts of 1, 7, 45 and 150 tokens (the delta rule's chunks are
- * 64);
+ *    cache) and 24 greedy tokens exact, on prompts of 1, 7, 45 and 150 tokens (chunks of 64 in the rule);
  *  - a prompt fed in one step (chunked delta rule), token by token (the recurrence) and in steps of 17 gives
  *    the same logits within 1e-4, and the same as the reference;
  *  - two sequences interleaved in one batch each match their own run (every slot has its own state), a slot
