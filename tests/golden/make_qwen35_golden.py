@@ -25,7 +25,8 @@ the full ones, post_attention_norm before the FFN. Its transforms: every Qwen3_5
 as 1 + w (the gated norm's weight is not), A_log as -exp(A_log), the conv weight squeezed to (channels,
 width), and with fewer key than value heads the value heads reordered from grouped by key head to tiled
 over the key heads (rows of in_proj_qkv's v part, in_proj_z, in_proj_b, in_proj_a, the conv's v channels,
-A_log, dt_bias; columns of out_proj). Matrices are f16, vectors f32 (as llama.cpp keeps them).
+A_log, dt_bias; columns of out_proj). Matrices are f16, vectors f32 (as llama.cpp keeps them). The file carries a byte-fallback SentencePiece
+vocabulary of 263 tokens (no merges to speak of) so that `ferry serve` can load it.
 
 Run: python3 tests/golden/make_qwen35_golden.py  (needs torch, transformers >= 5.23, gguf, numpy; CI uses the
 committed output)
@@ -110,6 +111,19 @@ def write_gguf(model, cfg, path):
     w.add_full_attention_interval(4)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
     w.add_rope_dimension_sections(list(c.rope_parameters["mrope_section"]) + [0])
+
+    # A byte-fallback SentencePiece vocabulary of the model's size, so that `ferry serve` can run the file
+    # (requests send token ids; replies are detokenized): <unk>, <s>, </s>, the 256 bytes, and four pieces.
+    pieces = ["\u2581a", "\u2581the", "\u2581and", "\u2581of"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    assert len(tokens) == c.vocab_size
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-1.0 - i for i in range(len(pieces))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
     def put(name, t, vector=False):
         a = t.detach().float().numpy()
