@@ -139,6 +139,20 @@ static void expect_close(const float *got, const float *ref, int n, double tol, 
               tol * m + tol, m);
 }
 
+/* Prefills case c into slot 0 and holds its logits (lg) to the reference (ref) within tol; returns its ids
+ * (n of them when n is not NULL). */
+static int32_t *prefill_case(struct q35 *q, int c, double tol, float *ref, float *lg, int *n_out)
+{
+    int n;
+    int32_t *ids = case_ids(q, c, &n, ref);
+    cr_assert_eq(feed(q, 0, ids, 0, n, n, lg), FERRY_OK);
+    char what[96];
+    snprintf(what, sizeof what, "prompt of %d tokens (tolerance %g)", n, tol);
+    expect_close(lg, ref, q->n_vocab, tol, what);
+    if (n_out) *n_out = n;
+    return ids;
+}
+
 Test(qwen35, golden_transformers_fp32)
 {
     struct q35 q;
@@ -148,11 +162,9 @@ Test(qwen35, golden_transformers_fp32)
     cr_assert_eq(n_cases, 4);
     for (int c = 0; c < n_cases; c++) {
         int n;
-        int32_t *ids = case_ids(&q, c, &n, ref);
-        cr_assert_eq(feed(&q, 0, ids, 0, n, n, lg), FERRY_OK);
         char what[96];
+        int32_t *ids = prefill_case(&q, c, 1e-4, ref, lg, &n);
         snprintf(what, sizeof what, "prompt of %d tokens", n);
-        expect_close(lg, ref, q.n_vocab, 1e-4, what);
         json_t *want = json_object_get(q35_case(&q, c), "greedy_tokens");
         cr_assert_eq(json_array_size(want), 24);
         for (int i = 0; i < 24; i++) {
@@ -179,15 +191,7 @@ Test(qwen35, golden_f16_kv_cache)
     struct q35 q;
     q35_open_kv(&q, 1, KV_F16);
     float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
-    for (int c = 0; c < 4; c++) {
-        int n;
-        int32_t *ids = case_ids(&q, c, &n, ref);
-        cr_assert_eq(feed(&q, 0, ids, 0, n, n, lg), FERRY_OK);
-        char what[96];
-        snprintf(what, sizeof what, "prompt of %d tokens, f16 KV", n);
-        expect_close(lg, ref, q.n_vocab, 2e-3, what);
-        free(ids);
-    }
+    for (int c = 0; c < 4; c++) free(prefill_case(&q, c, 2e-3, ref, lg, NULL));
     free(ref);
     free(lg);
     q35_close(&q);
