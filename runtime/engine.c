@@ -630,8 +630,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
               kv_type_names[kv_el], ext, room);
     if (e->state.n_layers > 0)
-        FLOG_INFO("engine: recurrent state of %d layers, %.1f MiB for %d slots (a slot continues or starts "
-                  "again: no prefix of it is reused)",
+        FLOG_INFO("engine: recurrent state of %d layers, %.1f MiB for %d slots and their checkpoints (a slot "
+                  "continues, goes back to the end of its last prefill, or starts again)",
                   e->state.n_layers, seq_state_bytes(hp, p.n_seqs) / 1048576.0, p.n_seqs);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
@@ -718,14 +718,22 @@ int engine_seq_free(struct engine *e, int seq)
 {
     if (seq < 0 || seq >= e->p.n_seqs) return FERRY_ERR_INVALID;
     kv_cache_seq_free(&e->kv, seq);
+    seq_state_drop(&e->state, seq);
     return FERRY_OK;
 }
 
 int engine_seq_keep(struct engine *e, int seq, int n)
 {
     if (seq < 0 || seq >= e->p.n_seqs || n < 0 || n > e->kv.seq_len[seq]) return FERRY_ERR_INVALID;
-    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) { /* recurrent state: only where it stands */
+    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) { /* recurrent state: where it stands, or saved */
+        const int at = seq_state_restore(&e->state, seq, n);
+        if (at > 0) {
+            kv_cache_trim(&e->kv, seq, at);
+            e->kv.seq_len[seq] = at;
+            return at;
+        }
         kv_cache_seq_free(&e->kv, seq);
+        seq_state_drop(&e->state, seq);
         return 0;
     }
     if (n % e->kv.block_size && kv_cache_shared(&e->kv, seq, n)) n -= n % e->kv.block_size;
@@ -739,7 +747,10 @@ int engine_seq_share(struct engine *e, int src, int dst, int n)
     if (src < 0 || src >= e->p.n_seqs || dst < 0 || dst >= e->p.n_seqs || src == dst || n < 0)
         return FERRY_ERR_INVALID;
     kv_cache_seq_free(&e->kv, dst);
-    if (e->state.n_layers > 0) return 0; /* no recurrent state is shared */
+    if (e->state.n_layers > 0) { /* no recurrent state is shared */
+        seq_state_drop(&e->state, dst);
+        return 0;
+    }
     if (n > e->kv.seq_len[src]) n = e->kv.seq_len[src];
     const int blocks = n / e->kv.block_size;
     int rc = kv_cache_share(&e->kv, src, dst, blocks);
@@ -958,6 +969,21 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
 
 /* Once a step's work is complete, or it failed (rc; ran: its pass was started, so the slots may have been
  * written from their first position on): the slots' lengths, the host's pace, the stats. */
+/* Recurrent layers after a step that ran: a failed one leaves its slots' state part-way, so they start again;
+ * one that rewrote positions before a slot's checkpoint forgets it; a prefill (2 or more rows of a slot)
+ * saves a new one where it ends. */
+static void state_after_step(struct engine *e, int rc)
+{
+    for (int s = 0; s < e->p.n_seqs; s++) {
+        if (e->new_len[s] < 0) continue;
+        if (rc || e->first[s] < seq_state_ckpt_pos(&e->state, s)) seq_state_drop(&e->state, s);
+        if (rc)
+            e->kv.seq_len[s] = 0;
+        else if (e->new_len[s] - e->first[s] >= 2)
+            seq_state_save(&e->state, s, e->new_len[s]);
+    }
+}
+
 static int step_finish(struct engine *e, const struct step *st, int n_tokens, double t0, int ran, int rc)
 {
     const int n_seqs = e->p.n_seqs;
@@ -965,6 +991,7 @@ static int step_finish(struct engine *e, const struct step *st, int n_tokens, do
         if (!rc && e->adapt) follow_pace(e, st->where, n_tokens);
         for (int s = 0; s < n_seqs; s++)
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];
+        if (e->state.n_layers > 0) state_after_step(e, rc);
     }
     for (int s = 0; s < n_seqs; s++)
         if (e->new_len[s] >= 0) kv_cache_trim(&e->kv, s, e->kv.seq_len[s]);

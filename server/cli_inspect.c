@@ -222,7 +222,7 @@ int cli_inspect_main(int argc, char **argv)
         if (hp->full_attn_interval > 0)
             printf(
                 "linear attn  %d of %d layers gated DeltaNet (%d key / %d value heads of %d / %d, conv %d); "
-                "state %.2f MiB per slot; KV cache in the other %d\n",
+                "state %.2f MiB per slot with its checkpoint; KV cache in the other %d\n",
                 hp->n_layers - llm_kv_layers(hp), hp->n_layers, hp->ssm_n_k_heads, hp->ssm_n_v_heads,
                 hp->ssm_head_k, llm_ssm_head_v(hp), hp->ssm_conv_kernel, seq_state_bytes(hp, 1) / 1048576.0,
                 llm_kv_layers(hp));

@@ -7,9 +7,9 @@
  *  - a prompt fed in one step (chunked delta rule), token by token (the recurrence) and in steps of 17 gives
  *    the same logits within 1e-4, and the same as the reference;
  *  - two sequences interleaved in one batch each match their own run (every slot has its own state), a slot
- *    started again at position 0 starts from a fresh state, a rewind into a slot is refused and
- *    engine_seq_keep gives back no prefix of one (its state holds only where it stands), and a slot kept
- *    whole and continued matches one fresh prefill of the longer prompt;
+ *    started again at position 0 starts from a fresh state, a rewind into a slot is refused, a slot kept
+ *    whole and continued, or sent back by engine_seq_keep to the checkpoint its last prefill saved and
+ *    continued, matches one fresh prefill of the longer prompt, and nothing short of the checkpoint is kept;
  *  - a file whose linear-attention tensors disagree with its hyperparameters is refused at open, naming the
  *    tensor; --backend cuda is refused with a message naming the layers.
  * Skips (with a message) when the committed model is missing.
@@ -253,9 +253,21 @@ Test(qwen35, slots_keep_their_own_state)
     cr_assert_eq(feed(&q, 1, ab, na, na + nb, 3, lg), FERRY_OK);
     cr_assert_eq(feed(&q, 0, ab, 0, na + nb, na + nb, fresh), FERRY_OK);
     expect_close(lg, fresh, q.n_vocab, 1e-4, "slot continued after its prompt vs one fresh prefill");
+    cr_assert_eq(feed(&q, 1, a, 0, na, na, lg), FERRY_OK); /* back to a alone: its prefill is saved */
+    /* Three decode steps past a, then back to where a's prefill ended: b after a as from scratch. */
+    for (int i = 0; i < 3; i++) {
+        int32_t t = 17 + i, p = na + i, sq = 1;
+        uint8_t w = 1;
+        const struct batch bt1 = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &sq, .want_logits = &w};
+        cr_assert_eq(engine_step(q.e, &bt1, lg), FERRY_OK);
+    }
+    cr_assert_eq(engine_seq_len(q.e, 1), na + 3);
+    cr_assert_eq(engine_seq_keep(q.e, 1, na + 2), na, "back to the checkpoint after the prompt");
+    cr_assert_eq(feed(&q, 1, ab, na, na + nb, nb, lg), FERRY_OK);
+    expect_close(lg, fresh, q.n_vocab, 1e-4, "slot back at its checkpoint, continued, vs one fresh prefill");
     free(fresh);
-    cr_assert_eq(feed(&q, 1, a, 0, na, na, lg), FERRY_OK); /* back to a alone */
-    /* No rewind into a slot's state, and no prefix of it kept. */
+    cr_assert_eq(feed(&q, 1, a, 0, na, na, lg), FERRY_OK);
+    /* No rewind into a slot's state, and nothing kept short of its checkpoint (45). */
     cr_assert_eq(feed(&q, 1, a, 20, 21, 1, lg), FERRY_ERR_INVALID);
     cr_assert_eq(engine_seq_len(q.e, 1), na);
     cr_assert_eq(engine_seq_keep(q.e, 1, na), na);
