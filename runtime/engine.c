@@ -24,6 +24,7 @@
 #include "quant/mix.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
+#include "runtime/seq_state.h"
 #include "runtime/step_plan.h"
 
 /* AUTO puts host layers on the CPU only when the plan predicts a step this much faster than streaming them
@@ -66,6 +67,8 @@ struct engine {
     enum placement
         *streamed; /* (n_layers) scratch: a step's plan with its CPU layers streamed (step_where) */
     struct engine_stats stats;
+    /* Each slot's state in the recurrent layers (empty without them). */
+    struct seq_state state;
     /* The drawing step engine_step_draw_begin left on its way, until engine_step_draw_end. */
     struct step pend;
     int pend_active, pend_tokens;
@@ -142,6 +145,7 @@ void engine_free(struct engine *e)
     if (e->gpu) e->gpu->ops->free(e->gpu);
     step_plan_free(&e->plan);
     kv_cache_free(&e->kv);
+    seq_state_free(&e->state);
     model_free(&e->model);
     free(e->new_len);
     free(e->first);
@@ -488,8 +492,17 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     struct engine_params p = *params;
     /* auto: the GPU when there is one, except for expert layers, which only the CPU backend runs yet. */
     const int moe = model->hp.n_expert > 0;
-    const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
-                         (p.backend == ENGINE_BACKEND_AUTO && !moe && forward_cuda_devices() > 0);
+    const int recurrent = model->hp.full_attn_interval > 0; /* gated DeltaNet layers: the CPU only, too */
+    const int use_cuda = p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && !moe &&
+                                                              !recurrent && forward_cuda_devices() > 0);
+    if (p.backend == ENGINE_BACKEND_CUDA && recurrent) {
+        snprintf(err, 256, "the CUDA backend has no kernels for gated DeltaNet (linear-attention) layers: %s",
+                 "run this model with --backend cpu");
+        model_free(model);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    if (p.backend == ENGINE_BACKEND_AUTO && recurrent && forward_cuda_devices() > 0)
+        FLOG_WARN("gated DeltaNet layers run on the CPU backend only: the GPU is not used for this model");
     if (p.backend == ENGINE_BACKEND_AUTO && moe && forward_cuda_devices() > 0)
         FLOG_WARN("expert layers run on the CPU backend only: the GPU is not used for this model");
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
@@ -533,10 +546,15 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
     if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
-    rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
+    rc = kv_cache_init(&e->kv, llm_kv_layers(hp) > 0 ? llm_kv_layers(hp) : 1, hp->n_kv_heads, hp->head_dim,
+                       p.n_seqs, p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
+        goto fail;
+    }
+    if ((rc = seq_state_init(&e->state, hp, p.n_seqs))) {
+        snprintf(err, 256, "cannot allocate the recurrent layers' state (%.1f MiB)",
+                 seq_state_bytes(hp, p.n_seqs) / 1048576.0);
         goto fail;
     }
     /* auto's plan comes from start-up timings, which vary between runs: --deterministic keeps one that does
@@ -570,6 +588,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         cp.max_tokens = p.max_batch_tokens;
         cp.n_threads = p.n_threads;
         cp.kv = &e->kv;
+        cp.state = &e->state;
         cp.act = e->act;
         cp.plain = e->plain;
         if ((rc = forward_cpu_init(&e->cpu, &e->model, &cp))) {
@@ -610,6 +629,10 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s",
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
               kv_type_names[kv_el], ext, room);
+    if (e->state.n_layers > 0)
+        FLOG_INFO("engine: recurrent state of %d layers, %.1f MiB for %d slots and their checkpoints (a slot "
+                  "continues, goes back to the end of its last prefill, or starts again)",
+                  e->state.n_layers, seq_state_bytes(hp, p.n_seqs) / 1048576.0, p.n_seqs);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);
@@ -695,12 +718,24 @@ int engine_seq_free(struct engine *e, int seq)
 {
     if (seq < 0 || seq >= e->p.n_seqs) return FERRY_ERR_INVALID;
     kv_cache_seq_free(&e->kv, seq);
+    seq_state_drop(&e->state, seq);
     return FERRY_OK;
 }
 
 int engine_seq_keep(struct engine *e, int seq, int n)
 {
     if (seq < 0 || seq >= e->p.n_seqs || n < 0 || n > e->kv.seq_len[seq]) return FERRY_ERR_INVALID;
+    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) { /* recurrent state: where it stands, or saved */
+        const int at = seq_state_restore(&e->state, seq, n);
+        if (at > 0) {
+            kv_cache_trim(&e->kv, seq, at);
+            e->kv.seq_len[seq] = at;
+            return at;
+        }
+        kv_cache_seq_free(&e->kv, seq);
+        seq_state_drop(&e->state, seq);
+        return 0;
+    }
     if (n % e->kv.block_size && kv_cache_shared(&e->kv, seq, n)) n -= n % e->kv.block_size;
     kv_cache_trim(&e->kv, seq, n);
     e->kv.seq_len[seq] = n;
@@ -712,6 +747,10 @@ int engine_seq_share(struct engine *e, int src, int dst, int n)
     if (src < 0 || src >= e->p.n_seqs || dst < 0 || dst >= e->p.n_seqs || src == dst || n < 0)
         return FERRY_ERR_INVALID;
     kv_cache_seq_free(&e->kv, dst);
+    if (e->state.n_layers > 0) { /* no recurrent state is shared */
+        seq_state_drop(&e->state, dst);
+        return 0;
+    }
     if (n > e->kv.seq_len[src]) n = e->kv.seq_len[src];
     const int blocks = n / e->kv.block_size;
     int rc = kv_cache_share(&e->kv, src, dst, blocks);
@@ -732,6 +771,9 @@ static int check_batch(struct engine *e, const struct batch *b)
         if (b->tokens[i] < 0 || b->tokens[i] >= n_vocab || s < 0 || s >= e->p.n_seqs || p < 0)
             return FERRY_ERR_INVALID;
         if (e->new_len[s] < 0 ? p > e->kv.seq_len[s] : p != e->new_len[s]) return FERRY_ERR_INVALID;
+        /* The recurrent state continues the slot or starts again: no rewind into it. */
+        if (e->new_len[s] < 0 && e->state.n_layers > 0 && p != 0 && p != e->kv.seq_len[s])
+            return FERRY_ERR_INVALID;
         if (p >= e->p.ctx_size) return FERRY_ERR_RANGE;
         if (e->new_len[s] < 0) e->first[s] = p;
         e->new_len[s] = p + 1;
@@ -927,6 +969,21 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
 
 /* Once a step's work is complete, or it failed (rc; ran: its pass was started, so the slots may have been
  * written from their first position on): the slots' lengths, the host's pace, the stats. */
+/* Recurrent layers after a step that ran: a failed one leaves its slots' state part-way, so they start again;
+ * one that rewrote positions before a slot's checkpoint forgets it; a prefill (2 or more rows of a slot)
+ * saves a new one where it ends. */
+static void state_after_step(struct engine *e, int rc)
+{
+    for (int s = 0; s < e->p.n_seqs; s++) {
+        if (e->new_len[s] < 0) continue;
+        if (rc || e->first[s] < seq_state_ckpt_pos(&e->state, s)) seq_state_drop(&e->state, s);
+        if (rc)
+            e->kv.seq_len[s] = 0;
+        else if (e->new_len[s] - e->first[s] >= 2)
+            seq_state_save(&e->state, s, e->new_len[s]);
+    }
+}
+
 static int step_finish(struct engine *e, const struct step *st, int n_tokens, double t0, int ran, int rc)
 {
     const int n_seqs = e->p.n_seqs;
@@ -934,6 +991,7 @@ static int step_finish(struct engine *e, const struct step *st, int n_tokens, do
         if (!rc && e->adapt) follow_pace(e, st->where, n_tokens);
         for (int s = 0; s < n_seqs; s++)
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];
+        if (e->state.n_layers > 0) state_after_step(e, rc);
     }
     for (int s = 0; s < n_seqs; s++)
         if (e->new_len[s] >= 0) kv_cache_trim(&e->kv, s, e->kv.seq_len[s]);

@@ -159,7 +159,9 @@ int engine_seq_free(struct engine *e, int seq);
 int engine_seq_len(const struct engine *e, int seq);
 /* Keeps the sequence's first n positions (0 <= n <= its length) and returns the blocks past them to the pool:
  * the next step may continue there, reusing what is kept (a prompt prefix). When position n falls in a block
- * another sequence shares, only the whole blocks before it are kept (a shared block is never written).
+ * another sequence shares, only the whole blocks before it are kept (a shared block is never written). A
+ * model with recurrent layers keeps n < length positions only back to where its last prefill step ended
+ * (runtime/seq_state.h), when that is at most n, and otherwise none.
  * Returns the positions kept, or FERRY_ERR_INVALID. */
 int engine_seq_keep(struct engine *e, int seq, int n);
 /* Empties dst and gives it the first n positions of src, as far as they fill whole KV blocks, without

@@ -15,10 +15,12 @@
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/deltanet.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
+#include "runtime/seq_state.h"
 
 /* Op kinds of the profile: the products by group (LAYER_N_MATS of them), then the rest. */
 enum { PROF_NORM = LAYER_N_MATS, PROF_SILU, PROF_KV, PROF_EMBED, PROF_HEAD, PROF_N };
@@ -49,6 +51,15 @@ struct forward_cpu {
      * and weights (max_tokens, n_expert_used), the experts' workspace (kern_cpu_moe_ws_floats). */
     float *moe_logits, *moe_wts, *moe_ws;
     int32_t *moe_ids;
+    float *gate; /* (max_tokens, q_dim) the attention's output gates (LOP_Q_GATE), or NULL */
+    /* Recurrent layers only (NULL otherwise): each slot's state; the in-products q|k|v, z, b, a as parts
+     * (n, rows) one after the other; one sequence's rows gathered: conv rows (n, conv_dim), decays and
+     * rates (n, n_v_heads) each, outputs (n, inner); every row's output (n, inner); the chunked rule's
+     * workspace; row indices and marks. */
+    struct seq_state *state;
+    float *dn_proj, *dn_run, *dn_gb, *dn_orun, *dn_o, *dn_ws;
+    int32_t *dn_rows;
+    uint8_t *dn_done;
     int pending;
     uint64_t layers_run;
     double layer_seconds;
@@ -134,6 +145,11 @@ static void cpu_free(struct backend *be)
     free(f->moe_wts);
     free(f->moe_ws);
     free(f->moe_ids);
+    free(f->gate);
+    float *dn[] = {f->dn_proj, f->dn_run, f->dn_gb, f->dn_orun, f->dn_o, f->dn_ws};
+    for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++) free(dn[i]);
+    free(f->dn_rows);
+    free(f->dn_done);
     free(f->w);
     free(f);
 }
@@ -177,6 +193,8 @@ static float *act(struct forward_cpu *f, enum layer_act a)
     case LACT_GU:
     case LACT_H:
         return f->gu; /* silu(gate)·up overwrites the gate part */
+    case LACT_GATE:
+        return f->gate;
     }
     return NULL;
 }
@@ -195,7 +213,7 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     const int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
     const struct batch *b = st->b;
     float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
-    struct kv_layer_view view = kv_cache_layer(f->kv, l);
+    struct kv_layer_view view = kv_cache_layer(f->kv, llm_kv_layer(hp, l)); /* recurrent layers have none */
     const int local = llm_layer_is_local(hp, l);
     const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
     kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
@@ -240,6 +258,99 @@ static double group_bytes(const struct layer_group *g)
     for (int j = 0; j < g->n_parts; j++)
         b += (double)dtype_row_size(g->part[j].type, g->cols) * g->part[j].rows;
     return b;
+}
+
+/* LOP_Q_GATE: the query part (n, n_heads, 2, head_dim) of qkv becomes (n, n_heads, head_dim), the gates go to
+ * f->gate (n, q_dim), and the key and value parts move down behind the queries (the layout kv_ops_* read). */
+static int q_gate_split(struct forward_cpu *f, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const size_t hd = (size_t)hp->head_dim, qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    if (!f->gate) return FERRY_ERR_INTERNAL;
+    float *qkv = f->qkv;
+    for (size_t i = 0; i < (size_t)n * hp->n_heads; i++) {
+        memcpy(f->gate + i * hd, qkv + (2 * i + 1) * hd, hd * sizeof(float));
+        memmove(qkv + i * hd, qkv + 2 * i * hd, hd * sizeof(float)); /* i*hd <= 2i*hd: front to back */
+    }
+    memmove(qkv + (size_t)n * qd, qkv + (size_t)n * 2 * qd, (size_t)n * 2 * kvd * sizeof(float));
+    return FERRY_OK;
+}
+
+/* Rows of one sequence's chunk in the chunked delta rule. */
+#define DN_CHUNK 64
+
+/* LOP_DELTANET of layer l on the rows in xn (see program.h), its output in d. */
+static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, const struct layer_weights *w,
+                    float *out, const float *in)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct layer_deltanet *dn = &w->dn;
+    const struct batch *b = st->b;
+    if (!dn->qkv.data || !dn->conv || !f->state || !f->dn_proj) return FERRY_ERR_INTERNAL;
+    const int C = llm_ssm_conv_dim(hp), I = hp->ssm_inner, nv = hp->ssm_n_v_heads, nk = hp->ssm_n_k_heads,
+              hk = hp->ssm_head_k, hv = llm_ssm_head_v(hp);
+    const struct kern_dn_dims d = {.n_k_heads = nk, .n_v_heads = nv, .head_k = hk, .head_v = hv};
+    float *pq = f->dn_proj, *pz = pq + (size_t)n * C, *pb = pz + (size_t)n * I, *pa = pb + (size_t)n * nv;
+    const struct wview *mats[4] = {&dn->qkv, &dn->z, &dn->beta, &dn->alpha};
+    float *ys[4] = {pq, pz, pb, pa};
+    struct kern_cpu_mm jobs[4];
+    for (int j = 0; j < 4; j++)
+        jobs[j] = (struct kern_cpu_mm){
+            .y = ys[j], .w = mats[j]->data, .wt = mats[j]->type, .n = (int)mats[j]->rows};
+    int rc = kern_cpu_matmul_multi(jobs, 4, in, n, hp->dim, f->tp);
+    if (rc) return rc;
+    /* Rates sigmoid(b); decays (log) -exp(A_log) * softplus(a + dt_bias), softplus as torch's (x past 20). */
+    for (size_t i = 0; i < (size_t)n * nv; i++) {
+        const int j = (int)(i % (size_t)nv);
+        const float t = pa[i] + dn->dt[j];
+        pb[i] = 1.0f / (1.0f + expf(-pb[i]));
+        pa[i] = dn->a[j] * (t > 20.0f ? t : log1pf(expf(t)));
+    }
+    /* Each sequence's rows in order, through its own state. */
+    memset(f->dn_done, 0, (size_t)n);
+    for (int i0 = 0; i0 < n; i0++) {
+        if (f->dn_done[i0]) continue;
+        const int s = b->seq[i0];
+        int m = 0;
+        for (int i = i0; i < n; i++)
+            if (!f->dn_done[i] && b->seq[i] == s) f->dn_rows[m++] = i, f->dn_done[i] = 1;
+        float *cs = seq_state_conv(f->state, s, l), *S = seq_state_rec(f->state, s, l);
+        if (!cs || !S) return FERRY_ERR_INTERNAL;
+        if (b->pos[i0] == 0) seq_state_reset(f->state, s, l);
+        float *g = f->dn_gb, *beta = g + (size_t)m * nv;
+        for (int t = 0; t < m; t++) {
+            const size_t r = (size_t)f->dn_rows[t];
+            memcpy(f->dn_run + (size_t)t * C, pq + r * C, (size_t)C * sizeof(float));
+            memcpy(g + (size_t)t * nv, pa + r * nv, (size_t)nv * sizeof(float));
+            memcpy(beta + (size_t)t * nv, pb + r * nv, (size_t)nv * sizeof(float));
+        }
+        kern_cpu_dn_conv(f->dn_run, f->dn_run, m, C, dn->conv, hp->ssm_conv_kernel, cs);
+        /* transformers' Qwen3.5: q and k L2-normed with eps 1e-6, q then scaled by 1/sqrt(head_k). */
+        for (int t = 0; t < m; t++) {
+            float *row = f->dn_run + (size_t)t * C;
+            kern_cpu_dn_l2norm(row, nk, hk, hk, 1e-6f, 1.0f / sqrtf((float)hk));
+            kern_cpu_dn_l2norm(row + (size_t)nk * hk, nk, hk, hk, 1e-6f, 1.0f);
+        }
+        const struct kern_dn_seq sq = {.q = f->dn_run,
+                                       .k = f->dn_run + (size_t)nk * hk,
+                                       .v = f->dn_run + (size_t)2 * nk * hk,
+                                       .stride = C,
+                                       .g = g,
+                                       .beta = beta,
+                                       .o = f->dn_orun,
+                                       .n = m};
+        if (m == 1)
+            kern_cpu_dn_recurrent(&sq, &d, S, f->tp);
+        else
+            kern_cpu_dn_chunked(&sq, &d, S, DN_CHUNK, f->dn_ws, f->tp);
+        for (int t = 0; t < m; t++)
+            memcpy(f->dn_o + (size_t)f->dn_rows[t] * I, f->dn_orun + (size_t)t * I,
+                   (size_t)I * sizeof(float));
+    }
+    kern_cpu_dn_gated_norm(f->dn_o, pz, dn->norm, n * nv, hv, hp->norm_eps);
+    rc = kern_cpu_matmul(out, f->dn_o, dn->out.data, dn->out.type, NULL, n, hp->dim, I, f->tp);
+    f->pending = 1;
+    return rc;
 }
 
 static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct layer_weights *w, int n)
@@ -308,10 +419,22 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         if (op->out == LACT_D) f->pending = 1;
         return rc;
     }
+    case LOP_Q_GATE:
+        return q_gate_split(f, n);
+    case LOP_ATT_GATE: {
+        float *y = act(f, op->out);
+        const float *x = act(f, op->in);
+        if (!f->gate) return FERRY_ERR_INTERNAL;
+        for (int64_t i = 0; i < (int64_t)n * hp->n_heads * hp->head_dim; i++)
+            y[i] = x[i] / (1.0f + expf(-f->gate[i]));
+        return FERRY_OK;
+    }
     case LOP_ROPE_KV:
     case LOP_ATTENTION:
     case LOP_ATTENTION_SINKS:
         return FERRY_ERR_INTERNAL; /* run as a unit by kv_ops_* */
+    case LOP_DELTANET:
+        return FERRY_ERR_INTERNAL; /* run by run_layer: kv_ops_*, deltanet */
     }
     return FERRY_ERR_INTERNAL;
 }
@@ -319,7 +442,7 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
 /* Layer l; with kv_ops 0 the KV ops are skipped (timing). */
 static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n, int kv_ops)
 {
-    const struct layer_program *p = f->prog;
+    const struct layer_program *p = layer_program_of_layer(&f->m->hp, l);
     const struct layer_weights *w = &f->w[l];
     if (w->mat[0].n_parts == 0)
         return FERRY_ERR_INTERNAL; /* a layer whose weights this backend was not given */
@@ -331,6 +454,11 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
             rc = !kv_ops ? FERRY_OK : f->kv_owner ? kv_ops_remote(f, l, st, n) : kv_ops_local(f, l, st, n);
             if (kv_ops) f->kv_seconds += now_s() - k0;
             i = p->kv_last;
+            kind = PROF_KV;
+        } else if (p->ops[i].kind == LOP_DELTANET) { /* with the sequences' state, like the KV ops */
+            const double k0 = kv_ops ? now_s() : 0;
+            rc = kv_ops ? deltanet(f, l, st, n, w, act(f, p->ops[i].out), act(f, p->ops[i].in)) : FERRY_OK;
+            if (kv_ops) f->kv_seconds += now_s() - k0;
             kind = PROF_KV;
         } else {
             const struct layer_op *op = &p->ops[i];
@@ -515,6 +643,11 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     int rc = FERRY_ERR_NOMEM;
     f->w = calloc((size_t)hp->n_layers, sizeof *f->w);
     if (!f->w) goto fail;
+    if ((p->weights && hp->full_attn_interval > 0) || (hp->full_attn_interval > 0 && !p->state)) {
+        rc = FERRY_ERR_UNSUPPORTED; /* packed blocks carry no recurrent mixer; it needs the slots' state */
+        goto fail;
+    }
+    f->state = p->state;
     if (p->weights && hp->n_expert > 0) { /* packed blocks carry no experts */
         rc = FERRY_ERR_UNSUPPORTED;
         goto fail;
@@ -540,7 +673,26 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->x = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->xn = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->d = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
-    f->qkv = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
+    const size_t q_rows = hp->attn_out_gate ? 2 * qd : qd; /* queries and their gates */
+    f->qkv = f->host_alloc(f->alloc_ctx, n * (q_rows + 2 * kvd) * sizeof(float));
+    if (hp->attn_out_gate && !(f->gate = malloc(n * qd * sizeof(float)))) goto fail;
+    if (hp->full_attn_interval > 0) {
+        const size_t C = (size_t)llm_ssm_conv_dim(hp), I = (size_t)hp->ssm_inner,
+                     nv = (size_t)hp->ssm_n_v_heads;
+        const struct kern_dn_dims d = {.n_k_heads = hp->ssm_n_k_heads,
+                                       .n_v_heads = hp->ssm_n_v_heads,
+                                       .head_k = hp->ssm_head_k,
+                                       .head_v = llm_ssm_head_v(hp)};
+        if (!(f->dn_proj = malloc(n * (C + I + 2 * nv) * sizeof(float))) ||
+            !(f->dn_run = malloc(n * C * sizeof(float))) ||
+            !(f->dn_gb = malloc(n * 2 * nv * sizeof(float))) ||
+            !(f->dn_orun = malloc(n * I * sizeof(float))) || !(f->dn_o = malloc(n * I * sizeof(float))) ||
+            !(f->dn_ws = malloc(kern_cpu_dn_chunk_ws_floats(&d, DN_CHUNK) * sizeof(float))) ||
+            !(f->dn_rows = malloc(n * sizeof(int32_t))) || !(f->dn_done = malloc(n))) {
+            rc = FERRY_ERR_NOMEM;
+            goto fail;
+        }
+    }
     f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
     f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
     if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));

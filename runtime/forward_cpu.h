@@ -19,6 +19,8 @@
 #include "runtime/layer.h"
 #include "runtime/model.h"
 
+struct seq_state;
+
 struct forward_cpu_params {
     int max_tokens;  /* rows of one step */
     int n_threads;   /* 0 = the cores this process may use */
@@ -35,6 +37,8 @@ struct forward_cpu_params {
     /* The products' arithmetic (kernels/cpu/matmul.h), set on the calling thread whenever this backend
      * computes: an enum kern_cpu_act and an enum kern_cpu_plain; -1 leaves the thread's as they are. */
     int act, plain;
+    /* Each slot's state in the recurrent layers (runtime/seq_state.h); required by a model that has them. */
+    struct seq_state *state;
 };
 
 struct forward_cpu_params forward_cpu_default_params(void);

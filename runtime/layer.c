@@ -27,6 +27,13 @@ int layer_program_has(const struct layer_program *p, enum layer_op_kind kind)
     return 0;
 }
 
+const struct layer_program *layer_program_of_layer(const struct llm_hparams *hp, int l)
+{
+    const struct arch_family *f = arch_of(hp);
+    if (!f) return NULL;
+    return f->program_recurrent && llm_layer_is_recurrent(hp, l) ? f->program_recurrent : f->program;
+}
+
 /* The norm vectors of a layer and their lengths (0: absent). */
 static void layer_norms(const struct model_layer *L, const struct llm_hparams *hp,
                         const float *v[LAYER_N_NORMS], int len[LAYER_N_NORMS])
@@ -90,6 +97,15 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
     w->norm[LAYER_POST_ATTN_NORM] = L->post_attn_norm;
     w->norm[LAYER_POST_FFN_NORM] = L->post_ffn_norm;
     w->norm[LAYER_ATTN_SINKS] = L->attn_sinks;
+    w->dn = (struct layer_deltanet){.qkv = L->ssm_qkv,
+                                    .z = L->ssm_z,
+                                    .beta = L->ssm_beta,
+                                    .alpha = L->ssm_alpha,
+                                    .out = L->ssm_out,
+                                    .conv = L->ssm_conv,
+                                    .dt = L->ssm_dt,
+                                    .a = L->ssm_a,
+                                    .norm = L->ssm_norm};
 }
 
 void layer_weights_of_model_moe(struct layer_weights *w, const struct model_layer *L,
@@ -268,7 +284,8 @@ uint64_t layer_model_bytes(const struct model_layer *L)
     return wview_bytes(&L->wq) + wview_bytes(&L->wk) + wview_bytes(&L->wv) + wview_bytes(&L->wo) +
            wview_bytes(&L->w_gate) + wview_bytes(&L->w_up) + wview_bytes(&L->w_down) +
            wview_bytes(&L->router) + wview_bytes(&L->exp_gate) + wview_bytes(&L->exp_up) +
-           wview_bytes(&L->exp_down);
+           wview_bytes(&L->exp_down) + wview_bytes(&L->ssm_qkv) + wview_bytes(&L->ssm_z) +
+           wview_bytes(&L->ssm_beta) + wview_bytes(&L->ssm_alpha) + wview_bytes(&L->ssm_out);
 }
 
 uint64_t layer_params(const struct model_layer *L)

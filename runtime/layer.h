@@ -29,6 +29,8 @@
 const struct layer_program *layer_program_of(const struct llm_hparams *hp);
 /* 1 when program p has an op of this kind (a backend refuses a program with a kind it has no kernel for). */
 int layer_program_has(const struct layer_program *p, enum layer_op_kind kind);
+/* The program layer l runs: the family's recurrent one for its linear-attention layers, else the above. */
+const struct layer_program *layer_program_of_layer(const struct llm_hparams *hp, int l);
 
 #define LAYER_MAX_PARTS 3
 
@@ -60,10 +62,18 @@ struct layer_moe {
     float alpha, limit;
 };
 
+/* A gated DeltaNet layer's mixer (LOP_DELTANET) where the model keeps it (runtime/model.h); data NULL in
+ * other layers. */
+struct layer_deltanet {
+    struct wview qkv, z, beta, alpha, out;
+    const float *conv, *dt, *a, *norm;
+};
+
 struct layer_weights {
     struct layer_group mat[LAYER_N_MATS];
     const float *norm[LAYER_N_NORMS]; /* (dim) f32 block norms, (head_dim) f32 q/k norms or NULL */
     struct layer_moe moe;             /* set by layer_weights_of_model only: packed blocks have no experts */
+    struct layer_deltanet dn;         /* set by layer_weights_of_model only, like moe */
 };
 
 /* The layer's tensors where the model keeps them. */

@@ -84,6 +84,16 @@ static struct wview *layer_matrix(struct model_layer *L, enum arch_role r)
         return &L->w_up;
     case ARCH_ROLE_ROUTER:
         return &L->router;
+    case ARCH_ROLE_SSM_QKV:
+        return &L->ssm_qkv;
+    case ARCH_ROLE_SSM_Z:
+        return &L->ssm_z;
+    case ARCH_ROLE_SSM_BETA:
+        return &L->ssm_beta;
+    case ARCH_ROLE_SSM_ALPHA:
+        return &L->ssm_alpha;
+    case ARCH_ROLE_SSM_OUT:
+        return &L->ssm_out;
     default:
         return &L->w_down;
     }
@@ -122,6 +132,12 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->exp_up_b;
     case ARCH_ROLE_EXP_DOWN_BIAS:
         return &L->exp_down_b;
+    case ARCH_ROLE_SSM_DT:
+        return &L->ssm_dt;
+    case ARCH_ROLE_SSM_A:
+        return &L->ssm_a;
+    case ARCH_ROLE_SSM_NORM:
+        return &L->ssm_norm;
     default:
         return NULL;
     }
@@ -210,6 +226,26 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             const struct arch_tensor *at = &fam->tensors[i];
             long long ne[3];
             snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
+            if (!arch_need_in_layer(at->need, hp, l)) continue;
+            if (at->role == ARCH_ROLE_SSM_CONV) { /* (conv_dim, width) as one f32 vector */
+                arch_role_shape(at->role, hp, ne);
+                const struct wtensor *t = model_file_tensor(mf, name);
+                if (!t || t->ne[0] != ne[0] || t->ne[1] != ne[1]) {
+                    snprintf(err, 256, "tensor %s is missing or misshapen", name);
+                    rc = FERRY_ERR_FORMAT;
+                    goto fail;
+                }
+                if ((L->ssm_conv = malloc((size_t)(ne[0] * ne[1]) * sizeof(float))) == NULL) {
+                    rc = FERRY_ERR_NOMEM;
+                    goto fail;
+                }
+                if (!dtype_to_f32(t->type, t->data, L->ssm_conv, ne[0] * ne[1])) {
+                    snprintf(err, 256, "tensor %s: cannot convert type %s to f32", name, dtype_name(t->type));
+                    rc = FERRY_ERR_FORMAT;
+                    goto fail;
+                }
+                continue;
+            }
             if (at->role == ARCH_ROLE_WQKV || at->role == ARCH_ROLE_W_GATE_UP) {
                 arch_role_shape(at->role, hp, ne);
                 struct wview whole;
@@ -246,7 +282,8 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
                 continue;
             }
             float **v = layer_vector(L, at->role);
-            if (v && (rc = load_vector(mf, name, ne[0], at->need != ARCH_NEED_ALWAYS, v, err))) goto fail;
+            const int optional = at->need == ARCH_NEED_IF_BIAS || at->need == ARCH_NEED_NEVER;
+            if (v && (rc = load_vector(mf, name, ne[0], optional, v, err))) goto fail;
             if (v && *v && is_norm(at->role)) shift_norm(*v, ne[0], norm_shift);
         }
     }
@@ -302,9 +339,9 @@ static void run_on_pool(void *pool, quant_task_fn task, void *ctx, int n_tasks)
 int model_quantize(struct model *m, int ftype, int n_threads, char err[256])
 {
     const struct llm_hparams *hp = &m->hp;
-    if (hp->n_expert > 0) {
-        snprintf(err, 256,
-                 "quantization at load of expert layers is not supported; quantize the file instead");
+    if (hp->n_expert > 0 || hp->full_attn_interval > 0) {
+        snprintf(err, 256, "quantization at load of %s layers is not supported; quantize the file instead",
+                 hp->n_expert > 0 ? "expert" : "linear-attention");
         return FERRY_ERR_UNSUPPORTED;
     }
     const int tied = m->output.data == m->tok_embd.data;
@@ -385,6 +422,10 @@ void model_free(struct model *m)
             free(L->q_norm);
             free(L->k_norm);
             free(L->post_attn_norm);
+            free(L->ssm_conv);
+            free(L->ssm_dt);
+            free(L->ssm_a);
+            free(L->ssm_norm);
             free(L->post_ffn_norm);
             free(L->bo);
             free(L->attn_sinks);

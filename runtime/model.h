@@ -63,6 +63,15 @@ struct model_layer {
     float *router_b;              /* (n_expert) f32 */
     float *exp_gate_b, *exp_up_b; /* (n_expert, ffn) f32 */
     float *exp_down_b;            /* (n_expert, dim) f32 */
+    /* Gated DeltaNet layers (llm_layer_is_recurrent; empty otherwise, and wq..wo empty in them): conv_dim =
+     * llm_ssm_conv_dim, inner = hp.ssm_inner, n_v = hp.ssm_n_v_heads. */
+    struct wview ssm_qkv;             /* (conv_dim, dim) */
+    struct wview ssm_z;               /* (inner, dim) */
+    struct wview ssm_beta, ssm_alpha; /* (n_v, dim) */
+    struct wview ssm_out;             /* (dim, inner) */
+    float *ssm_conv;                  /* (conv_dim, conv_kernel) f32 */
+    float *ssm_dt, *ssm_a;            /* (n_v) f32: the decay's bias and -exp(A_log) */
+    float *ssm_norm;                  /* (head_v) f32 */
 };
 
 struct model {

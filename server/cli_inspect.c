@@ -8,6 +8,7 @@
 
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
+#include "runtime/seq_state.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 #include "server/options.h"
@@ -150,6 +151,15 @@ int cli_inspect_main(int argc, char **argv)
         json_object_set_new(h, "n_expert_used", json_integer(hp->n_expert_used));
         json_object_set_new(h, "expert_ffn_dim", json_integer(hp->expert_ffn_dim));
     }
+    if (hp->full_attn_interval > 0) { /* gated DeltaNet layers and their per-slot state */
+        json_object_set_new(h, "full_attention_interval", json_integer(hp->full_attn_interval));
+        json_object_set_new(h, "ssm_n_k_heads", json_integer(hp->ssm_n_k_heads));
+        json_object_set_new(h, "ssm_n_v_heads", json_integer(hp->ssm_n_v_heads));
+        json_object_set_new(h, "ssm_head_k", json_integer(hp->ssm_head_k));
+        json_object_set_new(h, "ssm_head_v", json_integer(llm_ssm_head_v(hp)));
+        json_object_set_new(h, "ssm_conv_kernel", json_integer(hp->ssm_conv_kernel));
+        json_object_set_new(root, "state_bytes_per_slot", json_integer((json_int_t)seq_state_bytes(hp, 1)));
+    }
     json_object_set_new(h, "ctx_train", json_integer(hp->ctx_train));
     json_object_set_new(h, "norm_eps", json_real(hp->norm_eps));
     json_object_set_new(h, "rope_theta", json_real(hp->rope_theta));
@@ -189,6 +199,9 @@ int cli_inspect_main(int argc, char **argv)
     if (ep.gpu_memory > 0 && hp->n_expert > 0) {
         snprintf(plan, sizeof plan,
                  "cpu: all layers (the CUDA backend has no kernels for expert layers yet)");
+    } else if (ep.gpu_memory > 0 && hp->full_attn_interval > 0) {
+        snprintf(plan, sizeof plan,
+                 "cpu: all layers (the CUDA backend has no kernels for gated DeltaNet layers)");
     } else if (ep.gpu_memory > 0) {
         char perr[256] = "";
         plan_rc = engine_plan(mf, &ep, plan, sizeof plan, perr);
@@ -209,6 +222,13 @@ int cli_inspect_main(int argc, char **argv)
             printf("experts      %d per layer, %d per token, expert ffn %d%s\n", hp->n_expert,
                    hp->n_expert_used, hp->expert_ffn_dim,
                    hp->expert_norm_topk ? ", top-k weights normalised" : "");
+        if (hp->full_attn_interval > 0)
+            printf(
+                "linear attn  %d of %d layers gated DeltaNet (%d key / %d value heads of %d / %d, conv %d); "
+                "state %.2f MiB per slot with its checkpoint; KV cache in the other %d\n",
+                hp->n_layers - llm_kv_layers(hp), hp->n_layers, hp->ssm_n_k_heads, hp->ssm_n_v_heads,
+                hp->ssm_head_k, llm_ssm_head_v(hp), hp->ssm_conv_kernel, seq_state_bytes(hp, 1) / 1048576.0,
+                llm_kv_layers(hp));
         printf("context      %d trained; rope theta %g, %d dims, %s pairs, scaling %s\n", hp->ctx_train,
                hp->rope_theta, hp->rope_dim, rope_style_name(hp->rope_style),
                rope_scaling_name(hp->rope_scaling.type));

@@ -684,6 +684,12 @@ int cli_run_main(int argc, char **argv)
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;
     }
+    /* Rejected drafts cannot be taken back out of a recurrent state. */
+    if (o.spec_n_max &&
+        (mf->hp.full_attn_interval > 0 || (mf_draft && mf_draft->hp.full_attn_interval > 0))) {
+        fprintf(stderr, "ferry run: speculative decoding is not supported with linear-attention layers\n");
+        goto out;
+    }
     const int n_vocab = engine_hparams(eng)->n_vocab, ctx = engine_ctx_size(eng);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= n_vocab) {

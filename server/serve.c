@@ -135,6 +135,15 @@ static void loader_main(void *arg)
                  ferry_status_str(rc));
         goto done;
     }
+    if (strcmp(S->opt.spec_type, "none") &&
+        (S->mf->hp.full_attn_interval > 0 || (S->mf_draft && S->mf_draft->hp.full_attn_interval > 0))) {
+        /* Rejected drafts cannot be taken back out of a recurrent state. */
+        snprintf(S->load_err, sizeof S->load_err,
+                 "speculative decoding (--spec-type %s) is not supported with linear-attention layers",
+                 S->opt.spec_type);
+        rc = FERRY_ERR_UNSUPPORTED;
+        goto done;
+    }
     const char *tmpl = NULL, *fallback = "chatml";
     if (S->chat_template_text)
         tmpl = S->chat_template_text;

@@ -595,7 +595,8 @@ int model_file_validate(const struct model_file *mf, char err[256])
             char name[96];
             snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
             if ((at->need == ARCH_NEED_IF_BIAS && !hp->qkv_bias) ||
-                (at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)))
+                (at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)) ||
+                !arch_need_in_layer(at->need, hp, l))
                 continue;
             long long ne[3];
             const int nd = arch_role_shape(at->role, hp, ne);
@@ -613,7 +614,8 @@ int model_file_validate(const struct model_file *mf, char err[256])
                         (long long)t->ne[3], ne[0], ne[1], ne[2], hp->n_expert);
                 continue;
             }
-            if ((rc = want(mf, name, nd, ne[0], ne[1], nd == 1, err))) return rc;
+            if ((rc = want(mf, name, nd, ne[0], ne[1], nd == 1 || at->role == ARCH_ROLE_SSM_CONV, err)))
+                return rc;
         }
     }
     return FERRY_OK;

@@ -60,12 +60,48 @@ struct llm_hparams {
     int swa_rope_scaled; /* 1: local layers rotate as the global ones (rope_theta and its scaling; gpt-oss) */
     float swiglu_alpha;  /* LOP_MOE_CLAMPED's sigmoid gain (gpt-oss: 1.702) */
     float swiglu_limit;  /* LOP_MOE_CLAMPED's clamp of gate (above) and up (both sides) (gpt-oss: 7) */
+    /* Gated DeltaNet linear attention (Qwen3.5; 0 in other families): layer l is recurrent
+     * (llm_layer_is_recurrent) unless (l + 1) % full_attn_interval == 0. The ssm_* fields are the GGUF
+     * {arch}.ssm.* keys as llama.cpp names them. */
+    int full_attn_interval;
+    int ssm_conv_kernel; /* ssm.conv_kernel: width of the causal convolution (4) */
+    int ssm_head_k;      /* ssm.state_size: size of a key (and query) head */
+    int ssm_n_k_heads;   /* ssm.group_count: key heads */
+    int ssm_n_v_heads;   /* ssm.time_step_rank: value heads, a multiple of the key heads */
+    int ssm_inner;       /* ssm.inner_size: n_v_heads * value head size */
+    int attn_out_gate;   /* full attention: attn_q holds, per head, its queries then its output gate */
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */
 static inline int llm_layer_is_local(const struct llm_hparams *hp, int l)
 {
     return hp->sliding_window > 0 && (hp->swa_pattern <= 0 || l % hp->swa_pattern != hp->swa_pattern - 1);
+}
+
+/* 1 when layer l of hp is a gated DeltaNet (linear-attention) layer. */
+static inline int llm_layer_is_recurrent(const struct llm_hparams *hp, int l)
+{
+    return hp->full_attn_interval > 0 && (l + 1) % hp->full_attn_interval != 0;
+}
+
+/* Layers with a KV cache (all but the recurrent ones), and layer l's place among them (l not recurrent). */
+static inline int llm_kv_layers(const struct llm_hparams *hp)
+{
+    return hp->full_attn_interval > 0 ? hp->n_layers / hp->full_attn_interval : hp->n_layers;
+}
+static inline int llm_kv_layer(const struct llm_hparams *hp, int l)
+{
+    return hp->full_attn_interval > 0 ? (l + 1) / hp->full_attn_interval - 1 : l;
+}
+
+/* A linear layer's value head size, and its convolution's channels (queries | keys | values). */
+static inline int llm_ssm_head_v(const struct llm_hparams *hp)
+{
+    return hp->ssm_n_v_heads > 0 ? hp->ssm_inner / hp->ssm_n_v_heads : 0;
+}
+static inline int llm_ssm_conv_dim(const struct llm_hparams *hp)
+{
+    return 2 * hp->ssm_n_k_heads * hp->ssm_head_k + hp->ssm_inner;
 }
 
 /* The attention's query scale, times YaRN's attention factor squared (kernels/core/rope.h). */

@@ -81,6 +81,22 @@ def test_inspect_json_hf_model():
     assert out["types"]["BF16"]["tensors"] > 0
 
 
+def test_inspect_json_linear_attention_state():
+    """A Qwen3.5 GGUF: its gated DeltaNet shape, and the state each slot owns in its 3 recurrent layers: the
+    conv's last 3 inputs of 2*2*16 + 4*16 channels and 4 value heads of 16x16, in f32, twice (the live state
+    and its checkpoint)."""
+    model = os.path.join(SRC, "tests", "golden", "models", "qwen35_deltanet_f16.gguf")
+    out = json.loads(ferry("inspect", "--model", model, "--json").stdout)
+    h = out["hparams"]
+    assert out["arch"] == "qwen35" and h["full_attention_interval"] == 4
+    assert (h["ssm_n_k_heads"], h["ssm_n_v_heads"], h["ssm_head_k"], h["ssm_head_v"]) == (2, 4, 16, 16)
+    assert out["state_bytes_per_slot"] == 2 * 3 * (3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16) * 4
+    # Rejected drafts cannot be taken back out of a recurrent state: speculative decoding is refused.
+    r = ferry("run", "--model", model, "--prompt-tokens", "5,6,7", "--max-tokens", "4", "--spec-type", "ngram",
+              check=False)
+    assert r.returncode != 0 and "not supported with linear-attention layers" in r.stderr, r.stderr
+
+
 def test_inspect_one_sequence_split_with_the_extension():
     """`ferry inspect --gpu-memory`: with the extension attended by the host's cores, the device keeps 1,024
     positions of an 8,192-position sequence and resident layers take the rest of the budget (before 2026-12-06d it

@@ -91,7 +91,7 @@ Test(arch, qwen3_hf_and_gguf)
     cr_assert_gt(patch(buf, n, "qwen3", "qwen9"), 0);
     expect_fail(buf, n, FERRY_ERR_UNSUPPORTED,
                 "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, "
-                "qwen3moe, gpt-oss)");
+                "qwen3moe, gpt-oss, qwen35)");
     free(buf);
     model_file_close(hf);
 }

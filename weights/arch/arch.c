@@ -7,7 +7,7 @@
 #include "weights/model_file.h"
 
 extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
-    arch_qwen3moe, arch_mixtral;
+    arch_qwen3moe, arch_mixtral, arch_qwen35;
 extern const struct arch_family arch_gptoss;
 
 /* The table: one line per family, in the order messages list them. */
@@ -22,6 +22,7 @@ static const struct arch_family *const families[] = {
     &arch_qwen3moe,
     &arch_mixtral,
     &arch_gptoss,
+    &arch_qwen35,
 };
 /* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -104,7 +105,7 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
         ne[0] = hp->head_dim;
         return 1;
     case ARCH_ROLE_WQ:
-        ne[0] = dim, ne[1] = q;
+        ne[0] = dim, ne[1] = hp->attn_out_gate ? 2 * q : q;
         return 2;
     case ARCH_ROLE_WK:
     case ARCH_ROLE_WV:
@@ -146,12 +147,42 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     case ARCH_ROLE_EXP_DOWN_BIAS:
         ne[0] = dim, ne[1] = hp->n_expert;
         return 2;
+    case ARCH_ROLE_SSM_QKV:
+        ne[0] = dim, ne[1] = llm_ssm_conv_dim(hp);
+        return 2;
+    case ARCH_ROLE_SSM_Z:
+        ne[0] = dim, ne[1] = hp->ssm_inner;
+        return 2;
+    case ARCH_ROLE_SSM_BETA:
+    case ARCH_ROLE_SSM_ALPHA:
+        ne[0] = dim, ne[1] = hp->ssm_n_v_heads;
+        return 2;
+    case ARCH_ROLE_SSM_CONV:
+        ne[0] = hp->ssm_conv_kernel, ne[1] = llm_ssm_conv_dim(hp);
+        return 2;
+    case ARCH_ROLE_SSM_DT:
+    case ARCH_ROLE_SSM_A:
+        ne[0] = hp->ssm_n_v_heads;
+        return 1;
+    case ARCH_ROLE_SSM_NORM:
+        ne[0] = llm_ssm_head_v(hp);
+        return 1;
+    case ARCH_ROLE_SSM_OUT:
+        ne[0] = hp->ssm_inner, ne[1] = dim;
+        return 2;
     case ARCH_ROLE_W_DOWN:
     case ARCH_N_ROLES:
         break;
     }
     ne[0] = ffn, ne[1] = dim;
     return 2;
+}
+
+int arch_need_in_layer(enum arch_need need, const struct llm_hparams *hp, int l)
+{
+    if (need == ARCH_NEED_ATTN) return !llm_layer_is_recurrent(hp, l);
+    if (need == ARCH_NEED_RECURRENT) return llm_layer_is_recurrent(hp, l);
+    return 1;
 }
 
 const struct arch_tensor *arch_tensor_of(const struct arch_family *f, enum arch_role role)

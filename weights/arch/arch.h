@@ -52,15 +52,31 @@ enum arch_role {
     ARCH_ROLE_EXP_GATE_BIAS,  /* (n_expert, expert_ffn) */
     ARCH_ROLE_EXP_UP_BIAS,    /* (n_expert, expert_ffn) */
     ARCH_ROLE_EXP_DOWN_BIAS,  /* (n_expert, dim) */
+    /* Gated DeltaNet layers (conv_dim = 2 n_k_heads head_k + inner, llm_ssm_conv_dim): */
+    ARCH_ROLE_SSM_QKV,   /* (conv_dim, dim): queries | keys | values before the convolution */
+    ARCH_ROLE_SSM_Z,     /* (inner, dim): the output gate */
+    ARCH_ROLE_SSM_BETA,  /* (n_v_heads, dim): the write rate, before its sigmoid */
+    ARCH_ROLE_SSM_ALPHA, /* (n_v_heads, dim): the decay's input */
+    ARCH_ROLE_SSM_CONV,  /* (conv_dim, conv_kernel) f32: the depthwise convolution */
+    ARCH_ROLE_SSM_DT,    /* (n_v_heads): the decay's bias */
+    ARCH_ROLE_SSM_A,     /* (n_v_heads): -exp(A_log), the decay's scale */
+    ARCH_ROLE_SSM_NORM,  /* (head_v): the gated output norm */
+    ARCH_ROLE_SSM_OUT,   /* (dim, inner) */
     ARCH_N_ROLES
 };
 
 /* When a family's file must have a tensor. */
 enum arch_need {
-    ARCH_NEED_ALWAYS,  /* every layer has it */
-    ARCH_NEED_IF_BIAS, /* q/k/v biases: required when hp->qkv_bias (the file has blk.0.attn_q.bias) */
-    ARCH_NEED_NEVER,   /* read when present, never required */
+    ARCH_NEED_ALWAYS,    /* every layer has it */
+    ARCH_NEED_IF_BIAS,   /* q/k/v biases: required when hp->qkv_bias (the file has blk.0.attn_q.bias) */
+    ARCH_NEED_NEVER,     /* read when present, never required */
+    ARCH_NEED_ATTN,      /* every full-attention layer has it, no recurrent layer (llm_layer_is_recurrent) */
+    ARCH_NEED_RECURRENT, /* every recurrent layer has it, no full-attention layer */
 };
+
+/* 0 when a tensor of this need has no place in layer l (an attention tensor in a recurrent layer, or the
+ * reverse); 1 otherwise. */
+int arch_need_in_layer(enum arch_need need, const struct llm_hparams *hp, int l);
 
 struct arch_tensor {
     enum arch_role role;
@@ -106,6 +122,8 @@ struct arch_family {
      * files (gpt-oss: its experts stored transposed, gate and up interleaved), keeping any new data in
      * mf->arch_owned; NULL: none needed. FERRY_OK or a status with err naming the tensor. */
     int (*hf_tensors)(struct model_file *mf, char *err);
+    /* The program of its recurrent layers (llm_layer_is_recurrent), or NULL: every layer runs `program`. */
+    const struct layer_program *program_recurrent;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

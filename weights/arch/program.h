@@ -20,6 +20,8 @@ enum layer_act {
     LACT_D,   /* (dim) a block's output, added to x by the next LOP_ADD_NORM */
     LACT_GU,  /* (2 ffn) the gate|up product */
     LACT_H,   /* (ffn) act(gate) * up */
+    /* (q_dim) the attention's output gate (LOP_Q_GATE) */
+    LACT_GATE,
 };
 
 enum layer_op_kind {
@@ -39,6 +41,14 @@ enum layer_op_kind {
                           * (norm[LAYER_ATTN_SINKS], n_heads): a learned logit with no value (gpt-oss) */
     LOP_MOE_CLAMPED,     /* LOP_MOE with the router's and the experts' biases and gpt-oss's clamped SwiGLU
                           * (hp swiglu_alpha, swiglu_limit); weights: the softmax of the top-k logits */
+    LOP_DELTANET,  /* out = the gated DeltaNet block on in (rows of dim), with the token's sequence's conv and
+                    * recurrent state: q|k|v, z, b, a products; causal depthwise conv (rolling state) and
+                    * silu; L2-normed q, k; decay -exp(A_log)·softplus(a + dt_bias) and rate sigmoid(b) into
+                    * the gated delta rule; rmsnorm(o)·w·silu(z); the out product (kernels/cpu/deltanet.h).
+                    * A sequence whose first row here is position 0 starts from a zero state. */
+    LOP_Q_GATE,    /* in place on q|k|v whose query part holds per head (queries, gate): the queries packed
+                    * as LOP_QK_NORM and the KV ops read them, the gates to LACT_GATE (Qwen3.5) */
+    LOP_ATT_GATE,  /* out = in * sigmoid(LACT_GATE), in place allowed */
 };
 
 struct layer_op {
@@ -50,7 +60,7 @@ struct layer_op {
 struct layer_program {
     const struct layer_op *ops;
     int n_ops;
-    int kv_first, kv_last; /* ops [kv_first, kv_last] touch the KV cache */
+    int kv_first, kv_last; /* ops [kv_first, kv_last] touch the KV cache; -1, -1: none does */
 };
 
 /* Matrix groups: q|k|v, o, gate|up, down. */

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""make_qwen35_golden.py — a tiny random Qwen3.5 (transformers' qwen3_5) model as a GGUF file, and its reference
+outputs from transformers.
+
+Writes tests/golden/models/qwen35_deltanet_f16.gguf and tests/golden/qwen35_deltanet_f16.json: for prompts of
+1, 7, 45 and 150 tokens (shorter and longer than the 64-token chunks of the gated delta rule, and than a
+16-token prefill step) the last-position logits and 24 greedy tokens computed by transformers in float32
+with the model's own torch paths (torch_chunk_gated_delta_rule, causal_conv1d_fn: flash-linear-attention and
+causal-conv1d are not used), from weights rounded to f16 first, so the file holds exactly the function the
+reference computes. The smallest top-2 logit margin along each greedy path is recorded.
+
+Model: 4 layers, full_attention_interval 4 (3 gated DeltaNet layers, then one full-attention layer), hidden
+64, FFN 80, vocab 263, untied; linear attention with 2 key heads and 4 value heads of 16 (two value heads per
+key head, so the GGUF's value-head order differs from the checkpoint's), conv width 4; full attention with 4
+query heads (each with its output gate) over 2 KV heads of head_dim 24, QK-norm, partial rotary 0.25 (6 of
+24 dims), theta 1e6.
+
+The GGUF is written as llama.cpp's convert_hf_to_gguf.py (Qwen3_5TextModel) writes the "qwen35"
+architecture: keys qwen35.ssm.{conv_kernel, state_size, group_count, time_step_rank, inner_size},
+qwen35.full_attention_interval, qwen35.attention.recurrent_layers, qwen35.rope.dimension_sections,
+rope.dimension_count = head_dim * partial_rotary_factor; tensors attn_qkv / attn_gate / ssm_beta / ssm_alpha /
+ssm_conv1d / ssm_dt.bias / ssm_a / ssm_norm / ssm_out in the linear layers, attn_q (queries and gates
+interleaved per head, as q_proj has them) / attn_k / attn_v / attn_output / attn_q_norm / attn_k_norm in
+the full ones, post_attention_norm before the FFN. Its transforms: every Qwen3_5RMSNorm weight w is written
+as 1 + w (the gated norm's weight is not), A_log as -exp(A_log), the conv weight squeezed to (channels,
+width), and with fewer key than value heads the value heads reordered from grouped by key head to tiled
+over the key heads (rows of in_proj_qkv's v part, in_proj_z, in_proj_b, in_proj_a, the conv's v channels,
+A_log, dt_bias; columns of out_proj). Matrices are f16, vectors f32 (as llama.cpp keeps them). The file carries a byte-fallback SentencePiece
+vocabulary of 263 tokens (no merges to speak of) so that `ferry serve` can load it.
+
+Run: python3 tests/golden/make_qwen35_golden.py  (needs torch, transformers >= 5.23, gguf, numpy; CI uses the
+committed output)
+"""
+import json
+import os
+
+import gguf
+import numpy as np
+import torch
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from make_golden import greedy  # the same greedy loop and top-2 margins as the other goldens
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NAME = "qwen35_deltanet_f16"
+N_GREEDY = 24
+PROMPT_LENGTHS = [1, 7, 45, 150]
+SEED = 131
+
+CFG = dict(vocab_size=263, hidden_size=64, intermediate_size=80, num_hidden_layers=4, num_attention_heads=4,
+           num_key_value_heads=2, head_dim=24, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+           linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+           layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=1024,
+           rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
+           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [1, 1, 1], "mrope_interleaved": True},
+           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def init_weights(model, seed):
+    """Weights large enough that logits spread out; Qwen3_5RMSNorm weights near 0 (it multiplies by 1 + w)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        with torch.no_grad():
+            if name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif "norm" in name:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):
+                p.copy_(torch.log(torch.empty(p.shape).uniform_(0.2, 4.0, generator=g)))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[-1]
+                scale = 1.0 if "embed" in name else (5.0 if "lm_head" in name else 1.5) / fan_in**0.5
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+
+
+def tiled(t, dim, nk, nv, head):
+    """Value heads grouped by key head -> tiled over key heads (llama.cpp's _reorder_v_heads)."""
+    if nk == nv:
+        return t
+    shape = list(t.shape)
+    t = t.reshape(*shape[:dim], nk, nv // nk, head, *shape[dim + 1:])
+    return t.transpose(dim, dim + 1).contiguous().reshape(shape)
+
+
+def write_gguf(model, cfg, path):
+    c = cfg
+    nk, nv, hk, hv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                      c.linear_value_head_dim)
+    w = gguf.GGUFWriter(path, "qwen35")
+    w.add_name("ferry tiny qwen3.5 golden")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
+    w.add_ssm_state_size(hk)
+    w.add_ssm_group_count(nk)
+    w.add_ssm_time_step_rank(nv)
+    w.add_ssm_inner_size(hv * nv)
+    w.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in c.layer_types])
+    w.add_full_attention_interval(4)
+    w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
+    w.add_rope_dimension_sections(list(c.rope_parameters["mrope_section"]) + [0])
+
+    # A byte-fallback SentencePiece vocabulary of the model's size, so that `ferry serve` can run the file
+    # (requests send token ids; replies are detokenized): <unk>, <s>, </s>, the 256 bytes, and four pieces.
+    pieces = ["\u2581a", "\u2581the", "\u2581and", "\u2581of"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    assert len(tokens) == c.vocab_size
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-1.0 - i for i in range(len(pieces))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def put(name, t, vector=False):
+        a = t.detach().float().numpy()
+        w.add_tensor(name, a.astype(np.float32 if vector or a.ndim == 1 else np.float16))
+
+    sd = model.state_dict()
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    put("output_norm.weight", sd["model.norm.weight"] + 1, True)
+    put("output.weight", sd["lm_head.weight"])
+    for l in range(c.num_hidden_layers):
+        p, b = f"model.layers.{l}.", f"blk.{l}."
+        put(b + "attn_norm.weight", sd[p + "input_layernorm.weight"] + 1, True)
+        put(b + "post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"] + 1, True)
+        put(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        put(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+        if c.layer_types[l] == "full_attention":
+            a = p + "self_attn."
+            put(b + "attn_q.weight", sd[a + "q_proj.weight"])
+            put(b + "attn_k.weight", sd[a + "k_proj.weight"])
+            put(b + "attn_v.weight", sd[a + "v_proj.weight"])
+            put(b + "attn_output.weight", sd[a + "o_proj.weight"])
+            put(b + "attn_q_norm.weight", sd[a + "q_norm.weight"] + 1, True)
+            put(b + "attn_k_norm.weight", sd[a + "k_norm.weight"] + 1, True)
+            continue
+        a = p + "linear_attn."
+        qkv = sd[a + "in_proj_qkv.weight"]
+        kd = nk * hk
+        qkv = torch.cat([qkv[:2 * kd], tiled(qkv[2 * kd:], 0, nk, nv, hv)], 0)
+        put(b + "attn_qkv.weight", qkv)
+        put(b + "attn_gate.weight", tiled(sd[a + "in_proj_z.weight"], 0, nk, nv, hv))
+        put(b + "ssm_beta.weight", tiled(sd[a + "in_proj_b.weight"], 0, nk, nv, 1))
+        put(b + "ssm_alpha.weight", tiled(sd[a + "in_proj_a.weight"], 0, nk, nv, 1))
+        conv = sd[a + "conv1d.weight"].squeeze(1)  # (channels, width)
+        conv = torch.cat([conv[:2 * kd], tiled(conv[2 * kd:], 0, nk, nv, hv)], 0)
+        put(b + "ssm_conv1d.weight", conv, True)
+        put(b + "ssm_dt.bias", tiled(sd[a + "dt_bias"].unsqueeze(-1), 0, nk, nv, 1).squeeze(-1), True)
+        put(b + "ssm_a", tiled((-torch.exp(sd[a + "A_log"].float())).unsqueeze(-1), 0, nk, nv, 1).squeeze(-1),
+            True)
+        put(b + "ssm_norm.weight", sd[a + "norm.weight"], True)
+        put(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, nk, nv, hv))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    torch.manual_seed(SEED)
+    cfg = Qwen3_5TextConfig(**CFG)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    init_weights(model, SEED)
+    # Round every matrix to f16 (what the file stores); vectors stay f32 as in the file.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "conv1d" not in name:
+                p.copy_(p.half().float())
+    gguf_dir = os.path.join(HERE, "models")
+    os.makedirs(gguf_dir, exist_ok=True)
+    write_gguf(model, cfg, os.path.join(gguf_dir, NAME + ".gguf"))
+    g = torch.Generator().manual_seed(SEED + 1)
+    cases = []
+    for n in PROMPT_LENGTHS:
+        ids = torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        toks, margin = greedy(model, ids, N_GREEDY)
+        cases.append({"prompt_tokens": ids, "logits": [float(x) for x in logits], "greedy_tokens": toks,
+                      "min_top2_margin": margin})
+        print(f"{NAME}: prompt {n:3d} min top-2 margin {margin:.4f} logit absmax {float(logits.abs().max()):.2f}")
+    with open(os.path.join(HERE, NAME + ".json"), "w") as f:
+        json.dump({"model": f"models/{NAME}.gguf", "dtype": "float16", "cases": cases}, f)
+
+
+if __name__ == "__main__":
+    main()

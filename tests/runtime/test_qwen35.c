@@ -1,0 +1,358 @@
+/* test_qwen35 — the Qwen3.5 family (gated DeltaNet + gated full attention) on the CPU engine.
+ *
+ *  - golden: tests/golden/qwen35_deltanet_f16.gguf against transformers 5 in fp32 with its torch paths
+ *    (tests/golden/make_qwen35_golden.py): last-position logits within 1e-4 of the range + 1e-4 (f32 KV
+ *    cache) and 24 greedy tokens exact, on prompts of 1, 7, 45 and 150 tokens (chunks of 64 in the rule);
+ *  - with the default f16 KV cache, the same logits within 2e-3 of the range;
+ *  - a prompt fed in one step (chunked delta rule), token by token (the recurrence) and in steps of 17 gives
+ *    the same logits within 1e-4, and the same as the reference;
+ *  - two sequences interleaved in one batch each match their own run (every slot has its own state), a slot
+ *    started again at position 0 starts from a fresh state, a rewind into a slot is refused, a slot kept
+ *    whole and continued, or sent back by engine_seq_keep to the checkpoint its last prefill saved and
+ *    continued, matches one fresh prefill of the longer prompt, and nothing short of the checkpoint is kept;
+ *  - a file whose linear-attention tensors disagree with its hyperparameters is refused at open, naming the
+ *    tensor; --backend cuda is refused with a message naming the layers.
+ * Skips (with a message) when the committed model is missing.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "runtime/engine.h"
+
+#define MAX_TOK 512
+
+struct q35 {
+    json_t *golden;
+    struct model_file *mf;
+    struct engine *e;
+    int n_vocab;
+};
+
+static char *src_path(const char *rel)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *p = malloc(strlen(src) + strlen(rel) + 2);
+    sprintf(p, "%s/%s", src, rel);
+    return p;
+}
+
+static void q35_open_kv(struct q35 *q, int n_seqs, int kv_type)
+{
+    char *model = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
+    char *json = src_path("tests/golden/qwen35_deltanet_f16.json");
+    FILE *f = fopen(model, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
+    fclose(f);
+    json_error_t je;
+    q->golden = json_load_file(json, 0, &je);
+    cr_assert(q->golden, "%s: %s", json, je.text);
+    char err[256] = "";
+    cr_assert_eq(model_file_open(model, &q->mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CPU;
+    p.n_seqs = n_seqs;
+    p.ctx_size = MAX_TOK;
+    p.n_threads = 2;
+    p.kv_type = kv_type;
+    cr_assert_eq(engine_init(&q->e, q->mf, &p, err), FERRY_OK, "engine_init: %s", err);
+    q->n_vocab = engine_hparams(q->e)->n_vocab;
+    free(model);
+    free(json);
+}
+
+static void q35_open(struct q35 *q, int n_seqs)
+{
+    q35_open_kv(q, n_seqs, KV_F32);
+}
+
+static void q35_close(struct q35 *q)
+{
+    engine_free(q->e);
+    model_file_close(q->mf);
+    json_decref(q->golden);
+}
+
+static json_t *q35_case(const struct q35 *q, int i)
+{
+    json_t *c = json_array_get(json_object_get(q->golden, "cases"), (size_t)i);
+    cr_assert(c);
+    return c;
+}
+
+/* The case's prompt ids (n) and, when ref is set, its reference logits (n_vocab). */
+static int32_t *case_ids(const struct q35 *q, int i, int *n, float *ref)
+{
+    json_t *c = q35_case(q, i), *ids = json_object_get(c, "prompt_tokens"),
+           *lg = json_object_get(c, "logits");
+    *n = (int)json_array_size(ids);
+    cr_assert(*n > 0 && *n <= MAX_TOK);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)*n);
+    for (int k = 0; k < *n; k++) out[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+    if (ref) {
+        cr_assert_eq((int)json_array_size(lg), q->n_vocab);
+        for (int k = 0; k < q->n_vocab; k++) ref[k] = (float)json_real_value(json_array_get(lg, (size_t)k));
+    }
+    return out;
+}
+
+/* Feeds ids[from, to) of slot seq in steps of `step` tokens; the last row's logits into logits. */
+static int feed(struct q35 *q, int seq, const int32_t *ids, int from, int to, int step, float *logits)
+{
+    static int32_t pos[MAX_TOK], sq[MAX_TOK];
+    static uint8_t want[MAX_TOK];
+    for (int a = from; a < to; a += step) {
+        const int n = to - a < step ? to - a : step;
+        for (int i = 0; i < n; i++) pos[i] = a + i, sq[i] = seq, want[i] = i == n - 1;
+        const struct batch b = {
+            .n_tokens = n, .tokens = (int32_t *)ids + a, .pos = pos, .seq = sq, .want_logits = want};
+        int rc = engine_step(q->e, &b, logits);
+        if (rc) return rc;
+    }
+    return FERRY_OK;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Asserts |got - ref| <= tol * max|ref| + tol over the vocabulary. */
+static void expect_close(const float *got, const float *ref, int n, double tol, const char *what)
+{
+    double m = 0, worst = 0;
+    int wi = 0;
+    for (int i = 0; i < n; i++) m = fmax(m, fabs(ref[i]));
+    for (int i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= worst)) worst = d, wi = i;
+    }
+    cr_expect(worst <= tol * m + tol, "%s: logit %d off by %g (allowed %g, max|ref| %g)", what, wi, worst,
+              tol * m + tol, m);
+}
+
+/* Prefills case c into slot 0 and holds its logits (lg) to the reference (ref) within tol; returns its ids
+ * (n of them when n is not NULL). */
+static int32_t *prefill_case(struct q35 *q, int c, double tol, float *ref, float *lg, int *n_out)
+{
+    int n;
+    int32_t *ids = case_ids(q, c, &n, ref);
+    cr_assert_eq(feed(q, 0, ids, 0, n, n, lg), FERRY_OK);
+    char what[96];
+    snprintf(what, sizeof what, "prompt of %d tokens (tolerance %g)", n, tol);
+    expect_close(lg, ref, q->n_vocab, tol, what);
+    if (n_out) *n_out = n;
+    return ids;
+}
+
+Test(qwen35, golden_transformers_fp32)
+{
+    struct q35 q;
+    q35_open(&q, 1);
+    float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
+    const int n_cases = (int)json_array_size(json_object_get(q.golden, "cases"));
+    cr_assert_eq(n_cases, 4);
+    for (int c = 0; c < n_cases; c++) {
+        int n;
+        char what[96];
+        int32_t *ids = prefill_case(&q, c, 1e-4, ref, lg, &n);
+        snprintf(what, sizeof what, "prompt of %d tokens", n);
+        json_t *want = json_object_get(q35_case(&q, c), "greedy_tokens");
+        cr_assert_eq(json_array_size(want), 24);
+        for (int i = 0; i < 24; i++) {
+            int32_t t = argmax(lg, q.n_vocab);
+            cr_expect_eq(t, (int32_t)json_integer_value(json_array_get(want, (size_t)i)),
+                         "%s: greedy token %d is %d, transformers says %lld", what, i, t,
+                         (long long)json_integer_value(json_array_get(want, (size_t)i)));
+            int32_t p = n + i, s = 0;
+            uint8_t w = 1;
+            const struct batch b = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &s, .want_logits = &w};
+            cr_assert_eq(engine_step(q.e, &b, lg), FERRY_OK);
+        }
+        free(ids);
+    }
+    free(ref);
+    free(lg);
+    q35_close(&q);
+}
+
+/* With the default f16 KV cache (the full-attention layer's K and V rounded to 11 bits): within 2e-3 of the
+ * range, as the other families' goldens are held. */
+Test(qwen35, golden_f16_kv_cache)
+{
+    struct q35 q;
+    q35_open_kv(&q, 1, KV_F16);
+    float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
+    for (int c = 0; c < 4; c++) free(prefill_case(&q, c, 2e-3, ref, lg, NULL));
+    free(ref);
+    free(lg);
+    q35_close(&q);
+}
+
+Test(qwen35, chunked_prefill_equals_token_by_token)
+{
+    struct q35 q;
+    q35_open(&q, 1);
+    const size_t nv = (size_t)q.n_vocab;
+    float *ref = malloc(sizeof(float) * nv), *one = malloc(sizeof(float) * nv),
+          *tok = malloc(sizeof(float) * nv), *s17 = malloc(sizeof(float) * nv);
+    int n;
+    int32_t *ids = case_ids(&q, 3, &n, ref); /* 150 tokens: two full chunks of 64 and a partial one */
+    cr_assert_eq(n, 150);
+    cr_assert_eq(feed(&q, 0, ids, 0, n, n, one), FERRY_OK);
+    cr_assert_eq(feed(&q, 0, ids, 0, n, 1, tok), FERRY_OK); /* position 0 again: a fresh state */
+    cr_assert_eq(feed(&q, 0, ids, 0, n, 17, s17), FERRY_OK);
+    expect_close(one, tok, q.n_vocab, 1e-4, "one step vs token by token");
+    expect_close(s17, tok, q.n_vocab, 1e-4, "steps of 17 vs token by token");
+    expect_close(tok, ref, q.n_vocab, 1e-4, "token by token vs transformers");
+    free(ids);
+    free(ref), free(one), free(tok), free(s17);
+    q35_close(&q);
+}
+
+Test(qwen35, slots_keep_their_own_state)
+{
+    struct q35 q;
+    q35_open(&q, 2);
+    const size_t nv = (size_t)q.n_vocab;
+    float *ra = malloc(sizeof(float) * nv), *rb = malloc(sizeof(float) * nv),
+          *lg = malloc(sizeof(float) * 2 * nv);
+    int na, nb;
+    int32_t *a = case_ids(&q, 2, &na, ra), *b = case_ids(&q, 1, &nb, rb); /* 45 and 7 tokens */
+    /* Both prompts in one batch, interleaved while both last. */
+    int32_t tokens[128], pos[128], seq[128];
+    uint8_t want[128];
+    int n = 0, ia = 0, ib = 0;
+    cr_assert(na + nb <= 128);
+    while ((ia < na || ib < nb) && n < 126) {
+        if (ia < na) tokens[n] = a[ia], pos[n] = ia, seq[n] = 0, want[n] = ia == na - 1, n++, ia++;
+        if (ib < nb) tokens[n] = b[ib], pos[n] = ib, seq[n] = 1, want[n] = ib == nb - 1, n++, ib++;
+    }
+    const struct batch bt = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(q.e, &bt, lg), FERRY_OK);
+    /* Rows that want logits, in batch order: b's last (row 13) comes before a's (row 52). */
+    expect_close(lg, rb, q.n_vocab, 1e-4, "slot 1 (7 tokens) batched with slot 0");
+    expect_close(lg + nv, ra, q.n_vocab, 1e-4, "slot 0 (45 tokens) batched with slot 1");
+    /* Slot 1 takes slot 0's prompt from position 0, without being freed: a fresh state, the same logits. */
+    cr_assert_eq(feed(&q, 1, a, 0, na, 8, lg), FERRY_OK);
+    expect_close(lg, ra, q.n_vocab, 1e-4, "slot 1 started again at position 0");
+    /* Kept whole, the slot continues: a + b fed on from where a ends equals a + b from position 0. */
+    int32_t ab[64];
+    memcpy(ab, a, sizeof(int32_t) * (size_t)na);
+    memcpy(ab + na, b, sizeof(int32_t) * (size_t)nb);
+    float *fresh = malloc(sizeof(float) * nv);
+    cr_assert_eq(engine_seq_keep(q.e, 1, na), na);
+    cr_assert_eq(feed(&q, 1, ab, na, na + nb, 3, lg), FERRY_OK);
+    cr_assert_eq(feed(&q, 0, ab, 0, na + nb, na + nb, fresh), FERRY_OK);
+    expect_close(lg, fresh, q.n_vocab, 1e-4, "slot continued after its prompt vs one fresh prefill");
+    cr_assert_eq(feed(&q, 1, a, 0, na, na, lg), FERRY_OK); /* back to a alone: its prefill is saved */
+    /* Three decode steps past a, then back to where a's prefill ended: b after a as from scratch. */
+    for (int i = 0; i < 3; i++) {
+        int32_t t = 17 + i, p = na + i, sq = 1;
+        uint8_t w = 1;
+        const struct batch bt1 = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &sq, .want_logits = &w};
+        cr_assert_eq(engine_step(q.e, &bt1, lg), FERRY_OK);
+    }
+    cr_assert_eq(engine_seq_len(q.e, 1), na + 3);
+    cr_assert_eq(engine_seq_keep(q.e, 1, na + 2), na, "back to the checkpoint after the prompt");
+    cr_assert_eq(feed(&q, 1, ab, na, na + nb, nb, lg), FERRY_OK);
+    expect_close(lg, fresh, q.n_vocab, 1e-4, "slot back at its checkpoint, continued, vs one fresh prefill");
+    free(fresh);
+    cr_assert_eq(feed(&q, 1, a, 0, na, na, lg), FERRY_OK);
+    /* No rewind into a slot's state, and nothing kept short of its checkpoint (45). */
+    cr_assert_eq(feed(&q, 1, a, 20, 21, 1, lg), FERRY_ERR_INVALID);
+    cr_assert_eq(engine_seq_len(q.e, 1), na);
+    cr_assert_eq(engine_seq_keep(q.e, 1, na), na);
+    cr_assert_eq(engine_seq_keep(q.e, 1, 20), 0);
+    cr_assert_eq(engine_seq_len(q.e, 1), 0);
+    cr_assert_eq(engine_seq_share(q.e, 0, 1, 32), 0);
+    free(a), free(b), free(ra), free(rb), free(lg);
+    q35_close(&q);
+}
+
+/* Rewrites the first `from` after `after` in buf to `to` (same length); returns where, or NULL. */
+static unsigned char *patch_after(unsigned char *buf, size_t n, const char *after, const void *from,
+                                  const void *to, size_t len)
+{
+    unsigned char *at = memmem(buf, n, after, strlen(after));
+    if (!at) return NULL;
+    unsigned char *p = memmem(at, n - (size_t)(at - buf), from, len);
+    if (p) memcpy(p, to, len);
+    return p;
+}
+
+static void expect_refused(const unsigned char *buf, size_t n, const char *msg)
+{
+    struct model_file *mf = NULL;
+    char err[256] = "";
+    cr_assert_neq(model_file_open_gguf_mem(buf, n, &mf, err), FERRY_OK, "opened; wanted '%s'", msg);
+    cr_assert(strstr(err, msg), "'%s' lacks '%s'", err, msg);
+    cr_assert_null(mf);
+}
+
+Test(qwen35, mismatched_linear_tensors_refused)
+{
+    char *model = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
+    FILE *f = fopen(model, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
+    fseek(f, 0, SEEK_END);
+    const size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(n), *orig = malloc(n);
+    cr_assert_eq(fread(orig, 1, n, f), n);
+    fclose(f);
+    /* The key says 2 value heads where the tensors have 4: the first tensor with a value-head row is named.
+     */
+    memcpy(buf, orig, n);
+    const char *key = "qwen35.ssm.time_step_rank";
+    unsigned char *kv = memmem(buf, n, key, strlen(key));
+    cr_assert(kv);
+    uint32_t type, value; /* the key, then its type (u32: 4), then the value */
+    memcpy(&type, kv + strlen(key), 4);
+    memcpy(&value, kv + strlen(key) + 4, 4);
+    cr_assert(type == 4 && value == 4, "type %u value %u", type, value);
+    value = 2;
+    memcpy(kv + strlen(key) + 4, &value, 4);
+    expect_refused(buf, n, "tensor 'blk.0.ssm_beta.weight' has shape [64, 4, 1, 1], expected [64, 2]");
+    /* A convolution 3 wide where the key says 4. */
+    memcpy(buf, orig, n);
+    const uint64_t w4 = 4, w3 = 3;
+    cr_assert(patch_after(buf, n, "blk.1.ssm_conv1d.weight", &w4, &w3, 8));
+    expect_refused(buf, n, "tensor 'blk.1.ssm_conv1d.weight' has shape [3, 128, 1, 1], expected [4, 128]");
+    /* A recurrent layer list the interval does not give. */
+    memcpy(buf, orig, n);
+    const uint8_t rec[4] = {1, 1, 1, 0}, odd[4] = {1, 0, 1, 0};
+    cr_assert(patch_after(buf, n, "qwen35.attention.recurrent_layers", rec, odd, 4));
+    expect_refused(buf, n, "layer 1 is full attention");
+    free(buf);
+    free(orig);
+    free(model);
+}
+
+Test(qwen35, cuda_backend_refused)
+{
+    char *model = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
+    FILE *f = fopen(model, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
+    fclose(f);
+    char err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(model, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 256;
+    struct engine *e = NULL;
+    cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_ERR_UNSUPPORTED);
+    cr_assert_null(e);
+    cr_assert(strstr(err, "gated DeltaNet"), "%s", err);
+    model_file_close(mf);
+    free(model);
+}
