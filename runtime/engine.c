@@ -86,6 +86,7 @@ struct engine_params engine_default_params(void)
         .reserve_vram = (int64_t)1 << 30,
         .gpu_layers = -1,
         .ring_layers = 0,
+        .cpu_moe = -1,
         .placement = ENGINE_PLACEMENT_AUTO,
         .cpu_threads = 0,
         .plan_override = NULL,
@@ -178,6 +179,7 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .gpu_memory = p->gpu_memory,
                                         .reserve_vram = p->reserve_vram,
                                         .gpu_layers = p->gpu_layers,
+                                        .cpu_moe = p->cpu_moe,
                                         .ring_layers = p->ring_layers,
                                         .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
                                         .force_where = p->plan_override,
@@ -486,12 +488,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
 {
     *out = NULL;
     struct engine_params p = *params;
-    /* auto: the GPU when there is one, except for expert layers, which only the CPU backend runs yet. */
-    const int moe = model->hp.n_expert > 0;
-    const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
-                         (p.backend == ENGINE_BACKEND_AUTO && !moe && forward_cuda_devices() > 0);
-    if (p.backend == ENGINE_BACKEND_AUTO && moe && forward_cuda_devices() > 0)
-        FLOG_WARN("expert layers run on the CPU backend only: the GPU is not used for this model");
+    /* auto: the GPU when there is one. */
+    const int use_cuda =
+        p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && forward_cuda_devices() > 0);
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
         p.ctx_size < 0 || p.kv_tokens < 0 || p.cpu_threads < 0 || p.cpu_threads > 1024 ||
         (unsigned)p.placement > ENGINE_PLACEMENT_CPU) {

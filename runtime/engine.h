@@ -63,6 +63,9 @@ struct engine_params {
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
     int gpu_layers;       /* resident layers; -1 = as many as fit */
     int ring_layers;      /* streaming ring size in the largest streamed layers; 0 = the planner's choice */
+    int cpu_moe; /* expert models: the experts of the first cpu_moe layers stay in host memory, computed by
+                  * the host's cores beside the device's attention (llama.cpp's --n-cpu-moe); -1 = the fewest
+                  * that let the plan fit the budget */
     enum engine_placement placement;
     int cpu_threads; /* host threads computing host layers of a GPU engine (pinned); 0 = n_threads, or all
                       * cores when that is 0 too */

@@ -1,0 +1,208 @@
+/* moe (CUDA) — routing, the grouped expert GEMV and the weighted sum; see moe.h for the contract.
+ *
+ * The GEMV: a block of MOE_WARPS warps takes MOE_WARPS rows of one output row o (blockIdx.y); each warp one
+ * row r. For each of the J pairs the warp reads row r of the pair's expert: float types element by element
+ * (lane i takes elements i, i + 32, ...), block types block by block (lane i takes the pieces i, i + 32, ...
+ * of the row, each decoded with qblock.cuh's unit decoders into the exact f32 values dequant_row gives and
+ * multiplied with x in f32). The lanes' partial sums are added by a butterfly; the pair's weight scales the
+ * sum, and the J sums are added in j order.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_dot.cuh"
+
+extern "C" {
+#include "quant/dtype.h"
+}
+
+#define MOE_WARPS 4
+
+/* ---- routing ------------------------------------------------------------------------------------------ */
+
+/* One thread per token, the CPU reference's loops as they are (n_expert is small). */
+__global__ void moe_route_kernel(const float *logits, int n, int ne, int k, int norm, int32_t *ids,
+                                 float *wts)
+{
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const float *l = logits + (size_t)t * ne;
+    int32_t *id = ids + (size_t)t * k;
+    float *w = wts + (size_t)t * k;
+    float mx = l[0];
+    for (int e = 1; e < ne; e++) mx = l[e] > mx ? l[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < ne; e++) sum += exp((double)l[e] - mx);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < ne; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= id[i] == e;
+            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        }
+        id[j] = best;
+        w[j] = (float)(exp((double)l[best] - mx) / sum);
+    }
+    if (norm) {
+        float s = 0;
+        for (int j = 0; j < k; j++) s += w[j];
+        for (int j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+extern "C" int kern_cuda_moe_route(const float *logits, int n, int n_expert, int k, int norm, int32_t *ids,
+                                   float *wts, cudaStream_t stream)
+{
+    if (n < 1 || n_expert < 1 || n_expert > KERN_CUDA_MOE_MAX_EXPERTS || k < 1 || k > n_expert)
+        return FERRY_ERR_INVALID;
+    moe_route_kernel<<<fcuda_blocks(n, 64), 64, 0, stream>>>(logits, n, n_expert, k, norm, ids, wts);
+    FCUDA_LAUNCH_CHECK("moe_route_kernel");
+    return FERRY_OK;
+}
+
+/* ---- row dot products ---------------------------------------------------------------------------------- */
+
+/* A lane's share of the dot product of one weight row (cols elements) with x. */
+struct moe_f32 {
+    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
+    {
+        const float *w = reinterpret_cast<const float *>(row);
+        float a = 0.0f;
+        for (int i = lane; i < cols; i += 32) a = fmaf(w[i], __ldg(x + i), a);
+        return a;
+    }
+};
+struct moe_f16 {
+    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
+    {
+        const __half *w = reinterpret_cast<const __half *>(row);
+        float a = 0.0f;
+        for (int i = lane; i < cols; i += 32) a = fmaf(__half2float(w[i]), __ldg(x + i), a);
+        return a;
+    }
+};
+struct moe_bf16 {
+    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
+    {
+        const __nv_bfloat16 *w = reinterpret_cast<const __nv_bfloat16 *>(row);
+        float a = 0.0f;
+        for (int i = lane; i < cols; i += 32) a = fmaf(__bfloat162float(w[i]), __ldg(x + i), a);
+        return a;
+    }
+};
+/* Block type Q: work items as moe_dot.cuh lays them. */
+template <class Q> struct moe_q {
+    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
+    {
+        const int items = moe_q_items<Q>(cols);
+        float a = 0.0f;
+        for (int it = lane; it < items; it += 32) a = moe_q_item<Q>(row, x, it, a);
+        return a;
+    }
+};
+
+template <class D>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_gemv_kernel(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t expert_bytes,
+                    size_t row_bytes, int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
+                    int J, int xdiv)
+{
+    const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), o = blockIdx.y;
+    if (r >= rows) return;
+    float acc = 0.0f;
+    for (int j = 0; j < J; j++) {
+        const int pair = o * J + j, e = ids[pair];
+        if (e < 0 || e >= n_expert) continue;
+        float d = D::dot(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                         x + (size_t)(pair / xdiv) * ldx, cols, lane);
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
+        acc = wts ? fmaf(wts[pair], d, acc) : acc + d;
+    }
+    if (lane == 0) y[(size_t)o * ldy + r] = acc;
+}
+
+template <class D>
+static int moe_gemv_launch(float *y, int ldy, const float *x, int ldx, const void *w, size_t row_bytes,
+                           int n_expert, int rows, int cols, const int32_t *ids, const float *wts, int n_out,
+                           int J, int xdiv, cudaStream_t stream)
+{
+    const dim3 grid((unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n_out);
+    moe_gemv_kernel<D><<<grid, MOE_WARPS * 32, 0, stream>>>(y, ldy, x, ldx, (const uint8_t *)w,
+                                                            row_bytes * (size_t)rows, row_bytes, n_expert,
+                                                            rows, cols, ids, wts, J, xdiv);
+    FCUDA_LAUNCH_CHECK("moe_gemv_kernel");
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_moe_supports(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_F32:
+    case DTYPE_F16:
+    case DTYPE_BF16:
+#define MOE_CASE(T, name, Q) case DTYPE_##T:
+        QB_TYPES(MOE_CASE)
+#undef MOE_CASE
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *w, enum dtype t,
+                                  int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
+                                  int n_out, int J, int xdiv, cudaStream_t stream)
+{
+    if (!kern_cuda_moe_supports(t)) return FERRY_ERR_UNSUPPORTED;
+    if (rows < 1 || cols < 1 || rows > ldy || ldx < cols || n_out < 1 || n_out > 65535 || J < 1 || xdiv < 1 ||
+        n_expert < 1 || cols % dtype_block_size(t) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4))
+        return FERRY_ERR_INVALID;
+    const size_t rb = dtype_row_size(t, cols);
+    switch (t) {
+    case DTYPE_F32:
+        return moe_gemv_launch<moe_f32>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J, xdiv,
+                                        stream);
+    case DTYPE_F16:
+        return moe_gemv_launch<moe_f16>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J, xdiv,
+                                        stream);
+    case DTYPE_BF16:
+        return moe_gemv_launch<moe_bf16>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J,
+                                         xdiv, stream);
+#define MOE_LAUNCH(T, name, Q)                                                                               \
+    case DTYPE_##T:                                                                                          \
+        if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
+        return moe_gemv_launch<moe_q<Q>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J,    \
+                                         xdiv, stream);
+        QB_TYPES(MOE_LAUNCH)
+#undef MOE_LAUNCH
+    default:
+        return FERRY_ERR_UNSUPPORTED;
+    }
+}
+
+/* ---- the weighted sum ---------------------------------------------------------------------------------- */
+
+__global__ void moe_combine_kernel(float *y, const float *yp, const int32_t *slot, const float *wts, int n,
+                                   int k, int d)
+{
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (int64_t)n * d) return;
+    const int t = (int)(g / d), i = (int)(g - (int64_t)t * d);
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) acc = fmaf(wts[t * k + j], yp[(size_t)slot[t * k + j] * d + i], acc);
+    y[g] = acc;
+}
+
+extern "C" int kern_cuda_moe_combine(float *y, const float *yp, const int32_t *slot, const float *wts, int n,
+                                     int k, int d, cudaStream_t stream)
+{
+    if (n < 1 || k < 1 || d < 1) return FERRY_ERR_INVALID;
+    const int64_t total = (int64_t)n * d;
+    moe_combine_kernel<<<fcuda_blocks(total, 256, INT32_MAX), 256, 0, stream>>>(y, yp, slot, wts, n, k, d);
+    FCUDA_LAUNCH_CHECK("moe_combine_kernel");
+    return FERRY_OK;
+}
