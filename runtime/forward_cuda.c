@@ -848,8 +848,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
               h2d / 1e9, d2d / 1e9, budget / 1073741824.0, overhead / 1048576.0);
     FLOG_INFO("%s", desc);
     if (hp->n_expert > 0)
-        FLOG_INFO("experts: %d of %d layers' on the device, %d in host memory (--cpu-moe)", L - f->cpu_moe, L,
-                  f->cpu_moe);
+        FLOG_INFO("experts: those of %d of the %d layers on the device, of %d in host memory (--cpu-moe %d)",
+                  L - f->cpu_moe, L, f->cpu_moe, f->cpu_moe);
 
     /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init). */
     f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx);

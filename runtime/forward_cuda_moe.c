@@ -93,9 +93,12 @@ void cuda_moe_ctx_needs(const struct model *m, int T, size_t *max_x, size_t *w16
     if (hp->n_expert <= 0) return;
     const size_t ffn = (size_t)hp->expert_ffn_dim;
     *max_x = (size_t)T * (ffn > (size_t)hp->dim ? ffn : (size_t)hp->dim);
-    const struct model_layer *L = &m->layers[0];
-    if (dtype_block_size(L->exp_gate.type) > 1 || dtype_block_size(L->exp_down.type) > 1)
-        *w16_elems = ffn * (size_t)hp->dim; /* one expert's matrix: the products' unit */
+    for (int l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        if (dtype_block_size(L->exp_gate.type) > 1 || dtype_block_size(L->exp_up.type) > 1 ||
+            dtype_block_size(L->exp_down.type) > 1)
+            *w16_elems = ffn * (size_t)hp->dim; /* one expert's matrix: the products' unit */
+    }
 }
 
 int cuda_moe_check_types(const struct model *m, char err[256])

@@ -1,11 +1,12 @@
 /* moe (CUDA) — routing, the grouped expert GEMV and the weighted sum; see moe.h for the contract.
  *
  * The GEMV: a block of MOE_WARPS warps takes MOE_WARPS rows of one output row o (blockIdx.y); each warp one
- * row r. For each of the J pairs the warp reads row r of the pair's expert: float types element by element
- * (lane i takes elements i, i + 32, ...), block types block by block (lane i takes the pieces i, i + 32, ...
- * of the row, each decoded with qblock.cuh's unit decoders into the exact f32 values dequant_row gives and
- * multiplied with x in f32). The lanes' partial sums are added by a butterfly; the pair's weight scales the
- * sum, and the J sums are added in j order.
+ * row r of the J pairs' experts. Float types: per pair, lane i takes elements i, i + 32, ... of the row, the
+ * lanes' sums are added by a butterfly, scaled by the pair's weight, and the J sums added in j order. Block
+ * types: the J rows' work items (moe_dot.cuh: a piece of a block, decoded with qblock.cuh's unit decoders
+ * into the exact f32 values dequant_row gives and multiplied with x in f32) form one list that lane i walks
+ * from i in steps of 32, each item's sum scaled by its pair's weight, then one butterfly. Either way the
+ * order of every sum is fixed: deterministic.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -65,8 +66,9 @@ extern "C" int kern_cuda_moe_route(const float *logits, int n, int n_expert, int
 
 /* ---- row dot products ---------------------------------------------------------------------------------- */
 
-/* A lane's share of the dot product of one weight row (cols elements) with x. */
+/* Float types: a lane's share of the dot product of one weight row (cols elements) with x. */
 struct moe_f32 {
+    static constexpr bool BLOCK = false;
     static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
     {
         const float *w = reinterpret_cast<const float *>(row);
@@ -76,6 +78,7 @@ struct moe_f32 {
     }
 };
 struct moe_f16 {
+    static constexpr bool BLOCK = false;
     static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
     {
         const __half *w = reinterpret_cast<const __half *>(row);
@@ -85,6 +88,7 @@ struct moe_f16 {
     }
 };
 struct moe_bf16 {
+    static constexpr bool BLOCK = false;
     static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
     {
         const __nv_bfloat16 *w = reinterpret_cast<const __nv_bfloat16 *>(row);
@@ -95,12 +99,11 @@ struct moe_bf16 {
 };
 /* Block type Q: work items as moe_dot.cuh lays them. */
 template <class Q> struct moe_q {
-    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
+    static constexpr bool BLOCK = true;
+    static __device__ __forceinline__ int items(int cols) { return moe_q_items<Q>(cols); }
+    static __device__ __forceinline__ float item(const uint8_t *row, const float *x, int it)
     {
-        const int items = moe_q_items<Q>(cols);
-        float a = 0.0f;
-        for (int it = lane; it < items; it += 32) a = moe_q_item<Q>(row, x, it, a);
-        return a;
+        return moe_q_item<Q>(row, x, it, 0.0f);
     }
 };
 
@@ -113,14 +116,29 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), o = blockIdx.y;
     if (r >= rows) return;
     float acc = 0.0f;
-    for (int j = 0; j < J; j++) {
-        const int pair = o * J + j, e = ids[pair];
-        if (e < 0 || e >= n_expert) continue;
-        float d = D::dot(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
-                         x + (size_t)(pair / xdiv) * ldx, cols, lane);
+    if constexpr (D::BLOCK) {
+        /* The J rows' items as one list, so that a short row (the down product's: ffn / 32 units) still
+         * keeps every lane busy; each item's sum is weighted by its pair's weight. */
+        const int items = D::items(cols), total = J * items;
+        for (int g = lane; g < total; g += 32) {
+            const int j = g / items, pair = o * J + j, e = ids[pair];
+            if (e < 0 || e >= n_expert) continue;
+            const float t = D::item(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                                    x + (size_t)(pair / xdiv) * ldx, g - j * items);
+            acc = wts ? fmaf(wts[pair], t, acc) : acc + t;
+        }
 #pragma unroll
-        for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
-        acc = wts ? fmaf(wts[pair], d, acc) : acc + d;
+        for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    } else {
+        for (int j = 0; j < J; j++) {
+            const int pair = o * J + j, e = ids[pair];
+            if (e < 0 || e >= n_expert) continue;
+            float d = D::dot(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                             x + (size_t)(pair / xdiv) * ldx, cols, lane);
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
+            acc = wts ? fmaf(wts[pair], d, acc) : acc + d;
+        }
     }
     if (lane == 0) y[(size_t)o * ldy + r] = acc;
 }
