@@ -611,8 +611,9 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
 
 /* The map. For an expert model every layer's block is resident (the host's cores run no expert layer of
  * their own) and the experts of the first cpu_moe layers stay in host memory: cpu_moe_req of them, or (-1)
- * the fewest with which the plan fits the budget; a budget that cannot hold the blocks with every expert in
- * host memory is refused with the planner's minimum. */
+ * the fewest with which the plan fits the budget; with any there, the staging area they stream through
+ * (runtime/forward_cuda_moe.h) is part of the plan. A budget that cannot hold the blocks with every expert in
+ * host memory is refused with the minimum. */
 static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_map_input *in,
                     int cpu_moe_req, int *cpu_moe, struct device_map *out, char err[256])
 {
@@ -630,9 +631,11 @@ static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_
     }
     in->gpu_layers = L;
     in->resident_mask = NULL;
+    const uint64_t fixed = in->fixed_bytes, stage = cuda_moe_stage_bytes(m);
     for (int c = cpu_moe_req < 0 ? 0 : (cpu_moe_req > L ? L : cpu_moe_req);; c++) {
         plan_experts(m, ps, c);
         in->layer_bytes = ps->with_experts_max;
+        in->fixed_bytes = fixed + (c ? stage : 0); /* host experts stream through the staging area */
         const int rc = device_map_plan(in, out, err);
         if (rc != FERRY_ERR_DEVICE_MEM || cpu_moe_req >= 0 || c >= L) {
             *cpu_moe = c;
@@ -900,6 +903,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     }
     if (ring_bytes) f->ring_buf = carve(&c, ring_bytes);
     void *moe_fixed = hp->n_expert > 0 ? carve(&c, cuda_moe_fixed_bytes(m, T)) : NULL;
+    const uint64_t stage_bytes = f->cpu_moe > 0 ? cuda_moe_stage_bytes(m) : 0;
+    void *moe_stage = stage_bytes ? carve(&c, stage_bytes) : NULL;
+    tails_ok &= !stage_bytes || moe_stage != NULL;
     for (int l = f->cpu_moe; l < L && hp->n_expert > 0; l++)
         tails_ok &= (f->moe_experts[l] = carve(&c, cuda_moe_expert_bytes(m, l))) != NULL;
     tails_ok &= hp->n_expert <= 0 || moe_fixed != NULL;
@@ -994,7 +1000,14 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
         goto fail;
     }
-    if (hp->n_expert > 0 && (rc = cuda_moe_init(&f->moe, m, T, moe_fixed, f->moe_experts, 0, err))) goto fail;
+    if (hp->n_expert > 0) {
+        const struct cuda_moe_params mp = {.T = T,
+                                           .fixed = moe_fixed,
+                                           .experts = f->moe_experts,
+                                           .stage = moe_stage,
+                                           .h2d_bytes_per_s = h2d};
+        if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
+    }
     /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
      * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
     rc = FERRY_ERR_CUDA;

@@ -1,6 +1,8 @@
 /* forward_cuda_moe — the expert layers of the CUDA backend (see forward_cuda_moe.h). */
 #include "runtime/forward_cuda_moe.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +65,13 @@ struct cuda_moe {
     struct moe_job *jobs; /* (n_layers) */
     int n_host;
     int rc; /* the first failure of a host function */
+    /* Host experts: each host layer's gate, up, down in pinned memory at the device layout's offsets (NULL:
+     * the model's own tensors, when pinning failed), and the device's staging area for streaming them. */
+    struct pinned_block pin;
+    char **hexp; /* (n_layers) */
+    char *stage; /* cuda_moe_stage_bytes, or NULL */
+    int stream_min_rows;
+    uint64_t host_runs, stream_runs, stream_bytes;
 };
 
 size_t cuda_moe_fixed_bytes(const struct model *m, int T)
@@ -76,6 +85,23 @@ size_t cuda_moe_fixed_bytes(const struct model *m, int T)
          align_up(P * 2 * ffn * sizeof(float)) + align_up(P * ffn * sizeof(float)) +
          align_up(P * (size_t)hp->dim * sizeof(float)) + align_up(2 * P * sizeof(int32_t));
     return b;
+}
+
+/* FERRY_MOE_STREAM_ROWS: unset -1 (choose), 0 never, N from N rows. */
+static int stream_rows_env(void)
+{
+    const char *s = getenv("FERRY_MOE_STREAM_ROWS");
+    if (!s || !*s) return -1;
+    const long v = strtol(s, NULL, 10);
+    return v < 0 ? -1 : v > INT_MAX ? INT_MAX : (int)v;
+}
+
+uint64_t cuda_moe_stage_bytes(const struct model *m)
+{
+    uint64_t most = 0;
+    for (int l = 0; l < m->hp.n_layers && m->hp.n_expert > 0 && stream_rows_env() != 0; l++)
+        if (cuda_moe_expert_bytes(m, l) > most) most = cuda_moe_expert_bytes(m, l);
+    return most;
 }
 
 uint64_t cuda_moe_expert_bytes(const struct model *m, int l)
@@ -121,6 +147,8 @@ void cuda_moe_free(struct cuda_moe *mo)
 {
     if (!mo) return;
     tpool_free(mo->pool);
+    pinned_block_free(&mo->pin);
+    free(mo->hexp);
     if (mo->h_ids) cudaFreeHost(mo->h_ids);
     if (mo->h_wts) cudaFreeHost(mo->h_wts);
     if (mo->h_idx) cudaFreeHost(mo->h_idx);
@@ -134,16 +162,136 @@ void cuda_moe_free(struct cuda_moe *mo)
     free(mo);
 }
 
-int cuda_moe_init(struct cuda_moe **out, const struct model *m, int T, void *fixed, void *const *experts,
-                  int n_threads, char err[256])
+/* The host experts of layer l: the pinned copy, else the model's tensors. */
+static struct kern_cpu_moe_experts host_experts_of(const struct cuda_moe *mo, int l)
+{
+    const struct model_layer *L = &mo->m->layers[l];
+    struct kern_cpu_moe_experts ex = {.gate = L->exp_gate.data,
+                                      .up = L->exp_up.data,
+                                      .down = L->exp_down.data,
+                                      .gate_t = L->exp_gate.type,
+                                      .up_t = L->exp_up.type,
+                                      .down_t = L->exp_down.type,
+                                      .n_expert = mo->n_expert,
+                                      .dim = mo->dim,
+                                      .ffn = mo->ffn};
+    if (mo->hexp && mo->hexp[l]) {
+        ex.gate = mo->hexp[l];
+        ex.up = mo->hexp[l] + align_up(view_bytes(&L->exp_gate));
+        ex.down = (const char *)ex.up + align_up(view_bytes(&L->exp_up));
+    }
+    return ex;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The host's seconds for host layer l's experts at n rows (the best of 3 after a warm-up), on rows and
+ * routings that spread over the experts as real ones do (token t's j-th pick: (37 t + j) mod n_expert). */
+static double host_seconds(struct cuda_moe *mo, int l, int n)
+{
+    const int k = mo->k;
+    for (size_t i = 0; i < (size_t)n * mo->dim; i++)
+        mo->h_x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1;
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++)
+            mo->h_ids[t * k + j] = (37 * t + j) % mo->n_expert, mo->h_wts[t * k + j] = 1.0f / k;
+    const struct kern_cpu_moe_experts ex = host_experts_of(mo, l);
+    double best = INFINITY;
+    for (int r = 0; r < 4; r++) {
+        const double t0 = now_s();
+        if (kern_cpu_moe_ffn(mo->h_y, mo->h_x, mo->h_ids, mo->h_wts, n, k, &ex, mo->ws, mo->pool))
+            return INFINITY;
+        const double t = now_s() - t0;
+        if (r && t < best) best = t;
+    }
+    return best;
+}
+
+/* stream_min_rows: the fewest rows at which copying the chosen experts over the link is predicted faster
+ * than the host's cores computing them. Host: measured at 1 and at min(T, 64) rows, linear between and past.
+ * Link: the expected number of distinct experts n tokens choose (n_expert (1 - (1 - k/n_expert)^n)) times an
+ * expert's bytes at the measured rate, plus the host round trip and the device's products (a small fixed
+ * allowance: they are short beside either side). */
+static void choose_streaming(struct cuda_moe *mo, double h2d)
+{
+    mo->stream_min_rows = INT_MAX;
+    const int forced = stream_rows_env();
+    if (!mo->stage || !mo->pin.p) return;
+    if (forced >= 0) {
+        mo->stream_min_rows = forced ? forced : INT_MAX;
+        return;
+    }
+    int l = 0;
+    while (l < mo->n_layers && mo->experts[l]) l++;
+    if (l == mo->n_layers || h2d <= 0) return;
+    const int N = mo->T < 64 ? mo->T : 64;
+    const double t1 = host_seconds(mo, l, 1), tN = N > 1 ? host_seconds(mo, l, N) : t1;
+    if (!isfinite(t1) || !isfinite(tN)) return;
+    const double per_row = N > 1 ? (tN - t1) / (N - 1) : 0,
+                 expert = (double)cuda_moe_expert_bytes(mo->m, l) / mo->n_expert;
+    for (int n = 1; n <= mo->T; n++) {
+        const double host = t1 + per_row * (n - 1);
+        const double chosen = mo->n_expert * (1.0 - pow(1.0 - (double)mo->k / mo->n_expert, n));
+        const double link = chosen * expert / h2d + 100e-6;
+        if (link < host) {
+            mo->stream_min_rows = n;
+            break;
+        }
+    }
+    FLOG_INFO("host experts: %.2f ms a layer at 1 row, %.2f ms at %d rows; the link %.1f GB/s: %s", t1 * 1e3,
+              tN * 1e3, N, h2d / 1e9, mo->stream_min_rows == INT_MAX ? "the host computes every step" : "");
+    if (mo->stream_min_rows != INT_MAX)
+        FLOG_INFO("host experts: steps of %d rows or more copy the experts they chose to the device",
+                  mo->stream_min_rows);
+}
+
+/* Pins a copy of the host layers' experts (the device layout: gate, up, down at 256-byte boundaries): the
+ * host's cores read it, and streaming copies from it at the link's full rate. On failure the host reads the
+ * model's tensors and nothing streams. */
+static void pin_host_experts(struct cuda_moe *mo)
+{
+    size_t bytes = 0;
+    for (int l = 0; l < mo->n_layers; l++)
+        if (!mo->experts[l]) bytes += cuda_moe_expert_bytes(mo->m, l);
+    if (!(mo->hexp = calloc((size_t)mo->n_layers, sizeof *mo->hexp)) ||
+        pinned_block_alloc(&mo->pin, bytes) != FERRY_OK) {
+        cudaGetLastError();
+        FLOG_WARN(
+            "cannot pin %.2f GiB for the host experts: they are read where the model keeps them, and never "
+            "streamed",
+            bytes / 1073741824.0);
+        return;
+    }
+    char *at = mo->pin.p;
+    for (int l = 0; l < mo->n_layers; l++) {
+        if (mo->experts[l]) continue;
+        const struct model_layer *L = &mo->m->layers[l];
+        const struct wview *v[3] = {&L->exp_gate, &L->exp_up, &L->exp_down};
+        mo->hexp[l] = at;
+        for (int i = 0; i < 3; i++) {
+            memcpy(at, v[i]->data, view_bytes(v[i]));
+            at += align_up(view_bytes(v[i]));
+        }
+    }
+}
+
+int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cuda_moe_params *p,
+                  char err[256])
 {
     const struct llm_hparams *hp = &m->hp;
     *out = NULL;
     struct cuda_moe *mo = calloc(1, sizeof *mo);
     if (!mo) return FERRY_ERR_NOMEM;
+    const int T = p->T;
     mo->m = m;
     mo->n_layers = hp->n_layers, mo->n_expert = hp->n_expert, mo->k = hp->n_expert_used;
     mo->dim = hp->dim, mo->ffn = hp->expert_ffn_dim, mo->norm = hp->expert_norm_topk, mo->T = T;
+    mo->stream_min_rows = INT_MAX;
     const size_t P = (size_t)T * mo->k;
     int rc = FERRY_ERR_NOMEM;
     mo->router = calloc((size_t)hp->n_layers, sizeof *mo->router);
@@ -151,7 +299,7 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, int T, void *fix
     mo->jobs = calloc((size_t)hp->n_layers, sizeof *mo->jobs);
     mo->count = calloc((size_t)mo->n_expert + 1, sizeof *mo->count);
     if (!mo->router || !mo->experts || !mo->jobs || !mo->count) goto fail;
-    char *c = fixed;
+    char *c = p->fixed;
     rc = FERRY_ERR_CUDA;
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
@@ -159,12 +307,12 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, int T, void *fix
         if (cudaMemcpy(c, L->router.data, view_bytes(&L->router), cudaMemcpyHostToDevice) != cudaSuccess)
             goto fail;
         c += align_up(view_bytes(&L->router));
-        mo->experts[l] = experts[l];
-        if (!experts[l]) {
+        mo->experts[l] = p->experts[l];
+        if (!p->experts[l]) {
             mo->n_host++;
             continue;
         }
-        char *e = experts[l];
+        char *e = p->experts[l];
         const struct wview *v[3] = {&L->exp_gate, &L->exp_up, &L->exp_down};
         for (int i = 0; i < 3; i++) {
             if (cudaMemcpy(e, v[i]->data, view_bytes(v[i]), cudaMemcpyHostToDevice) != cudaSuccess) goto fail;
@@ -189,10 +337,13 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, int T, void *fix
                 cudaSuccess ||
             !(mo->h_y = pinned_mapped_alloc((size_t)T * mo->dim * sizeof(float))) ||
             !(mo->ws = malloc(kern_cpu_moe_ws_floats(&ex, T) * sizeof(float))) ||
-            tpool_init(&mo->pool, n_threads) != FERRY_OK)
+            tpool_init(&mo->pool, p->n_threads) != FERRY_OK)
             goto fail;
         FLOG_INFO("experts of %d of %d layers in host memory, computed by %d host threads", mo->n_host,
                   hp->n_layers, tpool_size(mo->pool));
+        pin_host_experts(mo);
+        mo->stage = p->stage;
+        choose_streaming(mo, p->h2d_bytes_per_s);
     }
     *out = mo;
     return FERRY_OK;
@@ -221,20 +372,31 @@ int cuda_moe_status(struct cuda_moe *mo)
     return rc;
 }
 
-/* Layer l's experts where the device keeps them. */
+int cuda_moe_stream_min_rows(const struct cuda_moe *mo)
+{
+    return mo ? mo->stream_min_rows : INT_MAX;
+}
+
+void cuda_moe_counts(const struct cuda_moe *mo, uint64_t *host_runs, uint64_t *stream_runs,
+                     uint64_t *stream_bytes)
+{
+    *host_runs = mo ? mo->host_runs : 0;
+    *stream_runs = mo ? mo->stream_runs : 0;
+    *stream_bytes = mo ? mo->stream_bytes : 0;
+}
+
+/* Layer l's experts in the device layout at base: gate, up, down at 256-byte boundaries. */
 struct dev_experts {
     const char *gate, *up, *down;
     enum dtype gate_t, up_t, down_t;
     size_t gate_e, up_e, down_e; /* bytes of one expert's matrix */
 };
 
-static struct dev_experts dev_experts_of(const struct cuda_moe *mo, int l)
+static struct dev_experts dev_experts_at(const struct cuda_moe *mo, int l, const char *base)
 {
     const struct model_layer *L = &mo->m->layers[l];
-    struct dev_experts d = {.gate = mo->experts[l],
-                            .gate_t = L->exp_gate.type,
-                            .up_t = L->exp_up.type,
-                            .down_t = L->exp_down.type};
+    struct dev_experts d = {
+        .gate = base, .gate_t = L->exp_gate.type, .up_t = L->exp_up.type, .down_t = L->exp_down.type};
     d.up = d.gate + align_up(view_bytes(&L->exp_gate));
     d.down = d.up + align_up(view_bytes(&L->exp_up));
     d.gate_e = dtype_row_size(d.gate_t, mo->dim) * (size_t)mo->ffn;
@@ -257,11 +419,12 @@ static int run_gemv(struct cuda_moe *mo, const struct dev_experts *d, float *y, 
                               mo->wts, n, k, 1, cs);
 }
 
-/* Many rows: grouped by expert on the host (the ids come down once), one product per expert and matrix. */
-static int run_grouped(struct cuda_moe *mo, const struct dev_experts *d, struct kern_cuda_ctx *kctx, float *y,
-                       const float *x, int n, cudaStream_t cs)
+/* Rows grouped by expert on the host: the ids come down (cs waits), each expert's rows are counted (count[e]
+ * ends as the end of expert e's sorted rows, count[e - 1] its start), and the sorted rows' tokens and each
+ * pair's sorted row go up. */
+static int group_rows(struct cuda_moe *mo, int n, cudaStream_t cs)
 {
-    const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k, ne = mo->n_expert;
+    const int k = mo->k, P = n * k, ne = mo->n_expert;
     CK(cudaMemcpyAsync(mo->h_ids, mo->ids, (size_t)P * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
     CK(cudaStreamSynchronize(cs));
     int *cnt = mo->count;
@@ -277,8 +440,16 @@ static int run_grouped(struct cuda_moe *mo, const struct dev_experts *d, struct 
         rows[r] = p / k;
         slot[p] = r;
     }
-    /* cnt[e] is now expert e's end, cnt[e - 1] (0 for e = 0) its start. */
     CK(cudaMemcpyAsync(mo->idx, mo->h_idx, 2 * (size_t)P * sizeof(int32_t), cudaMemcpyHostToDevice, cs));
+    return FERRY_OK;
+}
+
+/* After group_rows: the rows gathered, one product per expert and matrix, the weighted sum per token. */
+static int grouped_products(struct cuda_moe *mo, const struct dev_experts *d, struct kern_cuda_ctx *kctx,
+                            float *y, const float *x, int n, cudaStream_t cs)
+{
+    const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k, ne = mo->n_expert;
+    const int *cnt = mo->count;
     RC(kern_cuda_embed(mo->xs, x, DTYPE_F32, n, dim, mo->idx, P, cs));
     for (int e = 0; e < ne; e++) {
         const int r0 = e ? cnt[e - 1] : 0, c = cnt[e] - r0;
@@ -300,21 +471,40 @@ static int run_grouped(struct cuda_moe *mo, const struct dev_experts *d, struct 
     return kern_cuda_moe_combine(y, mo->xs, mo->idx + P, mo->wts, n, k, dim, cs);
 }
 
+/* Host layer l's chosen experts copied into the staging area at their own offsets (a run of consecutive
+ * chosen experts is one copy per matrix), then run there like resident ones. */
+static int run_stream(struct cuda_moe *mo, int l, struct kern_cuda_ctx *kctx, float *y, const float *x, int n,
+                      cudaStream_t cs)
+{
+    RC(group_rows(mo, n, cs));
+    const struct dev_experts d = dev_experts_at(mo, l, mo->stage), h = dev_experts_at(mo, l, mo->hexp[l]);
+    const char *dst[3] = {d.gate, d.up, d.down}, *src[3] = {h.gate, h.up, h.down};
+    const size_t each[3] = {d.gate_e, d.up_e, d.down_e};
+    const int *cnt = mo->count;
+    for (int e = 0; e < mo->n_expert;) {
+        if (cnt[e] == (e ? cnt[e - 1] : 0)) { /* no rows */
+            e++;
+            continue;
+        }
+        int e1 = e + 1;
+        while (e1 < mo->n_expert && cnt[e1] > cnt[e1 - 1]) e1++;
+        for (int i = 0; i < 3; i++) {
+            const size_t off = each[i] * e, bytes = each[i] * (e1 - e);
+            CK(cudaMemcpyAsync((char *)dst[i] + off, src[i] + off, bytes, cudaMemcpyHostToDevice, cs));
+            mo->stream_bytes += bytes;
+        }
+        e = e1;
+    }
+    mo->stream_runs++;
+    return grouped_products(mo, &d, kctx, y, x, n, cs);
+}
+
 /* CUDA host function: layer l's experts on the host's cores, from h_x and the routing to h_y. */
 static void CUDART_CB host_experts(void *arg)
 {
     const struct moe_job *j = arg;
     struct cuda_moe *mo = j->mo;
-    const struct model_layer *L = &mo->m->layers[j->l];
-    const struct kern_cpu_moe_experts ex = {.gate = L->exp_gate.data,
-                                            .up = L->exp_up.data,
-                                            .down = L->exp_down.data,
-                                            .gate_t = L->exp_gate.type,
-                                            .up_t = L->exp_up.type,
-                                            .down_t = L->exp_down.type,
-                                            .n_expert = mo->n_expert,
-                                            .dim = mo->dim,
-                                            .ffn = mo->ffn};
+    const struct kern_cpu_moe_experts ex = host_experts_of(mo, j->l);
     const int rc =
         kern_cpu_moe_ffn(mo->h_y, mo->h_x, mo->h_ids, mo->h_wts, j->n, mo->k, &ex, mo->ws, mo->pool);
     if (rc && !mo->rc) mo->rc = rc;
@@ -330,6 +520,7 @@ static int run_host(struct cuda_moe *mo, int l, float *y, const float *x, int n,
     CK(cudaMemcpyAsync(mo->h_wts, mo->wts, P * sizeof(float), cudaMemcpyDeviceToHost, cs));
     mo->jobs[l] = (struct moe_job){.mo = mo, .l = l, .n = n};
     CK(cudaLaunchHostFunc(cs, host_experts, &mo->jobs[l]));
+    mo->host_runs++;
     return kern_cuda_embed(y, pinned_device_ptr(mo->h_y), DTYPE_F32, n, mo->dim, d_iota, n, cs);
 }
 
@@ -341,8 +532,13 @@ int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, st
     RC(kern_cuda_matmul(kctx, mo->logits, mo->n_expert, x, mo->router[l], L->router.type, NULL, n,
                         mo->n_expert, mo->dim, cs));
     RC(kern_cuda_moe_route(mo->logits, n, mo->n_expert, mo->k, mo->norm, mo->ids, mo->wts, cs));
-    if (!mo->experts[l]) return run_host(mo, l, y, x, n, d_iota, cs);
-    const struct dev_experts d = dev_experts_of(mo, l);
+    if (!mo->experts[l]) {
+        if (n >= mo->stream_min_rows && mo->stage && mo->hexp && mo->hexp[l])
+            return run_stream(mo, l, kctx, y, x, n, cs);
+        return run_host(mo, l, y, x, n, d_iota, cs);
+    }
+    const struct dev_experts d = dev_experts_at(mo, l, mo->experts[l]);
     if (n <= CUDA_MOE_GEMV_MAX_ROWS) return run_gemv(mo, &d, y, x, n, cs);
-    return run_grouped(mo, &d, kctx, y, x, n, cs);
+    RC(group_rows(mo, n, cs));
+    return grouped_products(mo, &d, kctx, y, x, n, cs);
 }

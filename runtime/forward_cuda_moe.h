@@ -1,5 +1,5 @@
 /* forward_cuda_moe — the expert layers (LOP_MOE) of the CUDA backend: each layer's router on the device, its
- * experts on the device (resident) or in host memory (computed by the host's cores), per layer.
+ * experts on the device (resident) or in host memory (computed by the host's cores, or streamed), per layer.
  *
  * Every expert layer runs its router on the device (logits by kern_cuda_matmul, the top-k by
  * kern_cuda_moe_route). A layer with resident experts then runs them on the device: up to
@@ -8,11 +8,15 @@
  * counts the rows of each expert, their indices go up), gathered, multiplied expert by expert by
  * kern_cuda_matmul (the quantized GEMMs of big batches) and summed back per token in a fixed order. A layer
  * whose experts live in host memory (the first cpu_moe layers, llama.cpp's --n-cpu-moe) sends its normed rows
- * and routing down, the host's cores run kernels/cpu/moe.h's kern_cpu_moe_ffn on the model's own expert
- * tensors inside a CUDA host function on the compute stream, and the result comes up through mapped memory:
- * the stream never waits on the engine thread. Device memory: the routers and the scratch
- * (cuda_moe_fixed_bytes) and the resident experts (cuda_moe_expert_bytes each), carved by the caller from its
- * arena; pinned memory and host workspace are allocated here, once.
+ * and routing down, the host's cores run kernels/cpu/moe.h's kern_cpu_moe_ffn on a pinned copy of the
+ * layer's experts inside a CUDA host function on the compute stream, and the result comes up through mapped
+ * memory: the stream never waits on the engine thread. A step of at least stream_min_rows rows instead copies
+ * the experts it chose into a staging area on the device (the whole layer's place, each expert at its own
+ * offset, so that consecutive chosen experts are one copy) and runs them there by the grouped path: chosen
+ * at init from the host's measured time for a layer of experts and the link's rate (FERRY_MOE_STREAM_ROWS=N
+ * forces N, 0 never). Device memory: the routers and the scratch (cuda_moe_fixed_bytes), the resident experts
+ * (cuda_moe_expert_bytes each) and the staging area (cuda_moe_stage_bytes, when some experts live in host
+ * memory), carved by the caller from its arena; pinned memory and host workspace are allocated here, once.
  */
 #ifndef FERRY_FORWARD_CUDA_MOE_H
 #define FERRY_FORWARD_CUDA_MOE_H
@@ -35,31 +39,48 @@ struct kern_cuda_ctx;
 size_t cuda_moe_fixed_bytes(const struct model *m, int T);
 /* Device bytes of layer l's experts (gate, up, down), 0 for a dense layer. */
 uint64_t cuda_moe_expert_bytes(const struct model *m, int l);
+/* Device bytes of the staging area for host experts streamed to the device (the largest layer's experts);
+ * 0 when streaming is off (FERRY_MOE_STREAM_ROWS=0) or the model has no experts. */
+uint64_t cuda_moe_stage_bytes(const struct model *m);
 /* The largest x (elements) and block-type expert matrix (elements) of the expert products at T rows, for the
  * matmul context; 0, 0 for a dense model. */
 void cuda_moe_ctx_needs(const struct model *m, int T, size_t *max_x, size_t *w16_elems);
 /* FERRY_ERR_UNSUPPORTED, naming the tensor, when the device cannot read an expert or router matrix. */
 int cuda_moe_check_types(const struct model *m, char err[256]);
 
-/* fixed: cuda_moe_fixed_bytes of device memory; experts (n_layers): each layer's cuda_moe_expert_bytes of
- * device memory, or NULL for a layer whose experts stay in host memory. Uploads the routers and the resident
- * experts (synchronously), pins the host path's exchange buffers when a layer needs them. n_threads: the
- * host's threads for host experts (0: all cores). */
-int cuda_moe_init(struct cuda_moe **out, const struct model *m, int T, void *fixed, void *const *experts,
-                  int n_threads, char err[256]);
+struct cuda_moe_params {
+    int T;                  /* rows of a step at most */
+    void *fixed;            /* cuda_moe_fixed_bytes of device memory */
+    void *const *experts;   /* (n_layers) each layer's cuda_moe_expert_bytes of device memory, or NULL for a
+                             * layer whose experts stay in host memory */
+    void *stage;            /* cuda_moe_stage_bytes of device memory, or NULL: host experts never stream */
+    int n_threads;          /* the host's threads for host experts (0: all cores) */
+    double h2d_bytes_per_s; /* the link's measured rate (the streaming choice) */
+};
+
+/* Uploads the routers and the resident experts (synchronously); for host experts pins a copy of them and the
+ * exchange buffers, and times them to choose stream_min_rows. */
+int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cuda_moe_params *p,
+                  char err[256]);
 void cuda_moe_free(struct cuda_moe *mo); /* accepts NULL and a half-built one */
 
 /* 1 when layer l's experts are on the device. */
 int cuda_moe_resident(const struct cuda_moe *mo, int l);
 /* Layers whose experts live in host memory. */
 int cuda_moe_n_host(const struct cuda_moe *mo);
+/* Steps of at least this many rows stream a host layer's chosen experts to the device (INT_MAX: never). */
+int cuda_moe_stream_min_rows(const struct cuda_moe *mo);
 
 /* y (n, dim) = layer l's experts on x (n, dim), both device memory, enqueued on cs. d_iota: (n) 0, 1, 2, ...
- * on the device. A step of more than CUDA_MOE_GEMV_MAX_ROWS rows on resident experts synchronises cs once. */
+ * on the device. A step of more than CUDA_MOE_GEMV_MAX_ROWS rows on resident experts, and one that streams
+ * host experts, synchronise cs once. */
 int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, struct kern_cuda_ctx *kctx,
                  const int32_t *d_iota, cudaStream_t cs);
 /* The first failure of a host function since the last call (FERRY_OK if none); call once the step's work is
  * complete. */
 int cuda_moe_status(struct cuda_moe *mo);
+/* Host-expert layer runs since init: computed by the host, streamed to the device; and the bytes streamed. */
+void cuda_moe_counts(const struct cuda_moe *mo, uint64_t *host_runs, uint64_t *stream_runs,
+                     uint64_t *stream_bytes);
 
 #endif

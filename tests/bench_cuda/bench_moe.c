@@ -2,10 +2,11 @@
  * weighted sum) at Qwen3-30B-A3B's shape (dim 2048, 128 experts of ffn 768, top 8) and prints, per step size,
  * the time per layer and the rate at which it reads the experts the step chose (each chosen expert's gate, up
  * and down once), next to the device's copy ceiling; with --host, the same layer with its experts in host
- * memory (the host's cores compute them). Weights: one expert quantized from random values (Q4_K gate/up and
- * Q6_K down, as Q4_K_M stores them; --q8: all Q8_0), copied to every expert; routing from a random router, so
- * the experts a step reads are those of random tokens. Each figure is the median of 21 CUDA-event-timed runs
- * after 3 warm-up runs. Usage: bench_moe [--q8] [--host]
+ * memory (the host's cores compute them, or steps of enough rows stream the chosen experts: the choice is
+ * printed at start; FERRY_MOE_STREAM_ROWS=0 or =1 forces either). Weights: one expert quantized from random
+ * values (Q4_K gate/up and Q6_K down, as Q4_K_M stores them; --q8: all Q8_0), copied to every expert; routing
+ * from a random router, so the experts a step reads are those of random tokens. Each figure is the median of
+ * 21 CUDA-event-timed runs after 3 warm-up runs. Usage: bench_moe [--q8] [--host]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,12 +83,34 @@ int main(int argc, char **argv)
     cuda_moe_ctx_needs(&m, TMAX, &max_x, &w16);
     struct kern_cuda_ctx *ctx;
     FK(kern_cuda_ctx_init(&ctx, max_x, kern_cuda_w16_bytes(TMAX, w16)));
-    void *fixed, *ex = NULL;
+    void *fixed, *ex = NULL, *stage = NULL;
     CK(cudaMalloc(&fixed, cuda_moe_fixed_bytes(&m, TMAX)));
     if (!host) CK(cudaMalloc(&ex, cuda_moe_expert_bytes(&m, 0)));
+    if (host && cuda_moe_stage_bytes(&m)) CK(cudaMalloc(&stage, cuda_moe_stage_bytes(&m)));
+    double h2d = 0;
+    { /* the link's rate, pinned host to device, 256 MiB */
+        void *hp, *dp;
+        cudaEvent_t t0, t1;
+        float lms;
+        const size_t lb = (size_t)256 << 20;
+        CK(cudaHostAlloc(&hp, lb, cudaHostAllocDefault));
+        CK(cudaMalloc(&dp, lb));
+        CK(cudaEventCreate(&t0));
+        CK(cudaEventCreate(&t1));
+        CK(cudaMemcpy(dp, hp, lb, cudaMemcpyHostToDevice));
+        CK(cudaEventRecord(t0, 0));
+        CK(cudaMemcpyAsync(dp, hp, lb, cudaMemcpyHostToDevice, 0));
+        CK(cudaEventRecord(t1, 0));
+        CK(cudaEventSynchronize(t1));
+        CK(cudaEventElapsedTime(&lms, t0, t1));
+        h2d = lb / (lms * 1e-3);
+        cudaFreeHost(hp), cudaFree(dp);
+    }
     struct cuda_moe *mo;
     char err[256] = "";
-    if (cuda_moe_init(&mo, &m, TMAX, fixed, &ex, 0, err)) {
+    const struct cuda_moe_params mp = {
+        .T = TMAX, .fixed = fixed, .experts = &ex, .stage = stage, .h2d_bytes_per_s = h2d};
+    if (cuda_moe_init(&mo, &m, &mp, err)) {
         fprintf(stderr, "bench_moe: %s\n", err);
         return 1;
     }
@@ -124,7 +147,7 @@ int main(int argc, char **argv)
     const double expert_bytes = (double)cuda_moe_expert_bytes(&m, 0) / NE;
     printf("expert layer, dim %d, %d experts of ffn %d, top %d, %s/%s experts %s; copy ceiling %.0f GB/s\n",
            DIM, NE, FFN, TOPK, dtype_name(gt), dtype_name(dt), host ? "in host memory" : "resident", ceil);
-    printf("%6s %10s %10s %12s\n", "rows", "us/layer", "experts", "GB/s chosen");
+    printf("%6s %10s %10s %12s %8s\n", "rows", "us/layer", "experts", "GB/s chosen", "where");
     const int ns[] = {1, 2, 4, 8, 16, 64, 512};
     float *logits = malloc((size_t)TMAX * NE * sizeof(float)),
           *w = malloc((size_t)TMAX * TOPK * sizeof(float));
@@ -149,7 +172,10 @@ int main(int argc, char **argv)
         FK(cuda_moe_status(mo));
         qsort(t, 21, sizeof t[0], cmp_f);
         const double s = t[10] * 1e-3;
-        printf("%6d %10.1f %10d %12.0f\n", n, s * 1e6, distinct, distinct * expert_bytes / s / 1e9);
+        printf("%6d %10.1f %10d %12.0f %8s\n", n, s * 1e6, distinct, distinct * expert_bytes / s / 1e9,
+               !host                               ? "device"
+               : n >= cuda_moe_stream_min_rows(mo) ? "stream"
+                                                   : "host");
     }
     cuda_moe_free(mo);
     kern_cuda_ctx_free(ctx);

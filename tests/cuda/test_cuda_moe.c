@@ -12,8 +12,12 @@
  * products round x to the weight's type for float weights (f16/bf16: 2^-11/2^-8 relative) or to int8 blocks
  * or f16 tiles for block types (matmul_q.h): 1e-2. With the experts in host memory (the host's cores run
  * kern_cpu_moe_ffn) the result is the CPU's own: against kern_cpu_moe_ffn on the same routing, 1e-5.
+ * Streamed from host memory: the grouped path's products on the copied experts, 1e-2 (f32: 1e-5), and the
+ * bytes copied are exactly the chosen experts'.
  */
 #include "tests/cuda/cuda_test.h"
+
+#include <limits.h>
 
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/matmul.h"
@@ -84,9 +88,11 @@ static void *rand_matrix(enum dtype t, int64_t rows, int cols, float scale, floa
     return q;
 }
 
-/* One layer of c at n rows, its experts resident (host 0) or in host memory (host 1). */
-static void check_layer(const struct moe_case *c, int n, int host)
+/* One layer of c at n rows, its experts resident (mode 0), in host memory and computed there (1) or in host
+ * memory and streamed to the device (2). */
+static void check_layer(const struct moe_case *c, int n, int mode)
 {
+    const int host = mode == 1;
     const int dim = c->dim, ffn = c->ffn, ne = c->ne, k = c->k;
     float *rf, *gf, *uf, *df;
     float *router = rand_matrix(DTYPE_F32, ne, dim, 1.0f, &rf);
@@ -113,11 +119,20 @@ static void check_layer(const struct moe_case *c, int n, int host)
                                     kern_cuda_w16_bytes(T, w16)),
                  FERRY_OK);
     void *fixed = dev_alloc(cuda_moe_fixed_bytes(&m, T));
-    void *ex = host ? NULL : dev_alloc(cuda_moe_expert_bytes(&m, 0));
+    void *ex = mode ? NULL : dev_alloc(cuda_moe_expert_bytes(&m, 0)), *stage = NULL;
+    if (mode == 2) { /* every step streams */
+        setenv("FERRY_MOE_STREAM_ROWS", "1", 1);
+        cr_assert_eq(cuda_moe_stage_bytes(&m), cuda_moe_expert_bytes(&m, 0));
+        stage = dev_poison(cuda_moe_stage_bytes(&m));
+    }
     struct cuda_moe *mo = NULL;
     char err[256] = "";
-    cr_assert_eq(cuda_moe_init(&mo, &m, T, fixed, &ex, 2, err), FERRY_OK, "%s", err);
-    cr_assert_eq(cuda_moe_resident(mo, 0), !host);
+    const struct cuda_moe_params mp = {
+        .T = T, .fixed = fixed, .experts = &ex, .stage = stage, .n_threads = 2, .h2d_bytes_per_s = 20e9};
+    cr_assert_eq(cuda_moe_init(&mo, &m, &mp, err), FERRY_OK, "%s", err);
+    unsetenv("FERRY_MOE_STREAM_ROWS");
+    cr_assert_eq(cuda_moe_resident(mo, 0), !mode);
+    cr_assert_eq(cuda_moe_stream_min_rows(mo), mode == 2 ? 1 : INT_MAX);
 
     float *x = host_rand((size_t)n * dim, -1.0f, 1.0f);
     int32_t *iota = malloc((size_t)T * sizeof(int32_t));
@@ -138,6 +153,18 @@ static void check_layer(const struct moe_case *c, int n, int host)
     float *y = malloc((size_t)n * dim * sizeof(float));
     dev_download(y, dy, (size_t)n * dim * sizeof(float));
     cr_assert_eq(cuda_moe_status(mo), FERRY_OK);
+    uint64_t host_runs, stream_runs, stream_bytes;
+    cuda_moe_counts(mo, &host_runs, &stream_runs, &stream_bytes);
+    cr_assert_eq(host_runs, (uint64_t)(mode == 1));
+    cr_assert_eq(stream_runs, (uint64_t)(mode == 2));
+    if (mode == 2) { /* the chosen experts' bytes, each once */
+        int used[64] = {0}, distinct = 0;
+        for (int p = 0; p < n * k; p++) distinct += !used[ids[p]]++;
+        const uint64_t each =
+            dtype_row_size(c->t, dim) * (size_t)ffn * 2 + dtype_row_size(c->t, ffn) * (size_t)dim;
+        cr_assert_eq(stream_bytes, (uint64_t)distinct * each, "streamed %llu bytes for %d experts",
+                     (unsigned long long)stream_bytes, distinct);
+    }
 
     double *ref = malloc((size_t)n * dim * sizeof(double));
     float *yr = malloc((size_t)n * dim * sizeof(float));
@@ -158,18 +185,24 @@ static void check_layer(const struct moe_case *c, int n, int host)
         tol = 1e-5;
     } else {
         cr_assert_eq(kern_cpu_moe_ref(yr, x, ids, wts, n, k, gf, uf, df, ne, dim, ffn), FERRY_OK);
-        tol = n <= CUDA_MOE_GEMV_MAX_ROWS || c->t == DTYPE_F32 ? 1e-5 : 1e-2;
+        const int gemv = mode == 0 && n <= CUDA_MOE_GEMV_MAX_ROWS; /* else products per expert */
+        tol = gemv || c->t == DTYPE_F32 ? 1e-5 : 1e-2;
     }
     for (size_t i = 0; i < (size_t)n * dim; i++) ref[i] = yr[i];
     const double e = rel_err(y, ref, (size_t)n * dim);
     cr_assert(e <= tol,
               "%s experts (%s) dim %d ffn %d experts %d top-%d norm %d, %d rows: relative error %.3g > %.3g "
               "(y[0] %.6g, reference %.6g)",
-              dtype_name(c->t), host ? "host" : "device", dim, ffn, ne, k, c->norm, n, e, tol, y[0], ref[0]);
+              dtype_name(c->t),
+              mode == 0   ? "device"
+              : mode == 1 ? "host"
+                          : "streamed",
+              dim, ffn, ne, k, c->norm, n, e, tol, y[0], ref[0]);
 
     cuda_moe_free(mo);
     kern_cuda_ctx_free(ctx);
-    cudaFree(fixed), cudaFree(ex), cudaFree(dx), cudaFree(dy), cudaFree(diota), cudaFree(dr), cudaFree(dl);
+    cudaFree(fixed), cudaFree(ex), cudaFree(stage), cudaFree(dx), cudaFree(dy), cudaFree(diota), cudaFree(dr),
+        cudaFree(dl);
     free(router), free(gate), free(up), free(down), free(rf), free(gf), free(uf), free(df), free(x),
         free(iota);
     free(logits), free(wts), free(ids), free(y), free(ref), free(yr);
@@ -197,6 +230,17 @@ Test(cuda_moe, layer_host_experts_match_cpu, .timeout = 300)
     const int rows[] = {1, 3, 37};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i += 3)
         for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) check_layer(&cases[i], rows[r], 1);
+}
+
+/* Host experts streamed: the chosen experts copied into the staging area (poisoned with NaN first, so an
+ * expert used but not copied fails), then the grouped products; exactly the chosen experts' bytes cross. */
+Test(cuda_moe, layer_streamed_experts_match_cpu, .timeout = 300)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(37);
+    const int rows[] = {1, 3, 37};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) check_layer(&cases[i], rows[r], 2);
 }
 
 /* The grouped GEMV alone at every shape of its two uses, against a plain f64 loop: the gate|up use (one

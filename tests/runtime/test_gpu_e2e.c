@@ -17,6 +17,7 @@
 #include "kernels/cuda/ops.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
+#include "runtime/forward_cuda_moe.h"
 #include "runtime/kv_cache.h"
 
 static void require_gpu(void)
@@ -228,11 +229,12 @@ Test(gpu_e2e, mixtral_top2_f16_matches_cpu)
 }
 
 /* Experts in host memory (--cpu-moe N): attention and routers on the device, the experts of the first N
- * layers computed by the host's cores (kern_cpu_moe_ffn in a host function on the compute stream). Of the
- * first layer, and of every layer (N past the layer count means all). */
+ * layers computed by the host's cores (kern_cpu_moe_ffn in a host function on the compute stream; never
+ * streamed here). Of the first layer, and of every layer (N past the layer count means all). */
 Test(gpu_e2e, moe_host_experts_match_cpu)
 {
     require_gpu();
+    setenv("FERRY_MOE_STREAM_ROWS", "0", 1);
     const int n[] = {1, 99};
     for (int i = 0; i < 2; i++) {
         cpu_moe = n[i];
@@ -241,14 +243,19 @@ Test(gpu_e2e, moe_host_experts_match_cpu)
         compare_backends(src_path("tests/golden/models/mixtral_top2_f16"), 200);
     }
     cpu_moe = -1;
+    unsetenv("FERRY_MOE_STREAM_ROWS");
 }
 
 /* The planner keeps the experts of as few layers in host memory as the budget needs: with the KV pool fixed
  * (nothing sized to the budget), a budget of exactly the bytes of the plan with the first c layers' experts
- * on the host gets c; one byte less than the plan with every expert on the host is refused, naming the
- * minimum. forward_cuda_plan_offline is the arithmetic forward_cuda_init runs (no device needed). */
-Test(gpu_e2e, moe_planner_moves_experts_to_the_host)
+ * on the host gets the fewest c' whose plan fits it; with any host experts the plan holds the staging area
+ * they stream through (a layer's experts: so one layer's experts on the host save nothing), unless streaming
+ * is off (FERRY_MOE_STREAM_ROWS=0: each layer's experts moved save their bytes). One byte less than the plan
+ * with every expert on the host is refused, naming the minimum. forward_cuda_plan_offline is the arithmetic
+ * forward_cuda_init runs (no device needed). */
+static void moe_planner(int streaming)
 {
+    if (!streaming) setenv("FERRY_MOE_STREAM_ROWS", "0", 1);
     struct model_file *mf = open_model(src_path("tests/golden/models/qwen3moe_top2_f32"));
     struct model m;
     char err[256] = "";
@@ -268,21 +275,30 @@ Test(gpu_e2e, moe_planner_moves_experts_to_the_host)
         cr_assert_eq(map.moe_layers, L);
         cr_assert_eq(map.n_resident, L, "every layer's block stays on the device");
         bytes[c] = map.bytes_total;
-        if (c) cr_assert_lt(bytes[c], bytes[c - 1], "the experts of layer %d take no device bytes", c - 1);
+        const int64_t saved = (int64_t)bytes[c ? c - 1 : 0] - (int64_t)bytes[c];
+        const int64_t want = c == 0 ? 0
+                             : streaming && c == 1
+                                 ? (int64_t)cuda_moe_expert_bytes(&m, 0) - (int64_t)cuda_moe_stage_bytes(&m)
+                                 : (int64_t)cuda_moe_expert_bytes(&m, c - 1);
+        cr_assert_eq(saved, want, "streaming %d: the experts of layer %d save %lld bytes, want %lld",
+                     streaming, c - 1, (long long)saved, (long long)want);
         device_map_free(&map);
     }
     cp.cpu_moe = -1;
     for (int c = 0; c <= L; c++) {
         struct device_map map;
+        int want = 0;
+        while (bytes[want] > bytes[c]) want++;
         cp.gpu_memory = (int64_t)bytes[c];
         cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), 0, "%s", err);
-        cr_assert_eq(map.cpu_moe, c, "budget %llu: experts of %d layers on the host, want %d",
-                     (unsigned long long)bytes[c], map.cpu_moe, c);
+        cr_assert_eq(map.cpu_moe, want, "budget %llu: experts of %d layers on the host, want %d",
+                     (unsigned long long)bytes[c], map.cpu_moe, want);
         cr_assert_leq(map.bytes_total, bytes[c]);
         char desc[4096];
         device_map_format(&map, desc, sizeof desc);
-        cr_assert(strstr(desc, c ? "in host memory, computed by the host's cores" : "experts: all resident"),
-                  "%s", desc);
+        cr_assert(
+            strstr(desc, want ? "in host memory, computed by the host's cores" : "experts: all resident"),
+            "%s", desc);
         device_map_free(&map);
     }
     struct device_map map;
@@ -292,6 +308,29 @@ Test(gpu_e2e, moe_planner_moves_experts_to_the_host)
     kv_cache_free(&kv);
     model_free(&m);
     model_file_close(mf);
+    unsetenv("FERRY_MOE_STREAM_ROWS");
+}
+Test(gpu_e2e, moe_planner_moves_experts_to_the_host)
+{
+    moe_planner(1);
+}
+Test(gpu_e2e, moe_planner_without_streaming)
+{
+    moe_planner(0);
+}
+
+/* Host experts streamed to the device for every step (FERRY_MOE_STREAM_ROWS=1): each step copies the experts
+ * its rows chose into the staging area and runs them there. */
+Test(gpu_e2e, moe_streamed_experts_match_cpu)
+{
+    require_gpu();
+    setenv("FERRY_MOE_STREAM_ROWS", "1", 1);
+    cpu_moe = 99;
+    compare_backends(src_path("tests/golden/models/qwen3moe_top2_f32"), 33);
+    compare_backends(src_path("tests/golden/models/qwen3moe_top3_bf16"), 7);
+    compare_backends(src_path("tests/golden/models/mixtral_top2_f16"), 200);
+    cpu_moe = -1;
+    unsetenv("FERRY_MOE_STREAM_ROWS");
 }
 
 /* A prefill that wants every row's logits (40 rows; the device buffer holds 16, so the head runs in 3
