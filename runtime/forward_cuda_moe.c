@@ -129,6 +129,15 @@ void cuda_moe_ctx_needs(const struct model *m, int T, size_t *max_x, size_t *w16
 
 int cuda_moe_check_types(const struct model *m, char err[256])
 {
+    const struct llm_hparams *hp = &m->hp;
+    if (hp->n_expert > KERN_CUDA_MOE_MAX_EXPERTS ||
+        (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert))) {
+        snprintf(err, 256,
+                 "%d experts, %d per token: the CUDA backend routes 1 to %d experts per token among "
+                 "at most %d",
+                 hp->n_expert, hp->n_expert_used, hp->n_expert, KERN_CUDA_MOE_MAX_EXPERTS);
+        return FERRY_ERR_UNSUPPORTED;
+    }
     for (int l = 0; l < m->hp.n_layers && m->hp.n_expert > 0; l++) {
         const struct model_layer *L = &m->layers[l];
         const struct wview *w[] = {&L->router, &L->exp_gate, &L->exp_up, &L->exp_down};

@@ -66,34 +66,26 @@ extern "C" int kern_cuda_moe_route(const float *logits, int n, int n_expert, int
 
 /* ---- row dot products ---------------------------------------------------------------------------------- */
 
-/* Float types: a lane's share of the dot product of one weight row (cols elements) with x. */
-struct moe_f32 {
+/* Float types E: a lane's share of the dot product of one weight row (cols elements) with x. */
+__device__ __forceinline__ float moe_val(float v)
+{
+    return v;
+}
+__device__ __forceinline__ float moe_val(__half v)
+{
+    return __half2float(v);
+}
+__device__ __forceinline__ float moe_val(__nv_bfloat16 v)
+{
+    return __bfloat162float(v);
+}
+template <class E> struct moe_float {
     static constexpr bool BLOCK = false;
     static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
     {
-        const float *w = reinterpret_cast<const float *>(row);
+        const E *w = reinterpret_cast<const E *>(row);
         float a = 0.0f;
-        for (int i = lane; i < cols; i += 32) a = fmaf(w[i], __ldg(x + i), a);
-        return a;
-    }
-};
-struct moe_f16 {
-    static constexpr bool BLOCK = false;
-    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
-    {
-        const __half *w = reinterpret_cast<const __half *>(row);
-        float a = 0.0f;
-        for (int i = lane; i < cols; i += 32) a = fmaf(__half2float(w[i]), __ldg(x + i), a);
-        return a;
-    }
-};
-struct moe_bf16 {
-    static constexpr bool BLOCK = false;
-    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
-    {
-        const __nv_bfloat16 *w = reinterpret_cast<const __nv_bfloat16 *>(row);
-        float a = 0.0f;
-        for (int i = lane; i < cols; i += 32) a = fmaf(__bfloat162float(w[i]), __ldg(x + i), a);
+        for (int i = lane; i < cols; i += 32) a = fmaf(moe_val(w[i]), __ldg(x + i), a);
         return a;
     }
 };
@@ -182,14 +174,14 @@ extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, co
     const size_t rb = dtype_row_size(t, cols);
     switch (t) {
     case DTYPE_F32:
-        return moe_gemv_launch<moe_f32>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J, xdiv,
-                                        stream);
+        return moe_gemv_launch<moe_float<float>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out,
+                                                 J, xdiv, stream);
     case DTYPE_F16:
-        return moe_gemv_launch<moe_f16>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J, xdiv,
-                                        stream);
+        return moe_gemv_launch<moe_float<__half>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts,
+                                                  n_out, J, xdiv, stream);
     case DTYPE_BF16:
-        return moe_gemv_launch<moe_bf16>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J,
-                                         xdiv, stream);
+        return moe_gemv_launch<moe_float<__nv_bfloat16>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids,
+                                                         wts, n_out, J, xdiv, stream);
 #define MOE_LAUNCH(T, name, Q)                                                                               \
     case DTYPE_##T:                                                                                          \
         if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \

@@ -214,22 +214,26 @@ static const struct moe_case cases[] = {
     {DTYPE_Q4_K, 256, 512, 5, 2, 1}, {DTYPE_Q6_K, 512, 256, 4, 3, 1},
 };
 
+/* Every case (every `step`-th) at 1, 3 and 37 rows in one mode. */
+static void check_cases(int mode, size_t step)
+{
+    const int rows[] = {1, 3, 37};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i += step)
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) check_layer(&cases[i], rows[r], mode);
+}
+
 Test(cuda_moe, layer_resident_matches_cpu, .timeout = 300)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(23);
-    const int rows[] = {1, 3, 37};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) check_layer(&cases[i], rows[r], 0);
+    check_cases(0, 1);
 }
 
 Test(cuda_moe, layer_host_experts_match_cpu, .timeout = 300)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(29);
-    const int rows[] = {1, 3, 37};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i += 3)
-        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) check_layer(&cases[i], rows[r], 1);
+    check_cases(1, 3);
 }
 
 /* Host experts streamed: the chosen experts copied into the staging area (poisoned with NaN first, so an
@@ -238,9 +242,7 @@ Test(cuda_moe, layer_streamed_experts_match_cpu, .timeout = 300)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(37);
-    const int rows[] = {1, 3, 37};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) check_layer(&cases[i], rows[r], 2);
+    check_cases(2, 1);
 }
 
 /* The grouped GEMV alone at every shape of its two uses, against a plain f64 loop: the gate|up use (one
