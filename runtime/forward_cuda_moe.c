@@ -42,7 +42,9 @@ struct moe_job {
 
 struct cuda_moe {
     const struct model *m;
-    int n_layers, n_expert, k, dim, ffn, norm, T;
+    int n_layers, n_expert, k, dim, ffn, norm;
+    int T;      /* rows of a chunk (the scratch's) */
+    int T_step; /* rows of a step at most */
     /* Device. */
     void **router;  /* (n_layers) each layer's router (n_expert, dim) in its stored type */
     void **experts; /* (n_layers) gate, up, down at 256-byte boundaries, or NULL: in host memory */
@@ -62,7 +64,7 @@ struct cuda_moe {
     float *h_y;     /* (T, dim) pinned, mapped: their result */
     float *ws;      /* kern_cpu_moe_ws_floats(T) */
     struct tpool *pool;
-    struct moe_job *jobs; /* (n_layers) */
+    struct moe_job *jobs; /* (n_layers, chunks of a step): each host function's argument */
     int n_host;
     int rc; /* the first failure of a host function */
     /* Host experts: each host layer's gate, up, down in pinned memory at the device layout's offsets (NULL:
@@ -74,8 +76,15 @@ struct cuda_moe {
     uint64_t host_runs, stream_runs, stream_bytes;
 };
 
+/* Rows the scratch holds: a step of more runs in chunks of this many. */
+static int chunk_rows(int T)
+{
+    return T < CUDA_MOE_CHUNK_ROWS ? T : CUDA_MOE_CHUNK_ROWS;
+}
+
 size_t cuda_moe_fixed_bytes(const struct model *m, int T)
 {
+    T = chunk_rows(T);
     const struct llm_hparams *hp = &m->hp;
     if (hp->n_expert <= 0) return 0;
     size_t b = 0;
@@ -114,6 +123,7 @@ uint64_t cuda_moe_expert_bytes(const struct model *m, int l)
 
 void cuda_moe_ctx_needs(const struct model *m, int T, size_t *max_x, size_t *w16_elems)
 {
+    T = chunk_rows(T);
     const struct llm_hparams *hp = &m->hp;
     *max_x = *w16_elems = 0;
     if (hp->n_expert <= 0) return;
@@ -252,11 +262,12 @@ static void choose_streaming(struct cuda_moe *mo, double h2d)
             break;
         }
     }
-    FLOG_INFO("host experts: %.2f ms a layer at 1 row, %.2f ms at %d rows; the link %.1f GB/s: %s", t1 * 1e3,
-              tN * 1e3, N, h2d / 1e9, mo->stream_min_rows == INT_MAX ? "the host computes every step" : "");
+    char how[96] = "the host computes them at every step size";
     if (mo->stream_min_rows != INT_MAX)
-        FLOG_INFO("host experts: steps of %d rows or more copy the experts they chose to the device",
-                  mo->stream_min_rows);
+        snprintf(how, sizeof how, "steps of %d rows or more copy the experts they chose to the device",
+                 mo->stream_min_rows);
+    FLOG_INFO("host experts: %.2f ms a layer at 1 row, %.2f ms at %d rows; the link %.1f GB/s: %s", t1 * 1e3,
+              tN * 1e3, N, h2d / 1e9, how);
 }
 
 /* Pins a copy of the host layers' experts (the device layout: gate, up, down at 256-byte boundaries): the
@@ -296,7 +307,8 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
     *out = NULL;
     struct cuda_moe *mo = calloc(1, sizeof *mo);
     if (!mo) return FERRY_ERR_NOMEM;
-    const int T = p->T;
+    const int T = chunk_rows(p->T), chunks = (p->T + T - 1) / T;
+    mo->T_step = p->T;
     mo->m = m;
     mo->n_layers = hp->n_layers, mo->n_expert = hp->n_expert, mo->k = hp->n_expert_used;
     mo->dim = hp->dim, mo->ffn = hp->expert_ffn_dim, mo->norm = hp->expert_norm_topk, mo->T = T;
@@ -305,7 +317,7 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
     int rc = FERRY_ERR_NOMEM;
     mo->router = calloc((size_t)hp->n_layers, sizeof *mo->router);
     mo->experts = calloc((size_t)hp->n_layers, sizeof *mo->experts);
-    mo->jobs = calloc((size_t)hp->n_layers, sizeof *mo->jobs);
+    mo->jobs = calloc((size_t)hp->n_layers * chunks, sizeof *mo->jobs);
     mo->count = calloc((size_t)mo->n_expert + 1, sizeof *mo->count);
     if (!mo->router || !mo->experts || !mo->jobs || !mo->count) goto fail;
     char *c = p->fixed;
@@ -520,23 +532,23 @@ static void CUDART_CB host_experts(void *arg)
 }
 
 /* Experts in host memory: the rows and the routing down, the host function, the result up (mapped). */
-static int run_host(struct cuda_moe *mo, int l, float *y, const float *x, int n, const int32_t *d_iota,
-                    cudaStream_t cs)
+static int run_host(struct cuda_moe *mo, struct moe_job *job, int l, float *y, const float *x, int n,
+                    const int32_t *d_iota, cudaStream_t cs)
 {
     const size_t P = (size_t)n * mo->k;
     CK(cudaMemcpyAsync(mo->h_x, x, (size_t)n * mo->dim * sizeof(float), cudaMemcpyDeviceToHost, cs));
     CK(cudaMemcpyAsync(mo->h_ids, mo->ids, P * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
     CK(cudaMemcpyAsync(mo->h_wts, mo->wts, P * sizeof(float), cudaMemcpyDeviceToHost, cs));
-    mo->jobs[l] = (struct moe_job){.mo = mo, .l = l, .n = n};
-    CK(cudaLaunchHostFunc(cs, host_experts, &mo->jobs[l]));
+    *job = (struct moe_job){.mo = mo, .l = l, .n = n};
+    CK(cudaLaunchHostFunc(cs, host_experts, job));
     mo->host_runs++;
     return kern_cuda_embed(y, pinned_device_ptr(mo->h_y), DTYPE_F32, n, mo->dim, d_iota, n, cs);
 }
 
-int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, struct kern_cuda_ctx *kctx,
-                 const int32_t *d_iota, cudaStream_t cs)
+/* Rows [r0, r0 + n) of a step (n <= T), chunk c of it. */
+static int run_chunk(struct cuda_moe *mo, int l, int c, float *y, const float *x, int n,
+                     struct kern_cuda_ctx *kctx, const int32_t *d_iota, cudaStream_t cs)
 {
-    if (!mo || l < 0 || l >= mo->n_layers || n < 1 || n > mo->T) return FERRY_ERR_INVALID;
     const struct model_layer *L = &mo->m->layers[l];
     RC(kern_cuda_matmul(kctx, mo->logits, mo->n_expert, x, mo->router[l], L->router.type, NULL, n,
                         mo->n_expert, mo->dim, cs));
@@ -544,10 +556,22 @@ int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, st
     if (!mo->experts[l]) {
         if (n >= mo->stream_min_rows && mo->stage && mo->hexp && mo->hexp[l])
             return run_stream(mo, l, kctx, y, x, n, cs);
-        return run_host(mo, l, y, x, n, d_iota, cs);
+        return run_host(mo, &mo->jobs[(size_t)l * ((mo->T_step + mo->T - 1) / mo->T) + c], l, y, x, n, d_iota,
+                        cs);
     }
     const struct dev_experts d = dev_experts_at(mo, l, mo->experts[l]);
     if (n <= CUDA_MOE_GEMV_MAX_ROWS) return run_gemv(mo, &d, y, x, n, cs);
     RC(group_rows(mo, n, cs));
     return grouped_products(mo, &d, kctx, y, x, n, cs);
+}
+
+int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, struct kern_cuda_ctx *kctx,
+                 const int32_t *d_iota, cudaStream_t cs)
+{
+    if (!mo || l < 0 || l >= mo->n_layers || n < 1 || n > mo->T_step) return FERRY_ERR_INVALID;
+    for (int r0 = 0, c = 0; r0 < n; r0 += mo->T, c++) {
+        const size_t at = (size_t)r0 * mo->dim;
+        RC(run_chunk(mo, l, c, y + at, x + at, n - r0 < mo->T ? n - r0 : mo->T, kctx, d_iota, cs));
+    }
+    return FERRY_OK;
 }

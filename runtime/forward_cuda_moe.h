@@ -34,6 +34,8 @@ struct kern_cuda_ctx;
 /* Steps of at most this many rows run the grouped GEMV; larger ones group rows by expert (a host round trip,
  * so never inside a captured graph: at least the engine's graph batch). */
 #define CUDA_MOE_GEMV_MAX_ROWS 16
+/* Rows the scratch holds (T k pairs of gate|up, h and gathered rows): larger steps run in chunks. */
+#define CUDA_MOE_CHUNK_ROWS 1024
 
 /* Device bytes of the routers of every layer and the scratch for T rows; 0 for a model without experts. */
 size_t cuda_moe_fixed_bytes(const struct model *m, int T);

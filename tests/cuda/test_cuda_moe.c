@@ -111,7 +111,7 @@ static void check_layer(const struct moe_case *c, int n, int mode)
     struct model m = {.layers = &L};
     m.hp.n_layers = 1, m.hp.dim = dim, m.hp.n_expert = ne, m.hp.n_expert_used = k;
     m.hp.expert_ffn_dim = ffn, m.hp.expert_norm_topk = c->norm;
-    const int T = 40;
+    const int T = n > 40 ? n : 40;
     size_t max_x, w16;
     cuda_moe_ctx_needs(&m, T, &max_x, &w16);
     struct kern_cuda_ctx *ctx = NULL;
@@ -145,7 +145,12 @@ static void check_layer(const struct moe_case *c, int n, int mode)
           *dl = dev_poison((size_t)n * ne * sizeof(float));
     float *logits = malloc((size_t)n * ne * sizeof(float)), *wts = malloc((size_t)n * k * sizeof(float));
     int32_t *ids = malloc((size_t)n * k * sizeof(int32_t));
-    cr_assert_eq(kern_cuda_matmul(ctx, dl, ne, dx, dr, DTYPE_F32, NULL, n, ne, dim, 0), FERRY_OK);
+    for (int r0 = 0; r0 < n; r0 += CUDA_MOE_CHUNK_ROWS) { /* as cuda_moe_run splits a long step */
+        const int rows = n - r0 < CUDA_MOE_CHUNK_ROWS ? n - r0 : CUDA_MOE_CHUNK_ROWS;
+        cr_assert_eq(kern_cuda_matmul(ctx, dl + (size_t)r0 * ne, ne, dx + (size_t)r0 * dim, dr, DTYPE_F32,
+                                      NULL, rows, ne, dim, 0),
+                     FERRY_OK);
+    }
     dev_download(logits, dl, (size_t)n * ne * sizeof(float));
     cr_assert_eq(kern_cpu_moe_route(logits, n, ne, k, c->norm, ids, wts), FERRY_OK);
 
@@ -155,11 +160,16 @@ static void check_layer(const struct moe_case *c, int n, int mode)
     cr_assert_eq(cuda_moe_status(mo), FERRY_OK);
     uint64_t host_runs, stream_runs, stream_bytes;
     cuda_moe_counts(mo, &host_runs, &stream_runs, &stream_bytes);
-    cr_assert_eq(host_runs, (uint64_t)(mode == 1));
-    cr_assert_eq(stream_runs, (uint64_t)(mode == 2));
-    if (mode == 2) { /* the chosen experts' bytes, each once */
-        int used[64] = {0}, distinct = 0;
-        for (int p = 0; p < n * k; p++) distinct += !used[ids[p]]++;
+    const uint64_t chunks = (uint64_t)(n + CUDA_MOE_CHUNK_ROWS - 1) / CUDA_MOE_CHUNK_ROWS;
+    cr_assert_eq(host_runs, mode == 1 ? chunks : 0);
+    cr_assert_eq(stream_runs, mode == 2 ? chunks : 0);
+    if (mode == 2) { /* the experts each chunk chose, each once per chunk */
+        int distinct = 0;
+        for (int r0 = 0; r0 < n; r0 += CUDA_MOE_CHUNK_ROWS) {
+            int used[64] = {0};
+            for (int p = r0 * k; p < n * k && p < (r0 + CUDA_MOE_CHUNK_ROWS) * k; p++)
+                distinct += !used[ids[p]]++;
+        }
         const uint64_t each =
             dtype_row_size(c->t, dim) * (size_t)ffn * 2 + dtype_row_size(c->t, ffn) * (size_t)dim;
         cr_assert_eq(stream_bytes, (uint64_t)distinct * each, "streamed %llu bytes for %d experts",
@@ -243,6 +253,18 @@ Test(cuda_moe, layer_streamed_experts_match_cpu, .timeout = 300)
     SKIP_WITHOUT_GPU();
     rng_seed(37);
     check_cases(2, 1);
+}
+
+/* A step longer than the scratch (CUDA_MOE_CHUNK_ROWS rows) runs in chunks: 2100 rows are three. */
+Test(cuda_moe, layer_in_chunks_matches_cpu, .timeout = 300)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(41);
+    cr_assert_lt(CUDA_MOE_CHUNK_ROWS, 2100);
+    for (int mode = 0; mode < 3; mode++) {
+        check_layer(&cases[0], 2100, mode);
+        check_layer(&cases[3], 2100, mode);
+    }
 }
 
 /* The grouped GEMV alone at every shape of its two uses, against a plain f64 loop: the gate|up use (one
