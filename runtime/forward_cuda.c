@@ -1783,7 +1783,11 @@ static int cuda_attend(struct backend *be, int l, const struct step *st, const f
 
 static void cuda_stats(const struct backend *be, struct backend_stats *st)
 {
-    *st = ((const struct forward_cuda *)be)->stats;
+    const struct forward_cuda *f = (const struct forward_cuda *)be;
+    *st = f->stats;
+    uint64_t host_runs, stream_runs, stream_bytes; /* host experts streamed count as weights streamed */
+    cuda_moe_counts(f->moe, &host_runs, &stream_runs, &stream_bytes);
+    st->bytes_streamed += stream_bytes;
 }
 
 static const struct backend_ops cuda_ops = {
