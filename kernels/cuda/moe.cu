@@ -24,34 +24,48 @@ extern "C" {
 
 /* ---- routing ------------------------------------------------------------------------------------------ */
 
-/* One thread per token, the CPU reference's loops as they are (n_expert is small). */
+/* One warp per token: lane i holds experts i, i + 32, ... The softmax's maximum and its double-precision sum
+ * by butterflies; each pick is the warp's largest untaken logit, ties to the lowest id (a total order, so
+ * every lane ends with the same pick); lane 0 writes the picks and, with norm, divides by their sum in pick
+ * order as the CPU reference does. */
+#define MOE_ROUTE_WORDS (KERN_CUDA_MOE_MAX_EXPERTS / 32 / 32) /* taken bits per lane */
 __global__ void moe_route_kernel(const float *logits, int n, int ne, int k, int norm, int32_t *ids,
                                  float *wts)
 {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
+    const int t = (int)((blockIdx.x * (unsigned)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return; /* (whole warps) */
     const float *l = logits + (size_t)t * ne;
-    int32_t *id = ids + (size_t)t * k;
-    float *w = wts + (size_t)t * k;
-    float mx = l[0];
-    for (int e = 1; e < ne; e++) mx = l[e] > mx ? l[e] : mx;
+    float mx = -INFINITY;
+    for (int e = lane; e < ne; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     double sum = 0;
-    for (int e = 0; e < ne; e++) sum += exp((double)l[e] - mx);
+    for (int e = lane; e < ne; e += 32) sum += exp((double)l[e] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    uint32_t taken[MOE_ROUTE_WORDS] = {0};
+    float picked = 0.0f; /* lane 0: the sum of the weights so far */
     for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < ne; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= id[i] == e;
-            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        float bv = -INFINITY;
+        int be = -1;
+        for (int e = lane, i = 0; e < ne; e += 32, i++)
+            if (!(taken[i >> 5] >> (i & 31) & 1u) && (be < 0 || l[e] > bv)) bv = l[e], be = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
         }
-        id[j] = best;
-        w[j] = (float)(exp((double)l[best] - mx) / sum);
+        if ((be & 31) == lane) taken[(be >> 5) >> 5] |= 1u << ((be >> 5) & 31);
+        if (lane == 0) {
+            ids[(size_t)t * k + j] = be;
+            const float w = (float)(exp((double)bv - mx) / sum);
+            wts[(size_t)t * k + j] = w;
+            picked += w;
+        }
     }
-    if (norm) {
-        float s = 0;
-        for (int j = 0; j < k; j++) s += w[j];
-        for (int j = 0; j < k; j++) w[j] /= s;
-    }
+    if (norm && lane == 0)
+        for (int j = 0; j < k; j++) wts[(size_t)t * k + j] /= picked;
 }
 
 extern "C" int kern_cuda_moe_route(const float *logits, int n, int n_expert, int k, int norm, int32_t *ids,
@@ -59,7 +73,8 @@ extern "C" int kern_cuda_moe_route(const float *logits, int n, int n_expert, int
 {
     if (n < 1 || n_expert < 1 || n_expert > KERN_CUDA_MOE_MAX_EXPERTS || k < 1 || k > n_expert)
         return FERRY_ERR_INVALID;
-    moe_route_kernel<<<fcuda_blocks(n, 64), 64, 0, stream>>>(logits, n, n_expert, k, norm, ids, wts);
+    moe_route_kernel<<<fcuda_blocks((int64_t)n * 32, 128, INT32_MAX), 128, 0, stream>>>(logits, n, n_expert,
+                                                                                        k, norm, ids, wts);
     FCUDA_LAUNCH_CHECK("moe_route_kernel");
     return FERRY_OK;
 }
