@@ -305,6 +305,7 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
 {
     const struct llm_hparams *hp = &m->hp;
     *out = NULL;
+    if (p->T < 1 || hp->n_expert < 1) return FERRY_ERR_INVALID;
     struct cuda_moe *mo = calloc(1, sizeof *mo);
     if (!mo) return FERRY_ERR_NOMEM;
     const int T = chunk_rows(p->T), chunks = (p->T + T - 1) / T;
