@@ -114,8 +114,7 @@ static const struct opt_row rows[] = {
     {"served-model-name", OPT_STR, OFF(served_model_name), 0, 0, NULL, NULL,
      "model id in the API (default: file name of --model)"},
     {"hf-repo", OPT_STR, OFF(hf_repo), 0, 0, NULL, NULL,
-     "OWNER/REPO[:QUANT]: download the model from a Hugging Face hub into the cache (as ferry pull), then "
-     "serve it"},
+     "OWNER/REPO[:QUANT]: download the model from a Hugging Face hub into the cache (as ferry pull), then serve it"},
     {"any-model", OPT_BOOL, OFF(any_model), 0, 1, "0", NULL,
      "accept any \"model\" in requests (clients with a hard-coded name) instead of answering 404"},
     {"seed", OPT_I64, OFF(seed), -1, INT64_MAX, "-1", NULL,
@@ -127,9 +126,8 @@ static const struct opt_row rows[] = {
     {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
      "layers resident on the GPU, the rest streamed (-1 = as many as fit; CUDA backend)"},
     {"cpu-moe", OPT_INT, OFF(cpu_moe), -1, 1 << 16, "-1", NULL,
-     "expert models: the experts of the first N layers stay in host memory and the host's cores compute "
-     "them, "
-     "attention and routers on the GPU (-1 = as few as the budget needs; CUDA backend)"},
+     "expert models: the experts of the first N layers stay in host memory (the host's cores compute them, "
+     "or long steps copy the chosen ones to the GPU; -1 = as few as the budget needs; CUDA backend)"},
     {"ring-layers", OPT_INT, OFF(ring_layers), 0, 1 << 16, "0", NULL,
      "the streaming ring's size in the largest streamed layers (0 = the planner's choice: two of the largest "
      "pieces, grown with what the resident layers leave up to two layers; CUDA backend)"},
