@@ -251,6 +251,12 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
              (long long)m->kv_ext_tokens, m->kv_ext_bytes / GIB,
              m->kv_ext_host ? "decode tokens' attention over them runs on the host's cores"
                             : "the device reads them over the link");
+    if (m->moe_layers && m->cpu_moe)
+        EMIT("  experts: those of layers 0-%d in host memory, computed by the host's cores; of %d layers "
+             "resident\n",
+             m->cpu_moe - 1, m->moe_layers - m->cpu_moe);
+    else if (m->moe_layers)
+        EMIT("  experts: all resident\n");
     for (int i = 0; i < m->n_layers;) {
         int j = i;
         while (j + 1 < m->n_layers && m->where[j + 1] == m->where[i]) j++;

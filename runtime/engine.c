@@ -75,6 +75,15 @@ struct engine {
     double pend_t0;
 };
 
+const char *engine_cuda_lacks(const struct llm_hparams *hp)
+{
+    if (hp->full_attn_interval > 0) return "gated DeltaNet (linear-attention) layers";
+    const struct layer_program *p = layer_program_of(hp);
+    if (layer_program_has(p, LOP_ATTENTION_SINKS)) return "attention sinks";
+    if (layer_program_has(p, LOP_MOE_CLAMPED)) return "clamped-SwiGLU expert layers (gpt-oss)";
+    return NULL;
+}
+
 struct engine_params engine_default_params(void)
 {
     return (struct engine_params){
@@ -89,6 +98,7 @@ struct engine_params engine_default_params(void)
         .reserve_vram = (int64_t)1 << 30,
         .gpu_layers = -1,
         .ring_layers = 0,
+        .cpu_moe = -1,
         .placement = ENGINE_PLACEMENT_AUTO,
         .cpu_threads = 0,
         .plan_override = NULL,
@@ -182,6 +192,7 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .gpu_memory = p->gpu_memory,
                                         .reserve_vram = p->reserve_vram,
                                         .gpu_layers = p->gpu_layers,
+                                        .cpu_moe = p->cpu_moe,
                                         .ring_layers = p->ring_layers,
                                         .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
                                         .force_where = p->plan_override,
@@ -490,21 +501,19 @@ static int engine_create(struct engine **out, struct model *model, const struct 
 {
     *out = NULL;
     struct engine_params p = *params;
-    /* auto: the GPU when there is one, except for expert layers, which only the CPU backend runs yet. */
-    const int moe = model->hp.n_expert > 0;
-    const int recurrent = model->hp.full_attn_interval > 0; /* gated DeltaNet layers: the CPU only, too */
-    const int use_cuda = p.backend == ENGINE_BACKEND_CUDA || (p.backend == ENGINE_BACKEND_AUTO && !moe &&
-                                                              !recurrent && forward_cuda_devices() > 0);
-    if (p.backend == ENGINE_BACKEND_CUDA && recurrent) {
-        snprintf(err, 256, "the CUDA backend has no kernels for gated DeltaNet (linear-attention) layers: %s",
-                 "run this model with --backend cpu");
+    /* auto: the GPU when there is one, unless the model has layers the CUDA backend has no kernels for (gated
+     * DeltaNet, attention sinks, gpt-oss's clamped experts): those models run on the CPU. */
+    const char *cuda_lacks = engine_cuda_lacks(&model->hp);
+    const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
+                         (p.backend == ENGINE_BACKEND_AUTO && !cuda_lacks && forward_cuda_devices() > 0);
+    if (p.backend == ENGINE_BACKEND_CUDA && cuda_lacks) {
+        snprintf(err, 256, "the CUDA backend has no kernels for %s: run this model with --backend cpu",
+                 cuda_lacks);
         model_free(model);
         return FERRY_ERR_UNSUPPORTED;
     }
-    if (p.backend == ENGINE_BACKEND_AUTO && recurrent && forward_cuda_devices() > 0)
-        FLOG_WARN("gated DeltaNet layers run on the CPU backend only: the GPU is not used for this model");
-    if (p.backend == ENGINE_BACKEND_AUTO && moe && forward_cuda_devices() > 0)
-        FLOG_WARN("expert layers run on the CPU backend only: the GPU is not used for this model");
+    if (p.backend == ENGINE_BACKEND_AUTO && cuda_lacks && forward_cuda_devices() > 0)
+        FLOG_WARN("the CUDA backend has no kernels for %s: the GPU is not used for this model", cuda_lacks);
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
         p.ctx_size < 0 || p.kv_tokens < 0 || p.cpu_threads < 0 || p.cpu_threads > 1024 ||
         (unsigned)p.placement > ENGINE_PLACEMENT_CPU) {
@@ -928,8 +937,9 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
  * that time: step_plan_ext_shift weighs it, from the extension's K/V bytes those rows read over all
  * layers at the host's rate on the reference layer's weights, and says how many of the CPU layers to stream
  * instead. Measured on the H200 (runtime/NOTES.md, 2026-12-02g): 16 clients at 4 GiB served 123 tok/s with
- * the plan as made, 182 with every host layer streamed; since 2026-12-02i it moves only as many as the time calls for
- * (F16 7B: 11 CPU layers at 16 tokens and 36 ms of the host's attention a step, all of them kept before). */
+ * the plan as made, 182 with every host layer streamed; since 2026-12-02i it moves only as many as the time
+ * calls for (F16 7B: 11 CPU layers at 16 tokens and 36 ms of the host's attention a step, all of them kept
+ * before). */
 static const enum placement *step_where(struct engine *e, const struct batch *b)
 {
     const enum placement *w = step_plan_where(&e->plan, b->n_tokens);

@@ -63,6 +63,9 @@ struct engine_params {
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
     int gpu_layers;       /* resident layers; -1 = as many as fit */
     int ring_layers;      /* streaming ring size in the largest streamed layers; 0 = the planner's choice */
+    int cpu_moe; /* expert models: the experts of the first cpu_moe layers stay in host memory, computed by
+                  * the host's cores beside the device's attention (llama.cpp's --n-cpu-moe); -1 = the fewest
+                  * that let the plan fit the budget */
     enum engine_placement placement;
     int cpu_threads; /* host threads computing host layers of a GPU engine (pinned); 0 = n_threads, or all
                       * cores when that is 0 too */
@@ -72,6 +75,11 @@ struct engine_params {
 };
 
 struct engine_params engine_default_params(void);
+
+/* What the CUDA backend has no kernels for in a model of hp (a phrase for messages: "gated DeltaNet
+ * (linear-attention) layers", "attention sinks", ...), or NULL when it runs every layer. --backend cuda
+ * refuses such a model; auto runs it on the CPU. */
+const char *engine_cuda_lacks(const struct llm_hparams *hp);
 
 struct engine_stats {
     int kv_blocks_total;
@@ -83,16 +91,16 @@ struct engine_stats {
     double busy_seconds; /* wall time inside engine_step */
     const char *backend; /* "cpu" or "cuda" */
     /* CUDA backend only (zero on the CPU). */
-    int n_resident, n_streamed;          /* n_streamed: layers in host memory (streamed or host-computed) */
-    uint64_t ring_bytes;                 /* the streaming ring (0: none) */
-    uint64_t bytes_streamed;             /* weight bytes copied host→device for the layers steps streamed */
-    uint64_t bytes_parked;               /* and for the layers they parked (runtime/step_plan.h) */
-    double copy_seconds;                 /* copy-stream time for those bytes */
-    double stall_seconds;                /* compute time spent waiting for copies */
+    int n_resident, n_streamed; /* n_streamed: layers in host memory (streamed or host-computed) */
+    uint64_t ring_bytes;        /* the streaming ring (0: none) */
+    uint64_t bytes_streamed;    /* weight bytes copied host→device for the layers steps streamed */
+    uint64_t bytes_parked;      /* and for the layers they parked (runtime/step_plan.h) */
+    double copy_seconds;        /* copy-stream time for those bytes */
+    double stall_seconds;       /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
-    uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory (device_map.h) */
-    uint64_t kv_ext_host_rows; /* rows x layers whose extension positions the host's cores attended to */
-    double kv_ext_host_seconds; /* wall time of that attention, on the compute stream's path */
+    uint64_t kv_host_bytes;      /* the KV pool's extension in pinned host memory (device_map.h) */
+    uint64_t kv_ext_host_rows;   /* rows x layers whose extension positions the host's cores attended to */
+    double kv_ext_host_seconds;  /* wall time of that attention, on the compute stream's path */
     uint64_t ext_streamed_steps; /* steps that streamed CPU layers for that attention (engine.c step_where) */
     double h2d_bytes_per_s, hbm_bytes_per_s; /* ceilings measured at start-up */
     /* Host layers of a GPU engine computed on the CPU. */

@@ -22,6 +22,7 @@
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/draw_cuda.h"
+#include "runtime/forward_cuda_moe.h"
 #include "runtime/pinned.h"
 #include "runtime/ring.h"
 #include "runtime/step_plan.h"
@@ -129,7 +130,7 @@ struct forward_cuda {
     uint64_t park_lo;      /* the lowest offset of a parked layer (UINT64_MAX: none) */
     cudaEvent_t park_done; /* the last parking copy (copy stream) */
     cudaEvent_t park_used; /* the last use of a parked layer (compute stream) */
-    void *head; /* output head (n_vocab, dim) in head_type */
+    void *head;            /* output head (n_vocab, dim) in head_type */
     enum dtype head_type;
     float *out_norm;       /* (dim) */
     float *inv_freq;       /* (rope_dim/2) device */
@@ -193,6 +194,12 @@ struct forward_cuda {
     /* The link-load probe. */
     cudaEvent_t load_t0, load_t1;
     uint64_t load_bytes;
+
+    /* Expert layers (runtime/forward_cuda_moe.h), or NULL: their routers, scratch and resident experts are
+     * carved from the arena; the first cpu_moe layers keep their experts in host memory. */
+    struct cuda_moe *moe;
+    void **moe_experts; /* (n_layers) each layer's resident experts on the device, or NULL */
+    int cpu_moe;
 
     struct backend_stats stats;
 };
@@ -307,6 +314,8 @@ static void cuda_free(struct backend *be)
             if (f->graphs[i]) cudaGraphExecDestroy(f->graphs[i]);
         free(f->graphs);
     }
+    cuda_moe_free(f->moe);
+    free(f->moe_experts);
     kern_cuda_ctx_free(f->kctx);
     if (f->arena) cudaFree(f->arena);
     pinned_block_free(&f->host);
@@ -471,6 +480,10 @@ struct plan_sizes {
     size_t attn_ws_bytes;
     size_t max_x; /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
     size_t w16;   /* the context's buffer for block-type W decoded to f16 (kern_cuda_w16_bytes) */
+    /* Expert models: (n_layers) caller-owned, each layer's block plus its experts where they are resident
+     * (plan_experts); what the planner places. NULL for a dense model. */
+    uint64_t *with_experts;
+    uint64_t with_experts_max;
 };
 
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, int kv_q8,
@@ -499,6 +512,9 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
                 if (dtype_block_size(lay->part[i][p].type) > 1 && e > w16_elems) w16_elems = e;
             }
     }
+    size_t moe_x, moe_w16;
+    cuda_moe_ctx_needs(m, T, &moe_x, &moe_w16);
+    if (moe_w16 > w16_elems) w16_elems = moe_w16;
     ps->w16 = kern_cuda_w16_bytes(T, w16_elems);
     ps->head_bytes =
         align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
@@ -513,10 +529,21 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         kv_q8 ? 2 * (kv_row + kv_row / 32 * sizeof(uint16_t)) : 2 * kv_row * sizeof(uint16_t);
     /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
-                      (kv_q8 ? 4 : 2) * ALIGN + tails;
+                      (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T);
     ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
     if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
         ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+    if (moe_x > ps->max_x) ps->max_x = moe_x;
+}
+
+/* The sizes the planner places when the experts of layers [0, cpu_moe) stay in host memory. */
+static void plan_experts(const struct model *m, struct plan_sizes *ps, int cpu_moe)
+{
+    ps->with_experts_max = 0;
+    for (int l = 0; l < m->hp.n_layers && ps->with_experts; l++) {
+        ps->with_experts[l] = ps->layer_sizes[l] + (l >= cpu_moe ? cuda_moe_expert_bytes(m, l) : 0);
+        if (ps->with_experts[l] > ps->with_experts_max) ps->with_experts_max = ps->with_experts[l];
+    }
 }
 
 /* The host's cores attend to the KV pool's extension (the default), or the device reads it over the link
@@ -552,8 +579,8 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
                                           uint8_t *mask)
 {
     struct device_map_input in = {.n_layers = m->hp.n_layers,
-                                  .layer_bytes = ps->layer_bytes,
-                                  .layer_sizes = ps->layer_sizes,
+                                  .layer_bytes = ps->with_experts ? ps->with_experts_max : ps->layer_bytes,
+                                  .layer_sizes = ps->with_experts ? ps->with_experts : ps->layer_sizes,
                                   .piece_bytes = ps->piece_bytes,
                                   .head_bytes = ps->head_bytes,
                                   .fixed_bytes = ps->fixed_bytes + other_fixed,
@@ -582,6 +609,58 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
     return in;
 }
 
+/* The map. For an expert model every layer's block is resident (the host's cores run no expert layer of
+ * their own) and the experts of the first cpu_moe layers stay in host memory: cpu_moe_req of them, or (-1)
+ * the fewest with which the plan fits the budget; with any there, the staging area they stream through
+ * (runtime/forward_cuda_moe.h) is part of the plan. A budget that cannot hold the blocks with every expert in
+ * host memory is refused with the minimum. */
+static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_map_input *in,
+                    int cpu_moe_req, int *cpu_moe, struct device_map *out, char err[256])
+{
+    const int L = m->hp.n_layers;
+    *cpu_moe = 0;
+    if (m->hp.n_expert <= 0) return device_map_plan(in, out, err);
+    if (!ps->with_experts) return FERRY_ERR_NOMEM;
+    int host = in->gpu_layers >= 0 && in->gpu_layers < L;
+    for (int l = 0; l < L && in->resident_mask; l++) host |= !in->resident_mask[l];
+    if (host) {
+        snprintf(err, 256,
+                 "the layers of an expert model stay on the device (their experts may not: --cpu-moe N keeps "
+                 "those of the first N layers in host memory)");
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    in->gpu_layers = L;
+    in->resident_mask = NULL;
+    const uint64_t fixed = in->fixed_bytes, stage = cuda_moe_stage_bytes(m);
+    for (int c = cpu_moe_req < 0 ? 0 : (cpu_moe_req > L ? L : cpu_moe_req);; c++) {
+        plan_experts(m, ps, c);
+        in->layer_bytes = ps->with_experts_max;
+        in->fixed_bytes = fixed + (c ? stage : 0); /* host experts stream through the staging area */
+        const int rc = device_map_plan(in, out, err);
+        if (rc != FERRY_ERR_DEVICE_MEM || cpu_moe_req >= 0 || c >= L) {
+            *cpu_moe = c;
+            if (!rc) out->moe_layers = L, out->cpu_moe = c;
+            if (rc == FERRY_ERR_DEVICE_MEM) { /* name the minimum of this plan: the KV pool at its least */
+                struct device_map_input least = *in;
+                struct device_map need;
+                char e2[256];
+                least.budget = UINT64_MAX / 4;
+                if (least.kv_token_bytes) least.kv_tokens_max = least.kv_tokens_min, least.kv_ext_max = 0;
+                if (device_map_plan(&least, &need, e2) == FERRY_OK)
+                    snprintf(
+                        err, 256,
+                        "GPU budget %.2f GiB is too small for this expert model: the minimum is %.2f GiB "
+                        "(every layer's attention, norms and router on the device, the experts of %d of "
+                        "its %d layers in host memory)",
+                        in->budget / 1073741824.0, need.bytes_total / 1073741824.0, c, L);
+                device_map_free(&need);
+            }
+            return rc;
+        }
+        device_map_free(out);
+    }
+}
+
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256])
@@ -589,9 +668,11 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
     uint8_t *mask = malloc((size_t)m->hp.n_layers);
-    int rc = FERRY_ERR_NOMEM;
-    if (!sizes || !mask) goto out;
+    uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
+    int rc = FERRY_ERR_NOMEM, cpu_moe;
+    if (!sizes || !mask || !with_experts) goto out;
     plan_sizes_of(m, kv, p->max_tokens, p->kv_q8, NULL, sizes, &ps);
+    ps.with_experts = m->hp.n_expert > 0 ? with_experts : NULL;
     const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x, ps.w16); /* cuBLAS and the products' workspaces */
     rc = FERRY_ERR_INVALID;
     if (p->gpu_memory <= 0) {
@@ -599,11 +680,12 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     } else {
         struct device_map_input in =
             plan_input(m, &ps, p, ctx_bytes, (uint64_t)p->gpu_memory, kv->block_size, h2d, hbm, mask);
-        rc = device_map_plan(&in, out, err);
+        rc = plan_map(m, &ps, &in, p->cpu_moe, &cpu_moe, out, err);
     }
 out:
     free(sizes);
     free(mask);
+    free(with_experts);
     return rc;
 }
 
@@ -618,16 +700,19 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_re
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
     uint8_t *mask = malloc((size_t)m->hp.n_layers);
-    int rc = FERRY_ERR_NOMEM;
-    if (sizes && mask) {
+    uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
+    int rc = FERRY_ERR_NOMEM, cpu_moe;
+    if (sizes && mask && with_experts) {
         plan_sizes_of(m, f->kv, p.max_tokens, p.kv_q8, NULL, sizes, &ps);
+        ps.with_experts = m->hp.n_expert > 0 ? with_experts : NULL;
         struct device_map_input in =
             plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget, f->kv->block_size,
                        f->stats.h2d_bytes_per_s, f->stats.hbm_bytes_per_s, mask);
-        rc = device_map_plan(&in, out, err);
+        rc = plan_map(m, &ps, &in, f->cpu_moe, &cpu_moe, out, err);
     }
     free(sizes);
     free(mask);
+    free(with_experts);
     return rc;
 }
 
@@ -649,18 +734,12 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "architecture '%.31s' has no layer program", hp->arch);
         return FERRY_ERR_UNSUPPORTED;
     }
-    if (hp->n_expert > 0) {
-        snprintf(err, 256,
-                 "the CUDA backend has no kernels for expert layers (%d experts, %d per token): run this "
-                 "model with --backend cpu",
-                 hp->n_expert, hp->n_expert_used);
-        return FERRY_ERR_UNSUPPORTED;
-    }
     if (hp->sliding_window > 0 && kv->n_ext > 0) {
         snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
         return FERRY_ERR_UNSUPPORTED;
     }
     int rc = check_types(m, err);
+    if (!rc) rc = cuda_moe_check_types(m, err);
     if (rc) return rc;
     struct forward_cuda *f = calloc(1, sizeof *f);
     if (!f) return FERRY_ERR_NOMEM;
@@ -686,14 +765,18 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->step_copy = calloc((size_t)L * LAYER_N_MATS, sizeof *f->step_copy);
     f->parked = malloc((size_t)L * sizeof *f->parked);
     f->park_want = malloc((size_t)L * sizeof *f->park_want);
+    f->moe_experts = calloc((size_t)L, sizeof *f->moe_experts);
     uint8_t *mask = malloc((size_t)L);
+    uint64_t *with_experts = malloc((size_t)L * sizeof *with_experts);
     if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->tail || !f->step_items ||
-        !f->step_bytes || !f->step_copy || !f->parked || !f->park_want || !mask)
+        !f->step_bytes || !f->step_copy || !f->parked || !f->park_want || !f->moe_experts || !mask ||
+        !with_experts)
         goto fail;
     for (int l = 0; l < L; l++) f->parked[l] = UINT64_MAX;
     f->park_lo = UINT64_MAX;
     struct plan_sizes ps;
     plan_sizes_of(m, kv, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
+    ps.with_experts = hp->n_expert > 0 ? with_experts : NULL;
     const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     f->head_type = packed_type(m->output.type);
     f->attn_ws_bytes = ps.attn_ws_bytes;
@@ -732,7 +815,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->plan_budget = plan_budget;
     struct device_map_input in =
         plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d, mask);
-    if ((rc = device_map_plan(&in, &f->map, err))) {
+    if ((rc = plan_map(m, &ps, &in, p->cpu_moe, &f->cpu_moe, &f->map, err))) {
         if (rc == FERRY_ERR_DEVICE_MEM && overhead)
             FLOG_ERROR(
                 "(the budget counts the %.0f MiB that the CUDA runtime and cuBLAS took for themselves)",
@@ -767,6 +850,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
               "CUDA runtime and cuBLAS themselves)",
               h2d / 1e9, d2d / 1e9, budget / 1073741824.0, overhead / 1048576.0);
     FLOG_INFO("%s", desc);
+    if (hp->n_expert > 0)
+        FLOG_INFO("experts: those of %d of the %d layers on the device, of %d in host memory (--cpu-moe %d)",
+                  L - f->cpu_moe, L, f->cpu_moe, f->cpu_moe);
 
     /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init). */
     f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx);
@@ -816,6 +902,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
             tails_ok &= (f->tail[l] = carve(&c, f->layouts[l].bytes - f->layouts[l].norm_off[0])) != NULL;
     }
     if (ring_bytes) f->ring_buf = carve(&c, ring_bytes);
+    void *moe_fixed = hp->n_expert > 0 ? carve(&c, cuda_moe_fixed_bytes(m, T)) : NULL;
+    const uint64_t stage_bytes = f->cpu_moe > 0 ? cuda_moe_stage_bytes(m) : 0;
+    void *moe_stage = stage_bytes ? carve(&c, stage_bytes) : NULL;
+    tails_ok &= !stage_bytes || moe_stage != NULL;
+    for (int l = f->cpu_moe; l < L && hp->n_expert > 0; l++)
+        tails_ok &= (f->moe_experts[l] = carve(&c, cuda_moe_expert_bytes(m, l))) != NULL;
+    tails_ok &= hp->n_expert <= 0 || moe_fixed != NULL;
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
         !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok ||
@@ -907,6 +1000,14 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "uploading the weights failed (%s)", ferry_status_str(rc));
         goto fail;
     }
+    if (hp->n_expert > 0) {
+        const struct cuda_moe_params mp = {.T = T,
+                                           .fixed = moe_fixed,
+                                           .experts = f->moe_experts,
+                                           .stage = moe_stage,
+                                           .h2d_bytes_per_s = h2d};
+        if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
+    }
     /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
      * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
     rc = FERRY_ERR_CUDA;
@@ -916,16 +1017,20 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         (f->v_scale && cudaMemset(f->v_scale, 0, kv_elems / 32 * sizeof(uint16_t)) != cudaSuccess) ||
         cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
-    /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident. */
-    if (S == 0 && !getenv("FERRY_NO_CUDA_GRAPHS")) f->graphs = calloc(GRAPH_SLOTS, sizeof *f->graphs);
+    /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident (and
+     * every expert: a host function's argument holds the step's rows). */
+    if (S == 0 && !cuda_moe_n_host(f->moe) && !getenv("FERRY_NO_CUDA_GRAPHS"))
+        f->graphs = calloc(GRAPH_SLOTS, sizeof *f->graphs);
     cudaMemGetInfo(&free_b, &total_b);
     f->stats.vram_used = free_start > free_b ? free_start - free_b : 0;
     free(mask);
+    free(with_experts);
     *out = &f->be;
     return FERRY_OK;
 fail:
     if (!err[0]) snprintf(err, 256, "CUDA backend initialisation failed (%s)", ferry_status_str(rc));
     free(mask);
+    free(with_experts);
     cuda_free(&f->be);
     return rc;
 }
@@ -1098,6 +1203,8 @@ static float *act(struct forward_cuda *f, enum layer_act a)
         return f->gu;
     case LACT_H:
         return f->h;
+    case LACT_GATE: /* (a Qwen3.5 op's: refused with the family, engine_cuda_lacks) */
+        return NULL;
     }
     return NULL;
 }
@@ -1167,8 +1274,8 @@ static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const stru
     float *xd;
     int rc = kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, hp->dim, &xq, &xd);
     if (rc == FERRY_OK)
-        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim, hp->norm_eps,
-                               xq, xd, f->compute);
+        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim,
+                               hp->norm_eps, xq, xd, f->compute);
     if (rc != FERRY_OK) /* the workspace was not written: forget the target */
         kern_cuda_matmul_x8_target(f->kctx, NULL, DTYPE_F32, 0, 0, NULL, NULL);
     return rc;
@@ -1282,7 +1389,16 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
                                  w->norm[LAYER_Q_NORM], w->norm[LAYER_K_NORM], n, hp->n_heads, hp->n_kv_heads,
                                  hp->head_dim, hp->norm_eps, cs);
     case LOP_MOE:
-        return FERRY_ERR_UNSUPPORTED; /* refused at init (forward_cuda_init) */
+        RC(cuda_moe_run(f->moe, l, act(f, op->out), act(f, op->in), n, f->kctx, f->d_iota, cs));
+        if (op->out == LACT_D) f->pending = 1;
+        return FERRY_OK;
+    case LOP_ATTENTION_SINKS:
+    case LOP_MOE_CLAMPED:
+    case LOP_DELTANET:
+    case LOP_Q_GATE:
+    case LOP_ATT_GATE:
+        return FERRY_ERR_UNSUPPORTED; /* no kernels: the engine keeps these families off CUDA
+                                       * (engine_cuda_lacks) */
     }
     return FERRY_ERR_INTERNAL;
 }
@@ -1559,9 +1675,9 @@ static int cuda_layer(struct backend *be, int l, const struct step *st)
 /* Once the step's work is complete: a host function's failure, reported once. */
 static int ext_status(struct forward_cuda *f)
 {
-    const int rc = f->ext_rc;
+    const int rc = f->ext_rc, moe = cuda_moe_status(f->moe);
     f->ext_rc = 0;
-    return rc;
+    return rc ? rc : moe;
 }
 
 /* Once the step's work is complete: the streaming figures of its copies. */
@@ -1676,7 +1792,11 @@ static int cuda_attend(struct backend *be, int l, const struct step *st, const f
 
 static void cuda_stats(const struct backend *be, struct backend_stats *st)
 {
-    *st = ((const struct forward_cuda *)be)->stats;
+    const struct forward_cuda *f = (const struct forward_cuda *)be;
+    *st = f->stats;
+    uint64_t host_runs, stream_runs, stream_bytes; /* host experts streamed count as weights streamed */
+    cuda_moe_counts(f->moe, &host_runs, &stream_runs, &stream_bytes);
+    st->bytes_streamed += stream_bytes;
 }
 
 static const struct backend_ops cuda_ops = {

@@ -48,7 +48,9 @@ struct forward_cuda_params {
     int kv_auto;
     int64_t kv_tokens_max, kv_tokens_floor, kv_tokens_min;
     int kv_q8; /* the KV pool in Q8_0 blocks (kernels/cuda/attention.h; head_dim a multiple of 64), no
-                  extension */
+                  extension */    /* Expert models: the experts of the first cpu_moe layers stay in host memory and the host's cores
+     * compute them (runtime/forward_cuda_moe.h); -1: the fewest that let the plan fit the budget. */
+    int cpu_moe;
 };
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */

@@ -68,6 +68,8 @@ static void bench_usage(FILE *f)
         "  --reserve-vram SIZE   (default 1GiB)\n"
         "  --gpu-layers N        resident layers (default: as many as fit)\n"
         "  --ring-layers K       streaming ring size in layers (default: planner's choice)\n"
+        "  --cpu-moe N           expert models: the experts of the first N layers in host memory, computed\n"
+        "                        by the CPU (default: as few as the budget needs)\n"
         "  --quant int8|int4     quantize the weights at load (llama.cpp's Q8_0 / Q4_K_M mix)\n"
         "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
         "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
@@ -228,6 +230,7 @@ int cli_bench_main(int argc, char **argv)
         {"reserve-vram", required_argument, 0, 'r'},
         {"gpu-layers", required_argument, 0, 'l'},
         {"ring-layers", required_argument, 0, 'k'},
+        {"cpu-moe", required_argument, 0, 'E'},
         {"cpu", no_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'},
         {"batches", required_argument, 0, 'b'},
@@ -282,6 +285,9 @@ int cli_bench_main(int argc, char **argv)
             break;
         case 'k':
             ep.ring_layers = atoi(optarg);
+            break;
+        case 'E':
+            ep.cpu_moe = atoi(optarg);
             break;
         case 'c':
             ep.backend = ENGINE_BACKEND_CPU;

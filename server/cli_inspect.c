@@ -23,6 +23,7 @@ static void inspect_usage(FILE *f)
                "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget "
                "(e.g. 4GiB)\n"
                "  --gpu-layers N      resident layers (default: as many as fit)\n"
+               "  --cpu-moe N         expert models: the experts of the first N layers in host memory\n"
                "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
                "  --parallel N        sequences (default 1)\n"
                "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
@@ -63,6 +64,7 @@ int cli_inspect_main(int argc, char **argv)
                                              {"json", no_argument, 0, 'j'},
                                              {"gpu-memory", required_argument, 0, 'g'},
                                              {"gpu-layers", required_argument, 0, 'l'},
+                                             {"cpu-moe", required_argument, 0, 'E'},
                                              {"ctx-size", required_argument, 0, 'c'},
                                              {"parallel", required_argument, 0, 'p'},
                                              {"kv-type", required_argument, 0, 'k'},
@@ -89,6 +91,9 @@ int cli_inspect_main(int argc, char **argv)
             break;
         case 'l':
             ep.gpu_layers = atoi(optarg);
+            break;
+        case 'E':
+            ep.cpu_moe = atoi(optarg);
             break;
         case 'c':
             ep.ctx_size = atoi(optarg);
@@ -196,12 +201,9 @@ int cli_inspect_main(int argc, char **argv)
      */
     char plan[4096] = "cpu: all layers";
     int plan_rc = 0;
-    if (ep.gpu_memory > 0 && hp->n_expert > 0) {
-        snprintf(plan, sizeof plan,
-                 "cpu: all layers (the CUDA backend has no kernels for expert layers yet)");
-    } else if (ep.gpu_memory > 0 && hp->full_attn_interval > 0) {
-        snprintf(plan, sizeof plan,
-                 "cpu: all layers (the CUDA backend has no kernels for gated DeltaNet layers)");
+    const char *cuda_lacks = engine_cuda_lacks(hp);
+    if (ep.gpu_memory > 0 && cuda_lacks) {
+        snprintf(plan, sizeof plan, "cpu: all layers (the CUDA backend has no kernels for %s)", cuda_lacks);
     } else if (ep.gpu_memory > 0) {
         char perr[256] = "";
         plan_rc = engine_plan(mf, &ep, plan, sizeof plan, perr);

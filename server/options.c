@@ -134,6 +134,9 @@ static const struct opt_row rows[] = {
      "VRAM left free when --gpu-memory is 0 (CUDA backend)"},
     {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
      "layers resident on the GPU, the rest streamed (-1 = as many as fit; CUDA backend)"},
+    {"cpu-moe", OPT_INT, OFF(cpu_moe), -1, 1 << 16, "-1", NULL,
+     "expert models: the experts of the first N layers stay in host memory (the host's cores compute them, "
+     "or long steps copy the chosen ones to the GPU; -1 = as few as the budget needs; CUDA backend)"},
     {"ring-layers", OPT_INT, OFF(ring_layers), 0, 1 << 16, "0", NULL,
      "the streaming ring's size in the largest streamed layers (0 = the planner's choice: two of the largest "
      "pieces, grown with what the resident layers leave up to two layers; CUDA backend)"},

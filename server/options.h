@@ -55,6 +55,7 @@ struct serve_options {
     int64_t gpu_memory;             /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
     int64_t reserve_vram;
     int gpu_layers;        /* -1 = planner decides */
+    int cpu_moe;           /* expert layers whose experts stay in host memory; -1 = planner decides */
     int ring_layers;       /* streaming ring size in the largest streamed layers; 0 = planner decides */
     const char *placement; /* auto|stream|cpu: what the host layers do (CUDA backend) */
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */

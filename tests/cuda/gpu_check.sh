@@ -38,7 +38,7 @@ cd "$work" || exit 1
 if ! meson setup build -Dcuda=enabled -Dtests=enabled -Dserver=disabled > "$out/setup.log" 2>&1; then
     log "meson setup FAILED (see setup.log)"; tail -30 "$out/setup.log"; exit 1
 fi
-targets="tests/cuda/test_cuda_ops tests/cuda/test_cuda_matmul tests/cuda/test_cuda_attention tests/cuda/test_cuda_gemv_q8 tests/cuda/test_cuda_matmul_q tests/cuda/test_qblock tests/bench_cuda/bench_cuda"
+targets="tests/cuda/test_cuda_ops tests/cuda/test_cuda_matmul tests/cuda/test_cuda_attention tests/cuda/test_cuda_gemv_q8 tests/cuda/test_cuda_matmul_q tests/cuda/test_qblock tests/cuda/test_cuda_moe tests/bench_cuda/bench_cuda tests/bench_cuda/bench_moe"
 if ! ninja -C build $targets > "$out/build.log" 2>&1; then
     log "build FAILED (see build.log)"; grep -E "error" "$out/build.log" | head -30; exit 1
 fi
@@ -46,10 +46,10 @@ log "build ok"
 [ $build_only = 1 ] && exit 0
 
 # By name: the 'cuda' suite also holds other modules' GPU tests (tests/runtime), which this script does not build.
-meson test -C build --no-rebuild --print-errorlogs cuda_ops cuda_matmul cuda_attention cuda_gemv_q8 cuda_matmul_q qblock > "$out/tests.log" 2>&1
+meson test -C build --no-rebuild --print-errorlogs cuda_ops cuda_matmul cuda_attention cuda_gemv_q8 cuda_matmul_q qblock cuda_moe > "$out/tests.log" 2>&1
 rc=$?
 log "tests rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$out/tests.log" | tr -s ' ' | tr '\n' ' ')"
-for t in ops matmul attention gemv_q8 matmul_q; do
+for t in ops matmul attention gemv_q8 matmul_q moe; do
     ./build/tests/cuda/test_cuda_$t --verbose 2>&1 | grep -E "FAIL|SKIP|Synthesis|Assertion" | head -5 >> "$out/summary.txt"
 done
 
@@ -64,12 +64,17 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer >/dev/null; then
     echo "memcheck matmul rc=$?" >> "$out/sanitize.log"
     timeout 90 compute-sanitizer --tool racecheck ./build/tests/cuda/test_cuda_matmul --filter 'cuda_matmul/gemv_tensor_core_splits' >> "$out/sanitize.log" 2>&1
     echo "racecheck matmul rc=$?" >> "$out/sanitize.log"
+    timeout 120 compute-sanitizer --tool memcheck ./build/tests/cuda/test_cuda_moe --filter 'cuda_moe/layer_resident*' >> "$out/sanitize.log" 2>&1
+    echo "memcheck moe rc=$?" >> "$out/sanitize.log"
     log "sanitizer: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY| rc=' "$out/sanitize.log" | tr '\n' ' ')"
 fi
 
 if [ $bench = 1 ]; then
     timeout 150 ./build/tests/bench_cuda/bench_cuda > "$out/bench.log" 2>&1
     log "bench rc=$?"
+    { timeout 120 ./build/tests/bench_cuda/bench_moe; timeout 120 ./build/tests/bench_cuda/bench_moe --host; } > "$out/bench_moe.log" 2>&1
+    log "bench_moe rc=$?"
+    cat "$out/bench_moe.log"
     if [ "${BENCH_REPEAT:-0}" = 1 ]; then
         timeout 100 ./build/tests/bench_cuda/bench_cuda --quick > "$out/bench2.log" 2>&1
         log "bench (repeat, 7 samples) rc=$?"

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/matmul_q_steps.cuh"
+#include "kernels/cuda/moe_dot.cuh"
 #include "tests/cuda/qref.h"
 
 static uint32_t f32_bits(float f)
@@ -209,6 +210,42 @@ Test(qblock, dot_with_int8_x)
     qref_seed(2);
     for (int ti = 0; ti < QREF_NTYPES; ti++)
         cr_assert(QREF_DISPATCH(qref_types[ti], check_dot, qref_types[ti]));
+}
+
+/* The expert GEMV's walk of a row (kernels/cuda/moe_dot.cuh) at every W alignment the type allows: the items
+ * of each row, taken by 32 lanes as the kernel takes them and the lanes' sums added, give the dot product of
+ * dequant_row's values with f32 x within f32 rounding (4e-6 of the sum of the terms' magnitudes). */
+template <class Q> static void check_moe_dot(enum dtype t)
+{
+    const int k = 3 * Q::QK, rows = 4;
+    const size_t rb = dtype_row_size(t, k);
+    std::vector<uint8_t> buf(rb * rows + 64);
+    std::vector<float> x(k), wv(k);
+    for (int i = 0; i < k; i++) x[i] = qref_frand();
+    for (int off = 0; off < 16; off += Q::ALIGN) {
+        uint8_t *w = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16 + off;
+        qref_random_blocks(t, w, (int64_t)rows * k / Q::QK);
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *row = w + rb * r;
+            float lanes[32] = {0};
+            for (int it = 0; it < moe_q_items<Q>(k); it++)
+                lanes[it % 32] = moe_q_item<Q>(row, x.data(), it, lanes[it % 32]);
+            float got = 0;
+            for (int l = 0; l < 32; l++) got += lanes[l];
+            cr_assert_eq(dequant_row(t, row, wv.data(), k), FERRY_OK);
+            double exact = 0, absum = 0;
+            for (int i = 0; i < k; i++) exact += (double)wv[i] * x[i], absum += fabs((double)wv[i] * x[i]);
+            cr_assert(fabs(got - exact) <= 4e-6 * absum + 1e-30, "%s (W at 16k+%d) row %d: %.9g, exact %.9g",
+                      dtype_name(t), off, r, got, exact);
+        }
+    }
+}
+
+Test(qblock, moe_row_walk_every_type)
+{
+    qref_seed(9);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], check_moe_dot, qref_types[ti]));
 }
 
 /* The traits agree with the type table (kernels/core/dtype.c) and quant/blocks.h. */

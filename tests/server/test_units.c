@@ -123,6 +123,7 @@ Test(options, help_lists_every_option_and_env)
                           "--gpu-memory",
                           "--reserve-vram",
                           "--gpu-layers",
+                          "--cpu-moe",
                           "--quant",
                           "--deterministic",
                           "FERRY_SHUTDOWN_TIMEOUT",

@@ -1,0 +1,88 @@
+/* forward_cuda_moe — the expert layers (LOP_MOE) of the CUDA backend: each layer's router on the device, its
+ * experts on the device (resident) or in host memory (computed by the host's cores, or streamed), per layer.
+ *
+ * Every expert layer runs its router on the device (logits by kern_cuda_matmul, the top-k by
+ * kern_cuda_moe_route). A layer with resident experts then runs them on the device: up to
+ * CUDA_MOE_GEMV_MAX_ROWS rows (decode steps, the ones graphs capture) by the grouped GEMV that reads the
+ * routing from the device (no host round trip); more rows are grouped by expert (the ids come down, the host
+ * counts the rows of each expert, their indices go up), gathered, multiplied expert by expert by
+ * kern_cuda_matmul (the quantized GEMMs of big batches) and summed back per token in a fixed order. A layer
+ * whose experts live in host memory (the first cpu_moe layers, llama.cpp's --n-cpu-moe) sends its normed rows
+ * and routing down, the host's cores run kernels/cpu/moe.h's kern_cpu_moe_ffn on a pinned copy of the
+ * layer's experts inside a CUDA host function on the compute stream, and the result comes up through mapped
+ * memory: the stream never waits on the engine thread. A step of at least stream_min_rows rows instead copies
+ * the experts it chose into a staging area on the device (the whole layer's place, each expert at its own
+ * offset, so that consecutive chosen experts are one copy) and runs them there by the grouped path: chosen
+ * at init from the host's measured time for a layer of experts and the link's rate (FERRY_MOE_STREAM_ROWS=N
+ * forces N, 0 never). Device memory: the routers and the scratch (cuda_moe_fixed_bytes), the resident experts
+ * (cuda_moe_expert_bytes each) and the staging area (cuda_moe_stage_bytes, when some experts live in host
+ * memory), carved by the caller from its arena; pinned memory and host workspace are allocated here, once.
+ */
+#ifndef FERRY_FORWARD_CUDA_MOE_H
+#define FERRY_FORWARD_CUDA_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "runtime/model.h"
+
+struct cuda_moe;
+struct kern_cuda_ctx;
+
+/* Steps of at most this many rows run the grouped GEMV; larger ones group rows by expert (a host round trip,
+ * so never inside a captured graph: at least the engine's graph batch). */
+#define CUDA_MOE_GEMV_MAX_ROWS 16
+/* Rows the scratch holds (T k pairs of gate|up, h and gathered rows): larger steps run in chunks. */
+#define CUDA_MOE_CHUNK_ROWS 1024
+
+/* Device bytes of the routers of every layer and the scratch for T rows; 0 for a model without experts. */
+size_t cuda_moe_fixed_bytes(const struct model *m, int T);
+/* Device bytes of layer l's experts (gate, up, down), 0 for a dense layer. */
+uint64_t cuda_moe_expert_bytes(const struct model *m, int l);
+/* Device bytes of the staging area for host experts streamed to the device (the largest layer's experts);
+ * 0 when streaming is off (FERRY_MOE_STREAM_ROWS=0) or the model has no experts. */
+uint64_t cuda_moe_stage_bytes(const struct model *m);
+/* The largest x (elements) and block-type expert matrix (elements) of the expert products at T rows, for the
+ * matmul context; 0, 0 for a dense model. */
+void cuda_moe_ctx_needs(const struct model *m, int T, size_t *max_x, size_t *w16_elems);
+/* FERRY_ERR_UNSUPPORTED, naming the tensor, when the device cannot read an expert or router matrix. */
+int cuda_moe_check_types(const struct model *m, char err[256]);
+
+struct cuda_moe_params {
+    int T;                  /* rows of a step at most */
+    void *fixed;            /* cuda_moe_fixed_bytes of device memory */
+    void *const *experts;   /* (n_layers) each layer's cuda_moe_expert_bytes of device memory, or NULL for a
+                             * layer whose experts stay in host memory */
+    void *stage;            /* cuda_moe_stage_bytes of device memory, or NULL: host experts never stream */
+    int n_threads;          /* the host's threads for host experts (0: all cores) */
+    double h2d_bytes_per_s; /* the link's measured rate (the streaming choice) */
+};
+
+/* Uploads the routers and the resident experts (synchronously); for host experts pins a copy of them and the
+ * exchange buffers, and times them to choose stream_min_rows. */
+int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cuda_moe_params *p,
+                  char err[256]);
+void cuda_moe_free(struct cuda_moe *mo); /* accepts NULL and a half-built one */
+
+/* 1 when layer l's experts are on the device. */
+int cuda_moe_resident(const struct cuda_moe *mo, int l);
+/* Layers whose experts live in host memory. */
+int cuda_moe_n_host(const struct cuda_moe *mo);
+/* Steps of at least this many rows stream a host layer's chosen experts to the device (INT_MAX: never). */
+int cuda_moe_stream_min_rows(const struct cuda_moe *mo);
+
+/* y (n, dim) = layer l's experts on x (n, dim), both device memory, enqueued on cs. d_iota: (n) 0, 1, 2, ...
+ * on the device. A step of more than CUDA_MOE_GEMV_MAX_ROWS rows on resident experts, and one that streams
+ * host experts, synchronise cs once. */
+int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, struct kern_cuda_ctx *kctx,
+                 const int32_t *d_iota, cudaStream_t cs);
+/* The first failure of a host function since the last call (FERRY_OK if none); call once the step's work is
+ * complete. */
+int cuda_moe_status(struct cuda_moe *mo);
+/* Host-expert layer runs since init: computed by the host, streamed to the device; and the bytes streamed. */
+void cuda_moe_counts(const struct cuda_moe *mo, uint64_t *host_runs, uint64_t *stream_runs,
+                     uint64_t *stream_bytes);
+
+#endif
