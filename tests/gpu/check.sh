@@ -22,7 +22,8 @@ log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 meson setup build -Dcuda=enabled -Dgpu_arch=90 -Dbuildtype=release > "$out/build.log" 2>&1 ||
   { log "meson setup FAILED"; tail -30 "$out/build.log"; exit 1; }
 targets="server/ferry tests/cuda/test_qblock tests/cuda/test_cuda_qk_norm tests/cuda/test_cuda_ops
-  tests/cuda/test_cuda_attention tests/cuda/test_cuda_matmul_q tests/runtime/test_gpu_e2e"
+  tests/cuda/test_cuda_attention tests/cuda/test_cuda_matmul_q tests/runtime/test_gpu_e2e tests/cuda/test_cuda_moe
+  tests/bench_cuda/bench_moe"
 if ! ninja -C build $targets >> "$out/build.log" 2>&1; then
   log "build FAILED"; grep -E "error" "$out/build.log" | head -30; exit 1
 fi
@@ -37,6 +38,9 @@ run() { # name limit command...
 run qk_norm 30 ./build/tests/cuda/test_cuda_qk_norm
 run matmul_q 60 ./build/tests/cuda/test_cuda_matmul_q --jobs 4
 run gpu_e2e 60 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*matches_cpu*'
+run moe 120 ./build/tests/cuda/test_cuda_moe --jobs 2
+run gpu_e2e_moe 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*moe*'
+timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
 run attention 45 ./build/tests/cuda/test_cuda_attention --jobs 2
 [ -n "${CHECK_SHORT:-}" ] && { log "done (short)"; exit 0; }
 run ops 40 ./build/tests/cuda/test_cuda_ops
