@@ -474,7 +474,8 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
  */
 static int check_kv_type(int kv_type, const struct llm_hparams *hp, int gpu, char err[256])
 {
-    if (kv_type != KV_Q8_0 || hp->head_dim % (gpu ? 64 : 32) == 0) return FERRY_OK;
+    if (kv_type != KV_Q8_0 || (hp->head_dim % (gpu ? 64 : 32) == 0 && hp->head_dim_swa % 32 == 0))
+        return FERRY_OK;
     snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of %d%s (this model's is %d)",
              gpu ? 64 : 32, gpu ? " on the GPU" : "", hp->head_dim);
     return FERRY_ERR_INVALID;
@@ -486,12 +487,14 @@ static int engine_create(struct engine **out, struct model *model, const struct 
 {
     *out = NULL;
     struct engine_params p = *params;
-    /* auto: the GPU when there is one, except for expert layers, which only the CPU backend runs yet. */
-    const int moe = model->hp.n_expert > 0;
+    /* auto: the GPU when there is one, except for expert layers and layers of their own attention shape
+     * (Gemma 4), which only the CPU backend runs yet. */
+    const int moe = model->hp.n_expert > 0, cpu_only = moe || model->hp.head_dim_swa > 0;
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
-                         (p.backend == ENGINE_BACKEND_AUTO && !moe && forward_cuda_devices() > 0);
-    if (p.backend == ENGINE_BACKEND_AUTO && moe && forward_cuda_devices() > 0)
-        FLOG_WARN("expert layers run on the CPU backend only: the GPU is not used for this model");
+                         (p.backend == ENGINE_BACKEND_AUTO && !cpu_only && forward_cuda_devices() > 0);
+    if (p.backend == ENGINE_BACKEND_AUTO && cpu_only && forward_cuda_devices() > 0)
+        FLOG_WARN("%s run on the CPU backend only: the GPU is not used for this model",
+                  moe ? "expert layers" : "Gemma 4's layers");
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.max_batch_tokens <= 0 || p.max_batch_tokens > 65536 ||
         p.ctx_size < 0 || p.kv_tokens < 0 || p.cpu_threads < 0 || p.cpu_threads > 1024 ||
         (unsigned)p.placement > ENGINE_PLACEMENT_CPU) {
@@ -533,8 +536,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
     if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
-    rc = kv_cache_init(&e->kv, hp->n_layers, hp->n_kv_heads, hp->head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
+    rc = kv_cache_init(&e->kv, hp->n_layers, llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs, p.ctx_size,
+                       p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;

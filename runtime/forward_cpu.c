@@ -49,6 +49,8 @@ struct forward_cpu {
      * and weights (max_tokens, n_expert_used), the experts' workspace (kern_cpu_moe_ws_floats). */
     float *moe_logits, *moe_wts, *moe_ws;
     int32_t *moe_ids;
+    float *ones; /* (head_dim) 1.0: the weight of LOP_V_NORM's weightless norm, or NULL */
+    int layer;   /* the layer run_layer runs (the ops whose shapes differ by layer read it) */
     int pending;
     uint64_t layers_run;
     double layer_seconds;
@@ -134,6 +136,7 @@ static void cpu_free(struct backend *be)
     free(f->moe_wts);
     free(f->moe_ws);
     free(f->moe_ids);
+    free(f->ones);
     free(f->w);
     free(f);
 }
@@ -185,14 +188,18 @@ static float *act(struct forward_cpu *f, enum layer_act a)
 static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int n)
 {
     const struct llm_hparams *hp = &f->m->hp;
-    const int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
+    int hd, n_kv, rd;
+    llm_layer_shape(hp, l, &hd, &n_kv, &rd);
+    const int qd = hp->n_heads * hd, kvd = n_kv * hd;
     const struct batch *b = st->b;
     float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
     struct kv_layer_view view = kv_cache_layer(f->kv, l);
+    /* A layer of its own shape uses the front of its rows (the cache's rows hold the widest layer's). */
+    view.n_kv_heads = n_kv, view.head_dim = hd;
     const int local = llm_layer_is_local(hp, l);
     const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
-    kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
-    kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
+    kern_cpu_rope(q, b->pos, n, hp->n_heads, hd, rd, inv_freq, hp->rope_style);
+    kern_cpu_rope(k, b->pos, n, n_kv, hd, rd, inv_freq, hp->rope_style);
     kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
     if (!local)
         return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, llm_attn_scale(hp),
@@ -257,11 +264,12 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
     case LOP_QK_NORM: {
         /* The query part is (n * n_heads, head_dim) rows, the key part after it (n * n_kv_heads, head_dim).
          */
-        const int hd = hp->head_dim;
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, f->layer, &hd, &n_kv, &rd);
         float *q = f->qkv, *k = q + (size_t)n * hp->n_heads * hd;
         if (!w->norm[LAYER_Q_NORM] || !w->norm[LAYER_K_NORM]) return FERRY_ERR_INTERNAL;
         kern_cpu_rmsnorm(q, q, w->norm[LAYER_Q_NORM], n * hp->n_heads, hd, hp->norm_eps);
-        kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * hp->n_kv_heads, hd, hp->norm_eps);
+        kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * n_kv, hd, hp->norm_eps);
         return FERRY_OK;
     }
     case LOP_MOE: {
@@ -287,6 +295,21 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         if (op->out == LACT_D) f->pending = 1;
         return rc;
     }
+    case LOP_V_NORM: {
+        /* The value part follows the queries and the keys: (n * n_kv_heads, head_dim) rows. */
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, f->layer, &hd, &n_kv, &rd);
+        float *v = f->qkv + (size_t)n * (hp->n_heads + n_kv) * hd;
+        if (!f->ones) return FERRY_ERR_INTERNAL;
+        kern_cpu_rmsnorm(v, v, f->ones, n * n_kv, hd, hp->norm_eps);
+        return FERRY_OK;
+    }
+    case LOP_SCALE_X:
+        if (!w->norm[op->arg]) return FERRY_ERR_INTERNAL;
+        if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+        f->pending = 0;
+        kern_cpu_scale(f->x, w->norm[op->arg][0], (int64_t)n * hp->dim);
+        return FERRY_OK;
     case LOP_ROPE_KV:
     case LOP_ATTENTION:
         return FERRY_ERR_INTERNAL; /* run as a unit by kv_ops_* */
@@ -301,6 +324,7 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
     const struct layer_weights *w = &f->w[l];
     if (w->mat[0].n_parts == 0)
         return FERRY_ERR_INTERNAL; /* a layer whose weights this backend was not given */
+    f->layer = l;
     for (int i = 0; i < p->n_ops; i++) {
         int rc, kind;
         const double t0 = f->profile ? now_s() : 0;
@@ -388,6 +412,7 @@ static int cpu_head(struct backend *be, const struct step *st, float *logits)
     kern_cpu_rmsnorm(f->xn, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
     const int rc = kern_cpu_matmul(logits, f->xn, m->output.data, m->output.type, NULL, n_out,
                                    (int)m->output.rows, (int)m->output.cols, f->tp);
+    if (hp->final_softcap > 0) kern_cpu_softcap(logits, hp->final_softcap, (int64_t)n_out * m->output.rows);
     if (f->profile) {
         f->prof_s[PROF_HEAD] += now_s() - t0, f->prof_calls[PROF_HEAD]++;
         f->prof_bytes[PROF_HEAD] += (double)dtype_row_size(m->output.type, m->output.cols) * m->output.rows;
@@ -478,7 +503,9 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->be.ops = &cpu_ops;
     f->m = m;
     f->prog = layer_program_of(hp);
-    if (!f->prog) {
+    /* Layers of their own attention shape run on the host's own cache only (the exchange's rows are one
+     * shape). */
+    if (!f->prog || (hp->head_dim_swa > 0 && p->kv_owner)) {
         free(f);
         return FERRY_ERR_UNSUPPORTED;
     }
@@ -513,8 +540,12 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
             !(f->moe_ws = malloc(kern_cpu_moe_ws_floats(&ex, p->max_tokens) * sizeof(float))))
             goto fail;
     }
-    const size_t n = (size_t)p->max_tokens, qd = (size_t)hp->n_heads * hp->head_dim,
-                 kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    int qd_max, kvd_max;
+    llm_max_dims(hp, &qd_max, &kvd_max);
+    const size_t n = (size_t)p->max_tokens, qd = (size_t)qd_max, kvd = (size_t)kvd_max;
+    const int hd_max = hp->head_dim_swa > hp->head_dim ? hp->head_dim_swa : hp->head_dim;
+    if (!(f->ones = malloc((size_t)hd_max * sizeof(float)))) goto fail;
+    for (int i = 0; i < hd_max; i++) f->ones[i] = 1.0f;
     f->x = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->xn = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->d = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));

@@ -649,6 +649,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "architecture '%.31s' has no layer program", hp->arch);
         return FERRY_ERR_UNSUPPORTED;
     }
+    if (hp->head_dim_swa > 0 || hp->final_softcap > 0) {
+        snprintf(err, 256,
+                 "the CUDA backend has no kernels for Gemma 4's layers (own attention shapes of local and "
+                 "global layers, value norm, output scalars, logit soft-capping): run this model with "
+                 "--backend cpu");
+        return FERRY_ERR_UNSUPPORTED;
+    }
     if (hp->n_expert > 0) {
         snprintf(err, 256,
                  "the CUDA backend has no kernels for expert layers (%d experts, %d per token): run this "
@@ -1282,6 +1289,8 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
                                  w->norm[LAYER_Q_NORM], w->norm[LAYER_K_NORM], n, hp->n_heads, hp->n_kv_heads,
                                  hp->head_dim, hp->norm_eps, cs);
     case LOP_MOE:
+    case LOP_V_NORM:
+    case LOP_SCALE_X:
         return FERRY_ERR_UNSUPPORTED; /* refused at init (forward_cuda_init) */
     }
     return FERRY_ERR_INTERNAL;

@@ -30,6 +30,7 @@ static void layer_norms(const struct model_layer *L, const struct llm_hparams *h
     v[LAYER_K_NORM] = L->k_norm, len[LAYER_K_NORM] = L->k_norm ? hp->head_dim : 0;
     v[LAYER_POST_ATTN_NORM] = L->post_attn_norm, len[LAYER_POST_ATTN_NORM] = L->post_attn_norm ? hp->dim : 0;
     v[LAYER_POST_FFN_NORM] = L->post_ffn_norm, len[LAYER_POST_FFN_NORM] = L->post_ffn_norm ? hp->dim : 0;
+    v[LAYER_OUT_SCALE] = L->out_scale, len[LAYER_OUT_SCALE] = L->out_scale ? 1 : 0;
 }
 
 /* The parts of group i in row order, with their biases; returns their count. */
@@ -80,6 +81,7 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
     w->norm[LAYER_K_NORM] = L->k_norm;
     w->norm[LAYER_POST_ATTN_NORM] = L->post_attn_norm;
     w->norm[LAYER_POST_FFN_NORM] = L->post_ffn_norm;
+    w->norm[LAYER_OUT_SCALE] = L->out_scale;
 }
 
 void layer_weights_of_model_moe(struct layer_weights *w, const struct model_layer *L,

@@ -102,6 +102,8 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->post_attn_norm;
     case ARCH_ROLE_POST_FFN_NORM:
         return &L->post_ffn_norm;
+    case ARCH_ROLE_OUT_SCALE:
+        return &L->out_scale;
     default:
         return NULL;
     }
@@ -186,19 +188,26 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
     const float norm_shift = mf->format == MODEL_FORMAT_HF ? fam->hf_norm_shift : 0.0f;
     for (int l = 0; l < hp->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
+        const struct llm_hparams hl = llm_hparams_at(hp, l); /* this layer's attention shape */
         for (int i = 0; i < fam->n_tensors; i++) {
             const struct arch_tensor *at = &fam->tensors[i];
             long long ne[3];
             snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
             if (at->role == ARCH_ROLE_WQKV || at->role == ARCH_ROLE_W_GATE_UP) {
-                arch_role_shape(at->role, hp, ne);
+                arch_role_shape(at->role, &hl, ne);
                 struct wview whole;
                 if ((rc = find_matrix(mf, name, ne[1], ne[0], &whole, err))) goto fail;
                 m->weight_bytes += wview_bytes(&whole);
-                split_rows(L, at->role, &whole, hp);
+                split_rows(L, at->role, &whole, &hl);
                 continue;
             }
-            const int nd = arch_role_shape(at->role, hp, ne);
+            /* An optional attn_v that is absent: the values are the keys (Gemma 4's global layers). */
+            if (at->role == ARCH_ROLE_WV && at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)) {
+                L->wv = L->wk;
+                m->weight_bytes += wview_bytes(&L->wv);
+                continue;
+            }
+            const int nd = arch_role_shape(at->role, &hl, ne);
             if (nd == 3) { /* stacked experts: checked by model_file_validate, viewed as one matrix */
                 const struct wtensor *t = model_file_tensor(mf, name);
                 if (!t || t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != ne[2]) {
@@ -231,12 +240,13 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         goto fail;
     }
     kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
-    if (hp->sliding_window > 0) { /* the local layers' own base, unscaled */
-        if (!(m->inv_freq_local = malloc((size_t)(hp->rope_dim / 2) * sizeof(float)))) {
+    if (hp->sliding_window > 0) { /* the local layers' own base (and rotary dims), unscaled */
+        const int rd = hp->rope_dim_swa > 0 ? hp->rope_dim_swa : hp->rope_dim;
+        if (!(m->inv_freq_local = malloc((size_t)(rd / 2) * sizeof(float)))) {
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa, NULL);
+        kern_cpu_rope_freqs(m->inv_freq_local, rd, hp->rope_theta_swa, NULL);
     }
     /* GGUF llama3 files bake the scaling into per-frequency divisors. */
     float *factors = NULL;
@@ -359,6 +369,7 @@ void model_free(struct model *m)
             free(L->k_norm);
             free(L->post_attn_norm);
             free(L->post_ffn_norm);
+            free(L->out_scale);
         }
     }
     free(m->layers);

@@ -56,6 +56,7 @@ struct model_layer {
     struct wview router;           /* (n_expert, dim) */
     struct wview exp_gate, exp_up; /* (n_expert*ffn, dim) */
     struct wview exp_down;         /* (n_expert*dim, ffn) */
+    float *out_scale;              /* (1) f32 the layer's output scalar (Gemma 4), or NULL */
 };
 
 struct model {
@@ -65,7 +66,8 @@ struct model {
     float *output_norm;         /* (dim) f32 */
     struct model_layer *layers; /* (n_layers) */
     float *inv_freq;            /* (rope_dim/2) f32 */
-    float *inv_freq_local;      /* (rope_dim/2) f32 of the sliding-window layers (rope_theta_swa), or NULL */
+    float *inv_freq_local;      /* (rope_dim/2) f32 of the sliding-window layers (rope_theta_swa; rope_dim_swa
+                                 * when set), or NULL */
     uint64_t weight_bytes;      /* bytes of all matrices read per forward pass */
     void *owned;                /* synthetic models: the one allocation holding every matrix */
     void *quant_owned;          /* matrices quantized at load, or NULL */

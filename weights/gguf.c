@@ -867,3 +867,13 @@ int gguf_arr_i32(const struct gguf *g, const char *key, int32_t *out, uint64_t n
     }
     return FERRY_OK;
 }
+
+int gguf_arr_bool(const struct gguf *g, const char *key, uint8_t *out, uint64_t n)
+{
+    const struct gguf_kv *kv = kv_get(g, key);
+    if (!kv) return FERRY_ERR_NOT_FOUND;
+    if (kv->type != GGUF_TYPE_ARRAY || kv->elem != GGUF_TYPE_BOOL) return FERRY_ERR_FORMAT;
+    if (n != kv->n) return FERRY_ERR_RANGE;
+    for (uint64_t i = 0; i < n; i++) out[i] = g->base[kv->off + i] != 0;
+    return FERRY_OK;
+}

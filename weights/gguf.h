@@ -85,6 +85,8 @@ int gguf_arr_str(const struct gguf *g, const char *key, uint64_t i, struct gguf_
 /* Converting copies of numeric arrays into caller buffers of n elements (n from gguf_get_arr). */
 int gguf_arr_f32(const struct gguf *g, const char *key, float *out, uint64_t n);
 int gguf_arr_i32(const struct gguf *g, const char *key, int32_t *out, uint64_t n);
+/* A bool array's n elements as 0/1 (any nonzero byte is 1); FERRY_ERR_FORMAT for another type. */
+int gguf_arr_bool(const struct gguf *g, const char *key, uint8_t *out, uint64_t n);
 
 /* Tensors. */
 int gguf_n_tensors(const struct gguf *g);

@@ -57,12 +57,56 @@ struct llm_hparams {
     int n_expert_used;
     int expert_ffn_dim;
     int expert_norm_topk;
+    /* Gemma 4 (0 elsewhere): head_dim, n_kv_heads and rope_dim above are the global layers' (as llama.cpp's
+     * GGUF keys give them); the local layers have their own. A global layer without attn_v takes its keys as
+     * its values. Logits are soft-capped: c * tanh(logits / c). */
+    int head_dim_swa;    /* the local layers' head size; 0: head_dim */
+    int n_kv_heads_swa;  /* the local layers' KV heads; 0: n_kv_heads */
+    int rope_dim_swa;    /* the local layers' rotary dims; 0: rope_dim */
+    float final_softcap; /* c; 0: none */
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */
 static inline int llm_layer_is_local(const struct llm_hparams *hp, int l)
 {
     return hp->sliding_window > 0 && (hp->swa_pattern <= 0 || l % hp->swa_pattern != hp->swa_pattern - 1);
+}
+
+/* Layer l's attention shape: head size, KV heads and rotary dims (Gemma 4's local layers differ). */
+static inline void llm_layer_shape(const struct llm_hparams *hp, int l, int *head_dim, int *n_kv_heads,
+                                   int *rope_dim)
+{
+    const int own = hp->head_dim_swa > 0 && llm_layer_is_local(hp, l);
+    *head_dim = own ? hp->head_dim_swa : hp->head_dim;
+    *n_kv_heads = own && hp->n_kv_heads_swa > 0 ? hp->n_kv_heads_swa : hp->n_kv_heads;
+    *rope_dim = own && hp->rope_dim_swa > 0 ? hp->rope_dim_swa : hp->rope_dim;
+}
+
+/* hp with layer l's attention shape as its own (for the per-layer tensor shapes of arch_role_shape). */
+static inline struct llm_hparams llm_hparams_at(const struct llm_hparams *hp, int l)
+{
+    struct llm_hparams h = *hp;
+    llm_layer_shape(hp, l, &h.head_dim, &h.n_kv_heads, &h.rope_dim);
+    return h;
+}
+
+/* The largest (n_heads * head_dim) and (n_kv_heads * head_dim) of any layer: activation and KV row sizes. */
+static inline void llm_max_dims(const struct llm_hparams *hp, int *q_dim, int *kv_dim)
+{
+    *q_dim = hp->n_heads * hp->head_dim;
+    *kv_dim = hp->n_kv_heads * hp->head_dim;
+    if (hp->head_dim_swa <= 0) return;
+    const int kv_swa = hp->n_kv_heads_swa > 0 ? hp->n_kv_heads_swa : hp->n_kv_heads;
+    if (hp->n_heads * hp->head_dim_swa > *q_dim) *q_dim = hp->n_heads * hp->head_dim_swa;
+    if (kv_swa * hp->head_dim_swa > *kv_dim) *kv_dim = kv_swa * hp->head_dim_swa;
+}
+
+/* KV heads of head_dim each that hold the widest layer's K (or V) row: the KV cache's shape. */
+static inline int llm_kv_cache_heads(const struct llm_hparams *hp)
+{
+    int q, kv;
+    llm_max_dims(hp, &q, &kv);
+    return (kv + hp->head_dim - 1) / hp->head_dim;
 }
 
 /* The attention's query scale. */

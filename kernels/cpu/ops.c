@@ -262,3 +262,16 @@ void kern_cpu_add(float *y, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
+
+/* ---- soft-capping ---------------------------------------------------------------------------------------
+ */
+
+void kern_cpu_softcap(float *x, float c, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = c * tanhf(x[i] / c);
+}
+
+void kern_cpu_softcap_ref(float *x, float c, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((double)c * tanh((double)x[i] / c));
+}

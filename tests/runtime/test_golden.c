@@ -543,3 +543,44 @@ Test(golden_smollm2, transformers_fp32, .timeout = 120)
     json_decref(g);
     free(jpath);
 }
+
+/* Gemma 4 from a GGUF file as llama.cpp's converter writes it (tests/golden/make_gemma4_golden.py): global
+ * layers of their own head size and KV heads with keys as values, proportional rotary through rope_freqs,
+ * value norm, layer output scalars, logit soft-capping, a 16-position window the longer prompts exceed. */
+Test(golden_gguf, gemma4_llamacpp_file)
+{
+    run_golden("gemma4_kv_f32", 0, 0, 0);
+    run_golden("gemma4_kv_f32", 1, 2e-3, 0);
+}
+
+/* The file with one u32 key set to v (the key's value follows its name and type), opened from memory: what
+ * Gemma 4 members ferry does not run are refused at open, naming the feature. */
+static void gemma4_refused(const char *key, uint32_t v, const char *what)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *path = path_join(src, "tests/golden/models/gemma4_kv_f32.gguf");
+    size_t n;
+    unsigned char *b = slurp(path, &n);
+    cr_assert(b, "cannot read %s", path);
+    unsigned char *at = memmem(b, n, key, strlen(key));
+    cr_assert(at, "no key %s in the file", key);
+    /* After the name: the u32 type (4: GGUF_TYPE_UINT32), then the value. */
+    unsigned char *val = at + strlen(key) + 4;
+    cr_assert_eq(at[strlen(key)], 4);
+    memcpy(val, &v, 4);
+    struct model_file *mf = NULL;
+    char err[256] = "";
+    int rc = model_file_open_gguf_mem(b, n, &mf, err);
+    cr_expect_eq(rc, FERRY_ERR_UNSUPPORTED, "%s = %u: status %d (%s)", key, v, rc, err);
+    cr_expect(strstr(err, what), "%s = %u: the error names the feature: %s", key, v, err);
+    model_file_close(mf);
+    free(b);
+    free(path);
+}
+
+Test(golden_gguf, gemma4_members_not_run_refused)
+{
+    gemma4_refused("gemma4.embedding_length_per_layer_input", 8, "per-layer input embeddings");
+    gemma4_refused("gemma4.attention.shared_kv_layers", 2, "KV caches shared between layers");
+}

@@ -7,7 +7,7 @@
 #include "weights/model_file.h"
 
 extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
-    arch_qwen3moe, arch_mixtral;
+    arch_qwen3moe, arch_mixtral, arch_gemma4;
 
 /* The table: one line per family, in the order messages list them. */
 /* clang-format off */
@@ -20,6 +20,7 @@ static const struct arch_family *const families[] = {
     &arch_phi3,
     &arch_qwen3moe,
     &arch_mixtral,
+    &arch_gemma4,
 };
 /* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -131,6 +132,9 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     case ARCH_ROLE_EXP_DOWN:
         ne[0] = hp->expert_ffn_dim, ne[1] = dim, ne[2] = hp->n_expert;
         return 3;
+    case ARCH_ROLE_OUT_SCALE:
+        ne[0] = 1;
+        return 1;
     case ARCH_ROLE_W_DOWN:
     case ARCH_N_ROLES:
         break;

@@ -46,6 +46,7 @@ enum arch_role {
     ARCH_ROLE_EXP_GATE,       /* (n_expert, expert_ffn, dim): the experts' gates stacked */
     ARCH_ROLE_EXP_UP,         /* (n_expert, expert_ffn, dim) */
     ARCH_ROLE_EXP_DOWN,       /* (n_expert, dim, expert_ffn) */
+    ARCH_ROLE_OUT_SCALE,      /* (1): the layer's output scalar (Gemma 4) */
     ARCH_N_ROLES
 };
 
@@ -94,6 +95,9 @@ struct arch_family {
     /* The family a GGUF file of this architecture is when it has {arch}.expert_count > 0 (llama.cpp writes
      * Mixtral as "llama" with experts), or NULL. */
     const struct arch_family *gguf_experts;
+    /* 1: its GGUF files may give attention.head_count_kv per layer (an array whose layers differ), which its
+     * gguf_hparams reads; the common read takes layer 0's. */
+    int gguf_layer_arrays;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

@@ -35,6 +35,8 @@ enum layer_op_kind {
     LOP_GELU_MUL,  /* out = gelu_tanh(in's gate half) * in's up half (Gemma's GeGLU) */
     LOP_MOE,       /* out = the layer's experts on in (rows of dim): the router's softmax top-k, each chosen
                     * expert's SwiGLU FFN on the rows routed to it, their weighted sum (kernels/cpu/moe.h) */
+    LOP_V_NORM,    /* in place on q|k|v: each value head = rmsnorm(head), no weight (Gemma 4) */
+    LOP_SCALE_X,   /* x += D when a delta is pending; x *= norm[arg][0] (Gemma 4's layer output scalar) */
 };
 
 struct layer_op {
@@ -60,6 +62,7 @@ enum {
     LAYER_K_NORM,
     LAYER_POST_ATTN_NORM,
     LAYER_POST_FFN_NORM,
+    LAYER_OUT_SCALE, /* (1) the layer's output scalar */
     LAYER_N_NORMS
 };
 
