@@ -489,7 +489,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     struct engine_params p = *params;
     /* auto: the GPU when there is one, except for expert layers and layers of their own attention shape
      * (Gemma 4), which only the CPU backend runs yet. */
-    const int moe = model->hp.n_expert > 0, cpu_only = moe || model->hp.head_dim_swa > 0;
+    const struct llm_hparams *mh = &model->hp;
+    const int moe = mh->n_expert > 0, cpu_only = moe || mh->head_dim_swa || mh->n_layer_kv || mh->ple_dim;
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
                          (p.backend == ENGINE_BACKEND_AUTO && !cpu_only && forward_cuda_devices() > 0);
     if (p.backend == ENGINE_BACKEND_AUTO && cpu_only && forward_cuda_devices() > 0)

@@ -50,7 +50,10 @@ struct forward_cpu {
     float *moe_logits, *moe_wts, *moe_ws;
     int32_t *moe_ids;
     float *ones; /* (head_dim) 1.0: the weight of LOP_V_NORM's weightless norm, or NULL */
-    int layer;   /* the layer run_layer runs (the ops whose shapes differ by layer read it) */
+    /* Per-layer inputs (hp.ple_dim > 0, else NULL): every layer's input per token (max_tokens, n_layers,
+     * ple_dim), the input's projection to them (same shape), and two (max_tokens, ple_dim) work rows. */
+    float *ple, *ple_p, *ple_t, *ple_u;
+    int layer; /* the layer run_layer runs (the ops whose shapes differ by layer read it) */
     int pending;
     uint64_t layers_run;
     double layer_seconds;
@@ -137,6 +140,10 @@ static void cpu_free(struct backend *be)
     free(f->moe_ws);
     free(f->moe_ids);
     free(f->ones);
+    free(f->ple);
+    free(f->ple_p);
+    free(f->ple_t);
+    free(f->ple_u);
     free(f->w);
     free(f);
 }
@@ -193,14 +200,19 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     const int qd = hp->n_heads * hd, kvd = n_kv * hd;
     const struct batch *b = st->b;
     float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
-    struct kv_layer_view view = kv_cache_layer(f->kv, l);
+    /* A KV-sharing layer attends over its source layer's rows, which that layer stored earlier this step. */
+    const int src = llm_kv_source(hp, l);
+    if (src < 0) return FERRY_ERR_INTERNAL;
+    struct kv_layer_view view = kv_cache_layer(f->kv, src);
     /* A layer of its own shape uses the front of its rows (the cache's rows hold the widest layer's). */
     view.n_kv_heads = n_kv, view.head_dim = hd;
     const int local = llm_layer_is_local(hp, l);
     const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
     kern_cpu_rope(q, b->pos, n, hp->n_heads, hd, rd, inv_freq, hp->rope_style);
-    kern_cpu_rope(k, b->pos, n, n_kv, hd, rd, inv_freq, hp->rope_style);
-    kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
+    if (src == l) {
+        kern_cpu_rope(k, b->pos, n, n_kv, hd, rd, inv_freq, hp->rope_style);
+        kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
+    }
     if (!local)
         return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, llm_attn_scale(hp),
                                   f->tp);
@@ -238,6 +250,48 @@ static double group_bytes(const struct layer_group *g)
     return b;
 }
 
+/* Per-layer inputs (Gemma 4 E2B/E4B). At embedding: each token's inputs of every layer, (proj(x) / sqrt(dim)
+ * normed per layer + embedding * sqrt(ple_dim)) / sqrt(2), x the scaled embedding row. */
+static int ple_inputs(struct forward_cpu *f, const int32_t *tokens, int n)
+{
+    const struct model *m = f->m;
+    const struct llm_hparams *hp = &m->hp;
+    const int pl = hp->n_layers * hp->ple_dim;
+    int rc = kern_cpu_embed(f->ple, m->ple_embd.data, m->ple_embd.type, (int)m->ple_embd.rows, pl, tokens, n);
+    if (!rc)
+        rc = kern_cpu_matmul(f->ple_p, f->x, m->ple_mproj.data, m->ple_mproj.type, NULL, n, pl, hp->dim,
+                             f->tp);
+    if (rc) return rc;
+    const int64_t all = (int64_t)n * pl;
+    kern_cpu_scale(f->ple, sqrtf((float)hp->ple_dim), all);
+    kern_cpu_scale(f->ple_p, 1.0f / sqrtf((float)hp->dim), all);
+    kern_cpu_rmsnorm(f->ple_p, f->ple_p, m->ple_proj_norm, n * hp->n_layers, hp->ple_dim, hp->norm_eps);
+    kern_cpu_add(f->ple, f->ple_p, all);
+    kern_cpu_scale(f->ple, 1.0f / sqrtf(2.0f), all);
+    return FERRY_OK;
+}
+
+/* Layer f->layer's: x += D; x += norm(proj(gelu_tanh(gate(x)) * its input)). */
+static int ple_add(struct forward_cpu *f, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[f->layer];
+    const int pd = hp->ple_dim, l = f->layer;
+    if (!f->ple || !L->ple_gate.data || !L->ple_proj.data || !L->ple_norm) return FERRY_ERR_INTERNAL;
+    if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+    f->pending = 0;
+    for (int i = 0; i < n; i++)
+        memcpy(f->ple_u + (size_t)i * pd, f->ple + ((size_t)i * hp->n_layers + l) * pd, pd * sizeof(float));
+    int rc = kern_cpu_matmul(f->ple_t, f->x, L->ple_gate.data, L->ple_gate.type, NULL, n, pd, hp->dim, f->tp);
+    if (rc) return rc;
+    kern_cpu_gelu_mul(f->ple_t, f->ple_u, (int64_t)n * pd);
+    rc = kern_cpu_matmul(f->d, f->ple_t, L->ple_proj.data, L->ple_proj.type, NULL, n, hp->dim, pd, f->tp);
+    if (rc) return rc;
+    kern_cpu_rmsnorm(f->d, f->d, L->ple_norm, n, hp->dim, hp->norm_eps);
+    kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+    return FERRY_OK;
+}
+
 static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct layer_weights *w, int n)
 {
     const struct llm_hparams *hp = &f->m->hp;
@@ -252,24 +306,29 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         if (op->out == LACT_D) f->pending = 1;
         return rc;
     }
-    case LOP_SILU_MUL:
-        kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
+    case LOP_SILU_MUL: {
+        const int ffn = llm_layer_ffn(hp, f->layer);
+        kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * ffn, (int64_t)n * ffn);
         return FERRY_OK;
+    }
     case LOP_NORM:
         kern_cpu_rmsnorm(act(f, op->out), act(f, op->in), w->norm[op->arg], n, hp->dim, hp->norm_eps);
         return FERRY_OK;
-    case LOP_GELU_MUL:
-        kern_cpu_gelu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
+    case LOP_GELU_MUL: {
+        const int ffn = llm_layer_ffn(hp, f->layer);
+        kern_cpu_gelu_mul(f->gu, f->gu + (size_t)n * ffn, (int64_t)n * ffn);
         return FERRY_OK;
+    }
     case LOP_QK_NORM: {
         /* The query part is (n * n_heads, head_dim) rows, the key part after it (n * n_kv_heads, head_dim).
          */
         int hd, n_kv, rd;
         llm_layer_shape(hp, f->layer, &hd, &n_kv, &rd);
         float *q = f->qkv, *k = q + (size_t)n * hp->n_heads * hd;
-        if (!w->norm[LAYER_Q_NORM] || !w->norm[LAYER_K_NORM]) return FERRY_ERR_INTERNAL;
+        const int own_kv = !llm_layer_kv_shared(hp, f->layer); /* a KV-sharing layer has queries only */
+        if (!w->norm[LAYER_Q_NORM] || (own_kv && !w->norm[LAYER_K_NORM])) return FERRY_ERR_INTERNAL;
         kern_cpu_rmsnorm(q, q, w->norm[LAYER_Q_NORM], n * hp->n_heads, hd, hp->norm_eps);
-        kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * n_kv, hd, hp->norm_eps);
+        if (own_kv) kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * n_kv, hd, hp->norm_eps);
         return FERRY_OK;
     }
     case LOP_MOE: {
@@ -301,9 +360,11 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         llm_layer_shape(hp, f->layer, &hd, &n_kv, &rd);
         float *v = f->qkv + (size_t)n * (hp->n_heads + n_kv) * hd;
         if (!f->ones) return FERRY_ERR_INTERNAL;
-        kern_cpu_rmsnorm(v, v, f->ones, n * n_kv, hd, hp->norm_eps);
+        if (!llm_layer_kv_shared(hp, f->layer)) kern_cpu_rmsnorm(v, v, f->ones, n * n_kv, hd, hp->norm_eps);
         return FERRY_OK;
     }
+    case LOP_PLE:
+        return hp->ple_dim > 0 ? ple_add(f, n) : FERRY_OK;
     case LOP_SCALE_X:
         if (!w->norm[op->arg]) return FERRY_ERR_INTERNAL;
         if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
@@ -371,6 +432,10 @@ static int cpu_embed(struct backend *be, const struct step *st)
     const int rc = kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                                   st->b->tokens, n);
     if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
+    if (!rc && m->hp.ple_dim > 0) {
+        const int rc2 = ple_inputs(f, st->b->tokens, n);
+        if (rc2) return rc2;
+    }
     if (f->profile) f->prof_s[PROF_EMBED] += now_s() - t0, f->prof_calls[PROF_EMBED]++;
     return rc;
 }
@@ -505,7 +570,8 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->prog = layer_program_of(hp);
     /* Layers of their own attention shape run on the host's own cache only (the exchange's rows are one
      * shape). */
-    if (!f->prog || (hp->head_dim_swa > 0 && p->kv_owner)) {
+    if (!f->prog || ((hp->head_dim_swa > 0 || hp->n_layer_kv > 0 || hp->ple_dim > 0) && p->kv_owner) ||
+        (hp->ple_dim > 0 && p->weights)) {
         free(f);
         return FERRY_ERR_UNSUPPORTED;
     }
@@ -551,7 +617,15 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->d = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->qkv = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
     f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
-    f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
+    const size_t ffn_max = (size_t)(hp->ffn_dim_shared > hp->ffn_dim ? hp->ffn_dim_shared : hp->ffn_dim);
+    f->gu = f->host_alloc(f->alloc_ctx, n * 2 * ffn_max * sizeof(float));
+    if (hp->ple_dim > 0) {
+        const size_t pl = (size_t)hp->n_layers * hp->ple_dim;
+        if (!(f->ple = calloc(n * pl, sizeof(float))) || !(f->ple_p = malloc(n * pl * sizeof(float))) ||
+            !(f->ple_t = malloc(n * hp->ple_dim * sizeof(float))) ||
+            !(f->ple_u = malloc(n * hp->ple_dim * sizeof(float))))
+            goto fail;
+    }
     if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
     if (hp->sliding_window > 0 && (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||
                                    !(f->win_lse = malloc(n * hp->n_heads * sizeof(float)))))

@@ -649,7 +649,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "architecture '%.31s' has no layer program", hp->arch);
         return FERRY_ERR_UNSUPPORTED;
     }
-    if (hp->head_dim_swa > 0 || hp->final_softcap > 0) {
+    if (hp->head_dim_swa > 0 || hp->final_softcap > 0 || hp->n_layer_kv > 0 || hp->ple_dim > 0) {
         snprintf(err, 256,
                  "the CUDA backend has no kernels for Gemma 4's layers (own attention shapes of local and "
                  "global layers, value norm, output scalars, logit soft-capping): run this model with "
@@ -1291,6 +1291,7 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     case LOP_MOE:
     case LOP_V_NORM:
     case LOP_SCALE_X:
+    case LOP_PLE:
         return FERRY_ERR_UNSUPPORTED; /* refused at init (forward_cuda_init) */
     }
     return FERRY_ERR_INTERNAL;

@@ -62,15 +62,16 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
         const struct wview *parts[LAYER_MAX_PARTS];
         const float *bias[LAYER_MAX_PARTS];
         struct layer_group *g = &w->mat[i];
-        g->n_parts = group_parts(L, i, parts, bias);
+        const int n_parts = group_parts(L, i, parts, bias);
         g->uniform = 1;
         g->cols = parts[0]->cols;
-        for (int j = 0; j < g->n_parts; j++) {
-            g->part[j] = (struct layer_part){.data = parts[j]->data,
-                                             .type = parts[j]->type,
-                                             .row0 = g->rows,
-                                             .rows = parts[j]->rows,
-                                             .bias = bias[j]};
+        for (int j = 0; j < n_parts; j++) {
+            if (j > 0 && !parts[j]->data) continue; /* absent: a KV-sharing layer's keys and values */
+            g->part[g->n_parts++] = (struct layer_part){.data = parts[j]->data,
+                                                        .type = parts[j]->type,
+                                                        .row0 = g->rows,
+                                                        .rows = parts[j]->rows,
+                                                        .bias = bias[j]};
             g->uniform &= parts[j]->type == parts[0]->type;
             g->rows += parts[j]->rows;
         }

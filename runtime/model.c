@@ -76,6 +76,10 @@ static struct wview *layer_matrix(struct model_layer *L, enum arch_role r)
         return &L->w_up;
     case ARCH_ROLE_ROUTER:
         return &L->router;
+    case ARCH_ROLE_PLE_GATE:
+        return &L->ple_gate;
+    case ARCH_ROLE_PLE_PROJ:
+        return &L->ple_proj;
     default:
         return &L->w_down;
     }
@@ -104,6 +108,8 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->post_ffn_norm;
     case ARCH_ROLE_OUT_SCALE:
         return &L->out_scale;
+    case ARCH_ROLE_PLE_NORM:
+        return &L->ple_norm;
     default:
         return NULL;
     }
@@ -201,10 +207,11 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
                 split_rows(L, at->role, &whole, &hl);
                 continue;
             }
-            /* An optional attn_v that is absent: the values are the keys (Gemma 4's global layers). */
-            if (at->role == ARCH_ROLE_WV && at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)) {
-                L->wv = L->wk;
-                m->weight_bytes += wview_bytes(&L->wv);
+            /* An optional attn_v that is absent: the values are the keys (Gemma 4's global layers). Other
+             * optional tensors absent: checked below against what the layer needs. */
+            if (at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)) {
+                if (at->role == ARCH_ROLE_WV) L->wv = L->wk;
+                m->weight_bytes += at->role == ARCH_ROLE_WV ? wview_bytes(&L->wv) : 0;
                 continue;
             }
             const int nd = arch_role_shape(at->role, &hl, ne);
@@ -232,6 +239,28 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             if (v && (rc = load_vector(mf, name, ne[0], at->need != ARCH_NEED_ALWAYS, v, err))) goto fail;
             if (v && *v && is_norm(at->role)) shift_norm(*v, ne[0], norm_shift);
         }
+        /* A layer with K/V of its own has its keys (and their norm with QK-norm); per-layer inputs need their
+         * three tensors. */
+        const char *lacks = NULL;
+        if (!llm_layer_kv_shared(hp, l) && (!L->wk.data || (L->q_norm && !L->k_norm)))
+            lacks = !L->wk.data ? "attn_k.weight" : "attn_k_norm.weight";
+        else if (hp->ple_dim > 0 && (!L->ple_gate.data || !L->ple_proj.data || !L->ple_norm))
+            lacks = !L->ple_gate.data   ? "inp_gate.weight"
+                    : !L->ple_proj.data ? "proj.weight"
+                                        : "post_norm.weight";
+        if (lacks) {
+            snprintf(err, 256, "missing tensor 'blk.%d.%s' (%s family)", l, lacks, fam->name);
+            rc = FERRY_ERR_FORMAT;
+            goto fail;
+        }
+    }
+    if (hp->ple_dim > 0) {
+        const int64_t pl = (int64_t)hp->n_layers * hp->ple_dim;
+        if ((rc = find_matrix(mf, "per_layer_token_embd.weight", hp->n_vocab, pl, &m->ple_embd, err)) ||
+            (rc = find_matrix(mf, "per_layer_model_proj.weight", pl, dim, &m->ple_mproj, err)) ||
+            (rc = load_vector(mf, "per_layer_proj_norm.weight", hp->ple_dim, 0, &m->ple_proj_norm, err)))
+            goto fail;
+        m->weight_bytes += wview_bytes(&m->ple_mproj);
     }
     shift_norm(m->output_norm, dim, norm_shift);
     m->inv_freq = malloc((size_t)(hp->rope_dim / 2) * sizeof(float));
@@ -370,9 +399,11 @@ void model_free(struct model *m)
             free(L->post_attn_norm);
             free(L->post_ffn_norm);
             free(L->out_scale);
+            free(L->ple_norm);
         }
     }
     free(m->layers);
+    free(m->ple_proj_norm);
     free(m->output_norm);
     free(m->inv_freq);
     free(m->inv_freq_local);

@@ -57,6 +57,10 @@ struct model_layer {
     struct wview exp_gate, exp_up; /* (n_expert*ffn, dim) */
     struct wview exp_down;         /* (n_expert*dim, ffn) */
     float *out_scale;              /* (1) f32 the layer's output scalar (Gemma 4), or NULL */
+    /* Per-layer inputs (hp.ple_dim > 0; empty/NULL otherwise): */
+    struct wview ple_gate; /* (ple_dim, dim) */
+    struct wview ple_proj; /* (dim, ple_dim) */
+    float *ple_norm;       /* (dim) f32 */
 };
 
 struct model {
@@ -71,6 +75,11 @@ struct model {
     uint64_t weight_bytes;      /* bytes of all matrices read per forward pass */
     void *owned;                /* synthetic models: the one allocation holding every matrix */
     void *quant_owned;          /* matrices quantized at load, or NULL */
+    /* Per-layer inputs (hp.ple_dim > 0; empty/NULL otherwise): the embeddings of every layer per token, the
+     * projection of the input to them, the norm of that projection. */
+    struct wview ple_embd;  /* (n_vocab, n_layers * ple_dim) */
+    struct wview ple_mproj; /* (n_layers * ple_dim, dim) */
+    float *ple_proj_norm;   /* (ple_dim) f32 */
 };
 
 /* Bytes of a matrix in its type. */

@@ -64,6 +64,13 @@ struct llm_hparams {
     int n_kv_heads_swa;  /* the local layers' KV heads; 0: n_kv_heads */
     int rope_dim_swa;    /* the local layers' rotary dims; 0: rope_dim */
     float final_softcap; /* c; 0: none */
+    /* Gemma 4 E2B/E4B (0 elsewhere): layers [n_layer_kv, n_layers) compute no K/V of their own and attend
+     * over the cache of the last earlier layer of their kind (llm_kv_source), with an FFN of ffn_dim_shared;
+     * each layer adds a per-layer input of ple_dim (the per-layer embeddings and a projection of the input).
+     */
+    int n_layer_kv;     /* 0: every layer has its own K/V */
+    int ffn_dim_shared; /* the KV-sharing layers' FFN size; 0: ffn_dim */
+    int ple_dim;        /* per-layer input size; 0: none */
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */
@@ -82,11 +89,35 @@ static inline void llm_layer_shape(const struct llm_hparams *hp, int l, int *hea
     *rope_dim = own && hp->rope_dim_swa > 0 ? hp->rope_dim_swa : hp->rope_dim;
 }
 
-/* hp with layer l's attention shape as its own (for the per-layer tensor shapes of arch_role_shape). */
+/* 1 when layer l reads another layer's K/V and has none of its own. */
+static inline int llm_layer_kv_shared(const struct llm_hparams *hp, int l)
+{
+    return hp->n_layer_kv > 0 && l >= hp->n_layer_kv;
+}
+
+/* The layer whose KV cache layer l attends over: l, or for a KV-sharing layer the last layer before
+ * n_layer_kv of its kind (local or global); -1 when there is none (the file is then refused at load). */
+static inline int llm_kv_source(const struct llm_hparams *hp, int l)
+{
+    if (!llm_layer_kv_shared(hp, l)) return l;
+    for (int s = hp->n_layer_kv - 1; s >= 0; s--)
+        if (llm_layer_is_local(hp, s) == llm_layer_is_local(hp, l)) return s;
+    return -1;
+}
+
+/* Layer l's FFN size. */
+static inline int llm_layer_ffn(const struct llm_hparams *hp, int l)
+{
+    return hp->ffn_dim_shared > 0 && llm_layer_kv_shared(hp, l) ? hp->ffn_dim_shared : hp->ffn_dim;
+}
+
+/* hp with layer l's attention shape and FFN size as its own (for the per-layer tensor shapes of
+ * arch_role_shape). */
 static inline struct llm_hparams llm_hparams_at(const struct llm_hparams *hp, int l)
 {
     struct llm_hparams h = *hp;
     llm_layer_shape(hp, l, &h.head_dim, &h.n_kv_heads, &h.rope_dim);
+    h.ffn_dim = llm_layer_ffn(hp, l);
     return h;
 }
 

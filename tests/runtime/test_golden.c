@@ -553,9 +553,17 @@ Test(golden_gguf, gemma4_llamacpp_file)
     run_golden("gemma4_kv_f32", 1, 2e-3, 0);
 }
 
-/* The file with one u32 key set to v (the key's value follows its name and type), opened from memory: what
- * Gemma 4 members ferry does not run are refused at open, naming the feature. */
-static void gemma4_refused(const char *key, uint32_t v, const char *what)
+/* What E2B/E4B add: per-layer input embeddings, the last 3 layers attending over the KV of earlier layers
+ * (no attn_k/attn_v of their own) with a double-wide FFN (feed_forward_length per layer). */
+Test(golden_gguf, gemma4_small_members_llamacpp_file)
+{
+    run_golden("gemma4_ple_f32", 0, 0, 0);
+    run_golden("gemma4_ple_f32", 1, 2e-3, 0);
+}
+
+/* The dense file with one u32 key set to v (the key's value follows its name and type), opened from memory
+ * and, when that succeeds, loaded as a model: refused with status rc and an error naming what is wrong. */
+static void gemma4_refused(const char *key, uint32_t v, int rc_want, const char *what)
 {
     const char *src = getenv("FERRY_SRC");
     cr_assert(src, "FERRY_SRC is not set (run through meson test)");
@@ -572,15 +580,25 @@ static void gemma4_refused(const char *key, uint32_t v, const char *what)
     struct model_file *mf = NULL;
     char err[256] = "";
     int rc = model_file_open_gguf_mem(b, n, &mf, err);
-    cr_expect_eq(rc, FERRY_ERR_UNSUPPORTED, "%s = %u: status %d (%s)", key, v, rc, err);
-    cr_expect(strstr(err, what), "%s = %u: the error names the feature: %s", key, v, err);
+    if (rc == FERRY_OK) {
+        struct model m;
+        rc = model_init(&m, mf, err);
+        if (rc == FERRY_OK) model_free(&m);
+    }
+    cr_expect_eq(rc, rc_want, "%s = %u: status %d (%s)", key, v, rc, err);
+    cr_expect(strstr(err, what), "%s = %u: the error names what is wrong: %s", key, v, err);
     model_file_close(mf);
     free(b);
     free(path);
 }
 
-Test(golden_gguf, gemma4_members_not_run_refused)
+/* Files that claim what they do not have: every layer sharing K/V, a global layer sharing with no earlier
+ * global layer, per-layer inputs without their tensors. */
+Test(golden_gguf, gemma4_inconsistent_files_refused)
 {
-    gemma4_refused("gemma4.embedding_length_per_layer_input", 8, "per-layer input embeddings");
-    gemma4_refused("gemma4.attention.shared_kv_layers", 2, "KV caches shared between layers");
+    gemma4_refused("gemma4.attention.shared_kv_layers", 6, FERRY_ERR_UNSUPPORTED, "no layer keeps K/V");
+    gemma4_refused("gemma4.attention.shared_kv_layers", 4, FERRY_ERR_FORMAT,
+                   "layer 2 has no earlier layer of its kind");
+    gemma4_refused("gemma4.embedding_length_per_layer_input", 8, FERRY_ERR_FORMAT,
+                   "missing tensor 'blk.0.inp_gate.weight'");
 }

@@ -135,6 +135,15 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     case ARCH_ROLE_OUT_SCALE:
         ne[0] = 1;
         return 1;
+    case ARCH_ROLE_PLE_GATE:
+        ne[0] = dim, ne[1] = hp->ple_dim;
+        return 2;
+    case ARCH_ROLE_PLE_PROJ:
+        ne[0] = hp->ple_dim, ne[1] = dim;
+        return 2;
+    case ARCH_ROLE_PLE_NORM:
+        ne[0] = dim;
+        return 1;
     case ARCH_ROLE_W_DOWN:
     case ARCH_N_ROLES:
         break;

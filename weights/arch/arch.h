@@ -47,6 +47,9 @@ enum arch_role {
     ARCH_ROLE_EXP_UP,         /* (n_expert, expert_ffn, dim) */
     ARCH_ROLE_EXP_DOWN,       /* (n_expert, dim, expert_ffn) */
     ARCH_ROLE_OUT_SCALE,      /* (1): the layer's output scalar (Gemma 4) */
+    ARCH_ROLE_PLE_GATE,       /* (ple_dim, dim): the per-layer input's gate (Gemma 4 E2B/E4B) */
+    ARCH_ROLE_PLE_PROJ,       /* (dim, ple_dim): its projection back */
+    ARCH_ROLE_PLE_NORM,       /* (dim): the norm after that projection */
     ARCH_N_ROLES
 };
 
@@ -95,8 +98,8 @@ struct arch_family {
     /* The family a GGUF file of this architecture is when it has {arch}.expert_count > 0 (llama.cpp writes
      * Mixtral as "llama" with experts), or NULL. */
     const struct arch_family *gguf_experts;
-    /* 1: its GGUF files may give attention.head_count_kv per layer (an array whose layers differ), which its
-     * gguf_hparams reads; the common read takes layer 0's. */
+    /* 1: its GGUF files may give attention.head_count_kv and feed_forward_length per layer (arrays whose
+     * layers differ), which its gguf_hparams reads; the common read takes layer 0's. */
     int gguf_layer_arrays;
 };
 

@@ -1,18 +1,21 @@
-/* gemma4 — Gemma 4 text models, the dense ones (31B; GGUF "gemma4" as llama.cpp's converter writes it).
+/* gemma4 — Gemma 4's dense text models (E2B, E4B, 31B; GGUF "gemma4" as llama.cpp's converter writes it).
  *
  * Block (as Gemma 3): x += postnorm(attn(prenorm(x))); x += postnorm(ffn(prenorm(x))), GeGLU, QK-norm,
  * embeddings scaled by sqrt(dim), local sliding-window layers with every swa_pattern-th layer global. New in
  * Gemma 4: the global layers have their own head size and KV-head count (GGUF attention.key_length and the
- * global entries of head_count_kv; the local layers' are key_length_swa and the local entries), a global
- * layer without attn_v uses its keys as its values (taken before the norms), values are RMS-normed per head
- * without a weight, the attention scale is 1, norms multiply by w (no 1 + w), each layer's output (the
- * residual stream) is multiplied by its layer_output_scale, and logits are soft-capped
- * (final_logit_softcapping). The global layers' "proportional" rotary turns the first pairs of a head (i, i +
- * head/2) at base^(-2i/head) and leaves the others: llama.cpp's file carries rope_freqs.weight, 1 for a
- * turned pair and 1e30 for the others, which ferry divides the global frequencies by, as it does for Llama 3.
- * Refused at load, by name: per-layer input embeddings and KV sharing between layers (E2B/E4B), experts
- * (26B-A4B), feed-forward sizes that differ by layer, layer kinds out of a fixed period, a Hugging Face
- * directory (convert it with llama.cpp's converter).
+ * global entries of head_count_kv; the local layers' are key_length_swa and the local entries), a layer
+ * without attn_v uses its keys as its values (taken before the norms), values are RMS-normed per head without
+ * a weight, the attention scale is 1, norms multiply by w (no 1 + w), each layer's output (the residual
+ * stream) is multiplied by its layer_output_scale, and logits are soft-capped (final_logit_softcapping). The
+ * global layers' "proportional" rotary turns the first pairs of a head (i, i + head/2) at base^(-2i/head) and
+ * leaves the others: llama.cpp's file carries rope_freqs.weight, 1 for a turned pair and 1e30 for the others,
+ * which ferry divides the global frequencies by, as it does for Llama 3. E2B/E4B add: the last
+ * attention.shared_kv_layers layers compute no K/V and attend over the cache of the last earlier layer of
+ * their kind, with their own FFN size (feed_forward_length per layer: double-wide); every layer adds a
+ * per-layer input (embedding_length_per_layer_input: per_layer_token_embd, per_layer_model_proj,
+ * per_layer_proj_norm; per layer inp_gate, proj, post_norm) before its output scalar.
+ * Refused at load, by name: experts (26B-A4B), sizes that differ by layer in other ways, layer kinds out of a
+ * fixed period, a Hugging Face directory (convert it with llama.cpp's converter).
  */
 #include <jansson.h>
 #include <math.h>
@@ -39,6 +42,7 @@ static const struct layer_op gemma4_ops[] = {
     {LOP_GELU_MUL, LACT_GU, LACT_H, 0},
     {LOP_LINEAR, LACT_H, LACT_D, LAYER_DOWN},
     {LOP_NORM, LACT_D, LACT_D, LAYER_POST_FFN_NORM},
+    {LOP_PLE, LACT_X, LACT_X, 0},
     {LOP_SCALE_X, LACT_X, LACT_X, LAYER_OUT_SCALE},
 };
 static const struct layer_program gemma4_program = {
@@ -47,11 +51,11 @@ static const struct layer_program gemma4_program = {
 static const struct arch_tensor gemma4_tensors[] = {
     {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},
     {ARCH_ROLE_WQ, ARCH_NEED_ALWAYS, "attn_q.weight", "self_attn.q_proj.weight"},
-    {ARCH_ROLE_WK, ARCH_NEED_ALWAYS, "attn_k.weight", "self_attn.k_proj.weight"},
+    {ARCH_ROLE_WK, ARCH_NEED_NEVER, "attn_k.weight", "self_attn.k_proj.weight"}, /* absent: KV-sharing */
     {ARCH_ROLE_WV, ARCH_NEED_NEVER, "attn_v.weight", "self_attn.v_proj.weight"}, /* absent: V = K */
     {ARCH_ROLE_WO, ARCH_NEED_ALWAYS, "attn_output.weight", "self_attn.o_proj.weight"},
     {ARCH_ROLE_Q_NORM, ARCH_NEED_ALWAYS, "attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {ARCH_ROLE_K_NORM, ARCH_NEED_ALWAYS, "attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {ARCH_ROLE_K_NORM, ARCH_NEED_NEVER, "attn_k_norm.weight", "self_attn.k_norm.weight"},
     {ARCH_ROLE_POST_ATTN_NORM, ARCH_NEED_ALWAYS, "post_attention_norm.weight",
      "post_attention_layernorm.weight"},
     {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "ffn_norm.weight", "pre_feedforward_layernorm.weight"},
@@ -60,6 +64,10 @@ static const struct arch_tensor gemma4_tensors[] = {
     {ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down.weight", "mlp.down_proj.weight"},
     {ARCH_ROLE_POST_FFN_NORM, ARCH_NEED_ALWAYS, "post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
     {ARCH_ROLE_OUT_SCALE, ARCH_NEED_ALWAYS, "layer_output_scale.weight", "layer_scalar"},
+    /* With per-layer inputs (runtime/model.c requires them then). */
+    {ARCH_ROLE_PLE_GATE, ARCH_NEED_NEVER, "inp_gate.weight", "per_layer_input_gate.weight"},
+    {ARCH_ROLE_PLE_PROJ, ARCH_NEED_NEVER, "proj.weight", "per_layer_projection.weight"},
+    {ARCH_ROLE_PLE_NORM, ARCH_NEED_NEVER, "post_norm.weight", "post_per_layer_input_norm.weight"},
 };
 
 #define KEY(k)        (snprintf(key, sizeof key, "gemma4.%s", k), key)
@@ -142,22 +150,63 @@ static int kv_heads(const struct gguf *g, struct llm_hparams *hp, const uint8_t 
     return FERRY_OK;
 }
 
+/* E2B/E4B: the last shared_kv_layers layers attend over the KV of the last earlier layer of their kind, with
+ * an FFN of their own size (feed_forward_length per layer: one size before them, one for them), and every
+ * layer takes a per-layer input of embedding_length_per_layer_input. */
+static int small_members(const struct gguf *g, struct llm_hparams *hp, char *err)
+{
+    char key[96];
+    uint32_t u = 0;
+    hp->n_layer_kv = 0;
+    if (gguf_get_u32(g, KEY("attention.shared_kv_layers"), &u) == FERRY_OK && u > 0) {
+        if (u >= (uint32_t)hp->n_layers)
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "key '%s' = %u: no layer keeps K/V of its own", key,
+                              u);
+        hp->n_layer_kv = hp->n_layers - (int)u;
+        for (int l = hp->n_layer_kv; l < hp->n_layers; l++)
+            if (llm_kv_source(hp, l) < 0)
+                return ferry_fail(err, FERRY_ERR_FORMAT,
+                                  "key '%s': layer %d has no earlier layer of its kind", key, l);
+    }
+    enum gguf_vtype et;
+    uint64_t n;
+    if (gguf_get_arr(g, KEY("feed_forward_length"), &et, &n) == FERRY_OK) {
+        if (n != (uint64_t)hp->n_layers)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not per layer", key);
+        int32_t *f = malloc((size_t)n * sizeof *f);
+        if (!f) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
+        int rc = gguf_arr_i32(g, key, f, n), first = f[0], shared = 0;
+        for (int l = 0; !rc && l < hp->n_layers; l++) {
+            const int own = llm_layer_kv_shared(hp, l);
+            if (f[l] < 1 || f[l] > (1 << 30) || (!own && f[l] != first) || (own && shared && f[l] != shared))
+                rc = FERRY_ERR_UNSUPPORTED;
+            if (own) shared = f[l];
+        }
+        free(f);
+        if (rc)
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
+                              "key '%s': FFN sizes must be one size for the layers with K/V of their own and "
+                              "one for the KV-sharing layers",
+                              key);
+        hp->ffn_dim = first;
+        hp->ffn_dim_shared = shared == first ? 0 : shared;
+    }
+    hp->ple_dim = 0;
+    if (gguf_get_u32(g, KEY("embedding_length_per_layer_input"), &u) == FERRY_OK && u > 0) {
+        if (u > (1u << 20) || (uint64_t)u * (uint64_t)hp->n_layers > (1u << 30))
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is out of range", key);
+        hp->ple_dim = (int)u;
+    }
+    return FERRY_OK;
+}
+
 static int gemma4_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
 {
     char key[96];
     int rc;
     float v;
-    enum gguf_vtype et;
-    uint64_t n;
-    /* What the E2B/E4B and 26B-A4B members add, not run here. */
-    if ((rc =
-             refuse_nonzero(g, KEY("embedding_length_per_layer_input"), "per-layer input embeddings", err)) ||
-        (rc = refuse_nonzero(g, KEY("attention.shared_kv_layers"), "KV caches shared between layers", err)) ||
-        (rc = refuse_nonzero(g, KEY("expert_count"), "expert layers (Gemma 4 MoE)", err)))
-        return rc;
-    if (gguf_get_arr(g, KEY("feed_forward_length"), &et, &n) == FERRY_OK)
-        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                          "key '%s': feed-forward sizes per layer (double-wide MLP) are not supported", key);
+    /* The 26B-A4B member's experts are not run here. */
+    if ((rc = refuse_nonzero(g, KEY("expert_count"), "expert layers (Gemma 4 MoE)", err))) return rc;
     if (hp->n_layers > MAX_LAYERS_G4) return ferry_fail(err, FERRY_ERR_FORMAT, "%d layers", hp->n_layers);
 
     hp->embed_scale = sqrtf((float)hp->dim);
@@ -207,7 +256,7 @@ static int gemma4_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, cha
     if (gguf_get_f32(g, KEY("attn_logit_softcapping"), &v) == FERRY_OK && v != 0.0f)
         return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "key '%s': attention soft-capping is not supported",
                           key);
-    return FERRY_OK;
+    return small_members(g, hp, err);
 }
 
 static int gemma4_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
@@ -222,10 +271,10 @@ static int gemma4_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
 const struct arch_family arch_gemma4 = {
     .name = "gemma4",
     .title = "Gemma 4 (text, dense)",
-    .sizes = "31B",
-    .notes =
-        "Gemma 3's block plus global layers with their own head size and KV heads (keys as values), "
-        "proportional rotary, value norm, layer output scalars, logit soft-capping (CPU backend); GGUF only",
+    .sizes = "E2B, E4B, 31B",
+    .notes = "Gemma 3's block plus global layers with their own head size and KV heads (keys as values), "
+             "proportional rotary, value norm, layer output scalars, logit soft-capping; E2B/E4B: per-layer "
+             "inputs, KV shared by the last layers; CPU backend, GGUF only; not 26B-A4B (experts)",
     .gguf_names = (const char *const[]){"gemma4", NULL},
     .hf_classes = (const char *const[]){"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", NULL},
     .hf_types = (const char *const[]){"gemma4_text", "gemma4", NULL},

@@ -37,6 +37,8 @@ enum layer_op_kind {
                     * expert's SwiGLU FFN on the rows routed to it, their weighted sum (kernels/cpu/moe.h) */
     LOP_V_NORM,    /* in place on q|k|v: each value head = rmsnorm(head), no weight (Gemma 4) */
     LOP_SCALE_X,   /* x += D when a delta is pending; x *= norm[arg][0] (Gemma 4's layer output scalar) */
+    LOP_PLE, /* with per-layer inputs (hp.ple_dim): x += D when pending; x += norm(proj(gelu_tanh(gate(x)) *
+              * the layer's input)) (Gemma 4 E2B/E4B); without them nothing */
 };
 
 struct layer_op {
