@@ -38,8 +38,8 @@ import gguf
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-N_GREEDY = 24
-PROMPT_LENGTHS = [1, 7, 33, 200]
+sys.path.insert(0, HERE)
+from make_golden import N_GREEDY, PROMPT_LENGTHS, greedy  # noqa: E402  (the same prompts and greedy path)
 
 DENSE = dict(
     vocab_size=293, hidden_size=48, intermediate_size=76, num_hidden_layers=6, num_attention_heads=4,
@@ -78,20 +78,6 @@ def init_weights(model, seed):
                 p.copy_(scale * torch.randn(p.shape, generator=g))
         for layer in model.model.layers:
             layer.layer_scalar.copy_(0.6 + 0.8 * torch.rand(1, generator=g))
-
-
-def greedy(model, ids, n):
-    out, margins = [], []
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(torch.tensor([ids])).logits[0, -1].double()
-            top2 = torch.topk(logits, 2).values
-            margins.append(float(top2[0] - top2[1]))
-            t = int(torch.argmax(logits))
-            out.append(t)
-            ids.append(t)
-    return out, min(margins)
 
 
 def write_gguf(model, cfg, c, path):
