@@ -297,15 +297,18 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
     run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
 }
 
-/* Expert layers and the backends: --backend cuda is refused (on a GPU machine with a message naming the
- * expert layers: the CUDA backend has no kernels for them yet), --backend auto runs them on the CPU and
- * matches transformers there as the CPU backend does. */
-Test(golden_gguf, qwen3moe_backends)
+/* A model only the CPU backend runs (golden `name`, its model at tests/golden/`model`): --backend cuda is
+ * refused (on a GPU machine with a message containing `why`: the CUDA backend has no kernels for its layers
+ * yet), --backend auto runs it on the CPU and matches transformers there as the CPU backend does. */
+static void cpu_only_backends(const char *name, const char *model, const char *why)
 {
     const char *src = getenv("FERRY_SRC");
     cr_assert(src, "FERRY_SRC is not set (run through meson test)");
-    char *jpath = path_join(src, "tests/golden/qwen3moe_top2_f32.json");
-    char *mdir = path_join(src, "tests/golden/models/qwen3moe_top2_f32");
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/%s.json", name);
+    char *jpath = path_join(src, rel);
+    snprintf(rel, sizeof rel, "tests/golden/%s", model);
+    char *mdir = path_join(src, rel);
     char err[256] = "";
     struct model_file *mf;
     cr_assert_eq(model_file_open(mdir, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
@@ -315,7 +318,7 @@ Test(golden_gguf, qwen3moe_backends)
     struct engine *e = NULL;
     cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
     cr_assert_null(e);
-    if (forward_cuda_devices() > 0) cr_assert(strstr(err, "expert layers"), "%s", err);
+    if (forward_cuda_devices() > 0) cr_assert(strstr(err, why), "%s", err);
     model_file_close(mf);
 
     json_t *g = load_json(jpath);
@@ -329,13 +332,19 @@ Test(golden_gguf, qwen3moe_backends)
     float *ref = malloc((size_t)r.n_vocab * sizeof *ref);
     for (int i = 0; i < r.n_vocab; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
     prefill(&r, ids, n);
-    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, "qwen3moe_top2_f32 with --backend auto");
+    snprintf(rel, sizeof rel, "%s with --backend auto", name);
+    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, rel);
     runner_close(&r);
     free(ref);
     free(ids);
     json_decref(g);
     free(jpath);
     free(mdir);
+}
+
+Test(golden_gguf, qwen3moe_backends)
+{
+    cpu_only_backends("qwen3moe_top2_f32", "models/qwen3moe_top2_f32", "expert layers");
 }
 
 /* Bytes of the file at path (malloc'd), or NULL. */
@@ -559,6 +568,12 @@ Test(golden_gguf, gemma4_small_members_llamacpp_file)
 {
     run_golden("gemma4_ple_f32", 0, 0, 0);
     run_golden("gemma4_ple_f32", 1, 2e-3, 0);
+}
+
+Test(golden_gguf, gemma4_backends)
+{
+    cpu_only_backends("gemma4_kv_f32", "models/gemma4_kv_f32.gguf", "Gemma 4's layers");
+    cpu_only_backends("gemma4_ple_f32", "models/gemma4_ple_f32.gguf", "Gemma 4's layers");
 }
 
 /* The dense file with one u32 key set to v (the key's value follows its name and type), opened from memory
