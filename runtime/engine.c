@@ -537,8 +537,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
     if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
-    rc = kv_cache_init(&e->kv, hp->n_layers, llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs, p.ctx_size,
-                       p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
+    rc = kv_cache_init(&e->kv, llm_kv_cache_layers(hp), llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs,
+                       p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;

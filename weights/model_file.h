@@ -105,6 +105,12 @@ static inline int llm_kv_source(const struct llm_hparams *hp, int l)
     return -1;
 }
 
+/* Layers of the KV cache: every KV-sharing layer's source is one of the first n_layer_kv. */
+static inline int llm_kv_cache_layers(const struct llm_hparams *hp)
+{
+    return hp->n_layer_kv > 0 ? hp->n_layer_kv : hp->n_layers;
+}
+
 /* Layer l's FFN size. */
 static inline int llm_layer_ffn(const struct llm_hparams *hp, int l)
 {
