@@ -78,6 +78,8 @@ struct engine {
 const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
     if (hp->full_attn_interval > 0) return "gated DeltaNet (linear-attention) layers";
+    if (hp->head_dim_swa > 0 || hp->final_softcap > 0 || hp->n_layer_kv > 0 || hp->ple_dim > 0)
+        return "Gemma 4's layers (local and global attention shapes, value norm, output scalars, soft-capping)";
     const struct layer_program *p = layer_program_of(hp);
     if (layer_program_has(p, LOP_ATTENTION_SINKS)) return "attention sinks";
     if (layer_program_has(p, LOP_MOE_CLAMPED)) return "clamped-SwiGLU expert layers (gpt-oss)";
@@ -489,7 +491,8 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
  */
 static int check_kv_type(int kv_type, const struct llm_hparams *hp, int gpu, char err[256])
 {
-    if (kv_type != KV_Q8_0 || hp->head_dim % (gpu ? 64 : 32) == 0) return FERRY_OK;
+    if (kv_type != KV_Q8_0 || (hp->head_dim % (gpu ? 64 : 32) == 0 && hp->head_dim_swa % 32 == 0))
+        return FERRY_OK;
     snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of %d%s (this model's is %d)",
              gpu ? 64 : 32, gpu ? " on the GPU" : "", hp->head_dim);
     return FERRY_ERR_INVALID;
@@ -555,8 +558,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
     if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
-    rc = kv_cache_init(&e->kv, llm_kv_layers(hp) > 0 ? llm_kv_layers(hp) : 1, hp->n_kv_heads, hp->head_dim,
-                       p.n_seqs, p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
+    rc = kv_cache_init(&e->kv, llm_kv_cache_layers(hp), llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs,
+                       p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;

@@ -60,6 +60,11 @@ struct forward_cpu {
     float *dn_proj, *dn_run, *dn_gb, *dn_orun, *dn_o, *dn_ws;
     int32_t *dn_rows;
     uint8_t *dn_done;
+    float *ones; /* (head_dim) 1.0: the weight of LOP_V_NORM's weightless norm, or NULL */
+    /* Per-layer inputs (hp.ple_dim > 0, else NULL): every layer's input per token (max_tokens, n_layers,
+     * ple_dim), the input's projection to them (same shape), and two (max_tokens, ple_dim) work rows. */
+    float *ple, *ple_p, *ple_t, *ple_u;
+    int layer; /* the layer run_layer runs (the ops whose shapes differ by layer read it) */
     int pending;
     uint64_t layers_run;
     double layer_seconds;
@@ -150,6 +155,11 @@ static void cpu_free(struct backend *be)
     for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++) free(dn[i]);
     free(f->dn_rows);
     free(f->dn_done);
+    free(f->ones);
+    free(f->ple);
+    free(f->ple_p);
+    free(f->ple_t);
+    free(f->ple_u);
     free(f->w);
     free(f);
 }
@@ -210,15 +220,25 @@ static const float *layer_sinks(const struct forward_cpu *f, int l)
 static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int n)
 {
     const struct llm_hparams *hp = &f->m->hp;
-    const int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
+    int hd, n_kv, rd;
+    llm_layer_shape(hp, l, &hd, &n_kv, &rd);
+    const int qd = hp->n_heads * hd, kvd = n_kv * hd;
     const struct batch *b = st->b;
     float *q = f->qkv, *k = q + (size_t)n * qd, *v = k + (size_t)n * kvd;
-    struct kv_layer_view view = kv_cache_layer(f->kv, llm_kv_layer(hp, l)); /* recurrent layers have none */
+    /* A KV-sharing layer attends over its source layer's rows, which that layer stored earlier this step;
+     * recurrent layers have no cache rows and KV layers sit at their place among those that have. */
+    const int src = llm_kv_source(hp, l);
+    if (src < 0) return FERRY_ERR_INTERNAL;
+    struct kv_layer_view view = kv_cache_layer(f->kv, llm_kv_layer(hp, src));
+    /* A layer of its own shape uses the front of its rows (the cache's rows hold the widest layer's). */
+    view.n_kv_heads = n_kv, view.head_dim = hd;
     const int local = llm_layer_is_local(hp, l);
     const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
-    kern_cpu_rope(q, b->pos, n, hp->n_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
-    kern_cpu_rope(k, b->pos, n, hp->n_kv_heads, hp->head_dim, hp->rope_dim, inv_freq, hp->rope_style);
-    kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
+    kern_cpu_rope(q, b->pos, n, hp->n_heads, hd, rd, inv_freq, hp->rope_style);
+    if (src == l) {
+        kern_cpu_rope(k, b->pos, n, n_kv, hd, rd, inv_freq, hp->rope_style);
+        kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
+    }
     const float *sinks = layer_sinks(f, l);
     if (!local && !sinks)
         return kern_cpu_attention(f->att, q, &view, b->seq, b->pos, n, hp->n_heads, llm_attn_scale(hp),
@@ -353,6 +373,48 @@ static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, 
     return rc;
 }
 
+/* Per-layer inputs (Gemma 4 E2B/E4B). At embedding: each token's inputs of every layer, (proj(x) / sqrt(dim)
+ * normed per layer + embedding * sqrt(ple_dim)) / sqrt(2), x the scaled embedding row. */
+static int ple_inputs(struct forward_cpu *f, const int32_t *tokens, int n)
+{
+    const struct model *m = f->m;
+    const struct llm_hparams *hp = &m->hp;
+    const int pl = hp->n_layers * hp->ple_dim;
+    int rc = kern_cpu_embed(f->ple, m->ple_embd.data, m->ple_embd.type, (int)m->ple_embd.rows, pl, tokens, n);
+    if (!rc)
+        rc = kern_cpu_matmul(f->ple_p, f->x, m->ple_mproj.data, m->ple_mproj.type, NULL, n, pl, hp->dim,
+                             f->tp);
+    if (rc) return rc;
+    const int64_t all = (int64_t)n * pl;
+    kern_cpu_scale(f->ple, sqrtf((float)hp->ple_dim), all);
+    kern_cpu_scale(f->ple_p, 1.0f / sqrtf((float)hp->dim), all);
+    kern_cpu_rmsnorm(f->ple_p, f->ple_p, m->ple_proj_norm, n * hp->n_layers, hp->ple_dim, hp->norm_eps);
+    kern_cpu_add(f->ple, f->ple_p, all);
+    kern_cpu_scale(f->ple, 1.0f / sqrtf(2.0f), all);
+    return FERRY_OK;
+}
+
+/* Layer f->layer's: x += D; x += norm(proj(gelu_tanh(gate(x)) * its input)). */
+static int ple_add(struct forward_cpu *f, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[f->layer];
+    const int pd = hp->ple_dim, l = f->layer;
+    if (!f->ple || !L->ple_gate.data || !L->ple_proj.data || !L->ple_norm) return FERRY_ERR_INTERNAL;
+    if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+    f->pending = 0;
+    for (int i = 0; i < n; i++)
+        memcpy(f->ple_u + (size_t)i * pd, f->ple + ((size_t)i * hp->n_layers + l) * pd, pd * sizeof(float));
+    int rc = kern_cpu_matmul(f->ple_t, f->x, L->ple_gate.data, L->ple_gate.type, NULL, n, pd, hp->dim, f->tp);
+    if (rc) return rc;
+    kern_cpu_gelu_mul(f->ple_t, f->ple_u, (int64_t)n * pd);
+    rc = kern_cpu_matmul(f->d, f->ple_t, L->ple_proj.data, L->ple_proj.type, NULL, n, hp->dim, pd, f->tp);
+    if (rc) return rc;
+    kern_cpu_rmsnorm(f->d, f->d, L->ple_norm, n, hp->dim, hp->norm_eps);
+    kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+    return FERRY_OK;
+}
+
 static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct layer_weights *w, int n)
 {
     const struct llm_hparams *hp = &f->m->hp;
@@ -367,23 +429,29 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         if (op->out == LACT_D) f->pending = 1;
         return rc;
     }
-    case LOP_SILU_MUL:
-        kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
+    case LOP_SILU_MUL: {
+        const int ffn = llm_layer_ffn(hp, f->layer);
+        kern_cpu_silu_mul(f->gu, f->gu + (size_t)n * ffn, (int64_t)n * ffn);
         return FERRY_OK;
+    }
     case LOP_NORM:
         kern_cpu_rmsnorm(act(f, op->out), act(f, op->in), w->norm[op->arg], n, hp->dim, hp->norm_eps);
         return FERRY_OK;
-    case LOP_GELU_MUL:
-        kern_cpu_gelu_mul(f->gu, f->gu + (size_t)n * hp->ffn_dim, (int64_t)n * hp->ffn_dim);
+    case LOP_GELU_MUL: {
+        const int ffn = llm_layer_ffn(hp, f->layer);
+        kern_cpu_gelu_mul(f->gu, f->gu + (size_t)n * ffn, (int64_t)n * ffn);
         return FERRY_OK;
+    }
     case LOP_QK_NORM: {
         /* The query part is (n * n_heads, head_dim) rows, the key part after it (n * n_kv_heads, head_dim).
          */
-        const int hd = hp->head_dim;
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, f->layer, &hd, &n_kv, &rd);
         float *q = f->qkv, *k = q + (size_t)n * hp->n_heads * hd;
-        if (!w->norm[LAYER_Q_NORM] || !w->norm[LAYER_K_NORM]) return FERRY_ERR_INTERNAL;
+        const int own_kv = !llm_layer_kv_shared(hp, f->layer); /* a KV-sharing layer has queries only */
+        if (!w->norm[LAYER_Q_NORM] || (own_kv && !w->norm[LAYER_K_NORM])) return FERRY_ERR_INTERNAL;
         kern_cpu_rmsnorm(q, q, w->norm[LAYER_Q_NORM], n * hp->n_heads, hd, hp->norm_eps);
-        kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * hp->n_kv_heads, hd, hp->norm_eps);
+        if (own_kv) kern_cpu_rmsnorm(k, k, w->norm[LAYER_K_NORM], n * n_kv, hd, hp->norm_eps);
         return FERRY_OK;
     }
     case LOP_MOE:
@@ -429,6 +497,23 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
             y[i] = x[i] / (1.0f + expf(-f->gate[i]));
         return FERRY_OK;
     }
+    case LOP_V_NORM: {
+        /* The value part follows the queries and the keys: (n * n_kv_heads, head_dim) rows. */
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, f->layer, &hd, &n_kv, &rd);
+        float *v = f->qkv + (size_t)n * (hp->n_heads + n_kv) * hd;
+        if (!f->ones) return FERRY_ERR_INTERNAL;
+        if (!llm_layer_kv_shared(hp, f->layer)) kern_cpu_rmsnorm(v, v, f->ones, n * n_kv, hd, hp->norm_eps);
+        return FERRY_OK;
+    }
+    case LOP_PLE:
+        return hp->ple_dim > 0 ? ple_add(f, n) : FERRY_OK;
+    case LOP_SCALE_X:
+        if (!w->norm[op->arg]) return FERRY_ERR_INTERNAL;
+        if (f->pending) kern_cpu_add(f->x, f->d, (int64_t)n * hp->dim);
+        f->pending = 0;
+        kern_cpu_scale(f->x, w->norm[op->arg][0], (int64_t)n * hp->dim);
+        return FERRY_OK;
     case LOP_ROPE_KV:
     case LOP_ATTENTION:
     case LOP_ATTENTION_SINKS:
@@ -446,6 +531,7 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
     const struct layer_weights *w = &f->w[l];
     if (w->mat[0].n_parts == 0)
         return FERRY_ERR_INTERNAL; /* a layer whose weights this backend was not given */
+    f->layer = l;
     for (int i = 0; i < p->n_ops; i++) {
         int rc, kind;
         const double t0 = f->profile ? now_s() : 0;
@@ -497,6 +583,10 @@ static int cpu_embed(struct backend *be, const struct step *st)
     const int rc = kern_cpu_embed(f->x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
                                   st->b->tokens, n);
     if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
+    if (!rc && m->hp.ple_dim > 0) {
+        const int rc2 = ple_inputs(f, st->b->tokens, n);
+        if (rc2) return rc2;
+    }
     if (f->profile) f->prof_s[PROF_EMBED] += now_s() - t0, f->prof_calls[PROF_EMBED]++;
     return rc;
 }
@@ -538,6 +628,7 @@ static int cpu_head(struct backend *be, const struct step *st, float *logits)
     kern_cpu_rmsnorm(f->xn, f->xn, m->output_norm, n_out, dim, hp->norm_eps);
     const int rc = kern_cpu_matmul(logits, f->xn, m->output.data, m->output.type, NULL, n_out,
                                    (int)m->output.rows, (int)m->output.cols, f->tp);
+    if (hp->final_softcap > 0) kern_cpu_softcap(logits, hp->final_softcap, (int64_t)n_out * m->output.rows);
     if (f->profile) {
         f->prof_s[PROF_HEAD] += now_s() - t0, f->prof_calls[PROF_HEAD]++;
         f->prof_bytes[PROF_HEAD] += (double)dtype_row_size(m->output.type, m->output.cols) * m->output.rows;
@@ -628,7 +719,10 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->be.ops = &cpu_ops;
     f->m = m;
     f->prog = layer_program_of(hp);
-    if (!f->prog) {
+    /* Layers of their own attention shape run on the host's own cache only (the exchange's rows are one
+     * shape). */
+    if (!f->prog || ((hp->head_dim_swa > 0 || hp->n_layer_kv > 0 || hp->ple_dim > 0) && p->kv_owner) ||
+        (hp->ple_dim > 0 && p->weights)) {
         free(f);
         return FERRY_ERR_UNSUPPORTED;
     }
@@ -668,8 +762,12 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
             !(f->moe_ws = malloc(kern_cpu_moe_ws_floats(&ex, p->max_tokens) * sizeof(float))))
             goto fail;
     }
-    const size_t n = (size_t)p->max_tokens, qd = (size_t)hp->n_heads * hp->head_dim,
-                 kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    int qd_max, kvd_max;
+    llm_max_dims(hp, &qd_max, &kvd_max);
+    const size_t n = (size_t)p->max_tokens, qd = (size_t)qd_max, kvd = (size_t)kvd_max;
+    const int hd_max = hp->head_dim_swa > hp->head_dim ? hp->head_dim_swa : hp->head_dim;
+    if (!(f->ones = malloc((size_t)hd_max * sizeof(float)))) goto fail;
+    for (int i = 0; i < hd_max; i++) f->ones[i] = 1.0f;
     f->x = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->xn = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
     f->d = f->host_alloc(f->alloc_ctx, n * hp->dim * sizeof(float));
@@ -694,7 +792,15 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
         }
     }
     f->att = f->host_alloc(f->alloc_ctx, n * qd * sizeof(float));
-    f->gu = f->host_alloc(f->alloc_ctx, n * 2 * hp->ffn_dim * sizeof(float));
+    const size_t ffn_max = (size_t)(hp->ffn_dim_shared > hp->ffn_dim ? hp->ffn_dim_shared : hp->ffn_dim);
+    f->gu = f->host_alloc(f->alloc_ctx, n * 2 * ffn_max * sizeof(float));
+    if (hp->ple_dim > 0) {
+        const size_t pl = (size_t)hp->n_layers * hp->ple_dim;
+        if (!(f->ple = calloc(n * pl, sizeof(float))) || !(f->ple_p = malloc(n * pl * sizeof(float))) ||
+            !(f->ple_t = malloc(n * hp->ple_dim * sizeof(float))) ||
+            !(f->ple_u = malloc(n * hp->ple_dim * sizeof(float))))
+            goto fail;
+    }
     if (f->kv_owner) f->qkv_rows = f->host_alloc(f->alloc_ctx, n * (qd + 2 * kvd) * sizeof(float));
     if ((hp->sliding_window > 0 || layer_program_has(f->prog, LOP_ATTENTION_SINKS)) &&
         (!(f->win_lo = malloc(n * sizeof *f->win_lo)) ||

@@ -1399,6 +1399,9 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     case LOP_ATT_GATE:
         return FERRY_ERR_UNSUPPORTED; /* no kernels: the engine keeps these families off CUDA
                                        * (engine_cuda_lacks) */
+    case LOP_V_NORM:
+    case LOP_SCALE_X:
+    case LOP_PLE:
     }
     return FERRY_ERR_INTERNAL;
 }

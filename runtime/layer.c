@@ -45,6 +45,7 @@ static void layer_norms(const struct model_layer *L, const struct llm_hparams *h
     v[LAYER_POST_ATTN_NORM] = L->post_attn_norm, len[LAYER_POST_ATTN_NORM] = L->post_attn_norm ? hp->dim : 0;
     v[LAYER_POST_FFN_NORM] = L->post_ffn_norm, len[LAYER_POST_FFN_NORM] = L->post_ffn_norm ? hp->dim : 0;
     v[LAYER_ATTN_SINKS] = L->attn_sinks, len[LAYER_ATTN_SINKS] = L->attn_sinks ? hp->n_heads : 0;
+    v[LAYER_OUT_SCALE] = L->out_scale, len[LAYER_OUT_SCALE] = L->out_scale ? 1 : 0;
 }
 
 /* The parts of group i in row order, with their biases; returns their count. */
@@ -77,15 +78,16 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
         const struct wview *parts[LAYER_MAX_PARTS];
         const float *bias[LAYER_MAX_PARTS];
         struct layer_group *g = &w->mat[i];
-        g->n_parts = group_parts(L, i, parts, bias);
+        const int n_parts = group_parts(L, i, parts, bias);
         g->uniform = 1;
         g->cols = parts[0]->cols;
-        for (int j = 0; j < g->n_parts; j++) {
-            g->part[j] = (struct layer_part){.data = parts[j]->data,
-                                             .type = parts[j]->type,
-                                             .row0 = g->rows,
-                                             .rows = parts[j]->rows,
-                                             .bias = bias[j]};
+        for (int j = 0; j < n_parts; j++) {
+            if (j > 0 && !parts[j]->data) continue; /* absent: a KV-sharing layer's keys and values */
+            g->part[g->n_parts++] = (struct layer_part){.data = parts[j]->data,
+                                                        .type = parts[j]->type,
+                                                        .row0 = g->rows,
+                                                        .rows = parts[j]->rows,
+                                                        .bias = bias[j]};
             g->uniform &= parts[j]->type == parts[0]->type;
             g->rows += parts[j]->rows;
         }
@@ -106,6 +108,7 @@ void layer_weights_of_model(struct layer_weights *w, const struct model_layer *L
                                     .dt = L->ssm_dt,
                                     .a = L->ssm_a,
                                     .norm = L->ssm_norm};
+    w->norm[LAYER_OUT_SCALE] = L->out_scale;
 }
 
 void layer_weights_of_model_moe(struct layer_weights *w, const struct model_layer *L,

@@ -94,6 +94,10 @@ static struct wview *layer_matrix(struct model_layer *L, enum arch_role r)
         return &L->ssm_alpha;
     case ARCH_ROLE_SSM_OUT:
         return &L->ssm_out;
+    case ARCH_ROLE_PLE_GATE:
+        return &L->ple_gate;
+    case ARCH_ROLE_PLE_PROJ:
+        return &L->ple_proj;
     default:
         return &L->w_down;
     }
@@ -138,6 +142,10 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->ssm_a;
     case ARCH_ROLE_SSM_NORM:
         return &L->ssm_norm;
+    case ARCH_ROLE_OUT_SCALE:
+        return &L->out_scale;
+    case ARCH_ROLE_PLE_NORM:
+        return &L->ple_norm;
     default:
         return NULL;
     }
@@ -222,6 +230,7 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
     const float norm_shift = mf->format == MODEL_FORMAT_HF ? fam->hf_norm_shift : 0.0f;
     for (int l = 0; l < hp->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
+        const struct llm_hparams hl = llm_hparams_at(hp, l); /* this layer's attention shape */
         for (int i = 0; i < fam->n_tensors; i++) {
             const struct arch_tensor *at = &fam->tensors[i];
             long long ne[3];
@@ -247,14 +256,21 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
                 continue;
             }
             if (at->role == ARCH_ROLE_WQKV || at->role == ARCH_ROLE_W_GATE_UP) {
-                arch_role_shape(at->role, hp, ne);
+                arch_role_shape(at->role, &hl, ne);
                 struct wview whole;
                 if ((rc = find_matrix(mf, name, ne[1], ne[0], &whole, err))) goto fail;
                 m->weight_bytes += wview_bytes(&whole);
-                split_rows(L, at->role, &whole, hp);
+                split_rows(L, at->role, &whole, &hl);
                 continue;
             }
-            const int nd = arch_role_shape(at->role, hp, ne);
+            /* An optional attn_v that is absent: the values are the keys (Gemma 4's global layers). Other
+             * optional tensors absent: checked below against what the layer needs. */
+            if (at->need == ARCH_NEED_NEVER && !model_file_tensor(mf, name)) {
+                if (at->role == ARCH_ROLE_WV) L->wv = L->wk;
+                m->weight_bytes += at->role == ARCH_ROLE_WV ? wview_bytes(&L->wv) : 0;
+                continue;
+            }
+            const int nd = arch_role_shape(at->role, &hl, ne);
             if (nd == 3) { /* stacked experts: checked by model_file_validate, viewed as one matrix */
                 const struct wtensor *t = model_file_tensor(mf, name);
                 if (!t || t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != ne[2]) {
@@ -286,6 +302,28 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             if (v && (rc = load_vector(mf, name, ne[0], optional, v, err))) goto fail;
             if (v && *v && is_norm(at->role)) shift_norm(*v, ne[0], norm_shift);
         }
+        /* A layer with K/V of its own has its keys (and their norm with QK-norm); per-layer inputs need their
+         * three tensors. */
+        const char *lacks = NULL;
+        if (!llm_layer_kv_shared(hp, l) && (!L->wk.data || (L->q_norm && !L->k_norm)))
+            lacks = !L->wk.data ? "attn_k.weight" : "attn_k_norm.weight";
+        else if (hp->ple_dim > 0 && (!L->ple_gate.data || !L->ple_proj.data || !L->ple_norm))
+            lacks = !L->ple_gate.data   ? "inp_gate.weight"
+                    : !L->ple_proj.data ? "proj.weight"
+                                        : "post_norm.weight";
+        if (lacks) {
+            snprintf(err, 256, "missing tensor 'blk.%d.%s' (%s family)", l, lacks, fam->name);
+            rc = FERRY_ERR_FORMAT;
+            goto fail;
+        }
+    }
+    if (hp->ple_dim > 0) {
+        const int64_t pl = (int64_t)hp->n_layers * hp->ple_dim;
+        if ((rc = find_matrix(mf, "per_layer_token_embd.weight", hp->n_vocab, pl, &m->ple_embd, err)) ||
+            (rc = find_matrix(mf, "per_layer_model_proj.weight", pl, dim, &m->ple_mproj, err)) ||
+            (rc = load_vector(mf, "per_layer_proj_norm.weight", hp->ple_dim, 0, &m->ple_proj_norm, err)))
+            goto fail;
+        m->weight_bytes += wview_bytes(&m->ple_mproj);
     }
     shift_norm(m->output_norm, dim, norm_shift);
     m->inv_freq = malloc((size_t)(hp->rope_dim / 2) * sizeof(float));
@@ -294,12 +332,13 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         goto fail;
     }
     kern_cpu_rope_freqs(m->inv_freq, hp->rope_dim, hp->rope_theta, &hp->rope_scaling);
-    if (hp->sliding_window > 0) { /* the local layers' own base, unscaled */
-        if (!(m->inv_freq_local = malloc((size_t)(hp->rope_dim / 2) * sizeof(float)))) {
+    if (hp->sliding_window > 0) { /* the local layers' own base (and rotary dims), unscaled */
+        const int rd = hp->rope_dim_swa > 0 ? hp->rope_dim_swa : hp->rope_dim;
+        if (!(m->inv_freq_local = malloc((size_t)(rd / 2) * sizeof(float)))) {
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }
-        kern_cpu_rope_freqs(m->inv_freq_local, hp->rope_dim, hp->rope_theta_swa,
+        kern_cpu_rope_freqs(m->inv_freq_local, rd, hp->rope_theta_swa,
                             hp->swa_rope_scaled ? &hp->rope_scaling : NULL);
     }
     /* GGUF llama3 files bake the scaling into per-frequency divisors. */
@@ -433,9 +472,12 @@ void model_free(struct model *m)
             free(L->exp_gate_b);
             free(L->exp_up_b);
             free(L->exp_down_b);
+            free(L->out_scale);
+            free(L->ple_norm);
         }
     }
     free(m->layers);
+    free(m->ple_proj_norm);
     free(m->output_norm);
     free(m->inv_freq);
     free(m->inv_freq_local);

@@ -72,6 +72,11 @@ struct model_layer {
     float *ssm_conv;                  /* (conv_dim, conv_kernel) f32 */
     float *ssm_dt, *ssm_a;            /* (n_v) f32: the decay's bias and -exp(A_log) */
     float *ssm_norm;                  /* (head_v) f32 */
+    float *out_scale;              /* (1) f32 the layer's output scalar (Gemma 4), or NULL */
+    /* Per-layer inputs (hp.ple_dim > 0; empty/NULL otherwise): */
+    struct wview ple_gate; /* (ple_dim, dim) */
+    struct wview ple_proj; /* (dim, ple_dim) */
+    float *ple_norm;       /* (dim) f32 */
 };
 
 struct model {
@@ -81,10 +86,16 @@ struct model {
     float *output_norm;         /* (dim) f32 */
     struct model_layer *layers; /* (n_layers) */
     float *inv_freq;            /* (rope_dim/2) f32 */
-    float *inv_freq_local;      /* (rope_dim/2) f32 of the sliding-window layers (rope_theta_swa), or NULL */
+    float *inv_freq_local;      /* (rope_dim/2) f32 of the sliding-window layers (rope_theta_swa; rope_dim_swa
+                                 * when set), or NULL */
     uint64_t weight_bytes;      /* bytes of all matrices read per forward pass */
     void *owned;                /* synthetic models: the one allocation holding every matrix */
     void *quant_owned;          /* matrices quantized at load, or NULL */
+    /* Per-layer inputs (hp.ple_dim > 0; empty/NULL otherwise): the embeddings of every layer per token, the
+     * projection of the input to them, the norm of that projection. */
+    struct wview ple_embd;  /* (n_vocab, n_layers * ple_dim) */
+    struct wview ple_mproj; /* (n_layers * ple_dim, dim) */
+    float *ple_proj_norm;   /* (ple_dim) f32 */
 };
 
 /* Bytes of a matrix in its type. */

@@ -877,3 +877,4 @@ int gguf_arr_i32(const struct gguf *g, const char *key, int32_t *out, uint64_t n
     }
     return FERRY_OK;
 }
+

@@ -74,13 +74,32 @@ const struct wtensor *model_file_tensor(const struct model_file *mf, const char 
 
 /* ---------------------------------------------------------------- GGUF */
 
-/* A positive u32 hyperparameter {arch}.{key}; def < 0 means required. */
+/* A positive u32 hyperparameter {arch}.{key}; def < 0 means required. A per-layer array of integers
+ * (llama.cpp writes head_count_kv so when layers differ) gives its first layer's; when its layers differ the
+ * status is FERRY_ERR_RANGE (with *out set): only a family that reads the array itself (gguf_layer_arrays)
+ * goes on. */
 static int gguf_hp(const struct gguf *g, const char *arch, const char *key, int def, int *out, char *err)
 {
     char k[96];
     snprintf(k, sizeof k, "%s.%s", arch, key);
     uint32_t v;
     int rc = gguf_get_u32(g, k, &v);
+    enum gguf_vtype et;
+    uint64_t na;
+    int32_t *arr;
+    if (rc && rc != FERRY_ERR_NOT_FOUND && gguf_get_arr(g, k, &et, &na) == FERRY_OK && na > 0 &&
+        na <= MAX_LAYERS && (arr = malloc(na * sizeof *arr))) {
+        int same = 1;
+        if (gguf_arr_i32(g, k, arr, na) == FERRY_OK) {
+            rc = FERRY_OK, v = arr[0] < 0 ? 0 : (uint32_t)arr[0];
+            for (uint64_t i = 1; i < na; i++) same &= arr[i] == arr[0];
+        }
+        free(arr);
+        if (!rc && !same && v >= 1 && v <= (1u << 30)) {
+            *out = (int)v;
+            return ferry_fail(err, FERRY_ERR_RANGE, "key '%s' differs between layers", k);
+        }
+    }
     if (rc == FERRY_ERR_NOT_FOUND && def >= 0) {
         *out = def;
         return FERRY_OK;
@@ -171,10 +190,12 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     const char *a = hp->arch;
     if ((rc = gguf_hp(g, a, "context_length", -1, &hp->ctx_train, err))) return rc;
     if ((rc = gguf_hp(g, a, "embedding_length", -1, &hp->dim, err))) return rc;
-    if ((rc = gguf_hp(g, a, "feed_forward_length", -1, &hp->ffn_dim, err))) return rc;
+    rc = gguf_hp(g, a, "feed_forward_length", -1, &hp->ffn_dim, err);
+    if (rc && !(rc == FERRY_ERR_RANGE && hp->family->gguf_layer_arrays)) return rc;
     if ((rc = gguf_hp(g, a, "block_count", -1, &hp->n_layers, err))) return rc;
     if ((rc = gguf_hp(g, a, "attention.head_count", -1, &hp->n_heads, err))) return rc;
-    if ((rc = gguf_hp(g, a, "attention.head_count_kv", hp->n_heads, &hp->n_kv_heads, err))) return rc;
+    rc = gguf_hp(g, a, "attention.head_count_kv", hp->n_heads, &hp->n_kv_heads, err);
+    if (rc && !(rc == FERRY_ERR_RANGE && hp->family->gguf_layer_arrays)) return rc;
     if ((rc = gguf_hp(g, a, "attention.key_length", hp->dim / hp->n_heads, &hp->head_dim, err))) return rc;
     if ((rc = gguf_hp(g, a, "rope.dimension_count", hp->head_dim, &hp->rope_dim, err))) return rc;
     if ((rc = gguf_hp_f(g, a, "attention.layer_norm_rms_epsilon", -1, &hp->norm_eps, err))) return rc;
@@ -599,7 +620,8 @@ int model_file_validate(const struct model_file *mf, char err[256])
                 !arch_need_in_layer(at->need, hp, l))
                 continue;
             long long ne[3];
-            const int nd = arch_role_shape(at->role, hp, ne);
+            const struct llm_hparams hl = llm_hparams_at(hp, l);
+            const int nd = arch_role_shape(at->role, &hl, ne);
             if (nd == 3) {
                 const struct wtensor *t = model_file_tensor(mf, name);
                 if (!t)

@@ -70,6 +70,20 @@ struct llm_hparams {
     int ssm_n_v_heads;   /* ssm.time_step_rank: value heads, a multiple of the key heads */
     int ssm_inner;       /* ssm.inner_size: n_v_heads * value head size */
     int attn_out_gate;   /* full attention: attn_q holds, per head, its queries then its output gate */
+    /* Gemma 4 (0 elsewhere): head_dim, n_kv_heads and rope_dim above are the global layers' (as llama.cpp's
+     * GGUF keys give them); the local layers have their own. A global layer without attn_v takes its keys as
+     * its values. Logits are soft-capped: c * tanh(logits / c). */
+    int head_dim_swa;    /* the local layers' head size; 0: head_dim */
+    int n_kv_heads_swa;  /* the local layers' KV heads; 0: n_kv_heads */
+    int rope_dim_swa;    /* the local layers' rotary dims; 0: rope_dim */
+    float final_softcap; /* c; 0: none */
+    /* Gemma 4 E2B/E4B (0 elsewhere): layers [n_layer_kv, n_layers) compute no K/V of their own and attend
+     * over the cache of the last earlier layer of their kind (llm_kv_source), with an FFN of ffn_dim_shared;
+     * each layer adds a per-layer input of ple_dim (the per-layer embeddings and a projection of the input).
+     */
+    int n_layer_kv;     /* 0: every layer has its own K/V */
+    int ffn_dim_shared; /* the KV-sharing layers' FFN size; 0: ffn_dim */
+    int ple_dim;        /* per-layer input size; 0: none */
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */
@@ -102,6 +116,75 @@ static inline int llm_ssm_head_v(const struct llm_hparams *hp)
 static inline int llm_ssm_conv_dim(const struct llm_hparams *hp)
 {
     return 2 * hp->ssm_n_k_heads * hp->ssm_head_k + hp->ssm_inner;
+}
+
+/* Layer l's attention shape: head size, KV heads and rotary dims (Gemma 4's local layers differ). */
+static inline void llm_layer_shape(const struct llm_hparams *hp, int l, int *head_dim, int *n_kv_heads,
+                                   int *rope_dim)
+{
+    const int own = hp->head_dim_swa > 0 && llm_layer_is_local(hp, l);
+    *head_dim = own ? hp->head_dim_swa : hp->head_dim;
+    *n_kv_heads = own && hp->n_kv_heads_swa > 0 ? hp->n_kv_heads_swa : hp->n_kv_heads;
+    *rope_dim = own && hp->rope_dim_swa > 0 ? hp->rope_dim_swa : hp->rope_dim;
+}
+
+/* 1 when layer l reads another layer's K/V and has none of its own. */
+static inline int llm_layer_kv_shared(const struct llm_hparams *hp, int l)
+{
+    return hp->n_layer_kv > 0 && l >= hp->n_layer_kv;
+}
+
+/* The layer whose KV cache layer l attends over: l, or for a KV-sharing layer the last layer before
+ * n_layer_kv of its kind (local or global); -1 when there is none (the file is then refused at load). */
+static inline int llm_kv_source(const struct llm_hparams *hp, int l)
+{
+    if (!llm_layer_kv_shared(hp, l)) return l;
+    for (int s = hp->n_layer_kv - 1; s >= 0; s--)
+        if (llm_layer_is_local(hp, s) == llm_layer_is_local(hp, l)) return s;
+    return -1;
+}
+
+/* Layers of the KV cache (at least 1): the full-attention layers of a recurrent model (llm_kv_layer gives
+ * each its place), else the first n_layer_kv (every KV-sharing layer's source is one of them). */
+static inline int llm_kv_cache_layers(const struct llm_hparams *hp)
+{
+    const int n = hp->full_attn_interval > 0 ? llm_kv_layers(hp) : hp->n_layer_kv > 0 ? hp->n_layer_kv : hp->n_layers;
+    return n > 0 ? n : 1;
+}
+
+/* Layer l's FFN size. */
+static inline int llm_layer_ffn(const struct llm_hparams *hp, int l)
+{
+    return hp->ffn_dim_shared > 0 && llm_layer_kv_shared(hp, l) ? hp->ffn_dim_shared : hp->ffn_dim;
+}
+
+/* hp with layer l's attention shape and FFN size as its own (for the per-layer tensor shapes of
+ * arch_role_shape). */
+static inline struct llm_hparams llm_hparams_at(const struct llm_hparams *hp, int l)
+{
+    struct llm_hparams h = *hp;
+    llm_layer_shape(hp, l, &h.head_dim, &h.n_kv_heads, &h.rope_dim);
+    h.ffn_dim = llm_layer_ffn(hp, l);
+    return h;
+}
+
+/* The largest (n_heads * head_dim) and (n_kv_heads * head_dim) of any layer: activation and KV row sizes. */
+static inline void llm_max_dims(const struct llm_hparams *hp, int *q_dim, int *kv_dim)
+{
+    *q_dim = hp->n_heads * hp->head_dim;
+    *kv_dim = hp->n_kv_heads * hp->head_dim;
+    if (hp->head_dim_swa <= 0) return;
+    const int kv_swa = hp->n_kv_heads_swa > 0 ? hp->n_kv_heads_swa : hp->n_kv_heads;
+    if (hp->n_heads * hp->head_dim_swa > *q_dim) *q_dim = hp->n_heads * hp->head_dim_swa;
+    if (kv_swa * hp->head_dim_swa > *kv_dim) *kv_dim = kv_swa * hp->head_dim_swa;
+}
+
+/* KV heads of head_dim each that hold the widest layer's K (or V) row: the KV cache's shape. */
+static inline int llm_kv_cache_heads(const struct llm_hparams *hp)
+{
+    int q, kv;
+    llm_max_dims(hp, &q, &kv);
+    return (kv + hp->head_dim - 1) / hp->head_dim;
 }
 
 /* The attention's query scale, times YaRN's attention factor squared (kernels/core/rope.h). */

@@ -306,3 +306,16 @@ void kern_cpu_swiglu_clamped(float *gate, const float *up, int64_t n, float alph
         gate[i] = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
     }
 }
+
+/* ---- soft-capping ---------------------------------------------------------------------------------------
+ */
+
+void kern_cpu_softcap(float *x, float c, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = c * tanhf(x[i] / c);
+}
+
+void kern_cpu_softcap_ref(float *x, float c, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((double)c * tanh((double)x[i] / c));
+}

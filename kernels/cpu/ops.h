@@ -53,5 +53,9 @@ void kern_cpu_swiglu_clamped(float *gate, const float *up, int64_t n, float alph
 void kern_cpu_scale(float *x, float s, int64_t n);
 /* y (n) += x (n). */
 void kern_cpu_add(float *y, const float *x, int64_t n);
+/* x (n) = c * tanh(x / c), c > 0: logit soft-capping (Gemma 2 and 4), computed in f32 as transformers does.
+ * _ref: the same in double, rounded once. */
+void kern_cpu_softcap(float *x, float c, int64_t n);
+void kern_cpu_softcap_ref(float *x, float c, int64_t n);
 
 #endif

@@ -90,6 +90,12 @@ static const struct builtin builtins[] = {
      "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% "
      "endif "
      "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
+    /* google/gemma-4-31B-it's turns for plain messages (no tools; thinking off, its default) */
+    {"gemma4",
+     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = "
+     "'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<|turn>' + role + '\n' + "
+     "message['content'] | trim + '<turn|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ "
+     "'<|turn>model\n<|channel>thought\n<channel|>' }}{% endif %}"},
 };
 
 #define N_BUILTINS (sizeof builtins / sizeof *builtins)
@@ -105,8 +111,8 @@ const char *chat_template_builtin(const char *name)
 const char *const *chat_template_builtin_names(void)
 {
     /* a constant table (no lazy init, so no race); chat_template_builtin() is the source of truth */
-    static const char *const names[] = {"chatml", "llama2", "llama3", "mistral",
-                                        "gemma",  "phi3",   "zephyr", NULL};
+    static const char *const names[] = {"chatml", "llama2", "llama3", "mistral", "gemma",
+                                        "phi3",   "zephyr", "gemma4", NULL};
     _Static_assert(sizeof names / sizeof *names == N_BUILTINS + 1, "names and builtins differ");
     return names;
 }

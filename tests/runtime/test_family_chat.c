@@ -115,3 +115,23 @@ Test(family_chat, every_family_has_a_builtin_fallback)
     }
     cr_assert_geq(n, 4);
 }
+
+/* The gemma4 fallback renders plain conversations as google/gemma-4-31B-it's own template does (the bytes
+ * jinja2 gives for llama.cpp's models/templates/google-gemma-4-31B-it.jinja, trim_blocks + lstrip_blocks). */
+Test(family_chat, gemma4_builtin_matches_the_model_template)
+{
+    const char *tmpl = chat_template_builtin("gemma4");
+    cr_assert_not_null(tmpl);
+    const char *msgs =
+        "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+        "{\"role\":\"assistant\",\"content\":\"Hello!\"},{\"role\":\"user\",\"content\":\"Bye\"}]";
+    const char *want = "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello!"
+                       "<turn|>\n<|turn>user\nBye<turn|>\n<|turn>model\n<|channel>thought\n<channel|>";
+    const struct chat_render in = {
+        .messages_json = msgs, .add_generation_prompt = 1, .bos_token = "<bos>", .eos_token = "<eos>"};
+    char *out = NULL, err[256] = "";
+    size_t len = 0;
+    cr_assert_eq(chat_template_render_json(tmpl, &in, NULL, &out, &len, err), FERRY_OK, "%s", err);
+    cr_expect(len == strlen(want) && memcmp(out, want, len) == 0, "got: %s\nwant: %s", out, want);
+    free(out);
+}

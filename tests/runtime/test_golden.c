@@ -371,16 +371,29 @@ Test(golden_gguf, gptoss_written_by_ferry)
     free(path);
 }
 
-/* Expert layers and the backends: --backend auto runs them where it runs dense layers: on a machine without
- * a GPU on the CPU, matching transformers there as the CPU backend does (on a GPU machine the CUDA backend,
- * whose expert layers tests/runtime/test_gpu_e2e.c checks against the CPU's). */
-Test(golden_gguf, qwen3moe_backends)
+/* A model only the CPU backend runs (golden `name`, its model at tests/golden/`model`): --backend cuda is
+ * refused (on a GPU machine with a message containing `why`: the CUDA backend has no kernels for its layers
+ * yet), --backend auto runs it on the CPU and matches transformers there as the CPU backend does. */
+static void cpu_only_backends(const char *name, const char *model, const char *why)
 {
     const char *src = getenv("FERRY_SRC");
     cr_assert(src, "FERRY_SRC is not set (run through meson test)");
-    if (forward_cuda_devices() > 0) cr_skip_test("a GPU is present: --backend auto runs the CUDA backend");
-    char *jpath = path_join(src, "tests/golden/qwen3moe_top2_f32.json");
-    char *mdir = path_join(src, "tests/golden/models/qwen3moe_top2_f32");
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/%s.json", name);
+    char *jpath = path_join(src, rel);
+    snprintf(rel, sizeof rel, "tests/golden/%s", model);
+    char *mdir = path_join(src, rel);
+    char err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(mdir, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 512;
+    struct engine *e = NULL;
+    cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
+    cr_assert_null(e);
+    if (forward_cuda_devices() > 0) cr_assert(strstr(err, why), "%s", err);
+    model_file_close(mf);
 
     json_t *g = load_json(jpath);
     json_t *c = json_array_get(json_object_get(g, "cases"), 1);
@@ -393,13 +406,23 @@ Test(golden_gguf, qwen3moe_backends)
     float *ref = malloc((size_t)r.n_vocab * sizeof *ref);
     for (int i = 0; i < r.n_vocab; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
     prefill(&r, ids, n);
-    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, "qwen3moe_top2_f32 with --backend auto");
+    snprintf(rel, sizeof rel, "%s with --backend auto", name);
+    check_logits(r.logits, ref, NULL, r.n_vocab, 1e-4, 1e-4, rel);
     runner_close(&r);
     free(ref);
     free(ids);
     json_decref(g);
     free(jpath);
     free(mdir);
+}
+
+/* Expert layers without a GPU: --backend cuda is refused, --backend auto runs them on the CPU and matches
+ * transformers there (on a GPU machine auto takes the CUDA backend, whose expert layers test_gpu_e2e.c checks). */
+Test(golden_gguf, qwen3moe_backends)
+{
+    if (forward_cuda_devices() > 0)
+        cr_skip_test("a GPU is present: --backend auto runs the CUDA backend (test_gpu_e2e checks it)");
+    cpu_only_backends("qwen3moe_top2_f32", "models/qwen3moe_top2_f32", "expert layers");
 }
 
 /* Bytes of the file at path (malloc'd), or NULL. */
@@ -606,4 +629,69 @@ Test(golden_smollm2, transformers_fp32, .timeout = 120)
     kern_cpu_matmul_set_act(KERN_CPU_ACT_F32);
     json_decref(g);
     free(jpath);
+}
+
+/* Gemma 4 from a GGUF file as llama.cpp's converter writes it (tests/golden/make_gemma4_golden.py): global
+ * layers of their own head size and KV heads with keys as values, proportional rotary through rope_freqs,
+ * value norm, layer output scalars, logit soft-capping, a 16-position window the longer prompts exceed. */
+Test(golden_gguf, gemma4_llamacpp_file)
+{
+    run_golden("gemma4_kv_f32", 0, 0, 0);
+    run_golden("gemma4_kv_f32", 1, 2e-3, 0);
+}
+
+/* What E2B/E4B add: per-layer input embeddings, the last 3 layers attending over the KV of earlier layers
+ * (no attn_k/attn_v of their own) with a double-wide FFN (feed_forward_length per layer). */
+Test(golden_gguf, gemma4_small_members_llamacpp_file)
+{
+    run_golden("gemma4_ple_f32", 0, 0, 0);
+    run_golden("gemma4_ple_f32", 1, 2e-3, 0);
+}
+
+Test(golden_gguf, gemma4_backends)
+{
+    cpu_only_backends("gemma4_kv_f32", "models/gemma4_kv_f32.gguf", "Gemma 4's layers");
+    cpu_only_backends("gemma4_ple_f32", "models/gemma4_ple_f32.gguf", "Gemma 4's layers");
+}
+
+/* The dense file with one u32 key set to v (the key's value follows its name and type), opened from memory
+ * and, when that succeeds, loaded as a model: refused with status rc and an error naming what is wrong. */
+static void gemma4_refused(const char *key, uint32_t v, int rc_want, const char *what)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *path = path_join(src, "tests/golden/models/gemma4_kv_f32.gguf");
+    size_t n;
+    unsigned char *b = slurp(path, &n);
+    cr_assert(b, "cannot read %s", path);
+    unsigned char *at = memmem(b, n, key, strlen(key));
+    cr_assert(at, "no key %s in the file", key);
+    /* After the name: the u32 type (4: GGUF_TYPE_UINT32), then the value. */
+    unsigned char *val = at + strlen(key) + 4;
+    cr_assert_eq(at[strlen(key)], 4);
+    memcpy(val, &v, 4);
+    struct model_file *mf = NULL;
+    char err[256] = "";
+    int rc = model_file_open_gguf_mem(b, n, &mf, err);
+    if (rc == FERRY_OK) {
+        struct model m;
+        rc = model_init(&m, mf, err);
+        if (rc == FERRY_OK) model_free(&m);
+    }
+    cr_expect_eq(rc, rc_want, "%s = %u: status %d (%s)", key, v, rc, err);
+    cr_expect(strstr(err, what), "%s = %u: the error names what is wrong: %s", key, v, err);
+    model_file_close(mf);
+    free(b);
+    free(path);
+}
+
+/* Files that claim what they do not have: every layer sharing K/V, a global layer sharing with no earlier
+ * global layer, per-layer inputs without their tensors. */
+Test(golden_gguf, gemma4_inconsistent_files_refused)
+{
+    gemma4_refused("gemma4.attention.shared_kv_layers", 6, FERRY_ERR_UNSUPPORTED, "no layer keeps K/V");
+    gemma4_refused("gemma4.attention.shared_kv_layers", 4, FERRY_ERR_FORMAT,
+                   "layer 2 has no earlier layer of its kind");
+    gemma4_refused("gemma4.embedding_length_per_layer_input", 8, FERRY_ERR_FORMAT,
+                   "missing tensor 'blk.0.inp_gate.weight'");
 }

@@ -87,11 +87,11 @@ Test(arch, qwen3_hf_and_gguf)
     /* A missing QK-norm names the tensor and the family. */
     cr_assert_eq(patch(buf, n, "blk.1.attn_q_norm.weight", "blk.1.attn_q_xorm.weight"), 1);
     expect_fail(buf, n, FERRY_ERR_FORMAT, "missing tensor 'blk.1.attn_q_norm.weight' (qwen3 family)");
-    /* An unknown architecture names itself and lists the supported ones. */
+    /* An unknown architecture names itself and lists the supported ones (the table's first, in order). */
     cr_assert_gt(patch(buf, n, "qwen3", "qwen9"), 0);
-    expect_fail(buf, n, FERRY_ERR_UNSUPPORTED,
-                "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, "
-                "qwen3moe, gpt-oss, qwen35)");
+    expect_fail(
+        buf, n, FERRY_ERR_UNSUPPORTED,
+        "architecture 'qwen9' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3, qwen3moe");
     free(buf);
     model_file_close(hf);
 }

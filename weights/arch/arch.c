@@ -7,7 +7,7 @@
 #include "weights/model_file.h"
 
 extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
-    arch_qwen3moe, arch_mixtral, arch_qwen35;
+    arch_qwen3moe, arch_mixtral, arch_qwen35, arch_gemma4;
 extern const struct arch_family arch_gptoss;
 
 /* The table: one line per family, in the order messages list them. */
@@ -23,6 +23,7 @@ static const struct arch_family *const families[] = {
     &arch_mixtral,
     &arch_gptoss,
     &arch_qwen35,
+    &arch_gemma4,
 };
 /* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -170,6 +171,18 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
     case ARCH_ROLE_SSM_OUT:
         ne[0] = hp->ssm_inner, ne[1] = dim;
         return 2;
+    case ARCH_ROLE_OUT_SCALE:
+        ne[0] = 1;
+        return 1;
+    case ARCH_ROLE_PLE_GATE:
+        ne[0] = dim, ne[1] = hp->ple_dim;
+        return 2;
+    case ARCH_ROLE_PLE_PROJ:
+        ne[0] = hp->ple_dim, ne[1] = dim;
+        return 2;
+    case ARCH_ROLE_PLE_NORM:
+        ne[0] = dim;
+        return 1;
     case ARCH_ROLE_W_DOWN:
     case ARCH_N_ROLES:
         break;

@@ -62,6 +62,10 @@ enum arch_role {
     ARCH_ROLE_SSM_A,     /* (n_v_heads): -exp(A_log), the decay's scale */
     ARCH_ROLE_SSM_NORM,  /* (head_v): the gated output norm */
     ARCH_ROLE_SSM_OUT,   /* (dim, inner) */
+    ARCH_ROLE_OUT_SCALE,      /* (1): the layer's output scalar (Gemma 4) */
+    ARCH_ROLE_PLE_GATE,       /* (ple_dim, dim): the per-layer input's gate (Gemma 4 E2B/E4B) */
+    ARCH_ROLE_PLE_PROJ,       /* (dim, ple_dim): its projection back */
+    ARCH_ROLE_PLE_NORM,       /* (dim): the norm after that projection */
     ARCH_N_ROLES
 };
 
@@ -124,6 +128,9 @@ struct arch_family {
     int (*hf_tensors)(struct model_file *mf, char *err);
     /* The program of its recurrent layers (llm_layer_is_recurrent), or NULL: every layer runs `program`. */
     const struct layer_program *program_recurrent;
+    /* 1: its GGUF files may give attention.head_count_kv and feed_forward_length per layer (arrays whose
+     * layers differ), which its gguf_hparams reads; the common read takes layer 0's. */
+    int gguf_layer_arrays;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

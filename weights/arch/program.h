@@ -49,6 +49,10 @@ enum layer_op_kind {
     LOP_Q_GATE,    /* in place on q|k|v whose query part holds per head (queries, gate): the queries packed
                     * as LOP_QK_NORM and the KV ops read them, the gates to LACT_GATE (Qwen3.5) */
     LOP_ATT_GATE,  /* out = in * sigmoid(LACT_GATE), in place allowed */
+    LOP_V_NORM,    /* in place on q|k|v: each value head = rmsnorm(head), no weight (Gemma 4) */
+    LOP_SCALE_X,   /* x += D when a delta is pending; x *= norm[arg][0] (Gemma 4's layer output scalar) */
+    LOP_PLE, /* with per-layer inputs (hp.ple_dim): x += D when pending; x += norm(proj(gelu_tanh(gate(x)) *
+              * the layer's input)) (Gemma 4 E2B/E4B); without them nothing */
 };
 
 struct layer_op {
@@ -76,6 +80,7 @@ enum {
     LAYER_POST_ATTN_NORM,
     LAYER_POST_FFN_NORM,
     LAYER_ATTN_SINKS,
+    LAYER_OUT_SCALE, /* (1) the layer's output scalar */
     LAYER_N_NORMS
 };
 
