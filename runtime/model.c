@@ -302,10 +302,11 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
             if (v && (rc = load_vector(mf, name, ne[0], optional, v, err))) goto fail;
             if (v && *v && is_norm(at->role)) shift_norm(*v, ne[0], norm_shift);
         }
-        /* A layer with K/V of its own has its keys (and their norm with QK-norm); per-layer inputs need their
-         * three tensors. */
+        /* An attention layer with K/V of its own has its keys (and their norm with QK-norm); per-layer inputs
+         * need their three tensors. */
         const char *lacks = NULL;
-        if (!llm_layer_kv_shared(hp, l) && (!L->wk.data || (L->q_norm && !L->k_norm)))
+        if (!llm_layer_kv_shared(hp, l) && !llm_layer_is_recurrent(hp, l) &&
+            (!L->wk.data || (L->q_norm && !L->k_norm)))
             lacks = !L->wk.data ? "attn_k.weight" : "attn_k_norm.weight";
         else if (hp->ple_dim > 0 && (!L->ple_gate.data || !L->ple_proj.data || !L->ple_norm))
             lacks = !L->ple_gate.data   ? "inp_gate.weight"

@@ -60,6 +60,7 @@ TOKENS = {
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
     "mistral": ("<s>", "</s>"),
     "gemma": ("<bos>", "<eos>"),
+    "gemma4": ("<bos>", "<turn|>"),
     "phi3": ("<s>", "<|endoftext|>"),
     "zephyr": ("<s>", "</s>"),
     "smollm2": ("<|im_start|>", "<|im_end|>"),
@@ -274,7 +275,7 @@ def tool_cases(templates):
 
 def main():
     templates = c_builtins()
-    assert sorted(templates) == sorted(["chatml", "llama2", "llama3", "mistral", "gemma", "phi3", "zephyr"]), templates
+    assert sorted(templates) == sorted(["chatml", "llama2", "llama3", "mistral", "gemma", "phi3", "zephyr", "gemma4"]), templates
     templates["smollm2"] = smollm2_template()
     cases = []
     for tname, src in templates.items():

@@ -183,7 +183,7 @@ Test(chat_reference, builtins_match_reference)
         cr_assert_not_null(ref, "builtin %s missing from reference", names[n]);
         cr_expect_str_eq(chat_template_builtin(names[n]), ref, "builtin %s differs from reference", names[n]);
     }
-    cr_expect_eq(n, 7);
+    cr_expect_eq(n, 8);
     cr_expect_null(chat_template_builtin("no-such-template"));
     json_decref(root);
 }
