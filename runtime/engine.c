@@ -79,7 +79,8 @@ const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
     if (hp->full_attn_interval > 0) return "gated DeltaNet (linear-attention) layers";
     if (hp->head_dim_swa > 0 || hp->final_softcap > 0 || hp->n_layer_kv > 0 || hp->ple_dim > 0)
-        return "Gemma 4's layers (local and global attention shapes, value norm, output scalars, soft-capping)";
+        return "Gemma 4's layers (local and global attention shapes, value norm, output scalars, "
+               "soft-capping)";
     const struct layer_program *p = layer_program_of(hp);
     if (layer_program_has(p, LOP_ATTENTION_SINKS)) return "attention sinks";
     if (layer_program_has(p, LOP_MOE_CLAMPED)) return "clamped-SwiGLU expert layers (gpt-oss)";
@@ -175,11 +176,12 @@ static int int8_model(const struct model *m)
 {
     uint64_t k = 0, all = 0;
     for (int l = 0; l < m->hp.n_layers; l++) {
-        const struct model_layer *ly = &m->layers[l];
-        const struct wview *w[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        all += layer_model_bytes(ly);
-        for (int i = 0; i < 7; i++)
+        const struct wview *w[LAYER_N_VIEWS];
+        layer_model_views(&m->layers[l], w);
+        for (int i = 0; i < LAYER_N_VIEWS; i++) {
+            all += wview_bytes(w[i]);
             if (dtype_block_size(w[i]->type) == 256 || w[i]->type == DTYPE_Q8_0) k += wview_bytes(w[i]);
+        }
     }
     return all > 0 && 2 * k > all;
 }
@@ -609,8 +611,9 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         }
         e->head = e->cpu;
         if ((rc = step_plan_uniform(&e->plan, hp->n_layers, p.max_batch_tokens, PLACEMENT_CPU))) goto fail;
-        snprintf(e->placement, sizeof e->placement, "cpu: all layers (%d threads)",
-                 forward_cpu_threads(e->cpu));
+        snprintf(e->placement, sizeof e->placement,
+                 "cpu: all layers (%d threads, x in %s for block-type weights)", forward_cpu_threads(e->cpu),
+                 e->p.cpu_int8 ? "int8" : "f32");
     }
     e->new_len = malloc((size_t)p.n_seqs * sizeof(int32_t));
     e->first = malloc((size_t)p.n_seqs * sizeof(int32_t));

@@ -282,13 +282,22 @@ void layer_weights_at(struct layer_weights *w, const struct layer_layout *lay, c
     for (int i = 0; i < LAYER_N_MATS; i++) layer_group_at(w, lay, i, b + lay->part[i][0].off);
 }
 
+void layer_model_views(const struct model_layer *L, const struct wview *v[LAYER_N_VIEWS])
+{
+    const struct wview *all[LAYER_N_VIEWS] = {
+        &L->wq,     &L->wk,       &L->wv,        &L->wo,      &L->w_gate,   &L->w_up,
+        &L->w_down, &L->router,   &L->exp_gate,  &L->exp_up,  &L->exp_down, &L->ssm_qkv,
+        &L->ssm_z,  &L->ssm_beta, &L->ssm_alpha, &L->ssm_out, &L->ple_gate, &L->ple_proj};
+    memcpy(v, all, sizeof all);
+}
+
 uint64_t layer_model_bytes(const struct model_layer *L)
 {
-    return wview_bytes(&L->wq) + wview_bytes(&L->wk) + wview_bytes(&L->wv) + wview_bytes(&L->wo) +
-           wview_bytes(&L->w_gate) + wview_bytes(&L->w_up) + wview_bytes(&L->w_down) +
-           wview_bytes(&L->router) + wview_bytes(&L->exp_gate) + wview_bytes(&L->exp_up) +
-           wview_bytes(&L->exp_down) + wview_bytes(&L->ssm_qkv) + wview_bytes(&L->ssm_z) +
-           wview_bytes(&L->ssm_beta) + wview_bytes(&L->ssm_alpha) + wview_bytes(&L->ssm_out);
+    const struct wview *v[LAYER_N_VIEWS];
+    layer_model_views(L, v);
+    uint64_t n = 0;
+    for (int i = 0; i < LAYER_N_VIEWS; i++) n += wview_bytes(v[i]);
+    return n;
 }
 
 uint64_t layer_params(const struct model_layer *L)

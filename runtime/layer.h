@@ -123,6 +123,10 @@ void layer_weights_tail(struct layer_weights *w, const struct layer_layout *lay,
 /* Group i's parts within its piece at `piece`. */
 void layer_group_at(struct layer_weights *w, const struct layer_layout *lay, int i, const void *piece);
 
+/* Every matrix a layer may have (empty views where its family has none): attention, dense FFN, router and
+ * experts, gated DeltaNet, per-layer inputs. */
+#define LAYER_N_VIEWS 18
+void layer_model_views(const struct model_layer *L, const struct wview *v[LAYER_N_VIEWS]);
 /* Bytes of a layer's matrices as the model stores them, and its multiply-adds per token. */
 uint64_t layer_model_bytes(const struct model_layer *L);
 uint64_t layer_params(const struct model_layer *L);

@@ -34,21 +34,22 @@ static const struct qgen_spec spec = {"mixrun", N_LAYERS, DIM, 8, 2, 32, 512, N_
 
 /* The model of spec with well-conditioned weights: qgen's values (sums of four uniforms, standard deviation
  * 0.58) scaled to unit gain per row, the head 4x sharper so that the top token is clear; norms 1 + 0.1 g. */
-static void write_model(const char *path)
+static void write_model_of(const char *path, const struct qgen_spec *sp)
 {
     char err[256] = "";
     struct gguf_writer *w;
     CHECK(gguf_writer_init(&w, err));
-    add_metadata(w, &spec, err);
-    struct gen_tensor *t = malloc(sizeof *t * (9 * N_LAYERS + 4));
-    const int n = gen_tensors(&spec, t);
+    add_metadata(w, sp, err);
+    struct gen_tensor *t = malloc(sizeof *t * (size_t)(12 * sp->n_layers + 4));
+    const int n = gen_tensors(sp, t);
     for (int i = 0; i < n; i++) {
-        const int64_t ne[2] = {t[i].cols, t[i].rows};
-        CHECK(gguf_writer_tensor(w, t[i].name, DTYPE_F32, t[i].rows ? 2 : 1, ne, err));
+        const int64_t ne[3] = {t[i].cols, t[i].rows, t[i].experts};
+        CHECK(gguf_writer_tensor(w, t[i].name, DTYPE_F32, t[i].experts ? 3 : t[i].rows ? 2 : 1, ne, err));
     }
     CHECK(gguf_writer_open(w, path, err));
     for (int i = 0; i < n; i++) {
-        const int64_t rows = t[i].rows ? t[i].rows : 1, cols = t[i].cols;
+        const int64_t rows = (t[i].rows ? t[i].rows : 1) * (t[i].experts ? t[i].experts : 1),
+                      cols = t[i].cols;
         const double scale =
             !t[i].rows ? 0.1 : (strcmp(t[i].name, "output.weight") ? 1.0 : 4.0) / sqrt(cols) / 0.58;
         float *v = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -60,6 +61,11 @@ static void write_model(const char *path)
     CHECK(gguf_writer_finish(w, err));
     gguf_writer_free(w);
     free(t);
+}
+
+static void write_model(const char *path)
+{
+    write_model_of(path, &spec);
 }
 
 /* Logits (n, V) of toks fed one at a time on the CPU backend. */
@@ -395,4 +401,33 @@ Test(quantize_mixes, stories260k_generates, .timeout = 120)
         unlink(out);
     }
     free(ref);
+}
+
+/* The CPU engine's default arithmetic follows the bytes of every matrix, experts included: a Q4_K_M expert
+ * model computes with int8 x (as a dense Q4_K_M one does), its F32 original with f32 x. */
+Test(quantize_mixes, expert_model_arithmetic_follows_its_experts)
+{
+    static const struct qgen_spec moe = {"mixmoe", 2, DIM, 8, 2, 32, 256, N_VOCAB, 0, 0, 1, 8, 2};
+    char in[4096], out[4096];
+    qrun_tmp_path(in, sizeof in, "ferry-qmoe", "f32.gguf");
+    qrun_tmp_path(out, sizeof out, "ferry-qmoe", "q4km.gguf");
+    write_model_of(in, &moe);
+    qrun_quantize(in, out, "Q4_K_M");
+    const char *paths[2] = {in, out}, *want[2] = {"x in f32", "x in int8"};
+    for (int i = 0; i < 2; i++) {
+        char err[256] = "";
+        struct model_file *mf;
+        cr_assert_eq(model_file_open(paths[i], &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+        cr_assert_eq(mf->hp.n_expert, 8);
+        struct engine_params p = engine_default_params();
+        p.backend = ENGINE_BACKEND_CPU;
+        p.ctx_size = 64;
+        struct engine *e = NULL;
+        cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_OK, "%s", err);
+        cr_assert(strstr(engine_placement(e), want[i]), "%s: %s", paths[i], engine_placement(e));
+        engine_free(e);
+        model_file_close(mf);
+    }
+    unlink(in);
+    unlink(out);
 }
