@@ -121,7 +121,8 @@ enum { RUN_AUTO = -1, RUN_GEMM_ENTRY = -2 };
 /* The arithmetic variant v runs at m rows with the context's workspace (ws bytes). */
 static enum ref_kind ref_of(enum dtype t, int v, int m, int k, size_t ws)
 {
-    if (v == RUN_GEMM_ENTRY) return REF_F16;
+    if (v == RUN_GEMM_ENTRY) /* the f16 GEMM, or the int8 MMA for a type whose f16 paths are off */
+        v = kern_cuda_qmm_variant_applies(t, KERN_QV_GEMM) ? KERN_QV_GEMM : KERN_QV_MMA_32;
     if (v == RUN_AUTO) v = kern_cuda_qmm_pick(t, m);
     const int mt_d = m < KERN_CUDA_QDP4A_MAX_M ? m : KERN_CUDA_QDP4A_MAX_M;
     const int mt_m = m < KERN_CUDA_QMMA_MAX_M ? m : KERN_CUDA_QMMA_MAX_M;

@@ -196,7 +196,9 @@ static void check_layer(const struct moe_case *c, int n, int mode)
     } else {
         cr_assert_eq(kern_cpu_moe_ref(yr, x, ids, wts, n, k, gf, uf, df, ne, dim, ffn), FERRY_OK);
         const int gemv = mode == 0 && n <= CUDA_MOE_GEMV_MAX_ROWS; /* else products per expert */
-        tol = gemv || c->t == DTYPE_F32 ? 1e-5 : 1e-2;
+        /* the products per expert round x to int8 per 32 (or to f16) in both the gate|up and the down product,
+         * against the reference's f32 x: measured up to 2.1% end to end on an H100 (Q5_1 experts, 37 rows) */
+        tol = gemv || c->t == DTYPE_F32 ? 1e-5 : 3e-2;
     }
     for (size_t i = 0; i < (size_t)n * dim; i++) ref[i] = yr[i];
     const double e = rel_err(y, ref, (size_t)n * dim);
