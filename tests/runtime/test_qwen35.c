@@ -42,12 +42,19 @@ static char *src_path(const char *rel)
     return p;
 }
 
-static void q35_open_kv(struct q35 *q, int n_seqs, int kv_type)
+#define DENSE "qwen35_deltanet_f16"
+#define MOE   "qwen35moe_shexp_f16"
+
+/* The golden model `name` (tests/golden/models/NAME.gguf and tests/golden/NAME.json) on the CPU engine. */
+static void q35_open_named(struct q35 *q, const char *name, int n_seqs, int kv_type)
 {
-    char *model = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
-    char *json = src_path("tests/golden/qwen35_deltanet_f16.json");
+    char rel[128];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    char *model = src_path(rel);
+    snprintf(rel, sizeof rel, "tests/golden/%s.json", name);
+    char *json = src_path(rel);
     FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_%s_golden.py)", model, name);
     fclose(f);
     json_error_t je;
     q->golden = json_load_file(json, 0, &je);
@@ -64,6 +71,11 @@ static void q35_open_kv(struct q35 *q, int n_seqs, int kv_type)
     q->n_vocab = engine_hparams(q->e)->n_vocab;
     free(model);
     free(json);
+}
+
+static void q35_open_kv(struct q35 *q, int n_seqs, int kv_type)
+{
+    q35_open_named(q, DENSE, n_seqs, kv_type);
 }
 
 static void q35_open(struct q35 *q, int n_seqs)
@@ -153,10 +165,11 @@ static int32_t *prefill_case(struct q35 *q, int c, double tol, float *ref, float
     return ids;
 }
 
-Test(qwen35, golden_transformers_fp32)
+/* Golden model `name`: every case's logits within 1e-4 and its 24 greedy tokens exact (f32 KV cache). */
+static void check_golden(const char *name)
 {
     struct q35 q;
-    q35_open(&q, 1);
+    q35_open_named(&q, name, 1, KV_F32);
     float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
     const int n_cases = (int)json_array_size(json_object_get(q.golden, "cases"));
     cr_assert_eq(n_cases, 4);
@@ -184,6 +197,11 @@ Test(qwen35, golden_transformers_fp32)
     q35_close(&q);
 }
 
+Test(qwen35, golden_transformers_fp32)
+{
+    check_golden(DENSE);
+}
+
 /* With the default f16 KV cache (the full-attention layer's K and V rounded to 11 bits): within 2e-3 of the
  * range, as the other families' goldens are held. */
 Test(qwen35, golden_f16_kv_cache)
@@ -197,10 +215,11 @@ Test(qwen35, golden_f16_kv_cache)
     q35_close(&q);
 }
 
-Test(qwen35, chunked_prefill_equals_token_by_token)
+/* The 150-token case of golden model `name` in one step, token by token and in steps of 17. */
+static void check_chunked(const char *name)
 {
     struct q35 q;
-    q35_open(&q, 1);
+    q35_open_named(&q, name, 1, KV_F32);
     const size_t nv = (size_t)q.n_vocab;
     float *ref = malloc(sizeof(float) * nv), *one = malloc(sizeof(float) * nv),
           *tok = malloc(sizeof(float) * nv), *s17 = malloc(sizeof(float) * nv);
@@ -216,6 +235,11 @@ Test(qwen35, chunked_prefill_equals_token_by_token)
     free(ids);
     free(ref), free(one), free(tok), free(s17);
     q35_close(&q);
+}
+
+Test(qwen35, chunked_prefill_equals_token_by_token)
+{
+    check_chunked(DENSE);
 }
 
 Test(qwen35, slots_keep_their_own_state)
@@ -353,6 +377,85 @@ Test(qwen35, cuda_backend_refused)
     cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_ERR_UNSUPPORTED);
     cr_assert_null(e);
     cr_assert(strstr(err, "gated DeltaNet"), "%s", err);
+    model_file_close(mf);
+    free(model);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ */
+/* Qwen3.5-MoE: the same layers with every FFN top-2 of 6 experts plus a sigmoid-gated shared expert. */
+
+Test(qwen35moe, golden_transformers_fp32)
+{
+    check_golden(MOE);
+}
+
+Test(qwen35moe, chunked_prefill_equals_token_by_token)
+{
+    check_chunked(MOE);
+}
+
+/* With the default f16 KV cache: within 2e-3 of the range. */
+Test(qwen35moe, golden_f16_kv_cache)
+{
+    struct q35 q;
+    q35_open_named(&q, MOE, 1, KV_F16);
+    float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
+    for (int c = 0; c < 4; c++) free(prefill_case(&q, c, 2e-3, ref, lg, NULL));
+    free(ref);
+    free(lg);
+    q35_close(&q);
+}
+
+Test(qwen35moe, mismatched_expert_tensors_refused)
+{
+    char *model = src_path("tests/golden/models/" MOE ".gguf");
+    FILE *f = fopen(model, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35moe_golden.py)", model);
+    fseek(f, 0, SEEK_END);
+    const size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(n), *orig = malloc(n);
+    cr_assert_eq(fread(orig, 1, n, f), n);
+    fclose(f);
+    /* Layer 2's up experts stacked 5 deep where the file has 6 experts. */
+    memcpy(buf, orig, n);
+    const uint64_t e6 = 6, e5 = 5;
+    cr_assert(patch_after(buf, n, "blk.2.ffn_up_exps.weight", &e6, &e5, 8));
+    expect_refused(buf, n,
+                   "expert tensor 'blk.2.ffn_up_exps.weight' has shape [64, 24, 5, 1], expected [64, 24, 6] "
+                   "(6 experts)");
+    /* The shared expert's down matrix 39 wide where expert_shared_feed_forward_length says 40. */
+    memcpy(buf, orig, n);
+    const uint64_t s40 = 40, s39 = 39;
+    cr_assert(patch_after(buf, n, "blk.3.ffn_down_shexp.weight", &s40, &s39, 8));
+    expect_refused(buf, n,
+                   "tensor 'blk.3.ffn_down_shexp.weight' has shape [39, 64, 1, 1], expected [40, 64]");
+    /* A shared-expert gate of 63 where the model is 64 wide. */
+    memcpy(buf, orig, n);
+    const uint64_t d64 = 64, d63 = 63;
+    cr_assert(patch_after(buf, n, "blk.1.ffn_gate_inp_shexp.weight", &d64, &d63, 8));
+    expect_refused(buf, n, "tensor 'blk.1.ffn_gate_inp_shexp.weight' has shape [63, 1, 1, 1], expected [64]");
+    free(buf);
+    free(orig);
+    free(model);
+}
+
+Test(qwen35moe, cuda_backend_refused)
+{
+    char *model = src_path("tests/golden/models/" MOE ".gguf");
+    FILE *f = fopen(model, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35moe_golden.py)", model);
+    fclose(f);
+    char err[256] = "";
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(model, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.ctx_size = 256;
+    struct engine *e = NULL;
+    cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_ERR_UNSUPPORTED);
+    cr_assert_null(e);
     model_file_close(mf);
     free(model);
 }
