@@ -1,6 +1,7 @@
 /* moe: the router's top-k (softmax, ties to the lowest expert id, normalised or not) against hand-computed
  * values, and the experts' gathered products against the per-token reference at odd sizes, F32 and F16
- * weights, one thread and several. */
+ * weights, one thread and several; the shared expert (sigmoid-gated SwiGLU added onto the routed sum) against
+ * its reference, gated and not. */
 #include "kt_common.h"
 
 #include "kernels/core/status.h"
@@ -33,6 +34,19 @@ Test(moe, route_softmax_topk_and_ties)
     cr_assert_eq(kern_cpu_moe_route(l2, 1, 6, 0, 1, ids, w), FERRY_ERR_INVALID);
 }
 
+/* v (rows, cols) stored in wt (returned, malloc'd), and v replaced by the stored values decoded back to f32:
+ * what the reference reads. */
+static void *stored(enum dtype wt, float *v, int rows, int cols)
+{
+    const size_t rb = dtype_row_size(wt, cols);
+    char *s = malloc(rb * (size_t)rows);
+    for (int r = 0; r < rows; r++) {
+        cr_assert(dtype_from_f32(wt, v + (size_t)r * cols, s + rb * r, cols));
+        cr_assert(dtype_to_f32(wt, s + rb * r, v + (size_t)r * cols, cols));
+    }
+    return s;
+}
+
 /* clamped: gpt-oss's experts, with biases (large enough to reach both clamps) and the clamped SwiGLU. */
 static void check_ffn_act(enum dtype wt, int n_threads, int dim, int ffn, int clamped)
 {
@@ -50,19 +64,8 @@ static void check_ffn_act(enum dtype wt, int n_threads, int dim, int ffn, int cl
     /* Expert 6 is chosen by no token: it must cost nothing and change nothing. */
     for (int t = 0; t < n; t++) logits[(size_t)t * n_expert + 6] = -50.0f;
     /* Stored in wt; the reference reads the same values decoded back to f32. */
-    const size_t rg = dtype_row_size(wt, dim), rd = dtype_row_size(wt, ffn);
-    void *gs = malloc(rg * n_expert * ffn), *us = malloc(rg * n_expert * ffn),
-         *ds = malloc(rd * n_expert * dim);
-    for (int r = 0; r < n_expert * ffn; r++) {
-        cr_assert(dtype_from_f32(wt, g + (size_t)r * dim, (char *)gs + rg * r, dim));
-        cr_assert(dtype_from_f32(wt, u + (size_t)r * dim, (char *)us + rg * r, dim));
-        cr_assert(dtype_to_f32(wt, (char *)gs + rg * r, g + (size_t)r * dim, dim));
-        cr_assert(dtype_to_f32(wt, (char *)us + rg * r, u + (size_t)r * dim, dim));
-    }
-    for (int r = 0; r < n_expert * dim; r++) {
-        cr_assert(dtype_from_f32(wt, d + (size_t)r * ffn, (char *)ds + rd * r, ffn));
-        cr_assert(dtype_to_f32(wt, (char *)ds + rd * r, d + (size_t)r * ffn, ffn));
-    }
+    void *gs = stored(wt, g, n_expert * ffn, dim), *us = stored(wt, u, n_expert * ffn, dim),
+         *ds = stored(wt, d, n_expert * dim, ffn);
     int32_t ids[13 * 3];
     float w[13 * 3];
     cr_assert_eq(kern_cpu_moe_route(logits, n, n_expert, k, 1, ids, w), FERRY_OK);
@@ -157,18 +160,7 @@ static void check_shared(enum dtype wt, int n_threads, int dim, int ffn, int gat
     kt_fill(g, (size_t)ffn * dim, -0.3f, 0.3f);
     kt_fill(u, (size_t)ffn * dim, -0.3f, 0.3f);
     kt_fill(d, (size_t)dim * ffn, -0.3f, 0.3f);
-    const size_t rg = dtype_row_size(wt, dim), rd = dtype_row_size(wt, ffn);
-    void *gs = malloc(rg * ffn), *us = malloc(rg * ffn), *ds = malloc(rd * dim);
-    for (int r = 0; r < ffn; r++) {
-        cr_assert(dtype_from_f32(wt, g + (size_t)r * dim, (char *)gs + rg * r, dim));
-        cr_assert(dtype_from_f32(wt, u + (size_t)r * dim, (char *)us + rg * r, dim));
-        cr_assert(dtype_to_f32(wt, (char *)gs + rg * r, g + (size_t)r * dim, dim));
-        cr_assert(dtype_to_f32(wt, (char *)us + rg * r, u + (size_t)r * dim, dim));
-    }
-    for (int r = 0; r < dim; r++) {
-        cr_assert(dtype_from_f32(wt, d + (size_t)r * ffn, (char *)ds + rd * r, ffn));
-        cr_assert(dtype_to_f32(wt, (char *)ds + rd * r, d + (size_t)r * ffn, ffn));
-    }
+    void *gs = stored(wt, g, ffn, dim), *us = stored(wt, u, ffn, dim), *ds = stored(wt, d, dim, ffn);
     const struct kern_cpu_moe_shared sh = {.gate = gs,
                                            .up = us,
                                            .down = ds,
@@ -178,15 +170,9 @@ static void check_shared(enum dtype wt, int n_threads, int dim, int ffn, int gat
                                            .dim = dim,
                                            .ffn = ffn,
                                            .gate_inp = gated ? gi : NULL};
-    const struct kern_cpu_moe_shared sh_ref = {.gate = g,
-                                               .up = u,
-                                               .down = d,
-                                               .gate_t = DTYPE_F32,
-                                               .up_t = DTYPE_F32,
-                                               .down_t = DTYPE_F32,
-                                               .dim = dim,
-                                               .ffn = ffn,
-                                               .gate_inp = sh.gate_inp};
+    struct kern_cpu_moe_shared sh_ref = sh;
+    sh_ref.gate = g, sh_ref.up = u, sh_ref.down = d;
+    sh_ref.gate_t = sh_ref.up_t = sh_ref.down_t = DTYPE_F32;
     float *ws = malloc(sizeof(float) * kern_cpu_moe_shared_ws_floats(&sh, n));
     float *y = malloc(sizeof(float) * n * dim), *ref = malloc(sizeof(float) * n * dim);
     /* y starts from the routed experts' sum: the shared expert adds to it. */

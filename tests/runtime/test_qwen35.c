@@ -11,7 +11,11 @@
  *    whole and continued, or sent back by engine_seq_keep to the checkpoint its last prefill saved and
  *    continued, matches one fresh prefill of the longer prompt, and nothing short of the checkpoint is kept;
  *  - a file whose linear-attention tensors disagree with its hyperparameters is refused at open, naming the
- *    tensor; --backend cuda is refused with a message naming the layers.
+ *    tensor; --backend cuda is refused with a message naming the layers;
+ *  - Qwen3.5-MoE (tests/golden/qwen35moe_shexp_f16.gguf, tests/golden/make_qwen35moe_golden.py: the same
+ *    layers with every FFN top-2 of 6 experts plus a sigmoid-gated shared expert): the same golden, f16 KV and
+ *    chunked-prefill checks, and expert, shared-expert and shared-gate tensors whose shapes disagree with the
+ *    keys refused at open, naming the tensor.
  * Skips (with a message) when the committed model is missing.
  */
 #include <criterion/criterion.h>
@@ -322,17 +326,28 @@ static void expect_refused(const unsigned char *buf, size_t n, const char *msg)
     cr_assert_null(mf);
 }
 
+/* The bytes (*n) of golden model `name`'s GGUF file; skips the test when it is missing. */
+static unsigned char *golden_bytes(const char *name, size_t *n)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    char *model = src_path(rel);
+    FILE *f = fopen(model, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_%s_golden.py)", model, name);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(*n);
+    cr_assert_eq(fread(buf, 1, *n, f), *n);
+    fclose(f);
+    free(model);
+    return buf;
+}
+
 Test(qwen35, mismatched_linear_tensors_refused)
 {
-    char *model = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
-    FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
-    fseek(f, 0, SEEK_END);
-    const size_t n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(n), *orig = malloc(n);
-    cr_assert_eq(fread(orig, 1, n, f), n);
-    fclose(f);
+    size_t n;
+    unsigned char *orig = golden_bytes(DENSE, &n), *buf = malloc(n);
     /* The key says 2 value heads where the tensors have 4: the first tensor with a value-head row is named.
      */
     memcpy(buf, orig, n);
@@ -358,14 +373,16 @@ Test(qwen35, mismatched_linear_tensors_refused)
     expect_refused(buf, n, "layer 1 is full attention");
     free(buf);
     free(orig);
-    free(model);
 }
 
-Test(qwen35, cuda_backend_refused)
+/* --backend cuda is refused for golden model `name`, naming the layers it has no kernels for. */
+static void check_cuda_refused(const char *name)
 {
-    char *model = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
+    char rel[128];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    char *model = src_path(rel);
     FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_%s_golden.py)", model, name);
     fclose(f);
     char err[256] = "";
     struct model_file *mf;
@@ -379,6 +396,11 @@ Test(qwen35, cuda_backend_refused)
     cr_assert(strstr(err, "gated DeltaNet"), "%s", err);
     model_file_close(mf);
     free(model);
+}
+
+Test(qwen35, cuda_backend_refused)
+{
+    check_cuda_refused(DENSE);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -409,15 +431,8 @@ Test(qwen35moe, golden_f16_kv_cache)
 
 Test(qwen35moe, mismatched_expert_tensors_refused)
 {
-    char *model = src_path("tests/golden/models/" MOE ".gguf");
-    FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35moe_golden.py)", model);
-    fseek(f, 0, SEEK_END);
-    const size_t n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(n), *orig = malloc(n);
-    cr_assert_eq(fread(orig, 1, n, f), n);
-    fclose(f);
+    size_t n;
+    unsigned char *orig = golden_bytes(MOE, &n), *buf = malloc(n);
     /* Layer 2's up experts stacked 5 deep where the file has 6 experts. */
     memcpy(buf, orig, n);
     const uint64_t e6 = 6, e5 = 5;
@@ -438,24 +453,9 @@ Test(qwen35moe, mismatched_expert_tensors_refused)
     expect_refused(buf, n, "tensor 'blk.1.ffn_gate_inp_shexp.weight' has shape [63, 1, 1, 1], expected [64]");
     free(buf);
     free(orig);
-    free(model);
 }
 
 Test(qwen35moe, cuda_backend_refused)
 {
-    char *model = src_path("tests/golden/models/" MOE ".gguf");
-    FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35moe_golden.py)", model);
-    fclose(f);
-    char err[256] = "";
-    struct model_file *mf;
-    cr_assert_eq(model_file_open(model, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
-    struct engine_params p = engine_default_params();
-    p.backend = ENGINE_BACKEND_CUDA;
-    p.ctx_size = 256;
-    struct engine *e = NULL;
-    cr_assert_eq(engine_init(&e, mf, &p, err), FERRY_ERR_UNSUPPORTED);
-    cr_assert_null(e);
-    model_file_close(mf);
-    free(model);
+    check_cuda_refused(MOE);
 }
