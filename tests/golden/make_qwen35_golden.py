@@ -92,9 +92,12 @@ def dense_ffn(put, sd, p, b):
     put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
 
 
-def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None):
+def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, mtp=False):
     """The file as the converter writes `arch`; ffn(put, sd, p, b) writes each layer's FFN tensors and
-    extra_keys(w), when given, the FFN's keys."""
+    extra_keys(w), when given, the FFN's keys. mtp: one multi-token-prediction block after the layers, as the
+    converter exports a checkpoint's mtp.* weights (block_count one more, nextn_predict_layers 1, the block
+    not recurrent): a full-attention layer's tensors (here a copy of the last layer's, since transformers has
+    no MTP weights) and its nextn.* tensors (random), which a reader of the trunk leaves alone."""
     c = cfg
     nk, nv, hk, hv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                       c.linear_value_head_dim)
@@ -106,7 +109,9 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None):
         w.add_feed_forward_length(c.intermediate_size)
     if extra_keys:
         extra_keys(w)
-    w.add_block_count(c.num_hidden_layers)
+    w.add_block_count(c.num_hidden_layers + mtp)
+    if mtp:
+        w.add_nextn_predict_layers(1)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
@@ -119,7 +124,8 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None):
     w.add_ssm_group_count(nk)
     w.add_ssm_time_step_rank(nv)
     w.add_ssm_inner_size(hv * nv)
-    w.add_array(f"{arch}.attention.recurrent_layers", [t == "linear_attention" for t in c.layer_types])
+    w.add_array(f"{arch}.attention.recurrent_layers",
+                [t == "linear_attention" for t in c.layer_types] + [False] * mtp)
     w.add_full_attention_interval(4)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
     w.add_rope_dimension_sections(list(c.rope_parameters["mrope_section"]) + [0])
@@ -145,8 +151,8 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None):
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     put("output_norm.weight", sd["model.norm.weight"] + 1, True)
     put("output.weight", sd["lm_head.weight"])
-    for l in range(c.num_hidden_layers):
-        p, b = f"model.layers.{l}.", f"blk.{l}."
+    def layer(l, b):
+        p = f"model.layers.{l}."
         put(b + "attn_norm.weight", sd[p + "input_layernorm.weight"] + 1, True)
         put(b + "post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"] + 1, True)
         ffn(put, sd, p, b)
@@ -158,7 +164,7 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None):
             put(b + "attn_output.weight", sd[a + "o_proj.weight"])
             put(b + "attn_q_norm.weight", sd[a + "q_norm.weight"] + 1, True)
             put(b + "attn_k_norm.weight", sd[a + "k_norm.weight"] + 1, True)
-            continue
+            return
         a = p + "linear_attn."
         qkv = sd[a + "in_proj_qkv.weight"]
         kd = nk * hk
@@ -175,6 +181,17 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None):
             True)
         put(b + "ssm_norm.weight", sd[a + "norm.weight"], True)
         put(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, nk, nv, hv))
+
+    for l in range(c.num_hidden_layers):
+        layer(l, f"blk.{l}.")
+    if mtp:
+        L, d = c.num_hidden_layers, c.hidden_size
+        assert c.layer_types[L - 1] == "full_attention"
+        layer(L - 1, f"blk.{L}.")
+        g = torch.Generator().manual_seed(7)
+        put(f"blk.{L}.nextn.eh_proj.weight", 0.1 * torch.randn(d, 2 * d, generator=g))
+        for n in ("enorm", "hnorm", "shared_head_norm"):
+            put(f"blk.{L}.nextn.{n}.weight", 1 + 0.1 * torch.randn(d, generator=g), True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -18,7 +18,8 @@ intermediate_size), qwen35moe.expert_count / expert_used_count / expert_feed_for
 expert_shared_feed_forward_length; per layer ffn_gate_inp (the router, f32), ffn_gate_exps / ffn_up_exps (the
 fused gate_up_proj split on its rows: ne {dim, ffn, n_expert}), ffn_down_exps (ne {ffn, dim, n_expert}),
 ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp, and ffn_gate_inp_shexp (shape (1, dim) as the checkpoint has
-it, f32).
+it, f32). Like the converter's default export, the file ends with one multi-token-prediction block (blk.4,
+qwen35moe.nextn_predict_layers 1; see make_qwen35_golden.write_gguf), which the trunk's outputs do not use.
 
 Run: python3 tests/golden/make_qwen35moe_golden.py  (needs torch, transformers >= 5.23, gguf, numpy; CI uses
 the committed output)
@@ -61,7 +62,7 @@ def moe_keys(c):
 
 
 def write(model, cfg, path):
-    q35.write_gguf(model, cfg, path, arch="qwen35moe", ffn=moe_ffn, extra_keys=moe_keys(cfg))
+    q35.write_gguf(model, cfg, path, arch="qwen35moe", ffn=moe_ffn, extra_keys=moe_keys(cfg), mtp=True)
 
 
 def main():

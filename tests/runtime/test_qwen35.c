@@ -13,10 +13,9 @@
  *  - a file whose linear-attention tensors disagree with its hyperparameters is refused at open, naming the
  *    tensor; --backend cuda is refused with a message naming the layers;
  *  - Qwen3.5-MoE (tests/golden/qwen35moe_shexp_f16.gguf, tests/golden/make_qwen35moe_golden.py: the same
- *    layers with every FFN top-2 of 6 experts plus a sigmoid-gated shared expert): the same golden, f16 KV and
- *    chunked-prefill checks, and expert, shared-expert and shared-gate tensors whose shapes disagree with the
- *    keys refused at open, naming the tensor.
- * Skips (with a message) when the committed model is missing.
+ *    layers with every FFN top-2 of 6 experts plus a sigmoid-gated shared expert): the same golden, f16 KV
+ * and chunked-prefill checks, and expert, shared-expert and shared-gate tensors whose shapes disagree with
+ * the keys refused at open, naming the tensor. Skips (with a message) when the committed model is missing.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -177,6 +176,7 @@ static void check_golden(const char *name)
     float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
     const int n_cases = (int)json_array_size(json_object_get(q.golden, "cases"));
     cr_assert_eq(n_cases, 4);
+    cr_assert_eq(engine_hparams(q.e)->n_layers, 4); /* the MoE file's MTP block is not a layer */
     for (int c = 0; c < n_cases; c++) {
         int n;
         char what[96];
@@ -451,6 +451,18 @@ Test(qwen35moe, mismatched_expert_tensors_refused)
     const uint64_t d64 = 64, d63 = 63;
     cr_assert(patch_after(buf, n, "blk.1.ffn_gate_inp_shexp.weight", &d64, &d63, 8));
     expect_refused(buf, n, "tensor 'blk.1.ffn_gate_inp_shexp.weight' has shape [63, 1, 1, 1], expected [64]");
+    /* The multi-token-prediction block after the 4 layers: without nextn_predict_layers it would be a fifth
+     * layer, full attention where the pattern has a recurrent one; with 5 of them, no layer is left. */
+    memcpy(buf, orig, n);
+    const char *nextn = "qwen35moe.nextn_predict_layers";
+    unsigned char *kv = memmem(buf, n, nextn, strlen(nextn));
+    cr_assert(kv);
+    kv[strlen(nextn) - 1] = 'z';
+    expect_refused(buf, n, "layer 4 is full attention");
+    memcpy(buf, orig, n);
+    const uint32_t one = 1, five = 5;
+    cr_assert(patch_after(buf, n, nextn, &one, &five, 4) == kv + strlen(nextn) + 4);
+    expect_refused(buf, n, "key 'qwen35moe.nextn_predict_layers' (5) leaves none of the 5 blocks");
     free(buf);
     free(orig);
 }

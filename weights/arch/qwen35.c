@@ -91,13 +91,25 @@ int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char 
     } else if (rc != FERRY_ERR_NOT_FOUND) {
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a number", key);
     }
+    /* Multi-token-prediction blocks (nextn_predict_layers, which the converter exports by default) follow
+     * the trunk's layers in block_count; ferry runs the trunk and leaves their tensors unread. */
+    const int n_blocks = hp->n_layers;
+    rc = gguf_get_u32(g, KEY("nextn_predict_layers"), &u);
+    if (rc == FERRY_OK) {
+        if (u >= (uint32_t)n_blocks)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' (%u) leaves none of the %d blocks", key, u,
+                              n_blocks);
+        hp->n_layers -= (int)u;
+    } else if (rc != FERRY_ERR_NOT_FOUND) {
+        return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a number", key);
+    }
     /* The converter also lists which layers are recurrent; ferry runs the periodic pattern only. */
     enum gguf_vtype et;
     uint64_t n = 0;
     if (gguf_get_arr(g, KEY("attention.recurrent_layers"), &et, &n) == FERRY_OK) {
         uint8_t rec[4096];
-        if (n != (uint64_t)hp->n_layers || n > sizeof rec || gguf_arr_bool(g, key, rec, n) != FERRY_OK)
-            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not %d bools", key, hp->n_layers);
+        if (n != (uint64_t)n_blocks || n > sizeof rec || gguf_arr_bool(g, key, rec, n) != FERRY_OK)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not %d bools", key, n_blocks);
         for (int l = 0; l < hp->n_layers; l++)
             if (rec[l] != llm_layer_is_recurrent(hp, l))
                 return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
