@@ -654,7 +654,7 @@ Test(golden_gguf, gemma4_backends)
     cpu_only_backends("gemma4_ple_f32", "models/gemma4_ple_f32.gguf", "Gemma 4's layers");
 }
 
-/* Qwen3.5-MoE (tests/runtime/test_qwen35.c holds its golden): CPU only on every machine, --backend auto too. */
+/* Qwen3.5-MoE (test_qwen35.c holds its golden): CPU only on every machine, --backend auto too. */
 Test(golden_gguf, qwen35moe_backends)
 {
     cpu_only_backends("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16.gguf", "gated DeltaNet");
