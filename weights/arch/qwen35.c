@@ -99,7 +99,7 @@ int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char 
         if (u >= (uint32_t)n_blocks)
             return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' (%u) leaves none of the %d blocks", key, u,
                               n_blocks);
-        hp->n_layers -= (int)u;
+        hp->n_layers -= (int)u, hp->n_layer_nextn = (int)u;
     } else if (rc != FERRY_ERR_NOT_FOUND) {
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a number", key);
     }
