@@ -415,6 +415,23 @@ static int ple_add(struct forward_cpu *f, int n)
     return FERRY_OK;
 }
 
+/* y (n, dim) += the layer's shared expert on x: its FFN is the gate|up and down groups. */
+static int moe_shared(struct forward_cpu *f, const struct layer_weights *w, int n, float *y, const float *x)
+{
+    const struct layer_group *gu = &w->mat[LAYER_GU], *dn = &w->mat[LAYER_DOWN];
+    if (gu->n_parts != 2 || dn->n_parts != 1 || !w->moe.shexp_gate) return FERRY_ERR_INTERNAL;
+    const struct kern_cpu_moe_shared sh = {.gate = gu->part[0].data,
+                                           .up = gu->part[1].data,
+                                           .down = dn->part[0].data,
+                                           .gate_t = gu->part[0].type,
+                                           .up_t = gu->part[1].type,
+                                           .down_t = dn->part[0].type,
+                                           .dim = f->m->hp.dim,
+                                           .ffn = (int)gu->part[0].rows,
+                                           .gate_inp = w->moe.shexp_gate};
+    return kern_cpu_moe_shared(y, x, n, &sh, f->moe_ws, f->tp);
+}
+
 static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct layer_weights *w, int n)
 {
     const struct llm_hparams *hp = &f->m->hp;
@@ -455,7 +472,8 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         return FERRY_OK;
     }
     case LOP_MOE:
-    case LOP_MOE_CLAMPED: {
+    case LOP_MOE_CLAMPED:
+    case LOP_MOE_SHARED: {
         const struct layer_moe *e = &w->moe;
         if (e->n_expert <= 0 || !f->moe_ws) return FERRY_ERR_INTERNAL; /* weights without their experts */
         const int clamped = op->kind == LOP_MOE_CLAMPED;
@@ -484,6 +502,7 @@ static int run_op(struct forward_cpu *f, const struct layer_op *op, const struct
         if (!rc)
             rc = kern_cpu_moe_ffn(act(f, op->out), act(f, op->in), f->moe_ids, f->moe_wts, n, e->n_used, &ex,
                                   f->moe_ws, f->tp);
+        if (!rc && op->kind == LOP_MOE_SHARED) rc = moe_shared(f, w, n, act(f, op->out), act(f, op->in));
         if (op->out == LACT_D) f->pending = 1;
         return rc;
     }
@@ -549,8 +568,9 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
         } else {
             const struct layer_op *op = &p->ops[i];
             rc = run_op(f, op, w, n);
+            const int moe = op->kind == LOP_MOE || op->kind == LOP_MOE_CLAMPED || op->kind == LOP_MOE_SHARED;
             kind = op->kind == LOP_LINEAR                                 ? op->arg
-                   : op->kind == LOP_MOE || op->kind == LOP_MOE_CLAMPED   ? LAYER_GU
+                   : moe                                                  ? LAYER_GU
                    : op->kind == LOP_SILU_MUL || op->kind == LOP_GELU_MUL ? PROF_SILU
                                                                           : PROF_NORM;
             if (f->profile && op->kind == LOP_LINEAR) f->prof_bytes[kind] += group_bytes(&w->mat[op->arg]);
@@ -755,11 +775,13 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     if (hp->n_expert > 0) {
         const struct kern_cpu_moe_experts ex = {
             .n_expert = hp->n_expert, .dim = hp->dim, .ffn = hp->expert_ffn_dim};
-        const size_t nt = (size_t)p->max_tokens;
+        const struct kern_cpu_moe_shared sh = {.dim = hp->dim, .ffn = hp->ffn_dim}; /* a shared expert */
+        const size_t nt = (size_t)p->max_tokens, ws_e = kern_cpu_moe_ws_floats(&ex, p->max_tokens),
+                     ws_s = kern_cpu_moe_shared_ws_floats(&sh, p->max_tokens);
         if (!(f->moe_logits = malloc(nt * (size_t)hp->n_expert * sizeof(float))) ||
             !(f->moe_wts = malloc(nt * (size_t)hp->n_expert_used * sizeof(float))) ||
             !(f->moe_ids = malloc(nt * (size_t)hp->n_expert_used * sizeof(int32_t))) ||
-            !(f->moe_ws = malloc(kern_cpu_moe_ws_floats(&ex, p->max_tokens) * sizeof(float))))
+            !(f->moe_ws = malloc((ws_e > ws_s ? ws_e : ws_s) * sizeof(float))))
             goto fail;
     }
     int qd_max, kvd_max;

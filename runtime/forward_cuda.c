@@ -1394,6 +1394,7 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         return FERRY_OK;
     case LOP_ATTENTION_SINKS:
     case LOP_MOE_CLAMPED:
+    case LOP_MOE_SHARED:
     case LOP_DELTANET:
     case LOP_Q_GATE:
     case LOP_ATT_GATE:

@@ -129,7 +129,8 @@ void layer_weights_of_model_moe(struct layer_weights *w, const struct model_laye
                                 .up_b = L->exp_up_b,
                                 .down_b = L->exp_down_b,
                                 .alpha = hp->swiglu_alpha,
-                                .limit = hp->swiglu_limit};
+                                .limit = hp->swiglu_limit,
+                                .shexp_gate = L->shexp_gate};
 }
 
 void layer_layout_of(const struct model_layer *L, const struct llm_hparams *hp,

@@ -60,6 +60,7 @@ struct layer_moe {
     const float *gate_b, *up_b; /* (n_expert, ffn) */
     const float *down_b;        /* (n_expert, dim) */
     float alpha, limit;
+    const float *shexp_gate; /* (dim) f32: LOP_MOE_SHARED's gate of the shared expert, or NULL */
 };
 
 /* A gated DeltaNet layer's mixer (LOP_DELTANET) where the model keeps it (runtime/model.h); data NULL in

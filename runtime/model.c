@@ -146,6 +146,8 @@ static float **layer_vector(struct model_layer *L, enum arch_role r)
         return &L->out_scale;
     case ARCH_ROLE_PLE_NORM:
         return &L->ple_norm;
+    case ARCH_ROLE_SHEXP_GATE:
+        return &L->shexp_gate;
     default:
         return NULL;
     }
@@ -475,6 +477,7 @@ void model_free(struct model *m)
             free(L->exp_down_b);
             free(L->out_scale);
             free(L->ple_norm);
+            free(L->shexp_gate);
         }
     }
     free(m->layers);

@@ -77,6 +77,9 @@ struct model_layer {
     struct wview ple_gate; /* (ple_dim, dim) */
     struct wview ple_proj; /* (dim, ple_dim) */
     float *ple_norm;       /* (dim) f32 */
+    /* A shared expert (LOP_MOE_SHARED): its FFN is w_gate/w_up/w_down (ffn_dim), gated by this (dim) f32,
+     * or NULL. */
+    float *shexp_gate;
 };
 
 struct model {

@@ -190,7 +190,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     const char *a = hp->arch;
     if ((rc = gguf_hp(g, a, "context_length", -1, &hp->ctx_train, err))) return rc;
     if ((rc = gguf_hp(g, a, "embedding_length", -1, &hp->dim, err))) return rc;
-    rc = gguf_hp(g, a, "feed_forward_length", -1, &hp->ffn_dim, err);
+    rc = gguf_hp(g, a, "feed_forward_length", hp->family->gguf_ffn_optional ? 0 : -1, &hp->ffn_dim, err);
     if (rc && !(rc == FERRY_ERR_RANGE && hp->family->gguf_layer_arrays)) return rc;
     if ((rc = gguf_hp(g, a, "block_count", -1, &hp->n_layers, err))) return rc;
     if ((rc = gguf_hp(g, a, "attention.head_count", -1, &hp->n_heads, err))) return rc;

@@ -84,6 +84,9 @@ struct llm_hparams {
     int n_layer_kv;     /* 0: every layer has its own K/V */
     int ffn_dim_shared; /* the KV-sharing layers' FFN size; 0: ffn_dim */
     int ple_dim;        /* per-layer input size; 0: none */
+    /* Multi-token-prediction blocks the file holds after the n_layers layers (its block_count is the sum;
+     * Qwen3.5's nextn_predict_layers): never run, but quantized with the rest. */
+    int n_layer_nextn;
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */

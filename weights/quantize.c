@@ -56,7 +56,8 @@ static bool is_70b(const struct model_file *mf)
 static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype,
                       struct plan *pl, char err[256])
 {
-    struct quant_mix_model mm = {.n_layers = mf->hp.n_layers,
+    /* llama-quantize counts the FFN positions over every block, multi-token-prediction ones included. */
+    struct quant_mix_model mm = {.n_layers = mf->hp.n_layers + mf->hp.n_layer_nextn,
                                  .n_gqa = mf->hp.n_kv_heads ? mf->hp.n_heads / mf->hp.n_kv_heads : 0,
                                  .n_expert = mf->hp.n_expert,
                                  .has_output = model_file_tensor(mf, "output.weight") != NULL,

@@ -147,3 +147,58 @@ int kern_cpu_moe_ref_ex(float *y, const float *x, const int32_t *ids, const floa
     }
     return FERRY_OK;
 }
+
+size_t kern_cpu_moe_shared_ws_floats(const struct kern_cpu_moe_shared *sh, int n)
+{
+    /* gate and up (n, ffn) each, down (n, dim). */
+    return (size_t)n * (2 * (size_t)sh->ffn + (size_t)sh->dim);
+}
+
+/* sigmoid(x · g) of one row in a double sum; 1 without a gate. */
+static double shared_gate(const float *x, const float *g, int dim)
+{
+    if (!g) return 1.0;
+    double s = 0;
+    for (int i = 0; i < dim; i++) s += (double)x[i] * g[i];
+    return 1.0 / (1.0 + exp(-s));
+}
+
+int kern_cpu_moe_shared(float *y, const float *x, int n, const struct kern_cpu_moe_shared *sh, float *ws,
+                        struct tpool *tp)
+{
+    const int dim = sh->dim, ffn = sh->ffn;
+    if (n <= 0 || dim <= 0 || ffn <= 0) return FERRY_ERR_INVALID;
+    float *g = ws, *u = g + (size_t)n * ffn, *d = u + (size_t)n * ffn;
+    int rc = kern_cpu_matmul(g, x, sh->gate, sh->gate_t, NULL, n, ffn, dim, tp);
+    if (!rc) rc = kern_cpu_matmul(u, x, sh->up, sh->up_t, NULL, n, ffn, dim, tp);
+    if (rc) return rc;
+    kern_cpu_silu_mul(g, u, (int64_t)n * ffn);
+    if ((rc = kern_cpu_matmul(d, g, sh->down, sh->down_t, NULL, n, dim, ffn, tp))) return rc;
+    for (int t = 0; t < n; t++) {
+        const float s = (float)shared_gate(x + (size_t)t * dim, sh->gate_inp, dim);
+        float *yt = y + (size_t)t * dim;
+        const float *dt = d + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) yt[i] += s * dt[i];
+    }
+    return FERRY_OK;
+}
+
+int kern_cpu_moe_shared_ref(float *y, const float *x, int n, const struct kern_cpu_moe_shared *sh)
+{
+    const int dim = sh->dim, ffn = sh->ffn;
+    const float *gate = sh->gate, *up = sh->up, *down = sh->down;
+    if (sh->gate_t != DTYPE_F32 || sh->up_t != DTYPE_F32 || sh->down_t != DTYPE_F32 || n <= 0)
+        return FERRY_ERR_INVALID;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        const double s = shared_gate(xt, sh->gate_inp, dim);
+        for (int f = 0; f < ffn; f++) {
+            const float *gr = gate + (size_t)f * dim, *ur = up + (size_t)f * dim;
+            double a = 0, b = 0;
+            for (int c = 0; c < dim; c++) a += (double)gr[c] * xt[c], b += (double)ur[c] * xt[c];
+            const double h = s * a / (1.0 + exp(-a)) * b;
+            for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += (float)(h * down[(size_t)i * ffn + f]);
+        }
+    }
+    return FERRY_OK;
+}

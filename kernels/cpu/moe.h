@@ -13,6 +13,8 @@
  * gpt-oss adds biases to each product and gates with its clamped SwiGLU; its router (softmax over the top-k
  * logits) is this softmax's top-k with norm: e^l_i / Σ_topk e^l_j either way.
  * kern_cpu_moe_ref is the plain per-token reference over f32 weights.
+ * Shared expert (kern_cpu_moe_shared; Qwen3.5-MoE, Qwen2-MoE): one more SwiGLU FFN every token runs, its
+ * output scaled by sigmoid(x · gate_inp) and added to the routed experts' sum.
  */
 #ifndef FERRY_KERN_CPU_MOE_H
 #define FERRY_KERN_CPU_MOE_H
@@ -57,5 +59,23 @@ int kern_cpu_moe_ref(float *y, const float *x, const int32_t *ids, const float *
  * products in double sums, the activation in double. */
 int kern_cpu_moe_ref_ex(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
                         const struct kern_cpu_moe_experts *ex);
+
+/* A shared expert: gate and up (ffn, dim), down (dim, ffn) in any stored type; gate_inp (dim) f32, the
+ * logit of its sigmoid gate, or NULL for an ungated shared expert. */
+struct kern_cpu_moe_shared {
+    const void *gate, *up, *down;
+    enum dtype gate_t, up_t, down_t;
+    int dim, ffn;
+    const float *gate_inp;
+};
+
+/* Floats of workspace kern_cpu_moe_shared needs for n tokens. */
+size_t kern_cpu_moe_shared_ws_floats(const struct kern_cpu_moe_shared *sh, int n);
+/* y (n, dim) += sigmoid(x · gate_inp) · down(silu(gate x) · up x) per token; x (n, dim). ws holds
+ * kern_cpu_moe_shared_ws_floats floats. FERRY_ERR_INVALID for n <= 0. */
+int kern_cpu_moe_shared(float *y, const float *x, int n, const struct kern_cpu_moe_shared *sh, float *ws,
+                        struct tpool *tp);
+/* The reference (sh's matrices F32), token by token in double sums. */
+int kern_cpu_moe_shared_ref(float *y, const float *x, int n, const struct kern_cpu_moe_shared *sh);
 
 #endif

@@ -85,16 +85,33 @@ def tiled(t, dim, nk, nv, head):
     return t.transpose(dim, dim + 1).contiguous().reshape(shape)
 
 
-def write_gguf(model, cfg, path):
+def dense_ffn(put, sd, p, b):
+    """The SwiGLU FFN of layer prefix p (checkpoint) as GGUF prefix b."""
+    put(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+    put(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+    put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+
+
+def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, mtp=False):
+    """The file as the converter writes `arch`; ffn(put, sd, p, b) writes each layer's FFN tensors and
+    extra_keys(w), when given, the FFN's keys. mtp: one multi-token-prediction block after the layers, as the
+    converter exports a checkpoint's mtp.* weights (block_count one more, nextn_predict_layers 1, the block
+    not recurrent): a full-attention layer's tensors (here a copy of the last layer's, since transformers has
+    no MTP weights) and its nextn.* tensors (random), which a reader of the trunk leaves alone."""
     c = cfg
     nk, nv, hk, hv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                       c.linear_value_head_dim)
-    w = gguf.GGUFWriter(path, "qwen35")
+    w = gguf.GGUFWriter(path, arch)
     w.add_name("ferry tiny qwen3.5 golden")
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_block_count(c.num_hidden_layers)
+    if getattr(c, "intermediate_size", None):  # the MoE config has none, and its files no such key
+        w.add_feed_forward_length(c.intermediate_size)
+    if extra_keys:
+        extra_keys(w)
+    w.add_block_count(c.num_hidden_layers + mtp)
+    if mtp:
+        w.add_nextn_predict_layers(1)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
@@ -107,7 +124,8 @@ def write_gguf(model, cfg, path):
     w.add_ssm_group_count(nk)
     w.add_ssm_time_step_rank(nv)
     w.add_ssm_inner_size(hv * nv)
-    w.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in c.layer_types])
+    w.add_array(f"{arch}.attention.recurrent_layers",
+                [t == "linear_attention" for t in c.layer_types] + [False] * mtp)
     w.add_full_attention_interval(4)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
     w.add_rope_dimension_sections(list(c.rope_parameters["mrope_section"]) + [0])
@@ -133,13 +151,11 @@ def write_gguf(model, cfg, path):
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     put("output_norm.weight", sd["model.norm.weight"] + 1, True)
     put("output.weight", sd["lm_head.weight"])
-    for l in range(c.num_hidden_layers):
-        p, b = f"model.layers.{l}.", f"blk.{l}."
+    def layer(l, b):
+        p = f"model.layers.{l}."
         put(b + "attn_norm.weight", sd[p + "input_layernorm.weight"] + 1, True)
         put(b + "post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"] + 1, True)
-        put(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
-        put(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
-        put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+        ffn(put, sd, p, b)
         if c.layer_types[l] == "full_attention":
             a = p + "self_attn."
             put(b + "attn_q.weight", sd[a + "q_proj.weight"])
@@ -148,7 +164,7 @@ def write_gguf(model, cfg, path):
             put(b + "attn_output.weight", sd[a + "o_proj.weight"])
             put(b + "attn_q_norm.weight", sd[a + "q_norm.weight"] + 1, True)
             put(b + "attn_k_norm.weight", sd[a + "k_norm.weight"] + 1, True)
-            continue
+            return
         a = p + "linear_attn."
         qkv = sd[a + "in_proj_qkv.weight"]
         kd = nk * hk
@@ -165,6 +181,17 @@ def write_gguf(model, cfg, path):
             True)
         put(b + "ssm_norm.weight", sd[a + "norm.weight"], True)
         put(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, nk, nv, hv))
+
+    for l in range(c.num_hidden_layers):
+        layer(l, f"blk.{l}.")
+    if mtp:
+        L, d = c.num_hidden_layers, c.hidden_size
+        assert c.layer_types[L - 1] == "full_attention"
+        layer(L - 1, f"blk.{L}.")
+        g = torch.Generator().manual_seed(7)
+        put(f"blk.{L}.nextn.eh_proj.weight", 0.1 * torch.randn(d, 2 * d, generator=g))
+        for n in ("enorm", "hnorm", "shared_head_norm"):
+            put(f"blk.{L}.nextn.{n}.weight", 1 + 0.1 * torch.randn(d, generator=g), True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -175,16 +202,22 @@ def main():
     torch.manual_seed(SEED)
     cfg = Qwen3_5TextConfig(**CFG)
     model = Qwen3_5ForCausalLM(cfg).eval()
-    init_weights(model, SEED)
+    make(NAME, model, cfg, SEED, write_gguf)
+
+
+def make(name, model, cfg, seed, write):
+    """Random weights (seed), rounded to f16; the file (write(model, cfg, path)) and the reference outputs
+    for PROMPT_LENGTHS into tests/golden/{name}.json."""
+    init_weights(model, seed)
     # Round every matrix to f16 (what the file stores); vectors stay f32 as in the file.
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2 and "conv1d" not in name:
+        for pname, p in model.named_parameters():
+            if p.dim() >= 2 and "conv1d" not in pname:
                 p.copy_(p.half().float())
     gguf_dir = os.path.join(HERE, "models")
     os.makedirs(gguf_dir, exist_ok=True)
-    write_gguf(model, cfg, os.path.join(gguf_dir, NAME + ".gguf"))
-    g = torch.Generator().manual_seed(SEED + 1)
+    write(model, cfg, os.path.join(gguf_dir, name + ".gguf"))
+    g = torch.Generator().manual_seed(seed + 1)
     cases = []
     for n in PROMPT_LENGTHS:
         ids = torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist()
@@ -193,9 +226,9 @@ def main():
         toks, margin = greedy(model, ids, N_GREEDY)
         cases.append({"prompt_tokens": ids, "logits": [float(x) for x in logits], "greedy_tokens": toks,
                       "min_top2_margin": margin})
-        print(f"{NAME}: prompt {n:3d} min top-2 margin {margin:.4f} logit absmax {float(logits.abs().max()):.2f}")
-    with open(os.path.join(HERE, NAME + ".json"), "w") as f:
-        json.dump({"model": f"models/{NAME}.gguf", "dtype": "float16", "cases": cases}, f)
+        print(f"{name}: prompt {n:3d} min top-2 margin {margin:.4f} logit absmax {float(logits.abs().max()):.2f}")
+    with open(os.path.join(HERE, name + ".json"), "w") as f:
+        json.dump({"model": f"models/{name}.gguf", "dtype": "float16", "cases": cases}, f)
 
 
 if __name__ == "__main__":

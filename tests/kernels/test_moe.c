@@ -1,6 +1,7 @@
 /* moe: the router's top-k (softmax, ties to the lowest expert id, normalised or not) against hand-computed
  * values, and the experts' gathered products against the per-token reference at odd sizes, F32 and F16
- * weights, one thread and several. */
+ * weights, one thread and several; the shared expert (sigmoid-gated SwiGLU added onto the routed sum) against
+ * its reference, gated and not. */
 #include "kt_common.h"
 
 #include "kernels/core/status.h"
@@ -33,6 +34,19 @@ Test(moe, route_softmax_topk_and_ties)
     cr_assert_eq(kern_cpu_moe_route(l2, 1, 6, 0, 1, ids, w), FERRY_ERR_INVALID);
 }
 
+/* v (rows, cols) stored in wt (returned, malloc'd), and v replaced by the stored values decoded back to f32:
+ * what the reference reads. */
+static void *stored(enum dtype wt, float *v, int rows, int cols)
+{
+    const size_t rb = dtype_row_size(wt, cols);
+    char *s = malloc(rb * (size_t)rows);
+    for (int r = 0; r < rows; r++) {
+        cr_assert(dtype_from_f32(wt, v + (size_t)r * cols, s + rb * r, cols));
+        cr_assert(dtype_to_f32(wt, s + rb * r, v + (size_t)r * cols, cols));
+    }
+    return s;
+}
+
 /* clamped: gpt-oss's experts, with biases (large enough to reach both clamps) and the clamped SwiGLU. */
 static void check_ffn_act(enum dtype wt, int n_threads, int dim, int ffn, int clamped)
 {
@@ -50,19 +64,8 @@ static void check_ffn_act(enum dtype wt, int n_threads, int dim, int ffn, int cl
     /* Expert 6 is chosen by no token: it must cost nothing and change nothing. */
     for (int t = 0; t < n; t++) logits[(size_t)t * n_expert + 6] = -50.0f;
     /* Stored in wt; the reference reads the same values decoded back to f32. */
-    const size_t rg = dtype_row_size(wt, dim), rd = dtype_row_size(wt, ffn);
-    void *gs = malloc(rg * n_expert * ffn), *us = malloc(rg * n_expert * ffn),
-         *ds = malloc(rd * n_expert * dim);
-    for (int r = 0; r < n_expert * ffn; r++) {
-        cr_assert(dtype_from_f32(wt, g + (size_t)r * dim, (char *)gs + rg * r, dim));
-        cr_assert(dtype_from_f32(wt, u + (size_t)r * dim, (char *)us + rg * r, dim));
-        cr_assert(dtype_to_f32(wt, (char *)gs + rg * r, g + (size_t)r * dim, dim));
-        cr_assert(dtype_to_f32(wt, (char *)us + rg * r, u + (size_t)r * dim, dim));
-    }
-    for (int r = 0; r < n_expert * dim; r++) {
-        cr_assert(dtype_from_f32(wt, d + (size_t)r * ffn, (char *)ds + rd * r, ffn));
-        cr_assert(dtype_to_f32(wt, (char *)ds + rd * r, d + (size_t)r * ffn, ffn));
-    }
+    void *gs = stored(wt, g, n_expert * ffn, dim), *us = stored(wt, u, n_expert * ffn, dim),
+         *ds = stored(wt, d, n_expert * dim, ffn);
     int32_t ids[13 * 3];
     float w[13 * 3];
     cr_assert_eq(kern_cpu_moe_route(logits, n, n_expert, k, 1, ids, w), FERRY_OK);
@@ -141,4 +144,75 @@ Test(moe, ffn_clamped_biased_f32_matches_reference)
 Test(moe, ffn_clamped_biased_mxfp4_matches_reference)
 {
     check_ffn_act(DTYPE_MXFP4, 3, 96, 64, 1);
+}
+
+/* The shared expert (Qwen3.5-MoE): y += sigmoid(x · gate_inp) · down(silu(gate x) · up x), added onto what y
+ * holds; at odd sizes, stored in wt, with and without its gate, against the double-sum reference. */
+static void check_shared(enum dtype wt, int n_threads, int dim, int ffn, int gated)
+{
+    const int n = 11;
+    kt_seed(17 + (uint64_t)wt);
+    float *x = malloc(sizeof(float) * n * dim), *gi = malloc(sizeof(float) * dim);
+    float *g = malloc(sizeof(float) * ffn * dim), *u = malloc(sizeof(float) * ffn * dim),
+          *d = malloc(sizeof(float) * dim * ffn);
+    kt_fill(x, (size_t)n * dim, -1.0f, 1.0f);
+    kt_fill(gi, (size_t)dim, -0.5f, 0.5f);
+    kt_fill(g, (size_t)ffn * dim, -0.3f, 0.3f);
+    kt_fill(u, (size_t)ffn * dim, -0.3f, 0.3f);
+    kt_fill(d, (size_t)dim * ffn, -0.3f, 0.3f);
+    void *gs = stored(wt, g, ffn, dim), *us = stored(wt, u, ffn, dim), *ds = stored(wt, d, dim, ffn);
+    const struct kern_cpu_moe_shared sh = {.gate = gs,
+                                           .up = us,
+                                           .down = ds,
+                                           .gate_t = wt,
+                                           .up_t = wt,
+                                           .down_t = wt,
+                                           .dim = dim,
+                                           .ffn = ffn,
+                                           .gate_inp = gated ? gi : NULL};
+    struct kern_cpu_moe_shared sh_ref = sh;
+    sh_ref.gate = g, sh_ref.up = u, sh_ref.down = d;
+    sh_ref.gate_t = sh_ref.up_t = sh_ref.down_t = DTYPE_F32;
+    float *ws = malloc(sizeof(float) * kern_cpu_moe_shared_ws_floats(&sh, n));
+    float *y = malloc(sizeof(float) * n * dim), *ref = malloc(sizeof(float) * n * dim);
+    /* y starts from the routed experts' sum: the shared expert adds to it. */
+    kt_fill(y, (size_t)n * dim, -0.2f, 0.2f);
+    memcpy(ref, y, sizeof(float) * n * dim);
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, n_threads), FERRY_OK);
+    cr_assert_eq(kern_cpu_moe_shared(y, x, n, &sh, ws, tp), FERRY_OK);
+    cr_assert_eq(kern_cpu_moe_shared_ref(ref, x, n, &sh_ref), FERRY_OK);
+    float amax = 0;
+    for (int i = 0; i < n * dim; i++) amax = fmaxf(amax, fabsf(ref[i]));
+    cr_assert(amax > 1e-2f, "degenerate reference");
+    const float tol = (wt == DTYPE_F16 ? 3e-3f : 1e-5f) * amax;
+    for (int i = 0; i < n * dim; i++)
+        cr_assert(fabsf(y[i] - ref[i]) <= tol, "%s [%d] %g vs %g", dtype_name(wt), i, y[i], ref[i]);
+    /* The gate matters: without it the same inputs give another sum. */
+    if (gated) {
+        struct kern_cpu_moe_shared open = sh_ref;
+        open.gate_inp = NULL;
+        float *alt = malloc(sizeof(float) * n * dim);
+        memset(alt, 0, sizeof(float) * n * dim);
+        memset(ref, 0, sizeof(float) * n * dim);
+        cr_assert_eq(kern_cpu_moe_shared_ref(alt, x, n, &open), FERRY_OK);
+        cr_assert_eq(kern_cpu_moe_shared_ref(ref, x, n, &sh_ref), FERRY_OK);
+        double diff = 0;
+        for (int i = 0; i < n * dim; i++) diff = fmax(diff, fabs((double)alt[i] - ref[i]));
+        cr_assert(diff > 1e-3, "the sigmoid gate changed nothing");
+        free(alt);
+    }
+    cr_assert_eq(kern_cpu_moe_shared(y, x, 0, &sh, ws, tp), FERRY_ERR_INVALID);
+    tpool_free(tp);
+    free(x), free(gi), free(g), free(u), free(d), free(gs), free(us), free(ds), free(ws), free(y), free(ref);
+}
+
+Test(moe, shared_expert_f32_matches_reference)
+{
+    check_shared(DTYPE_F32, 1, 37, 23, 1);
+    check_shared(DTYPE_F32, 2, 37, 23, 0);
+}
+Test(moe, shared_expert_f16_matches_reference_threads)
+{
+    check_shared(DTYPE_F16, 3, 45, 29, 1);
 }

@@ -654,6 +654,12 @@ Test(golden_gguf, gemma4_backends)
     cpu_only_backends("gemma4_ple_f32", "models/gemma4_ple_f32.gguf", "Gemma 4's layers");
 }
 
+/* Qwen3.5-MoE (test_qwen35.c holds its golden): CPU only on every machine, --backend auto too. */
+Test(golden_gguf, qwen35moe_backends)
+{
+    cpu_only_backends("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16.gguf", "gated DeltaNet");
+}
+
 /* The dense file with one u32 key set to v (the key's value follows its name and type), opened from memory
  * and, when that succeeds, loaded as a model: refused with status rc and an error naming what is wrong. */
 static void gemma4_refused(const char *key, uint32_t v, int rc_want, const char *what)

@@ -7,7 +7,7 @@
 #include "weights/model_file.h"
 
 extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
-    arch_qwen3moe, arch_mixtral, arch_qwen35, arch_gemma4;
+    arch_qwen3moe, arch_mixtral, arch_qwen35, arch_gemma4, arch_qwen35moe;
 extern const struct arch_family arch_gptoss;
 
 /* The table: one line per family, in the order messages list them. */
@@ -23,6 +23,7 @@ static const struct arch_family *const families[] = {
     &arch_mixtral,
     &arch_gptoss,
     &arch_qwen35,
+    &arch_qwen35moe,
     &arch_gemma4,
 };
 /* clang-format on */
@@ -181,6 +182,7 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
         ne[0] = hp->ple_dim, ne[1] = dim;
         return 2;
     case ARCH_ROLE_PLE_NORM:
+    case ARCH_ROLE_SHEXP_GATE:
         ne[0] = dim;
         return 1;
     case ARCH_ROLE_W_DOWN:

@@ -66,6 +66,8 @@ enum arch_role {
     ARCH_ROLE_PLE_GATE,       /* (ple_dim, dim): the per-layer input's gate (Gemma 4 E2B/E4B) */
     ARCH_ROLE_PLE_PROJ,       /* (dim, ple_dim): its projection back */
     ARCH_ROLE_PLE_NORM,       /* (dim): the norm after that projection */
+    /* (dim): the shared expert's gate logit (LOP_MOE_SHARED) */
+    ARCH_ROLE_SHEXP_GATE,
     ARCH_N_ROLES
 };
 
@@ -131,6 +133,8 @@ struct arch_family {
     /* 1: its GGUF files may give attention.head_count_kv and feed_forward_length per layer (arrays whose
      * layers differ), which its gguf_hparams reads; the common read takes layer 0's. */
     int gguf_layer_arrays;
+    /* 1: its GGUF files may lack feed_forward_length (read as 0; its gguf_hparams sets ffn_dim). */
+    int gguf_ffn_optional;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

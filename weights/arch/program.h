@@ -53,6 +53,10 @@ enum layer_op_kind {
     LOP_SCALE_X,   /* x += D when a delta is pending; x *= norm[arg][0] (Gemma 4's layer output scalar) */
     LOP_PLE, /* with per-layer inputs (hp.ple_dim): x += D when pending; x += norm(proj(gelu_tanh(gate(x)) *
               * the layer's input)) (Gemma 4 E2B/E4B); without them nothing */
+    /* LOP_MOE plus the shared expert every token runs: out += sigmoid(in · the layer's shared-expert gate
+     * (dim)) * the SwiGLU FFN of in with the gate|up and down groups (LAYER_GU, LAYER_DOWN) (Qwen3.5-MoE;
+     * kernels/cpu/moe.h kern_cpu_moe_shared) */
+    LOP_MOE_SHARED,
 };
 
 struct layer_op {

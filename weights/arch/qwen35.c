@@ -9,7 +9,7 @@
  * ssm_a already -exp(A_log), value heads tiled over the key heads (kernels/cpu/deltanet.h). Hugging Face
  * checkpoints are not read for this family yet (convert them with llama.cpp's convert_hf_to_gguf.py).
  */
-#include "weights/arch/arch.h"
+#include "weights/arch/qwen35.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -18,20 +18,8 @@
 #include "weights/gguf.h"
 #include "weights/model_file.h"
 
-/* Full attention:
- *   x += D; xn = norm(x)·attn_norm;  qkv = xn·Wqkvᵀ;  queries and gates apart;  QK-norm;
- *   q, cache = rope(qkv);  att = attention(q, cache) · sigmoid(gate);  D = att·Woᵀ;  then the SwiGLU block.
- */
 static const struct layer_op qwen35_attn_ops[] = {
-    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_ATTN_NORM},
-    {LOP_LINEAR, LACT_XN, LACT_QKV, LAYER_QKV},
-    {LOP_Q_GATE, LACT_QKV, LACT_QKV, 0},
-    {LOP_QK_NORM, LACT_QKV, LACT_QKV, 0},
-    {LOP_ROPE_KV, LACT_QKV, LACT_Q, 0},
-    {LOP_ATTENTION, LACT_Q, LACT_ATT, 0},
-    {LOP_ATT_GATE, LACT_ATT, LACT_ATT, 0},
-    {LOP_LINEAR, LACT_ATT, LACT_D, LAYER_O},
-    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM},
+    ARCH_QWEN35_ATTN_OPS,
     {LOP_LINEAR, LACT_XN, LACT_GU, LAYER_GU},
     {LOP_SILU_MUL, LACT_GU, LACT_H, 0},
     {LOP_LINEAR, LACT_H, LACT_D, LAYER_DOWN},
@@ -42,11 +30,8 @@ static const struct layer_program qwen35_attn_program = {.ops = qwen35_attn_ops,
                                                          .kv_first = 4,
                                                          .kv_last = 5};
 
-/* Linear attention:  x += D; xn = norm(x)·attn_norm;  D = deltanet(xn, the sequence's state);  SwiGLU. */
 static const struct layer_op qwen35_linear_ops[] = {
-    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_ATTN_NORM},
-    {LOP_DELTANET, LACT_XN, LACT_D, 0},
-    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM},
+    ARCH_QWEN35_LINEAR_OPS,
     {LOP_LINEAR, LACT_XN, LACT_GU, LAYER_GU},
     {LOP_SILU_MUL, LACT_GU, LACT_H, 0},
     {LOP_LINEAR, LACT_H, LACT_D, LAYER_DOWN},
@@ -57,27 +42,12 @@ static const struct layer_program qwen35_linear_program = {.ops = qwen35_linear_
                                                            .kv_first = -1,
                                                            .kv_last = -1};
 
+/* The mixers, then the SwiGLU FFN. */
 static const struct arch_tensor qwen35_tensors[] = {
-    {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},
-    {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "post_attention_norm.weight", "post_attention_layernorm.weight"},
+    ARCH_QWEN35_MIXER_TENSORS,
     {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate.weight", "mlp.gate_proj.weight"},
     {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up.weight", "mlp.up_proj.weight"},
     {ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down.weight", "mlp.down_proj.weight"},
-    {ARCH_ROLE_WQ, ARCH_NEED_ATTN, "attn_q.weight", "self_attn.q_proj.weight"},
-    {ARCH_ROLE_WK, ARCH_NEED_ATTN, "attn_k.weight", "self_attn.k_proj.weight"},
-    {ARCH_ROLE_WV, ARCH_NEED_ATTN, "attn_v.weight", "self_attn.v_proj.weight"},
-    {ARCH_ROLE_WO, ARCH_NEED_ATTN, "attn_output.weight", "self_attn.o_proj.weight"},
-    {ARCH_ROLE_Q_NORM, ARCH_NEED_ATTN, "attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {ARCH_ROLE_K_NORM, ARCH_NEED_ATTN, "attn_k_norm.weight", "self_attn.k_norm.weight"},
-    {ARCH_ROLE_SSM_QKV, ARCH_NEED_RECURRENT, "attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},
-    {ARCH_ROLE_SSM_Z, ARCH_NEED_RECURRENT, "attn_gate.weight", "linear_attn.in_proj_z.weight"},
-    {ARCH_ROLE_SSM_BETA, ARCH_NEED_RECURRENT, "ssm_beta.weight", "linear_attn.in_proj_b.weight"},
-    {ARCH_ROLE_SSM_ALPHA, ARCH_NEED_RECURRENT, "ssm_alpha.weight", "linear_attn.in_proj_a.weight"},
-    {ARCH_ROLE_SSM_CONV, ARCH_NEED_RECURRENT, "ssm_conv1d.weight", "linear_attn.conv1d.weight"},
-    {ARCH_ROLE_SSM_DT, ARCH_NEED_RECURRENT, "ssm_dt.bias", "linear_attn.dt_bias"},
-    {ARCH_ROLE_SSM_A, ARCH_NEED_RECURRENT, "ssm_a", "linear_attn.A_log"},
-    {ARCH_ROLE_SSM_NORM, ARCH_NEED_RECURRENT, "ssm_norm.weight", "linear_attn.norm.weight"},
-    {ARCH_ROLE_SSM_OUT, ARCH_NEED_RECURRENT, "ssm_out.weight", "linear_attn.out_proj.weight"},
 };
 
 #define KEY(k) (snprintf(key, sizeof key, "%s.%s", hp->arch, k), key)
@@ -94,7 +64,7 @@ static int ssm_key(const struct gguf *g, const char *key, uint32_t max, int *out
     return FERRY_OK;
 }
 
-static int qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
+int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
 {
     char key[96];
     int rc;
@@ -121,13 +91,25 @@ static int qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, cha
     } else if (rc != FERRY_ERR_NOT_FOUND) {
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a number", key);
     }
+    /* Multi-token-prediction blocks (nextn_predict_layers, which the converter exports by default) follow
+     * the trunk's layers in block_count; ferry runs the trunk and leaves their tensors unread. */
+    const int n_blocks = hp->n_layers;
+    rc = gguf_get_u32(g, KEY("nextn_predict_layers"), &u);
+    if (rc == FERRY_OK) {
+        if (u >= (uint32_t)n_blocks)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' (%u) leaves none of the %d blocks", key, u,
+                              n_blocks);
+        hp->n_layers -= (int)u, hp->n_layer_nextn = (int)u;
+    } else if (rc != FERRY_ERR_NOT_FOUND) {
+        return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a number", key);
+    }
     /* The converter also lists which layers are recurrent; ferry runs the periodic pattern only. */
     enum gguf_vtype et;
     uint64_t n = 0;
     if (gguf_get_arr(g, KEY("attention.recurrent_layers"), &et, &n) == FERRY_OK) {
         uint8_t rec[4096];
-        if (n != (uint64_t)hp->n_layers || n > sizeof rec || gguf_arr_bool(g, key, rec, n) != FERRY_OK)
-            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not %d bools", key, hp->n_layers);
+        if (n != (uint64_t)n_blocks || n > sizeof rec || gguf_arr_bool(g, key, rec, n) != FERRY_OK)
+            return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not %d bools", key, n_blocks);
         for (int l = 0; l < hp->n_layers; l++)
             if (rec[l] != llm_layer_is_recurrent(hp, l))
                 return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
@@ -154,5 +136,5 @@ const struct arch_family arch_qwen35 = {
     .program = &qwen35_attn_program,
     .program_recurrent = &qwen35_linear_program,
     .chat_template = "chatml",
-    .gguf_hparams = qwen35_gguf_hparams,
+    .gguf_hparams = arch_qwen35_gguf_hparams,
 };

@@ -1,0 +1,57 @@
+/* qwen35 — what the Qwen3.5 / 3.6 families (qwen35.c dense, qwen35moe.c Mixture of Experts) share: the mixer
+ * of both layer kinds (gated full attention, gated DeltaNet) as ops and tensors, and the reading of their
+ * GGUF keys. A family appends its FFN: the ops after the FFN norm, the FFN's tensors after the mixer's.
+ */
+#ifndef FERRY_ARCH_QWEN35_H
+#define FERRY_ARCH_QWEN35_H
+
+#include "weights/arch/arch.h"
+
+/* Full attention up to the FFN's input (kv_first 4, kv_last 5):
+ *   x += D; xn = norm(x)·attn_norm;  qkv = xn·Wqkvᵀ;  queries and gates apart;  QK-norm;
+ *   q, cache = rope(qkv);  att = attention(q, cache) · sigmoid(gate);  D = att·Woᵀ;  x += D; xn = norm(x). */
+#define ARCH_QWEN35_ATTN_OPS                                                                                 \
+    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_ATTN_NORM}, {LOP_LINEAR, LACT_XN, LACT_QKV, LAYER_QKV},            \
+        {LOP_Q_GATE, LACT_QKV, LACT_QKV, 0}, {LOP_QK_NORM, LACT_QKV, LACT_QKV, 0},                           \
+        {LOP_ROPE_KV, LACT_QKV, LACT_Q, 0}, {LOP_ATTENTION, LACT_Q, LACT_ATT, 0},                            \
+        {LOP_ATT_GATE, LACT_ATT, LACT_ATT, 0}, {LOP_LINEAR, LACT_ATT, LACT_D, LAYER_O},                      \
+    {                                                                                                        \
+        LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM                                                        \
+    }
+
+/* Linear attention up to the FFN's input:  x += D; xn = norm(x)·attn_norm;  D = deltanet(xn, the sequence's
+ * state);  x += D; xn = norm(x). */
+#define ARCH_QWEN35_LINEAR_OPS                                                                               \
+    {LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_ATTN_NORM}, {LOP_DELTANET, LACT_XN, LACT_D, 0},                    \
+    {                                                                                                        \
+        LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM                                                        \
+    }
+
+/* The block norms and both mixers' tensors (GGUF names as llama.cpp's converter writes them). */
+#define ARCH_QWEN35_MIXER_TENSORS                                                                            \
+    {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},                   \
+        {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "post_attention_norm.weight",                                 \
+         "post_attention_layernorm.weight"},                                                                 \
+        {ARCH_ROLE_WQ, ARCH_NEED_ATTN, "attn_q.weight", "self_attn.q_proj.weight"},                          \
+        {ARCH_ROLE_WK, ARCH_NEED_ATTN, "attn_k.weight", "self_attn.k_proj.weight"},                          \
+        {ARCH_ROLE_WV, ARCH_NEED_ATTN, "attn_v.weight", "self_attn.v_proj.weight"},                          \
+        {ARCH_ROLE_WO, ARCH_NEED_ATTN, "attn_output.weight", "self_attn.o_proj.weight"},                     \
+        {ARCH_ROLE_Q_NORM, ARCH_NEED_ATTN, "attn_q_norm.weight", "self_attn.q_norm.weight"},                 \
+        {ARCH_ROLE_K_NORM, ARCH_NEED_ATTN, "attn_k_norm.weight", "self_attn.k_norm.weight"},                 \
+        {ARCH_ROLE_SSM_QKV, ARCH_NEED_RECURRENT, "attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},       \
+        {ARCH_ROLE_SSM_Z, ARCH_NEED_RECURRENT, "attn_gate.weight", "linear_attn.in_proj_z.weight"},          \
+        {ARCH_ROLE_SSM_BETA, ARCH_NEED_RECURRENT, "ssm_beta.weight", "linear_attn.in_proj_b.weight"},        \
+        {ARCH_ROLE_SSM_ALPHA, ARCH_NEED_RECURRENT, "ssm_alpha.weight", "linear_attn.in_proj_a.weight"},      \
+        {ARCH_ROLE_SSM_CONV, ARCH_NEED_RECURRENT, "ssm_conv1d.weight", "linear_attn.conv1d.weight"},         \
+        {ARCH_ROLE_SSM_DT, ARCH_NEED_RECURRENT, "ssm_dt.bias", "linear_attn.dt_bias"},                       \
+        {ARCH_ROLE_SSM_A, ARCH_NEED_RECURRENT, "ssm_a", "linear_attn.A_log"},                                \
+        {ARCH_ROLE_SSM_NORM, ARCH_NEED_RECURRENT, "ssm_norm.weight", "linear_attn.norm.weight"},             \
+    {                                                                                                        \
+        ARCH_ROLE_SSM_OUT, ARCH_NEED_RECURRENT, "ssm_out.weight", "linear_attn.out_proj.weight"              \
+    }
+
+/* The linear-attention keys ({arch}.ssm.*, full_attention_interval, attention.recurrent_layers), with the
+ * gated queries of the full-attention layers. FERRY_OK or a status with err naming the key. */
+int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
+
+#endif
