@@ -8,6 +8,10 @@ Each range [lo, hi] carries a set of flags (UCAT_* in unicode.h):
   NUMBER  \\p{N}  = Nd Nl No
   PUNCT   \\p{P}  = Pc Pd Ps Pe Pi Pf Po
   SPACE   \\s     = the Unicode White_Space property (what Oniguruma and Rust regex use for \\s)
+  MARK    \\p{M}  = Mn Mc Me
+  UPPER   Lu Lt   (with LETTER; a letter that is neither UPPER nor LOWER is Lm or Lo)
+  LOWER   Ll      (with LETTER)
+  SYMBOL  \\p{S}  = Sm Sc Sk So
 Code points outside every range have no flags. Adjacent code points with equal flags are merged into one
 range, so the table stays small (a few thousand entries) and is searched by bisection.
 
@@ -21,7 +25,7 @@ For NFC (the normalizer of Qwen2's tokenizer.json) it also writes:
 import sys
 import unicodedata
 
-LETTER, NUMBER, PUNCT, SPACE = 1, 2, 4, 8
+LETTER, NUMBER, PUNCT, SPACE, MARK, UPPER, LOWER, SYMBOL = 1, 2, 4, 8, 16, 32, 64, 128
 
 # White_Space (PropList.txt); Python has no direct accessor for the property.
 WHITE_SPACE = set(range(0x09, 0x0E)) | {0x20, 0x85, 0xA0, 0x1680} | set(range(0x2000, 0x200B)) | {
@@ -33,6 +37,14 @@ def flags(cp):
     f = 0
     if cat[0] == 'L':
         f |= LETTER
+        if cat in ('Lu', 'Lt'):
+            f |= UPPER
+        elif cat == 'Ll':
+            f |= LOWER
+    elif cat[0] == 'M':
+        f |= MARK
+    elif cat[0] == 'S':
+        f |= SYMBOL
     elif cat[0] == 'N':
         f |= NUMBER
     elif cat[0] == 'P':

@@ -11,7 +11,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum ucat_flag { UCAT_LETTER = 1, UCAT_NUMBER = 2, UCAT_PUNCT = 4, UCAT_SPACE = 8 };
+/* \p{L}, \p{N}, \p{P}, \s (White_Space), \p{M}, Lu|Lt and Ll (both only with UCAT_LETTER), \p{S}. */
+enum ucat_flag {
+    UCAT_LETTER = 1,
+    UCAT_NUMBER = 2,
+    UCAT_PUNCT = 4,
+    UCAT_SPACE = 8,
+    UCAT_MARK = 16,
+    UCAT_UPPER = 32,
+    UCAT_LOWER = 64,
+    UCAT_SYMBOL = 128,
+};
 
 struct ucat_range {
     uint32_t lo, hi;

@@ -1,8 +1,10 @@
 /* The native pre-tokenizer splits (runtime/tok/pretok.c) against the Hugging Face `tokenizers` package's
  * regex splits (pretok_cases.json, written by make_pretok_cases.py): GPT-2, Llama 3, Qwen2, StarCoder,
- * Falcon, the GGUF default, DeepSeek coder and llm — piece for piece, on llama.cpp's 46 vocab test strings,
- * hard strings and seeded random ones. Each family is built twice: from its GGUF tokenizer.ggml.pre name and
- * from the regex strings (as a tokenizer.json would give them). Also: unknown regexes are refused. */
+ * Falcon, the GGUF default, DeepSeek coder and llm, o200k (gpt-4o), Tekken, Qwen3.5, Seed-Coder and Gemma 4
+ * — piece for piece, on llama.cpp's 46 vocab test strings, hard strings (case changes, contractions,
+ * combining marks, Indic/Arabic/CJK scripts, emoji, whitespace runs) and seeded random ones. Each family is
+ * built twice: from its GGUF tokenizer.ggml.pre name and from the regex strings (as a tokenizer.json would
+ * give them). Also: unknown regexes are refused. */
 #include <jansson.h>
 
 #include "runtime/tok/pretok.h"
@@ -20,7 +22,8 @@ static json_t *load_cases(void)
     return doc;
 }
 
-static int check_family(const struct pretok *p, json_t *strings, json_t *pieces, const char *name, const char *how)
+static int check_family(const struct pretok *p, json_t *strings, json_t *pieces, const char *name,
+                        const char *how)
 {
     int n_bad = 0;
     for (size_t i = 0; i < json_array_size(strings); i++) {
@@ -53,9 +56,11 @@ static int check_family(const struct pretok *p, json_t *strings, json_t *pieces,
             char got[800] = "";
             size_t g = 0;
             for (int k = 0, a = 0; k < n && g < 700; a = ends[k++])
-                g += (size_t)snprintf(got + g, sizeof got - g, "[%.*s]", cb.off[ends[k]] - cb.off[a], s + cb.off[a]);
+                g += (size_t)snprintf(got + g, sizeof got - g, "[%.*s]", cb.off[ends[k]] - cb.off[a],
+                                      s + cb.off[a]);
             char *want = json_dumps(exp, JSON_COMPACT | JSON_ENSURE_ASCII);
-            cr_log_error("%s (%s) string %zu \"%.80s\":\n  got  %s\n  want %.700s", name, how, i, s, got, want);
+            cr_log_error("%s (%s) string %zu \"%.80s\":\n  got  %s\n  want %.700s", name, how, i, s, got,
+                         want);
             free(want);
         }
         free(ends);
@@ -94,7 +99,7 @@ Test(pretok, families_match_hf_tokenizers)
         n_bad += check_family(&p, strings, pieces, name, "regexes");
         pretok_free(&p);
     }
-    cr_assert_eq(n_fam, 8);
+    cr_assert_eq(n_fam, 13);
     cr_assert_eq(n_bad, 0, "%d splits differ from HF tokenizers", n_bad);
     json_decref(doc);
 }
