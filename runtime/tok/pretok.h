@@ -5,9 +5,9 @@
  * keeping both its matches and the unmatched gaps between them as pieces (Hugging Face's Split with
  * behaviour "Isolated", and llama.cpp's unicode_regex_split). A stage is made from a regex string: the
  * known alternation patterns (GPT-2, Llama 3, Qwen2, Qwen3.5, Seed-Coder, o200k, Tekken, Gemma 4's lines,
- * with their variants) map to hand-written scanners, and simple patterns of the form  [PREFIX?] ATOM [QUANT] [$]  (PREFIX ' ' or \s, ATOM a bracket class, \p{L},
- * \p{N}, \p{P}, \s or a literal, QUANT +, {m,n} or a repetition like [0-9][0-9][0-9]) are parsed. Anything
- * else is FERRY_ERR_UNSUPPORTED.
+ * with their variants) map to hand-written scanners, and simple patterns of the form  [PREFIX?] ATOM [QUANT]
+ * [$] (PREFIX ' ' or \s, ATOM a bracket class, \p{L}, \p{N}, \p{P}, \s or a literal, QUANT +, {m,n} or a
+ * repetition like [0-9][0-9][0-9]) are parsed. Anything else is FERRY_ERR_UNSUPPORTED.
  */
 #ifndef FERRY_TOK_PRETOK_H
 #define FERRY_TOK_PRETOK_H
