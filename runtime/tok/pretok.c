@@ -20,6 +20,7 @@ enum {
     PRETOK_KIND_METASPACE = 3,
     PRETOK_KIND_CASE = 4,  /* o200k (gpt-4o) / Tekken: words split at case changes, qmax = max digits */
     PRETOK_KIND_LINES = 5, /* [^\n]+|[\n]+ (Gemma 4) */
+    PRETOK_KIND_DSV3 = 6,  /* DeepSeek V3's third stage: punctuation-led ASCII words, \p{P}\p{S} runs */
 };
 /* Options of the scanner kinds. */
 enum {
@@ -67,7 +68,7 @@ static const char *const re_gpt2[] = {
 };
 #define LLAMA3_TAIL(N)                                                                                       \
     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" N "| "                                                           \
-                                              "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define CONTR_I "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 #define CONTR_X "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 static const char *const re_llama3[] = {CONTR_I LLAMA3_TAIL("{1,3}"), CONTR_X LLAMA3_TAIL("{1,3}")};
@@ -89,6 +90,12 @@ static const char *const re_seed[] = {CONTR_I SEED_TAIL, CONTR_X SEED_TAIL};
 static const char *const re_o200k[] = {CASE_RE(CONTR_I "?", "{1,3}"), CASE_RE(CONTR_X "?", "{1,3}")};
 static const char *const re_tekken[] = {CASE_RE("", "")};
 static const char *const re_lines = "[^\\n]+|[\\n]+";
+/* DeepSeek V3 (also Hunyuan dense, JoyAI, HY v4), after "\p{N}{1,3}" and "[一-龥぀-ゟ゠-ヿ]+"; llama.cpp
+ * writes CR and LF as raw characters, a tokenizer.json as escapes. */
+#define DSV3_RE(R, N)                                                                                        \
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^" R N "\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "   \
+    "?[\\p{P}\\p{S}]+[" R N "]*|\\s*[" R N "]+|\\s+(?!\\S)|\\s+"
+static const char *const re_dsv3[] = {DSV3_RE("\r", "\n"), DSV3_RE("\\r", "\\n")};
 
 static int streq_n(const char *a, const char *b, size_t blen)
 {
@@ -276,6 +283,8 @@ int pretok_add_regex(struct pretok *p, const char *re, size_t len, char err[256]
             st->qmax = 1;
         } else if (i == 0 && streq_n(re_lines, re, len)) {
             st->kind = PRETOK_KIND_LINES;
+        } else if (streq_n(re_dsv3[i], re, len)) {
+            st->kind = PRETOK_KIND_DSV3;
         } else {
             continue;
         }
@@ -316,13 +325,17 @@ static const struct {
      * the models' own tokenizer.json (what tiktoken and Hugging Face tokenizers apply). */
     {"gpt-4o|llama4|kanana2|talkie|minimax-m2|", {CASE_RE(CONTR_X "?", "{1,3}")}},
     {"tekken|", {CASE_RE("", "")}},
+    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|",
+     {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
     /* Gemma 4: spaces become U+2581 first (tok_load.c), then lines are merged whole. */
     {"gemma4|granite-embed-multi-311m|", {"[^\\n]+|[\\n]+"}},
     {"deepseek-llm|",
      {"[\r\n]",
-      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-"
+      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-"
+      "ᶚḀ-"
       "ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-"
-      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-"
+      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-"
+      "𐳲𑢠-"
       "𑣟𞤀-𞥃]+",
       "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+"}},
     {"deepseek-coder|", {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"}},
@@ -528,6 +541,33 @@ static int match_case(const struct cpbuf *cb, int p, int b, int max_digits, int 
     return match_space(cb, p, b, 1);
 }
 
+/* [!-/:-@[-`{-~][A-Za-z]+ | [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+ |  ?[\p{P}\p{S}]+[\r\n]* | whitespace. */
+static int match_dsv3(const struct cpbuf *cb, int p, int b)
+{
+    uint32_t c = cb->cp[p];
+    int ascii_punct =
+        (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') || (c >= '{' && c <= '~');
+    if (ascii_punct && p + 1 < b && (lower_ascii(cb->cp[p + 1]) - 'a') < 26u) {
+        int k = p + 1;
+        while (k < b && (lower_ascii(cb->cp[k]) - 'a') < 26u) k++;
+        return k;
+    }
+    int word = UCAT_LETTER | UCAT_MARK, ps = UCAT_PUNCT | UCAT_SYMBOL;
+    int pre = c != '\r' && c != '\n' && !(cb->fl[p] & (UCAT_LETTER | ps));
+    if ((cb->fl[p] & word) || (pre && p + 1 < b && (cb->fl[p + 1] & word))) {
+        int k = p + 1;
+        while (k < b && (cb->fl[k] & word)) k++;
+        return k;
+    }
+    int k = (c == ' ' && p + 1 < b && (cb->fl[p + 1] & ps)) ? p + 1 : p;
+    if (cb->fl[k] & ps) {
+        while (k < b && (cb->fl[k] & ps)) k++;
+        while (k < b && (cb->cp[k] == '\r' || cb->cp[k] == '\n')) k++;
+        return k;
+    }
+    return match_space(cb, p, b, 1);
+}
+
 /* A run of '\n' or a run of anything else. */
 static int match_lines(const struct cpbuf *cb, int p, int b)
 {
@@ -563,6 +603,27 @@ static int match_metaspace(const struct cpbuf *cb, int p, int b)
     return k;
 }
 
+/* The end of the stage's match at p (the piece ends at b), or <= p when it does not match there. */
+static int match_stage(const struct pretok_stage *st, const struct cpbuf *cb, int p, int b)
+{
+    switch (st->kind) {
+    case PRETOK_KIND_GPT2:
+        return match_gpt2(cb, p, b);
+    case PRETOK_KIND_LLAMA3:
+        return match_llama3(cb, p, b, st->qmax, st->opts);
+    case PRETOK_KIND_CASE:
+        return match_case(cb, p, b, st->qmax, st->opts);
+    case PRETOK_KIND_LINES:
+        return match_lines(cb, p, b);
+    case PRETOK_KIND_DSV3:
+        return match_dsv3(cb, p, b);
+    case PRETOK_KIND_METASPACE:
+        return match_metaspace(cb, p, b);
+    default:
+        return match_simple(st, cb, p, b);
+    }
+}
+
 int pretok_split(const struct pretok *p, const struct cpbuf *cb, int **ends_out)
 {
     int n = cb->n;
@@ -581,19 +642,7 @@ int pretok_split(const struct pretok *p, const struct cpbuf *cb, int **ends_out)
         for (int i = 0; i < n_ends; i++) {
             int b = ends[i], gap = a;
             for (int q = a; q < b;) {
-                int e;
-                if (st->kind == PRETOK_KIND_GPT2)
-                    e = match_gpt2(cb, q, b);
-                else if (st->kind == PRETOK_KIND_LLAMA3)
-                    e = match_llama3(cb, q, b, st->qmax, st->opts);
-                else if (st->kind == PRETOK_KIND_CASE)
-                    e = match_case(cb, q, b, st->qmax, st->opts);
-                else if (st->kind == PRETOK_KIND_LINES)
-                    e = match_lines(cb, q, b);
-                else if (st->kind == PRETOK_KIND_METASPACE)
-                    e = match_metaspace(cb, q, b);
-                else
-                    e = match_simple(st, cb, q, b);
+                int e = match_stage(st, cb, q, b);
                 if (e <= q) {
                     q++;
                     continue;

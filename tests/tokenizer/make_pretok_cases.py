@@ -42,6 +42,9 @@ def case_re(contr, digits):
             r"|\p{N}" + digits + r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+# llama.cpp's string, byte for byte (CR and LF as raw characters).
+DSV3 = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+        " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
 GPT4O = case_re(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", "{1,3}")
 TEKKEN = case_re("", "")
 
@@ -61,6 +64,7 @@ FAMILIES = {
     "qwen35": ("qwen35", [QWEN35]),
     "seed-coder": ("seed-coder", [SEED_CODER]),
     "gemma4": ("gemma4", [r"[^\n]+|[\n]+"]),
+    "deepseek-v3": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3]),
 }
 
 HARD = [
@@ -75,6 +79,7 @@ HARD = [
     "cafe\u0301 nai\u0308ve E\u0301COLE \u0301start a\u0301\u0302b", "\u0300\u0301\u0302 marks",
     "हिन्दी में लिखा गया पाठ", "नमस्ते दुनिया123", "العربية: مَرْحَبًا بِالعالم ١٢٣", "ไทย ภาษาไทย",
     "Ελληνικά ΑΘΗΝΑ Αθήνα", "Русский ТЕКСТ текст", "日本語とEnglishの混在テキスト", "ʰʲ ʰello ᵃbc",
+    "x+=1; a->b .foo(bar) $HOME @user #tag ~/x `cmd` {key: [1, 2]} a==b!=c <tag/>", "€5 £3 ¥7 ©® ™ ±×÷ ∑∫ → ⇒ ★",
     # digits, emoji, whitespace, punctuation with slashes and newlines
     "1234567890 12.5 3,000,000 v1.2.3", "emoji👍🏽 ❤️ 🇫🇷 🏳️‍🌈 ok", "path/to/file.txt // c:\\dir\\x\r\n",
     "a/\n\nb //\r\n x", "\t\t\tindent\n\n\n   \n", "  leading and trailing  ", "a\u2028b\u2029c\u0085d",
