@@ -27,6 +27,7 @@ enum {
     PRETOK_OPT_MARKS = 1,      /* LLAMA3: words are [\p{L}\p{M}]+ and marks are no "other" (Qwen3.5) */
     PRETOK_OPT_NO_RN_TAIL = 2, /* LLAMA3: " ?[^\s\p{L}\p{N}]+" without the trailing [\r\n]* (Seed-Coder) */
     PRETOK_OPT_CONTR = 4,      /* CASE: a word may end with a contraction (o200k) */
+    PRETOK_OPT_HAN = 8, /* CASE: Han runs first, Han is no letter for the words, tail [\r\n]* (Kimi K2) */
 };
 
 struct cclass {
@@ -89,9 +90,16 @@ static const char *const re_seed[] = {CONTR_I SEED_TAIL, CONTR_X SEED_TAIL};
                     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 static const char *const re_o200k[] = {CASE_RE(CONTR_I "?", "{1,3}"), CASE_RE(CONTR_X "?", "{1,3}")};
 static const char *const re_tekken[] = {CASE_RE("", "")};
+/* Kimi K2 (tiktoken): Han runs, then o200k's words without Han letters. */
+#define KIMI_U "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+#define KIMI_W "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+#define KIMI_RE(C)                                                                                           \
+    "[\\p{Han}]+|" CASE_PRE KIMI_U "*" KIMI_W "+" C "?|" CASE_PRE KIMI_U "+" KIMI_W "*" C                    \
+    "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+static const char *const re_kimi[] = {KIMI_RE(CONTR_I), KIMI_RE(CONTR_X)};
 static const char *const re_lines = "[^\\n]+|[\\n]+";
-/* DeepSeek V3 (also Hunyuan dense, JoyAI, HY v4), after "\p{N}{1,3}" and "[一-龥぀-ゟ゠-ヿ]+"; llama.cpp
- * writes CR and LF as raw characters, a tokenizer.json as escapes. */
+/* DeepSeek V3 (also Hunyuan dense, JoyAI, HY v4), after "\p{N}{1,3}" and "[一-龥぀-ゟ゠-ヿ]+";
+ * llama.cpp writes CR and LF as raw characters, a tokenizer.json as escapes. */
 #define DSV3_RE(R, N)                                                                                        \
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^" R N "\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "   \
     "?[\\p{P}\\p{S}]+[" R N "]*|\\s*[" R N "]+|\\s+(?!\\S)|\\s+"
@@ -278,6 +286,10 @@ int pretok_add_regex(struct pretok *p, const char *re, size_t len, char err[256]
             st->kind = PRETOK_KIND_CASE;
             st->qmax = 3;
             st->opts = PRETOK_OPT_CONTR;
+        } else if (streq_n(re_kimi[i], re, len)) {
+            st->kind = PRETOK_KIND_CASE;
+            st->qmax = 3;
+            st->opts = PRETOK_OPT_CONTR | PRETOK_OPT_HAN;
         } else if (i == 0 && streq_n(re_tekken[0], re, len)) {
             st->kind = PRETOK_KIND_CASE;
             st->qmax = 1;
@@ -325,16 +337,20 @@ static const struct {
      * the models' own tokenizer.json (what tiktoken and Hugging Face tokenizers apply). */
     {"gpt-4o|llama4|kanana2|talkie|minimax-m2|", {CASE_RE(CONTR_X "?", "{1,3}")}},
     {"tekken|", {CASE_RE("", "")}},
+    /* llama.cpp's own Kimi K2 scanner does not split words at case changes; this is the tokenizer's regex. */
+    {"kimi-k2|", {KIMI_RE(CONTR_X)}},
     {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|",
      {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
     /* Gemma 4: spaces become U+2581 first (tok_load.c), then lines are merged whole. */
     {"gemma4|granite-embed-multi-311m|", {"[^\\n]+|[\\n]+"}},
     {"deepseek-llm|",
      {"[\r\n]",
-      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-"
+      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-"
+      "ᵷᵹ-"
       "ᶚḀ-"
       "ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-"
-      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-"
+      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-"
+      "𐲲𐳀-"
       "𐳲𑢠-"
       "𑣟𞤀-𞥃]+",
       "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+"}},
@@ -485,40 +501,42 @@ static int match_llama3(const struct cpbuf *cb, int p, int b, int max_digits, in
 }
 
 /* o200k's letter classes: U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], W = [\p{Ll}\p{Lm}\p{Lo}\p{M}]. */
-static int is_case_u(const struct cpbuf *cb, int i)
+static int is_case_u(const struct cpbuf *cb, int i, int han)
 {
     int f = cb->fl[i];
+    if (han && (f & UCAT_LETTER) && ucat_is_han(cb->cp[i])) return 0;
     return (f & UCAT_MARK) || ((f & UCAT_LETTER) && !(f & UCAT_LOWER));
 }
 
-static int is_case_w(const struct cpbuf *cb, int i)
+static int is_case_w(const struct cpbuf *cb, int i, int han)
 {
     int f = cb->fl[i];
+    if (han && (f & UCAT_LETTER) && ucat_is_han(cb->cp[i])) return 0;
     return (f & UCAT_MARK) || ((f & UCAT_LETTER) && !(f & UCAT_UPPER));
 }
 
 /* U*W+ at s: U* takes the longest run it can leave at least one W after (backtracking), W+ is greedy. */
-static int match_case_uw(const struct cpbuf *cb, int s, int b)
+static int match_case_uw(const struct cpbuf *cb, int s, int b, int han)
 {
     int u = s;
-    while (u < b && is_case_u(cb, u)) u++;
+    while (u < b && is_case_u(cb, u, han)) u++;
     int k = u;
-    if (k >= b || !is_case_w(cb, k)) {
+    if (k >= b || !is_case_w(cb, k, han)) {
         k = u - 1;
-        while (k >= s && !is_case_w(cb, k)) k--;
+        while (k >= s && !is_case_w(cb, k, han)) k--;
         if (k < s) return -1;
     }
-    while (k < b && is_case_w(cb, k)) k++;
+    while (k < b && is_case_w(cb, k, han)) k++;
     return k;
 }
 
 /* U+W* at s. */
-static int match_case_u_w(const struct cpbuf *cb, int s, int b)
+static int match_case_u_w(const struct cpbuf *cb, int s, int b, int han)
 {
-    if (s >= b || !is_case_u(cb, s)) return -1;
+    if (s >= b || !is_case_u(cb, s, han)) return -1;
     int k = s;
-    while (k < b && is_case_u(cb, k)) k++;
-    while (k < b && is_case_w(cb, k)) k++;
+    while (k < b && is_case_u(cb, k, han)) k++;
+    while (k < b && is_case_w(cb, k, han)) k++;
     return k;
 }
 
@@ -526,18 +544,23 @@ static int match_case_u_w(const struct cpbuf *cb, int s, int b)
  * class and C an optional contraction (opts PRETOK_OPT_CONTR). */
 static int match_case(const struct cpbuf *cb, int p, int b, int max_digits, int opts)
 {
-    int pre = is_word_prefix(cb, p) && p + 1 < b, e = -1;
+    int han = (opts & PRETOK_OPT_HAN) != 0, pre = is_word_prefix(cb, p) && p + 1 < b, e = -1;
+    if (han && ucat_is_han(cb->cp[p])) {
+        e = p + 1;
+        while (e < b && ucat_is_han(cb->cp[e])) e++;
+        return e;
+    }
     for (int alt = 0; alt < 2 && e < 0; alt++) {
-        int (*body)(const struct cpbuf *, int, int) = alt == 0 ? match_case_uw : match_case_u_w;
-        if (pre) e = body(cb, p + 1, b);
-        if (e < 0) e = body(cb, p, b);
+        int (*body)(const struct cpbuf *, int, int, int) = alt == 0 ? match_case_uw : match_case_u_w;
+        if (pre) e = body(cb, p + 1, b, han);
+        if (e < 0) e = body(cb, p, b, han);
     }
     if (e > 0) {
         int c = (opts & PRETOK_OPT_CONTR) && e < b ? match_contraction(cb, e, b, 1) : -1;
         return c > 0 ? c : e;
     }
     if ((e = match_digits(cb, p, b, max_digits)) > 0) return e;
-    if ((e = match_other(cb, p, b, 2, 0)) > 0) return e;
+    if ((e = match_other(cb, p, b, han ? 1 : 2, 0)) > 0) return e;
     return match_space(cb, p, b, 1);
 }
 

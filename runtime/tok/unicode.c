@@ -17,6 +17,22 @@ int ucat_flags(uint32_t cp)
     return 0;
 }
 
+int ucat_is_han(uint32_t cp)
+{
+    int lo = 0, hi = ucd_n_han - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < ucd_han[mid].lo) {
+            hi = mid - 1;
+        } else if (cp > ucd_han[mid].hi) {
+            lo = mid + 1;
+        } else {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int utf8_len(unsigned char c)
 {
     if (c < 0x80) return 1;

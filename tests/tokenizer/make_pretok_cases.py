@@ -4,7 +4,9 @@ behaviour "isolated") splits strings under each pre-tokenizer that ferry impleme
 (runtime/tok/pretok.c). This checks the Llama 3 and Qwen2 splits, whose vocabularies are not in
 ../shared, and every GGUF tokenizer.ggml.pre family, piece by piece. For gpt-4o (o200k) and Tekken the
 reference is the pattern of the models' tokenizer.json with its real case classes (\\p{Lu}\\p{Lt}... and
-\\p{Ll}...), not llama.cpp's std::regex rewrite of it, which treats every non-ASCII letter as both cases.
+\\p{Ll}...), not llama.cpp's std::regex rewrite of it, which treats every non-ASCII letter as both cases;
+for kimi-k2 it is the tokenizer's regex with \\p{Han} (llama.cpp's own Kimi scanner does not split at case
+changes).
 
 Strings: the 46 test strings of llama.cpp's vocab tests (../shared/testdata/vocab/*.inp) when present, a
 list of hard strings, and seeded random ones.
@@ -45,6 +47,11 @@ def case_re(contr, digits):
 # llama.cpp's string, byte for byte (CR and LF as raw characters).
 DSV3 = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
         " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+KIMI_U = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+KIMI_W = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+KIMI_C = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+KIMI = (r"[\p{Han}]+|" + CASE_PRE + KIMI_U + "*" + KIMI_W + "+" + KIMI_C + "|" + CASE_PRE + KIMI_U + "+" + KIMI_W +
+        "*" + KIMI_C + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 GPT4O = case_re(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", "{1,3}")
 TEKKEN = case_re("", "")
 
@@ -64,6 +71,7 @@ FAMILIES = {
     "qwen35": ("qwen35", [QWEN35]),
     "seed-coder": ("seed-coder", [SEED_CODER]),
     "gemma4": ("gemma4", [r"[^\n]+|[\n]+"]),
+    "kimi-k2": ("kimi-k2", [KIMI]),
     "deepseek-v3": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3]),
 }
 
@@ -80,6 +88,7 @@ HARD = [
     "हिन्दी में लिखा गया पाठ", "नमस्ते दुनिया123", "العربية: مَرْحَبًا بِالعالم ١٢٣", "ไทย ภาษาไทย",
     "Ελληνικά ΑΘΗΝΑ Αθήνα", "Русский ТЕКСТ текст", "日本語とEnglishの混在テキスト", "ʰʲ ʰello ᵃbc",
     "x+=1; a->b .foo(bar) $HOME @user #tag ~/x `cmd` {key: [1, 2]} a==b!=c <tag/>", "€5 £3 ¥7 ©® ™ ±×÷ ∑∫ → ⇒ ★",
+    "我想在apple工作1314151天～ 漢字Kanji かな 々〇 ⺀⼀ 𠀀𪜀 中文English混合 Hello世界", " 工作 /工\n作",
     # digits, emoji, whitespace, punctuation with slashes and newlines
     "1234567890 12.5 3,000,000 v1.2.3", "emoji👍🏽 ❤️ 🇫🇷 🏳️‍🌈 ok", "path/to/file.txt // c:\\dir\\x\r\n",
     "a/\n\nb //\r\n x", "\t\t\tindent\n\n\n   \n", "  leading and trailing  ", "a\u2028b\u2029c\u0085d",
@@ -95,7 +104,7 @@ def split(regexes, text):
 def random_strings(n, seed):
     rng = random.Random(seed)
     pools = ["abcXYZ", "0123456789", " ", "\n\r\t", "'\"!?.,;:-_()[]{}<>$+^~|`", "éüßñçÀÖ", "日本語中文",
-             "🙂🚀", "\u00a0\u2009\u3000", "٣½²", "sStTmMdD'", "\u0301\u0308\u093f\u064e", "ǅʰᾈΣσ/", "\n\n/"]
+             "🙂🚀", "\u00a0\u2009\u3000", "٣½²", "sStTmMdD'", "\u0301\u0308\u093f\u064e", "ǅʰᾈΣσ/", "\n\n/", "中文々"]
     out = []
     for _ in range(n):
         out.append("".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(0, 30))))

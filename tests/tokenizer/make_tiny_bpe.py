@@ -6,7 +6,7 @@
   tiny_qwen35.gguf  model gpt2,   pre qwen35  (Qwen2 split with \\p{M} in words, byte-level)
   tiny_gemma4.gguf  model gemma4 (BPE on raw UTF-8, ' ' -> U+2581, lines split, <0xNN> byte fallback,
                     add_bos_token false in the file, which llama.cpp overrides to true)
-  tiny_badpre.gguf  model gpt2,   pre kimi-k2 (a value ferry does not implement: must be refused by name)
+  tiny_badpre.gguf  model gpt2,   pre afmoe   (a value ferry does not implement: must be refused by name)
   tiny_bpe_cases.json
 
 The merges are trained here by the Hugging Face `tokenizers` BpeTrainer on a small mixed-script text with
@@ -150,7 +150,7 @@ def main():
                                 "add_bos": pre in ("tekken", "gemma4"), "cases": cases}
     w = gguf.GGUFWriter(os.path.join(HERE, "tiny_badpre.gguf"), "llama")
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("kimi-k2")
+    w.add_tokenizer_pre("afmoe")
     w.add_token_list(["a", "b", "ab"])
     w.add_token_types([1, 1, 1])
     w.add_token_merges(["a b"])

@@ -1,6 +1,7 @@
 /* The native pre-tokenizer splits (runtime/tok/pretok.c) against the Hugging Face `tokenizers` package's
  * regex splits (pretok_cases.json, written by make_pretok_cases.py): GPT-2, Llama 3, Qwen2, StarCoder,
- * Falcon, the GGUF default, DeepSeek coder and llm, o200k (gpt-4o), Tekken, Qwen3.5, Seed-Coder and Gemma 4
+ * Falcon, the GGUF default, DeepSeek coder, llm and V3, o200k (gpt-4o), Kimi K2, Tekken, Qwen3.5, Seed-Coder
+ * and Gemma 4
  * — piece for piece, on llama.cpp's 46 vocab test strings, hard strings (case changes, contractions,
  * combining marks, Indic/Arabic/CJK scripts, emoji, whitespace runs) and seeded random ones. Each family is
  * built twice: from its GGUF tokenizer.ggml.pre name and from the regex strings (as a tokenizer.json would
@@ -99,7 +100,7 @@ Test(pretok, families_match_hf_tokenizers)
         n_bad += check_family(&p, strings, pieces, name, "regexes");
         pretok_free(&p);
     }
-    cr_assert_eq(n_fam, 14);
+    cr_assert_eq(n_fam, 15);
     cr_assert_eq(n_bad, 0, "%d splits differ from HF tokenizers", n_bad);
     json_decref(doc);
 }
