@@ -1,11 +1,10 @@
 /* The native pre-tokenizer splits (runtime/tok/pretok.c) against the Hugging Face `tokenizers` package's
  * regex splits (pretok_cases.json, written by make_pretok_cases.py): GPT-2, Llama 3, Qwen2, StarCoder,
  * Falcon, the GGUF default, DeepSeek coder, llm and V3, o200k (gpt-4o), Kimi K2, Tekken, Qwen3.5, Seed-Coder
- * and Gemma 4
- * — piece for piece, on llama.cpp's 46 vocab test strings, hard strings (case changes, contractions,
- * combining marks, Indic/Arabic/CJK scripts, emoji, whitespace runs) and seeded random ones. Each family is
- * built twice: from its GGUF tokenizer.ggml.pre name and from the regex strings (as a tokenizer.json would
- * give them). Also: unknown regexes are refused. */
+ * and Gemma 4 — piece for piece, on llama.cpp's 46 vocab test strings, hard strings (case changes,
+ * contractions, combining marks, Indic/Arabic/CJK scripts, emoji, whitespace runs) and seeded random ones.
+ * Each family is built twice: from its GGUF tokenizer.ggml.pre name and from the regex strings (as a
+ * tokenizer.json would give them). Also: unknown regexes are refused. */
 #include <jansson.h>
 
 #include "runtime/tok/pretok.h"
