@@ -4,6 +4,8 @@
   tiny_gpt4o.gguf   model gpt2,   pre gpt-4o  (o200k split, byte-level)
   tiny_tekken.gguf  model gpt2,   pre tekken  (o200k-like split without contractions, ignore_merges, BOS)
   tiny_qwen35.gguf  model gpt2,   pre qwen35  (Qwen2 split with \\p{M} in words, byte-level)
+  tiny_kimik2.gguf  model gpt2,   pre kimi-k2 (Han runs, o200k words without Han)
+  tiny_deepseekv3.gguf model gpt2, pre deepseek-v3 (digits by 3, kana/CJK runs, punctuation-led words)
   tiny_gemma4.gguf  model gemma4 (BPE on raw UTF-8, ' ' -> U+2581, lines split, <0xNN> byte fallback,
                     add_bos_token false in the file, which llama.cpp overrides to true)
   tiny_badpre.gguf  model gpt2,   pre afmoe   (a value ferry does not implement: must be refused by name)
@@ -27,39 +29,41 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_pretok_cases import GPT4O, HARD, QWEN35, TEKKEN  # noqa: E402
+from make_pretok_cases import DSV3, GPT4O, HARD, KIMI, QWEN35, TEKKEN  # noqa: E402
 
 CORPUS = [
     "Once upon a time there was a little girl named Lily. She loved to play outside in the park.",
     "HelloWorld getHTTPResponse XMLHttpRequest CamelCaseWords ALLCAPS lowercase MixedCASE",
     "I'm sure they're here; we've seen them. You'll see. He'd know. IT'S TRUE! DON'T",
-    "def main():\n    print('hello world')\n    return 0\n\n\n",
+    "def main():\n    print('hello world')\n    return 0\n\n\n", "我想在apple工作 中文English混合 漢字かなカナ",
     "12345 + 67890 = 80235, and 3.14159 is pi. path/to/file.txt\n//\n",
     "café naïve e\u0301cole nai\u0308ve Élan ÉCOLE", "हिन्दी में लिखा गया पाठ नमस्ते", "日本語のテキスト 中文 한국어",
     "العربية مرحبا بالعالم", "Русский текст ТЕКСТ", "\t\ttabs and    spaces\n\n",
 ] * 20
 # Tokens no merge reaches: Tekken's ignore_merges emits the whole words, the others must not.
-EXTRA = {"gpt-4o": ["xyzzy"], "tekken": ["ĠZebra", "xyzzy"], "qwen35": ["xyzzy"], "gemma4": ["\n\n\n\n"]}
+EXTRA = {"gpt-4o": ["xyzzy"], "tekken": ["ĠZebra", "xyzzy"], "qwen35": ["xyzzy"], "gemma4": ["\n\n\n\n"],
+         "kimi-k2": ["xyzzy"], "deepseek-v3": ["xyzzy"]}
 STRINGS = HARD + [
     "HelloWorld getHTTPResponse", " ZebraCase xyzzy", "xyzzyQ", " café", "Lily loved the park",
     "\n\n\n\nx\n\n\n\n\n", "€100 and 🙂", "<bos>text<eos>", "<start_of_turn>user\nHi<end_of_turn>\n", "",
 ]
 LINES = r"[^\n]+|[\n]+"
-FAMILIES = {"gpt-4o": (GPT4O, False, "gpt2"), "tekken": (TEKKEN, True, "gpt2"), "qwen35": (QWEN35, False, "gpt2"),
-            "gemma4": (LINES, False, "gemma4")}
+FAMILIES = {"gpt-4o": ([GPT4O], False, "gpt2"), "tekken": ([TEKKEN], True, "gpt2"), "qwen35": ([QWEN35], False, "gpt2"),
+            "gemma4": ([LINES], False, "gemma4"), "kimi-k2": ([KIMI], False, "gpt2"),
+            "deepseek-v3": ([r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3], False, "gpt2")}
 SPECIALS_BL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SPECIALS_G4 = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 
 
-def build(pre, regex, ignore_merges, model):
+def build(pre, regexes, ignore_merges, model):
     byte_level = model == "gpt2"
-    split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in regexes]
     if byte_level:
-        pt = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False,
-                                                                      use_regex=False)])
+        pt = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False,
+                                                                        use_regex=False)])
         alphabet = pre_tokenizers.ByteLevel.alphabet()
     else:
-        pt = split
+        pt = splits[0]
         alphabet = []
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pt
