@@ -99,10 +99,10 @@ def main():
     out.write('};\n')
     out.write('const int ucat_n_ranges = %d;\n' % len(ranges))
 
-    out.write('\nconst struct ucd_range ucd_han[] = {\n')
+    out.write('\nconst struct ucat_range ucd_han[] = {\n')
     han = han_ranges()
     for i in range(0, len(han), 4):
-        out.write('   ' + ''.join(' {0x%X, 0x%X},' % r for r in han[i:i + 4]) + '\n')
+        out.write('   ' + ''.join(' {0x%X, 0x%X, 0},' % r for r in han[i:i + 4]) + '\n')
     out.write('};\nconst int ucd_n_han = %d;\n' % len(han))
 
     ccc = []

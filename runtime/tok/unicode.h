@@ -43,11 +43,8 @@ uint32_t utf8_decode(const unsigned char *s, size_t n, int *len);
 /* Encodes cp (< 0x110000) into out (>= 4 bytes); returns the byte count. */
 int utf8_encode(uint32_t cp, char *out);
 
-/* Code points of the Han script (\p{Han}; unicode_tables.c). */
-struct ucd_range {
-    uint32_t lo, hi;
-};
-extern const struct ucd_range ucd_han[];
+/* Code points of the Han script (\p{Han}; unicode_tables.c; flags unused). */
+extern const struct ucat_range ucd_han[];
 extern const int ucd_n_han;
 int ucat_is_han(uint32_t cp);
 

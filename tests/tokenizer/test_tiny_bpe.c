@@ -10,10 +10,9 @@
 
 static void check_family(const char *name, json_t *fam)
 {
-    const char *src = getenv("FERRY_SRC");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tests/tokenizer/%s", src ? src : ".",
-             json_string_value(json_object_get(fam, "gguf")));
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "tests/tokenizer/%s", json_string_value(json_object_get(fam, "gguf")));
+    tt_src_path(path, rel);
     struct tokenizer *t = NULL;
     char err[256] = "";
     int rc = tt_load_gguf(path, &t, err);
@@ -52,9 +51,8 @@ static void check_family(const char *name, json_t *fam)
 
 Test(tiny_bpe, families_match_hf_tokenizers)
 {
-    const char *src = getenv("FERRY_SRC");
     char path[4096];
-    snprintf(path, sizeof path, "%s/tests/tokenizer/tiny_bpe_cases.json", src ? src : ".");
+    tt_src_path(path, "tests/tokenizer/tiny_bpe_cases.json");
     json_error_t je;
     json_t *doc = json_load_file(path, 0, &je), *fam;
     cr_assert(doc, "%s: %s", path, je.text);
@@ -71,9 +69,8 @@ Test(tiny_bpe, families_match_hf_tokenizers)
 
 Test(tiny_bpe, unsupported_pre_is_refused_by_name)
 {
-    const char *src = getenv("FERRY_SRC");
     char path[4096];
-    snprintf(path, sizeof path, "%s/tests/tokenizer/tiny_badpre.gguf", src ? src : ".");
+    tt_src_path(path, "tests/tokenizer/tiny_badpre.gguf");
     struct tokenizer *t = NULL;
     char err[256] = "";
     cr_assert_eq(tt_load_gguf(path, &t, err), FERRY_ERR_UNSUPPORTED);
