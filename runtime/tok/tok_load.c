@@ -111,12 +111,15 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
     }
 
     char prebuf[64] = "default";
+    int pre_bad = 0; /* a name no table can hold (too long, NUL inside): refused below for BPE */
     if (gemma4) {
         strcpy(prebuf, "gemma4"); /* llama.cpp: the gemma4 model implies its pre-tokenizer */
-    } else if (gguf_get_str(g, "tokenizer.ggml.pre", &pre) == FERRY_OK && pre.len > 0 &&
-               pre.len < sizeof prebuf) {
-        memcpy(prebuf, pre.ptr, pre.len);
-        prebuf[pre.len] = 0;
+    } else if (gguf_get_str(g, "tokenizer.ggml.pre", &pre) == FERRY_OK && pre.len > 0) {
+        pre_bad = pre.len >= sizeof prebuf || memchr(pre.ptr, 0, pre.len) != NULL;
+        if (!pre_bad) {
+            memcpy(prebuf, pre.ptr, pre.len);
+            prebuf[pre.len] = 0;
+        }
     }
     int add_bos_dflt = spm;
     if (spm) {
@@ -130,7 +133,13 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
         t->algo = TOK_ALGO_BPE;
         t->norm = TOK_NORM_NONE;
         t->bytelevel = 1;
-        rc = pretok_from_gguf_pre(&t->pre, prebuf, err);
+        if (pre_bad) {
+            snprintf(err, 256, "tokenizer.ggml.pre \"%.*s...\" is not supported", (int)strnlen(pre.ptr, 60),
+                     pre.ptr);
+            rc = FERRY_ERR_UNSUPPORTED;
+        } else {
+            rc = pretok_from_gguf_pre(&t->pre, prebuf, err);
+        }
         if (rc != FERRY_OK) {
             tokenizer_free(t);
             return rc;

@@ -9,6 +9,7 @@
   tiny_gemma4.gguf  model gemma4 (BPE on raw UTF-8, ' ' -> U+2581, lines split, <0xNN> byte fallback,
                     add_bos_token false in the file, which llama.cpp overrides to true)
   tiny_badpre.gguf  model gpt2,   pre afmoe   (a value ferry does not implement: must be refused by name)
+  tiny_longpre.gguf model gpt2,   pre "qwen2-x-x-..." (85 characters: refused by name, not taken as default)
   tiny_bpe_cases.json
 
 The merges are trained here by the Hugging Face `tokenizers` BpeTrainer on a small mixed-script text with
@@ -152,16 +153,17 @@ def main():
             cases.append({"text": s, "ids": ids})
         doc["families"][pre] = {"gguf": name, "n_vocab": len(tokens), "bos": bos, "eos": eos,
                                 "add_bos": pre in ("tekken", "gemma4"), "cases": cases}
-    w = gguf.GGUFWriter(os.path.join(HERE, "tiny_badpre.gguf"), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("afmoe")
-    w.add_token_list(["a", "b", "ab"])
-    w.add_token_types([1, 1, 1])
-    w.add_token_merges(["a b"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    for name, pre in (("tiny_badpre.gguf", "afmoe"), ("tiny_longpre.gguf", "qwen2" + "-x" * 40)):
+        w = gguf.GGUFWriter(os.path.join(HERE, name), "llama")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(["a", "b", "ab"])
+        w.add_token_types([1, 1, 1])
+        w.add_token_merges(["a b"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     with open(os.path.join(HERE, "tiny_bpe_cases.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")

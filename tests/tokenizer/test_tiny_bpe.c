@@ -77,4 +77,8 @@ Test(tiny_bpe, unsupported_pre_is_refused_by_name)
     cr_assert_null(t);
     cr_assert(strstr(err, "tokenizer.ggml.pre") && strstr(err, "\"afmoe\"") && strstr(err, "not supported"),
               "%s", err);
+    tt_src_path(path, "tests/tokenizer/tiny_longpre.gguf");
+    cr_assert_eq(tt_load_gguf(path, &t, err), FERRY_ERR_UNSUPPORTED, "a too long pre is no default");
+    cr_assert_null(t);
+    cr_assert(strstr(err, "\"qwen2-x-x-x") && strstr(err, "not supported"), "%s", err);
 }
