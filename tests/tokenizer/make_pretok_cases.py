@@ -73,6 +73,9 @@ FAMILIES = {
     "gemma4": ("gemma4", [r"[^\n]+|[\n]+"]),
     "kimi-k2": ("kimi-k2", [KIMI]),
     "deepseek-v3": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3]),
+    # the same with CR and LF written as escapes, as a tokenizer.json may have them
+    "deepseek-v3-esc": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
+                                        DSV3.replace("\r", r"\r").replace("\n", r"\n")]),
 }
 
 HARD = [
