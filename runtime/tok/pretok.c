@@ -6,6 +6,7 @@
  */
 #include "runtime/tok/pretok.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ enum {
 enum {
     PRETOK_OPT_MARKS = 1,      /* LLAMA3: words are [\p{L}\p{M}]+ and marks are no "other" (Qwen3.5) */
     PRETOK_OPT_NO_RN_TAIL = 2, /* LLAMA3: " ?[^\s\p{L}\p{N}]+" without the trailing [\r\n]* (Seed-Coder) */
+    PRETOK_OPT_NO_CONTR = 16,  /* LLAMA3: no contractions (Ufakzeka) */
     PRETOK_OPT_CONTR = 4,      /* CASE: a word may end with a contraction (o200k) */
     PRETOK_OPT_HAN = 8, /* CASE: Han runs first, Han is no letter for the words, tail [\r\n]* (Kimi K2) */
 };
@@ -81,6 +83,20 @@ static const char *const re_qwen35[] = {CONTR_I QWEN35_TAIL, CONTR_X QWEN35_TAIL
 #define SEED_TAIL                                                                                            \
     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 static const char *const re_seed[] = {CONTR_I SEED_TAIL, CONTR_X SEED_TAIL};
+/* MiniCPM 5 (after "\p{N}{1,3}"): Llama 3's pattern with \p{N}+. */
+static const char *const re_minicpm5[] = {CONTR_I LLAMA3_TAIL("+"), CONTR_X LLAMA3_TAIL("+")};
+/* Ling / Ring (bailingmoe): Qwen2's split written with possessive quantifiers (tokenizer.json) or greedy ones
+ * (llama.cpp); \s*[\r\n] ends where \s*[\r\n]+ does. */
+#define BAILING_RE(Q)                                                                                        \
+    "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?" Q "\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+" Q                \
+    "[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
+#define BAILING_X                                                                                            \
+    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                      \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                                         \
+    "\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
+static const char *const re_bailing[] = {BAILING_RE("+"), BAILING_X};
+/* Ufakzeka: Qwen2's split without the contractions. */
+static const char *const re_ufakzeka = LLAMA3_TAIL("") + 1;
 /* o200k (gpt-4o, gpt-oss) and Tekken: an optional non-letter, then upper-case letters and lower-case ones. */
 #define CASE_U   "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
 #define CASE_W   "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
@@ -278,6 +294,16 @@ int pretok_add_regex(struct pretok *p, const char *re, size_t len, char err[256]
             st->kind = PRETOK_KIND_LLAMA3;
             st->qmax = 1;
             st->opts = PRETOK_OPT_MARKS;
+        } else if (streq_n(re_minicpm5[i], re, len)) {
+            st->kind = PRETOK_KIND_LLAMA3;
+            st->qmax = INT_MAX;
+        } else if (streq_n(re_bailing[i], re, len)) {
+            st->kind = PRETOK_KIND_LLAMA3;
+            st->qmax = 1;
+        } else if (i == 0 && streq_n(re_ufakzeka, re, len)) {
+            st->kind = PRETOK_KIND_LLAMA3;
+            st->qmax = 1;
+            st->opts = PRETOK_OPT_NO_CONTR;
         } else if (streq_n(re_seed[i], re, len)) {
             st->kind = PRETOK_KIND_LLAMA3;
             st->qmax = 1;
@@ -332,6 +358,10 @@ static const struct {
      {CONTR_X LLAMA3_TAIL("")}},
     {"qwen35|", {CONTR_X QWEN35_TAIL}},
     {"seed-coder|", {CONTR_X SEED_TAIL}},
+    {"minicpm5|", {"\\p{N}{1,3}", CONTR_X LLAMA3_TAIL("+")}},
+    {"bailingmoe|bailingmoe2|llada-moe|", {BAILING_X}},
+    {"ufakzeka|", {LLAMA3_TAIL("") + 1}},
+    {"laguna|", {"[^\\n]+|[\\n]+", CONTR_X LLAMA3_TAIL("")}},
     /* llama.cpp rewrites the letter classes of these two as (?=\p{L})[^a-z] and (?=\p{L})[^A-Z], which its
      * std::regex can run but which counts every non-ASCII letter as both cases; these are the classes of
      * the models' own tokenizer.json (what tiktoken and Hugging Face tokenizers apply). */
@@ -342,14 +372,16 @@ static const struct {
     {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|",
      {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
     /* Gemma 4: spaces become U+2581 first (tok_load.c), then lines are merged whole. */
-    {"gemma4|granite-embed-multi-311m|", {"[^\\n]+|[\\n]+"}},
+    {"gemma4|granite-embed-multi-311m|sarvam-moe|", {"[^\\n]+|[\\n]+"}},
     {"deepseek-llm|",
      {"[\r\n]",
-      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-"
+      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-"
+      "ᴫᵫ-"
       "ᵷᵹ-"
       "ᶚḀ-"
       "ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-"
-      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-"
+      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-"
+      "𐓻𐲀-"
       "𐲲𐳀-"
       "𐳲𑢠-"
       "𑣟𞤀-𞥃]+",
@@ -486,7 +518,7 @@ static int is_word_prefix(const struct cpbuf *cb, int p)
 
 static int match_llama3(const struct cpbuf *cb, int p, int b, int max_digits, int opts)
 {
-    int e = match_contraction(cb, p, b, 1);
+    int e = (opts & PRETOK_OPT_NO_CONTR) ? -1 : match_contraction(cb, p, b, 1);
     if (e > 0) return e;
     /* [^\r\n\p{L}\p{N}]?\p{L}+  (Qwen3.5: [\p{L}\p{M}]+) */
     int word = UCAT_LETTER | ((opts & PRETOK_OPT_MARKS) ? UCAT_MARK : 0);

@@ -149,23 +149,25 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
         static const struct {
             const char *pre;
             int add_bos;
-        } whole[] = {{"llama3", 1},       {"llama-v3", 1}, {"llama-bpe", 1}, {"falcon3", 1},
-                     {"falcon-h1", 1},    {"pixtral", 1},  {"midm-2.0", 1},  {"lfm2", 1},
-                     {"jina-v5-nano", 1}, {"tekken", 1},   {"glm4", 0},      {"glm5", 0}};
+        } whole[] = {{"llama3", 1},  {"llama-v3", 1}, {"llama-bpe", 1}, {"falcon3", 1},      {"falcon-h1", 1},
+                     {"pixtral", 1}, {"midm-2.0", 1}, {"lfm2", 1},      {"jina-v5-nano", 1}, {"tekken", 1},
+                     {"glm4", 0},    {"glm5", 0},     {"minicpm5", 0}};
         for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
             if (strcmp(prebuf, whole[i].pre) != 0) continue;
             t->ignore_merges = 1;
             add_bos_dflt = whole[i].add_bos;
         }
-        if (strcmp(prebuf, "gemma4") == 0 || strcmp(prebuf, "granite-embed-multi-311m") == 0) {
-            /* SentencePiece-style BPE on raw UTF-8: spaces become U+2581, unknown bytes <0xNN>, a run of
-             * newlines that is a token is kept whole, BOS always (llama.cpp overrides add_bos_token). */
+        int g4 = strcmp(prebuf, "gemma4") == 0 || strcmp(prebuf, "granite-embed-multi-311m") == 0;
+        if (g4 || strcmp(prebuf, "sarvam-moe") == 0) {
+            /* SentencePiece-style BPE on raw UTF-8: spaces become U+2581, unknown bytes <0xNN>; Gemma 4 also
+             * keeps a run of newlines that is a token whole and always adds BOS (llama.cpp overrides
+             * add_bos_token). */
             t->bytelevel = 0;
             t->norm = TOK_NORM_METASPACE;
             t->meta_prepend = 0;
             t->byte_fallback = 1;
-            t->whole_newlines = 1;
-            add_bos_dflt = 1;
+            t->whole_newlines = g4;
+            add_bos_dflt |= g4;
         }
         t->bos = gguf_id(g, "tokenizer.ggml.bos_token_id", -1);
         t->eos = gguf_id(g, "tokenizer.ggml.eos_token_id", -1);

@@ -52,6 +52,11 @@ KIMI_W = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
 KIMI_C = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
 KIMI = (r"[\p{Han}]+|" + CASE_PRE + KIMI_U + "*" + KIMI_W + "+" + KIMI_C + "|" + CASE_PRE + KIMI_U + "+" + KIMI_W +
         "*" + KIMI_C + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+MINICPM5 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+            r"\s*[\r\n]+|\s+(?!\S)|\s+")
+BAILING = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"
+           r"\s+(?!\S)|\s+")
+UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 GPT4O = case_re(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", "{1,3}")
 TEKKEN = case_re("", "")
 
@@ -72,6 +77,10 @@ FAMILIES = {
     "seed-coder": ("seed-coder", [SEED_CODER]),
     "gemma4": ("gemma4", [r"[^\n]+|[\n]+"]),
     "kimi-k2": ("kimi-k2", [KIMI]),
+    "minicpm5": ("minicpm5", [r"\p{N}{1,3}", MINICPM5]),
+    "bailingmoe2": ("bailingmoe2", [BAILING]),
+    "ufakzeka": ("ufakzeka", [UFAKZEKA]),
+    "laguna": ("laguna", [r"[^\n]+|[\n]+", QWEN2]),
     "deepseek-v3": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3]),
     # the same with CR and LF written as escapes, as a tokenizer.json may have them
     "deepseek-v3-esc": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",

@@ -8,6 +8,8 @@
   tiny_deepseekv3.gguf model gpt2, pre deepseek-v3 (digits by 3, kana/CJK runs, punctuation-led words)
   tiny_gemma4.gguf  model gemma4 (BPE on raw UTF-8, ' ' -> U+2581, lines split, <0xNN> byte fallback,
                     add_bos_token false in the file, which llama.cpp overrides to true)
+  tiny_sarvammoe.gguf model gpt2, pre sarvam-moe (like Gemma 4's text handling, without the newline rule and
+                    the BOS override)
   tiny_badpre.gguf  model gpt2,   pre afmoe   (a value ferry does not implement: must be refused by name)
   tiny_longpre.gguf model gpt2,   pre "qwen2-x-x-..." (85 characters: refused by name, not taken as default)
   tiny_bpe_cases.json
@@ -15,10 +17,10 @@
 The merges are trained here by the Hugging Face `tokenizers` BpeTrainer on a small mixed-script text with
 each family's own split, so that the split decides which merges apply. Expected ids come from `tokenizers`
 with the family's tokenizer.json settings (Split(regex, isolated) + ByteLevel, BPE with ignore_merges for
-Tekken). For Gemma 4 the ids follow llama.cpp's rule on top of HF's BPE: the text with spaces replaced by
-U+2581 is split into runs of newlines and runs of other characters, a newline run that is a token is kept
-whole, every other piece is merged by HF's BPE model (byte_fallback); the vocab has a "\\n\\n\\n\\n" token that
-no merge reaches, so the rule is exercised.
+Tekken). For Gemma 4 (and Sarvam, without the newline rule) the ids follow llama.cpp's rule on top of HF's
+BPE: the text with spaces replaced by U+2581 is split into runs of newlines and runs of other characters, a
+newline run that is a token is kept whole, every other piece is merged by HF's BPE model (byte_fallback); the
+vocab has a "\\n\\n\\n\\n" token that no merge reaches, so the rule is exercised.
 Usage: python3 tests/tokenizer/make_tiny_bpe.py   (needs tokenizers and gguf)
 """
 import json
@@ -43,6 +45,7 @@ CORPUS = [
 ] * 20
 # Tokens no merge reaches: Tekken's ignore_merges emits the whole words, the others must not.
 EXTRA = {"gpt-4o": ["xyzzy"], "tekken": ["ĠZebra", "xyzzy"], "qwen35": ["xyzzy"], "gemma4": ["\n\n\n\n"],
+         "sarvam-moe": ["\n\n\n\n"],
          "kimi-k2": ["xyzzy"], "deepseek-v3": ["xyzzy"]}
 STRINGS = HARD + [
     "HelloWorld getHTTPResponse", " ZebraCase xyzzy", "xyzzyQ", " café", "Lily loved the park",
@@ -50,14 +53,18 @@ STRINGS = HARD + [
 ]
 LINES = r"[^\n]+|[\n]+"
 FAMILIES = {"gpt-4o": ([GPT4O], False, "gpt2"), "tekken": ([TEKKEN], True, "gpt2"), "qwen35": ([QWEN35], False, "gpt2"),
-            "gemma4": ([LINES], False, "gemma4"), "kimi-k2": ([KIMI], False, "gpt2"),
+            "gemma4": ([LINES], False, "gemma4"), "sarvam-moe": ([LINES], False, "gpt2"),
+            "kimi-k2": ([KIMI], False, "gpt2"),
             "deepseek-v3": ([r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3], False, "gpt2")}
 SPECIALS_BL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SPECIALS_G4 = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 
 
-def build(pre, regexes, ignore_merges, model):
-    byte_level = model == "gpt2"
+RAW = ("gemma4", "sarvam-moe")  # pre values of BPE on raw UTF-8 with spaces as U+2581
+
+
+def build(pre, regexes, ignore_merges):
+    byte_level = pre not in RAW
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in regexes]
     if byte_level:
         pt = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False,
@@ -96,8 +103,8 @@ def build(pre, regexes, ignore_merges, model):
     return tokens, types, merges, ref, specials
 
 
-def gemma4_ids(ref, tokens, text, specials):
-    """llama.cpp's Gemma 4 encoding of raw text (no special tokens parsed inside text fragments here: the
+def raw_ids(ref, tokens, text, specials, whole_newlines):
+    """llama.cpp's Gemma 4 / Sarvam encoding of raw text (no special tokens parsed inside text fragments here: the
     special tokens are cut out first, like tokenizer_st_partition)."""
     ids = []
     frags, pos = [], 0
@@ -116,7 +123,7 @@ def gemma4_ids(ref, tokens, text, specials):
             continue
         norm = f.replace(" ", "\u2581")
         for piece, _ in pre_tokenizers.Split(Regex(LINES), behavior="isolated").pre_tokenize_str(norm):
-            if set(piece) == {"\n"} and piece in tokens:
+            if whole_newlines and set(piece) == {"\n"} and piece in tokens:
                 ids.append(tokens.index(piece))
             else:
                 ids += [t.id for t in ref.model.tokenize(piece)]
@@ -126,7 +133,7 @@ def gemma4_ids(ref, tokens, text, specials):
 def main():
     doc = {"tool": "tokenizers %s BpeTrainer + BPE" % __import__("tokenizers").__version__, "families": {}}
     for pre, (regex, ignore_merges, model) in FAMILIES.items():
-        tokens, types, merges, ref, specials = build(pre, regex, ignore_merges, model)
+        tokens, types, merges, ref, specials = build(pre, regex, ignore_merges)
         name = "tiny_%s.gguf" % pre.replace("-", "")
         w = gguf.GGUFWriter(os.path.join(HERE, name), "llama")
         w.add_tokenizer_model(model)
@@ -134,8 +141,8 @@ def main():
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)
-        bos = tokens.index(specials[0] if model == "gpt2" else "<bos>")
-        eos = tokens.index(specials[2] if model == "gpt2" else "<eos>")
+        bos = tokens.index(specials[0] if pre not in RAW else "<bos>")
+        eos = tokens.index(specials[2] if pre not in RAW else "<eos>")
         w.add_bos_token_id(bos)
         w.add_eos_token_id(eos)
         if model == "gemma4":
@@ -146,8 +153,8 @@ def main():
         w.close()
         cases = []
         for s in STRINGS:
-            if model == "gemma4":
-                ids = gemma4_ids(ref, tokens, s, specials)
+            if pre in RAW:
+                ids = raw_ids(ref, tokens, s, specials, pre == "gemma4")
             else:
                 ids = ref.encode(s, add_special_tokens=False).ids
             cases.append({"text": s, "ids": ids})

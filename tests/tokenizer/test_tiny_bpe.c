@@ -1,6 +1,7 @@
 /* Full tokenization of this year's GGUF BPE families on tiny vocabs (tiny_*.gguf + tiny_bpe_cases.json, both
  * from make_tiny_bpe.py, ids from HF tokenizers with each family's settings): tokenizer.ggml.pre "gpt-4o",
- * "tekken" (ignore_merges, BOS by default), "qwen35", "kimi-k2", "deepseek-v3" (three split stages), and
+ * "tekken" (ignore_merges, BOS by default), "qwen35", "kimi-k2", "deepseek-v3" (three split stages),
+ * "sarvam-moe" (raw UTF-8 BPE with spaces as U+2581), and
  * tokenizer.ggml.model "gemma4" (raw UTF-8 BPE, spaces as U+2581, <0xNN> byte fallback, whole newline runs,
  * BOS even when the file says not to). Every case must give the expected ids and decode back to its text.
  * Also: a pre value ferry does not implement is refused with its name in the message. */
@@ -63,7 +64,7 @@ Test(tiny_bpe, families_match_hf_tokenizers)
         check_family(name, fam);
         n_fam++;
     }
-    cr_assert_eq(n_fam, 6);
+    cr_assert_eq(n_fam, 7);
     json_decref(doc);
 }
 
