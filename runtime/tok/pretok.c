@@ -28,8 +28,10 @@ enum {
     PRETOK_OPT_MARKS = 1,      /* LLAMA3: words are [\p{L}\p{M}]+ and marks are no "other" (Qwen3.5) */
     PRETOK_OPT_NO_RN_TAIL = 2, /* LLAMA3: " ?[^\s\p{L}\p{N}]+" without the trailing [\r\n]* (Seed-Coder) */
     PRETOK_OPT_NO_CONTR = 16,  /* LLAMA3: no contractions (Ufakzeka) */
-    PRETOK_OPT_CONTR = 4,      /* CASE: a word may end with a contraction (o200k) */
-    PRETOK_OPT_HAN = 8, /* CASE: Han runs first, Han is no letter for the words, tail [\r\n]* (Kimi K2) */
+    PRETOK_OPT_SPACED =
+        32, /* LLAMA3: words are (?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+, tail [\r\n/]? (EXAONE MoE) */
+    PRETOK_OPT_CONTR = 4, /* CASE: a word may end with a contraction (o200k) */
+    PRETOK_OPT_HAN = 8,   /* CASE: Han runs first, Han is no letter for the words, tail [\r\n]* (Kimi K2) */
 };
 
 struct cclass {
@@ -95,6 +97,12 @@ static const char *const re_minicpm5[] = {CONTR_I LLAMA3_TAIL("+"), CONTR_X LLAM
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                                         \
     "\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
 static const char *const re_bailing[] = {BAILING_RE("+"), BAILING_X};
+/* EXAONE MoE: words run on over single spaces. */
+#define EXAONE_TAIL                                                                                          \
+    "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| "                                  \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|"                                                           \
+    "\\s+(?!\\S)|\\s+"
+static const char *const re_exaone_moe[] = {CONTR_I EXAONE_TAIL, CONTR_X EXAONE_TAIL};
 /* Ufakzeka: Qwen2's split without the contractions. */
 static const char *const re_ufakzeka = LLAMA3_TAIL("") + 1;
 /* o200k (gpt-4o, gpt-oss) and Tekken: an optional non-letter, then upper-case letters and lower-case ones. */
@@ -300,6 +308,10 @@ int pretok_add_regex(struct pretok *p, const char *re, size_t len, char err[256]
         } else if (streq_n(re_bailing[i], re, len)) {
             st->kind = PRETOK_KIND_LLAMA3;
             st->qmax = 1;
+        } else if (streq_n(re_exaone_moe[i], re, len)) {
+            st->kind = PRETOK_KIND_LLAMA3;
+            st->qmax = 1;
+            st->opts = PRETOK_OPT_SPACED;
         } else if (i == 0 && streq_n(re_ufakzeka, re, len)) {
             st->kind = PRETOK_KIND_LLAMA3;
             st->qmax = 1;
@@ -361,6 +373,7 @@ static const struct {
     {"minicpm5|", {"\\p{N}{1,3}", CONTR_X LLAMA3_TAIL("+")}},
     {"bailingmoe|bailingmoe2|llada-moe|", {BAILING_X}},
     {"ufakzeka|", {LLAMA3_TAIL("") + 1}},
+    {"exaone-moe|", {CONTR_X EXAONE_TAIL}},
     {"laguna|", {"[^\\n]+|[\\n]+", CONTR_X LLAMA3_TAIL("")}},
     /* llama.cpp rewrites the letter classes of these two as (?=\p{L})[^a-z] and (?=\p{L})[^A-Z], which its
      * std::regex can run but which counts every non-ASCII letter as both cases; these are the classes of
@@ -375,12 +388,14 @@ static const struct {
     {"gemma4|granite-embed-multi-311m|sarvam-moe|", {"[^\\n]+|[\\n]+"}},
     {"deepseek-llm|",
      {"[\r\n]",
-      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-"
+      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-"
+      "Ჿᴀ-"
       "ᴫᵫ-"
       "ᵷᵹ-"
       "ᶚḀ-"
       "ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-"
-      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-"
+      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-"
+      "𐓓𐓘-"
       "𐓻𐲀-"
       "𐲲𐳀-"
       "𐳲𑢠-"
@@ -498,15 +513,18 @@ static int match_digits(const struct cpbuf *cb, int p, int b, int max_digits)
     return k;
 }
 
-/* " ?[^\s\p{L}\p{N}]+" and a tail: tail 0 none, 1 [\r\n]*, 2 [\r\n/]* (o200k); marks: \p{M} is also
- * excluded from the class. */
+/* " ?[^\s\p{L}\p{N}]+" and a tail: tail 0 none, 1 [\r\n]*, 2 [\r\n/]* (o200k), 3 [\r\n/]? (EXAONE MoE);
+ * marks: \p{M} is also excluded from the class. */
 static int match_other(const struct cpbuf *cb, int p, int b, int tail, int marks)
 {
     int ex = UCAT_LETTER | UCAT_NUMBER | UCAT_SPACE | (marks ? UCAT_MARK : 0);
     int k = (cb->cp[p] == ' ' && p + 1 < b && !(cb->fl[p + 1] & ex)) ? p + 1 : p;
     if (cb->fl[k] & ex) return -1;
     while (k < b && !(cb->fl[k] & ex)) k++;
-    while (tail && k < b && (cb->cp[k] == '\r' || cb->cp[k] == '\n' || (tail == 2 && cb->cp[k] == '/'))) k++;
+    for (int n = 0; tail && k < b && (tail != 3 || n < 1); n++) {
+        if (cb->cp[k] != '\r' && cb->cp[k] != '\n' && !(tail >= 2 && cb->cp[k] == '/')) break;
+        k++;
+    }
     return k;
 }
 
@@ -520,6 +538,24 @@ static int match_llama3(const struct cpbuf *cb, int p, int b, int max_digits, in
 {
     int e = (opts & PRETOK_OPT_NO_CONTR) ? -1 : match_contraction(cb, p, b, 1);
     if (e > 0) return e;
+    if (opts & PRETOK_OPT_SPACED) {
+        int s = IS_L(p) ? p : (is_word_prefix(cb, p) && p + 1 < b && IS_L(p + 1)) ? p + 1 : -1;
+        if (s >= 0) {
+            int k = s + 1;
+            while (k < b) {
+                if (cb->fl[k] & (UCAT_LETTER | UCAT_MARK))
+                    k++;
+                else if (cb->cp[k] == ' ' && k + 1 < b && IS_L(k + 1))
+                    k += 2;
+                else
+                    break;
+            }
+            return k;
+        }
+        if ((e = match_digits(cb, p, b, max_digits)) > 0) return e;
+        if ((e = match_other(cb, p, b, 3, 0)) > 0) return e;
+        return match_space(cb, p, b, 1);
+    }
     /* [^\r\n\p{L}\p{N}]?\p{L}+  (Qwen3.5: [\p{L}\p{M}]+) */
     int word = UCAT_LETTER | ((opts & PRETOK_OPT_MARKS) ? UCAT_MARK : 0);
     if ((cb->fl[p] & word) || (is_word_prefix(cb, p) && p + 1 < b && (cb->fl[p + 1] & word))) {

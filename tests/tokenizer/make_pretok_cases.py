@@ -57,6 +57,8 @@ MINICPM5 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\
 BAILING = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"
            r"\s+(?!\S)|\s+")
 UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+EXAONE_MOE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
 GPT4O = case_re(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", "{1,3}")
 TEKKEN = case_re("", "")
 
@@ -80,6 +82,7 @@ FAMILIES = {
     "minicpm5": ("minicpm5", [r"\p{N}{1,3}", MINICPM5]),
     "bailingmoe2": ("bailingmoe2", [BAILING]),
     "ufakzeka": ("ufakzeka", [UFAKZEKA]),
+    "exaone-moe": ("exaone-moe", [EXAONE_MOE]),
     "laguna": ("laguna", [r"[^\n]+|[\n]+", QWEN2]),
     "deepseek-v3": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3]),
     # the same with CR and LF written as escapes, as a tokenizer.json may have them
