@@ -23,15 +23,19 @@ enum {
     PRETOK_KIND_LINES = 5, /* [^\n]+|[\n]+ (Gemma 4) */
     PRETOK_KIND_DSV3 = 6,  /* DeepSeek V3's third stage: punctuation-led ASCII words, \p{P}\p{S} runs */
 };
-/* Options of the scanner kinds. */
+/* Options of the scanner kinds. LLAMA3: MARKS words are [\p{L}\p{M}]+ and marks no "other" (Qwen3.5);
+ * NO_RN_TAIL " ?[^\s\p{L}\p{N}]+" without its [\r\n]* (Seed-Coder); NO_CONTR no contractions (Ufakzeka);
+ * SPACED words are (?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+ and the tail [\r\n/]? (EXAONE MoE); WS_POW2 whitespace
+ * in chunks \s{512}..\s{4}, \s{1,2}, \s (Jais 2). CASE: CONTR a word may end with a contraction (o200k);
+ * HAN Han runs first, no Han in words, tail [\r\n]* (Kimi K2). */
 enum {
-    PRETOK_OPT_MARKS = 1,      /* LLAMA3: words are [\p{L}\p{M}]+ and marks are no "other" (Qwen3.5) */
-    PRETOK_OPT_NO_RN_TAIL = 2, /* LLAMA3: " ?[^\s\p{L}\p{N}]+" without the trailing [\r\n]* (Seed-Coder) */
-    PRETOK_OPT_NO_CONTR = 16,  /* LLAMA3: no contractions (Ufakzeka) */
-    PRETOK_OPT_SPACED =
-        32, /* LLAMA3: words are (?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+, tail [\r\n/]? (EXAONE MoE) */
-    PRETOK_OPT_CONTR = 4, /* CASE: a word may end with a contraction (o200k) */
-    PRETOK_OPT_HAN = 8,   /* CASE: Han runs first, Han is no letter for the words, tail [\r\n]* (Kimi K2) */
+    PRETOK_OPT_MARKS = 1,
+    PRETOK_OPT_NO_RN_TAIL = 2,
+    PRETOK_OPT_CONTR = 4,
+    PRETOK_OPT_HAN = 8,
+    PRETOK_OPT_NO_CONTR = 16,
+    PRETOK_OPT_SPACED = 32,
+    PRETOK_OPT_WS_POW2 = 64,
 };
 
 struct cclass {
@@ -97,6 +101,14 @@ static const char *const re_minicpm5[] = {CONTR_I LLAMA3_TAIL("+"), CONTR_X LLAM
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                                         \
     "\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
 static const char *const re_bailing[] = {BAILING_RE("+"), BAILING_X};
+/* Jais 2: Llama 3's pattern with whitespace cut in power-of-two chunks. */
+#define JAIS2_WS                                                                                             \
+    "|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?" \
+    "!\\S)|"                                                                                                 \
+    "\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"
+#define JAIS2_TAIL                                                                                           \
+    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+" JAIS2_WS
+static const char *const re_jais2[] = {CONTR_I JAIS2_TAIL, CONTR_X JAIS2_TAIL};
 /* EXAONE MoE: words run on over single spaces. */
 #define EXAONE_TAIL                                                                                          \
     "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| "                                  \
@@ -308,6 +320,10 @@ int pretok_add_regex(struct pretok *p, const char *re, size_t len, char err[256]
         } else if (streq_n(re_bailing[i], re, len)) {
             st->kind = PRETOK_KIND_LLAMA3;
             st->qmax = 1;
+        } else if (streq_n(re_jais2[i], re, len)) {
+            st->kind = PRETOK_KIND_LLAMA3;
+            st->qmax = 3;
+            st->opts = PRETOK_OPT_WS_POW2;
         } else if (streq_n(re_exaone_moe[i], re, len)) {
             st->kind = PRETOK_KIND_LLAMA3;
             st->qmax = 1;
@@ -357,23 +373,22 @@ int pretok_add_regex(struct pretok *p, const char *re, size_t len, char err[256]
 /* The regexes llama.cpp (llm_tokenizer_bpe) uses for each tokenizer.ggml.pre value. The \u escapes keep
  * code points that Unicode normalization would fold (Kelvin sign, Ohm sign, Greek oxia forms) intact. */
 #define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+/* clang-format off */
 static const struct {
     const char *names; /* '|'-separated tokenizer.ggml.pre values */
     const char *re[6];
 } pre_table[] = {
     {"default|", {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"}},
-    {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|dbrx|smaug-bpe|midm-2.0|lfm2|jina-v5-nano|chatglm-"
-     "bpe|glm4|"
-     "glm5|",
-     {CONTR_X LLAMA3_TAIL("{1,3}")}},
-    {"qwen2|deepseek-r1-qwen|megrez|stablelm2|hunyuan|kormo|f2llmv2|solar-open|grok-2|",
-     {CONTR_X LLAMA3_TAIL("")}},
+    {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|dbrx|smaug-bpe|midm-2.0|lfm2|jina-v5-nano|"
+     "chatglm-bpe|glm4|glm5|", {CONTR_X LLAMA3_TAIL("{1,3}")}},
+    {"qwen2|deepseek-r1-qwen|megrez|stablelm2|hunyuan|kormo|f2llmv2|solar-open|grok-2|", {CONTR_X LLAMA3_TAIL("")}},
     {"qwen35|", {CONTR_X QWEN35_TAIL}},
     {"seed-coder|", {CONTR_X SEED_TAIL}},
     {"minicpm5|", {"\\p{N}{1,3}", CONTR_X LLAMA3_TAIL("+")}},
     {"bailingmoe|bailingmoe2|llada-moe|", {BAILING_X}},
     {"ufakzeka|", {LLAMA3_TAIL("") + 1}},
     {"exaone-moe|", {CONTR_X EXAONE_TAIL}},
+    {"jais-2|", {CONTR_X JAIS2_TAIL}},
     {"laguna|", {"[^\\n]+|[\\n]+", CONTR_X LLAMA3_TAIL("")}},
     /* llama.cpp rewrites the letter classes of these two as (?=\p{L})[^a-z] and (?=\p{L})[^A-Z], which its
      * std::regex can run but which counts every non-ASCII letter as both cases; these are the classes of
@@ -382,33 +397,20 @@ static const struct {
     {"tekken|", {CASE_RE("", "")}},
     /* llama.cpp's own Kimi K2 scanner does not split words at case changes; this is the tokenizer's regex. */
     {"kimi-k2|", {KIMI_RE(CONTR_X)}},
-    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|",
-     {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
+    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|", {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
     /* Gemma 4: spaces become U+2581 first (tok_load.c), then lines are merged whole. */
     {"gemma4|granite-embed-multi-311m|sarvam-moe|", {"[^\\n]+|[\\n]+"}},
     {"deepseek-llm|",
      {"[\r\n]",
-      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-"
-      "Ჿᴀ-"
-      "ᴫᵫ-"
-      "ᵷᵹ-"
-      "ᶚḀ-"
-      "ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-"
-      "ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-"
-      "𐓓𐓘-"
-      "𐓻𐲀-"
-      "𐲲𐳀-"
-      "𐳲𑢠-"
-      "𑣟𞤀-𞥃]+",
+      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
       "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+"}},
     {"deepseek-coder|", {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"}},
     {"falcon|", {"[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_RE, "[0-9][0-9][0-9]"}},
     {"starcoder|refact|command-r|smollm|codeshell|exaone|minerva-7b|mellum2|", {"\\p{N}", GPT2_RE}},
-    {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v1-en|jina-v2-es|jina-v2-de|jina-v2-code|roberta-bpe|mpt|"
-     "olmo|"
-     "jais|trillion|mellum|a.x-4.0|exaone4|modern-bert|granite-docling|",
-     {GPT2_RE}},
+    {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v1-en|jina-v2-es|jina-v2-de|jina-v2-code|roberta-bpe|mpt|olmo|"
+     "jais|trillion|mellum|a.x-4.0|exaone4|modern-bert|granite-docling|", {GPT2_RE}},
 };
+/* clang-format on */
 
 int pretok_from_gguf_pre(struct pretok *p, const char *pre, char err[256])
 {
@@ -482,6 +484,22 @@ static int match_space(const struct cpbuf *cb, int p, int b, int with_rn)
     if (with_rn && last_rn > 0) return last_rn;
     if (q - p > 1 && q < b) return q - 1;
     return q;
+}
+
+/* \s*[\r\n]+ | \s{512}(?!\S) | \s{256}(?!\S) | ... | \s{4}(?!\S) | \s{1,2}(?!\S) | \s (Jais 2). */
+static int match_space_pow2(const struct cpbuf *cb, int p, int b)
+{
+    int q = p, last_rn = -1;
+    while (q < b && IS_WS(q)) {
+        if (cb->cp[q] == '\r' || cb->cp[q] == '\n') last_rn = q + 1;
+        q++;
+    }
+    if (q == p) return -1;
+    if (last_rn > 0) return last_rn;
+    int n = q - p, at_end = q == b;
+    for (int k = 512; k >= 4; k /= 2)
+        if (n > k || (n == k && at_end)) return p + k;
+    return p + ((n > 2 || (n == 2 && at_end)) ? 2 : 1);
 }
 
 static int match_gpt2(const struct cpbuf *cb, int p, int b)
@@ -565,7 +583,7 @@ static int match_llama3(const struct cpbuf *cb, int p, int b, int max_digits, in
     }
     if ((e = match_digits(cb, p, b, max_digits)) > 0) return e;
     if ((e = match_other(cb, p, b, !(opts & PRETOK_OPT_NO_RN_TAIL), opts & PRETOK_OPT_MARKS)) > 0) return e;
-    return match_space(cb, p, b, 1);
+    return (opts & PRETOK_OPT_WS_POW2) ? match_space_pow2(cb, p, b) : match_space(cb, p, b, 1);
 }
 
 /* o200k's letter classes: U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], W = [\p{Ll}\p{Lm}\p{Lo}\p{M}]. */

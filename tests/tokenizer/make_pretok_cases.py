@@ -59,6 +59,9 @@ BAILING = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p
 UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 EXAONE_MOE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}|"
               r" ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
+JAIS2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+         r"\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|"
+         r"\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}")
 GPT4O = case_re(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", "{1,3}")
 TEKKEN = case_re("", "")
 
@@ -83,6 +86,7 @@ FAMILIES = {
     "bailingmoe2": ("bailingmoe2", [BAILING]),
     "ufakzeka": ("ufakzeka", [UFAKZEKA]),
     "exaone-moe": ("exaone-moe", [EXAONE_MOE]),
+    "jais-2": ("jais-2", [JAIS2]),
     "laguna": ("laguna", [r"[^\n]+|[\n]+", QWEN2]),
     "deepseek-v3": ("deepseek-v3", [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3]),
     # the same with CR and LF written as escapes, as a tokenizer.json may have them
@@ -107,6 +111,7 @@ HARD = [
     # digits, emoji, whitespace, punctuation with slashes and newlines
     "1234567890 12.5 3,000,000 v1.2.3", "emoji👍🏽 ❤️ 🇫🇷 🏳️‍🌈 ok", "path/to/file.txt // c:\\dir\\x\r\n",
     "a/\n\nb //\r\n x", "\t\t\tindent\n\n\n   \n", "  leading and trailing  ", "a\u2028b\u2029c\u0085d",
+    " " * 1100 + "x", "\t" * 600, " " * 37 + "!" + " " * 4 + "y" + " " * 8, "  \u3000 \u00a0  z",
     " \u0301x", "\n\u0301", "'s", "x\u00a0\u00a0y", "ǅ", "Ⅻmm", "ᾈᾀ",
 ]
 

@@ -99,7 +99,7 @@ Test(pretok, families_match_hf_tokenizers)
         n_bad += check_family(&p, strings, pieces, name, "regexes");
         pretok_free(&p);
     }
-    cr_assert_eq(n_fam, 21);
+    cr_assert_eq(n_fam, 22);
     cr_assert_eq(n_bad, 0, "%d splits differ from HF tokenizers", n_bad);
     json_decref(doc);
 }
