@@ -4,7 +4,8 @@
  * and Gemma 4 — piece for piece, on llama.cpp's 46 vocab test strings, hard strings (case changes,
  * contractions, combining marks, Indic/Arabic/CJK scripts, emoji, whitespace runs) and seeded random ones.
  * Each family is built twice: from its GGUF tokenizer.ggml.pre name and from the regex strings (as a
- * tokenizer.json would give them). Also: unknown regexes are refused. */
+ * tokenizer.json would give them). Also: unknown regexes are refused, and every family cuts random bytes
+ * (invalid UTF-8 included) into non-empty pieces that cover them. */
 #include <jansson.h>
 
 #include "runtime/tok/pretok.h"
@@ -119,4 +120,57 @@ Test(pretok, unknown_patterns_are_refused)
     char err[256] = "";
     cr_assert_eq(pretok_from_gguf_pre(&p, "no-such-pre", err), FERRY_ERR_UNSUPPORTED);
     cr_assert(strstr(err, "no-such-pre") != NULL);
+}
+
+/* Every family splits arbitrary bytes (invalid UTF-8, control characters, long runs) into non-empty pieces
+ * that cover the text in order. */
+Test(pretok, random_bytes_split_into_covering_pieces)
+{
+    json_t *doc = load_cases(), *fam;
+    const char *name;
+    uint32_t seed = 12345;
+    json_object_foreach(json_object_get(doc, "families"), name, fam)
+    {
+        struct pretok p;
+        char err[256] = "";
+        cr_assert_eq(pretok_from_gguf_pre(&p, json_string_value(json_object_get(fam, "gguf_pre")), err),
+                     FERRY_OK);
+        for (int it = 0; it < 300; it++) {
+            unsigned char s[200];
+            size_t len = 0, want = (seed = seed * 1103515245u + 12345u) >> 24;
+            static const char *const bits[] = {" ",  "\n",       "\r\n",         "A",           "b",    "7",
+                                               "'s", "\xcc\x81", "\xe4\xb8\xad", "\xff",        "\xc3", "\t",
+                                               "/",  "!",        "\xd9\xa3",     "\xe3\x80\x80"};
+            while (len + 3 < want && len + 3 < sizeof s) {
+                const char *b = bits[(seed = seed * 1103515245u + 12345u) >> 28];
+                size_t bl = strlen(b);
+                memcpy(s + len, b, bl);
+                len += bl;
+            }
+            struct cpbuf cb = {0};
+            cb.cp = malloc((len + 1) * sizeof *cb.cp);
+            cb.fl = malloc(len + 1);
+            cb.off = malloc((len + 1) * sizeof *cb.off);
+            for (size_t k = 0; k < len;) {
+                int l;
+                cb.cp[cb.n] = utf8_decode(s + k, len - k, &l);
+                cb.fl[cb.n] = (uint8_t)ucat_flags(cb.cp[cb.n]);
+                cb.off[cb.n++] = (int)k;
+                k += (size_t)l;
+            }
+            cb.off[cb.n] = (int)len;
+            int *ends = NULL;
+            int n = pretok_split(&p, &cb, &ends);
+            cr_assert(n >= 0 && (n == 0) == (cb.n == 0), "%s: %d pieces of %d code points", name, n, cb.n);
+            for (int k = 0; k < n; k++)
+                cr_assert(ends[k] > (k ? ends[k - 1] : 0), "%s: piece %d empty", name, k);
+            cr_assert(n == 0 || ends[n - 1] == cb.n, "%s: pieces end at %d of %d", name, ends[n - 1], cb.n);
+            free(ends);
+            free(cb.cp);
+            free(cb.fl);
+            free(cb.off);
+        }
+        pretok_free(&p);
+    }
+    json_decref(doc);
 }
