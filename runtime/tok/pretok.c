@@ -75,71 +75,69 @@ static const char *const re_gpt2[] = {
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
 };
-#define LLAMA3_TAIL(N)                                                                                       \
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" N "| "                                                           \
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* The patterns are kept in readable pieces. */
+/* clang-format off */
+#define LLAMA3_TAIL(N) \
+    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" N "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define CONTR_I "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 #define CONTR_X "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 static const char *const re_llama3[] = {CONTR_I LLAMA3_TAIL("{1,3}"), CONTR_X LLAMA3_TAIL("{1,3}")};
 static const char *const re_qwen2[] = {CONTR_I LLAMA3_TAIL(""), CONTR_X LLAMA3_TAIL("")};
-#define QWEN35_TAIL                                                                                          \
-    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "                                                        \
-    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define QWEN35_TAIL \
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*" \
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 static const char *const re_qwen35[] = {CONTR_I QWEN35_TAIL, CONTR_X QWEN35_TAIL};
-#define SEED_TAIL                                                                                            \
+#define SEED_TAIL \
     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 static const char *const re_seed[] = {CONTR_I SEED_TAIL, CONTR_X SEED_TAIL};
 /* MiniCPM 5 (after "\p{N}{1,3}"): Llama 3's pattern with \p{N}+. */
 static const char *const re_minicpm5[] = {CONTR_I LLAMA3_TAIL("+"), CONTR_X LLAMA3_TAIL("+")};
-/* Ling / Ring (bailingmoe): Qwen2's split written with possessive quantifiers (tokenizer.json) or greedy ones
- * (llama.cpp); \s*[\r\n] ends where \s*[\r\n]+ does. */
-#define BAILING_RE(Q)                                                                                        \
-    "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?" Q "\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+" Q                \
-    "[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
-#define BAILING_X                                                                                            \
-    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                      \
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                                         \
-    "\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
+/* Ling / Ring (bailingmoe): Qwen2's split written with possessive quantifiers (tokenizer.json) or greedy
+ * ones (llama.cpp); \s*[\r\n] ends where \s*[\r\n]+ does. */
+#define BAILING_RE(Q) \
+    "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?" Q "\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+" Q "[\\r\\n]*" \
+    "|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
+#define BAILING_X \
+    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
 static const char *const re_bailing[] = {BAILING_RE("+"), BAILING_X};
 /* Jais 2: Llama 3's pattern with whitespace cut in power-of-two chunks. */
-#define JAIS2_WS                                                                                             \
-    "|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?" \
-    "!\\S)|"                                                                                                 \
-    "\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"
-#define JAIS2_TAIL                                                                                           \
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+" JAIS2_WS
+#define JAIS2_TAIL \
+    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+" \
+    "|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)" \
+    "|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"
 static const char *const re_jais2[] = {CONTR_I JAIS2_TAIL, CONTR_X JAIS2_TAIL};
 /* EXAONE MoE: words run on over single spaces. */
-#define EXAONE_TAIL                                                                                          \
-    "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| "                                  \
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|"                                                           \
-    "\\s+(?!\\S)|\\s+"
+#define EXAONE_TAIL \
+    "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?" \
+    "|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"
 static const char *const re_exaone_moe[] = {CONTR_I EXAONE_TAIL, CONTR_X EXAONE_TAIL};
-/* Ufakzeka: Qwen2's split without the contractions. */
+/* Ufakzeka: Qwen2's split without the contractions (the tail without its leading '|'). */
 static const char *const re_ufakzeka = LLAMA3_TAIL("") + 1;
 /* o200k (gpt-4o, gpt-oss) and Tekken: an optional non-letter, then upper-case letters and lower-case ones. */
-#define CASE_U   "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
-#define CASE_W   "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+#define CASE_U "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define CASE_W "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
 #define CASE_PRE "[^\\r\\n\\p{L}\\p{N}]?"
-#define CASE_RE(C, D)                                                                                        \
-    CASE_PRE CASE_U "*" CASE_W "+" C "|" CASE_PRE CASE_U "+" CASE_W "*" C "|\\p{N}" D                        \
-                    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define CASE_RE(C, D) \
+    CASE_PRE CASE_U "*" CASE_W "+" C "|" CASE_PRE CASE_U "+" CASE_W "*" C \
+    "|\\p{N}" D "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 static const char *const re_o200k[] = {CASE_RE(CONTR_I "?", "{1,3}"), CASE_RE(CONTR_X "?", "{1,3}")};
 static const char *const re_tekken[] = {CASE_RE("", "")};
 /* Kimi K2 (tiktoken): Han runs, then o200k's words without Han letters. */
 #define KIMI_U "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
 #define KIMI_W "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
-#define KIMI_RE(C)                                                                                           \
-    "[\\p{Han}]+|" CASE_PRE KIMI_U "*" KIMI_W "+" C "?|" CASE_PRE KIMI_U "+" KIMI_W "*" C                    \
-    "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define KIMI_RE(C) \
+    "[\\p{Han}]+|" CASE_PRE KIMI_U "*" KIMI_W "+" C "?|" CASE_PRE KIMI_U "+" KIMI_W "*" C "?" \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 static const char *const re_kimi[] = {KIMI_RE(CONTR_I), KIMI_RE(CONTR_X)};
 static const char *const re_lines = "[^\\n]+|[\\n]+";
 /* DeepSeek V3 (also Hunyuan dense, JoyAI, HY v4), after "\p{N}{1,3}" and "[一-龥぀-ゟ゠-ヿ]+";
  * llama.cpp writes CR and LF as raw characters, a tokenizer.json as escapes. */
-#define DSV3_RE(R, N)                                                                                        \
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^" R N "\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "   \
-    "?[\\p{P}\\p{S}]+[" R N "]*|\\s*[" R N "]+|\\s+(?!\\S)|\\s+"
+#define DSV3_RE(R, N) \
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^" R N "\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+" \
+    "| ?[\\p{P}\\p{S}]+[" R N "]*|\\s*[" R N "]+|\\s+(?!\\S)|\\s+"
 static const char *const re_dsv3[] = {DSV3_RE("\r", "\n"), DSV3_RE("\\r", "\\n")};
+/* clang-format on */
 
 static int streq_n(const char *a, const char *b, size_t blen)
 {
@@ -381,7 +379,8 @@ static const struct {
     {"default|", {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"}},
     {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|dbrx|smaug-bpe|midm-2.0|lfm2|jina-v5-nano|"
      "chatglm-bpe|glm4|glm5|", {CONTR_X LLAMA3_TAIL("{1,3}")}},
-    {"qwen2|deepseek-r1-qwen|megrez|stablelm2|hunyuan|kormo|f2llmv2|solar-open|grok-2|", {CONTR_X LLAMA3_TAIL("")}},
+    {"qwen2|deepseek-r1-qwen|megrez|stablelm2|hunyuan|kormo|f2llmv2|solar-open|grok-2|",
+     {CONTR_X LLAMA3_TAIL("")}},
     {"qwen35|", {CONTR_X QWEN35_TAIL}},
     {"seed-coder|", {CONTR_X SEED_TAIL}},
     {"minicpm5|", {"\\p{N}{1,3}", CONTR_X LLAMA3_TAIL("+")}},
@@ -397,7 +396,8 @@ static const struct {
     {"tekken|", {CASE_RE("", "")}},
     /* llama.cpp's own Kimi K2 scanner does not split words at case changes; this is the tokenizer's regex. */
     {"kimi-k2|", {KIMI_RE(CONTR_X)}},
-    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|", {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
+    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4|",
+     {"\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DSV3_RE("\r", "\n")}},
     /* Gemma 4: spaces become U+2581 first (tok_load.c), then lines are merged whole. */
     {"gemma4|granite-embed-multi-311m|sarvam-moe|", {"[^\\n]+|[\\n]+"}},
     {"deepseek-llm|",
