@@ -23,6 +23,25 @@ static json_t *load_cases(void)
     return doc;
 }
 
+/* The code points of s[0, len) with their flags and offsets (free cp, fl, off). */
+static struct cpbuf cpbuf_of(const char *s, size_t len)
+{
+    struct cpbuf cb = {0};
+    cb.cp = malloc((len + 1) * sizeof *cb.cp);
+    cb.fl = malloc(len + 1);
+    cb.off = malloc((len + 1) * sizeof *cb.off);
+    cr_assert(cb.cp && cb.fl && cb.off);
+    for (size_t k = 0; k < len;) {
+        int l;
+        cb.cp[cb.n] = utf8_decode((const unsigned char *)s + k, len - k, &l);
+        cb.fl[cb.n] = (uint8_t)ucat_flags(cb.cp[cb.n]);
+        cb.off[cb.n++] = (int)k;
+        k += (size_t)l;
+    }
+    cb.off[cb.n] = (int)len;
+    return cb;
+}
+
 static int check_family(const struct pretok *p, json_t *strings, json_t *pieces, const char *name,
                         const char *how)
 {
@@ -31,18 +50,7 @@ static int check_family(const struct pretok *p, json_t *strings, json_t *pieces,
         json_t *js = json_array_get(strings, i);
         const char *s = json_string_value(js);
         size_t len = json_string_length(js);
-        struct cpbuf cb = {0};
-        cb.cp = malloc((len + 1) * sizeof *cb.cp);
-        cb.fl = malloc(len + 1);
-        cb.off = malloc((len + 1) * sizeof *cb.off);
-        for (size_t k = 0; k < len;) {
-            int l;
-            cb.cp[cb.n] = utf8_decode((const unsigned char *)s + k, len - k, &l);
-            cb.fl[cb.n] = (uint8_t)ucat_flags(cb.cp[cb.n]);
-            cb.off[cb.n++] = (int)k;
-            k += (size_t)l;
-        }
-        cb.off[cb.n] = (int)len;
+        struct cpbuf cb = cpbuf_of(s, len);
         int *ends = NULL;
         int n = pretok_split(p, &cb, &ends);
         cr_assert(n >= 0);
@@ -147,18 +155,7 @@ Test(pretok, random_bytes_split_into_covering_pieces)
                 memcpy(s + len, b, bl);
                 len += bl;
             }
-            struct cpbuf cb = {0};
-            cb.cp = malloc((len + 1) * sizeof *cb.cp);
-            cb.fl = malloc(len + 1);
-            cb.off = malloc((len + 1) * sizeof *cb.off);
-            for (size_t k = 0; k < len;) {
-                int l;
-                cb.cp[cb.n] = utf8_decode(s + k, len - k, &l);
-                cb.fl[cb.n] = (uint8_t)ucat_flags(cb.cp[cb.n]);
-                cb.off[cb.n++] = (int)k;
-                k += (size_t)l;
-            }
-            cb.off[cb.n] = (int)len;
+            struct cpbuf cb = cpbuf_of((const char *)s, len);
             int *ends = NULL;
             int n = pretok_split(&p, &cb, &ends);
             cr_assert(n >= 0 && (n == 0) == (cb.n == 0), "%s: %d pieces of %d code points", name, n, cb.n);
