@@ -4,10 +4,11 @@
  * A pretok is a sequence of stages; each stage splits every piece produced by the previous one further,
  * keeping both its matches and the unmatched gaps between them as pieces (Hugging Face's Split with
  * behaviour "Isolated", and llama.cpp's unicode_regex_split). A stage is made from a regex string: the
- * known alternation patterns (GPT-2, Llama 3, Qwen2 with their variants) map to hand-written scanners, and
- * simple patterns of the form  [PREFIX?] ATOM [QUANT] [$]  (PREFIX ' ' or \s, ATOM a bracket class, \p{L},
- * \p{N}, \p{P}, \s or a literal, QUANT +, {m,n} or a repetition like [0-9][0-9][0-9]) are parsed. Anything
- * else is FERRY_ERR_UNSUPPORTED.
+ * known alternation patterns (GPT-2, Llama 3, Qwen2, Qwen3.5, Seed-Coder, MiniCPM 5, Ling, Jais 2, EXAONE
+ * MoE, o200k, Tekken, Kimi K2, DeepSeek V3, Gemma 4's lines, with their variants; in the tokenizer.json
+ * spelling and in llama.cpp's) map to hand-written scanners, and simple patterns of the form [PREFIX?] ATOM
+ * [QUANT] [$] (PREFIX ' ' or \s, ATOM a bracket class, \p{L}, \p{N}, \p{P}, \s or a literal, QUANT +, {m,n}
+ * or a repetition like [0-9][0-9][0-9]) are parsed. Anything else is FERRY_ERR_UNSUPPORTED.
  */
 #ifndef FERRY_TOK_PRETOK_H
 #define FERRY_TOK_PRETOK_H
@@ -19,11 +20,12 @@
 
 struct cclass;
 struct pretok_stage {
-    int kind;             /* PRETOK_KIND_* in pretok.c */
-    int prefix;           /* simple: 0 none, 1 optional ' ', 2 optional \s */
-    int qmin, qmax;       /* simple: repetition bounds of the atom (qmax < 0: unbounded) */
-    int anchor_end;       /* simple: the match must end at the end of the piece */
-    struct cclass *cls;   /* simple: the atom; owned */
+    int kind;           /* PRETOK_KIND_* in pretok.c */
+    int opts;           /* scanner kinds: PRETOK_OPT_* in pretok.c */
+    int prefix;         /* simple: 0 none, 1 optional ' ', 2 optional \s */
+    int qmin, qmax;     /* simple: repetition bounds of the atom (qmax < 0: unbounded) */
+    int anchor_end;     /* simple: the match must end at the end of the piece */
+    struct cclass *cls; /* simple: the atom; owned */
 };
 
 struct pretok {
@@ -42,9 +44,9 @@ void pretok_free(struct pretok *p);
 /* The code points of a text being split: cp[i], its flags (UCAT_*) and byte offset; off[n] = text length. */
 struct cpbuf {
     int n;
-    uint32_t *cp;  /* (n) */
-    uint8_t *fl;   /* (n) UCAT_* flags */
-    int *off;      /* (n + 1) byte offsets */
+    uint32_t *cp; /* (n) */
+    uint8_t *fl;  /* (n) UCAT_* flags */
+    int *off;     /* (n + 1) byte offsets */
 };
 
 /* Splits cps[0, n) into pieces; writes piece end indices (code point index, exclusive, increasing, last = n)

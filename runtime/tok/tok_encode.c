@@ -17,9 +17,9 @@
 #define SPM_SPACE "\xe2\x96\x81" /* U+2581 '▁' */
 
 struct sym {
-    int start, len;   /* byte span in the word buffer; len 0 once merged into its left neighbour */
-    int prev, next;   /* neighbours in the chain, -1 at the ends */
-    int32_t id;       /* BPE: token id of the span, -1 when it is not a token */
+    int start, len; /* byte span in the word buffer; len 0 once merged into its left neighbour */
+    int prev, next; /* neighbours in the chain, -1 at the ends */
+    int32_t id;     /* BPE: token id of the span, -1 when it is not a token */
 };
 
 struct pair {
@@ -40,7 +40,7 @@ struct enc {
     int syms_cap;
     struct pair *heap;
     int heap_n, heap_cap;
-    char *buf;          /* normalized / byte-level encoded text of one fragment or word */
+    char *buf; /* normalized / byte-level encoded text of one fragment or word */
     size_t buf_cap;
 };
 
@@ -84,7 +84,8 @@ static int pair_less(const struct pair *a, const struct pair *b)
 
 static int heap_push(struct enc *e, const struct pair *p)
 {
-    if (grow((void **)&e->heap, &e->heap_cap, e->heap_n + 1, sizeof *e->heap) != FERRY_OK) return FERRY_ERR_NOMEM;
+    if (grow((void **)&e->heap, &e->heap_cap, e->heap_n + 1, sizeof *e->heap) != FERRY_OK)
+        return FERRY_ERR_NOMEM;
     int i = e->heap_n++;
     while (i > 0) {
         int up = (i - 1) / 2;
@@ -138,7 +139,8 @@ static int spm_word(struct enc *e, const char *w, int n)
     for (int off = 0; off < n;) {
         int l = spm_char_len((unsigned char)w[off]);
         if (l > n - off) l = n - off;
-        if (grow((void **)&e->syms, &e->syms_cap, n_syms + 1, sizeof *e->syms) != FERRY_OK) return FERRY_ERR_NOMEM;
+        if (grow((void **)&e->syms, &e->syms_cap, n_syms + 1, sizeof *e->syms) != FERRY_OK)
+            return FERRY_ERR_NOMEM;
         e->syms[n_syms] = (struct sym){off, l, n_syms - 1, off + l == n ? -1 : n_syms + 1, -1};
         n_syms++;
         off += l;
@@ -154,7 +156,8 @@ static int spm_word(struct enc *e, const char *w, int n)
         r->len = 0;
         l->next = r->next;
         if (r->next >= 0) e->syms[r->next].prev = p.left;
-        if (spm_try_pair(e, w, l->prev, p.left) != FERRY_OK || spm_try_pair(e, w, p.left, l->next) != FERRY_OK)
+        if (spm_try_pair(e, w, l->prev, p.left) != FERRY_OK ||
+            spm_try_pair(e, w, p.left, l->next) != FERRY_OK)
             return FERRY_ERR_NOMEM;
     }
     for (int i = n_syms > 0 ? 0 : -1; i >= 0; i = e->syms[i].next) {
@@ -191,7 +194,9 @@ static int bpe_word(struct enc *e, const char *w, int n)
 {
     const struct tokenizer *t = e->t;
     if (n <= 0) return FERRY_OK;
-    if (t->ignore_merges) {
+    int newlines = t->whole_newlines;
+    for (int i = 0; newlines && i < n; i++) newlines = w[i] == '\n';
+    if (t->ignore_merges || newlines) {
         int32_t id = tok_lookup(t, w, (size_t)n);
         if (id >= 0) {
             emit(e, id);
@@ -202,7 +207,8 @@ static int bpe_word(struct enc *e, const char *w, int n)
     for (int off = 0; off < n;) {
         int l;
         utf8_decode((const unsigned char *)w + off, (size_t)(n - off), &l);
-        if (grow((void **)&e->syms, &e->syms_cap, n_syms + 1, sizeof *e->syms) != FERRY_OK) return FERRY_ERR_NOMEM;
+        if (grow((void **)&e->syms, &e->syms_cap, n_syms + 1, sizeof *e->syms) != FERRY_OK)
+            return FERRY_ERR_NOMEM;
         e->syms[n_syms] = (struct sym){off, l, n_syms - 1, off + l == n ? -1 : n_syms + 1,
                                        tok_lookup(t, w + off, (size_t)l)};
         n_syms++;
@@ -235,7 +241,8 @@ static int bpe_word(struct enc *e, const char *w, int n)
             continue;
         }
         int all_bytes = t->byte_fallback;
-        for (int j = 0; all_bytes && j < s->len; j++) all_bytes = t->byte_tok[(unsigned char)w[s->start + j]] >= 0;
+        for (int j = 0; all_bytes && j < s->len; j++)
+            all_bytes = t->byte_tok[(unsigned char)w[s->start + j]] >= 0;
         if (all_bytes) {
             for (int j = 0; j < s->len; j++) emit(e, t->byte_tok[(unsigned char)w[s->start + j]]);
         } else {
@@ -339,13 +346,13 @@ out:
 }
 
 struct frag {
-    int32_t id;        /* special token id, or -1 for raw text */
-    size_t off, len;   /* raw text span */
+    int32_t id;      /* special token id, or -1 for raw text */
+    size_t off, len; /* raw text span */
 };
 
 /* Cuts special tokens out of the text, longest first (llama.cpp tokenizer_st_partition). */
-static int partition(const struct tokenizer *t, const char *text, size_t len, int parse_special, struct frag **out,
-                     int *n_out)
+static int partition(const struct tokenizer *t, const char *text, size_t len, int parse_special,
+                     struct frag **out, int *n_out)
 {
     int n = 1, cap = 16;
     struct frag *f = malloc((size_t)cap * sizeof *f), *g = NULL;
@@ -427,7 +434,8 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
             char *norm;
             size_t nlen;
             rc = unicode_nfc(text + f[i].off, f[i].len, &norm, &nlen);
-            if (rc == FERRY_OK) rc = encode_fragment(&e, norm, nlen, f[i].off == 0, prev_special, &wbuf, &wcap);
+            if (rc == FERRY_OK)
+                rc = encode_fragment(&e, norm, nlen, f[i].off == 0, prev_special, &wbuf, &wcap);
             free(norm);
         } else {
             rc = encode_fragment(&e, text + f[i].off, f[i].len, f[i].off == 0, prev_special, &wbuf, &wcap);

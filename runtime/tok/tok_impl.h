@@ -26,7 +26,8 @@ enum tok_type {
 };
 
 enum tok_algo {
-    TOK_ALGO_SPM = 0, /* SentencePiece BPE: merge the highest-scoring adjacent pair (llama.cpp llm_tokenizer_spm) */
+    TOK_ALGO_SPM =
+        0, /* SentencePiece BPE: merge the highest-scoring adjacent pair (llama.cpp llm_tokenizer_spm) */
     TOK_ALGO_BPE = 1, /* merge the lowest-ranked pair from the merges list (GPT-2 style, HF BPE model) */
 };
 
@@ -37,37 +38,38 @@ enum tok_norm {
 };
 
 struct strmap {
-    uint32_t cap;     /* power of two */
-    int32_t *slot;    /* (cap) token id or -1 */
+    uint32_t cap;  /* power of two */
+    int32_t *slot; /* (cap) token id or -1 */
 };
 
 struct mergemap {
-    uint32_t cap;     /* power of two */
-    uint64_t *key;    /* (cap) (left_id << 32 | right_id) + 1, 0 = empty */
-    int32_t *rank;    /* (cap) */
-    int32_t *result;  /* (cap) id of the merged string, -1 when it is not in the vocab */
+    uint32_t cap;    /* power of two */
+    uint64_t *key;   /* (cap) (left_id << 32 | right_id) + 1, 0 = empty */
+    int32_t *rank;   /* (cap) */
+    int32_t *result; /* (cap) id of the merged string, -1 when it is not in the vocab */
 };
 
 struct tokenizer {
     int n_vocab;
-    char **text;       /* (n_vocab) token strings as stored, NUL-terminated, owned */
-    int32_t *len;      /* (n_vocab) byte length of text */
-    float *score;      /* (n_vocab) SPM scores (0 when absent) */
-    uint8_t *type;     /* (n_vocab) enum tok_type */
-    uint8_t *strip;    /* (n_vocab) bit 0: lstrip, bit 1: rstrip (special-token matching) */
-    char **piece;      /* (n_vocab) decoded bytes of each token, built by tok_finish */
+    char **text;    /* (n_vocab) token strings as stored, NUL-terminated, owned */
+    int32_t *len;   /* (n_vocab) byte length of text */
+    float *score;   /* (n_vocab) SPM scores (0 when absent) */
+    uint8_t *type;  /* (n_vocab) enum tok_type */
+    uint8_t *strip; /* (n_vocab) bit 0: lstrip, bit 1: rstrip (special-token matching) */
+    char **piece;   /* (n_vocab) decoded bytes of each token, built by tok_finish */
     int32_t *piece_len;
 
     enum tok_algo algo;
     enum tok_norm norm;
-    int bytelevel;      /* words are mapped through GPT-2's byte->unicode table before BPE */
-    int byte_fallback;  /* unknown characters become <0xNN> tokens */
-    int ignore_merges;  /* a word that is a token is emitted whole (Llama 3) */
+    int bytelevel;        /* words are mapped through GPT-2's byte->unicode table before BPE */
+    int byte_fallback;    /* unknown characters become <0xNN> tokens */
+    int ignore_merges;    /* a word that is a token is emitted whole (Llama 3) */
+    int whole_newlines;   /* a word of only '\n' that is a token is emitted whole (Gemma 4) */
     int add_space_prefix; /* TOK_NORM_SPM: '▁' before a fragment at the start or after a special token */
-    int nfc;            /* text fragments are put in Unicode NFC first (Qwen2's tokenizer.json) */
-    int prefix_space;   /* byte-level: ' ' before each text fragment that does not start with one (HF
-                         * ByteLevel add_prefix_space) */
-    int meta_prepend;   /* TOK_NORM_METASPACE: 0 never, 1 first fragment only, 2 always */
+    int nfc;              /* text fragments are put in Unicode NFC first (Qwen2's tokenizer.json) */
+    int prefix_space;     /* byte-level: ' ' before each text fragment that does not start with one (HF
+                           * ByteLevel add_prefix_space) */
+    int meta_prepend;     /* TOK_NORM_METASPACE: 0 never, 1 first fragment only, 2 always */
     struct pretok pre;
 
     struct strmap map;
@@ -78,7 +80,7 @@ struct tokenizer {
 
     int32_t bos, eos, eot, unk;
     int add_bos, add_eos;
-    int32_t *specials;  /* (n_specials) CONTROL/USER_DEFINED/UNKNOWN ids, longest text first */
+    int32_t *specials; /* (n_specials) CONTROL/USER_DEFINED/UNKNOWN ids, longest text first */
     int n_specials;
     int32_t eog[16];
     int n_eog;

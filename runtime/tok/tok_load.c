@@ -1,11 +1,12 @@
 /* tok_load — building a tokenizer from GGUF metadata or from a Hugging Face tokenizer.json.
  *
  * GGUF keys read (llama.cpp's names): tokenizer.ggml.model ("llama" = SentencePiece, "gpt2" = byte-level
- * BPE), .pre (the pre-tokenizer), .tokens, .scores, .token_type, .merges ("a b" strings, rank = index),
- * .bos_token_id, .eos_token_id, .unknown_token_id, .eot_token_id, .add_bos_token, .add_eos_token,
- * .add_space_prefix; general.name (Phi-3's special tokens strip the whitespace that follows them).
- * Defaults when a key is absent follow llama.cpp: SPM bos 1, eos 2, unk 0, add_bos true, add_space_prefix
- * true; BPE add_bos only for the Llama 3 family.
+ * BPE, "gemma4" = BPE on raw UTF-8 with spaces as U+2581), .pre (the pre-tokenizer), .tokens, .scores,
+ * .token_type, .merges ("a b" strings, rank = index), .bos_token_id, .eos_token_id, .unknown_token_id,
+ * .eot_token_id, .add_bos_token, .add_eos_token, .add_space_prefix; general.name (Phi-3's special tokens
+ * strip the whitespace that follows them). Defaults when a key is absent follow llama.cpp: SPM bos 1, eos 2,
+ * unk 0, add_bos true, add_space_prefix true; BPE add_bos only for the Llama 3 family and Tekken; Gemma 4
+ * always adds BOS.
  *
  * tokenizer.json (model type BPE): vocab, merges ("a b" or ["a", "b"]), byte_fallback, ignore_merges,
  * unk_token, added_tokens (special -> CONTROL, else USER_DEFINED; lstrip/rstrip), normalizer (Prepend "▁",
@@ -55,9 +56,10 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
         snprintf(err, 256, "GGUF has no tokenizer.ggml.model");
         return FERRY_ERR_NOT_FOUND;
     }
-    int spm = str_is(model, "llama");
-    if (!spm && !str_is(model, "gpt2")) {
-        snprintf(err, 256, "tokenizer.ggml.model \"%.*s\" is not supported (only llama/SPM and gpt2/BPE)",
+    int spm = str_is(model, "llama"), gemma4 = str_is(model, "gemma4");
+    if (!spm && !gemma4 && !str_is(model, "gpt2")) {
+        snprintf(err, 256,
+                 "tokenizer.ggml.model \"%.*s\" is not supported (only llama/SPM, gpt2/BPE and gemma4)",
                  (int)(model.len > 40 ? 40 : model.len), model.ptr);
         return FERRY_ERR_UNSUPPORTED;
     }
@@ -109,11 +111,17 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
     }
 
     char prebuf[64] = "default";
-    if (gguf_get_str(g, "tokenizer.ggml.pre", &pre) == FERRY_OK && pre.len > 0 && pre.len < sizeof prebuf) {
-        memcpy(prebuf, pre.ptr, pre.len);
-        prebuf[pre.len] = 0;
+    int pre_bad = 0; /* a name no table can hold (too long, NUL inside): refused below for BPE */
+    if (gemma4) {
+        strcpy(prebuf, "gemma4"); /* llama.cpp: the gemma4 model implies its pre-tokenizer */
+    } else if (gguf_get_str(g, "tokenizer.ggml.pre", &pre) == FERRY_OK && pre.len > 0) {
+        pre_bad = pre.len >= sizeof prebuf || memchr(pre.ptr, 0, pre.len) != NULL;
+        if (!pre_bad) {
+            memcpy(prebuf, pre.ptr, pre.len);
+            prebuf[pre.len] = 0;
+        }
     }
-    int llama3 = 0;
+    int add_bos_dflt = spm;
     if (spm) {
         t->algo = TOK_ALGO_SPM;
         t->norm = TOK_NORM_SPM;
@@ -125,15 +133,42 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
         t->algo = TOK_ALGO_BPE;
         t->norm = TOK_NORM_NONE;
         t->bytelevel = 1;
-        rc = pretok_from_gguf_pre(&t->pre, prebuf, err);
+        if (pre_bad) {
+            snprintf(err, 256, "tokenizer.ggml.pre \"%.*s...\" is not supported", (int)strnlen(pre.ptr, 60),
+                     pre.ptr);
+            rc = FERRY_ERR_UNSUPPORTED;
+        } else {
+            rc = pretok_from_gguf_pre(&t->pre, prebuf, err);
+        }
         if (rc != FERRY_OK) {
             tokenizer_free(t);
             return rc;
         }
-        static const char *const l3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                                         "midm-2.0", "lfm2", "tekken"};
-        for (size_t i = 0; i < sizeof l3 / sizeof l3[0]; i++) llama3 |= strcmp(prebuf, l3[i]) == 0;
-        t->ignore_merges = llama3;
+        /* llama.cpp's llama_vocab::load: the pre values whose words that are tokens skip merging, and
+         * whether they add BOS by default. */
+        static const struct {
+            const char *pre;
+            int add_bos;
+        } whole[] = {{"llama3", 1},  {"llama-v3", 1}, {"llama-bpe", 1}, {"falcon3", 1},      {"falcon-h1", 1},
+                     {"pixtral", 1}, {"midm-2.0", 1}, {"lfm2", 1},      {"jina-v5-nano", 1}, {"tekken", 1},
+                     {"glm4", 0},    {"glm5", 0},     {"minicpm5", 0}};
+        for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
+            if (strcmp(prebuf, whole[i].pre) != 0) continue;
+            t->ignore_merges = 1;
+            add_bos_dflt = whole[i].add_bos;
+        }
+        int g4 = strcmp(prebuf, "gemma4") == 0 || strcmp(prebuf, "granite-embed-multi-311m") == 0;
+        if (g4 || strcmp(prebuf, "sarvam-moe") == 0) {
+            /* SentencePiece-style BPE on raw UTF-8: spaces become U+2581, unknown bytes <0xNN>; Gemma 4 also
+             * keeps a run of newlines that is a token whole and always adds BOS (llama.cpp overrides
+             * add_bos_token). */
+            t->bytelevel = 0;
+            t->norm = TOK_NORM_METASPACE;
+            t->meta_prepend = 0;
+            t->byte_fallback = 1;
+            t->whole_newlines = g4;
+            add_bos_dflt |= g4;
+        }
         t->bos = gguf_id(g, "tokenizer.ggml.bos_token_id", -1);
         t->eos = gguf_id(g, "tokenizer.ggml.eos_token_id", -1);
         t->unk = gguf_id(g, "tokenizer.ggml.unknown_token_id", -1);
@@ -156,7 +191,7 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
         }
     }
     t->eot = gguf_id(g, "tokenizer.ggml.eot_token_id", -1);
-    t->add_bos = gguf_flag(g, "tokenizer.ggml.add_bos_token", spm || llama3);
+    t->add_bos = t->whole_newlines || gguf_flag(g, "tokenizer.ggml.add_bos_token", add_bos_dflt);
     t->add_eos = gguf_flag(g, "tokenizer.ggml.add_eos_token", 0);
 
     struct gguf_str name;
@@ -170,7 +205,8 @@ int tokenizer_init_gguf(struct tokenizer **out, const struct gguf *g, char err[2
              * <|endoftext|>; </s> does too. */
             for (int id = 0; id < t->n_vocab; id++) {
                 int ty = t->type[id];
-                if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) t->strip[id] |= 2;
+                if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN)
+                    t->strip[id] |= 2;
             }
             static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
             for (size_t i = 0; i < 3; i++) {

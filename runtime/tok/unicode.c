@@ -1,20 +1,32 @@
 /* unicode — UTF-8 stepping, category lookup and GPT-2's byte<->unicode map (see unicode.h). */
 #include "runtime/tok/unicode.h"
 
-int ucat_flags(uint32_t cp)
+/* The range of r[0, n) (sorted, disjoint) holding cp, or NULL. */
+static const struct ucat_range *range_find(const struct ucat_range *r, int n, uint32_t cp)
 {
-    int lo = 0, hi = ucat_n_ranges - 1;
+    int lo = 0, hi = n - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (cp < ucat_ranges[mid].lo) {
+        if (cp < r[mid].lo) {
             hi = mid - 1;
-        } else if (cp > ucat_ranges[mid].hi) {
+        } else if (cp > r[mid].hi) {
             lo = mid + 1;
         } else {
-            return ucat_ranges[mid].flags;
+            return &r[mid];
         }
     }
-    return 0;
+    return NULL;
+}
+
+int ucat_flags(uint32_t cp)
+{
+    const struct ucat_range *r = range_find(ucat_ranges, ucat_n_ranges, cp);
+    return r ? r->flags : 0;
+}
+
+int ucat_is_han(uint32_t cp)
+{
+    return range_find(ucd_han, ucd_n_han, cp) != NULL;
 }
 
 int utf8_len(unsigned char c)

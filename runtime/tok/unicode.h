@@ -11,7 +11,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum ucat_flag { UCAT_LETTER = 1, UCAT_NUMBER = 2, UCAT_PUNCT = 4, UCAT_SPACE = 8 };
+/* \p{L}, \p{N}, \p{P}, \s (White_Space), \p{M}, Lu|Lt and Ll (both only with UCAT_LETTER), \p{S}. */
+enum ucat_flag {
+    UCAT_LETTER = 1,
+    UCAT_NUMBER = 2,
+    UCAT_PUNCT = 4,
+    UCAT_SPACE = 8,
+    UCAT_MARK = 16,
+    UCAT_UPPER = 32,
+    UCAT_LOWER = 64,
+    UCAT_SYMBOL = 128,
+};
 
 struct ucat_range {
     uint32_t lo, hi;
@@ -32,6 +42,11 @@ int utf8_len(unsigned char c);
 uint32_t utf8_decode(const unsigned char *s, size_t n, int *len);
 /* Encodes cp (< 0x110000) into out (>= 4 bytes); returns the byte count. */
 int utf8_encode(uint32_t cp, char *out);
+
+/* Code points of the Han script (\p{Han}; unicode_tables.c; flags unused). */
+extern const struct ucat_range ucd_han[];
+extern const int ucd_n_han;
+int ucat_is_han(uint32_t cp);
 
 /* Canonical data for NFC (unicode_tables.c). */
 struct ucd_ccc_range {

@@ -1,8 +1,11 @@
 /* The native pre-tokenizer splits (runtime/tok/pretok.c) against the Hugging Face `tokenizers` package's
  * regex splits (pretok_cases.json, written by make_pretok_cases.py): GPT-2, Llama 3, Qwen2, StarCoder,
- * Falcon, the GGUF default, DeepSeek coder and llm — piece for piece, on llama.cpp's 46 vocab test strings,
- * hard strings and seeded random ones. Each family is built twice: from its GGUF tokenizer.ggml.pre name and
- * from the regex strings (as a tokenizer.json would give them). Also: unknown regexes are refused. */
+ * Falcon, the GGUF default, DeepSeek coder, llm and V3, o200k (gpt-4o), Kimi K2, Tekken, Qwen3.5, Seed-Coder
+ * and Gemma 4 — piece for piece, on llama.cpp's 46 vocab test strings, hard strings (case changes,
+ * contractions, combining marks, Indic/Arabic/CJK scripts, emoji, whitespace runs) and seeded random ones.
+ * Each family is built twice: from its GGUF tokenizer.ggml.pre name and from the regex strings (as a
+ * tokenizer.json would give them). Also: unknown regexes are refused, and every family cuts random bytes
+ * (invalid UTF-8 included) into non-empty pieces that cover them. */
 #include <jansson.h>
 
 #include "runtime/tok/pretok.h"
@@ -20,25 +23,34 @@ static json_t *load_cases(void)
     return doc;
 }
 
-static int check_family(const struct pretok *p, json_t *strings, json_t *pieces, const char *name, const char *how)
+/* The code points of s[0, len) with their flags and offsets (free cp, fl, off). */
+static struct cpbuf cpbuf_of(const char *s, size_t len)
+{
+    struct cpbuf cb = {0};
+    cb.cp = malloc((len + 1) * sizeof *cb.cp);
+    cb.fl = malloc(len + 1);
+    cb.off = malloc((len + 1) * sizeof *cb.off);
+    cr_assert(cb.cp && cb.fl && cb.off);
+    for (size_t k = 0; k < len;) {
+        int l;
+        cb.cp[cb.n] = utf8_decode((const unsigned char *)s + k, len - k, &l);
+        cb.fl[cb.n] = (uint8_t)ucat_flags(cb.cp[cb.n]);
+        cb.off[cb.n++] = (int)k;
+        k += (size_t)l;
+    }
+    cb.off[cb.n] = (int)len;
+    return cb;
+}
+
+static int check_family(const struct pretok *p, json_t *strings, json_t *pieces, const char *name,
+                        const char *how)
 {
     int n_bad = 0;
     for (size_t i = 0; i < json_array_size(strings); i++) {
         json_t *js = json_array_get(strings, i);
         const char *s = json_string_value(js);
         size_t len = json_string_length(js);
-        struct cpbuf cb = {0};
-        cb.cp = malloc((len + 1) * sizeof *cb.cp);
-        cb.fl = malloc(len + 1);
-        cb.off = malloc((len + 1) * sizeof *cb.off);
-        for (size_t k = 0; k < len;) {
-            int l;
-            cb.cp[cb.n] = utf8_decode((const unsigned char *)s + k, len - k, &l);
-            cb.fl[cb.n] = (uint8_t)ucat_flags(cb.cp[cb.n]);
-            cb.off[cb.n++] = (int)k;
-            k += (size_t)l;
-        }
-        cb.off[cb.n] = (int)len;
+        struct cpbuf cb = cpbuf_of(s, len);
         int *ends = NULL;
         int n = pretok_split(p, &cb, &ends);
         cr_assert(n >= 0);
@@ -53,9 +65,11 @@ static int check_family(const struct pretok *p, json_t *strings, json_t *pieces,
             char got[800] = "";
             size_t g = 0;
             for (int k = 0, a = 0; k < n && g < 700; a = ends[k++])
-                g += (size_t)snprintf(got + g, sizeof got - g, "[%.*s]", cb.off[ends[k]] - cb.off[a], s + cb.off[a]);
+                g += (size_t)snprintf(got + g, sizeof got - g, "[%.*s]", cb.off[ends[k]] - cb.off[a],
+                                      s + cb.off[a]);
             char *want = json_dumps(exp, JSON_COMPACT | JSON_ENSURE_ASCII);
-            cr_log_error("%s (%s) string %zu \"%.80s\":\n  got  %s\n  want %.700s", name, how, i, s, got, want);
+            cr_log_error("%s (%s) string %zu \"%.80s\":\n  got  %s\n  want %.700s", name, how, i, s, got,
+                         want);
             free(want);
         }
         free(ends);
@@ -94,7 +108,7 @@ Test(pretok, families_match_hf_tokenizers)
         n_bad += check_family(&p, strings, pieces, name, "regexes");
         pretok_free(&p);
     }
-    cr_assert_eq(n_fam, 8);
+    cr_assert_eq(n_fam, 22);
     cr_assert_eq(n_bad, 0, "%d splits differ from HF tokenizers", n_bad);
     json_decref(doc);
 }
@@ -114,4 +128,46 @@ Test(pretok, unknown_patterns_are_refused)
     char err[256] = "";
     cr_assert_eq(pretok_from_gguf_pre(&p, "no-such-pre", err), FERRY_ERR_UNSUPPORTED);
     cr_assert(strstr(err, "no-such-pre") != NULL);
+}
+
+/* Every family splits arbitrary bytes (invalid UTF-8, control characters, long runs) into non-empty pieces
+ * that cover the text in order. */
+Test(pretok, random_bytes_split_into_covering_pieces)
+{
+    json_t *doc = load_cases(), *fam;
+    const char *name;
+    uint32_t seed = 12345;
+    json_object_foreach(json_object_get(doc, "families"), name, fam)
+    {
+        struct pretok p;
+        char err[256] = "";
+        cr_assert_eq(pretok_from_gguf_pre(&p, json_string_value(json_object_get(fam, "gguf_pre")), err),
+                     FERRY_OK);
+        for (int it = 0; it < 300; it++) {
+            unsigned char s[200];
+            size_t len = 0, want = (seed = seed * 1103515245u + 12345u) >> 24;
+            static const char *const bits[] = {" ",  "\n",       "\r\n",         "A",           "b",    "7",
+                                               "'s", "\xcc\x81", "\xe4\xb8\xad", "\xff",        "\xc3", "\t",
+                                               "/",  "!",        "\xd9\xa3",     "\xe3\x80\x80"};
+            while (len + 3 < want && len + 3 < sizeof s) {
+                const char *b = bits[(seed = seed * 1103515245u + 12345u) >> 28];
+                size_t bl = strlen(b);
+                memcpy(s + len, b, bl);
+                len += bl;
+            }
+            struct cpbuf cb = cpbuf_of((const char *)s, len);
+            int *ends = NULL;
+            int n = pretok_split(&p, &cb, &ends);
+            cr_assert(n >= 0 && (n == 0) == (cb.n == 0), "%s: %d pieces of %d code points", name, n, cb.n);
+            for (int k = 0; k < n; k++)
+                cr_assert(ends[k] > (k ? ends[k - 1] : 0), "%s: piece %d empty", name, k);
+            cr_assert(n == 0 || ends[n - 1] == cb.n, "%s: pieces end at %d of %d", name, ends[n - 1], cb.n);
+            free(ends);
+            free(cb.cp);
+            free(cb.fl);
+            free(cb.off);
+        }
+        pretok_free(&p);
+    }
+    json_decref(doc);
 }

@@ -26,6 +26,13 @@ static inline char *tt_data_path(const char *rel)
     return p;
 }
 
+/* <$FERRY_SRC or .>/<rel> into out (a file of the source tree). */
+static inline void tt_src_path(char out[4096], const char *rel)
+{
+    const char *src = getenv("FERRY_SRC");
+    snprintf(out, 4096, "%s/%s", src ? src : ".", rel);
+}
+
 static inline char *tt_read_file(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
@@ -54,8 +61,8 @@ static inline int tt_load_gguf(const char *path, struct tokenizer **t, char err[
 }
 
 /* Encodes and returns a malloc'd id array (count in *n). */
-static inline int32_t *tt_encode(const struct tokenizer *t, const char *s, size_t len, int add_bos, int special,
-                                 int *n)
+static inline int32_t *tt_encode(const struct tokenizer *t, const char *s, size_t len, int add_bos,
+                                 int special, int *n)
 {
     int cap = 64;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
