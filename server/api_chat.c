@@ -372,6 +372,21 @@ static int has_tool_history(json_t *msgs)
 }
 
 /* Renders once: arguments as objects, or as strings. */
+/* gpt-oss's template reads an assistant message's earlier reasoning from "thinking" and refuses one with
+ * both thinking and content beside tool calls: as llama.cpp passes them, the content then goes. */
+static void harmony_thinking(json_t *conv)
+{
+    size_t i;
+    json_t *m;
+    json_array_foreach(conv, i, m)
+    {
+        json_t *rs = json_object_get(m, "reasoning_content");
+        if (!json_is_string(rs)) continue;
+        json_object_set(m, "thinking", rs);
+        if (json_array_size(json_object_get(m, "tool_calls"))) json_object_del(m, "content");
+    }
+}
+
 static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools *t, int tools_active,
                        int generic, int as_objects, int add_gen, json_t *kwargs, char **out, size_t *len,
                        char terr[256], struct api_err *e)
@@ -382,6 +397,7 @@ static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools
     int rc = convert_messages(msgs, as_objects, generic, sys.p, &conv, e);
     strbuf_free(&sys);
     if (rc) return rc;
+    if (a->tool_format == TOOL_FORMAT_HARMONY) harmony_thinking(conv);
     char *mj = json_dumps(conv, JSON_COMPACT);
     char *tj = tools_active && !generic ? json_dumps(t->arr, JSON_COMPACT) : NULL;
     char *ej = kwargs ? json_dumps(kwargs, JSON_COMPACT) : NULL;

@@ -464,3 +464,52 @@ Test(api_harmony, anthropic_message_whole_and_streamed)
     strbuf_free(&out);
     sreq_free(r);
 }
+
+/* An earlier turn's reasoning goes back to gpt-oss's template as "thinking" (its analysis message), and the
+ * content beside its tool calls is left out, as llama.cpp passes them (the template refuses both). The
+ * expected text is jinja2's rendering of the template with those messages. Run by
+ * tests/chat/run_template_sweep.py, which unpacks the template from llama.cpp's tarball. */
+Test(api_harmony_prompt, earlier_reasoning_renders_as_analysis)
+{
+    const char *dir = getenv("FERRY_SWEEP_TEMPLATES");
+    if (!dir) cr_skip_test("missing FERRY_SWEEP_TEMPLATES (the gpt-oss template; see run_template_sweep.py)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/openai-gpt-oss-120b.jinja", dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "missing %s", path);
+    static char tmpl[1 << 17];
+    tmpl[fread(tmpl, 1, sizeof tmpl - 1, f)] = 0;
+    fclose(f);
+    struct api_ctx a = {0};
+    a.model_name = "m";
+    a.chat_tmpl = tmpl;
+    a.tool_format = tool_format_of(tmpl);
+    cr_assert_eq(a.tool_format, TOOL_FORMAT_HARMONY);
+    const char *body =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", "
+        "\"content\": \"I will check.\", \"reasoning_content\": \"Need the weather.\", \"tool_calls\": "
+        "[{\"id\": "
+        "\"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+        "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"call_1\", "
+        "\"content\": "
+        "\"20 C\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"description\": \"Weather of a city.\", \"parameters\": {\"type\": \"object\", \"properties\": "
+        "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]}";
+    char *out = NULL;
+    size_t len;
+    struct api_err e;
+    cr_assert_eq(api_apply_template(&a, body, strlen(body), &out, &len, &e), 0, "%s", e.msg);
+    json_t *o = json_loadb(out, len, 0, NULL);
+    const char *prompt = json_string_value(json_object_get(o, "prompt"));
+    cr_assert_not_null(prompt);
+    static const char want[] =
+        "Weather in Paris?<|end|><|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": "
+        "\"Paris\"}"
+        "<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"20 C\"<|end|>"
+        "<|start|>assistant";
+    const size_t pl = strlen(prompt), wl = sizeof want - 1;
+    cr_expect(pl >= wl && !strcmp(prompt + pl - wl, want), "%s", prompt);
+    json_decref(o);
+    free(out);
+}
