@@ -125,6 +125,17 @@ static void header_read(const char *h, size_t n, struct header *out)
     }
 }
 
+/* A function's name as the API takes them: [A-Za-z0-9_.-]{1,64}. */
+static int function_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-' || s[i] == '.'))
+            return 0;
+    return 1;
+}
+
 static int name_is(const char *s, size_t n, const char *w)
 {
     return s && n == strlen(w) && !memcmp(s, w, n);
@@ -215,7 +226,8 @@ static void parse_run(struct parse *p, const char *t, size_t n, int final, int f
             header_read(t + h, m - h, &hd);
             b0 = m + strlen(MARKS[MARK_MESSAGE]);
             if (hd.to)
-                kind = (flags & HARMONY_CALLS) && hd.to_n > 10 && !memcmp(hd.to, "functions.", 10)
+                kind = (flags & HARMONY_CALLS) && hd.to_n > 10 && !memcmp(hd.to, "functions.", 10) &&
+                               function_name_ok(hd.to + 10, hd.to_n - 10)
                            ? BODY_CALL
                            : BODY_DROP;
             else if (name_is(hd.channel, hd.channel_n, "analysis"))

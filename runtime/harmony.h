@@ -9,8 +9,9 @@
  *   analysis                 → reasoning (HARMONY_REASONING), else its header, body and `<|end|>` stay in
  *                              content as written (llama.cpp's reasoning_format none)
  *   to=functions.F (any)     → a call of F whose arguments are the body (a JSON object); a body that is not
- *                              one is content. Without HARMONY_CALLS, and for other recipients (built-in
- *                              tools such as `python`), the message is dropped, as llama.cpp drops them.
+ *                              one is content. Without HARMONY_CALLS, for other recipients (built-in tools
+ *                              such as `python`) and for names outside [A-Za-z0-9_.-]{1,64}, the message
+ *                              is dropped, as llama.cpp drops them.
  *   final, commentary, other → content
  * Text where a header should start but none does is content up to the next marker; a message of another
  * role (the model writing a tool's answer) ends the parse. No marker text reaches reasoning or content

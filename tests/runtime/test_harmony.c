@@ -139,6 +139,7 @@ Test(harmony, malformed_arguments_are_content)
            "{\"a\": ", NULL);
     /* an empty name is no call either */
     expect("<|channel|>commentary to=functions. <|message|>{}<|call|>", BOTH, "", "", NULL);
+    expect("<|channel|>commentary to=functions.f$x <|message|>{}<|call|>", BOTH, "", "", NULL);
 }
 
 Test(harmony, truncated_inside_a_marker_or_header)

@@ -1,0 +1,162 @@
+"""gpt-oss (harmony) answers over real HTTP, read by the openai and anthropic packages.
+
+No trained gpt-oss model fits the tests, so the model is built here: stories260K's vocabulary with unused byte
+tokens renamed to harmony's markers (control tokens where gpt-oss has them, plain text where a piece joins
+several) and a one-layer Llama whose only path is embedding → output: token i's logits peak at a chosen
+successor, so a greedy answer is a fixed harmony output (an analysis message, then a call of get_weather that
+ends at <|call|>, the end-of-generation token). Its chat template holds <|channel|>, so ferry reads the answer as
+harmony: the control tokens must stay in the text for the parser (keep_special) and never reach a client.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import MODEL, Server
+
+gguf = pytest.importorskip("gguf")
+
+# (byte-token id to rename, its new text, token type: 1 normal, 3 control), in the order the model writes them
+CHAIN = [
+    (4, "<|start|>assistant", 3),  # the prompt's last token
+    (5, "<|channel|>", 3),
+    (6, "analysis", 1),
+    (7, "<|message|>", 3),
+    (8, "Need▁the▁weather.", 1),
+    (17, "<|end|><|start|>assistant<|channel|>commentary▁to=functions.get_weather▁", 1),
+    (18, "<|constrain|>", 3),
+    (19, "json", 1),
+    (20, '<|message|>{"city":▁"Paris"}', 1),
+    (21, "<|call|>", 3),  # end of generation (the eos)
+]
+TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+            "{% if false %}<|channel|>final<|message|>{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def harmony_model(path):
+    r = gguf.GGUFReader(MODEL)
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    rename = {i: (text, kind) for i, text, kind in CHAIN}
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key.startswith("llama."):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                vals = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            else:
+                vals = [f.parts[i].tolist()[0] for i in f.data]
+            if key == "tokenizer.ggml.tokens":
+                vals = [rename[i][0] if i in rename else v for i, v in enumerate(vals)]
+            if key == "tokenizer.ggml.token_type":
+                vals = [rename[i][1] if i in rename else v for i, v in enumerate(vals)]
+            w.add_key_value(key, vals, vt, sub_type=sub)
+        elif key == "tokenizer.ggml.eos_token_id":
+            w.add_key_value(key, CHAIN[-1][0], vt)
+        elif vt == gguf.GGUFValueType.STRING:
+            w.add_key_value(key, bytes(f.parts[-1]).decode("utf-8"), vt)
+        else:
+            w.add_key_value(key, f.parts[-1].tolist()[0], vt)
+    w.add_chat_template(TEMPLATE)
+    n_vocab, dim, ff = 512, 64, 64
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(8)
+    w.add_head_count_kv(8)
+    w.add_block_count(1)
+    w.add_rope_dimension_count(8)
+    w.add_layer_norm_rms_eps(1e-5)
+    # token i of the chain → unit vector slot k; the output row of its successor reads that slot
+    embd = np.zeros((n_vocab, dim), np.float32)
+    out = np.zeros((n_vocab, dim), np.float32)
+    for k, (i, _, _) in enumerate(CHAIN[:-1]):
+        embd[i, k] = 1.0
+        out[CHAIN[k + 1][0], k] = 50.0  # a logit of 400 against 0: the successor at any temperature
+    w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    w.add_tensor("output.weight", out)
+    zeros = {"attn_q": (dim, dim), "attn_k": (dim, dim), "attn_v": (dim, dim), "attn_output": (dim, dim),
+             "ffn_gate": (ff, dim), "ffn_up": (ff, dim), "ffn_down": (dim, ff)}
+    for name, shape in zeros.items():
+        w.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(dim, np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(dim, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    s = Server(model=harmony_model(tmp_path_factory.mktemp("harmony") / "harmony.gguf"))
+    yield s
+    assert s.stop() == 0
+
+
+def test_prompt_ends_with_the_generation_prompt(harmony):
+    """The chain starts from the prompt's last token: the model is built as intended."""
+    import urllib.request
+    req = urllib.request.Request(harmony.url + "/tokenize", json.dumps(
+        {"content": "<|start|>user<|message|>x<|end|><|start|>assistant", "parse_special": True}).encode(),
+        {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        assert json.load(r)["tokens"][-1] == CHAIN[0][0]
+
+
+def test_openai_chat_whole_and_streamed(harmony):
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=harmony.url + "/v1", api_key="x")
+    r = c.chat.completions.create(model="harmony.gguf", messages=MESSAGES, tools=TOOLS, temperature=0,
+                                  max_tokens=30)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.model_extra["reasoning_content"] == "Need the weather."
+    assert not ch.message.content
+    (call,) = ch.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    reasoning, content, names, args, finish = "", "", "", "", None
+    for chunk in c.chat.completions.create(model="harmony.gguf", messages=MESSAGES, tools=TOOLS, temperature=0,
+                                           max_tokens=30, stream=True):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            names += t.function.name or ""
+            args += t.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert reasoning == "Need the weather." and content == "" and names == "get_weather"
+    assert json.loads(args) == {"city": "Paris"} and finish == "tool_calls"
+
+    # without tools the call is not the client's: dropped, as llama.cpp drops it
+    r = c.chat.completions.create(model="harmony.gguf", messages=MESSAGES, temperature=0, max_tokens=30)
+    assert r.choices[0].message.model_extra["reasoning_content"] == "Need the weather."
+    assert not r.choices[0].message.tool_calls and "<|" not in (r.choices[0].message.content or "")
+
+
+def test_anthropic_messages(harmony):
+    anthropic = pytest.importorskip("anthropic")
+    c = anthropic.Anthropic(base_url=harmony.url, api_key="x")
+    tools = [{"name": "get_weather", "description": "Weather of a city.",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    m = c.messages.create(model="harmony.gguf", max_tokens=30, messages=MESSAGES, tools=tools)
+    assert [b.type for b in m.content] == ["thinking", "tool_use"]
+    assert m.content[0].thinking == "Need the weather."
+    assert m.content[1].name == "get_weather" and m.content[1].input == {"city": "Paris"}
+    assert m.stop_reason == "tool_use"
+    with c.messages.stream(model="harmony.gguf", max_tokens=30, messages=MESSAGES, tools=tools) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "tool_use"]
+    assert final.content[0].thinking == "Need the weather." and final.content[1].input == {"city": "Paris"}
