@@ -1,4 +1,5 @@
-"""gpt-oss (harmony) answers over real HTTP, read by the openai and anthropic packages.
+"""gpt-oss (harmony) answers over real HTTP (chat completions, /v1/responses, /v1/messages), read by the openai
+and anthropic packages.
 
 No trained gpt-oss model fits the tests, so the model is built here: stories260K's vocabulary with unused byte
 tokens renamed to harmony's markers (control tokens where gpt-oss has them, plain text where a piece joins
@@ -178,6 +179,17 @@ def test_anthropic_messages(harmony):
         final = s.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "tool_use"]
     assert final.content[0].thinking == "Need the weather." and final.content[1].input == {"city": "Paris"}
+
+
+def test_responses(harmony):
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=harmony.url + "/v1", api_key="x")
+    tools = [dict(type="function", **TOOLS[0]["function"])]
+    r = c.responses.create(model="harmony.gguf", input="Weather in Paris?", tools=tools, temperature=0,
+                           max_output_tokens=30)
+    assert [o.type for o in r.output] == ["reasoning", "function_call"]
+    assert r.output[0].content[0].text == "Need the weather."
+    assert r.output[1].name == "get_weather" and json.loads(r.output[1].arguments) == {"city": "Paris"}
 
 
 @pytest.mark.xfail(strict=True, reason="runtime/tok makes <|end|> an end-of-generation token, so the answer "
