@@ -4,6 +4,7 @@
  */
 #include "runtime/harmony.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,31 +36,6 @@ int harmony_template_is(const char *tmpl)
 
 /* ---- text -----------------------------------------------------------------------------------------------
  */
-
-struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-};
-
-static void sb_add(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 64;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *q = realloc(b->p, nc);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
 
 /* Whether t[at, n) begins with m (full), or, partial set, is a proper prefix of it. */
 static int at_mark(const char *t, size_t n, size_t at, const char *m, int partial)
@@ -146,10 +122,15 @@ static int name_is(const char *s, size_t n, const char *w)
 enum body_kind { BODY_CONTENT, BODY_REASONING, BODY_RAW, BODY_CALL, BODY_DROP };
 
 struct parse {
-    struct sbuf r, c;
+    FILE *r, *c; /* the reasoning and the content, growing (open_memstream) */
     struct harmony_parse *out;
     int rc;
 };
+
+static void put(struct parse *p, FILE *f, const char *s, size_t n)
+{
+    if (n && fwrite(s, 1, n, f) != n) p->rc = FERRY_ERR_NOMEM;
+}
 
 /* A call of name[0, nn) with the arguments body[0, bn); a body that is not a JSON object is content. */
 static void call_add(struct parse *p, const char *name, size_t nn, const char *body, size_t bn)
@@ -161,7 +142,7 @@ static void call_add(struct parse *p, const char *name, size_t nn, const char *b
         return;
     }
     if (r == 0) {
-        sb_add(&p->c, body, bn);
+        put(p, p->c, body, bn);
         return;
     }
     struct tool_parse *tp = &p->out->calls;
@@ -237,14 +218,14 @@ static void parse_run(struct parse *p, const char *t, size_t n, int final, int f
         const size_t shown = which >= 0 || final ? e : hold; /* the body's part that is certain */
         switch (kind) {
         case BODY_CONTENT:
-            sb_add(&p->c, t + b0, shown - b0);
+            put(p, p->c, t + b0, shown - b0);
             break;
         case BODY_REASONING:
-            sb_add(&p->r, t + b0, shown - b0);
+            put(p, p->r, t + b0, shown - b0);
             break;
         case BODY_RAW:
-            sb_add(&p->c, t + h, shown - h);
-            if (which == MARK_END) sb_add(&p->c, MARKS[MARK_END], strlen(MARKS[MARK_END]));
+            put(p, p->c, t + h, shown - h);
+            if (which == MARK_END) put(p, p->c, MARKS[MARK_END], strlen(MARKS[MARK_END]));
             break;
         case BODY_CALL:
             if (which >= 0 || final) call_add(p, hd.to + 10, hd.to_n - 10, t + b0, e - b0);
@@ -263,12 +244,15 @@ int harmony_parse(const char *text, size_t len, int final, int flags, struct har
 {
     memset(out, 0, sizeof *out);
     struct parse p = {.out = out};
-    parse_run(&p, text ? text : "", text ? len : 0, final, flags);
-    sb_add(&p.r, "", 0); /* both parts exist, NUL-terminated */
-    sb_add(&p.c, "", 0);
-    if (!p.rc && (p.r.oom || p.c.oom)) p.rc = FERRY_ERR_NOMEM;
-    out->reasoning = p.r.p, out->r_len = p.r.len;
-    out->content = p.c.p, out->c_len = p.c.len;
+    p.r = open_memstream(&out->reasoning, &out->r_len);
+    p.c = open_memstream(&out->content, &out->c_len);
+    if (p.r && p.c)
+        parse_run(&p, text ? text : "", text ? len : 0, final, flags);
+    else
+        p.rc = FERRY_ERR_NOMEM;
+    /* closing writes both texts, NUL-terminated */
+    const int bad_r = p.r && fclose(p.r), bad_c = p.c && fclose(p.c);
+    if (bad_r || bad_c || !out->reasoning || !out->content) p.rc = FERRY_ERR_NOMEM;
     if (p.rc) harmony_parse_free(out);
     return p.rc;
 }

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import MODEL, Server
+from conftest import MODEL, Server, gguf_copy_fields
 
 gguf = pytest.importorskip("gguf")
 
@@ -60,27 +60,11 @@ def harmony_model(path, chain=CHAIN):
     r = gguf.GGUFReader(MODEL)
     w = gguf.GGUFWriter(str(path), arch="llama")
     rename = {i: (text, kind) for i, text, kind in chain}
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key.startswith("llama."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                vals = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            else:
-                vals = [f.parts[i].tolist()[0] for i in f.data]
-            if key == "tokenizer.ggml.tokens":
-                vals = [rename[i][0] if i in rename else v for i, v in enumerate(vals)]
-            if key == "tokenizer.ggml.token_type":
-                vals = [rename[i][1] if i in rename else v for i, v in enumerate(vals)]
-            w.add_key_value(key, vals, vt, sub_type=sub)
-        elif key == "tokenizer.ggml.eos_token_id":
-            w.add_key_value(key, chain[-1][0], vt)
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_key_value(key, bytes(f.parts[-1]).decode("utf-8"), vt)
-        else:
-            w.add_key_value(key, f.parts[-1].tolist()[0], vt)
+    gguf_copy_fields(r, w, {"tokenizer.ggml.tokens": lambda v: [rename.get(i, (x,))[0] for i, x in enumerate(v)],
+                            "tokenizer.ggml.token_type": lambda v: [rename[i][1] if i in rename else x
+                                                                    for i, x in enumerate(v)],
+                            "tokenizer.ggml.eos_token_id": lambda v: chain[-1][0]},
+                     skip=("llama.", "tokenizer.chat_template"))
     w.add_chat_template(TEMPLATE)
     n_vocab, dim, ff = 512, 64, 64
     w.add_context_length(256)

@@ -288,6 +288,23 @@ static const char HARMONY_OUT[] =
     "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     "{\"city\": \"Paris\"}";
 
+/* Streams HARMONY_OUT as r's choice would publish it, a character at a time, into out; then it is done. */
+static void stream_bytes(const struct api_ctx *a, struct sreq *r, struct strbuf *out)
+{
+    const size_t n = strlen(HARMONY_OUT);
+    int done = 0;
+    for (size_t k = 1; k <= n; k++) {
+        if (k < n && (HARMONY_OUT[k] & 0xC0) == 0x80) continue; /* released text holds whole characters */
+        struct choice *c = &r->choices[0];
+        free(c->text);
+        c->text = strndup(HARMONY_OUT, k);
+        c->text_len = k;
+        if (k == n) c->state = CHOICE_DONE, c->finish = "stop", r->n_done = 1;
+        api_render_stream(a, r, out, &done);
+    }
+    cr_expect(done);
+}
+
 /* Every `data:` line of an SSE stream as JSON, in order (the [DONE] line left out). */
 static json_t *sse_events(const char *s, size_t n)
 {
@@ -346,17 +363,7 @@ Test(api_harmony, chat_completion_whole_and_streamed)
     /* streamed: the text grows a byte at a time */
     r = harmony_req(SREQ_CHAT, "", 0, 0);
     struct strbuf out = {0};
-    int done = 0;
-    for (size_t k = 1; k <= n; k++) {
-        if (k < n && (HARMONY_OUT[k] & 0xC0) == 0x80) continue; /* released text holds whole characters */
-        struct choice *c = &r->choices[0];
-        free(c->text);
-        c->text = strndup(HARMONY_OUT, k);
-        c->text_len = k;
-        if (k == n) c->state = CHOICE_DONE, c->finish = "stop", r->n_done = 1;
-        api_render_stream(&a, r, &out, &done);
-    }
-    cr_expect(done);
+    stream_bytes(&a, r, &out);
     json_t *ev = sse_events(out.p, out.len);
     char *rs = NULL, *ct = NULL, *name = NULL, *argtext = NULL;
     const char *finish = NULL;
@@ -423,17 +430,7 @@ Test(api_harmony, anthropic_message_whole_and_streamed)
 
     r = harmony_req(SREQ_ANTHROPIC, "", 0, 0);
     struct strbuf out = {0};
-    int done = 0;
-    for (size_t k = 1; k <= n; k++) {
-        if (k < n && (HARMONY_OUT[k] & 0xC0) == 0x80) continue; /* released text holds whole characters */
-        struct choice *c = &r->choices[0];
-        free(c->text);
-        c->text = strndup(HARMONY_OUT, k);
-        c->text_len = k;
-        if (k == n) c->state = CHOICE_DONE, c->finish = "stop", r->n_done = 1;
-        api_render_stream(&a, r, &out, &done);
-    }
-    cr_expect(done);
+    stream_bytes(&a, r, &out);
     json_t *ev = sse_events(out.p, out.len);
     char *thinking = NULL, *text = NULL, *input = NULL, *types = NULL;
     size_t i;
