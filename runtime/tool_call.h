@@ -25,8 +25,8 @@ enum tool_format {
     TOOL_FORMAT_HERMES = 1,
     TOOL_FORMAT_LLAMA3 = 2,
     TOOL_FORMAT_MISTRAL = 3,
-    TOOL_FORMAT_HARMONY =
-        4 /* gpt-oss: parsed by runtime/harmony.h, not by tool_call_parse; no call grammar */
+    /* gpt-oss: read by runtime/harmony.h, not by tool_call_parse; no call grammar */
+    TOOL_FORMAT_HARMONY = 4
 };
 
 #define TOOL_CALL_MAX 16 /* calls kept from one answer */

@@ -371,7 +371,6 @@ static int has_tool_history(json_t *msgs)
     return 0;
 }
 
-/* Renders once: arguments as objects, or as strings. */
 /* gpt-oss's template reads an assistant message's earlier reasoning from "thinking" and refuses one with
  * both thinking and content beside tool calls: as llama.cpp passes them, the content then goes. */
 static void harmony_thinking(json_t *conv)
@@ -387,6 +386,7 @@ static void harmony_thinking(json_t *conv)
     }
 }
 
+/* Renders once: arguments as objects, or as strings. */
 static int render_once(const struct api_ctx *a, json_t *msgs, const struct tools *t, int tools_active,
                        int generic, int as_objects, int add_gen, json_t *kwargs, char **out, size_t *len,
                        char terr[256], struct api_err *e)
