@@ -14,8 +14,9 @@
  *                              is dropped, as llama.cpp drops them.
  *   final, commentary, other → content
  * Text where a header should start but none does is content up to the next marker; a message of another
- * role (the model writing a tool's answer) ends the parse. No marker text reaches reasoning or content
- * except in the reasoning-off case above.
+ * role (the model writing a tool's answer) ends the parse. A body ends at the first <|start|>, <|channel|>,
+ * <|end|>, <|return|> or <|call|>, so none of those reaches reasoning or content (but in the reasoning-off
+ * case above).
  * Streaming: the parse of any prefix (final 0) gives reasoning and content that are prefixes of the whole
  * parse's and calls that are its first ones: a tail that may be the start of a marker is held back, and a
  * call is held until its END. Reads (ptr, len); the result is copied (harmony_parse_free).
