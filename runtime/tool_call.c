@@ -10,6 +10,7 @@
 
 #include "kernels/core/status.h"
 #include "runtime/grammar_build.h"
+#include "runtime/harmony.h"
 #include "runtime/json_schema.h"
 #include "runtime/tok/unicode.h"
 
@@ -19,6 +20,7 @@ static const char MISTRAL_MARK[] = "[TOOL_CALLS]", PYTHON_TAG[] = "<|python_tag|
 enum tool_format tool_format_of(const char *tmpl)
 {
     if (!tmpl) return TOOL_FORMAT_GENERIC;
+    if (harmony_template_is(tmpl)) return TOOL_FORMAT_HARMONY;
     if (strstr(tmpl, HERMES_OPEN)) return TOOL_FORMAT_HERMES;
     if (strstr(tmpl, MISTRAL_MARK)) return TOOL_FORMAT_MISTRAL;
     if (strstr(tmpl, PYTHON_TAG) || (strstr(tmpl, "<|start_header_id|>") && strstr(tmpl, "tools")))
@@ -28,8 +30,8 @@ enum tool_format tool_format_of(const char *tmpl)
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *names[] = {"generic", "hermes", "llama3", "mistral"};
-    return (unsigned)f < 4 ? names[f] : "?";
+    static const char *names[] = {"generic", "hermes", "llama3", "mistral", "harmony"};
+    return (unsigned)f < 5 ? names[f] : "?";
 }
 
 const char *tool_call_prompt_suffix(enum tool_format f)
@@ -183,6 +185,8 @@ int tool_call_grammar(enum tool_format f, const struct tool_def *tools, int n, i
     *out = NULL;
     err[0] = 0;
     if (n <= 0) return ferry_fail(err, FERRY_ERR_INVALID, "no tools to call");
+    if (f == TOOL_FORMAT_HARMONY) /* its call headers are control tokens, which a grammar cannot emit */
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "no call grammar for the harmony format");
     if (max_calls > TOOL_CALL_MAX) max_calls = TOOL_CALL_MAX;
     struct gbuilder *b;
     if (gb_init(&b)) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
@@ -410,6 +414,15 @@ static char *object_text(const char *s, size_t n)
     return a;
 }
 
+int tool_call_args_object(const char *s, size_t n, char **out)
+{
+    *out = NULL;
+    const size_t i = skip_ws(s, 0, n);
+    const size_t span = i < n && s[i] == '{' ? json_span(s + i, n - i) : 0;
+    if (!span || skip_ws(s, i + span, n) != n) return 0;
+    return (*out = object_text(s + i, span)) ? 1 : FERRY_ERR_NOMEM;
+}
+
 /* Arguments written as a JSON string (as OpenAI's API carries them): the string span s[0, n) must hold one
  * JSON object and nothing else but whitespace. *out gets its text; 0 = not an object, FERRY_ERR_NOMEM. */
 static int string_args(const char *s, size_t n, char **out)
@@ -417,12 +430,7 @@ static int string_args(const char *s, size_t n, char **out)
     *out = NULL;
     json_t *str = string_decode(s, n);
     if (!str) return 0;
-    const char *c = json_string_value(str);
-    const size_t len = json_string_length(str);
-    const size_t i = skip_ws(c, 0, len);
-    const size_t span = i < len && c[i] == '{' ? json_span(c + i, len - i) : 0;
-    int r = 0;
-    if (span && skip_ws(c, i + span, len) == len) r = (*out = object_text(c + i, span)) ? 1 : FERRY_ERR_NOMEM;
+    const int r = tool_call_args_object(json_string_value(str), json_string_length(str), out);
     json_decref(str);
     return r;
 }
@@ -548,6 +556,10 @@ int tool_call_parse(enum tool_format f, const char *text, size_t len, int final,
     memset(out, 0, sizeof *out);
     int rc = 0, failed = 0;
     size_t start = 0;
+    if (f == TOOL_FORMAT_HARMONY) { /* harmony_parse reads these */
+        out->content_end = len;
+        return 0;
+    }
     if (f == TOOL_FORMAT_LLAMA3) {
         size_t a = skip_ws(text, 0, len);
         if (a == len) { /* only whitespace so far: a call may still follow, so none of it is content yet */

@@ -9,8 +9,9 @@
  * model answers as HERMES does. The parser works on the text so far (streaming) or the whole text (final): it
  * never takes back what it called content, so the caller can stream content[0, content_end) as it grows. Text
  * that may still become a call is held back. A call section that does not parse at the end is returned as
- * content. Parsers read (ptr, len) and copy what they return; tool_parse_free releases it. The grammar and
- * the parser agree: everything the grammar generates parses as calls, arguments included (always an object).
+ * content. HARMONY (gpt-oss) messages carry their calls in headers: runtime/harmony.h reads them. Parsers
+ * read (ptr, len) and copy what they return; tool_parse_free releases it. The grammar and the parser agree:
+ * everything the grammar generates parses as calls, arguments included (always an object).
  */
 #ifndef FERRY_TOOL_CALL_H
 #define FERRY_TOOL_CALL_H
@@ -23,7 +24,9 @@ enum tool_format {
     TOOL_FORMAT_GENERIC = 0,
     TOOL_FORMAT_HERMES = 1,
     TOOL_FORMAT_LLAMA3 = 2,
-    TOOL_FORMAT_MISTRAL = 3
+    TOOL_FORMAT_MISTRAL = 3,
+    /* gpt-oss: read by runtime/harmony.h, not by tool_call_parse; no call grammar */
+    TOOL_FORMAT_HARMONY = 4
 };
 
 #define TOOL_CALL_MAX 16 /* calls kept from one answer */
@@ -61,5 +64,9 @@ struct tool_parse {
 int tool_call_parse(enum tool_format f, const char *text, size_t len, int final, int prefixed,
                     struct tool_parse *out);
 void tool_parse_free(struct tool_parse *p);
+/* The arguments of a call written as s[0, n): one JSON object, whitespace around it allowed. *out gets its
+ * text (malloc'd), compact as jansson writes it, or as written where jansson cannot hold a number of it.
+ * Returns 1 (an object), 0 (not one: *out NULL) or FERRY_ERR_NOMEM. */
+int tool_call_args_object(const char *s, size_t n, char **out);
 
 #endif

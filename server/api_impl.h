@@ -87,6 +87,7 @@ struct api_split {
     size_t r_len, c_len;
     int n_calls;
     struct tool_parse *tp; /* owned: api_split_free */
+    char *owned[2];        /* harmony: the reasoning and content text (reasoning, content point here) */
 };
 void api_split_output(const struct sreq *r, const struct choice *c, int final, struct api_split *o);
 void api_split_free(struct api_split *o);

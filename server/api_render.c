@@ -9,6 +9,7 @@
 
 #include "kernels/core/status.h"
 #include "server/api.h"
+#include "runtime/harmony.h"
 #include "runtime/reasoning.h"
 #include "runtime/tool_call.h"
 #include "server/api_impl.h"
@@ -146,9 +147,38 @@ json_t *api_usage(const struct sreq *r)
 
 /* ---- output split: reasoning, content, tool calls ---------------------------------------------------- */
 
+/* Whether the choices of r are harmony messages (gpt-oss) to split. Under a grammar they are not: it allows
+ * text tokens only, so the output is one plain answer. */
+static int split_harmony(const struct sreq *r)
+{
+    return r->kind != SREQ_COMPLETION && r->tool_format == TOOL_FORMAT_HARMONY && !r->grammar;
+}
+
+static void split_harmony_output(const struct sreq *r, const struct choice *c, int final, struct api_split *o)
+{
+    struct harmony_parse hp;
+    const int flags = (r->reasoning ? HARMONY_REASONING : 0) | (r->tools ? HARMONY_CALLS : 0);
+    o->tp = calloc(1, sizeof *o->tp);
+    if (!o->tp || harmony_parse(c->text, c->text_len, final, flags, &hp)) {
+        api_oom_mark(); /* the answer is refused rather than shown without its parts */
+        free(o->tp);
+        o->tp = NULL;
+        o->content = o->reasoning = "";
+        return;
+    }
+    *o->tp = hp.calls;
+    o->n_calls = hp.calls.n_calls;
+    o->owned[0] = hp.reasoning, o->reasoning = hp.reasoning, o->r_len = hp.r_len;
+    o->owned[1] = hp.content, o->content = hp.content, o->c_len = hp.c_len;
+}
+
 void api_split_output(const struct sreq *r, const struct choice *c, int final, struct api_split *o)
 {
     memset(o, 0, sizeof *o);
+    if (split_harmony(r)) {
+        split_harmony_output(r, c, final, o);
+        return;
+    }
     const char *text = c->text ? c->text : "";
     size_t len = c->text_len;
     const char *ans = text;
@@ -182,6 +212,9 @@ void api_split_free(struct api_split *o)
     if (o->tp) tool_parse_free(o->tp);
     free(o->tp);
     o->tp = NULL;
+    free(o->owned[0]);
+    free(o->owned[1]);
+    o->owned[0] = o->owned[1] = NULL;
 }
 
 const char *api_call_id(const struct api_ctx *a, struct choice *c, int k)
@@ -305,7 +338,7 @@ static void sse(struct strbuf *out, json_t *j)
 /* A chat delta of everything new in the choice's reasoning, content and tool calls (NULL when nothing is). */
 static json_t *chat_delta(const struct api_ctx *a, struct sreq *r, struct choice *c, int *n_calls)
 {
-    if (!r->reasoning && !r->tools) { /* plain text: all of it is content */
+    if (!r->reasoning && !r->tools && !split_harmony(r)) { /* plain text: all of it is content */
         *n_calls = 0;
         if (c->text_len <= c->sent) return NULL;
         json_t *d = json_pack("{s:o}", "content", api_jstr(c->text + c->sent, c->text_len - c->sent));

@@ -5,7 +5,7 @@
 // SOURCES: runtime/model.c runtime/kv_cache.c runtime/device_map.c runtime/layer.c runtime/ring.c
 // SOURCES: runtime/step_plan.c runtime/forward_cpu.c runtime/forward_cuda_none.c runtime/engine.c
 // SOURCES: runtime/sampler.c runtime/regex.c runtime/grammar*.c runtime/json_schema.c runtime/tool_call.c
-// SOURCES: runtime/reasoning.c runtime/tok/*.c runtime/chat/*.c
+// SOURCES: runtime/reasoning.c runtime/harmony.c runtime/tok/*.c runtime/chat/*.c
 // SOURCES: kernels/core/*.c kernels/cpu/*.c quant/*.c weights/*.c
 // LIBS: -ljansson -lm -lpthread
 // CFLAGS: -march=native

@@ -1,4 +1,4 @@
-// SOURCES: runtime/tool_call.c runtime/reasoning.c runtime/json_schema.c runtime/grammar.c
+// SOURCES: runtime/tool_call.c runtime/reasoning.c runtime/harmony.c runtime/json_schema.c runtime/grammar.c
 // SOURCES: runtime/grammar_build.c runtime/regex.c kernels/core/status.c kernels/core/log.c
 // SOURCES: runtime/tok/unicode.c runtime/tok/unicode_tables.c
 // LIBS: -ljansson -lm

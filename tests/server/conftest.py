@@ -197,3 +197,25 @@ def assert_error(status, body, want_status, param=None):
     assert isinstance(err["type"], str) and err["type"], err
     if param is not None:
         assert err["param"] == param, err
+
+
+def gguf_copy_fields(r, w, edit=None, skip=()):
+    """Copies the metadata of the GGUFReader r into the GGUFWriter w, except general.architecture and keys
+    starting with one of skip; edit maps a key to a function of its value (a list for arrays)."""
+    import gguf
+    edit = edit or {}
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key.startswith(tuple(skip)):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                vals = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            else:
+                vals = [f.parts[i].tolist()[0] for i in f.data]
+            w.add_key_value(key, edit.get(key, lambda v: v)(vals), vt, sub_type=sub)
+        elif vt == gguf.GGUFValueType.STRING:
+            w.add_key_value(key, edit.get(key, lambda v: v)(bytes(f.parts[-1]).decode("utf-8")), vt)
+        else:
+            w.add_key_value(key, edit.get(key, lambda v: v)(f.parts[-1].tolist()[0]), vt)

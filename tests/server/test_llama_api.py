@@ -14,7 +14,7 @@ import struct
 import urllib.request
 
 import pytest
-from conftest import GOLDENS, MODEL, Server, assert_error, get, post
+from conftest import GOLDENS, MODEL, Server, assert_error, get, gguf_copy_fields, post
 
 FINAL_KEYS = {"index", "content", "tokens", "id_slot", "stop", "model", "tokens_predicted", "tokens_evaluated",
               "generation_settings", "prompt", "has_new_line", "truncated", "stop_type", "stopping_word",
@@ -198,25 +198,8 @@ def fim_model(tmp_path):
     r = gguf.GGUFReader(MODEL)
     w = gguf.GGUFWriter(str(tmp_path / "fim.gguf"), arch=bytes(r.fields["general.architecture"].parts[-1]).decode())
     names = {0x10 + 3: "<fim_prefix>", 0x11 + 3: "<fim_suffix>", 0x12 + 3: "<fim_middle>"}
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                vals = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            else:
-                vals = [f.parts[i].tolist()[0] for i in f.data]
-            if key == "tokenizer.ggml.tokens":
-                vals = [names.get(i, v) for i, v in enumerate(vals)]
-            if key == "tokenizer.ggml.token_type":
-                vals = [3 if i in names else v for i, v in enumerate(vals)]
-            w.add_key_value(key, vals, vt, sub_type=sub)
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_key_value(key, bytes(f.parts[-1]).decode("utf-8"), vt)
-        else:
-            w.add_key_value(key, f.parts[-1].tolist()[0], vt)
+    gguf_copy_fields(r, w, {"tokenizer.ggml.tokens": lambda v: [names.get(i, x) for i, x in enumerate(v)],
+                            "tokenizer.ggml.token_type": lambda v: [3 if i in names else x for i, x in enumerate(v)]})
     for t in r.tensors:
         w.add_tensor(t.name, t.data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
     w.write_header_to_file()

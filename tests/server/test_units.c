@@ -1,5 +1,6 @@
 /* Unit tests of the server's pure parts: the option table (env vs argv, bounds, sizes, help), the one
- * status → HTTP mapping, the OpenAI error object, and the UTF-8 sanitizer applied to model output. */
+ * status → HTTP mapping, the OpenAI error object, the UTF-8 sanitizer applied to model output, and gpt-oss
+ * (harmony) answers rendered as chat completions and Anthropic messages, whole and streamed. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -10,6 +11,9 @@
 #include "kernels/core/status.h"
 #include "server/api.h"
 #include "server/options.h"
+#include "server/api_impl.h"
+#include "server/sreq.h"
+#include "runtime/tool_call.h"
 
 static int parse(struct serve_options *o, char err[256], int argc, char **argv)
 {
@@ -102,32 +106,13 @@ Test(options, help_lists_every_option_and_env)
     FILE *f = open_memstream(&buf, &len);
     serve_options_help(f);
     fclose(f);
-    const char *must[] = {"--model",
-                          "FERRY_MODEL",
-                          "--api-key",
-                          "--api-key-file",
-                          "--ctx-size",
-                          "--parallel",
-                          "--max-batch-tokens",
-                          "--threads",
-                          "--max-queue",
-                          "--body-limit",
-                          "--timeout",
-                          "--shutdown-timeout",
-                          "--cors-origin",
-                          "--chat-template",
-                          "--public-health",
-                          "--log-level",
-                          "--served-model-name",
-                          "--seed",
-                          "--gpu-memory",
-                          "--reserve-vram",
-                          "--gpu-layers",
-                          "--cpu-moe",
-                          "--quant",
-                          "--deterministic",
-                          "FERRY_SHUTDOWN_TIMEOUT",
-                          "default 8080"};
+    const char *must[] = {
+        "--model",      "FERRY_MODEL",         "--api-key",     "--api-key-file",  "--ctx-size",
+        "--parallel",   "--max-batch-tokens",  "--threads",     "--max-queue",     "--body-limit",
+        "--timeout",    "--shutdown-timeout",  "--cors-origin", "--chat-template", "--public-health",
+        "--log-level",  "--served-model-name", "--seed",        "--gpu-memory",    "--reserve-vram",
+        "--gpu-layers", "--cpu-moe",           "--quant",       "--deterministic", "FERRY_SHUTDOWN_TIMEOUT",
+        "default 8080"};
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
         cr_assert(strstr(buf, must[i]), "help lacks %s", must[i]);
     free(buf);
@@ -269,4 +254,259 @@ Test(api, never_fits_the_kv_pool_is_a_400_with_the_numbers)
     rc = api_parse_request(&a, SREQ_COMPLETION, body, strlen(body), &r, &e);
     cr_assert_eq(rc, 0, "%s", e.msg);
     sched_release(NULL, r);
+}
+
+/* ---- gpt-oss (harmony) answers through the renderers --------------------------------------------------- */
+
+/* A chat request of kind k whose one choice generated text (harmony messages with their control tokens, as
+ * keep_special leaves them), done or not. */
+static struct sreq *harmony_req(enum sreq_kind k, const char *text, size_t len, int done)
+{
+    struct sreq *r = sreq_new();
+    cr_assert_not_null(r);
+    r->kind = k;
+    snprintf(r->id, sizeof r->id, "chatcmpl-test");
+    r->tool_format = TOOL_FORMAT_HARMONY;
+    r->reasoning = 1;
+    r->tools = 1;
+    r->keep_special = 1;
+    r->n_choices = r->n = 1;
+    r->choices = calloc(1, sizeof *r->choices);
+    struct choice *c = &r->choices[0];
+    c->rs_item = c->msg_item = -1;
+    c->text = strndup(text, len);
+    c->text_len = len;
+    c->state = done ? CHOICE_DONE : CHOICE_RUNNING;
+    c->finish = done ? "stop" : NULL;
+    r->n_done = done;
+    return r;
+}
+
+static const char HARMONY_OUT[] =
+    "<|channel|>analysis<|message|>Need the weather; \"quote\" é.<|end|>"
+    "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    "{\"city\": \"Paris\"}";
+
+/* Streams HARMONY_OUT as r's choice would publish it, a character at a time, into out; then it is done. */
+static void stream_bytes(const struct api_ctx *a, struct sreq *r, struct strbuf *out)
+{
+    const size_t n = strlen(HARMONY_OUT);
+    int done = 0;
+    for (size_t k = 1; k <= n; k++) {
+        if (k < n && (HARMONY_OUT[k] & 0xC0) == 0x80) continue; /* released text holds whole characters */
+        struct choice *c = &r->choices[0];
+        free(c->text);
+        c->text = strndup(HARMONY_OUT, k);
+        c->text_len = k;
+        if (k == n) c->state = CHOICE_DONE, c->finish = "stop", r->n_done = 1;
+        api_render_stream(a, r, out, &done);
+    }
+    cr_expect(done);
+}
+
+/* Every `data:` line of an SSE stream as JSON, in order (the [DONE] line left out). */
+static json_t *sse_events(const char *s, size_t n)
+{
+    json_t *all = json_array();
+    for (const char *p = s; p < s + n;) {
+        const char *eol = memchr(p, '\n', (size_t)(s + n - p));
+        if (!eol) eol = s + n;
+        if (eol - p > 6 && !memcmp(p, "data: ", 6) && memcmp(p + 6, "[DONE]", 6)) {
+            json_t *j = json_loadb(p + 6, (size_t)(eol - p - 6), 0, NULL);
+            cr_assert_not_null(j, "%.*s", (int)(eol - p), p);
+            json_array_append_new(all, j);
+        }
+        p = eol + 1;
+    }
+    return all;
+}
+
+static void cat(char **acc, const char *s)
+{
+    if (!s) return;
+    size_t a = *acc ? strlen(*acc) : 0;
+    *acc = realloc(*acc, a + strlen(s) + 1);
+    strcpy(*acc + a, s);
+}
+
+/* The chat completion of a harmony answer: reasoning_content, content and tool_calls with the arguments as
+ * a JSON string; streamed byte by byte, the deltas add up to the same message and no marker shows. */
+Test(api_harmony, chat_completion_whole_and_streamed)
+{
+    struct api_ctx a = {0};
+    a.model_name = "m";
+    a.tool_format = TOOL_FORMAT_HARMONY;
+    const size_t n = strlen(HARMONY_OUT);
+    struct sreq *r = harmony_req(SREQ_CHAT, HARMONY_OUT, n, 1);
+    size_t len;
+    char *body = api_render_full(&a, r, &len);
+    json_t *o = json_loadb(body, len, 0, NULL);
+    cr_assert_not_null(o, "%s", body);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0), *msg = json_object_get(ch, "message");
+    cr_expect_str_eq(json_string_value(json_object_get(msg, "reasoning_content")),
+                     "Need the weather; \"quote\" é.");
+    cr_expect_str_eq(json_string_value(json_object_get(msg, "content")), "Checking.");
+    cr_expect_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls");
+    json_t *calls = json_object_get(msg, "tool_calls"), *call = json_array_get(calls, 0);
+    cr_assert_eq(json_array_size(calls), 1, "%s", body);
+    cr_expect_str_eq(json_string_value(json_object_get(call, "type")), "function");
+    cr_expect(!strncmp(json_string_value(json_object_get(call, "id")), "call_", 5));
+    json_t *fn = json_object_get(call, "function");
+    cr_expect_str_eq(json_string_value(json_object_get(fn, "name")), "get_weather");
+    json_t *args = json_loads(json_string_value(json_object_get(fn, "arguments")), 0, NULL);
+    cr_expect_str_eq(json_string_value(json_object_get(args, "city")), "Paris");
+    json_decref(args);
+    free(body);
+    sreq_free(r);
+
+    /* streamed: the text grows a byte at a time */
+    r = harmony_req(SREQ_CHAT, "", 0, 0);
+    struct strbuf out = {0};
+    stream_bytes(&a, r, &out);
+    json_t *ev = sse_events(out.p, out.len);
+    char *rs = NULL, *ct = NULL, *name = NULL, *argtext = NULL;
+    const char *finish = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e)
+    {
+        json_t *c0 = json_array_get(json_object_get(e, "choices"), 0), *d = json_object_get(c0, "delta");
+        cat(&rs, json_string_value(json_object_get(d, "reasoning_content")));
+        cat(&ct, json_string_value(json_object_get(d, "content")));
+        size_t k;
+        json_t *tc;
+        json_array_foreach(json_object_get(d, "tool_calls"), k, tc)
+        {
+            cr_expect_eq(json_integer_value(json_object_get(tc, "index")), 0);
+            cat(&name, json_string_value(json_object_get(json_object_get(tc, "function"), "name")));
+            cat(&argtext, json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")));
+        }
+        if (json_is_string(json_object_get(c0, "finish_reason")))
+            finish = json_string_value(json_object_get(c0, "finish_reason"));
+    }
+    cr_expect_str_eq(rs, "Need the weather; \"quote\" é.");
+    cr_expect_str_eq(ct, "Checking.");
+    cr_expect_str_eq(name, "get_weather");
+    args = json_loads(argtext, 0, NULL);
+    cr_expect_str_eq(json_string_value(json_object_get(args, "city")), "Paris");
+    cr_expect_str_eq(finish, "tool_calls");
+    cr_expect_null(strstr(out.p, "<|"), "a marker leaked into the stream");
+    json_decref(args);
+    json_decref(ev);
+    json_decref(o);
+    free(rs), free(ct), free(name), free(argtext);
+    strbuf_free(&out);
+    sreq_free(r);
+}
+
+/* The same answer on /v1/messages: a thinking block, a text block and a tool_use block with its input as an
+ * object, whole and streamed. */
+Test(api_harmony, anthropic_message_whole_and_streamed)
+{
+    struct api_ctx a = {0};
+    a.model_name = "m";
+    a.tool_format = TOOL_FORMAT_HARMONY;
+    const size_t n = strlen(HARMONY_OUT);
+    struct sreq *r = harmony_req(SREQ_ANTHROPIC, HARMONY_OUT, n, 1);
+    size_t len;
+    char *body = api_render_full(&a, r, &len);
+    json_t *o = json_loadb(body, len, 0, NULL);
+    cr_assert_not_null(o, "%s", body);
+    json_t *blocks = json_object_get(o, "content");
+    cr_assert_eq(json_array_size(blocks), 3, "%s", body);
+    json_t *b0 = json_array_get(blocks, 0), *b1 = json_array_get(blocks, 1), *b2 = json_array_get(blocks, 2);
+    cr_expect_str_eq(json_string_value(json_object_get(b0, "type")), "thinking");
+    cr_expect_str_eq(json_string_value(json_object_get(b0, "thinking")), "Need the weather; \"quote\" é.");
+    cr_expect_str_eq(json_string_value(json_object_get(b1, "type")), "text");
+    cr_expect_str_eq(json_string_value(json_object_get(b1, "text")), "Checking.");
+    cr_expect_str_eq(json_string_value(json_object_get(b2, "type")), "tool_use");
+    cr_expect_str_eq(json_string_value(json_object_get(b2, "name")), "get_weather");
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(b2, "input"), "city")), "Paris");
+    cr_expect_str_eq(json_string_value(json_object_get(o, "stop_reason")), "tool_use");
+    free(body);
+    json_decref(o);
+    sreq_free(r);
+
+    r = harmony_req(SREQ_ANTHROPIC, "", 0, 0);
+    struct strbuf out = {0};
+    stream_bytes(&a, r, &out);
+    json_t *ev = sse_events(out.p, out.len);
+    char *thinking = NULL, *text = NULL, *input = NULL, *types = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e)
+    {
+        const char *type = json_string_value(json_object_get(e, "type"));
+        if (!strcmp(type, "content_block_start")) {
+            cat(&types, json_string_value(json_object_get(json_object_get(e, "content_block"), "type")));
+            cat(&types, " ");
+        }
+        json_t *d = json_object_get(e, "delta");
+        if (!strcmp(type, "content_block_delta")) {
+            cat(&thinking, json_string_value(json_object_get(d, "thinking")));
+            cat(&text, json_string_value(json_object_get(d, "text")));
+            cat(&input, json_string_value(json_object_get(d, "partial_json")));
+        }
+        if (!strcmp(type, "message_delta"))
+            cr_expect_str_eq(json_string_value(json_object_get(d, "stop_reason")), "tool_use");
+    }
+    cr_expect_str_eq(types, "thinking text tool_use ");
+    cr_expect_str_eq(thinking, "Need the weather; \"quote\" é.");
+    cr_expect_str_eq(text, "Checking.");
+    cr_expect_str_eq(input, "{\"city\":\"Paris\"}");
+    cr_expect_null(strstr(out.p, "<|"), "a marker leaked into the stream");
+    json_decref(ev);
+    free(thinking), free(text), free(input), free(types);
+    strbuf_free(&out);
+    sreq_free(r);
+}
+
+/* An earlier turn's reasoning goes back to gpt-oss's template as "thinking" (its analysis message), and the
+ * content beside its tool calls is left out, as llama.cpp passes them (the template refuses both). The
+ * expected text is jinja2's rendering of the template with those messages. Run by
+ * tests/chat/run_template_sweep.py, which unpacks the template from llama.cpp's tarball. */
+Test(api_harmony_prompt, earlier_reasoning_renders_as_analysis)
+{
+    const char *dir = getenv("FERRY_SWEEP_TEMPLATES");
+    if (!dir) cr_skip_test("missing FERRY_SWEEP_TEMPLATES (the gpt-oss template; see run_template_sweep.py)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/openai-gpt-oss-120b.jinja", dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "missing %s", path);
+    static char tmpl[1 << 17];
+    tmpl[fread(tmpl, 1, sizeof tmpl - 1, f)] = 0;
+    fclose(f);
+    struct api_ctx a = {0};
+    a.model_name = "m";
+    a.chat_tmpl = tmpl;
+    a.tool_format = tool_format_of(tmpl);
+    cr_assert_eq(a.tool_format, TOOL_FORMAT_HARMONY);
+    const char *body =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", "
+        "\"content\": \"I will check.\", \"reasoning_content\": \"Need the weather.\", \"tool_calls\": "
+        "[{\"id\": "
+        "\"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+        "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"call_1\", "
+        "\"content\": "
+        "\"20 C\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"description\": \"Weather of a city.\", \"parameters\": {\"type\": \"object\", \"properties\": "
+        "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]}";
+    char *out = NULL;
+    size_t len;
+    struct api_err e;
+    cr_assert_eq(api_apply_template(&a, body, strlen(body), &out, &len, &e), 0, "%s", e.msg);
+    json_t *o = json_loadb(out, len, 0, NULL);
+    const char *prompt = json_string_value(json_object_get(o, "prompt"));
+    cr_assert_not_null(prompt);
+    static const char want[] =
+        "Weather in Paris?<|end|><|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": "
+        "\"Paris\"}"
+        "<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"20 C\"<|end|>"
+        "<|start|>assistant";
+    const size_t pl = strlen(prompt), wl = sizeof want - 1;
+    cr_expect(pl >= wl && !strcmp(prompt + pl - wl, want), "%s", prompt);
+    json_decref(o);
+    free(out);
 }
