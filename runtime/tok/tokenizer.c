@@ -105,7 +105,8 @@ int tok_build_map(struct tokenizer *t)
         /* Duplicate strings: the last id wins, as in llama.cpp's token_to_id. */
         for (uint32_t h = hash_bytes(t->text[id], (size_t)t->len[id]) & (cap - 1);; h = (h + 1) & (cap - 1)) {
             int32_t o = t->map.slot[h];
-            if (o < 0 || (t->len[o] == t->len[id] && memcmp(t->text[o], t->text[id], (size_t)t->len[id]) == 0)) {
+            if (o < 0 ||
+                (t->len[o] == t->len[id] && memcmp(t->text[o], t->text[id], (size_t)t->len[id]) == 0)) {
                 t->map.slot[h] = id;
                 break;
             }
@@ -176,7 +177,8 @@ int tok_add_merge_str(struct tokenizer *t, const char *a, size_t alen, const cha
     return FERRY_OK;
 }
 
-/* ---- finishing ------------------------------------------------------------------------------------------ */
+/* ---- finishing ------------------------------------------------------------------------------------------
+ */
 
 static int hexval(char c)
 {
@@ -280,18 +282,22 @@ int tok_finish(struct tokenizer *t, char err[256])
     }
     for (int id = 0; id < t->n_vocab; id++) {
         int v = byte_token_value(t->text[id], t->len[id]);
-        if (v >= 0 && (t->type[id] == TOK_TYPE_BYTE || !t->bytelevel) && t->byte_tok[v] < 0) t->byte_tok[v] = id;
+        if (v >= 0 && (t->type[id] == TOK_TYPE_BYTE || !t->bytelevel) && t->byte_tok[v] < 0)
+            t->byte_tok[v] = id;
     }
     int n_sp = 0;
     for (int id = 0; id < t->n_vocab; id++) {
         int ty = t->type[id];
-        if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) && t->len[id] > 0) n_sp++;
+        if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) &&
+            t->len[id] > 0)
+            n_sp++;
     }
     t->specials = malloc((size_t)(n_sp + 1) * sizeof *t->specials);
     if (!t->specials) return FERRY_ERR_NOMEM;
     for (int id = 0; id < t->n_vocab; id++) {
         int ty = t->type[id];
-        if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) && t->len[id] > 0)
+        if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER_DEFINED || ty == TOK_TYPE_UNKNOWN) &&
+            t->len[id] > 0)
             t->specials[t->n_specials++] = id;
     }
     qsort_r(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special, t);
@@ -307,13 +313,33 @@ int tok_finish(struct tokenizer *t, char err[256])
     }
     tok_add_eog(t, t->eos);
     tok_add_eog(t, t->eot);
-    static const char *const eog_names[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>",
-                                            "<|end|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>",
-                                            "<|eom_id|>"};
+    static const char *const eog_names[] = {"<|im_end|>",
+                                            "<|eot_id|>",
+                                            "<|endoftext|>",
+                                            "<end_of_turn>",
+                                            "<|end|>",
+                                            "<|end_of_text|>",
+                                            "<｜end▁of▁sentence｜>",
+                                            "<EOT>",
+                                            "<|eom_id|>",
+                                            "<|return|>",
+                                            "<|call|>",
+                                            "<|flush|>",
+                                            "<|calls|>"};
+    int32_t named[sizeof eog_names / sizeof eog_names[0]];
     for (size_t i = 0; i < sizeof eog_names / sizeof eog_names[0]; i++) {
         int32_t id = tok_lookup(t, eog_names[i], strlen(eog_names[i]));
-        if (id >= 0 && t->type[id] != TOK_TYPE_NORMAL) tok_add_eog(t, id);
+        named[i] = id >= 0 && t->type[id] != TOK_TYPE_NORMAL ? id : -1;
+        if (named[i] >= 0) tok_add_eog(t, id);
     }
+    /* Harmony (gpt-oss: <|return|> and <|call|>) and Solar Open (<|calls|> and <|flush|>) end a message with
+     * <|end|> and the answer with the others: there <|end|> is not the end, as llama.cpp decides. */
+    if ((named[9] >= 0 && named[10] >= 0) || (named[11] >= 0 && named[12] >= 0))
+        for (int i = 0; i < t->n_eog; i++)
+            if (t->eog[i] == named[4]) {
+                t->eog[i] = t->eog[--t->n_eog];
+                break;
+            }
     if (t->add_bos && t->bos < 0) t->add_bos = 0;
     return FERRY_OK;
 }
@@ -343,10 +369,22 @@ void tokenizer_free(struct tokenizer *t)
     free(t);
 }
 
-int tokenizer_n_vocab(const struct tokenizer *t) { return t->n_vocab; }
-int32_t tokenizer_bos(const struct tokenizer *t) { return t->bos; }
-int32_t tokenizer_eos(const struct tokenizer *t) { return t->eos; }
-int tokenizer_add_bos(const struct tokenizer *t) { return t->add_bos; }
+int tokenizer_n_vocab(const struct tokenizer *t)
+{
+    return t->n_vocab;
+}
+int32_t tokenizer_bos(const struct tokenizer *t)
+{
+    return t->bos;
+}
+int32_t tokenizer_eos(const struct tokenizer *t)
+{
+    return t->eos;
+}
+int tokenizer_add_bos(const struct tokenizer *t)
+{
+    return t->add_bos;
+}
 
 int tokenizer_is_eog(const struct tokenizer *t, int32_t id)
 {
