@@ -520,6 +520,29 @@ static int x_nullable(const struct gbnf *p, int k)
 
 static int walk_left(struct gbnf *p, int r);
 
+/* 1 when node k matches the empty string and nothing else (a repetition of it is the empty string too);
+ * *budget bounds the walk (0 when spent: then "no", the plain repetition). */
+static int x_empty_only(const struct gbnf *p, int k, int *budget)
+{
+    if (--*budget <= 0) return 0;
+    const struct xnode *x = &p->x[k];
+    switch (x->kind) {
+    case X_LIT:
+        return x->n == 0;
+    case X_CLASS:
+        return 0;
+    case X_RULE:
+        return x_empty_only(p, p->rules[x->rule].body, budget);
+    case X_SEQ:
+    case X_ALT:
+        for (int i = 0; i < x->n; i++)
+            if (!x_empty_only(p, p->kids[x->a + i], budget)) return 0;
+        return 1;
+    default:
+        return x->max == 0 || x_empty_only(p, x->rule, budget);
+    }
+}
+
 /* The rules at the left edge of node k, walked for left recursion. */
 static int left_edge(struct gbnf *p, int k)
 {
@@ -674,8 +697,11 @@ static int build(struct gbnf *p, struct gbuilder *b, int *memo, int k)
         free(kids);
         return r;
     }
-    default:
+    default: {
+        int budget = 4096; /* a repetition of what matches only "" is "" (the recogniser needs it so) */
+        if (x_empty_only(p, x->rule, &budget)) return gb_seq(b, NULL, 0);
         return gb_rep(b, build(p, b, memo, x->rule), x->min, x->max);
+    }
     }
 }
 
