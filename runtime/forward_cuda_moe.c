@@ -55,6 +55,7 @@ struct cuda_moe {
     float *h;       /* (T k, ffn) */
     float *xs;      /* (T k, dim) the grouped path's gathered rows, then its products' rows */
     int32_t *idx;   /* (2, T k) the grouped path's row of each sorted pair | sorted row of each pair */
+    void *x8;       /* x8_bytes: the GEMV's int8 form of x or of h */
     /* Host: the grouped path's exchange and the host experts' rows. */
     int32_t *h_ids; /* (T, k) pinned */
     float *h_wts;   /* (T, k) pinned */
@@ -82,6 +83,16 @@ static int chunk_rows(int T)
     return T < CUDA_MOE_CHUNK_ROWS ? T : CUDA_MOE_CHUNK_ROWS;
 }
 
+/* The GEMV's int8 form of its x (up to CUDA_MOE_GEMV_MAX_ROWS rows of dim) or of h (their pairs' rows of
+ * ffn), one at a time. */
+static size_t x8_bytes(const struct llm_hparams *hp, int T)
+{
+    const int G = T < CUDA_MOE_GEMV_MAX_ROWS ? T : CUDA_MOE_GEMV_MAX_ROWS;
+    const size_t a = kern_cuda_moe_x8_bytes(G, hp->dim),
+                 b = kern_cuda_moe_x8_bytes(G * hp->n_expert_used, hp->expert_ffn_dim);
+    return a > b ? a : b;
+}
+
 size_t cuda_moe_fixed_bytes(const struct model *m, int T)
 {
     T = chunk_rows(T);
@@ -92,7 +103,8 @@ size_t cuda_moe_fixed_bytes(const struct model *m, int T)
     const size_t P = (size_t)T * hp->n_expert_used, ffn = (size_t)hp->expert_ffn_dim;
     b += align_up((size_t)T * hp->n_expert * sizeof(float)) + 2 * align_up(P * sizeof(float)) +
          align_up(P * 2 * ffn * sizeof(float)) + align_up(P * ffn * sizeof(float)) +
-         align_up(P * (size_t)hp->dim * sizeof(float)) + align_up(2 * P * sizeof(int32_t));
+         align_up(P * (size_t)hp->dim * sizeof(float)) + align_up(2 * P * sizeof(int32_t)) +
+         align_up(x8_bytes(hp, T));
     return b;
 }
 
@@ -347,7 +359,8 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
     mo->gu = (float *)c, c += align_up(P * 2 * (size_t)mo->ffn * sizeof(float));
     mo->h = (float *)c, c += align_up(P * (size_t)mo->ffn * sizeof(float));
     mo->xs = (float *)c, c += align_up(P * (size_t)mo->dim * sizeof(float));
-    mo->idx = (int32_t *)c;
+    mo->idx = (int32_t *)c, c += align_up(2 * P * sizeof(int32_t));
+    mo->x8 = c;
     if (cudaHostAlloc((void **)&mo->h_ids, P * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&mo->h_wts, P * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&mo->h_idx, 2 * P * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess)
@@ -432,12 +445,15 @@ static int run_gemv(struct cuda_moe *mo, const struct dev_experts *d, float *y, 
                     cudaStream_t cs)
 {
     const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k;
-    RC(kern_cuda_moe_gemv(mo->gu, 2 * ffn, x, dim, d->gate, d->gate_t, mo->n_expert, ffn, dim, mo->ids, NULL,
-                          P, 1, k, cs));
-    RC(kern_cuda_moe_gemv(mo->gu + ffn, 2 * ffn, x, dim, d->up, d->up_t, mo->n_expert, ffn, dim, mo->ids,
-                          NULL, P, 1, k, cs));
+    if (dtype_block_size(d->gate_t) > 1 || dtype_block_size(d->up_t) > 1)
+        RC(kern_cuda_moe_x8(mo->x8, x, dim, n, dim, cs));
+    RC(kern_cuda_moe_gemv(mo->gu, 2 * ffn, x, dim, mo->x8, d->gate, d->gate_t, mo->n_expert, ffn, dim,
+                          mo->ids, NULL, P, 1, k, cs));
+    RC(kern_cuda_moe_gemv(mo->gu + ffn, 2 * ffn, x, dim, mo->x8, d->up, d->up_t, mo->n_expert, ffn, dim,
+                          mo->ids, NULL, P, 1, k, cs));
     RC(kern_cuda_silu_mul(mo->h, mo->gu, P, ffn, cs));
-    return kern_cuda_moe_gemv(y, dim, mo->h, ffn, d->down, d->down_t, mo->n_expert, dim, ffn, mo->ids,
+    if (dtype_block_size(d->down_t) > 1) RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
+    return kern_cuda_moe_gemv(y, dim, mo->h, ffn, mo->x8, d->down, d->down_t, mo->n_expert, dim, ffn, mo->ids,
                               mo->wts, n, k, 1, cs);
 }
 

@@ -3,18 +3,22 @@
  * The GEMV: a block of MOE_WARPS warps takes MOE_WARPS rows of one output row o (blockIdx.y); each warp one
  * row r of the J pairs' experts. Float types: per pair, lane i takes elements i, i + 32, ... of the row, the
  * lanes' sums are added by a butterfly, scaled by the pair's weight, and the J sums added in j order. Block
- * types: the J rows' work items (moe_dot.cuh: a piece of a block, decoded with qblock.cuh's unit decoders
- * into the exact f32 values dequant_row gives and multiplied with x in f32) form one list that lane i walks
- * from i in steps of 32, each item's sum scaled by its pair's weight, then one butterfly. Either way the
- * order of every sum is fixed: deterministic.
+ * types read x's int8 form (x8.cuh, written by kern_cuda_moe_x8): the J rows' pieces of blocks form one list
+ * that lane i walks from i in steps of 32, so the lanes of a warp read consecutive pieces of the weights and
+ * consecutive units of xq (coalesced: the f32 form of x read per element, one cache line per lane, held this
+ * kernel at 4% of the device's bandwidth); each unit is decoded (qblock.cuh) and multiplied with xq by dp4a
+ * (qb_dot, the arithmetic of the dense int8 GEMV), each piece's sum scaled by its pair's weight, then one
+ * butterfly. Either way the order of every sum is fixed: deterministic.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_dot.cuh"
+#include "kernels/cuda/x8.cuh"
 
 extern "C" {
 #include "quant/dtype.h"
@@ -94,73 +98,76 @@ __device__ __forceinline__ float moe_val(__nv_bfloat16 v)
 {
     return __bfloat162float(v);
 }
-template <class E> struct moe_float {
-    static constexpr bool BLOCK = false;
-    static __device__ __forceinline__ float dot(const uint8_t *row, const float *x, int cols, int lane)
-    {
-        const E *w = reinterpret_cast<const E *>(row);
-        float a = 0.0f;
-        for (int i = lane; i < cols; i += 32) a = fmaf(moe_val(w[i]), __ldg(x + i), a);
-        return a;
-    }
-};
-/* Block type Q: work items as moe_dot.cuh lays them. */
-template <class Q> struct moe_q {
-    static constexpr bool BLOCK = true;
-    static __device__ __forceinline__ int items(int cols) { return moe_q_items<Q>(cols); }
-    static __device__ __forceinline__ float item(const uint8_t *row, const float *x, int it)
-    {
-        return moe_q_item<Q>(row, x, it, 0.0f);
-    }
-};
+template <class E>
+__device__ __forceinline__ float moe_float_dot(const uint8_t *row, const float *x, int cols, int lane)
+{
+    const E *w = reinterpret_cast<const E *>(row);
+    float a = 0.0f;
+    for (int i = lane; i < cols; i += 32) a = fmaf(moe_val(w[i]), __ldg(x + i), a);
+    return a;
+}
 
-template <class D>
+template <class E>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_gemv_kernel(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t expert_bytes,
-                    size_t row_bytes, int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
-                    int J, int xdiv)
+    moe_gemv_float_kernel(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t expert_bytes,
+                          size_t row_bytes, int n_expert, int rows, int cols, const int32_t *ids,
+                          const float *wts, int J, int xdiv)
 {
     const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), o = blockIdx.y;
     if (r >= rows) return;
     float acc = 0.0f;
-    if constexpr (D::BLOCK) {
-        /* The J rows' items as one list, so that a short row (the down product's: ffn / 32 units) still
-         * keeps every lane busy; each item's sum is weighted by its pair's weight. */
-        const int items = D::items(cols), total = J * items;
-        for (int g = lane; g < total; g += 32) {
-            const int j = g / items, pair = o * J + j, e = ids[pair];
-            if (e < 0 || e >= n_expert) continue;
-            const float t = D::item(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
-                                    x + (size_t)(pair / xdiv) * ldx, g - j * items);
-            acc = wts ? fmaf(wts[pair], t, acc) : acc + t;
-        }
+    for (int j = 0; j < J; j++) {
+        const int pair = o * J + j, e = ids[pair];
+        if (e < 0 || e >= n_expert) continue;
+        float d = moe_float_dot<E>(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                                   x + (size_t)(pair / xdiv) * ldx, cols, lane);
 #pragma unroll
-        for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    } else {
-        for (int j = 0; j < J; j++) {
-            const int pair = o * J + j, e = ids[pair];
-            if (e < 0 || e >= n_expert) continue;
-            float d = D::dot(w + (size_t)e * expert_bytes + (size_t)r * row_bytes,
-                             x + (size_t)(pair / xdiv) * ldx, cols, lane);
-#pragma unroll
-            for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
-            acc = wts ? fmaf(wts[pair], d, acc) : acc + d;
-        }
+        for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
+        acc = wts ? fmaf(wts[pair], d, acc) : acc + d;
     }
     if (lane == 0) y[(size_t)o * ldy + r] = acc;
 }
 
-template <class D>
-static int moe_gemv_launch(float *y, int ldy, const float *x, int ldx, const void *w, size_t row_bytes,
-                           int n_expert, int rows, int cols, const int32_t *ids, const float *wts, int n_out,
-                           int J, int xdiv, cudaStream_t stream)
+/* x's int8 form, rows of cols at stride ldx: thread g takes elements 4 (g % 8) .. + 3 of unit g / 8 (x8.cuh's
+ * group of 8 lanes); a group past the last unit quantizes zeros and stores nothing (8 divides 32, so a group
+ * is never split between a stored and an unstored half). */
+__global__ void __launch_bounds__(256)
+    moe_x8_kernel(uint8_t *xq, float *xd, const float *x, int ldx, int m, int cols)
 {
-    const dim3 grid((unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n_out);
-    moe_gemv_kernel<D><<<grid, MOE_WARPS * 32, 0, stream>>>(y, ldy, x, ldx, (const uint8_t *)w,
-                                                            row_bytes * (size_t)rows, row_bytes, n_expert,
-                                                            rows, cols, ids, wts, J, xdiv);
-    FCUDA_LAUNCH_CHECK("moe_gemv_kernel");
-    return FERRY_OK;
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int nu = cols / 32, sub = (int)(g & 7);
+    const int64_t unit = g >> 3;
+    const bool in = unit < (int64_t)m * nu;
+    const int row = in ? (int)(unit / nu) : 0, u = in ? (int)(unit - (int64_t)row * nu) : 0;
+    const float4 v = in ? *reinterpret_cast<const float4 *>(x + (size_t)row * ldx + 32 * u + 4 * sub)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    const x8_part q = x8_quant4(v);
+    if (in) x8_store(xq, xd, q, row, u, sub, cols);
+}
+
+/* Block type Q on x's int8 form: lane i walks the J rows' pieces i, i + 32, ... (piece p of block b of the
+ * row of pair j), each piece's units dotted with xq in f32 (qb_dot) and weighted by its pair's weight. */
+template <class Q>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_gemv_q_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
+                      size_t expert_bytes, size_t row_bytes, int n_expert, int rows, int cols,
+                      const int32_t *ids, const float *wts, int J, int xdiv)
+{
+    const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), o = blockIdx.y;
+    if (r >= rows) return;
+    const int items = moe_q_items<Q>(cols), total = J * items;
+    float acc = 0.0f;
+    for (int g = lane; g < total; g += 32) {
+        const int j = g / items, pair = o * J + j, e = ids[pair];
+        if (e < 0 || e >= n_expert) continue;
+        const size_t xrow = (size_t)(pair / xdiv) * cols;
+        const float t = moe_q_item<Q>(w + (size_t)e * expert_bytes + (size_t)r * row_bytes, xq + xrow,
+                                      xd + xrow / 8, g - j * items, 0.0f);
+        acc = wts ? fmaf(wts[pair], t, acc) : acc + t;
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (lane == 0) y[(size_t)o * ldy + r] = acc;
 }
 
 extern "C" int kern_cuda_moe_supports(enum dtype t)
@@ -178,35 +185,67 @@ extern "C" int kern_cuda_moe_supports(enum dtype t)
     }
 }
 
-extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *w, enum dtype t,
-                                  int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
-                                  int n_out, int J, int xdiv, cudaStream_t stream)
+extern "C" size_t kern_cuda_moe_x8_bytes(int m, int cols)
+{
+    return m < 1 || cols < 32 || cols % 32 ? 0 : kern_cuda_qmm_x8_ws(m, cols);
+}
+
+extern "C" int kern_cuda_moe_x8(void *x8, const float *x, int ldx, int m, int cols, cudaStream_t stream)
+{
+    if (m < 1 || cols < 32 || cols % 32 || ldx < cols || ldx % 4 || !FCUDA_ALIGNED(x, 16) ||
+        !FCUDA_ALIGNED(x8, 16))
+        return FERRY_ERR_INVALID;
+    uint8_t *xq;
+    float *xd;
+    kern_cuda_qmm_x8_at(x8, m, cols, &xq, &xd);
+    const int64_t threads = (int64_t)m * (cols / 32) * 8;
+    moe_x8_kernel<<<fcuda_blocks(threads, 256, INT32_MAX), 256, 0, stream>>>(xq, xd, x, ldx, m, cols);
+    FCUDA_LAUNCH_CHECK("moe_x8_kernel");
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x8, const void *w,
+                                  enum dtype t, int n_expert, int rows, int cols, const int32_t *ids,
+                                  const float *wts, int n_out, int J, int xdiv, cudaStream_t stream)
 {
     if (!kern_cuda_moe_supports(t)) return FERRY_ERR_UNSUPPORTED;
     if (rows < 1 || cols < 1 || rows > ldy || ldx < cols || n_out < 1 || n_out > 65535 || J < 1 || xdiv < 1 ||
         n_expert < 1 || cols % dtype_block_size(t) || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4))
         return FERRY_ERR_INVALID;
-    const size_t rb = dtype_row_size(t, cols);
+    const size_t rb = dtype_row_size(t, cols), eb = rb * (size_t)rows;
+    const dim3 grid((unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n_out);
+    const uint8_t *wb = (const uint8_t *)w;
     switch (t) {
     case DTYPE_F32:
-        return moe_gemv_launch<moe_float<float>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out,
-                                                 J, xdiv, stream);
+        moe_gemv_float_kernel<float><<<grid, MOE_WARPS * 32, 0, stream>>>(
+            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, J, xdiv);
+        break;
     case DTYPE_F16:
-        return moe_gemv_launch<moe_float<__half>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts,
-                                                  n_out, J, xdiv, stream);
+        moe_gemv_float_kernel<__half><<<grid, MOE_WARPS * 32, 0, stream>>>(
+            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, J, xdiv);
+        break;
     case DTYPE_BF16:
-        return moe_gemv_launch<moe_float<__nv_bfloat16>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids,
-                                                         wts, n_out, J, xdiv, stream);
+        moe_gemv_float_kernel<__nv_bfloat16><<<grid, MOE_WARPS * 32, 0, stream>>>(
+            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, J, xdiv);
+        break;
 #define MOE_LAUNCH(T, name, Q)                                                                               \
-    case DTYPE_##T:                                                                                          \
-        if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
-        return moe_gemv_launch<moe_q<Q>>(y, ldy, x, ldx, w, rb, n_expert, rows, cols, ids, wts, n_out, J,    \
-                                         xdiv, stream);
+    case DTYPE_##T: {                                                                                        \
+        if (!x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN)                   \
+            return FERRY_ERR_INVALID;                                                                        \
+        uint8_t *xq;                                                                                         \
+        float *xd;                                                                                           \
+        kern_cuda_qmm_x8_at((void *)x8, (n_out * J - 1) / xdiv + 1, cols, &xq, &xd);                         \
+        moe_gemv_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(y, ldy, xq, xd, wb, eb, rb, n_expert,      \
+                                                                  rows, cols, ids, wts, J, xdiv);            \
+        break;                                                                                               \
+    }
         QB_TYPES(MOE_LAUNCH)
 #undef MOE_LAUNCH
     default:
         return FERRY_ERR_UNSUPPORTED;
     }
+    FCUDA_LAUNCH_CHECK("moe_gemv_kernel");
+    return FERRY_OK;
 }
 
 /* ---- the weighted sum ---------------------------------------------------------------------------------- */

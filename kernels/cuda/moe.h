@@ -10,10 +10,12 @@
  * (CUDA-graph friendly): output row o, column r is the sum over j < J of wts[o*J + j] (1 when wts is NULL)
  * times the dot product of row r of expert ids[o*J + j] with row (o*J + j) / xdiv of x. The gate and up
  * products take J = 1, xdiv = k (one output row per pair, x the token's row); the down product takes J = k,
- * xdiv = 1 and the routing weights, which is the weighted sum. One warp per output element, f32 products of
- * the weights' exact f32 values with x, lane partial sums added in a fixed butterfly order: deterministic,
- * and as accurate as a plain f32 dot product (no int8 rounding of x). kern_cuda_moe_combine is the weighted
- * sum for the grouped large-batch path (rows sorted by expert, products by kern_cuda_matmul,
+ * xdiv = 1 and the routing weights, which is the weighted sum. One warp per output element, lane partial sums
+ * added in a fixed butterfly order: deterministic. Float weights (F32, F16, BF16) multiply their exact values
+ * with f32 x; block types multiply with x's int8 form (kern_cuda_moe_x8: per block of 32, as the dense int8
+ * products of kernels/cuda/matmul_q.h round it), whose error is that of x's rounding (each x off by at most
+ * dx/2). kern_cuda_moe_combine is the weighted sum for the grouped large-batch path (rows sorted by expert,
+ * products by kern_cuda_matmul,
  * runtime/forward_cuda_moe.c). All calls are asynchronous on `stream` and allocate nothing.
  */
 #ifndef FERRY_KERN_CUDA_MOE_H
@@ -39,13 +41,20 @@ int kern_cuda_moe_route(const float *logits, int n, int n_expert, int k, int nor
 /* 1 if kern_cuda_moe_gemv reads weights of type t. */
 int kern_cuda_moe_supports(enum dtype t);
 
+/* x's int8 form for the block-type GEMV: m rows of cols (a multiple of 32) at stride ldx (a multiple of 4, x
+ * 16-byte aligned) into x8 (16-byte aligned, kern_cuda_moe_x8_bytes(m, cols) bytes; 0 for a bad shape). */
+size_t kern_cuda_moe_x8_bytes(int m, int cols);
+int kern_cuda_moe_x8(void *x8, const float *x, int ldx, int m, int cols, cudaStream_t stream);
+
 /* The grouped GEMV (see above). w: n_expert stacked (rows, cols) matrices of type t (expert e's at
- * e * rows * row bytes); x rows of cols floats at stride ldx; y (n_out, ldy), columns [0, rows) written. An
- * id outside 0..n_expert-1 contributes nothing. FERRY_ERR_INVALID on a bad shape (cols not a multiple of the
- * type's block, rows > ldy, J or xdiv < 1), FERRY_ERR_UNSUPPORTED for another type. */
-int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *w, enum dtype t, int n_expert,
-                       int rows, int cols, const int32_t *ids, const float *wts, int n_out, int J, int xdiv,
-                       cudaStream_t stream);
+ * e * rows * row bytes); x rows of cols floats at stride ldx; for block types x8 holds the int8 form of
+ * exactly the rows the pairs read, (n_out * J - 1) / xdiv + 1 of them (kern_cuda_moe_x8; x itself is then
+ * not read), for float types x8 is ignored; y (n_out, ldy), columns [0, rows) written. An id outside
+ * 0..n_expert-1 contributes nothing. FERRY_ERR_INVALID on a bad shape (cols not a multiple of the type's
+ * block, rows > ldy, J or xdiv < 1, no x8 for a block type), FERRY_ERR_UNSUPPORTED for another type. */
+int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x8, const void *w,
+                       enum dtype t, int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
+                       int n_out, int J, int xdiv, cudaStream_t stream);
 
 /* y (n, d) = sum over j < k of wts[t*k + j] * yp row slot[t*k + j], in j order. */
 int kern_cuda_moe_combine(float *y, const float *yp, const int32_t *slot, const float *wts, int n, int k,

@@ -213,15 +213,22 @@ Test(qblock, dot_with_int8_x)
 }
 
 /* The expert GEMV's walk of a row (kernels/cuda/moe_dot.cuh) at every W alignment the type allows: the items
- * of each row, taken by 32 lanes as the kernel takes them and the lanes' sums added, give the dot product of
- * dequant_row's values with f32 x within f32 rounding (4e-6 of the sum of the terms' magnitudes). */
+ * of each row, taken by 32 lanes as the kernel takes them (x's int8 form in x8.cuh's natural layout) and the
+ * lanes' sums added, give the row's dot product with the int8 x (qref_q8_row) within f32 rounding. */
 template <class Q> static void check_moe_dot(enum dtype t)
 {
-    const int k = 3 * Q::QK, rows = 4;
+    const int k = 3 * (Q::QK > 128 ? Q::QK : 128), rows = 4, nu = k / 32;
     const size_t rb = dtype_row_size(t, k);
     std::vector<uint8_t> buf(rb * rows + 64);
-    std::vector<float> x(k), wv(k);
-    for (int i = 0; i < k; i++) x[i] = qref_frand();
+    std::vector<float> x(k), xd(4 * nu);
+    for (int i = 0; i < k; i++) x[i] = qref_frand() * (i % 5 == 0 ? 2.0f : 0.5f);
+    struct qref_xq xq;
+    qref_quantize_x(x.data(), 1, k, &xq);
+    for (int u = 0; u < nu; u++) {
+        xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
+        memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
+        memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
+    }
     for (int off = 0; off < 16; off += Q::ALIGN) {
         uint8_t *w = buf.data() + (16 - (uintptr_t)buf.data() % 16) % 16 + 16 + off;
         qref_random_blocks(t, w, (int64_t)rows * k / Q::QK);
@@ -229,16 +236,16 @@ template <class Q> static void check_moe_dot(enum dtype t)
             const uint8_t *row = w + rb * r;
             float lanes[32] = {0};
             for (int it = 0; it < moe_q_items<Q>(k); it++)
-                lanes[it % 32] = moe_q_item<Q>(row, x.data(), it, lanes[it % 32]);
+                lanes[it % 32] = moe_q_item<Q>(row, (const uint8_t *)xq.q, xd.data(), it, lanes[it % 32]);
             float got = 0;
             for (int l = 0; l < 32; l++) got += lanes[l];
-            cr_assert_eq(dequant_row(t, row, wv.data(), k), FERRY_OK);
-            double exact = 0, absum = 0;
-            for (int i = 0; i < k; i++) exact += (double)wv[i] * x[i], absum += fabs((double)wv[i] * x[i]);
-            cr_assert(fabs(got - exact) <= 4e-6 * absum + 1e-30, "%s (W at 16k+%d) row %d: %.9g, exact %.9g",
-                      dtype_name(t), off, r, got, exact);
+            double ref, absum;
+            qref_q8_row<Q>(row, &xq, 0, k, &ref, &absum);
+            cr_assert(fabs(got - ref) <= 4e-6 * absum + 1e-30, "%s (W at 16k+%d) row %d: %.9g, int8 x %.9g",
+                      dtype_name(t), off, r, got, ref);
         }
     }
+    qref_free_xq(&xq);
 }
 
 Test(qblock, moe_row_walk_every_type)
