@@ -55,7 +55,8 @@ struct cuda_moe {
     float *h;       /* (T k, ffn) */
     float *xs;      /* (T k, dim) the grouped path's gathered rows, then its products' rows */
     int32_t *idx;   /* (2, T k) the grouped path's row of each sorted pair | sorted row of each pair */
-    void *x8;       /* x8_bytes: the GEMV's int8 form of x or of h */
+    void *x8;       /* x8_bytes: the int8 form of x or of h for the GEMV and the grouped products */
+    int32_t *off;   /* (n_expert + 1) the device-sorted pairs' start per expert */
     /* Host: the grouped path's exchange and the host experts' rows. */
     int32_t *h_ids; /* (T, k) pinned */
     float *h_wts;   /* (T, k) pinned */
@@ -83,13 +84,11 @@ static int chunk_rows(int T)
     return T < CUDA_MOE_CHUNK_ROWS ? T : CUDA_MOE_CHUNK_ROWS;
 }
 
-/* The GEMV's int8 form of its x (up to CUDA_MOE_GEMV_MAX_ROWS rows of dim) or of h (their pairs' rows of
- * ffn), one at a time. */
+/* The int8 form of x (T rows of dim) or of h (their pairs' rows of ffn), one at a time. */
 static size_t x8_bytes(const struct llm_hparams *hp, int T)
 {
-    const int G = T < CUDA_MOE_GEMV_MAX_ROWS ? T : CUDA_MOE_GEMV_MAX_ROWS;
-    const size_t a = kern_cuda_moe_x8_bytes(G, hp->dim),
-                 b = kern_cuda_moe_x8_bytes(G * hp->n_expert_used, hp->expert_ffn_dim);
+    const size_t a = kern_cuda_moe_x8_bytes(T, hp->dim),
+                 b = kern_cuda_moe_x8_bytes(T * hp->n_expert_used, hp->expert_ffn_dim);
     return a > b ? a : b;
 }
 
@@ -104,7 +103,7 @@ size_t cuda_moe_fixed_bytes(const struct model *m, int T)
     b += align_up((size_t)T * hp->n_expert * sizeof(float)) + 2 * align_up(P * sizeof(float)) +
          align_up(P * 2 * ffn * sizeof(float)) + align_up(P * ffn * sizeof(float)) +
          align_up(P * (size_t)hp->dim * sizeof(float)) + align_up(2 * P * sizeof(int32_t)) +
-         align_up(x8_bytes(hp, T));
+         align_up(x8_bytes(hp, T)) + align_up(((size_t)hp->n_expert + 1) * sizeof(int32_t));
     return b;
 }
 
@@ -360,7 +359,8 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
     mo->h = (float *)c, c += align_up(P * (size_t)mo->ffn * sizeof(float));
     mo->xs = (float *)c, c += align_up(P * (size_t)mo->dim * sizeof(float));
     mo->idx = (int32_t *)c, c += align_up(2 * P * sizeof(int32_t));
-    mo->x8 = c;
+    mo->x8 = c, c += align_up(x8_bytes(hp, T));
+    mo->off = (int32_t *)c;
     if (cudaHostAlloc((void **)&mo->h_ids, P * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&mo->h_wts, P * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&mo->h_idx, 2 * P * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess)
@@ -455,6 +455,25 @@ static int run_gemv(struct cuda_moe *mo, const struct dev_experts *d, float *y, 
     if (dtype_block_size(d->down_t) > 1) RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
     return kern_cuda_moe_gemv(y, dim, mo->h, ffn, mo->x8, d->down, d->down_t, mo->n_expert, dim, ffn, mo->ids,
                               mo->wts, n, k, 1, cs);
+}
+
+/* More rows, every matrix in a block type: the pairs sorted by expert on the device, each chosen expert's
+ * rows read once per 8 of its pairs, the down products per pair into xs, then the weighted sum. */
+static int run_grouped(struct cuda_moe *mo, const struct dev_experts *d, float *y, const float *x, int n,
+                       cudaStream_t cs)
+{
+    const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k, ne = mo->n_expert;
+    RC(kern_cuda_moe_sort(mo->ids, P, ne, mo->off, mo->idx, cs));
+    RC(kern_cuda_moe_x8(mo->x8, x, dim, n, dim, cs));
+    RC(kern_cuda_moe_grouped(mo->gu, 2 * ffn, mo->x8, n, d->gate, d->gate_t, ne, ffn, dim, mo->off, mo->idx,
+                             k, cs));
+    RC(kern_cuda_moe_grouped(mo->gu + ffn, 2 * ffn, mo->x8, n, d->up, d->up_t, ne, ffn, dim, mo->off, mo->idx,
+                             k, cs));
+    RC(kern_cuda_silu_mul(mo->h, mo->gu, P, ffn, cs));
+    RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
+    RC(kern_cuda_moe_grouped(mo->xs, dim, mo->x8, P, d->down, d->down_t, ne, dim, ffn, mo->off, mo->idx, 1,
+                             cs));
+    return kern_cuda_moe_combine(y, mo->xs, NULL, mo->wts, n, k, dim, cs);
 }
 
 /* Rows grouped by expert on the host: the ids come down (cs waits), each expert's rows are counted (count[e]
@@ -578,6 +597,9 @@ static int run_chunk(struct cuda_moe *mo, int l, int c, float *y, const float *x
     }
     const struct dev_experts d = dev_experts_at(mo, l, mo->experts[l]);
     if (n <= CUDA_MOE_GEMV_MAX_ROWS) return run_gemv(mo, &d, y, x, n, cs);
+    if (dtype_block_size(d.gate_t) > 1 && dtype_block_size(d.up_t) > 1 && dtype_block_size(d.down_t) > 1 &&
+        kern_cuda_moe_x8_bytes(n, mo->dim) && kern_cuda_moe_x8_bytes(n, mo->ffn))
+        return run_grouped(mo, &d, y, x, n, cs);
     RC(group_rows(mo, n, cs));
     return grouped_products(mo, &d, kctx, y, x, n, cs);
 }

@@ -4,9 +4,12 @@
  * Every expert layer runs its router on the device (logits by kern_cuda_matmul, the top-k by
  * kern_cuda_moe_route). A layer with resident experts then runs them on the device: up to
  * CUDA_MOE_GEMV_MAX_ROWS rows (decode steps, the ones graphs capture) by the grouped GEMV that reads the
- * routing from the device (no host round trip); more rows are grouped by expert (the ids come down, the host
- * counts the rows of each expert, their indices go up), gathered, multiplied expert by expert by
- * kern_cuda_matmul (the quantized GEMMs of big batches) and summed back per token in a fixed order. A layer
+ * routing from the device (no host round trip); more rows, when every expert matrix is in a block type, are
+ * sorted by expert on the device and run by one grouped launch per matrix that reads each chosen expert once
+ * per 8 of its rows (kern_cuda_moe_sort, kern_cuda_moe_grouped: still no host round trip), and summed back
+ * per token in a fixed order; with float experts they are grouped by expert on the host (the ids come down,
+ * the host counts the rows of each expert, their indices go up), gathered and multiplied expert by expert by
+ * kern_cuda_matmul. A layer
  * whose experts live in host memory (the first cpu_moe layers, llama.cpp's --n-cpu-moe) sends its normed rows
  * and routing down, the host's cores run kernels/cpu/moe.h's kern_cpu_moe_ffn on a pinned copy of the
  * layer's experts inside a CUDA host function on the compute stream, and the result comes up through mapped
@@ -31,8 +34,8 @@
 struct cuda_moe;
 struct kern_cuda_ctx;
 
-/* Steps of at most this many rows run the grouped GEMV; larger ones group rows by expert (a host round trip,
- * so never inside a captured graph: at least the engine's graph batch). */
+/* Steps of at most this many rows run the grouped GEMV; larger ones sort rows by expert (on the host, a
+ * round trip, for float experts: so never inside a captured graph: at least the engine's graph batch). */
 #define CUDA_MOE_GEMV_MAX_ROWS 16
 /* Rows the scratch holds (T k pairs of gate|up, h and gathered rows): larger steps run in chunks. */
 #define CUDA_MOE_CHUNK_ROWS 1024
@@ -74,8 +77,8 @@ int cuda_moe_n_host(const struct cuda_moe *mo);
 int cuda_moe_stream_min_rows(const struct cuda_moe *mo);
 
 /* y (n, dim) = layer l's experts on x (n, dim), both device memory, enqueued on cs. d_iota: (n) 0, 1, 2, ...
- * on the device. A step of more than CUDA_MOE_GEMV_MAX_ROWS rows on resident experts, and one that streams
- * host experts, synchronise cs once. */
+ * on the device. A step of more than CUDA_MOE_GEMV_MAX_ROWS rows on resident float experts, and one that
+ * streams host experts, synchronise cs once. */
 int cuda_moe_run(struct cuda_moe *mo, int l, float *y, const float *x, int n, struct kern_cuda_ctx *kctx,
                  const int32_t *d_iota, cudaStream_t cs);
 /* The first failure of a host function since the last call (FERRY_OK if none); call once the step's work is

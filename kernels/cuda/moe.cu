@@ -170,6 +170,129 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     if (lane == 0) y[(size_t)o * ldy + r] = acc;
 }
 
+/* ---- the grouped product for many rows -------------------------------------------------------------------
+ */
+
+/* One block: each expert's pairs counted (shared atomics), their offsets scanned (each thread a run of
+ * MOE_SORT_PER experts, then a scan of the threads' totals), and each pair placed in its expert's range. The
+ * order within an expert depends on the atomics' order, which changes nothing in the products: each pair's
+ * sums are its own. */
+#define MOE_SORT_THREADS 1024
+#define MOE_SORT_PER     (KERN_CUDA_MOE_MAX_EXPERTS / MOE_SORT_THREADS)
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+    moe_sort_kernel(const int32_t *ids, int P, int ne, int32_t *off, int32_t *order)
+{
+    __shared__ int cnt[KERN_CUDA_MOE_MAX_EXPERTS];
+    __shared__ int part[MOE_SORT_THREADS];
+    const int t = threadIdx.x;
+    for (int e = t; e < ne; e += MOE_SORT_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int p = t; p < P; p += MOE_SORT_THREADS) {
+        const int e = ids[p];
+        if (e >= 0 && e < ne) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    const int e0 = t * MOE_SORT_PER;
+    int run = 0;
+    for (int i = 0; i < MOE_SORT_PER; i++)
+        if (e0 + i < ne) run += cnt[e0 + i];
+    part[t] = run;
+    __syncthreads();
+    for (int s = 1; s < MOE_SORT_THREADS; s <<= 1) { /* inclusive scan of the runs */
+        const int v = t >= s ? part[t - s] : 0;
+        __syncthreads();
+        part[t] += v;
+        __syncthreads();
+    }
+    int at = part[t] - run; /* the first offset of this thread's experts */
+    for (int i = 0; i < MOE_SORT_PER; i++)
+        if (e0 + i < ne) {
+            const int c = cnt[e0 + i];
+            off[e0 + i] = at;
+            cnt[e0 + i] = at; /* now the next free place */
+            at += c;
+        }
+    if (t == MOE_SORT_THREADS - 1) off[ne] = part[t];
+    __syncthreads();
+    for (int p = t; p < P; p += MOE_SORT_THREADS) {
+        const int e = ids[p];
+        if (e >= 0 && e < ne) order[atomicAdd(&cnt[e], 1)] = p;
+    }
+}
+
+/* Block (row group, expert e): warp w takes row r of expert e for every pair of e, MOE_TILE pairs at a time;
+ * lane i walks the row's pieces i, i + 32, ..., each decoded once per tile and dotted with the tile's rows of
+ * xq; then one butterfly per pair and lane i writes pair i's sum. */
+#define MOE_TILE 8
+template <class Q>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_grouped_q_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
+                         size_t expert_bytes, size_t row_bytes, int rows, int cols, const int32_t *off,
+                         const int32_t *order, int xdiv)
+{
+    const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), e = blockIdx.y;
+    const int beg = off[e], end = off[e + 1];
+    if (r >= rows || beg == end) return;
+    const uint8_t *wr = w + (size_t)e * expert_bytes + (size_t)r * row_bytes;
+    const int items = moe_q_items<Q>(cols), nu = cols / 32;
+    for (int s = beg; s < end; s += MOE_TILE) {
+        const int np = end - s < MOE_TILE ? end - s : MOE_TILE;
+        int pr[MOE_TILE];
+        size_t xoff[MOE_TILE];
+        float acc[MOE_TILE];
+#pragma unroll
+        for (int i = 0; i < MOE_TILE; i++) {
+            pr[i] = i < np ? order[s + i] : 0;
+            xoff[i] = (size_t)(pr[i] / xdiv) * nu;
+            acc[i] = 0.0f;
+        }
+        for (int g = lane; g < items; g += 32) moe_q_item_rows<Q, MOE_TILE>(wr, xq, xd, xoff, np, g, acc);
+#pragma unroll
+        for (int i = 0; i < MOE_TILE; i++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+            if (lane == i && i < np) y[(size_t)pr[i] * ldy + r] = acc[i];
+        }
+    }
+}
+
+extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
+                                  cudaStream_t stream)
+{
+    if (P < 1 || n_expert < 1 || n_expert > KERN_CUDA_MOE_MAX_EXPERTS) return FERRY_ERR_INVALID;
+    moe_sort_kernel<<<1, MOE_SORT_THREADS, 0, stream>>>(ids, P, n_expert, off, order);
+    FCUDA_LAUNCH_CHECK("moe_sort_kernel");
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w,
+                                     enum dtype t, int n_expert, int rows, int cols, const int32_t *off,
+                                     const int32_t *order, int xdiv, cudaStream_t stream)
+{
+    if (rows < 1 || cols < 32 || rows > ldy || x_rows < 1 || xdiv < 1 || n_expert < 1 || n_expert > 65535 ||
+        cols % dtype_block_size(t) || !x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(y, 4))
+        return FERRY_ERR_INVALID;
+    const size_t rb = dtype_row_size(t, cols), eb = rb * (size_t)rows;
+    const dim3 grid((unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n_expert);
+    uint8_t *xq;
+    float *xd;
+    kern_cuda_qmm_x8_at((void *)x8, x_rows, cols, &xq, &xd);
+    switch (t) {
+#define MOE_GROUPED(T, name, Q)                                                                              \
+    case DTYPE_##T:                                                                                          \
+        if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
+        moe_grouped_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(y, ldy, xq, xd, (const uint8_t *)w, eb, \
+                                                                     rb, rows, cols, off, order, xdiv);      \
+        break;
+        QB_TYPES(MOE_GROUPED)
+#undef MOE_GROUPED
+    default:
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    FCUDA_LAUNCH_CHECK("moe_grouped_q_kernel");
+    return FERRY_OK;
+}
+
 extern "C" int kern_cuda_moe_supports(enum dtype t)
 {
     switch (t) {
@@ -257,7 +380,8 @@ __global__ void moe_combine_kernel(float *y, const float *yp, const int32_t *slo
     if (g >= (int64_t)n * d) return;
     const int t = (int)(g / d), i = (int)(g - (int64_t)t * d);
     float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc = fmaf(wts[t * k + j], yp[(size_t)slot[t * k + j] * d + i], acc);
+    for (int j = 0; j < k; j++)
+        acc = fmaf(wts[t * k + j], yp[(size_t)(slot ? slot[t * k + j] : t * k + j) * d + i], acc);
     y[g] = acc;
 }
 

@@ -56,7 +56,22 @@ int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x
                        enum dtype t, int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
                        int n_out, int J, int xdiv, cudaStream_t stream);
 
-/* y (n, d) = sum over j < k of wts[t*k + j] * yp row slot[t*k + j], in j order. */
+/* Many rows, block types: the pairs sorted by expert on the device (no host round trip), then one launch per
+ * matrix that reads each chosen expert's rows once per MOE_TILE (8) of its pairs. kern_cuda_moe_sort: off
+ * (n_expert + 1) the start of each expert's pairs in order (P) and the end; pairs with an id out of range are
+ * left out. kern_cuda_moe_grouped: for every pair p in order, y row p, columns [0, rows), = the dot products
+ * of expert ids[p]'s rows (w as in kern_cuda_moe_gemv, block types only) with row p / xdiv of x, read as the
+ * int8 form in x8 of x_rows rows (kern_cuda_moe_x8), the GEMV's arithmetic per pair; unweighted. Rows of y
+ * of pairs left out are not written. FERRY_ERR_INVALID on a bad shape, FERRY_ERR_UNSUPPORTED for a float
+ * type. */
+int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
+                       cudaStream_t stream);
+int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w, enum dtype t,
+                          int n_expert, int rows, int cols, const int32_t *off, const int32_t *order,
+                          int xdiv, cudaStream_t stream);
+
+/* y (n, d) = sum over j < k of wts[t*k + j] * yp row slot[t*k + j] (row t*k + j with slot NULL), in j
+ * order. */
 int kern_cuda_moe_combine(float *y, const float *yp, const int32_t *slot, const float *wts, int n, int k,
                           int d, cudaStream_t stream);
 

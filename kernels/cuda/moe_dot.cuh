@@ -38,4 +38,34 @@ QB_FN float moe_q_item(const uint8_t *row, const uint8_t *xq, const float *xd, i
     return a;
 }
 
+/* The grouped product's form of an item: its units decoded once and dotted with the int8 x of up to NP rows
+ * (xoff[i]: row i's unit 0 in units of 32; rows i >= np skipped), each row's sum in a[i], the same arithmetic
+ * per row as moe_q_item. */
+template <class Q, int NP>
+QB_FN void moe_q_item_rows(const uint8_t *row, const uint8_t *xq, const float *xd, const size_t (&xoff)[NP],
+                           int np, int it, float (&a)[NP])
+{
+    const int b = it / Q::PPB, p = it - b * Q::PPB;
+    typename Q::raw r;
+    Q::load(r, row + (size_t)b * Q::BYTES, p);
+    QB_UNROLL
+    for (int v = 0; v < Q::UPP; v++) {
+        qb_unit u;
+        Q::unit(r, p, v, u);
+        const int unit = (b * Q::QK + Q::unit_elem(p, v)) / 32;
+        QB_UNROLL
+        for (int i = 0; i < NP; i++) {
+            if (i >= np) break;
+            const size_t at = xoff[i] + (size_t)unit;
+            const qb_v4 lo = qb_ldg128(xq + at * 32), hi = qb_ldg128(xq + at * 32 + 16);
+            const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            const qb_v4 d = qb_ldg128(xd + 4 * at);
+            float dx, sx;
+            memcpy(&dx, &d.x, 4);
+            memcpy(&sx, &d.y, 4);
+            a[i] = qb_dot<Q>(u, xw, dx, sx, (int)d.z, (int)d.w, a[i]);
+        }
+    }
+}
+
 #endif

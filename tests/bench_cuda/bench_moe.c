@@ -6,7 +6,9 @@
  * printed at start; FERRY_MOE_STREAM_ROWS=0 or =1 forces either). Weights: one expert quantized from random
  * values (Q4_K gate/up and Q6_K down, as Q4_K_M stores them; --q8: all Q8_0), copied to every expert; routing
  * from a random router, so the experts a step reads are those of random tokens. Each figure is the median of
- * 21 CUDA-event-timed runs after 3 warm-up runs. Usage: bench_moe [--q8] [--host]
+ * 21 CUDA-event-timed runs after 3 warm-up runs; for resident experts also "graph us": the layer captured in
+ * a CUDA graph (as the engine's decode steps run it) and replayed 20 times back to back, the time per replay,
+ * which leaves out the host's launch cost. Usage: bench_moe [--q8] [--host]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,7 +149,8 @@ int main(int argc, char **argv)
     const double expert_bytes = (double)cuda_moe_expert_bytes(&m, 0) / NE;
     printf("expert layer, dim %d, %d experts of ffn %d, top %d, %s/%s experts %s; copy ceiling %.0f GB/s\n",
            DIM, NE, FFN, TOPK, dtype_name(gt), dtype_name(dt), host ? "in host memory" : "resident", ceil);
-    printf("%6s %10s %10s %12s %8s\n", "rows", "us/layer", "experts", "GB/s chosen", "where");
+    printf("%6s %10s %10s %12s %8s %10s %12s\n", "rows", "us/layer", "experts", "GB/s chosen", "where",
+           "graph us", "graph GB/s");
     const int ns[] = {1, 2, 4, 8, 16, 64, 512};
     float *logits = malloc((size_t)TMAX * NE * sizeof(float)),
           *w = malloc((size_t)TMAX * TOPK * sizeof(float));
@@ -172,10 +175,31 @@ int main(int argc, char **argv)
         FK(cuda_moe_status(mo));
         qsort(t, 21, sizeof t[0], cmp_f);
         const double s = t[10] * 1e-3;
-        printf("%6d %10.1f %10d %12.0f %8s\n", n, s * 1e6, distinct, distinct * expert_bytes / s / 1e9,
+        double gs = 0;
+        if (!host) { /* a captured layer, replayed back to back */
+            cudaStream_t cs;
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+            FK(cuda_moe_run(mo, 0, y, x, n, ctx, di, cs));
+            CK(cudaStreamEndCapture(cs, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            CK(cudaGraphLaunch(ge, cs));
+            CK(cudaEventRecord(e0, cs));
+            for (int r = 0; r < 20; r++) CK(cudaGraphLaunch(ge, cs));
+            CK(cudaEventRecord(e1, cs));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            gs = ms * 1e-3 / 20;
+            cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaStreamDestroy(cs);
+        }
+        printf("%6d %10.1f %10d %12.0f %8s %10.1f %12.0f\n", n, s * 1e6, distinct,
+               distinct * expert_bytes / s / 1e9,
                !host                               ? "device"
                : n >= cuda_moe_stream_min_rows(mo) ? "stream"
-                                                   : "host");
+                                                   : "host",
+               gs * 1e6, gs > 0 ? distinct * expert_bytes / gs / 1e9 : 0.0);
     }
     cuda_moe_free(mo);
     kern_cuda_ctx_free(ctx);

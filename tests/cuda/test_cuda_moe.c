@@ -4,16 +4,17 @@
  * Routing: kern_cuda_moe_route against kern_cpu_moe_route on the same logits, with runs of equal logits
  * (ties go to the lowest id on both): ids equal, weights within 1e-6 relative.
  * A whole layer (cuda_moe_run: router product, top-k, the experts, the weighted sum) in every weight type the
- * experts come in, at 1 and 3 rows (the grouped GEMV) and 37 (rows grouped by expert, kern_cuda_matmul per
- * expert), against kern_cpu_moe_ref (double sums) on the dequantized weights, routed on the CPU from the
- * device's own router logits (the same product downloaded, so that a near-tie cannot pick other experts on
- * the two sides). Router rows are duplicated so that exact ties occur. Tolerances, as relative error of the
- * whole output: the GEMV reads the weights' exact f32 values and multiplies in f32: 1e-5. The grouped path's
- * products round x to the weight's type for float weights (f16/bf16: 2^-11/2^-8 relative) or to int8 blocks
- * or f16 tiles for block types (matmul_q.h): 1e-2. With the experts in host memory (the host's cores run
- * kern_cpu_moe_ffn) the result is the CPU's own: against kern_cpu_moe_ffn on the same routing, 1e-5.
- * Streamed from host memory: the grouped path's products on the copied experts, 1e-2 (f32: 1e-5), and the
- * bytes copied are exactly the chosen experts'.
+ * experts come in, at 1 and 3 rows (the grouped GEMV) and 37 (rows sorted by expert: on the device and one
+ * grouped launch per matrix for block types, on the host and kern_cuda_matmul per expert for float types),
+ * against kern_cpu_moe_ref (double sums) on the dequantized weights, routed on the CPU from the device's own
+ * router logits (the same product downloaded, so that a near-tie cannot pick other experts on the two sides).
+ * Router rows are duplicated so that exact ties occur. Tolerances, as relative error of the whole output: the
+ * GEMV reads the weights' exact f32 values and multiplies in f32: 1e-5. The grouped path's products round x
+ * to the weight's type for float weights (f16/bf16: 2^-11/2^-8 relative) or to int8 blocks or f16 tiles for
+ * block types (matmul_q.h): 1e-2. With the experts in host memory (the host's cores run kern_cpu_moe_ffn) the
+ * result is the CPU's own: against kern_cpu_moe_ffn on the same routing, 1e-5. Streamed from host memory: the
+ * grouped path's products on the copied experts, 1e-2 (f32: 1e-5), and the bytes copied are exactly the
+ * chosen experts'.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -343,4 +344,43 @@ Test(cuda_moe, gemv_both_uses)
     check_gemv(DTYPE_Q2_K, 21, 256);
     check_gemv(DTYPE_IQ4_XS, 19, 256);
     check_gemv(DTYPE_MXFP4, 23, 96);
+}
+
+/* The device's sort of pairs by expert: offsets are the exclusive scan of each expert's count, every pair
+ * with an id in range appears exactly once, inside its expert's range; ids out of range are left out. */
+Test(cuda_moe, sort_pairs_by_expert)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(43);
+    const int sizes[][2] = {{1, 1}, {37, 5}, {2100, 128}, {8192, 4096}, {300, 3000}};
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        const int P = sizes[c][0], ne = sizes[c][1];
+        int32_t *ids = malloc((size_t)P * sizeof *ids), *off = malloc(((size_t)ne + 1) * sizeof *off),
+                *order = malloc((size_t)P * sizeof *order), *cnt = calloc((size_t)ne, sizeof *cnt);
+        for (int p = 0; p < P; p++) ids[p] = p % 17 == 5 ? ne : p % 29 == 7 ? -1 : irand(ne);
+        int valid = 0;
+        for (int p = 0; p < P; p++)
+            if (ids[p] >= 0 && ids[p] < ne) cnt[ids[p]]++, valid++;
+        int32_t *di = dev_upload(ids, (size_t)P * sizeof *ids), *doff = dev_poison(((size_t)ne + 1) * 4),
+                *dord = dev_poison((size_t)P * 4);
+        cr_assert_eq(kern_cuda_moe_sort(di, P, ne, doff, dord, 0), FERRY_OK);
+        dev_download(off, doff, ((size_t)ne + 1) * 4);
+        dev_download(order, dord, (size_t)P * 4);
+        int at = 0;
+        for (int e = 0; e < ne; e++) {
+            cr_assert_eq(off[e], at, "P %d ne %d: expert %d starts at %d, want %d", P, ne, e, off[e], at);
+            at += cnt[e];
+        }
+        cr_assert_eq(off[ne], valid);
+        char *seen = calloc((size_t)P, 1);
+        for (int e = 0; e < ne; e++)
+            for (int s = off[e]; s < off[e + 1]; s++) {
+                const int p = order[s];
+                cr_assert(p >= 0 && p < P && !seen[p] && ids[p] == e, "P %d ne %d: slot %d holds %d", P, ne,
+                          s, p);
+                seen[p] = 1;
+            }
+        free(seen), free(ids), free(off), free(order), free(cnt);
+        cudaFree(di), cudaFree(doff), cudaFree(dord);
+    }
 }
