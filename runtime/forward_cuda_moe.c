@@ -57,6 +57,11 @@ struct cuda_moe {
     int32_t *idx;   /* (2, T k) the grouped path's row of each sorted pair | sorted row of each pair */
     void *x8;       /* x8_bytes: the int8 form of x or of h for the GEMV and the grouped products */
     int32_t *off;   /* (n_expert + 1) the device-sorted pairs' start per expert */
+    /* gpt-oss (LOP_MOE_CLAMPED): the clamped SwiGLU's gain and clamp, and each layer's biases on the device:
+     * router (n_expert), then gate and up (n_expert, ffn) each, then down (n_expert, dim); NULL elsewhere. */
+    int clamped;
+    float alpha, limit;
+    float **bias;
     /* Host: the grouped path's exchange and the host experts' rows. */
     int32_t *h_ids; /* (T, k) pinned */
     float *h_wts;   /* (T, k) pinned */
@@ -84,6 +89,15 @@ static int chunk_rows(int T)
     return T < CUDA_MOE_CHUNK_ROWS ? T : CUDA_MOE_CHUNK_ROWS;
 }
 
+/* Floats of layer l's biases on the device (0: none). */
+static size_t bias_floats(const struct model *m, int l)
+{
+    const struct model_layer *L = &m->layers[l];
+    const size_t ne = (size_t)m->hp.n_expert;
+    if (!L->router_b || !L->exp_gate_b || !L->exp_up_b || !L->exp_down_b) return 0;
+    return ne * (1 + 2 * (size_t)m->hp.expert_ffn_dim + (size_t)m->hp.dim);
+}
+
 /* The int8 form of x (T rows of dim) or of h (their pairs' rows of ffn), one at a time. */
 static size_t x8_bytes(const struct llm_hparams *hp, int T)
 {
@@ -98,7 +112,8 @@ size_t cuda_moe_fixed_bytes(const struct model *m, int T)
     const struct llm_hparams *hp = &m->hp;
     if (hp->n_expert <= 0) return 0;
     size_t b = 0;
-    for (int l = 0; l < hp->n_layers; l++) b += align_up(view_bytes(&m->layers[l].router));
+    for (int l = 0; l < hp->n_layers; l++)
+        b += align_up(view_bytes(&m->layers[l].router)) + align_up(bias_floats(m, l) * sizeof(float));
     const size_t P = (size_t)T * hp->n_expert_used, ffn = (size_t)hp->expert_ffn_dim;
     b += align_up((size_t)T * hp->n_expert * sizeof(float)) + 2 * align_up(P * sizeof(float)) +
          align_up(P * 2 * ffn * sizeof(float)) + align_up(P * ffn * sizeof(float)) +
@@ -189,6 +204,7 @@ void cuda_moe_free(struct cuda_moe *mo)
     free(mo->jobs);
     free(mo->router);
     free(mo->experts);
+    free(mo->bias);
     free(mo);
 }
 
@@ -205,6 +221,10 @@ static struct kern_cpu_moe_experts host_experts_of(const struct cuda_moe *mo, in
                                       .n_expert = mo->n_expert,
                                       .dim = mo->dim,
                                       .ffn = mo->ffn};
+    if (mo->clamped) {
+        ex.gate_b = L->exp_gate_b, ex.up_b = L->exp_up_b, ex.down_b = L->exp_down_b;
+        ex.act = KERN_CPU_MOE_SWIGLU_CLAMPED, ex.alpha = mo->alpha, ex.limit = mo->limit;
+    }
     if (mo->hexp && mo->hexp[l]) {
         ex.gate = mo->hexp[l];
         ex.up = mo->hexp[l] + align_up(view_bytes(&L->exp_gate));
@@ -327,11 +347,14 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
     mo->stream_min_rows = INT_MAX;
     const size_t P = (size_t)T * mo->k;
     int rc = FERRY_ERR_NOMEM;
+    mo->clamped = hp->swiglu_limit > 0; /* gpt-oss's LOP_MOE_CLAMPED */
+    mo->alpha = hp->swiglu_alpha, mo->limit = hp->swiglu_limit;
     mo->router = calloc((size_t)hp->n_layers, sizeof *mo->router);
     mo->experts = calloc((size_t)hp->n_layers, sizeof *mo->experts);
+    mo->bias = calloc((size_t)hp->n_layers, sizeof *mo->bias);
     mo->jobs = calloc((size_t)hp->n_layers * chunks, sizeof *mo->jobs);
     mo->count = calloc((size_t)mo->n_expert + 1, sizeof *mo->count);
-    if (!mo->router || !mo->experts || !mo->jobs || !mo->count) goto fail;
+    if (!mo->router || !mo->experts || !mo->bias || !mo->jobs || !mo->count) goto fail;
     char *c = p->fixed;
     rc = FERRY_ERR_CUDA;
     for (int l = 0; l < hp->n_layers; l++) {
@@ -340,6 +363,22 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
         if (cudaMemcpy(c, L->router.data, view_bytes(&L->router), cudaMemcpyHostToDevice) != cudaSuccess)
             goto fail;
         c += align_up(view_bytes(&L->router));
+        if (mo->clamped) {
+            if (!bias_floats(m, l)) {
+                rc = FERRY_ERR_INVALID;
+                goto fail;
+            }
+            const size_t ne = (size_t)mo->n_expert, ffn = (size_t)mo->ffn;
+            const float *src[4] = {L->router_b, L->exp_gate_b, L->exp_up_b, L->exp_down_b};
+            const size_t len[4] = {ne, ne * ffn, ne * ffn, ne * (size_t)mo->dim};
+            mo->bias[l] = (float *)c;
+            for (int i = 0; i < 4; i++) {
+                if (cudaMemcpy(c, src[i], len[i] * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+                    goto fail;
+                c += len[i] * sizeof(float);
+            }
+            c = (char *)mo->bias[l] + align_up(bias_floats(m, l) * sizeof(float));
+        }
         mo->experts[l] = p->experts[l];
         if (!p->experts[l]) {
             mo->n_host++;
@@ -424,7 +463,8 @@ void cuda_moe_counts(const struct cuda_moe *mo, uint64_t *host_runs, uint64_t *s
 struct dev_experts {
     const char *gate, *up, *down;
     enum dtype gate_t, up_t, down_t;
-    size_t gate_e, up_e, down_e; /* bytes of one expert's matrix */
+    const float *gate_b, *up_b, *down_b; /* (n_expert, ffn | dim) on the device, or NULL */
+    size_t gate_e, up_e, down_e;         /* bytes of one expert's matrix */
 };
 
 static struct dev_experts dev_experts_at(const struct cuda_moe *mo, int l, const char *base)
@@ -437,7 +477,19 @@ static struct dev_experts dev_experts_at(const struct cuda_moe *mo, int l, const
     d.gate_e = dtype_row_size(d.gate_t, mo->dim) * (size_t)mo->ffn;
     d.up_e = dtype_row_size(d.up_t, mo->dim) * (size_t)mo->ffn;
     d.down_e = dtype_row_size(d.down_t, mo->ffn) * (size_t)mo->dim;
+    if (mo->bias[l]) {
+        d.gate_b = mo->bias[l] + mo->n_expert;
+        d.up_b = d.gate_b + (size_t)mo->n_expert * mo->ffn;
+        d.down_b = d.up_b + (size_t)mo->n_expert * mo->ffn;
+    }
     return d;
+}
+
+/* h (P, ffn) from gu (P, 2 ffn): silu(gate)·up, or gpt-oss's clamped SwiGLU. */
+static int activate(const struct cuda_moe *mo, int P, cudaStream_t cs)
+{
+    if (mo->clamped) return kern_cuda_moe_swiglu_clamped(mo->h, mo->gu, P, mo->ffn, mo->alpha, mo->limit, cs);
+    return kern_cuda_silu_mul(mo->h, mo->gu, P, mo->ffn, cs);
 }
 
 /* Few rows: the grouped GEMV over every (token, expert) pair, the routing read on the device. */
@@ -447,14 +499,14 @@ static int run_gemv(struct cuda_moe *mo, const struct dev_experts *d, float *y, 
     const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k;
     if (dtype_block_size(d->gate_t) > 1 || dtype_block_size(d->up_t) > 1)
         RC(kern_cuda_moe_x8(mo->x8, x, dim, n, dim, cs));
-    RC(kern_cuda_moe_gemv(mo->gu, 2 * ffn, x, dim, mo->x8, d->gate, d->gate_t, mo->n_expert, ffn, dim,
-                          mo->ids, NULL, P, 1, k, cs));
-    RC(kern_cuda_moe_gemv(mo->gu + ffn, 2 * ffn, x, dim, mo->x8, d->up, d->up_t, mo->n_expert, ffn, dim,
-                          mo->ids, NULL, P, 1, k, cs));
-    RC(kern_cuda_silu_mul(mo->h, mo->gu, P, ffn, cs));
+    RC(kern_cuda_moe_gemv(mo->gu, 2 * ffn, x, dim, mo->x8, d->gate, d->gate_t, d->gate_b, mo->n_expert, ffn,
+                          dim, mo->ids, NULL, P, 1, k, cs));
+    RC(kern_cuda_moe_gemv(mo->gu + ffn, 2 * ffn, x, dim, mo->x8, d->up, d->up_t, d->up_b, mo->n_expert, ffn,
+                          dim, mo->ids, NULL, P, 1, k, cs));
+    RC(activate(mo, P, cs));
     if (dtype_block_size(d->down_t) > 1) RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
-    return kern_cuda_moe_gemv(y, dim, mo->h, ffn, mo->x8, d->down, d->down_t, mo->n_expert, dim, ffn, mo->ids,
-                              mo->wts, n, k, 1, cs);
+    return kern_cuda_moe_gemv(y, dim, mo->h, ffn, mo->x8, d->down, d->down_t, d->down_b, mo->n_expert, dim,
+                              ffn, mo->ids, mo->wts, n, k, 1, cs);
 }
 
 /* More rows, every matrix in a block type: the pairs sorted by expert on the device, each chosen expert's
@@ -465,14 +517,14 @@ static int run_grouped(struct cuda_moe *mo, const struct dev_experts *d, float *
     const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k, ne = mo->n_expert;
     RC(kern_cuda_moe_sort(mo->ids, P, ne, mo->off, mo->idx, cs));
     RC(kern_cuda_moe_x8(mo->x8, x, dim, n, dim, cs));
-    RC(kern_cuda_moe_grouped(mo->gu, 2 * ffn, mo->x8, n, d->gate, d->gate_t, ne, ffn, dim, mo->off, mo->idx,
-                             k, cs));
-    RC(kern_cuda_moe_grouped(mo->gu + ffn, 2 * ffn, mo->x8, n, d->up, d->up_t, ne, ffn, dim, mo->off, mo->idx,
-                             k, cs));
-    RC(kern_cuda_silu_mul(mo->h, mo->gu, P, ffn, cs));
+    RC(kern_cuda_moe_grouped(mo->gu, 2 * ffn, mo->x8, n, d->gate, d->gate_t, d->gate_b, ne, ffn, dim, mo->off,
+                             mo->idx, k, cs));
+    RC(kern_cuda_moe_grouped(mo->gu + ffn, 2 * ffn, mo->x8, n, d->up, d->up_t, d->up_b, ne, ffn, dim, mo->off,
+                             mo->idx, k, cs));
+    RC(activate(mo, P, cs));
     RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
-    RC(kern_cuda_moe_grouped(mo->xs, dim, mo->x8, P, d->down, d->down_t, ne, dim, ffn, mo->off, mo->idx, 1,
-                             cs));
+    RC(kern_cuda_moe_grouped(mo->xs, dim, mo->x8, P, d->down, d->down_t, d->down_b, ne, dim, ffn, mo->off,
+                             mo->idx, 1, cs));
     return kern_cuda_moe_combine(y, mo->xs, NULL, mo->wts, n, k, dim, cs);
 }
 
@@ -513,17 +565,18 @@ static int grouped_products(struct cuda_moe *mo, const struct dev_experts *d, st
         if (!c) continue;
         float *gu = mo->gu + (size_t)r0 * 2 * ffn;
         const float *xs = mo->xs + (size_t)r0 * dim;
-        RC(kern_cuda_matmul(kctx, gu, 2 * ffn, xs, d->gate + d->gate_e * e, d->gate_t, NULL, c, ffn, dim,
-                            cs));
-        RC(kern_cuda_matmul(kctx, gu + ffn, 2 * ffn, xs, d->up + d->up_e * e, d->up_t, NULL, c, ffn, dim,
-                            cs));
+        RC(kern_cuda_matmul(kctx, gu, 2 * ffn, xs, d->gate + d->gate_e * e, d->gate_t,
+                            d->gate_b ? d->gate_b + (size_t)e * ffn : NULL, c, ffn, dim, cs));
+        RC(kern_cuda_matmul(kctx, gu + ffn, 2 * ffn, xs, d->up + d->up_e * e, d->up_t,
+                            d->up_b ? d->up_b + (size_t)e * ffn : NULL, c, ffn, dim, cs));
     }
-    RC(kern_cuda_silu_mul(mo->h, mo->gu, P, ffn, cs));
+    RC(activate(mo, P, cs));
     for (int e = 0; e < ne; e++) { /* each expert's rows of xs are free once its gate|up products ran */
         const int r0 = e ? cnt[e - 1] : 0, c = cnt[e] - r0;
         if (c)
             RC(kern_cuda_matmul(kctx, mo->xs + (size_t)r0 * dim, dim, mo->h + (size_t)r0 * ffn,
-                                d->down + d->down_e * e, d->down_t, NULL, c, dim, ffn, cs));
+                                d->down + d->down_e * e, d->down_t,
+                                d->down_b ? d->down_b + (size_t)e * dim : NULL, c, dim, ffn, cs));
     }
     return kern_cuda_moe_combine(y, mo->xs, mo->idx + P, mo->wts, n, k, dim, cs);
 }
@@ -586,9 +639,11 @@ static int run_chunk(struct cuda_moe *mo, int l, int c, float *y, const float *x
                      struct kern_cuda_ctx *kctx, const int32_t *d_iota, cudaStream_t cs)
 {
     const struct model_layer *L = &mo->m->layers[l];
-    RC(kern_cuda_matmul(kctx, mo->logits, mo->n_expert, x, mo->router[l], L->router.type, NULL, n,
+    RC(kern_cuda_matmul(kctx, mo->logits, mo->n_expert, x, mo->router[l], L->router.type, mo->bias[l], n,
                         mo->n_expert, mo->dim, cs));
-    RC(kern_cuda_moe_route(mo->logits, n, mo->n_expert, mo->k, mo->norm, mo->ids, mo->wts, cs));
+    /* gpt-oss's weights, the softmax of the top-k logits, are the normalised top-k probabilities. */
+    RC(kern_cuda_moe_route(mo->logits, n, mo->n_expert, mo->k, mo->norm || mo->clamped, mo->ids, mo->wts,
+                           cs));
     if (!mo->experts[l]) {
         if (n >= mo->stream_min_rows && mo->stage && mo->hexp && mo->hexp[l])
             return run_stream(mo, l, kctx, y, x, n, cs);

@@ -111,7 +111,7 @@ template <class E>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gemv_float_kernel(float *y, int ldy, const float *x, int ldx, const uint8_t *w, size_t expert_bytes,
                           size_t row_bytes, int n_expert, int rows, int cols, const int32_t *ids,
-                          const float *wts, int J, int xdiv)
+                          const float *wts, const float *bias, int J, int xdiv)
 {
     const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), o = blockIdx.y;
     if (r >= rows) return;
@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                                    x + (size_t)(pair / xdiv) * ldx, cols, lane);
 #pragma unroll
         for (int s = 16; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s);
+        if (bias) d += bias[(size_t)e * rows + r];
         acc = wts ? fmaf(wts[pair], d, acc) : acc + d;
     }
     if (lane == 0) y[(size_t)o * ldy + r] = acc;
@@ -151,7 +152,7 @@ template <class Q>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gemv_q_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
                       size_t expert_bytes, size_t row_bytes, int n_expert, int rows, int cols,
-                      const int32_t *ids, const float *wts, int J, int xdiv)
+                      const int32_t *ids, const float *wts, const float *bias, int J, int xdiv)
 {
     const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), o = blockIdx.y;
     if (r >= rows) return;
@@ -167,6 +168,11 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (bias) /* each pair's bias, weighted as its product is (in j order, after the products) */
+        for (int j = 0; j < J; j++) {
+            const int pair = o * J + j, e = ids[pair];
+            if (e >= 0 && e < n_expert) acc = fmaf(wts ? wts[pair] : 1.0f, bias[(size_t)e * rows + r], acc);
+        }
     if (lane == 0) y[(size_t)o * ldy + r] = acc;
 }
 
@@ -228,13 +234,14 @@ template <class Q>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_grouped_q_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
                          size_t expert_bytes, size_t row_bytes, int rows, int cols, const int32_t *off,
-                         const int32_t *order, int xdiv)
+                         const int32_t *order, const float *bias, int xdiv)
 {
     const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), e = blockIdx.y;
     const int beg = off[e], end = off[e + 1];
     if (r >= rows || beg == end) return;
     const uint8_t *wr = w + (size_t)e * expert_bytes + (size_t)r * row_bytes;
     const int items = moe_q_items<Q>(cols), nu = cols / 32;
+    const float b = bias ? bias[(size_t)e * rows + r] : 0.0f;
     for (int s = beg; s < end; s += MOE_TILE) {
         const int np = end - s < MOE_TILE ? end - s : MOE_TILE;
         int pr[MOE_TILE];
@@ -251,7 +258,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
         for (int i = 0; i < MOE_TILE; i++) {
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-            if (lane == i && i < np) y[(size_t)pr[i] * ldy + r] = acc[i];
+            if (lane == i && i < np) y[(size_t)pr[i] * ldy + r] = acc[i] + b;
         }
     }
 }
@@ -266,8 +273,8 @@ extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32
 }
 
 extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w,
-                                     enum dtype t, int n_expert, int rows, int cols, const int32_t *off,
-                                     const int32_t *order, int xdiv, cudaStream_t stream)
+                                     enum dtype t, const float *bias, int n_expert, int rows, int cols,
+                                     const int32_t *off, const int32_t *order, int xdiv, cudaStream_t stream)
 {
     if (rows < 1 || cols < 32 || rows > ldy || x_rows < 1 || xdiv < 1 || n_expert < 1 || n_expert > 65535 ||
         cols % dtype_block_size(t) || !x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(y, 4))
@@ -281,8 +288,8 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
 #define MOE_GROUPED(T, name, Q)                                                                              \
     case DTYPE_##T:                                                                                          \
         if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
-        moe_grouped_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(y, ldy, xq, xd, (const uint8_t *)w, eb, \
-                                                                     rb, rows, cols, off, order, xdiv);      \
+        moe_grouped_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(                                        \
+            y, ldy, xq, xd, (const uint8_t *)w, eb, rb, rows, cols, off, order, bias, xdiv);                 \
         break;
         QB_TYPES(MOE_GROUPED)
 #undef MOE_GROUPED
@@ -328,8 +335,9 @@ extern "C" int kern_cuda_moe_x8(void *x8, const float *x, int ldx, int m, int co
 }
 
 extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x8, const void *w,
-                                  enum dtype t, int n_expert, int rows, int cols, const int32_t *ids,
-                                  const float *wts, int n_out, int J, int xdiv, cudaStream_t stream)
+                                  enum dtype t, const float *bias, int n_expert, int rows, int cols,
+                                  const int32_t *ids, const float *wts, int n_out, int J, int xdiv,
+                                  cudaStream_t stream)
 {
     if (!kern_cuda_moe_supports(t)) return FERRY_ERR_UNSUPPORTED;
     if (rows < 1 || cols < 1 || rows > ldy || ldx < cols || n_out < 1 || n_out > 65535 || J < 1 || xdiv < 1 ||
@@ -341,15 +349,15 @@ extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, co
     switch (t) {
     case DTYPE_F32:
         moe_gemv_float_kernel<float><<<grid, MOE_WARPS * 32, 0, stream>>>(
-            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, J, xdiv);
+            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, bias, J, xdiv);
         break;
     case DTYPE_F16:
         moe_gemv_float_kernel<__half><<<grid, MOE_WARPS * 32, 0, stream>>>(
-            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, J, xdiv);
+            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, bias, J, xdiv);
         break;
     case DTYPE_BF16:
         moe_gemv_float_kernel<__nv_bfloat16><<<grid, MOE_WARPS * 32, 0, stream>>>(
-            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, J, xdiv);
+            y, ldy, x, ldx, wb, eb, rb, n_expert, rows, cols, ids, wts, bias, J, xdiv);
         break;
 #define MOE_LAUNCH(T, name, Q)                                                                               \
     case DTYPE_##T: {                                                                                        \
@@ -359,7 +367,7 @@ extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, co
         float *xd;                                                                                           \
         kern_cuda_qmm_x8_at((void *)x8, (n_out * J - 1) / xdiv + 1, cols, &xq, &xd);                         \
         moe_gemv_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(y, ldy, xq, xd, wb, eb, rb, n_expert,      \
-                                                                  rows, cols, ids, wts, J, xdiv);            \
+                                                                  rows, cols, ids, wts, bias, J, xdiv);      \
         break;                                                                                               \
     }
         QB_TYPES(MOE_LAUNCH)
@@ -368,6 +376,30 @@ extern "C" int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, co
         return FERRY_ERR_UNSUPPORTED;
     }
     FCUDA_LAUNCH_CHECK("moe_gemv_kernel");
+    return FERRY_OK;
+}
+
+/* ---- gpt-oss's activation --------------------------------------------------------------------------------
+ */
+
+__global__ void moe_swiglu_clamped_kernel(float *h, const float *gu, int m, int ffn, float alpha, float limit)
+{
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (int64_t)m * ffn) return;
+    const int64_t t = g / ffn, i = g - t * ffn;
+    const float gv = fminf(gu[t * 2 * ffn + i], limit),
+                u = fminf(fmaxf(gu[t * 2 * ffn + ffn + i], -limit), limit);
+    h[g] = gv / (1.0f + expf(-alpha * gv)) * (u + 1.0f);
+}
+
+extern "C" int kern_cuda_moe_swiglu_clamped(float *h, const float *gu, int m, int ffn, float alpha,
+                                            float limit, cudaStream_t stream)
+{
+    if (m < 1 || ffn < 1) return FERRY_ERR_INVALID;
+    const int64_t total = (int64_t)m * ffn;
+    moe_swiglu_clamped_kernel<<<fcuda_blocks(total, 256, INT32_MAX), 256, 0, stream>>>(h, gu, m, ffn, alpha,
+                                                                                       limit);
+    FCUDA_LAUNCH_CHECK("moe_swiglu_clamped_kernel");
     return FERRY_OK;
 }
 

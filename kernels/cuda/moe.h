@@ -49,26 +49,33 @@ int kern_cuda_moe_x8(void *x8, const float *x, int ldx, int m, int cols, cudaStr
 /* The grouped GEMV (see above). w: n_expert stacked (rows, cols) matrices of type t (expert e's at
  * e * rows * row bytes); x rows of cols floats at stride ldx; for block types x8 holds the int8 form of
  * exactly the rows the pairs read, (n_out * J - 1) / xdiv + 1 of them (kern_cuda_moe_x8; x itself is then
- * not read), for float types x8 is ignored; y (n_out, ldy), columns [0, rows) written. An id outside
+ * not read), for float types x8 is ignored; bias (n_expert, rows) f32 or NULL: each pair's product plus
+ * its expert's bias row (before the pair's weight); y (n_out, ldy), columns [0, rows) written. An id outside
  * 0..n_expert-1 contributes nothing. FERRY_ERR_INVALID on a bad shape (cols not a multiple of the type's
  * block, rows > ldy, J or xdiv < 1, no x8 for a block type), FERRY_ERR_UNSUPPORTED for another type. */
 int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x8, const void *w,
-                       enum dtype t, int n_expert, int rows, int cols, const int32_t *ids, const float *wts,
-                       int n_out, int J, int xdiv, cudaStream_t stream);
+                       enum dtype t, const float *bias, int n_expert, int rows, int cols, const int32_t *ids,
+                       const float *wts, int n_out, int J, int xdiv, cudaStream_t stream);
 
 /* Many rows, block types: the pairs sorted by expert on the device (no host round trip), then one launch per
  * matrix that reads each chosen expert's rows once per MOE_TILE (8) of its pairs. kern_cuda_moe_sort: off
  * (n_expert + 1) the start of each expert's pairs in order (P) and the end; pairs with an id out of range are
  * left out. kern_cuda_moe_grouped: for every pair p in order, y row p, columns [0, rows), = the dot products
  * of expert ids[p]'s rows (w as in kern_cuda_moe_gemv, block types only) with row p / xdiv of x, read as the
- * int8 form in x8 of x_rows rows (kern_cuda_moe_x8), the GEMV's arithmetic per pair; unweighted. Rows of y
+ * int8 form in x8 of x_rows rows (kern_cuda_moe_x8), the GEMV's arithmetic per pair, plus the expert's
+ * bias row (as in kern_cuda_moe_gemv); unweighted. Rows of y
  * of pairs left out are not written. FERRY_ERR_INVALID on a bad shape, FERRY_ERR_UNSUPPORTED for a float
  * type. */
 int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
                        cudaStream_t stream);
 int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w, enum dtype t,
-                          int n_expert, int rows, int cols, const int32_t *off, const int32_t *order,
-                          int xdiv, cudaStream_t stream);
+                          const float *bias, int n_expert, int rows, int cols, const int32_t *off,
+                          const int32_t *order, int xdiv, cudaStream_t stream);
+
+/* gpt-oss's clamped SwiGLU, kernels/cpu/ops.h's kern_cpu_swiglu_clamped: h (m, ffn) from gu (m, 2 ffn),
+ * each row gate | up. */
+int kern_cuda_moe_swiglu_clamped(float *h, const float *gu, int m, int ffn, float alpha, float limit,
+                                 cudaStream_t stream);
 
 /* y (n, d) = sum over j < k of wts[t*k + j] * yp row slot[t*k + j] (row t*k + j with slot NULL), in j
  * order. */

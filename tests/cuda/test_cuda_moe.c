@@ -72,6 +72,7 @@ Test(cuda_moe, route_matches_cpu_with_ties)
 struct moe_case {
     enum dtype t;
     int dim, ffn, ne, k, norm;
+    int clamped; /* gpt-oss's layer: biases on the router and every product, the clamped SwiGLU */
 };
 
 /* rows x cols random values in type t (host), and their exact f32 values. */
@@ -109,9 +110,16 @@ static void check_layer(const struct moe_case *c, int n, int mode)
         .exp_up = {.data = up, .type = c->t, .rows = (int64_t)ne * ffn, .cols = dim},
         .exp_down = {.data = down, .type = c->t, .rows = (int64_t)ne * dim, .cols = ffn},
     };
+    if (c->clamped) {
+        L.router_b = host_rand((size_t)ne, -0.5f, 0.5f);
+        L.exp_gate_b = host_rand((size_t)ne * ffn, -0.5f, 0.5f);
+        L.exp_up_b = host_rand((size_t)ne * ffn, -0.5f, 0.5f);
+        L.exp_down_b = host_rand((size_t)ne * dim, -0.5f, 0.5f);
+    }
     struct model m = {.layers = &L};
     m.hp.n_layers = 1, m.hp.dim = dim, m.hp.n_expert = ne, m.hp.n_expert_used = k;
     m.hp.expert_ffn_dim = ffn, m.hp.expert_norm_topk = c->norm;
+    if (c->clamped) m.hp.swiglu_alpha = 1.702f, m.hp.swiglu_limit = 0.9f; /* a clamp the test data reaches */
     const int T = n > 40 ? n : 40;
     size_t max_x, w16;
     cuda_moe_ctx_needs(&m, T, &max_x, &w16);
@@ -144,16 +152,17 @@ static void check_layer(const struct moe_case *c, int n, int mode)
     /* The device's router logits (the same product cuda_moe_run makes), routed on the CPU. */
     float *dr = dev_upload(router, (size_t)ne * dim * sizeof(float)),
           *dl = dev_poison((size_t)n * ne * sizeof(float));
+    float *drb = c->clamped ? dev_upload(L.router_b, (size_t)ne * sizeof(float)) : NULL;
     float *logits = malloc((size_t)n * ne * sizeof(float)), *wts = malloc((size_t)n * k * sizeof(float));
     int32_t *ids = malloc((size_t)n * k * sizeof(int32_t));
     for (int r0 = 0; r0 < n; r0 += CUDA_MOE_CHUNK_ROWS) { /* as cuda_moe_run splits a long step */
         const int rows = n - r0 < CUDA_MOE_CHUNK_ROWS ? n - r0 : CUDA_MOE_CHUNK_ROWS;
         cr_assert_eq(kern_cuda_matmul(ctx, dl + (size_t)r0 * ne, ne, dx + (size_t)r0 * dim, dr, DTYPE_F32,
-                                      NULL, rows, ne, dim, 0),
+                                      drb, rows, ne, dim, 0),
                      FERRY_OK);
     }
     dev_download(logits, dl, (size_t)n * ne * sizeof(float));
-    cr_assert_eq(kern_cpu_moe_route(logits, n, ne, k, c->norm, ids, wts), FERRY_OK);
+    cr_assert_eq(kern_cpu_moe_route(logits, n, ne, k, c->norm || c->clamped, ids, wts), FERRY_OK);
 
     cr_assert_eq(cuda_moe_run(mo, 0, dy, dx, n, ctx, diota, 0), FERRY_OK);
     float *y = malloc((size_t)n * dim * sizeof(float));
@@ -180,22 +189,30 @@ static void check_layer(const struct moe_case *c, int n, int mode)
     double *ref = malloc((size_t)n * dim * sizeof(double));
     float *yr = malloc((size_t)n * dim * sizeof(float));
     double tol;
+    struct kern_cpu_moe_experts e = {.gate = gate,
+                                     .up = up,
+                                     .down = down,
+                                     .gate_t = c->t,
+                                     .up_t = c->t,
+                                     .down_t = c->t,
+                                     .n_expert = ne,
+                                     .dim = dim,
+                                     .ffn = ffn};
+    if (c->clamped) {
+        e.gate_b = L.exp_gate_b, e.up_b = L.exp_up_b, e.down_b = L.exp_down_b;
+        e.act = KERN_CPU_MOE_SWIGLU_CLAMPED, e.alpha = m.hp.swiglu_alpha, e.limit = m.hp.swiglu_limit;
+    }
     if (host) { /* the host's own function on the stored weights */
-        const struct kern_cpu_moe_experts e = {.gate = gate,
-                                               .up = up,
-                                               .down = down,
-                                               .gate_t = c->t,
-                                               .up_t = c->t,
-                                               .down_t = c->t,
-                                               .n_expert = ne,
-                                               .dim = dim,
-                                               .ffn = ffn};
         float *ws = malloc(kern_cpu_moe_ws_floats(&e, n) * sizeof(float));
         cr_assert_eq(kern_cpu_moe_ffn(yr, x, ids, wts, n, k, &e, ws, NULL), FERRY_OK);
         free(ws);
         tol = 1e-5;
     } else {
-        cr_assert_eq(kern_cpu_moe_ref(yr, x, ids, wts, n, k, gf, uf, df, ne, dim, ffn), FERRY_OK);
+        struct kern_cpu_moe_experts ef = e;
+        ef.gate = gf, ef.up = uf, ef.down = df, ef.gate_t = ef.up_t = ef.down_t = DTYPE_F32;
+        cr_assert_eq(c->clamped ? kern_cpu_moe_ref_ex(yr, x, ids, wts, n, k, &ef)
+                                : kern_cpu_moe_ref(yr, x, ids, wts, n, k, gf, uf, df, ne, dim, ffn),
+                     FERRY_OK);
         const int gemv = mode == 0 && n <= CUDA_MOE_GEMV_MAX_ROWS; /* else products per expert */
         /* the products per expert round x to int8 per 32 (or to f16) in both the gate|up and the down
          * product, against the reference's f32 x: measured up to 2.1% end to end on an H100 (Q5_1 experts, 37
@@ -203,29 +220,39 @@ static void check_layer(const struct moe_case *c, int n, int mode)
         tol = (gemv && dtype_block_size(c->t) == 1) || c->t == DTYPE_F32 ? 1e-5 : 3e-2;
     }
     for (size_t i = 0; i < (size_t)n * dim; i++) ref[i] = yr[i];
-    const double e = rel_err(y, ref, (size_t)n * dim);
-    cr_assert(e <= tol,
-              "%s experts (%s) dim %d ffn %d experts %d top-%d norm %d, %d rows: relative error %.3g > %.3g "
-              "(y[0] %.6g, reference %.6g)",
-              dtype_name(c->t),
-              mode == 0   ? "device"
-              : mode == 1 ? "host"
-                          : "streamed",
-              dim, ffn, ne, k, c->norm, n, e, tol, y[0], ref[0]);
+    const double re = rel_err(y, ref, (size_t)n * dim);
+    cr_assert(
+        re <= tol,
+        "%s experts (%s%s) dim %d ffn %d experts %d top-%d norm %d, %d rows: relative error %.3g > %.3g "
+        "(y[0] %.6g, reference %.6g)",
+        dtype_name(c->t),
+        mode == 0   ? "device"
+        : mode == 1 ? "host"
+                    : "streamed",
+        c->clamped ? ", clamped SwiGLU" : "", dim, ffn, ne, k, c->norm, n, re, tol, y[0], ref[0]);
 
     cuda_moe_free(mo);
     kern_cuda_ctx_free(ctx);
     cudaFree(fixed), cudaFree(ex), cudaFree(stage), cudaFree(dx), cudaFree(dy), cudaFree(diota), cudaFree(dr),
-        cudaFree(dl);
+        cudaFree(drb), cudaFree(dl);
+    free(L.router_b), free(L.exp_gate_b), free(L.exp_up_b), free(L.exp_down_b);
     free(router), free(gate), free(up), free(down), free(rf), free(gf), free(uf), free(df), free(x),
         free(iota);
     free(logits), free(wts), free(ids), free(y), free(ref), free(yr);
 }
 
 static const struct moe_case cases[] = {
-    {DTYPE_F32, 44, 30, 8, 2, 1},    {DTYPE_F16, 48, 34, 5, 2, 1},    {DTYPE_BF16, 40, 26, 7, 3, 0},
-    {DTYPE_Q8_0, 96, 64, 7, 3, 1},   {DTYPE_Q4_0, 160, 96, 9, 2, 1},  {DTYPE_Q5_1, 64, 160, 6, 4, 0},
-    {DTYPE_Q4_K, 256, 512, 5, 2, 1}, {DTYPE_Q6_K, 512, 256, 4, 3, 1},
+    {DTYPE_F32, 44, 30, 8, 2, 1, 0},
+    {DTYPE_F16, 48, 34, 5, 2, 1, 0},
+    {DTYPE_BF16, 40, 26, 7, 3, 0, 0},
+    {DTYPE_Q8_0, 96, 64, 7, 3, 1, 0},
+    {DTYPE_Q4_0, 160, 96, 9, 2, 1, 0},
+    {DTYPE_Q5_1, 64, 160, 6, 4, 0, 0},
+    {DTYPE_Q4_K, 256, 512, 5, 2, 1, 0},
+    {DTYPE_Q6_K, 512, 256, 4, 3, 1, 0},
+    /* gpt-oss's layer, with its MXFP4 experts and in f32 (the exact GEMV) */
+    {DTYPE_MXFP4, 96, 64, 6, 2, 0, 1},
+    {DTYPE_F32, 44, 30, 8, 3, 0, 1},
 };
 
 /* Every case (every `step`-th) at 1, 3 and 37 rows in one mode. */
@@ -297,8 +324,8 @@ static void check_gemv(enum dtype t, int rows, int cols)
         const int xrows = use ? P : n;
         if (block) cr_assert_eq(kern_cuda_moe_x8(dx8, dx, cols, xrows, cols, 0), FERRY_OK);
         float *dy = dev_poison((size_t)n_out * ldy * sizeof(float)), *y = malloc((size_t)n_out * ldy * 4);
-        cr_assert_eq(kern_cuda_moe_gemv(dy, ldy, dx, cols, dx8, dw, t, ne, rows, cols, di, use ? dwts : NULL,
-                                        n_out, J, xdiv, 0),
+        cr_assert_eq(kern_cuda_moe_gemv(dy, ldy, dx, cols, dx8, dw, t, NULL, ne, rows, cols, di,
+                                        use ? dwts : NULL, n_out, J, xdiv, 0),
                      FERRY_OK);
         dev_download(y, dy, (size_t)n_out * ldy * sizeof(float));
         for (int o = 0; o < n_out; o++)
