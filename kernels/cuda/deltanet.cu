@@ -119,8 +119,11 @@ __device__ __forceinline__ void dn_window(float *win, const float *x, int ldx, i
     }
 }
 
+/* One thread per (row, channel). STATE 0: y = silu(the convolution); STATE 1, launched after (every row has
+ * read the old states by then): each sequence's last row writes its slot's new state. */
+template <int STATE>
 __global__ void dn_conv_kernel(float *y, const float *x, int ldx, int n, int C, const float *w, int width,
-                               const float *conv, size_t stride, const int32_t *seq, const int32_t *plan)
+                               float *conv, size_t stride, const int32_t *seq, const int32_t *plan)
 {
     pdl_wait();
     const int h = width - 1;
@@ -128,32 +131,19 @@ __global__ void dn_conv_kernel(float *y, const float *x, int ldx, int n, int C, 
     for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < total; it += step) {
         const int i = (int)(it / C), c = (int)(it - (int64_t)i * C);
         const int fresh = plan[2 * n + i];
-        if (fresh < 0) continue;
+        if (fresh < 0 || (STATE && plan[n + i] >= 0)) continue;
+        float *cs = conv + (size_t)seq[i] * stride;
         float win[KERN_CUDA_DN_MAX_WIDTH];
-        dn_window(win, x, ldx, i, c, h, plan, fresh, conv + (size_t)seq[i] * stride, C, 0);
+        dn_window(win, x, ldx, i, c, h, plan, fresh, cs, C, STATE); /* every read before the writes */
+        if (STATE) {
+            for (int k = 0; k < h; k++) cs[(size_t)k * C + c] = win[k];
+            continue;
+        }
         /* kern_cpu_dn_conv's order: the row's own tap, then the window oldest first. */
         const float *wc = w + (size_t)c * width;
         float acc = wc[h] * x[(int64_t)i * ldx + c];
         for (int k = 0; k < h; k++) acc += wc[k] * win[k];
         y[(int64_t)i * C + c] = dn_silu(acc);
-    }
-}
-
-/* After dn_conv_kernel (which read the old states): each sequence's last row writes its slot's new state. */
-__global__ void dn_conv_state_kernel(const float *x, int ldx, int n, int C, int width, float *conv,
-                                     size_t stride, const int32_t *seq, const int32_t *plan)
-{
-    pdl_wait();
-    const int h = width - 1;
-    const int64_t total = (int64_t)n * C, step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < total; it += step) {
-        const int i = (int)(it / C), c = (int)(it - (int64_t)i * C);
-        const int fresh = plan[2 * n + i];
-        if (fresh < 0 || plan[n + i] >= 0) continue;
-        float *cs = conv + (size_t)seq[i] * stride;
-        float win[KERN_CUDA_DN_MAX_WIDTH];
-        dn_window(win, x, ldx, i, c, h, plan, fresh, cs, C, 1); /* every read before the writes */
-        for (int k = 0; k < h; k++) cs[(size_t)k * C + c] = win[k];
     }
 }
 
@@ -168,11 +158,9 @@ extern "C" int kern_cuda_dn_conv(float *y, const float *x, int ldx, int n, int c
     if (n == 0) return FERRY_OK;
     const int64_t total = (int64_t)n * channels;
     const unsigned blocks = fcuda_blocks(total, 256, (int64_t)fcuda_sm_count() * 16);
-    FCUDA_CHECK(pdl_launch(dn_conv_kernel, dim3(blocks), dim3(256), 0, stream, y, x, ldx, n, channels, w,
-                           width, (const float *)st->conv, st->stride, seq, plan));
-    if (width > 1)
-        FCUDA_CHECK(pdl_launch(dn_conv_state_kernel, dim3(blocks), dim3(256), 0, stream, x, ldx, n, channels,
-                               width, st->conv, st->stride, seq, plan));
+    for (int state = 0; state < (width > 1 ? 2 : 1); state++)
+        FCUDA_CHECK(pdl_launch(state ? dn_conv_kernel<1> : dn_conv_kernel<0>, dim3(blocks), dim3(256), 0,
+                               stream, y, x, ldx, n, channels, w, width, st->conv, st->stride, seq, plan));
     return FERRY_OK;
 }
 
