@@ -18,6 +18,9 @@
     } while (0)
 
 #define DN_ALIGN 256
+/* Steps of at most this many rows (decode batches, the ones graphs capture) run the rule token by token,
+ * larger ones by chunks (FERRY_DN_RULE=token or chunk forces one). */
+#define CUDA_DN_TOKEN_ROWS 16
 static size_t align_up(size_t x)
 {
     return (x + DN_ALIGN - 1) & ~(size_t)(DN_ALIGN - 1);
@@ -44,6 +47,7 @@ struct cuda_deltanet {
     struct dn_layer *layers;        /* (n_rec) */
     float *y;                       /* (T, conv_dim) device: the convolution's output, normed in place */
     int32_t *plan;                  /* (KERN_CUDA_DN_PLAN_WORDS(T)) device */
+    int rule;                       /* FERRY_DN_RULE: 0 token by token, 1 by chunks, -1 by the step's rows */
 };
 
 /* The bytes of each region, in the order they are carved. */
@@ -182,6 +186,8 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
                                  .nv = hp->ssm_n_v_heads,
                                  .hk = hp->ssm_head_k,
                                  .hv = llm_ssm_head_v(hp)};
+    const char *rule = getenv("FERRY_DN_RULE");
+    dn->rule = rule && !strcmp(rule, "token") ? 0 : rule && !strcmp(rule, "chunk") ? 1 : -1;
     dn->conv_floats = (size_t)(dn->width - 1) * dn->conv_dim;
     dn->rec_floats = (size_t)dn->nv * dn->hk * dn->hv;
     dn->slot = malloc((size_t)hp->n_layers * sizeof *dn->slot);
@@ -324,7 +330,8 @@ int cuda_deltanet_run(struct cuda_deltanet *dn, int l, float *out, const struct 
                                         .ldb = in->ld_b,
                                         .lda = in->ld_a,
                                         .ldo = dn->inner,
-                                        .o = out};
+                                        .o = out,
+                                        .chunked = dn->rule >= 0 ? dn->rule : n > CUDA_DN_TOKEN_ROWS};
     RC(kern_cuda_dn_rule(&r, n, &st, d_seq, dn->plan, cs));
     return kern_cuda_dn_gated_norm(out, out, in->z, in->ld_z, L->norm, n, dn->nv, dn->hv, dn->m->hp.norm_eps,
                                    cs);

@@ -10,9 +10,10 @@
  * deltanet() after its four products and before its out-product, on the device, for a step's rows of any
  * sequences (kernels/cuda/deltanet.h): gates, convolution with the slot's rolling state, L2-normed q and k,
  * the gated delta rule, the gated RMSNorm. A sequence whose first row in the step is position 0 starts from
- * a zero state. Everything is enqueued on the caller's stream and allocates nothing after init.
- * Usage: cuda_deltanet_bytes → init → (run per recurrent layer and step; reset, download, upload per slot)*
- * → free.
+ * a zero state. Steps of up to 16 rows run the rule token by token, larger ones by chunks of 16 tokens
+ * (FERRY_DN_RULE=token or chunk, read at init, forces one). Everything is enqueued on the caller's stream and
+ * allocates nothing after init. Usage: cuda_deltanet_bytes → init → (run per recurrent layer and step; reset,
+ * download, upload per slot)* → free.
  */
 #ifndef FERRY_FORWARD_CUDA_DELTANET_H
 #define FERRY_FORWARD_CUDA_DELTANET_H

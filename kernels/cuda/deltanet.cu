@@ -25,6 +25,17 @@ __device__ __forceinline__ float dn_silu(float a)
     return a / (1.0f + expf(-a));
 }
 
+/* forward_cpu's gates: rate sigmoid(b); log-decay A softplus(a + dt), softplus as torch's (x past 20). */
+__device__ __forceinline__ float dn_rate(float b)
+{
+    return 1.0f / (1.0f + expf(-b));
+}
+__device__ __forceinline__ float dn_log_decay(float a, float A, float dt)
+{
+    const float t = a + dt;
+    return A * (t > 20.0f ? t : log1pf(expf(t)));
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  */
 /* Plan */
@@ -292,10 +303,7 @@ __global__ void __launch_bounds__(32 * DN_WARPS)
         __syncthreads(); /* the previous token's reads of qs, ks and red_o are done */
         if (tid < hk) qs[tid] = qn, ks[tid] = kn;
         const float v = vn;
-        /* forward_cpu's gates: rate sigmoid(b), decay A softplus(a + dt) with torch's threshold. */
-        const float beta = 1.0f / (1.0f + expf(-bn));
-        const float t = an + dtb;
-        const float decay = expf(A * (t > 20.0f ? t : log1pf(expf(t))));
+        const float beta = dn_rate(bn), decay = expf(dn_log_decay(an, A, dtb));
         if (i_next >= 0) DN_LOAD(i_next);
         __syncthreads();
         /* u = beta (v - (decay S)ᵀ k) */
@@ -343,12 +351,175 @@ __global__ void __launch_bounds__(32 * DN_WARPS)
     }
 }
 
+/* By chunks of DN_CHUNK tokens (kern_cpu_dn_chunked's algebra, same block and thread layout as above): per
+ * chunk the decayed key-key and query-key products of its tokens (every block of the head computes them), W_t
+ * = S0ᵀ k_t and S0ᵀ q_t reduced over the warps, the deltas U by forward substitution (warp 0, one column per
+ * lane), the outputs, then the state's update from the registers. Shared memory (floats): K, Q (DN_CHUNK,
+ * head_k + 1: rows padded off the banks), KK, QK (DN_CHUNK, DN_CHUNK + 1), G, beta (DN_CHUNK), the
+ * reduction (DN_WARPS, DN_CHUNK, 32), W (then S0ᵀq), U, V (DN_CHUNK, 32). */
+#define DN_CHUNK 16
+static size_t dn_chunk_smem(int hk)
+{
+    return sizeof(float) * (2 * (size_t)DN_CHUNK * (hk + 1) + 2 * DN_CHUNK * (DN_CHUNK + 1) + 2 * DN_CHUNK +
+                            (size_t)DN_WARPS * DN_CHUNK * 32 + 3 * DN_CHUNK * 32);
+}
+
 template <int KPT>
-static int dn_rule_launch(const struct dn_rule_args *a, int n, int n_slots, const int32_t *seq,
+__global__ void __launch_bounds__(32 * DN_WARPS)
+    dn_rule_chunk_kernel(struct dn_rule_args a, int n, const int32_t *seq, const int32_t *plan)
+{
+    extern __shared__ float sm[];
+    __shared__ int rows[DN_CHUNK];
+    __shared__ int n_rows, i_after;
+    pdl_wait();
+    if ((int)blockIdx.x >= plan[4 * n]) return; /* the same for the whole block */
+    const int32_t *next = plan + n, *fresh = plan + 2 * n;
+    const int i0 = plan[3 * n + blockIdx.x], j = blockIdx.y, kh = j % a.nk;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c = blockIdx.z * 32 + lane;
+    const int hk = a.hk, hv = a.hv, ldk = hk + 1, CK1 = DN_CHUNK + 1;
+    float *Ks = sm, *Qs = Ks + DN_CHUNK * ldk, *KK = Qs + DN_CHUNK * ldk, *QK = KK + DN_CHUNK * CK1;
+    float *G = QK + DN_CHUNK * CK1, *Bt = G + DN_CHUNK, *red = Bt + DN_CHUNK,
+          *Wt = red + DN_WARPS * DN_CHUNK * 32;
+    float *Ut = Wt + DN_CHUNK * 32, *Vt = Ut + DN_CHUNK * 32;
+    const bool col = c < hv;
+    float *S = a.rec + (size_t)seq[i0] * a.stride + (size_t)j * hk * hv;
+    float s[KPT];
+    const bool zero = fresh[i0] != 0;
+#pragma unroll
+    for (int k = 0; k < KPT; k++) {
+        const int r = k * DN_WARPS + warp;
+        s[k] = col && r < hk && !zero ? S[(size_t)r * hv + c] : 0.0f;
+    }
+    const float A = a.A[j], dtb = a.dt[j];
+    for (int i = i0; i >= 0;) {
+        __syncthreads(); /* the previous chunk is done with every shared array */
+        if (tid == 0) {
+            int m = 0, r = i;
+            for (; r >= 0 && m < DN_CHUNK; r = next[r]) rows[m++] = r;
+            n_rows = m, i_after = r;
+        }
+        __syncthreads();
+        const int m = n_rows;
+        for (int e = tid; e < m * hk; e += 32 * DN_WARPS) {
+            const int t = e / hk, r = e - t * hk;
+            const float *xr = a.x + (int64_t)rows[t] * a.ldx;
+            Qs[t * ldk + r] = xr[(size_t)kh * hk + r];
+            Ks[t * ldk + r] = xr[((size_t)a.nk + kh) * hk + r];
+        }
+        for (int e = tid; e < m * 32; e += 32 * DN_WARPS) {
+            const int t = e >> 5, cc = blockIdx.z * 32 + (e & 31);
+            Vt[e] =
+                cc < hv ? a.x[(int64_t)rows[t] * a.ldx + (size_t)2 * a.nk * hk + (size_t)j * hv + cc] : 0.0f;
+        }
+        if (tid < m) {
+            G[tid] = dn_log_decay(a.araw[(int64_t)rows[tid] * a.lda + j], A, dtb);
+            Bt[tid] = dn_rate(a.braw[(int64_t)rows[tid] * a.ldb + j]);
+        }
+        __syncthreads();
+        if (tid == 0) { /* the running sum, in kern_cpu_dn_chunked's order */
+            float acc = 0.0f;
+            for (int t = 0; t < m; t++) G[t] = acc += G[t];
+        }
+        __syncthreads();
+        /* KK[t][u] (u < t) and QK[t][u] (u <= t), decayed by e^{G_t - G_u}. */
+        for (int e = tid; e < m * m; e += 32 * DN_WARPS) {
+            const int t = e / m, u = e - t * m;
+            if (u > t) continue;
+            float dk = 0.0f, dq = 0.0f;
+            for (int r = 0; r < hk; r++) {
+                const float ku = Ks[u * ldk + r];
+                dk += Ks[t * ldk + r] * ku;
+                dq += Qs[t * ldk + r] * ku;
+            }
+            const float ex = expf(G[t] - G[u]);
+            if (u < t) KK[t * CK1 + u] = ex * dk;
+            QK[t * CK1 + u] = ex * dq;
+        }
+        /* W_t = S0ᵀ k_t, reduced over the warps. */
+        for (int t = 0; t < m; t++) {
+            float p = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KPT; k++) {
+                const int r = k * DN_WARPS + warp;
+                if (r < hk) p += s[k] * Ks[t * ldk + r];
+            }
+            red[(warp * DN_CHUNK + t) * 32 + lane] = p;
+        }
+        __syncthreads();
+        for (int e = tid; e < m * 32; e += 32 * DN_WARPS) {
+            const int t = e >> 5, l = e & 31;
+            float w = 0.0f;
+            for (int ww = 0; ww < DN_WARPS; ww++) w += red[(ww * DN_CHUNK + t) * 32 + l];
+            Wt[e] = w;
+        }
+        __syncthreads();
+        /* Warp 0: the deltas by forward substitution, one column per lane. Meanwhile every warp: S0ᵀ q_t. */
+        if (warp == 0)
+            for (int t = 0; t < m; t++) {
+                float u = Vt[t * 32 + lane] - expf(G[t]) * Wt[t * 32 + lane];
+                for (int p = 0; p < t; p++) u -= KK[t * CK1 + p] * Ut[p * 32 + lane];
+                Ut[t * 32 + lane] = u * Bt[t];
+            }
+        for (int t = 0; t < m; t++) {
+            float p = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KPT; k++) {
+                const int r = k * DN_WARPS + warp;
+                if (r < hk) p += s[k] * Qs[t * ldk + r];
+            }
+            red[(warp * DN_CHUNK + t) * 32 + lane] = p;
+        }
+        __syncthreads();
+        /* o_t = e^{G_t} S0ᵀ q_t + sum_{p <= t} QK[t][p] U_p. */
+        for (int e = tid; e < m * 32; e += 32 * DN_WARPS) {
+            const int t = e >> 5, l = e & 31, cc = blockIdx.z * 32 + l;
+            float o = 0.0f;
+            for (int ww = 0; ww < DN_WARPS; ww++) o += red[(ww * DN_CHUNK + t) * 32 + l];
+            o *= expf(G[t]);
+            for (int p = 0; p <= t; p++) o += QK[t * CK1 + p] * Ut[p * 32 + l];
+            if (cc < hv) a.o[(int64_t)rows[t] * a.ldo + (int64_t)j * hv + cc] = o;
+        }
+        /* S = e^{G_last} S0 + sum_p e^{G_last - G_p} k_p U_pᵀ, in registers. */
+        const float last = G[m - 1], el = expf(last);
+#pragma unroll
+        for (int k = 0; k < KPT; k++) {
+            const int r = k * DN_WARPS + warp;
+            if (r < hk) {
+                float v = s[k] * el;
+                for (int p = 0; p < m; p++) v += expf(last - G[p]) * Ks[p * ldk + r] * Ut[p * 32 + lane];
+                s[k] = v;
+            }
+        }
+        i = i_after;
+    }
+    if (!col) return;
+#pragma unroll
+    for (int k = 0; k < KPT; k++) {
+        const int r = k * DN_WARPS + warp;
+        if (r < hk) S[(size_t)r * hv + c] = s[k];
+    }
+}
+
+template <int KPT>
+static int dn_rule_launch(const struct dn_rule_args *a, int n, int n_slots, int chunked, const int32_t *seq,
                           const int32_t *plan, cudaStream_t stream)
 {
     const dim3 grid((unsigned)(n < n_slots ? n : n_slots), (unsigned)a->nv, (unsigned)((a->hv + 31) / 32));
-    FCUDA_CHECK(pdl_launch(dn_rule_kernel<KPT>, grid, dim3(32 * DN_WARPS), 0, stream, *a, n, seq, plan));
+    if (!chunked) {
+        FCUDA_CHECK(pdl_launch(dn_rule_kernel<KPT>, grid, dim3(32 * DN_WARPS), 0, stream, *a, n, seq, plan));
+        return FERRY_OK;
+    }
+    const size_t smem = dn_chunk_smem(a->hk);
+    if (smem > (size_t)fcuda_smem_optin()) return FERRY_ERR_UNSUPPORTED;
+    static bool opted = false; /* per instantiation */
+    if (smem > (48u << 10) && !opted) {
+        FCUDA_CHECK(cudaFuncSetAttribute(dn_rule_chunk_kernel<KPT>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)dn_chunk_smem(KERN_CUDA_DN_MAX_HEAD_K)));
+        opted = true;
+    }
+    FCUDA_CHECK(
+        pdl_launch(dn_rule_chunk_kernel<KPT>, grid, dim3(32 * DN_WARPS), smem, stream, *a, n, seq, plan));
     return FERRY_OK;
 }
 
@@ -384,10 +555,10 @@ extern "C" int kern_cuda_dn_rule(const struct kern_cuda_dn_rule *r, int n,
                                    .rec = st->rec,
                                    .stride = st->stride};
     const int kpt = (hk + DN_WARPS - 1) / DN_WARPS;
-    if (kpt <= 1) return dn_rule_launch<1>(&a, n, st->n_slots, seq, plan, stream);
-    if (kpt <= 2) return dn_rule_launch<2>(&a, n, st->n_slots, seq, plan, stream);
-    if (kpt <= 4) return dn_rule_launch<4>(&a, n, st->n_slots, seq, plan, stream);
-    if (kpt <= 8) return dn_rule_launch<8>(&a, n, st->n_slots, seq, plan, stream);
-    if (kpt <= 16) return dn_rule_launch<16>(&a, n, st->n_slots, seq, plan, stream);
-    return dn_rule_launch<32>(&a, n, st->n_slots, seq, plan, stream);
+    if (kpt <= 1) return dn_rule_launch<1>(&a, n, st->n_slots, r->chunked, seq, plan, stream);
+    if (kpt <= 2) return dn_rule_launch<2>(&a, n, st->n_slots, r->chunked, seq, plan, stream);
+    if (kpt <= 4) return dn_rule_launch<4>(&a, n, st->n_slots, r->chunked, seq, plan, stream);
+    if (kpt <= 8) return dn_rule_launch<8>(&a, n, st->n_slots, r->chunked, seq, plan, stream);
+    if (kpt <= 16) return dn_rule_launch<16>(&a, n, st->n_slots, r->chunked, seq, plan, stream);
+    return dn_rule_launch<32>(&a, n, st->n_slots, r->chunked, seq, plan, stream);
 }

@@ -65,12 +65,15 @@ int kern_cuda_dn_qk_l2norm(float *x, int ld, int n, int n_k_heads, int head_k, f
  * reads query/key head j % n_k_heads. The gates come raw from the in-products: braw, araw (n rows at stride
  * ldb, lda of n_v_heads floats); rate beta = sigmoid(b), decay g = A[j] * softplus(a + dt[j]) (softplus as
  * torch's: x past 20 stays x), A = -exp(A_log), dt (n_v_heads) f32. o: n rows at stride ldo of (n_v_heads,
- * head_v). Each slot's state advances over its rows (zeroed first where the plan says so). */
+ * head_v). Each slot's state advances over its rows (zeroed first where the plan says so). Token by token
+ * is the recurrence itself (decode steps); by chunks, a sequence's rows go 16 at a time through small matrix
+ * products (prefill steps: fewer synchronisations per token), equal to it within f32 rounding. */
 struct kern_cuda_dn_rule {
     int n_k_heads, n_v_heads, head_k, head_v;
     const float *x, *braw, *araw, *A, *dt;
     int ldx, ldb, lda, ldo;
     float *o;
+    int chunked; /* 0: token by token; 1: by chunks of 16 tokens (kern_cpu_dn_chunked's form) */
 };
 int kern_cuda_dn_rule(const struct kern_cuda_dn_rule *r, int n, const struct kern_cuda_dn_state *st,
                       const int32_t *seq, const int32_t *plan, cudaStream_t stream);

@@ -9,7 +9,9 @@
  * new prefill. Each step's outputs, and then every slot's state (the other layer's and the unused slot's
  * untouched), must equal the CPU's within f32 rounding of recurrences over a few dozen tokens:
  * |got - ref| <= 2e-4 + 2e-3 |ref| (the chunked CPU form, what forward_cpu runs for prefills, is held to the
- * same bound). A row never written stays NaN and fails.
+ * same bound). Each case runs three times: the rule token by token, by chunks of 16 (steps of 49 rows: full
+ * chunks and a partial one; 9 rows: chunks of one), and as chosen by the step's rows. A row never written
+ * stays NaN and fails.
  */
 #include "kernels/cpu/deltanet.h"
 #include "kernels/cuda/deltanet.h"
@@ -116,8 +118,9 @@ static int make_rows(int32_t *seq, int32_t *pos, const int *slots, const int *st
     return n;
 }
 
-static void run_case(const struct dn_case *c, int ci)
+static void run_case(const struct dn_case *c, int ci, const char *rule)
 {
+    setenv("FERRY_DN_RULE", rule, 1); /* read by cuda_deltanet_init */
     const int C = 2 * c->nk * c->hk + c->nv * c->hv, I = c->nv * c->hv, nv = c->nv, P = C + I + 2 * nv;
     const int n_seqs = 5, T = 64, LAYER = 1;
     const size_t cf = (size_t)(c->width - 1) * C, rf = (size_t)nv * c->hk * c->hv, slot = 2 * (cf + rf);
@@ -212,9 +215,9 @@ static void run_case(const struct dn_case *c, int ci)
         size_t bad, bad2;
         const double e = max_err(got, ref, (size_t)n * I, &bad),
                      e2 = max_err(ref2, ref, (size_t)n * I, &bad2);
-        printf("deltanet case %d (k heads %d, v heads %d, head_k %d, head_v %d, width %d) step %d, %d rows: "
-               "max |gpu - cpu| %.3g, max |cpu chunked - cpu| %.3g\n",
-               ci, c->nk, nv, c->hk, c->hv, c->width, step, n, e, e2);
+        printf("deltanet case %d (k heads %d, v heads %d, head_k %d, head_v %d, width %d), rule %s, step %d, "
+               "%d rows: max |gpu - cpu| %.3g, max |cpu chunked - cpu| %.3g\n",
+               ci, c->nk, nv, c->hk, c->hv, c->width, rule, step, n, e, e2);
         cr_assert(bad == SIZE_MAX, "case %d step %d row %zu col %zu: %g, reference %g", ci, step, bad / I,
                   bad % I, got[bad], ref[bad]);
         cr_assert(bad2 == SIZE_MAX, "case %d step %d: the chunked CPU form differs at %zu", ci, step, bad2);
@@ -245,7 +248,7 @@ static void run_case(const struct dn_case *c, int ci)
                   b[cf + rf + cf + bad], rec[s][bad]);
         es = fmax(es, fmax(e1, e2));
     }
-    printf("deltanet case %d: max |gpu - cpu| of the states %.3g\n", ci, es);
+    printf("deltanet case %d, rule %s: max |gpu - cpu| of the states %.3g\n", ci, rule, es);
     /* A reset slot reads back as zeros. */
     cr_assert_eq(cuda_deltanet_reset(dn, 3, 0), FERRY_OK);
     cr_assert_eq(cuda_deltanet_download(dn, 3, back, 0), FERRY_OK);
@@ -276,7 +279,10 @@ Test(cuda_deltanet, layer_against_cpu)
         {1, 1, 5, 7, 4},    {2, 6, 33, 40, 4},  {2, 4, 128, 128, 4},
         {3, 3, 200, 65, 3}, {1, 2, 256, 31, 1}, {4, 8, 17, 96, 2},
     };
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], (int)i);
+    static const char *const rules[] = {"auto", "token", "chunk"};
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], (int)i, rules[k]);
+    unsetenv("FERRY_DN_RULE");
 }
 
 /* The gated norm alone, z rows wider than the heads (a stacked in-product row), in place. */
