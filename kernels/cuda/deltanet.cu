@@ -9,8 +9,11 @@
  * column, the key rows dealt out to the warps (row k * 8 + warp), so each thread keeps head_k / 8 values of
  * the state in registers for the whole sequence (a 128 x 128 head's 64 KiB lives in 4 blocks' registers,
  * never in shared memory). Per token: q and k to shared memory, u = (decayed S)ᵀ k and o = Sᵀ q reduced over
- * the warps through shared memory in a fixed order (deterministic). Transcendentals are expf/log1pf/sqrtf
- * (not the fast intrinsics) to follow the CPU within f32 rounding.
+ * the warps through shared memory in a fixed order (deterministic); the next token's inputs load while this
+ * one computes. By chunks (steps of many rows): the same blocks and threads take 16 tokens at a time through
+ * kern_cpu_dn_chunked's small products (see dn_rule_chunk_kernel), about 8 block-wide synchronisations per
+ * chunk instead of 4 per token. Transcendentals are expf/log1pf/sqrtf (not the fast intrinsics) to follow the
+ * CPU within f32 rounding.
  */
 #include <stdint.h>
 
