@@ -367,6 +367,22 @@ static size_t dn_chunk_smem(int hk)
                             (size_t)DN_WARPS * DN_CHUNK * 32 + 3 * DN_CHUNK * 32);
 }
 
+/* red[warp][t][lane] = this thread's part of S0ᵀ x_t (its key rows), for the chunk's m rows x_t of X. */
+template <int KPT>
+__device__ __forceinline__ void dn_partials(float *red, const float s[KPT], const float *X, int ldk, int m,
+                                            int hk, int warp, int lane)
+{
+    for (int t = 0; t < m; t++) {
+        float p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KPT; k++) {
+            const int r = k * DN_WARPS + warp;
+            if (r < hk) p += s[k] * X[t * ldk + r];
+        }
+        red[(warp * DN_CHUNK + t) * 32 + lane] = p;
+    }
+}
+
 template <int KPT>
 __global__ void __launch_bounds__(32 * DN_WARPS)
     dn_rule_chunk_kernel(struct dn_rule_args a, int n, const int32_t *seq, const int32_t *plan)
@@ -439,15 +455,7 @@ __global__ void __launch_bounds__(32 * DN_WARPS)
             QK[t * CK1 + u] = ex * dq;
         }
         /* W_t = S0ᵀ k_t, reduced over the warps. */
-        for (int t = 0; t < m; t++) {
-            float p = 0.0f;
-#pragma unroll
-            for (int k = 0; k < KPT; k++) {
-                const int r = k * DN_WARPS + warp;
-                if (r < hk) p += s[k] * Ks[t * ldk + r];
-            }
-            red[(warp * DN_CHUNK + t) * 32 + lane] = p;
-        }
+        dn_partials<KPT>(red, s, Ks, ldk, m, hk, warp, lane);
         __syncthreads();
         for (int e = tid; e < m * 32; e += 32 * DN_WARPS) {
             const int t = e >> 5, l = e & 31;
@@ -463,15 +471,7 @@ __global__ void __launch_bounds__(32 * DN_WARPS)
                 for (int p = 0; p < t; p++) u -= KK[t * CK1 + p] * Ut[p * 32 + lane];
                 Ut[t * 32 + lane] = u * Bt[t];
             }
-        for (int t = 0; t < m; t++) {
-            float p = 0.0f;
-#pragma unroll
-            for (int k = 0; k < KPT; k++) {
-                const int r = k * DN_WARPS + warp;
-                if (r < hk) p += s[k] * Qs[t * ldk + r];
-            }
-            red[(warp * DN_CHUNK + t) * 32 + lane] = p;
-        }
+        dn_partials<KPT>(red, s, Qs, ldk, m, hk, warp, lane);
         __syncthreads();
         /* o_t = e^{G_t} S0ᵀ q_t + sum_{p <= t} QK[t][p] U_p. */
         for (int e = tid; e < m * 32; e += 32 * DN_WARPS) {
