@@ -210,6 +210,16 @@ static void run_case(const struct dn_case *c, int ci, const char *rule)
                                             .ld_z = P,
                                             .ld_b = P,
                                             .ld_a = P};
+        if (step == 1) { /* refused before anything runs: a slot out of range, too many rows, layer 2 */
+            int32_t bad_seq[64];
+            memcpy(bad_seq, seq, sizeof bad_seq);
+            bad_seq[n - 1] = n_seqs;
+            cr_assert_eq(cuda_deltanet_run(dn, LAYER, dout, &in, n, dseq, dpos, bad_seq, 0),
+                         FERRY_ERR_INVALID);
+            cr_assert_eq(cuda_deltanet_run(dn, LAYER, dout, &in, T + 1, dseq, dpos, NULL, 0),
+                         FERRY_ERR_INVALID);
+            cr_assert_eq(cuda_deltanet_run(dn, 2, dout, &in, n, dseq, dpos, NULL, 0), FERRY_ERR_INVALID);
+        }
         cr_assert_eq(cuda_deltanet_run(dn, LAYER, dout, &in, n, dseq, dpos, seq, 0), FERRY_OK);
         dev_download(got, dout, (size_t)n * I * 4);
         size_t bad, bad2;
