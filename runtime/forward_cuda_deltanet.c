@@ -1,0 +1,338 @@
+/* forward_cuda_deltanet — the gated DeltaNet layers of the CUDA backend (see forward_cuda_deltanet.h). */
+#include "runtime/forward_cuda_deltanet.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/core/status.h"
+#include "kernels/cuda/deltanet.h"
+#include "kernels/cuda/matmul.h"
+#include "runtime/cuda_check.h"
+
+#define RC(call)                                                                                             \
+    do {                                                                                                     \
+        int rc_ = (call);                                                                                    \
+        if (rc_) return rc_;                                                                                 \
+    } while (0)
+
+#define DN_ALIGN 256
+/* Steps of at most this many rows (decode batches, the ones graphs capture) run the rule token by token,
+ * larger ones by chunks (FERRY_DN_RULE=token or chunk forces one). */
+#define CUDA_DN_TOKEN_ROWS 16
+static size_t align_up(size_t x)
+{
+    return (x + DN_ALIGN - 1) & ~(size_t)(DN_ALIGN - 1);
+}
+
+/* One recurrent layer's small tensors on the device. */
+struct dn_layer {
+    float *conv;                    /* (conv_dim, conv_kernel) */
+    float *dt;                      /* (n_v_heads) */
+    float *A;                       /* (n_v_heads) -exp(A_log) */
+    float *norm;                    /* (head_v) */
+    struct wview mat[CUDA_DN_MATS]; /* the matrices with device data (NULL data: not uploaded) */
+};
+
+struct cuda_deltanet {
+    const struct model *m;
+    int n_seqs, T;
+    int n_rec;                      /* recurrent layers */
+    int *slot;                      /* (n_layers) index among the recurrent layers, or -1 */
+    int conv_dim, inner, width;     /* hp's */
+    int nk, nv, hk, hv;             /* hp's */
+    size_t conv_floats, rec_floats; /* per layer and slot (as seq_state) */
+    float *state;                   /* (n_seqs, n_rec, conv_floats + rec_floats) device */
+    struct dn_layer *layers;        /* (n_rec) */
+    float *y;                       /* (T, conv_dim) device: the convolution's output, normed in place */
+    int32_t *plan;                  /* (KERN_CUDA_DN_PLAN_WORDS(T)) device */
+    int rule;                       /* FERRY_DN_RULE: 0 token by token, 1 by chunks, -1 by the step's rows */
+};
+
+/* The bytes of each region, in the order they are carved. */
+struct dn_sizes {
+    size_t state, layer, y, plan;
+    int n_rec;
+};
+
+static int recurrent_layers(const struct llm_hparams *hp)
+{
+    int n = 0;
+    for (int l = 0; l < hp->n_layers; l++) n += llm_layer_is_recurrent(hp, l);
+    return n;
+}
+
+static struct dn_sizes sizes_of(const struct llm_hparams *hp, int T, int n_seqs)
+{
+    struct dn_sizes s = {.n_rec = recurrent_layers(hp)};
+    if (s.n_rec == 0 || T < 1 || n_seqs < 1 || hp->ssm_conv_kernel < 1) return (struct dn_sizes){0};
+    const size_t C = (size_t)llm_ssm_conv_dim(hp), nv = (size_t)hp->ssm_n_v_heads,
+                 hv = (size_t)llm_ssm_head_v(hp), w = (size_t)hp->ssm_conv_kernel;
+    const size_t per = (w - 1) * C + nv * (size_t)hp->ssm_head_k * hv;
+    s.state = align_up((size_t)n_seqs * s.n_rec * per * sizeof(float));
+    s.layer =
+        align_up(C * w * sizeof(float)) + 2 * align_up(nv * sizeof(float)) + align_up(hv * sizeof(float));
+    s.y = align_up((size_t)T * C * sizeof(float));
+    s.plan = align_up(KERN_CUDA_DN_PLAN_WORDS(T) * sizeof(int32_t));
+    return s;
+}
+
+/* Layer L's five matrices in CUDA_DN_* order. */
+static void layer_mats(const struct model_layer *L, const struct wview *w[CUDA_DN_MATS])
+{
+    w[CUDA_DN_QKV] = &L->ssm_qkv, w[CUDA_DN_Z] = &L->ssm_z, w[CUDA_DN_B] = &L->ssm_beta;
+    w[CUDA_DN_A] = &L->ssm_alpha, w[CUDA_DN_OUT] = &L->ssm_out;
+}
+
+static size_t mat_bytes(const struct wview *w)
+{
+    return dtype_row_size(w->type, w->cols) * (size_t)w->rows;
+}
+
+size_t cuda_deltanet_weight_bytes(const struct model *m)
+{
+    size_t b = 0;
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        if (!llm_layer_is_recurrent(&m->hp, l)) continue;
+        const struct wview *w[CUDA_DN_MATS];
+        layer_mats(&m->layers[l], w);
+        for (int i = 0; i < CUDA_DN_MATS; i++) b += align_up(mat_bytes(w[i]));
+    }
+    return b;
+}
+
+size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs)
+{
+    const struct dn_sizes s = sizes_of(&m->hp, T, n_seqs);
+    return s.n_rec ? s.state + (size_t)s.n_rec * s.layer + s.y + s.plan : 0;
+}
+
+/* FERRY_OK when the kernels run hp's shape and the recurrent layers' tensors are all there (with mats, their
+ * matrices too, of the shapes hp gives and of types the CUDA products read), else the reason in err. */
+static int check_model(const struct model *m, int mats, char err[256])
+{
+    const struct llm_hparams *hp = &m->hp;
+    if (hp->ssm_n_k_heads < 1 || hp->ssm_n_v_heads < 1 || hp->ssm_head_k < 1 || hp->ssm_inner < 1 ||
+        hp->ssm_n_v_heads % hp->ssm_n_k_heads != 0 || hp->ssm_inner % hp->ssm_n_v_heads != 0 ||
+        hp->ssm_conv_kernel < 1) {
+        snprintf(err, 256, "linear attention: bad shape (%d key heads, %d value heads, head_k %d, inner %d)",
+                 hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_head_k, hp->ssm_inner);
+        return FERRY_ERR_INVALID;
+    }
+    if (hp->ssm_head_k > KERN_CUDA_DN_MAX_HEAD_K || hp->ssm_conv_kernel > KERN_CUDA_DN_MAX_WIDTH) {
+        snprintf(err, 256,
+                 "linear attention: head_k %d or convolution width %d above the CUDA kernels' %d and %d (use "
+                 "--backend cpu)",
+                 hp->ssm_head_k, hp->ssm_conv_kernel, KERN_CUDA_DN_MAX_HEAD_K, KERN_CUDA_DN_MAX_WIDTH);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    for (int l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        if (llm_layer_is_recurrent(hp, l) && (!L->ssm_conv || !L->ssm_dt || !L->ssm_a || !L->ssm_norm)) {
+            snprintf(err, 256, "layer %d: linear attention without its conv, dt, a or norm tensor", l);
+            return FERRY_ERR_INVALID;
+        }
+        if (!mats || !llm_layer_is_recurrent(hp, l)) continue;
+        static const char *const names[CUDA_DN_MATS] = {"q|k|v", "z", "beta", "alpha", "out"};
+        const int64_t rows[CUDA_DN_MATS] = {llm_ssm_conv_dim(hp), hp->ssm_inner, hp->ssm_n_v_heads,
+                                            hp->ssm_n_v_heads, hp->dim};
+        const int64_t cols[CUDA_DN_MATS] = {hp->dim, hp->dim, hp->dim, hp->dim, hp->ssm_inner};
+        const struct wview *w[CUDA_DN_MATS];
+        layer_mats(L, w);
+        for (int i = 0; i < CUDA_DN_MATS; i++) {
+            if (!w[i]->data || w[i]->rows != rows[i] || w[i]->cols != cols[i]) {
+                snprintf(err, 256,
+                         "layer %d: the linear attention's %s matrix is missing or not (%lld, %lld)", l,
+                         names[i], (long long)rows[i], (long long)cols[i]);
+                return FERRY_ERR_INVALID;
+            }
+            if (!kern_cuda_matmul_supports(w[i]->type)) {
+                snprintf(err, 256,
+                         "layer %d: the linear attention's %s matrix is %s, a type the CUDA backend cannot "
+                         "read (use --backend cpu)",
+                         l, names[i], dtype_name(w[i]->type));
+                return FERRY_ERR_UNSUPPORTED;
+            }
+        }
+    }
+    return FERRY_OK;
+}
+
+int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
+                       void *wmem, char err[256])
+{
+    *out = NULL;
+    err[0] = '\0';
+    const struct llm_hparams *hp = &m->hp;
+    if (recurrent_layers(hp) == 0) return FERRY_OK;
+    if (T < 1 || n_seqs < 1 || !mem || ((uintptr_t)mem % DN_ALIGN) != 0 ||
+        ((uintptr_t)wmem % DN_ALIGN) != 0) {
+        snprintf(err, 256, "linear attention: bad arguments (T %d, %d slots, memory %p)", T, n_seqs, mem);
+        return FERRY_ERR_INVALID;
+    }
+    RC(check_model(m, wmem != NULL, err));
+    struct cuda_deltanet *dn = calloc(1, sizeof *dn);
+    if (!dn) return FERRY_ERR_NOMEM;
+    const struct dn_sizes s = sizes_of(hp, T, n_seqs);
+    *dn = (struct cuda_deltanet){.m = m,
+                                 .n_seqs = n_seqs,
+                                 .T = T,
+                                 .n_rec = s.n_rec,
+                                 .conv_dim = llm_ssm_conv_dim(hp),
+                                 .inner = hp->ssm_inner,
+                                 .width = hp->ssm_conv_kernel,
+                                 .nk = hp->ssm_n_k_heads,
+                                 .nv = hp->ssm_n_v_heads,
+                                 .hk = hp->ssm_head_k,
+                                 .hv = llm_ssm_head_v(hp)};
+    const char *rule = getenv("FERRY_DN_RULE");
+    dn->rule = rule && !strcmp(rule, "token") ? 0 : rule && !strcmp(rule, "chunk") ? 1 : -1;
+    dn->conv_floats = (size_t)(dn->width - 1) * dn->conv_dim;
+    dn->rec_floats = (size_t)dn->nv * dn->hk * dn->hv;
+    dn->slot = malloc((size_t)hp->n_layers * sizeof *dn->slot);
+    dn->layers = calloc((size_t)s.n_rec, sizeof *dn->layers);
+    if (!dn->slot || !dn->layers) {
+        cuda_deltanet_free(dn);
+        return FERRY_ERR_NOMEM;
+    }
+    char *p = mem;
+    dn->state = (float *)p;
+    p += s.state;
+    const size_t C = (size_t)dn->conv_dim, w = (size_t)dn->width, nv = (size_t)dn->nv, hv = (size_t)dn->hv;
+    int rc = FERRY_OK;
+    for (int l = 0, i = 0; l < hp->n_layers; l++) {
+        dn->slot[l] = -1;
+        if (!llm_layer_is_recurrent(hp, l)) continue;
+        const struct model_layer *L = &m->layers[l];
+        struct dn_layer *d = &dn->layers[i];
+        dn->slot[l] = i++;
+        d->conv = (float *)p;
+        d->dt = (float *)(p + align_up(C * w * sizeof(float)));
+        d->A = (float *)((char *)d->dt + align_up(nv * sizeof(float)));
+        d->norm = (float *)((char *)d->A + align_up(nv * sizeof(float)));
+        p += s.layer;
+        if (!rc && (cudaMemcpy(d->conv, L->ssm_conv, C * w * sizeof(float), cudaMemcpyHostToDevice) ||
+                    cudaMemcpy(d->dt, L->ssm_dt, nv * sizeof(float), cudaMemcpyHostToDevice) ||
+                    cudaMemcpy(d->A, L->ssm_a, nv * sizeof(float), cudaMemcpyHostToDevice) ||
+                    cudaMemcpy(d->norm, L->ssm_norm, hv * sizeof(float), cudaMemcpyHostToDevice))) {
+            snprintf(err, 256, "layer %d: upload of the linear attention's tensors failed", l);
+            rc = FERRY_ERR_CUDA;
+        }
+        if (!wmem) continue;
+        const struct wview *mw[CUDA_DN_MATS];
+        layer_mats(L, mw);
+        for (int k = 0; k < CUDA_DN_MATS; k++) {
+            d->mat[k] = *mw[k];
+            d->mat[k].data = wmem;
+            if (!rc &&
+                cudaMemcpy(wmem, mw[k]->data, mat_bytes(mw[k]), cudaMemcpyHostToDevice) != cudaSuccess) {
+                snprintf(err, 256, "layer %d: upload of the linear attention's matrices failed", l);
+                rc = FERRY_ERR_CUDA;
+            }
+            wmem = (char *)wmem + align_up(mat_bytes(mw[k]));
+        }
+    }
+    dn->y = (float *)p;
+    p += s.y;
+    dn->plan = (int32_t *)p;
+    if (!rc && cudaMemset(dn->state, 0, s.state) != cudaSuccess) {
+        snprintf(err, 256, "linear attention: zeroing the state failed");
+        rc = FERRY_ERR_CUDA;
+    }
+    if (rc) {
+        cuda_deltanet_free(dn);
+        return rc;
+    }
+    *out = dn;
+    return FERRY_OK;
+}
+
+void cuda_deltanet_free(struct cuda_deltanet *dn)
+{
+    if (!dn) return;
+    free(dn->slot);
+    free(dn->layers);
+    free(dn);
+}
+
+int cuda_deltanet_mats(const struct cuda_deltanet *dn, int l, struct wview mats[CUDA_DN_MATS])
+{
+    if (!dn || l < 0 || l >= dn->m->hp.n_layers || dn->slot[l] < 0) return FERRY_ERR_INVALID;
+    const struct dn_layer *d = &dn->layers[dn->slot[l]];
+    if (!d->mat[CUDA_DN_QKV].data) return FERRY_ERR_INVALID;
+    for (int k = 0; k < CUDA_DN_MATS; k++) mats[k] = d->mat[k];
+    return FERRY_OK;
+}
+
+size_t cuda_deltanet_slot_bytes(const struct cuda_deltanet *dn)
+{
+    return dn ? (size_t)dn->n_rec * (dn->conv_floats + dn->rec_floats) * sizeof(float) : 0;
+}
+
+static float *slot_state(const struct cuda_deltanet *dn, int seq)
+{
+    return dn->state + (size_t)seq * dn->n_rec * (dn->conv_floats + dn->rec_floats);
+}
+
+int cuda_deltanet_reset(struct cuda_deltanet *dn, int seq, cudaStream_t cs)
+{
+    if (!dn || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
+    CK(cudaMemsetAsync(slot_state(dn, seq), 0, cuda_deltanet_slot_bytes(dn), cs));
+    return FERRY_OK;
+}
+
+int cuda_deltanet_download(const struct cuda_deltanet *dn, int seq, float *host, cudaStream_t cs)
+{
+    if (!dn || !host || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
+    CK(cudaMemcpyAsync(host, slot_state(dn, seq), cuda_deltanet_slot_bytes(dn), cudaMemcpyDeviceToHost, cs));
+    return FERRY_OK;
+}
+
+int cuda_deltanet_upload(struct cuda_deltanet *dn, int seq, const float *host, cudaStream_t cs)
+{
+    if (!dn || !host || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
+    CK(cudaMemcpyAsync(slot_state(dn, seq), host, cuda_deltanet_slot_bytes(dn), cudaMemcpyHostToDevice, cs));
+    return FERRY_OK;
+}
+
+int cuda_deltanet_run(struct cuda_deltanet *dn, int l, float *out, const struct cuda_deltanet_in *in, int n,
+                      const int32_t *d_seq, const int32_t *d_pos, const int32_t *h_seq, cudaStream_t cs)
+{
+    if (!dn || !out || !in || !in->qkv || !in->z || !in->b || !in->a || !d_seq || !d_pos || n < 0 ||
+        n > dn->T || l < 0 || l >= dn->m->hp.n_layers || dn->slot[l] < 0)
+        return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    for (int i = 0; h_seq && i < n; i++)
+        if (h_seq[i] < 0 || h_seq[i] >= dn->n_seqs) return FERRY_ERR_INVALID;
+    const struct dn_layer *L = &dn->layers[dn->slot[l]];
+    float *base = dn->state + (size_t)dn->slot[l] * (dn->conv_floats + dn->rec_floats);
+    const struct kern_cuda_dn_state st = {.conv = base,
+                                          .rec = base + dn->conv_floats,
+                                          .stride = (size_t)dn->n_rec * (dn->conv_floats + dn->rec_floats),
+                                          .n_slots = dn->n_seqs};
+    RC(kern_cuda_dn_plan(dn->plan, d_seq, d_pos, n, dn->n_seqs, cs));
+    RC(kern_cuda_dn_conv(dn->y, in->qkv, in->ld_qkv, n, dn->conv_dim, L->conv, dn->width, &st, d_seq,
+                         dn->plan, cs));
+    /* transformers' Qwen3.5: q and k L2-normed with eps 1e-6, q then scaled by 1/sqrt(head_k). */
+    RC(kern_cuda_dn_qk_l2norm(dn->y, dn->conv_dim, n, dn->nk, dn->hk, 1e-6f, 1.0f / sqrtf((float)dn->hk),
+                              cs));
+    const struct kern_cuda_dn_rule r = {.n_k_heads = dn->nk,
+                                        .n_v_heads = dn->nv,
+                                        .head_k = dn->hk,
+                                        .head_v = dn->hv,
+                                        .x = dn->y,
+                                        .braw = in->b,
+                                        .araw = in->a,
+                                        .A = L->A,
+                                        .dt = L->dt,
+                                        .ldx = dn->conv_dim,
+                                        .ldb = in->ld_b,
+                                        .lda = in->ld_a,
+                                        .ldo = dn->inner,
+                                        .o = out,
+                                        .chunked = dn->rule >= 0 ? dn->rule : n > CUDA_DN_TOKEN_ROWS};
+    RC(kern_cuda_dn_rule(&r, n, &st, d_seq, dn->plan, cs));
+    return kern_cuda_dn_gated_norm(out, out, in->z, in->ld_z, L->norm, n, dn->nv, dn->hv, dn->m->hp.norm_eps,
+                                   cs);
+}

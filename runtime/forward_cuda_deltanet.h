@@ -1,0 +1,79 @@
+/* forward_cuda_deltanet — the gated DeltaNet layers (LOP_DELTANET) of the CUDA backend between their
+ * products: every slot's state on the device, and one layer's ops from the in-products to the out-product's
+ * input.
+ *
+ * Device memory (cuda_deltanet_bytes, carved by the caller from its arena): each slot's state of every
+ * recurrent layer, laid out as runtime/seq_state.h lays out a slot on the host (n_seqs, n_rec_layers, conv
+ * (conv_kernel - 1, conv_dim) | rule (n_v_heads, head_k, head_v)) f32, so a slot is one contiguous copy
+ * either way; each recurrent layer's small f32 tensors (convolution weights, dt bias, A, norm), uploaded at
+ * init; and a scratch for T rows (the convolution's output, the plan). cuda_deltanet_run is forward_cpu's
+ * deltanet() after its four products and before its out-product, on the device, for a step's rows of any
+ * sequences (kernels/cuda/deltanet.h): gates, convolution with the slot's rolling state, L2-normed q and k,
+ * the gated delta rule, the gated RMSNorm. A sequence whose first row in the step is position 0 starts from
+ * a zero state. Steps of up to 16 rows run the rule token by token, larger ones by chunks of 16 tokens
+ * (FERRY_DN_RULE=token or chunk, read at init, forces one). Everything is enqueued on the caller's stream and
+ * allocates nothing after init. Usage: cuda_deltanet_bytes → init → (run per recurrent layer and step; reset,
+ * download, upload per slot)* → free.
+ */
+#ifndef FERRY_FORWARD_CUDA_DELTANET_H
+#define FERRY_FORWARD_CUDA_DELTANET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "runtime/model.h"
+
+struct cuda_deltanet;
+
+/* Device bytes for n_seqs slots and steps of at most T rows; 0 for a model without recurrent layers. */
+size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs);
+
+/* Device bytes of every recurrent layer's five matrices (the q|k|v, z, b, a in-products and the out-product
+ * of runtime/model.h) in their stored types, each 256-byte aligned; 0 without recurrent layers. */
+size_t cuda_deltanet_weight_bytes(const struct model *m);
+
+/* mem: cuda_deltanet_bytes(m, T, n_seqs) bytes of device memory, 256-byte aligned, owned by the caller;
+ * wmem: cuda_deltanet_weight_bytes(m) more for the matrices (cuda_deltanet_mats), or NULL when the caller
+ * keeps them itself. Uploads the layers' tensors and zeroes every state (synchronously).
+ * FERRY_ERR_UNSUPPORTED (naming the limit or tensor) for a shape the kernels do not run or a matrix type the
+ * CUDA products cannot read, FERRY_ERR_INVALID for missing tensors or bad sizes. A model without recurrent
+ * layers gives *out = NULL and FERRY_OK. */
+int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
+                       void *wmem, char err[256]);
+void cuda_deltanet_free(struct cuda_deltanet *dn); /* accepts NULL; the device memory stays the caller's */
+
+/* Layer l's matrices as on the device (the model's wviews with device data): q|k|v (conv_dim, dim), z (inner,
+ * dim), b and a (n_v_heads, dim), out (dim, inner). FERRY_ERR_INVALID when l is not recurrent or init had no
+ * wmem. */
+enum { CUDA_DN_QKV, CUDA_DN_Z, CUDA_DN_B, CUDA_DN_A, CUDA_DN_OUT, CUDA_DN_MATS };
+int cuda_deltanet_mats(const struct cuda_deltanet *dn, int l, struct wview mats[CUDA_DN_MATS]);
+
+/* Bytes of one slot's state of all recurrent layers: seq_state's slot block (its data or ckpt + seq *
+ * n_layers * (conv_floats + rec_floats)), 0 for NULL. */
+size_t cuda_deltanet_slot_bytes(const struct cuda_deltanet *dn);
+/* Zeroes slot seq's state in every recurrent layer. */
+int cuda_deltanet_reset(struct cuda_deltanet *dn, int seq, cudaStream_t cs);
+/* Copies slot seq's state to host (cuda_deltanet_slot_bytes) or from it; asynchronous on cs (the host memory
+ * must stay valid until cs reaches the copy; pinned memory lets it overlap). */
+int cuda_deltanet_download(const struct cuda_deltanet *dn, int seq, float *host, cudaStream_t cs);
+int cuda_deltanet_upload(struct cuda_deltanet *dn, int seq, const float *host, cudaStream_t cs);
+
+/* The in-products of n rows, device memory, each row i at its pointer + i * its ld: q|k|v (conv_dim), z
+ * (inner), b and a (n_v_heads each), raw (before the gates). One stacked row with the four side by side is
+ * the same with the three later pointers offset into it. */
+struct cuda_deltanet_in {
+    const float *qkv, *z, *b, *a;
+    int ld_qkv, ld_z, ld_b, ld_a;
+};
+
+/* out (n, inner) contiguous, device = rmsnorm(o) · norm · silu(z), o the gated delta rule's output of layer
+ * l's rows over their slots' state (advanced by them), seq and pos (n) on the device (the step's rows: those
+ * of one sequence are its consecutive positions, in row order). out must not overlap the inputs. h_seq: the
+ * same seq on the host, checked (every one in [0, n_seqs)) when not NULL; a device seq outside that range
+ * leaves its rows unwritten. */
+int cuda_deltanet_run(struct cuda_deltanet *dn, int l, float *out, const struct cuda_deltanet_in *in, int n,
+                      const int32_t *d_seq, const int32_t *d_pos, const int32_t *h_seq, cudaStream_t cs);
+
+#endif
