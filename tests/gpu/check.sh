@@ -23,7 +23,7 @@ meson setup build -Dcuda=enabled -Dgpu_arch=90 -Dbuildtype=release > "$out/build
   { log "meson setup FAILED"; tail -30 "$out/build.log"; exit 1; }
 targets="server/ferry tests/cuda/test_qblock tests/cuda/test_cuda_qk_norm tests/cuda/test_cuda_ops
   tests/cuda/test_cuda_attention tests/cuda/test_cuda_matmul_q tests/runtime/test_gpu_e2e tests/cuda/test_cuda_moe
-  tests/bench_cuda/bench_moe"
+  tests/bench_cuda/bench_moe tests/cuda/test_cuda_deltanet tests/bench_cuda/bench_deltanet"
 if ! ninja -C build $targets >> "$out/build.log" 2>&1; then
   log "build FAILED"; grep -E "error" "$out/build.log" | head -30; exit 1
 fi
@@ -42,6 +42,8 @@ run moe 120 ./build/tests/cuda/test_cuda_moe --jobs 2
 run gpu_e2e_moe 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*moe*'
 timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
 run attention 45 ./build/tests/cuda/test_cuda_attention --jobs 2
+run deltanet 60 ./build/tests/cuda/test_cuda_deltanet --verbose
+timeout 60 ./build/tests/bench_cuda/bench_deltanet > "$out/bench_deltanet.log" 2>&1; log "bench_deltanet rc=$?"
 [ -n "${CHECK_SHORT:-}" ] && { log "done (short)"; exit 0; }
 run ops 40 ./build/tests/cuda/test_cuda_ops
 run qblock 30 ./build/tests/cuda/test_qblock --jobs 4
