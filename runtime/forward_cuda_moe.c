@@ -101,6 +101,7 @@ static size_t bias_floats(const struct model *m, int l)
 /* The int8 form of x (T rows of dim) or of h (their pairs' rows of ffn), one at a time. */
 static size_t x8_bytes(const struct llm_hparams *hp, int T)
 {
+    T = T < CUDA_MOE_GROUPED_MAX_ROWS ? T : CUDA_MOE_GROUPED_MAX_ROWS;
     const size_t a = kern_cuda_moe_x8_bytes(T, hp->dim),
                  b = kern_cuda_moe_x8_bytes(T * hp->n_expert_used, hp->expert_ffn_dim);
     return a > b ? a : b;
@@ -652,8 +653,9 @@ static int run_chunk(struct cuda_moe *mo, int l, int c, float *y, const float *x
     }
     const struct dev_experts d = dev_experts_at(mo, l, mo->experts[l]);
     if (n <= CUDA_MOE_GEMV_MAX_ROWS) return run_gemv(mo, &d, y, x, n, cs);
-    if (dtype_block_size(d.gate_t) > 1 && dtype_block_size(d.up_t) > 1 && dtype_block_size(d.down_t) > 1 &&
-        kern_cuda_moe_x8_bytes(n, mo->dim) && kern_cuda_moe_x8_bytes(n, mo->ffn))
+    if (n <= CUDA_MOE_GROUPED_MAX_ROWS && dtype_block_size(d.gate_t) > 1 && dtype_block_size(d.up_t) > 1 &&
+        dtype_block_size(d.down_t) > 1 && kern_cuda_moe_x8_bytes(n, mo->dim) &&
+        kern_cuda_moe_x8_bytes(n, mo->ffn))
         return run_grouped(mo, &d, y, x, n, cs);
     RC(group_rows(mo, n, cs));
     return grouped_products(mo, &d, kctx, y, x, n, cs);
