@@ -56,7 +56,9 @@ struct kern_cuda_kv_layer {
     const int32_t *block_table; /* (n_seqs, max_blocks) block ids, device */
     int max_blocks;             /* blocks per sequence row of block_table */
     int n_kv_heads;
-    int head_dim; /* a multiple of 8, at most 256 */
+    int head_dim; /* a multiple of 8, at most 512 (above 256: the tile kernel with one K/V stage, 166 KB of
+                   * shared memory per block, which sm_80 and sm_90 give and sm_86/sm_89 do not: there
+                   * FERRY_ERR_UNSUPPORTED) */
     /* The pool's extension: blocks [n_blocks - n_ext, n_blocks) live at k_ext/v_ext (index id - (n_blocks -
      * n_ext)), in memory the device reaches over the link (pinned, mapped host memory: runtime/NOTES.md).
      * n_ext 0: none (k_ext/v_ext unused). */
@@ -67,6 +69,12 @@ struct kern_cuda_kv_layer {
         *v_scale; /* q8: (n_blocks - n_ext, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
     uint16_t *k_ext_scale, *v_ext_scale; /* q8 with an extension: its scales, (n_ext, ...) as k_scale */
     int window; /* sliding-window layers: a row at pos attends to positions (pos - window, pos] only; 0: all */
+    /* Attention sinks (gpt-oss): (n_heads) f32 on the device, each query head's learned logit, which joins
+     * its softmax's denominator with no value: out = Σ e^s v / (Σ e^s + e^sink), as llama.cpp's soft_max_ext
+     * and flash-attention sinks (a row that attends to no position gets 0). NULL: none. Every kernel applies
+     * it where it normalises a row (its own write-out or the split merge), so it costs nothing per position;
+     * not with an lse output (kern_cuda_attention_mixed: FERRY_ERR_INVALID). */
+    const float *sinks;
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
@@ -81,6 +89,11 @@ enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_
 int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                             const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
                             const float *inv_freq, enum rope_style style, cudaStream_t stream);
+
+/* The queries alone (a layer that reads another layer's K/V and stores none): q (m, n_heads*head_dim) f32
+ * rotated at pos[i] into q_out (same shape; may not alias q) as kern_cuda_rope_kv_store rotates them. */
+int kern_cuda_rope_q(float *q_out, const float *q, const int32_t *pos, int m, int n_heads, int head_dim,
+                     int rope_dim, const float *inv_freq, enum rope_style style, cudaStream_t stream);
 
 /* Workspace bytes kern_cuda_attention uses at most for any batch of up to m tokens (so one workspace sized
  * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos.

@@ -1,5 +1,6 @@
-/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU- and GELU-gated
- * activation; see ops.h for the contracts. (Rotary embedding is fused with the KV store:
+/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add), the SiLU- and GELU-gated
+ * activation, and Gemma 4's per-head norm, scaled residual, soft-capping and per-layer-input gate; see ops.h
+ * for the contracts. (Rotary embedding is fused with the KV store:
  * kernels/cuda/attention.h.)
  *
  * Row-wise ops run one block per row with a fixed-order tree reduction (deterministic); element-wise ops are
@@ -280,4 +281,117 @@ extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cud
 extern "C" int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
     return glu_launch<true>(h, gu, m, ffn, stream);
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Gemma 4: per-head norm, scaled residual, soft-capping, the per-layer input's gate */
+
+#define HN_WARPS 4 /* heads per block */
+
+__global__ void head_rmsnorm_kernel(float *x, int ld, const float *w, int m, int n_heads, int head_dim, float eps)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * HN_WARPS + (threadIdx.x >> 5);
+    if (item >= (int64_t)m * n_heads) return;
+    const int64_t r = item / n_heads;
+    float *v = x + r * ld + (item - r * n_heads) * head_dim;
+    float ss = 0.0f;
+    for (int j = lane; j < head_dim; j += 32) ss += v[j] * v[j];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float s = rsqrtf(ss / (float)head_dim + eps);
+    for (int j = lane; j < head_dim; j += 32) v[j] = w ? w[j] * (v[j] * s) : v[j] * s;
+}
+
+extern "C" int kern_cuda_head_rmsnorm(float *x, int ld, const float *w, int m, int n_heads, int head_dim,
+                                      float eps, cudaStream_t stream)
+{
+    if (!x || m < 0 || n_heads <= 0 || head_dim <= 0 || head_dim > 1024 || !(eps >= 0.0f) ||
+        (int64_t)ld < (int64_t)n_heads * head_dim || !FCUDA_ALIGNED(x, 4) || (w && !FCUDA_ALIGNED(w, 4)))
+        return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    const int64_t blocks = ((int64_t)m * n_heads + HN_WARPS - 1) / HN_WARPS;
+    if (blocks > INT32_MAX) return FERRY_ERR_INVALID;
+    FCUDA_CHECK(pdl_launch(head_rmsnorm_kernel, dim3((unsigned)blocks), dim3(32 * HN_WARPS), 0, stream, x, ld,
+                           w, m, n_heads, head_dim, eps));
+    return FERRY_OK;
+}
+
+__global__ void add_scale_kernel(float *x, const float *delta, const float *s, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    const float k = s ? *s : 1.0f;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = (delta ? x[i] + delta[i] : x[i]) * k;
+}
+
+extern "C" int kern_cuda_add_scale(float *x, const float *delta, const float *s, int64_t n, cudaStream_t stream)
+{
+    if (!x || n < 0 || !FCUDA_ALIGNED(x, 4) || (delta && !FCUDA_ALIGNED(delta, 4)) ||
+        (s && !FCUDA_ALIGNED(s, 4)))
+        return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(add_scale_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, x, delta, s, n));
+    return FERRY_OK;
+}
+
+__global__ void axpby_kernel(float *y, float a, const float *x, float b, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (x ? __fadd_rn(__fmul_rn(a, y[i]), x[i]) : __fmul_rn(a, y[i])) * b;
+}
+
+extern "C" int kern_cuda_axpby(float *y, float a, const float *x, float b, int64_t n, cudaStream_t stream)
+{
+    if (!y || n < 0 || !FCUDA_ALIGNED(y, 4) || (x && !FCUDA_ALIGNED(x, 4))) return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(axpby_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, y, a, x, b, n));
+    return FERRY_OK;
+}
+
+__global__ void softcap_kernel(float *x, float c, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = c * tanhf(x[i] / c);
+}
+
+extern "C" int kern_cuda_softcap(float *x, float c, int64_t n, cudaStream_t stream)
+{
+    if (!x || n < 0 || !(c > 0.0f) || !FCUDA_ALIGNED(x, 4)) return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(softcap_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, x, c, n));
+    return FERRY_OK;
+}
+
+__global__ void gelu_mul_rows_kernel(float *h, const float *a, const float *b, int ldb, int m, int n)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int64_t total = (int64_t)m * n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / n;
+        const float g = a[i];
+        h[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) *
+               b[row * ldb + (i - row * n)];
+    }
+}
+
+extern "C" int kern_cuda_gelu_mul_rows(float *h, const float *a, const float *b, int ldb, int m, int n,
+                                       cudaStream_t stream)
+{
+    if (!h || !a || !b || m < 0 || n <= 0 || ldb < n || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(a, 4) ||
+        !FCUDA_ALIGNED(b, 4))
+        return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(gelu_mul_rows_kernel, dim3(fcuda_blocks((int64_t)m * n, 256)), dim3(256), 0, stream,
+                           h, a, b, ldb, m, n));
+    return FERRY_OK;
 }
