@@ -77,7 +77,7 @@ struct engine_params {
 struct engine_params engine_default_params(void);
 
 /* What the CUDA backend has no kernels for in a model of hp (a phrase for messages: "gated DeltaNet
- * (linear-attention) layers", "attention sinks", ...), or NULL when it runs every layer. --backend cuda
+ * (linear-attention) layers", "shared-expert layers", ...), or NULL when it runs every layer. --backend cuda
  * refuses such a model; auto runs it on the CPU. */
 const char *engine_cuda_lacks(const struct llm_hparams *hp);
 
