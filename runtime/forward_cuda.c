@@ -835,10 +835,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
         return FERRY_ERR_UNSUPPORTED;
     }
-    if (head_dim_max(hp) > 512 || hp->head_dim % 8 || hp->head_dim_swa % 8) {
-        snprintf(err, 256,
-                 "attention heads of %d and %d dims: the CUDA kernels take multiples of 8 up to 512",
-                 hp->head_dim, hp->head_dim_swa);
+    if (kern_cuda_attention_supports(hp->head_dim) ||
+        (hp->head_dim_swa > 0 && kern_cuda_attention_supports(hp->head_dim_swa))) {
+        snprintf(
+            err, 256,
+            "attention heads of %d dims: this GPU's attention kernels take multiples of 8 up to 256, and "
+            "up to 512 where a block may have 166 KB of shared memory (H100, B200); use --backend cpu",
+            head_dim_max(hp));
         return FERRY_ERR_UNSUPPORTED;
     }
     int rc = check_types(m, err);

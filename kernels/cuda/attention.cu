@@ -43,8 +43,8 @@
 #define ATT_T       64 /* positions per K/V tile */
 #define ATT_THREADS 128
 #define ATT_RMAX    16 /* query rows per block */
-#define ATT_DMAX    256 /* head_dim of the tile kernel with a dim pair per thread (ATT_PP 1) */
-#define ATT_DMAX_WIDE 512 /* head_dim of its variant with two pairs per thread (ATT_PP 2, one K/V stage) */
+#define ATT_DMAX      256 /* head_dim of the tile kernel with a dim pair per thread (PP 1) */
+#define ATT_DMAX_WIDE 512 /* head_dim of its variant with two pairs per thread (PP 2, one K/V stage) */
 #define ATT_KPAD    8 /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
 /* Arrival counters at the start of the workspace: splits only for grids of at most this many rows. */
 #define ATT_MAX_ROWS  4096
@@ -1418,6 +1418,12 @@ static int attn_prepare_wide(void)
         if (state < 0) (void)cudaGetLastError();
     }
     return state > 0 ? FERRY_OK : FERRY_ERR_UNSUPPORTED;
+}
+
+extern "C" int kern_cuda_attention_supports(int head_dim)
+{
+    if (head_dim <= 0 || head_dim % 8 || head_dim > ATT_DMAX_WIDE) return FERRY_ERR_UNSUPPORTED;
+    return head_dim <= ATT_DMAX ? FERRY_OK : attn_prepare_wide();
 }
 
 /* The tile kernel variant for head_dim D: its K/V stages (the wide variant has one) and the kernel. */

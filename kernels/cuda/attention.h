@@ -57,8 +57,8 @@ struct kern_cuda_kv_layer {
     int max_blocks;             /* blocks per sequence row of block_table */
     int n_kv_heads;
     int head_dim; /* a multiple of 8, at most 512 (above 256: the tile kernel with one K/V stage, 166 KB of
-                   * shared memory per block, which sm_80 and sm_90 give and sm_86/sm_89 do not: there
-                   * FERRY_ERR_UNSUPPORTED) */
+                   * shared memory per block, which sm_90 and sm_100 give and sm_80 (163 KB) and sm_86/89
+                   * do not: there FERRY_ERR_UNSUPPORTED, kern_cuda_attention_supports) */
     /* The pool's extension: blocks [n_blocks - n_ext, n_blocks) live at k_ext/v_ext (index id - (n_blocks -
      * n_ext)), in memory the device reaches over the link (pinned, mapped host memory: runtime/NOTES.md).
      * n_ext 0: none (k_ext/v_ext unused). */
@@ -89,6 +89,10 @@ enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_
 int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                             const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
                             const float *inv_freq, enum rope_style style, cudaStream_t stream);
+
+/* FERRY_OK when this device's kernels take heads of head_dim (a multiple of 8 up to 512; above 256 only
+ * where a block may have 166 KB of shared memory), else FERRY_ERR_UNSUPPORTED. */
+int kern_cuda_attention_supports(int head_dim);
 
 /* The queries alone (a layer that reads another layer's K/V and stores none): q (m, n_heads*head_dim) f32
  * rotated at pos[i] into q_out (same shape; may not alias q) as kern_cuda_rope_kv_store rotates them. */
