@@ -246,78 +246,51 @@ extern "C" int kern_cuda_norm_x8(float *resid, const float *delta, float *y, con
  */
 /* Gated activations: SiLU (SwiGLU) and GELU-tanh (GeGLU) */
 
-template <bool GELU> __global__ void glu_kernel(float *h, const float *gu, int m, int ffn)
+/* h (m, n) = act(gate) * up, row i's gate at gate + i * ld and its up at up + i * ld (the fused gate|up rows:
+ * ld = 2n, up = gate + n; the per-layer input's: a plain gate row and a slice of a wider row). */
+template <bool GELU>
+__global__ void glu_kernel(float *h, const float *gate, int ldg, const float *up, int ldu, int m, int n)
 {
     pdl_wait();
     pdl_trigger();
-    const int64_t total = (int64_t)m * ffn;
+    const int64_t total = (int64_t)m * n;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = i / ffn;
-        const float *g = gu + row * 2 * ffn + (i - row * ffn);
-        const float a = g[0];
+        const int64_t row = i / n, col = i - row * n;
+        const float a = gate[row * ldg + col], u = up[row * ldu + col];
         if (GELU)
-            h[i] = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * g[ffn];
+            h[i] = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * u;
         else
-            h[i] = a / (1.0f + expf(-a)) * g[ffn];
+            h[i] = a / (1.0f + expf(-a)) * u;
     }
 }
 
-template <bool GELU> static int glu_launch(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
+template <bool GELU>
+static int glu_launch(float *h, const float *gate, int ldg, const float *up, int ldu, int m, int n,
+                      cudaStream_t stream)
 {
-    if (!h || !gu || m < 0 || ffn <= 0 || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(gu, 4))
+    if (!h || !gate || !up || m < 0 || n <= 0 || ldg < n || ldu < n || !FCUDA_ALIGNED(h, 4) ||
+        !FCUDA_ALIGNED(gate, 4) || !FCUDA_ALIGNED(up, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(glu_kernel<GELU>, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream,
-                           h, gu, m, ffn));
+    FCUDA_CHECK(pdl_launch(glu_kernel<GELU>, dim3(fcuda_blocks((int64_t)m * n, 256)), dim3(256), 0, stream, h,
+                           gate, ldg, up, ldu, m, n));
     return FERRY_OK;
 }
 
 extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
-    return glu_launch<false>(h, gu, m, ffn, stream);
+    return glu_launch<false>(h, gu, 2 * ffn, gu ? gu + ffn : NULL, 2 * ffn, m, ffn, stream);
 }
 
 extern "C" int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
-    return glu_launch<true>(h, gu, m, ffn, stream);
+    return glu_launch<true>(h, gu, 2 * ffn, gu ? gu + ffn : NULL, 2 * ffn, m, ffn, stream);
 }
 
 /* ----------------------------------------------------------------------------------------------------------
  */
-/* Gemma 4: per-head norm, scaled residual, soft-capping, the per-layer input's gate */
-
-#define HN_WARPS 4 /* heads per block */
-
-__global__ void head_rmsnorm_kernel(float *x, int ld, const float *w, int m, int n_heads, int head_dim, float eps)
-{
-    pdl_wait();
-    pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const int64_t item = (int64_t)blockIdx.x * HN_WARPS + (threadIdx.x >> 5);
-    if (item >= (int64_t)m * n_heads) return;
-    const int64_t r = item / n_heads;
-    float *v = x + r * ld + (item - r * n_heads) * head_dim;
-    float ss = 0.0f;
-    for (int j = lane; j < head_dim; j += 32) ss += v[j] * v[j];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float s = rsqrtf(ss / (float)head_dim + eps);
-    for (int j = lane; j < head_dim; j += 32) v[j] = w ? w[j] * (v[j] * s) : v[j] * s;
-}
-
-extern "C" int kern_cuda_head_rmsnorm(float *x, int ld, const float *w, int m, int n_heads, int head_dim,
-                                      float eps, cudaStream_t stream)
-{
-    if (!x || m < 0 || n_heads <= 0 || head_dim <= 0 || head_dim > 1024 || !(eps >= 0.0f) ||
-        (int64_t)ld < (int64_t)n_heads * head_dim || !FCUDA_ALIGNED(x, 4) || (w && !FCUDA_ALIGNED(w, 4)))
-        return FERRY_ERR_INVALID;
-    if (m == 0) return FERRY_OK;
-    const int64_t blocks = ((int64_t)m * n_heads + HN_WARPS - 1) / HN_WARPS;
-    if (blocks > INT32_MAX) return FERRY_ERR_INVALID;
-    FCUDA_CHECK(pdl_launch(head_rmsnorm_kernel, dim3((unsigned)blocks), dim3(32 * HN_WARPS), 0, stream, x, ld,
-                           w, m, n_heads, head_dim, eps));
-    return FERRY_OK;
-}
+/* Gemma 4: scaled residual, soft-capping */
 
 __global__ void add_scale_kernel(float *x, const float *delta, const float *s, int64_t n)
 {
@@ -370,28 +343,8 @@ extern "C" int kern_cuda_softcap(float *x, float c, int64_t n, cudaStream_t stre
     return FERRY_OK;
 }
 
-__global__ void gelu_mul_rows_kernel(float *h, const float *a, const float *b, int ldb, int m, int n)
-{
-    pdl_wait();
-    pdl_trigger();
-    const int64_t total = (int64_t)m * n;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = i / n;
-        const float g = a[i];
-        h[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) *
-               b[row * ldb + (i - row * n)];
-    }
-}
-
 extern "C" int kern_cuda_gelu_mul_rows(float *h, const float *a, const float *b, int ldb, int m, int n,
                                        cudaStream_t stream)
 {
-    if (!h || !a || !b || m < 0 || n <= 0 || ldb < n || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(a, 4) ||
-        !FCUDA_ALIGNED(b, 4))
-        return FERRY_ERR_INVALID;
-    if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(gelu_mul_rows_kernel, dim3(fcuda_blocks((int64_t)m * n, 256)), dim3(256), 0, stream,
-                           h, a, b, ldb, m, n));
-    return FERRY_OK;
+    return glu_launch<true>(h, a, n, b, ldb, m, n, stream);
 }

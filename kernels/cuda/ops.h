@@ -61,7 +61,7 @@ int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t s
 
 /* Per-head RMSNorm in place: heads h < n_heads of each row i of x (m rows, ld floats apart), each head_dim
  * floats from column 0, become x / sqrt(mean(x^2) + eps) * w (w (head_dim) f32, or NULL: no weight, the value
- * norm). head_dim <= 1024, ld >= n_heads * head_dim. One warp per head, fixed-order reduction. */
+ * norm). head_dim <= 1024, ld >= n_heads * head_dim. The QK-norm kernel (kernels/cuda/qk_norm.cu). */
 int kern_cuda_head_rmsnorm(float *x, int ld, const float *w, int m, int n_heads, int head_dim, float eps,
                            cudaStream_t stream);
 /* x (n) = (x + delta) * s[0]: delta (n) or NULL (nothing added), s one f32 on the device or NULL (1). */
