@@ -15,7 +15,10 @@
  * layout and block table, f32 elements holding the f16 values) by a test that needs no GPU and so also runs
  * in CI, and so does the tensor-core kernel's host audit (kern_cuda_attention_mma_audit: bounds, alignment,
  * races, tile contents and coverage of every thread's accesses) over every batch the GPU tests and
- * bench_attn give that kernel.
+ * bench_attn give that kernel. Attention sinks (gpt-oss) run through the same matrix of kernels, variants,
+ * windows and GQA ratios (sinks_every_kernel), head size 512 through the tile kernel's wide variant
+ * (wide_heads_d512); both print every case's errors, and the sinks reference is checked against
+ * kern_cpu_attention_sinks_ref without a GPU.
  */
 #include "tests/cuda/cuda_test.h"
 
