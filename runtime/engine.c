@@ -81,7 +81,7 @@ const char *engine_cuda_lacks(const struct llm_hparams *hp)
     const struct layer_program *p = layer_program_of(hp);
     if (layer_program_has(p, LOP_MOE_CLAMPED)) return "clamped-SwiGLU expert layers (gpt-oss)";
     if (layer_program_has(p, LOP_MOE_SHARED)) return "shared-expert layers";
-    return NULL;
+    return forward_cuda_device_lacks(hp);
 }
 
 struct engine_params engine_default_params(void)

@@ -160,6 +160,20 @@ int forward_cuda_devices(void)
     return kern_cuda_device_count();
 }
 
+/* 1 when this device's attention kernels take every head size of hp. */
+static int heads_supported(const struct llm_hparams *hp)
+{
+    return kern_cuda_attention_supports(hp->head_dim) == FERRY_OK &&
+           (hp->head_dim_swa <= 0 || kern_cuda_attention_supports(hp->head_dim_swa) == FERRY_OK);
+}
+
+const char *forward_cuda_device_lacks(const struct llm_hparams *hp)
+{
+    if (forward_cuda_devices() <= 0 || heads_supported(hp)) return NULL;
+    return "attention heads of this size on this GPU (multiples of 8 up to 256 dims, up to 512 where a block "
+           "may have 166 KB of shared memory: H100, H200, B200)";
+}
+
 /* ----------------------------------------------------------------------------------------------------------
  */
 /* State */
@@ -835,8 +849,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
         return FERRY_ERR_UNSUPPORTED;
     }
-    if (kern_cuda_attention_supports(hp->head_dim) ||
-        (hp->head_dim_swa > 0 && kern_cuda_attention_supports(hp->head_dim_swa))) {
+    if (!heads_supported(hp)) {
         snprintf(
             err, 256,
             "attention heads of %d dims: this GPU's attention kernels take multiples of 8 up to 256, and "
