@@ -78,14 +78,10 @@ struct engine {
 const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
     if (hp->full_attn_interval > 0) return "gated DeltaNet (linear-attention) layers";
-    if (hp->head_dim_swa > 0 || hp->final_softcap > 0 || hp->n_layer_kv > 0 || hp->ple_dim > 0)
-        return "Gemma 4's layers (local and global attention shapes, value norm, output scalars, "
-               "soft-capping)";
     const struct layer_program *p = layer_program_of(hp);
-    if (layer_program_has(p, LOP_ATTENTION_SINKS)) return "attention sinks";
     if (layer_program_has(p, LOP_MOE_CLAMPED)) return "clamped-SwiGLU expert layers (gpt-oss)";
     if (layer_program_has(p, LOP_MOE_SHARED)) return "shared-expert layers";
-    return NULL;
+    return forward_cuda_device_lacks(hp);
 }
 
 struct engine_params engine_default_params(void)
@@ -402,7 +398,16 @@ static int gpu_engine_init(struct engine *e, const struct forward_cuda_params *c
     const int host_cpu = e->p.plan_override
                              ? strchr(e->p.plan_override, 'c') != NULL
                              : e->p.placement != ENGINE_PLACEMENT_STREAM || map->ring_bytes == 0;
-    if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) return rc;
+    if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) {
+        /* Layers the host's backend cannot compute beside the GPU's cache (Gemma 4's attention shapes):
+         * where the plan was free to choose, the host layers stream to the GPU instead. */
+        if (rc != FERRY_ERR_UNSUPPORTED || map->ring_bytes == 0 || e->p.placement != ENGINE_PLACEMENT_AUTO ||
+            e->p.plan_override)
+            return rc;
+        FLOG_INFO("%s: the host layers stream to the GPU instead", err);
+        err[0] = '\0';
+        e->p.placement = ENGINE_PLACEMENT_STREAM;
+    }
     return gpu_plan(e, cost, slow, err);
 }
 
@@ -494,7 +499,8 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
  */
 static int check_kv_type(int kv_type, const struct llm_hparams *hp, int gpu, char err[256])
 {
-    if (kv_type != KV_Q8_0 || (hp->head_dim % (gpu ? 64 : 32) == 0 && hp->head_dim_swa % 32 == 0))
+    if (kv_type != KV_Q8_0 ||
+        (hp->head_dim % (gpu ? 64 : 32) == 0 && hp->head_dim_swa % (gpu ? 64 : 32) == 0))
         return FERRY_OK;
     snprintf(err, 256, "--kv-type q8_0 needs a head size that is a multiple of %d%s (this model's is %d)",
              gpu ? 64 : 32, gpu ? " on the GPU" : "", hp->head_dim);
@@ -508,7 +514,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     *out = NULL;
     struct engine_params p = *params;
     /* auto: the GPU when there is one, unless the model has layers the CUDA backend has no kernels for (gated
-     * DeltaNet, attention sinks, gpt-oss's clamped experts): those models run on the CPU. */
+     * DeltaNet, gpt-oss's clamped experts): those models run on the CPU. */
     const char *cuda_lacks = engine_cuda_lacks(&model->hp);
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
                          (p.backend == ENGINE_BACKEND_AUTO && !cuda_lacks && forward_cuda_devices() > 0);

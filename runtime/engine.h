@@ -76,9 +76,10 @@ struct engine_params {
 
 struct engine_params engine_default_params(void);
 
-/* What the CUDA backend has no kernels for in a model of hp (a phrase for messages: "gated DeltaNet
- * (linear-attention) layers", "attention sinks", ...), or NULL when it runs every layer. --backend cuda
- * refuses such a model; auto runs it on the CPU. */
+/* What the CUDA backend has no kernels for in a model of hp, or this machine's GPU cannot run (a phrase for
+ * messages: "gated DeltaNet (linear-attention) layers", "shared-expert layers", heads too wide for its shared
+ * memory, ...), or NULL when it runs every layer. --backend cuda refuses such a model; auto runs it on the
+ * CPU. */
 const char *engine_cuda_lacks(const struct llm_hparams *hp);
 
 struct engine_stats {

@@ -45,6 +45,75 @@ static size_t align_up(size_t x)
     return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
 }
 
+/* Shapes that differ by layer (Gemma 4; the same for every layer elsewhere, model_file.h): the largest query
+ * row, the KV pool's row (the widest layer's K or V row: a narrower layer packs its rows at the front of its
+ * plane, the kernels addressing them by its own shape) and planes (one per layer with K/V of its own), the
+ * largest FFN and head sizes, and the local layers' rotary pairs. */
+static size_t q_row_max(const struct llm_hparams *hp)
+{
+    int q, kv;
+    llm_max_dims(hp, &q, &kv);
+    return (size_t)q;
+}
+static size_t kv_row(const struct llm_hparams *hp)
+{
+    int q, kv;
+    llm_max_dims(hp, &q, &kv);
+    return (size_t)kv;
+}
+static int kv_planes(const struct llm_hparams *hp)
+{
+    return llm_kv_cache_layers(hp);
+}
+static int ffn_max(const struct llm_hparams *hp)
+{
+    return hp->ffn_dim_shared > hp->ffn_dim ? hp->ffn_dim_shared : hp->ffn_dim;
+}
+static int head_dim_max(const struct llm_hparams *hp)
+{
+    return hp->head_dim_swa > hp->head_dim ? hp->head_dim_swa : hp->head_dim;
+}
+static int rope_pairs_local(const struct llm_hparams *hp)
+{
+    return (hp->rope_dim_swa > 0 ? hp->rope_dim_swa : hp->rope_dim) / 2;
+}
+static int rope_pairs_max(const struct llm_hparams *hp)
+{
+    const int l = rope_pairs_local(hp);
+    return hp->rope_dim / 2 > l ? hp->rope_dim / 2 : l;
+}
+
+/* Per-layer inputs (hp.ple_dim > 0; Gemma 4 E2B/E4B): their matrices and norms stay on the device whatever
+ * the layer's placement, in one region of the arena: the model's projection (n_layers * ple_dim, dim) and
+ * its norm (ple_dim), then each layer's gate (ple_dim, dim), projection (dim, ple_dim) and norm (dim), each
+ * ALIGN-aligned. ple_piece gives piece i's view (i = 0, 1 the model's; 2 + 3l + j layer l's j-th); the
+ * region's bytes are the sum over i < ple_pieces. */
+static int ple_pieces(const struct model *m)
+{
+    return m->hp.ple_dim > 0 ? 2 + 3 * m->hp.n_layers : 0;
+}
+static struct wview ple_piece(const struct model *m, int i)
+{
+    const struct llm_hparams *hp = &m->hp;
+    if (i == 0) return m->ple_mproj;
+    if (i == 1)
+        return (struct wview){.data = m->ple_proj_norm, .type = DTYPE_F32, .rows = 1, .cols = hp->ple_dim};
+    const struct model_layer *L = &m->layers[(i - 2) / 3];
+    const int j = (i - 2) % 3;
+    if (j == 0) return L->ple_gate;
+    if (j == 1) return L->ple_proj;
+    return (struct wview){.data = L->ple_norm, .type = DTYPE_F32, .rows = 1, .cols = hp->dim};
+}
+static size_t ple_weight_bytes(const struct model *m)
+{
+    size_t b = 0;
+    for (int i = 0; i < ple_pieces(m); i++) {
+        const struct wview w = ple_piece(m, i);
+        b += align_up(dtype_row_size(w.type, w.cols) * (size_t)w.rows);
+    }
+    return b;
+}
+
 /* The type a matrix has in a packed block (on the device and in host memory): as stored. Every type a model
  * file can hold is one the CUDA products read (checked at init: nothing is inflated behind the user's back).
  */
@@ -68,6 +137,16 @@ static int check_types(const struct model *m, char err[256])
                 return FERRY_ERR_UNSUPPORTED;
             }
     }
+    for (int i = 0; i < ple_pieces(m); i++) {
+        const struct wview w = ple_piece(m, i);
+        if (!w.data || (w.rows > 1 && !kern_cuda_matmul_supports(w.type))) {
+            snprintf(err, 256,
+                     "a per-layer input matrix is %s, a type the CUDA backend cannot read (use "
+                     "--backend cpu)",
+                     w.data ? dtype_name(w.type) : "missing");
+            return FERRY_ERR_UNSUPPORTED;
+        }
+    }
     if (!kern_cuda_matmul_supports(m->output.type)) {
         snprintf(err, 256, "the output matrix is %s, a type the CUDA backend cannot read (use --backend cpu)",
                  dtype_name(m->output.type));
@@ -79,6 +158,20 @@ static int check_types(const struct model *m, char err[256])
 int forward_cuda_devices(void)
 {
     return kern_cuda_device_count();
+}
+
+/* 1 when this device's attention kernels take every head size of hp. */
+static int heads_supported(const struct llm_hparams *hp)
+{
+    return kern_cuda_attention_supports(hp->head_dim) == FERRY_OK &&
+           (hp->head_dim_swa <= 0 || kern_cuda_attention_supports(hp->head_dim_swa) == FERRY_OK);
+}
+
+const char *forward_cuda_device_lacks(const struct llm_hparams *hp)
+{
+    if (forward_cuda_devices() <= 0 || heads_supported(hp)) return NULL;
+    return "attention heads of this size on this GPU (multiples of 8 up to 256 dims, up to 512 where a block "
+           "may have 166 KB of shared memory: H100, H200, B200)";
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -134,12 +227,12 @@ struct forward_cuda {
     enum dtype head_type;
     float *out_norm;       /* (dim) */
     float *inv_freq;       /* (rope_dim/2) device */
-    float *inv_freq_local; /* (rope_dim/2) device, the sliding-window layers' (model.h), or NULL */
+    float *inv_freq_local; /* (rope_pairs_local) device, the sliding-window layers' (model.h), or NULL */
 
     /* KV pool (f16, or Q8_0 codes and scales: kernels/cuda/attention.h) and its block table mirror; the
      * pool's last n_ext blocks are its extension in pinned, mapped host memory (device_map.h), in the same
      * element type (ext_layer says where each layer's planes are). */
-    void *k_cache, *v_cache;     /* (n_layers, n_blocks - n_ext, block_size, kvd) f16 or int8 */
+    void *k_cache, *v_cache;     /* (kv_planes, n_blocks - n_ext, block_size, kv_row) f16 or int8 */
     uint16_t *k_scale, *v_scale; /* Q8_0: (n_layers, n_blocks - n_ext, block_size, kvd / 32) f16; else NULL */
     char *kv_ext;                /* K, V[, K scales, V scales], each (n_layers, n_ext, ...) (host), or NULL */
     char *kv_ext_dev;            /* its device address */
@@ -162,6 +255,8 @@ struct forward_cuda {
     int ext_rc;               /* the first failure of a host function (reported at the step's end) */
 
     /* Activations. */
+    /* Sizes are the largest layer's where they differ by layer (q_row_max, kv_row, ffn_max); a layer's rows
+     * are its own size, back to back. */
     float *x;       /* (T, dim) residual stream */
     float *xn;      /* (T, dim) */
     float *tmp;     /* (T, dim) the pending delta D */
@@ -169,7 +264,13 @@ struct forward_cuda {
     float *q, *att; /* (T, q_dim) */
     float *gu;      /* (T, 2 ffn) gate | up rows */
     float *h;       /* (T, ffn) */
-    float *logits;  /* (logit_rows, n_vocab) */
+    /* Per-layer inputs (hp.ple_dim > 0, else NULL): their weights (ple_piece's region), every row's inputs
+     * of every layer (T, n_layers * ple_dim), the projection's share of them (same), a work row (T, ple_dim),
+     * and pinned (mapped) staging for the embedding rows gathered on the host (T, n_layers * ple_dim). */
+    void *ple_w;
+    float *ple, *ple_p, *ple_t;
+    float *h_ple;
+    float *logits; /* (logit_rows, n_vocab) */
     int logit_rows;
     struct draw_cuda *draw; /* the GPU sampler's buffers (engine_step_draw), for logit_rows rows */
     int32_t *d_ints;        /* tokens | pos | seq, (3, T) */
@@ -328,6 +429,7 @@ static void cuda_free(struct backend *be)
     free(f->h_ext_lo);
     free(f->ext_jobs);
     if (f->h_x) cudaFreeHost(f->h_x);
+    if (f->h_ple) cudaFreeHost(f->h_ple);
     if (f->h_ints) cudaFreeHost(f->h_ints);
     if (f->h_logits) cudaFreeHost(f->h_logits);
     draw_cuda_free(f->draw);
@@ -385,13 +487,15 @@ static int logit_rows(int T, int n_seqs)
 /* Device bytes of the activations for max_tokens rows. */
 static size_t activation_bytes(const struct llm_hparams *hp, int T, int n_seqs, int max_blocks)
 {
-    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    const size_t qd = q_row_max(hp), kvd = kv_row(hp);
     /* x, xn, tmp (dim); qkv; q, att (qd); gate|up (2 ffn); h (ffn); then the logits' rows. */
-    size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)hp->ffn_dim) +
+    size_t floats = (size_t)T * (3 * (size_t)hp->dim + 3 * qd + 2 * kvd + 3 * (size_t)ffn_max(hp)) +
                     (size_t)logit_rows(T, n_seqs) * hp->n_vocab;
-    return floats * sizeof(float) + 15 * ALIGN + (size_t)5 * T * sizeof(int32_t) +
-           (size_t)n_seqs * max_blocks * sizeof(int32_t) +
-           (size_t)(hp->rope_dim / 2) * sizeof(float) * (hp->sliding_window > 0 ? 2 : 1) +
+    /* Per-layer inputs: two (T, n_layers * ple_dim) and a (T, ple_dim). */
+    const size_t ple = hp->ple_dim > 0 ? (size_t)T * hp->ple_dim * (2 * (size_t)hp->n_layers + 1) : 0;
+    return (floats + ple) * sizeof(float) + (ple ? 3 * ALIGN : 0) + 15 * ALIGN +
+           (size_t)5 * T * sizeof(int32_t) + (size_t)n_seqs * max_blocks * sizeof(int32_t) +
+           (size_t)rope_pairs_max(hp) * sizeof(float) * (hp->sliding_window > 0 ? 2 : 1) +
            (hp->sliding_window > 0 ? ALIGN : 0) + draw_cuda_device_bytes(logit_rows(T, n_seqs), hp->n_vocab);
 }
 
@@ -401,8 +505,8 @@ static int upload_layers(struct forward_cuda *f, const struct model *m)
     size_t max_bytes = 0;
     for (int l = 0; l < f->n_layers; l++)
         if (f->layouts[l].bytes > max_bytes) max_bytes = f->layouts[l].bytes;
-    int64_t max_cols = hp->dim > hp->ffn_dim ? hp->dim : hp->ffn_dim;
-    if ((int64_t)hp->n_heads * hp->head_dim > max_cols) max_cols = (int64_t)hp->n_heads * hp->head_dim;
+    int64_t max_cols = hp->dim > ffn_max(hp) ? hp->dim : ffn_max(hp);
+    if ((int64_t)q_row_max(hp) > max_cols) max_cols = (int64_t)q_row_max(hp);
     float *row_tmp = malloc((size_t)max_cols * sizeof(float));
     void *staging[2] = {NULL, NULL};
     cudaEvent_t staged[2] = {NULL, NULL};
@@ -512,6 +616,11 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
                 if (dtype_block_size(lay->part[i][p].type) > 1 && e > w16_elems) w16_elems = e;
             }
     }
+    for (int i = 0; i < ple_pieces(m); i++) {
+        const struct wview w = ple_piece(m, i);
+        if (dtype_block_size(w.type) > 1 && (size_t)w.rows * (size_t)w.cols > w16_elems)
+            w16_elems = (size_t)w.rows * (size_t)w.cols;
+    }
     size_t moe_x, moe_w16;
     cuda_moe_ctx_needs(m, T, &moe_x, &moe_w16);
     if (moe_w16 > w16_elems) w16_elems = moe_w16;
@@ -519,20 +628,22 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->head_bytes =
         align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
         align_up((size_t)hp->dim * sizeof(float));
-    const size_t kv_elems =
-        (size_t)hp->n_layers * kv->n_blocks * kv->block_size * hp->n_kv_heads * hp->head_dim;
+    const size_t kv_elems = (size_t)kv_planes(hp) * kv->n_blocks * kv->block_size * kv_row(hp);
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
-    const size_t kv_row = (size_t)hp->n_layers * hp->n_kv_heads * hp->head_dim;
+    if (hp->head_dim_swa > 0) { /* the local layers' head size: whichever needs more */
+        const size_t ws = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim_swa, kv->ctx_size);
+        if (ws > ps->attn_ws_bytes) ps->attn_ws_bytes = ws;
+    }
+    const size_t kv_tok = (size_t)kv_planes(hp) * kv_row(hp); /* one position's K (or V), all planes */
     ps->kv_bytes = kv_q8 ? 2 * (align_up(kv_elems) + align_up(kv_elems / 32 * sizeof(uint16_t)))
                          : 2 * align_up(kv_elems * sizeof(uint16_t));
     ps->kv_token_bytes =
-        kv_q8 ? 2 * (kv_row + kv_row / 32 * sizeof(uint16_t)) : 2 * kv_row * sizeof(uint16_t);
+        kv_q8 ? 2 * (kv_tok + kv_tok / 32 * sizeof(uint16_t)) : 2 * kv_tok * sizeof(uint16_t);
     /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
-                      (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T);
-    ps->max_x = (size_t)T * (size_t)(hp->ffn_dim > hp->dim ? hp->ffn_dim : hp->dim);
-    if ((size_t)T * hp->n_heads * hp->head_dim > ps->max_x)
-        ps->max_x = (size_t)T * hp->n_heads * hp->head_dim;
+                      (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T) + ple_weight_bytes(m);
+    ps->max_x = (size_t)T * (size_t)(ffn_max(hp) > hp->dim ? ffn_max(hp) : hp->dim);
+    if ((size_t)T * q_row_max(hp) > ps->max_x) ps->max_x = (size_t)T * q_row_max(hp);
     if (moe_x > ps->max_x) ps->max_x = moe_x;
 }
 
@@ -738,6 +849,14 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
         return FERRY_ERR_UNSUPPORTED;
     }
+    if (!heads_supported(hp)) {
+        snprintf(
+            err, 256,
+            "attention heads of %d dims: this GPU's attention kernels take multiples of 8 up to 256, and "
+            "up to 512 where a block may have 166 KB of shared memory (H100, B200); use --backend cpu",
+            head_dim_max(hp));
+        return FERRY_ERR_UNSUPPORTED;
+    }
     int rc = check_types(m, err);
     if (!rc) rc = cuda_moe_check_types(m, err);
     if (rc) return rc;
@@ -777,7 +896,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     struct plan_sizes ps;
     plan_sizes_of(m, kv, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
     ps.with_experts = hp->n_expert > 0 ? with_experts : NULL;
-    const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    const size_t kvd = kv_row(hp), qd = q_row_max(hp);
+    const int KL = kv_planes(hp);
     f->head_type = packed_type(m->output.type);
     f->attn_ws_bytes = ps.attn_ws_bytes;
 
@@ -836,7 +956,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         kv_cache_free(kv);
         *kv = sized;
     }
-    const size_t kv_elems = (size_t)L * (kv->n_blocks - kv->n_ext) * kv->block_size * kvd;
+    const size_t kv_elems = (size_t)KL * (kv->n_blocks - kv->n_ext) * kv->block_size * kvd;
     f->stats.vram_budget = budget;
     f->stats.vram_planned = f->map.bytes_total;
     f->stats.kv_host_bytes = f->map.kv_ext_bytes;
@@ -874,11 +994,18 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->x = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->xn = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->tmp = carve(&c, (size_t)T * hp->dim * sizeof(float));
-    f->q = carve(&c, (size_t)T * hp->n_heads * hp->head_dim * sizeof(float));
-    f->att = carve(&c, (size_t)T * hp->n_heads * hp->head_dim * sizeof(float));
-    f->qkv = carve(&c, (size_t)T * (hp->n_heads * hp->head_dim + 2 * kvd) * sizeof(float));
-    f->gu = carve(&c, (size_t)T * 2 * hp->ffn_dim * sizeof(float));
-    f->h = carve(&c, (size_t)T * hp->ffn_dim * sizeof(float));
+    f->q = carve(&c, (size_t)T * qd * sizeof(float));
+    f->att = carve(&c, (size_t)T * qd * sizeof(float));
+    f->qkv = carve(&c, (size_t)T * (qd + 2 * kvd) * sizeof(float));
+    f->gu = carve(&c, (size_t)T * 2 * ffn_max(hp) * sizeof(float));
+    f->h = carve(&c, (size_t)T * ffn_max(hp) * sizeof(float));
+    const size_t ple_all = (size_t)hp->n_layers * hp->ple_dim; /* one row's inputs of every layer */
+    if (hp->ple_dim > 0) {
+        f->ple = carve(&c, (size_t)T * ple_all * sizeof(float));
+        f->ple_p = carve(&c, (size_t)T * ple_all * sizeof(float));
+        f->ple_t = carve(&c, (size_t)T * hp->ple_dim * sizeof(float));
+        f->ple_w = carve(&c, ple_weight_bytes(m));
+    }
     f->logit_rows = logit_rows(T, kv->n_seqs);
     f->logits = carve(&c, (size_t)f->logit_rows * hp->n_vocab * sizeof(float));
     void *draw_dev = carve(&c, draw_cuda_device_bytes(f->logit_rows, hp->n_vocab));
@@ -888,7 +1015,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->d_block_table = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
     f->attn_ws = carve(&c, f->attn_ws_bytes ? f->attn_ws_bytes : 1);
     f->inv_freq = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
-    if (m->inv_freq_local) f->inv_freq_local = carve(&c, (size_t)(hp->rope_dim / 2) * sizeof(float));
+    if (m->inv_freq_local) f->inv_freq_local = carve(&c, (size_t)rope_pairs_local(hp) * sizeof(float));
     f->head = carve(&c, dtype_row_size(f->head_type, m->output.cols) * (size_t)m->output.rows);
     f->out_norm = carve(&c, (size_t)hp->dim * sizeof(float));
     const int S = f->map.n_streamed;
@@ -912,7 +1039,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
         !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok ||
-        (m->inv_freq_local && !f->inv_freq_local) || (ring_bytes && !f->ring_buf)) {
+        (m->inv_freq_local && !f->inv_freq_local) || (ring_bytes && !f->ring_buf) ||
+        (hp->ple_dim > 0 && (!f->ple || !f->ple_p || !f->ple_t || !f->ple_w))) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
                  f->arena_bytes);
         rc = FERRY_ERR_INTERNAL;
@@ -923,16 +1051,26 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                    cudaMemcpyHostToDevice) != cudaSuccess)
         goto fail;
     if (m->inv_freq_local &&
-        cudaMemcpy(f->inv_freq_local, m->inv_freq_local, (size_t)(hp->rope_dim / 2) * sizeof(float),
+        cudaMemcpy(f->inv_freq_local, m->inv_freq_local, (size_t)rope_pairs_local(hp) * sizeof(float),
                    cudaMemcpyHostToDevice) != cudaSuccess)
         goto fail;
+    size_t ple_at = 0; /* the per-layer inputs' weights, as stored */
+    for (int i = 0; i < ple_pieces(m); i++) {
+        const struct wview w = ple_piece(m, i);
+        const size_t bytes = dtype_row_size(w.type, w.cols) * (size_t)w.rows;
+        if (cudaMemcpy((char *)f->ple_w + ple_at, w.data, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+            goto fail;
+        ple_at += align_up(bytes);
+    }
 
     /* Pinned host memory: staging (mapped: kernels read the embeddings from it), and the host layers' blocks.
      */
     if ((f->h_x = forward_cuda_host_alloc(f, (size_t)T * hp->dim * sizeof(float))) == NULL ||
         (f->h_ints = forward_cuda_host_alloc(f, ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) *
                                                     sizeof(int32_t))) == NULL ||
-        (f->h_logits = forward_cuda_host_alloc(f, (size_t)T * hp->n_vocab * sizeof(float))) == NULL) {
+        (f->h_logits = forward_cuda_host_alloc(f, (size_t)T * hp->n_vocab * sizeof(float))) == NULL ||
+        (hp->ple_dim > 0 &&
+         (f->h_ple = forward_cuda_host_alloc(f, (size_t)T * ple_all * sizeof(float))) == NULL)) {
         snprintf(err, 256, "cannot pin host staging memory");
         goto fail;
     }
@@ -965,7 +1103,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
             }
     }
     if (kv->n_ext) {
-        const size_t ext_el = (size_t)L * kv->n_ext * kv->block_size * kvd; /* elements of K (or V) */
+        const size_t ext_el = (size_t)KL * kv->n_ext * kv->block_size * kvd; /* elements of K (or V) */
         const size_t ext_bytes = 2 * kv_elem_bytes(p->kv_q8 ? KV_Q8_0 : KV_F16, ext_el); /* both planes */
         FLOG_INFO("pinning %.2f GiB of host memory for the KV pool's extension (%lld positions)",
                   ext_bytes / 1073741824.0, (long long)f->map.kv_ext_tokens);
@@ -1209,9 +1347,10 @@ static float *act(struct forward_cuda *f, enum layer_act a)
     return NULL;
 }
 
-/* Layer l's planes of the KV pool's extension, at the host's addresses (dev 0) or the device's: K and V (f16,
- * or Q8_0 codes) and, for Q8_0, their scales (NULL for f16). The allocation holds K (n_layers, n_ext,
- * block_size, kvd), then V, then the K scales (n_layers, n_ext, block_size, kvd / 32) f16, then V's. */
+/* KV plane l's part of the KV pool's extension, at the host's addresses (dev 0) or the device's: K and V
+ * (f16, or Q8_0 codes) and, for Q8_0, their scales (NULL for f16). The allocation holds K (kv_planes, n_ext,
+ * block_size, kv_row), then V, then the K scales (kv_planes, n_ext, block_size, kv_row / 32) f16, then V's.
+ */
 struct ext_planes {
     void *k, *v;
     uint16_t *ks, *vs;
@@ -1222,8 +1361,8 @@ static struct ext_planes ext_layer(const struct forward_cuda *f, int l, int dev)
     char *base = dev ? f->kv_ext_dev : f->kv_ext;
     if (!base) return (struct ext_planes){0};
     const struct llm_hparams *hp = &f->m->hp;
-    const size_t n = (size_t)f->kv->n_ext * f->kv->block_size * hp->n_kv_heads * hp->head_dim; /* a layer's */
-    const size_t L = (size_t)f->n_layers, el = f->k_scale ? 1 : sizeof(uint16_t);
+    const size_t n = (size_t)f->kv->n_ext * f->kv->block_size * kv_row(hp); /* a plane's */
+    const size_t L = (size_t)kv_planes(hp), el = f->k_scale ? 1 : sizeof(uint16_t);
     struct ext_planes e = {.k = base + n * el * l, .v = base + n * el * (L + l)};
     if (f->k_scale) {
         uint16_t *sc = (uint16_t *)(base + 2 * L * n);
@@ -1233,19 +1372,24 @@ static struct ext_planes ext_layer(const struct forward_cuda *f, int l, int dev)
     return e;
 }
 
+/* Layer l's view of the pool: the plane of the layer whose K/V it reads (its own, or a KV-sharing layer's
+ * source), in its own head size and KV-head count. */
 static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
 {
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
-    const size_t row = (size_t)kv->block_size * hp->n_kv_heads * hp->head_dim;
+    int hd, n_kv, rd;
+    llm_layer_shape(hp, l, &hd, &n_kv, &rd);
+    const int src = llm_kv_source(hp, l), pl = llm_kv_layer(hp, src >= 0 ? src : l);
+    const size_t row = (size_t)kv->block_size * kv_row(hp);
     const size_t per_layer = (size_t)(kv->n_blocks - kv->n_ext) * row;
-    const struct ext_planes ext = ext_layer(f, l, 1);
+    const struct ext_planes ext = ext_layer(f, pl, 1);
     const size_t el = f->k_scale ? 1 : sizeof(uint16_t);
-    return (struct kern_cuda_kv_layer){.k = (char *)f->k_cache + per_layer * l * el,
-                                       .v = (char *)f->v_cache + per_layer * l * el,
+    return (struct kern_cuda_kv_layer){.k = (char *)f->k_cache + per_layer * pl * el,
+                                       .v = (char *)f->v_cache + per_layer * pl * el,
                                        .q8 = f->k_scale != NULL,
-                                       .k_scale = f->k_scale ? f->k_scale + per_layer / 32 * l : NULL,
-                                       .v_scale = f->v_scale ? f->v_scale + per_layer / 32 * l : NULL,
+                                       .k_scale = f->k_scale ? f->k_scale + per_layer / 32 * pl : NULL,
+                                       .v_scale = f->v_scale ? f->v_scale + per_layer / 32 * pl : NULL,
                                        .k_ext = ext.k,
                                        .v_ext = ext.v,
                                        .k_ext_scale = ext.ks,
@@ -1255,9 +1399,26 @@ static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
                                        .block_size = kv->block_size,
                                        .block_table = f->d_block_table,
                                        .max_blocks = kv->max_blocks,
-                                       .n_kv_heads = hp->n_kv_heads,
-                                       .head_dim = hp->head_dim,
+                                       .n_kv_heads = n_kv,
+                                       .head_dim = hd,
                                        .window = llm_layer_is_local(hp, l) ? hp->sliding_window : 0};
+}
+
+/* Layer l's attention sinks (n_heads f32, device): from w, or without it (the KV ops of a host layer) from
+ * the layer's block or the tail a host layer keeps on the device; NULL when the layer has none. */
+static const float *layer_sinks(const struct forward_cuda *f, const struct layer_weights *w, int l)
+{
+    struct layer_weights tmp;
+    if (!w) {
+        if (f->resident[l])
+            layer_weights_at(&tmp, &f->layouts[l], f->resident[l]);
+        else if (f->tail[l])
+            layer_weights_tail(&tmp, &f->layouts[l], f->tail[l]);
+        else
+            return NULL;
+        w = &tmp;
+    }
+    return w->norm[LAYER_ATTN_SINKS];
 }
 
 /* A layer norm whose output feeds a block-type product that reads x in int8 (decode steps of a quantized
@@ -1293,7 +1454,7 @@ static void CUDART_CB ext_attention_host(void *arg)
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
     const int T = f->max_tokens, r0 = f->ext_r0, rows = f->ext_r1 - f->ext_r0;
-    const struct ext_planes ext = ext_layer(f, j->l, 0);
+    const struct ext_planes ext = ext_layer(f, llm_kv_layer(hp, j->l), 0);
     const struct kv_layer_view view = {.k = ext.k,
                                        .v = ext.v,
                                        .k_scale = ext.ks,
@@ -1339,6 +1500,50 @@ static int attention_split(struct forward_cuda *f, const struct layer_op *op,
                                      rows * hp->n_heads, hp->head_dim, cs);
 }
 
+/* ---- Per-layer inputs (Gemma 4 E2B/E4B; forward_cpu.c is the reference) ---- */
+
+/* Piece i of the per-layer inputs' weights on the device (see ple_piece). */
+static const void *ple_at(const struct forward_cuda *f, int i)
+{
+    size_t at = 0;
+    for (int j = 0; j < i; j++) {
+        const struct wview w = ple_piece(f->m, j);
+        at += align_up(dtype_row_size(w.type, w.cols) * (size_t)w.rows);
+    }
+    return (const char *)f->ple_w + at;
+}
+
+/* At embedding, after x: each row's inputs of every layer, (norm(proj(x) / sqrt(dim)) + the per-layer
+ * embedding * sqrt(ple_dim)) / sqrt(2); the embedding rows were gathered on the host into h_ple. */
+static int ple_inputs(struct forward_cuda *f, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const int pd = hp->ple_dim, pl = hp->n_layers * pd;
+    const struct wview proj = ple_piece(f->m, 0);
+    cudaStream_t cs = f->compute;
+    RC(kern_cuda_embed(f->ple, pinned_device_ptr(f->h_ple), DTYPE_F32, n, pl, f->d_iota, n, cs));
+    RC(linear(f, f->ple_p, pl, f->x, ple_at(f, 0), proj.type, NULL, n, pl, hp->dim));
+    RC(kern_cuda_axpby(f->ple_p, 1.0f / sqrtf((float)hp->dim), NULL, 1.0f, (int64_t)n * pl, cs));
+    RC(kern_cuda_rmsnorm(f->ple_p, f->ple_p, ple_at(f, 1), n * hp->n_layers, pd, hp->norm_eps, cs));
+    return kern_cuda_axpby(f->ple, sqrtf((float)pd), f->ple_p, 1.0f / sqrtf(2.0f), (int64_t)n * pl, cs);
+}
+
+/* Layer l's: x += D; x += norm(proj(gelu_tanh(gate(x)) * the layer's input)). */
+static int ple_add(struct forward_cuda *f, int l, int n)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const int pd = hp->ple_dim, dim = hp->dim;
+    const struct wview gate = ple_piece(f->m, 2 + 3 * l), proj = ple_piece(f->m, 3 + 3 * l);
+    cudaStream_t cs = f->compute;
+    RC(kern_cuda_add_scale(f->x, f->pending ? f->tmp : NULL, NULL, (int64_t)n * dim, cs));
+    f->pending = 0;
+    RC(linear(f, f->ple_t, pd, f->x, ple_at(f, 2 + 3 * l), gate.type, NULL, n, pd, dim));
+    RC(kern_cuda_gelu_mul_rows(f->ple_t, f->ple_t, f->ple + (size_t)l * pd, hp->n_layers * pd, n, pd, cs));
+    RC(linear(f, f->tmp, dim, f->ple_t, ple_at(f, 3 + 3 * l), proj.type, NULL, n, dim, pd));
+    RC(kern_cuda_rmsnorm(f->tmp, f->tmp, ple_at(f, 4 + 3 * l), n, dim, hp->norm_eps, cs));
+    return kern_cuda_add_scale(f->x, f->tmp, NULL, (int64_t)n * dim, cs);
+}
+
 /* One op of layer l over n rows; qkv_in: where LOP_ROPE_KV reads its rows (the device's, or a host layer's
  * mapped rows). */
 static int run_op(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
@@ -1366,33 +1571,63 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         return FERRY_OK;
     case LOP_ROPE_KV: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
-        return kern_cuda_rope_kv_store(
-            act(f, op->out), qkv_in, &view, d_seq, d_pos, n, hp->n_heads, hp->rope_dim,
-            llm_layer_is_local(hp, l) ? f->inv_freq_local : f->inv_freq, hp->rope_style, cs);
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, l, &hd, &n_kv, &rd);
+        const float *inv_freq = llm_layer_is_local(hp, l) ? f->inv_freq_local : f->inv_freq;
+        if (llm_layer_kv_shared(hp, l)) /* queries only: the rows hold no K/V, the source layer stored them */
+            return kern_cuda_rope_q(act(f, op->out), qkv_in, d_pos, n, hp->n_heads, hd, rd, inv_freq,
+                                    hp->rope_style, cs);
+        return kern_cuda_rope_kv_store(act(f, op->out), qkv_in, &view, d_seq, d_pos, n, hp->n_heads, rd,
+                                       inv_freq, hp->rope_style, cs);
     }
-    case LOP_ATTENTION: {
-        const struct kern_cuda_kv_layer view = kv_view(f, l);
+    case LOP_ATTENTION:
+    case LOP_ATTENTION_SINKS: {
+        struct kern_cuda_kv_layer view = kv_view(f, l);
+        if (op->kind == LOP_ATTENTION_SINKS) {
+            /* The sinks are in the layer's norm vectors (kv ops of a host layer come without w). */
+            if (!(view.sinks = layer_sinks(f, w, l))) return FERRY_ERR_INTERNAL;
+            /* The host's part of a split attention has no sinks (and windowed layers never split). */
+            if (f->ext_r1 > f->ext_r0) return FERRY_ERR_UNSUPPORTED;
+        }
         if (f->ext_r1 > f->ext_r0) return attention_split(f, op, &view, l, n);
         return kern_cuda_attention_mixed(act(f, op->out), NULL, act(f, op->in), &view, d_seq, d_pos, n,
                                          f->n_decode, hp->n_heads, llm_attn_scale(hp), f->max_len, f->attn_ws,
                                          f->attn_ws_bytes, cs);
     }
     case LOP_SILU_MUL:
-        return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
+        return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, llm_layer_ffn(hp, l), cs);
     case LOP_NORM:
         return kern_cuda_rmsnorm(act(f, op->out), act(f, op->in), w->norm[op->arg], n, hp->dim, hp->norm_eps,
                                  cs);
     case LOP_GELU_MUL:
-        return kern_cuda_gelu_mul(act(f, op->out), act(f, op->in), n, hp->ffn_dim, cs);
-    case LOP_QK_NORM:
-        return kern_cuda_qk_norm(act(f, op->in), (hp->n_heads + 2 * hp->n_kv_heads) * hp->head_dim,
-                                 w->norm[LAYER_Q_NORM], w->norm[LAYER_K_NORM], n, hp->n_heads, hp->n_kv_heads,
-                                 hp->head_dim, hp->norm_eps, cs);
+        return kern_cuda_gelu_mul(act(f, op->out), act(f, op->in), n, llm_layer_ffn(hp, l), cs);
+    case LOP_QK_NORM: {
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, l, &hd, &n_kv, &rd);
+        if (llm_layer_kv_shared(hp, l)) /* a KV-sharing layer's rows are its queries alone */
+            return kern_cuda_head_rmsnorm(act(f, op->in), hp->n_heads * hd, w->norm[LAYER_Q_NORM], n,
+                                          hp->n_heads, hd, hp->norm_eps, cs);
+        return kern_cuda_qk_norm(act(f, op->in), (hp->n_heads + 2 * n_kv) * hd, w->norm[LAYER_Q_NORM],
+                                 w->norm[LAYER_K_NORM], n, hp->n_heads, n_kv, hd, hp->norm_eps, cs);
+    }
+    case LOP_V_NORM: { /* each value head normed, no weight (the values follow the queries and keys) */
+        int hd, n_kv, rd;
+        llm_layer_shape(hp, l, &hd, &n_kv, &rd);
+        if (llm_layer_kv_shared(hp, l)) return FERRY_OK;
+        return kern_cuda_head_rmsnorm(act(f, op->in) + (size_t)(hp->n_heads + n_kv) * hd,
+                                      (hp->n_heads + 2 * n_kv) * hd, NULL, n, n_kv, hd, hp->norm_eps, cs);
+    }
+    case LOP_SCALE_X: /* x = (x + D) * the layer's output scalar */
+        if (!w->norm[op->arg]) return FERRY_ERR_INTERNAL;
+        RC(kern_cuda_add_scale(f->x, f->pending ? f->tmp : NULL, w->norm[op->arg], (int64_t)n * hp->dim, cs));
+        f->pending = 0;
+        return FERRY_OK;
+    case LOP_PLE:
+        return hp->ple_dim > 0 ? ple_add(f, l, n) : FERRY_OK;
     case LOP_MOE:
         RC(cuda_moe_run(f->moe, l, act(f, op->out), act(f, op->in), n, f->kctx, f->d_iota, cs));
         if (op->out == LACT_D) f->pending = 1;
         return FERRY_OK;
-    case LOP_ATTENTION_SINKS:
     case LOP_MOE_CLAMPED:
     case LOP_MOE_SHARED:
     case LOP_DELTANET:
@@ -1400,9 +1635,6 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     case LOP_ATT_GATE:
         return FERRY_ERR_UNSUPPORTED; /* no kernels: the engine keeps these families off CUDA
                                        * (engine_cuda_lacks) */
-    case LOP_V_NORM:
-    case LOP_SCALE_X:
-    case LOP_PLE:
     }
     return FERRY_ERR_INTERNAL;
 }
@@ -1530,6 +1762,8 @@ static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int 
         const int r = n_out - c < f->logit_rows ? n_out - c : f->logit_rows;
         RC(linear(f, f->logits, hp->n_vocab, f->xn + (size_t)c * dim, f->head, f->head_type, NULL, r,
                   hp->n_vocab, dim));
+        if (hp->final_softcap > 0)
+            RC(kern_cuda_softcap(f->logits, hp->final_softcap, (int64_t)r * hp->n_vocab, cs));
         if (download)
             CK(cudaMemcpyAsync(f->h_logits + (size_t)c * hp->n_vocab, f->logits,
                                (size_t)r * hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cs));
@@ -1537,12 +1771,33 @@ static int head_enqueue(struct forward_cuda *f, const uint8_t *want, int n, int 
     return FERRY_OK;
 }
 
+/* The step's embedding rows (scaled) into h_x and, with per-layer inputs, theirs into h_ple: on the host,
+ * from the model's tables where they are. */
+static int host_embed(struct forward_cuda *f, const int32_t *tokens, int n)
+{
+    const struct model *m = f->m;
+    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim, tokens,
+                      n));
+    if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->h_x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
+    if (m->hp.ple_dim > 0)
+        RC(kern_cpu_embed(f->h_ple, m->ple_embd.data, m->ple_embd.type, (int)m->ple_embd.rows,
+                          m->hp.n_layers * m->hp.ple_dim, tokens, n));
+    return FERRY_OK;
+}
+
+/* x from the staged rows, and the per-layer inputs where the model has them. */
+static int embed_enqueue(struct forward_cuda *f, int n)
+{
+    RC(x_gather(f, f->h_x_dev, n));
+    return f->m->hp.ple_dim > 0 ? ple_inputs(f, n) : FERRY_OK;
+}
+
 /* A whole step of a fully resident model, from the staged inputs to the logits' download (graph capture). */
 static int enqueue_whole_step(struct forward_cuda *f, const struct step *st)
 {
     const int n = st->b->n_tokens;
     RC(upload_inputs(f));
-    RC(x_gather(f, f->h_x_dev, n));
+    RC(embed_enqueue(f, n));
     for (int l = 0; l < f->n_layers; l++) RC(layer_enqueue(f, l, PLACEMENT_GPU, n));
     return head_enqueue(f, st->b->want_logits, n, 0, st->draw == NULL);
 }
@@ -1622,10 +1877,7 @@ static int cuda_begin(struct backend *be, const struct step *st)
     if (b->hidden && f->m->hp.dim > f->m->hp.n_vocab) return FERRY_ERR_UNSUPPORTED; /* h_logits' rows */
     if (f->graphs && n <= GRAPH_MAX_TOKENS && all_want && !b->hidden &&
         f->max_len <= (256 << (GRAPH_LENS - 1))) {
-        const struct model *m = f->m;
-        RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
-                          b->tokens, n));
-        if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->h_x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
+        RC(host_embed(f, b->tokens, n));
         cudaGraphExec_t g;
         RC(step_graph(f, st, &g));
         CK(cudaGraphLaunch(g, f->compute));
@@ -1659,12 +1911,9 @@ static int cuda_embed(struct backend *be, const struct step *st)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     if (f->graph_step) return FERRY_OK;
-    const struct model *m = f->m;
     const int n = st->b->n_tokens;
-    RC(kern_cpu_embed(f->h_x, m->tok_embd.data, m->tok_embd.type, (int)m->tok_embd.rows, m->hp.dim,
-                      st->b->tokens, n));
-    if (m->hp.embed_scale != 0.0f) kern_cpu_scale(f->h_x, m->hp.embed_scale, (int64_t)n * m->hp.dim);
-    return x_gather(f, f->h_x_dev, n);
+    RC(host_embed(f, st->b->tokens, n));
+    return embed_enqueue(f, n);
 }
 
 static int cuda_layer(struct backend *be, int l, const struct step *st)

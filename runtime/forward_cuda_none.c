@@ -11,6 +11,12 @@ int forward_cuda_devices(void)
     return 0;
 }
 
+const char *forward_cuda_device_lacks(const struct llm_hparams *hp)
+{
+    (void)hp;
+    return NULL;
+}
+
 int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
                       const struct forward_cuda_params *p, char err[256])
 {

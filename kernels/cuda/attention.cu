@@ -43,7 +43,8 @@
 #define ATT_T       64 /* positions per K/V tile */
 #define ATT_THREADS 128
 #define ATT_RMAX    16 /* query rows per block */
-#define ATT_DMAX    256
+#define ATT_DMAX      256 /* head_dim of the tile kernel with a dim pair per thread (PP 1) */
+#define ATT_DMAX_WIDE 512 /* head_dim of its variant with two pairs per thread (PP 2, one K/V stage) */
 #define ATT_KPAD    8 /* halves of padding per K/V row in shared memory: 16-byte reads stay conflict-free */
 /* Arrival counters at the start of the workspace: splits only for grids of at most this many rows. */
 #define ATT_MAX_ROWS  4096
@@ -78,6 +79,7 @@ struct att_params {
     float2 *ws_ml; /* (n_split, m, n_heads) running max and sum (base e in attn_kernel, 2 in decode) */
     unsigned *cnt; /* (grid.x * grid.y) arrival counters, 0 between calls */
     float *lse;    /* (m, n_heads) log Σ e^score of each row (natural log), or NULL */
+    const float *sinks; /* (n_heads) each head's sink logit (natural units), or NULL: see att_sink_sum */
     int n_blocks, n_main, block_size, max_blocks, n_kv, D, n_heads, G;
     int m, qt, gb, n_hsub, n_split, chunk;
     int hb;                      /* decode kernel: KV heads per block */
@@ -169,6 +171,16 @@ template <bool LOG2> __device__ __forceinline__ float att_lse(float m, float l)
     return LOG2 ? (m + log2f(l)) * 0.69314718055994531f : m + logf(l);
 }
 
+/* A row's softmax denominator: its sum l over the positions (relative to its running max m, base 2 when LOG2),
+ * plus e^(sink - max) of its head's sink when the layer has sinks (a logit with no value: gpt-oss). A row
+ * with no position (m -inf) gets an infinite denominator, so its output stays 0. */
+template <bool LOG2> __device__ __forceinline__ float att_sink_sum(const att_params &p, int head, float m, float l)
+{
+    if (!p.sinks) return l;
+    const float s = __ldg(p.sinks + head);
+    return l + att_exp<LOG2>((LOG2 ? s * 1.44269504088896341f : s) - m);
+}
+
 /* Called by every thread of a split block after it wrote its partials: true in the block of the row that
  * arrives last, which then owns the merge; that block also sets the counter back to 0 (all other blocks of
  * the row have taken their ticket by then), so the next call and graph replays start from 0. */
@@ -210,7 +222,8 @@ __device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, 
             wts[ri * ns + s] = w;
             sum += ml.y * w;
         }
-        const float L = warp_sum(sum), inv = L > 0.0f ? 1.0f / L : 0.0f;
+        const float L = att_sink_sum<LOG2>(p, (int)(row % (size_t)p.n_heads), M, warp_sum(sum)),
+                    inv = L > 0.0f ? 1.0f / L : 0.0f;
         for (int s = lane; s < ns; s += 32) wts[ri * ns + s] *= inv;
         if (p.lse && lane == 0) p.lse[row] = att_lse<LOG2>(M, L);
     }
@@ -228,8 +241,10 @@ __device__ void att_merge_rows(const att_params &p, const int *rows, int nrows, 
 }
 
 /* ST = 1: each K/V tile is copied, waited for, then used. ST = 2: two K/V buffers; the copy of tile i+1 is
- * issued before tile i is used, so the block-table lookups and the copy latency overlap the math. */
-template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
+ * issued before tile i is used, so the block-table lookups and the copy latency overlap the math. PP: output
+ * dim pairs per thread and row in P·V (1 up to head_dim ATT_DMAX; 2 up to ATT_DMAX_WIDE, where a row's D/2
+ * pairs outnumber the block's threads): pairs dp, dp + D/(2 PP), ... */
+template <int ST, int PP> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(const att_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     const int D = p.D, DS = p.D + ATT_KPAD;
@@ -264,7 +279,7 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
 
     /* Thread roles. Scores: one position, rows rg, rg+2, ... PV: one dim pair, rows g, g+groups, ... */
     const int tt = tid % ATT_T, rg = tid / ATT_T;
-    const int NP = D / 2, groups = ATT_THREADS / NP;
+    const int NP = D / 2 / PP, groups = ATT_THREADS / NP;
     const int dp = tid % NP, g = tid / NP;
     /* Tile copy: 16-byte chunk c8 of every step-th row. */
     const int cpr = D / 8, step = ATT_THREADS / cpr;
@@ -286,9 +301,11 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
         /* The reset must be visible before the write-out below even when this split holds no position of the
          * run and the tile loop (whose barriers would order it) does not run: racecheck found this one. */
         __syncthreads();
-        float o[ATT_RMAX][2];
+        float o[ATT_RMAX][2 * PP];
 #pragma unroll
-        for (int j = 0; j < ATT_RMAX; j++) o[j][0] = o[j][1] = 0.0f;
+        for (int j = 0; j < ATT_RMAX; j++)
+#pragma unroll
+            for (int c = 0; c < 2 * PP; c++) o[j][c] = 0.0f;
 
         /* K/V tile copy of the tile at t0 into buffer b: thread (t_first, c) copies 16-byte chunk c of rows
          * t_first, t_first + step, ... Rows nt..nt4-1 are zeroed so that the 4-wide P·V loop reads finite
@@ -419,24 +436,27 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                     const int r = g + groups * j;
                     if (r < R) {
                         const float al = row_a[r];
-                        o[j][0] *= al;
-                        o[j][1] *= al;
+#pragma unroll
+                        for (int c = 0; c < 2 * PP; c++) o[j][c] *= al;
                     }
                 }
                 const int nt4 = min(ATT_T, (nt + 3) & ~3);
                 for (int t = 0; t < nt4; t += 4) {
-                    const __half *vb = Vs + t * DS + 2 * dp;
-                    const float2 v0 = __half22float2(*(const __half2 *)vb);
-                    const float2 v1 = __half22float2(*(const __half2 *)(vb + DS));
-                    const float2 v2 = __half22float2(*(const __half2 *)(vb + 2 * DS));
-                    const float2 v3 = __half22float2(*(const __half2 *)(vb + 3 * DS));
 #pragma unroll
-                    for (int j = 0; j < ATT_RMAX; j++) {
-                        const int r = g + groups * j;
-                        if (r >= R) break;
-                        const float4 pr = *(const float4 *)(Ss + r * ATT_T + t);
-                        o[j][0] += pr.x * v0.x + pr.y * v1.x + pr.z * v2.x + pr.w * v3.x;
-                        o[j][1] += pr.x * v0.y + pr.y * v1.y + pr.z * v2.y + pr.w * v3.y;
+                    for (int k = 0; k < PP; k++) {
+                        const __half *vb = Vs + t * DS + 2 * (dp + k * NP);
+                        const float2 v0 = __half22float2(*(const __half2 *)vb);
+                        const float2 v1 = __half22float2(*(const __half2 *)(vb + DS));
+                        const float2 v2 = __half22float2(*(const __half2 *)(vb + 2 * DS));
+                        const float2 v3 = __half22float2(*(const __half2 *)(vb + 3 * DS));
+#pragma unroll
+                        for (int j = 0; j < ATT_RMAX; j++) {
+                            const int r = g + groups * j;
+                            if (r >= R) break;
+                            const float4 pr = *(const float4 *)(Ss + r * ATT_T + t);
+                            o[j][2 * k] += pr.x * v0.x + pr.y * v1.x + pr.z * v2.x + pr.w * v3.x;
+                            o[j][2 * k + 1] += pr.x * v0.y + pr.y * v1.y + pr.z * v2.y + pr.w * v3.y;
+                        }
                     }
                 }
             }
@@ -453,12 +473,19 @@ template <int ST> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(con
                     const int tok = i0 + r / p.gb, head = kvh * p.G + hg;
                     const size_t row = (size_t)tok * p.n_heads + head;
                     if (p.n_split == 1) {
-                        const float l = row_l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
-                        *(float2 *)(p.out + row * D + 2 * dp) = make_float2(o[j][0] * inv, o[j][1] * inv);
+                        const float l = row_l[r], ls = att_sink_sum<false>(p, head, row_m[r], l),
+                                    inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+#pragma unroll
+                        for (int k = 0; k < PP; k++)
+                            *(float2 *)(p.out + row * D + 2 * (dp + k * NP)) =
+                                make_float2(o[j][2 * k] * inv, o[j][2 * k + 1] * inv);
                         if (p.lse && dp == 0) p.lse[row] = att_lse<false>(row_m[r], l);
                     } else {
                         const size_t prow = (size_t)split * p.m * p.n_heads + row;
-                        *(float2 *)(p.ws_o + prow * D + 2 * dp) = make_float2(o[j][0], o[j][1]);
+#pragma unroll
+                        for (int k = 0; k < PP; k++)
+                            *(float2 *)(p.ws_o + prow * D + 2 * (dp + k * NP)) =
+                                make_float2(o[j][2 * k], o[j][2 * k + 1]);
                         if (dp == 0) p.ws_ml[prow] = make_float2(row_m[r], row_l[r]);
                     }
                 }
@@ -739,7 +766,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
         }
         const size_t grow = (size_t)tok * p.n_heads + (size_t)(kvg * HB + h2) * p.G + r;
         if (p.n_split == 1) {
-            p.out[grow * D + d] = L > 0.0f ? O / L : 0.0f;
+            const float Ls = att_sink_sum<true>(p, (int)(grow % (size_t)p.n_heads), M, L);
+            p.out[grow * D + d] = Ls > 0.0f ? O / Ls : 0.0f;
             if (p.lse && d == 0) p.lse[grow] = att_lse<true>(M, L);
         } else {
             p.ws_o[((size_t)split * total + grow) * D + d] = O;
@@ -1122,7 +1150,10 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
         lb += __shfl_xor_sync(0xffffffffu, lb, 1);
         lb += __shfl_xor_sync(0xffffffffu, lb, 2);
         if (p.n_split == 1) {
-            const float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
+            /* (rows outside the window, -1, are not written: their head is not read either) */
+            const float sa = ina ? att_sink_sum<true>(p, (int)(rowa % p.n_heads), ma, la) : la,
+                        sb = inb ? att_sink_sum<true>(p, (int)(rowb % p.n_heads), mb, lb) : lb;
+            const float ia = sa > 0.0f ? 1.0f / sa : 0.0f, ib = sb > 0.0f ? 1.0f / sb : 0.0f;
 #pragma unroll
             for (int j = 0; j < OB; j++) {
                 if (ina)
@@ -1364,19 +1395,53 @@ static int attn_prepare(void)
 {
     static bool done = false;
     if (!done) {
-        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)attn_smem_bytes(ATT_DMAX, 1)));
-        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        FCUDA_CHECK(cudaFuncSetAttribute(attn_kernel<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)attn_smem_bytes(ATT_DMAX, 2)));
         done = true;
     }
     return FERRY_OK;
 }
 
+/* The wide variant's limit (head_dim up to ATT_DMAX_WIDE, one stage: 166 KB at 512), raised on first use
+ * only, so that a device with less shared memory per block (sm_86, sm_89) refuses only those head sizes:
+ * FERRY_ERR_UNSUPPORTED there. */
+static int attn_prepare_wide(void)
+{
+    static int state = 0; /* 0 not tried, 1 ok, -1 refused */
+    if (!state) {
+        state = cudaFuncSetAttribute(attn_kernel<1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)attn_smem_bytes(ATT_DMAX_WIDE, 1)) == cudaSuccess
+                    ? 1
+                    : -1;
+        if (state < 0) (void)cudaGetLastError();
+    }
+    return state > 0 ? FERRY_OK : FERRY_ERR_UNSUPPORTED;
+}
+
+extern "C" int kern_cuda_attention_supports(int head_dim)
+{
+    if (head_dim <= 0 || head_dim % 8 || head_dim > ATT_DMAX_WIDE) return FERRY_ERR_UNSUPPORTED;
+    return head_dim <= ATT_DMAX ? FERRY_OK : attn_prepare_wide();
+}
+
+/* The tile kernel variant for head_dim D: its K/V stages (the wide variant has one) and the kernel. */
+typedef void (*tile_kernel_fn)(const att_params);
+static int tile_stages(int D)
+{
+    return D > ATT_DMAX ? 1 : g_stages;
+}
+static tile_kernel_fn tile_kernel(int D)
+{
+    return D > ATT_DMAX ? attn_kernel<1, 2> : tile_stages(D) == 1 ? attn_kernel<1, 1> : attn_kernel<2, 1>;
+}
+
 /* Resident blocks per SM of the tile kernel variant at head_dim D (cached; 2 if the query fails). */
 static int blocks_per_sm(int D, int stages)
 {
-    static int cache[2][ATT_DMAX / 8 + 1];
+    static int cache[2][ATT_DMAX_WIDE / 8 + 1];
+    if (D > ATT_DMAX) stages = 1;
     int *c = &cache[stages - 1][D / 8];
     if (!*c) {
         int nb = 0, n_dev = 0;
@@ -1384,10 +1449,10 @@ static int blocks_per_sm(int D, int stages)
             (void)cudaGetLastError();
             return 2;
         }
-        if (attn_prepare() == FERRY_OK &&
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, stages == 1 ? attn_kernel<1> : attn_kernel<2>,
-                                                          ATT_THREADS,
-                                                          attn_smem_bytes(D, stages)) == cudaSuccess &&
+        if (attn_prepare() == FERRY_OK && (D <= ATT_DMAX || attn_prepare_wide() == FERRY_OK) &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &nb, D > ATT_DMAX ? attn_kernel<1, 2> : stages == 1 ? attn_kernel<1, 1> : attn_kernel<2, 1>,
+                ATT_THREADS, attn_smem_bytes(D, stages)) == cudaSuccess &&
             nb > 0)
             *c = nb;
         else {
@@ -1416,7 +1481,7 @@ static dec_kernel_fn dec_kernel(int rm, int q8)
 /* Resident blocks per SM of the decode kernel (cached; 2 if the query fails). */
 static int dec_blocks_per_sm(int D, int hb, int rm, int q8)
 {
-    static int cache[2][4][ATT_DMAX / 8 + 1][4];
+    static int cache[2][4][ATT_DMAX_WIDE / 8 + 1][4];
     const int hi = hb == 1 ? 0 : hb == 2 ? 1 : hb == 4 ? 2 : 3;
     int *c = &cache[q8 != 0][rm_index(rm)][D / 8][hi];
     if (!*c) {
@@ -1442,7 +1507,7 @@ static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct 
     struct att_plan pl;
     memset(&pl, 0, sizeof pl);
     const int D = kv->head_dim, LP = D / 8, G = n_heads / kv->n_kv_heads;
-    if (g_dec_heads < 0 || (LP & (LP - 1)) || G > 8) return pl;
+    if (g_dec_heads < 0 || (LP & (LP - 1)) || LP > 32 || G > 8) return pl;
     if ((unsigned long long)kv->max_blocks * kv->block_size * kv->block_size > (1ull << 32)) return pl;
     int hb = g_dec_heads > 0 ? g_dec_heads : 1;
     if (hb * LP > 32 || kv->n_kv_heads % hb) hb = 1;
@@ -1460,11 +1525,11 @@ static struct att_plan make_dec_plan(int rows, int m, int n_heads, const struct 
 
 extern "C" size_t kern_cuda_attention_ws_size(int m, int n_heads, int head_dim, int max_len)
 {
-    if (m <= 0 || n_heads <= 0 || head_dim <= 0 || max_len <= 0 || head_dim > ATT_DMAX) return 0;
+    if (m <= 0 || n_heads <= 0 || head_dim <= 0 || max_len <= 0 || head_dim > ATT_DMAX_WIDE) return 0;
     /* Decode tiles with one KV head give the most splits, and the kernel with the most resident blocks; bound
      * by that. */
-    int occ = max(blocks_per_sm(head_dim, 1), blocks_per_sm(head_dim, 2));
-    if (!((head_dim / 8) & (head_dim / 8 - 1)))
+    int occ = max(blocks_per_sm(head_dim, 1), head_dim <= ATT_DMAX ? blocks_per_sm(head_dim, 2) : 0);
+    if (!((head_dim / 8) & (head_dim / 8 - 1)) && head_dim / 8 <= 32)
         for (int rm = 1; rm <= 8; rm *= 2)
             for (int q8 = 0; q8 < 2; q8++) occ = max(occ, dec_blocks_per_sm(head_dim, 1, rm, q8));
     /* Any batch of up to m tokens: the runtime sizes the workspace once for its largest batch, and smaller
@@ -1489,7 +1554,8 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
         (kv->n_ext &&
          (!kv->k_ext || !kv->v_ext || !FCUDA_ALIGNED(kv->k_ext, 16) || !FCUDA_ALIGNED(kv->v_ext, 16))))
         return FERRY_ERR_INVALID;
-    if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX) return FERRY_ERR_UNSUPPORTED;
+    if (kv->head_dim <= 0 || kv->head_dim % 8 || kv->head_dim > ATT_DMAX_WIDE) return FERRY_ERR_UNSUPPORTED;
+    if (kv->sinks && !FCUDA_ALIGNED(kv->sinks, 4)) return FERRY_ERR_INVALID;
     if (kv->q8 && kv->head_dim % 64) return FERRY_ERR_UNSUPPORTED;
     if (kv->q8 &&
         (!kv->k_scale || !kv->v_scale || !FCUDA_ALIGNED(kv->k_scale, 4) || !FCUDA_ALIGNED(kv->v_scale, 4)))
@@ -1535,6 +1601,27 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
                            seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
                            rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
                            kv->block_size, kv->max_blocks));
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_rope_q(float *q_out, const float *q, const int32_t *pos, int m, int n_heads,
+                                int head_dim, int rope_dim, const float *inv_freq, enum rope_style style,
+                                cudaStream_t stream)
+{
+    if (!q_out || !q || q_out == q || !pos || !inv_freq || m < 0 || n_heads <= 0 || head_dim <= 0 ||
+        head_dim % 2 || rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2)
+        return FERRY_ERR_INVALID;
+    if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
+    if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(q, 4) || !FCUDA_ALIGNED(pos, 4) ||
+        !FCUDA_ALIGNED(inv_freq, 4))
+        return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    /* The store kernel with no KV heads: rows of n_heads heads, every head a query (the cache untouched). */
+    const int64_t total = (int64_t)m * n_heads * (head_dim / 2);
+    FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out, q,
+                           (__half *)NULL, (__half *)NULL, (__half *)NULL, (__half *)NULL, (const int32_t *)NULL,
+                           pos, (const int32_t *)NULL, inv_freq, m, n_heads, 0, head_dim, rope_dim,
+                           (int)(style == ROPE_STYLE_HALF), 0, 0, 1, 1));
     return FERRY_OK;
 }
 
@@ -1627,6 +1714,13 @@ static struct att_plan mma_plan(int rows, int m, int n_heads, int n_kv, int D, i
 
 /* ---- launches ---- */
 
+/* The wide tile kernel's shared-memory limit, raised or refused (FERRY_ERR_UNSUPPORTED) before a launch. */
+#define RC_WIDE()                                                                                            \
+    do {                                                                                                     \
+        const int rc_ = attn_prepare_wide();                                                                 \
+        if (rc_) return rc_;                                                                                 \
+    } while (0)
+
 /* The split fields of p for plan pl (partials of a batch of p.m rows at the start of ws, after the counters).
  */
 static void set_plan(att_params &p, const struct att_plan &pl, void *ws)
@@ -1646,7 +1740,7 @@ static void set_plan(att_params &p, const struct att_plan &pl, void *ws)
 static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int row0, int rows, int skip,
                          int max_len, void *ws, size_t ws_bytes, cudaStream_t stream)
 {
-    const int D = p.D, stages = g_stages;
+    const int D = p.D, stages = tile_stages(D);
     struct att_plan pl = make_dec_plan(rows, p.m, p.n_heads, kv, max_len, ws_bytes);
     if (!pl.rm)
         pl = make_plan(rows, p.m, p.n_heads, p.n_kv, D, max_len, true, ws_bytes, blocks_per_sm(D, stages),
@@ -1661,9 +1755,9 @@ static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int 
         FCUDA_LAUNCH_CHECK("attn_decode_kernel");
         return FERRY_OK;
     }
+    if (D > ATT_DMAX) RC_WIDE();
     const dim3 grid((unsigned)pl.n_tiles, (unsigned)(p.n_kv * pl.n_hsub), (unsigned)pl.n_split);
-    FCUDA_CHECK(pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS),
-                           attn_smem_bytes(D, stages), stream, p));
+    FCUDA_CHECK(pdl_launch(tile_kernel(D), grid, dim3(ATT_THREADS), attn_smem_bytes(D, stages), stream, p));
     FCUDA_LAUNCH_CHECK("attn_kernel");
     return FERRY_OK;
 }
@@ -1673,7 +1767,7 @@ static int launch_decode(att_params p, const struct kern_cuda_kv_layer *kv, int 
 static int launch_prefill(att_params p, int row0, int skip, int max_len, void *ws, size_t ws_bytes,
                           cudaStream_t stream)
 {
-    const int D = p.D, rows = p.m - row0, stages = g_stages;
+    const int D = p.D, rows = p.m - row0, stages = tile_stages(D);
     if (mma_takes(D)) {
         const int rc = mma_prepare();
         if (rc) return rc;
@@ -1692,9 +1786,9 @@ static int launch_prefill(att_params p, int row0, int skip, int max_len, void *w
     set_plan(p, pl, ws);
     p.row0 = row0;
     p.skip = ATT_SKIP_NONE;
+    if (D > ATT_DMAX) RC_WIDE();
     const dim3 grid((unsigned)pl.n_tiles, (unsigned)(p.n_kv * pl.n_hsub), (unsigned)pl.n_split);
-    FCUDA_CHECK(pdl_launch(stages == 1 ? attn_kernel<1> : attn_kernel<2>, grid, dim3(ATT_THREADS),
-                           attn_smem_bytes(D, stages), stream, p));
+    FCUDA_CHECK(pdl_launch(tile_kernel(D), grid, dim3(ATT_THREADS), attn_smem_bytes(D, stages), stream, p));
     FCUDA_LAUNCH_CHECK("attn_kernel");
     return FERRY_OK;
 }
@@ -1746,6 +1840,7 @@ static int attn_begin(att_params &p, float *out, const float *q, const struct ke
     p.bs_magic = ((1ull << 32) + (unsigned long long)kv->block_size - 1) / (unsigned long long)kv->block_size;
     p.scale = scale;
     p.window = kv->window > 0 ? kv->window : 1 << 30;
+    p.sinks = kv->sinks;
     return FERRY_OK;
 }
 
@@ -1779,7 +1874,7 @@ extern "C" int kern_cuda_attention_mixed(float *out, float *lse, const float *q,
     att_params p;
     int rc = attn_begin(p, out, q, kv, seq, pos, m, n_heads, scale, &max_len, ws, &ws_bytes);
     if (rc || m == 0) return rc;
-    if (lse && !FCUDA_ALIGNED(lse, 4)) return FERRY_ERR_INVALID;
+    if (lse && (!FCUDA_ALIGNED(lse, 4) || kv->sinks)) return FERRY_ERR_INVALID;
     p.lse = lse;
     if (n_decode > 0) {
         rc = launch_decode(p, kv, 0, n_decode, ATT_SKIP_NONE, max_len, ws, ws_bytes, stream);

@@ -23,16 +23,18 @@
  * takes one token (its query heads of one or a few KV heads) and the KV range is split over blocks
  * (flash-decoding); partial (max, sum, output) go to the workspace and the last block of each row to finish
  * merges them with a log-sum-exp in split order (one launch in all). One long sequence fills the GPU. It
- * takes decode batches with head_dim/8 a power of two and at most 8 query heads per KV head; other shapes use
- * the tile kernel, a token per tile. A mixed batch (decode tokens of many sequences plus prefill chunks,
- * which may start at any position) is two launches on the stream, no host synchronisation: decode rows
- * through the decode kernel, chunk rows through the prefill kernel (kern_cuda_attention_mixed, or AUTO, which
- * decides per row on the device). Splits are also used in PREFILL when the grid would be too small.
- * Deterministic: the only atomic is the per-row arrival counter, and the merge order does not depend on it.
- * Launched with programmatic dependent launch (kernels/cuda/pdl.h). All pointers are device memory except
- * `kv` itself (a host struct holding device pointers). The caller guarantees seq[i] < the rows of block_table
- * and pos[i] < max_blocks*block_size with the blocks present (the runtime's KV cache does); block ids outside
- * [0, n_blocks) read as zeros instead of faulting.
+ * takes decode batches with head_dim/8 a power of two up to 256 and at most 8 query heads per KV head; other
+ * shapes (heads of 264..512 dims among them: Gemma 4's global layers) use the tile kernel, a token per tile.
+ * Attention sinks (kern_cuda_kv_layer.sinks) enter wherever a kernel normalises a row. A mixed batch (decode
+ * tokens of many sequences plus prefill chunks, which may start at any position) is two launches on the
+ * stream, no host synchronisation: decode rows through the decode kernel, chunk rows through the prefill
+ * kernel (kern_cuda_attention_mixed, or AUTO, which decides per row on the device). Splits are also used in
+ * PREFILL when the grid would be too small. Deterministic: the only atomic is the per-row arrival counter,
+ * and the merge order does not depend on it. Launched with programmatic dependent launch
+ * (kernels/cuda/pdl.h). All pointers are device memory except `kv` itself (a host struct holding device
+ * pointers). The caller guarantees seq[i] < the rows of block_table and pos[i] < max_blocks*block_size with
+ * the blocks present (the runtime's KV cache does); block ids outside [0, n_blocks) read as zeros instead of
+ * faulting.
  */
 #ifndef FERRY_KERN_CUDA_ATTENTION_H
 #define FERRY_KERN_CUDA_ATTENTION_H
@@ -56,7 +58,9 @@ struct kern_cuda_kv_layer {
     const int32_t *block_table; /* (n_seqs, max_blocks) block ids, device */
     int max_blocks;             /* blocks per sequence row of block_table */
     int n_kv_heads;
-    int head_dim; /* a multiple of 8, at most 256 */
+    int head_dim; /* a multiple of 8, at most 512 (above 256: the tile kernel with one K/V stage, 166 KB of
+                   * shared memory per block, which sm_90 and sm_100 give and sm_80 (163 KB) and sm_86/89
+                   * do not: there FERRY_ERR_UNSUPPORTED, kern_cuda_attention_supports) */
     /* The pool's extension: blocks [n_blocks - n_ext, n_blocks) live at k_ext/v_ext (index id - (n_blocks -
      * n_ext)), in memory the device reaches over the link (pinned, mapped host memory: runtime/NOTES.md).
      * n_ext 0: none (k_ext/v_ext unused). */
@@ -67,6 +71,12 @@ struct kern_cuda_kv_layer {
         *v_scale; /* q8: (n_blocks - n_ext, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
     uint16_t *k_ext_scale, *v_ext_scale; /* q8 with an extension: its scales, (n_ext, ...) as k_scale */
     int window; /* sliding-window layers: a row at pos attends to positions (pos - window, pos] only; 0: all */
+    /* Attention sinks (gpt-oss): (n_heads) f32 on the device, each query head's learned logit, which joins
+     * its softmax's denominator with no value: out = Σ e^s v / (Σ e^s + e^sink), as llama.cpp's soft_max_ext
+     * and flash-attention sinks (a row that attends to no position gets 0). NULL: none. Every kernel applies
+     * it where it normalises a row (its own write-out or the split merge), so it costs nothing per position;
+     * not with an lse output (kern_cuda_attention_mixed: FERRY_ERR_INVALID). */
+    const float *sinks;
 };
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
@@ -81,6 +91,15 @@ enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_
 int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                             const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
                             const float *inv_freq, enum rope_style style, cudaStream_t stream);
+
+/* FERRY_OK when this device's kernels take heads of head_dim (a multiple of 8 up to 512; above 256 only
+ * where a block may have 166 KB of shared memory), else FERRY_ERR_UNSUPPORTED. */
+int kern_cuda_attention_supports(int head_dim);
+
+/* The queries alone (a layer that reads another layer's K/V and stores none): q (m, n_heads*head_dim) f32
+ * rotated at pos[i] into q_out (same shape; may not alias q) as kern_cuda_rope_kv_store rotates them. */
+int kern_cuda_rope_q(float *q_out, const float *q, const int32_t *pos, int m, int n_heads, int head_dim,
+                     int rope_dim, const float *inv_freq, enum rope_style style, cudaStream_t stream);
 
 /* Workspace bytes kern_cuda_attention uses at most for any batch of up to m tokens (so one workspace sized
  * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos.

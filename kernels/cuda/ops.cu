@@ -1,5 +1,6 @@
-/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add) and the SiLU- and GELU-gated
- * activation; see ops.h for the contracts. (Rotary embedding is fused with the KV store:
+/* ops (CUDA) — embedding gather, RMSNorm (plain and fused with the residual add), the SiLU- and GELU-gated
+ * activation, and Gemma 4's per-head norm, scaled residual, soft-capping and per-layer-input gate; see ops.h
+ * for the contracts. (Rotary embedding is fused with the KV store:
  * kernels/cuda/attention.h.)
  *
  * Row-wise ops run one block per row with a fixed-order tree reduction (deterministic); element-wise ops are
@@ -245,39 +246,105 @@ extern "C" int kern_cuda_norm_x8(float *resid, const float *delta, float *y, con
  */
 /* Gated activations: SiLU (SwiGLU) and GELU-tanh (GeGLU) */
 
-template <bool GELU> __global__ void glu_kernel(float *h, const float *gu, int m, int ffn)
+/* h (m, n) = act(gate) * up, row i's gate at gate + i * ld and its up at up + i * ld (the fused gate|up rows:
+ * ld = 2n, up = gate + n; the per-layer input's: a plain gate row and a slice of a wider row). */
+template <bool GELU>
+__global__ void glu_kernel(float *h, const float *gate, int ldg, const float *up, int ldu, int m, int n)
 {
     pdl_wait();
     pdl_trigger();
-    const int64_t total = (int64_t)m * ffn;
+    const int64_t total = (int64_t)m * n;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = i / ffn;
-        const float *g = gu + row * 2 * ffn + (i - row * ffn);
-        const float a = g[0];
+        const int64_t row = i / n, col = i - row * n;
+        const float a = gate[row * ldg + col], u = up[row * ldu + col];
         if (GELU)
-            h[i] = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * g[ffn];
+            h[i] = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * u;
         else
-            h[i] = a / (1.0f + expf(-a)) * g[ffn];
+            h[i] = a / (1.0f + expf(-a)) * u;
     }
 }
 
-template <bool GELU> static int glu_launch(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
+template <bool GELU>
+static int glu_launch(float *h, const float *gate, int ldg, const float *up, int ldu, int m, int n,
+                      cudaStream_t stream)
 {
-    if (!h || !gu || m < 0 || ffn <= 0 || !FCUDA_ALIGNED(h, 4) || !FCUDA_ALIGNED(gu, 4))
+    if (!h || !gate || !up || m < 0 || n <= 0 || ldg < n || ldu < n || !FCUDA_ALIGNED(h, 4) ||
+        !FCUDA_ALIGNED(gate, 4) || !FCUDA_ALIGNED(up, 4))
         return FERRY_ERR_INVALID;
     if (m == 0) return FERRY_OK;
-    FCUDA_CHECK(pdl_launch(glu_kernel<GELU>, dim3(fcuda_blocks((int64_t)m * ffn, 256)), dim3(256), 0, stream,
-                           h, gu, m, ffn));
+    FCUDA_CHECK(pdl_launch(glu_kernel<GELU>, dim3(fcuda_blocks((int64_t)m * n, 256)), dim3(256), 0, stream, h,
+                           gate, ldg, up, ldu, m, n));
     return FERRY_OK;
 }
 
 extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
-    return glu_launch<false>(h, gu, m, ffn, stream);
+    return glu_launch<false>(h, gu, 2 * ffn, gu ? gu + ffn : NULL, 2 * ffn, m, ffn, stream);
 }
 
 extern "C" int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
-    return glu_launch<true>(h, gu, m, ffn, stream);
+    return glu_launch<true>(h, gu, 2 * ffn, gu ? gu + ffn : NULL, 2 * ffn, m, ffn, stream);
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Gemma 4: scaled residual, soft-capping */
+
+__global__ void add_scale_kernel(float *x, const float *delta, const float *s, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    const float k = s ? *s : 1.0f;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = (delta ? x[i] + delta[i] : x[i]) * k;
+}
+
+extern "C" int kern_cuda_add_scale(float *x, const float *delta, const float *s, int64_t n, cudaStream_t stream)
+{
+    if (!x || n < 0 || !FCUDA_ALIGNED(x, 4) || (delta && !FCUDA_ALIGNED(delta, 4)) ||
+        (s && !FCUDA_ALIGNED(s, 4)))
+        return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(add_scale_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, x, delta, s, n));
+    return FERRY_OK;
+}
+
+__global__ void axpby_kernel(float *y, float a, const float *x, float b, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (x ? __fadd_rn(__fmul_rn(a, y[i]), x[i]) : __fmul_rn(a, y[i])) * b;
+}
+
+extern "C" int kern_cuda_axpby(float *y, float a, const float *x, float b, int64_t n, cudaStream_t stream)
+{
+    if (!y || n < 0 || !FCUDA_ALIGNED(y, 4) || (x && !FCUDA_ALIGNED(x, 4))) return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(axpby_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, y, a, x, b, n));
+    return FERRY_OK;
+}
+
+__global__ void softcap_kernel(float *x, float c, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = c * tanhf(x[i] / c);
+}
+
+extern "C" int kern_cuda_softcap(float *x, float c, int64_t n, cudaStream_t stream)
+{
+    if (!x || n < 0 || !(c > 0.0f) || !FCUDA_ALIGNED(x, 4)) return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(softcap_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, x, c, n));
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_gelu_mul_rows(float *h, const float *a, const float *b, int ldb, int m, int n,
+                                       cudaStream_t stream)
+{
+    return glu_launch<true>(h, a, n, b, ldb, m, n, stream);
 }

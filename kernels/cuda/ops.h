@@ -57,6 +57,23 @@ int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t s
  * (Gemma's GeGLU; reference kern_cpu_gelu_mul_ref). */
 int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream);
 
+/* Gemma 4's extra ops (a model without them never launches these). */
+
+/* Per-head RMSNorm in place: heads h < n_heads of each row i of x (m rows, ld floats apart), each head_dim
+ * floats from column 0, become x / sqrt(mean(x^2) + eps) * w (w (head_dim) f32, or NULL: no weight, the value
+ * norm). head_dim <= 1024, ld >= n_heads * head_dim. The QK-norm kernel (kernels/cuda/qk_norm.cu). */
+int kern_cuda_head_rmsnorm(float *x, int ld, const float *w, int m, int n_heads, int head_dim, float eps,
+                           cudaStream_t stream);
+/* x (n) = (x + delta) * s[0]: delta (n) or NULL (nothing added), s one f32 on the device or NULL (1). */
+int kern_cuda_add_scale(float *x, const float *delta, const float *s, int64_t n, cudaStream_t stream);
+/* y (n) = (a * y + x) * b; x (n) or NULL (nothing added). */
+int kern_cuda_axpby(float *y, float a, const float *x, float b, int64_t n, cudaStream_t stream);
+/* Logit soft-capping in place: x (n) = c * tanh(x / c), c > 0 (kern_cpu_softcap). */
+int kern_cuda_softcap(float *x, float c, int64_t n, cudaStream_t stream);
+/* h (m, n) = gelu_tanh(a) * b: a (m, n) rows, b's rows ldb floats apart (a slice of a wider row). */
+int kern_cuda_gelu_mul_rows(float *h, const float *a, const float *b, int ldb, int m, int n,
+                            cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,5 @@
-/* qk_norm (CUDA) — per-head RMSNorm of the queries and keys in a q|k|v row (Qwen3, Gemma 3); see ops.h.
+/* qk_norm (CUDA) — per-head RMSNorm of the queries and keys in a q|k|v row (Qwen3, Gemma 3), and of any run of
+ * heads with or without a weight (Gemma 4's value norm); see ops.h.
  *
  * One warp per (row, head): each lane sums the squares of its strided elements, a butterfly shuffle
  * reduction (fixed order, so deterministic) gives the head's mean square, then every lane scales its
@@ -29,7 +30,10 @@ __global__ void qk_norm_kernel(float *qkv, int ld, const float *qw, const float 
     for (int j = lane; j < head_dim; j += 32) ss += x[j] * x[j];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float s = rsqrtf(ss / (float)head_dim + eps);
-    for (int j = lane; j < head_dim; j += 32) x[j] = w[j] * (x[j] * s);
+    if (w)
+        for (int j = lane; j < head_dim; j += 32) x[j] = w[j] * (x[j] * s);
+    else /* no weight (kern_cuda_head_rmsnorm) */
+        for (int j = lane; j < head_dim; j += 32) x[j] = x[j] * s;
 }
 
 extern "C" int kern_cuda_qk_norm(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads,
@@ -45,5 +49,20 @@ extern "C" int kern_cuda_qk_norm(float *qkv, int ld, const float *qw, const floa
     if (blocks > INT32_MAX) return FERRY_ERR_INVALID;
     FCUDA_CHECK(pdl_launch(qk_norm_kernel, dim3((unsigned)blocks), dim3(32 * QKN_WARPS), 0, stream, qkv, ld,
                            qw, kw, m, n_heads, n_heads + n_kv_heads, head_dim, eps));
+    return FERRY_OK;
+}
+
+extern "C" int kern_cuda_head_rmsnorm(float *x, int ld, const float *w, int m, int n_heads, int head_dim,
+                                      float eps, cudaStream_t stream)
+{
+    if (!x || m < 0 || n_heads <= 0 || head_dim <= 0 || head_dim > 1024 || !(eps >= 0.0f) ||
+        (int64_t)ld < (int64_t)n_heads * head_dim || !FCUDA_ALIGNED(x, 4) || (w && !FCUDA_ALIGNED(w, 4)))
+        return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    const int64_t blocks = ((int64_t)m * n_heads + QKN_WARPS - 1) / QKN_WARPS;
+    if (blocks > INT32_MAX) return FERRY_ERR_INVALID;
+    /* Every head a "query" head of weight w. */
+    FCUDA_CHECK(pdl_launch(qk_norm_kernel, dim3((unsigned)blocks), dim3(32 * QKN_WARPS), 0, stream, x, ld, w, w,
+                           m, n_heads, n_heads, head_dim, eps));
     return FERRY_OK;
 }

@@ -15,7 +15,10 @@
  * layout and block table, f32 elements holding the f16 values) by a test that needs no GPU and so also runs
  * in CI, and so does the tensor-core kernel's host audit (kern_cuda_attention_mma_audit: bounds, alignment,
  * races, tile contents and coverage of every thread's accesses) over every batch the GPU tests and
- * bench_attn give that kernel.
+ * bench_attn give that kernel. Attention sinks (gpt-oss) run through the same matrix of kernels, variants,
+ * windows and GQA ratios (sinks_every_kernel), head size 512 through the tile kernel's wide variant
+ * (wide_heads_d512); both print every case's errors, and the sinks reference is checked against
+ * kern_cpu_attention_sinks_ref without a GPU.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -29,6 +32,7 @@ struct cache {
     int32_t *bt;     /* (n_seqs, max_blocks) */
     uint16_t *k, *v; /* (n_blocks, bs, n_kv, D) f16 */
     int q8;          /* the device holds Q8_0 codes and scales; k, v hold their values rounded to f16 */
+    float *sinks;    /* (n_heads) the attention sinks dev.sinks holds on the device, or NULL */
     struct kern_cuda_kv_layer dev;
 };
 
@@ -62,6 +66,7 @@ static void cache_init_table(struct cache *c, int n_heads, int n_kv, int D, int 
     free(perm);
     c->k = c->v = NULL;
     c->q8 = 0;
+    c->sinks = NULL;
     memset(&c->dev, 0, sizeof c->dev);
 }
 
@@ -142,6 +147,8 @@ static void cache_free(struct cache *c)
     cudaFree(c->dev.k_scale);
     cudaFree(c->dev.v_scale);
     cudaFree((void *)c->dev.block_table);
+    cudaFree((void *)c->dev.sinks);
+    free(c->sinks);
     free(c->len);
     free(c->bt);
     free(c->k);
@@ -167,7 +174,9 @@ static void ref_attention(double *out, const float *q, const struct cache *c, co
         }
         for (int h = 0; h < c->n_heads; h++) {
             const float *qh = q + ((size_t)i * c->n_heads + h) * D;
-            double mx = -INFINITY, sum = 0;
+            /* A sink joins the denominator with no value (gpt-oss). */
+            const double sink = c->sinks ? c->sinks[h] : -INFINITY;
+            double mx = sink, sum = 0;
             /* A sliding-window layer's row sees (pos - window, pos]. */
             const int plo = c->dev.window > 0 && pos[i] + 1 > c->dev.window ? pos[i] + 1 - c->dev.window : 0;
             for (int p = plo; p <= pos[i]; p++) {
@@ -178,6 +187,7 @@ static void ref_attention(double *out, const float *q, const struct cache *c, co
                 if (sc[p] > mx) mx = sc[p];
             }
             for (int p = plo; p <= pos[i]; p++) sum += (sc[p] = exp(sc[p] - mx));
+            if (c->sinks) sum += exp(sink - mx);
             double *o = out + ((size_t)i * c->n_heads + h) * D;
             for (int d = 0; d < D; d++) o[d] = 0;
             for (int p = plo; p <= pos[i]; p++) {
@@ -204,6 +214,10 @@ static int mode_uses_mma(int D, enum kern_cuda_attn_mode mode, int m)
 {
     return (D == 64 || D == 128) && (mode == KERN_ATTN_PREFILL || (mode == KERN_ATTN_AUTO && m > 16));
 }
+
+/* 1: run_case prints every case's errors (the sinks and wide-head tests), so that one GPU log shows them all.
+ */
+static int test_verbose;
 
 /* Runs the batch (seq, pos) in `mode` with and without a workspace and compares both with the reference. */
 static void run_case(const struct cache *c, const int32_t *seq, const int32_t *pos, int m,
@@ -249,6 +263,11 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
         const int mma = c->q8 || (variant != 6 && mode_uses_mma(c->D, mode, m));
         const double ta = mma ? MMA_ABS : F32_ABS, tr = mma ? MMA_REL : F32_REL;
         double ea = max_abs_err(got, ref, nq), er = rel_err(got, ref, nq);
+        if (test_verbose)
+            fprintf(
+                stderr,
+                "%-44s mode %d variant %d m %4d: max abs err %.3g (tol %.0e), rel err %.3g (tol %.0e)%s\n",
+                what, mode, variant, m, ea, ta, er, tr, ea <= ta && er <= tr ? "" : "  FAIL");
         cr_assert(ea <= ta && er <= tr, "%s (mode %d, variant %d, m %d): max abs err %g, rel err %g", what,
                   mode, variant, m, ea, er);
     }
@@ -265,6 +284,19 @@ static void run_case(const struct cache *c, const int32_t *seq, const int32_t *p
 
 /* The sliding window the next check_config_of gives its cache (kern_cuda_kv_layer.window; 0: none). */
 static int test_window;
+/* 1: the next check_config_of gives its cache random attention sinks (kern_cuda_kv_layer.sinks). */
+static int test_sinks;
+
+/* Random sinks for c's heads, on the host and the device: mostly in the range of the scores, one far above
+ * them (the head's output nearly 0) and one far below (no effect). */
+static void cache_add_sinks(struct cache *c)
+{
+    c->sinks = malloc((size_t)c->n_heads * sizeof(float));
+    for (int h = 0; h < c->n_heads; h++) c->sinks[h] = 2.0f * frand() + 0.5f;
+    c->sinks[0] = 12.0f;
+    if (c->n_heads > 1) c->sinks[c->n_heads - 1] = -30.0f;
+    c->dev.sinks = dev_upload(c->sinks, (size_t)c->n_heads * sizeof(float));
+}
 
 /* Every position of every sequence (a prefill batch), and the last position of each (a decode batch); q8: the
  * device's cache in Q8_0 blocks. */
@@ -277,6 +309,7 @@ static void check_config_of(int n_heads, int n_kv, int D, int bs, const int *len
     else
         cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
     c.dev.window = test_window;
+    if (test_sinks) cache_add_sinks(&c);
     int total = 0;
     for (int s = 0; s < n_seqs; s++) total += len[s];
     int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
@@ -1515,4 +1548,177 @@ Test(cuda_attention, split_by_position_merges_into_the_whole_attention)
         split_case(128, 8, 4, 1, 0, 5, ws);  /* decode rows only (a one-row "chunk" is a decode row too) */
         split_case(24, 2, 7, 20, 30, 3, ws); /* the tile kernel for both */
     }
+}
+
+/* ---- attention sinks (gpt-oss) and wide heads (Gemma 4) ---- */
+
+/* The local reference with sinks, with and without a window, against the CPU oracle
+ * kern_cpu_attention_sinks_ref (same cache, f32 elements holding the f16 values); no GPU needed. */
+Test(cuda_attention, sinks_reference_matches_cpu_oracle)
+{
+    rng_seed(91);
+    const int l[] = {1, 40, 129};
+    struct cache c;
+    cache_init_host(&c, 6, 2, 24, 7, 3, l);
+    c.sinks = malloc(6 * sizeof(float));
+    for (int h = 0; h < 6; h++) c.sinks[h] = 2.0f * frand() + 0.5f;
+    c.sinks[0] = 12.0f;
+    const size_t ne = (size_t)c.n_blocks * c.bs * c.n_kv * c.D;
+    float *k32 = malloc(ne * 4), *v32 = malloc(ne * 4);
+    for (size_t i = 0; i < ne; i++) k32[i] = f16_to_f32(c.k[i]), v32[i] = f16_to_f32(c.v[i]);
+    struct kv_layer_view view = {k32,    v32, c.n_blocks, c.bs, c.bt, c.max_blocks,
+                                 c.n_kv, c.D, 0,          0,    NULL, NULL};
+    int32_t seq[8] = {0, 1, 1, 2, 2, 1, 2, 2}, pos[8] = {0, 0, 39, 0, 128, 20, 64, 100}, lo[8];
+    const int m = 8;
+    const size_t nq = (size_t)m * c.n_heads * c.D;
+    float *q = host_rand(nq, -1, 1), *cpu = malloc(nq * 4);
+    double *ref = malloc(nq * 8);
+    for (int window = 0; window <= 5; window += 5) {
+        c.dev.window = window;
+        for (int i = 0; i < m; i++) lo[i] = window && pos[i] >= window ? pos[i] - window + 1 : 0;
+        ref_attention(ref, q, &c, seq, pos, m, 0.25f);
+        kern_cpu_attention_sinks_ref(cpu, q, &view, seq, lo, pos, c.sinks, m, c.n_heads, 0.25f);
+        const double e = max_abs_err(cpu, ref, nq);
+        fprintf(stderr, "sinks reference vs kern_cpu_attention_sinks_ref, window %d: max abs err %.3g\n",
+                window, e);
+        cr_assert(e <= 1e-6, "window %d: local ref vs kern_cpu_attention_sinks_ref max abs err %g", window,
+                  e);
+    }
+    free(k32);
+    free(v32);
+    free(q);
+    free(cpu);
+    free(ref);
+    free(c.sinks);
+    free(c.len);
+    free(c.bt);
+    free(c.k);
+    free(c.v);
+}
+
+/* Sinks through every kernel (decode, tile, tensor-core prefill, the split merge) and every variant of
+ * run_case, with and without a sliding window (gpt-oss alternates 128-position windows with full layers),
+ * odd head sizes and GQA ratios, an f16 and a Q8_0 cache. Every case prints its errors. */
+Test(cuda_attention, sinks_every_kernel, .timeout = 900)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(92);
+    test_sinks = 1;
+    test_verbose = 1;
+    static const int sl[] = {1, 7, 64, 129, 300};
+    static const struct {
+        int n_heads, n_kv, D, bs, window;
+        const char *what;
+    } cfg[] = {
+        {8, 2, 64, 16, 0, "sinks G=4 D=64"},
+        {16, 2, 64, 16, 128, "sinks G=8 D=64 window 128 (gpt-oss)"},
+        {8, 1, 128, 7, 5, "sinks G=8 D=128 bs=7 window 5"},
+        {3, 3, 128, 16, 0, "sinks G=1 D=128"},
+        {6, 3, 80, 16, 0, "sinks G=2 D=80"},
+        {6, 3, 80, 16, 33, "sinks G=2 D=80 window 33"},
+        {24, 1, 96, 16, 64, "sinks G=24 D=96 window 64"},
+        {4, 2, 256, 32, 0, "sinks G=2 D=256"},
+    };
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        test_window = cfg[i].window;
+        check_config(cfg[i].n_heads, cfg[i].n_kv, cfg[i].D, cfg[i].bs, sl, 5, cfg[i].what);
+    }
+    test_window = 128;
+    check_config_of(16, 2, 64, 16, sl, 5, 1, "sinks Q8_0 G=8 D=64 window 128");
+    test_window = 0;
+    test_sinks = 0;
+}
+
+/* An lse output (a partial attention merged with another) cannot carry the sinks: refused. */
+Test(cuda_attention, sinks_with_lse_output_are_refused)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(93);
+    const int l[] = {9};
+    struct cache c;
+    cache_init(&c, 4, 2, 64, 16, 1, l);
+    cache_add_sinks(&c);
+    int32_t seq[1] = {0}, pos[1] = {8};
+    int32_t *ds = dev_upload(seq, 4), *dp = dev_upload(pos, 4);
+    float *dq = dev_poison(4 * 64 * 4), *dout = dev_poison(4 * 64 * 4), *dlse = dev_poison(4 * 4);
+    cr_assert_eq(kern_cuda_attention_mixed(dout, dlse, dq, &c.dev, ds, dp, 1, 1, 4, 0.125f, 9, NULL, 0, 0),
+                 FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_attention_mixed(dout, NULL, dq, &c.dev, ds, dp, 1, 1, 4, 0.125f, 9, NULL, 0, 0),
+                 FERRY_OK);
+    cudaFree(ds);
+    cudaFree(dp);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dlse);
+    cache_free(&c);
+}
+
+/* Head size 512 (Gemma 4's global layers): the tile kernel's wide variant, for decode and prefill, with
+ * GQA 8 and 2, a window, sinks and a Q8_0 cache. Skipped where the device cannot give a block 166 KB of
+ * shared memory (there the kernels refuse the shape). */
+Test(cuda_attention, wide_heads_d512, .timeout = 900)
+{
+    SKIP_WITHOUT_GPU();
+    int optin = 0;
+    CU_OK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    if (optin < 170240)
+        cr_skip_test("the device gives a block %d bytes of shared memory: head size 512 needs "
+                     "170240",
+                     optin);
+    rng_seed(94);
+    test_verbose = 1;
+    const int l2[] = {3, 50, 129, 200};
+    check_config(8, 1, 512, 16, l2, 4, "D=512 G=8");
+    test_window = 24;
+    check_config(8, 2, 512, 32, l2, 4, "D=512 G=4 window 24");
+    test_window = 0;
+    test_sinks = 1;
+    check_config(4, 2, 512, 16, l2, 4, "D=512 G=2 sinks");
+    test_sinks = 0;
+    check_config_of(4, 2, 512, 16, l2, 4, 1, "Q8_0 D=512 G=2");
+}
+
+/* kern_cuda_rope_q (the queries of a layer that reads another layer's K/V) against the CPU's rotation. */
+Test(cuda_attention, rope_q_matches_cpu)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(95);
+    static const struct {
+        int n_heads, D, rope_dim;
+    } cfg[] = {{4, 64, 64}, {3, 24, 16}, {8, 512, 128}, {5, 256, 256}};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+        for (int st = 0; st < 2; st++) {
+            const enum rope_style style = st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF;
+            const int nh = cfg[ci].n_heads, D = cfg[ci].D, rd = cfg[ci].rope_dim, m = 37;
+            const size_t n = (size_t)m * nh * D;
+            float *q = host_rand(n, -3, 3), *ref = malloc(n * 4), *got = malloc(n * 4),
+                  *inv = malloc((size_t)rd / 2 * 4);
+            int32_t pos[37];
+            for (int i = 0; i < m; i++) pos[i] = irand(5000);
+            kern_cpu_rope_freqs(inv, rd, 10000.0f, NULL);
+            memcpy(ref, q, n * 4);
+            kern_cpu_rope_ref(ref, pos, m, nh, D, rd, inv, style);
+            float *dq = dev_upload(q, n * 4), *dout = dev_poison(n * 4), *dinv = dev_upload(inv, rd / 2 * 4);
+            int32_t *dp = dev_upload(pos, sizeof pos);
+            cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, 0), FERRY_OK);
+            dev_download(got, dout, n * 4);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++) {
+                const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
+                worst = isfinite(got[i]) && e > worst ? e : isfinite(got[i]) ? worst : INFINITY;
+            }
+            fprintf(stderr, "rope_q heads %d D %d rope %d style %d: max rel err %.3g\n", nh, D, rd, st,
+                    worst);
+            cr_assert(worst <= 2e-6, "rope_q heads %d D %d rope %d style %d: max rel err %g", nh, D, rd, st,
+                      worst);
+            cr_assert_eq(kern_cuda_rope_q(dq, dq, dp, m, nh, D, rd, dinv, style, 0), FERRY_ERR_INVALID);
+            cudaFree(dq);
+            cudaFree(dout);
+            cudaFree(dinv);
+            cudaFree(dp);
+            free(q);
+            free(ref);
+            free(got);
+            free(inv);
+        }
 }

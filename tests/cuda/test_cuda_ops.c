@@ -309,3 +309,153 @@ Test(cuda_ops, references_match_cpu_oracle)
         free(ref);
     }
 }
+
+/* ---- Gemma 4's ops, against the CPU references the CPU backend's ops mirror ---- */
+
+/* Per-head norm of a strided slice of rows (the value heads of q|k|v rows), with and without a weight:
+ * against kern_cpu_rmsnorm_ref over the same heads (a weight of ones for the weightless norm); columns
+ * outside the heads untouched. */
+Test(cuda_ops, head_rmsnorm_strided)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(31);
+    static const int cfg[][3] = {{5, 3, 24}, {7, 1, 512}, {3, 8, 16}, {4, 2, 256}, {2, 5, 40}};
+    for (int c = 0; c < 5; c++)
+        for (int weighted = 0; weighted < 2; weighted++) {
+            const int m = cfg[c][0], nh = cfg[c][1], hd = cfg[c][2], ld = nh * hd + 13, off = 7;
+            const size_t n = (size_t)m * ld + off;
+            float *x = host_rand(n, -3, 3), *w = host_rand(hd, 0.5f, 1.5f), *ones = malloc(hd * 4),
+                  *ref = malloc(n * 4), *got = malloc(n * 4);
+            for (int j = 0; j < hd; j++) ones[j] = 1.0f;
+            memcpy(ref, x, n * 4);
+            for (int i = 0; i < m; i++)
+                kern_cpu_rmsnorm_ref(ref + off + (size_t)i * ld, ref + off + (size_t)i * ld,
+                                     weighted ? w : ones, nh, hd, 1e-6f);
+            float *dx = dev_upload(x, n * 4), *dw = dev_upload(w, hd * 4);
+            cr_assert_eq(kern_cuda_head_rmsnorm(dx + off, ld, weighted ? dw : NULL, m, nh, hd, 1e-6f, 0),
+                         FERRY_OK);
+            dev_download(got, dx, n * 4);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++) {
+                const double e = fabs((double)got[i] - ref[i]) / (1e-3 + fabs(ref[i]));
+                worst = !isfinite(got[i]) ? INFINITY : e > worst ? e : worst;
+            }
+            fprintf(stderr, "head_rmsnorm m %d heads %d hd %d weighted %d: max rel err %.3g\n", m, nh, hd,
+                    weighted, worst);
+            cr_assert(worst <= 2e-6, "head_rmsnorm m %d heads %d hd %d weighted %d: max rel err %g", m, nh,
+                      hd, weighted, worst);
+            cudaFree(dx);
+            cudaFree(dw);
+            free(x);
+            free(w);
+            free(ones);
+            free(ref);
+            free(got);
+        }
+    cr_assert_eq(kern_cuda_head_rmsnorm((float *)16, 10, NULL, 1, 2, 8, 1e-6f, 0), FERRY_ERR_INVALID);
+}
+
+/* The layer output scalar (x + D) * s with s on the device, its forms without D or s, and axpby: exact
+ * against the same f32 arithmetic on the host (no fused multiply-add in either). */
+Test(cuda_ops, add_scale_and_axpby)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(32);
+    const int64_t n = 100003;
+    float *x = host_rand((size_t)n, -4, 4), *d = host_rand((size_t)n, -4, 4), s = 0.3711f,
+          *got = malloc(n * 4), *ref = malloc(n * 4);
+    float *dx = dev_upload(x, n * 4), *dd = dev_upload(d, n * 4), *ds = dev_upload(&s, 4);
+    for (int form = 0; form < 4; form++) { /* delta and s, delta only, s only, axpby */
+        CU_OK(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+        if (form < 3)
+            cr_assert_eq(kern_cuda_add_scale(dx, form == 2 ? NULL : dd, form == 1 ? NULL : ds, n, 0),
+                         FERRY_OK);
+        else
+            cr_assert_eq(kern_cuda_axpby(dx, 1.7f, dd, 0.70710678f, n, 0), FERRY_OK);
+        dev_download(got, dx, n * 4);
+        for (int64_t i = 0; i < n; i++) {
+            volatile float a = form == 2 ? x[i] : form < 2 ? x[i] + d[i] : 1.7f * x[i];
+            if (form == 3) a = a + d[i];
+            ref[i] = form == 1 ? a : form == 3 ? a * 0.70710678f : a * s;
+        }
+        int bad = 0;
+        for (int64_t i = 0; i < n && !bad; i++) bad = got[i] != ref[i] ? (int)i + 1 : 0;
+        fprintf(stderr, "add_scale/axpby form %d: %s\n", form, bad ? "differs" : "bitwise equal");
+        cr_assert(!bad, "form %d: element %d: %g vs %g", form, bad - 1, got[bad - 1], ref[bad - 1]);
+    }
+    cr_assert_eq(kern_cuda_add_scale(NULL, NULL, NULL, 4, 0), FERRY_ERR_INVALID);
+    cudaFree(dx);
+    cudaFree(dd);
+    cudaFree(ds);
+    free(x);
+    free(d);
+    free(got);
+    free(ref);
+}
+
+/* Logit soft-capping against kern_cpu_softcap_ref (double), logits well past the cap included. */
+Test(cuda_ops, softcap_odd_sizes)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(33);
+    const int64_t sizes[] = {1, 37, 262147};
+    for (int c = 0; c < 3; c++) {
+        const int64_t n = sizes[c];
+        float *x = host_rand((size_t)n, -200, 200), *ref = malloc(n * 4), *got = malloc(n * 4);
+        memcpy(ref, x, n * 4);
+        kern_cpu_softcap_ref(ref, 30.0f, n);
+        float *dx = dev_upload(x, n * 4);
+        cr_assert_eq(kern_cuda_softcap(dx, 30.0f, n, 0), FERRY_OK);
+        dev_download(got, dx, n * 4);
+        double worst = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
+            worst = !isfinite(got[i]) ? INFINITY : e > worst ? e : worst;
+        }
+        fprintf(stderr, "softcap n %lld: max rel err %.3g\n", (long long)n, worst);
+        cr_assert(worst <= 1e-6, "softcap n %lld: max rel err %g", (long long)n, worst);
+        cudaFree(dx);
+        free(x);
+        free(ref);
+        free(got);
+    }
+    cr_assert_eq(kern_cuda_softcap((float *)16, 0.0f, 4, 0), FERRY_ERR_INVALID);
+}
+
+/* The per-layer input's gate: gelu_tanh(a) * the layer's slice of a wider row, against kern_cpu_gelu_mul_ref.
+ */
+Test(cuda_ops, gelu_mul_rows_strided)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(34);
+    const int m = 9, k = 37, ldb = 5 * k + 3, off = 2 * k;
+    const size_t na = (size_t)m * k;
+    float *a = host_rand(na, -6, 6), *b = host_rand((size_t)m * ldb, -2, 2), *ref = malloc(na * 4),
+          *up = malloc(na * 4), *got = malloc(na * 4);
+    memcpy(ref, a, na * 4);
+    for (int i = 0; i < m; i++) memcpy(up + (size_t)i * k, b + (size_t)i * ldb + off, k * 4);
+    kern_cpu_gelu_mul_ref(ref, up, (int64_t)na);
+    float *da = dev_upload(a, na * 4), *db = dev_upload(b, (size_t)m * ldb * 4), *dh = dev_poison(na * 4);
+    cr_assert_eq(kern_cuda_gelu_mul_rows(dh, da, db + off, ldb, m, k, 0), FERRY_OK);
+    dev_download(got, dh, na * 4);
+    double worst = 0;
+    for (size_t i = 0; i < na; i++) {
+        const double e = fabs((double)got[i] - ref[i]) / (1e-2 + fabs(ref[i]));
+        worst = !isfinite(got[i]) ? INFINITY : e > worst ? e : worst;
+    }
+    fprintf(stderr, "gelu_mul_rows: max rel err %.3g\n", worst);
+    cr_assert(worst <= 1e-5, "gelu_mul_rows: max rel err %g", worst);
+    /* in place over a (as the per-layer input runs it) */
+    cr_assert_eq(kern_cuda_gelu_mul_rows(da, da, db + off, ldb, m, k, 0), FERRY_OK);
+    dev_download(got, da, na * 4);
+    for (size_t i = 0; i < na; i++) cr_assert(fabsf(got[i] - ref[i]) <= 1e-5f * (1e-2f + fabsf(ref[i])));
+    cr_assert_eq(kern_cuda_gelu_mul_rows(dh, da, db, k - 1, m, k, 0), FERRY_ERR_INVALID);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dh);
+    free(a);
+    free(b);
+    free(ref);
+    free(up);
+    free(got);
+}

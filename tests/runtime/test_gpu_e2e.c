@@ -387,10 +387,9 @@ static void run_batched(struct engine *e, int B, int steps, float *lg)
 /* All resident, all streamed through the planner's ring and through rings of one and two layers (pieces of
  * four sizes wrapping at different points), and mixed: bitwise the same logits, over several sequences
  * batched together and enough steps to wrap the ring many times. */
-Test(gpu_e2e, placements_are_bitwise_equal)
+static void placements_bitwise(const char *model)
 {
-    require_gpu();
-    struct model_file *mf = open_model(src_path("tests/golden/models/llama_mha_f32"));
+    struct model_file *mf = open_model(model);
     /* (gpu_layers, ring_layers) */
     const int configs[][2] = {{-1, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 2}, {1, 3}};
     float *ref = NULL;
@@ -401,15 +400,16 @@ Test(gpu_e2e, placements_are_bitwise_equal)
         struct engine_stats st;
         engine_get_stats(e, &st);
         if (configs[c][0] == 0)
-            cr_assert_eq(st.n_streamed, 3, "config %zu streams %d layers", c, st.n_streamed);
+            cr_assert_eq(st.n_streamed, engine_hparams(e)->n_layers, "%s: config %zu streams %d layers",
+                         model, c, st.n_streamed);
         float *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
         run_batched(e, B, steps, lg);
         if (!ref) {
             ref = lg;
         } else {
             cr_assert_eq(memcmp(ref, lg, (size_t)(steps + 1) * B * V * sizeof(float)), 0,
-                         "placement config %zu (gpu_layers %d, ring_layers %d) differs from all-resident", c,
-                         configs[c][0], configs[c][1]);
+                         "%s: placement config %zu (gpu_layers %d, ring_layers %d) differs from all-resident",
+                         model, c, configs[c][0], configs[c][1]);
             free(lg);
         }
         engine_get_stats(e, &st);
@@ -418,6 +418,85 @@ Test(gpu_e2e, placements_are_bitwise_equal)
     }
     free(ref);
     model_file_close(mf);
+}
+
+Test(gpu_e2e, placements_are_bitwise_equal)
+{
+    require_gpu();
+    placements_bitwise(src_path("tests/golden/models/llama_mha_f32"));
+}
+
+/* ---- Gemma 4 and gpt-oss's attention ---- */
+
+/* run_batched on the CPU and on the GPU: every step's logits of every sequence within compare_backends'
+ * bound (decode steps of 3 sequences batched, each over its own KV rows in every layer kind). */
+static void compare_batched(const char *model)
+{
+    struct model_file *mf = open_model(model);
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 3);
+    struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 3);
+    const int V = engine_hparams(cpu)->n_vocab, steps = 12, B = 3;
+    float *lc = malloc((size_t)(steps + 1) * B * V * sizeof(float)),
+          *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
+    run_batched(cpu, B, steps, lc);
+    run_batched(gpu, B, steps, lg);
+    for (int r = 0; r < (steps + 1) * B; r++) {
+        const float *a = lc + (size_t)r * V, *b = lg + (size_t)r * V;
+        double maxref = 0, worst = 0;
+        for (int v = 0; v < V; v++) {
+            maxref = fmax(maxref, fabs(a[v]));
+            worst = fmax(worst, fabs((double)a[v] - b[v]));
+        }
+        const double bound = 1e-2 * maxref + 1e-3;
+        fprintf(stderr, "%s batched row %d: |gpu-cpu| %.3g (bound %.3g)\n", model, r, worst, bound);
+        cr_expect_leq(worst, bound, "%s: batched row %d: |gpu-cpu| = %g > %g", model, r, worst, bound);
+    }
+    free(lc);
+    free(lg);
+    engine_free(cpu);
+    engine_free(gpu);
+    model_file_close(mf);
+}
+
+/* Local layers of head size 16 (2 KV heads) and global ones of 32 (1 KV head, keys as values), value norm,
+ * layer output scalars, logits soft-capped at 30; prompts shorter and longer than the 16-position window. */
+Test(gpu_e2e, gemma4_kv_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/gemma4_kv_f32.gguf"), 7);
+    compare_backends(src_path("tests/golden/models/gemma4_kv_f32.gguf"), 40);
+    compare_batched(src_path("tests/golden/models/gemma4_kv_f32.gguf"));
+}
+
+/* Gemma 4 E2B's shape: per-layer inputs, the last 3 layers attending over earlier layers' K/V with a
+ * double-wide FFN, head sizes 16 and 24 (the tile kernel), a 12-position window. */
+Test(gpu_e2e, gemma4_ple_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/gemma4_ple_f32.gguf"), 5);
+    compare_backends(src_path("tests/golden/models/gemma4_ple_f32.gguf"), 33);
+    compare_batched(src_path("tests/golden/models/gemma4_ple_f32.gguf"));
+}
+
+Test(gpu_e2e, gemma4_placements_are_bitwise_equal)
+{
+    require_gpu();
+    placements_bitwise(src_path("tests/golden/models/gemma4_kv_f32.gguf"));
+    placements_bitwise(src_path("tests/golden/models/gemma4_ple_f32.gguf"));
+}
+
+/* gpt-oss: attention sinks on alternating 16-position windows and full layers (with YaRN); its experts need
+ * the clamped-SwiGLU expert kernels, without which the engine refuses the model on CUDA (skipped then). */
+Test(gpu_e2e, gptoss_sinks_f16_matches_cpu)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/gptoss_yarn_f16.gguf"));
+    const char *lacks = engine_cuda_lacks(&mf->hp);
+    model_file_close(mf);
+    if (lacks) cr_skip_test("the CUDA backend has no kernels for %s yet", lacks);
+    compare_backends(src_path("tests/golden/models/gptoss_yarn_f16.gguf"), 7);
+    compare_backends(src_path("tests/golden/models/gptoss_yarn_f16.gguf"), 40);
+    compare_batched(src_path("tests/golden/models/gptoss_yarn_f16.gguf"));
 }
 
 /* A Llama of random weights (engine_init_synthetic): vocabulary 1000, full rope of the half style. */

@@ -274,7 +274,7 @@ const struct arch_family arch_gemma4 = {
     .sizes = "E2B, E4B, 31B",
     .notes = "Gemma 3's block plus global layers with their own head size and KV heads (keys as values), "
              "proportional rotary, value norm, layer output scalars, logit soft-capping; E2B/E4B: per-layer "
-             "inputs, KV shared by the last layers; CPU backend, GGUF only; not 26B-A4B (experts)",
+             "inputs, KV shared by the last layers; GGUF only; not 26B-A4B (experts)",
     .gguf_names = (const char *const[]){"gemma4", NULL},
     .hf_classes = (const char *const[]){"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", NULL},
     .hf_types = (const char *const[]){"gemma4_text", "gemma4", NULL},
