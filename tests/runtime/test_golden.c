@@ -296,6 +296,15 @@ Test(golden_hf, ministral3_temp_f32)
 {
     run_hf_golden("ministral3_temp_f32", 0, 0);
 }
+/* The same checkpoints converted by llama.cpp's convert_hf_to_gguf.py (tests/golden/convert_llamacpp.py):
+ * LongRoPE as rope_factors_short/long.weight with rope.scaling.attn_factor; mistral3 with permuted q/k rows,
+ * YaRN's log multiplier and attention.temperature_scale. */
+Test(golden_gguf, rope_families_llamacpp)
+{
+    run_golden_at("phi35_longrope_f32", "models/phi35_longrope_f32.gguf", 0, 0, 0);
+    run_golden_at("phi4mini_longrope_bf16", "models/phi4mini_longrope_bf16.gguf", 0, 0, 0);
+    run_golden_at("ministral3_temp_f32", "models/ministral3_temp_f32.gguf", 0, 0, 0);
+}
 /* Qwen3-MoE: 8 experts top-2 normalised (f32), 7 experts top-3 unnormalised (bf16, tied). */
 Test(golden_hf, qwen3moe_top2_f32)
 {
@@ -456,7 +465,8 @@ static void cpu_only_backends(const char *name, const char *model, const char *w
 }
 
 /* Expert layers without a GPU: --backend cuda is refused, --backend auto runs them on the CPU and matches
- * transformers there (on a GPU machine auto takes the CUDA backend, whose expert layers test_gpu_e2e.c checks). */
+ * transformers there (on a GPU machine auto takes the CUDA backend, whose expert layers test_gpu_e2e.c
+ * checks). */
 Test(golden_gguf, qwen3moe_backends)
 {
     if (forward_cuda_devices() > 0)
