@@ -27,6 +27,7 @@
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
+#include "runtime/model.h"
 #include "weights/quantize.h"
 
 static char *path_join(const char *a, const char *b)
@@ -295,6 +296,34 @@ Test(golden_hf, phi4mini_longrope_bf16)
 Test(golden_hf, ministral3_temp_f32)
 {
     run_hf_golden("ministral3_temp_f32", 0, 0);
+}
+/* What the CUDA backend refuses of them (engine_cuda_lacks, after the context is fitted): LongRoPE's
+ * attention factor on partial rotary dims (Phi-4-mini's shape) at any context, the attention temperature only
+ * with a context past its original 16 positions; full-rotary LongRoPE never. */
+static const char *cuda_lacks_at(const char *name, int ctx)
+{
+    char rel[256], err[256] = "";
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", name);
+    char *path = path_join(getenv("FERRY_SRC"), rel);
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct model m;
+    cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
+    model_fit_ctx(&m, ctx);
+    const char *why = engine_cuda_lacks(&m.hp);
+    model_free(&m);
+    model_file_close(mf);
+    free(path);
+    return why;
+}
+Test(golden_hf, rope_families_cuda_lacks)
+{
+    cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 32));
+    cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 512));
+    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));
+    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 512));
+    cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 16));
+    cr_assert_not_null(cuda_lacks_at("ministral3_temp_f32", 17));
 }
 /* The same checkpoints converted by llama.cpp's convert_hf_to_gguf.py (tests/golden/convert_llamacpp.py):
  * LongRoPE as rope_factors_short/long.weight with rope.scaling.attn_factor; mistral3 with permuted q/k rows,
