@@ -325,6 +325,31 @@ Test(golden_hf, rope_families_cuda_lacks)
     cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 16));
     cr_assert_not_null(cuda_lacks_at("ministral3_temp_f32", 17));
 }
+/* A copy of the converter's LongRoPE file with its short factors renamed: refused, naming both tensors. */
+Test(golden_gguf, longrope_without_short_factors)
+{
+    char *path = path_join(getenv("FERRY_SRC"), "tests/golden/models/phi35_longrope_f32.gguf");
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    const char *from = "rope_factors_short.weight";
+    int hits = 0;
+    for (long i = 0; i + 25 <= n; i++)
+        if (!memcmp(buf + i, from, 25)) memcpy(buf + i, "rope_factors_shorx.weight", 25), hits++;
+    cr_assert_eq(hits, 1);
+    char err[256] = "";
+    struct model_file *mf = NULL;
+    cr_assert_eq(model_file_open_gguf_mem(buf, (size_t)n, &mf, err), FERRY_ERR_FORMAT);
+    cr_assert_null(mf);
+    cr_assert(strstr(err, "'rope_factors_short.weight' and 'rope_factors_long.weight'"), "%s", err);
+    free(buf);
+    free(path);
+}
 /* The same checkpoints converted by llama.cpp's convert_hf_to_gguf.py (tests/golden/convert_llamacpp.py):
  * LongRoPE as rope_factors_short/long.weight with rope.scaling.attn_factor; mistral3 with permuted q/k rows,
  * YaRN's log multiplier and attention.temperature_scale. */
