@@ -109,8 +109,8 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
             (ma && !json_is_null(ma) && !json_is_number(ma)) || !(fabs(ms) < 1e6) || !(fabs(msa) < 1e6))
             return ferry_fail(err, FERRY_ERR_FORMAT, "%s: mscale and mscale_all_dim must be numbers", g);
         if (ms != 0 && msa != 0 && out->attn_factor == 0) {
-            const double lf = out->factor > 1 ? log((double)out->factor) : 0;
-            out->attn_factor = (float)((0.1 * ms * lf + 1) / (0.1 * msa * lf + 1));
+            out->attn_factor =
+                (float)(rope_yarn_mscale(out->factor, ms) / rope_yarn_mscale(out->factor, msa));
             if (!(out->attn_factor > 0) || !isfinite(out->attn_factor))
                 return ferry_fail(err, FERRY_ERR_FORMAT, "%s: mscale %g / mscale_all_dim %g", g, ms, msa);
             if (ms == 1) out->yarn_log_mul = (float)msa; /* what llama.cpp's converter writes */
@@ -169,8 +169,8 @@ static int parse_longrope(json_t *root, json_t *rs, struct llm_hparams *hp, char
         return rc;
     }
     if ((rc = get_pos(rs, "factor", (double)hp->ctx_train / sc->orig_ctx, &sc->factor, g, err))) return rc;
-    const double af = sc->factor <= 1 ? 1.0 : sqrt(1 + log((double)sc->factor) / log((double)sc->orig_ctx));
-    return get_pos(rs, "attention_factor", sc->orig_ctx > 1 ? af : 1.0, &sc->attn_factor, g, err);
+    return get_pos(rs, "attention_factor", rope_longrope_attn_factor(sc->factor, sc->orig_ctx),
+                   &sc->attn_factor, g, err);
 }
 
 int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char err[256])

@@ -156,8 +156,8 @@ static int gguf_yarn(const struct gguf *g, const char *a, struct rope_scaling *s
     if (gguf_get_f32(g, k, &lm) == FERRY_OK && lm != 0.0f) {
         if (!(fabsf(lm) < 1e6f)) return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is out of range", k);
         sc->yarn_log_mul = lm;
-        const double lf = sc->factor > 1 ? log((double)sc->factor) : 0;
-        if (sc->attn_factor == 0) sc->attn_factor = (float)((0.1 * lf + 1) / (0.1 * lm * lf + 1));
+        if (sc->attn_factor == 0)
+            sc->attn_factor = (float)(rope_yarn_mscale(sc->factor, 1) / rope_yarn_mscale(sc->factor, lm));
     }
     return FERRY_OK;
 }
@@ -188,10 +188,8 @@ static int gguf_longrope(struct model_file *mf, char *err)
     memcpy(sc->long_factor, tl->data, (size_t)sc->n_factors * sizeof(float));
     if (sc->orig_ctx < 1) sc->orig_ctx = hp->ctx_train;
     sc->factor = (float)hp->ctx_train / (float)sc->orig_ctx;
-    const double af = sc->factor <= 1 || sc->orig_ctx < 2
-                          ? 1.0
-                          : sqrt(1 + log((double)sc->factor) / log((double)sc->orig_ctx));
-    return gguf_hp_f(mf->gguf, hp->arch, "rope.scaling.attn_factor", (float)af, &sc->attn_factor, err);
+    return gguf_hp_f(mf->gguf, hp->arch, "rope.scaling.attn_factor",
+                     (float)rope_longrope_attn_factor(sc->factor, sc->orig_ctx), &sc->attn_factor, err);
 }
 
 /* Fills mf from mf->gguf, already opened. */

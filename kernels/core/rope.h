@@ -42,6 +42,19 @@ struct rope_scaling {
     float short_factor[ROPE_MAX_FACTORS], long_factor[ROPE_MAX_FACTORS];
 };
 
+/* YaRN's mscale: 0.1 · m · ln(factor) + 1 (1 when factor <= 1); the attention factor of transformers'
+ * mscale / mscale_all_dim pair (and of llama.cpp's log multiplier, mscale 1) is the ratio of two. */
+static inline double rope_yarn_mscale(double factor, double m)
+{
+    return factor <= 1 ? 1.0 : 0.1 * m * log(factor) + 1.0;
+}
+
+/* LongRoPE's default attention factor: sqrt(1 + ln(factor) / ln(orig_ctx)) (1 when factor <= 1). */
+static inline double rope_longrope_attn_factor(double factor, int orig_ctx)
+{
+    return factor <= 1 || orig_ctx < 2 ? 1.0 : sqrt(1 + log(factor) / log((double)orig_ctx));
+}
+
 /* The factor YaRN and LongRoPE multiply cos and sin by (1 for the other scalings): both q and k rotate with
  * it, so the scores of the rotated dims carry its square (llm_attn_scale, llm_rope_q_scale). */
 static inline float rope_scaling_attn_factor(const struct rope_scaling *sc)
@@ -49,7 +62,7 @@ static inline float rope_scaling_attn_factor(const struct rope_scaling *sc)
     if (sc && sc->type == ROPE_SCALING_LONGROPE) return sc->attn_factor > 0 ? sc->attn_factor : 1.0f;
     if (!sc || sc->type != ROPE_SCALING_YARN) return 1.0f;
     if (sc->attn_factor > 0) return sc->attn_factor;
-    return sc->factor <= 1.0f ? 1.0f : (float)(0.1 * log((double)sc->factor) + 1.0);
+    return (float)rope_yarn_mscale(sc->factor, 1);
 }
 
 #endif
