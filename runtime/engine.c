@@ -79,8 +79,10 @@ const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
     if (hp->full_attn_interval > 0) return "gated DeltaNet (linear-attention) layers";
     const struct layer_program *p = layer_program_of(hp);
-    if (layer_program_has(p, LOP_MOE_CLAMPED)) return "clamped-SwiGLU expert layers (gpt-oss)";
     if (layer_program_has(p, LOP_MOE_SHARED)) return "shared-expert layers";
+    if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0)
+        return "a rotary attention factor on partial rotary dims (LongRoPE with partial rotary, as "
+               "Phi-4-mini) or an attention temperature (Mistral 3 beyond its original context)";
     return forward_cuda_device_lacks(hp);
 }
 
@@ -513,8 +515,11 @@ static int engine_create(struct engine **out, struct model *model, const struct 
 {
     *out = NULL;
     struct engine_params p = *params;
+    const struct llm_hparams *mhp = &model->hp;
+    if (p.ctx_size == 0) p.ctx_size = mhp->ctx_train > 0 && mhp->ctx_train < 4096 ? mhp->ctx_train : 4096;
+    if (p.ctx_size > 0) model_fit_ctx(model, p.ctx_size);
     /* auto: the GPU when there is one, unless the model has layers the CUDA backend has no kernels for (gated
-     * DeltaNet, gpt-oss's clamped experts): those models run on the CPU. */
+     * DeltaNet, shared experts): those models run on the CPU. */
     const char *cuda_lacks = engine_cuda_lacks(&model->hp);
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
                          (p.backend == ENGINE_BACKEND_AUTO && !cuda_lacks && forward_cuda_devices() > 0);
@@ -559,7 +564,6 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (p.cpu_int8 < 0) p.cpu_int8 = use_cuda || int8_model(&e->model);
     e->act = p.cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32; /* (forward_cpu sets them as it computes) */
     e->plain = plain_bf16 ? KERN_CPU_PLAIN_BF16 : KERN_CPU_PLAIN_F32;
-    if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
     /* On the GPU an unset pool is sized to the budget (forward_cuda_init re-sizes the tables). */
     const int kv_auto = use_cuda && p.kv_tokens == 0;
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;

@@ -235,6 +235,9 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     const int local = llm_layer_is_local(hp, l);
     const float *inv_freq = local ? f->m->inv_freq_local : f->m->inv_freq;
     kern_cpu_rope(q, b->pos, n, hp->n_heads, hd, rd, inv_freq, hp->rope_style);
+    const float qs = llm_rope_q_scale(hp);
+    for (int i = 0; (qs != 1.0f || hp->attn_temp_beta != 0) && i < n; i++)
+        kern_cpu_q_scale(q + (size_t)i * qd, 1, hp->n_heads, hd, rd, qs, llm_attn_temp(hp, b->pos[i]));
     if (src == l) {
         kern_cpu_rope(k, b->pos, n, n_kv, hd, rd, inv_freq, hp->rope_style);
         kern_cpu_kv_store(&view, k, v, b->seq, b->pos, n);
@@ -260,6 +263,7 @@ static int kv_ops_remote(struct forward_cpu *f, int l, const struct step *st, in
                  row = qd + 2 * kvd;
     const float *rows = f->qkv;
     if (layer_sinks(f, l)) return FERRY_ERR_UNSUPPORTED; /* the owners' `attend` has no sinks */
+    if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0) return FERRY_ERR_UNSUPPORTED; /* nor these */
     if (n > 1) {
         for (int i = 0; i < n; i++) {
             float *r = f->qkv_rows + (size_t)i * row;

@@ -1625,10 +1625,10 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     case LOP_PLE:
         return hp->ple_dim > 0 ? ple_add(f, l, n) : FERRY_OK;
     case LOP_MOE:
+    case LOP_MOE_CLAMPED: /* the biases and the clamped SwiGLU: forward_cuda_moe.c, from the model's hparams */
         RC(cuda_moe_run(f->moe, l, act(f, op->out), act(f, op->in), n, f->kctx, f->d_iota, cs));
         if (op->out == LACT_D) f->pending = 1;
         return FERRY_OK;
-    case LOP_MOE_CLAMPED:
     case LOP_MOE_SHARED:
     case LOP_DELTANET:
     case LOP_Q_GATE:

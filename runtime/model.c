@@ -8,6 +8,7 @@
 
 #include "quant/fp16.h"
 #include "kernels/core/status.h"
+#include "kernels/core/log.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/matrix.h"
@@ -448,6 +449,20 @@ int model_quantize(struct model *m, int ftype, int n_threads, char err[256])
     m->quant_owned = buf;
     free(qt);
     return FERRY_OK;
+}
+
+void model_fit_ctx(struct model *m, int ctx)
+{
+    struct llm_hparams *hp = &m->hp;
+    const struct rope_scaling *sc = &hp->rope_scaling;
+    if (sc->type == ROPE_SCALING_LONGROPE && sc->n_factors == hp->rope_dim / 2 && m->inv_freq) {
+        const int lng = ctx > sc->orig_ctx;
+        kern_cpu_rope_freqs_ext(m->inv_freq, hp->rope_dim, hp->rope_theta,
+                                lng ? sc->long_factor : sc->short_factor);
+        FLOG_INFO("longrope: %s factors for a context of %d (original %d)", lng ? "long" : "short", ctx,
+                  sc->orig_ctx);
+    }
+    if (hp->attn_temp_beta != 0 && ctx <= hp->attn_temp_len) hp->attn_temp_beta = 0;
 }
 
 void model_free(struct model *m)

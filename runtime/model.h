@@ -72,7 +72,7 @@ struct model_layer {
     float *ssm_conv;                  /* (conv_dim, conv_kernel) f32 */
     float *ssm_dt, *ssm_a;            /* (n_v) f32: the decay's bias and -exp(A_log) */
     float *ssm_norm;                  /* (head_v) f32 */
-    float *out_scale;              /* (1) f32 the layer's output scalar (Gemma 4), or NULL */
+    float *out_scale;                 /* (1) f32 the layer's output scalar (Gemma 4), or NULL */
     /* Per-layer inputs (hp.ple_dim > 0; empty/NULL otherwise): */
     struct wview ple_gate; /* (ple_dim, dim) */
     struct wview ple_proj; /* (dim, ple_dim) */
@@ -118,5 +118,12 @@ int model_quantize(struct model *m, int ftype, int n_threads, char err[256]);
 int model_init_synthetic(struct model *m, const struct llm_hparams *hp, enum dtype wt, uint64_t seed,
                          int n_threads, char err[256]);
 void model_free(struct model *m);
+/* Fits the model to a context of ctx positions per sequence, before a backend copies its tables: LongRoPE
+ * rotates with its long factors when ctx exceeds the original context and with its short ones otherwise,
+ * for every position, as llama.cpp chooses by its context size (transformers chooses by the length of the
+ * sequence in each call, and recomputes the whole cache when a sequence grows past the original context:
+ * equal to this while a sequence stays on one side). The attention temperature (llm_attn_temp) is 1 at every
+ * position below its length: a context that ends there drops it. */
+void model_fit_ctx(struct model *m, int ctx);
 
 #endif

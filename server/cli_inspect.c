@@ -37,10 +37,11 @@ static const char *rope_style_name(enum rope_style s)
 }
 static const char *rope_scaling_name(enum rope_scaling_type t)
 {
-    return t == ROPE_SCALING_YARN     ? "yarn"
-           : t == ROPE_SCALING_LLAMA3 ? "llama3"
-           : t == ROPE_SCALING_LINEAR ? "linear"
-                                      : "none";
+    return t == ROPE_SCALING_YARN       ? "yarn"
+           : t == ROPE_SCALING_LLAMA3   ? "llama3"
+           : t == ROPE_SCALING_LINEAR   ? "linear"
+           : t == ROPE_SCALING_LONGROPE ? "longrope"
+                                        : "none";
 }
 
 /* The registry (weights/arch/) as the README's table of families. */

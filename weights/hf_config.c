@@ -100,16 +100,77 @@ static int parse_rope_scaling(json_t *rs, struct rope_scaling *out, char *err)
         if ((rc = get_pos(rs, "beta_slow", 1.0, &out->beta_slow, g, err))) return rc;
         if ((rc = get_pos(rs, "attention_factor", 0.0, &out->attn_factor, g, err))) return rc;
         if ((rc = get_bool(rs, "truncate", 1, &out->truncate, g, err))) return rc;
-        static const char *const other[] = {"mscale", "mscale_all_dim"};
-        for (int i = 0; i < 2; i++) {
-            json_t *v = json_object_get(rs, other[i]);
-            if (v && !json_is_null(v))
-                return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: yarn's %s is not supported", g, other[i]);
+        /* mscale and mscale_all_dim, both set (Ministral 3: 1 and 1): the attention factor is their ratio
+         * of 0.1·m·ln(factor) + 1; either one unset leaves the default, as transformers does. */
+        json_t *m = json_object_get(rs, "mscale"), *ma = json_object_get(rs, "mscale_all_dim");
+        const double ms = json_is_number(m) ? json_number_value(m) : 0,
+                     msa = json_is_number(ma) ? json_number_value(ma) : 0;
+        if ((m && !json_is_null(m) && !json_is_number(m)) ||
+            (ma && !json_is_null(ma) && !json_is_number(ma)) || !(fabs(ms) < 1e6) || !(fabs(msa) < 1e6))
+            return ferry_fail(err, FERRY_ERR_FORMAT, "%s: mscale and mscale_all_dim must be numbers", g);
+        if (ms != 0 && msa != 0 && out->attn_factor == 0) {
+            out->attn_factor =
+                (float)(rope_yarn_mscale(out->factor, ms) / rope_yarn_mscale(out->factor, msa));
+            if (!(out->attn_factor > 0) || !isfinite(out->attn_factor))
+                return ferry_fail(err, FERRY_ERR_FORMAT, "%s: mscale %g / mscale_all_dim %g", g, ms, msa);
+            if (ms == 1) out->yarn_log_mul = (float)msa; /* what llama.cpp's converter writes */
         }
         return FERRY_OK;
     }
+    if (strcmp(ts, "longrope") == 0 || strcmp(ts, "su") == 0) {
+        out->type = ROPE_SCALING_LONGROPE;
+        return FERRY_OK; /* its fields: parse_longrope, once max_position_embeddings is known */
+    }
     return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                      "%s: rope_scaling type '%.40s' is not supported (llama3, linear, yarn)", f, ts);
+                      "%s: rope_scaling type '%.40s' is not supported (llama3, linear, yarn, longrope)", f,
+                      ts);
+}
+
+/* One LongRoPE factor list: numbers > 0, at most ROPE_MAX_FACTORS, of the same length as *n when *n > 0. */
+static int longrope_list(json_t *rs, const char *key, float *out, int *n, char *err)
+{
+    json_t *a = json_object_get(rs, key);
+    const size_t len = json_array_size(a);
+    if (!json_is_array(a) || len < 1 || len > ROPE_MAX_FACTORS || (*n > 0 && (int)len != *n))
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "config.json rope_scaling: '%s' must be a list of 1..%d numbers (as long as the other)", key,
+            ROPE_MAX_FACTORS);
+    for (size_t i = 0; i < len; i++) {
+        json_t *v = json_array_get(a, i);
+        const double d = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!(d > 0) || !isfinite((float)d))
+            return ferry_fail(err, FERRY_ERR_FORMAT,
+                              "config.json rope_scaling: %s[%zu] is not a positive number", key, i);
+        out[i] = (float)d;
+    }
+    *n = (int)len;
+    return FERRY_OK;
+}
+
+/* LongRoPE as transformers reads it (_compute_longrope_parameters): short_factor and long_factor; the
+ * original context from the top-level original_max_position_embeddings (Phi-3's place, which wins) or
+ * rope_scaling's; factor, else max_position_embeddings / original; attention_factor, else
+ * sqrt(1 + ln(factor) / ln(original)) (1 when factor <= 1). The list lengths are checked against the rotary
+ * dims at validation (the family may set partial rotary after this). */
+static int parse_longrope(json_t *root, json_t *rs, struct llm_hparams *hp, char *err)
+{
+    struct rope_scaling *sc = &hp->rope_scaling;
+    const char *g = "config.json rope_scaling";
+    int rc;
+    sc->n_factors = 0;
+    if ((rc = longrope_list(rs, "short_factor", sc->short_factor, &sc->n_factors, err))) return rc;
+    if ((rc = longrope_list(rs, "long_factor", sc->long_factor, &sc->n_factors, err))) return rc;
+    json_t *top = json_object_get(root, "original_max_position_embeddings");
+    if (top && !json_is_null(top)) {
+        if ((rc = get_int(root, "original_max_position_embeddings", -1, &sc->orig_ctx, "config.json", err)))
+            return rc;
+    } else if ((rc = get_int(rs, "original_max_position_embeddings", hp->ctx_train, &sc->orig_ctx, g, err))) {
+        return rc;
+    }
+    if ((rc = get_pos(rs, "factor", (double)hp->ctx_train / sc->orig_ctx, &sc->factor, g, err))) return rc;
+    return get_pos(rs, "attention_factor", rope_longrope_attn_factor(sc->factor, sc->orig_ctx),
+                   &sc->attn_factor, g, err);
 }
 
 int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char err[256])
@@ -174,6 +235,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     json_t *rs = json_object_get(root, "rope_scaling");
     if ((!rs || json_is_null(rs)) && json_is_object(rp)) rs = rp;
     if ((rc = parse_rope_scaling(rs, &hp->rope_scaling, err))) goto out;
+    if (hp->rope_scaling.type == ROPE_SCALING_LONGROPE && (rc = parse_longrope(root, rs, hp, err))) goto out;
     hp->rope_dim = hp->head_dim;
     hp->rope_style = ROPE_STYLE_HALF;
     hp->qkv_bias = fam->hf_qkv_bias;

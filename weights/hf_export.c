@@ -67,6 +67,13 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
         TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.yarn_beta_slow"), sc->beta_slow, err));
         if (sc->attn_factor > 0)
             TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.yarn_attn_factor"), sc->attn_factor, err));
+        if (sc->yarn_log_mul != 0)
+            TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.yarn_log_multiplier"), sc->yarn_log_mul, err));
+    }
+    if (hp->rope_scaling.type == ROPE_SCALING_LONGROPE) { /* conversion/phi.py: no type key; factor tensors */
+        const struct rope_scaling *sc = &hp->rope_scaling;
+        TRY(gguf_writer_kv_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)sc->orig_ctx, err));
+        TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.attn_factor"), sc->attn_factor, err));
     }
     const struct arch_family *fam = arch_find_gguf(arch, strlen(arch));
     if (fam && hp->n_expert > 0 && fam->gguf_experts) fam = fam->gguf_experts; /* Mixtral: llama + experts */

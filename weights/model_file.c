@@ -59,10 +59,16 @@ static void progress_add(struct progress *p, uint64_t n)
 float llm_attn_scale(const struct llm_hparams *hp)
 {
     const float s = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
-    if (hp->rope_scaling.type != ROPE_SCALING_YARN) return s;
+    if (hp->rope_dim != hp->head_dim) return s; /* llm_rope_q_scale carries it */
     /* transformers scales cos and sin by it, so q and k each carry it into the scores. */
     const float m = rope_scaling_attn_factor(&hp->rope_scaling);
     return s * m * m;
+}
+
+float llm_rope_q_scale(const struct llm_hparams *hp)
+{
+    const float m = rope_scaling_attn_factor(&hp->rope_scaling);
+    return hp->rope_dim != hp->head_dim ? m * m : 1.0f;
 }
 
 const struct wtensor *model_file_tensor(const struct model_file *mf, const char *name)
@@ -142,12 +148,48 @@ static int gguf_yarn(const struct gguf *g, const char *a, struct rope_scaling *s
     if ((rc = gguf_hp_f(g, a, "rope.scaling.yarn_beta_fast", 32.0f, &sc->beta_fast, err))) return rc;
     if ((rc = gguf_hp_f(g, a, "rope.scaling.yarn_beta_slow", 1.0f, &sc->beta_slow, err))) return rc;
     if ((rc = gguf_hp_f(g, a, "rope.scaling.yarn_attn_factor", 0.0f, &sc->attn_factor, err))) return rc;
+    /* The log multiplier (transformers' mscale_all_dim, mscale 1; Ministral 3): without an attention factor
+     * of its own the file's is (0.1 ln f + 1) / (0.1 m ln f + 1), as llama.cpp derives it. */
     float lm = 0;
     char k[96];
     snprintf(k, sizeof k, "%s.rope.scaling.yarn_log_multiplier", a);
-    if (gguf_get_f32(g, k, &lm) == FERRY_OK && lm != 0.0f)
-        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "key '%s': YaRN's log multiplier is not supported", k);
+    if (gguf_get_f32(g, k, &lm) == FERRY_OK && lm != 0.0f) {
+        if (!(fabsf(lm) < 1e6f)) return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is out of range", k);
+        sc->yarn_log_mul = lm;
+        if (sc->attn_factor == 0)
+            sc->attn_factor = (float)(rope_yarn_mscale(sc->factor, 1) / rope_yarn_mscale(sc->factor, lm));
+    }
     return FERRY_OK;
+}
+
+/* LongRoPE as llama.cpp's converter writes it (Phi-3.5, Phi-4-mini): the F32 tensors
+ * rope_factors_short.weight and rope_factors_long.weight (rope_dim / 2 each),
+ * rope.scaling.original_context_length and rope.scaling.attn_factor (no rope.scaling.type); without the
+ * attention factor, transformers' default. */
+static int gguf_longrope(struct model_file *mf, char *err)
+{
+    struct llm_hparams *hp = &mf->hp;
+    struct rope_scaling *sc = &hp->rope_scaling;
+    const struct wtensor *ts = model_file_tensor(mf, "rope_factors_short.weight"),
+                         *tl = model_file_tensor(mf, "rope_factors_long.weight");
+    if (!tl) return FERRY_OK;
+    if (sc->type != ROPE_SCALING_NONE || model_file_tensor(mf, "rope_freqs.weight"))
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "LongRoPE factors with another rope scaling");
+    if (!ts || ts->type != DTYPE_F32 || tl->type != DTYPE_F32 || ts->ne[0] != tl->ne[0] || tl->ne[0] < 1 ||
+        tl->ne[0] > ROPE_MAX_FACTORS || ts->n_dims != 1 || tl->n_dims != 1)
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "tensors 'rope_factors_short.weight' and 'rope_factors_long.weight' must both be F32 "
+            "vectors of 1..%d factors",
+            ROPE_MAX_FACTORS);
+    sc->type = ROPE_SCALING_LONGROPE;
+    sc->n_factors = (int)tl->ne[0];
+    memcpy(sc->short_factor, ts->data, (size_t)sc->n_factors * sizeof(float));
+    memcpy(sc->long_factor, tl->data, (size_t)sc->n_factors * sizeof(float));
+    if (sc->orig_ctx < 1) sc->orig_ctx = hp->ctx_train;
+    sc->factor = (float)hp->ctx_train / (float)sc->orig_ctx;
+    return gguf_hp_f(mf->gguf, hp->arch, "rope.scaling.attn_factor",
+                     (float)rope_longrope_attn_factor(sc->factor, sc->orig_ctx), &sc->attn_factor, err);
 }
 
 /* Fills mf from mf->gguf, already opened. */
@@ -263,6 +305,7 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
     hp->n_vocab = (int)te->ne[1];
     hp->tied_embeddings = model_file_tensor(mf, "output.weight") == NULL;
     hp->qkv_bias = model_file_tensor(mf, "blk.0.attn_q.bias") != NULL;
+    if ((rc = gguf_longrope(mf, err))) return rc;
 
     if (gguf_get_str(g, "tokenizer.chat_template", &s) == FERRY_OK) {
         if (memchr(s.ptr, '\0', s.len))
@@ -585,11 +628,29 @@ int model_file_validate(const struct model_file *mf, char err[256])
             err, FERRY_ERR_FORMAT,
             "yarn rope scaling needs an original context and positive betas (attention factor %g)",
             rs->attn_factor);
-    /* YaRN's attention factor is folded into every layer's scale (llm_attn_scale): local layers must then
-     * rotate with the same scaling. */
-    if (rs->type == ROPE_SCALING_YARN && hp->sliding_window > 0 && !hp->swa_rope_scaled)
+    if (rs->type == ROPE_SCALING_LONGROPE) {
+        int bad = rs->orig_ctx < 1 || rs->n_factors != hp->rope_dim / 2 || !(rs->attn_factor > 0) ||
+                  !isfinite(rs->attn_factor);
+        for (int i = 0; i < rs->n_factors && i < ROPE_MAX_FACTORS; i++)
+            bad |= !(rs->short_factor[i] > 0) || !(rs->long_factor[i] > 0) ||
+                   !isfinite(rs->short_factor[i]) || !isfinite(rs->long_factor[i]);
+        if (bad)
+            return ferry_fail(
+                err, FERRY_ERR_FORMAT,
+                "longrope scaling needs an original context, positive attention factor (%g) and "
+                "%d positive short and long factors (has %d)",
+                rs->attn_factor, hp->rope_dim / 2, rs->n_factors);
+    }
+    if (hp->attn_temp_beta != 0 && (!(fabsf(hp->attn_temp_beta) < 1e6f) || hp->attn_temp_len < 1))
+        return ferry_fail(err, FERRY_ERR_FORMAT, "attention temperature %g per %d positions is invalid",
+                          hp->attn_temp_beta, hp->attn_temp_len);
+    /* The attention factor of YaRN and LongRoPE applies to every layer's scores (llm_attn_scale): local
+     * layers must then rotate with the same scaling. */
+    if ((rs->type == ROPE_SCALING_YARN || rs->type == ROPE_SCALING_LONGROPE) && hp->sliding_window > 0 &&
+        !hp->swa_rope_scaled)
         return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                          "yarn rope scaling with unscaled sliding-window layers is not supported");
+                          "%s rope scaling with unscaled sliding-window layers is not supported",
+                          rs->type == ROPE_SCALING_YARN ? "yarn" : "longrope");
 
     const int64_t dim = hp->dim, vocab = hp->n_vocab;
     int rc;

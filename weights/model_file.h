@@ -87,6 +87,10 @@ struct llm_hparams {
     /* Multi-token-prediction blocks the file holds after the n_layers layers (its block_count is the sum;
      * Qwen3.5's nextn_predict_layers): never run, but quantized with the rest. */
     int n_layer_nextn;
+    /* Mistral 3 / Llama 4 attention temperature (llm_attn_temp; 0: none): attention.temperature_scale and
+     * the original context (rope.scaling.original_context_length). */
+    float attn_temp_beta;
+    int attn_temp_len;
 };
 
 /* 1 when layer l of hp attends through the sliding window only. */
@@ -190,8 +194,19 @@ static inline int llm_kv_cache_heads(const struct llm_hparams *hp)
     return (kv + hp->head_dim - 1) / hp->head_dim;
 }
 
-/* The attention's query scale, times YaRN's attention factor squared (kernels/core/rope.h). */
+/* The attention's query scale, times the rotary attention factor squared (YaRN, LongRoPE:
+ * kernels/core/rope.h) when every dim of a head rotates. */
 float llm_attn_scale(const struct llm_hparams *hp);
+/* With partial rotary dims the factor scales the rotated dims' scores only: the rope op multiplies the
+ * queries' rotated dims by this (the factor squared; 1 when llm_attn_scale carries it or there is none). */
+float llm_rope_q_scale(const struct llm_hparams *hp);
+/* The attention temperature of Llama 4 and Mistral 3: the queries at position p are multiplied by
+ * 1 + attn_temp_beta · ln(1 + floor(p / attn_temp_len)) after rotation (1 below attn_temp_len). */
+static inline float llm_attn_temp(const struct llm_hparams *hp, int pos)
+{
+    if (hp->attn_temp_beta == 0) return 1.0f;
+    return 1.0f + hp->attn_temp_beta * logf(1.0f + floorf((float)pos / (float)hp->attn_temp_len));
+}
 
 struct wtensor {
     char name[96]; /* internal name, NUL-terminated */

@@ -51,8 +51,8 @@ static bool is_70b(const struct model_file *mf)
     return f->is_70b && f->is_70b(&mf->hp);
 }
 
-/* The output tensors: the model's, and for a Hugging Face llama3-scaled model the rope_freqs.weight that
- * llama.cpp keeps its scaling in (extra). */
+/* The output tensors: the model's, and for a Hugging Face llama3- or LongRoPE-scaled model the tensors
+ * llama.cpp keeps its scaling in (extra: n - mf->n_tensors of them). */
 static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype,
                       struct plan *pl, char err[256])
 {
@@ -63,7 +63,7 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
                                  .has_output = model_file_tensor(mf, "output.weight") != NULL,
                                  .is_70b = is_70b(mf)};
     for (int i = 0; i < n; i++) {
-        const struct wtensor *t = i < mf->n_tensors ? &mf->tensors[i] : extra;
+        const struct wtensor *t = i < mf->n_tensors ? &mf->tensors[i] : &extra[i - mf->n_tensors];
         pl[i] = (struct plan){.src = t, .n_dims = ggml_n_dims(t->ne)};
         mm.n_attn_v += quant_mix_attn_v_like(t->name);
     }
@@ -192,15 +192,25 @@ static int write_tensor(struct gguf_writer *w, const struct model_file *mf, cons
 int quantize_model_file(const struct model_file *mf, const char *out_path, const struct quantize_params *p,
                         char err[256])
 {
-    /* llama3 scaling of a Hugging Face model: the rope_freqs.weight tensor convert_hf_to_gguf.py adds. */
+    /* The rope tensors convert_hf_to_gguf.py adds to a Hugging Face model: llama3 scaling's
+     * rope_freqs.weight, LongRoPE's rope_factors_long.weight and rope_factors_short.weight. */
     float factors[512];
-    struct wtensor extra = {.name = "rope_freqs.weight", .type = DTYPE_F32, .n_dims = 1, .data = factors};
+    const struct rope_scaling *sc = &mf->hp.rope_scaling;
+    struct wtensor extra[2] = {
+        {.name = "rope_freqs.weight", .type = DTYPE_F32, .n_dims = 1, .data = factors},
+        {.name = "rope_factors_short.weight", .type = DTYPE_F32, .n_dims = 1, .data = sc->short_factor}};
     int n_extra = 0;
-    if (mf->format == MODEL_FORMAT_HF && mf->hp.rope_dim / 2 <= 512) {
-        const int nf = hf_export_rope_freqs(mf, factors);
-        extra.ne[0] = nf, extra.ne[1] = extra.ne[2] = extra.ne[3] = 1;
-        extra.nbytes = sizeof(float) * (size_t)nf;
-        n_extra = nf > 0;
+    if (mf->format == MODEL_FORMAT_HF && sc->type == ROPE_SCALING_LONGROPE) {
+        snprintf(extra[0].name, sizeof extra[0].name, "rope_factors_long.weight");
+        extra[0].data = sc->long_factor;
+        n_extra = 2;
+    } else if (mf->format == MODEL_FORMAT_HF && mf->hp.rope_dim / 2 <= 512) {
+        n_extra = hf_export_rope_freqs(mf, factors) > 0;
+    }
+    for (int i = 0; i < n_extra; i++) {
+        const int nf = sc->type == ROPE_SCALING_LONGROPE ? sc->n_factors : mf->hp.rope_dim / 2;
+        extra[i].ne[0] = nf, extra[i].ne[1] = extra[i].ne[2] = extra[i].ne[3] = 1;
+        extra[i].nbytes = sizeof(float) * (size_t)nf;
     }
     const int n = mf->n_tensors + n_extra;
     struct plan *pl = calloc(n ? (size_t)n : 1, sizeof *pl);
@@ -208,7 +218,7 @@ int quantize_model_file(const struct model_file *mf, const char *out_path, const
     void *buf = NULL, *perm_buf = NULL;
     int rc;
     if (!pl) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
-    if ((rc = plan_types(mf, &extra, n, p->ftype, pl, err))) goto out;
+    if ((rc = plan_types(mf, extra, n, p->ftype, pl, err))) goto out;
     if ((rc = gguf_writer_init(&w, err))) goto out;
     if (mf->format == MODEL_FORMAT_GGUF) {
         if ((rc = copy_gguf_metadata(w, mf->gguf, err))) goto out;

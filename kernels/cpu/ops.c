@@ -133,16 +133,40 @@ static void rope_freqs_yarn(float *inv_freq, int rope_dim, float theta, const st
     }
 }
 
+/* theta^(2i / rope_dim) in f32, as transformers' base ** (arange(0, dim, 2).float() / dim). */
+static float rope_pos_freq(int i, int rope_dim, float theta)
+{
+    const float e = f32_keep((float)(2 * i) / (float)rope_dim);
+    return (float)pow((double)theta, (double)e); /* correctly rounded; torch is within 1 ulp */
+}
+
+void kern_cpu_rope_freqs_ext(float *inv_freq, int rope_dim, float theta, const float *ext)
+{
+    for (int i = 0; i < rope_dim / 2; i++)
+        inv_freq[i] = f32_keep(1.0f / f32_keep(ext[i] * rope_pos_freq(i, rope_dim, theta)));
+}
+
+void kern_cpu_q_scale(float *x, int m, int n_heads, int head_dim, int rope_dim, float rot_scale,
+                      float all_scale)
+{
+    for (int64_t r = 0; r < (int64_t)m * n_heads; r++) {
+        float *h = x + r * head_dim;
+        if (rot_scale != 1.0f)
+            for (int d = 0; d < rope_dim; d++) h[d] *= rot_scale;
+        if (all_scale != 1.0f)
+            for (int d = 0; d < head_dim; d++) h[d] *= all_scale;
+    }
+}
+
 void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc)
 {
     const int half = rope_dim / 2;
-    for (int i = 0; i < half; i++) {
-        /* HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all f32. */
-        const float e = f32_keep((float)(2 * i) / (float)rope_dim);
-        const float p = (float)pow((double)theta, (double)e); /* correctly rounded; torch is within 1 ulp */
-        inv_freq[i] = f32_keep(1.0f / p);
+    if (sc && sc->type == ROPE_SCALING_LONGROPE && sc->n_factors == half) {
+        kern_cpu_rope_freqs_ext(inv_freq, rope_dim, theta, sc->short_factor);
+        return;
     }
-    if (!sc || sc->type == ROPE_SCALING_NONE) return;
+    for (int i = 0; i < half; i++) inv_freq[i] = f32_keep(1.0f / rope_pos_freq(i, rope_dim, theta));
+    if (!sc || sc->type == ROPE_SCALING_NONE || sc->type == ROPE_SCALING_LONGROPE) return;
     if (sc->type == ROPE_SCALING_LINEAR) {
         for (int i = 0; i < half; i++) inv_freq[i] = f32_keep(inv_freq[i] / sc->factor);
         return;

@@ -29,8 +29,17 @@ void kern_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int m, int d
 void kern_cpu_qk_norm_ref(float *qkv, int ld, const float *qw, const float *kw, int m, int n_heads,
                           int n_kv_heads, int head_dim, float eps);
 
-/* Rotary frequencies: inv_freq (rope_dim/2) for base theta, with llama3/linear scaling applied. */
+/* Rotary frequencies: inv_freq (rope_dim/2) for base theta, with linear, llama3 or YaRN scaling applied;
+ * LongRoPE with its short factors (kern_cpu_rope_freqs_ext). */
 void kern_cpu_rope_freqs(float *inv_freq, int rope_dim, float theta, const struct rope_scaling *sc);
+/* LongRoPE's: inv_freq[i] = 1 / (ext[i] · theta^(2i / rope_dim)) (ext: rope_dim/2 factors), in f32 as
+ * transformers computes it. */
+void kern_cpu_rope_freqs_ext(float *inv_freq, int rope_dim, float theta, const float *ext);
+/* Queries x (m, n_heads, head_dim) after rotation, in place: the first rope_dim dims of each head times
+ * rot_scale (a rotary attention factor squared, llm_rope_q_scale), then every dim times all_scale (the
+ * attention temperature of the rows' position, llm_attn_temp). */
+void kern_cpu_q_scale(float *x, int m, int n_heads, int head_dim, int rope_dim, float rot_scale,
+                      float all_scale);
 
 /* In-place rotary embedding of x (m, n_heads, head_dim) at positions pos (m). The first rope_dim dims of
  * each head rotate. INTERLEAVED rotates pairs (2i, 2i+1); HALF rotates pairs (i, i + rope_dim/2).

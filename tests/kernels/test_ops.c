@@ -85,11 +85,11 @@ static const struct {
     int dim;
     struct rope_scaling sc;
 } rope_cfgs[] = {
-    {10000.0f, 64, {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0}},
-    {500000.0f, 128, {ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192, 0, 0, 0, 0}},
-    {500000.0f, 64, {ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 8192, 0, 0, 0, 0}},
-    {10000.0f, 48, {ROPE_SCALING_LINEAR, 4.0f, 0, 0, 0, 0, 0, 0, 0}},
-    {1000000.0f, 128, {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {10000.0f, 64, {.type = ROPE_SCALING_NONE}},
+    {500000.0f, 128, {ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, .orig_ctx = 8192}},
+    {500000.0f, 64, {ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, .orig_ctx = 8192}},
+    {10000.0f, 48, {ROPE_SCALING_LINEAR, .factor = 4.0f}},
+    {1000000.0f, 128, {.type = ROPE_SCALING_NONE}},
 };
 
 Test(ops, rope_freqs_match_transformers)
@@ -145,7 +145,7 @@ Test(ops, rope_vs_ref_both_styles_partial)
         for (int rd = 0; rd < 2; rd++) {
             const int rope_dim = rope_dims[rd];
             float f[40];
-            const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0};
+            const struct rope_scaling none = {.type = ROPE_SCALING_NONE};
             kern_cpu_rope_freqs(f, rope_dim, 10000.0f, &none);
             float *a = malloc(sizeof(float) * m * nh * hd), *b = malloc(sizeof(float) * m * nh * hd);
             float *orig = malloc(sizeof(float) * m * nh * hd);
@@ -183,7 +183,7 @@ Test(ops, rope_styles_differ_by_permutation)
      * llama.cpp's permuted GGUF weights and HF's layout. */
     const int hd = 64;
     float f[32], a[64], b[64];
-    const struct rope_scaling none = {ROPE_SCALING_NONE, 0, 0, 0, 0, 0, 0, 0, 0};
+    const struct rope_scaling none = {.type = ROPE_SCALING_NONE};
     kern_cpu_rope_freqs(f, hd, 10000.0f, &none);
     kt_seed(14);
     kt_fill(a, hd, -1.0f, 1.0f);
@@ -364,4 +364,43 @@ Test(ops, softcap)
     kern_cpu_softcap_ref(b, 17.5f, n);
     kt_check_close("softcap vs ref", a, b, n, 1e-6, 1e-6);
     for (int i = 0; i < n; i++) cr_assert(fabsf(a[i]) <= 17.5f, "softcap %d: %g", i, a[i]);
+}
+
+/* LongRoPE's frequencies: 1 / (ext[i] · theta^(2i/d)) in double, within 2 f32 ulps; the LongRoPE scaling
+ * type takes its short factors. Odd number of pairs (rope_dim 22). */
+Test(ops, rope_freqs_ext_longrope)
+{
+    enum { D = 22, H = D / 2 };
+    float ext[H], f[H], g[H];
+    kt_seed(31);
+    kt_fill(ext, H, 1.0f, 20.0f);
+    kern_cpu_rope_freqs_ext(f, D, 10000.0f, ext);
+    for (int i = 0; i < H; i++) {
+        const double want = 1.0 / ((double)ext[i] * pow(10000.0, 2.0 * i / D));
+        cr_assert(fabs(f[i] - want) <= 2.4e-7 * want, "pair %d: %.9g, want %.9g", i, f[i], want);
+    }
+    struct rope_scaling sc = {.type = ROPE_SCALING_LONGROPE, .n_factors = H};
+    memcpy(sc.short_factor, ext, sizeof ext);
+    for (int i = 0; i < H; i++) sc.long_factor[i] = 99.0f;
+    kern_cpu_rope_freqs(g, D, 10000.0f, &sc);
+    cr_assert_arr_eq(g, f, sizeof f);
+}
+
+/* Queries scaled after rotation: the rotated dims by one factor, every dim by another, per head, at odd
+ * sizes (3 rows of 5 heads of 14 dims, 10 rotating), against the products written out. */
+Test(ops, q_scale_rotated_dims_and_all)
+{
+    enum { M = 3, NH = 5, HD = 14, RD = 10, N = M * NH * HD };
+    float x[N], x0[N];
+    kt_seed(37);
+    kt_fill(x, N, -4.0f, 4.0f);
+    memcpy(x0, x, sizeof x);
+    kern_cpu_q_scale(x, M, NH, HD, RD, 1.5f, 0.75f);
+    for (int i = 0; i < N; i++) {
+        const float want = i % HD < RD ? x0[i] * 1.5f * 0.75f : x0[i] * 0.75f;
+        cr_assert_float_eq(x[i], want, 1e-6f * fabsf(want) + 1e-30f, "element %d", i);
+    }
+    memcpy(x, x0, sizeof x);
+    kern_cpu_q_scale(x, M, NH, HD, RD, 1.0f, 1.0f);
+    cr_assert_arr_eq(x, x0, sizeof x, "scales of 1 leave the queries alone");
 }

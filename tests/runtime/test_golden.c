@@ -27,6 +27,7 @@
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
+#include "runtime/model.h"
 #include "weights/quantize.h"
 
 static char *path_join(const char *a, const char *b)
@@ -68,8 +69,9 @@ struct runner {
 
 /* kv_type: the KV cache's enum kv_elem (KV_F16: the engine's default, and llama.cpp's; KV_F32: what the fp32
  * references compute); cpu_int8: engine_params.cpu_int8 (-1: the default, f32 x on the CPU). */
-static void runner_open_on(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8,
-                           enum engine_backend backend)
+/* ctx: the context of every sequence (the LongRoPE goldens choose their factors by it). */
+static void runner_open_ctx(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8,
+                            enum engine_backend backend, int ctx)
 {
     char err[256] = "";
     int rc = model_file_open(model, &r->mf, NULL, NULL, err);
@@ -77,7 +79,7 @@ static void runner_open_on(struct runner *r, const char *model, int n_seqs, int 
     struct engine_params p = engine_default_params();
     p.backend = backend;
     p.n_seqs = n_seqs;
-    p.ctx_size = 512;
+    p.ctx_size = ctx;
     p.n_threads = 2;
     p.kv_type = kv_type;
     p.cpu_int8 = cpu_int8;
@@ -85,6 +87,12 @@ static void runner_open_on(struct runner *r, const char *model, int n_seqs, int 
     cr_assert_eq(rc, 0, "engine_init: %s", err);
     r->n_vocab = engine_hparams(r->e)->n_vocab;
     r->logits = malloc((size_t)r->n_vocab * sizeof(float) * 4);
+}
+
+static void runner_open_on(struct runner *r, const char *model, int n_seqs, int kv_type, int cpu_int8,
+                           enum engine_backend backend)
+{
+    runner_open_ctx(r, model, n_seqs, kv_type, cpu_int8, backend, 512);
 }
 
 /* On the reference backend, the CPU (tests/runtime/test_gpu_e2e.c compares CUDA to it). */
@@ -186,12 +194,20 @@ static void run_golden_at(const char *name, const char *model_rel, int kv_f16, d
         write_f32_gguf(mpath, gguf);
     }
     struct runner r;
-    runner_open(&r, as_gguf ? gguf : mpath, 1, kv_f16 ? KV_F16 : KV_F32, -1);
+    int ctx = 0; /* the runner's context: a case's "ctx_size", else 512 */
     json_t *cases = json_object_get(g, "cases");
     size_t ci;
     json_t *c;
     json_array_foreach(cases, ci, c)
     {
+        json_t *jc = json_object_get(c, "ctx_size");
+        const int want_ctx = json_is_integer(jc) ? (int)json_integer_value(jc) : 512;
+        if (want_ctx != ctx) {
+            if (ctx) runner_close(&r);
+            runner_open_ctx(&r, as_gguf ? gguf : mpath, 1, kv_f16 ? KV_F16 : KV_F32, -1, ENGINE_BACKEND_CPU,
+                            want_ctx);
+            ctx = want_ctx;
+        }
         int n, n_ref, n_greedy;
         int32_t *ids = json_ids(json_object_get(c, "prompt_tokens"), &n);
         json_t *jl = json_object_get(c, "logits");
@@ -201,8 +217,8 @@ static void run_golden_at(const char *name, const char *model_rel, int kv_f16, d
         for (int i = 0; i < n_ref; i++) ref[i] = (float)json_real_value(json_array_get(jl, (size_t)i));
         prefill(&r, ids, n);
         char what[128];
-        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s", model_rel ? model_rel : name,
-                 as_gguf ? " (F32 GGUF)" : "", n, kv_f16 ? ", f16 KV" : "");
+        snprintf(what, sizeof what, "%s%s prompt of %d tokens%s (ctx %d)", model_rel ? model_rel : name,
+                 as_gguf ? " (F32 GGUF)" : "", n, kv_f16 ? ", f16 KV" : "", ctx);
         const double tol = kv_f16 ? f16_tol : 1e-4;
         check_logits(r.logits, ref, NULL, n_ref, tol, tol, what);
         if (kv_f16) {
@@ -212,6 +228,7 @@ static void run_golden_at(const char *name, const char *model_rel, int kv_f16, d
         }
         int32_t *want = json_ids(json_object_get(c, "greedy_tokens"), &n_greedy);
         int32_t got[64];
+        cr_assert_leq(n_greedy, 64);
         greedy(&r, n, n_greedy, got);
         for (int i = 0; i < n_greedy; i++)
             cr_expect_eq(got[i], want[i], "%s: greedy token %d is %d, transformers says %d", what, i, got[i],
@@ -220,7 +237,7 @@ static void run_golden_at(const char *name, const char *model_rel, int kv_f16, d
         free(ref);
         free(want);
     }
-    runner_close(&r);
+    if (ctx) runner_close(&r);
     if (as_gguf) unlink(gguf);
     json_decref(g);
     free(jpath);
@@ -264,6 +281,84 @@ Test(golden_hf, phi3_fused_bf16)
 {
     run_hf_golden("phi3_fused_bf16", 0, 0);
 }
+/* LongRoPE (tests/golden/make_rope_golden.py): the short factors with a context within the original 32
+ * positions, the long ones beyond; every dim rotating (the attention factor in the attention's scale), and
+ * partial rotary (the factor on the rotated dims only). */
+Test(golden_hf, phi35_longrope_f32)
+{
+    run_hf_golden("phi35_longrope_f32", 0, 0);
+}
+Test(golden_hf, phi4mini_longrope_bf16)
+{
+    run_hf_golden("phi4mini_longrope_bf16", 0, 0);
+}
+/* Ministral 3: YaRN and the attention temperature past 16 positions; with a context of 16 it is dropped. */
+Test(golden_hf, ministral3_temp_f32)
+{
+    run_hf_golden("ministral3_temp_f32", 0, 0);
+}
+/* What the CUDA backend refuses of them (engine_cuda_lacks, after the context is fitted): LongRoPE's
+ * attention factor on partial rotary dims (Phi-4-mini's shape) at any context, the attention temperature only
+ * with a context past its original 16 positions; full-rotary LongRoPE never. */
+static const char *cuda_lacks_at(const char *name, int ctx)
+{
+    char rel[256], err[256] = "";
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", name);
+    char *path = path_join(getenv("FERRY_SRC"), rel);
+    struct model_file *mf;
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    struct model m;
+    cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
+    model_fit_ctx(&m, ctx);
+    const char *why = engine_cuda_lacks(&m.hp);
+    model_free(&m);
+    model_file_close(mf);
+    free(path);
+    return why;
+}
+Test(golden_hf, rope_families_cuda_lacks)
+{
+    cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 32));
+    cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 512));
+    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));
+    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 512));
+    cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 16));
+    cr_assert_not_null(cuda_lacks_at("ministral3_temp_f32", 17));
+}
+/* A copy of the converter's LongRoPE file with its short factors renamed: refused, naming both tensors. */
+Test(golden_gguf, longrope_without_short_factors)
+{
+    char *path = path_join(getenv("FERRY_SRC"), "tests/golden/models/phi35_longrope_f32.gguf");
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    const char *from = "rope_factors_short.weight";
+    int hits = 0;
+    for (long i = 0; i + 25 <= n; i++)
+        if (!memcmp(buf + i, from, 25)) memcpy(buf + i, "rope_factors_shorx.weight", 25), hits++;
+    cr_assert_eq(hits, 1);
+    char err[256] = "";
+    struct model_file *mf = NULL;
+    cr_assert_eq(model_file_open_gguf_mem(buf, (size_t)n, &mf, err), FERRY_ERR_FORMAT);
+    cr_assert_null(mf);
+    cr_assert(strstr(err, "'rope_factors_short.weight' and 'rope_factors_long.weight'"), "%s", err);
+    free(buf);
+    free(path);
+}
+/* The same checkpoints converted by llama.cpp's convert_hf_to_gguf.py (tests/golden/convert_llamacpp.py):
+ * LongRoPE as rope_factors_short/long.weight with rope.scaling.attn_factor; mistral3 with permuted q/k rows,
+ * YaRN's log multiplier and attention.temperature_scale. */
+Test(golden_gguf, rope_families_llamacpp)
+{
+    run_golden_at("phi35_longrope_f32", "models/phi35_longrope_f32.gguf", 0, 0, 0);
+    run_golden_at("phi4mini_longrope_bf16", "models/phi4mini_longrope_bf16.gguf", 0, 0, 0);
+    run_golden_at("ministral3_temp_f32", "models/ministral3_temp_f32.gguf", 0, 0, 0);
+}
 /* Qwen3-MoE: 8 experts top-2 normalised (f32), 7 experts top-3 unnormalised (bf16, tied). */
 Test(golden_hf, qwen3moe_top2_f32)
 {
@@ -286,6 +381,8 @@ Test(golden_hf, f16_kv_cache)
     run_hf_golden("qwen3_qknorm_f32", 1, 2e-3);
     run_hf_golden("gemma3_swa_f32", 1, 2e-3);
     run_hf_golden("phi3_fused_bf16", 1, 2e-3);
+    run_hf_golden("phi4mini_longrope_bf16", 1, 2e-3);
+    run_hf_golden("ministral3_temp_f32", 1, 2e-3);
 }
 /* The same references from GGUF files ferry writes (its metadata keys and tensor names for each family, as
  * llama.cpp's converter writes them). */
@@ -296,6 +393,11 @@ Test(golden_gguf, written_by_ferry)
     run_golden("qwen3_qknorm_f32", 0, 0, 1);
     run_golden("gemma3_swa_f32", 0, 0, 1);  /* norms written as 1 + w, the window and scale keys */
     run_golden("phi3_fused_bf16", 0, 0, 1); /* fused tensors as written, rotary dims, the window key */
+    /* rope_factors_short/long.weight, rope.scaling.attn_factor and original_context_length */
+    run_golden("phi35_longrope_f32", 0, 0, 1);
+    run_golden("phi4mini_longrope_bf16", 0, 0, 1);
+    /* "mistral3" with permuted q/k rows, YaRN's log multiplier and attention.temperature_scale */
+    run_golden("ministral3_temp_f32", 0, 0, 1);
 }
 /* Experts stacked per layer as llama.cpp's qwen3moe files have them, with the expert_* keys. */
 Test(golden_gguf, qwen3moe_written_by_ferry)
@@ -417,7 +519,8 @@ static void cpu_only_backends(const char *name, const char *model, const char *w
 }
 
 /* Expert layers without a GPU: --backend cuda is refused, --backend auto runs them on the CPU and matches
- * transformers there (on a GPU machine auto takes the CUDA backend, whose expert layers test_gpu_e2e.c checks). */
+ * transformers there (on a GPU machine auto takes the CUDA backend, whose expert layers test_gpu_e2e.c
+ * checks). */
 Test(golden_gguf, qwen3moe_backends)
 {
     if (forward_cuda_devices() > 0)

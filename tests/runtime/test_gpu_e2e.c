@@ -45,6 +45,9 @@ static int quant_int8;
 static enum engine_placement placement = ENGINE_PLACEMENT_STREAM;
 /* Expert models: the layers whose experts stay in host memory (-1: the planner's choice). */
 static int cpu_moe = -1;
+/* The engines' context and compare_backends' greedy steps (at most 16) (LongRoPE chooses its factors by the
+ * context; the attention temperature is dropped within its original one). */
+static int e2e_ctx = 512, e2e_steps = 16;
 
 static struct engine *make_engine(struct model_file *mf, enum engine_backend be, int gpu_layers,
                                   int ring_layers, int n_seqs)
@@ -54,7 +57,7 @@ static struct engine *make_engine(struct model_file *mf, enum engine_backend be,
     p.cpu_int8 = quant_int8;
     p.backend = be;
     p.n_seqs = n_seqs;
-    p.ctx_size = 512;
+    p.ctx_size = e2e_ctx;
     p.max_batch_tokens = 256;
     p.gpu_layers = gpu_layers;
     p.ring_layers = ring_layers;
@@ -99,7 +102,7 @@ static void compare_backends(const char *model, int n_prompt)
     struct model_file *mf = open_model(model);
     struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 1);
     struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 1);
-    const int V = engine_hparams(cpu)->n_vocab, steps = 16;
+    const int V = engine_hparams(cpu)->n_vocab, steps = e2e_steps;
     int32_t prompt[200], tc[16], tg[16];
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
     if (n_prompt > 0 && V > 1) prompt[0] = 1;
@@ -178,6 +181,26 @@ Test(gpu_e2e, phi3_fused_bf16_matches_cpu)
 {
     require_gpu();
     compare_backends(src_path("tests/golden/models/phi3_fused_bf16"), 200);
+}
+
+/* LongRoPE with every dim rotating (Phi-3.5-mini's shape): the short factors within the original 32
+ * positions, the long ones with a context of 512; the attention factor in the attention's scale. */
+Test(gpu_e2e, phi35_longrope_f32_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/phi35_longrope_f32"), 200);
+    e2e_ctx = 32;
+    compare_backends(src_path("tests/golden/models/phi35_longrope_f32"), 7);
+}
+
+/* Ministral 3 (YaRN, permuted q/k rows in the converter's GGUF) with a context within its original 16
+ * positions, where the attention temperature is 1 and the CUDA backend runs it. */
+Test(gpu_e2e, ministral3_within_original_ctx_matches_cpu)
+{
+    require_gpu();
+    e2e_ctx = 16;
+    e2e_steps = 8;
+    compare_backends(src_path("tests/golden/models/ministral3_temp_f32.gguf"), 7);
 }
 
 /* Q8_0 on both sides: the GPU's GEMV (decode) and Q8_0→f16 + tensor-core GEMM (prefill of 33 rows) against

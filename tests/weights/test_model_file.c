@@ -2,6 +2,7 @@
  * GGUF names, reversed HF shapes, bytes), stories260K's README facts, and the errors for broken models and
  * hostile safetensors headers. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -600,6 +601,83 @@ Test(hf_config, defaults_and_variants)
     cr_assert_str_eq(hp.arch, "qwen2");
     cr_assert_eq(hp.qkv_bias, 1);
     cr_assert_not_null(hp.family);
+}
+
+/* LongRoPE as transformers reads it (Phi-3.5-mini's layout: rope_scaling with short_factor / long_factor, the
+ * original context at the top level), YaRN's mscale pair and Ministral 3's attention temperature. */
+Test(hf_config, longrope_yarn_mscale_temperature)
+{
+    char err[256];
+    struct llm_hparams hp;
+    const char *c =
+        "{\"architectures\":[\"Phi3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,\"max_position_embeddings\":"
+        "131072,\"original_max_position_embeddings\":4096,\"rope_scaling\":{\"type\":\"longrope\","
+        "\"short_factor\":[1,1.5,2,2.5,3,3.5,4,4.5],\"long_factor\":[1,2,3,4,5,6,7,8],"
+        "\"original_max_position_embeddings\":2048}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    const struct rope_scaling *sc = &hp.rope_scaling;
+    cr_assert_eq(sc->type, ROPE_SCALING_LONGROPE);
+    cr_assert_eq(sc->orig_ctx, 4096, "the top-level original context wins");
+    cr_assert_eq(sc->n_factors, 8);
+    cr_assert_float_eq(sc->short_factor[7], 4.5f, 0);
+    cr_assert_float_eq(sc->long_factor[1], 2.0f, 0);
+    cr_assert_float_eq(sc->factor, 32.0f, 0);
+    /* transformers: sqrt(1 + ln(32) / ln(4096)) */
+    cr_assert_float_eq(sc->attn_factor, (float)sqrt(1 + log(32.0) / log(4096.0)), 1e-7);
+    cr_assert_float_eq(rope_scaling_attn_factor(sc), sc->attn_factor, 0);
+    cr_assert_float_eq(llm_attn_scale(&hp), 0.25f * sc->attn_factor * sc->attn_factor, 1e-7,
+                       "every dim rotates: the factor folds into the scale");
+    cr_assert_float_eq(llm_rope_q_scale(&hp), 1.0f, 0);
+    /* an explicit attention_factor; partial rotary puts the factor on the rotated dims */
+    c = "{\"architectures\":[\"Phi3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,\"partial_rotary_factor\":0.5,"
+        "\"rope_parameters\":{\"rope_type\":\"longrope\",\"short_factor\":[1,1,1,1],\"long_factor\":[2,2,2,2]"
+        ","
+        "\"original_max_position_embeddings\":64,\"attention_factor\":1.5}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    cr_assert_eq(hp.rope_dim, 8);
+    cr_assert_float_eq(hp.rope_scaling.attn_factor, 1.5f, 0);
+    cr_assert_float_eq(llm_attn_scale(&hp), 0.25f, 0);
+    cr_assert_float_eq(llm_rope_q_scale(&hp), 2.25f, 0);
+    /* lists of different lengths, or not of positive numbers */
+    c = "{\"architectures\":[\"Phi3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,"
+        "\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,1],\"long_factor\":[2,2,2]}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_ERR_FORMAT);
+    cr_assert(strstr(err, "long_factor") != NULL, "%s", err);
+    c = "{\"architectures\":[\"Phi3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,"
+        "\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1,-1],\"long_factor\":[2,2]}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_ERR_FORMAT);
+    cr_assert(strstr(err, "short_factor[1]") != NULL, "%s", err);
+
+    /* Ministral 3: mscale 1 / mscale_all_dim 1 give an attention factor of 1 and the log multiplier
+     * llama.cpp's converter writes; llama_4_scaling_beta over the original context. */
+    c = "{\"architectures\":[\"Ministral3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"head_dim\":16,\"vocab_size\":100,"
+        "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":16,\"original_max_position_embeddings\":"
+        "16384,"
+        "\"mscale\":1.0,\"mscale_all_dim\":1.0,\"llama_4_scaling_beta\":0.1,\"rope_theta\":1e6}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    cr_assert_str_eq(hp.arch, "ministral3");
+    cr_assert_eq(hp.rope_scaling.type, ROPE_SCALING_YARN);
+    cr_assert_float_eq(hp.rope_scaling.attn_factor, 1.0f, 1e-7);
+    cr_assert_float_eq(hp.rope_scaling.yarn_log_mul, 1.0f, 0);
+    cr_assert_float_eq(hp.attn_temp_beta, 0.1f, 0);
+    cr_assert_eq(hp.attn_temp_len, 16384);
+    cr_assert_float_eq(llm_attn_temp(&hp, 16383), 1.0f, 0);
+    cr_assert_float_eq(llm_attn_temp(&hp, 16384), 1.0f + 0.1f * logf(2.0f), 1e-7);
+    cr_assert_float_eq(llm_attn_temp(&hp, 3 * 16384 + 5), 1.0f + 0.1f * logf(4.0f), 1e-7);
+    /* mscale 1 / mscale_all_dim 0.5: (0.1 ln 16 + 1) / (0.05 ln 16 + 1) */
+    c = "{\"architectures\":[\"Ministral3ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,\"rope_parameters\":"
+        "{\"rope_type\":\"yarn\",\"factor\":16,\"original_max_position_embeddings\":64,\"mscale\":1,"
+        "\"mscale_all_dim\":0.5}}";
+    cr_assert_eq(hf_config_parse(c, strlen(c), &hp, err), FERRY_OK, "%s", err);
+    cr_assert_float_eq(hp.rope_scaling.attn_factor, (float)((0.1 * log(16.0) + 1) / (0.05 * log(16.0) + 1)),
+                       1e-7);
+    cr_assert_float_eq(hp.attn_temp_beta, 0.0f, 0);
 }
 
 Test(hf_config, chat_templates)

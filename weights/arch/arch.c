@@ -9,6 +9,7 @@
 extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma3, arch_phi3,
     arch_qwen3moe, arch_mixtral, arch_qwen35, arch_gemma4, arch_qwen35moe;
 extern const struct arch_family arch_gptoss;
+extern const struct arch_family arch_mistral3;
 
 /* The table: one line per family, in the order messages list them. */
 /* clang-format off */
@@ -25,6 +26,7 @@ static const struct arch_family *const families[] = {
     &arch_qwen35,
     &arch_qwen35moe,
     &arch_gemma4,
+    &arch_mistral3,
 };
 /* clang-format on */
 #define N_FAMILIES (sizeof families / sizeof families[0])

@@ -266,7 +266,7 @@ const struct arch_family arch_gptoss = {
     .title = "gpt-oss",
     .sizes = "20B, 120B",
     .notes = "attention sinks, 128-position windows on every other layer, YaRN, q/k/v/o biases; top-4 "
-             "experts with biases and a clamped SwiGLU, MXFP4 in GGUF (CPU backend); harmony answers (analysis "
+             "experts with biases and a clamped SwiGLU, MXFP4 in GGUF; harmony answers (analysis "
              "reasoning, `to=functions` tools)",
     .gguf_names = (const char *const[]){"gpt-oss", NULL},
     .hf_classes = (const char *const[]){"GptOssForCausalLM", NULL},

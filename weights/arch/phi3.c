@@ -2,8 +2,9 @@
  * products stored fused (attn_qkv: q rows, then k, then v; ffn_up: gate rows, then up) and split at load
  * into row ranges of the one tensor (no copy), partial rotary (partial_rotary_factor: the first
  * rope_dim of each head's dims rotate, rotate-half pairs), and, where the config has one, a sliding window
- * on every layer (Phi-3 mini; Phi-4 has none). LongRoPE (Phi-3.5, Phi-4-mini) is not read: such configs
- * are refused by the rope_scaling check.
+ * on every layer (Phi-3 mini; Phi-4 has none). LongRoPE (Phi-3.5, Phi-4-mini) is read with the common rope
+ * fields (config.json's rope_scaling, or llama.cpp's rope_factors_short/long.weight tensors and
+ * rope.scaling.attn_factor key), its factors chosen by the context (runtime/model.h model_fit_ctx).
  */
 #include <jansson.h>
 #include <math.h>
@@ -72,10 +73,10 @@ static int phi3_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, 
 
 const struct arch_family arch_phi3 = {
     .name = "phi3",
-    .title = "Phi-3, Phi-4",
+    .title = "Phi-3, Phi-3.5, Phi-4, Phi-4-mini",
     .sizes = "3.8B-14B",
-    .notes = "fused q/k/v and gate/up tensors (split at load, no copy), partial rotary, a window on every "
-             "layer where the config has one; not LongRoPE (Phi-3.5, Phi-4-mini)",
+    .notes = "fused q/k/v and gate/up tensors (split at load, no copy), partial rotary, LongRoPE (short or "
+             "long factors by the context size), a window on every layer where the config has one",
     .gguf_names = (const char *const[]){"phi3", NULL},
     .hf_classes = (const char *const[]){"Phi3ForCausalLM", NULL},
     .hf_types = (const char *const[]){"phi3", NULL},

@@ -27,7 +27,9 @@ enum layer_act {
 enum layer_op_kind {
     LOP_ADD_NORM,  /* x += D when a delta is pending; out = rmsnorm(x) * norm[arg] */
     LOP_LINEAR,    /* out = in · (matrix group arg)ᵀ + the parts' biases */
-    LOP_ROPE_KV,   /* out = rope(in's queries); the cache rows of (seq, pos) = rope(in's keys), in's values */
+    LOP_ROPE_KV,   /* out = rope(in's queries); the cache rows of (seq, pos) = rope(in's keys), in's values;
+                    * the queries' rotated dims times llm_rope_q_scale and each query row times
+                    * llm_attn_temp of its position where the family's hyperparameters have them */
     LOP_ATTENTION, /* out = causal attention of the queries in over the cache rows of the token's sequence */
     LOP_SILU_MUL,  /* out = silu(in's gate half) * in's up half */
     LOP_QK_NORM,   /* in place on q|k|v: each query head = rmsnorm(head) * norm[LAYER_Q_NORM] (head_dim), each
