@@ -1,6 +1,7 @@
-/* qwen35 — what the Qwen3.5 / 3.6 families (qwen35.c dense, qwen35moe.c Mixture of Experts) share: the mixer
- * of both layer kinds (gated full attention, gated DeltaNet) as ops and tensors, and the reading of their
- * GGUF keys. A family appends its FFN: the ops after the FFN norm, the FFN's tensors after the mixer's.
+/* qwen35 — what the Qwen3.5 / 3.6 families (qwen35.c dense, qwen35moe.c Mixture of Experts) and Qwen3-Next
+ * (qwen3next.c) share: the mixer of both layer kinds (gated full attention, gated DeltaNet) as ops and
+ * tensors, and the reading of their GGUF keys. A family appends its FFN: the ops after the FFN norm, the
+ * FFN's tensors after the mixer's.
  */
 #ifndef FERRY_ARCH_QWEN35_H
 #define FERRY_ARCH_QWEN35_H
@@ -53,5 +54,8 @@
 /* The linear-attention keys ({arch}.ssm.*, full_attention_interval, attention.recurrent_layers), with the
  * gated queries of the full-attention layers. FERRY_OK or a status with err naming the key. */
 int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
+/* Those plus the experts' keys and the shared expert's size (expert_shared_feed_forward_length, else
+ * feed_forward_length) as ffn_dim (qwen35moe.c). */
+int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
 
 #endif

@@ -51,7 +51,7 @@ static const struct arch_tensor qwen35moe_tensors[] = {
     {ARCH_ROLE_SHEXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},
 };
 
-static int qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
+int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
 {
     int rc;
     if ((rc = arch_qwen35_gguf_hparams(g, hp, err)) || (rc = arch_moe_gguf_hparams(g, hp, err))) return rc;
@@ -86,6 +86,6 @@ const struct arch_family arch_qwen35moe = {
     .program = &qwen35moe_attn_program,
     .program_recurrent = &qwen35moe_linear_program,
     .chat_template = "chatml",
-    .gguf_hparams = qwen35moe_gguf_hparams,
+    .gguf_hparams = arch_qwen35moe_gguf_hparams,
     .gguf_ffn_optional = 1,
 };
