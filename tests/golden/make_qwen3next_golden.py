@@ -26,10 +26,16 @@ attn_gate (z); in_proj_ba is written as it is, ssm_ba. The second file is the ol
 reads (its "legacy" ssm_in path): in_proj_qkvz as it is, ssm_in, and no attn_qkv / attn_gate. Both end with
 one multi-token-prediction block (nextn_predict_layers 1), as the converter's default export.
 
-Run: python3 tests/golden/make_qwen3next_golden.py  (needs torch, transformers >= 5.23, gguf, numpy; CI uses
-the committed output)
+Run: python3 tests/golden/make_qwen3next_golden.py [--converter LLAMA_CPP_DIR]  (needs torch, transformers >=
+5.23, gguf, numpy; CI uses the committed output). With --converter, the checkpoint is also saved and converted
+by that llama.cpp tree's convert_hf_to_gguf.py (--no-nextn: transformers has no MTP weights; no tokenizer), and
+every tensor of its file must equal the one written here in name, shape and value, and every key but the MTP
+block's (block_count, nextn_predict_layers, recurrent_layers' last entry) match.
 """
 import os
+import subprocess
+import sys
+import tempfile
 
 import torch
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -77,6 +83,47 @@ def writer(packed_qkvz):
     return write
 
 
+CONVERT = """
+import sys
+sys.path[:0] = [LCP, LCP + "/gguf-py"]
+import conversion.qwen as cq
+cq.Qwen3NextModel.set_vocab = lambda self: None
+sys.argv = ["convert_hf_to_gguf.py", SRC, "--outtype", "f16", "--outfile", OUT, "--no-nextn"]
+runpy.run_path(LCP + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+COMPARE = """
+import sys
+import numpy as np
+sys.path.insert(0, LCP + "/gguf-py")
+import gguf
+a, b = gguf.GGUFReader(OUT), gguf.GGUFReader(OURS)
+ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+extra = sorted(n for n in set(tb) - set(ta) if not n.startswith("blk.%d." % LAYERS))
+assert set(ta) <= set(tb) and not extra, (sorted(set(ta) - set(tb)), extra)
+for n, t in ta.items():
+    x, y = (np.asarray(u.data, dtype=np.float32).reshape(-1) for u in (t, tb[n]))
+    assert list(t.shape) == list(tb[n].shape) and np.array_equal(x, y), n
+skip = {"GGUF.kv_count", "GGUF.tensor_count", "qwen3next.block_count", "qwen3next.nextn_predict_layers"}
+fa, fb = ({f.name: f.contents() for f in r.fields.values() if not f.name.startswith(("general.", "tokenizer."))
+           and f.name not in skip} for r in (a, b))
+fb["qwen3next.attention.recurrent_layers"] = fb["qwen3next.attention.recurrent_layers"][:LAYERS]
+assert fa == fb, {k: (fa.get(k), fb.get(k)) for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
+print("converter check: %d tensors and %d keys equal" % (len(ta), len(fa)))
+"""
+
+
+def check_converter(model, lcp):
+    """The converter of llama.cpp tree lcp on the checkpoint writes what writer(False) wrote."""
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(os.path.join(d, "hf"))
+        env = dict(LCP=lcp, SRC=os.path.join(d, "hf"), OUT=os.path.join(d, "conv.gguf"), LAYERS=CFG["num_hidden_layers"],
+                   OURS=os.path.join(q35.HERE, "models", NAME + ".gguf"))
+        for code in (CONVERT, COMPARE):  # separate processes: the tree's gguf-py, not the installed one
+            pre = "".join(f"{k} = {v!r}\n" for k, v in env.items()) + "import runpy\n"
+            subprocess.run([sys.executable, "-c", pre + code], check=True, cwd=lcp)
+
+
 def main():
     torch.manual_seed(SEED)
     cfg = Qwen3NextConfig(**CFG)
@@ -84,6 +131,8 @@ def main():
     q35.make(NAME, model, cfg, SEED, writer(False))
     # The same weights (make rounded them already) in the older layout; the reference outputs are the same.
     writer(True)(model, cfg, os.path.join(q35.HERE, "models", LEGACY + ".gguf"))
+    if "--converter" in sys.argv:
+        check_converter(model, os.path.abspath(sys.argv[sys.argv.index("--converter") + 1]))
 
 
 if __name__ == "__main__":
