@@ -345,6 +345,18 @@ static unsigned char *patch_after(unsigned char *buf, size_t n, const char *afte
     return p;
 }
 
+/* Sets the u32 key `key` of the GGUF bytes in buf (the key, its type u32, then its value) from `from` to
+ * `to`.
+ */
+static void set_u32_key(unsigned char *buf, size_t n, const char *key, uint32_t from, uint32_t to)
+{
+    unsigned char *kv = memmem(buf, n, key, strlen(key));
+    cr_assert(kv, "no key %s", key);
+    const uint32_t u32 = 4;
+    cr_assert(!memcmp(kv + strlen(key), &u32, 4) && !memcmp(kv + strlen(key) + 4, &from, 4), "%s", key);
+    memcpy(kv + strlen(key) + 4, &to, 4);
+}
+
 static void expect_refused(const unsigned char *buf, size_t n, const char *msg)
 {
     struct model_file *mf = NULL;
@@ -379,15 +391,7 @@ Test(qwen35, mismatched_linear_tensors_refused)
     /* The key says 2 value heads where the tensors have 4: the first tensor with a value-head row is named.
      */
     memcpy(buf, orig, n);
-    const char *key = "qwen35.ssm.time_step_rank";
-    unsigned char *kv = memmem(buf, n, key, strlen(key));
-    cr_assert(kv);
-    uint32_t type, value; /* the key, then its type (u32: 4), then the value */
-    memcpy(&type, kv + strlen(key), 4);
-    memcpy(&value, kv + strlen(key) + 4, 4);
-    cr_assert(type == 4 && value == 4, "type %u value %u", type, value);
-    value = 2;
-    memcpy(kv + strlen(key) + 4, &value, 4);
+    set_u32_key(buf, n, "qwen35.ssm.time_step_rank", 4, 2);
     expect_refused(buf, n, "tensor 'blk.0.ssm_beta.weight' has shape [64, 4, 1, 1], expected [64, 2]");
     /* A convolution 3 wide where the key says 4. */
     memcpy(buf, orig, n);
@@ -558,12 +562,7 @@ Test(qwen3next, mismatched_linear_tensors_refused)
     unsigned char *orig = golden_bytes(NEXT, &n), *buf = malloc(n);
     /* 2 value heads where the tensors have 4: ssm_ba (b and a of every value head) is named. */
     memcpy(buf, orig, n);
-    const char *key = "qwen3next.ssm.time_step_rank";
-    unsigned char *kv = memmem(buf, n, key, strlen(key));
-    cr_assert(kv);
-    const uint32_t u32 = 4, v4 = 4, v2 = 2; /* the key, its type (u32), then its value */
-    cr_assert(!memcmp(kv + strlen(key), &u32, 4) && !memcmp(kv + strlen(key) + 4, &v4, 4));
-    memcpy(kv + strlen(key) + 4, &v2, 4);
+    set_u32_key(buf, n, "qwen3next.ssm.time_step_rank", 4, 2);
     expect_refused(buf, n, "tensor 'blk.0.ssm_ba.weight' has shape [64, 8, 1, 1], expected [64, 4]");
     /* The older layout: ssm_in one row short of q|k|v|z (128 + 64). */
     size_t nl;

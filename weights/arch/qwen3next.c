@@ -3,8 +3,8 @@
  * full attention (per head queries then an output gate in attn_q, QK-norm, rotate-half rotary on the first
  * rope.dimension_count dims), every FFN the router's softmax top n_expert_used experts weighted by their
  * probabilities over their sum, plus a shared expert scaled by sigmoid(x · ffn_gate_inp_shexp)
- * (LOP_MOE_SHARED) — qwen35.h's ops and qwen35moe's keys. Where Qwen3.5 differs, GGUF files as llama.cpp's
- * converter writes the "qwen3next" architecture (and transformers' qwen3_next model computes):
+ * (LOP_MOE_SHARED) — qwen35moe's programs, keys and expert tensors. Where Qwen3.5 differs, GGUF files as
+ * llama.cpp's converter writes the "qwen3next" architecture (and transformers' qwen3_next model computes):
  *  - value heads stay grouped by key head (value head j reads key head j / (n_v / n_k)), not tiled;
  *  - b and a are one tensor, ssm_ba (2 n_v, dim): per key head the b of its value heads, then their a;
  *  - q|k|v and z come as attn_qkv and attn_gate (today's converter), or as one ssm_in (conv_dim + inner,
@@ -18,55 +18,17 @@
 #include "weights/arch/qwen35.h"
 #include "weights/model_file.h"
 
-static const struct layer_op qwen3next_attn_ops[] = {
-    ARCH_QWEN35_ATTN_OPS,
-    {LOP_MOE_SHARED, LACT_XN, LACT_D, 0},
-};
-static const struct layer_program qwen3next_attn_program = {.ops = qwen3next_attn_ops,
-                                                            .n_ops = sizeof qwen3next_attn_ops /
-                                                                     sizeof qwen3next_attn_ops[0],
-                                                            .kv_first = 4,
-                                                            .kv_last = 5};
-
-static const struct layer_op qwen3next_linear_ops[] = {
-    ARCH_QWEN35_LINEAR_OPS,
-    {LOP_MOE_SHARED, LACT_XN, LACT_D, 0},
-};
-static const struct layer_program qwen3next_linear_program = {.ops = qwen3next_linear_ops,
-                                                              .n_ops = sizeof qwen3next_linear_ops /
-                                                                       sizeof qwen3next_linear_ops[0],
-                                                              .kv_first = -1,
-                                                              .kv_last = -1};
-
 /* The in-projections are optional one by one (ssm_in, or attn_qkv and attn_gate; model_init refuses a
  * recurrent layer with neither); attn_qkv after ssm_in, so a file with both runs the split pair. HF names:
  * transformers' where it has the tensor (it has no split q|k|v or z). */
 static const struct arch_tensor qwen3next_tensors[] = {
-    {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},
-    {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "post_attention_norm.weight", "post_attention_layernorm.weight"},
-    {ARCH_ROLE_WQ, ARCH_NEED_ATTN, "attn_q.weight", "self_attn.q_proj.weight"},
-    {ARCH_ROLE_WK, ARCH_NEED_ATTN, "attn_k.weight", "self_attn.k_proj.weight"},
-    {ARCH_ROLE_WV, ARCH_NEED_ATTN, "attn_v.weight", "self_attn.v_proj.weight"},
-    {ARCH_ROLE_WO, ARCH_NEED_ATTN, "attn_output.weight", "self_attn.o_proj.weight"},
-    {ARCH_ROLE_Q_NORM, ARCH_NEED_ATTN, "attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {ARCH_ROLE_K_NORM, ARCH_NEED_ATTN, "attn_k_norm.weight", "self_attn.k_norm.weight"},
+    ARCH_QWEN35_ATTN_TENSORS,
     {ARCH_ROLE_SSM_QKVZ, ARCH_NEED_NEVER, "ssm_in.weight", "linear_attn.in_proj_qkvz.weight"},
     {ARCH_ROLE_SSM_QKV, ARCH_NEED_NEVER, "attn_qkv.weight", ""},
     {ARCH_ROLE_SSM_Z, ARCH_NEED_NEVER, "attn_gate.weight", ""},
     {ARCH_ROLE_SSM_BA, ARCH_NEED_RECURRENT, "ssm_ba.weight", "linear_attn.in_proj_ba.weight"},
-    {ARCH_ROLE_SSM_CONV, ARCH_NEED_RECURRENT, "ssm_conv1d.weight", "linear_attn.conv1d.weight"},
-    {ARCH_ROLE_SSM_DT, ARCH_NEED_RECURRENT, "ssm_dt.bias", "linear_attn.dt_bias"},
-    {ARCH_ROLE_SSM_A, ARCH_NEED_RECURRENT, "ssm_a", "linear_attn.A_log"},
-    {ARCH_ROLE_SSM_NORM, ARCH_NEED_RECURRENT, "ssm_norm.weight", "linear_attn.norm.weight"},
-    {ARCH_ROLE_SSM_OUT, ARCH_NEED_RECURRENT, "ssm_out.weight", "linear_attn.out_proj.weight"},
-    {ARCH_ROLE_ROUTER, ARCH_NEED_ALWAYS, "ffn_gate_inp.weight", "mlp.gate.weight"},
-    {ARCH_ROLE_EXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_exps.weight", "mlp.experts.*.gate_proj.weight"},
-    {ARCH_ROLE_EXP_UP, ARCH_NEED_ALWAYS, "ffn_up_exps.weight", "mlp.experts.*.up_proj.weight"},
-    {ARCH_ROLE_EXP_DOWN, ARCH_NEED_ALWAYS, "ffn_down_exps.weight", "mlp.experts.*.down_proj.weight"},
-    {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
-    {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
-    {ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
-    {ARCH_ROLE_SHEXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},
+    ARCH_QWEN35_SSM_TENSORS,
+    ARCH_QWEN35_MOE_TENSORS,
 };
 
 static int qwen3next_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
@@ -89,8 +51,8 @@ const struct arch_family arch_qwen3next = {
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen3next_tensors,
     .n_tensors = sizeof qwen3next_tensors / sizeof qwen3next_tensors[0],
-    .program = &qwen3next_attn_program,
-    .program_recurrent = &qwen3next_linear_program,
+    .program = &arch_qwen35moe_attn_program,
+    .program_recurrent = &arch_qwen35moe_linear_program,
     .chat_template = "chatml",
     .gguf_hparams = qwen3next_gguf_hparams,
     .gguf_ffn_optional = 1,
