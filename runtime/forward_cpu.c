@@ -332,11 +332,13 @@ static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, 
     const struct kern_dn_dims d = {
         .n_k_heads = nk, .n_v_heads = nv, .head_k = hk, .head_v = hv, .grouped = hp->ssm_grouped};
     float *pq = f->dn_proj, *pz = pq + (size_t)n * C, *pb = pz + (size_t)n * I, *pa = pb + (size_t)n * nv;
-    /* q|k|v, z, b, a: four products, or Qwen3-Next's two packed ones into dn_pack (split below). */
-    const int qkvz = !dn->z.data, ba = !dn->alpha.data;
+    /* q|k|v, z, b, a: four products, or Qwen3-Next's two packed ones into dn_pack (split below); a packed
+     * tensor (known by its rows) wins over a separate z or a. */
+    const int qkvz = dn->qkv.rows != C, ba = dn->beta.rows != nv;
     if ((qkvz || ba) && !f->dn_pack) return FERRY_ERR_INTERNAL;
     float *xqkvz = f->dn_pack, *xba = f->dn_pack + (size_t)n * (C + I);
-    const struct wview *mats[4] = {&dn->qkv, &dn->z, &dn->beta, &dn->alpha};
+    const struct wview none = {0};
+    const struct wview *mats[4] = {&dn->qkv, qkvz ? &none : &dn->z, &dn->beta, ba ? &none : &dn->alpha};
     float *ys[4] = {qkvz ? xqkvz : pq, pz, ba ? xba : pb, pa};
     struct kern_cpu_mm jobs[4];
     int n_jobs = 0;
@@ -853,8 +855,8 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
         }
         int packed = 0;
         for (int l = 0; l < hp->n_layers; l++)
-            packed |= llm_layer_is_recurrent(hp, l) &&
-                      (!f->m->layers[l].ssm_z.data || !f->m->layers[l].ssm_alpha.data);
+            packed |= llm_layer_is_recurrent(hp, l) && (f->m->layers[l].ssm_qkv.rows != (int64_t)C ||
+                                                        f->m->layers[l].ssm_beta.rows != (int64_t)nv);
         if (packed && !(f->dn_pack = malloc(n * (C + I + 2 * nv) * sizeof(float)))) {
             rc = FERRY_ERR_NOMEM;
             goto fail;
