@@ -58,6 +58,7 @@ struct forward_cpu {
      * workspace; row indices and marks. */
     struct seq_state *state;
     float *dn_proj, *dn_run, *dn_gb, *dn_orun, *dn_o, *dn_ws;
+    float *dn_pack; /* (n, conv_dim + inner + 2 n_v) packed products before dn_unpack, or NULL: none packed */
     int32_t *dn_rows;
     uint8_t *dn_done;
     float *ones; /* (head_dim) 1.0: the weight of LOP_V_NORM's weightless norm, or NULL */
@@ -151,7 +152,7 @@ static void cpu_free(struct backend *be)
     free(f->moe_ws);
     free(f->moe_ids);
     free(f->gate);
-    float *dn[] = {f->dn_proj, f->dn_run, f->dn_gb, f->dn_orun, f->dn_o, f->dn_ws};
+    float *dn[] = {f->dn_proj, f->dn_run, f->dn_gb, f->dn_orun, f->dn_o, f->dn_ws, f->dn_pack};
     for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++) free(dn[i]);
     free(f->dn_rows);
     free(f->dn_done);
@@ -303,6 +304,25 @@ static int q_gate_split(struct forward_cpu *f, int n)
 /* Rows of one sequence's chunk in the chunked delta rule. */
 #define DN_CHUNK 64
 
+/* One destination of dn_unpack: per key head h, `width` floats at base + t * stride + h * width. */
+struct dn_part {
+    float *base;
+    int stride, width;
+};
+
+/* Qwen3-Next's packed products: row t of x (n rows) holds, per key head h (nk of them), the parts' pieces one
+ * after the other; each piece goes to its part's place. */
+static void dn_unpack(const float *x, int n, int nk, const struct dn_part *parts, int n_parts)
+{
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nk; h++)
+            for (int p = 0; p < n_parts; p++) {
+                const int w = parts[p].width;
+                memcpy(parts[p].base + (size_t)t * parts[p].stride + (size_t)h * w, x, (size_t)w * sizeof *x);
+                x += w;
+            }
+}
+
 /* LOP_DELTANET of layer l on the rows in xn (see program.h), its output in d. */
 static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, const struct layer_weights *w,
                     float *out, const float *in)
@@ -310,19 +330,40 @@ static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, 
     const struct llm_hparams *hp = &f->m->hp;
     const struct layer_deltanet *dn = &w->dn;
     const struct batch *b = st->b;
-    if (!dn->qkv.data || !dn->conv || !f->state || !f->dn_proj) return FERRY_ERR_INTERNAL;
+    if (n < 1 || !dn->qkv.data || !dn->conv || !f->state || !f->dn_proj) return FERRY_ERR_INTERNAL;
     const int C = llm_ssm_conv_dim(hp), I = hp->ssm_inner, nv = hp->ssm_n_v_heads, nk = hp->ssm_n_k_heads,
               hk = hp->ssm_head_k, hv = llm_ssm_head_v(hp);
-    const struct kern_dn_dims d = {.n_k_heads = nk, .n_v_heads = nv, .head_k = hk, .head_v = hv};
+    const struct kern_dn_dims d = {
+        .n_k_heads = nk, .n_v_heads = nv, .head_k = hk, .head_v = hv, .grouped = hp->ssm_grouped};
     float *pq = f->dn_proj, *pz = pq + (size_t)n * C, *pb = pz + (size_t)n * I, *pa = pb + (size_t)n * nv;
-    const struct wview *mats[4] = {&dn->qkv, &dn->z, &dn->beta, &dn->alpha};
-    float *ys[4] = {pq, pz, pb, pa};
+    /* q|k|v, z, b, a: four products, or Qwen3-Next's two packed ones into dn_pack (split below); a packed
+     * tensor (known by its rows) wins over a separate z or a. */
+    const int qkvz = dn->qkv.rows != C, ba = dn->beta.rows != nv;
+    if ((qkvz || ba) && !f->dn_pack) return FERRY_ERR_INTERNAL;
+    float *xqkvz = f->dn_pack, *xba = f->dn_pack + (size_t)n * (C + I);
+    const struct wview none = {0};
+    const struct wview *mats[4] = {&dn->qkv, qkvz ? &none : &dn->z, &dn->beta, ba ? &none : &dn->alpha};
+    float *ys[4] = {qkvz ? xqkvz : pq, pz, ba ? xba : pb, pa};
     struct kern_cpu_mm jobs[4];
+    int n_jobs = 0;
     for (int j = 0; j < 4; j++)
-        jobs[j] = (struct kern_cpu_mm){
-            .y = ys[j], .w = mats[j]->data, .wt = mats[j]->type, .n = (int)mats[j]->rows};
-    int rc = kern_cpu_matmul_multi(jobs, 4, in, n, hp->dim, f->tp);
+        if (mats[j]->data)
+            jobs[n_jobs++] = (struct kern_cpu_mm){
+                .y = ys[j], .w = mats[j]->data, .wt = mats[j]->type, .n = (int)mats[j]->rows};
+    int rc = kern_cpu_matmul_multi(jobs, n_jobs, in, n, hp->dim, f->tp);
     if (rc) return rc;
+    const int per = nv / nk; /* value heads per key head */
+    if (qkvz) {
+        const struct dn_part parts[4] = {{pq, C, hk},
+                                         {pq + (size_t)nk * hk, C, hk},
+                                         {pq + (size_t)2 * nk * hk, C, per * hv},
+                                         {pz, I, per * hv}};
+        dn_unpack(xqkvz, n, nk, parts, 4);
+    }
+    if (ba) {
+        const struct dn_part parts[2] = {{pb, nv, per}, {pa, nv, per}};
+        dn_unpack(xba, n, nk, parts, 2);
+    }
     /* Rates sigmoid(b); decays (log) -exp(A_log) * softplus(a + dt_bias), softplus as torch's (x past 20). */
     for (size_t i = 0; i < (size_t)n * nv; i++) {
         const int j = (int)(i % (size_t)nv);
@@ -813,6 +854,14 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
             !(f->dn_orun = malloc(n * I * sizeof(float))) || !(f->dn_o = malloc(n * I * sizeof(float))) ||
             !(f->dn_ws = malloc(kern_cpu_dn_chunk_ws_floats(&d, DN_CHUNK) * sizeof(float))) ||
             !(f->dn_rows = malloc(n * sizeof(int32_t))) || !(f->dn_done = malloc(n))) {
+            rc = FERRY_ERR_NOMEM;
+            goto fail;
+        }
+        int packed = 0;
+        for (int l = 0; l < hp->n_layers; l++)
+            packed |= llm_layer_is_recurrent(hp, l) && (f->m->layers[l].ssm_qkv.rows != (int64_t)C ||
+                                                        f->m->layers[l].ssm_beta.rows != (int64_t)nv);
+        if (packed && !(f->dn_pack = malloc(n * (C + I + 2 * nv) * sizeof(float)))) {
             rc = FERRY_ERR_NOMEM;
             goto fail;
         }

@@ -86,10 +86,12 @@ static struct wview *layer_matrix(struct model_layer *L, enum arch_role r)
     case ARCH_ROLE_ROUTER:
         return &L->router;
     case ARCH_ROLE_SSM_QKV:
+    case ARCH_ROLE_SSM_QKVZ: /* packed: ssm_z stays empty */
         return &L->ssm_qkv;
     case ARCH_ROLE_SSM_Z:
         return &L->ssm_z;
     case ARCH_ROLE_SSM_BETA:
+    case ARCH_ROLE_SSM_BA: /* packed: ssm_alpha stays empty */
         return &L->ssm_beta;
     case ARCH_ROLE_SSM_ALPHA:
         return &L->ssm_alpha;
@@ -311,6 +313,10 @@ int model_init(struct model *m, const struct model_file *mf, char err[256])
         if (!llm_layer_kv_shared(hp, l) && !llm_layer_is_recurrent(hp, l) &&
             (!L->wk.data || (L->q_norm && !L->k_norm)))
             lacks = !L->wk.data ? "attn_k.weight" : "attn_k_norm.weight";
+        else if (llm_layer_is_recurrent(hp, l) &&
+                 (!L->ssm_qkv.data || (!L->ssm_z.data && L->ssm_qkv.rows == llm_ssm_conv_dim(hp))))
+            lacks =
+                !L->ssm_qkv.data ? "attn_qkv.weight" : "attn_gate.weight"; /* q|k|v and z, or both packed */
         else if (hp->ple_dim > 0 && (!L->ple_gate.data || !L->ple_proj.data || !L->ple_norm))
             lacks = !L->ple_gate.data   ? "inp_gate.weight"
                     : !L->ple_proj.data ? "proj.weight"

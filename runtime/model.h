@@ -65,9 +65,11 @@ struct model_layer {
     float *exp_down_b;            /* (n_expert, dim) f32 */
     /* Gated DeltaNet layers (llm_layer_is_recurrent; empty otherwise, and wq..wo empty in them): conv_dim =
      * llm_ssm_conv_dim, inner = hp.ssm_inner, n_v = hp.ssm_n_v_heads. */
-    struct wview ssm_qkv;             /* (conv_dim, dim) */
+    struct wview ssm_qkv;             /* (conv_dim, dim); packed with z (ARCH_ROLE_SSM_QKVZ): (conv_dim +
+                                       * inner, dim) and ssm_z empty */
     struct wview ssm_z;               /* (inner, dim) */
-    struct wview ssm_beta, ssm_alpha; /* (n_v, dim) */
+    struct wview ssm_beta, ssm_alpha; /* (n_v, dim); packed (ARCH_ROLE_SSM_BA): ssm_beta (2 n_v, dim) and
+                                       * ssm_alpha empty */
     struct wview ssm_out;             /* (dim, inner) */
     float *ssm_conv;                  /* (conv_dim, conv_kernel) f32 */
     float *ssm_dt, *ssm_a;            /* (n_v) f32: the decay's bias and -exp(A_log) */

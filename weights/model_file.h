@@ -70,6 +70,9 @@ struct llm_hparams {
     int ssm_n_v_heads;   /* ssm.time_step_rank: value heads, a multiple of the key heads */
     int ssm_inner;       /* ssm.inner_size: n_v_heads * value head size */
     int attn_out_gate;   /* full attention: attn_q holds, per head, its queries then its output gate */
+    /* 1: value heads grouped by key head, value head j reading key head j / (n_v_heads / n_k_heads)
+     * (Qwen3-Next); 0: tiled over them, j % n_k_heads (llama.cpp's Qwen3.5 files). */
+    int ssm_grouped;
     /* Gemma 4 (0 elsewhere): head_dim, n_kv_heads and rope_dim above are the global layers' (as llama.cpp's
      * GGUF keys give them); the local layers have their own. A global layer without attn_v takes its keys as
      * its values. Logits are soft-capped: c * tanh(logits / c). */

@@ -26,7 +26,7 @@ static void rec_head(void *ctx, int j)
     const struct rec_job *job = ctx;
     const struct kern_dn_seq *s = job->s;
     const struct kern_dn_dims *d = job->d;
-    const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads, kh = j % d->n_k_heads;
+    const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads, kh = kern_dn_key_head(d, j);
     float *S = job->S + (size_t)j * hk * hv;
     for (int t = 0; t < s->n; t++) {
         const float *q = s->q + (size_t)t * s->stride + (size_t)kh * hk;
@@ -101,7 +101,7 @@ static void chunk_head(void *ctx, int j)
     const struct chunk_job *job = ctx;
     const struct kern_dn_seq *s = job->s;
     const struct kern_dn_dims *d = job->d;
-    const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads, kh = j % d->n_k_heads, C = job->chunk;
+    const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads, kh = kern_dn_key_head(d, j), C = job->chunk;
     float *S = job->S + (size_t)j * hk * hv;
     float *KK = job->ws + head_ws(d, C) * (size_t)j, *QK = KK + (size_t)C * C, *W = QK + (size_t)C * C,
           *U = W + (size_t)C * hv, *G = U + (size_t)C * hv;

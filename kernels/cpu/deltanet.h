@@ -4,15 +4,16 @@
  * space), rate beta_t in (0, 1), unit-norm key k_t, query q_t (already scaled) and value v_t does
  *   S = exp(g_t) S;  u = beta_t (v_t - Sᵀ k_t);  S += k_t uᵀ;  o_t = Sᵀ q_t
  * (the delta rule: only the part of v_t the state does not already predict is written). Value head j reads
- * query/key head j % n_k_heads (GGUF files list value heads tiled over the key heads, as llama.cpp writes
- * them). kern_cpu_dn_recurrent is that loop, token by token: the reference, and the decode path.
- * kern_cpu_dn_chunked computes the same function over chunks of C tokens at once: within a chunk, with
- * G_t the running sum of g and S0 the state at its start, the deltas u solve the unit lower-triangular
- * system u_t + sum_{s<t} beta_t e^{G_t-G_s} (k_t·k_s) u_s = beta_t (v_t - e^{G_t} S0ᵀ k_t), and
- * o_t = e^{G_t} S0ᵀ q_t + sum_{s<=t} e^{G_t-G_s} (q_t·k_s) u_s, S = e^{G_last} S0 + sum_s e^{G_last-G_s} k_s
- * u_sᵀ: products of small matrices instead of one rank-1 update of every state per token (the form of the
- * flash-linear-attention kernels). Every factor e^{G_t-G_s} with s <= t is at most 1, so nothing overflows.
- * kern_cpu_dn_conv is the causal depthwise convolution before it, with its rolling state.
+ * query/key head j % n_k_heads when the value heads are tiled over the key heads (llama.cpp's qwen35 files),
+ * or j / (n_v_heads / n_k_heads) when they are grouped by key head (transformers' order, which llama.cpp's
+ * qwen3next files keep): kern_dn_dims.grouped. kern_cpu_dn_recurrent is that loop, token by token: the
+ * reference, and the decode path. kern_cpu_dn_chunked computes the same function over chunks of C tokens at
+ * once: within a chunk, with G_t the running sum of g and S0 the state at its start, the deltas u solve the
+ * unit lower-triangular system u_t + sum_{s<t} beta_t e^{G_t-G_s} (k_t·k_s) u_s = beta_t (v_t - e^{G_t} S0ᵀ
+ * k_t), and o_t = e^{G_t} S0ᵀ q_t + sum_{s<=t} e^{G_t-G_s} (q_t·k_s) u_s, S = e^{G_last} S0 + sum_s
+ * e^{G_last-G_s} k_s u_sᵀ: products of small matrices instead of one rank-1 update of every state per token
+ * (the form of the flash-linear-attention kernels). Every factor e^{G_t-G_s} with s <= t is at most 1, so
+ * nothing overflows. kern_cpu_dn_conv is the causal depthwise convolution before it, with its rolling state.
  */
 #ifndef FERRY_KERN_CPU_DELTANET_H
 #define FERRY_KERN_CPU_DELTANET_H
@@ -24,7 +25,14 @@ struct tpool;
 struct kern_dn_dims {
     int n_k_heads, n_v_heads; /* n_v_heads a multiple of n_k_heads */
     int head_k, head_v;
+    int grouped; /* 1: value heads grouped by key head (j / (n_v/n_k)); 0: tiled over them (j % n_k) */
 };
+
+/* The query/key head value head j reads. */
+static inline int kern_dn_key_head(const struct kern_dn_dims *d, int j)
+{
+    return d->grouped ? j / (d->n_v_heads / d->n_k_heads) : j % d->n_k_heads;
+}
 
 /* The tokens of one sequence, in order. Row t of q and k holds n_k_heads heads of head_k floats, of v
  * n_v_heads heads of head_v floats, each at t * stride from its pointer (they may share one row: the

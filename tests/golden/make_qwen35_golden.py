@@ -92,9 +92,33 @@ def dense_ffn(put, sd, p, b):
     put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
 
 
-def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, mtp=False):
-    """The file as the converter writes `arch`; ffn(put, sd, p, b) writes each layer's FFN tensors and
-    extra_keys(w), when given, the FFN's keys. mtp: one multi-token-prediction block after the layers, as the
+def tiled_linear(put, sd, a, b, c):
+    """A gated DeltaNet layer (checkpoint prefix a, GGUF prefix b) as the converter writes qwen35: the value
+    heads tiled over the key heads."""
+    nk, nv, hk, hv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                      c.linear_value_head_dim)
+    qkv = sd[a + "in_proj_qkv.weight"]
+    kd = nk * hk
+    qkv = torch.cat([qkv[:2 * kd], tiled(qkv[2 * kd:], 0, nk, nv, hv)], 0)
+    put(b + "attn_qkv.weight", qkv)
+    put(b + "attn_gate.weight", tiled(sd[a + "in_proj_z.weight"], 0, nk, nv, hv))
+    put(b + "ssm_beta.weight", tiled(sd[a + "in_proj_b.weight"], 0, nk, nv, 1))
+    put(b + "ssm_alpha.weight", tiled(sd[a + "in_proj_a.weight"], 0, nk, nv, 1))
+    conv = sd[a + "conv1d.weight"].squeeze(1)  # (channels, width)
+    conv = torch.cat([conv[:2 * kd], tiled(conv[2 * kd:], 0, nk, nv, hv)], 0)
+    put(b + "ssm_conv1d.weight", conv, True)
+    put(b + "ssm_dt.bias", tiled(sd[a + "dt_bias"].unsqueeze(-1), 0, nk, nv, 1).squeeze(-1), True)
+    put(b + "ssm_a", tiled((-torch.exp(sd[a + "A_log"].float())).unsqueeze(-1), 0, nk, nv, 1).squeeze(-1),
+        True)
+    put(b + "ssm_norm.weight", sd[a + "norm.weight"], True)
+    put(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, nk, nv, hv))
+
+
+def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, mtp=False, linear=tiled_linear,
+               sections=True):
+    """The file as the converter writes `arch`; ffn(put, sd, p, b) writes each layer's FFN tensors,
+    linear(put, sd, a, b, cfg) each gated DeltaNet layer's, and extra_keys(w), when given, the FFN's keys;
+    sections: rope.dimension_sections (the multimodal rotary of Qwen3.5) is written. mtp: one multi-token-prediction block after the layers, as the
     converter exports a checkpoint's mtp.* weights (block_count one more, nextn_predict_layers 1, the block
     not recurrent): a full-attention layer's tensors (here a copy of the last layer's, since transformers has
     no MTP weights) and its nextn.* tensors (random), which a reader of the trunk leaves alone."""
@@ -128,7 +152,8 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
                 [t == "linear_attention" for t in c.layer_types] + [False] * mtp)
     w.add_full_attention_interval(4)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
-    w.add_rope_dimension_sections(list(c.rope_parameters["mrope_section"]) + [0])
+    if sections:
+        w.add_rope_dimension_sections(list(c.rope_parameters["mrope_section"]) + [0])
 
     # A byte-fallback SentencePiece vocabulary of the model's size, so that `ferry serve` can run the file
     # (requests send token ids; replies are detokenized): <unk>, <s>, </s>, the 256 bytes, and four pieces.
@@ -165,22 +190,7 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
             put(b + "attn_q_norm.weight", sd[a + "q_norm.weight"] + 1, True)
             put(b + "attn_k_norm.weight", sd[a + "k_norm.weight"] + 1, True)
             return
-        a = p + "linear_attn."
-        qkv = sd[a + "in_proj_qkv.weight"]
-        kd = nk * hk
-        qkv = torch.cat([qkv[:2 * kd], tiled(qkv[2 * kd:], 0, nk, nv, hv)], 0)
-        put(b + "attn_qkv.weight", qkv)
-        put(b + "attn_gate.weight", tiled(sd[a + "in_proj_z.weight"], 0, nk, nv, hv))
-        put(b + "ssm_beta.weight", tiled(sd[a + "in_proj_b.weight"], 0, nk, nv, 1))
-        put(b + "ssm_alpha.weight", tiled(sd[a + "in_proj_a.weight"], 0, nk, nv, 1))
-        conv = sd[a + "conv1d.weight"].squeeze(1)  # (channels, width)
-        conv = torch.cat([conv[:2 * kd], tiled(conv[2 * kd:], 0, nk, nv, hv)], 0)
-        put(b + "ssm_conv1d.weight", conv, True)
-        put(b + "ssm_dt.bias", tiled(sd[a + "dt_bias"].unsqueeze(-1), 0, nk, nv, 1).squeeze(-1), True)
-        put(b + "ssm_a", tiled((-torch.exp(sd[a + "A_log"].float())).unsqueeze(-1), 0, nk, nv, 1).squeeze(-1),
-            True)
-        put(b + "ssm_norm.weight", sd[a + "norm.weight"], True)
-        put(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, nk, nv, hv))
+        linear(put, sd, p + "linear_attn.", b, c)
 
     for l in range(c.num_hidden_layers):
         layer(l, f"blk.{l}.")

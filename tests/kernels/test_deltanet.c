@@ -1,7 +1,8 @@
 /* deltanet: the gated delta rule token by token against a plain double-precision transcription of
  * transformers' torch_recurrent_gated_delta_rule, the chunked form against the token-by-token one (chunks
  * shorter than, equal to and longer than the sequence, one thread and several, value heads sharing key heads
- * as GGUF files tile them), the causal convolution against its definition (all at once, and split with the
+ * tiled over them as llama.cpp's qwen35 files list them and grouped by key head as transformers and its
+ * qwen3next files do), the causal convolution against its definition (all at once, and split with the
  * rolling state carried over), and the L2 and gated norms, at odd sizes on random data. */
 #include "kt_common.h"
 
@@ -14,7 +15,8 @@ static void rule_ref(const struct kern_dn_seq *s, const struct kern_dn_dims *d, 
     const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads;
     for (int j = 0; j < nv; j++) {
         double *Sj = S + (size_t)j * hk * hv;
-        const int kh = j % d->n_k_heads;
+        /* Grouped: transformers' repeat_interleave of the key heads; tiled: llama.cpp's qwen35 order. */
+        const int kh = d->grouped ? j / (nv / d->n_k_heads) : j % d->n_k_heads;
         for (int t = 0; t < s->n; t++) {
             const float *q = s->q + (size_t)t * s->stride + kh * hk,
                         *k = s->k + (size_t)t * s->stride + kh * hk,
@@ -44,10 +46,11 @@ struct case_data {
 
 /* Rows q | k | v as the convolution leaves them, q and k L2-normed (q scaled), decays and rates in their
  * ranges, a random initial state. */
-static void case_make(struct case_data *c, int nk, int nv, int hk, int hv, int n, uint64_t seed)
+static void case_make(struct case_data *c, int nk, int nv, int hk, int hv, int n, int grouped, uint64_t seed)
 {
     kt_seed(seed);
-    c->d = (struct kern_dn_dims){.n_k_heads = nk, .n_v_heads = nv, .head_k = hk, .head_v = hv};
+    c->d = (struct kern_dn_dims){
+        .n_k_heads = nk, .n_v_heads = nv, .head_k = hk, .head_v = hv, .grouped = grouped};
     c->n = n;
     c->stride = 2 * nk * hk + nv * hv;
     c->row = malloc(sizeof(float) * (size_t)n * c->stride);
@@ -86,10 +89,10 @@ static struct kern_dn_seq case_seq(const struct case_data *c, float *o, int t0, 
                                 .n = n};
 }
 
-static void check_recurrent(int nk, int nv, int hk, int hv, int n, int threads)
+static void check_recurrent(int nk, int nv, int hk, int hv, int n, int threads, int grouped)
 {
     struct case_data c;
-    case_make(&c, nk, nv, hk, hv, n, 100 + (uint64_t)n);
+    case_make(&c, nk, nv, hk, hv, n, grouped, 100 + (uint64_t)n);
     const size_t ns = (size_t)nv * hk * hv, no = (size_t)n * nv * hv;
     float *o = malloc(sizeof(float) * no), *oref = malloc(sizeof(float) * no),
           *S = malloc(sizeof(float) * ns), *Sf = malloc(sizeof(float) * ns);
@@ -107,7 +110,8 @@ static void check_recurrent(int nk, int nv, int hk, int hv, int n, int threads)
     kern_cpu_dn_recurrent(&s, &c.d, S, tp);
     for (size_t i = 0; i < ns; i++) Sf[i] = (float)Sref[i];
     char what[96];
-    snprintf(what, sizeof what, "recurrent out (%d/%d heads %dx%d, %d tokens)", nk, nv, hk, hv, n);
+    snprintf(what, sizeof what, "recurrent out (%d/%d heads %dx%d, %d tokens, %s)", nk, nv, hk, hv, n,
+             grouped ? "grouped" : "tiled");
     kt_check_close(what, o, oref, no, 1e-5, 1e-4);
     kt_check_close("recurrent state", S, Sf, ns, 1e-5, 1e-4);
     tpool_free(tp);
@@ -117,15 +121,22 @@ static void check_recurrent(int nk, int nv, int hk, int hv, int n, int threads)
 
 Test(deltanet, recurrent_matches_transformers_loop)
 {
-    check_recurrent(1, 1, 8, 8, 9, 1);
-    check_recurrent(3, 6, 7, 5, 37, 1); /* two value heads per key head */
-    check_recurrent(2, 6, 16, 12, 50, 3);
+    check_recurrent(1, 1, 8, 8, 9, 1, 0);
+    check_recurrent(3, 6, 7, 5, 37, 1, 0); /* two value heads per key head */
+    check_recurrent(2, 6, 16, 12, 50, 3, 0);
 }
 
-static void check_chunked(int nk, int nv, int hk, int hv, int n, int chunk, int threads)
+Test(deltanet, grouped_value_heads_match_transformers_loop)
+{
+    check_recurrent(3, 6, 7, 5, 37, 1, 1);
+    check_recurrent(2, 6, 16, 12, 50, 3, 1);
+    check_recurrent(1, 3, 9, 7, 11, 2, 1);
+}
+
+static void check_chunked(int nk, int nv, int hk, int hv, int n, int chunk, int threads, int grouped)
 {
     struct case_data c;
-    case_make(&c, nk, nv, hk, hv, n, 200 + (uint64_t)n * 7 + (uint64_t)chunk);
+    case_make(&c, nk, nv, hk, hv, n, grouped, 200 + (uint64_t)n * 7 + (uint64_t)chunk);
     const size_t ns = (size_t)nv * hk * hv, no = (size_t)n * nv * hv;
     float *o = malloc(sizeof(float) * no), *oref = malloc(sizeof(float) * no),
           *S = malloc(sizeof(float) * ns), *Sref = malloc(sizeof(float) * ns);
@@ -152,11 +163,13 @@ static void check_chunked(int nk, int nv, int hk, int hv, int n, int chunk, int 
 
 Test(deltanet, chunked_equals_recurrent)
 {
-    check_chunked(3, 6, 7, 5, 37, 8, 1);  /* 4 full chunks and a partial one */
-    check_chunked(3, 6, 7, 5, 37, 64, 2); /* one chunk longer than the sequence */
-    check_chunked(3, 6, 7, 5, 37, 1, 1);  /* chunks of one token */
-    check_chunked(2, 2, 16, 16, 64, 64, 3);
-    check_chunked(1, 3, 13, 11, 131, 32, 3);
+    check_chunked(3, 6, 7, 5, 37, 8, 1, 0);  /* 4 full chunks and a partial one */
+    check_chunked(3, 6, 7, 5, 37, 64, 2, 0); /* one chunk longer than the sequence */
+    check_chunked(3, 6, 7, 5, 37, 1, 1, 0);  /* chunks of one token */
+    check_chunked(2, 2, 16, 16, 64, 64, 3, 0);
+    check_chunked(1, 3, 13, 11, 131, 32, 3, 0);
+    check_chunked(3, 6, 7, 5, 37, 8, 2, 1); /* value heads grouped by key head */
+    check_chunked(2, 8, 9, 6, 70, 32, 3, 1);
 }
 
 Test(deltanet, conv_matches_definition_and_carries_state)

@@ -763,6 +763,12 @@ Test(golden_gguf, qwen35moe_backends)
     cpu_only_backends("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16.gguf", "gated DeltaNet");
 }
 
+/* Qwen3-Next (test_qwen35.c holds its golden) likewise. */
+Test(golden_gguf, qwen3next_backends)
+{
+    cpu_only_backends("qwen3next_f16", "models/qwen3next_f16.gguf", "gated DeltaNet");
+}
+
 /* The dense file with one u32 key set to v (the key's value follows its name and type), opened from memory
  * and, when that succeeds, loaded as a model: refused with status rc and an error naming what is wrong. */
 static void gemma4_refused(const char *key, uint32_t v, int rc_want, const char *what)

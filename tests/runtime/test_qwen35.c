@@ -15,7 +15,13 @@
  *  - Qwen3.5-MoE (tests/golden/qwen35moe_shexp_f16.gguf, tests/golden/make_qwen35moe_golden.py: the same
  *    layers with every FFN top-2 of 6 experts plus a sigmoid-gated shared expert): the same golden, f16 KV
  * and chunked-prefill checks, and expert, shared-expert and shared-gate tensors whose shapes disagree with
- * the keys refused at open, naming the tensor. Skips (with a message) when the committed model is missing.
+ * the keys refused at open, naming the tensor;
+ *  - Qwen3-Next (tests/golden/qwen3next_f16.gguf, tests/golden/make_qwen3next_golden.py: Qwen3.5-MoE's
+ *    shape with transformers' qwen3_next, value heads grouped by key head, b and a packed in ssm_ba): the
+ *    same golden, f16 KV and chunked-prefill checks; the older layout with q|k|v|z packed in ssm_in
+ *    (qwen3next_ssm_in_f16.gguf, the same weights) held to the same references; packed tensors whose shapes
+ *    disagree with the keys, and a recurrent layer with q|k|v but no z, refused naming the tensor.
+ * Skips (with a message) when the committed model is missing.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -49,6 +55,7 @@ static char *src_path(const char *rel)
 
 #define DENSE "qwen35_deltanet_f16"
 #define MOE   "qwen35moe_shexp_f16"
+#define NEXT  "qwen3next_f16"
 
 /* The golden model `name` (tests/golden/models/NAME.gguf, or the file at `path` when not NULL, and
  * tests/golden/NAME.json) on the CPU engine. */
@@ -176,11 +183,12 @@ static int32_t *prefill_case(struct q35 *q, int c, double tol, float *ref, float
     return ids;
 }
 
-/* Golden model `name`: every case's logits within 1e-4 and its 24 greedy tokens exact (f32 KV cache). */
-static void check_golden(const char *name)
+/* Golden model `name` (or the file at `path` with its references): every case's logits within 1e-4 and its 24
+ * greedy tokens exact (f32 KV cache). */
+static void check_golden_at(const char *name, const char *path)
 {
     struct q35 q;
-    q35_open_named(&q, name, 1, KV_F32);
+    q35_open_at(&q, name, path, 1, KV_F32);
     float *ref = malloc(sizeof(float) * (size_t)q.n_vocab), *lg = malloc(sizeof(float) * (size_t)q.n_vocab);
     const int n_cases = (int)json_array_size(json_object_get(q.golden, "cases"));
     cr_assert_eq(n_cases, 4);
@@ -207,6 +215,11 @@ static void check_golden(const char *name)
     free(ref);
     free(lg);
     q35_close(&q);
+}
+
+static void check_golden(const char *name)
+{
+    check_golden_at(name, NULL);
 }
 
 Test(qwen35, golden_transformers_fp32)
@@ -332,6 +345,18 @@ static unsigned char *patch_after(unsigned char *buf, size_t n, const char *afte
     return p;
 }
 
+/* Sets the u32 key `key` of the GGUF bytes in buf (the key, its type u32, then its value) from `from` to
+ * `to`.
+ */
+static void set_u32_key(unsigned char *buf, size_t n, const char *key, uint32_t from, uint32_t to)
+{
+    unsigned char *kv = memmem(buf, n, key, strlen(key));
+    cr_assert(kv, "no key %s", key);
+    const uint32_t u32 = 4;
+    cr_assert(!memcmp(kv + strlen(key), &u32, 4) && !memcmp(kv + strlen(key) + 4, &from, 4), "%s", key);
+    memcpy(kv + strlen(key) + 4, &to, 4);
+}
+
 static void expect_refused(const unsigned char *buf, size_t n, const char *msg)
 {
     struct model_file *mf = NULL;
@@ -366,15 +391,7 @@ Test(qwen35, mismatched_linear_tensors_refused)
     /* The key says 2 value heads where the tensors have 4: the first tensor with a value-head row is named.
      */
     memcpy(buf, orig, n);
-    const char *key = "qwen35.ssm.time_step_rank";
-    unsigned char *kv = memmem(buf, n, key, strlen(key));
-    cr_assert(kv);
-    uint32_t type, value; /* the key, then its type (u32: 4), then the value */
-    memcpy(&type, kv + strlen(key), 4);
-    memcpy(&value, kv + strlen(key) + 4, 4);
-    cr_assert(type == 4 && value == 4, "type %u value %u", type, value);
-    value = 2;
-    memcpy(kv + strlen(key) + 4, &value, 4);
+    set_u32_key(buf, n, "qwen35.ssm.time_step_rank", 4, 2);
     expect_refused(buf, n, "tensor 'blk.0.ssm_beta.weight' has shape [64, 4, 1, 1], expected [64, 2]");
     /* A convolution 3 wide where the key says 4. */
     memcpy(buf, orig, n);
@@ -507,4 +524,73 @@ Test(qwen35moe, q8_0_file_keeps_its_blocks)
     model_file_close(mf);
     check_cases(MOE, path, KV_F32, 0.3);
     unlink(path);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ */
+/* Qwen3-Next: Qwen3.5-MoE's layers with value heads grouped by key head and packed in-projections. */
+
+Test(qwen3next, golden_transformers_fp32)
+{
+    check_golden(NEXT);
+}
+
+/* The older layout (ssm_in: per key head q, k, v, z) of the same weights: the same references. */
+Test(qwen3next, golden_ssm_in_layout)
+{
+    char *path = src_path("tests/golden/models/qwen3next_ssm_in_f16.gguf");
+    FILE *f = fopen(path, "rb");
+    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen3next_golden.py)", path);
+    fclose(f);
+    check_golden_at(NEXT, path);
+    free(path);
+}
+
+Test(qwen3next, chunked_prefill_equals_token_by_token)
+{
+    check_chunked(NEXT);
+}
+
+Test(qwen3next, golden_f16_kv_cache)
+{
+    check_cases(NEXT, NULL, KV_F16, 2e-3);
+}
+
+Test(qwen3next, mismatched_linear_tensors_refused)
+{
+    size_t n;
+    unsigned char *orig = golden_bytes(NEXT, &n), *buf = malloc(n);
+    /* 2 value heads where the tensors have 4: ssm_ba (b and a of every value head) is named. */
+    memcpy(buf, orig, n);
+    set_u32_key(buf, n, "qwen3next.ssm.time_step_rank", 4, 2);
+    expect_refused(buf, n, "tensor 'blk.0.ssm_ba.weight' has shape [64, 8, 1, 1], expected [64, 4]");
+    /* The older layout: ssm_in one row short of q|k|v|z (128 + 64). */
+    size_t nl;
+    unsigned char *lb = golden_bytes("qwen3next_ssm_in_f16", &nl);
+    const uint64_t r192 = 192, r191 = 191;
+    cr_assert(patch_after(lb, nl, "blk.2.ssm_in.weight", &r192, &r191, 8));
+    expect_refused(lb, nl, "tensor 'blk.2.ssm_in.weight' has shape [64, 191, 1, 1], expected [64, 192]");
+    free(lb);
+    /* Layer 1 with q|k|v but no z (attn_gate renamed): opens, and the model is refused at load. */
+    memcpy(buf, orig, n);
+    unsigned char *name = memmem(buf, n, "blk.1.attn_gate.weight", 22);
+    cr_assert(name);
+    name[14] = 'X';
+    struct model_file *mf = NULL;
+    char err[256] = "";
+    cr_assert_eq(model_file_open_gguf_mem(buf, n, &mf, err), FERRY_OK, "%s", err);
+    struct engine_params p = engine_default_params();
+    p.backend = ENGINE_BACKEND_CPU;
+    p.ctx_size = 64;
+    struct engine *e = NULL;
+    cr_assert_neq(engine_init(&e, mf, &p, err), FERRY_OK);
+    cr_assert(strstr(err, "missing tensor 'blk.1.attn_gate.weight' (qwen3next family)"), "%s", err);
+    model_file_close(mf);
+    free(buf);
+    free(orig);
+}
+
+Test(qwen3next, cuda_backend_refused)
+{
+    check_cuda_refused(NEXT);
 }

@@ -10,6 +10,7 @@ extern const struct arch_family arch_llama, arch_mistral, arch_qwen2, arch_qwen3
     arch_qwen3moe, arch_mixtral, arch_qwen35, arch_gemma4, arch_qwen35moe;
 extern const struct arch_family arch_gptoss;
 extern const struct arch_family arch_mistral3;
+extern const struct arch_family arch_qwen3next;
 
 /* The table: one line per family, in the order messages list them. */
 /* clang-format off */
@@ -25,6 +26,7 @@ static const struct arch_family *const families[] = {
     &arch_gptoss,
     &arch_qwen35,
     &arch_qwen35moe,
+    &arch_qwen3next,
     &arch_gemma4,
     &arch_mistral3,
 };
@@ -173,6 +175,12 @@ int arch_role_shape(enum arch_role role, const struct llm_hparams *hp, long long
         return 1;
     case ARCH_ROLE_SSM_OUT:
         ne[0] = hp->ssm_inner, ne[1] = dim;
+        return 2;
+    case ARCH_ROLE_SSM_BA:
+        ne[0] = dim, ne[1] = 2LL * hp->ssm_n_v_heads;
+        return 2;
+    case ARCH_ROLE_SSM_QKVZ:
+        ne[0] = dim, ne[1] = llm_ssm_conv_dim(hp) + (long long)hp->ssm_inner;
         return 2;
     case ARCH_ROLE_OUT_SCALE:
         ne[0] = 1;

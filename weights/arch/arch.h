@@ -68,6 +68,11 @@ enum arch_role {
     ARCH_ROLE_PLE_NORM,       /* (dim): the norm after that projection */
     /* (dim): the shared expert's gate logit (LOP_MOE_SHARED) */
     ARCH_ROLE_SHEXP_GATE,
+    /* Qwen3-Next's packed in-projections, per key head (of its r = n_v_heads / n_k_heads value heads):
+     * (2 n_v_heads, dim), rows [b of its value heads, then their a] per key head; */
+    ARCH_ROLE_SSM_BA,
+    /* (conv_dim + inner, dim), rows [its q, its k, v of its value heads, their z] per key head. */
+    ARCH_ROLE_SSM_QKVZ,
     ARCH_N_ROLES
 };
 

@@ -1,6 +1,7 @@
-/* qwen35 — what the Qwen3.5 / 3.6 families (qwen35.c dense, qwen35moe.c Mixture of Experts) share: the mixer
- * of both layer kinds (gated full attention, gated DeltaNet) as ops and tensors, and the reading of their
- * GGUF keys. A family appends its FFN: the ops after the FFN norm, the FFN's tensors after the mixer's.
+/* qwen35 — what the Qwen3.5 / 3.6 families (qwen35.c dense, qwen35moe.c Mixture of Experts) and Qwen3-Next
+ * (qwen3next.c) share: the mixer of both layer kinds (gated full attention, gated DeltaNet) as ops and
+ * tensors, and the reading of their GGUF keys. A family appends its FFN: the ops after the FFN norm, the
+ * FFN's tensors after the mixer's.
  */
 #ifndef FERRY_ARCH_QWEN35_H
 #define FERRY_ARCH_QWEN35_H
@@ -27,8 +28,8 @@
         LOP_ADD_NORM, LACT_X, LACT_XN, LAYER_FFN_NORM                                                        \
     }
 
-/* The block norms and both mixers' tensors (GGUF names as llama.cpp's converter writes them). */
-#define ARCH_QWEN35_MIXER_TENSORS                                                                            \
+/* The block norms and the full attention's tensors (GGUF names as llama.cpp's converter writes them). */
+#define ARCH_QWEN35_ATTN_TENSORS                                                                             \
     {ARCH_ROLE_ATTN_NORM, ARCH_NEED_ALWAYS, "attn_norm.weight", "input_layernorm.weight"},                   \
         {ARCH_ROLE_FFN_NORM, ARCH_NEED_ALWAYS, "post_attention_norm.weight",                                 \
          "post_attention_layernorm.weight"},                                                                 \
@@ -37,12 +38,13 @@
         {ARCH_ROLE_WV, ARCH_NEED_ATTN, "attn_v.weight", "self_attn.v_proj.weight"},                          \
         {ARCH_ROLE_WO, ARCH_NEED_ATTN, "attn_output.weight", "self_attn.o_proj.weight"},                     \
         {ARCH_ROLE_Q_NORM, ARCH_NEED_ATTN, "attn_q_norm.weight", "self_attn.q_norm.weight"},                 \
-        {ARCH_ROLE_K_NORM, ARCH_NEED_ATTN, "attn_k_norm.weight", "self_attn.k_norm.weight"},                 \
-        {ARCH_ROLE_SSM_QKV, ARCH_NEED_RECURRENT, "attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},       \
-        {ARCH_ROLE_SSM_Z, ARCH_NEED_RECURRENT, "attn_gate.weight", "linear_attn.in_proj_z.weight"},          \
-        {ARCH_ROLE_SSM_BETA, ARCH_NEED_RECURRENT, "ssm_beta.weight", "linear_attn.in_proj_b.weight"},        \
-        {ARCH_ROLE_SSM_ALPHA, ARCH_NEED_RECURRENT, "ssm_alpha.weight", "linear_attn.in_proj_a.weight"},      \
-        {ARCH_ROLE_SSM_CONV, ARCH_NEED_RECURRENT, "ssm_conv1d.weight", "linear_attn.conv1d.weight"},         \
+    {                                                                                                        \
+        ARCH_ROLE_K_NORM, ARCH_NEED_ATTN, "attn_k_norm.weight", "self_attn.k_norm.weight"                    \
+    }
+
+/* The gated DeltaNet's tensors after its in-projections. */
+#define ARCH_QWEN35_SSM_TENSORS                                                                              \
+    {ARCH_ROLE_SSM_CONV, ARCH_NEED_RECURRENT, "ssm_conv1d.weight", "linear_attn.conv1d.weight"},             \
         {ARCH_ROLE_SSM_DT, ARCH_NEED_RECURRENT, "ssm_dt.bias", "linear_attn.dt_bias"},                       \
         {ARCH_ROLE_SSM_A, ARCH_NEED_RECURRENT, "ssm_a", "linear_attn.A_log"},                                \
         {ARCH_ROLE_SSM_NORM, ARCH_NEED_RECURRENT, "ssm_norm.weight", "linear_attn.norm.weight"},             \
@@ -50,8 +52,37 @@
         ARCH_ROLE_SSM_OUT, ARCH_NEED_RECURRENT, "ssm_out.weight", "linear_attn.out_proj.weight"              \
     }
 
+/* The block norms and both mixers' tensors, Qwen3.5's four in-projections among them. */
+#define ARCH_QWEN35_MIXER_TENSORS                                                                            \
+    ARCH_QWEN35_ATTN_TENSORS,                                                                                \
+        {ARCH_ROLE_SSM_QKV, ARCH_NEED_RECURRENT, "attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},       \
+        {ARCH_ROLE_SSM_Z, ARCH_NEED_RECURRENT, "attn_gate.weight", "linear_attn.in_proj_z.weight"},          \
+        {ARCH_ROLE_SSM_BETA, ARCH_NEED_RECURRENT, "ssm_beta.weight", "linear_attn.in_proj_b.weight"},        \
+        {ARCH_ROLE_SSM_ALPHA, ARCH_NEED_RECURRENT, "ssm_alpha.weight", "linear_attn.in_proj_a.weight"},      \
+        ARCH_QWEN35_SSM_TENSORS
+
+/* After the mixers': the routed experts and the shared one (its FFN in the dense FFN's roles, ffn_dim). */
+#define ARCH_QWEN35_MOE_TENSORS                                                                              \
+    {ARCH_ROLE_ROUTER, ARCH_NEED_ALWAYS, "ffn_gate_inp.weight", "mlp.gate.weight"},                          \
+        {ARCH_ROLE_EXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_exps.weight", "mlp.experts.*.gate_proj.weight"},    \
+        {ARCH_ROLE_EXP_UP, ARCH_NEED_ALWAYS, "ffn_up_exps.weight", "mlp.experts.*.up_proj.weight"},          \
+        {ARCH_ROLE_EXP_DOWN, ARCH_NEED_ALWAYS, "ffn_down_exps.weight", "mlp.experts.*.down_proj.weight"},    \
+        {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"}, \
+        {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},       \
+        {ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"}, \
+    {                                                                                                        \
+        ARCH_ROLE_SHEXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight" \
+    }
+
+/* Qwen3.5-MoE's programs (qwen35moe.c): each mixer, then the experts and the shared expert (LOP_MOE_SHARED);
+ * Qwen3-Next's layers are the same. */
+extern const struct layer_program arch_qwen35moe_attn_program, arch_qwen35moe_linear_program;
+
 /* The linear-attention keys ({arch}.ssm.*, full_attention_interval, attention.recurrent_layers), with the
  * gated queries of the full-attention layers. FERRY_OK or a status with err naming the key. */
 int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
+/* Those plus the experts' keys and the shared expert's size (expert_shared_feed_forward_length, else
+ * feed_forward_length) as ffn_dim (qwen35moe.c). */
+int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
 
 #endif

@@ -22,36 +22,28 @@ static const struct layer_op qwen35moe_attn_ops[] = {
     ARCH_QWEN35_ATTN_OPS,
     {LOP_MOE_SHARED, LACT_XN, LACT_D, 0},
 };
-static const struct layer_program qwen35moe_attn_program = {.ops = qwen35moe_attn_ops,
-                                                            .n_ops = sizeof qwen35moe_attn_ops /
-                                                                     sizeof qwen35moe_attn_ops[0],
-                                                            .kv_first = 4,
-                                                            .kv_last = 5};
+const struct layer_program arch_qwen35moe_attn_program = {.ops = qwen35moe_attn_ops,
+                                                          .n_ops = sizeof qwen35moe_attn_ops /
+                                                                   sizeof qwen35moe_attn_ops[0],
+                                                          .kv_first = 4,
+                                                          .kv_last = 5};
 
 static const struct layer_op qwen35moe_linear_ops[] = {
     ARCH_QWEN35_LINEAR_OPS,
     {LOP_MOE_SHARED, LACT_XN, LACT_D, 0},
 };
-static const struct layer_program qwen35moe_linear_program = {.ops = qwen35moe_linear_ops,
-                                                              .n_ops = sizeof qwen35moe_linear_ops /
-                                                                       sizeof qwen35moe_linear_ops[0],
-                                                              .kv_first = -1,
-                                                              .kv_last = -1};
+const struct layer_program arch_qwen35moe_linear_program = {.ops = qwen35moe_linear_ops,
+                                                            .n_ops = sizeof qwen35moe_linear_ops /
+                                                                     sizeof qwen35moe_linear_ops[0],
+                                                            .kv_first = -1,
+                                                            .kv_last = -1};
 
-/* The mixers, then the routed experts and the shared one (its FFN in the dense FFN's roles, ffn_dim). */
 static const struct arch_tensor qwen35moe_tensors[] = {
     ARCH_QWEN35_MIXER_TENSORS,
-    {ARCH_ROLE_ROUTER, ARCH_NEED_ALWAYS, "ffn_gate_inp.weight", "mlp.gate.weight"},
-    {ARCH_ROLE_EXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_exps.weight", "mlp.experts.*.gate_proj.weight"},
-    {ARCH_ROLE_EXP_UP, ARCH_NEED_ALWAYS, "ffn_up_exps.weight", "mlp.experts.*.up_proj.weight"},
-    {ARCH_ROLE_EXP_DOWN, ARCH_NEED_ALWAYS, "ffn_down_exps.weight", "mlp.experts.*.down_proj.weight"},
-    {ARCH_ROLE_W_GATE, ARCH_NEED_ALWAYS, "ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
-    {ARCH_ROLE_W_UP, ARCH_NEED_ALWAYS, "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
-    {ARCH_ROLE_W_DOWN, ARCH_NEED_ALWAYS, "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
-    {ARCH_ROLE_SHEXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},
+    ARCH_QWEN35_MOE_TENSORS,
 };
 
-static int qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
+int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err)
 {
     int rc;
     if ((rc = arch_qwen35_gguf_hparams(g, hp, err)) || (rc = arch_moe_gguf_hparams(g, hp, err))) return rc;
@@ -83,9 +75,9 @@ const struct arch_family arch_qwen35moe = {
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen35moe_tensors,
     .n_tensors = sizeof qwen35moe_tensors / sizeof qwen35moe_tensors[0],
-    .program = &qwen35moe_attn_program,
-    .program_recurrent = &qwen35moe_linear_program,
+    .program = &arch_qwen35moe_attn_program,
+    .program_recurrent = &arch_qwen35moe_linear_program,
     .chat_template = "chatml",
-    .gguf_hparams = qwen35moe_gguf_hparams,
+    .gguf_hparams = arch_qwen35moe_gguf_hparams,
     .gguf_ffn_optional = 1,
 };
