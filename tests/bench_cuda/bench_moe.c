@@ -176,7 +176,7 @@ int main(int argc, char **argv)
         qsort(t, 21, sizeof t[0], cmp_f);
         const double s = t[10] * 1e-3;
         double gs = 0;
-        if (!host) { /* a captured layer, replayed back to back */
+        if (!host && n <= CUDA_MOE_GROUPED_MAX_ROWS) { /* a captured layer (no host round trip), replayed */
             cudaStream_t cs;
             cudaGraph_t g;
             cudaGraphExec_t ge;

@@ -444,11 +444,14 @@ Test(cuda_ops, gelu_mul_rows_strided)
         worst = !isfinite(got[i]) ? INFINITY : e > worst ? e : worst;
     }
     fprintf(stderr, "gelu_mul_rows: max rel err %.3g\n", worst);
-    cr_assert(worst <= 1e-5, "gelu_mul_rows: max rel err %g", worst);
+    /* f32 arithmetic against the f64 reference: where gelu is small (a near -6), 1 + tanh cancels and keeps
+     * tanhf's absolute error (2 ulp of 1, 2.4e-7) times |a u| / 2 <= 6: 1.4e-6 absolute, 1.4e-4 of the floor
+     */
+    cr_assert(worst <= 5e-4, "gelu_mul_rows: max rel err %g", worst);
     /* in place over a (as the per-layer input runs it) */
     cr_assert_eq(kern_cuda_gelu_mul_rows(da, da, db + off, ldb, m, k, 0), FERRY_OK);
     dev_download(got, da, na * 4);
-    for (size_t i = 0; i < na; i++) cr_assert(fabsf(got[i] - ref[i]) <= 1e-5f * (1e-2f + fabsf(ref[i])));
+    for (size_t i = 0; i < na; i++) cr_assert(fabsf(got[i] - ref[i]) <= 5e-4f * (1e-2f + fabsf(ref[i])));
     cr_assert_eq(kern_cuda_gelu_mul_rows(dh, da, db, k - 1, m, k, 0), FERRY_ERR_INVALID);
     cudaFree(da);
     cudaFree(db);
