@@ -38,8 +38,9 @@ mkdir -p $W
 log() { echo "== $*" | tee -a "$out/summary.txt"; }
 M=$W/qwen3-30b-a3b-Q4_K_M.gguf
 LLN=${MOE_LLAMA:-/tmp/lln} # llama.cpp lcp0336, CUDA
-R=$out/llamacpp-moe
-mkdir -p "$R"
+D=$W/res # the results so far: results.jsonl, the commands and the raw logs (kept across bench calls)
+R=$out/llamacpp-moe # what this call brings back: D, meta.json and the table
+mkdir -p $D
 
 if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   t0=$(date +%s)
@@ -68,14 +69,14 @@ if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   fi
   if [ -n "$fb" ]; then
     wait $fb && log "ferry built ($(($(date +%s) - t0)) s)" ||
-      { log "ferry build FAILED"; tail -30 $W/ferry-build.log; cp $W/ferry-build.log "$R/"; }
+      { log "ferry build FAILED"; tail -30 $W/ferry-build.log; cp $W/ferry-build.log "$out/"; }
   fi
   if [ -n "$lb" ]; then
     wait $lb && log "llama.cpp lcp0336 built ($(($(date +%s) - t0)) s)" ||
       { log "llama.cpp build not done (rc $?): run prepare again to resume"; tail -5 $W/lln-build.log; }
   fi
   ls -la $M | tee -a "$out/summary.txt"
-  : > $W/results.jsonl
+  rm -rf $D && mkdir -p $D
 fi
 [ "$phase" = prepare ] && exit 0
 
@@ -83,9 +84,9 @@ F=${MOE_FERRY:-$W/ferry/build/server/ferry}
 L=$LLN/bin
 nt=${MOE_THREADS:-$(nproc)}
 steps=${MOE_STEPS:-24}
-res=$W/results.jsonl
+res=$D/results.jsonl
 touch $res
-echo "# $(date -u '+%F %T') UTC; M = $M" >> $R/commands.txt
+echo "# $(date -u '+%F %T') UTC; M = $M" >> $D/commands.txt
 [ -x "$F" ] || log "no ferry at $F: run prepare"
 [ -x $L/llama-bench ] || log "no llama-bench in $L: run prepare"
 [ -s $M ] || { log "no $M: run prepare"; exit 1; }
@@ -138,27 +139,27 @@ PY
 
 ferry() { # case group setting args...: one ferry bench
   local c=$1 g=$2 s=$3; shift 3
-  echo "ferry bench --model M --threads $nt $* --json" >> $R/commands.txt
+  echo "ferry bench --model M --threads $nt $* --json" >> $D/commands.txt
   timeout 300 $F bench --model $M --threads $nt "$@" --json > $W/f-$c.json 2> $W/f-$c.err
   local rc=$?
   python3 $W/rows.py ferry $c $g "$s" $W/f-$c.json >> $res || log "ferry $c rc=$rc: $(tail -2 $W/f-$c.err)"
-  { echo "### $c: $*"; cat $W/f-$c.err; } >> $R/ferry.log
+  { echo "### $c: $*"; cat $W/f-$c.err; } >> $D/ferry.log
 }
 
 llama_bench() { # case group setting budget args...: b=1 decode and prefill 512
   local c=$1 g=$2 s=$3 b=$4; shift 4
-  echo "llama-bench -m M -t $nt -fa 1 -p 512 -n 64 -r 2 $* -o json -v" >> $R/commands.txt
+  echo "llama-bench -m M -t $nt -fa 1 -p 512 -n 64 -r 2 $* -o json -v" >> $D/commands.txt
   timeout 300 $L/llama-bench -m $M -t $nt -fa 1 -p 512 -n 64 -r 2 "$@" -o json -v > $W/l-$c.json 2> $W/l-$c.err
   python3 $W/rows.py bench $c $g "$s" $W/l-$c.json $b >> $res || log "llama-bench $c failed: $(tail -2 $W/l-$c.err)"
-  { echo "### llama-bench $c: $*"; grep -E "buffer size|llama_params_fit|fit|n_cpu_moe|error" $W/l-$c.err; } >> $R/llama.log
+  { echo "### llama-bench $c: $*"; grep -E "buffer size|llama_params_fit|fit|n_cpu_moe|error" $W/l-$c.err; } >> $D/llama.log
 }
 
 llama_batched() { # case group setting budget args...: b=1 and b=16 at 32 positions
   local c=$1 g=$2 s=$3 b=$4; shift 4
-  echo "llama-batched-bench -m M -t $nt -fa on -c 1024 -npp 32 -ntg 32 -npl 1,16 $*" >> $R/commands.txt
+  echo "llama-batched-bench -m M -t $nt -fa on -c 1024 -npp 32 -ntg 32 -npl 1,16 $*" >> $D/commands.txt
   timeout 300 $L/llama-batched-bench -m $M -t $nt -fa on -c 1024 -npp 32 -ntg 32 -npl 1,16 "$@" > $W/lb-$c.txt 2>&1
   python3 $W/rows.py batched $c $g "$s" $W/lb-$c.txt $b >> $res || log "llama-batched-bench $c failed: $(tail -3 $W/lb-$c.txt)"
-  { echo "### llama-batched-bench $c: $*"; grep -E "buffer size|^\|" $W/lb-$c.txt; } >> $R/llama.log
+  { echo "### llama-batched-bench $c: $*"; grep -E "buffer size|^\|" $W/lb-$c.txt; } >> $D/llama.log
 }
 
 row_vram() { # case tool: the device MiB (rounded up) of the row measured last for them; nothing when none
@@ -170,6 +171,23 @@ if v: print(math.ceil(v[-1]))
 PY
 }
 
+fits_at() { # N (in budget_part): llama-batched-bench at --n-cpu-moe N; true when its device buffers fit
+  llama_batched ${gib}g-ncmoe$1 ${gib}g "--n-cpu-moe $1" $mib -ngl 99 --n-cpu-moe $1
+  local v=$(row_vram ${gib}g-ncmoe$1 llama-batched-bench)
+  [ -n "$v" ] && [ "$v" -le $mib ]
+}
+
+predict_ncmoe() { # (in budget_part) the smallest N predicted to fit: the device MiB with every expert on the
+  # host (the cpu part's, or a probe's) plus the file's expert bytes of layers N..47; sets pred
+  local base=$(row_vram cpu-moe48 llama-batched-bench)
+  if [ -z "$base" ]; then
+    llama_batched probe48 probe "--n-cpu-moe 48" $mib -ngl 99 --n-cpu-moe 48
+    base=$(row_vram probe48 llama-batched-bench)
+  fi
+  pred=$(python3 tests/gpu/make_moe_gguf.py --fit-ncmoe "${base:-1500}" $mib qwen3-30b-a3b Q4_K_M)
+  log "predicted --n-cpu-moe $pred for ${gib} GiB (all experts on the host: ${base:-?} MiB on the device)"
+}
+
 budget_part() { # GiB: ferry under the budget; llama.cpp's --n-cpu-moe sweep and --fit at the same budget
   local gib=$1 mib=$(($1 * 1024)) list
   log "${gib} GiB: ferry --gpu-memory ${gib}GiB; llama.cpp --n-cpu-moe N swept, and --fit"
@@ -177,23 +195,22 @@ budget_part() { # GiB: ferry under the budget; llama.cpp's --n-cpu-moe sweep and
     --decode-steps $steps
   local var=MOE_NCMOE_${gib}G
   list=${!var:-}
-  if [ -z "$list" ]; then # predict N from the device MiB with every expert on the host, then sweep around it
-    local base=$(row_vram cpu-moe48 llama-batched-bench)
-    if [ -z "$base" ]; then
-      llama_batched probe48 probe "--n-cpu-moe 48" $mib -ngl 99 --n-cpu-moe 48
-      base=$(row_vram probe48 llama-batched-bench)
+  local best= n
+  if [ -n "$list" ]; then
+    for n in $list; do fits_at $n && { [ -z "$best" ] || [ "$n" -lt "$best" ]; } && best=$n; done
+  else # the predicted N, then down while a smaller one fits, or up until one fits (a few steps each)
+    predict_ncmoe
+    n=$pred
+    if fits_at $n; then
+      best=$n
+      while [ $n -gt 0 ] && [ $n -gt $((pred - 2)) ] && fits_at $((n - 1)); do n=$((n - 1)) best=$n; done
+    else
+      while [ $n -lt 48 ] && [ -z "$best" ] && [ $n -lt $((pred + 3)) ]; do
+        n=$((n + 1))
+        fits_at $n && best=$n
+      done
     fi
-    local n=$(python3 tests/gpu/make_moe_gguf.py --fit-ncmoe "${base:-1500}" $mib qwen3-30b-a3b Q4_K_M)
-    list="$((n - 1)) $n $((n + 1))"
-    log "predicted --n-cpu-moe $n for ${gib} GiB (all experts on the host: ${base:-?} MiB on the device)"
   fi
-  local best=
-  for n in $list; do
-    [ "$n" -ge 0 ] && [ "$n" -le 48 ] || continue
-    llama_batched ${gib}g-ncmoe$n ${gib}g "--n-cpu-moe $n" $mib -ngl 99 --n-cpu-moe $n
-    local v=$(row_vram ${gib}g-ncmoe$n llama-batched-bench)
-    [ -n "$v" ] && [ "$v" -le $mib ] && { [ -z "$best" ] || [ "$n" -lt "$best" ]; } && best=$n
-  done
   if [ -n "$best" ]; then # the fitting N with the most experts on the GPU; b=1 and prefill with llama-bench
     llama_bench ${gib}g-ncmoe$best ${gib}g "--n-cpu-moe $best" $mib -ngl 99 -ncmoe $best
     local v=$(row_vram ${gib}g-ncmoe$best llama-bench)
@@ -202,7 +219,7 @@ budget_part() { # GiB: ferry under the budget; llama.cpp's --n-cpu-moe sweep and
       llama_bench ${gib}g-ncmoe$best ${gib}g "--n-cpu-moe $best" $mib -ngl 99 -ncmoe $best
     fi
   else
-    log "no --n-cpu-moe in ($list) fits ${gib} GiB"
+    log "no --n-cpu-moe tried fits ${gib} GiB"
   fi
   local free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
   if [ -n "$free" ] && [ "$free" -gt $mib ]; then # --fit leaves this margin free: the model gets the budget
@@ -227,7 +244,7 @@ fi
 [[ $parts == *" 4g "* ]] && budget_part 4
 
 commit=${MOE_COMMIT:-$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)}
-cp $res "$R/results.jsonl"
+mkdir -p "$R" && cp $D/* "$R/"
 python3 - "$R/meta.json" "$gpu" "$cpu" "$commit" "$nt" <<'PY'
 import json, sys, time
 path, gpu, cpu, commit, nt = sys.argv[1:6]
