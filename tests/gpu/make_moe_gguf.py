@@ -106,18 +106,11 @@ def main():
     w.string("general.architecture", a)
     w.string("general.name", f"random {shape} {mix}")
     w.u32("general.file_type", FTYPE[mix])
-    w.u32(f"{a}.context_length", ctx)
-    w.u32(f"{a}.embedding_length", dim)
-    w.u32(f"{a}.block_count", layers)
-    w.u32(f"{a}.feed_forward_length", ffn)
-    w.u32(f"{a}.expert_feed_forward_length", eff)
-    w.u32(f"{a}.expert_count", n_exp)
-    w.u32(f"{a}.expert_used_count", n_used)
-    w.u32(f"{a}.attention.head_count", heads)
-    w.u32(f"{a}.attention.head_count_kv", kvh)
-    w.u32(f"{a}.attention.key_length", hd)
-    w.u32(f"{a}.attention.value_length", hd)
-    w.u32(f"{a}.rope.dimension_count", hd)
+    for key, v in (("context_length", ctx), ("embedding_length", dim), ("block_count", layers),
+                   ("feed_forward_length", ffn), ("expert_feed_forward_length", eff), ("expert_count", n_exp),
+                   ("expert_used_count", n_used), ("attention.head_count", heads), ("attention.head_count_kv", kvh),
+                   ("attention.key_length", hd), ("attention.value_length", hd), ("rope.dimension_count", hd)):
+        w.u32(f"{a}.{key}", v)
     w.f32(f"{a}.rope.freq_base", theta)
     w.f32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     spm_vocab(w, vocab)
