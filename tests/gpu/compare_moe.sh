@@ -6,9 +6,10 @@
 #   prepare  build ferry (CUDA) and llama.cpp lcp0336 in parallel and write the file into /tmp/moe (about 7
 #            minutes, most of it llama.cpp's CUDA build; a build cut short by the call's time limit resumes
 #            where it stopped when prepare runs again)
-#   bench    the parts named in MOE_PARTS (default "resident cpu 8g"; about 3 minutes each part), then the
-#            table; results.jsonl accumulates across bench calls (prepare empties it), so the parts can run in
-#            separate device calls: MOE_PARTS="resident cpu" bench, then MOE_PARTS="8g 4g" bench
+#   bench    the parts named in MOE_PARTS (default all four: "resident cpu 8g 4g"), then the table. The results
+#            accumulate across bench calls (in /tmp/moe/res; prepare empties it) and each part's are brought back
+#            as soon as it ends, so the parts run in separate device calls of under 10 minutes:
+#            MOE_PARTS="resident cpu" (about 4 minutes), MOE_PARTS=8g (about 4), MOE_PARTS=4g (about 4)
 # The phases can run in separate device calls as long as the machine stays warm (/tmp/moe survives).
 #
 # Parts, each ferry bench (decode b=1 and b=16 at 32 positions, prefill 512) beside llama-bench (-p 512 -n 64,
@@ -19,14 +20,16 @@
 #             to the GPU on both sides): ferry --cpu-moe 48; llama.cpp -ngl 99 --n-cpu-moe 48
 #   8g        an 8 GiB device budget: ferry --gpu-memory 8GiB (its planner decides); llama.cpp at its best
 #             --n-cpu-moe N whose device buffers (model + KV + compute, as it logs them) fit 8 GiB: the N that the
-#             logged buffers of the cpu part (or a probe) and the file's per-layer expert bytes predict, swept
-#             over N-1..N+1, and llama-bench --fit-target set so that --fit sizes the model to the same budget
-#   4g        the same at 4 GiB (b=1 and b=16)
-# Results: $OUT/llamacpp-moe/ (meta.json, results.jsonl, the raw logs; copy the folder to tests/gpu/results/ and
-# run docs/make_benchmarks.py), the table also in $OUT/summary.txt. Env: MOE_FERRY (a ferry built elsewhere),
-# MOE_COMMIT (the commit measured, when the device's copy has no .git of it), MOE_STEPS (ferry decode steps,
+#             logged buffers of the cpu part (or a probe) and the file's per-layer expert bytes predict, then
+#             down while a smaller N fits (two steps at most) or up until one fits; and llama-bench with
+#             --fit-target set so that --fit sizes the model to the same budget
+#   4g        the same at 4 GiB
+# Results: $OUT/llamacpp-moe/ (meta.json, results.jsonl, table.md, commands.txt, the raw logs; copy the folder
+# to tests/gpu/results/ and run docs/make_benchmarks.py), the table also in $OUT/summary.txt.
+# Env: MOE_FERRY (a ferry built elsewhere), MOE_COMMIT (the commit measured, when the device's copy has no .git of it), MOE_STEPS (ferry decode steps,
 # default 24), MOE_NCMOE_8G / MOE_NCMOE_4G (the --n-cpu-moe values to sweep instead of the predicted ones),
-# MOE_WORK (default /tmp/moe), MOE_LLAMA (the llama.cpp build, default /tmp/lln).
+# MOE_WORK (default /tmp/moe), MOE_LLAMA (the llama.cpp build, default /tmp/lln), MOE_REBUILD=1 (prepare
+# rebuilds ferry from this tree: otherwise a build already in /tmp/moe/ferry is kept).
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -58,6 +61,7 @@ if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   if [ -x $LLN/bin/llama-bench ] && [ -x $LLN/bin/llama-batched-bench ]; then
     log "llama.cpp: kept the build in $LLN"
   else # bounded so that this call still reports: a second prepare resumes the build
+    [ -f .peers/build-llama-cpp.sh ] || log "no .peers/build-llama-cpp.sh: carry a copy of ../shared/peers as .peers"
     timeout "${MOE_BUILD_LIMIT:-500}" bash .peers/build-llama-cpp.sh $LLN lcp0336 > $W/lln-build.log 2>&1 &
     lb=$!
   fi
@@ -227,25 +231,10 @@ budget_part() { # GiB: ferry under the budget; llama.cpp's --n-cpu-moe sweep and
   fi
 }
 
-parts=" ${MOE_PARTS:-resident cpu 8g} "
-if [[ $parts == *" resident "* ]]; then
-  log "everything on the GPU"
-  ferry resident resident "default budget" --batches 1,16 --prefill 512 --decode-steps $steps
-  llama_bench resident resident "-ngl 99" "" -ngl 99
-  llama_batched resident resident "-ngl 99" "" -ngl 99
-fi
-if [[ $parts == *" cpu "* ]]; then
-  log "the experts of all 48 layers on the host's cores"
-  ferry cpu-moe48 cpu "--cpu-moe 48" --cpu-moe 48 --batches 1,16 --prefill 512 --decode-steps $steps
-  llama_bench cpu-moe48 cpu "--n-cpu-moe 48" "" -ngl 99 -ncmoe 48
-  llama_batched cpu-moe48 cpu "--n-cpu-moe 48" "" -ngl 99 --n-cpu-moe 48
-fi
-[[ $parts == *" 8g "* ]] && budget_part 8
-[[ $parts == *" 4g "* ]] && budget_part 4
-
 commit=${MOE_COMMIT:-$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)}
-mkdir -p "$R" && cp $D/* "$R/"
-python3 - "$R/meta.json" "$gpu" "$cpu" "$commit" "$nt" <<'PY'
+publish() { # the results so far into $R (after each part: a call cut short still brings back the parts done)
+  mkdir -p "$R" && cp $D/* "$R/"
+  python3 - "$R/meta.json" "$gpu" "$cpu" "$commit" "$nt" <<'PY'
 import json, sys, time
 path, gpu, cpu, commit, nt = sys.argv[1:6]
 json.dump({
@@ -253,17 +242,40 @@ json.dump({
     "date": time.strftime("%Y-%m-%d", time.gmtime()),
     "machine": f"{gpu}; host {cpu}, {nt} threads",
     "commit": commit,
-    "command": "bash tests/gpu/compare_moe.sh prepare && bash tests/gpu/compare_moe.sh bench",
+    "command": "bash tests/gpu/compare_moe.sh prepare, then bash tests/gpu/compare_moe.sh bench with MOE_PARTS="
+               "\"resident cpu\", 8g and 4g in turn",
     "about": "A random-weight file of Qwen3-30B-A3B's shape (48 layers, 128 experts of which 8 per token, expert "
              "FFN 768) in llama.cpp's Q4_K_M mix, 18.6 GB (tests/gpu/make_moe_gguf.py). ferry bench (decode at "
              "32 positions, prefill 512) beside llama.cpp lcp0336: llama-bench for b=1 and prefill 512, "
-             "llama-batched-bench for b=16, the same threads. Resident: everything on the GPU. Experts on the "
-             "host: every layer's experts in host memory (ferry --cpu-moe 48, llama.cpp --n-cpu-moe 48). Under a "
-             "budget: ferry --gpu-memory, llama.cpp at each --n-cpu-moe N around the largest share of experts "
-             "whose device buffers (as it logs them) fit, and with --fit sized to the budget. The ratio is ferry "
-             "over llama.cpp's best row that fits; device memory is what each side reports.",
+             "llama-batched-bench for b=16, the same threads. All on the GPU: ferry's default budget, llama.cpp "
+             "-ngl 99. Experts on the host: every layer's experts in host memory (ferry --cpu-moe 48, llama.cpp "
+             "--n-cpu-moe 48). Under a budget: ferry --gpu-memory, llama.cpp at the --n-cpu-moe N around the "
+             "largest share of experts on the GPU whose device buffers (as it logs them) fit, and with --fit "
+             "sized to the budget. The ratio is ferry over llama.cpp's best setting that fits, column by column.",
     "kind": "moe",
 }, open(path, "w"), indent=2)
 PY
-python3 docs/make_benchmarks.py --moe-table "$R/results.jsonl" | tee -a "$out/summary.txt"
+  python3 docs/make_benchmarks.py --moe-table "$R/results.jsonl" > "$R/table.md"
+}
+
+parts=" ${MOE_PARTS:-resident cpu 8g 4g} "
+if [[ $parts == *" resident "* ]]; then
+  log "everything on the GPU"
+  ferry resident resident "default budget" --batches 1,16 --prefill 512 --decode-steps $steps
+  llama_bench resident resident "-ngl 99" "" -ngl 99
+  llama_batched resident resident "-ngl 99" "" -ngl 99
+  publish
+fi
+if [[ $parts == *" cpu "* ]]; then
+  log "the experts of all 48 layers on the host's cores"
+  ferry cpu-moe48 cpu "--cpu-moe 48" --cpu-moe 48 --batches 1,16 --prefill 512 --decode-steps $steps
+  llama_bench cpu-moe48 cpu "--n-cpu-moe 48" "" -ngl 99 -ncmoe 48
+  llama_batched cpu-moe48 cpu "--n-cpu-moe 48" "" -ngl 99 --n-cpu-moe 48
+  publish
+fi
+for gib in 8 4; do
+  if [[ $parts == *" ${gib}g "* ]]; then budget_part $gib; publish; fi
+done
+publish
+tee -a "$out/summary.txt" < "$R/table.md"
 cp "$out/summary.txt" "$R/summary.txt"
