@@ -106,9 +106,12 @@ budget = float(sys.argv[6]) if len(sys.argv) > 6 else None
 r = {"case": case, "group": group, "setting": setting, "decode": {}}
 
 
-def vram(text):  # llama.cpp's device buffers as it logs them; each kind once (llama-bench makes one context a test)
+def vram(text):  # llama.cpp's device buffers as it logs them: the last model load's (--fit may log trial loads
+    # before it), each kind once (llama-bench makes one context a test)
     kinds = {}
     for kind, mib in re.findall(r"CUDA0 +(model|KV|compute) buffer size =\s*([\d.]+) MiB", text):
+        if kind == "model":
+            kinds = {}
         kinds[kind] = max(kinds.get(kind, 0.0), float(mib))
     return round(sum(kinds.values()), 1) if kinds else None
 
