@@ -13,8 +13,8 @@
 # The phases can run in separate device calls as long as the machine stays warm (/tmp/moe survives).
 #
 # Parts, each ferry bench (decode b=1 and b=16 at 32 positions, prefill 512) beside llama-bench (-p 512 -n 64,
-# flash attention: b=1 decode and prefill) and llama-batched-bench (-npp 32 -ntg 32 -npl 1,16: b=16), the same
-# thread count on both sides (MOE_THREADS, default all cores):
+# flash attention: b=1 decode and prefill) and llama-batched-bench (-npp 32 -ntg 32 -npl 1,16, one KV pool of
+# 1,024 positions (-kvu): b=16), the same thread count on both sides (MOE_THREADS, default all cores):
 #   resident  everything on the GPU: ferry's default budget; llama.cpp -ngl 99
 #   cpu       the experts of all 48 layers in host memory, computed by the host's cores (long steps may copy them
 #             to the GPU on both sides): ferry --cpu-moe 48; llama.cpp -ngl 99 --n-cpu-moe 48
@@ -157,16 +157,19 @@ llama_bench() { # case group setting budget args...: b=1 decode and prefill 512
   local c=$1 g=$2 s=$3 b=$4; shift 4
   echo "llama-bench -m M -t $nt -fa 1 -p 512 -n 64 -r 2 $* -o json -v" >> $D/commands.txt
   timeout 300 $L/llama-bench -m $M -t $nt -fa 1 -p 512 -n 64 -r 2 "$@" -o json -v > $W/l-$c.json 2> $W/l-$c.err
-  python3 $W/rows.py bench $c $g "$s" $W/l-$c.json $b >> $res || log "llama-bench $c failed: $(tail -2 $W/l-$c.err)"
-  { echo "### llama-bench $c: $*"; grep -E "buffer size|llama_params_fit|fit|n_cpu_moe|error" $W/l-$c.err; } >> $D/llama.log
+  local rc=$?
+  python3 $W/rows.py bench $c $g "$s" $W/l-$c.json $b >> $res || log "llama-bench $c rc=$rc: $(tail -2 $W/l-$c.err)"
+  { echo "### llama-bench $c (rc $rc): $*"; grep -E "buffer size|llama_params_fit|fit|n_cpu_moe|error" $W/l-$c.err; } >> $D/llama.log
 }
 
 llama_batched() { # case group setting budget args...: b=1 and b=16 at 32 positions
   local c=$1 g=$2 s=$3 b=$4; shift 4
-  echo "llama-batched-bench -m M -t $nt -fa on -c 1024 -npp 32 -ntg 32 -npl 1,16 $*" >> $D/commands.txt
-  timeout 300 $L/llama-batched-bench -m $M -t $nt -fa on -c 1024 -npp 32 -ntg 32 -npl 1,16 "$@" > $W/lb-$c.txt 2>&1
-  python3 $W/rows.py batched $c $g "$s" $W/lb-$c.txt $b >> $res || log "llama-batched-bench $c failed: $(tail -3 $W/lb-$c.txt)"
-  { echo "### llama-batched-bench $c: $*"; grep -E "buffer size|^\|" $W/lb-$c.txt; } >> $D/llama.log
+  echo "llama-batched-bench -m M -t $nt -fa on -c 1024 -kvu -npp 32 -ntg 32 -npl 1,16 -lv 4 $*" >> $D/commands.txt
+  timeout 300 $L/llama-batched-bench -m $M -t $nt -fa on -c 1024 -kvu -npp 32 -ntg 32 -npl 1,16 -lv 4 "$@" \
+    > $W/lb-$c.txt 2>&1
+  local rc=$?
+  python3 $W/rows.py batched $c $g "$s" $W/lb-$c.txt $b >> $res || log "llama-batched-bench $c rc=$rc: $(tail -3 $W/lb-$c.txt)"
+  { echo "### llama-batched-bench $c (rc $rc): $*"; grep -E "buffer size|^\|" $W/lb-$c.txt; } >> $D/llama.log
 }
 
 row_vram() { # case tool: the device MiB (rounded up) of the row measured last for them; nothing when none
