@@ -588,7 +588,8 @@ int cli_bench_main(int argc, char **argv)
         printf("%s", engine_placement(e));
         if (engine_placement(e)[strlen(engine_placement(e)) - 1] != '\n') putchar('\n');
         if (h2d > 0)
-            printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write)\n",
+            printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write; the "
+                   "\"%% of copy\" column's denominator)\n",
                    h2d / 1e9, d2d / 1e9);
         if (st1.vram_budget)
             printf("vram      budget %.2f GiB, planned %.2f GiB, taken from the device %.2f GiB\n",
@@ -604,7 +605,7 @@ int cli_bench_main(int argc, char **argv)
             putchar('\n');
         }
         printf("%-8s %-8s %10s %12s %12s %10s %10s %12s %9s %10s %12s\n", "batch", "context", "step ms",
-               "tokens/s", "weights GB/s", "% of HBM", "link GB/s", "stall ms/step", "cpu/strm", "host ms",
+               "tokens/s", "weights GB/s", "% of copy", "link GB/s", "stall ms/step", "cpu/strm", "host ms",
                "predicted ms");
         for (int i = 0; i < n_res; i++) {
             int B = res[i].batch > 0 ? res[i].batch : 1, ctx = res[i].batch > 0 ? prompt : -res[i].batch;
