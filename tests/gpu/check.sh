@@ -2,7 +2,9 @@
 # check.sh — on the GPU machine, in one short call: build only the CUDA tests of the kernels and the engine and
 # the ferry binary (sm_90), run them, then the speculative-decoding oracle on the synthetic F16 7B under 4 GiB
 # and resident. Each step has its own time limit; a summary goes to stdout and $OUT/summary.txt, logs to $OUT.
-# Needs .debs and .gpu-data carried (tests/gpu/run.sh says how they are made).
+# Needs .debs and .gpu-data carried (tests/gpu/run.sh says how they are made). CHECK_STEPS="gpu_e2e ops" (say)
+# runs only the named steps (the names of the summary lines; bench_moe, bench_deltanet and spec included) and
+# CHECK_TARGETS="..." builds only those ninja targets.
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -21,15 +23,17 @@ export FERRY_SRC=$W FERRY_TESTDATA=/tmp/shared/testdata
 log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 meson setup build -Dcuda=enabled -Dgpu_arch=90 -Dbuildtype=release > "$out/build.log" 2>&1 ||
   { log "meson setup FAILED"; tail -30 "$out/build.log"; exit 1; }
-targets="server/ferry tests/cuda/test_qblock tests/cuda/test_cuda_qk_norm tests/cuda/test_cuda_ops
+targets=${CHECK_TARGETS:-"server/ferry tests/cuda/test_qblock tests/cuda/test_cuda_qk_norm tests/cuda/test_cuda_ops
   tests/cuda/test_cuda_attention tests/cuda/test_cuda_matmul_q tests/runtime/test_gpu_e2e tests/cuda/test_cuda_moe
-  tests/bench_cuda/bench_moe tests/cuda/test_cuda_deltanet tests/bench_cuda/bench_deltanet"
+  tests/bench_cuda/bench_moe tests/cuda/test_cuda_deltanet tests/bench_cuda/bench_deltanet"}
 if ! ninja -C build $targets >> "$out/build.log" 2>&1; then
   log "build FAILED"; grep -E "error" "$out/build.log" | head -30; exit 1
 fi
 log "build ok"
+want() { [ -z "${CHECK_STEPS:-}" ] || [[ " $CHECK_STEPS " == *" $1 "* ]]; }
 run() { # name limit command...
   local name=$1 lim=$2; shift 2
+  want "$name" || return 0
   timeout "$lim" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   log "$name rc=$rc: $(grep -E 'Synthesis' "$out/$name.log" | tail -1)"
@@ -41,19 +45,19 @@ run gpu_e2e 180 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*matches_c
 run gpu_e2e_gemma4_placements 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*gemma4_placements*'
 run moe 120 ./build/tests/cuda/test_cuda_moe --jobs 2
 run gpu_e2e_moe 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*moe*'
-timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
+want bench_moe && timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
 run attention 240 ./build/tests/cuda/test_cuda_attention --jobs 2
 run deltanet 60 ./build/tests/cuda/test_cuda_deltanet --verbose
-timeout 60 ./build/tests/bench_cuda/bench_deltanet > "$out/bench_deltanet.log" 2>&1; log "bench_deltanet rc=$?"
+want bench_deltanet && timeout 60 ./build/tests/bench_cuda/bench_deltanet > "$out/bench_deltanet.log" 2>&1; log "bench_deltanet rc=$?"
 [ -n "${CHECK_SHORT:-}" ] && { log "done (short)"; exit 0; }
 run ops 40 ./build/tests/cuda/test_cuda_ops
 run qblock 30 ./build/tests/cuda/test_qblock --jobs 4
-for a in ${SPEC_ACCEPT:-1}; do
+want spec && for a in ${SPEC_ACCEPT:-1}; do
   timeout 90 ./build/server/ferry bench --synthetic llama-2-7b --gpu-memory 4GiB --batches 1 --prefill 0 \
     --decode-steps 8 --spec-oracle 4 --spec-accept $a >> "$out/spec.log" 2>&1
   log "spec 4GiB accept $a rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
 done
-if [ -n "${SPEC_RESIDENT:-}" ]; then
+if want spec && [ -n "${SPEC_RESIDENT:-}" ]; then
   timeout 90 ./build/server/ferry bench --synthetic llama-2-7b --batches 1 --prefill 0 --decode-steps 16 \
     --spec-oracle 4 >> "$out/spec.log" 2>&1
   log "spec resident rc=$?: $(grep -E '^speculative' "$out/spec.log" | tail -1)"
