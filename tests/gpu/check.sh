@@ -45,10 +45,14 @@ run gpu_e2e 180 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*matches_c
 run gpu_e2e_gemma4_placements 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*gemma4_placements*'
 run moe 120 ./build/tests/cuda/test_cuda_moe --jobs 2
 run gpu_e2e_moe 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*moe*'
-want bench_moe && timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
+if want bench_moe; then
+  timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
+fi
 run attention 240 ./build/tests/cuda/test_cuda_attention --jobs 2
 run deltanet 60 ./build/tests/cuda/test_cuda_deltanet --verbose
-want bench_deltanet && timeout 60 ./build/tests/bench_cuda/bench_deltanet > "$out/bench_deltanet.log" 2>&1; log "bench_deltanet rc=$?"
+if want bench_deltanet; then
+  timeout 60 ./build/tests/bench_cuda/bench_deltanet > "$out/bench_deltanet.log" 2>&1; log "bench_deltanet rc=$?"
+fi
 [ -n "${CHECK_SHORT:-}" ] && { log "done (short)"; exit 0; }
 run ops 40 ./build/tests/cuda/test_cuda_ops
 run qblock 30 ./build/tests/cuda/test_qblock --jobs 4
