@@ -155,6 +155,26 @@ QB_FN void gqm_load_x(gqm_x &x, const uint8_t *xqf, const float *xdf, int nu, in
     }
 }
 
+/* The int8 MMAs (sm_80+): C (16 x 8, int32) += A (16 x 32 or 16 x 16, int8, row-major) times B (col-major);
+ * thread (g, t) holds A words of rows g and g+8, B words of column g, C elements rows g, g+8 x columns 2t,
+ * 2t+1. Device code only. */
+#ifdef __CUDACC__
+__device__ __forceinline__ void gqm_mma_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void gqm_mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+#endif
+
 /* acc (C fragment: e = 0, 1 -> row g, x rows 2t, 2t+1; e = 2, 3 -> row g+8) += one unit: c the int32 MMA
  * result over the unit (c_hi unused) or, for TWO_D types, over its first half (c_hi the second), r[h] the
  * frags of rows g and g+8. The same arithmetic as qb_dot per element. */

@@ -21,21 +21,6 @@
 
 #define QS_WARPS 8
 
-__device__ __forceinline__ void gqm_mma_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void gqm_mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
 /* y (m, ldy) = x · Wᵀ for m <= 8 * NT rows of x (the padding rows of the layout are zeros; not stored). */
 template <class Q, int NT, int AT, int NST, int MINB>
 __global__ void __launch_bounds__(QS_WARPS * 32, MINB)

@@ -263,6 +263,89 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
+/* The same products on the tensor cores: warp w of block (row group, expert e) takes 16 rows of e (rows g and
+ * g+8 of lane (g, t)) and e's pairs 8 at a time as the 8 columns of mma.sync m16n8k32 s8 (two m16n8k16 for
+ * TWO_D types): per unit of 32, A from the rows' blocks (Q::frag), B from the pairs' rows of xq (words t and
+ * t+4 of the unit), then the dense int8 MMA kernel's epilogue (gqm_epilogue: each unit scaled in f32 as
+ * qb_dot scales it). Rows past the last repeat the last row's loads and are not written. */
+#define MOE_MMA_WARPS 4
+template <class Q>
+__global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
+    moe_grouped_mma_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
+                           size_t expert_bytes, size_t row_bytes, int rows, int cols, const int32_t *off,
+                           const int32_t *order, const float *bias, int xdiv)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, e = blockIdx.y;
+    const int r0 = (blockIdx.x * MOE_MMA_WARPS + (threadIdx.x >> 5)) * 16;
+    const int beg = off[e], end = off[e + 1];
+    if (r0 >= rows || beg == end) return;
+    constexpr int UPB = Q::QK / 32;
+    const int nu = cols / 32;
+    const uint8_t *wr[2];
+    float bv[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = min(r0 + 8 * h + g, rows - 1);
+        wr[h] = w + (size_t)e * expert_bytes + (size_t)row * row_bytes;
+        bv[h] = bias ? bias[(size_t)e * rows + row] : 0.0f;
+    }
+    for (int s = beg; s < end; s += 8) {
+        const int np = min(8, end - s);
+        const int pg = g < np ? order[s + g] : -1;
+        int pc[2];
+        size_t xc[2];
+#pragma unroll
+        for (int col = 0; col < 2; col++) {
+            pc[col] = 2 * t + col < np ? order[s + 2 * t + col] : -1;
+            xc[col] = pc[col] >= 0 ? (size_t)(pc[col] / xdiv) * nu : 0;
+        }
+        const size_t xg = pg >= 0 ? (size_t)(pg / xdiv) * nu : 0;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int gu = 0; gu < nu; gu++) {
+            const int b = gu / UPB, U = gu - b * UPB;
+            qb_frag f[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) Q::frag(wr[h] + (size_t)b * Q::BYTES, U, t, f[h]);
+            gqm_x x;
+            x.b0 = x.b1 = 0u;
+            if (pg >= 0) {
+                const uint8_t *p = xq + (xg + gu) * 32;
+                x.b0 = __ldg(reinterpret_cast<const uint32_t *>(p + 4 * t));
+                x.b1 = __ldg(reinterpret_cast<const uint32_t *>(p + 16 + 4 * t));
+            }
+#pragma unroll
+            for (int col = 0; col < 2; col++) {
+                qb_v4 d = {0u, 0u, 0u, 0u};
+                if (pc[col] >= 0) d = qb_ldg128(xd + 4 * (xc[col] + gu));
+                x.dx[col] = __uint_as_float(d.x), x.sx[col] = __uint_as_float(d.y);
+                x.sq[col][0] = (int)d.z, x.sq[col][1] = (int)d.w;
+            }
+            int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+            if (Q::TWO_D) {
+                gqm_mma_k16(c, f[0].w0, f[1].w0, x.b0);
+                gqm_mma_k16(ch, f[0].w1, f[1].w1, x.b1);
+            } else {
+                gqm_mma_k32(c, f[0].w0, f[1].w0, f[0].w1, f[1].w1, x.b0, x.b1);
+            }
+            gqm_epilogue<Q>(acc, c, ch, f, x);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i >> 1, col = i & 1, row = r0 + 8 * h + g;
+            if (row < rows && pc[col] >= 0) y[(size_t)pc[col] * ldy + row] = acc[i] + bv[h];
+        }
+    }
+}
+
+static int moe_grouped_use_mma = 1; /* kern_cuda_moe_set_grouped */
+
+extern "C" int kern_cuda_moe_set_grouped(int mma)
+{
+    const int prev = moe_grouped_use_mma;
+    moe_grouped_use_mma = mma != 0;
+    return prev;
+}
+
 extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
                                   cudaStream_t stream)
 {
@@ -280,7 +363,8 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
         cols % dtype_block_size(t) || !x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(y, 4))
         return FERRY_ERR_INVALID;
     const size_t rb = dtype_row_size(t, cols), eb = rb * (size_t)rows;
-    const dim3 grid((unsigned)((rows + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n_expert);
+    const int per = moe_grouped_use_mma ? 16 * MOE_MMA_WARPS : MOE_WARPS;
+    const dim3 grid((unsigned)((rows + per - 1) / per), (unsigned)n_expert);
     uint8_t *xq;
     float *xd;
     kern_cuda_qmm_x8_at((void *)x8, x_rows, cols, &xq, &xd);
@@ -288,6 +372,11 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
 #define MOE_GROUPED(T, name, Q)                                                                              \
     case DTYPE_##T:                                                                                          \
         if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
+        if (moe_grouped_use_mma) {                                                                           \
+            moe_grouped_mma_kernel<Q><<<grid, MOE_MMA_WARPS * 32, 0, stream>>>(                              \
+                y, ldy, xq, xd, (const uint8_t *)w, eb, rb, rows, cols, off, order, bias, xdiv);             \
+            break;                                                                                           \
+        }                                                                                                    \
         moe_grouped_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(                                        \
             y, ldy, xq, xd, (const uint8_t *)w, eb, rb, rows, cols, off, order, bias, xdiv);                 \
         break;

@@ -68,6 +68,10 @@ int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x
  * type. */
 int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
                        cudaStream_t stream);
+/* kern_cuda_moe_grouped runs on the tensor cores (int8 mma.sync, the default: mma 1) or on the CUDA cores
+ * (dp4a, the GEMV's kernel: mma 0); the same sums per unit either way, to f32 rounding. For tests and
+ * benches; returns the previous setting. */
+int kern_cuda_moe_set_grouped(int mma);
 int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w, enum dtype t,
                           const float *bias, int n_expert, int rows, int cols, const int32_t *off,
                           const int32_t *order, int xdiv, cudaStream_t stream);

@@ -411,3 +411,75 @@ Test(cuda_moe, sort_pairs_by_expert)
         cudaFree(di), cudaFree(doff), cudaFree(dord);
     }
 }
+
+/* The grouped launch alone (after the device sort), on the tensor cores and on the CUDA cores, against a
+ * plain f64 loop within the int8 rounding bound of x (as check_gemv), with the expert's bias: every pair's
+ * row of y, at row counts that are no multiple of the 16-row tiles and experts with 1 to 19 pairs (no
+ * multiple of the 8-pair tiles), for types of every epilogue (QOFF, a minimum, two scales per unit, two
+ * minimums, lookup tables). */
+static void check_grouped(enum dtype t, int rows, int cols, int mma)
+{
+    const int ne = 7, P = 61, xdiv = 3, xr = (P - 1) / xdiv + 1;
+    float *wf;
+    void *w = rand_matrix(t, (int64_t)ne * rows, cols, 0.5f, &wf);
+    float *x = host_rand((size_t)xr * cols, -1.0f, 1.0f), *bias = host_rand((size_t)ne * rows, -0.5f, 0.5f);
+    for (int i = 0; i < xr * cols; i += 97) x[i] *= 6.0f;
+    int32_t ids[61];
+    for (int p = 0; p < P; p++) ids[p] = p < 19 ? 2 : p == 19 ? 6 : irand(ne); /* expert 2: 19+ pairs */
+    void *dw = dev_upload(w, dtype_row_size(t, cols) * (size_t)ne * rows);
+    float *dx = dev_upload(x, (size_t)xr * cols * sizeof(float)),
+          *db = dev_upload(bias, (size_t)ne * rows * 4);
+    int32_t *di = dev_upload(ids, sizeof ids), *doff = dev_poison((ne + 1) * 4), *dord = dev_poison(P * 4);
+    void *dx8;
+    cr_assert_eq(cudaMalloc(&dx8, kern_cuda_moe_x8_bytes(xr, cols)), cudaSuccess);
+    cr_assert_eq(kern_cuda_moe_x8(dx8, dx, cols, xr, cols, 0), FERRY_OK);
+    cr_assert_eq(kern_cuda_moe_sort(di, P, ne, doff, dord, 0), FERRY_OK);
+    const int ldy = rows + 5, prev = kern_cuda_moe_set_grouped(mma);
+    float *dy = dev_poison((size_t)P * ldy * sizeof(float)), *y = malloc((size_t)P * ldy * 4);
+    cr_assert_eq(kern_cuda_moe_grouped(dy, ldy, dx8, xr, dw, t, db, ne, rows, cols, doff, dord, xdiv, 0),
+                 FERRY_OK);
+    kern_cuda_moe_set_grouped(prev);
+    dev_download(y, dy, (size_t)P * ldy * sizeof(float));
+    double worst = 0;
+    for (int p = 0; p < P; p++)
+        for (int r = 0; r < rows; r++) {
+            const int e = ids[p];
+            const float *xrow = x + (size_t)(p / xdiv) * cols, *wr = wf + ((size_t)e * rows + r) * cols;
+            double d = bias[(size_t)e * rows + r], b = 1e-6;
+            for (int c0 = 0; c0 < cols; c0 += 32) {
+                double amax = 0, aw = 0;
+                for (int c = c0; c < c0 + 32; c++) {
+                    d += (double)wr[c] * xrow[c];
+                    amax = fmax(amax, fabs(xrow[c]));
+                    aw += fabs(wr[c]), b += 1e-6 * fabs((double)wr[c] * xrow[c]);
+                }
+                b += aw * amax / 127 / 2;
+            }
+            const float got = y[(size_t)p * ldy + r];
+            worst = fmax(worst, fabs(got - d) / b);
+            cr_assert(fabs(got - d) <= b, "%s (%s) pair %d (expert %d) row %d: %.9g, want %.9g (bound %.3g)",
+                      dtype_name(t), mma ? "mma" : "dp4a", p, e, r, got, d, b);
+        }
+    fprintf(stderr, "grouped %s %s rows %d cols %d: worst error %.3g of the bound\n", dtype_name(t),
+            mma ? "mma" : "dp4a", rows, cols, worst);
+    cudaFree(dw), cudaFree(dx), cudaFree(db), cudaFree(di), cudaFree(doff), cudaFree(dord), cudaFree(dx8),
+        cudaFree(dy);
+    free(w), free(wf), free(x), free(bias), free(y);
+}
+
+Test(cuda_moe, grouped_both_kernels)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(47);
+    for (int mma = 0; mma < 2; mma++) {
+        check_grouped(DTYPE_Q4_0, 37, 96, mma);
+        check_grouped(DTYPE_Q5_1, 21, 64, mma);
+        check_grouped(DTYPE_Q8_0, 16, 32, mma);
+        check_grouped(DTYPE_Q4_K, 29, 512, mma);
+        check_grouped(DTYPE_Q6_K, 33, 256, mma);
+        check_grouped(DTYPE_Q2_K, 19, 256, mma);
+        check_grouped(DTYPE_Q3_K, 40, 256, mma);
+        check_grouped(DTYPE_IQ4_XS, 17, 256, mma);
+        check_grouped(DTYPE_MXFP4, 23, 96, mma);
+    }
+}
