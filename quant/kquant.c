@@ -340,7 +340,8 @@ void kquant_q6_k_finish(const float *x, const float scales[QK_K / 16], int8_t L[
             const uint8_t *q = (const uint8_t *)L + 128 * h + l;
             b->ql[64 * h + l] = (uint8_t)((q[0] & 15) | (q[64] & 15) << 4);
             b->ql[64 * h + l + 32] = (uint8_t)((q[32] & 15) | (q[96] & 15) << 4);
-            b->qh[32 * h + l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
+            b->qh[32 * h + l] =
+                (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
         }
 }
 

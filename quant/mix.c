@@ -267,12 +267,14 @@ static int ffn_down_type(struct quant_mix *m, const char *name)
         t = DTYPE_Q5_K;
     else if (ft == QUANT_FTYPE_Q4_K_M) {
         if (use_more_bits(i, n)) t = DTYPE_Q6_K;
-    } else if (i < n / 8 && (ft == QUANT_FTYPE_IQ4_NL || ft == QUANT_FTYPE_IQ4_XS))
-        t = DTYPE_Q5_K; /* without an importance matrix */
+    } else if (i < n / 8 && (ft == QUANT_FTYPE_IQ4_NL || ft == QUANT_FTYPE_IQ4_XS) && !m->model.has_imatrix)
+        t = DTYPE_Q5_K;
     else if (ft == QUANT_FTYPE_Q5_K_M && use_more_bits(i, n))
         t = DTYPE_Q6_K;
     else if (ft == QUANT_FTYPE_Q4_K_S && i < n / 8)
         t = DTYPE_Q5_K;
+    else if ((ft == QUANT_FTYPE_Q4_0 || ft == QUANT_FTYPE_Q5_0) && m->model.has_imatrix && i < n / 8)
+        t = ft == QUANT_FTYPE_Q4_0 ? DTYPE_Q4_1 : DTYPE_Q5_1; /* (only with an importance matrix) */
     m->i_ffn_down++;
     return (int)t;
 }

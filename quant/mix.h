@@ -61,12 +61,13 @@ const char *quant_ftype_names(void);
 
 /* What llama.cpp's rules read from the model beside tensor names. */
 struct quant_mix_model {
-    int n_layers;    /* hparams' layer count: ffn_down/gate/up positions are out of it */
-    int n_attn_v;    /* tensors that quant_mix_attn_v_like names: attn_v positions are out of it */
-    int n_gqa;       /* n_heads / n_kv_heads (0 when n_kv_heads is 0) */
-    int n_expert;    /* experts per MoE layer; 0 in dense models */
-    bool has_output; /* the model has output.weight (else the token embedding is the head) */
-    bool is_70b;     /* llama.cpp's LLM_TYPE_70B (the family's rule, weights/arch/) */
+    int n_layers;     /* hparams' layer count: ffn_down/gate/up positions are out of it */
+    int n_attn_v;     /* tensors that quant_mix_attn_v_like names: attn_v positions are out of it */
+    int n_gqa;        /* n_heads / n_kv_heads (0 when n_kv_heads is 0) */
+    int n_expert;     /* experts per MoE layer; 0 in dense models */
+    bool has_output;  /* the model has output.weight (else the token embedding is the head) */
+    bool is_70b;      /* llama.cpp's LLM_TYPE_70B (the family's rule, weights/arch/) */
+    bool has_imatrix; /* an importance matrix is given: IQ4 ffn_down stays IQ4, Q4_0/Q5_0 bump it instead */
 };
 
 struct quant_mix {

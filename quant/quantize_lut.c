@@ -119,7 +119,8 @@ static void iq4_xs_rows(const float *x, void *dst, int64_t n, const float *qw)
         memset(L, 0, sizeof L);
         const float sigma2 = qw ? iq4_sigma2(x, QK_K) : 0;
         for (int ib = 0; ib < 8; ib++) {
-            scales[ib] = iq4_block_scale(x + 32 * ib, L + 32 * ib, qw ? qw + QK_K * i + 32 * ib : NULL, sigma2);
+            scales[ib] =
+                iq4_block_scale(x + 32 * ib, L + 32 * ib, qw ? qw + QK_K * i + 32 * ib : NULL, sigma2);
             if (fabsf(scales[ib]) > amax_scale) amax_scale = fabsf(scales[ib]), max_scale = scales[ib];
         }
         const float d = -max_scale / 32;
