@@ -25,6 +25,12 @@
         .device_form = dev                                                                                   \
     }
 
+/* A type ferry writes only with an importance matrix (llama-quantize requires one for it). */
+#define WEIGHTED_ONLY(t, nm, bs, blk)                                                                        \
+    {                                                                                                        \
+        .name = nm, .block_size = bs, .type_size = sizeof(struct blk), .is_quantized = true,                 \
+        .to_f32 = row_##t##_to_f32, .from_f32_w = row_##t##_from_f32_w, .device_form = DTYPE_Q8_0            \
+    }
 /* A type ferry reads but does not write. */
 #define READ_ONLY(t, nm, bs, blk)                                                                            \
     {                                                                                                        \
@@ -51,10 +57,10 @@ static const struct dtype_traits dtype_table[DTYPE_COUNT] = {
     [DTYPE_MXFP4] = BLOCKS(mxfp4, "MXFP4", QK_MXFP4, block_mxfp4, DTYPE_Q8_0),
     [DTYPE_NVFP4] = READ_ONLY(nvfp4, "NVFP4", QK_NVFP4, block_nvfp4),
     [DTYPE_IQ2_XXS] = READ_ONLY(iq2_xxs, "IQ2_XXS", QK_K, block_iq2_xxs),
-    [DTYPE_IQ2_XS] = READ_ONLY(iq2_xs, "IQ2_XS", QK_K, block_iq2_xs),
+    [DTYPE_IQ2_XS] = WEIGHTED_ONLY(iq2_xs, "IQ2_XS", QK_K, block_iq2_xs),
     [DTYPE_IQ2_S] = READ_ONLY(iq2_s, "IQ2_S", QK_K, block_iq2_s),
     [DTYPE_IQ3_XXS] = READ_ONLY(iq3_xxs, "IQ3_XXS", QK_K, block_iq3_xxs),
-    [DTYPE_IQ3_S] = READ_ONLY(iq3_s, "IQ3_S", QK_K, block_iq3_s),
+    [DTYPE_IQ3_S] = WEIGHTED(iq3_s, "IQ3_S", QK_K, block_iq3_s, DTYPE_Q8_0),
     [DTYPE_IQ1_S] = READ_ONLY(iq1_s, "IQ1_S", QK_K, block_iq1_s),
     [DTYPE_IQ1_M] = READ_ONLY(iq1_m, "IQ1_M", QK_K, block_iq1_m),
 };

@@ -22,6 +22,7 @@ static const struct {
     {QUANT_FTYPE_Q4_1, "Q4_1", DTYPE_Q4_1},       {QUANT_FTYPE_Q5_0, "Q5_0", DTYPE_Q5_0},
     {QUANT_FTYPE_Q5_1, "Q5_1", DTYPE_Q5_1},       {QUANT_FTYPE_F16, "F16", DTYPE_F16},
     {QUANT_FTYPE_BF16, "BF16", DTYPE_BF16},       {QUANT_FTYPE_F32, "F32", DTYPE_F32},
+    {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS},
 };
 #define N_FTYPES (int)(sizeof ftype_table / sizeof ftype_table[0])
 
@@ -49,7 +50,6 @@ static const struct {
     const char *why;
 } refusal_table[] = {
     {"IQ2_XXS", WHY_IMATRIX},
-    {"IQ2_XS", WHY_IMATRIX},
     {"IQ2_S", WHY_IMATRIX},
     {"IQ2_M", WHY_IMATRIX},
     {"IQ1_S", WHY_IMATRIX},
@@ -99,7 +99,7 @@ const char *quant_ftype_refusal(const char *name)
 const char *quant_ftype_names(void)
 {
     return "Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, Q3_K_L, Q2_K, IQ4_XS, IQ4_NL, MXFP4_MOE, "
-           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32";
+           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ2_XS (with --imatrix)";
 }
 
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model)
@@ -221,11 +221,61 @@ static int ffn_layer(const struct quant_mix *m, int counter, const char *name)
     return l >= 0 && l < m->model.n_layers ? l : -1;
 }
 
+/* The mixes of the 1- and 2-bit i-quants, which share their own rules. */
+static bool low_iq(enum quant_ftype ft)
+{
+    return ft == QUANT_FTYPE_IQ2_XXS || ft == QUANT_FTYPE_IQ2_XS || ft == QUANT_FTYPE_IQ1_S ||
+           ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M || ft == QUANT_FTYPE_IQ1_M;
+}
+
+/* IQ2_S and IQ2_M: IQ3_S where the other low mixes use Q2_K. */
+static enum dtype low_iq_bump(enum quant_ftype ft)
+{
+    return ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M ? DTYPE_IQ3_S : DTYPE_Q2_K;
+}
+
 /* The output head (or the tied token embedding). */
 static enum dtype output_type(const struct quant_mix *m, int64_t ne0)
 {
     if (m->ftype == QUANT_FTYPE_MXFP4_MOE || ne0 % dtype_block_size(m->base) != 0) return DTYPE_Q8_0;
+    if (low_iq(m->ftype) || m->ftype == QUANT_FTYPE_IQ3_XXS) return DTYPE_Q5_K;
     return m->base == DTYPE_Q8_0 ? DTYPE_Q8_0 : DTYPE_Q6_K;
+}
+
+/* The token embedding when it is not the head. */
+static enum dtype token_embd_type(const struct quant_mix *m)
+{
+    const enum quant_ftype ft = m->ftype;
+    if (ft == QUANT_FTYPE_IQ2_XXS || ft == QUANT_FTYPE_IQ2_XS || ft == QUANT_FTYPE_IQ1_S ||
+        ft == QUANT_FTYPE_IQ1_M)
+        return DTYPE_Q2_K;
+    if (ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M || ft == QUANT_FTYPE_IQ3_XXS) return DTYPE_IQ3_S;
+    return m->base;
+}
+
+/* llama.cpp's branch for the low i-quant mixes (it replaces every rule below for them). */
+static enum dtype low_iq_type(struct quant_mix *m, int cat)
+{
+    const enum quant_ftype ft = m->ftype;
+    const struct quant_mix_model *md = &m->model;
+    enum dtype t = m->base;
+    if (cat == 1) { /* attn_v-like */
+        t = md->n_gqa >= 4 || md->n_expert >= 4 ? DTYPE_Q4_K : low_iq_bump(ft);
+        m->i_attn_v++;
+    } else if (cat == 2 && md->n_expert == 8) { /* attn_k */
+        t = DTYPE_Q4_K;
+    } else if (cat == 3) { /* ffn_down: by its counter, not its layer */
+        if (m->i_ffn_down < md->n_layers / 8) t = low_iq_bump(ft);
+        m->i_ffn_down++;
+    } else if (cat == 4) { /* attn_output */
+        if (md->n_expert == 8)
+            t = DTYPE_Q5_K;
+        else if (ft == QUANT_FTYPE_IQ1_S || ft == QUANT_FTYPE_IQ1_M)
+            t = DTYPE_IQ2_XXS;
+        else if (ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M)
+            t = DTYPE_IQ3_S;
+    }
+    return t;
 }
 
 static enum dtype attn_v_type(struct quant_mix *m)
@@ -301,6 +351,15 @@ static int mixed_type(struct quant_mix *m, const char *name, int n_dims, int64_t
     if (cat == CAT_OUTPUT || (!m->model.has_output && cat == CAT_TOKEN_EMBD)) return (int)output_type(m, ne0);
     /* MoE experts (stacked: three dimensions) in MXFP4, the rest in Q8_0. */
     if (m->ftype == QUANT_FTYPE_MXFP4_MOE) return n_dims >= 3 ? DTYPE_MXFP4 : DTYPE_Q8_0;
+    if (cat == CAT_TOKEN_EMBD) return (int)token_embd_type(m);
+    if (low_iq(m->ftype)) {
+        const int c = cat == CAT_ATTN_V || cat == CAT_ATTN_QKV || cat == CAT_ATTN_KV_B ? 1
+                      : cat == CAT_ATTN_K                                              ? 2
+                      : cat == CAT_FFN_DOWN                                            ? 3
+                      : cat == CAT_ATTN_OUTPUT                                         ? 4
+                                                                                       : 0;
+        return (int)low_iq_type(m, c);
+    }
     switch (cat) {
     case CAT_ATTN_V:
     case CAT_ATTN_QKV:
@@ -328,6 +387,13 @@ static enum dtype fallback(enum dtype t, int64_t ne0)
 {
     if (ne0 % dtype_block_size(t) == 0) return t;
     switch (t) {
+    case DTYPE_IQ1_S:
+    case DTYPE_IQ1_M:
+    case DTYPE_IQ2_XXS:
+    case DTYPE_IQ2_XS:
+    case DTYPE_IQ2_S:
+    case DTYPE_IQ3_XXS:
+    case DTYPE_IQ3_S:
     case DTYPE_IQ4_XS:
         t = DTYPE_IQ4_NL;
         break;

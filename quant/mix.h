@@ -24,7 +24,8 @@
 
 #include "quant/dtype.h"
 
-/* llama_ftype values (llama.h); general.file_type. */
+/* llama_ftype values (llama.h); general.file_type. The i-quant mixes' rules are all in mix.c; ferry writes
+ * those whose types it has quantizers for (quant_ftype_from_name). */
 enum quant_ftype {
     QUANT_FTYPE_F32 = 0,
     QUANT_FTYPE_F16 = 1,
@@ -42,8 +43,19 @@ enum quant_ftype {
     QUANT_FTYPE_Q5_K_S = 16,
     QUANT_FTYPE_Q5_K_M = 17,
     QUANT_FTYPE_Q6_K = 18,
+    QUANT_FTYPE_IQ2_XXS = 19,
+    QUANT_FTYPE_IQ2_XS = 20,
+    QUANT_FTYPE_Q2_K_S = 21,
+    QUANT_FTYPE_IQ3_XS = 22,
+    QUANT_FTYPE_IQ3_XXS = 23,
+    QUANT_FTYPE_IQ1_S = 24,
     QUANT_FTYPE_IQ4_NL = 25,
+    QUANT_FTYPE_IQ3_S = 26,
+    QUANT_FTYPE_IQ3_M = 27,
+    QUANT_FTYPE_IQ2_S = 28,
+    QUANT_FTYPE_IQ2_M = 29,
     QUANT_FTYPE_IQ4_XS = 30,
+    QUANT_FTYPE_IQ1_M = 31,
     QUANT_FTYPE_BF16 = 32,
     QUANT_FTYPE_MXFP4_MOE = 38,
 };

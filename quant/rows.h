@@ -29,6 +29,7 @@ ROW_FNS(q6_k)
 ROW_FNS(iq4_nl) /* from_f32: quantize_lut.c */
 ROW_FNS(iq4_xs)
 ROW_FNS(mxfp4)
+ROW_FNS(iq3_s) /* from_f32: iq_quant.c */
 #undef ROW_FNS
 /* Types ferry reads but does not write (no quantizer): dequant.c (NVFP4) and dequant_iq.c. */
 #define ROW_TO_F32(t) void row_##t##_to_f32(const void *src, float *dst, int64_t n);
@@ -37,7 +38,6 @@ ROW_TO_F32(iq2_xxs)
 ROW_TO_F32(iq2_xs)
 ROW_TO_F32(iq2_s)
 ROW_TO_F32(iq3_xxs)
-ROW_TO_F32(iq3_s)
 ROW_TO_F32(iq1_s)
 ROW_TO_F32(iq1_m)
 #undef ROW_TO_F32
@@ -54,6 +54,8 @@ ROW_FROM_F32_W(q5_k)
 ROW_FROM_F32_W(q6_k)
 ROW_FROM_F32_W(iq4_nl)
 ROW_FROM_F32_W(iq4_xs)
+ROW_FROM_F32_W(iq2_xs) /* iq_quant.c; no unweighted quantizer */
+ROW_FROM_F32_W(iq3_s)  /* iq_quant.c */
 #undef ROW_FROM_F32_W
 
 /* Block packing shared by the reference and the weighted quantizers (kquant.c, quantize.c). L: codes, one

@@ -84,6 +84,10 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
                               "tensor %s: no layer below %d in the name of an expert tensor", t->name,
                               mf->hp.n_layers);
         p->to = (enum dtype)to;
+        if (p->to != t->type && !dtype_get_traits(p->to)->from_f32 && !has_imatrix)
+            return ferry_fail(err, FERRY_ERR_INVALID,
+                              "tensor %s: %s needs an importance matrix (--imatrix), as in llama-quantize",
+                              t->name, dtype_name(p->to));
         if (p->to != t->type && dtype_get_traits(t->type)->is_quantized &&
             dtype_get_traits(p->to)->is_quantized)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
@@ -213,6 +217,10 @@ static int write_tensor(struct gguf_writer *w, const struct model_file *mf, cons
     const float *iw = NULL;
     int rc0 = pg->p->imatrix ? tensor_weights(pg->p->imatrix, t, &iw, err) : FERRY_OK;
     if (rc0) return rc0;
+    if (!iw && !dtype_get_traits(pl->to)->from_f32)
+        return ferry_fail(err, FERRY_ERR_INVALID,
+                          "missing importance matrix for tensor %s in a very low-bit quantization (%s)",
+                          t->name, dtype_name(pl->to));
     const int64_t chunk = dst_row ? (int64_t)(CHUNK_BYTES / dst_row > 0 ? CHUNK_BYTES / dst_row : 1) : rows;
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;

@@ -16,7 +16,8 @@ else 1) rounded once to f32 from double, u = (splitmix64((t + 500) * 2^40 + j * 
 the tensor's index in the model. token_embd gets an entry of ne0 + 5 values (a wrong size llama-quantize
 ignores for the token embedding). Metadata: imatrix.datasets ["fixture.txt"], imatrix.chunk_count 11,
 imatrix.chunk_size 512. The legacy .dat holds the same entries with ncall 3 and the sums as values (so the
-weights are sums / 3), then chunk count 11 and the dataset name.
+weights are sums / 3), then chunk count 11 and the dataset name. imatrix-full.gguf also has blk.0.attn_k, for
+the types llama-quantize refuses to write without weights (IQ2_XS).
 
 llama-quantize runs in the temporary directory with the imatrix named "imatrix.gguf" (or "imatrix.dat"): that
 name is what it records in quantize.imatrix.file, and the C test passes the same name from its directory.
@@ -42,14 +43,15 @@ OUT = os.path.join(HERE, "fixtures", "quantize_imatrix.json")
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M",
          "Q6_K", "IQ4_NL", "IQ4_XS"]
 LEGACY_TYPES = ["Q4_K_M", "IQ4_XS"]
+FULL_TYPES = ["IQ2_XS"]  # need an entry for every quantized matrix: imatrix-full.gguf
 MODELS = ["a_f32", "c_moe"]
 
 
-def imatrix_entries(spec):
+def imatrix_entries(spec, full=False):
     """[(name, sums (n_mat * ne0) f32, counts (n_mat) f32)] in tensor order."""
     out = []
     for t, (name, arr) in enumerate(mq.tensors_of(spec)):
-        if arr.ndim < 2 or name == "blk.0.attn_k.weight":
+        if arr.ndim < 2 or (name == "blk.0.attn_k.weight" and not full):
             continue
         ne0 = arr.shape[-1]
         n_mat = arr.shape[0] if arr.ndim == 3 else 1
@@ -97,7 +99,7 @@ def main():
     quantize = sys.argv[1]
     peer = sys.argv[2] if len(sys.argv) > 2 else "lcp0336"
     fixture = {"llama_cpp": peer + ", llama-quantize CPU build, --imatrix", "types": TYPES,
-               "legacy_types": LEGACY_TYPES, "models": {}}
+               "legacy_types": LEGACY_TYPES, "full_types": FULL_TYPES, "models": {}}
     specs = {s[0]: s for s in mq.MODELS}
     with tempfile.TemporaryDirectory() as tmp:
         for name in MODELS:
@@ -107,11 +109,15 @@ def main():
             entries = imatrix_entries(spec)
             write_imatrix_gguf(entries, os.path.join(tmp, "imatrix.gguf"))
             write_imatrix_dat(entries, os.path.join(tmp, "imatrix.dat"))
-            entry = {"input_sha256": mq.sha(open(src, "rb").read()), "outputs": {}, "legacy_outputs": {}}
-            for fmt, types, key in (("gguf", TYPES, "outputs"), ("dat", LEGACY_TYPES, "legacy_outputs")):
+            write_imatrix_gguf(imatrix_entries(spec, True), os.path.join(tmp, "imatrix-full.gguf"))
+            entry = {"input_sha256": mq.sha(open(src, "rb").read()), "outputs": {}, "legacy_outputs": {},
+                     "full_outputs": {}}
+            for fmt, types, key in (("gguf", TYPES, "outputs"), ("dat", LEGACY_TYPES, "legacy_outputs"),
+                                    ("gguf", FULL_TYPES, "full_outputs")):
+                im = "imatrix-full.gguf" if key == "full_outputs" else "imatrix." + fmt
                 for ty in types:
                     dst = os.path.join(tmp, f"{name}-{ty}.gguf")
-                    subprocess.run([quantize, "--imatrix", "imatrix." + fmt, src, dst, ty, "2"], check=True,
+                    subprocess.run([quantize, "--imatrix", im, src, dst, ty, "2"], check=True,
                                    cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     _, tensors = mq.describe(dst)
                     names = [t["name"] for t in tensors]

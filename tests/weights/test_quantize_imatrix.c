@@ -4,8 +4,9 @@
  * fixtures/quantize_imatrix.json was written by make_quantize_imatrix_fixtures.py with llama.cpp lcp0336 (a
  * CPU build of llama-quantize given --imatrix). For two small random Llama models (a: dense, 10 layers,
  * ffn_down rows of 352 columns; c: 8 stacked experts) and fourteen types it holds the SHA-256 of the output
- * file made with a synthetic importance matrix in llama-imatrix's GGUF format, and for two types with the
- * same matrix in the legacy .dat format. This test rebuilds the models (their SHA-256 must match the
+ * file made with a synthetic importance matrix in llama-imatrix's GGUF format, for two types with the same
+ * matrix in the legacy .dat format, and for IQ2_XS (which needs an entry for every matrix) with a complete
+ * one. This test rebuilds the models (their SHA-256 must match the
  * script's) and the matrix files with the script's generator, quantizes in the same directory under the same
  * file names (llama-quantize records the name it was given), and requires the same output files: the weighted
  * quantizers, the per-expert weights, the mixes' importance-matrix rules, the missing and mismatched entries
@@ -36,13 +37,13 @@ struct im_entry {
     float *sums, *counts; /* (n_mat, ne0), (n_mat) */
 };
 
-static int im_entries(const struct qgen_spec *s, struct im_entry *out)
+static int im_entries(const struct qgen_spec *s, struct im_entry *out, bool full)
 {
     struct gen_tensor *t = malloc(sizeof *t * (size_t)(10 * s->n_layers + 4));
     const int n = gen_tensors(s, t);
     int k = 0;
     for (int i = 0; i < n; i++) {
-        if (!t[i].rows || !strcmp(t[i].name, "blk.0.attn_k.weight")) continue;
+        if (!t[i].rows || (!full && !strcmp(t[i].name, "blk.0.attn_k.weight"))) continue;
         struct im_entry *e = &out[k++];
         snprintf(e->name, sizeof e->name, "%s", t[i].name);
         e->ne0 = t[i].cols + (strcmp(t[i].name, "token_embd.weight") ? 0 : 5);
@@ -175,9 +176,12 @@ static void check_model(int mi)
     cr_assert_str_eq(hex, json_string_value(json_object_get(model, "input_sha256")),
                      "%s: the rebuilt input differs from the script's gguf-py file", s->name);
     struct im_entry *e = calloc((size_t)(10 * s->n_layers + 4), sizeof *e);
-    const int n = im_entries(s, e);
+    int n = im_entries(s, e, false);
     write_imatrix_gguf(e, n, "imatrix.gguf");
     write_imatrix_dat(e, n, "imatrix.dat");
+    im_free(e, n);
+    n = im_entries(s, e, true);
+    write_imatrix_gguf(e, n, "imatrix-full.gguf");
     im_free(e, n);
     free(e);
 
@@ -185,10 +189,12 @@ static void check_model(int mi)
     CHECK(model_file_open("model.gguf", &mf, NULL, NULL, err));
     quantize_all(mf, model, json_object_get(fx, "types"), "outputs", "imatrix.gguf");
     quantize_all(mf, model, json_object_get(fx, "legacy_types"), "legacy_outputs", "imatrix.dat");
+    quantize_all(mf, model, json_object_get(fx, "full_types"), "full_outputs", "imatrix-full.gguf");
     model_file_close(mf);
     unlink("model.gguf");
     unlink("imatrix.gguf");
     unlink("imatrix.dat");
+    unlink("imatrix-full.gguf");
     cr_assert_eq(chdir("/"), 0);
     rmdir(dir);
     json_decref(fx);
