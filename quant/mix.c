@@ -22,7 +22,8 @@ static const struct {
     {QUANT_FTYPE_Q4_1, "Q4_1", DTYPE_Q4_1},       {QUANT_FTYPE_Q5_0, "Q5_0", DTYPE_Q5_0},
     {QUANT_FTYPE_Q5_1, "Q5_1", DTYPE_Q5_1},       {QUANT_FTYPE_F16, "F16", DTYPE_F16},
     {QUANT_FTYPE_BF16, "BF16", DTYPE_BF16},       {QUANT_FTYPE_F32, "F32", DTYPE_F32},
-    {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS},
+    {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS}, {QUANT_FTYPE_IQ3_S, "IQ3_S", DTYPE_IQ3_S},
+    {QUANT_FTYPE_IQ3_M, "IQ3_M", DTYPE_IQ3_S},
 };
 #define N_FTYPES (int)(sizeof ftype_table / sizeof ftype_table[0])
 
@@ -42,9 +43,8 @@ static const struct {
     "have; "                                                                                                 \
     "ferry reads such files"
 #define WHY_IQ3                                                                                              \
-    "its IQ3_S/IQ3_XXS tensors need a lattice search that ferry's quantizer does not have; ferry reads "     \
-    "such "                                                                                                  \
-    "files"
+    "its attn_q, attn_k and middle FFN tensors are IQ3_XXS, which ferry's quantizer does not write yet; "    \
+    "ferry reads such files"
 static const struct {
     const char *name;
     const char *why;
@@ -57,8 +57,6 @@ static const struct {
     {"IQ3_XXS", WHY_IMATRIX},
     {"Q2_K_S", "its Q2_K tensors need an importance matrix (llama-quantize refuses it without --imatrix)"},
     {"IQ3_XS", WHY_IQ3},
-    {"IQ3_S", WHY_IQ3},
-    {"IQ3_M", WHY_IQ3},
     {"TQ1_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"TQ2_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"Q1_0", "ferry does not read Q1_0"},
@@ -99,7 +97,7 @@ const char *quant_ftype_refusal(const char *name)
 const char *quant_ftype_names(void)
 {
     return "Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, Q3_K_L, Q2_K, IQ4_XS, IQ4_NL, MXFP4_MOE, "
-           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ2_XS (with --imatrix)";
+           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ3_S, IQ3_M, IQ2_XS";
 }
 
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model)
@@ -285,6 +283,14 @@ static enum dtype attn_v_type(struct quant_mix *m)
     enum dtype t = m->base;
     if (ft == QUANT_FTYPE_Q2_K)
         t = md->n_gqa >= 4 ? DTYPE_Q4_K : DTYPE_Q3_K;
+    else if (ft == QUANT_FTYPE_Q2_K_S && md->n_gqa >= 4)
+        t = DTYPE_Q4_K;
+    else if (ft == QUANT_FTYPE_IQ3_XXS)
+        t = md->n_gqa >= 4 ? DTYPE_Q4_K : !md->has_imatrix ? DTYPE_IQ3_S : DTYPE_IQ3_XXS;
+    else if ((ft == QUANT_FTYPE_IQ3_XS || ft == QUANT_FTYPE_IQ3_S) && md->n_gqa >= 4)
+        t = DTYPE_Q4_K;
+    else if (ft == QUANT_FTYPE_IQ3_M)
+        t = DTYPE_Q4_K;
     else if (ft == QUANT_FTYPE_Q3_K_M)
         t = m->i_attn_v < 2 ? DTYPE_Q5_K : DTYPE_Q4_K;
     else if (ft == QUANT_FTYPE_Q3_K_L)
@@ -311,8 +317,14 @@ static int ffn_down_type(struct quant_mix *m, const char *name)
     enum dtype t = m->base;
     if (ft == QUANT_FTYPE_Q2_K)
         t = DTYPE_Q3_K;
+    else if (ft == QUANT_FTYPE_Q2_K_S) {
+        if (i < n / 8) t = DTYPE_Q4_K;
+    } else if (ft == QUANT_FTYPE_IQ3_XXS && !m->model.has_imatrix)
+        t = i < n / 8 ? DTYPE_Q4_K : DTYPE_Q3_K;
     else if (ft == QUANT_FTYPE_Q3_K_M)
         t = i < n / 16 ? DTYPE_Q5_K : DTYPE_Q4_K; /* (Q3_K for the middle layers of Falcon only) */
+    else if (ft == QUANT_FTYPE_IQ3_M && (i < n / 8 || (m->model.n_expert == 8 && use_more_bits(i, n))))
+        t = DTYPE_Q4_K;
     else if (ft == QUANT_FTYPE_Q3_K_L)
         t = DTYPE_Q5_K;
     else if (ft == QUANT_FTYPE_Q4_K_M) {
@@ -335,13 +347,23 @@ static enum dtype attn_output_type(const struct quant_mix *m)
     if (m->model.n_expert == 8) {
         const bool bump = ft == QUANT_FTYPE_Q2_K || ft == QUANT_FTYPE_Q3_K_S || ft == QUANT_FTYPE_Q3_K_M ||
                           ft == QUANT_FTYPE_IQ4_NL || ft == QUANT_FTYPE_Q4_K_S || ft == QUANT_FTYPE_Q4_K_M ||
-                          ft == QUANT_FTYPE_IQ4_XS;
+                          ft == QUANT_FTYPE_IQ4_XS || ft == QUANT_FTYPE_IQ3_XS || ft == QUANT_FTYPE_IQ3_XXS ||
+                          ft == QUANT_FTYPE_IQ3_S || ft == QUANT_FTYPE_IQ3_M;
         return bump ? DTYPE_Q5_K : m->base;
     }
     if (ft == QUANT_FTYPE_Q2_K) return DTYPE_Q3_K;
+    if (ft == QUANT_FTYPE_IQ3_XXS) return DTYPE_IQ3_S;
+    if (ft == QUANT_FTYPE_IQ3_M) return DTYPE_Q4_K;
     if (ft == QUANT_FTYPE_Q3_K_M) return DTYPE_Q4_K;
     if (ft == QUANT_FTYPE_Q3_K_L) return DTYPE_Q5_K;
     return m->base;
+}
+
+static enum dtype attn_q_type(const struct quant_mix *m)
+{
+    return m->ftype == QUANT_FTYPE_IQ3_XS    ? DTYPE_IQ3_XXS
+           : m->ftype == QUANT_FTYPE_IQ3_XXS ? DTYPE_IQ2_S
+                                             : m->base;
 }
 
 /* llama_tensor_get_type_impl for the file types of ftype_table (before the row-length fallback). */
@@ -365,18 +387,22 @@ static int mixed_type(struct quant_mix *m, const char *name, int n_dims, int64_t
     case CAT_ATTN_QKV:
     case CAT_ATTN_KV_B:
         return (int)attn_v_type(m);
-    case CAT_ATTN_K:
-        return m->model.n_expert == 8 ? DTYPE_Q8_0 : (int)m->base;
+    case CAT_ATTN_K: /* as attn_q but in 8-expert models */
+        return m->model.n_expert == 8 ? DTYPE_Q8_0 : (int)attn_q_type(m);
+    case CAT_ATTN_Q:
+        return (int)attn_q_type(m);
     case CAT_FFN_DOWN:
         return ffn_down_type(m, name);
     case CAT_ATTN_OUTPUT:
         return (int)attn_output_type(m);
     case CAT_FFN_GATE:
-        if (ffn_layer(m, m->i_ffn_gate++, name) < 0) return -1;
-        return (int)m->base;
-    case CAT_FFN_UP:
-        if (ffn_layer(m, m->i_ffn_up++, name) < 0) return -1;
-        return (int)m->base;
+    case CAT_FFN_UP: {
+        const int i = ffn_layer(m, cat == CAT_FFN_GATE ? m->i_ffn_gate++ : m->i_ffn_up++, name),
+                  n = m->model.n_layers;
+        if (i < 0) return -1;
+        /* IQ3_XS: the middle three quarters of the layers in IQ3_XXS */
+        return m->ftype == QUANT_FTYPE_IQ3_XS && i >= n / 8 && i < 7 * n / 8 ? DTYPE_IQ3_XXS : (int)m->base;
+    }
     default:
         return (int)m->base;
     }

@@ -18,7 +18,8 @@ PEER = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LLAMA_CPP_DIR", "/w
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "mix_snapshots.txt")
 MODELS = ["qwen3-0.6b", "qwen3-14b", "gemma-3-4b-it", "meta-llama-3.1-70b-instruct", "gpt-oss-120b"]
 FTYPES = {"Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL",
-          "IQ4_XS", "MXFP4_MOE", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"}
+          "IQ4_XS", "MXFP4_MOE", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32", "IQ2_XS", "IQ3_S",
+          "IQ3_M"}
 
 
 def main():

@@ -220,8 +220,8 @@ Test(mix, types_equal_llama_cpp_snapshots, .timeout = 60)
     FLUSH();
 #undef FLUSH
     fclose(f);
-    /* 5 models x 20 file types (F32 ... MXFP4_MOE), and over 30000 tensor decisions. */
-    cr_assert_eq(n_sections, 100, "sections %d", n_sections);
+    /* 5 models x 23 file types (F32 ... MXFP4_MOE, IQ2_XS, IQ3_S, IQ3_M), and over 30000 tensor decisions. */
+    cr_assert_eq(n_sections, 115, "sections %d", n_sections);
     cr_assert_gt(n_checked, 30000, "checked %d", n_checked);
 }
 
@@ -249,16 +249,17 @@ Test(mix, names)
         cr_assert_str_eq(quant_ftype_name(ft), s);
         cr_assert_null(quant_ftype_refusal(s), "%s", s);
     }
-    cr_assert_eq(n, 20);
+    cr_assert_eq(n, 23);
     /* The types that need an importance matrix or a lattice search are refused with a reason. */
-    static const char *const refused[] = {"IQ2_XXS", "IQ2_XS",  "IQ2_S",  "IQ2_M",  "IQ1_S",
-                                          "IQ1_M",   "IQ3_XXS", "IQ3_XS", "IQ3_S",  "IQ3_M",
-                                          "Q2_K_S",  "TQ1_0",   "TQ2_0",  "iq2_xxs"};
+    static const char *const refused[] = {"IQ2_XXS", "IQ2_S",  "IQ2_M", "IQ1_S", "IQ1_M",  "IQ3_XXS",
+                                          "IQ3_XS",  "Q2_K_S", "TQ1_0", "TQ2_0", "iq2_xxs"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         cr_assert_eq(quant_ftype_from_name(refused[i]), -1, "%s", refused[i]);
         cr_assert_not_null(quant_ftype_refusal(refused[i]), "%s", refused[i]);
     }
-    cr_assert(strstr(quant_ftype_refusal("IQ2_XS"), "importance matrix"));
+    cr_assert(strstr(quant_ftype_refusal("IQ2_XXS"), "importance matrix"));
+    cr_assert_eq(quant_ftype_from_name("iq2_xs"), QUANT_FTYPE_IQ2_XS);
+    cr_assert_eq(quant_ftype_from_name("IQ3_M"), QUANT_FTYPE_IQ3_M);
     cr_assert_null(quant_ftype_refusal("Q9_K"));
 }
 

@@ -17,7 +17,8 @@ the tensor's index in the model. token_embd gets an entry of ne0 + 5 values (a w
 ignores for the token embedding). Metadata: imatrix.datasets ["fixture.txt"], imatrix.chunk_count 11,
 imatrix.chunk_size 512. The legacy .dat holds the same entries with ncall 3 and the sums as values (so the
 weights are sums / 3), then chunk count 11 and the dataset name. imatrix-full.gguf also has blk.0.attn_k, for
-the types llama-quantize refuses to write without weights (IQ2_XS).
+the types llama-quantize refuses to write without weights (IQ2_XS). IQ3_S and IQ3_M are also recorded
+without an importance matrix (plain_outputs).
 
 llama-quantize runs in the temporary directory with the imatrix named "imatrix.gguf" (or "imatrix.dat"): that
 name is what it records in quantize.imatrix.file, and the C test passes the same name from its directory.
@@ -41,9 +42,10 @@ import make_quantize_fixtures as mq  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "quantize_imatrix.json")
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M",
-         "Q6_K", "IQ4_NL", "IQ4_XS"]
+         "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M"]
 LEGACY_TYPES = ["Q4_K_M", "IQ4_XS"]
 FULL_TYPES = ["IQ2_XS"]  # need an entry for every quantized matrix: imatrix-full.gguf
+PLAIN_TYPES = ["IQ3_S", "IQ3_M"]  # i-quant mixes llama-quantize also writes without an importance matrix
 MODELS = ["a_f32", "c_moe"]
 
 
@@ -99,7 +101,8 @@ def main():
     quantize = sys.argv[1]
     peer = sys.argv[2] if len(sys.argv) > 2 else "lcp0336"
     fixture = {"llama_cpp": peer + ", llama-quantize CPU build, --imatrix", "types": TYPES,
-               "legacy_types": LEGACY_TYPES, "full_types": FULL_TYPES, "models": {}}
+               "legacy_types": LEGACY_TYPES, "full_types": FULL_TYPES, "plain_types": PLAIN_TYPES,
+               "models": {}}
     specs = {s[0]: s for s in mq.MODELS}
     with tempfile.TemporaryDirectory() as tmp:
         for name in MODELS:
@@ -111,13 +114,14 @@ def main():
             write_imatrix_dat(entries, os.path.join(tmp, "imatrix.dat"))
             write_imatrix_gguf(imatrix_entries(spec, True), os.path.join(tmp, "imatrix-full.gguf"))
             entry = {"input_sha256": mq.sha(open(src, "rb").read()), "outputs": {}, "legacy_outputs": {},
-                     "full_outputs": {}}
+                     "full_outputs": {}, "plain_outputs": {}}
             for fmt, types, key in (("gguf", TYPES, "outputs"), ("dat", LEGACY_TYPES, "legacy_outputs"),
-                                    ("gguf", FULL_TYPES, "full_outputs")):
-                im = "imatrix-full.gguf" if key == "full_outputs" else "imatrix." + fmt
+                                    ("gguf", FULL_TYPES, "full_outputs"), (None, PLAIN_TYPES, "plain_outputs")):
+                im = "imatrix-full.gguf" if key == "full_outputs" else "imatrix.%s" % fmt
                 for ty in types:
                     dst = os.path.join(tmp, f"{name}-{ty}.gguf")
-                    subprocess.run([quantize, "--imatrix", im, src, dst, ty, "2"], check=True,
+                    args = ["--imatrix", im] if fmt else []
+                    subprocess.run([quantize] + args + [src, dst, ty, "2"], check=True,
                                    cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     _, tensors = mq.describe(dst)
                     names = [t["name"] for t in tensors]

@@ -3,10 +3,10 @@
  *
  * fixtures/quantize_imatrix.json was written by make_quantize_imatrix_fixtures.py with llama.cpp lcp0336 (a
  * CPU build of llama-quantize given --imatrix). For two small random Llama models (a: dense, 10 layers,
- * ffn_down rows of 352 columns; c: 8 stacked experts) and fourteen types it holds the SHA-256 of the output
+ * ffn_down rows of 352 columns; c: 8 stacked experts) and sixteen types it holds the SHA-256 of the output
  * file made with a synthetic importance matrix in llama-imatrix's GGUF format, for two types with the same
- * matrix in the legacy .dat format, and for IQ2_XS (which needs an entry for every matrix) with a complete
- * one. This test rebuilds the models (their SHA-256 must match the
+ * matrix in the legacy .dat format, for IQ2_XS (which needs an entry for every matrix) with a complete one,
+ * and for IQ3_S and IQ3_M also without an importance matrix. This test rebuilds the models (their SHA-256 must match the
  * script's) and the matrix files with the script's generator, quantizes in the same directory under the same
  * file names (llama-quantize records the name it was given), and requires the same output files: the weighted
  * quantizers, the per-expert weights, the mixes' importance-matrix rules, the missing and mismatched entries
@@ -141,8 +141,8 @@ static void quantize_all(struct model_file *mf, json_t *model, json_t *types, co
                          const char *im_name)
 {
     char err[256] = "", hex[65];
-    struct imatrix *im;
-    CHECK(imatrix_load(im_name, &im, err));
+    struct imatrix *im = NULL;
+    if (im_name) CHECK(imatrix_load(im_name, &im, err));
     struct tpool *tp;
     cr_assert_eq(tpool_init(&tp, 2), 0);
     for (size_t ti = 0; ti < json_array_size(types); ti++) {
@@ -190,6 +190,7 @@ static void check_model(int mi)
     quantize_all(mf, model, json_object_get(fx, "types"), "outputs", "imatrix.gguf");
     quantize_all(mf, model, json_object_get(fx, "legacy_types"), "legacy_outputs", "imatrix.dat");
     quantize_all(mf, model, json_object_get(fx, "full_types"), "full_outputs", "imatrix-full.gguf");
+    quantize_all(mf, model, json_object_get(fx, "plain_types"), "plain_outputs", NULL);
     model_file_close(mf);
     unlink("model.gguf");
     unlink("imatrix.gguf");
