@@ -12,25 +12,47 @@
 
 static struct iq_lattice lattices[IQ_LATTICE_COUNT];
 static bool built_ok[IQ_LATTICE_COUNT];
-static pthread_once_t once[IQ_LATTICE_COUNT] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+static pthread_once_t once[IQ_LATTICE_COUNT] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
+                                                PTHREAD_ONCE_INIT};
 
-/* Element k of grid point p as a level: IQ2_XS bytes are 8, 25, 43 (levels 0..2), IQ3_S bytes 2 l + 1. */
+/* Per lattice: points, elements per group, bits per level, the highest level the quantizer forms, and how
+ * many distinct nearest distances make the neighbour list. */
+static const struct {
+    int n_points, width, bits, lmax, nwant;
+} shape[IQ_LATTICE_COUNT] = {
+    [IQ_LATTICE_2XXS] = {256, 8, 2, 2, 2},
+    [IQ_LATTICE_2XS] = {512, 8, 2, 2, 2},
+    [IQ_LATTICE_3XXS] = {256, 4, 3, 7, 2},
+    [IQ_LATTICE_3S] = {512, 4, 3, 7, 3},
+};
+
+/* Element k of grid point p as a level. The dequantization grids hold IQ2 levels as 8, 25, 43, IQ3_XXS's as
+ * 4, 12, ..., 52, 62 and IQ3_S's as 2 l + 1. */
 static uint8_t grid_level(enum iq_lattice_kind kind, int p, int k)
 {
-    if (kind == IQ_LATTICE_2XS) {
-        const uint8_t b = iq_grid8(iq2xs_grid[p], k);
+    uint8_t b;
+    switch (kind) {
+    case IQ_LATTICE_2XXS:
+        b = iq_grid8(iq2xxs_grid[p], k);
         return b < 16 ? 0 : b < 34 ? 1 : 2;
+    case IQ_LATTICE_2XS:
+        b = iq_grid8(iq2xs_grid[p], k);
+        return b < 16 ? 0 : b < 34 ? 1 : 2;
+    case IQ_LATTICE_3XXS:
+        b = (uint8_t)(iq3xxs_grid[p] >> (8 * k));
+        return (uint8_t)((b + 4) / 8 - 1);
+    default:
+        b = (uint8_t)(iq3s_grid[p] >> (8 * k));
+        return (uint8_t)((b - 1) / 2);
     }
-    return (uint8_t)(((iq3s_grid[p] >> (8 * k)) & 255) - 1) / 2;
 }
 
 static bool build(enum iq_lattice_kind kind, struct iq_lattice *L)
 {
-    const int nwant = kind == IQ_LATTICE_2XS ? 2 : 3;
-    *L = (struct iq_lattice){.n_points = kind == IQ_LATTICE_2XS ? 512 : 512,
-                             .width = kind == IQ_LATTICE_2XS ? 8 : 4,
-                             .bits = kind == IQ_LATTICE_2XS ? 2 : 3};
-    const int n_pat = 1 << L->bits * L->width, lmax = kind == IQ_LATTICE_2XS ? 2 : 7;
+    const int nwant = shape[kind].nwant, lmax = shape[kind].lmax;
+    *L = (struct iq_lattice){
+        .n_points = shape[kind].n_points, .width = shape[kind].width, .bits = shape[kind].bits};
+    const int n_pat = 1 << L->bits * L->width;
     L->level = malloc(sizeof *L->level * (size_t)L->n_points);
     L->map = malloc(sizeof *L->map * (size_t)n_pat);
     L->first = calloc((size_t)n_pat, sizeof *L->first);
@@ -90,24 +112,22 @@ fail:
     return false;
 }
 
-static void build_2xs(void)
-{
-    built_ok[IQ_LATTICE_2XS] = build(IQ_LATTICE_2XS, &lattices[IQ_LATTICE_2XS]);
-}
-
-static void build_3s(void)
-{
-    built_ok[IQ_LATTICE_3S] = build(IQ_LATTICE_3S, &lattices[IQ_LATTICE_3S]);
-}
+#define BUILDER(k)                                                                                           \
+    static void build_##k(void)                                                                              \
+    {                                                                                                        \
+        built_ok[k] = build(k, &lattices[k]);                                                                \
+    }
+BUILDER(IQ_LATTICE_2XXS)
+BUILDER(IQ_LATTICE_2XS)
+BUILDER(IQ_LATTICE_3XXS)
+BUILDER(IQ_LATTICE_3S)
 
 const struct iq_lattice *iq_lattice_get(enum iq_lattice_kind kind)
 {
-    if (kind == IQ_LATTICE_2XS)
-        pthread_once(&once[kind], build_2xs);
-    else if (kind == IQ_LATTICE_3S)
-        pthread_once(&once[kind], build_3s);
-    else
-        return NULL;
+    static void (*const builders[IQ_LATTICE_COUNT])(void) = {build_IQ_LATTICE_2XXS, build_IQ_LATTICE_2XS,
+                                                             build_IQ_LATTICE_3XXS, build_IQ_LATTICE_3S};
+    if ((unsigned)kind >= IQ_LATTICE_COUNT) return NULL;
+    pthread_once(&once[kind], builders[kind]);
     return built_ok[kind] ? &lattices[kind] : NULL;
 }
 

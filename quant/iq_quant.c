@@ -25,11 +25,35 @@
 #include "quant/rounding.h"
 #include "quant/rows.h"
 
-/* Weighted fit of sub-block xval (16) to levels L: sumqx, sumq2. */
-static void fit16(const float *xval, const float *w, const int8_t *L, float *sumqx, float *sumq2)
+/* The magnitudes of a group of 8 into xval and its 7 stored sign bits: with an odd count of negatives, the
+ * element of least w x^2 (the first of equals) keeps a wrong sign (its xval negative) so the count is even.
+ */
+static uint8_t even_signs(const float *xb, const float *w, float *xval)
+{
+    int nflip = 0;
+    uint8_t s = 0;
+    for (int i = 0; i < 8; i++) {
+        xval[i] = xb[i] >= 0 ? xb[i] : -xb[i];
+        if (!(xb[i] >= 0)) nflip++, s |= (uint8_t)(1 << i);
+    }
+    if (nflip % 2) {
+        int imin = 0;
+        float min = w[0] * xb[0] * xb[0];
+        for (int i = 1; i < 8; i++) {
+            const float a = w[i] * xb[i] * xb[i];
+            if (a < min) min = a, imin = i;
+        }
+        xval[imin] = -xval[imin];
+        s ^= (uint8_t)(1 << imin);
+    }
+    return s & 127;
+}
+
+/* Weighted fit of n elements xval to levels L: sumqx, sumq2. */
+static void fit_levels(int n, const float *xval, const float *w, const int8_t *L, float *sumqx, float *sumq2)
 {
     float sx = 0, s2 = 0;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < n; i++) {
         const float q = (float)(2 * L[i] + 1);
         sx += w[i] * xval[i] * q;
         s2 += w[i] * q * q;
@@ -37,83 +61,108 @@ static void fit16(const float *xval, const float *w, const int8_t *L, float *sum
     *sumqx = sx, *sumq2 = s2;
 }
 
-/* One sub-block of 16: grid indices with signs into q2 (2), returns its scale (>= 0). */
-static float iq2xs_sub_block(const struct iq_lattice *lat, const float *xb, const float *w, uint16_t *q2)
+/* How a type's scale search goes: trial inverse scales (base + step * is) / ref for is in [is_lo, is_hi];
+ * which groups are re-picked with the chosen scale. */
+enum repick {
+    REPICK_OFF_GRID,   /* the groups whose trial levels were off the grid, if any (IQ2_XS, IQ3_XXS) */
+    REPICK_ALL_IF_ANY, /* every group, if any was off the grid (IQ3_S) */
+    REPICK_ALL,        /* every group (IQ2_XXS) */
+};
+struct search {
+    int lmax, is_lo, is_hi;
+    float base, step;
+    bool init_on; /* a group counts as on the grid before any trial improves */
+    enum repick repick;
+};
+
+/* The levels L (n) of the magnitudes xval on lat's grid and their scale (ggml's quantize_row_iq*_impl inner
+ * search): each trial rounds every group to levels, replaces a pattern off the grid by its nearest neighbour
+ * (distances weighted by waux) and keeps the best weighted least-squares scale; then groups are re-picked
+ * with that scale as sp->repick says and the scale refit. L and scale come in with the search's start. */
+static float search_scale(const struct iq_lattice *lat, const struct search *sp, int n, const float *xval,
+                          const float *w, const float *waux, float ref, float scale, int8_t *L)
 {
-    float waux[16], xval[16];
-    uint8_t signs[2];
-    for (int i = 0; i < 16; i++) waux[i] = sqrtf(w[i]);
-    for (int k = 0; k < 2; k++) {
-        int nflip = 0;
-        uint8_t s = 0;
-        for (int i = 0; i < 8; i++) {
-            const float v = xb[8 * k + i];
-            xval[8 * k + i] = v >= 0 ? v : -v;
-            if (!(v >= 0)) nflip++, s |= (uint8_t)(1 << i);
-        }
-        if (nflip % 2) { /* an odd count: flip the least weighted element */
-            int imin = 0;
-            float min = w[8 * k] * xb[8 * k] * xb[8 * k];
-            for (int i = 1; i < 8; i++) {
-                const float a = w[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
-                if (a < min) min = a, imin = i;
-            }
-            xval[8 * k + imin] = -xval[8 * k + imin];
-            s ^= (uint8_t)(1 << imin);
-        }
-        signs[k] = s & 127;
-    }
-    float max = xval[0];
-    for (int i = 1; i < 16; i++) max = max > xval[i] ? max : xval[i];
-    int8_t L[16] = {0}, Laux[16];
-    if (max < GROUP_MAX_EPS) {
-        q2[0] = q2[1] = 0;
-        return 0.0f;
-    }
-    float best = 0, scale = max / 5;
-    bool on[2] = {true, true};
-    for (int is = -9; is <= 9; is++) {
-        const float id = (5 + (float)is * 0.1f) / max, this_scale = 1 / id;
-        bool on_aux[2];
-        for (int k = 0; k < 2; k++) {
-            const int u = iq_lattice_levels(lat, xval + 8 * k, id, 2, Laux + 8 * k);
+    const int wd = lat->width, ng = n / wd;
+    float best = 0;
+    bool on[8], on_aux[8], any_off = false;
+    int8_t Laux[32];
+    for (int k = 0; k < ng; k++) on[k] = sp->init_on;
+    for (int is = sp->is_lo; is <= sp->is_hi; is++) {
+        const float id = (sp->base + (float)is * sp->step) / ref, this_scale = 1 / id;
+        for (int k = 0; k < ng; k++) {
+            const int u = iq_lattice_levels(lat, xval + wd * k, id, sp->lmax, Laux + wd * k);
             on_aux[k] = lat->map[u] >= 0;
-            if (!on_aux[k]) iq_lattice_nearest(lat, u, xval + 8 * k, waux + 8 * k, this_scale, Laux + 8 * k);
+            if (!on_aux[k])
+                iq_lattice_nearest(lat, u, xval + wd * k, waux + wd * k, this_scale, Laux + wd * k);
         }
         float sumqx, sumq2;
-        fit16(xval, w, Laux, &sumqx, &sumq2);
+        fit_levels(n, xval, w, Laux, &sumqx, &sumq2);
         if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
             scale = sumqx / sumq2;
             best = scale * sumqx;
-            memcpy(L, Laux, sizeof L);
-            on[0] = on_aux[0], on[1] = on_aux[1];
+            memcpy(L, Laux, (size_t)n);
+            memcpy(on, on_aux, sizeof on);
         }
     }
-    if ((!on[0] || !on[1]) && scale > 0) {
-        const float id = 1 / scale;
-        for (int k = 0; k < 2; k++) {
-            if (on[k]) continue;
-            const int u = iq_lattice_levels(lat, xval + 8 * k, id, 2, L + 8 * k);
-            if (lat->map[u] < 0) iq_lattice_nearest(lat, u, xval + 8 * k, waux + 8 * k, scale, L + 8 * k);
-        }
-        float sumqx, sumq2;
-        fit16(xval, w, L, &sumqx, &sumq2);
-        if (sumq2 > 0) scale = sumqx / sumq2;
+    for (int k = 0; k < ng; k++) any_off |= !on[k];
+    if (!(scale > 0) || (sp->repick != REPICK_ALL && !any_off)) return scale;
+    const float id = 1 / scale;
+    for (int k = 0; k < ng; k++) {
+        if (sp->repick == REPICK_OFF_GRID && on[k]) continue;
+        int8_t Lt[8];
+        const int u = iq_lattice_levels(lat, xval + wd * k, id, sp->lmax, Lt);
+        const int g = lat->map[u] >= 0 ? lat->map[u]
+                                       : iq_lattice_nearest(lat, u, xval + wd * k, waux + wd * k, scale, Lt);
+        for (int i = 0; i < wd; i++) L[wd * k + i] = (int8_t)lat->level[g][i];
     }
-    if (scale < 0) {
-        scale = -scale;
-        signs[0] = (uint8_t)~signs[0] & 127;
-        signs[1] = (uint8_t)~signs[1] & 127;
-    }
-    for (int k = 0; k < 2; k++) {
-        int u = 0;
-        for (int i = 0; i < 8; i++) u |= L[8 * k + i] << 2 * i;
-        /* Every pattern is a lattice point by now (a neighbour is one); 0 guards a bug, never a file. */
-        const int g = lat->map[u] >= 0 ? lat->map[u] : 0;
-        q2[k] = (uint16_t)(g | signs[k] << 9);
-    }
-    return scale;
+    float sumqx, sumq2;
+    fit_levels(n, xval, w, L, &sumqx, &sumq2);
+    return sumq2 > 0 ? sumqx / sumq2 : scale;
 }
+
+/* The grid point of group k of L (every pattern is on the grid by now: a neighbour is a grid point; 0 only
+ * guards a bug). */
+static int grid_index(const struct iq_lattice *lat, const int8_t *L, int k)
+{
+    int u = 0;
+    for (int i = 0; i < lat->width; i++)
+        u |= (L[lat->width * k + i] & ((1 << lat->bits) - 1)) << lat->bits * i;
+    return lat->map[u] >= 0 ? lat->map[u] : 0;
+}
+
+/* max of xval[0..n) (ggml's MAX fold). */
+static float max_of(const float *xval, int n)
+{
+    float max = xval[0];
+    for (int i = 1; i < n; i++) max = max > xval[i] ? max : xval[i];
+    return max;
+}
+
+/* The element weights of a sub-block: qw * sqrt(sigma2 + x^2), or x^2 without an importance matrix; waux
+ * their square roots. */
+static void sub_block_weights(const float *xb, const float *qw, float sigma2, int n, float *w, float *waux)
+{
+    for (int i = 0; i < n; i++) w[i] = qw ? qw[i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
+    for (int i = 0; i < n; i++) waux[i] = sqrtf(w[i]);
+}
+
+static float sum_sq(const float *x)
+{
+    float s = 0;
+    for (int i = 0; i < QK_K; i++) s += x[i] * x[i];
+    return s;
+}
+
+/* The 4-bit sub-block scale code of scale against d: scale ~ d (2 l + 1). */
+static int scale_code(float id, float scale)
+{
+    return clamp_int(nearest_int(0.5f * (id * scale - 1)), 0, 15);
+}
+
+/* ---- IQ2_XS: sub-blocks of 16, two groups of 8 -----------------------------------------------------------
+ */
+
+static const struct search iq2xs_search = {2, -9, 9, 5, 0.1f, true, REPICK_OFF_GRID};
 
 void row_iq2_xs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
 {
@@ -122,104 +171,136 @@ void row_iq2_xs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw
     for (int64_t ibl = 0; ibl < n / QK_K; ibl++, x += QK_K, qw += QK_K) {
         memset(&b[ibl], 0, sizeof b[ibl]);
         if (!lat) continue; /* out of memory building the lattice: an all-zero block */
-        float sumx2 = 0, scales[16], max_scale = 0, w[16];
-        for (int i = 0; i < QK_K; i++) sumx2 += x[i] * x[i];
-        const float sigma2 = sumx2 / QK_K;
-        uint16_t q2[32];
+        const float sigma2 = sum_sq(x) / QK_K;
+        float scales[16], max_scale = 0;
+        uint16_t q2[32] = {0};
         for (int ib = 0; ib < 16; ib++) {
-            for (int i = 0; i < 16; i++)
-                w[i] = qw[16 * ib + i] * sqrtf(sigma2 + x[16 * ib + i] * x[16 * ib + i]);
-            scales[ib] = iq2xs_sub_block(lat, x + 16 * ib, w, q2 + 2 * ib);
-            max_scale = max_scale > scales[ib] ? max_scale : scales[ib];
+            const float *xb = x + 16 * ib;
+            float w[16], waux[16], xval[16];
+            uint8_t signs[2];
+            int8_t L[16] = {0};
+            sub_block_weights(xb, qw + 16 * ib, sigma2, 16, w, waux);
+            for (int k = 0; k < 2; k++) signs[k] = even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k);
+            const float max = max_of(xval, 16);
+            scales[ib] = 0;
+            if (max < GROUP_MAX_EPS) continue;
+            float scale = search_scale(lat, &iq2xs_search, 16, xval, w, waux, max, max / 5, L);
+            if (scale < 0) {
+                scale = -scale;
+                for (int k = 0; k < 2; k++) signs[k] = (uint8_t)~signs[k] & 127;
+            }
+            for (int k = 0; k < 2; k++) q2[2 * ib + k] = (uint16_t)(grid_index(lat, L, k) | signs[k] << 9);
+            scales[ib] = scale;
+            max_scale = max_scale > scale ? max_scale : scale;
         }
         if (max_scale == 0.0f) continue;
         const float d = max_scale / 31, id = 1 / d;
         b[ibl].d = f32_to_f16(d);
-        for (int ib = 0; ib < 16; ib++) {
-            const int l = clamp_int(nearest_int(0.5f * (id * scales[ib] - 1)), 0, 15);
-            b[ibl].scales[ib / 2] |= (uint8_t)(l << 4 * (ib % 2));
-        }
+        for (int ib = 0; ib < 16; ib++)
+            b[ibl].scales[ib / 2] |= (uint8_t)(scale_code(id, scales[ib]) << 4 * (ib % 2));
         memcpy(b[ibl].qs, q2, sizeof q2);
     }
 }
 
-/* ---- IQ3_S ----------------------------------------------------------------------------------------------
+/* ---- IQ2_XXS: sub-blocks of 32, four groups of 8 ---------------------------------------------------------
  */
 
-/* Weighted fit of a sub-block xval (32) to levels L: sumqx, sumq2. */
-static void fit32(const float *xval, const float *w, const int8_t *L, float *sumqx, float *sumq2)
+static const struct search iq2xxs_search = {2, -6, 6, 5, 0.1f, true, REPICK_ALL};
+
+void row_iq2_xxs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
 {
-    float sx = 0, s2 = 0;
-    for (int i = 0; i < 32; i++) {
-        const float q = (float)(2 * L[i] + 1);
-        sx += w[i] * xval[i] * q;
-        s2 += w[i] * q * q;
+    const struct iq_lattice *lat = iq_lattice_get(IQ_LATTICE_2XXS);
+    struct block_iq2_xxs *b = dst;
+    for (int64_t ibl = 0; ibl < n / QK_K; ibl++, x += QK_K, qw += QK_K) {
+        memset(&b[ibl], 0, sizeof b[ibl]);
+        if (!lat) continue;
+        const float sigma2 = sum_sq(x) / QK_K;
+        float scales[8], max_scale = 0;
+        uint32_t q2[16] = {0}; /* per sub-block: four grid bytes, then 4 x 7 sign bits and the scale code */
+        for (int ib = 0; ib < 8; ib++) {
+            const float *xb = x + 32 * ib;
+            float w[32], waux[32], xval[32];
+            uint8_t signs[4];
+            int8_t L[32] = {0};
+            sub_block_weights(xb, qw + 32 * ib, sigma2, 32, w, waux);
+            for (int k = 0; k < 4; k++) signs[k] = even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k);
+            const float max = max_of(xval, 32);
+            scales[ib] = 0;
+            if (max < GROUP_MAX_EPS) continue;
+            /* The search starts from the best 4-level fit of the magnitudes. */
+            float scale = quant_fit_positive_w(32, 4, xval, (uint8_t *)L, w);
+            const float eff_max = scale * 3;
+            if (eff_max <= 0) continue;
+            scale = search_scale(lat, &iq2xxs_search, 32, xval, w, waux, eff_max, scale, L);
+            if (scale < 0) {
+                scale = -scale;
+                for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k] & 127;
+            }
+            for (int k = 0; k < 4; k++) {
+                q2[2 * ib] |= (uint32_t)grid_index(lat, L, k) << 8 * k;
+                q2[2 * ib + 1] |= (uint32_t)signs[k] << 7 * k;
+            }
+            scales[ib] = scale;
+            max_scale = max_scale > scale ? max_scale : scale;
+        }
+        if (max_scale == 0.0f) continue;
+        const float d = max_scale / 31, id = 1 / d;
+        b[ibl].d = f32_to_f16(d);
+        for (int ib = 0; ib < 8; ib++) q2[2 * ib + 1] |= (uint32_t)scale_code(id, scales[ib]) << 28;
+        memcpy(b[ibl].qs, q2, sizeof q2);
     }
-    *sumqx = sx, *sumq2 = s2;
 }
 
-/* One IQ3_S sub-block of 32: levels into L and sign bytes into signs (4); returns its scale, or -1 for an
- * all-zero sub-block (which writes nothing). */
-static float iq3s_sub_block(const struct iq_lattice *lat, const float *xb, const float *w, int8_t *L,
-                            uint8_t *signs)
+/* ---- IQ3_XXS: sub-blocks of 32, eight groups of 4, signs as IQ2_XXS -------------------------------------
+ */
+
+static const struct search iq3xxs_search = {7, -15, 15, 15, 0.2f, true, REPICK_OFF_GRID};
+
+void row_iq3_xxs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
 {
-    float waux[32], xval[32];
-    for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-    for (int k = 0; k < 4; k++) {
-        uint8_t s = 0;
-        for (int i = 0; i < 8; i++) {
-            const float v = xb[8 * k + i];
-            xval[8 * k + i] = v >= 0 ? v : -v;
-            if (!(v >= 0)) s |= (uint8_t)(1 << i);
+    const struct iq_lattice *lat = iq_lattice_get(IQ_LATTICE_3XXS);
+    struct block_iq3_xxs *b = dst;
+    for (int64_t ibl = 0; ibl < n / QK_K; ibl++, x += QK_K, qw += QK_K) {
+        memset(&b[ibl], 0, sizeof b[ibl]);
+        if (!lat) continue;
+        const float sigma2 = 2 * sum_sq(x) / QK_K;
+        float scales[8], max_scale = 0;
+        uint8_t q3[QK_K / 4] = {0}; /* grid indices */
+        uint32_t ss[8] = {0};       /* per sub-block: 4 x 7 sign bits, the scale code at bit 28 */
+        for (int ib = 0; ib < 8; ib++) {
+            const float *xb = x + 32 * ib;
+            float w[32], waux[32], xval[32];
+            uint8_t signs[4];
+            int8_t L[32] = {0};
+            sub_block_weights(xb, qw + 32 * ib, sigma2, 32, w, waux);
+            for (int k = 0; k < 4; k++) signs[k] = even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k);
+            const float max = max_of(xval, 32);
+            scales[ib] = 0;
+            if (max < 1e-8f) continue;
+            float scale = search_scale(lat, &iq3xxs_search, 32, xval, w, waux, max, max / 15, L);
+            if (scale < 0) {
+                scale = -scale;
+                for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k] & 127;
+            }
+            for (int k = 0; k < 8; k++) q3[8 * ib + k] = (uint8_t)grid_index(lat, L, k);
+            ss[ib] = (uint32_t)signs[0] | (uint32_t)signs[1] << 7 | (uint32_t)signs[2] << 14 |
+                     (uint32_t)signs[3] << 21;
+            scales[ib] = scale;
+            max_scale = max_scale > scale ? max_scale : scale;
         }
-        signs[k] = s;
+        if (max_scale == 0.0f) continue;
+        const float d = max_scale / 31, id = 1 / d;
+        b[ibl].d = f32_to_f16(d * 1.0125f);
+        for (int ib = 0; ib < 8; ib++) ss[ib] |= (uint32_t)scale_code(id, scales[ib]) << 28;
+        memcpy(b[ibl].qs, q3, sizeof q3);
+        memcpy(b[ibl].qs + sizeof q3, ss, sizeof ss);
     }
-    float max = xval[0];
-    for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
-    memset(L, 0, 32);
-    if (max == 0.0f) return -1.0f;
-    float best = 0, scale = max / 15;
-    bool on[8] = {false};
-    int8_t Laux[32];
-    for (int is = -9; is <= 9; is++) {
-        const float id = (15 + (float)is * 0.2f) / max, this_scale = 1 / id;
-        bool on_aux[8];
-        for (int k = 0; k < 8; k++) {
-            const int u = iq_lattice_levels(lat, xval + 4 * k, id, 7, Laux + 4 * k);
-            on_aux[k] = lat->map[u] >= 0;
-            if (!on_aux[k]) iq_lattice_nearest(lat, u, xval + 4 * k, waux + 4 * k, this_scale, Laux + 4 * k);
-        }
-        float sumqx, sumq2;
-        fit32(xval, w, Laux, &sumqx, &sumq2);
-        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
-            scale = sumqx / sumq2;
-            best = scale * sumqx;
-            memcpy(L, Laux, 32);
-            memcpy(on, on_aux, sizeof on);
-        }
-    }
-    bool all_on = true;
-    for (int k = 0; k < 8; k++) all_on &= on[k];
-    if (!all_on && scale > 0) { /* every group again at the chosen scale */
-        const float id = 1 / scale;
-        for (int k = 0; k < 8; k++) {
-            int8_t Lt[4];
-            const int u = iq_lattice_levels(lat, xval + 4 * k, id, 7, Lt);
-            const int g = lat->map[u] >= 0
-                              ? lat->map[u]
-                              : iq_lattice_nearest(lat, u, xval + 4 * k, waux + 4 * k, scale, Lt);
-            for (int i = 0; i < 4; i++) L[4 * k + i] = (int8_t)lat->level[g][i];
-        }
-        float sumqx, sumq2;
-        fit32(xval, w, L, &sumqx, &sumq2);
-        if (sumq2 > 0) scale = sumqx / sumq2;
-    }
-    if (scale < 0) {
-        scale = -scale;
-        for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k];
-    }
-    return scale;
 }
+
+/* ---- IQ3_S: sub-blocks of 32, eight groups of 4, one sign bit per element --------------------------------
+ */
+
+static const struct search iq3s_search = {7, -9, 9, 15, 0.2f, false, REPICK_ALL_IF_ANY};
 
 /* qw NULL: weights x^2 (llama-quantize without an importance matrix). */
 static void iq3s_rows(const float *x, void *dst, int64_t n, const float *qw)
@@ -228,30 +309,38 @@ static void iq3s_rows(const float *x, void *dst, int64_t n, const float *qw)
     struct block_iq3_s *b = dst;
     for (int64_t ibl = 0; ibl < n / QK_K; ibl++, x += QK_K) {
         memset(&b[ibl], 0, sizeof b[ibl]);
-        if (!lat) continue; /* out of memory building the lattice: an all-zero block */
-        float sumx2 = 0, scales[8], max_scale = 0, w[32];
-        for (int i = 0; i < QK_K; i++) sumx2 += x[i] * x[i];
-        const float sigma2 = 2 * sumx2 / QK_K;
+        if (!lat) continue;
+        const float sigma2 = 2 * sum_sq(x) / QK_K;
+        float scales[8], max_scale = 0;
         /* ggml advances its qs and signs cursors only past sub-blocks that are not all zero (the next one's
          * codes move up), while qh and the scales stay at their positions: kept for the same bytes. */
         int qs_at = 0, signs_at = 0;
         for (int ib = 0; ib < 8; ib++) {
             const float *xb = x + 32 * ib;
-            for (int i = 0; i < 32; i++)
-                w[i] = qw ? qw[QK_K * ibl + 32 * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
-            int8_t L[32];
+            float w[32], waux[32], xval[32];
             uint8_t signs[4];
-            const float scale = iq3s_sub_block(lat, xb, w, L, signs);
+            int8_t L[32] = {0};
+            sub_block_weights(xb, qw ? qw + QK_K * ibl + 32 * ib : NULL, sigma2, 32, w, waux);
+            for (int k = 0; k < 4; k++) {
+                signs[k] = 0;
+                for (int i = 0; i < 8; i++) {
+                    const float v = xb[8 * k + i];
+                    xval[8 * k + i] = v >= 0 ? v : -v;
+                    if (!(v >= 0)) signs[k] |= (uint8_t)(1 << i);
+                }
+            }
+            const float max = max_of(xval, 32);
+            scales[ib] = 0;
+            if (max == 0.0f) continue;
+            float scale = search_scale(lat, &iq3s_search, 32, xval, w, waux, max, max / 15, L);
             if (scale < 0) {
-                scales[ib] = 0;
-                continue;
+                scale = -scale;
+                for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k];
             }
             for (int k = 0; k < 8; k++) {
-                int u = 0;
-                for (int i = 0; i < 4; i++) u |= L[4 * k + i] << 3 * i;
-                const int g = lat->map[u] >= 0 ? lat->map[u] : 0; /* always on the grid by now */
+                const int g = grid_index(lat, L, k);
                 b[ibl].qs[qs_at + k] = (uint8_t)(g & 255);
-                b[ibl].qh[(8 * ib + k) / 8] |= (uint8_t)((g >> 8) << ((8 * ib + k) % 8));
+                b[ibl].qh[ib] |= (uint8_t)((g >> 8) << k);
             }
             qs_at += 8;
             memcpy(b[ibl].signs + signs_at, signs, 4);
@@ -262,11 +351,9 @@ static void iq3s_rows(const float *x, void *dst, int64_t n, const float *qw)
         if (max_scale == 0.0f) continue;
         const float d = max_scale / 31, id = 1 / d;
         b[ibl].d = f32_to_f16(d * 1.033f);
-        for (int ib = 0; ib < 8; ib += 2) {
-            const int l1 = clamp_int(nearest_int(0.5f * (id * scales[ib] - 1)), 0, 15);
-            const int l2 = clamp_int(nearest_int(0.5f * (id * scales[ib + 1] - 1)), 0, 15);
-            b[ibl].scales[ib / 2] = (uint8_t)(l1 | l2 << 4);
-        }
+        for (int ib = 0; ib < 8; ib += 2)
+            b[ibl].scales[ib / 2] =
+                (uint8_t)(scale_code(id, scales[ib]) | scale_code(id, scales[ib + 1]) << 4);
     }
 }
 

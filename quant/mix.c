@@ -7,23 +7,45 @@
 #include <string.h>
 #include <strings.h>
 
+/* Every mix whose rules are here; rules_only: one of its tensor types has no quantizer in ferry yet, so the
+ * mix is not written (its rules are still held to llama.cpp's snapshots). */
 static const struct {
     enum quant_ftype ftype;
     const char *name;
     enum dtype base;
+    bool rules_only;
 } ftype_table[] = {
-    {QUANT_FTYPE_Q4_K_M, "Q4_K_M", DTYPE_Q4_K},   {QUANT_FTYPE_Q4_K_S, "Q4_K_S", DTYPE_Q4_K},
-    {QUANT_FTYPE_Q5_K_M, "Q5_K_M", DTYPE_Q5_K},   {QUANT_FTYPE_Q5_K_S, "Q5_K_S", DTYPE_Q5_K},
-    {QUANT_FTYPE_Q6_K, "Q6_K", DTYPE_Q6_K},       {QUANT_FTYPE_Q3_K_M, "Q3_K_M", DTYPE_Q3_K},
-    {QUANT_FTYPE_Q3_K_S, "Q3_K_S", DTYPE_Q3_K},   {QUANT_FTYPE_Q3_K_L, "Q3_K_L", DTYPE_Q3_K},
-    {QUANT_FTYPE_Q2_K, "Q2_K", DTYPE_Q2_K},       {QUANT_FTYPE_IQ4_XS, "IQ4_XS", DTYPE_IQ4_XS},
-    {QUANT_FTYPE_IQ4_NL, "IQ4_NL", DTYPE_IQ4_NL}, {QUANT_FTYPE_MXFP4_MOE, "MXFP4_MOE", DTYPE_MXFP4},
-    {QUANT_FTYPE_Q8_0, "Q8_0", DTYPE_Q8_0},       {QUANT_FTYPE_Q4_0, "Q4_0", DTYPE_Q4_0},
-    {QUANT_FTYPE_Q4_1, "Q4_1", DTYPE_Q4_1},       {QUANT_FTYPE_Q5_0, "Q5_0", DTYPE_Q5_0},
-    {QUANT_FTYPE_Q5_1, "Q5_1", DTYPE_Q5_1},       {QUANT_FTYPE_F16, "F16", DTYPE_F16},
-    {QUANT_FTYPE_BF16, "BF16", DTYPE_BF16},       {QUANT_FTYPE_F32, "F32", DTYPE_F32},
-    {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS}, {QUANT_FTYPE_IQ3_S, "IQ3_S", DTYPE_IQ3_S},
-    {QUANT_FTYPE_IQ3_M, "IQ3_M", DTYPE_IQ3_S},
+    {QUANT_FTYPE_Q4_K_M, "Q4_K_M", DTYPE_Q4_K, false},
+    {QUANT_FTYPE_Q4_K_S, "Q4_K_S", DTYPE_Q4_K, false},
+    {QUANT_FTYPE_Q5_K_M, "Q5_K_M", DTYPE_Q5_K, false},
+    {QUANT_FTYPE_Q5_K_S, "Q5_K_S", DTYPE_Q5_K, false},
+    {QUANT_FTYPE_Q6_K, "Q6_K", DTYPE_Q6_K, false},
+    {QUANT_FTYPE_Q3_K_M, "Q3_K_M", DTYPE_Q3_K, false},
+    {QUANT_FTYPE_Q3_K_S, "Q3_K_S", DTYPE_Q3_K, false},
+    {QUANT_FTYPE_Q3_K_L, "Q3_K_L", DTYPE_Q3_K, false},
+    {QUANT_FTYPE_Q2_K, "Q2_K", DTYPE_Q2_K, false},
+    {QUANT_FTYPE_IQ4_XS, "IQ4_XS", DTYPE_IQ4_XS, false},
+    {QUANT_FTYPE_IQ4_NL, "IQ4_NL", DTYPE_IQ4_NL, false},
+    {QUANT_FTYPE_MXFP4_MOE, "MXFP4_MOE", DTYPE_MXFP4, false},
+    {QUANT_FTYPE_Q8_0, "Q8_0", DTYPE_Q8_0, false},
+    {QUANT_FTYPE_Q4_0, "Q4_0", DTYPE_Q4_0, false},
+    {QUANT_FTYPE_Q4_1, "Q4_1", DTYPE_Q4_1, false},
+    {QUANT_FTYPE_Q5_0, "Q5_0", DTYPE_Q5_0, false},
+    {QUANT_FTYPE_Q5_1, "Q5_1", DTYPE_Q5_1, false},
+    {QUANT_FTYPE_F16, "F16", DTYPE_F16, false},
+    {QUANT_FTYPE_BF16, "BF16", DTYPE_BF16, false},
+    {QUANT_FTYPE_F32, "F32", DTYPE_F32, false},
+    {QUANT_FTYPE_IQ3_S, "IQ3_S", DTYPE_IQ3_S, false},
+    {QUANT_FTYPE_IQ3_M, "IQ3_M", DTYPE_IQ3_S, false},
+    {QUANT_FTYPE_IQ3_XS, "IQ3_XS", DTYPE_IQ3_S, false},
+    {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS, false},
+    {QUANT_FTYPE_IQ2_XXS, "IQ2_XXS", DTYPE_IQ2_XXS, false},
+    {QUANT_FTYPE_Q2_K_S, "Q2_K_S", DTYPE_Q2_K, false},
+    {QUANT_FTYPE_IQ3_XXS, "IQ3_XXS", DTYPE_IQ3_XXS, true}, /* attn_q, attn_k: IQ2_S */
+    {QUANT_FTYPE_IQ2_S, "IQ2_S", DTYPE_IQ2_XS, true},
+    {QUANT_FTYPE_IQ2_M, "IQ2_M", DTYPE_IQ2_S, true},
+    {QUANT_FTYPE_IQ1_S, "IQ1_S", DTYPE_IQ1_S, true},
+    {QUANT_FTYPE_IQ1_M, "IQ1_M", DTYPE_IQ1_M, true},
 };
 #define N_FTYPES (int)(sizeof ftype_table / sizeof ftype_table[0])
 
@@ -38,25 +60,18 @@ static const struct {
 };
 
 /* The other names llama-quantize accepts, and why ferry does not write them. */
-#define WHY_IMATRIX                                                                                          \
-    "it needs an importance matrix (llama-quantize --imatrix) and a lattice search that ferry does not "     \
-    "have; "                                                                                                 \
-    "ferry reads such files"
-#define WHY_IQ3                                                                                              \
-    "its attn_q, attn_k and middle FFN tensors are IQ3_XXS, which ferry's quantizer does not write yet; "    \
-    "ferry reads such files"
+#define WHY_LATTICE "its IQ2_S/IQ1 lattice search is not in ferry's quantizer yet; ferry reads such files"
 static const struct {
     const char *name;
     const char *why;
 } refusal_table[] = {
-    {"IQ2_XXS", WHY_IMATRIX},
-    {"IQ2_S", WHY_IMATRIX},
-    {"IQ2_M", WHY_IMATRIX},
-    {"IQ1_S", WHY_IMATRIX},
-    {"IQ1_M", WHY_IMATRIX},
-    {"IQ3_XXS", WHY_IMATRIX},
-    {"Q2_K_S", "its Q2_K tensors need an importance matrix (llama-quantize refuses it without --imatrix)"},
-    {"IQ3_XS", WHY_IQ3},
+    {"IQ3_XXS",
+     "its attn_q and attn_k are IQ2_S, whose lattice search is not in ferry's quantizer yet; ferry "
+     "reads such files"},
+    {"IQ2_S", WHY_LATTICE},
+    {"IQ2_M", WHY_LATTICE},
+    {"IQ1_S", WHY_LATTICE},
+    {"IQ1_M", WHY_LATTICE},
     {"TQ1_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"TQ2_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"Q1_0", "ferry does not read Q1_0"},
@@ -77,11 +92,20 @@ const char *quant_ftype_name(int ftype)
     return i < 0 ? NULL : ftype_table[i].name;
 }
 
-int quant_ftype_from_name(const char *name)
+int quant_ftype_rules_from_name(const char *name)
 {
     if (!name) return -1;
     for (int i = 0; i < N_FTYPES; i++)
         if (!strcasecmp(name, ftype_table[i].name)) return (int)ftype_table[i].ftype;
+    return -1;
+}
+
+int quant_ftype_from_name(const char *name)
+{
+    if (!name) return -1;
+    for (int i = 0; i < N_FTYPES; i++)
+        if (!strcasecmp(name, ftype_table[i].name))
+            return ftype_table[i].rules_only ? -1 : (int)ftype_table[i].ftype;
     for (size_t i = 0; i < sizeof alias_table / sizeof alias_table[0]; i++)
         if (!strcasecmp(name, alias_table[i].name)) return (int)alias_table[i].ftype;
     return -1;
@@ -97,7 +121,7 @@ const char *quant_ftype_refusal(const char *name)
 const char *quant_ftype_names(void)
 {
     return "Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, Q3_K_L, Q2_K, IQ4_XS, IQ4_NL, MXFP4_MOE, "
-           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ3_S, IQ3_M, IQ2_XS";
+           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ3_S, IQ3_M, IQ3_XS, IQ2_XS, IQ2_XXS, Q2_K_S";
 }
 
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model)
@@ -448,4 +472,23 @@ int quant_mix_type(struct quant_mix *m, const char *name, int n_dims, int64_t ne
     if (!dtype_get_traits(m->base)->is_quantized) return (int)m->base;
     const int t = mixed_type(m, name, n_dims, ne0);
     return t < 0 ? -1 : (int)fallback((enum dtype)t, ne0);
+}
+
+bool quant_mix_needs_imatrix(const struct quant_mix *m, const char *name, enum dtype t)
+{
+    const enum category cat = category_of(name);
+    if (cat == CAT_OUTPUT || cat == CAT_TOKEN_EMBD) return false;
+    switch (t) {
+    case DTYPE_IQ3_XXS:
+    case DTYPE_IQ2_XXS:
+    case DTYPE_IQ2_XS:
+    case DTYPE_IQ2_S:
+    case DTYPE_IQ1_M:
+    case DTYPE_IQ1_S:
+        return true;
+    case DTYPE_Q2_K:
+        return m->ftype == QUANT_FTYPE_Q2_K_S;
+    default:
+        return false;
+    }
 }

@@ -65,6 +65,9 @@ const char *quant_ftype_name(int ftype);
 /* The file type called name (case-insensitive, as llama-quantize spells it, its aliases Q3_K, Q4_K and Q5_K
  * for the _M mixes included), or -1 for a name ferry does not write. */
 int quant_ftype_from_name(const char *name);
+/* The same, counting also the mixes ferry knows the rules of but does not write (IQ3_XXS, IQ2_S, IQ2_M,
+ * IQ1_S, IQ1_M: a type they use has no quantizer in ferry yet); quant_mix_init_model accepts these. */
+int quant_ftype_rules_from_name(const char *name);
 /* For a name llama-quantize accepts and ferry does not write (IQ2_XXS, TQ1_0, ...): why, in one sentence.
  * NULL for any other name. */
 const char *quant_ftype_refusal(const char *name);
@@ -95,7 +98,7 @@ struct quant_mix {
 /* 1 for a tensor llama.cpp counts as attn_v (attn_v, attn_qkv, attn_kv_b): count them for n_attn_v. */
 bool quant_mix_attn_v_like(const char *name);
 
-/* False for a file type ferry does not write. */
+/* False for a file type whose rules are not here. */
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model);
 /* A dense model without grouped-query facts (n_gqa 1, no experts): the at-load quantizer's view. */
 bool quant_mix_init(struct quant_mix *m, int ftype, int n_layers, int n_attn_v, bool has_output, bool is_70b);
@@ -105,6 +108,11 @@ bool quant_mix_init(struct quant_mix *m, int ftype, int n_layers, int n_attn_v, 
  * Returns -1 for an expert tensor of an MoE model whose name holds no layer below n_layers (llama.cpp refuses
  * the model). Advances the counters: call once per tensor, in quant_mix_order. */
 int quant_mix_type(struct quant_mix *m, const char *name, int n_dims, int64_t ne0, enum dtype cur);
+
+/* llama.cpp's tensor_requires_imatrix: tensor `name` of type t may not be written without importance weights
+ * (the 1- and 2-bit i-quants and IQ3_XXS, and Q2_K in the Q2_K_S mix; never the output head or the token
+ * embedding). */
+bool quant_mix_needs_imatrix(const struct quant_mix *m, const char *name, enum dtype t);
 
 /* llama.cpp's tensor order: negative when a comes first (layer number of "blk.N.", -1 for others; then
  * strcmp). */

@@ -54,8 +54,10 @@ ROW_FROM_F32_W(q5_k)
 ROW_FROM_F32_W(q6_k)
 ROW_FROM_F32_W(iq4_nl)
 ROW_FROM_F32_W(iq4_xs)
-ROW_FROM_F32_W(iq2_xs) /* iq_quant.c; no unweighted quantizer */
-ROW_FROM_F32_W(iq3_s)  /* iq_quant.c */
+ROW_FROM_F32_W(iq2_xs) /* iq_quant.c; these three have no unweighted quantizer */
+ROW_FROM_F32_W(iq2_xxs)
+ROW_FROM_F32_W(iq3_xxs)
+ROW_FROM_F32_W(iq3_s) /* iq_quant.c */
 #undef ROW_FROM_F32_W
 
 /* Block packing shared by the reference and the weighted quantizers (kquant.c, quantize.c). L: codes, one
@@ -72,6 +74,9 @@ void kquant_affine_requantize(const float *x, int nmax, uint16_t d, uint16_t dmi
                               uint8_t L[256]);
 /* Q3_K with b->d and b->scales set: the codes L (l + 4) re-quantized with them, then hmask and qs. */
 void kquant_q3_k_finish(const float *x, uint8_t L[256], struct block_q3_k *b);
+/* Levels L in [0, nmax] of non-negative x (n) by a weighted fit; the scale (ggml's make_qp_quants;
+ * weighted.c). */
+float quant_fit_positive_w(int n, int nmax, const float *x, uint8_t *L, const float *w);
 /* Q6_K from its 16 sub-block scales and codes (l + 32): the int8 scales, d, re-quantized codes, packing. */
 void kquant_q6_k_finish(const float *x, const float scales[16], int8_t L[256], struct block_q6_k *b);
 

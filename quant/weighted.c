@@ -10,8 +10,8 @@
  * Q2_K, Q4_K, Q5_K, Q4_1, Q5_1: each sub-block gets an affine fit x ~ scale * l - min (fit_affine_w: the
  *   min/max grid, then 37 grid scales (nmax - 0.9 + 0.05 i) / (max - min), keeping the weighted least-squares
  *   fit of smallest weighted squared error). The K types then quantize their sub-block scales and mins to
- *   4 or 6 bits by fit_positive_w (nearest levels against the largest, 8 nearby scales tried, then single
- *   levels moved while the weighted fit improves; weights: each sub-block's summed element weights), and
+ *   4 or 6 bits by quant_fit_positive_w (nearest levels against the largest, 8 nearby scales tried, then
+ * single levels moved while the weighted fit improves; weights: each sub-block's summed element weights), and
  *   re-quantize every element with the rounded values.
  * Q3_K, Q6_K, Q4_0, Q5_0: symmetric fits by fit_symmetric_w (the largest magnitude maps to -nmax, then 18
  *   nearby scales, keeping the best weighted least-squares one); Q3_K fits its 16 scales the same way
@@ -131,7 +131,7 @@ static float fit_affine_w(int n, int nmax, const float *x, const float *w, uint8
 
 /* Levels L in [0, nmax] of non-negative x (n <= 16) with weights w; returns the scale (ggml's
  * make_qp_quants). Levels are stored through uint8_t as there. */
-static float fit_positive_w(int n, int nmax, const float *x, uint8_t *L, const float *w)
+float quant_fit_positive_w(int n, int nmax, const float *x, uint8_t *L, const float *w)
 {
     float max = 0;
     for (int i = 0; i < n; i++) max = max > x[i] ? max : x[i];
@@ -218,8 +218,8 @@ void row_q2_k_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
             sw[j] = element_weights(x + 16 * j, qw + 16 * j, sigma2, 16, w);
             scales[j] = fit_affine_w(16, 3, x + 16 * j, w, L + 16 * j, &mins[j]);
         }
-        b[i].d = f32_to_f16(fit_positive_w(16, 15, scales, Ls, sw));
-        b[i].dmin = f32_to_f16(fit_positive_w(16, 15, mins, Lm, sw));
+        b[i].d = f32_to_f16(quant_fit_positive_w(16, 15, scales, Ls, sw));
+        b[i].dmin = f32_to_f16(quant_fit_positive_w(16, 15, mins, Lm, sw));
         for (int j = 0; j < 16; j++) b[i].scales[j] = (uint8_t)(Ls[j] | Lm[j] << 4);
         const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
         for (int j = 0; j < 16; j++) {
@@ -267,8 +267,8 @@ static void affine_block_w(const float *x, const float *qw, int nmax, uint8_t L[
         sw[j] = element_weights(x + 32 * j, qw + 32 * j, sigma2, 32, w);
         sc[j] = fit_affine_w(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j]);
     }
-    const float d_block = fit_positive_w(8, 63, sc, Ls, sw);
-    const float m_block = fit_positive_w(8, 63, mins, Lm, sw);
+    const float d_block = quant_fit_positive_w(8, 63, sc, Ls, sw);
+    const float m_block = quant_fit_positive_w(8, 63, mins, Lm, sw);
     if (nmax == 31) /* Q5_K clamps the levels; Q4_K's cannot exceed 63 */
         for (int j = 0; j < 8; j++) {
             Ls[j] = Ls[j] < 63 ? Ls[j] : 63;

@@ -19,9 +19,10 @@
 struct plan {
     const struct wtensor *src;
     enum dtype to;
-    int n_dims;  /* ggml's count: trailing dimensions of 1 dropped */
-    int permute; /* HF llama-arch attn_q/attn_k: rows reordered to llama.cpp's rotary layout (heads) */
-    float shift; /* added to every element of a norm (HF Gemma's w becomes llama.cpp's 1 + w) */
+    int n_dims;         /* ggml's count: trailing dimensions of 1 dropped */
+    int permute;        /* HF llama-arch attn_q/attn_k: rows reordered to llama.cpp's rotary layout (heads) */
+    float shift;        /* added to every element of a norm (HF Gemma's w becomes llama.cpp's 1 + w) */
+    bool needs_imatrix; /* llama-quantize refuses to write it without importance weights */
 };
 
 static int ggml_n_dims(const int64_t ne[4])
@@ -84,9 +85,14 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
                               "tensor %s: no layer below %d in the name of an expert tensor", t->name,
                               mf->hp.n_layers);
         p->to = (enum dtype)to;
-        if (p->to != t->type && !dtype_get_traits(p->to)->from_f32 && !has_imatrix)
+        const struct dtype_traits *tt = dtype_get_traits(p->to);
+        if (p->to != t->type && !tt->from_f32 && !tt->from_f32_w)
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor %s: ferry has no quantizer for %s yet",
+                              t->name, tt->name);
+        p->needs_imatrix = p->to != t->type && quant_mix_needs_imatrix(&mix, t->name, p->to);
+        if (p->needs_imatrix && !has_imatrix)
             return ferry_fail(err, FERRY_ERR_INVALID,
-                              "tensor %s: %s needs an importance matrix (--imatrix), as in llama-quantize",
+                              "this quantization requires an importance matrix (--imatrix): tensor %s is %s",
                               t->name, dtype_name(p->to));
         if (p->to != t->type && dtype_get_traits(t->type)->is_quantized &&
             dtype_get_traits(p->to)->is_quantized)
@@ -217,7 +223,7 @@ static int write_tensor(struct gguf_writer *w, const struct model_file *mf, cons
     const float *iw = NULL;
     int rc0 = pg->p->imatrix ? tensor_weights(pg->p->imatrix, t, &iw, err) : FERRY_OK;
     if (rc0) return rc0;
-    if (!iw && !dtype_get_traits(pl->to)->from_f32)
+    if (!iw && (pl->needs_imatrix || !dtype_get_traits(pl->to)->from_f32))
         return ferry_fail(err, FERRY_ERR_INVALID,
                           "missing importance matrix for tensor %s in a very low-bit quantization (%s)",
                           t->name, dtype_name(pl->to));
