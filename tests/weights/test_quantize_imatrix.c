@@ -6,11 +6,11 @@
  * ffn_down rows of 352 columns; c: 8 stacked experts) and sixteen types it holds the SHA-256 of the output
  * file made with a synthetic importance matrix in llama-imatrix's GGUF format, for two types with the same
  * matrix in the legacy .dat format, for IQ2_XS (which needs an entry for every matrix) with a complete one,
- * and for IQ3_S and IQ3_M also without an importance matrix. This test rebuilds the models (their SHA-256 must match the
- * script's) and the matrix files with the script's generator, quantizes in the same directory under the same
- * file names (llama-quantize records the name it was given), and requires the same output files: the weighted
- * quantizers, the per-expert weights, the mixes' importance-matrix rules, the missing and mismatched entries
- * llama-quantize tolerates, and the quantize.imatrix.* metadata.
+ * and for IQ3_S and IQ3_M also without an importance matrix. This test rebuilds the models (their SHA-256
+ * must match the script's) and the matrix files with the script's generator, quantizes in the same directory
+ * under the same file names (llama-quantize records the name it was given), and requires the same output
+ * files: the weighted quantizers, the per-expert weights, the mixes' importance-matrix rules, the missing and
+ * mismatched entries llama-quantize tolerates, and the quantize.imatrix.* metadata.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -325,6 +325,41 @@ Test(quantize_imatrix, mismatched_entry_is_refused, .timeout = 120)
     cr_assert_neq(access("out.gguf", F_OK), 0, "a refused quantization leaves no output");
     model_file_close(mf);
     imatrix_free(im);
+    unlink("model.gguf"), unlink("imatrix.gguf");
+    cr_assert_eq(chdir("/"), 0);
+    rmdir(dir);
+}
+
+/* The types llama-quantize writes only with weights: refused without an importance matrix, and when a matrix
+ * that gets such a type has no entry; the output head and the token embedding need none. */
+Test(quantize_imatrix, low_bit_types_need_weights, .timeout = 120)
+{
+    char dir[4096], hex[65], err[256] = "";
+    enter_tmpdir(dir);
+    qgen_write(&qgen_specs[0], "model.gguf", hex);
+    struct model_file *mf;
+    CHECK(model_file_open("model.gguf", &mf, NULL, NULL, err));
+    static const int ftypes[] = {QUANT_FTYPE_IQ2_XS, QUANT_FTYPE_IQ2_XXS, QUANT_FTYPE_IQ3_XS,
+                                 QUANT_FTYPE_Q2_K_S};
+    for (size_t i = 0; i < sizeof ftypes / sizeof ftypes[0]; i++) {
+        const struct quantize_params qp = {.ftype = ftypes[i]};
+        cr_assert_eq(quantize_model_file(mf, "out.gguf", &qp, err), FERRY_ERR_INVALID, "%d", ftypes[i]);
+        cr_assert(strstr(err, "importance matrix"), "%s", err);
+    }
+    /* With an entry for every matrix but blk.0.attn_k (an IQ2_XS tensor in this mix). */
+    struct im_entry *e = calloc(110, sizeof *e);
+    const int n = im_entries(&qgen_specs[0], e, false);
+    write_imatrix_gguf(e, n, "imatrix.gguf");
+    im_free(e, n);
+    free(e);
+    struct imatrix *im;
+    CHECK(imatrix_load("imatrix.gguf", &im, err));
+    const struct quantize_params qp = {.ftype = QUANT_FTYPE_IQ2_XS, .imatrix = im};
+    cr_assert_eq(quantize_model_file(mf, "out.gguf", &qp, err), FERRY_ERR_INVALID);
+    cr_assert(strstr(err, "blk.0.attn_k.weight"), "%s", err);
+    cr_assert_neq(access("out.gguf", F_OK), 0, "a refused quantization leaves no output");
+    imatrix_free(im);
+    model_file_close(mf);
     unlink("model.gguf"), unlink("imatrix.gguf");
     cr_assert_eq(chdir("/"), 0);
     rmdir(dir);
