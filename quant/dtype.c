@@ -58,11 +58,11 @@ static const struct dtype_traits dtype_table[DTYPE_COUNT] = {
     [DTYPE_NVFP4] = READ_ONLY(nvfp4, "NVFP4", QK_NVFP4, block_nvfp4),
     [DTYPE_IQ2_XXS] = WEIGHTED_ONLY(iq2_xxs, "IQ2_XXS", QK_K, block_iq2_xxs),
     [DTYPE_IQ2_XS] = WEIGHTED_ONLY(iq2_xs, "IQ2_XS", QK_K, block_iq2_xs),
-    [DTYPE_IQ2_S] = READ_ONLY(iq2_s, "IQ2_S", QK_K, block_iq2_s),
+    [DTYPE_IQ2_S] = WEIGHTED_ONLY(iq2_s, "IQ2_S", QK_K, block_iq2_s),
     [DTYPE_IQ3_XXS] = WEIGHTED_ONLY(iq3_xxs, "IQ3_XXS", QK_K, block_iq3_xxs),
     [DTYPE_IQ3_S] = WEIGHTED(iq3_s, "IQ3_S", QK_K, block_iq3_s, DTYPE_Q8_0),
-    [DTYPE_IQ1_S] = READ_ONLY(iq1_s, "IQ1_S", QK_K, block_iq1_s),
-    [DTYPE_IQ1_M] = READ_ONLY(iq1_m, "IQ1_M", QK_K, block_iq1_m),
+    [DTYPE_IQ1_S] = WEIGHTED_ONLY(iq1_s, "IQ1_S", QK_K, block_iq1_s),
+    [DTYPE_IQ1_M] = WEIGHTED_ONLY(iq1_m, "IQ1_M", QK_K, block_iq1_m),
 };
 
 const struct dtype_traits *dtype_get_traits(uint32_t t)

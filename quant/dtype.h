@@ -63,12 +63,13 @@ struct dtype_traits {
     /* Round to nearest (F16, BF16: to nearest even) or ggml's reference quantizer quantize_row_*_ref without
      * an importance matrix, byte for byte; IQ4_NL and IQ4_XS with llama-quantize's 7-step scale search
      * (quantize_iq4_nl / quantize_iq4_xs without an importance matrix); NULL for the types ferry reads but
-     * does not write (NVFP4, the IQ3/IQ2/IQ1 i-quants) or writes only with an importance matrix (IQ2_XS). */
+     * does not write (NVFP4) or writes only with an importance matrix (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+     * IQ3_XXS: llama-quantize requires one for them); IQ3_S without weights is ggml's quantize_iq3_s. */
     dtype_from_f32_fn from_f32;
     /* With an importance matrix: byte for byte ggml's quantize_<type> given quant_weights (the K-quants,
-     * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, and IQ2_XS, which has no from_f32: llama-quantize requires
-     * the weights for it); NULL for the types whose quantizer ignores them (plain types, Q8_0, MXFP4) or
-     * that ferry does not write. Takes whole rows: some weigh by the row's mean square. */
+     * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS and every IQ3/IQ2/IQ1 type); NULL for the types whose quantizer
+     * ignores them (plain types, Q8_0, MXFP4, NVFP4). Takes whole rows: some weigh by the row's mean square.
+     */
     dtype_from_f32_w_fn from_f32_w;
     /* Device form: what a backend that has no kernel of its own for this type converts it to at load. The
      * type itself for the plain types and Q8_0; Q8_0 for the other block types (8.5 bits per weight, read

@@ -13,17 +13,16 @@
 static struct iq_lattice lattices[IQ_LATTICE_COUNT];
 static bool built_ok[IQ_LATTICE_COUNT];
 static pthread_once_t once[IQ_LATTICE_COUNT] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
-                                                PTHREAD_ONCE_INIT};
+                                                PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
 
 /* Per lattice: points, elements per group, bits per level, the highest level the quantizer forms, and how
  * many distinct nearest distances make the neighbour list. */
 static const struct {
     int n_points, width, bits, lmax, nwant;
 } shape[IQ_LATTICE_COUNT] = {
-    [IQ_LATTICE_2XXS] = {256, 8, 2, 2, 2},
-    [IQ_LATTICE_2XS] = {512, 8, 2, 2, 2},
-    [IQ_LATTICE_3XXS] = {256, 4, 3, 7, 2},
-    [IQ_LATTICE_3S] = {512, 4, 3, 7, 3},
+    [IQ_LATTICE_2XXS] = {256, 8, 2, 2, 2}, [IQ_LATTICE_2XS] = {512, 8, 2, 2, 2},
+    [IQ_LATTICE_2S] = {1024, 8, 2, 2, 1},  [IQ_LATTICE_3XXS] = {256, 4, 3, 7, 2},
+    [IQ_LATTICE_3S] = {512, 4, 3, 7, 3},   [IQ_LATTICE_1S] = {2048, 8, 2, 2, 3},
 };
 
 /* Element k of grid point p as a level. The dequantization grids hold IQ2 levels as 8, 25, 43, IQ3_XXS's as
@@ -38,6 +37,11 @@ static uint8_t grid_level(enum iq_lattice_kind kind, int p, int k)
     case IQ_LATTICE_2XS:
         b = iq_grid8(iq2xs_grid[p], k);
         return b < 16 ? 0 : b < 34 ? 1 : 2;
+    case IQ_LATTICE_2S:
+        b = iq_grid8(iq2s_grid[p], k);
+        return b < 16 ? 0 : b < 34 ? 1 : 2;
+    case IQ_LATTICE_1S:
+        return (uint8_t)((int8_t)iq_grid8(iq1s_grid[p], k) + 1);
     case IQ_LATTICE_3XXS:
         b = (uint8_t)(iq3xxs_grid[p] >> (8 * k));
         return (uint8_t)((b + 4) / 8 - 1);
@@ -119,13 +123,16 @@ fail:
     }
 BUILDER(IQ_LATTICE_2XXS)
 BUILDER(IQ_LATTICE_2XS)
+BUILDER(IQ_LATTICE_2S)
 BUILDER(IQ_LATTICE_3XXS)
 BUILDER(IQ_LATTICE_3S)
+BUILDER(IQ_LATTICE_1S)
 
 const struct iq_lattice *iq_lattice_get(enum iq_lattice_kind kind)
 {
     static void (*const builders[IQ_LATTICE_COUNT])(void) = {build_IQ_LATTICE_2XXS, build_IQ_LATTICE_2XS,
-                                                             build_IQ_LATTICE_3XXS, build_IQ_LATTICE_3S};
+                                                             build_IQ_LATTICE_2S,   build_IQ_LATTICE_3XXS,
+                                                             build_IQ_LATTICE_3S,   build_IQ_LATTICE_1S};
     if ((unsigned)kind >= IQ_LATTICE_COUNT) return NULL;
     pthread_once(&once[kind], builders[kind]);
     return built_ok[kind] ? &lattices[kind] : NULL;

@@ -1,7 +1,7 @@
 /* iq_lattice — the lattices of the i-quant quantizers (internal to quant/): which level patterns are grid
  * points and, for a pattern that is not, its nearest grid points (ggml's iq2xs_init_impl / iq3xs_init_impl).
  *
- * A group of `width` elements (8 for IQ2_XXS and IQ2_XS, 4 for IQ3_XXS and IQ3_S) is quantized to levels l
+ * A group of `width` elements (8 for the IQ2 types, 4 for IQ3_XXS and IQ3_S) is quantized to levels l
  * (coordinate 2 l + 1 times the scale), `bits` bits each; the pattern u = sum l_k << (bits k). Grid points
  * come from quant/iq_tables.h (their dequantization grids, read back as levels). The neighbours of an
  * off-grid pattern are the grid points at its `nwant` smallest squared distances, in order of distance and
@@ -13,7 +13,15 @@
 
 #include <stdint.h>
 
-enum iq_lattice_kind { IQ_LATTICE_2XXS, IQ_LATTICE_2XS, IQ_LATTICE_3XXS, IQ_LATTICE_3S, IQ_LATTICE_COUNT };
+enum iq_lattice_kind {
+    IQ_LATTICE_2XXS,
+    IQ_LATTICE_2XS,
+    IQ_LATTICE_2S,
+    IQ_LATTICE_3XXS,
+    IQ_LATTICE_3S,
+    IQ_LATTICE_1S, /* IQ1_S and IQ1_M: levels 0..2 stand for -1, 0, 1 */
+    IQ_LATTICE_COUNT
+};
 
 struct iq_lattice {
     int n_points, width, bits;

@@ -1,19 +1,17 @@
-/* iq2_quant — f32 rows to IQ2_XS with an importance matrix (the from_f32_w entry of quant/dtype.c's table),
- * byte for byte what llama-quantize writes (ggml-quants.c's quantize_iq2_xs).
+/* iq_quant — f32 rows to the lattice i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (from_f32_w entries
+ * of quant/dtype.c's table; IQ3_S also without weights), byte for byte ggml's quantize_iq* (lcp0336).
  *
- * IQ2_XS stores each group of 8 elements as a point of a 512-point lattice (every coordinate 1, 3 or 5
- * times the scale, quant/iq_tables.h's iq2xs_grid read as levels 0..2) and 7 sign bits, the eighth sign
- * making the count of negatives even. Per sub-block of 16: the signs are taken off (an odd count flips the
- * element of least weight w x^2 to a wrong sign, so the group stays even), then 19 trial scales (5 +
- * 0.1 i) / max, i in -9..9, each rounding the magnitudes to levels, replacing a level pattern that is not a
- * lattice point by its best neighbour (weighted by sqrt(w)), and keeping the best weighted least-squares
- * scale; groups left off the lattice are re-picked once with that scale. The 16 sub-block scales become
- * 4-bit codes l with scale = d (2 l + 1) / ... against d = max scale / 31. w = qw * sqrt(sigma2 + x^2),
- * sigma2 the super-block's mean x^2.
- *
- * The neighbours of a level pattern that is not a lattice point are the lattice points at the two smallest
- * squared distances, in order of distance then index (ggml's iq2xs_init_impl); they are built once per
- * process, on first use, for the 3^8 patterns of levels 0..2 (the only ones the quantizer forms).
+ * Each stores groups of elements (8 for IQ2, 4 for IQ3) as points of a lattice (quant/iq_lattice.h: levels l,
+ * coordinate 2 l + 1 times the sub-block scale) and their signs (IQ2_XXS, IQ2_XS, IQ3_XXS: 7 bits per 8, the
+ * eighth making the count of negatives even, so an odd count flips the element of least w x^2; IQ2_S, IQ3_S:
+ * 8 free bits). Per sub-block: trial inverse scales (base + step i) / max (search_scale: IQ2 5 + 0.1 i, IQ3
+ * 15 + 0.2 i; IQ2_XXS against the best 4-level fit instead of max), each rounding the magnitudes to levels,
+ * moving a pattern that is not a lattice point to its nearest neighbour (distances weighted by sqrt(w)) and
+ * keeping the best weighted least-squares scale; groups are then re-picked with that scale (which ones
+ * differs by type) and the scale refit. The sub-block scales become 4-bit codes l, scale ~ d (2 l + 1),
+ * against d = max scale / 31 (stored with ggml's fudge factors: IQ2_S 0.9875, IQ3_XXS 1.0125, IQ3_S 1.033).
+ * Weights: w = qw * sqrt(sigma2 + x^2), sigma2 the super-block's mean x^2 (times 2 for IQ2_S and the IQ3
+ * types), or x^2 for IQ3_S without an importance matrix.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -47,6 +45,17 @@ static uint8_t even_signs(const float *xb, const float *w, float *xval)
         s ^= (uint8_t)(1 << imin);
     }
     return s & 127;
+}
+
+/* The magnitudes of a group of 8 into xval and its 8 sign bits (IQ2_S, IQ3_S). */
+static uint8_t all_signs(const float *xb, float *xval)
+{
+    uint8_t s = 0;
+    for (int i = 0; i < 8; i++) {
+        xval[i] = xb[i] >= 0 ? xb[i] : -xb[i];
+        if (!(xb[i] >= 0)) s |= (uint8_t)(1 << i);
+    }
+    return s;
 }
 
 /* Weighted fit of n elements xval to levels L: sumqx, sumq2. */
@@ -159,6 +168,26 @@ static int scale_code(float id, float scale)
     return clamp_int(nearest_int(0.5f * (id * scale - 1)), 0, 15);
 }
 
+/* A sub-block's weights (and their roots), magnitudes and sign bytes (7 bits with even parity, or all 8);
+ * returns the largest magnitude. */
+static float sub_block_prep(const float *xb, const float *qw, float sigma2, int n, bool even, float *w,
+                            float *waux, float *xval, uint8_t *signs)
+{
+    sub_block_weights(xb, qw, sigma2, n, w, waux);
+    for (int k = 0; k < n / 8; k++)
+        signs[k] =
+            even ? even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k) : all_signs(xb + 8 * k, xval + 8 * k);
+    return max_of(xval, n);
+}
+
+/* A negative fit flips to positive with every sign (within mask) inverted. */
+static float positive_scale(float scale, uint8_t *signs, int n_signs, uint8_t mask)
+{
+    if (scale >= 0) return scale;
+    for (int k = 0; k < n_signs; k++) signs[k] = (uint8_t)~signs[k] & mask;
+    return -scale;
+}
+
 /* ---- IQ2_XS: sub-blocks of 16, two groups of 8 -----------------------------------------------------------
  */
 
@@ -179,16 +208,11 @@ void row_iq2_xs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw
             float w[16], waux[16], xval[16];
             uint8_t signs[2];
             int8_t L[16] = {0};
-            sub_block_weights(xb, qw + 16 * ib, sigma2, 16, w, waux);
-            for (int k = 0; k < 2; k++) signs[k] = even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k);
-            const float max = max_of(xval, 16);
+            const float max = sub_block_prep(xb, qw + 16 * ib, sigma2, 16, true, w, waux, xval, signs);
             scales[ib] = 0;
             if (max < GROUP_MAX_EPS) continue;
             float scale = search_scale(lat, &iq2xs_search, 16, xval, w, waux, max, max / 5, L);
-            if (scale < 0) {
-                scale = -scale;
-                for (int k = 0; k < 2; k++) signs[k] = (uint8_t)~signs[k] & 127;
-            }
+            scale = positive_scale(scale, signs, 2, 127);
             for (int k = 0; k < 2; k++) q2[2 * ib + k] = (uint16_t)(grid_index(lat, L, k) | signs[k] << 9);
             scales[ib] = scale;
             max_scale = max_scale > scale ? max_scale : scale;
@@ -199,6 +223,45 @@ void row_iq2_xs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw
         for (int ib = 0; ib < 16; ib++)
             b[ibl].scales[ib / 2] |= (uint8_t)(scale_code(id, scales[ib]) << 4 * (ib % 2));
         memcpy(b[ibl].qs, q2, sizeof q2);
+    }
+}
+
+/* ---- IQ2_S: as IQ2_XS on a 1024-point grid, with 8 free sign bits per group ------------------------------
+ */
+
+void row_iq2_s_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
+{
+    const struct iq_lattice *lat = iq_lattice_get(IQ_LATTICE_2S);
+    struct block_iq2_s *b = dst;
+    for (int64_t ibl = 0; ibl < n / QK_K; ibl++, x += QK_K, qw += QK_K) {
+        memset(&b[ibl], 0, sizeof b[ibl]);
+        if (!lat) continue;
+        const float sigma2 = 2 * sum_sq(x) / QK_K;
+        float scales[16], max_scale = 0;
+        for (int ib = 0; ib < 16; ib++) {
+            const float *xb = x + 16 * ib;
+            float w[16], waux[16], xval[16];
+            uint8_t signs[2];
+            int8_t L[16] = {0};
+            const float max = sub_block_prep(xb, qw + 16 * ib, sigma2, 16, false, w, waux, xval, signs);
+            scales[ib] = 0;
+            if (max < 1e-8f) continue;
+            float scale = search_scale(lat, &iq2xs_search, 16, xval, w, waux, max, max / 5, L);
+            scale = positive_scale(scale, signs, 2, 255);
+            for (int k = 0; k < 2; k++) {
+                const int g = grid_index(lat, L, k), i8 = 2 * ib + k;
+                b[ibl].qs[i8] = (uint8_t)(g & 255);
+                b[ibl].qh[i8 / 4] |= (uint8_t)((g >> 8) << 2 * (i8 % 4));
+                b[ibl].qs[QK_K / 8 + i8] = signs[k];
+            }
+            scales[ib] = scale;
+            max_scale = max_scale > scale ? max_scale : scale;
+        }
+        if (max_scale == 0.0f) continue;
+        const float d = max_scale / 31, id = 1 / d;
+        b[ibl].d = f32_to_f16(d * 0.9875f);
+        for (int ib = 0; ib < 16; ib++)
+            b[ibl].scales[ib / 2] |= (uint8_t)(scale_code(id, scales[ib]) << 4 * (ib % 2));
     }
 }
 
@@ -222,9 +285,7 @@ void row_iq2_xxs_from_f32_w(const float *x, void *dst, int64_t n, const float *q
             float w[32], waux[32], xval[32];
             uint8_t signs[4];
             int8_t L[32] = {0};
-            sub_block_weights(xb, qw + 32 * ib, sigma2, 32, w, waux);
-            for (int k = 0; k < 4; k++) signs[k] = even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k);
-            const float max = max_of(xval, 32);
+            const float max = sub_block_prep(xb, qw + 32 * ib, sigma2, 32, true, w, waux, xval, signs);
             scales[ib] = 0;
             if (max < GROUP_MAX_EPS) continue;
             /* The search starts from the best 4-level fit of the magnitudes. */
@@ -232,10 +293,7 @@ void row_iq2_xxs_from_f32_w(const float *x, void *dst, int64_t n, const float *q
             const float eff_max = scale * 3;
             if (eff_max <= 0) continue;
             scale = search_scale(lat, &iq2xxs_search, 32, xval, w, waux, eff_max, scale, L);
-            if (scale < 0) {
-                scale = -scale;
-                for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k] & 127;
-            }
+            scale = positive_scale(scale, signs, 4, 127);
             for (int k = 0; k < 4; k++) {
                 q2[2 * ib] |= (uint32_t)grid_index(lat, L, k) << 8 * k;
                 q2[2 * ib + 1] |= (uint32_t)signs[k] << 7 * k;
@@ -272,16 +330,11 @@ void row_iq3_xxs_from_f32_w(const float *x, void *dst, int64_t n, const float *q
             float w[32], waux[32], xval[32];
             uint8_t signs[4];
             int8_t L[32] = {0};
-            sub_block_weights(xb, qw + 32 * ib, sigma2, 32, w, waux);
-            for (int k = 0; k < 4; k++) signs[k] = even_signs(xb + 8 * k, w + 8 * k, xval + 8 * k);
-            const float max = max_of(xval, 32);
+            const float max = sub_block_prep(xb, qw + 32 * ib, sigma2, 32, true, w, waux, xval, signs);
             scales[ib] = 0;
             if (max < 1e-8f) continue;
             float scale = search_scale(lat, &iq3xxs_search, 32, xval, w, waux, max, max / 15, L);
-            if (scale < 0) {
-                scale = -scale;
-                for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k] & 127;
-            }
+            scale = positive_scale(scale, signs, 4, 127);
             for (int k = 0; k < 8; k++) q3[8 * ib + k] = (uint8_t)grid_index(lat, L, k);
             ss[ib] = (uint32_t)signs[0] | (uint32_t)signs[1] << 7 | (uint32_t)signs[2] << 14 |
                      (uint32_t)signs[3] << 21;
@@ -320,23 +373,12 @@ static void iq3s_rows(const float *x, void *dst, int64_t n, const float *qw)
             float w[32], waux[32], xval[32];
             uint8_t signs[4];
             int8_t L[32] = {0};
-            sub_block_weights(xb, qw ? qw + QK_K * ibl + 32 * ib : NULL, sigma2, 32, w, waux);
-            for (int k = 0; k < 4; k++) {
-                signs[k] = 0;
-                for (int i = 0; i < 8; i++) {
-                    const float v = xb[8 * k + i];
-                    xval[8 * k + i] = v >= 0 ? v : -v;
-                    if (!(v >= 0)) signs[k] |= (uint8_t)(1 << i);
-                }
-            }
-            const float max = max_of(xval, 32);
+            const float max = sub_block_prep(xb, qw ? qw + QK_K * ibl + 32 * ib : NULL, sigma2, 32, false, w,
+                                             waux, xval, signs);
             scales[ib] = 0;
             if (max == 0.0f) continue;
             float scale = search_scale(lat, &iq3s_search, 32, xval, w, waux, max, max / 15, L);
-            if (scale < 0) {
-                scale = -scale;
-                for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k];
-            }
+            scale = positive_scale(scale, signs, 4, 255);
             for (int k = 0; k < 8; k++) {
                 const int g = grid_index(lat, L, k);
                 b[ibl].qs[qs_at + k] = (uint8_t)(g & 255);

@@ -41,11 +41,11 @@ static const struct {
     {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS, false},
     {QUANT_FTYPE_IQ2_XXS, "IQ2_XXS", DTYPE_IQ2_XXS, false},
     {QUANT_FTYPE_Q2_K_S, "Q2_K_S", DTYPE_Q2_K, false},
-    {QUANT_FTYPE_IQ3_XXS, "IQ3_XXS", DTYPE_IQ3_XXS, true}, /* attn_q, attn_k: IQ2_S */
-    {QUANT_FTYPE_IQ2_S, "IQ2_S", DTYPE_IQ2_XS, true},
-    {QUANT_FTYPE_IQ2_M, "IQ2_M", DTYPE_IQ2_S, true},
-    {QUANT_FTYPE_IQ1_S, "IQ1_S", DTYPE_IQ1_S, true},
-    {QUANT_FTYPE_IQ1_M, "IQ1_M", DTYPE_IQ1_M, true},
+    {QUANT_FTYPE_IQ3_XXS, "IQ3_XXS", DTYPE_IQ3_XXS, false},
+    {QUANT_FTYPE_IQ2_S, "IQ2_S", DTYPE_IQ2_XS, false},
+    {QUANT_FTYPE_IQ2_M, "IQ2_M", DTYPE_IQ2_S, false},
+    {QUANT_FTYPE_IQ1_S, "IQ1_S", DTYPE_IQ1_S, false},
+    {QUANT_FTYPE_IQ1_M, "IQ1_M", DTYPE_IQ1_M, false},
 };
 #define N_FTYPES (int)(sizeof ftype_table / sizeof ftype_table[0])
 
@@ -60,18 +60,10 @@ static const struct {
 };
 
 /* The other names llama-quantize accepts, and why ferry does not write them. */
-#define WHY_LATTICE "its IQ2_S/IQ1 lattice search is not in ferry's quantizer yet; ferry reads such files"
 static const struct {
     const char *name;
     const char *why;
 } refusal_table[] = {
-    {"IQ3_XXS",
-     "its attn_q and attn_k are IQ2_S, whose lattice search is not in ferry's quantizer yet; ferry "
-     "reads such files"},
-    {"IQ2_S", WHY_LATTICE},
-    {"IQ2_M", WHY_LATTICE},
-    {"IQ1_S", WHY_LATTICE},
-    {"IQ1_M", WHY_LATTICE},
     {"TQ1_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"TQ2_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"Q1_0", "ferry does not read Q1_0"},
@@ -121,7 +113,8 @@ const char *quant_ftype_refusal(const char *name)
 const char *quant_ftype_names(void)
 {
     return "Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, Q3_K_L, Q2_K, IQ4_XS, IQ4_NL, MXFP4_MOE, "
-           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ3_S, IQ3_M, IQ3_XS, IQ2_XS, IQ2_XXS, Q2_K_S";
+           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ3_S, IQ3_M, IQ3_XS, IQ3_XXS, IQ2_M, IQ2_S, "
+           "IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S, Q2_K_S";
 }
 
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model)

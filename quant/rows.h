@@ -54,8 +54,11 @@ ROW_FROM_F32_W(q5_k)
 ROW_FROM_F32_W(q6_k)
 ROW_FROM_F32_W(iq4_nl)
 ROW_FROM_F32_W(iq4_xs)
-ROW_FROM_F32_W(iq2_xs) /* iq_quant.c; these three have no unweighted quantizer */
+ROW_FROM_F32_W(iq2_xs) /* iq_quant.c; these six have no unweighted quantizer */
 ROW_FROM_F32_W(iq2_xxs)
+ROW_FROM_F32_W(iq2_s)
+ROW_FROM_F32_W(iq1_s) /* iq1_quant.c */
+ROW_FROM_F32_W(iq1_m)
 ROW_FROM_F32_W(iq3_xxs)
 ROW_FROM_F32_W(iq3_s) /* iq_quant.c */
 #undef ROW_FROM_F32_W

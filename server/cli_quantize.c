@@ -26,12 +26,11 @@ static void quantize_usage(FILE *f)
         "                 (any case; Q3_K, Q4_K, Q5_K are the _M mixes). llama.cpp's mixes, byte for byte\n"
         "                 what llama-quantize writes (with the same --imatrix): the output head in Q6_K,\n"
         "                 more bits for attn_v, ffn_down and attn_output by layer position and attention\n"
-        "                 shape; MXFP4_MOE: experts in MXFP4, the rest in Q8_0. IQ2_XS, IQ2_XXS,\n"
-        "                 IQ3_XS and Q2_K_S need --imatrix.\n"
-        "                 Not written yet: IQ1_S, IQ1_M, IQ2_S, IQ2_M, IQ3_XXS; TQ1_0/TQ2_0\n"
+        "                 shape; MXFP4_MOE: experts in MXFP4, the rest in Q8_0. The IQ1, IQ2 and\n"
+        "                 IQ3_XXS/IQ3_XS mixes and Q2_K_S need --imatrix; TQ1_0/TQ2_0 are not written\n"
         "  --out OUT      the GGUF to write (written to OUT.tmp-PID, renamed when complete)\n"
         "  --imatrix FILE llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): weighs the\n"
-        "                 K-quant, Q4_0..Q5_1, IQ4, IQ3 and IQ2 quantizers and selects the mixes'\n"
+        "                 K-quant, Q4_0..Q5_1 and i-quant quantizers and selects the mixes'\n"
         "                 imatrix rules, as llama-quantize --imatrix does\n"
         "  --threads N    worker threads (default: all cores)\n",
         quant_ftype_names());

@@ -238,7 +238,7 @@ Test(mix, names)
     cr_assert_eq(quant_ftype_from_name("IQ4_xs"), QUANT_FTYPE_IQ4_XS);
     cr_assert_eq(quant_ftype_from_name("Q2_K"), QUANT_FTYPE_Q2_K);
     cr_assert_eq(quant_ftype_from_name("Q3_K_L"), QUANT_FTYPE_Q3_K_L);
-    cr_assert_eq(quant_ftype_from_name("IQ2_S"), -1);
+    cr_assert_eq(quant_ftype_from_name("TQ2_0"), -1);
     cr_assert_eq(quant_ftype_from_name(""), -1);
     cr_assert_eq(quant_ftype_from_name(NULL), -1);
     /* Every name in the help text is accepted and names itself back. */
@@ -251,15 +251,15 @@ Test(mix, names)
         cr_assert_str_eq(quant_ftype_name(ft), s);
         cr_assert_null(quant_ftype_refusal(s), "%s", s);
     }
-    cr_assert_eq(n, 26);
-    /* The types whose lattice search ferry does not have, and the ternary ones, are refused with a reason. */
-    static const char *const refused[] = {"IQ2_S",   "IQ2_M", "IQ1_S", "IQ1_M",
-                                          "IQ3_XXS", "TQ1_0", "TQ2_0", "iq2_s"};
+    cr_assert_eq(n, 31);
+    /* The types ferry does not read, and COPY, are refused with a reason. */
+    static const char *const refused[] = {"TQ1_0", "TQ2_0", "tq1_0", "Q1_0", "COPY"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         cr_assert_eq(quant_ftype_from_name(refused[i]), -1, "%s", refused[i]);
         cr_assert_not_null(quant_ftype_refusal(refused[i]), "%s", refused[i]);
     }
-    cr_assert(strstr(quant_ftype_refusal("IQ1_M"), "lattice"));
+    cr_assert(strstr(quant_ftype_refusal("TQ1_0"), "ternary"));
+    cr_assert_eq(quant_ftype_from_name("iq1_m"), QUANT_FTYPE_IQ1_M);
     cr_assert_eq(quant_ftype_from_name("iq2_xs"), QUANT_FTYPE_IQ2_XS);
     cr_assert_eq(quant_ftype_from_name("IQ3_M"), QUANT_FTYPE_IQ3_M);
     cr_assert_null(quant_ftype_refusal("Q9_K"));

@@ -17,9 +17,8 @@ the tensor's index in the model. token_embd gets an entry of ne0 + 5 values (a w
 ignores for the token embedding). Metadata: imatrix.datasets ["fixture.txt"], imatrix.chunk_count 11,
 imatrix.chunk_size 512. The legacy .dat holds the same entries with ncall 3 and the sums as values (so the
 weights are sums / 3), then chunk count 11 and the dataset name. imatrix-full.gguf also has blk.0.attn_k, for
-the types llama-quantize refuses to write without weights (IQ2_XS, IQ2_XXS, IQ3_XS, Q2_K_S). IQ3_S and
-IQ3_M are also recorded
-without an importance matrix (plain_outputs).
+the mixes llama-quantize refuses to write without weights (IQ2_XS, IQ2_XXS, IQ2_S, IQ2_M, IQ3_XS, IQ3_XXS, IQ1_S,
+IQ1_M, Q2_K_S). IQ3_S and IQ3_M are also recorded without an importance matrix (plain_outputs).
 
 llama-quantize runs in the temporary directory with the imatrix named "imatrix.gguf" (or "imatrix.dat"): that
 name is what it records in quantize.imatrix.file, and the C test passes the same name from its directory.
@@ -46,7 +45,7 @@ TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q4
          "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M"]
 LEGACY_TYPES = ["Q4_K_M", "IQ4_XS"]
 # These need an entry for every quantized matrix: imatrix-full.gguf.
-FULL_TYPES = ["IQ2_XS", "IQ2_XXS", "IQ3_XS", "Q2_K_S"]
+FULL_TYPES = ["IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ2_M", "IQ3_XS", "IQ3_XXS", "IQ1_S", "IQ1_M", "Q2_K_S"]
 PLAIN_TYPES = ["IQ3_S", "IQ3_M"]  # i-quant mixes llama-quantize also writes without an importance matrix
 MODELS = ["a_f32", "c_moe"]
 
