@@ -291,6 +291,7 @@ Test(quantize_imatrix, reader_refuses_broken_files)
     /* A GGUF file that is not an importance matrix (no imatrix.* keys). */
     struct gguf_writer *w;
     CHECK(gguf_writer_init(&w, err));
+    CHECK(gguf_writer_kv_str(w, "general.type", "model", 5, err));
     const int64_t ne[1] = {4};
     CHECK(gguf_writer_tensor(w, "a.weight.in_sum2", DTYPE_F32, 1, ne, err));
     CHECK(gguf_writer_open(w, "plain.gguf", err));
