@@ -365,3 +365,35 @@ Test(quantize_imatrix, low_bit_types_need_weights, .timeout = 120)
     cr_assert_eq(chdir("/"), 0);
     rmdir(dir);
 }
+
+/* The fixtures' K and i-quant rows hold one super-block; the weighted quantizers work super-block by
+ * super-block (their sigma2 and weights are per super-block), so a row of three must quantize to the three
+ * single-block rows with the matching slices of the weights: this holds the weight offsets of longer rows.
+ * Random data and weights, 5 rows of 768 through quant_matrix_w on the caller's thread. */
+Test(quantize_imatrix, weighted_rows_are_per_super_block)
+{
+    enum { ROWS = 5, COLS = 768 };
+    static const enum dtype types[] = {DTYPE_Q2_K,   DTYPE_Q3_K,    DTYPE_Q4_K,  DTYPE_Q5_K,    DTYPE_Q6_K,
+                                       DTYPE_IQ4_XS, DTYPE_IQ4_NL,  DTYPE_IQ3_S, DTYPE_IQ3_XXS, DTYPE_IQ2_S,
+                                       DTYPE_IQ2_XS, DTYPE_IQ2_XXS, DTYPE_IQ1_S, DTYPE_IQ1_M};
+    float *x = malloc(sizeof(float) * ROWS * COLS), *qw = malloc(sizeof(float) * COLS);
+    for (int i = 0; i < ROWS * COLS; i++) x[i] = (float)base_value(7, i) * (i % 97 == 0 ? 9.0f : 1.0f);
+    for (int i = 0; i < COLS; i++) qw[i] = (float)(0.05 + 0.25 * (base_value(8, i) + 2.0));
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const size_t row = dtype_row_size(types[t], COLS), blk = dtype_row_size(types[t], 256);
+        uint8_t *whole = malloc(row * ROWS), *part = malloc(blk);
+        const struct quant_weights w = {.w = qw, .rows_per_set = ROWS, .row0 = 0};
+        cr_assert(quant_matrix_w(types[t], whole, DTYPE_F32, x, ROWS, COLS, NULL, NULL, &w), "%s",
+                  dtype_name(types[t]));
+        for (int r = 0; r < ROWS; r++)
+            for (int s = 0; s < COLS / 256; s++) {
+                cr_assert(dtype_from_f32_w(types[t], x + r * COLS + 256 * s, part, 256, qw + 256 * s));
+                cr_assert(!memcmp(part, whole + row * r + blk * s, blk), "%s: row %d super-block %d differs",
+                          dtype_name(types[t]), r, s);
+            }
+        free(whole);
+        free(part);
+    }
+    free(x);
+    free(qw);
+}
