@@ -201,12 +201,12 @@ static void check_model(int mi)
     json_decref(fx);
 }
 
-Test(quantize_imatrix, model_a_f32, .timeout = 300)
+Test(quantize_imatrix, model_a_f32, .timeout = 600)
 {
     check_model(0);
 }
 
-Test(quantize_imatrix, model_c_8_experts, .timeout = 300)
+Test(quantize_imatrix, model_c_8_experts, .timeout = 600)
 {
     check_model(3);
 }
