@@ -17,7 +17,20 @@
         .name = nm, .block_size = bs, .type_size = sizeof(struct blk), .is_quantized = true,                 \
         .to_f32 = row_##t##_to_f32, .from_f32 = row_##t##_from_f32, .device_form = dev                       \
     }
+/* A block type whose quantizer takes an importance matrix. */
+#define WEIGHTED(t, nm, bs, blk, dev)                                                                        \
+    {                                                                                                        \
+        .name = nm, .block_size = bs, .type_size = sizeof(struct blk), .is_quantized = true,                 \
+        .to_f32 = row_##t##_to_f32, .from_f32 = row_##t##_from_f32, .from_f32_w = row_##t##_from_f32_w,      \
+        .device_form = dev                                                                                   \
+    }
 
+/* A type ferry writes only with an importance matrix (llama-quantize requires one for it). */
+#define WEIGHTED_ONLY(t, nm, bs, blk)                                                                        \
+    {                                                                                                        \
+        .name = nm, .block_size = bs, .type_size = sizeof(struct blk), .is_quantized = true,                 \
+        .to_f32 = row_##t##_to_f32, .from_f32_w = row_##t##_from_f32_w, .device_form = DTYPE_Q8_0            \
+    }
 /* A type ferry reads but does not write. */
 #define READ_ONLY(t, nm, bs, blk)                                                                            \
     {                                                                                                        \
@@ -30,26 +43,26 @@ static const struct dtype_traits dtype_table[DTYPE_COUNT] = {
     [DTYPE_F16] = PLAIN(f16, "F16", 2, DTYPE_F16),
     [DTYPE_BF16] = PLAIN(bf16, "BF16", 2, DTYPE_BF16),
     [DTYPE_Q8_0] = BLOCKS(q8_0, "Q8_0", QK8_0, block_q8_0, DTYPE_Q8_0),
-    [DTYPE_Q4_0] = BLOCKS(q4_0, "Q4_0", QK4_0, block_q4_0, DTYPE_Q8_0),
-    [DTYPE_Q4_1] = BLOCKS(q4_1, "Q4_1", QK4_1, block_q4_1, DTYPE_Q8_0),
-    [DTYPE_Q5_0] = BLOCKS(q5_0, "Q5_0", QK5_0, block_q5_0, DTYPE_Q8_0),
-    [DTYPE_Q5_1] = BLOCKS(q5_1, "Q5_1", QK5_1, block_q5_1, DTYPE_Q8_0),
-    [DTYPE_Q4_K] = BLOCKS(q4_k, "Q4_K", QK_K, block_q4_k, DTYPE_Q8_0),
-    [DTYPE_Q5_K] = BLOCKS(q5_k, "Q5_K", QK_K, block_q5_k, DTYPE_Q8_0),
-    [DTYPE_Q6_K] = BLOCKS(q6_k, "Q6_K", QK_K, block_q6_k, DTYPE_Q8_0),
-    [DTYPE_Q2_K] = BLOCKS(q2_k, "Q2_K", QK_K, block_q2_k, DTYPE_Q8_0),
-    [DTYPE_Q3_K] = BLOCKS(q3_k, "Q3_K", QK_K, block_q3_k, DTYPE_Q8_0),
-    [DTYPE_IQ4_NL] = BLOCKS(iq4_nl, "IQ4_NL", QK4_NL, block_iq4_nl, DTYPE_Q8_0),
-    [DTYPE_IQ4_XS] = BLOCKS(iq4_xs, "IQ4_XS", QK_K, block_iq4_xs, DTYPE_Q8_0),
+    [DTYPE_Q4_0] = WEIGHTED(q4_0, "Q4_0", QK4_0, block_q4_0, DTYPE_Q8_0),
+    [DTYPE_Q4_1] = WEIGHTED(q4_1, "Q4_1", QK4_1, block_q4_1, DTYPE_Q8_0),
+    [DTYPE_Q5_0] = WEIGHTED(q5_0, "Q5_0", QK5_0, block_q5_0, DTYPE_Q8_0),
+    [DTYPE_Q5_1] = WEIGHTED(q5_1, "Q5_1", QK5_1, block_q5_1, DTYPE_Q8_0),
+    [DTYPE_Q4_K] = WEIGHTED(q4_k, "Q4_K", QK_K, block_q4_k, DTYPE_Q8_0),
+    [DTYPE_Q5_K] = WEIGHTED(q5_k, "Q5_K", QK_K, block_q5_k, DTYPE_Q8_0),
+    [DTYPE_Q6_K] = WEIGHTED(q6_k, "Q6_K", QK_K, block_q6_k, DTYPE_Q8_0),
+    [DTYPE_Q2_K] = WEIGHTED(q2_k, "Q2_K", QK_K, block_q2_k, DTYPE_Q8_0),
+    [DTYPE_Q3_K] = WEIGHTED(q3_k, "Q3_K", QK_K, block_q3_k, DTYPE_Q8_0),
+    [DTYPE_IQ4_NL] = WEIGHTED(iq4_nl, "IQ4_NL", QK4_NL, block_iq4_nl, DTYPE_Q8_0),
+    [DTYPE_IQ4_XS] = WEIGHTED(iq4_xs, "IQ4_XS", QK_K, block_iq4_xs, DTYPE_Q8_0),
     [DTYPE_MXFP4] = BLOCKS(mxfp4, "MXFP4", QK_MXFP4, block_mxfp4, DTYPE_Q8_0),
     [DTYPE_NVFP4] = READ_ONLY(nvfp4, "NVFP4", QK_NVFP4, block_nvfp4),
-    [DTYPE_IQ2_XXS] = READ_ONLY(iq2_xxs, "IQ2_XXS", QK_K, block_iq2_xxs),
-    [DTYPE_IQ2_XS] = READ_ONLY(iq2_xs, "IQ2_XS", QK_K, block_iq2_xs),
-    [DTYPE_IQ2_S] = READ_ONLY(iq2_s, "IQ2_S", QK_K, block_iq2_s),
-    [DTYPE_IQ3_XXS] = READ_ONLY(iq3_xxs, "IQ3_XXS", QK_K, block_iq3_xxs),
-    [DTYPE_IQ3_S] = READ_ONLY(iq3_s, "IQ3_S", QK_K, block_iq3_s),
-    [DTYPE_IQ1_S] = READ_ONLY(iq1_s, "IQ1_S", QK_K, block_iq1_s),
-    [DTYPE_IQ1_M] = READ_ONLY(iq1_m, "IQ1_M", QK_K, block_iq1_m),
+    [DTYPE_IQ2_XXS] = WEIGHTED_ONLY(iq2_xxs, "IQ2_XXS", QK_K, block_iq2_xxs),
+    [DTYPE_IQ2_XS] = WEIGHTED_ONLY(iq2_xs, "IQ2_XS", QK_K, block_iq2_xs),
+    [DTYPE_IQ2_S] = WEIGHTED_ONLY(iq2_s, "IQ2_S", QK_K, block_iq2_s),
+    [DTYPE_IQ3_XXS] = WEIGHTED_ONLY(iq3_xxs, "IQ3_XXS", QK_K, block_iq3_xxs),
+    [DTYPE_IQ3_S] = WEIGHTED(iq3_s, "IQ3_S", QK_K, block_iq3_s, DTYPE_Q8_0),
+    [DTYPE_IQ1_S] = WEIGHTED_ONLY(iq1_s, "IQ1_S", QK_K, block_iq1_s),
+    [DTYPE_IQ1_M] = WEIGHTED_ONLY(iq1_m, "IQ1_M", QK_K, block_iq1_m),
 };
 
 const struct dtype_traits *dtype_get_traits(uint32_t t)
@@ -107,5 +120,18 @@ bool dtype_from_f32(enum dtype t, const float *src, void *dst, int64_t n)
 {
     if (!row_ok(t, src, dst, n) || !dtype_table[t].from_f32) return false;
     dtype_table[t].from_f32(src, dst, n);
+    return true;
+}
+
+bool dtype_from_f32_w(enum dtype t, const float *src, void *dst, int64_t n, const float *qw)
+{
+    if (!row_ok(t, src, dst, n)) return false;
+    const struct dtype_traits *tt = &dtype_table[t];
+    if (qw && tt->from_f32_w) {
+        tt->from_f32_w(src, dst, n, qw);
+        return true;
+    }
+    if (!tt->from_f32) return false;
+    tt->from_f32(src, dst, n);
     return true;
 }

@@ -50,6 +50,8 @@ enum dtype {
 typedef void (*dtype_to_f32_fn)(const void *src, float *dst, int64_t n);
 /* src (n) f32; dst receives n elements of the type (n a multiple of its block size). */
 typedef void (*dtype_from_f32_fn)(const float *src, void *dst, int64_t n);
+/* The same for one whole row of n elements, weighing column j by qw[j] (an importance matrix). */
+typedef void (*dtype_from_f32_w_fn)(const float *src, void *dst, int64_t n, const float *qw);
 
 struct dtype_traits {
     const char *name;  /* ggml's name: "F16", "Q4_K" */
@@ -61,8 +63,14 @@ struct dtype_traits {
     /* Round to nearest (F16, BF16: to nearest even) or ggml's reference quantizer quantize_row_*_ref without
      * an importance matrix, byte for byte; IQ4_NL and IQ4_XS with llama-quantize's 7-step scale search
      * (quantize_iq4_nl / quantize_iq4_xs without an importance matrix); NULL for the types ferry reads but
-     * does not write (NVFP4, the IQ3/IQ2/IQ1 i-quants). */
+     * does not write (NVFP4) or writes only with an importance matrix (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+     * IQ3_XXS: llama-quantize requires one for them); IQ3_S without weights is ggml's quantize_iq3_s. */
     dtype_from_f32_fn from_f32;
+    /* With an importance matrix: byte for byte ggml's quantize_<type> given quant_weights (the K-quants,
+     * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS and every IQ3/IQ2/IQ1 type); NULL for the types whose quantizer
+     * ignores them (plain types, Q8_0, MXFP4, NVFP4). Takes whole rows: some weigh by the row's mean square.
+     */
+    dtype_from_f32_w_fn from_f32_w;
     /* Device form: what a backend that has no kernel of its own for this type converts it to at load. The
      * type itself for the plain types and Q8_0; Q8_0 for the other block types (8.5 bits per weight, read
      * by every backend; one more rounding, at most 1/254 of a block's largest value, well below the 4-6 bit
@@ -91,5 +99,8 @@ size_t dtype_row_size(enum dtype t, int64_t n);
  * or not a multiple of the block size; dtype_from_f32 also for a type without a quantizer. */
 bool dtype_to_f32(enum dtype t, const void *src, float *dst, int64_t n);
 bool dtype_from_f32(enum dtype t, const float *src, void *dst, int64_t n);
+/* One whole row of n elements with importance weights qw (n): from_f32_w, or from_f32 when the type has no
+ * weighted quantizer or qw is NULL (what llama-quantize does). */
+bool dtype_from_f32_w(enum dtype t, const float *src, void *dst, int64_t n, const float *qw);
 
 #endif

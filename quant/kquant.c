@@ -133,7 +133,7 @@ static void fit_affine(int n, int nmax, const vf8 *x, const vf8 *w, vi8 *L, vf8 
 }
 
 /* The packed 6-bit scales and mins of a Q4_K/Q5_K block (the inverse of block_q4_k_scale_min). */
-static void pack_scales_mins(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[K_SCALE_SIZE])
+void kquant_pack_scales_mins(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[K_SCALE_SIZE])
 {
     for (int j = 0; j < 8; j++) {
         if (j < 4) {
@@ -179,10 +179,16 @@ static void quantize_affine_block(const float *x, int nmax, float rmin, int nste
         sc[j] = ls < 63 ? ls : 63;
         mn[j] = lm < 63 ? lm : 63;
     }
-    pack_scales_mins(sc, mn, scales);
+    kquant_pack_scales_mins(sc, mn, scales);
     *d_out = f32_to_f16(max_scale / 63.0f);
     *dmin_out = f32_to_f16(max_min / 63.0f);
-    const float d = f16_to_f32(*d_out), dmin = f16_to_f32(*dmin_out);
+    kquant_affine_requantize(x, nmax, *d_out, *dmin_out, scales, L);
+}
+
+void kquant_affine_requantize(const float *x, int nmax, uint16_t d16, uint16_t dmin16,
+                              const uint8_t scales[K_SCALE_SIZE], uint8_t L[QK_K])
+{
+    const float d = f16_to_f32(d16), dmin = f16_to_f32(dmin16);
     for (int j = 0; j < 8; j++) {
         uint8_t s, m;
         block_q4_k_scale_min(j, scales, &s, &m);
@@ -200,11 +206,15 @@ void row_q4_k_from_f32(const float *x, void *dst, int64_t n)
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         uint8_t L[QK_K];
         quantize_affine_block(x, 15, -1.0f, 20, L, &b[i].d, &b[i].dmin, b[i].scales);
-        /* Sub-blocks 2p and 2p+1 share 32 bytes: low nibbles, then high nibbles. */
-        for (int p = 0; p < 4; p++)
-            for (int l = 0; l < 32; l++)
-                b[i].qs[32 * p + l] = (uint8_t)(L[64 * p + l] | L[64 * p + 32 + l] << 4);
+        kquant_pack_q4_k(L, b[i].qs);
     }
+}
+
+void kquant_pack_q4_k(const uint8_t L[QK_K], uint8_t qs[QK_K / 2])
+{
+    /* Sub-blocks 2p and 2p+1 share 32 bytes: low nibbles, then high nibbles. */
+    for (int p = 0; p < 4; p++)
+        for (int l = 0; l < 32; l++) qs[32 * p + l] = (uint8_t)(L[64 * p + l] | L[64 * p + 32 + l] << 4);
 }
 
 void row_q5_k_from_f32(const float *x, void *dst, int64_t n)
@@ -213,15 +223,20 @@ void row_q5_k_from_f32(const float *x, void *dst, int64_t n)
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         uint8_t L[QK_K];
         quantize_affine_block(x, 31, -0.5f, 15, L, &b[i].d, &b[i].dmin, b[i].scales);
-        /* As Q4_K, and the fifth bit of element 32s + l (sub-block s) is bit s of qh[l]. */
-        memset(b[i].qh, 0, sizeof b[i].qh);
-        for (int p = 0; p < 4; p++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t lo = L[64 * p + l], hi = L[64 * p + 32 + l];
-                b[i].qs[32 * p + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
-                b[i].qh[l] |= (uint8_t)((lo >> 4) << (2 * p) | (hi >> 4) << (2 * p + 1));
-            }
+        kquant_pack_q5_k(L, b[i].qs, b[i].qh);
     }
+}
+
+void kquant_pack_q5_k(const uint8_t L[QK_K], uint8_t qs[QK_K / 2], uint8_t qh[QK_K / 8])
+{
+    /* As Q4_K, and the fifth bit of element 32s + l (sub-block s) is bit s of qh[l]. */
+    memset(qh, 0, QK_K / 8);
+    for (int p = 0; p < 4; p++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t lo = L[64 * p + l], hi = L[64 * p + 32 + l];
+            qs[32 * p + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+            qh[l] |= (uint8_t)((lo >> 4) << (2 * p) | (hi >> 4) << (2 * p + 1));
+        }
 }
 
 /* Codes of 8 sub-blocks of 16 (x[i]: element i of each; ggml's make_qx_quants with x^2 weights, rmse_type
@@ -286,45 +301,52 @@ void row_q6_k_from_f32(const float *x, void *dst, int64_t n)
             for (int e = 0; e < 16; e++)
                 for (int j = 0; j < 8; j++) L[16 * (8 * half + j) + e] = (int8_t)Lt[e][j];
         }
-        float max_scale = 0, max_abs_scale = 0;
-        for (int ib = 0; ib < QK_K / 16; ib++) {
-            if (fabsf(scales[ib]) > max_abs_scale) {
-                max_abs_scale = fabsf(scales[ib]);
-                max_scale = scales[ib];
-            }
-        }
-        if (max_abs_scale < GROUP_MAX_EPS) {
-            memset(&b[i], 0, sizeof b[i]);
-            continue;
-        }
-        const float iscale = -128.0f / max_scale;
-        b[i].d = f32_to_f16(1 / iscale);
-        for (int ib = 0; ib < QK_K / 16; ib++) {
-            const int s = nearest_int(iscale * scales[ib]);
-            b[i].scales[ib] = (int8_t)(s < 127 ? s : 127);
-        }
-        const float d = f16_to_f32(b[i].d);
-        for (int j = 0; j < QK_K / 16; j++) {
-            const float ds = d * (float)b[i].scales[j];
-            if (ds == 0.0f) continue;
-            for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (int8_t)(clamp_int(nearest_int(x[16 * j + l] / ds), -32, 31) + 32);
-        }
-        /* Element 128h + 32g + l (g < 4, l < 32): low nibble in ql[64h + l + 32(g & 1)], nibble g >> 1; high
-         * two bits at bit 2g of qh[32h + l]. */
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t *q = (const uint8_t *)L + 128 * h + l;
-                b[i].ql[64 * h + l] = (uint8_t)((q[0] & 15) | (q[64] & 15) << 4);
-                b[i].ql[64 * h + l + 32] = (uint8_t)((q[32] & 15) | (q[96] & 15) << 4);
-                b[i].qh[32 * h + l] =
-                    (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
-            }
+        kquant_q6_k_finish(x, scales, L, &b[i]);
     }
 }
 
+/* Q6_K from the sub-block fits: the 16 scales as int8 against the largest (d = that scale / -128, f16), the
+ * codes L (l + 32) re-quantized with the rounded scales, then packed. */
+void kquant_q6_k_finish(const float *x, const float scales[QK_K / 16], int8_t L[QK_K], struct block_q6_k *b)
+{
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < QK_K / 16; ib++) {
+        if (fabsf(scales[ib]) > max_abs_scale) {
+            max_abs_scale = fabsf(scales[ib]);
+            max_scale = scales[ib];
+        }
+    }
+    if (max_abs_scale < GROUP_MAX_EPS) {
+        memset(b, 0, sizeof *b);
+        return;
+    }
+    const float iscale = -128.0f / max_scale;
+    b->d = f32_to_f16(1 / iscale);
+    for (int ib = 0; ib < QK_K / 16; ib++) {
+        const int s = nearest_int(iscale * scales[ib]);
+        b->scales[ib] = (int8_t)(s < 127 ? s : 127);
+    }
+    const float d = f16_to_f32(b->d);
+    for (int j = 0; j < QK_K / 16; j++) {
+        const float ds = d * (float)b->scales[j];
+        if (ds == 0.0f) continue;
+        for (int l = 0; l < 16; l++)
+            L[16 * j + l] = (int8_t)(clamp_int(nearest_int(x[16 * j + l] / ds), -32, 31) + 32);
+    }
+    /* Element 128h + 32g + l (g < 4, l < 32): low nibble in ql[64h + l + 32(g & 1)], nibble g >> 1; high
+     * two bits at bit 2g of qh[32h + l]. */
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *q = (const uint8_t *)L + 128 * h + l;
+            b->ql[64 * h + l] = (uint8_t)((q[0] & 15) | (q[64] & 15) << 4);
+            b->ql[64 * h + l + 32] = (uint8_t)((q[32] & 15) | (q[96] & 15) << 4);
+            b->qh[32 * h + l] =
+                (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
+        }
+}
+
 /* Four 2-bit codes per byte: element 128h + 32g + l (g < 4, l < 32) at bits 2g of qs[32h + l]. */
-static void pack_2bit(const uint8_t L[QK_K], uint8_t qs[QK_K / 4])
+void kquant_pack_2bit(const uint8_t L[QK_K], uint8_t qs[QK_K / 4])
 {
     for (int h = 0; h < 2; h++)
         for (int l = 0; l < 32; l++) {
@@ -381,7 +403,7 @@ void row_q2_k_from_f32(const float *x, void *dst, int64_t n)
             for (int l = 0; l < 16; l++)
                 L[16 * j + l] = (uint8_t)clamp_int(nearest_int((x[16 * j + l] + dm) / ds), 0, 3);
         }
-        pack_2bit(L, b[i].qs);
+        kquant_pack_2bit(L, b[i].qs);
     }
 }
 
@@ -456,20 +478,25 @@ void row_q3_k_from_f32(const float *x, void *dst, int64_t n)
             }
             b[i].d = f32_to_f16(1 / iscale);
         }
-        const float d = f16_to_f32(b[i].d);
-        for (int j = 0; j < QK_K / 16; j++) {
-            const float ds = d * (float)(block_q3_k_scale(j, b[i].scales) - 32);
-            if (ds == 0.0f) continue; /* the fit's codes stay */
-            for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (uint8_t)(clamp_int(nearest_int(x[16 * j + l] / ds), -4, 3) + 4);
-        }
-        /* The third bit of element j goes to bit j / 32 of hmask[j % 32]; the low two bits as Q2_K. */
-        memset(b[i].hmask, 0, sizeof b[i].hmask);
-        for (int j = 0; j < QK_K; j++)
-            if (L[j] > 3) {
-                b[i].hmask[j % 32] |= (uint8_t)(1u << (j / 32));
-                L[j] -= 4;
-            }
-        pack_2bit(L, b[i].qs);
+        kquant_q3_k_finish(x, L, &b[i]);
     }
+}
+
+void kquant_q3_k_finish(const float *x, uint8_t L[QK_K], struct block_q3_k *b)
+{
+    const float d = f16_to_f32(b->d);
+    for (int j = 0; j < QK_K / 16; j++) {
+        const float ds = d * (float)(block_q3_k_scale(j, b->scales) - 32);
+        if (ds == 0.0f) continue; /* the fit's codes stay */
+        for (int l = 0; l < 16; l++)
+            L[16 * j + l] = (uint8_t)(clamp_int(nearest_int(x[16 * j + l] / ds), -4, 3) + 4);
+    }
+    /* The third bit of element j goes to bit j / 32 of hmask[j % 32]; the low two bits as Q2_K. */
+    memset(b->hmask, 0, sizeof b->hmask);
+    for (int j = 0; j < QK_K; j++)
+        if (L[j] > 3) {
+            b->hmask[j % 32] |= (uint8_t)(1u << (j / 32));
+            L[j] -= 4;
+        }
+    kquant_pack_2bit(L, b->qs);
 }

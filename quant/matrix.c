@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Elements per step through the f32 buffer: a multiple of every block size (1, 32, 256); 16 KiB of stack. */
@@ -18,6 +19,8 @@ struct job {
     int64_t rows, cols, rows_per_task;
     size_t dst_row, src_row; /* bytes */
     _Atomic int64_t bad_row; /* smallest row with a non-finite value, or INT64_MAX */
+    const struct quant_weights *qw;
+    _Atomic int failed; /* a row buffer could not be allocated */
 };
 
 static bool all_finite(const float *x, int64_t n)
@@ -31,6 +34,13 @@ static bool all_finite(const float *x, int64_t n)
         acc |= (b & 0x7f800000u) + 0x00800000u;
     }
     return !(acc & 0x80000000u);
+}
+
+static void note_bad_row(struct job *j, int64_t r)
+{
+    int64_t cur = atomic_load(&j->bad_row);
+    while (r < cur && !atomic_compare_exchange_weak(&j->bad_row, &cur, r)) {
+    }
 }
 
 static void convert_task(void *ctx, int task)
@@ -51,12 +61,28 @@ static void convert_task(void *ctx, int task)
             finite &= all_finite(buf, n);
             j->to->from_f32(buf, d, n);
         }
-        if (!finite) {
-            int64_t cur = atomic_load(&j->bad_row);
-            while (r < cur && !atomic_compare_exchange_weak(&j->bad_row, &cur, r)) {
-            }
-        }
+        if (!finite) note_bad_row(j, r);
     }
+}
+
+/* Whole rows through a heap buffer, with the row's importance weights. */
+static void convert_weighted_task(void *ctx, int task)
+{
+    struct job *j = ctx;
+    const int64_t r0 = (int64_t)task * j->rows_per_task;
+    const int64_t r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
+    float *buf = malloc((size_t)j->cols * sizeof(float));
+    if (!buf) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        j->from->to_f32(j->src + j->src_row * (size_t)r, buf, j->cols);
+        if (!all_finite(buf, j->cols)) note_bad_row(j, r);
+        const float *w = j->qw->w + (size_t)((j->qw->row0 + r) / j->qw->rows_per_set) * (size_t)j->cols;
+        j->to->from_f32_w(buf, j->dst + j->dst_row * (size_t)r, j->cols, w);
+    }
+    free(buf);
 }
 
 static void copy_task(void *ctx, int task)
@@ -71,10 +97,18 @@ static void copy_task(void *ctx, int task)
 bool quant_matrix(enum dtype to, void *dst, enum dtype from, const void *src, int64_t rows, int64_t cols,
                   const struct quant_runner *runner, int64_t *bad_row)
 {
+    return quant_matrix_w(to, dst, from, src, rows, cols, runner, bad_row, NULL);
+}
+
+bool quant_matrix_w(enum dtype to, void *dst, enum dtype from, const void *src, int64_t rows, int64_t cols,
+                    const struct quant_runner *runner, int64_t *bad_row, const struct quant_weights *qw)
+{
     const struct dtype_traits *tt = dtype_get_traits(to), *ft = dtype_get_traits(from);
     if (!tt || !ft || !dst || !src || rows < 0 || cols < 0 || cols % tt->block_size || cols % ft->block_size)
         return false;
-    if (to != from && !tt->from_f32) return false; /* a type ferry reads but does not write */
+    if (qw && (!qw->w || qw->rows_per_set < 1)) return false;
+    if (qw && (to == from || !tt->from_f32_w)) qw = NULL; /* weights change nothing for this type */
+    if (to != from && !tt->from_f32 && !qw) return false; /* a type ferry reads but does not write */
     if (bad_row) *bad_row = -1;
     if (rows == 0 || cols == 0) return true;
     struct job j = {.to = tt,
@@ -86,13 +120,15 @@ bool quant_matrix(enum dtype to, void *dst, enum dtype from, const void *src, in
                     .dst_row = dtype_row_size(to, cols),
                     .src_row = dtype_row_size(from, cols)};
     atomic_init(&j.bad_row, INT64_MAX);
+    atomic_init(&j.failed, 0);
+    j.qw = qw;
     j.rows_per_task = TASK_ELEMS / cols > 0 ? TASK_ELEMS / cols : 1;
     int64_t n_tasks = (rows + j.rows_per_task - 1) / j.rows_per_task;
     if (n_tasks > (1 << 30)) { /* keep the task count an int */
         j.rows_per_task = (rows + (1 << 30) - 1) / (1 << 30);
         n_tasks = (rows + j.rows_per_task - 1) / j.rows_per_task;
     }
-    const quant_task_fn fn = to == from ? copy_task : convert_task;
+    const quant_task_fn fn = to == from ? copy_task : qw ? convert_weighted_task : convert_task;
     if (runner && runner->run)
         runner->run(runner->pool, fn, &j, (int)n_tasks);
     else
@@ -101,5 +137,5 @@ bool quant_matrix(enum dtype to, void *dst, enum dtype from, const void *src, in
         const int64_t b = atomic_load(&j.bad_row);
         *bad_row = b == INT64_MAX ? -1 : b;
     }
-    return true;
+    return !atomic_load(&j.failed);
 }

@@ -32,4 +32,19 @@ struct quant_runner {
 bool quant_matrix(enum dtype to, void *dst, enum dtype from, const void *src, int64_t rows, int64_t cols,
                   const struct quant_runner *runner, int64_t *bad_row);
 
+/* Importance weights of a matrix (an importance matrix's entry): w (n_sets, cols) f32, one set per stacked
+ * expert; row r of a quant_matrix_w call uses set (row0 + r) / rows_per_set (row0: the index of the call's
+ * first row in the whole tensor, for a tensor converted in chunks). */
+struct quant_weights {
+    const float *w;
+    int64_t rows_per_set; /* >= 1 */
+    int64_t row0;
+};
+
+/* quant_matrix with importance weights for the types that take them (dtype_from_f32_w): each row is
+ * converted whole (one heap row buffer per task). qw NULL: quant_matrix. Also false when a row buffer
+ * cannot be allocated or rows_per_set < 1. */
+bool quant_matrix_w(enum dtype to, void *dst, enum dtype from, const void *src, int64_t rows, int64_t cols,
+                    const struct quant_runner *runner, int64_t *bad_row, const struct quant_weights *qw);
+
 #endif

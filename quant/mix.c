@@ -7,21 +7,45 @@
 #include <string.h>
 #include <strings.h>
 
+/* Every mix whose rules are here; rules_only: one of its tensor types has no quantizer in ferry yet, so the
+ * mix is not written (its rules are still held to llama.cpp's snapshots). */
 static const struct {
     enum quant_ftype ftype;
     const char *name;
     enum dtype base;
+    bool rules_only;
 } ftype_table[] = {
-    {QUANT_FTYPE_Q4_K_M, "Q4_K_M", DTYPE_Q4_K},   {QUANT_FTYPE_Q4_K_S, "Q4_K_S", DTYPE_Q4_K},
-    {QUANT_FTYPE_Q5_K_M, "Q5_K_M", DTYPE_Q5_K},   {QUANT_FTYPE_Q5_K_S, "Q5_K_S", DTYPE_Q5_K},
-    {QUANT_FTYPE_Q6_K, "Q6_K", DTYPE_Q6_K},       {QUANT_FTYPE_Q3_K_M, "Q3_K_M", DTYPE_Q3_K},
-    {QUANT_FTYPE_Q3_K_S, "Q3_K_S", DTYPE_Q3_K},   {QUANT_FTYPE_Q3_K_L, "Q3_K_L", DTYPE_Q3_K},
-    {QUANT_FTYPE_Q2_K, "Q2_K", DTYPE_Q2_K},       {QUANT_FTYPE_IQ4_XS, "IQ4_XS", DTYPE_IQ4_XS},
-    {QUANT_FTYPE_IQ4_NL, "IQ4_NL", DTYPE_IQ4_NL}, {QUANT_FTYPE_MXFP4_MOE, "MXFP4_MOE", DTYPE_MXFP4},
-    {QUANT_FTYPE_Q8_0, "Q8_0", DTYPE_Q8_0},       {QUANT_FTYPE_Q4_0, "Q4_0", DTYPE_Q4_0},
-    {QUANT_FTYPE_Q4_1, "Q4_1", DTYPE_Q4_1},       {QUANT_FTYPE_Q5_0, "Q5_0", DTYPE_Q5_0},
-    {QUANT_FTYPE_Q5_1, "Q5_1", DTYPE_Q5_1},       {QUANT_FTYPE_F16, "F16", DTYPE_F16},
-    {QUANT_FTYPE_BF16, "BF16", DTYPE_BF16},       {QUANT_FTYPE_F32, "F32", DTYPE_F32},
+    {QUANT_FTYPE_Q4_K_M, "Q4_K_M", DTYPE_Q4_K, false},
+    {QUANT_FTYPE_Q4_K_S, "Q4_K_S", DTYPE_Q4_K, false},
+    {QUANT_FTYPE_Q5_K_M, "Q5_K_M", DTYPE_Q5_K, false},
+    {QUANT_FTYPE_Q5_K_S, "Q5_K_S", DTYPE_Q5_K, false},
+    {QUANT_FTYPE_Q6_K, "Q6_K", DTYPE_Q6_K, false},
+    {QUANT_FTYPE_Q3_K_M, "Q3_K_M", DTYPE_Q3_K, false},
+    {QUANT_FTYPE_Q3_K_S, "Q3_K_S", DTYPE_Q3_K, false},
+    {QUANT_FTYPE_Q3_K_L, "Q3_K_L", DTYPE_Q3_K, false},
+    {QUANT_FTYPE_Q2_K, "Q2_K", DTYPE_Q2_K, false},
+    {QUANT_FTYPE_IQ4_XS, "IQ4_XS", DTYPE_IQ4_XS, false},
+    {QUANT_FTYPE_IQ4_NL, "IQ4_NL", DTYPE_IQ4_NL, false},
+    {QUANT_FTYPE_MXFP4_MOE, "MXFP4_MOE", DTYPE_MXFP4, false},
+    {QUANT_FTYPE_Q8_0, "Q8_0", DTYPE_Q8_0, false},
+    {QUANT_FTYPE_Q4_0, "Q4_0", DTYPE_Q4_0, false},
+    {QUANT_FTYPE_Q4_1, "Q4_1", DTYPE_Q4_1, false},
+    {QUANT_FTYPE_Q5_0, "Q5_0", DTYPE_Q5_0, false},
+    {QUANT_FTYPE_Q5_1, "Q5_1", DTYPE_Q5_1, false},
+    {QUANT_FTYPE_F16, "F16", DTYPE_F16, false},
+    {QUANT_FTYPE_BF16, "BF16", DTYPE_BF16, false},
+    {QUANT_FTYPE_F32, "F32", DTYPE_F32, false},
+    {QUANT_FTYPE_IQ3_S, "IQ3_S", DTYPE_IQ3_S, false},
+    {QUANT_FTYPE_IQ3_M, "IQ3_M", DTYPE_IQ3_S, false},
+    {QUANT_FTYPE_IQ3_XS, "IQ3_XS", DTYPE_IQ3_S, false},
+    {QUANT_FTYPE_IQ2_XS, "IQ2_XS", DTYPE_IQ2_XS, false},
+    {QUANT_FTYPE_IQ2_XXS, "IQ2_XXS", DTYPE_IQ2_XXS, false},
+    {QUANT_FTYPE_Q2_K_S, "Q2_K_S", DTYPE_Q2_K, false},
+    {QUANT_FTYPE_IQ3_XXS, "IQ3_XXS", DTYPE_IQ3_XXS, false},
+    {QUANT_FTYPE_IQ2_S, "IQ2_S", DTYPE_IQ2_XS, false},
+    {QUANT_FTYPE_IQ2_M, "IQ2_M", DTYPE_IQ2_S, false},
+    {QUANT_FTYPE_IQ1_S, "IQ1_S", DTYPE_IQ1_S, false},
+    {QUANT_FTYPE_IQ1_M, "IQ1_M", DTYPE_IQ1_M, false},
 };
 #define N_FTYPES (int)(sizeof ftype_table / sizeof ftype_table[0])
 
@@ -36,29 +60,10 @@ static const struct {
 };
 
 /* The other names llama-quantize accepts, and why ferry does not write them. */
-#define WHY_IMATRIX                                                                                          \
-    "it needs an importance matrix (llama-quantize --imatrix) and a lattice search that ferry does not "     \
-    "have; "                                                                                                 \
-    "ferry reads such files"
-#define WHY_IQ3                                                                                              \
-    "its IQ3_S/IQ3_XXS tensors need a lattice search that ferry's quantizer does not have; ferry reads "     \
-    "such "                                                                                                  \
-    "files"
 static const struct {
     const char *name;
     const char *why;
 } refusal_table[] = {
-    {"IQ2_XXS", WHY_IMATRIX},
-    {"IQ2_XS", WHY_IMATRIX},
-    {"IQ2_S", WHY_IMATRIX},
-    {"IQ2_M", WHY_IMATRIX},
-    {"IQ1_S", WHY_IMATRIX},
-    {"IQ1_M", WHY_IMATRIX},
-    {"IQ3_XXS", WHY_IMATRIX},
-    {"Q2_K_S", "its Q2_K tensors need an importance matrix (llama-quantize refuses it without --imatrix)"},
-    {"IQ3_XS", WHY_IQ3},
-    {"IQ3_S", WHY_IQ3},
-    {"IQ3_M", WHY_IQ3},
     {"TQ1_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"TQ2_0", "ternary types are for models trained ternary; ferry does not read them"},
     {"Q1_0", "ferry does not read Q1_0"},
@@ -79,11 +84,20 @@ const char *quant_ftype_name(int ftype)
     return i < 0 ? NULL : ftype_table[i].name;
 }
 
-int quant_ftype_from_name(const char *name)
+int quant_ftype_rules_from_name(const char *name)
 {
     if (!name) return -1;
     for (int i = 0; i < N_FTYPES; i++)
         if (!strcasecmp(name, ftype_table[i].name)) return (int)ftype_table[i].ftype;
+    return -1;
+}
+
+int quant_ftype_from_name(const char *name)
+{
+    if (!name) return -1;
+    for (int i = 0; i < N_FTYPES; i++)
+        if (!strcasecmp(name, ftype_table[i].name))
+            return ftype_table[i].rules_only ? -1 : (int)ftype_table[i].ftype;
     for (size_t i = 0; i < sizeof alias_table / sizeof alias_table[0]; i++)
         if (!strcasecmp(name, alias_table[i].name)) return (int)alias_table[i].ftype;
     return -1;
@@ -99,7 +113,8 @@ const char *quant_ftype_refusal(const char *name)
 const char *quant_ftype_names(void)
 {
     return "Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, Q3_K_L, Q2_K, IQ4_XS, IQ4_NL, MXFP4_MOE, "
-           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32";
+           "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16, F32, IQ3_S, IQ3_M, IQ3_XS, IQ3_XXS, IQ2_M, IQ2_S, "
+           "IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S, Q2_K_S";
 }
 
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model)
@@ -221,11 +236,61 @@ static int ffn_layer(const struct quant_mix *m, int counter, const char *name)
     return l >= 0 && l < m->model.n_layers ? l : -1;
 }
 
+/* The mixes of the 1- and 2-bit i-quants, which share their own rules. */
+static bool low_iq(enum quant_ftype ft)
+{
+    return ft == QUANT_FTYPE_IQ2_XXS || ft == QUANT_FTYPE_IQ2_XS || ft == QUANT_FTYPE_IQ1_S ||
+           ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M || ft == QUANT_FTYPE_IQ1_M;
+}
+
+/* IQ2_S and IQ2_M: IQ3_S where the other low mixes use Q2_K. */
+static enum dtype low_iq_bump(enum quant_ftype ft)
+{
+    return ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M ? DTYPE_IQ3_S : DTYPE_Q2_K;
+}
+
 /* The output head (or the tied token embedding). */
 static enum dtype output_type(const struct quant_mix *m, int64_t ne0)
 {
     if (m->ftype == QUANT_FTYPE_MXFP4_MOE || ne0 % dtype_block_size(m->base) != 0) return DTYPE_Q8_0;
+    if (low_iq(m->ftype) || m->ftype == QUANT_FTYPE_IQ3_XXS) return DTYPE_Q5_K;
     return m->base == DTYPE_Q8_0 ? DTYPE_Q8_0 : DTYPE_Q6_K;
+}
+
+/* The token embedding when it is not the head. */
+static enum dtype token_embd_type(const struct quant_mix *m)
+{
+    const enum quant_ftype ft = m->ftype;
+    if (ft == QUANT_FTYPE_IQ2_XXS || ft == QUANT_FTYPE_IQ2_XS || ft == QUANT_FTYPE_IQ1_S ||
+        ft == QUANT_FTYPE_IQ1_M)
+        return DTYPE_Q2_K;
+    if (ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M || ft == QUANT_FTYPE_IQ3_XXS) return DTYPE_IQ3_S;
+    return m->base;
+}
+
+/* llama.cpp's branch for the low i-quant mixes (it replaces every rule below for them). */
+static enum dtype low_iq_type(struct quant_mix *m, int cat)
+{
+    const enum quant_ftype ft = m->ftype;
+    const struct quant_mix_model *md = &m->model;
+    enum dtype t = m->base;
+    if (cat == 1) { /* attn_v-like */
+        t = md->n_gqa >= 4 || md->n_expert >= 4 ? DTYPE_Q4_K : low_iq_bump(ft);
+        m->i_attn_v++;
+    } else if (cat == 2 && md->n_expert == 8) { /* attn_k */
+        t = DTYPE_Q4_K;
+    } else if (cat == 3) { /* ffn_down: by its counter, not its layer */
+        if (m->i_ffn_down < md->n_layers / 8) t = low_iq_bump(ft);
+        m->i_ffn_down++;
+    } else if (cat == 4) { /* attn_output */
+        if (md->n_expert == 8)
+            t = DTYPE_Q5_K;
+        else if (ft == QUANT_FTYPE_IQ1_S || ft == QUANT_FTYPE_IQ1_M)
+            t = DTYPE_IQ2_XXS;
+        else if (ft == QUANT_FTYPE_IQ2_S || ft == QUANT_FTYPE_IQ2_M)
+            t = DTYPE_IQ3_S;
+    }
+    return t;
 }
 
 static enum dtype attn_v_type(struct quant_mix *m)
@@ -235,6 +300,14 @@ static enum dtype attn_v_type(struct quant_mix *m)
     enum dtype t = m->base;
     if (ft == QUANT_FTYPE_Q2_K)
         t = md->n_gqa >= 4 ? DTYPE_Q4_K : DTYPE_Q3_K;
+    else if (ft == QUANT_FTYPE_Q2_K_S && md->n_gqa >= 4)
+        t = DTYPE_Q4_K;
+    else if (ft == QUANT_FTYPE_IQ3_XXS)
+        t = md->n_gqa >= 4 ? DTYPE_Q4_K : !md->has_imatrix ? DTYPE_IQ3_S : DTYPE_IQ3_XXS;
+    else if ((ft == QUANT_FTYPE_IQ3_XS || ft == QUANT_FTYPE_IQ3_S) && md->n_gqa >= 4)
+        t = DTYPE_Q4_K;
+    else if (ft == QUANT_FTYPE_IQ3_M)
+        t = DTYPE_Q4_K;
     else if (ft == QUANT_FTYPE_Q3_K_M)
         t = m->i_attn_v < 2 ? DTYPE_Q5_K : DTYPE_Q4_K;
     else if (ft == QUANT_FTYPE_Q3_K_L)
@@ -261,18 +334,26 @@ static int ffn_down_type(struct quant_mix *m, const char *name)
     enum dtype t = m->base;
     if (ft == QUANT_FTYPE_Q2_K)
         t = DTYPE_Q3_K;
+    else if (ft == QUANT_FTYPE_Q2_K_S) {
+        if (i < n / 8) t = DTYPE_Q4_K;
+    } else if (ft == QUANT_FTYPE_IQ3_XXS && !m->model.has_imatrix)
+        t = i < n / 8 ? DTYPE_Q4_K : DTYPE_Q3_K;
     else if (ft == QUANT_FTYPE_Q3_K_M)
         t = i < n / 16 ? DTYPE_Q5_K : DTYPE_Q4_K; /* (Q3_K for the middle layers of Falcon only) */
+    else if (ft == QUANT_FTYPE_IQ3_M && (i < n / 8 || (m->model.n_expert == 8 && use_more_bits(i, n))))
+        t = DTYPE_Q4_K;
     else if (ft == QUANT_FTYPE_Q3_K_L)
         t = DTYPE_Q5_K;
     else if (ft == QUANT_FTYPE_Q4_K_M) {
         if (use_more_bits(i, n)) t = DTYPE_Q6_K;
-    } else if (i < n / 8 && (ft == QUANT_FTYPE_IQ4_NL || ft == QUANT_FTYPE_IQ4_XS))
-        t = DTYPE_Q5_K; /* without an importance matrix */
+    } else if (i < n / 8 && (ft == QUANT_FTYPE_IQ4_NL || ft == QUANT_FTYPE_IQ4_XS) && !m->model.has_imatrix)
+        t = DTYPE_Q5_K;
     else if (ft == QUANT_FTYPE_Q5_K_M && use_more_bits(i, n))
         t = DTYPE_Q6_K;
     else if (ft == QUANT_FTYPE_Q4_K_S && i < n / 8)
         t = DTYPE_Q5_K;
+    else if ((ft == QUANT_FTYPE_Q4_0 || ft == QUANT_FTYPE_Q5_0) && m->model.has_imatrix && i < n / 8)
+        t = ft == QUANT_FTYPE_Q4_0 ? DTYPE_Q4_1 : DTYPE_Q5_1; /* (only with an importance matrix) */
     m->i_ffn_down++;
     return (int)t;
 }
@@ -283,13 +364,23 @@ static enum dtype attn_output_type(const struct quant_mix *m)
     if (m->model.n_expert == 8) {
         const bool bump = ft == QUANT_FTYPE_Q2_K || ft == QUANT_FTYPE_Q3_K_S || ft == QUANT_FTYPE_Q3_K_M ||
                           ft == QUANT_FTYPE_IQ4_NL || ft == QUANT_FTYPE_Q4_K_S || ft == QUANT_FTYPE_Q4_K_M ||
-                          ft == QUANT_FTYPE_IQ4_XS;
+                          ft == QUANT_FTYPE_IQ4_XS || ft == QUANT_FTYPE_IQ3_XS || ft == QUANT_FTYPE_IQ3_XXS ||
+                          ft == QUANT_FTYPE_IQ3_S || ft == QUANT_FTYPE_IQ3_M;
         return bump ? DTYPE_Q5_K : m->base;
     }
     if (ft == QUANT_FTYPE_Q2_K) return DTYPE_Q3_K;
+    if (ft == QUANT_FTYPE_IQ3_XXS) return DTYPE_IQ3_S;
+    if (ft == QUANT_FTYPE_IQ3_M) return DTYPE_Q4_K;
     if (ft == QUANT_FTYPE_Q3_K_M) return DTYPE_Q4_K;
     if (ft == QUANT_FTYPE_Q3_K_L) return DTYPE_Q5_K;
     return m->base;
+}
+
+static enum dtype attn_q_type(const struct quant_mix *m)
+{
+    return m->ftype == QUANT_FTYPE_IQ3_XS    ? DTYPE_IQ3_XXS
+           : m->ftype == QUANT_FTYPE_IQ3_XXS ? DTYPE_IQ2_S
+                                             : m->base;
 }
 
 /* llama_tensor_get_type_impl for the file types of ftype_table (before the row-length fallback). */
@@ -299,23 +390,36 @@ static int mixed_type(struct quant_mix *m, const char *name, int n_dims, int64_t
     if (cat == CAT_OUTPUT || (!m->model.has_output && cat == CAT_TOKEN_EMBD)) return (int)output_type(m, ne0);
     /* MoE experts (stacked: three dimensions) in MXFP4, the rest in Q8_0. */
     if (m->ftype == QUANT_FTYPE_MXFP4_MOE) return n_dims >= 3 ? DTYPE_MXFP4 : DTYPE_Q8_0;
+    if (cat == CAT_TOKEN_EMBD) return (int)token_embd_type(m);
+    if (low_iq(m->ftype)) {
+        const int c = cat == CAT_ATTN_V || cat == CAT_ATTN_QKV || cat == CAT_ATTN_KV_B ? 1
+                      : cat == CAT_ATTN_K                                              ? 2
+                      : cat == CAT_FFN_DOWN                                            ? 3
+                      : cat == CAT_ATTN_OUTPUT                                         ? 4
+                                                                                       : 0;
+        return (int)low_iq_type(m, c);
+    }
     switch (cat) {
     case CAT_ATTN_V:
     case CAT_ATTN_QKV:
     case CAT_ATTN_KV_B:
         return (int)attn_v_type(m);
-    case CAT_ATTN_K:
-        return m->model.n_expert == 8 ? DTYPE_Q8_0 : (int)m->base;
+    case CAT_ATTN_K: /* as attn_q but in 8-expert models */
+        return m->model.n_expert == 8 ? DTYPE_Q8_0 : (int)attn_q_type(m);
+    case CAT_ATTN_Q:
+        return (int)attn_q_type(m);
     case CAT_FFN_DOWN:
         return ffn_down_type(m, name);
     case CAT_ATTN_OUTPUT:
         return (int)attn_output_type(m);
     case CAT_FFN_GATE:
-        if (ffn_layer(m, m->i_ffn_gate++, name) < 0) return -1;
-        return (int)m->base;
-    case CAT_FFN_UP:
-        if (ffn_layer(m, m->i_ffn_up++, name) < 0) return -1;
-        return (int)m->base;
+    case CAT_FFN_UP: {
+        const int i = ffn_layer(m, cat == CAT_FFN_GATE ? m->i_ffn_gate++ : m->i_ffn_up++, name),
+                  n = m->model.n_layers;
+        if (i < 0) return -1;
+        /* IQ3_XS: the middle three quarters of the layers in IQ3_XXS */
+        return m->ftype == QUANT_FTYPE_IQ3_XS && i >= n / 8 && i < 7 * n / 8 ? DTYPE_IQ3_XXS : (int)m->base;
+    }
     default:
         return (int)m->base;
     }
@@ -326,6 +430,13 @@ static enum dtype fallback(enum dtype t, int64_t ne0)
 {
     if (ne0 % dtype_block_size(t) == 0) return t;
     switch (t) {
+    case DTYPE_IQ1_S:
+    case DTYPE_IQ1_M:
+    case DTYPE_IQ2_XXS:
+    case DTYPE_IQ2_XS:
+    case DTYPE_IQ2_S:
+    case DTYPE_IQ3_XXS:
+    case DTYPE_IQ3_S:
     case DTYPE_IQ4_XS:
         t = DTYPE_IQ4_NL;
         break;
@@ -354,4 +465,23 @@ int quant_mix_type(struct quant_mix *m, const char *name, int n_dims, int64_t ne
     if (!dtype_get_traits(m->base)->is_quantized) return (int)m->base;
     const int t = mixed_type(m, name, n_dims, ne0);
     return t < 0 ? -1 : (int)fallback((enum dtype)t, ne0);
+}
+
+bool quant_mix_needs_imatrix(const struct quant_mix *m, const char *name, enum dtype t)
+{
+    const enum category cat = category_of(name);
+    if (cat == CAT_OUTPUT || cat == CAT_TOKEN_EMBD) return false;
+    switch (t) {
+    case DTYPE_IQ3_XXS:
+    case DTYPE_IQ2_XXS:
+    case DTYPE_IQ2_XS:
+    case DTYPE_IQ2_S:
+    case DTYPE_IQ1_M:
+    case DTYPE_IQ1_S:
+        return true;
+    case DTYPE_Q2_K:
+        return m->ftype == QUANT_FTYPE_Q2_K_S;
+    default:
+        return false;
+    }
 }

@@ -24,7 +24,8 @@
 
 #include "quant/dtype.h"
 
-/* llama_ftype values (llama.h); general.file_type. */
+/* llama_ftype values (llama.h); general.file_type. The i-quant mixes' rules are all in mix.c; ferry writes
+ * those whose types it has quantizers for (quant_ftype_from_name). */
 enum quant_ftype {
     QUANT_FTYPE_F32 = 0,
     QUANT_FTYPE_F16 = 1,
@@ -42,8 +43,19 @@ enum quant_ftype {
     QUANT_FTYPE_Q5_K_S = 16,
     QUANT_FTYPE_Q5_K_M = 17,
     QUANT_FTYPE_Q6_K = 18,
+    QUANT_FTYPE_IQ2_XXS = 19,
+    QUANT_FTYPE_IQ2_XS = 20,
+    QUANT_FTYPE_Q2_K_S = 21,
+    QUANT_FTYPE_IQ3_XS = 22,
+    QUANT_FTYPE_IQ3_XXS = 23,
+    QUANT_FTYPE_IQ1_S = 24,
     QUANT_FTYPE_IQ4_NL = 25,
+    QUANT_FTYPE_IQ3_S = 26,
+    QUANT_FTYPE_IQ3_M = 27,
+    QUANT_FTYPE_IQ2_S = 28,
+    QUANT_FTYPE_IQ2_M = 29,
     QUANT_FTYPE_IQ4_XS = 30,
+    QUANT_FTYPE_IQ1_M = 31,
     QUANT_FTYPE_BF16 = 32,
     QUANT_FTYPE_MXFP4_MOE = 38,
 };
@@ -53,6 +65,9 @@ const char *quant_ftype_name(int ftype);
 /* The file type called name (case-insensitive, as llama-quantize spells it, its aliases Q3_K, Q4_K and Q5_K
  * for the _M mixes included), or -1 for a name ferry does not write. */
 int quant_ftype_from_name(const char *name);
+/* The same, counting also the mixes ferry knows the rules of but does not write (IQ3_XXS, IQ2_S, IQ2_M,
+ * IQ1_S, IQ1_M: a type they use has no quantizer in ferry yet); quant_mix_init_model accepts these. */
+int quant_ftype_rules_from_name(const char *name);
 /* For a name llama-quantize accepts and ferry does not write (IQ2_XXS, TQ1_0, ...): why, in one sentence.
  * NULL for any other name. */
 const char *quant_ftype_refusal(const char *name);
@@ -61,12 +76,13 @@ const char *quant_ftype_names(void);
 
 /* What llama.cpp's rules read from the model beside tensor names. */
 struct quant_mix_model {
-    int n_layers;    /* hparams' layer count: ffn_down/gate/up positions are out of it */
-    int n_attn_v;    /* tensors that quant_mix_attn_v_like names: attn_v positions are out of it */
-    int n_gqa;       /* n_heads / n_kv_heads (0 when n_kv_heads is 0) */
-    int n_expert;    /* experts per MoE layer; 0 in dense models */
-    bool has_output; /* the model has output.weight (else the token embedding is the head) */
-    bool is_70b;     /* llama.cpp's LLM_TYPE_70B (the family's rule, weights/arch/) */
+    int n_layers;     /* hparams' layer count: ffn_down/gate/up positions are out of it */
+    int n_attn_v;     /* tensors that quant_mix_attn_v_like names: attn_v positions are out of it */
+    int n_gqa;        /* n_heads / n_kv_heads (0 when n_kv_heads is 0) */
+    int n_expert;     /* experts per MoE layer; 0 in dense models */
+    bool has_output;  /* the model has output.weight (else the token embedding is the head) */
+    bool is_70b;      /* llama.cpp's LLM_TYPE_70B (the family's rule, weights/arch/) */
+    bool has_imatrix; /* an importance matrix is given: IQ4 ffn_down stays IQ4, Q4_0/Q5_0 bump it instead */
 };
 
 struct quant_mix {
@@ -82,7 +98,7 @@ struct quant_mix {
 /* 1 for a tensor llama.cpp counts as attn_v (attn_v, attn_qkv, attn_kv_b): count them for n_attn_v. */
 bool quant_mix_attn_v_like(const char *name);
 
-/* False for a file type ferry does not write. */
+/* False for a file type whose rules are not here. */
 bool quant_mix_init_model(struct quant_mix *m, int ftype, const struct quant_mix_model *model);
 /* A dense model without grouped-query facts (n_gqa 1, no experts): the at-load quantizer's view. */
 bool quant_mix_init(struct quant_mix *m, int ftype, int n_layers, int n_attn_v, bool has_output, bool is_70b);
@@ -92,6 +108,11 @@ bool quant_mix_init(struct quant_mix *m, int ftype, int n_layers, int n_attn_v, 
  * Returns -1 for an expert tensor of an MoE model whose name holds no layer below n_layers (llama.cpp refuses
  * the model). Advances the counters: call once per tensor, in quant_mix_order. */
 int quant_mix_type(struct quant_mix *m, const char *name, int n_dims, int64_t ne0, enum dtype cur);
+
+/* llama.cpp's tensor_requires_imatrix: tensor `name` of type t may not be written without importance weights
+ * (the 1- and 2-bit i-quants and IQ3_XXS, and Q2_K in the Q2_K_S mix; never the output head or the token
+ * embedding). */
+bool quant_mix_needs_imatrix(const struct quant_mix *m, const char *name, enum dtype t);
 
 /* llama.cpp's tensor order: negative when a comes first (layer number of "blk.N.", -1 for others; then
  * strcmp). */

@@ -117,7 +117,7 @@ void row_q4_1_from_f32(const float *x, void *dst, int64_t n)
 }
 
 /* Splits 32 5-bit codes into the low nibbles (qs: element j low, j + 16 high) and the fifth bits (qh). */
-static void pack_q5(const uint8_t q[32], uint8_t qs[16], uint8_t qh_out[4])
+void quant_pack_q5(const uint8_t q[32], uint8_t qs[16], uint8_t qh_out[4])
 {
     uint32_t qh = 0;
     for (int j = 0; j < 16; j++) {
@@ -137,7 +137,7 @@ void row_q5_0_from_f32(const float *x, void *dst, int64_t n)
         b[i].d = f32_to_f16(d);
         uint8_t q[QK5_0];
         for (int j = 0; j < QK5_0; j++) q[j] = (uint8_t)min_int(31, (int8_t)(x[j] * id + 16.5f));
-        pack_q5(q, b[i].qs, b[i].qh);
+        quant_pack_q5(q, b[i].qs, b[i].qh);
     }
 }
 
@@ -153,6 +153,6 @@ void row_q5_1_from_f32(const float *x, void *dst, int64_t n)
         b[i].m = f32_to_f16(min);
         uint8_t q[QK5_1];
         for (int j = 0; j < QK5_1; j++) q[j] = (uint8_t)((x[j] - min) * id + 0.5f);
-        pack_q5(q, b[i].qs, b[i].qh);
+        quant_pack_q5(q, b[i].qs, b[i].qh);
     }
 }

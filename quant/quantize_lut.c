@@ -56,11 +56,12 @@ static void iq4_fit(const float *x, const float *w, float id, float *sumqx, floa
     *sumqx = sx, *sumq2 = s2;
 }
 
-/* The best scale of block x (32), or 0 for an all-zero block; the codes of the first fit into L. */
-static float iq4_block_scale(const float *x, uint8_t *L)
+/* The best scale of block x (32), or 0 for an all-zero block; the codes of the first fit into L. Weights:
+ * x^2, or with an importance matrix qw (32) qw * sqrt(sigma2 + x^2). */
+static float iq4_block_scale(const float *x, uint8_t *L, const float *qw, float sigma2)
 {
     float w[32], amax = 0, max = 0;
-    for (int j = 0; j < 32; j++) w[j] = x[j] * x[j];
+    for (int j = 0; j < 32; j++) w[j] = qw ? qw[j] * sqrtf(sigma2 + x[j] * x[j]) : x[j] * x[j];
     for (int j = 0; j < 32; j++) {
         const float ax = fabsf(x[j]);
         if (ax > amax) amax = ax, max = x[j];
@@ -87,13 +88,21 @@ static void iq4_pack(const uint8_t *L, uint8_t *qs)
     for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(L[j] | L[16 + j] << 4);
 }
 
-void row_iq4_nl_from_f32(const float *x, void *dst, int64_t n)
+/* The sigma2 of a super-block of n: 2 * mean(x^2). */
+static float iq4_sigma2(const float *x, int n)
+{
+    float s = 0;
+    for (int j = 0; j < n; j++) s += x[j] * x[j];
+    return s * (2.f / (float)n);
+}
+
+static void iq4_nl_rows(const float *x, void *dst, int64_t n, const float *qw)
 {
     struct block_iq4_nl *b = dst;
     for (int64_t i = 0; i < n / QK4_NL; i++, x += QK4_NL) {
         uint8_t L[32];
         memset(L, 0, sizeof L);
-        const float d = iq4_block_scale(x, L);
+        const float d = iq4_block_scale(x, L, qw ? qw + QK4_NL * i : NULL, qw ? iq4_sigma2(x, QK4_NL) : 0);
         b[i].d = f32_to_f16(d);
         const float id = d != 0.0f ? 1 / d : 0.0f; /* the codes again with the chosen scale */
         for (int j = 0; j < 32; j++) L[j] = (uint8_t)best_value(iq4nl_values, 16, id * x[j]);
@@ -101,15 +110,17 @@ void row_iq4_nl_from_f32(const float *x, void *dst, int64_t n)
     }
 }
 
-void row_iq4_xs_from_f32(const float *x, void *dst, int64_t n)
+static void iq4_xs_rows(const float *x, void *dst, int64_t n, const float *qw)
 {
     struct block_iq4_xs *b = dst;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         uint8_t L[QK_K];
         float scales[8], max_scale = 0, amax_scale = 0;
         memset(L, 0, sizeof L);
+        const float sigma2 = qw ? iq4_sigma2(x, QK_K) : 0;
         for (int ib = 0; ib < 8; ib++) {
-            scales[ib] = iq4_block_scale(x + 32 * ib, L + 32 * ib);
+            scales[ib] =
+                iq4_block_scale(x + 32 * ib, L + 32 * ib, qw ? qw + QK_K * i + 32 * ib : NULL, sigma2);
             if (fabsf(scales[ib]) > amax_scale) amax_scale = fabsf(scales[ib]), max_scale = scales[ib];
         }
         const float d = -max_scale / 32;
@@ -131,6 +142,26 @@ void row_iq4_xs_from_f32(const float *x, void *dst, int64_t n)
         }
         for (int ib = 0; ib < 8; ib++) iq4_pack(L + 32 * ib, b[i].qs + 16 * ib);
     }
+}
+
+void row_iq4_nl_from_f32(const float *x, void *dst, int64_t n)
+{
+    iq4_nl_rows(x, dst, n, NULL);
+}
+
+void row_iq4_nl_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
+{
+    iq4_nl_rows(x, dst, n, qw);
+}
+
+void row_iq4_xs_from_f32(const float *x, void *dst, int64_t n)
+{
+    iq4_xs_rows(x, dst, n, NULL);
+}
+
+void row_iq4_xs_from_f32_w(const float *x, void *dst, int64_t n, const float *qw)
+{
+    iq4_xs_rows(x, dst, n, qw);
 }
 
 /* The index of the fp4 value nearest x / d (first of equals). */

@@ -19,17 +19,19 @@ static void quantize_usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: ferry quantize --model IN --type TYPE --out OUT.gguf [--threads N]\n"
-        "       ferry quantize [--threads N] IN OUT.gguf TYPE\n\n"
+        "usage: ferry quantize --model IN --type TYPE --out OUT.gguf [--imatrix FILE] [--threads N]\n"
+        "       ferry quantize [--imatrix FILE] [--threads N] IN OUT.gguf TYPE\n\n"
         "  --model IN     F32/F16/BF16 GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
         "  --type TYPE    %s\n"
         "                 (any case; Q3_K, Q4_K, Q5_K are the _M mixes). llama.cpp's mixes, byte for byte\n"
-        "                 what llama-quantize writes without an importance matrix: the output head in Q6_K,\n"
+        "                 what llama-quantize writes (with the same --imatrix): the output head in Q6_K,\n"
         "                 more bits for attn_v, ffn_down and attn_output by layer position and attention\n"
-        "                 shape; MXFP4_MOE: experts in MXFP4, the rest in Q8_0. Not written: the "
-        "IQ1/IQ2/IQ3\n"
-        "                 mixes and Q2_K_S (they need an importance matrix), TQ1_0/TQ2_0\n"
+        "                 shape; MXFP4_MOE: experts in MXFP4, the rest in Q8_0. The IQ1, IQ2 and\n"
+        "                 IQ3_XXS/IQ3_XS mixes and Q2_K_S need --imatrix; TQ1_0/TQ2_0 are not written\n"
         "  --out OUT      the GGUF to write (written to OUT.tmp-PID, renamed when complete)\n"
+        "  --imatrix FILE llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat): weighs the\n"
+        "                 K-quant, Q4_0..Q5_1 and i-quant quantizers and selects the mixes'\n"
+        "                 imatrix rules, as llama-quantize --imatrix does\n"
         "  --threads N    worker threads (default: all cores)\n",
         quant_ftype_names());
 }
@@ -79,15 +81,21 @@ static int same_file(const char *a, const char *b)
 
 int cli_quantize_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'}, {"type", required_argument, 0, 't'},
-        {"out", required_argument, 0, 'o'},   {"threads", required_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
-    const char *model = getenv("FERRY_MODEL"), *type = NULL, *out_path = NULL;
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"type", required_argument, 0, 't'},
+                                             {"out", required_argument, 0, 'o'},
+                                             {"threads", required_argument, 0, 'j'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {"imatrix", required_argument, 0, 'i'},
+                                             {0, 0, 0, 0}};
+    const char *model = getenv("FERRY_MODEL"), *type = NULL, *out_path = NULL, *imatrix_path = NULL;
     int n_threads = 0, c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:o:j:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:o:j:hi:", longopts, NULL)) != -1) {
         switch (c) {
+        case 'i':
+            imatrix_path = optarg;
+            break;
         case 'm':
             model = optarg;
             break;
@@ -136,18 +144,27 @@ int cli_quantize_main(int argc, char **argv)
         return 2;
     }
     cli_log_init(LOG_LEVEL_WARN);
+    char err[256] = "";
+    struct imatrix *im = NULL;
+    if (imatrix_path && imatrix_load(imatrix_path, &im, err)) {
+        fprintf(stderr, "ferry quantize: %s\n", err);
+        return 1;
+    }
     struct model_file *mf = NULL;
-    if (cli_open_model(model, &mf)) return 1;
+    if (cli_open_model(model, &mf)) {
+        imatrix_free(im);
+        return 1;
+    }
     struct tpool *tp = NULL;
     if (tpool_init(&tp, n_threads)) {
         fprintf(stderr, "ferry quantize: cannot start %d threads\n", n_threads);
         model_file_close(mf);
+        imatrix_free(im);
         return 1;
     }
     struct progress_state ps = {.tty = isatty(STDERR_FILENO), .last_pct = -10, .last_i = -1, .t0 = now_s()};
     const struct quantize_params qp = {
-        .ftype = ftype, .runner = {run_on_pool, tp}, .progress = on_progress, .user = &ps};
-    char err[256] = "";
+        .ftype = ftype, .runner = {run_on_pool, tp}, .progress = on_progress, .user = &ps, .imatrix = im};
     const int rc = quantize_model_file(mf, out_path, &qp, err);
     if (ps.tty) fputc('\n', stderr);
     if (rc) {
@@ -161,5 +178,6 @@ int cli_quantize_main(int argc, char **argv)
     }
     tpool_free(tp);
     model_file_close(mf);
+    imatrix_free(im);
     return rc ? 1 : 0;
 }

@@ -19,9 +19,10 @@
 struct plan {
     const struct wtensor *src;
     enum dtype to;
-    int n_dims;  /* ggml's count: trailing dimensions of 1 dropped */
-    int permute; /* HF llama-arch attn_q/attn_k: rows reordered to llama.cpp's rotary layout (heads) */
-    float shift; /* added to every element of a norm (HF Gemma's w becomes llama.cpp's 1 + w) */
+    int n_dims;         /* ggml's count: trailing dimensions of 1 dropped */
+    int permute;        /* HF llama-arch attn_q/attn_k: rows reordered to llama.cpp's rotary layout (heads) */
+    float shift;        /* added to every element of a norm (HF Gemma's w becomes llama.cpp's 1 + w) */
+    bool needs_imatrix; /* llama-quantize refuses to write it without importance weights */
 };
 
 static int ggml_n_dims(const int64_t ne[4])
@@ -54,14 +55,15 @@ static bool is_70b(const struct model_file *mf)
 /* The output tensors: the model's, and for a Hugging Face llama3- or LongRoPE-scaled model the tensors
  * llama.cpp keeps its scaling in (extra: n - mf->n_tensors of them). */
 static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype,
-                      struct plan *pl, char err[256])
+                      bool has_imatrix, struct plan *pl, char err[256])
 {
     /* llama-quantize counts the FFN positions over every block, multi-token-prediction ones included. */
     struct quant_mix_model mm = {.n_layers = mf->hp.n_layers + mf->hp.n_layer_nextn,
                                  .n_gqa = mf->hp.n_kv_heads ? mf->hp.n_heads / mf->hp.n_kv_heads : 0,
                                  .n_expert = mf->hp.n_expert,
                                  .has_output = model_file_tensor(mf, "output.weight") != NULL,
-                                 .is_70b = is_70b(mf)};
+                                 .is_70b = is_70b(mf),
+                                 .has_imatrix = has_imatrix};
     for (int i = 0; i < n; i++) {
         const struct wtensor *t = i < mf->n_tensors ? &mf->tensors[i] : &extra[i - mf->n_tensors];
         pl[i] = (struct plan){.src = t, .n_dims = ggml_n_dims(t->ne)};
@@ -83,6 +85,15 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
                               "tensor %s: no layer below %d in the name of an expert tensor", t->name,
                               mf->hp.n_layers);
         p->to = (enum dtype)to;
+        const struct dtype_traits *tt = dtype_get_traits(p->to);
+        if (p->to != t->type && !tt->from_f32 && !tt->from_f32_w)
+            return ferry_fail(err, FERRY_ERR_UNSUPPORTED, "tensor %s: ferry has no quantizer for %s yet",
+                              t->name, tt->name);
+        p->needs_imatrix = p->to != t->type && quant_mix_needs_imatrix(&mix, t->name, p->to);
+        if (p->needs_imatrix && !has_imatrix)
+            return ferry_fail(err, FERRY_ERR_INVALID,
+                              "this quantization requires an importance matrix (--imatrix): tensor %s is %s",
+                              t->name, dtype_name(p->to));
         if (p->to != t->type && dtype_get_traits(t->type)->is_quantized &&
             dtype_get_traits(p->to)->is_quantized)
             return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
@@ -101,8 +112,15 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
 /* A GGUF input's metadata, verbatim, in order, except the keys llama-quantize sets or drops. */
 static int copy_gguf_metadata(struct gguf_writer *w, const struct gguf *g, char err[256])
 {
-    static const char *const skip[] = {"general.quantization_version", "general.file_type", "split.no",
-                                       "split.count", "split.tensors.count"};
+    static const char *const skip[] = {"general.quantization_version",
+                                       "general.file_type",
+                                       "split.no",
+                                       "split.count",
+                                       "split.tensors.count",
+                                       "quantize.imatrix.file",
+                                       "quantize.imatrix.dataset",
+                                       "quantize.imatrix.entries_count",
+                                       "quantize.imatrix.chunks_count"};
     for (int i = 0; i < gguf_n_kv(g); i++) {
         const struct gguf_str k = gguf_kv_key(g, i);
         int skipped = 0;
@@ -122,6 +140,37 @@ static int64_t permuted_row(int64_t r, int64_t hd)
 {
     const int64_t h = r / hd, w = r % hd;
     return h * hd + (w % 2) * (hd / 2) + w / 2;
+}
+
+/* What llama-quantize records of its importance matrix (strings cut to 127 bytes, as it copies them). */
+static int imatrix_metadata(struct gguf_writer *w, const struct imatrix *im, char err[256])
+{
+    int rc = gguf_writer_kv_str(w, "quantize.imatrix.file", im->path, strnlen(im->path, 127), err);
+    if (!rc && im->dataset)
+        rc = gguf_writer_kv_str(w, "quantize.imatrix.dataset", im->dataset, strnlen(im->dataset, 127), err);
+    if (!rc) rc = gguf_writer_kv_u32(w, "quantize.imatrix.entries_count", (uint32_t)im->n_entries, err);
+    if (!rc && im->chunk_count > 0)
+        rc = gguf_writer_kv_u32(w, "quantize.imatrix.chunks_count", (uint32_t)im->chunk_count, err);
+    return rc;
+}
+
+/* The importance weights of tensor t (rows of cols), or NULL when the matrix has no entry for it. An entry
+ * of another length is an error, but for the token embedding (whose entry, when there is one, never fits:
+ * llama-quantize ignores it). */
+static int tensor_weights(const struct imatrix *im, const struct wtensor *t, const float **w, char err[256])
+{
+    *w = NULL;
+    const struct imatrix_entry *e = imatrix_find(im, t->name);
+    if (!e) return FERRY_OK;
+    const int64_t want = t->ne[0] * t->ne[2];
+    if (e->n == want) {
+        *w = e->w;
+        return FERRY_OK;
+    }
+    if (!strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "per_layer_token_embd.weight"))
+        return FERRY_OK;
+    return ferry_fail(err, FERRY_ERR_FORMAT, "imatrix size %lld is different from tensor size %lld for %s",
+                      (long long)e->n, (long long)want, t->name);
 }
 
 struct progress {
@@ -171,11 +220,21 @@ static int write_tensor(struct gguf_writer *w, const struct model_file *mf, cons
         report(pg, pl);
         return rc;
     }
+    const float *iw = NULL;
+    int rc0 = pg->p->imatrix ? tensor_weights(pg->p->imatrix, t, &iw, err) : FERRY_OK;
+    if (rc0) return rc0;
+    if (!iw && (pl->needs_imatrix || !dtype_get_traits(pl->to)->from_f32))
+        return ferry_fail(err, FERRY_ERR_INVALID,
+                          "missing importance matrix for tensor %s in a very low-bit quantization (%s)",
+                          t->name, dtype_name(pl->to));
     const int64_t chunk = dst_row ? (int64_t)(CHUNK_BYTES / dst_row > 0 ? CHUNK_BYTES / dst_row : 1) : rows;
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         int64_t bad = -1;
-        if (!quant_matrix(pl->to, buf, t->type, src + src_row * (size_t)r0, nr, cols, &pg->p->runner, &bad))
+        /* Stacked experts: row r belongs to expert r / ne1, whose weights follow the previous expert's. */
+        const struct quant_weights qw = {.w = iw, .rows_per_set = t->ne[1] > 0 ? t->ne[1] : 1, .row0 = r0};
+        if (!quant_matrix_w(pl->to, buf, t->type, src + src_row * (size_t)r0, nr, cols, &pg->p->runner, &bad,
+                            iw ? &qw : NULL))
             return ferry_fail(err, FERRY_ERR_INTERNAL, "tensor %s: cannot convert %s to %s", t->name,
                               dtype_name(t->type), dtype_name(pl->to));
         if (bad >= 0)
@@ -218,7 +277,7 @@ int quantize_model_file(const struct model_file *mf, const char *out_path, const
     void *buf = NULL, *perm_buf = NULL;
     int rc;
     if (!pl) return ferry_fail(err, FERRY_ERR_NOMEM, "out of memory");
-    if ((rc = plan_types(mf, extra, n, p->ftype, pl, err))) goto out;
+    if ((rc = plan_types(mf, extra, n, p->ftype, p->imatrix != NULL, pl, err))) goto out;
     if ((rc = gguf_writer_init(&w, err))) goto out;
     if (mf->format == MODEL_FORMAT_GGUF) {
         if ((rc = copy_gguf_metadata(w, mf->gguf, err))) goto out;
@@ -227,6 +286,7 @@ int quantize_model_file(const struct model_file *mf, const char *out_path, const
     }
     if ((rc = gguf_writer_kv_u32(w, "general.quantization_version", QUANT_VERSION, err))) goto out;
     if ((rc = gguf_writer_kv_u32(w, "general.file_type", (uint32_t)p->ftype, err))) goto out;
+    if (p->imatrix && (rc = imatrix_metadata(w, p->imatrix, err))) goto out;
 
     /* Buffers: a converted tensor goes through at most CHUNK_BYTES of whole rows at a time (one row when a
      * row is larger); a permuted one is reordered whole first. */

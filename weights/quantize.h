@@ -19,6 +19,7 @@
 
 #include "quant/matrix.h"
 #include "quant/mix.h"
+#include "weights/imatrix.h"
 #include "weights/model_file.h"
 
 /* Called before each tensor and as its data is written: tensor i of n, named name, from -> to; bytes of
@@ -31,11 +32,16 @@ struct quantize_params {
     struct quant_runner runner;    /* threads for the conversion (quant/matrix.h); zero: the calling thread */
     quantize_progress_fn progress; /* or NULL */
     void *user;
+    /* An importance matrix (weights/imatrix.h), or NULL. As llama-quantize applies it: the entry named as the
+     * tensor weighs its rows (per expert for stacked experts) in the types whose quantizers take weights,
+     * the mixes switch to their importance-matrix rules, and quantize.imatrix.* metadata is written. */
+    const struct imatrix *imatrix;
 };
 
 /* A matrix whose rows fit no block of its type falls back as llama-quantize does (quant/mix.h; F16 when no
  * block fits, e.g. 48 columns). FERRY_ERR_INVALID (unknown ftype), FERRY_ERR_UNSUPPORTED (requantization),
- * FERRY_ERR_FORMAT (NaN or infinity in a weight; an expert tensor without a layer), FERRY_ERR_IO,
+ * FERRY_ERR_FORMAT (NaN or infinity in a weight; an expert tensor without a layer; an importance-matrix
+ * entry whose length is not the tensor's columns times experts), FERRY_ERR_IO,
  * FERRY_ERR_NOMEM; err names the tensor. */
 int quantize_model_file(const struct model_file *mf, const char *out_path, const struct quantize_params *p,
                         char err[256]);

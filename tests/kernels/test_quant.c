@@ -275,10 +275,10 @@ Test(quant, table_matches_blocks_and_names)
         cr_assert_eq(tr->type_size, want[i].sz, "%s", tr->name);
         cr_assert_eq(tr->is_quantized, want[i].bs > 1, "%s", tr->name);
         cr_assert(tr->to_f32, "%s", tr->name);
-        /* The types listed after Q3_K have no quantizer, but for IQ4_NL, IQ4_XS and MXFP4. */
+        /* The types listed after Q3_K have no quantizer, but for IQ4_NL, IQ4_XS, IQ3_S and MXFP4. */
         cr_assert_eq(tr->from_f32 != NULL,
                      i < 13 || want[i].t == DTYPE_IQ4_NL || want[i].t == DTYPE_IQ4_XS ||
-                         want[i].t == DTYPE_MXFP4,
+                         want[i].t == DTYPE_IQ3_S || want[i].t == DTYPE_MXFP4,
                      "%s", tr->name);
         cr_assert_eq(dtype_from_name(tr->name), (int)want[i].t, "%s", tr->name);
         /* The device form is a type every backend is expected to read: plain types stay, blocks go to Q8_0.
@@ -419,7 +419,8 @@ Test(quant, matrix_equals_rows_any_threads)
     cr_assert(!quant_matrix(DTYPE_Q4_K, q, DTYPE_F32, x, 2, 4000, NULL, NULL));
     cr_assert(!quant_matrix(DTYPE_Q8_0, q, DTYPE_F32, x, 2, 33, NULL, NULL));
     cr_assert(!quant_matrix((enum dtype)34, q, DTYPE_F32, x, 2, 256, NULL, NULL));
-    cr_assert(!quant_matrix(DTYPE_IQ3_S, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* read-only */
+    cr_assert(!quant_matrix(DTYPE_IQ2_XS, q, DTYPE_F32, x, 2, 256, NULL, NULL)); /* needs weights */
+    cr_assert(!quant_matrix(DTYPE_IQ1_S, q, DTYPE_F32, x, 2, 256, NULL, NULL));  /* read-only */
     free(q);
     free(bad_x);
     free(x);

@@ -5,7 +5,7 @@ quantization mix, for tests/quant/test_mix.c to hold ferry's quant/mix.c to.
 llama.cpp lcp0336 keeps these records as tests/snapshots/*.schema (written by its test-quant-type-selection from
 llama_tensor_get_type on the tensor lists of published GGUF files): per model a header with its dimensions, then
 per file type a section "[FTYPE] default_type" listing every tensor whose type differs from the default. This
-script copies, unchanged, the sections of the file types ferry writes for the models of families ferry reads
+script copies, unchanged, the sections of the file types whose rules ferry has (quant/mix.c) for the models of families ferry reads
 (Qwen3 dense, Gemma 3, Llama 3.1 70B) and gpt-oss (for the MoE expert rules and row-length fallbacks: its rows of
 2880 fit no 256-block).
 
@@ -18,7 +18,8 @@ PEER = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LLAMA_CPP_DIR", "/w
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "mix_snapshots.txt")
 MODELS = ["qwen3-0.6b", "qwen3-14b", "gemma-3-4b-it", "meta-llama-3.1-70b-instruct", "gpt-oss-120b"]
 FTYPES = {"Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL",
-          "IQ4_XS", "MXFP4_MOE", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"}
+          "IQ4_XS", "MXFP4_MOE", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32", "IQ2_XS", "IQ3_S",
+          "IQ3_M", "IQ3_XS", "IQ3_XXS", "IQ2_XXS", "Q2_K_S", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M"}
 
 
 def main():

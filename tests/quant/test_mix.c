@@ -133,7 +133,7 @@ struct override {
 static int check_section(const struct model *m, const char *ftype_name, int def, struct override *ov,
                          int n_ov)
 {
-    const int ftype = quant_ftype_from_name(ftype_name);
+    const int ftype = quant_ftype_rules_from_name(ftype_name);
     cr_assert_geq(ftype, 0, "%s", ftype_name);
     struct quant_mix_model mm = {.n_layers = m->n_layer,
                                  .n_gqa = m->n_head / m->n_head_kv,
@@ -220,8 +220,10 @@ Test(mix, types_equal_llama_cpp_snapshots, .timeout = 60)
     FLUSH();
 #undef FLUSH
     fclose(f);
-    /* 5 models x 20 file types (F32 ... MXFP4_MOE), and over 30000 tensor decisions. */
-    cr_assert_eq(n_sections, 100, "sections %d", n_sections);
+    /* 5 models x 31 file types (F32 ... MXFP4_MOE and the eleven i-quant mixes), and over 30000 tensor
+     * decisions.
+     */
+    cr_assert_eq(n_sections, 155, "sections %d", n_sections);
     cr_assert_gt(n_checked, 30000, "checked %d", n_checked);
 }
 
@@ -236,7 +238,7 @@ Test(mix, names)
     cr_assert_eq(quant_ftype_from_name("IQ4_xs"), QUANT_FTYPE_IQ4_XS);
     cr_assert_eq(quant_ftype_from_name("Q2_K"), QUANT_FTYPE_Q2_K);
     cr_assert_eq(quant_ftype_from_name("Q3_K_L"), QUANT_FTYPE_Q3_K_L);
-    cr_assert_eq(quant_ftype_from_name("IQ2_XXS"), -1);
+    cr_assert_eq(quant_ftype_from_name("TQ2_0"), -1);
     cr_assert_eq(quant_ftype_from_name(""), -1);
     cr_assert_eq(quant_ftype_from_name(NULL), -1);
     /* Every name in the help text is accepted and names itself back. */
@@ -249,16 +251,17 @@ Test(mix, names)
         cr_assert_str_eq(quant_ftype_name(ft), s);
         cr_assert_null(quant_ftype_refusal(s), "%s", s);
     }
-    cr_assert_eq(n, 20);
-    /* The types that need an importance matrix or a lattice search are refused with a reason. */
-    static const char *const refused[] = {"IQ2_XXS", "IQ2_XS",  "IQ2_S",  "IQ2_M",  "IQ1_S",
-                                          "IQ1_M",   "IQ3_XXS", "IQ3_XS", "IQ3_S",  "IQ3_M",
-                                          "Q2_K_S",  "TQ1_0",   "TQ2_0",  "iq2_xxs"};
+    cr_assert_eq(n, 31);
+    /* The types ferry does not read, and COPY, are refused with a reason. */
+    static const char *const refused[] = {"TQ1_0", "TQ2_0", "tq1_0", "Q1_0", "COPY"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         cr_assert_eq(quant_ftype_from_name(refused[i]), -1, "%s", refused[i]);
         cr_assert_not_null(quant_ftype_refusal(refused[i]), "%s", refused[i]);
     }
-    cr_assert(strstr(quant_ftype_refusal("IQ2_XS"), "importance matrix"));
+    cr_assert(strstr(quant_ftype_refusal("TQ1_0"), "ternary"));
+    cr_assert_eq(quant_ftype_from_name("iq1_m"), QUANT_FTYPE_IQ1_M);
+    cr_assert_eq(quant_ftype_from_name("iq2_xs"), QUANT_FTYPE_IQ2_XS);
+    cr_assert_eq(quant_ftype_from_name("IQ3_M"), QUANT_FTYPE_IQ3_M);
     cr_assert_null(quant_ftype_refusal("Q9_K"));
 }
 
@@ -272,5 +275,6 @@ Test(mix, moe_expert_without_layer_is_refused)
     cr_assert_eq(quant_mix_type(&mix, "blk.0.ffn_down_exps.weight", 3, 256, DTYPE_F32), DTYPE_Q6_K);
     /* Rows of 48 fit no block at all: F16, as llama-quantize falls back. */
     cr_assert_eq(quant_mix_type(&mix, "blk.1.attn_q.weight", 2, 48, DTYPE_F32), DTYPE_F16);
-    cr_assert(!quant_mix_init_model(&mix, 19 /* IQ2_XXS */, &mm));
+    cr_assert(!quant_mix_init_model(&mix, 36 /* TQ1_0 */, &mm));
+    cr_assert_eq(quant_ftype_rules_from_name("IQ1_M"), QUANT_FTYPE_IQ1_M);
 }
