@@ -659,10 +659,11 @@ static int engine_create(struct engine **out, struct model *model, const struct 
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
               kv_type_names[kv_el], ext, room);
     if (e->state.n_layers > 0)
-        FLOG_INFO("engine: recurrent state of %d layers, %.1f MiB for %d slots, and up to %d checkpoints a slot "
-                  "in host memory (%.1f MiB in all; a slot continues, goes back to a checkpoint, or starts again)",
-                  e->state.n_layers, seq_state_bytes(hp, p.n_seqs, 0) / 1048576.0, p.n_seqs, sp.n_ckpt,
-                  seq_state_bytes(hp, p.n_seqs, sp.n_ckpt) / 1048576.0);
+        FLOG_INFO(
+            "engine: recurrent state of %d layers, %.1f MiB for %d slots, and up to %d checkpoints a slot "
+            "in host memory (%.1f MiB in all; a slot continues, goes back to a checkpoint, or starts again)",
+            e->state.n_layers, seq_state_bytes(hp, p.n_seqs, 0) / 1048576.0, p.n_seqs, sp.n_ckpt,
+            seq_state_bytes(hp, p.n_seqs, sp.n_ckpt) / 1048576.0);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);
@@ -742,6 +743,14 @@ int engine_n_seqs(const struct engine *e)
 int engine_seq_len(const struct engine *e, int seq)
 {
     return seq >= 0 && seq < e->p.n_seqs ? e->kv.seq_len[seq] : 0;
+}
+
+int engine_seq_reusable(const struct engine *e, int seq, int n)
+{
+    if (seq < 0 || seq >= e->p.n_seqs || n < 0) return 0;
+    if (n > e->kv.seq_len[seq]) n = e->kv.seq_len[seq];
+    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) return seq_state_ckpt_within(&e->state, seq, n);
+    return n;
 }
 
 int engine_seq_free(struct engine *e, int seq)

@@ -171,6 +171,9 @@ int engine_draws(const struct engine *e);
 int engine_seq_free(struct engine *e, int seq);
 /* Number of positions stored for the sequence (its next position). */
 int engine_seq_len(const struct engine *e, int seq);
+/* The positions engine_seq_keep(e, seq, n) would keep (n, or fewer for a model with recurrent layers),
+ * without changing anything; 0 for an invalid slot or n. */
+int engine_seq_reusable(const struct engine *e, int seq, int n);
 /* Keeps the sequence's first n positions (0 <= n <= its length) and returns the blocks past them to the pool:
  * the next step may continue there, reusing what is kept (a prompt prefix). When position n falls in a block
  * another sequence shares, only the whole blocks before it are kept (a shared block is never written). A

@@ -159,13 +159,27 @@ float *seq_state_save(struct seq_state *s, int seq, int pos)
     return blk[i];
 }
 
-int seq_state_restore(struct seq_state *s, int seq, int max_pos)
+/* Index of slot seq's latest checkpoint at a position in [1, max_pos], or -1. */
+static int ckpt_latest(const struct seq_state *s, int seq, int max_pos)
 {
-    if (!slot_ok(s, seq) || !s->ckpt) return 0;
+    if (!slot_ok(s, seq) || !s->ckpt) return -1;
     const int32_t *at = s->ckpt_pos + (size_t)seq * s->p.n_ckpt;
     int i = s->ckpt_n[seq] - 1;
     while (i >= 0 && at[i] > max_pos) i--;
-    if (i < 0 || at[i] < 1) return 0;
+    return i >= 0 && at[i] >= 1 ? i : -1;
+}
+
+int seq_state_ckpt_within(const struct seq_state *s, int seq, int max_pos)
+{
+    const int i = ckpt_latest(s, seq, max_pos);
+    return i < 0 ? 0 : s->ckpt_pos[(size_t)seq * s->p.n_ckpt + i];
+}
+
+int seq_state_restore(struct seq_state *s, int seq, int max_pos)
+{
+    const int i = ckpt_latest(s, seq, max_pos);
+    if (i < 0) return 0;
+    const int32_t *at = s->ckpt_pos + (size_t)seq * s->p.n_ckpt;
     memcpy(seq_state_slot(s, seq), s->ckpt[(size_t)seq * s->p.n_ckpt + i], seq_state_slot_bytes(s));
     s->ckpt_n[seq] = i + 1; /* the later ones' blocks stay for reuse */
     return at[i];

@@ -71,6 +71,8 @@ float *seq_state_save(struct seq_state *s, int seq, int pos);
 /* Copies slot seq's latest checkpoint at a position in [1, max_pos] back into its state, forgets those past
  * it and returns its position; returns 0 and leaves everything as it is when there is none. */
 int seq_state_restore(struct seq_state *s, int seq, int max_pos);
+/* The position seq_state_restore(s, seq, max_pos) would return, changing nothing. */
+int seq_state_ckpt_within(const struct seq_state *s, int seq, int max_pos);
 /* Forgets slot seq's checkpoints (its positions are about to be rewritten or freed). */
 void seq_state_drop(struct seq_state *s, int seq);
 /* Position of slot seq's latest checkpoint, or -1. */

@@ -6,7 +6,7 @@
  *    and goes on differently. engine_seq_keep sends the slot back to the checkpoint at 64 (the latest chunk
  *    boundary at or before the divergence), 36 tokens are prefilled, and the logits and 24 greedy tokens are
  *    bitwise those of a cold run in another slot (the same step boundaries), and within 1e-4 of one fresh
- *    prefill of the whole prompt;
+ *    prefill of the whole prompt; engine_seq_reusable tells the prompt cache the same 64 beforehand;
  *  - with --ctx-checkpoints 3 the oldest are evicted: a prefix ending before them reuses nothing, one after
  *    them goes back to the latest within it and continues to transformers' logits;
  *  - seq_state itself: the bound, the thinning to ckpt_step apart when full, each restore giving back the
@@ -147,6 +147,13 @@ Test(dn_checkpoints, second_turn_resumes_at_the_checkpoint_before_the_divergence
     expect_close(lg, q.ref1, q.n_vocab, 1e-4, "turn 1 vs transformers");
     int32_t gen[24];
     ck_greedy(&q, 0, lg, 8, gen, NULL);
+    cr_assert_eq(engine_seq_len(q.e, 0), N1 + 8);
+    /* What the prompt cache is told a slot can give back, asking changes nothing. */
+    cr_assert_eq(engine_seq_reusable(q.e, 0, SHARED), 2 * CHUNK);
+    cr_assert_eq(engine_seq_reusable(q.e, 0, N1 + 8), N1 + 8, "the whole slot continues");
+    cr_assert_eq(engine_seq_reusable(q.e, 0, 1000), N1 + 8);
+    cr_assert_eq(engine_seq_reusable(q.e, 0, 31), 0);
+    cr_assert_eq(engine_seq_reusable(q.e, 2, 10), 0);
     cr_assert_eq(engine_seq_len(q.e, 0), N1 + 8);
     /* Turn 2 shares 70 positions: back to the checkpoint at 64, then the other 36 prefilled. */
     const int kept = engine_seq_keep(q.e, 0, SHARED);
