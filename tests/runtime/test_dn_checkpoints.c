@@ -26,11 +26,12 @@
 #include "runtime/engine.h"
 #include "runtime/seq_state.h"
 
-#define MAX_TOK 512
-#define N1      150 /* turn 1: the golden prompt of 150 tokens */
-#define SHARED  70  /* turn 2's first tokens, those of turn 1 */
-#define N2      100
-#define CHUNK   32
+#include "qwen35_fixture.h"
+
+#define N1     150 /* turn 1: the golden prompt of 150 tokens */
+#define SHARED 70  /* turn 2's first tokens, those of turn 1 */
+#define N2     100
+#define CHUNK  32
 
 struct ck {
     json_t *golden;
@@ -48,23 +49,12 @@ static void ck_open(struct ck *q, int n_seqs, int n_ckpt, int step)
     char model[1024], json[1024];
     snprintf(model, sizeof model, "%s/tests/golden/models/qwen35_deltanet_f16.gguf", src);
     snprintf(json, sizeof json, "%s/tests/golden/qwen35_deltanet_f16.json", src);
-    FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py)", model);
-    fclose(f);
-    json_error_t je;
-    q->golden = json_load_file(json, 0, &je);
-    cr_assert(q->golden, "%s: %s", json, je.text);
-    char err[256] = "";
-    cr_assert_eq(model_file_open(model, &q->mf, NULL, NULL, err), FERRY_OK, "%s", err);
     struct engine_params p = engine_default_params();
-    p.backend = ENGINE_BACKEND_CPU;
     p.n_seqs = n_seqs;
-    p.ctx_size = MAX_TOK;
-    p.n_threads = 2;
     p.kv_type = KV_F32;
     p.ctx_checkpoints = n_ckpt;
     p.ckpt_step = step;
-    cr_assert_eq(engine_init(&q->e, q->mf, &p, err), FERRY_OK, "engine_init: %s", err);
+    qwen35_fixture_open(model, json, "qwen35", p, &q->golden, &q->mf, &q->e);
     q->n_vocab = engine_hparams(q->e)->n_vocab;
     json_t *c = json_array_get(json_object_get(q->golden, "cases"), 3);
     json_t *ids = json_object_get(c, "prompt_tokens"), *lg = json_object_get(c, "logits");
@@ -87,28 +77,9 @@ static void ck_close(struct ck *q)
     free(q->ref1);
 }
 
-/* Feeds ids[from, to) of slot seq in steps of `step` tokens; the last row's logits into logits. */
 static int ck_feed(struct ck *q, int seq, const int32_t *ids, int from, int to, int step, float *logits)
 {
-    static int32_t pos[MAX_TOK], sq[MAX_TOK];
-    static uint8_t want[MAX_TOK];
-    for (int a = from; a < to; a += step) {
-        const int n = to - a < step ? to - a : step;
-        for (int i = 0; i < n; i++) pos[i] = a + i, sq[i] = seq, want[i] = i == n - 1;
-        const struct batch b = {
-            .n_tokens = n, .tokens = (int32_t *)ids + a, .pos = pos, .seq = sq, .want_logits = want};
-        const int rc = engine_step(q->e, &b, logits);
-        if (rc) return rc;
-    }
-    return FERRY_OK;
-}
-
-static int32_t argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
+    return qwen35_fixture_feed(q->e, seq, ids, from, to, step, logits);
 }
 
 /* n greedy tokens of slot seq after its prompt (whose last logits are in lg, overwritten), into out; each
@@ -117,21 +88,12 @@ static void ck_greedy(struct ck *q, int seq, float *lg, int n, int32_t *out, flo
 {
     const size_t nv = (size_t)q->n_vocab;
     for (int i = 0; i < n; i++) {
-        int32_t t = out[i] = argmax(lg, q->n_vocab), p = engine_seq_len(q->e, seq), s = seq;
+        int32_t t = out[i] = qwen35_fixture_argmax(lg, q->n_vocab), p = engine_seq_len(q->e, seq), s = seq;
         uint8_t w = 1;
         const struct batch b = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &s, .want_logits = &w};
         cr_assert_eq(engine_step(q->e, &b, lg), FERRY_OK);
         if (lgs) memcpy(lgs + (size_t)i * nv, lg, nv * sizeof(float));
     }
-}
-
-/* Asserts |got - ref| <= tol * max|ref| + tol over the vocabulary. */
-static void expect_close(const float *got, const float *ref, int n, double tol, const char *what)
-{
-    double m = 0, worst = 0;
-    for (int i = 0; i < n; i++) m = fmax(m, fabs(ref[i]));
-    for (int i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
-    cr_expect(worst <= tol * m + tol, "%s: off by %g (allowed %g)", what, worst, tol * m + tol);
 }
 
 Test(dn_checkpoints, second_turn_resumes_at_the_checkpoint_before_the_divergence)
@@ -144,7 +106,7 @@ Test(dn_checkpoints, second_turn_resumes_at_the_checkpoint_before_the_divergence
           *cold_lgs = malloc(24 * nv * sizeof(float));
     /* Turn 1 in slot 0, as transformers has it; its checkpoints at 32, 64, 96, 128 and 150. */
     cr_assert_eq(ck_feed(&q, 0, q.p1, 0, N1, CHUNK, lg), FERRY_OK);
-    expect_close(lg, q.ref1, q.n_vocab, 1e-4, "turn 1 vs transformers");
+    qwen35_fixture_expect_close(lg, q.ref1, q.n_vocab, 1e-4, "turn 1 vs transformers");
     int32_t gen[24];
     ck_greedy(&q, 0, lg, 8, gen, NULL);
     cr_assert_eq(engine_seq_len(q.e, 0), N1 + 8);
@@ -176,7 +138,8 @@ Test(dn_checkpoints, second_turn_resumes_at_the_checkpoint_before_the_divergence
     cr_assert_eq(ck_feed(&q, 1, q.p2, 0, N2, N2, fresh), FERRY_OK);
     ck_greedy(&q, 1, fresh, 1, cold_tok, NULL);
     cr_assert_eq(cold_tok[0], warm_tok[0]);
-    expect_close(fresh, warm_lgs, q.n_vocab, 1e-4, "after turn 2's first greedy token vs one fresh prefill");
+    qwen35_fixture_expect_close(fresh, warm_lgs, q.n_vocab, 1e-4,
+                                "after turn 2's first greedy token vs one fresh prefill");
     /* Turn 1's checkpoints past 64 went with its positions: the slot now has 32, 64 and turn 2's at 100. */
     cr_assert_eq(engine_seq_keep(q.e, 0, 120), N2);
     cr_assert_eq(engine_seq_keep(q.e, 0, 99), 2 * CHUNK);
@@ -196,7 +159,8 @@ Test(dn_checkpoints, limit_evicts_the_oldest)
     cr_assert_eq(ck_feed(&q, 0, q.p1, 0, N1, CHUNK, lg), FERRY_OK);
     cr_assert_eq(engine_seq_keep(q.e, 0, 140), 128);
     cr_assert_eq(ck_feed(&q, 0, q.p1, 128, N1, N1, lg), FERRY_OK);
-    expect_close(lg, q.ref1, q.n_vocab, 1e-4, "continued from the checkpoint at 128 vs transformers");
+    qwen35_fixture_expect_close(lg, q.ref1, q.n_vocab, 1e-4,
+                                "continued from the checkpoint at 128 vs transformers");
     cr_assert_eq(engine_seq_keep(q.e, 0, 100), 96);
     free(lg);
     ck_close(&q);
@@ -287,7 +251,7 @@ Test(dn_checkpoints, no_checkpoint_means_a_full_prefill)
     cr_assert_eq(engine_seq_len(q.e, 0), 0);
     /* The full prefill after it is transformers'. */
     cr_assert_eq(ck_feed(&q, 0, q.p1, 0, N1, N1, lg), FERRY_OK);
-    expect_close(lg, q.ref1, q.n_vocab, 1e-4, "full prefill after a fallback vs transformers");
+    qwen35_fixture_expect_close(lg, q.ref1, q.n_vocab, 1e-4, "full prefill after a fallback vs transformers");
     free(lg);
     ck_close(&q);
     /* --ctx-checkpoints 0: a slot continues or starts again. */
