@@ -107,6 +107,8 @@ struct engine_params engine_default_params(void)
         .quant = ENGINE_QUANT_NONE,
         .cpu_int8 = -1,    /* --cpu-arith auto */
         .kv_type = KV_F16, /* --kv-type f16 */
+        .ctx_checkpoints = seq_state_default_params().n_ckpt,
+        .ckpt_step = seq_state_default_params().ckpt_step,
     };
 }
 
@@ -577,9 +579,10 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
     }
-    if ((rc = seq_state_init(&e->state, hp, p.n_seqs))) {
+    const struct seq_state_params sp = {.n_ckpt = p.ctx_checkpoints, .ckpt_step = p.ckpt_step};
+    if ((rc = seq_state_init(&e->state, hp, p.n_seqs, sp))) {
         snprintf(err, 256, "cannot allocate the recurrent layers' state (%.1f MiB)",
-                 seq_state_bytes(hp, p.n_seqs) / 1048576.0);
+                 seq_state_bytes(hp, p.n_seqs, 0) / 1048576.0);
         goto fail;
     }
     /* auto's plan comes from start-up timings, which vary between runs: --deterministic keeps one that does
@@ -656,9 +659,11 @@ static int engine_create(struct engine **out, struct model *model, const struct 
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
               kv_type_names[kv_el], ext, room);
     if (e->state.n_layers > 0)
-        FLOG_INFO("engine: recurrent state of %d layers, %.1f MiB for %d slots and their checkpoints (a slot "
-                  "continues, goes back to the end of its last prefill, or starts again)",
-                  e->state.n_layers, seq_state_bytes(hp, p.n_seqs) / 1048576.0, p.n_seqs);
+        FLOG_INFO(
+            "engine: recurrent state of %d layers, %.1f MiB for %d slots, and up to %d checkpoints a slot "
+            "in host memory (%.1f MiB in all; a slot continues, goes back to a checkpoint, or starts again)",
+            e->state.n_layers, seq_state_bytes(hp, p.n_seqs, 0) / 1048576.0, p.n_seqs, sp.n_ckpt,
+            seq_state_bytes(hp, p.n_seqs, sp.n_ckpt) / 1048576.0);
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);
@@ -738,6 +743,14 @@ int engine_n_seqs(const struct engine *e)
 int engine_seq_len(const struct engine *e, int seq)
 {
     return seq >= 0 && seq < e->p.n_seqs ? e->kv.seq_len[seq] : 0;
+}
+
+int engine_seq_reusable(const struct engine *e, int seq, int n)
+{
+    if (seq < 0 || seq >= e->p.n_seqs || n < 0) return 0;
+    if (n > e->kv.seq_len[seq]) n = e->kv.seq_len[seq];
+    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) return seq_state_ckpt_within(&e->state, seq, n);
+    return n;
 }
 
 int engine_seq_free(struct engine *e, int seq)

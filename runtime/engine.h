@@ -58,6 +58,11 @@ struct engine_params {
     int kv_type;  /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
                    * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the
                    * references), KV_Q8_0  (llama.cpp's `-ctk q8_0 -ctv q8_0`: 17/32 of f16's bytes) */
+    /* Models with recurrent layers: checkpoints of a slot's state kept for the prompt cache
+     * (runtime/seq_state.h): at most ctx_checkpoints a slot (0: none), thinned to ckpt_step positions apart
+     * when full; each the size of a slot's state, in host memory. */
+    int ctx_checkpoints;
+    int ckpt_step;
     /* CUDA placement (see runtime/device_map.h). */
     int64_t gpu_memory;   /* device budget in bytes; 0 = free VRAM minus reserve_vram */
     int64_t reserve_vram; /* bytes left free when gpu_memory is 0 (default 1 GiB) */
@@ -166,11 +171,14 @@ int engine_draws(const struct engine *e);
 int engine_seq_free(struct engine *e, int seq);
 /* Number of positions stored for the sequence (its next position). */
 int engine_seq_len(const struct engine *e, int seq);
+/* The positions engine_seq_keep(e, seq, n) would keep (n, or fewer for a model with recurrent layers),
+ * without changing anything; 0 for an invalid slot or n. */
+int engine_seq_reusable(const struct engine *e, int seq, int n);
 /* Keeps the sequence's first n positions (0 <= n <= its length) and returns the blocks past them to the pool:
  * the next step may continue there, reusing what is kept (a prompt prefix). When position n falls in a block
  * another sequence shares, only the whole blocks before it are kept (a shared block is never written). A
- * model with recurrent layers keeps n < length positions only back to where its last prefill step ended
- * (runtime/seq_state.h), when that is at most n, and otherwise none.
+ * model with recurrent layers keeps n < length positions only back to its latest checkpoint at or before n
+ * (runtime/seq_state.h: one is saved where each prefill step ends), and none when there is no such one.
  * Returns the positions kept, or FERRY_ERR_INVALID. */
 int engine_seq_keep(struct engine *e, int seq, int n);
 /* Empties dst and gives it the first n positions of src, as far as they fill whole KV blocks, without

@@ -16,19 +16,22 @@
 
 static void inspect_usage(FILE *f)
 {
-    fprintf(f, "usage: ferry inspect --model PATH [--gpu-memory SIZE [--gpu-layers N] [--ctx-size N] "
-               "[--parallel N]\n"
-               "                     [--kv-type f16|q8_0]] [--json]\n\n"
-               "  --model PATH        GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
-               "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget "
-               "(e.g. 4GiB)\n"
-               "  --gpu-layers N      resident layers (default: as many as fit)\n"
-               "  --cpu-moe N         expert models: the experts of the first N layers in host memory\n"
-               "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
-               "  --parallel N        sequences (default 1)\n"
-               "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
-               "  --json              machine-readable output\n"
-               "  --families          list the supported model families (a Markdown table) and exit\n");
+    fprintf(f,
+            "usage: ferry inspect --model PATH [--gpu-memory SIZE [--gpu-layers N] [--ctx-size N] "
+            "[--parallel N]\n"
+            "                     [--kv-type f16|q8_0]] [--ctx-checkpoints N] [--json]\n\n"
+            "  --model PATH        GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
+            "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget "
+            "(e.g. 4GiB)\n"
+            "  --gpu-layers N      resident layers (default: as many as fit)\n"
+            "  --cpu-moe N         expert models: the experts of the first N layers in host memory\n"
+            "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
+            "  --parallel N        sequences (default 1)\n"
+            "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
+            "  --ctx-checkpoints N recurrent (gated DeltaNet) models: checkpoints of its state a slot keeps\n"
+            "                      for the prompt cache (default 32), counted in its memory\n"
+            "  --json              machine-readable output\n"
+            "  --families          list the supported model families (a Markdown table) and exit\n");
 }
 
 static const char *rope_style_name(enum rope_style s)
@@ -69,6 +72,7 @@ int cli_inspect_main(int argc, char **argv)
                                              {"ctx-size", required_argument, 0, 'c'},
                                              {"parallel", required_argument, 0, 'p'},
                                              {"kv-type", required_argument, 0, 'k'},
+                                             {"ctx-checkpoints", required_argument, 0, 'C'},
                                              {"families", no_argument, 0, 'F'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
@@ -105,6 +109,13 @@ int cli_inspect_main(int argc, char **argv)
         case 'k':
             if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) {
                 fprintf(stderr, "ferry inspect: --kv-type must be one of f16|f32|q8_0\n");
+                return 2;
+            }
+            break;
+        case 'C':
+            ep.ctx_checkpoints = atoi(optarg);
+            if (ep.ctx_checkpoints < 0 || ep.ctx_checkpoints > 4096) {
+                fprintf(stderr, "ferry inspect: --ctx-checkpoints must be in [0, 4096]\n");
                 return 2;
             }
             break;
@@ -164,7 +175,12 @@ int cli_inspect_main(int argc, char **argv)
         json_object_set_new(h, "ssm_head_k", json_integer(hp->ssm_head_k));
         json_object_set_new(h, "ssm_head_v", json_integer(llm_ssm_head_v(hp)));
         json_object_set_new(h, "ssm_conv_kernel", json_integer(hp->ssm_conv_kernel));
-        json_object_set_new(root, "state_bytes_per_slot", json_integer((json_int_t)seq_state_bytes(hp, 1)));
+        /* the live state, and its checkpoints in host memory when all are taken */
+        const uint64_t one = seq_state_bytes(hp, 1, 0);
+        json_object_set_new(root, "state_bytes_per_slot", json_integer((json_int_t)one));
+        json_object_set_new(root, "ctx_checkpoints", json_integer(ep.ctx_checkpoints));
+        json_object_set_new(root, "checkpoint_bytes_per_slot",
+                            json_integer((json_int_t)(seq_state_bytes(hp, 1, ep.ctx_checkpoints) - one)));
     }
     json_object_set_new(h, "ctx_train", json_integer(hp->ctx_train));
     json_object_set_new(h, "norm_eps", json_real(hp->norm_eps));
@@ -228,9 +244,13 @@ int cli_inspect_main(int argc, char **argv)
         if (hp->full_attn_interval > 0)
             printf(
                 "linear attn  %d of %d layers gated DeltaNet (%d key / %d value heads of %d / %d, conv %d); "
-                "state %.2f MiB per slot with its checkpoint; KV cache in the other %d\n",
+                "state %.2f MiB per slot, and up to %d checkpoints of it (%.2f MiB) in host memory; KV cache "
+                "in "
+                "the other %d\n",
                 hp->n_layers - llm_kv_layers(hp), hp->n_layers, hp->ssm_n_k_heads, hp->ssm_n_v_heads,
-                hp->ssm_head_k, llm_ssm_head_v(hp), hp->ssm_conv_kernel, seq_state_bytes(hp, 1) / 1048576.0,
+                hp->ssm_head_k, llm_ssm_head_v(hp), hp->ssm_conv_kernel,
+                seq_state_bytes(hp, 1, 0) / 1048576.0, ep.ctx_checkpoints,
+                (seq_state_bytes(hp, 1, ep.ctx_checkpoints) - seq_state_bytes(hp, 1, 0)) / 1048576.0,
                 llm_kv_layers(hp));
         printf("context      %d trained; rope theta %g, %d dims, %s pairs, scaling %s\n", hp->ctx_train,
                hp->rope_theta, hp->rope_dim, rope_style_name(hp->rope_style),

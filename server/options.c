@@ -61,6 +61,14 @@ static const struct opt_row rows[] = {
      "device runs while the host detokenizes and writes); false runs one step at a time"},
     {"prompt-cache", OPT_BOOL, OFF(prompt_cache), 0, 1, "1", NULL,
      "a finished sequence's KV stays in its slot; a prompt starting with the same tokens continues from it"},
+    {"ctx-checkpoints", OPT_INT, OFF(ctx_checkpoints), 0, 4096, "32", NULL,
+     "models with recurrent (gated DeltaNet) layers: copies of a slot's state kept where each prefill step "
+     "ends (chunk boundaries of long prompts, 4 positions before each prompt's end and at it), as many a "
+     "slot, the oldest dropped; the prompt cache continues a prompt from the latest one within its shared "
+     "start. Each is the size of a slot's state, in host memory (ferry inspect shows it); 0 = none"},
+    {"checkpoint-min-step", OPT_INT, OFF(checkpoint_min_step), 0, 1 << 30, "8192", NULL,
+     "a slot with all its --ctx-checkpoints first drops one closer than this many positions to the one "
+     "before it (keeping far-apart ones over a long conversation), else the oldest; 0 = always the oldest"},
     {"spec-type", OPT_ENUM, OFF(spec_type), 0, 0, "none", "none|ngram|draft",
      "speculative decoding: drafted tokens are verified in one step with a sequence's next token, and "
      "outputs are unchanged. ngram drafts continuations found earlier in the sequence's prompt and output "

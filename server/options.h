@@ -64,6 +64,8 @@ struct serve_options {
     const char *quant;     /* none|int8|int4 */
     int deterministic;
     int prompt_cache;                    /* reuse a free slot's KV for a prompt with the same start */
+    int ctx_checkpoints;                 /* recurrent models: state checkpoints a slot keeps */
+    int checkpoint_min_step;             /* positions a full slot's checkpoints are thinned to */
     const char *spec_type;               /* none|ngram|draft: speculative decoding's drafter */
     const char *model_draft;             /* the draft model of --spec-type draft */
     int spec_draft_n_max;                /* tokens one sequence drafts a step at most */

@@ -103,7 +103,7 @@ void prompt_cache_record(struct prompt_cache *pc, int q, int pos, int32_t tok)
  * prompt); below that, an empty slot comes first (rather than dropping a cache), then the least recently
  * used cache. */
 int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const int32_t *prompt,
-                      int n_prompt, int use_cache, int *reuse)
+                      int n_prompt, int use_cache, prompt_cache_usable_fn usable, void *ctx, int *reuse)
 {
     int best = -1, best_score = -1, best_reuse = 0;
     for (int j = 0; j < pc->n_slots; j++) {
@@ -112,6 +112,7 @@ int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const
         if (use_cache && pc->len[j] > 0) {
             const int lim = pc->len[j] < n_prompt - 1 ? pc->len[j] : n_prompt - 1;
             while (r < lim && pc->toks[j][r] == prompt[r]) r++;
+            if (usable && r > 0) r = usable(ctx, j, r);
         }
         const int score = r >= PROMPT_CACHE_MIN_REUSE || (r > 0 && r == n_prompt - 1) ? r : 0;
         int better;

@@ -34,12 +34,15 @@ void prompt_cache_copy(struct prompt_cache *pc, int from, int to, int n);
 /* Token `tok` was written at position pos of slot q (positions arrive in order per slot). */
 void prompt_cache_record(struct prompt_cache *pc, int q, int pos, int32_t tok);
 
+/* How many of the first n positions slot q can give back (a model with recurrent state: only those up to a
+ * checkpoint, runtime/seq_state.h). */
+typedef int (*prompt_cache_usable_fn)(void *ctx, int q, int n);
 /* The free slot (slot_free[q] != 0) for a prompt, and in *reuse how many of its positions that slot's cache
- * can give: the longest common start, short of the prompt's last token (whose logits must be computed).
- * use_cache 0: rank empty slots first, then the least recently used, ignoring content. -1 when none is
- * free. */
+ * can give: the longest common start, short of the prompt's last token (whose logits must be computed), cut
+ * by usable(ctx, q, that) when usable is not NULL. use_cache 0: rank empty slots first, then the least
+ * recently used, ignoring content. -1 when none is free. */
 int prompt_cache_pick(const struct prompt_cache *pc, const int *slot_free, const int32_t *prompt,
-                      int n_prompt, int use_cache, int *reuse);
+                      int n_prompt, int use_cache, prompt_cache_usable_fn usable, void *ctx, int *reuse);
 /* Free slots other than `except` that hold a cache, least recently used first, into out (n_slots room);
  * returns how many. */
 int prompt_cache_idle(const struct prompt_cache *pc, const int *slot_free, int except, int *out);

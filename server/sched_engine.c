@@ -776,6 +776,12 @@ static int yield_for_locked(struct sched *s, const struct choice *w)
     return 1;
 }
 
+/* The prompt cache's view of what a free slot can give back (its recurrent state only to a checkpoint). */
+static int slot_reusable(void *ctx, int q, int n)
+{
+    return engine_seq_reusable(((struct sched *)ctx)->e, q, n);
+}
+
 /* With mu held, at the top of the loop when no step is on its way: cancelled, failed and expired choices
  * leave their slots, then queued ones are admitted first come first served while slots and KV room last. */
 static void reap_and_admit_locked(struct sched *s)
@@ -807,9 +813,9 @@ static void reap_and_admit_locked(struct sched *s)
         if (lead && lead->n_fed < lead->n_prompt) break;
         const int use_cache = !lead && !c->resume && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) &&
                               c->req->kind != SREQ_EMBED;
-        int reuse = 0,
-            slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt, use_cache, &reuse)
-                         : -1;
+        int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
+                                                        use_cache, slot_reusable, s, &reuse)
+                                    : -1;
         /* the picked sequence waits for KV room rather than being overtaken */
         if (feeds && !fits_locked(s, c, slot)) break;
         if (prev)

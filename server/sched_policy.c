@@ -94,6 +94,8 @@ int sched_policy_plan_step(const struct sched_policy_params *p, const struct sch
         if (q->no_prefill || q->n_fed >= q->n_prompt) continue;
         int k = q->n_prompt - q->n_fed;
         if (k > budget - plan->n_prefill) k = budget - plan->n_prefill;
+        const int tail = q->n_prompt - p->ckpt_tail; /* a checkpoint there: the chunk ends at it */
+        if (p->ckpt_tail > 0 && q->n_fed < tail && q->n_fed + k > tail) k = tail - q->n_fed;
         if (q->prompt_lp) {
             /* every prompt row but the last wants logits, and a step holds only so many of them */
             if (k > p->prompt_lp_rows - plan->n_lp_rows) k = p->prompt_lp_rows - plan->n_lp_rows;

@@ -23,6 +23,9 @@ struct sched_policy_params {
     int kv_fast_blocks;   /* of them on the device (the rest: the extension in host memory, handed out last);
                            * 0: all */
     int kv_block;         /* positions per block (>= 1) */
+    int ckpt_tail; /* a model whose state is saved where each prefill step ends (recurrent layers): a prompt's
+                    * prefill also stops ckpt_tail positions before its end, so a next turn that re-renders
+                    * the prompt's last few tokens (the generation prompt) resumes from there; 0: never */
 };
 
 /* KV blocks one sequence may use at most: prompt + max_tokens positions (capped at the context), rounded up

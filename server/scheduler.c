@@ -116,6 +116,7 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
         .kv_blocks = st.kv_blocks_total > 0 ? st.kv_blocks_total : INT32_MAX / 2,
         .kv_fast_blocks = st.kv_blocks_total > 0 ? st.kv_blocks_total - st.kv_blocks_ext : 0,
         .kv_block = st.kv_block_size > 0 ? st.kv_block_size : 1,
+        .ckpt_tail = s->p.ckpt_tail > 0 ? s->p.ckpt_tail : 0,
     };
     size_t nb = (size_t)s->p.max_batch_tokens;
     const size_t ns = (size_t)s->n_slots;

@@ -191,6 +191,8 @@ struct sched_params {
                                 * or NULL: prompt lookup */
     int fair_share;            /* share the slots between clients while others wait (sched_policy.h) */
     double queue_timeout;      /* seconds a request may wait for its first slot; then 503 (0 = no limit) */
+    int ckpt_tail; /* recurrent models with checkpoints: prompts' prefill also stops this many positions
+                    * before their end (sched_policy.h); 0 = never */
 };
 
 struct sched;

@@ -100,6 +100,8 @@ static void loader_main(void *arg)
     /* options.c allows only auto|f32|int8 */
     ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8") ? 1 : !strcmp(S->opt.cpu_arith, "f32") ? 0 : -1;
     ep.kv_type = engine_kv_type_parse(S->opt.kv_type); /* options.c allows only f16|f32|q8_0 */
+    ep.ctx_checkpoints = S->opt.ctx_checkpoints;
+    ep.ckpt_step = S->opt.checkpoint_min_step;
     if (S->opt.model_draft) {
         /* The draft model first, on a GPU with a budget of its bytes and room for its KV and activations,
          * taken out of the model's. */
@@ -193,21 +195,24 @@ static void loader_main(void *arg)
     a->pooling = !strcmp(S->opt.pooling, "last");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int st = S->opt.threads > 0 ? S->opt.threads : cores > 0 ? (int)cores : 1;
-    struct sched_params sp = {.max_queue = S->opt.max_queue,
-                              .max_batch_tokens = ep.max_batch_tokens,
-                              .sample_threads = st > 8 ? 8 : st,
-                              .prompt_cache = S->opt.prompt_cache,
-                              .prefill_budget = S->opt.prefill_budget,
-                              .gpu_sampling = S->opt.gpu_sampling,
-                              .overlap = S->opt.overlap,
-                              .spec_n_max =
-                                  S->dm || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
-                              .spec_n_min = S->opt.spec_draft_n_min,
-                              .spec_adapt = S->opt.spec_draft_adapt,
-                              .spec_p_min = (float)S->opt.spec_draft_p_min,
-                              .draft = S->dm,
-                              .fair_share = S->opt.fair_share,
-                              .queue_timeout = S->opt.queue_timeout};
+    struct sched_params sp = {
+        .max_queue = S->opt.max_queue,
+        .max_batch_tokens = ep.max_batch_tokens,
+        .sample_threads = st > 8 ? 8 : st,
+        .prompt_cache = S->opt.prompt_cache,
+        .prefill_budget = S->opt.prefill_budget,
+        .gpu_sampling = S->opt.gpu_sampling,
+        .overlap = S->opt.overlap,
+        .spec_n_max = S->dm || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
+        .spec_n_min = S->opt.spec_draft_n_min,
+        .spec_adapt = S->opt.spec_draft_adapt,
+        .spec_p_min = (float)S->opt.spec_draft_p_min,
+        .draft = S->dm,
+        .fair_share = S->opt.fair_share,
+        .queue_timeout = S->opt.queue_timeout,
+        /* llama.cpp's 4: a chat template's generation prompt, thinking tags included */
+        .ckpt_tail =
+            S->mf->hp.full_attn_interval > 0 && S->opt.ctx_checkpoints > 0 && S->opt.prompt_cache ? 4 : 0};
     rc = sched_init(&S->sched, S->eng, S->tok, &S->metrics, &sp);
     if (!rc) rc = sched_start(S->sched);
     if (!rc) a->kv_positions = sched_kv_positions(S->sched); /* a request that can never fit gets a 400 */

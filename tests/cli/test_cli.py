@@ -83,14 +83,18 @@ def test_inspect_json_hf_model():
 
 def test_inspect_json_linear_attention_state():
     """A Qwen3.5 GGUF: its gated DeltaNet shape, and the state each slot owns in its 3 recurrent layers: the
-    conv's last 3 inputs of 2*2*16 + 4*16 channels and 4 value heads of 16x16, in f32, twice (the live state
-    and its checkpoint)."""
+    conv's last 3 inputs of 2*2*16 + 4*16 channels and 4 value heads of 16x16, in f32, and as many again for
+    each of its checkpoints (32 by default, or --ctx-checkpoints)."""
     model = os.path.join(SRC, "tests", "golden", "models", "qwen35_deltanet_f16.gguf")
     out = json.loads(ferry("inspect", "--model", model, "--json").stdout)
     h = out["hparams"]
     assert out["arch"] == "qwen35" and h["full_attention_interval"] == 4
     assert (h["ssm_n_k_heads"], h["ssm_n_v_heads"], h["ssm_head_k"], h["ssm_head_v"]) == (2, 4, 16, 16)
-    assert out["state_bytes_per_slot"] == 2 * 3 * (3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16) * 4
+    one = 3 * (3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16) * 4
+    assert out["state_bytes_per_slot"] == one
+    assert out["ctx_checkpoints"] == 32 and out["checkpoint_bytes_per_slot"] == 32 * one
+    out = json.loads(ferry("inspect", "--model", model, "--json", "--ctx-checkpoints", "5").stdout)
+    assert out["ctx_checkpoints"] == 5 and out["checkpoint_bytes_per_slot"] == 5 * one
     # Rejected drafts cannot be taken back out of a recurrent state: speculative decoding is refused.
     r = ferry("run", "--model", model, "--prompt-tokens", "5,6,7", "--max-tokens", "4", "--spec-type", "ngram",
               check=False)

@@ -35,7 +35,9 @@
 #include "runtime/engine.h"
 #include "weights/quantize.h"
 
-#define MAX_TOK 512
+#include "qwen35_fixture.h"
+
+#define MAX_TOK QWEN35_FIXTURE_MAX_TOK
 
 struct q35 {
     json_t *golden;
@@ -66,21 +68,10 @@ static void q35_open_at(struct q35 *q, const char *name, const char *path, int n
     char *model = path ? strdup(path) : src_path(rel);
     snprintf(rel, sizeof rel, "tests/golden/%s.json", name);
     char *json = src_path(rel);
-    FILE *f = fopen(model, "rb");
-    if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_%s_golden.py)", model, name);
-    fclose(f);
-    json_error_t je;
-    q->golden = json_load_file(json, 0, &je);
-    cr_assert(q->golden, "%s: %s", json, je.text);
-    char err[256] = "";
-    cr_assert_eq(model_file_open(model, &q->mf, NULL, NULL, err), FERRY_OK, "%s", err);
     struct engine_params p = engine_default_params();
-    p.backend = ENGINE_BACKEND_CPU;
     p.n_seqs = n_seqs;
-    p.ctx_size = MAX_TOK;
-    p.n_threads = 2;
     p.kv_type = kv_type;
-    cr_assert_eq(engine_init(&q->e, q->mf, &p, err), FERRY_OK, "engine_init: %s", err);
+    qwen35_fixture_open(model, json, name, p, &q->golden, &q->mf, &q->e);
     q->n_vocab = engine_hparams(q->e)->n_vocab;
     free(model);
     free(json);
@@ -134,39 +125,17 @@ static int32_t *case_ids(const struct q35 *q, int i, int *n, float *ref)
 /* Feeds ids[from, to) of slot seq in steps of `step` tokens; the last row's logits into logits. */
 static int feed(struct q35 *q, int seq, const int32_t *ids, int from, int to, int step, float *logits)
 {
-    static int32_t pos[MAX_TOK], sq[MAX_TOK];
-    static uint8_t want[MAX_TOK];
-    for (int a = from; a < to; a += step) {
-        const int n = to - a < step ? to - a : step;
-        for (int i = 0; i < n; i++) pos[i] = a + i, sq[i] = seq, want[i] = i == n - 1;
-        const struct batch b = {
-            .n_tokens = n, .tokens = (int32_t *)ids + a, .pos = pos, .seq = sq, .want_logits = want};
-        int rc = engine_step(q->e, &b, logits);
-        if (rc) return rc;
-    }
-    return FERRY_OK;
+    return qwen35_fixture_feed(q->e, seq, ids, from, to, step, logits);
 }
 
 static int argmax(const float *x, int n)
 {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
+    return qwen35_fixture_argmax(x, n);
 }
 
-/* Asserts |got - ref| <= tol * max|ref| + tol over the vocabulary. */
 static void expect_close(const float *got, const float *ref, int n, double tol, const char *what)
 {
-    double m = 0, worst = 0;
-    int wi = 0;
-    for (int i = 0; i < n; i++) m = fmax(m, fabs(ref[i]));
-    for (int i = 0; i < n; i++) {
-        const double d = fabs((double)got[i] - ref[i]);
-        if (!(d <= worst)) worst = d, wi = i;
-    }
-    cr_expect(worst <= tol * m + tol, "%s: logit %d off by %g (allowed %g, max|ref| %g)", what, wi, worst,
-              tol * m + tol, m);
+    qwen35_fixture_expect_close(got, ref, n, tol, what);
 }
 
 /* Prefills case c into slot 0 and holds its logits (lg) to the reference (ref) within tol; returns its ids

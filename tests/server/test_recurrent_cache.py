@@ -1,11 +1,11 @@
 """test_recurrent_cache — `ferry serve` with a model of gated DeltaNet layers (the tiny Qwen3.5 of
 tests/golden): greedy replies equal transformers' tokens, and the prompt cache reuses a slot only where its
 recurrent state stands, or where the slot saved it. A finished request's slot holds its prompt and all but the
-last generated token, and a checkpoint of its state where its last prefill step ended. A prompt that extends
-all the slot holds continues from it (cached_tokens = all of it); one that shares at least the checkpoint's
-positions continues from the checkpoint; any other (the same prompt again included, whose last token the step
-must compute) starts again from position 0 (cached_tokens 0). The replies equal those of a server without the
-prompt cache."""
+last generated token, and checkpoints of its state where its prefill steps ended (this one's and earlier
+turns'; a prompt's prefill also stops 4 positions before its end for one). A prompt that extends all the slot
+holds continues from it (cached_tokens = all of it); one that shares a checkpoint's positions continues from
+the latest such checkpoint; any other starts again from position 0 (cached_tokens 0). With --ctx-checkpoints 1
+only the latest is kept. The replies equal those of a server without the prompt cache."""
 import json
 import os
 
@@ -23,11 +23,14 @@ def complete(server, prompt, max_tokens):
     return out
 
 
-def test_prompt_cache_continues_only_a_whole_slot():
+def run_turns(args, want):
+    """Six requests on one slot, each reply held to a server without the prompt cache; want: the
+    cached_tokens of each."""
     with open(GOLDEN) as f:
         case = json.load(f)["cases"][1]  # a 7-token prompt and transformers' 24 greedy tokens after it
     prompt, greedy = case["prompt_tokens"], case["greedy_tokens"]
-    cached = Server("--parallel", "1", model=MODEL)
+    assert greedy[8] != 9 and greedy[12] != 9  # where the turns below diverge
+    cached = Server("--parallel", "1", *args, model=MODEL)
     plain = Server("--parallel", "1", "--prompt-cache=false", model=MODEL)
     try:
         def both(p, n):
@@ -35,26 +38,32 @@ def test_prompt_cache_continues_only_a_whole_slot():
             assert a["choices"][0]["text"] == b["choices"][0]["text"], p
             assert a["choices"][0]["logprobs"]["tokens"] == b["choices"][0]["logprobs"]["tokens"], p
             assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-            return a, a["usage"]["prompt_tokens_details"]["cached_tokens"]
+            return a["usage"]["prompt_tokens_details"]["cached_tokens"]
 
-        first, c0 = both(prompt, 8)
-        assert c0 == 0
-        # The same prompt again: its last token must be computed, which a recurrent state cannot rewind to.
-        _, c1 = both(prompt, 8)
-        assert c1 == 0
-        # The conversation goes on: the slot holds the prompt and 7 of the 8 greedy tokens.
-        follow = prompt + greedy[:8] + [9, 11]
-        _, c2 = both(follow, 6)
-        assert c2 == len(prompt) + 7
-        _, c3 = both(prompt + greedy[:12], 12)
-        assert c3 == 0  # the slot had moved on to `follow`
-        # It generated transformers' next 12 greedy tokens, so this prompt extends all the slot holds.
-        _, c4 = both(prompt + greedy[:24], 4)  # its one new prompt token saves no checkpoint
-        assert c4 == len(prompt) + 12 + 11
-        # Another turn after the same 19 tokens: back to the checkpoint saved after they were prefilled.
-        _, c5 = both(prompt + greedy[:12] + [9, 9, 9], 6)
-        assert c5 == len(prompt) + 12
-        m = cached.metrics()
-        assert m["ferry_prompt_tokens_cached_total"] == c2 + c4 + c5
+        got = [both(prompt, 8),
+               # The same prompt again: its last token must be computed, which a recurrent state cannot
+               # rewind to; the checkpoint 4 before its end can be gone back to.
+               both(prompt, 8),
+               # The conversation goes on: the slot holds the prompt and 7 of the 8 greedy tokens.
+               both(prompt + greedy[:8] + [9, 11], 6),
+               # Diverges at 15, past the first turn's checkpoint at 7 and before the last one's at 17.
+               both(prompt + greedy[:12], 12),
+               # It generated transformers' next 12 greedy tokens, so this prompt extends all the slot holds
+               # (its one new prompt token saves no checkpoint).
+               both(prompt + greedy[:24], 4),
+               # Another turn after the same 19 tokens: back to the checkpoint where they were prefilled.
+               both(prompt + greedy[:12] + [9, 9, 9], 6)]
+        assert got == want
+        assert cached.metrics()["ferry_prompt_tokens_cached_total"] == sum(want)
     finally:
         assert cached.stop() == 0 and plain.stop() == 0
+
+
+def test_prompt_cache_goes_back_to_the_latest_checkpoint_within_the_shared_start():
+    n = 7
+    run_turns([], [0, n - 4, n + 7, n, n + 12 + 11, n + 12])
+
+
+def test_one_checkpoint_a_slot_keeps_only_the_latest():
+    n = 7
+    run_turns(["--ctx-checkpoints", "1"], [0, 0, n + 7, 0, n + 12 + 11, n + 12])

@@ -177,6 +177,35 @@ Test(sched_policy, step_budget_decode_rows_first_prefill_fills_the_rest)
     cr_assert_eq(chunk[2], 61);
 }
 
+Test(sched_policy, prefill_stops_before_the_prompt_tail_for_a_checkpoint)
+{
+    struct sched_policy_params p = params(); /* 64 tokens a step */
+    p.ckpt_tail = 4;
+    struct sched_step_seq seqs[2] = {{50, 10, 0, 0}, {30, 0, 0, 0}};
+    int chunk[2];
+    struct sched_step_plan plan;
+    /* The first stops at 46, 4 before its end; the second takes what is left, up to its own 26. */
+    cr_assert_eq(sched_policy_plan_step(&p, seqs, 2, chunk, &plan), 36 + 26);
+    cr_assert_eq(chunk[0], 36);
+    cr_assert_eq(chunk[1], 26);
+    /* From there each feeds its last 4. */
+    seqs[0].n_fed = 46, seqs[1].n_fed = 26;
+    sched_policy_plan_step(&p, seqs, 2, chunk, &plan);
+    cr_assert_eq(chunk[0], 4);
+    cr_assert_eq(chunk[1], 4);
+    /* A prompt of 4 or fewer left, or already past its tail, goes on in one chunk; the budget still cuts
+     * first when it ends sooner. */
+    seqs[0].n_fed = 47, seqs[1] = (struct sched_step_seq){200, 0, 0, 0};
+    sched_policy_plan_step(&p, seqs, 2, chunk, &plan);
+    cr_assert_eq(chunk[0], 3);
+    cr_assert_eq(chunk[1], 61);
+    /* 0: no stop. */
+    p.ckpt_tail = 0;
+    seqs[0].n_fed = 10;
+    sched_policy_plan_step(&p, seqs, 2, chunk, &plan);
+    cr_assert_eq(chunk[0], 40);
+}
+
 Test(sched_policy, every_decode_row_fits_even_beyond_the_budget)
 {
     struct sched_policy_params p = params();
