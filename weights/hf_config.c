@@ -204,7 +204,9 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     snprintf(hp->arch, sizeof hp->arch, "%s", fam->hf_types[0]);
 
     if ((rc = get_int(root, "hidden_size", -1, &hp->dim, f, err))) goto out;
-    if ((rc = get_int(root, "intermediate_size", -1, &hp->ffn_dim, f, err))) goto out;
+    /* MoE families whose FFNs are all experts may have none (their hf_hparams sets ffn_dim). */
+    if ((rc = get_int(root, "intermediate_size", fam->gguf_ffn_optional ? 0 : -1, &hp->ffn_dim, f, err)))
+        goto out;
     if ((rc = get_int(root, "num_hidden_layers", -1, &hp->n_layers, f, err))) goto out;
     if ((rc = get_int(root, "num_attention_heads", -1, &hp->n_heads, f, err))) goto out;
     if ((rc = get_int(root, "num_key_value_heads", hp->n_heads, &hp->n_kv_heads, f, err))) goto out;

@@ -2,7 +2,9 @@
 """make_qwen35_golden.py — a tiny random Qwen3.5 (transformers' qwen3_5) model as a GGUF file, and its reference
 outputs from transformers.
 
-Writes tests/golden/models/qwen35_deltanet_f16.gguf and tests/golden/qwen35_deltanet_f16.json: for prompts of
+Writes tests/golden/models/qwen35_deltanet_f16.gguf, the checkpoint it comes from as a Hugging Face directory
+tests/golden/models/qwen35_deltanet_f16/ (config.json, model.safetensors: matrices F16, vectors and the conv
+weight F32), and tests/golden/qwen35_deltanet_f16.json: for prompts of
 1, 7, 45 and 150 tokens (shorter and longer than the 64-token chunks of the gated delta rule, and than a
 16-token prefill step) the last-position logits and 24 greedy tokens computed by transformers in float32
 with the model's own torch paths (torch_chunk_gated_delta_rule, causal_conv1d_fn: flash-linear-attention and
@@ -215,6 +217,22 @@ def main():
     make(NAME, model, cfg, SEED, write_gguf)
 
 
+def save_hf(model, path):
+    """The checkpoint as transformers writes it (config.json, model.safetensors with its tensor names), the
+    f16-exact matrices stored as F16 and the vectors and conv weights as F32, so that it holds the same
+    function as the GGUF file and stays small."""
+    import shutil
+    import tempfile
+    from safetensors.torch import load_file, save_file
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        sd = load_file(os.path.join(d, "model.safetensors"))
+        os.makedirs(path, exist_ok=True)
+        shutil.copy(os.path.join(d, "config.json"), os.path.join(path, "config.json"))
+    out = {k: (v.half() if v.dim() >= 2 and "conv1d" not in k else v).contiguous() for k, v in sd.items()}
+    save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
 def make(name, model, cfg, seed, write):
     """Random weights (seed), rounded to f16; the file (write(model, cfg, path)) and the reference outputs
     for PROMPT_LENGTHS into tests/golden/{name}.json."""
@@ -227,6 +245,7 @@ def make(name, model, cfg, seed, write):
     gguf_dir = os.path.join(HERE, "models")
     os.makedirs(gguf_dir, exist_ok=True)
     write(model, cfg, os.path.join(gguf_dir, name + ".gguf"))
+    save_hf(model, os.path.join(gguf_dir, name))
     g = torch.Generator().manual_seed(seed + 1)
     cases = []
     for n in PROMPT_LENGTHS:

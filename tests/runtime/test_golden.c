@@ -25,6 +25,7 @@
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
+#include "quant/dtype.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
 #include "runtime/model.h"
@@ -405,6 +406,82 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
     run_golden("qwen3moe_top2_f32", 0, 0, 1);
     run_golden("qwen3moe_top3_bf16", 0, 0, 1); /* expert_weights_norm false */
     run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
+}
+
+/* Qwen3.5 dense and MoE, Qwen3-Next (tests/golden/make_qwen35_golden.py and its siblings): the Hugging Face
+ * directories the GGUF goldens come from, as transformers 5 saves them, rearranged at load as llama.cpp's
+ * converter does (norms as 1 + w, -exp(A_log), value heads tiled over the key heads for Qwen3.5, in_proj_qkvz
+ * split for Qwen3-Next), against the same transformers fp32 references. */
+Test(golden_hf, qwen35_deltanet_f16)
+{
+    run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16", 0, 0, 0);
+}
+Test(golden_hf, qwen35moe_shexp_f16)
+{
+    run_golden_at("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16", 0, 0, 0);
+}
+Test(golden_hf, qwen3next_f16)
+{
+    run_golden_at("qwen3next_f16", "models/qwen3next_f16", 0, 0, 0);
+}
+
+/* `ferry quantize --type F16` of the directory (quantize_model_file) writes every tensor of the
+ * converter-layout GGUF golden, bit for bit once widened to f32, with the same name and shape, and no other;
+ * the golden's multi-token-prediction block (blk.<n_layers>, absent from transformers' checkpoints) aside. */
+static void hf_quantize_equals_gguf(const char *name)
+{
+    const char *src = getenv("FERRY_SRC");
+    char rel[256], out[512], err[256] = "";
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", name);
+    char *dir = path_join(src, rel);
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    char *ref_path = path_join(src, rel);
+    snprintf(out, sizeof out, "%s/ferry-golden-%ld-%s-f16.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (long)getpid(), name);
+    struct model_file *hf, *ours, *ref;
+    cr_assert_eq(model_file_open(dir, &hf, NULL, NULL, err), FERRY_OK, "%s: %s", dir, err);
+    const struct quantize_params qp = {.ftype = QUANT_FTYPE_F16};
+    cr_assert_eq(quantize_model_file(hf, out, &qp, err), FERRY_OK, "%s: %s", dir, err);
+    const int n_layers = hf->hp.n_layers;
+    model_file_close(hf);
+    cr_assert_eq(model_file_open(out, &ours, NULL, NULL, err), FERRY_OK, "%s: %s", out, err);
+    cr_assert_eq(model_file_open(ref_path, &ref, NULL, NULL, err), FERRY_OK, "%s: %s", ref_path, err);
+    char mtp[32];
+    snprintf(mtp, sizeof mtp, "blk.%d.", n_layers);
+    int n_ref = 0;
+    for (int i = 0; i < ref->n_tensors; i++) {
+        const struct wtensor *r = &ref->tensors[i];
+        if (!strncmp(r->name, mtp, strlen(mtp))) continue;
+        n_ref++;
+        const struct wtensor *o = model_file_tensor(ours, r->name);
+        cr_assert_not_null(o, "%s: ferry's file lacks %s", name, r->name);
+        for (int d = 0; d < 4; d++)
+            cr_assert_eq(o->ne[d], r->ne[d], "%s: %s ne[%d] is %lld, the converter's %lld", name, r->name, d,
+                         (long long)o->ne[d], (long long)r->ne[d]);
+        const int64_t n = r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3];
+        float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+        cr_assert(dtype_to_f32(o->type, o->data, a, n) && dtype_to_f32(r->type, r->data, b, n));
+        int64_t bad = -1;
+        for (int64_t j = 0; j < n && bad < 0; j++)
+            if (a[j] != b[j]) bad = j;
+        cr_expect_eq(bad, -1, "%s: %s element %lld is %.9g, the converter's %.9g", name, r->name,
+                     (long long)bad, bad >= 0 ? a[bad] : 0, bad >= 0 ? b[bad] : 0);
+        free(a);
+        free(b);
+    }
+    cr_expect_eq(ours->n_tensors, n_ref, "%s: ferry wrote %d tensors, the converter %d", name,
+                 ours->n_tensors, n_ref);
+    model_file_close(ours);
+    model_file_close(ref);
+    unlink(out);
+    free(dir);
+    free(ref_path);
+}
+Test(golden_hf, qwen35_quantize_as_converter)
+{
+    hf_quantize_equals_gguf("qwen35_deltanet_f16");
+    hf_quantize_equals_gguf("qwen35moe_shexp_f16");
+    hf_quantize_equals_gguf("qwen3next_f16");
 }
 
 /* gpt-oss (tests/golden/make_gptoss_golden.py): GGUF files written as llama.cpp's converter writes them,

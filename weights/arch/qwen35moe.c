@@ -8,14 +8,17 @@
  * tensors, the experts stacked (ffn_{gate,up,down}_exps, split from transformers' fused gate_up_proj), the
  * router ffn_gate_inp, the shared expert ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp (ne {dim}
  * or {dim, 1}). feed_forward_length may be absent (transformers' config has no intermediate_size): the shared
- * expert's size stands for it. Hugging Face checkpoints are not read for this family yet.
+ * expert's size stands for it. Hugging Face checkpoints as transformers writes them (experts one tensor each)
+ * are read as qwen35's (arch_qwen35_hf_tensors); their router, experts and shared expert need no rearranging.
  */
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "kernels/core/status.h"
 #include "weights/arch/qwen35.h"
 #include "weights/gguf.h"
+#include "weights/gguf_write.h"
 #include "weights/model_file.h"
 
 static const struct layer_op qwen35moe_attn_ops[] = {
@@ -62,15 +65,59 @@ int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, ch
     return FERRY_OK;
 }
 
+/* A positive integer of config.json (at most 2^30). */
+static int moe_int(json_t *c, const char *key, int *out, char *err)
+{
+    json_t *v = json_object_get(c, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 30))
+        return ferry_fail(err, FERRY_ERR_FORMAT, "config.json: '%s' is missing or not a positive integer",
+                          key);
+    *out = (int)json_integer_value(v);
+    return FERRY_OK;
+}
+
+int arch_qwen35moe_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
+{
+    int rc;
+    if ((rc = arch_qwen35_hf_hparams(c, hp, err)) || (rc = moe_int(c, "num_experts", &hp->n_expert, err)) ||
+        (rc = moe_int(c, "num_experts_per_tok", &hp->n_expert_used, err)) ||
+        (rc = moe_int(c, "moe_intermediate_size", &hp->expert_ffn_dim, err)) ||
+        (rc = moe_int(c, "shared_expert_intermediate_size", &hp->ffn_dim, err)))
+        return rc;
+    if (hp->n_expert_used > hp->n_expert)
+        return ferry_fail(err, FERRY_ERR_FORMAT, "config.json: num_experts_per_tok %d exceeds num_experts %d",
+                          hp->n_expert_used, hp->n_expert);
+    json_t *norm = json_object_get(c, "norm_topk_prob");
+    hp->expert_norm_topk = norm && !json_is_null(norm) ? json_is_true(norm) : 1;
+    json_t *step = json_object_get(c, "decoder_sparse_step"), *only = json_object_get(c, "mlp_only_layers");
+    if ((step && !json_is_null(step) && (!json_is_integer(step) || json_integer_value(step) != 1)) ||
+        (only && !json_is_null(only) && (!json_is_array(only) || json_array_size(only) != 0)))
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
+                          "config.json: dense layers among the expert layers (decoder_sparse_step != 1 or "
+                          "mlp_only_layers) are not supported");
+    return FERRY_OK;
+}
+
+int arch_qwen35moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch,
+                              char *err)
+{
+    char key[96];
+    int rc;
+    if ((rc = arch_qwen35_gguf_write(w, hp, arch, err)) || (rc = arch_moe_gguf_write(w, hp, arch, err)))
+        return rc;
+    snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+    return gguf_writer_kv_u32(w, key, (uint32_t)hp->ffn_dim, err);
+}
+
 const struct arch_family arch_qwen35moe = {
     .name = "qwen35moe",
     .title = "Qwen3.5 / 3.6 (MoE)",
     .sizes = "35B-A3B, 122B-A10B, 397B-A17B",
     .notes = "qwen35's hybrid layers; every FFN softmax top-k experts plus a sigmoid-gated shared expert "
-             "(CPU backend, GGUF only)",
+             "(CPU backend)",
     .gguf_names = (const char *const[]){"qwen35moe", NULL},
-    .hf_classes = (const char *const[]){NULL},
-    .hf_types = (const char *const[]){NULL},
+    .hf_classes = (const char *const[]){"Qwen3_5MoeForCausalLM", NULL},
+    .hf_types = (const char *const[]){"qwen3_5_moe_text", NULL},
     .gguf_writes = "qwen35moe",
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen35moe_tensors,
@@ -80,4 +127,7 @@ const struct arch_family arch_qwen35moe = {
     .chat_template = "chatml",
     .gguf_hparams = arch_qwen35moe_gguf_hparams,
     .gguf_ffn_optional = 1,
+    .hf_hparams = arch_qwen35moe_hf_hparams,
+    .hf_tensors = arch_qwen35_hf_tensors,
+    .gguf_write = arch_qwen35moe_gguf_write,
 };
