@@ -321,6 +321,13 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 /* HF name -> GGUF name under the family's tensor list; 0 when it maps, -1 for names ferry does not use. */
 static int hf_map_name(const struct arch_family *fam, const char *hf, char out[96])
 {
+    /* A multimodal checkpoint's language model (model.language_model.*): named as a text model's. */
+    static const char lm[] = "model.language_model.";
+    if (!strncmp(hf, lm, sizeof lm - 1)) {
+        char text[160];
+        if ((size_t)snprintf(text, sizeof text, "model.%s", hf + sizeof lm - 1) >= sizeof text) return -1;
+        return hf_map_name(fam, text, out);
+    }
     for (int i = 0; i < arch_n_globals; i++)
         if (strcmp(hf, arch_globals[i].hf) == 0) return snprintf(out, 96, "%s", arch_globals[i].gguf), 0;
     const char *p = "model.layers.";

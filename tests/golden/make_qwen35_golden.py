@@ -4,7 +4,8 @@ outputs from transformers.
 
 Writes tests/golden/models/qwen35_deltanet_f16.gguf, the checkpoint it comes from as a Hugging Face directory
 tests/golden/models/qwen35_deltanet_f16/ (config.json, model.safetensors: matrices F16, vectors and the conv
-weight F32), and tests/golden/qwen35_deltanet_f16.json: for prompts of
+weight F32), the same language model as a Qwen3_5ForConditionalGeneration with a one-block vision tower
+(tests/golden/models/qwen35_deltanet_f16_vl/), and tests/golden/qwen35_deltanet_f16.json: for prompts of
 1, 7, 45 and 150 tokens (shorter and longer than the 64-token chunks of the gated delta rule, and than a
 16-token prefill step) the last-position logits and 24 greedy tokens computed by transformers in float32
 with the model's own torch paths (torch_chunk_gated_delta_rule, causal_conv1d_fn: flash-linear-attention and
@@ -215,6 +216,21 @@ def main():
     cfg = Qwen3_5TextConfig(**CFG)
     model = Qwen3_5ForCausalLM(cfg).eval()
     make(NAME, model, cfg, SEED, write_gguf)
+    save_multimodal(model, cfg, os.path.join(HERE, "models", NAME + "_vl"))
+
+
+def save_multimodal(model, cfg, path):
+    """The same language model inside a Qwen3_5ForConditionalGeneration (its fields under text_config, its
+    tensors under model.language_model.*) with a one-block vision tower of random weights that a text-only
+    reader leaves alone."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=cfg.hidden_size,
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+    vl = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=CFG, vision_config=vision,
+                                                       tie_word_embeddings=False)).eval()
+    vl.model.language_model.load_state_dict(model.model.state_dict())
+    vl.lm_head.load_state_dict(model.lm_head.state_dict())
+    save_hf(vl, path)
 
 
 def save_hf(model, path):

@@ -415,6 +415,8 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
 Test(golden_hf, qwen35_deltanet_f16)
 {
     run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16", 0, 0, 0);
+    /* The same language model in a Qwen3_5ForConditionalGeneration: text_config, model.language_model.*. */
+    run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16_vl", 0, 0, 0);
 }
 Test(golden_hf, qwen35moe_shexp_f16)
 {
@@ -423,6 +425,15 @@ Test(golden_hf, qwen35moe_shexp_f16)
 Test(golden_hf, qwen3next_f16)
 {
     run_golden_at("qwen3next_f16", "models/qwen3next_f16", 0, 0, 0);
+}
+
+/* The directories written as F32 GGUF files by ferry's writer (the ssm.*, layer-pattern, rotary-section and
+ * expert keys the converter writes, read back by the GGUF loader). */
+Test(golden_gguf, qwen35_hf_written_by_ferry)
+{
+    run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16", 0, 0, 1);
+    run_golden_at("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16", 0, 0, 1);
+    run_golden_at("qwen3next_f16", "models/qwen3next_f16", 0, 0, 1);
 }
 
 /* `ferry quantize --type F16` of the directory (quantize_model_file) writes every tensor of the

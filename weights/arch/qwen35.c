@@ -133,8 +133,8 @@ const struct arch_family arch_qwen35 = {
     .notes = "gated DeltaNet linear attention in 3 of 4 layers (per-sequence state, CPU backend); "
              "gated full attention with partial rotary",
     .gguf_names = (const char *const[]){"qwen35", NULL},
-    .hf_classes = (const char *const[]){"Qwen3_5ForCausalLM", NULL},
-    .hf_types = (const char *const[]){"qwen3_5_text", NULL},
+    .hf_classes = (const char *const[]){"Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", NULL},
+    .hf_types = (const char *const[]){"qwen3_5_text", "qwen3_5", NULL},
     .gguf_writes = "qwen35",
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen35_tensors,

@@ -116,8 +116,8 @@ const struct arch_family arch_qwen35moe = {
     .notes = "qwen35's hybrid layers; every FFN softmax top-k experts plus a sigmoid-gated shared expert "
              "(CPU backend)",
     .gguf_names = (const char *const[]){"qwen35moe", NULL},
-    .hf_classes = (const char *const[]){"Qwen3_5MoeForCausalLM", NULL},
-    .hf_types = (const char *const[]){"qwen3_5_moe_text", NULL},
+    .hf_classes = (const char *const[]){"Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", NULL},
+    .hf_types = (const char *const[]){"qwen3_5_moe_text", "qwen3_5_moe", NULL},
     .gguf_writes = "qwen35moe",
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen35moe_tensors,
