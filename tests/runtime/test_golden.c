@@ -495,6 +495,48 @@ Test(golden_hf, qwen35_quantize_as_converter)
     hf_quantize_equals_gguf("qwen3next_f16");
 }
 
+/* The Qwen3.5 directory with one config.json field replaced (the weights linked): the open fails, err names
+ * `want`. */
+static void qwen35_hf_refused(const char *key, json_t *value, const char *want)
+{
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char *mdir = path_join(getenv("FERRY_SRC"), "tests/golden/models/qwen35_deltanet_f16");
+    char dir[512], path[600], err[256] = "";
+    snprintf(dir, sizeof dir, "%s/ferry-qwen35-bad-%ld", tmp, (long)getpid());
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *st = path_join(mdir, "model.safetensors"), *cfg_in = path_join(mdir, "config.json");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(symlink(st, path), 0);
+    json_t *cfg = load_json(cfg_in);
+    json_object_set_new(cfg, key, value);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    struct model_file *mf = NULL;
+    int rc = model_file_open(dir, &mf, NULL, NULL, err);
+    if (rc == FERRY_OK) rc = model_file_validate(mf, err);
+    cr_expect_neq(rc, FERRY_OK, "%s: accepted", key);
+    cr_expect(strstr(err, want), "%s: the error names %s: %s", key, want, err);
+    model_file_close(mf);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    json_decref(cfg);
+    free(cfg_in);
+    free(st);
+    free(mdir);
+}
+/* Linear-attention fields that disagree with each other or with the tensors are refused by name. */
+Test(golden_hf, qwen35_bad_config)
+{
+    qwen35_hf_refused("linear_num_value_heads", json_integer(3), "linear_num_value_heads");
+    qwen35_hf_refused("linear_conv_kernel_dim", json_integer(3), "ssm_conv1d");
+    qwen35_hf_refused("linear_value_head_dim", json_integer(8), "blk.0.");
+    qwen35_hf_refused("full_attention_interval", json_integer(2), "layer_types[1]");
+    qwen35_hf_refused("attn_output_gate", json_false(), "attn_output_gate");
+    qwen35_hf_refused("linear_key_head_dim", json_string("16"), "linear_key_head_dim");
+}
+
 /* gpt-oss (tests/golden/make_gptoss_golden.py): GGUF files written as llama.cpp's converter writes them,
  * matrices in F16 and, in the second, the experts in MXFP4 (the weights hold those values exactly, so both
  * are transformers' function): sinks, windows of 16 on layer 0, YaRN, biases, the clamped SwiGLU. */

@@ -199,6 +199,11 @@ int arch_qwen35_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
 {
     int rc, head_v = 0;
     hp->attn_out_gate = 1;
+    json_t *gate = json_object_get(c, "attn_output_gate");
+    if (gate && !json_is_null(gate) && !json_is_true(gate))
+        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
+                          "config.json: attn_output_gate false (full attention without its output gate) is "
+                          "not supported");
     if ((rc = cfg_int(c, "linear_conv_kernel_dim", 0, 16, &hp->ssm_conv_kernel, err)) ||
         (rc = cfg_int(c, "linear_key_head_dim", 0, 1024, &hp->ssm_head_k, err)) ||
         (rc = cfg_int(c, "linear_num_key_heads", 0, 1024, &hp->ssm_n_k_heads, err)) ||
