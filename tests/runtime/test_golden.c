@@ -495,14 +495,13 @@ Test(golden_hf, qwen35_quantize_as_converter)
     hf_quantize_equals_gguf("qwen3next_f16");
 }
 
-/* The Qwen3.5 directory with one config.json field replaced (the weights linked): the open fails, err names
- * `want`. */
-static void qwen35_hf_refused(const char *key, json_t *value, const char *want)
+/* A copy of HF directory mdir in dir (under TMPDIR): its weights linked, config.json's `key` set to value
+ * (stolen). hf_copy_remove deletes it. */
+static void hf_copy_with(const char *mdir, const char *key, json_t *value, char dir[512])
 {
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    char *mdir = path_join(getenv("FERRY_SRC"), "tests/golden/models/qwen35_deltanet_f16");
-    char dir[512], path[600], err[256] = "";
-    snprintf(dir, sizeof dir, "%s/ferry-qwen35-bad-%ld", tmp, (long)getpid());
+    char path[600];
+    snprintf(dir, 512, "%s/ferry-hf-bad-%ld", tmp, (long)getpid());
     cr_assert_eq(mkdir(dir, 0700), 0);
     char *st = path_join(mdir, "model.safetensors"), *cfg_in = path_join(mdir, "config.json");
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -511,19 +510,34 @@ static void qwen35_hf_refused(const char *key, json_t *value, const char *want)
     json_object_set_new(cfg, key, value);
     snprintf(path, sizeof path, "%s/config.json", dir);
     cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    free(cfg_in);
+    free(st);
+}
+
+static void hf_copy_remove(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* The Qwen3.5 directory with one config.json field replaced: the open fails, err names `want`. */
+static void qwen35_hf_refused(const char *key, json_t *value, const char *want)
+{
+    char *mdir = path_join(getenv("FERRY_SRC"), "tests/golden/models/qwen35_deltanet_f16");
+    char dir[512], err[256] = "";
+    hf_copy_with(mdir, key, value, dir);
     struct model_file *mf = NULL;
     int rc = model_file_open(dir, &mf, NULL, NULL, err);
     if (rc == FERRY_OK) rc = model_file_validate(mf, err);
     cr_expect_neq(rc, FERRY_OK, "%s: accepted", key);
     cr_expect(strstr(err, want), "%s: the error names %s: %s", key, want, err);
     model_file_close(mf);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-    json_decref(cfg);
-    free(cfg_in);
-    free(st);
+    hf_copy_remove(dir);
     free(mdir);
 }
 /* Linear-attention fields that disagree with each other or with the tensors are refused by name. */
@@ -701,28 +715,13 @@ Test(golden_gguf, qwen3moe_bad_experts_refused)
     free(b);
     unlink(gguf);
 
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/ferry-moe-bad-%ld", tmp, (long)getpid());
-    cr_assert_eq(mkdir(dir, 0700), 0);
-    char *st = path_join(mdir, "model.safetensors");
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    cr_assert_eq(symlink(st, path), 0);
-    char *cfg_in = path_join(mdir, "config.json");
-    json_t *cfg = load_json(cfg_in);
-    json_object_set_new(cfg, "num_local_experts", json_integer(9));
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    char dir[512];
+    hf_copy_with(mdir, "num_local_experts", json_integer(9), dir);
     rc = model_file_open(dir, &mf, NULL, NULL, err);
     cr_assert_neq(rc, FERRY_OK);
     cr_assert(strstr(err, "model.layers.0.mlp.experts.8.gate_proj.weight"), "the error names the tensor: %s",
               err);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-    json_decref(cfg);
-    free(cfg_in);
-    free(st);
+    hf_copy_remove(dir);
     free(mdir);
 }
 

@@ -91,8 +91,8 @@ int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, ch
  * partial_rotary_factor (rope_parameters' or top level; 0.25 when absent), rope_parameters.mrope_section
  * (kept for the GGUF writer). */
 int arch_qwen35_hf_hparams(struct json_t *c, struct llm_hparams *hp, char *err);
-/* Those plus num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size (as
- * ffn_dim) and norm_topk_prob (default true); a dense layer among the expert ones is refused. */
+/* Those plus Qwen3-MoE's expert fields (arch_qwen3moe_hf_hparams, norm_topk_prob defaulting to true here) and
+ * shared_expert_intermediate_size (as ffn_dim). */
 int arch_qwen35moe_hf_hparams(struct json_t *c, struct llm_hparams *hp, char *err);
 /* The checkpoint's tensors, mapped to GGUF names, made what llama.cpp's converter writes: every RMSNorm
  * weight but the gated norm's as 1 + w, ssm_a as -exp(A_log), the conv weight (conv_dim, 1, width) as

@@ -65,36 +65,21 @@ int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, ch
     return FERRY_OK;
 }
 
-/* A positive integer of config.json (at most 2^30). */
-static int moe_int(json_t *c, const char *key, int *out, char *err)
-{
-    json_t *v = json_object_get(c, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 30))
-        return ferry_fail(err, FERRY_ERR_FORMAT, "config.json: '%s' is missing or not a positive integer",
-                          key);
-    *out = (int)json_integer_value(v);
-    return FERRY_OK;
-}
-
 int arch_qwen35moe_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
 {
     int rc;
-    if ((rc = arch_qwen35_hf_hparams(c, hp, err)) || (rc = moe_int(c, "num_experts", &hp->n_expert, err)) ||
-        (rc = moe_int(c, "num_experts_per_tok", &hp->n_expert_used, err)) ||
-        (rc = moe_int(c, "moe_intermediate_size", &hp->expert_ffn_dim, err)) ||
-        (rc = moe_int(c, "shared_expert_intermediate_size", &hp->ffn_dim, err)))
-        return rc;
+    if ((rc = arch_qwen35_hf_hparams(c, hp, err)) || (rc = arch_qwen3moe_hf_hparams(c, hp, err))) return rc;
+    json_t *sh = json_object_get(c, "shared_expert_intermediate_size");
+    if (!json_is_integer(sh) || json_integer_value(sh) < 1 || json_integer_value(sh) > (1 << 30))
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "config.json: 'shared_expert_intermediate_size' is missing or not a positive integer");
+    hp->ffn_dim = (int)json_integer_value(sh);
+    json_t *norm = json_object_get(c, "norm_topk_prob");
+    if (!norm || json_is_null(norm)) hp->expert_norm_topk = 1; /* Qwen3.5-MoE's router always normalises */
     if (hp->n_expert_used > hp->n_expert)
         return ferry_fail(err, FERRY_ERR_FORMAT, "config.json: num_experts_per_tok %d exceeds num_experts %d",
                           hp->n_expert_used, hp->n_expert);
-    json_t *norm = json_object_get(c, "norm_topk_prob");
-    hp->expert_norm_topk = norm && !json_is_null(norm) ? json_is_true(norm) : 1;
-    json_t *step = json_object_get(c, "decoder_sparse_step"), *only = json_object_get(c, "mlp_only_layers");
-    if ((step && !json_is_null(step) && (!json_is_integer(step) || json_integer_value(step) != 1)) ||
-        (only && !json_is_null(only) && (!json_is_array(only) || json_array_size(only) != 0)))
-        return ferry_fail(err, FERRY_ERR_UNSUPPORTED,
-                          "config.json: dense layers among the expert layers (decoder_sparse_step != 1 or "
-                          "mlp_only_layers) are not supported");
     return FERRY_OK;
 }
 
