@@ -233,10 +233,12 @@ def save_multimodal(model, cfg, path):
     save_hf(vl, path)
 
 
-def save_hf(model, path):
+def save_hf(model, path, fused=False):
     """The checkpoint as transformers writes it (config.json, model.safetensors with its tensor names), the
     f16-exact matrices stored as F16 and the vectors and conv weights as F32, so that it holds the same
-    function as the GGUF file and stays small."""
+    function as the GGUF file and stays small. fused: the experts as the released Qwen3.5-MoE checkpoints
+    store them, one mlp.experts.gate_up_proj (n_expert, 2 ffn, dim) and down_proj (n_expert, dim, ffn) per
+    layer (the model's own parameters), where save_pretrained writes one tensor per expert."""
     import shutil
     import tempfile
     from safetensors.torch import load_file, save_file
@@ -245,11 +247,13 @@ def save_hf(model, path):
         sd = load_file(os.path.join(d, "model.safetensors"))
         os.makedirs(path, exist_ok=True)
         shutil.copy(os.path.join(d, "config.json"), os.path.join(path, "config.json"))
+    if fused:
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     out = {k: (v.half() if v.dim() >= 2 and "conv1d" not in k else v).contiguous() for k, v in sd.items()}
     save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
-def make(name, model, cfg, seed, write):
+def make(name, model, cfg, seed, write, hf_fused=False):
     """Random weights (seed), rounded to f16; the file (write(model, cfg, path)) and the reference outputs
     for PROMPT_LENGTHS into tests/golden/{name}.json."""
     init_weights(model, seed)
@@ -261,7 +265,7 @@ def make(name, model, cfg, seed, write):
     gguf_dir = os.path.join(HERE, "models")
     os.makedirs(gguf_dir, exist_ok=True)
     write(model, cfg, os.path.join(gguf_dir, name + ".gguf"))
-    save_hf(model, os.path.join(gguf_dir, name))
+    save_hf(model, os.path.join(gguf_dir, name), hf_fused)
     g = torch.Generator().manual_seed(seed + 1)
     cases = []
     for n in PROMPT_LENGTHS:

@@ -525,10 +525,12 @@ static void hf_copy_remove(const char *dir)
     rmdir(dir);
 }
 
-/* The Qwen3.5 directory with one config.json field replaced: the open fails, err names `want`. */
-static void qwen35_hf_refused(const char *key, json_t *value, const char *want)
+/* Golden directory `model` with one config.json field replaced: the open fails, err names `want`. */
+static void hf_refused(const char *model, const char *key, json_t *value, const char *want)
 {
-    char *mdir = path_join(getenv("FERRY_SRC"), "tests/golden/models/qwen35_deltanet_f16");
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", model);
+    char *mdir = path_join(getenv("FERRY_SRC"), rel);
     char dir[512], err[256] = "";
     hf_copy_with(mdir, key, value, dir);
     struct model_file *mf = NULL;
@@ -543,12 +545,17 @@ static void qwen35_hf_refused(const char *key, json_t *value, const char *want)
 /* Linear-attention fields that disagree with each other or with the tensors are refused by name. */
 Test(golden_hf, qwen35_bad_config)
 {
-    qwen35_hf_refused("linear_num_value_heads", json_integer(3), "linear_num_value_heads");
-    qwen35_hf_refused("linear_conv_kernel_dim", json_integer(3), "ssm_conv1d");
-    qwen35_hf_refused("linear_value_head_dim", json_integer(8), "blk.0.");
-    qwen35_hf_refused("full_attention_interval", json_integer(2), "layer_types[1]");
-    qwen35_hf_refused("attn_output_gate", json_false(), "attn_output_gate");
-    qwen35_hf_refused("linear_key_head_dim", json_string("16"), "linear_key_head_dim");
+    const char *d = "qwen35_deltanet_f16";
+    hf_refused(d, "linear_num_value_heads", json_integer(3), "linear_num_value_heads");
+    hf_refused(d, "linear_conv_kernel_dim", json_integer(3), "ssm_conv1d");
+    hf_refused(d, "linear_value_head_dim", json_integer(8), "blk.0.");
+    hf_refused(d, "full_attention_interval", json_integer(2), "layer_types[1]");
+    hf_refused(d, "attn_output_gate", json_false(), "attn_output_gate");
+    hf_refused(d, "linear_key_head_dim", json_string("16"), "linear_key_head_dim");
+    /* Fused experts (mlp.experts.gate_up_proj, down_proj) that disagree with the config. */
+    hf_refused("qwen35moe_shexp_f16", "moe_intermediate_size", json_integer(20),
+               "model.layers.0.mlp.experts.gate_up_proj");
+    hf_refused("qwen35moe_shexp_f16", "num_experts", json_integer(5), "model.layers.0.mlp.experts.");
 }
 
 /* gpt-oss (tests/golden/make_gptoss_golden.py): GGUF files written as llama.cpp's converter writes them,
