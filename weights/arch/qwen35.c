@@ -7,7 +7,8 @@
  * rotary there). Every layer ends with a SwiGLU FFN after post_attention_norm.
  * GGUF files as llama.cpp's converter writes the "qwen35" architecture: its RMSNorm weights already 1 + w,
  * ssm_a already -exp(A_log), value heads tiled over the key heads (kernels/cpu/deltanet.h). Hugging Face
- * checkpoints (Qwen3_5ForCausalLM) are read and rearranged into that layout (arch_qwen35_hf_tensors).
+ * checkpoints (Qwen3_5ForCausalLM, and the language model of Qwen3_5ForConditionalGeneration) are read and
+ * rearranged into that layout (arch_qwen35_hf_tensors).
  */
 #include "weights/arch/qwen35.h"
 

@@ -8,8 +8,10 @@
  * tensors, the experts stacked (ffn_{gate,up,down}_exps, split from transformers' fused gate_up_proj), the
  * router ffn_gate_inp, the shared expert ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp (ne {dim}
  * or {dim, 1}). feed_forward_length may be absent (transformers' config has no intermediate_size): the shared
- * expert's size stands for it. Hugging Face checkpoints as transformers writes them (experts one tensor each)
- * are read as qwen35's (arch_qwen35_hf_tensors); their router, experts and shared expert need no rearranging.
+ * expert's size stands for it. Hugging Face checkpoints (Qwen3_5MoeForCausalLM, the language model of
+ * Qwen3_5MoeForConditionalGeneration) are read as qwen35's (arch_qwen35_hf_tensors), their experts one tensor
+ * each (as save_pretrained writes them) or fused per layer (as the released checkpoints have them), stacked
+ * at load; the router and the shared expert need no rearranging.
  */
 #include <jansson.h>
 #include <stdint.h>
