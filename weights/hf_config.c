@@ -203,20 +203,26 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     hp->family = fam;
     snprintf(hp->arch, sizeof hp->arch, "%s", fam->hf_types[0]);
 
-    if ((rc = get_int(root, "hidden_size", -1, &hp->dim, f, err))) goto out;
-    if ((rc = get_int(root, "intermediate_size", -1, &hp->ffn_dim, f, err))) goto out;
-    if ((rc = get_int(root, "num_hidden_layers", -1, &hp->n_layers, f, err))) goto out;
-    if ((rc = get_int(root, "num_attention_heads", -1, &hp->n_heads, f, err))) goto out;
-    if ((rc = get_int(root, "num_key_value_heads", hp->n_heads, &hp->n_kv_heads, f, err))) goto out;
-    if ((rc = get_int(root, "head_dim", hp->dim / hp->n_heads > 0 ? hp->dim / hp->n_heads : 1, &hp->head_dim,
+    /* A multimodal model (Qwen3_5ForConditionalGeneration) keeps its language model's fields in text_config.
+     */
+    json_t *cfg = json_object_get(root, "text_config");
+    if (!json_is_object(cfg)) cfg = root;
+    if ((rc = get_int(cfg, "hidden_size", -1, &hp->dim, f, err))) goto out;
+    /* MoE families whose FFNs are all experts may have none (their hf_hparams sets ffn_dim). */
+    if ((rc = get_int(cfg, "intermediate_size", fam->gguf_ffn_optional ? 0 : -1, &hp->ffn_dim, f, err)))
+        goto out;
+    if ((rc = get_int(cfg, "num_hidden_layers", -1, &hp->n_layers, f, err))) goto out;
+    if ((rc = get_int(cfg, "num_attention_heads", -1, &hp->n_heads, f, err))) goto out;
+    if ((rc = get_int(cfg, "num_key_value_heads", hp->n_heads, &hp->n_kv_heads, f, err))) goto out;
+    if ((rc = get_int(cfg, "head_dim", hp->dim / hp->n_heads > 0 ? hp->dim / hp->n_heads : 1, &hp->head_dim,
                       f, err)))
         goto out;
-    if ((rc = get_int(root, "vocab_size", -1, &hp->n_vocab, f, err))) goto out;
-    if ((rc = get_int(root, "max_position_embeddings", 2048, &hp->ctx_train, f, err))) goto out;
-    if ((rc = get_pos(root, "rms_norm_eps", 1e-6, &hp->norm_eps, f, err))) goto out;
+    if ((rc = get_int(cfg, "vocab_size", -1, &hp->n_vocab, f, err))) goto out;
+    if ((rc = get_int(cfg, "max_position_embeddings", 2048, &hp->ctx_train, f, err))) goto out;
+    if ((rc = get_pos(cfg, "rms_norm_eps", 1e-6, &hp->norm_eps, f, err))) goto out;
     /* transformers >= 5 writes rope_parameters {rope_type, rope_theta, factor, ...} instead of top-level
      * rope_theta and rope_scaling; the top-level keys win when both are present. */
-    json_t *rp = json_object_get(root, "rope_parameters");
+    json_t *rp = json_object_get(cfg, "rope_parameters");
     if (rp && !json_is_null(rp) && !json_is_object(rp)) {
         rc = ferry_fail(err, FERRY_ERR_FORMAT, "%s: key 'rope_parameters' is not an object", f);
         goto out;
@@ -224,25 +230,29 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     /* Per layer kind ({"full_attention": {...}, "sliding_attention": {...}}): the global layers' here, the
      * local layers' read by the family. */
     if (json_is_object(json_object_get(rp, "full_attention"))) rp = json_object_get(rp, "full_attention");
-    json_t *jt = json_object_get(root, "rope_theta");
+    json_t *jt = json_object_get(cfg, "rope_theta");
     if ((!jt || json_is_null(jt)) && json_is_object(rp)) {
         if ((rc = get_pos(rp, "rope_theta", 10000.0, &hp->rope_theta, "config.json rope_parameters", err)))
             goto out;
-    } else if ((rc = get_pos(root, "rope_theta", 10000.0, &hp->rope_theta, f, err))) {
+    } else if ((rc = get_pos(cfg, "rope_theta", 10000.0, &hp->rope_theta, f, err))) {
         goto out;
     }
-    if ((rc = get_bool(root, "tie_word_embeddings", 0, &hp->tied_embeddings, f, err))) goto out;
-    json_t *rs = json_object_get(root, "rope_scaling");
+    /* A composite model's tie_word_embeddings is its own (top level), else its text part's. */
+    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    if ((rc = get_bool(tie && !json_is_null(tie) ? root : cfg, "tie_word_embeddings", 0, &hp->tied_embeddings,
+                       f, err)))
+        goto out;
+    json_t *rs = json_object_get(cfg, "rope_scaling");
     if ((!rs || json_is_null(rs)) && json_is_object(rp)) rs = rp;
     if ((rc = parse_rope_scaling(rs, &hp->rope_scaling, err))) goto out;
-    if (hp->rope_scaling.type == ROPE_SCALING_LONGROPE && (rc = parse_longrope(root, rs, hp, err))) goto out;
+    if (hp->rope_scaling.type == ROPE_SCALING_LONGROPE && (rc = parse_longrope(cfg, rs, hp, err))) goto out;
     hp->rope_dim = hp->head_dim;
     hp->rope_style = ROPE_STYLE_HALF;
     hp->qkv_bias = fam->hf_qkv_bias;
 
     int ab = 0, mb = 0;
-    if ((rc = get_bool(root, "attention_bias", 0, &ab, f, err))) goto out;
-    if ((rc = get_bool(root, "mlp_bias", 0, &mb, f, err))) goto out;
+    if ((rc = get_bool(cfg, "attention_bias", 0, &ab, f, err))) goto out;
+    if ((rc = get_bool(cfg, "mlp_bias", 0, &mb, f, err))) goto out;
     if ((ab && !fam->hf_attention_bias) || mb) {
         rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s is not supported", f,
                         ab ? "attention_bias" : "mlp_bias");
@@ -251,7 +261,7 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
     const char *want_act = fam->hf_act ? fam->hf_act : "silu";
     static const char *const act_keys[] = {"hidden_act", "hidden_activation"};
     for (int i = 0; i < 2; i++) {
-        json_t *hact = json_object_get(root, act_keys[i]);
+        json_t *hact = json_object_get(cfg, act_keys[i]);
         if (hact && json_is_string(hact) && strcmp(json_string_value(hact), want_act) != 0) {
             rc = ferry_fail(err, FERRY_ERR_UNSUPPORTED, "%s: %s '%.40s' is not supported (%s)", f,
                             act_keys[i], json_string_value(hact), want_act);
@@ -259,13 +269,13 @@ int hf_config_parse(const char *json, size_t len, struct llm_hparams *hp, char e
         }
     }
     int sw = 0;
-    if ((rc = get_bool(root, "use_sliding_window", 0, &sw, f, err))) goto out;
+    if ((rc = get_bool(cfg, "use_sliding_window", 0, &sw, f, err))) goto out;
     if (sw) FLOG_WARN("%s: use_sliding_window is set; ferry attends to the full context", f);
-    json_t *swin = json_object_get(root, "sliding_window");
+    json_t *swin = json_object_get(cfg, "sliding_window");
     if (fam->hf_window_warn && json_is_integer(swin) && json_integer_value(swin) < hp->ctx_train)
         FLOG_WARN("%s: sliding_window %lld is ignored; ferry attends to the full context", f,
                   (long long)json_integer_value(swin));
-    if (fam->hf_hparams) rc = fam->hf_hparams(root, hp, err);
+    if (fam->hf_hparams) rc = fam->hf_hparams(cfg, hp, err);
 out:
     json_decref(root);
     return rc;

@@ -43,7 +43,11 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
     TRY(gguf_writer_kv_u32(w, KEY("block_count"), (uint32_t)hp->n_layers, err));
     TRY(gguf_writer_kv_u32(w, KEY("context_length"), (uint32_t)hp->ctx_train, err));
     TRY(gguf_writer_kv_u32(w, KEY("embedding_length"), (uint32_t)hp->dim, err));
-    TRY(gguf_writer_kv_u32(w, KEY("feed_forward_length"), (uint32_t)hp->ffn_dim, err));
+    /* Families whose FFNs are all experts (their files may lack the key) write their sizes in gguf_write, as
+     * llama.cpp's converter does for Qwen3.5-MoE. */
+    const struct arch_family *fam = arch_find_gguf(arch, strlen(arch));
+    if (!fam || !fam->gguf_ffn_optional || hp->n_expert == 0)
+        TRY(gguf_writer_kv_u32(w, KEY("feed_forward_length"), (uint32_t)hp->ffn_dim, err));
     TRY(gguf_writer_kv_u32(w, KEY("attention.head_count"), (uint32_t)hp->n_heads, err));
     TRY(gguf_writer_kv_u32(w, KEY("attention.head_count_kv"), (uint32_t)hp->n_kv_heads, err));
     TRY(gguf_writer_kv_f32(w, KEY("rope.freq_base"), hp->rope_theta, err));
@@ -75,7 +79,6 @@ int hf_export_metadata(struct gguf_writer *w, const struct model_file *mf, const
         TRY(gguf_writer_kv_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)sc->orig_ctx, err));
         TRY(gguf_writer_kv_f32(w, KEY("rope.scaling.attn_factor"), sc->attn_factor, err));
     }
-    const struct arch_family *fam = arch_find_gguf(arch, strlen(arch));
     if (fam && hp->n_expert > 0 && fam->gguf_experts) fam = fam->gguf_experts; /* Mixtral: llama + experts */
     if (fam && fam->gguf_write) TRY(fam->gguf_write(w, hp, arch, err));
 #undef KEY

@@ -321,6 +321,13 @@ static int from_gguf(struct model_file *mf, struct progress *pr, char *err)
 /* HF name -> GGUF name under the family's tensor list; 0 when it maps, -1 for names ferry does not use. */
 static int hf_map_name(const struct arch_family *fam, const char *hf, char out[96])
 {
+    /* A multimodal checkpoint's language model (model.language_model.*): named as a text model's. */
+    static const char lm[] = "model.language_model.";
+    if (!strncmp(hf, lm, sizeof lm - 1)) {
+        char text[160];
+        if ((size_t)snprintf(text, sizeof text, "model.%s", hf + sizeof lm - 1) >= sizeof text) return -1;
+        return hf_map_name(fam, text, out);
+    }
     for (int i = 0; i < arch_n_globals; i++)
         if (strcmp(hf, arch_globals[i].hf) == 0) return snprintf(out, 96, "%s", arch_globals[i].gguf), 0;
     const char *p = "model.layers.";
@@ -340,6 +347,15 @@ static int hf_map_name(const struct arch_family *fam, const char *hf, char out[9
         /* One expert's matrix: "<gguf name>#E" until stack_experts stacks the layer's experts. */
         const size_t pre = (size_t)(star - hf_name);
         if (strncmp(rest, hf_name, pre) != 0) continue;
+        /* transformers 5's fused experts under the same prefix: down_proj (E, dim, ffn) is the stacked
+         * tensor as GGUF has it; gate_up_proj (E, 2 ffn, dim) stays "<gate's gguf name>#gate_up" until
+         * stack_experts splits it. */
+        const enum arch_role role = fam->tensors[i].role;
+        if ((role == ARCH_ROLE_EXP_DOWN && !strcmp(rest + pre, "down_proj")) ||
+            (role == ARCH_ROLE_EXP_GATE && !strcmp(rest + pre, "gate_up_proj")))
+            return snprintf(out, 96, "blk.%d.%s%s", li, fam->tensors[i].gguf,
+                            role == ARCH_ROLE_EXP_GATE ? "#gate_up" : ""),
+                   0;
         int ne = 0, ei = 0;
         while (rest[pre + ne] >= '0' && rest[pre + ne] <= '9' && ne < 5)
             ei = ei * 10 + (rest[pre + ne++] - '0');
@@ -369,6 +385,40 @@ static int stack_experts(struct model_file *mf, char *err)
                 if (!strchr(at->hf, '*')) continue;
                 long long ne[3];
                 arch_role_shape(at->role, hp, ne);
+                snprintf(name, sizeof name, "blk.%d.%s", l, at->gguf);
+                const struct wtensor *whole = model_file_tensor(mf, name);
+                const struct arch_tensor *gt = arch_tensor_of(fam, ARCH_ROLE_EXP_GATE);
+                snprintf(name, sizeof name, "blk.%d.%s#gate_up", l, gt ? gt->gguf : "");
+                const struct wtensor *gu = model_file_tensor(mf, name);
+                if (pass == 1 && whole) continue; /* a fused down_proj, checked in pass 0 */
+                if (whole || (gu && (at->role == ARCH_ROLE_EXP_GATE || at->role == ARCH_ROLE_EXP_UP))) {
+                    /* Fused: down_proj as it is, gate and up the halves of each expert's gate_up_proj. */
+                    const struct wtensor *f = whole ? whole : gu;
+                    const long long rows = whole ? ne[1] : 2 * ne[1];
+                    if (f->ne[0] != ne[0] || f->ne[1] != rows || f->ne[2] != ne[2] || f->ne[3] != 1)
+                        return ferry_fail(
+                            err, FERRY_ERR_FORMAT,
+                            "tensor 'model.layers.%d.mlp.experts.%s' has ne [%lld, %lld, %lld], "
+                            "expected [%lld, %lld, %lld]",
+                            l, whole ? "down_proj" : "gate_up_proj", (long long)f->ne[0], (long long)f->ne[1],
+                            (long long)f->ne[2], ne[0], rows, ne[2]);
+                    if (whole) continue;
+                    const size_t half = f->nbytes / 2 / (size_t)hp->n_expert; /* one expert's gate or up */
+                    if (pass == 0) {
+                        bytes += half * (size_t)hp->n_expert, n_stacked++;
+                        continue;
+                    }
+                    for (int e = 0; e < hp->n_expert; e++, dst += half)
+                        memcpy(dst,
+                               (const char *)f->data +
+                                   (2 * (size_t)e + (at->role == ARCH_ROLE_EXP_UP)) * half,
+                               half);
+                    struct wtensor *w = &mf->tensors[mf->n_tensors++];
+                    *w = *f;
+                    snprintf(w->name, sizeof w->name, "blk.%d.%s", l, at->gguf);
+                    w->ne[1] = ne[1], w->nbytes = half * (size_t)hp->n_expert, w->data = dst - w->nbytes;
+                    continue;
+                }
                 const struct wtensor *first = NULL;
                 for (int e = 0; e < hp->n_expert; e++) {
                     snprintf(name, sizeof name, "blk.%d.%s#%d", l, at->gguf, e);

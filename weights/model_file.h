@@ -73,6 +73,8 @@ struct llm_hparams {
     /* 1: value heads grouped by key head, value head j reading key head j / (n_v_heads / n_k_heads)
      * (Qwen3-Next); 0: tiled over them, j % n_k_heads (llama.cpp's Qwen3.5 files). */
     int ssm_grouped;
+    int rope_sections[4]; /* Qwen3.5 HF: rope_parameters' mrope_section, for the GGUF writer; text positions
+                           * are the same in every section, so the forward pass never reads it */
     /* Gemma 4 (0 elsewhere): head_dim, n_kv_heads and rope_dim above are the global layers' (as llama.cpp's
      * GGUF keys give them); the local layers have their own. A global layer without attn_v takes its keys as
      * its values. Logits are soft-capped: c * tanh(logits / c). */

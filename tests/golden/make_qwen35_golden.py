@@ -2,7 +2,10 @@
 """make_qwen35_golden.py — a tiny random Qwen3.5 (transformers' qwen3_5) model as a GGUF file, and its reference
 outputs from transformers.
 
-Writes tests/golden/models/qwen35_deltanet_f16.gguf and tests/golden/qwen35_deltanet_f16.json: for prompts of
+Writes tests/golden/models/qwen35_deltanet_f16.gguf, the checkpoint it comes from as a Hugging Face directory
+tests/golden/models/qwen35_deltanet_f16/ (config.json, model.safetensors: matrices F16, vectors and the conv
+weight F32), the same language model as a Qwen3_5ForConditionalGeneration with a one-block vision tower
+(tests/golden/models/qwen35_deltanet_f16_vl/), and tests/golden/qwen35_deltanet_f16.json: for prompts of
 1, 7, 45 and 150 tokens (shorter and longer than the 64-token chunks of the gated delta rule, and than a
 16-token prefill step) the last-position logits and 24 greedy tokens computed by transformers in float32
 with the model's own torch paths (torch_chunk_gated_delta_rule, causal_conv1d_fn: flash-linear-attention and
@@ -213,9 +216,44 @@ def main():
     cfg = Qwen3_5TextConfig(**CFG)
     model = Qwen3_5ForCausalLM(cfg).eval()
     make(NAME, model, cfg, SEED, write_gguf)
+    save_multimodal(model, cfg, os.path.join(HERE, "models", NAME + "_vl"))
 
 
-def make(name, model, cfg, seed, write):
+def save_multimodal(model, cfg, path):
+    """The same language model inside a Qwen3_5ForConditionalGeneration (its fields under text_config, its
+    tensors under model.language_model.*) with a one-block vision tower of random weights that a text-only
+    reader leaves alone."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=cfg.hidden_size,
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+    vl = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=CFG, vision_config=vision,
+                                                       tie_word_embeddings=False)).eval()
+    vl.model.language_model.load_state_dict(model.model.state_dict())
+    vl.lm_head.load_state_dict(model.lm_head.state_dict())
+    save_hf(vl, path)
+
+
+def save_hf(model, path, fused=False):
+    """The checkpoint as transformers writes it (config.json, model.safetensors with its tensor names), the
+    f16-exact matrices stored as F16 and the vectors and conv weights as F32, so that it holds the same
+    function as the GGUF file and stays small. fused: the experts as the released Qwen3.5-MoE checkpoints
+    store them, one mlp.experts.gate_up_proj (n_expert, 2 ffn, dim) and down_proj (n_expert, dim, ffn) per
+    layer (the model's own parameters), where save_pretrained writes one tensor per expert."""
+    import shutil
+    import tempfile
+    from safetensors.torch import load_file, save_file
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        sd = load_file(os.path.join(d, "model.safetensors"))
+        os.makedirs(path, exist_ok=True)
+        shutil.copy(os.path.join(d, "config.json"), os.path.join(path, "config.json"))
+    if fused:
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = {k: (v.half() if v.dim() >= 2 and "conv1d" not in k else v).contiguous() for k, v in sd.items()}
+    save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def make(name, model, cfg, seed, write, hf_fused=False):
     """Random weights (seed), rounded to f16; the file (write(model, cfg, path)) and the reference outputs
     for PROMPT_LENGTHS into tests/golden/{name}.json."""
     init_weights(model, seed)
@@ -227,6 +265,7 @@ def make(name, model, cfg, seed, write):
     gguf_dir = os.path.join(HERE, "models")
     os.makedirs(gguf_dir, exist_ok=True)
     write(model, cfg, os.path.join(gguf_dir, name + ".gguf"))
+    save_hf(model, os.path.join(gguf_dir, name), hf_fused)
     g = torch.Generator().manual_seed(seed + 1)
     cases = []
     for n in PROMPT_LENGTHS:

@@ -2,7 +2,9 @@
 """make_qwen35moe_golden.py — a tiny random Qwen3.5-MoE (transformers' qwen3_5_moe) model as a GGUF file, and
 its reference outputs from transformers.
 
-Writes tests/golden/models/qwen35moe_shexp_f16.gguf and tests/golden/qwen35moe_shexp_f16.json: for prompts of
+Writes tests/golden/models/qwen35moe_shexp_f16.gguf, its checkpoint as a Hugging Face directory
+tests/golden/models/qwen35moe_shexp_f16/ (the experts fused per layer, mlp.experts.gate_up_proj and down_proj,
+as the released Qwen3.5-MoE checkpoints store them) and tests/golden/qwen35moe_shexp_f16.json: for prompts of
 1, 7, 45 and 150 tokens the last-position logits (f32) and 24 greedy tokens computed by transformers in
 float32, as make_qwen35_golden.py does for the dense family (its layers, weights, rounding and file writer
 are reused here).
@@ -69,7 +71,7 @@ def main():
     torch.manual_seed(SEED)
     cfg = Qwen3_5MoeTextConfig(**CFG)
     model = Qwen3_5MoeForCausalLM(cfg).eval()
-    q35.make(NAME, model, cfg, SEED, write)
+    q35.make(NAME, model, cfg, SEED, write, hf_fused=True)
 
 
 if __name__ == "__main__":

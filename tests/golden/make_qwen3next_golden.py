@@ -2,8 +2,9 @@
 """make_qwen3next_golden.py — a tiny random Qwen3-Next (transformers' qwen3_next) model as GGUF files, and its
 reference outputs from transformers.
 
-Writes tests/golden/models/qwen3next_f16.gguf, tests/golden/models/qwen3next_ssm_in_f16.gguf and
-tests/golden/qwen3next_f16.json: for prompts of 1, 7, 45 and 150 tokens the last-position logits (f32) and 24
+Writes tests/golden/models/qwen3next_f16.gguf, tests/golden/models/qwen3next_ssm_in_f16.gguf, the checkpoint
+as a Hugging Face directory tests/golden/models/qwen3next_f16/ (experts one tensor each, as save_pretrained
+writes them) and tests/golden/qwen3next_f16.json: for prompts of 1, 7, 45 and 150 tokens the last-position logits (f32) and 24
 greedy tokens computed by transformers in float32, as make_qwen35_golden.py does for Qwen3.5 (its weights,
 rounding and file writer are reused here).
 

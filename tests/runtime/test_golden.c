@@ -25,6 +25,7 @@
 
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
+#include "quant/dtype.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
 #include "runtime/model.h"
@@ -407,6 +408,156 @@ Test(golden_gguf, qwen3moe_written_by_ferry)
     run_golden("mixtral_top2_f16", 0, 0, 1);   /* "llama" with llama.expert_count, q/k rows permuted */
 }
 
+/* Qwen3.5 dense and MoE, Qwen3-Next (tests/golden/make_qwen35_golden.py and its siblings): the Hugging Face
+ * directories the GGUF goldens come from, as transformers 5 saves them, rearranged at load as llama.cpp's
+ * converter does (norms as 1 + w, -exp(A_log), value heads tiled over the key heads for Qwen3.5, in_proj_qkvz
+ * split for Qwen3-Next), against the same transformers fp32 references. */
+Test(golden_hf, qwen35_deltanet_f16)
+{
+    run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16", 0, 0, 0);
+    /* The same language model in a Qwen3_5ForConditionalGeneration: text_config, model.language_model.*. */
+    run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16_vl", 0, 0, 0);
+}
+Test(golden_hf, qwen35moe_shexp_f16)
+{
+    run_golden_at("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16", 0, 0, 0);
+}
+Test(golden_hf, qwen3next_f16)
+{
+    run_golden_at("qwen3next_f16", "models/qwen3next_f16", 0, 0, 0);
+}
+
+/* The directories written as F32 GGUF files by ferry's writer (the ssm.*, layer-pattern, rotary-section and
+ * expert keys the converter writes, read back by the GGUF loader). */
+Test(golden_gguf, qwen35_hf_written_by_ferry)
+{
+    run_golden_at("qwen35_deltanet_f16", "models/qwen35_deltanet_f16", 0, 0, 1);
+    run_golden_at("qwen35moe_shexp_f16", "models/qwen35moe_shexp_f16", 0, 0, 1);
+    run_golden_at("qwen3next_f16", "models/qwen3next_f16", 0, 0, 1);
+}
+
+/* `ferry quantize --type F16` of the directory (quantize_model_file) writes every tensor of the
+ * converter-layout GGUF golden, bit for bit once widened to f32, with the same name and shape, and no other;
+ * the golden's multi-token-prediction block (blk.<n_layers>, absent from transformers' checkpoints) aside. */
+static void hf_quantize_equals_gguf(const char *name)
+{
+    const char *src = getenv("FERRY_SRC");
+    char rel[256], out[512], err[256] = "";
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", name);
+    char *dir = path_join(src, rel);
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    char *ref_path = path_join(src, rel);
+    snprintf(out, sizeof out, "%s/ferry-golden-%ld-%s-f16.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (long)getpid(), name);
+    struct model_file *hf, *ours, *ref;
+    cr_assert_eq(model_file_open(dir, &hf, NULL, NULL, err), FERRY_OK, "%s: %s", dir, err);
+    const struct quantize_params qp = {.ftype = QUANT_FTYPE_F16};
+    cr_assert_eq(quantize_model_file(hf, out, &qp, err), FERRY_OK, "%s: %s", dir, err);
+    const int n_layers = hf->hp.n_layers;
+    model_file_close(hf);
+    cr_assert_eq(model_file_open(out, &ours, NULL, NULL, err), FERRY_OK, "%s: %s", out, err);
+    cr_assert_eq(model_file_open(ref_path, &ref, NULL, NULL, err), FERRY_OK, "%s: %s", ref_path, err);
+    char mtp[32];
+    snprintf(mtp, sizeof mtp, "blk.%d.", n_layers);
+    int n_ref = 0;
+    for (int i = 0; i < ref->n_tensors; i++) {
+        const struct wtensor *r = &ref->tensors[i];
+        if (!strncmp(r->name, mtp, strlen(mtp))) continue;
+        n_ref++;
+        const struct wtensor *o = model_file_tensor(ours, r->name);
+        cr_assert_not_null(o, "%s: ferry's file lacks %s", name, r->name);
+        for (int d = 0; d < 4; d++)
+            cr_assert_eq(o->ne[d], r->ne[d], "%s: %s ne[%d] is %lld, the converter's %lld", name, r->name, d,
+                         (long long)o->ne[d], (long long)r->ne[d]);
+        const int64_t n = r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3];
+        float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+        cr_assert(dtype_to_f32(o->type, o->data, a, n) && dtype_to_f32(r->type, r->data, b, n));
+        int64_t bad = -1;
+        for (int64_t j = 0; j < n && bad < 0; j++)
+            if (a[j] != b[j]) bad = j;
+        cr_expect_eq(bad, -1, "%s: %s element %lld is %.9g, the converter's %.9g", name, r->name,
+                     (long long)bad, bad >= 0 ? a[bad] : 0, bad >= 0 ? b[bad] : 0);
+        free(a);
+        free(b);
+    }
+    cr_expect_eq(ours->n_tensors, n_ref, "%s: ferry wrote %d tensors, the converter %d", name,
+                 ours->n_tensors, n_ref);
+    model_file_close(ours);
+    model_file_close(ref);
+    unlink(out);
+    free(dir);
+    free(ref_path);
+}
+Test(golden_hf, qwen35_quantize_as_converter)
+{
+    hf_quantize_equals_gguf("qwen35_deltanet_f16");
+    hf_quantize_equals_gguf("qwen35moe_shexp_f16");
+    hf_quantize_equals_gguf("qwen3next_f16");
+}
+
+/* A copy of HF directory mdir in dir (under TMPDIR): its weights linked, config.json's `key` set to value
+ * (stolen). hf_copy_remove deletes it. */
+static void hf_copy_with(const char *mdir, const char *key, json_t *value, char dir[512])
+{
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char path[600];
+    snprintf(dir, 512, "%s/ferry-hf-bad-%ld", tmp, (long)getpid());
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *st = path_join(mdir, "model.safetensors"), *cfg_in = path_join(mdir, "config.json");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(symlink(st, path), 0);
+    json_t *cfg = load_json(cfg_in);
+    json_object_set_new(cfg, key, value);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    free(cfg_in);
+    free(st);
+}
+
+static void hf_copy_remove(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* Golden directory `model` with one config.json field replaced: the open fails, err names `want`. */
+static void hf_refused(const char *model, const char *key, json_t *value, const char *want)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", model);
+    char *mdir = path_join(getenv("FERRY_SRC"), rel);
+    char dir[512], err[256] = "";
+    hf_copy_with(mdir, key, value, dir);
+    struct model_file *mf = NULL;
+    int rc = model_file_open(dir, &mf, NULL, NULL, err);
+    if (rc == FERRY_OK) rc = model_file_validate(mf, err);
+    cr_expect_neq(rc, FERRY_OK, "%s: accepted", key);
+    cr_expect(strstr(err, want), "%s: the error names %s: %s", key, want, err);
+    model_file_close(mf);
+    hf_copy_remove(dir);
+    free(mdir);
+}
+/* Linear-attention fields that disagree with each other or with the tensors are refused by name. */
+Test(golden_hf, qwen35_bad_config)
+{
+    const char *d = "qwen35_deltanet_f16";
+    hf_refused(d, "linear_num_value_heads", json_integer(3), "linear_num_value_heads");
+    hf_refused(d, "linear_conv_kernel_dim", json_integer(3), "ssm_conv1d");
+    hf_refused(d, "linear_value_head_dim", json_integer(8), "blk.0.");
+    hf_refused(d, "full_attention_interval", json_integer(2), "layer_types[1]");
+    hf_refused(d, "attn_output_gate", json_false(), "attn_output_gate");
+    hf_refused(d, "linear_key_head_dim", json_string("16"), "linear_key_head_dim");
+    /* Fused experts (mlp.experts.gate_up_proj, down_proj) that disagree with the config. */
+    hf_refused("qwen35moe_shexp_f16", "moe_intermediate_size", json_integer(20),
+               "model.layers.0.mlp.experts.gate_up_proj");
+    hf_refused("qwen35moe_shexp_f16", "num_experts", json_integer(5), "model.layers.0.mlp.experts.");
+}
+
 /* gpt-oss (tests/golden/make_gptoss_golden.py): GGUF files written as llama.cpp's converter writes them,
  * matrices in F16 and, in the second, the experts in MXFP4 (the weights hold those values exactly, so both
  * are transformers' function): sinks, windows of 16 on layer 0, YaRN, biases, the clamped SwiGLU. */
@@ -571,28 +722,13 @@ Test(golden_gguf, qwen3moe_bad_experts_refused)
     free(b);
     unlink(gguf);
 
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/ferry-moe-bad-%ld", tmp, (long)getpid());
-    cr_assert_eq(mkdir(dir, 0700), 0);
-    char *st = path_join(mdir, "model.safetensors");
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    cr_assert_eq(symlink(st, path), 0);
-    char *cfg_in = path_join(mdir, "config.json");
-    json_t *cfg = load_json(cfg_in);
-    json_object_set_new(cfg, "num_local_experts", json_integer(9));
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    char dir[512];
+    hf_copy_with(mdir, "num_local_experts", json_integer(9), dir);
     rc = model_file_open(dir, &mf, NULL, NULL, err);
     cr_assert_neq(rc, FERRY_OK);
     cr_assert(strstr(err, "model.layers.0.mlp.experts.8.gate_proj.weight"), "the error names the tensor: %s",
               err);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-    json_decref(cfg);
-    free(cfg_in);
-    free(st);
+    hf_copy_remove(dir);
     free(mdir);
 }
 

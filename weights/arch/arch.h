@@ -197,6 +197,9 @@ extern const int arch_n_globals;
  * written for the MoE families (qwen3moe.c). */
 int arch_moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
 int arch_moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
+/* config.json's experts as Qwen3-MoE has them (num_experts or num_local_experts, num_experts_per_tok,
+ * moe_intermediate_size, norm_topk_prob (default false)); dense layers among them are refused. */
+int arch_qwen3moe_hf_hparams(struct json_t *c, struct llm_hparams *hp, char *err);
 
 /* The Llama layer program (llama.c), which several families run unchanged. */
 extern const struct layer_program arch_llama_program;

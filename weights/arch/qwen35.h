@@ -85,4 +85,27 @@ int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char 
  * feed_forward_length) as ffn_dim (qwen35moe.c). */
 int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char *err);
 
+/* Hugging Face checkpoints (transformers' qwen3_5 / qwen3_5_moe / qwen3_next text models, config.json and
+ * safetensors). config.json: linear_conv_kernel_dim, linear_{key,value}_head_dim,
+ * linear_num_{key,value}_heads, full_attention_interval or layer_types (which must follow it),
+ * partial_rotary_factor (rope_parameters' or top level; 0.25 when absent), rope_parameters.mrope_section
+ * (kept for the GGUF writer). */
+int arch_qwen35_hf_hparams(struct json_t *c, struct llm_hparams *hp, char *err);
+/* Those plus Qwen3-MoE's expert fields (arch_qwen3moe_hf_hparams, norm_topk_prob defaulting to true here) and
+ * shared_expert_intermediate_size (as ffn_dim). */
+int arch_qwen35moe_hf_hparams(struct json_t *c, struct llm_hparams *hp, char *err);
+/* The checkpoint's tensors, mapped to GGUF names, made what llama.cpp's converter writes: every RMSNorm
+ * weight but the gated norm's as 1 + w, ssm_a as -exp(A_log), the conv weight (conv_dim, 1, width) as
+ * (conv_dim, width); unless hp->ssm_grouped, value heads reordered from grouped by key head to tiled over
+ * the key heads (in_proj_qkv's v rows, in_proj_z, in_proj_b, in_proj_a, the conv's v channels, A_log,
+ * dt_bias, out_proj's columns); Qwen3-Next's in_proj_qkvz (ssm_in) split into attn_qkv and attn_gate. New
+ * data in mf->arch_owned. FERRY_OK or a status with err naming the tensor. */
+int arch_qwen35_hf_tensors(struct model_file *mf, char *err);
+/* The GGUF keys llama.cpp's converter writes for the families: the ssm.* keys, full_attention_interval,
+ * attention.recurrent_layers, rope.dimension_sections (not for Qwen3-Next, hp->ssm_grouped); the MoE one
+ * adds the expert keys and expert_shared_feed_forward_length (= ffn_dim). */
+int arch_qwen35_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch, char *err);
+int arch_qwen35moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch,
+                              char *err);
+
 #endif

@@ -8,14 +8,19 @@
  * tensors, the experts stacked (ffn_{gate,up,down}_exps, split from transformers' fused gate_up_proj), the
  * router ffn_gate_inp, the shared expert ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp (ne {dim}
  * or {dim, 1}). feed_forward_length may be absent (transformers' config has no intermediate_size): the shared
- * expert's size stands for it. Hugging Face checkpoints are not read for this family yet.
+ * expert's size stands for it. Hugging Face checkpoints (Qwen3_5MoeForCausalLM, the language model of
+ * Qwen3_5MoeForConditionalGeneration) are read as qwen35's (arch_qwen35_hf_tensors), their experts one tensor
+ * each (as save_pretrained writes them) or fused per layer (as the released checkpoints have them), stacked
+ * at load; the router and the shared expert need no rearranging.
  */
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "kernels/core/status.h"
 #include "weights/arch/qwen35.h"
 #include "weights/gguf.h"
+#include "weights/gguf_write.h"
 #include "weights/model_file.h"
 
 static const struct layer_op qwen35moe_attn_ops[] = {
@@ -62,15 +67,44 @@ int arch_qwen35moe_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, ch
     return FERRY_OK;
 }
 
+int arch_qwen35moe_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
+{
+    int rc;
+    if ((rc = arch_qwen35_hf_hparams(c, hp, err)) || (rc = arch_qwen3moe_hf_hparams(c, hp, err))) return rc;
+    json_t *sh = json_object_get(c, "shared_expert_intermediate_size");
+    if (!json_is_integer(sh) || json_integer_value(sh) < 1 || json_integer_value(sh) > (1 << 30))
+        return ferry_fail(
+            err, FERRY_ERR_FORMAT,
+            "config.json: 'shared_expert_intermediate_size' is missing or not a positive integer");
+    hp->ffn_dim = (int)json_integer_value(sh);
+    json_t *norm = json_object_get(c, "norm_topk_prob");
+    if (!norm || json_is_null(norm)) hp->expert_norm_topk = 1; /* Qwen3.5-MoE's router always normalises */
+    if (hp->n_expert_used > hp->n_expert)
+        return ferry_fail(err, FERRY_ERR_FORMAT, "config.json: num_experts_per_tok %d exceeds num_experts %d",
+                          hp->n_expert_used, hp->n_expert);
+    return FERRY_OK;
+}
+
+int arch_qwen35moe_gguf_write(struct gguf_writer *w, const struct llm_hparams *hp, const char *arch,
+                              char *err)
+{
+    char key[96];
+    int rc;
+    if ((rc = arch_qwen35_gguf_write(w, hp, arch, err)) || (rc = arch_moe_gguf_write(w, hp, arch, err)))
+        return rc;
+    snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+    return gguf_writer_kv_u32(w, key, (uint32_t)hp->ffn_dim, err);
+}
+
 const struct arch_family arch_qwen35moe = {
     .name = "qwen35moe",
     .title = "Qwen3.5 / 3.6 (MoE)",
     .sizes = "35B-A3B, 122B-A10B, 397B-A17B",
     .notes = "qwen35's hybrid layers; every FFN softmax top-k experts plus a sigmoid-gated shared expert "
-             "(CPU backend, GGUF only)",
+             "(CPU backend)",
     .gguf_names = (const char *const[]){"qwen35moe", NULL},
-    .hf_classes = (const char *const[]){NULL},
-    .hf_types = (const char *const[]){NULL},
+    .hf_classes = (const char *const[]){"Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", NULL},
+    .hf_types = (const char *const[]){"qwen3_5_moe_text", "qwen3_5_moe", NULL},
     .gguf_writes = "qwen35moe",
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen35moe_tensors,
@@ -80,4 +114,7 @@ const struct arch_family arch_qwen35moe = {
     .chat_template = "chatml",
     .gguf_hparams = arch_qwen35moe_gguf_hparams,
     .gguf_ffn_optional = 1,
+    .hf_hparams = arch_qwen35moe_hf_hparams,
+    .hf_tensors = arch_qwen35_hf_tensors,
+    .gguf_write = arch_qwen35moe_gguf_write,
 };

@@ -88,7 +88,7 @@ static int cfg_int(json_t *c, const char *k1, const char *k2, int *out, char *er
     return FERRY_OK;
 }
 
-static int qwen3moe_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
+int arch_qwen3moe_hf_hparams(json_t *c, struct llm_hparams *hp, char *err)
 {
     int rc;
     if ((rc = cfg_int(c, "num_experts", "num_local_experts", &hp->n_expert, err)) ||
@@ -121,6 +121,6 @@ const struct arch_family arch_qwen3moe = {
     .program = &qwen3moe_program,
     .chat_template = "chatml",
     .gguf_hparams = arch_moe_gguf_hparams,
-    .hf_hparams = qwen3moe_hf_hparams,
+    .hf_hparams = arch_qwen3moe_hf_hparams,
     .gguf_write = arch_moe_gguf_write,
 };

@@ -11,8 +11,9 @@
  *    dim) of older files: per key head its q, its k, its value heads' v, then their z.
  * The packed products are split per key head after the product (runtime/forward_cpu.c), no copy at load.
  * As for qwen35: RMSNorm weights already 1 + w (the gated output norm's not), ssm_a = -exp(A_log), the
- * multi-token-prediction block (nextn_predict_layers) left unread. Hugging Face checkpoints are not read for
- * this family yet (convert them with llama.cpp's convert_hf_to_gguf.py).
+ * multi-token-prediction block (nextn_predict_layers) left unread. Hugging Face checkpoints are read as
+ * qwen35moe's, their in_proj_qkvz split into attn_qkv and attn_gate as the converter does
+ * (arch_qwen35_hf_tensors).
  */
 #include "kernels/core/status.h"
 #include "weights/arch/qwen35.h"
@@ -38,15 +39,21 @@ static int qwen3next_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, 
     return rc;
 }
 
+static int qwen3next_hf_hparams(struct json_t *c, struct llm_hparams *hp, char *err)
+{
+    hp->ssm_grouped = 1;
+    return arch_qwen35moe_hf_hparams(c, hp, err);
+}
+
 const struct arch_family arch_qwen3next = {
     .name = "qwen3next",
     .title = "Qwen3-Next",
     .sizes = "80B-A3B",
     .notes = "qwen35moe's hybrid layers in their first form: packed b/a (and, in older files, q/k/v/z) "
-             "in-projections, value heads grouped by key head (CPU backend, GGUF only)",
+             "in-projections, value heads grouped by key head (CPU backend)",
     .gguf_names = (const char *const[]){"qwen3next", NULL},
-    .hf_classes = (const char *const[]){NULL},
-    .hf_types = (const char *const[]){NULL},
+    .hf_classes = (const char *const[]){"Qwen3NextForCausalLM", NULL},
+    .hf_types = (const char *const[]){"qwen3_next", NULL},
     .gguf_writes = "qwen3next",
     .gguf_rope = ROPE_STYLE_HALF,
     .tensors = qwen3next_tensors,
@@ -56,4 +63,7 @@ const struct arch_family arch_qwen3next = {
     .chat_template = "chatml",
     .gguf_hparams = qwen3next_gguf_hparams,
     .gguf_ffn_optional = 1,
+    .hf_hparams = qwen3next_hf_hparams,
+    .hf_tensors = arch_qwen35_hf_tensors,
+    .gguf_write = arch_qwen35moe_gguf_write,
 };
