@@ -100,6 +100,14 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256]);
 
+/* Slot seq's recurrent state (every recurrent layer's convolution and rule state, laid out as
+ * runtime/seq_state.h lays out one slot: n_layers * (conv_floats + rec_floats) floats) copied to the host or
+ * from it, after the work queued so far and before returning (the engine checkpoints a slot with get and
+ * resumes one with put). FERRY_OK and nothing copied for a model without recurrent layers;
+ * FERRY_ERR_INVALID for a seq outside the slots. */
+int forward_cuda_state_get(struct backend *be, int seq, float *host);
+int forward_cuda_state_put(struct backend *be, int seq, const float *host);
+
 /* Measured rates: pinned host→device and device→device bandwidth, bytes/s (0 on failure or without CUDA). */
 void forward_cuda_measure_bandwidth(double *h2d, double *d2d);
 
