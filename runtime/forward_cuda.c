@@ -421,24 +421,26 @@ void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
     pinned_measure_link(h2d, d2d);
 }
 
-int forward_cuda_state_get(struct backend *be, int seq, float *host)
+/* Slot seq's recurrent state to the host (down) or from it, then a wait for the compute stream. */
+static int state_copy(struct backend *be, int seq, float *host, int down)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     if (!f->dn) return FERRY_OK;
     if (seq < 0 || seq >= f->kv->n_seqs || !host) return FERRY_ERR_INVALID;
-    RC(cuda_deltanet_download(f->dn, seq, host, f->compute));
+    RC(down ? cuda_deltanet_download(f->dn, seq, host, f->compute)
+            : cuda_deltanet_upload(f->dn, seq, host, f->compute));
     CK(cudaStreamSynchronize(f->compute));
     return FERRY_OK;
 }
 
+int forward_cuda_state_get(struct backend *be, int seq, float *host)
+{
+    return state_copy(be, seq, host, 1);
+}
+
 int forward_cuda_state_put(struct backend *be, int seq, const float *host)
 {
-    struct forward_cuda *f = (struct forward_cuda *)be;
-    if (!f->dn) return FERRY_OK;
-    if (seq < 0 || seq >= f->kv->n_seqs || !host) return FERRY_ERR_INVALID;
-    RC(cuda_deltanet_upload(f->dn, seq, host, f->compute));
-    CK(cudaStreamSynchronize(f->compute));
-    return FERRY_OK;
+    return state_copy(be, seq, (float *)host, 0); /* (only read: the upload's source) */
 }
 
 uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
