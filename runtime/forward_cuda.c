@@ -19,6 +19,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/draw_cuda.h"
@@ -207,7 +208,11 @@ static int heads_supported(const struct llm_hparams *hp)
 
 const char *forward_cuda_device_lacks(const struct llm_hparams *hp)
 {
-    if (forward_cuda_devices() <= 0 || heads_supported(hp)) return NULL;
+    if (forward_cuda_devices() <= 0) return NULL;
+    if (hp->full_attn_interval > 0 &&
+        (hp->ssm_head_k > KERN_CUDA_DN_MAX_HEAD_K || hp->ssm_conv_kernel > KERN_CUDA_DN_MAX_WIDTH))
+        return "linear-attention key heads wider than 256 dims or convolutions wider than 8 taps";
+    if (heads_supported(hp)) return NULL;
     return "attention heads of this size on this GPU (multiples of 8 up to 256 dims, up to 512 where a block "
            "may have 166 KB of shared memory: H100, H200, B200)";
 }

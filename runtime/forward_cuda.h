@@ -58,8 +58,9 @@ struct forward_cuda_params {
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */
 int forward_cuda_devices(void);
-/* What this machine's GPU cannot run of a model of hp although the backend has kernels for it (a phrase for
- * messages: attention heads wider than its shared memory allows), or NULL; NULL without a GPU. */
+/* What this machine's GPU cannot run of a model of hp although the backend has kernels for its layer kinds (a
+ * phrase for messages: attention heads wider than its shared memory allows, linear-attention shapes past the
+ * DeltaNet kernels' limits), or NULL; NULL without a GPU. */
 const char *forward_cuda_device_lacks(const struct llm_hparams *hp);
 
 int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
