@@ -19,9 +19,11 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/ops.h"
 #include "runtime/draw_cuda.h"
+#include "runtime/forward_cuda_deltanet.h"
 #include "runtime/forward_cuda_moe.h"
 #include "runtime/pinned.h"
 #include "runtime/ring.h"
@@ -81,6 +83,43 @@ static int rope_pairs_max(const struct llm_hparams *hp)
 {
     const int l = rope_pairs_local(hp);
     return hp->rope_dim / 2 > l ? hp->rope_dim / 2 : l;
+}
+
+/* Qwen3.5's layer kinds (forward_cpu.c is the reference): the gated DeltaNet layers' rows between their
+ * products (runtime/forward_cuda_deltanet.h), the gated attention's and the shared expert's. Each region is
+ * present only in a model that has the kind; hyb_bytes is their sum (ALIGN-aligned each), the recurrent
+ * state and the DeltaNet matrices included (those stay on the device whatever the layer's placement). */
+static int has_recurrent(const struct llm_hparams *hp)
+{
+    return hp->full_attn_interval > 0;
+}
+static size_t dn_in_row(const struct llm_hparams *hp) /* q|k|v, z, b, a side by side */
+{
+    return (size_t)llm_ssm_conv_dim(hp) + (size_t)hp->ssm_inner + 2 * (size_t)hp->ssm_n_v_heads;
+}
+static int has_shared_expert(const struct model *m)
+{
+    for (int l = 0; l < m->hp.n_layers; l++)
+        if (layer_program_has(layer_program_of_layer(&m->hp, l), LOP_MOE_SHARED)) return 1;
+    return 0;
+}
+static size_t hyb_bytes(const struct model *m, int T, int n_seqs)
+{
+    const struct llm_hparams *hp = &m->hp;
+    const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t b = 0;
+    if (has_recurrent(hp))
+        b += align_up(cuda_deltanet_bytes(m, T, n_seqs)) + align_up(cuda_deltanet_weight_bytes(m)) +
+             align_up((size_t)T * dn_in_row(hp) * sizeof(float)) +
+             align_up((size_t)T * hp->ssm_inner * sizeof(float)) +
+             (hp->ssm_grouped ? align_up((size_t)T * dn_in_row(hp) * sizeof(float)) : 0);
+    if (hp->attn_out_gate)
+        b += align_up((size_t)T * (2 * qd + 2 * kvd) * sizeof(float)) +
+             align_up((size_t)T * qd * sizeof(float));
+    if (has_shared_expert(m))
+        b += align_up((size_t)T * hp->dim * sizeof(float)) +
+             align_up((size_t)hp->n_layers * hp->dim * sizeof(float));
+    return b;
 }
 
 /* Per-layer inputs (hp.ple_dim > 0; Gemma 4 E2B/E4B): their matrices and norms stay on the device whatever
@@ -169,7 +208,11 @@ static int heads_supported(const struct llm_hparams *hp)
 
 const char *forward_cuda_device_lacks(const struct llm_hparams *hp)
 {
-    if (forward_cuda_devices() <= 0 || heads_supported(hp)) return NULL;
+    if (forward_cuda_devices() <= 0) return NULL;
+    if (hp->full_attn_interval > 0 &&
+        (hp->ssm_head_k > KERN_CUDA_DN_MAX_HEAD_K || hp->ssm_conv_kernel > KERN_CUDA_DN_MAX_WIDTH))
+        return "linear-attention key heads wider than 256 dims or convolutions wider than 8 taps";
+    if (heads_supported(hp)) return NULL;
     return "attention heads of this size on this GPU (multiples of 8 up to 256 dims, up to 512 where a block "
            "may have 166 KB of shared memory: H100, H200, B200)";
 }
@@ -302,6 +345,16 @@ struct forward_cuda {
     void **moe_experts; /* (n_layers) each layer's resident experts on the device, or NULL */
     int cpu_moe;
 
+    /* Qwen3.5's layer kinds (hyb_bytes), NULL where the model has none. */
+    struct cuda_deltanet *dn; /* recurrent layers: each slot's state, the matrices, the rows' scratch */
+    float *dn_in;             /* (T, dn_in_row) the in-products: q|k|v, z, b, a */
+    float *dn_out;            /* (T, ssm_inner) the rule's gated, normed output */
+    float *dn_pack;           /* (T, dn_in_row) Qwen3-Next's packed in-products (hp.ssm_grouped), or NULL */
+    float *qg;                /* (T, 2 q_dim + 2 kv_dim) the gated attention's q|k|v product */
+    float *gate;              /* (T, q_dim) its output gates (LACT_GATE) */
+    float *sh;                /* (T, dim) the shared expert's output */
+    float *shexp_gate;        /* (n_layers, dim) each layer's shared-expert gate (zeros where none) */
+
     struct backend_stats stats;
 };
 
@@ -313,6 +366,12 @@ struct ext_job {
 };
 
 static int ext_attn_on_host(void);
+
+/* The program layer l runs (a recurrent layer's differs from the others'). */
+static const struct layer_program *layer_prog(const struct forward_cuda *f, int l)
+{
+    return layer_program_of_layer(&f->m->hp, l);
+}
 
 /* The host side of attention over the pool's extension (see struct forward_cuda): off when
  * FERRY_KV_EXT_ATTN=device (every position read by the device over the link, as before), or when the layer
@@ -367,6 +426,28 @@ void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
     pinned_measure_link(h2d, d2d);
 }
 
+/* Slot seq's recurrent state to the host (down) or from it, then a wait for the compute stream. */
+static int state_copy(struct backend *be, int seq, float *host, int down)
+{
+    struct forward_cuda *f = (struct forward_cuda *)be;
+    if (!f->dn) return FERRY_OK;
+    if (seq < 0 || seq >= f->kv->n_seqs || !host) return FERRY_ERR_INVALID;
+    RC(down ? cuda_deltanet_download(f->dn, seq, host, f->compute)
+            : cuda_deltanet_upload(f->dn, seq, host, f->compute));
+    CK(cudaStreamSynchronize(f->compute));
+    return FERRY_OK;
+}
+
+int forward_cuda_state_get(struct backend *be, int seq, float *host)
+{
+    return state_copy(be, seq, host, 1);
+}
+
+int forward_cuda_state_put(struct backend *be, int seq, const float *host)
+{
+    return state_copy(be, seq, (float *)host, 0); /* (only read: the upload's source) */
+}
+
 uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
 {
     const struct forward_cuda *f = (const struct forward_cuda *)be;
@@ -376,11 +457,12 @@ uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
 void forward_cuda_layer_pieces(const struct backend *be, int l, uint64_t out[LAYER_N_MATS])
 {
     const struct forward_cuda *f = (const struct forward_cuda *)be;
+    const struct layer_program *p = layer_prog(f, l);
     int n = 0;
-    for (int i = 0; i < f->prog->n_ops && n < LAYER_N_MATS; i++)
-        if (f->prog->ops[i].kind == LOP_LINEAR) {
+    for (int i = 0; i < p->n_ops && n < LAYER_N_MATS; i++)
+        if (p->ops[i].kind == LOP_LINEAR) {
             size_t off, bytes;
-            layer_piece(&f->layouts[l], f->prog->ops[i].arg, &off, &bytes);
+            layer_piece(&f->layouts[l], p->ops[i].arg, &off, &bytes);
             out[n++] = bytes;
         }
     while (n < LAYER_N_MATS) out[n++] = 0;
@@ -417,6 +499,7 @@ static void cuda_free(struct backend *be)
     }
     cuda_moe_free(f->moe);
     free(f->moe_experts);
+    cuda_deltanet_free(f->dn);
     kern_cuda_ctx_free(f->kctx);
     if (f->arena) cudaFree(f->arena);
     pinned_block_free(&f->host);
@@ -552,6 +635,21 @@ out:
     return rc;
 }
 
+/* Each layer's shared-expert gate (dim) into shexp_gate, zeros for a layer without one; nothing without the
+ * region. */
+static int upload_shexp_gates(struct forward_cuda *f)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const size_t row = (size_t)hp->dim * sizeof(float);
+    if (!f->shexp_gate) return FERRY_OK;
+    CK(cudaMemset(f->shexp_gate, 0, (size_t)hp->n_layers * row));
+    for (int l = 0; l < hp->n_layers; l++)
+        if (f->m->layers[l].shexp_gate)
+            CK(cudaMemcpy((char *)f->shexp_gate + l * row, f->m->layers[l].shexp_gate, row,
+                          cudaMemcpyHostToDevice));
+    return FERRY_OK;
+}
+
 static int upload_head(struct forward_cuda *f, const struct model *m)
 {
     const struct wview *w = &m->output;
@@ -621,6 +719,15 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         if (dtype_block_size(w.type) > 1 && (size_t)w.rows * (size_t)w.cols > w16_elems)
             w16_elems = (size_t)w.rows * (size_t)w.cols;
     }
+    for (int l = 0; l < hp->n_layers; l++) /* the DeltaNet products */
+        if (llm_layer_is_recurrent(hp, l)) {
+            const struct model_layer *L = &m->layers[l];
+            const struct wview *dw[] = {&L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
+            for (size_t i = 0; i < sizeof dw / sizeof dw[0]; i++)
+                if (dtype_block_size(dw[i]->type) > 1 &&
+                    (size_t)dw[i]->rows * (size_t)dw[i]->cols > w16_elems)
+                    w16_elems = (size_t)dw[i]->rows * (size_t)dw[i]->cols;
+        }
     size_t moe_x, moe_w16;
     cuda_moe_ctx_needs(m, T, &moe_x, &moe_w16);
     if (moe_w16 > w16_elems) w16_elems = moe_w16;
@@ -641,10 +748,12 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
         kv_q8 ? 2 * (kv_tok + kv_tok / 32 * sizeof(uint16_t)) : 2 * kv_tok * sizeof(uint16_t);
     /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
-                      (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T) + ple_weight_bytes(m);
+                      (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T) + ple_weight_bytes(m) +
+                      hyb_bytes(m, T, kv->n_seqs);
     ps->max_x = (size_t)T * (size_t)(ffn_max(hp) > hp->dim ? ffn_max(hp) : hp->dim);
     if ((size_t)T * q_row_max(hp) > ps->max_x) ps->max_x = (size_t)T * q_row_max(hp);
     if (moe_x > ps->max_x) ps->max_x = moe_x;
+    if (has_recurrent(hp) && (size_t)T * hp->ssm_inner > ps->max_x) ps->max_x = (size_t)T * hp->ssm_inner;
 }
 
 /* The sizes the planner places when the experts of layers [0, cpu_moe) stay in host memory. */
@@ -724,24 +833,30 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
  * their own) and the experts of the first cpu_moe layers stay in host memory: cpu_moe_req of them, or (-1)
  * the fewest with which the plan fits the budget; with any there, the staging area they stream through
  * (runtime/forward_cuda_moe.h) is part of the plan. A budget that cannot hold the blocks with every expert in
- * host memory is refused with the minimum. */
+ * host memory is refused with the minimum. A model with recurrent layers keeps every layer resident too:
+ * their state lives on the device, which the host's cores (a host layer computed in place) cannot reach, and
+ * their matrices are outside the layer blocks (hyb_bytes), so little of them would stream. */
 static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_map_input *in,
                     int cpu_moe_req, int *cpu_moe, struct device_map *out, char err[256])
 {
     const int L = m->hp.n_layers;
     *cpu_moe = 0;
-    if (m->hp.n_expert <= 0) return device_map_plan(in, out, err);
-    if (!ps->with_experts) return FERRY_ERR_NOMEM;
+    if (m->hp.n_expert <= 0 && !has_recurrent(&m->hp)) return device_map_plan(in, out, err);
     int host = in->gpu_layers >= 0 && in->gpu_layers < L;
     for (int l = 0; l < L && in->resident_mask; l++) host |= !in->resident_mask[l];
     if (host) {
         snprintf(err, 256,
-                 "the layers of an expert model stay on the device (their experts may not: --cpu-moe N keeps "
-                 "those of the first N layers in host memory)");
+                 m->hp.n_expert > 0
+                     ? "the layers of an expert model stay on the device (their experts may not: --cpu-moe N "
+                       "keeps those of the first N layers in host memory)"
+                     : "the layers of a model with linear-attention layers stay on the device on the CUDA "
+                       "backend (use --backend cpu for less device memory)");
         return FERRY_ERR_UNSUPPORTED;
     }
     in->gpu_layers = L;
     in->resident_mask = NULL;
+    if (m->hp.n_expert <= 0) return device_map_plan(in, out, err);
+    if (!ps->with_experts) return FERRY_ERR_NOMEM;
     const uint64_t fixed = in->fixed_bytes, stage = cuda_moe_stage_bytes(m);
     for (int c = cpu_moe_req < 0 ? 0 : (cpu_moe_req > L ? L : cpu_moe_req);; c++) {
         plan_experts(m, ps, c);
@@ -1036,6 +1151,26 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     for (int l = f->cpu_moe; l < L && hp->n_expert > 0; l++)
         tails_ok &= (f->moe_experts[l] = carve(&c, cuda_moe_expert_bytes(m, l))) != NULL;
     tails_ok &= hp->n_expert <= 0 || moe_fixed != NULL;
+    void *dn_mem = NULL, *dn_w = NULL;
+    if (has_recurrent(hp)) {
+        dn_mem = carve(&c, cuda_deltanet_bytes(m, T, kv->n_seqs));
+        dn_w = carve(&c, cuda_deltanet_weight_bytes(m));
+        f->dn_in = carve(&c, (size_t)T * dn_in_row(hp) * sizeof(float));
+        f->dn_out = carve(&c, (size_t)T * hp->ssm_inner * sizeof(float));
+        if (hp->ssm_grouped) f->dn_pack = carve(&c, (size_t)T * dn_in_row(hp) * sizeof(float));
+        tails_ok &= dn_mem && dn_w && f->dn_in && f->dn_out && (!hp->ssm_grouped || f->dn_pack);
+    }
+    if (hp->attn_out_gate) {
+        const size_t qd1 = (size_t)hp->n_heads * hp->head_dim, kvd1 = (size_t)hp->n_kv_heads * hp->head_dim;
+        f->qg = carve(&c, (size_t)T * (2 * qd1 + 2 * kvd1) * sizeof(float));
+        f->gate = carve(&c, (size_t)T * qd1 * sizeof(float));
+        tails_ok &= f->qg && f->gate;
+    }
+    if (has_shared_expert(m)) {
+        f->sh = carve(&c, (size_t)T * hp->dim * sizeof(float));
+        f->shexp_gate = carve(&c, (size_t)L * hp->dim * sizeof(float));
+        tails_ok &= f->sh && f->shexp_gate;
+    }
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
         !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok ||
@@ -1145,6 +1280,12 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                            .stage = moe_stage,
                                            .h2d_bytes_per_s = h2d};
         if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
+    }
+    if (has_recurrent(hp) && (rc = cuda_deltanet_init(&f->dn, m, T, kv->n_seqs, dn_mem, dn_w, err)))
+        goto fail;
+    if ((rc = upload_shexp_gates(f))) {
+        snprintf(err, 256, "uploading the shared experts' gates failed (%s)", ferry_status_str(rc));
+        goto fail;
     }
     /* Zero the KV pool once so that no step can ever read uninitialised halves as NaN, and the attention
      * workspace, whose split-arrival counters must start at zero (kernels/cuda/attention.h). */
@@ -1341,8 +1482,8 @@ static float *act(struct forward_cuda *f, enum layer_act a)
         return f->gu;
     case LACT_H:
         return f->h;
-    case LACT_GATE: /* (a Qwen3.5 op's: refused with the family, engine_cuda_lacks) */
-        return NULL;
+    case LACT_GATE:
+        return f->gate;
     }
     return NULL;
 }
@@ -1424,10 +1565,12 @@ static const float *layer_sinks(const struct forward_cuda *f, const struct layer
 /* A layer norm whose output feeds a block-type product that reads x in int8 (decode steps of a quantized
  * model) writes that form too, so the product skips its pre-pass (kern_cuda_norm_x8). FERRY_OK when it ran;
  * anything else: run the plain norm. */
-static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int n)
+static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
+                   int n)
 {
+    const struct layer_program *p = layer_prog(f, l);
     const struct layer_op *next = op + 1;
-    if (next >= f->prog->ops + f->prog->n_ops || next->kind != LOP_LINEAR || next->in != op->out)
+    if (op < p->ops || next >= p->ops + p->n_ops || next->kind != LOP_LINEAR || next->in != op->out)
         return FERRY_ERR_UNSUPPORTED;
     const struct llm_hparams *hp = &f->m->hp;
     float *y = act(f, op->out);
@@ -1544,6 +1687,60 @@ static int ple_add(struct forward_cuda *f, int l, int n)
     return kern_cuda_add_scale(f->x, f->tmp, NULL, (int64_t)n * dim, cs);
 }
 
+/* ---- Qwen3.5's layer kinds (forward_cpu.c is the reference) ---- */
+
+/* LOP_DELTANET of layer l on the rows in `in` (n, dim), its output in out (n, dim): the four in-products side
+ * by side into dn_in's column slices, the rest up to the out-product by forward_cuda_deltanet, then the
+ * out-product. */
+static int deltanet(struct forward_cuda *f, int l, int n, float *out, const float *in)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    struct wview mats[CUDA_DN_MATS];
+    if (!f->dn || !out || !in) return FERRY_ERR_INTERNAL;
+    RC(cuda_deltanet_mats(f->dn, l, mats));
+    const int C = llm_ssm_conv_dim(hp), I = hp->ssm_inner, nv = hp->ssm_n_v_heads, ld = (int)dn_in_row(hp);
+    const int col[4] = {0, C, C + I, C + I + nv};
+    /* Qwen3-Next's packed products (no z, no a) go to dn_pack's same columns and are split from there. */
+    const int qkvz = !mats[CUDA_DN_Z].data, ba = !mats[CUDA_DN_A].data;
+    if ((qkvz || ba) && !f->dn_pack) return FERRY_ERR_INTERNAL;
+    for (int k = 0; k < 4; k++) /* CUDA_DN_QKV, _Z, _B, _A in dn_in's order */
+        if (mats[k].data) {
+            float *y =
+                ((k == CUDA_DN_QKV && qkvz) || (k == CUDA_DN_B && ba) ? f->dn_pack : f->dn_in) + col[k];
+            RC(linear(f, y, ld, in, mats[k].data, mats[k].type, NULL, n, mats[k].rows, hp->dim));
+        }
+    if (qkvz || ba) RC(cuda_deltanet_unpack(f->dn, f->dn_in, ld, f->dn_pack, qkvz, ba, n, f->compute));
+    const struct cuda_deltanet_in di = {.qkv = f->dn_in,
+                                        .z = f->dn_in + C,
+                                        .b = f->dn_in + C + I,
+                                        .a = f->dn_in + C + I + nv,
+                                        .ld_qkv = ld,
+                                        .ld_z = ld,
+                                        .ld_b = ld,
+                                        .ld_a = ld};
+    const int32_t *d_pos = f->d_ints + f->max_tokens, *d_seq = f->d_ints + 2 * f->max_tokens;
+    RC(cuda_deltanet_run(f->dn, l, f->dn_out, &di, n, d_seq, d_pos, f->h_ints + 2 * f->max_tokens,
+                         f->compute));
+    return linear(f, out, hp->dim, f->dn_out, mats[CUDA_DN_OUT].data, mats[CUDA_DN_OUT].type, NULL, n,
+                  hp->dim, I);
+}
+
+/* LOP_MOE_SHARED's shared expert, after the routed experts' sum is in y (n, dim): y += sigmoid(x · gate) *
+ * down(silu(gate(x)) * up(x)), its FFN the layer's gate|up and down groups (w). */
+static int moe_shared(struct forward_cuda *f, const struct layer_weights *w, int l, int n, float *y,
+                      const float *x)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct layer_group *gu = &w->mat[LAYER_GU];
+    if (!f->sh || !f->shexp_gate || gu->n_parts != 2 || gu->rows % 2 || gu->rows / 2 > ffn_max(hp))
+        return FERRY_ERR_INTERNAL;
+    const int ffn = (int)(gu->rows / 2);
+    RC(linear_group(f, f->gu, x, gu, n));
+    RC(kern_cuda_silu_mul(f->h, f->gu, n, ffn, f->compute));
+    RC(linear_group(f, f->sh, f->h, &w->mat[LAYER_DOWN], n));
+    return kern_cuda_gated_add(y, f->sh, x, f->shexp_gate + (size_t)l * hp->dim, n, hp->dim, f->compute);
+}
+
 /* One op of layer l over n rows; qkv_in: where LOP_ROPE_KV reads its rows (the device's, or a host layer's
  * mapped rows). */
 static int run_op(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
@@ -1554,7 +1751,7 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     cudaStream_t cs = f->compute;
     switch (op->kind) {
     case LOP_ADD_NORM:
-        if (norm_x8(f, op, w, n) == FERRY_OK) {
+        if (norm_x8(f, op, w, l, n) == FERRY_OK) {
             f->pending = 0;
             return FERRY_OK;
         }
@@ -1565,10 +1762,14 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
             RC(kern_cuda_rmsnorm(act(f, op->out), f->x, w->norm[op->arg], n, hp->dim, hp->norm_eps, cs));
         f->pending = 0;
         return FERRY_OK;
-    case LOP_LINEAR:
-        RC(linear_group(f, act(f, op->out), act(f, op->in), &w->mat[op->arg], n));
+    case LOP_LINEAR: {
+        /* A gated attention's q|k|v product goes to qg, which LOP_Q_GATE splits into q|k|v and the gates. */
+        float *y = op->arg == LAYER_QKV && hp->attn_out_gate ? f->qg : act(f, op->out);
+        if (!y) return FERRY_ERR_INTERNAL;
+        RC(linear_group(f, y, act(f, op->in), &w->mat[op->arg], n));
         if (op->out == LACT_D) f->pending = 1;
         return FERRY_OK;
+    }
     case LOP_ROPE_KV: {
         const struct kern_cuda_kv_layer view = kv_view(f, l);
         int hd, n_kv, rd;
@@ -1630,11 +1831,21 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         if (op->out == LACT_D) f->pending = 1;
         return FERRY_OK;
     case LOP_MOE_SHARED:
+        RC(cuda_moe_run(f->moe, l, act(f, op->out), act(f, op->in), n, f->kctx, f->d_iota, cs));
+        if (op->out == LACT_D) f->pending = 1;
+        return moe_shared(f, w, l, n, act(f, op->out), act(f, op->in));
     case LOP_DELTANET:
+        RC(deltanet(f, l, n, act(f, op->out), act(f, op->in)));
+        if (op->out == LACT_D) f->pending = 1;
+        return FERRY_OK;
     case LOP_Q_GATE:
+        if (!f->qg || !f->gate) return FERRY_ERR_INTERNAL;
+        return kern_cuda_q_gate_split(act(f, op->out), f->gate, f->qg, n, hp->n_heads, hp->head_dim,
+                                      hp->n_kv_heads * hp->head_dim, cs);
     case LOP_ATT_GATE:
-        return FERRY_ERR_UNSUPPORTED; /* no kernels: the engine keeps these families off CUDA
-                                       * (engine_cuda_lacks) */
+        if (!f->gate) return FERRY_ERR_INTERNAL;
+        return kern_cuda_sigmoid_mul(act(f, op->out), act(f, op->in), f->gate,
+                                     (int64_t)n * hp->n_heads * hp->head_dim, cs);
     }
     return FERRY_ERR_INTERNAL;
 }
@@ -1644,10 +1855,11 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
 static int layer_enqueue(struct forward_cuda *f, int l, enum placement where, int n)
 {
     struct layer_weights w;
+    const struct layer_program *p = layer_prog(f, l);
     if (where == PLACEMENT_GPU) {
         if (!f->resident[l]) return FERRY_ERR_INVALID;
         layer_weights_at(&w, &f->layouts[l], f->resident[l]);
-        for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
+        for (int i = 0; i < p->n_ops; i++) RC(run_op(f, &p->ops[i], &w, l, n, f->qkv));
         return FERRY_OK;
     }
     if (where == PLACEMENT_PARK) {
@@ -1657,14 +1869,14 @@ static int layer_enqueue(struct forward_cuda *f, int l, enum placement where, in
         layer_weights_tail(&w, lay, f->tail[l]);
         for (int g = 0; g < LAYER_N_MATS; g++)
             layer_group_at(&w, lay, g, f->ring_buf + f->parked[l] + lay->part[g][0].off);
-        for (int i = 0; i < f->prog->n_ops; i++) RC(run_op(f, &f->prog->ops[i], &w, l, n, f->qkv));
+        for (int i = 0; i < p->n_ops; i++) RC(run_op(f, &p->ops[i], &w, l, n, f->qkv));
         CK(cudaEventRecord(f->park_used, f->compute));
         return FERRY_OK;
     }
     if (where != PLACEMENT_STREAM || !f->host_block[l] || !f->ring_buf) return FERRY_ERR_INVALID;
     layer_weights_tail(&w, &f->layouts[l], f->tail[l]);
-    for (int i = 0; i < f->prog->n_ops; i++) {
-        const struct layer_op *op = &f->prog->ops[i];
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct layer_op *op = &p->ops[i];
         uint64_t copy;
         if (op->kind == LOP_LINEAR) RC(piece_acquire(f, l, op->arg, &w, &copy));
         RC(run_op(f, op, &w, l, n, f->qkv));
@@ -1889,11 +2101,12 @@ static int cuda_begin(struct backend *be, const struct step *st)
     int n_list = 0;
     for (int l = 0; l < f->n_layers; l++)
         if (st->where[l] == PLACEMENT_STREAM)
-            for (int i = 0; i < f->prog->n_ops; i++)
-                if (f->prog->ops[i].kind == LOP_LINEAR) {
+            for (int i = 0; i < layer_prog(f, l)->n_ops; i++)
+                if (layer_prog(f, l)->ops[i].kind == LOP_LINEAR) {
+                    const int g = layer_prog(f, l)->ops[i].arg;
                     size_t off, bytes;
-                    layer_piece(&f->layouts[l], f->prog->ops[i].arg, &off, &bytes);
-                    f->step_items[n_list] = l * LAYER_N_MATS + f->prog->ops[i].arg;
+                    layer_piece(&f->layouts[l], g, &off, &bytes);
+                    f->step_items[n_list] = l * LAYER_N_MATS + g;
                     f->step_bytes[n_list++] = bytes;
                 }
     const uint64_t cap =

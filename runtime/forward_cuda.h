@@ -18,7 +18,10 @@
  * with the device's over the rest by log-sum-exp (FERRY_KV_EXT_ATTN=device: the device reads them over the
  * link instead). An LRU layer cache and zero-copy weights were measured against the ring and lost or tied
  * (runtime/NOTES.md, run 3). Weights in F16/BF16/F32/Q8_0 are used as stored; other types are converted to
- * F16 at load. Without CUDA the same header is served by forward_cuda_none.c (no device).
+ * F16 at load. Recurrent (gated DeltaNet) layers keep each slot's state on the device
+ * (runtime/forward_cuda_deltanet.h; forward_cuda_state_get/put move a slot's to and from the host for the
+ * prompt cache's checkpoints) and their matrices beside the layer blocks, so a model with them keeps every
+ * layer resident. Without CUDA the same header is served by forward_cuda_none.c (no device).
  */
 #ifndef FERRY_FORWARD_CUDA_H
 #define FERRY_FORWARD_CUDA_H
@@ -55,8 +58,9 @@ struct forward_cuda_params {
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */
 int forward_cuda_devices(void);
-/* What this machine's GPU cannot run of a model of hp although the backend has kernels for it (a phrase for
- * messages: attention heads wider than its shared memory allows), or NULL; NULL without a GPU. */
+/* What this machine's GPU cannot run of a model of hp although the backend has kernels for its layer kinds (a
+ * phrase for messages: attention heads wider than its shared memory allows, linear-attention shapes past the
+ * DeltaNet kernels' limits), or NULL; NULL without a GPU. */
 const char *forward_cuda_device_lacks(const struct llm_hparams *hp);
 
 int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cache *kv,
@@ -99,6 +103,14 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_re
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256]);
+
+/* Slot seq's recurrent state (every recurrent layer's convolution and rule state, laid out as
+ * runtime/seq_state.h lays out one slot: n_layers * (conv_floats + rec_floats) floats) copied to the host or
+ * from it, after the work queued so far and before returning (the engine checkpoints a slot with get and
+ * resumes one with put). FERRY_OK and nothing copied for a model without recurrent layers;
+ * FERRY_ERR_INVALID for a seq outside the slots. */
+int forward_cuda_state_get(struct backend *be, int seq, float *host);
+int forward_cuda_state_put(struct backend *be, int seq, const float *host);
 
 /* Measured rates: pinned host→device and device→device bandwidth, bytes/s (0 on failure or without CUDA). */
 void forward_cuda_measure_bandwidth(double *h2d, double *d2d);

@@ -9,6 +9,7 @@
 #include "kernels/core/status.h"
 #include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/ops.h"
 #include "runtime/cuda_check.h"
 
 #define RC(call)                                                                                             \
@@ -48,13 +49,29 @@ struct cuda_deltanet {
     float *y;                       /* (T, conv_dim) device: the convolution's output, normed in place */
     int32_t *plan;                  /* (KERN_CUDA_DN_PLAN_WORDS(T)) device */
     int rule;                       /* FERRY_DN_RULE: 0 token by token, 1 by chunks, -1 by the step's rows */
+    /* Qwen3-Next (hp.ssm_grouped): column-block tables (kern_cuda_copy_blocks) on the device, b|a's (2 nk
+     * blocks) then q|k|v|z's (4 nk) for cuda_deltanet_unpack, then the grouped heads' repetition (2 nv + 1)
+     * into y2 (T, y2_row), which the rule reads with one query and key head per value head. */
+    int32_t *tables;
+    float *y2;
+    int y2_row;
 };
 
 /* The bytes of each region, in the order they are carved. */
 struct dn_sizes {
-    size_t state, layer, y, plan;
+    size_t state, layer, y, plan, tables, y2;
     int n_rec;
 };
+
+/* Blocks of the tables of a grouped model: b|a's, q|k|v|z's, the repetition's. */
+static int n_table_blocks(const struct llm_hparams *hp)
+{
+    return hp->ssm_grouped ? 6 * hp->ssm_n_k_heads + 2 * hp->ssm_n_v_heads + 1 : 0;
+}
+static int y2_row_of(const struct llm_hparams *hp)
+{
+    return 2 * hp->ssm_n_v_heads * hp->ssm_head_k + hp->ssm_inner;
+}
 
 static int recurrent_layers(const struct llm_hparams *hp)
 {
@@ -75,6 +92,10 @@ static struct dn_sizes sizes_of(const struct llm_hparams *hp, int T, int n_seqs)
         align_up(C * w * sizeof(float)) + 2 * align_up(nv * sizeof(float)) + align_up(hv * sizeof(float));
     s.y = align_up((size_t)T * C * sizeof(float));
     s.plan = align_up(KERN_CUDA_DN_PLAN_WORDS(T) * sizeof(int32_t));
+    if (hp->ssm_grouped) {
+        s.tables = align_up((size_t)n_table_blocks(hp) * 3 * sizeof(int32_t));
+        s.y2 = align_up((size_t)T * y2_row_of(hp) * sizeof(float));
+    }
     return s;
 }
 
@@ -105,7 +126,7 @@ size_t cuda_deltanet_weight_bytes(const struct model *m)
 size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs)
 {
     const struct dn_sizes s = sizes_of(&m->hp, T, n_seqs);
-    return s.n_rec ? s.state + (size_t)s.n_rec * s.layer + s.y + s.plan : 0;
+    return s.n_rec ? s.state + (size_t)s.n_rec * s.layer + s.y + s.plan + s.tables + s.y2 : 0;
 }
 
 /* FERRY_OK when the kernels run hp's shape and the recurrent layers' tensors are all there (with mats, their
@@ -135,12 +156,17 @@ static int check_model(const struct model *m, int mats, char err[256])
         }
         if (!mats || !llm_layer_is_recurrent(hp, l)) continue;
         static const char *const names[CUDA_DN_MATS] = {"q|k|v", "z", "beta", "alpha", "out"};
-        const int64_t rows[CUDA_DN_MATS] = {llm_ssm_conv_dim(hp), hp->ssm_inner, hp->ssm_n_v_heads,
-                                            hp->ssm_n_v_heads, hp->dim};
+        /* Qwen3-Next's packed forms (grouped models only): q|k|v|z in the q|k|v matrix without a z, b|a in
+         * the beta matrix without an alpha. */
+        const int qkvz = hp->ssm_grouped && !L->ssm_z.data, ba = hp->ssm_grouped && !L->ssm_alpha.data;
+        const int64_t rows[CUDA_DN_MATS] = {llm_ssm_conv_dim(hp) + (qkvz ? hp->ssm_inner : 0), hp->ssm_inner,
+                                            (ba ? 2 : 1) * (int64_t)hp->ssm_n_v_heads, hp->ssm_n_v_heads,
+                                            hp->dim};
         const int64_t cols[CUDA_DN_MATS] = {hp->dim, hp->dim, hp->dim, hp->dim, hp->ssm_inner};
         const struct wview *w[CUDA_DN_MATS];
         layer_mats(L, w);
         for (int i = 0; i < CUDA_DN_MATS; i++) {
+            if ((i == CUDA_DN_Z && qkvz) || (i == CUDA_DN_A && ba)) continue;
             if (!w[i]->data || w[i]->rows != rows[i] || w[i]->cols != cols[i]) {
                 snprintf(err, 256,
                          "layer %d: the linear attention's %s matrix is missing or not (%lld, %lld)", l,
@@ -157,6 +183,49 @@ static int check_model(const struct model *m, int mats, char err[256])
         }
     }
     return FERRY_OK;
+}
+
+/* The grouped model's tables (see struct cuda_deltanet), dn_in's columns as forward_cuda.c lays them out:
+ * q|k|v (conv_dim), z (inner), b, a (n_v_heads each); the packed products in the same columns. */
+static int upload_tables(struct cuda_deltanet *dn)
+{
+    const int nk = dn->nk, nv = dn->nv, hk = dn->hk, hv = dn->hv, per = nv / nk, C = dn->conv_dim,
+              I = dn->inner;
+    const int n = 6 * nk + 2 * nv + 1;
+    int32_t *t = malloc((size_t)n * 3 * sizeof *t), *e = t;
+    if (!t) return FERRY_ERR_NOMEM;
+#define BLOCK(dst, src, w) (e[0] = (dst), e[1] = (src), e[2] = (w), e += 3)
+    for (int h = 0; h < nk; h++) { /* b|a: per key head its value heads' b, then their a */
+        BLOCK(C + I + h * per, C + I + h * 2 * per, per);
+        BLOCK(C + I + nv + h * per, C + I + h * 2 * per + per, per);
+    }
+    const int pk = 2 * hk + 2 * per * hv; /* q|k|v|z: per key head its q, k, its value heads' v, then z */
+    for (int h = 0; h < nk; h++) {
+        BLOCK(h * hk, h * pk, hk);
+        BLOCK(nk * hk + h * hk, h * pk + hk, hk);
+        BLOCK(2 * nk * hk + h * per * hv, h * pk + 2 * hk, per * hv);
+        BLOCK(C + h * per * hv, h * pk + 2 * hk + per * hv, per * hv);
+    }
+    for (int j = 0; j < nv; j++) { /* value head j reads query and key head j / per */
+        BLOCK(j * hk, (j / per) * hk, hk);
+        BLOCK(nv * hk + j * hk, nk * hk + (j / per) * hk, hk);
+    }
+    BLOCK(2 * nv * hk, 2 * nk * hk, nv * hv);
+#undef BLOCK
+    const cudaError_t ce = cudaMemcpy(dn->tables, t, (size_t)n * 3 * sizeof *t, cudaMemcpyHostToDevice);
+    free(t);
+    return ce == cudaSuccess ? FERRY_OK : FERRY_ERR_CUDA;
+}
+
+int cuda_deltanet_unpack(struct cuda_deltanet *dn, float *in, int ld, const float *packed, int qkvz, int ba,
+                         int n, cudaStream_t cs)
+{
+    if (!dn || !in || !packed || n < 0 || n > dn->T || ld < dn->conv_dim + dn->inner + 2 * dn->nv ||
+        (!dn->tables && (qkvz || ba)))
+        return FERRY_ERR_INVALID;
+    const int32_t *t = dn->tables + (ba ? 0 : 3 * 2 * dn->nk);
+    const int blocks = (ba ? 2 * dn->nk : 0) + (qkvz ? 4 * dn->nk : 0);
+    return kern_cuda_copy_blocks(in, ld, packed, ld, n, t, blocks, cs);
 }
 
 int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
@@ -224,6 +293,10 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
         layer_mats(L, mw);
         for (int k = 0; k < CUDA_DN_MATS; k++) {
             d->mat[k] = *mw[k];
+            if (!mw[k]->data) { /* a packed model's absent z or a */
+                d->mat[k] = (struct wview){0};
+                continue;
+            }
             d->mat[k].data = wmem;
             if (!rc &&
                 cudaMemcpy(wmem, mw[k]->data, mat_bytes(mw[k]), cudaMemcpyHostToDevice) != cudaSuccess) {
@@ -236,6 +309,14 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
     dn->y = (float *)p;
     p += s.y;
     dn->plan = (int32_t *)p;
+    p += s.plan;
+    if (hp->ssm_grouped) {
+        dn->tables = (int32_t *)p;
+        dn->y2 = (float *)(p + s.tables);
+        dn->y2_row = y2_row_of(hp);
+        if (!rc && (rc = upload_tables(dn)))
+            snprintf(err, 256, "linear attention: the upload of the head tables failed");
+    }
     if (!rc && cudaMemset(dn->state, 0, s.state) != cudaSuccess) {
         snprintf(err, 256, "linear attention: zeroing the state failed");
         rc = FERRY_ERR_CUDA;
@@ -317,16 +398,23 @@ int cuda_deltanet_run(struct cuda_deltanet *dn, int l, float *out, const struct 
     /* transformers' Qwen3.5: q and k L2-normed with eps 1e-6, q then scaled by 1/sqrt(head_k). */
     RC(kern_cuda_dn_qk_l2norm(dn->y, dn->conv_dim, n, dn->nk, dn->hk, 1e-6f, 1.0f / sqrtf((float)dn->hk),
                               cs));
-    const struct kern_cuda_dn_rule r = {.n_k_heads = dn->nk,
+    const float *x = dn->y;
+    int nk = dn->nk, ldx = dn->conv_dim;
+    if (dn->y2 && dn->nv != dn->nk) { /* grouped heads: each value head's own copy of its query and key */
+        RC(kern_cuda_copy_blocks(dn->y2, dn->y2_row, dn->y, dn->conv_dim, n, dn->tables + 3 * 6 * dn->nk,
+                                 2 * dn->nv + 1, cs));
+        x = dn->y2, nk = dn->nv, ldx = dn->y2_row;
+    }
+    const struct kern_cuda_dn_rule r = {.n_k_heads = nk,
                                         .n_v_heads = dn->nv,
                                         .head_k = dn->hk,
                                         .head_v = dn->hv,
-                                        .x = dn->y,
+                                        .x = x,
                                         .braw = in->b,
                                         .araw = in->a,
                                         .A = L->A,
                                         .dt = L->dt,
-                                        .ldx = dn->conv_dim,
+                                        .ldx = ldx,
                                         .ldb = in->ld_b,
                                         .lda = in->ld_a,
                                         .ldo = dn->inner,

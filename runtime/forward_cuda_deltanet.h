@@ -45,8 +45,9 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
 void cuda_deltanet_free(struct cuda_deltanet *dn); /* accepts NULL; the device memory stays the caller's */
 
 /* Layer l's matrices as on the device (the model's wviews with device data): q|k|v (conv_dim, dim), z (inner,
- * dim), b and a (n_v_heads, dim), out (dim, inner). FERRY_ERR_INVALID when l is not recurrent or init had no
- * wmem. */
+ * dim), b and a (n_v_heads, dim), out (dim, inner); a grouped model's packed q|k|v|z (conv_dim + inner, dim)
+ * with no z (data NULL), its packed b|a (2 n_v_heads, dim) with no a. FERRY_ERR_INVALID when l is not
+ * recurrent or init had no wmem. */
 enum { CUDA_DN_QKV, CUDA_DN_Z, CUDA_DN_B, CUDA_DN_A, CUDA_DN_OUT, CUDA_DN_MATS };
 int cuda_deltanet_mats(const struct cuda_deltanet *dn, int l, struct wview mats[CUDA_DN_MATS]);
 
@@ -67,6 +68,15 @@ struct cuda_deltanet_in {
     const float *qkv, *z, *b, *a;
     int ld_qkv, ld_z, ld_b, ld_a;
 };
+
+/* Qwen3-Next's packed in-products apart (a grouped model's; runtime/forward_cpu.c's dn_unpack): in and packed
+ * hold n rows ld floats apart (ld >= conv_dim + inner + 2 n_v_heads) in the same columns, q|k|v (conv_dim),
+ * z (inner), b, a (n_v_heads each); with qkvz, packed's first conv_dim + inner columns hold per key head its
+ * q, k, its value heads' v, then their z, which go to in's q|k|v and z columns; with ba, packed's last 2
+ * n_v_heads hold per key head its value heads' b then their a, which go to in's b and a. Matrices are packed
+ * where cuda_deltanet_mats gives no z (qkvz) or no a (ba). */
+int cuda_deltanet_unpack(struct cuda_deltanet *dn, float *in, int ld, const float *packed, int qkvz, int ba,
+                         int n, cudaStream_t cs);
 
 /* out (n, inner) contiguous, device = rmsnorm(o) · norm · silu(z), o the gated delta rule's output of layer
  * l's rows over their slots' state (advanced by them), seq and pos (n) on the device (the step's rows: those

@@ -61,6 +61,18 @@ void forward_cuda_host_free(void *ctx, void *p)
     (void)ctx, (void)p;
 }
 
+int forward_cuda_state_get(struct backend *be, int seq, float *host)
+{
+    (void)be, (void)seq, (void)host;
+    return FERRY_ERR_UNSUPPORTED;
+}
+
+int forward_cuda_state_put(struct backend *be, int seq, const float *host)
+{
+    (void)be, (void)seq, (void)host;
+    return FERRY_ERR_UNSUPPORTED;
+}
+
 int forward_cuda_time_layer(struct backend *be, int l, int n_tokens, double *seconds)
 {
     (void)be, (void)l, (void)n_tokens;

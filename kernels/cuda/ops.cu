@@ -348,3 +348,130 @@ extern "C" int kern_cuda_gelu_mul_rows(float *h, const float *a, const float *b,
 {
     return glu_launch<true>(h, a, n, b, ldb, m, n, stream);
 }
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Qwen3.5: the attention's output gate, the shared expert's gated sum */
+
+__global__ void q_gate_split_kernel(float *qkv, float *gate, const float *src, int n_heads, int head_dim,
+                                    int kv_dim)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.y, qd = n_heads * head_dim, in_row = 2 * qd + 2 * kv_dim,
+              out_row = qd + 2 * kv_dim;
+    const float *s = src + (size_t)i * in_row;
+    float *o = qkv + (size_t)i * out_row, *g = gate + (size_t)i * qd;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < in_row; j += gridDim.x * blockDim.x) {
+        const float v = s[j];
+        if (j >= 2 * qd) {
+            o[j - qd] = v; /* keys and values follow the queries */
+        } else {
+            const int h = j / (2 * head_dim), c = j % (2 * head_dim);
+            if (c < head_dim)
+                o[h * head_dim + c] = v;
+            else
+                g[h * head_dim + c - head_dim] = v;
+        }
+    }
+}
+
+extern "C" int kern_cuda_q_gate_split(float *qkv, float *gate, const float *src, int m, int n_heads,
+                                      int head_dim, int kv_dim, cudaStream_t stream)
+{
+    if (!qkv || !gate || !src || m < 0 || n_heads <= 0 || head_dim <= 0 || kv_dim < 0 ||
+        !FCUDA_ALIGNED(qkv, 4) || !FCUDA_ALIGNED(gate, 4) || !FCUDA_ALIGNED(src, 4))
+        return FERRY_ERR_INVALID;
+    const int qd = n_heads * head_dim, in_row = 2 * qd + 2 * kv_dim;
+    for (int i0 = 0; i0 < m; i0 += 65535) { /* (grid.y's limit) */
+        const int rows = m - i0 < 65535 ? m - i0 : 65535;
+        const dim3 grid((unsigned)((in_row + 255) / 256 < 64 ? (in_row + 255) / 256 : 64), (unsigned)rows);
+        FCUDA_CHECK(pdl_launch(q_gate_split_kernel, grid, dim3(256), 0, stream,
+                               qkv + (size_t)i0 * (qd + 2 * kv_dim), gate + (size_t)i0 * qd,
+                               src + (size_t)i0 * in_row, n_heads, head_dim, kv_dim));
+    }
+    return FERRY_OK;
+}
+
+__global__ void sigmoid_mul_kernel(float *y, const float *x, const float *gate, int64_t n)
+{
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = x[i] / (1.0f + expf(-gate[i]));
+}
+
+extern "C" int kern_cuda_sigmoid_mul(float *y, const float *x, const float *gate, int64_t n,
+                                     cudaStream_t stream)
+{
+    if (!y || !x || !gate || n < 0 || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(gate, 4))
+        return FERRY_ERR_INVALID;
+    if (n == 0) return FERRY_OK;
+    FCUDA_CHECK(
+        pdl_launch(sigmoid_mul_kernel, dim3(fcuda_blocks(n, 256)), dim3(256), 0, stream, y, x, gate, n));
+    return FERRY_OK;
+}
+
+/* One block per row: the gate's dot product in a fixed-order tree (f32 partials of ROW_THREADS strided sums),
+ * then the scaled add. */
+__global__ void gated_add_kernel(float *y, const float *s, const float *x, const float *g, int d)
+{
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float part[ROW_THREADS];
+    const int i = blockIdx.x;
+    const float *xr = x + (size_t)i * d, *sr = s + (size_t)i * d;
+    float *yr = y + (size_t)i * d;
+    float acc = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) acc = fmaf(xr[j], g[j], acc);
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = ROW_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    const float k = 1.0f / (1.0f + expf(-part[0]));
+    for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = fmaf(k, sr[j], yr[j]);
+}
+
+extern "C" int kern_cuda_gated_add(float *y, const float *s, const float *x, const float *g, int m, int d,
+                                   cudaStream_t stream)
+{
+    if (!y || !s || !x || !g || m < 0 || d <= 0 || !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(s, 4) ||
+        !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(g, 4))
+        return FERRY_ERR_INVALID;
+    if (m == 0) return FERRY_OK;
+    FCUDA_CHECK(pdl_launch(gated_add_kernel, dim3((unsigned)m), dim3(ROW_THREADS), 0, stream, y, s, x, g, d));
+    return FERRY_OK;
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Column blocks: Qwen3-Next's packed in-products apart, grouped heads repeated */
+
+__global__ void copy_blocks_kernel(float *y, int ldy, const float *x, int ldx, const int32_t *table)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int b = blockIdx.x, i = blockIdx.y;
+    const int dst = table[3 * b], src = table[3 * b + 1], w = table[3 * b + 2];
+    const float *xr = x + (size_t)i * ldx + src;
+    float *yr = y + (size_t)i * ldy + dst;
+    for (int c = threadIdx.x; c < w; c += blockDim.x) yr[c] = xr[c];
+}
+
+extern "C" int kern_cuda_copy_blocks(float *y, int ldy, const float *x, int ldx, int m, const int32_t *table,
+                                     int n_blocks, cudaStream_t stream)
+{
+    if (!y || !x || !table || m < 0 || n_blocks < 0 || n_blocks > 65535 || ldy < 0 || ldx < 0 ||
+        !FCUDA_ALIGNED(y, 4) || !FCUDA_ALIGNED(x, 4) || !FCUDA_ALIGNED(table, 4))
+        return FERRY_ERR_INVALID;
+    if (n_blocks == 0) return FERRY_OK;
+    for (int i0 = 0; i0 < m; i0 += 65535) { /* (grid.y's limit) */
+        const int rows = m - i0 < 65535 ? m - i0 : 65535;
+        FCUDA_CHECK(pdl_launch(copy_blocks_kernel, dim3((unsigned)n_blocks, (unsigned)rows), dim3(128), 0,
+                               stream, y + (size_t)i0 * ldy, ldy, x + (size_t)i0 * ldx, ldx, table));
+    }
+    return FERRY_OK;
+}

@@ -74,6 +74,27 @@ int kern_cuda_softcap(float *x, float c, int64_t n, cudaStream_t stream);
 int kern_cuda_gelu_mul_rows(float *h, const float *a, const float *b, int ldb, int m, int n,
                             cudaStream_t stream);
 
+/* Qwen3.5's gated attention and shared expert (a model without them never launches these). */
+
+/* src (m, 2 n_heads head_dim + 2 kv_dim) rows whose query part holds per head its queries then its gate ->
+ * qkv (m, n_heads head_dim + 2 kv_dim) rows of queries, keys, values, and gate (m, n_heads head_dim). src
+ * must not overlap qkv or gate. */
+int kern_cuda_q_gate_split(float *qkv, float *gate, const float *src, int m, int n_heads, int head_dim,
+                           int kv_dim, cudaStream_t stream);
+/* y (n) = x / (1 + exp(-gate)) (x times sigmoid(gate)); y may be x. */
+int kern_cuda_sigmoid_mul(float *y, const float *x, const float *gate, int64_t n, cudaStream_t stream);
+/* y (m, d) += sigmoid(x_i · g) * s_i per row i: s, x (m, d), g (d). The dot product in f32, fixed order.
+ * y must not overlap s or x. */
+int kern_cuda_gated_add(float *y, const float *s, const float *x, const float *g, int m, int d,
+                        cudaStream_t stream);
+
+/* Column blocks from x (m rows, ldx floats apart) to y (m rows, ldy apart): for each block b of table
+ * (n_blocks, 3) int32 on the device, (dst column, src column, width), y[i][dst + c] = x[i][src + c] for c <
+ * width (Qwen3-Next's packed in-products split per key head, grouped heads repeated). The blocks'
+ * destinations must not overlap each other or x. n_blocks <= 65535. */
+int kern_cuda_copy_blocks(float *y, int ldy, const float *x, int ldx, int m, const int32_t *table,
+                          int n_blocks, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

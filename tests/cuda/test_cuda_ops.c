@@ -4,6 +4,7 @@
 #include "tests/cuda/cuda_test.h"
 
 #include "kernels/core/dtype.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
 
 /* ---- embed ---- */
@@ -460,5 +461,167 @@ Test(cuda_ops, gelu_mul_rows_strided)
     free(b);
     free(ref);
     free(up);
+    free(got);
+}
+
+/* ---- Qwen3.5's gated attention and shared expert, Qwen3-Next's column blocks ---- */
+
+/* The split of LOP_Q_GATE (weights/arch/program.h): per head its queries then its gate in, queries packed
+ * before the keys and values out, the gates apart; an exact copy. */
+Test(cuda_ops, q_gate_split_odd_shapes)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(41);
+    const int shapes[][4] = {
+        {37, 5, 24, 48}, {1, 3, 8, 8}, {70, 7, 40, 120}}; /* m, heads, head_dim, kv_dim */
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int m = shapes[c][0], nh = shapes[c][1], hd = shapes[c][2], kvd = shapes[c][3];
+        const int qd = nh * hd, in_row = 2 * qd + 2 * kvd, out_row = qd + 2 * kvd;
+        float *src = host_rand((size_t)m * in_row, -3, 3), *got = malloc((size_t)m * out_row * 4),
+              *gate = malloc((size_t)m * qd * 4);
+        float *ds = dev_upload(src, (size_t)m * in_row * 4), *dq = dev_poison((size_t)m * out_row * 4),
+              *dg = dev_poison((size_t)m * qd * 4);
+        cr_assert_eq(kern_cuda_q_gate_split(dq, dg, ds, m, nh, hd, kvd, 0), FERRY_OK);
+        dev_download(got, dq, (size_t)m * out_row * 4);
+        dev_download(gate, dg, (size_t)m * qd * 4);
+        for (int i = 0; i < m; i++) {
+            const float *s = src + (size_t)i * in_row;
+            for (int h = 0; h < nh; h++)
+                for (int j = 0; j < hd; j++) {
+                    cr_assert_eq(got[(size_t)i * out_row + h * hd + j], s[2 * h * hd + j], "row %d head %d",
+                                 i, h);
+                    cr_assert_eq(gate[(size_t)i * qd + h * hd + j], s[2 * h * hd + hd + j], "gate %d %d", i,
+                                 h);
+                }
+            for (int j = 0; j < 2 * kvd; j++) cr_assert_eq(got[(size_t)i * out_row + qd + j], s[2 * qd + j]);
+        }
+        cudaFree(ds);
+        cudaFree(dq);
+        cudaFree(dg);
+        free(src);
+        free(got);
+        free(gate);
+    }
+    cr_assert_eq(kern_cuda_q_gate_split(NULL, NULL, NULL, 1, 1, 8, 8, 0), FERRY_ERR_INVALID);
+}
+
+/* LOP_ATT_GATE: x · sigmoid(gate) against double, gates far into both tails; in place too. */
+Test(cuda_ops, sigmoid_mul_odd_sizes)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(42);
+    const int64_t n = 30011;
+    float *x = host_rand((size_t)n, -5, 5), *g = host_rand((size_t)n, -40, 40), *got = malloc(n * 4);
+    double *ref = malloc(n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) ref[i] = x[i] / (1.0 + exp(-(double)g[i]));
+    float *dx = dev_upload(x, n * 4), *dg = dev_upload(g, n * 4), *dy = dev_poison(n * 4);
+    cr_assert_eq(kern_cuda_sigmoid_mul(dy, dx, dg, n, 0), FERRY_OK);
+    dev_download(got, dy, n * 4);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_leq(fabs(got[i] - ref[i]), 1e-6 + 1e-6 * fabs(ref[i]), "element %lld: %g vs %g",
+                      (long long)i, got[i], ref[i]);
+    cr_assert_eq(kern_cuda_sigmoid_mul(dx, dx, dg, n, 0), FERRY_OK); /* in place */
+    dev_download(got, dx, n * 4);
+    for (int64_t i = 0; i < n; i++) cr_assert_leq(fabs(got[i] - ref[i]), 1e-6 + 1e-6 * fabs(ref[i]));
+    cudaFree(dx);
+    cudaFree(dg);
+    cudaFree(dy);
+    free(x);
+    free(g);
+    free(got);
+    free(ref);
+}
+
+/* The shared expert's gated sum against kern_cpu_moe_shared_ref (kernels/cpu/moe.h, double sums): the GPU is
+ * given the FFN's output (computed here in double, as the reference does inside) and adds it scaled by
+ * sigmoid(x · gate). Odd dims, a block-wide and a partial reduction. */
+Test(cuda_ops, gated_add_matches_cpu_shared_expert)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(43);
+    const int dims[] = {37, 300, 1031};
+    for (size_t c = 0; c < sizeof dims / sizeof dims[0]; c++) {
+        const int d = dims[c], ffn = 7, m = 19;
+        float *x = host_rand((size_t)m * d, -1, 1), *y0 = host_rand((size_t)m * d, -2, 2),
+              *gi = host_rand((size_t)d, -0.2f, 0.2f), *wg = host_rand((size_t)ffn * d, -0.3f, 0.3f),
+              *wu = host_rand((size_t)ffn * d, -0.3f, 0.3f), *wd = host_rand((size_t)d * ffn, -0.3f, 0.3f);
+        float *ref = malloc((size_t)m * d * 4), *s = malloc((size_t)m * d * 4),
+              *got = malloc((size_t)m * d * 4);
+        memcpy(ref, y0, (size_t)m * d * 4);
+        const struct kern_cpu_moe_shared sh = {.gate = wg,
+                                               .up = wu,
+                                               .down = wd,
+                                               .gate_t = DTYPE_F32,
+                                               .up_t = DTYPE_F32,
+                                               .down_t = DTYPE_F32,
+                                               .dim = d,
+                                               .ffn = ffn,
+                                               .gate_inp = gi};
+        cr_assert_eq(kern_cpu_moe_shared_ref(ref, x, m, &sh), FERRY_OK);
+        for (int t = 0; t < m; t++) { /* the FFN alone, unscaled */
+            double h[7];
+            for (int f = 0; f < ffn; f++) {
+                double a = 0, b = 0;
+                for (int k = 0; k < d; k++)
+                    a += (double)wg[(size_t)f * d + k] * x[(size_t)t * d + k],
+                        b += (double)wu[(size_t)f * d + k] * x[(size_t)t * d + k];
+                h[f] = a / (1.0 + exp(-a)) * b;
+            }
+            for (int i = 0; i < d; i++) {
+                double o = 0;
+                for (int f = 0; f < ffn; f++) o += h[f] * wd[(size_t)i * ffn + f];
+                s[(size_t)t * d + i] = (float)o;
+            }
+        }
+        float *dy = dev_upload(y0, (size_t)m * d * 4), *dsh = dev_upload(s, (size_t)m * d * 4),
+              *dx = dev_upload(x, (size_t)m * d * 4), *dgi = dev_upload(gi, (size_t)d * 4);
+        cr_assert_eq(kern_cuda_gated_add(dy, dsh, dx, dgi, m, d, 0), FERRY_OK);
+        dev_download(got, dy, (size_t)m * d * 4);
+        for (size_t i = 0; i < (size_t)m * d; i++)
+            cr_assert_leq(fabs(got[i] - ref[i]), 1e-5 + 1e-5 * fabs(ref[i]), "dim %d element %zu: %g vs %g",
+                          d, i, got[i], ref[i]);
+        cudaFree(dy);
+        cudaFree(dsh);
+        cudaFree(dx);
+        cudaFree(dgi);
+        free(x), free(y0), free(gi), free(wg), free(wu), free(wd), free(ref), free(s), free(got);
+    }
+}
+
+/* Column blocks: Qwen3-Next's b|a split (per key head h, its value heads' b then their a) as the CPU backend
+ * splits it, plus blocks of other widths; an exact copy, columns no block names left alone. */
+Test(cuda_ops, copy_blocks_splits_packed_rows)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(44);
+    const int m = 23, nk = 3, per = 5, nv = nk * per, ld = 2 * nv + 11;
+    float *x = host_rand((size_t)m * ld, -1, 1), *got = malloc((size_t)m * ld * 4);
+    int32_t table[2 * 3 + 1][3];
+    int nb = 0;
+    for (int h = 0; h < nk; h++) {
+        table[nb][0] = h * per, table[nb][1] = h * 2 * per, table[nb++][2] = per;
+        table[nb][0] = nv + h * per, table[nb][1] = h * 2 * per + per, table[nb++][2] = per;
+    }
+    table[nb][0] = 2 * nv + 1, table[nb][1] = 2 * nv, table[nb++][2] = 9; /* a shifted tail */
+    float *dx = dev_upload(x, (size_t)m * ld * 4), *dy = dev_poison((size_t)m * ld * 4);
+    int32_t *dt = dev_upload(table, sizeof table);
+    cr_assert_eq(kern_cuda_copy_blocks(dy, ld, dx, ld, m, dt, nb, 0), FERRY_OK);
+    dev_download(got, dy, (size_t)m * ld * 4);
+    for (int i = 0; i < m; i++) {
+        const float *r = x + (size_t)i * ld, *g = got + (size_t)i * ld;
+        for (int h = 0; h < nk; h++)
+            for (int j = 0; j < per; j++) {
+                cr_assert_eq(g[h * per + j], r[h * 2 * per + j], "row %d b of key head %d", i, h);
+                cr_assert_eq(g[nv + h * per + j], r[h * 2 * per + per + j], "row %d a of key head %d", i, h);
+            }
+        for (int j = 0; j < 9; j++) cr_assert_eq(g[2 * nv + 1 + j], r[2 * nv + j]);
+        cr_assert(isnan(g[2 * nv]) && isnan(g[ld - 1]), "row %d: a column outside every block was written",
+                  i);
+    }
+    cr_assert_eq(kern_cuda_copy_blocks(dy, ld, dx, ld, m, NULL, nb, 0), FERRY_ERR_INVALID);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(dt);
+    free(x);
     free(got);
 }

@@ -41,7 +41,7 @@ run() { # name limit command...
 }
 run qk_norm 30 ./build/tests/cuda/test_cuda_qk_norm
 run matmul_q 60 ./build/tests/cuda/test_cuda_matmul_q --jobs 4
-run gpu_e2e 180 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*matches_cpu*'
+run gpu_e2e 420 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*matches_cpu*'
 run gpu_e2e_gemma4_placements 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*gemma4_placements*'
 run moe 120 ./build/tests/cuda/test_cuda_moe --jobs 2
 run gpu_e2e_moe 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*moe*'
@@ -53,8 +53,8 @@ run deltanet 60 ./build/tests/cuda/test_cuda_deltanet --verbose
 if want bench_deltanet; then
   timeout 60 ./build/tests/bench_cuda/bench_deltanet > "$out/bench_deltanet.log" 2>&1; log "bench_deltanet rc=$?"
 fi
-[ -n "${CHECK_SHORT:-}" ] && { log "done (short)"; exit 0; }
 run ops 40 ./build/tests/cuda/test_cuda_ops
+[ -n "${CHECK_SHORT:-}" ] && { log "done (short)"; exit 0; }
 run qblock 30 ./build/tests/cuda/test_qblock --jobs 4
 want spec && for a in ${SPEC_ACCEPT:-1}; do
   timeout 90 ./build/server/ferry bench --synthetic llama-2-7b --gpu-memory 4GiB --batches 1 --prefill 0 \

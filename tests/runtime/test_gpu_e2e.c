@@ -17,6 +17,7 @@
 #include "kernels/cuda/ops.h"
 #include "runtime/engine.h"
 #include "runtime/forward_cuda.h"
+#include "runtime/forward_cuda_deltanet.h"
 #include "runtime/forward_cuda_moe.h"
 #include "runtime/kv_cache.h"
 
@@ -454,6 +455,19 @@ Test(gpu_e2e, placements_are_bitwise_equal)
 
 /* ---- Gemma 4 and gpt-oss's attention ---- */
 
+/* |a - b| <= 1e-2 max|a| + 1e-3 over V logits (compare_backends' bound). */
+static void expect_close(const char *model, const char *what, const float *a, const float *b, int V)
+{
+    double maxref = 0, worst = 0;
+    for (int v = 0; v < V; v++) {
+        maxref = fmax(maxref, fabs(a[v]));
+        worst = fmax(worst, fabs((double)a[v] - b[v]));
+    }
+    const double bound = 1e-2 * maxref + 1e-3;
+    fprintf(stderr, "%s %s: |diff| %.3g (bound %.3g)\n", model, what, worst, bound);
+    cr_expect_leq(worst, bound, "%s: %s: |diff| = %g > %g", model, what, worst, bound);
+}
+
 /* run_batched on the CPU and on the GPU: every step's logits of every sequence within compare_backends'
  * bound (decode steps of 3 sequences batched, each over its own KV rows in every layer kind). */
 static void compare_batched(const char *model)
@@ -467,15 +481,9 @@ static void compare_batched(const char *model)
     run_batched(cpu, B, steps, lc);
     run_batched(gpu, B, steps, lg);
     for (int r = 0; r < (steps + 1) * B; r++) {
-        const float *a = lc + (size_t)r * V, *b = lg + (size_t)r * V;
-        double maxref = 0, worst = 0;
-        for (int v = 0; v < V; v++) {
-            maxref = fmax(maxref, fabs(a[v]));
-            worst = fmax(worst, fabs((double)a[v] - b[v]));
-        }
-        const double bound = 1e-2 * maxref + 1e-3;
-        fprintf(stderr, "%s batched row %d: |gpu-cpu| %.3g (bound %.3g)\n", model, r, worst, bound);
-        cr_expect_leq(worst, bound, "%s: batched row %d: |gpu-cpu| = %g > %g", model, r, worst, bound);
+        char what[48];
+        snprintf(what, sizeof what, "batched row %d: gpu vs cpu", r);
+        expect_close(model, what, lc + (size_t)r * V, lg + (size_t)r * V, V);
     }
     free(lc);
     free(lg);
@@ -529,6 +537,159 @@ Test(gpu_e2e, gptoss_sinks_f16_matches_cpu)
     batched_salt = 11;
     compare_batched(src_path("tests/golden/models/gptoss_yarn_f16.gguf"));
     batched_salt = 0;
+}
+
+/* ---- Qwen3.5's hybrids: gated DeltaNet layers with per-slot state, gated attention, shared experts ---- */
+
+/* One engine's prompt-cache round: a prefill of 20 tokens (which checkpoints the slot's recurrent state at
+ * its end), 3 decode tokens, back to the checkpoint (engine_seq_keep) and a fourth token there, into lr (V);
+ * then the same 21 tokens as one fresh prefill, into lf (V). Returns what engine_seq_keep kept. */
+static int restore_round(struct engine *e, float *lr, float *lf)
+{
+    const int V = engine_hparams(e)->n_vocab, n = 20;
+    int32_t tok[21], pos[21], seq[21] = {0};
+    uint8_t want[21] = {0};
+    for (int i = 0; i < 21; i++) tok[i] = (int32_t)((i * 29 + 3) % V), pos[i] = i;
+    want[n - 1] = 1;
+    float *scratch = malloc((size_t)V * sizeof(float));
+    struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &b, scratch), 0);
+    for (int k = 0; k < 3; k++) {
+        int32_t t = (int32_t)((k * 11 + 7) % V), p = n + k, q = 0;
+        uint8_t w = 1;
+        struct batch d = {.n_tokens = 1, .tokens = &t, .pos = &p, .seq = &q, .want_logits = &w};
+        cr_assert_eq(engine_step(e, &d, scratch), 0);
+    }
+    const int kept = engine_seq_keep(e, 0, n);
+    if (kept == n) {
+        uint8_t w = 1;
+        struct batch d = {.n_tokens = 1, .tokens = &tok[n], .pos = &pos[n], .seq = seq, .want_logits = &w};
+        cr_assert_eq(engine_step(e, &d, lr), 0);
+    }
+    engine_seq_free(e, 0);
+    want[n - 1] = 0, want[n] = 1;
+    struct batch f = {.n_tokens = n + 1, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    cr_assert_eq(engine_step(e, &f, lf), 0);
+    engine_seq_free(e, 0);
+    free(scratch);
+    return kept;
+}
+
+/* The GPU's state leaves for the checkpoint and comes back from it: resumed at the checkpoint, its logits
+ * match the CPU engine's after the same round and its own fresh prefill of the same tokens. */
+static void compare_restore(const char *model)
+{
+    struct model_file *mf = open_model(model);
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 1);
+    struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 1);
+    const int V = engine_hparams(cpu)->n_vocab;
+    float *cr = malloc((size_t)V * 4), *cf = malloc((size_t)V * 4), *gr = malloc((size_t)V * 4),
+          *gf = malloc((size_t)V * 4);
+    cr_assert_eq(restore_round(cpu, cr, cf), 20, "%s: the CPU engine kept no checkpoint", model);
+    cr_assert_eq(restore_round(gpu, gr, gf), 20, "%s: the GPU engine kept no checkpoint", model);
+    expect_close(model, "resumed: gpu vs cpu", cr, gr, V);
+    expect_close(model, "gpu: resumed vs fresh prefill", gf, gr, V);
+    expect_close(model, "fresh prefill: gpu vs cpu", cf, gf, V);
+    free(cr), free(cf), free(gr), free(gf);
+    engine_free(cpu);
+    engine_free(gpu);
+    model_file_close(mf);
+}
+
+/* A hybrid golden model on both backends: prompts shorter and longer than the GPU's token-by-token rule
+ * (16 rows), 3 sequences batched (their rows through one launch each, each over its own slot's state), and
+ * the prompt cache's checkpoint round. */
+static void compare_family_hybrid(const char *name)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    const char *model = src_path(rel);
+    FILE *fp = fopen(model, "rb");
+    if (!fp) cr_skip_test("missing %s (tests/golden/make_%s_golden.py writes it)", model, name);
+    fclose(fp);
+    char path[1024];
+    snprintf(path, sizeof path, "%s", model);
+    compare_backends(path, 7);
+    compare_backends(path, 40);
+    compare_batched(path);
+    compare_restore(path);
+}
+
+/* The planner (forward_cuda_plan_offline: forward_cuda_init's arithmetic, no device needed) keeps every layer
+ * of a model with recurrent layers resident, refuses host layers and a budget one byte short of that, and
+ * counts each slot's recurrent state: three more slots cost three slots' state (cuda_deltanet_bytes) and
+ * their block-table rows, nothing else. */
+Test(gpu_e2e, qwen35_planner_counts_recurrent_state)
+{
+    const char *path = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) cr_skip_test("missing %s (tests/golden/make_qwen35_golden.py writes it)", path);
+    fclose(fp);
+    struct model_file *mf = open_model(path);
+    struct model m;
+    char err[256] = "";
+    cr_assert_eq(model_init(&m, mf, err), 0, "%s", err);
+    const struct llm_hparams *hp = &m.hp;
+    const int L = hp->n_layers, T = 64;
+    uint64_t total[2];
+    for (int i = 0; i < 2; i++) {
+        const int S = i ? 4 : 1;
+        struct kv_cache kv;
+        cr_assert_eq(kv_cache_init(&kv, llm_kv_cache_layers(hp), llm_kv_cache_heads(hp), hp->head_dim, S, 256,
+                                   256, 16, KV_NO_HOST),
+                     0);
+        struct forward_cuda_params cp = {.max_tokens = T, .gpu_memory = (int64_t)1 << 40, .gpu_layers = -1};
+        struct device_map map;
+        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), 0, "%s", err);
+        cr_assert_eq(map.n_resident, L, "every layer resident (%d of %d)", map.n_resident, L);
+        cr_assert_eq(map.n_streamed, 0);
+        total[i] = map.bytes_total;
+        device_map_free(&map);
+        cp.gpu_memory = (int64_t)total[i] - 1;
+        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), FERRY_ERR_DEVICE_MEM,
+                     "a budget one byte short: no layer may stream");
+        cp.gpu_memory = (int64_t)1 << 40;
+        cp.gpu_layers = 1;
+        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), FERRY_ERR_UNSUPPORTED);
+        cr_assert(strstr(err, "linear-attention"), "%s", err);
+        if (i) {
+            const uint64_t want = cuda_deltanet_bytes(&m, T, 4) - cuda_deltanet_bytes(&m, T, 1) +
+                                  (uint64_t)3 * kv.max_blocks * sizeof(int32_t);
+            cr_assert_eq(total[1] - total[0], want, "3 more slots cost %llu bytes, want %llu",
+                         (unsigned long long)(total[1] - total[0]), (unsigned long long)want);
+            cr_assert_geq(cuda_deltanet_bytes(&m, T, 4) - cuda_deltanet_bytes(&m, T, 1),
+                          (uint64_t)3 * 3 *
+                              ((hp->ssm_conv_kernel - 1) * (uint64_t)llm_ssm_conv_dim(hp) +
+                               (uint64_t)hp->ssm_n_v_heads * hp->ssm_head_k * llm_ssm_head_v(hp)) *
+                              sizeof(float),
+                          "three slots of three recurrent layers' state");
+        }
+        kv_cache_free(&kv);
+    }
+    model_free(&m);
+    model_file_close(mf);
+}
+
+/* Qwen3.5: DeltaNet in 3 of 4 layers, the fourth gated attention with QK-norm and partial rotary. */
+Test(gpu_e2e, qwen35_deltanet_f16_matches_cpu, .timeout = 300)
+{
+    require_gpu();
+    compare_family_hybrid("qwen35_deltanet_f16");
+}
+
+/* Qwen3.5-MoE: the same mixers, every FFN routed experts plus the sigmoid-gated shared expert. */
+Test(gpu_e2e, qwen35moe_shexp_f16_matches_cpu, .timeout = 300)
+{
+    require_gpu();
+    compare_family_hybrid("qwen35moe_shexp_f16");
+}
+
+/* Qwen3-Next: packed b|a (and, in the older file, q|k|v|z) in-products, value heads grouped by key head. */
+Test(gpu_e2e, qwen3next_f16_matches_cpu, .timeout = 300)
+{
+    require_gpu();
+    compare_family_hybrid("qwen3next_f16");
+    compare_family_hybrid("qwen3next_ssm_in_f16");
 }
 
 /* A Llama of random weights (engine_init_synthetic): vocabulary 1000, full rope of the half style. */
