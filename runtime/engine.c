@@ -80,9 +80,6 @@ const char *engine_cuda_lacks(const struct llm_hparams *hp)
     if (hp->full_attn_interval > 0) return "gated DeltaNet (linear-attention) layers";
     const struct layer_program *p = layer_program_of(hp);
     if (layer_program_has(p, LOP_MOE_SHARED)) return "shared-expert layers";
-    if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0)
-        return "a rotary attention factor on partial rotary dims (LongRoPE with partial rotary, as "
-               "Phi-4-mini) or an attention temperature (Mistral 3 beyond its original context)";
     return forward_cuda_device_lacks(hp);
 }
 
