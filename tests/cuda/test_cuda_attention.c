@@ -1732,6 +1732,58 @@ Test(cuda_attention, wide_heads_d512, .timeout = 900)
     check_config_of(4, 2, 512, 16, l2, 4, 1, "Q8_0 D=512 G=2");
 }
 
+/* kern_cuda_rope_q on m rows at random positions up to 4999 against the CPU's rotation and scaling by qs
+ * (f32, 2e-6 relative: the CPU and GPU may differ in the last bit of a product); with a scaling, also bitwise
+ * the CPU's scaling (kern_cpu_q_scale, llm_attn_temp) of the GPU's own unscaled rotation, so the factor and
+ * each position's temperature are the CPU's to the bit (the CPU's 1 + beta · ln fused, as gcc -march=native
+ * builds it on an FMA host). In place is refused. */
+static void rope_q_case(int nh, int D, int rd, enum rope_style style, int m, struct kern_cuda_q_scale qs)
+{
+    const size_t n = (size_t)m * nh * D;
+    float *q = host_rand(n, -3, 3), *ref = malloc(n * 4), *plain = malloc(n * 4), *got = malloc(n * 4),
+          *inv = malloc((size_t)rd / 2 * 4);
+    int32_t *pos = malloc((size_t)m * 4);
+    for (int i = 0; i < m; i++) pos[i] = irand(5000);
+    if (m > 1 && qs.temp_len > 0) pos[0] = qs.temp_len - 1, pos[1] = qs.temp_len; /* either side of a step */
+    kern_cpu_rope_freqs(inv, rd, 10000.0f, NULL);
+    memcpy(ref, q, n * 4);
+    kern_cpu_rope_ref(ref, pos, m, nh, D, rd, inv, style);
+    q_scale_cpu(ref, pos, m, nh, D, rd, qs);
+    float *dq = dev_upload(q, n * 4), *dout = dev_poison(n * 4), *dinv = dev_upload(inv, rd / 2 * 4);
+    int32_t *dp = dev_upload(pos, (size_t)m * 4);
+    cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, KERN_CUDA_Q_SCALE_NONE, 0),
+                 FERRY_OK);
+    dev_download(plain, dout, n * 4);
+    CU_OK(cudaMemset(dout, 0xFF, n * 4));
+    cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, qs, 0), FERRY_OK);
+    dev_download(got, dout, n * 4);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
+        worst = isfinite(got[i]) && e > worst ? e : isfinite(got[i]) ? worst : INFINITY;
+    }
+    fprintf(stderr, "rope_q heads %d D %d rope %d style %d scale %g temp %g/%d: max rel err %.3g\n", nh, D,
+            rd, (int)style, qs.rot, qs.temp_beta, qs.temp_len, worst);
+    cr_assert(worst <= 2e-6, "rope_q heads %d D %d rope %d style %d: max rel err %g", nh, D, rd, (int)style,
+              worst);
+    q_scale_cpu(plain, pos, m, nh, D, rd, qs);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(memcmp(&plain[i], &got[i], 4) == 0,
+                  "heads %d D %d rope %d style %d: q[%zu] (pos %d) %a, the CPU's scaling %a", nh, D, rd,
+                  (int)style, i, pos[i / ((size_t)nh * D)], got[i], plain[i]);
+    cr_assert_eq(kern_cuda_rope_q(dq, dq, dp, m, nh, D, rd, dinv, style, qs, 0), FERRY_ERR_INVALID);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dinv);
+    cudaFree(dp);
+    free(q);
+    free(ref);
+    free(plain);
+    free(got);
+    free(inv);
+    free(pos);
+}
+
 /* kern_cuda_rope_q (the queries of a layer that reads another layer's K/V) against the CPU's rotation. */
 Test(cuda_attention, rope_q_matches_cpu)
 {
@@ -1741,48 +1793,13 @@ Test(cuda_attention, rope_q_matches_cpu)
         int n_heads, D, rope_dim;
     } cfg[] = {{4, 64, 64}, {3, 24, 16}, {8, 512, 128}, {5, 256, 256}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
-        for (int st = 0; st < 2; st++) {
-            const enum rope_style style = st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF;
-            const int nh = cfg[ci].n_heads, D = cfg[ci].D, rd = cfg[ci].rope_dim, m = 37;
-            const size_t n = (size_t)m * nh * D;
-            float *q = host_rand(n, -3, 3), *ref = malloc(n * 4), *got = malloc(n * 4),
-                  *inv = malloc((size_t)rd / 2 * 4);
-            int32_t pos[37];
-            for (int i = 0; i < m; i++) pos[i] = irand(5000);
-            kern_cpu_rope_freqs(inv, rd, 10000.0f, NULL);
-            memcpy(ref, q, n * 4);
-            kern_cpu_rope_ref(ref, pos, m, nh, D, rd, inv, style);
-            float *dq = dev_upload(q, n * 4), *dout = dev_poison(n * 4), *dinv = dev_upload(inv, rd / 2 * 4);
-            int32_t *dp = dev_upload(pos, sizeof pos);
-            cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, KERN_CUDA_Q_SCALE_NONE, 0),
-                         FERRY_OK);
-            dev_download(got, dout, n * 4);
-            double worst = 0;
-            for (size_t i = 0; i < n; i++) {
-                const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
-                worst = isfinite(got[i]) && e > worst ? e : isfinite(got[i]) ? worst : INFINITY;
-            }
-            fprintf(stderr, "rope_q heads %d D %d rope %d style %d: max rel err %.3g\n", nh, D, rd, st,
-                    worst);
-            cr_assert(worst <= 2e-6, "rope_q heads %d D %d rope %d style %d: max rel err %g", nh, D, rd, st,
-                      worst);
-            cr_assert_eq(kern_cuda_rope_q(dq, dq, dp, m, nh, D, rd, dinv, style, KERN_CUDA_Q_SCALE_NONE, 0),
-                         FERRY_ERR_INVALID);
-            cudaFree(dq);
-            cudaFree(dout);
-            cudaFree(dinv);
-            cudaFree(dp);
-            free(q);
-            free(ref);
-            free(got);
-            free(inv);
-        }
+        for (int st = 0; st < 2; st++)
+            rope_q_case(cfg[ci].n_heads, cfg[ci].D, cfg[ci].rope_dim,
+                        st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF, 37, KERN_CUDA_Q_SCALE_NONE);
 }
 
-/* kern_cuda_rope_q with a rotary factor and a temperature (original context 37, positions up to 4999:
- * floor(pos / 37) up to 135) against the CPU's rotation and scaling; and bitwise the CPU's scaling
- * (kern_cpu_q_scale, llm_attn_temp) of the GPU's own unscaled rotation, so the factor and each position's
- * temperature are the CPU's to the bit (the CPU's 1 + beta · ln fused, as gcc -march=native builds it). */
+/* With a rotary factor and a temperature (original context 37: floor(pos / 37) up to 135), each alone and
+ * both, at odd sizes and partial rotary. */
 Test(cuda_attention, rope_q_scales_as_cpu)
 {
     SKIP_WITHOUT_GPU();
@@ -1790,49 +1807,10 @@ Test(cuda_attention, rope_q_scales_as_cpu)
     static const struct {
         int n_heads, D, rope_dim;
     } cfg[] = {{3, 24, 16}, {5, 40, 40}, {7, 72, 54}};
-    const struct kern_cuda_q_scale qs = {1.4219f, 0.1f, 37};
+    const struct kern_cuda_q_scale qs[] = {{1.4219f, 0.0f, 0}, {1.0f, 0.1f, 37}, {1.4219f, 0.1f, 37}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
-        for (int st = 0; st < 2; st++) {
-            const enum rope_style style = st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF;
-            const int nh = cfg[ci].n_heads, D = cfg[ci].D, rd = cfg[ci].rope_dim, m = 41;
-            const size_t n = (size_t)m * nh * D;
-            float *q = host_rand(n, -3, 3), *ref = malloc(n * 4), *plain = malloc(n * 4),
-                  *got = malloc(n * 4), *inv = malloc((size_t)rd / 2 * 4);
-            int32_t pos[41];
-            for (int i = 0; i < m; i++) pos[i] = irand(5000);
-            pos[0] = 36, pos[1] = 37; /* either side of the first step */
-            kern_cpu_rope_freqs(inv, rd, 10000.0f, NULL);
-            memcpy(ref, q, n * 4);
-            kern_cpu_rope_ref(ref, pos, m, nh, D, rd, inv, style);
-            q_scale_cpu(ref, pos, m, nh, D, rd, qs);
-            float *dq = dev_upload(q, n * 4), *dout = dev_poison(n * 4), *dinv = dev_upload(inv, rd / 2 * 4);
-            int32_t *dp = dev_upload(pos, sizeof pos);
-            cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, KERN_CUDA_Q_SCALE_NONE, 0),
-                         FERRY_OK);
-            dev_download(plain, dout, n * 4);
-            CU_OK(cudaMemset(dout, 0xFF, n * 4));
-            cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, qs, 0), FERRY_OK);
-            dev_download(got, dout, n * 4);
-            double worst = 0;
-            for (size_t i = 0; i < n; i++) {
-                const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
-                worst = isfinite(got[i]) && e > worst ? e : isfinite(got[i]) ? worst : INFINITY;
-            }
-            cr_assert(worst <= 2e-6, "scaled rope_q heads %d D %d rope %d style %d: max rel err %g", nh, D,
-                      rd, st, worst);
-            q_scale_cpu(plain, pos, m, nh, D, rd, qs);
-            for (size_t i = 0; i < n; i++)
-                cr_assert(memcmp(&plain[i], &got[i], 4) == 0,
-                          "heads %d D %d rope %d style %d: q[%zu] (pos %d) %a, the CPU's scaling %a", nh, D,
-                          rd, st, i, pos[i / ((size_t)nh * D)], got[i], plain[i]);
-            cudaFree(dq);
-            cudaFree(dout);
-            cudaFree(dinv);
-            cudaFree(dp);
-            free(q);
-            free(ref);
-            free(plain);
-            free(got);
-            free(inv);
-        }
+        for (int st = 0; st < 2; st++)
+            for (int k = 0; k < 3; k++)
+                rope_q_case(cfg[ci].n_heads, cfg[ci].D, cfg[ci].rope_dim,
+                            st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF, 41, qs[k]);
 }
