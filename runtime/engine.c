@@ -77,9 +77,6 @@ struct engine {
 
 const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
-    if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0)
-        return "a rotary attention factor on partial rotary dims (LongRoPE with partial rotary, as "
-               "Phi-4-mini) or an attention temperature (Mistral 3 beyond its original context)";
     return forward_cuda_device_lacks(hp);
 }
 
@@ -758,14 +755,15 @@ int engine_seq_free(struct engine *e, int seq)
     return FERRY_OK;
 }
 
-/* Slot seq's recurrent state in host memory (seq_state's slot block), which a GPU engine's device state is
- * copied into before a checkpoint and out of after a restore. */
+/* A GPU engine's device state of a recurrent slot is copied into seq_state's slot block before a checkpoint
+ * and out of it after a restore. */
 int engine_seq_keep(struct engine *e, int seq, int n)
 {
     if (seq < 0 || seq >= e->p.n_seqs || n < 0 || n > e->kv.seq_len[seq]) return FERRY_ERR_INVALID;
     if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) { /* recurrent state: where it stands, or saved */
         const int at = seq_state_restore(&e->state, seq, n);
-        if (at > 0 && (!e->gpu || forward_cuda_state_put(e->gpu, seq, seq_state_slot(&e->state, seq)) == FERRY_OK)) {
+        if (at > 0 &&
+            (!e->gpu || forward_cuda_state_put(e->gpu, seq, seq_state_slot(&e->state, seq)) == FERRY_OK)) {
             kv_cache_trim(&e->kv, seq, at);
             e->kv.seq_len[seq] = at;
             return at;

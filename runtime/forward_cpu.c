@@ -264,7 +264,6 @@ static int kv_ops_remote(struct forward_cpu *f, int l, const struct step *st, in
                  row = qd + 2 * kvd;
     const float *rows = f->qkv;
     if (layer_sinks(f, l)) return FERRY_ERR_UNSUPPORTED; /* the owners' `attend` has no sinks */
-    if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0) return FERRY_ERR_UNSUPPORTED; /* nor these */
     if (n > 1) {
         for (int i = 0; i < n; i++) {
             float *r = f->qkv_rows + (size_t)i * row;

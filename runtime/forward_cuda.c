@@ -1775,11 +1775,12 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         int hd, n_kv, rd;
         llm_layer_shape(hp, l, &hd, &n_kv, &rd);
         const float *inv_freq = llm_layer_is_local(hp, l) ? f->inv_freq_local : f->inv_freq;
+        const struct kern_cuda_q_scale qs = {llm_rope_q_scale(hp), hp->attn_temp_beta, hp->attn_temp_len};
         if (llm_layer_kv_shared(hp, l)) /* queries only: the rows hold no K/V, the source layer stored them */
             return kern_cuda_rope_q(act(f, op->out), qkv_in, d_pos, n, hp->n_heads, hd, rd, inv_freq,
-                                    hp->rope_style, cs);
+                                    hp->rope_style, qs, cs);
         return kern_cuda_rope_kv_store(act(f, op->out), qkv_in, &view, d_seq, d_pos, n, hp->n_heads, rd,
-                                       inv_freq, hp->rope_style, cs);
+                                       inv_freq, hp->rope_style, qs, cs);
     }
     case LOP_ATTENTION:
     case LOP_ATTENTION_SINKS: {

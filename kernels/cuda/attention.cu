@@ -1183,13 +1183,33 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS, 2) attn_mma_kerne
     }
 }
 
+/* The attention temperature of a row at pos, as llm_attn_temp computes it on the CPU: the quotient and the
+ * sum in f32 (IEEE division: the build has no fast-math), the logarithm in double rounded to f32 (equal to
+ * glibc's logf for every 1 + floor(pos / len) below 1578, where CUDA's logf may be 1 ulp off), and
+ * 1 + beta · ln as one fused multiply-add, as gcc -march=native compiles the CPU's on an FMA host. */
+__device__ __forceinline__ float rope_attn_temp(int pos, float beta, int len)
+{
+    const float k = floorf(__fdiv_rn((float)pos, (float)len));
+    return __fmaf_rn(beta, (float)log((double)__fadd_rn(1.0f, k)), 1.0f);
+}
+
+/* A query element after rotation: times rot when it is one of the rotated dims, then times the row's
+ * temperature (kern_cuda_q_scale; each multiply skipped at 1, so models without them are unchanged). */
+__device__ __forceinline__ float rope_q_scaled(float x, bool rotated, int pos, struct kern_cuda_q_scale qs)
+{
+    if (rotated && qs.rot != 1.0f) x = __fmul_rn(x, qs.rot);
+    if (qs.temp_beta != 0.0f) x = __fmul_rn(x, rope_attn_temp(pos, qs.temp_beta, qs.temp_len));
+    return x;
+}
+
 /* One thread per element pair of a token: the query and key heads' pairs are rotated (the first rope_dim
  * dims, pairs as in kernels/core/rope.h; angle = pos * inv_freq[i] in f32, cos/sin in double, like the CPU),
- * the rest copied; queries go to q_out (f32), keys and values to the cache (f16). */
+ * the rest copied; queries, scaled by qs, go to q_out (f32), keys and values to the cache (f16). */
 __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc, __half *vc, __half *kcx,
                                      __half *vcx, const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                      const float *inv_freq, int m, int n_heads, int n_kv, int D, int rope_dim,
-                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks)
+                                     int half_style, int n_blocks, int n_main, int block_size, int max_blocks,
+                                     struct kern_cuda_q_scale qs)
 {
     pdl_wait();
     pdl_trigger();
@@ -1221,8 +1241,8 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
         }
         if (h < n_heads) {
             float *dst = q_out + (size_t)tok * qd + (size_t)h * D;
-            dst[i0] = x0;
-            dst[i1] = x1;
+            dst[i0] = rope_q_scaled(x0, j < half, pos[tok], qs);
+            dst[i1] = rope_q_scaled(x1, j < half, pos[tok], qs);
             continue;
         }
         const int pp = pos[tok];
@@ -1244,13 +1264,13 @@ __global__ void rope_kv_store_kernel(float *q_out, const float *qkv, __half *kc,
  * the total one too, so every lane of a warp takes the same branches and the same number of iterations).
  * Queries and keys are rotated as rope_kv_store_kernel does, queries written in f32, keys and values
  * quantized as quantize_row_q8_0_ref: d = max|x| / 127 (the max by shuffles), codes round(x · (1/d)), d
- * stored as f16. */
+ * stored as f16; queries scaled by qs. */
 __global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *kc, int8_t *vc, __half *ks,
                                         __half *vs, int8_t *kcx, int8_t *vcx, __half *ksx, __half *vsx,
                                         const int32_t *seq, const int32_t *pos, const int32_t *bt,
                                         const float *inv_freq, int m, int n_heads, int n_kv, int D,
                                         int rope_dim, int half_style, int n_blocks, int n_main,
-                                        int block_size, int max_blocks)
+                                        int block_size, int max_blocks, struct kern_cuda_q_scale qs)
 {
     pdl_wait();
     pdl_trigger();
@@ -1274,7 +1294,7 @@ __global__ void rope_kv_store_q8_kernel(float *q_out, const float *qkv, int8_t *
             val = first ? a * cf - c * sf : a * sf + c * cf;
         }
         if (h < n_heads) {
-            q_out[(size_t)tok * qd + (size_t)h * D + el] = val;
+            q_out[(size_t)tok * qd + (size_t)h * D + el] = rope_q_scaled(val, el < rope_dim, pp, qs);
             continue;
         }
         if (pp < 0 || pp / block_size >= max_blocks) continue;
@@ -1569,13 +1589,20 @@ static int check_kv(const struct kern_cuda_kv_layer *kv)
     return FERRY_OK;
 }
 
+/* A finite rotary factor, and a temperature's original context positive where it has one. */
+static bool q_scale_valid(struct kern_cuda_q_scale qs)
+{
+    return isfinite(qs.rot) && isfinite(qs.temp_beta) && (qs.temp_beta == 0.0f || qs.temp_len > 0);
+}
+
 extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                                        const int32_t *seq, const int32_t *pos, int m, int n_heads,
                                        int rope_dim, const float *inv_freq, enum rope_style style,
-                                       cudaStream_t stream)
+                                       struct kern_cuda_q_scale qs, cudaStream_t stream)
 {
     int rc = check_kv(kv);
     if (rc) return rc;
+    if (!q_scale_valid(qs)) return FERRY_ERR_INVALID;
     if (!q_out || !qkv || !seq || !pos || !inv_freq || m < 0 || n_heads <= 0) return FERRY_ERR_INVALID;
     if (rope_dim <= 0 || rope_dim > kv->head_dim || rope_dim % 2) return FERRY_ERR_INVALID;
     if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
@@ -1592,7 +1619,7 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
                                (__half *)kv->k_ext_scale, (__half *)kv->v_ext_scale, seq, pos,
                                kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim, rope_dim,
                                (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
-                               kv->block_size, kv->max_blocks));
+                               kv->block_size, kv->max_blocks, qs));
         return FERRY_OK;
     }
     const int64_t total = (int64_t)m * (n_heads + 2 * kv->n_kv_heads) * (kv->head_dim / 2);
@@ -1600,16 +1627,16 @@ extern "C" int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const str
                            qkv, (__half *)kv->k, (__half *)kv->v, (__half *)kv->k_ext, (__half *)kv->v_ext,
                            seq, pos, kv->block_table, inv_freq, m, n_heads, kv->n_kv_heads, kv->head_dim,
                            rope_dim, (int)(style == ROPE_STYLE_HALF), kv->n_blocks, kv->n_blocks - kv->n_ext,
-                           kv->block_size, kv->max_blocks));
+                           kv->block_size, kv->max_blocks, qs));
     return FERRY_OK;
 }
 
 extern "C" int kern_cuda_rope_q(float *q_out, const float *q, const int32_t *pos, int m, int n_heads,
                                 int head_dim, int rope_dim, const float *inv_freq, enum rope_style style,
-                                cudaStream_t stream)
+                                struct kern_cuda_q_scale qs, cudaStream_t stream)
 {
     if (!q_out || !q || q_out == q || !pos || !inv_freq || m < 0 || n_heads <= 0 || head_dim <= 0 ||
-        head_dim % 2 || rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2)
+        head_dim % 2 || rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2 || !q_scale_valid(qs))
         return FERRY_ERR_INVALID;
     if (style != ROPE_STYLE_INTERLEAVED && style != ROPE_STYLE_HALF) return FERRY_ERR_INVALID;
     if (!FCUDA_ALIGNED(q_out, 4) || !FCUDA_ALIGNED(q, 4) || !FCUDA_ALIGNED(pos, 4) ||
@@ -1621,7 +1648,7 @@ extern "C" int kern_cuda_rope_q(float *q_out, const float *q, const int32_t *pos
     FCUDA_CHECK(pdl_launch(rope_kv_store_kernel, dim3(fcuda_blocks(total, 256)), dim3(256), 0, stream, q_out, q,
                            (__half *)NULL, (__half *)NULL, (__half *)NULL, (__half *)NULL, (const int32_t *)NULL,
                            pos, (const int32_t *)NULL, inv_freq, m, n_heads, 0, head_dim, rope_dim,
-                           (int)(style == ROPE_STYLE_HALF), 0, 0, 1, 1));
+                           (int)(style == ROPE_STYLE_HALF), 0, 0, 1, 1, qs));
     return FERRY_OK;
 }
 

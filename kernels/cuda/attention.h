@@ -70,7 +70,8 @@ struct kern_cuda_kv_layer {
     uint16_t *k_scale,
         *v_scale; /* q8: (n_blocks - n_ext, block_size, n_kv_heads, head_dim / 32) f16, 4-byte aligned */
     uint16_t *k_ext_scale, *v_ext_scale; /* q8 with an extension: its scales, (n_ext, ...) as k_scale */
-    int window; /* sliding-window layers: a row at pos attends to positions (pos - window, pos] only; 0: all */
+    int window; /* sliding-window layers: a row at pos attends to positions (pos - window, pos] only; 0: all
+                 */
     /* Attention sinks (gpt-oss): (n_heads) f32 on the device, each query head's learned logit, which joins
      * its softmax's denominator with no value: out = Σ e^s v / (Σ e^s + e^sink), as llama.cpp's soft_max_ext
      * and flash-attention sinks (a row that attends to no position gets 0). NULL: none. Every kernel applies
@@ -81,25 +82,40 @@ struct kern_cuda_kv_layer {
 
 enum kern_cuda_attn_mode { KERN_ATTN_AUTO = 0, KERN_ATTN_PREFILL = 1, KERN_ATTN_DECODE = 2 };
 
+/* The queries' scaling after rotation, as the CPU's kern_cpu_q_scale applies it: the first rope_dim dims of
+ * each query head times rot (llm_rope_q_scale: LongRoPE's attention factor squared with partial rotary),
+ * then every dim of a row at pos times 1 + temp_beta · ln(1 + floor(pos / temp_len)) (llm_attn_temp:
+ * Mistral 3's attention temperature). rot 1 and temp_beta 0 skip the multiplies, so a model without them
+ * gets bitwise the plain rotation. Keys are never scaled. */
+struct kern_cuda_q_scale {
+    float rot;       /* finite */
+    float temp_beta; /* 0: no temperature */
+    int temp_len;    /* positions of the original context; > 0 when temp_beta != 0 */
+};
+#define KERN_CUDA_Q_SCALE_NONE ((struct kern_cuda_q_scale){1.0f, 0.0f, 0})
+
 /* The step after the fused q/k/v projection: qkv (m, (n_heads + 2*n_kv_heads)*head_dim) f32 holds each
  * token's query, key and value heads in that order. Queries and keys are rotated at pos[i] (the first
  * rope_dim dims of each head, pairs and angles exactly as kern_cuda_rope), the queries written to q_out (m,
  * n_heads*head_dim) f32, and the keys and values, rounded to f16 (or quantized to Q8_0 as llama.cpp's
  * quantize_row_q8_0_ref: d = max|x| / 127 in f32, code = round(x · (1/d)), the scale d rounded to f16), to
  * the cache rows of (seq[i], pos[i]). A (seq, pos) whose block id is outside [0, n_blocks) is skipped on the
- * device (the caller checks). inv_freq (rope_dim/2) on the device. */
+ * device (the caller checks). inv_freq (rope_dim/2) on the device. The queries are scaled by qs. */
 int kern_cuda_rope_kv_store(float *q_out, const float *qkv, const struct kern_cuda_kv_layer *kv,
                             const int32_t *seq, const int32_t *pos, int m, int n_heads, int rope_dim,
-                            const float *inv_freq, enum rope_style style, cudaStream_t stream);
+                            const float *inv_freq, enum rope_style style, struct kern_cuda_q_scale qs,
+                            cudaStream_t stream);
 
 /* FERRY_OK when this device's kernels take heads of head_dim (a multiple of 8 up to 512; above 256 only
  * where a block may have 166 KB of shared memory), else FERRY_ERR_UNSUPPORTED. */
 int kern_cuda_attention_supports(int head_dim);
 
 /* The queries alone (a layer that reads another layer's K/V and stores none): q (m, n_heads*head_dim) f32
- * rotated at pos[i] into q_out (same shape; may not alias q) as kern_cuda_rope_kv_store rotates them. */
+ * rotated at pos[i] and scaled by qs into q_out (same shape; may not alias q) as kern_cuda_rope_kv_store
+ * rotates and scales them. */
 int kern_cuda_rope_q(float *q_out, const float *q, const int32_t *pos, int m, int n_heads, int head_dim,
-                     int rope_dim, const float *inv_freq, enum rope_style style, cudaStream_t stream);
+                     int rope_dim, const float *inv_freq, enum rope_style style, struct kern_cuda_q_scale qs,
+                     cudaStream_t stream);
 
 /* Workspace bytes kern_cuda_attention uses at most for any batch of up to m tokens (so one workspace sized
  * for the largest batch also gives a one-token decode all its splits); max_len = 1 + the largest pos.

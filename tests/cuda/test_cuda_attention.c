@@ -25,6 +25,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
+#include "weights/model_file.h"
 
 struct cache {
     int n_heads, n_kv, D, bs, n_seqs, max_blocks, n_blocks;
@@ -461,10 +462,12 @@ Test(cuda_attention, long_context_8192)
 }
 
 /* What both rope_kv_store tests give it: 5 tokens of (q | k | v) rows of 2 sequences, positions up to 4095,
- * on the host and the device, the CPU's rotated queries and keys and the plain values (the reference). */
+ * on the host and the device, the CPU's rotated (and by qs scaled) queries, rotated keys and the plain
+ * values (the reference). */
 struct rope_case {
     int n_heads, n_kv, D, rope_dim, m, qd, kvd, rowlen;
     enum rope_style style;
+    struct kern_cuda_q_scale qs;
     int32_t seq[5], pos[5];
     float *qkv, *inv;        /* host inputs */
     float *dqkv, *dinv, *dq; /* device inputs, and the queries' output */
@@ -472,8 +475,19 @@ struct rope_case {
     float *q, *k, *v; /* the CPU's (m, qd), (m, kvd), (m, kvd) */
 };
 
+/* The CPU's scaling of m query rows at pos (forward_cpu.c's rope step, llm_attn_temp of the hyperparameters
+ * that carry qs's temperature). */
+static void q_scale_cpu(float *q, const int32_t *pos, int m, int n_heads, int D, int rope_dim,
+                        struct kern_cuda_q_scale qs)
+{
+    const struct llm_hparams hp = {.attn_temp_beta = qs.temp_beta, .attn_temp_len = qs.temp_len};
+    for (int i = 0; i < m; i++)
+        kern_cpu_q_scale(q + (size_t)i * n_heads * D, 1, n_heads, D, rope_dim, qs.rot,
+                         llm_attn_temp(&hp, pos[i]));
+}
+
 static void rope_case_init(struct rope_case *r, enum rope_style style, int n_heads, int n_kv, int D,
-                           int rope_dim)
+                           int rope_dim, struct kern_cuda_q_scale qs)
 {
     *r = (struct rope_case){.n_heads = n_heads,
                             .n_kv = n_kv,
@@ -483,6 +497,7 @@ static void rope_case_init(struct rope_case *r, enum rope_style style, int n_hea
                             .qd = n_heads * D,
                             .kvd = n_kv * D,
                             .style = style,
+                            .qs = qs,
                             .seq = {0, 0, 1, 0, 1},
                             .pos = {0, 17, 8, 4095, 3}};
     const int m = r->m, qd = r->qd, kvd = r->kvd;
@@ -502,6 +517,7 @@ static void rope_case_init(struct rope_case *r, enum rope_style style, int n_hea
         memcpy(r->v + (size_t)i * kvd, r->qkv + (size_t)i * r->rowlen + qd + kvd, kvd * 4);
     }
     kern_cpu_rope_ref(r->q, r->pos, m, n_heads, D, rope_dim, r->inv, style);
+    q_scale_cpu(r->q, r->pos, m, n_heads, D, rope_dim, qs);
     kern_cpu_rope_ref(r->k, r->pos, m, n_kv, D, rope_dim, r->inv, style);
 }
 
@@ -510,7 +526,7 @@ static void rope_case_init(struct rope_case *r, enum rope_style style, int n_hea
 static void rope_case_run(struct rope_case *r, const struct kern_cuda_kv_layer *kv)
 {
     cr_assert_eq(kern_cuda_rope_kv_store(r->dq, r->dqkv, kv, r->ds, r->dp, r->m, r->n_heads, r->rope_dim,
-                                         r->dinv, r->style, 0),
+                                         r->dinv, r->style, r->qs, 0),
                  FERRY_OK);
     cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
     const size_t nq = (size_t)r->m * r->qd;
@@ -539,13 +555,14 @@ static void rope_case_free(struct rope_case *r)
 /* rope_kv_store on a (q | k | v) row per token: queries as above, keys rotated and rounded to f16 (equal to
  * the f16 of the CPU result or one f16 step away), values rounded to f16 exactly; every other cache row
  * untouched. Both rope styles, a partial rope_dim, GQA. */
-static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
+static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim,
+                            struct kern_cuda_q_scale qs)
 {
     const int l[] = {4100, 9};
     struct cache c;
     cache_init(&c, n_heads, n_kv, D, 8, 2, l);
     struct rope_case r;
-    rope_case_init(&r, style, n_heads, n_kv, D, rope_dim);
+    rope_case_init(&r, style, n_heads, n_kv, D, rope_dim, qs);
     rope_case_run(&r, &c.dev);
     const int kvd = r.kvd;
     const size_t ne = (size_t)c.n_blocks * c.bs * kvd;
@@ -568,12 +585,12 @@ static void rope_store_case(enum rope_style style, int n_heads, int n_kv, int D,
     cr_assert(memcmp(gv, c.v, ne * 2) == 0, "V pool differs from expected");
     struct kern_cuda_kv_layer bad = c.dev;
     bad.head_dim = 12;
-    cr_assert_eq(
-        kern_cuda_rope_kv_store(r.dq, r.dqkv, &bad, r.ds, r.dp, r.m, n_heads, rope_dim, r.dinv, style, 0),
-        FERRY_ERR_UNSUPPORTED);
-    cr_assert_eq(
-        kern_cuda_rope_kv_store(r.dq, r.dqkv, &c.dev, r.ds, r.dp, r.m, n_heads, D + 2, r.dinv, style, 0),
-        FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_rope_kv_store(r.dq, r.dqkv, &bad, r.ds, r.dp, r.m, n_heads, rope_dim, r.dinv,
+                                         style, KERN_CUDA_Q_SCALE_NONE, 0),
+                 FERRY_ERR_UNSUPPORTED);
+    cr_assert_eq(kern_cuda_rope_kv_store(r.dq, r.dqkv, &c.dev, r.ds, r.dp, r.m, n_heads, D + 2, r.dinv, style,
+                                         KERN_CUDA_Q_SCALE_NONE, 0),
+                 FERRY_ERR_INVALID);
     free(gk);
     free(gv);
     rope_case_free(&r);
@@ -584,22 +601,24 @@ Test(cuda_attention, rope_kv_store_rotates_and_writes_the_right_rows)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(26);
-    rope_store_case(ROPE_STYLE_INTERLEAVED, 4, 2, 16, 16);
-    rope_store_case(ROPE_STYLE_HALF, 4, 2, 16, 16);
-    rope_store_case(ROPE_STYLE_HALF, 6, 2, 24, 8);
-    rope_store_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64);
+    const struct kern_cuda_q_scale none = KERN_CUDA_Q_SCALE_NONE;
+    rope_store_case(ROPE_STYLE_INTERLEAVED, 4, 2, 16, 16, none);
+    rope_store_case(ROPE_STYLE_HALF, 4, 2, 16, 16, none);
+    rope_store_case(ROPE_STYLE_HALF, 6, 2, 24, 8, none);
+    rope_store_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64, none);
 }
 
 /* rope_kv_store into a Q8_0 cache: queries as with f16; each written key block is llama.cpp's quantization of
  * the CPU-rotated keys (a code may move by one and the scale by one f16 step where the rotation's last bit
  * differs), each value block exactly its quantization; every other row of both planes untouched. */
-static void rope_store_q8_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim)
+static void rope_store_q8_case(enum rope_style style, int n_heads, int n_kv, int D, int rope_dim,
+                               struct kern_cuda_q_scale qs)
 {
     const int l[] = {4100, 9};
     struct cache c;
     cache_init_q8(&c, n_heads, n_kv, D, 8, 2, l);
     struct rope_case r;
-    rope_case_init(&r, style, n_heads, n_kv, D, rope_dim);
+    rope_case_init(&r, style, n_heads, n_kv, D, rope_dim, qs);
     const int kvd = r.kvd;
     const size_t ne = (size_t)c.n_blocks * c.bs * kvd;
     int8_t *code0[2] = {malloc(ne), malloc(ne)}, *code1[2] = {malloc(ne), malloc(ne)};
@@ -647,10 +666,43 @@ Test(cuda_attention, rope_kv_store_quantizes_into_a_q8_cache)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(43);
-    rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 4, 2, 64, 64);
-    rope_store_q8_case(ROPE_STYLE_HALF, 4, 2, 64, 64);
-    rope_store_q8_case(ROPE_STYLE_HALF, 8, 2, 128, 96);
-    rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64);
+    const struct kern_cuda_q_scale none = KERN_CUDA_Q_SCALE_NONE;
+    rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 4, 2, 64, 64, none);
+    rope_store_q8_case(ROPE_STYLE_HALF, 4, 2, 64, 64, none);
+    rope_store_q8_case(ROPE_STYLE_HALF, 8, 2, 128, 96, none);
+    rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 2, 2, 128, 64, none);
+}
+
+/* The queries' rotary factor on the rotated dims and the temperature per position (original context 7:
+ * the five positions give floor(pos / 7) = 0, 2, 1, 585, 0), each alone and both, against the CPU's scaling;
+ * keys and values stored as without them. Partial rotary at odd head counts. */
+Test(cuda_attention, rope_kv_store_scales_the_queries)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(27);
+    const struct kern_cuda_q_scale qs[] = {{1.37f, 0.0f, 0}, {1.0f, 0.3f, 7}, {1.2113f, 0.1f, 7}};
+    for (int i = 0; i < 3; i++) {
+        rope_store_case(ROPE_STYLE_HALF, 5, 1, 24, 16, qs[i]);
+        rope_store_case(ROPE_STYLE_INTERLEAVED, 3, 3, 40, 24, qs[i]);
+        rope_store_q8_case(ROPE_STYLE_HALF, 7, 1, 64, 48, qs[i]);
+        rope_store_q8_case(ROPE_STYLE_INTERLEAVED, 3, 3, 96, 96, qs[i]);
+    }
+    /* A temperature needs its original context; a rotary factor must be finite. */
+    struct rope_case r;
+    const int l[] = {4100, 9};
+    struct cache c;
+    cache_init(&c, 2, 2, 16, 8, 2, l);
+    rope_case_init(&r, ROPE_STYLE_HALF, 2, 2, 16, 16, KERN_CUDA_Q_SCALE_NONE);
+    const struct kern_cuda_q_scale bad[] = {{1.0f, 0.1f, 0}, {NAN, 0.0f, 0}, {INFINITY, 0.0f, 0}};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kern_cuda_rope_kv_store(r.dq, r.dqkv, &c.dev, r.ds, r.dp, r.m, 2, 16, r.dinv,
+                                             ROPE_STYLE_HALF, bad[i], 0),
+                     FERRY_ERR_INVALID);
+        cr_assert_eq(kern_cuda_rope_q(r.dq, r.dqkv, r.dp, r.m, 2, 16, 16, r.dinv, ROPE_STYLE_HALF, bad[i], 0),
+                     FERRY_ERR_INVALID);
+    }
+    rope_case_free(&r);
+    cache_free(&c);
 }
 
 /* The pool's extension (kern_cuda_kv_layer.k_ext): the same cache with its upper blocks moved to pinned,
@@ -742,10 +794,11 @@ static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n
     float *dqkv = dev_upload(qkv, (size_t)m * rowlen * 4), *dinv = dev_upload(inv, D / 2 * 4);
     float *dq = dev_poison((size_t)m * n_heads * D * 4);
     int32_t *dseq = dev_upload(seq, m * 4), *dpos = dev_upload(pos, m * 4);
-    cr_assert_eq(
-        kern_cuda_rope_kv_store(dq, dqkv, &c.dev, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
-        FERRY_OK);
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &ext, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &c.dev, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF,
+                                         KERN_CUDA_Q_SCALE_NONE, 0),
+                 FERRY_OK);
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &ext, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF,
+                                         KERN_CUDA_Q_SCALE_NONE, 0),
                  FERRY_OK);
     CU_OK(cudaDeviceSynchronize());
     for (int i = 0; i < n_planes; i++) {
@@ -761,14 +814,15 @@ static void ext_case(int n_heads, int n_kv, int D, int bs, const int *len, int n
     }
     struct kern_cuda_kv_layer bad = ext;
     bad.k_ext = NULL;
-    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
+    cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF,
+                                         KERN_CUDA_Q_SCALE_NONE, 0),
                  FERRY_ERR_INVALID);
     if (q8) {
         bad = ext;
         bad.v_ext_scale = NULL;
-        cr_assert_eq(
-            kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF, 0),
-            FERRY_ERR_INVALID);
+        cr_assert_eq(kern_cuda_rope_kv_store(dq, dqkv, &bad, dseq, dpos, m, n_heads, D, dinv, ROPE_STYLE_HALF,
+                                             KERN_CUDA_Q_SCALE_NONE, 0),
+                     FERRY_ERR_INVALID);
     }
     cudaFree(dqkv);
     cudaFree(dinv);
@@ -1678,6 +1732,58 @@ Test(cuda_attention, wide_heads_d512, .timeout = 900)
     check_config_of(4, 2, 512, 16, l2, 4, 1, "Q8_0 D=512 G=2");
 }
 
+/* kern_cuda_rope_q on m rows at random positions up to 4999 against the CPU's rotation and scaling by qs
+ * (f32, 2e-6 relative: the CPU and GPU may differ in the last bit of a product); with a scaling, also bitwise
+ * the CPU's scaling (kern_cpu_q_scale, llm_attn_temp) of the GPU's own unscaled rotation, so the factor and
+ * each position's temperature are the CPU's to the bit (the CPU's 1 + beta · ln fused, as gcc -march=native
+ * builds it on an FMA host). In place is refused. */
+static void rope_q_case(int nh, int D, int rd, enum rope_style style, int m, struct kern_cuda_q_scale qs)
+{
+    const size_t n = (size_t)m * nh * D;
+    float *q = host_rand(n, -3, 3), *ref = malloc(n * 4), *plain = malloc(n * 4), *got = malloc(n * 4),
+          *inv = malloc((size_t)rd / 2 * 4);
+    int32_t *pos = malloc((size_t)m * 4);
+    for (int i = 0; i < m; i++) pos[i] = irand(5000);
+    if (m > 1 && qs.temp_len > 0) pos[0] = qs.temp_len - 1, pos[1] = qs.temp_len; /* either side of a step */
+    kern_cpu_rope_freqs(inv, rd, 10000.0f, NULL);
+    memcpy(ref, q, n * 4);
+    kern_cpu_rope_ref(ref, pos, m, nh, D, rd, inv, style);
+    q_scale_cpu(ref, pos, m, nh, D, rd, qs);
+    float *dq = dev_upload(q, n * 4), *dout = dev_poison(n * 4), *dinv = dev_upload(inv, rd / 2 * 4);
+    int32_t *dp = dev_upload(pos, (size_t)m * 4);
+    cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, KERN_CUDA_Q_SCALE_NONE, 0),
+                 FERRY_OK);
+    dev_download(plain, dout, n * 4);
+    CU_OK(cudaMemset(dout, 0xFF, n * 4));
+    cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, qs, 0), FERRY_OK);
+    dev_download(got, dout, n * 4);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
+        worst = isfinite(got[i]) && e > worst ? e : isfinite(got[i]) ? worst : INFINITY;
+    }
+    fprintf(stderr, "rope_q heads %d D %d rope %d style %d scale %g temp %g/%d: max rel err %.3g\n", nh, D,
+            rd, (int)style, qs.rot, qs.temp_beta, qs.temp_len, worst);
+    cr_assert(worst <= 2e-6, "rope_q heads %d D %d rope %d style %d: max rel err %g", nh, D, rd, (int)style,
+              worst);
+    q_scale_cpu(plain, pos, m, nh, D, rd, qs);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(memcmp(&plain[i], &got[i], 4) == 0,
+                  "heads %d D %d rope %d style %d: q[%zu] (pos %d) %a, the CPU's scaling %a", nh, D, rd,
+                  (int)style, i, pos[i / ((size_t)nh * D)], got[i], plain[i]);
+    cr_assert_eq(kern_cuda_rope_q(dq, dq, dp, m, nh, D, rd, dinv, style, qs, 0), FERRY_ERR_INVALID);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dinv);
+    cudaFree(dp);
+    free(q);
+    free(ref);
+    free(plain);
+    free(got);
+    free(inv);
+    free(pos);
+}
+
 /* kern_cuda_rope_q (the queries of a layer that reads another layer's K/V) against the CPU's rotation. */
 Test(cuda_attention, rope_q_matches_cpu)
 {
@@ -1687,38 +1793,24 @@ Test(cuda_attention, rope_q_matches_cpu)
         int n_heads, D, rope_dim;
     } cfg[] = {{4, 64, 64}, {3, 24, 16}, {8, 512, 128}, {5, 256, 256}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
-        for (int st = 0; st < 2; st++) {
-            const enum rope_style style = st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF;
-            const int nh = cfg[ci].n_heads, D = cfg[ci].D, rd = cfg[ci].rope_dim, m = 37;
-            const size_t n = (size_t)m * nh * D;
-            float *q = host_rand(n, -3, 3), *ref = malloc(n * 4), *got = malloc(n * 4),
-                  *inv = malloc((size_t)rd / 2 * 4);
-            int32_t pos[37];
-            for (int i = 0; i < m; i++) pos[i] = irand(5000);
-            kern_cpu_rope_freqs(inv, rd, 10000.0f, NULL);
-            memcpy(ref, q, n * 4);
-            kern_cpu_rope_ref(ref, pos, m, nh, D, rd, inv, style);
-            float *dq = dev_upload(q, n * 4), *dout = dev_poison(n * 4), *dinv = dev_upload(inv, rd / 2 * 4);
-            int32_t *dp = dev_upload(pos, sizeof pos);
-            cr_assert_eq(kern_cuda_rope_q(dout, dq, dp, m, nh, D, rd, dinv, style, 0), FERRY_OK);
-            dev_download(got, dout, n * 4);
-            double worst = 0;
-            for (size_t i = 0; i < n; i++) {
-                const double e = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
-                worst = isfinite(got[i]) && e > worst ? e : isfinite(got[i]) ? worst : INFINITY;
-            }
-            fprintf(stderr, "rope_q heads %d D %d rope %d style %d: max rel err %.3g\n", nh, D, rd, st,
-                    worst);
-            cr_assert(worst <= 2e-6, "rope_q heads %d D %d rope %d style %d: max rel err %g", nh, D, rd, st,
-                      worst);
-            cr_assert_eq(kern_cuda_rope_q(dq, dq, dp, m, nh, D, rd, dinv, style, 0), FERRY_ERR_INVALID);
-            cudaFree(dq);
-            cudaFree(dout);
-            cudaFree(dinv);
-            cudaFree(dp);
-            free(q);
-            free(ref);
-            free(got);
-            free(inv);
-        }
+        for (int st = 0; st < 2; st++)
+            rope_q_case(cfg[ci].n_heads, cfg[ci].D, cfg[ci].rope_dim,
+                        st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF, 37, KERN_CUDA_Q_SCALE_NONE);
+}
+
+/* With a rotary factor and a temperature (original context 37: floor(pos / 37) up to 135), each alone and
+ * both, at odd sizes and partial rotary. */
+Test(cuda_attention, rope_q_scales_as_cpu)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(96);
+    static const struct {
+        int n_heads, D, rope_dim;
+    } cfg[] = {{3, 24, 16}, {5, 40, 40}, {7, 72, 54}};
+    const struct kern_cuda_q_scale qs[] = {{1.4219f, 0.0f, 0}, {1.0f, 0.1f, 37}, {1.4219f, 0.1f, 37}};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+        for (int st = 0; st < 2; st++)
+            for (int k = 0; k < 3; k++)
+                rope_q_case(cfg[ci].n_heads, cfg[ci].D, cfg[ci].rope_dim,
+                            st ? ROPE_STYLE_INTERLEAVED : ROPE_STYLE_HALF, 41, qs[k]);
 }

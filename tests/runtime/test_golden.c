@@ -298,9 +298,9 @@ Test(golden_hf, ministral3_temp_f32)
 {
     run_hf_golden("ministral3_temp_f32", 0, 0);
 }
-/* What the CUDA backend refuses of them (engine_cuda_lacks, after the context is fitted): LongRoPE's
- * attention factor on partial rotary dims (Phi-4-mini's shape) at any context, the attention temperature only
- * with a context past its original 16 positions; full-rotary LongRoPE never. */
+/* What the CUDA backend refuses of them (engine_cuda_lacks, after the context is fitted): nothing, at any
+ * context: its rope applies LongRoPE's attention factor on partial rotary dims (Phi-4-mini's shape) and the
+ * attention temperature past the original context as the CPU's does. */
 static const char *cuda_lacks_at(const char *name, int ctx)
 {
     char rel[256], err[256] = "";
@@ -321,10 +321,10 @@ Test(golden_hf, rope_families_cuda_lacks)
 {
     cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 32));
     cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 512));
-    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));
-    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 512));
+    cr_assert_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));
+    cr_assert_null(cuda_lacks_at("phi4mini_longrope_bf16", 512));
     cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 16));
-    cr_assert_not_null(cuda_lacks_at("ministral3_temp_f32", 17));
+    cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 17));
 }
 /* A copy of the converter's LongRoPE file with its short factors renamed: refused, naming both tensors. */
 Test(golden_gguf, longrope_without_short_factors)

@@ -1496,3 +1496,36 @@ Test(gpu_e2e, moe_batched_sequences_match_cpu)
     moe_batched("tests/golden/models/qwen3moe_top2_f32");
     moe_batched("tests/golden/models/mixtral_top2_f16");
 }
+
+/* LongRoPE with partial rotary (Phi-4-mini's shape: 12 of 16 dims rotate): the attention factor squared
+ * multiplies the queries' rotated dims in the CUDA rope, as on the CPU; the long factors with a context of
+ * 512 (200 positions, past the original 32), the short ones within it. */
+Test(gpu_e2e, phi4mini_longrope_partial_bf16_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/phi4mini_longrope_bf16"), 200);
+    compare_backends(src_path("tests/golden/models/phi4mini_longrope_bf16.gguf"), 200);
+    e2e_ctx = 32;
+    compare_backends(src_path("tests/golden/models/phi4mini_longrope_bf16"), 7);
+}
+
+/* Ministral 3 past its original 16 positions: each query row multiplied by its position's attention
+ * temperature (1 + 0.3 ln(1 + floor(pos / 16)), up to about 1.8 at 215) in the CUDA rope, as on the CPU;
+ * from the converter's GGUF (interleaved pairs) and from the Hugging Face directory (half pairs). */
+Test(gpu_e2e, ministral3_beyond_original_ctx_matches_cpu)
+{
+    require_gpu();
+    compare_backends(src_path("tests/golden/models/ministral3_temp_f32.gguf"), 200);
+    compare_backends(src_path("tests/golden/models/ministral3_temp_f32"), 200);
+}
+
+/* Both scalings through host layers: a layer on the CPU sends its q|k|v rows to the device's cache, whose
+ * rope applies them there; 40 prompt positions take Ministral 3 to floor(pos / 16) = 3. */
+Test(gpu_e2e, hybrid_plans_match_cpu_q_scaled)
+{
+    require_gpu();
+    const char *plans[] = {"cc", "cs/sc", "gc/cg"};
+    hybrid_plans(src_path("tests/golden/models/ministral3_temp_f32.gguf"), plans, 3, 40);
+    hybrid_rel_tol = 2e-2; /* bf16 */
+    hybrid_plans(src_path("tests/golden/models/phi4mini_longrope_bf16"), plans, 3, 40);
+}

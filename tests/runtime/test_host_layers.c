@@ -331,6 +331,54 @@ Test(host_layers, borrowed_kv_cache_gives_bitwise_the_same_logits)
     model_free(&m);
 }
 
+/* The queries' scalings through a borrowed cache: the owner's rope applies the rotary factor on partial
+ * rotary dims (YaRN's attention factor 1.25 with 6 of 8 dims rotating: llm_rope_q_scale 1.5625) and the
+ * attention temperature (original context 3: positions 0-8 give floor(pos / 3) = 0-2) to the rows another
+ * backend computed, so any pattern equals the owner alone, bitwise; and the scalings change the logits. */
+Test(host_layers, borrowed_kv_cache_applies_the_query_scalings)
+{
+    struct llm_hparams hp = odd_shape();
+    hp.rope_dim = 6;
+    hp.rope_scaling = (struct rope_scaling){.type = ROPE_SCALING_YARN,
+                                            .factor = 4,
+                                            .orig_ctx = 16,
+                                            .beta_fast = 32,
+                                            .beta_slow = 1,
+                                            .attn_factor = 1.25f,
+                                            .truncate = 1};
+    hp.attn_temp_beta = 0.3f, hp.attn_temp_len = 3;
+    cr_assert_float_eq(llm_rope_q_scale(&hp), 1.5625f, 1e-6);
+    const int V = hp.n_vocab;
+    float *out[3];
+    for (int k = 0; k < 3; k++) {
+        out[k] = malloc(sizeof(float) * 9 * V);
+        memset(out[k], 0xff, sizeof(float) * 9 * V); /* NaN: a row never written fails */
+    }
+    struct model m;
+    struct kv_cache kv;
+    char err[256] = "";
+    cr_assert_eq(model_init_synthetic(&m, &hp, DTYPE_F16, 79, 1, err), 0, "%s", err);
+    cr_assert_eq(kv_cache_init(&kv, hp.n_layers, hp.n_kv_heads, hp.head_dim, 1, 64, 64, 16, KV_F32), 0);
+    struct backend *a = cpu_backend(&m, &kv, NULL, 2, 0);
+    struct backend *b = cpu_backend(&m, NULL, a, 3, 1);
+    struct backend *be[2] = {a, b};
+    run_seq(be, "aaa/aaa/aaa", &kv, &m, out[0]);
+    run_seq(be, "bab/bbb/abb", &kv, &m, out[1]);
+    for (int r = 0; r < 9; r++)
+        cr_assert_eq(memcmp(out[0] + (size_t)r * V, out[1] + (size_t)r * V, sizeof(float) * V), 0,
+                     "row %d differs", r);
+    /* Without the temperature (the factor alone) the rows past the original context differ. */
+    m.hp.attn_temp_beta = 0;
+    run_seq(be, "bab/bbb/abb", &kv, &m, out[2]);
+    cr_assert_eq(memcmp(out[0], out[2], sizeof(float) * 3 * V), 0, "rows at positions 0-2 differ");
+    cr_assert_neq(memcmp(out[0] + (size_t)8 * V, out[2] + (size_t)8 * V, sizeof(float) * V), 0);
+    b->ops->free(b);
+    a->ops->free(a);
+    for (int k = 0; k < 3; k++) free(out[k]);
+    kv_cache_free(&kv);
+    model_free(&m);
+}
+
 /* The start-up timing cycles through the layers it is given and checks them: an index outside the model, an
  * empty list or a bad count are refused; a valid list gives a positive time, and a step after it gives the
  * logits a step gives without it (the timing touches no KV and leaves no pending residual). */
