@@ -514,8 +514,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const struct llm_hparams *mhp = &model->hp;
     if (p.ctx_size == 0) p.ctx_size = mhp->ctx_train > 0 && mhp->ctx_train < 4096 ? mhp->ctx_train : 4096;
     if (p.ctx_size > 0) model_fit_ctx(model, p.ctx_size);
-    /* auto: the GPU when there is one, unless the model has layers the CUDA backend has no kernels for (gated
-     * DeltaNet, shared experts): those models run on the CPU. */
+    /* auto: the GPU when there is one, unless this GPU cannot run the model (forward_cuda_device_lacks: heads
+     * wider than its shared memory allows, DeltaNet shapes the kernels do not take): then the CPU. */
     const char *cuda_lacks = engine_cuda_lacks(&model->hp);
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
                          (p.backend == ENGINE_BACKEND_AUTO && !cuda_lacks && forward_cuda_devices() > 0);
