@@ -4,7 +4,7 @@
 # and resident. Each step has its own time limit; a summary goes to stdout and $OUT/summary.txt, logs to $OUT.
 # Needs .debs and .gpu-data carried (tests/gpu/run.sh says how they are made). CHECK_STEPS="gpu_e2e ops" (say)
 # runs only the named steps (the names of the summary lines; bench_moe, bench_deltanet and spec included) and
-# CHECK_TARGETS="..." builds only those ninja targets.
+# CHECK_TARGETS="..." builds only those ninja targets; E2E_FILTER narrows the gpu_e2e step's test filter.
 set -u
 src=$(pwd)
 out=${OUT:-$src/out}
@@ -41,13 +41,13 @@ run() { # name limit command...
 }
 run qk_norm 30 ./build/tests/cuda/test_cuda_qk_norm
 run matmul_q 60 ./build/tests/cuda/test_cuda_matmul_q --jobs 4
-run gpu_e2e 420 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*matches_cpu*'
-run gpu_e2e_gemma4_placements 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*gemma4_placements*'
 run moe 120 ./build/tests/cuda/test_cuda_moe --jobs 2
 run gpu_e2e_moe 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*moe*'
 if want bench_moe; then
   timeout 120 ./build/tests/bench_cuda/bench_moe > "$out/bench_moe.log" 2>&1; log "bench_moe rc=$?: $(tail -3 "$out/bench_moe.log" | tr '\n' ' ')"
 fi
+run gpu_e2e 420 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter "${E2E_FILTER:-*matches_cpu*}"
+run gpu_e2e_gemma4_placements 120 ./build/tests/runtime/test_gpu_e2e --jobs 1 --filter '*gemma4_placements*'
 run attention 240 ./build/tests/cuda/test_cuda_attention --jobs 2
 run deltanet 60 ./build/tests/cuda/test_cuda_deltanet --verbose
 if want bench_deltanet; then
