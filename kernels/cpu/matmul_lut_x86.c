@@ -1,0 +1,210 @@
+/* matmul_lut_x86 — AVX2 tile decoders of the table and grid types (matmul_lut.c's portable decoders are the
+ * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, IQ3_S, IQ2_XS. Each writes the same codes, scales and
+ * minimums as the portable decoder, byte for byte and bit for bit (the scales by the same f32 expressions),
+ * so the int8 and f32 products that read the tile are unchanged on every instruction set; the AVX2, AVX-VNNI
+ * and AVX512-VNNI tables (matmul_x86.c) list them. Codes come 32 per 256-bit register: bit fields by shifts
+ * and masks, tables by byte shuffles, grid rows by one load per 4 or 8 elements and the signs as byte masks.
+ * Compiled for AVX2 function by function (the build itself needs no -mavx2); chosen at run time.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/matmul_impl.h"
+#include "quant/blocks.h"
+#include "quant/fp16.h"
+#include "quant/iq_tables.h"
+
+#define T_AVX2 "avx2,fma,f16c"
+
+/* 8 f32 scales d·v[0..7] from 8 signed bytes. */
+__attribute__((target(T_AVX2))) static inline void scales8(float d, const int8_t *v, float *s)
+{
+    const __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))));
+}
+
+/* ---- K-quants of 2 and 3 bits ---- */
+
+__attribute__((target(T_AVX2))) void q8_dec_q2_k_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                      float *mn)
+{
+    const struct block_q2_k *b = (const struct block_q2_k *)w + c0 / QK_K;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m128i m15 = _mm_set1_epi8(15);
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, u += QK_K, s += 16, mn += 16) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        const __m256 nm = _mm256_set1_ps(-_cvtsh_ss(b->dmin)); /* -(dmin·m) = (-dmin)·m exactly */
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i lo = _mm_and_si128(sc, m15), hi = _mm_and_si128(_mm_srli_epi16(sc, 4), m15);
+        _mm256_storeu_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))));
+        _mm256_storeu_ps(s + 8,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)))));
+        _mm256_storeu_ps(mn, _mm256_mul_ps(nm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))));
+        _mm256_storeu_ps(mn + 8,
+                         _mm256_mul_ps(nm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))));
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+            uint8_t *ub = u + 128 * h;
+            _mm256_storeu_si256((__m256i *)ub, _mm256_add_epi8(_mm256_and_si256(q, m3), one));
+            _mm256_storeu_si256((__m256i *)(ub + 32),
+                                _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 2), m3), one));
+            _mm256_storeu_si256((__m256i *)(ub + 64),
+                                _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 4), m3), one));
+            _mm256_storeu_si256((__m256i *)(ub + 96),
+                                _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 6), m3), one));
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_q3_k_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                      float *mn)
+{
+    (void)mn;
+    const struct block_q3_k *b = (const struct block_q3_k *)w + c0 / QK_K;
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, u += QK_K, s += 16) {
+        int8_t sc[16];
+        for (int t = 0; t < 16; t++) sc[t] = (int8_t)(block_q3_k_scale(t, b->scales) - 32);
+        const float d = _cvtsh_ss(b->d);
+        scales8(d, sc, s);
+        scales8(d, sc + 8, s + 8);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+                const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), m4);
+                const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), m3);
+                _mm256_storeu_si256((__m256i *)(u + 128 * h + 32 * j), _mm256_or_si256(lo, hi));
+            }
+        }
+    }
+}
+
+/* ---- nibble tables ---- */
+
+/* Two 16-byte runs of IQ4_NL layout (each: 16 low nibbles, then 16 high) through the 16-entry table t (in
+ * both lanes): 64 codes, run a's 32 then run b's. */
+__attribute__((target(T_AVX2))) static inline void nibbles2(__m256i t, __m128i a, __m128i b, uint8_t *u)
+{
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i q = _mm256_set_m128i(b, a);
+    const __m256i lo = _mm256_shuffle_epi8(t, _mm256_and_si256(q, m15));
+    const __m256i hi = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(q, 4), m15));
+    _mm256_storeu_si256((__m256i *)u, _mm256_permute2x128_si256(lo, hi, 0x20));
+    _mm256_storeu_si256((__m256i *)(u + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+
+/* The 16 values of v plus off, in both lanes. */
+__attribute__((target(T_AVX2))) static inline __m256i table_codes2(const int8_t *v, int off)
+{
+    const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)v), _mm_set1_epi8((char)off));
+    return _mm256_set_m128i(t, t);
+}
+
+/* Blocks of 32 with a 16-byte nibble run at qs_off and a scale read by scale(block): IQ4_NL and MXFP4. */
+#define DEC_NIBBLE_BLOCKS(name, blk, table, off, scale_expr)                                                 \
+    __attribute__((target(T_AVX2))) void name(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,        \
+                                              float *mn)                                                     \
+    {                                                                                                        \
+        (void)mn;                                                                                            \
+        const __m256i t = table_codes2(table, off);                                                          \
+        const struct blk *b = (const struct blk *)w + c0 / 32;                                               \
+        const int nb = kc / 32;                                                                              \
+        int i = 0;                                                                                           \
+        for (; i + 2 <= nb; i += 2, b += 2, u += 64) {                                                       \
+            s[i] = scale_expr(b[0]);                                                                         \
+            s[i + 1] = scale_expr(b[1]);                                                                     \
+            nibbles2(t, _mm_loadu_si128((const __m128i *)b[0].qs),                                           \
+                     _mm_loadu_si128((const __m128i *)b[1].qs), u);                                          \
+        }                                                                                                    \
+        if (i < nb) {                                                                                        \
+            uint8_t tmp[64];                                                                                 \
+            s[i] = scale_expr(b[0]);                                                                         \
+            nibbles2(t, _mm_loadu_si128((const __m128i *)b[0].qs), _mm_setzero_si128(), tmp);                \
+            memcpy(u, tmp, 32);                                                                              \
+        }                                                                                                    \
+    }
+#define IQ4_NL_SCALE(bl) _cvtsh_ss((bl).d)
+#define MXFP4_SCALE(bl)  block_e8m0_half((bl).e)
+DEC_NIBBLE_BLOCKS(q8_dec_iq4_nl_avx2, block_iq4_nl, iq4nl_values, 128, IQ4_NL_SCALE)
+DEC_NIBBLE_BLOCKS(q8_dec_mxfp4_avx2, block_mxfp4, fp4_values, 16, MXFP4_SCALE)
+
+__attribute__((target(T_AVX2))) void q8_dec_iq4_xs_avx2(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                        float *s, float *mn)
+{
+    (void)mn;
+    const __m256i t = table_codes2(iq4nl_values, 128);
+    const struct block_iq4_xs *b = (const struct block_iq4_xs *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8, u += QK_K) {
+        int8_t sc[8];
+        for (int j = 0; j < 8; j++) sc[j] = (int8_t)(block_iq4_xs_scale(j, b) - 32);
+        scales8(_cvtsh_ss(b->d), sc, s);
+        for (int p = 0; p < 4; p++)
+            nibbles2(t, _mm_loadu_si128((const __m128i *)(b->qs + 32 * p)),
+                     _mm_loadu_si128((const __m128i *)(b->qs + 32 * p + 16)), u + 64 * p);
+    }
+}
+
+/* ---- lattice grids ---- */
+
+/* 32 codes off ± g (g: 32 grid bytes) with the sign bits of the 4 bytes of signs (byte l for elements
+ * 8l..8l+7, bit e for element 8l + e): matmul_lut.c's grid8 on 4 rows at once. */
+__attribute__((target(T_AVX2))) static inline __m256i grid_signed(__m256i g, uint32_t signs, __m256i off)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                            2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i sv = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs), spread);
+    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sv, bits), bits);
+    return _mm256_blendv_epi8(_mm256_add_epi8(off, g), _mm256_sub_epi8(off, g), neg);
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq3_s_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                       float *mn)
+{
+    (void)mn;
+    const __m256i off = _mm256_set1_epi8(16);
+    const struct block_iq3_s *b = (const struct block_iq3_s *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
+        const float d = f16_to_f32(b->d);
+        const uint8_t *qs = b->qs, *signs = b->signs;
+        for (int ib = 0; ib < 8; ib++, qs += 8, signs += 4, u += 32) {
+            s[ib] = d * (float)(1 + 2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 15));
+            const int qh = b->qh[ib];
+            const __m256i g = _mm256_setr_epi32(
+                (int)iq3s_grid[qs[0] | ((qh << 8) & 256)], (int)iq3s_grid[qs[1] | ((qh << 7) & 256)],
+                (int)iq3s_grid[qs[2] | ((qh << 6) & 256)], (int)iq3s_grid[qs[3] | ((qh << 5) & 256)],
+                (int)iq3s_grid[qs[4] | ((qh << 4) & 256)], (int)iq3s_grid[qs[5] | ((qh << 3) & 256)],
+                (int)iq3s_grid[qs[6] | ((qh << 2) & 256)], (int)iq3s_grid[qs[7] | ((qh << 1) & 256)]);
+            uint32_t sg;
+            memcpy(&sg, signs, 4);
+            _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq2_xs_avx2(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                        float *s, float *mn)
+{
+    (void)mn;
+    const __m256i off = _mm256_set1_epi8(64);
+    const struct block_iq2_xs *b = (const struct block_iq2_xs *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 16) {
+        const float d = f16_to_f32(b->d);
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            s[2 * ib] = d * (0.5f + (float)(b->scales[ib] & 15)) * 0.25f;
+            s[2 * ib + 1] = d * (0.5f + (float)(b->scales[ib] >> 4)) * 0.25f;
+            const uint16_t *q = b->qs + 4 * ib;
+            const __m256i g =
+                _mm256_setr_epi64x((long long)iq2xs_grid[q[0] & 511], (long long)iq2xs_grid[q[1] & 511],
+                                   (long long)iq2xs_grid[q[2] & 511], (long long)iq2xs_grid[q[3] & 511]);
+            const uint32_t sg = (uint32_t)iq_signs7(q[0] >> 9) | (uint32_t)iq_signs7(q[1] >> 9) << 8 |
+                                (uint32_t)iq_signs7(q[2] >> 9) << 16 | (uint32_t)iq_signs7(q[3] >> 9) << 24;
+            _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
+        }
+    }
+}
+
+#endif /* __x86_64__ */
