@@ -62,10 +62,19 @@ __attribute__((target(T_AVX2))) void q8_dec_q3_k_avx2(const uint8_t *w, int c0, 
 {
     (void)mn;
     const struct block_q3_k *b = (const struct block_q3_k *)w + c0 / QK_K;
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    const __m256i m3 = _mm256_set1_epi8(3), c4 = _mm256_set1_epi8(4);
     for (int sb = 0; sb < kc / QK_K; sb++, b++, u += QK_K, s += 16) {
+        /* block_q3_k_scale of t = 0..15 as bytes, four at a time: the low nibbles of bytes 0-7, then their
+         * high nibbles, each with its two bits of bytes 8-11 on top; minus 32 */
+        uint32_t a[3], v[4];
+        memcpy(a, b->scales, 12);
+        const uint32_t m2 = 0x03030303u, m4 = 0x0f0f0f0fu;
+        v[0] = (a[0] & m4) | ((a[2] & m2) << 4);
+        v[1] = (a[1] & m4) | (((a[2] >> 2) & m2) << 4);
+        v[2] = ((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4);
+        v[3] = ((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4);
         int8_t sc[16];
-        for (int t = 0; t < 16; t++) sc[t] = (int8_t)(block_q3_k_scale(t, b->scales) - 32);
+        _mm_storeu_si128((__m128i *)sc, _mm_sub_epi8(_mm_loadu_si128((const __m128i *)v), _mm_set1_epi8(32)));
         const float d = _cvtsh_ss(b->d);
         scales8(d, sc, s);
         scales8(d, sc + 8, s + 8);
@@ -74,7 +83,7 @@ __attribute__((target(T_AVX2))) void q8_dec_q3_k_avx2(const uint8_t *w, int c0, 
             const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
             for (int j = 0; j < 4; j++) {
                 const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
-                const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), m4);
+                const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), c4);
                 const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), m3);
                 _mm256_storeu_si256((__m256i *)(u + 128 * h + 32 * j), _mm256_or_si256(lo, hi));
             }
@@ -136,11 +145,19 @@ __attribute__((target(T_AVX2))) void q8_dec_iq4_xs_avx2(const uint8_t *w, int c0
 {
     (void)mn;
     const __m256i t = table_codes2(iq4nl_values, 128);
+    const __m256i sh2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14), three = _mm256_set1_epi32(3);
     const struct block_iq4_xs *b = (const struct block_iq4_xs *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8, u += QK_K) {
-        int8_t sc[8];
-        for (int j = 0; j < 8; j++) sc[j] = (int8_t)(block_iq4_xs_scale(j, b) - 32);
-        scales8(_cvtsh_ss(b->d), sc, s);
+        /* block_iq4_xs_scale of j = 0..7 in 8 lanes: nibble j of scales_l, bits 2j, 2j + 1 of scales_h above
+         */
+        uint32_t l;
+        memcpy(&l, b->scales_l, 4);
+        const __m128i nib = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0fu)),
+                                              _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0fu)));
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), sh2), three);
+        const __m256i sc = _mm256_sub_epi32(
+            _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+        _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sc)));
         for (int p = 0; p < 4; p++)
             nibbles2(t, _mm_loadu_si128((const __m128i *)(b->qs + 32 * p)),
                      _mm_loadu_si128((const __m128i *)(b->qs + 32 * p + 16)), u + 64 * p);
