@@ -178,25 +178,34 @@ __attribute__((target(T_AVX2))) static inline __m256i grid_signed(__m256i g, uin
     return _mm256_blendv_epi8(_mm256_add_epi8(off, g), _mm256_sub_epi8(off, g), neg);
 }
 
+/* Nibble j (0..7) of the 4 bytes at p in lane j: low nibble of byte j/2 for even j, high for odd. */
+__attribute__((target(T_AVX2))) static inline __m256i nibbles8(const uint8_t *p)
+{
+    uint32_t l;
+    memcpy(&l, p, 4);
+    return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0fu)),
+                                                  _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0fu))));
+}
+
 __attribute__((target(T_AVX2))) void q8_dec_iq3_s_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
                                                        float *mn)
 {
     (void)mn;
-    const __m256i off = _mm256_set1_epi8(16);
+    const __m256i off = _mm256_set1_epi8(16), one = _mm256_set1_epi32(1);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const struct block_iq3_s *b = (const struct block_iq3_s *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
-        const float d = f16_to_f32(b->d);
-        const uint8_t *qs = b->qs, *signs = b->signs;
-        for (int ib = 0; ib < 8; ib++, qs += 8, signs += 4, u += 32) {
-            s[ib] = d * (float)(1 + 2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 15));
-            const int qh = b->qh[ib];
-            const __m256i g = _mm256_setr_epi32(
-                (int)iq3s_grid[qs[0] | ((qh << 8) & 256)], (int)iq3s_grid[qs[1] | ((qh << 7) & 256)],
-                (int)iq3s_grid[qs[2] | ((qh << 6) & 256)], (int)iq3s_grid[qs[3] | ((qh << 5) & 256)],
-                (int)iq3s_grid[qs[4] | ((qh << 4) & 256)], (int)iq3s_grid[qs[5] | ((qh << 3) & 256)],
-                (int)iq3s_grid[qs[6] | ((qh << 2) & 256)], (int)iq3s_grid[qs[7] | ((qh << 1) & 256)]);
+        /* s[ib] = d·(1 + 2·nibble ib of scales) */
+        const __m256i sc = _mm256_add_epi32(_mm256_slli_epi32(nibbles8(b->scales), 1), one);
+        _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sc)));
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            /* grid index e: qs[8ib + e] with bit e of qh[ib] as its ninth */
+            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+            const __m256i h = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[ib]), lane), one);
+            const __m256i g = _mm256_i32gather_epi32((const int *)iq3s_grid,
+                                                     _mm256_or_si256(q, _mm256_slli_epi32(h, 8)), 4);
             uint32_t sg;
-            memcpy(&sg, signs, 4);
+            memcpy(&sg, b->signs + 4 * ib, 4);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
         }
     }
@@ -206,19 +215,41 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_xs_avx2(const uint8_t *w, int c0
                                                         float *s, float *mn)
 {
     (void)mn;
-    const __m256i off = _mm256_set1_epi8(64);
+    const __m256i off = _mm256_set1_epi8(64), m511 = _mm256_set1_epi16(511), m15 = _mm256_set1_epi8(15);
+    /* parity of 4 bits */
+    const __m256i par4 = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0,
+                                          1, 1, 0, 0, 1, 0, 1, 1, 0);
+    const __m256 half = _mm256_set1_ps(0.5f), quarter = _mm256_set1_ps(0.25f);
     const struct block_iq2_xs *b = (const struct block_iq2_xs *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 16) {
-        const float d = f16_to_f32(b->d);
+        /* s[2ib + h] = d·(0.5 + nibble h of scales[ib])·0.25, as the portable decoder rounds it */
+        const __m128i scb = _mm_loadl_epi64((const __m128i *)b->scales);
+        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(scb, _mm_set1_epi8(15)),
+                                              _mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(15)));
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        for (int p = 0; p < 2; p++) {
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p ? _mm_srli_si128(nib, 8) : nib));
+            _mm256_storeu_ps(s + 8 * p, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, v)), quarter));
+        }
+        /* 32 grid indices (q & 511) and sign bytes (iq_signs7(q >> 9): 7 bits and their parity as bit 7) */
+        uint16_t idx[32];
+        uint8_t sgn[32];
+        __m256i sv[2];
+        for (int p = 0; p < 2; p++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 16 * p));
+            _mm256_storeu_si256((__m256i *)(idx + 16 * p), _mm256_and_si256(q, m511));
+            const __m256i s7 = _mm256_srli_epi16(q, 9);
+            const __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(par4, _mm256_and_si256(s7, m15)),
+                                                 _mm256_shuffle_epi8(par4, _mm256_srli_epi16(s7, 4)));
+            sv[p] = _mm256_or_si256(s7, _mm256_slli_epi16(par, 7));
+        }
+        _mm256_storeu_si256((__m256i *)sgn,
+                            _mm256_permute4x64_epi64(_mm256_packus_epi16(sv[0], sv[1]), 0xD8));
         for (int ib = 0; ib < 8; ib++, u += 32) {
-            s[2 * ib] = d * (0.5f + (float)(b->scales[ib] & 15)) * 0.25f;
-            s[2 * ib + 1] = d * (0.5f + (float)(b->scales[ib] >> 4)) * 0.25f;
-            const uint16_t *q = b->qs + 4 * ib;
-            const __m256i g =
-                _mm256_setr_epi64x((long long)iq2xs_grid[q[0] & 511], (long long)iq2xs_grid[q[1] & 511],
-                                   (long long)iq2xs_grid[q[2] & 511], (long long)iq2xs_grid[q[3] & 511]);
-            const uint32_t sg = (uint32_t)iq_signs7(q[0] >> 9) | (uint32_t)iq_signs7(q[1] >> 9) << 8 |
-                                (uint32_t)iq_signs7(q[2] >> 9) << 16 | (uint32_t)iq_signs7(q[3] >> 9) << 24;
+            const __m128i ix = _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(idx + 4 * ib)));
+            const __m256i g = _mm256_i32gather_epi64((const long long *)iq2xs_grid, ix, 8);
+            uint32_t sg;
+            memcpy(&sg, sgn + 4 * ib, 4);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
         }
     }
