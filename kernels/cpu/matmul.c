@@ -39,7 +39,8 @@
  * bitwise the product of that row alone).
  * Files: this one holds the partition and tasks, the plain types' kernels, the portable quantized kernels
  * (the definition) and the tables of types and instruction sets; matmul_x86.c the AVX2 / AVX-VNNI /
- * AVX512-VNNI kernels; matmul_impl.h what the two share; matmul_amx.c the bf16 tiles.
+ * AVX512-VNNI kernels; matmul_lut.c and matmul_lut_x86.c the table and grid types' decoders (portable and
+ * AVX2); matmul_impl.h what they share; matmul_amx.c the bf16 tiles.
  * Timings and history: kernels/cpu/NOTES.md.
  */
 #include "kernels/cpu/matmul.h"

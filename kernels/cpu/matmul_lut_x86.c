@@ -1,10 +1,11 @@
 /* matmul_lut_x86 — AVX2 tile decoders of the table and grid types (matmul_lut.c's portable decoders are the
- * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, IQ3_S, IQ2_XS. Each writes the same codes, scales and
- * minimums as the portable decoder, byte for byte and bit for bit (the scales by the same f32 expressions),
- * so the int8 and f32 products that read the tile are unchanged on every instruction set; the AVX2, AVX-VNNI
- * and AVX512-VNNI tables (matmul_x86.c) list them. Codes come 32 per 256-bit register: bit fields by shifts
- * and masks, tables by byte shuffles, grid rows by one load per 4 or 8 elements and the signs as byte masks.
- * Compiled for AVX2 function by function (the build itself needs no -mavx2); chosen at run time.
+ * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_S, IQ2_XS. Each writes the same codes, scales
+ * and minimums as the portable decoder, byte for byte and bit for bit (the scales by the same f32
+ * expressions, NVFP4's as the same bits built directly), so the int8 and f32 products that read the tile are
+ * unchanged on every instruction set; the AVX2, AVX-VNNI and AVX512-VNNI tables (matmul_x86.c) list them.
+ * Codes come 32 per 256-bit register: bit fields by shifts and masks, tables by byte shuffles, grid rows by
+ * one load per 4 or 8 elements and the signs as byte masks. Compiled for AVX2 function by function (the build
+ * itself needs no -mavx2); chosen at run time.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -112,7 +113,8 @@ __attribute__((target(T_AVX2))) static inline __m256i table_codes2(const int8_t 
     return _mm256_set_m128i(t, t);
 }
 
-/* Blocks of 32 with a 16-byte nibble run at qs_off and a scale read by scale(block): IQ4_NL and MXFP4. */
+/* Blocks of 32 elements (struct blk: 16 bytes of nibbles qs, a scale that scale_expr reads), two per step and
+ * an odd last one alone: IQ4_NL and MXFP4. */
 #define DEC_NIBBLE_BLOCKS(name, blk, table, off, scale_expr)                                                 \
     __attribute__((target(T_AVX2))) void name(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,        \
                                               float *mn)                                                     \
@@ -161,6 +163,41 @@ __attribute__((target(T_AVX2))) void q8_dec_iq4_xs_avx2(const uint8_t *w, int c0
         for (int p = 0; p < 4; p++)
             nibbles2(t, _mm_loadu_si128((const __m128i *)(b->qs + 32 * p)),
                      _mm_loadu_si128((const __m128i *)(b->qs + 32 * p + 16)), u + 64 * p);
+    }
+}
+
+/* block_ue4m3_half of the 4 bytes at p, without ldexpf: (1 + m/8)·2^(e - 8) built as f32 bits for e >= 1,
+ * m·2^-10 for e = 0 (both exact), 0 for 0x7F; the same bits. */
+__attribute__((target(T_AVX2))) static inline __m128 ue4m3_half4(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m128i x = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)v));
+    const __m128i e = _mm_and_si128(_mm_srli_epi32(x, 3), _mm_set1_epi32(15)),
+                  m = _mm_and_si128(x, _mm_set1_epi32(7));
+    const __m128i normal =
+        _mm_or_si128(_mm_slli_epi32(_mm_add_epi32(e, _mm_set1_epi32(119)), 23), _mm_slli_epi32(m, 20));
+    const __m128 sub = _mm_mul_ps(_mm_cvtepi32_ps(m), _mm_set1_ps(0x1.0p-10f));
+    const __m128 r = _mm_blendv_ps(_mm_castsi128_ps(normal), sub,
+                                   _mm_castsi128_ps(_mm_cmpeq_epi32(e, _mm_setzero_si128())));
+    return _mm_andnot_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(x, _mm_set1_epi32(0x7F))), r);
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_nvfp4_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                       float *mn)
+{
+    (void)mn;
+    const __m256i t = table_codes2(fp4_values, 16), m15 = _mm256_set1_epi8(15);
+    const struct block_nvfp4 *b = (const struct block_nvfp4 *)w + c0 / QK_NVFP4;
+    for (int i = 0; i < kc / QK_NVFP4; i++, b++, u += QK_NVFP4, s += 4) {
+        _mm_storeu_ps(s, ue4m3_half4(b->d));
+        /* runs r = 0..3 of 8 bytes: 8 low-nibble codes, then 8 high */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)b->qs);
+        const __m256i lo = _mm256_shuffle_epi8(t, _mm256_and_si256(q, m15));
+        const __m256i hi = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(q, 4), m15));
+        const __m256i r02 = _mm256_unpacklo_epi64(lo, hi), r13 = _mm256_unpackhi_epi64(lo, hi);
+        _mm256_storeu_si256((__m256i *)u, _mm256_permute2x128_si256(r02, r13, 0x20));
+        _mm256_storeu_si256((__m256i *)(u + 32), _mm256_permute2x128_si256(r02, r13, 0x31));
     }
 }
 

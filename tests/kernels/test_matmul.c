@@ -37,7 +37,7 @@
 #define EPS 0x1.0p-24
 
 /* The types ferry reads but does not write: random bytes (every code, grid index and sign) with sane scales
- * (f16 d of 0.001-0.01, MXFP4 exponents 2^-10..2^-3, NVFP4 scales below 1). */
+ * (f16 d of 0.001-0.01, MXFP4 exponents 2^-10..2^-3, NVFP4 scales mostly below 1: every UE4M3 form). */
 static void random_lut_row(enum dtype t, uint8_t *wr, int k)
 {
     const size_t bsz = dtype_type_size(t), nb = (size_t)(k / dtype_block_size(t));
@@ -56,8 +56,9 @@ static void random_lut_row(enum dtype t, uint8_t *wr, int k)
         case DTYPE_MXFP4:
             bp[0] = (uint8_t)(118 + kt_next() % 8);
             break;
-        case DTYPE_NVFP4:
-            for (int s = 0; s < 4; s++) bp[s] = (uint8_t)(kt_next() % 0x38);
+        case DTYPE_NVFP4: /* mostly below 1; one in 8 any byte (exponents to 15, the sign bit), some 0x7F */
+            for (int s = 0; s < 4; s++) bp[s] = (uint8_t)(kt_next() % 8 ? kt_next() % 0x38 : kt_next());
+            if (b % 13 == 5) bp[b % 4] = 0x7F;
             break;
         case DTYPE_IQ1_M: {
             uint16_t sc[4];
@@ -576,6 +577,7 @@ PEER_BLOCKS_TEST(q3_k, Q3_K)
 PEER_BLOCKS_TEST(iq4_nl, IQ4_NL)
 PEER_BLOCKS_TEST(iq4_xs, IQ4_XS)
 PEER_BLOCKS_TEST(mxfp4, MXFP4)
+PEER_BLOCKS_TEST(nvfp4, NVFP4)
 PEER_BLOCKS_TEST(iq3_s, IQ3_S)
 PEER_BLOCKS_TEST(iq2_xs, IQ2_XS)
 
