@@ -166,6 +166,9 @@ Q8_DEC_LUT_AVX2(mxfp4)
 Q8_DEC_LUT_AVX2(nvfp4)
 Q8_DEC_LUT_AVX2(iq3_s)
 Q8_DEC_LUT_AVX2(iq2_xs)
+Q8_DEC_LUT_AVX2(iq2_xxs)
+Q8_DEC_LUT_AVX2(iq3_xxs)
+Q8_DEC_LUT_AVX2(iq2_s)
 #undef Q8_DEC_LUT_AVX2
 #endif
 

@@ -1,11 +1,11 @@
 /* matmul_lut_x86 — AVX2 tile decoders of the table and grid types (matmul_lut.c's portable decoders are the
- * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_S, IQ2_XS. Each writes the same codes, scales
- * and minimums as the portable decoder, byte for byte and bit for bit (the scales by the same f32
- * expressions, NVFP4's as the same bits built directly), so the int8 and f32 products that read the tile are
- * unchanged on every instruction set; the AVX2, AVX-VNNI and AVX512-VNNI tables (matmul_x86.c) list them.
- * Codes come 32 per 256-bit register: bit fields by shifts and masks, tables by byte shuffles, grid rows by
- * one load per 4 or 8 elements and the signs as byte masks. Compiled for AVX2 function by function (the build
- * itself needs no -mavx2); chosen at run time.
+ * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S. Each writes
+ * the same codes, scales and minimums as the portable decoder, byte for byte and bit for bit (the scales by
+ * the same f32 expressions, NVFP4's as the same bits built directly), so the int8 and f32 products that read
+ * the tile are unchanged on every instruction set; the AVX2, AVX-VNNI and AVX512-VNNI tables (matmul_x86.c)
+ * list them. Codes come 32 per 256-bit register: bit fields by shifts and masks, tables by byte shuffles,
+ * grid rows by one load per 4 or 8 elements and the signs as byte masks. Compiled for AVX2 function by
+ * function (the build itself needs no -mavx2); chosen at run time.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -248,6 +248,33 @@ __attribute__((target(T_AVX2))) void q8_dec_iq3_s_avx2(const uint8_t *w, int c0,
     }
 }
 
+/* IQ2_XS's and IQ2_S's 16 scales: s[2ib + h] = d·(0.5 + nibble h of sc[ib])·0.25, as the portable decoders
+ * round them. */
+__attribute__((target(T_AVX2))) static inline void scales_iq2(float d, const uint8_t *sc, float *s)
+{
+    const __m128i scb = _mm_loadl_epi64((const __m128i *)sc);
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(scb, _mm_set1_epi8(15)),
+                                          _mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(15)));
+    const __m256 dv = _mm256_set1_ps(d), half = _mm256_set1_ps(0.5f), quarter = _mm256_set1_ps(0.25f);
+    for (int p = 0; p < 2; p++) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p ? _mm_srli_si128(nib, 8) : nib));
+        _mm256_storeu_ps(s + 8 * p, _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_add_ps(half, v)), quarter));
+    }
+}
+
+/* iq_signs7 of the four 7-bit fields a >> 0, 7, 14, 21 as the bytes of a u32 (IQ2_XXS, IQ3_XXS). */
+__attribute__((target(T_AVX2))) static inline uint32_t signs7x4(uint32_t a)
+{
+    const __m128i par4 = _mm_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0);
+    const __m128i s7 = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)a), _mm_setr_epi32(0, 7, 14, 21)),
+                                     _mm_set1_epi32(127));
+    const __m128i par = _mm_xor_si128(_mm_shuffle_epi8(par4, _mm_and_si128(s7, _mm_set1_epi32(15))),
+                                      _mm_shuffle_epi8(par4, _mm_srli_epi32(s7, 4)));
+    const __m128i v = _mm_or_si128(s7, _mm_slli_epi32(par, 7));
+    return (uint32_t)_mm_cvtsi128_si32(
+        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)));
+}
+
 __attribute__((target(T_AVX2))) void q8_dec_iq2_xs_avx2(const uint8_t *w, int c0, int kc, uint8_t *u,
                                                         float *s, float *mn)
 {
@@ -256,18 +283,9 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_xs_avx2(const uint8_t *w, int c0
     /* parity of 4 bits */
     const __m256i par4 = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0,
                                           1, 1, 0, 0, 1, 0, 1, 1, 0);
-    const __m256 half = _mm256_set1_ps(0.5f), quarter = _mm256_set1_ps(0.25f);
     const struct block_iq2_xs *b = (const struct block_iq2_xs *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 16) {
-        /* s[2ib + h] = d·(0.5 + nibble h of scales[ib])·0.25, as the portable decoder rounds it */
-        const __m128i scb = _mm_loadl_epi64((const __m128i *)b->scales);
-        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(scb, _mm_set1_epi8(15)),
-                                              _mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(15)));
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
-        for (int p = 0; p < 2; p++) {
-            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p ? _mm_srli_si128(nib, 8) : nib));
-            _mm256_storeu_ps(s + 8 * p, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, v)), quarter));
-        }
+        scales_iq2(_cvtsh_ss(b->d), b->scales, s);
         /* 32 grid indices (q & 511) and sign bytes (iq_signs7(q >> 9): 7 bits and their parity as bit 7) */
         uint16_t idx[32];
         uint8_t sgn[32];
@@ -287,6 +305,68 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_xs_avx2(const uint8_t *w, int c0
             const __m256i g = _mm256_i32gather_epi64((const long long *)iq2xs_grid, ix, 8);
             uint32_t sg;
             memcpy(&sg, sgn + 4 * ib, 4);
+            _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq2_xxs_avx2(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                         float *s, float *mn)
+{
+    (void)mn;
+    const __m256i off = _mm256_set1_epi8(64);
+    const struct block_iq2_xxs *b = (const struct block_iq2_xxs *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
+        const float d = f16_to_f32(b->d);
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            uint32_t a[2];
+            memcpy(a, b->qs + 4 * ib, 8);
+            s[ib] = d * (0.5f + (float)(a[1] >> 28)) * 0.25f;
+            const __m256i g = _mm256_i32gather_epi64((const long long *)iq2xxs_grid,
+                                                     _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)a[0])), 8);
+            _mm256_storeu_si256((__m256i *)u, grid_signed(g, signs7x4(a[1]), off));
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq3_xxs_avx2(const uint8_t *w, int c0, int kc, uint8_t *u,
+                                                         float *s, float *mn)
+{
+    (void)mn;
+    const __m256i off = _mm256_set1_epi8(64);
+    const struct block_iq3_xxs *b = (const struct block_iq3_xxs *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
+        const float d = f16_to_f32(b->d);
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            uint32_t a;
+            memcpy(&a, b->qs + QK_K / 4 + 4 * ib, 4);
+            s[ib] = d * (0.5f + (float)(a >> 28)) * 0.5f;
+            const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+            const __m256i g = _mm256_i32gather_epi32((const int *)iq3xxs_grid, ix, 4);
+            _mm256_storeu_si256((__m256i *)u, grid_signed(g, signs7x4(a), off));
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq2_s_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                       float *mn)
+{
+    (void)mn;
+    const __m256i off = _mm256_set1_epi8(64);
+    const __m128i sh = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi32(3);
+    const struct block_iq2_s *b = (const struct block_iq2_s *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 16) {
+        scales_iq2(_cvtsh_ss(b->d), b->scales, s);
+        const uint8_t *qs = b->qs, *signs = b->qs + QK_K / 8;
+        for (int ib = 0; ib < 8; ib++, qs += 4, signs += 4, u += 32) {
+            /* grid index l: qs[l] with bits 2l, 2l + 1 of qh[ib] as its ninth and tenth */
+            uint32_t q4, sg;
+            memcpy(&q4, qs, 4);
+            memcpy(&sg, signs, 4);
+            const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(b->qh[ib]), sh), three);
+            const __m128i ix =
+                _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)), _mm_slli_epi32(h, 8));
+            const __m256i g = _mm256_i32gather_epi64((const long long *)iq2s_grid, ix, 8);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
         }
     }

@@ -999,14 +999,16 @@ static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
  */
 
 static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
-    [DTYPE_Q8_0] = dec_q8_0_avx2,        [DTYPE_Q4_0] = dec_q4_0_avx2,
-    [DTYPE_Q4_1] = dec_q4_1_avx2,        [DTYPE_Q5_0] = dec_q5_0_avx2,
-    [DTYPE_Q5_1] = dec_q5_1_avx2,        [DTYPE_Q4_K] = dec_q4_k_avx2,
-    [DTYPE_Q5_K] = dec_q5_k_avx2,        [DTYPE_Q6_K] = dec_q6k_avx2,
-    [DTYPE_Q2_K] = q8_dec_q2_k_avx2,     [DTYPE_Q3_K] = q8_dec_q3_k_avx2,
-    [DTYPE_IQ4_NL] = q8_dec_iq4_nl_avx2, [DTYPE_IQ4_XS] = q8_dec_iq4_xs_avx2,
-    [DTYPE_MXFP4] = q8_dec_mxfp4_avx2,   [DTYPE_NVFP4] = q8_dec_nvfp4_avx2,
-    [DTYPE_IQ3_S] = q8_dec_iq3_s_avx2,   [DTYPE_IQ2_XS] = q8_dec_iq2_xs_avx2};
+    [DTYPE_Q8_0] = dec_q8_0_avx2,          [DTYPE_Q4_0] = dec_q4_0_avx2,
+    [DTYPE_Q4_1] = dec_q4_1_avx2,          [DTYPE_Q5_0] = dec_q5_0_avx2,
+    [DTYPE_Q5_1] = dec_q5_1_avx2,          [DTYPE_Q4_K] = dec_q4_k_avx2,
+    [DTYPE_Q5_K] = dec_q5_k_avx2,          [DTYPE_Q6_K] = dec_q6k_avx2,
+    [DTYPE_Q2_K] = q8_dec_q2_k_avx2,       [DTYPE_Q3_K] = q8_dec_q3_k_avx2,
+    [DTYPE_IQ4_NL] = q8_dec_iq4_nl_avx2,   [DTYPE_IQ4_XS] = q8_dec_iq4_xs_avx2,
+    [DTYPE_MXFP4] = q8_dec_mxfp4_avx2,     [DTYPE_NVFP4] = q8_dec_nvfp4_avx2,
+    [DTYPE_IQ3_S] = q8_dec_iq3_s_avx2,     [DTYPE_IQ2_XS] = q8_dec_iq2_xs_avx2,
+    [DTYPE_IQ2_XXS] = q8_dec_iq2_xxs_avx2, [DTYPE_IQ3_XXS] = q8_dec_iq3_xxs_avx2,
+    [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2};
 
 const struct q8_isa q8_isa_avx2 = {"avx2",        decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2},
                                    {1, 2},        q8_to_f32_avx2, NULL,         dir8_avx2,

@@ -580,6 +580,9 @@ PEER_BLOCKS_TEST(mxfp4, MXFP4)
 PEER_BLOCKS_TEST(nvfp4, NVFP4)
 PEER_BLOCKS_TEST(iq3_s, IQ3_S)
 PEER_BLOCKS_TEST(iq2_xs, IQ2_XS)
+PEER_BLOCKS_TEST(iq2_xxs, IQ2_XXS)
+PEER_BLOCKS_TEST(iq2_s, IQ2_S)
+PEER_BLOCKS_TEST(iq3_xxs, IQ3_XXS)
 
 /* x with a NaN or an infinity in one block: that row's outputs are not finite (int8: NaN; never a silently
  * finite number), the other rows are unaffected. */
