@@ -169,6 +169,8 @@ Q8_DEC_LUT_AVX2(iq2_xs)
 Q8_DEC_LUT_AVX2(iq2_xxs)
 Q8_DEC_LUT_AVX2(iq3_xxs)
 Q8_DEC_LUT_AVX2(iq2_s)
+Q8_DEC_LUT_AVX2(iq1_s)
+Q8_DEC_LUT_AVX2(iq1_m)
 #undef Q8_DEC_LUT_AVX2
 #endif
 

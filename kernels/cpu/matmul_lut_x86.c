@@ -1,5 +1,6 @@
 /* matmul_lut_x86 — AVX2 tile decoders of the table and grid types (matmul_lut.c's portable decoders are the
- * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S. Each writes
+ * definition): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
+ * IQ1_M. Each writes
  * the same codes, scales and minimums as the portable decoder, byte for byte and bit for bit (the scales by
  * the same f32 expressions, NVFP4's as the same bits built directly), so the int8 and f32 products that read
  * the tile are unchanged on every instruction set; the AVX2, AVX-VNNI and AVX512-VNNI tables (matmul_x86.c)
@@ -368,6 +369,69 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_s_avx2(const uint8_t *w, int c0,
                 _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)), _mm_slli_epi32(h, 8));
             const __m256i g = _mm256_i32gather_epi64((const long long *)iq2s_grid, ix, 8);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
+        }
+    }
+}
+
+/* 32 IQ1 codes 8·g + 16 + delta from 4 grid rows g (bytes -1, 0, 1) and the bytes base = 16 + delta
+ * (matmul_lut.c's grid1: the same value modulo 256). */
+__attribute__((target(T_AVX2))) static inline __m256i grid1x4(__m256i g, __m256i base)
+{
+    const __m256i g2 = _mm256_add_epi8(g, g), g4 = _mm256_add_epi8(g2, g2);
+    return _mm256_add_epi8(_mm256_add_epi8(g4, g4), base);
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq1_s_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                       float *mn)
+{
+    (void)mn;
+    const __m128i sh = _mm_setr_epi32(0, 3, 6, 9), seven = _mm_set1_epi32(7);
+    const struct block_iq1_s *b = (const struct block_iq1_s *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
+        const float d = f16_to_f32(b->d);
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            const uint16_t qh = b->qh[ib];
+            s[ib] = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+            /* grid index l: qs[4ib + l] with bits 3l..3l + 2 of qh above */
+            uint32_t q4;
+            memcpy(&q4, b->qs + 4 * ib, 4);
+            const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(qh), sh), seven);
+            const __m128i ix =
+                _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)), _mm_slli_epi32(h, 8));
+            const __m256i g = _mm256_i32gather_epi64((const long long *)iq1s_grid, ix, 8);
+            _mm256_storeu_si256((__m256i *)u, grid1x4(g, _mm256_set1_epi8(qh & 0x8000 ? 15 : 17)));
+        }
+    }
+}
+
+__attribute__((target(T_AVX2))) void q8_dec_iq1_m_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
+                                                       float *mn)
+{
+    (void)mn;
+    const __m128i sh = _mm_setr_epi32(0, 4, 8, 12), seven = _mm_set1_epi32(7), eight = _mm_set1_epi32(8);
+    const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+    const struct block_iq1_m *b = (const struct block_iq1_m *)w + c0 / QK_K;
+    for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 16) {
+        const float d = f16_to_f32(block_iq1_m_d(b));
+        uint16_t sc[4];
+        memcpy(sc, b->scales, sizeof sc);
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            s[2 * ib] = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1) * 0.125f;
+            s[2 * ib + 1] = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1) * 0.125f;
+            /* nibble l of qh[2ib], qh[2ib + 1]: three high index bits, and the delta's sign (bit 3) */
+            uint32_t q4;
+            memcpy(&q4, b->qs + 4 * ib, 4);
+            const int h16 = b->qh[2 * ib] | b->qh[2 * ib + 1] << 8;
+            const __m128i nib = _mm_srlv_epi32(_mm_set1_epi32(h16), sh);
+            const __m128i ix = _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)),
+                                            _mm_slli_epi32(_mm_and_si128(nib, seven), 8));
+            const __m256i g = _mm256_i32gather_epi64((const long long *)iq1s_grid, ix, 8);
+            /* 16 + delta: 17, or 15 where the sign bit is set, in every byte of row l */
+            const __m128i base4 =
+                _mm_sub_epi32(_mm_set1_epi32(17), _mm_srli_epi32(_mm_and_si128(nib, eight), 2));
+            const __m256i base = _mm256_shuffle_epi8(_mm256_cvtepu32_epi64(base4), bcast);
+            _mm256_storeu_si256((__m256i *)u, grid1x4(g, base));
         }
     }
 }

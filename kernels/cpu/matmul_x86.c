@@ -1008,7 +1008,8 @@ static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
     [DTYPE_MXFP4] = q8_dec_mxfp4_avx2,     [DTYPE_NVFP4] = q8_dec_nvfp4_avx2,
     [DTYPE_IQ3_S] = q8_dec_iq3_s_avx2,     [DTYPE_IQ2_XS] = q8_dec_iq2_xs_avx2,
     [DTYPE_IQ2_XXS] = q8_dec_iq2_xxs_avx2, [DTYPE_IQ3_XXS] = q8_dec_iq3_xxs_avx2,
-    [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2};
+    [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2,     [DTYPE_IQ1_S] = q8_dec_iq1_s_avx2,
+    [DTYPE_IQ1_M] = q8_dec_iq1_m_avx2};
 
 const struct q8_isa q8_isa_avx2 = {"avx2",        decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2},
                                    {1, 2},        q8_to_f32_avx2, NULL,         dir8_avx2,

@@ -583,6 +583,8 @@ PEER_BLOCKS_TEST(iq2_xs, IQ2_XS)
 PEER_BLOCKS_TEST(iq2_xxs, IQ2_XXS)
 PEER_BLOCKS_TEST(iq2_s, IQ2_S)
 PEER_BLOCKS_TEST(iq3_xxs, IQ3_XXS)
+PEER_BLOCKS_TEST(iq1_s, IQ1_S)
+PEER_BLOCKS_TEST(iq1_m, IQ1_M)
 
 /* x with a NaN or an infinity in one block: that row's outputs are not finite (int8: NaN; never a silently
  * finite number), the other rows are unaffected. */
