@@ -476,14 +476,12 @@ Test(matmul, q6_k_int8_small_m_equals_tile)
  * ten chunks and a tail (10,496), n below and past a group of 4, m 1 to 17. */
 static void check_peer_blocks(enum dtype t, const char *name)
 {
-    char fb[64], fd[64];
-    snprintf(fb, sizeof fb, "%s.pq.blocks", name);
-    snprintf(fd, sizeof fd, "%s.pq.deq", name);
+    char pq[64];
+    snprintf(pq, sizeof pq, "%s.pq", name);
     size_t lb, ld;
     uint8_t *blocks;
     float *deq;
-    KT_LOAD(blocks, fb, lb);
-    KT_LOAD(deq, fd, ld);
+    KT_LOAD_BLOCKS(blocks, deq, pq, lb, ld);
     const size_t bsz = dtype_type_size(t);
     const int bs = dtype_block_size(t), nblk = (int)(lb / bsz);
     cr_assert(nblk > 0 && lb == (size_t)nblk * bsz && ld == (size_t)nblk * bs * sizeof(float), "%s: sizes",
