@@ -17,6 +17,9 @@
 #include "quant/fp16.h"
 #include "quant/iq_tables.h"
 
+/* Vector-returning static helpers are never called across an ABI boundary. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #define T_AVX2 "avx2,fma,f16c"
 
 /* 8 f32 scales d·v[0..7] from 8 signed bytes. */
