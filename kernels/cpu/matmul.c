@@ -1009,8 +1009,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
-        if (!c->int8 && m > MR)
-            c->to_f32 = c->qk->mode == Q8M_AFFINE16 ? q8_to_f32_c : isa->to_f32; /* (portable only) */
+        if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
     }
     if (!quant || c->to_f32) {
         static const micro_fn micros[3] = {micro_f32, micro_f16, micro_bf16};

@@ -524,13 +524,18 @@ __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_do
 __attribute__((target(T_AVX2))) static void q8_to_f32_avx2(const uint8_t *u, const float *s, const float *mn,
                                                            int kc, enum q8_mode mode, int sh, float *dst)
 {
-    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh));
+    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE     ? 0.0f
+                                      : mode == Q8M_AFFINE16 ? 1.0f
+                                                             : (float)(1 << sh));
+    const int per16 = mode == Q8M_OFF16 || mode == Q8M_AFFINE16;
     for (int e = 0; e < kc; e += 8) {
         const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + e))));
-        const __m256 sc = _mm256_broadcast_ss(mode == Q8M_OFF16 ? &s[e / 16] : &s[e / QB]);
-        _mm256_storeu_ps(dst + e, mode == Q8M_AFFINE
-                                      ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&mn[e / QB]))
-                                      : _mm256_mul_ps(sc, _mm256_sub_ps(c, off)));
+        const __m256 sc = _mm256_broadcast_ss(per16 ? &s[e / 16] : &s[e / QB]);
+        _mm256_storeu_ps(dst + e,
+                         mode == Q8M_AFFINE ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&mn[e / QB]))
+                         : mode == Q8M_AFFINE16
+                             ? _mm256_fmadd_ps(sc, _mm256_sub_ps(c, off), _mm256_broadcast_ss(&mn[e / 16]))
+                             : _mm256_mul_ps(sc, _mm256_sub_ps(c, off)));
     }
 }
 
