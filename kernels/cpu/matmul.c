@@ -39,7 +39,8 @@
  * bitwise the product of that row alone).
  * Files: this one holds the partition and tasks, the plain types' kernels, the portable quantized kernels
  * (the definition) and the tables of types and instruction sets; matmul_x86.c the AVX2 / AVX-VNNI /
- * AVX512-VNNI kernels; matmul_impl.h what the two share; matmul_amx.c the bf16 tiles.
+ * AVX512-VNNI kernels; matmul_lut.c and matmul_lut_x86.c the table and grid types' decoders (portable and
+ * AVX2); matmul_impl.h what they share; matmul_amx.c the bf16 tiles.
  * Timings and history: kernels/cpu/NOTES.md.
  */
 #include "kernels/cpu/matmul.h"
@@ -508,28 +509,34 @@ static void q8_min16_terms(const struct q8_dot *a, int mr, int int8)
 {
     const struct q8x *x = a->x;
     const struct q8_tile *t = a->t;
+    const int nh = 2 * a->nb; /* halves of 16 in the chunk: whole super-blocks, a multiple of 16 */
+    float dxh[KCQ / 16], sxh[KCQ / 16];
     for (int i = 0; i < mr; i++) {
         const int r = a->i0 + i;
         const int32_t *n4 = x->n4 + (size_t)r * x->nb * 8;
         const float *dx = x->dx + (size_t)r * x->nbp, *xr = a->xf + (size_t)r * a->k;
+        /* Per half q of 16 (block b0 + q/2, half q%2): int8, dx and Σq (n4's lanes 4q..4q+3 from the chunk's
+         * first block); f32, 1 and Σx. The same values and roundings as per (row, half). */
+        if (int8) {
+            const int32_t *p = n4 + 8 * a->b0;
+            for (int q = 0; q < nh; q++) {
+                dxh[q] = dx[a->b0 + q / 2];
+                sxh[q] = (float)-(p[4 * q] + p[4 * q + 1] + p[4 * q + 2] + p[4 * q + 3]);
+            }
+        } else {
+            for (int q = 0; q < nh; q++) {
+                float sx = 0.0f;
+                for (int e = 0; e < 16; e++) sx += xr[QB * a->b0 + 16 * q + e];
+                dxh[q] = 1.0f;
+                sxh[q] = sx;
+            }
+        }
         for (int j = 0; j < NRQ; j++) {
             float *macc = a->macc + (i * NRQ + j) * 8, mv[8];
+            const float *mn = t->mn[j];
             for (int l = 0; l < 8; l++) mv[l] = a->first ? 0.0f : macc[l];
-            for (int b = 0; b < a->nb; b++) {
-                const int gb = a->b0 + b;
-                for (int h = 0; h < 2; h++) {
-                    const int l = (2 * b + h) % 8;
-                    if (int8) {
-                        const int32_t sq = -(n4[8 * gb + 4 * h] + n4[8 * gb + 4 * h + 1] +
-                                             n4[8 * gb + 4 * h + 2] + n4[8 * gb + 4 * h + 3]);
-                        mv[l] = fmaf(t->mn[j][2 * b + h] * dx[gb], (float)sq, mv[l]);
-                    } else {
-                        float sx = 0.0f;
-                        for (int e = 0; e < 16; e++) sx += xr[QB * gb + 16 * h + e];
-                        mv[l] = fmaf(t->mn[j][2 * b + h], sx, mv[l]);
-                    }
-                }
-            }
+            for (int q = 0; q < nh; q += 8)
+                for (int l = 0; l < 8; l++) mv[l] = fmaf(mn[q + l] * dxh[q + l], sxh[q + l], mv[l]);
             memcpy(macc, mv, sizeof mv);
         }
     }
@@ -1002,8 +1009,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
-        if (!c->int8 && m > MR)
-            c->to_f32 = c->qk->mode == Q8M_AFFINE16 ? q8_to_f32_c : isa->to_f32; /* (portable only) */
+        if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
     }
     if (!quant || c->to_f32) {
         static const micro_fn micros[3] = {micro_f32, micro_f16, micro_bf16};

@@ -155,6 +155,23 @@ Q8_DEC_LUT(iq1_m)
 #if defined(__x86_64__)
 /* matmul_x86.c's instruction sets. */
 extern const struct q8_isa q8_isa_avx2, q8_isa_avxvnni, q8_isa_avx512vnni;
+/* matmul_lut_x86.c's AVX2 decoders of table and grid types (bitwise matmul_lut.c's). */
+#define Q8_DEC_LUT_AVX2(t)                                                                                   \
+    void q8_dec_##t##_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s, float *mn);
+Q8_DEC_LUT_AVX2(q2_k)
+Q8_DEC_LUT_AVX2(q3_k)
+Q8_DEC_LUT_AVX2(iq4_nl)
+Q8_DEC_LUT_AVX2(iq4_xs)
+Q8_DEC_LUT_AVX2(mxfp4)
+Q8_DEC_LUT_AVX2(nvfp4)
+Q8_DEC_LUT_AVX2(iq3_s)
+Q8_DEC_LUT_AVX2(iq2_xs)
+Q8_DEC_LUT_AVX2(iq2_xxs)
+Q8_DEC_LUT_AVX2(iq3_xxs)
+Q8_DEC_LUT_AVX2(iq2_s)
+Q8_DEC_LUT_AVX2(iq1_s)
+Q8_DEC_LUT_AVX2(iq1_m)
+#undef Q8_DEC_LUT_AVX2
 #endif
 
 #endif

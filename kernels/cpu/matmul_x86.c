@@ -524,13 +524,18 @@ __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_do
 __attribute__((target(T_AVX2))) static void q8_to_f32_avx2(const uint8_t *u, const float *s, const float *mn,
                                                            int kc, enum q8_mode mode, int sh, float *dst)
 {
-    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE ? 0.0f : (float)(1 << sh));
+    const __m256 off = _mm256_set1_ps(mode == Q8M_AFFINE     ? 0.0f
+                                      : mode == Q8M_AFFINE16 ? 1.0f
+                                                             : (float)(1 << sh));
+    const int per16 = mode == Q8M_OFF16 || mode == Q8M_AFFINE16;
     for (int e = 0; e < kc; e += 8) {
         const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + e))));
-        const __m256 sc = _mm256_broadcast_ss(mode == Q8M_OFF16 ? &s[e / 16] : &s[e / QB]);
-        _mm256_storeu_ps(dst + e, mode == Q8M_AFFINE
-                                      ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&mn[e / QB]))
-                                      : _mm256_mul_ps(sc, _mm256_sub_ps(c, off)));
+        const __m256 sc = _mm256_broadcast_ss(per16 ? &s[e / 16] : &s[e / QB]);
+        _mm256_storeu_ps(dst + e,
+                         mode == Q8M_AFFINE ? _mm256_fmadd_ps(sc, c, _mm256_broadcast_ss(&mn[e / QB]))
+                         : mode == Q8M_AFFINE16
+                             ? _mm256_fmadd_ps(sc, _mm256_sub_ps(c, off), _mm256_broadcast_ss(&mn[e / 16]))
+                             : _mm256_mul_ps(sc, _mm256_sub_ps(c, off)));
     }
 }
 
@@ -999,9 +1004,17 @@ static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
  */
 
 static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
-    [DTYPE_Q8_0] = dec_q8_0_avx2, [DTYPE_Q4_0] = dec_q4_0_avx2, [DTYPE_Q4_1] = dec_q4_1_avx2,
-    [DTYPE_Q5_0] = dec_q5_0_avx2, [DTYPE_Q5_1] = dec_q5_1_avx2, [DTYPE_Q4_K] = dec_q4_k_avx2,
-    [DTYPE_Q5_K] = dec_q5_k_avx2, [DTYPE_Q6_K] = dec_q6k_avx2};
+    [DTYPE_Q8_0] = dec_q8_0_avx2,          [DTYPE_Q4_0] = dec_q4_0_avx2,
+    [DTYPE_Q4_1] = dec_q4_1_avx2,          [DTYPE_Q5_0] = dec_q5_0_avx2,
+    [DTYPE_Q5_1] = dec_q5_1_avx2,          [DTYPE_Q4_K] = dec_q4_k_avx2,
+    [DTYPE_Q5_K] = dec_q5_k_avx2,          [DTYPE_Q6_K] = dec_q6k_avx2,
+    [DTYPE_Q2_K] = q8_dec_q2_k_avx2,       [DTYPE_Q3_K] = q8_dec_q3_k_avx2,
+    [DTYPE_IQ4_NL] = q8_dec_iq4_nl_avx2,   [DTYPE_IQ4_XS] = q8_dec_iq4_xs_avx2,
+    [DTYPE_MXFP4] = q8_dec_mxfp4_avx2,     [DTYPE_NVFP4] = q8_dec_nvfp4_avx2,
+    [DTYPE_IQ3_S] = q8_dec_iq3_s_avx2,     [DTYPE_IQ2_XS] = q8_dec_iq2_xs_avx2,
+    [DTYPE_IQ2_XXS] = q8_dec_iq2_xxs_avx2, [DTYPE_IQ3_XXS] = q8_dec_iq3_xxs_avx2,
+    [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2,     [DTYPE_IQ1_S] = q8_dec_iq1_s_avx2,
+    [DTYPE_IQ1_M] = q8_dec_iq1_m_avx2};
 
 const struct q8_isa q8_isa_avx2 = {"avx2",        decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2},
                                    {1, 2},        q8_to_f32_avx2, NULL,         dir8_avx2,

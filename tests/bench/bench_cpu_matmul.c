@@ -27,6 +27,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "quant/dequant.h"
 #include "quant/dtype.h"
+#include "quant/fp16.h"
 
 static double now_s(void)
 {
@@ -44,15 +45,26 @@ static float frand(void)
     return (float)((rng >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
 }
 
-/* (n, k) of type t quantized from uniform floats by quant's reference quantizers. */
+/* (n, k) of type t quantized from uniform floats by quant's reference quantizers; the types without one (the
+ * i-quants but IQ4_NL/IQ4_XS, NVFP4): random bytes (every grid index and sign) with an f16 scale of 0.005
+ * where the block starts with one, NVFP4's four scales below 1. */
 static uint8_t *make_weight(enum dtype t, int n, int k)
 {
-    const size_t rb = dtype_row_size(t, k);
+    const size_t rb = dtype_row_size(t, k), bsz = dtype_type_size(t);
     uint8_t *w = aligned_alloc(64, (rb * n + 63) / 64 * 64);
     float *row = malloc(sizeof(float) * k);
     for (int j = 0; j < n; j++) {
+        uint8_t *wr = w + rb * j;
         for (int i = 0; i < k; i++) row[i] = frand();
-        quant_row(t, row, w + rb * j, k);
+        if (quant_row(t, row, wr, k) == 0) continue;
+        for (size_t b = 0; b < rb; b++) wr[b] = (uint8_t)(frand() * 1e6f);
+        const uint16_t d = f32_to_f16(0.005f);
+        for (size_t b = 0; b + bsz <= rb; b += bsz) {
+            if (t == DTYPE_NVFP4)
+                for (int e = 0; e < 4; e++) wr[b + e] %= 0x38;
+            else if (t != DTYPE_IQ1_M)
+                memcpy(wr + b, &d, 2);
+        }
     }
     free(row);
     return w;

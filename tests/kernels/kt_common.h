@@ -65,6 +65,17 @@ static inline void *kt_load(const char *name, size_t *len)
         if (!(var)) cr_skip_test("missing FILE: tests/kernels/data/%s (run make_quant_fixtures.py)", name);  \
     } while (0)
 
+/* A fixture's blocks and their f32 values: tests/kernels/data/<name>.blocks into blocks (nb bytes) and
+ * <name>.deq into deq (nd bytes); skips the test when either is missing. */
+#define KT_LOAD_BLOCKS(blocks, deq, name, nb, nd)                                                            \
+    do {                                                                                                     \
+        char kt_fb_[96], kt_fd_[96];                                                                         \
+        snprintf(kt_fb_, sizeof kt_fb_, "%s.blocks", name);                                                  \
+        snprintf(kt_fd_, sizeof kt_fd_, "%s.deq", name);                                                     \
+        KT_LOAD(blocks, kt_fb_, nb);                                                                         \
+        KT_LOAD(deq, kt_fd_, nd);                                                                            \
+    } while (0)
+
 /* Asserts every element is within atol + rtol*|ref|; names the worst element on failure. */
 static inline void kt_check_close(const char *what, const float *got, const float *ref, size_t n, double atol,
                                   double rtol)

@@ -37,7 +37,7 @@
 #define EPS 0x1.0p-24
 
 /* The types ferry reads but does not write: random bytes (every code, grid index and sign) with sane scales
- * (f16 d of 0.001-0.01, MXFP4 exponents 2^-10..2^-3, NVFP4 scales below 1). */
+ * (f16 d of 0.001-0.01, MXFP4 exponents 2^-10..2^-3, NVFP4 scales mostly below 1: every UE4M3 form). */
 static void random_lut_row(enum dtype t, uint8_t *wr, int k)
 {
     const size_t bsz = dtype_type_size(t), nb = (size_t)(k / dtype_block_size(t));
@@ -56,8 +56,9 @@ static void random_lut_row(enum dtype t, uint8_t *wr, int k)
         case DTYPE_MXFP4:
             bp[0] = (uint8_t)(118 + kt_next() % 8);
             break;
-        case DTYPE_NVFP4:
-            for (int s = 0; s < 4; s++) bp[s] = (uint8_t)(kt_next() % 0x38);
+        case DTYPE_NVFP4: /* mostly below 1; one in 8 any byte (exponents to 15, the sign bit), some 0x7F */
+            for (int s = 0; s < 4; s++) bp[s] = (uint8_t)(kt_next() % 8 ? kt_next() % 0x38 : kt_next());
+            if (b % 13 == 5) bp[b % 4] = 0x7F;
             break;
         case DTYPE_IQ1_M: {
             uint16_t sc[4];
@@ -464,6 +465,124 @@ Test(matmul, q6_k_int8_small_m_equals_tile)
 {
     check_small_m_equals_tile(DTYPE_Q6_K);
 }
+
+/* Blocks from llama.cpp's own quantizers (tests/kernels/data/<T>.pq.blocks, and llama.cpp's dequantized
+ * values of them, <T>.pq.deq: make_iquant_fixtures.py), whose codes, scales and signs are distributed as real
+ * files' are rather than as random bytes. An (n, k) weight at odd shapes is tiled from the fixture's blocks
+ * (block b of row j is fixture block 7j + b mod their count, so rows differ) and checked, int8 arithmetic,
+ * against the documented arithmetic on llama.cpp's values: |y - Σ w·x̂| <= check_quantized's bound (1), with w
+ * from llama.cpp's dequantization (not ferry's); f32 arithmetic against Σ w·x within check_f32's bound; and
+ * every instruction set bitwise equal to plain C in both. Shapes: k of one chunk and a tail (1,280) and of
+ * ten chunks and a tail (10,496), n below and past a group of 4, m 1 to 17. */
+static void check_peer_blocks(enum dtype t, const char *name)
+{
+    char pq[64];
+    snprintf(pq, sizeof pq, "%s.pq", name);
+    size_t lb, ld;
+    uint8_t *blocks;
+    float *deq;
+    KT_LOAD_BLOCKS(blocks, deq, pq, lb, ld);
+    const size_t bsz = dtype_type_size(t);
+    const int bs = dtype_block_size(t), nblk = (int)(lb / bsz);
+    cr_assert(nblk > 0 && lb == (size_t)nblk * bsz && ld == (size_t)nblk * bs * sizeof(float), "%s: sizes",
+              name);
+    struct tpool *tp2;
+    cr_assert_eq(tpool_init(&tp2, 2), FERRY_OK);
+    const enum kern_cpu_act act0 = kern_cpu_matmul_act();
+    const enum kern_cpu_isa best = kern_cpu_isa_best();
+    kt_seed(777 + (uint64_t)t);
+    const int shapes[][3] = {{1, 37, 1280}, {2, 5, 1280}, {3, 37, 1280}, {5, 13, 10496}, {17, 7, 1280}};
+    for (int si = 0; si < N_OF(shapes); si++) {
+        const int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2], nbr = k / bs;
+        const size_t rb = dtype_row_size(t, k);
+        uint8_t *w = malloc(rb * n);
+        float *wf = malloc(sizeof(float) * n * k), *x = random_x(m, k);
+        float *y = malloc(sizeof(float) * m * n), *y2 = malloc(sizeof(float) * m * n);
+        double *xh = malloc(sizeof(double) * k), *hs = malloc(sizeof(double) * k);
+        for (int j = 0; j < n; j++)
+            for (int b = 0; b < nbr; b++) {
+                const int src = (7 * j + b) % nblk;
+                memcpy(w + rb * j + bsz * b, blocks + bsz * src, bsz);
+                memcpy(wf + (size_t)k * j + bs * b, deq + (size_t)bs * src, sizeof(float) * bs);
+            }
+        for (int act = 0; act < KERN_CPU_ACT_COUNT; act++) {
+            kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+            for (size_t e = 0; e < (size_t)m * n; e++) y[e] = NAN;
+            cr_assert_eq(kern_cpu_matmul(y, x, w, t, NULL, m, n, k, tp2), FERRY_OK);
+            for (int i = 0; i < m; i++) {
+                const float *xr = x + (size_t)i * k;
+                q8_round(xr, k, xh, hs);
+                for (int j = 0; j < n; j++) {
+                    const float *wr = wf + (size_t)k * j;
+                    double want = 0, l1 = 0, tol;
+                    if (act == KERN_CPU_ACT_INT8) {
+                        for (int b = 0; b < k / 32; b++) {
+                            double wmax = 0;
+                            for (int e = 32 * b; e < 32 * b + 32; e++) wmax = fmax(wmax, fabs(wr[e]));
+                            for (int e = 32 * b; e < 32 * b + 32; e++) {
+                                want += wr[e] * xh[e];
+                                l1 += (fabs(wr[e]) + wmax) * fabs(xh[e]);
+                            }
+                        }
+                        tol = 4 * (k / 32 + 16) * EPS * l1 + 1e-30;
+                    } else {
+                        for (int e = 0; e < k; e++) {
+                            want += (double)wr[e] * xr[e];
+                            l1 += fabs((double)wr[e] * xr[e]);
+                        }
+                        tol = (k / 4 + 17) * EPS * l1 + 1e-6;
+                    }
+                    const double got = y[(size_t)i * n + j];
+                    cr_assert(
+                        fabs(got - want) <= tol,
+                        "%s llama.cpp blocks, %s, m=%d n=%d k=%d [%d,%d]: got %.9g, want %.9g (|diff| %.3g > "
+                        "%.3g)",
+                        name, act == KERN_CPU_ACT_INT8 ? "int8" : "f32", m, n, k, i, j, got, want,
+                        fabs(got - want), tol);
+                }
+            }
+            for (int isa = KERN_CPU_ISA_PORTABLE; isa < (int)best; isa++) {
+                if (kern_cpu_isa_limit((enum kern_cpu_isa)isa) != (enum kern_cpu_isa)isa) continue;
+                cr_assert_eq(kern_cpu_matmul(y2, x, w, t, NULL, m, n, k, tp2), FERRY_OK);
+                kern_cpu_isa_limit(best);
+                cr_assert(memcmp(y, y2, sizeof(float) * m * n) == 0,
+                          "%s llama.cpp blocks m=%d k=%d: %s differs", name, m, k,
+                          kern_cpu_isa_name((enum kern_cpu_isa)isa));
+            }
+            kern_cpu_isa_limit(best);
+        }
+        free(w);
+        free(wf);
+        free(x);
+        free(y);
+        free(y2);
+        free(xh);
+        free(hs);
+    }
+    kern_cpu_matmul_set_act(act0);
+    tpool_free(tp2);
+    free(blocks);
+    free(deq);
+}
+
+#define PEER_BLOCKS_TEST(t, nm)                                                                              \
+    Test(matmul, t##_llama_cpp_blocks)                                                                       \
+    {                                                                                                        \
+        check_peer_blocks(DTYPE_##nm, #nm);                                                                  \
+    }
+PEER_BLOCKS_TEST(q2_k, Q2_K)
+PEER_BLOCKS_TEST(q3_k, Q3_K)
+PEER_BLOCKS_TEST(iq4_nl, IQ4_NL)
+PEER_BLOCKS_TEST(iq4_xs, IQ4_XS)
+PEER_BLOCKS_TEST(mxfp4, MXFP4)
+PEER_BLOCKS_TEST(nvfp4, NVFP4)
+PEER_BLOCKS_TEST(iq3_s, IQ3_S)
+PEER_BLOCKS_TEST(iq2_xs, IQ2_XS)
+PEER_BLOCKS_TEST(iq2_xxs, IQ2_XXS)
+PEER_BLOCKS_TEST(iq2_s, IQ2_S)
+PEER_BLOCKS_TEST(iq3_xxs, IQ3_XXS)
+PEER_BLOCKS_TEST(iq1_s, IQ1_S)
+PEER_BLOCKS_TEST(iq1_m, IQ1_M)
 
 /* x with a NaN or an infinity in one block: that row's outputs are not finite (int8: NaN; never a silently
  * finite number), the other rows are unaffected. */

@@ -16,14 +16,10 @@
 
 static void check_dequant(enum dtype t, const char *name)
 {
-    char fb[64], fd[64];
-    snprintf(fb, sizeof fb, "%s.blocks", name);
-    snprintf(fd, sizeof fd, "%s.deq", name);
     size_t nb, nd;
     uint8_t *blocks;
     float *want;
-    KT_LOAD(blocks, fb, nb);
-    KT_LOAD(want, fd, nd);
+    KT_LOAD_BLOCKS(blocks, want, name, nb, nd);
     const int64_t n = (int64_t)(nd / 4);
     cr_assert_eq(dtype_row_size(t, n), nb, "%s: fixture sizes disagree", name);
     float *got = malloc(nd);
