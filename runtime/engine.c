@@ -75,8 +75,23 @@ struct engine {
     double pend_t0;
 };
 
+/* The CUDA paths of gated DeltaNet layers, shared experts, LongRoPE's factor on partial rotary dims and the
+ * attention temperature are experimental: they are taken only with FERRY_CUDA_EXPERIMENTAL=1 (and tested
+ * against the CPU by tests/runtime/test_gpu_e2e.c); otherwise such models run on the CPU. */
 const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
+    const char *x = getenv("FERRY_CUDA_EXPERIMENTAL");
+    if (!x || strcmp(x, "1") != 0) {
+        if (hp->full_attn_interval > 0)
+            return "gated DeltaNet (linear-attention) layers (experimental: FERRY_CUDA_EXPERIMENTAL=1)";
+        if (layer_program_has(layer_program_of(hp), LOP_MOE_SHARED))
+            return "shared-expert layers (experimental: FERRY_CUDA_EXPERIMENTAL=1)";
+        if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0)
+            return "a rotary attention factor on partial rotary dims (LongRoPE, as Phi-4-mini) or an "
+                   "attention "
+                   "temperature (Mistral 3 past its original context) (experimental: "
+                   "FERRY_CUDA_EXPERIMENTAL=1)";
+    }
     return forward_cuda_device_lacks(hp);
 }
 
@@ -514,8 +529,8 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const struct llm_hparams *mhp = &model->hp;
     if (p.ctx_size == 0) p.ctx_size = mhp->ctx_train > 0 && mhp->ctx_train < 4096 ? mhp->ctx_train : 4096;
     if (p.ctx_size > 0) model_fit_ctx(model, p.ctx_size);
-    /* auto: the GPU when there is one, unless this GPU cannot run the model (forward_cuda_device_lacks: heads
-     * wider than its shared memory allows, DeltaNet shapes the kernels do not take): then the CPU. */
+    /* auto: the GPU when there is one, unless the CUDA backend does not take the model (engine_cuda_lacks:
+     * experimental paths not asked for, heads wider than this GPU's shared memory allows): then the CPU. */
     const char *cuda_lacks = engine_cuda_lacks(&model->hp);
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
                          (p.backend == ENGINE_BACKEND_AUTO && !cuda_lacks && forward_cuda_devices() > 0);

@@ -40,9 +40,8 @@ struct kern_cuda_ctx;
 /* Steps of at most this many rows on resident block-type experts sort their pairs on the device and run the
  * grouped launches; larger ones multiply expert by expert (kern_cuda_matmul's tensor-core GEMMs). Measured on
  * an H100 at Qwen3-30B-A3B's shape (Q4_K/Q6_K, bench_moe) with the grouped launch on the CUDA cores (dp4a):
- * 1.33 ms a layer at 64 rows against 3.81 ms expert by expert, 7.7 ms at 512 rows against 5.6 ms; on the
- * tensor cores it is predicted below 1 ms at 512 rows, so every chunk is grouped. */
-#define CUDA_MOE_GROUPED_MAX_ROWS CUDA_MOE_CHUNK_ROWS
+ * 1.33 ms a layer at 64 rows against 3.81 ms expert by expert, 7.7 ms at 512 rows against 5.6 ms. */
+#define CUDA_MOE_GROUPED_MAX_ROWS 256
 /* Rows the scratch holds (T k pairs of gate|up, h and gathered rows): larger steps run in chunks. */
 #define CUDA_MOE_CHUNK_ROWS 1024
 

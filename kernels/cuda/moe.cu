@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
     }
 }
 
-static int moe_grouped_use_mma = 1; /* kern_cuda_moe_set_grouped */
+static int moe_grouped_use_mma = 0; /* kern_cuda_moe_set_grouped */
 
 extern "C" int kern_cuda_moe_set_grouped(int mma)
 {

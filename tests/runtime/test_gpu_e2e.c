@@ -21,6 +21,13 @@
 #include "runtime/forward_cuda_moe.h"
 #include "runtime/kv_cache.h"
 
+/* This binary checks the experimental CUDA paths too (gated DeltaNet, shared experts, LongRoPE's factor on
+ * partial rotary dims, the attention temperature: engine_cuda_lacks). */
+__attribute__((constructor)) static void experimental_paths_on(void)
+{
+    setenv("FERRY_CUDA_EXPERIMENTAL", "1", 1);
+}
+
 static void require_gpu(void)
 {
     if (kern_cuda_device_count() <= 0) cr_skip_test("no CUDA device: the GPU end-to-end tests need one");

@@ -376,8 +376,9 @@ Test(qwen35, mismatched_linear_tensors_refused)
     free(orig);
 }
 
-/* The CUDA backend has kernels for every layer of golden model `name` (engine_cuda_lacks names nothing; the
- * CUDA results themselves are checked against this backend's by tests/runtime/test_gpu_e2e.c on a GPU). */
+/* The CUDA backend takes golden model `name` only on its experimental path (engine_cuda_lacks names the
+ * layers and FERRY_CUDA_EXPERIMENTAL=1, and with it names nothing; the CUDA results themselves are checked
+ * against this backend's by tests/runtime/test_gpu_e2e.c on a GPU). */
 static void check_cuda_taken(const char *name)
 {
     char rel[128];
@@ -389,7 +390,12 @@ static void check_cuda_taken(const char *name)
     char err[256] = "";
     struct model_file *mf;
     cr_assert_eq(model_file_open(model, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    unsetenv("FERRY_CUDA_EXPERIMENTAL");
     const char *lacks = engine_cuda_lacks(&mf->hp);
+    cr_assert(lacks && strstr(lacks, "FERRY_CUDA_EXPERIMENTAL=1"), "%s: %s", name, lacks ? lacks : "(taken)");
+    setenv("FERRY_CUDA_EXPERIMENTAL", "1", 1);
+    lacks = engine_cuda_lacks(&mf->hp);
+    unsetenv("FERRY_CUDA_EXPERIMENTAL");
     cr_assert_null(lacks, "%s: the CUDA backend lacks %s", name, lacks);
     model_file_close(mf);
     free(model);
