@@ -56,7 +56,7 @@ static int put(struct bytes *b, const void *p, size_t n)
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, p, n);
+    if (n) memcpy(b->p + b->len, p, n); /* p may be NULL when n is 0 (no metadata keys) */
     b->len += n;
     return FERRY_OK;
 }

@@ -2,10 +2,13 @@
  * expected.json; every truncation; seeded bit flips; hand-built hostile headers, each with its error. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kernels/core/status.h"
 #include "weights/gguf.h"
+#include "weights/gguf_write.h"
 #include "wtest.h"
 
 static void *read_all(const char *path, size_t *n)
@@ -556,4 +559,32 @@ Test(gguf, open_errors_name_the_file)
     cr_assert_eq(gguf_open(p, &g, err), FERRY_ERR_FORMAT);
     cr_assert(strstr(err, "ferry_wt_") != NULL && strstr(err, "truncated") != NULL, "%s", err);
     unlink(p);
+}
+
+/* A file with no metadata at all (gguf_write with zero keys: its empty key block is copied from no buffer)
+ * and one tensor: written, read back, the tensor's bytes intact. */
+Test(gguf, written_without_metadata)
+{
+    char err[256] = "", path[] = "/tmp/ferry-gguf-nokv-XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    struct gguf_writer *w;
+    const int64_t ne[1] = {8};
+    const float v[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+    cr_assert_eq(gguf_writer_init(&w, err), FERRY_OK, "%s", err);
+    cr_assert_eq(gguf_writer_tensor(w, "t", DTYPE_F32, 1, ne, err), FERRY_OK, "%s", err);
+    cr_assert_eq(gguf_writer_open(w, path, err), FERRY_OK, "%s", err);
+    cr_assert_eq(gguf_writer_data(w, v, sizeof v, err), FERRY_OK, "%s", err);
+    cr_assert_eq(gguf_writer_finish(w, err), FERRY_OK, "%s", err);
+    gguf_writer_free(w);
+    struct gguf *g;
+    cr_assert_eq(gguf_open(path, &g, err), FERRY_OK, "%s", err);
+    cr_assert_eq(gguf_n_kv(g), 0);
+    cr_assert_eq(gguf_n_tensors(g), 1);
+    const struct gguf_tensor_info *t = gguf_tensor(g, 0);
+    cr_assert(t->name.len == 1 && t->name.ptr[0] == 't' && t->nbytes == sizeof v);
+    cr_assert_eq(memcmp(t->data, v, sizeof v), 0);
+    gguf_close(g);
+    unlink(path);
 }
