@@ -52,6 +52,22 @@ static bool is_70b(const struct model_file *mf)
     return f->is_70b && f->is_70b(&mf->hp);
 }
 
+/* The tensors convert_hf_to_gguf.py always writes in F32 (its base rules), among the names ferry writes: the
+ * MoE routers, the recurrent layers' convolutions, position and token-type tables, and everything whose name
+ * does not end in ".weight" (biases). */
+static bool hf_kept_f32(const char *name)
+{
+    static const char *const suffix[] = {"ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
+                                         "ssm_conv1d.weight", "position_embd.weight", "token_types.weight"};
+    const size_t nl = strlen(name);
+    if (nl < 7 || strcmp(name + nl - 7, ".weight") != 0) return true;
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        const size_t sl = strlen(suffix[i]);
+        if (nl >= sl && !strcmp(name + nl - sl, suffix[i])) return true;
+    }
+    return false;
+}
+
 /* The output tensors: the model's, and for a Hugging Face llama3- or LongRoPE-scaled model the tensors
  * llama.cpp keeps its scaling in (extra: n - mf->n_tensors of them). */
 static int plan_types(const struct model_file *mf, const struct wtensor *extra, int n, int ftype,
@@ -77,8 +93,9 @@ static int plan_types(const struct model_file *mf, const struct wtensor *extra, 
     for (int i = 0; i < n; i++) {
         struct plan *p = &pl[i];
         const struct wtensor *t = p->src;
-        /* convert_hf_to_gguf.py stores 1-D tensors (norms, biases) in F32 whatever the checkpoint's type. */
-        const enum dtype cur = hf && p->n_dims == 1 ? DTYPE_F32 : t->type;
+        /* convert_hf_to_gguf.py stores 1-D tensors (norms, biases) and hf_kept_f32's in F32 whatever the
+         * checkpoint's type. */
+        const enum dtype cur = hf && (p->n_dims == 1 || hf_kept_f32(t->name)) ? DTYPE_F32 : t->type;
         const int to = quant_mix_type(&mix, t->name, p->n_dims, t->ne[0], cur);
         if (to < 0)
             return ferry_fail(err, FERRY_ERR_FORMAT,

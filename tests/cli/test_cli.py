@@ -186,11 +186,13 @@ def test_quantize_cli(tmp_path):
     r = ferry("quantize", "--threads", "2", hf, str(tmp_path / "q3.gguf"), "q3_k")
     assert "wrote" in r.stderr and "Q3_K_M" in r.stderr and (tmp_path / "q3.gguf").exists()
     for bad, msg in [(["--model", hf, "--type", "Q9_K", "--out", str(tmp_path / "y.gguf")], "unknown --type"),
-                     ([hf, str(tmp_path / "y.gguf"), "IQ2_XXS"], "needs an importance matrix"),
                      (["--model", str(out), "--type", "Q4_0", "--out", str(out)], "is the input model"),
                      (["--model", hf, "--out", str(tmp_path / "y.gguf")], "usage")]:
         r = ferry("quantize", *bad, check=False)
         assert r.returncode == 2 and msg in r.stderr, r.stderr
+    r = ferry("quantize", "--model", hf, "--type", "Q4_K_M", "--imatrix", str(tmp_path / "none.dat"), "--out",
+              str(tmp_path / "y.gguf"), check=False)
+    assert r.returncode != 0 and "cannot open imatrix" in r.stderr and not (tmp_path / "y.gguf").exists(), r.stderr
     r = ferry("quantize", "--model", str(tmp_path / "absent.gguf"), "--type", "Q8_0", "--out", str(tmp_path / "x.gguf"),
               check=False)
     assert r.returncode == 1 and "cannot load model" in r.stderr and not (tmp_path / "x.gguf").exists()

@@ -239,7 +239,8 @@ Test(arch, gptoss_gguf)
         free(x);
         free(y);
     }
-    /* Quantized as llama.cpp's llama-quantize does: the router stays as it is, the experts are quantized. */
+    /* Quantized as llama.cpp's converter and then llama-quantize do: the router and the biases in F32 (as the
+     * converter writes them, and the golden GGUF holds them), the experts quantized. */
     char qpath[512];
     snprintf(qpath, sizeof qpath, "%s/ferry-arch-%ld-gptoss-q8.gguf",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
@@ -247,10 +248,12 @@ Test(arch, gptoss_gguf)
     cr_assert_eq(quantize_model_file(hf, qpath, &qp, err), FERRY_OK, "%s", err);
     struct model_file *q8;
     cr_assert_eq(model_file_open(qpath, &q8, NULL, NULL, err), FERRY_OK, "%s", err);
-    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_gate_inp.weight")->type, DTYPE_F16);
+    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_gate_inp.weight")->type, DTYPE_F32);
+    cr_assert_eq(model_file_tensor(g, "blk.0.ffn_gate_inp.weight")->type, DTYPE_F32);
+    cr_assert_eq(model_file_tensor(g, "blk.0.ffn_up_exps.bias")->type, DTYPE_F32);
     cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_up_exps.weight")->type, DTYPE_Q8_0);
     cr_assert_eq(model_file_tensor(q8, "blk.0.attn_q.weight")->type, DTYPE_Q8_0);
-    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_up_exps.bias")->type, DTYPE_F16);
+    cr_assert_eq(model_file_tensor(q8, "blk.0.ffn_up_exps.bias")->type, DTYPE_F32);
     model_file_close(q8);
     unlink(qpath);
     model_file_close(hf);
