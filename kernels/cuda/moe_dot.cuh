@@ -16,31 +16,9 @@ template <class Q> QB_FN int moe_q_items(int cols)
     return cols / Q::QK * Q::PPB;
 }
 
-template <class Q>
-QB_FN float moe_q_item(const uint8_t *row, const uint8_t *xq, const float *xd, int it, float a)
-{
-    const int b = it / Q::PPB, p = it - b * Q::PPB;
-    typename Q::raw r;
-    Q::load(r, row + (size_t)b * Q::BYTES, p);
-    QB_UNROLL
-    for (int v = 0; v < Q::UPP; v++) {
-        qb_unit u;
-        Q::unit(r, p, v, u);
-        const int unit = (b * Q::QK + Q::unit_elem(p, v)) / 32;
-        const qb_v4 lo = qb_ldg128(xq + (size_t)unit * 32), hi = qb_ldg128(xq + (size_t)unit * 32 + 16);
-        const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        const qb_v4 d = qb_ldg128(xd + 4 * (size_t)unit);
-        float dx, sx;
-        memcpy(&dx, &d.x, 4);
-        memcpy(&sx, &d.y, 4);
-        a = qb_dot<Q>(u, xw, dx, sx, (int)d.z, (int)d.w, a);
-    }
-    return a;
-}
-
 /* The grouped product's form of an item: its units decoded once and dotted with the int8 x of up to NP rows
- * (xoff[i]: row i's unit 0 in units of 32; rows i >= np skipped), each row's sum in a[i], the same arithmetic
- * per row as moe_q_item. */
+ * (xoff[i]: row i's unit 0 in units of 32; rows i >= np skipped), each row's sum in a[i]; moe_q_item below is
+ * its one-row form. */
 template <class Q, int NP>
 QB_FN void moe_q_item_rows(const uint8_t *row, const uint8_t *xq, const float *xd, const size_t (&xoff)[NP],
                            int np, int it, float (&a)[NP])
@@ -66,6 +44,16 @@ QB_FN void moe_q_item_rows(const uint8_t *row, const uint8_t *xq, const float *x
             a[i] = qb_dot<Q>(u, xw, dx, sx, (int)d.z, (int)d.w, a[i]);
         }
     }
+}
+
+/* One row's item (the GEMV's walk). */
+template <class Q>
+QB_FN float moe_q_item(const uint8_t *row, const uint8_t *xq, const float *xd, int it, float a)
+{
+    const size_t xoff[1] = {0};
+    float acc[1] = {a};
+    moe_q_item_rows<Q, 1>(row, xq, xd, xoff, 1, it, acc);
+    return acc[0];
 }
 
 #endif
