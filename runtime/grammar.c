@@ -715,7 +715,8 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
         case GK_REP: {
             const struct gnode *x = &g->nodes[n->a];
             int more = (n->max < 0 || (int)f->a < n->max) && x->cost < GCOST_INF && bit(x->first, c);
-            int end = (int)f->a >= n->min;
+            /* an element that matches the empty string fills the remaining minimum with empty matches */
+            int end = (int)f->a >= n->min || x->nullable;
             if (more && end && forks <= MAX_FORKS) {
                 struct thr u;
                 u.depth = t->depth;
