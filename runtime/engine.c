@@ -75,23 +75,14 @@ struct engine {
     double pend_t0;
 };
 
-/* The CUDA paths of gated DeltaNet layers, shared experts, LongRoPE's factor on partial rotary dims and the
- * attention temperature are experimental: they are taken only with FERRY_CUDA_EXPERIMENTAL=1 (and tested
- * against the CPU by tests/runtime/test_gpu_e2e.c); otherwise such models run on the CPU. */
+/* The CUDA path of shared-expert layers (Qwen3.5-MoE, Qwen3-Next) is experimental: taken only with
+ * FERRY_CUDA_EXPERIMENTAL=1 (tests/runtime/test_gpu_e2e.c holds it against the CPU; its batched decode rows
+ * still differ there); otherwise such models run on the CPU. */
 const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
     const char *x = getenv("FERRY_CUDA_EXPERIMENTAL");
-    if (!x || strcmp(x, "1") != 0) {
-        if (hp->full_attn_interval > 0)
-            return "gated DeltaNet (linear-attention) layers (experimental: FERRY_CUDA_EXPERIMENTAL=1)";
-        if (layer_program_has(layer_program_of(hp), LOP_MOE_SHARED))
-            return "shared-expert layers (experimental: FERRY_CUDA_EXPERIMENTAL=1)";
-        if (llm_rope_q_scale(hp) != 1.0f || hp->attn_temp_beta != 0)
-            return "a rotary attention factor on partial rotary dims (LongRoPE, as Phi-4-mini) or an "
-                   "attention "
-                   "temperature (Mistral 3 past its original context) (experimental: "
-                   "FERRY_CUDA_EXPERIMENTAL=1)";
-    }
+    if ((!x || strcmp(x, "1") != 0) && layer_program_has(layer_program_of(hp), LOP_MOE_SHARED))
+        return "shared-expert layers (experimental: FERRY_CUDA_EXPERIMENTAL=1)";
     return forward_cuda_device_lacks(hp);
 }
 

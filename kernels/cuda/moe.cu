@@ -226,44 +226,7 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
     }
 }
 
-/* Block (row group, expert e): warp w takes row r of expert e for every pair of e, MOE_TILE pairs at a time;
- * lane i walks the row's pieces i, i + 32, ..., each decoded once per tile and dotted with the tile's rows of
- * xq; then one butterfly per pair and lane i writes pair i's sum. */
-#define MOE_TILE 8
-template <class Q>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_grouped_q_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
-                         size_t expert_bytes, size_t row_bytes, int rows, int cols, const int32_t *off,
-                         const int32_t *order, const float *bias, int xdiv)
-{
-    const int lane = threadIdx.x & 31, r = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), e = blockIdx.y;
-    const int beg = off[e], end = off[e + 1];
-    if (r >= rows || beg == end) return;
-    const uint8_t *wr = w + (size_t)e * expert_bytes + (size_t)r * row_bytes;
-    const int items = moe_q_items<Q>(cols), nu = cols / 32;
-    const float b = bias ? bias[(size_t)e * rows + r] : 0.0f;
-    for (int s = beg; s < end; s += MOE_TILE) {
-        const int np = end - s < MOE_TILE ? end - s : MOE_TILE;
-        int pr[MOE_TILE];
-        size_t xoff[MOE_TILE];
-        float acc[MOE_TILE];
-#pragma unroll
-        for (int i = 0; i < MOE_TILE; i++) {
-            pr[i] = i < np ? order[s + i] : 0;
-            xoff[i] = (size_t)(pr[i] / xdiv) * nu;
-            acc[i] = 0.0f;
-        }
-        for (int g = lane; g < items; g += 32) moe_q_item_rows<Q, MOE_TILE>(wr, xq, xd, xoff, np, g, acc);
-#pragma unroll
-        for (int i = 0; i < MOE_TILE; i++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-            if (lane == i && i < np) y[(size_t)pr[i] * ldy + r] = acc[i] + b;
-        }
-    }
-}
-
-/* The same products on the tensor cores: warp w of block (row group, expert e) takes 16 rows of e (rows g and
+/* The grouped products on the tensor cores: warp w of block (row group, expert e) takes 16 rows of e (rows g and
  * g+8 of lane (g, t)) and e's pairs 8 at a time as the 8 columns of mma.sync m16n8k32 s8 (two m16n8k16 for
  * TWO_D types): per unit of 32, A from the rows' blocks (Q::frag), B from the pairs' rows of xq (words t and
  * t+4 of the unit), then the dense int8 MMA kernel's epilogue (gqm_epilogue: each unit scaled in f32 as
@@ -337,15 +300,6 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
     }
 }
 
-static int moe_grouped_use_mma = 0; /* kern_cuda_moe_set_grouped */
-
-extern "C" int kern_cuda_moe_set_grouped(int mma)
-{
-    const int prev = moe_grouped_use_mma;
-    moe_grouped_use_mma = mma != 0;
-    return prev;
-}
-
 extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
                                   cudaStream_t stream)
 {
@@ -363,7 +317,7 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
         cols % dtype_block_size(t) || !x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(y, 4))
         return FERRY_ERR_INVALID;
     const size_t rb = dtype_row_size(t, cols), eb = rb * (size_t)rows;
-    const int per = moe_grouped_use_mma ? 16 * MOE_MMA_WARPS : MOE_WARPS;
+    const int per = 16 * MOE_MMA_WARPS;
     const dim3 grid((unsigned)((rows + per - 1) / per), (unsigned)n_expert);
     uint8_t *xq;
     float *xd;
@@ -372,12 +326,7 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
 #define MOE_GROUPED(T, name, Q)                                                                              \
     case DTYPE_##T:                                                                                          \
         if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
-        if (moe_grouped_use_mma) {                                                                           \
-            moe_grouped_mma_kernel<Q><<<grid, MOE_MMA_WARPS * 32, 0, stream>>>(                              \
-                y, ldy, xq, xd, (const uint8_t *)w, eb, rb, rows, cols, off, order, bias, xdiv);             \
-            break;                                                                                           \
-        }                                                                                                    \
-        moe_grouped_q_kernel<Q><<<grid, MOE_WARPS * 32, 0, stream>>>(                                        \
+        moe_grouped_mma_kernel<Q><<<grid, MOE_MMA_WARPS * 32, 0, stream>>>(                                  \
             y, ldy, xq, xd, (const uint8_t *)w, eb, rb, rows, cols, off, order, bias, xdiv);                 \
         break;
         QB_TYPES(MOE_GROUPED)
@@ -385,7 +334,7 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
     default:
         return FERRY_ERR_UNSUPPORTED;
     }
-    FCUDA_LAUNCH_CHECK("moe_grouped_q_kernel");
+    FCUDA_LAUNCH_CHECK("moe_grouped_mma_kernel");
     return FERRY_OK;
 }
 

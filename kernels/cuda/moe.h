@@ -58,8 +58,8 @@ int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x
                        const float *wts, int n_out, int J, int xdiv, cudaStream_t stream);
 
 /* Many rows, block types: the pairs sorted by expert on the device (no host round trip), then one launch per
- * matrix that reads each chosen expert's rows once per MOE_TILE (8) of its pairs. kern_cuda_moe_sort: off
- * (n_expert + 1) the start of each expert's pairs in order (P) and the end; pairs with an id out of range are
+ * matrix on the tensor cores (int8 mma.sync) that reads each chosen expert's rows once per 8 of its pairs.
+ * kern_cuda_moe_sort: off (n_expert + 1) the start of each expert's pairs in order (P) and the end; pairs with an id out of range are
  * left out. kern_cuda_moe_grouped: for every pair p in order, y row p, columns [0, rows), = the dot products
  * of expert ids[p]'s rows (w as in kern_cuda_moe_gemv, block types only) with row p / xdiv of x, read as the
  * int8 form in x8 of x_rows rows (kern_cuda_moe_x8), the GEMV's arithmetic per pair, plus the expert's
@@ -68,10 +68,6 @@ int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x
  * type. */
 int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
                        cudaStream_t stream);
-/* kern_cuda_moe_grouped runs on the tensor cores (int8 mma.sync, the default: mma 1) or on the CUDA cores
- * (dp4a, the GEMV's kernel: mma 0); the same sums per unit either way, to f32 rounding. For tests and
- * benches; returns the previous setting. */
-int kern_cuda_moe_set_grouped(int mma);
 int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w, enum dtype t,
                           const float *bias, int n_expert, int rows, int cols, const int32_t *off,
                           const int32_t *order, int xdiv, cudaStream_t stream);

@@ -16,12 +16,9 @@ template <class Q> QB_FN int moe_q_items(int cols)
     return cols / Q::QK * Q::PPB;
 }
 
-/* The grouped product's form of an item: its units decoded once and dotted with the int8 x of up to NP rows
- * (xoff[i]: row i's unit 0 in units of 32; rows i >= np skipped), each row's sum in a[i]; moe_q_item below is
- * its one-row form. */
-template <class Q, int NP>
-QB_FN void moe_q_item_rows(const uint8_t *row, const uint8_t *xq, const float *xd, const size_t (&xoff)[NP],
-                           int np, int it, float (&a)[NP])
+/* Item `it` of a row: its units decoded and dotted with one row of x's int8 form, added to a. */
+template <class Q>
+QB_FN float moe_q_item(const uint8_t *row, const uint8_t *xq, const float *xd, int it, float a)
 {
     const int b = it / Q::PPB, p = it - b * Q::PPB;
     typename Q::raw r;
@@ -30,30 +27,16 @@ QB_FN void moe_q_item_rows(const uint8_t *row, const uint8_t *xq, const float *x
     for (int v = 0; v < Q::UPP; v++) {
         qb_unit u;
         Q::unit(r, p, v, u);
-        const int unit = (b * Q::QK + Q::unit_elem(p, v)) / 32;
-        QB_UNROLL
-        for (int i = 0; i < NP; i++) {
-            if (i >= np) break;
-            const size_t at = xoff[i] + (size_t)unit;
-            const qb_v4 lo = qb_ldg128(xq + at * 32), hi = qb_ldg128(xq + at * 32 + 16);
-            const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            const qb_v4 d = qb_ldg128(xd + 4 * at);
-            float dx, sx;
-            memcpy(&dx, &d.x, 4);
-            memcpy(&sx, &d.y, 4);
-            a[i] = qb_dot<Q>(u, xw, dx, sx, (int)d.z, (int)d.w, a[i]);
-        }
+        const size_t at = (size_t)((b * Q::QK + Q::unit_elem(p, v)) / 32);
+        const qb_v4 lo = qb_ldg128(xq + at * 32), hi = qb_ldg128(xq + at * 32 + 16);
+        const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const qb_v4 d = qb_ldg128(xd + 4 * at);
+        float dx, sx;
+        memcpy(&dx, &d.x, 4);
+        memcpy(&sx, &d.y, 4);
+        a = qb_dot<Q>(u, xw, dx, sx, (int)d.z, (int)d.w, a);
     }
-}
-
-/* One row's item (the GEMV's walk). */
-template <class Q>
-QB_FN float moe_q_item(const uint8_t *row, const uint8_t *xq, const float *xd, int it, float a)
-{
-    const size_t xoff[1] = {0};
-    float acc[1] = {a};
-    moe_q_item_rows<Q, 1>(row, xq, xd, xoff, 1, it, acc);
-    return acc[0];
+    return a;
 }
 
 #endif

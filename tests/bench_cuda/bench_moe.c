@@ -152,17 +152,12 @@ int main(int argc, char **argv)
            DIM, NE, FFN, TOPK, dtype_name(gt), dtype_name(dt), host ? "in host memory" : "resident", ceil);
     printf("%6s %10s %10s %12s %8s %10s %12s\n", "rows", "us/layer", "experts", "GB/s chosen", "where",
            "graph us", "graph GB/s");
-    const int ns[] = {1, 2, 4, 8, 16, 64, 512};
+    const int ns[] = {1, 2, 4, 8, 16, 64, 128, 256, 512};
     float *logits = malloc((size_t)TMAX * NE * sizeof(float)),
           *w = malloc((size_t)TMAX * TOPK * sizeof(float));
     int32_t *ids = malloc((size_t)TMAX * TOPK * sizeof(int32_t));
-    /* Steps past the GEMV's rows of resident experts run twice: the grouped launch on the CUDA cores (the
-     * default, "dp4a"), then on the tensor cores ("mma"); the expert-by-expert GEMMs above
-     * CUDA_MOE_GROUPED_MAX_ROWS rows whatever the line says. */
-    for (size_t i = 0, dp4a = 0; i < sizeof ns / sizeof ns[0]; i += !dp4a) {
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
         const int n = ns[i];
-        dp4a = !dp4a && !host && n > CUDA_MOE_GEMV_MAX_ROWS;
-        kern_cuda_moe_set_grouped(!dp4a && n > CUDA_MOE_GEMV_MAX_ROWS);
         /* The experts this step reads: the router's choice, on the host from the same product. */
         FK(kern_cuda_matmul(ctx, y, NE, x, dr, DTYPE_F32, NULL, n, NE, DIM, 0));
         CK(cudaMemcpy(logits, y, (size_t)n * NE * sizeof(float), cudaMemcpyDeviceToHost));
@@ -202,11 +197,11 @@ int main(int argc, char **argv)
         }
         printf("%6d %10.1f %10d %12.0f %8s %10.1f %12.0f\n", n, s * 1e6, distinct,
                distinct * expert_bytes / s / 1e9,
-               dp4a                                  ? "dp4a"
-               : !host && n > CUDA_MOE_GEMV_MAX_ROWS ? "mma"
-               : !host                               ? "device"
-               : n >= cuda_moe_stream_min_rows(mo)   ? "stream"
-                                                     : "host",
+               !host && n > CUDA_MOE_GROUPED_MAX_ROWS ? "gemm"
+               : !host && n > CUDA_MOE_GEMV_MAX_ROWS  ? "grouped"
+               : !host                                ? "device"
+               : n >= cuda_moe_stream_min_rows(mo)    ? "stream"
+                                                      : "host",
                gs * 1e6, gs > 0 ? distinct * expert_bytes / gs / 1e9 : 0.0);
     }
     cuda_moe_free(mo);

@@ -405,6 +405,18 @@ Test(cuda_attention, sliding_window, .timeout = 600)
         }
 }
 
+/* Phi-3's shape (tests/golden/models/phi3_fused_bf16): heads of 16, two queries per KV head, a 24-position
+ * window that ends inside a tile. */
+Test(cuda_attention, sliding_window_head16)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(78);
+    static const int wl[] = {1, 23, 25, 200};
+    test_window = 24;
+    check_config(4, 2, 16, 16, wl, 4, "window 24 D 16");
+    test_window = 0;
+}
+
 Test(cuda_attention, gqa1_d64)
 {
     SKIP_WITHOUT_GPU();

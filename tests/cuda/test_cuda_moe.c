@@ -412,12 +412,12 @@ Test(cuda_moe, sort_pairs_by_expert)
     }
 }
 
-/* The grouped launch alone (after the device sort), on the tensor cores and on the CUDA cores, against a
+/* The grouped launch alone (after the device sort) against a
  * plain f64 loop within the int8 rounding bound of x (as check_gemv), with the expert's bias: every pair's
  * row of y, at row counts that are no multiple of the 16-row tiles and experts with 1 to 19 pairs (no
  * multiple of the 8-pair tiles), for types of every epilogue (QOFF, a minimum, two scales per unit, two
  * minimums, lookup tables). */
-static void check_grouped(enum dtype t, int rows, int cols, int mma)
+static void check_grouped(enum dtype t, int rows, int cols)
 {
     const int ne = 7, P = 61, xdiv = 3, xr = (P - 1) / xdiv + 1;
     float *wf;
@@ -434,11 +434,10 @@ static void check_grouped(enum dtype t, int rows, int cols, int mma)
     cr_assert_eq(cudaMalloc(&dx8, kern_cuda_moe_x8_bytes(xr, cols)), cudaSuccess);
     cr_assert_eq(kern_cuda_moe_x8(dx8, dx, cols, xr, cols, 0), FERRY_OK);
     cr_assert_eq(kern_cuda_moe_sort(di, P, ne, doff, dord, 0), FERRY_OK);
-    const int ldy = rows + 5, prev = kern_cuda_moe_set_grouped(mma);
+    const int ldy = rows + 5;
     float *dy = dev_poison((size_t)P * ldy * sizeof(float)), *y = malloc((size_t)P * ldy * 4);
     cr_assert_eq(kern_cuda_moe_grouped(dy, ldy, dx8, xr, dw, t, db, ne, rows, cols, doff, dord, xdiv, 0),
                  FERRY_OK);
-    kern_cuda_moe_set_grouped(prev);
     dev_download(y, dy, (size_t)P * ldy * sizeof(float));
     double worst = 0;
     for (int p = 0; p < P; p++)
@@ -457,29 +456,27 @@ static void check_grouped(enum dtype t, int rows, int cols, int mma)
             }
             const float got = y[(size_t)p * ldy + r];
             worst = fmax(worst, fabs(got - d) / b);
-            cr_assert(fabs(got - d) <= b, "%s (%s) pair %d (expert %d) row %d: %.9g, want %.9g (bound %.3g)",
-                      dtype_name(t), mma ? "mma" : "dp4a", p, e, r, got, d, b);
+            cr_assert(fabs(got - d) <= b, "%s pair %d (expert %d) row %d: %.9g, want %.9g (bound %.3g)",
+                      dtype_name(t), p, e, r, got, d, b);
         }
-    fprintf(stderr, "grouped %s %s rows %d cols %d: worst error %.3g of the bound\n", dtype_name(t),
-            mma ? "mma" : "dp4a", rows, cols, worst);
+    fprintf(stderr, "grouped %s rows %d cols %d: worst error %.3g of the bound\n", dtype_name(t), rows, cols,
+            worst);
     cudaFree(dw), cudaFree(dx), cudaFree(db), cudaFree(di), cudaFree(doff), cudaFree(dord), cudaFree(dx8),
         cudaFree(dy);
     free(w), free(wf), free(x), free(bias), free(y);
 }
 
-Test(cuda_moe, grouped_both_kernels)
+Test(cuda_moe, grouped)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(47);
-    for (int mma = 0; mma < 2; mma++) {
-        check_grouped(DTYPE_Q4_0, 37, 96, mma);
-        check_grouped(DTYPE_Q5_1, 21, 64, mma);
-        check_grouped(DTYPE_Q8_0, 16, 32, mma);
-        check_grouped(DTYPE_Q4_K, 29, 512, mma);
-        check_grouped(DTYPE_Q6_K, 33, 256, mma);
-        check_grouped(DTYPE_Q2_K, 19, 256, mma);
-        check_grouped(DTYPE_Q3_K, 40, 256, mma);
-        check_grouped(DTYPE_IQ4_XS, 17, 256, mma);
-        check_grouped(DTYPE_MXFP4, 23, 96, mma);
-    }
+    check_grouped(DTYPE_Q4_0, 37, 96);
+    check_grouped(DTYPE_Q5_1, 21, 64);
+    check_grouped(DTYPE_Q8_0, 16, 32);
+    check_grouped(DTYPE_Q4_K, 29, 512);
+    check_grouped(DTYPE_Q6_K, 33, 256);
+    check_grouped(DTYPE_Q2_K, 19, 256);
+    check_grouped(DTYPE_Q3_K, 40, 256);
+    check_grouped(DTYPE_IQ4_XS, 17, 256);
+    check_grouped(DTYPE_MXFP4, 23, 96);
 }

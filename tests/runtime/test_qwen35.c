@@ -376,10 +376,10 @@ Test(qwen35, mismatched_linear_tensors_refused)
     free(orig);
 }
 
-/* The CUDA backend takes golden model `name` only on its experimental path (engine_cuda_lacks names the
- * layers and FERRY_CUDA_EXPERIMENTAL=1, and with it names nothing; the CUDA results themselves are checked
- * against this backend's by tests/runtime/test_gpu_e2e.c on a GPU). */
-static void check_cuda_taken(const char *name)
+/* The CUDA backend takes golden model `name` (experimental: its layers are taken only with
+ * FERRY_CUDA_EXPERIMENTAL=1, and engine_cuda_lacks names them and the switch otherwise); the CUDA results
+ * themselves are checked against this backend's by tests/runtime/test_gpu_e2e.c on a GPU. */
+static void check_cuda_taken(const char *name, int experimental)
 {
     char rel[128];
     snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
@@ -392,7 +392,10 @@ static void check_cuda_taken(const char *name)
     cr_assert_eq(model_file_open(model, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
     unsetenv("FERRY_CUDA_EXPERIMENTAL");
     const char *lacks = engine_cuda_lacks(&mf->hp);
-    cr_assert(lacks && strstr(lacks, "FERRY_CUDA_EXPERIMENTAL=1"), "%s: %s", name, lacks ? lacks : "(taken)");
+    if (experimental)
+        cr_assert(lacks && strstr(lacks, "FERRY_CUDA_EXPERIMENTAL=1"), "%s: %s", name, lacks ? lacks : "(taken)");
+    else
+        cr_assert_null(lacks, "%s: the CUDA backend lacks %s", name, lacks);
     setenv("FERRY_CUDA_EXPERIMENTAL", "1", 1);
     lacks = engine_cuda_lacks(&mf->hp);
     unsetenv("FERRY_CUDA_EXPERIMENTAL");
@@ -403,7 +406,7 @@ static void check_cuda_taken(const char *name)
 
 Test(qwen35, cuda_backend_taken)
 {
-    check_cuda_taken(DENSE);
+    check_cuda_taken(DENSE, 0);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -466,7 +469,7 @@ Test(qwen35moe, mismatched_expert_tensors_refused)
 
 Test(qwen35moe, cuda_backend_taken)
 {
-    check_cuda_taken(MOE);
+    check_cuda_taken(MOE, 1);
 }
 
 /* `ferry quantize` of the MoE file: every block quantized, the multi-token-prediction one included
@@ -563,5 +566,5 @@ Test(qwen3next, mismatched_linear_tensors_refused)
 
 Test(qwen3next, cuda_backend_taken)
 {
-    check_cuda_taken(NEXT);
+    check_cuda_taken(NEXT, 1);
 }

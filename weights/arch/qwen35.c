@@ -131,7 +131,7 @@ const struct arch_family arch_qwen35 = {
     .name = "qwen35",
     .title = "Qwen3.5 / 3.6 (dense)",
     .sizes = "0.8B-27B",
-    .notes = "gated DeltaNet linear attention in 3 of 4 layers (per-sequence state, CPU backend); "
+    .notes = "gated DeltaNet linear attention in 3 of 4 layers (per-sequence state); "
              "gated full attention with partial rotary",
     .gguf_names = (const char *const[]){"qwen35", NULL},
     .hf_classes = (const char *const[]){"Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", NULL},
