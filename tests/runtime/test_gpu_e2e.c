@@ -1033,7 +1033,6 @@ static struct engine *make_hybrid(struct model_file *mf, const char *plan, enum 
     return e;
 }
 
-
 /* The CPU engine's greedy run, then the hybrid engine following its tokens: logits within the bound. */
 static void compare_hybrid(const char *model, struct engine *cpu, struct engine *gpu, const char *what,
                            int n_prompt)

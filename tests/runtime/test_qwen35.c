@@ -393,7 +393,8 @@ static void check_cuda_taken(const char *name, int experimental)
     unsetenv("FERRY_CUDA_EXPERIMENTAL");
     const char *lacks = engine_cuda_lacks(&mf->hp);
     if (experimental)
-        cr_assert(lacks && strstr(lacks, "FERRY_CUDA_EXPERIMENTAL=1"), "%s: %s", name, lacks ? lacks : "(taken)");
+        cr_assert(lacks && strstr(lacks, "FERRY_CUDA_EXPERIMENTAL=1"), "%s: %s", name,
+                  lacks ? lacks : "(taken)");
     else
         cr_assert_null(lacks, "%s: the CUDA backend lacks %s", name, lacks);
     setenv("FERRY_CUDA_EXPERIMENTAL", "1", 1);
