@@ -20,6 +20,7 @@ least one head of each kind). --mix: Q4_K_M (default), Q5_K_M, Q8_0, F16.
 make_family_gguf.py --fit-ngl OVERHEAD_MIB BUDGET_MIB SHAPE [--scale S] [--mix MIX] prints the largest N for
 llama.cpp's -ngl N (the output matrix and the last N-1 layers on the device) whose weights plus OVERHEAD_MIB
 (its KV cache and compute buffers) fit BUDGET_MIB.
+make_family_gguf.py --fit-ngl-weights N SHAPE [...] prints the MiB of those weights under -ngl N.
 make_family_gguf.py --layer-mib SHAPE [--scale S] [--mix MIX] prints the output matrix's MiB and each layer's.
 
 The keys and tensors are those llama.cpp's converter writes for each family (conversion/qwen.py and gemma.py of
@@ -142,15 +143,18 @@ def layer_mib(s, mix):
     return out, per
 
 
-def fit_ngl(overhead_mib, budget_mib, s, mix):
-    """The largest N for llama.cpp's -ngl N (output matrix and the last N-1 layers on the device) whose
-    weights plus overhead_mib fit budget_mib (0: not even the output matrix fits)."""
+def ngl_mib(n, s, mix):
+    """The weights' MiB on the device under llama.cpp's -ngl n: the output matrix and the last n-1 layers."""
     out, per = layer_mib(s, mix)
-    best = 0
-    for n in range(1, s["layers"] + 2):
-        if overhead_mib + out + sum(per[len(per) - (n - 1):] if n > 1 else []) <= budget_mib:
-            best = n
-    return best
+    n = min(n, s["layers"] + 1)
+    return 0.0 if n < 1 else out + sum(per[len(per) - (n - 1):]) if n > 1 else out
+
+
+def fit_ngl(overhead_mib, budget_mib, s, mix):
+    """The largest N for llama.cpp's -ngl N whose weights plus overhead_mib fit budget_mib (0: not even the
+    output matrix fits)."""
+    return max((n for n in range(1, s["layers"] + 2) if overhead_mib + ngl_mib(n, s, mix) <= budget_mib),
+               default=0)
 
 
 def write(path, s, mix, shape):
@@ -211,6 +215,10 @@ def main():
     if sys.argv[1] == "--fit-ngl":  # OVERHEAD_MIB BUDGET_MIB SHAPE
         pos, scale, mix = options(sys.argv[2:])
         print(fit_ngl(float(pos[0]), float(pos[1]), shape_of(pos[2], scale), mix))
+        return 0
+    if sys.argv[1] == "--fit-ngl-weights":  # N SHAPE
+        pos, scale, mix = options(sys.argv[2:])
+        print(int(ngl_mib(int(pos[0]), shape_of(pos[1], scale), mix)))
         return 0
     if sys.argv[1] == "--layer-mib":  # SHAPE
         pos, scale, mix = options(sys.argv[2:])
