@@ -54,6 +54,47 @@ def jsonl_table(path, cases):
     return out, "Figures are tokens per second (decode: generated tokens of all sequences together)."
 
 
+def merge_rows(path, key_of):
+    """The rows of a results.jsonl merged per key_of(row) (None: the row is skipped), in first-seen order: each
+    figure the best of the rows (llama-bench's b=1 and prefill beside llama-batched-bench's b=1 and b=16), the
+    device MiB the largest, fits only when every row fits; the prefill's prompt length (prefill_tokens) kept."""
+    merged, order = {}, []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            key = key_of(r)
+            if key is None:
+                continue
+            if key not in merged:
+                merged[key] = {"vram": None, "fits": True}
+                order.append(key)
+            m = merged[key]
+            vals = dict(r.get("decode", {}))
+            if r.get("prefill"):
+                vals["prefill"] = r["prefill"]
+                m["pp"] = r.get("prefill_tokens")
+            for k, v in vals.items():
+                if v is not None:
+                    m[k] = max(m.get(k, 0.0), v)
+            if r.get("vram_mib") is not None:
+                m["vram"] = max(m["vram"] or 0.0, r["vram_mib"])
+            m["fits"] = m["fits"] and r.get("fits", True)
+    return merged, order
+
+
+def ratio_cells(ferry, peers, cols):
+    """ferry's figure over the best peer's, column by column (bold); [] when either side is missing."""
+    if not ferry or not peers:
+        return []
+    cells = []
+    for c in cols:
+        best = max((p.get(c) or 0.0 for p in peers), default=0.0)
+        cells.append(f"**{ferry[0][c] / best:.2f}x**" if ferry[0].get(c) and best else "—")
+    return cells
+
+
 MOE_PARTS = {"resident": "all on the GPU", "cpu": "experts on the host", "8g": "8 GiB budget",
              "4g": "4 GiB budget"}
 MOE_COLS = (("1", "decode b=1"), ("16", "decode b=16"), ("prefill", "prefill 512"))
@@ -64,29 +105,8 @@ def moe_table(path):
     b=16 (and b=1: the better of the two is shown), the device MiB is the larger of the two tools' (each context's
     KV and compute buffers). A llama.cpp setting whose device memory passes a part's budget is marked and left out
     of the best."""
-    merged, order = {}, []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            part = r.get("group", "?")
-            if part == "probe":
-                continue
-            key = (part, r.get("who", "?"), r.get("setting", ""))
-            if key not in merged:
-                merged[key] = {"vram": None, "fits": True}
-                order.append(key)
-            m = merged[key]
-            vals = dict(r.get("decode", {}))
-            if r.get("prefill"):
-                vals["prefill"] = r["prefill"]
-            for k, v in vals.items():
-                if v is not None:
-                    m[k] = max(m.get(k, 0.0), v)
-            if r.get("vram_mib") is not None:
-                m["vram"] = max(m["vram"] or 0.0, r["vram_mib"])
-            m["fits"] = m["fits"] and r.get("fits", True)
+    merged, order = merge_rows(path, lambda r: None if r.get("group", "?") == "probe" else
+                               (r.get("group", "?"), r.get("who", "?"), r.get("setting", "")))
     parts = sorted({k[0] for k in order}, key=lambda p: (list(MOE_PARTS).index(p) if p in MOE_PARTS else 99, p))
     out = ["| part | who | setting | device MiB | " + " | ".join(c[1] for c in MOE_COLS) + " |",
            "|" + "---|" * (4 + len(MOE_COLS))]
@@ -97,13 +117,9 @@ def moe_table(path):
             vram = fmt(m["vram"]) + ("" if m["fits"] else " (over the budget)")
             out.append(f"| {MOE_PARTS.get(part, part)} | {k[1]} | `{k[2]}` | {vram} | " +
                        " | ".join(fmt(m.get(c)) for c, _ in MOE_COLS) + " |")
-        ferry = [merged[k] for k in keys if k[1] == "ferry"]
-        peers = [merged[k] for k in keys if k[1] != "ferry" and merged[k]["fits"]]
-        if ferry and peers:
-            cells = []
-            for c, _ in MOE_COLS:
-                best = max((p.get(c) or 0.0 for p in peers), default=0.0)
-                cells.append(f"**{ferry[0][c] / best:.2f}x**" if ferry[0].get(c) and best else "—")
+        cells = ratio_cells([merged[k] for k in keys if k[1] == "ferry"],
+                            [merged[k] for k in keys if k[1] != "ferry" and merged[k]["fits"]], [c for c, _ in MOE_COLS])
+        if cells:
             out.append(f"| {MOE_PARTS.get(part, part)} | ferry / llama.cpp's best | | | " + " | ".join(cells) + " |")
     return out, ("Figures are tokens per second (decode: generated tokens of all sequences together); device MiB is "
                  "ferry's device memory in use and llama.cpp's logged model, KV and compute buffers.")
@@ -117,27 +133,8 @@ def families_table(path):
     and prefill merged with llama-batched-bench's b=16 of the same setting; the device MiB the larger of the
     two), then ferry over llama.cpp's best setting that fits the part's budget. A setting whose device memory
     passes the budget is marked and left out of the best."""
-    merged, order = {}, []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            key = (r.get("model", "?"), r.get("part", "?"), r.get("who", "?"), r.get("setting", ""))
-            if key not in merged:
-                merged[key] = {"vram": None, "fits": True}
-                order.append(key)
-            m = merged[key]
-            vals = dict(r.get("decode", {}))
-            if r.get("prefill"):
-                vals["prefill"] = r["prefill"]
-                m["pp"] = r.get("prefill_tokens")
-            for k, v in vals.items():
-                if v is not None:
-                    m[k] = max(m.get(k, 0.0), v)
-            if r.get("vram_mib"):
-                m["vram"] = max(m["vram"] or 0.0, r["vram_mib"])
-            m["fits"] = m["fits"] and r.get("fits", True)
+    merged, order = merge_rows(path, lambda r: (r.get("model", "?"), r.get("part", "?"), r.get("who", "?"),
+                                                r.get("setting", "")))
     out = ["| model | part | who | setting | device MiB | decode b=1 | decode b=16 | prefill (tokens) |",
            "|" + "---|" * 8]
     for model, part in dict.fromkeys(k[:2] for k in order):
@@ -149,13 +146,9 @@ def families_table(path):
             vram = fmt(m["vram"]) + ("" if m["fits"] else " (over the budget)")
             out.append(f"| {model} | {label} | {k[2]} | `{k[3]}` | {vram} | {fmt(m.get('1'))} | "
                        f"{fmt(m.get('16'))} | {pp} |")
-        ferry = [merged[k] for k in keys if k[2] == "ferry"]
-        peers = [merged[k] for k in keys if k[2] != "ferry" and merged[k]["fits"]]
-        if ferry and peers:
-            cells = []
-            for c in ("1", "16", "prefill"):
-                best = max((p.get(c) or 0.0 for p in peers), default=0.0)
-                cells.append(f"**{ferry[0][c] / best:.2f}x**" if ferry[0].get(c) and best else "—")
+        cells = ratio_cells([merged[k] for k in keys if k[2] == "ferry"],
+                            [merged[k] for k in keys if k[2] != "ferry" and merged[k]["fits"]], ("1", "16", "prefill"))
+        if cells:
             out.append(f"| {model} | {label} | ferry / llama.cpp's best | | | " + " | ".join(cells) + " |")
     return out, ("Figures are tokens per second (decode: generated tokens of all sequences together); device MiB is "
                  "ferry's device memory in use and llama.cpp's logged model, KV, recurrent-state and compute "

@@ -143,7 +143,7 @@ def device_mib(text):
 if mode == "ferry":
     d = json.load(open(path))
     r.update(who="ferry", tool="ferry bench", prefill=d.get("prefill_tok_s") or None,
-             prefill_tokens=d.get("prefill_tokens"), vram_mib=round(d.get("vram_taken", 0) / 2**20, 1),
+             prefill_tokens=d.get("prefill_tokens"), vram_mib=round(d.get("vram_taken", 0) / 2**20, 1) or None,
              placement=d.get("placement", "")[:600])
     for x in d["decode"]:
         r["decode"][str(x["batch"])] = x["tok_s"]
