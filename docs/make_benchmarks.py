@@ -125,7 +125,7 @@ def moe_table(path):
                  "ferry's device memory in use and llama.cpp's logged model, KV and compute buffers.")
 
 
-FAMILY_PARTS = {"resident": "all on the GPU", "cpu": "CPU backends"}
+FAMILY_PARTS = {"resident": "all on the GPU"}
 
 
 def families_table(path):
@@ -139,7 +139,9 @@ def families_table(path):
            "|" + "---|" * 8]
     for model, part in dict.fromkeys(k[:2] for k in order):
         keys = [k for k in order if k[:2] == (model, part)]
-        label = FAMILY_PARTS.get(part, part.replace("g", " GiB budget") if part[:-1].isdigit() else part)
+        label = (part.replace("g", " GiB budget") if part[:-1].isdigit() else
+                 f"CPU backends, {part[5:]} thread{'s' if part[5:] != '1' else ''}" if part.startswith("cpu-t") else
+                 FAMILY_PARTS.get(part, part))
         for k in keys:
             m = merged[k]
             pp = f"{fmt(m.get('prefill'))} ({m['pp']})" if m.get("prefill") and m.get("pp") else fmt(m.get("prefill"))

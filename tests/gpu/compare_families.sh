@@ -15,10 +15,12 @@
 #            gemma3-12b about 3.5, qwen35-27b about 5 (resident 2, budget 3): FAM_MODELS=qwen3-8b and
 #            FAM_MODELS=gemma3-12b in one call, FAM_MODELS=qwen35-27b in another.
 #   cpu      here, without a GPU: the same side by side on the CPU backend of both (ferry bench --cpu, a CPU
-#            build of llama.cpp lcp0336: FAM_LLAMA_CPU, default /tmp/fb_lcp/bin) on the files scaled down by
-#            FAM_SCALE (default 4), FAM_THREADS threads (default 2): decode b=1 and prefill FAM_CPU_PREFILL
-#            (default 128) with llama-bench, b=16 too where llama-batched-bench is built. Results in
-#            $OUT/families-cpu/ (copy to tests/bench/results/families-cpu/).
+#            build of llama.cpp lcp0336: FAM_LLAMA_CPU, default /tmp/fb_lcp/bin, e.g. cmake -DGGML_CUDA=OFF
+#            -DGGML_NATIVE=ON and the targets llama-bench llama-batched-bench) on the files scaled down by
+#            FAM_SCALE (default 4), FAM_THREADS threads (default 1), FAM_REPS llama-bench repetitions (default
+#            3): decode b=1 and prefill FAM_CPU_PREFILL (default 128) with llama-bench, b=16 with
+#            llama-batched-bench where it is built. About a minute and a half on 1 thread of a 2-core VM.
+#            Results in $OUT/families-cpu/ (copy to tests/bench/results/families-cpu/).
 #
 # Parts per model, ferry bench (decode b=1 and b=16 at 32 positions, FAM_STEPS steps (default 24), prefill 512,
 # 2,048 for qwen35-27b) beside llama-bench (-fa 1 -p the same -n 64 -r 2: b=1 decode and prefill) and
@@ -55,9 +57,10 @@ if [ "$phase" = cpu ]; then
   F=${FAM_FERRY:-$src/build/server/ferry}
   L=${FAM_LLAMA_CPU:-/tmp/fb_lcp/bin}
   export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  nt=${FAM_THREADS:-2}
+  nt=${FAM_THREADS:-1}
   scale=${FAM_SCALE:-4}
   steps=${FAM_STEPS:-16}
+  reps=${FAM_REPS:-3}
   rm -rf $D
 else
   D=$W/res
@@ -69,6 +72,7 @@ else
   nt=${FAM_THREADS:-$(nproc)}
   scale=1
   steps=${FAM_STEPS:-24}
+  reps=${FAM_REPS:-2}
 fi
 mkdir -p $D $W
 model_file() { echo $W/$1$([ $scale = 1 ] || echo -s$scale).gguf; }
@@ -104,8 +108,8 @@ touch $res
 echo "# $(date -u '+%F %T') UTC" >> $D/commands.txt
 [ -x "$F" ] || log "no ferry at $F: run prepare (or build it)"
 [ -x $L/llama-bench ] || log "no llama-bench in $L: run prepare (or build it)"
-if [ "$phase" = cpu ]; then
-  dev="no GPU (CPU backends)"
+if [ "$phase" = cpu ]; then # the machine may be shared: its load beside the figures
+  dev="no GPU (CPU backends; load average $(cut -d' ' -f1 /proc/loadavg) at the start)"
 else
   dev=$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -1)
 fi
@@ -137,7 +141,7 @@ def device_mib(text):
             model += float(m.group(2))
         elif ctxs:
             ctxs[-1] += float(m.group(2))
-    return round(model + max(ctxs, default=0.0), 1) if model or ctxs else None
+    return round(model + max(ctxs, default=0.0), 1) or None
 
 
 if mode == "ferry":
@@ -185,9 +189,9 @@ ferry() { # model part setting args...: one ferry bench
 
 llama_bench() { # model part setting tag args...: b=1 decode and prefill; prints the row's device MiB
   local m=$1 p=$2 s=$3 c=$1-$2-$4; shift 4
-  echo "llama-bench -m $m -t $nt -fa 1 -p $pp -n 64 -r 2 $* -o json -v" >> $D/commands.txt
+  echo "llama-bench -m $m -t $nt -fa 1 -p $pp -n 64 -r $reps $* -o json -v" >> $D/commands.txt
   local t=$(date +%s)
-  timeout 300 $L/llama-bench -m $(model_file $m) -t $nt -fa 1 -p $pp -n 64 -r 2 "$@" -o json -v \
+  timeout 300 $L/llama-bench -m $(model_file $m) -t $nt -fa 1 -p $pp -n 64 -r $reps "$@" -o json -v \
     > $W/l-$c.json 2> $W/l-$c.err
   local rc=$?
   local row
@@ -256,7 +260,10 @@ if phase == "cpu":
             "about": f"Random-weight files with the structure of {shapes}, every width, head count, layer count "
                      f"and the vocabulary divided by {scale} (tests/gpu/make_family_gguf.py --scale {scale}), in "
                      "llama.cpp's Q4_K_M mix. ferry bench --cpu beside a CPU build of llama.cpp lcp0336 "
-                     f"(llama-bench -fa 1), {nt} threads each; a shared machine, so the figures are rough."}
+                     f"(llama-bench -fa 1, llama-batched-bench), {nt} threads each. On a machine shared with "
+                     "other work (its load is given with it) the figures are rough; with more threads than "
+                     "free cores, llama.cpp's spinning thread barriers lose the most, so one thread is the "
+                     "default here."}
 else:
     meta = {"title": "Model families: Qwen3-8B, Gemma-3-12B and Qwen3.5-27B-shaped Q4_K_M beside llama.cpp",
             "command": "bash tests/gpu/compare_families.sh prepare, then bash tests/gpu/compare_families.sh bench "
@@ -282,10 +289,10 @@ for m in $models; do
   [ -s $(model_file $m) ] || { log "no $(model_file $m): run prepare"; continue; }
   budget_mib=
   if [ "$phase" = cpu ]; then
-    log "$m (1/$scale), CPU backends"
-    ferry $m cpu "--cpu" --cpu --batches 1,16 --prefill $pp --decode-steps $steps
-    llama_bench $m cpu "CPU build" cpu > /dev/null
-    llama_batched $m cpu "CPU build"
+    log "$m (1/$scale), CPU backends, $nt threads"
+    ferry $m cpu-t$nt "--cpu" --cpu --batches 1,16 --prefill $pp --decode-steps $steps
+    llama_bench $m cpu-t$nt "CPU build" cpu > /dev/null
+    llama_batched $m cpu-t$nt "CPU build"
     publish
     continue
   fi
