@@ -77,9 +77,8 @@ fi
 mkdir -p $D $W
 model_file() { echo $W/$1$([ $scale = 1 ] || echo -s$scale).gguf; }
 write_models() {
-  local m t
+  local m
   for m in $models; do
-    t=$(date +%s)
     if [ -s $(model_file $m) ]; then
       log "kept $(model_file $m)"
     else
