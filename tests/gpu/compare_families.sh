@@ -83,7 +83,7 @@ write_models() {
       log "kept $(model_file $m)"
     else
       python3 tests/gpu/make_family_gguf.py $(model_file $m) $m --scale $scale > $W/gguf-$m.log 2>&1 &&
-        log "$(cat $W/gguf-$m.log) ($(($(date +%s) - t)) s with the check)" ||
+        log "$(cat $W/gguf-$m.log)" ||
         { log "make_family_gguf.py $m FAILED"; tail -5 $W/gguf-$m.log; }
     fi
   done
