@@ -252,6 +252,7 @@ publish() { # the results so far into $R (after each part: a call cut short stil
   python3 - "$R/meta.json" "$dev" "$cpu" "$commit" "$nt" "$phase" "$scale" <<'PY'
 import json, sys, time
 path, dev, cpu, commit, nt, phase, scale = sys.argv[1:8]
+threads = f"{nt} thread" + ("" if nt == "1" else "s")
 shapes = ("Qwen3-8B (qwen3: 36 layers, QK-norm), Gemma-3-12B (gemma3: 48 layers, 5 of 6 sliding-window, "
           "sandwich norms, tied 262k vocabulary) and Qwen3.5-27B (qwen35: 64 layers, 3 of 4 gated DeltaNet)")
 if phase == "cpu":
@@ -260,7 +261,7 @@ if phase == "cpu":
             "about": f"Random-weight files with the structure of {shapes}, every width, head count, layer count "
                      f"and the vocabulary divided by {scale} (tests/gpu/make_family_gguf.py --scale {scale}), in "
                      "llama.cpp's Q4_K_M mix. ferry bench --cpu beside a CPU build of llama.cpp lcp0336 "
-                     f"(llama-bench -fa 1, llama-batched-bench), {nt} threads each. On a machine shared with "
+                     f"(llama-bench -fa 1, llama-batched-bench), {threads} each. On a machine shared with "
                      "other work (its load is given with it) the figures are rough; with more threads than "
                      "free cores, llama.cpp's spinning thread barriers lose the most, so one thread is the "
                      "default here."}
@@ -275,7 +276,7 @@ else:
                      "llama.cpp -ngl 99. Under a budget (4 GiB, 8 GiB for Qwen3.5-27B): ferry --gpu-memory, "
                      "llama.cpp at the largest -ngl whose device buffers (as it logs them) fit, and with --fit "
                      "sized to the budget. The ratio is ferry over llama.cpp's best setting that fits."}
-meta.update(date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{dev}; host {cpu}, {nt} threads",
+meta.update(date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{dev}; host {cpu}, {threads}",
             commit=commit, kind="families")
 json.dump(meta, open(path, "w"), indent=2)
 PY
@@ -291,7 +292,7 @@ for m in $(for i in $(seq $passes); do echo $models; done); do
   [ -s $(model_file $m) ] || { log "no $(model_file $m): run prepare"; continue; }
   budget_mib=
   if [ "$phase" = cpu ]; then
-    log "$m (1/$scale), CPU backends, $nt threads"
+    log "$m (1/$scale), CPU backends, -t $nt"
     ferry $m cpu-t$nt "--cpu" --cpu --batches 1,16 --prefill $pp --decode-steps $steps
     llama_bench $m cpu-t$nt "CPU build" cpu > /dev/null
     llama_batched $m cpu-t$nt "CPU build"
