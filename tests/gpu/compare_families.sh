@@ -109,7 +109,7 @@ echo "# $(date -u '+%F %T') UTC" >> $D/commands.txt
 [ -x "$F" ] || log "no ferry at $F: run prepare (or build it)"
 [ -x $L/llama-bench ] || log "no llama-bench in $L: run prepare (or build it)"
 if [ "$phase" = cpu ]; then # the machine may be shared: its load beside the figures
-  dev="no GPU (CPU backends; load average $(cut -d' ' -f1 /proc/loadavg) at the start)"
+  dev="a $(nproc)-core machine without a GPU (load average $(cut -d' ' -f1 /proc/loadavg) at the start)"
 else
   dev=$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -1)
 fi
