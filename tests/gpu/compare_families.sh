@@ -125,9 +125,9 @@ r = {"model": model, "part": part, "setting": setting, "decode": {}}
 
 
 def device_mib(text):
-    """llama.cpp's device buffers as it logs them: the last model load's (--fit logs trial loads before it) model
-    buffers, plus the largest of its contexts' KV, recurrent-state and compute buffers (a context may log two
-    KV caches: the sliding-window layers' and the others')."""
+    """llama.cpp's device buffers as it logs them: the last model load's (--fit may log trial loads before it)
+    model buffer, plus the largest of its contexts' KV, recurrent-state and compute buffers (a context may log
+    two KV caches: the sliding-window layers' and the others')."""
     model, ctxs = 0.0, []
     for line in text.splitlines():
         if "constructing llama_context" in line:
@@ -135,10 +135,8 @@ def device_mib(text):
         m = re.search(r"CUDA0 +(model|KV|RS|compute) buffer size =\s*([\d.]+) MiB", line)
         if not m:
             continue
-        if m.group(1) == "model":
-            if ctxs:  # a new load
-                model, ctxs = 0.0, []
-            model += float(m.group(2))
+        if m.group(1) == "model":  # a load (one device buffer each): the last one counts
+            model, ctxs = float(m.group(2)), []
         elif ctxs:
             ctxs[-1] += float(m.group(2))
     return round(model + max(ctxs, default=0.0), 1) or None
