@@ -7,11 +7,11 @@
 #            the builds of compare_moe.sh, in /tmp/moe/ferry and /tmp/lln, so that one prepare serves both;
 #            about 7 minutes when neither is built, most of it llama.cpp's CUDA build, which resumes where it
 #            stopped when prepare runs again) and write the files of FAM_MODELS into /tmp/fam (4.7, 6.8 and
-#            15.4 GiB; well under a minute each where the disk keeps up). Empties the results so far.
+#            15.4 GiB: 26, 29 and 79 s on a 2-core VM's disk, beside the builds). Empties the results so far.
 #   bench    on the GPU machine: the parts FAM_PARTS (default "resident budget") of each model of FAM_MODELS
 #            (default "qwen3-8b gemma3-12b qwen35-27b"), then the table. Results accumulate across bench calls
-#            (in /tmp/fam/res) and are brought back after each part, so that the lead can split them into device
-#            calls of under 10 minutes; estimated on one H100: qwen3-8b about 3 minutes (resident 1, budget 2),
+#            (in /tmp/fam/res) and are brought back after each part, so that they split into device calls of
+#            under 10 minutes; estimated on one H100: qwen3-8b about 3 minutes (resident 1, budget 2),
 #            gemma3-12b about 3.5, qwen35-27b about 5 (resident 2, budget 3): FAM_MODELS=qwen3-8b and
 #            FAM_MODELS=gemma3-12b in one call, FAM_MODELS=qwen35-27b in another.
 #   cpu      here, without a GPU: the same side by side on the CPU backend of both (ferry bench --cpu, a CPU
