@@ -6,11 +6,14 @@ files its command wrote. Only the latest result of each benchmark is kept there:
 kind "jsonl": results.jsonl of tests/gpu/compare_llamacpp.sh (optional "cases": prefixes of the rows shown);
 kind "serve": summary.txt of tests/gpu/serve_compare.sh (a Markdown table); kind "text": the lines of the file named by "show" that match "show_regex";
 kind "moe": results.jsonl of tests/gpu/compare_moe.sh (per part, ferry beside each llama.cpp setting, the device
-memory each reports, and ferry over llama.cpp's best setting that fits the part's budget).
+memory each reports, and ferry over llama.cpp's best setting that fits the part's budget);
+kind "families": results.jsonl of tests/gpu/compare_families.sh (the same per model and part). The CPU run of
+compare_families.sh, when tests/bench/results/families-cpu/ holds it, ends the page.
 
     python3 docs/make_benchmarks.py [RESULTS_DIR] [OUT]    (defaults: tests/gpu/results, docs/benchmarks.md)
     python3 docs/make_benchmarks.py --check                 (exit 1 when docs/benchmarks.md is out of date)
     python3 docs/make_benchmarks.py --moe-table RESULTS_JSONL   (print the "moe" table of one results.jsonl)
+    python3 docs/make_benchmarks.py --families-table RESULTS_JSONL   (the "families" table of one)
 """
 import json
 import os
@@ -51,6 +54,47 @@ def jsonl_table(path, cases):
     return out, "Figures are tokens per second (decode: generated tokens of all sequences together)."
 
 
+def merge_rows(path, key_of):
+    """The rows of a results.jsonl merged per key_of(row) (None: the row is skipped), in first-seen order: each
+    figure the best of the rows (llama-bench's b=1 and prefill beside llama-batched-bench's b=1 and b=16), the
+    device MiB the largest, fits only when every row fits; the prefill's prompt length (prefill_tokens) kept."""
+    merged, order = {}, []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            key = key_of(r)
+            if key is None:
+                continue
+            if key not in merged:
+                merged[key] = {"vram": None, "fits": True}
+                order.append(key)
+            m = merged[key]
+            vals = dict(r.get("decode", {}))
+            if r.get("prefill"):
+                vals["prefill"] = r["prefill"]
+                m["pp"] = r.get("prefill_tokens")
+            for k, v in vals.items():
+                if v is not None:
+                    m[k] = max(m.get(k, 0.0), v)
+            if r.get("vram_mib") is not None:
+                m["vram"] = max(m["vram"] or 0.0, r["vram_mib"])
+            m["fits"] = m["fits"] and r.get("fits", True)
+    return merged, order
+
+
+def ratio_cells(ferry, peers, cols):
+    """ferry's figure over the best peer's, column by column (bold); [] when either side is missing."""
+    if not ferry or not peers:
+        return []
+    cells = []
+    for c in cols:
+        best = max((p.get(c) or 0.0 for p in peers), default=0.0)
+        cells.append(f"**{ferry[0][c] / best:.2f}x**" if ferry[0].get(c) and best else "—")
+    return cells
+
+
 MOE_PARTS = {"resident": "all on the GPU", "cpu": "experts on the host", "8g": "8 GiB budget",
              "4g": "4 GiB budget"}
 MOE_COLS = (("1", "decode b=1"), ("16", "decode b=16"), ("prefill", "prefill 512"))
@@ -61,29 +105,8 @@ def moe_table(path):
     b=16 (and b=1: the better of the two is shown), the device MiB is the larger of the two tools' (each context's
     KV and compute buffers). A llama.cpp setting whose device memory passes a part's budget is marked and left out
     of the best."""
-    merged, order = {}, []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            part = r.get("group", "?")
-            if part == "probe":
-                continue
-            key = (part, r.get("who", "?"), r.get("setting", ""))
-            if key not in merged:
-                merged[key] = {"vram": None, "fits": True}
-                order.append(key)
-            m = merged[key]
-            vals = dict(r.get("decode", {}))
-            if r.get("prefill"):
-                vals["prefill"] = r["prefill"]
-            for k, v in vals.items():
-                if v is not None:
-                    m[k] = max(m.get(k, 0.0), v)
-            if r.get("vram_mib") is not None:
-                m["vram"] = max(m["vram"] or 0.0, r["vram_mib"])
-            m["fits"] = m["fits"] and r.get("fits", True)
+    merged, order = merge_rows(path, lambda r: None if r.get("group", "?") == "probe" else
+                               (r.get("group", "?"), r.get("who", "?"), r.get("setting", "")))
     parts = sorted({k[0] for k in order}, key=lambda p: (list(MOE_PARTS).index(p) if p in MOE_PARTS else 99, p))
     out = ["| part | who | setting | device MiB | " + " | ".join(c[1] for c in MOE_COLS) + " |",
            "|" + "---|" * (4 + len(MOE_COLS))]
@@ -94,16 +117,58 @@ def moe_table(path):
             vram = fmt(m["vram"]) + ("" if m["fits"] else " (over the budget)")
             out.append(f"| {MOE_PARTS.get(part, part)} | {k[1]} | `{k[2]}` | {vram} | " +
                        " | ".join(fmt(m.get(c)) for c, _ in MOE_COLS) + " |")
-        ferry = [merged[k] for k in keys if k[1] == "ferry"]
-        peers = [merged[k] for k in keys if k[1] != "ferry" and merged[k]["fits"]]
-        if ferry and peers:
-            cells = []
-            for c, _ in MOE_COLS:
-                best = max((p.get(c) or 0.0 for p in peers), default=0.0)
-                cells.append(f"**{ferry[0][c] / best:.2f}x**" if ferry[0].get(c) and best else "—")
+        cells = ratio_cells([merged[k] for k in keys if k[1] == "ferry"],
+                            [merged[k] for k in keys if k[1] != "ferry" and merged[k]["fits"]], [c for c, _ in MOE_COLS])
+        if cells:
             out.append(f"| {MOE_PARTS.get(part, part)} | ferry / llama.cpp's best | | | " + " | ".join(cells) + " |")
     return out, ("Figures are tokens per second (decode: generated tokens of all sequences together); device MiB is "
                  "ferry's device memory in use and llama.cpp's logged model, KV and compute buffers.")
+
+
+FAMILY_PARTS = {"resident": "all on the GPU"}
+
+
+def families_table(path):
+    """Rows of compare_families.sh, per model and part: ferry beside each llama.cpp setting (llama-bench's b=1
+    and prefill merged with llama-batched-bench's b=16 of the same setting; the device MiB the larger of the
+    two), then ferry over llama.cpp's best setting that fits the part's budget. A setting whose device memory
+    passes the budget is marked and left out of the best."""
+    merged, order = merge_rows(path, lambda r: (r.get("model", "?"), r.get("part", "?"), r.get("who", "?"),
+                                                r.get("setting", "")))
+    out = ["| model | part | who | setting | device MiB | decode b=1 | decode b=16 | prefill (tokens) |",
+           "|" + "---|" * 8]
+    for model, part in dict.fromkeys(k[:2] for k in order):
+        keys = [k for k in order if k[:2] == (model, part)]
+        label = (part.replace("g", " GiB budget") if part[:-1].isdigit() else
+                 f"CPU backends, {part[5:]} thread{'s' if part[5:] != '1' else ''}" if part.startswith("cpu-t") else
+                 FAMILY_PARTS.get(part, part))
+        for k in keys:
+            m = merged[k]
+            pp = f"{fmt(m.get('prefill'))} ({m['pp']})" if m.get("prefill") and m.get("pp") else fmt(m.get("prefill"))
+            vram = fmt(m["vram"]) + ("" if m["fits"] else " (over the budget)")
+            out.append(f"| {model} | {label} | {k[2]} | `{k[3]}` | {vram} | {fmt(m.get('1'))} | "
+                       f"{fmt(m.get('16'))} | {pp} |")
+        cells = ratio_cells([merged[k] for k in keys if k[2] == "ferry"],
+                            [merged[k] for k in keys if k[2] != "ferry" and merged[k]["fits"]], ("1", "16", "prefill"))
+        if cells:
+            out.append(f"| {model} | {label} | ferry / llama.cpp's best | | | " + " | ".join(cells) + " |")
+    return out, ("Figures are tokens per second (decode: generated tokens of all sequences together); device MiB is "
+                 "ferry's device memory in use and llama.cpp's logged model, KV, recurrent-state and compute "
+                 "buffers.")
+
+
+def families_cpu_section(results=os.path.join(ROOT, "tests", "bench", "results", "families-cpu")):
+    """The CPU side-by-side of compare_families.sh cpu, when its results are in the repository."""
+    if not os.path.isfile(os.path.join(results, "meta.json")):
+        return []
+    meta = json.load(open(os.path.join(results, "meta.json")))
+    table, note = families_table(os.path.join(results, "results.jsonl"))
+    rel = os.path.relpath(results, os.path.join(ROOT, "docs"))
+    files = sorted(f for f in os.listdir(results) if f != "meta.json")
+    return ['<a id="families-cpu"></a>', f"## {meta['title']}", "",
+            f"Measured {meta['date']} on {meta['machine']}, commit `{meta['commit']}`.", "",
+            f"    {meta['command']}", "", meta["about"], ""] + table + ["", note, "",
+            "Raw files: " + ", ".join(f"[`{f}`]({rel}/{f})" for f in files) + ".", ""]
 
 
 def render(results):
@@ -131,6 +196,9 @@ def render(results):
         elif meta["kind"] == "moe":
             table, note = moe_table(os.path.join(d, "results.jsonl"))
             lines += table + ["", note, ""]
+        elif meta["kind"] == "families":
+            table, note = families_table(os.path.join(d, "results.jsonl"))
+            lines += table + ["", note, ""]
         elif meta["kind"] == "serve":
             with open(os.path.join(d, "summary.txt")) as f:
                 lines += [l.rstrip() for l in f if l.startswith("|")] + [""]
@@ -142,12 +210,17 @@ def render(results):
             raise SystemExit(f"{d}/meta.json: unknown kind {meta['kind']}")
         files = sorted(f for f in os.listdir(d) if f != "meta.json")
         lines += ["Raw files: " + ", ".join(f"[`{f}`](../tests/gpu/results/{n}/{f})" for f in files) + ".", ""]
+    lines += families_cpu_section()
     return "\n".join(lines)
 
 
 def main(argv):
     if argv[:1] == ["--moe-table"] and len(argv) == 2:
         table, note = moe_table(argv[1])
+        print("\n".join(table + ["", note]))
+        return 0
+    if argv[:1] == ["--families-table"] and len(argv) == 2:
+        table, note = families_table(argv[1])
         print("\n".join(table + ["", note]))
         return 0
     check = "--check" in argv

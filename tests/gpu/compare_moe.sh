@@ -10,7 +10,8 @@
 #            accumulate across bench calls (in /tmp/moe/res; prepare empties it) and each part's are brought back
 #            as soon as it ends, so the parts run in separate device calls of under 10 minutes:
 #            MOE_PARTS="resident cpu" (about 4 minutes), MOE_PARTS=8g (about 4), MOE_PARTS=4g (about 4)
-# The phases can run in separate device calls as long as the machine stays warm (/tmp/moe survives).
+# The phases can run in separate device calls as long as the machine stays warm (/tmp/moe survives). The builds
+# (tests/gpu/peer_build.sh) are those of compare_families.sh: one prepare of either serves both.
 #
 # Parts, each ferry bench (decode b=1 and b=16 at 32 positions, prefill 512) beside llama-bench (-p 512 -n 64,
 # flash attention: b=1 decode and prefill) and llama-batched-bench (-npp 32 -ntg 32 -npl 1,16, one KV pool of
@@ -47,38 +48,15 @@ mkdir -p $D
 
 if [ "$phase" = prepare ] || [ "$phase" = all ]; then
   t0=$(date +%s)
-  fb= lb=
-  if [ -x $W/ferry/build/server/ferry ] && [ "${MOE_REBUILD:-0}" = 0 ]; then
-    log "ferry: kept the build in $W/ferry (MOE_REBUILD=1 rebuilds)"
-  else
-    rm -rf $W/ferry && mkdir -p $W/ferry
-    tar -C "$src" --exclude='./build*' --exclude=./.debs --exclude=./.git --exclude=./.peers --exclude=./.gpu-data \
-      --exclude=./.whl --exclude=./out -cf - . | tar -C $W/ferry -xf -
-    (cd $W/ferry && meson setup build -Dcuda=enabled -Dtests=disabled -Dnative=true && ninja -C build server/ferry) \
-      > $W/ferry-build.log 2>&1 &
-    fb=$!
-  fi
-  if [ -x $LLN/bin/llama-bench ] && [ -x $LLN/bin/llama-batched-bench ]; then
-    log "llama.cpp: kept the build in $LLN"
-  else # bounded so that this call still reports: a second prepare resumes the build
-    [ -f .peers/build-llama-cpp.sh ] || log "no .peers/build-llama-cpp.sh: carry a copy of ../shared/peers as .peers"
-    timeout "${MOE_BUILD_LIMIT:-500}" bash .peers/build-llama-cpp.sh $LLN lcp0336 > $W/lln-build.log 2>&1 &
-    lb=$!
-  fi
+  . tests/gpu/peer_build.sh
+  peer_build_start "$src" $W $LLN "${MOE_REBUILD:-0}" "${MOE_BUILD_LIMIT:-500}"
   if [ -s $M ]; then
     log "kept $M"
   else
     python3 tests/gpu/make_moe_gguf.py $M qwen3-30b-a3b Q4_K_M > $W/gguf.log 2>&1 &&
       log "wrote $M in $(($(date +%s) - t0)) s" || { log "make_moe_gguf.py FAILED"; tail -5 $W/gguf.log; }
   fi
-  if [ -n "$fb" ]; then
-    wait $fb && log "ferry built ($(($(date +%s) - t0)) s)" ||
-      { log "ferry build FAILED"; tail -30 $W/ferry-build.log; cp $W/ferry-build.log "$out/"; }
-  fi
-  if [ -n "$lb" ]; then
-    wait $lb && log "llama.cpp lcp0336 built ($(($(date +%s) - t0)) s)" ||
-      { log "llama.cpp build not done (rc $?): run prepare again to resume"; tail -5 $W/lln-build.log; }
-  fi
+  peer_build_wait $t0
   ls -la $M | tee -a "$out/summary.txt"
   rm -rf $D && mkdir -p $D
 fi

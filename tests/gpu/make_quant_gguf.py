@@ -127,8 +127,8 @@ class Writer:
         self.add(key, 9, struct.pack("<IQ", etype, len(items)) + body)
 
     def tensor(self, name, ne, tname, scale=None):
-        """scale: F32 — None for ones, else the deviation of normal values; block types — a factor on the
-        blocks' scales (None: 1)."""
+        """scale: F32 — None for ones, a callable for the values it returns given their count, else the
+        deviation of normal values; block types — a factor on the blocks' scales (None: 1)."""
         self.tensors.append((name, ne, tname, scale))
 
     @staticmethod
@@ -152,8 +152,10 @@ class Writer:
         f.write(b"\0" * (-f.tell() % GGUF_ALIGN))
         for name, ne, tname, scale in self.tensors:
             n = self.nbytes(ne, tname)
-            if tname == "F32":  # norms: ones; others (a router): normal
-                v = np.ones(n // 4, np.float32) if scale is None else rng.standard_normal(n // 4, np.float32) * scale
+            if tname == "F32":  # norms: ones; others (a router): normal, or the values a callable gives
+                v = (np.ones(n // 4, np.float32) if scale is None else
+                     np.asarray(scale(n // 4), np.float32) if callable(scale) else
+                     rng.standard_normal(n // 4, np.float32) * scale)
                 f.write(v.tobytes())
             else:
                 pool = pools[(tname, scale or 1.0)].reshape(-1)
