@@ -13,9 +13,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build="build-test"
 # The CUDA kernels (when nvcc is installed) are built for the GPUs present, and for sm_90 alone where there is
-# none (the CUDA tests then skip): building all six architectures of a user's default build (kernels/cuda/
-# gpu_arch.sh) at -O3 would add about fifteen minutes of two cores. tests/cuda_arch_check.sh compiles the others'
-# device code with optimizations off instead (about two CPU-minutes for five). FERRY_CUDA_ARCH=auto, or a list,
+# none (the CUDA tests then skip): at -O3 each further architecture of a user's default build (kernels/cuda/
+# gpu_arch.sh) costs about three CPU-minutes. tests/cuda_arch_check.sh compiles the device code of the others with
+# optimizations off instead, through ptxas (about 30 CPU-seconds an architecture), and fails on any error; it
+# skips, saying so, where there is no nvcc (deploy/setup.sh installs no CUDA). FERRY_CUDA_ARCH=auto, or a list,
 # builds others at -O3.
 arch=${FERRY_CUDA_ARCH:-}
 if [[ -z $arch ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then arch=90; fi
