@@ -298,9 +298,9 @@ Test(golden_hf, ministral3_temp_f32)
 {
     run_hf_golden("ministral3_temp_f32", 0, 0);
 }
-/* What the CUDA backend refuses of them (engine_cuda_lacks, after the context is fitted): LongRoPE's
+/* What the CUDA backend refuses of them (engine_cuda_lacks, after the context is fitted): nothing, LongRoPE's
  * attention factor on partial rotary dims (Phi-4-mini's shape) and the attention temperature past the
- * original context unless FERRY_CUDA_EXPERIMENTAL=1 asks for its experimental rope; nothing with it. */
+ * original context included (their CUDA results: tests/runtime/test_gpu_e2e.c). */
 static const char *cuda_lacks_at(const char *name, int ctx)
 {
     char rel[256], err[256] = "";
@@ -322,18 +322,10 @@ Test(golden_hf, rope_families_cuda_lacks)
     unsetenv("FERRY_CUDA_EXPERIMENTAL");
     cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 32));
     cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 512));
-    cr_assert_not_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));
-    cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 16));
-    const char *why = cuda_lacks_at("ministral3_temp_f32", 17);
-    cr_assert(why && strstr(why, "FERRY_CUDA_EXPERIMENTAL=1"), "%s", why ? why : "(none)");
-    setenv("FERRY_CUDA_EXPERIMENTAL", "1", 1);
-    cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 32));
-    cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 512));
     cr_assert_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));
     cr_assert_null(cuda_lacks_at("phi4mini_longrope_bf16", 512));
     cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 16));
     cr_assert_null(cuda_lacks_at("ministral3_temp_f32", 17));
-    unsetenv("FERRY_CUDA_EXPERIMENTAL");
 }
 /* A copy of the converter's LongRoPE file with its short factors renamed: refused, naming both tensors. */
 Test(golden_gguf, longrope_without_short_factors)
