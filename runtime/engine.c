@@ -520,6 +520,29 @@ static int swa_pool_blocks(const struct llm_hparams *hp, const struct engine_par
     return blocks < all ? (int)blocks : 0;
 }
 
+void engine_kv_bytes(const struct llm_hparams *hp, const struct engine_params *params, uint64_t *all,
+                     uint64_t *swa)
+{
+    struct engine_params p = *params;
+    *all = *swa = 0;
+    if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.ctx_size < 0 || p.kv_tokens < 0 || p.max_batch_tokens <= 0)
+        return;
+    if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
+    if (p.kv_tokens == 0)
+        p.kv_tokens = (int)((int64_t)p.n_seqs * p.ctx_size > INT32_MAX ? INT32_MAX : p.n_seqs * p.ctx_size);
+    const int swa_blocks = p.swa_full ? 0 : swa_pool_blocks(hp, &p);
+    const int n_swa = swa_blocks ? kv_cache_swa_layers(hp) : 0;
+    /* kv_cache_bytes reads the shape only */
+    struct kv_cache kv = {.n_layers = llm_kv_cache_layers(hp) - n_swa,
+                          .n_kv_heads = llm_kv_cache_heads(hp),
+                          .head_dim = hp->head_dim,
+                          .block_size = ENGINE_KV_BLOCK,
+                          .n_blocks = (p.kv_tokens + ENGINE_KV_BLOCK - 1) / ENGINE_KV_BLOCK};
+    *all = kv_cache_bytes(&kv, (enum kv_elem)p.kv_type);
+    kv.n_layers = n_swa, kv.n_blocks = swa_blocks;
+    *swa = kv_cache_bytes(&kv, (enum kv_elem)p.kv_type);
+}
+
 /* Whether slot seq, cut to n positions, still holds the K/V its next row's window reads (positions
  * (n - window, n)): always without a window pool, or from the start. */
 static int swa_holds(const struct engine *e, int seq, int n)

@@ -184,6 +184,11 @@ int engine_seq_len(const struct engine *e, int seq);
  * layer's, when the sliding-window layers have no pool of their own), 1 the sliding-window layers' own pool
  * (NULL when they have none: engine_params.swa_full, the CUDA backend, or no window). */
 const struct kv_cache *engine_kv_cache(const struct engine *e, int swa);
+/* The CPU engine's KV bytes for a model of hp under p (ctx_size and kv_tokens 0 as engine_init takes them, at
+ * p's kv_type): *all of its pool of every layer (or of the global ones), *swa of the sliding-window layers'
+ * own pool (0: none). */
+void engine_kv_bytes(const struct llm_hparams *hp, const struct engine_params *p, uint64_t *all,
+                     uint64_t *swa);
 /* The positions engine_seq_keep(e, seq, n) would keep (n, or fewer for a model with recurrent layers),
  * without changing anything; 0 for an invalid slot or n. */
 int engine_seq_reusable(const struct engine *e, int seq, int n);
