@@ -61,8 +61,8 @@ struct engine_params {
                    * GPU engine's host layers; f32 with 0, and with -1 on the CPU engine */
     /* Sliding-window layers keep every position (llama.cpp's --swa-full), as global ones do; 0 (the
      * default): on the CPU engine they keep a pool of their own holding each slot's window (and
-     * ENGINE_SWA_SLACK positions before it, for rollbacks), whose blocks before it go back after each step.
-     * The CUDA engine's pool keeps every position for them. */
+     * ENGINE_SWA_SLACK positions before it, for rollbacks), whose blocks before it go back after each step,
+     * where that is less than the context. The CUDA engine's pool keeps every position for them. */
     int swa_full;
     int kv_type; /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
                   * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the

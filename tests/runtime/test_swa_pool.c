@@ -37,15 +37,23 @@ static int open_pair(struct pair *t, const char *name, int n_seqs)
         cr_log_warn("skipped: %s is missing (%s)", path, err);
         return 0;
     }
-    struct engine_params p = engine_default_params();
+    struct engine_params p = engine_default_params(); /* the KV cache in f16 */
     p.backend = ENGINE_BACKEND_CPU;
     p.n_seqs = n_seqs;
     p.ctx_size = CTX;
     p.n_threads = 2;
     p.max_batch_tokens = ROWS;
     cr_assert_eq(engine_init(&t->win, t->mf, &p, err), FERRY_OK, "%s: %s", name, err);
+    /* What ferry inspect reports (engine_kv_bytes) is what the engines allocate. */
+    uint64_t all_b, swa_b;
+    engine_kv_bytes(engine_hparams(t->win), &p, &all_b, &swa_b);
+    cr_assert_eq(all_b, kv_cache_bytes(KV(t->win), KV_F16));
+    cr_assert_eq(swa_b, kv_cache_bytes(SWA(t->win), KV_F16));
     p.swa_full = 1;
     cr_assert_eq(engine_init(&t->full, t->mf, &p, err), FERRY_OK, "%s: %s", name, err);
+    engine_kv_bytes(engine_hparams(t->full), &p, &all_b, &swa_b);
+    cr_assert_eq(all_b, kv_cache_bytes(KV(t->full), KV_F16));
+    cr_assert_eq(swa_b, 0);
     t->V = engine_hparams(t->win)->n_vocab;
     t->window = engine_hparams(t->win)->sliding_window;
     cr_assert_gt(t->window, 0, "%s has no sliding window", name);
