@@ -49,6 +49,10 @@ struct engine {
     struct engine_params p;
     struct model model;
     struct kv_cache kv;
+    /* The sliding-window layers' own pool (engine_params.swa_full 0 on the CPU engine): tables of kv's shape,
+     * but each slot holds only the blocks of its window's positions (and ENGINE_SWA_SLACK before them);
+     * n_layers 0 when unused (the window layers are in kv). A slot's length is kv's. */
+    struct kv_cache kv_swa;
     struct backend *gpu;  /* CUDA: resident and streamed layers, the KV cache, the head; or NULL */
     struct backend *cpu;  /* the CPU engine, or a GPU engine's host layers computed on the CPU; or NULL */
     struct backend *head; /* the backend holding the output head */
@@ -107,6 +111,7 @@ struct engine_params engine_default_params(void)
         .quant = ENGINE_QUANT_NONE,
         .cpu_int8 = -1,    /* --cpu-arith auto */
         .kv_type = KV_F16, /* --kv-type f16 */
+        .swa_full = 0,
         .ctx_checkpoints = seq_state_default_params().n_ckpt,
         .ckpt_step = seq_state_default_params().ckpt_step,
     };
@@ -159,6 +164,7 @@ void engine_free(struct engine *e)
     if (e->gpu) e->gpu->ops->free(e->gpu);
     step_plan_free(&e->plan);
     kv_cache_free(&e->kv);
+    kv_cache_free(&e->kv_swa);
     seq_state_free(&e->state);
     model_free(&e->model);
     free(e->new_len);
@@ -499,6 +505,52 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
     return FERRY_OK;
 }
 
+/* Blocks of the sliding-window layers' own pool (engine_params.swa_full), or 0 when they keep every position
+ * in the engine's pool: a slot holds its window, ENGINE_SWA_SLACK positions before it and a step's rows
+ * after it (a range of window - 1 + slack + rows positions, which may straddle one block more than its
+ * length fills), and never more of this pool's blocks than of the other's (both hold the same positions'
+ * blocks from the same step on; this one drops those before the window). */
+static int swa_pool_blocks(const struct llm_hparams *hp, const struct engine_params *p)
+{
+    if (hp->sliding_window <= 0 || kv_cache_swa_layers(hp) == 0) return 0;
+    const int bs = ENGINE_KV_BLOCK,
+              rows = p->max_batch_tokens < p->ctx_size ? p->max_batch_tokens : p->ctx_size;
+    const int64_t slot = ((int64_t)hp->sliding_window - 1 + ENGINE_SWA_SLACK + rows + bs - 1) / bs + 1;
+    const int64_t all = ((int64_t)p->kv_tokens + bs - 1) / bs, blocks = slot * p->n_seqs;
+    return blocks < all ? (int)blocks : 0;
+}
+
+void engine_kv_bytes(const struct llm_hparams *hp, const struct engine_params *params, uint64_t *all,
+                     uint64_t *swa)
+{
+    struct engine_params p = *params;
+    *all = *swa = 0;
+    if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.ctx_size < 0 || p.kv_tokens < 0 || p.max_batch_tokens <= 0)
+        return;
+    if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
+    if (p.kv_tokens == 0)
+        p.kv_tokens = (int)((int64_t)p.n_seqs * p.ctx_size > INT32_MAX ? INT32_MAX : p.n_seqs * p.ctx_size);
+    const int swa_blocks = p.swa_full ? 0 : swa_pool_blocks(hp, &p);
+    const int n_swa = swa_blocks ? kv_cache_swa_layers(hp) : 0;
+    /* kv_cache_bytes reads the shape only */
+    struct kv_cache kv = {.n_layers = llm_kv_cache_layers(hp) - n_swa,
+                          .n_kv_heads = llm_kv_cache_heads(hp),
+                          .head_dim = hp->head_dim,
+                          .block_size = ENGINE_KV_BLOCK,
+                          .n_blocks = (p.kv_tokens + ENGINE_KV_BLOCK - 1) / ENGINE_KV_BLOCK};
+    *all = kv_cache_bytes(&kv, (enum kv_elem)p.kv_type);
+    kv.n_layers = n_swa, kv.n_blocks = swa_blocks;
+    *swa = kv_cache_bytes(&kv, (enum kv_elem)p.kv_type);
+}
+
+/* Whether slot seq, cut to n positions, still holds the K/V its next row's window reads (positions
+ * (n - window, n)): always without a window pool, or from the start. */
+static int swa_holds(const struct engine *e, int seq, int n)
+{
+    const int from = kv_cache_held_from(&e->kv_swa, seq);
+    return !e->kv_swa.n_layers || n == 0 || from == 0 || n - e->model.hp.sliding_window + 1 >= from;
+}
+
 /* --kv-type q8_0: blocks of 32 per head; on the GPU each lane's pair of scales must stay 4-byte aligned: 64.
  */
 static int check_kv_type(int kv_type, const struct llm_hparams *hp, int gpu, char err[256])
@@ -573,8 +625,13 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
     if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
-    rc = kv_cache_init(&e->kv, llm_kv_cache_layers(hp), llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs,
-                       p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
+    const int swa_blocks = use_cuda || p.swa_full ? 0 : swa_pool_blocks(hp, &p);
+    const int n_swa = swa_blocks ? kv_cache_swa_layers(hp) : 0;
+    rc = kv_cache_init(&e->kv, llm_kv_cache_layers(hp) - n_swa, llm_kv_cache_heads(hp), hp->head_dim,
+                       p.n_seqs, p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
+    if (!rc && swa_blocks)
+        rc = kv_cache_init(&e->kv_swa, n_swa, llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs, p.ctx_size,
+                           swa_blocks * ENGINE_KV_BLOCK, ENGINE_KV_BLOCK, p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
@@ -616,6 +673,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         cp.max_tokens = p.max_batch_tokens;
         cp.n_threads = p.n_threads;
         cp.kv = &e->kv;
+        cp.kv_swa = e->kv_swa.n_layers ? &e->kv_swa : NULL;
         cp.state = &e->state;
         cp.act = e->act;
         cp.plain = e->plain;
@@ -652,12 +710,22 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     const enum kv_elem kv_el = !use_cuda              ? (enum kv_elem)e->kv.elem
                                : p.kv_type == KV_Q8_0 ? KV_Q8_0
                                                       : KV_F16; /* the device's cache: f16 or Q8_0 */
-    char ext[96] = "";
+    char ext[96] = "", swa[192] = "";
     if (e->kv.n_ext) /* the pool's extension in host memory (device_map.h) */
         snprintf(ext, sizeof ext, "; %d of them in host memory", e->kv.n_ext * e->kv.block_size);
-    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s",
+    if (e->kv_swa.n_layers)
+        snprintf(swa, sizeof swa,
+                 "; its %d sliding-window layers (window %d) in a pool of their own: %d positions (%.1f MiB)",
+                 e->kv_swa.n_layers, hp->sliding_window, e->kv_swa.n_blocks * e->kv_swa.block_size,
+                 kv_cache_bytes(&e->kv_swa, kv_el) / 1048576.0);
+    else if (hp->sliding_window > 0 && kv_cache_swa_layers(hp) > 0)
+        snprintf(swa, sizeof swa, "; sliding-window layers keep every position (%s)",
+                 use_cuda     ? "the CUDA backend"
+                 : p.swa_full ? "--swa-full"
+                              : "their window is no smaller");
+    FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s%s",
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
-              kv_type_names[kv_el], ext, room);
+              kv_type_names[kv_el], ext, swa, room);
     if (e->state.n_layers > 0)
         FLOG_INFO(
             "engine: recurrent state of %d layers, %.1f MiB for %d slots, and up to %d checkpoints a slot "
@@ -740,6 +808,11 @@ int engine_n_seqs(const struct engine *e)
     return e->p.n_seqs;
 }
 
+const struct kv_cache *engine_kv_cache(const struct engine *e, int swa)
+{
+    return !swa ? &e->kv : e->kv_swa.n_layers ? &e->kv_swa : NULL;
+}
+
 int engine_seq_len(const struct engine *e, int seq)
 {
     return seq >= 0 && seq < e->p.n_seqs ? e->kv.seq_len[seq] : 0;
@@ -749,38 +822,47 @@ int engine_seq_reusable(const struct engine *e, int seq, int n)
 {
     if (seq < 0 || seq >= e->p.n_seqs || n < 0) return 0;
     if (n > e->kv.seq_len[seq]) n = e->kv.seq_len[seq];
-    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) return seq_state_ckpt_within(&e->state, seq, n);
-    return n;
+    if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) n = seq_state_ckpt_within(&e->state, seq, n);
+    return swa_holds(e, seq, n) ? n : 0;
 }
 
 int engine_seq_free(struct engine *e, int seq)
 {
     if (seq < 0 || seq >= e->p.n_seqs) return FERRY_ERR_INVALID;
     kv_cache_seq_free(&e->kv, seq);
+    kv_cache_seq_free(&e->kv_swa, seq);
     seq_state_drop(&e->state, seq);
     return FERRY_OK;
 }
 
+/* The slot's pools cut to n positions. */
+static void seq_trim(struct engine *e, int seq, int n)
+{
+    kv_cache_trim(&e->kv, seq, n);
+    kv_cache_trim(&e->kv_swa, seq, n);
+    e->kv.seq_len[seq] = n;
+}
+
 /* A GPU engine's device state of a recurrent slot is copied into seq_state's slot block before a checkpoint
- * and out of it after a restore. */
+ * and out of it after a restore. A window pool that no longer holds the window of n (swa_holds) keeps the
+ * slot from going back there: it starts again (0), as does a recurrent slot without a checkpoint. */
 int engine_seq_keep(struct engine *e, int seq, int n)
 {
     if (seq < 0 || seq >= e->p.n_seqs || n < 0 || n > e->kv.seq_len[seq]) return FERRY_ERR_INVALID;
     if (e->state.n_layers > 0 && n < e->kv.seq_len[seq]) { /* recurrent state: where it stands, or saved */
         const int at = seq_state_restore(&e->state, seq, n);
-        if (at > 0 &&
+        if (at > 0 && swa_holds(e, seq, at) &&
             (!e->gpu || forward_cuda_state_put(e->gpu, seq, seq_state_slot(&e->state, seq)) == FERRY_OK)) {
-            kv_cache_trim(&e->kv, seq, at);
-            e->kv.seq_len[seq] = at;
+            seq_trim(e, seq, at);
             return at;
         }
-        kv_cache_seq_free(&e->kv, seq);
+        seq_trim(e, seq, 0);
         seq_state_drop(&e->state, seq);
         return 0;
     }
     if (n % e->kv.block_size && kv_cache_shared(&e->kv, seq, n)) n -= n % e->kv.block_size;
-    kv_cache_trim(&e->kv, seq, n);
-    e->kv.seq_len[seq] = n;
+    if (!swa_holds(e, seq, n)) n = 0;
+    seq_trim(e, seq, n);
     return n;
 }
 
@@ -789,14 +871,20 @@ int engine_seq_share(struct engine *e, int src, int dst, int n)
     if (src < 0 || src >= e->p.n_seqs || dst < 0 || dst >= e->p.n_seqs || src == dst || n < 0)
         return FERRY_ERR_INVALID;
     kv_cache_seq_free(&e->kv, dst);
+    kv_cache_seq_free(&e->kv_swa, dst);
     if (e->state.n_layers > 0) { /* no recurrent state is shared */
         seq_state_drop(&e->state, dst);
         return 0;
     }
     if (n > e->kv.seq_len[src]) n = e->kv.seq_len[src];
-    const int blocks = n / e->kv.block_size;
+    int blocks = n / e->kv.block_size;
+    if (!swa_holds(e, src, blocks * e->kv.block_size)) blocks = 0; /* src's window has moved past it */
     int rc = kv_cache_share(&e->kv, src, dst, blocks);
-    if (rc) return rc;
+    if (!rc && e->kv_swa.n_layers) rc = kv_cache_share(&e->kv_swa, src, dst, blocks);
+    if (rc) {
+        kv_cache_seq_free(&e->kv, dst);
+        return rc;
+    }
     e->kv.seq_len[dst] = blocks * e->kv.block_size;
     return e->kv.seq_len[dst];
 }
@@ -817,6 +905,8 @@ static int check_batch(struct engine *e, const struct batch *b)
         if (e->new_len[s] < 0 && e->state.n_layers > 0 && p != 0 && p != e->kv.seq_len[s])
             return FERRY_ERR_INVALID;
         if (p >= e->p.ctx_size) return FERRY_ERR_RANGE;
+        /* A rewind finds the window's K/V still held (engine_seq_keep). */
+        if (e->new_len[s] < 0 && p < e->kv.seq_len[s] && !swa_holds(e, s, p)) return FERRY_ERR_INVALID;
         if (e->new_len[s] < 0) e->first[s] = p;
         e->new_len[s] = p + 1;
     }
@@ -1037,8 +1127,13 @@ static int step_finish(struct engine *e, const struct step *st, int n_tokens, do
             if (e->new_len[s] >= 0) e->kv.seq_len[s] = rc ? e->first[s] : e->new_len[s];
         if (e->state.n_layers > 0) state_after_step(e, rc);
     }
+    /* The window pool's blocks before the window (and the slack) go back. */
+    const int drop = e->model.hp.sliding_window - 1 + ENGINE_SWA_SLACK;
     for (int s = 0; s < n_seqs; s++)
-        if (e->new_len[s] >= 0) kv_cache_trim(&e->kv, s, e->kv.seq_len[s]);
+        if (e->new_len[s] >= 0) {
+            seq_trim(e, s, e->kv.seq_len[s]);
+            kv_cache_drop(&e->kv_swa, s, e->kv.seq_len[s] - drop);
+        }
     if (rc) return rc;
     e->stats.steps++;
     e->stats.tokens += (uint64_t)n_tokens;
@@ -1052,8 +1147,14 @@ static int step_begin(struct engine *e, const struct batch *b, float *logits, co
     const double t0 = now_seconds();
     int rc = check_batch(e, b);
     if (rc) return rc;
-    for (int s = 0; s < e->p.n_seqs && !rc; s++)
-        if (e->new_len[s] >= 0) rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
+    for (int s = 0; s < e->p.n_seqs && !rc; s++) {
+        if (e->new_len[s] < 0) continue;
+        /* A rewind to 0 where the window pool dropped blocks starts the slot again (its dropped entries are
+         * taken anew), so that it is empty if the step fails. */
+        if (e->first[s] == 0 && kv_cache_held_from(&e->kv_swa, s) > 0) seq_trim(e, s, 0);
+        rc = kv_cache_reserve(&e->kv, s, e->new_len[s]);
+        if (!rc && e->kv_swa.n_layers) rc = kv_cache_reserve(&e->kv_swa, s, e->new_len[s]);
+    }
     struct step st = {.b = b, .draw = draw};
     if (rc) return step_finish(e, &st, b->n_tokens, t0, 0, rc);
     st.where = step_where(e, b);

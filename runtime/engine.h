@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/attention.h" /* enum kv_elem */
 #include "runtime/batch.h"
+#include "runtime/kv_cache.h"
 #include "weights/model_file.h"
 
 enum engine_backend { ENGINE_BACKEND_AUTO = 0, ENGINE_BACKEND_CPU = 1, ENGINE_BACKEND_CUDA = 2 };
@@ -37,6 +38,9 @@ int engine_quant_ftype(enum engine_quant q);
 
 /* Positions per block of the KV pool: a sequence holds whole blocks. */
 #define ENGINE_KV_BLOCK 16
+/* Positions a sliding-window pool keeps before a slot's window: a slot may go back this far (speculative
+ * decoding's rejected drafts, a prompt cache's reuse) and still find its window's K/V. */
+#define ENGINE_SWA_SLACK 64
 
 struct engine_params {
     enum engine_backend backend;
@@ -55,9 +59,14 @@ struct engine_params {
                    * layers' bytes are K-quants, else f32. Also F16/BF16 weights' products of many rows:
                    * bf16 AMX tiles where the CPU has them (KERN_CPU_PLAIN_BF16) with 1, and with -1 for a
                    * GPU engine's host layers; f32 with 0, and with -1 on the CPU engine */
-    int kv_type;  /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
-                   * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the
-                   * references), KV_Q8_0  (llama.cpp's `-ctk q8_0 -ctv q8_0`: 17/32 of f16's bytes) */
+    /* Sliding-window layers keep every position (llama.cpp's --swa-full), as global ones do; 0 (the
+     * default): on the CPU engine they keep a pool of their own holding each slot's window (and
+     * ENGINE_SWA_SLACK positions before it, for rollbacks), whose blocks before it go back after each step,
+     * where that is less than the context. The CUDA engine's pool keeps every position for them. */
+    int swa_full;
+    int kv_type; /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
+                  * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the
+                  * references), KV_Q8_0  (llama.cpp's `-ctk q8_0 -ctv q8_0`: 17/32 of f16's bytes) */
     /* Models with recurrent layers: checkpoints of a slot's state kept for the prompt cache
      * (runtime/seq_state.h): at most ctx_checkpoints a slot (0: none), thinned to ckpt_step positions apart
      * when full; each the size of a slot's state, in host memory. */
@@ -171,6 +180,15 @@ int engine_draws(const struct engine *e);
 int engine_seq_free(struct engine *e, int seq);
 /* Number of positions stored for the sequence (its next position). */
 int engine_seq_len(const struct engine *e, int seq);
+/* The engine's KV pools (read-only; for tests and reports): swa 0 the pool of the global layers (every
+ * layer's, when the sliding-window layers have no pool of their own), 1 the sliding-window layers' own pool
+ * (NULL when they have none: engine_params.swa_full, the CUDA backend, or no window). */
+const struct kv_cache *engine_kv_cache(const struct engine *e, int swa);
+/* The CPU engine's KV bytes for a model of hp under p (ctx_size and kv_tokens 0 as engine_init takes them, at
+ * p's kv_type): *all of its pool of every layer (or of the global ones), *swa of the sliding-window layers'
+ * own pool (0: none). */
+void engine_kv_bytes(const struct llm_hparams *hp, const struct engine_params *p, uint64_t *all,
+                     uint64_t *swa);
 /* The positions engine_seq_keep(e, seq, n) would keep (n, or fewer for a model with recurrent layers),
  * without changing anything; 0 for an invalid slot or n. */
 int engine_seq_reusable(const struct engine *e, int seq, int n);

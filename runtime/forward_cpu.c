@@ -31,6 +31,7 @@ struct forward_cpu {
     const struct layer_program *prog;
     struct layer_weights *w;  /* (n_layers) */
     struct kv_cache *kv;      /* host KV, or NULL */
+    struct kv_cache *kv_swa;  /* the sliding-window layers' pool, or NULL: they are in kv */
     struct backend *kv_owner; /* or NULL */
     struct tpool *tp;
     int max_tokens;
@@ -229,8 +230,11 @@ static int kv_ops_local(struct forward_cpu *f, int l, const struct step *st, int
     /* A KV-sharing layer attends over its source layer's rows, which that layer stored earlier this step;
      * recurrent layers have no cache rows and KV layers sit at their place among those that have. */
     const int src = llm_kv_source(hp, l);
-    if (src < 0) return FERRY_ERR_INTERNAL;
-    struct kv_layer_view view = kv_cache_layer(f->kv, llm_kv_layer(hp, src));
+    int swa;
+    const int j = kv_cache_layer_index(hp, l, f->kv_swa != NULL, &swa);
+    if (src < 0 || j < 0) return FERRY_ERR_INTERNAL;
+    /* The window's pool holds only the blocks of the positions the window reaches (win_lo below). */
+    struct kv_layer_view view = kv_cache_layer(swa ? f->kv_swa : f->kv, j);
     /* A layer of its own shape uses the front of its rows (the cache's rows hold the widest layer's). */
     view.n_kv_heads = n_kv, view.head_dim = hd;
     const int local = llm_layer_is_local(hp, l);
@@ -791,6 +795,7 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
         return FERRY_ERR_UNSUPPORTED;
     }
     f->kv = p->kv;
+    f->kv_swa = p->kv_swa;
     f->kv_owner = p->kv_owner;
     f->max_tokens = p->max_tokens;
     f->host_alloc = p->host_alloc ? p->host_alloc : default_alloc;

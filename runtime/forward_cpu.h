@@ -28,7 +28,9 @@ struct forward_cpu_params {
     /* (n_layers) where each layer's weights are read, copied at init; NULL: the model's tensors. An entry
      * with no parts (n_parts 0) is a layer this backend never computes. */
     const struct layer_weights *weights;
-    struct kv_cache *kv;      /* the KV cache with host data (f32), or NULL when kv_owner holds it */
+    struct kv_cache *kv; /* the KV cache with host data (f32), or NULL when kv_owner holds it */
+    /* The sliding-window layers' own pool (kv_cache_layer_index's split), or NULL: they are in kv. */
+    struct kv_cache *kv_swa;
     struct backend *kv_owner; /* runs the KV ops of this backend's layers (its `attend`), or NULL */
     /* Activation buffers; NULL: aligned host memory. */
     void *(*host_alloc)(void *ctx, size_t bytes);

@@ -10,11 +10,10 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
                   int pool_tokens, int block_size, int elem)
 {
     memset(kv, 0, sizeof *kv);
-    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 ||
-        block_size <= 0 || pool_tokens <= 0 || elem < KV_NO_HOST || elem > KV_Q8_0 ||
-        (elem == KV_Q8_0 && head_dim % 32))
+    if (n_layers < 0 || n_kv_heads <= 0 || head_dim <= 0 || n_seqs <= 0 || ctx_size <= 0 || block_size <= 0 ||
+        pool_tokens <= 0 || elem < KV_NO_HOST || elem > KV_Q8_0 || (elem == KV_Q8_0 && head_dim % 32))
         return FERRY_ERR_INVALID;
-    const int host_data = elem != KV_NO_HOST;
+    const int host_data = elem != KV_NO_HOST && n_layers > 0;
     kv->elem = elem;
     kv->n_layers = n_layers;
     kv->n_kv_heads = n_kv_heads;
@@ -32,10 +31,11 @@ int kv_cache_init(struct kv_cache *kv, int n_layers, int n_kv_heads, int head_di
     kv->block_table = malloc((size_t)n_seqs * kv->max_blocks * sizeof(int32_t));
     kv->n_held = calloc((size_t)n_seqs, sizeof(int32_t));
     kv->seq_len = calloc((size_t)n_seqs, sizeof(int32_t));
+    kv->lo = calloc((size_t)n_seqs, sizeof(int32_t));
     kv->free_list = malloc((size_t)kv->n_blocks * sizeof(int32_t));
     kv->ref = calloc((size_t)kv->n_blocks, sizeof(int32_t));
-    if ((host_data && (!kv->k || !kv->v)) || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->free_list ||
-        !kv->ref) {
+    if ((host_data && (!kv->k || !kv->v)) || !kv->block_table || !kv->n_held || !kv->seq_len || !kv->lo ||
+        !kv->free_list || !kv->ref) {
         kv_cache_free(kv);
         return FERRY_ERR_NOMEM;
     }
@@ -86,6 +86,7 @@ void kv_cache_free(struct kv_cache *kv)
     free(kv->block_table);
     free(kv->n_held);
     free(kv->seq_len);
+    free(kv->lo);
     free(kv->free_list);
     free(kv->ref);
     memset(kv, 0, sizeof *kv);
@@ -120,7 +121,7 @@ int kv_cache_ext_first(const struct kv_cache *kv, int seq)
 {
     const int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
     int j = kv->n_held[seq];
-    while (j > 0 && row[j - 1] >= kv->n_blocks - kv->n_ext) j--;
+    while (j > kv->lo[seq] && row[j - 1] >= kv->n_blocks - kv->n_ext) j--;
     return j;
 }
 
@@ -128,12 +129,32 @@ void kv_cache_trim(struct kv_cache *kv, int seq, int n_pos)
 {
     if (seq < 0 || seq >= kv->n_seqs) return;
     int keep = (n_pos + kv->block_size - 1) / kv->block_size;
+    if (keep <= kv->lo[seq]) keep = 0; /* none of the held blocks stays: the dropped entries go too */
     int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
     while (kv->n_held[seq] > keep) {
-        int b = row[--kv->n_held[seq]];
+        const int b = row[--kv->n_held[seq]];
         row[kv->n_held[seq]] = -1;
+        if (b >= 0 && --kv->ref[b] == 0) give_block(kv, b);
+    }
+    if (kv->lo[seq] > kv->n_held[seq]) kv->lo[seq] = kv->n_held[seq];
+}
+
+void kv_cache_drop(struct kv_cache *kv, int seq, int pos)
+{
+    if (seq < 0 || seq >= kv->n_seqs) return;
+    int end = pos / kv->block_size; /* blocks [0, end) end at or before pos */
+    if (end > kv->n_held[seq] - 1) end = kv->n_held[seq] - 1;
+    int32_t *row = kv->block_table + (size_t)seq * kv->max_blocks;
+    for (; kv->lo[seq] < end; kv->lo[seq]++) {
+        const int b = row[kv->lo[seq]];
+        row[kv->lo[seq]] = -1;
         if (--kv->ref[b] == 0) give_block(kv, b);
     }
+}
+
+int kv_cache_held_from(const struct kv_cache *kv, int seq)
+{
+    return seq >= 0 && seq < kv->n_seqs ? kv->lo[seq] * kv->block_size : 0;
 }
 
 void kv_cache_seq_free(struct kv_cache *kv, int seq)
@@ -162,14 +183,16 @@ struct kv_layer_view kv_cache_layer(const struct kv_cache *kv, int layer)
 int kv_cache_share(struct kv_cache *kv, int src, int dst, int n_blocks)
 {
     if (src < 0 || src >= kv->n_seqs || dst < 0 || dst >= kv->n_seqs || src == dst || kv->n_held[dst] ||
-        n_blocks < 0 || n_blocks > kv->n_held[src])
+        n_blocks < 0 || n_blocks > kv->n_held[src] || (n_blocks > 0 && n_blocks <= kv->lo[src]))
         return FERRY_ERR_INVALID;
     const int32_t *from = kv->block_table + (size_t)src * kv->max_blocks;
     int32_t *to = kv->block_table + (size_t)dst * kv->max_blocks;
-    for (int i = 0; i < n_blocks; i++) {
+    const int lo = n_blocks > 0 ? kv->lo[src] : 0;
+    for (int i = lo; i < n_blocks; i++) {
         to[i] = from[i];
         kv->ref[from[i]]++;
     }
+    kv->lo[dst] = lo;
     kv->n_held[dst] = n_blocks;
     return FERRY_OK;
 }
@@ -178,6 +201,32 @@ int kv_cache_shared(const struct kv_cache *kv, int seq, int pos)
 {
     if (seq < 0 || seq >= kv->n_seqs || pos < 0) return 0;
     const int i = pos / kv->block_size;
-    if (i >= kv->n_held[seq]) return 0;
+    if (i < kv->lo[seq] || i >= kv->n_held[seq]) return 0;
     return kv->ref[kv->block_table[(size_t)seq * kv->max_blocks + i]] > 1;
+}
+
+/* A layer with K/V of its own: not a recurrent one, nor one reading another's. */
+static int owns_kv(const struct llm_hparams *hp, int l)
+{
+    return !llm_layer_is_recurrent(hp, l) && !llm_layer_kv_shared(hp, l);
+}
+
+int kv_cache_swa_layers(const struct llm_hparams *hp)
+{
+    int n = 0;
+    for (int l = 0; l < hp->n_layers; l++) n += owns_kv(hp, l) && llm_layer_is_local(hp, l);
+    return n;
+}
+
+int kv_cache_layer_index(const struct llm_hparams *hp, int l, int split, int *swa)
+{
+    *swa = 0;
+    const int src = llm_kv_source(hp, l);
+    if (src < 0) return -1;
+    if (!split) return llm_kv_layer(hp, src);
+    const int local = llm_layer_is_local(hp, src);
+    int j = 0;
+    for (int s = 0; s < src; s++) j += owns_kv(hp, s) && llm_layer_is_local(hp, s) == local;
+    *swa = local;
+    return j;
 }

@@ -80,6 +80,8 @@ static void bench_usage(FILE *f)
         "                        F16/BF16 products of 32+ rows on AMX tiles (bf16) with int8, and with\n"
         "                        auto in a GPU engine's host layers\n"
         "  --kv-type f16|f32|q8_0 the KV cache (default f16; f32 on the CPU backend only)\n"
+        "  --swa-full            sliding-window layers keep every position in the KV cache (by default\n"
+        "                        the CPU backend keeps only their window)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --cpu-isa NAME        cap the instruction set of the CPU products (portable, avx2, avx-vnni,\n"
@@ -246,6 +248,7 @@ int cli_bench_main(int argc, char **argv)
         {"cpu-threads", required_argument, 0, 'T'},
         {"cpu-arith", required_argument, 0, 'A'},
         {"kv-type", required_argument, 0, 'K'},
+        {"swa-full", no_argument, 0, 'W'},
         {"cpu-isa", required_argument, 0, 'S'},
         {"spec-oracle", required_argument, 0, 'O'},
         {"spec-accept", required_argument, 0, 'a'},
@@ -307,6 +310,9 @@ int cli_bench_main(int argc, char **argv)
             break;
         case 'K':
             if ((ep.kv_type = engine_kv_type_parse(optarg)) < 0) goto bad;
+            break;
+        case 'W':
+            ep.swa_full = 1;
             break;
         case 'S': {
             const int isa = kern_cpu_isa_parse(optarg);

@@ -28,6 +28,7 @@ static void inspect_usage(FILE *f)
             "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
             "  --parallel N        sequences (default 1)\n"
             "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
+            "  --swa-full          sliding-window layers keep every position (the CPU's KV bytes)\n"
             "  --ctx-checkpoints N recurrent (gated DeltaNet) models: checkpoints of its state a slot keeps\n"
             "                      for the prompt cache (default 32), counted in its memory\n"
             "  --json              machine-readable output\n"
@@ -74,6 +75,7 @@ int cli_inspect_main(int argc, char **argv)
                                              {"kv-type", required_argument, 0, 'k'},
                                              {"ctx-checkpoints", required_argument, 0, 'C'},
                                              {"families", no_argument, 0, 'F'},
+                                             {"swa-full", no_argument, 0, 'W'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *model = getenv("FERRY_MODEL");
@@ -118,6 +120,9 @@ int cli_inspect_main(int argc, char **argv)
                 fprintf(stderr, "ferry inspect: --ctx-checkpoints must be in [0, 4096]\n");
                 return 2;
             }
+            break;
+        case 'W':
+            ep.swa_full = 1;
             break;
         case 'F':
             print_families();
@@ -276,6 +281,17 @@ int cli_inspect_main(int argc, char **argv)
         printf("chat template %s\n",
                mf->chat_template ? "yes (the model's own)" : "none (use --chat-template)");
         printf("placement    %s%s", plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
+        if (ep.gpu_memory <= 0 && (ep.kv_type == KV_F16 || ep.kv_type == KV_F32 || ep.kv_type == KV_Q8_0)) {
+            uint64_t all, swa;
+            engine_kv_bytes(hp, &ep, &all, &swa);
+            if (swa)
+                printf(
+                    "kv cache     %.1f MiB (cpu, %d slots): %.1f MiB for the global layers, %.1f MiB for the "
+                    "sliding-window layers' windows (--swa-full: every position)\n",
+                    (all + swa) / 1048576.0, ep.n_seqs, all / 1048576.0, swa / 1048576.0);
+            else
+                printf("kv cache     %.1f MiB (cpu, %d slots)\n", all / 1048576.0, ep.n_seqs);
+        }
     }
     json_decref(root);
     tokenizer_free(tok);

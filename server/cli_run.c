@@ -56,6 +56,7 @@ struct run_opts {
     enum engine_quant quant;
     enum engine_backend backend;
     int kv_type;             /* --kv-type: enum kv_elem (default f16) */
+    int swa_full;            /* --swa-full: sliding-window layers keep every position */
     int spec_n_max;          /* --spec-type: drafts of up to this many tokens a step; 0 = off */
     int spec_n_min;          /* a shorter draft is not verified */
     int spec_fixed;          /* drafts of spec_n_max tokens, not adapted to acceptance and the cost of rows */
@@ -95,6 +96,8 @@ static void run_usage(FILE *f)
             "  --quant none|int8|int4 quantize F32/F16/BF16 weights at load (int8: llama.cpp's Q8_0, int4:\n"
             "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
             "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
+            "  --swa-full             sliding-window layers keep every position in the KV cache (by default\n"
+            "                         the CPU backend keeps only their window)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --hf-repo OWNER/REPO[:QUANT]  the model from a Hugging Face hub, as ferry pull fetches it\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
@@ -225,6 +228,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_LOG,
         O_QUANT,
         O_KV_TYPE,
+        O_SWA_FULL,
         O_BACKEND,
         O_RAW,
         O_SYSTEM,
@@ -265,6 +269,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"log-level", required_argument, 0, O_LOG},
         {"quant", required_argument, 0, O_QUANT},
         {"kv-type", required_argument, 0, O_KV_TYPE},
+        {"swa-full", no_argument, 0, O_SWA_FULL},
         {"backend", required_argument, 0, O_BACKEND},
         {"spec-type", required_argument, 0, O_SPEC_TYPE},
         {"spec-draft-n-max", required_argument, 0, O_SPEC_N_MAX},
@@ -388,6 +393,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         }
         case O_KV_TYPE:
             if ((o->kv_type = engine_kv_type_parse(optarg)) < 0) bad = 1;
+            break;
+        case O_SWA_FULL:
+            o->swa_full = 1;
             break;
         case O_HF_REPO:
             o->hf_repo = optarg;
@@ -667,6 +675,7 @@ int cli_run_main(int argc, char **argv)
     ep.n_seqs = 1;
     ep.quant = o.quant;
     ep.kv_type = o.kv_type;
+    ep.swa_full = o.swa_full;
     ep.backend = o.backend;
     if (o.model_draft) {
         /* The draft model first, with a GPU budget of its own bytes and room for its KV and activations;

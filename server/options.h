@@ -61,6 +61,7 @@ struct serve_options {
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
     const char *cpu_arith; /* f32|int8: x of CPU products with block-type weights */
     const char *kv_type;   /* f16|f32|q8_0: the CPU backend's KV cache */
+    int swa_full;          /* sliding-window layers keep every position (engine_params.swa_full) */
     const char *quant;     /* none|int8|int4 */
     int deterministic;
     int prompt_cache;                    /* reuse a free slot's KV for a prompt with the same start */

@@ -100,6 +100,7 @@ static void loader_main(void *arg)
     /* options.c allows only auto|f32|int8 */
     ep.cpu_int8 = !strcmp(S->opt.cpu_arith, "int8") ? 1 : !strcmp(S->opt.cpu_arith, "f32") ? 0 : -1;
     ep.kv_type = engine_kv_type_parse(S->opt.kv_type); /* options.c allows only f16|f32|q8_0 */
+    ep.swa_full = S->opt.swa_full;
     ep.ctx_checkpoints = S->opt.ctx_checkpoints;
     ep.ckpt_step = S->opt.checkpoint_min_step;
     if (S->opt.model_draft) {

@@ -188,6 +188,25 @@ Test(gpu_e2e, gemma3_swa_f32_matches_cpu)
     compare_backends(src_path("tests/golden/models/gemma3_swa_f32"), 200);
 }
 
+/* The comparison above holds the CPU engine's window pool (its local layers keep only each slot's window:
+ * runtime/engine.h engine_kv_cache) against the CUDA engine, which keeps every position for them (one pool
+ * of every layer, as --swa-full). */
+Test(gpu_e2e, gemma3_swa_pools)
+{
+    require_gpu();
+    struct model_file *mf = open_model(src_path("tests/golden/models/gemma3_swa_f32"));
+    struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 1);
+    struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 1);
+    const struct kv_cache *win = engine_kv_cache(cpu, 1), *all = engine_kv_cache(gpu, 0);
+    cr_assert_not_null(win, "the CPU engine has no window pool at ctx %d", e2e_ctx);
+    cr_assert_null(engine_kv_cache(gpu, 1));
+    cr_assert_eq(engine_kv_cache(cpu, 0)->n_layers + win->n_layers, all->n_layers);
+    cr_assert_lt(win->n_blocks, all->n_blocks);
+    engine_free(cpu);
+    engine_free(gpu);
+    model_file_close(mf);
+}
+
 /* Fused q|k|v and gate|up split at load, 12 of 16 dims rotated, a 24-position window on every layer. */
 Test(gpu_e2e, phi3_fused_bf16_matches_cpu)
 {
