@@ -12,8 +12,9 @@
 #     test-backend-ops compiled against it (about 10 minutes on 2 cores, once).
 #   --cuda: tests/bench_cuda/bench_cuda --types (kern_cuda_matmul's automatic choice, graph-timed, one weight
 #     copy) beside test-backend-ops perf -b CUDA0. Give LCP_BUILD an existing llama.cpp CUDA build (e.g. the one
-#     ../shared/peers/build-llama-cpp.sh makes: /tmp/llb-lcp0336) to skip its ggml build. On an H100 host with 16
-#     cores: about 12 minutes for the ggml CUDA build and 3 minutes per round.
+#     ../shared/peers/build-llama-cpp.sh makes) to skip the ggml build (CUDA without FlashAttention: an estimated
+#     5-8 minutes on a 16-core host, so a device call of 10 minutes may need ROUNDS=1, or the build in one call and
+#     the rounds in the next while the machine stays warm); each round about 2 minutes.
 # ROUNDS rounds (default 3) alternate the two sides, each logging the load average; results.jsonl keeps every
 # round and the table shows each side's best. Writes $RESULTS (default tests/gpu/results/types-cpu or
 # types-cuda): meta.json, results.jsonl and the raw logs; then run python3 docs/make_benchmarks.py.
@@ -38,7 +39,7 @@ if [ ! -x "$L/bin/test-backend-ops" ]; then
   [ -f $src/CMakeLists.txt ] || { mkdir -p $src && tar -xzf ../shared/peers/llama.cpp-lcp0336.tar.gz -C $src; } || exit 1
   if ! ls "$L"/bin/libggml.so > /dev/null 2>&1; then
     cuda=(-DGGML_CUDA=OFF)
-    [ $dev = cuda ] && cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+    [ $dev = cuda ] && cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF)  # no attention
     nice cmake -S $src -B "$L" "${cuda[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > "$L.cmake.log" 2>&1 &&
       nice cmake --build "$L" --target ggml -j "$(nproc)" > "$L.build.log" 2>&1 ||
@@ -55,7 +56,9 @@ else
   F="$build/tests/bench/bench_cpu_matmul -t $threads -m 1,8 -n 4096 -k 14336 --hot --no-ceiling --act both --plain f32"
   backend=CPU
 fi
-[ -x ${F%% *} ] || { echo "no ${F%% *}: build ferry first"; exit 1; }
+bin=${F%% *}
+nice ninja -C "$build" "${bin#"$build"/}" > /dev/null ||
+  { echo "no $bin: configure ferry first (meson setup $build)"; exit 1; }
 
 # test-backend-ops' names: lower case but the K of the K-quants.
 alt=$(echo $types | tr 'A-Z ' 'a-z|' | sed 's/_k/_K/g')
@@ -122,7 +125,11 @@ python3 - "$R" "$dev" "$machine" "$threads" "$rounds" "$*" << 'EOF'
 import json, subprocess, sys, time
 R, dev, machine, threads, rounds, args = sys.argv[1:]
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-where = f"the CPU, {threads} thread(s)" if dev == "cpu" else "the GPU"
+where = f"the CPU, {threads} thread{'s' if threads != '1' else ''}" if dev == "cpu" else "the GPU"
+# On x86 CPUs with AVX2 llama.cpp's model loader repacks these types into interleaved rows (ggml-cpu/repack.cpp);
+# test-backend-ops multiplies from the plain layout.
+repack = (" llama.cpp's model loader (not test-backend-ops) repacks Q4_0, Q4_K, IQ4_NL, MXFP4 and, with AVX-512, "
+          "Q2_K into interleaved rows on x86 CPUs, a path these figures leave out." if dev == "cpu" else "")
 json.dump({
     "title": f"Weight types on {'the CPU' if dev == 'cpu' else 'the GPU'}, one product beside llama.cpp",
     "date": time.strftime("%Y-%m-%d"), "machine": machine, "commit": commit, "kind": "types",
@@ -133,7 +140,8 @@ json.dump({
               + ("bench_cpu_matmul --hot (median call; x in f32 and in int8)" if dev == "cpu" else
                  "bench_cuda --types (kern_cuda_matmul's automatic choice)")
               + " beside llama.cpp lcp0336's test-backend-ops perf (mean of >= 1 s of runs), each re-reading one "
-              "weight matrix. Best of the rounds for each side; the load average of every round is in results.jsonl.")
+              "weight matrix. Best of the rounds for each side; the load average of every round is in results.jsonl."
+              + repack)
 }, open(f"{R}/meta.json", "w"), indent=2, ensure_ascii=False)
 open(f"{R}/meta.json", "a").write("\n")
 EOF
