@@ -136,10 +136,16 @@ def types_ratio(best, acts, t, m):
     return " / ".join(f"{peer['us'] / r['us']:.2f}" for r in mine) if peer else "—"
 
 
+def types_cell(r):
+    us = r["us"]
+    return f"{us:,.0f} µs ({r.get('gbs', 0):,.1f} GB/s)" if us >= 100 else f"{us:.1f} µs ({r.get('gbs', 0):,.0f} GB/s)"
+
+
 def types_table(path):
     best, acts, types, loads = types_rows(path)
     plain = "f32" if "f32" in acts else acts[0]
-    head = ["type", "m"] + [f"ferry, x {a}" for a in acts] + ["llama.cpp", "llama.cpp / ferry time"]
+    head = ["type", "m"] + ([f"ferry, x {a}" for a in acts] if len(acts) > 1 else ["ferry"]) + ["llama.cpp",
+                                                                                       "llama.cpp / ferry time"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in types:
         for m in sorted({k[3] for k in best if k[1] == t}):
@@ -147,9 +153,9 @@ def types_table(path):
             for a in acts:
                 r = best.get(("ferry", t, plain if t in ("F16", "BF16") else a, m))
                 show = r and (a == plain or t not in ("F16", "BF16"))
-                cells.append(f"{r['us']:,.0f} µs ({r.get('gbs', 0):.1f} GB/s)" if show else "—")
+                cells.append(types_cell(r) if show else "—")
             peer = next((r for k, r in best.items() if k[0] != "ferry" and k[1] == t and k[3] == m), None)
-            cells.append(f"{peer['us']:,.0f} µs ({peer.get('gbs', 0):.1f} GB/s)" if peer else "not run")
+            cells.append(types_cell(peer) if peer else "not run")
             cells.append(types_ratio(best, acts, t, m))
             out.append("| " + " | ".join(cells) + " |")
     note = (f"Each cell is one product's time and its weight bytes per second (best round of each side; load "
