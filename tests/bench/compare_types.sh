@@ -9,12 +9,16 @@
 #   CPU (default): tests/bench/bench_cpu_matmul --hot (median of 20 calls, m = 1; of 8, m = 8; x in f32 and in
 #     int8) beside test-backend-ops perf -b CPU (the mean of >= 1 s of runs). test-backend-ops runs
 #     nproc / 2 threads, and so does ferry here. Build: llama.cpp's ggml (CPU, GGML_NATIVE) into $LCP_BUILD and
-#     test-backend-ops compiled against it (about 10 minutes on 2 cores, once).
+#     test-backend-ops compiled against it (about 10 minutes on 2 cores, once); each round about 11 minutes on a
+#     busy 2-core machine.
 #   --cuda: tests/bench_cuda/bench_cuda --types (kern_cuda_matmul's automatic choice, graph-timed, one weight
 #     copy) beside test-backend-ops perf -b CUDA0. Give LCP_BUILD an existing llama.cpp CUDA build (e.g. the one
 #     ../shared/peers/build-llama-cpp.sh makes) to skip the ggml build (CUDA without FlashAttention: an estimated
-#     5-8 minutes on a 16-core host, so a device call of 10 minutes may need ROUNDS=1, or the build in one call and
-#     the rounds in the next while the machine stays warm); each round about 2 minutes.
+#     5-8 minutes on a 16-core host, not measured). On a machine with 10-minute commands, build in one call and
+#     measure in the next while it stays warm (each round an estimated 3-5 minutes):
+#       ROUNDS=0 bash tests/bench/compare_types.sh --cuda build-cuda          (builds llama.cpp's ggml and bench_cuda)
+#       ROUNDS=2 RESULTS=$OUT/types-cuda bash tests/bench/compare_types.sh --cuda build-cuda
+#     then copy types-cuda into tests/gpu/results/ and run docs/make_benchmarks.py.
 # ROUNDS rounds (default 3) alternate the two sides, each logging the load average; results.jsonl keeps every
 # round and the table shows each side's best. Writes $RESULTS (default tests/gpu/results/types-cpu or
 # types-cuda): meta.json, results.jsonl and the raw logs; then run python3 docs/make_benchmarks.py.
@@ -36,7 +40,9 @@ export PATH=$PATH:/usr/local/cuda/bin
 
 # llama.cpp: ggml (the CPU backend, or CPU and CUDA) and test-backend-ops, which needs nothing else of llama.cpp.
 if [ ! -x "$L/bin/test-backend-ops" ]; then
-  [ -f $src/CMakeLists.txt ] || { mkdir -p $src && tar -xzf ../shared/peers/llama.cpp-lcp0336.tar.gz -C $src; } || exit 1
+  tarball=$(ls ../shared/peers/llama.cpp-lcp0336.tar.gz .peers/llama.cpp-lcp0336.tar.gz 2> /dev/null | head -1)
+  [ -f $src/CMakeLists.txt ] || { mkdir -p $src && tar -xzf "$tarball" -C $src; } ||
+    { echo "no llama.cpp-lcp0336.tar.gz in ../shared/peers or .peers"; exit 1; }
   if ! ls "$L"/bin/libggml.so > /dev/null 2>&1; then
     cuda=(-DGGML_CUDA=OFF)
     [ $dev = cuda ] && cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF)  # no attention
@@ -57,8 +63,9 @@ else
   backend=CPU
 fi
 bin=${F%% *}
-nice ninja -C "$build" "${bin#"$build"/}" > /dev/null ||
-  { echo "no $bin: configure ferry first (meson setup $build)"; exit 1; }
+nice ninja -C "$build" "${bin#"$build"/}" > /tmp/compare_types.ninja.log 2>&1 ||
+  { tail -20 /tmp/compare_types.ninja.log; echo "building $bin failed (is $build configured: meson setup $build?)"; exit 1; }
+[ "$rounds" -gt 0 ] || { echo "built; ROUNDS=0: nothing measured"; exit 0; }
 
 # test-backend-ops' names: lower case but the K of the K-quants.
 alt=$(echo $types | tr 'A-Z ' 'a-z|' | sed 's/_k/_K/g')
