@@ -9,11 +9,13 @@ kind "moe": results.jsonl of tests/gpu/compare_moe.sh (per part, ferry beside ea
 memory each reports, and ferry over llama.cpp's best setting that fits the part's budget);
 kind "families": results.jsonl of tests/gpu/compare_families.sh (the same per model and part). The CPU run of
 compare_families.sh, when tests/bench/results/families-cpu/ holds it, ends the page.
+kind "types": results.jsonl of tests/bench/compare_types.sh (one product per weight type, ferry beside llama.cpp).
 
     python3 docs/make_benchmarks.py [RESULTS_DIR] [OUT]    (defaults: tests/gpu/results, docs/benchmarks.md)
     python3 docs/make_benchmarks.py --check                 (exit 1 when docs/benchmarks.md is out of date)
     python3 docs/make_benchmarks.py --moe-table RESULTS_JSONL   (print the "moe" table of one results.jsonl)
     python3 docs/make_benchmarks.py --families-table RESULTS_JSONL   (the "families" table of one)
+    python3 docs/make_benchmarks.py --types-table RESULTS_JSONL (print the "types" table of one results.jsonl)
 """
 import json
 import os
@@ -169,6 +171,61 @@ def families_cpu_section(results=os.path.join(ROOT, "tests", "bench", "results",
             f"Measured {meta['date']} on {meta['machine']}, commit `{meta['commit']}`.", "",
             f"    {meta['command']}", "", meta["about"], ""] + table + ["", note, "",
             "Raw files: " + ", ".join(f"[`{f}`]({rel}/{f})" for f in files) + ".", ""]
+def types_rows(path):
+    """compare_types.sh's rows reduced to each side's best round per (type, m, arithmetic): {(who, type, act, m):
+    row}, the ferry arithmetics in order, the types in order, and the range of the rounds' load averages."""
+    best, acts, types, loads = {}, [], [], []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            key = (r["who"], r["type"], r["act"], r["m"])
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+            if r["who"] == "ferry" and r["act"] not in acts and r["type"] not in ("F16", "BF16"):
+                acts.append(r["act"])
+            if r["type"] not in types:
+                types.append(r["type"])
+            loads.append(r["load"])
+    return best, acts or ["f32"], types, (min(loads), max(loads)) if loads else (0, 0)
+
+
+def types_ratio(best, acts, t, m):
+    """llama.cpp's time over ferry's for type t at m rows, one per ferry arithmetic in acts' order, e.g. "1.85 /
+    2.10"."""
+    peer = next((r for k, r in best.items() if k[0] != "ferry" and k[1] == t and k[3] == m), None)
+    mine = [best[("ferry", t, a, m)] for a in acts if ("ferry", t, a, m) in best]
+    return " / ".join(f"{peer['us'] / r['us']:.2f}" for r in mine) if peer else "—"
+
+
+def types_cell(r):
+    us = r["us"]
+    return f"{us:,.0f} µs ({r.get('gbs', 0):,.1f} GB/s)" if us >= 100 else f"{us:.1f} µs ({r.get('gbs', 0):,.0f} GB/s)"
+
+
+def types_table(path):
+    best, acts, types, loads = types_rows(path)
+    plain = "f32" if "f32" in acts else acts[0]
+    head = ["type", "m"] + ([f"ferry, x {a}" for a in acts] if len(acts) > 1 else ["ferry"]) + ["llama.cpp",
+                                                                                       "llama.cpp / ferry time"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in types:
+        for m in sorted({k[3] for k in best if k[1] == t}):
+            cells = [t, str(m)]
+            for a in acts:
+                r = best.get(("ferry", t, plain if t in ("F16", "BF16") else a, m))
+                show = r and (a == plain or t not in ("F16", "BF16"))
+                cells.append(types_cell(r) if show else "—")
+            peer = next((r for k, r in best.items() if k[0] != "ferry" and k[1] == t and k[3] == m), None)
+            cells.append(types_cell(peer) if peer else "not run")
+            cells.append(types_ratio(best, acts, t, m))
+            out.append("| " + " | ".join(cells) + " |")
+    note = (f"Each cell is one product's time and its weight bytes per second (best round of each side; load "
+            f"average {loads[0]:.2f}-{loads[1]:.2f}). The last column is llama.cpp's time over ferry's (above 1: "
+            f"ferry is faster), one figure per ferry arithmetic in the order of the columns"
+            + ("; ferry's F16 and BF16 multiply in f32." if len(acts) > 1 else "."))
+    return out, note
 
 
 def render(results):
@@ -199,6 +256,9 @@ def render(results):
         elif meta["kind"] == "families":
             table, note = families_table(os.path.join(d, "results.jsonl"))
             lines += table + ["", note, ""]
+        elif meta["kind"] == "types":
+            table, note = types_table(os.path.join(d, "results.jsonl"))
+            lines += table + ["", note, ""]
         elif meta["kind"] == "serve":
             with open(os.path.join(d, "summary.txt")) as f:
                 lines += [l.rstrip() for l in f if l.startswith("|")] + [""]
@@ -215,6 +275,10 @@ def render(results):
 
 
 def main(argv):
+    if argv[:1] == ["--types-table"] and len(argv) == 2:
+        table, note = types_table(argv[1])
+        print("\n".join(table + ["", note]))
+        return 0
     if argv[:1] == ["--moe-table"] and len(argv) == 2:
         table, note = moe_table(argv[1])
         print("\n".join(table + ["", note]))

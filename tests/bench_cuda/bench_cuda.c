@@ -4,14 +4,16 @@
  * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the
  * batch size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate
  * among copies spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
- * Usage: bench_cuda [--quick] [--q8] [--quant]
+ * Usage: bench_cuda [--quick] [--q8] [--quant] [--types [-T Q4_0,Q8_0]]
  *   --q8:    only the copy ceiling and kern_cuda_gemv_q8 (the f16-tensor-core Q8_0 GEMV), every
  * configuration;
  *   --quant: only the copy ceiling and the GGUF block types through kern_cuda_matmul
  * (kernels/cuda/matmul_q.h) at the Llama-2-7B layer shapes: every variant (kern_cuda_qmm_set_variant) at
  * m = 1..512, the best per type and m with the table lines for matmul.cu's automatic choice, then the layer
  * table of this build's automatic choice at m = 1, 16, 64, 512 (f16 at the same shapes for comparison) and
- * the whole-model products at m = 64; the last lines are the compact summary.
+ * the whole-model products at m = 64; the last lines are the compact summary;
+ *   --types: only the copy ceiling and one product per weight type beside llama.cpp's test-backend-ops perf
+ * shape (bench_types; tests/bench/compare_types.sh --cuda).
  */
 #include <math.h>
 #include <stdio.h>
@@ -463,6 +465,32 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
     printf("\n");
 }
 
+/* --types: one product per weight type at test-backend-ops' perf shape (W 4096 x 14336, m = 1 and 8) through
+ * kern_cuda_matmul's automatic choice, graph-timed, one weight copy re-read as test-backend-ops does (types
+ * under the L2 size are read partly from it). One line per type and m, "type T m M n N k K us U bytes B", for
+ * tests/bench/compare_types.sh --cuda; only (a comma-separated list of type names) or NULL: every type. */
+static void bench_types(char *pool, float *x, float *y, struct kern_cuda_ctx *ctx, const char *only)
+{
+    char want[512];
+    snprintf(want, sizeof want, ",%s,", only ? only : "");
+    for (int ti = -2; ti < NQT; ti++) {
+        const enum dtype t = ti == -2 ? DTYPE_F16 : ti == -1 ? DTYPE_BF16 : qtypes[ti];
+        char key[32];
+        snprintf(key, sizeof key, ",%s,", dtype_name(t));
+        if (only && !strstr(want, key)) continue;
+        for (int m = 1; m <= 8; m += 7) {
+            struct mm_arg a = {ctx, y, x, pool, 0, 1, m, 4096, 14336, MM_AUTO, t};
+            a.wbytes = dtype_row_size(t, a.k) * a.n;
+            use_graph = 1;
+            const double ms = time_ms(mm_fn, &a, 20);
+            use_graph = 0;
+            printf("type %s m %d n %d k %d us %.2f bytes %zu\n", dtype_name(t), m, a.n, a.k, ms * 1e3,
+                   a.wbytes);
+            fflush(stdout);
+        }
+    }
+}
+
 static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, int m, int prefill,
                             double ceil_gbs)
 {
@@ -542,11 +570,14 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
 
 int main(int argc, char **argv)
 {
-    int only_q8 = 0, only_quant = 0;
+    int only_q8 = 0, only_quant = 0, only_types = 0;
+    const char *type_list = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) samples = 7;
         if (!strcmp(argv[i], "--q8")) only_q8 = 1;
         if (!strcmp(argv[i], "--quant")) only_quant = 1;
+        if (!strcmp(argv[i], "--types")) only_types = 1;
+        if (!strcmp(argv[i], "-T") && i + 1 < argc) type_list = argv[++i];
     }
     if (kern_cuda_device_count() <= 0) {
         fprintf(stderr, "bench_cuda: no CUDA device\n");
@@ -581,8 +612,11 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
     CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));
     fill_f32(x, (size_t)512 * 11008);
-    if (only_quant) {
-        bench_quant(pool, pool_bytes, x, y, ctx, ceil_gbs);
+    if (only_quant || only_types) {
+        if (only_types)
+            bench_types(pool, x, y, ctx, type_list);
+        else
+            bench_quant(pool, pool_bytes, x, y, ctx, ceil_gbs);
         kern_cuda_ctx_free(ctx);
         cudaFree(pool);
         cudaFree(x);
