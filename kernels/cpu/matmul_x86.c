@@ -450,8 +450,8 @@ static inline __attribute__((always_inline, target(T_VNNI512))) __m256 high_ps(_
 }
 
 /* q8_dot_body's arithmetic with two blocks per 512-bit dot product, conversion and scale product (lanes 0-7
- * block b, 8-15 block b + 1), then the two 8-lane multiply-adds in block order: every lane's operations are
- * q8_dot_body's, so the sums are bitwise equal (modes with one scale per 32 elements). */
+ * block b, 8-15 block b + 1; Q8M_OFF16: a scale per 4 lanes), then the two 8-lane multiply-adds in block
+ * order: every lane's operations are q8_dot_body's, so the sums are bitwise equal. */
 static inline __attribute__((always_inline, target(T_VNNI512))) void
 q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, int sh)
 {
@@ -462,6 +462,7 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
     __m256 acc[MRQ][NRQ];
     q8_dot_rows(a, mr, xq, n4, dx, acc);
     const __m128i shv = _mm_cvtsi32_si128(sh);
+    const __m512i s16_idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     int b = 0;
     for (; b + 1 < a->nb; b += 2) {
         const int gb = a->b0 + b;
@@ -469,14 +470,17 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
         __m512 dxv[MRQ];
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm512_loadu_si512((const void *)(xq[i] + (size_t)QB * gb));
-            cv[i] = mode == Q8M_OFF
+            cv[i] = mode == Q8M_OFF || mode == Q8M_OFF16
                         ? _mm512_sll_epi32(_mm512_loadu_si512((const void *)(n4[i] + 8 * gb)), shv)
                         : _mm512_setzero_si512();
             dxv[i] = pair_ps(_mm256_set1_ps(dx[i][gb]), _mm256_set1_ps(dx[i][gb + 1]));
         }
         for (int j = 0; j < NRQ; j++) {
             const __m512i uv = _mm512_load_si512((const void *)(t->u[j] + QB * b));
-            const __m512 sv = pair_ps(_mm256_set1_ps(t->s[j][b]), _mm256_set1_ps(t->s[j][b + 1]));
+            const __m512 sv =
+                mode == Q8M_OFF16 /* s[2b] .. s[2b + 3], four lanes each */
+                    ? _mm512_permutexvar_ps(s16_idx, _mm512_castps128_ps512(_mm_loadu_ps(&t->s[j][2 * b])))
+                    : pair_ps(_mm256_set1_ps(t->s[j][b]), _mm256_set1_ps(t->s[j][b + 1]));
             for (int i = 0; i < mr; i++) {
                 const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i], uv, xv[i]));
                 const __m512 sd = _mm512_mul_ps(sv, dxv[i]);
@@ -489,11 +493,13 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
         const int gb = a->b0 + b;
         for (int j = 0; j < NRQ; j++) {
             const __m256i uv = _mm256_load_si256((const __m256i *)(t->u[j] + QB * b));
-            const __m256 sv = _mm256_broadcast_ss(&t->s[j][b]);
+            const __m256 sv = mode == Q8M_OFF16 ? _mm256_set_m128(_mm_broadcast_ss(&t->s[j][2 * b + 1]),
+                                                                  _mm_broadcast_ss(&t->s[j][2 * b]))
+                                                : _mm256_broadcast_ss(&t->s[j][b]);
             for (int i = 0; i < mr; i++) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)QB * gb));
                 const __m256i cv =
-                    mode == Q8M_OFF
+                    mode == Q8M_OFF || mode == Q8M_OFF16
                         ? _mm256_sll_epi32(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * gb)), shv)
                         : _mm256_setzero_si256();
                 const __m256i l = _mm256_dpbusd_epi32(cv, uv, xv);
@@ -517,7 +523,7 @@ __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_do
 {
     switch (mode * 8 + mr) {
         Q8_CASES512(Q8M_OFF)
-        Q8_CASES4(Q8M_OFF16, lane_dot_vnni512)
+        Q8_CASES512(Q8M_OFF16)
         Q8_CASES512(Q8M_AFFINE)
     }
 }
