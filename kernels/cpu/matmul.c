@@ -526,10 +526,12 @@ static void q8_min16_terms(const struct q8_dot *a, int mr, int int8)
         /* Per half q of 16 (block b0 + q/2, half q%2): int8, dx and Σq (n4's lanes 4q..4q+3 from the chunk's
          * first block); f32, 1 and Σx. The same values and roundings as per (row, half). */
         if (int8) {
-            const int32_t *p = n4 + 8 * a->b0;
-            for (int q = 0; q < nh; q++) {
-                dxh[q] = dx[a->b0 + q / 2];
-                sxh[q] = (float)-(p[4 * q] + p[4 * q + 1] + p[4 * q + 2] + p[4 * q + 3]);
+            /* per block, both halves (a loop over halves becomes strided gathers in GCC's vectorizer) */
+            for (int b = 0; b < a->nb; b++) {
+                const int32_t *p = n4 + 8 * (a->b0 + b);
+                dxh[2 * b] = dxh[2 * b + 1] = dx[a->b0 + b];
+                sxh[2 * b] = (float)-((p[0] + p[1]) + (p[2] + p[3]));
+                sxh[2 * b + 1] = (float)-((p[4] + p[5]) + (p[6] + p[7]));
             }
         } else {
             for (int q = 0; q < nh; q++) {
