@@ -228,12 +228,26 @@ __attribute__((target(T_AVX2))) static inline __m256i nibbles8(const uint8_t *p)
                                                   _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0fu))));
 }
 
+/* Grid rows by scalar loads: 4 rows of 8 bytes, or 8 of 4. vpgather took about twice as long per decoded
+ * block on Zen 4 (kernels/cpu/NOTES.md); llama.cpp's AVX2 kernels load the rows one at a time too. */
+__attribute__((target(T_AVX2))) static inline __m256i grid64x4(const uint64_t *grid, unsigned i0, unsigned i1,
+                                                               unsigned i2, unsigned i3)
+{
+    return _mm256_setr_epi64x((long long)grid[i0], (long long)grid[i1], (long long)grid[i2],
+                              (long long)grid[i3]);
+}
+
+__attribute__((target(T_AVX2))) static inline __m256i grid32x8(const uint32_t *grid, const unsigned *ix)
+{
+    return _mm256_setr_epi32((int)grid[ix[0]], (int)grid[ix[1]], (int)grid[ix[2]], (int)grid[ix[3]],
+                             (int)grid[ix[4]], (int)grid[ix[5]], (int)grid[ix[6]], (int)grid[ix[7]]);
+}
+
 __attribute__((target(T_AVX2))) void q8_dec_iq3_s_avx2(const uint8_t *w, int c0, int kc, uint8_t *u, float *s,
                                                        float *mn)
 {
     (void)mn;
     const __m256i off = _mm256_set1_epi8(16), one = _mm256_set1_epi32(1);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const struct block_iq3_s *b = (const struct block_iq3_s *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
         /* s[ib] = d·(1 + 2·nibble ib of scales) */
@@ -241,10 +255,9 @@ __attribute__((target(T_AVX2))) void q8_dec_iq3_s_avx2(const uint8_t *w, int c0,
         _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sc)));
         for (int ib = 0; ib < 8; ib++, u += 32) {
             /* grid index e: qs[8ib + e] with bit e of qh[ib] as its ninth */
-            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
-            const __m256i h = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[ib]), lane), one);
-            const __m256i g = _mm256_i32gather_epi32((const int *)iq3s_grid,
-                                                     _mm256_or_si256(q, _mm256_slli_epi32(h, 8)), 4);
+            unsigned ix[8];
+            for (int e = 0; e < 8; e++) ix[e] = b->qs[8 * ib + e] | ((unsigned)b->qh[ib] >> e & 1) << 8;
+            const __m256i g = grid32x8(iq3s_grid, ix);
             uint32_t sg;
             memcpy(&sg, b->signs + 4 * ib, 4);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
@@ -305,8 +318,8 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_xs_avx2(const uint8_t *w, int c0
         _mm256_storeu_si256((__m256i *)sgn,
                             _mm256_permute4x64_epi64(_mm256_packus_epi16(sv[0], sv[1]), 0xD8));
         for (int ib = 0; ib < 8; ib++, u += 32) {
-            const __m128i ix = _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(idx + 4 * ib)));
-            const __m256i g = _mm256_i32gather_epi64((const long long *)iq2xs_grid, ix, 8);
+            const uint16_t *ix = idx + 4 * ib;
+            const __m256i g = grid64x4(iq2xs_grid, ix[0], ix[1], ix[2], ix[3]);
             uint32_t sg;
             memcpy(&sg, sgn + 4 * ib, 4);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
@@ -326,8 +339,8 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_xxs_avx2(const uint8_t *w, int c
             uint32_t a[2];
             memcpy(a, b->qs + 4 * ib, 8);
             s[ib] = d * (0.5f + (float)(a[1] >> 28)) * 0.25f;
-            const __m256i g = _mm256_i32gather_epi64((const long long *)iq2xxs_grid,
-                                                     _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)a[0])), 8);
+            const __m256i g =
+                grid64x4(iq2xxs_grid, a[0] & 255, a[0] >> 8 & 255, a[0] >> 16 & 255, a[0] >> 24);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, signs7x4(a[1]), off));
         }
     }
@@ -345,8 +358,9 @@ __attribute__((target(T_AVX2))) void q8_dec_iq3_xxs_avx2(const uint8_t *w, int c
             uint32_t a;
             memcpy(&a, b->qs + QK_K / 4 + 4 * ib, 4);
             s[ib] = d * (0.5f + (float)(a >> 28)) * 0.5f;
-            const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
-            const __m256i g = _mm256_i32gather_epi32((const int *)iq3xxs_grid, ix, 4);
+            unsigned ix[8];
+            for (int e = 0; e < 8; e++) ix[e] = b->qs[8 * ib + e];
+            const __m256i g = grid32x8(iq3xxs_grid, ix);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, signs7x4(a), off));
         }
     }
@@ -357,7 +371,6 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_s_avx2(const uint8_t *w, int c0,
 {
     (void)mn;
     const __m256i off = _mm256_set1_epi8(64);
-    const __m128i sh = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi32(3);
     const struct block_iq2_s *b = (const struct block_iq2_s *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 16) {
         scales_iq2(_cvtsh_ss(b->d), b->scales, s);
@@ -367,10 +380,10 @@ __attribute__((target(T_AVX2))) void q8_dec_iq2_s_avx2(const uint8_t *w, int c0,
             uint32_t q4, sg;
             memcpy(&q4, qs, 4);
             memcpy(&sg, signs, 4);
-            const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(b->qh[ib]), sh), three);
-            const __m128i ix =
-                _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)), _mm_slli_epi32(h, 8));
-            const __m256i g = _mm256_i32gather_epi64((const long long *)iq2s_grid, ix, 8);
+            const unsigned h = b->qh[ib];
+            const __m256i g =
+                grid64x4(iq2s_grid, (q4 & 255) | (h & 3) << 8, (q4 >> 8 & 255) | (h >> 2 & 3) << 8,
+                         (q4 >> 16 & 255) | (h >> 4 & 3) << 8, (q4 >> 24) | (h >> 6 & 3) << 8);
             _mm256_storeu_si256((__m256i *)u, grid_signed(g, sg, off));
         }
     }
@@ -388,7 +401,6 @@ __attribute__((target(T_AVX2))) void q8_dec_iq1_s_avx2(const uint8_t *w, int c0,
                                                        float *mn)
 {
     (void)mn;
-    const __m128i sh = _mm_setr_epi32(0, 3, 6, 9), seven = _mm_set1_epi32(7);
     const struct block_iq1_s *b = (const struct block_iq1_s *)w + c0 / QK_K;
     for (int sb = 0; sb < kc / QK_K; sb++, b++, s += 8) {
         const float d = f16_to_f32(b->d);
@@ -398,11 +410,14 @@ __attribute__((target(T_AVX2))) void q8_dec_iq1_s_avx2(const uint8_t *w, int c0,
             /* grid index l: qs[4ib + l] with bits 3l..3l + 2 of qh above */
             uint32_t q4;
             memcpy(&q4, b->qs + 4 * ib, 4);
-            const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(qh), sh), seven);
-            const __m128i ix =
-                _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)), _mm_slli_epi32(h, 8));
-            const __m256i g = _mm256_i32gather_epi64((const long long *)iq1s_grid, ix, 8);
-            _mm256_storeu_si256((__m256i *)u, grid1x4(g, _mm256_set1_epi8(qh & 0x8000 ? 15 : 17)));
+            const unsigned h = qh;
+            const __m256i g =
+                grid64x4(iq1s_grid, (q4 & 255) | (h & 7) << 8, (q4 >> 8 & 255) | (h >> 3 & 7) << 8,
+                         (q4 >> 16 & 255) | (h >> 6 & 7) << 8, (q4 >> 24) | (h >> 9 & 7) << 8);
+            _mm256_storeu_si256(
+                (__m256i *)u,
+                grid1x4(g,
+                        _mm256_set1_epi8((char)(17 - 2 * (qh >> 15)))) /* 15 with the sign bit, no branch */);
         }
     }
 }
@@ -411,7 +426,7 @@ __attribute__((target(T_AVX2))) void q8_dec_iq1_m_avx2(const uint8_t *w, int c0,
                                                        float *mn)
 {
     (void)mn;
-    const __m128i sh = _mm_setr_epi32(0, 4, 8, 12), seven = _mm_set1_epi32(7), eight = _mm_set1_epi32(8);
+    const __m128i sh = _mm_setr_epi32(0, 4, 8, 12), eight = _mm_set1_epi32(8);
     const __m256i bcast = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0,
                                            0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
     const struct block_iq1_m *b = (const struct block_iq1_m *)w + c0 / QK_K;
@@ -427,9 +442,10 @@ __attribute__((target(T_AVX2))) void q8_dec_iq1_m_avx2(const uint8_t *w, int c0,
             memcpy(&q4, b->qs + 4 * ib, 4);
             const int h16 = b->qh[2 * ib] | b->qh[2 * ib + 1] << 8;
             const __m128i nib = _mm_srlv_epi32(_mm_set1_epi32(h16), sh);
-            const __m128i ix = _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)q4)),
-                                            _mm_slli_epi32(_mm_and_si128(nib, seven), 8));
-            const __m256i g = _mm256_i32gather_epi64((const long long *)iq1s_grid, ix, 8);
+            const unsigned h = (unsigned)h16;
+            const __m256i g =
+                grid64x4(iq1s_grid, (q4 & 255) | (h & 7) << 8, (q4 >> 8 & 255) | (h >> 4 & 7) << 8,
+                         (q4 >> 16 & 255) | (h >> 8 & 7) << 8, (q4 >> 24) | (h >> 12 & 7) << 8);
             /* 16 + delta: 17, or 15 where the sign bit is set, in every byte of row l */
             const __m128i base4 =
                 _mm_sub_epi32(_mm_set1_epi32(17), _mm_srli_epi32(_mm_and_si128(nib, eight), 2));
