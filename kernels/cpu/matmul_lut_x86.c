@@ -228,8 +228,8 @@ __attribute__((target(T_AVX2))) static inline __m256i nibbles8(const uint8_t *p)
                                                   _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0fu))));
 }
 
-/* Grid rows by scalar loads: 4 rows of 8 bytes, or 8 of 4. vpgather took about twice as long per decoded
- * block on Zen 4 (kernels/cpu/NOTES.md); llama.cpp's AVX2 kernels load the rows one at a time too. */
+/* Grid rows by scalar loads: 4 rows of 8 bytes, or 8 of 4. With vpgather instead the i-quants' products took
+ * 10-40% longer on Zen 4 (kernels/cpu/NOTES.md); llama.cpp's AVX2 kernels load the rows one at a time too. */
 __attribute__((target(T_AVX2))) static inline __m256i grid64x4(const uint64_t *grid, unsigned i0, unsigned i1,
                                                                unsigned i2, unsigned i3)
 {
