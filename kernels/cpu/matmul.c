@@ -596,7 +596,7 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
 };
 
 static const struct q8_isa q8_isa_portable = {
-    "portable", NULL, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL, NULL};
+    "portable", NULL, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL, NULL, NULL};
 
 /* Indexed by enum kern_cpu_isa (NULL: not in this build). */
 static const struct q8_isa *const q8_isas[KERN_CPU_ISA_COUNT] = {
@@ -1015,6 +1015,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
         if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
+        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any) c->direct = isa->direct8_any[wt];
         /* (one row only: at m = 2 ferry bench decoded ~10% slower end to end than through the tile) */
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the

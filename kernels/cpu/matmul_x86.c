@@ -989,22 +989,47 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot
                                                              int sh)
 {
     (void)m_, (void)sh;
-    if (mr == 1)
+    switch (mr) {
+    case 1:
         q45k_dot_body512(a, 1, 0);
-    else
+        return;
+    case 2:
         q45k_dot_body512(a, 2, 0);
+        return;
+    case 3:
+        q45k_dot_body512(a, 3, 0);
+        return;
+    default:
+        q45k_dot_body512(a, 4, 0);
+        return;
+    }
 }
 __attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
     (void)m_, (void)sh;
-    if (mr == 1)
+    switch (mr) {
+    case 1:
         q45k_dot_body512(a, 1, 1);
-    else
+        return;
+    case 2:
         q45k_dot_body512(a, 2, 1);
+        return;
+    case 3:
+        q45k_dot_body512(a, 3, 1);
+        return;
+    default:
+        q45k_dot_body512(a, 4, 1);
+        return;
+    }
 }
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
+/* Past Q8_DIRECT_M rows too, 4 x rows per call: with the nibbles decoded in registers and two weight rows per
+ * 512-bit product, Q4_K's m = 128 product beats the tile's (kernels/cpu/NOTES.md, 2026-12-07); Q6_K's kernel
+ * holds its x rows' 8 vectors each in registers and runs out of them past 2 rows, so its tile stays. */
+static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {
+    [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k};
 
 /* ---- the instruction sets --------------------------------------------------------------------------------
  */
@@ -1022,14 +1047,15 @@ static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
     [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2,     [DTYPE_IQ1_S] = q8_dec_iq1_s_avx2,
     [DTYPE_IQ1_M] = q8_dec_iq1_m_avx2};
 
-const struct q8_isa q8_isa_avx2 = {"avx2",        decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2},
-                                   {1, 2},        q8_to_f32_avx2, NULL,         dir8_avx2,
-                                   q8_0_rows_avx2};
+const struct q8_isa q8_isa_avx2 = {
+    "avx2",    decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL,
+    dir8_avx2, q8_0_rows_avx2, NULL};
 const struct q8_isa q8_isa_avxvnni = {
-    "avx-vnni", decs_avx2,    q8x_row_avx2,  {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2,
-    NULL,       dir8_avxvnni, q8_0_rows_avx2};
+    "avx-vnni",   decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL,
+    dir8_avxvnni, q8_0_rows_avx2, NULL};
 const struct q8_isa q8_isa_avx512vnni = {
-    "avx512-vnni", decs_avx2, q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512}, {MRQ, MRQ}, q8_to_f32_avx2,
-    dir512,        dir8_512,  NULL};
+    "avx512-vnni", decs_avx2,      q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512},
+    {MRQ, MRQ},    q8_to_f32_avx2, dir512,       dir8_512,
+    NULL,          dir8_any_512};
 
 #endif /* __x86_64__ */

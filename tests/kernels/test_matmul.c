@@ -376,13 +376,14 @@ LUT_TEST(iq1_m, IQ1_M)
 
 /* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and Q5_K also
  * on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or more decode them
- * into a tile, and the portable C always does. Both must agree bitwise: each row of a 3-row batch equals that
- * row alone and the first two rows as a batch of 2, and every instruction set gives the same bits (its 1 and
- * 2 rows and its 3-row batch); and each against the references (check_quantized). Shapes: n below, at and
- * past a group of 4 and not a multiple of a task's rows, k of one super-block up to 43 (11008: ten
- * 1024-column chunks and a short one), pools of 1, 2 and 3 threads. Q8_0 takes the tile at every m (its
- * in-place kernels were slower from memory: kernels/cpu/NOTES.md, 2026-12-02h) and is held to the same checks
- * at odd block counts, 1 to 343 (ten chunks and 23 blocks). */
+ * into a tile (Q4_K and Q5_K on AVX512-VNNI: read in place at every m, 4 rows of x per call), and the
+ * portable C always does. All must agree bitwise: each row of a 3-row batch equals that row alone and the
+ * first two rows as a batch of 2, the first 3 rows of a 7-row batch the 3-row batch, and every instruction
+ * set gives the same bits (its 1 and 2 rows, its 3-row and 7-row batches); and each against the references
+ * (check_quantized). Shapes: n below, at and past a group of 4 and not a multiple of a task's rows, k of one
+ * super-block up to 43 (11008: ten 1024-column chunks and a short one), pools of 1, 2 and 3 threads. Q8_0
+ * takes the tile at every m (its in-place kernels were slower from memory: kernels/cpu/NOTES.md, 2026-12-02h)
+ * and is held to the same checks at odd block counts, 1 to 343 (ten chunks and 23 blocks). */
 static void check_small_m_equals_tile(enum dtype t)
 {
     struct tpool *tp2, *tp3;
@@ -399,7 +400,7 @@ static void check_small_m_equals_tile(enum dtype t)
         for (int ki = 0; ki < N_OF(ks); ki++) {
             const int n = ns[ni], k = bs == 32 ? ks32[ki] : ks[ki];
             void *w = random_weight(t, n, k);
-            float *x = random_x(3, k), *bias = malloc(sizeof(float) * n);
+            float *x = random_x(7, k), *bias = malloc(sizeof(float) * n);
             float *y3 = malloc(sizeof(float) * 3 * n), *y = malloc(sizeof(float) * 2 * n);
             float *y2 = malloc(sizeof(float) * 2 * n), *ref = malloc(sizeof(float) * 3 * n);
             kt_fill(bias, n, -2.0f, 2.0f);
@@ -435,6 +436,21 @@ static void check_small_m_equals_tile(enum dtype t)
                           kern_cpu_isa_name((enum kern_cpu_isa)isa));
             }
             kern_cpu_isa_limit(best);
+            /* 7 rows (a call of 4 x rows and one of 3 where the direct kernels serve every m): the first 3
+             * rows are the 3-row batch's, and every instruction set's tile gives the same bits */
+            float *y7 = malloc(sizeof(float) * 7 * n), *t7 = malloc(sizeof(float) * 7 * n);
+            cr_assert_eq(kern_cpu_matmul(y7, x, w, t, bias, 7, n, k, tp3), FERRY_OK);
+            cr_assert(memcmp(y7, y3, sizeof(float) * 3 * n) == 0, "%s: 7-row batch differs from 3", what);
+            for (int isa = KERN_CPU_ISA_PORTABLE; isa < (int)best; isa++) {
+                if (kern_cpu_isa_limit((enum kern_cpu_isa)isa) != (enum kern_cpu_isa)isa) continue;
+                cr_assert_eq(kern_cpu_matmul(t7, x, w, t, bias, 7, n, k, tp2), FERRY_OK);
+                kern_cpu_isa_limit(best);
+                cr_assert(memcmp(t7, y7, sizeof(float) * 7 * n) == 0, "%s: 7 rows on %s differ", what,
+                          kern_cpu_isa_name((enum kern_cpu_isa)isa));
+            }
+            kern_cpu_isa_limit(best);
+            free(y7);
+            free(t7);
             free(w);
             free(x);
             free(bias);
