@@ -976,6 +976,25 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
         }
 }
 
+/* q45k_dot_body512 instantiated for 1 to 4 rows of x. */
+static inline AI_512 void q45k_dot_mr512(const struct q8_dot *a, int mr, const int five)
+{
+    switch (mr) {
+    case 1:
+        q45k_dot_body512(a, 1, five);
+        return;
+    case 2:
+        q45k_dot_body512(a, 2, five);
+        return;
+    case 3:
+        q45k_dot_body512(a, 3, five);
+        return;
+    default:
+        q45k_dot_body512(a, 4, five);
+        return;
+    }
+}
+
 __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
@@ -989,45 +1008,20 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot
                                                              int sh)
 {
     (void)m_, (void)sh;
-    switch (mr) {
-    case 1:
-        q45k_dot_body512(a, 1, 0);
-        return;
-    case 2:
-        q45k_dot_body512(a, 2, 0);
-        return;
-    case 3:
-        q45k_dot_body512(a, 3, 0);
-        return;
-    default:
-        q45k_dot_body512(a, 4, 0);
-        return;
-    }
+    q45k_dot_mr512(a, mr, 0);
 }
 __attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
     (void)m_, (void)sh;
-    switch (mr) {
-    case 1:
-        q45k_dot_body512(a, 1, 1);
-        return;
-    case 2:
-        q45k_dot_body512(a, 2, 1);
-        return;
-    case 3:
-        q45k_dot_body512(a, 3, 1);
-        return;
-    default:
-        q45k_dot_body512(a, 4, 1);
-        return;
-    }
+    q45k_dot_mr512(a, mr, 1);
 }
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
 /* Past Q8_DIRECT_M rows too, 4 x rows per call: with the nibbles decoded in registers and two weight rows per
  * 512-bit product, Q4_K's m = 128 product beats the tile's (kernels/cpu/NOTES.md, 2026-12-07); Q6_K's kernel
- * holds its x rows' 8 vectors each in registers and runs out of them past 2 rows, so its tile stays. */
+ * holds its x rows' 8 vectors each in registers and runs out of them past 2 rows (reordered to hold fewer, it
+ * was slower at every m), so its tile stays. */
 static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k};
 
