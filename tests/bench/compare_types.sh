@@ -14,8 +14,8 @@
 #   --cuda: tests/bench_cuda/bench_cuda --types (kern_cuda_matmul's automatic choice, graph-timed, one weight
 #     copy) beside test-backend-ops perf -b CUDA0. Give LCP_BUILD an existing llama.cpp CUDA build (e.g. the one
 #     ../shared/peers/build-llama-cpp.sh makes) to skip the ggml build (CUDA without FlashAttention: an estimated
-#     5-8 minutes on a 16-core host, not measured). On a machine with 10-minute commands, build in one call and
-#     measure in the next while it stays warm (each round an estimated 3-5 minutes):
+#     5-8 minutes on a 16-core host, not measured). Where commands are limited to 10 minutes, build in one and
+#     measure in the next on the same machine (each round an estimated 3-5 minutes):
 #       ROUNDS=0 bash tests/bench/compare_types.sh --cuda build-cuda          (builds llama.cpp's ggml and bench_cuda)
 #       ROUNDS=2 RESULTS=$OUT/types-cuda bash tests/bench/compare_types.sh --cuda build-cuda
 #     then copy types-cuda into tests/gpu/results/ and run docs/make_benchmarks.py.

@@ -10,10 +10,10 @@
 #            15.4 GiB: 26, 29 and 79 s on a 2-core VM's disk, beside the builds). Empties the results so far.
 #   bench    on the GPU machine: the parts FAM_PARTS (default "resident budget") of each model of FAM_MODELS
 #            (default "qwen3-8b gemma3-12b qwen35-27b"), then the table. Results accumulate across bench calls
-#            (in /tmp/fam/res) and are brought back after each part, so that they split into device calls of
-#            under 10 minutes; estimated on one H100: qwen3-8b about 3 minutes (resident 1, budget 2),
+#            (in /tmp/fam/res) and are brought back after each part, so that they can run as separate commands
+#            of under 10 minutes each; estimated on one H100: qwen3-8b about 3 minutes (resident 1, budget 2),
 #            gemma3-12b about 3.5, qwen35-27b about 5 (resident 2, budget 3): FAM_MODELS=qwen3-8b and
-#            FAM_MODELS=gemma3-12b in one call, FAM_MODELS=qwen35-27b in another.
+#            FAM_MODELS=gemma3-12b in one command, FAM_MODELS=qwen35-27b in another.
 #   cpu      here, without a GPU: the same side by side on the CPU backend of both (ferry bench --cpu, a CPU
 #            build of llama.cpp lcp0336: FAM_LLAMA_CPU, default /tmp/fb_lcp/bin, e.g. cmake -DGGML_CUDA=OFF
 #            -DGGML_NATIVE=ON and the targets llama-bench llama-batched-bench) on the files scaled down by

@@ -8,9 +8,9 @@
 #            where it stopped when prepare runs again)
 #   bench    the parts named in MOE_PARTS (default all four: "resident cpu 8g 4g"), then the table. The results
 #            accumulate across bench calls (in /tmp/moe/res; prepare empties it) and each part's are brought back
-#            as soon as it ends, so the parts run in separate device calls of under 10 minutes:
+#            as soon as it ends, so the parts can run as separate commands of under 10 minutes:
 #            MOE_PARTS="resident cpu" (about 4 minutes), MOE_PARTS=8g (about 4), MOE_PARTS=4g (about 4)
-# The phases can run in separate device calls as long as the machine stays warm (/tmp/moe survives). The builds
+# The phases can run as separate commands on the same machine (/tmp/moe survives between them). The builds
 # (tests/gpu/peer_build.sh) are those of compare_families.sh: one prepare of either serves both.
 #
 # Parts, each ferry bench (decode b=1 and b=16 at 32 positions, prefill 512) beside llama-bench (-p 512 -n 64,
