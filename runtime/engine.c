@@ -505,6 +505,12 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
     return FERRY_OK;
 }
 
+/* --ctx-size 0: the model's training context, at most 4096. */
+static int default_ctx(const struct llm_hparams *hp)
+{
+    return hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
+}
+
 /* Blocks of the sliding-window layers' own pool (engine_params.swa_full), or 0 when they keep every position
  * in the engine's pool: a slot holds its window, ENGINE_SWA_SLACK positions before it and a step's rows
  * after it (a range of window - 1 + slack + rows positions, which may straddle one block more than its
@@ -527,7 +533,7 @@ void engine_kv_bytes(const struct llm_hparams *hp, const struct engine_params *p
     *all = *swa = 0;
     if (p.n_seqs <= 0 || p.n_seqs > 1024 || p.ctx_size < 0 || p.kv_tokens < 0 || p.max_batch_tokens <= 0)
         return;
-    if (p.ctx_size == 0) p.ctx_size = hp->ctx_train > 0 && hp->ctx_train < 4096 ? hp->ctx_train : 4096;
+    if (p.ctx_size == 0) p.ctx_size = default_ctx(hp);
     if (p.kv_tokens == 0)
         p.kv_tokens = (int)((int64_t)p.n_seqs * p.ctx_size > INT32_MAX ? INT32_MAX : p.n_seqs * p.ctx_size);
     const int swa_blocks = p.swa_full ? 0 : swa_pool_blocks(hp, &p);
@@ -570,7 +576,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     *out = NULL;
     struct engine_params p = *params;
     const struct llm_hparams *mhp = &model->hp;
-    if (p.ctx_size == 0) p.ctx_size = mhp->ctx_train > 0 && mhp->ctx_train < 4096 ? mhp->ctx_train : 4096;
+    if (p.ctx_size == 0) p.ctx_size = default_ctx(mhp);
     if (p.ctx_size > 0) model_fit_ctx(model, p.ctx_size);
     /* auto: the GPU when there is one, unless the CUDA backend does not take the model (engine_cuda_lacks:
      * experimental paths not asked for, heads wider than this GPU's shared memory allows): then the CPU. */
@@ -778,7 +784,7 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
         model_free(&m);
         return rc;
     }
-    if (p.ctx_size == 0) p.ctx_size = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
+    if (p.ctx_size == 0) p.ctx_size = default_ctx(&m.hp);
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
     rc = kv_cache_init(&kv, m.hp.n_layers, m.hp.n_kv_heads, m.hp.head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
                        ENGINE_KV_BLOCK, KV_NO_HOST);

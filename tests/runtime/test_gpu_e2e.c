@@ -105,8 +105,8 @@ static void run_seq(struct engine *e, const int32_t *prompt, int n, int steps, c
 }
 
 /* Relative bound of compare_backends (and compare_hybrid): 1e-2 of the largest logit; a bf16 checkpoint's GPU
- * products round x to bf16 (2^-9 relative, 8x f16's), so its tests take 2e-2 (as llama.cpp's CUDA backend,
- * whose bf16 products take x in bf16 too). */
+ * products round x to bf16 (2^-9 relative, 8x f16's), so a bf16 test that goes past 1e-2 takes 2e-2 (as
+ * llama.cpp's CUDA backend, whose bf16 products take x in bf16 too). */
 static double e2e_rel_tol = 1e-2;
 
 static void compare_backends(const char *model, int n_prompt)
