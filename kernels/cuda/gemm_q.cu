@@ -5,15 +5,16 @@
  * x BN tile of y (BM rows of x, BN rows of W) over k in tiles of 64. Three shared-memory rings: raw   RST
  * stages of W's raw bytes, 256 elements of k per stage (8 blocks of 32 or one K-quant block) for the BN rows,
  * copied with 16-byte cp.async of each row's enclosing 16-byte-aligned range (so blocks keep their address
- * mod 16 for the type's aligned loads; the bytes at W's two ends go through 2-byte loads); w16   two tiles of
- * BN x 64 f16 weights, decoded from raw by all threads (one unit of 32 per task: Q::load + Q::unit +
- * qb_decode_h2, each value the f16 rounding of dequant_row's, bitwise); x16   XST tiles of BM x 64 f16 x, by
- * cp.async (rows past m and columns past k zero-filled). Per tile t, after one __syncthreads: issue x tile
- * t+XST-1 (and the next raw stage when one is used up), decode tile t+1 into the other w16 buffer, and
- * multiply tile t (ldmatrix + mma.sync m16n8k16, f32 accumulators in registers: warp tile (BM/WM) x (BN/WN)).
- * The decode of the next tile and the MMAs of this one overlap across warps. Every weight byte is read from
- * memory once per block, i.e. once per BM rows of x. PDL: trigger at the top; the first raw stages (weights)
- * are requested before pdl_wait(), x after.
+ * mod 16 for the type's aligned loads; the bytes at W's two ends go through 2-byte loads, 1-byte loads for
+ * the byte-aligned MXFP4, whose stage may start at an odd address); w16   two tiles of BN x 64 f16 weights,
+ * decoded from raw by all threads (one unit of 32 per task: Q::load + Q::unit + qb_decode_h2, each value the
+ * f16 rounding of dequant_row's, bitwise); x16   XST tiles of BM x 64 f16 x, by cp.async (rows past m and
+ * columns past k zero-filled). Per tile t, after one __syncthreads: issue x tile t+XST-1 (and the next raw
+ * stage when one is used up), decode tile t+1 into the other w16 buffer, and multiply tile t (ldmatrix +
+ * mma.sync m16n8k16, f32 accumulators in registers: warp tile (BM/WM) x (BN/WN)). The decode of the next tile
+ * and the MMAs of this one overlap across warps. Every weight byte is read from memory once per block, i.e.
+ * once per BM rows of x. PDL: trigger at the top; the first raw stages (weights) are requested before
+ * pdl_wait(), x after.
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -102,7 +103,13 @@ __device__ __forceinline__ void gm_issue_raw(unsigned char *buf, uintptr_t wlo, 
         unsigned char *dst = buf + row * RSTRIDE + 16 * q;
         if (src >= wlo && src + 16 <= whi) {
             gm_cp16(dst, (const void *)src, 16);
-        } else { /* W's first or last 16-byte piece: only the stage's own bytes */
+        } else if constexpr (Q::ALIGN == 1) { /* byte-aligned blocks (MXFP4): W's ends byte by byte */
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                const uintptr_t a = src + e;
+                if (a >= ga && a < ga + nbytes) dst[e] = __ldg(reinterpret_cast<const unsigned char *>(a));
+            }
+        } else { /* W's first or last 16-byte piece: only the stage's own bytes (2-byte-aligned blocks) */
 #pragma unroll
             for (int e = 0; e < 16; e += 2) {
                 const uintptr_t a = src + e;
@@ -455,7 +462,8 @@ template <class Q> int kern_cuda_qdequant(__half *out, const void *w, int n, int
     FCUDA_LAUNCH_CHECK("gm_dequant_kernel");
     return FERRY_OK;
 }
-#define GD_INSTANCE(T, name, Q) template int kern_cuda_qdequant<Q>(__half *, const void *, int, int, cudaStream_t);
+#define GD_INSTANCE(T, name, Q)                                                                              \
+    template int kern_cuda_qdequant<Q>(__half *, const void *, int, int, cudaStream_t);
 QB_TYPES(GD_INSTANCE)
 #undef GD_INSTANCE
 

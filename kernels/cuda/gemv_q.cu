@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(256)
         if (sub == 0) {
             const size_t o = gqm_xd_off(row, u, nu);
             *reinterpret_cast<float2 *>(xd + o) = make_float2(p.dx, p.s);
-            *reinterpret_cast<float2 *>(xd + o + 4) = make_float2(__int_as_float(p.sq), __int_as_float(p.sq_hi));
+            *reinterpret_cast<float2 *>(xd + o + 4) =
+                make_float2(__int_as_float(p.sq), __int_as_float(p.sq_hi));
         }
     } else {
         x8_store(xq, xd, p, row, u, sub, k);
@@ -257,14 +258,17 @@ static int gq_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int 
     }
 }
 
-/* The entry for type Q: row tiles of at most KERN_CUDA_QDP4A_MAX_M rows of x, R rows of W per warp (1, 2, 4);
- * the caller checked the arguments and that the workspace holds kern_cuda_qmm_x8_ws(min(m, 4), k) bytes. */
+/* The entry for type Q: row tiles of at most KERN_CUDA_QDP4A_MAX_M rows of x (fewer when the workspace cannot
+ * hold x's int8 form for 4 rows; FERRY_ERR_RANGE when it cannot hold one), R rows of W per warp (1, 2, 4);
+ * the caller checked the arguments. */
 template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c, int R)
 {
-    if (c->ws_bytes < kern_cuda_qmm_x8_ws(min(c->m, KERN_CUDA_QDP4A_MAX_M), c->k)) return FERRY_ERR_RANGE;
-    const bool ready = c->x_ready && c->m <= KERN_CUDA_QDP4A_MAX_M; /* one tile, its x already in ws */
-    for (int i = 0; i < c->m; i += KERN_CUDA_QDP4A_MAX_M) {
-        const int mt = min(KERN_CUDA_QDP4A_MAX_M, c->m - i);
+    int tile = KERN_CUDA_QDP4A_MAX_M;
+    while (tile > 0 && c->ws_bytes < kern_cuda_qmm_x8_ws(tile, c->k)) tile--;
+    if (tile == 0) return FERRY_ERR_RANGE;
+    const bool ready = c->x_ready && c->m <= tile; /* one tile, its x already in ws */
+    for (int i = 0; i < c->m; i += tile) {
+        const int mt = min(tile, c->m - i);
         float *y = c->y + (size_t)i * c->ldy;
         const float *x = c->x + (size_t)i * c->k;
         const int rc = R == 1   ? gq_tile<Q, 1>(c, y, x, mt, ready)

@@ -607,36 +607,6 @@ template <class Q> static enum dtype mm_q_dtype(void);
 QB_TYPES(MM_Q_DTYPE)
 #undef MM_Q_DTYPE
 
-/* The automatic choice: per type, entries in increasing m_max; the first entry with m <= m_max gives the
- * variant, past a type's last entry W decoded to f16 in pieces for cuBLAS (the f16-tile GEMM when the context
- * has no piece buffer). The entries are bench_cuda --quant's "table lines", pasted from a GPU run (NOTES.md,
- * Version 8 and 9, say which). */
-struct qmm_pick {
-    enum dtype t;
-    int m_max;
-    int variant;
-};
-static const struct qmm_pick qmm_picks[] = {
-    /* The best variant per type and m measured on the H200 (2026-12-02b: bench_cuda --quant's "table lines"
-     * over the Llama-2-7B layer shapes); past the last entry of a type, KERN_QV_F16_PIECES. */
-    {DTYPE_Q4_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_0, 32, KERN_QV_MMA_16}, {DTYPE_Q4_0, 64, KERN_QV_MMA_32},
-    {DTYPE_Q4_0, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q4_1, 2, KERN_QV_DP4A_R1}, {DTYPE_Q4_1, 32, KERN_QV_MMA_16}, {DTYPE_Q4_1, 128, KERN_QV_MMA_32},
-    {DTYPE_Q4_1, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q5_0, 2, KERN_QV_DP4A_R1}, {DTYPE_Q5_0, 3, KERN_QV_DP4A_R2}, {DTYPE_Q5_0, 16, KERN_QV_MMA_16},
-    {DTYPE_Q5_0, 64, KERN_QV_MMA_32}, {DTYPE_Q5_0, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q5_1, 2, KERN_QV_DP4A_R1}, {DTYPE_Q5_1, 16, KERN_QV_MMA_16}, {DTYPE_Q5_1, 128, KERN_QV_MMA_32},
-    {DTYPE_Q5_1, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q8_0, 2, KERN_QV_DP4A_R4}, {DTYPE_Q8_0, 3, KERN_QV_Q8OLD}, {DTYPE_Q8_0, 32, KERN_QV_MMA_16},
-    {DTYPE_Q8_0, 64, KERN_QV_MMA_32}, {DTYPE_Q8_0, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q4_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q4_K, 32, KERN_QV_MMA_16}, {DTYPE_Q4_K, 128, KERN_QV_MMA_32},
-    {DTYPE_Q4_K, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q5_K, 1, KERN_QV_DP4A_R4}, {DTYPE_Q5_K, 32, KERN_QV_MMA_16}, {DTYPE_Q5_K, 64, KERN_QV_MMA_32},
-    {DTYPE_Q5_K, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q6_K, 2, KERN_QV_DP4A_R1}, {DTYPE_Q6_K, 8, KERN_QV_MMA_32}, {DTYPE_Q6_K, 16, KERN_QV_MMA_16},
-    {DTYPE_Q6_K, 32, KERN_QV_MMA_32}, {DTYPE_Q6_K, 512, KERN_QV_F16_PIECES},
-};
-
 static int g_qvariant = KERN_QV_AUTO;
 
 extern "C" int kern_cuda_qmm_set_variant(int variant)
@@ -666,40 +636,6 @@ extern "C" const char *kern_cuda_qmm_variant_name(int variant)
     return "?";
 }
 
-/* Variants that computed wrong products on an H100 (test_cuda_matmul_q, 2026-12-07): Q2_K through the int8
- * paths (dp4a GEMV and int8 MMA: errors of 2 to 180 tolerances, its per-16 minimums), MXFP4 through the f16
- * paths (the f16 tile GEMMs and the decode to f16 for cuBLAS: NaN and wrong values, its 17-byte blocks). Each
- * type keeps to the paths that matched the reference until these are fixed (kernels/cuda/NOTES.md). */
-static bool qv_broken(enum dtype t, int v)
-{
-    if (t == DTYPE_Q2_K) return v >= KERN_QV_DP4A_R1 && v <= KERN_QV_MMA_32;
-    if (t == DTYPE_MXFP4) return v >= KERN_QV_GEMM;
-    return false;
-}
-
-extern "C" int kern_cuda_qmm_variant_applies(enum dtype t, int variant)
-{
-    if (variant <= KERN_QV_AUTO || variant >= KERN_QV_COUNT || qv_broken(t, variant)) return 0;
-    return variant != KERN_QV_Q8OLD || t == DTYPE_Q8_0;
-}
-
-extern "C" int kern_cuda_qmm_pick(enum dtype t, int m)
-{
-    if (t == DTYPE_Q2_K) return KERN_QV_GEMM; /* (qv_broken) */
-    if (t == DTYPE_MXFP4) return m <= 2 ? KERN_QV_DP4A_R1 : KERN_QV_MMA_32;
-    int listed = 0;
-    for (size_t i = 0; i < sizeof qmm_picks / sizeof qmm_picks[0]; i++) {
-        listed |= qmm_picks[i].t == t;
-        if (qmm_picks[i].t == t && m <= qmm_picks[i].m_max) return qmm_picks[i].variant;
-    }
-    /* Types not measured yet (the lookup-table types of qblock_lut.cuh): the shape most measured types share,
-     * dp4a for 1-2 rows, the int8 MMA up to 128, then f16 pieces. */
-    if (!listed && m <= 2) return KERN_QV_DP4A_R1;
-    if (!listed && m <= 32) return KERN_QV_MMA_16;
-    if (!listed && m <= 128) return KERN_QV_MMA_32;
-    return KERN_QV_F16_PIECES;
-}
-
 /* Whether variant v reads x's int8 form in the natural layout at m <= 4 (and so can skip its pre-pass). */
 static bool qv_reads_x8(int v)
 {
@@ -716,10 +652,10 @@ static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ld
     return c;
 }
 
-/* KERN_QV_F16_PIECES: W decoded to f16 in pieces of rows that fit the context's piece buffer (a multiple of 128
- * rows when W does not fit whole), each multiplied by cuBLAS on tensor cores (f32 accumulation) with x rounded
- * to f16 once: the f16-tile GEMM's arithmetic (x and W each rounded to f16 once), summed in cuBLAS's order.
- * FERRY_ERR_RANGE when the buffer holds fewer than 128 rows of W (the caller then runs the GEMM). */
+/* KERN_QV_F16_PIECES: W decoded to f16 in pieces of rows that fit the context's piece buffer (a multiple of
+ * 128 rows when W does not fit whole), each multiplied by cuBLAS on tensor cores (f32 accumulation) with x
+ * rounded to f16 once: the f16-tile GEMM's arithmetic (x and W each rounded to f16 once), summed in cuBLAS's
+ * order. FERRY_ERR_RANGE when the buffer holds fewer than 128 rows of W (the caller then runs the GEMM). */
 template <class Q> static int qmm_f16_pieces(struct kern_cuda_ctx *ctx, const struct kern_cuda_qmm *c)
 {
     const int m = c->m, n = c->n, k = c->k;
@@ -734,8 +670,8 @@ template <class Q> static int qmm_f16_pieces(struct kern_cuda_ctx *ctx, const st
     const float one = 1.0f, zero = 0.0f;
     for (int p0 = 0; p0 < n; p0 += (int)rows) {
         const int np = (int)(rows < n - p0 ? rows : n - p0);
-        const int rc = kern_cuda_qdequant<Q>((__half *)ctx->w16, (const uint8_t *)c->w + (size_t)p0 * rowbytes,
-                                             np, k, c->stream);
+        const int rc = kern_cuda_qdequant<Q>((__half *)ctx->w16,
+                                             (const uint8_t *)c->w + (size_t)p0 * rowbytes, np, k, c->stream);
         if (rc) return rc;
         for (int i = 0; i < m; i += (int)rows_fit) {
             const int mt = (int)(rows_fit < m - i ? rows_fit : m - i);
@@ -758,8 +694,10 @@ template <class Q> static int qmm_f16_pieces(struct kern_cuda_ctx *ctx, const st
     return FERRY_OK;
 }
 
-/* One variant of type Q. An int8 variant whose workspace does not fit, or the f16 pieces without a piece
- * buffer, falls back to the GEMM (row chunks). */
+/* One variant of type Q. The int8 kernels run in row tiles their workspace holds; the MMA where it cannot
+ * hold 8 rows of x falls back to the dp4a GEMV (the same int8 arithmetic), and that, or the f16 pieces
+ * without a piece buffer of 128 rows, to the f16-tile GEMM (row chunks of one row at least: mm_q_auto checked
+ * it). */
 template <class Q>
 static int qmm_run(struct kern_cuda_ctx *ctx, const struct kern_cuda_qmm *c, enum dtype t, int v)
 {
@@ -774,6 +712,7 @@ static int qmm_run(struct kern_cuda_ctx *ctx, const struct kern_cuda_qmm *c, enu
     case KERN_QV_MMA_16:
     case KERN_QV_MMA_32:
         rc = kern_cuda_qmmv<Q>(c, v == KERN_QV_MMA_16 ? 1 : 2);
+        if (rc == FERRY_ERR_RANGE) rc = kern_cuda_qgemv<Q>(c, 1);
         break;
     case KERN_QV_F16_PIECES:
         rc = qmm_f16_pieces<Q>(ctx, c);
@@ -813,8 +752,7 @@ static int mm_q_gemm(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
 {
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
-    const enum dtype t = mm_q_dtype<Q>();
-    return qmm_run<Q>(ctx, &c, t, g_qvariant ? g_qvariant : qv_broken(t, KERN_QV_GEMM) ? KERN_QV_MMA_32 : KERN_QV_GEMM);
+    return qmm_run<Q>(ctx, &c, mm_q_dtype<Q>(), g_qvariant ? g_qvariant : KERN_QV_GEMM);
 }
 
 static const struct mm_type mm_types[] = {
@@ -861,7 +799,8 @@ extern "C" int kern_cuda_matmul_gemv(struct kern_cuda_ctx *ctx, float *y, int ld
     const int rc = check_args(ty, y, ldy, x, w, bias, m, n, k);
     if (rc) return rc;
     if (ty->needs_ctx && !ctx) return FERRY_ERR_INVALID;
-    if (ctx && ctx->x8_src != x) ctx->x8_src = NULL; /* a product of another x: x8_src may be rewritten next */
+    if (ctx && ctx->x8_src != x)
+        ctx->x8_src = NULL; /* a product of another x: x8_src may be rewritten next */
     return ty->gemv(ctx, y, ldy, x, w, bias, m, n, k, stream);
 }
 

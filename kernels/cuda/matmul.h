@@ -31,6 +31,7 @@ extern "C" {
 #endif
 
 #include "kernels/core/dtype.h"
+#include "kernels/cuda/matmul_pick.h" /* KERN_CUDA_W16_MIN_M */
 
 #define KERN_CUDA_GEMV_MAX_M 16
 
@@ -52,7 +53,6 @@ size_t kern_cuda_ctx_size(size_t max_x_elems, size_t w16_bytes);
  * choice decodes W to f16 only from there), else the largest block-type matrix in f16 (max_w16_elems
  * elements), capped at KERN_CUDA_W16_MAX_BYTES (larger matrices run in pieces). */
 size_t kern_cuda_w16_bytes(int max_m, size_t max_w16_elems);
-#define KERN_CUDA_W16_MIN_M     33 /* the smallest m at which matmul.cu's table picks the pieces */
 #define KERN_CUDA_W16_MAX_BYTES ((size_t)64 << 20)
 
 /* 1 if the device can multiply weights of type t (an entry of the type table), else 0. */

@@ -33,6 +33,7 @@ extern "C" {
 #endif
 
 #include "kernels/core/dtype.h"
+#include "kernels/cuda/matmul_pick.h"
 
 struct kern_cuda_qmm {
     float *y; /* (m, ldy) f32 */
@@ -60,33 +61,15 @@ size_t kern_cuda_qmm_x8_ws(int m, int k);
 void kern_cuda_qmm_x8_at(void *ws, int m, int k, uint8_t **xq, float **xd);
 size_t kern_cuda_qmm_gemm_ws(int m, int k);
 
-/* The kernels the automatic choice picks from (matmul.cu's table, by type and m; NOTES.md, Version 8, says
- * where its entries come from). A variant applies to every type except KERN_QV_Q8OLD (Q8_0 only). */
-enum kern_cuda_qvariant {
-    KERN_QV_AUTO = 0,
-    KERN_QV_DP4A_R1, /* dp4a GEMV, 1 row of W per warp */
-    KERN_QV_DP4A_R2, /* 2 rows per warp (lanes of different rows share x loads) */
-    KERN_QV_DP4A_R4, /* 4 rows per warp */
-    KERN_QV_MMA_16,  /* int8 MMA, 16 rows of W per warp, 4 ring stages */
-    KERN_QV_MMA_32,  /* 32 rows per warp (x fragments shared by two row tiles), 3 stages */
-    KERN_QV_GEMM,    /* f16 GEMM, tile by m and n (gemm_q.cu's gm_pick) */
-    KERN_QV_GEMM_C1, /* f16 GEMM, configuration 1 .. KERN_CUDA_QGEMM_CONFIGS (gemm_q.cu's GM_CONFIGS) */
-    KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 12, /* kern_cuda_gemv_q8 (f16 x, f16 tensor cores), Q8_0 only */
-    KERN_QV_F16_PIECES, /* W decoded to f16 in pieces of rows (the context's piece buffer), then cuBLAS */
-    KERN_QV_COUNT
-};
-#define KERN_CUDA_QGEMM_CONFIGS 12
+/* The variants (enum kern_cuda_qvariant) and the automatic choice among them: kernels/cuda/matmul_pick.h. */
 
 /* Tuning hooks for tests and benches (not thread-safe; call before launching work). set_variant forces a
  * variant for every block-type product (KERN_QV_AUTO: the table), returning the previous setting or
  * FERRY_ERR_INVALID for a value out of range; a forced variant that does not apply to a type (KERN_QV_Q8OLD
  * with another type) or whose configuration the device cannot hold makes the product return
- * FERRY_ERR_UNSUPPORTED. variant_name: a short description for bench output. pick: the variant the table
- * gives type t at m rows (never KERN_QV_AUTO). */
+ * FERRY_ERR_UNSUPPORTED. variant_name: a short description for bench output. */
 int kern_cuda_qmm_set_variant(int variant);
 const char *kern_cuda_qmm_variant_name(int variant);
-int kern_cuda_qmm_variant_applies(enum dtype t, int variant);
-int kern_cuda_qmm_pick(enum dtype t, int m);
 
 #ifdef __cplusplus
 }

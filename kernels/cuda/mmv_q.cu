@@ -250,22 +250,31 @@ static int gqm_launch(const struct kern_cuda_qmm *c, float *y, const float *x, i
     return FERRY_OK;
 }
 
+/* Rows of x padded to the MMA's column groups: 8, 16, 32 or 64. */
+static int gqm_padded(int m)
+{
+    return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
+}
+
 template <class Q, int AT> static int gqm_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int m)
 {
-    if (c->ws_bytes < kern_cuda_qmm_x8_ws(m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64, c->k))
-        return FERRY_ERR_RANGE;
+    if (c->ws_bytes < kern_cuda_qmm_x8_ws(gqm_padded(m), c->k)) return FERRY_ERR_RANGE;
     if (m <= 8) return gqm_launch<Q, 1, AT>(c, y, x, m);
     if (m <= 16) return gqm_launch<Q, 2, AT>(c, y, x, m);
     if (m <= 32) return gqm_launch<Q, 4, AT>(c, y, x, m);
     return gqm_launch<Q, 8, AT>(c, y, x, m);
 }
 
-/* Row tiles of at most KERN_CUDA_QMMA_MAX_M rows of x, 16 * AT rows of W per warp; the caller checked the
- * arguments and that the workspace holds kern_cuda_qmm_x8_ws(8 * NT, k) bytes for the tile's NT. */
+/* Row tiles of at most KERN_CUDA_QMMA_MAX_M rows of x, fewer (32, 16, 8) when the workspace cannot hold x's
+ * padded int8 form for 64 (FERRY_ERR_RANGE when it cannot hold 8); 16 * AT rows of W per warp. The caller
+ * checked the arguments. */
 template <class Q> int kern_cuda_qmmv(const struct kern_cuda_qmm *c, int AT)
 {
-    for (int i = 0; i < c->m; i += KERN_CUDA_QMMA_MAX_M) {
-        const int mt = min(KERN_CUDA_QMMA_MAX_M, c->m - i);
+    int tile = KERN_CUDA_QMMA_MAX_M;
+    while (tile > 8 && (tile >= 2 * c->m || c->ws_bytes < kern_cuda_qmm_x8_ws(tile, c->k))) tile /= 2;
+    if (c->ws_bytes < kern_cuda_qmm_x8_ws(gqm_padded(min(tile, c->m)), c->k)) return FERRY_ERR_RANGE;
+    for (int i = 0; i < c->m; i += tile) {
+        const int mt = min(tile, c->m - i);
         float *y = c->y + (size_t)i * c->ldy;
         const float *x = c->x + (size_t)i * c->k;
         const int rc = AT == 1 ? gqm_tile<Q, 1>(c, y, x, mt) : gqm_tile<Q, 2>(c, y, x, mt);

@@ -12,13 +12,19 @@
 #     test-backend-ops compiled against it (about 10 minutes on 2 cores, once); each round about 11 minutes on a
 #     busy 2-core machine.
 #   --cuda: tests/bench_cuda/bench_cuda --types (kern_cuda_matmul's automatic choice, graph-timed, one weight
-#     copy) beside test-backend-ops perf -b CUDA0. Give LCP_BUILD an existing llama.cpp CUDA build (e.g. the one
-#     ../shared/peers/build-llama-cpp.sh makes) to skip the ggml build (CUDA without FlashAttention: an estimated
-#     5-8 minutes on a 16-core host, not measured). Where commands are limited to 10 minutes, build in one and
-#     measure in the next on the same machine (each round an estimated 3-5 minutes):
+#     copy) beside test-backend-ops perf -b CUDA0, on the GPU machine from the repository root with .debs and
+#     .peers carried (tests/gpu/deps.sh, tests/gpu/compare_llamacpp.sh). BUILD_DIR is configured here when it is
+#     not yet (meson setup -Dcuda=enabled, only bench_cuda is built); llama.cpp's ggml (CUDA sm_90, no
+#     FlashAttention) is built beside it in parallel, and test-backend-ops compiled meanwhile (estimated 4-7
+#     minutes on a 16-core host, not measured; give LCP_BUILD an existing lcp0336 build, e.g. the one
+#     .peers/build-llama-cpp.sh makes, to skip ggml). Commands there are limited to 10 minutes, so build in one
+#     call and measure in the next on the same warm machine (each round an estimated 2-4 minutes: most of
+#     test-backend-ops' time is quantizing its random 4096 x 14336 matrices on the host, twice per type):
 #       ROUNDS=0 bash tests/bench/compare_types.sh --cuda build-cuda          (builds llama.cpp's ggml and bench_cuda)
 #       ROUNDS=2 RESULTS=$OUT/types-cuda bash tests/bench/compare_types.sh --cuda build-cuda
-#     then copy types-cuda into tests/gpu/results/ and run docs/make_benchmarks.py.
+#     The measuring call reuses the bench_cuda the first call built (REBUILD=1 runs ninja again), and writes
+#     results.jsonl and meta.json after every round, so a call cut short keeps the rounds it finished. Then copy
+#     types-cuda into tests/gpu/results/ and run docs/make_benchmarks.py.
 # ROUNDS rounds (default 3) alternate the two sides, each logging the load average; results.jsonl keeps every
 # round and the table shows each side's best. Writes $RESULTS (default tests/gpu/results/types-cpu or
 # types-cuda): meta.json, results.jsonl and the raw logs; then run python3 docs/make_benchmarks.py.
@@ -29,6 +35,7 @@ cd "$(dirname "$0")/../.."
 dev=cpu
 [ "${1:-}" = --cuda ] && { dev=cuda; shift; }
 build=${1:-build}
+script_args="$*" # (for meta.json's command)
 rounds=${ROUNDS:-3}
 types=${TYPES:-"F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4 NVFP4 IQ3_S IQ3_XXS IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S"}
 threads=$(($(nproc) / 2))
@@ -37,24 +44,10 @@ R=${RESULTS:-tests/gpu/results/types-$dev}
 L=${LCP_BUILD:-/tmp/lcp0336-ops-$dev}
 src=${LCP_SRC:-/tmp/llama.cpp-lcp0336}
 export PATH=$PATH:/usr/local/cuda/bin
+[ -f tests/gpu/deps.sh ] && . tests/gpu/deps.sh # the carried .debs on a machine without package access
+t0=$(date +%s)
+el() { echo "$(($(date +%s) - t0))s"; }
 
-# llama.cpp: ggml (the CPU backend, or CPU and CUDA) and test-backend-ops, which needs nothing else of llama.cpp.
-if [ ! -x "$L/bin/test-backend-ops" ]; then
-  tarball=$(ls ../shared/peers/llama.cpp-lcp0336.tar.gz .peers/llama.cpp-lcp0336.tar.gz 2> /dev/null | head -1)
-  [ -f $src/CMakeLists.txt ] || { mkdir -p $src && tar -xzf "$tarball" -C $src; } ||
-    { echo "no llama.cpp-lcp0336.tar.gz in ../shared/peers or .peers"; exit 1; }
-  if ! ls "$L"/bin/libggml.so > /dev/null 2>&1; then
-    cuda=(-DGGML_CUDA=OFF)
-    [ $dev = cuda ] && cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF)  # no attention
-    nice cmake -S $src -B "$L" "${cuda[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > "$L.cmake.log" 2>&1 &&
-      nice cmake --build "$L" --target ggml -j "$(nproc)" > "$L.build.log" 2>&1 ||
-      { echo "llama.cpp ggml build failed ($L.build.log)"; exit 1; }
-  fi
-  nice g++ -O2 -std=c++17 -I$src/ggml/include $src/tests/test-backend-ops.cpp -o "$L/bin/test-backend-ops" \
-    -L"$L/bin" -lggml -lggml-base -Wl,-rpath,"$L/bin" -lpthread ||
-    { echo "test-backend-ops build failed"; exit 1; }
-fi
 if [ $dev = cuda ]; then
   F="$build/tests/bench_cuda/bench_cuda --types"
   backend=CUDA0
@@ -63,27 +56,65 @@ else
   backend=CPU
 fi
 bin=${F%% *}
-nice ninja -C "$build" "${bin#"$build"/}" > /tmp/compare_types.ninja.log 2>&1 ||
-  { tail -20 /tmp/compare_types.ninja.log; echo "building $bin failed (is $build configured: meson setup $build?)"; exit 1; }
+
+# ferry: configure BUILD_DIR when needed and build the bench, in the background (the GPU machine builds both sides
+# at once); a measuring --cuda call keeps the bench the build call made.
+build_ferry() {
+  if [ ! -f "$build/build.ninja" ]; then
+    local opts=(-Dbuildtype=release)
+    [ $dev = cuda ] && opts+=(-Dcuda=enabled -Dtests=disabled -Dserver=disabled)
+    meson setup "$build" "${opts[@]}" > /tmp/compare_types.setup.log 2>&1 ||
+      { tail -20 /tmp/compare_types.setup.log; echo "meson setup $build failed"; return 1; }
+  fi
+  nice ninja -C "$build" "${bin#"$build"/}" > /tmp/compare_types.ninja.log 2>&1 ||
+    { tail -20 /tmp/compare_types.ninja.log; echo "building $bin failed"; return 1; }
+}
+fb=
+if [ $dev = cuda ] && [ "$rounds" -gt 0 ] && [ -x "$bin" ] && [ -z "${REBUILD:-}" ]; then
+  echo "using $bin as built $(date -r "$bin" '+%F %T')"
+else
+  build_ferry &
+  fb=$!
+fi
+
+# llama.cpp: ggml (the CPU backend, or CPU and CUDA) and test-backend-ops, which needs nothing else of llama.cpp:
+# its object compiles while ggml builds, and is linked against it.
+if [ ! -x "$L/bin/test-backend-ops" ]; then
+  tarball=$(ls ../shared/peers/llama.cpp-lcp0336.tar.gz .peers/llama.cpp-lcp0336.tar.gz 2> /dev/null | head -1)
+  [ -f $src/CMakeLists.txt ] || { mkdir -p $src && tar -xzf "$tarball" -C $src; } ||
+    { echo "no llama.cpp-lcp0336.tar.gz in ../shared/peers or .peers"; exit 1; }
+  mkdir -p "$L/bin"
+  nice g++ -O2 -std=c++17 -I$src/ggml/include -c $src/tests/test-backend-ops.cpp -o "$L/test-backend-ops.o" \
+    > "$L.tbo.log" 2>&1 &
+  tb=$!
+  if ! ls "$L"/bin/libggml.so > /dev/null 2>&1; then
+    cuda=(-DGGML_CUDA=OFF)
+    [ $dev = cuda ] && cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF)  # no attention
+    nice cmake -S $src -B "$L" "${cuda[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > "$L.cmake.log" 2>&1 &&
+      nice cmake --build "$L" --target ggml -j "$(nproc)" > "$L.build.log" 2>&1 ||
+      { tail -20 "$L.build.log"; echo "llama.cpp ggml build failed ($L.build.log)"; exit 1; }
+    echo "llama.cpp ggml built ($(el))"
+  fi
+  wait $tb || { tail -20 "$L.tbo.log"; echo "test-backend-ops build failed"; exit 1; }
+  nice g++ "$L/test-backend-ops.o" -o "$L/bin/test-backend-ops" -L"$L/bin" -lggml -lggml-base \
+    -Wl,-rpath,"$L/bin" -lpthread || { echo "test-backend-ops link failed"; exit 1; }
+fi
+if [ -n "$fb" ]; then
+  wait $fb || exit 1
+  echo "$bin built ($(el))"
+fi
 [ "$rounds" -gt 0 ] || { echo "built; ROUNDS=0: nothing measured"; exit 0; }
 
 # test-backend-ops' names: lower case but the K of the K-quants.
 alt=$(echo $types | tr 'A-Z ' 'a-z|' | sed 's/_k/_K/g')
 pattern="type_a=($alt),type_b=f32,m=4096,n=(1|8),k=14336,bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\],k_v=0,o=1,"
-rm -rf "$R" && mkdir -p "$R"
-for r in $(seq 1 "$rounds"); do
-  echo "round $r: ferry (load $(cut -d' ' -f1 /proc/loadavg))"
-  echo "# load $(cut -d' ' -f1 /proc/loadavg)" > "$R/ferry.r$r.txt"
-  $F -T "$(echo $types | tr ' ' ,)" >> "$R/ferry.r$r.txt" 2>&1 || { echo "ferry failed: $R/ferry.r$r.txt"; exit 1; }
-  echo "round $r: llama.cpp (load $(cut -d' ' -f1 /proc/loadavg))"
-  echo "# load $(cut -d' ' -f1 /proc/loadavg)" > "$R/llamacpp.r$r.txt"
-  "$L/bin/test-backend-ops" perf -b $backend -o MUL_MAT -p "$pattern" >> "$R/llamacpp.r$r.txt" 2>&1 ||
-    { echo "test-backend-ops failed: $R/llamacpp.r$r.txt"; exit 1; }
-done
 
+# results.jsonl and meta.json from the rounds done so far (summarize N): rewritten after every round.
+summarize() {
 # One row per round, side, type, arithmetic and m: µs per product, GB/s of weight bytes (ferry's bytes per
 # matrix for both: the same type and shape), the load average at the start of the side's round.
-python3 - "$R" "$rounds" "$dev" << 'EOF'
+python3 - "$R" "$1" "$dev" << 'EOF'
 import json, re, sys
 R, rounds, dev = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows, wbytes = [], {}
@@ -128,7 +159,7 @@ if [ $dev = cuda ]; then
 else
   machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 fi
-python3 - "$R" "$dev" "$machine" "$threads" "$rounds" "$*" << 'EOF'
+python3 - "$R" "$dev" "$machine" "$threads" "$rounds" "$script_args" << 'EOF'
 import json, subprocess, sys, time
 R, dev, machine, threads, rounds, args = sys.argv[1:]
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -152,4 +183,19 @@ json.dump({
 }, open(f"{R}/meta.json", "w"), indent=2, ensure_ascii=False)
 open(f"{R}/meta.json", "a").write("\n")
 EOF
+}
+
+rm -rf "$R" && mkdir -p "$R"
+for r in $(seq 1 "$rounds"); do
+  echo "round $r: ferry (load $(cut -d' ' -f1 /proc/loadavg))"
+  echo "# load $(cut -d' ' -f1 /proc/loadavg)" > "$R/ferry.r$r.txt"
+  $F -T "$(echo $types | tr ' ' ,)" >> "$R/ferry.r$r.txt" 2>&1 || { echo "ferry failed: $R/ferry.r$r.txt"; exit 1; }
+  echo "round $r: llama.cpp (load $(cut -d' ' -f1 /proc/loadavg))"
+  echo "# load $(cut -d' ' -f1 /proc/loadavg)" > "$R/llamacpp.r$r.txt"
+  "$L/bin/test-backend-ops" perf -b $backend -o MUL_MAT -p "$pattern" >> "$R/llamacpp.r$r.txt" 2>&1 ||
+    { echo "test-backend-ops failed: $R/llamacpp.r$r.txt"; exit 1; }
+  summarize "$r"
+  echo "round $r done ($(el))"
+done
+
 echo "wrote $R; now: python3 docs/make_benchmarks.py"

@@ -206,7 +206,8 @@ static inline void qref_q8_row(const uint8_t *wrow, const struct qref_xq *xq, in
 }
 
 /* Bound on |result of the int8 path - exact product| from x's quantization: every element is off by at most
- * dx/2, and its weight without the minimum, d(i) * (q_i + QOFF), multiplies that. */
+ * dx/2, and its weight without the minimum, d(i) * (q_i + QOFF), multiplies that; with the minimum for TWO_M
+ * types (Q2_K), whose minimums multiply Σxq·dx rather than the f32 Σx. */
 template <class Q>
 static inline double qref_q8_bound_row(const uint8_t *wrow, const struct qref_xq *xq, int xrow, int k)
 {
@@ -217,7 +218,7 @@ static inline double qref_q8_bound_row(const uint8_t *wrow, const struct qref_xq
         double t = 0;
         for (int i = 0; i < 32; i++) {
             const int q = (int)(int8_t)(u.q[i >> 2] >> (8 * (i & 3))) + Q::QOFF;
-            t += fabs((double)(i < 16 ? u.d0 : u.d1) * q);
+            t += Q::TWO_M ? fabs((double)qb_value<Q>(u, i)) : fabs((double)(i < 16 ? u.d0 : u.d1) * q);
         }
         b += t * 0.5 * xq->dx[(size_t)xrow * (k / 32) + U];
     }

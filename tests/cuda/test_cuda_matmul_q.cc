@@ -15,8 +15,9 @@
  * Tolerances, derived (u = 2^-24, A = the sum of the magnitudes of the reference's terms): int8 path vs int8
  * ref: (k/32 + 16)·2u·A — one f32 rounding per unit term and per addition of the k/32 unit terms, the lane
  * tree and the split sum, each at most u relative to a partial sum <= A, doubled; int8 path vs exact:
- * Σ|d(q+QOFF)|·dx/2 (each xq off by at most dx/2 from x/dx) + the above + 2u|exact|; f16 paths vs their ref:
- * (k/16 + 16)·8u·A — one tensor-core accumulation step per 16 products, allowing 4 ulp each (the tensor
+ * Σ|d(q+QOFF)|·dx/2 (each xq off by at most dx/2 from x/dx; Σ|w|·dx/2 for Q2_K, whose minimum per 16 elements
+ * multiplies Σxq·dx, as llama.cpp's MMVQ/MMQ do, not the f32 Σx) + the above + 2u|exact|; f16 paths vs their
+ * ref: (k/16 + 16)·8u·A — one tensor-core accumulation step per 16 products, allowing 4 ulp each (the tensor
  * cores' f32 adds are not specified as round-to-nearest); a wrong element, block, scale or offset gives
  * errors of the order of A itself; f16 path vs exact: Σ|x·w|·(2^-11 + 2^-11 + 2^-22) (x and w each rounded to
  * f16 once) + the above + 2u|exact| (f16x: x only). Every failing case prints one line (variant, type, m, n,
@@ -94,7 +95,55 @@ template <class Q> static void fill_views(wmat *W)
         }
 }
 
-static void make_wmat(wmat *W, enum dtype t, int n, int k, int woff)
+/* Q2_K blocks at the edges of their fields, block b by b % 8 and sub-block j (on top of random blocks): the
+ * 4-bit scale and minimum of each 16 at 0 and 15 in every combination (a pure minimum, a pure scale,
+ * neither), the sub-blocks' minimums differing between the two halves of a unit of 32 (so a kernel that
+ * swapped them, or used one for both, is off), quants all 0, all 3 or random, and d and dmin of either sign,
+ * of very different sizes, or zero (dmin < 0 makes the minimum term add: its sign must survive every path).
+ */
+static void q2k_extreme_blocks(uint8_t *w, int64_t nb)
+{
+    static const uint8_t sc_mn[8][2] = {{15, 15}, {0, 15}, {15, 0}, {0, 0}, {1, 15}, {15, 1}, {7, 8}, {8, 7}};
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *p = w + (size_t)b * 84;
+        const int kind = (int)(b % 8);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t *c = sc_mn[(j + kind) % 8];
+            if (kind != 7) p[j] = (uint8_t)(c[0] | c[1] << 4); /* kind 7: random scale bytes */
+        }
+        if (kind == 2) memset(p + 16, 0x00, 64); /* every q = 0: the minimums alone */
+        if (kind == 3) memset(p + 16, 0xFF, 64); /* every q = 3 */
+        const uint16_t big = f32_to_f16(0.25f), small = f32_to_f16(0x1.0p-12f), neg = 0x8000;
+        uint16_t d, dmin;
+        switch (kind) {
+        case 0:
+            d = big, dmin = big | neg;
+            break; /* minimum term added */
+        case 1:
+            d = small, dmin = big;
+            break; /* minimum dominates */
+        case 2:
+            d = big | neg, dmin = small | neg;
+            break;
+        case 3:
+            d = 0, dmin = big | neg;
+            break; /* no scale at all */
+        case 4:
+            d = big, dmin = 0x8000;
+            break; /* dmin = -0 */
+        case 5:
+            d = small | neg, dmin = small;
+            break;
+        default:
+            d = qref_scale(), dmin = qref_scale();
+            break;
+        }
+        qref_put16(p + 80, d);
+        qref_put16(p + 82, dmin);
+    }
+}
+
+static void make_wmat(wmat *W, enum dtype t, int n, int k, int woff, bool extreme = false)
 {
     W->t = t, W->n = n, W->k = k, W->woff = woff;
     const size_t rb = dtype_row_size(t, k);
@@ -102,6 +151,7 @@ static void make_wmat(wmat *W, enum dtype t, int n, int k, int woff)
     W->buf.assign(W->bytes + 64, 0);
     W->w = W->buf.data() + (16 - (uintptr_t)W->buf.data() % 16) % 16 + woff;
     qref_random_blocks(t, W->w, (int64_t)n * k / dtype_block_size(t));
+    if (extreme && t == DTYPE_Q2_K) q2k_extreme_blocks(W->w, (int64_t)n * k / 256);
     W->deq.resize((size_t)n * k);
     W->wd.resize((size_t)n * k);
     W->um.resize((size_t)n * (k / 32));
@@ -118,21 +168,22 @@ static const char *const ref_names[] = {"int8-path", "f16-path", "f16x-path"};
 /* What a call runs: the automatic choice (kern_cuda_matmul), the GEMM entry, or a forced variant. */
 enum { RUN_AUTO = -1, RUN_GEMM_ENTRY = -2 };
 
-/* The arithmetic variant v runs at m rows with the context's workspace (ws bytes). */
+/* The arithmetic variant v runs at m rows with the context's workspace (ws bytes): the int8 kernels run in
+ * the row tiles ws holds (the MMA falling back to the dp4a GEMV below 8 rows), down to one row; below that,
+ * the GEMM.
+ */
 static enum ref_kind ref_of(enum dtype t, int v, int m, int k, size_t ws)
 {
-    if (v == RUN_GEMM_ENTRY) /* the f16 GEMM, or the int8 MMA for a type whose f16 paths are off */
-        v = kern_cuda_qmm_variant_applies(t, KERN_QV_GEMM) ? KERN_QV_GEMM : KERN_QV_MMA_32;
+    if (v == RUN_GEMM_ENTRY) v = KERN_QV_GEMM;
     if (v == RUN_AUTO) v = kern_cuda_qmm_pick(t, m);
-    const int mt_d = m < KERN_CUDA_QDP4A_MAX_M ? m : KERN_CUDA_QDP4A_MAX_M;
-    const int mt_m = m < KERN_CUDA_QMMA_MAX_M ? m : KERN_CUDA_QMMA_MAX_M;
-    const int mp = mt_m <= 8 ? 8 : mt_m <= 16 ? 16 : mt_m <= 32 ? 32 : 64;
-    if (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4)
-        return kern_cuda_qmm_x8_ws(mt_d, k) <= ws ? REF_INT8 : REF_F16; /* else the GEMM */
-    if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32)
-        return kern_cuda_qmm_x8_ws(mp, k) <= ws ? REF_INT8 : REF_F16;
-    if (v == KERN_QV_Q8OLD) return REF_F16X;
-    return REF_F16;
+    switch (kern_cuda_qmm_variant_path(v)) {
+    case KERN_QPATH_INT8:
+        return kern_cuda_qmm_x8_ws(1, k) <= ws ? REF_INT8 : REF_F16;
+    case KERN_QPATH_F16X:
+        return REF_F16X;
+    default:
+        return REF_F16;
+    }
 }
 
 struct xdata {
@@ -199,7 +250,9 @@ static void make_refs(refs *R, const wmat *W, const xdata *X, const float *bias)
                 double t = 0, ta = 0, bd = 0;
                 for (int i2 = 0; i2 < 32; i2++) {
                     const double v = wd[32 * U + i2] * xq[32 * U + i2];
-                    t += v, ta += fabs(v), bd += fabs(wd[32 * U + i2]);
+                    /* x's rounding meets the whole weight where the minimum goes through Σxq (TWO_M), else
+                     * only d(q+QOFF) (the minimum multiplies the f32 sum of x) */
+                    t += v, ta += fabs(v), bd += fabs(W->two_m ? (double)wr[32 * U + i2] : wd[32 * U + i2]);
                 }
                 /* The minimum term with the exact sum of x; the kernel's f32 sum of the block is off by at
                  * most a few roundings of Σ|x|, so that magnitude joins the terms'. */
@@ -357,10 +410,10 @@ enum sweep { SWEEP_NONE, SWEEP_INT8, SWEEP_ALL };
 /* One weight matrix, every m up to m_max: the automatic choice, the GEMM entry, and the variants of `sweep`.
  * Returns the number of failures. */
 static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int n, int k, int ldy, int woff,
-                        int with_bias, enum sweep sweep, int m_max)
+                        int with_bias, enum sweep sweep, int m_max, bool extreme = false)
 {
     wmat W;
-    make_wmat(&W, t, n, k, woff);
+    make_wmat(&W, t, n, k, woff, extreme);
     std::vector<float> bias(n);
     for (int j = 0; j < n; j++) bias[j] = qref_frand();
     dev_case D;
@@ -487,7 +540,7 @@ Test(cuda_matmul_q, every_type_every_m_large_shapes)
 
 /* A workspace of 100 rows of x: the automatic choice (W in f16 pieces) runs m = 512 in chunks of 100; one row
  * less than k: FERRY_ERR_RANGE. A workspace of 20 rows: the int8 MMA cannot hold 32 or 64 padded rows and
- * falls back to the GEMM. */
+ * runs in row tiles of 16 (the int8 reference, not the f16 GEMM's). */
 Test(cuda_matmul_q, small_workspace_row_chunks)
 {
     SKIP_WITHOUT_GPU();
@@ -658,52 +711,161 @@ Test(cuda_matmul_q, rejects_bad_arguments)
     cr_assert_eq(kern_cuda_w16_bytes(4096, (size_t)1 << 30), KERN_CUDA_W16_MAX_BYTES);
 }
 
-/* No GPU needed: the references and tolerances above are consistent on their own. y built from the int8-path
- * reference must pass as an int8-path result (so its bound against the exact product holds on real data), y
- * built from the f16-path reference likewise; either, with one element moved by 5x its tolerance, must fail.
- */
+/* y (m, ldy) holding value(i, j) at the references' rows i (R->rows) and columns j < n, 0 at the rows they
+ * skip (any finite value passes there) and NaN bits past n, as a product would leave it. */
+template <class F> static std::vector<float> y_from(const refs *R, int m, int n, int ldy, F value)
+{
+    std::vector<float> y((size_t)m * ldy);
+    memset(y.data(), 0xFF, y.size() * 4);
+    for (int r = 0; r < m; r++)
+        if (std::find(R->rows.begin(), R->rows.end(), r) == R->rows.end())
+            for (int j = 0; j < n; j++) y[(size_t)r * ldy + j] = 0.0f;
+    for (size_t i = 0; i < R->rows.size(); i++)
+        for (int j = 0; j < n; j++) y[(size_t)R->rows[i] * ldy + j] = (float)value(i, j);
+    return y;
+}
+
+/* One weight matrix against its references at m = 1, 5, 33: y built from each reference passes as that path's
+ * result (so its bound against the exact product holds on these data), and fails with one element moved by 5x
+ * its tolerance. */
+static void self_check(enum dtype t, int n, int k, bool extreme)
+{
+    const int ms2[3] = {1, 5, 33}, ldy = n + 2;
+    wmat W;
+    make_wmat(&W, t, n, k, 0, extreme);
+    std::vector<float> bias(n);
+    for (int j = 0; j < n; j++) bias[j] = qref_frand();
+    for (int mi = 0; mi < 3; mi++) {
+        const int m = ms2[mi];
+        xdata X;
+        make_x(&X, m, k);
+        refs R;
+        make_refs(&R, &W, &X, bias.data());
+        for (int kind = 0; kind < 3; kind++) {
+            const int int8 = kind == REF_INT8;
+            std::vector<float> y = y_from(&R, m, n, ldy, [&](size_t i, int j) {
+                return int8 ? R.q8[i * n + j] : kind == REF_F16 ? R.h[i * n + j] : R.hx[i * n + j];
+            });
+            char what[96];
+            snprintf(what, sizeof what, "self-check %s%s n=%d k=%d m=%d %s", extreme ? "extreme " : "",
+                     dtype_name(t), n, k, m, ref_names[kind]);
+            cr_assert(check_y(what, &W, &X, &R, y, ldy, (enum ref_kind)kind),
+                      "%s: a reference fails its own bounds", what);
+            const size_t o = (R.rows.size() / 2) * n + n / 2;
+            const double tol = int8              ? (k / 32 + 16) * 2 * U24 * R.q8abs[o]
+                               : kind == REF_F16 ? (k / 16 + 16) * 8 * U24 * R.habs[o]
+                                                 : (k / 16 + 16) * 8 * U24 * R.hxabs[o];
+            y[(size_t)R.rows[R.rows.size() / 2] * ldy + n / 2] += (float)(5 * tol);
+            cr_assert(!check_y(what, &W, &X, &R, y, ldy, (enum ref_kind)kind, 1),
+                      "%s: a wrong element passes", what);
+        }
+        qref_free_xq(&X.xq);
+    }
+}
+
+/* No GPU needed: the references and tolerances above are consistent on their own, at the small shape and at
+ * the GPU tests' n = 311 (many rows: the worst of x's rounding shows), and for Q2_K's extreme blocks. */
 Test(cuda_matmul_q, references_within_their_bounds)
 {
     qref_seed(104);
-    const int ms2[3] = {1, 5, 33};
     for (int ti = 0; ti < QREF_NTYPES; ti++) {
         const enum dtype t = qref_types[ti];
-        const int n = 19, k = k_of(t, 512, 3), ldy = n + 2;
-        wmat W;
-        make_wmat(&W, t, n, k, 0);
-        std::vector<float> bias(n);
-        for (int j = 0; j < n; j++) bias[j] = qref_frand();
-        for (int mi = 0; mi < 3; mi++) {
-            const int m = ms2[mi];
-            xdata X;
-            make_x(&X, m, k);
-            refs R;
-            make_refs(&R, &W, &X, bias.data());
-            for (int kind = 0; kind < 3; kind++) {
-                const int int8 = kind == REF_INT8;
-                std::vector<float> y((size_t)m * ldy);
-                memset(y.data(), 0xFF, y.size() * 4);
-                for (size_t i = 0; i < R.rows.size(); i++)
-                    for (int j = 0; j < n; j++)
-                        y[(size_t)R.rows[i] * ldy + j] = (float)(int8              ? R.q8[i * n + j]
-                                                                 : kind == REF_F16 ? R.h[i * n + j]
-                                                                                   : R.hx[i * n + j]);
-                for (int r = 0; r < m; r++) /* rows the references skip: any finite value */
-                    if (std::find(R.rows.begin(), R.rows.end(), r) == R.rows.end())
-                        for (int j = 0; j < n; j++) y[(size_t)r * ldy + j] = 0.0f;
-                char what[64];
-                snprintf(what, sizeof what, "self-check %s m=%d %s", dtype_name(t), m, ref_names[kind]);
-                cr_assert(check_y(what, &W, &X, &R, y, ldy, (enum ref_kind)kind),
-                          "%s: a reference fails its own bounds", what);
-                const size_t o = (R.rows.size() / 2) * n + n / 2;
-                const double tol = int8              ? (k / 32 + 16) * 2 * U24 * R.q8abs[o]
-                                   : kind == REF_F16 ? (k / 16 + 16) * 8 * U24 * R.habs[o]
-                                                     : (k / 16 + 16) * 8 * U24 * R.hxabs[o];
-                y[(size_t)R.rows[R.rows.size() / 2] * ldy + n / 2] += (float)(5 * tol);
-                cr_assert(!check_y(what, &W, &X, &R, y, ldy, (enum ref_kind)kind, 1),
-                          "%s: a wrong element passes", what);
-            }
-            qref_free_xq(&X.xq);
-        }
+        self_check(t, 19, k_of(t, 512, 3), false);
+        self_check(t, 311, k_of(t, 256, 1), false);
     }
+    self_check(DTYPE_Q2_K, 37, 768, true);
+    self_check(DTYPE_Q2_K, 311, 256, true);
+}
+
+/* No GPU needed: Q2_K's extreme blocks (q2k_extreme_blocks) decode through qblock.cuh's unit and f16 decoders
+ * bitwise as quant/dequant.c's dequant_row (bitwise llama.cpp's dequantize_row_q2_K:
+ * tests/kernels/test_quant.c), -0.0 against +0.0 included. */
+Test(cuda_matmul_q, q2_k_extreme_blocks_decode_bitwise)
+{
+    qref_seed(108);
+    wmat W;
+    make_wmat(&W, DTYPE_Q2_K, 16, 512, 0, true);
+    for (int r = 0; r < W.n; r++)
+        for (int U = 0; U < W.k / 32; U++) {
+            qb_unit u;
+            qref_unit<qb_q2_k>(W.w + dtype_row_size(DTYPE_Q2_K, W.k) * r, U, u);
+            uint32_t h[16];
+            qb_decode_h2<qb_q2_k>(u, h);
+            for (int i = 0; i < 32; i++) {
+                const float got = qb_value<qb_q2_k>(u, i), want = W.deq[(size_t)r * W.k + 32 * U + i];
+                cr_assert(!memcmp(&got, &want, 4), "row %d unit %d element %d: %.9g, dequant_row %.9g", r, U,
+                          i, got, want);
+                cr_assert_eq((uint16_t)(h[i / 2] >> (16 * (i & 1))), f32_to_f16(want),
+                             "row %d unit %d element %d: f16 decode of %.9g", r, U, i, want);
+            }
+        }
+}
+
+/* No GPU needed: the checks catch the ways a Q2_K product can get its minimums wrong. On extreme blocks, y
+ * built from the int8-path reference passes; the same with each unit's minimum term negated (dmin's sign
+ * lost), with the two halves' minimums swapped, with one minimum for the whole unit, or without the minimums,
+ * fails; and so does the f16-path reference with its minimums negated. */
+Test(cuda_matmul_q, q2_k_wrong_minimums_fail)
+{
+    qref_seed(109);
+    const int n = 37, k = 768, m = 5, ldy = n + 2, ku = k / 32;
+    wmat W;
+    make_wmat(&W, DTYPE_Q2_K, n, k, 0, true);
+    xdata X;
+    make_x(&X, m, k);
+    refs R;
+    make_refs(&R, &W, &X, NULL);
+    /* The int8 path's minimum term of x row xr and W row j, with the halves' minimums as given. */
+    auto mins = [&](int xr, int j, int how) {
+        double s = 0;
+        for (int U = 0; U < ku; U++) {
+            const size_t xu = (size_t)xr * ku + U;
+            const double m0 = W.um[(size_t)j * ku + U], m1 = W.um1[(size_t)j * ku + U];
+            const double lo = how == 1 ? m1 : how == 2 ? m0 : m0, hi = how == 1 ? m0 : how == 2 ? m0 : m1;
+            s += (lo * X.xq.sq_lo[xu] + hi * X.xq.sq_hi[xu]) * X.xq.dx[xu];
+        }
+        return s;
+    };
+    std::vector<float> y = y_from(&R, m, n, ldy, [&](size_t i, int j) { return R.q8[i * n + j]; });
+    cr_assert(check_y("q2_k int8 reference", &W, &X, &R, y, ldy, REF_INT8));
+    static const char *const wrong[4] = {"minimums negated", "halves' minimums swapped",
+                                         "one minimum per unit", "no minimums"};
+    for (int how = 0; how < 4; how++) {
+        y = y_from(&R, m, n, ldy, [&](size_t i, int j) {
+            const int xr = R.rows[i];
+            const double right = mins(xr, j, 0);
+            const double bad = how == 0 ? -right : how == 3 ? 0.0 : mins(xr, j, how);
+            return R.q8[i * n + j] - right + bad;
+        });
+        cr_assert(!check_y(wrong[how], &W, &X, &R, y, ldy, REF_INT8, 1), "int8 path with %s passes",
+                  wrong[how]);
+    }
+    /* The f16 path: each element's minimum rounded with it; negate it in the exact sum. */
+    y = y_from(&R, m, n, ldy, [&](size_t i, int j) {
+        double mt = 0;
+        for (int e = 0; e < k; e++) {
+            const double mm = (e % 32 < 16 ? W.um : W.um1)[(size_t)j * ku + e / 32];
+            mt += mm * f16_to_f32(f32_to_f16(X.x[(size_t)R.rows[i] * k + e]));
+        }
+        return R.h[i * n + j] - 2 * mt;
+    });
+    cr_assert(!check_y("f16 path, minimums negated", &W, &X, &R, y, ldy, REF_F16, 1),
+              "f16 path with its minimums negated passes");
+    qref_free_xq(&X.xq);
+}
+
+/* Q2_K's extreme blocks (q2k_extreme_blocks) through every variant at odd n and every m, the tile edges of
+ * the int8 kernels at n = 311 and 4097, W at its smallest alignment (4 bytes) and 16-byte aligned. */
+Test(cuda_matmul_q, q2_k_extreme_blocks_every_path)
+{
+    SKIP_WITHOUT_GPU();
+    qref_seed(110);
+    const size_t max_x = (size_t)512 * 1024;
+    struct kern_cuda_ctx *ctx = make_ctx(max_x, KERN_CUDA_W16_MAX_BYTES);
+    int fails = 0;
+    fails += check_matrix(ctx, 2 * max_x, DTYPE_Q2_K, 37, 768, 40, 4, 1, SWEEP_ALL, 512, true);
+    fails += check_matrix(ctx, 2 * max_x, DTYPE_Q2_K, 311, 256, 313, 0, 0, SWEEP_INT8, 100, true);
+    fails += check_matrix(ctx, 2 * max_x, DTYPE_Q2_K, 4097, 512, 4099, 4, 1, SWEEP_INT8, 64, true);
+    kern_cuda_ctx_free(ctx);
+    cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
 }
