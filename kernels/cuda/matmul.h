@@ -1,22 +1,23 @@
 /* matmul (CUDA) — y = x · Wᵀ (+ bias) on the GPU with the weight in its stored type.
  *
  * Same contract as kernels/cpu/matmul.h except for y's row stride: W (n, k) row-major in F16, BF16, F32 or a
- * GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), x (m, k) f32, y (m, ldy) f32 of which
- * columns [0, n) are written (n <= ldy; the others are untouched, so products of different types can fill
- * column slices of one buffer), bias (n) f32 or NULL, all device memory. One table in matmul.cu gives each
- * type two entries. F32/F16/BF16 pick by m: m <= KERN_CUDA_GEMV_MAX_M (decode) a GEMV that streams W once
- * with 16-byte loads (m = 1 and F32: f32 math, products exact; m = 2..16 with F16/BF16: tensor cores, x
- * rounded to the weight's type once); m > KERN_CUDA_GEMV_MAX_M (prefill) cuBLAS on tensor cores
+ * GGUF block type (every quantized type of quant/dtype.h: kernels/cuda/qblock.cuh), x (m, k) f32, y (m, ldy)
+ * f32 of which columns [0, n) are written (n <= ldy; the others are untouched, so products of different types
+ * can fill column slices of one buffer), bias (n) f32 or NULL, all device memory. One table in matmul.cu
+ * gives each type two entries. F32/F16/BF16 pick by m: m <= KERN_CUDA_GEMV_MAX_M (decode) a GEMV that streams
+ * W once with 16-byte loads (m = 1 and F32: f32 math, products exact; m = 2..16 with F16/BF16: tensor cores,
+ * x rounded to the weight's type once); m > KERN_CUDA_GEMV_MAX_M (prefill) cuBLAS on tensor cores
  * (cublasGemmEx, f32 accumulation, x first rounded to the weight's type). Block types take, at any m, the
- * kernel matmul.cu's choice table gives for the type and m among those of kernels/cuda/matmul_q.h: the dp4a
- * GEMV and the int8 tensor-core skinny GEMM (x quantized to int8 per block of 32) for decode batches; for
- * large ones (prefill) W decoded to f16 in pieces of rows that fit the context's piece buffer, each piece
- * multiplied by cuBLAS, or without that buffer the f16 tensor-core GEMM that decodes W's tiles in shared
- * memory (either way x and W rounded to f16 once, f32 accumulation); W is never converted in place or kept
- * in f16. The error of each path is stated where it is implemented
- * (matmul.cu, matmul_q.h). A context owns the cuBLAS handle and the workspaces (allocated once at init, never
- * per call); it belongs to one thread (the engine thread). Every call is asynchronous on `stream`,
- * graph-capturable, and bitwise reproducible for a given shape and device (no atomics in reductions).
+ * kernel the automatic choice (kernels/cuda/matmul_pick.h) gives for the type and m among those of
+ * kernels/cuda/matmul_q.h: the dp4a GEMV and the int8 tensor-core skinny GEMM (x quantized to int8 per block
+ * of 32) for decode batches; for large ones (prefill, from KERN_CUDA_W16_MIN_M rows where measured faster) W
+ * decoded to f16 in pieces of rows that fit the context's piece buffer, each piece multiplied by cuBLAS, or
+ * without that buffer the f16 tensor-core GEMM that decodes W's tiles in shared memory (either way x and W
+ * rounded to f16 once, f32 accumulation); W is never converted in place or kept in f16. The error of each
+ * path is stated where it is implemented (matmul.cu, matmul_q.h). A context owns the cuBLAS handle and the
+ * workspaces (allocated once at init, never per call); it belongs to one thread (the engine thread). Every
+ * call is asynchronous on `stream`, graph-capturable, and bitwise reproducible for a given shape and device
+ * (no atomics in reductions).
  */
 #ifndef FERRY_KERN_CUDA_MATMUL_H
 #define FERRY_KERN_CUDA_MATMUL_H
