@@ -14,7 +14,7 @@
 #   --cuda: tests/bench_cuda/bench_cuda --types (kern_cuda_matmul's automatic choice, graph-timed, one weight
 #     copy) beside test-backend-ops perf -b CUDA0, on the GPU machine from the repository root with .debs and
 #     .peers carried (tests/gpu/deps.sh, tests/gpu/compare_llamacpp.sh). BUILD_DIR is configured here when it is
-#     not yet (meson setup -Dcuda=enabled, only bench_cuda is built); llama.cpp's ggml (CUDA sm_90, no
+#     not yet (meson setup -Dcuda=enabled -Dgpu_arch=90; only bench_cuda is built); llama.cpp's ggml (CUDA sm_90, no
 #     FlashAttention) is built beside it in parallel, and test-backend-ops compiled meanwhile (estimated 4-7
 #     minutes on a 16-core host, not measured; give LCP_BUILD an existing lcp0336 build, e.g. the one
 #     .peers/build-llama-cpp.sh makes, to skip ggml). Commands there are limited to 10 minutes, so build in one
@@ -62,7 +62,7 @@ bin=${F%% *}
 build_ferry() {
   if [ ! -f "$build/build.ninja" ]; then
     local opts=(-Dbuildtype=release)
-    [ $dev = cuda ] && opts+=(-Dcuda=enabled -Dtests=disabled -Dserver=disabled)
+    [ $dev = cuda ] && opts+=(-Dcuda=enabled -Dgpu_arch=90 -Dtests=disabled -Dserver=disabled) # H100, H200
     meson setup "$build" "${opts[@]}" > /tmp/compare_types.setup.log 2>&1 ||
       { tail -20 /tmp/compare_types.setup.log; echo "meson setup $build failed"; return 1; }
   fi
