@@ -24,13 +24,13 @@ log() { echo "$*" | tee -a "$out/swa_kv.txt"; }
 M=$W/gemma3-12b.gguf
 [ -s "$M" ] || python3 tests/gpu/make_family_gguf.py "$M" gemma3-12b > /dev/null || exit 1
 log "== $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)," \
-  "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'no GPU')"
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep . || echo 'no GPU')"
 for full in "" --swa-full; do
   log "== ferry inspect -m gemma3-12b.gguf --ctx-size 32768 --parallel 16 $full"
   "$F" inspect -m "$M" --ctx-size 32768 --parallel 16 $full 2>&1 | grep -E "^kv cache" | tee -a "$out/swa_kv.txt"
   log "== ferry inspect -m gemma3-12b.gguf --ctx-size 32768 --parallel 16 --gpu-memory $budget $full"
   "$F" inspect -m "$M" --ctx-size 32768 --parallel 16 --gpu-memory "$budget" $full 2>&1 |
-    grep -E "device_map:|KV pool|positions|layers +[0-9]" | tee -a "$out/swa_kv.txt"
+    grep -E "device_map:|KV pool|layers +[0-9]" | tee -a "$out/swa_kv.txt"
 done
 [ "${SWA_SERVE:-1}" = 1 ] && command -v nvidia-smi > /dev/null || exit 0
 for full in "" --swa-full; do
