@@ -3,8 +3,9 @@
  * model at 32k positions and 16 sequences, worked out here from the shapes by hand; and what the device_map
  * planner does with the pool's bytes (runtime/device_map.h kv_swa_bytes): it counts them before anything
  * else, the main pool then holds only the global layers' planes, and the bytes the windows save become
- * positions or resident layers. In a CUDA build the offline plan of `ferry inspect --gpu-memory` names the
- * window pool too (skipped in a CPU-only build).
+ * positions or resident layers. In a CUDA build (skipped in a CPU-only one) the CUDA backend's own sizes of
+ * both pools are checked byte for byte on the tiny Gemma 3 checkpoint, and the offline plan of `ferry inspect
+ * --gpu-memory` names the window pool.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "kernels/core/status.h"
 #include "runtime/device_map.h"
 #include "runtime/engine.h"
+#include "runtime/forward_cuda.h"
 #include "runtime/kv_cache.h"
 
 #define MIB (1024ull * 1024ull)
@@ -193,5 +195,51 @@ Test(swa_plan, offline_plan_names_the_window_pool)
     p.swa_full = 1;
     cr_assert_eq(engine_plan(mf, &p, text, sizeof text, err), FERRY_OK, "%s", err);
     cr_assert_null(strstr(text, "sliding-window layers' own KV pool"), "%s", text);
+    model_file_close(mf);
+}
+
+/* The CUDA backend's own sizes (forward_cuda_plan_offline, the arithmetic forward_cuda_init allocates by; no
+ * device needed, a CUDA build): the tiny Gemma 3 (5 layers, layers 0, 1, 3, 4 with a window, K/V rows of 2
+ * heads x 32) with a fixed pool of 4 slots x 320 positions. Every layer's planes in one pool: 5 planes x 1280
+ * positions x 64 elements, K and V in f16 = 1638400 bytes. With the window pool: the global layer's plane
+ * (327680) and the window pool of 4 planes x 32 blocks x 16 positions (8 blocks a slot: (16 - 1 + 64 + 32) /
+ * 16 rounded up, + 1) x 64 x 2 x 2 = 524288, and its block table (4 x 20 entries, 320 bytes, in a 256-byte
+ * aligned region: 512) with three more alignments of the arena's carve (768): 853248, 785152 fewer. */
+Test(swa_plan, cuda_backend_sizes_the_two_pools)
+{
+    char path[1024], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/gemma3_swa_f32", getenv("FERRY_SRC"));
+    struct model_file *mf = NULL;
+    if (model_file_open(path, &mf, NULL, NULL, err)) cr_skip_test("%s is missing (%s)", path, err);
+    struct model m;
+    cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
+    const struct llm_hparams *hp = &m.hp;
+    cr_assert_eq(kv_cache_swa_layers(hp), 4);
+    cr_assert_eq(llm_kv_cache_layers(hp), 5);
+    struct kv_cache all, glob, win;
+    cr_assert_eq(kv_cache_init(&all, 5, 2, 32, 4, 320, 1280, 16, KV_NO_HOST), FERRY_OK);
+    cr_assert_eq(kv_cache_init(&glob, 1, 2, 32, 4, 320, 1280, 16, KV_NO_HOST), FERRY_OK);
+    cr_assert_eq(kv_cache_init(&win, 4, 2, 32, 4, 320, 32 * 16, 16, KV_NO_HOST), FERRY_OK);
+    struct forward_cuda_params cp = {.max_tokens = 32, .gpu_memory = (int64_t)1 << 40, .gpu_layers = -1};
+    struct device_map full_map, win_map;
+    int rc = forward_cuda_plan_offline(&m, &all, &cp, 50e9, 3e12, &full_map, err);
+    if (rc == FERRY_ERR_UNSUPPORTED) {
+        kv_cache_free(&all), kv_cache_free(&glob), kv_cache_free(&win);
+        model_free(&m);
+        model_file_close(mf);
+        cr_skip_test("a build without CUDA has no CUDA planner (%s)", err);
+    }
+    cr_assert_eq(rc, FERRY_OK, "%s", err);
+    cp.kv_swa = &win;
+    cr_assert_eq(forward_cuda_plan_offline(&m, &glob, &cp, 50e9, 3e12, &win_map, err), FERRY_OK, "%s", err);
+    cr_assert_eq(win_map.kv_swa_bytes, 524288);
+    cr_assert_eq(win_map.kv_swa_tokens, 512);
+    cr_assert_eq(full_map.kv_swa_bytes, 0);
+    cr_assert_eq(full_map.bytes_total - win_map.bytes_total, 785152, "%llu",
+                 (unsigned long long)(full_map.bytes_total - win_map.bytes_total));
+    device_map_free(&full_map);
+    device_map_free(&win_map);
+    kv_cache_free(&all), kv_cache_free(&glob), kv_cache_free(&win);
+    model_free(&m);
     model_file_close(mf);
 }
