@@ -95,7 +95,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         snprintf(err, 256, "invalid placement request (layers %d, --gpu-layers %d)", L, in->gpu_layers);
         return FERRY_ERR_INVALID;
     }
-    const uint64_t base = in->fixed_bytes + in->head_bytes, kvt = in->kv_token_bytes;
+    const uint64_t base = in->fixed_bytes + in->kv_swa_bytes + in->head_bytes, kvt = in->kv_token_bytes;
     const int64_t blk = auto_kv ? in->kv_block : 1;
     const int64_t kv_max = auto_kv ? in->kv_tokens_max / blk * blk : 0;
     int64_t kv_min = auto_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
@@ -209,6 +209,8 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         out->kv_ext_bytes = (uint64_t)ext * kvt;
         out->kv_ext_host = in->kv_ext_host;
     }
+    out->kv_swa_bytes = in->kv_swa_bytes;
+    out->kv_swa_tokens = in->kv_swa_tokens;
     out->bytes_total = total;
     double t_link = in->h2d_bytes_per_s > 0 ? (double)streamed_bytes / in->h2d_bytes_per_s : 0;
     double t_hbm = in->hbm_bytes_per_s > 0 ? ((double)all_bytes + in->head_bytes) / in->hbm_bytes_per_s : 0;
@@ -242,6 +244,9 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
     if (m->kv_tokens)
         EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
              m->kv_bytes / GIB);
+    if (m->kv_swa_bytes)
+        EMIT("  sliding-window layers' own KV pool: %lld positions (%.2f GiB), each sequence's window\n",
+             (long long)m->kv_swa_tokens, m->kv_swa_bytes / GIB);
     if (m->kv_seq_split)
         EMIT("  the device holds fewer positions than one --ctx-size sequence: a longer sequence's later "
              "positions live in the extension below (resident layers took the room)\n");

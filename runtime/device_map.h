@@ -31,6 +31,10 @@
  * resident (then the plan is the one above: a pool that small would queue sequences). When the device reads
  * them over the link instead, each position costs link time (runtime/NOTES.md, 2026-12-01f). Not when every
  * layer is resident: there a step is so short that the extension would cost more than the queue.
+ * Sliding-window layers may keep a pool of their own holding only each sequence's window (runtime/engine.h
+ * engine_params.swa_full): its size is fixed by the sequences and the window, not by the context, so it is
+ * counted beside the fixed bytes (kv_swa_bytes) and kv_token_bytes covers only the other layers' planes; the
+ * bytes the windows save go to more positions of the main pool or more resident layers.
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -55,6 +59,8 @@ struct device_map_input {
     const uint64_t *layer_sizes; /* (n_layers) each layer's bytes, or NULL: all are layer_bytes */
     uint64_t head_bytes;         /* output head + final norm */
     uint64_t fixed_bytes;        /* activations + workspaces, and the KV pool when kv_token_bytes is 0 */
+    uint64_t kv_swa_bytes; /* the sliding-window layers' own pool (0: none), placed before anything else */
+    int64_t kv_swa_tokens; /* its positions over all sequences (reported only) */
     /* KV pool sized by the planner when kv_token_bytes > 0 (positions of all sequences together). */
     uint64_t kv_token_bytes; /* device bytes of one position's K and V over all layers */
     int64_t kv_tokens_max;   /* at most this many (--parallel x --ctx-size) */
@@ -88,10 +94,12 @@ struct device_map {
     uint64_t kv_bytes;     /* its device bytes (0 when fixed by the caller) */
     int64_t kv_ext_tokens; /* positions of its extension in host memory (0: none) */
     uint64_t kv_ext_bytes; /* the extension's bytes */
+    uint64_t kv_swa_bytes; /* the sliding-window layers' own pool (the input's; part of bytes_total) */
+    int64_t kv_swa_tokens; /* its positions */
     int kv_ext_host;       /* the host's cores attend to its positions (the input's kv_ext_host) */
     int kv_seq_split;      /* kv_tokens is less than one full-length sequence: the extension holds the rest */
-    uint64_t bytes_total;  /* fixed + head + resident + ring: what the plan allocates */
-    uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
+    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring: what the plan allocates */
+    uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
     /* Expert models (set by the backend's planner, runtime/forward_cuda.c): the experts of layers [0,
      * cpu_moe) stay in host memory, computed by the host's cores; the others' are resident with their layers.
      */

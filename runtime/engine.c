@@ -49,9 +49,10 @@ struct engine {
     struct engine_params p;
     struct model model;
     struct kv_cache kv;
-    /* The sliding-window layers' own pool (engine_params.swa_full 0 on the CPU engine): tables of kv's shape,
-     * but each slot holds only the blocks of its window's positions (and ENGINE_SWA_SLACK before them);
-     * n_layers 0 when unused (the window layers are in kv). A slot's length is kv's. */
+    /* The sliding-window layers' own pool (engine_params.swa_full 0): tables of kv's shape, but each slot
+     * holds only the blocks of its window's positions (and ENGINE_SWA_SLACK before them); n_layers 0 when
+     * unused (the window layers are in kv). A slot's length is kv's. On the GPU engine its data is on the
+     * device (forward_cuda_params.kv_swa) and this holds the tables only. */
     struct kv_cache kv_swa;
     struct backend *gpu;  /* CUDA: resident and streamed layers, the KV cache, the head; or NULL */
     struct backend *cpu;  /* the CPU engine, or a GPU engine's host layers computed on the CPU; or NULL */
@@ -631,13 +632,13 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (use_cuda && p.kv_type == KV_F32)
         FLOG_WARN("--kv-type f32 applies to the CPU backend; the CUDA backend's KV cache is f16");
     if ((rc = check_kv_type(p.kv_type, hp, use_cuda, err))) goto fail;
-    const int swa_blocks = use_cuda || p.swa_full ? 0 : swa_pool_blocks(hp, &p);
+    const int swa_blocks = p.swa_full ? 0 : swa_pool_blocks(hp, &p);
     const int n_swa = swa_blocks ? kv_cache_swa_layers(hp) : 0;
     rc = kv_cache_init(&e->kv, llm_kv_cache_layers(hp) - n_swa, llm_kv_cache_heads(hp), hp->head_dim,
                        p.n_seqs, p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (!rc && swa_blocks)
         rc = kv_cache_init(&e->kv_swa, n_swa, llm_kv_cache_heads(hp), hp->head_dim, p.n_seqs, p.ctx_size,
-                           swa_blocks * ENGINE_KV_BLOCK, ENGINE_KV_BLOCK, p.kv_type);
+                           swa_blocks * ENGINE_KV_BLOCK, ENGINE_KV_BLOCK, use_cuda ? KV_NO_HOST : p.kv_type);
     if (rc) {
         snprintf(err, 256, "cannot allocate the KV cache (%d positions)", p.kv_tokens);
         goto fail;
@@ -657,6 +658,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     size_t at = 0;
     if (use_cuda) {
         struct forward_cuda_params cp = cuda_params(&p, kv_auto);
+        cp.kv_swa = e->kv_swa.n_layers ? &e->kv_swa : NULL;
         struct step_cost cost;
         double slow;
         if ((rc = gpu_engine_init(e, &cp, &cost, &slow, err))) goto fail;
@@ -726,9 +728,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
                  kv_cache_bytes(&e->kv_swa, kv_el) / 1048576.0);
     else if (hp->sliding_window > 0 && kv_cache_swa_layers(hp) > 0)
         snprintf(swa, sizeof swa, "; sliding-window layers keep every position (%s)",
-                 use_cuda     ? "the CUDA backend"
-                 : p.swa_full ? "--swa-full"
-                              : "their window is no smaller");
+                 p.swa_full ? "--swa-full" : "their window is no smaller");
     FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s%s",
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
               kv_type_names[kv_el], ext, swa, room);
@@ -786,17 +786,26 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
     }
     if (p.ctx_size == 0) p.ctx_size = default_ctx(&m.hp);
     if (p.kv_tokens == 0) p.kv_tokens = p.n_seqs * p.ctx_size;
-    rc = kv_cache_init(&kv, m.hp.n_layers, m.hp.n_kv_heads, m.hp.head_dim, p.n_seqs, p.ctx_size, p.kv_tokens,
-                       ENGINE_KV_BLOCK, KV_NO_HOST);
+    /* The pools engine_create would make (tables only). */
+    struct kv_cache kv_swa = {0};
+    const int swa_blocks = p.swa_full ? 0 : swa_pool_blocks(&m.hp, &p);
+    const int n_swa = swa_blocks ? kv_cache_swa_layers(&m.hp) : 0;
+    rc = kv_cache_init(&kv, llm_kv_cache_layers(&m.hp) - n_swa, llm_kv_cache_heads(&m.hp), m.hp.head_dim,
+                       p.n_seqs, p.ctx_size, p.kv_tokens, ENGINE_KV_BLOCK, KV_NO_HOST);
+    if (!rc && swa_blocks)
+        rc = kv_cache_init(&kv_swa, n_swa, llm_kv_cache_heads(&m.hp), m.hp.head_dim, p.n_seqs, p.ctx_size,
+                           swa_blocks * ENGINE_KV_BLOCK, ENGINE_KV_BLOCK, KV_NO_HOST);
     if (!rc) {
         struct forward_cuda_params cp = cuda_params(&p, params->kv_tokens == 0);
+        cp.kv_swa = swa_blocks ? &kv_swa : NULL;
         rc = forward_cuda_plan_offline(&m, &kv, &cp, 54.9e9, 4.18e12, &map, err);
         if (!rc) {
             device_map_format(&map, buf, cap);
             device_map_free(&map);
         }
-        kv_cache_free(&kv);
     }
+    kv_cache_free(&kv);
+    kv_cache_free(&kv_swa);
     model_free(&m);
     return rc;
 }

@@ -60,9 +60,9 @@ struct engine_params {
                    * bf16 AMX tiles where the CPU has them (KERN_CPU_PLAIN_BF16) with 1, and with -1 for a
                    * GPU engine's host layers; f32 with 0, and with -1 on the CPU engine */
     /* Sliding-window layers keep every position (llama.cpp's --swa-full), as global ones do; 0 (the
-     * default): on the CPU engine they keep a pool of their own holding each slot's window (and
-     * ENGINE_SWA_SLACK positions before it, for rollbacks), whose blocks before it go back after each step,
-     * where that is less than the context. The CUDA engine's pool keeps every position for them. */
+     * default): they keep a pool of their own holding each slot's window (and ENGINE_SWA_SLACK positions
+     * before it, for rollbacks), whose blocks before it go back after each step, where that is less than the
+     * context; on the GPU engine that pool is on the device, and its planner counts both pools. */
     int swa_full;
     int kv_type; /* the CPU engine's KV cache, enum kv_elem: KV_F16 (the default: half the bytes a
                   * long-context  step reads, as on the GPU and in llama.cpp), KV_F32 (closest to the
@@ -182,11 +182,13 @@ int engine_seq_free(struct engine *e, int seq);
 int engine_seq_len(const struct engine *e, int seq);
 /* The engine's KV pools (read-only; for tests and reports): swa 0 the pool of the global layers (every
  * layer's, when the sliding-window layers have no pool of their own), 1 the sliding-window layers' own pool
- * (NULL when they have none: engine_params.swa_full, the CUDA backend, or no window). */
+ * (NULL when they have none: engine_params.swa_full, or no window smaller than the context). On the GPU
+ * engine these are the tables of the device's pools (no host data). */
 const struct kv_cache *engine_kv_cache(const struct engine *e, int swa);
-/* The CPU engine's KV bytes for a model of hp under p (ctx_size and kv_tokens 0 as engine_init takes them, at
- * p's kv_type): *all of its pool of every layer (or of the global ones), *swa of the sliding-window layers'
- * own pool (0: none). */
+/* The KV bytes of a model of hp under p (ctx_size and kv_tokens 0 as engine_init takes them, at p's kv_type;
+ * the GPU engine's pools have these bytes at f16 and q8_0 when kv_tokens is given, its planner sizing the
+ * main pool to the budget otherwise): *all of its pool of every layer (or of the global ones), *swa of the
+ * sliding-window layers' own pool (0: none). */
 void engine_kv_bytes(const struct llm_hparams *hp, const struct engine_params *p, uint64_t *all,
                      uint64_t *swa);
 /* The positions engine_seq_keep(e, seq, n) would keep (n, or fewer for a model with recurrent layers),

@@ -67,6 +67,19 @@ static int kv_planes(const struct llm_hparams *hp)
 {
     return llm_kv_cache_layers(hp);
 }
+/* The main pool's planes: every KV-cache layer's, less the sliding-window layers' when they keep a pool of
+ * their own (forward_cuda_params.kv_swa). */
+static int main_planes(const struct llm_hparams *hp, const struct kv_cache *kv_swa)
+{
+    return kv_planes(hp) - (kv_swa ? kv_swa->n_layers : 0);
+}
+/* Device bytes of a pool of `elems` K (or V) elements: K and V in f16, or their Q8_0 codes and scales, each
+ * region carved ALIGN-aligned. */
+static size_t pool_bytes(size_t elems, int q8)
+{
+    return q8 ? 2 * (align_up(elems) + align_up(elems / 32 * sizeof(uint16_t)))
+              : 2 * align_up(elems * sizeof(uint16_t));
+}
 static int ffn_max(const struct llm_hparams *hp)
 {
     return hp->ffn_dim_shared > hp->ffn_dim ? hp->ffn_dim_shared : hp->ffn_dim;
@@ -280,6 +293,13 @@ struct forward_cuda {
     char *kv_ext;                /* K, V[, K scales, V scales], each (n_layers, n_ext, ...) (host), or NULL */
     char *kv_ext_dev;            /* its device address */
     int32_t *d_block_table;      /* (n_seqs, max_blocks) */
+    /* The sliding-window layers' own pool (forward_cuda_params.kv_swa; NULL, all four: their planes are in
+     * the pool above): each slot's window of positions, in the same element type and row, with its own block
+     * table. No extension: a window's positions are few, and every step reads all of them. */
+    const struct kv_cache *kv_swa;
+    void *k_swa, *v_swa; /* (kv_swa->n_layers, kv_swa->n_blocks, block_size, kv_row) f16 or int8 */
+    uint16_t *k_swa_scale, *v_swa_scale; /* Q8_0: (kv_swa->n_layers, n_blocks, block_size, kv_row / 32) f16 */
+    int32_t *d_block_table_swa;          /* (n_seqs, max_blocks) */
     /* Attention over the extension's positions on the host's cores (runtime/NOTES.md, 2026-12-02d). Each
      * step, a row whose sequence ends in a run of extension blocks gives the positions of that run (from
      * ext_lo[i], at least 1) to the host: the device attends to the rest (positions clamped, d_pos_att) and
@@ -325,7 +345,7 @@ struct forward_cuda {
     /* Pinned staging (mapped). */
     float *h_x;           /* (T, dim) embeddings gathered on the host */
     const float *h_x_dev; /* its device address */
-    int32_t *h_ints;      /* (3 T + n_seqs max_blocks) */
+    int32_t *h_ints;      /* (3 T + n_tables n_seqs max_blocks): tokens | pos | seq, the block table(s) */
     float *h_logits;      /* (T, n_vocab) */
 
     /* Decode steps of a fully resident model replay captured graphs: (GRAPH_MAX_TOKENS, GRAPH_LENS,
@@ -678,7 +698,9 @@ struct plan_sizes {
     size_t head_bytes;     /* output head + final norm */
     size_t fixed_bytes; /* activations, attention workspace; cuBLAS's context and the KV pool not included */
     size_t kv_bytes;    /* the KV pool (f16) at kv's size */
-    size_t kv_token_bytes; /* K and V of one position over all layers (f16) */
+    size_t kv_token_bytes; /* K and V of one position over the main pool's planes (f16) */
+    size_t kv_swa_bytes;   /* the sliding-window layers' own pool (0: none) */
+    int64_t kv_swa_tokens; /* its positions */
     size_t attn_ws_bytes;
     size_t max_x; /* largest x of a GEMM, in elements (sizes the cuBLAS context) */
     size_t w16;   /* the context's buffer for block-type W decoded to f16 (kern_cuda_w16_bytes) */
@@ -688,8 +710,9 @@ struct plan_sizes {
     uint64_t with_experts_max;
 };
 
-static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int T, int kv_q8,
-                          struct layer_layout *layouts, uint64_t *layer_sizes, struct plan_sizes *ps)
+static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, const struct kv_cache *kv_swa,
+                          int T, int kv_q8, struct layer_layout *layouts, uint64_t *layer_sizes,
+                          struct plan_sizes *ps)
 {
     const struct llm_hparams *hp = &m->hp;
     memset(ps, 0, sizeof *ps);
@@ -735,21 +758,27 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, int 
     ps->head_bytes =
         align_up(dtype_row_size(packed_type(m->output.type), m->output.cols) * (size_t)m->output.rows) +
         align_up((size_t)hp->dim * sizeof(float));
-    const size_t kv_elems = (size_t)kv_planes(hp) * kv->n_blocks * kv->block_size * kv_row(hp);
+    const size_t kv_elems = (size_t)main_planes(hp, kv_swa) * kv->n_blocks * kv->block_size * kv_row(hp);
     ps->attn_ws_bytes = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim, kv->ctx_size);
     if (hp->head_dim_swa > 0) { /* the local layers' head size: whichever needs more */
         const size_t ws = kern_cuda_attention_ws_size(T, hp->n_heads, hp->head_dim_swa, kv->ctx_size);
         if (ws > ps->attn_ws_bytes) ps->attn_ws_bytes = ws;
     }
-    const size_t kv_tok = (size_t)kv_planes(hp) * kv_row(hp); /* one position's K (or V), all planes */
-    ps->kv_bytes = kv_q8 ? 2 * (align_up(kv_elems) + align_up(kv_elems / 32 * sizeof(uint16_t)))
-                         : 2 * align_up(kv_elems * sizeof(uint16_t));
+    /* one position's K (or V), all the main pool's planes */
+    const size_t kv_tok = (size_t)main_planes(hp, kv_swa) * kv_row(hp);
+    ps->kv_bytes = pool_bytes(kv_elems, kv_q8);
+    size_t swa_fixed = 0; /* the window pool's block table and the carve's alignment around its regions */
+    if (kv_swa) {
+        ps->kv_swa_tokens = (int64_t)kv_swa->n_blocks * kv_swa->block_size;
+        ps->kv_swa_bytes = pool_bytes((size_t)kv_swa->n_layers * ps->kv_swa_tokens * kv_row(hp), kv_q8);
+        swa_fixed = align_up((size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t)) + (kv_q8 ? 5 : 3) * ALIGN;
+    }
     ps->kv_token_bytes =
         kv_q8 ? 2 * (kv_tok + kv_tok / 32 * sizeof(uint16_t)) : 2 * kv_tok * sizeof(uint16_t);
     /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
                       (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T) + ple_weight_bytes(m) +
-                      hyb_bytes(m, T, kv->n_seqs);
+                      hyb_bytes(m, T, kv->n_seqs) + swa_fixed;
     ps->max_x = (size_t)T * (size_t)(ffn_max(hp) > hp->dim ? ffn_max(hp) : hp->dim);
     if ((size_t)T * q_row_max(hp) > ps->max_x) ps->max_x = (size_t)T * q_row_max(hp);
     if (moe_x > ps->max_x) ps->max_x = moe_x;
@@ -791,6 +820,17 @@ static int64_t kv_ext_cap(const struct plan_sizes *ps, int n_layers)
     return half > layers && ps->kv_token_bytes ? (int64_t)((half - layers) / ps->kv_token_bytes) : 0;
 }
 
+/* Whether the main pool may have an extension in host memory: not where sliding-window layers keep their
+ * K/V in it (the host's part of a split attention has no window: their rows would see positions outside it),
+ * nor where the layers have attention sinks (the host's part has none). The window pool never has one. */
+static int ext_allowed(const struct llm_hparams *hp, const struct kv_cache *kv_swa)
+{
+    if (!kv_swa && hp->sliding_window > 0 && kv_cache_swa_layers(hp) > 0) return 0;
+    for (int l = 0; l < hp->n_layers; l++)
+        if (layer_program_has(layer_program_of_layer(hp, l), LOP_ATTENTION_SINKS)) return 0;
+    return 1;
+}
+
 /* The planner's input for these sizes: the KV pool fixed at kv's size, or sized by the planner (p->kv_auto).
  * mask: (n_layers) scratch for p->force_where. */
 static struct device_map_input plan_input(const struct model *m, const struct plan_sizes *ps,
@@ -804,6 +844,8 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
                                   .piece_bytes = ps->piece_bytes,
                                   .head_bytes = ps->head_bytes,
                                   .fixed_bytes = ps->fixed_bytes + other_fixed,
+                                  .kv_swa_bytes = ps->kv_swa_bytes,
+                                  .kv_swa_tokens = ps->kv_swa_tokens,
                                   .budget = budget,
                                   .gpu_layers = p->gpu_layers,
                                   .ring_layers = p->ring_layers,
@@ -821,7 +863,7 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         in.kv_tokens_floor = p->kv_tokens_floor;
         in.kv_tokens_min = p->kv_tokens_min;
         in.kv_block = kv_block;
-        in.kv_ext_max = kv_ext_cap(ps, m->hp.n_layers);
+        in.kv_ext_max = ext_allowed(&m->hp, p->kv_swa) ? kv_ext_cap(ps, m->hp.n_layers) : 0;
         in.kv_ext_host = ext_attn_on_host();
     } else {
         in.fixed_bytes += ps->kv_bytes;
@@ -897,7 +939,7 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
     int rc = FERRY_ERR_NOMEM, cpu_moe;
     if (!sizes || !mask || !with_experts) goto out;
-    plan_sizes_of(m, kv, p->max_tokens, p->kv_q8, NULL, sizes, &ps);
+    plan_sizes_of(m, kv, p->kv_swa, p->max_tokens, p->kv_q8, NULL, sizes, &ps);
     ps.with_experts = m->hp.n_expert > 0 ? with_experts : NULL;
     const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x, ps.w16); /* cuBLAS and the products' workspaces */
     rc = FERRY_ERR_INVALID;
@@ -929,7 +971,7 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_re
     uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
     int rc = FERRY_ERR_NOMEM, cpu_moe;
     if (sizes && mask && with_experts) {
-        plan_sizes_of(m, f->kv, p.max_tokens, p.kv_q8, NULL, sizes, &ps);
+        plan_sizes_of(m, f->kv, f->kv_swa, p.max_tokens, p.kv_q8, NULL, sizes, &ps);
         ps.with_experts = m->hp.n_expert > 0 ? with_experts : NULL;
         struct device_map_input in =
             plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget, f->kv->block_size,
@@ -964,6 +1006,14 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         snprintf(err, 256, "sliding-window layers with the KV pool's host extension are not supported");
         return FERRY_ERR_UNSUPPORTED;
     }
+    const struct kv_cache *ksw = p->kv_swa;
+    if (ksw && (ksw->n_layers != kv_cache_swa_layers(hp) || ksw->n_layers > kv_planes(hp) || ksw->n_ext ||
+                ksw->n_seqs != kv->n_seqs || ksw->max_blocks != kv->max_blocks ||
+                ksw->block_size != kv->block_size)) {
+        snprintf(err, 256,
+                 "internal: the sliding-window layers' pool does not match the model or the KV pool");
+        return FERRY_ERR_INVALID;
+    }
     if (!heads_supported(hp)) {
         snprintf(
             err, 256,
@@ -980,6 +1030,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->be.ops = &cuda_ops;
     f->m = m;
     f->kv = kv;
+    f->kv_swa = p->kv_swa;
     f->prog = layer_program_of(hp);
     rc = FERRY_ERR_NOMEM;
     const int L = hp->n_layers, T = p->max_tokens;
@@ -1009,10 +1060,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     for (int l = 0; l < L; l++) f->parked[l] = UINT64_MAX;
     f->park_lo = UINT64_MAX;
     struct plan_sizes ps;
-    plan_sizes_of(m, kv, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
+    plan_sizes_of(m, kv, p->kv_swa, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
     ps.with_experts = hp->n_expert > 0 ? with_experts : NULL;
     const size_t kvd = kv_row(hp), qd = q_row_max(hp);
-    const int KL = kv_planes(hp);
+    const int KL = main_planes(hp, p->kv_swa);
     f->head_type = packed_type(m->output.type);
     f->attn_ws_bytes = ps.attn_ws_bytes;
 
@@ -1106,6 +1157,15 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         f->k_scale = carve(&c, kv_elems / 32 * sizeof(uint16_t));
         f->v_scale = carve(&c, kv_elems / 32 * sizeof(uint16_t));
     }
+    const size_t swa_elems = ksw ? (size_t)ksw->n_layers * ksw->n_blocks * ksw->block_size * kvd : 0;
+    int swa_ok = 1;
+    if (ksw) {
+        swa_ok &= (f->k_swa = carve(&c, swa_elems * kv_el)) && (f->v_swa = carve(&c, swa_elems * kv_el)) &&
+                  (f->d_block_table_swa = carve(&c, (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t)));
+        if (p->kv_q8)
+            swa_ok &= (f->k_swa_scale = carve(&c, swa_elems / 32 * sizeof(uint16_t))) &&
+                      (f->v_swa_scale = carve(&c, swa_elems / 32 * sizeof(uint16_t)));
+    }
     f->x = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->xn = carve(&c, (size_t)T * hp->dim * sizeof(float));
     f->tmp = carve(&c, (size_t)T * hp->dim * sizeof(float));
@@ -1173,7 +1233,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     }
     if (!f->k_cache || !f->v_cache || !f->x || !f->xn || !f->tmp || !f->q || !f->att || !f->qkv || !f->gu ||
         !f->h || !f->logits || !draw_dev || !f->d_ints || !f->d_iota || !f->d_pos_att || !f->d_block_table ||
-        !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok ||
+        !f->attn_ws || !f->inv_freq || !f->head || !f->out_norm || !tails_ok || !swa_ok ||
         (m->inv_freq_local && !f->inv_freq_local) || (ring_bytes && !f->ring_buf) ||
         (hp->ple_dim > 0 && (!f->ple || !f->ple_p || !f->ple_t || !f->ple_w))) {
         snprintf(err, 256, "internal: the device arena of %zu bytes is too small for its plan",
@@ -1201,8 +1261,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     /* Pinned host memory: staging (mapped: kernels read the embeddings from it), and the host layers' blocks.
      */
     if ((f->h_x = forward_cuda_host_alloc(f, (size_t)T * hp->dim * sizeof(float))) == NULL ||
-        (f->h_ints = forward_cuda_host_alloc(f, ((size_t)3 * T + (size_t)kv->n_seqs * kv->max_blocks) *
-                                                    sizeof(int32_t))) == NULL ||
+        (f->h_ints = forward_cuda_host_alloc(
+             f, ((size_t)3 * T + (ksw ? 2 : 1) * (size_t)kv->n_seqs * kv->max_blocks) * sizeof(int32_t))) ==
+            NULL ||
         (f->h_logits = forward_cuda_host_alloc(f, (size_t)T * hp->n_vocab * sizeof(float))) == NULL ||
         (hp->ple_dim > 0 &&
          (f->h_ple = forward_cuda_host_alloc(f, (size_t)T * ple_all * sizeof(float))) == NULL)) {
@@ -1294,6 +1355,11 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         cudaMemset(f->v_cache, 0, kv_elems * kv_el) != cudaSuccess ||
         (f->k_scale && cudaMemset(f->k_scale, 0, kv_elems / 32 * sizeof(uint16_t)) != cudaSuccess) ||
         (f->v_scale && cudaMemset(f->v_scale, 0, kv_elems / 32 * sizeof(uint16_t)) != cudaSuccess) ||
+        (ksw && (cudaMemset(f->k_swa, 0, swa_elems * kv_el) != cudaSuccess ||
+                 cudaMemset(f->v_swa, 0, swa_elems * kv_el) != cudaSuccess)) ||
+        (f->k_swa_scale &&
+         (cudaMemset(f->k_swa_scale, 0, swa_elems / 32 * sizeof(uint16_t)) != cudaSuccess ||
+          cudaMemset(f->v_swa_scale, 0, swa_elems / 32 * sizeof(uint16_t)) != cudaSuccess)) ||
         cudaMemset(f->attn_ws, 0, f->attn_ws_bytes ? f->attn_ws_bytes : 1) != cudaSuccess)
         goto fail;
     /* Graphs need a fixed set of kernels and no cross-stream waits: only when every layer is resident (and
@@ -1488,10 +1554,10 @@ static float *act(struct forward_cuda *f, enum layer_act a)
     return NULL;
 }
 
-/* KV plane l's part of the KV pool's extension, at the host's addresses (dev 0) or the device's: K and V
- * (f16, or Q8_0 codes) and, for Q8_0, their scales (NULL for f16). The allocation holds K (kv_planes, n_ext,
- * block_size, kv_row), then V, then the K scales (kv_planes, n_ext, block_size, kv_row / 32) f16, then V's.
- */
+/* Main-pool plane l's part of the KV pool's extension, at the host's addresses (dev 0) or the device's: K and
+ * V (f16, or Q8_0 codes) and, for Q8_0, their scales (NULL for f16). The allocation holds K (main_planes,
+ * n_ext, block_size, kv_row), then V, then the K scales (main_planes, n_ext, block_size, kv_row / 32) f16,
+ * then V's. */
 struct ext_planes {
     void *k, *v;
     uint16_t *ks, *vs;
@@ -1503,7 +1569,7 @@ static struct ext_planes ext_layer(const struct forward_cuda *f, int l, int dev)
     if (!base) return (struct ext_planes){0};
     const struct llm_hparams *hp = &f->m->hp;
     const size_t n = (size_t)f->kv->n_ext * f->kv->block_size * kv_row(hp); /* a plane's */
-    const size_t L = (size_t)kv_planes(hp), el = f->k_scale ? 1 : sizeof(uint16_t);
+    const size_t L = (size_t)main_planes(hp, f->kv_swa), el = f->k_scale ? 1 : sizeof(uint16_t);
     struct ext_planes e = {.k = base + n * el * l, .v = base + n * el * (L + l)};
     if (f->k_scale) {
         uint16_t *sc = (uint16_t *)(base + 2 * L * n);
@@ -1513,32 +1579,44 @@ static struct ext_planes ext_layer(const struct forward_cuda *f, int l, int dev)
     return e;
 }
 
-/* Layer l's view of the pool: the plane of the layer whose K/V it reads (its own, or a KV-sharing layer's
- * source), in its own head size and KV-head count. */
+/* Layer l's plane in its pool (kv_cache_layer_index: the main pool's, or with kv_swa the pool of its kind),
+ * and *swa: 1 for the sliding-window layers' own pool. */
+static int kv_plane(const struct forward_cuda *f, int l, int *swa)
+{
+    const int pl = kv_cache_layer_index(&f->m->hp, l, f->kv_swa != NULL, swa);
+    return pl >= 0 ? pl : llm_kv_layer(&f->m->hp, l); /* (no source: refused at load) */
+}
+
+/* Layer l's view of its pool: the plane of the layer whose K/V it reads (its own, or a KV-sharing layer's
+ * source), in its own head size and KV-head count; a sliding-window layer with a pool of its own reads that
+ * one through its block table (the entries before its slots' windows are -1, never read: kv_cache_drop). */
 static struct kern_cuda_kv_layer kv_view(const struct forward_cuda *f, int l)
 {
     const struct llm_hparams *hp = &f->m->hp;
-    const struct kv_cache *kv = f->kv;
-    int hd, n_kv, rd;
+    int hd, n_kv, rd, swa;
     llm_layer_shape(hp, l, &hd, &n_kv, &rd);
-    const int src = llm_kv_source(hp, l), pl = llm_kv_layer(hp, src >= 0 ? src : l);
+    const int pl = kv_plane(f, l, &swa);
+    const struct kv_cache *kv = swa ? f->kv_swa : f->kv;
+    const int n_ext = swa ? 0 : kv->n_ext;
+    void *k = swa ? f->k_swa : f->k_cache, *v = swa ? f->v_swa : f->v_cache;
+    uint16_t *ks = swa ? f->k_swa_scale : f->k_scale, *vs = swa ? f->v_swa_scale : f->v_scale;
     const size_t row = (size_t)kv->block_size * kv_row(hp);
-    const size_t per_layer = (size_t)(kv->n_blocks - kv->n_ext) * row;
-    const struct ext_planes ext = ext_layer(f, pl, 1);
+    const size_t per_layer = (size_t)(kv->n_blocks - n_ext) * row;
+    const struct ext_planes ext = swa ? (struct ext_planes){0} : ext_layer(f, pl, 1);
     const size_t el = f->k_scale ? 1 : sizeof(uint16_t);
-    return (struct kern_cuda_kv_layer){.k = (char *)f->k_cache + per_layer * pl * el,
-                                       .v = (char *)f->v_cache + per_layer * pl * el,
+    return (struct kern_cuda_kv_layer){.k = (char *)k + per_layer * pl * el,
+                                       .v = (char *)v + per_layer * pl * el,
                                        .q8 = f->k_scale != NULL,
-                                       .k_scale = f->k_scale ? f->k_scale + per_layer / 32 * pl : NULL,
-                                       .v_scale = f->v_scale ? f->v_scale + per_layer / 32 * pl : NULL,
+                                       .k_scale = ks ? ks + per_layer / 32 * pl : NULL,
+                                       .v_scale = vs ? vs + per_layer / 32 * pl : NULL,
                                        .k_ext = ext.k,
                                        .v_ext = ext.v,
                                        .k_ext_scale = ext.ks,
                                        .v_ext_scale = ext.vs,
-                                       .n_ext = kv->n_ext,
+                                       .n_ext = n_ext,
                                        .n_blocks = kv->n_blocks,
                                        .block_size = kv->block_size,
-                                       .block_table = f->d_block_table,
+                                       .block_table = swa ? f->d_block_table_swa : f->d_block_table,
                                        .max_blocks = kv->max_blocks,
                                        .n_kv_heads = n_kv,
                                        .head_dim = hd,
@@ -1597,7 +1675,8 @@ static void CUDART_CB ext_attention_host(void *arg)
     const struct llm_hparams *hp = &f->m->hp;
     const struct kv_cache *kv = f->kv;
     const int T = f->max_tokens, r0 = f->ext_r0, rows = f->ext_r1 - f->ext_r0;
-    const struct ext_planes ext = ext_layer(f, llm_kv_layer(hp, j->l), 0);
+    int swa;
+    const struct ext_planes ext = ext_layer(f, kv_plane(f, j->l, &swa), 0); /* (a main-pool layer's) */
     const struct kv_layer_view view = {.k = ext.k,
                                        .v = ext.v,
                                        .k_scale = ext.ks,
@@ -1788,10 +1867,11 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         if (op->kind == LOP_ATTENTION_SINKS) {
             /* The sinks are in the layer's norm vectors (kv ops of a host layer come without w). */
             if (!(view.sinks = layer_sinks(f, w, l))) return FERRY_ERR_INTERNAL;
-            /* The host's part of a split attention has no sinks (and windowed layers never split). */
-            if (f->ext_r1 > f->ext_r0) return FERRY_ERR_UNSUPPORTED;
+            /* The host's part of a split attention has no sinks (such models get no extension). */
+            if (f->ext_r1 > f->ext_r0 && view.n_ext) return FERRY_ERR_UNSUPPORTED;
         }
-        if (f->ext_r1 > f->ext_r0) return attention_split(f, op, &view, l, n);
+        /* Only a view of the main pool has an extension (the window pool's layers attend on the device). */
+        if (f->ext_r1 > f->ext_r0 && view.n_ext) return attention_split(f, op, &view, l, n);
         return kern_cuda_attention_mixed(act(f, op->out), NULL, act(f, op->in), &view, d_seq, d_pos, n,
                                          f->n_decode, hp->n_heads, llm_attn_scale(hp), f->max_len, f->attn_ws,
                                          f->attn_ws_bytes, cs);
@@ -1896,7 +1976,7 @@ static int x_gather(struct forward_cuda *f, const float *host_x_dev, int n)
     return FERRY_OK;
 }
 
-/* Ids, positions, sequences and the block table: staged on the host, copied on the compute stream. */
+/* Ids, positions, sequences and the block tables: staged on the host, copied on the compute stream. */
 static int upload_inputs(struct forward_cuda *f)
 {
     const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
@@ -1904,6 +1984,9 @@ static int upload_inputs(struct forward_cuda *f)
                        cudaMemcpyHostToDevice, f->compute));
     CK(cudaMemcpyAsync(f->d_block_table, f->h_ints + 3 * f->max_tokens, bt * sizeof(int32_t),
                        cudaMemcpyHostToDevice, f->compute));
+    if (f->kv_swa)
+        CK(cudaMemcpyAsync(f->d_block_table_swa, f->h_ints + 3 * f->max_tokens + bt, bt * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, f->compute));
     if (f->ext_r1 > f->ext_r0)
         CK(cudaMemcpyAsync(f->d_pos_att, f->h_pos_att, (size_t)f->max_tokens * sizeof(int32_t),
                            cudaMemcpyHostToDevice, f->compute));
@@ -2074,8 +2157,10 @@ static int cuda_begin(struct backend *be, const struct step *st)
         f->h_ints[2 * f->max_tokens + i] = b->seq[i];
         all_want &= b->want_logits[i] != 0;
     }
-    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table,
-           (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t));
+    const size_t bt = (size_t)kv->n_seqs * kv->max_blocks;
+    memcpy(f->h_ints + 3 * f->max_tokens, kv->block_table, bt * sizeof(int32_t));
+    if (f->kv_swa) /* (tables of kv's shape: runtime/engine.c) */
+        memcpy(f->h_ints + 3 * f->max_tokens + bt, f->kv_swa->block_table, bt * sizeof(int32_t));
     f->max_len = bucket_len(st->max_len, kv->max_blocks * kv->block_size);
     /* Rows whose neighbours belong to other sequences are decode tokens; the scheduler puts them first and
      * the prefill chunks after (a decode-only step is all decode rows, captured graphs included). */
@@ -2291,7 +2376,7 @@ static const struct backend_ops cuda_ops = {
  * store skips every row and the attention reads zeros; the cache is left untouched. */
 static int probe_inputs(struct forward_cuda *f, int n)
 {
-    const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks;
+    const size_t bt = (size_t)f->kv->n_seqs * f->kv->max_blocks * (f->kv_swa ? 2 : 1); /* both tables */
     for (int i = 0; i < n; i++)
         f->h_ints[i] = 0, f->h_ints[f->max_tokens + i] = 0, f->h_ints[2 * f->max_tokens + i] = 0;
     for (size_t i = 0; i < bt; i++) f->h_ints[3 * f->max_tokens + i] = -1;

@@ -16,12 +16,14 @@
  * the copy engine. When the budget is short, the KV pool's extension lives in pinned host memory: the decode
  * tokens' attention over its positions runs on the host's cores (a CUDA host function per layer) and merges
  * with the device's over the rest by log-sum-exp (FERRY_KV_EXT_ATTN=device: the device reads them over the
- * link instead). An LRU layer cache and zero-copy weights were measured against the ring and lost or tied
- * (runtime/NOTES.md, run 3). Weights in F16/BF16/F32/Q8_0 are used as stored; other types are converted to
- * F16 at load. Recurrent (gated DeltaNet) layers keep each slot's state on the device
- * (runtime/forward_cuda_deltanet.h; forward_cuda_state_get/put move a slot's to and from the host for the
- * prompt cache's checkpoints) and their matrices beside the layer blocks, so a model with them keeps every
- * layer resident. Without CUDA the same header is served by forward_cuda_none.c (no device).
+ * link instead). Sliding-window layers may keep a second, smaller pool holding only each
+ * sequence's window (forward_cuda_params.kv_swa), read through its own block table. An LRU layer cache and
+ * zero-copy weights were measured against the ring and lost or tied (runtime/NOTES.md, run 3). Weights in
+ * F16/BF16/F32/Q8_0 are used as stored; other types are converted to F16 at load. Recurrent (gated DeltaNet)
+ * layers keep each slot's state on the device (runtime/forward_cuda_deltanet.h; forward_cuda_state_get/put
+ * move a slot's to and from the host for the prompt cache's checkpoints) and their matrices beside the layer
+ * blocks, so a model with them keeps every layer resident. Without CUDA the same header is served by
+ * forward_cuda_none.c (no device).
  */
 #ifndef FERRY_FORWARD_CUDA_H
 #define FERRY_FORWARD_CUDA_H
@@ -51,7 +53,13 @@ struct forward_cuda_params {
     int kv_auto;
     int64_t kv_tokens_max, kv_tokens_floor, kv_tokens_min;
     int kv_q8; /* the KV pool in Q8_0 blocks (kernels/cuda/attention.h; head_dim a multiple of 64), no
-                  extension */    /* Expert models: the experts of the first cpu_moe layers stay in host memory and the host's cores
+                  extension */
+    /* The sliding-window layers' own pool (runtime/engine.h engine_params.swa_full): the engine's tables of
+     * kv's shape, whose slots hold only their windows' blocks (kv_cache_drop), KV_NO_HOST; the device keeps
+     * its planes (kv_cache_swa_layers of them, in the pool's element type and row, no extension) beside the
+     * main pool, whose planes are then the other layers'. NULL: every layer's K/V is in the main pool. */
+    struct kv_cache *kv_swa;
+    /* Expert models: the experts of the first cpu_moe layers stay in host memory and the host's cores
      * compute them (runtime/forward_cuda_moe.h); -1: the fewest that let the plan fit the budget. */
     int cpu_moe;
 };

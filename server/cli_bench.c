@@ -81,7 +81,7 @@ static void bench_usage(FILE *f)
         "                        auto in a GPU engine's host layers\n"
         "  --kv-type f16|f32|q8_0 the KV cache (default f16; f32 on the CPU backend only)\n"
         "  --swa-full            sliding-window layers keep every position in the KV cache (by default\n"
-        "                        the CPU backend keeps only their window)\n"
+        "                        they keep only their window, on the CPU and on the GPU)\n"
 
         "  --cpu                 run on the CPU backend even when a GPU is present\n"
         "  --cpu-isa NAME        cap the instruction set of the CPU products (portable, avx2, avx-vnni,\n"

@@ -28,7 +28,7 @@ static void inspect_usage(FILE *f)
             "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
             "  --parallel N        sequences (default 1)\n"
             "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
-            "  --swa-full          sliding-window layers keep every position (the CPU's KV bytes)\n"
+            "  --swa-full          sliding-window layers keep every position (KV bytes and the plan)\n"
             "  --ctx-checkpoints N recurrent (gated DeltaNet) models: checkpoints of its state a slot keeps\n"
             "                      for the prompt cache (default 32), counted in its memory\n"
             "  --json              machine-readable output\n"
@@ -285,12 +285,11 @@ int cli_inspect_main(int argc, char **argv)
             uint64_t all, swa;
             engine_kv_bytes(hp, &ep, &all, &swa);
             if (swa)
-                printf(
-                    "kv cache     %.1f MiB (cpu, %d slots): %.1f MiB for the global layers, %.1f MiB for the "
-                    "sliding-window layers' windows (--swa-full: every position)\n",
-                    (all + swa) / 1048576.0, ep.n_seqs, all / 1048576.0, swa / 1048576.0);
+                printf("kv cache     %.1f MiB (%d slots): %.1f MiB for the global layers, %.1f MiB for the "
+                       "sliding-window layers' windows (--swa-full: every position)\n",
+                       (all + swa) / 1048576.0, ep.n_seqs, all / 1048576.0, swa / 1048576.0);
             else
-                printf("kv cache     %.1f MiB (cpu, %d slots)\n", all / 1048576.0, ep.n_seqs);
+                printf("kv cache     %.1f MiB (%d slots)\n", all / 1048576.0, ep.n_seqs);
         }
     }
     json_decref(root);

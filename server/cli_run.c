@@ -97,7 +97,7 @@ static void run_usage(FILE *f)
             "                         its Q4_K_M mix; as `ferry quantize` writes them)\n"
             "  --kv-type f16|f32|q8_0 the CPU backend's KV cache (default f16)\n"
             "  --swa-full             sliding-window layers keep every position in the KV cache (by default\n"
-            "                         the CPU backend keeps only their window)\n"
+            "                         they keep only their window, on the CPU and on the GPU)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --hf-repo OWNER/REPO[:QUANT]  the model from a Hugging Face hub, as ferry pull fetches it\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"

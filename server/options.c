@@ -168,7 +168,7 @@ static const struct opt_row rows[] = {
      "the host reads when the pool overflows into host memory; heads a multiple of 64 wide on the GPU)"},
     {"swa-full", OPT_BOOL, OFF(swa_full), 0, 1, "0", NULL,
      "sliding-window layers keep every position in the KV cache, as global ones do (llama.cpp's --swa-full); "
-     "by default the CPU backend keeps only each sequence's window for them (and 64 positions before it)"},
+     "by default both backends keep only each sequence's window for them (and 64 positions before it)"},
     {"quant", OPT_ENUM, OFF(quant), 0, 0, "none", "none|int8|int4",
      "quantize F32/F16/BF16 weights at load: int8 = llama.cpp's Q8_0 (half the bytes of f16), int4 = its "
      "Q4_K_M mix "

@@ -547,9 +547,13 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const att_para
     if (p.skip == ATT_SKIP_RUNS && !att_single(p, tok)) return; /* a prefill row: the prefill launch's */
     const int R = p.G, kvh = kvg * HB + hh;
     const int sq = p.seq[tok], pos = p.pos[tok];
-    const int lo0 = split * p.chunk;
-    const int hi = split == p.n_split - 1 ? pos + 1 : min(lo0 + p.chunk, pos + 1);
-    const int lo = max(lo0, pos + 1 - p.window); /* a split below the window holds nothing (span <= 0) */
+    /* The splits cover [0, pos] in chunks of p.chunk; once a sliding-window layer's window is full, they
+     * cover the window (pos - window, pos] alone, in n_split equal parts, so that deep in a sequence every
+     * split still reads its share (the same ranges as before while pos < window). */
+    const int base = max(0, pos + 1 - p.window);
+    const int chunk = base > 0 ? (pos + 1 - base + p.n_split - 1) / p.n_split : p.chunk;
+    const int lo = base + split * chunk;
+    const int hi = split == p.n_split - 1 ? pos + 1 : min(lo + chunk, pos + 1);
 
     /* q in base-2 units: scores come out multiplied by log2 e, so exp2 gives the natural softmax. */
     const float qscale = p.scale * 1.44269504088896341f;

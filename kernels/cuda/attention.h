@@ -21,16 +21,17 @@
  * tensor relative error 1e-3, for |v| <= 1). PREFILL (other head_dims) and decode shapes the decode kernel
  * does not take: a SIMT tile kernel (16 rows, K/V tiles staged in shared memory, f32 math). DECODE:  a block
  * takes one token (its query heads of one or a few KV heads) and the KV range is split over blocks
- * (flash-decoding); partial (max, sum, output) go to the workspace and the last block of each row to finish
- * merges them with a log-sum-exp in split order (one launch in all). One long sequence fills the GPU. It
- * takes decode batches with head_dim/8 a power of two up to 256 and at most 8 query heads per KV head; other
- * shapes (heads of 264..512 dims among them: Gemma 4's global layers) use the tile kernel, a token per tile.
- * Attention sinks (kern_cuda_kv_layer.sinks) enter wherever a kernel normalises a row. A mixed batch (decode
- * tokens of many sequences plus prefill chunks, which may start at any position) is two launches on the
- * stream, no host synchronisation: decode rows through the decode kernel, chunk rows through the prefill
- * kernel (kern_cuda_attention_mixed, or AUTO, which decides per row on the device). Splits are also used in
- * PREFILL when the grid would be too small. Deterministic: the only atomic is the per-row arrival counter,
- * and the merge order does not depend on it. Launched with programmatic dependent launch
+ * (flash-decoding; a sliding-window layer's window alone, once it is full, so that a row deep in its sequence
+ * still spreads over every split); partial (max, sum, output) go to the workspace and the last block of each
+ * row to finish merges them with a log-sum-exp in split order (one launch in all). One long sequence fills
+ * the GPU. It takes decode batches with head_dim/8 a power of two up to 256 and at most 8 query heads per KV
+ * head; other shapes (heads of 264..512 dims among them: Gemma 4's global layers) use the tile kernel, a
+ * token per tile. Attention sinks (kern_cuda_kv_layer.sinks) enter wherever a kernel normalises a row. A
+ * mixed batch (decode tokens of many sequences plus prefill chunks, which may start at any position) is two
+ * launches on the stream, no host synchronisation: decode rows through the decode kernel, chunk rows through
+ * the prefill kernel (kern_cuda_attention_mixed, or AUTO, which decides per row on the device). Splits are
+ * also used in PREFILL when the grid would be too small. Deterministic: the only atomic is the per-row
+ * arrival counter, and the merge order does not depend on it. Launched with programmatic dependent launch
  * (kernels/cuda/pdl.h). All pointers are device memory except `kv` itself (a host struct holding device
  * pointers). The caller guarantees seq[i] < the rows of block_table and pos[i] < max_blocks*block_size with
  * the blocks present (the runtime's KV cache does); block ids outside [0, n_blocks) read as zeros instead of

@@ -18,7 +18,8 @@
  * bench_attn give that kernel. Attention sinks (gpt-oss) run through the same matrix of kernels, variants,
  * windows and GQA ratios (sinks_every_kernel), head size 512 through the tile kernel's wide variant
  * (wide_heads_d512); both print every case's errors, and the sinks reference is checked against
- * kern_cpu_attention_sinks_ref without a GPU.
+ * kern_cpu_attention_sinks_ref without a GPU. Sliding windows run over a window pool too
+ * (sliding_window_pool): each sequence holds only its window's blocks, the rest of its table -1.
  */
 #include "tests/cuda/cuda_test.h"
 
@@ -37,6 +38,11 @@ struct cache {
     struct kern_cuda_kv_layer dev;
 };
 
+/* A sliding-window layers' own pool (runtime/kv_cache.h kv_cache_drop), for the next cache_init_table: the
+ * position from which each sequence still holds its blocks (the table's entries of the blocks wholly before
+ * it -1, and those blocks not in the pool at all); NULL: every block. */
+static const int *test_from;
+
 /* The shape and a shuffled block table, no K/V data (k and v NULL). */
 static void cache_init_table(struct cache *c, int n_heads, int n_kv, int D, int bs, int n_seqs,
                              const int *len)
@@ -47,7 +53,7 @@ static void cache_init_table(struct cache *c, int n_heads, int n_kv, int D, int 
     int maxl = 1, total = 0;
     for (int s = 0; s < n_seqs; s++) {
         if (len[s] > maxl) maxl = len[s];
-        total += (len[s] + bs - 1) / bs;
+        total += (len[s] + bs - 1) / bs - (test_from ? test_from[s] / bs : 0);
     }
     c->max_blocks = (maxl + bs - 1) / bs + 1;
     c->n_blocks = total + 3;
@@ -63,7 +69,8 @@ static void cache_init_table(struct cache *c, int n_heads, int n_kv, int D, int 
     int next = 0;
     for (int s = 0; s < n_seqs; s++)
         for (int b = 0; b < c->max_blocks; b++)
-            c->bt[(size_t)s * c->max_blocks + b] = b < (len[s] + bs - 1) / bs ? perm[next++] : -1;
+            c->bt[(size_t)s * c->max_blocks + b] =
+                b < (len[s] + bs - 1) / bs && b >= (test_from ? test_from[s] / bs : 0) ? perm[next++] : -1;
     free(perm);
     c->k = c->v = NULL;
     c->q8 = 0;
@@ -415,6 +422,81 @@ Test(cuda_attention, sliding_window_head16)
     test_window = 24;
     check_config(4, 2, 16, 16, wl, 4, "window 24 D 16");
     test_window = 0;
+}
+
+/* A sliding-window layers' own pool (runtime/kv_cache.h, as runtime/engine.c keeps it): each sequence,
+ * several windows long, holds only the blocks from its window's start less a slack of 0..bs positions (the
+ * blocks before it -1 in its table and absent from the pool, which holds just the rest, shuffled). The last
+ * `chunk` rows of every sequence (a prefill chunk: the slot's blocks must cover the first row's window), the
+ * decode row at each end, and a mixed batch (decode rows of the other sequences, then the first one's chunk)
+ * attend through that table in every kernel and variant, against the reference over the window. */
+static void check_window_pool(int n_heads, int n_kv, int D, int bs, int window, int chunk, const int *len,
+                              int n_seqs, int q8, const char *what)
+{
+    int *from = malloc(n_seqs * sizeof(int)), dropped = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        cr_assert(len[s] >= chunk);
+        const int f = len[s] - chunk - window + 1 - irand(bs + 1);
+        from[s] = f > 0 ? f : 0;
+        dropped += from[s] / bs;
+    }
+    cr_assert_gt(dropped, 0, "%s: the case drops no block", what);
+    struct cache c;
+    test_from = from;
+    if (q8)
+        cache_init_q8(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    else
+        cache_init(&c, n_heads, n_kv, D, bs, n_seqs, len);
+    test_from = NULL;
+    c.dev.window = window;
+    if (test_sinks) cache_add_sinks(&c);
+    int total = chunk * n_seqs + n_seqs;
+    int32_t *seq = malloc(total * 4), *pos = malloc(total * 4);
+    char buf[160];
+    int m = 0;
+    for (int s = 0; s < n_seqs; s++)
+        for (int p = len[s] - chunk; p < len[s]; p++) seq[m] = s, pos[m++] = p;
+    snprintf(buf, sizeof buf, "%s window pool: chunks", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_PREFILL, buf);
+    run_case(&c, seq, pos, m, KERN_ATTN_AUTO, buf);
+    m = 0;
+    for (int s = 0; s < n_seqs; s++) seq[m] = s, pos[m++] = len[s] - 1;
+    snprintf(buf, sizeof buf, "%s window pool: decode", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_DECODE, buf);
+    run_case(&c, seq, pos, m, KERN_ATTN_AUTO, buf);
+    run_case(&c, seq, pos, m, KERN_ATTN_PREFILL, buf);
+    m = 0;
+    for (int s = 1; s < n_seqs; s++) seq[m] = s, pos[m++] = len[s] - 1;
+    for (int p = len[0] - chunk; p < len[0]; p++) seq[m] = 0, pos[m++] = p;
+    snprintf(buf, sizeof buf, "%s window pool: mixed", what);
+    run_case(&c, seq, pos, m, KERN_ATTN_AUTO, buf);
+    free(seq);
+    free(pos);
+    free(from);
+    cache_free(&c);
+}
+
+Test(cuda_attention, sliding_window_pool, .timeout = 900)
+{
+    SKIP_WITHOUT_GPU();
+    rng_seed(79);
+    test_verbose = 1;
+    const int l1[] = {300, 517, 1000}, l2[] = {700, 1500, 385}, l3[] = {60, 200, 77}, l4[] = {1000, 450, 333},
+              l5[] = {300, 170}, l6[] = {200, 99}, l7[] = {500};
+    check_window_pool(8, 2, 64, 16, 24, 37, l1, 3, 0, "G=4 D=64 bs=16 window 24 chunk 37");
+    check_window_pool(8, 1, 128, 16, 128, 64, l2, 3, 0, "G=8 D=128 bs=16 window 128 chunk 64");
+    check_window_pool(6, 3, 32, 7, 5, 9, l3, 3, 0, "G=2 D=32 bs=7 window 5 chunk 9");
+    check_window_pool(24, 1, 96, 16, 100, 129, l4, 3, 0, "G=24 D=96 bs=16 window 100 chunk 129");
+    check_window_pool(4, 2, 80, 32, 33, 1, l5, 2, 0, "G=2 D=80 bs=32 window 33 decode only");
+    check_window_pool(4, 2, 16, 16, 24, 7, l6, 2, 0, "G=2 D=16 bs=16 window 24 chunk 7 (phi3)");
+    check_window_pool(4, 2, 256, 16, 64, 20, l7, 1, 0, "G=2 D=256 bs=16 window 64 chunk 20");
+    const int q1[] = {600, 900}, q2[] = {100, 400};
+    check_window_pool(16, 2, 64, 16, 128, 50, q1, 2, 1, "Q8_0 G=8 D=64 window 128 chunk 50");
+    check_window_pool(8, 2, 128, 7, 17, 3, q2, 2, 1, "Q8_0 G=4 D=128 bs=7 window 17 chunk 3");
+    test_sinks = 1; /* gpt-oss: sinks on its 128-position window layers */
+    check_window_pool(16, 2, 64, 16, 128, 33, q1, 2, 0, "sinks G=8 D=64 window 128 chunk 33 (gpt-oss)");
+    test_sinks = 0;
+    test_verbose = 0;
 }
 
 Test(cuda_attention, gqa1_d64)
