@@ -255,6 +255,23 @@ int expert_cache_decide(struct expert_cache *c, int l, const int32_t *ids, int n
     return FERRY_OK;
 }
 
+int expert_plan_pairs(const struct expert_plan *pl, const int32_t *ids, const float *wts, int n_ids, int k,
+                      int32_t *slot, int32_t *htok, int32_t *hid, float *hw)
+{
+    int hn = 0;
+    for (int p = 0; p < n_ids; p++) {
+        const int e = ids[p];
+        if (pl->where[e] == EXPERT_HOST) {
+            slot[p] = -1;
+            htok[hn] = p / k, hid[hn] = e, hw[hn] = wts[p];
+            hn++;
+        } else {
+            slot[p] = pl->slot[e];
+        }
+    }
+    return hn;
+}
+
 int expert_cache_split(uint64_t bytes, int n_layers, int n_expert, const uint8_t *host,
                        uint64_t (*slot_bytes)(const void *ctx, int l, int s), const void *ctx, int *slots)
 {

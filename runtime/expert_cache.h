@@ -88,6 +88,12 @@ int expert_cache_slot_expert(const struct expert_cache *c, int l, int s);
  * n_ids < 1; on error nothing changes. */
 int expert_cache_decide(struct expert_cache *c, int l, const int32_t *ids, int n_ids,
                         struct expert_plan *out);
+/* The step's pairs (ids, wts: n_ids = tokens x k, as given to decide) split by pl (not a streaming one): slot
+ * (n_ids) gets each pair's slot, -1 for a pair the host computes; the host's pairs, in pair order, get their
+ * token (pair / k), expert and weight in htok, hid, hw (n_ids each at most). Returns how many pairs the host
+ * computes. */
+int expert_plan_pairs(const struct expert_plan *pl, const int32_t *ids, const float *wts, int n_ids, int k,
+                      int32_t *slot, int32_t *htok, int32_t *hid, float *hw);
 /* Adds the device bytes of the slots to what stats reports. */
 void expert_cache_set_slot_bytes(struct expert_cache *c, uint64_t bytes);
 void expert_cache_stats(const struct expert_cache *c, struct expert_cache_stats *st);

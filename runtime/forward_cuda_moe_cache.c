@@ -335,17 +335,7 @@ int moe_cache_run(struct cuda_moe *mo, int l, struct kern_cuda_ctx *kctx, float 
         CK(cudaEventRecord(mc->fetched, mc->copy));
         CK(cudaStreamWaitEvent(cs, mc->fetched, 0));
     }
-    mc->hn = 0;
-    for (int p = 0; p < P; p++) {
-        const int e = mo->h_ids[p];
-        if (pl.where[e] == EXPERT_HOST) {
-            mc->h_sids[p] = -1;
-            mc->htok[mc->hn] = p / k, mc->hid[mc->hn] = e, mc->hw[mc->hn] = mo->h_wts[p];
-            mc->hn++;
-        } else {
-            mc->h_sids[p] = pl.slot[e];
-        }
-    }
+    mc->hn = expert_plan_pairs(&pl, mo->h_ids, mo->h_wts, P, k, mc->h_sids, mc->htok, mc->hid, mc->hw);
     if (mc->hn) {
         mc->job = (struct moe_job){.mo = mo, .l = l, .n = n};
         CK(cudaLaunchHostFunc(mc->host, cache_host_experts, &mc->job));

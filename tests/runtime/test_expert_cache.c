@@ -357,6 +357,48 @@ Test(expert_cache, large_step_streams_and_keeps_the_cache)
     expert_cache_free(d);
 }
 
+/* A step's pairs split by its plan: a device pair reads its expert's slot, a host pair is listed (in pair
+ * order, with its token and weight) and left out of the slot table; every pair lands on exactly one side. */
+Test(expert_cache, pairs_follow_the_plan)
+{
+    enum { E = 16, K = 4, T = 6 };
+    struct expert_cache *c =
+        make(1, E, 5, EXPERT_CACHE_DECAY, 3e10, 0); /* hot misses fetched, cold ones on the host */
+    rng = 21;
+    int32_t ids[T * K], slot[T * K], htok[T * K], hid[T * K];
+    float wts[T * K], hw[T * K];
+    int hosted = 0, fetched = 0;
+    for (int step = 0; step < 40; step++) {
+        for (int t = 0; t < T; t++) pick(ids + t * K, K, E, 0.6);
+        for (int p = 0; p < T * K; p++) wts[p] = 0.01f * (float)(p + 1);
+        struct expert_plan pl;
+        cr_assert_eq(expert_cache_decide(c, 0, ids, T * K, &pl), FERRY_OK);
+        const int hn = expert_plan_pairs(&pl, ids, wts, T * K, K, slot, htok, hid, hw);
+        int q = 0;
+        for (int p = 0; p < T * K; p++) {
+            const int e = ids[p];
+            if (pl.where[e] == EXPERT_HOST) {
+                cr_assert_eq(slot[p], -1);
+                cr_assert_lt(q, hn);
+                cr_assert_eq(htok[q], p / K);
+                cr_assert_eq(hid[q], e);
+                cr_assert_eq(hw[q], wts[p]);
+                q++;
+            } else {
+                cr_assert(pl.where[e] == EXPERT_HIT || pl.where[e] == EXPERT_FETCH);
+                cr_assert_eq(slot[p], pl.slot[e]);
+                cr_assert_eq(expert_cache_slot_expert(c, 0, slot[p]), e, "slot %d holds the expert", slot[p]);
+            }
+        }
+        cr_assert_eq(q, hn);
+        hosted += hn;
+        fetched += pl.n_fetch;
+    }
+    cr_expect_gt(hosted, 0, "the trace never put a pair on the host");
+    cr_expect_gt(fetched, 0, "the trace never fetched");
+    expert_cache_free(c);
+}
+
 /* Slots of every layer: as many as fit the bytes, the same count in each host layer, none elsewhere. */
 static uint64_t slot_bytes(const void *ctx, int l, int s)
 {
