@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "runtime/batch.h"
+#include "runtime/expert_cache.h"
 
 struct backend;
 
@@ -32,14 +33,15 @@ struct backend_stats {
     double copy_seconds;     /* copy-stream time for those bytes */
     double stall_seconds;    /* compute time spent waiting for copies */
     uint64_t vram_budget, vram_planned, vram_used;
-    uint64_t kv_host_bytes; /* the KV pool's extension in pinned host memory */
-    uint64_t kv_ext_host_rows; /* rows x layers whose extension positions the host's cores attended to */
+    uint64_t kv_host_bytes;     /* the KV pool's extension in pinned host memory */
+    uint64_t kv_ext_host_rows;  /* rows x layers whose extension positions the host's cores attended to */
     double kv_ext_host_seconds; /* wall time of that attention (the compute stream waits on all of it) */
-    double h2d_bytes_per_s; /* measured ceilings: pinned host→device, device copy (read+write) */
+    double h2d_bytes_per_s;     /* measured ceilings: pinned host→device, device copy (read+write) */
     double hbm_bytes_per_s;
     uint64_t layers_run;  /* layer calls made on this backend */
     double layer_seconds; /* wall time inside them (a CPU backend's share of the steps) */
     double kv_seconds;    /* the part of it spent in the KV ops (a host layer's: the device's attention) */
+    struct expert_cache_stats expert_cache; /* the device expert cache of host experts (zero: none) */
 };
 
 struct backend_ops {

@@ -257,9 +257,13 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
              m->kv_ext_host ? "decode tokens' attention over them runs on the host's cores"
                             : "the device reads them over the link");
     if (m->moe_layers && m->cpu_moe)
-        EMIT("  experts: those of layers 0-%d in host memory, computed by the host's cores; of %d layers "
+        EMIT("  experts: those of layers 0-%d in host memory, computed by the host's cores%s; of %d layers "
              "resident\n",
-             m->cpu_moe - 1, m->moe_layers - m->cpu_moe);
+             m->cpu_moe - 1, m->expert_cache_bytes ? " or cached on the device" : "",
+             m->moe_layers - m->cpu_moe);
+    if (m->moe_layers && m->expert_cache_bytes)
+        EMIT("  expert cache: %.1f MiB of slots for the host layers' most used experts\n",
+             m->expert_cache_bytes / 1048576.0);
     else if (m->moe_layers)
         EMIT("  experts: all resident\n");
     for (int i = 0; i < m->n_layers;) {

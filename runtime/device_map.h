@@ -98,12 +98,13 @@ struct device_map {
     int64_t kv_swa_tokens; /* its positions */
     int kv_ext_host;       /* the host's cores attend to its positions (the input's kv_ext_host) */
     int kv_seq_split;      /* kv_tokens is less than one full-length sequence: the extension holds the rest */
-    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring: what the plan allocates */
+    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring, expert cache: what the plan allocates */
     uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
     /* Expert models (set by the backend's planner, runtime/forward_cuda.c): the experts of layers [0,
      * cpu_moe) stay in host memory, computed by the host's cores; the others' are resident with their layers.
      */
     int moe_layers, cpu_moe;
+    uint64_t expert_cache_bytes; /* of bytes_total: the device expert cache of the host layers' experts */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,
                               * all weight bytes / hbm) (the step plan refines it) */
 };

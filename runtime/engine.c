@@ -106,6 +106,7 @@ struct engine_params engine_default_params(void)
         .gpu_layers = -1,
         .ring_layers = 0,
         .cpu_moe = -1,
+        .expert_cache = -1,
         .placement = ENGINE_PLACEMENT_AUTO,
         .cpu_threads = 0,
         .plan_override = NULL,
@@ -205,6 +206,7 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .reserve_vram = p->reserve_vram,
                                         .gpu_layers = p->gpu_layers,
                                         .cpu_moe = p->cpu_moe,
+                                        .expert_cache = p->expert_cache,
                                         .ring_layers = p->ring_layers,
                                         .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
                                         .force_where = p->plan_override,
@@ -1223,6 +1225,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
         st->kv_ext_host_seconds = gs.kv_ext_host_seconds;
         st->h2d_bytes_per_s = gs.h2d_bytes_per_s;
         st->hbm_bytes_per_s = gs.hbm_bytes_per_s;
+        st->expert_cache = gs.expert_cache;
         if (e->cpu) {
             struct backend_stats cs;
             e->cpu->ops->stats(e->cpu, &cs);

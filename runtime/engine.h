@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/attention.h" /* enum kv_elem */
 #include "runtime/batch.h"
+#include "runtime/expert_cache.h"
 #include "runtime/kv_cache.h"
 #include "weights/model_file.h"
 
@@ -80,6 +81,8 @@ struct engine_params {
     int cpu_moe; /* expert models: the experts of the first cpu_moe layers stay in host memory, computed by
                   * the host's cores beside the device's attention (llama.cpp's --n-cpu-moe); -1 = the fewest
                   * that let the plan fit the budget */
+    int64_t expert_cache; /* expert models: bytes of the device expert cache for the host layers' experts;
+                           * -1 = what the budget leaves (forward_cuda.h), 0 = none */
     enum engine_placement placement;
     int cpu_threads; /* host threads computing host layers of a GPU engine (pinned); 0 = n_threads, or all
                       * cores when that is 0 too */
@@ -126,6 +129,7 @@ struct engine_stats {
      * times the step plan was made again for it. */
     double host_pace;
     int plan_revisions;
+    struct expert_cache_stats expert_cache; /* the device expert cache (runtime/expert_cache.h; zero: none) */
 };
 
 /* The step plan for a step of n_tokens: where its layers run and the predicted step time. */

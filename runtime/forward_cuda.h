@@ -62,6 +62,10 @@ struct forward_cuda_params {
     /* Expert models: the experts of the first cpu_moe layers stay in host memory and the host's cores
      * compute them (runtime/forward_cuda_moe.h); -1: the fewest that let the plan fit the budget. */
     int cpu_moe;
+    /* Expert models with host experts: device bytes of the expert cache (runtime/expert_cache.h), taken from
+     * the budget before the experts of more layers are made resident; -1: what the budget leaves after the
+     * resident layers and the KV pool, when the planner chose the host layers (cpu_moe -1); 0: none. */
+    int64_t expert_cache;
 };
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */

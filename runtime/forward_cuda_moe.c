@@ -17,71 +17,7 @@
 #include "kernels/cuda/ops.h"
 #include "runtime/cuda_check.h"
 #include "runtime/pinned.h"
-
-#define RC(call)                                                                                             \
-    do {                                                                                                     \
-        int rc_ = (call);                                                                                    \
-        if (rc_) return rc_;                                                                                 \
-    } while (0)
-
-#define MOE_ALIGN 256
-static size_t align_up(size_t x)
-{
-    return (x + MOE_ALIGN - 1) & ~(size_t)(MOE_ALIGN - 1);
-}
-
-static size_t view_bytes(const struct wview *w)
-{
-    return dtype_row_size(w->type, w->cols) * (size_t)w->rows;
-}
-
-struct moe_job {
-    struct cuda_moe *mo;
-    int l, n;
-};
-
-struct cuda_moe {
-    const struct model *m;
-    int n_layers, n_expert, k, dim, ffn, norm;
-    int T;      /* rows of a chunk (the scratch's) */
-    int T_step; /* rows of a step at most */
-    /* Device. */
-    void **router;  /* (n_layers) each layer's router (n_expert, dim) in its stored type */
-    void **experts; /* (n_layers) gate, up, down at 256-byte boundaries, or NULL: in host memory */
-    float *logits;  /* (T, n_expert) */
-    int32_t *ids;   /* (T, k) */
-    float *wts;     /* (T, k) */
-    float *gu;      /* (T k, 2 ffn) each pair's gate | up rows */
-    float *h;       /* (T k, ffn) */
-    float *xs;      /* (T k, dim) the grouped path's gathered rows, then its products' rows */
-    int32_t *idx;   /* (2, T k) the grouped path's row of each sorted pair | sorted row of each pair */
-    void *x8;       /* x8_bytes: the int8 form of x or of h for the GEMV and the grouped products */
-    int32_t *off;   /* (n_expert + 1) the device-sorted pairs' start per expert */
-    /* gpt-oss (LOP_MOE_CLAMPED): the clamped SwiGLU's gain and clamp, and each layer's biases on the device:
-     * router (n_expert), then gate and up (n_expert, ffn) each, then down (n_expert, dim); NULL elsewhere. */
-    int clamped;
-    float alpha, limit;
-    float **bias;
-    /* Host: the grouped path's exchange and the host experts' rows. */
-    int32_t *h_ids; /* (T, k) pinned */
-    float *h_wts;   /* (T, k) pinned */
-    int32_t *h_idx; /* (2, T k) pinned */
-    int *count;     /* (n_expert + 1) */
-    float *h_x;     /* (T, dim) pinned: the rows of a host-experts layer */
-    float *h_y;     /* (T, dim) pinned, mapped: their result */
-    float *ws;      /* kern_cpu_moe_ws_floats(T) */
-    struct tpool *pool;
-    struct moe_job *jobs; /* (n_layers, chunks of a step): each host function's argument */
-    int n_host;
-    int rc; /* the first failure of a host function */
-    /* Host experts: each host layer's gate, up, down in pinned memory at the device layout's offsets (NULL:
-     * the model's own tensors, when pinning failed), and the device's staging area for streaming them. */
-    struct pinned_block pin;
-    char **hexp; /* (n_layers) */
-    char *stage; /* cuda_moe_stage_bytes, or NULL */
-    int stream_min_rows;
-    uint64_t host_runs, stream_runs, stream_bytes;
-};
+#include "runtime/forward_cuda_moe_impl.h"
 
 /* Rows the scratch holds: a step of more runs in chunks of this many. */
 static int chunk_rows(int T)
@@ -119,7 +55,8 @@ size_t cuda_moe_fixed_bytes(const struct model *m, int T)
     b += align_up((size_t)T * hp->n_expert * sizeof(float)) + 2 * align_up(P * sizeof(float)) +
          align_up(P * 2 * ffn * sizeof(float)) + align_up(P * ffn * sizeof(float)) +
          align_up(P * (size_t)hp->dim * sizeof(float)) + align_up(2 * P * sizeof(int32_t)) +
-         align_up(x8_bytes(hp, T)) + align_up(((size_t)hp->n_expert + 1) * sizeof(int32_t));
+         align_up(x8_bytes(hp, T)) + align_up(((size_t)hp->n_expert + 1) * sizeof(int32_t)) +
+         align_up(P * sizeof(int32_t));
     return b;
 }
 
@@ -192,6 +129,7 @@ int cuda_moe_check_types(const struct model *m, char err[256])
 void cuda_moe_free(struct cuda_moe *mo)
 {
     if (!mo) return;
+    moe_cache_free(mo->cache);
     tpool_free(mo->pool);
     pinned_block_free(&mo->pin);
     free(mo->hexp);
@@ -210,7 +148,7 @@ void cuda_moe_free(struct cuda_moe *mo)
 }
 
 /* The host experts of layer l: the pinned copy, else the model's tensors. */
-static struct kern_cpu_moe_experts host_experts_of(const struct cuda_moe *mo, int l)
+struct kern_cpu_moe_experts moe_host_experts_of(const struct cuda_moe *mo, int l)
 {
     const struct model_layer *L = &mo->m->layers[l];
     struct kern_cpu_moe_experts ex = {.gate = L->exp_gate.data,
@@ -234,7 +172,7 @@ static struct kern_cpu_moe_experts host_experts_of(const struct cuda_moe *mo, in
     return ex;
 }
 
-static double now_s(void)
+double moe_now_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -251,13 +189,13 @@ static double host_seconds(struct cuda_moe *mo, int l, int n)
     for (int t = 0; t < n; t++)
         for (int j = 0; j < k; j++)
             mo->h_ids[t * k + j] = (37 * t + j) % mo->n_expert, mo->h_wts[t * k + j] = 1.0f / k;
-    const struct kern_cpu_moe_experts ex = host_experts_of(mo, l);
+    const struct kern_cpu_moe_experts ex = moe_host_experts_of(mo, l);
     double best = INFINITY;
     for (int r = 0; r < 4; r++) {
-        const double t0 = now_s();
+        const double t0 = moe_now_s();
         if (kern_cpu_moe_ffn(mo->h_y, mo->h_x, mo->h_ids, mo->h_wts, n, k, &ex, mo->ws, mo->pool))
             return INFINITY;
-        const double t = now_s() - t0;
+        const double t = moe_now_s() - t0;
         if (r && t < best) best = t;
     }
     return best;
@@ -400,7 +338,8 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
     mo->xs = (float *)c, c += align_up(P * (size_t)mo->dim * sizeof(float));
     mo->idx = (int32_t *)c, c += align_up(2 * P * sizeof(int32_t));
     mo->x8 = c, c += align_up(x8_bytes(hp, T));
-    mo->off = (int32_t *)c;
+    mo->off = (int32_t *)c, c += align_up(((size_t)mo->n_expert + 1) * sizeof(int32_t));
+    mo->sids = (int32_t *)c;
     if (cudaHostAlloc((void **)&mo->h_ids, P * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&mo->h_wts, P * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
         cudaHostAlloc((void **)&mo->h_idx, 2 * P * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess)
@@ -419,6 +358,8 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
         pin_host_experts(mo);
         mo->stage = p->stage;
         choose_streaming(mo, p->h2d_bytes_per_s);
+        if ((rc = moe_cache_init(mo, p->cache, p->cache_bytes, p->h2d_bytes_per_s, p->hbm_bytes_per_s)))
+            goto fail;
     }
     *out = mo;
     return FERRY_OK;
@@ -460,15 +401,7 @@ void cuda_moe_counts(const struct cuda_moe *mo, uint64_t *host_runs, uint64_t *s
     *stream_bytes = mo ? mo->stream_bytes : 0;
 }
 
-/* Layer l's experts in the device layout at base: gate, up, down at 256-byte boundaries. */
-struct dev_experts {
-    const char *gate, *up, *down;
-    enum dtype gate_t, up_t, down_t;
-    const float *gate_b, *up_b, *down_b; /* (n_expert, ffn | dim) on the device, or NULL */
-    size_t gate_e, up_e, down_e;         /* bytes of one expert's matrix */
-};
-
-static struct dev_experts dev_experts_at(const struct cuda_moe *mo, int l, const char *base)
+struct dev_experts moe_dev_experts_at(const struct cuda_moe *mo, int l, const char *base)
 {
     const struct model_layer *L = &mo->m->layers[l];
     struct dev_experts d = {
@@ -478,6 +411,7 @@ static struct dev_experts dev_experts_at(const struct cuda_moe *mo, int l, const
     d.gate_e = dtype_row_size(d.gate_t, mo->dim) * (size_t)mo->ffn;
     d.up_e = dtype_row_size(d.up_t, mo->dim) * (size_t)mo->ffn;
     d.down_e = dtype_row_size(d.down_t, mo->ffn) * (size_t)mo->dim;
+    d.ids = mo->ids, d.ne = mo->n_expert;
     if (mo->bias[l]) {
         d.gate_b = mo->bias[l] + mo->n_expert;
         d.up_b = d.gate_b + (size_t)mo->n_expert * mo->ffn;
@@ -487,43 +421,45 @@ static struct dev_experts dev_experts_at(const struct cuda_moe *mo, int l, const
 }
 
 /* h (P, ffn) from gu (P, 2 ffn): silu(gate)·up, or gpt-oss's clamped SwiGLU. */
-static int activate(const struct cuda_moe *mo, int P, cudaStream_t cs)
+int moe_activate(const struct cuda_moe *mo, int P, cudaStream_t cs)
 {
     if (mo->clamped) return kern_cuda_moe_swiglu_clamped(mo->h, mo->gu, P, mo->ffn, mo->alpha, mo->limit, cs);
     return kern_cuda_silu_mul(mo->h, mo->gu, P, mo->ffn, cs);
 }
 
 /* Few rows: the grouped GEMV over every (token, expert) pair, the routing read on the device. */
-static int run_gemv(struct cuda_moe *mo, const struct dev_experts *d, float *y, const float *x, int n,
-                    cudaStream_t cs)
+int moe_run_gemv(struct cuda_moe *mo, const struct dev_experts *d, float *y, const float *x, int n,
+                 cudaStream_t cs)
 {
     const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k;
     if (dtype_block_size(d->gate_t) > 1 || dtype_block_size(d->up_t) > 1)
         RC(kern_cuda_moe_x8(mo->x8, x, dim, n, dim, cs));
-    RC(kern_cuda_moe_gemv(mo->gu, 2 * ffn, x, dim, mo->x8, d->gate, d->gate_t, d->gate_b, mo->n_expert, ffn,
-                          dim, mo->ids, NULL, P, 1, k, cs));
-    RC(kern_cuda_moe_gemv(mo->gu + ffn, 2 * ffn, x, dim, mo->x8, d->up, d->up_t, d->up_b, mo->n_expert, ffn,
-                          dim, mo->ids, NULL, P, 1, k, cs));
-    RC(activate(mo, P, cs));
+    RC(kern_cuda_moe_gemv(mo->gu, 2 * ffn, x, dim, mo->x8, d->gate, d->gate_t, d->gate_b, d->ne, ffn, dim,
+                          d->ids, NULL, P, 1, k, cs));
+    RC(kern_cuda_moe_gemv(mo->gu + ffn, 2 * ffn, x, dim, mo->x8, d->up, d->up_t, d->up_b, d->ne, ffn, dim,
+                          d->ids, NULL, P, 1, k, cs));
+    RC(moe_activate(mo, P, cs));
     if (dtype_block_size(d->down_t) > 1) RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
-    return kern_cuda_moe_gemv(y, dim, mo->h, ffn, mo->x8, d->down, d->down_t, d->down_b, mo->n_expert, dim,
-                              ffn, mo->ids, mo->wts, n, k, 1, cs);
+    return kern_cuda_moe_gemv(y, dim, mo->h, ffn, mo->x8, d->down, d->down_t, d->down_b, d->ne, dim, ffn,
+                              d->ids, mo->wts, n, k, 1, cs);
 }
 
 /* More rows, every matrix in a block type: the pairs sorted by expert on the device, each chosen expert's
  * rows read once per 8 of its pairs, the down products per pair into xs, then the weighted sum. */
-static int run_grouped(struct cuda_moe *mo, const struct dev_experts *d, float *y, const float *x, int n,
-                       cudaStream_t cs)
+int moe_run_grouped(struct cuda_moe *mo, const struct dev_experts *d, float *y, const float *x, int n,
+                    cudaStream_t cs)
 {
-    const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k, ne = mo->n_expert;
-    RC(kern_cuda_moe_sort(mo->ids, P, ne, mo->off, mo->idx, cs));
+    const int k = mo->k, ffn = mo->ffn, dim = mo->dim, P = n * k, ne = d->ne;
+    RC(kern_cuda_moe_sort(d->ids, P, ne, mo->off, mo->idx, cs));
     RC(kern_cuda_moe_x8(mo->x8, x, dim, n, dim, cs));
     RC(kern_cuda_moe_grouped(mo->gu, 2 * ffn, mo->x8, n, d->gate, d->gate_t, d->gate_b, ne, ffn, dim, mo->off,
                              mo->idx, k, cs));
     RC(kern_cuda_moe_grouped(mo->gu + ffn, 2 * ffn, mo->x8, n, d->up, d->up_t, d->up_b, ne, ffn, dim, mo->off,
                              mo->idx, k, cs));
-    RC(activate(mo, P, cs));
+    RC(moe_activate(mo, P, cs));
     RC(kern_cuda_moe_x8(mo->x8, mo->h, ffn, P, ffn, cs));
+    if (d->partial) /* the rows of pairs left out (host experts) add nothing to the sum */
+        CK(cudaMemsetAsync(mo->xs, 0, (size_t)P * dim * sizeof(float), cs));
     RC(kern_cuda_moe_grouped(mo->xs, dim, mo->x8, P, d->down, d->down_t, d->down_b, ne, dim, ffn, mo->off,
                              mo->idx, 1, cs));
     return kern_cuda_moe_combine(y, mo->xs, NULL, mo->wts, n, k, dim, cs);
@@ -571,7 +507,7 @@ static int grouped_products(struct cuda_moe *mo, const struct dev_experts *d, st
         RC(kern_cuda_matmul(kctx, gu + ffn, 2 * ffn, xs, d->up + d->up_e * e, d->up_t,
                             d->up_b ? d->up_b + (size_t)e * ffn : NULL, c, ffn, dim, cs));
     }
-    RC(activate(mo, P, cs));
+    RC(moe_activate(mo, P, cs));
     for (int e = 0; e < ne; e++) { /* each expert's rows of xs are free once its gate|up products ran */
         const int r0 = e ? cnt[e - 1] : 0, c = cnt[e] - r0;
         if (c)
@@ -584,11 +520,12 @@ static int grouped_products(struct cuda_moe *mo, const struct dev_experts *d, st
 
 /* Host layer l's chosen experts copied into the staging area at their own offsets (a run of consecutive
  * chosen experts is one copy per matrix), then run there like resident ones. */
-static int run_stream(struct cuda_moe *mo, int l, struct kern_cuda_ctx *kctx, float *y, const float *x, int n,
-                      cudaStream_t cs)
+int moe_run_stream(struct cuda_moe *mo, int l, struct kern_cuda_ctx *kctx, float *y, const float *x, int n,
+                   cudaStream_t cs)
 {
     RC(group_rows(mo, n, cs));
-    const struct dev_experts d = dev_experts_at(mo, l, mo->stage), h = dev_experts_at(mo, l, mo->hexp[l]);
+    const struct dev_experts d = moe_dev_experts_at(mo, l, mo->stage),
+                             h = moe_dev_experts_at(mo, l, mo->hexp[l]);
     const char *dst[3] = {d.gate, d.up, d.down}, *src[3] = {h.gate, h.up, h.down};
     const size_t each[3] = {d.gate_e, d.up_e, d.down_e};
     const int *cnt = mo->count;
@@ -615,7 +552,7 @@ static void CUDART_CB host_experts(void *arg)
 {
     const struct moe_job *j = arg;
     struct cuda_moe *mo = j->mo;
-    const struct kern_cpu_moe_experts ex = host_experts_of(mo, j->l);
+    const struct kern_cpu_moe_experts ex = moe_host_experts_of(mo, j->l);
     const int rc =
         kern_cpu_moe_ffn(mo->h_y, mo->h_x, mo->h_ids, mo->h_wts, j->n, mo->k, &ex, mo->ws, mo->pool);
     if (rc && !mo->rc) mo->rc = rc;
@@ -646,17 +583,18 @@ static int run_chunk(struct cuda_moe *mo, int l, int c, float *y, const float *x
     RC(kern_cuda_moe_route(mo->logits, n, mo->n_expert, mo->k, mo->norm || mo->clamped, mo->ids, mo->wts,
                            cs));
     if (!mo->experts[l]) {
+        if (moe_cache_takes(mo, l, n)) return moe_cache_run(mo, l, kctx, y, x, n, cs);
         if (n >= mo->stream_min_rows && mo->stage && mo->hexp && mo->hexp[l])
-            return run_stream(mo, l, kctx, y, x, n, cs);
+            return moe_run_stream(mo, l, kctx, y, x, n, cs);
         return run_host(mo, &mo->jobs[(size_t)l * ((mo->T_step + mo->T - 1) / mo->T) + c], l, y, x, n, d_iota,
                         cs);
     }
-    const struct dev_experts d = dev_experts_at(mo, l, mo->experts[l]);
-    if (n <= CUDA_MOE_GEMV_MAX_ROWS) return run_gemv(mo, &d, y, x, n, cs);
+    const struct dev_experts d = moe_dev_experts_at(mo, l, mo->experts[l]);
+    if (n <= CUDA_MOE_GEMV_MAX_ROWS) return moe_run_gemv(mo, &d, y, x, n, cs);
     if (n <= CUDA_MOE_GROUPED_MAX_ROWS && dtype_block_size(d.gate_t) > 1 && dtype_block_size(d.up_t) > 1 &&
         dtype_block_size(d.down_t) > 1 && kern_cuda_moe_x8_bytes(n, mo->dim) &&
         kern_cuda_moe_x8_bytes(n, mo->ffn))
-        return run_grouped(mo, &d, y, x, n, cs);
+        return moe_run_grouped(mo, &d, y, x, n, cs);
     RC(group_rows(mo, n, cs));
     return grouped_products(mo, &d, kctx, y, x, n, cs);
 }

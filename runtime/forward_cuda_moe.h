@@ -17,9 +17,12 @@
  * the experts it chose into a staging area on the device (the whole layer's place, each expert at its own
  * offset, so that consecutive chosen experts are one copy) and runs them there by the grouped path: chosen
  * at init from the host's measured time for a layer of experts and the link's rate (FERRY_MOE_STREAM_ROWS=N
- * forces N, 0 never). Device memory: the routers and the scratch (cuda_moe_fixed_bytes), the resident experts
- * (cuda_moe_expert_bytes each) and the staging area (cuda_moe_stage_bytes, when some experts live in host
- * memory), carved by the caller from its arena; pinned memory and host workspace are allocated here, once.
+ * forces N, 0 never). With an expert cache (cuda_moe_cache_plan's bytes; forward_cuda_moe_cache.c) the host
+ * layers' steps of up to 256 rows instead read their routing on the host and run each chosen expert from its
+ * device slot, fetched into one, or on the host's cores, as runtime/expert_cache.h decides. Device memory:
+ * the routers and the scratch (cuda_moe_fixed_bytes), the resident experts (cuda_moe_expert_bytes each), the
+ * staging area (cuda_moe_stage_bytes, when some experts live in host memory) and the cache, carved by the
+ * caller from its arena; pinned memory and host workspace are allocated here, once.
  */
 #ifndef FERRY_FORWARD_CUDA_MOE_H
 #define FERRY_FORWARD_CUDA_MOE_H
@@ -29,6 +32,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "runtime/expert_cache.h"
 #include "runtime/model.h"
 
 struct cuda_moe;
@@ -52,6 +56,10 @@ uint64_t cuda_moe_expert_bytes(const struct model *m, int l);
 /* Device bytes of the staging area for host experts streamed to the device (the largest layer's experts);
  * 0 when streaming is off (FERRY_MOE_STREAM_ROWS=0) or the model has no experts. */
 uint64_t cuda_moe_stage_bytes(const struct model *m);
+/* Device bytes of the expert cache (forward_cuda_moe_cache.c) in at most `bytes` when the experts of layers
+ * [0, cpu_moe) live in host memory: the same number of slots in each of those layers, as many as fit (0: not
+ * one slot each, or no host layer). */
+uint64_t cuda_moe_cache_plan(const struct model *m, int cpu_moe, uint64_t bytes);
 /* The largest x (elements) and block-type expert matrix (elements) of the expert products at T rows, for the
  * matmul context; 0, 0 for a dense model. */
 void cuda_moe_ctx_needs(const struct model *m, int T, size_t *max_x, size_t *w16_elems);
@@ -66,6 +74,9 @@ struct cuda_moe_params {
     void *stage;            /* cuda_moe_stage_bytes of device memory, or NULL: host experts never stream */
     int n_threads;          /* the host's threads for host experts (0: all cores) */
     double h2d_bytes_per_s; /* the link's measured rate (the streaming choice) */
+    double hbm_bytes_per_s; /* the device memory's (the expert cache's cost model; 0: not counted) */
+    void *cache;            /* cuda_moe_cache_plan's bytes of device memory for the expert cache, or NULL */
+    uint64_t cache_bytes;
 };
 
 /* Uploads the routers and the resident experts (synchronously); for host experts pins a copy of them and the
@@ -92,5 +103,7 @@ int cuda_moe_status(struct cuda_moe *mo);
 /* Host-expert layer runs since init: computed by the host, streamed to the device; and the bytes streamed. */
 void cuda_moe_counts(const struct cuda_moe *mo, uint64_t *host_runs, uint64_t *stream_runs,
                      uint64_t *stream_bytes);
+/* The expert cache's slots and decisions since init (all zero without a cache). */
+void cuda_moe_cache_stats(const struct cuda_moe *mo, struct expert_cache_stats *st);
 
 #endif

@@ -70,6 +70,8 @@ static void bench_usage(FILE *f)
         "  --ring-layers K       streaming ring size in layers (default: planner's choice)\n"
         "  --cpu-moe N           expert models: the experts of the first N layers in host memory, computed\n"
         "                        by the CPU (default: as few as the budget needs)\n"
+        "  --expert-cache SIZE   expert models: device memory for a cache of the host layers' most used\n"
+        "                        experts (default auto: what the budget leaves; 0: none)\n"
         "  --quant int8|int4     quantize the weights at load (llama.cpp's Q8_0 / Q4_K_M mix)\n"
         "  --placement MODE      host layers (those that do not fit): auto (per step size, the faster of\n"
         "                        streaming and computing on the CPU), stream, cpu (default auto)\n"
@@ -220,6 +222,9 @@ struct decode_result {
     double weight_gbs; /* weight bytes / step time */
     double link_gbs;   /* streamed bytes / copy time (0 when nothing streams) */
     double stall_ms;   /* per step */
+    /* The expert cache over the timed steps (zero without one): the share of chosen experts that hit, and
+     * per step the bytes fetched and the experts the host's cores computed. */
+    double ec_hit, ec_fetch_mib, ec_host;
 };
 
 int cli_bench_main(int argc, char **argv)
@@ -233,6 +238,7 @@ int cli_bench_main(int argc, char **argv)
         {"gpu-layers", required_argument, 0, 'l'},
         {"ring-layers", required_argument, 0, 'k'},
         {"cpu-moe", required_argument, 0, 'E'},
+        {"expert-cache", required_argument, 0, 'X'},
         {"cpu", no_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'},
         {"batches", required_argument, 0, 'b'},
@@ -291,6 +297,9 @@ int cli_bench_main(int argc, char **argv)
             break;
         case 'E':
             ep.cpu_moe = atoi(optarg);
+            break;
+        case 'X':
+            if (opt_parse_size_auto(optarg, &ep.expert_cache)) goto bad;
             break;
         case 'c':
             ep.backend = ENGINE_BACKEND_CPU;
@@ -519,6 +528,11 @@ int cli_bench_main(int argc, char **argv)
         r->link_gbs = copy > 0 ? (double)(st1.bytes_streamed - st0.bytes_streamed) / copy / 1e9 : 0;
         r->stall_ms = (st1.stall_seconds - st0.stall_seconds) / steps * 1e3;
         r->host_ms = (st1.cpu_layer_seconds - st0.cpu_layer_seconds) / steps * 1e3;
+        const struct expert_cache_stats *c0 = &st0.expert_cache, *c1 = &st1.expert_cache;
+        r->ec_hit =
+            c1->chosen > c0->chosen ? (double)(c1->hits - c0->hits) / (double)(c1->chosen - c0->chosen) : 0;
+        r->ec_fetch_mib = (double)(c1->fetch_bytes - c0->fetch_bytes) / steps / 1048576.0;
+        r->ec_host = (double)(c1->host - c0->host) / steps;
         struct engine_step_info info;
         engine_step_info(e, B, &info);
         r->n_cpu = info.n_cpu;
@@ -555,6 +569,9 @@ int cli_bench_main(int argc, char **argv)
         json_object_set_new(root, "vram_taken", json_integer((json_int_t)st1.vram_used));
         json_object_set_new(root, "host_pace", json_real(st1.host_pace));
         json_object_set_new(root, "plan_revisions", json_integer(st1.plan_revisions));
+        json_object_set_new(root, "expert_cache_slots", json_integer(st1.expert_cache.slots));
+        json_object_set_new(root, "expert_cache_bytes",
+                            json_integer((json_int_t)st1.expert_cache.slot_bytes));
         for (int i = 0; i < n_res; i++) {
             json_t *d = json_object();
             json_object_set_new(d, "batch", json_integer(res[i].batch > 0 ? res[i].batch : 1));
@@ -569,6 +586,11 @@ int cli_bench_main(int argc, char **argv)
             json_object_set_new(d, "parked_layers", json_integer(res[i].n_park));
             json_object_set_new(d, "host_ms_per_step", json_real(res[i].host_ms));
             json_object_set_new(d, "predicted_step_ms", json_real(res[i].predicted_s * 1e3));
+            if (st1.expert_cache.slots) {
+                json_object_set_new(d, "expert_cache_hit_rate", json_real(res[i].ec_hit));
+                json_object_set_new(d, "expert_cache_fetched_mib_per_step", json_real(res[i].ec_fetch_mib));
+                json_object_set_new(d, "host_experts_per_step", json_real(res[i].ec_host));
+            }
             json_array_append_new(dec, d);
         }
         json_object_set_new(root, "decode", dec);
@@ -594,9 +616,10 @@ int cli_bench_main(int argc, char **argv)
         printf("%s", engine_placement(e));
         if (engine_placement(e)[strlen(engine_placement(e)) - 1] != '\n') putchar('\n');
         if (h2d > 0)
-            printf("ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write; the "
-                   "\"%% of copy\" column's denominator)\n",
-                   h2d / 1e9, d2d / 1e9);
+            printf(
+                "ceilings  host->device %.1f GB/s (pinned), device memory %.0f GB/s (copy, read+write; the "
+                "\"%% of copy\" column's denominator)\n",
+                h2d / 1e9, d2d / 1e9);
         if (st1.vram_budget)
             printf("vram      budget %.2f GiB, planned %.2f GiB, taken from the device %.2f GiB\n",
                    st1.vram_budget / 1073741824.0, st1.vram_planned / 1073741824.0,
@@ -624,6 +647,17 @@ int cli_bench_main(int argc, char **argv)
             printf("%-8d %-8d %10.2f %12.1f %12.1f %10s %10.1f %12.2f %9s %10.2f %12s\n", B, ctx,
                    res[i].step_s * 1e3, res[i].tok_s, res[i].weight_gbs, hbm, res[i].link_gbs,
                    res[i].stall_ms, plan, res[i].host_ms, pred);
+        }
+        if (st1.expert_cache.slots) {
+            char line[512];
+            expert_cache_format(&st1.expert_cache, line, sizeof line);
+            printf("%s\n", line);
+            for (int i = 0; i < n_res; i++)
+                printf("  batch %-4d %5.1f%% of the chosen experts hit, %.2f MiB fetched and %.1f experts on "
+                       "the "
+                       "host per step\n",
+                       res[i].batch > 0 ? res[i].batch : 1, 100.0 * res[i].ec_hit, res[i].ec_fetch_mib,
+                       res[i].ec_host);
         }
         if (spec_k)
             printf("speculative  one sequence from context %d, %d drafts a step accepted with p=%.2f: %d-row "

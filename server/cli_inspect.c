@@ -25,6 +25,8 @@ static void inspect_usage(FILE *f)
             "(e.g. 4GiB)\n"
             "  --gpu-layers N      resident layers (default: as many as fit)\n"
             "  --cpu-moe N         expert models: the experts of the first N layers in host memory\n"
+            "  --expert-cache SIZE expert models: device memory for a cache of the host layers' most used\n"
+            "                      experts (default auto: what the budget leaves; 0: none)\n"
             "  --ctx-size N        positions per sequence (default: the model's, at most 4096)\n"
             "  --parallel N        sequences (default 1)\n"
             "  --kv-type T         the KV pool's element type: f16 (default) or q8_0\n"
@@ -70,6 +72,7 @@ int cli_inspect_main(int argc, char **argv)
                                              {"gpu-memory", required_argument, 0, 'g'},
                                              {"gpu-layers", required_argument, 0, 'l'},
                                              {"cpu-moe", required_argument, 0, 'E'},
+                                             {"expert-cache", required_argument, 0, 'X'},
                                              {"ctx-size", required_argument, 0, 'c'},
                                              {"parallel", required_argument, 0, 'p'},
                                              {"kv-type", required_argument, 0, 'k'},
@@ -101,6 +104,12 @@ int cli_inspect_main(int argc, char **argv)
             break;
         case 'E':
             ep.cpu_moe = atoi(optarg);
+            break;
+        case 'X':
+            if (opt_parse_size_auto(optarg, &ep.expert_cache)) {
+                fprintf(stderr, "ferry inspect: invalid --expert-cache '%s'\n", optarg);
+                return 2;
+            }
             break;
         case 'c':
             ep.ctx_size = atoi(optarg);

@@ -27,6 +27,7 @@ char *dashboard_json(const struct dashboard_ctx *d, size_t *len)
     const uint64_t steps = m->engine_steps;
     const int kv_used = m->kv_blocks_used, kv_total = m->kv_blocks_total, queued = m->queue_depth;
     const int running = m->running_seqs, batch = m->last_batch_tokens;
+    const struct expert_cache_stats ec = m->expert_cache;
     pthread_mutex_unlock(&m->mu);
     const int cuda = d->backend && !strcmp(d->backend, "cuda");
     /* on the CUDA backend a layer that is neither resident nor streamed runs on the host's cores */
@@ -61,6 +62,16 @@ char *dashboard_json(const struct dashboard_ctx *d, size_t *len)
         "cached", (json_int_t)cached, "steps", (json_int_t)steps, "busy_s", busy, "last_batch", batch, "seqs",
         list);
     if (!o) return NULL;
+    if (ec.slots) /* the expert cache: its slots, and the decisions of every layer step so far */
+        json_object_set_new(o, "expert_cache",
+                            json_pack("{s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "slots", ec.slots,
+                                      "layers", ec.layers, "bytes", (json_int_t)ec.slot_bytes, "layer_steps",
+                                      (json_int_t)ec.steps, "chosen", (json_int_t)ec.chosen, "hits",
+                                      (json_int_t)ec.hits, "fetched", (json_int_t)ec.fetches, "host",
+                                      (json_int_t)ec.host, "streamed", (json_int_t)ec.streamed,
+                                      "fetched_bytes", (json_int_t)ec.fetch_bytes, "streamed_bytes",
+                                      (json_int_t)ec.stream_bytes, "hit_rate",
+                                      ec.chosen ? (double)ec.hits / (double)ec.chosen : 0.0));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (s && len) *len = strlen(s);

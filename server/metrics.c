@@ -87,6 +87,7 @@ void metrics_set_engine(struct metrics *m, int queued, int running, const struct
     m->ext_streamed_steps = st->ext_streamed_steps;
     m->host_pace = st->host_pace;
     m->plan_revisions = st->plan_revisions;
+    m->expert_cache = st->expert_cache;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -309,6 +310,19 @@ char *metrics_render(struct metrics *m, size_t *len)
     COUNTER("ferry_kv_ext_host_rows_total",
             "Token rows x layers whose attention over the extension's positions the host's cores computed.",
             m->kv_ext_host_rows);
+    if (m->expert_cache.slots) {
+        GAUGE("ferry_expert_cache_slots", "Device slots of the expert cache over the host-expert layers.",
+              "%d", m->expert_cache.slots);
+        COUNTER("ferry_expert_cache_chosen_total", "Experts chosen in the host-expert layers' steps.",
+                m->expert_cache.chosen);
+        COUNTER("ferry_expert_cache_hits_total", "Of them, read from a device slot.", m->expert_cache.hits);
+        COUNTER("ferry_expert_cache_fetches_total", "Of them, copied into a slot before use.",
+                m->expert_cache.fetches);
+        COUNTER("ferry_expert_cache_host_total", "Of them, computed by the host's cores.",
+                m->expert_cache.host);
+        COUNTER("ferry_expert_cache_fetched_bytes_total", "Bytes copied into the expert cache's slots.",
+                m->expert_cache.fetch_bytes);
+    }
     sb_printf(
         &b,
         "# HELP ferry_kv_ext_host_seconds_total Wall time of the host's attention over the extension (the "

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/expert_cache.h"
 #include "server/http.h"
 
 #define METRICS_N_BUCKETS 14
@@ -49,7 +50,8 @@ struct metrics {
     double copy_seconds, stall_seconds, kv_ext_host_seconds;
     double
         host_pace; /* --placement auto: host layers' pace against their start-up timing (0: not followed) */
-    int plan_revisions; /* times the step plan was made again for it */
+    int plan_revisions;                     /* times the step plan was made again for it */
+    struct expert_cache_stats expert_cache; /* the device expert cache of host experts (zero: none) */
     uint64_t engine_steps;
     double engine_busy_seconds;
     int loading;            /* 1 until the model is ready */

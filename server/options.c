@@ -145,6 +145,10 @@ static const struct opt_row rows[] = {
     {"cpu-moe", OPT_INT, OFF(cpu_moe), -1, 1 << 16, "-1", NULL,
      "expert models: the experts of the first N layers stay in host memory (the host's cores compute them, "
      "or long steps copy the chosen ones to the GPU; -1 = as few as the budget needs; CUDA backend)"},
+    {"expert-cache", OPT_SIZE, OFF(expert_cache), -1, INT64_MAX, "auto", NULL,
+     "expert models: device memory for a cache of the host layers' most used experts, taken before more "
+     "layers' experts stay on the GPU (auto = what the budget leaves after the resident parts and the KV "
+     "cache when --cpu-moe is -1; 0 = none; CUDA backend)"},
     {"ring-layers", OPT_INT, OFF(ring_layers), 0, 1 << 16, "0", NULL,
      "the streaming ring's size in the largest streamed layers (0 = the planner's choice: two of the largest "
      "pieces, grown with what the resident layers leave up to two layers; CUDA backend)"},
@@ -187,6 +191,15 @@ static int parse_i64(const char *s, int64_t *v)
     if (errno || *end) return -1;
     *v = x;
     return 0;
+}
+
+int opt_parse_size_auto(const char *s, int64_t *v)
+{
+    if (s && !strcasecmp(s, "auto")) {
+        *v = -1;
+        return 0;
+    }
+    return opt_parse_size(s, v);
 }
 
 int opt_parse_size(const char *s, int64_t *v)
@@ -318,7 +331,9 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
     case OPT_INT:
     case OPT_I64:
     case OPT_SIZE: {
-        int bad = r->type == OPT_SIZE ? opt_parse_size(val, &v) : parse_i64(val, &v);
+        int bad = r->type != OPT_SIZE ? parse_i64(val, &v)
+                  : r->lo < 0         ? opt_parse_size_auto(val, &v)
+                                      : opt_parse_size(val, &v);
         if (bad) {
             snprintf(err, 256, "%s: --%s: '%s' is not %s", from, r->name, val ? val : "",
                      r->type == OPT_SIZE ? "a size (e.g. 512KiB, 4GiB)" : "an integer");

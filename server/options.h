@@ -56,6 +56,7 @@ struct serve_options {
     int64_t reserve_vram;
     int gpu_layers;        /* -1 = planner decides */
     int cpu_moe;           /* expert layers whose experts stay in host memory; -1 = planner decides */
+    int64_t expert_cache;  /* device bytes of the expert cache for host experts; -1 = auto (engine.h) */
     int ring_layers;       /* streaming ring size in the largest streamed layers; 0 = planner decides */
     const char *placement; /* auto|stream|cpu: what the host layers do (CUDA backend) */
     int cpu_threads;       /* pinned host threads for host layers; 0 = threads */
@@ -92,5 +93,7 @@ void serve_options_free(struct serve_options *o);
 /* "4GiB", "512M", "1.5g", "1000000" → bytes (K/M/G/T, optional "iB"/"B"); -1 when malformed. Shared by every
  * subcommand that takes a size. */
 int opt_parse_size(const char *s, int64_t *v);
+/* The same, or "auto" → -1 (options whose default the planner chooses). */
+int opt_parse_size_auto(const char *s, int64_t *v);
 
 #endif

@@ -92,6 +92,7 @@ static void loader_main(void *arg)
     ep.reserve_vram = S->opt.reserve_vram;
     ep.gpu_layers = S->opt.gpu_layers;
     ep.cpu_moe = S->opt.cpu_moe;
+    ep.expert_cache = S->opt.expert_cache;
     ep.ring_layers = S->opt.ring_layers;
     ep.placement = !strcmp(S->opt.placement, "stream") ? ENGINE_PLACEMENT_STREAM
                    : !strcmp(S->opt.placement, "cpu")  ? ENGINE_PLACEMENT_CPU
