@@ -875,11 +875,14 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
  * their own) and the experts of the first cpu_moe layers stay in host memory: cpu_moe_req of them, or (-1)
  * the fewest with which the plan fits the budget; with any there, the staging area they stream through
  * (runtime/forward_cuda_moe.h) is part of the plan. A budget that cannot hold the blocks with every expert in
- * host memory is refused with the minimum. A model with recurrent layers keeps every layer resident too:
+ * host memory is refused with the minimum. With host experts the device expert cache (cache_req bytes, taken
+ * before the experts of more layers are made resident; -1: what the plan leaves of the budget, when the
+ * planner chose cpu_moe) is part of the plan too (runtime/forward_cuda_moe.h cuda_moe_cache_plan).
+ * A model with recurrent layers keeps every layer resident too:
  * their state lives on the device, which the host's cores (a host layer computed in place) cannot reach, and
  * their matrices are outside the layer blocks (hyb_bytes), so little of them would stream. */
 static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_map_input *in,
-                    int cpu_moe_req, int *cpu_moe, struct device_map *out, char err[256])
+                    int cpu_moe_req, int64_t cache_req, int *cpu_moe, struct device_map *out, char err[256])
 {
     const int L = m->hp.n_layers;
     *cpu_moe = 0;
@@ -903,11 +906,18 @@ static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_
     for (int c = cpu_moe_req < 0 ? 0 : (cpu_moe_req > L ? L : cpu_moe_req);; c++) {
         plan_experts(m, ps, c);
         in->layer_bytes = ps->with_experts_max;
-        in->fixed_bytes = fixed + (c ? stage : 0); /* host experts stream through the staging area */
+        const uint64_t cache = cache_req > 0 ? cuda_moe_cache_plan(m, c, (uint64_t)cache_req) : 0;
+        in->fixed_bytes = fixed + (c ? stage : 0) + cache; /* host experts stream through the staging area */
         const int rc = device_map_plan(in, out, err);
         if (rc != FERRY_ERR_DEVICE_MEM || cpu_moe_req >= 0 || c >= L) {
             *cpu_moe = c;
-            if (!rc) out->moe_layers = L, out->cpu_moe = c;
+            if (!rc) {
+                out->moe_layers = L, out->cpu_moe = c, out->expert_cache_bytes = cache;
+                if (cache_req < 0 && cpu_moe_req < 0 && in->budget > out->bytes_total) {
+                    out->expert_cache_bytes = cuda_moe_cache_plan(m, c, in->budget - out->bytes_total);
+                    out->bytes_total += out->expert_cache_bytes;
+                }
+            }
             if (rc == FERRY_ERR_DEVICE_MEM) { /* name the minimum of this plan: the KV pool at its least */
                 struct device_map_input least = *in;
                 struct device_map need;
@@ -948,7 +958,7 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     } else {
         struct device_map_input in =
             plan_input(m, &ps, p, ctx_bytes, (uint64_t)p->gpu_memory, kv->block_size, h2d, hbm, mask);
-        rc = plan_map(m, &ps, &in, p->cpu_moe, &cpu_moe, out, err);
+        rc = plan_map(m, &ps, &in, p->cpu_moe, p->expert_cache, &cpu_moe, out, err);
     }
 out:
     free(sizes);
@@ -976,7 +986,7 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_re
         struct device_map_input in =
             plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget, f->kv->block_size,
                        f->stats.h2d_bytes_per_s, f->stats.hbm_bytes_per_s, mask);
-        rc = plan_map(m, &ps, &in, f->cpu_moe, &cpu_moe, out, err);
+        rc = plan_map(m, &ps, &in, f->cpu_moe, p.expert_cache, &cpu_moe, out, err);
     }
     free(sizes);
     free(mask);
@@ -1101,7 +1111,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->plan_budget = plan_budget;
     struct device_map_input in =
         plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d, mask);
-    if ((rc = plan_map(m, &ps, &in, p->cpu_moe, &f->cpu_moe, &f->map, err))) {
+    if ((rc = plan_map(m, &ps, &in, p->cpu_moe, p->expert_cache, &f->cpu_moe, &f->map, err))) {
         if (rc == FERRY_ERR_DEVICE_MEM && overhead)
             FLOG_ERROR(
                 "(the budget counts the %.0f MiB that the CUDA runtime and cuBLAS took for themselves)",
@@ -1208,6 +1218,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     const uint64_t stage_bytes = f->cpu_moe > 0 ? cuda_moe_stage_bytes(m) : 0;
     void *moe_stage = stage_bytes ? carve(&c, stage_bytes) : NULL;
     tails_ok &= !stage_bytes || moe_stage != NULL;
+    void *moe_cache = f->map.expert_cache_bytes ? carve(&c, f->map.expert_cache_bytes) : NULL;
+    tails_ok &= !f->map.expert_cache_bytes || moe_cache != NULL;
     for (int l = f->cpu_moe; l < L && hp->n_expert > 0; l++)
         tails_ok &= (f->moe_experts[l] = carve(&c, cuda_moe_expert_bytes(m, l))) != NULL;
     tails_ok &= hp->n_expert <= 0 || moe_fixed != NULL;
@@ -1339,7 +1351,10 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                            .fixed = moe_fixed,
                                            .experts = f->moe_experts,
                                            .stage = moe_stage,
-                                           .h2d_bytes_per_s = h2d};
+                                           .h2d_bytes_per_s = h2d,
+                                           .hbm_bytes_per_s = d2d,
+                                           .cache = moe_cache,
+                                           .cache_bytes = f->map.expert_cache_bytes};
         if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
     }
     if (has_recurrent(hp) && (rc = cuda_deltanet_init(&f->dn, m, T, kv->n_seqs, dn_mem, dn_w, err)))
@@ -2349,6 +2364,7 @@ static void cuda_stats(const struct backend *be, struct backend_stats *st)
     uint64_t host_runs, stream_runs, stream_bytes; /* host experts streamed count as weights streamed */
     cuda_moe_counts(f->moe, &host_runs, &stream_runs, &stream_bytes);
     st->bytes_streamed += stream_bytes;
+    cuda_moe_cache_stats(f->moe, &st->expert_cache);
 }
 
 static const struct backend_ops cuda_ops = {
