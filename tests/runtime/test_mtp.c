@@ -362,3 +362,48 @@ Test(mtp, model_without_block)
     model_file_close(mf);
     free(path);
 }
+
+/* The MoE families' goldens end with a block whose layer is a copy of the trunk's last (routed experts and the
+ * shared expert) and random nextn tensors: it loads and drafts, each draft the argmax of its finite logits. */
+static void expect_moe_block_drafts(const char *name)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
+    char *path = src_path(rel);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) cr_skip_test("missing FILE: %s", path);
+    fclose(fp);
+    struct model_file *mf = NULL;
+    char err[256] = "";
+    cr_assert_eq(model_file_open(path, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
+    cr_assert(mtp_available(mf), "%s", name);
+    struct mtp *m = NULL;
+    struct mtp_params mp = mtp_default_params();
+    mp.ctx_size = 64;
+    cr_assert_eq(mtp_init(&m, mf, &mp, err), FERRY_OK, "%s: %s", name, err);
+    const int nv = mf->hp.n_vocab, dim = mf->hp.dim;
+    float *hid = malloc((size_t)3 * dim * sizeof *hid), *lg = malloc((size_t)3 * nv * sizeof *lg);
+    for (int i = 0; i < 3 * dim; i++) hid[i] = (float)((i * 37) % 19) / 9.0f - 1.0f;
+    const int32_t toks[3] = {5, 77, 140};
+    int32_t out[3];
+    int n = 0;
+    cr_assert_eq(mtp_seq_feed(m, 0, 0, toks, 3, hid), FERRY_OK);
+    cr_assert_eq(mtp_draft(m, 0, 9, 3, 0, out, &n, lg), FERRY_OK);
+    cr_assert_eq(n, 3);
+    for (int i = 0; i < 3; i++) {
+        for (int v = 0; v < nv; v++) cr_assert(isfinite(lg[(size_t)i * nv + v]));
+        cr_expect_eq(out[i], qwen35_fixture_argmax(lg + (size_t)i * nv, nv));
+    }
+    cr_expect_eq(mtp_seq_len(m, 0), 6);
+    free(hid);
+    free(lg);
+    mtp_free(m);
+    model_file_close(mf);
+    free(path);
+}
+
+Test(mtp, moe_families_load_their_block)
+{
+    expect_moe_block_drafts("qwen35moe_shexp_f16");
+    expect_moe_block_drafts("qwen3next_f16");
+}
