@@ -40,19 +40,10 @@ struct fx {
     float *hid;    /* (MAX_TOK, dim) */
 };
 
-static char *src_path(const char *rel)
-{
-    const char *src = getenv("FERRY_SRC");
-    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
-    char *p = malloc(strlen(src) + strlen(rel) + 2);
-    sprintf(p, "%s/%s", src, rel);
-    return p;
-}
-
 static void fx_open(struct fx *f)
 {
-    char *model = src_path("tests/golden/models/" NAME ".gguf"),
-         *json = src_path("tests/golden/" NAME ".json");
+    char *model = qwen35_fixture_src("tests/golden/models/" NAME ".gguf"),
+         *json = qwen35_fixture_src("tests/golden/" NAME ".json");
     struct engine_params p = engine_default_params();
     p.n_seqs = 1;
     p.kv_type = KV_F32;
@@ -318,7 +309,7 @@ static void *with_ne(const char *path, const char *name, int dim, uint64_t v, si
 
 static void expect_refused(const char *name, int dim, uint64_t v)
 {
-    char *path = src_path("tests/golden/models/" NAME ".gguf");
+    char *path = qwen35_fixture_src("tests/golden/models/" NAME ".gguf");
     FILE *fp = fopen(path, "rb");
     if (!fp) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen35_golden.py --mtp)", path);
     fclose(fp);
@@ -347,7 +338,7 @@ Test(mtp, wrong_nextn_shape_refused)
 
 Test(mtp, model_without_block)
 {
-    char *path = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
+    char *path = qwen35_fixture_src("tests/golden/models/qwen35_deltanet_f16.gguf");
     struct model_file *mf = NULL;
     char err[256] = "";
     FILE *fp = fopen(path, "rb");
@@ -363,13 +354,14 @@ Test(mtp, model_without_block)
     free(path);
 }
 
-/* The MoE families' goldens end with a block whose layer is a copy of the trunk's last (routed experts and the
- * shared expert) and random nextn tensors: it loads and drafts, each draft the argmax of its finite logits. */
+/* The MoE families' goldens end with a block whose layer is a copy of the trunk's last (routed experts and
+ * the shared expert) and random nextn tensors: it loads and drafts, each draft the argmax of its finite
+ * logits. */
 static void expect_moe_block_drafts(const char *name)
 {
     char rel[128];
     snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
-    char *path = src_path(rel);
+    char *path = qwen35_fixture_src(rel);
     FILE *fp = fopen(path, "rb");
     if (!fp) cr_skip_test("missing FILE: %s", path);
     fclose(fp);
