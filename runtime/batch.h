@@ -20,8 +20,11 @@ struct batch {
     int32_t *pos;         /* (n_tokens) position of each token in its sequence */
     int32_t *seq;         /* (n_tokens) sequence slot of each token */
     uint8_t *want_logits; /* (n_tokens) 1 where the caller needs this row's logits */
-    uint8_t hidden;       /* 1: those rows get the final normed hidden state, (dim) f32 each, instead of logits
-                           * (embeddings); 0 for generation */
+    uint8_t hidden;    /* 1: those rows get the final normed hidden state, (dim) f32 each, instead of logits
+                        * (embeddings); 0 for generation */
+    float *hidden_out; /* (n_tokens, dim) f32 or NULL: every row's final normed hidden state (what the output
+                        * head reads), beside the logits, for a drafter that continues from it
+                        * (runtime/mtp.h); engines whose head is on the CPU only */
 };
 
 struct sampler;

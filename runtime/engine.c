@@ -16,6 +16,7 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "runtime/backend.h"
 #include "runtime/forward_cpu.h"
 #include "runtime/forward_cuda.h"
@@ -883,6 +884,16 @@ int engine_seq_keep(struct engine *e, int seq, int n)
     return n;
 }
 
+int engine_seq_checkpoint(struct engine *e, int seq)
+{
+    if (seq < 0 || seq >= e->p.n_seqs) return FERRY_ERR_INVALID;
+    const int n = e->kv.seq_len[seq];
+    if (e->state.n_layers == 0 || n < 1 || seq_state_ckpt_pos(&e->state, seq) == n) return FERRY_OK;
+    if (e->gpu && forward_cuda_state_get(e->gpu, seq, seq_state_slot(&e->state, seq)) != FERRY_OK)
+        return FERRY_ERR_CUDA;
+    return seq_state_save(&e->state, seq, n) ? FERRY_OK : FERRY_ERR_NOMEM;
+}
+
 int engine_seq_share(struct engine *e, int src, int dst, int n)
 {
     if (src < 0 || src >= e->p.n_seqs || dst < 0 || dst >= e->p.n_seqs || src == dst || n < 0)
@@ -974,6 +985,12 @@ static int run_step(struct engine *e, const struct step *st, float *logits)
         if ((rc = be->ops->layer(be, l, st))) return rc;
     }
     if (e->head != cur && (rc = move_x(cur, e->head, n))) return rc;
+    float *xh = st->b->hidden_out ? e->head->ops->x_host(e->head) : NULL;
+    if (xh) { /* the rows a drafter continues from, normed as the head norms them */
+        if ((rc = e->head->ops->x_out(e->head, xh, n))) return rc;
+        kern_cpu_rmsnorm(st->b->hidden_out, xh, e->model.output_norm, n, e->model.hp.dim,
+                         e->model.hp.norm_eps);
+    }
     return st->draw ? e->head->ops->head_draw(e->head, st) : e->head->ops->head(e->head, st, logits);
 }
 
@@ -1164,6 +1181,7 @@ static int step_begin(struct engine *e, const struct batch *b, float *logits, co
     const double t0 = now_seconds();
     int rc = check_batch(e, b);
     if (rc) return rc;
+    if (b->hidden_out && (draw || !e->head->ops->x_host(e->head))) return FERRY_ERR_UNSUPPORTED;
     for (int s = 0; s < e->p.n_seqs && !rc; s++) {
         if (e->new_len[s] < 0) continue;
         /* A rewind to 0 where the window pool dropped blocks starts the slot again (its dropped entries are

@@ -154,7 +154,9 @@ const struct llm_hparams *engine_hparams(const struct engine *e);
 int engine_ctx_size(const struct engine *e);
 int engine_n_seqs(const struct engine *e);
 
-/* Runs the batch. logits receives one row of n_vocab floats per token with want_logits set, in batch order.
+/* Runs the batch. logits receives one row of n_vocab floats per token with want_logits set, in batch order;
+ * b->hidden_out, when set, every row's final normed hidden state (FERRY_ERR_UNSUPPORTED, nothing run, when
+ * the head is not on the CPU).
  * Errors: FERRY_ERR_INVALID (bad token id, seq or pos out of order, a position in a block shared with another
  * sequence), FERRY_ERR_RANGE (position past
  * ctx_size or KV pool exhausted: nothing of the batch is kept in that case). */
@@ -205,6 +207,10 @@ int engine_seq_reusable(const struct engine *e, int seq, int n);
  * (runtime/seq_state.h: one is saved where each prefill step ends), and none when there is no such one.
  * Returns the positions kept, or FERRY_ERR_INVALID. */
 int engine_seq_keep(struct engine *e, int seq, int n);
+/* Saves the slot's recurrent state where it stands (its length) as a checkpoint, so that engine_seq_keep can
+ * come back to it after a step past it (speculative decoding's rejected drafts). FERRY_OK without recurrent
+ * layers or positions; FERRY_ERR_NOMEM when no checkpoint could be kept (engine_params.ctx_checkpoints 0). */
+int engine_seq_checkpoint(struct engine *e, int seq);
 /* Empties dst and gives it the first n positions of src, as far as they fill whole KV blocks, without
  * copying: both then read those blocks; each writes only past them. Returns the positions dst now holds (a
  * multiple of the block size), or FERRY_ERR_INVALID. */

@@ -38,6 +38,20 @@ int spec_ngram_draft(const int32_t *hist, int n_hist, int n_min, int n_max, int 
 int spec_step(struct engine *e, int seq, int32_t pending, int pos, const int32_t *draft, int k,
               float *logits);
 
+/* spec_step with every row's final normed hidden state into hidden ((k+1), dim; batch.hidden_out), for the
+ * multi-token-prediction drafter (runtime/mtp.h); NULL: none. On a model with recurrent layers, a step with
+ * drafts first saves the slot's state as a checkpoint (engine_seq_checkpoint), which spec_keep comes back to.
+ */
+int spec_step_hidden(struct engine *e, int seq, int32_t pending, int pos, const int32_t *draft, int k,
+                     float *logits, float *hidden);
+/* After the walk of a step at pos with k drafts of which n_acc were accepted: the slot keeps pos + n_acc + 1
+ * positions (the pending token and the accepted drafts). Attention layers drop the rejected positions; a
+ * model with recurrent layers goes back to the checkpoint spec_step saved at pos and runs the kept rows
+ * again (their hidden states into hidden ((n_acc+1), dim) when not NULL; they equal the step's). Returns
+ * engine_seq_keep's or engine_step's status. */
+int spec_keep(struct engine *e, int seq, int32_t pending, int pos, const int32_t *draft, int k, int n_acc,
+              float *hidden);
+
 /* Draws one row (modifying it as scratch); returns the token, or -1 when the sequence ends with this row
  * (its token, if any, is the caller's to keep). */
 typedef int32_t (*spec_draw_fn)(void *ctx, float *row);

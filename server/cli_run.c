@@ -21,6 +21,7 @@
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "runtime/draft_model.h"
+#include "runtime/mtp.h"
 #include "runtime/spec.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
@@ -62,6 +63,7 @@ struct run_opts {
     int spec_fixed;          /* drafts of spec_n_max tokens, not adapted to acceptance and the cost of rows */
     float spec_p_min;        /* --model-draft stops a draft at a token below this probability */
     const char *model_draft; /* --spec-type draft: the draft model */
+    int spec_mtp;            /* --spec-type mtp: the model's multi-token-prediction block drafts */
 };
 
 static void run_usage(FILE *f)
@@ -101,8 +103,10 @@ static void run_usage(FILE *f)
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
             "  --hf-repo OWNER/REPO[:QUANT]  the model from a Hugging Face hub, as ferry pull fetches it\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
-            "  --spec-type none|ngram|draft  speculative decoding: ngram drafts continuations found earlier\n"
-            "                         in the prompt and output (prompt lookup), draft asks --model-draft;\n"
+            "  --spec-type none|ngram|draft|mtp  speculative decoding: ngram drafts continuations found\n"
+            "                         earlier in the prompt and output (prompt lookup), draft asks\n"
+            "                         --model-draft, mtp the model's own multi-token-prediction block\n"
+            "                         (Qwen3.5/3.6, Qwen3-Next files that have one; CPU backend);\n"
             "                         drafts are verified k+1 tokens a step and the output is the same as\n"
             "                         without (default none; draft when --model-draft is given)\n"
             "  --model-draft PATH     a smaller model with the same vocabulary that drafts (GGUF or HF)\n"
@@ -417,6 +421,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
                 spec_on = 1;
             else if (!strcmp(optarg, "draft"))
                 spec_on = 2;
+            else if (!strcmp(optarg, "mtp"))
+                spec_on = 3;
             else
                 bad = 1;
             break;
@@ -462,6 +468,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         return -1;
     }
     o->spec_n_max = spec_on ? spec_n_max : 0;
+    o->spec_mtp = spec_on == 3;
     if (optind < argc) {
         fprintf(stderr, "ferry run: unexpected argument '%s'\n", argv[optind]);
         return -1;
@@ -611,6 +618,50 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* --spec-type mtp: the model's block on a CPU engine, and the buffer of hidden states its steps give. */
+static int run_mtp_init(const struct run_opts *o, const struct model_file *mf, struct engine *eng,
+                        struct mtp **mtp, float **hid)
+{
+    char err[256];
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    if (strcmp(st.backend, "cpu") != 0) {
+        fprintf(stderr, "ferry run: --spec-type mtp runs on the CPU backend only (give --backend cpu)\n");
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    struct mtp_params mp = mtp_default_params();
+    mp.ctx_size = engine_ctx_size(eng);
+    mp.max_tokens = 512;
+    mp.n_threads = o->threads;
+    mp.kv_type = o->kv_type;
+    int rc = mtp_init(mtp, mf, &mp, err);
+    if (rc) {
+        fprintf(stderr, "ferry run: --spec-type mtp: %s (%s)\n", err, ferry_status_str(rc));
+        return rc;
+    }
+    const int rows = 512 > SPEC_MAX_DRAFT + 1 ? 512 : SPEC_MAX_DRAFT + 1;
+    *hid = malloc((size_t)rows * engine_hparams(eng)->dim * sizeof **hid);
+    if (!*hid) {
+        fprintf(stderr, "ferry run: out of memory\n");
+        return FERRY_ERR_NOMEM;
+    }
+    return FERRY_OK;
+}
+
+/* After the walk of a step at pos (pending, then k drafts, n_acc accepted): the engine keeps the accepted
+ * positions (spec_keep) and the MTP block, when drafting, takes them with their hidden states hid. */
+static int run_spec_keep(struct engine *eng, struct mtp *mtp, int32_t pending, int pos, const int32_t *draft,
+                         int k, int n_acc, float *hid)
+{
+    int rc = spec_keep(eng, 0, pending, pos, draft, k, n_acc, hid);
+    if (rc || !mtp) return rc;
+    int32_t rows[SPEC_MAX_DRAFT + 1];
+    rows[0] = pending;
+    memcpy(rows + 1, draft, (size_t)n_acc * sizeof *rows);
+    mtp_seq_keep(mtp, 0, pos);
+    return mtp_seq_feed(mtp, 0, pos, rows, n_acc + 1, hid);
+}
+
 int cli_run_main(int argc, char **argv)
 {
     struct run_opts o = {0};
@@ -624,6 +675,8 @@ int cli_run_main(int argc, char **argv)
     struct tokenizer *tok = NULL;
     struct engine *eng = NULL;
     struct draft_model *dm = NULL;
+    struct mtp *mtp = NULL;
+    float *hid = NULL; /* (512 or more rows, dim) the model's hidden states for the MTP block */
     struct model_file *mf_draft = NULL;
     struct seq_vocab *voc = NULL;
     struct seq_output so = {0};
@@ -693,13 +746,8 @@ int cli_run_main(int argc, char **argv)
         fprintf(stderr, "ferry run: %s (%s)\n", err, ferry_status_str(rc));
         goto out;
     }
-    /* Rejected drafts cannot be taken back out of a recurrent state. */
-    if (o.spec_n_max &&
-        (mf->hp.full_attn_interval > 0 || (mf_draft && mf_draft->hp.full_attn_interval > 0))) {
-        fprintf(stderr, "ferry run: speculative decoding is not supported with linear-attention layers\n");
-        goto out;
-    }
     const int n_vocab = engine_hparams(eng)->n_vocab, ctx = engine_ctx_size(eng);
+    if (o.spec_mtp && (rc = run_mtp_init(&o, mf, eng, &mtp, &hid))) goto out;
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= n_vocab) {
             fprintf(stderr, "ferry run: prompt token %d at index %d is outside the vocabulary (%d)\n",
@@ -745,7 +793,8 @@ int cli_run_main(int argc, char **argv)
 
     /* Prefill in chunks of the engine's batch size; logits only for the last prompt position. */
     double t0 = now_s();
-    struct batch b = {.tokens = bt, .pos = bt + 512, .seq = bt + 1024, .want_logits = want};
+    struct batch b = {
+        .tokens = bt, .pos = bt + 512, .seq = bt + 1024, .want_logits = want, .hidden_out = hid};
     for (int start = 0; start < n_prompt && !rc; start += 512) {
         int n = n_prompt - start < 512 ? n_prompt - start : 512;
         for (int i = 0; i < n; i++) {
@@ -756,6 +805,7 @@ int cli_run_main(int argc, char **argv)
         }
         b.n_tokens = n;
         rc = engine_step(eng, &b, logits);
+        if (!rc && mtp) rc = mtp_seq_feed(mtp, 0, start, bt, n, hid);
     }
     double t1 = now_s();
     free(bt);
@@ -785,7 +835,8 @@ int cli_run_main(int argc, char **argv)
                           .gen = gen,
                           .n_gen = &n_gen};
     int32_t draft[SPEC_MAX_DRAFT], drawn[SPEC_MAX_DRAFT + 1];
-    int nd = 0, ended = 0;
+    int nd = 0, ended = 0, step_pos = -1;
+    int32_t step_pending = 0;
     uint64_t n_steps = 0, n_drafted = 0, n_accepted = 0;
     struct sched_spec_cost cost = {0}; /* the draft length: what steps cost by rows, what is accepted */
     struct sched_spec_accept acc = sched_spec_accept_new();
@@ -795,9 +846,14 @@ int cli_run_main(int argc, char **argv)
         n_accepted += (uint64_t)(m - 1);
         sched_spec_accept_note(&acc, nd, m - 1);
         if (ended || n_gen >= o.max_tokens) break;
-        /* The pending token sits at pos; the positions past it that held rejected drafts go. */
+        /* The pending token sits at pos; the positions past it that held rejected drafts go (a recurrent
+         * state goes back to where the step began and runs the accepted rows again); the MTP block takes
+         * the kept rows with their hidden states. */
         const int pos = n_prompt + n_gen - 1;
-        if (nd > m - 1) engine_seq_keep(eng, 0, pos);
+        if (step_pos >= 0 && (rc = run_spec_keep(eng, mtp, step_pending, step_pos, draft, nd, m - 1, hid))) {
+            fprintf(stderr, "\nferry run: forward pass failed: %s\n", ferry_status_str(rc));
+            break;
+        }
         memcpy(hist + n_prompt, gen, (size_t)n_gen * sizeof *hist);
         int k = o.spec_n_max < o.max_tokens - n_gen - 1 ? o.spec_n_max : o.max_tokens - n_gen - 1;
         const double alpha = sched_spec_accept_rate(&acc);
@@ -811,6 +867,12 @@ int cli_run_main(int argc, char **argv)
                 fprintf(stderr, "\nferry run: the draft model failed: %s\n", ferry_status_str(rc));
                 break;
             }
+        } else if (k > 0 && mtp) {
+            if ((rc = mtp_draft(mtp, 0, gen[n_gen - 1], k, o.spec_p_min, draft, &nd, NULL))) {
+                fprintf(stderr, "\nferry run: the multi-token-prediction block failed: %s\n",
+                        ferry_status_str(rc));
+                break;
+            }
         } else if (k > 0) {
             nd = spec_ngram_draft(hist, n_prompt + n_gen, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, draft);
         }
@@ -818,7 +880,8 @@ int cli_run_main(int argc, char **argv)
         n_drafted += (uint64_t)nd;
         n_steps++;
         const double t_step = now_s();
-        if ((rc = spec_step(eng, 0, gen[n_gen - 1], pos, draft, nd, logits))) {
+        step_pending = gen[n_gen - 1], step_pos = pos;
+        if ((rc = spec_step_hidden(eng, 0, step_pending, pos, draft, nd, logits, hid))) {
             fprintf(stderr, "\nferry run: forward pass failed: %s\n", ferry_status_str(rc));
             break;
         }
@@ -864,6 +927,8 @@ out:
     free(prompt);
     seq_output_free(&so);
     seq_vocab_free(voc);
+    mtp_free(mtp);
+    free(hid);
     engine_free(eng);
     draft_model_free(dm);
     tokenizer_free(tok);

@@ -69,11 +69,12 @@ static const struct opt_row rows[] = {
     {"checkpoint-min-step", OPT_INT, OFF(checkpoint_min_step), 0, 1 << 30, "8192", NULL,
      "a slot with all its --ctx-checkpoints first drops one closer than this many positions to the one "
      "before it (keeping far-apart ones over a long conversation), else the oldest; 0 = always the oldest"},
-    {"spec-type", OPT_ENUM, OFF(spec_type), 0, 0, "none", "none|ngram|draft",
+    {"spec-type", OPT_ENUM, OFF(spec_type), 0, 0, "none", "none|ngram|draft|mtp",
      "speculative decoding: drafted tokens are verified in one step with a sequence's next token, and "
      "outputs are unchanged. ngram drafts continuations found earlier in the sequence's prompt and output "
-     "(prompt lookup: answers that quote their prompt, code edits, RAG); draft asks --model-draft. Pays most "
-     "for one or few sequences, above all with layers in host memory"},
+     "(prompt lookup: answers that quote their prompt, code edits, RAG); draft asks --model-draft; mtp the "
+     "model's own multi-token-prediction block (ferry run only for now). Pays most for one or few sequences, "
+     "above all with layers in host memory"},
     {"model-draft", OPT_STR, OFF(model_draft), 0, 0, NULL, NULL,
      "a smaller model with the same vocabulary that drafts for --spec-type draft (implied by this option); "
      "on a GPU its bytes come out of --gpu-memory"},

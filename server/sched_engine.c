@@ -898,7 +898,7 @@ void *sched_engine_main(void *arg)
             }
             pthread_mutex_unlock(&s->mu);
 
-            const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
+            const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0, NULL};
             t0 = sched_now();
             rc = FERRY_ERR_UNSUPPORTED;
             if (n > 0 && rows > 0 && s->draws && s->n_plp == 0 && s->n_draft_step == 0) {
@@ -912,7 +912,7 @@ void *sched_engine_main(void *arg)
             t1 = sched_now();
             if (rc == 0 && n > 0 && s->p.spec_n_max > 0) sched_spec_cost_note(&s->spec_cost, n, t1 - t0);
         }
-        const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
+        const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0, NULL};
         if (rc == 0 && n > 0) {
             if (s->p.prompt_cache) record_tokens(s, &b);
             s->rows_do = drew ? ROWS_DRAWN : ROWS_SAMPLE;
@@ -921,7 +921,7 @@ void *sched_engine_main(void *arg)
             if (s->n_draft_step) n_spec_accepted = spec_settle(s, rows);
         }
         if (rc == 0 && ne > 0) {
-            struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1};
+            struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1, NULL};
             rc = engine_step(s->e, &eb, s->e_out);
             if (rc == 0) pool_rows(s);
             n_prefill += ne;
@@ -950,7 +950,7 @@ void *sched_engine_main(void *arg)
             int rows2 = 0, prefill2 = 0;
             const int n2 = step_batch_locked(s, &rows2, &prefill2);
             pthread_mutex_unlock(&s->mu);
-            const struct batch b2 = {n2, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0};
+            const struct batch b2 = {n2, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0, NULL};
             s->rows_do = ROWS_MASK;
             row_pool_run(s->samplers, rows2);
             const double t3 = sched_now();

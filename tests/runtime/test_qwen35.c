@@ -46,15 +46,6 @@ struct q35 {
     int n_vocab;
 };
 
-static char *src_path(const char *rel)
-{
-    const char *src = getenv("FERRY_SRC");
-    cr_assert(src, "FERRY_SRC is not set (run through meson test)");
-    char *p = malloc(strlen(src) + strlen(rel) + 2);
-    sprintf(p, "%s/%s", src, rel);
-    return p;
-}
-
 #define DENSE "qwen35_deltanet_f16"
 #define MOE   "qwen35moe_shexp_f16"
 #define NEXT  "qwen3next_f16"
@@ -65,9 +56,9 @@ static void q35_open_at(struct q35 *q, const char *name, const char *path, int n
 {
     char rel[128];
     snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
-    char *model = path ? strdup(path) : src_path(rel);
+    char *model = path ? strdup(path) : qwen35_fixture_src(rel);
     snprintf(rel, sizeof rel, "tests/golden/%s.json", name);
-    char *json = src_path(rel);
+    char *json = qwen35_fixture_src(rel);
     struct engine_params p = engine_default_params();
     p.n_seqs = n_seqs;
     p.kv_type = kv_type;
@@ -340,7 +331,7 @@ static unsigned char *golden_bytes(const char *name, size_t *n)
 {
     char rel[128];
     snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
-    char *model = src_path(rel);
+    char *model = qwen35_fixture_src(rel);
     FILE *f = fopen(model, "rb");
     if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_%s_golden.py)", model, name);
     fseek(f, 0, SEEK_END);
@@ -383,7 +374,7 @@ static void check_cuda_taken(const char *name, int experimental)
 {
     char rel[128];
     snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
-    char *model = src_path(rel);
+    char *model = qwen35_fixture_src(rel);
     FILE *f = fopen(model, "rb");
     if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_%s_golden.py)", model, name);
     fclose(f);
@@ -513,7 +504,7 @@ Test(qwen3next, golden_transformers_fp32)
 /* The older layout (ssm_in: per key head q, k, v, z) of the same weights: the same references. */
 Test(qwen3next, golden_ssm_in_layout)
 {
-    char *path = src_path("tests/golden/models/qwen3next_ssm_in_f16.gguf");
+    char *path = qwen35_fixture_src("tests/golden/models/qwen3next_ssm_in_f16.gguf");
     FILE *f = fopen(path, "rb");
     if (!f) cr_skip_test("missing FILE: %s (run tests/golden/make_qwen3next_golden.py)", path);
     fclose(f);

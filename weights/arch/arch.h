@@ -97,6 +97,19 @@ struct arch_tensor {
                        * matrix with '*' for its number (transformers stores them one per expert) */
 };
 
+/* A multi-token-prediction block (GGUF {arch}.nextn_predict_layers, stored as block N = the trunk's layer
+ * count, runtime/mtp.h): its own tensors' names after "blk.N.", beside the family's full-attention layer
+ * tensors that the block also has. embed, head and head_norm may be absent (then the trunk's token_embd,
+ * output and output_norm serve). */
+struct arch_nextn {
+    const char *eh_proj;   /* (dim, 2 dim): [normed embedding ; normed hidden state] -> dim */
+    const char *enorm;     /* (dim) */
+    const char *hnorm;     /* (dim) */
+    const char *embed;     /* (n_vocab, dim) */
+    const char *head;      /* (n_vocab, dim) */
+    const char *head_norm; /* (dim) */
+};
+
 struct arch_family {
     const char *name;                  /* for messages: "llama" */
     const char *title;                 /* for listings: "Llama 2 / 3 / 3.x, SmolLM, TinyLlama" */
@@ -140,6 +153,9 @@ struct arch_family {
     int gguf_layer_arrays;
     /* 1: its GGUF files may lack feed_forward_length (read as 0; its gguf_hparams sets ffn_dim). */
     int gguf_ffn_optional;
+    /* Its multi-token-prediction block's tensors, or NULL: the family has none ferry runs. The block's
+     * layer runs `program` (a full-attention layer). */
+    const struct arch_nextn *nextn;
 };
 
 /* The family answering to a GGUF general.architecture of len bytes, or NULL. */

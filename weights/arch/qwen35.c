@@ -99,7 +99,8 @@ int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char 
         return ferry_fail(err, FERRY_ERR_FORMAT, "key '%s' is not a number", key);
     }
     /* Multi-token-prediction blocks (nextn_predict_layers, which the converter exports by default) follow
-     * the trunk's layers in block_count; ferry runs the trunk and leaves their tensors unread. */
+     * the trunk's layers in block_count; the trunk's reader leaves their tensors alone (runtime/mtp.h reads
+     * them for drafting). */
     const int n_blocks = hp->n_layers;
     rc = gguf_get_u32(g, KEY("nextn_predict_layers"), &u);
     if (rc == FERRY_OK) {
@@ -127,6 +128,15 @@ int arch_qwen35_gguf_hparams(const struct gguf *g, struct llm_hparams *hp, char 
     return FERRY_OK;
 }
 
+const struct arch_nextn arch_qwen35_nextn = {
+    .eh_proj = "nextn.eh_proj.weight",
+    .enorm = "nextn.enorm.weight",
+    .hnorm = "nextn.hnorm.weight",
+    .embed = "nextn.embed_tokens.weight",
+    .head = "nextn.shared_head_head.weight",
+    .head_norm = "nextn.shared_head_norm.weight",
+};
+
 const struct arch_family arch_qwen35 = {
     .name = "qwen35",
     .title = "Qwen3.5 / 3.6 (dense)",
@@ -147,6 +157,7 @@ const struct arch_family arch_qwen35 = {
     .hf_hparams = arch_qwen35_hf_hparams,
     .hf_tensors = arch_qwen35_hf_tensors,
     .gguf_write = arch_qwen35_gguf_write,
+    .nextn = &arch_qwen35_nextn,
 };
 
 /* ---------------------------------------------------------------- Hugging Face checkpoints */

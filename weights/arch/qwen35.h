@@ -74,6 +74,11 @@
         ARCH_ROLE_SHEXP_GATE, ARCH_NEED_ALWAYS, "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight" \
     }
 
+/* The multi-token-prediction block's tensors as llama.cpp's converter writes them (nextn.eh_proj, enorm,
+ * hnorm, shared_head_norm; embed_tokens and shared_head_head when the checkpoint has them), for all three
+ * families. */
+extern const struct arch_nextn arch_qwen35_nextn;
+
 /* Qwen3.5-MoE's programs (qwen35moe.c): each mixer, then the experts and the shared expert (LOP_MOE_SHARED);
  * Qwen3-Next's layers are the same. */
 extern const struct layer_program arch_qwen35moe_attn_program, arch_qwen35moe_linear_program;

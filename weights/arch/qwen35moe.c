@@ -117,4 +117,5 @@ const struct arch_family arch_qwen35moe = {
     .hf_hparams = arch_qwen35moe_hf_hparams,
     .hf_tensors = arch_qwen35_hf_tensors,
     .gguf_write = arch_qwen35moe_gguf_write,
+    .nextn = &arch_qwen35_nextn,
 };

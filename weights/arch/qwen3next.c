@@ -11,7 +11,7 @@
  *    dim) of older files: per key head its q, its k, its value heads' v, then their z.
  * The packed products are split per key head after the product (runtime/forward_cpu.c), no copy at load.
  * As for qwen35: RMSNorm weights already 1 + w (the gated output norm's not), ssm_a = -exp(A_log), the
- * multi-token-prediction block (nextn_predict_layers) left unread. Hugging Face checkpoints are read as
+ * multi-token-prediction block (nextn_predict_layers) left to runtime/mtp.h. Hugging Face checkpoints are read as
  * qwen35moe's, their in_proj_qkvz split into attn_qkv and attn_gate as the converter does
  * (arch_qwen35_hf_tensors).
  */
@@ -66,4 +66,5 @@ const struct arch_family arch_qwen3next = {
     .hf_hparams = qwen3next_hf_hparams,
     .hf_tensors = arch_qwen35_hf_tensors,
     .gguf_write = arch_qwen35moe_gguf_write,
+    .nextn = &arch_qwen35_nextn,
 };
