@@ -278,14 +278,18 @@ def spec_served_table(served):
                    "—" if not r.get("spec") else "0")
             same = ("—" if not r.get("spec") or k[1] not in plain_sha else
                     "same as without" if r.get("text_sha1") == plain_sha[k[1]] else "differs from without")
+            if r.get("same_text") is False:  # the requests of one server start did not all answer alike
+                same += ", varied between requests"
             out.append(f"| {SPEC_PARTS.get(part, part)} | {k[1]} | `{k[2]}` | {vram} | {r.get('drafted', '—')} | "
                        f"{acc} | {fmt(r.get('client_tok_s'))} | {fmt(r.get('server_tok_s'))} | {same} |")
-        for spec, what in ((True, "with speculation"), (False, "without")):
-            mine = [served[k]["client_tok_s"] or 0 for k in keys if k[1] == "ferry" and served[k].get("spec") == spec]
+        for spec, what in ((True, "with speculation"), (False, "without"), (None, "any setting")):
+            pick = lambda r: spec is None or r.get("spec") == spec
+            mine = [served[k]["client_tok_s"] or 0 for k in keys if k[1] == "ferry" and pick(served[k])]
             peer = [served[k]["client_tok_s"] or 0 for k in keys if k[1] != "ferry"
-                    and served[k].get("spec") == spec and served[k].get("fits", True)]
+                    and pick(served[k]) and served[k].get("fits", True)]
             if mine and peer and max(peer) > 0:
-                out.append(f"| {SPEC_PARTS.get(part, part)} | ferry / llama.cpp's best, {what} | | | | | "
+                who = "ferry's best / llama.cpp's best" if spec is None else "ferry / llama.cpp's best"
+                out.append(f"| {SPEC_PARTS.get(part, part)} | {who}, {what} | | | | | "
                            f"**{max(mine) / max(peer):.2f}x** | | |")
     return out
 
@@ -303,7 +307,9 @@ def spec_table(path):
                  "decode of the same run. Served rows: one streaming client, greedy; tokens/s after the first "
                  "token as the client saw them and as the server reports them; device MiB is ferry's device "
                  "memory in use (with the draft model's allotment) and llama.cpp's logged weights, KV and "
-                 "compute buffers of both models; a setting over the part's budget is left out of the best.")
+                 "compute buffers of both models; a setting over the part's budget is left out of the best. Output: the "
+                 "last request's text beside the same server's without speculation (greedy, so equal unless "
+                 "numerics differ at a near-tie), and whether one start's requests answered alike.")
 
 
 def render(results):

