@@ -36,7 +36,7 @@
 #   70b     the same for a Llama-2-70B-shaped Q4_K_M file under 8 GiB, P in SPEC_ACCEPTS_70B (default "1 0.7"),
 #           SPEC_STEPS_70B steps (default 8). `--synthetic llama-2-70b --quant int4` would draw 138 GB of f16
 #           weights before quantizing them (176 GB at once), more than this machine's 128 GiB: the file holds
-#           the same shape and mix. On a host with 200 GiB or more (nvidia-h100-x2) the synthetic command runs
+#           the same shape and mix. On a host with 200 GiB or more the synthetic command runs
 #           instead (SPEC_70B=synthetic|file chooses).
 #   draft   the F16 7B file served with its own quantization (SPEC_DRAFT_TYPE, default Q8_0) as the draft
 #           model, under one budget (SPEC_DRAFT_GIB, default 12): ferry serve --model-draft --gpu-memory (the
@@ -227,25 +227,22 @@ def device_mib(text):
                                                  text)), 1) or None
 
 
-if mode == "layer-mib":  # FILE: the mean MiB of one repeating layer, and of the rest
-    t = gguf_tensors(sys.argv[2])
+def layer_mib(path):
+    """(the mean MiB of a file's repeating layers, their count)"""
     layers = {}
-    for name, b in t.items():
+    for name, b in gguf_tensors(path).items():
         m = re.match(r"blk\.(\d+)\.", name)
         if m:
             layers[m.group(1)] = layers.get(m.group(1), 0) + b
-    per = sum(layers.values()) / max(len(layers), 1) / 2**20
-    print(f"{per:.1f} {len(layers)}")
+    return sum(layers.values()) / max(len(layers), 1) / 2**20, len(layers)
+
+
+if mode == "layer-mib":  # FILE: the mean MiB of one repeating layer, and the layer count
+    print("%.1f %d" % layer_mib(sys.argv[2]))
 elif mode == "ngl":  # FILE BUDGET_MIB OTHER_MIB: the largest -ngl whose layers fit beside OTHER_MIB
-    t = gguf_tensors(sys.argv[2])
-    layers = {}
-    for name, b in t.items():
-        m = re.match(r"blk\.(\d+)\.", name)
-        if m:
-            layers[m.group(1)] = layers.get(m.group(1), 0) + b
-    per = sum(layers.values()) / len(layers) / 2**20
+    per, n = layer_mib(sys.argv[2])
     room = float(sys.argv[3]) - float(sys.argv[4])
-    print(max(0, min(len(layers), int(room // per))))
+    print(max(0, min(n, int(room // per))))
 elif mode == "vram":  # LOG: llama-server's logged device MiB
     print(device_mib(open(sys.argv[2], errors="replace").read()) or "")
 elif mode == "oracle":  # NAME SETTING JSON [BUDGET_MIB]
