@@ -408,8 +408,12 @@ fit_llama() {
   start $tag-ngl$best $(llama_serve -m $T -ngl $best -fit off "$@")
 }
 
-# One slot on both sides, and a context of $ctx (the prompt, the answer and the drafts): KV for no more.
-ferry_serve() { echo $F serve --port $port --parallel 1 --ctx-size $ctx --threads $nt --log-level info "$@"; }
+# One slot on both sides, and a context of $ctx (the prompt, the answer and the drafts): KV for no more. Each
+# request prefills its prompt (the client asks cache_prompt false, which ferry leaves to --prompt-cache): a
+# prompt continued from the cache can end in a different greedy answer where two tokens nearly tie.
+ferry_serve() {
+  echo $F serve --port $port --parallel 1 --ctx-size $ctx --threads $nt --log-level info --prompt-cache false "$@"
+}
 llama_serve() { echo $L/llama-server --port $port -np 1 -c $ctx -fa on -t $nt "$@"; }
 
 draft_part() {
