@@ -499,10 +499,11 @@ if phase == "cpu":
                      f"--cpu --spec-oracle {k} --spec-accept P, one sequence (the verification step of {int(k) + 1} "
                      "rows beside a one-row step of the same sequence). Draft model: its own Q4_0 requantization "
                      "(llama-quantize), served by ferry serve --model-draft and llama-server --model-draft "
-                     "(lcp0336, a CPU build), one streaming client, greedy; a draft as large as the model brings "
-                     "nothing on a CPU, so this row shows the plumbing and the acceptance of a real pair. Prompt "
-                     "lookup: a prompt whose answer copies a given text, ferry --spec-type ngram beside "
-                     "llama-server --spec-type ngram-simple, each beside itself without speculation."}
+                     "(lcp0336, a CPU build), one streaming client, greedy, each prompt prefilled anew; a draft as "
+                     "large as the model brings nothing on a CPU, so these rows show the plumbing and the "
+                     "acceptance of a real pair. Prompt lookup: a prompt whose answer copies a given text, ferry "
+                     "--spec-type ngram beside llama-server --spec-type ngram-simple, each beside itself without "
+                     "speculation. ferry speculates with its draft length adapted (its default) and fixed."}
 else:
     meta = {"title": "Speculative decoding: the oracle drafter, the 70B shape, a draft model beside llama-server",
             "command": "bash tests/gpu/compare_spec.sh prepare, then bash tests/gpu/compare_spec.sh bench with "
@@ -516,8 +517,10 @@ else:
                      "Q8_0 quantization (llama-quantize) as the draft (random layers amplify rounding: a Q4_K_M "
                      "draft of a random model agrees on few tokens), served under one device budget by ferry "
                      "serve --model-draft --gpu-memory and llama-server --model-draft -ngld 99 (lcp0336) at the "
-                     "largest -ngl whose logged device buffers fit, one streaming client of greedy requests to "
-                     "/completion; acceptance from ferry's /metrics and llama-server's timings. Prompt lookup: "
+                     "largest -ngl whose logged device buffers fit (ferry with its draft length adapted and fixed, "
+                     "llama.cpp at draft lengths 8 and 3), one streaming client of greedy requests to "
+                     "/completion, each prompt prefilled anew; acceptance from ferry's /metrics and "
+                     "llama-server's timings. Prompt lookup: "
                      "SmolLM2-135M-Instruct on the CPU backends, ferry --spec-type ngram beside llama-server "
                      "--spec-type ngram-simple."}
 meta.update(date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{dev}; host {cpu}, {threads}",
