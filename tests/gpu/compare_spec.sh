@@ -167,6 +167,11 @@ if [ "$phase" = prepare ]; then
   fi
   for p in $pids; do wait $p || log "make_quant_gguf.py FAILED (pid $p): $(tail -2 $W/gguf-*.log)"; done
   peer_build_wait $t0
+  if [ -f $LLN/CMakeCache.txt ] && { [ ! -x $L/llama-server ] || [ ! -x $L/llama-quantize ]; }; then
+    # a build kept from a script that asked only for the bench tools
+    cmake --build $LLN --target llama-server llama-quantize -j "$(nproc)" > $W/lln-server-build.log 2>&1 &&
+      log "built llama-server and llama-quantize in $LLN" || log "llama-server build FAILED: $(tail -3 $W/lln-server-build.log)"
+  fi
   quantize_draft
   ls -la $T $Q $Q4 2>&1 | tee -a "$out/summary.txt"
   log "prepare took $(($(date +%s) - t0)) s"
