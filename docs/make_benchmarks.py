@@ -251,14 +251,14 @@ def spec_rows(path):
 
 
 def spec_oracle_table(oracle):
-    out = ["| model | setting | acceptance | step of K+1 rows / 1 row | tokens a step | tokens/s with / without "
-           "| with / without | with / plain b=1 decode |", "|" + "---|" * 8]
+    out = ["| model | setting | device MiB | acceptance | step of K+1 rows / 1 row | tokens a step | tokens/s with / "
+           "without | with / without | with / plain b=1 decode |", "|" + "---|" * 9]
     for (model, accept), r in oracle.items():
         k1 = r["k"] + 1
         step = f"{r['spec_step_ms']:,.2f} / {r['plain_step_ms']:,.2f} ms ({r['spec_step_ms'] / r['plain_step_ms']:.2f}x, K+1 = {k1})"
         gain = f"**{r['spec_tok_s'] / r['plain_tok_s']:.2f}x**" if r.get("plain_tok_s") else "—"
         b1 = f"{r['spec_tok_s'] / r['b1_tok_s']:.2f}x (b=1: {fmt(r['b1_tok_s'])})" if r.get("b1_tok_s") else "—"
-        out.append(f"| {model} | {r['setting']} | {accept:g} | {step} | {r['tokens_per_step']:.2f} | "
+        out.append(f"| {model} | {r['setting']} | {fmt(r.get('vram_mib'))} | {accept:g} | {step} | {r['tokens_per_step']:.2f} | "
                    f"{fmt(r['spec_tok_s'])} / {fmt(r['plain_tok_s'])} | {gain} | {b1} |")
     return out
 
