@@ -10,12 +10,15 @@ memory each reports, and ferry over llama.cpp's best setting that fits the part'
 kind "families": results.jsonl of tests/gpu/compare_families.sh (the same per model and part). The CPU run of
 compare_families.sh, when tests/bench/results/families-cpu/ holds it, ends the page.
 kind "types": results.jsonl of tests/bench/compare_types.sh (one product per weight type, ferry beside llama.cpp).
+kind "spec": results.jsonl of tests/gpu/compare_spec.sh (the oracle drafter's rows against acceptance, then the
+served parts: ferry beside llama-server, each with and without speculation, and ferry over llama.cpp's best).
 
     python3 docs/make_benchmarks.py [RESULTS_DIR] [OUT]    (defaults: tests/gpu/results, docs/benchmarks.md)
     python3 docs/make_benchmarks.py --check                 (exit 1 when docs/benchmarks.md is out of date)
     python3 docs/make_benchmarks.py --moe-table RESULTS_JSONL   (print the "moe" table of one results.jsonl)
     python3 docs/make_benchmarks.py --families-table RESULTS_JSONL   (the "families" table of one)
     python3 docs/make_benchmarks.py --types-table RESULTS_JSONL (print the "types" table of one results.jsonl)
+    python3 docs/make_benchmarks.py --spec-table RESULTS_JSONL  (the "spec" tables of one)
 """
 import json
 import os
@@ -228,6 +231,87 @@ def types_table(path):
     return out, note
 
 
+SPEC_PARTS = {"draft": "draft model", "lookup": "prompt lookup"}
+
+
+def spec_rows(path):
+    """compare_spec.sh's rows: the oracle rows by (model, acceptance) and the served rows by (part, who,
+    setting), each key's last row kept (a part run again replaces its figures), in first-seen order."""
+    oracle, served = {}, {}
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if r.get("part") == "oracle":
+                oracle[(r["model"], r["accept"])] = r
+            else:
+                served[(r.get("part", "?"), r.get("who", "?"), r.get("setting", ""))] = r
+    return oracle, served
+
+
+def spec_oracle_table(oracle):
+    out = ["| model | setting | device MiB | acceptance | step of K+1 rows / 1 row | tokens a step | tokens/s with / "
+           "without | with / without | with / plain b=1 decode |", "|" + "---|" * 9]
+    for (model, accept), r in oracle.items():
+        k1 = r["k"] + 1
+        step = f"{r['spec_step_ms']:,.2f} / {r['plain_step_ms']:,.2f} ms ({r['spec_step_ms'] / r['plain_step_ms']:.2f}x, K+1 = {k1})"
+        gain = f"**{r['spec_tok_s'] / r['plain_tok_s']:.2f}x**" if r.get("plain_tok_s") else "—"
+        b1 = f"{r['spec_tok_s'] / r['b1_tok_s']:.2f}x (b=1: {fmt(r['b1_tok_s'])})" if r.get("b1_tok_s") else "—"
+        out.append(f"| {model} | {r['setting']} | {fmt(r.get('vram_mib'))} | {accept:g} | {step} | {r['tokens_per_step']:.2f} | "
+                   f"{fmt(r['spec_tok_s'])} / {fmt(r['plain_tok_s'])} | {gain} | {b1} |")
+    return out
+
+
+def spec_served_table(served):
+    """Per part: each server and setting (device MiB, drafts, tokens/s, whether the output equals the same
+    server's without speculation), then ferry over llama.cpp's best setting that fits, with and without."""
+    out = ["| part | who | setting | device MiB | drafted | accepted | tokens/s (client) | tokens/s (server's) "
+           "| output |", "|" + "---|" * 9]
+    for part in dict.fromkeys(k[0] for k in served):
+        keys = [k for k in served if k[0] == part]
+        plain_sha = {k[1]: served[k].get("text_sha1") for k in keys if not served[k].get("spec")}
+        for k in keys:
+            r = served[k]
+            vram = fmt(r.get("vram_mib")) + ("" if r.get("fits", True) else " (over the budget)")
+            acc = (f"{r['accepted']} ({r['accepted'] / r['drafted']:.0%})" if r.get("drafted") else
+                   "—" if not r.get("spec") else "0")
+            same = ("—" if not r.get("spec") or k[1] not in plain_sha else
+                    "same as without" if r.get("text_sha1") == plain_sha[k[1]] else "differs from without")
+            if r.get("same_text") is False:  # the requests of one server start did not all answer alike
+                same += ", varied between requests"
+            out.append(f"| {SPEC_PARTS.get(part, part)} | {k[1]} | `{k[2]}` | {vram} | {r.get('drafted', '—')} | "
+                       f"{acc} | {fmt(r.get('client_tok_s'))} | {fmt(r.get('server_tok_s'))} | {same} |")
+        for spec, what in ((True, "with speculation"), (False, "without"), (None, "any setting")):
+            pick = lambda r: spec is None or r.get("spec") == spec
+            mine = [served[k]["client_tok_s"] or 0 for k in keys if k[1] == "ferry" and pick(served[k])]
+            peer = [served[k]["client_tok_s"] or 0 for k in keys if k[1] != "ferry"
+                    and pick(served[k]) and served[k].get("fits", True)]
+            if mine and peer and max(peer) > 0:
+                who = "ferry's best / llama.cpp's best" if spec is None else "ferry / llama.cpp's best"
+                out.append(f"| {SPEC_PARTS.get(part, part)} | {who}, {what} | | | | | "
+                           f"**{max(mine) / max(peer):.2f}x** | | |")
+    return out
+
+
+def spec_table(path):
+    oracle, served = spec_rows(path)
+    out = []
+    if oracle:
+        out += spec_oracle_table(oracle)
+    if served:
+        out += ([""] if out else []) + spec_served_table(served)
+    return out, ("Oracle rows: ferry bench --spec-oracle, one sequence; a step verifies K drafts and the pending "
+                 "token as K+1 rows, each draft kept with the given probability until the first rejection; "
+                 "tokens/s with speculation over the same sequence's one-row steps, and over the plain b=1 "
+                 "decode of the same run. Served rows: one streaming client, greedy; tokens/s after the first "
+                 "token as the client saw them and as the server reports them; device MiB is ferry's device "
+                 "memory in use (with the draft model's allotment) and llama.cpp's logged weights, KV and "
+                 "compute buffers of both models; a setting over the part's budget is left out of the best. Output: the "
+                 "last request's text beside the same server's without speculation (greedy, so equal unless "
+                 "numerics differ at a near-tie), and whether one start's requests answered alike.")
+
+
 def render(results):
     lines = ["# Benchmarks", "",
              "Generated by `python3 docs/make_benchmarks.py` from `tests/gpu/results/` (one folder per benchmark, the",
@@ -259,6 +343,9 @@ def render(results):
         elif meta["kind"] == "types":
             table, note = types_table(os.path.join(d, "results.jsonl"))
             lines += table + ["", note, ""]
+        elif meta["kind"] == "spec":
+            table, note = spec_table(os.path.join(d, "results.jsonl"))
+            lines += table + ["", note, ""]
         elif meta["kind"] == "serve":
             with open(os.path.join(d, "summary.txt")) as f:
                 lines += [l.rstrip() for l in f if l.startswith("|")] + [""]
@@ -281,6 +368,10 @@ def main(argv):
         return 0
     if argv[:1] == ["--moe-table"] and len(argv) == 2:
         table, note = moe_table(argv[1])
+        print("\n".join(table + ["", note]))
+        return 0
+    if argv[:1] == ["--spec-table"] and len(argv) == 2:
+        table, note = spec_table(argv[1])
         print("\n".join(table + ["", note]))
         return 0
     if argv[:1] == ["--families-table"] and len(argv) == 2:
