@@ -879,6 +879,21 @@ static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
     }
 }
 
+/* y[j] = hsum8(a + j·lda) (+ hsum8(mv + 8j) when mv) for j < nr: the tasks' last step, four outputs at a
+ * time where SSE is (each lane's adds in hsum8's order, so the values are hsum8's bit for bit). */
+static void q8_reduce(const float *a, int lda, const float *mv, int nr, float *y)
+{
+#ifdef MM_X86
+    if (nr == 4) {
+        __m128 s = hsum8x4(a, a + lda, a + 2 * lda, a + 3 * lda);
+        if (mv) s = _mm_add_ps(s, hsum8x4(mv, mv + 8, mv + 16, mv + 24));
+        _mm_storeu_ps(y, s);
+        return;
+    }
+#endif
+    for (int j = 0; j < nr; j++) y[j] = mv ? hsum8(a + j * lda) + hsum8(mv + 8 * j) : hsum8(a + j * lda);
+}
+
 static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
 {
     const int m = c->m, k = c->k, affine = c->qk->mode == Q8M_AFFINE || c->qk->mode == Q8M_AFFINE16;
@@ -934,20 +949,16 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                     }
                 }
             }
-            for (int i = 0; i < mb; i++)
-                for (int j = 0; j < nr; j++) {
-                    const float *av = accb + ((size_t)i * NRQ + j) * 16,
-                                *mv = maccb + ((size_t)i * NRQ + j) * 8;
-                    float v;
-                    if (c->int8) {
-                        v = affine ? hsum8(av) + hsum8(mv) : hsum8(av);
-                    } else { /* the two sets of 8 lanes, then the per-block terms */
-                        float s8[8];
-                        for (int l = 0; l < 8; l++) s8[l] = av[l] + av[8 + l];
-                        v = f32_uses_macc(c->qk->mode, c->qk->sh) ? hsum8(s8) + hsum8(mv) : hsum8(s8);
-                    }
-                    c->y[(size_t)(i0m + i) * c->n + j0 + j] = v;
-                }
+            const int with_m = c->int8 ? affine : f32_uses_macc(c->qk->mode, c->qk->sh);
+            for (int i = 0; i < mb; i++) {
+                const float *av = accb + (size_t)i * NRQ * 16, *mv = maccb + (size_t)i * NRQ * 8;
+                float s8[NRQ][8]; /* f32 arithmetic: the two sets of 8 lanes added first */
+                if (!c->int8)
+                    for (int j = 0; j < nr; j++)
+                        for (int l = 0; l < 8; l++) s8[j][l] = av[16 * j + l] + av[16 * j + 8 + l];
+                q8_reduce(c->int8 ? av : s8[0], c->int8 ? 16 : 8, with_m ? mv : NULL, nr,
+                          c->y + (size_t)(i0m + i) * c->n + j0);
+            }
         }
     }
 }

@@ -9,6 +9,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/matmul.h"
 #include "quant/dtype.h"
@@ -30,6 +33,21 @@ static inline float hsum8(const float *s)
 {
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
+
+#if defined(__x86_64__)
+/* hsum8 of four sets of 8 lanes at once (SSE, every x86-64): lane l + lane l + 4 in each set, a 4x4
+ * transpose, then ((l0 + l2) + (l1 + l3)): hsum8's adds in its order, so each result is hsum8's bit for bit.
+ */
+static inline __m128 hsum8x4(const float *s0, const float *s1, const float *s2, const float *s3)
+{
+    __m128 t0 = _mm_add_ps(_mm_loadu_ps(s0), _mm_loadu_ps(s0 + 4));
+    __m128 t1 = _mm_add_ps(_mm_loadu_ps(s1), _mm_loadu_ps(s1 + 4));
+    __m128 t2 = _mm_add_ps(_mm_loadu_ps(s2), _mm_loadu_ps(s2 + 4));
+    __m128 t3 = _mm_add_ps(_mm_loadu_ps(s3), _mm_loadu_ps(s3 + 4));
+    _MM_TRANSPOSE4_PS(t0, t1, t2, t3);
+    return _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+}
+#endif
 
 #define QB          32   /* elements per x block (and per weight scale, except Q6_K's 16) */
 #define KCQ         1024 /* columns per decoded chunk: a multiple of 256 (whole K-quant super-blocks) */
