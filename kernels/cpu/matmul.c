@@ -823,6 +823,8 @@ struct mm_ctx {
     q8_dot_fn direct; /* reads codes in place (no tile), or NULL */
     q8_rows_fn rows;  /* whole rows (Q8_0, int8, m = 1 on AVX2 hosts), or NULL */
     int mrq;
+    int acc_lda; /* int8: floats from one weight row's 8 lanes to the next in the dot calls' acc (16; 8
+                    packed) */
     /* plain types on AMX tiles (kern_cpu_matmul_set_plain): x packed as bf16 tiles, or NULL */
     const uint16_t *xp;
 };
@@ -956,7 +958,7 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                 if (!c->int8)
                     for (int j = 0; j < nr; j++)
                         for (int l = 0; l < 8; l++) s8[j][l] = av[16 * j + l] + av[16 * j + 8 + l];
-                q8_reduce(c->int8 ? av : s8[0], c->int8 ? 16 : 8, with_m ? mv : NULL, nr,
+                q8_reduce(c->int8 ? av : s8[0], c->int8 ? c->acc_lda : 8, with_m ? mv : NULL, nr,
                           c->y + (size_t)(i0m + i) * c->n + j0);
             }
         }
@@ -1016,6 +1018,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
                          .n_tasks = tpool_size(tp),
+                         .acc_lda = 16,
                          .xp = amx_type(wt) ? xp : NULL};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
     if (quant) {
@@ -1027,7 +1030,11 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
         if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
-        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any) c->direct = isa->direct8_any[wt];
+        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any && isa->direct8_any[wt]) {
+            c->direct = isa->direct8_any[wt];
+            c->mrq = MBQ;
+            c->acc_lda = 8;
+        }
         /* (one row only: at m = 2 ferry bench decoded ~10% slower end to end than through the tile) */
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the

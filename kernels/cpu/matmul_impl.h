@@ -151,8 +151,9 @@ struct q8_isa {
     const q8_dot_fn *direct;  /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
     const q8_dot_fn *direct8; /* int8 arithmetic, m <= Q8_DIRECT_M: the same, where a type has one */
     q8_rows_fn rows8_q8_0;    /* int8 arithmetic, Q8_0, m = 1: whole rows (NULL: the tile) */
-    const q8_dot_fn *direct8_any; /* int8 arithmetic, any m: direct kernels that beat the tile past
-                                   * Q8_DIRECT_M rows too (x rows in groups of mr[int8]) */
+    const q8_dot_fn *direct8_any; /* int8 arithmetic, past Q8_DIRECT_M rows: direct kernels that beat the
+                                   * tile there, taking up to MBQ x rows per call and leaving acc packed
+                                   * (weight row j's 8 lanes at acc + i·NRQ·16 + 8j) */
 };
 
 /* matmul_lut.c's portable decoders of the table and grid types (its first comment lists their modes). */

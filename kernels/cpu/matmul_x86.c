@@ -888,6 +888,84 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
         }
 }
 
+/* int8 arithmetic, Q4_K and Q5_K, any number of x rows per call (prefill and batches): q45k_dot_body512's
+ * codes, scales and f32 steps, with the loops turned round. Per super-block the 4 weight rows' codes are
+ * decoded into 16 registers and their scales unpacked once, then every x row of the call runs over them;
+ * its accumulators go through memory once per super-block (a load and a store, where the mr-row form kept
+ * them in registers and unpacked the same codes and scales again for every 4 rows of x). acc is packed:
+ * row j's 8 lanes at acc + i·NRQ·16 + 8j (a pair of weight rows per 512-bit store); macc as everywhere.
+ * Each (x row, weight row) takes the same f32 operations in the same order, so the results are bitwise
+ * q45k_dot_body512's and the tile's. */
+static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, const int five)
+{
+    const struct q8x *x = a->x;
+    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const size_t qh_off = offsetof(struct block_q5_k, qh);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
+        const int first = a->first && sb == 0;
+        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (lanes 0-7's bytes) and 2p + 1 */
+        __m512 sp[NRQ / 2], mp[NRQ / 2];
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
+            q45k_scales2(w0, w1, &sp[p], &mp[p]);
+            __m512i qh = _mm512_setzero_si512();
+            if (five)
+                qh = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qh_off))),
+                    _mm256_loadu_si256((const __m256i *)(w1 + qh_off)), 1);
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                const __m512i q = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qs_off + 32 * h))),
+                    _mm256_loadu_si256((const __m256i *)(w1 + qs_off + 32 * h)), 1);
+                u[p][2 * h] = _mm512_and_si512(q, m0f);
+                u[p][2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
+                if (five) {
+                    const __m512i hb = _mm512_srli_epi16(qh, 2 * h);
+                    u[p][2 * h] =
+                        _mm512_or_si512(u[p][2 * h], _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
+                    u[p][2 * h + 1] =
+                        _mm512_or_si512(u[p][2 * h + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
+                }
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+            const size_t r = (size_t)(a->i0 + i);
+            const int8_t *xq = x->q + r * x->k + (size_t)QB * (a->b0 + 8 * sb);
+            const float *dx = x->dx + r * x->nbp + a->b0 + 8 * sb,
+                        *sxd = x->sxd + r * x->nbp + a->b0 + 8 * sb;
+            float *ap = a->acc + (size_t)i * NRQ * 16, *mq = a->macc + (size_t)i * NRQ * 8;
+            const __m512 dxv = dup_ps(_mm256_loadu_ps(dx)), sxv = dup_ps(_mm256_loadu_ps(sxd));
+            __m512 acc[NRQ / 2], sd[NRQ / 2];
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) {
+                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                const __m512 mv = first ? _mm512_setzero_ps() : _mm512_loadu_ps(mq + 16 * p);
+                _mm512_storeu_ps(mq + 16 * p, _mm512_fmadd_ps(mp[p], sxv, mv));
+                sd[p] = _mm512_mul_ps(sp[p], dxv);
+            }
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                                     b, b, b, b, b, b, b, b);
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++) {
+                    const __m512 l =
+                        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][b], xv));
+                    acc[p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[p]), acc[p]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+        }
+    }
+}
+
 /* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q45k_dot_body512's scheme for Q6_K's codes (the low
  * bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the lanes' sums of
  * x (n4·32 starts each dot product) and a scale per 16 elements (lanes 0-3 and 4-7 of a block): the integer
@@ -1022,8 +1100,20 @@ static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
  * 512-bit product, Q4_K's m = 128 product beats the tile's (kernels/cpu/NOTES.md, 2026-12-07); Q6_K's kernel
  * holds its x rows' 8 vectors each in registers and runs out of them past 2 rows (reordered to hold fewer, it
  * was slower at every m), so its tile stays. */
+__attribute__((target(T_VNNI512))) static void many8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                              int sh)
+{
+    (void)m_, (void)sh;
+    q45k_many512(a, mr, 0);
+}
+__attribute__((target(T_VNNI512))) static void many8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                              int sh)
+{
+    (void)m_, (void)sh;
+    q45k_many512(a, mr, 1);
+}
 static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {
-    [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k};
+    [DTYPE_Q4_K] = many8_512_q4_k, [DTYPE_Q5_K] = many8_512_q5_k};
 
 /* ---- the instruction sets --------------------------------------------------------------------------------
  */
