@@ -1054,6 +1054,82 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
         }
 }
 
+/* int8 arithmetic, Q6_K, any number of x rows per call: q6k_dot_body512's codes, scales and f32 steps with
+ * the loops turned round as in q45k_many512 (a super-block's codes of the 4 weight rows decoded once into 16
+ * registers, then every x row over them; acc packed, through memory once per super-block), so the results
+ * are bitwise q6k_dot_body512's and the tile's. */
+static inline AI_512 void q6k_many512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const int first = a->first && sb == 0;
+        const struct block_q6_k *bl[NRQ];
+        __m512 s16[NRQ]; /* the 16 scales of each row, times d */
+        for (int j = 0; j < NRQ; j++) {
+            bl[j] = (const struct block_q6_k *)a->row[j] + a->b0 / 8 + sb;
+            s16[j] = _mm512_mul_ps(
+                _mm512_set1_ps(_cvtsh_ss(bl[j]->d)),
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[j]->scales))));
+        }
+        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (bytes 0-31) and 2p + 1 */
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            const struct block_q6_k *b0 = bl[2 * p], *b1 = bl[2 * p + 1];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+#define PAIR256(f, o)                                                                                        \
+    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0->f + (o)))),           \
+                       _mm256_loadu_si256((const __m256i *)(b1->f + (o))), 1)
+                const __m512i l0 = PAIR256(ql, 64 * h), l1 = PAIR256(ql, 64 * h + 32),
+                              qh = PAIR256(qh, 32 * h);
+#undef PAIR256
+                u[p][4 * h] = _mm512_or_si512(_mm512_and_si512(l0, m0f),
+                                              _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+                u[p][4 * h + 1] = _mm512_or_si512(_mm512_and_si512(l1, m0f),
+                                                  _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+                u[p][4 * h + 2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f),
+                                                  _mm512_and_si512(qh, m30));
+                u[p][4 * h + 3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
+                                                  _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+            const size_t r = (size_t)(a->i0 + i);
+            const int b0 = a->b0 + 8 * sb;
+            const int8_t *xq = x->q + r * x->k + (size_t)QB * b0;
+            const int32_t *n4 = x->n4 + (r * x->nb + b0) * 8;
+            float *ap = a->acc + (size_t)i * NRQ * 16;
+            /* s·dx for the 16 scales of each row (scale t: block t/2's dx) */
+            const __m512 dxd =
+                _mm512_permutexvar_ps(dup2, _mm512_castps256_ps512(_mm256_loadu_ps(x->dx + r * x->nbp + b0)));
+            __m512 sdx[NRQ], acc[NRQ / 2];
+            for (int j = 0; j < NRQ; j++) sdx[j] = _mm512_mul_ps(s16[j], dxd);
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++)
+                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                const int t = 2 * b; /* the block's first scale */
+                const __m512i sel = _mm512_setr_epi32(t, t, t, t, t + 1, t + 1, t + 1, t + 1, 16 + t, 16 + t,
+                                                      16 + t, 16 + t, 17 + t, 17 + t, 17 + t, 17 + t);
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
+                const __m512i cv = _mm512_slli_epi32(
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4 + 8 * b))), 5);
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++) {
+                    const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, u[p][b], xv));
+                    const __m512 sd = _mm512_permutex2var_ps(sdx[2 * p], sel, sdx[2 * p + 1]);
+                    acc[p] = _mm512_fmadd_ps(l, sd, acc[p]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+        }
+    }
+}
+
 /* q45k_dot_body512 instantiated for 1 to 4 rows of x. */
 static inline AI_512 void q45k_dot_mr512(const struct q8_dot *a, int mr, const int five)
 {
@@ -1096,10 +1172,9 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot
 }
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
-/* Past Q8_DIRECT_M rows too, 4 x rows per call: with the nibbles decoded in registers and two weight rows per
- * 512-bit product, Q4_K's m = 128 product beats the tile's (kernels/cpu/NOTES.md, 2026-12-07); Q6_K's kernel
- * holds its x rows' 8 vectors each in registers and runs out of them past 2 rows (reordered to hold fewer, it
- * was slower at every m), so its tile stays. */
+/* Past Q8_DIRECT_M rows, all of a task's x rows per call over each super-block's codes decoded once into
+ * registers: faster than the tile and than 4 x rows per call for Q4_K, Q5_K and Q6_K at m = 3 to 128
+ * (kernels/cpu/NOTES.md, 2026-12-07). */
 __attribute__((target(T_VNNI512))) static void many8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                               int sh)
 {
@@ -1112,8 +1187,14 @@ __attribute__((target(T_VNNI512))) static void many8_512_q5_k(const struct q8_do
     (void)m_, (void)sh;
     q45k_many512(a, mr, 1);
 }
+__attribute__((target(T_VNNI512))) static void many8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                              int sh)
+{
+    (void)m_, (void)sh;
+    q6k_many512(a, mr);
+}
 static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {
-    [DTYPE_Q4_K] = many8_512_q4_k, [DTYPE_Q5_K] = many8_512_q5_k};
+    [DTYPE_Q4_K] = many8_512_q4_k, [DTYPE_Q5_K] = many8_512_q5_k, [DTYPE_Q6_K] = many8_512_q6_k};
 
 /* ---- the instruction sets --------------------------------------------------------------------------------
  */
