@@ -29,8 +29,8 @@
  *    from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI Q4_K's
  *    and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32 steps per lane,
  *    so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past 2 rows too,
- *    Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x rows, up
- *    to MBQ per call; prefill's and batches' products: NOTES.md, 2026-12-07).
+ *    Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
+ *    rows, up to MBQ per call; prefill's and batches' products: NOTES.md, 2026-12-07).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).

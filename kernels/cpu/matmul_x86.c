@@ -1130,6 +1130,74 @@ static inline AI_512 void q6k_many512(const struct q8_dot *a, const int mr)
     }
 }
 
+/* int8 arithmetic, Q8_0, any number of x rows per call: the tile's codes (q ^ 0x80, the offset 128 through
+ * n4·128 starting each dot product) and f32 steps (per block fma(lanes, s·dx, acc), s·dx the same product) in
+ * q45k_many512's loop order over groups of up to 8 blocks: the 4 weight rows' codes in 16 registers (a row
+ * pair per register), their scales converted once, then every x row of the call over them; acc packed. So the
+ * results are bitwise the tile's. */
+static inline AI_512 void q8_0_many512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    const size_t bsz = sizeof(struct block_q8_0);
+    for (int g = 0; g < a->nb; g += 8) {
+        const int ng = a->nb - g < 8 ? a->nb - g : 8, first = a->first && g == 0;
+        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (bytes 0-31) and 2p + 1 */
+        __m512 sp[NRQ / 2];    /* [p]: the 8 blocks' scales of row 2p (lanes 0-7) and 2p + 1 */
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            const uint8_t *w0 = a->row[2 * p] + (size_t)(a->b0 + g) * bsz,
+                          *w1 = a->row[2 * p + 1] + (size_t)(a->b0 + g) * bsz;
+            uint16_t h[16] = {0};
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                if (b >= ng) {
+                    u[p][b] = _mm512_setzero_si512();
+                    continue;
+                }
+                memcpy(&h[b], w0 + bsz * b, 2);
+                memcpy(&h[8 + b], w1 + bsz * b, 2);
+                u[p][b] = _mm512_xor_si512(
+                    _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + bsz * b + 2))),
+                        _mm256_loadu_si256((const __m256i *)(w1 + bsz * b + 2)), 1),
+                    x80);
+            }
+            sp[p] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        }
+        for (int i = 0; i < mr; i++) {
+            const size_t r = (size_t)(a->i0 + i);
+            const int bg = a->b0 + g;
+            const int8_t *xq = x->q + r * x->k + (size_t)QB * bg;
+            const int32_t *n4 = x->n4 + (r * x->nb + bg) * 8;
+            float *ap = a->acc + (size_t)i * NRQ * 16;
+            const __m512 dxv = dup_ps(_mm256_loadu_ps(x->dx + r * x->nbp + bg)); /* zero past nb */
+            __m512 acc[NRQ / 2], sd[NRQ / 2];
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) {
+                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                sd[p] = _mm512_mul_ps(sp[p], dxv);
+            }
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                if (b >= ng) break;
+                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                                     b, b, b, b, b, b, b, b);
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
+                const __m512i cv = _mm512_slli_epi32(
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4 + 8 * b))), 7);
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++) {
+                    const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, u[p][b], xv));
+                    acc[p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[p]), acc[p]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+        }
+    }
+}
+
 /* q45k_dot_body512 instantiated for 1 to 4 rows of x. */
 static inline AI_512 void q45k_dot_mr512(const struct q8_dot *a, int mr, const int five)
 {
@@ -1173,7 +1241,7 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
 /* Past Q8_DIRECT_M rows, all of a task's x rows per call over each super-block's codes decoded once into
- * registers: faster than the tile and than 4 x rows per call for Q4_K, Q5_K and Q6_K at m = 3 to 128
+ * registers: faster than the tile and than 4 x rows per call for Q8_0, Q4_K, Q5_K and Q6_K at m = 3 to 128
  * (kernels/cpu/NOTES.md, 2026-12-07). */
 __attribute__((target(T_VNNI512))) static void many8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                               int sh)
@@ -1193,8 +1261,16 @@ __attribute__((target(T_VNNI512))) static void many8_512_q6_k(const struct q8_do
     (void)m_, (void)sh;
     q6k_many512(a, mr);
 }
-static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {
-    [DTYPE_Q4_K] = many8_512_q4_k, [DTYPE_Q5_K] = many8_512_q5_k, [DTYPE_Q6_K] = many8_512_q6_k};
+__attribute__((target(T_VNNI512))) static void many8_512_q8_0(const struct q8_dot *a, int mr, enum q8_mode m_,
+                                                              int sh)
+{
+    (void)m_, (void)sh;
+    q8_0_many512(a, mr);
+}
+static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {[DTYPE_Q8_0] = many8_512_q8_0,
+                                                    [DTYPE_Q4_K] = many8_512_q4_k,
+                                                    [DTYPE_Q5_K] = many8_512_q5_k,
+                                                    [DTYPE_Q6_K] = many8_512_q6_k};
 
 /* ---- the instruction sets --------------------------------------------------------------------------------
  */
