@@ -1226,47 +1226,25 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot
     else
         q6k_dot_body512(a, 2);
 }
-__attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    q45k_dot_mr512(a, mr, 0);
-}
-__attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    q45k_dot_mr512(a, mr, 1);
-}
+/* A dot kernel (q8_dot_fn) that calls body with the call's arguments. */
+#define DOT512(name, body)                                                                                   \
+    __attribute__((target(T_VNNI512))) static void name(const struct q8_dot *a, int mr, enum q8_mode m_,     \
+                                                        int sh)                                              \
+    {                                                                                                        \
+        (void)m_, (void)sh;                                                                                  \
+        body;                                                                                                \
+    }
+DOT512(dir8_512_q4_k, q45k_dot_mr512(a, mr, 0))
+DOT512(dir8_512_q5_k, q45k_dot_mr512(a, mr, 1))
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
 /* Past Q8_DIRECT_M rows, all of a task's x rows per call over each super-block's codes decoded once into
  * registers: faster than the tile and than 4 x rows per call for Q8_0, Q4_K, Q5_K and Q6_K at m = 3 to 128
  * (kernels/cpu/NOTES.md, 2026-12-07). */
-__attribute__((target(T_VNNI512))) static void many8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                              int sh)
-{
-    (void)m_, (void)sh;
-    q45k_many512(a, mr, 0);
-}
-__attribute__((target(T_VNNI512))) static void many8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                              int sh)
-{
-    (void)m_, (void)sh;
-    q45k_many512(a, mr, 1);
-}
-__attribute__((target(T_VNNI512))) static void many8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                              int sh)
-{
-    (void)m_, (void)sh;
-    q6k_many512(a, mr);
-}
-__attribute__((target(T_VNNI512))) static void many8_512_q8_0(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                              int sh)
-{
-    (void)m_, (void)sh;
-    q8_0_many512(a, mr);
-}
+DOT512(many8_512_q4_k, q45k_many512(a, mr, 0))
+DOT512(many8_512_q5_k, q45k_many512(a, mr, 1))
+DOT512(many8_512_q6_k, q6k_many512(a, mr))
+DOT512(many8_512_q8_0, q8_0_many512(a, mr))
 static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {[DTYPE_Q8_0] = many8_512_q8_0,
                                                     [DTYPE_Q4_K] = many8_512_q4_k,
                                                     [DTYPE_Q5_K] = many8_512_q5_k,
