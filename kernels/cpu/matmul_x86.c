@@ -801,6 +801,31 @@ static inline AI_512 void q45k_scales2(const uint8_t *pa, const uint8_t *pb, __m
         _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mif)), _mm512_set1_epi32((int)0x80000000u)));
 }
 
+/* 32 bytes at p0 and at p1 in one register (lanes 0-7's bytes from p0). */
+static inline AI_512 __m512i pair_si(const uint8_t *p0, const uint8_t *p1)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* The codes of blocks 2h (low nibbles) and 2h + 1 of the Q4_K/Q5_K super-blocks at w0 and w1 (a row pair),
+ * with Q5_K's fifth bits from qh (pair_si of their qh): bits 2h and 2h + 1 of each qh byte to bit 4, as
+ * dec_q45k_avx2 builds the code. */
+static inline AI_512 void q45k_codes2(const uint8_t *w0, const uint8_t *w1, int h, __m512i qh, int five,
+                                      __m512i *lo, __m512i *hi)
+{
+    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const __m512i q = pair_si(w0 + qs_off + 32 * h, w1 + qs_off + 32 * h);
+    *lo = _mm512_and_si512(q, m0f);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
+    if (five) { /* b10 keeps each byte's own bit */
+        const __m512i hb = _mm512_srli_epi16(qh, 2 * h);
+        *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
+        *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
+    }
+}
+
 /* five: Q5_K, whose fifth bits (qh) are put on the nibbles as dec_q45k_avx2 does (bit i of qh[l] to bit 4
  * of block i's element l), so the codes and every sum that follows are the tile's. */
 static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr, const int five)
@@ -822,17 +847,14 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
                 a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(mp), _mm256_loadu_ps(mp + 8));
         }
     }
-    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
     const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
-    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
     const size_t qh_off = offsetof(struct block_q5_k, qh);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
         __m512i qh[NRQ / 2]; /* Q5_K: qh of rows 2p (bytes 0-31) and 2p + 1 */
-        for (int p = 0; p < NRQ / 2 && five; p++)
-            qh[p] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a->row[2 * p] + off + qh_off))),
-                _mm256_loadu_si256((const __m256i *)(a->row[2 * p + 1] + off + qh_off)), 1);
+        for (int p = 0; p < NRQ / 2; p++)
+            qh[p] = five ? pair_si(a->row[2 * p] + off + qh_off, a->row[2 * p + 1] + off + qh_off)
+                         : _mm512_setzero_si512();
         __m512 sd[MRQ][NRQ / 2]; /* s·dx of the super-block's 8 blocks, rows 2p and 2p + 1 */
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
@@ -847,19 +869,8 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
         for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
             __m512i u[NRQ / 2][2];
 #pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++) {
-                const uint8_t *w0 = a->row[2 * p] + off + qs_off, *w1 = a->row[2 * p + 1] + off + qs_off;
-                const __m512i q = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 32 * h))),
-                    _mm256_loadu_si256((const __m256i *)(w1 + 32 * h)), 1);
-                u[p][0] = _mm512_and_si512(q, m0f);
-                u[p][1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
-                if (five) { /* bits 2h and 2h + 1 of each qh byte to bit 4 (b10 keeps each byte's own bit) */
-                    const __m512i hb = _mm512_srli_epi16(qh[p], 2 * h);
-                    u[p][0] = _mm512_or_si512(u[p][0], _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
-                    u[p][1] = _mm512_or_si512(u[p][1], _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
-                }
-            }
+            for (int p = 0; p < NRQ / 2; p++)
+                q45k_codes2(a->row[2 * p] + off, a->row[2 * p + 1] + off, h, qh[p], five, &u[p][0], &u[p][1]);
 #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
                 const int b = 2 * h + e;
@@ -899,9 +910,7 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
 static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, const int five)
 {
     const struct q8x *x = a->x;
-    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
     const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
-    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
     const size_t qh_off = offsetof(struct block_q5_k, qh);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
@@ -912,26 +921,9 @@ static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, con
         for (int p = 0; p < NRQ / 2; p++) {
             const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
             q45k_scales2(w0, w1, &sp[p], &mp[p]);
-            __m512i qh = _mm512_setzero_si512();
-            if (five)
-                qh = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qh_off))),
-                    _mm256_loadu_si256((const __m256i *)(w1 + qh_off)), 1);
+            const __m512i qh = five ? pair_si(w0 + qh_off, w1 + qh_off) : _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int h = 0; h < 4; h++) {
-                const __m512i q = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qs_off + 32 * h))),
-                    _mm256_loadu_si256((const __m256i *)(w1 + qs_off + 32 * h)), 1);
-                u[p][2 * h] = _mm512_and_si512(q, m0f);
-                u[p][2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
-                if (five) {
-                    const __m512i hb = _mm512_srli_epi16(qh, 2 * h);
-                    u[p][2 * h] =
-                        _mm512_or_si512(u[p][2 * h], _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
-                    u[p][2 * h + 1] =
-                        _mm512_or_si512(u[p][2 * h + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
-                }
-            }
+            for (int h = 0; h < 4; h++) q45k_codes2(w0, w1, h, qh, five, &u[p][2 * h], &u[p][2 * h + 1]);
         }
         for (int i = 0; i < mr; i++) {
             const size_t r = (size_t)(a->i0 + i);
@@ -966,6 +958,22 @@ static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, con
     }
 }
 
+/* The codes of the 4 blocks of elements 128h .. 128h + 127 of the Q6_K super-blocks b0 and b1 (a row pair):
+ * the low 4 bits from ql and the high 2 from qh put together as dec_q6k_avx2 does. */
+static inline AI_512 void q6k_codes2(const struct block_q6_k *b0, const struct block_q6_k *b1, int h,
+                                     __m512i *u)
+{
+    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i l0 = pair_si(b0->ql + 64 * h, b1->ql + 64 * h),
+                  l1 = pair_si(b0->ql + 64 * h + 32, b1->ql + 64 * h + 32),
+                  qh = pair_si(b0->qh + 32 * h, b1->qh + 32 * h);
+    u[0] = _mm512_or_si512(_mm512_and_si512(l0, m0f), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+    u[1] = _mm512_or_si512(_mm512_and_si512(l1, m0f), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+    u[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f), _mm512_and_si512(qh, m30));
+    u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
+                           _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+}
+
 /* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q45k_dot_body512's scheme for Q6_K's codes (the low
  * bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the lanes' sums of
  * x (n4·32 starts each dot product) and a scale per 16 elements (lanes 0-3 and 4-7 of a block): the integer
@@ -989,7 +997,6 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
                 a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
         }
     }
-    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const struct block_q6_k *bl[NRQ];
@@ -1016,21 +1023,8 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
                 }
 #pragma GCC unroll 2
             for (int p = 0; p < NRQ / 2; p++) {
-                const struct block_q6_k *b0 = bl[2 * p], *b1 = bl[2 * p + 1];
-#define PAIR256(f, o)                                                                                        \
-    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0->f + (o)))),           \
-                       _mm256_loadu_si256((const __m256i *)(b1->f + (o))), 1)
-                const __m512i l0 = PAIR256(ql, 64 * h), l1 = PAIR256(ql, 64 * h + 32),
-                              qh = PAIR256(qh, 32 * h);
-#undef PAIR256
-                const __m512i u[4] = {_mm512_or_si512(_mm512_and_si512(l0, m0f),
-                                                      _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
-                                      _mm512_or_si512(_mm512_and_si512(l1, m0f),
-                                                      _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
-                                      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f),
-                                                      _mm512_and_si512(qh, m30)),
-                                      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
-                                                      _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30))};
+                __m512i u[4];
+                q6k_codes2(bl[2 * p], bl[2 * p + 1], h, u);
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++) {
                     const int t = 2 * (4 * h + g); /* the block's first scale */
@@ -1061,7 +1055,6 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
 static inline AI_512 void q6k_many512(const struct q8_dot *a, const int mr)
 {
     const struct q8x *x = a->x;
-    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const int first = a->first && sb == 0;
@@ -1076,24 +1069,8 @@ static inline AI_512 void q6k_many512(const struct q8_dot *a, const int mr)
         __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (bytes 0-31) and 2p + 1 */
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
-            const struct block_q6_k *b0 = bl[2 * p], *b1 = bl[2 * p + 1];
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-#define PAIR256(f, o)                                                                                        \
-    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0->f + (o)))),           \
-                       _mm256_loadu_si256((const __m256i *)(b1->f + (o))), 1)
-                const __m512i l0 = PAIR256(ql, 64 * h), l1 = PAIR256(ql, 64 * h + 32),
-                              qh = PAIR256(qh, 32 * h);
-#undef PAIR256
-                u[p][4 * h] = _mm512_or_si512(_mm512_and_si512(l0, m0f),
-                                              _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
-                u[p][4 * h + 1] = _mm512_or_si512(_mm512_and_si512(l1, m0f),
-                                                  _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
-                u[p][4 * h + 2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f),
-                                                  _mm512_and_si512(qh, m30));
-                u[p][4 * h + 3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
-                                                  _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
-            }
+            for (int h = 0; h < 2; h++) q6k_codes2(bl[2 * p], bl[2 * p + 1], h, &u[p][4 * h]);
         }
         for (int i = 0; i < mr; i++) {
             const size_t r = (size_t)(a->i0 + i);
