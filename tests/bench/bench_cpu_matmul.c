@@ -7,8 +7,9 @@
  * time over the first m's call (m = 1: 16 single-token steps cost 16); last, the median call's GB/s (the
  * best call flatters a product that sometimes finds the memory idle). Each call reads a different copy of
  * the weight from a rotation of at least 512 MiB, so no call finds its weight in cache. The last column, cpu
- * ms, is the least process CPU time of a call (all threads' together, spinning included): on a machine shared
- * with other work it leaves out the time this process was descheduled, which the wall times do not.
+ * ms, is the least process CPU time of a call: on a machine shared with other work it leaves out the time
+ * this process was descheduled, which the wall times do not. Use it with -t 1 (Linux adds the pool threads'
+ * running time to the process clock only when they stop or at a tick, so it undercounts them).
  * --hot uses one copy (weights from cache: the kernel's compute rate; with -t 1 and a small n, the run to
  * give valgrind --tool=callgrind for instruction counts per weight byte).
  *
