@@ -28,8 +28,9 @@
  *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's, Q5_K's and Q6_K's codes are read in place
  *    from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI Q4_K's
  *    and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32 steps per lane,
- *    so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI Q4_K's and
- *    Q5_K's at every m (4 rows of x per call; prefill's products: NOTES.md, 2026-12-07).
+ *    so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past 2 rows too,
+ *    Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
+ *    rows, up to MBQ per call; prefill's and batches' products: NOTES.md, 2026-12-07).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
@@ -823,6 +824,8 @@ struct mm_ctx {
     q8_dot_fn direct; /* reads codes in place (no tile), or NULL */
     q8_rows_fn rows;  /* whole rows (Q8_0, int8, m = 1 on AVX2 hosts), or NULL */
     int mrq;
+    int acc_lda; /* int8: floats from one weight row's 8 lanes to the next in the dot calls' acc (16; 8
+                    packed) */
     /* plain types on AMX tiles (kern_cpu_matmul_set_plain): x packed as bf16 tiles, or NULL */
     const uint16_t *xp;
 };
@@ -877,6 +880,21 @@ static void plain_task(const struct mm_ctx *c, int j_lo, int j_hi)
             }
         }
     }
+}
+
+/* y[j] = hsum8(a + j·lda) (+ hsum8(mv + 8j) when mv) for j < nr: the tasks' last step, four outputs at a
+ * time where SSE is (each lane's adds in hsum8's order, so the values are hsum8's bit for bit). */
+static void q8_reduce(const float *a, int lda, const float *mv, int nr, float *y)
+{
+#ifdef MM_X86
+    if (nr == 4) {
+        __m128 s = hsum8x4(a, a + lda, a + 2 * lda, a + 3 * lda);
+        if (mv) s = _mm_add_ps(s, hsum8x4(mv, mv + 8, mv + 16, mv + 24));
+        _mm_storeu_ps(y, s);
+        return;
+    }
+#endif
+    for (int j = 0; j < nr; j++) y[j] = mv ? hsum8(a + j * lda) + hsum8(mv + 8 * j) : hsum8(a + j * lda);
 }
 
 static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
@@ -934,20 +952,16 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                     }
                 }
             }
-            for (int i = 0; i < mb; i++)
-                for (int j = 0; j < nr; j++) {
-                    const float *av = accb + ((size_t)i * NRQ + j) * 16,
-                                *mv = maccb + ((size_t)i * NRQ + j) * 8;
-                    float v;
-                    if (c->int8) {
-                        v = affine ? hsum8(av) + hsum8(mv) : hsum8(av);
-                    } else { /* the two sets of 8 lanes, then the per-block terms */
-                        float s8[8];
-                        for (int l = 0; l < 8; l++) s8[l] = av[l] + av[8 + l];
-                        v = f32_uses_macc(c->qk->mode, c->qk->sh) ? hsum8(s8) + hsum8(mv) : hsum8(s8);
-                    }
-                    c->y[(size_t)(i0m + i) * c->n + j0 + j] = v;
-                }
+            const int with_m = c->int8 ? affine : f32_uses_macc(c->qk->mode, c->qk->sh);
+            for (int i = 0; i < mb; i++) {
+                const float *av = accb + (size_t)i * NRQ * 16, *mv = maccb + (size_t)i * NRQ * 8;
+                float s8[NRQ][8]; /* f32 arithmetic: the two sets of 8 lanes added first */
+                if (!c->int8)
+                    for (int j = 0; j < nr; j++)
+                        for (int l = 0; l < 8; l++) s8[j][l] = av[16 * j + l] + av[16 * j + 8 + l];
+                q8_reduce(c->int8 ? av : s8[0], c->int8 ? c->acc_lda : 8, with_m ? mv : NULL, nr,
+                          c->y + (size_t)(i0m + i) * c->n + j0);
+            }
         }
     }
 }
@@ -1005,6 +1019,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
                          .k = k,
                          .row_bytes = dtype_row_size(wt, k),
                          .n_tasks = tpool_size(tp),
+                         .acc_lda = 16,
                          .xp = amx_type(wt) ? xp : NULL};
     const int quant = is_quantized(wt), act = kern_cpu_matmul_act();
     if (quant) {
@@ -1016,7 +1031,11 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
         if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
-        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any) c->direct = isa->direct8_any[wt];
+        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any && isa->direct8_any[wt]) {
+            c->direct = isa->direct8_any[wt];
+            c->mrq = MBQ;
+            c->acc_lda = 8;
+        }
         /* (one row only: at m = 2 ferry bench decoded ~10% slower end to end than through the tile) */
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the

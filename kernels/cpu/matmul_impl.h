@@ -9,6 +9,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/matmul.h"
 #include "quant/dtype.h"
@@ -30,6 +33,21 @@ static inline float hsum8(const float *s)
 {
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
+
+#if defined(__x86_64__)
+/* hsum8 of four sets of 8 lanes at once (SSE, every x86-64): lane l + lane l + 4 in each set, a 4x4
+ * transpose, then ((l0 + l2) + (l1 + l3)): hsum8's adds in its order, so each result is hsum8's bit for bit.
+ */
+static inline __m128 hsum8x4(const float *s0, const float *s1, const float *s2, const float *s3)
+{
+    __m128 t0 = _mm_add_ps(_mm_loadu_ps(s0), _mm_loadu_ps(s0 + 4));
+    __m128 t1 = _mm_add_ps(_mm_loadu_ps(s1), _mm_loadu_ps(s1 + 4));
+    __m128 t2 = _mm_add_ps(_mm_loadu_ps(s2), _mm_loadu_ps(s2 + 4));
+    __m128 t3 = _mm_add_ps(_mm_loadu_ps(s3), _mm_loadu_ps(s3 + 4));
+    _MM_TRANSPOSE4_PS(t0, t1, t2, t3);
+    return _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+}
+#endif
 
 #define QB          32   /* elements per x block (and per weight scale, except Q6_K's 16) */
 #define KCQ         1024 /* columns per decoded chunk: a multiple of 256 (whole K-quant super-blocks) */
@@ -133,8 +151,9 @@ struct q8_isa {
     const q8_dot_fn *direct;  /* f32 arithmetic, m <= the f32 rows per call: kernels reading codes in place */
     const q8_dot_fn *direct8; /* int8 arithmetic, m <= Q8_DIRECT_M: the same, where a type has one */
     q8_rows_fn rows8_q8_0;    /* int8 arithmetic, Q8_0, m = 1: whole rows (NULL: the tile) */
-    const q8_dot_fn *direct8_any; /* int8 arithmetic, any m: direct kernels that beat the tile past
-                                   * Q8_DIRECT_M rows too (x rows in groups of mr[int8]) */
+    const q8_dot_fn *direct8_any; /* int8 arithmetic, past Q8_DIRECT_M rows: direct kernels that beat the
+                                   * tile there, taking up to MBQ x rows per call and leaving acc packed
+                                   * (weight row j's 8 lanes at acc + i·NRQ·16 + 8j) */
 };
 
 /* matmul_lut.c's portable decoders of the table and grid types (its first comment lists their modes). */

@@ -801,6 +801,31 @@ static inline AI_512 void q45k_scales2(const uint8_t *pa, const uint8_t *pb, __m
         _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mif)), _mm512_set1_epi32((int)0x80000000u)));
 }
 
+/* 32 bytes at p0 and at p1 in one register (lanes 0-7's bytes from p0). */
+static inline AI_512 __m512i pair_si(const uint8_t *p0, const uint8_t *p1)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* The codes of blocks 2h (low nibbles) and 2h + 1 of the Q4_K/Q5_K super-blocks at w0 and w1 (a row pair),
+ * with Q5_K's fifth bits from qh (pair_si of their qh): bits 2h and 2h + 1 of each qh byte to bit 4, as
+ * dec_q45k_avx2 builds the code. */
+static inline AI_512 void q45k_codes2(const uint8_t *w0, const uint8_t *w1, int h, __m512i qh, int five,
+                                      __m512i *lo, __m512i *hi)
+{
+    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
+    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    const __m512i q = pair_si(w0 + qs_off + 32 * h, w1 + qs_off + 32 * h);
+    *lo = _mm512_and_si512(q, m0f);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
+    if (five) { /* b10 keeps each byte's own bit */
+        const __m512i hb = _mm512_srli_epi16(qh, 2 * h);
+        *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
+        *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
+    }
+}
+
 /* five: Q5_K, whose fifth bits (qh) are put on the nibbles as dec_q45k_avx2 does (bit i of qh[l] to bit 4
  * of block i's element l), so the codes and every sum that follows are the tile's. */
 static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr, const int five)
@@ -822,17 +847,14 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
                 a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(mp), _mm256_loadu_ps(mp + 8));
         }
     }
-    const __m512i m0f = _mm512_set1_epi8(15), b10 = _mm512_set1_epi8(16);
     const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
-    const size_t qs_off = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
     const size_t qh_off = offsetof(struct block_q5_k, qh);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
         __m512i qh[NRQ / 2]; /* Q5_K: qh of rows 2p (bytes 0-31) and 2p + 1 */
-        for (int p = 0; p < NRQ / 2 && five; p++)
-            qh[p] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a->row[2 * p] + off + qh_off))),
-                _mm256_loadu_si256((const __m256i *)(a->row[2 * p + 1] + off + qh_off)), 1);
+        for (int p = 0; p < NRQ / 2; p++)
+            qh[p] = five ? pair_si(a->row[2 * p] + off + qh_off, a->row[2 * p + 1] + off + qh_off)
+                         : _mm512_setzero_si512();
         __m512 sd[MRQ][NRQ / 2]; /* s·dx of the super-block's 8 blocks, rows 2p and 2p + 1 */
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
@@ -847,19 +869,8 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
         for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
             __m512i u[NRQ / 2][2];
 #pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++) {
-                const uint8_t *w0 = a->row[2 * p] + off + qs_off, *w1 = a->row[2 * p + 1] + off + qs_off;
-                const __m512i q = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 32 * h))),
-                    _mm256_loadu_si256((const __m256i *)(w1 + 32 * h)), 1);
-                u[p][0] = _mm512_and_si512(q, m0f);
-                u[p][1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m0f);
-                if (five) { /* bits 2h and 2h + 1 of each qh byte to bit 4 (b10 keeps each byte's own bit) */
-                    const __m512i hb = _mm512_srli_epi16(qh[p], 2 * h);
-                    u[p][0] = _mm512_or_si512(u[p][0], _mm512_and_si512(_mm512_slli_epi16(hb, 4), b10));
-                    u[p][1] = _mm512_or_si512(u[p][1], _mm512_and_si512(_mm512_slli_epi16(hb, 3), b10));
-                }
-            }
+            for (int p = 0; p < NRQ / 2; p++)
+                q45k_codes2(a->row[2 * p] + off, a->row[2 * p + 1] + off, h, qh[p], five, &u[p][0], &u[p][1]);
 #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
                 const int b = 2 * h + e;
@@ -888,6 +899,81 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
         }
 }
 
+/* int8 arithmetic, Q4_K and Q5_K, any number of x rows per call (prefill and batches): q45k_dot_body512's
+ * codes, scales and f32 steps, with the loops turned round. Per super-block the 4 weight rows' codes are
+ * decoded into 16 registers and their scales unpacked once, then every x row of the call runs over them;
+ * its accumulators go through memory once per super-block (a load and a store, where the mr-row form kept
+ * them in registers and unpacked the same codes and scales again for every 4 rows of x). acc is packed:
+ * row j's 8 lanes at acc + i·NRQ·16 + 8j (a pair of weight rows per 512-bit store); macc as everywhere.
+ * Each (x row, weight row) takes the same f32 operations in the same order, so the results are bitwise
+ * q45k_dot_body512's and the tile's. */
+static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, const int five)
+{
+    const struct q8x *x = a->x;
+    const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const size_t qh_off = offsetof(struct block_q5_k, qh);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
+        const int first = a->first && sb == 0;
+        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (lanes 0-7's bytes) and 2p + 1 */
+        __m512 sp[NRQ / 2], mp[NRQ / 2];
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
+            q45k_scales2(w0, w1, &sp[p], &mp[p]);
+            const __m512i qh = five ? pair_si(w0 + qh_off, w1 + qh_off) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) q45k_codes2(w0, w1, h, qh, five, &u[p][2 * h], &u[p][2 * h + 1]);
+        }
+        for (int i = 0; i < mr; i++) {
+            const size_t r = (size_t)(a->i0 + i);
+            const int8_t *xq = x->q + r * x->k + (size_t)QB * (a->b0 + 8 * sb);
+            const float *dx = x->dx + r * x->nbp + a->b0 + 8 * sb,
+                        *sxd = x->sxd + r * x->nbp + a->b0 + 8 * sb;
+            float *ap = a->acc + (size_t)i * NRQ * 16, *mq = a->macc + (size_t)i * NRQ * 8;
+            const __m512 dxv = dup_ps(_mm256_loadu_ps(dx)), sxv = dup_ps(_mm256_loadu_ps(sxd));
+            __m512 acc[NRQ / 2], sd[NRQ / 2];
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) {
+                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                const __m512 mv = first ? _mm512_setzero_ps() : _mm512_loadu_ps(mq + 16 * p);
+                _mm512_storeu_ps(mq + 16 * p, _mm512_fmadd_ps(mp[p], sxv, mv));
+                sd[p] = _mm512_mul_ps(sp[p], dxv);
+            }
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                                     b, b, b, b, b, b, b, b);
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++) {
+                    const __m512 l =
+                        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][b], xv));
+                    acc[p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[p]), acc[p]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+        }
+    }
+}
+
+/* The codes of the 4 blocks of elements 128h .. 128h + 127 of the Q6_K super-blocks b0 and b1 (a row pair):
+ * the low 4 bits from ql and the high 2 from qh put together as dec_q6k_avx2 does. */
+static inline AI_512 void q6k_codes2(const struct block_q6_k *b0, const struct block_q6_k *b1, int h,
+                                     __m512i *u)
+{
+    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i l0 = pair_si(b0->ql + 64 * h, b1->ql + 64 * h),
+                  l1 = pair_si(b0->ql + 64 * h + 32, b1->ql + 64 * h + 32),
+                  qh = pair_si(b0->qh + 32 * h, b1->qh + 32 * h);
+    u[0] = _mm512_or_si512(_mm512_and_si512(l0, m0f), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+    u[1] = _mm512_or_si512(_mm512_and_si512(l1, m0f), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+    u[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f), _mm512_and_si512(qh, m30));
+    u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
+                           _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+}
+
 /* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q45k_dot_body512's scheme for Q6_K's codes (the low
  * bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the lanes' sums of
  * x (n4·32 starts each dot product) and a scale per 16 elements (lanes 0-3 and 4-7 of a block): the integer
@@ -911,7 +997,6 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
                 a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
         }
     }
-    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const struct block_q6_k *bl[NRQ];
@@ -938,21 +1023,8 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
                 }
 #pragma GCC unroll 2
             for (int p = 0; p < NRQ / 2; p++) {
-                const struct block_q6_k *b0 = bl[2 * p], *b1 = bl[2 * p + 1];
-#define PAIR256(f, o)                                                                                        \
-    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0->f + (o)))),           \
-                       _mm256_loadu_si256((const __m256i *)(b1->f + (o))), 1)
-                const __m512i l0 = PAIR256(ql, 64 * h), l1 = PAIR256(ql, 64 * h + 32),
-                              qh = PAIR256(qh, 32 * h);
-#undef PAIR256
-                const __m512i u[4] = {_mm512_or_si512(_mm512_and_si512(l0, m0f),
-                                                      _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
-                                      _mm512_or_si512(_mm512_and_si512(l1, m0f),
-                                                      _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
-                                      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m0f),
-                                                      _mm512_and_si512(qh, m30)),
-                                      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m0f),
-                                                      _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30))};
+                __m512i u[4];
+                q6k_codes2(bl[2 * p], bl[2 * p + 1], h, u);
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++) {
                     const int t = 2 * (4 * h + g); /* the block's first scale */
@@ -974,6 +1046,133 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
             _mm256_storeu_ps(ap, _mm512_castps512_ps256(acc[i][p]));
             _mm256_storeu_ps(ap + 16, high_ps(acc[i][p]));
         }
+}
+
+/* int8 arithmetic, Q6_K, any number of x rows per call: q6k_dot_body512's codes, scales and f32 steps with
+ * the loops turned round as in q45k_many512 (a super-block's codes of the 4 weight rows decoded once into 16
+ * registers, then every x row over them; acc packed, through memory once per super-block), so the results
+ * are bitwise q6k_dot_body512's and the tile's. */
+static inline AI_512 void q6k_many512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int sb = 0; sb < a->nb / 8; sb++) {
+        const int first = a->first && sb == 0;
+        const struct block_q6_k *bl[NRQ];
+        __m512 s16[NRQ]; /* the 16 scales of each row, times d */
+        for (int j = 0; j < NRQ; j++) {
+            bl[j] = (const struct block_q6_k *)a->row[j] + a->b0 / 8 + sb;
+            s16[j] = _mm512_mul_ps(
+                _mm512_set1_ps(_cvtsh_ss(bl[j]->d)),
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[j]->scales))));
+        }
+        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (bytes 0-31) and 2p + 1 */
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) q6k_codes2(bl[2 * p], bl[2 * p + 1], h, &u[p][4 * h]);
+        }
+        for (int i = 0; i < mr; i++) {
+            const size_t r = (size_t)(a->i0 + i);
+            const int b0 = a->b0 + 8 * sb;
+            const int8_t *xq = x->q + r * x->k + (size_t)QB * b0;
+            const int32_t *n4 = x->n4 + (r * x->nb + b0) * 8;
+            float *ap = a->acc + (size_t)i * NRQ * 16;
+            /* s·dx for the 16 scales of each row (scale t: block t/2's dx) */
+            const __m512 dxd =
+                _mm512_permutexvar_ps(dup2, _mm512_castps256_ps512(_mm256_loadu_ps(x->dx + r * x->nbp + b0)));
+            __m512 sdx[NRQ], acc[NRQ / 2];
+            for (int j = 0; j < NRQ; j++) sdx[j] = _mm512_mul_ps(s16[j], dxd);
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++)
+                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                const int t = 2 * b; /* the block's first scale */
+                const __m512i sel = _mm512_setr_epi32(t, t, t, t, t + 1, t + 1, t + 1, t + 1, 16 + t, 16 + t,
+                                                      16 + t, 16 + t, 17 + t, 17 + t, 17 + t, 17 + t);
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
+                const __m512i cv = _mm512_slli_epi32(
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4 + 8 * b))), 5);
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++) {
+                    const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, u[p][b], xv));
+                    const __m512 sd = _mm512_permutex2var_ps(sdx[2 * p], sel, sdx[2 * p + 1]);
+                    acc[p] = _mm512_fmadd_ps(l, sd, acc[p]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+        }
+    }
+}
+
+/* int8 arithmetic, Q8_0, any number of x rows per call: the tile's codes (q ^ 0x80, the offset 128 through
+ * n4·128 starting each dot product) and f32 steps (per block fma(lanes, s·dx, acc), s·dx the same product) in
+ * q45k_many512's loop order over groups of up to 8 blocks: the 4 weight rows' codes in 16 registers (a row
+ * pair per register), their scales converted once, then every x row of the call over them; acc packed. So the
+ * results are bitwise the tile's. */
+static inline AI_512 void q8_0_many512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    const size_t bsz = sizeof(struct block_q8_0);
+    for (int g = 0; g < a->nb; g += 8) {
+        const int ng = a->nb - g < 8 ? a->nb - g : 8, first = a->first && g == 0;
+        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (bytes 0-31) and 2p + 1 */
+        __m512 sp[NRQ / 2];    /* [p]: the 8 blocks' scales of row 2p (lanes 0-7) and 2p + 1 */
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            const uint8_t *w0 = a->row[2 * p] + (size_t)(a->b0 + g) * bsz,
+                          *w1 = a->row[2 * p + 1] + (size_t)(a->b0 + g) * bsz;
+            uint16_t h[16] = {0};
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                if (b >= ng) {
+                    u[p][b] = _mm512_setzero_si512();
+                    continue;
+                }
+                memcpy(&h[b], w0 + bsz * b, 2);
+                memcpy(&h[8 + b], w1 + bsz * b, 2);
+                u[p][b] = _mm512_xor_si512(
+                    _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + bsz * b + 2))),
+                        _mm256_loadu_si256((const __m256i *)(w1 + bsz * b + 2)), 1),
+                    x80);
+            }
+            sp[p] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        }
+        for (int i = 0; i < mr; i++) {
+            const size_t r = (size_t)(a->i0 + i);
+            const int bg = a->b0 + g;
+            const int8_t *xq = x->q + r * x->k + (size_t)QB * bg;
+            const int32_t *n4 = x->n4 + (r * x->nb + bg) * 8;
+            float *ap = a->acc + (size_t)i * NRQ * 16;
+            const __m512 dxv = dup_ps(_mm256_loadu_ps(x->dx + r * x->nbp + bg)); /* zero past nb */
+            __m512 acc[NRQ / 2], sd[NRQ / 2];
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) {
+                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                sd[p] = _mm512_mul_ps(sp[p], dxv);
+            }
+#pragma GCC unroll 8
+            for (int b = 0; b < 8; b++) {
+                if (b >= ng) break;
+                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                                     b, b, b, b, b, b, b, b);
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
+                const __m512i cv = _mm512_slli_epi32(
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4 + 8 * b))), 7);
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++) {
+                    const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, u[p][b], xv));
+                    acc[p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[p]), acc[p]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+        }
+    }
 }
 
 /* q45k_dot_body512 instantiated for 1 to 4 rows of x. */
@@ -1004,26 +1203,29 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot
     else
         q6k_dot_body512(a, 2);
 }
-__attribute__((target(T_VNNI512))) static void dir8_512_q4_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    q45k_dot_mr512(a, mr, 0);
-}
-__attribute__((target(T_VNNI512))) static void dir8_512_q5_k(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    q45k_dot_mr512(a, mr, 1);
-}
+/* A dot kernel (q8_dot_fn) that calls body with the call's arguments. */
+#define DOT512(name, body)                                                                                   \
+    __attribute__((target(T_VNNI512))) static void name(const struct q8_dot *a, int mr, enum q8_mode m_,     \
+                                                        int sh)                                              \
+    {                                                                                                        \
+        (void)m_, (void)sh;                                                                                  \
+        body;                                                                                                \
+    }
+DOT512(dir8_512_q4_k, q45k_dot_mr512(a, mr, 0))
+DOT512(dir8_512_q5_k, q45k_dot_mr512(a, mr, 1))
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
     [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
-/* Past Q8_DIRECT_M rows too, 4 x rows per call: with the nibbles decoded in registers and two weight rows per
- * 512-bit product, Q4_K's m = 128 product beats the tile's (kernels/cpu/NOTES.md, 2026-12-07); Q6_K's kernel
- * holds its x rows' 8 vectors each in registers and runs out of them past 2 rows (reordered to hold fewer, it
- * was slower at every m), so its tile stays. */
-static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {
-    [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k};
+/* Past Q8_DIRECT_M rows, all of a task's x rows per call over each super-block's codes decoded once into
+ * registers: faster than the tile and than 4 x rows per call for Q8_0, Q4_K, Q5_K and Q6_K at m = 3 to 128
+ * (kernels/cpu/NOTES.md, 2026-12-07). */
+DOT512(many8_512_q4_k, q45k_many512(a, mr, 0))
+DOT512(many8_512_q5_k, q45k_many512(a, mr, 1))
+DOT512(many8_512_q6_k, q6k_many512(a, mr))
+DOT512(many8_512_q8_0, q8_0_many512(a, mr))
+static const q8_dot_fn dir8_any_512[DTYPE_COUNT] = {[DTYPE_Q8_0] = many8_512_q8_0,
+                                                    [DTYPE_Q4_K] = many8_512_q4_k,
+                                                    [DTYPE_Q5_K] = many8_512_q5_k,
+                                                    [DTYPE_Q6_K] = many8_512_q6_k};
 
 /* ---- the instruction sets --------------------------------------------------------------------------------
  */

@@ -295,12 +295,21 @@ void kern_cpu_silu_mul(float *gate, const float *up, int64_t n)
     }
 }
 
+/* 0.5·x·(1 + tanh(z)) as x / (1 + e^-2z), eight at a time through the vector exp (libm's tanhf per element
+ * was ~30% of a Gemma prefill); the same function, without the cancellation of 1 + tanh(z) for negative z.
+ * Clamped exp: past z = 44 the quotient is x; below z = -44 it underflows towards 0 either way. */
 void kern_cpu_gelu_mul(float *gate, const float *up, int64_t n)
 {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    for (int64_t i = 0; i < n; i++) {
-        const float x = gate[i];
-        gate[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * up[i];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const v8f x = *(const v8fu *)(gate + i), u = *(const v8fu *)(up + i);
+        const v8f z = k * (x + 0.044715f * x * x * x);
+        *(v8fu *)(gate + i) = x / (1.0f + v8_exp(-2.0f * z)) * u;
+    }
+    for (; i < n; i++) {
+        const float x = gate[i], z = k * (x + 0.044715f * x * x * x);
+        gate[i] = x / (1.0f + expf(-2.0f * z)) * up[i];
     }
 }
 

@@ -482,6 +482,47 @@ Test(matmul, q6_k_int8_small_m_equals_tile)
     check_small_m_equals_tile(DTYPE_Q6_K);
 }
 
+/* A weight row's output does not depend on whether its group of 4 rows is full (q8_task's last step takes
+ * four outputs at once, and the many-row kernels leave a packed accumulator) or the short last group of a
+ * product (one output at a time): W's first 33 rows against its 37, so row 32 is alone in the first product
+ * and in a full group in the second, and rows 28-31 fill the last full group of both. Both arithmetics, the
+ * in-place and tile kernels (m 1, 2, 7, 70: past MBQ), one pool, bitwise. */
+static void check_tail_group(enum dtype t)
+{
+    struct tpool *tp2;
+    cr_assert_eq(tpool_init(&tp2, 2), FERRY_OK);
+    kt_seed((uint64_t)t * 1000 + 13);
+    const int k = dtype_block_size(t) == 256 ? 256 * 5 : 32 * 37, nf = 37, nt = 33;
+    void *w = random_weight(t, nf, k);
+    const enum kern_cpu_act act0 = kern_cpu_matmul_act();
+    const int mm[] = {1, 2, 7, 70};
+    for (int act = 0; act < KERN_CPU_ACT_COUNT; act++)
+        for (int mi = 0; mi < N_OF(mm); mi++) {
+            const int m = mm[mi];
+            kern_cpu_matmul_set_act((enum kern_cpu_act)act);
+            float *x = random_x(m, k), *yf = malloc(sizeof(float) * m * nf),
+                  *yt = malloc(sizeof(float) * m * nt);
+            cr_assert_eq(kern_cpu_matmul(yf, x, w, t, NULL, m, nf, k, tp2), FERRY_OK);
+            cr_assert_eq(kern_cpu_matmul(yt, x, w, t, NULL, m, nt, k, tp2), FERRY_OK);
+            for (int i = 0; i < m; i++)
+                cr_assert(memcmp(yf + (size_t)i * nf, yt + (size_t)i * nt, sizeof(float) * nt) == 0,
+                          "%s m=%d row %d (%s): 33 rows differ from the first 33 of 37", dtype_name(t), m, i,
+                          act == KERN_CPU_ACT_INT8 ? "int8" : "f32");
+            free(x);
+            free(yf);
+            free(yt);
+        }
+    kern_cpu_matmul_set_act(act0);
+    free(w);
+    tpool_free(tp2);
+}
+
+Test(matmul, tail_group_equals_full_group)
+{
+    const enum dtype ts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_Q2_K};
+    for (int i = 0; i < N_OF(ts); i++) check_tail_group(ts[i]);
+}
+
 /* Blocks from llama.cpp's own quantizers (tests/kernels/data/<T>.pq.blocks, and llama.cpp's dequantized
  * values of them, <T>.pq.deq: make_iquant_fixtures.py), whose codes, scales and signs are distributed as real
  * files' are rather than as random bytes. An (n, k) weight at odd shapes is tiled from the fixture's blocks
