@@ -421,7 +421,8 @@ Test(gpu_e2e, all_prompt_rows_logits_in_chunks)
 }
 
 /* Steps of B sequences (prefills of 10 + 3s tokens, then `steps` decode tokens each); all logits to lg. */
-static int batched_salt; /* shifts run_batched's tokens (0 for every test but gpt-oss's, see there) */
+static int batched_salt;       /* shifts run_batched's tokens (0 but for the routers' near-ties, see there) */
+static int batched_steps = 12; /* compare_batched's decode steps */
 static void run_batched(struct engine *e, int B, int steps, float *lg)
 {
     const int V = engine_hparams(e)->n_vocab;
@@ -507,7 +508,7 @@ static void compare_batched(const char *model)
     struct model_file *mf = open_model(model);
     struct engine *cpu = make_engine(mf, ENGINE_BACKEND_CPU, -1, 0, 3);
     struct engine *gpu = make_engine(mf, ENGINE_BACKEND_CUDA, -1, 0, 3);
-    const int V = engine_hparams(cpu)->n_vocab, steps = 12, B = 3;
+    const int V = engine_hparams(cpu)->n_vocab, steps = batched_steps, B = 3;
     float *lc = malloc((size_t)(steps + 1) * B * V * sizeof(float)),
           *lg = malloc((size_t)(steps + 1) * B * V * sizeof(float));
     run_batched(cpu, B, steps, lc);
@@ -713,7 +714,16 @@ Test(gpu_e2e, qwen35_deltanet_f16_matches_cpu, .timeout = 300)
 Test(gpu_e2e, qwen35moe_shexp_f16_matches_cpu, .timeout = 300)
 {
     require_gpu();
+    /* run_batched's own tokens meet a router near-tie at sequence 2's third decode step (its second and third
+     * logits 5.5e-3 apart on the CPU) that the GPU's products break the other way: on an H100 that row was 3.03
+     * from the CPU's (bound 0.15), and the CPU alone gives 3.01 there with every weight perturbed by 1e-3
+     * relative (a different expert, not a wrong one). Shifted by 31, over 6 steps every choice is at least
+     * 0.0137 clear of the next logit (measured on the CPU with transformers; no shift of 0-40 clears 12). */
+    batched_salt = 31;
+    batched_steps = 6;
     compare_family_hybrid("qwen35moe_shexp_f16");
+    batched_salt = 0;
+    batched_steps = 12;
 }
 
 /* Qwen3-Next: packed b|a (and, in the older file, q|k|v|z) in-products, value heads grouped by key head. */
