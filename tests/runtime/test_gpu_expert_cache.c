@@ -196,10 +196,12 @@ Test(gpu_expert_cache, qwen3moe_bf16_and_mixtral_f16_match_cpu)
 }
 
 /* gpt-oss (skipped where the CUDA backend lacks its kernels), streaming off. */
-static void gptoss_modes(int n_prompt, int int8, int num, int den, double tol)
+static void gptoss_modes(const char *file, int n_prompt, int int8, int num, int den, double tol)
 {
     require_gpu();
-    const char *path = src_path("tests/golden/models/gptoss_yarn_f16.gguf");
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/models/%s", file);
+    const char *path = src_path(rel);
     struct model_file *mf = open_model(path);
     const char *lacks = engine_cuda_lacks(&mf->hp);
     model_file_close(mf);
@@ -212,15 +214,15 @@ static void gptoss_modes(int n_prompt, int int8, int num, int den, double tol)
 /* gpt-oss: biased experts and the clamped SwiGLU; a fetch copies the expert's bias rows into its slot. */
 Test(gpu_expert_cache, gptoss_biased_experts_match_cpu)
 {
-    gptoss_modes(7, 0, 5, 8, 1e-2);
+    gptoss_modes("gptoss_yarn_f16.gguf", 7, 0, 5, 8, 1e-2);
 }
 
-/* Q8_0 experts (gpt-oss's dims are multiples of 32; the engines quantize at load): a prompt of 33 rows goes
- * through the grouped launches on the slots (pairs left to the host add nothing there), decode steps through
- * the GEMV. 5/16 of the f16 experts' bytes are 2 slots a layer of Q8_0 experts with their bias rows. */
-Test(gpu_expert_cache, q8_experts_grouped_match_cpu)
+/* Block-type experts (the MXFP4 file, as gpt-oss ships them; expert layers are not quantized at load): a
+ * prompt of 33 rows goes through the grouped launches on the slots (pairs left to the host add nothing
+ * there), decode steps through the GEMV; the cache holds 5/16 of the experts' bytes. */
+Test(gpu_expert_cache, mxfp4_experts_grouped_match_cpu)
 {
-    gptoss_modes(33, 1, 5, 16, 3e-2);
+    gptoss_modes("gptoss_yarn_mxfp4.gguf", 33, 0, 5, 16, 3e-2);
 }
 
 /* The planner: an explicit cache is charged before the experts of more layers stay resident (and only when
