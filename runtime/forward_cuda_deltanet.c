@@ -159,7 +159,8 @@ size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs)
     return s.n_rec ? s.state + (size_t)s.n_rec * s.layer + s.y + s.plan + s.tables + s.y2 : 0;
 }
 
-int cuda_deltanet_check(const struct model *m, char err[256])
+/* cuda_deltanet_check, the matrices only with mats (init needs the shape and the small tensors). */
+static int check_model(const struct model *m, int mats, char err[256])
 {
     const struct llm_hparams *hp = &m->hp;
     if (recurrent_layers(hp) == 0) return FERRY_OK;
@@ -183,7 +184,7 @@ int cuda_deltanet_check(const struct model *m, char err[256])
             snprintf(err, 256, "layer %d: linear attention without its conv, dt, a or norm tensor", l);
             return FERRY_ERR_INVALID;
         }
-        if (!llm_layer_is_recurrent(hp, l)) continue;
+        if (!mats || !llm_layer_is_recurrent(hp, l)) continue;
         static const char *const names[CUDA_DN_MATS] = {"q|k|v", "z", "beta", "alpha", "out"};
         /* Qwen3-Next's packed forms (grouped models only): q|k|v|z in the q|k|v matrix without a z, b|a in
          * the beta matrix without an alpha. */
@@ -212,6 +213,11 @@ int cuda_deltanet_check(const struct model *m, char err[256])
         }
     }
     return FERRY_OK;
+}
+
+int cuda_deltanet_check(const struct model *m, char err[256])
+{
+    return check_model(m, 1, err);
 }
 
 /* The grouped model's tables (see struct cuda_deltanet), dn_in's columns as forward_cuda.c lays them out:
@@ -268,7 +274,7 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
         snprintf(err, 256, "linear attention: bad arguments (T %d, %d slots, memory %p)", T, n_seqs, mem);
         return FERRY_ERR_INVALID;
     }
-    RC(cuda_deltanet_check(m, err));
+    RC(check_model(m, 0, err));
     struct cuda_deltanet *dn = calloc(1, sizeof *dn);
     if (!dn) return FERRY_ERR_NOMEM;
     const struct dn_sizes s = sizes_of(hp, T, n_seqs);

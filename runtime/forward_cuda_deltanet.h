@@ -36,9 +36,9 @@ size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs);
 
 /* mem: cuda_deltanet_bytes(m, T, n_seqs) bytes of device memory, 256-byte aligned, owned by the caller.
  * Uploads the layers' small tensors and zeroes every state (synchronously). FERRY_ERR_UNSUPPORTED (naming the
- * limit or tensor) for a shape the kernels do not run or a matrix type the CUDA products cannot read,
- * FERRY_ERR_INVALID for missing tensors or bad sizes (cuda_deltanet_check). A model without recurrent layers
- * gives *out = NULL and FERRY_OK. */
+ * limit) for a shape the kernels do not run, FERRY_ERR_INVALID for missing small tensors or bad sizes (the
+ * matrices are the caller's: cuda_deltanet_check). A model without recurrent layers gives *out = NULL and
+ * FERRY_OK. */
 int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
                        char err[256]);
 void cuda_deltanet_free(struct cuda_deltanet *dn); /* accepts NULL; the device memory stays the caller's */
