@@ -1,6 +1,7 @@
 /* device_map — the placement planner (see device_map.h). */
 #include "runtime/device_map.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,25 @@
 #include "runtime/ring.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIB (1024.0 * 1024.0)
+
+/* bytes in GiB with two decimals (from 1 GiB) or MiB with one, rounded up or down to the last digit. */
+static void size_str(char *buf, size_t cap, uint64_t bytes, int up)
+{
+    const int gib = bytes >= (uint64_t)GIB;
+    const double units = (double)bytes / (gib ? GIB / 100 : MIB / 10);
+    const double r = up ? ceil(units) : floor(units);
+    snprintf(buf, cap, gib ? "%.2f GiB" : "%.1f MiB", r / (gib ? 100 : 10));
+}
+
+int device_map_too_small(char err[256], uint64_t budget, uint64_t minimum, const char *detail)
+{
+    char b[32], m[32];
+    size_str(b, sizeof b, budget, 0);
+    size_str(m, sizeof m, minimum, 1);
+    snprintf(err, 256, "GPU budget %s is too small: the minimum is %s (%s)", b, m, detail);
+    return FERRY_ERR_DEVICE_MEM;
+}
 
 static uint64_t layer_size(const struct device_map_input *in, int i)
 {
@@ -105,8 +125,9 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     int n_mask = 0;
     if (in->resident_mask)
         for (int i = 0; i < L; i++) n_mask += in->resident_mask[i] != 0;
-    /* The smallest plan: every layer streams (through the smallest ring; with no ring, the host computes). */
-    const int min_resident = in->resident_mask ? n_mask : 0;
+    /* The smallest plan: every layer streams (through the smallest ring; with no ring, the host computes),
+     * or the caller's resident layers stay. */
+    const int min_resident = in->resident_mask ? n_mask : in->gpu_layers >= 0 ? in->gpu_layers : 0;
     const uint64_t smallest = base + weights_bytes(in, min_resident);
     /* With an extension the host's cores attend to, one full-length sequence need not be on the device: a
      * device position saves the host reading it once a step while a sequence is that long, a byte of resident
@@ -167,32 +188,46 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     }
     uint64_t total = base + weights + (uint64_t)kv * kvt;
     if (total > in->budget) {
+        char detail[160];
         if (auto_kv && seq_may_split)
-            snprintf(
-                err, 256,
-                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (%d layers streamed, one block of "
-                "the KV pool on the device and the rest in host memory)",
-                in->budget / GIB, out->bytes_minimum / GIB, L - min_resident);
+            snprintf(detail, sizeof detail,
+                     "%d layers streamed, one block of the KV pool on the device and the rest in host memory",
+                     L - min_resident);
         else if (auto_kv)
-            snprintf(
-                err, 256,
-                "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (%d layers streamed, a KV pool of "
-                "%lld positions = one --ctx-size sequence)",
-                in->budget / GIB, out->bytes_minimum / GIB, L - min_resident, (long long)kv_min);
+            snprintf(detail, sizeof detail,
+                     "%d layers streamed, a KV pool of %lld positions = one --ctx-size sequence",
+                     L - min_resident, (long long)kv_min);
+        else if (in->no_ring)
+            snprintf(detail, sizeof detail, "%d resident layers, %d computed by the host's cores",
+                     min_resident, L - min_resident);
         else
+            snprintf(detail, sizeof detail, "%d resident layers, %d streamed through a ring of %.1f MiB",
+                     min_resident, L - min_resident, ring_min(in, min_resident) / MIB);
+        return device_map_too_small(err, in->budget, out->bytes_minimum, detail);
+    }
+    for (int i = 0; i < L && in->no_ring && in->stream_only; i++)
+        if (in->stream_only[i] && where_of(in, i, resident) != PLACEMENT_GPU) {
             snprintf(err, 256,
-                     "GPU budget %.2f GiB is too small: the minimum is %.2f GiB (this plan: %.2f GiB, %d "
-                     "resident layers, a ring of %.1f MiB)",
-                     in->budget / GIB, out->bytes_minimum / GIB, total / GIB, resident, ring / 1048576.0);
-        return FERRY_ERR_DEVICE_MEM;
+                     "layer %d would live in host memory, where only streaming can run it, and this plan has "
+                     "no ring",
+                     i);
+            return FERRY_ERR_UNSUPPORTED;
+        }
+    if (in->stream_only) {
+        if (!(out->stream_only = malloc((size_t)L))) return FERRY_ERR_NOMEM;
+        memcpy(out->stream_only, in->stream_only, (size_t)L);
     }
     out->where = malloc((size_t)L * sizeof *out->where);
-    if (!out->where) return FERRY_ERR_NOMEM;
+    if (!out->where) {
+        device_map_free(out);
+        return FERRY_ERR_NOMEM;
+    }
     uint64_t streamed_bytes = 0, all_bytes = 0;
     for (int i = 0; i < L; i++) {
         out->where[i] = where_of(in, i, resident);
         all_bytes += layer_size(in, i);
         if (out->where[i] == PLACEMENT_STREAM) streamed_bytes += layer_size(in, i);
+        out->n_stream_only += out->where[i] != PLACEMENT_GPU && in->stream_only && in->stream_only[i];
     }
     out->n_layers = L;
     out->n_resident = resident;
@@ -222,6 +257,7 @@ void device_map_free(struct device_map *m)
 {
     if (!m) return;
     free(m->where);
+    free(m->stream_only);
     memset(m, 0, sizeof *m);
 }
 
@@ -237,10 +273,11 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
     if (m->ring_bytes)
         snprintf(ring, sizeof ring, "a ring of %.1f MiB (pieces up to %.1f MiB)", m->ring_bytes / 1048576.0,
                  m->piece_bytes / 1048576.0);
-    EMIT("device_map: %d layers resident, %d in host memory, %s; %.2f GiB in use (minimum %.2f GiB); "
+    char least[32];
+    size_str(least, sizeof least, m->bytes_minimum, 1);
+    EMIT("device_map: %d layers resident, %d in host memory, %s; %.2f GiB in use (minimum %s); "
          "predicted batch-1 step when streaming %.2f ms\n",
-         m->n_resident, m->n_streamed, ring, m->bytes_total / GIB, m->bytes_minimum / GIB,
-         m->predicted_step_s * 1e3);
+         m->n_resident, m->n_streamed, ring, m->bytes_total / GIB, least, m->predicted_step_s * 1e3);
     if (m->kv_tokens)
         EMIT("  KV pool sized to the budget: %lld positions (%.2f GiB)\n", (long long)m->kv_tokens,
              m->kv_bytes / GIB);
@@ -256,6 +293,10 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
              (long long)m->kv_ext_tokens, m->kv_ext_bytes / GIB,
              m->kv_ext_host ? "decode tokens' attention over them runs on the host's cores"
                             : "the device reads them over the link");
+    if (m->n_stream_only)
+        EMIT("  %d of the host layers always stream: the host's cores cannot compute them (a recurrent "
+             "layer's state lives on the device)\n",
+             m->n_stream_only);
     if (m->moe_layers && m->cpu_moe)
         EMIT("  experts: those of layers 0-%d in host memory, computed by the host's cores%s; of %d layers "
              "resident\n",

@@ -35,6 +35,12 @@
  * engine_params.swa_full): its size is fixed by the sequences and the window, not by the context, so it is
  * counted beside the fixed bytes (kv_swa_bytes) and kv_token_bytes covers only the other layers' planes; the
  * bytes the windows save go to more positions of the main pool or more resident layers.
+ * Stream-only layers (stream_only: those the host's cores cannot compute, as a recurrent layer whose state
+ * lives on the device) are placed like any other; in host memory they always stream (the step plan never
+ * gives them to the CPU), so a map without a ring (no_ring) may not leave one there.
+ * The minimum (bytes_minimum) is that of the smallest plan the request allows (every layer streamed through
+ * the smallest ring, or exactly gpu_layers or the mask resident): a budget of that many bytes gets a plan,
+ * and a refusal names it rounded up (device_map_too_small).
  */
 #ifndef FERRY_DEVICE_MAP_H
 #define FERRY_DEVICE_MAP_H
@@ -78,9 +84,10 @@ struct device_map_input {
     int fewer_resident;      /* this many layers fewer resident than fit beside the smallest ring: the ring
                               * grows into their bytes (the engine compares such maps) */
     const uint8_t
-        *resident_mask;     /* (n_layers) tests: 1 = resident, exactly these; NULL: the planner's spread */
-    double h2d_bytes_per_s; /* measured pinned host→device rate (for the prediction) */
-    double hbm_bytes_per_s; /* measured device memory rate (for the prediction) */
+        *resident_mask; /* (n_layers) tests: 1 = resident, exactly these; NULL: the planner's spread */
+    const uint8_t *stream_only; /* (n_layers) 1: the host's cores cannot compute it (see above); NULL: none */
+    double h2d_bytes_per_s;     /* measured pinned host→device rate (for the prediction) */
+    double hbm_bytes_per_s;     /* measured device memory rate (for the prediction) */
 };
 
 struct device_map {
@@ -98,7 +105,8 @@ struct device_map {
     int64_t kv_swa_tokens; /* its positions */
     int kv_ext_host;       /* the host's cores attend to its positions (the input's kv_ext_host) */
     int kv_seq_split;      /* kv_tokens is less than one full-length sequence: the extension holds the rest */
-    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring, expert cache: what the plan allocates */
+    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring, expert cache: what the plan
+                              allocates */
     uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
     /* Expert models (set by the backend's planner, runtime/forward_cuda.c): the experts of layers [0,
      * cpu_moe) stay in host memory, computed by the host's cores; the others' are resident with their layers.
@@ -107,11 +115,18 @@ struct device_map {
     uint64_t expert_cache_bytes; /* of bytes_total: the device expert cache of the host layers' experts */
     double predicted_step_s; /* batch-1 decode step when every host layer streams: max(streamed bytes / h2d,
                               * all weight bytes / hbm) (the step plan refines it) */
+    uint8_t *stream_only;    /* (n_layers) the input's, or NULL when it gave none */
+    int n_stream_only;       /* of them, layers in host memory */
 };
 
 /* Fills out (free with device_map_free). FERRY_ERR_DEVICE_MEM with a message naming the minimum budget when
- * the budget is too small; FERRY_ERR_INVALID for gpu_layers outside [-1, n_layers]. */
+ * the budget is too small (out->bytes_minimum holds it then too); FERRY_ERR_INVALID for gpu_layers outside
+ * [-1, n_layers]; FERRY_ERR_UNSUPPORTED when no_ring would leave a stream-only layer in host memory. */
 int device_map_plan(const struct device_map_input *in, struct device_map *out, char err[256]);
+/* "GPU budget B is too small: the minimum is M (detail)" into err, B rounded down and M up (GiB with two
+ * decimals from 1 GiB, else MiB with one), so that a budget of the printed minimum fits and, the minimum
+ * being larger, the two never print alike. Returns FERRY_ERR_DEVICE_MEM. */
+int device_map_too_small(char err[256], uint64_t budget, uint64_t minimum, const char *detail);
 void device_map_free(struct device_map *m);
 
 /* One line per run of equal placements plus a summary; returns the length written (snprintf semantics). */

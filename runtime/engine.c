@@ -330,6 +330,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
         struct step_plan_input in = {
             .n_layers = L,
             .where = map->where,
+            .stream_only = map->stream_only,
             .layer_bytes = bytes,
             .layer_params = params,
             .head_bytes = (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *

@@ -101,7 +101,8 @@ static int rope_pairs_max(const struct llm_hparams *hp)
 /* Qwen3.5's layer kinds (forward_cpu.c is the reference): the gated DeltaNet layers' rows between their
  * products (runtime/forward_cuda_deltanet.h), the gated attention's and the shared expert's. Each region is
  * present only in a model that has the kind; hyb_bytes is their sum (ALIGN-aligned each), the recurrent
- * state and the DeltaNet matrices included (those stay on the device whatever the layer's placement). */
+ * state and the DeltaNet layers' small tensors included (those stay on the device whatever the layer's
+ * placement; the DeltaNet matrices are part of the layer blocks: block_layout_of). */
 static int has_recurrent(const struct llm_hparams *hp)
 {
     return hp->full_attn_interval > 0;
@@ -122,7 +123,7 @@ static size_t hyb_bytes(const struct model *m, int T, int n_seqs)
     const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t b = 0;
     if (has_recurrent(hp))
-        b += align_up(cuda_deltanet_bytes(m, T, n_seqs)) + align_up(cuda_deltanet_weight_bytes(m)) +
+        b += align_up(cuda_deltanet_bytes(m, T, n_seqs)) +
              align_up((size_t)T * dn_in_row(hp) * sizeof(float)) +
              align_up((size_t)T * hp->ssm_inner * sizeof(float)) +
              (hp->ssm_grouped ? align_up((size_t)T * dn_in_row(hp) * sizeof(float)) : 0);
@@ -172,6 +173,50 @@ static size_t ple_weight_bytes(const struct model *m)
 static enum dtype packed_type(enum dtype t)
 {
     return t;
+}
+
+/* Layer l's packed block: layer.h's layout, and in a recurrent layer its DeltaNet matrices between the matrix
+ * groups and the tail (the tail's offsets move up by their bytes; forward_cuda_deltanet.h struct
+ * cuda_dn_block), so that a parked layer's bytes (the block up to its tail) hold them too and a host layer's
+ * tail on the device stays the same. */
+static void block_layout_of(const struct model *m, int l, struct layer_layout *lay, struct cuda_dn_block *dnb)
+{
+    layer_layout_of(&m->layers[l], &m->hp, packed_type, lay);
+    cuda_deltanet_block_of(m, l, lay->norm_off[0], dnb);
+    if (!dnb->bytes) return;
+    for (int i = 0; i < LAYER_N_NORMS; i++) lay->norm_off[i] += dnb->bytes;
+    if (lay->bias_off != SIZE_MAX) lay->bias_off += dnb->bytes;
+    if (lay->bias_o_off != SIZE_MAX) lay->bias_o_off += dnb->bytes;
+    lay->bytes += dnb->bytes;
+}
+
+/* Piece g of a layer's block, [*off, *off + *bytes): matrix group g; in a recurrent layer, which has no q|k|v
+ * or o group, its DeltaNet in-products stand in the q|k|v group's place and its out-product in the o group's
+ * (they are used where those would be: before the FFN, the in-products first). */
+static void block_piece(const struct layer_layout *lay, const struct cuda_dn_block *dnb, int g, size_t *off,
+                        size_t *bytes)
+{
+    if (dnb->bytes && (g == LAYER_QKV || g == LAYER_O)) {
+        *off = g == LAYER_QKV ? dnb->in_off : dnb->out_off;
+        *bytes = g == LAYER_QKV ? dnb->in_bytes : dnb->out_bytes;
+        return;
+    }
+    layer_piece(lay, g, off, bytes);
+}
+
+/* The pieces program p uses, in order (LOP_LINEAR's group; LOP_DELTANET's in-products then out-product, the
+ * pieces LAYER_QKV and LAYER_O of block_piece): their indices into g, their count returned. */
+static int program_pieces(const struct layer_program *p, int g[LAYER_N_MATS])
+{
+    int n = 0;
+    for (int i = 0; i < p->n_ops && n < LAYER_N_MATS; i++)
+        if (p->ops[i].kind == LOP_LINEAR) {
+            g[n++] = p->ops[i].arg;
+        } else if (p->ops[i].kind == LOP_DELTANET && n + 2 <= LAYER_N_MATS) {
+            g[n++] = LAYER_QKV;
+            g[n++] = LAYER_O;
+        }
+    return n;
 }
 
 /* FERRY_ERR_UNSUPPORTED, naming the tensor's type, when the CUDA products cannot read a matrix of the model.
@@ -242,12 +287,14 @@ struct forward_cuda {
     struct device_map map;
     /* What the map was planned from, for forward_cuda_map_variant. */
     struct forward_cuda_params params;
-    uint64_t plan_budget;
+    uint64_t plan_budget;   /* the budget the map was planned in */
+    uint64_t plan_overhead; /* of it, the CUDA runtime's and cuBLAS's own memory (an explicit budget's) */
     int max_tokens;
     int n_layers;
-    struct layer_layout *layouts; /* (n_layers) */
-    uint64_t *layer_sizes;        /* (n_layers) bytes of each layer's block */
-    void *arena;                  /* the one device allocation */
+    struct layer_layout *layouts;    /* (n_layers) block_layout_of's */
+    struct cuda_dn_block *dn_blocks; /* (n_layers) a recurrent layer's DeltaNet matrices in its block */
+    uint64_t *layer_sizes;           /* (n_layers) bytes of each layer's block */
+    void *arena;                     /* the one device allocation */
     size_t arena_bytes;
     struct kern_cuda_ctx *kctx;
     cudaStream_t compute, copy;
@@ -257,8 +304,8 @@ struct forward_cuda {
     void **host_block;        /* (n_layers) pinned block of a host layer, else NULL */
     struct pinned_block host; /* one allocation holding every host block */
     void **tail;              /* (n_layers) a host layer's tail (norms, biases) on the device, else NULL */
-    /* The ring (runtime/ring.h): a streamed layer's pieces are its matrix groups in the program's order of
-     * use; item l * LAYER_N_MATS + g is layer l's group g. */
+    /* The ring (runtime/ring.h): a streamed layer's pieces are its matrix groups (block_piece) in the
+     * program's order of use; item l * LAYER_N_MATS + g is layer l's piece g. */
     char *ring_buf; /* (map.ring_bytes) device */
     struct ring ring;
     int *step_items;                /* (n_layers * LAYER_N_MATS) scratch: the step's streamed pieces */
@@ -477,14 +524,12 @@ uint64_t forward_cuda_layer_bytes(const struct backend *be, int l)
 void forward_cuda_layer_pieces(const struct backend *be, int l, uint64_t out[LAYER_N_MATS])
 {
     const struct forward_cuda *f = (const struct forward_cuda *)be;
-    const struct layer_program *p = layer_prog(f, l);
-    int n = 0;
-    for (int i = 0; i < p->n_ops && n < LAYER_N_MATS; i++)
-        if (p->ops[i].kind == LOP_LINEAR) {
-            size_t off, bytes;
-            layer_piece(&f->layouts[l], p->ops[i].arg, &off, &bytes);
-            out[n++] = bytes;
-        }
+    int g[LAYER_N_MATS], n = l >= 0 && l < f->n_layers ? program_pieces(layer_prog(f, l), g) : 0;
+    for (int i = 0; i < n; i++) {
+        size_t off, bytes;
+        block_piece(&f->layouts[l], &f->dn_blocks[l], g[i], &off, &bytes);
+        out[i] = bytes;
+    }
     while (n < LAYER_N_MATS) out[n++] = 0;
 }
 
@@ -540,6 +585,7 @@ static void cuda_free(struct backend *be)
     if (f->copy) cudaStreamDestroy(f->copy);
     ring_free(&f->ring);
     free(f->layouts);
+    free(f->dn_blocks);
     free(f->layer_sizes);
     free(f->resident);
     free(f->host_block);
@@ -629,6 +675,7 @@ static int upload_layers(struct forward_cuda *f, const struct model *m)
             if (cudaEventSynchronize(staged[s]) != cudaSuccess) goto out;
             dst = staging[s];
             if ((rc = layer_pack(&m->layers[l], hp, &f->layouts[l], dst, row_tmp))) goto out;
+            cuda_deltanet_block_pack(m, l, &f->dn_blocks[l], dst);
             rc = FERRY_ERR_CUDA;
             if (cudaMemcpyAsync(f->resident[l], dst, f->layouts[l].bytes, cudaMemcpyHostToDevice, f->copy) !=
                     cudaSuccess ||
@@ -637,6 +684,7 @@ static int upload_layers(struct forward_cuda *f, const struct model *m)
         } else {
             const struct layer_layout *lay = &f->layouts[l];
             if ((rc = layer_pack(&m->layers[l], hp, lay, f->host_block[l], row_tmp))) goto out;
+            cuda_deltanet_block_pack(m, l, &f->dn_blocks[l], f->host_block[l]);
             rc = FERRY_ERR_CUDA;
             if (cudaMemcpy(f->tail[l], (const char *)f->host_block[l] + lay->norm_off[0],
                            lay->bytes - lay->norm_off[0], cudaMemcpyHostToDevice) != cudaSuccess)
@@ -710,9 +758,10 @@ struct plan_sizes {
     uint64_t with_experts_max;
 };
 
+/* layouts and dn_blocks (n_layers each) receive the blocks' layouts when not NULL. */
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, const struct kv_cache *kv_swa,
-                          int T, int kv_q8, struct layer_layout *layouts, uint64_t *layer_sizes,
-                          struct plan_sizes *ps)
+                          int T, int kv_q8, struct layer_layout *layouts, struct cuda_dn_block *dn_blocks,
+                          uint64_t *layer_sizes, struct plan_sizes *ps)
 {
     const struct llm_hparams *hp = &m->hp;
     memset(ps, 0, sizeof *ps);
@@ -721,12 +770,13 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, cons
     size_t tails = 0; /* every layer's tail, kept on the device when the layer lives on the host */
     for (int l = 0; l < hp->n_layers; l++) {
         struct layer_layout tmp, *lay = layouts ? &layouts[l] : &tmp;
-        layer_layout_of(&m->layers[l], hp, packed_type, lay);
+        struct cuda_dn_block dtmp, *dnb = dn_blocks ? &dn_blocks[l] : &dtmp;
+        block_layout_of(m, l, lay, dnb);
         layer_sizes[l] = lay->bytes;
         if (lay->bytes > ps->layer_bytes) ps->layer_bytes = lay->bytes;
         for (int i = 0; i < LAYER_N_MATS; i++) {
             size_t off, bytes;
-            layer_piece(lay, i, &off, &bytes);
+            block_piece(lay, dnb, i, &off, &bytes);
             if (bytes > ps->piece_bytes) ps->piece_bytes = bytes;
         }
         tails += align_up(lay->bytes - lay->norm_off[0]);
@@ -832,7 +882,10 @@ static int ext_allowed(const struct llm_hparams *hp, const struct kv_cache *kv_s
 }
 
 /* The planner's input for these sizes: the KV pool fixed at kv's size, or sized by the planner (p->kv_auto).
- * mask: (n_layers) scratch for p->force_where. */
+ * mask: (2 n_layers) scratch for p->force_where and the stream-only layers. Every layer of a model with
+ * recurrent layers is stream-only (device_map.h): a recurrent layer's state lives on the device, where the
+ * host's cores cannot reach it, and the host's backend computes no layer of such a model from packed blocks
+ * (runtime/forward_cpu.c refuses them), its attention layers included, so its host layers stream. */
 static struct device_map_input plan_input(const struct model *m, const struct plan_sizes *ps,
                                           const struct forward_cuda_params *p, size_t other_fixed,
                                           uint64_t budget, int kv_block, double h2d, double hbm,
@@ -857,6 +910,10 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         for (int l = 0; l < m->hp.n_layers; l++) mask[l] = p->force_where[l] == 'g';
         in.resident_mask = mask;
     }
+    if (has_recurrent(&m->hp)) {
+        memset(mask + m->hp.n_layers, 1, (size_t)m->hp.n_layers);
+        in.stream_only = mask + m->hp.n_layers;
+    }
     if (p->kv_auto) {
         in.kv_token_bytes = ps->kv_token_bytes;
         in.kv_tokens_max = p->kv_tokens_max;
@@ -878,29 +935,35 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
  * host memory is refused with the minimum. With host experts the device expert cache (cache_req bytes, taken
  * before the experts of more layers are made resident; -1: what the plan leaves of the budget, when the
  * planner chose cpu_moe) is part of the plan too (runtime/forward_cuda_moe.h cuda_moe_cache_plan).
- * A model with recurrent layers keeps every layer resident too:
- * their state lives on the device, which the host's cores (a host layer computed in place) cannot reach, and
- * their matrices are outside the layer blocks (hyb_bytes), so little of them would stream. */
+ * A dense model with recurrent layers is planned like any other, its layers stream-only (plan_input): the
+ * DeltaNet matrices are part of the blocks, their state and small tensors stay on the device. Without a ring
+ * (--placement cpu) no layer of it may live in host memory. */
 static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_map_input *in,
                     int cpu_moe_req, int64_t cache_req, int *cpu_moe, struct device_map *out, char err[256])
 {
     const int L = m->hp.n_layers;
     *cpu_moe = 0;
-    if (m->hp.n_expert <= 0 && !has_recurrent(&m->hp)) return device_map_plan(in, out, err);
+    if (m->hp.n_expert <= 0) {
+        const int rc = device_map_plan(in, out, err);
+        if (rc == FERRY_ERR_UNSUPPORTED && in->no_ring && in->stream_only)
+            snprintf(
+                err, 256,
+                "--placement cpu: the host's cores compute no layer of a model with linear-attention "
+                "layers on the CUDA backend (their state lives on the device), so all %d layers must fit "
+                "the budget; --placement auto or stream lets host layers stream",
+                L);
+        return rc;
+    }
     int host = in->gpu_layers >= 0 && in->gpu_layers < L;
     for (int l = 0; l < L && in->resident_mask; l++) host |= !in->resident_mask[l];
     if (host) {
         snprintf(err, 256,
-                 m->hp.n_expert > 0
-                     ? "the layers of an expert model stay on the device (their experts may not: --cpu-moe N "
-                       "keeps those of the first N layers in host memory)"
-                     : "the layers of a model with linear-attention layers stay on the device on the CUDA "
-                       "backend (use --backend cpu for less device memory)");
+                 "the layers of an expert model stay on the device (their experts may not: --cpu-moe N keeps "
+                 "those of the first N layers in host memory)");
         return FERRY_ERR_UNSUPPORTED;
     }
     in->gpu_layers = L;
     in->resident_mask = NULL;
-    if (m->hp.n_expert <= 0) return device_map_plan(in, out, err);
     if (!ps->with_experts) return FERRY_ERR_NOMEM;
     const uint64_t fixed = in->fixed_bytes, stage = cuda_moe_stage_bytes(m);
     for (int c = cpu_moe_req < 0 ? 0 : (cpu_moe_req > L ? L : cpu_moe_req);; c++) {
@@ -924,13 +987,14 @@ static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_
                 char e2[256];
                 least.budget = UINT64_MAX / 4;
                 if (least.kv_token_bytes) least.kv_tokens_max = least.kv_tokens_min, least.kv_ext_max = 0;
-                if (device_map_plan(&least, &need, e2) == FERRY_OK)
-                    snprintf(
-                        err, 256,
-                        "GPU budget %.2f GiB is too small for this expert model: the minimum is %.2f GiB "
-                        "(every layer's attention, norms and router on the device, the experts of %d of "
-                        "its %d layers in host memory)",
-                        in->budget / 1073741824.0, need.bytes_total / 1073741824.0, c, L);
+                if (device_map_plan(&least, &need, e2) == FERRY_OK) {
+                    char detail[160];
+                    snprintf(detail, sizeof detail,
+                             "an expert model: every layer's attention, norms and router on the device, the "
+                             "experts of %d of its %d layers in host memory",
+                             c, L);
+                    device_map_too_small(err, in->budget, need.bytes_total, detail);
+                }
                 device_map_free(&need);
             }
             return rc;
@@ -945,11 +1009,11 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
 {
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
-    uint8_t *mask = malloc((size_t)m->hp.n_layers);
+    uint8_t *mask = malloc(2 * (size_t)m->hp.n_layers);
     uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
     int rc = FERRY_ERR_NOMEM, cpu_moe;
     if (!sizes || !mask || !with_experts) goto out;
-    plan_sizes_of(m, kv, p->kv_swa, p->max_tokens, p->kv_q8, NULL, sizes, &ps);
+    plan_sizes_of(m, kv, p->kv_swa, p->max_tokens, p->kv_q8, NULL, NULL, sizes, &ps);
     ps.with_experts = m->hp.n_expert > 0 ? with_experts : NULL;
     const size_t ctx_bytes = kern_cuda_ctx_size(ps.max_x, ps.w16); /* cuBLAS and the products' workspaces */
     rc = FERRY_ERR_INVALID;
@@ -977,15 +1041,15 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_re
     p.fewer_resident = fewer_resident;
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
-    uint8_t *mask = malloc((size_t)m->hp.n_layers);
+    uint8_t *mask = malloc(2 * (size_t)m->hp.n_layers);
     uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
     int rc = FERRY_ERR_NOMEM, cpu_moe;
     if (sizes && mask && with_experts) {
-        plan_sizes_of(m, f->kv, f->kv_swa, p.max_tokens, p.kv_q8, NULL, sizes, &ps);
+        plan_sizes_of(m, f->kv, f->kv_swa, p.max_tokens, p.kv_q8, NULL, NULL, sizes, &ps);
         ps.with_experts = m->hp.n_expert > 0 ? with_experts : NULL;
         struct device_map_input in =
-            plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx), f->plan_budget, f->kv->block_size,
-                       f->stats.h2d_bytes_per_s, f->stats.hbm_bytes_per_s, mask);
+            plan_input(m, &ps, &p, kern_cuda_ctx_bytes(f->kctx) + f->plan_overhead, f->plan_budget,
+                       f->kv->block_size, f->stats.h2d_bytes_per_s, f->stats.hbm_bytes_per_s, mask);
         rc = plan_map(m, &ps, &in, f->cpu_moe, p.expert_cache, &cpu_moe, out, err);
     }
     free(sizes);
@@ -1034,6 +1098,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     }
     int rc = check_types(m, err);
     if (!rc) rc = cuda_moe_check_types(m, err);
+    if (!rc) rc = cuda_deltanet_check(m, err); /* (before the blocks are packed from its matrices) */
     if (rc) return rc;
     struct forward_cuda *f = calloc(1, sizeof *f);
     if (!f) return FERRY_ERR_NOMEM;
@@ -1051,6 +1116,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->n_layers = L;
     f->max_tokens = T;
     f->layouts = calloc((size_t)L, sizeof *f->layouts);
+    f->dn_blocks = calloc((size_t)L, sizeof *f->dn_blocks);
     f->layer_sizes = calloc((size_t)L, sizeof *f->layer_sizes);
     f->resident = calloc((size_t)L, sizeof *f->resident);
     f->host_block = calloc((size_t)L, sizeof *f->host_block);
@@ -1061,16 +1127,16 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->parked = malloc((size_t)L * sizeof *f->parked);
     f->park_want = malloc((size_t)L * sizeof *f->park_want);
     f->moe_experts = calloc((size_t)L, sizeof *f->moe_experts);
-    uint8_t *mask = malloc((size_t)L);
+    uint8_t *mask = malloc(2 * (size_t)L);
     uint64_t *with_experts = malloc((size_t)L * sizeof *with_experts);
-    if (!f->layouts || !f->layer_sizes || !f->resident || !f->host_block || !f->tail || !f->step_items ||
-        !f->step_bytes || !f->step_copy || !f->parked || !f->park_want || !f->moe_experts || !mask ||
-        !with_experts)
+    if (!f->layouts || !f->dn_blocks || !f->layer_sizes || !f->resident || !f->host_block || !f->tail ||
+        !f->step_items || !f->step_bytes || !f->step_copy || !f->parked || !f->park_want || !f->moe_experts ||
+        !mask || !with_experts)
         goto fail;
     for (int l = 0; l < L; l++) f->parked[l] = UINT64_MAX;
     f->park_lo = UINT64_MAX;
     struct plan_sizes ps;
-    plan_sizes_of(m, kv, p->kv_swa, T, p->kv_q8, f->layouts, f->layer_sizes, &ps);
+    plan_sizes_of(m, kv, p->kv_swa, T, p->kv_q8, f->layouts, f->dn_blocks, f->layer_sizes, &ps);
     ps.with_experts = hp->n_expert > 0 ? with_experts : NULL;
     const size_t kvd = kv_row(hp), qd = q_row_max(hp);
     const int KL = main_planes(hp, p->kv_swa);
@@ -1091,7 +1157,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     /* Budget: explicit, or what the card has free minus the reserve. Device memory the CUDA runtime and
      * cuBLAS took for themselves since init began (handles, module images) counts against an explicit budget
      * too: it is measured here, not guessed (bounded, in case other processes change the free figure
-     * meanwhile). */
+     * meanwhile), and planned as fixed bytes, so that the minimum a refusal names is a budget that works. */
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     const size_t ctx_bytes = kern_cuda_ctx_bytes(f->kctx);
@@ -1101,21 +1167,22 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                         : (free_b + ctx_bytes > (size_t)p->reserve_vram
                                                ? free_b + ctx_bytes - (uint64_t)p->reserve_vram
                                                : 0);
-    const uint64_t plan_budget = p->gpu_memory > 0 ? (budget > overhead ? budget - overhead : 0) : budget;
+    const uint64_t plan_overhead = p->gpu_memory > 0 ? overhead : 0;
     double h2d = 0, d2d = 0;
     pinned_measure_link(&h2d, &d2d);
     f->stats.h2d_bytes_per_s = h2d;
     f->stats.hbm_bytes_per_s = d2d;
     f->params = *p;
     f->params.force_where = NULL; /* (the caller's string; a variant is only asked for without one) */
-    f->plan_budget = plan_budget;
-    struct device_map_input in =
-        plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx), plan_budget, kv->block_size, h2d, d2d, mask);
+    f->plan_budget = budget;
+    f->plan_overhead = plan_overhead;
+    struct device_map_input in = plan_input(m, &ps, p, kern_cuda_ctx_bytes(f->kctx) + plan_overhead, budget,
+                                            kv->block_size, h2d, d2d, mask);
     if ((rc = plan_map(m, &ps, &in, p->cpu_moe, p->expert_cache, &f->cpu_moe, &f->map, err))) {
-        if (rc == FERRY_ERR_DEVICE_MEM && overhead)
+        if (rc == FERRY_ERR_DEVICE_MEM && plan_overhead)
             FLOG_ERROR(
-                "(the budget counts the %.0f MiB that the CUDA runtime and cuBLAS took for themselves)",
-                overhead / 1048576.0);
+                "(the minimum counts the %.0f MiB that the CUDA runtime and cuBLAS took for themselves)",
+                plan_overhead / 1048576.0);
         goto fail;
     }
     if (f->map
@@ -1134,7 +1201,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     }
     const size_t kv_elems = (size_t)KL * (kv->n_blocks - kv->n_ext) * kv->block_size * kvd;
     f->stats.vram_budget = budget;
-    f->stats.vram_planned = f->map.bytes_total;
+    f->stats.vram_planned = f->map.bytes_total - plan_overhead;
     f->stats.kv_host_bytes = f->map.kv_ext_bytes;
     f->stats.n_resident = f->map.n_resident;
     f->stats.n_host = f->map.n_streamed;
@@ -1150,8 +1217,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
         FLOG_INFO("experts: those of %d of the %d layers on the device, of %d in host memory (--cpu-moe %d)",
                   L - f->cpu_moe, L, f->cpu_moe, f->cpu_moe);
 
-    /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init). */
-    f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx);
+    /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init) and what
+     * the CUDA runtime and cuBLAS took for themselves. */
+    f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx) - plan_overhead;
     if (cudaMalloc(&f->arena, f->arena_bytes) != cudaSuccess) {
         cudaGetLastError();
         snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)",
@@ -1223,14 +1291,13 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     for (int l = f->cpu_moe; l < L && hp->n_expert > 0; l++)
         tails_ok &= (f->moe_experts[l] = carve(&c, cuda_moe_expert_bytes(m, l))) != NULL;
     tails_ok &= hp->n_expert <= 0 || moe_fixed != NULL;
-    void *dn_mem = NULL, *dn_w = NULL;
+    void *dn_mem = NULL;
     if (has_recurrent(hp)) {
         dn_mem = carve(&c, cuda_deltanet_bytes(m, T, kv->n_seqs));
-        dn_w = carve(&c, cuda_deltanet_weight_bytes(m));
         f->dn_in = carve(&c, (size_t)T * dn_in_row(hp) * sizeof(float));
         f->dn_out = carve(&c, (size_t)T * hp->ssm_inner * sizeof(float));
         if (hp->ssm_grouped) f->dn_pack = carve(&c, (size_t)T * dn_in_row(hp) * sizeof(float));
-        tails_ok &= dn_mem && dn_w && f->dn_in && f->dn_out && (!hp->ssm_grouped || f->dn_pack);
+        tails_ok &= dn_mem && f->dn_in && f->dn_out && (!hp->ssm_grouped || f->dn_pack);
     }
     if (hp->attn_out_gate) {
         const size_t qd1 = (size_t)hp->n_heads * hp->head_dim, kvd1 = (size_t)hp->n_kv_heads * hp->head_dim;
@@ -1357,8 +1424,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                            .cache_bytes = f->map.expert_cache_bytes};
         if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
     }
-    if (has_recurrent(hp) && (rc = cuda_deltanet_init(&f->dn, m, T, kv->n_seqs, dn_mem, dn_w, err)))
-        goto fail;
+    if (has_recurrent(hp) && (rc = cuda_deltanet_init(&f->dn, m, T, kv->n_seqs, dn_mem, err))) goto fail;
     if ((rc = upload_shexp_gates(f))) {
         snprintf(err, 256, "uploading the shared experts' gates failed (%s)", ferry_status_str(rc));
         goto fail;
@@ -1445,7 +1511,7 @@ static int issue_copies(struct forward_cuda *f)
     while (ring_next_copy(&f->ring, &is)) {
         const int l = is.item / LAYER_N_MATS, g = is.item % LAYER_N_MATS;
         size_t off, bytes;
-        layer_piece(&f->layouts[l], g, &off, &bytes);
+        block_piece(&f->layouts[l], &f->dn_blocks[l], g, &off, &bytes);
         const int e = (int)(is.copy % (uint64_t)f->n_copy_ev);
         if (is.off + is.bytes > f->park_lo) {
             CK(cudaStreamWaitEvent(f->copy, f->park_used, 0));
@@ -1461,7 +1527,29 @@ static int issue_copies(struct forward_cuda *f)
     return FERRY_OK;
 }
 
-/* Group g of streamed layer l into w: its piece's use (the compute stream waits for the copy). */
+/* Layer l's piece g (block_piece) at `piece` into w's views: group g's matrices, or a recurrent layer's
+ * DeltaNet in-products (g = LAYER_QKV) or out-product (LAYER_O). */
+static void piece_place(struct forward_cuda *f, int l, int g, struct layer_weights *w, const char *piece)
+{
+    const struct cuda_dn_block *dnb = &f->dn_blocks[l];
+    if (dnb->bytes && (g == LAYER_QKV || g == LAYER_O))
+        cuda_deltanet_block_place(f->m, l, dnb, g == LAYER_QKV ? piece : NULL, g == LAYER_O ? piece : NULL,
+                                  &w->dn);
+    else
+        layer_group_at(w, &f->layouts[l], g, piece);
+}
+
+/* Every piece of layer l from its block at `block` (resident, or parked in the ring) into w. */
+static void block_place(struct forward_cuda *f, int l, struct layer_weights *w, const char *block)
+{
+    for (int g = 0; g < LAYER_N_MATS; g++) {
+        size_t off, bytes;
+        block_piece(&f->layouts[l], &f->dn_blocks[l], g, &off, &bytes);
+        piece_place(f, l, g, w, block + off);
+    }
+}
+
+/* Piece g of streamed layer l into w: its use (the compute stream waits for the copy). */
 static int piece_acquire(struct forward_cuda *f, int l, int g, struct layer_weights *w, uint64_t *copy)
 {
     uint64_t off;
@@ -1472,9 +1560,9 @@ static int piece_acquire(struct forward_cuda *f, int l, int g, struct layer_weig
     CK(cudaStreamWaitEvent(f->compute, f->copy_done[*copy % RING_HISTORY], 0));
     CK(cudaEventRecord(f->wait_t1[u], f->compute));
     size_t poff, bytes;
-    layer_piece(&f->layouts[l], g, &poff, &bytes);
+    block_piece(&f->layouts[l], &f->dn_blocks[l], g, &poff, &bytes);
     f->stats.bytes_streamed += bytes;
-    layer_group_at(w, &f->layouts[l], g, f->ring_buf + off);
+    piece_place(f, l, g, w, f->ring_buf + off);
     return FERRY_OK;
 }
 
@@ -1783,25 +1871,25 @@ static int ple_add(struct forward_cuda *f, int l, int n)
 
 /* ---- Qwen3.5's layer kinds (forward_cpu.c is the reference) ---- */
 
-/* LOP_DELTANET of layer l on the rows in `in` (n, dim), its output in out (n, dim): the four in-products side
- * by side into dn_in's column slices, the rest up to the out-product by forward_cuda_deltanet, then the
- * out-product. */
-static int deltanet(struct forward_cuda *f, int l, int n, float *out, const float *in)
+/* LOP_DELTANET of layer l on the rows in `in` (n, dim), its output in out (n, dim), in two halves, each
+ * reading one of the layer's two DeltaNet pieces (w->dn, placed by the caller): deltanet_in runs the four
+ * in-products side by side into dn_in's column slices and the rest up to the out-product's input (dn_out) by
+ * forward_cuda_deltanet; deltanet_out the out-product. */
+static int deltanet_in(struct forward_cuda *f, const struct layer_weights *w, int l, int n, const float *in)
 {
     const struct llm_hparams *hp = &f->m->hp;
-    struct wview mats[CUDA_DN_MATS];
-    if (!f->dn || !out || !in) return FERRY_ERR_INTERNAL;
-    RC(cuda_deltanet_mats(f->dn, l, mats));
+    const struct layer_deltanet *dn = &w->dn;
+    if (!f->dn || !in || !dn->qkv.data) return FERRY_ERR_INTERNAL;
+    const struct wview *mats[4] = {&dn->qkv, &dn->z, &dn->beta, &dn->alpha}; /* in dn_in's order */
     const int C = llm_ssm_conv_dim(hp), I = hp->ssm_inner, nv = hp->ssm_n_v_heads, ld = (int)dn_in_row(hp);
     const int col[4] = {0, C, C + I, C + I + nv};
     /* Qwen3-Next's packed products (no z, no a) go to dn_pack's same columns and are split from there. */
-    const int qkvz = !mats[CUDA_DN_Z].data, ba = !mats[CUDA_DN_A].data;
+    const int qkvz = !dn->z.data, ba = !dn->alpha.data;
     if ((qkvz || ba) && !f->dn_pack) return FERRY_ERR_INTERNAL;
-    for (int k = 0; k < 4; k++) /* CUDA_DN_QKV, _Z, _B, _A in dn_in's order */
-        if (mats[k].data) {
-            float *y =
-                ((k == CUDA_DN_QKV && qkvz) || (k == CUDA_DN_B && ba) ? f->dn_pack : f->dn_in) + col[k];
-            RC(linear(f, y, ld, in, mats[k].data, mats[k].type, NULL, n, mats[k].rows, hp->dim));
+    for (int k = 0; k < 4; k++)
+        if (mats[k]->data) {
+            float *y = ((k == 0 && qkvz) || (k == 2 && ba) ? f->dn_pack : f->dn_in) + col[k];
+            RC(linear(f, y, ld, in, mats[k]->data, mats[k]->type, NULL, n, mats[k]->rows, hp->dim));
         }
     if (qkvz || ba) RC(cuda_deltanet_unpack(f->dn, f->dn_in, ld, f->dn_pack, qkvz, ba, n, f->compute));
     const struct cuda_deltanet_in di = {.qkv = f->dn_in,
@@ -1813,10 +1901,16 @@ static int deltanet(struct forward_cuda *f, int l, int n, float *out, const floa
                                         .ld_b = ld,
                                         .ld_a = ld};
     const int32_t *d_pos = f->d_ints + f->max_tokens, *d_seq = f->d_ints + 2 * f->max_tokens;
-    RC(cuda_deltanet_run(f->dn, l, f->dn_out, &di, n, d_seq, d_pos, f->h_ints + 2 * f->max_tokens,
-                         f->compute));
-    return linear(f, out, hp->dim, f->dn_out, mats[CUDA_DN_OUT].data, mats[CUDA_DN_OUT].type, NULL, n,
-                  hp->dim, I);
+    return cuda_deltanet_run(f->dn, l, f->dn_out, &di, n, d_seq, d_pos, f->h_ints + 2 * f->max_tokens,
+                             f->compute);
+}
+
+static int deltanet_out(struct forward_cuda *f, const struct layer_weights *w, int n, float *out)
+{
+    const struct llm_hparams *hp = &f->m->hp;
+    const struct wview *o = &w->dn.out;
+    if (!out || !o->data) return FERRY_ERR_INTERNAL;
+    return linear(f, out, hp->dim, f->dn_out, o->data, o->type, NULL, n, hp->dim, hp->ssm_inner);
 }
 
 /* LOP_MOE_SHARED's shared expert, after the routed experts' sum is in y (n, dim): y += sigmoid(x · gate) *
@@ -1922,7 +2016,8 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     case LOP_PLE:
         return hp->ple_dim > 0 ? ple_add(f, l, n) : FERRY_OK;
     case LOP_MOE:
-    case LOP_MOE_CLAMPED: /* the biases and the clamped SwiGLU: forward_cuda_moe.c, from the model's hparams */
+    case LOP_MOE_CLAMPED: /* the biases and the clamped SwiGLU: forward_cuda_moe.c, from the model's hparams
+                           */
         RC(cuda_moe_run(f->moe, l, act(f, op->out), act(f, op->in), n, f->kctx, f->d_iota, cs));
         if (op->out == LACT_D) f->pending = 1;
         return FERRY_OK;
@@ -1931,7 +2026,8 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
         if (op->out == LACT_D) f->pending = 1;
         return moe_shared(f, w, l, n, act(f, op->out), act(f, op->in));
     case LOP_DELTANET:
-        RC(deltanet(f, l, n, act(f, op->out), act(f, op->in)));
+        RC(deltanet_in(f, w, l, n, act(f, op->in)));
+        RC(deltanet_out(f, w, n, act(f, op->out)));
         if (op->out == LACT_D) f->pending = 1;
         return FERRY_OK;
     case LOP_Q_GATE:
@@ -1947,33 +2043,43 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
 }
 
 /* Enqueues layer l (resident or streamed) on the compute stream; a streamed layer's products each wait for
- * their piece. */
+ * their piece (a DeltaNet op's two halves, one piece each). */
 static int layer_enqueue(struct forward_cuda *f, int l, enum placement where, int n)
 {
     struct layer_weights w;
     const struct layer_program *p = layer_prog(f, l);
+    const struct layer_layout *lay = &f->layouts[l];
     if (where == PLACEMENT_GPU) {
         if (!f->resident[l]) return FERRY_ERR_INVALID;
-        layer_weights_at(&w, &f->layouts[l], f->resident[l]);
+        layer_weights_tail(&w, lay, (const char *)f->resident[l] + lay->norm_off[0]);
+        block_place(f, l, &w, f->resident[l]);
         for (int i = 0; i < p->n_ops; i++) RC(run_op(f, &p->ops[i], &w, l, n, f->qkv));
         return FERRY_OK;
     }
     if (where == PLACEMENT_PARK) {
         if (!f->ring_buf || f->parked[l] == UINT64_MAX) return FERRY_ERR_INVALID;
-        const struct layer_layout *lay = &f->layouts[l];
         CK(cudaStreamWaitEvent(f->compute, f->park_done, 0));
         layer_weights_tail(&w, lay, f->tail[l]);
-        for (int g = 0; g < LAYER_N_MATS; g++)
-            layer_group_at(&w, lay, g, f->ring_buf + f->parked[l] + lay->part[g][0].off);
+        block_place(f, l, &w, f->ring_buf + f->parked[l]);
         for (int i = 0; i < p->n_ops; i++) RC(run_op(f, &p->ops[i], &w, l, n, f->qkv));
         CK(cudaEventRecord(f->park_used, f->compute));
         return FERRY_OK;
     }
     if (where != PLACEMENT_STREAM || !f->host_block[l] || !f->ring_buf) return FERRY_ERR_INVALID;
-    layer_weights_tail(&w, &f->layouts[l], f->tail[l]);
+    layer_weights_tail(&w, lay, f->tail[l]);
     for (int i = 0; i < p->n_ops; i++) {
         const struct layer_op *op = &p->ops[i];
         uint64_t copy;
+        if (op->kind == LOP_DELTANET) {
+            RC(piece_acquire(f, l, LAYER_QKV, &w, &copy));
+            RC(deltanet_in(f, &w, l, n, act(f, op->in)));
+            RC(piece_release(f, copy));
+            RC(piece_acquire(f, l, LAYER_O, &w, &copy));
+            RC(deltanet_out(f, &w, n, act(f, op->out)));
+            RC(piece_release(f, copy));
+            if (op->out == LACT_D) f->pending = 1;
+            continue;
+        }
         if (op->kind == LOP_LINEAR) RC(piece_acquire(f, l, op->arg, &w, &copy));
         RC(run_op(f, op, &w, l, n, f->qkv));
         if (op->kind == LOP_LINEAR) RC(piece_release(f, copy));
@@ -2200,16 +2306,16 @@ static int cuda_begin(struct backend *be, const struct step *st)
     RC(upload_inputs(f));
     if (!f->ring_buf) return FERRY_OK;
     int n_list = 0;
-    for (int l = 0; l < f->n_layers; l++)
-        if (st->where[l] == PLACEMENT_STREAM)
-            for (int i = 0; i < layer_prog(f, l)->n_ops; i++)
-                if (layer_prog(f, l)->ops[i].kind == LOP_LINEAR) {
-                    const int g = layer_prog(f, l)->ops[i].arg;
-                    size_t off, bytes;
-                    layer_piece(&f->layouts[l], g, &off, &bytes);
-                    f->step_items[n_list] = l * LAYER_N_MATS + g;
-                    f->step_bytes[n_list++] = bytes;
-                }
+    for (int l = 0; l < f->n_layers; l++) {
+        int g[LAYER_N_MATS];
+        const int np = st->where[l] == PLACEMENT_STREAM ? program_pieces(layer_prog(f, l), g) : 0;
+        for (int i = 0; i < np; i++) {
+            size_t off, bytes;
+            block_piece(&f->layouts[l], &f->dn_blocks[l], g[i], &off, &bytes);
+            f->step_items[n_list] = l * LAYER_N_MATS + g[i];
+            f->step_bytes[n_list++] = bytes;
+        }
+    }
     const uint64_t cap =
         step_plan_park_layout(f->map.ring_bytes, f->layer_sizes, st->where, f->n_layers, f->park_want);
     if (cap == UINT64_MAX) return FERRY_ERR_INVALID;
@@ -2495,7 +2601,7 @@ int forward_cuda_link_load_begin(struct backend *be, double seconds)
     for (int i = 0, l = 0; f->load_bytes < rate * seconds && i < 100000; i++) {
         while (!f->host_block[l]) l = (l + 1) % f->n_layers;
         size_t off, bytes;
-        layer_piece(&f->layouts[l], i % LAYER_N_MATS, &off, &bytes);
+        block_piece(&f->layouts[l], &f->dn_blocks[l], i % LAYER_N_MATS, &off, &bytes);
         CK(cudaMemcpyAsync(f->ring_buf, (const char *)f->host_block[l] + off, bytes, cudaMemcpyHostToDevice,
                            f->copy));
         f->load_bytes += bytes;

@@ -20,10 +20,11 @@
  * sequence's window (forward_cuda_params.kv_swa), read through its own block table. An LRU layer cache and
  * zero-copy weights were measured against the ring and lost or tied (runtime/NOTES.md, run 3). Weights in
  * F16/BF16/F32/Q8_0 are used as stored; other types are converted to F16 at load. Recurrent (gated DeltaNet)
- * layers keep each slot's state on the device (runtime/forward_cuda_deltanet.h; forward_cuda_state_get/put
- * move a slot's to and from the host for the prompt cache's checkpoints) and their matrices beside the layer
- * blocks, so a model with them keeps every layer resident. Without CUDA the same header is served by
- * forward_cuda_none.c (no device).
+ * layers keep each slot's state and their small tensors on the device (runtime/forward_cuda_deltanet.h;
+ * forward_cuda_state_get/put move a slot's state to and from the host for the prompt cache's checkpoints);
+ * their matrices are part of the layer blocks, so such layers stream like any other, but the host's cores
+ * never compute a layer of such a model (every one is stream-only: device_map.h). Without CUDA the same
+ * header is served by forward_cuda_none.c (no device).
  */
 #ifndef FERRY_FORWARD_CUDA_H
 #define FERRY_FORWARD_CUDA_H

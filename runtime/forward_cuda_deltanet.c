@@ -29,11 +29,10 @@ static size_t align_up(size_t x)
 
 /* One recurrent layer's small tensors on the device. */
 struct dn_layer {
-    float *conv;                    /* (conv_dim, conv_kernel) */
-    float *dt;                      /* (n_v_heads) */
-    float *A;                       /* (n_v_heads) -exp(A_log) */
-    float *norm;                    /* (head_v) */
-    struct wview mat[CUDA_DN_MATS]; /* the matrices with device data (NULL data: not uploaded) */
+    float *conv; /* (conv_dim, conv_kernel) */
+    float *dt;   /* (n_v_heads) */
+    float *A;    /* (n_v_heads) -exp(A_log) */
+    float *norm; /* (head_v) */
 };
 
 struct cuda_deltanet {
@@ -111,16 +110,47 @@ static size_t mat_bytes(const struct wview *w)
     return dtype_row_size(w->type, w->cols) * (size_t)w->rows;
 }
 
-size_t cuda_deltanet_weight_bytes(const struct model *m)
+void cuda_deltanet_block_of(const struct model *m, int l, size_t at, struct cuda_dn_block *b)
 {
-    size_t b = 0;
-    for (int l = 0; l < m->hp.n_layers; l++) {
-        if (!llm_layer_is_recurrent(&m->hp, l)) continue;
-        const struct wview *w[CUDA_DN_MATS];
-        layer_mats(&m->layers[l], w);
-        for (int i = 0; i < CUDA_DN_MATS; i++) b += align_up(mat_bytes(w[i]));
+    memset(b, 0, sizeof *b);
+    if (l < 0 || l >= m->hp.n_layers || !llm_layer_is_recurrent(&m->hp, l)) return;
+    const struct wview *w[CUDA_DN_MATS];
+    layer_mats(&m->layers[l], w);
+    size_t off = at, end = at;
+    for (int k = CUDA_DN_QKV; k <= CUDA_DN_A; k++) { /* (an absent matrix: 0 bytes) */
+        b->off[k] = off;
+        end = off + (w[k]->data ? mat_bytes(w[k]) : 0);
+        off = align_up(end);
     }
-    return b;
+    b->in_off = at;
+    b->in_bytes = end - at;
+    b->out_off = b->off[CUDA_DN_OUT] = off;
+    b->out_bytes = mat_bytes(w[CUDA_DN_OUT]);
+    b->bytes = align_up(off + b->out_bytes) - at;
+}
+
+void cuda_deltanet_block_pack(const struct model *m, int l, const struct cuda_dn_block *b, void *block)
+{
+    if (!b->bytes) return;
+    const struct wview *w[CUDA_DN_MATS];
+    layer_mats(&m->layers[l], w);
+    for (int k = 0; k < CUDA_DN_MATS; k++)
+        if (w[k]->data) memcpy((char *)block + b->off[k], w[k]->data, mat_bytes(w[k]));
+}
+
+void cuda_deltanet_block_place(const struct model *m, int l, const struct cuda_dn_block *b, const void *in,
+                               const void *out, struct layer_deltanet *dst)
+{
+    if (!b->bytes) return;
+    const struct wview *w[CUDA_DN_MATS];
+    layer_mats(&m->layers[l], w);
+    struct wview *v[CUDA_DN_MATS] = {&dst->qkv, &dst->z, &dst->beta, &dst->alpha, &dst->out};
+    for (int k = 0; k < CUDA_DN_MATS; k++) {
+        const char *piece = k == CUDA_DN_OUT ? out : in;
+        if (!piece) continue;
+        *v[k] = *w[k];
+        v[k]->data = w[k]->data ? piece + (b->off[k] - (k == CUDA_DN_OUT ? b->out_off : b->in_off)) : NULL;
+    }
 }
 
 size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs)
@@ -129,11 +159,11 @@ size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs)
     return s.n_rec ? s.state + (size_t)s.n_rec * s.layer + s.y + s.plan + s.tables + s.y2 : 0;
 }
 
-/* FERRY_OK when the kernels run hp's shape and the recurrent layers' tensors are all there (with mats, their
- * matrices too, of the shapes hp gives and of types the CUDA products read), else the reason in err. */
+/* cuda_deltanet_check, the matrices only with mats (init needs the shape and the small tensors). */
 static int check_model(const struct model *m, int mats, char err[256])
 {
     const struct llm_hparams *hp = &m->hp;
+    if (recurrent_layers(hp) == 0) return FERRY_OK;
     if (hp->ssm_n_k_heads < 1 || hp->ssm_n_v_heads < 1 || hp->ssm_head_k < 1 || hp->ssm_inner < 1 ||
         hp->ssm_n_v_heads % hp->ssm_n_k_heads != 0 || hp->ssm_inner % hp->ssm_n_v_heads != 0 ||
         hp->ssm_conv_kernel < 1) {
@@ -185,6 +215,11 @@ static int check_model(const struct model *m, int mats, char err[256])
     return FERRY_OK;
 }
 
+int cuda_deltanet_check(const struct model *m, char err[256])
+{
+    return check_model(m, 1, err);
+}
+
 /* The grouped model's tables (see struct cuda_deltanet), dn_in's columns as forward_cuda.c lays them out:
  * q|k|v (conv_dim), z (inner), b, a (n_v_heads each); the packed products in the same columns. */
 static int upload_tables(struct cuda_deltanet *dn)
@@ -229,18 +264,17 @@ int cuda_deltanet_unpack(struct cuda_deltanet *dn, float *in, int ld, const floa
 }
 
 int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
-                       void *wmem, char err[256])
+                       char err[256])
 {
     *out = NULL;
     err[0] = '\0';
     const struct llm_hparams *hp = &m->hp;
     if (recurrent_layers(hp) == 0) return FERRY_OK;
-    if (T < 1 || n_seqs < 1 || !mem || ((uintptr_t)mem % DN_ALIGN) != 0 ||
-        ((uintptr_t)wmem % DN_ALIGN) != 0) {
+    if (T < 1 || n_seqs < 1 || !mem || ((uintptr_t)mem % DN_ALIGN) != 0) {
         snprintf(err, 256, "linear attention: bad arguments (T %d, %d slots, memory %p)", T, n_seqs, mem);
         return FERRY_ERR_INVALID;
     }
-    RC(check_model(m, wmem != NULL, err));
+    RC(check_model(m, 0, err));
     struct cuda_deltanet *dn = calloc(1, sizeof *dn);
     if (!dn) return FERRY_ERR_NOMEM;
     const struct dn_sizes s = sizes_of(hp, T, n_seqs);
@@ -288,23 +322,6 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
             snprintf(err, 256, "layer %d: upload of the linear attention's tensors failed", l);
             rc = FERRY_ERR_CUDA;
         }
-        if (!wmem) continue;
-        const struct wview *mw[CUDA_DN_MATS];
-        layer_mats(L, mw);
-        for (int k = 0; k < CUDA_DN_MATS; k++) {
-            d->mat[k] = *mw[k];
-            if (!mw[k]->data) { /* a packed model's absent z or a */
-                d->mat[k] = (struct wview){0};
-                continue;
-            }
-            d->mat[k].data = wmem;
-            if (!rc &&
-                cudaMemcpy(wmem, mw[k]->data, mat_bytes(mw[k]), cudaMemcpyHostToDevice) != cudaSuccess) {
-                snprintf(err, 256, "layer %d: upload of the linear attention's matrices failed", l);
-                rc = FERRY_ERR_CUDA;
-            }
-            wmem = (char *)wmem + align_up(mat_bytes(mw[k]));
-        }
     }
     dn->y = (float *)p;
     p += s.y;
@@ -335,15 +352,6 @@ void cuda_deltanet_free(struct cuda_deltanet *dn)
     free(dn->slot);
     free(dn->layers);
     free(dn);
-}
-
-int cuda_deltanet_mats(const struct cuda_deltanet *dn, int l, struct wview mats[CUDA_DN_MATS])
-{
-    if (!dn || l < 0 || l >= dn->m->hp.n_layers || dn->slot[l] < 0) return FERRY_ERR_INVALID;
-    const struct dn_layer *d = &dn->layers[dn->slot[l]];
-    if (!d->mat[CUDA_DN_QKV].data) return FERRY_ERR_INVALID;
-    for (int k = 0; k < CUDA_DN_MATS; k++) mats[k] = d->mat[k];
-    return FERRY_OK;
 }
 
 size_t cuda_deltanet_slot_bytes(const struct cuda_deltanet *dn)

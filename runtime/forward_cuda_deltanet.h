@@ -1,19 +1,22 @@
 /* forward_cuda_deltanet — the gated DeltaNet layers (LOP_DELTANET) of the CUDA backend between their
- * products: every slot's state on the device, and one layer's ops from the in-products to the out-product's
- * input.
+ * products: every slot's state on the device, where each recurrent layer's matrices sit in its packed block,
+ * and one layer's ops from the in-products to the out-product's input.
  *
  * Device memory (cuda_deltanet_bytes, carved by the caller from its arena): each slot's state of every
  * recurrent layer, laid out as runtime/seq_state.h lays out a slot on the host (n_seqs, n_rec_layers, conv
  * (conv_kernel - 1, conv_dim) | rule (n_v_heads, head_k, head_v)) f32, so a slot is one contiguous copy
  * either way; each recurrent layer's small f32 tensors (convolution weights, dt bias, A, norm), uploaded at
- * init; and a scratch for T rows (the convolution's output, the plan). cuda_deltanet_run is forward_cpu's
- * deltanet() after its four products and before its out-product, on the device, for a step's rows of any
- * sequences (kernels/cuda/deltanet.h): gates, convolution with the slot's rolling state, L2-normed q and k,
- * the gated delta rule, the gated RMSNorm. A sequence whose first row in the step is position 0 starts from
- * a zero state. Steps of up to 16 rows run the rule token by token, larger ones by chunks of 16 tokens
- * (FERRY_DN_RULE=token or chunk, read at init, forces one). Everything is enqueued on the caller's stream and
- * allocates nothing after init. Usage: cuda_deltanet_bytes → init → (run per recurrent layer and step; reset,
- * download, upload per slot)* → free.
+ * init; and a scratch for T rows (the convolution's output, the plan). These stay on the device whatever the
+ * layer's placement. The five matrices (q|k|v, z, b, a in-products and the out-product) are part of the
+ * layer's packed block instead (struct cuda_dn_block): resident with a resident layer, streamed through the
+ * ring as two pieces with a host layer, so the caller hands them to the products as views. cuda_deltanet_run
+ * is forward_cpu's deltanet() after its four products and before its out-product, on the device, for a
+ * step's rows of any sequences (kernels/cuda/deltanet.h): gates, convolution with the slot's rolling state,
+ * L2-normed q and k, the gated delta rule, the gated RMSNorm. A sequence whose first row in the step is
+ * position 0 starts from a zero state. Steps of up to 16 rows run the rule token by token, larger ones by
+ * chunks of 16 tokens (FERRY_DN_RULE=token or chunk, read at init, forces one). Everything is enqueued on the
+ * caller's stream and allocates nothing after init. Usage: cuda_deltanet_bytes → init → (run per recurrent
+ * layer and step; reset, download, upload per slot)* → free.
  */
 #ifndef FERRY_FORWARD_CUDA_DELTANET_H
 #define FERRY_FORWARD_CUDA_DELTANET_H
@@ -23,6 +26,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "runtime/layer.h"
 #include "runtime/model.h"
 
 struct cuda_deltanet;
@@ -30,26 +34,41 @@ struct cuda_deltanet;
 /* Device bytes for n_seqs slots and steps of at most T rows; 0 for a model without recurrent layers. */
 size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs);
 
-/* Device bytes of every recurrent layer's five matrices (the q|k|v, z, b, a in-products and the out-product
- * of runtime/model.h) in their stored types, each 256-byte aligned; 0 without recurrent layers. */
-size_t cuda_deltanet_weight_bytes(const struct model *m);
-
-/* mem: cuda_deltanet_bytes(m, T, n_seqs) bytes of device memory, 256-byte aligned, owned by the caller;
- * wmem: cuda_deltanet_weight_bytes(m) more for the matrices (cuda_deltanet_mats), or NULL when the caller
- * keeps them itself. Uploads the layers' tensors and zeroes every state (synchronously).
- * FERRY_ERR_UNSUPPORTED (naming the limit or tensor) for a shape the kernels do not run or a matrix type the
- * CUDA products cannot read, FERRY_ERR_INVALID for missing tensors or bad sizes. A model without recurrent
- * layers gives *out = NULL and FERRY_OK. */
+/* mem: cuda_deltanet_bytes(m, T, n_seqs) bytes of device memory, 256-byte aligned, owned by the caller.
+ * Uploads the layers' small tensors and zeroes every state (synchronously). FERRY_ERR_UNSUPPORTED (naming the
+ * limit) for a shape the kernels do not run, FERRY_ERR_INVALID for missing small tensors or bad sizes (the
+ * matrices are the caller's: cuda_deltanet_check). A model without recurrent layers gives *out = NULL and
+ * FERRY_OK. */
 int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
-                       void *wmem, char err[256]);
+                       char err[256]);
 void cuda_deltanet_free(struct cuda_deltanet *dn); /* accepts NULL; the device memory stays the caller's */
 
-/* Layer l's matrices as on the device (the model's wviews with device data): q|k|v (conv_dim, dim), z (inner,
- * dim), b and a (n_v_heads, dim), out (dim, inner); a grouped model's packed q|k|v|z (conv_dim + inner, dim)
- * with no z (data NULL), its packed b|a (2 n_v_heads, dim) with no a. FERRY_ERR_INVALID when l is not
- * recurrent or init had no wmem. */
+/* FERRY_OK when the kernels run the model's linear-attention shape and every recurrent layer has its small
+ * tensors and its five matrices, of the shapes hp gives (a grouped model's packed q|k|v|z and b|a included)
+ * and of types the CUDA products read; else the reason in err (as cuda_deltanet_init). No device needed. */
+int cuda_deltanet_check(const struct model *m, char err[256]);
+
+/* A recurrent layer's matrices in its packed block (runtime/layer.h; forward_cuda.c places them between the
+ * matrix groups and the tail): the in-products q|k|v, z, b, a one after another, each 256-byte aligned, as
+ * one piece, then the out-product, 256-byte aligned, as another. A grouped model's absent z or a takes no
+ * bytes. Offsets count from the block's start; all 0 in a layer that is not recurrent. */
 enum { CUDA_DN_QKV, CUDA_DN_Z, CUDA_DN_B, CUDA_DN_A, CUDA_DN_OUT, CUDA_DN_MATS };
-int cuda_deltanet_mats(const struct cuda_deltanet *dn, int l, struct wview mats[CUDA_DN_MATS]);
+struct cuda_dn_block {
+    size_t off[CUDA_DN_MATS];  /* each matrix's offset */
+    size_t in_off, in_bytes;   /* the in-products' piece (in_off = at) */
+    size_t out_off, out_bytes; /* the out-product's piece */
+    size_t bytes;              /* from at to the end of the out piece, rounded up to 256 */
+};
+/* Layer l's matrices laid out from offset `at` (256-byte aligned) of its block, from the model's shapes and
+ * stored types (no data read). */
+void cuda_deltanet_block_of(const struct model *m, int l, size_t at, struct cuda_dn_block *b);
+/* Copies layer l's matrices, as stored, to block + their offsets (host memory; b from block_of). */
+void cuda_deltanet_block_pack(const struct model *m, int l, const struct cuda_dn_block *b, void *block);
+/* Points w's five matrix views at their bytes: the in-products' into the in piece at `in`, the out-product's
+ * into the out piece at `out` (device or host addresses); a NULL piece leaves its views as they are, an
+ * absent matrix gets a view with NULL data. Shapes and types are the model's. */
+void cuda_deltanet_block_place(const struct model *m, int l, const struct cuda_dn_block *b, const void *in,
+                               const void *out, struct layer_deltanet *w);
 
 /* Bytes of one slot's state of all recurrent layers: seq_state's slot block (its data or ckpt + seq *
  * n_layers * (conv_floats + rec_floats)), 0 for NULL. */
@@ -74,7 +93,7 @@ struct cuda_deltanet_in {
  * z (inner), b, a (n_v_heads each); with qkvz, packed's first conv_dim + inner columns hold per key head its
  * q, k, its value heads' v, then their z, which go to in's q|k|v and z columns; with ba, packed's last 2
  * n_v_heads hold per key head its value heads' b then their a, which go to in's b and a. Matrices are packed
- * where cuda_deltanet_mats gives no z (qkvz) or no a (ba). */
+ * where cuda_deltanet_block_place gives no z (qkvz) or no a (ba). */
 int cuda_deltanet_unpack(struct cuda_deltanet *dn, float *in, int ld, const float *packed, int qkvz, int ba,
                          int n, cudaStream_t cs);
 

@@ -127,12 +127,23 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
     return end[SIM_STEPS - 1] - end[SIM_STEPS - 2];
 }
 
-/* The device_map's host layers with c of them (spread evenly) on the CPU, the rest streamed. */
+/* 1 when host layer l may run on the CPU (not stream-only). */
+static int computable(const struct step_plan_input *in, int l)
+{
+    return in->where[l] != PLACEMENT_GPU && !(in->stream_only && in->stream_only[l]);
+}
+
+/* The device_map's host layers with c of the h computable ones (spread evenly among them) on the CPU, the
+ * rest streamed. */
 static void assign(const struct step_plan_input *in, int c, int h, enum placement *w)
 {
     for (int l = 0, j = 0; l < in->n_layers; l++) {
         if (in->where[l] == PLACEMENT_GPU) {
             w[l] = PLACEMENT_GPU;
+            continue;
+        }
+        if (!computable(in, l)) {
+            w[l] = PLACEMENT_STREAM;
             continue;
         }
         w[l] = (int64_t)(j + 1) * c / h > (int64_t)j * c / h ? PLACEMENT_CPU : PLACEMENT_STREAM;
@@ -179,15 +190,15 @@ static int park(const struct step_plan_input *in, enum placement *w, int k)
     return n;
 }
 
-/* c host layers on the CPU (assign), the rest streamed, with the number of parked ones that makes the fastest
- * step at m tokens: into w, its time returned (tmp: scratch). */
-static double with_parks(const struct step_plan_input *in, int c, int h, int m, enum placement *w,
+/* c of the hc computable host layers on the CPU (assign), the rest of the h host layers streamed, with the
+ * number of parked ones that makes the fastest step at m tokens: into w, its time returned (tmp: scratch). */
+static double with_parks(const struct step_plan_input *in, int c, int hc, int h, int m, enum placement *w,
                          enum placement *tmp)
 {
-    assign(in, c, h ? h : 1, w);
+    assign(in, c, hc ? hc : 1, w);
     double best = step_plan_simulate(in, w, m);
     for (int k = 1; k <= h - c; k++) {
-        assign(in, c, h ? h : 1, tmp);
+        assign(in, c, hc ? hc : 1, tmp);
         if (park(in, tmp, k) < k) break;
         const double t = step_plan_simulate(in, tmp, m);
         if (t < best) {
@@ -257,6 +268,12 @@ static int forced(const struct step_plan_input *in, int b, enum placement *w, ch
             return FERRY_ERR_INVALID;
         }
         const int ringed = w[l] == PLACEMENT_STREAM || w[l] == PLACEMENT_PARK;
+        if (w[l] == PLACEMENT_CPU && host && !computable(in, l)) {
+            snprintf(err, 256,
+                     "forced plan: layer %d cannot be 'c' (the host's cores cannot compute it: it streams)",
+                     l);
+            return FERRY_ERR_INVALID;
+        }
         if (host != (w[l] != PLACEMENT_GPU) || (ringed && in->ring_bytes == 0)) {
             snprintf(err, 256, "forced plan: layer %d cannot be '%c' (it is %s)", l, s[l],
                      host ? (in->ring_bytes ? "in host memory" : "in host memory, with no ring")
@@ -286,8 +303,14 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
         return rc;
     }
     const int L = in->n_layers;
-    int h = 0;
-    for (int l = 0; l < L; l++) h += in->where[l] != PLACEMENT_GPU;
+    int h = 0, hc = 0; /* host layers; of them, computable ones */
+    for (int l = 0; l < L; l++) h += in->where[l] != PLACEMENT_GPU, hc += computable(in, l);
+    if (h > hc && in->ring_bytes == 0) {
+        snprintf(err, 256, "invalid step plan request: %d host layers stream only, and there is no ring",
+                 h - hc);
+        step_plan_free(out);
+        return FERRY_ERR_INVALID;
+    }
     enum placement *trial = malloc(sizeof *trial * (size_t)L * 3), *streamed = trial + L,
                    *tmp = trial + 2 * L;
     if (!trial) {
@@ -297,20 +320,20 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
     for (int b = 0; b < out->n_buckets && !rc; b++) {
         const int m = out->tokens[b];
         enum placement *w = out->where + (size_t)b * L;
-        if (in->ring_bytes > 0) out->stream_s[b] = with_parks(in, 0, h, m, streamed, tmp);
+        if (in->ring_bytes > 0) out->stream_s[b] = with_parks(in, 0, hc, h, m, streamed, tmp);
         if (in->force) {
             rc = forced(in, b, w, err);
         } else if (in->mode == STEP_MODE_STREAM && in->ring_bytes > 0) {
             memcpy(w, streamed, sizeof *w * (size_t)L);
-        } else if (in->mode == STEP_MODE_CPU || in->ring_bytes == 0 || h == 0) {
-            assign(in, h, h ? h : 1, w);
+        } else if (in->mode == STEP_MODE_CPU || in->ring_bytes == 0 || hc == 0) {
+            assign(in, hc, hc ? hc : 1, w);
         } else {
             /* AUTO: the fastest c; more host layers only when they beat streaming all of them by the margin.
              */
             double best = out->stream_s[b];
             memcpy(w, streamed, sizeof *w * (size_t)L);
-            for (int c = 1; c <= h; c++) {
-                const double t = with_parks(in, c, h, m, trial, tmp);
+            for (int c = 1; c <= hc; c++) {
+                const double t = with_parks(in, c, hc, h, m, trial, tmp);
                 if (t < best && t < out->stream_s[b] * (1.0 - in->margin)) {
                     best = t;
                     memcpy(w, trial, sizeof *w * (size_t)L);

@@ -141,7 +141,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < 2; k++) {
         char err[256];
         setenv("FERRY_DN_RULE", rules[k], 1);
-        FK(cuda_deltanet_init(&b.dn, &m, TMAX, NSEQ, mem, NULL, err));
+        FK(cuda_deltanet_init(&b.dn, &m, TMAX, NSEQ, mem, err));
         static const int decode[] = {1, 4, 16};
         for (int d = 0; d < 3; d++) {
             const int n = decode[d];

@@ -148,28 +148,40 @@ static void run_case(const struct dn_case *c, int ci, const char *rule)
     m.hp.n_layers = 3, m.hp.full_attn_interval = 3, m.hp.norm_eps = 1e-6f, m.hp.dim = dim;
     m.hp.ssm_conv_kernel = c->width, m.hp.ssm_head_k = c->hk, m.hp.ssm_n_k_heads = c->nk;
     m.hp.ssm_n_v_heads = nv, m.hp.ssm_inner = I;
-    const size_t bytes = cuda_deltanet_bytes(&m, T, n_seqs), wbytes = cuda_deltanet_weight_bytes(&m);
-    cr_assert(bytes > 0 && wbytes > 0);
-    void *mem = dev_alloc(bytes), *wmem = dev_alloc(wbytes);
+    const size_t bytes = cuda_deltanet_bytes(&m, T, n_seqs);
+    cr_assert(bytes > 0);
+    void *mem = dev_alloc(bytes);
     struct cuda_deltanet *dn = NULL;
     char err[256];
-    cr_assert_eq(cuda_deltanet_init(&dn, &m, T, n_seqs, mem, wmem, err), FERRY_OK, "%s", err);
+    cr_assert_eq(cuda_deltanet_init(&dn, &m, T, n_seqs, mem, err), FERRY_OK, "%s", err);
     cr_assert(dn);
-    /* The matrices on the device: bitwise the model's. */
-    cr_assert_eq(cuda_deltanet_mats(dn, 2, (struct wview[CUDA_DN_MATS]){0}), FERRY_ERR_INVALID, "layer 2");
+    /* The matrices in a layer's block (from an odd offset's next 256 bytes): two pieces, each matrix
+     * 256-byte aligned in them and bitwise the model's; none in the attention layer. */
+    struct cuda_dn_block blk;
+    cuda_deltanet_block_of(&m, 2, 512, &blk);
+    cr_assert_eq(blk.bytes, 0, "layer 2 is not recurrent");
     for (int l = 0; l < 2; l++) {
-        struct wview dm[CUDA_DN_MATS];
-        cr_assert_eq(cuda_deltanet_mats(dn, l, dm), FERRY_OK);
+        cuda_deltanet_block_of(&m, l, 512, &blk);
         const struct wview *hm[5] = {&layers[l].ssm_qkv, &layers[l].ssm_z, &layers[l].ssm_beta,
                                      &layers[l].ssm_alpha, &layers[l].ssm_out};
+        cr_assert_eq(blk.in_off, 512);
+        cr_assert_eq(blk.out_off % 256, 0);
+        cr_assert_eq(blk.in_bytes, blk.off[CUDA_DN_A] - 512 + (size_t)nv * dim * 4);
+        cr_assert_eq(blk.out_bytes, (size_t)dim * I * 4);
+        cr_assert_eq(blk.bytes, (blk.out_off + blk.out_bytes - 512 + 255) / 256 * 256);
+        char *block = calloc(1, 512 + blk.bytes);
+        cuda_deltanet_block_pack(&m, l, &blk, block);
+        struct layer_deltanet v = {0};
+        cuda_deltanet_block_place(&m, l, &blk, block + blk.in_off, block + blk.out_off, &v);
+        const struct wview *got[5] = {&v.qkv, &v.z, &v.beta, &v.alpha, &v.out};
         for (int k = 0; k < CUDA_DN_MATS; k++) {
-            const size_t nb = (size_t)hm[k]->rows * hm[k]->cols * 4;
-            float *h = malloc(nb);
-            cr_assert(dm[k].rows == hm[k]->rows && dm[k].cols == hm[k]->cols && dm[k].data != hm[k]->data);
-            dev_download(h, dm[k].data, nb);
-            cr_assert(memcmp(h, hm[k]->data, nb) == 0, "case %d layer %d matrix %d", ci, l, k);
-            free(h);
+            cr_assert_eq(blk.off[k] % 256, 0, "case %d layer %d matrix %d", ci, l, k);
+            cr_assert(got[k]->data == block + blk.off[k] && got[k]->rows == hm[k]->rows &&
+                      got[k]->cols == hm[k]->cols && got[k]->type == hm[k]->type);
+            cr_assert(memcmp(got[k]->data, hm[k]->data, (size_t)hm[k]->rows * hm[k]->cols * 4) == 0,
+                      "case %d layer %d matrix %d", ci, l, k);
         }
+        free(block);
     }
     cr_assert_eq(cuda_deltanet_slot_bytes(dn), slot * 4);
 
@@ -266,7 +278,6 @@ static void run_case(const struct dn_case *c, int ci, const char *rule)
     for (size_t i = 0; i < slot; i++) cr_assert(back[i] == 0.0f, "case %d: reset slot word %zu", ci, i);
     cuda_deltanet_free(dn);
     cudaFree(mem);
-    cudaFree(wmem);
     for (int s = 0; s < n_seqs; s++) free(conv[s]), free(rec[s]), free(conv2[s]), free(rec2[s]);
     for (int l = 0; l < 2; l++) {
         free(layers[l].ssm_conv);

@@ -302,10 +302,12 @@ Test(device_map, too_small_for_one_sequence_names_the_minimum_in_full)
 {
     struct device_map m;
     char err[256] = "";
-    /* 300 + 250 + 2 x 172 MiB of head, fixed and ring, plus 4096 positions (2 GiB): 2942 MiB */
+    /* 300 + 250 + 2 x 172 MiB of head, fixed and ring, plus 4096 positions (2 GiB): 2942 MiB = 2.873 GiB,
+     * named rounded up (a budget of the printed minimum fits); the budget rounded down. */
     struct device_map_input in = auto_kv(2900 * MIB, 4 * 4096, 4 * 1024, 4096);
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
-    cr_assert(strstr(err, "minimum is 2.87 GiB"), "message: %s", err);
+    cr_assert(strstr(err, "GPU budget 2.83 GiB is too small: the minimum is 2.88 GiB"), "message: %s", err);
+    cr_assert_eq(m.bytes_minimum, 2942 * MIB);
     cr_assert_eq(err[strlen(err) - 1], ')', "the message is whole: %s", err);
     cr_assert_lt(strlen(err), 200);
 }
@@ -421,4 +423,76 @@ Test(device_map, resident_mask_is_obeyed)
     in.budget = 2000 * MIB; /* 850 + 3 x 386 + a ring of 2 x 172 = 2352 MiB: too small */
     cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
     cr_assert(strstr(err, "too small"), "%s", err);
+}
+
+/* The minimum is that of the smallest plan the request allows, so a budget of exactly that many bytes gets a
+ * plan: every layer streamed through the smallest ring, or with --gpu-layers N those N resident (before, the
+ * minimum named every layer streamed while the plan kept N resident: a refusal under a minimum below the
+ * budget). */
+Test(device_map, the_minimum_is_a_budget_that_works)
+{
+    struct device_map m;
+    char err[256] = "";
+    const int resident[] = {-1, 0, 16, 32};
+    for (size_t i = 0; i < sizeof resident / sizeof resident[0]; i++) {
+        struct device_map_input in = llama7b_like(1 * MIB);
+        in.gpu_layers = resident[i];
+        cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+        const uint64_t least = m.bytes_minimum;
+        const int r = resident[i] < 0 ? 0 : resident[i];
+        cr_assert_eq(least, 850 * MIB + (uint64_t)r * 386 * MIB + (r < 32 ? 2 * 172 * MIB : 0),
+                     "--gpu-layers %d: minimum %llu", resident[i], (unsigned long long)least);
+        in.budget = least;
+        cr_assert_eq(device_map_plan(&in, &m, err), FERRY_OK, "--gpu-layers %d at the minimum: %s",
+                     resident[i], err);
+        cr_assert_eq(m.n_resident, r);
+        cr_assert_eq(m.bytes_total, least);
+        device_map_free(&m);
+        in.budget = least - 1;
+        cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+        cr_assert_eq(m.bytes_minimum, least);
+        cr_assert(strstr(err, "is too small: the minimum is"), "%s", err);
+    }
+}
+
+/* Refusals round the budget down and the minimum up: one byte apart, they still print apart. */
+Test(device_map, too_small_messages_never_read_as_equal)
+{
+    char err[256];
+    cr_assert_eq(device_map_too_small(err, 8ull << 30, (8ull << 30) + 1, "x"), FERRY_ERR_DEVICE_MEM);
+    cr_assert_str_eq(err, "GPU budget 8.00 GiB is too small: the minimum is 8.01 GiB (x)");
+    device_map_too_small(err, (8ull << 30) - 1, 8ull << 30, "y");
+    cr_assert_str_eq(err, "GPU budget 7.99 GiB is too small: the minimum is 8.00 GiB (y)");
+    device_map_too_small(err, 300 * MIB + 1, 301 * MIB + MIB / 20, "z");
+    cr_assert_str_eq(err, "GPU budget 300.0 MiB is too small: the minimum is 301.1 MiB (z)");
+    device_map_too_small(err, 1000 * MIB, 1024 * MIB, "w");
+    cr_assert_str_eq(err, "GPU budget 1000.0 MiB is too small: the minimum is 1.00 GiB (w)");
+}
+
+/* Stream-only layers (a model with recurrent layers on the CUDA backend): placed like any other and named in
+ * the map's text when in host memory; a map without a ring may not leave one there. */
+Test(device_map, stream_only_layers)
+{
+    struct device_map m;
+    char err[256] = "", buf[2048];
+    uint8_t only[32];
+    memset(only, 1, sizeof only);
+    struct device_map_input in = llama7b_like(4096 * MIB);
+    in.stream_only = only;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_OK, "%s", err);
+    cr_assert_eq(m.n_resident, 7);
+    cr_assert_eq(m.n_stream_only, 25);
+    cr_assert(m.stream_only && m.stream_only != only && m.stream_only[31] == 1);
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "25 of the host layers always stream"), "%s", buf);
+    device_map_free(&m);
+    in.no_ring = 1;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_UNSUPPORTED, "no ring, stream-only host layers");
+    cr_assert_null(m.where);
+    in.budget = 80000 * MIB;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_OK, "no ring, every layer resident: %s", err);
+    cr_assert_eq(m.n_stream_only, 0);
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert_null(strstr(buf, "always stream"), "%s", buf);
+    device_map_free(&m);
 }

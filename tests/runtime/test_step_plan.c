@@ -646,3 +646,59 @@ Test(step_plan, parked_layers_lie_at_the_ring_end_and_cost_as_resident_ones)
     step_plan_free(&p);
     step_plan_free(&q);
 }
+
+/* Stream-only host layers (a recurrent layer, whose state lives on the device): never on the CPU, in any
+ * mode, however fast the host; the other host layers are still the planner's to give to it. A host fast
+ * enough that AUTO puts layers on the CPU (checked without the mask first), and every third layer
+ * stream-only: AUTO and CPU put none of those there, CPU puts every other host layer there, STREAM streams
+ * all. Forcing one onto the CPU is refused, and so is a map without a ring that leaves one in host memory. */
+Test(step_plan, stream_only_layers_never_run_on_the_cpu)
+{
+    struct step_plan_input in = llama7b(5, 400, 20);
+    struct step_plan p;
+    make(&in, &p);
+    cr_assert_gt(p.n_cpu[0], 0, "without the mask a fast host takes layers at one token");
+    step_plan_free(&p);
+    uint8_t only[L7] = {0};
+    int host = 0, n_only = 0;
+    for (int l = 0; l < L7; l++)
+        if (where7[l] != PLACEMENT_GPU) only[l] = host++ % 3 == 0, n_only += only[l];
+    in.stream_only = only;
+    const enum step_mode modes[] = {STEP_MODE_AUTO, STEP_MODE_CPU, STEP_MODE_STREAM};
+    for (int k = 0; k < 3; k++) {
+        in.mode = modes[k];
+        make(&in, &p);
+        for (int b = 0; b < p.n_buckets; b++) {
+            const enum placement *w = p.where + (size_t)b * L7;
+            for (int l = 0; l < L7; l++) {
+                if (only[l])
+                    cr_assert(w[l] == PLACEMENT_STREAM || w[l] == PLACEMENT_PARK,
+                              "mode %d bucket %d: stream-only layer %d is %d", k, b, l, w[l]);
+                if (where7[l] == PLACEMENT_GPU) cr_assert_eq(w[l], PLACEMENT_GPU);
+            }
+            if (modes[k] == STEP_MODE_CPU) cr_assert_eq(p.n_cpu[b], host - n_only, "bucket %d", b);
+            if (modes[k] == STEP_MODE_STREAM) cr_assert_eq(p.n_cpu[b], 0);
+        }
+        if (modes[k] == STEP_MODE_AUTO) cr_assert_gt(p.n_cpu[0], 0, "the others still go to the CPU");
+        step_plan_free(&p);
+    }
+    /* Every host layer stream-only: AUTO and CPU stream them all. */
+    for (int l = 0; l < L7; l++) only[l] = where7[l] != PLACEMENT_GPU;
+    in.mode = STEP_MODE_CPU;
+    make(&in, &p);
+    for (int b = 0; b < p.n_buckets; b++) cr_assert_eq(p.n_cpu[b], 0);
+    cr_assert_eq(p.n_stream[0], host);
+    step_plan_free(&p);
+    char force[L7 + 1], err[256] = "";
+    for (int l = 0; l < L7; l++) force[l] = where7[l] == PLACEMENT_GPU ? 'g' : 's';
+    force[L7] = '\0';
+    int first = 0;
+    while (where7[first] == PLACEMENT_GPU) first++;
+    force[first] = 'c';
+    in.force = force;
+    cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "a stream-only layer forced to the CPU");
+    cr_assert(strstr(err, "cannot be 'c'"), "%s", err);
+    in.force = NULL;
+    in.ring_bytes = 0;
+    cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "stream-only host layers and no ring");
+}
