@@ -648,61 +648,6 @@ static void compare_family_hybrid(const char *name)
     compare_restore(path);
 }
 
-/* The planner (forward_cuda_plan_offline: forward_cuda_init's arithmetic, no device needed) keeps every layer
- * of a model with recurrent layers resident, refuses host layers and a budget one byte short of that, and
- * counts each slot's recurrent state: three more slots cost three slots' state (cuda_deltanet_bytes) and
- * their block-table rows, nothing else. */
-Test(gpu_e2e, qwen35_planner_counts_recurrent_state)
-{
-    const char *path = src_path("tests/golden/models/qwen35_deltanet_f16.gguf");
-    FILE *fp = fopen(path, "rb");
-    if (!fp) cr_skip_test("missing %s (tests/golden/make_qwen35_golden.py writes it)", path);
-    fclose(fp);
-    struct model_file *mf = open_model(path);
-    struct model m;
-    char err[256] = "";
-    cr_assert_eq(model_init(&m, mf, err), 0, "%s", err);
-    const struct llm_hparams *hp = &m.hp;
-    const int L = hp->n_layers, T = 64;
-    uint64_t total[2];
-    for (int i = 0; i < 2; i++) {
-        const int S = i ? 4 : 1;
-        struct kv_cache kv;
-        cr_assert_eq(kv_cache_init(&kv, llm_kv_cache_layers(hp), llm_kv_cache_heads(hp), hp->head_dim, S, 256,
-                                   256, 16, KV_NO_HOST),
-                     0);
-        struct forward_cuda_params cp = {.max_tokens = T, .gpu_memory = (int64_t)1 << 40, .gpu_layers = -1};
-        struct device_map map;
-        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), 0, "%s", err);
-        cr_assert_eq(map.n_resident, L, "every layer resident (%d of %d)", map.n_resident, L);
-        cr_assert_eq(map.n_streamed, 0);
-        total[i] = map.bytes_total;
-        device_map_free(&map);
-        cp.gpu_memory = (int64_t)total[i] - 1;
-        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), FERRY_ERR_DEVICE_MEM,
-                     "a budget one byte short: no layer may stream");
-        cp.gpu_memory = (int64_t)1 << 40;
-        cp.gpu_layers = 1;
-        cr_assert_eq(forward_cuda_plan_offline(&m, &kv, &cp, 50e9, 3e12, &map, err), FERRY_ERR_UNSUPPORTED);
-        cr_assert(strstr(err, "linear-attention"), "%s", err);
-        if (i) {
-            const uint64_t want = cuda_deltanet_bytes(&m, T, 4) - cuda_deltanet_bytes(&m, T, 1) +
-                                  (uint64_t)3 * kv.max_blocks * sizeof(int32_t);
-            cr_assert_eq(total[1] - total[0], want, "3 more slots cost %llu bytes, want %llu",
-                         (unsigned long long)(total[1] - total[0]), (unsigned long long)want);
-            cr_assert_geq(cuda_deltanet_bytes(&m, T, 4) - cuda_deltanet_bytes(&m, T, 1),
-                          (uint64_t)3 * 3 *
-                              ((hp->ssm_conv_kernel - 1) * (uint64_t)llm_ssm_conv_dim(hp) +
-                               (uint64_t)hp->ssm_n_v_heads * hp->ssm_head_k * llm_ssm_head_v(hp)) *
-                              sizeof(float),
-                          "three slots of three recurrent layers' state");
-        }
-        kv_cache_free(&kv);
-    }
-    model_free(&m);
-    model_file_close(mf);
-}
-
 /* Qwen3.5: DeltaNet in 3 of 4 layers, the fourth gated attention with QK-norm and partial rotary. */
 Test(gpu_e2e, qwen35_deltanet_f16_matches_cpu, .timeout = 300)
 {
