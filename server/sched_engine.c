@@ -583,6 +583,7 @@ static void draft_with_model_locked(struct sched *s)
             n_out[i] = 0;
             mtp_seq_keep(s->p.mtp, seq[i], pos);
             if (mtp_seq_len(s->p.mtp, seq[i]) != pos) {
+                mtp_seq_free(s->p.mtp, seq[i]);
                 who[i]->mtp_on = 0;
                 continue;
             }
@@ -615,10 +616,7 @@ static int spec_settle(struct sched *s, int rows)
             if (s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > kept)
                 prompt_cache_set_len(s->pc, c->slot, kept > 0 ? kept : 0);
             if (kept < c->spec_pos && c->hist && !c->out.fin) {
-                /* the sequence so far, its pending token last, is fed again from what was kept */
-                c->feed = c->hist;
-                c->n_feed = keep + 1;
-                c->n_fed = kept > 0 ? kept : 0;
+                c->spec_refeed = 1 + (kept > 0 ? kept : 0); /* (set up under mu, after the step) */
                 if (c->mtp_on) mtp_seq_free(s->p.mtp, c->slot);
                 c->mtp_on = 0;
             }
@@ -1026,6 +1024,12 @@ void *sched_engine_main(void *arg)
         for (int i = 0; i < s->n_run; i++) {
             struct choice *c = s->run[i];
             c->n_fed += c->chunk;
+            if (c->spec_refeed) { /* the sequence so far, its pending token last, is fed again */
+                c->feed = c->hist;
+                c->n_feed = c->n_prompt + c->out.n_gen;
+                c->n_fed = c->spec_refeed - 1;
+                c->spec_refeed = 0;
+            }
             if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_feed) c->fin = "stop"; /* pooled: done */
             if (c->chunk && c->n_fed == c->n_prompt && sched_wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;

@@ -76,6 +76,8 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_model_draft; /* drafts the draft model (or the MTP block) made for the next step, in draft[] */
     int mtp_on;    /* sched_params.mtp drafts for it: the block's slot holds what the engine's slot holds */
     int b_at, b_n; /* its rows in the step's batch: first one and count (0: none) */
+    int spec_refeed; /* 1 + the positions a rejection left its slot when it went back further than the step's
+                      * start (0: none): under mu, the sequence so far is then fed again from there */
     int32_t draft[SPEC_MAX_DRAFT];
     struct lp_entry *spec_lps; /* (spec_drawn) with logprobs: the entries of the tokens the walk drew */
     /* shared, under the scheduler mutex */
