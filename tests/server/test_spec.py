@@ -366,3 +366,17 @@ def test_q35_refused_at_start():
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0, (model, args)
         assert all(w in r.stderr for w in words), r.stderr
+
+
+def test_q35_several_choices_and_echo(q35):
+    """n = 3 choices of one prompt (no KV blocks are shared on a recurrent model: each computes its prompt), with
+    the prompt's logprobs echoed: the plain server's answers."""
+    body = dict(prompt=Q35_PROMPTS[2], max_tokens=30, temperature=0.8, seed=3, n=3, logprobs=1, echo=True)
+    want = complete(q35["plain"], **body)["choices"]
+    for name in Q35_SPEC:
+        got = complete(q35[name], **body)["choices"]
+        assert [c["text"] for c in got] == [c["text"] for c in want], name
+        for a, b in zip(got, want):
+            la, lb = a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"]
+            assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"] and len(la) == len(lb), name
+            assert all((x is None and y is None) or abs(x - y) <= 1e-4 for x, y in zip(la, lb)), name
