@@ -74,8 +74,8 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int n_draft, spec_pos, spec_drawn, spec_miss, spec_skip;
     struct sched_spec_accept spec_acc; /* how often its drafts are accepted */
     int n_model_draft; /* drafts the draft model (or the MTP block) made for the next step, in draft[] */
-    int mtp_on;    /* sched_params.mtp drafts for it: the block's slot holds what the engine's slot holds */
-    int b_at, b_n; /* its rows in the step's batch: first one and count (0: none) */
+    int mtp_on;      /* sched_params.mtp drafts for it: the block's slot holds what the engine's slot holds */
+    int b_at, b_n;   /* its rows in the step's batch: first one and count (0: none) */
     int spec_refeed; /* 1 + the positions a rejection left its slot when it went back further than the step's
                       * start (0: none): under mu, the sequence so far is then fed again from there */
     int32_t draft[SPEC_MAX_DRAFT];
