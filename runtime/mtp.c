@@ -274,6 +274,20 @@ void mtp_seq_keep(struct mtp *m, int seq, int n)
     kv_cache_trim(&m->kv, seq, n);
 }
 
+int mtp_seq_resume(struct mtp *m, int seq, int n)
+{
+    if (seq < 0 || seq >= m->n_seqs) return 0;
+    if (n <= 0 || n > m->kv.seq_len[seq]) {
+        mtp_seq_free(m, seq);
+        return 0;
+    }
+    if (m->h_at[seq] != n - 1) memset(m->h + (size_t)seq * m->dim, 0, (size_t)m->dim * sizeof(float));
+    m->h_at[seq] = n - 1;
+    m->kv.seq_len[seq] = n;
+    kv_cache_trim(&m->kv, seq, n);
+    return n;
+}
+
 /* ---------------------------------------------------------------- the block */
 
 /* Rows tokens (n) of slot seq at pos.. with hidden inputs h (n, dim): the block's layer, its K/V stored; with

@@ -48,6 +48,11 @@ int mtp_seq_len(const struct mtp *m, int seq);
  * state to continue from is then the one fed last at n - 1, so a keep is followed by a feed from n. */
 void mtp_seq_keep(struct mtp *m, int seq, int n);
 void mtp_seq_free(struct mtp *m, int seq);
+/* Keeps the slot's first n positions of K/V whatever hidden state it holds: a prompt cache's prefix, where
+ * the model's state at n - 1 was not kept. Zeros stand for it, as at position 0, so the next feed continues
+ * from n and only the drafts that follow it soon are less likely to be accepted. Returns n, or 0 (the slot
+ * emptied) when it holds fewer than n positions. */
+int mtp_seq_resume(struct mtp *m, int seq, int n);
 /* The model ran tokens[0, n) of the slot at positions pos, pos + 1, ... (pos = mtp_seq_len: a feed continues
  * the slot) and gave their hidden states hidden ((n, dim) f32, batch.hidden_out): their K/V is stored and
  * hidden's last row is the state the next draft starts from. FERRY_ERR_INVALID for another pos. */

@@ -73,7 +73,7 @@ static const struct opt_row rows[] = {
      "speculative decoding: drafted tokens are verified in one step with a sequence's next token, and "
      "outputs are unchanged. ngram drafts continuations found earlier in the sequence's prompt and output "
      "(prompt lookup: answers that quote their prompt, code edits, RAG); draft asks --model-draft; mtp the "
-     "model's own multi-token-prediction block (ferry run only for now). Pays most for one or few sequences, "
+     "model's own multi-token-prediction block (CPU backend). Pays most for one or few sequences, "
      "above all with layers in host memory"},
     {"model-draft", OPT_STR, OFF(model_draft), 0, 0, NULL, NULL,
      "a smaller model with the same vocabulary that drafts for --spec-type draft (implied by this option); "

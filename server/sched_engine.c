@@ -12,6 +12,7 @@
 #include "kernels/core/status.h"
 #include "runtime/draft_model.h"
 #include "runtime/engine.h"
+#include "runtime/mtp.h"
 #include "server/metrics.h"
 #include "server/prompt_cache.h"
 #include "server/row_pool.h"
@@ -142,6 +143,8 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
         s->slot_free[slot] = 0;
         c->slot = slot;
         c->n_fed = c->n_cached = 0;
+        c->mtp_on = s->p.mtp && c->hist;
+        if (s->p.mtp) mtp_seq_free(s->p.mtp, slot);
         c->state = CHOICE_RUNNING;
         s->run[s->n_run++] = c;
         return 0;
@@ -197,6 +200,13 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
         reuse = 0;
         engine_seq_free(s->e, slot); /* a slot without a usable cache starts empty */
         prompt_cache_drop(s->pc, slot);
+    }
+    if (s->p.mtp) {
+        /* The block's slot holds what the engine's holds: a cached prefix keeps its K/V too (the prompt
+         * cache's record is of both); a shared one the block does not have. */
+        const int held = shared > 0 ? -1 : mtp_seq_resume(s->p.mtp, slot, reuse);
+        c->mtp_on = c->hist && held == reuse;
+        if (!c->mtp_on) mtp_seq_free(s->p.mtp, slot);
     }
     s->kv_reserved += sched_kv_need(s, c);
     s->slot_free[slot] = 0;
@@ -365,6 +375,7 @@ static int spec_min(const struct sched *s, const struct sreq *r)
  * rows whose logprobs are asked; returns the batch's tokens, *rows and *n_prefill. */
 static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
 {
+    int rerun = 0;
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
         c->chunk = 0;
@@ -377,19 +388,38 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
             skip = 1;
         }
         s->steps[i] = (struct sched_step_seq){c->n_feed, c->n_fed, skip, plp};
+        c->b_n = 0;
+        if (c->n_fed == c->n_feed && !c->req->paused && c->hist)
+            rerun += c->n_prompt + c->out.n_gen - 1 - engine_seq_len(s->e, c->slot);
     }
+    /* The rows re-run after rejected drafts (spec_settle) come out of the step's budget first: they and the
+     * decode rows fit it, being fewer than the rows of the step that drafted. */
+    struct sched_policy_params pp = s->pp;
+    pp.max_batch_tokens -= rerun;
     struct sched_step_plan plan;
-    const int planned = sched_policy_plan_step(&s->pp, s->steps, s->n_run, s->chunk, &plan);
+    const int planned = sched_policy_plan_step(&pp, s->steps, s->n_run, s->chunk, &plan) + rerun;
     const int k_max = spec_pick_locked(
         s, planned, sched_policy_spec_len(s->p.spec_n_max, plan.n_decode, s->p.max_batch_tokens - planned));
     /* `at` counts the rows that want logits: the engine returns them in batch order. */
     int n = 0, rows = 0, at = 0;
     s->n_plp = 0;
     s->n_draft_step = 0;
+    s->want_hid = 0;
     for (int i = 0; i < s->n_run; i++) {
         struct choice *c = s->run[i];
         if (c->n_fed < c->n_feed || c->req->paused) continue; /* prefilling, or nobody reads it */
         const int pos = c->n_prompt + c->out.n_gen - 1;
+        /* A recurrent state that went back to the checkpoint of a step with rejected drafts runs the kept
+         * tokens again, ahead of its pending one (no logits) */
+        for (int p = engine_seq_len(s->e, c->slot); c->hist && p < pos; p++) {
+            s->b_tokens[n] = c->hist[p];
+            s->b_pos[n] = p;
+            s->b_seq[n] = c->slot;
+            s->b_want[n++] = 0;
+        }
+        c->b_at = n;
+        c->b_n = 1;
+        s->want_hid |= c->mtp_on;
         s->b_tokens[n] = c->out.last;
         s->b_pos[n] = pos;
         s->b_seq[n] = c->slot;
@@ -410,11 +440,15 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         if (k > c->out.p.max_tokens - c->out.n_gen - 1) k = c->out.p.max_tokens - c->out.n_gen - 1;
         if (k > s->ctx - (pos + 1) - 1) k = s->ctx - (pos + 1) - 1;
         if (k <= 0) continue;
-        if (s->p.draft) /* made before the lock was taken (draft_with_model), cut to what the step allows */
+        if (s->p.draft || s->p.mtp) /* made before the lock was taken (draft_with_model), cut to the step */
             c->n_draft = c->n_model_draft < k ? c->n_model_draft : k;
         else
             c->n_draft = spec_ngram_draft(c->hist, pos + 1, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, c->draft);
         if (c->n_draft < spec_min(s, c->req)) c->n_draft = 0; /* too short to be worth its rows */
+        /* a recurrent state is saved where the step begins, for spec_settle to come back to; without a
+         * checkpoint the step goes without drafts */
+        if (c->n_draft > 0 && engine_seq_checkpoint(s->e, c->slot) != FERRY_OK) c->n_draft = 0;
+        c->b_n += c->n_draft;
         for (int j = 0; j < c->n_draft; j++) {
             s->b_tokens[n] = c->draft[j];
             s->b_pos[n] = pos + 1 + j;
@@ -430,6 +464,11 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         const int k = s->chunk[i];
         if (!k) continue;
         const int plp = sched_wants_prompt_lps(c->req);
+        c->b_at = n;
+        c->b_n = k;
+        s->want_hid |= c->mtp_on;
+        c->n_draft = 0; /* its last row (a prompt's, or a sequence's fed again) is drawn alone */
+        c->spec_drawn = 1;
         for (int j = 0; j < k; j++) {
             const int p = c->n_fed + j;
             s->b_tokens[n] = c->feed[p];
@@ -498,10 +537,10 @@ static int overlap_ok_locked(struct sched *s, int rows, int ne)
     return engine_step_overlaps(s->e, rows);
 }
 
-/* With mu held, before a step is built: the draft model drafts for every decoding sequence that may
- * speculate, with the lock released meanwhile (running choices change only on this thread, and the fields
- * used are this thread's). A failure leaves the step without drafts. The step may use fewer drafts than made:
- * its prefill chunks come first (step_batch_locked). */
+/* With mu held, before a step is built: the draft model (or the MTP block) drafts for every decoding
+ * sequence that may speculate, with the lock released meanwhile (running choices change only on this
+ * thread, and the fields used are this thread's). A failure leaves the step without drafts. The step may use
+ * fewer drafts than made: its prefill chunks come first (step_batch_locked). */
 static void draft_with_model_locked(struct sched *s)
 {
     int n_dec = 0, n = 0;
@@ -522,6 +561,7 @@ static void draft_with_model_locked(struct sched *s)
     for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
         struct choice *c = s->run[i];
         if (c->n_fed < c->n_feed || c->req->paused || !c->hist || c->spec_skip > 0 || c->fin) continue;
+        if (s->p.mtp && !c->mtp_on) continue;
         const int len = c->n_prompt + c->out.n_gen; /* its tokens, the last one pending */
         int kk = spec_cap(c->req, k_max);
         if (kk > c->out.p.max_tokens - c->out.n_gen - 1) kk = c->out.p.max_tokens - c->out.n_gen - 1;
@@ -532,7 +572,24 @@ static void draft_with_model_locked(struct sched *s)
     }
     if (!n) return;
     pthread_mutex_unlock(&s->mu);
-    const int rc = draft_model_propose(s->p.draft, n, seq, hist, n_hist, k, p_min, out, n_out);
+    int rc = FERRY_OK;
+    if (s->p.draft) {
+        rc = draft_model_propose(s->p.draft, n, seq, hist, n_hist, k, p_min, out, n_out);
+    } else {
+        /* The block's slot drops the last step's drafts and goes on from the pending token; a slot that
+         * lost its place no longer drafts. */
+        for (int i = 0; i < n && !rc; i++) {
+            const int pos = n_hist[i] - 1;
+            n_out[i] = 0;
+            mtp_seq_keep(s->p.mtp, seq[i], pos);
+            if (mtp_seq_len(s->p.mtp, seq[i]) != pos) {
+                mtp_seq_free(s->p.mtp, seq[i]);
+                who[i]->mtp_on = 0;
+                continue;
+            }
+            rc = mtp_draft(s->p.mtp, seq[i], hist[i][pos], k[i], p_min[i], out[i], &n_out[i], NULL);
+        }
+    }
     pthread_mutex_lock(&s->mu);
     if (rc) {
         FLOG_WARN("the draft model failed (%s): this step goes without drafts", ferry_status_str(rc));
@@ -544,7 +601,9 @@ static void draft_with_model_locked(struct sched *s)
 /* The engine thread, after a verification step's rows were drawn: each speculating sequence keeps its
  * positions up to the last accepted draft (the rejected ones leave the KV cache and the prompt cache's
  * record), and a sequence whose drafts were all rejected drafts again only after a back-off that doubles
- * with each such step. Returns the drafts accepted. */
+ * with each such step. A recurrent state goes back to the checkpoint saved where the step began: the next
+ * step runs the kept tokens again ahead of the pending one (step_batch_locked); one that went back further
+ * (no checkpoint there) computes them as a prompt is. Returns the drafts accepted. */
 static int spec_settle(struct sched *s, int rows)
 {
     int accepted = 0;
@@ -553,9 +612,14 @@ static int spec_settle(struct sched *s, int rows)
         if (c->n_draft <= 0) continue;
         const int acc = c->spec_drawn - 1, keep = c->spec_pos + c->spec_drawn;
         if (acc < c->n_draft) {
-            engine_seq_keep(s->e, c->slot, keep);
-            if (s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > keep)
-                prompt_cache_set_len(s->pc, c->slot, keep);
+            const int kept = engine_seq_keep(s->e, c->slot, keep);
+            if (s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > kept)
+                prompt_cache_set_len(s->pc, c->slot, kept > 0 ? kept : 0);
+            if (kept < c->spec_pos && c->hist && !c->out.fin) {
+                c->spec_refeed = 1 + (kept > 0 ? kept : 0); /* (set up under mu, after the step) */
+                if (c->mtp_on) mtp_seq_free(s->p.mtp, c->slot);
+                c->mtp_on = 0;
+            }
         }
         metrics_spec(s->m, c->n_draft, acc);
         sched_spec_accept_note(&c->spec_acc, c->n_draft, acc);
@@ -568,6 +632,28 @@ static int spec_settle(struct sched *s, int rows)
         }
     }
     return accepted;
+}
+
+/* The engine thread, after a step with hidden states (s->want_hid) was drawn and settled: the MTP block
+ * takes each drafting sequence's rows that stay (a prompt chunk; a pending token and its accepted drafts)
+ * with the model's hidden states of them, so that its slot holds what the engine's does. A slot that cannot
+ * follow stops drafting. */
+static void mtp_feed_step(struct sched *s)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        struct choice *c = s->run[i];
+        if (!c->mtp_on || c->b_n <= 0) continue;
+        const int pos = c->chunk ? c->n_fed : c->spec_pos, n = c->chunk ? c->b_n : c->spec_drawn;
+        if (!c->chunk) mtp_seq_keep(s->p.mtp, c->slot, pos);
+        const int rc =
+            mtp_seq_feed(s->p.mtp, c->slot, pos, s->b_tokens + c->b_at, n, s->hid + (size_t)c->b_at * s->dim);
+        if (rc) {
+            FLOG_WARN("the multi-token-prediction block failed (%s): slot %d drafts no more",
+                      ferry_status_str(rc), c->slot);
+            mtp_seq_free(s->p.mtp, c->slot);
+            c->mtp_on = 0;
+        }
+    }
 }
 
 /* With mu held, after a row of c was sampled: its token joins the record a resumed sequence recomputes from
@@ -884,7 +970,7 @@ void *sched_engine_main(void *arg)
 
             /* one step: every decoding sequence gets its token (and its drafts), then prefill chunks in
              * admission order */
-            if (s->p.draft) draft_with_model_locked(s);
+            if (s->p.draft || s->p.mtp) draft_with_model_locked(s);
             n = step_batch_locked(s, &rows, &n_prefill);
             ne = embed_batch_locked(s);
             if (n == 0 &&
@@ -898,7 +984,8 @@ void *sched_engine_main(void *arg)
             }
             pthread_mutex_unlock(&s->mu);
 
-            const struct batch b = {n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0, NULL};
+            const struct batch b = {
+                n, s->b_tokens, s->b_pos, s->b_seq, s->b_want, 0, s->want_hid ? s->hid : NULL};
             t0 = sched_now();
             rc = FERRY_ERR_UNSUPPORTED;
             if (n > 0 && rows > 0 && s->draws && s->n_plp == 0 && s->n_draft_step == 0) {
@@ -919,6 +1006,7 @@ void *sched_engine_main(void *arg)
             row_pool_run(s->samplers, rows);
             prompt_logprobs(s);
             if (s->n_draft_step) n_spec_accepted = spec_settle(s, rows);
+            if (s->want_hid) mtp_feed_step(s);
         }
         if (rc == 0 && ne > 0) {
             struct batch eb = {ne, s->e_tokens, s->e_pos, s->e_seq, s->e_want, 1, NULL};
@@ -936,6 +1024,12 @@ void *sched_engine_main(void *arg)
         for (int i = 0; i < s->n_run; i++) {
             struct choice *c = s->run[i];
             c->n_fed += c->chunk;
+            if (c->spec_refeed) { /* the sequence so far, its pending token last, is fed again */
+                c->feed = c->hist;
+                c->n_feed = c->n_prompt + c->out.n_gen;
+                c->n_fed = c->spec_refeed - 1;
+                c->spec_refeed = 0;
+            }
             if (c->req->kind == SREQ_EMBED && c->n_fed == c->n_feed) c->fin = "stop"; /* pooled: done */
             if (c->chunk && c->n_fed == c->n_prompt && sched_wants_prompt_lps(c->req)) {
                 c->prompt_lps_ready = 1;

@@ -62,6 +62,9 @@ struct sched {
     struct draw_out *drawn;           /* (n_slots) */
     int n_draft_step;                 /* drafted tokens in the step being built (sched_params.spec_n_max) */
     struct sched_spec_cost spec_cost; /* step times by rows, for the draft length (engine thread) */
+    float
+        *hid; /* (max_batch_tokens, dim) with sched_params.mtp: the step's hidden states (batch.hidden_out) */
+    int want_hid; /* the step being built has rows of a sequence the MTP block drafts for */
     /* clients with requests in flight (under mu): sreq.client_id indexes them; an entry is free at refs 0 */
     struct sched_client {
         char name[48];

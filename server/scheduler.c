@@ -135,6 +135,10 @@ int sched_init(struct sched **out, struct engine *e, const struct tokenizer *t, 
     s->e_seq = malloc(nb * sizeof(int32_t));
     s->e_want = malloc(nb);
     s->e_out = touched_alloc(nb * (size_t)s->dim * sizeof(float));
+    if (p->mtp && !(s->hid = malloc(nb * (size_t)s->dim * sizeof(float)))) {
+        sched_free(s);
+        return FERRY_ERR_NOMEM;
+    }
     s->row_owner = calloc(ns, sizeof *s->row_owner);
     s->row_at = calloc(ns, sizeof *s->row_at);
     s->pub_owner = calloc(ns, sizeof *s->pub_owner);
@@ -206,6 +210,7 @@ void sched_free(struct sched *s)
     free(s->e_seq);
     free(s->e_want);
     free(s->e_out);
+    free(s->hid);
     free(s->row_owner);
     free(s->row_at);
     free(s->pub_owner);

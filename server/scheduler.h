@@ -73,7 +73,11 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     int hist_cap;
     int n_draft, spec_pos, spec_drawn, spec_miss, spec_skip;
     struct sched_spec_accept spec_acc; /* how often its drafts are accepted */
-    int n_model_draft; /* drafts the draft model made for the next step (sched_params.draft), in draft[] */
+    int n_model_draft; /* drafts the draft model (or the MTP block) made for the next step, in draft[] */
+    int mtp_on;      /* sched_params.mtp drafts for it: the block's slot holds what the engine's slot holds */
+    int b_at, b_n;   /* its rows in the step's batch: first one and count (0: none) */
+    int spec_refeed; /* 1 + the positions a rejection left its slot when it went back further than the step's
+                      * start (0: none): under mu, the sequence so far is then fed again from there */
     int32_t draft[SPEC_MAX_DRAFT];
     struct lp_entry *spec_lps; /* (spec_drawn) with logprobs: the entries of the tokens the walk drew */
     /* shared, under the scheduler mutex */
@@ -189,8 +193,10 @@ struct sched_params {
     float spec_p_min; /* the draft model stops a draft at a token it gives less than this probability */
     struct draft_model *draft; /* the drafter (runtime/draft_model.h; borrowed, run by the engine thread),
                                 * or NULL: prompt lookup */
-    int fair_share;            /* share the slots between clients while others wait (sched_policy.h) */
-    double queue_timeout;      /* seconds a request may wait for its first slot; then 503 (0 = no limit) */
+    struct mtp *mtp; /* the model's multi-token-prediction block drafts (runtime/mtp.h; borrowed, run by the
+                      * engine thread, CPU backend), or NULL */
+    int fair_share;  /* share the slots between clients while others wait (sched_policy.h) */
+    double queue_timeout; /* seconds a request may wait for its first slot; then 503 (0 = no limit) */
     int ckpt_tail; /* recurrent models with checkpoints: prompts' prefill also stops this many positions
                     * before their end (sched_policy.h); 0 = never */
 };

@@ -38,6 +38,7 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "runtime/draft_model.h"
+#include "runtime/mtp.h"
 #include "server/scheduler.h"
 #include "server/serve_impl.h"
 #include "weights/arch/arch.h"
@@ -140,14 +141,36 @@ static void loader_main(void *arg)
                  ferry_status_str(rc));
         goto done;
     }
-    if (strcmp(S->opt.spec_type, "none") &&
-        (S->mf->hp.full_attn_interval > 0 || (S->mf_draft && S->mf_draft->hp.full_attn_interval > 0))) {
-        /* Rejected drafts cannot be taken back out of a recurrent state. */
+    if (strcmp(S->opt.spec_type, "none") && S->mf->hp.full_attn_interval > 0 && S->opt.ctx_checkpoints <= 0) {
+        /* A recurrent state goes back past rejected drafts only to a checkpoint saved where the step began.
+         */
         snprintf(S->load_err, sizeof S->load_err,
-                 "speculative decoding (--spec-type %s) is not supported with linear-attention layers",
+                 "speculative decoding (--spec-type %s) on a model with linear-attention layers needs "
+                 "--ctx-checkpoints 1 or more",
                  S->opt.spec_type);
         rc = FERRY_ERR_UNSUPPORTED;
         goto done;
+    }
+    if (!strcmp(S->opt.spec_type, "mtp")) {
+        struct engine_stats es;
+        engine_get_stats(S->eng, &es);
+        struct mtp_params mp = mtp_default_params();
+        mp.n_seqs = engine_n_seqs(S->eng);
+        mp.ctx_size = engine_ctx_size(S->eng);
+        mp.max_tokens = ep.max_batch_tokens < 512 ? ep.max_batch_tokens : 512;
+        mp.n_threads = S->opt.threads;
+        mp.kv_type = ep.kv_type;
+        if (strcmp(es.backend, "cpu") != 0) {
+            rc = FERRY_ERR_UNSUPPORTED;
+            snprintf(S->load_err, sizeof S->load_err,
+                     "--spec-type mtp runs on the CPU backend only (give --backend cpu)");
+            goto done;
+        }
+        if ((rc = mtp_init(&S->mtp, S->mf, &mp, err))) {
+            snprintf(S->load_err, sizeof S->load_err, "--spec-type mtp: %.200s (%s)", err,
+                     ferry_status_str(rc));
+            goto done;
+        }
     }
     const char *tmpl = NULL, *fallback = "chatml";
     if (S->chat_template_text)
@@ -205,11 +228,12 @@ static void loader_main(void *arg)
         .prefill_budget = S->opt.prefill_budget,
         .gpu_sampling = S->opt.gpu_sampling,
         .overlap = S->opt.overlap,
-        .spec_n_max = S->dm || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
+        .spec_n_max = S->dm || S->mtp || !strcmp(S->opt.spec_type, "ngram") ? S->opt.spec_draft_n_max : 0,
         .spec_n_min = S->opt.spec_draft_n_min,
         .spec_adapt = S->opt.spec_draft_adapt,
         .spec_p_min = (float)S->opt.spec_draft_p_min,
         .draft = S->dm,
+        .mtp = S->mtp,
         .fair_share = S->opt.fair_share,
         .queue_timeout = S->opt.queue_timeout,
         /* llama.cpp's 4: a chat template's generation prompt, thinking tags included */
@@ -486,13 +510,6 @@ int serve_main(int argc, char **argv)
         goto out_free;
     }
     model_names_build(&S->names, S->opt.model, general_name, S->opt.served_model_name);
-    if (!strcmp(S->opt.spec_type, "mtp")) {
-        /* The models with such a block have linear-attention layers, whose rejected drafts the server's
-         * steps cannot take back yet; ferry run's can (runtime/spec.h spec_keep). */
-        fprintf(stderr, "ferry serve: --spec-type mtp is not supported by the server yet: use ferry run "
-                        "--spec-type mtp\n");
-        goto out_free;
-    }
     if (!strcmp(S->opt.spec_type, "draft") && !S->opt.model_draft) {
         fprintf(stderr, "ferry serve: --spec-type draft needs --model-draft PATH\n");
         goto out_free;
@@ -597,6 +614,7 @@ int serve_main(int argc, char **argv)
     routes_wake_drain(S); /* no wake-up comes any more */
     engine_free(S->eng);
     draft_model_free(S->dm);
+    mtp_free(S->mtp);
     tokenizer_free(S->tok);
     model_file_close(S->mf);
     model_file_close(S->mf_draft);

@@ -41,6 +41,7 @@ struct server {
     struct model_file *mf;
     struct model_file *mf_draft; /* --model-draft, or NULL */
     struct draft_model *dm;      /* its engine (runtime/draft_model.h), or NULL */
+    struct mtp *mtp; /* --spec-type mtp: the model's own drafting block (runtime/mtp.h), or NULL */
     struct tokenizer *tok;
     struct engine *eng;
     struct sched *sched;

@@ -281,6 +281,54 @@ Test(mtp, rejected_drafts_leave_state_consistent)
     fx_close(&f);
 }
 
+/* mtp_seq_resume (a prompt cache's prefix): the slot keeps the K/V of the first n positions and continues
+ * with zeros for the hidden state at n - 1. Its drafts after feeding the rest equal those of a slot fed the
+ * same rows through mtp_seq_feed alone with that hidden row zeroed (the K/V at n - 1 pairs its token with the
+ * state at n - 2, which both have); resuming where the state is known changes nothing; a prefix longer than
+ * the slot empties it. */
+Test(mtp, resume_keeps_the_prefix)
+{
+    struct fx f;
+    fx_open(&f);
+    json_t *c = json_array_get(json_object_get(f.golden, "cases"), 2); /* the 20-token prompt */
+    int32_t prompt[MAX_TOK], d1[8], d2[8];
+    const int np = ints(json_object_get(c, "prompt_tokens"), prompt, MAX_TOK), m = 11;
+    cr_assert(np == 20);
+    float *h = malloc((size_t)np * f.dim * sizeof(float));
+    prefill(&f, prompt, np); /* the model's hidden states of every row into f.hid */
+    memcpy(h, f.hid, (size_t)np * f.dim * sizeof(float));
+    int n1 = 0, n2 = 0;
+    /* resumed at m: the slot held np positions */
+    cr_assert_eq(mtp_seq_resume(f.m, 0, m), m);
+    cr_assert_eq(mtp_seq_len(f.m, 0), m);
+    cr_assert_eq(mtp_seq_feed(f.m, 0, m, prompt + m, np - m, h + (size_t)m * f.dim), FERRY_OK);
+    cr_assert_eq(mtp_draft(f.m, 0, 7, 4, 0, d1, &n1, f.logits), FERRY_OK);
+    /* the reference: fed alone, the hidden row at m - 1 zeroed */
+    mtp_seq_free(f.m, 0);
+    memset(h + (size_t)(m - 1) * f.dim, 0, (size_t)f.dim * sizeof(float));
+    cr_assert_eq(mtp_seq_feed(f.m, 0, 0, prompt, m, h), FERRY_OK);
+    memcpy(h + (size_t)(m - 1) * f.dim, f.hid + (size_t)(m - 1) * f.dim, (size_t)f.dim * sizeof(float));
+    cr_assert_eq(mtp_seq_feed(f.m, 0, m, prompt + m, np - m, h + (size_t)m * f.dim), FERRY_OK);
+    float *ref = malloc((size_t)4 * f.n_vocab * sizeof(float));
+    cr_assert_eq(mtp_draft(f.m, 0, 7, 4, 0, d2, &n2, ref), FERRY_OK);
+    cr_assert(n1 == 4 && n2 == 4);
+    for (int i = 0; i < 4; i++) cr_expect_eq(d1[i], d2[i], "draft %d: %d, reference %d", i, d1[i], d2[i]);
+    for (size_t i = 0; i < (size_t)4 * f.n_vocab; i++)
+        cr_assert_float_eq(f.logits[i], ref[i], TOL, "logit %zu: %g, reference %g", i, f.logits[i], ref[i]);
+    /* where the state is known, a resume is a keep: the drafts after it are the same */
+    mtp_seq_keep(f.m, 0, np);
+    cr_assert_eq(mtp_seq_resume(f.m, 0, np), np);
+    cr_assert_eq(mtp_draft(f.m, 0, 7, 4, 0, d1, &n1, f.logits), FERRY_OK);
+    for (int i = 0; i < 4; i++) cr_expect_eq(d1[i], d2[i]);
+    /* a prefix the slot does not hold */
+    mtp_seq_keep(f.m, 0, np);
+    cr_assert_eq(mtp_seq_resume(f.m, 0, np + 1), 0);
+    cr_assert_eq(mtp_seq_len(f.m, 0), 0);
+    free(h);
+    free(ref);
+    fx_close(&f);
+}
+
 /* ---------------------------------------------------------------- malformed files */
 
 /* The file's bytes with the ne[dim] of tensor `name` set to v. */
