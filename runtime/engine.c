@@ -240,7 +240,6 @@ static int host_backend_init(struct engine *e, char err[256])
     cp.alloc_ctx = e->gpu;
     cp.act = e->act;
     cp.plain = e->plain;
-    cp.invariant = e->p.deterministic;
     int rc = forward_cpu_init(&e->cpu, &e->model, &cp);
     free(w);
     if (rc) snprintf(err, 256, "cannot set up the host's share of the layers (%s)", ferry_status_str(rc));
@@ -689,7 +688,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         cp.state = &e->state;
         cp.act = e->act;
         cp.plain = e->plain;
-        cp.invariant = p.deterministic;
+        cp.invariant = p.deterministic; /* (not a GPU engine's host layers: its device products are not) */
         if ((rc = forward_cpu_init(&e->cpu, &e->model, &cp))) {
             snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
             goto fail;
