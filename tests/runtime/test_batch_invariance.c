@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/dtype.h"
 #include "runtime/engine.h"
@@ -214,4 +215,31 @@ Test(batch_invariance, matmul_rows_alone)
     free(y);
     free(w);
     tpool_free(tp);
+}
+
+/* The element-wise gates give an element the same bits wherever it falls in the array: a row of width 172
+ * (not a multiple of the vector width) alone and as the later rows of a 5-row step. */
+Test(batch_invariance, gates_rows_alone)
+{
+    enum { W = 172, R = 5 };
+    float g[R * W], u[R * W], one_g[W], one_u[W];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < R * W; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        g[i] = (float)(x >> 40) / (float)(1 << 24) * 16.0f - 8.0f;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        u[i] = (float)(x >> 40) / (float)(1 << 24) * 4.0f - 2.0f;
+    }
+    for (int gelu = 0; gelu < 2; gelu++) {
+        float out[R * W];
+        memcpy(out, g, sizeof out);
+        (gelu ? kern_cpu_gelu_mul : kern_cpu_silu_mul)(out, u, (int64_t)R * W);
+        for (int r = 0; r < R; r++) {
+            memcpy(one_g, g + r * W, sizeof one_g);
+            memcpy(one_u, u + r * W, sizeof one_u);
+            (gelu ? kern_cpu_gelu_mul : kern_cpu_silu_mul)(one_g, one_u, W);
+            cr_assert(memcmp(one_g, out + r * W, sizeof one_g) == 0, "%s: row %d alone differs",
+                      gelu ? "gelu_mul" : "silu_mul", r);
+        }
+    }
 }
