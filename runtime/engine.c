@@ -689,6 +689,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
         cp.state = &e->state;
         cp.act = e->act;
         cp.plain = e->plain;
+        cp.invariant = p.deterministic; /* (not a GPU engine's host layers: its device products are not) */
         if ((rc = forward_cpu_init(&e->cpu, &e->model, &cp))) {
             snprintf(err, 256, "cannot allocate CPU activations for %d tokens", p.max_batch_tokens);
             goto fail;

@@ -51,7 +51,10 @@ struct engine_params {
     int kv_tokens;        /* KV pool capacity in positions over all sequences; 0 = n_seqs * ctx_size */
     int max_batch_tokens; /* largest n_tokens of one engine_step */
     int deterministic;    /* fixed reduction orders (both backends always are: no atomics in reductions); with
-                           * placement AUTO, host layers stream (auto plans from start-up timings) */
+                           * placement AUTO, host layers stream (auto plans from start-up timings); the CPU
+                           * engine's products are batch-invariant (kern_cpu_matmul_set_invariant: a row's logits
+                           * do    not depend on the step's other rows, so a prompt cache's or a speculation's    steps
+                           * give a plain run's tokens), at a cost in prefill */
     enum engine_quant quant; /* quantize F32/F16/BF16 weights at load (default NONE) */
     int cpu_int8; /* CPU products with block-type weights quantize x to int8 (llama.cpp's arithmetic,
                    * faster; kernels/cpu/matmul.h KERN_CPU_ACT_INT8) instead of keeping it in f32;

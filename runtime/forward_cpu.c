@@ -39,6 +39,7 @@ struct forward_cpu {
     void (*host_free)(void *ctx, void *p);
     void *alloc_ctx;
     int act, plain;  /* the products' arithmetic (forward_cpu_params), -1: the thread's */
+    int invariant;   /* the products' batch invariance (forward_cpu_params) */
     float *x;        /* (max_tokens, dim) residual stream */
     float *xn;       /* (max_tokens, dim) normed input of a block */
     float *d;        /* (max_tokens, dim) the last block's output, pending when `pending` */
@@ -135,6 +136,7 @@ static void arith_enter(const struct forward_cpu *f)
 {
     if (f->act >= 0) kern_cpu_matmul_set_act((enum kern_cpu_act)f->act);
     if (f->plain >= 0) kern_cpu_matmul_set_plain((enum kern_cpu_plain)f->plain);
+    kern_cpu_matmul_set_invariant(f->invariant);
 }
 
 static void cpu_free(struct backend *be)
@@ -803,6 +805,7 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     f->alloc_ctx = p->alloc_ctx;
     f->act = p->act;
     f->plain = p->plain;
+    f->invariant = p->invariant;
     int rc = FERRY_ERR_NOMEM;
     f->w = calloc((size_t)hp->n_layers, sizeof *f->w);
     if (!f->w) goto fail;

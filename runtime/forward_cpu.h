@@ -39,6 +39,9 @@ struct forward_cpu_params {
     /* The products' arithmetic (kernels/cpu/matmul.h), set on the calling thread whenever this backend
      * computes: an enum kern_cpu_act and an enum kern_cpu_plain; -1 leaves the thread's as they are. */
     int act, plain;
+    /* Batch invariance of the products (kern_cpu_matmul_set_invariant), set as act is: a row's results do not
+     * depend on the rows beside it in its step, at a cost in prefill (--deterministic). */
+    int invariant;
     /* Each slot's state in the recurrent layers (runtime/seq_state.h); required by a model that has them. */
     struct seq_state *state;
 };

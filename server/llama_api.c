@@ -351,7 +351,10 @@ int api_parse_llama(const struct api_ctx *a, int infill, const char *body, size_
         rc = e->status;
     if (!rc && api_get_int(o, "n_probs", 0, SCHED_MAX_TOP_LOGPROBS, &n_probs, e) < 0) rc = e->status;
     if (!rc && api_get_bool(o, "return_tokens", &return_tokens, e) < 0) rc = e->status;
-    int cache_prompt = 1; /* the prompt cache is the server's: results are the same either way */
+    /* cache_prompt false: this request neither reuses nor records the prompt cache. Either way the answer is
+     * the same only where a row's logits do not depend on the step around it: always with the int8
+     * arithmetic, else under --deterministic (runtime/engine.h; docs/api-llama-server.md). */
+    int cache_prompt = 1;
     if (!rc && api_get_bool(o, "cache_prompt", &cache_prompt, e) < 0) rc = e->status;
     json_t *fields = json_object_get(o, "response_fields");
     if (!rc && fields && !json_is_null(fields)) {
@@ -382,6 +385,7 @@ int api_parse_llama(const struct api_ctx *a, int infill, const char *body, size_
         struct sreq *r = *out;
         r->kind = SREQ_LLAMA;
         r->logprobs = (int)n_probs;
+        r->no_prompt_cache = !cache_prompt;
         /* what the answers repeat: generation_settings and the request's own choices */
         json_t *gs = json_pack(
             "{s:I,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:b,s:I,s:b,s:b,s:s,s:f,s:i,s:f,s:f,s:f,s:i,s:i,s:[s,s,"

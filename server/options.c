@@ -179,7 +179,9 @@ static const struct opt_row rows[] = {
      "Q4_K_M mix "
      "(about 0.3x f16); the bytes `ferry quantize` writes"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, "0", NULL,
-     "fixed reduction orders (passed to the engine; the CPU backend always is)"},
+     "fixed reduction orders (passed to the engine; the CPU backend always is); the CPU engine's products "
+     "batch-invariant (a row's logits do not depend on its step's other rows: the prompt cache and "
+     "speculation answer bitwise as plain decoding), at a cost in prefill of Q4_0/Q4_1/Q5/Q8_0 files"},
 };
 #define N_ROWS (int)(sizeof rows / sizeof rows[0])
 

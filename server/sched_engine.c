@@ -85,7 +85,7 @@ static void process_row(struct sched *s, struct choice *c, float *row)
 static void retire_locked(struct sched *s, int i, const char *finish)
 {
     struct choice *c = s->run[i];
-    if (finish && s->p.prompt_cache && prompt_cache_len(s->pc, c->slot) > 0) {
+    if (finish && s->p.prompt_cache && !c->req->no_prompt_cache && prompt_cache_len(s->pc, c->slot) > 0) {
         prompt_cache_touch(s->pc, c->slot); /* kept for a later prompt with the same start */
     } else {
         engine_seq_free(s->e, c->slot);
@@ -897,8 +897,8 @@ static void reap_and_admit_locked(struct sched *s)
         /* A later choice of a prompt waits for the first one's prefill, then shares its KV blocks. */
         struct choice *lead = feeds && !c->resume ? running_leader_locked(s, c) : NULL;
         if (lead && lead->n_fed < lead->n_prompt) break;
-        const int use_cache = !lead && !c->resume && s->p.prompt_cache && !sched_wants_prompt_lps(c->req) &&
-                              c->req->kind != SREQ_EMBED;
+        const int use_cache = !lead && !c->resume && s->p.prompt_cache && !c->req->no_prompt_cache &&
+                              !sched_wants_prompt_lps(c->req) && c->req->kind != SREQ_EMBED;
         int reuse = 0, slot = feeds ? prompt_cache_pick(s->pc, s->slot_free, c->prompt, c->n_prompt,
                                                         use_cache, slot_reusable, s, &reuse)
                                     : -1;

@@ -124,7 +124,9 @@ struct sreq {
     int stream, include_usage;
     int logprobs; /* -1 off, else number of top alternatives (0..20) */
     int echo;
-    int ignore_eos; /* end-of-generation tokens are sampled as text: only max_tokens and stops end it */
+    int ignore_eos;      /* end-of-generation tokens are sampled as text: only max_tokens and stops end it */
+    int no_prompt_cache; /* llama-server's cache_prompt false: this request neither continues from the prompt
+                          * cache nor leaves its KV behind for a later one */
     /* speculative decoding for this request (llama-server's speculative.n_max/n_min/p_min), within the
      * server's: drafts a step at most (0: none), the shortest draft worth a verification, and the draft
      * model's lowest token probability; -1: the server's */

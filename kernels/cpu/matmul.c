@@ -750,6 +750,14 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
 
 static _Thread_local enum kern_cpu_plain plain_arith = KERN_CPU_PLAIN_F32; /* (per thread: as act_mode) */
 
+/* kern_cpu_matmul_set_invariant (per thread: as act_mode). */
+static _Thread_local int invariant = 0;
+
+void kern_cpu_matmul_set_invariant(int on)
+{
+    invariant = on != 0;
+}
+
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p)
 {
     plain_arith = p;
@@ -769,7 +777,8 @@ static int amx_type(enum dtype wt)
 /* Whether a product of m rows goes to the tiles: bf16 chosen, m large enough, AMX here, some F16/BF16 job. */
 static int amx_wanted(const struct kern_cpu_mm *jobs, int n_jobs, int m)
 {
-    if (plain_arith != KERN_CPU_PLAIN_BF16 || m < KERN_CPU_AMX_M_MIN || !amx_available()) return 0;
+    if (plain_arith != KERN_CPU_PLAIN_BF16 || m < KERN_CPU_AMX_M_MIN || invariant || !amx_available())
+        return 0;
     for (int j = 0; j < n_jobs; j++)
         if (amx_type(jobs[j].wt)) return 1;
     return 0;
@@ -1040,7 +1049,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         if (c->int8 && m == 1 && wt == DTYPE_Q8_0) c->rows = isa->rows8_q8_0;
         /* f32 arithmetic past MR rows: the plain f32 tile (two FMAs per 32 elements and pair, where the
          * factored kernel takes three) */
-        if (!c->int8 && m > MR) c->to_f32 = isa->to_f32;
+        if (!c->int8 && m > MR && !invariant) c->to_f32 = isa->to_f32;
     }
     if (!quant || c->to_f32) {
         static const micro_fn micros[3] = {micro_f32, micro_f16, micro_bf16};
@@ -1052,7 +1061,7 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         kc = kc / 256 * 256;
         if (kc < 256) kc = 256;
         if (kc > KC_MAX) kc = KC_MAX;
-        if (m <= STREAM_M_MAX && !quant) {
+        if ((m <= STREAM_M_MAX || invariant) && !quant) {
             c->stream = micros[c->kind];
             kc = k;
         }

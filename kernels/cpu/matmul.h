@@ -8,7 +8,8 @@
  * |y - exact| <= Σ_blocks (max|x_block| / 254)·Σ|w_block| + f32 rounding (matmul.c's first comment).
  * Work is split over output rows with the thread pool. Results are bitwise the same whatever the pool size;
  * for quantized types also whatever instruction set runs them (kern_cpu_isa), and with the int8 arithmetic
- * whatever m (a row of a batch equals the row alone).
+ * whatever m (a row of a batch equals the row alone); with the f32 arithmetic and plain types, whatever m
+ * only under kern_cpu_matmul_set_invariant.
  */
 #ifndef FERRY_KERN_CPU_MATMUL_H
 #define FERRY_KERN_CPU_MATMUL_H
@@ -69,6 +70,17 @@ enum kern_cpu_plain {
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p);
 /* 1 when this process can use the AMX tiles (the CPU has them and the OS granted them). */
 int kern_cpu_amx_available(void);
+
+/* Batch invariance of this thread's later products (default off): on, row i of a batch is bitwise the product
+ * of that row alone for every type and arithmetic. The int8 arithmetic always is; what the switch changes:
+ *  - quantized types in f32 arithmetic past MR (4) rows keep the per-block factored sums of decode
+ *    (t = Σ code·x, acc += s·t) instead of going back to the f32 tile (w = s·code, Σ w·x, fewer operations);
+ *  - plain types past STREAM_M_MAX (16) rows stream whole rows as smaller batches do, instead of summing
+ *    chunks of the tile's KC columns separately (which rounds otherwise when k > KC);
+ *  - F16/BF16 products do not go to the AMX tiles.
+ * The cost is in prefill-sized products (kernels/cpu/NOTES.md, 2026-12-07 batch invariance): Q4_1/Q8_0 at
+ * 64 rows 1.2-1.4x with AVX-512, about 3x with AVX2 only; decode-sized ones are unchanged or faster. */
+void kern_cpu_matmul_set_invariant(int on);
 
 /* The instruction sets the quantized products can run on; the best the CPU has is chosen at run time. */
 enum kern_cpu_isa {

@@ -282,35 +282,50 @@ void kern_cpu_rope_ref(float *x, const int32_t *pos, int m, int n_heads, int hea
 
 /* For |a| > 87 the vector exp is clamped, which silu does not notice: 1 + e^-a is then either exactly 1 or
  * so large that the quotient underflows towards 0 either way. */
+/* The last n % 8 elements of an element-wise op go through the same vector code as the others, from a padded
+ * copy: an element's result must not depend on where it falls in the array (n is the rows of a step times a
+ * row's width, so a row's elements fall at other offsets in a step of other size), or a row's result would
+ * depend on the step around it. */
+#define TAIL8(n, i, gate, up, body)                                                                          \
+    if ((i) < (n)) {                                                                                         \
+        float gt_[8] = {0}, ut_[8] = {0};                                                                    \
+        const int64_t r_ = (n) - (i);                                                                        \
+        memcpy(gt_, (gate) + (i), sizeof(float) * (size_t)r_);                                               \
+        memcpy(ut_, (up) + (i), sizeof(float) * (size_t)r_);                                                 \
+        const v8f g_ = *(const v8fu *)gt_, u_ = *(const v8fu *)ut_;                                          \
+        *(v8fu *)gt_ = body(g_, u_);                                                                         \
+        memcpy((gate) + (i), gt_, sizeof(float) * (size_t)r_);                                               \
+    }
+
+static inline v8f silu_mul8(v8f g, v8f u)
+{
+    return g / (1.0f + v8_exp(-g)) * u;
+}
+
 void kern_cpu_silu_mul(float *gate, const float *up, int64_t n)
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const v8f g = *(const v8fu *)(gate + i), u = *(const v8fu *)(up + i);
-        *(v8fu *)(gate + i) = g / (1.0f + v8_exp(-g)) * u;
-    }
-    for (; i < n; i++) {
-        const float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    for (; i + 8 <= n; i += 8)
+        *(v8fu *)(gate + i) = silu_mul8(*(const v8fu *)(gate + i), *(const v8fu *)(up + i));
+    TAIL8(n, i, gate, up, silu_mul8)
 }
 
 /* 0.5·x·(1 + tanh(z)) as x / (1 + e^-2z), eight at a time through the vector exp (libm's tanhf per element
  * was ~30% of a Gemma prefill); the same function, without the cancellation of 1 + tanh(z) for negative z.
  * Clamped exp: past z = 44 the quotient is x; below z = -44 it underflows towards 0 either way. */
-void kern_cpu_gelu_mul(float *gate, const float *up, int64_t n)
+static inline v8f gelu_mul8(v8f x, v8f u)
 {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    const v8f z = k * (x + 0.044715f * x * x * x);
+    return x / (1.0f + v8_exp(-2.0f * z)) * u;
+}
+
+void kern_cpu_gelu_mul(float *gate, const float *up, int64_t n)
+{
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const v8f x = *(const v8fu *)(gate + i), u = *(const v8fu *)(up + i);
-        const v8f z = k * (x + 0.044715f * x * x * x);
-        *(v8fu *)(gate + i) = x / (1.0f + v8_exp(-2.0f * z)) * u;
-    }
-    for (; i < n; i++) {
-        const float x = gate[i], z = k * (x + 0.044715f * x * x * x);
-        gate[i] = x / (1.0f + expf(-2.0f * z)) * up[i];
-    }
+    for (; i + 8 <= n; i += 8)
+        *(v8fu *)(gate + i) = gelu_mul8(*(const v8fu *)(gate + i), *(const v8fu *)(up + i));
+    TAIL8(n, i, gate, up, gelu_mul8)
 }
 
 void kern_cpu_gelu_mul_ref(float *gate, const float *up, int64_t n)
