@@ -59,15 +59,16 @@ size_t kern_cpu_moe_ws_floats(const struct kern_cpu_moe_experts *ex, int n)
  * which the product's own prefetch (PF_AHEAD rows ahead within a stretch) does not reach. */
 #define MOE_PF_ROWS 8
 
-/* Rows per task when `rows` are cut into about `want` stretches of whole groups of 4, none shorter than
- * MOE_MIN_ROWS (or all of them). */
+/* Rows per task when `rows` are cut into about `want` stretches of a multiple of 8 rows (whole groups of the
+ * products' 4, and whole vectors of the activation's 8 lanes: where ffn is a multiple of 8 every h element
+ * goes through the same vector exp, whatever the partition), none shorter than MOE_MIN_ROWS (or all). */
 static int moe_block_rows(int rows, int want)
 {
     int max_blocks = rows / MOE_MIN_ROWS;
     if (want > max_blocks) want = max_blocks;
     if (want < 1) want = 1;
     const int r = (rows + want - 1) / want;
-    return (r + 3) / 4 * 4;
+    return (r + 7) / 8 * 8;
 }
 
 /* L2 prefetch of bytes [0, n) from p, a line at a time. */
