@@ -119,7 +119,10 @@ static void moe_gate_up_task(void *arg, int t)
     const int r0 = b * p->rows_gu, r1 = r0 + p->rows_gu < ffn ? r0 + p->rows_gu : ffn, nr = r1 - r0;
     const int s0 = p->start[e], c = p->start[e + 1] - s0;
     float *g = thread_buf_get(&moe_task_buf, sizeof(float) * 2 * (size_t)c * nr);
-    if (!g) return moe_fail(p, FERRY_ERR_NOMEM);
+    if (!g) {
+        moe_fail(p, FERRY_ERR_NOMEM);
+        return;
+    }
     float *u = g + (size_t)c * nr;
     const struct kern_cpu_mm jobs[2] = {
         {.y = g,
@@ -137,7 +140,10 @@ static void moe_gate_up_task(void *arg, int t)
     moe_prefetch(jobs[0].w, p->gate_row * pf);
     moe_prefetch(jobs[1].w, p->up_row * pf);
     const int rc = kern_cpu_matmul_multi(jobs, 2, p->xe[e], c, ex->dim, NULL);
-    if (rc) return moe_fail(p, rc);
+    if (rc) {
+        moe_fail(p, rc);
+        return;
+    }
     if (ex->act == KERN_CPU_MOE_SWIGLU_CLAMPED)
         kern_cpu_swiglu_clamped(g, u, (int64_t)c * nr, ex->alpha, ex->limit);
     else
@@ -165,11 +171,17 @@ static void moe_down_task(void *arg, int t)
         if (a + 1 < p->n_act)
             moe_prefetch((const char *)ex->down + p->down_row * ((size_t)dim * p->act[a + 1] + r0), pf);
         float *d = thread_buf_get(&moe_task_buf, sizeof(float) * (size_t)c * nr);
-        if (!d) return moe_fail(p, FERRY_ERR_NOMEM);
+        if (!d) {
+            moe_fail(p, FERRY_ERR_NOMEM);
+            return;
+        }
         const int rc = kern_cpu_matmul(
             d, p->h + (size_t)s0 * ffn, (const char *)ex->down + p->down_row * ((size_t)dim * e + r0),
             ex->down_t, ex->down_b ? ex->down_b + (size_t)e * dim + r0 : NULL, c, nr, ffn, NULL);
-        if (rc) return moe_fail(p, rc);
+        if (rc) {
+            moe_fail(p, rc);
+            return;
+        }
         for (int r = 0; r < c; r++) {
             float *yt = p->y + (size_t)p->tok[s0 + r] * dim + r0;
             const float *dr = d + (size_t)r * nr, w = p->rw[s0 + r];

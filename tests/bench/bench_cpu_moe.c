@@ -18,38 +18,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/dequant.h"
 #include "quant/dtype.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_u64(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static float frand(void)
-{
-    return (float)((next_u64() >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
-}
 
 /* n_expert stacked (rows, cols) matrices of type t: the first expert quantized from uniform floats, the
  * others its copies (the time does not depend on the values; quantizing 393 MiB would take minutes). */
