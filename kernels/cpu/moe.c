@@ -88,13 +88,16 @@ struct moe_plan {
     float *y;
     const float **xe; /* (n_expert) expert e's rows of x: (count, dim), gathered or x's own row */
     float *h;         /* (slots, ffn) the activations */
+    float *d;         /* (slots, dim) the down products */
     int32_t *start;   /* (n_expert + 1) */
     int32_t *tok;     /* (slots) */
+    int32_t *tslot;   /* (n, k) each token's slots, in ascending expert id */
     float *rw;        /* (slots) routing weight */
     int32_t *act;     /* (n_act) the experts chosen by some token, ascending */
-    int n_act, n;
+    int n_act, n, k;
     int rows_gu, n_blk_gu; /* phase 1: rows of gate and up per task, tasks per expert */
-    int rows_d, n_blk_d;   /* phase 2: rows of down (and columns of y) per task, tasks */
+    int rows_d, n_blk_d;   /* phase 2: rows of down per task, tasks per expert */
+    int rows_s, n_blk_s;   /* phase 3: columns of y per task, tasks */
     size_t gate_row, up_row, down_row;
     enum kern_cpu_act arith;
     enum kern_cpu_plain plain;
@@ -152,40 +155,48 @@ static void moe_gate_up_task(void *arg, int t)
         memcpy(p->h + (size_t)(s0 + r) * ffn + r0, g + (size_t)r * nr, sizeof(float) * (size_t)nr);
 }
 
-/* Phase 2, task t: rows [r0, r1) of y for every token: each chosen expert's down rows in ascending expert
- * id, each product scatter-added at once with its routing weights (every element of y gets its experts'
- * terms in the same order whatever the partition). */
+/* Phase 2, task t: rows [r0, r1) of the t / n_blk_d-th chosen expert's down for all of its tokens, into
+ * those columns of d. */
 static void moe_down_task(void *arg, int t)
 {
     struct moe_plan *p = arg;
     const struct kern_cpu_moe_experts *ex = p->ex;
     kern_cpu_matmul_set_act(p->arith);
     kern_cpu_matmul_set_plain(p->plain);
-    const int dim = ex->dim, ffn = ex->ffn;
-    const int r0 = t * p->rows_d, r1 = r0 + p->rows_d < dim ? r0 + p->rows_d : dim, nr = r1 - r0;
-    const size_t pf = p->down_row * (size_t)(nr < MOE_PF_ROWS ? nr : MOE_PF_ROWS);
-    for (int i = 0; i < p->n; i++) memset(p->y + (size_t)i * dim + r0, 0, sizeof(float) * (size_t)nr);
-    moe_prefetch((const char *)ex->down + p->down_row * ((size_t)dim * p->act[0] + r0), pf);
-    for (int a = 0; a < p->n_act; a++) {
-        const int e = p->act[a], s0 = p->start[e], c = p->start[e + 1] - s0;
-        if (a + 1 < p->n_act)
-            moe_prefetch((const char *)ex->down + p->down_row * ((size_t)dim * p->act[a + 1] + r0), pf);
-        float *d = thread_buf_get(&moe_task_buf, sizeof(float) * (size_t)c * nr);
-        if (!d) {
-            moe_fail(p, FERRY_ERR_NOMEM);
-            return;
-        }
-        const int rc = kern_cpu_matmul(
-            d, p->h + (size_t)s0 * ffn, (const char *)ex->down + p->down_row * ((size_t)dim * e + r0),
-            ex->down_t, ex->down_b ? ex->down_b + (size_t)e * dim + r0 : NULL, c, nr, ffn, NULL);
-        if (rc) {
-            moe_fail(p, rc);
-            return;
-        }
-        for (int r = 0; r < c; r++) {
-            float *yt = p->y + (size_t)p->tok[s0 + r] * dim + r0;
-            const float *dr = d + (size_t)r * nr, w = p->rw[s0 + r];
-            for (int i = 0; i < nr; i++) yt[i] += w * dr[i];
+    const int dim = ex->dim, ffn = ex->ffn, e = p->act[t / p->n_blk_d], b = t % p->n_blk_d;
+    const int r0 = b * p->rows_d, r1 = r0 + p->rows_d < dim ? r0 + p->rows_d : dim, nr = r1 - r0;
+    const int s0 = p->start[e], c = p->start[e + 1] - s0;
+    float *d = thread_buf_get(&moe_task_buf, sizeof(float) * (size_t)c * nr);
+    if (!d) {
+        moe_fail(p, FERRY_ERR_NOMEM);
+        return;
+    }
+    const char *w = (const char *)ex->down + p->down_row * ((size_t)dim * e + r0);
+    moe_prefetch(w, p->down_row * (size_t)(nr < MOE_PF_ROWS ? nr : MOE_PF_ROWS));
+    const int rc = kern_cpu_matmul(d, p->h + (size_t)s0 * ffn, w, ex->down_t,
+                                   ex->down_b ? ex->down_b + (size_t)e * dim + r0 : NULL, c, nr, ffn, NULL);
+    if (rc) {
+        moe_fail(p, rc);
+        return;
+    }
+    for (int r = 0; r < c; r++)
+        memcpy(p->d + (size_t)(s0 + r) * dim + r0, d + (size_t)r * nr, sizeof(float) * (size_t)nr);
+}
+
+/* Phase 3, task t: columns [r0, r1) of y, each token's terms w·d added in ascending expert id from zero (the
+ * order of one expert at a time). */
+static void moe_sum_task(void *arg, int t)
+{
+    const struct moe_plan *p = arg;
+    const int dim = p->ex->dim, k = p->k;
+    const int r0 = t * p->rows_s, r1 = r0 + p->rows_s < dim ? r0 + p->rows_s : dim;
+    for (int tk = 0; tk < p->n; tk++) {
+        float *yt = p->y + (size_t)tk * dim;
+        for (int i = r0; i < r1; i++) yt[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            const int s = p->tslot[(size_t)tk * k + j];
+            const float w = p->rw[s], *dr = p->d + (size_t)s * dim;
+            for (int i = r0; i < r1; i++) yt[i] += w * dr[i];
         }
     }
 }
@@ -199,15 +210,17 @@ int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *
     const size_t slots = (size_t)n * k;
     for (size_t i = 0; i < slots; i++)
         if (ids[i] < 0 || ids[i] >= n_expert) return FERRY_ERR_RANGE;
-    /* The scratch: h (slots, ffn), the gathered rows (slots, dim; experts of one token point at x), the
-     * slot tables and per-expert lists. */
-    const size_t f_h = slots * ffn, f_x = slots * dim, n_i = 3 * (size_t)n_expert + 1 + 2 * slots;
-    char *buf = thread_buf_get(&moe_buf, sizeof(float) * (f_h + f_x + slots) + sizeof(int32_t) * n_i +
+    /* The scratch: the gathered rows (slots, dim; an expert of one token reads x's row), h (slots, ffn), d
+     * (slots, dim), the routing weights (slots), the slot tables and the per-expert lists. */
+    const size_t f_x = slots * dim, f_h = slots * ffn, f_d = slots * dim;
+    const size_t n_i = 3 * (size_t)n_expert + 1 + 2 * slots + (size_t)n;
+    char *buf = thread_buf_get(&moe_buf, sizeof(float) * (f_x + f_h + f_d + slots) + sizeof(int32_t) * n_i +
                                              sizeof(float *) * (size_t)n_expert + 64);
     if (!buf) return FERRY_ERR_NOMEM;
     struct moe_plan p = {.ex = ex,
                          .y = y,
                          .n = n,
+                         .k = k,
                          .gate_row = dtype_row_size(ex->gate_t, dim),
                          .up_row = dtype_row_size(ex->up_t, dim),
                          .down_row = dtype_row_size(ex->down_t, ffn),
@@ -218,12 +231,15 @@ int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *
     float *xs = (float *)(buf + (sizeof(float *) * (size_t)n_expert + 63) / 64 * 64);
     p.xe = xe;
     p.h = xs + f_x;
-    p.rw = p.h + f_h;
+    p.d = p.h + f_h;
+    p.rw = p.d + f_d;
     p.start = (int32_t *)(p.rw + slots);
     p.act = p.start + n_expert + 1;
     p.tok = p.act + n_expert;
-    int32_t *cnt = p.tok + slots; /* (n_expert) then each expert's next free slot */
-    /* Counting sort of the slots by expert (a token chooses an expert at most once), tokens ascending. */
+    p.tslot = p.tok + slots;
+    int32_t *cnt = p.tslot + slots; /* (n_expert) then each expert's next free slot */
+    int32_t *fill = cnt + n_expert; /* (n) each token's slots listed so far */
+    /* Counting sort of the slots by expert, tokens ascending within an expert. */
     memset(cnt, 0, sizeof(int32_t) * (size_t)n_expert);
     for (size_t i = 0; i < slots; i++) cnt[ids[i]]++;
     p.start[0] = 0;
@@ -237,6 +253,11 @@ int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *
             const int e = ids[(size_t)t * k + j], s = cnt[e]++;
             p.tok[s] = t, p.rw[s] = wts[(size_t)t * k + j];
         }
+    memset(fill, 0, sizeof(int32_t) * (size_t)n);
+    for (size_t s = 0; s < slots; s++) {
+        const int t = p.tok[s];
+        p.tslot[(size_t)t * k + fill[t]++] = (int32_t)s;
+    }
     for (int a = 0; a < p.n_act; a++) {
         const int e = p.act[a], s0 = p.start[e], c = p.start[e + 1] - s0;
         if (c == 1) {
@@ -253,12 +274,16 @@ int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *
     const int want = MOE_TASKS_PER_THREAD * tpool_size(tp);
     p.rows_gu = moe_block_rows(ffn, (want + p.n_act - 1) / p.n_act);
     p.n_blk_gu = (ffn + p.rows_gu - 1) / p.rows_gu;
-    p.rows_d = moe_block_rows(dim, want);
+    p.rows_d = moe_block_rows(dim, (want + p.n_act - 1) / p.n_act);
     p.n_blk_d = (dim + p.rows_d - 1) / p.rows_d;
+    p.rows_s = moe_block_rows(dim, tpool_size(tp));
+    p.n_blk_s = (dim + p.rows_s - 1) / p.rows_s;
     tpool_run(tp, moe_gate_up_task, &p, p.n_act * p.n_blk_gu);
     if (atomic_load(&p.err)) return atomic_load(&p.err);
-    tpool_run(tp, moe_down_task, &p, p.n_blk_d);
-    return atomic_load(&p.err);
+    tpool_run(tp, moe_down_task, &p, p.n_act * p.n_blk_d);
+    if (atomic_load(&p.err)) return atomic_load(&p.err);
+    tpool_run(tp, moe_sum_task, &p, p.n_blk_s);
+    return FERRY_OK;
 }
 
 int kern_cpu_moe_ref(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
