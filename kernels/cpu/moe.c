@@ -77,8 +77,8 @@ static void moe_prefetch(const void *p, size_t n)
     for (size_t o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
 }
 
-/* The calling thread's scratch: the experts' gathered rows and their activations, both kept across the
- * phases (workers' scratch: moe_task_buf). */
+/* The calling thread's scratch: the experts' gathered rows, their activations and down products, kept across
+ * the phases (workers' scratch: moe_task_buf). */
 static struct thread_buf moe_buf = THREAD_BUF_INIT, moe_task_buf = THREAD_BUF_INIT;
 
 /* One call's plan. Slots: the (token, choice) pairs, grouped by expert in ascending id (expert e's are

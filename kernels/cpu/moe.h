@@ -10,8 +10,8 @@
  * Experts (kern_cpu_moe_ffn): for each expert, the rows of the tokens routed to it are gathered, multiplied
  * by its gate and up matrices (kern_cpu_matmul, any stored type), silu(gate)·up by its down matrix, and the
  * result scatter-added into y weighted by the token's routing weight. An expert no token chose costs nothing.
- * All of a call's experts share two pool dispatches: gate|up by (expert, stretch of rows), then down by
- * stretches of y's columns, each over every chosen expert in ascending id (so y's terms add in that order);
+ * All of a call's experts share three pool dispatches: gate|up by (expert, stretch of rows), down by
+ * (expert, stretch of rows), then y by stretches of columns, each token's terms added in ascending expert id;
  * the products run in the calling thread's arithmetic (kern_cpu_matmul_set_act), and the result is bitwise
  * the same whatever the pool size, and in the int8 arithmetic the same as one token at a time.
  * gpt-oss adds biases to each product and gates with its clamped SwiGLU; its router (softmax over the top-k
@@ -51,7 +51,7 @@ struct kern_cpu_moe_experts {
 };
 
 /* Floats of workspace kern_cpu_moe_ffn needs for n tokens (its scratch, which depends on k, is the calling
- * thread's own buffer: about n·k·(dim + ffn) floats, kept for the thread's later calls). */
+ * thread's own buffer: about n·k·(2·dim + ffn) floats, kept for the thread's later calls). */
 size_t kern_cpu_moe_ws_floats(const struct kern_cpu_moe_experts *ex, int n);
 /* y (n, dim) = sum over each token's k experts of wts · down(silu(gate x) · up x); x (n, dim). ws holds
  * kern_cpu_moe_ws_floats floats. FERRY_ERR_RANGE for an expert id
