@@ -763,6 +763,11 @@ void kern_cpu_matmul_set_plain(enum kern_cpu_plain p)
     plain_arith = p;
 }
 
+enum kern_cpu_plain kern_cpu_matmul_plain(void)
+{
+    return plain_arith;
+}
+
 int kern_cpu_amx_available(void)
 {
     return amx_available();

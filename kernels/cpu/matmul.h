@@ -68,6 +68,7 @@ enum kern_cpu_plain {
 #define KERN_CPU_AMX_M_MIN 32
 /* Sets the plain types' arithmetic of this thread's later products. */
 void kern_cpu_matmul_set_plain(enum kern_cpu_plain p);
+enum kern_cpu_plain kern_cpu_matmul_plain(void);
 /* 1 when this process can use the AMX tiles (the CPU has them and the OS granted them). */
 int kern_cpu_amx_available(void);
 

@@ -10,6 +10,10 @@
  * Experts (kern_cpu_moe_ffn): for each expert, the rows of the tokens routed to it are gathered, multiplied
  * by its gate and up matrices (kern_cpu_matmul, any stored type), silu(gate)·up by its down matrix, and the
  * result scatter-added into y weighted by the token's routing weight. An expert no token chose costs nothing.
+ * All of a call's experts share three pool dispatches: gate|up by (expert, stretch of rows), down by
+ * (expert, stretch of rows), then y by stretches of columns, each token's terms added in ascending expert id;
+ * the products run in the calling thread's arithmetic (kern_cpu_matmul_set_act), and the result is bitwise
+ * the same whatever the pool size, and in the int8 arithmetic the same as one token at a time.
  * gpt-oss adds biases to each product and gates with its clamped SwiGLU; its router (softmax over the top-k
  * logits) is this softmax's top-k with norm: e^l_i / Σ_topk e^l_j either way.
  * kern_cpu_moe_ref is the plain per-token reference over f32 weights.
@@ -46,10 +50,12 @@ struct kern_cpu_moe_experts {
     float alpha, limit; /* KERN_CPU_MOE_SWIGLU_CLAMPED's sigmoid gain and clamp */
 };
 
-/* Floats of workspace kern_cpu_moe_ffn needs for n tokens. */
+/* Floats of workspace kern_cpu_moe_ffn needs for n tokens (its scratch, which depends on k, is the calling
+ * thread's own buffer: about n·k·(2·dim + ffn) floats, kept for the thread's later calls). */
 size_t kern_cpu_moe_ws_floats(const struct kern_cpu_moe_experts *ex, int n);
 /* y (n, dim) = sum over each token's k experts of wts · down(silu(gate x) · up x); x (n, dim). ws holds
- * kern_cpu_moe_ws_floats floats. FERRY_ERR_RANGE for an expert id outside 0..n_expert-1. */
+ * kern_cpu_moe_ws_floats floats. FERRY_ERR_RANGE for an expert id
+ * outside 0..n_expert-1, FERRY_ERR_NOMEM when the scratch cannot grow. */
 int kern_cpu_moe_ffn(float *y, const float *x, const int32_t *ids, const float *wts, int n, int k,
                      const struct kern_cpu_moe_experts *ex, float *ws, struct tpool *tp);
 /* The reference: the same with f32 stacked weights, token by token, in double sums. */

@@ -26,34 +26,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "quant/dequant.h"
 #include "quant/dtype.h"
 #include "quant/fp16.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
-}
 
 /* (n, k) of type t quantized from uniform floats by quant's reference quantizers; the types without one (the
  * i-quants but IQ4_NL/IQ4_XS, NVFP4): random bytes (every grid index and sign) with an f16 scale of 0.005
