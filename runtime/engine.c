@@ -208,6 +208,7 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .gpu_layers = p->gpu_layers,
                                         .cpu_moe = p->cpu_moe,
                                         .expert_cache = p->expert_cache,
+                                        .cpu_int8 = p->cpu_int8 > 0,
                                         .ring_layers = p->ring_layers,
                                         .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
                                         .force_where = p->plan_override,

@@ -1421,7 +1421,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                            .h2d_bytes_per_s = h2d,
                                            .hbm_bytes_per_s = d2d,
                                            .cache = moe_cache,
-                                           .cache_bytes = f->map.expert_cache_bytes};
+                                           .cache_bytes = f->map.expert_cache_bytes,
+                                           .cpu_int8 = p->cpu_int8};
         if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
     }
     if (has_recurrent(hp) && (rc = cuda_deltanet_init(&f->dn, m, T, kv->n_seqs, dn_mem, err))) goto fail;

@@ -67,6 +67,9 @@ struct forward_cuda_params {
      * the budget before the experts of more layers are made resident; -1: what the budget leaves after the
      * resident layers and the KV pool, when the planner chose the host layers (cpu_moe -1); 0: none. */
     int64_t expert_cache;
+    /* The arithmetic of the host's products for host experts: 1 x in int8 (kern_cpu_matmul.h
+     * KERN_CPU_ACT_INT8, llama.cpp's), 0 x in f32 (the engine's --cpu-arith). */
+    int cpu_int8;
 };
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */

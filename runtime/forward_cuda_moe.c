@@ -10,6 +10,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/matmul.h"
@@ -356,6 +357,7 @@ int cuda_moe_init(struct cuda_moe **out, const struct model *m, const struct cud
         FLOG_INFO("experts of %d of %d layers in host memory, computed by %d host threads", mo->n_host,
                   hp->n_layers, tpool_size(mo->pool));
         pin_host_experts(mo);
+        mo->cpu_int8 = p->cpu_int8;
         mo->stage = p->stage;
         choose_streaming(mo, p->h2d_bytes_per_s);
         if ((rc = moe_cache_init(mo, p->cache, p->cache_bytes, p->h2d_bytes_per_s, p->hbm_bytes_per_s)))
@@ -552,6 +554,7 @@ static void CUDART_CB host_experts(void *arg)
 {
     const struct moe_job *j = arg;
     struct cuda_moe *mo = j->mo;
+    kern_cpu_matmul_set_act(mo->cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32);
     const struct kern_cpu_moe_experts ex = moe_host_experts_of(mo, j->l);
     const int rc =
         kern_cpu_moe_ffn(mo->h_y, mo->h_x, mo->h_ids, mo->h_wts, j->n, mo->k, &ex, mo->ws, mo->pool);

@@ -77,6 +77,7 @@ struct cuda_moe_params {
     double hbm_bytes_per_s; /* the device memory's (the expert cache's cost model; 0: not counted) */
     void *cache;            /* cuda_moe_cache_plan's bytes of device memory for the expert cache, or NULL */
     uint64_t cache_bytes;
+    int cpu_int8; /* host experts' arithmetic: x in int8 (1) or f32 (0), forward_cuda_params.cpu_int8 */
 };
 
 /* Uploads the routers and the resident experts (synchronously); for host experts pins a copy of them and the

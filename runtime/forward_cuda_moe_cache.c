@@ -20,6 +20,7 @@
 
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
@@ -139,6 +140,7 @@ static void CUDART_CB cache_host_experts(void *arg)
     struct cuda_moe *mo = j->mo;
     struct moe_cache *mc = mo->cache;
     const size_t dim = (size_t)mo->dim;
+    kern_cpu_matmul_set_act(mo->cpu_int8 ? KERN_CPU_ACT_INT8 : KERN_CPU_ACT_F32);
     for (int q = 0; q < mc->hn; q++)
         memcpy(mc->hx + q * dim, mo->h_x + mc->htok[q] * dim, dim * sizeof(float));
     const struct kern_cpu_moe_experts ex = moe_host_experts_of(mo, j->l);

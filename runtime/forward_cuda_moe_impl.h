@@ -75,6 +75,8 @@ struct cuda_moe {
     struct moe_job *jobs; /* (n_layers, chunks of a step): each host function's argument */
     int n_host;
     int rc; /* the first failure of a host function */
+    int cpu_int8; /* the host functions' arithmetic (kern_cpu_matmul_set_act: per thread, and a host function
+                   * runs on a thread of the CUDA runtime that the engine never set) */
     /* Host experts: each host layer's gate, up, down in pinned memory at the device layout's offsets (NULL:
      * the model's own tensors, when pinning failed), and the device's staging area for streaming them. */
     struct pinned_block pin;
