@@ -81,14 +81,8 @@ struct engine {
     double pend_t0;
 };
 
-/* The CUDA path of shared-expert layers (Qwen3.5-MoE, Qwen3-Next) is experimental: taken only with
- * FERRY_CUDA_EXPERIMENTAL=1 (tests/runtime/test_gpu_e2e.c holds it against the CPU; its batched decode rows
- * still differ there); otherwise such models run on the CPU. */
 const char *engine_cuda_lacks(const struct llm_hparams *hp)
 {
-    const char *x = getenv("FERRY_CUDA_EXPERIMENTAL");
-    if ((!x || strcmp(x, "1") != 0) && layer_program_has(layer_program_of(hp), LOP_MOE_SHARED))
-        return "shared-expert layers (experimental: FERRY_CUDA_EXPERIMENTAL=1)";
     return forward_cuda_device_lacks(hp);
 }
 
@@ -585,7 +579,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     if (p.ctx_size == 0) p.ctx_size = default_ctx(mhp);
     if (p.ctx_size > 0) model_fit_ctx(model, p.ctx_size);
     /* auto: the GPU when there is one, unless the CUDA backend does not take the model (engine_cuda_lacks:
-     * experimental paths not asked for, heads wider than this GPU's shared memory allows): then the CPU. */
+     * heads wider than this GPU's shared memory allows): then the CPU. */
     const char *cuda_lacks = engine_cuda_lacks(&model->hp);
     const int use_cuda = p.backend == ENGINE_BACKEND_CUDA ||
                          (p.backend == ENGINE_BACKEND_AUTO && !cuda_lacks && forward_cuda_devices() > 0);

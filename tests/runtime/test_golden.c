@@ -319,7 +319,6 @@ static const char *cuda_lacks_at(const char *name, int ctx)
 }
 Test(golden_hf, rope_families_cuda_lacks)
 {
-    unsetenv("FERRY_CUDA_EXPERIMENTAL");
     cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 32));
     cr_assert_null(cuda_lacks_at("phi35_longrope_f32", 512));
     cr_assert_null(cuda_lacks_at("phi4mini_longrope_bf16", 32));

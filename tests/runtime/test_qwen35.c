@@ -367,10 +367,9 @@ Test(qwen35, mismatched_linear_tensors_refused)
     free(orig);
 }
 
-/* The CUDA backend takes golden model `name` (experimental: its layers are taken only with
- * FERRY_CUDA_EXPERIMENTAL=1, and engine_cuda_lacks names them and the switch otherwise); the CUDA results
- * themselves are checked against this backend's by tests/runtime/test_gpu_e2e.c on a GPU. */
-static void check_cuda_taken(const char *name, int experimental)
+/* The CUDA backend takes golden model `name` (engine_cuda_lacks: nothing); the CUDA results themselves are
+ * checked against this backend's by tests/runtime/test_gpu_e2e.c on a GPU. */
+static void check_cuda_taken(const char *name)
 {
     char rel[128];
     snprintf(rel, sizeof rel, "tests/golden/models/%s.gguf", name);
@@ -381,16 +380,7 @@ static void check_cuda_taken(const char *name, int experimental)
     char err[256] = "";
     struct model_file *mf;
     cr_assert_eq(model_file_open(model, &mf, NULL, NULL, err), FERRY_OK, "%s", err);
-    unsetenv("FERRY_CUDA_EXPERIMENTAL");
     const char *lacks = engine_cuda_lacks(&mf->hp);
-    if (experimental)
-        cr_assert(lacks && strstr(lacks, "FERRY_CUDA_EXPERIMENTAL=1"), "%s: %s", name,
-                  lacks ? lacks : "(taken)");
-    else
-        cr_assert_null(lacks, "%s: the CUDA backend lacks %s", name, lacks);
-    setenv("FERRY_CUDA_EXPERIMENTAL", "1", 1);
-    lacks = engine_cuda_lacks(&mf->hp);
-    unsetenv("FERRY_CUDA_EXPERIMENTAL");
     cr_assert_null(lacks, "%s: the CUDA backend lacks %s", name, lacks);
     model_file_close(mf);
     free(model);
@@ -398,7 +388,7 @@ static void check_cuda_taken(const char *name, int experimental)
 
 Test(qwen35, cuda_backend_taken)
 {
-    check_cuda_taken(DENSE, 0);
+    check_cuda_taken(DENSE);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -461,7 +451,7 @@ Test(qwen35moe, mismatched_expert_tensors_refused)
 
 Test(qwen35moe, cuda_backend_taken)
 {
-    check_cuda_taken(MOE, 1);
+    check_cuda_taken(MOE);
 }
 
 /* `ferry quantize` of the MoE file: every block quantized, the multi-token-prediction one included
@@ -558,5 +548,5 @@ Test(qwen3next, mismatched_linear_tensors_refused)
 
 Test(qwen3next, cuda_backend_taken)
 {
-    check_cuda_taken(NEXT, 1);
+    check_cuda_taken(NEXT);
 }

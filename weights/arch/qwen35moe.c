@@ -100,8 +100,7 @@ const struct arch_family arch_qwen35moe = {
     .name = "qwen35moe",
     .title = "Qwen3.5 / 3.6 (MoE)",
     .sizes = "35B-A3B, 122B-A10B, 397B-A17B",
-    .notes = "qwen35's hybrid layers; every FFN softmax top-k experts plus a sigmoid-gated shared expert "
-             "(CPU backend)",
+    .notes = "qwen35's hybrid layers; every FFN softmax top-k experts plus a sigmoid-gated shared expert",
     .gguf_names = (const char *const[]){"qwen35moe", NULL},
     .hf_classes = (const char *const[]){"Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", NULL},
     .hf_types = (const char *const[]){"qwen3_5_moe_text", "qwen3_5_moe", NULL},

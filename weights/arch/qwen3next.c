@@ -50,7 +50,7 @@ const struct arch_family arch_qwen3next = {
     .title = "Qwen3-Next",
     .sizes = "80B-A3B",
     .notes = "qwen35moe's hybrid layers in their first form: packed b/a (and, in older files, q/k/v/z) "
-             "in-projections, value heads grouped by key head (CPU backend)",
+             "in-projections, value heads grouped by key head",
     .gguf_names = (const char *const[]){"qwen3next", NULL},
     .hf_classes = (const char *const[]){"Qwen3NextForCausalLM", NULL},
     .hf_types = (const char *const[]){"qwen3_next", NULL},
