@@ -335,52 +335,88 @@ static void fill_task(void *ctx, int task)
     }
 }
 
+int synthetic_model_file(const struct llm_hparams *hp, enum dtype wt, int ftype, uint64_t seed, int n_threads,
+                         int matrices, struct model_file **out, char err[256])
+{
+    *out = NULL;
+    if (ftype < 0) {
+        snprintf(err, 256, "dense synthetic shapes are built by model_init_synthetic");
+        return FERRY_ERR_INVALID;
+    }
+    if (!dtype_valid(wt) || dtype_get_traits(wt)->is_quantized) {
+        snprintf(err, 256, "synthetic weights must be F32, F16 or BF16");
+        return FERRY_ERR_INVALID;
+    }
+    struct model_file *mf = calloc(1, sizeof *mf);
+    if (!mf) return FERRY_ERR_NOMEM;
+    mf->format = MODEL_FORMAT_GGUF;
+    mf->hp = *hp;
+    mf->hp.family = arch_of(hp);
+    int rc = synthetic_table(hp, wt, ftype, &mf->tensors, &mf->n_tensors, err);
+    if (rc) {
+        free(mf);
+        return rc;
+    }
+    /* Without matrices only the F32 tensors (vectors, bias tables, routers) get memory; the others point at
+     * the buffer's start, a placeholder never read. */
+    size_t total = 64;
+    for (int i = 0; i < mf->n_tensors; i++)
+        if (matrices || mf->tensors[i].type == DTYPE_F32) total += (mf->tensors[i].nbytes + 63) & ~(size_t)63;
+    char *buf = malloc(total);
+    if (!buf) {
+        snprintf(err, 256, "cannot allocate %.1f GiB for synthetic weights", total / 1073741824.0);
+        model_file_close(mf);
+        return FERRY_ERR_NOMEM;
+    }
+    mf->arch_owned = buf;
+    struct wtensor *filled = calloc((size_t)mf->n_tensors, sizeof *filled);
+    if (!filled) {
+        model_file_close(mf);
+        return FERRY_ERR_NOMEM;
+    }
+    int n_filled = 0;
+    size_t off = 64;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        struct wtensor *t = &mf->tensors[i];
+        t->data = buf;
+        if (!matrices && t->type != DTYPE_F32) continue;
+        t->data = buf + off;
+        off += (t->nbytes + 63) & ~(size_t)63;
+        filled[n_filled++] = *t;
+    }
+    memset(buf, 0, 64);
+    struct tpool *tp = NULL;
+    tpool_init(&tp, n_threads);
+    struct fill_job job = {
+        .t = filled, .n = n_filled, .seed = seed ? seed : 1, .n_tasks = 4 * tpool_size(tp), .total = total};
+    tpool_run(tp, fill_task, &job, job.n_tasks);
+    tpool_free(tp);
+    free(filled);
+    if (job.failed) {
+        snprintf(err, 256, "cannot fill the synthetic weights (out of memory or a type without a quantizer)");
+        model_file_close(mf);
+        return FERRY_ERR_NOMEM;
+    }
+    if ((rc = model_file_validate(mf, err))) {
+        model_file_close(mf);
+        return rc;
+    }
+    *out = mf;
+    return FERRY_OK;
+}
+
 int synthetic_model_init(struct model *m, const struct llm_hparams *hp, enum dtype wt, int ftype,
                          uint64_t seed, int n_threads, char err[256])
 {
     if (ftype < 0) return model_init_synthetic(m, hp, wt, seed, n_threads, err);
     memset(m, 0, sizeof *m);
-    if (!dtype_valid(wt) || dtype_get_traits(wt)->is_quantized) {
-        snprintf(err, 256, "synthetic weights must be F32, F16 or BF16");
-        return FERRY_ERR_INVALID;
-    }
-    struct model_file mf = {.format = MODEL_FORMAT_GGUF, .hp = *hp};
-    mf.hp.family = arch_of(hp);
-    int rc = synthetic_table(hp, wt, ftype, &mf.tensors, &mf.n_tensors, err);
+    struct model_file *mf;
+    int rc = synthetic_model_file(hp, wt, ftype, seed, n_threads, 1, &mf, err);
     if (rc) return rc;
-    size_t total = 0;
-    for (int i = 0; i < mf.n_tensors; i++) total += (mf.tensors[i].nbytes + 63) & ~(size_t)63;
-    char *buf = malloc(total);
-    if (!buf) {
-        snprintf(err, 256, "cannot allocate %.1f GiB for synthetic weights", total / 1073741824.0);
-        free(mf.tensors);
-        return FERRY_ERR_NOMEM;
+    if ((rc = model_init(m, mf, err)) == FERRY_OK) { /* views into the buffer, copies of the vectors */
+        m->owned = mf->arch_owned;
+        mf->arch_owned = NULL;
     }
-    size_t off = 0;
-    for (int i = 0; i < mf.n_tensors; i++) {
-        mf.tensors[i].data = buf + off;
-        off += (mf.tensors[i].nbytes + 63) & ~(size_t)63;
-    }
-    struct tpool *tp = NULL;
-    tpool_init(&tp, n_threads);
-    struct fill_job job = {.t = mf.tensors,
-                           .n = mf.n_tensors,
-                           .seed = seed ? seed : 1,
-                           .n_tasks = 4 * tpool_size(tp),
-                           .total = total};
-    tpool_run(tp, fill_task, &job, job.n_tasks);
-    tpool_free(tp);
-    if (job.failed) {
-        snprintf(err, 256, "cannot fill the synthetic weights (out of memory or a type without a quantizer)");
-        rc = FERRY_ERR_NOMEM;
-    }
-    if (!rc) rc = model_file_validate(&mf, err);
-    if (!rc) rc = model_init(m, &mf, err);
-    free(mf.tensors); /* the model keeps views into buf and copies of the vectors */
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    m->owned = buf;
-    return FERRY_OK;
+    model_file_close(mf);
+    return rc;
 }

@@ -37,6 +37,13 @@ struct synthetic_bytes {
 int synthetic_bytes(const struct llm_hparams *hp, enum dtype wt, int ftype, struct synthetic_bytes *out,
                     char err[256]);
 
+/* The model file of hp in mix ftype (>= 0) as the module comment says, its tensor bytes owned by it
+ * (mf->arch_owned; model_file_close frees all). matrices 0: for planning (ferry inspect --synthetic), only
+ * the F32 tensors (vectors, bias tables, routers) hold values; every other tensor has its shape, type and
+ * nbytes, and data that must not be read. */
+int synthetic_model_file(const struct llm_hparams *hp, enum dtype wt, int ftype, uint64_t seed, int n_threads,
+                         int matrices, struct model_file **out, char err[256]);
+
 /* The model hp with random weights: through model_init_synthetic when ftype < 0, else as the module comment
  * says, the matrices the mix keeps unquantized (routers aside, which GGUF files keep in F32) in wt. Uses
  * n_threads threads (0: all cores). */
