@@ -32,62 +32,41 @@ struct synthetic_shape {
  * sqrt(dim)), then the expert ones as their config.json files give them (Qwen/Qwen3-30B-A3B,
  * openai/gpt-oss-20b and -120b) and the tiny test shapes of tests/golden/models' qwen3moe_top2_f32 and
  * gptoss_yarn_mxfp4. */
+#define DENSE(nm, d, f, l, h, kv, v, th, ar, hd, w)                                                          \
+    {                                                                                                        \
+        .name = nm, .dim = d, .ffn = f, .layers = l, .heads = h, .kv_heads = kv, .vocab = v, .theta = th,    \
+        .arch = ar, .head_dim = hd, .window = w, .ftype = -1                                                 \
+    }
+#define QWEN3MOE(nm, d, f, l, h, kv, v, hd, ne, nu, ef, ft, tst, c)                                          \
+    {                                                                                                        \
+        .name = nm, .dim = d, .ffn = f, .layers = l, .heads = h, .kv_heads = kv, .vocab = v, .theta = 1e6f,  \
+        .arch = "qwen3moe", .head_dim = hd, .n_expert = ne, .n_expert_used = nu, .expert_ffn = ef,           \
+        .ftype = ft, .test = tst, .eps = 1e-6f, .ctx = c                                                     \
+    }
+#define GPTOSS(nm, d, f, l, h, kv, v, hd, w, ne, nu, tst, c, yf, yo)                                         \
+    {                                                                                                        \
+        .name = nm, .dim = d, .ffn = f, .layers = l, .heads = h, .kv_heads = kv, .vocab = v,                 \
+        .theta = 150000.0f, .arch = "gpt-oss", .head_dim = hd, .window = w, .n_expert = ne,                  \
+        .n_expert_used = nu, .expert_ffn = f, .ftype = QUANT_FTYPE_MXFP4_MOE, .test = tst, .eps = 1e-5f,     \
+        .ctx = c, .yarn = yf, .yarn_orig = yo                                                                \
+    }
 static const struct synthetic_shape shapes[] = {
-    {"llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0f, "llama", 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
-    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 500000.0f, "llama", 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
-    {"llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 10000.0f, "llama", 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
-    {"llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0f, "llama", 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
-    {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 1000000.0f, "qwen3", 128, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
-    {"gemma-3-12b", 3840, 15360, 48, 16, 8, 262208, 1000000.0f, "gemma3", 256,
-     1024,          0,    0,     0,  -1, 0, 0,      0,          0,        0},
-    {"phi-4", 5120, 17920, 40, 40, 10, 100352, 250000.0f, "phi3", 128, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b",    2048, 6144,  48,    32, 4, 151936, 1000000.0f, "qwen3moe", 128, 0, 128, 8, 768,
-     QUANT_FTYPE_Q4_K_M, 0,    1e-6f, 40960, 0,  0},
-    {"gpt-oss-20b",
-     2880,
-     2880,
-     24,
-     64,
-     8,
-     201088,
-     150000.0f,
-     "gpt-oss",
-     64,
-     128,
-     32,
-     4,
-     2880,
-     QUANT_FTYPE_MXFP4_MOE,
-     0,
-     1e-5f,
-     131072,
-     32.0f,
-     4096},
-    {"gpt-oss-120b",
-     2880,
-     2880,
-     36,
-     64,
-     8,
-     201088,
-     150000.0f,
-     "gpt-oss",
-     64,
-     128,
-     128,
-     4,
-     2880,
-     QUANT_FTYPE_MXFP4_MOE,
-     0,
-     1e-5f,
-     131072,
-     32.0f,
-     4096},
-    {"test-qwen3moe",  44, 70,    3,    4, 2, 251, 1000000.0f, "qwen3moe", 16, 0, 8, 2, 30,
-     QUANT_FTYPE_Q8_0, 1,  1e-6f, 1024, 0, 0},
-    {"test-gpt-oss",        64, 32,    2,    4,    2,  211, 150000.0f, "gpt-oss", 16, 16, 5, 2, 32,
-     QUANT_FTYPE_MXFP4_MOE, 1,  1e-5f, 1024, 4.0f, 256},
+    DENSE("llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0f, "llama", 0, 0),
+    DENSE("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 500000.0f, "llama", 0, 0),
+    DENSE("llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 10000.0f, "llama", 0, 0),
+    DENSE("llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0f, "llama", 0, 0),
+    DENSE("qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 1000000.0f, "qwen3", 128, 0),
+    DENSE("gemma-3-12b", 3840, 15360, 48, 16, 8, 262208, 1000000.0f, "gemma3", 256, 1024),
+    DENSE("phi-4", 5120, 17920, 40, 40, 10, 100352, 250000.0f, "phi3", 128, 0),
+    QWEN3MOE("qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 151936, 128, 128, 8, 768, QUANT_FTYPE_Q4_K_M, 0, 40960),
+    GPTOSS("gpt-oss-20b", 2880, 2880, 24, 64, 8, 201088, 64, 128, 32, 4, 0, 131072, 32.0f, 4096),
+    GPTOSS("gpt-oss-120b", 2880, 2880, 36, 64, 8, 201088, 64, 128, 128, 4, 0, 131072, 32.0f, 4096),
+    QWEN3MOE("test-qwen3moe", 44, 70, 3, 4, 2, 251, 16, 8, 2, 30, QUANT_FTYPE_Q8_0, 1, 1024),
+    GPTOSS("test-gpt-oss", 64, 32, 2, 4, 2, 211, 16, 16, 5, 2, 1, 1024, 4.0f, 256),
 };
+#undef DENSE
+#undef QWEN3MOE
+#undef GPTOSS
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 
 const struct synthetic_shape *synthetic_shape_find(const char *name)
