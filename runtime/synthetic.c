@@ -246,7 +246,6 @@ struct fill_job {
     int n;
     uint64_t seed;
     int n_tasks;
-    size_t total;
     int failed;
 };
 
@@ -266,9 +265,33 @@ static void random_floats(float *v, size_t n, uint64_t *x, int norm)
     }
 }
 
-/* Task `task` fills its share of every tensor: float types and F32 vectors value by value; block types by
- * rows copied from a pool of POOL_ROWS rows quantized from random values (starting at a row that depends on
- * the tensor, so tensors differ). */
+/* The first rows of a block-type tensor, its pool: quantized from random values (phase 1, one task a
+ * tensor). */
+static void pool_task(void *ctx, int task)
+{
+    struct fill_job *j = ctx;
+    for (int i = task; i < j->n; i += j->n_tasks) {
+        struct wtensor *t = &j->t[i];
+        if (!dtype_get_traits(t->type)->is_quantized) continue;
+        const int64_t rows = t->ne[1] * t->ne[2] * t->ne[3], cols = t->ne[0];
+        const int64_t pool = rows < POOL_ROWS ? rows : POOL_ROWS;
+        const size_t rb = dtype_row_size(t->type, cols);
+        float *f = malloc((size_t)cols * sizeof *f);
+        if (!f) {
+            j->failed = 1;
+            return;
+        }
+        uint64_t x = j->seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(i + 1));
+        for (int64_t r = 0; r < pool; r++) {
+            random_floats(f, (size_t)cols, &x, 0);
+            if (!dtype_from_f32(t->type, f, (char *)t->data + rb * (size_t)r, cols)) j->failed = 1;
+        }
+        free(f);
+    }
+}
+
+/* Task `task` fills its share of every tensor's rows (phase 2): float types value by value, block types by
+ * rows copied from the tensor's pool, starting at a row that depends on the tensor so that tensors differ. */
 static void fill_task(void *ctx, int task)
 {
     struct fill_job *j = ctx;
@@ -279,13 +302,13 @@ static void fill_task(void *ctx, int task)
         const struct dtype_traits *tr = dtype_get_traits(t->type);
         const int64_t rows = t->ne[1] * t->ne[2] * t->ne[3], cols = t->ne[0];
         const int64_t per = (rows + j->n_tasks - 1) / j->n_tasks;
-        const int64_t lo = per * task, hi = lo + per < rows ? lo + per : rows;
-        if (lo >= hi) continue;
+        int64_t lo = per * task;
+        const int64_t hi = lo + per < rows ? lo + per : rows;
         const size_t rb = dtype_row_size(t->type, cols);
         char *base = (char *)t->data;
         if (!tr->is_quantized) {
             const int norm = strstr(t->name, "norm") != NULL;
-            const size_t n = (size_t)(hi - lo) * (size_t)cols;
+            const size_t n = lo < hi ? (size_t)(hi - lo) * (size_t)cols : 0;
             for (size_t k = 0; k < n; k += 1024) {
                 const size_t m = n - k < 1024 ? n - k : 1024;
                 random_floats(v, m, &x, norm);
@@ -294,23 +317,9 @@ static void fill_task(void *ctx, int task)
             continue;
         }
         const int64_t pool = rows < POOL_ROWS ? rows : POOL_ROWS;
-        char *prow = malloc(rb * (size_t)pool);
-        float *f = malloc((size_t)cols * sizeof *f);
-        if (!prow || !f) {
-            free(prow);
-            free(f);
-            j->failed = 1;
-            return;
-        }
-        uint64_t px = j->seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(i + 1));
-        for (int64_t r = 0; r < pool; r++) {
-            random_floats(f, (size_t)cols, &px, 0);
-            if (!dtype_from_f32(t->type, f, prow + rb * (size_t)r, cols)) j->failed = 1;
-        }
+        if (lo < pool) lo = pool;
         for (int64_t r = lo; r < hi; r++)
-            memcpy(base + rb * (size_t)r, prow + rb * (size_t)((r + i) % pool), rb);
-        free(prow);
-        free(f);
+            memcpy(base + rb * (size_t)r, base + rb * (size_t)((r + i) % pool), rb);
     }
 }
 
@@ -367,7 +376,8 @@ int synthetic_model_file(const struct llm_hparams *hp, enum dtype wt, int ftype,
     struct tpool *tp = NULL;
     tpool_init(&tp, n_threads);
     struct fill_job job = {
-        .t = filled, .n = n_filled, .seed = seed ? seed : 1, .n_tasks = 4 * tpool_size(tp), .total = total};
+        .t = filled, .n = n_filled, .seed = seed ? seed : 1, .n_tasks = 4 * tpool_size(tp)};
+    tpool_run(tp, pool_task, &job, job.n_tasks);
     tpool_run(tp, fill_task, &job, job.n_tasks);
     tpool_free(tp);
     free(filled);
