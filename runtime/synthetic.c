@@ -78,8 +78,12 @@ const struct synthetic_shape *synthetic_shape_find(const char *name)
 
 const char *synthetic_shape_names(void)
 {
-    return "llama-2-7b, llama-3-8b, llama-2-13b, llama-2-70b, qwen3-8b, gemma-3-12b, phi-4, qwen3-30b-a3b, "
-           "gpt-oss-20b, gpt-oss-120b";
+    static char names[512]; /* rebuilt on each call: for the command line's main thread */
+    size_t at = 0;
+    for (int i = 0; i < N_SHAPES; i++)
+        if (!shapes[i].test && at < sizeof names)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", shapes[i].name);
+    return names;
 }
 
 void synthetic_hparams(const struct synthetic_shape *s, struct llm_hparams *hp, int *ftype)

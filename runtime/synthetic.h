@@ -22,7 +22,8 @@ struct synthetic_shape;
 
 /* The shape called name, or NULL. */
 const struct synthetic_shape *synthetic_shape_find(const char *name);
-/* The names of the shapes, comma-separated (those for tests excluded). */
+/* The names of the shapes, comma-separated (those for tests excluded), in a static buffer: not thread-safe.
+ */
 const char *synthetic_shape_names(void);
 /* The hyperparameters of the shape; *ftype: the llama.cpp mix its matrices are stored in (enum quant_ftype),
  * or -1 for a dense shape of one float type. */

@@ -408,7 +408,8 @@ int cli_bench_main(int argc, char **argv)
     if (synthetic) {
         const struct synthetic_shape *sh = synthetic_shape_find(synthetic);
         if (!sh) {
-            fprintf(stderr, "ferry bench: unknown synthetic model '%s'\n", synthetic);
+            fprintf(stderr, "ferry bench: unknown synthetic model '%s' (%s)\n", synthetic,
+                    synthetic_shape_names());
             return 2;
         }
         struct llm_hparams hp;
