@@ -27,6 +27,7 @@
 #include "runtime/sampler.h"
 #include "runtime/seq_state.h"
 #include "runtime/step_plan.h"
+#include "runtime/synthetic.h"
 
 /* AUTO puts host layers on the CPU only when the plan predicts a step this much faster than streaming them
  * all: the cost model is measured, not exact, and a wrong CPU choice costs more than a missed one. */
@@ -761,8 +762,14 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
 int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enum dtype wt,
                           const struct engine_params *p, char err[256])
 {
+    return engine_init_synthetic_mix(out, hp, wt, -1, p, err);
+}
+
+int engine_init_synthetic_mix(struct engine **out, const struct llm_hparams *hp, enum dtype wt, int ftype,
+                              const struct engine_params *p, char err[256])
+{
     struct model m;
-    int rc = model_init_synthetic(&m, hp, wt, 0x5eed, p->n_threads, err);
+    int rc = synthetic_model_init(&m, hp, wt, ftype, 0x5eed, p->n_threads, err);
     return rc ? rc : engine_create(out, &m, p, err);
 }
 

@@ -151,6 +151,9 @@ int engine_init(struct engine **out, const struct model_file *mf, const struct e
 /* An engine over a synthetic model of shape hp with random weights of type wt (benchmarks; see model.h). */
 int engine_init_synthetic(struct engine **out, const struct llm_hparams *hp, enum dtype wt,
                           const struct engine_params *p, char err[256]);
+/* The same with its matrices in the llama.cpp mix ftype when ftype >= 0 (expert shapes; runtime/synthetic.h). */
+int engine_init_synthetic_mix(struct engine **out, const struct llm_hparams *hp, enum dtype wt, int ftype,
+                              const struct engine_params *p, char err[256]);
 void engine_free(struct engine *e);
 
 const struct llm_hparams *engine_hparams(const struct engine *e);

@@ -1,7 +1,7 @@
 /* cli_bench — `ferry bench`: prefill and decode throughput of the engine, next to the ceilings it measures.
  *
  *   ferry bench (--model PATH | --synthetic llama-2-7b|llama-3-8b|llama-2-13b|llama-2-70b|qwen3-8b|
- *                gemma-3-12b|phi-4) [--gpu-memory SIZE]
+ *                gemma-3-12b|phi-4|qwen3-30b-a3b|gpt-oss-20b|gpt-oss-120b) [--gpu-memory SIZE]
  *               [--gpu-layers N] [--batches 1,4,16,64] [--prefill 512] [--decode-steps 32] [--context 450]
  *               [--long-context 8192] [--spec-oracle K [--spec-accept P]] [--cpu] [--json]
  * Each figure is a median over repeated timed steps after a warm-up step. Decode at batch B: B sequences with
@@ -30,30 +30,11 @@
 #include "kernels/cpu/matmul.h"
 #include "runtime/engine.h"
 #include "runtime/spec.h"
+#include "runtime/synthetic.h"
 #include "server/cli.h"
 #include "server/options.h"
 
 #define MAX_BATCHES 8
-
-struct preset {
-    const char *name;
-    int dim, ffn, layers, heads, kv_heads, vocab;
-    float theta;
-    const char *arch; /* the family (weights/arch/), by its GGUF name */
-    int head_dim;     /* 0: dim / heads */
-    int window;       /* sliding window of the local layers (every layer but each 6th), 0: none */
-};
-
-/* Gemma 3 12B: local layers with base 1e4, global ones 1e6 with linear scaling 8, embeddings x sqrt(dim). */
-static const struct preset presets[] = {
-    {"llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 10000.0f, "llama", 0, 0},
-    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 500000.0f, "llama", 0, 0},
-    {"llama-2-13b", 5120, 13824, 40, 40, 40, 32000, 10000.0f, "llama", 0, 0},
-    {"llama-2-70b", 8192, 28672, 80, 64, 8, 32000, 10000.0f, "llama", 0, 0},
-    {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 1000000.0f, "qwen3", 128, 0},
-    {"gemma-3-12b", 3840, 15360, 48, 16, 8, 262208, 1000000.0f, "gemma3", 256, 1024},
-    {"phi-4", 5120, 17920, 40, 40, 10, 100352, 250000.0f, "phi3", 128, 0},
-};
 
 static void bench_usage(FILE *f)
 {
@@ -61,9 +42,14 @@ static void bench_usage(FILE *f)
         f,
         "usage: ferry bench (--model PATH | --synthetic NAME) [options]\n\n"
         "  --model PATH          GGUF file or Hugging Face directory\n"
-        "  --synthetic NAME      random f16 weights of a real shape: llama-2-7b, llama-3-8b, llama-2-13b,\n"
-        "                        llama-2-70b, qwen3-8b, gemma-3-12b, phi-4\n"
-        "  --dtype f16|bf16|f32  synthetic weight type (default f16)\n"
+        "  --synthetic NAME      random weights of a real shape, no file: llama-2-7b, llama-3-8b,\n"
+        "                        llama-2-13b, llama-2-70b, qwen3-8b, gemma-3-12b, phi-4 (in --dtype);\n"
+        "                        expert models in the types of their usual GGUF, random blocks written\n"
+        "                        directly: qwen3-30b-a3b (Q4_K_M, 18.6 GB), gpt-oss-20b (MXFP4 experts,\n"
+        "                        Q8_0 else; 12.1 GB), gpt-oss-120b (63.4 GB). Host memory: those bytes,\n"
+        "                        plus on a GPU the pinned copy of what is placed in host memory\n"
+        "  --dtype f16|bf16|f32  synthetic weight type (default f16; expert models: the tensors their mix\n"
+        "                        keeps unquantized)\n"
         "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
         "  --reserve-vram SIZE   (default 1GiB)\n"
         "  --gpu-layers N        resident layers (default: as many as fit)\n"
@@ -420,37 +406,17 @@ int cli_bench_main(int argc, char **argv)
     const char *name = model;
     double t_load = now_s();
     if (synthetic) {
-        const struct preset *pr = NULL;
-        for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-            if (!strcmp(presets[i].name, synthetic)) pr = &presets[i];
-        if (!pr) {
-            fprintf(stderr, "ferry bench: unknown synthetic model '%s'\n", synthetic);
+        const struct synthetic_shape *sh = synthetic_shape_find(synthetic);
+        if (!sh) {
+            fprintf(stderr, "ferry bench: unknown synthetic model '%s' (%s)\n", synthetic,
+                    synthetic_shape_names());
             return 2;
         }
-        const int hd = pr->head_dim ? pr->head_dim : pr->dim / pr->heads;
-        struct llm_hparams hp = {.n_vocab = pr->vocab,
-                                 .dim = pr->dim,
-                                 .n_layers = pr->layers,
-                                 .n_heads = pr->heads,
-                                 .n_kv_heads = pr->kv_heads,
-                                 .head_dim = hd,
-                                 .ffn_dim = pr->ffn,
-                                 .ctx_train = 8192,
-                                 .norm_eps = 1e-5f,
-                                 .rope_theta = pr->theta,
-                                 .rope_dim = hd,
-                                 .rope_style = ROPE_STYLE_HALF};
-        snprintf(hp.arch, sizeof hp.arch, "%s", pr->arch);
-        if (pr->window) {
-            hp.sliding_window = pr->window;
-            hp.swa_pattern = 6;
-            hp.rope_theta_swa = 10000.0f;
-            hp.embed_scale = sqrtf((float)pr->dim);
-            hp.rope_scaling = (struct rope_scaling){.type = ROPE_SCALING_LINEAR, .factor = 8.0f};
-            hp.tied_embeddings = 1; /* as Gemma 3 checkpoints are */
-        }
-        name = pr->name;
-        rc = engine_init_synthetic(&e, &hp, wt, &ep, err);
+        struct llm_hparams hp;
+        int ftype;
+        synthetic_hparams(sh, &hp, &ftype);
+        name = synthetic;
+        rc = engine_init_synthetic_mix(&e, &hp, wt, ftype, &ep, err);
     } else {
         if (cli_open_model(model, &mf)) return 1;
         rc = engine_init(&e, mf, &ep, err);

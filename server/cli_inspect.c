@@ -8,7 +8,9 @@
 
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
+#include "quant/mix.h"
 #include "runtime/seq_state.h"
+#include "runtime/synthetic.h"
 #include "runtime/tokenizer.h"
 #include "server/cli.h"
 #include "server/options.h"
@@ -17,10 +19,13 @@
 static void inspect_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry inspect --model PATH [--gpu-memory SIZE [--gpu-layers N] [--ctx-size N] "
+            "usage: ferry inspect (--model PATH | --synthetic NAME) [--gpu-memory SIZE [--gpu-layers N] "
+            "[--ctx-size N] "
             "[--parallel N]\n"
             "                     [--kv-type f16|q8_0]] [--ctx-checkpoints N] [--json]\n\n"
             "  --model PATH        GGUF file or Hugging Face directory (env FERRY_MODEL)\n"
+            "  --synthetic NAME    a shape of ferry bench --synthetic instead (no file, nothing allocated\n"
+            "                      beyond its norms and routers): its tensors and the plan for --gpu-memory\n"
             "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget "
             "(e.g. 4GiB)\n"
             "  --gpu-layers N      resident layers (default: as many as fit)\n"
@@ -68,6 +73,7 @@ static void print_families(void)
 int cli_inspect_main(int argc, char **argv)
 {
     static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"synthetic", required_argument, 0, 's'},
                                              {"json", no_argument, 0, 'j'},
                                              {"gpu-memory", required_argument, 0, 'g'},
                                              {"gpu-layers", required_argument, 0, 'l'},
@@ -81,7 +87,7 @@ int cli_inspect_main(int argc, char **argv)
                                              {"swa-full", no_argument, 0, 'W'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
-    const char *model = getenv("FERRY_MODEL");
+    const char *model = getenv("FERRY_MODEL"), *synthetic = NULL;
     int as_json = 0, c;
     struct engine_params ep = engine_default_params();
     optind = 1;
@@ -89,6 +95,9 @@ int cli_inspect_main(int argc, char **argv)
         switch (c) {
         case 'm':
             model = optarg;
+            break;
+        case 's':
+            synthetic = optarg;
             break;
         case 'j':
             as_json = 1;
@@ -144,13 +153,33 @@ int cli_inspect_main(int argc, char **argv)
             return 2;
         }
     }
-    if (!model || optind < argc) {
+    if ((!model && !synthetic) || optind < argc) {
         inspect_usage(stderr);
         return 2;
     }
     cli_log_init(LOG_LEVEL_WARN);
     struct model_file *mf = NULL;
-    if (cli_open_model(model, &mf)) return 1;
+    if (synthetic) {
+        const struct synthetic_shape *sh = synthetic_shape_find(synthetic);
+        if (!sh) {
+            fprintf(stderr, "ferry inspect: unknown synthetic model '%s' (%s)\n", synthetic,
+                    synthetic_shape_names());
+            return 2;
+        }
+        struct llm_hparams shp;
+        int ftype;
+        synthetic_hparams(sh, &shp, &ftype);
+        char serr[256] = "";
+        const int rc = synthetic_model_file(&shp, DTYPE_F16, ftype < 0 ? QUANT_FTYPE_F16 : ftype, 1, 0, 0,
+                                            &mf, serr); /* dense shapes as bench's default --dtype f16 */
+        if (rc) {
+            fprintf(stderr, "ferry inspect: %s (%s)\n", serr, ferry_status_str(rc));
+            return 1;
+        }
+        model = synthetic;
+    } else if (cli_open_model(model, &mf)) {
+        return 1;
+    }
     const struct llm_hparams *hp = &mf->hp;
 
     uint64_t bytes_by_type[DTYPE_COUNT] = {0};
@@ -167,7 +196,10 @@ int cli_inspect_main(int argc, char **argv)
 
     json_t *root = json_object();
     json_object_set_new(root, "path", json_string(model));
-    json_object_set_new(root, "format", json_string(mf->format == MODEL_FORMAT_GGUF ? "gguf" : "hf"));
+    json_object_set_new(root, "format",
+                        json_string(synthetic                         ? "synthetic"
+                                    : mf->format == MODEL_FORMAT_GGUF ? "gguf"
+                                                                      : "hf"));
     json_object_set_new(root, "arch", json_string(hp->arch));
     json_t *h = json_object();
     json_object_set_new(h, "n_vocab", json_integer(hp->n_vocab));
@@ -248,7 +280,10 @@ int cli_inspect_main(int argc, char **argv)
         free(s);
     } else {
         printf("model        %s (%s, arch %s)\n", model,
-               mf->format == MODEL_FORMAT_GGUF ? "GGUF" : "Hugging Face", hp->arch);
+               synthetic                         ? "synthetic"
+               : mf->format == MODEL_FORMAT_GGUF ? "GGUF"
+                                                 : "Hugging Face",
+               hp->arch);
         printf("shape        %d layers, dim %d, ffn %d, heads %d (kv %d, head_dim %d), vocab %d\n",
                hp->n_layers, hp->dim, hp->ffn_dim, hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_vocab);
         if (hp->n_expert > 0)

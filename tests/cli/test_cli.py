@@ -204,3 +204,44 @@ def test_quantize_cli(tmp_path):
     assert r.returncode == 1 and "cannot load model" in r.stderr and not (tmp_path / "x.gguf").exists()
     r = ferry("quantize", "--model", hf, "--type", "Q8_0", "--out", str(tmp_path / "no" / "dir" / "x.gguf"), check=False)
     assert r.returncode == 1 and "cannot create" in r.stderr, r.stderr
+
+
+def test_bench_synthetic_tiny_moe_on_the_cpu():
+    """`ferry bench --synthetic` of the tiny expert shapes (those of tests/golden/models' qwen3moe_top2_f32 and
+    gptoss_yarn_mxfp4) on the CPU backend: a prefill and decode steps at batches 1 and 2, every step timed."""
+    for name in ("test-qwen3moe", "test-gpt-oss"):
+        r = ferry("bench", "--synthetic", name, "--cpu", "--threads", "1", "--batches", "1,2", "--prefill", "8",
+                  "--decode-steps", "2", "--json")
+        out = json.loads(r.stdout)
+        assert out["model"] == name and out["backend"] == "cpu" and out["weight_bytes"] > 0
+        assert out["prefill_tokens"] == 8 and out["prefill_tok_s"] > 0
+        assert [d["batch"] for d in out["decode"]] == [1, 2]
+        assert all(d["step_ms"] > 0 and d["tok_s"] > 0 for d in out["decode"]), out["decode"]
+
+
+def test_inspect_synthetic_moe_tensors_without_allocating():
+    """`ferry inspect --synthetic`: the real expert shapes' tensors by type, in the types of their usual GGUF
+    (gpt-oss-120b: MXFP4 experts, 17 bytes per 32 weights; Q8_0 for the other matrices; Qwen3-30B-A3B in the
+    Q4_K_M mix, 18.6 GB as a llama.cpp file of its shape is), computed without allocating the matrices."""
+    out = json.loads(ferry("inspect", "--synthetic", "gpt-oss-120b", "--json").stdout)
+    assert out["format"] == "synthetic" and out["arch"] == "gpt-oss"
+    h = out["hparams"]
+    assert (h["n_layers"], h["dim"], h["n_expert"], h["n_expert_used"], h["expert_ffn_dim"]) == (36, 2880, 128, 4, 2880)
+    assert out["types"]["MXFP4"] == {"tensors": 3 * 36, "bytes": 36 * 128 * 3 * 2880 * 2880 // 32 * 17}
+    assert out["types"]["Q8_0"]["tensors"] > 0 and set(out["types"]) == {"F32", "Q8_0", "MXFP4"}
+    out = json.loads(ferry("inspect", "--synthetic", "qwen3-30b-a3b", "--json").stdout)
+    assert abs(out["tensor_bytes"] - 18.6e9) < 0.02 * 18.6e9, out["tensor_bytes"]
+    assert set(out["types"]) == {"F32", "Q4_K", "Q6_K"}
+    r = ferry("inspect", "--synthetic", "no-such-model", check=False)
+    assert r.returncode == 2 and "qwen3-30b-a3b" in r.stderr
+
+
+def test_inspect_synthetic_moe_plan():
+    """`ferry inspect --synthetic qwen3-30b-a3b --gpu-memory 8GiB`: the planner's map of a 17.7 GiB model under an
+    8 GiB budget puts experts in host memory; a CPU-only build plans no device map and says so."""
+    r = ferry("inspect", "--synthetic", "qwen3-30b-a3b", "--gpu-memory", "8GiB", check=False)
+    if "this build has no CUDA backend" in r.stdout:
+        pytest.skip("this build has no CUDA backend: ferry inspect plans no device map")
+    assert r.returncode == 0, r.stderr
+    assert "device_map:" in r.stdout, r.stdout
+    assert "experts: those of layers 0-" in r.stdout and "in host memory" in r.stdout, r.stdout
