@@ -305,7 +305,7 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
     if (m->moe_layers && m->expert_cache_bytes)
         EMIT("  expert cache: %.1f MiB of slots for the host layers' most used experts\n",
              m->expert_cache_bytes / 1048576.0);
-    else if (m->moe_layers)
+    else if (m->moe_layers && !m->cpu_moe)
         EMIT("  experts: all resident\n");
     for (int i = 0; i < m->n_layers;) {
         int j = i;

@@ -496,3 +496,25 @@ Test(device_map, stream_only_layers)
     cr_assert_null(strstr(buf, "always stream"), "%s", buf);
     device_map_free(&m);
 }
+
+/* The experts' line of an expert model's plan: host experts without a cache are not "all resident". */
+Test(device_map, format_names_where_experts_are)
+{
+    struct device_map m;
+    char err[256], buf[4096];
+    struct device_map_input in = llama7b_like(80000 * MIB);
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_OK, "%s", err);
+    m.moe_layers = 32, m.cpu_moe = 0, m.expert_cache_bytes = 0;
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "experts: all resident"), "%s", buf);
+    m.cpu_moe = 12;
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "experts: those of layers 0-11 in host memory, computed by the host's cores; of 20"),
+              "%s", buf);
+    cr_assert_null(strstr(buf, "all resident"), "%s", buf);
+    m.expert_cache_bytes = 64 << 20;
+    device_map_format(&m, buf, sizeof buf);
+    cr_assert(strstr(buf, "or cached on the device") && strstr(buf, "expert cache: 64.0 MiB"), "%s", buf);
+    cr_assert_null(strstr(buf, "all resident"), "%s", buf);
+    device_map_free(&m);
+}
