@@ -413,7 +413,9 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         if (c->n_fed < c->n_feed || c->req->paused) continue; /* prefilling, or nobody reads it */
         const int pos = c->n_prompt + c->out.n_gen - 1;
         /* A recurrent state that went back to the checkpoint of a step with rejected drafts runs the kept
-         * tokens again, ahead of its pending one (no logits) */
+         * tokens again, ahead of its pending one (no logits); such a step does not draft, its checkpoint
+         * being where those rows begin, not where the drafts would */
+        const int again = c->hist && engine_seq_len(s->e, c->slot) < pos;
         for (int p = engine_seq_len(s->e, c->slot); c->hist && p < pos; p++) {
             s->b_tokens[n] = c->hist[p];
             s->b_pos[n] = p;
@@ -435,7 +437,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         c->spec_drawn = 1;
         c->spec_pos = pos;
         if (!c->hist) continue;
-        if (k_max <= 0 || !sched_spec_accept_may_draft(&c->spec_acc)) {
+        if (k_max <= 0 || again || !sched_spec_accept_may_draft(&c->spec_acc)) {
             sched_spec_accept_note(&c->spec_acc, 0, 0); /* a step without drafts: the back-off counts it */
             continue;
         }
@@ -571,7 +573,8 @@ static void draft_with_model_locked(struct sched *s)
             !sched_spec_accept_may_draft(&c->spec_acc))
             continue;
         if (s->p.mtp && !c->mtp_on) continue;
-        const int len = c->n_prompt + c->out.n_gen; /* its tokens, the last one pending */
+        const int len = c->n_prompt + c->out.n_gen;            /* its tokens, the last one pending */
+        if (engine_seq_len(s->e, c->slot) < len - 1) continue; /* rows to run again: no drafts (step_batch) */
         int kk = spec_cap(c->req, k_max);
         if (kk > c->out.p.max_tokens - c->out.n_gen - 1) kk = c->out.p.max_tokens - c->out.n_gen - 1;
         if (kk > s->ctx - len - 1) kk = s->ctx - len - 1;
