@@ -839,7 +839,9 @@ int cli_run_main(int argc, char **argv)
     int32_t step_pending = 0;
     uint64_t n_steps = 0, n_drafted = 0, n_accepted = 0;
     struct sched_spec_cost cost = {0}; /* the draft length: what steps cost by rows, what is accepted */
-    struct sched_spec_accept acc = sched_spec_accept_new();
+    struct sched_spec_accept acc = sched_spec_accept_new(dm    ? SCHED_SPEC_MODEL
+                                                         : mtp ? SCHED_SPEC_MTP
+                                                               : SCHED_SPEC_NGRAM);
     n_gen = 0;
     while (!ended && n_gen < o.max_tokens) {
         int m = spec_walk(logits, n_vocab, draft, nd, run_draw_row, &rd, drawn, &ended);
@@ -859,6 +861,7 @@ int cli_run_main(int argc, char **argv)
         const double alpha = sched_spec_accept_rate(&acc);
         if (!o.spec_fixed) k = sched_policy_spec_pick(&cost, 1, &alpha, 1, k);
         nd = 0;
+        const double t_draft = now_s();
         if (k > 0 && dm) {
             const int32_t *h = hist;
             const int nh = n_prompt + n_gen, s0 = 0;
@@ -876,6 +879,8 @@ int cli_run_main(int argc, char **argv)
         } else if (k > 0) {
             nd = spec_ngram_draft(hist, n_prompt + n_gen, SPEC_NGRAM_MIN, SPEC_NGRAM_MAX, k, draft);
         }
+        if ((dm || mtp) && n_steps > 0) /* the first proposal reads the prompt */
+            sched_spec_cost_draft_note(&cost, k, now_s() - t_draft);
         if (nd < o.spec_n_min) nd = 0;
         n_drafted += (uint64_t)nd;
         n_steps++;

@@ -170,7 +170,8 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
     if (rc) return rc;
     /* Speculative decoding keeps the sequence's tokens for prompt lookup; without memory for them it does
      * not speculate. */
-    c->n_draft = c->spec_miss = c->spec_skip = 0;
+    c->n_draft = 0;
+    c->spec_acc.miss = c->spec_acc.wait = 0;
     c->spec_drawn = 1;
     if (s->p.spec_n_max > 0 && r->kind != SREQ_EMBED && r->max_tokens > 1 && !c->hist) {
         const int cap = (c->n_prompt + r->max_tokens < s->ctx ? c->n_prompt + r->max_tokens : s->ctx) + 1;
@@ -182,7 +183,9 @@ static int admit_locked(struct sched *s, struct choice *c, int slot, int reuse, 
         }
         if (c->hist) {
             c->hist_cap = cap;
-            c->spec_acc = sched_spec_accept_new();
+            c->spec_acc = sched_spec_accept_new(s->p.draft ? SCHED_SPEC_MODEL
+                                                : s->p.mtp ? SCHED_SPEC_MTP
+                                                           : SCHED_SPEC_NGRAM);
             memcpy(c->hist, c->prompt, (size_t)c->n_prompt * sizeof *c->hist);
         }
     }
@@ -358,7 +361,7 @@ static int spec_pick_locked(struct sched *s, int base, int k_max)
     int n = 0;
     for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
         const struct choice *c = s->run[i];
-        if (c->hist && c->n_fed == c->n_feed && !c->req->paused && c->spec_skip == 0)
+        if (c->hist && c->n_fed == c->n_feed && !c->req->paused && sched_spec_accept_may_draft(&c->spec_acc))
             alpha[n++] = sched_spec_accept_rate(&c->spec_acc);
     }
     return sched_policy_spec_pick(&s->spec_cost, base, alpha, n, k_max);
@@ -410,7 +413,9 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         if (c->n_fed < c->n_feed || c->req->paused) continue; /* prefilling, or nobody reads it */
         const int pos = c->n_prompt + c->out.n_gen - 1;
         /* A recurrent state that went back to the checkpoint of a step with rejected drafts runs the kept
-         * tokens again, ahead of its pending one (no logits) */
+         * tokens again, ahead of its pending one (no logits); such a step does not draft, its checkpoint
+         * being where those rows begin, not where the drafts would */
+        const int again = c->hist && engine_seq_len(s->e, c->slot) < pos;
         for (int p = engine_seq_len(s->e, c->slot); c->hist && p < pos; p++) {
             s->b_tokens[n] = c->hist[p];
             s->b_pos[n] = p;
@@ -431,15 +436,18 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         c->n_draft = 0;
         c->spec_drawn = 1;
         c->spec_pos = pos;
-        if (!c->hist || k_max <= 0) continue;
-        if (c->spec_skip > 0) {
-            c->spec_skip--;
+        if (!c->hist) continue;
+        if (k_max <= 0 || again || !sched_spec_accept_may_draft(&c->spec_acc)) {
+            sched_spec_accept_note(&c->spec_acc, 0, 0); /* a step without drafts: the back-off counts it */
             continue;
         }
         int k = spec_cap(c->req, k_max);
         if (k > c->out.p.max_tokens - c->out.n_gen - 1) k = c->out.p.max_tokens - c->out.n_gen - 1;
         if (k > s->ctx - (pos + 1) - 1) k = s->ctx - (pos + 1) - 1;
-        if (k <= 0) continue;
+        if (k <= 0) {
+            sched_spec_accept_note(&c->spec_acc, 0, 0);
+            continue;
+        }
         if (s->p.draft || s->p.mtp) /* made before the lock was taken (draft_with_model), cut to the step */
             c->n_draft = c->n_model_draft < k ? c->n_model_draft : k;
         else
@@ -448,6 +456,7 @@ static int step_batch_locked(struct sched *s, int *rows_out, int *n_prefill)
         /* a recurrent state is saved where the step begins, for spec_settle to come back to; without a
          * checkpoint the step goes without drafts */
         if (c->n_draft > 0 && engine_seq_checkpoint(s->e, c->slot) != FERRY_OK) c->n_draft = 0;
+        if (c->n_draft == 0) sched_spec_accept_note(&c->spec_acc, 0, 0); /* (spec_settle notes drafts) */
         c->b_n += c->n_draft;
         for (int j = 0; j < c->n_draft; j++) {
             s->b_tokens[n] = c->draft[j];
@@ -560,9 +569,12 @@ static void draft_with_model_locked(struct sched *s)
     struct choice *who[SCHED_SPEC_MAX_SEQS];
     for (int i = 0; i < s->n_run && n < SCHED_SPEC_MAX_SEQS; i++) {
         struct choice *c = s->run[i];
-        if (c->n_fed < c->n_feed || c->req->paused || !c->hist || c->spec_skip > 0 || c->fin) continue;
+        if (c->n_fed < c->n_feed || c->req->paused || !c->hist || c->fin ||
+            !sched_spec_accept_may_draft(&c->spec_acc))
+            continue;
         if (s->p.mtp && !c->mtp_on) continue;
-        const int len = c->n_prompt + c->out.n_gen; /* its tokens, the last one pending */
+        const int len = c->n_prompt + c->out.n_gen;            /* its tokens, the last one pending */
+        if (engine_seq_len(s->e, c->slot) < len - 1) continue; /* rows to run again: no drafts (step_batch) */
         int kk = spec_cap(c->req, k_max);
         if (kk > c->out.p.max_tokens - c->out.n_gen - 1) kk = c->out.p.max_tokens - c->out.n_gen - 1;
         if (kk > s->ctx - len - 1) kk = s->ctx - len - 1;
@@ -572,7 +584,14 @@ static void draft_with_model_locked(struct sched *s)
     }
     if (!n) return;
     pthread_mutex_unlock(&s->mu);
-    int rc = FERRY_OK;
+    /* the drafter's time a draft position, measured where no sequence drafts for the first time (a draft
+     * model's first proposal reads the whole prompt) */
+    int rc = FERRY_OK, k_most = 0, fresh = 0;
+    for (int i = 0; i < n; i++) {
+        k_most = k_most > k[i] ? k_most : k[i];
+        fresh |= who[i]->spec_acc.seen == 0;
+    }
+    const double t0 = sched_now();
     if (s->p.draft) {
         rc = draft_model_propose(s->p.draft, n, seq, hist, n_hist, k, p_min, out, n_out);
     } else {
@@ -590,6 +609,7 @@ static void draft_with_model_locked(struct sched *s)
             rc = mtp_draft(s->p.mtp, seq[i], hist[i][pos], k[i], p_min[i], out[i], &n_out[i], NULL);
         }
     }
+    if (rc == FERRY_OK && !fresh) sched_spec_cost_draft_note(&s->spec_cost, k_most, sched_now() - t0);
     pthread_mutex_lock(&s->mu);
     if (rc) {
         FLOG_WARN("the draft model failed (%s): this step goes without drafts", ferry_status_str(rc));
@@ -600,10 +620,10 @@ static void draft_with_model_locked(struct sched *s)
 
 /* The engine thread, after a verification step's rows were drawn: each speculating sequence keeps its
  * positions up to the last accepted draft (the rejected ones leave the KV cache and the prompt cache's
- * record), and a sequence whose drafts were all rejected drafts again only after a back-off that doubles
- * with each such step. A recurrent state goes back to the checkpoint saved where the step began: the next
- * step runs the kept tokens again ahead of the pending one (step_batch_locked); one that went back further
- * (no checkpoint there) computes them as a prompt is. Returns the drafts accepted. */
+ * record), and its acceptance estimate takes the step (sched_spec_accept_note: after several steps whose
+ * drafts were all rejected, a back-off). A recurrent state goes back to the checkpoint saved where the step
+ * began: the next step runs the kept tokens again ahead of the pending one (step_batch_locked); one that went
+ * back further (no checkpoint there) computes them as a prompt is. Returns the drafts accepted. */
 static int spec_settle(struct sched *s, int rows)
 {
     int accepted = 0;
@@ -624,12 +644,6 @@ static int spec_settle(struct sched *s, int rows)
         metrics_spec(s->m, c->n_draft, acc);
         sched_spec_accept_note(&c->spec_acc, c->n_draft, acc);
         accepted += acc;
-        if (acc > 0) {
-            c->spec_miss = 0;
-        } else {
-            c->spec_skip = 1 << (c->spec_miss < 4 ? c->spec_miss : 4);
-            c->spec_miss++;
-        }
     }
     return accepted;
 }

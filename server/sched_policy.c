@@ -122,21 +122,51 @@ void sched_spec_cost_note(struct sched_spec_cost *c, int rows, double seconds)
     c->t[rows] = c->t[rows] > 0 ? 0.7 * c->t[rows] + 0.3 * seconds : seconds;
 }
 
-struct sched_spec_accept sched_spec_accept_new(void)
+void sched_spec_cost_draft_note(struct sched_spec_cost *c, int k, double seconds)
 {
-    return (struct sched_spec_accept){2 * SCHED_SPEC_ALPHA0, 2};
+    if (k < 1 || !(seconds >= 0)) return;
+    c->draft = c->draft > 0 ? 0.7 * c->draft + 0.3 * seconds / k : seconds / k;
+}
+
+struct sched_spec_accept sched_spec_accept_new(enum sched_spec_kind kind)
+{
+    struct sched_spec_accept a = {.alpha0 = 0.6, .n0 = 2};
+    if (kind == SCHED_SPEC_MODEL || kind == SCHED_SPEC_MTP) a.alpha0 = 0.75, a.n0 = 3;
+    return a;
 }
 
 void sched_spec_accept_note(struct sched_spec_accept *a, int drafted, int accepted)
 {
-    if (drafted <= 0) return;
-    a->succ = 0.8 * a->succ + accepted;
-    a->tried = 0.8 * a->tried + accepted + (accepted < drafted);
+    if (drafted <= 0) {
+        if (a->wait > 0) a->wait--;
+        a->succ *= SCHED_SPEC_FADE;
+        a->tried *= SCHED_SPEC_FADE;
+        return;
+    }
+    if (accepted < 0) accepted = 0;
+    if (accepted > drafted) accepted = drafted;
+    a->succ = SCHED_SPEC_DECAY * a->succ + accepted;
+    a->tried = SCHED_SPEC_DECAY * a->tried + accepted + (accepted < drafted);
+    const int tries = accepted + (accepted < drafted);
+    a->seen = a->seen + tries < SCHED_SPEC_TRIES_MIN ? a->seen + tries : SCHED_SPEC_TRIES_MIN;
+    if (accepted > 0) {
+        a->miss = a->wait = 0;
+        return;
+    }
+    if (++a->miss < SCHED_SPEC_GRACE) return;
+    const int n = a->miss - SCHED_SPEC_GRACE; /* 1, 2, 4, ... up to SCHED_SPEC_WAIT_MAX */
+    a->wait = n >= 8 || (1 << n) > SCHED_SPEC_WAIT_MAX ? SCHED_SPEC_WAIT_MAX : 1 << n;
 }
 
 double sched_spec_accept_rate(const struct sched_spec_accept *a)
 {
-    return a->tried > 0 ? a->succ / a->tried : SCHED_SPEC_ALPHA0;
+    const double rate = (a->succ + a->alpha0 * a->n0) / (a->tried + a->n0);
+    return a->seen < SCHED_SPEC_TRIES_MIN && rate < a->alpha0 ? a->alpha0 : rate;
+}
+
+int sched_spec_accept_may_draft(const struct sched_spec_accept *a)
+{
+    return a->wait == 0;
 }
 
 /* cost(rows): the measured time, else the nearest measured below; 0 when none is. */
@@ -160,7 +190,7 @@ int sched_policy_spec_pick(const struct sched_spec_cost *c, int base, const doub
             double a = alpha[i] < 0 ? 0 : alpha[i] > 1 ? 1 : alpha[i], p = 1;
             for (int j = 0; j <= k; j++, p *= a) tokens += p;
         }
-        const double rate = tokens / spec_cost_at(c, base + n * k);
+        const double rate = tokens / (spec_cost_at(c, base + n * k) + k * (c->draft > 0 ? c->draft : 0));
         if (rate > best_rate * (1 + 1e-9)) best = k, best_rate = rate;
     }
     return best;

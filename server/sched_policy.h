@@ -86,30 +86,54 @@ int sched_policy_plan_prefill(int budget, const struct sched_step_seq *seqs, int
 int sched_policy_spec_len(int n_max, int n_dec, int rows_left);
 
 /* What a step costs by its rows, as measured: t[r] the smoothed seconds of a step of r tokens (0: none seen),
- * r = 1..SCHED_SPEC_COST_ROWS. */
+ * r = 1..SCHED_SPEC_COST_ROWS; and what drafting costs: draft the smoothed seconds a draft position takes the
+ * drafter (a draft model's or MTP block's step per drafted token, all sequences together; 0 for prompt
+ * lookup, or none seen). */
 #define SCHED_SPEC_COST_ROWS 64
 struct sched_spec_cost {
     double t[SCHED_SPEC_COST_ROWS + 1];
+    double draft;
 };
 /* A step of `rows` tokens took `seconds`. */
 void sched_spec_cost_note(struct sched_spec_cost *c, int rows, double seconds);
+/* Drafting up to k tokens a sequence took the drafter `seconds`. */
+void sched_spec_cost_draft_note(struct sched_spec_cost *c, int k, double seconds);
 
-/* How often one sequence's drafts are accepted: draft tokens accepted (`succ`) out of those the walk reached
- * (`tried`: the accepted ones and the first rejected one), decayed so that recent steps count most. A new
- * sequence starts at SCHED_SPEC_ALPHA0 with the weight of two tries. */
-#define SCHED_SPEC_ALPHA0 0.8
+/* How often one sequence's drafts are accepted, and when it drafts at all. The estimate is draft tokens
+ * accepted (`succ`) out of those the walk reached (`tried`: the accepted ones and the first rejected one),
+ * decayed by SCHED_SPEC_DECAY a drafting step so that recent steps count most, plus a prior of `n0` tries
+ * accepted at `alpha0` that does not decay: a few early rejections move it, they do not decide it. Until
+ * SCHED_SPEC_TRIES_MIN tries were seen the rate is no lower than the prior (a sequence starts trusted). A
+ * step without drafts fades the evidence by SCHED_SPEC_FADE, so an estimate that chose no drafts drifts back
+ * towards the prior and the sequence probes again. Back-off: after SCHED_SPEC_GRACE drafting steps in a row
+ * whose drafts were all rejected the sequence waits 1, 2, 4, then SCHED_SPEC_WAIT_MAX steps (doubling with
+ * each further such step) before drafting again; any accepted draft ends it. The prior by drafter: a draft
+ * model and a multi-token-prediction block are trained to predict the model's tokens and start more trusted
+ * than prompt lookup, whose proposals are right only where the text repeats. */
+enum sched_spec_kind { SCHED_SPEC_NGRAM, SCHED_SPEC_MODEL, SCHED_SPEC_MTP };
+#define SCHED_SPEC_DECAY     0.85
+#define SCHED_SPEC_FADE      0.9
+#define SCHED_SPEC_TRIES_MIN 6
+#define SCHED_SPEC_GRACE     3
+#define SCHED_SPEC_WAIT_MAX  8
 struct sched_spec_accept {
-    double succ, tried;
+    double succ, tried;   /* the decayed evidence */
+    double alpha0, n0;    /* the prior */
+    int seen, miss, wait; /* tries seen (up to SCHED_SPEC_TRIES_MIN), steps rejected in a row, steps left */
 };
-struct sched_spec_accept sched_spec_accept_new(void);
+struct sched_spec_accept sched_spec_accept_new(enum sched_spec_kind kind);
+/* One decoding step of the sequence: `drafted` drafts of which `accepted` were accepted; drafted 0: a step
+ * without drafts (the back-off's wait counts down, the evidence fades). */
 void sched_spec_accept_note(struct sched_spec_accept *a, int drafted, int accepted);
-/* The chance that a draft token is accepted after the previous one was. */
+/* The chance that a draft token is accepted after the previous one was, for the draft length. */
 double sched_spec_accept_rate(const struct sched_spec_accept *a);
+/* Whether the sequence may draft this step (not backing off). */
+int sched_spec_accept_may_draft(const struct sched_spec_accept *a);
 
 /* The draft length for a step whose other rows number `base`, of n speculating sequences whose draft tokens
  * are accepted with chances alpha[0, n): the k <= k_max that makes the expected tokens per second largest,
- * sum_i (1 + alpha_i + ... + alpha_i^k) / cost(base + n k). A row count not measured yet costs what the
- * nearest measured count below it cost (so a longer draft is tried, and then measured); with nothing
+ * sum_i (1 + alpha_i + ... + alpha_i^k) / (cost(base + n k) + k draft). A row count not measured yet costs
+ * what the nearest measured count below it cost (so a longer draft is tried, and then measured); with nothing
  * measured, or past SCHED_SPEC_COST_ROWS, k_max. Ties go to the shorter draft. Where rows cost nearly
  * nothing (a step bound by reading weights: a GPU, host layers) this is k_max; where each row costs about
  * as much as the first (the CPU backend on few cores) it is short, or 0 when drafts are seldom accepted. */

@@ -67,12 +67,11 @@ struct choice { /* one sequence: (prompt i, sample j) of a request */
     const char *fin; /* finish decided in this step */
     int e_at;        /* SREQ_EMBED: this step's first output row */
     /* speculative decoding (sched_params.spec_n_max): the prompt and the tokens generated so far, this
-     * step's drafts (verified in rows after the pending token's), what the walk over them drew, and a
-     * back-off after drafts that were all rejected */
+     * step's drafts (verified in rows after the pending token's), what the walk over them drew */
     int32_t *hist; /* (hist_cap) NULL: this choice does not speculate */
     int hist_cap;
-    int n_draft, spec_pos, spec_drawn, spec_miss, spec_skip;
-    struct sched_spec_accept spec_acc; /* how often its drafts are accepted */
+    int n_draft, spec_pos, spec_drawn;
+    struct sched_spec_accept spec_acc; /* how often its drafts are accepted; its back-off */
     int n_model_draft; /* drafts the draft model (or the MTP block) made for the next step, in draft[] */
     int mtp_on;      /* sched_params.mtp drafts for it: the block's slot holds what the engine's slot holds */
     int b_at, b_n;   /* its rows in the step's batch: first one and count (0: none) */
