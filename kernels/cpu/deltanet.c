@@ -25,36 +25,27 @@ struct rec_job {
     float *S;
 };
 
-/* The plain loops: the reference the vector path is tested against (through the tests' double loop). */
-__attribute__((unused)) static void rec_head_plain(const struct rec_job *job, int j)
+/* One token of one value head in plain loops: the reference the vector step is tested against (through the
+ * tests' double loop). */
+__attribute__((unused)) static void rec_step_plain(float *S, int hk, int hv, const float *q, const float *k,
+                                                   const float *v, float decay, float beta, float *o)
 {
-    const struct kern_dn_seq *s = job->s;
-    const struct kern_dn_dims *d = job->d;
-    const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads, kh = kern_dn_key_head(d, j);
-    float *S = job->S + (size_t)j * hk * hv;
-    for (int t = 0; t < s->n; t++) {
-        const float *q = s->q + (size_t)t * s->stride + (size_t)kh * hk;
-        const float *k = s->k + (size_t)t * s->stride + (size_t)kh * hk;
-        const float *v = s->v + (size_t)t * s->stride + (size_t)j * hv;
-        const float decay = expf(s->g[(size_t)t * nv + j]), beta = s->beta[(size_t)t * nv + j];
-        float *o = s->o + (size_t)t * nv * hv + (size_t)j * hv;
-        /* u = beta (v - (decay S)ᵀ k), then S = decay S + k uᵀ, o = Sᵀ q. */
-        float u[hv];
-        for (int c = 0; c < hv; c++) u[c] = 0.0f;
-        for (int r = 0; r < hk; r++) {
-            float *Sr = S + (size_t)r * hv;
-            for (int c = 0; c < hv; c++) {
-                Sr[c] *= decay;
-                u[c] += Sr[c] * k[r];
-            }
+    /* u = beta (v - (decay S)ᵀ k), then S = decay S + k uᵀ, o = Sᵀ q. */
+    float u[hv];
+    for (int c = 0; c < hv; c++) u[c] = 0.0f;
+    for (int r = 0; r < hk; r++) {
+        float *Sr = S + (size_t)r * hv;
+        for (int c = 0; c < hv; c++) {
+            Sr[c] *= decay;
+            u[c] += Sr[c] * k[r];
         }
-        for (int c = 0; c < hv; c++) u[c] = beta * (v[c] - u[c]), o[c] = 0.0f;
-        for (int r = 0; r < hk; r++) {
-            float *Sr = S + (size_t)r * hv;
-            for (int c = 0; c < hv; c++) {
-                Sr[c] += k[r] * u[c];
-                o[c] += Sr[c] * q[r];
-            }
+    }
+    for (int c = 0; c < hv; c++) u[c] = beta * (v[c] - u[c]), o[c] = 0.0f;
+    for (int r = 0; r < hk; r++) {
+        float *Sr = S + (size_t)r * hv;
+        for (int c = 0; c < hv; c++) {
+            Sr[c] += k[r] * u[c];
+            o[c] += Sr[c] * q[r];
         }
     }
 }
@@ -65,8 +56,52 @@ __attribute__((unused)) static void rec_head_plain(const struct rec_job *job, in
  * and Sᵀq in 16 registers, then u = beta (v - decay Sᵀk), o = decay Sᵀq + (k·q) u (the new state's Sᵀq
  * without reading it again), and pass 2 writes S = decay S + k uᵀ. Columns past head_v are masked off. */
 #define PREFETCH_ROWS 8 /* rows ahead pass 1 asks for: at decode the state comes from memory */
-static void rec_head_avx512(const struct rec_job *job, int j)
+static void rec_step_avx512(float *S, int hk, int hv, const float *q, const float *k, const float *v,
+                            float decay, float beta, float *o)
 {
+    float kq = 0.0f;
+    for (int r = 0; r < hk; r++) kq += k[r] * q[r];
+    const __m512 vdecay = _mm512_set1_ps(decay), vbeta = _mm512_set1_ps(beta), vkq = _mm512_set1_ps(kq);
+    for (int c0 = 0; c0 < hv; c0 += 128) {
+        __mmask16 m[8];
+        for (int i = 0; i < 8; i++) {
+            const int left = hv - c0 - 16 * i;
+            m[i] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+        }
+        __m512 ak[8], aq[8], u[8];
+        for (int i = 0; i < 8; i++) ak[i] = aq[i] = _mm512_setzero_ps();
+        for (int r = 0; r < hk; r++) {
+            const float *Sr = S + (size_t)r * hv + c0;
+            const __m512 kr = _mm512_set1_ps(k[r]), qr = _mm512_set1_ps(q[r]);
+            for (int i = 0; i < 8; i++) {
+                _mm_prefetch((const char *)(Sr + (size_t)PREFETCH_ROWS * hv + 16 * i), _MM_HINT_T0);
+                const __m512 x = _mm512_maskz_loadu_ps(m[i], Sr + 16 * i);
+                ak[i] = _mm512_fmadd_ps(x, kr, ak[i]);
+                aq[i] = _mm512_fmadd_ps(x, qr, aq[i]);
+            }
+        }
+        for (int i = 0; i < 8; i++) {
+            const __m512 vi = _mm512_maskz_loadu_ps(m[i], v + c0 + 16 * i);
+            u[i] = _mm512_mul_ps(vbeta, _mm512_fnmadd_ps(vdecay, ak[i], vi));
+            _mm512_mask_storeu_ps(o + c0 + 16 * i, m[i],
+                                  _mm512_fmadd_ps(vdecay, aq[i], _mm512_mul_ps(vkq, u[i])));
+        }
+        for (int r = 0; r < hk; r++) {
+            float *Sr = S + (size_t)r * hv + c0;
+            const __m512 kr = _mm512_set1_ps(k[r]);
+            for (int i = 0; i < 8; i++) {
+                const __m512 x = _mm512_maskz_loadu_ps(m[i], Sr + 16 * i);
+                _mm512_mask_storeu_ps(Sr + 16 * i, m[i], _mm512_fmadd_ps(x, vdecay, _mm512_mul_ps(kr, u[i])));
+            }
+        }
+    }
+}
+#endif
+
+/* One value head's tokens in order, each step the vector one where the build has it. */
+static void rec_head(void *ctx, int j)
+{
+    const struct rec_job *job = ctx;
     const struct kern_dn_seq *s = job->s;
     const struct kern_dn_dims *d = job->d;
     const int hk = d->head_k, hv = d->head_v, nv = d->n_v_heads, kh = kern_dn_key_head(d, j);
@@ -77,54 +112,12 @@ static void rec_head_avx512(const struct rec_job *job, int j)
         const float *v = s->v + (size_t)t * s->stride + (size_t)j * hv;
         const float decay = expf(s->g[(size_t)t * nv + j]), beta = s->beta[(size_t)t * nv + j];
         float *o = s->o + (size_t)t * nv * hv + (size_t)j * hv;
-        float kq = 0.0f;
-        for (int r = 0; r < hk; r++) kq += k[r] * q[r];
-        const __m512 vdecay = _mm512_set1_ps(decay), vbeta = _mm512_set1_ps(beta), vkq = _mm512_set1_ps(kq);
-        for (int c0 = 0; c0 < hv; c0 += 128) {
-            __mmask16 m[8];
-            for (int i = 0; i < 8; i++) {
-                const int left = hv - c0 - 16 * i;
-                m[i] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-            }
-            __m512 ak[8], aq[8], u[8];
-            for (int i = 0; i < 8; i++) ak[i] = aq[i] = _mm512_setzero_ps();
-            for (int r = 0; r < hk; r++) {
-                const float *Sr = S + (size_t)r * hv + c0;
-                const __m512 kr = _mm512_set1_ps(k[r]), qr = _mm512_set1_ps(q[r]);
-                for (int i = 0; i < 8; i++) {
-                    _mm_prefetch((const char *)(Sr + (size_t)PREFETCH_ROWS * hv + 16 * i), _MM_HINT_T0);
-                    const __m512 x = _mm512_maskz_loadu_ps(m[i], Sr + 16 * i);
-                    ak[i] = _mm512_fmadd_ps(x, kr, ak[i]);
-                    aq[i] = _mm512_fmadd_ps(x, qr, aq[i]);
-                }
-            }
-            for (int i = 0; i < 8; i++) {
-                const __m512 vi = _mm512_maskz_loadu_ps(m[i], v + c0 + 16 * i);
-                u[i] = _mm512_mul_ps(vbeta, _mm512_fnmadd_ps(vdecay, ak[i], vi));
-                _mm512_mask_storeu_ps(o + c0 + 16 * i, m[i],
-                                      _mm512_fmadd_ps(vdecay, aq[i], _mm512_mul_ps(vkq, u[i])));
-            }
-            for (int r = 0; r < hk; r++) {
-                float *Sr = S + (size_t)r * hv + c0;
-                const __m512 kr = _mm512_set1_ps(k[r]);
-                for (int i = 0; i < 8; i++) {
-                    const __m512 x = _mm512_maskz_loadu_ps(m[i], Sr + 16 * i);
-                    _mm512_mask_storeu_ps(Sr + 16 * i, m[i],
-                                          _mm512_fmadd_ps(x, vdecay, _mm512_mul_ps(kr, u[i])));
-                }
-            }
-        }
-    }
-}
-#endif
-
-static void rec_head(void *ctx, int j)
-{
 #ifdef __AVX512F__
-    rec_head_avx512(ctx, j);
+        rec_step_avx512(S, hk, hv, q, k, v, decay, beta, o);
 #else
-    rec_head_plain(ctx, j);
+        rec_step_plain(S, hk, hv, q, k, v, decay, beta, o);
 #endif
+    }
 }
 
 void kern_cpu_dn_recurrent(const struct kern_dn_seq *s, const struct kern_dn_dims *d, float *S,
