@@ -124,6 +124,9 @@ Test(deltanet, recurrent_matches_transformers_loop)
     check_recurrent(1, 1, 8, 8, 9, 1, 0);
     check_recurrent(3, 6, 7, 5, 37, 1, 0); /* two value heads per key head */
     check_recurrent(2, 6, 16, 12, 50, 3, 0);
+    check_recurrent(2, 4, 128, 128, 12, 2, 0); /* the models' heads: one full strip of 128 columns */
+    check_recurrent(1, 2, 33, 80, 9, 1, 0);    /* a strip of 128 columns, 48 masked off */
+    check_recurrent(1, 1, 5, 144, 7, 1, 0);    /* a full strip and one of 16 columns */
 }
 
 Test(deltanet, grouped_value_heads_match_transformers_loop)
