@@ -19,6 +19,10 @@
 #include "runtime/grammar_impl.h"
 
 #define MAX_FORKS    24 /* nested alternative expansions on one byte */
+#define FORK_BUDGET  4096 /* alternative expansions of one byte over all threads: a grammar whose choices
+                           * nest ambiguously (root ::= e{2,3}; e ::= " " root |) would otherwise explore
+                           * up to 2^MAX_FORKS paths a byte; past the budget, threads not yet forked are
+                           * dropped as past GRAMMAR_MAX_THREADS (the kept ones still describe valid outputs) */
 #define NUM_INT_MAX  15 /* digits of the integer part of a bounded number */
 #define NUM_FRAC_MAX 12 /* fraction digits of a bounded number */
 #define NUM_FREE_MAX 64 /* digits of each part of an unbounded number */
@@ -605,6 +609,7 @@ struct emit {
     const struct grammar *g;
     struct gstate *out;
     int frames; /* frames already in out */
+    int forks;  /* alternative expansions left for this byte (FORK_BUDGET) */
 };
 
 /* Frames still needed above index i by the frame there (its own included), along the path needing fewest. */
@@ -700,7 +705,8 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
                 int k = g->kids[n->a + i];
                 const struct gnode *x = &g->nodes[k];
                 if (x->cost >= GCOST_INF || (!bit(x->first, c) && !x->nullable)) continue;
-                if (last >= 0) {
+                if (last >= 0 && o->forks > 0) {
+                    o->forks--;
                     struct thr u;
                     u.depth = t->depth;
                     memcpy(u.f, t->f, (size_t)t->depth * sizeof *t->f);
@@ -717,7 +723,8 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
             int more = (n->max < 0 || (int)f->a < n->max) && x->cost < GCOST_INF && bit(x->first, c);
             /* an element that matches the empty string fills the remaining minimum with empty matches */
             int end = (int)f->a >= n->min || x->nullable;
-            if (more && end && forks <= MAX_FORKS) {
+            if (more && end && forks <= MAX_FORKS && o->forks > 0) {
+                o->forks--;
                 struct thr u;
                 u.depth = t->depth;
                 memcpy(u.f, t->f, (size_t)t->depth * sizeof *t->f);
@@ -779,7 +786,7 @@ static void step(const struct grammar *g, struct thr *t, int c, struct emit *o, 
 
 int gstate_step(const struct grammar *g, const struct gstate *in, int c, struct gstate *out)
 {
-    struct emit o = {g, out, 0};
+    struct emit o = {g, out, 0, FORK_BUDGET};
     out->n = 0;
     struct thr t;
     int at = 0;
