@@ -392,7 +392,8 @@ fit_llama() {
     tried="$tried$n "
     start $tag-ngl$n $(llama_serve -m $T -ngl $n -fit off "$@") || return 1
     v=$(row_vram $tag-ngl$n)
-    [ -n "$v" ] || { stop_server $srv_pid; log "$tag: llama-server logged no device buffers"; return 1; }
+    [ -n "$v" ] || { stop_server $srv_pid; log "$tag: llama-server logged no device buffers"
+      { echo "### $tag-ngl$n (no device buffers logged)"; tail -40 $W/s-$tag-ngl$n.log; } >> $D/starts.log; return 1; }
     { echo "### $tag-ngl$n: $v MiB on the device (budget $mib)"; grep "buffer size" $W/s-$tag-ngl$n.log; } >> $D/fit.log
     over=$(python3 -c "print(int($v - $n * $per + 1))")
     next=$(python3 $W/rows.py ngl $T $mib $over)
@@ -420,7 +421,9 @@ fit_llama() {
 ferry_serve() {
   echo $F serve --port $port --parallel 1 --ctx-size $ctx --threads $nt --log-level info --prompt-cache false "$@"
 }
-llama_serve() { echo $L/llama-server --port $port -np 1 -c $ctx -fa on -t $nt "$@"; }
+# -lv 4: lcp0336 logs the library's load messages (its buffer sizes) only from verbosity 4 (common/log.cpp maps
+# ggml's INFO to LOG_LEVEL_TRACE); fit_llama reads them.
+llama_serve() { echo $L/llama-server --port $port -np 1 -c $ctx -fa on -t $nt -lv 4 "$@"; }
 
 draft_part() {
   local gib=${SPEC_DRAFT_GIB:-12} dt=${SPEC_DRAFT_TYPE:-Q8_0} pr=$W/prompt-ids.json mt=${SPEC_MAX_TOKENS:-128}
