@@ -27,7 +27,8 @@
 # Parts (each ferry bench --spec-oracle reports its one-row steps beside its verification steps, so every row
 # has its own figure without speculation; --batches 1 gives the plain b=1 rate beside it):
 #   oracle  ferry bench --spec-oracle K (SPEC_K, default 4) --spec-accept P for P in SPEC_ACCEPTS (default
-#           "1 0.9 0.7 0.5"), one sequence from context 32, SPEC_STEPS steps (default 16): Llama-2-7B F16
+#           "1 0.9 0.7 0.5"; SPEC_ORACLE_MODELS, default "f16 q4km", chooses the models), one sequence from
+#           context 32, SPEC_STEPS steps (default 16): Llama-2-7B F16
 #           (--synthetic llama-2-7b) under --gpu-memory 4GiB, and Q4_K_M (the prepared file: the same mix as
 #           --synthetic llama-2-7b --quant int4, without quantizing 7B at each start) under 2GiB. The
 #           verification cost is each row's (K+1)-row step over its 1-row step.
@@ -544,10 +545,13 @@ if [[ $parts == *" oracle "* ]]; then
     log "oracle: SmolLM2-135M-Instruct Q4_1 on the CPU backend"
     oracle smollm2 "SmolLM2-135M Q4_1, CPU" "" "${SPEC_ACCEPTS:-1 0.9 0.7 0.5}" --cpu --model $smol
   else
-    log "oracle: 7B F16 under 4 GiB, Q4_K_M under 2 GiB"
-    oracle f16-7b "Llama-2-7B F16, --gpu-memory 4GiB" 4096 "${SPEC_ACCEPTS:-1 0.9 0.7 0.5}" \
+    om=" ${SPEC_ORACLE_MODELS:-f16 q4km} "
+    log "oracle:$om(f16: 7B F16 under 4 GiB; q4km: 7B Q4_K_M under 2 GiB)"
+    [[ $om == *" f16 "* ]] && oracle f16-7b "Llama-2-7B F16, --gpu-memory 4GiB" 4096 "${SPEC_ACCEPTS:-1 0.9 0.7 0.5}" \
       --synthetic llama-2-7b --gpu-memory 4GiB
-    if [ -s $Q4 ]; then
+    if [[ $om != *" q4km "* ]]; then
+      :
+    elif [ -s $Q4 ]; then
       oracle q4km-7b "Llama-2-7B Q4_K_M, --gpu-memory 2GiB" 2048 "${SPEC_ACCEPTS:-1 0.9 0.7 0.5}" \
         --model $Q4 --gpu-memory 2GiB
     else
