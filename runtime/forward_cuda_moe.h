@@ -7,10 +7,10 @@
  * routing from the device (no host round trip); up to CUDA_MOE_GROUPED_MAX_ROWS rows, when every expert
  * matrix is in a block type, are sorted by expert on the device and run by one grouped launch per matrix that
  * reads each chosen expert once per 8 of its rows (kern_cuda_moe_sort, kern_cuda_moe_grouped: still no host
- * round trip), and summed back per token in a fixed order; more rows, or float experts, are grouped by expert
- * on the host (the ids come down, the host counts the rows of each expert, their indices go up), gathered and
- * multiplied expert by expert by kern_cuda_matmul. A layer
- * whose experts live in host memory (the first cpu_moe layers, llama.cpp's --n-cpu-moe) sends its normed rows
+ * round trip), and summed back per token in a fixed order (larger steps on such experts run in chunks of
+ * that many rows); float experts are grouped by expert on the host (the ids come down, the host counts the
+ * rows of each expert, their indices go up), gathered and multiplied expert by expert by kern_cuda_matmul.
+ * A layer whose experts live in host memory (the first cpu_moe layers, llama.cpp's --n-cpu-moe) sends its normed rows
  * and routing down, the host's cores run kernels/cpu/moe.h's kern_cpu_moe_ffn on a pinned copy of the
  * layer's experts inside a CUDA host function on the compute stream, and the result comes up through mapped
  * memory: the stream never waits on the engine thread. A step of at least stream_min_rows rows instead copies
@@ -41,10 +41,10 @@ struct kern_cuda_ctx;
 /* Steps of at most this many rows run the grouped GEMV; larger ones sort rows by expert (on the host, a
  * round trip, for float experts: so never inside a captured graph: at least the engine's graph batch). */
 #define CUDA_MOE_GEMV_MAX_ROWS 16
-/* Steps of at most this many rows on resident block-type experts sort their pairs on the device and run the
- * grouped launches; larger ones multiply expert by expert (kern_cuda_matmul's tensor-core GEMMs). Measured on
- * an H100 at Qwen3-30B-A3B's shape (Q4_K/Q6_K, bench_moe) with the grouped launch on the CUDA cores (dp4a):
- * 1.33 ms a layer at 64 rows against 3.81 ms expert by expert, 7.7 ms at 512 rows against 5.6 ms. */
+/* Steps on resident block-type experts sort their pairs on the device and run the grouped launches this many
+ * rows at a time (the int8 form of x is sized for it). Measured on an H100 at Qwen3-30B-A3B's shape (Q4_K/Q6_K,
+ * bench_moe), grouped launches on the tensor cores: 1.76 ms for 256 rows, where 512 rows expert by expert
+ * (kern_cuda_matmul's GEMMs) took 5.66 ms. */
 #define CUDA_MOE_GROUPED_MAX_ROWS 256
 /* Rows the scratch holds (T k pairs of gate|up, h and gathered rows): larger steps run in chunks. */
 #define CUDA_MOE_CHUNK_ROWS 1024

@@ -8,7 +8,8 @@
  * from a random router, so the experts a step reads are those of random tokens. Each figure is the median of
  * 21 CUDA-event-timed runs after 3 warm-up runs; for resident experts also "graph us": the layer captured in
  * a CUDA graph (as the engine's decode steps run it) and replayed 20 times back to back, the time per replay,
- * which leaves out the host's launch cost. Usage: bench_moe [--q8] [--host]
+ * which leaves out the host's launch cost ("grouped*": the grouped launches, CUDA_MOE_GROUPED_MAX_ROWS rows
+ * at a time). Usage: bench_moe [--q8] [--host]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,7 +198,7 @@ int main(int argc, char **argv)
         }
         printf("%6d %10.1f %10d %12.0f %8s %10.1f %12.0f\n", n, s * 1e6, distinct,
                distinct * expert_bytes / s / 1e9,
-               !host && n > CUDA_MOE_GROUPED_MAX_ROWS ? "gemm"
+               !host && n > CUDA_MOE_GROUPED_MAX_ROWS ? "grouped*"
                : !host && n > CUDA_MOE_GEMV_MAX_ROWS  ? "grouped"
                : !host                                ? "device"
                : n >= cuda_moe_stream_min_rows(mo)    ? "stream"
