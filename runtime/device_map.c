@@ -74,14 +74,29 @@ static uint64_t ring_min(const struct device_map_input *in, int resident)
     return 2 * ring_align(largest_piece(in, resident));
 }
 
-/* Bytes of the weights when `resident` layers stay on the device and the rest stream through a ring of
- * ring_min. */
+/* The device's page tables for `bytes` of pinned host memory (0 when not counted). */
+static uint64_t host_map(const struct device_map_input *in, uint64_t bytes)
+{
+    return in->host_map_div ? (bytes + in->host_map_div - 1) / in->host_map_div : 0;
+}
+
+/* The page tables of the host layers when `resident` layers stay on the device. */
+static uint64_t host_layers_map(const struct device_map_input *in, int resident)
+{
+    uint64_t map = 0;
+    for (int i = 0; i < in->n_layers; i++)
+        if (where_of(in, i, resident) != PLACEMENT_GPU) map += host_map(in, layer_size(in, i));
+    return map;
+}
+
+/* Device bytes of the weights when `resident` layers stay on the device and the rest stream through a ring
+ * of ring_min (their page tables included). */
 static uint64_t weights_bytes(const struct device_map_input *in, int resident)
 {
     uint64_t res = 0;
     for (int i = 0; i < in->n_layers; i++)
         if (where_of(in, i, resident) == PLACEMENT_GPU) res += layer_size(in, i);
-    return res + ring_min(in, resident);
+    return res + ring_min(in, resident) + host_layers_map(in, resident);
 }
 
 /* The most resident layers beside a pool of kv_floor positions (or what the smallest plan leaves, if less,
@@ -240,10 +255,30 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     if (auto_kv && resident < L && kv < kv_max && in->kv_ext_max > 0) {
         int64_t ext = kv_max - kv;
         if (ext > in->kv_ext_max) ext = in->kv_ext_max / blk * blk;
-        out->kv_ext_tokens = ext;
-        out->kv_ext_bytes = (uint64_t)ext * kvt;
-        out->kv_ext_host = in->kv_ext_host;
+        /* The extension's page tables come out of what the pool took: blocks of the pool move to the
+         * extension (each frees its bytes less its own entries) until they fit; below the pool's floor the
+         * extension shrinks instead. */
+        while (ext > 0 && total + host_map(in, (uint64_t)ext * kvt) > in->budget) {
+            if (kv - blk >= dev_min) {
+                kv -= blk;
+                total -= (uint64_t)blk * kvt;
+                if (ext + blk <= in->kv_ext_max) ext += blk;
+            } else {
+                ext -= blk;
+            }
+        }
+        if (ext > 0) {
+            out->kv_ext_tokens = ext;
+            out->kv_ext_bytes = (uint64_t)ext * kvt;
+            out->kv_ext_host = in->kv_ext_host;
+            out->host_map_bytes = host_map(in, out->kv_ext_bytes);
+            total += out->host_map_bytes;
+        }
+        out->kv_tokens = kv;
+        out->kv_seq_split = kv < seq;
+        out->kv_bytes = (uint64_t)kv * kvt;
     }
+    out->host_map_bytes += host_layers_map(in, resident);
     out->kv_swa_bytes = in->kv_swa_bytes;
     out->kv_swa_tokens = in->kv_swa_tokens;
     out->bytes_total = total;
