@@ -74,14 +74,29 @@ static uint64_t ring_min(const struct device_map_input *in, int resident)
     return 2 * ring_align(largest_piece(in, resident));
 }
 
-/* Bytes of the weights when `resident` layers stay on the device and the rest stream through a ring of
- * ring_min. */
+/* The device's page tables for `bytes` of pinned host memory (0 when not counted). */
+static uint64_t host_map(const struct device_map_input *in, uint64_t bytes)
+{
+    return in->host_map_div ? (bytes + in->host_map_div - 1) / in->host_map_div : 0;
+}
+
+/* The page tables of the host layers when `resident` layers stay on the device. */
+static uint64_t host_layers_map(const struct device_map_input *in, int resident)
+{
+    uint64_t map = 0;
+    for (int i = 0; i < in->n_layers; i++)
+        if (where_of(in, i, resident) != PLACEMENT_GPU) map += host_map(in, layer_size(in, i));
+    return map;
+}
+
+/* Device bytes of the weights when `resident` layers stay on the device and the rest stream through a ring
+ * of ring_min (their page tables included). */
 static uint64_t weights_bytes(const struct device_map_input *in, int resident)
 {
     uint64_t res = 0;
     for (int i = 0; i < in->n_layers; i++)
         if (where_of(in, i, resident) == PLACEMENT_GPU) res += layer_size(in, i);
-    return res + ring_min(in, resident);
+    return res + ring_min(in, resident) + host_layers_map(in, resident);
 }
 
 /* The most resident layers beside a pool of kv_floor positions (or what the smallest plan leaves, if less,
@@ -115,9 +130,14 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         snprintf(err, 256, "invalid placement request (layers %d, --gpu-layers %d)", L, in->gpu_layers);
         return FERRY_ERR_INVALID;
     }
-    const uint64_t base = in->fixed_bytes + in->kv_swa_bytes + in->head_bytes, kvt = in->kv_token_bytes;
+    const uint64_t base0 = in->fixed_bytes + in->kv_swa_bytes + in->head_bytes, kvt = in->kv_token_bytes;
     const int64_t blk = auto_kv ? in->kv_block : 1;
     const int64_t kv_max = auto_kv ? in->kv_tokens_max / blk * blk : 0;
+    /* The page tables of the largest extension this plan may have, kept aside while layers and the pool are
+     * placed (an extension exists only beside host layers: with every layer resident they are not). */
+    const int64_t ext_most = in->kv_ext_max < kv_max ? in->kv_ext_max / blk * blk : kv_max;
+    const uint64_t ext_map = auto_kv && ext_most > 0 ? host_map(in, (uint64_t)ext_most * kvt) : 0;
+    uint64_t base = base0 + ext_map;
     int64_t kv_min = auto_kv ? (in->kv_tokens_min + blk - 1) / blk * blk : 0;
     int64_t kv_floor = auto_kv ? in->kv_tokens_floor / blk * blk : 0;
     if (kv_floor < kv_min) kv_floor = kv_min;
@@ -158,7 +178,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     } else if (in->gpu_layers >= 0) {
         resident = in->gpu_layers;
         kv = kv_min; /* grows below into what the layers leave */
-    } else if (in->budget >= base + weights_bytes(in, L) + (uint64_t)kv_max * kvt) {
+    } else if (in->budget >= base0 + weights_bytes(in, L) + (uint64_t)kv_max * kvt) {
         resident = L;
     } else {
         resident = fit_beside(in, base, kv_floor, kv_min, blk, min_resident, &kv);
@@ -170,6 +190,7 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         }
     }
     if (kv < dev_min) kv = dev_min;
+    if (resident == L) base = base0; /* no extension */
     /* The ring grows into what the layers leave beside the pool's floor, up to two of the largest streamed
      * layers; then the pool takes the rest, up to its maximum. */
     uint64_t ring = ring_min(in, resident);
@@ -243,7 +264,11 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         out->kv_ext_tokens = ext;
         out->kv_ext_bytes = (uint64_t)ext * kvt;
         out->kv_ext_host = in->kv_ext_host;
+        out->host_map_bytes = host_map(in, out->kv_ext_bytes); /* (at most ext_map) */
     }
+    /* what the plan costs: the extension's page tables as they are, not as kept aside */
+    total = total - (base - base0) + out->host_map_bytes;
+    out->host_map_bytes += host_layers_map(in, resident);
     out->kv_swa_bytes = in->kv_swa_bytes;
     out->kv_swa_tokens = in->kv_swa_tokens;
     out->bytes_total = total;

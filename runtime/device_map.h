@@ -7,17 +7,18 @@
  * output head is always resident; the token embedding is gathered on the host (only the rows a batch needs
  * cross the link). The planner is pure arithmetic over byte counts (no device needed: `ferry inspect` runs it
  * anywhere): budget = fixed (activations, workspaces) + KV pool + head + resident layers + ring (if any
- * streams). Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes. The
- * ring holds at least two of the largest pieces (the link copies one while the device computes with the
- * other): layers are made resident beside that, the ring then grows into what they leave up to two of the
- * largest streamed layers (the lookahead that lets the link work ahead while the host's cores compute
- * layers), and the pool takes the rest. A resident layer saves its whole copy (or host computation) on every
- * step, where depth past two pieces only lets copies start earlier, so layers come first. Streamed layers are
- * spread evenly between resident ones so every copy hides behind resident compute. KV pool: fixed by the
- * caller, or sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer fits beside it; otherwise
- * the pool keeps kv_tokens_floor positions (concurrent sequences are what turn a streamed layer's bytes into
- * many tokens) and the layers take the rest, then the pool takes what the layers leave, up to kv_tokens_max.
- * It never goes below kv_tokens_min (one full-length sequence), except where the host's cores attend to an
+ * streams) + the page tables that map the host layers and the KV extension into the device (host_map_div).
+ * Layers may differ in size (Q4_K_M stores some in Q6_K): a resident layer takes its own bytes. The ring
+ * holds at least two of the largest pieces (the link copies one while the device computes with the other):
+ * layers are made resident beside that, the ring then grows into what they leave up to two of the largest
+ * streamed layers (the lookahead that lets the link work ahead while the host's cores compute layers), and
+ * the pool takes the rest. A resident layer saves its whole copy (or host computation) on every step, where
+ * depth past two pieces only lets copies start earlier, so layers come first. Streamed layers are spread
+ * evenly between resident ones so every copy hides behind resident compute. KV pool: fixed by the caller, or
+ * sized here (kv_token_bytes > 0): all of kv_tokens_max when every layer fits beside it; otherwise the pool
+ * keeps kv_tokens_floor positions (concurrent sequences are what turn a streamed layer's bytes into many
+ * tokens) and the layers take the rest, then the pool takes what the layers leave, up to kv_tokens_max. It
+ * never goes below kv_tokens_min (one full-length sequence), except where the host's cores attend to an
  * extension that can hold the rest of it: there the device keeps KV_DEVICE_POSITIONS (or one sequence, if
  * shorter) before layers are made resident, and a longer sequence's later positions live in the extension
  * (kv_seq_split); a budget that cannot hold even that beside the smallest streaming plan keeps what fits.
@@ -88,6 +89,11 @@ struct device_map_input {
     const uint8_t *stream_only; /* (n_layers) 1: the host's cores cannot compute it (see above); NULL: none */
     double h2d_bytes_per_s;     /* measured pinned host→device rate (for the prediction) */
     double hbm_bytes_per_s;     /* measured device memory rate (for the prediction) */
+    /* A byte of pinned host memory costs the device 1/host_map_div of a byte (rounded up per layer): the
+     * page tables through which the device addresses it (CUDA maps every pinned byte into the device's
+     * address space, 8 bytes of entry per 4 KiB page: 512). Counted for the host layers and the KV pool's
+     * extension, so that what the device loses to them stays inside the budget. 0: not counted. */
+    uint32_t host_map_div;
 };
 
 struct device_map {
@@ -105,9 +111,11 @@ struct device_map {
     int64_t kv_swa_tokens; /* its positions */
     int kv_ext_host;       /* the host's cores attend to its positions (the input's kv_ext_host) */
     int kv_seq_split;      /* kv_tokens is less than one full-length sequence: the extension holds the rest */
-    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring, expert cache: what the plan
-                              allocates */
-    uint64_t bytes_minimum; /* the smallest budget any plan for this model can work with */
+    uint64_t bytes_total;  /* fixed, window pool, head, KV pool, resident, ring, expert cache, host map: what
+                              the plan allocates or costs the device */
+    uint64_t host_map_bytes; /* of bytes_total: the page tables of the host layers and the extension
+                              * (device_map_input.host_map_div), which the backend does not allocate */
+    uint64_t bytes_minimum;  /* the smallest budget any plan for this model can work with */
     /* Expert models (set by the backend's planner, runtime/forward_cuda.c): the experts of layers [0,
      * cpu_moe) stay in host memory, computed by the host's cores; the others' are resident with their layers.
      */

@@ -306,7 +306,8 @@ static int measure_costs(struct engine *e, const struct device_map *map, int ref
 }
 /* A step plan for `map` from the costs `c` (mode: the engine's placement, or `mode_override` when >= 0). */
 static int make_plan(struct engine *e, const struct device_map *map, const struct step_cost *c,
-                     int mode_override, struct step_plan *out, char err[256])
+                     int mode_override, const struct step_pace *pace, const struct step_plan *keep,
+                     struct step_plan *out, char err[256])
 {
     const int L = e->model.hp.n_layers;
     uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params),
@@ -339,7 +340,9 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             .mode = mode,
             .margin = ENGINE_PLAN_MARGIN,
             .force = e->p.plan_override,
-            .cost = *c};
+            .cost = *c,
+            .pace = pace,
+            .keep = keep};
         rc = step_plan_make(&in, out, err);
     }
     free(bytes);
@@ -393,7 +396,7 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     const char *adapt_env = getenv("FERRY_PLAN_ADAPT"); /* "0": keep the start-up plan (comparisons) */
     e->adapt = e->cpu && cost->n_cpu > 0 && map->ring_bytes > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
                !e->p.plan_override && !(adapt_env && !strcmp(adapt_env, "0"));
-    return make_plan(e, map, cost, -1, &e->plan, err);
+    return make_plan(e, map, cost, -1, NULL, NULL, &e->plan, err);
 }
 
 /* The CUDA backend and, when layers live in host memory and the CPU may compute them, the host's backend;
@@ -466,7 +469,8 @@ static int settle_ring(struct engine *e, struct forward_cuda_params *cp, const s
         double t = 0;
         if ((no_ring || alt.n_resident == map->n_resident - v) &&
             (alt.n_streamed == 0 || e->cpu || !no_ring) &&
-            !make_plan(e, &alt, no_ring ? &alone : cost, no_ring ? STEP_MODE_CPU : -1, &alt_plan, why))
+            !make_plan(e, &alt, no_ring ? &alone : cost, no_ring ? STEP_MODE_CPU : -1, NULL, NULL, &alt_plan,
+                       why))
             t = step_plan_workload_s(&alt_plan, e->p.n_seqs, ENGINE_MIX_PROMPT, ENGINE_MIX_GEN);
         step_plan_free(&alt_plan);
         if (t > 0 && at < (int)sizeof line)
@@ -1055,7 +1059,9 @@ int engine_step_overlaps(const struct engine *e, int n_tokens)
 }
 
 /* After a step of a GPU engine that follows the host's pace: the seconds its CPU-computed host layers spent
- * in their arithmetic against the cost model's, and a new plan when the pace moved (step_plan.h). */
+ * in their arithmetic against the cost model's, remembered for the step's count of CPU layers; when that
+ * evidence moved, the plan is made again with every candidate costed at the pace expected for its count,
+ * keeping each step size's layers unless the new choice is clearly faster (step_plan.h). */
 static void follow_pace(struct engine *e, const enum placement *where, int n)
 {
     struct backend_stats cs;
@@ -1063,33 +1069,45 @@ static void follow_pace(struct engine *e, const enum placement *where, int n)
     const double host_s = cs.layer_seconds - cs.kv_seconds, took = host_s - e->host_s;
     e->host_s = host_s;
     double expected = 0;
-    int streams = 0;
+    int streams = 0, n_cpu = 0;
     for (int l = 0; l < e->model.hp.n_layers; l++) {
         if (where[l] == PLACEMENT_CPU)
-            expected += step_cost_cpu_layer(&e->cost, forward_cuda_layer_bytes(e->gpu, l), n);
+            expected += step_cost_cpu_layer(&e->cost, forward_cuda_layer_bytes(e->gpu, l), n), n_cpu++;
         streams |= where[l] == PLACEMENT_STREAM;
     }
     if (!(expected > 0)) return;
     /* The costs are given with the link busy (e->slow: how much slower than alone); a step that streams keeps
      * the link busy only while the ring has room, so its host layers may run as fast as alone. */
     const double alone = e->slow > 1 ? expected / e->slow : expected;
-    if (!step_pace_observe(&e->pace, took, alone, streams ? expected : alone)) return;
-    const struct step_cost c = step_cost_paced(&e->cost, e->pace.pace);
+    if (!step_pace_observe(&e->pace, n_cpu, took, alone, streams ? expected : alone)) return;
     struct step_plan plan;
     char err[256];
-    if (make_plan(e, forward_cuda_map(e->gpu), &c, -1, &plan, err)) {
+    if (make_plan(e, forward_cuda_map(e->gpu), &e->cost, -1, &e->pace, &e->plan, &plan, err)) {
         FLOG_WARN("the host's pace moved to %.2fx, but the step plan could not be made again (%s)",
                   e->pace.pace, err);
         return;
     }
     const int last = plan.n_buckets - 1;
-    FLOG_INFO("host layers ran at %.2fx their start-up timing (median of %d steps): step plan made again: %d "
-              "tokens %d cpu / %d stream (was %d / %d), predicted %.2f ms; %d tokens %d / %d (was %d / %d)",
-              e->pace.pace, STEP_PACE_WINDOW, plan.tokens[0], plan.n_cpu[0], plan.n_stream[0],
-              e->plan.n_cpu[0], e->plan.n_stream[0], plan.predicted_s[0] * 1e3, plan.tokens[last],
-              plan.n_cpu[last], plan.n_stream[last], e->plan.n_cpu[last], e->plan.n_stream[last]);
+    const size_t cells = (size_t)plan.n_buckets * (size_t)plan.n_layers;
+    if (plan.n_buckets == e->plan.n_buckets &&
+        !memcmp(plan.where, e->plan.where, sizeof *plan.where * cells)) {
+        FLOG_DEBUG("host layers ran at %.2fx their start-up timing with %d on the CPU (median of %d steps): "
+                   "the step plan stays (%d tokens %d cpu / %d stream, expected pace %.2fx)",
+                   e->pace.pace, n_cpu, STEP_PACE_WINDOW, plan.tokens[0], plan.n_cpu[0], plan.n_stream[0],
+                   step_pace_expect(&e->pace, plan.n_cpu[0]));
+        step_plan_free(&plan);
+        return;
+    }
+    FLOG_INFO("host layers ran at %.2fx their start-up timing with %d on the CPU (median of %d steps): step "
+              "plan made again: %d tokens %d cpu / %d stream (was %d / %d) at %.2fx, predicted %.2f ms; %d "
+              "tokens %d / %d (was %d / %d)",
+              e->pace.pace, n_cpu, STEP_PACE_WINDOW, plan.tokens[0], plan.n_cpu[0], plan.n_stream[0],
+              e->plan.n_cpu[0], e->plan.n_stream[0], step_pace_expect(&e->pace, plan.n_cpu[0]),
+              plan.predicted_s[0] * 1e3, plan.tokens[last], plan.n_cpu[last], plan.n_stream[last],
+              e->plan.n_cpu[last], e->plan.n_stream[last]);
     step_plan_free(&e->plan);
     e->plan = plan;
+    e->pace.revisions++;
 }
 
 /* Where each layer runs in this step: the plan's choice for its size, unless the host's cores are needed for
@@ -1121,9 +1139,9 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
     const enum kv_elem el = e->p.kv_type == KV_Q8_0 ? KV_Q8_0 : KV_F16; /* the GPU's K/V */
     const double bytes =
         2.0 * (double)kv_elem_bytes(el, (size_t)ext_pos * hp->n_layers * hp->n_kv_heads * hp->head_dim);
-    const double pace = e->adapt && e->pace.pace > 0 ? e->pace.pace : 1.0;
-    const double rate = (double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace);
     const int n_cpu = e->plan.n_cpu[bk];
+    const double pace = e->adapt ? step_pace_expect(&e->pace, n_cpu) : 1.0;
+    const double rate = (double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace);
     const int j = step_plan_ext_shift(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate, n_cpu);
     if (!j) return w;
     /* j of the n_cpu CPU layers stream, spread evenly over them (the k-th CPU layer when k*j/n_cpu steps up),

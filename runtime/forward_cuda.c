@@ -756,7 +756,19 @@ struct plan_sizes {
      * (plan_experts); what the planner places. NULL for a dense model. */
     uint64_t *with_experts;
     uint64_t with_experts_max;
+    /* Device memory the plan counts that the arena does not hold (DEVICE_PAGE, HOST_MAP_DIV): the arena's
+     * rounding to a whole page, the page tables of the pinned staging buffers in whole pages, and one page
+     * for the host layers' entries (device_map's host_map_bytes) ending inside a page. */
+    size_t outside_bytes;
 };
+
+/* The device hands out memory in pages of DEVICE_PAGE (cudaMalloc and the driver's own page tables both
+ * round up to them), and every pinned host byte is mapped into the device's address space at 8 bytes of
+ * page-table entry per 4 KiB page (HOST_MAP_DIV). Measured on the H100 (2026-12-07, ferry_vram_used_bytes
+ * against --gpu-memory before these were counted): 2 MiB over with 1.51 GiB of host layers pinned, 4 with
+ * 2.1, 18 with 9.05, 19 with 8.67: the arena's page plus 2 MiB per GiB pinned. */
+#define DEVICE_PAGE  ((size_t)2 << 20)
+#define HOST_MAP_DIV 512u
 
 /* layouts and dn_blocks (n_layers each) receive the blocks' layouts when not NULL. */
 static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, const struct kv_cache *kv_swa,
@@ -829,6 +841,18 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, cons
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
                       (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T) + ple_weight_bytes(m) +
                       hyb_bytes(m, T, kv->n_seqs) + swa_fixed;
+    /* Pinned staging (forward_cuda_init, ext_host_init, the expert stage's output): inputs, token ids and
+     * block tables, logits, per-layer inputs, the extension's q/o/lse; the host backend's activations and the
+     * sampler's staging counted as the device's activations. */
+    const size_t ple_all = (size_t)hp->n_layers * hp->ple_dim, qd = q_row_max(hp);
+    const size_t staging =
+        (size_t)T * (2 * (size_t)hp->dim + (size_t)hp->n_vocab + ple_all + 2 * qd + (size_t)hp->n_heads + 4) *
+            sizeof(float) +
+        2 * (size_t)kv->n_seqs * kv->max_blocks * sizeof(int32_t) +
+        activation_bytes(hp, T, kv->n_seqs, kv->max_blocks);
+    const size_t staging_map = (staging + HOST_MAP_DIV - 1) / HOST_MAP_DIV;
+    /* (in whole pages: a plan's bytes move with its shapes only where a page is crossed) */
+    ps->outside_bytes = 2 * DEVICE_PAGE + (staging_map + DEVICE_PAGE - 1) / DEVICE_PAGE * DEVICE_PAGE;
     ps->max_x = (size_t)T * (size_t)(ffn_max(hp) > hp->dim ? ffn_max(hp) : hp->dim);
     if ((size_t)T * q_row_max(hp) > ps->max_x) ps->max_x = (size_t)T * q_row_max(hp);
     if (moe_x > ps->max_x) ps->max_x = moe_x;
@@ -896,7 +920,7 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
                                   .layer_sizes = ps->with_experts ? ps->with_experts : ps->layer_sizes,
                                   .piece_bytes = ps->piece_bytes,
                                   .head_bytes = ps->head_bytes,
-                                  .fixed_bytes = ps->fixed_bytes + other_fixed,
+                                  .fixed_bytes = ps->fixed_bytes + ps->outside_bytes + other_fixed,
                                   .kv_swa_bytes = ps->kv_swa_bytes,
                                   .kv_swa_tokens = ps->kv_swa_tokens,
                                   .budget = budget,
@@ -905,7 +929,8 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
                                   .no_ring = p->no_ring,
                                   .fewer_resident = p->fewer_resident,
                                   .h2d_bytes_per_s = h2d,
-                                  .hbm_bytes_per_s = hbm};
+                                  .hbm_bytes_per_s = hbm,
+                                  .host_map_div = HOST_MAP_DIV};
     if (p->force_where && (int)strlen(p->force_where) >= m->hp.n_layers) {
         for (int l = 0; l < m->hp.n_layers; l++) mask[l] = p->force_where[l] == 'g';
         in.resident_mask = mask;
@@ -970,8 +995,13 @@ static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_
         plan_experts(m, ps, c);
         in->layer_bytes = ps->with_experts_max;
         const uint64_t cache = cache_req > 0 ? cuda_moe_cache_plan(m, c, (uint64_t)cache_req) : 0;
-        in->fixed_bytes = fixed + (c ? stage : 0) + cache; /* host experts stream through the staging area */
+        uint64_t experts_map = 0; /* the page tables of the host experts' pinned copy */
+        for (int l = 0; l < c; l++)
+            experts_map += (cuda_moe_expert_bytes(m, l) + HOST_MAP_DIV - 1) / HOST_MAP_DIV;
+        /* host experts stream through the staging area */
+        in->fixed_bytes = fixed + (c ? stage : 0) + cache + experts_map;
         const int rc = device_map_plan(in, out, err);
+        if (!rc) out->host_map_bytes += experts_map;
         if (rc != FERRY_ERR_DEVICE_MEM || cpu_moe_req >= 0 || c >= L) {
             *cpu_moe = c;
             if (!rc) {
@@ -1219,7 +1249,8 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
 
     /* The arena: everything except cuBLAS's own workspace (already allocated by kern_cuda_ctx_init) and what
      * the CUDA runtime and cuBLAS took for themselves. */
-    f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx) - plan_overhead;
+    f->arena_bytes = f->map.bytes_total - kern_cuda_ctx_bytes(f->kctx) - plan_overhead - ps.outside_bytes -
+                     f->map.host_map_bytes;
     if (cudaMalloc(&f->arena, f->arena_bytes) != cudaSuccess) {
         cudaGetLastError();
         snprintf(err, 256, "cudaMalloc of %.2f GiB failed (the card has %.2f GiB free)",

@@ -57,8 +57,9 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
     int S = 0, any_cpu = 0;
     for (int l = 0; l < L; l++) {
         S += where[l] == PLACEMENT_STREAM;
-        any_cpu |= where[l] == PLACEMENT_CPU;
+        any_cpu += where[l] == PLACEMENT_CPU;
     }
+    const double pace = in->pace && any_cpu ? step_pace_expect(in->pace, any_cpu) : 1.0;
     /* the bytes the streamed pieces rotate through: what the parked layers leave of the ring */
     const uint64_t cap = step_plan_park_layout(in->ring_bytes, in->layer_bytes, where, L, NULL);
     if ((S && (cap == 0 || np <= 0)) || cap == UINT64_MAX) return INFINITY;
@@ -115,7 +116,7 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
             case PLACEMENT_CPU:
                 if (l == 0 || where[l - 1] != PLACEMENT_CPU)
                     t += c->sync_s + m * c->run_bytes_per_token * xfer;
-                t += step_cost_cpu_layer(c, in->layer_bytes[l], m) + c->sync_s +
+                t += pace * step_cost_cpu_layer(c, in->layer_bytes[l], m) + c->sync_s +
                      m * c->layer_bytes_per_token * xfer;
                 break;
             }
@@ -339,6 +340,15 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
                     memcpy(w, trial, sizeof *w * (size_t)L);
                 }
             }
+            /* The plan in use stays unless the choice beats it, both at their expected paces, by the margin:
+             * a pace judged between two counts must not flip the plan to and fro. */
+            const struct step_plan *k = in->keep;
+            if (k && k->n_layers == L && k->n_buckets == out->n_buckets && k->tokens[b] == m) {
+                const enum placement *kw = k->where + (size_t)b * L;
+                const double t_keep = step_plan_simulate(in, kw, m);
+                if (isfinite(t_keep) && !(best < t_keep * (1.0 - STEP_PACE_KEEP)))
+                    memcpy(w, kw, sizeof *w * (size_t)L);
+            }
         }
         if (rc) break;
         const double t = step_plan_simulate(in, w, m);
@@ -423,7 +433,8 @@ int step_plan_format(const struct step_plan *p, char *buf, size_t cap)
 void step_pace_init(struct step_pace *p)
 {
     memset(p, 0, sizeof *p);
-    p->pace = 1.0;
+    p->pace = p->base = 1.0;
+    for (int i = 0; i < STEP_PACE_SLOTS; i++) p->slot[i].n_cpu = -1;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -432,25 +443,77 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int step_pace_observe(struct step_pace *p, double seconds, double lo, double hi)
+static double clamp_pace(double x)
 {
-    if (!(seconds > 0) || !(lo > 0) || !(hi >= lo) || !isfinite(seconds) || !isfinite(hi)) return 0;
-    if (p->n == STEP_PACE_WINDOW) {
-        memmove(p->ratio, p->ratio + 1, sizeof p->ratio[0] * (STEP_PACE_WINDOW - 1));
-        p->n--;
+    return x < STEP_PACE_MIN ? STEP_PACE_MIN : x > STEP_PACE_MAX ? STEP_PACE_MAX : x;
+}
+
+double step_pace_expect(const struct step_pace *p, int n_cpu)
+{
+    const int k = n_cpu < 1 ? 1 : n_cpu >= STEP_PACE_KEYS ? STEP_PACE_KEYS - 1 : n_cpu;
+    if (p->seen[k] > 0) return p->seen[k];
+    int lo = k - 1, hi = k + 1;
+    while (lo >= 1 && !(p->seen[lo] > 0)) lo--;
+    while (hi < STEP_PACE_KEYS && !(p->seen[hi] > 0)) hi++;
+    if (lo < 1) return p->base; /* below every count seen */
+    if (hi == STEP_PACE_KEYS) return p->seen[lo];
+    return p->seen[lo] + (p->seen[hi] - p->seen[lo]) * (double)(k - lo) / (double)(hi - lo);
+}
+
+int step_pace_observe(struct step_pace *p, int n_cpu, double seconds, double lo, double hi)
+{
+    if (n_cpu < 1 || !(seconds > 0) || !(lo > 0) || !(hi >= lo) || !isfinite(seconds) || !isfinite(hi))
+        return 0;
+    const int key = n_cpu < STEP_PACE_KEYS ? n_cpu : STEP_PACE_KEYS - 1;
+    /* the slot of this count, else the one unused longest */
+    int s = 0;
+    for (int i = 0; i < STEP_PACE_SLOTS; i++) {
+        if (p->slot[i].n_cpu == key) {
+            s = i;
+            break;
+        }
+        if (p->slot[i].used < p->slot[s].used) s = i;
     }
-    p->ratio[p->n++] = seconds < lo ? seconds / lo : seconds > hi ? seconds / hi : 1.0;
-    if (p->n < STEP_PACE_WINDOW) return 0;
-    double s[STEP_PACE_WINDOW];
-    memcpy(s, p->ratio, sizeof s);
-    qsort(s, STEP_PACE_WINDOW, sizeof s[0], cmp_double);
-    double med = s[STEP_PACE_WINDOW / 2];
-    if (med < STEP_PACE_MIN) med = STEP_PACE_MIN;
-    if (med > STEP_PACE_MAX) med = STEP_PACE_MAX;
-    if (med <= p->pace * STEP_PACE_BAND && med >= p->pace / STEP_PACE_BAND) return 0;
+    if (p->slot[s].n_cpu != key) {
+        p->slot[s].n_cpu = key;
+        p->slot[s].n = 0;
+    }
+    p->slot[s].used = ++p->clock;
+    double *r = p->slot[s].ratio;
+    if (p->slot[s].n == STEP_PACE_WINDOW) {
+        memmove(r, r + 1, sizeof r[0] * (STEP_PACE_WINDOW - 1));
+        p->slot[s].n--;
+    }
+    r[p->slot[s].n++] = seconds < lo ? seconds / lo : seconds > hi ? seconds / hi : 1.0;
+    if (p->slot[s].n < STEP_PACE_WINDOW) return 0;
+    double sorted[STEP_PACE_WINDOW];
+    memcpy(sorted, r, sizeof sorted);
+    qsort(sorted, STEP_PACE_WINDOW, sizeof sorted[0], cmp_double);
+    const double med = clamp_pace(sorted[STEP_PACE_WINDOW / 2]);
+    const double was = p->seen[key];
+    const double ref = was > 0 ? was : step_pace_expect(p, key);
+    if (med <= ref * STEP_PACE_BAND && med >= ref / STEP_PACE_BAND) {
+        /* inside the band: the expectation holds (a first judgement confirms it for this count) */
+        p->seen[key] = ref;
+        p->pace = ref;
+        return 0;
+    }
+    if (was > 0) { /* a count seen before moved: the host changed, for every count */
+        for (int i = 1; i < STEP_PACE_KEYS; i++)
+            if (p->seen[i] > 0) p->seen[i] = clamp_pace(p->seen[i] * med / was);
+        p->base = clamp_pace(p->base * med / was);
+    } else {
+        /* Fewer CPU layers than any seen, tried on the base's word and found off it: fewer still are
+         * expected at their pace. (The first count ever judged leaves the base: that one may be slow for
+         * its own count.) */
+        int below = 0, above = 0;
+        for (int i = 1; i < STEP_PACE_KEYS; i++)
+            if (i != key && p->seen[i] > 0) below |= i<key, above |= i> key;
+        if (!below && above) p->base = med;
+    }
+    p->seen[key] = med;
     p->pace = med;
-    p->n = 0;
-    p->revisions++;
+    p->slot[s].n = 0;
     return 1;
 }
 

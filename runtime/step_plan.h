@@ -54,6 +54,9 @@ struct step_cost {
     double run_bytes_per_token;   /* x down, x up */
 };
 
+struct step_pace;
+struct step_plan;
+
 struct step_plan_input {
     int n_layers;
     const enum placement *where; /* (n_layers) the device_map's: PLACEMENT_GPU or PLACEMENT_STREAM (host) */
@@ -75,6 +78,12 @@ struct step_plan_input {
      * string per bucket separated by '/', the last one repeated for the larger buckets; NULL: planned. */
     const char *force; /* ('p': parked at the ring's end) */
     struct step_cost cost;
+    /* The host's pace per count of CPU layers: a placement with c CPU layers has their times multiplied by
+     * step_pace_expect(pace, c); NULL: the costs as given. */
+    const struct step_pace *pace;
+    /* AUTO: the plan in use (of the same device_map and max_tokens), or NULL: a step size keeps its layers
+     * unless the new choice is faster by STEP_PACE_KEEP. */
+    const struct step_plan *keep;
 };
 
 struct step_plan {
@@ -115,35 +124,64 @@ uint64_t step_plan_park_layout(uint64_t ring_bytes, const uint64_t *layer_bytes,
 /* The host's seconds for a layer of `bytes` at m tokens, from the measured reference layer. */
 double step_cost_cpu_layer(const struct step_cost *c, uint64_t bytes, int m);
 
-/* The host's pace: how the CPU-computed host layers of recent steps ran against their start-up timing.
- * The planner's cost of a host layer comes from a start-up timing of a few seconds; a host that was busy
- * then, or is busier later, would leave the plan wrong for as long as the engine runs. Every step that
- * computes host layers on the CPU reports the seconds their arithmetic took and the seconds the cost model
- * gives them (at pace 1); the median ratio of the last STEP_PACE_WINDOW such steps is the host's pace. When
- * it moves outside [pace / STEP_PACE_BAND, pace * STEP_PACE_BAND] of the pace the plan was made with, the
- * plan is made again from the costs scaled by it (step_cost_paced). Nothing moves when a plan changes: a host
- * layer is streamed or computed from the same host copy. A plan that puts no host layer on the CPU at any
- * step size reports nothing, so a host timed far too slow at start-up stays streamed. */
+/* The host's pace: how the CPU-computed host layers of recent steps ran against their start-up timing, for
+ * each count of CPU layers a step had. The planner's cost of a host layer comes from a start-up timing of a
+ * few seconds; a host that was busy then, or is busier later, would leave the plan wrong for as long as the
+ * engine runs. Every step that computes host layers on the CPU reports how many it computed, the seconds
+ * their arithmetic took and the seconds the cost model gives them (at pace 1); the median ratio of the last
+ * STEP_PACE_WINDOW steps with that count is the pace seen for it. The pace depends on the plan itself: the
+ * CPU's layers and the link's copies share host memory, so more CPU layers run slower (F16 7B at 12 GiB on
+ * the H100 host: 14 CPU layers at 1.25x, 12-13 at 1.0x). One pace for every plan therefore oscillated (14
+ * layers seen slow → 13 planned → seen fast → 14 planned, every second), so the pace is remembered per
+ * count, and a candidate plan is costed at the pace seen for its count (step_pace_expect: interpolated
+ * between the nearest counts seen; above them, the most layers seen; below them, the fewest seen or, before
+ * anything is seen, the start-up timing: fewer layers never run slower, and trying them is how the planner
+ * learns their pace). The planner then keeps each step size's current layers unless the new choice beats
+ * them, both at their expected paces, by STEP_PACE_KEEP (step_plan_input.keep). A plan that was left is
+ * costed at the pace seen for it, so it comes back only when the evidence changes: a count seen again outside
+ * [seen / STEP_PACE_BAND, seen * STEP_PACE_BAND] means the host itself changed, and every remembered pace is
+ * scaled by the same factor. Nothing moves when a plan changes: a host layer is streamed or computed from the
+ * same host copy. A plan that puts no host layer on the CPU at any step size reports nothing, so a host timed
+ * far too slow at start-up stays streamed. */
 #define STEP_PACE_WINDOW 9
 #define STEP_PACE_BAND   1.15
 #define STEP_PACE_MIN    0.125
 #define STEP_PACE_MAX    8.0
+#define STEP_PACE_KEEP   0.04 /* a step size changes its layers for a predicted gain of 4% or more */
+#define STEP_PACE_KEYS   128  /* counts of CPU layers remembered (a step with more counts as the last) */
+#define STEP_PACE_SLOTS  4    /* counts observed at once (step sizes with different counts interleave) */
 
 struct step_pace {
-    double pace;                    /* what the current plan assumes (1: the start-up timing) */
-    double ratio[STEP_PACE_WINDOW]; /* the latest steps' seconds / expected, oldest first */
-    int n;                          /* of them */
-    int revisions;                  /* times the pace moved */
+    double pace;                 /* the latest pace judged (of any count); 1 at first */
+    double seen[STEP_PACE_KEYS]; /* the pace judged for steps of each count of CPU layers; 0: none yet */
+    /* The pace expected below the fewest CPU layers seen: 1 (the start-up timing, one layer at a time);
+     * once a count below all others seen is judged off it, that count's pace; scaled with the others. */
+    double base;
+    struct {
+        int n_cpu;                      /* the count these steps had (-1: free) */
+        int n;                          /* ratios held */
+        double ratio[STEP_PACE_WINDOW]; /* the latest such steps' seconds / expected, oldest first */
+        uint64_t used;                  /* when last observed (clock) */
+    } slot[STEP_PACE_SLOTS];
+    uint64_t clock;
+    int revisions; /* plans adopted since start-up (the engine counts them) */
 };
 
 void step_pace_init(struct step_pace *p);
-/* One step's host arithmetic: `seconds` taken, where the cost model (at pace 1) puts it between `lo` and `hi`
- * (0 < lo <= hi, else ignored): the model times a host layer alone and beside the link's copies, and in a
- * step that streams the link is busy only while the ring has room, so the layers may run at either rate or
- * between. A step inside [lo, hi] is at pace 1, one outside at seconds / lo or seconds / hi. Returns 1 when
- * the window's median left the band around the current pace: p->pace is then the median (within
- * [STEP_PACE_MIN, STEP_PACE_MAX]), the window starts again and the caller re-plans. */
-int step_pace_observe(struct step_pace *p, double seconds, double lo, double hi);
+/* One step's host arithmetic: n_cpu layers computed on the CPU in `seconds`, where the cost model (at pace 1)
+ * puts them between `lo` and `hi` (n_cpu >= 1, 0 < lo <= hi, else ignored): the model times a host layer
+ * alone and beside the link's copies, and in a step that streams the link is busy only while the ring has
+ * room, so the layers may run at either rate or between. A step inside [lo, hi] is at pace 1, one outside at
+ * seconds / lo or seconds / hi. Returns 1 when the evidence changed and the caller should make the plan again
+ * (with .pace and .keep): the window of n_cpu's steps is full and its median (within [STEP_PACE_MIN,
+ * STEP_PACE_MAX]) is the first for n_cpu and outside the band around what step_pace_expect gave for it, or
+ * leaves the band around the pace seen for it before (every remembered pace is then scaled by the move). The
+ * window then starts again. */
+int step_pace_observe(struct step_pace *p, int n_cpu, double seconds, double lo, double hi);
+/* The pace expected for a step of n_cpu CPU layers: the one seen for n_cpu, else interpolated linearly
+ * between the nearest counts seen below and above; above every count seen, the largest one's; below every
+ * count seen, p->base. */
+double step_pace_expect(const struct step_pace *p, int n_cpu);
 /* c with its host times multiplied by pace. */
 struct step_cost step_cost_paced(const struct step_cost *c, double pace);
 

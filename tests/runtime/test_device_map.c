@@ -509,12 +509,66 @@ Test(device_map, format_names_where_experts_are)
     cr_assert(strstr(buf, "experts: all resident"), "%s", buf);
     m.cpu_moe = 12;
     device_map_format(&m, buf, sizeof buf);
-    cr_assert(strstr(buf, "experts: those of layers 0-11 in host memory, computed by the host's cores; of 20"),
-              "%s", buf);
+    cr_assert(
+        strstr(buf, "experts: those of layers 0-11 in host memory, computed by the host's cores; of 20"),
+        "%s", buf);
     cr_assert_null(strstr(buf, "all resident"), "%s", buf);
     m.expert_cache_bytes = 64 << 20;
     device_map_format(&m, buf, sizeof buf);
     cr_assert(strstr(buf, "or cached on the device") && strstr(buf, "expert cache: 64.0 MiB"), "%s", buf);
     cr_assert_null(strstr(buf, "all resident"), "%s", buf);
     device_map_free(&m);
+}
+
+/* The device's page tables for pinned host memory (8 bytes of entry per 4 KiB page: host_map_div 512) are
+ * part of the plan: those of the host layers and of the KV pool's extension stay inside the budget, the
+ * minimum counts them, and host_map_bytes reports them apart from what the backend allocates. (On the H100,
+ * 2026-12-07: ferry_vram_used_bytes ran 2 MiB per GiB of pinned host layers over --gpu-memory while they
+ * were not counted.) */
+Test(device_map, host_memory_page_tables_count_against_the_budget)
+{
+    struct device_map plain, m;
+    char err[256] = "";
+    const uint64_t entries = (386 * MIB + 511) / 512; /* a host layer's page tables */
+    struct device_map_input in = llama7b_like(4096 * MIB);
+    cr_assert_eq(device_map_plan(&in, &plain, err), 0, "%s", err);
+    cr_assert_eq(plain.host_map_bytes, 0);
+    in.host_map_div = 512;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_gt(m.n_streamed, 0);
+    cr_assert_eq(m.host_map_bytes, (uint64_t)m.n_streamed * entries);
+    cr_assert_leq(m.bytes_total, in.budget);
+    /* The budget the uncounted plan filled exactly: the counted one must give something up. */
+    in.budget = plain.bytes_total;
+    device_map_free(&m);
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_leq(m.bytes_total, in.budget);
+    cr_assert(m.n_resident < plain.n_resident || m.ring_bytes < plain.ring_bytes,
+              "resident %d (was %d), ring %llu (was %llu)", m.n_resident, plain.n_resident,
+              (unsigned long long)m.ring_bytes, (unsigned long long)plain.ring_bytes);
+    device_map_free(&m);
+    device_map_free(&plain);
+    /* The minimum (every layer streamed) holds all 32 layers' page tables, and is a budget that works. */
+    in.budget = 1 * MIB;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_ERR_DEVICE_MEM);
+    const uint64_t least = m.bytes_minimum;
+    cr_assert_eq(least, 850 * MIB + 2 * 172 * MIB + 32 * entries);
+    in.budget = least;
+    cr_assert_eq(device_map_plan(&in, &m, err), FERRY_OK, "%s", err);
+    cr_assert_eq(m.bytes_total, least);
+    device_map_free(&m);
+    /* The extension's page tables come out of the device's pool (16 sequences of 640 at 4 GiB). */
+    in = auto_kv(4096 * MIB, 16 * 640, 16 * 640, 640);
+    in.kv_ext_max = 1 << 30;
+    cr_assert_eq(device_map_plan(&in, &plain, err), 0, "%s", err);
+    in.host_map_div = 512;
+    cr_assert_eq(device_map_plan(&in, &m, err), 0, "%s", err);
+    cr_assert_gt(m.kv_ext_tokens, 0);
+    cr_assert_eq(m.host_map_bytes, (uint64_t)m.n_streamed * entries + (m.kv_ext_bytes + 511) / 512);
+    cr_assert_leq(m.bytes_total, in.budget, "%llu over", (unsigned long long)(m.bytes_total - in.budget));
+    cr_assert_eq(m.kv_tokens % 16, 0);
+    cr_assert_eq(m.kv_tokens + m.kv_ext_tokens, 16 * 640, "every slot still held");
+    cr_assert_leq(m.kv_tokens, plain.kv_tokens);
+    device_map_free(&m);
+    device_map_free(&plain);
 }

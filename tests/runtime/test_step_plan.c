@@ -368,69 +368,67 @@ Test(step_plan, pace_follows_the_median_outside_the_band)
     cr_assert_eq(p.pace, 1.0);
     /* Noise inside the band: never a revision. */
     for (int i = 0; i < 5 * STEP_PACE_WINDOW; i++)
-        cr_assert_eq(step_pace_observe(&p, i % 2 ? 1.12 : 0.9, 1.0, 1.0), 0, "step %d", i);
+        cr_assert_eq(step_pace_observe(&p, 5, i % 2 ? 1.12 : 0.9, 1.0, 1.0), 0, "step %d", i);
     cr_assert_eq(p.pace, 1.0);
-    cr_assert_eq(p.revisions, 0);
     /* Outliers (a step that met a page fault, one that found the layer in cache): the median holds. */
     step_pace_init(&p);
     for (int i = 0; i < 3 * STEP_PACE_WINDOW; i++)
-        cr_assert_eq(step_pace_observe(&p,
+        cr_assert_eq(step_pace_observe(&p, 5,
                                        i % 3 == 0   ? 40.0
                                        : i % 3 == 1 ? 0.01
                                                     : 1.0,
                                        1.0, 1.0),
                      0, "step %d", i);
     /* Bad observations are ignored. */
-    cr_assert_eq(step_pace_observe(&p, 0.0, 1.0, 1.0), 0);
-    cr_assert_eq(step_pace_observe(&p, 1.0, 0.0, 1.0), 0);
-    cr_assert_eq(step_pace_observe(&p, NAN, 1.0, 1.0), 0);
-    cr_assert_eq(step_pace_observe(&p, 1.0, 1.0, INFINITY), 0);
-    cr_assert_eq(step_pace_observe(&p, 1.0, 2.0, 1.0), 0); /* lo > hi */
+    cr_assert_eq(step_pace_observe(&p, 5, 0.0, 1.0, 1.0), 0);
+    cr_assert_eq(step_pace_observe(&p, 5, 1.0, 0.0, 1.0), 0);
+    cr_assert_eq(step_pace_observe(&p, 5, NAN, 1.0, 1.0), 0);
+    cr_assert_eq(step_pace_observe(&p, 5, 1.0, 1.0, INFINITY), 0);
+    cr_assert_eq(step_pace_observe(&p, 5, 1.0, 2.0, 1.0), 0); /* lo > hi */
+    cr_assert_eq(step_pace_observe(&p, 0, 1.0, 1.0, 1.0), 0); /* no CPU layer */
     /* A host at half speed: the revision comes when the window holds a majority of slow steps. */
     step_pace_init(&p);
     int revised_at = -1;
     for (int i = 0; i < 2 * STEP_PACE_WINDOW && revised_at < 0; i++)
-        if (step_pace_observe(&p, 2.0e-3, 1.0e-3, 1.0e-3)) revised_at = i;
+        if (step_pace_observe(&p, 5, 2.0e-3, 1.0e-3, 1.0e-3)) revised_at = i;
     cr_assert_eq(revised_at, STEP_PACE_WINDOW - 1);
     cr_assert_float_eq(p.pace, 2.0, 1e-12);
-    cr_assert_eq(p.revisions, 1);
     /* The same pace again: no revision; back to the start-up speed: a second one, after a full window. */
-    for (int i = 0; i < 2 * STEP_PACE_WINDOW; i++) cr_assert_eq(step_pace_observe(&p, 2.1, 1.0, 1.0), 0);
+    for (int i = 0; i < 2 * STEP_PACE_WINDOW; i++) cr_assert_eq(step_pace_observe(&p, 5, 2.1, 1.0, 1.0), 0);
     revised_at = -1;
     for (int i = 0; i < 2 * STEP_PACE_WINDOW && revised_at < 0; i++)
-        if (step_pace_observe(&p, 1.0, 1.0, 1.0)) revised_at = i;
+        if (step_pace_observe(&p, 5, 1.0, 1.0, 1.0)) revised_at = i;
     cr_assert_eq(revised_at, STEP_PACE_WINDOW / 2, "the median turns once half the window is fast");
     cr_assert_float_eq(p.pace, 1.0, 1e-12);
-    cr_assert_eq(p.revisions, 2);
     /* Clamped at the extremes. */
     step_pace_init(&p);
-    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 1000.0, 1.0, 1.0);
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 5, 1000.0, 1.0, 1.0);
     cr_assert_eq(p.pace, STEP_PACE_MAX);
-    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 1e-6, 1.0, 1.0);
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 5, 1e-6, 1.0, 1.0);
     cr_assert_eq(p.pace, STEP_PACE_MIN);
 }
 
 /* A step that streams: the model times the host's layers alone (lo) and beside the link's copies (hi), and
- * the link is busy only part of such a step. On 2026-12-06d (F16 7B under 4 GiB, H100 host): the layers ran at
- * 0.855 of the busy-link timing, within the 1.14x between the two, and the old single expectation re-planned
- * for a faster host (20 CPU layers, predicted 55.8 ms a token, measured 69.6). Inside [lo, hi] is pace 1;
- * outside, the distance to the nearer end. */
+ * the link is busy only part of such a step. On 2026-12-06d (F16 7B under 4 GiB, H100 host): the layers ran
+ * at 0.855 of the busy-link timing, within the 1.14x between the two, and the old single expectation
+ * re-planned for a faster host (20 CPU layers, predicted 55.8 ms a token, measured 69.6). Inside [lo, hi] is
+ * pace 1; outside, the distance to the nearer end. */
 Test(step_plan, pace_between_alone_and_beside_the_link)
 {
     struct step_pace p;
     step_pace_init(&p);
     for (int i = 0; i < 3 * STEP_PACE_WINDOW; i++)
-        cr_assert_eq(step_pace_observe(&p, 0.855 * 3.09e-3, 3.09e-3 / 1.136, 3.09e-3), 0, "step %d", i);
+        cr_assert_eq(step_pace_observe(&p, 5, 0.855 * 3.09e-3, 3.09e-3 / 1.136, 3.09e-3), 0, "step %d", i);
     cr_assert_eq(p.pace, 1.0);
     /* Faster than even alone: the pace is measured from lo. */
     int revised_at = -1;
     for (int i = 0; i < 2 * STEP_PACE_WINDOW && revised_at < 0; i++)
-        if (step_pace_observe(&p, 0.5e-3, 1.0e-3, 1.5e-3)) revised_at = i;
+        if (step_pace_observe(&p, 5, 0.5e-3, 1.0e-3, 1.5e-3)) revised_at = i;
     cr_assert_eq(revised_at, STEP_PACE_WINDOW / 2, "the median turns once half the window is fast");
     cr_assert_float_eq(p.pace, 0.5, 1e-12);
     /* Slower than beside the link: measured from hi. */
     step_pace_init(&p);
-    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 3.0e-3, 1.0e-3, 1.5e-3);
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 5, 3.0e-3, 1.0e-3, 1.5e-3);
     cr_assert_float_eq(p.pace, 2.0, 1e-12);
 }
 
@@ -701,4 +699,135 @@ Test(step_plan, stream_only_layers_never_run_on_the_cpu)
     in.force = NULL;
     in.ring_bytes = 0;
     cr_assert_eq(step_plan_make(&in, &p, err), FERRY_ERR_INVALID, "stream-only host layers and no ring");
+}
+
+/* Paces per count of CPU layers: the count's own once judged; between counts seen, interpolated; above them,
+ * the most layers seen; below them, the base (the start-up timing, until a count below all those seen is
+ * tried and found off it). Counts that interleave (two step sizes) fill their own windows, and a count seen
+ * again outside the band scales every pace (the host changed). */
+Test(step_plan, pace_is_remembered_per_count_of_cpu_layers)
+{
+    struct step_pace p;
+    step_pace_init(&p);
+    cr_assert_float_eq(step_pace_expect(&p, 7), 1.0, 1e-12);
+    int r = 0;
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) r |= step_pace_observe(&p, 14, 1.25, 1.0, 1.0);
+    cr_assert_eq(r, 1, "14 layers at 1.25x: outside the band around the start-up timing");
+    cr_assert_float_eq(step_pace_expect(&p, 14), 1.25, 1e-12);
+    cr_assert_float_eq(step_pace_expect(&p, 20), 1.25, 1e-12);
+    cr_assert_float_eq(step_pace_expect(&p, 13), 1.0, 1e-12, "fewer layers: the start-up timing");
+    r = 0;
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) r |= step_pace_observe(&p, 10, 1.02, 1.0, 1.0);
+    cr_assert_eq(r, 0, "10 layers as expected: nothing to re-plan");
+    cr_assert_float_eq(step_pace_expect(&p, 10), 1.0, 1e-12);
+    cr_assert_float_eq(step_pace_expect(&p, 12), 1.125, 1e-12, "halfway between 10 and 14");
+    r = 0;
+    for (int i = 0; i < 4 * STEP_PACE_WINDOW; i++)
+        r |= step_pace_observe(&p, i % 2 ? 10 : 14, i % 2 ? 1.0 : 1.25, 1.0, 1.0);
+    cr_assert_eq(r, 0, "interleaved counts, each at its own pace");
+    /* The host gets twice as slow: 10's window turns once half of it is slow; every pace doubles. */
+    int revised_at = -1;
+    for (int i = 0; i < 2 * STEP_PACE_WINDOW && revised_at < 0; i++)
+        if (step_pace_observe(&p, 10, 2.0, 1.0, 1.0)) revised_at = i;
+    cr_assert_eq(revised_at, STEP_PACE_WINDOW / 2);
+    cr_assert_float_eq(step_pace_expect(&p, 10), 2.0, 1e-12);
+    cr_assert_float_eq(step_pace_expect(&p, 14), 2.5, 1e-12);
+    cr_assert_float_eq(step_pace_expect(&p, 3), 2.0, 1e-12, "the base doubles too");
+    /* 5 layers, tried on the base's word, run at 3x: fewer than 5 are expected at 3x now. */
+    r = 0;
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) r |= step_pace_observe(&p, 5, 3.0, 1.0, 1.0);
+    cr_assert_eq(r, 1);
+    cr_assert_float_eq(step_pace_expect(&p, 3), 3.0, 1e-12);
+    cr_assert_float_eq(step_pace_expect(&p, 10), 2.0, 1e-12);
+    /* Counts past the table share its last entry. */
+    for (int i = 0; i < STEP_PACE_WINDOW; i++) step_pace_observe(&p, 100000, 4.0, 1.0, 1.0);
+    cr_assert_float_eq(step_pace_expect(&p, STEP_PACE_KEYS - 1), 4.0, 1e-12);
+}
+
+/* A host whose pace depends on the plan: the CPU's layers and the link's copies share host memory, so with as
+ * many CPU layers as the start-up plan chose (c0) they run 1.25x slower than timed, with fewer at the timed
+ * pace (F16 7B under 12 GiB on the H100 machine: 14 layers at 1.25x, 12-13 at 1.0x), all of it `slow` times
+ * more when the host is busier. */
+static double host_pace(int n_cpu, int c0, double slow)
+{
+    return slow * (n_cpu >= c0 ? 1.25 : 1.0);
+}
+
+/* `windows` windows of one-token steps on that host, re-planned as runtime/engine.c's follow_pace does; the
+ * times the one-token plan changed. one_pace: the rule before (one pace for every count, the plan made
+ * afresh each time it moved). */
+static int run_host(struct step_plan_input *in, struct step_plan *plan, struct step_pace *pace, int c0,
+                    double slow, int windows, int one_pace)
+{
+    int changes = 0;
+    for (int w = 0; w < windows; w++) {
+        const int c = plan->n_cpu[0];
+        int replan = 0;
+        for (int i = 0; i < STEP_PACE_WINDOW; i++)
+            replan |= step_pace_observe(pace, one_pace ? 1 : c, host_pace(c, c0, slow) * 1e-3, 1e-3, 1e-3);
+        if (!replan) continue;
+        struct step_pace single;
+        step_pace_init(&single);
+        single.base = pace->pace;
+        in->pace = one_pace ? &single : pace;
+        in->keep = one_pace ? NULL : plan;
+        struct step_plan next;
+        make(in, &next);
+        changes += next.n_cpu[0] != plan->n_cpu[0];
+        step_plan_free(plan);
+        *plan = next;
+    }
+    in->pace = NULL;
+    in->keep = NULL;
+    return changes;
+}
+
+/* The one-token plan's step on that host, and the best one-token step any count of CPU layers gives there. */
+static double true_step(struct step_plan_input *in, const struct step_plan *plan, int c0, double slow,
+                        double *best)
+{
+    struct step_pace truth;
+    step_pace_init(&truth);
+    for (int c = 1; c < STEP_PACE_KEYS; c++) truth.seen[c] = host_pace(c, c0, slow);
+    in->pace = &truth;
+    struct step_plan opt;
+    make(in, &opt);
+    *best = opt.predicted_s[0];
+    const double t = step_plan_simulate(in, plan->where, 1);
+    step_plan_free(&opt);
+    in->pace = NULL;
+    return t;
+}
+
+Test(step_plan, pace_that_depends_on_the_plan_settles)
+{
+    struct step_plan_input in = llama7b(5, 84, 1.5);
+    struct step_plan plan;
+    make(&in, &plan);
+    const int c0 = plan.n_cpu[0];
+    cr_assert_gt(c0, 1, "the start-up plan computes host layers on the CPU at one token");
+    struct step_pace pace;
+    /* The rule before: 1.25x at c0 plans fewer, those run at 1.0x and plan c0 again, and so on. */
+    step_pace_init(&pace);
+    const int flips = run_host(&in, &plan, &pace, c0, 1.0, 200, 1);
+    cr_assert_gt(flips, 50, "one pace for every count: %d changes in 200 windows", flips);
+    step_plan_free(&plan);
+    /* Paces per count and the margin: at most two changes, to a plan within the margin of the best. */
+    make(&in, &plan);
+    step_pace_init(&pace);
+    const int changes = run_host(&in, &plan, &pace, c0, 1.0, 200, 0);
+    cr_assert_leq(changes, 2, "%d changes in 200 windows (start-up plan: %d CPU layers)", changes, c0);
+    double best, t = true_step(&in, &plan, c0, 1.0, &best);
+    cr_assert_leq(t, best * (1.0 + STEP_PACE_KEEP), "settled on %d CPU layers: %.2f ms, the best %.2f ms",
+                  plan.n_cpu[0], t * 1e3, best * 1e3);
+    const int settled = plan.n_cpu[0];
+    /* A lasting change: the host gets twice as slow for every plan. The plan follows, once or twice. */
+    const int later = run_host(&in, &plan, &pace, c0, 2.0, 200, 0);
+    cr_assert(later >= 1 && later <= 2, "%d changes after the host slowed down", later);
+    cr_assert_lt(plan.n_cpu[0], settled, "a slower host computes fewer layers (%d, was %d)", plan.n_cpu[0],
+                 settled);
+    t = true_step(&in, &plan, c0, 2.0, &best);
+    cr_assert_leq(t, best * (1.0 + STEP_PACE_KEEP), "settled on %d CPU layers: %.2f ms, the best %.2f ms",
+                  plan.n_cpu[0], t * 1e3, best * 1e3);
+    step_plan_free(&plan);
 }
