@@ -365,6 +365,20 @@ __global__ void __launch_bounds__(MT_WARPS * 32)
             if (row0 < rows) {
                 const unsigned char *rp[2];
                 mt_rows<Q>(rp, st, warp, g, row0, rows, wlo, (size_t)rowbytes, b0);
+                /* K-quants (one block per chunk): lane (g, t) decodes the scales of units 2t and 2t + 1 of
+                 * its rows once per chunk, and each unit's come from lane (g, U / 2) by shuffles (as
+                 * mmv_q.cu), instead of every lane decoding every unit's packed scale bytes. */
+                float ks[2][2][4]; /* [h][unit 2t + v][d0, d1, m, m1] */
+                if constexpr (UPB == 8) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int v = 0; v < 2; v++) {
+                            qb_frag sf;
+                            Q::frag(rp[h], 2 * t + v, t, sf);
+                            ks[h][v][0] = sf.d0, ks[h][v][1] = sf.d1, ks[h][v][2] = sf.m, ks[h][v][3] = sf.m1;
+                        }
+                }
 #pragma unroll 2
                 for (int uu = 0; uu < UPC; uu++) {
                     const int bl = uu / UPB, U = uu - bl * UPB;
@@ -372,6 +386,19 @@ __global__ void __launch_bounds__(MT_WARPS * 32)
                     qb_frag f[2];
 #pragma unroll
                     for (int h = 0; h < 2; h++) Q::frag(rp[h] + bl * Q::BYTES, U, t, f[h]);
+                    if constexpr (UPB == 8) { /* the scales from ks (the frag's own are then dead code) */
+                        const int src = (lane & ~3) | (U >> 1), v = U & 1;
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            f[h].d0 = __shfl_sync(0xffffffffu, v ? ks[h][1][0] : ks[h][0][0], src);
+                            f[h].d1 = Q::TWO_D ? __shfl_sync(0xffffffffu, v ? ks[h][1][1] : ks[h][0][1], src)
+                                               : f[h].d0;
+                            f[h].m = Q::HAS_M ? __shfl_sync(0xffffffffu, v ? ks[h][1][2] : ks[h][0][2], src)
+                                              : -0.0f;
+                            if (Q::TWO_M)
+                                f[h].m1 = __shfl_sync(0xffffffffu, v ? ks[h][1][3] : ks[h][0][3], src);
+                        }
+                    }
 #pragma unroll
                     for (int c = 0; c < NCG; c++) {
                         if (c >= ncg) break;

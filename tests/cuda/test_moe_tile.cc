@@ -4,7 +4,8 @@
  * allows, and pairs whose x rows are scattered and shared (xdiv 3), passes of MT_PAIRS with a short last
  * one: per pass and chunk a stage poisoned with 0xA5 and then filled as the block fills it (W by qs_issue,
  * lane by lane of each warp; x granule by granule through mt_x_granule / mt_stage_x), per unit every lane's
- * A fragment (mt_rows, Q::frag) and B words and epilogue inputs (mt_load_x), mma.sync m16n8k32 (m16n8k16
+ * A fragment (mt_rows, Q::frag; the K-quants' scales decoded once per chunk by lane (g, U / 2) and shuffled,
+ * as the kernel takes them) and B words and epilogue inputs (mt_load_x), mma.sync m16n8k32 (m16n8k16
  * pairs for TWO_D types) emulated from the PTX fragment tables (A: a0 = row g, k 4t..4t+3, a1 = row g+8,
  * a2/a3 the same rows at k 16+4t..; B: b0 = k 4t.., col g, b1 = k 16+4t..; C: c0, c1 = row g, cols 2t, 2t+1,
  * c2, c3 = row g+8), gqm_epilogue, and the store's mapping back to (pair, row). Every (pair, row) output is
@@ -93,6 +94,26 @@ template <class Q> static void emulate_tile(enum dtype t, int rows, int k, int w
                             mt_rows<Q>(rp, st, wp, lane >> 2, row0, rows, wlo, rb, b0);
                             for (int h = 0; h < 2; h++)
                                 Q::frag(rp[h] + bl * Q::BYTES, U, lane & 3, f[lane][h]);
+                        }
+                        if (UPB == 8) { /* the kernel's K-quant scales: lane (g, t) decodes units 2t, 2t+1 */
+                            static qb_frag ks[32][2][2];
+                            for (int lane = 0; lane < 32; lane++) {
+                                const unsigned char *rp[2];
+                                mt_rows<Q>(rp, st, wp, lane >> 2, row0, rows, wlo, rb, b0);
+                                for (int h = 0; h < 2; h++)
+                                    for (int v = 0; v < 2; v++)
+                                        Q::frag(rp[h], 2 * (lane & 3) + v, lane & 3, ks[lane][h][v]);
+                            }
+                            for (int lane = 0; lane < 32;
+                                 lane++) { /* and the shuffles from lane (g, U / 2) */
+                                const int src = (lane & ~3) | (U >> 1), v = U & 1;
+                                for (int h = 0; h < 2; h++) {
+                                    f[lane][h].d0 = ks[src][h][v].d0;
+                                    f[lane][h].d1 = Q::TWO_D ? ks[src][h][v].d1 : f[lane][h].d0;
+                                    f[lane][h].m = Q::HAS_M ? ks[src][h][v].m : -0.0f;
+                                    if (Q::TWO_M) f[lane][h].m1 = ks[src][h][v].m1;
+                                }
+                            }
                         }
                         for (int c = 0; c < ncg; c++) {
                             static gqm_x xv[32];
