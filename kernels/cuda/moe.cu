@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
  * whatever its pairs, and x once per row tile. The same unit order and arithmetic per output as
  * moe_grouped_mma_kernel: the same bits. */
 template <class Q>
-__global__ void __launch_bounds__(MT_WARPS * 32)
+__global__ void __launch_bounds__(MT_WARPS * 32, 2) /* two blocks per SM: at most 128 registers */
     moe_tile_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
                     size_t expert_bytes, int rows, int cols, const int32_t *off, const int32_t *order,
                     const float *bias, int xdiv)
@@ -331,8 +331,14 @@ __global__ void __launch_bounds__(MT_WARPS * 32)
 #pragma unroll
     for (int h = 0; h < 2; h++)
         bv[h] = bias ? bias[(size_t)e * rows + min(row0 + 8 * h + g, rows - 1)] : 0.0f;
+    __shared__ int pair_s[MT_PAIRS], xrow_s[MT_PAIRS]; /* the pass's pairs and their rows of x */
     for (int s0 = beg; s0 < end; s0 += MT_PAIRS) {
         const int np = min(MT_PAIRS, end - s0), ncg = (np + 7) >> 3;
+        if (tid < np) {
+            const int p = __ldg(order + s0 + tid);
+            pair_s[tid] = p, xrow_s[tid] = p / xdiv;
+        }
+        __syncthreads();
         auto issue = [&](int ch) {
             if (ch < nch) {
                 unsigned char *st = smem + (ch % M::STAGES) * M::BYTES;
@@ -340,10 +346,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32)
                 if (row0 < rows)
                     qs_issue<Q, 16, CB>(st + warp * M::G::BYTES, a16, w0, wbytes, row0, rows,
                                         (uint32_t)rowbytes, b0, nbc, lane);
-                for (int i = tid; i < np * 3 * nuc; i += MT_WARPS * 32) {
+                for (int i = tid; i < np * 3 * UPC; i += MT_WARPS * 32) {
                     int j, ul, part;
-                    mt_x_granule(i, nuc, j, ul, part);
-                    mt_stage_x(st + M::XQ, xq, xd, __ldg(order + s0 + j) / xdiv, nu, b0 * UPB, j, ul, part);
+                    mt_x_granule<UPC>(i, j, ul, part);
+                    if (ul < nuc) mt_stage_x(st + M::XQ, xq, xd, xrow_s[j], nu, b0 * UPB, j, ul, part);
                 }
             }
             qs_commit();
@@ -423,7 +429,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int h = i >> 1, j = 8 * c + 2 * t + (i & 1), row = row0 + 8 * h + g;
-                if (row < rows && j < np) y[(size_t)__ldg(order + s0 + j) * ldy + row] = acc[c][i] + bv[h];
+                if (row < rows && j < np) y[(size_t)pair_s[j] * ldy + row] = acc[c][i] + bv[h];
             }
         }
         qs_wait<0>();

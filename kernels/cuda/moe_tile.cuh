@@ -13,8 +13,8 @@
  *    group falls in bank 4g + t + 8 ul mod 32, so a warp's B loads meet no conflict), MT_XDS = 144 (36
  *    words: pairs 2t and 2t + 1 of a col group in banks 8t.. and 8t + 4..).
  * Each of the pass's pairs is copied as 3 granules of 16 bytes per unit (two of xq, one of xd): granule i of
- * a chunk of nuc units is pair i / (3 nuc), unit (i % (3 nuc)) / 3, part i % 3 (consecutive threads on
- * consecutive bytes of a pair's row). Col group c of the pass is pairs 8c .. 8c + 7; lane (g, t) reads B
+ * a chunk is pair i / (3 UPC), unit (i % (3 UPC)) / 3, part i % 3 (consecutive threads on consecutive
+ * bytes of a pair's row). Col group c of the pass is pairs 8c .. 8c + 7; lane (g, t) reads B
  * words t and t + 4 of pair 8c + g (the B fragment of mma.sync m16n8k32) and the float4s of pairs 8c + 2t,
  * 8c + 2t + 1 (the C fragment's columns) into gqm_x, for gqm_epilogue. Pairs of the last col group past the
  * pass's end read whatever the stage holds: their C columns are never stored.
@@ -42,12 +42,13 @@ template <class Q> struct mt_geom {
     static constexpr int STAGES = 3 * BYTES <= 110 * 1024 ? 3 : 2;
 };
 
-/* Granule i of a chunk's x (i < np * 3 * nuc): its pair j of the pass, chunk unit ul and part; then its copy
- * into xs (the stage's XQ) from the pair's row xrow of x (u0: the chunk's first unit, nu: units per row). */
-QB_FN void mt_x_granule(int i, int nuc, int &j, int &ul, int &part)
+/* Granule i of a chunk's x (i < np * 3 * UPC, UPC the chunk's units; granules of units past a short last
+ * chunk's are skipped): its pair j of the pass, chunk unit ul and part; then its copy into xs (the stage's
+ * XQ) from the pair's row xrow of x (u0: the chunk's first unit, nu: units per row). */
+template <int UPC> QB_FN void mt_x_granule(int i, int &j, int &ul, int &part)
 {
-    j = i / (3 * nuc);
-    const int r = i - j * 3 * nuc;
+    j = i / (3 * UPC);
+    const int r = i - j * 3 * UPC;
     ul = r / 3;
     part = r - 3 * ul;
 }

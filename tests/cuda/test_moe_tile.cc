@@ -77,10 +77,11 @@ template <class Q> static void emulate_tile(enum dtype t, int rows, int k, int w
                             qs_issue<Q, 16, CB>(st + wp * G::BYTES, a16, w0, wbytes, row0, rows, (uint32_t)rb,
                                                 b0, nbc, lane);
                 }
-                for (int i = 0; i < np * 3 * nuc; i++) {
+                for (int i = 0; i < np * 3 * SHP::UPC; i++) {
                     int j, ul, part;
-                    mt_x_granule(i, nuc, j, ul, part);
-                    mt_stage_x(st + M::XQ, xqn, xdn, order[s0 + j] / xdiv, nu, b0 * UPB, j, ul, part);
+                    mt_x_granule<SHP::UPC>(i, j, ul, part);
+                    if (ul < nuc)
+                        mt_stage_x(st + M::XQ, xqn, xdn, order[s0 + j] / xdiv, nu, b0 * UPB, j, ul, part);
                 }
                 for (int wp = 0; wp < MT_WARPS; wp++) {
                     const int row0 = (rt * MT_WARPS + wp) * 16;
