@@ -2,7 +2,7 @@
  * math (kernels/cuda/moe_tile.cuh; no GPU needed: runs in CI). For every block type, one expert's W at an odd
  * row count (row tiles with rows past the last, warps with no rows), at every start alignment the type
  * allows, and pairs whose x rows are scattered and shared (xdiv 3), passes of MT_PAIRS with a short last
- * one: per pass and chunk a stage poisoned with 0xA5 and then filled as the block fills it (W by qs_issue,
+ * one: per pass and chunk a stage filled with garbage, then filled as the block fills it (W by qs_issue,
  * lane by lane of each warp; x granule by granule through mt_x_granule / mt_stage_x), per unit every lane's
  * A fragment (mt_rows, Q::frag; the K-quants' scales decoded once per chunk by lane (g, U / 2) and shuffled,
  * as the kernel takes them) and B words and epilogue inputs (mt_load_x), mma.sync m16n8k32 (m16n8k16
@@ -69,7 +69,10 @@ template <class Q> static void emulate_tile(enum dtype t, int rows, int k, int w
             memset(acc, 0, sizeof acc);
             for (int ch = 0; ch < nch; ch++) {
                 const int b0 = ch * CB, nbc = nb - b0 < CB ? nb - b0 : CB, nuc = nbc * UPB;
-                memset(st, 0xA5, (size_t)M::BYTES + 16);
+                /* garbage: 0xA5 in W's area, 0x01 in x's (the padding pairs' junk columns are computed: sums
+                 * of 0x01010101 stay inside int, as the device's wrapping arithmetic would not need) */
+                memset(st, 0xA5, (size_t)M::XQ);
+                memset(st + M::XQ, 0x01, (size_t)(M::BYTES - M::XQ) + 16);
                 for (int wp = 0; wp < MT_WARPS; wp++) {
                     const int row0 = (rt * MT_WARPS + wp) * 16;
                     if (row0 < rows)
