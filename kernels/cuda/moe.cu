@@ -502,7 +502,7 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
     case DTYPE_##T:                                                                                          \
         if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
         if (kind != KERN_CUDA_MOE_GROUPED_WARP &&                                                            \
-            (size_t)rows * rb + 16 < ((size_t)1 << 32)) { /* qs_issue's 32-bit offsets */                    \
+            (size_t)rows * rb + 32 < ((size_t)1 << 32)) { /* qs_issue's 32-bit offsets */                    \
             const int rc = moe_tile_launch<Q>(y, ldy, xq, xd, wb, eb, rows, cols, off, order, bias, xdiv,    \
                                               n_expert, stream);                                             \
             if (rc != FERRY_ERR_UNSUPPORTED || kind == KERN_CUDA_MOE_GROUPED_TILE) return rc;                \
