@@ -227,6 +227,21 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
     }
 }
 
+/* One unit of 32 into a 16 x 8 C fragment: the int8 MMA of rows g, g + 8 (f) with x's col group (x), then the
+ * f32 epilogue (mma.sync m16n8k32, or two m16n8k16 for TWO_D types whose halves have their own scales). */
+template <class Q>
+__device__ __forceinline__ void moe_mma_unit(float (&acc)[4], const qb_frag (&f)[2], const gqm_x &x)
+{
+    int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+    if (Q::TWO_D) {
+        gqm_mma_k16(c, f[0].w0, f[1].w0, x.b0);
+        gqm_mma_k16(ch, f[0].w1, f[1].w1, x.b1);
+    } else {
+        gqm_mma_k32(c, f[0].w0, f[1].w0, f[0].w1, f[1].w1, x.b0, x.b1);
+    }
+    gqm_epilogue<Q>(acc, c, ch, f, x);
+}
+
 /* The grouped products on the tensor cores: warp w of block (row group, expert e) takes 16 rows of e (rows g
  * and g+8 of lane (g, t)) and e's pairs 8 at a time as the 8 columns of mma.sync m16n8k32 s8 (two m16n8k16
  * for TWO_D types): per unit of 32, A from the rows' blocks (Q::frag), B from the pairs' rows of xq (words t
@@ -284,14 +299,7 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
                 x.dx[col] = __uint_as_float(d.x), x.sx[col] = __uint_as_float(d.y);
                 x.sq[col][0] = (int)d.z, x.sq[col][1] = (int)d.w;
             }
-            int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
-            if (Q::TWO_D) {
-                gqm_mma_k16(c, f[0].w0, f[1].w0, x.b0);
-                gqm_mma_k16(ch, f[0].w1, f[1].w1, x.b1);
-            } else {
-                gqm_mma_k32(c, f[0].w0, f[1].w0, f[0].w1, f[1].w1, x.b0, x.b1);
-            }
-            gqm_epilogue<Q>(acc, c, ch, f, x);
+            moe_mma_unit<Q>(acc, f, x);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -410,14 +418,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) /* two blocks per SM: at mos
                         if (c >= ncg) break;
                         gqm_x x;
                         mt_load_x(x, st + M::XQ, c, uu, lane);
-                        int cc[4] = {0, 0, 0, 0}, chh[4] = {0, 0, 0, 0};
-                        if (Q::TWO_D) {
-                            gqm_mma_k16(cc, f[0].w0, f[1].w0, x.b0);
-                            gqm_mma_k16(chh, f[0].w1, f[1].w1, x.b1);
-                        } else {
-                            gqm_mma_k32(cc, f[0].w0, f[1].w0, f[0].w1, f[1].w1, x.b0, x.b1);
-                        }
-                        gqm_epilogue<Q>(acc[c], cc, chh, f, x);
+                        moe_mma_unit<Q>(acc[c], f, x);
                     }
                 }
             }
