@@ -18,6 +18,7 @@
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_dot.cuh"
+#include "kernels/cuda/moe_tile.cuh"
 #include "kernels/cuda/x8.cuh"
 
 extern "C" {
@@ -226,10 +227,25 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
     }
 }
 
-/* The grouped products on the tensor cores: warp w of block (row group, expert e) takes 16 rows of e (rows g and
- * g+8 of lane (g, t)) and e's pairs 8 at a time as the 8 columns of mma.sync m16n8k32 s8 (two m16n8k16 for
- * TWO_D types): per unit of 32, A from the rows' blocks (Q::frag), B from the pairs' rows of xq (words t and
- * t+4 of the unit), then the dense int8 MMA kernel's epilogue (gqm_epilogue: each unit scaled in f32 as
+/* One unit of 32 into a 16 x 8 C fragment: the int8 MMA of rows g, g + 8 (f) with x's col group (x), then the
+ * f32 epilogue (mma.sync m16n8k32, or two m16n8k16 for TWO_D types whose halves have their own scales). */
+template <class Q>
+__device__ __forceinline__ void moe_mma_unit(float (&acc)[4], const qb_frag (&f)[2], const gqm_x &x)
+{
+    int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+    if (Q::TWO_D) {
+        gqm_mma_k16(c, f[0].w0, f[1].w0, x.b0);
+        gqm_mma_k16(ch, f[0].w1, f[1].w1, x.b1);
+    } else {
+        gqm_mma_k32(c, f[0].w0, f[1].w0, f[0].w1, f[1].w1, x.b0, x.b1);
+    }
+    gqm_epilogue<Q>(acc, c, ch, f, x);
+}
+
+/* The grouped products on the tensor cores: warp w of block (row group, expert e) takes 16 rows of e (rows g
+ * and g+8 of lane (g, t)) and e's pairs 8 at a time as the 8 columns of mma.sync m16n8k32 s8 (two m16n8k16
+ * for TWO_D types): per unit of 32, A from the rows' blocks (Q::frag), B from the pairs' rows of xq (words t
+ * and t+4 of the unit), then the dense int8 MMA kernel's epilogue (gqm_epilogue: each unit scaled in f32 as
  * qb_dot scales it). Rows past the last repeat the last row's loads and are not written. */
 #define MOE_MMA_WARPS 4
 template <class Q>
@@ -283,14 +299,7 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
                 x.dx[col] = __uint_as_float(d.x), x.sx[col] = __uint_as_float(d.y);
                 x.sq[col][0] = (int)d.z, x.sq[col][1] = (int)d.w;
             }
-            int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
-            if (Q::TWO_D) {
-                gqm_mma_k16(c, f[0].w0, f[1].w0, x.b0);
-                gqm_mma_k16(ch, f[0].w1, f[1].w1, x.b1);
-            } else {
-                gqm_mma_k32(c, f[0].w0, f[1].w0, f[0].w1, f[1].w1, x.b0, x.b1);
-            }
-            gqm_epilogue<Q>(acc, c, ch, f, x);
+            moe_mma_unit<Q>(acc, f, x);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -298,6 +307,162 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
             if (row < rows && pc[col] >= 0) y[(size_t)pc[col] * ldy + row] = acc[i] + bv[h];
         }
     }
+}
+
+/* The grouped products, tiled (moe_tile.cuh's layout): block (row tile, expert e) takes MT_WARPS * 16 rows of
+ * e, warp w rows 16w .. 16w + 15 of them, and e's pairs MT_PAIRS at a time (a pass). Per chunk of k, the
+ * block stages its rows of W and its pairs' x once (cp.async, 2 or 3 stages: the next chunks' copies run
+ * while this one is multiplied); per unit, each warp takes its A fragment (Q::frag of rows g and g + 8) from
+ * the stage once and runs it against every col group of 8 pairs of the pass (mma.sync m16n8k32 s8, two
+ * m16n8k16 for TWO_D types), then gqm_epilogue. So each chosen expert's bytes are read once per pass,
+ * whatever its pairs, and x once per row tile. The same unit order and arithmetic per output as
+ * moe_grouped_mma_kernel: the same bits. */
+template <class Q>
+__global__ void __launch_bounds__(MT_WARPS * 32, 2) /* two blocks per SM: at most 128 registers */
+    moe_tile_kernel(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w,
+                    size_t expert_bytes, int rows, int cols, const int32_t *off, const int32_t *order,
+                    const float *bias, int xdiv)
+{
+    using M = mt_geom<Q>;
+    using SHP = gqm_shape<Q>;
+    constexpr int CB = SHP::CB, UPB = SHP::UPB, UPC = SHP::UPC, NCG = MT_PAIRS / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int e = blockIdx.y, row0 = (blockIdx.x * MT_WARPS + warp) * 16;
+    const int beg = off[e], end = off[e + 1];
+    if (beg >= end || (int)blockIdx.x * MT_WARPS * 16 >= rows) return; /* the whole block */
+    const int nb = cols / Q::QK, rowbytes = nb * Q::BYTES, nch = (nb + CB - 1) / CB, nu = cols / 32;
+    const uint8_t *we = w + (size_t)e * expert_bytes;
+    const uintptr_t wlo = (uintptr_t)we, a16 = wlo & ~(uintptr_t)15;
+    const uint32_t w0 = (uint32_t)(wlo & 15), wbytes = (uint32_t)rows * (uint32_t)rowbytes;
+    float bv[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        bv[h] = bias ? bias[(size_t)e * rows + min(row0 + 8 * h + g, rows - 1)] : 0.0f;
+    __shared__ int pair_s[MT_PAIRS], xrow_s[MT_PAIRS]; /* the pass's pairs and their rows of x */
+    for (int s0 = beg; s0 < end; s0 += MT_PAIRS) {
+        const int np = min(MT_PAIRS, end - s0), ncg = (np + 7) >> 3;
+        if (tid < np) {
+            const int p = __ldg(order + s0 + tid);
+            pair_s[tid] = p, xrow_s[tid] = p / xdiv;
+        }
+        __syncthreads();
+        auto issue = [&](int ch) {
+            if (ch < nch) {
+                unsigned char *st = smem + (ch % M::STAGES) * M::BYTES;
+                const int b0 = ch * CB, nbc = min(CB, nb - b0), nuc = nbc * UPB;
+                if (row0 < rows)
+                    qs_issue<Q, 16, CB>(st + warp * M::G::BYTES, a16, w0, wbytes, row0, rows,
+                                        (uint32_t)rowbytes, b0, nbc, lane);
+                for (int i = tid; i < np * 3 * UPC; i += MT_WARPS * 32) {
+                    int j, ul, part;
+                    mt_x_granule<UPC>(i, j, ul, part);
+                    if (ul < nuc) mt_stage_x(st + M::XQ, xq, xd, xrow_s[j], nu, b0 * UPB, j, ul, part);
+                }
+            }
+            qs_commit();
+        };
+#pragma unroll 1
+        for (int c = 0; c < M::STAGES - 1; c++) issue(c);
+        float acc[NCG][4];
+#pragma unroll
+        for (int c = 0; c < NCG; c++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[c][i] = 0.0f;
+#pragma unroll 1
+        for (int ch = 0; ch < nch; ch++) {
+            qs_wait<M::STAGES - 2>();
+            __syncthreads();
+            issue(ch + M::STAGES - 1);
+            const unsigned char *st = smem + (ch % M::STAGES) * M::BYTES;
+            const int b0 = ch * CB, nbc = min(CB, nb - b0);
+            if (row0 < rows) {
+                const unsigned char *rp[2];
+                mt_rows<Q>(rp, st, warp, g, row0, rows, wlo, (size_t)rowbytes, b0);
+                /* K-quants (one block per chunk): lane (g, t) decodes the scales of units 2t and 2t + 1 of
+                 * its rows once per chunk, and each unit's come from lane (g, U / 2) by shuffles (as
+                 * mmv_q.cu), instead of every lane decoding every unit's packed scale bytes. */
+                float ks[2][2][4]; /* [h][unit 2t + v][d0, d1, m, m1] */
+                if constexpr (UPB == 8) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int v = 0; v < 2; v++) {
+                            qb_frag sf;
+                            Q::frag(rp[h], 2 * t + v, t, sf);
+                            ks[h][v][0] = sf.d0, ks[h][v][1] = sf.d1, ks[h][v][2] = sf.m, ks[h][v][3] = sf.m1;
+                        }
+                }
+#pragma unroll 2
+                for (int uu = 0; uu < UPC; uu++) {
+                    const int bl = uu / UPB, U = uu - bl * UPB;
+                    if (bl >= nbc) break;
+                    qb_frag f[2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) Q::frag(rp[h] + bl * Q::BYTES, U, t, f[h]);
+                    if constexpr (UPB == 8) { /* the scales from ks (the frag's own are then dead code) */
+                        const int src = (lane & ~3) | (U >> 1), v = U & 1;
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            f[h].d0 = __shfl_sync(0xffffffffu, v ? ks[h][1][0] : ks[h][0][0], src);
+                            f[h].d1 = Q::TWO_D ? __shfl_sync(0xffffffffu, v ? ks[h][1][1] : ks[h][0][1], src)
+                                               : f[h].d0;
+                            f[h].m = Q::HAS_M ? __shfl_sync(0xffffffffu, v ? ks[h][1][2] : ks[h][0][2], src)
+                                              : -0.0f;
+                            if (Q::TWO_M)
+                                f[h].m1 = __shfl_sync(0xffffffffu, v ? ks[h][1][3] : ks[h][0][3], src);
+                        }
+                    }
+#pragma unroll
+                    for (int c = 0; c < NCG; c++) {
+                        if (c >= ncg) break;
+                        gqm_x x;
+                        mt_load_x(x, st + M::XQ, c, uu, lane);
+                        moe_mma_unit<Q>(acc[c], f, x);
+                    }
+                }
+            }
+        }
+        /* C fragment: e = 0, 1 -> row g, pairs 2t, 2t + 1 of the col group; e = 2, 3 -> row g + 8. */
+#pragma unroll
+        for (int c = 0; c < NCG; c++) {
+            if (c >= ncg) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i >> 1, j = 8 * c + 2 * t + (i & 1), row = row0 + 8 * h + g;
+                if (row < rows && j < np) y[(size_t)pair_s[j] * ldy + row] = acc[c][i] + bv[h];
+            }
+        }
+        qs_wait<0>();
+        __syncthreads(); /* the next pass restages every slot */
+    }
+}
+
+/* The tiled launch for type Q: FERRY_ERR_UNSUPPORTED when its stages do not fit the device's shared memory.
+ */
+template <class Q>
+static int moe_tile_launch(float *y, int ldy, const uint8_t *xq, const float *xd, const uint8_t *w, size_t eb,
+                           int rows, int cols, const int32_t *off, const int32_t *order, const float *bias,
+                           int xdiv, int n_expert, cudaStream_t stream)
+{
+    constexpr size_t smem = (size_t)mt_geom<Q>::STAGES * mt_geom<Q>::BYTES;
+    static int ready = 0; /* 1: the attribute set, -1: does not fit */
+    if (!ready) {
+        if (smem > (size_t)fcuda_smem_optin()) {
+            ready = -1;
+        } else {
+            FCUDA_CHECK(cudaFuncSetAttribute(moe_tile_kernel<Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem));
+            ready = 1;
+        }
+    }
+    if (ready < 0) return FERRY_ERR_UNSUPPORTED;
+    const int per = 16 * MT_WARPS;
+    const dim3 grid((unsigned)((rows + per - 1) / per), (unsigned)n_expert);
+    moe_tile_kernel<Q>
+        <<<grid, MT_WARPS * 32, smem, stream>>>(y, ldy, xq, xd, w, eb, rows, cols, off, order, bias, xdiv);
+    FCUDA_LAUNCH_CHECK("moe_tile_kernel");
+    return FERRY_OK;
 }
 
 extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
@@ -309,6 +474,16 @@ extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32
     return FERRY_OK;
 }
 
+static int moe_grouped_kind = KERN_CUDA_MOE_GROUPED_AUTO;
+
+extern "C" int kern_cuda_moe_grouped_set_kind(int kind)
+{
+    if (kind < KERN_CUDA_MOE_GROUPED_AUTO || kind > KERN_CUDA_MOE_GROUPED_TILE) return FERRY_ERR_INVALID;
+    const int prev = moe_grouped_kind;
+    moe_grouped_kind = kind;
+    return prev;
+}
+
 extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w,
                                      enum dtype t, const float *bias, int n_expert, int rows, int cols,
                                      const int32_t *off, const int32_t *order, int xdiv, cudaStream_t stream)
@@ -317,17 +492,26 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
         cols % dtype_block_size(t) || !x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(y, 4))
         return FERRY_ERR_INVALID;
     const size_t rb = dtype_row_size(t, cols), eb = rb * (size_t)rows;
-    const int per = 16 * MOE_MMA_WARPS;
+    const int per = 16 * MOE_MMA_WARPS, kind = moe_grouped_kind;
     const dim3 grid((unsigned)((rows + per - 1) / per), (unsigned)n_expert);
     uint8_t *xq;
     float *xd;
     kern_cuda_qmm_x8_at((void *)x8, x_rows, cols, &xq, &xd);
+    const uint8_t *wb = (const uint8_t *)w;
     switch (t) {
 #define MOE_GROUPED(T, name, Q)                                                                              \
     case DTYPE_##T:                                                                                          \
         if (!FCUDA_ALIGNED(w, Q::ALIGN) || rb % Q::ALIGN) return FERRY_ERR_INVALID;                          \
-        moe_grouped_mma_kernel<Q><<<grid, MOE_MMA_WARPS * 32, 0, stream>>>(                                  \
-            y, ldy, xq, xd, (const uint8_t *)w, eb, rb, rows, cols, off, order, bias, xdiv);                 \
+        if (kind != KERN_CUDA_MOE_GROUPED_WARP &&                                                            \
+            (size_t)rows * rb + 32 < ((size_t)1 << 32)) { /* qs_issue's 32-bit offsets */                    \
+            const int rc = moe_tile_launch<Q>(y, ldy, xq, xd, wb, eb, rows, cols, off, order, bias, xdiv,    \
+                                              n_expert, stream);                                             \
+            if (rc != FERRY_ERR_UNSUPPORTED || kind == KERN_CUDA_MOE_GROUPED_TILE) return rc;                \
+        } else if (kind == KERN_CUDA_MOE_GROUPED_TILE) {                                                     \
+            return FERRY_ERR_UNSUPPORTED;                                                                    \
+        }                                                                                                    \
+        moe_grouped_mma_kernel<Q><<<grid, MOE_MMA_WARPS * 32, 0, stream>>>(y, ldy, xq, xd, wb, eb, rb, rows, \
+                                                                           cols, off, order, bias, xdiv);    \
         break;
         QB_TYPES(MOE_GROUPED)
 #undef MOE_GROUPED

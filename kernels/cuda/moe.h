@@ -58,19 +58,28 @@ int kern_cuda_moe_gemv(float *y, int ldy, const float *x, int ldx, const void *x
                        const float *wts, int n_out, int J, int xdiv, cudaStream_t stream);
 
 /* Many rows, block types: the pairs sorted by expert on the device (no host round trip), then one launch per
- * matrix on the tensor cores (int8 mma.sync) that reads each chosen expert's rows once per 8 of its pairs.
- * kern_cuda_moe_sort: off (n_expert + 1) the start of each expert's pairs in order (P) and the end; pairs with an id out of range are
- * left out. kern_cuda_moe_grouped: for every pair p in order, y row p, columns [0, rows), = the dot products
- * of expert ids[p]'s rows (w as in kern_cuda_moe_gemv, block types only) with row p / xdiv of x, read as the
- * int8 form in x8 of x_rows rows (kern_cuda_moe_x8), the GEMV's arithmetic per pair, plus the expert's
- * bias row (as in kern_cuda_moe_gemv); unweighted. Rows of y
- * of pairs left out are not written. FERRY_ERR_INVALID on a bad shape, FERRY_ERR_UNSUPPORTED for a float
- * type. */
+ * matrix on the tensor cores (int8 mma.sync) that reads each chosen expert's rows once per 32 of its pairs
+ * (the tiled kernel: W and the pairs' x staged in shared memory per block; the warp kernel it replaced read
+ * them once per 8 pairs, per warp, and stays selectable).
+ * kern_cuda_moe_sort: off (n_expert + 1) the start of each expert's pairs in order (P) and the end; pairs
+ * with an id out of range are left out. kern_cuda_moe_grouped: for every pair p in order, y row p, columns
+ * [0, rows), = the dot products of expert ids[p]'s rows (w as in kern_cuda_moe_gemv, block types only) with
+ * row p / xdiv of x, read as the int8 form in x8 of x_rows rows (kern_cuda_moe_x8), the GEMV's arithmetic per
+ * pair, plus the expert's bias row (as in kern_cuda_moe_gemv); unweighted. Rows of y of pairs left out are
+ * not written. FERRY_ERR_INVALID on a bad shape, FERRY_ERR_UNSUPPORTED for a float type. */
 int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32_t *off, int32_t *order,
                        cudaStream_t stream);
 int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_rows, const void *w, enum dtype t,
                           const float *bias, int n_expert, int rows, int cols, const int32_t *off,
                           const int32_t *order, int xdiv, cudaStream_t stream);
+
+/* Which kernel kern_cuda_moe_grouped runs (a tuning hook for tests and benches; not thread-safe, set it
+ * before launching work): AUTO the tiled one where the device's shared memory holds its stages, else the warp
+ * one; WARP (16 rows by 8 pairs per warp, no staging) or TILE forced (TILE: FERRY_ERR_UNSUPPORTED where it
+ * cannot run). The same bits either way. Returns the previous setting, or FERRY_ERR_INVALID for another
+ * value. */
+enum { KERN_CUDA_MOE_GROUPED_AUTO = 0, KERN_CUDA_MOE_GROUPED_WARP = 1, KERN_CUDA_MOE_GROUPED_TILE = 2 };
+int kern_cuda_moe_grouped_set_kind(int kind);
 
 /* gpt-oss's clamped SwiGLU, kernels/cpu/ops.h's kern_cpu_swiglu_clamped: h (m, ffn) from gu (m, 2 ffn),
  * each row gate | up. */

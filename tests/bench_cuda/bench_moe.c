@@ -9,7 +9,8 @@
  * 21 CUDA-event-timed runs after 3 warm-up runs; for resident experts also "graph us": the layer captured in
  * a CUDA graph (as the engine's decode steps run it) and replayed 20 times back to back, the time per replay,
  * which leaves out the host's launch cost ("grouped*": the grouped launches, CUDA_MOE_GROUPED_MAX_ROWS rows
- * at a time). Usage: bench_moe [--q8] [--host]
+ * at a time). Then, for resident experts, the layer at 64-512 rows with each of the grouped launches' kernels
+ * (kern_cuda_moe_grouped_set_kind: the warp kernel and the tiled one). Usage: bench_moe [--q8] [--host]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +205,35 @@ int main(int argc, char **argv)
                : n >= cuda_moe_stream_min_rows(mo)    ? "stream"
                                                       : "host",
                gs * 1e6, gs > 0 ? distinct * expert_bytes / gs / 1e9 : 0.0);
+    }
+    if (!host) { /* the grouped launches' two kernels (kern_cuda_moe_grouped_set_kind), same layer */
+        printf(
+            "\ngrouped kernels, us/layer (median of 21): warp = 16 rows x 8 pairs per warp, tile = %d rows x "
+            "passes of %d pairs per block, staged\n",
+            16 * 8, 32);
+        printf("%6s %10s %10s %8s\n", "rows", "warp", "tile", "speedup");
+        const int gs[] = {64, 128, 256, 512};
+        for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++) {
+            double us[2];
+            const int kinds[2] = {KERN_CUDA_MOE_GROUPED_WARP, KERN_CUDA_MOE_GROUPED_TILE};
+            for (int v = 0; v < 2; v++) {
+                const int prev = kern_cuda_moe_grouped_set_kind(kinds[v]);
+                for (int r = 0; r < 3; r++) FK(cuda_moe_run(mo, 0, y, x, gs[i], ctx, di, 0));
+                float t[21];
+                for (int r = 0; r < 21; r++) {
+                    CK(cudaEventRecord(e0, 0));
+                    FK(cuda_moe_run(mo, 0, y, x, gs[i], ctx, di, 0));
+                    CK(cudaEventRecord(e1, 0));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaEventElapsedTime(&t[r], e0, e1));
+                }
+                FK(cuda_moe_status(mo));
+                kern_cuda_moe_grouped_set_kind(prev);
+                qsort(t, 21, sizeof t[0], cmp_f);
+                us[v] = t[10] * 1e3;
+            }
+            printf("%6d %10.1f %10.1f %7.2fx\n", gs[i], us[0], us[1], us[0] / us[1]);
+        }
     }
     cuda_moe_free(mo);
     kern_cuda_ctx_free(ctx);

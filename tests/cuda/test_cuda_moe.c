@@ -412,37 +412,68 @@ Test(cuda_moe, sort_pairs_by_expert)
     }
 }
 
-/* The grouped launch alone (after the device sort) against a
- * plain f64 loop within the int8 rounding bound of x (as check_gemv), with the expert's bias: every pair's
- * row of y, at row counts that are no multiple of the 16-row tiles and experts with 1 to 19 pairs (no
- * multiple of the 8-pair tiles), for types of every epilogue (QOFF, a minimum, two scales per unit, two
- * minimums, lookup tables). */
-static void check_grouped(enum dtype t, int rows, int cols)
+/* The grouped launch alone (after the device sort), with each kernel (kern_cuda_moe_grouped_set_kind: the
+ * warp kernel, 16 rows by 8 pairs per warp; the tiled one, 128 rows by passes of 32 pairs per block, staged
+ * in shared memory), against a plain f64 loop within the int8 rounding bound of x (as check_gemv), with the
+ * expert's bias: every pair's row of y, at row counts that are no multiple of the tiles, experts with the
+ * given numbers of pairs (0, 1, 7, 9: part of a col group of 8; 33, 70: passes of 32 with short last ones)
+ * in shuffled order and ids out of range (left out: their rows of y stay as they were), for types of every
+ * epilogue (QOFF, a minimum, two scales per unit, two minimums, lookup tables) and k not a multiple of the
+ * kernels' chunks. The two kernels take the same units in the same order with the same arithmetic: their
+ * outputs are bitwise equal. */
+static void check_grouped(enum dtype t, int rows, int cols, const int *counts, int ne, int xdiv)
 {
-    const int ne = 7, P = 61, xdiv = 3, xr = (P - 1) / xdiv + 1;
+    int P = 3; /* three left out */
+    for (int e = 0; e < ne; e++) P += counts[e];
+    const int xr = (P - 1) / xdiv + 1;
     float *wf;
     void *w = rand_matrix(t, (int64_t)ne * rows, cols, 0.5f, &wf);
     float *x = host_rand((size_t)xr * cols, -1.0f, 1.0f), *bias = host_rand((size_t)ne * rows, -0.5f, 0.5f);
     for (int i = 0; i < xr * cols; i += 97) x[i] *= 6.0f;
-    int32_t ids[61];
-    for (int p = 0; p < P; p++) ids[p] = p < 19 ? 2 : p == 19 ? 6 : irand(ne); /* expert 2: 19+ pairs */
+    int32_t *ids = malloc((size_t)P * sizeof *ids);
+    int at = 0;
+    for (int e = 0; e < ne; e++)
+        for (int i = 0; i < counts[e]; i++) ids[at++] = e;
+    ids[at++] = ne, ids[at++] = -1, ids[at++] = ne + 5;
+    for (int p = P - 1; p > 0; p--) { /* shuffled: an expert's pairs read scattered rows of x */
+        const int q = irand(p + 1), v = ids[p];
+        ids[p] = ids[q], ids[q] = v;
+    }
     void *dw = dev_upload(w, dtype_row_size(t, cols) * (size_t)ne * rows);
     float *dx = dev_upload(x, (size_t)xr * cols * sizeof(float)),
           *db = dev_upload(bias, (size_t)ne * rows * 4);
-    int32_t *di = dev_upload(ids, sizeof ids), *doff = dev_poison((ne + 1) * 4), *dord = dev_poison(P * 4);
+    int32_t *di = dev_upload(ids, (size_t)P * sizeof *ids), *doff = dev_poison(((size_t)ne + 1) * 4),
+            *dord = dev_poison((size_t)P * 4);
     void *dx8;
     cr_assert_eq(cudaMalloc(&dx8, kern_cuda_moe_x8_bytes(xr, cols)), cudaSuccess);
     cr_assert_eq(kern_cuda_moe_x8(dx8, dx, cols, xr, cols, 0), FERRY_OK);
     cr_assert_eq(kern_cuda_moe_sort(di, P, ne, doff, dord, 0), FERRY_OK);
     const int ldy = rows + 5;
-    float *dy = dev_poison((size_t)P * ldy * sizeof(float)), *y = malloc((size_t)P * ldy * 4);
-    cr_assert_eq(kern_cuda_moe_grouped(dy, ldy, dx8, xr, dw, t, db, ne, rows, cols, doff, dord, xdiv, 0),
-                 FERRY_OK);
-    dev_download(y, dy, (size_t)P * ldy * sizeof(float));
-    double worst = 0;
-    for (int p = 0; p < P; p++)
+    float *y[2];
+    const int kinds[2] = {KERN_CUDA_MOE_GROUPED_WARP, KERN_CUDA_MOE_GROUPED_TILE};
+    const char *names[2] = {"warp", "tile"};
+    for (int v = 0; v < 2; v++) {
+        float *dy = dev_poison((size_t)P * ldy * sizeof(float));
+        y[v] = malloc((size_t)P * ldy * 4);
+        const int prev = kern_cuda_moe_grouped_set_kind(kinds[v]);
+        const int rc =
+            kern_cuda_moe_grouped(dy, ldy, dx8, xr, dw, t, db, ne, rows, cols, doff, dord, xdiv, 0);
+        kern_cuda_moe_grouped_set_kind(prev);
+        cr_assert_eq(rc, FERRY_OK, "%s %s kernel: %s", dtype_name(t), names[v], ferry_status_str(rc));
+        dev_download(y[v], dy, (size_t)P * ldy * sizeof(float));
+        cudaFree(dy);
+    }
+    double worst[2] = {0, 0};
+    for (int p = 0; p < P; p++) {
+        const int e = ids[p];
+        if (e < 0 || e >= ne) { /* left out: still the poison */
+            for (int v = 0; v < 2; v++)
+                for (int r = 0; r < rows; r++)
+                    cr_assert(isnan(y[v][(size_t)p * ldy + r]), "%s %s: pair %d left out, row %d written",
+                              dtype_name(t), names[v], p, r);
+            continue;
+        }
         for (int r = 0; r < rows; r++) {
-            const int e = ids[p];
             const float *xrow = x + (size_t)(p / xdiv) * cols, *wr = wf + ((size_t)e * rows + r) * cols;
             double d = bias[(size_t)e * rows + r], b = 1e-6;
             for (int c0 = 0; c0 < cols; c0 += 32) {
@@ -454,29 +485,46 @@ static void check_grouped(enum dtype t, int rows, int cols)
                 }
                 b += aw * amax / 127 / 2;
             }
-            const float got = y[(size_t)p * ldy + r];
-            worst = fmax(worst, fabs(got - d) / b);
-            cr_assert(fabs(got - d) <= b, "%s pair %d (expert %d) row %d: %.9g, want %.9g (bound %.3g)",
-                      dtype_name(t), p, e, r, got, d, b);
+            for (int v = 0; v < 2; v++) {
+                const float got = y[v][(size_t)p * ldy + r];
+                worst[v] = fmax(worst[v], fabs(got - d) / b);
+                cr_assert(fabs(got - d) <= b,
+                          "%s %s kernel, pair %d (expert %d) row %d: %.9g, want %.9g (bound %.3g)",
+                          dtype_name(t), names[v], p, e, r, got, d, b);
+            }
+            cr_assert(!memcmp(&y[0][(size_t)p * ldy + r], &y[1][(size_t)p * ldy + r], sizeof(float)),
+                      "%s pair %d (expert %d) row %d: warp kernel %.9g, tiled %.9g", dtype_name(t), p, e, r,
+                      y[0][(size_t)p * ldy + r], y[1][(size_t)p * ldy + r]);
         }
-    fprintf(stderr, "grouped %s rows %d cols %d: worst error %.3g of the bound\n", dtype_name(t), rows, cols,
-            worst);
-    cudaFree(dw), cudaFree(dx), cudaFree(db), cudaFree(di), cudaFree(doff), cudaFree(dord), cudaFree(dx8),
-        cudaFree(dy);
-    free(w), free(wf), free(x), free(bias), free(y);
+    }
+    fprintf(stderr,
+            "grouped %s rows %d cols %d, %d pairs: worst error %.3g (warp), %.3g (tile) of the bound\n",
+            dtype_name(t), rows, cols, P, worst[0], worst[1]);
+    cudaFree(dw), cudaFree(dx), cudaFree(db), cudaFree(di), cudaFree(doff), cudaFree(dord), cudaFree(dx8);
+    free(w), free(wf), free(x), free(bias), free(ids), free(y[0]), free(y[1]);
 }
 
-Test(cuda_moe, grouped)
+Test(cuda_moe, grouped, .timeout = 120)
 {
     SKIP_WITHOUT_GPU();
     rng_seed(47);
-    check_grouped(DTYPE_Q4_0, 37, 96);
-    check_grouped(DTYPE_Q5_1, 21, 64);
-    check_grouped(DTYPE_Q8_0, 16, 32);
-    check_grouped(DTYPE_Q4_K, 29, 512);
-    check_grouped(DTYPE_Q6_K, 33, 256);
-    check_grouped(DTYPE_Q2_K, 19, 256);
-    check_grouped(DTYPE_Q3_K, 40, 256);
-    check_grouped(DTYPE_IQ4_XS, 17, 256);
-    check_grouped(DTYPE_MXFP4, 23, 96);
+    const int few[] = {19, 0, 1, 7, 9, 12, 3};             /* 7 experts, 51 pairs */
+    const int many[] = {0, 1, 7, 9, 70, 33, 8, 16, 32, 0}; /* 10 experts, 176 pairs */
+    const int n_few = sizeof few / sizeof few[0], n_many = sizeof many / sizeof many[0];
+    check_grouped(DTYPE_Q4_0, 37, 96, few, n_few, 3);
+    check_grouped(DTYPE_Q5_1, 21, 64, few, n_few, 3);
+    check_grouped(DTYPE_Q8_0, 16, 32, few, n_few, 3);
+    check_grouped(DTYPE_Q8_0, 139, 288, many, n_many, 1);     /* Q8_0's chunks of 4 blocks: 4, 4, 1 */
+    check_grouped(DTYPE_Q4_0, 131, 32 * 19, many, n_many, 8); /* chunks of 8 blocks: 8, 8, 3 */
+    check_grouped(DTYPE_Q4_K, 29, 512, few, n_few, 3);
+    check_grouped(DTYPE_Q4_K, 259, 768, many, n_many, 8); /* the gate|up use: x rows shared by 8 pairs */
+    check_grouped(DTYPE_Q6_K, 33, 256, few, n_few, 3);
+    check_grouped(DTYPE_Q6_K, 517, 512, many, n_many, 1); /* the down use */
+    check_grouped(DTYPE_Q5_K, 145, 256, many, n_many, 2);
+    check_grouped(DTYPE_Q2_K, 19, 256, few, n_few, 3);
+    check_grouped(DTYPE_Q3_K, 40, 256, many, n_many, 3);
+    check_grouped(DTYPE_IQ4_XS, 17, 256, few, n_few, 3);
+    check_grouped(DTYPE_IQ2_XS, 130, 256, many, n_many, 3);
+    check_grouped(DTYPE_MXFP4, 23, 96, few, n_few, 3);
+    check_grouped(DTYPE_MXFP4, 133, 32 * 11, many, n_many, 3); /* 17-byte blocks: W at odd addresses */
 }
