@@ -430,7 +430,14 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
             float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
             float av[8], mv[8];
             for (int l = 0; l < 8; l++) av[l] = a->first ? 0.0f : acc[l], mv[l] = a->first ? 0.0f : macc[l];
-            for (int b = 0; b < a->nb; b++) {
+            for (int b = 0; b < a->nb && a->kb; b++) { /* Q8_KB_LANES */
+                const int gb = a->b0 + b;
+                int32_t dot = 0;
+                for (int e = 0; e < QB; e++)
+                    dot += (int32_t)t->u[j][QB * b + e] * (int32_t)xq[(size_t)QB * gb + e];
+                av[gb % 8] = fmaf((float)dot, t->s[j][b] * dx[gb], av[gb % 8]);
+            }
+            for (int b = 0; b < a->nb && !a->kb; b++) {
                 const int gb = a->b0 + b;
                 const uint8_t *ub = t->u[j] + QB * b;
                 const int8_t *qb = xq + (size_t)QB * gb;
@@ -578,8 +585,8 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
     [DTYPE_Q4_1] = {0, Q8M_AFFINE, dec_q4_1_c},
     [DTYPE_Q5_0] = {4, Q8M_OFF, dec_q5_0_c},
     [DTYPE_Q5_1] = {0, Q8M_AFFINE, dec_q5_1_c},
-    [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c},
-    [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c},
+    [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c, 1},
+    [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c, 1},
     [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c},
     /* matmul_lut.c */
     [DTYPE_Q2_K] = {0, Q8M_AFFINE16, q8_dec_q2_k},
@@ -598,7 +605,7 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
 };
 
 static const struct q8_isa q8_isa_portable = {
-    "portable", NULL, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL, NULL, NULL};
+    "portable", NULL, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL, NULL, NULL, 0};
 
 /* Indexed by enum kern_cpu_isa (NULL: not in this build). */
 static const struct q8_isa *const q8_isas[KERN_CPU_ISA_COUNT] = {
@@ -714,25 +721,31 @@ static void q8x_task(void *arg, int t)
 {
     const struct q8x_job *j = arg;
     const struct q8x *q = j->xq;
-    for (int i = j->m * t / j->n_tasks; i < j->m * (t + 1) / j->n_tasks; i++)
-        j->xrow(j->x + (size_t)i * q->k, q->k, q->q + (size_t)i * q->k, q->n4 + (size_t)i * q->nb * 8,
-                q->dx + (size_t)i * q->nbp, q->sxd + (size_t)i * q->nbp, q->nbp);
+    for (int i = j->m * t / j->n_tasks; i < j->m * (t + 1) / j->n_tasks; i++) {
+        const size_t r = (size_t)i * q->k;
+        j->xrow(j->x + r, q->k, q->q + r, q->n4 + (size_t)i * q->nb * 8, q->dx + (size_t)i * q->nbp,
+                q->sxd + (size_t)i * q->nbp, q->nbp);
+        if (q->qt) /* q8x's comment */
+            for (int e = 0; e < q->k; e += 4)
+                memcpy(q->qt + r + e / 256 * 256 + e / 4 % 8 * 32 + e % 256 / 32 * 4, q->q + r + e, 4);
+    }
 }
 
 /* Prepares x (m, k) in the calling thread's scratch: quantized (int8) or only its block sums (f32, in sxd);
- * k is a multiple of 32. */
+ * k is a multiple of 32. kb: also q transposed (q8x.qt), where k allows. */
 static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struct q8_isa *isa, int int8,
-                       struct tpool *tp)
+                       int kb, struct tpool *tp)
 {
     const int nb = k / QB, nbp = (nb + 7) / 8 * 8;
     const size_t qb = int8 ? ((size_t)m * k + 63) / 64 * 64 : 0, n4b = int8 ? (size_t)m * nb * 32 : 0,
-                 fb = (size_t)m * nbp * 4;
-    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb);
+                 fb = (size_t)m * nbp * 4, tb = int8 && kb && k % 256 == 0 ? qb : 0;
+    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb + tb);
     if (!p) return FERRY_ERR_NOMEM;
     *xq = (struct q8x){.q = (int8_t *)p,
                        .n4 = (int32_t *)(p + qb),
                        .dx = (float *)(p + qb + n4b),
                        .sxd = (float *)(p + qb + n4b + fb),
+                       .qt = tb ? (int8_t *)(p + qb + n4b + 2 * fb) : NULL,
                        .k = k,
                        .nb = nb,
                        .nbp = nbp};
@@ -956,7 +969,8 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                                        .nb = nbc,
                                        .acc = accb + (size_t)i0 * NRQ * 16,
                                        .macc = maccb + (size_t)i0 * NRQ * 8,
-                                       .first = c0 == 0};
+                                       .first = c0 == 0,
+                                       .kb = c->int8 && c->qk->kb};
                     memcpy(d.row, rows, sizeof rows);
                     if (c->qk->mode == Q8M_AFFINE16) { /* the scaled codes, then the minimums */
                         c->dot(&d, mr, Q8M_OFF16, 0);
@@ -1132,7 +1146,8 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     }
     struct q8x xq = {0};
     if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
-        int st = q8x_prepare(&xq, x, m, k, isa, kern_cpu_matmul_act() == KERN_CPU_ACT_INT8, tp);
+        const int int8 = kern_cpu_matmul_act() == KERN_CPU_ACT_INT8;
+        int st = q8x_prepare(&xq, x, m, k, isa, int8, m > Q8_DIRECT_M && isa->x_kb, tp);
         if (st) return st;
     }
     struct mm_multi mm;

@@ -296,6 +296,46 @@ q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int s
     if (mode == Q8M_AFFINE) q8_min_terms(a, mr);
 }
 
+/* Q8_KB_LANES: lane b of the result = the sum of d[b]'s 8 lanes (integer, exact in any order). */
+static inline __attribute__((always_inline, target(T_AVX2))) __m256i kb_reduce8(const __m256i *d)
+{
+    const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+    const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* q8_dot_c's Q8_KB_LANES arithmetic on the tile (Q4_K, Q5_K past Q8_DIRECT_M rows): per 8 blocks and (x row,
+ * weight row) the 8 blocks' lane sums, reduced to one sum per block, one conversion and one FMA with the 8
+ * blocks' s·dx. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q8_dot_body_kb(const struct q8_dot *a, const int mr, lane_dot_fn dot)
+{
+    const struct q8_tile *t = a->t;
+    const int8_t *xq[MRQ];
+    const int32_t *n4[MRQ];
+    const float *dx[MRQ];
+    __m256 acc[MRQ][NRQ];
+    q8_dot_rows(a, mr, xq, n4, dx, acc);
+    for (int g = 0; g < a->nb; g += 8) {
+        const int gb = a->b0 + g;
+        for (int j = 0; j < NRQ; j++) {
+            const __m256 sv = _mm256_loadu_ps(&t->s[j][g]);
+            for (int i = 0; i < mr; i++) {
+                __m256i d[8];
+                for (int b = 0; b < 8; b++)
+                    d[b] = dot(_mm256_setzero_si256(),
+                               _mm256_load_si256((const __m256i *)(t->u[j] + QB * (g + b))),
+                               _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)QB * (gb + b))));
+                const __m256 sd = _mm256_mul_ps(sv, _mm256_loadu_ps(dx[i] + gb));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kb_reduce8(d)), sd, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+    q8_min_terms(a, mr);
+}
+
 #define Q8_CASE(mode, mr, dot)                                                                               \
     case (mode)*8 + (mr):                                                                                    \
         q8_dot_body(a, mr, mode, sh, dot);                                                                   \
@@ -307,6 +347,13 @@ __attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, 
                                                         int sh)
 {
     if (mode == Q8M_OFF && sh == 7) mode = Q8M_SIGNED; /* Q8_0 */
+    if (a->kb) {
+        if (mr == 1)
+            q8_dot_body_kb(a, 1, lane_dot_avx2);
+        else
+            q8_dot_body_kb(a, 2, lane_dot_avx2);
+        return;
+    }
     switch (mode * 8 + mr) {
         Q8_CASES2(Q8M_OFF, lane_dot_avx2)
         Q8_CASES2(Q8M_OFF16, lane_dot_avx2)
@@ -317,6 +364,13 @@ __attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, 
 __attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
+    if (a->kb) {
+        if (mr == 1)
+            q8_dot_body_kb(a, 1, lane_dot_avxvnni);
+        else
+            q8_dot_body_kb(a, 2, lane_dot_avxvnni);
+        return;
+    }
     switch (mode * 8 + mr) {
         Q8_CASES2(Q8M_OFF, lane_dot_avxvnni)
         Q8_CASES2(Q8M_OFF16, lane_dot_avxvnni)
@@ -361,27 +415,29 @@ q45k_dot_body(const struct q8_dot *a, const int mr, const int five, lane_dot_fn 
     const __m256i m0f = _mm256_set1_epi8(15), b10 = _mm256_set1_epi8(16);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
+        for (int j = 0; j < NRQ; j++) {
+            __m256i u[8]; /* the super-block's 8 blocks: block 2h the low nibbles of qs[32h ..], 2h + 1 the
+                             high */
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qh_off))
+                                    : _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
-            __m256i xv[Q8_DIRECT_M][2];
-            for (int i = 0; i < mr; i++)
-                for (int e = 0; e < 2; e++)
-                    xv[i][e] = _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * (2 * h + e)));
-#pragma GCC unroll 4
-            for (int j = 0; j < NRQ; j++) {
+            for (int h = 0; h < 4; h++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qs_off + 32 * h));
-                __m256i u[2] = {_mm256_and_si256(q, m0f), _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f)};
+                u[2 * h] = _mm256_and_si256(q, m0f);
+                u[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f);
                 if (five) { /* bits 2h and 2h + 1 of each qh byte to bit 4, as dec_q45k_avx2 */
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qh_off));
-                    u[0] = _mm256_or_si256(u[0], _mm256_and_si256(bit_to_4(qh, 2 * h), b10));
-                    u[1] = _mm256_or_si256(u[1], _mm256_and_si256(bit_to_4(qh, 2 * h + 1), b10));
+                    u[2 * h] = _mm256_or_si256(u[2 * h], _mm256_and_si256(bit_to_4(qh, 2 * h), b10));
+                    u[2 * h + 1] =
+                        _mm256_or_si256(u[2 * h + 1], _mm256_and_si256(bit_to_4(qh, 2 * h + 1), b10));
                 }
-                for (int e = 0; e < 2; e++)
-                    for (int i = 0; i < mr; i++) {
-                        const __m256i l = dot(_mm256_setzero_si256(), u[e], xv[i][e]);
-                        const __m256 s = _mm256_broadcast_ss(&sd[i][j][8 * sb + 2 * h + e]);
-                        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc[i][j]);
-                    }
+            }
+            for (int i = 0; i < mr; i++) {
+                __m256i d[8];
+                for (int b = 0; b < 8; b++)
+                    d[b] = dot(_mm256_setzero_si256(), u[b],
+                               _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kb_reduce8(d)),
+                                            _mm256_load_ps(sd[i][j] + 8 * sb), acc[i][j]);
             }
         }
     }
@@ -521,6 +577,13 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
 __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
+    if (a->kb) {
+        if (mr == 1)
+            q8_dot_body_kb(a, 1, lane_dot_avxvnni);
+        else
+            q8_dot_body_kb(a, 2, lane_dot_avxvnni);
+        return;
+    }
     switch (mode * 8 + mr) {
         Q8_CASES512(Q8M_OFF)
         Q8_CASES512(Q8M_OFF16)
@@ -728,6 +791,13 @@ f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, i
 __attribute__((target(T_VNNI512))) static void f32_dot_avx512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
+    if (a->kb) {
+        if (mr == 1)
+            q8_dot_body_kb(a, 1, lane_dot_avxvnni);
+        else
+            q8_dot_body_kb(a, 2, lane_dot_avxvnni);
+        return;
+    }
     switch (mode * 8 + mr) {
         F32_CASES512(Q8M_OFF)
         F32_CASES512(Q8M_OFF16)
@@ -826,6 +896,23 @@ static inline AI_512 void q45k_codes2(const uint8_t *w0, const uint8_t *w1, int 
     }
 }
 
+/* Q8_KB_LANES for a row pair: d[b] holds block b's 8 lane sums of rows 2p (lanes 0-7) and 2p + 1 (8-15); the
+ * result lane b (8 + b) is block b's whole sum for row 2p (2p + 1). Integer adds, exact in any order. */
+static inline AI_512 __m512i kb_reduce8_512(const __m512i *d)
+{
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) /* per 128 bits: d[2q]'s and d[2q + 1]'s lanes 0 + 2 and 1 + 3 */
+        a[q] = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2 * q], d[2 * q + 1]),
+                                _mm512_unpackhi_epi32(d[2 * q], d[2 * q + 1]));
+    /* per 128 bits k: the sums of lanes 4k .. 4k + 3 of d[0..3] (c0) and d[4..7] (c1) */
+    const __m512i c0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
+    const __m512i c1 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]), _mm512_unpackhi_epi64(a[2], a[3]));
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13),
+                  hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    return _mm512_add_epi32(_mm512_permutex2var_epi64(c0, lo, c1), _mm512_permutex2var_epi64(c0, hi, c1));
+}
+
 /* five: Q5_K, whose fifth bits (qh) are put on the nibbles as dec_q45k_avx2 does (bit i of qh[l] to bit 4
  * of block i's element l), so the codes and every sum that follows are the tile's. */
 static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr, const int five)
@@ -865,27 +952,21 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
                 macc[i][p] = _mm512_fmadd_ps(mp, dup_ps(_mm256_loadu_ps(sxd[i] + 8 * sb)), macc[i][p]);
             }
         }
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            __m512i u[8]; /* the super-block's 8 blocks of rows 2p and 2p + 1 */
 #pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
-            __m512i u[NRQ / 2][2];
-#pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++)
-                q45k_codes2(a->row[2 * p] + off, a->row[2 * p + 1] + off, h, qh[p], five, &u[p][0], &u[p][1]);
-#pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const int b = 2 * h + e;
-                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
-                                                     b, b, b, b, b, b, b, b);
-                for (int i = 0; i < mr; i++) {
-                    const __m512i xv = _mm512_broadcast_i64x4(
-                        _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
-#pragma GCC unroll 2
-                    for (int p = 0; p < NRQ / 2; p++) {
-                        const __m512 l =
-                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][e], xv));
-                        acc[i][p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[i][p]), acc[i][p]);
-                    }
-                }
+            for (int h = 0; h < 4; h++)
+                q45k_codes2(a->row[2 * p] + off, a->row[2 * p + 1] + off, h, qh[p], five, &u[2 * h],
+                            &u[2 * h + 1]);
+            for (int i = 0; i < mr; i++) {
+                __m512i d[8];
+#pragma GCC unroll 8
+                for (int b = 0; b < 8; b++)
+                    d[b] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[b],
+                                               _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                                   (const __m256i *)(xq[i] + QK_K * sb + QB * b))));
+                acc[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kb_reduce8_512(d)), sd[i][p], acc[i][p]);
             }
         }
     }
@@ -899,61 +980,80 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
         }
 }
 
-/* int8 arithmetic, Q4_K and Q5_K, any number of x rows per call (prefill and batches): q45k_dot_body512's
- * codes, scales and f32 steps, with the loops turned round. Per super-block the 4 weight rows' codes are
- * decoded into 16 registers and their scales unpacked once, then every x row of the call runs over them;
- * its accumulators go through memory once per super-block (a load and a store, where the mr-row form kept
- * them in registers and unpacked the same codes and scales again for every 4 rows of x). acc is packed:
- * row j's 8 lanes at acc + i·NRQ·16 + 8j (a pair of weight rows per 512-bit store); macc as everywhere.
- * Each (x row, weight row) takes the same f32 operations in the same order, so the results are bitwise
- * q45k_dot_body512's and the tile's. */
+/* int8 arithmetic, Q4_K and Q5_K, any number of x rows per call (prefill and batches), Q8_KB_LANES. Per
+ * super-block the 4 weight rows' codes are decoded into 16 registers, transposed so that lane b (8 + b) of
+ * register g holds group g (elements 4g .. 4g + 3) of block b of row 2p (2p + 1), and their scales unpacked
+ * once; then every x row of the call runs over them, its transposed codes (q8x.qt) against the 8 registers
+ * of a row pair: 8 vpdpbusd leave each block's whole sum in its lane, then one conversion and one FMA with
+ * s·dx per row pair. The block sums are the direct kernels' (exact integers), the f32 steps theirs in their
+ * order, so the results are bitwise q45k_dot_body512's and the tile's. Per x row and super-block of 4 weight
+ * rows: 16 vpdpbusd and 10 other vector operations (the per-block steps took 64: kernels/cpu/NOTES.md,
+ * 2026-12-07c). acc is packed: row j's 8 lanes at acc + i·NRQ·16 + 8j; macc as everywhere. */
 static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, const int five)
 {
     const struct q8x *x = a->x;
     const size_t bsz = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
     const size_t qh_off = offsetof(struct block_q5_k, qh);
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13),
+                  hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
         const int first = a->first && sb == 0;
-        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (lanes 0-7's bytes) and 2p + 1 */
+        __m512i tr[NRQ / 2][8]; /* [p][g]: group g of blocks 0-7, rows 2p and 2p + 1 */
         __m512 sp[NRQ / 2], mp[NRQ / 2];
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
             const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
             q45k_scales2(w0, w1, &sp[p], &mp[p]);
             const __m512i qh = five ? pair_si(w0 + qh_off, w1 + qh_off) : _mm512_setzero_si512();
+            __m512i u[8], t[8], v[8]; /* u[b]: block b; then an 8x8 transpose of 4-byte groups per 256 bits */
 #pragma GCC unroll 4
-            for (int h = 0; h < 4; h++) q45k_codes2(w0, w1, h, qh, five, &u[p][2 * h], &u[p][2 * h + 1]);
+            for (int h = 0; h < 4; h++) q45k_codes2(w0, w1, h, qh, five, &u[2 * h], &u[2 * h + 1]);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                t[2 * q] = _mm512_unpacklo_epi32(u[2 * q], u[2 * q + 1]);
+                t[2 * q + 1] = _mm512_unpackhi_epi32(u[2 * q], u[2 * q + 1]);
+            }
+#pragma GCC unroll 2
+            for (int q = 0; q < 2; q++) {
+                v[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+                v[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+                v[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+                v[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                tr[p][g] = _mm512_permutex2var_epi64(v[g], lo, v[4 + g]);
+                tr[p][4 + g] = _mm512_permutex2var_epi64(v[g], hi, v[4 + g]);
+            }
         }
         for (int i = 0; i < mr; i++) {
             const size_t r = (size_t)(a->i0 + i);
-            const int8_t *xq = x->q + r * x->k + (size_t)QB * (a->b0 + 8 * sb);
-            const float *dx = x->dx + r * x->nbp + a->b0 + 8 * sb,
-                        *sxd = x->sxd + r * x->nbp + a->b0 + 8 * sb;
+            const int gb = a->b0 + 8 * sb;
+            const int8_t *xt = x->qt + r * x->k + (size_t)QB * gb;
+            const float *dx = x->dx + r * x->nbp + gb, *sxd = x->sxd + r * x->nbp + gb;
             float *ap = a->acc + (size_t)i * NRQ * 16, *mq = a->macc + (size_t)i * NRQ * 8;
             const __m512 dxv = dup_ps(_mm256_loadu_ps(dx)), sxv = dup_ps(_mm256_loadu_ps(sxd));
-            __m512 acc[NRQ / 2], sd[NRQ / 2];
+            /* two chains per row pair (groups 0-3, 4-7), added at the end: integers, so the same sums */
+            __m512i c[NRQ / 2][2];
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) c[p][0] = c[p][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xt + 32 * g)));
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++)
+                    c[p][g / 4] = _mm512_dpbusd_epi32(c[p][g / 4], tr[p][g], xv);
+            }
 #pragma GCC unroll 2
             for (int p = 0; p < NRQ / 2; p++) {
-                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                const __m512i cs = _mm512_add_epi32(c[p][0], c[p][1]);
+                const __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
                 const __m512 mv = first ? _mm512_setzero_ps() : _mm512_loadu_ps(mq + 16 * p);
                 _mm512_storeu_ps(mq + 16 * p, _mm512_fmadd_ps(mp[p], sxv, mv));
-                sd[p] = _mm512_mul_ps(sp[p], dxv);
+                _mm512_storeu_ps(ap + 16 * p,
+                                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(cs), _mm512_mul_ps(sp[p], dxv), acc));
             }
-#pragma GCC unroll 8
-            for (int b = 0; b < 8; b++) {
-                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
-                                                     b, b, b, b, b, b, b, b);
-                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
-#pragma GCC unroll 2
-                for (int p = 0; p < NRQ / 2; p++) {
-                    const __m512 l =
-                        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][b], xv));
-                    acc[p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[p]), acc[p]);
-                }
-            }
-#pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
         }
     }
 }
@@ -1243,15 +1343,38 @@ static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
     [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2,     [DTYPE_IQ1_S] = q8_dec_iq1_s_avx2,
     [DTYPE_IQ1_M] = q8_dec_iq1_m_avx2};
 
-const struct q8_isa q8_isa_avx2 = {
-    "avx2",    decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL,
-    dir8_avx2, q8_0_rows_avx2, NULL};
-const struct q8_isa q8_isa_avxvnni = {
-    "avx-vnni",   decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL,
-    dir8_avxvnni, q8_0_rows_avx2, NULL};
-const struct q8_isa q8_isa_avx512vnni = {
-    "avx512-vnni", decs_avx2,      q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512},
-    {MRQ, MRQ},    q8_to_f32_avx2, dir512,       dir8_512,
-    NULL,          dir8_any_512};
+const struct q8_isa q8_isa_avx2 = {"avx2",
+                                   decs_avx2,
+                                   q8x_row_avx2,
+                                   {f32_dot_avx2, q8_dot_avx2},
+                                   {1, 2},
+                                   q8_to_f32_avx2,
+                                   NULL,
+                                   dir8_avx2,
+                                   q8_0_rows_avx2,
+                                   NULL,
+                                   0};
+const struct q8_isa q8_isa_avxvnni = {"avx-vnni",
+                                      decs_avx2,
+                                      q8x_row_avx2,
+                                      {f32_dot_avx2, q8_dot_avxvnni},
+                                      {1, 2},
+                                      q8_to_f32_avx2,
+                                      NULL,
+                                      dir8_avxvnni,
+                                      q8_0_rows_avx2,
+                                      NULL,
+                                      0};
+const struct q8_isa q8_isa_avx512vnni = {"avx512-vnni",
+                                         decs_avx2,
+                                         q8x_row_avx2,
+                                         {f32_dot_avx512, q8_dot_vnni512},
+                                         {MRQ, MRQ},
+                                         q8_to_f32_avx2,
+                                         dir512,
+                                         dir8_512,
+                                         NULL,
+                                         dir8_any_512,
+                                         1};
 
 #endif /* __x86_64__ */
