@@ -430,12 +430,17 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
             float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
             float av[8], mv[8];
             for (int l = 0; l < 8; l++) av[l] = a->first ? 0.0f : acc[l], mv[l] = a->first ? 0.0f : macc[l];
-            for (int b = 0; b < a->nb && a->kb; b++) { /* Q8_KB_LANES */
-                const int gb = a->b0 + b;
-                int32_t dot = 0;
-                for (int e = 0; e < QB; e++)
-                    dot += (int32_t)t->u[j][QB * b + e] * (int32_t)xq[(size_t)QB * gb + e];
-                av[gb % 8] = fmaf((float)dot, t->s[j][b] * dx[gb], av[gb % 8]);
+            for (int b = 0; b < a->nb && a->kb; b++) { /* Q8_KB_LANES: per block, or per half (Q6_K) */
+                const int gb = a->b0 + b, nh = mode == Q8M_OFF16 ? 2 : 1, len = QB / nh;
+                for (int h = 0; h < nh; h++) {
+                    int32_t dot = 0;
+                    for (int e = len * h; e < len * (h + 1); e++)
+                        dot += (int32_t)t->u[j][QB * b + e] * (int32_t)xq[(size_t)QB * gb + e];
+                    for (int l = 8 * h / nh; l < 8 * (h + 1) / nh && mode != Q8M_AFFINE; l++)
+                        dot += n4[8 * gb + l] * (1 << sh);
+                    const float sc = mode == Q8M_OFF16 ? t->s[j][2 * b + h] : t->s[j][b];
+                    av[gb % 8] = fmaf((float)dot, sc * dx[gb], av[gb % 8]);
+                }
             }
             for (int b = 0; b < a->nb && !a->kb; b++) {
                 const int gb = a->b0 + b;
@@ -587,7 +592,7 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
     [DTYPE_Q5_1] = {0, Q8M_AFFINE, dec_q5_1_c},
     [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c, 1},
     [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c, 1},
-    [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c},
+    [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c, 1},
     /* matmul_lut.c */
     [DTYPE_Q2_K] = {0, Q8M_AFFINE16, q8_dec_q2_k},
     [DTYPE_Q3_K] = {2, Q8M_OFF16, q8_dec_q3_k},
@@ -725,9 +730,16 @@ static void q8x_task(void *arg, int t)
         const size_t r = (size_t)i * q->k;
         j->xrow(j->x + r, q->k, q->q + r, q->n4 + (size_t)i * q->nb * 8, q->dx + (size_t)i * q->nbp,
                 q->sxd + (size_t)i * q->nbp, q->nbp);
-        if (q->qt) /* q8x's comment */
+        if (q->qt) { /* q8x's comment */
             for (int e = 0; e < q->k; e += 4)
                 memcpy(q->qt + r + e / 256 * 256 + e / 4 % 8 * 32 + e % 256 / 32 * 4, q->q + r + e, 4);
+            const int32_t *n4 = q->n4 + (size_t)i * q->nb * 8;
+            for (int b = 0; b < q->nb; b++)
+                for (int h = 0; h < 2; h++)
+                    q->n4h[(size_t)i * q->nb * 2 + b / 8 * 16 + 8 * h + b % 8] =
+                        (n4[8 * b + 4 * h] + n4[8 * b + 4 * h + 1]) +
+                        (n4[8 * b + 4 * h + 2] + n4[8 * b + 4 * h + 3]);
+        }
     }
 }
 
@@ -738,14 +750,15 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
 {
     const int nb = k / QB, nbp = (nb + 7) / 8 * 8;
     const size_t qb = int8 ? ((size_t)m * k + 63) / 64 * 64 : 0, n4b = int8 ? (size_t)m * nb * 32 : 0,
-                 fb = (size_t)m * nbp * 4, tb = int8 && kb && k % 256 == 0 ? qb : 0;
-    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb + tb);
+                 fb = (size_t)m * nbp * 4, tb = int8 && kb && k % 256 == 0 ? qb : 0, hb = tb ? n4b / 4 : 0;
+    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb + tb + hb);
     if (!p) return FERRY_ERR_NOMEM;
     *xq = (struct q8x){.q = (int8_t *)p,
                        .n4 = (int32_t *)(p + qb),
                        .dx = (float *)(p + qb + n4b),
                        .sxd = (float *)(p + qb + n4b + fb),
                        .qt = tb ? (int8_t *)(p + qb + n4b + 2 * fb) : NULL,
+                       .n4h = tb ? (int32_t *)(p + qb + n4b + 2 * fb + tb) : NULL,
                        .k = k,
                        .nb = nb,
                        .nbp = nbp};

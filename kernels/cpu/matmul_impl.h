@@ -77,12 +77,14 @@ enum q8_mode {
  * Q8_DIRECT_M rows, k a multiple of 256), also
  *   qt  (m, k) int8: q transposed per 256 elements: bytes 256s + 32g + 4l .. + 3 of a row are q's elements
  *       256s + 32l + 4g .. + 3 (block 8s + l, group g), so that a vpdpbusd lane sums one block
- * (NULL otherwise). */
+ *   n4h (m, nb, 2) int32: per 256 elements s of a row, lane 16s + 8h + l is the sum of n4's lanes 4h .. 4h +
+ * 3 of block 8s + l (minus Σq over the block's half h) (NULL otherwise). */
 struct q8x {
     int8_t *q;
     int32_t *n4;
     float *dx, *sxd;
     int8_t *qt;
+    int32_t *n4h;
     int k, nb, nbp;
 };
 
@@ -115,12 +117,14 @@ struct q8_dot {
     int kb; /* int8 arithmetic in the per-block lanes of Q8_KB_LANES (q8_kind.kb) */
 };
 
-/* The int8 arithmetic of Q4_K and Q5_K (q8_kind.kb): each 32-element block's dot product Σ code·q is summed
- * whole in int32 (exact), and the block's f32 step fma(dot, s·dx, acc) goes to lane b mod 8 of the 8 lanes
- * (b: the block's index in the row; chunks start at multiples of 8 blocks, a super-block is 8 blocks), so one
- * conversion and one FMA per 8 blocks and (x row, weight row) in 8-lane vectors, where the other types take
- * them per 4-element lane of each block. Fewer roundings than those (one per block, not 8), and what lets
- * rows of x be added for the cost of their integer products (kernels/cpu/NOTES.md, 2026-12-07c). */
+/* The int8 arithmetic of Q4_K, Q5_K and Q6_K (q8_kind.kb): each 32-element block's dot product Σ code·q
+ * (Q6_K: each half's, 16 elements under one scale, with its offset) is summed whole in int32 (exact), and the
+ * block's f32 step fma(dot, s·dx, acc) goes to lane b mod 8 of the 8 lanes (b: the block's index in the row;
+ * chunks start at multiples of 8 blocks, a super-block is 8 blocks; Q6_K: the first half's step, then the
+ * second's), so one conversion and one FMA per 8 blocks (Q6_K: two) and (x row, weight row) in 8-lane
+ * vectors, where the other types take them per 4-element lane of each block. Fewer roundings than those (one
+ * per block, not 8), and what lets rows of x be added for about the cost of their integer products
+ * (kernels/cpu/NOTES.md, 2026-12-07c). */
 #define Q8_KB_LANES 8
 
 typedef void (*q8_dot_fn)(const struct q8_dot *a, int mr, enum q8_mode mode, int sh);
