@@ -1071,8 +1071,10 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->dot = isa->dot[act];
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
-        if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
-        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any && isa->direct8_any[wt]) {
+        /* the per-block types' many-row kernels from 2 rows where x is transposed for them (q8x.qt) */
+        const int any_m = c->qk->kb && xq->qt ? 1 : Q8_DIRECT_M;
+        if (c->int8 && m <= any_m && isa->direct8) c->direct = isa->direct8[wt];
+        if (c->int8 && m > any_m && isa->direct8_any && isa->direct8_any[wt]) {
             c->direct = isa->direct8_any[wt];
             c->mrq = MBQ;
             c->acc_lda = 8;
@@ -1160,7 +1162,7 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     struct q8x xq = {0};
     if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
         const int int8 = kern_cpu_matmul_act() == KERN_CPU_ACT_INT8;
-        int st = q8x_prepare(&xq, x, m, k, isa, int8, m > Q8_DIRECT_M && isa->x_kb, tp);
+        int st = q8x_prepare(&xq, x, m, k, isa, int8, m > 1 && isa->x_kb, tp);
         if (st) return st;
     }
     struct mm_multi mm;
