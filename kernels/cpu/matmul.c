@@ -25,12 +25,16 @@
  *    pmaddwd with AVX2, plain C elsewhere; the offset enters exactly through the lanes' sums of q), converted
  *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
  *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
- *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's, Q5_K's and Q6_K's codes are read in place
- *    from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI Q4_K's
- *    and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32 steps per lane,
- *    so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past 2 rows too,
+ *    Q4_K, Q5_K and Q6_K (Q8_KB_LANES, matmul_impl.h) sum each block's dot product whole (Q6_K: each half's,
+ *    under its scale) and take one FMA per block (half) in lane b mod 8 instead, so their f32 work is one
+ *    conversion and one FMA per 8 blocks, x row and weight row.
+ *    With AVX512-VNNI and one row of x (Q8_0: up to Q8_DIRECT_M, 2), Q4_K's, Q5_K's and Q6_K's codes are read
+ *    in place from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI
+ *    Q4_K's and Q5_K's up to 2 rows, one row per 256-bit register), with the same integer sums and the same f32
+ *    steps, so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past that,
  *    Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
- *    rows, up to MBQ per call; prefill's and batches' products: NOTES.md, 2026-12-07).
+ *    rows, up to MBQ per call, the per-block types' codes transposed so that vpdpbusd sums a block in one
+ *    lane; a speculative step's verify rows, prefill's and batches' products: NOTES.md, 2026-12-07c).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
