@@ -372,6 +372,22 @@ q8_dot_body_kb(const struct q8_dot *a, const int mr, const int off16, int sh, la
     if (!off16) q8_min_terms(a, mr);
 }
 
+/* q8_dot_body_kb for any number of x rows, 2 at a time: Q4_K, Q5_K (affine) or Q6_K (OFF16, offset 2^5). */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q8_dot_kb(const struct q8_dot *a, int mr, enum q8_mode mode, lane_dot_fn dot)
+{
+    struct q8_dot b = *a;
+    for (int i = 0; i < mr; i += 2) {
+        b.i0 = a->i0 + i;
+        b.acc = a->acc + (size_t)i * NRQ * 16;
+        b.macc = a->macc + (size_t)i * NRQ * 8;
+        if (mode == Q8M_OFF16)
+            mr - i == 1 ? q8_dot_body_kb(&b, 1, 1, 5, dot) : q8_dot_body_kb(&b, 2, 1, 5, dot);
+        else
+            mr - i == 1 ? q8_dot_body_kb(&b, 1, 0, 0, dot) : q8_dot_body_kb(&b, 2, 0, 0, dot);
+    }
+}
+
 #define Q8_CASE(mode, mr, dot)                                                                               \
     case (mode)*8 + (mr):                                                                                    \
         q8_dot_body(a, mr, mode, sh, dot);                                                                   \
@@ -383,11 +399,8 @@ __attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, 
                                                         int sh)
 {
     if (mode == Q8M_OFF && sh == 7) mode = Q8M_SIGNED; /* Q8_0 */
-    if (a->kb) {                                       /* Q4_K, Q5_K (affine) and Q6_K (OFF16, sh 5) */
-        if (mode == Q8M_OFF16)
-            mr == 1 ? q8_dot_body_kb(a, 1, 1, 5, lane_dot_avx2) : q8_dot_body_kb(a, 2, 1, 5, lane_dot_avx2);
-        else
-            mr == 1 ? q8_dot_body_kb(a, 1, 0, 0, lane_dot_avx2) : q8_dot_body_kb(a, 2, 0, 0, lane_dot_avx2);
+    if (a->kb) {
+        q8_dot_kb(a, mr, mode, lane_dot_avx2);
         return;
     }
     switch (mode * 8 + mr) {
@@ -400,13 +413,8 @@ __attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, 
 __attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
-    if (a->kb) { /* Q4_K, Q5_K (affine) and Q6_K (OFF16, sh 5) */
-        if (mode == Q8M_OFF16)
-            mr == 1 ? q8_dot_body_kb(a, 1, 1, 5, lane_dot_avxvnni)
-                    : q8_dot_body_kb(a, 2, 1, 5, lane_dot_avxvnni);
-        else
-            mr == 1 ? q8_dot_body_kb(a, 1, 0, 0, lane_dot_avxvnni)
-                    : q8_dot_body_kb(a, 2, 0, 0, lane_dot_avxvnni);
+    if (a->kb) {
+        q8_dot_kb(a, mr, mode, lane_dot_avxvnni);
         return;
     }
     switch (mode * 8 + mr) {
@@ -615,13 +623,8 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
 __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
-    if (a->kb) { /* Q4_K, Q5_K (affine) and Q6_K (OFF16, sh 5) */
-        if (mode == Q8M_OFF16)
-            mr == 1 ? q8_dot_body_kb(a, 1, 1, 5, lane_dot_avxvnni)
-                    : q8_dot_body_kb(a, 2, 1, 5, lane_dot_avxvnni);
-        else
-            mr == 1 ? q8_dot_body_kb(a, 1, 0, 0, lane_dot_avxvnni)
-                    : q8_dot_body_kb(a, 2, 0, 0, lane_dot_avxvnni);
+    if (a->kb) { /* (the per-block types take the direct kernels here: not reached) */
+        q8_dot_kb(a, mr, mode, lane_dot_vnni512);
         return;
     }
     switch (mode * 8 + mr) {
@@ -831,15 +834,6 @@ f32_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, i
 __attribute__((target(T_VNNI512))) static void f32_dot_avx512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
-    if (a->kb) { /* Q4_K, Q5_K (affine) and Q6_K (OFF16, sh 5) */
-        if (mode == Q8M_OFF16)
-            mr == 1 ? q8_dot_body_kb(a, 1, 1, 5, lane_dot_avxvnni)
-                    : q8_dot_body_kb(a, 2, 1, 5, lane_dot_avxvnni);
-        else
-            mr == 1 ? q8_dot_body_kb(a, 1, 0, 0, lane_dot_avxvnni)
-                    : q8_dot_body_kb(a, 2, 0, 0, lane_dot_avxvnni);
-        return;
-    }
     switch (mode * 8 + mr) {
         F32_CASES512(Q8M_OFF)
         F32_CASES512(Q8M_OFF16)
