@@ -30,9 +30,9 @@
  *    conversion and one FMA per 8 blocks, x row and weight row.
  *    With AVX512-VNNI and one row of x (Q8_0: up to Q8_DIRECT_M, 2), Q4_K's, Q5_K's and Q6_K's codes are read
  *    in place from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI
- *    Q4_K's and Q5_K's up to 2 rows, one row per 256-bit register), with the same integer sums and the same f32
- *    steps, so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past that,
- *    Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
+ *    Q4_K's and Q5_K's up to 2 rows, one row per 256-bit register), with the same integer sums and the same
+ * f32 steps, so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past
+ * that, Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
  *    rows, up to MBQ per call, the per-block types' codes transposed so that vpdpbusd sums a block in one
  *    lane; a speculative step's verify rows, prefill's and batches' products: NOTES.md, 2026-12-07c).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
@@ -613,8 +613,9 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
     [DTYPE_IQ1_M] = {4, Q8M_OFF16, q8_dec_iq1_m},
 };
 
-static const struct q8_isa q8_isa_portable = {
-    "portable", NULL, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL, NULL, NULL, 0};
+static const struct q8_isa q8_isa_portable = {"portable", NULL,        q8x_row_c, {f32_dot_c, q8_dot_c},
+                                              {MRQ, MRQ}, q8_to_f32_c, NULL,      NULL,
+                                              NULL,       NULL,        NULL};
 
 /* Indexed by enum kern_cpu_isa (NULL: not in this build). */
 static const struct q8_isa *const q8_isas[KERN_CPU_ISA_COUNT] = {
@@ -723,6 +724,7 @@ struct q8x_job {
     const float *x;
     struct q8x *xq;
     q8_xrow_fn xrow;
+    q8_xt_fn xt;
     int m, n_tasks;
 };
 
@@ -734,16 +736,8 @@ static void q8x_task(void *arg, int t)
         const size_t r = (size_t)i * q->k;
         j->xrow(j->x + r, q->k, q->q + r, q->n4 + (size_t)i * q->nb * 8, q->dx + (size_t)i * q->nbp,
                 q->sxd + (size_t)i * q->nbp, q->nbp);
-        if (q->qt) { /* q8x's comment */
-            for (int e = 0; e < q->k; e += 4)
-                memcpy(q->qt + r + e / 256 * 256 + e / 4 % 8 * 32 + e % 256 / 32 * 4, q->q + r + e, 4);
-            const int32_t *n4 = q->n4 + (size_t)i * q->nb * 8;
-            for (int b = 0; b < q->nb; b++)
-                for (int h = 0; h < 2; h++)
-                    q->n4h[(size_t)i * q->nb * 2 + b / 8 * 16 + 8 * h + b % 8] =
-                        (n4[8 * b + 4 * h] + n4[8 * b + 4 * h + 1]) +
-                        (n4[8 * b + 4 * h + 2] + n4[8 * b + 4 * h + 3]);
-        }
+        if (q->qt) /* q8x's comment */
+            j->xt(q->q + r, q->n4 + (size_t)i * q->nb * 8, q->k, q->qt + r, q->n4h + (size_t)i * q->nb * 2);
     }
 }
 
@@ -768,7 +762,8 @@ static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struc
                        .nbp = nbp};
     /* Spread over the pool when there is enough to spread (prefill); decode's one row stays on the caller. */
     const int n_tasks = (int64_t)m * k >= (1 << 16) ? (m < tpool_size(tp) ? m : tpool_size(tp)) : 1;
-    struct q8x_job job = {.x = x, .xq = xq, .xrow = int8 ? isa->xrow : sx_row_c, .m = m, .n_tasks = n_tasks};
+    struct q8x_job job = {
+        .x = x, .xq = xq, .xrow = int8 ? isa->xrow : sx_row_c, .xt = isa->xt, .m = m, .n_tasks = n_tasks};
     if (n_tasks > 1)
         tpool_run(tp, q8x_task, &job, n_tasks);
     else
@@ -1166,7 +1161,7 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     struct q8x xq = {0};
     if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
         const int int8 = kern_cpu_matmul_act() == KERN_CPU_ACT_INT8;
-        int st = q8x_prepare(&xq, x, m, k, isa, int8, m > 1 && isa->x_kb, tp);
+        int st = q8x_prepare(&xq, x, m, k, isa, int8, m > 1 && isa->xt, tp);
         if (st) return st;
     }
     struct mm_multi mm;

@@ -73,7 +73,7 @@ enum q8_mode {
  *   dx  (m, nbp) f32: amax/127 (NaN when the block holds a NaN or an infinity, so that y does), 0 past nb
  *   sxd (m, nbp) f32: dx·Σq, the block's sum of x̂ (the minimums' weight), 0 past nb
  * nb = k/32, nbp = nb rounded up to a multiple of 8. Lives in the calling thread's buffer (thread_buf).
- * Where the instruction set's many-row kernels of the Q8_KB_LANES types run (q8_isa.x_kb: more than
+ * Where the instruction set's many-row kernels of the Q8_KB_LANES types run (q8_isa.xt: more than
  * Q8_DIRECT_M rows, k a multiple of 256), also
  *   qt  (m, k) int8: q transposed per 256 elements: bytes 256s + 32g + 4l .. + 3 of a row are q's elements
  *       256s + 32l + 4g .. + 3 (block 8s + l, group g), so that a vpdpbusd lane sums one block
@@ -131,6 +131,8 @@ typedef void (*q8_dot_fn)(const struct q8_dot *a, int mr, enum q8_mode mode, int
 typedef void (*q8_f32_fn)(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode,
                           int sh, float *dst);
 typedef void (*q8_xrow_fn)(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sxd, int nbp);
+/* One row's qt (k) and n4h (k/16) from its q (k) and n4 (k/4), k a multiple of 256 (q8x's comment). */
+typedef void (*q8_xt_fn)(const int8_t *q, const int32_t *n4, int k, int8_t *qt, int32_t *n4h);
 /* A product's rows j_lo .. j_hi of W against x's one row, whole rows at a time, into y (n). */
 typedef void (*q8_rows_fn)(const struct q8x *x, const uint8_t *w, size_t row_bytes, int j_lo, int j_hi,
                            float *y);
@@ -174,7 +176,8 @@ struct q8_isa {
     const q8_dot_fn *direct8_any; /* int8 arithmetic, past Q8_DIRECT_M rows: direct kernels that beat the
                                    * tile there, taking up to MBQ x rows per call and leaving acc packed
                                    * (weight row j's 8 lanes at acc + i·NRQ·16 + 8j) */
-    int x_kb;                     /* direct8_any's Q8_KB_LANES kernels read q8x.qt */
+    q8_xt_fn xt;                  /* direct8_any's Q8_KB_LANES kernels read q8x.qt and n4h: this fills them
+                                   * (NULL: those kernels are not in this set) */
 };
 
 /* matmul_lut.c's portable decoders of the table and grid types (its first comment lists their modes). */

@@ -325,6 +325,37 @@ static inline __attribute__((always_inline, target(T_AVX2))) void kb_scales16(co
     *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
 }
 
+/* q8_xt_fn: per 256 elements an 8x8 transpose of 4-byte groups (the 8 blocks' group g side by side), and the
+ * 8 blocks' halves' sums of n4 (kb_halves8). */
+__attribute__((target(T_AVX2))) static void q8_xt_avx2(const int8_t *q, const int32_t *n4, int k, int8_t *qt,
+                                                       int32_t *n4h)
+{
+    for (int s = 0; s < k / 256; s++, q += 256, qt += 256, n4 += 64, n4h += 16) {
+        __m256i u[8], t[8], v[8];
+        for (int b = 0; b < 8; b++) u[b] = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
+        for (int c = 0; c < 4; c++) {
+            t[2 * c] = _mm256_unpacklo_epi32(u[2 * c], u[2 * c + 1]);
+            t[2 * c + 1] = _mm256_unpackhi_epi32(u[2 * c], u[2 * c + 1]);
+        }
+        for (int c = 0; c < 2; c++) {
+            v[4 * c] = _mm256_unpacklo_epi64(t[4 * c], t[4 * c + 2]);
+            v[4 * c + 1] = _mm256_unpackhi_epi64(t[4 * c], t[4 * c + 2]);
+            v[4 * c + 2] = _mm256_unpacklo_epi64(t[4 * c + 1], t[4 * c + 3]);
+            v[4 * c + 3] = _mm256_unpackhi_epi64(t[4 * c + 1], t[4 * c + 3]);
+        }
+        for (int g = 0; g < 4; g++) {
+            _mm256_storeu_si256((__m256i *)(qt + 32 * g), _mm256_permute2x128_si256(v[g], v[4 + g], 0x20));
+            _mm256_storeu_si256((__m256i *)(qt + 32 * (4 + g)),
+                                _mm256_permute2x128_si256(v[g], v[4 + g], 0x31));
+        }
+        __m256i d[8], h0, h1;
+        for (int b = 0; b < 8; b++) d[b] = _mm256_loadu_si256((const __m256i *)(n4 + 8 * b));
+        kb_halves8(d, &h0, &h1);
+        _mm256_storeu_si256((__m256i *)n4h, h0);
+        _mm256_storeu_si256((__m256i *)(n4h + 8), h1);
+    }
+}
+
 /* q8_dot_c's Q8_KB_LANES arithmetic on the tile (Q4_K, Q5_K past Q8_DIRECT_M rows; Q6_K, sh 5, at every m):
  * per 8 blocks and (x row, weight row) the 8 blocks' lane sums, reduced to one sum per block (Q6_K: per
  * half), one conversion and one FMA (Q6_K: two) with the 8 blocks' s·dx. */
@@ -1393,38 +1424,16 @@ static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
     [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2,     [DTYPE_IQ1_S] = q8_dec_iq1_s_avx2,
     [DTYPE_IQ1_M] = q8_dec_iq1_m_avx2};
 
-const struct q8_isa q8_isa_avx2 = {"avx2",
-                                   decs_avx2,
-                                   q8x_row_avx2,
-                                   {f32_dot_avx2, q8_dot_avx2},
-                                   {1, 2},
-                                   q8_to_f32_avx2,
-                                   NULL,
-                                   dir8_avx2,
-                                   q8_0_rows_avx2,
-                                   NULL,
-                                   0};
-const struct q8_isa q8_isa_avxvnni = {"avx-vnni",
-                                      decs_avx2,
-                                      q8x_row_avx2,
-                                      {f32_dot_avx2, q8_dot_avxvnni},
-                                      {1, 2},
-                                      q8_to_f32_avx2,
-                                      NULL,
-                                      dir8_avxvnni,
-                                      q8_0_rows_avx2,
-                                      NULL,
-                                      0};
-const struct q8_isa q8_isa_avx512vnni = {"avx512-vnni",
-                                         decs_avx2,
-                                         q8x_row_avx2,
-                                         {f32_dot_avx512, q8_dot_vnni512},
-                                         {MRQ, MRQ},
-                                         q8_to_f32_avx2,
-                                         dir512,
-                                         dir8_512,
-                                         NULL,
-                                         dir8_any_512,
-                                         1};
+const struct q8_isa q8_isa_avx2 = {"avx2",         decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2},
+                                   {1, 2},         q8_to_f32_avx2, NULL,         dir8_avx2,
+                                   q8_0_rows_avx2, NULL,           NULL};
+const struct q8_isa q8_isa_avxvnni = {
+    "avx-vnni",     decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni},
+    {1, 2},         q8_to_f32_avx2, NULL,         dir8_avxvnni,
+    q8_0_rows_avx2, NULL,           NULL};
+const struct q8_isa q8_isa_avx512vnni = {
+    "avx512-vnni", decs_avx2,      q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512},
+    {MRQ, MRQ},    q8_to_f32_avx2, dir512,       dir8_512,
+    NULL,          dir8_any_512,   q8_xt_avx2};
 
 #endif /* __x86_64__ */
