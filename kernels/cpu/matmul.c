@@ -1146,11 +1146,12 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
                           struct tpool *tp)
 {
     if (!jobs || n_jobs <= 0 || n_jobs > KERN_CPU_MM_MAX_JOBS) return FERRY_ERR_INVALID;
-    int quantized = 0;
+    int quantized = 0, kb = 0;
     for (int j = 0; j < n_jobs; j++) {
         int st = mm_check(jobs[j].y, x, jobs[j].w, jobs[j].wt, m, jobs[j].n, k);
         if (st) return st;
         quantized |= is_quantized(jobs[j].wt);
+        kb |= q8_kinds[jobs[j].wt].kb;
     }
     const struct q8_isa *isa = q8_isas[kern_cpu_isa_current()];
     uint16_t *xp = NULL;
@@ -1161,7 +1162,7 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     struct q8x xq = {0};
     if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
         const int int8 = kern_cpu_matmul_act() == KERN_CPU_ACT_INT8;
-        int st = q8x_prepare(&xq, x, m, k, isa, int8, m > 1 && isa->xt, tp);
+        int st = q8x_prepare(&xq, x, m, k, isa, int8, kb && m > 1 && isa->xt, tp);
         if (st) return st;
     }
     struct mm_multi mm;
