@@ -25,12 +25,16 @@
  *    pmaddwd with AVX2, plain C elsewhere; the offset enters exactly through the lanes' sums of q), converted
  *    to f32 and accumulated as acc += (scale·dx)·lanes by one FMA per lane; the minimums of the affine types
  *    through the blocks' sums of x̂ (8 lanes). y = Σ lanes(acc) + Σ lanes(minimum sums).
- *    With AVX512-VNNI and up to Q8_DIRECT_M (2) rows of x, Q4_K's, Q5_K's and Q6_K's codes are read in place
- *    from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI Q4_K's
- *    and Q5_K's, one row per 256-bit register), with the same integer sums and the same f32 steps per lane,
- *    so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past 2 rows too,
- *    Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
- *    rows, up to MBQ per call; prefill's and batches' products: NOTES.md, 2026-12-07).
+ *    Q4_K, Q5_K and Q6_K (Q8_KB_LANES, matmul_impl.h) sum each block's dot product whole (Q6_K: each half's,
+ *    under its scale) and take one FMA per block (half) in lane b mod 8 instead, so their f32 work is one
+ *    conversion and one FMA per 8 blocks, x row and weight row.
+ *    With AVX512-VNNI and one row of x (Q8_0: up to Q8_DIRECT_M, 2), Q4_K's, Q5_K's and Q6_K's codes are read
+ *    in place from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI
+ *    Q4_K's and Q5_K's up to 2 rows, one row per 256-bit register), with the same integer sums and the same
+ * f32 steps, so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past
+ * that, Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x
+ *    rows, up to MBQ per call, the per-block types' codes transposed so that vpdpbusd sums a block in one
+ *    lane; a speculative step's verify rows, prefill's and batches' products: NOTES.md, 2026-12-07c).
  *    Error against exact x: |y - Σ w·x| <= Σ_blocks (dx/2)·Σ|w| (x's rounding, half a step of each block)
  *    plus f32 rounding of the sums (~(k/32 + 8)·2^-24·Σ|w·x|); the integer products themselves are exact.
  *    The instruction set is chosen at run time (cpuid; kern_cpu_isa_limit caps it).
@@ -430,7 +434,19 @@ static void q8_dot_c(const struct q8_dot *a, int mr, enum q8_mode mode, int sh)
             float *acc = a->acc + (i * NRQ + j) * 16, *macc = a->macc + (i * NRQ + j) * 8;
             float av[8], mv[8];
             for (int l = 0; l < 8; l++) av[l] = a->first ? 0.0f : acc[l], mv[l] = a->first ? 0.0f : macc[l];
-            for (int b = 0; b < a->nb; b++) {
+            for (int b = 0; b < a->nb && a->kb; b++) { /* Q8_KB_LANES: per block, or per half (Q6_K) */
+                const int gb = a->b0 + b, nh = mode == Q8M_OFF16 ? 2 : 1, len = QB / nh;
+                for (int h = 0; h < nh; h++) {
+                    int32_t dot = 0;
+                    for (int e = len * h; e < len * (h + 1); e++)
+                        dot += (int32_t)t->u[j][QB * b + e] * (int32_t)xq[(size_t)QB * gb + e];
+                    for (int l = 8 * h / nh; l < 8 * (h + 1) / nh && mode != Q8M_AFFINE; l++)
+                        dot += n4[8 * gb + l] * (1 << sh);
+                    const float sc = mode == Q8M_OFF16 ? t->s[j][2 * b + h] : t->s[j][b];
+                    av[gb % 8] = fmaf((float)dot, sc * dx[gb], av[gb % 8]);
+                }
+            }
+            for (int b = 0; b < a->nb && !a->kb; b++) {
                 const int gb = a->b0 + b;
                 const uint8_t *ub = t->u[j] + QB * b;
                 const int8_t *qb = xq + (size_t)QB * gb;
@@ -578,9 +594,9 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
     [DTYPE_Q4_1] = {0, Q8M_AFFINE, dec_q4_1_c},
     [DTYPE_Q5_0] = {4, Q8M_OFF, dec_q5_0_c},
     [DTYPE_Q5_1] = {0, Q8M_AFFINE, dec_q5_1_c},
-    [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c},
-    [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c},
-    [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c},
+    [DTYPE_Q4_K] = {0, Q8M_AFFINE, dec_q4_k_c, 1},
+    [DTYPE_Q5_K] = {0, Q8M_AFFINE, dec_q5_k_c, 1},
+    [DTYPE_Q6_K] = {5, Q8M_OFF16, dec_q6k_c, 1},
     /* matmul_lut.c */
     [DTYPE_Q2_K] = {0, Q8M_AFFINE16, q8_dec_q2_k},
     [DTYPE_Q3_K] = {2, Q8M_OFF16, q8_dec_q3_k},
@@ -597,8 +613,9 @@ static const struct q8_kind q8_kinds[DTYPE_COUNT] = {
     [DTYPE_IQ1_M] = {4, Q8M_OFF16, q8_dec_iq1_m},
 };
 
-static const struct q8_isa q8_isa_portable = {
-    "portable", NULL, q8x_row_c, {f32_dot_c, q8_dot_c}, {MRQ, MRQ}, q8_to_f32_c, NULL, NULL, NULL, NULL};
+static const struct q8_isa q8_isa_portable = {"portable", NULL,        q8x_row_c, {f32_dot_c, q8_dot_c},
+                                              {MRQ, MRQ}, q8_to_f32_c, NULL,      NULL,
+                                              NULL,       NULL,        NULL};
 
 /* Indexed by enum kern_cpu_isa (NULL: not in this build). */
 static const struct q8_isa *const q8_isas[KERN_CPU_ISA_COUNT] = {
@@ -707,6 +724,7 @@ struct q8x_job {
     const float *x;
     struct q8x *xq;
     q8_xrow_fn xrow;
+    q8_xt_fn xt;
     int m, n_tasks;
 };
 
@@ -714,31 +732,38 @@ static void q8x_task(void *arg, int t)
 {
     const struct q8x_job *j = arg;
     const struct q8x *q = j->xq;
-    for (int i = j->m * t / j->n_tasks; i < j->m * (t + 1) / j->n_tasks; i++)
-        j->xrow(j->x + (size_t)i * q->k, q->k, q->q + (size_t)i * q->k, q->n4 + (size_t)i * q->nb * 8,
-                q->dx + (size_t)i * q->nbp, q->sxd + (size_t)i * q->nbp, q->nbp);
+    for (int i = j->m * t / j->n_tasks; i < j->m * (t + 1) / j->n_tasks; i++) {
+        const size_t r = (size_t)i * q->k;
+        j->xrow(j->x + r, q->k, q->q + r, q->n4 + (size_t)i * q->nb * 8, q->dx + (size_t)i * q->nbp,
+                q->sxd + (size_t)i * q->nbp, q->nbp);
+        if (q->qt) /* q8x's comment */
+            j->xt(q->q + r, q->n4 + (size_t)i * q->nb * 8, q->k, q->qt + r, q->n4h + (size_t)i * q->nb * 2);
+    }
 }
 
 /* Prepares x (m, k) in the calling thread's scratch: quantized (int8) or only its block sums (f32, in sxd);
- * k is a multiple of 32. */
+ * k is a multiple of 32. kb: also q transposed (q8x.qt), where k allows. */
 static int q8x_prepare(struct q8x *xq, const float *x, int m, int k, const struct q8_isa *isa, int int8,
-                       struct tpool *tp)
+                       int kb, struct tpool *tp)
 {
     const int nb = k / QB, nbp = (nb + 7) / 8 * 8;
     const size_t qb = int8 ? ((size_t)m * k + 63) / 64 * 64 : 0, n4b = int8 ? (size_t)m * nb * 32 : 0,
-                 fb = (size_t)m * nbp * 4;
-    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb);
+                 fb = (size_t)m * nbp * 4, tb = int8 && kb && k % 256 == 0 ? qb : 0, hb = tb ? n4b / 4 : 0;
+    uint8_t *p = thread_buf_get(&x_buf, qb + n4b + 2 * fb + tb + hb);
     if (!p) return FERRY_ERR_NOMEM;
     *xq = (struct q8x){.q = (int8_t *)p,
                        .n4 = (int32_t *)(p + qb),
                        .dx = (float *)(p + qb + n4b),
                        .sxd = (float *)(p + qb + n4b + fb),
+                       .qt = tb ? (int8_t *)(p + qb + n4b + 2 * fb) : NULL,
+                       .n4h = tb ? (int32_t *)(p + qb + n4b + 2 * fb + tb) : NULL,
                        .k = k,
                        .nb = nb,
                        .nbp = nbp};
     /* Spread over the pool when there is enough to spread (prefill); decode's one row stays on the caller. */
     const int n_tasks = (int64_t)m * k >= (1 << 16) ? (m < tpool_size(tp) ? m : tpool_size(tp)) : 1;
-    struct q8x_job job = {.x = x, .xq = xq, .xrow = int8 ? isa->xrow : sx_row_c, .m = m, .n_tasks = n_tasks};
+    struct q8x_job job = {
+        .x = x, .xq = xq, .xrow = int8 ? isa->xrow : sx_row_c, .xt = isa->xt, .m = m, .n_tasks = n_tasks};
     if (n_tasks > 1)
         tpool_run(tp, q8x_task, &job, n_tasks);
     else
@@ -956,7 +981,8 @@ static void q8_task(const struct mm_ctx *c, int j_lo, int j_hi)
                                        .nb = nbc,
                                        .acc = accb + (size_t)i0 * NRQ * 16,
                                        .macc = maccb + (size_t)i0 * NRQ * 8,
-                                       .first = c0 == 0};
+                                       .first = c0 == 0,
+                                       .kb = c->int8 && c->qk->kb};
                     memcpy(d.row, rows, sizeof rows);
                     if (c->qk->mode == Q8M_AFFINE16) { /* the scaled codes, then the minimums */
                         c->dot(&d, mr, Q8M_OFF16, 0);
@@ -1044,8 +1070,10 @@ static int mm_prepare(struct mm_ctx *c, float *y, const float *x, const void *w,
         c->dot = isa->dot[act];
         c->mrq = isa->mr[act];
         if (!c->int8 && m <= c->mrq && isa->direct) c->direct = isa->direct[wt];
-        if (c->int8 && m <= Q8_DIRECT_M && isa->direct8) c->direct = isa->direct8[wt];
-        if (c->int8 && m > Q8_DIRECT_M && isa->direct8_any && isa->direct8_any[wt]) {
+        /* the per-block types' many-row kernels from 2 rows where x is transposed for them (q8x.qt) */
+        const int any_m = c->qk->kb && xq->qt ? 1 : Q8_DIRECT_M;
+        if (c->int8 && m <= any_m && isa->direct8) c->direct = isa->direct8[wt];
+        if (c->int8 && m > any_m && isa->direct8_any && isa->direct8_any[wt]) {
             c->direct = isa->direct8_any[wt];
             c->mrq = MBQ;
             c->acc_lda = 8;
@@ -1118,11 +1146,12 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
                           struct tpool *tp)
 {
     if (!jobs || n_jobs <= 0 || n_jobs > KERN_CPU_MM_MAX_JOBS) return FERRY_ERR_INVALID;
-    int quantized = 0;
+    int quantized = 0, kb = 0;
     for (int j = 0; j < n_jobs; j++) {
         int st = mm_check(jobs[j].y, x, jobs[j].w, jobs[j].wt, m, jobs[j].n, k);
         if (st) return st;
         quantized |= is_quantized(jobs[j].wt);
+        kb |= q8_kinds[jobs[j].wt].kb;
     }
     const struct q8_isa *isa = q8_isas[kern_cpu_isa_current()];
     uint16_t *xp = NULL;
@@ -1132,7 +1161,8 @@ int kern_cpu_matmul_multi(const struct kern_cpu_mm *jobs, int n_jobs, const floa
     }
     struct q8x xq = {0};
     if (quantized) { /* every quantized type's k is a multiple of 32: one prepared x for all jobs */
-        int st = q8x_prepare(&xq, x, m, k, isa, kern_cpu_matmul_act() == KERN_CPU_ACT_INT8, tp);
+        const int int8 = kern_cpu_matmul_act() == KERN_CPU_ACT_INT8;
+        int st = q8x_prepare(&xq, x, m, k, isa, int8, kb && m > 1 && isa->xt, tp);
         if (st) return st;
     }
     struct mm_multi mm;

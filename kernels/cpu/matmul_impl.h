@@ -72,11 +72,19 @@ enum q8_mode {
  *       -2^sh·Σq start the dot products of offset codes)
  *   dx  (m, nbp) f32: amax/127 (NaN when the block holds a NaN or an infinity, so that y does), 0 past nb
  *   sxd (m, nbp) f32: dx·Σq, the block's sum of x̂ (the minimums' weight), 0 past nb
- * nb = k/32, nbp = nb rounded up to a multiple of 8. Lives in the calling thread's buffer (thread_buf). */
+ * nb = k/32, nbp = nb rounded up to a multiple of 8. Lives in the calling thread's buffer (thread_buf).
+ * Where the instruction set's many-row kernels of the Q8_KB_LANES types run (q8_isa.xt: more than
+ * Q8_DIRECT_M rows, k a multiple of 256), also
+ *   qt  (m, k) int8: q transposed per 256 elements: bytes 256s + 32g + 4l .. + 3 of a row are q's elements
+ *       256s + 32l + 4g .. + 3 (block 8s + l, group g), so that a vpdpbusd lane sums one block
+ *   n4h (m, nb, 2) int32: per 256 elements s of a row, lane 16s + 8h + l is the sum of n4's lanes 4h .. 4h +
+ * 3 of block 8s + l (minus Σq over the block's half h) (NULL otherwise). */
 struct q8x {
     int8_t *q;
     int32_t *n4;
     float *dx, *sxd;
+    int8_t *qt;
+    int32_t *n4h;
     int k, nb, nbp;
 };
 
@@ -106,12 +114,25 @@ struct q8_dot {
     int b0, nb;             /* the chunk's first block within the row, and its block count */
     float *acc, *macc;
     int first;
+    int kb; /* int8 arithmetic in the per-block lanes of Q8_KB_LANES (q8_kind.kb) */
 };
+
+/* The int8 arithmetic of Q4_K, Q5_K and Q6_K (q8_kind.kb): each 32-element block's dot product Σ code·q
+ * (Q6_K: each half's, 16 elements under one scale, with its offset) is summed whole in int32 (exact), and the
+ * block's f32 step fma(dot, s·dx, acc) goes to lane b mod 8 of the 8 lanes (b: the block's index in the row;
+ * chunks start at multiples of 8 blocks, a super-block is 8 blocks; Q6_K: the first half's step, then the
+ * second's), so one conversion and one FMA per 8 blocks (Q6_K: two) and (x row, weight row) in 8-lane
+ * vectors, where the other types take them per 4-element lane of each block. Fewer roundings than those (one
+ * per block, not 8), and what lets rows of x be added for about the cost of their integer products
+ * (kernels/cpu/NOTES.md, 2026-12-07c). */
+#define Q8_KB_LANES 8
 
 typedef void (*q8_dot_fn)(const struct q8_dot *a, int mr, enum q8_mode mode, int sh);
 typedef void (*q8_f32_fn)(const uint8_t *u, const float *s, const float *mn, int kc, enum q8_mode mode,
                           int sh, float *dst);
 typedef void (*q8_xrow_fn)(const float *x, int k, int8_t *q, int32_t *n4, float *dx, float *sxd, int nbp);
+/* One row's qt (k) and n4h (k/16) from its q (k) and n4 (k/4), k a multiple of 256 (q8x's comment). */
+typedef void (*q8_xt_fn)(const int8_t *q, const int32_t *n4, int k, int8_t *qt, int32_t *n4h);
 /* A product's rows j_lo .. j_hi of W against x's one row, whole rows at a time, into y (n). */
 typedef void (*q8_rows_fn)(const struct q8x *x, const uint8_t *w, size_t row_bytes, int j_lo, int j_hi,
                            float *y);
@@ -137,6 +158,7 @@ struct q8_kind {
     int sh;
     enum q8_mode mode;
     q8_dec_fn dec;
+    int kb; /* int8 arithmetic: a block's dot product summed whole (Q8_KB_LANES) */
 };
 
 /* An instruction set's kernels: decoders (AVX2 or portable), x quantizer, and the dot kernels of both
@@ -154,6 +176,8 @@ struct q8_isa {
     const q8_dot_fn *direct8_any; /* int8 arithmetic, past Q8_DIRECT_M rows: direct kernels that beat the
                                    * tile there, taking up to MBQ x rows per call and leaving acc packed
                                    * (weight row j's 8 lanes at acc + i·NRQ·16 + 8j) */
+    q8_xt_fn xt;                  /* direct8_any's Q8_KB_LANES kernels read q8x.qt and n4h: this fills them
+                                   * (NULL: those kernels are not in this set) */
 };
 
 /* matmul_lut.c's portable decoders of the table and grid types (its first comment lists their modes). */

@@ -296,6 +296,129 @@ q8_dot_body(const struct q8_dot *a, const int mr, const enum q8_mode mode, int s
     if (mode == Q8M_AFFINE) q8_min_terms(a, mr);
 }
 
+/* Q8_KB_LANES: lane b of *h0 (*h1) = the sum of d[b]'s lanes 0-3 (4-7), a block's first (second) 16 elements
+ * (integer, exact in any order). */
+static inline __attribute__((always_inline, target(T_AVX2))) void kb_halves8(const __m256i *d, __m256i *h0,
+                                                                             __m256i *h1)
+{
+    const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+    const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+    *h0 = _mm256_permute2x128_si256(u0, u1, 0x20);
+    *h1 = _mm256_permute2x128_si256(u0, u1, 0x31);
+}
+
+/* Q8_KB_LANES: lane b of the result = the sum of d[b]'s 8 lanes. */
+static inline __attribute__((always_inline, target(T_AVX2))) __m256i kb_reduce8(const __m256i *d)
+{
+    __m256i h0, h1;
+    kb_halves8(d, &h0, &h1);
+    return _mm256_add_epi32(h0, h1);
+}
+
+/* The 16 scales s[0..15] of 8 blocks (two per block, Q6_K) as the first halves' (*e: s[2b]) and the second
+ * halves' (*o: s[2b + 1]). */
+static inline __attribute__((always_inline, target(T_AVX2))) void kb_scales16(const float *s, __m256 *e,
+                                                                              __m256 *o)
+{
+    const __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
+    *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+    *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+}
+
+/* q8_xt_fn: per 256 elements an 8x8 transpose of 4-byte groups (the 8 blocks' group g side by side), and the
+ * 8 blocks' halves' sums of n4 (kb_halves8). */
+__attribute__((target(T_AVX2))) static void q8_xt_avx2(const int8_t *q, const int32_t *n4, int k, int8_t *qt,
+                                                       int32_t *n4h)
+{
+    for (int s = 0; s < k / 256; s++, q += 256, qt += 256, n4 += 64, n4h += 16) {
+        __m256i u[8], t[8], v[8];
+        for (int b = 0; b < 8; b++) u[b] = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
+        for (int c = 0; c < 4; c++) {
+            t[2 * c] = _mm256_unpacklo_epi32(u[2 * c], u[2 * c + 1]);
+            t[2 * c + 1] = _mm256_unpackhi_epi32(u[2 * c], u[2 * c + 1]);
+        }
+        for (int c = 0; c < 2; c++) {
+            v[4 * c] = _mm256_unpacklo_epi64(t[4 * c], t[4 * c + 2]);
+            v[4 * c + 1] = _mm256_unpackhi_epi64(t[4 * c], t[4 * c + 2]);
+            v[4 * c + 2] = _mm256_unpacklo_epi64(t[4 * c + 1], t[4 * c + 3]);
+            v[4 * c + 3] = _mm256_unpackhi_epi64(t[4 * c + 1], t[4 * c + 3]);
+        }
+        for (int g = 0; g < 4; g++) {
+            _mm256_storeu_si256((__m256i *)(qt + 32 * g), _mm256_permute2x128_si256(v[g], v[4 + g], 0x20));
+            _mm256_storeu_si256((__m256i *)(qt + 32 * (4 + g)),
+                                _mm256_permute2x128_si256(v[g], v[4 + g], 0x31));
+        }
+        __m256i d[8], h0, h1;
+        for (int b = 0; b < 8; b++) d[b] = _mm256_loadu_si256((const __m256i *)(n4 + 8 * b));
+        kb_halves8(d, &h0, &h1);
+        _mm256_storeu_si256((__m256i *)n4h, h0);
+        _mm256_storeu_si256((__m256i *)(n4h + 8), h1);
+    }
+}
+
+/* q8_dot_c's Q8_KB_LANES arithmetic on the tile (Q4_K, Q5_K past Q8_DIRECT_M rows; Q6_K, sh 5, at every m):
+ * per 8 blocks and (x row, weight row) the 8 blocks' lane sums, reduced to one sum per block (Q6_K: per
+ * half), one conversion and one FMA (Q6_K: two) with the 8 blocks' s·dx. */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q8_dot_body_kb(const struct q8_dot *a, const int mr, const int off16, int sh, lane_dot_fn dot)
+{
+    const struct q8_tile *t = a->t;
+    const int8_t *xq[MRQ];
+    const int32_t *n4[MRQ];
+    const float *dx[MRQ];
+    __m256 acc[MRQ][NRQ];
+    q8_dot_rows(a, mr, xq, n4, dx, acc);
+    const __m128i shv = _mm_cvtsi32_si128(sh);
+    for (int g = 0; g < a->nb; g += 8) {
+        const int gb = a->b0 + g;
+        for (int j = 0; j < NRQ; j++) {
+            __m256 sv, so;
+            if (off16)
+                kb_scales16(&t->s[j][2 * g], &sv, &so);
+            else
+                sv = so = _mm256_loadu_ps(&t->s[j][g]);
+            for (int i = 0; i < mr; i++) {
+                __m256i d[8];
+                for (int b = 0; b < 8; b++)
+                    d[b] = dot(off16 ? _mm256_sll_epi32(
+                                           _mm256_loadu_si256((const __m256i *)(n4[i] + 8 * (gb + b))), shv)
+                                     : _mm256_setzero_si256(),
+                               _mm256_load_si256((const __m256i *)(t->u[j] + QB * (g + b))),
+                               _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)QB * (gb + b))));
+                const __m256 dxv = _mm256_loadu_ps(dx[i] + gb);
+                if (off16) {
+                    __m256i h0, h1;
+                    kb_halves8(d, &h0, &h1);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(sv, dxv), acc[i][j]);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(so, dxv), acc[i][j]);
+                } else {
+                    acc[i][j] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(kb_reduce8(d)), _mm256_mul_ps(sv, dxv), acc[i][j]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NRQ; j++) _mm256_storeu_ps(a->acc + (i * NRQ + j) * 16, acc[i][j]);
+    if (!off16) q8_min_terms(a, mr);
+}
+
+/* q8_dot_body_kb for any number of x rows, 2 at a time: Q4_K, Q5_K (affine) or Q6_K (OFF16, offset 2^5). */
+static inline __attribute__((always_inline, target(T_AVX2))) void
+q8_dot_kb(const struct q8_dot *a, int mr, enum q8_mode mode, lane_dot_fn dot)
+{
+    struct q8_dot b = *a;
+    for (int i = 0; i < mr; i += 2) {
+        b.i0 = a->i0 + i;
+        b.acc = a->acc + (size_t)i * NRQ * 16;
+        b.macc = a->macc + (size_t)i * NRQ * 8;
+        if (mode == Q8M_OFF16)
+            mr - i == 1 ? q8_dot_body_kb(&b, 1, 1, 5, dot) : q8_dot_body_kb(&b, 2, 1, 5, dot);
+        else
+            mr - i == 1 ? q8_dot_body_kb(&b, 1, 0, 0, dot) : q8_dot_body_kb(&b, 2, 0, 0, dot);
+    }
+}
+
 #define Q8_CASE(mode, mr, dot)                                                                               \
     case (mode)*8 + (mr):                                                                                    \
         q8_dot_body(a, mr, mode, sh, dot);                                                                   \
@@ -307,6 +430,10 @@ __attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, 
                                                         int sh)
 {
     if (mode == Q8M_OFF && sh == 7) mode = Q8M_SIGNED; /* Q8_0 */
+    if (a->kb) {
+        q8_dot_kb(a, mr, mode, lane_dot_avx2);
+        return;
+    }
     switch (mode * 8 + mr) {
         Q8_CASES2(Q8M_OFF, lane_dot_avx2)
         Q8_CASES2(Q8M_OFF16, lane_dot_avx2)
@@ -317,6 +444,10 @@ __attribute__((target(T_AVX2))) static void q8_dot_avx2(const struct q8_dot *a, 
 __attribute__((target(T_AVXVNNI))) static void q8_dot_avxvnni(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
+    if (a->kb) {
+        q8_dot_kb(a, mr, mode, lane_dot_avxvnni);
+        return;
+    }
     switch (mode * 8 + mr) {
         Q8_CASES2(Q8M_OFF, lane_dot_avxvnni)
         Q8_CASES2(Q8M_OFF16, lane_dot_avxvnni)
@@ -361,27 +492,29 @@ q45k_dot_body(const struct q8_dot *a, const int mr, const int five, lane_dot_fn 
     const __m256i m0f = _mm256_set1_epi8(15), b10 = _mm256_set1_epi8(16);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
+        for (int j = 0; j < NRQ; j++) {
+            __m256i u[8]; /* the super-block's 8 blocks: block 2h the low nibbles of qs[32h ..], 2h + 1 the
+                             high */
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qh_off))
+                                    : _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
-            __m256i xv[Q8_DIRECT_M][2];
-            for (int i = 0; i < mr; i++)
-                for (int e = 0; e < 2; e++)
-                    xv[i][e] = _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * (2 * h + e)));
-#pragma GCC unroll 4
-            for (int j = 0; j < NRQ; j++) {
+            for (int h = 0; h < 4; h++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qs_off + 32 * h));
-                __m256i u[2] = {_mm256_and_si256(q, m0f), _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f)};
+                u[2 * h] = _mm256_and_si256(q, m0f);
+                u[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f);
                 if (five) { /* bits 2h and 2h + 1 of each qh byte to bit 4, as dec_q45k_avx2 */
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(a->row[j] + off + qh_off));
-                    u[0] = _mm256_or_si256(u[0], _mm256_and_si256(bit_to_4(qh, 2 * h), b10));
-                    u[1] = _mm256_or_si256(u[1], _mm256_and_si256(bit_to_4(qh, 2 * h + 1), b10));
+                    u[2 * h] = _mm256_or_si256(u[2 * h], _mm256_and_si256(bit_to_4(qh, 2 * h), b10));
+                    u[2 * h + 1] =
+                        _mm256_or_si256(u[2 * h + 1], _mm256_and_si256(bit_to_4(qh, 2 * h + 1), b10));
                 }
-                for (int e = 0; e < 2; e++)
-                    for (int i = 0; i < mr; i++) {
-                        const __m256i l = dot(_mm256_setzero_si256(), u[e], xv[i][e]);
-                        const __m256 s = _mm256_broadcast_ss(&sd[i][j][8 * sb + 2 * h + e]);
-                        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc[i][j]);
-                    }
+            }
+            for (int i = 0; i < mr; i++) {
+                __m256i d[8];
+                for (int b = 0; b < 8; b++)
+                    d[b] = dot(_mm256_setzero_si256(), u[b],
+                               _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kb_reduce8(d)),
+                                            _mm256_load_ps(sd[i][j] + 8 * sb), acc[i][j]);
             }
         }
     }
@@ -521,6 +654,10 @@ q8_dot_body512(const struct q8_dot *a, const int mr, const enum q8_mode mode, in
 __attribute__((target(T_VNNI512))) static void q8_dot_vnni512(const struct q8_dot *a, int mr,
                                                               enum q8_mode mode, int sh)
 {
+    if (a->kb) { /* (the per-block types take the direct kernels here: not reached) */
+        q8_dot_kb(a, mr, mode, lane_dot_vnni512);
+        return;
+    }
     switch (mode * 8 + mr) {
         Q8_CASES512(Q8M_OFF)
         Q8_CASES512(Q8M_OFF16)
@@ -826,6 +963,58 @@ static inline AI_512 void q45k_codes2(const uint8_t *w0, const uint8_t *w1, int 
     }
 }
 
+/* Q8_KB_LANES for a row pair: d[b] holds block b's 8 lane sums of rows 2p (lanes 0-7) and 2p + 1 (8-15); lane
+ * b (8 + b) of *h0 (*h1) is the sum of block b's first (second) 16 elements for row 2p (2p + 1). Integer
+ * adds, exact in any order. */
+static inline AI_512 void kb_halves8_512(const __m512i *d, __m512i *h0, __m512i *h1)
+{
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) /* per 128 bits: d[2q]'s and d[2q + 1]'s lanes 0 + 2 and 1 + 3 */
+        a[q] = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2 * q], d[2 * q + 1]),
+                                _mm512_unpackhi_epi32(d[2 * q], d[2 * q + 1]));
+    /* per 128 bits k: the sums of lanes 4k .. 4k + 3 of d[0..3] (c0) and d[4..7] (c1) */
+    const __m512i c0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
+    const __m512i c1 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]), _mm512_unpackhi_epi64(a[2], a[3]));
+    *h0 = _mm512_permutex2var_epi64(c0, _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), c1);
+    *h1 = _mm512_permutex2var_epi64(c0, _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15), c1);
+}
+
+/* Q8_KB_LANES for a row pair: lane b (8 + b) is block b's whole sum for row 2p (2p + 1). */
+static inline AI_512 __m512i kb_reduce8_512(const __m512i *d)
+{
+    __m512i h0, h1;
+    kb_halves8_512(d, &h0, &h1);
+    return _mm512_add_epi32(h0, h1);
+}
+
+/* Codes as q8_dot's Q8_KB_LANES kernels read them, u[b] block b of a row pair (pair_si's order), transposed
+ * once so that lane b (8 + b) of tr[g] is group g (elements 4g .. 4g + 3) of block b of the first (second)
+ * row: an 8x8 transpose of 4-byte groups in each 256 bits. */
+static inline AI_512 void kb_transpose8_512(const __m512i *u, __m512i *tr)
+{
+    __m512i t[8], v[8];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        t[2 * q] = _mm512_unpacklo_epi32(u[2 * q], u[2 * q + 1]);
+        t[2 * q + 1] = _mm512_unpackhi_epi32(u[2 * q], u[2 * q + 1]);
+    }
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; q++) {
+        v[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        v[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        v[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        v[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13),
+                  hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        tr[g] = _mm512_permutex2var_epi64(v[g], lo, v[4 + g]);
+        tr[4 + g] = _mm512_permutex2var_epi64(v[g], hi, v[4 + g]);
+    }
+}
+
 /* five: Q5_K, whose fifth bits (qh) are put on the nibbles as dec_q45k_avx2 does (bit i of qh[l] to bit 4
  * of block i's element l), so the codes and every sum that follows are the tile's. */
 static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr, const int five)
@@ -865,27 +1054,21 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
                 macc[i][p] = _mm512_fmadd_ps(mp, dup_ps(_mm256_loadu_ps(sxd[i] + 8 * sb)), macc[i][p]);
             }
         }
+#pragma GCC unroll 2
+        for (int p = 0; p < NRQ / 2; p++) {
+            __m512i u[8]; /* the super-block's 8 blocks of rows 2p and 2p + 1 */
 #pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) { /* 32 bytes of each row: blocks 2h (low nibbles) and 2h + 1 */
-            __m512i u[NRQ / 2][2];
-#pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++)
-                q45k_codes2(a->row[2 * p] + off, a->row[2 * p + 1] + off, h, qh[p], five, &u[p][0], &u[p][1]);
-#pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const int b = 2 * h + e;
-                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
-                                                     b, b, b, b, b, b, b, b);
-                for (int i = 0; i < mr; i++) {
-                    const __m512i xv = _mm512_broadcast_i64x4(
-                        _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b)));
-#pragma GCC unroll 2
-                    for (int p = 0; p < NRQ / 2; p++) {
-                        const __m512 l =
-                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][e], xv));
-                        acc[i][p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[i][p]), acc[i][p]);
-                    }
-                }
+            for (int h = 0; h < 4; h++)
+                q45k_codes2(a->row[2 * p] + off, a->row[2 * p + 1] + off, h, qh[p], five, &u[2 * h],
+                            &u[2 * h + 1]);
+            for (int i = 0; i < mr; i++) {
+                __m512i d[8];
+#pragma GCC unroll 8
+                for (int b = 0; b < 8; b++)
+                    d[b] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[b],
+                                               _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                                   (const __m256i *)(xq[i] + QK_K * sb + QB * b))));
+                acc[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kb_reduce8_512(d)), sd[i][p], acc[i][p]);
             }
         }
     }
@@ -899,14 +1082,15 @@ static inline AI_512 void q45k_dot_body512(const struct q8_dot *a, const int mr,
         }
 }
 
-/* int8 arithmetic, Q4_K and Q5_K, any number of x rows per call (prefill and batches): q45k_dot_body512's
- * codes, scales and f32 steps, with the loops turned round. Per super-block the 4 weight rows' codes are
- * decoded into 16 registers and their scales unpacked once, then every x row of the call runs over them;
- * its accumulators go through memory once per super-block (a load and a store, where the mr-row form kept
- * them in registers and unpacked the same codes and scales again for every 4 rows of x). acc is packed:
- * row j's 8 lanes at acc + i·NRQ·16 + 8j (a pair of weight rows per 512-bit store); macc as everywhere.
- * Each (x row, weight row) takes the same f32 operations in the same order, so the results are bitwise
- * q45k_dot_body512's and the tile's. */
+/* int8 arithmetic, Q4_K and Q5_K, any number of x rows per call (prefill and batches), Q8_KB_LANES. Per
+ * super-block the 4 weight rows' codes are decoded into 16 registers, transposed so that lane b (8 + b) of
+ * register g holds group g (elements 4g .. 4g + 3) of block b of row 2p (2p + 1), and their scales unpacked
+ * once; then every x row of the call runs over them, its transposed codes (q8x.qt) against the 8 registers
+ * of a row pair: 8 vpdpbusd leave each block's whole sum in its lane, then one conversion and one FMA with
+ * s·dx per row pair. The block sums are the direct kernels' (exact integers), the f32 steps theirs in their
+ * order, so the results are bitwise q45k_dot_body512's and the tile's. Per x row and super-block of 4 weight
+ * rows: 16 vpdpbusd and 10 other vector operations (the per-block steps took 64: kernels/cpu/NOTES.md,
+ * 2026-12-07c). acc is packed: row j's 8 lanes at acc + i·NRQ·16 + 8j; macc as everywhere. */
 static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, const int five)
 {
     const struct q8x *x = a->x;
@@ -915,45 +1099,45 @@ static inline AI_512 void q45k_many512(const struct q8_dot *a, const int mr, con
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const size_t off = (size_t)(a->b0 / 8 + sb) * bsz;
         const int first = a->first && sb == 0;
-        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (lanes 0-7's bytes) and 2p + 1 */
+        __m512i tr[NRQ / 2][8]; /* [p][g]: group g of blocks 0-7, rows 2p and 2p + 1 */
         __m512 sp[NRQ / 2], mp[NRQ / 2];
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
             const uint8_t *w0 = a->row[2 * p] + off, *w1 = a->row[2 * p + 1] + off;
             q45k_scales2(w0, w1, &sp[p], &mp[p]);
             const __m512i qh = five ? pair_si(w0 + qh_off, w1 + qh_off) : _mm512_setzero_si512();
+            __m512i u[8]; /* block b of the pair */
 #pragma GCC unroll 4
-            for (int h = 0; h < 4; h++) q45k_codes2(w0, w1, h, qh, five, &u[p][2 * h], &u[p][2 * h + 1]);
+            for (int h = 0; h < 4; h++) q45k_codes2(w0, w1, h, qh, five, &u[2 * h], &u[2 * h + 1]);
+            kb_transpose8_512(u, tr[p]);
         }
         for (int i = 0; i < mr; i++) {
             const size_t r = (size_t)(a->i0 + i);
-            const int8_t *xq = x->q + r * x->k + (size_t)QB * (a->b0 + 8 * sb);
-            const float *dx = x->dx + r * x->nbp + a->b0 + 8 * sb,
-                        *sxd = x->sxd + r * x->nbp + a->b0 + 8 * sb;
+            const int gb = a->b0 + 8 * sb;
+            const int8_t *xt = x->qt + r * x->k + (size_t)QB * gb;
+            const float *dx = x->dx + r * x->nbp + gb, *sxd = x->sxd + r * x->nbp + gb;
             float *ap = a->acc + (size_t)i * NRQ * 16, *mq = a->macc + (size_t)i * NRQ * 8;
             const __m512 dxv = dup_ps(_mm256_loadu_ps(dx)), sxv = dup_ps(_mm256_loadu_ps(sxd));
-            __m512 acc[NRQ / 2], sd[NRQ / 2];
+            /* two chains per row pair (groups 0-3, 4-7), added at the end: integers, so the same sums */
+            __m512i c[NRQ / 2][2];
+#pragma GCC unroll 2
+            for (int p = 0; p < NRQ / 2; p++) c[p][0] = c[p][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xt + 32 * g)));
+#pragma GCC unroll 2
+                for (int p = 0; p < NRQ / 2; p++)
+                    c[p][g / 4] = _mm512_dpbusd_epi32(c[p][g / 4], tr[p][g], xv);
+            }
 #pragma GCC unroll 2
             for (int p = 0; p < NRQ / 2; p++) {
-                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                const __m512i cs = _mm512_add_epi32(c[p][0], c[p][1]);
+                const __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
                 const __m512 mv = first ? _mm512_setzero_ps() : _mm512_loadu_ps(mq + 16 * p);
                 _mm512_storeu_ps(mq + 16 * p, _mm512_fmadd_ps(mp[p], sxv, mv));
-                sd[p] = _mm512_mul_ps(sp[p], dxv);
+                _mm512_storeu_ps(ap + 16 * p,
+                                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(cs), _mm512_mul_ps(sp[p], dxv), acc));
             }
-#pragma GCC unroll 8
-            for (int b = 0; b < 8; b++) {
-                const __m512i sel = _mm512_set_epi32(8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b, 8 + b,
-                                                     b, b, b, b, b, b, b, b);
-                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
-#pragma GCC unroll 2
-                for (int p = 0; p < NRQ / 2; p++) {
-                    const __m512 l =
-                        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p][b], xv));
-                    acc[p] = _mm512_fmadd_ps(l, _mm512_permutexvar_ps(sel, sd[p]), acc[p]);
-                }
-            }
-#pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
         }
     }
 }
@@ -974,11 +1158,28 @@ static inline AI_512 void q6k_codes2(const struct block_q6_k *b0, const struct b
                            _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
 }
 
-/* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI: q45k_dot_body512's scheme for Q6_K's codes (the low
- * bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the lanes' sums of
- * x (n4·32 starts each dot product) and a scale per 16 elements (lanes 0-3 and 4-7 of a block): the integer
- * sums and the f32 steps of q8_dot_body's Q8M_OFF16 (s·dx, then fma(lanes, s·dx, acc) block by block), so
- * the results are bitwise equal. */
+/* Q6_K's 16 scales of rows 2p and 2p + 1 (times d) as Q8_KB_LANES takes them: *e the first halves' (lane b:
+ * row 2p's block b, 8 + b: row 2p + 1's), *o the second halves'. */
+static inline AI_512 void q6k_scales2(const struct block_q6_k *b0, const struct block_q6_k *b1, __m512 *e,
+                                      __m512 *o)
+{
+    const __m512 s0 =
+        _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b0->d)),
+                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b0->scales))));
+    const __m512 s1 =
+        _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b1->d)),
+                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b1->scales))));
+    *e = _mm512_permutex2var_ps(
+        s0, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), s1);
+    *o = _mm512_permutex2var_ps(
+        s0, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), s1);
+}
+
+/* int8 arithmetic, Q6_K, m <= Q8_DIRECT_M on AVX512-VNNI, Q8_KB_LANES: q45k_dot_body512's scheme for Q6_K's
+ * codes (the low bits of ql and the two of qh put together as dec_q6k_avx2 does), the offset -32 through the
+ * lanes' sums of x (n4·32 starts each dot product); per super-block, row pair and x row the 8 blocks' lane
+ * sums reduced to their halves' sums (kb_halves8_512), then two conversions and two FMAs with s·dx (first
+ * halves, then second halves), as q8_dot_c and the tile kernels: bitwise equal. */
 static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
 {
     const struct q8x *x = a->x;
@@ -997,46 +1198,31 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
                 a->first ? _mm512_setzero_ps() : pair_ps(_mm256_loadu_ps(ap), _mm256_loadu_ps(ap + 16));
         }
     }
-    const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int sb = 0; sb < a->nb / 8; sb++) {
-        const struct block_q6_k *bl[NRQ];
-        __m512 sdx[MRQ][NRQ]; /* s·dx for the 16 scales of each row (scale t: block t/2's dx) */
-        for (int j = 0; j < NRQ; j++) {
-            bl[j] = (const struct block_q6_k *)a->row[j] + a->b0 / 8 + sb;
-            const __m512 s16 = _mm512_mul_ps(
-                _mm512_set1_ps(_cvtsh_ss(bl[j]->d)),
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[j]->scales))));
-            for (int i = 0; i < mr; i++)
-                sdx[i][j] = _mm512_mul_ps(
-                    s16,
-                    _mm512_permutexvar_ps(dup2, _mm512_castps256_ps512(_mm256_loadu_ps(dx[i] + 8 * sb))));
-        }
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) { /* elements 128h .. 128h + 127: blocks 4h + g */
-            __m512i xv[MRQ][4], cv[MRQ][4];
-            for (int i = 0; i < mr; i++)
-                for (int g = 0; g < 4; g++) {
-                    const int b = 8 * sb + 4 * h + g;
-                    xv[i][g] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq[i] + QB * b)));
-                    cv[i][g] = _mm512_slli_epi32(
-                        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * b))), 5);
-                }
-#pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++) {
-                __m512i u[4];
-                q6k_codes2(bl[2 * p], bl[2 * p + 1], h, u);
-#pragma GCC unroll 4
-                for (int g = 0; g < 4; g++) {
-                    const int t = 2 * (4 * h + g); /* the block's first scale */
-                    const __m512i sel =
-                        _mm512_setr_epi32(t, t, t, t, t + 1, t + 1, t + 1, t + 1, 16 + t, 16 + t, 16 + t,
-                                          16 + t, 17 + t, 17 + t, 17 + t, 17 + t);
-                    for (int i = 0; i < mr; i++) {
-                        const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i][g], u[g], xv[i][g]));
-                        const __m512 sd = _mm512_permutex2var_ps(sdx[i][2 * p], sel, sdx[i][2 * p + 1]);
-                        acc[i][p] = _mm512_fmadd_ps(l, sd, acc[i][p]);
-                    }
-                }
+        for (int p = 0; p < NRQ / 2; p++) {
+            const struct block_q6_k *b0 = (const struct block_q6_k *)a->row[2 * p] + a->b0 / 8 + sb,
+                                    *b1 = (const struct block_q6_k *)a->row[2 * p + 1] + a->b0 / 8 + sb;
+            __m512 se, so;
+            q6k_scales2(b0, b1, &se, &so);
+            __m512i u[8];
+            q6k_codes2(b0, b1, 0, u);
+            q6k_codes2(b0, b1, 1, u + 4);
+            for (int i = 0; i < mr; i++) {
+                __m512i d[8], h0, h1;
+#pragma GCC unroll 8
+                for (int b = 0; b < 8; b++)
+                    d[b] = _mm512_dpbusd_epi32(
+                        _mm512_slli_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                              (const __m256i *)(n4[i] + 8 * (8 * sb + b)))),
+                                          5),
+                        u[b],
+                        _mm512_broadcast_i64x4(
+                            _mm256_loadu_si256((const __m256i *)(xq[i] + QK_K * sb + QB * b))));
+                kb_halves8_512(d, &h0, &h1);
+                const __m512 dxv = dup_ps(_mm256_loadu_ps(dx[i] + 8 * sb));
+                acc[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h0), _mm512_mul_ps(se, dxv), acc[i][p]);
+                acc[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h1), _mm512_mul_ps(so, dxv), acc[i][p]);
             }
         }
     }
@@ -1048,61 +1234,56 @@ static inline AI_512 void q6k_dot_body512(const struct q8_dot *a, const int mr)
         }
 }
 
-/* int8 arithmetic, Q6_K, any number of x rows per call: q6k_dot_body512's codes, scales and f32 steps with
- * the loops turned round as in q45k_many512 (a super-block's codes of the 4 weight rows decoded once into 16
- * registers, then every x row over them; acc packed, through memory once per super-block), so the results
- * are bitwise q6k_dot_body512's and the tile's. */
+/* int8 arithmetic, Q6_K, any number of x rows per call, Q8_KB_LANES: q45k_many512's scheme (codes of the 4
+ * weight rows decoded and transposed once per super-block, then every x row over them: 8 vpdpbusd per row
+ * pair, groups 0-3 into one sum and 4-7 into another, which are the blocks' halves) with q6k_dot_body512's
+ * scales and f32 steps; each half's sum starts from its offset, -32·Σq over the half (q8x.n4h). Bitwise
+ * q6k_dot_body512's and the tile's. acc packed. */
 static inline AI_512 void q6k_many512(const struct q8_dot *a, const int mr)
 {
     const struct q8x *x = a->x;
-    const __m512i dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int sb = 0; sb < a->nb / 8; sb++) {
         const int first = a->first && sb == 0;
-        const struct block_q6_k *bl[NRQ];
-        __m512 s16[NRQ]; /* the 16 scales of each row, times d */
-        for (int j = 0; j < NRQ; j++) {
-            bl[j] = (const struct block_q6_k *)a->row[j] + a->b0 / 8 + sb;
-            s16[j] = _mm512_mul_ps(
-                _mm512_set1_ps(_cvtsh_ss(bl[j]->d)),
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[j]->scales))));
-        }
-        __m512i u[NRQ / 2][8]; /* [p][b]: block b of rows 2p (bytes 0-31) and 2p + 1 */
+        __m512i tr[NRQ / 2][8]; /* [p][g]: group g of blocks 0-7, rows 2p and 2p + 1 */
+        __m512 se[NRQ / 2], so[NRQ / 2];
 #pragma GCC unroll 2
         for (int p = 0; p < NRQ / 2; p++) {
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) q6k_codes2(bl[2 * p], bl[2 * p + 1], h, &u[p][4 * h]);
+            const struct block_q6_k *b0 = (const struct block_q6_k *)a->row[2 * p] + a->b0 / 8 + sb,
+                                    *b1 = (const struct block_q6_k *)a->row[2 * p + 1] + a->b0 / 8 + sb;
+            q6k_scales2(b0, b1, &se[p], &so[p]);
+            __m512i u[8];
+            q6k_codes2(b0, b1, 0, u);
+            q6k_codes2(b0, b1, 1, u + 4);
+            kb_transpose8_512(u, tr[p]);
         }
         for (int i = 0; i < mr; i++) {
             const size_t r = (size_t)(a->i0 + i);
-            const int b0 = a->b0 + 8 * sb;
-            const int8_t *xq = x->q + r * x->k + (size_t)QB * b0;
-            const int32_t *n4 = x->n4 + (r * x->nb + b0) * 8;
+            const int gb = a->b0 + 8 * sb;
+            const int8_t *xt = x->qt + r * x->k + (size_t)QB * gb;
+            const int32_t *nh = x->n4h + (r * x->nb + gb) * 2;
             float *ap = a->acc + (size_t)i * NRQ * 16;
-            /* s·dx for the 16 scales of each row (scale t: block t/2's dx) */
-            const __m512 dxd =
-                _mm512_permutexvar_ps(dup2, _mm512_castps256_ps512(_mm256_loadu_ps(x->dx + r * x->nbp + b0)));
-            __m512 sdx[NRQ], acc[NRQ / 2];
-            for (int j = 0; j < NRQ; j++) sdx[j] = _mm512_mul_ps(s16[j], dxd);
+            const __m512 dxv = dup_ps(_mm256_loadu_ps(x->dx + r * x->nbp + gb));
+            const __m512i o0 = _mm512_slli_epi32(
+                              _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)nh)), 5),
+                          o1 = _mm512_slli_epi32(
+                              _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(nh + 8))), 5);
+            __m512i c[NRQ / 2][2];
 #pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++)
-                acc[p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+            for (int p = 0; p < NRQ / 2; p++) c[p][0] = o0, c[p][1] = o1;
 #pragma GCC unroll 8
-            for (int b = 0; b < 8; b++) {
-                const int t = 2 * b; /* the block's first scale */
-                const __m512i sel = _mm512_setr_epi32(t, t, t, t, t + 1, t + 1, t + 1, t + 1, 16 + t, 16 + t,
-                                                      16 + t, 16 + t, 17 + t, 17 + t, 17 + t, 17 + t);
-                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + QB * b)));
-                const __m512i cv = _mm512_slli_epi32(
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4 + 8 * b))), 5);
+            for (int g = 0; g < 8; g++) {
+                const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xt + 32 * g)));
 #pragma GCC unroll 2
-                for (int p = 0; p < NRQ / 2; p++) {
-                    const __m512 l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, u[p][b], xv));
-                    const __m512 sd = _mm512_permutex2var_ps(sdx[2 * p], sel, sdx[2 * p + 1]);
-                    acc[p] = _mm512_fmadd_ps(l, sd, acc[p]);
-                }
+                for (int p = 0; p < NRQ / 2; p++)
+                    c[p][g / 4] = _mm512_dpbusd_epi32(c[p][g / 4], tr[p][g], xv);
             }
 #pragma GCC unroll 2
-            for (int p = 0; p < NRQ / 2; p++) _mm512_storeu_ps(ap + 16 * p, acc[p]);
+            for (int p = 0; p < NRQ / 2; p++) {
+                __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ap + 16 * p);
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[p][0]), _mm512_mul_ps(se[p], dxv), acc);
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[p][1]), _mm512_mul_ps(so[p], dxv), acc);
+                _mm512_storeu_ps(ap + 16 * p, acc);
+            }
         }
     }
 }
@@ -1243,15 +1424,16 @@ static const q8_dec_fn decs_avx2[DTYPE_COUNT] = {
     [DTYPE_IQ2_S] = q8_dec_iq2_s_avx2,     [DTYPE_IQ1_S] = q8_dec_iq1_s_avx2,
     [DTYPE_IQ1_M] = q8_dec_iq1_m_avx2};
 
-const struct q8_isa q8_isa_avx2 = {
-    "avx2",    decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2}, {1, 2}, q8_to_f32_avx2, NULL,
-    dir8_avx2, q8_0_rows_avx2, NULL};
+const struct q8_isa q8_isa_avx2 = {"avx2",         decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avx2},
+                                   {1, 2},         q8_to_f32_avx2, NULL,         dir8_avx2,
+                                   q8_0_rows_avx2, NULL,           NULL};
 const struct q8_isa q8_isa_avxvnni = {
-    "avx-vnni",   decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni}, {1, 2}, q8_to_f32_avx2, NULL,
-    dir8_avxvnni, q8_0_rows_avx2, NULL};
+    "avx-vnni",     decs_avx2,      q8x_row_avx2, {f32_dot_avx2, q8_dot_avxvnni},
+    {1, 2},         q8_to_f32_avx2, NULL,         dir8_avxvnni,
+    q8_0_rows_avx2, NULL,           NULL};
 const struct q8_isa q8_isa_avx512vnni = {
     "avx512-vnni", decs_avx2,      q8x_row_avx2, {f32_dot_avx512, q8_dot_vnni512},
     {MRQ, MRQ},    q8_to_f32_avx2, dir512,       dir8_512,
-    NULL,          dir8_any_512};
+    NULL,          dir8_any_512,   q8_xt_avx2};
 
 #endif /* __x86_64__ */

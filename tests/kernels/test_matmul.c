@@ -1,6 +1,7 @@
 /* kern_cpu_matmul against references, for every stored type, at odd shapes (n odd, k = 32·odd or 256·odd for
  * quantized types, longer than one 1024-column chunk and not a multiple of it; k odd for plain ones) and
- * m in {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 33, 64} (and 65, 130: past a task's 64 rows), with and without bias;
+ * m in 1..8 (speculative decoding verifies up to 8 rows of a sequence in a step), 13, 16, 17, 33, 64 (and 65, 130:
+ * past a task's 64 rows), with and without bias;
  * bitwise determinism; and the thread pool itself.
  *
  * Tolerances, from the arithmetic (eps = 2^-24, one f32 rounding):
@@ -280,7 +281,7 @@ static void check_shape(enum dtype t, int m, int n, int k, struct tpool *tp2, st
     free(row);
 }
 
-static const int ms[] = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 33, 64};
+static const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 17, 33, 64};
 #define N_OF(a) (int)(sizeof(a) / sizeof((a)[0]))
 
 /* Every m at one odd shape of more than one chunk, then shapes that stress other paths. */
