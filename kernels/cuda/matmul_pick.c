@@ -77,12 +77,15 @@ int kern_cuda_qmm_pick(enum dtype t, int m)
 int kern_cuda_qmm_variant_applies(enum dtype t, int variant)
 {
     if (variant <= KERN_QV_AUTO || variant >= KERN_QV_COUNT) return 0;
+    if (variant == KERN_QV_STREAM)
+        return t == DTYPE_Q4_0 || t == DTYPE_Q8_0 || t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K;
     return variant != KERN_QV_Q8OLD || t == DTYPE_Q8_0;
 }
 
 enum kern_cuda_qpath kern_cuda_qmm_variant_path(int variant)
 {
-    if (variant >= KERN_QV_DP4A_R1 && variant <= KERN_QV_MMA_32) return KERN_QPATH_INT8;
+    if ((variant >= KERN_QV_DP4A_R1 && variant <= KERN_QV_MMA_32) || variant == KERN_QV_STREAM)
+        return KERN_QPATH_INT8;
     if (variant >= KERN_QV_GEMM && variant < KERN_QV_Q8OLD) return KERN_QPATH_F16_TILES;
     if (variant == KERN_QV_Q8OLD) return KERN_QPATH_F16X;
     if (variant == KERN_QV_F16_PIECES) return KERN_QPATH_F16_PIECES;
