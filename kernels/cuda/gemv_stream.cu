@@ -1,8 +1,8 @@
 /* gemv_stream (CUDA) — the bandwidth GEMV for GGUF block weights (KERN_QV_STREAM): decode steps of 1..8 rows
  * of x read W once at the memory's pace, the m rows multiplying each weight unit while it is in registers;
  * see matmul_q.h for the contract and kernels/cuda/NOTES.md (Version 10) for the reasoning and the count of
- * instructions per weight byte. Types: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (kern_cuda_qmm_variant_applies); the
- * others return FERRY_ERR_UNSUPPORTED.
+ * instructions per weight byte. Every block type of qblock.cuh (its decode and qb_dot, as the dp4a GEMV);
+ * designed and sized for the Q4_K_M mix (Q4_K, Q6_K) and Q8_0.
  *
  * x is quantized to int8 per block of 32 by gemv_q.cu's pre-pass (natural layout; skipped when the norm wrote
  * it) and read through L1 (W's copies bypass L1: cp.async.cg). The grid is persistent: warp gw of GW walks
@@ -23,8 +23,9 @@
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
 
-#define GS_WARPS 4 /* warps per block: small blocks, so that the shared memory of 4-row stages still fits
-                      several per SM */
+#define GS_WARPS                                                                                             \
+    4 /* warps per block: small blocks, so that the shared memory of 4-row stages still fits                 \
+         several per SM */
 /* Blocks per SM the registers must allow: 4 (at most 128 registers a thread, 16 warps per SM) while M x R
  * accumulators are few; 2 (up to 255) from M x R = 8, where 128 registers spill hundreds of bytes. */
 #define GS_MINB(M, R) ((M) * (R) < 8 ? 4 : 2)
@@ -32,31 +33,11 @@
 int gq_quantize_x(const struct kern_cuda_qmm *c, const float *x, int m, int mp, bool frag, uint8_t **xq,
                   float **xd); /* gemv_q.cu */
 
-/* The types this kernel is built for (the Q4_K_M mix and the common 32-blocks). */
-template <class Q> struct gs_built {
-    static constexpr bool value = false;
-};
-template <> struct gs_built<qb_q4_0> {
-    static constexpr bool value = true;
-};
-template <> struct gs_built<qb_q8_0> {
-    static constexpr bool value = true;
-};
-template <> struct gs_built<qb_q4_k> {
-    static constexpr bool value = true;
-};
-template <> struct gs_built<qb_q5_k> {
-    static constexpr bool value = true;
-};
-template <> struct gs_built<qb_q6_k> {
-    static constexpr bool value = true;
-};
-
 /* y (m, ldy) = xq · Wᵀ (+ bias) for m <= M rows of x (rows past m repeat row m-1 and are not stored). */
 template <class Q, int M, int R>
 __global__ void __launch_bounds__(GS_WARPS * 32, GS_MINB(M, R))
-    gs_kernel(float *y, int ldy, const int8_t *xq, const float *xd, const uint8_t *w, const float *bias, int m,
-              int n, int k)
+    gs_kernel(float *y, int ldy, const int8_t *xq, const float *xd, const uint8_t *w, const float *bias,
+              int m, int n, int k)
 {
     using SH = gs_shape<Q, R>;
     using G = typename SH::G;
@@ -116,7 +97,8 @@ __global__ void __launch_bounds__(GS_WARPS * 32, GS_MINB(M, R))
                                             xoff, doff);
             slot = slot + 1 == NST ? 0 : slot + 1;
         }
-        /* Every lane ends with the 32 lanes' sums (butterfly: a fixed order); lane c * R + r stores (c, r). */
+        /* Every lane ends with the 32 lanes' sums (butterfly: a fixed order); lane c * R + r stores (c, r).
+         */
 #pragma unroll
         for (int c = 0; c < M; c++)
 #pragma unroll
@@ -157,8 +139,10 @@ template <class Q, int M, int R> static int64_t gs_resident(void)
         per_sm = 0;
         if (smem > (size_t)fcuda_smem_optin()) return 0;
         auto kern = gs_kernel<Q, M, R>;
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, GS_WARPS * 32, smem) != cudaSuccess) {
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, GS_WARPS * 32, smem) !=
+                cudaSuccess) {
             (void)cudaGetLastError();
             per_sm = 0;
         }
@@ -232,21 +216,16 @@ static int gs_tile(const struct kern_cuda_qmm *c, float *y, const float *x, int 
  * int8 form for 8 rows; FERRY_ERR_RANGE when it cannot hold one); the caller checked the arguments. */
 template <class Q> int kern_cuda_qstream(const struct kern_cuda_qmm *c)
 {
-    if constexpr (!gs_built<Q>::value) {
-        (void)c;
-        return FERRY_ERR_UNSUPPORTED;
-    } else {
-        int tile = GS_MAX_M;
-        while (tile > 0 && c->ws_bytes < kern_cuda_qmm_x8_ws(tile, c->k)) tile--;
-        if (tile == 0) return FERRY_ERR_RANGE;
-        const bool ready = c->x_ready && c->m <= tile; /* one tile, its x already in ws */
-        for (int i = 0; i < c->m; i += tile) {
-            const int mt = min(tile, c->m - i);
-            const int rc = gs_tile<Q>(c, c->y + (size_t)i * c->ldy, c->x + (size_t)i * c->k, mt, ready);
-            if (rc) return rc;
-        }
-        return FERRY_OK;
+    int tile = GS_MAX_M;
+    while (tile > 0 && c->ws_bytes < kern_cuda_qmm_x8_ws(tile, c->k)) tile--;
+    if (tile == 0) return FERRY_ERR_RANGE;
+    const bool ready = c->x_ready && c->m <= tile; /* one tile, its x already in ws */
+    for (int i = 0; i < c->m; i += tile) {
+        const int mt = min(tile, c->m - i);
+        const int rc = gs_tile<Q>(c, c->y + (size_t)i * c->ldy, c->x + (size_t)i * c->k, mt, ready);
+        if (rc) return rc;
     }
+    return FERRY_OK;
 }
 #define GS_INSTANCE(T, name, Q) template int kern_cuda_qstream<Q>(const struct kern_cuda_qmm *);
 QB_TYPES(GS_INSTANCE)

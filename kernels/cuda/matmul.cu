@@ -843,8 +843,7 @@ extern "C" int kern_cuda_matmul_x8_target(struct kern_cuda_ctx *ctx, const float
     if (!xq || !xd || m < 1 || k <= 0) return FERRY_ERR_INVALID;
     const struct mm_type *ty = mm_type_of(wt);
     const int v = g_qvariant ? g_qvariant : kern_cuda_qmm_pick(wt, m);
-    if (!ty || !ty->needs_ctx || k % ty->k_multiple || !qv_reads_x8(v) || m > qv_x8_max_m(v) ||
-        !kern_cuda_qmm_variant_applies(wt, v))
+    if (!ty || !ty->needs_ctx || k % ty->k_multiple || !qv_reads_x8(v) || m > qv_x8_max_m(v))
         return FERRY_ERR_UNSUPPORTED;
     const size_t ws = ctx->max_x_elems * 2;
     if (ws < kern_cuda_qmm_x8_ws(m, k) || ws < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;

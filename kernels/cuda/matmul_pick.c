@@ -77,8 +77,6 @@ int kern_cuda_qmm_pick(enum dtype t, int m)
 int kern_cuda_qmm_variant_applies(enum dtype t, int variant)
 {
     if (variant <= KERN_QV_AUTO || variant >= KERN_QV_COUNT) return 0;
-    if (variant == KERN_QV_STREAM)
-        return t == DTYPE_Q4_0 || t == DTYPE_Q8_0 || t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K;
     return variant != KERN_QV_Q8OLD || t == DTYPE_Q8_0;
 }
 

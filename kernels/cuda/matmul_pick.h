@@ -35,7 +35,7 @@ enum kern_cuda_qvariant {
     KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 12, /* kern_cuda_gemv_q8 (f16 x, f16 MMA), Q8_0 only */
     KERN_QV_F16_PIECES, /* W decoded to f16 in pieces of rows (the context's piece buffer), then cuBLAS */
     KERN_QV_STREAM,     /* bandwidth GEMV, 1..8 rows of x per launch, R rows of W per warp sharing each x load
-                           (gemv_stream.cu; Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) */
+                           (gemv_stream.cu) */
     KERN_QV_COUNT
 };
 #define KERN_CUDA_QGEMM_CONFIGS 12
@@ -56,8 +56,7 @@ enum kern_cuda_qpath {
 /* The variant the automatic choice gives block type t at m rows of x (m >= 1; never KERN_QV_AUTO);
  * KERN_QV_AUTO when t is not a block type. */
 int kern_cuda_qmm_pick(enum dtype t, int m);
-/* 1 when variant v can multiply block type t: every variant except KERN_QV_Q8OLD (Q8_0 only) and
- * KERN_QV_STREAM (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). */
+/* 1 when variant v can multiply block type t: every variant except KERN_QV_Q8OLD (Q8_0 only). */
 int kern_cuda_qmm_variant_applies(enum dtype t, int variant);
 /* The path variant v runs on (KERN_QPATH_NONE for KERN_QV_AUTO and values out of range). */
 enum kern_cuda_qpath kern_cuda_qmm_variant_path(int variant);
