@@ -15,7 +15,7 @@
  *   --stream: only the copy ceiling and the decode products (m = 1, 2, 4, 8) of Q4_K, Q6_K, Q8_0, Q5_K and
  * Q4_0 at the Llama-2-7B layer shapes: the stream GEMV (KERN_QV_STREAM, its rows per task automatic and
  * forced to 1, 2, 4) beside the dp4a GEMV, the int8 MMA and (Q8_0) gemv_q8, per product and per layer as a
- * percentage of the measured copy rate (about 40 s);
+ * percentage of the measured copy rate (under a minute);
  *   --types: only the copy ceiling and one product per weight type beside llama.cpp's test-backend-ops perf
  * shape (bench_types; tests/bench/compare_types.sh --cuda).
  */
