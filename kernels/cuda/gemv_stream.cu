@@ -23,9 +23,8 @@
 #include "kernels/cuda/matmul_q.h"
 #include "kernels/cuda/pdl.h"
 
-#define GS_WARPS                                                                                             \
-    4 /* warps per block: small blocks, so that the shared memory of 4-row stages still fits                 \
-         several per SM */
+/* Warps per block: small blocks, so that the shared memory of 4-row stages still fits several per SM. */
+#define GS_WARPS 4
 /* Blocks per SM the registers must allow: 4 (at most 128 registers a thread, 16 warps per SM) while M x R
  * accumulators are few; 2 (up to 255) from M x R = 8, where 128 registers spill hundreds of bytes. */
 #define GS_MINB(M, R) ((M) * (R) < 8 ? 4 : 2)
@@ -181,17 +180,19 @@ static int gs_pick_rows(int n)
     return 1;
 }
 
+/* The chosen rows per task; without the set hook, fewer rows where the device cannot hold a block of the
+ * chosen configuration (a type whose 4-row stages exceed its shared memory). */
 template <class Q, int M>
 static int gs_tile_m(const struct kern_cuda_qmm *c, float *y, const int8_t *xq, const float *xd, int m)
 {
-    switch (gs_pick_rows(c->n)) {
-    case 4:
-        return gs_launch<Q, M, 4>(c, y, xq, xd, m);
-    case 2:
-        return gs_launch<Q, M, 2>(c, y, xq, xd, m);
-    default:
-        return gs_launch<Q, M, 1>(c, y, xq, xd, m);
-    }
+    const int rows = gs_pick_rows(c->n);
+    int rc = FERRY_ERR_UNSUPPORTED;
+    if (rows == 4) rc = gs_launch<Q, M, 4>(c, y, xq, xd, m);
+    if (rows == 2 || (rc == FERRY_ERR_UNSUPPORTED && rows == 4 && !g_rows))
+        rc = gs_launch<Q, M, 2>(c, y, xq, xd, m);
+    if (rows == 1 || (rc == FERRY_ERR_UNSUPPORTED && rows >= 2 && !g_rows))
+        rc = gs_launch<Q, M, 1>(c, y, xq, xd, m);
+    return rc;
 }
 
 template <class Q>

@@ -311,26 +311,53 @@ static void stage_chunk(uint8_t *stage, const uint8_t *w, int n, int row0, int b
     }
 }
 
+/* The inputs of the GEMV emulations: W (n rows of k, random blocks, starting woff bytes past a 16-byte
+ * boundary, garbage around it) and m rows of x quantized as the kernels' pre-pass does, xd in its natural
+ * layout ({dx, Σx, Σxq lo, Σxq hi} per block of 32). */
+struct emu_case {
+    std::vector<uint8_t> wbuf;
+    uint8_t *w;
+    size_t rb; /* bytes per row of W */
+    int m, k;
+    qref_xq xq;
+    std::vector<float> xd;
+    emu_case(enum dtype t, int n, int k_, int woff, int m_) : rb(dtype_row_size(t, k_)), m(m_), k(k_)
+    {
+        wbuf.assign(rb * n + 64, 0xA5);
+        w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
+        qref_random_blocks(t, w, (int64_t)n * (k / dtype_block_size(t)));
+        std::vector<float> x((size_t)m * k);
+        for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 11 == 0 ? 3.0f : 1.0f);
+        qref_quantize_x(x.data(), m, k, &xq);
+        xd.resize((size_t)m * (k / 32) * 4);
+        for (size_t u = 0; u < (size_t)m * (k / 32); u++) {
+            xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
+            memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
+            memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
+        }
+    }
+    ~emu_case() { qref_free_xq(&xq); }
+    emu_case(const emu_case &) = delete;
+    emu_case &operator=(const emu_case &) = delete;
+    /* Offsets of x row c (rows past m: row m - 1, as the kernels clamp them) into xq and xd's float4s. */
+    template <int M> void offsets(int (&xoff)[M], int (&doff)[M]) const
+    {
+        for (int c = 0; c < M; c++)
+            xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
+    }
+};
+
 template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, int k, int woff)
 {
     using SH = gq_shape<Q, R>;
-    const size_t rb = dtype_row_size(t, k);
     const int nb = k / Q::QK, m = M == 1 ? 1 : M - 1; /* M > 1: the last x row is a clamped repeat */
-    std::vector<uint8_t> wbuf(rb * n + 64);
-    uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
-    qref_random_blocks(t, w, (int64_t)n * nb);
-    std::vector<float> x((size_t)m * k);
-    for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 11 == 0 ? 3.0f : 1.0f);
-    struct qref_xq xq;
-    qref_quantize_x(x.data(), m, k, &xq);
-    std::vector<float> xd((size_t)m * (k / 32) * 4);
-    for (size_t u = 0; u < (size_t)m * (k / 32); u++) {
-        xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
-        memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
-        memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
-    }
+    emu_case E(t, n, k, woff, m);
+    const size_t rb = E.rb;
+    const uint8_t *w = E.w;
+    const qref_xq &xq = E.xq;
+    const std::vector<float> &xd = E.xd;
     int xoff[M], doff[M];
-    for (int c = 0; c < M; c++) xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
+    E.offsets(xoff, doff);
     std::vector<uint8_t> stage((size_t)SH::G::BYTES + 32);
     uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
     for (int row0 = 0; row0 < n; row0 += R) {
@@ -357,7 +384,6 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
                           dtype_name(t), R, M, woff, row0 + r, c, sum, ref, absum);
             }
     }
-    qref_free_xq(&xq);
 }
 
 template <class Q> static void emulate_gemv_all(enum dtype t)
@@ -404,23 +430,14 @@ template <class Q, int M, int R> static void emulate_stream(enum dtype t, int n,
 {
     using SH = gs_shape<Q, R>;
     using G = typename SH::G;
-    const size_t rb = dtype_row_size(t, k);
     const int nb = k / Q::QK;
-    std::vector<uint8_t> wbuf(rb * n + 64);
-    uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
-    qref_random_blocks(t, w, (int64_t)n * nb);
-    std::vector<float> x((size_t)m * k);
-    for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 13 == 0 ? 3.0f : 1.0f);
-    struct qref_xq xq;
-    qref_quantize_x(x.data(), m, k, &xq);
-    std::vector<float> xd((size_t)m * (k / 32) * 4);
-    for (size_t u = 0; u < (size_t)m * (k / 32); u++) {
-        xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
-        memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
-        memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
-    }
+    emu_case E(t, n, k, woff, m);
+    const size_t rb = E.rb;
+    const uint8_t *w = E.w;
+    const qref_xq &xq = E.xq;
+    const std::vector<float> &xd = E.xd;
     int xoff[M], doff[M];
-    for (int c = 0; c < M; c++) xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
+    E.offsets(xoff, doff);
     std::vector<uint8_t> stage((size_t)G::BYTES + 32);
     uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
     static float acc[32][M][R];
@@ -447,7 +464,6 @@ template <class Q, int M, int R> static void emulate_stream(enum dtype t, int n,
                           dtype_name(t), R, M, m, k, woff, row0 + r, c, sum, ref, absum);
             }
     }
-    qref_free_xq(&xq);
 }
 
 /* Every W alignment the type allows; n odd (the last task partial for 2 and 4 rows); k from one block (fewer
