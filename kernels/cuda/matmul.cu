@@ -633,13 +633,19 @@ extern "C" const char *kern_cuda_qmm_variant_name(int variant)
         return kern_cuda_qgemm_config_name(variant - KERN_QV_GEMM_C1 + 1);
     if (variant == KERN_QV_Q8OLD) return "gemv_q8 (f16 x, f16 MMA)";
     if (variant == KERN_QV_F16_PIECES) return "W decoded to f16 in pieces, cuBLAS";
+    if (variant == KERN_QV_STREAM) return "stream GEMV, x shared by W rows";
     return "?";
 }
 
-/* Whether variant v reads x's int8 form in the natural layout at m <= 4 (and so can skip its pre-pass). */
+/* Whether variant v reads x's int8 form in the natural layout at m <= qv_x8_max_m(v) (and so can skip its
+ * pre-pass). */
 static bool qv_reads_x8(int v)
 {
-    return v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4;
+    return (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4) || v == KERN_QV_STREAM;
+}
+static int qv_x8_max_m(int v)
+{
+    return v == KERN_QV_STREAM ? KERN_CUDA_QSTREAM_MAX_M : KERN_CUDA_QDP4A_MAX_M;
 }
 
 static struct kern_cuda_qmm qmm_args(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *x,
@@ -716,6 +722,9 @@ static int qmm_run(struct kern_cuda_ctx *ctx, const struct kern_cuda_qmm *c, enu
         break;
     case KERN_QV_F16_PIECES:
         rc = qmm_f16_pieces<Q>(ctx, c);
+        break;
+    case KERN_QV_STREAM:
+        rc = kern_cuda_qstream<Q>(c);
         break;
     case KERN_QV_Q8OLD:
         for (int i = 0; i < c->m; i += KERN_CUDA_GEMV_Q8_MAX_M) {
@@ -833,8 +842,8 @@ extern "C" int kern_cuda_matmul_x8_target(struct kern_cuda_ctx *ctx, const float
     if (!x) return FERRY_OK; /* forget a target that was not written */
     if (!xq || !xd || m < 1 || k <= 0) return FERRY_ERR_INVALID;
     const struct mm_type *ty = mm_type_of(wt);
-    if (!ty || !ty->needs_ctx || m > KERN_CUDA_QDP4A_MAX_M || k % ty->k_multiple ||
-        !qv_reads_x8(g_qvariant ? g_qvariant : kern_cuda_qmm_pick(wt, m)))
+    const int v = g_qvariant ? g_qvariant : kern_cuda_qmm_pick(wt, m);
+    if (!ty || !ty->needs_ctx || k % ty->k_multiple || !qv_reads_x8(v) || m > qv_x8_max_m(v))
         return FERRY_ERR_UNSUPPORTED;
     const size_t ws = ctx->max_x_elems * 2;
     if (ws < kern_cuda_qmm_x8_ws(m, k) || ws < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;

@@ -82,7 +82,8 @@ int kern_cuda_qmm_variant_applies(enum dtype t, int variant)
 
 enum kern_cuda_qpath kern_cuda_qmm_variant_path(int variant)
 {
-    if (variant >= KERN_QV_DP4A_R1 && variant <= KERN_QV_MMA_32) return KERN_QPATH_INT8;
+    if ((variant >= KERN_QV_DP4A_R1 && variant <= KERN_QV_MMA_32) || variant == KERN_QV_STREAM)
+        return KERN_QPATH_INT8;
     if (variant >= KERN_QV_GEMM && variant < KERN_QV_Q8OLD) return KERN_QPATH_F16_TILES;
     if (variant == KERN_QV_Q8OLD) return KERN_QPATH_F16X;
     if (variant == KERN_QV_F16_PIECES) return KERN_QPATH_F16_PIECES;

@@ -34,6 +34,8 @@ enum kern_cuda_qvariant {
     KERN_QV_GEMM_C1, /* f16 GEMM, configuration 1 .. KERN_CUDA_QGEMM_CONFIGS (gemm_q.cu's GM_CONFIGS) */
     KERN_QV_Q8OLD = KERN_QV_GEMM_C1 + 12, /* kern_cuda_gemv_q8 (f16 x, f16 MMA), Q8_0 only */
     KERN_QV_F16_PIECES, /* W decoded to f16 in pieces of rows (the context's piece buffer), then cuBLAS */
+    KERN_QV_STREAM,     /* bandwidth GEMV, 1..8 rows of x per launch, R rows of W per warp sharing each x load
+                           (gemv_stream.cu) */
     KERN_QV_COUNT
 };
 #define KERN_CUDA_QGEMM_CONFIGS 12

@@ -45,13 +45,14 @@ struct kern_cuda_qmm {
     void *ws; /* device workspace, 16-byte aligned */
     size_t ws_bytes;
     cudaStream_t stream;
-    int x_ready; /* ws already holds x's int8 form in the natural layout (kern_cuda_qmm_x8_at), m <= 4: the
-                    dp4a GEMV skips its pre-pass (the other kernels ignore it) */
+    int x_ready; /* ws already holds x's int8 form in the natural layout (kern_cuda_qmm_x8_at), m <= 4 (8 for
+                    KERN_QV_STREAM): the dp4a and stream GEMVs skip their pre-pass (the others ignore it) */
 };
 
 /* Rows of x per launch of the int8 kernels (larger m runs in row tiles of this size). */
-#define KERN_CUDA_QDP4A_MAX_M 4
-#define KERN_CUDA_QMMA_MAX_M  64
+#define KERN_CUDA_QDP4A_MAX_M   4
+#define KERN_CUDA_QSTREAM_MAX_M 8
+#define KERN_CUDA_QMMA_MAX_M    64
 
 /* Workspace bytes: the int8 paths for m rows of x (the MMA kernel needs m rounded up to 8, 16, 32 or 64), the
  * GEMM for m rows (it runs in row chunks: one row is the least it needs). */
@@ -70,6 +71,9 @@ size_t kern_cuda_qmm_gemm_ws(int m, int k);
  * FERRY_ERR_UNSUPPORTED. variant_name: a short description for bench output. */
 int kern_cuda_qmm_set_variant(int variant);
 const char *kern_cuda_qmm_variant_name(int variant);
+/* Rows of W per warp task of KERN_QV_STREAM (1, 2 or 4; 0: chosen by n), returning the previous setting or
+ * FERRY_ERR_INVALID for another value. */
+int kern_cuda_qstream_set_rows(int rows);
 
 #ifdef __cplusplus
 }
@@ -80,6 +84,7 @@ const char *kern_cuda_qmm_variant_name(int variant);
  * Arguments are checked by the caller; each returns FERRY_ERR_RANGE when the workspace is too small for it
  * and FERRY_ERR_UNSUPPORTED when the device cannot run the configuration. */
 template <class Q> int kern_cuda_qgemv(const struct kern_cuda_qmm *c, int rows_per_warp); /* 1, 2, 4 */
+template <class Q> int kern_cuda_qstream(const struct kern_cuda_qmm *c);                  /* gemv_stream.cu */
 template <class Q> int kern_cuda_qmmv(const struct kern_cuda_qmm *c, int row_tiles);      /* 1, 2 */
 template <class Q> int kern_cuda_qgemm(const struct kern_cuda_qmm *c, int config);        /* 0: auto */
 /* Rows [0, n) of W (n, k) in blocks of Q into out (n, k) f16, each value the f16 rounding of dequant_row's

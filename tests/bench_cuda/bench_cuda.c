@@ -4,7 +4,7 @@
  * 31 samples; a sample is one CUDA-event-timed batch of launches after 5 warm-up launches, divided by the
  * batch size (so launch gaps are included, as they are in a forward pass without graphs). Weights rotate
  * among copies spanning >= 512 MiB, so L2 (60 MB on an H200) never holds them. Data are random (never zeros).
- * Usage: bench_cuda [--quick] [--q8] [--quant] [--types [-T Q4_0,Q8_0]]
+ * Usage: bench_cuda [--quick] [--q8] [--quant] [--stream] [--types [-T Q4_0,Q8_0]]
  *   --q8:    only the copy ceiling and kern_cuda_gemv_q8 (the f16-tensor-core Q8_0 GEMV), every
  * configuration;
  *   --quant: only the copy ceiling and the GGUF block types through kern_cuda_matmul
@@ -12,6 +12,10 @@
  * m = 1..512, the best per type and m with the table lines for matmul.cu's automatic choice, then the layer
  * table of this build's automatic choice at m = 1, 16, 64, 512 (f16 at the same shapes for comparison) and
  * the whole-model products at m = 64; the last lines are the compact summary;
+ *   --stream: only the copy ceiling and the decode products (m = 1, 2, 4, 8) of Q4_K, Q6_K, Q8_0, Q5_K and
+ * Q4_0 at the Llama-2-7B layer shapes: the stream GEMV (KERN_QV_STREAM, its rows per task automatic and
+ * forced to 1, 2, 4) beside the dp4a GEMV, the int8 MMA and (Q8_0) gemv_q8, per product and per layer as a
+ * percentage of the measured copy rate (under a minute);
  *   --types: only the copy ceiling and one product per weight type beside llama.cpp's test-backend-ops perf
  * shape (bench_types; tests/bench/compare_types.sh --cuda).
  */
@@ -277,6 +281,7 @@ static const char *vshort(int v)
     if (v < KERN_QV_GEMM_C1) return fixed[v];
     if (v == KERN_QV_Q8OLD) return "q8";
     if (v == KERN_QV_F16_PIECES) return "P";
+    if (v == KERN_QV_STREAM) return "S";
     snprintf(buf[v], sizeof buf[v], "G%d", v - KERN_QV_GEMM_C1 + 1);
     return buf[v];
 }
@@ -289,18 +294,20 @@ static const char *venum(int v)
     if (v < KERN_QV_GEMM_C1) return fixed[v];
     if (v == KERN_QV_Q8OLD) return "KERN_QV_Q8OLD";
     if (v == KERN_QV_F16_PIECES) return "KERN_QV_F16_PIECES";
+    if (v == KERN_QV_STREAM) return "KERN_QV_STREAM";
     snprintf(buf[v], sizeof buf[v], "KERN_QV_GEMM_C1 + %d", v - KERN_QV_GEMM_C1);
     return buf[v];
 }
 /* Whether the sweep times variant v at m: the dp4a GEMV up to two launches, the int8 MMA at every m (tiles of
- * 64 rows from m = 128), gemv_q8 up to its 16 rows, the f16 pieces (P) from m = 16, the GEMM's configurations
+ * 64 rows from m = 128), the stream GEMV (S) up to m = 8, gemv_q8 up to its 16 rows, the f16 pieces (P) from
+ * m = 16, the GEMM's configurations
  * where their row tile fits (16 and 32 rows: cfg 1, 2, 3, 8, 9 up to m = 64; 64 rows: 4, 5 from m = 16; 128
  * rows: the others from m = 64).
  */
 static int sweep_has(enum dtype t, int v, int m)
 {
     if (!kern_cuda_qmm_variant_applies(t, v)) return 0;
-    if (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4) return m <= 8;
+    if ((v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4) || v == KERN_QV_STREAM) return m <= 8;
     if (v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32) return 1;
     if (v == KERN_QV_GEMM) return m >= 2;
     if (v == KERN_QV_Q8OLD) return m <= 16;
@@ -451,7 +458,7 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
     printf("\n== best variant per type and m (%% of copy at m <= 16, TFLOP/s above; d1/d2/d4 dp4a GEMV "
            "rows/warp, "
            "M16/M32 int8 MMA rows/warp, G f16 GEMM auto, Gn its config n, q8 gemv_q8, P W in f16 pieces + "
-           "cuBLAS) ==\n");
+           "cuBLAS, S stream GEMV) ==\n");
     for (int ti = 0; ti < NQT; ti++) printf("%s\n", best_line[ti]);
     printf("== table lines for kernels/cuda/matmul.cu qmm_picks (this run's best) ==\n");
     for (int ti = 0; ti < NQT; ti++) printf("   %s\n", picks[ti]);
@@ -463,6 +470,66 @@ static void bench_quant(char *pool, size_t pool_bytes, float *x, float *y, struc
     printf("== Llama-2-7B products only at m = 64 (32 layers + head):");
     for (int ti = 0; ti < NQT; ti++) printf("%s %s", ti % 3 ? ";" : "\n  ", model[ti]);
     printf("\n");
+}
+
+/* --stream: the decode products of the Q4_K_M mix and the common 32-blocks at m = 1, 2, 4, 8, every kernel
+ * that can run them, the stream GEMV's rows per task automatic (S) and forced (S1, S2, S4). One line per
+ * type, m and kernel: % of the copy rate per product (qkv o gu down) and for the layer, the layer's us; then
+ * per type and m the best existing kernel against the stream GEMV. */
+static void bench_stream(char *pool, size_t pool_bytes, float *x, float *y, struct kern_cuda_ctx *ctx,
+                         double ceil_gbs)
+{
+    static const enum dtype types[] = {DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q8_0, DTYPE_Q5_K, DTYPE_Q4_0};
+    static const int ms[] = {1, 2, 4, 8};
+    /* Kernels: the variant, and for KERN_QV_STREAM its rows per task (0: automatic). */
+    static const struct {
+        int v, rows;
+        const char *name;
+    } ks[] = {{KERN_QV_DP4A_R1, 0, "d1"}, {KERN_QV_DP4A_R2, 0, "d2"}, {KERN_QV_DP4A_R4, 0, "d4"},
+              {KERN_QV_MMA_16, 0, "M16"}, {KERN_QV_Q8OLD, 0, "q8"},   {KERN_QV_STREAM, 0, "S"},
+              {KERN_QV_STREAM, 1, "S1"},  {KERN_QV_STREAM, 2, "S2"},  {KERN_QV_STREAM, 4, "S4"}};
+    enum { NK = sizeof ks / sizeof ks[0] };
+    char summary[5 * 4][160];
+    int ns = 0;
+    samples = 9;
+    printf("decode products, graph-timed, %% of the measured copy rate (%.0f GB/s): qkv %dx%d, o %dx%d, gu "
+           "%dx%d, "
+           "down %dx%d | layer\n",
+           ceil_gbs, lshapes[0][0], lshapes[0][1], lshapes[1][0], lshapes[1][1], lshapes[2][0], lshapes[2][1],
+           lshapes[3][0], lshapes[3][1]);
+    for (int ti = 0; ti < 5; ti++)
+        for (int mi = 0; mi < 4; mi++) {
+            const enum dtype t = types[ti];
+            const int m = ms[mi];
+            double best_old = 1e30, best_s = 1e30;
+            const char *best_old_name = "-", *best_s_name = "-";
+            for (int ki = 0; ki < NK; ki++) {
+                if (!kern_cuda_qmm_variant_applies(t, ks[ki].v)) continue;
+                if (ks[ki].v == KERN_QV_MMA_16 && m < 2) continue;
+                kern_cuda_qstream_set_rows(ks[ki].rows);
+                double us[4];
+                const double tt = time_layer(ctx, pool, pool_bytes, x, y, t, m, ks[ki].v, us);
+                kern_cuda_qstream_set_rows(0);
+                if (tt < 0) continue;
+                printf("%-5s m=%d %-4s", dtype_name(t), m, ks[ki].name);
+                for (int si = 0; si < 4; si++) {
+                    const double b = (double)dtype_row_size(t, lshapes[si][1]) * lshapes[si][0];
+                    printf(" %5.1f%%", 100.0 * b / (us[si] * 1e-3) / 1e6 / ceil_gbs);
+                }
+                const double pct = 100.0 * layer_bytes(t) / tt / 1e6 / ceil_gbs;
+                printf(" | %5.1f%% %8.1f us\n", pct, tt * 1e3);
+                if (ks[ki].v == KERN_QV_STREAM && tt < best_s) best_s = tt, best_s_name = ks[ki].name;
+                if (ks[ki].v != KERN_QV_STREAM && tt < best_old) best_old = tt, best_old_name = ks[ki].name;
+            }
+            snprintf(summary[ns++], sizeof summary[0],
+                     "%-5s m=%d  best existing %-4s %5.1f%% %7.1f us | stream %-3s %5.1f%% %7.1f us | %.2fx",
+                     dtype_name(t), m, best_old_name, 100.0 * layer_bytes(t) / best_old / 1e6 / ceil_gbs,
+                     best_old * 1e3, best_s_name, 100.0 * layer_bytes(t) / best_s / 1e6 / ceil_gbs,
+                     best_s * 1e3, best_old / best_s);
+        }
+    printf("== decode layer, %% of the copy rate (%.0f GB/s): best existing kernel vs the stream GEMV ==\n",
+           ceil_gbs);
+    for (int i = 0; i < ns; i++) printf("%s\n", summary[i]);
 }
 
 /* --types: one product per weight type at test-backend-ops' perf shape (W 4096 x 14336, m = 1 and 8) through
@@ -570,13 +637,14 @@ static void bench_attention(const char *name, int n_heads, int n_kv, int ctx, in
 
 int main(int argc, char **argv)
 {
-    int only_q8 = 0, only_quant = 0, only_types = 0;
+    int only_q8 = 0, only_quant = 0, only_types = 0, only_stream = 0;
     const char *type_list = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) samples = 7;
         if (!strcmp(argv[i], "--q8")) only_q8 = 1;
         if (!strcmp(argv[i], "--quant")) only_quant = 1;
         if (!strcmp(argv[i], "--types")) only_types = 1;
+        if (!strcmp(argv[i], "--stream")) only_stream = 1;
         if (!strcmp(argv[i], "-T") && i + 1 < argc) type_list = argv[++i];
     }
     if (kern_cuda_device_count() <= 0) {
@@ -612,8 +680,10 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&x, (size_t)512 * 11008 * 4));
     CK(cudaMalloc((void **)&y, (size_t)512 * 32000 * 4));
     fill_f32(x, (size_t)512 * 11008);
-    if (only_quant || only_types) {
-        if (only_types)
+    if (only_quant || only_types || only_stream) {
+        if (only_stream)
+            bench_stream(pool, pool_bytes, x, y, ctx, ceil_gbs);
+        else if (only_types)
             bench_types(pool, x, y, ctx, type_list);
         else
             bench_quant(pool, pool_bytes, x, y, ctx, ceil_gbs);

@@ -341,6 +341,19 @@ struct dev_case {
     int ldy;
 };
 
+/* The stream GEMV's rows per task as last set (kern_cuda_qstream_set_rows), for the FAIL lines. */
+static int g_stream_rows = 0;
+static const char *stream_rows_name(void)
+{
+    static const char *const names[] = {" (rows auto)", " (1 row)", " (2 rows)", "?", " (4 rows)"};
+    return names[g_stream_rows];
+}
+static void set_stream_rows(int rows)
+{
+    cr_assert_geq(kern_cuda_qstream_set_rows(rows), 0);
+    g_stream_rows = rows;
+}
+
 /* Runs one variant twice (NaN-poisoned y each time), checks it, and compares the two runs bitwise. Returns
  * the number of failures (0 or 1); a forced configuration the device cannot hold is skipped. */
 static int run_variant(struct kern_cuda_ctx *ctx, int v, size_t ws, const wmat *W, const xdata *X,
@@ -350,11 +363,12 @@ static int run_variant(struct kern_cuda_ctx *ctx, int v, size_t ws, const wmat *
     const size_t ybytes = (size_t)m * ldy * 4;
     std::vector<float> y[2];
     char what[240];
-    snprintf(what, sizeof what, "%s %s m=%d n=%d k=%d ldy=%d woff=%d bias=%d",
+    snprintf(what, sizeof what, "%s%s %s m=%d n=%d k=%d ldy=%d woff=%d bias=%d",
              v == RUN_AUTO         ? "auto"
              : v == RUN_GEMM_ENTRY ? "gemm entry"
                                    : kern_cuda_qmm_variant_name(v),
-             dtype_name(W->t), m, n, k, ldy, W->woff, bias != NULL);
+             v == KERN_QV_STREAM ? stream_rows_name() : "", dtype_name(W->t), m, n, k, ldy, W->woff,
+             bias != NULL);
     kern_cuda_qmm_set_variant(v > 0 ? v : KERN_QV_AUTO);
     for (int rep = 0; rep < 2; rep++) {
         CU_OK(cudaMemset(D->y, 0xFF, ybytes));
@@ -402,15 +416,16 @@ static std::vector<int> test_ms(void)
 }
 
 /* Which variants a case runs: SWEEP_ALL every one (GEMM configurations included), SWEEP_INT8 the int8
- * kernels' (dp4a up to m = 8, MMA up to m = 128: their tiling included) and the f16 pieces from m = 16,
- * SWEEP_NONE the automatic choice and
- * the GEMM entry only. */
-enum sweep { SWEEP_NONE, SWEEP_INT8, SWEEP_ALL };
+ * kernels' (dp4a and stream GEMVs up to m = 8, MMA up to m = 128: their tiling included) and the f16 pieces
+ * from m = 16, SWEEP_NONE the automatic choice and the GEMM entry only, SWEEP_STREAM the automatic choice and
+ * the stream GEMV with each of its rows per task (auto, 1, 2, 4). */
+enum sweep { SWEEP_NONE, SWEEP_INT8, SWEEP_ALL, SWEEP_STREAM };
 
 /* One weight matrix, every m up to m_max: the automatic choice, the GEMM entry, and the variants of `sweep`.
  * Returns the number of failures. */
 static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int n, int k, int ldy, int woff,
-                        int with_bias, enum sweep sweep, int m_max, bool extreme = false)
+                        int with_bias, enum sweep sweep, int m_max, bool extreme = false,
+                        const std::vector<int> *m_list = NULL)
 {
     wmat W;
     make_wmat(&W, t, n, k, woff, extreme);
@@ -426,7 +441,7 @@ static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int 
     CU_OK(cudaMalloc((void **)&D.bias, (size_t)n * 4));
     CU_OK(cudaMemcpy(D.bias, bias.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
     int fails = 0;
-    const std::vector<int> ms = test_ms();
+    const std::vector<int> ms = m_list ? *m_list : test_ms();
     for (size_t mi = 0; mi < ms.size(); mi++) {
         const int m = ms[mi];
         if (m > m_max) continue;
@@ -439,14 +454,23 @@ static int check_matrix(struct kern_cuda_ctx *ctx, size_t ws, enum dtype t, int 
         CU_OK(cudaMemcpy(D.x, X.x.data(), (size_t)m * k * 4, cudaMemcpyHostToDevice));
         CU_OK(cudaMalloc((void **)&D.y, (size_t)m * ldy * 4));
         fails += run_variant(ctx, RUN_AUTO, ws, &W, &X, &R, &D, b);
-        fails += run_variant(ctx, RUN_GEMM_ENTRY, ws, &W, &X, &R, &D, b);
-        for (int v = 1; v < KERN_QV_COUNT && sweep != SWEEP_NONE; v++) {
+        if (sweep == SWEEP_STREAM) {
+            static const int rows[] = {0, 1, 2, 4};
+            for (int ri = 0; ri < 4; ri++) {
+                set_stream_rows(rows[ri]);
+                fails += run_variant(ctx, KERN_QV_STREAM, ws, &W, &X, &R, &D, b);
+            }
+            set_stream_rows(0);
+        } else {
+            fails += run_variant(ctx, RUN_GEMM_ENTRY, ws, &W, &X, &R, &D, b);
+        }
+        for (int v = 1; v < KERN_QV_COUNT && sweep != SWEEP_NONE && sweep != SWEEP_STREAM; v++) {
             if (!kern_cuda_qmm_variant_applies(t, v)) continue;
-            const int dp4a = v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4;
+            const int gemv = (v >= KERN_QV_DP4A_R1 && v <= KERN_QV_DP4A_R4) || v == KERN_QV_STREAM;
             const int mma = v == KERN_QV_MMA_16 || v == KERN_QV_MMA_32;
             const int pieces = v == KERN_QV_F16_PIECES && m >= 16;
-            if (sweep == SWEEP_INT8 && !((dp4a && m <= 8) || (mma && m <= 128) || pieces)) continue;
-            if (dp4a && m > 64) continue; /* tiles of 4 rows: slow, nothing new past a few tiles */
+            if (sweep == SWEEP_INT8 && !((gemv && m <= 8) || (mma && m <= 128) || pieces)) continue;
+            if (gemv && m > 64) continue; /* tiles of 4 or 8 rows: slow, nothing new past a few tiles */
             fails += run_variant(ctx, v, ws, &W, &X, &R, &D, b);
         }
         cudaFree(D.x);
@@ -533,6 +557,38 @@ Test(cuda_matmul_q, every_type_every_m_large_shapes)
         fails += check_matrix(ctx, 2 * max_x, t, 4097, k_of(t, 256, 1), 4097, 0, 0, SWEEP_INT8, 512);
         fails +=
             check_matrix(ctx, 2 * max_x, t, 129, k_of(t, 2304, 7), 131, al < 16 ? al : 0, 1, SWEEP_INT8, 512);
+    }
+    kern_cuda_ctx_free(ctx);
+    cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
+}
+
+/* The stream GEMV (KERN_QV_STREAM) at decode shapes: m = 1, 2, 3, 4, 5, 8 (every tile of x rows it compiles,
+ * full and partial: 1, 2, 4, 8), each rows-per-task setting, odd n (the
+ * last task partial), k = 4096 and 11008 (many chunks per row, the last one partial for the 32-blocks at
+ * 11008 = 344 blocks: 5 chunks of 64 and 24 for Q4_0), W 16-byte aligned and at the type's smallest
+ * alignment, bias on every other m. Then every block type at a smaller shape. */
+Test(cuda_matmul_q, stream_gemv_decode_shapes)
+{
+    SKIP_WITHOUT_GPU();
+    qref_seed(109);
+    const size_t max_x = (size_t)512 * 11008;
+    struct kern_cuda_ctx *ctx = make_ctx(max_x, 0);
+    const std::vector<int> ms = {1, 2, 3, 4, 5, 8};
+    static const enum dtype main_types[] = {DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q8_0, DTYPE_Q5_K, DTYPE_Q4_0};
+    int fails = 0;
+    for (int ti = 0; ti < 5; ti++) {
+        const enum dtype t = main_types[ti];
+        const int al = w_align(t);
+        fails += check_matrix(ctx, 2 * max_x, t, 1031, 11008, 1033, al < 16 ? al : 0, 1, SWEEP_STREAM, 8,
+                              false, &ms);
+        fails += check_matrix(ctx, 2 * max_x, t, 4099, 4096, 4099, 0, 1, SWEEP_STREAM, 8, false, &ms);
+    }
+    const std::vector<int> ms_small = {1, 3, 8};
+    for (int ti = 0; ti < QREF_NTYPES; ti++) {
+        const enum dtype t = qref_types[ti];
+        const int al = w_align(t);
+        fails += check_matrix(ctx, 2 * max_x, t, 333, k_of(t, 2304, 5), 335, al < 16 ? al : 0, 1,
+                              SWEEP_STREAM, 8, false, &ms_small);
     }
     kern_cuda_ctx_free(ctx);
     cr_assert_eq(fails, 0, "%d failing cases (see the FAIL lines above)", fails);
@@ -657,6 +713,60 @@ Test(cuda_matmul_q, norm_writes_the_products_int8_x)
     kern_cuda_ctx_free(ctx);
 }
 
+/* The stream GEMV forced: at m = 1..8 it reads the int8 x that the norm writes (kern_cuda_matmul_x8_target
+ * accepts up to 8 rows for it, 9 is refused), and its products on that form are bitwise those on its own
+ * pre-pass of the plain norm's output (x poisoned after the norm, so the form is what is read). */
+Test(cuda_matmul_q, stream_gemv_reads_the_norms_int8_x)
+{
+    SKIP_WITHOUT_GPU();
+    qref_seed(111);
+    const int k = 1024, n = 203;
+    struct kern_cuda_ctx *ctx = make_ctx((size_t)16 * k, 0);
+    float *buf[8];
+    for (int i = 0; i < 8; i++) CU_OK(cudaMalloc((void **)&buf[i], (size_t)9 * n * k * sizeof(float)));
+    float *resid_a = buf[0], *resid_b = buf[1], *nw = buf[2], *xa = buf[3], *xb = buf[4], *ya = buf[5],
+          *yb = buf[6];
+    static const enum dtype types[] = {DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q8_0};
+    kern_cuda_qmm_set_variant(KERN_QV_STREAM);
+    for (int ti = 0; ti < 3; ti++) {
+        const enum dtype t = types[ti];
+        wmat W;
+        make_wmat(&W, t, n, k, 0);
+        void *w;
+        CU_OK(cudaMalloc(&w, W.bytes));
+        CU_OK(cudaMemcpy(w, W.w, W.bytes, cudaMemcpyHostToDevice));
+        uint8_t *xq;
+        float *xd;
+        cr_assert_eq(kern_cuda_matmul_x8_target(ctx, xb, t, 9, k, &xq, &xd), FERRY_ERR_UNSUPPORTED);
+        for (int m = 1; m <= 8; m++) {
+            std::vector<float> h((size_t)m * k), hw(k);
+            for (float &v : h) v = qref_frand();
+            for (int j = 0; j < k; j++) hw[j] = 0.5f + qref_frand() * 0.25f;
+            CU_OK(cudaMemcpy(resid_a, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpy(resid_b, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            CU_OK(cudaMemcpy(nw, hw.data(), (size_t)k * 4, cudaMemcpyHostToDevice));
+            cr_assert_eq(kern_cuda_matmul_x8_target(ctx, xb, t, m, k, &xq, &xd), FERRY_OK, "%s m=%d",
+                         dtype_name(t), m);
+            cr_assert_eq(kern_cuda_norm_x8(resid_b, NULL, xb, nw, m, k, 1e-5f, xq, xd, 0), FERRY_OK);
+            CU_OK(cudaMemset(xb, 0xFF, (size_t)m * k * 4));
+            cr_assert_eq(kern_cuda_matmul(ctx, yb, n, xb, w, t, NULL, m, n, k, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_rmsnorm(xa, resid_a, nw, m, k, 1e-5f, 0), FERRY_OK);
+            cr_assert_eq(kern_cuda_matmul(ctx, ya, n, xa, w, t, NULL, m, n, k, 0), FERRY_OK);
+            std::vector<float> oa((size_t)m * n), ob(oa.size());
+            CU_OK(cudaMemcpy(oa.data(), ya, oa.size() * 4, cudaMemcpyDeviceToHost));
+            CU_OK(cudaMemcpy(ob.data(), yb, ob.size() * 4, cudaMemcpyDeviceToHost));
+            cr_assert(!memcmp(oa.data(), ob.data(), oa.size() * 4),
+                      "%s m=%d: stream GEMV on the norm's int8 x", dtype_name(t), m);
+            for (size_t i = 0; i < oa.size(); i++)
+                cr_assert(isfinite(oa[i]), "%s m=%d: y[%zu]", dtype_name(t), m, i);
+        }
+        cudaFree(w);
+    }
+    kern_cuda_qmm_set_variant(KERN_QV_AUTO);
+    for (int i = 0; i < 8; i++) cudaFree(buf[i]);
+    kern_cuda_ctx_free(ctx);
+}
+
 /* No GPU needed: argument checks return before any CUDA call. */
 Test(cuda_matmul_q, rejects_bad_arguments)
 {
@@ -692,6 +802,9 @@ Test(cuda_matmul_q, rejects_bad_arguments)
     cr_assert_eq(kern_cuda_qmm_set_variant(KERN_QV_COUNT), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cuda_qmm_set_variant(-1), FERRY_ERR_INVALID);
     cr_assert_eq(kern_cuda_qmm_set_variant(KERN_QV_AUTO), KERN_QV_AUTO);
+    cr_assert_eq(kern_cuda_qstream_set_rows(3), FERRY_ERR_INVALID);
+    cr_assert_eq(kern_cuda_qstream_set_rows(4), 0);
+    cr_assert_eq(kern_cuda_qstream_set_rows(0), 4);
     cr_assert(!kern_cuda_qmm_variant_applies(DTYPE_Q4_K, KERN_QV_Q8OLD));
     cr_assert(kern_cuda_qmm_variant_applies(DTYPE_Q8_0, KERN_QV_Q8OLD));
     for (int ti = 0; ti < QREF_NTYPES; ti++) /* the table names a real variant for every type and m */

@@ -17,12 +17,15 @@
  * W):
  *   - the GEMV: every lane of every chunk of every row group, for 1, 2 and 4 rows per warp and m = 1 and 3,
  *     summed per row, against the exact-sum emulation of the int8 path (same tolerance as above);
+ *   - the stream GEMV (gemv_stream.cuh): the same, its 32 lanes over the same k range of 1, 2 or 4 rows, m =
+ *     1..8 (the x rows past m clamped repeats, as the kernel runs m = 3, 5..7), k up to 11008;
  *   - the GEMM decode: every unit of every 64-column tile of every row, against the f16 rounding of
  *     dequant_row's values (bitwise; zeros past k), at every W alignment the type allows.
  */
 #include <criterion/criterion.h>
 #include <vector>
 
+#include "kernels/cuda/gemv_stream.cuh"
 #include "kernels/cuda/matmul_q_steps.cuh"
 #include "kernels/cuda/moe_dot.cuh"
 #include "tests/cuda/qref.h"
@@ -308,26 +311,53 @@ static void stage_chunk(uint8_t *stage, const uint8_t *w, int n, int row0, int b
     }
 }
 
+/* The inputs of the GEMV emulations: W (n rows of k, random blocks, starting woff bytes past a 16-byte
+ * boundary, garbage around it) and m rows of x quantized as the kernels' pre-pass does, xd in its natural
+ * layout ({dx, Σx, Σxq lo, Σxq hi} per block of 32). */
+struct emu_case {
+    std::vector<uint8_t> wbuf;
+    uint8_t *w;
+    size_t rb; /* bytes per row of W */
+    int m, k;
+    qref_xq xq;
+    std::vector<float> xd;
+    emu_case(enum dtype t, int n, int k_, int woff, int m_) : rb(dtype_row_size(t, k_)), m(m_), k(k_)
+    {
+        wbuf.assign(rb * n + 64, 0xA5);
+        w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
+        qref_random_blocks(t, w, (int64_t)n * (k / dtype_block_size(t)));
+        std::vector<float> x((size_t)m * k);
+        for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 11 == 0 ? 3.0f : 1.0f);
+        qref_quantize_x(x.data(), m, k, &xq);
+        xd.resize((size_t)m * (k / 32) * 4);
+        for (size_t u = 0; u < (size_t)m * (k / 32); u++) {
+            xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
+            memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
+            memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
+        }
+    }
+    ~emu_case() { qref_free_xq(&xq); }
+    emu_case(const emu_case &) = delete;
+    emu_case &operator=(const emu_case &) = delete;
+    /* Offsets of x row c (rows past m: row m - 1, as the kernels clamp them) into xq and xd's float4s. */
+    template <int M> void offsets(int (&xoff)[M], int (&doff)[M]) const
+    {
+        for (int c = 0; c < M; c++)
+            xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
+    }
+};
+
 template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, int k, int woff)
 {
     using SH = gq_shape<Q, R>;
-    const size_t rb = dtype_row_size(t, k);
     const int nb = k / Q::QK, m = M == 1 ? 1 : M - 1; /* M > 1: the last x row is a clamped repeat */
-    std::vector<uint8_t> wbuf(rb * n + 64);
-    uint8_t *w = wbuf.data() + (16 - (uintptr_t)wbuf.data() % 16) % 16 + 16 + woff;
-    qref_random_blocks(t, w, (int64_t)n * nb);
-    std::vector<float> x((size_t)m * k);
-    for (size_t i = 0; i < x.size(); i++) x[i] = qref_frand() * (i % 11 == 0 ? 3.0f : 1.0f);
-    struct qref_xq xq;
-    qref_quantize_x(x.data(), m, k, &xq);
-    std::vector<float> xd((size_t)m * (k / 32) * 4);
-    for (size_t u = 0; u < (size_t)m * (k / 32); u++) {
-        xd[4 * u] = xq.dx[u], xd[4 * u + 1] = xq.sx[u];
-        memcpy(&xd[4 * u + 2], &xq.sq_lo[u], 4);
-        memcpy(&xd[4 * u + 3], &xq.sq_hi[u], 4);
-    }
+    emu_case E(t, n, k, woff, m);
+    const size_t rb = E.rb;
+    const uint8_t *w = E.w;
+    const qref_xq &xq = E.xq;
+    const std::vector<float> &xd = E.xd;
     int xoff[M], doff[M];
-    for (int c = 0; c < M; c++) xoff[c] = (c < m ? c : m - 1) * k, doff[c] = (c < m ? c : m - 1) * (k / 32);
+    E.offsets(xoff, doff);
     std::vector<uint8_t> stage((size_t)SH::G::BYTES + 32);
     uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
     for (int row0 = 0; row0 < n; row0 += R) {
@@ -354,7 +384,6 @@ template <class Q, int M, int R> static void emulate_gemv(enum dtype t, int n, i
                           dtype_name(t), R, M, woff, row0 + r, c, sum, ref, absum);
             }
     }
-    qref_free_xq(&xq);
 }
 
 template <class Q> static void emulate_gemv_all(enum dtype t)
@@ -392,6 +421,72 @@ Test(qblock, gemv_lane_math_emulated)
     qref_seed(3);
     for (int ti = 0; ti < QREF_NTYPES; ti++)
         cr_assert(QREF_DISPATCH(qref_types[ti], emulate_gemv_all, qref_types[ti]));
+}
+
+/* The stream GEMV's lane math (gemv_stream.cuh) for R rows per task and M rows of x (m of them real, the rest
+ * clamped repeats of row m - 1): every chunk of every task staged as the kernel stages it, every lane's
+ * gs_lane_chunk, the 32 lane sums of each (x row, W row) added, against the exact-sum int8 reference. */
+template <class Q, int M, int R> static void emulate_stream(enum dtype t, int n, int k, int woff, int m)
+{
+    using SH = gs_shape<Q, R>;
+    using G = typename SH::G;
+    const int nb = k / Q::QK;
+    emu_case E(t, n, k, woff, m);
+    const size_t rb = E.rb;
+    const uint8_t *w = E.w;
+    const qref_xq &xq = E.xq;
+    const std::vector<float> &xd = E.xd;
+    int xoff[M], doff[M];
+    E.offsets(xoff, doff);
+    std::vector<uint8_t> stage((size_t)G::BYTES + 32);
+    uint8_t *sbase = stage.data() + (16 - (uintptr_t)stage.data() % 16) % 16;
+    static float acc[32][M][R];
+    for (int row0 = 0; row0 < n; row0 += R) {
+        memset(acc, 0, sizeof acc);
+        for (int b0 = 0; b0 < nb; b0 += SH::CB) {
+            const int nbc = nb - b0 < SH::CB ? nb - b0 : SH::CB;
+            unsigned sh[R];
+            stage_chunk<Q, R, SH::CB>(sbase, w, n, row0, b0, nbc, rb, sh);
+            for (int lane = 0; lane < 32; lane++)
+                gs_lane_chunk<Q, M, R, SH::PPL>(acc[lane], sbase, G::STRIDE, sh, b0, nbc, lane, xq.q,
+                                                xd.data(), xoff, doff);
+        }
+        for (int r = 0; r < R && row0 + r < n; r++)
+            for (int c = 0; c < M; c++) {
+                float sum = 0;
+                for (int lane = 0; lane < 32; lane++) sum += acc[lane][c][r];
+                const int cx = c < m ? c : m - 1;
+                double ref, absum;
+                qref_q8_row<Q>(w + rb * (row0 + r), &xq, cx, k, &ref, &absum);
+                cr_assert(fabs(sum - ref) <= (k / 32 + 16) * 0x1.0p-23 * absum,
+                          "%s stream emulation R=%d M=%d m=%d k=%d woff=%d row %d x row %d: %.9g vs %.9g "
+                          "(|terms| %g)",
+                          dtype_name(t), R, M, m, k, woff, row0 + r, c, sum, ref, absum);
+            }
+    }
+}
+
+/* Every W alignment the type allows; n odd (the last task partial for 2 and 4 rows); k from one block (fewer
+ * blocks than lanes) to a chunk and a part and, once per type, the Llama-2-7B down projection's 11008. */
+template <class Q> static void emulate_stream_all(enum dtype t)
+{
+    const int k1 = Q::QK == 256 ? 256 : qk_up<Q>(64), k2 = Q::QK == 256 ? 2304 : qk_up<Q>(32 * 101);
+    for (int woff = 0; woff < 16; woff += Q::ALIGN < 4 ? 6 : Q::ALIGN) {
+        emulate_stream<Q, 1, 1>(t, 7, k1, woff, 1);
+        emulate_stream<Q, 1, 4>(t, 9, k2, woff, 1);
+        emulate_stream<Q, 2, 2>(t, 5, k2, woff, 2);
+        emulate_stream<Q, 4, 4>(t, 7, k1, woff, 3);
+        emulate_stream<Q, 8, 2>(t, 3, k2, woff, 8);
+        emulate_stream<Q, 8, 4>(t, 5, k1, woff, 5);
+    }
+    emulate_stream<Q, 2, 4>(t, 3, qk_up<Q>(11008), 0, 2);
+}
+
+Test(qblock, stream_gemv_lane_math_emulated)
+{
+    qref_seed(9);
+    for (int ti = 0; ti < QREF_NTYPES; ti++)
+        cr_assert(QREF_DISPATCH(qref_types[ti], emulate_stream_all, qref_types[ti]));
 }
 
 /* The int8-MMA kernel (mmv_q.cu) on the CPU: x in the fragment layout as the pre-pass writes it (through
