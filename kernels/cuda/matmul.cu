@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemv_q8.h"
@@ -617,6 +618,21 @@ extern "C" int kern_cuda_qmm_set_variant(int variant)
     return prev;
 }
 
+/* The variant of a block-type product: the forced one, else the table's; FERRY_QMM_DECODE=stream (read once)
+ * takes the stream GEMV for every product of at most KERN_CUDA_QSTREAM_MAX_M rows, to time whole models with it
+ * before the table does. */
+static int qmm_choice(enum dtype t, int m)
+{
+    static int stream = -1;
+    if (stream < 0) {
+        const char *e = getenv("FERRY_QMM_DECODE");
+        stream = e && !strcmp(e, "stream");
+    }
+    if (g_qvariant) return g_qvariant;
+    if (stream && m <= KERN_CUDA_QSTREAM_MAX_M) return KERN_QV_STREAM;
+    return kern_cuda_qmm_pick(t, m);
+}
+
 extern "C" const char *kern_cuda_qmm_variant_name(int variant)
 {
     static const char *const names[KERN_QV_GEMM_C1] = {
@@ -749,7 +765,7 @@ static int mm_q_auto(struct kern_cuda_ctx *ctx, float *y, int ldy, const float *
     const struct kern_cuda_qmm c = qmm_args(ctx, y, ldy, x, w, bias, m, n, k, st);
     if (c.ws_bytes < kern_cuda_qmm_gemm_ws(1, k)) return FERRY_ERR_RANGE;
     const enum dtype t = mm_q_dtype<Q>();
-    const int v = g_qvariant ? g_qvariant : kern_cuda_qmm_pick(t, m);
+    const int v = qmm_choice(t, m);
     const int rc = qmm_run<Q>(ctx, &c, t, v);
     if (!(c.x_ready && qv_reads_x8(v))) ctx->x8_src = NULL; /* the workspace now holds something else */
     return rc;
@@ -842,7 +858,7 @@ extern "C" int kern_cuda_matmul_x8_target(struct kern_cuda_ctx *ctx, const float
     if (!x) return FERRY_OK; /* forget a target that was not written */
     if (!xq || !xd || m < 1 || k <= 0) return FERRY_ERR_INVALID;
     const struct mm_type *ty = mm_type_of(wt);
-    const int v = g_qvariant ? g_qvariant : kern_cuda_qmm_pick(wt, m);
+    const int v = qmm_choice(wt, m);
     if (!ty || !ty->needs_ctx || k % ty->k_multiple || !qv_reads_x8(v) || m > qv_x8_max_m(v))
         return FERRY_ERR_UNSUPPORTED;
     const size_t ws = ctx->max_x_elems * 2;
