@@ -13,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/matmul_q.h"
@@ -474,12 +476,25 @@ extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32
     return FERRY_OK;
 }
 
-static int moe_grouped_kind = KERN_CUDA_MOE_GROUPED_AUTO;
+/* -1: not chosen yet (the default: WARP, or FERRY_MOE_GROUPED=auto|tile, read once). */
+static int moe_grouped_kind = -1;
+
+static int grouped_kind(void)
+{
+    if (moe_grouped_kind < 0) {
+        const char *e = getenv("FERRY_MOE_GROUPED");
+        moe_grouped_kind = !e                   ? KERN_CUDA_MOE_GROUPED_WARP
+                           : !strcmp(e, "tile") ? KERN_CUDA_MOE_GROUPED_TILE
+                           : !strcmp(e, "auto") ? KERN_CUDA_MOE_GROUPED_AUTO
+                                                : KERN_CUDA_MOE_GROUPED_WARP;
+    }
+    return moe_grouped_kind;
+}
 
 extern "C" int kern_cuda_moe_grouped_set_kind(int kind)
 {
     if (kind < KERN_CUDA_MOE_GROUPED_AUTO || kind > KERN_CUDA_MOE_GROUPED_TILE) return FERRY_ERR_INVALID;
-    const int prev = moe_grouped_kind;
+    const int prev = grouped_kind();
     moe_grouped_kind = kind;
     return prev;
 }
@@ -492,7 +507,7 @@ extern "C" int kern_cuda_moe_grouped(float *y, int ldy, const void *x8, int x_ro
         cols % dtype_block_size(t) || !x8 || !FCUDA_ALIGNED(x8, 16) || !FCUDA_ALIGNED(y, 4))
         return FERRY_ERR_INVALID;
     const size_t rb = dtype_row_size(t, cols), eb = rb * (size_t)rows;
-    const int per = 16 * MOE_MMA_WARPS, kind = moe_grouped_kind;
+    const int per = 16 * MOE_MMA_WARPS, kind = grouped_kind();
     const dim3 grid((unsigned)((rows + per - 1) / per), (unsigned)n_expert);
     uint8_t *xq;
     float *xd;
