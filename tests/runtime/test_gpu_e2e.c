@@ -274,9 +274,9 @@ Test(gpu_e2e, moe_host_experts_match_cpu)
  * (nothing sized to the budget), a budget of exactly the bytes of the plan with the first c layers' experts
  * on the host gets the fewest c' whose plan fits it; with any host experts the plan holds the staging area
  * they stream through (a layer's experts: so one layer's experts on the host save nothing), unless streaming
- * is off (FERRY_MOE_STREAM_ROWS=0: each layer's experts moved save their bytes). One byte less than the plan
- * with every expert on the host is refused, naming the minimum. forward_cuda_plan_offline is the arithmetic
- * forward_cuda_init runs (no device needed). */
+ * is off (FERRY_MOE_STREAM_ROWS=0: each layer's experts moved save their bytes, less the page tables that
+ * map their pinned copy). One byte less than the plan with every expert on the host is refused, naming the
+ * minimum. forward_cuda_plan_offline is the arithmetic forward_cuda_init runs (no device needed). */
 static void moe_planner(int streaming)
 {
     if (!streaming) setenv("FERRY_MOE_STREAM_ROWS", "0", 1);
@@ -289,7 +289,7 @@ static void moe_planner(int streaming)
     struct kv_cache kv;
     cr_assert_eq(kv_cache_init(&kv, L, hp->n_kv_heads, hp->head_dim, 1, 256, 256, 16, KV_NO_HOST), 0);
     struct forward_cuda_params cp = {.max_tokens = 64, .gpu_memory = (int64_t)1 << 40, .gpu_layers = -1};
-    uint64_t bytes[16];
+    uint64_t bytes[16], maps[16];
     cr_assert(L < 16);
     for (int c = 0; c <= L; c++) {
         struct device_map map;
@@ -299,13 +299,18 @@ static void moe_planner(int streaming)
         cr_assert_eq(map.moe_layers, L);
         cr_assert_eq(map.n_resident, L, "every layer's block stays on the device");
         bytes[c] = map.bytes_total;
-        const int64_t saved = (int64_t)bytes[c ? c - 1 : 0] - (int64_t)bytes[c];
+        maps[c] = map.host_map_bytes;
+        /* Moved experts cost the device the page tables that map their pinned copy (one 512th of them). */
+        const int64_t saved = (int64_t)bytes[c ? c - 1 : 0] - (int64_t)bytes[c],
+                      mapped = (int64_t)maps[c] - (int64_t)maps[c ? c - 1 : 0];
         const int64_t want = c == 0 ? 0
                              : streaming && c == 1
                                  ? (int64_t)cuda_moe_expert_bytes(&m, 0) - (int64_t)cuda_moe_stage_bytes(&m)
                                  : (int64_t)cuda_moe_expert_bytes(&m, c - 1);
-        cr_assert_eq(saved, want, "streaming %d: the experts of layer %d save %lld bytes, want %lld",
-                     streaming, c - 1, (long long)saved, (long long)want);
+        cr_assert_eq(mapped, c ? ((int64_t)cuda_moe_expert_bytes(&m, c - 1) + 511) / 512 : 0,
+                     "the page tables of layer %d's experts: %lld bytes", c - 1, (long long)mapped);
+        cr_assert_eq(saved, want - mapped, "streaming %d: the experts of layer %d save %lld bytes, want %lld",
+                     streaming, c - 1, (long long)saved, (long long)(want - mapped));
         device_map_free(&map);
     }
     cp.cpu_moe = -1;
@@ -628,10 +633,11 @@ Test(gpu_e2e, qwen35moe_shexp_f16_matches_cpu, .timeout = 300)
 {
     require_gpu();
     /* run_batched's own tokens meet a router near-tie at sequence 2's third decode step (its second and third
-     * logits 5.5e-3 apart on the CPU) that the GPU's products break the other way: on an H100 that row was 3.03
-     * from the CPU's (bound 0.15), and the CPU alone gives 3.01 there with every weight perturbed by 1e-3
-     * relative (a different expert, not a wrong one). Shifted by 31, over 6 steps every choice is at least
-     * 0.0137 clear of the next logit (measured on the CPU with transformers; no shift of 0-40 clears 12). */
+     * logits 5.5e-3 apart on the CPU) that the GPU's products break the other way: on an H100 that row
+     * was 3.03 from the CPU's (bound 0.15), and the CPU alone gives 3.01 there with every weight perturbed by
+     * 1e-3 relative (a different expert, not a wrong one). Shifted by 31, over 6 steps every choice is at
+     * least 0.0137 clear of the next logit (measured on the CPU with transformers; no shift of 0-40 clears
+     * 12). */
     batched_salt = 31;
     batched_steps = 6;
     compare_family_hybrid("qwen35moe_shexp_f16");
@@ -643,10 +649,10 @@ Test(gpu_e2e, qwen35moe_shexp_f16_matches_cpu, .timeout = 300)
 Test(gpu_e2e, qwen3next_f16_matches_cpu, .timeout = 300)
 {
     require_gpu();
-    /* As Qwen3.5-MoE's: with run_batched's own tokens an H100 put rows 27, 30 and 36 over the bound (0.47, 0.38,
-     * 0.18), the very rows that the CPU alone moves most with every weight perturbed by 3e-4 relative (0.93,
-     * 0.88, 0.38; router near-ties 1.3e-3 to 6e-3 apart). Shifted by 37, over 6 steps every choice is at least
-     * 0.0151 clear of the next logit (transformers on the CPU). */
+    /* As Qwen3.5-MoE's: with run_batched's own tokens an H100 put rows 27, 30 and 36 over the bound (0.47,
+     * 0.38, 0.18), the very rows that the CPU alone moves most with every weight perturbed by 3e-4 relative
+     * (0.93, 0.88, 0.38; router near-ties 1.3e-3 to 6e-3 apart). Shifted by 37, over 6 steps every choice is
+     * at least 0.0151 clear of the next logit (transformers on the CPU). */
     batched_salt = 37;
     batched_steps = 6;
     compare_family_hybrid("qwen3next_f16");
