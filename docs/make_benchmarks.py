@@ -421,13 +421,15 @@ def readme_spec_line(results):
     oracle, _ = spec_rows(os.path.join(d, "results.jsonl"))
     parts = []
     for model in dict.fromkeys(k[0] for k in oracle):
-        full, part = oracle.get((model, 1)) or oracle.get((model, 1.0)), oracle.get((model, 0.7))
+        full = oracle.get((model, 1)) or oracle.get((model, 1.0))
         if not full or not full.get("plain_tok_s"):
             continue
         text = (f"{full['setting'].replace(', --gpu-memory ', ' under ')} {full['spec_tok_s']:,.1f} tokens/s, "
                 f"{full['spec_tok_s'] / full['plain_tok_s']:.2f}x its one-row rate")
-        if part and part.get("plain_tok_s"):
-            text += f" ({part['spec_tok_s'] / part['plain_tok_s']:.2f}x with 70% of drafts right)"
+        curve = [(p, oracle[(model, p)]) for p in (0.9, 0.7, 0.5) if oracle.get((model, p), {}).get("plain_tok_s")]
+        if curve:
+            text += (" (" + " / ".join(f"{r['spec_tok_s'] / r['plain_tok_s']:.2f}x" for _, r in curve) + " with " +
+                     " / ".join(f"{round(p * 100)}%" for p, _ in curve) + " of drafts right)")
         parts.append(text)
     if not parts:
         return ""
