@@ -433,8 +433,10 @@ def readme_spec_line(results):
         parts.append(text)
     if not parts:
         return ""
-    return ("One sequence with speculative decoding (each step verifies 4 drafts; here the oracle drafter, the "
-            "mechanism's ceiling; [docs/speculative.md](docs/speculative.md)): " + "; ".join(parts) +
+    return ("Speculative decoding pays where one or a few sequences decode, above all with layers in host memory: "
+            "a step reads the weights once for all its rows ([docs/speculative.md](docs/speculative.md)). One "
+            "sequence, each step verifying 4 drafts (the oracle drafter, the mechanism's ceiling): " +
+            "; ".join(parts) +
             f" ({meta['date']}, {meta['machine'].split(',')[0]}, commit `{meta['commit']}`).")
 
 
