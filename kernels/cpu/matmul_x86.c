@@ -1391,13 +1391,18 @@ static inline AI_512 void q4_dot_body512(const struct q8_dot *a, const int mr, c
     float sd[Q8_DIRECT_M][NRQ][KCQ / QB]; /* s·dx per block of the chunk */
     const int8_t *xq[Q8_DIRECT_M];
     const int32_t *n4[Q8_DIRECT_M];
+    /* the blocks' first 4 bytes (d, and Q4_1's m), 8 blocks per gather */
+    const __m256i boff =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bsz));
     for (int j = 0; j < NRQ; j++) {
         const uint8_t *bp = a->row[j] + bsz * (size_t)a->b0;
-        for (int b = 0; b < a->nb; b++, bp += bsz) {
-            uint16_t h[2];
-            memcpy(h, bp, 4);
-            t->s[j][b] = _cvtsh_ss(h[0]);
-            if (with_min) t->mn[j][b] = _cvtsh_ss(h[1]);
+        for (int b = 0; b < a->nb; b += 8, bp += 8 * bsz) {
+            const __mmask8 km = a->nb - b >= 8 ? 0xff : (__mmask8)((1u << (a->nb - b)) - 1);
+            const __m256i g = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), km, boff, bp, 1);
+            _mm256_storeu_ps(&t->s[j][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
+            if (with_min)
+                _mm256_storeu_ps(&t->mn[j][b],
+                                 _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))));
         }
     }
     __m512 acc[Q8_DIRECT_M][NRQ / 2];
