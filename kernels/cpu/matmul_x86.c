@@ -1375,34 +1375,30 @@ static inline AI_512 void q45k_dot_mr512(const struct q8_dot *a, int mr, const i
     }
 }
 
-/* int8 arithmetic, Q4_0 and Q4_1, m <= Q8_DIRECT_M on AVX512-VNNI: the nibbles read in place (no decode pass,
- * no tile) with two weight rows per 512-bit register (lanes 0-7 row 2p, 8-15 row 2p + 1: one block's 8 lanes
- * each, the low nibbles in lanes 0-3, the high in 4-7 as the tile holds them). A first pass over the chunk's
- * blocks puts each block's s·dx on the stack and its minimum in the tile (Q4_1); then per block one vpdpbusd
- * per row pair and x row, started from the offset lanes -8·Σq (Q4_0) or zero (Q4_1), and one 16-lane FMA:
- * every lane takes q8_dot_body512's integer sum and f32 steps in its order (per block fma(lanes, s·dx, acc),
- * the same s·dx product), and the minimums q8_min_terms' steps, so the results are bitwise the tile's. */
-static inline AI_512 void q4_dot_body512(const struct q8_dot *a, const int mr, const int with_min)
+/* int8 arithmetic, Q4_1, m <= Q8_DIRECT_M on AVX512-VNNI: the nibbles read in place (no decode pass, no tile)
+ * with two weight rows per 512-bit register (lanes 0-7 row 2p, 8-15 row 2p + 1: one block's 8 lanes each, the
+ * low nibbles in lanes 0-3, the high in 4-7 as the tile holds them). A first pass over the chunk gathers the
+ * blocks' scales and minimums (8 blocks per masked gather) into the tile and puts s·dx on the stack; then per
+ * block one vpdpbusd per row pair and x row and one 16-lane FMA: every lane takes q8_dot_body512's integer
+ * sum and f32 steps in its order (per block fma(lanes, s·dx, acc), the same s·dx product), the minimums
+ * q8_min_terms' steps, so the results are bitwise the tile's. Q4_0 stays on the tile: the same scheme with
+ * its offset lanes was no faster there (kernels/cpu/NOTES.md, 2026-12-07d). */
+static inline AI_512 void q4_1_dot_body512(const struct q8_dot *a, const int mr)
 {
     const struct q8x *x = a->x;
     struct q8_tile *t = a->t;
-    const size_t bsz = with_min ? sizeof(struct block_q4_1) : sizeof(struct block_q4_0);
-    const int qoff = with_min ? 4 : 2;
+    const size_t bsz = sizeof(struct block_q4_1), qoff = offsetof(struct block_q4_1, qs);
     float sd[Q8_DIRECT_M][NRQ][KCQ / QB]; /* s·dx per block of the chunk */
     const int8_t *xq[Q8_DIRECT_M];
-    const int32_t *n4[Q8_DIRECT_M];
-    /* the blocks' first 4 bytes (d, and Q4_1's m), 8 blocks per gather */
     const __m256i boff =
         _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bsz));
-    for (int j = 0; j < NRQ; j++) {
+    for (int j = 0; j < NRQ; j++) { /* each block's first 4 bytes: d and m (f16) */
         const uint8_t *bp = a->row[j] + bsz * (size_t)a->b0;
         for (int b = 0; b < a->nb; b += 8, bp += 8 * bsz) {
             const __mmask8 km = a->nb - b >= 8 ? 0xff : (__mmask8)((1u << (a->nb - b)) - 1);
             const __m256i g = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), km, boff, bp, 1);
             _mm256_storeu_ps(&t->s[j][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
-            if (with_min)
-                _mm256_storeu_ps(&t->mn[j][b],
-                                 _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))));
+            _mm256_storeu_ps(&t->mn[j][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))));
         }
     }
     __m512 acc[Q8_DIRECT_M][NRQ / 2];
@@ -1410,7 +1406,6 @@ static inline AI_512 void q4_dot_body512(const struct q8_dot *a, const int mr, c
         const size_t r = (size_t)(a->i0 + i);
         const float *dx = x->dx + r * x->nbp + a->b0;
         xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
-        n4[i] = x->n4 + r * x->nb * 8 + (size_t)8 * a->b0;
         for (int j = 0; j < NRQ; j++) {
             int b = 0;
             for (; b + 16 <= a->nb; b += 16)
@@ -1425,15 +1420,9 @@ static inline AI_512 void q4_dot_body512(const struct q8_dot *a, const int mr, c
     }
     const __m512i sh4 = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4), m0f = _mm512_set1_epi8(15);
     for (int b = 0; b < a->nb; b++) {
-        __m512i xv[Q8_DIRECT_M], cv[Q8_DIRECT_M];
-        for (int i = 0; i < mr; i++) {
+        __m512i xv[Q8_DIRECT_M];
+        for (int i = 0; i < mr; i++)
             xv[i] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq[i] + QB * b)));
-            cv[i] =
-                with_min
-                    ? _mm512_setzero_si512()
-                    : _mm512_slli_epi32(
-                          _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(n4[i] + 8 * b))), 3);
-        }
         const size_t off = bsz * (size_t)(a->b0 + b) + qoff;
         for (int p = 0; p < NRQ / 2; p++) {
             /* 128-bit lanes: row 2p's 16 bytes twice, row 2p + 1's twice; the second copy of each shifted
@@ -1446,8 +1435,8 @@ static inline AI_512 void q4_dot_body512(const struct q8_dot *a, const int mr, c
             for (int i = 0; i < mr; i++) {
                 const __m512 s = _mm512_mask_broadcastss_ps(_mm512_set1_ps(sd[i][2 * p][b]), 0xff00,
                                                             _mm_load_ss(&sd[i][2 * p + 1][b]));
-                acc[i][p] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv[i], u, xv[i])), s, acc[i][p]);
+                const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv[i]);
+                acc[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), s, acc[i][p]);
             }
         }
     }
@@ -1456,26 +1445,17 @@ static inline AI_512 void q4_dot_body512(const struct q8_dot *a, const int mr, c
             _mm256_storeu_ps(a->acc + (i * NRQ + 2 * p) * 16, _mm512_castps512_ps256(acc[i][p]));
             _mm256_storeu_ps(a->acc + (i * NRQ + 2 * p + 1) * 16, high_ps(acc[i][p]));
         }
-    if (with_min) q8_min_terms(a, mr);
+    q8_min_terms(a, mr);
 }
 
-__attribute__((target(T_VNNI512))) static void dir8_512_q4_0(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    if (mr == 1)
-        q4_dot_body512(a, 1, 0);
-    else
-        q4_dot_body512(a, 2, 0);
-}
 __attribute__((target(T_VNNI512))) static void dir8_512_q4_1(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
     (void)m_, (void)sh;
     if (mr == 1)
-        q4_dot_body512(a, 1, 1);
+        q4_1_dot_body512(a, 1);
     else
-        q4_dot_body512(a, 2, 1);
+        q4_1_dot_body512(a, 2);
 }
 
 __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
@@ -1497,8 +1477,7 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot
     }
 DOT512(dir8_512_q4_k, q45k_dot_mr512(a, mr, 0))
 DOT512(dir8_512_q5_k, q45k_dot_mr512(a, mr, 1))
-static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_0] = dir8_512_q4_0,
-                                                [DTYPE_Q4_1] = dir8_512_q4_1,
+static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_1] = dir8_512_q4_1,
                                                 [DTYPE_Q4_K] = dir8_512_q4_k,
                                                 [DTYPE_Q5_K] = dir8_512_q5_k,
                                                 [DTYPE_Q6_K] = dir8_512_q6_k};

@@ -374,8 +374,8 @@ LUT_TEST(iq3_s, IQ3_S)
 LUT_TEST(iq1_s, IQ1_S)
 LUT_TEST(iq1_m, IQ1_M)
 
-/* The int8 products of 1 and 2 rows of x with Q4_0, Q4_1, Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K
- * and Q5_K also on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or
+/* The int8 products of 1 and 2 rows of x with Q4_1, Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and
+ * Q5_K also on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or
  * more decode them into a tile (Q4_K and Q5_K on AVX512-VNNI: read in place at every m, 4 rows of x per
  * call), and the portable C always does. All must agree bitwise: each row of a 3-row batch equals that row
  * alone and the first two rows as a batch of 2, the first 3 rows of a 7-row batch the 3-row batch, and every
@@ -469,7 +469,8 @@ Test(matmul, q8_0_int8_small_m_equals_tile)
 {
     check_small_m_equals_tile(DTYPE_Q8_0);
 }
-/* Q4_0 (offset 8 through n4) and Q4_1 (minimums through sxd): nibbles read in place on AVX512-VNNI. */
+/* Q4_1's nibbles are read in place on AVX512-VNNI (minimums through sxd); Q4_0 (offset 8 through n4) takes
+ * the tile at every m and is held to the same checks. */
 Test(matmul, q4_0_int8_small_m_equals_tile)
 {
     check_small_m_equals_tile(DTYPE_Q4_0);
