@@ -1448,16 +1448,6 @@ static inline AI_512 void q4_1_dot_body512(const struct q8_dot *a, const int mr)
     q8_min_terms(a, mr);
 }
 
-__attribute__((target(T_VNNI512))) static void dir8_512_q4_1(const struct q8_dot *a, int mr, enum q8_mode m_,
-                                                             int sh)
-{
-    (void)m_, (void)sh;
-    if (mr == 1)
-        q4_1_dot_body512(a, 1);
-    else
-        q4_1_dot_body512(a, 2);
-}
-
 __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
@@ -1475,6 +1465,7 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot
         (void)m_, (void)sh;                                                                                  \
         body;                                                                                                \
     }
+DOT512(dir8_512_q4_1, mr == 1 ? q4_1_dot_body512(a, 1) : q4_1_dot_body512(a, 2))
 DOT512(dir8_512_q4_k, q45k_dot_mr512(a, mr, 0))
 DOT512(dir8_512_q5_k, q45k_dot_mr512(a, mr, 1))
 static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_1] = dir8_512_q4_1,
