@@ -28,8 +28,9 @@
  *    Q4_K, Q5_K and Q6_K (Q8_KB_LANES, matmul_impl.h) sum each block's dot product whole (Q6_K: each half's,
  *    under its scale) and take one FMA per block (half) in lane b mod 8 instead, so their f32 work is one
  *    conversion and one FMA per 8 blocks, x row and weight row.
- *    With AVX512-VNNI and one row of x (Q8_0: up to Q8_DIRECT_M, 2), Q4_K's, Q5_K's and Q6_K's codes are read
- *    in place from the weights instead (no tile; two weight rows per 512-bit register; with AVX2 or AVX-VNNI
+ *    With AVX512-VNNI and one row of x (Q8_0: up to Q8_DIRECT_M, 2), Q4_K's, Q5_K's and Q6_K's codes (and
+ *    Q4_1's up to Q8_DIRECT_M rows) are read in place from the weights instead (no tile; two weight rows per
+ *    512-bit register; with AVX2 or AVX-VNNI
  *    Q4_K's and Q5_K's up to 2 rows, one row per 256-bit register), with the same integer sums and the same
  * f32 steps, so bitwise the tile's results (decode's products at m = 1: NOTES.md); with AVX512-VNNI past
  * that, Q8_0, Q4_K, Q5_K and Q6_K (a super-block's codes decoded into registers once for all of a task's x

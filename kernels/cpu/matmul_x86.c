@@ -1375,6 +1375,79 @@ static inline AI_512 void q45k_dot_mr512(const struct q8_dot *a, int mr, const i
     }
 }
 
+/* int8 arithmetic, Q4_1, m <= Q8_DIRECT_M on AVX512-VNNI: the nibbles read in place (no decode pass, no tile)
+ * with two weight rows per 512-bit register (lanes 0-7 row 2p, 8-15 row 2p + 1: one block's 8 lanes each, the
+ * low nibbles in lanes 0-3, the high in 4-7 as the tile holds them). A first pass over the chunk gathers the
+ * blocks' scales and minimums (8 blocks per masked gather) into the tile and puts s·dx on the stack; then per
+ * block one vpdpbusd per row pair and x row and one 16-lane FMA: every lane takes q8_dot_body512's integer
+ * sum and f32 steps in its order (per block fma(lanes, s·dx, acc), the same s·dx product), the minimums
+ * q8_min_terms' steps, so the results are bitwise the tile's. Q4_0 stays on the tile: the same scheme with
+ * its offset lanes was no faster there (kernels/cpu/NOTES.md, 2026-12-07d). */
+static inline AI_512 void q4_1_dot_body512(const struct q8_dot *a, const int mr)
+{
+    const struct q8x *x = a->x;
+    struct q8_tile *t = a->t;
+    const size_t bsz = sizeof(struct block_q4_1), qoff = offsetof(struct block_q4_1, qs);
+    float sd[Q8_DIRECT_M][NRQ][KCQ / QB]; /* s·dx per block of the chunk */
+    const int8_t *xq[Q8_DIRECT_M];
+    const __m256i boff =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bsz));
+    for (int j = 0; j < NRQ; j++) { /* each block's first 4 bytes: d and m (f16) */
+        const uint8_t *bp = a->row[j] + bsz * (size_t)a->b0;
+        for (int b = 0; b < a->nb; b += 8, bp += 8 * bsz) {
+            const __mmask8 km = a->nb - b >= 8 ? 0xff : (__mmask8)((1u << (a->nb - b)) - 1);
+            const __m256i g = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), km, boff, bp, 1);
+            _mm256_storeu_ps(&t->s[j][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
+            _mm256_storeu_ps(&t->mn[j][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16))));
+        }
+    }
+    __m512 acc[Q8_DIRECT_M][NRQ / 2];
+    for (int i = 0; i < mr; i++) {
+        const size_t r = (size_t)(a->i0 + i);
+        const float *dx = x->dx + r * x->nbp + a->b0;
+        xq[i] = x->q + r * x->k + (size_t)QB * a->b0;
+        for (int j = 0; j < NRQ; j++) {
+            int b = 0;
+            for (; b + 16 <= a->nb; b += 16)
+                _mm512_storeu_ps(sd[i][j] + b,
+                                 _mm512_mul_ps(_mm512_loadu_ps(&t->s[j][b]), _mm512_loadu_ps(dx + b)));
+            for (; b < a->nb; b++) sd[i][j][b] = t->s[j][b] * dx[b];
+        }
+        for (int p = 0; p < NRQ / 2; p++)
+            acc[i][p] = a->first ? _mm512_setzero_ps()
+                                 : pair_ps(_mm256_loadu_ps(a->acc + (i * NRQ + 2 * p) * 16),
+                                           _mm256_loadu_ps(a->acc + (i * NRQ + 2 * p + 1) * 16));
+    }
+    const __m512i sh4 = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4), m0f = _mm512_set1_epi8(15);
+    for (int b = 0; b < a->nb; b++) {
+        __m512i xv[Q8_DIRECT_M];
+        for (int i = 0; i < mr; i++)
+            xv[i] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq[i] + QB * b)));
+        const size_t off = bsz * (size_t)(a->b0 + b) + qoff;
+        for (int p = 0; p < NRQ / 2; p++) {
+            /* 128-bit lanes: row 2p's 16 bytes twice, row 2p + 1's twice; the second copy of each shifted
+             * down a nibble, then the low nibbles kept: codes 0-15 then 16-31 of each row */
+            const __m512i q = _mm512_inserti64x4(
+                _mm512_castsi256_si512(
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->row[2 * p] + off)))),
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->row[2 * p + 1] + off))), 1);
+            const __m512i u = _mm512_and_si512(_mm512_srlv_epi64(q, sh4), m0f);
+            for (int i = 0; i < mr; i++) {
+                const __m512 s = _mm512_mask_broadcastss_ps(_mm512_set1_ps(sd[i][2 * p][b]), 0xff00,
+                                                            _mm_load_ss(&sd[i][2 * p + 1][b]));
+                const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv[i]);
+                acc[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), s, acc[i][p]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int p = 0; p < NRQ / 2; p++) {
+            _mm256_storeu_ps(a->acc + (i * NRQ + 2 * p) * 16, _mm512_castps512_ps256(acc[i][p]));
+            _mm256_storeu_ps(a->acc + (i * NRQ + 2 * p + 1) * 16, high_ps(acc[i][p]));
+        }
+    q8_min_terms(a, mr);
+}
+
 __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot *a, int mr, enum q8_mode m_,
                                                              int sh)
 {
@@ -1392,10 +1465,13 @@ __attribute__((target(T_VNNI512))) static void dir8_512_q6_k(const struct q8_dot
         (void)m_, (void)sh;                                                                                  \
         body;                                                                                                \
     }
+DOT512(dir8_512_q4_1, mr == 1 ? q4_1_dot_body512(a, 1) : q4_1_dot_body512(a, 2))
 DOT512(dir8_512_q4_k, q45k_dot_mr512(a, mr, 0))
 DOT512(dir8_512_q5_k, q45k_dot_mr512(a, mr, 1))
-static const q8_dot_fn dir8_512[DTYPE_COUNT] = {
-    [DTYPE_Q4_K] = dir8_512_q4_k, [DTYPE_Q5_K] = dir8_512_q5_k, [DTYPE_Q6_K] = dir8_512_q6_k};
+static const q8_dot_fn dir8_512[DTYPE_COUNT] = {[DTYPE_Q4_1] = dir8_512_q4_1,
+                                                [DTYPE_Q4_K] = dir8_512_q4_k,
+                                                [DTYPE_Q5_K] = dir8_512_q5_k,
+                                                [DTYPE_Q6_K] = dir8_512_q6_k};
 /* Past Q8_DIRECT_M rows, all of a task's x rows per call over each super-block's codes decoded once into
  * registers: faster than the tile and than 4 x rows per call for Q8_0, Q4_K, Q5_K and Q6_K at m = 3 to 128
  * (kernels/cpu/NOTES.md, 2026-12-07). */

@@ -1,8 +1,7 @@
 /* kern_cpu_matmul against references, for every stored type, at odd shapes (n odd, k = 32·odd or 256·odd for
  * quantized types, longer than one 1024-column chunk and not a multiple of it; k odd for plain ones) and
- * m in 1..8 (speculative decoding verifies up to 8 rows of a sequence in a step), 13, 16, 17, 33, 64 (and 65, 130:
- * past a task's 64 rows), with and without bias;
- * bitwise determinism; and the thread pool itself.
+ * m in 1..8 (speculative decoding verifies up to 8 rows of a sequence in a step), 13, 16, 17, 33, 64 (and 65,
+ * 130: past a task's 64 rows), with and without bias; bitwise determinism; and the thread pool itself.
  *
  * Tolerances, from the arithmetic (eps = 2^-24, one f32 rounding):
  *  - f32 arithmetic: kernel and kern_cpu_matmul_ref multiply the same weights, f32 against double sums. Plain
@@ -375,16 +374,17 @@ LUT_TEST(iq3_s, IQ3_S)
 LUT_TEST(iq1_s, IQ1_S)
 LUT_TEST(iq1_m, IQ1_M)
 
-/* The int8 products of 1 and 2 rows of x with Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and Q5_K also
- * on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or more decode them
- * into a tile (Q4_K and Q5_K on AVX512-VNNI: read in place at every m, 4 rows of x per call), and the
- * portable C always does. All must agree bitwise: each row of a 3-row batch equals that row alone and the
- * first two rows as a batch of 2, the first 3 rows of a 7-row batch the 3-row batch, and every instruction
- * set gives the same bits (its 1 and 2 rows, its 3-row and 7-row batches); and each against the references
- * (check_quantized). Shapes: n below, at and past a group of 4 and not a multiple of a task's rows, k of one
- * super-block up to 43 (11008: ten 1024-column chunks and a short one), pools of 1, 2 and 3 threads. Q8_0
- * takes the tile at every m (its in-place kernels were slower from memory: kernels/cpu/NOTES.md, 2026-12-02h)
- * and is held to the same checks at odd block counts, 1 to 343 (ten chunks and 23 blocks). */
+/* The int8 products of 1 and 2 rows of x with Q4_1, Q4_K, Q5_K or Q6_K weights on AVX512-VNNI (Q4_K and
+ * Q5_K also on AVX-VNNI and AVX2) read the codes in place (matmul.c's direct kernels); batches of 3 or
+ * more decode them into a tile (Q4_K and Q5_K on AVX512-VNNI: read in place at every m, 4 rows of x per
+ * call), and the portable C always does. All must agree bitwise: each row of a 3-row batch equals that row
+ * alone and the first two rows as a batch of 2, the first 3 rows of a 7-row batch the 3-row batch, and every
+ * instruction set gives the same bits (its 1 and 2 rows, its 3-row and 7-row batches); and each against the
+ * references (check_quantized). Shapes: n below, at and past a group of 4 and not a multiple of a task's
+ * rows, k of one super-block up to 43 (11008: ten 1024-column chunks and a short one), pools of 1, 2 and 3
+ * threads. Q8_0 takes the tile at every m (its in-place kernels were slower from memory:
+ * kernels/cpu/NOTES.md, 2026-12-02h) and is held, as Q4_0 and Q4_1 are, to the same checks at odd block
+ * counts, 1 to 343 (ten chunks and 23 blocks). */
 static void check_small_m_equals_tile(enum dtype t)
 {
     struct tpool *tp2, *tp3;
@@ -469,6 +469,16 @@ Test(matmul, q8_0_int8_small_m_equals_tile)
 {
     check_small_m_equals_tile(DTYPE_Q8_0);
 }
+/* Q4_1's nibbles are read in place on AVX512-VNNI (minimums through sxd); Q4_0 (offset 8 through n4) takes
+ * the tile at every m and is held to the same checks. */
+Test(matmul, q4_0_int8_small_m_equals_tile)
+{
+    check_small_m_equals_tile(DTYPE_Q4_0);
+}
+Test(matmul, q4_1_int8_small_m_equals_tile)
+{
+    check_small_m_equals_tile(DTYPE_Q4_1);
+}
 Test(matmul, q4_k_int8_small_m_equals_tile)
 {
     check_small_m_equals_tile(DTYPE_Q4_K);
@@ -520,7 +530,8 @@ static void check_tail_group(enum dtype t)
 
 Test(matmul, tail_group_equals_full_group)
 {
-    const enum dtype ts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_Q2_K};
+    const enum dtype ts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K,
+                             DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_Q2_K};
     for (int i = 0; i < N_OF(ts); i++) check_tail_group(ts[i]);
 }
 
