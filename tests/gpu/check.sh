@@ -4,8 +4,8 @@
 # and resident. Each step has its own time limit; a summary goes to stdout and $OUT/summary.txt, logs to $OUT.
 # Needs .debs and .gpu-data carried (tests/gpu/run.sh says how they are made). CHECK_STEPS="gpu_e2e ops" (say)
 # runs only the named steps (the names of the summary lines; bench_moe, bench_stream, bench_deltanet and spec
-# included; "moe bench_moe stream bench_stream gpu_vram gpu_dn_stream gpu_expert_cache" are the checks the
-# kernels and engine changes of 2026-12-07 still wait for) and
+# included; "moe bench_moe stream bench_stream gpu_vram gpu_dn_stream gpu_expert_cache": the tiled MoE kernel,
+# the stream GEMV, device memory against the budget, streamed DeltaNet layers and the expert cache) and
 # CHECK_TARGETS="..." builds only those ninja targets; E2E_FILTER narrows the gpu_e2e step's test filter.
 set -u
 src=$(pwd)
