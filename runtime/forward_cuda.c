@@ -1775,24 +1775,35 @@ static const float *layer_sinks(const struct forward_cuda *f, const struct layer
     return w->norm[LAYER_ATTN_SINKS];
 }
 
-/* A layer norm whose output feeds a block-type product that reads x in int8 (decode steps of a quantized
- * model) writes that form too, so the product skips its pre-pass (kern_cuda_norm_x8). FERRY_OK when it ran;
- * anything else: run the plain norm. */
-static int norm_x8(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
-                   int n)
+/* Where op's output y (n rows of k) goes in int8 form when the next op is a block-type product reading it in
+ * that form (decode steps of a quantized model): FERRY_OK with *xq, *xd to write beside y, so the product
+ * skips its pre-pass; anything else: write y alone. */
+static int x8_for_next(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w,
+                       int l, float *y, int n, int k, uint8_t **xq, float **xd)
 {
     const struct layer_program *p = layer_prog(f, l);
     const struct layer_op *next = op + 1;
     if (op < p->ops || next >= p->ops + p->n_ops || next->kind != LOP_LINEAR || next->in != op->out)
         return FERRY_ERR_UNSUPPORTED;
+    return kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, k, xq, xd);
+}
+
+/* A layer norm (kern_cuda_norm_x8) or gated activation (kern_cuda_glu_x8) that writes its output's int8 form
+ * for the product after it. FERRY_OK when it ran; anything else: run the plain op. */
+static int op_x8(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
+                 int n)
+{
     const struct llm_hparams *hp = &f->m->hp;
+    const int glu = op->kind == LOP_SILU_MUL || op->kind == LOP_GELU_MUL,
+              k = glu ? llm_layer_ffn(hp, l) : hp->dim;
     float *y = act(f, op->out);
     uint8_t *xq;
     float *xd;
-    int rc = kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, hp->dim, &xq, &xd);
+    int rc = x8_for_next(f, op, w, l, y, n, k, &xq, &xd);
     if (rc == FERRY_OK)
-        rc = kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim,
-                               hp->norm_eps, xq, xd, f->compute);
+        rc = glu ? kern_cuda_glu_x8(y, act(f, op->in), n, k, op->kind == LOP_GELU_MUL, xq, xd, f->compute)
+                 : kern_cuda_norm_x8(f->x, f->pending ? f->tmp : NULL, y, w->norm[op->arg], n, hp->dim,
+                                     hp->norm_eps, xq, xd, f->compute);
     if (rc != FERRY_OK) /* the workspace was not written: forget the target */
         kern_cuda_matmul_x8_target(f->kctx, NULL, DTYPE_F32, 0, 0, NULL, NULL);
     return rc;
@@ -1971,7 +1982,7 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
     cudaStream_t cs = f->compute;
     switch (op->kind) {
     case LOP_ADD_NORM:
-        if (norm_x8(f, op, w, l, n) == FERRY_OK) {
+        if (op_x8(f, op, w, l, n) == FERRY_OK) {
             f->pending = 0;
             return FERRY_OK;
         }
@@ -2018,11 +2029,13 @@ static int run_op(struct forward_cuda *f, const struct layer_op *op, const struc
                                          f->attn_ws_bytes, cs);
     }
     case LOP_SILU_MUL:
+        if (op_x8(f, op, w, l, n) == FERRY_OK) return FERRY_OK;
         return kern_cuda_silu_mul(act(f, op->out), act(f, op->in), n, llm_layer_ffn(hp, l), cs);
     case LOP_NORM:
         return kern_cuda_rmsnorm(act(f, op->out), act(f, op->in), w->norm[op->arg], n, hp->dim, hp->norm_eps,
                                  cs);
     case LOP_GELU_MUL:
+        if (op_x8(f, op, w, l, n) == FERRY_OK) return FERRY_OK;
         return kern_cuda_gelu_mul(act(f, op->out), act(f, op->in), n, llm_layer_ffn(hp, l), cs);
     case LOP_QK_NORM: {
         int hd, n_kv, rd;

@@ -278,6 +278,59 @@ static int glu_launch(float *h, const float *gate, int ldg, const float *up, int
     return FERRY_OK;
 }
 
+/* The gated activation of glu_kernel (the same expression, so h is bitwise the same) that also writes h's
+ * int8 form (x8.cuh) for the down product: a group of 8 lanes per block of 32 elements of a row, 4 per lane,
+ * a warp 4 blocks. A group past the last block takes zeros and stores nothing (its shuffles stay in-group).
+ */
+template <bool GELU>
+__global__ void __launch_bounds__(256)
+    glu_x8_kernel(float *h, const float *gu, int m, int ffn, uint8_t *xq, float *xd)
+{
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, sub = lane & 7, nb = ffn / 32;
+    const int64_t unit = ((int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 4 + lane / 8;
+    const bool live = unit < (int64_t)m * nb;
+    const int row = live ? (int)(unit / nb) : 0, u = live ? (int)(unit - (int64_t)row * nb) : 0;
+    const int col = u * 32 + 4 * sub;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (live) {
+        const float4 a = *reinterpret_cast<const float4 *>(gu + (size_t)row * 2 * ffn + col);
+        const float4 b = *reinterpret_cast<const float4 *>(gu + (size_t)row * 2 * ffn + ffn + col);
+        float o[4];
+        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float g = av[i], up = bv[i];
+            if (GELU)
+                o[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up;
+            else
+                o[i] = g / (1.0f + expf(-g)) * up;
+        }
+        v = make_float4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<float4 *>(h + (size_t)row * ffn + col) = v;
+    }
+    const x8_part p = x8_quant4(v);
+    if (live) x8_store(xq, xd, p, row, u, sub, ffn);
+}
+
+extern "C" int kern_cuda_glu_x8(float *h, const float *gu, int m, int ffn, int gelu, uint8_t *xq, float *xd,
+                                cudaStream_t stream)
+{
+    if (!h || !gu || !xq || !xd || m < 0 || ffn <= 0) return FERRY_ERR_INVALID;
+    if (ffn % 32 || !FCUDA_ALIGNED(h, 16) || !FCUDA_ALIGNED(gu, 16) || !FCUDA_ALIGNED(xq, 16) ||
+        !FCUDA_ALIGNED(xd, 16))
+        return FERRY_ERR_UNSUPPORTED;
+    if (m == 0) return FERRY_OK;
+    const int64_t warps = ((int64_t)m * (ffn / 32) + 3) / 4;
+    const dim3 g((unsigned)((warps + 7) / 8)), b(256);
+    if (gelu)
+        FCUDA_CHECK(pdl_launch(glu_x8_kernel<true>, g, b, 0, stream, h, gu, m, ffn, xq, xd));
+    else
+        FCUDA_CHECK(pdl_launch(glu_x8_kernel<false>, g, b, 0, stream, h, gu, m, ffn, xq, xd));
+    return FERRY_OK;
+}
+
 extern "C" int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream)
 {
     return glu_launch<false>(h, gu, 2 * ffn, gu ? gu + ffn : NULL, 2 * ffn, m, ffn, stream);

@@ -57,6 +57,13 @@ int kern_cuda_silu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t s
  * (Gemma's GeGLU; reference kern_cpu_gelu_mul_ref). */
 int kern_cuda_gelu_mul(float *h, const float *gu, int m, int ffn, cudaStream_t stream);
 
+/* kern_cuda_silu_mul (gelu 0) or kern_cuda_gelu_mul (gelu 1), bitwise the same h, that also writes h's int8
+ * form for the block-type down product at xq, xd (kern_cuda_matmul_x8_target gives them), bitwise what its
+ * pre-pass would write. FERRY_ERR_UNSUPPORTED unless ffn % 32 == 0 and every pointer is 16-byte aligned (the
+ * caller then runs the plain activation). */
+int kern_cuda_glu_x8(float *h, const float *gu, int m, int ffn, int gelu, uint8_t *xq, float *xd,
+                     cudaStream_t stream);
+
 /* Gemma 4's extra ops (a model without them never launches these). */
 
 /* Per-head RMSNorm in place: heads h < n_heads of each row i of x (m rows, ld floats apart), each head_dim

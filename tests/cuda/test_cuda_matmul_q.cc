@@ -767,6 +767,71 @@ Test(cuda_matmul_q, stream_gemv_reads_the_norms_int8_x)
     kern_cuda_ctx_free(ctx);
 }
 
+/* The gated activation that writes h's int8 form (kern_cuda_glu_x8 into kern_cuda_matmul_x8_target's place):
+ * for every type and m whose product reads that form (the automatic choice, then the stream GEMV forced up to
+ * 8 rows), SiLU and GELU, h and the down product on it are bitwise those of the plain activation and the
+ * product's own pre-pass; h is poisoned after the activation, so the form is what the product reads. ffn =
+ * 800 is not a multiple of 128 (a warp's 4 blocks end past the row: the last group stores nothing). */
+Test(cuda_matmul_q, glu_writes_the_down_products_int8_x)
+{
+    SKIP_WITHOUT_GPU();
+    qref_seed(113);
+    const int n = 203;
+    struct kern_cuda_ctx *ctx = make_ctx((size_t)16 * 1536, 0);
+    float *gu, *ha, *hb, *ya, *yb;
+    CU_OK(cudaMalloc((void **)&gu, (size_t)8 * 2 * 1536 * 4));
+    CU_OK(cudaMalloc((void **)&ha, (size_t)8 * 1536 * 4));
+    CU_OK(cudaMalloc((void **)&hb, (size_t)8 * 1536 * 4));
+    CU_OK(cudaMalloc((void **)&ya, (size_t)8 * n * 4));
+    CU_OK(cudaMalloc((void **)&yb, (size_t)8 * n * 4));
+    int used = 0;
+    for (int forced = 0; forced < 2; forced++) {
+        kern_cuda_qmm_set_variant(forced ? KERN_QV_STREAM : KERN_QV_AUTO);
+        for (int ti = 0; ti < QREF_NTYPES; ti++) {
+            const enum dtype t = qref_types[ti];
+            const int ffn = dtype_block_size(t) > 32 ? 1536 : 800;
+            wmat W;
+            make_wmat(&W, t, n, ffn, 0);
+            void *w;
+            CU_OK(cudaMalloc(&w, W.bytes));
+            CU_OK(cudaMemcpy(w, W.w, W.bytes, cudaMemcpyHostToDevice));
+            for (int m = 1; m <= 8; m++)
+                for (int gelu = 0; gelu < 2; gelu++) {
+                    std::vector<float> hg((size_t)m * 2 * ffn);
+                    for (float &v : hg) v = 3.0f * qref_frand();
+                    CU_OK(cudaMemcpy(gu, hg.data(), hg.size() * 4, cudaMemcpyHostToDevice));
+                    uint8_t *xq;
+                    float *xd;
+                    if (kern_cuda_matmul_x8_target(ctx, hb, t, m, ffn, &xq, &xd) != FERRY_OK) continue;
+                    used++;
+                    cr_assert_eq(kern_cuda_glu_x8(hb, gu, m, ffn, gelu, xq, xd, 0), FERRY_OK);
+                    std::vector<float> hah((size_t)m * ffn), hbh(hah.size());
+                    CU_OK(cudaMemcpy(hbh.data(), hb, hbh.size() * 4, cudaMemcpyDeviceToHost));
+                    CU_OK(cudaMemset(hb, 0xFF, hbh.size() * 4));
+                    cr_assert_eq(kern_cuda_matmul(ctx, yb, n, hb, w, t, NULL, m, n, ffn, 0), FERRY_OK);
+                    cr_assert_eq(gelu ? kern_cuda_gelu_mul(ha, gu, m, ffn, 0)
+                                      : kern_cuda_silu_mul(ha, gu, m, ffn, 0),
+                                 FERRY_OK);
+                    cr_assert_eq(kern_cuda_matmul(ctx, ya, n, ha, w, t, NULL, m, n, ffn, 0), FERRY_OK);
+                    std::vector<float> oa((size_t)m * n), ob(oa.size());
+                    CU_OK(cudaMemcpy(hah.data(), ha, hah.size() * 4, cudaMemcpyDeviceToHost));
+                    CU_OK(cudaMemcpy(oa.data(), ya, oa.size() * 4, cudaMemcpyDeviceToHost));
+                    CU_OK(cudaMemcpy(ob.data(), yb, ob.size() * 4, cudaMemcpyDeviceToHost));
+                    cr_assert(!memcmp(hah.data(), hbh.data(), hah.size() * 4), "%s m=%d gelu=%d: h",
+                              dtype_name(t), m, gelu);
+                    cr_assert(!memcmp(oa.data(), ob.data(), oa.size() * 4),
+                              "%s m=%d gelu=%d forced=%d: down product on the activation's int8 x",
+                              dtype_name(t), m, gelu, forced);
+                }
+            cudaFree(w);
+        }
+    }
+    kern_cuda_qmm_set_variant(KERN_QV_AUTO);
+    cr_assert(used >= 16, "only %d type/m pairs read the activation's int8 x", used);
+    cudaFree(gu), cudaFree(ha), cudaFree(hb), cudaFree(ya), cudaFree(yb);
+    kern_cuda_ctx_free(ctx);
+}
+
 /* No GPU needed: argument checks return before any CUDA call. */
 Test(cuda_matmul_q, rejects_bad_arguments)
 {
