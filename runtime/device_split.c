@@ -1,6 +1,7 @@
 /* device_split — the plan for several GPUs of one host (see device_split.h). */
 #include "runtime/device_split.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,15 +297,21 @@ int device_split_plan(const struct device_split_input *in, struct device_split *
     return FERRY_OK;
 }
 
+/* Appends to buf (snprintf semantics: *n counts what would have been written). */
+__attribute__((format(printf, 4, 5))) static void emit(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(buf + (*n < cap ? *n : cap), *n < cap ? cap - *n : 0, fmt, ap);
+    va_end(ap);
+    if (w > 0) *n += (size_t)w;
+}
+
 int device_split_format(const struct device_split *s, char *buf, size_t cap)
 {
     size_t n = 0;
-#define EMIT(...)                                                                                            \
-    do {                                                                                                     \
-        int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__);                    \
-        if (w_ > 0) n += (size_t)w_;                                                                         \
-    } while (0)
-    EMIT("device_split: %d devices, layers", s->n_devices);
+#define EMIT(...) emit(buf, cap, &n, __VA_ARGS__)
+    EMIT("device_split: %d device%s, layers", s->n_devices, s->n_devices == 1 ? "" : "s");
     for (int d = 0; d < s->n_devices; d++)
         EMIT("%s %d-%d", d ? " |" : "", s->part[d].first, s->part[d].end - 1);
     if (s->kv_tokens) EMIT("; KV pool of %lld positions on every device", (long long)s->kv_tokens);

@@ -26,15 +26,23 @@ static struct device_map_input llama7b_like(uint64_t budget)
                                      .host_map_div = 512};
 }
 
-static struct device_map_input with_auto_kv(struct device_map_input in, int64_t max, int64_t floor,
-                                            int64_t min)
+/* in with a pool the planner sizes: kvt bytes a position, between min and max positions (floor kept before
+ * layers), in blocks of 16. */
+static struct device_map_input with_auto_kv(struct device_map_input in, uint64_t kvt, int64_t max,
+                                            int64_t floor, int64_t min)
 {
-    in.kv_token_bytes = 512 * 1024;
+    in.kv_token_bytes = kvt;
     in.kv_tokens_max = max;
     in.kv_tokens_floor = floor;
     in.kv_tokens_min = min;
     in.kv_block = 16;
     return in;
+}
+
+static struct device_map_input with_auto_kv512(struct device_map_input in, int64_t max, int64_t floor,
+                                               int64_t min)
+{
+    return with_auto_kv(in, 512 * 1024, max, floor, min);
 }
 
 /* Llama-2-70B in Q4_K_M: 80 layers of 481 MB, every other one 60 MB more (its ffn_down in Q6_K), a Q6_K head,
@@ -50,15 +58,10 @@ static struct device_map_input llama70b_q4km(void)
                                   .head_bytes = 215000000ull,
                                   .fixed_bytes = 900 * MIB,
                                   .gpu_layers = -1,
-                                  .kv_token_bytes = 320 * 1024,
-                                  .kv_tokens_max = 4 * 4096,
-                                  .kv_tokens_floor = 4 * 1024,
-                                  .kv_tokens_min = 4096,
-                                  .kv_block = 16,
                                   .h2d_bytes_per_s = 25e9,
                                   .hbm_bytes_per_s = 0.9e12,
                                   .host_map_div = 512};
-    return in;
+    return with_auto_kv(in, 320 * 1024, 4 * 4096, 4 * 1024, 4096);
 }
 
 static struct device_split_input split_of(struct device_map_input model, int n, const uint64_t *budgets)
@@ -121,12 +124,12 @@ Test(device_split, one_device_is_device_map_byte_for_byte)
     int n = 0;
     const uint64_t budgets[] = {80000 * MIB, 4096 * MIB, 2000 * MIB, 1600 * MIB};
     for (int b = 0; b < 4; b++) cases[n++] = llama7b_like(budgets[b]);
-    cases[n++] = with_auto_kv(llama7b_like(4096 * MIB), 16 * 512, 16 * 512, 512);
-    cases[n++] = with_auto_kv(llama7b_like(8192 * MIB), 4 * 4096, 4 * 1024, 4096);
-    cases[n++] = with_auto_kv(llama7b_like(16000 * MIB), 4 * 4096, 4 * 1024, 4096);
-    cases[n] = with_auto_kv(llama7b_like(4096 * MIB), 16 * 640, 16 * 640, 640);
+    cases[n++] = with_auto_kv512(llama7b_like(4096 * MIB), 16 * 512, 16 * 512, 512);
+    cases[n++] = with_auto_kv512(llama7b_like(8192 * MIB), 4 * 4096, 4 * 1024, 4096);
+    cases[n++] = with_auto_kv512(llama7b_like(16000 * MIB), 4 * 4096, 4 * 1024, 4096);
+    cases[n] = with_auto_kv512(llama7b_like(4096 * MIB), 16 * 640, 16 * 640, 640);
     cases[n++].kv_ext_max = 1 << 30;
-    cases[n] = with_auto_kv(llama7b_like(3000 * MIB), 4 * 8192, 4 * 1024, 8192);
+    cases[n] = with_auto_kv512(llama7b_like(3000 * MIB), 4 * 8192, 4 * 1024, 8192);
     cases[n].kv_ext_max = 1 << 30, cases[n++].kv_ext_host = 1;
     cases[n] = llama7b_like(6000 * MIB);
     cases[n++].layer_sizes = sizes;
@@ -263,7 +266,8 @@ Test(device_split, three_devices_and_a_tiny_one_refused_by_name)
 Test(device_split, kv_positions_are_the_tightest_devices)
 {
     const uint64_t b[] = {6 * GIB, 3 * GIB};
-    struct device_split_input in = split_of(with_auto_kv(llama7b_like(0), 16 * 1024, 4 * 1024, 1024), 2, b);
+    struct device_split_input in =
+        split_of(with_auto_kv512(llama7b_like(0), 16 * 1024, 4 * 1024, 1024), 2, b);
     struct device_split s;
     char err[256] = "";
     cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
@@ -293,13 +297,8 @@ static struct device_split_input moe_input(int n, const uint64_t *budgets)
                                  .head_bytes = 300 * MIB,
                                  .fixed_bytes = 700 * MIB,
                                  .gpu_layers = -1,
-                                 .kv_token_bytes = 96 * 1024,
-                                 .kv_tokens_max = 4 * 4096,
-                                 .kv_tokens_floor = 4 * 1024,
-                                 .kv_tokens_min = 4096,
-                                 .kv_block = 16,
                                  .host_map_div = 512};
-    struct device_split_input in = split_of(m, n, budgets);
+    struct device_split_input in = split_of(with_auto_kv(m, 96 * 1024, 4 * 4096, 4 * 1024, 4096), n, budgets);
     in.expert_bytes = moe_experts;
     in.expert_stage_bytes = 2 * 340000000ull;
     in.expert_cache = -1;

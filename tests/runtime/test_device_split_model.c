@@ -133,7 +133,8 @@ Test(device_split_model, the_derived_sizes_are_the_backends)
         cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
         device_split_format(&s, want, sizeof want);
         cr_assert_str_eq(got, want, "case %d", c);
-        cr_assert(strstr(got, n == 2 ? "device_split: 2 devices, layers 0-" : "device_split: 1 devices"),
+        cr_assert(strstr(got, n == 2 ? "device_split: 2 devices, layers 0-"
+                                     : "device_split: 1 device, layers 0-31"),
                   "%s", got);
         device_split_free(&s);
         model_free(&m);
