@@ -67,12 +67,43 @@ static struct device_map_input stand_in(const struct model *m, const struct kv_c
                                      .host_map_div = 512};
 }
 
+/* An expert layer's experts in the stand-in (varying by layer), and the staging area. */
+static const uint64_t STAGE = 700 * MIB + 8192;
+static uint64_t experts_of(int l)
+{
+    return 340000000ull + (uint64_t)l * 4096;
+}
+
+/* The stand-in: dense models as device_map plans them; expert models with every block resident and the
+ * experts of the first c layers in host memory, c as few as fit (or p->cpu_moe), as forward_cuda.c's
+ * plan_map. */
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256])
 {
-    const struct device_map_input in = stand_in(m, kv, p, h2d, hbm);
-    return device_map_plan(&in, out, err);
+    struct device_map_input in = stand_in(m, kv, p, h2d, hbm);
+    if (m->hp.n_expert <= 0) return device_map_plan(&in, out, err);
+    const int L = m->hp.n_layers;
+    static uint64_t with[128];
+    const uint64_t fixed = in.fixed_bytes;
+    in.gpu_layers = L;
+    for (int c = p->cpu_moe < 0 ? 0 : p->cpu_moe > L ? L : p->cpu_moe;; c++) {
+        uint64_t big = 0, experts_map = 0;
+        for (int l = 0; l < L; l++) {
+            with[l] = sizes[l] + (l >= c ? experts_of(l) : 0);
+            if (with[l] > big) big = with[l];
+            if (l < c) experts_map += (experts_of(l) + 511) / 512;
+        }
+        in.layer_sizes = with;
+        in.layer_bytes = big;
+        in.fixed_bytes = fixed + (c ? STAGE : 0) + experts_map;
+        const int rc = device_map_plan(&in, out, err);
+        if (rc != FERRY_ERR_DEVICE_MEM || p->cpu_moe >= 0 || c >= L) {
+            if (!rc) out->host_map_bytes += experts_map, out->moe_layers = L, out->cpu_moe = c;
+            return rc;
+        }
+        device_map_free(out);
+    }
 }
 
 /* engine_default_params's values that the plan reads (engine.c stays out of this test's link: it would bring
@@ -164,10 +195,61 @@ Test(device_split_model, sizes_that_are_not_the_backends_are_refused)
     cr_assert(strstr(err, "--gpu-layers"), "%s", err);
     model_file_close(mf);
 
-    mf = synthetic("qwen3-30b-a3b");
+    mf = synthetic("gemma-3-12b");
     p = params();
     cr_assert_eq(device_split_model_plan(mf, &p, 2, ordinal, budgets, buf, sizeof buf, err),
                  FERRY_ERR_UNSUPPORTED);
-    cr_assert(strstr(err, "not derived yet for a model with expert layers"), "%s", err);
+    cr_assert(strstr(err, "not derived yet for a model with sliding-window layers"), "%s", err);
+    model_file_close(mf);
+}
+
+/* Qwen3-30B-A3B's shape with the stand-in's experts (340 MB a layer, a 700 MiB staging area) on two 6 GiB
+ * devices and on one of 12: each layer's experts and the staging area are derived exactly (the plan is
+ * device_split's of the stand-in's own sizes), with host experts where the budgets need them; --cpu-moe 30
+ * too. */
+Test(device_split_model, expert_sizes_are_derived)
+{
+    setenv("FERRY_KV_EXT_ATTN", "host", 1);
+    struct model_file *mf = synthetic("qwen3-30b-a3b");
+    const int ordinal[] = {0, 1};
+    const uint64_t budgets[][2] = {{6 * GIB, 6 * GIB}, {12 * GIB, 0}, {6 * GIB, 6 * GIB}};
+    for (int c = 0; c < 3; c++) {
+        struct engine_params p = params();
+        p.cpu_moe = c == 2 ? 30 : -1;
+        const int n = budgets[c][1] ? 2 : 1;
+        char got[16384] = "", err[256] = "";
+        cr_assert_eq(device_split_model_plan(mf, &p, n, ordinal, budgets[c], got, sizeof got, err), FERRY_OK,
+                     "case %d: %s", c, err);
+        struct model m;
+        cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
+        struct kv_cache kv = {.block_size = ENGINE_KV_BLOCK};
+        const int ctx = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
+        const struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens,
+                                               .gpu_memory = 1,
+                                               .gpu_layers = -1,
+                                               .kv_tokens_max = ctx,
+                                               .kv_tokens_floor = ctx < 1024 ? ctx : 1024,
+                                               .kv_tokens_min = ctx};
+        uint64_t experts[128];
+        for (int l = 0; l < m.hp.n_layers; l++) experts[l] = experts_of(l);
+        struct device_split_input in = {.model = stand_in(&m, &kv, &cp, 54.9e9, 4.18e12),
+                                        .expert_bytes = experts,
+                                        .expert_stage_bytes = STAGE,
+                                        .cpu_moe = p.cpu_moe,
+                                        .n_devices = n,
+                                        .hidden_bytes = (uint64_t)m.hp.dim * 4};
+        in.model.kv_ext_max = INT64_MAX / 4 / (int64_t)in.model.kv_token_bytes;
+        for (int d = 0; d < n; d++) in.ordinal[d] = ordinal[d], in.budget[d] = budgets[c][d];
+        struct device_split s;
+        char want[16384] = "";
+        cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
+        device_split_format(&s, want, sizeof want);
+        cr_assert_str_eq(got, want, "case %d", c);
+        int host = 0;
+        for (int d = 0; d < n; d++) host += s.part[d].cpu_moe;
+        cr_assert(c == 2 ? host == 30 : host > 0, "case %d: %d layers' experts in host memory", c, host);
+        device_split_free(&s);
+        model_free(&m);
+    }
     model_file_close(mf);
 }
