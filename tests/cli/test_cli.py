@@ -280,7 +280,8 @@ def test_inspect_plans_several_gpus():
     """`ferry inspect --gpus 0,1 --gpu-memory 20GiB,12GiB`: the per-device plan, without a device: the layers in
     one contiguous range per device covering each once, the same KV positions on both, each inside its budget;
     with one device in --gpus it is the one-device plan. Llama-2-70B's shape in f16 (138 GB) on 24 + 24 GiB keeps
-    about as many layers resident as one 48 GiB device (a second copy of the fixed bytes apart)."""
+    about as many layers resident as one 48 GiB device (a second copy of the fixed bytes apart); Qwen3-30B-A3B's on
+    6 + 6 GiB keeps every block resident and some layers' experts in host memory."""
     need_stories()
     r = ferry("inspect", "--model", STORIES, "--gpus", "0,1", "--gpu-memory", "20GiB,12GiB", check=False)
     if "this build has no CUDA backend" in r.stdout:
@@ -306,3 +307,9 @@ def test_inspect_plans_several_gpus():
     single = ferry("inspect", "--synthetic", "llama-2-70b", "--gpu-memory", "48GiB").stdout
     resident = int(re.search(r"device_map: (\d+) layers resident", single).group(1))
     assert resident - 3 <= parts[0][3] + parts[1][3] <= resident + 1, (single, two)
+
+    moe = ferry("inspect", "--synthetic", "qwen3-30b-a3b", "--gpus", "0,1", "--gpu-memory", "6GiB").stdout
+    parts = split_plan(moe)
+    assert len(parts) == 2 and all(p[6] <= p[7] == 6.0 for p in parts) and parts[0][5] == parts[1][5], moe
+    assert all(p[4] == 0 for p in parts), moe  # every block resident: experts are what moves to host memory
+    assert "experts of its first" in moe, moe  # 17.6 GB of experts do not fit 12 GiB
