@@ -127,6 +127,57 @@ static struct model_file *synthetic(const char *name)
     return mf;
 }
 
+/* device_split's plan of the stand-in's own sizes for mf under p on n devices of these budgets (ordinals 0,
+ * 1,
+ * ...): what the plan derived from the stand-in must be, as text in want; *host: the layers whose experts it
+ * keeps in host memory. */
+static void expected_plan(const struct model_file *mf, const struct engine_params *p, int n,
+                          const uint64_t *budget, char *want, size_t cap, int *host)
+{
+    struct model m;
+    char err[256] = "";
+    cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
+    struct kv_cache kv = {.block_size = ENGINE_KV_BLOCK};
+    const int ctx = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
+    const struct forward_cuda_params cp = {.max_tokens = p->max_batch_tokens,
+                                           .gpu_memory = 1,
+                                           .gpu_layers = -1,
+                                           .kv_tokens_max = (int64_t)p->n_seqs * ctx,
+                                           .kv_tokens_floor = (int64_t)p->n_seqs * (ctx < 1024 ? ctx : 1024),
+                                           .kv_tokens_min = ctx};
+    static uint64_t experts[128];
+    for (int l = 0; l < m.hp.n_layers; l++) experts[l] = experts_of(l);
+    struct device_split_input in = {.model = stand_in(&m, &kv, &cp, 54.9e9, 4.18e12),
+                                    .expert_bytes = m.hp.n_expert > 0 ? experts : NULL,
+                                    .expert_stage_bytes = m.hp.n_expert > 0 ? STAGE : 0,
+                                    .cpu_moe = p->cpu_moe,
+                                    .n_devices = n,
+                                    .hidden_bytes = (uint64_t)m.hp.dim * 4};
+    in.model.kv_ext_max = INT64_MAX / 4 / (int64_t)in.model.kv_token_bytes;
+    for (int d = 0; d < n; d++) in.ordinal[d] = d, in.budget[d] = budget[d];
+    struct device_split s;
+    cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
+    device_split_format(&s, want, cap);
+    *host = 0;
+    for (int d = 0; d < n; d++) *host += s.part[d].cpu_moe;
+    device_split_free(&s);
+    model_free(&m);
+}
+
+/* The plan device_split_model derives for mf under p on n devices (into got) is expected_plan's; returns the
+ * layers whose experts it keeps in host memory. */
+static int derived_is_expected(const struct model_file *mf, const struct engine_params *p, int n,
+                               const uint64_t *budget, char *got, size_t cap)
+{
+    const int ordinal[] = {0, 1};
+    char want[16384] = "", err[256] = "";
+    int host;
+    cr_assert_eq(device_split_model_plan(mf, p, n, ordinal, budget, got, cap, err), FERRY_OK, "%s", err);
+    expected_plan(mf, p, n, budget, want, sizeof want, &host);
+    cr_assert_str_eq(got, want);
+    return host;
+}
+
 /* Llama-2-7B's shape in f16 (13.5 GB) on two devices and on one: the plan from the derived sizes is the plan
  * of the stand-in's own, text for text. */
 Test(device_split_model, the_derived_sizes_are_the_backends)
@@ -135,47 +186,23 @@ Test(device_split_model, the_derived_sizes_are_the_backends)
     struct model_file *mf = synthetic("llama-2-7b");
     struct engine_params p = params();
     p.n_seqs = 4;
-    const int ordinal[] = {0, 1};
     const uint64_t budgets[][2] = {{6 * GIB, 3 * GIB}, {12 * GIB, 12 * GIB}, {4 * GIB, 0}};
     for (int c = 0; c < 3; c++) {
         const int n = budgets[c][1] ? 2 : 1;
-        char got[16384] = "", err[256] = "";
+        char got[16384];
         extra = 0;
-        cr_assert_eq(device_split_model_plan(mf, &p, n, ordinal, budgets[c], got, sizeof got, err), FERRY_OK,
-                     "case %d: %s", c, err);
-        /* the stand-in's sizes, straight into device_split */
-        struct model m;
-        cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
-        struct kv_cache kv = {.block_size = ENGINE_KV_BLOCK};
-        const struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens,
-                                               .gpu_memory = 1,
-                                               .gpu_layers = -1,
-                                               .kv_tokens_max = 4 * 4096,
-                                               .kv_tokens_floor = 4 * 1024,
-                                               .kv_tokens_min = 4096};
-        struct device_split_input in = {.model = stand_in(&m, &kv, &cp, 54.9e9, 4.18e12),
-                                        .cpu_moe = -1,
-                                        .n_devices = n,
-                                        .hidden_bytes = (uint64_t)m.hp.dim * 4};
-        in.model.kv_ext_max = INT64_MAX / 4 / (int64_t)in.model.kv_token_bytes;
-        for (int d = 0; d < n; d++) in.ordinal[d] = ordinal[d], in.budget[d] = budgets[c][d];
-        struct device_split s;
-        char want[16384] = "";
-        cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
-        device_split_format(&s, want, sizeof want);
-        cr_assert_str_eq(got, want, "case %d", c);
+        const int host = derived_is_expected(mf, &p, n, budgets[c], got, sizeof got);
         cr_assert(strstr(got, n == 2 ? "device_split: 2 devices, layers 0-"
                                      : "device_split: 1 device, layers 0-31"),
                   "%s", got);
-        device_split_free(&s);
-        model_free(&m);
+        cr_assert_eq(host, 0);
     }
     model_file_close(mf);
 }
 
 /* A backend whose blocks are 1 MiB larger than layer.h's layouts: the derived sizes would be wrong where
- * layers stream, and the model is refused with the budget at which the plans part. Expert models are not
- * derived yet. */
+ * layers stream, and the model is refused with the budget at which the plans part. Sliding-window models are
+ * not derived yet. */
 Test(device_split_model, sizes_that_are_not_the_backends_are_refused)
 {
     struct model_file *mf = synthetic("llama-2-7b");
@@ -211,45 +238,14 @@ Test(device_split_model, expert_sizes_are_derived)
 {
     setenv("FERRY_KV_EXT_ATTN", "host", 1);
     struct model_file *mf = synthetic("qwen3-30b-a3b");
-    const int ordinal[] = {0, 1};
     const uint64_t budgets[][2] = {{6 * GIB, 6 * GIB}, {12 * GIB, 0}, {6 * GIB, 6 * GIB}};
     for (int c = 0; c < 3; c++) {
         struct engine_params p = params();
         p.cpu_moe = c == 2 ? 30 : -1;
         const int n = budgets[c][1] ? 2 : 1;
-        char got[16384] = "", err[256] = "";
-        cr_assert_eq(device_split_model_plan(mf, &p, n, ordinal, budgets[c], got, sizeof got, err), FERRY_OK,
-                     "case %d: %s", c, err);
-        struct model m;
-        cr_assert_eq(model_init(&m, mf, err), FERRY_OK, "%s", err);
-        struct kv_cache kv = {.block_size = ENGINE_KV_BLOCK};
-        const int ctx = m.hp.ctx_train > 0 && m.hp.ctx_train < 4096 ? m.hp.ctx_train : 4096;
-        const struct forward_cuda_params cp = {.max_tokens = p.max_batch_tokens,
-                                               .gpu_memory = 1,
-                                               .gpu_layers = -1,
-                                               .kv_tokens_max = ctx,
-                                               .kv_tokens_floor = ctx < 1024 ? ctx : 1024,
-                                               .kv_tokens_min = ctx};
-        uint64_t experts[128];
-        for (int l = 0; l < m.hp.n_layers; l++) experts[l] = experts_of(l);
-        struct device_split_input in = {.model = stand_in(&m, &kv, &cp, 54.9e9, 4.18e12),
-                                        .expert_bytes = experts,
-                                        .expert_stage_bytes = STAGE,
-                                        .cpu_moe = p.cpu_moe,
-                                        .n_devices = n,
-                                        .hidden_bytes = (uint64_t)m.hp.dim * 4};
-        in.model.kv_ext_max = INT64_MAX / 4 / (int64_t)in.model.kv_token_bytes;
-        for (int d = 0; d < n; d++) in.ordinal[d] = ordinal[d], in.budget[d] = budgets[c][d];
-        struct device_split s;
-        char want[16384] = "";
-        cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
-        device_split_format(&s, want, sizeof want);
-        cr_assert_str_eq(got, want, "case %d", c);
-        int host = 0;
-        for (int d = 0; d < n; d++) host += s.part[d].cpu_moe;
+        char got[16384];
+        const int host = derived_is_expected(mf, &p, n, budgets[c], got, sizeof got);
         cr_assert(c == 2 ? host == 30 : host > 0, "case %d: %d layers' experts in host memory", c, host);
-        device_split_free(&s);
-        model_free(&m);
     }
     model_file_close(mf);
 }
