@@ -51,6 +51,8 @@ static void bench_usage(FILE *f)
         "  --dtype f16|bf16|f32  synthetic weight type (default f16; expert models: the tensors their mix\n"
         "                        keeps unquantized)\n"
         "  --gpu-memory SIZE     device budget, e.g. 4GiB (default: free VRAM minus --reserve-vram)\n"
+        "  --gpus N              the CUDA device (default 0, the first; several: not implemented yet,\n"
+        "                        `ferry inspect --gpus 0,1 --gpu-memory 20GiB,12GiB` shows their plan)\n"
         "  --reserve-vram SIZE   (default 1GiB)\n"
         "  --gpu-layers N        resident layers (default: as many as fit)\n"
         "  --ring-layers K       streaming ring size in layers (default: planner's choice)\n"
@@ -220,6 +222,7 @@ int cli_bench_main(int argc, char **argv)
         {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},
         {"gpu-memory", required_argument, 0, 'g'},
+        {"gpus", required_argument, 0, 'G'},
         {"reserve-vram", required_argument, 0, 'r'},
         {"gpu-layers", required_argument, 0, 'l'},
         {"ring-layers", required_argument, 0, 'k'},
@@ -253,6 +256,8 @@ int cli_bench_main(int argc, char **argv)
         as_json = 0, prompt = 32, serve_pool = 0, spec_k = 0;
     double spec_accept = 1.0;
     int log_level = LOG_LEVEL_INFO, c;
+    struct opt_gpus gpus = opt_gpus_default();
+    char gerr[256] = "";
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
         switch (c) {
@@ -270,7 +275,11 @@ int cli_bench_main(int argc, char **argv)
             wt = (enum dtype)dtype_from_name(optarg);
             break;
         case 'g':
-            if (opt_parse_size(optarg, &ep.gpu_memory)) goto bad;
+            if (opt_gpus_parse_memory(&gpus, optarg, gerr)) goto bad_gpus;
+            ep.gpu_memory = gpus.memory[0];
+            break;
+        case 'G':
+            if (opt_gpus_parse(&gpus, optarg, gerr)) goto bad_gpus;
             break;
         case 'r':
             if (opt_parse_size(optarg, &ep.reserve_vram)) goto bad;
@@ -371,6 +380,7 @@ int cli_bench_main(int argc, char **argv)
         }
     }
     if (!model == !synthetic || prefill < 0 || steps <= 0 || long_ctx < 0) goto bad;
+    if (opt_gpus_check(&gpus, gerr) || opt_gpus_single(&gpus, gerr)) goto bad_gpus;
     cli_log_init(log_level);
 
     int max_b = 1;
@@ -652,5 +662,8 @@ step_failed:
     return 1;
 bad:
     bench_usage(stderr);
+    return 2;
+bad_gpus:
+    fprintf(stderr, "ferry bench: %s\n", gerr);
     return 2;
 }

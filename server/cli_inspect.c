@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/core/status.h"
+#include "runtime/device_split_model.h"
 #include "runtime/engine.h"
 #include "quant/mix.h"
 #include "runtime/seq_state.h"
@@ -19,7 +20,8 @@
 static void inspect_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry inspect (--model PATH | --synthetic NAME) [--gpu-memory SIZE [--gpu-layers N] "
+            "usage: ferry inspect (--model PATH | --synthetic NAME) [--gpus N,N] [--gpu-memory SIZE "
+            "[--gpu-layers N] "
             "[--ctx-size N] "
             "[--parallel N]\n"
             "                     [--kv-type f16|q8_0]] [--ctx-checkpoints N] [--json]\n\n"
@@ -28,6 +30,10 @@ static void inspect_usage(FILE *f)
             "                      beyond its norms and routers): its tensors and the plan for --gpu-memory\n"
             "  --gpu-memory SIZE   show the device_map the CUDA backend would choose for this budget "
             "(e.g. 4GiB)\n"
+            "                      (several devices: one size for all, or one per device of --gpus)\n"
+            "  --gpus N,N          plan for these CUDA devices (ordinals): the layers split into one\n"
+            "                      range per device, each planned under its budget, the KV positions the\n"
+            "                      same on all (running across several GPUs is not implemented yet)\n"
             "  --gpu-layers N      resident layers (default: as many as fit)\n"
             "  --cpu-moe N         expert models: the experts of the first N layers in host memory\n"
             "  --expert-cache SIZE expert models: device memory for a cache of the host layers' most used\n"
@@ -72,24 +78,20 @@ static void print_families(void)
 
 int cli_inspect_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"synthetic", required_argument, 0, 's'},
-                                             {"json", no_argument, 0, 'j'},
-                                             {"gpu-memory", required_argument, 0, 'g'},
-                                             {"gpu-layers", required_argument, 0, 'l'},
-                                             {"cpu-moe", required_argument, 0, 'E'},
-                                             {"expert-cache", required_argument, 0, 'X'},
-                                             {"ctx-size", required_argument, 0, 'c'},
-                                             {"parallel", required_argument, 0, 'p'},
-                                             {"kv-type", required_argument, 0, 'k'},
-                                             {"ctx-checkpoints", required_argument, 0, 'C'},
-                                             {"families", no_argument, 0, 'F'},
-                                             {"swa-full", no_argument, 0, 'W'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},    {"synthetic", required_argument, 0, 's'},
+        {"json", no_argument, 0, 'j'},           {"gpu-memory", required_argument, 0, 'g'},
+        {"gpus", required_argument, 0, 'G'},     {"gpu-layers", required_argument, 0, 'l'},
+        {"cpu-moe", required_argument, 0, 'E'},  {"expert-cache", required_argument, 0, 'X'},
+        {"ctx-size", required_argument, 0, 'c'}, {"parallel", required_argument, 0, 'p'},
+        {"kv-type", required_argument, 0, 'k'},  {"ctx-checkpoints", required_argument, 0, 'C'},
+        {"families", no_argument, 0, 'F'},       {"swa-full", no_argument, 0, 'W'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     const char *model = getenv("FERRY_MODEL"), *synthetic = NULL;
     int as_json = 0, c;
     struct engine_params ep = engine_default_params();
+    struct opt_gpus gpus = opt_gpus_default();
+    char gerr[256] = "";
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:jh", longopts, NULL)) != -1) {
         switch (c) {
@@ -102,9 +104,22 @@ int cli_inspect_main(int argc, char **argv)
         case 'j':
             as_json = 1;
             break;
-        case 'g':
-            if (opt_parse_size(optarg, &ep.gpu_memory) || ep.gpu_memory <= 0) {
-                fprintf(stderr, "ferry inspect: invalid --gpu-memory '%s'\n", optarg);
+        case 'g': {
+            const int list = strchr(optarg, ',') != NULL;
+            int bad = opt_gpus_parse_memory(&gpus, optarg, gerr);
+            for (int d = 0; !bad && d < gpus.n_memory; d++)
+                if ((bad = gpus.memory[d] <= 0)) snprintf(gerr, sizeof gerr, "every size must be above 0");
+            if (bad) {
+                fprintf(stderr, "ferry inspect: invalid --gpu-memory '%s'%s%s\n", optarg,
+                        list && *gerr ? ": " : "", list ? gerr : "");
+                return 2;
+            }
+            ep.gpu_memory = gpus.memory[0];
+            break;
+        }
+        case 'G':
+            if (opt_gpus_parse(&gpus, optarg, gerr)) {
+                fprintf(stderr, "ferry inspect: --gpus: %s\n", gerr);
                 return 2;
             }
             break;
@@ -155,6 +170,18 @@ int cli_inspect_main(int argc, char **argv)
     }
     if ((!model && !synthetic) || optind < argc) {
         inspect_usage(stderr);
+        return 2;
+    }
+    if (opt_gpus_check(&gpus, gerr)) {
+        fprintf(stderr, "ferry inspect: %s\n", gerr);
+        return 2;
+    }
+    if (gpus.n > 1 && ep.gpu_memory <= 0) {
+        fprintf(
+            stderr,
+            "ferry inspect: --gpus names %d devices: give --gpu-memory, one size for every device or one per "
+            "device\n",
+            gpus.n);
         return 2;
     }
     cli_log_init(LOG_LEVEL_WARN);
@@ -262,11 +289,17 @@ int cli_inspect_main(int argc, char **argv)
                         mf->chat_template ? json_string(mf->chat_template) : json_null());
     /* Placement: on the CPU every layer is computed from host memory; with a GPU budget, the planner's map.
      */
-    char plan[4096] = "cpu: all layers";
+    char plan[16384] = "cpu: all layers";
     int plan_rc = 0;
     const char *cuda_lacks = engine_cuda_lacks(hp);
     if (ep.gpu_memory > 0 && cuda_lacks) {
         snprintf(plan, sizeof plan, "cpu: all layers (the CUDA backend has no kernels for %s)", cuda_lacks);
+    } else if (gpus.n > 1) {
+        char perr[256] = "";
+        uint64_t budget[OPT_MAX_GPUS];
+        for (int d = 0; d < gpus.n; d++) budget[d] = (uint64_t)opt_gpus_memory(&gpus, d);
+        plan_rc = device_split_model_plan(mf, &ep, gpus.n, gpus.ordinal, budget, plan, sizeof plan, perr);
+        if (plan_rc) snprintf(plan, sizeof plan, "no plan: %s", perr);
     } else if (ep.gpu_memory > 0) {
         char perr[256] = "";
         plan_rc = engine_plan(mf, &ep, plan, sizeof plan, perr);

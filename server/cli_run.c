@@ -28,6 +28,7 @@
 #include "server/sched_policy.h"
 #include "server/seq_output.h"
 #include "server/gpu_arch.h"
+#include "server/options.h"
 
 #define MAX_MESSAGES 256
 
@@ -101,6 +102,8 @@ static void run_usage(FILE *f)
             "  --swa-full             sliding-window layers keep every position in the KV cache (by default\n"
             "                         they keep only their window, on the CPU and on the GPU)\n"
             "  --backend B            auto|cpu|cuda (default auto: CUDA when built and a GPU is present)\n"
+            "  --gpus N               the CUDA device (default 0, the first; several: not implemented yet,\n"
+            "                         `ferry inspect --gpus 0,1` shows their plan)\n"
             "  --hf-repo OWNER/REPO[:QUANT]  the model from a Hugging Face hub, as ferry pull fetches it\n"
             "  --ctx-size N           context length (default: the model's, at most 4096)\n"
             "  --spec-type none|ngram|draft|mtp  speculative decoding: ngram drafts continuations found\n"
@@ -242,7 +245,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         O_SPEC_ADAPT,
         O_SPEC_P_MIN,
         O_MODEL_DRAFT,
-        O_HF_REPO
+        O_HF_REPO,
+        O_GPUS
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -282,6 +286,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"spec-draft-p-min", required_argument, 0, O_SPEC_P_MIN},
         {"model-draft", required_argument, 0, O_MODEL_DRAFT},
         {"hf-repo", required_argument, 0, O_HF_REPO},
+        {"gpus", required_argument, 0, O_GPUS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -296,6 +301,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->kv_type = KV_F16;
     o->log_level = LOG_LEVEL_WARN;
     int c, bad = 0, idx = -1, spec_on = -1, spec_n_max = 8;
+    struct opt_gpus gpus = opt_gpus_default();
+    char gerr[256] = "";
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:ch", longopts, &idx)) != -1) {
         switch (c) {
@@ -404,6 +411,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_HF_REPO:
             o->hf_repo = optarg;
             break;
+        case O_GPUS:
+            if (opt_gpus_parse(&gpus, optarg, gerr)) {
+                fprintf(stderr, "ferry run: --gpus: %s\n", gerr);
+                return -1;
+            }
+            break;
         case O_BACKEND:
             if (!strcmp(optarg, "auto"))
                 o->backend = ENGINE_BACKEND_AUTO;
@@ -461,6 +474,10 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             return -1;
         }
         idx = -1;
+    }
+    if (opt_gpus_single(&gpus, gerr)) {
+        fprintf(stderr, "ferry run: %s\n", gerr);
+        return -1;
     }
     if (spec_on < 0) spec_on = o->model_draft ? 2 : 0;
     if ((spec_on == 2) != !!o->model_draft) {

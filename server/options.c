@@ -16,7 +16,20 @@
 #include "kernels/core/log.h"
 #include "kernels/core/status.h"
 
-enum opt_type { OPT_STR, OPT_INT, OPT_I64, OPT_SIZE, OPT_BOOL, OPT_KEYS, OPT_ENUM, OPT_REAL };
+/* OPT_SIZES: a size (as OPT_SIZE, into the int64_t at off) or a comma list of sizes, every one recorded in
+ * struct opt_gpus; OPT_GPUS: a list of device ordinals into struct opt_gpus. */
+enum opt_type {
+    OPT_STR,
+    OPT_INT,
+    OPT_I64,
+    OPT_SIZE,
+    OPT_BOOL,
+    OPT_KEYS,
+    OPT_ENUM,
+    OPT_REAL,
+    OPT_SIZES,
+    OPT_GPUS
+};
 
 struct opt_row {
     const char *name; /* long option without dashes; env var is FERRY_<NAME> */
@@ -137,8 +150,14 @@ static const struct opt_row rows[] = {
      "accept any \"model\" in requests (clients with a hard-coded name) instead of answering 404"},
     {"seed", OPT_I64, OFF(seed), -1, INT64_MAX, "-1", NULL,
      "seed for requests without one (-1 = random per request)"},
-    {"gpu-memory", OPT_SIZE, OFF(gpu_memory), 0, INT64_MAX, "0", NULL,
-     "GPU memory budget (CUDA backend; 0 = free VRAM minus --reserve-vram)"},
+    {"gpus", OPT_GPUS, OFF(gpus), 0, 0, "0", NULL,
+     "CUDA devices by ordinal, comma-separated (e.g. 0,1); default one device, the first. Running across "
+     "several GPUs is not implemented yet: serve refuses more than one, and `ferry inspect --gpus 0,1 "
+     "--gpu-memory 20GiB,12GiB` shows how they would be planned (layers, experts and KV split by budget). "
+     "For one GPU other than the first, start ferry with CUDA_VISIBLE_DEVICES=N"},
+    {"gpu-memory", OPT_SIZES, OFF(gpu_memory), 0, INT64_MAX, "0", NULL,
+     "GPU memory budget (CUDA backend; 0 = free VRAM minus --reserve-vram); a comma list gives one per "
+     "device of --gpus (20GiB,12GiB)"},
     {"reserve-vram", OPT_SIZE, OFF(reserve_vram), 0, INT64_MAX, "1GiB", NULL,
      "VRAM left free when --gpu-memory is 0 (CUDA backend)"},
     {"gpu-layers", OPT_INT, OFF(gpu_layers), -1, 1 << 16, "-1", NULL,
@@ -251,6 +270,129 @@ int opt_parse_size(const char *s, int64_t *v)
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------------------------
+ */
+/* --gpus and per-device --gpu-memory */
+
+struct opt_gpus opt_gpus_default(void)
+{
+    return (struct opt_gpus){.n = 1};
+}
+
+/* Calls item(g, i, text, err) on each comma-separated item of s (at most OPT_MAX_GPUS, none empty); what is
+ * one of `what` for messages. */
+static int each_item(struct opt_gpus *g, const char *s, const char *what,
+                     int (*item)(struct opt_gpus *, int, const char *, char[256]), int *count, char err[256])
+{
+    if (!s || !*s) {
+        snprintf(err, 256, "an empty list of %s", what);
+        return FERRY_ERR_INVALID;
+    }
+    int n = 0;
+    for (const char *p = s;; n++) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char text[64];
+        if (n >= OPT_MAX_GPUS) {
+            snprintf(err, 256, "more than %d %s", OPT_MAX_GPUS, what);
+            return FERRY_ERR_INVALID;
+        }
+        if (len == 0 || len >= sizeof text) {
+            snprintf(err, 256, "item %d of '%.64s' is %s", n + 1, s, len ? "too long" : "empty");
+            return FERRY_ERR_INVALID;
+        }
+        memcpy(text, p, len);
+        text[len] = 0;
+        if (item(g, n, text, err)) return FERRY_ERR_INVALID;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    *count = n + 1;
+    return 0;
+}
+
+static int gpu_item(struct opt_gpus *g, int i, const char *text, char err[256])
+{
+    int64_t v;
+    if (strspn(text, "0123456789") != strlen(text) || parse_i64(text, &v) || v > 255) {
+        snprintf(err, 256, "'%s' is not a device ordinal (0 to 255)", text);
+        return FERRY_ERR_INVALID;
+    }
+    for (int j = 0; j < i; j++)
+        if (g->ordinal[j] == v) {
+            snprintf(err, 256, "GPU %lld is named twice", (long long)v);
+            return FERRY_ERR_INVALID;
+        }
+    g->ordinal[i] = (int)v;
+    return 0;
+}
+
+static int size_item(struct opt_gpus *g, int i, const char *text, char err[256])
+{
+    if (opt_parse_size(text, &g->memory[i])) {
+        snprintf(err, 256, "'%s' is not a size (e.g. 512MiB, 20GiB)", text);
+        return FERRY_ERR_INVALID;
+    }
+    return 0;
+}
+
+int opt_gpus_parse(struct opt_gpus *g, const char *s, char err[256])
+{
+    struct opt_gpus t = *g;
+    if (each_item(&t, s, "devices", gpu_item, &t.n, err)) return FERRY_ERR_INVALID;
+    *g = t;
+    return 0;
+}
+
+int opt_gpus_parse_memory(struct opt_gpus *g, const char *s, char err[256])
+{
+    struct opt_gpus t = *g;
+    if (each_item(&t, s, "sizes", size_item, &t.n_memory, err)) return FERRY_ERR_INVALID;
+    *g = t;
+    return 0;
+}
+
+int opt_gpus_check(const struct opt_gpus *g, char err[256])
+{
+    if (g->n_memory > 1 && g->n_memory != g->n) {
+        snprintf(
+            err, 256,
+            "--gpu-memory gives %d sizes for the %d device%s of --gpus: give one size for every device, or "
+            "one per device in --gpus order",
+            g->n_memory, g->n, g->n == 1 ? "" : "s");
+        return FERRY_ERR_INVALID;
+    }
+    return 0;
+}
+
+int64_t opt_gpus_memory(const struct opt_gpus *g, int d)
+{
+    return g->n_memory == 0 ? 0 : g->n_memory == 1 ? g->memory[0] : d < g->n_memory ? g->memory[d] : 0;
+}
+
+int opt_gpus_single(const struct opt_gpus *g, char err[256])
+{
+    if (g->n > 1) {
+        char list[OPT_MAX_GPUS * 5] = "";
+        for (int d = 0, w = 0; d < g->n; d++)
+            w += snprintf(list + w, sizeof list - (size_t)w, "%s%d", d ? "," : "", g->ordinal[d]);
+        snprintf(
+            err, 256,
+            "--gpus %s names %d GPUs: running across several GPUs is not implemented yet (`ferry inspect "
+            "--gpus %s --gpu-memory ...` shows how they would be planned); give one",
+            list, g->n, list);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    if (g->n == 1 && g->ordinal[0] != 0) {
+        snprintf(err, 256,
+                 "--gpus %d: ferry runs on the first visible GPU; to use GPU %d, start it with "
+                 "CUDA_VISIBLE_DEVICES=%d (that GPU is then the first)",
+                 g->ordinal[0], g->ordinal[0], g->ordinal[0]);
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    return 0;
+}
+
 static int parse_bool(const char *s, int *v)
 {
     if (!s) return -1;
@@ -331,15 +473,34 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
         *(double *)base = d;
         return 0;
     }
+    case OPT_GPUS: {
+        char e[256];
+        if (opt_gpus_parse(&o->gpus, val, e)) {
+            snprintf(err, 256, "%s: --%s: %.200s", from, r->name, e);
+            return FERRY_ERR_INVALID;
+        }
+        return 0;
+    }
+    case OPT_SIZES:
+        if (val && strchr(val, ',')) {
+            char e[256];
+            if (opt_gpus_parse_memory(&o->gpus, val, e)) {
+                snprintf(err, 256, "%s: --%s: %.200s", from, r->name, e);
+                return FERRY_ERR_INVALID;
+            }
+            *(int64_t *)base = o->gpus.memory[0];
+            return 0;
+        }
+        __attribute__((fallthrough)); /* one size, as OPT_SIZE */
     case OPT_INT:
     case OPT_I64:
     case OPT_SIZE: {
-        int bad = r->type != OPT_SIZE ? parse_i64(val, &v)
-                  : r->lo < 0         ? opt_parse_size_auto(val, &v)
-                                      : opt_parse_size(val, &v);
+        int bad = r->type != OPT_SIZE && r->type != OPT_SIZES ? parse_i64(val, &v)
+                  : r->lo < 0                                 ? opt_parse_size_auto(val, &v)
+                                                              : opt_parse_size(val, &v);
         if (bad) {
             snprintf(err, 256, "%s: --%s: '%s' is not %s", from, r->name, val ? val : "",
-                     r->type == OPT_SIZE ? "a size (e.g. 512KiB, 4GiB)" : "an integer");
+                     r->type != OPT_INT && r->type != OPT_I64 ? "a size (e.g. 512KiB, 4GiB)" : "an integer");
             return FERRY_ERR_INVALID;
         }
         if (v < r->lo || v > r->hi) {
@@ -351,6 +512,7 @@ static int apply(struct serve_options *o, const struct opt_row *r, const char *v
             *(int *)base = (int)v;
         else
             *(int64_t *)base = v;
+        if (r->type == OPT_SIZES) o->gpus.n_memory = 1, o->gpus.memory[0] = v;
         return 0;
     }
     }
@@ -418,7 +580,7 @@ int serve_options_parse(struct serve_options *o, int argc, char **argv, char err
         }
         if (apply(o, r, val, "argv", err)) return FERRY_ERR_INVALID;
     }
-    return 0;
+    return opt_gpus_check(&o->gpus, err);
 }
 
 int serve_options_load_key_file(struct serve_options *o, char err[256])
@@ -496,6 +658,8 @@ void serve_options_help(FILE *f)
         env_name(r->name, env, sizeof env);
         const char *meta = r->type == OPT_BOOL                        ? " [BOOL]"
                            : r->type == OPT_SIZE                      ? " SIZE"
+                           : r->type == OPT_SIZES                     ? " SIZE[,SIZE]"
+                           : r->type == OPT_GPUS                      ? " N[,N]"
                            : r->type == OPT_INT || r->type == OPT_I64 ? " N"
                            : r->type == OPT_REAL                      ? " X"
                            : r->type == OPT_ENUM                      ? " WORD"

@@ -13,6 +13,18 @@
 #include <stdio.h>
 
 #define SERVE_MAX_API_KEYS 16
+#define OPT_MAX_GPUS       16 /* devices --gpus may name */
+
+/* --gpus LIST (CUDA ordinals, e.g. 0,1) and --gpu-memory SIZE[,SIZE...]: the devices and their budgets. One
+ * size is every device's budget (with one device: today's --gpu-memory); a list gives one per device of
+ * --gpus, in its order. Running across several devices is not built yet: serve, run and bench refuse more
+ * than one (opt_gpus_single); `ferry inspect` plans for them. */
+struct opt_gpus {
+    int n;                        /* devices (default 1: ordinal 0) */
+    int ordinal[OPT_MAX_GPUS];    /* distinct, in the order given */
+    int n_memory;                 /* sizes --gpu-memory gave: 0 (none), 1 (every device's) or n */
+    int64_t memory[OPT_MAX_GPUS]; /* bytes; 0 = free VRAM minus --reserve-vram */
+};
 
 struct serve_options {
     const char *model;                        /* GGUF file or HF directory; required */
@@ -52,7 +64,9 @@ struct serve_options {
     const char *served_model_name;  /* NULL = file name of --model */
     int any_model;                  /* 1: accept any "model" value instead of 404 */
     int64_t seed;                   /* default seed when a request gives none; -1 = random per request */
-    int64_t gpu_memory;             /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram) */
+    int64_t
+        gpu_memory; /* CUDA backend budget (bytes; 0 = free VRAM minus reserve_vram): the first device's */
+    struct opt_gpus gpus; /* --gpus and every size of --gpu-memory */
     int64_t reserve_vram;
     int gpu_layers;        /* -1 = planner decides */
     int cpu_moe;           /* expert layers whose experts stay in host memory; -1 = planner decides */
@@ -95,5 +109,21 @@ void serve_options_free(struct serve_options *o);
 int opt_parse_size(const char *s, int64_t *v);
 /* The same, or "auto" → -1 (options whose default the planner chooses). */
 int opt_parse_size_auto(const char *s, int64_t *v);
+
+/* One device, ordinal 0, no size. */
+struct opt_gpus opt_gpus_default(void);
+/* "0,1" into g's ordinals (1 to OPT_MAX_GPUS distinct ordinals in [0, 255], comma-separated, nothing else);
+ * FERRY_ERR_INVALID with err saying what is wrong. */
+int opt_gpus_parse(struct opt_gpus *g, const char *s, char err[256]);
+/* "4GiB" or "20GiB,12GiB" into g's sizes (1 to OPT_MAX_GPUS of opt_parse_size's sizes); FERRY_ERR_INVALID. */
+int opt_gpus_parse_memory(struct opt_gpus *g, const char *s, char err[256]);
+/* After both were given: a list of sizes must have one size per device. FERRY_ERR_INVALID otherwise. */
+int opt_gpus_check(const struct opt_gpus *g, char err[256]);
+/* Device d's budget (bytes; 0 when --gpu-memory gave none or 0). */
+int64_t opt_gpus_memory(const struct opt_gpus *g, int d);
+/* For commands that run on one device: FERRY_ERR_UNSUPPORTED with err saying so when g names several (running
+ * across them is not built yet; `ferry inspect` shows their plan) or an ordinal other than 0 (use
+ * CUDA_VISIBLE_DEVICES). */
+int opt_gpus_single(const struct opt_gpus *g, char err[256]);
 
 #endif

@@ -476,6 +476,10 @@ int serve_main(int argc, char **argv)
         ret = 0;
         goto out_free;
     }
+    if (opt_gpus_single(&S->opt.gpus, err)) {
+        fprintf(stderr, "ferry serve: %s\n", err);
+        goto out_free;
+    }
     cli_log_init((enum log_level)cli_log_level_parse(S->opt.log_level));
     if (S->opt.hf_repo) {
         if (S->opt.model && !getenv("FERRY_MODEL")) {

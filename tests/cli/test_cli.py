@@ -245,3 +245,71 @@ def test_inspect_synthetic_moe_plan():
     assert r.returncode == 0, r.stderr
     assert "device_map:" in r.stdout, r.stdout
     assert "experts: those of layers 0-" in r.stdout and "in host memory" in r.stdout, r.stdout
+
+
+def test_several_gpus_are_refused_where_they_would_run():
+    """Running across several GPUs is not built yet: serve, run and bench refuse --gpus with more than one device,
+    saying so and pointing at `ferry inspect`; one GPU other than the first is refused with the way to pick it
+    (CUDA_VISIBLE_DEVICES); a list of budgets that does not match --gpus is refused. None of this needs a GPU."""
+    need_stories()
+    for cmd in (["serve", "--model", STORIES], ["run", "--model", STORIES, "--prompt-tokens", "1"],
+                ["bench", "--synthetic", "llama-2-7b"]):
+        r = ferry(*cmd, "--gpus", "0,1", check=False)
+        assert r.returncode != 0, (cmd, r.stdout)
+        assert "running across several GPUs is not implemented yet" in r.stderr, (cmd, r.stderr)
+        assert "ferry inspect --gpus 0,1" in r.stderr, (cmd, r.stderr)
+        r = ferry(*cmd, "--gpus", "2", check=False)
+        assert r.returncode != 0 and "CUDA_VISIBLE_DEVICES=2" in r.stderr, (cmd, r.stderr)
+        r = ferry(*cmd, "--gpus", "0,0", check=False)
+        assert r.returncode != 0 and "GPU 0 is named twice" in r.stderr, (cmd, r.stderr)
+    for cmd in (["serve", "--model", STORIES], ["bench", "--synthetic", "llama-2-7b"]):
+        r = ferry(*cmd, "--gpu-memory", "4GiB,4GiB", check=False)
+        assert r.returncode != 0 and "gives 2 sizes for the 1 device of --gpus" in r.stderr, (cmd, r.stderr)
+
+
+GPU_LINE = re.compile(r"GPU (\d+): layers (\d+)-(\d+), (\d+) resident, (\d+) in host memory.*?; KV (\d+) positions"
+                      r".*?; ([0-9.]+) of ([0-9.]+) GiB")
+
+
+def split_plan(out):
+    """The per-device lines of `ferry inspect --gpus`: (ordinal, first, last, resident, host, kv, used, budget)."""
+    return [tuple(float(x) if "." in x else int(x) for x in m.groups()) for m in GPU_LINE.finditer(out)]
+
+
+def test_inspect_plans_several_gpus():
+    """`ferry inspect --gpus 0,1 --gpu-memory 20GiB,12GiB`: the per-device plan, without a device: the layers in
+    one contiguous range per device covering each once, the same KV positions on both, each inside its budget;
+    with one device in --gpus it is the one-device plan. Llama-2-70B's shape in f16 (138 GB) on 24 + 24 GiB keeps
+    about as many layers resident as one 48 GiB device (a second copy of the fixed bytes apart); Qwen3-30B-A3B's on
+    6 + 6 GiB keeps every block resident and some layers' experts in host memory."""
+    need_stories()
+    r = ferry("inspect", "--model", STORIES, "--gpus", "0,1", "--gpu-memory", "20GiB,12GiB", check=False)
+    if "this build has no CUDA backend" in r.stdout:
+        pytest.skip("this build has no CUDA backend: ferry inspect plans no device map")
+    assert r.returncode == 0, r.stdout + r.stderr
+    n_layers = int(re.search(r"shape +(\d+) layers", r.stdout).group(1))
+    parts = split_plan(r.stdout)
+    assert [p[0] for p in parts] == [0, 1], r.stdout
+    assert parts[0][1] == 0 and parts[1][1] == parts[0][2] + 1 and parts[1][2] == n_layers - 1, r.stdout
+    assert parts[0][5] == parts[1][5] > 0, r.stdout
+    assert all(p[6] <= p[7] for p in parts) and [p[7] for p in parts] == [20.0, 12.0], r.stdout
+    one = ferry("inspect", "--model", STORIES, "--gpus", "0", "--gpu-memory", "1GiB").stdout
+    assert one == ferry("inspect", "--model", STORIES, "--gpu-memory", "1GiB").stdout
+    r = ferry("inspect", "--model", STORIES, "--gpus", "0,1", check=False)
+    assert r.returncode == 2 and "give --gpu-memory" in r.stderr, r.stderr
+    r = ferry("inspect", "--model", STORIES, "--gpus", "0,1", "--gpu-memory", "1GiB,2GiB,3GiB", check=False)
+    assert r.returncode == 2 and "gives 3 sizes for the 2 devices" in r.stderr, r.stderr
+
+    two = ferry("inspect", "--synthetic", "llama-2-70b", "--gpus", "0,1", "--gpu-memory", "24GiB").stdout
+    parts = split_plan(two)
+    assert len(parts) == 2 and all(p[6] <= p[7] == 24.0 for p in parts), two
+    assert parts[0][5] == parts[1][5], two
+    single = ferry("inspect", "--synthetic", "llama-2-70b", "--gpu-memory", "48GiB").stdout
+    resident = int(re.search(r"device_map: (\d+) layers resident", single).group(1))
+    assert resident - 3 <= parts[0][3] + parts[1][3] <= resident + 1, (single, two)
+
+    moe = ferry("inspect", "--synthetic", "qwen3-30b-a3b", "--gpus", "0,1", "--gpu-memory", "6GiB").stdout
+    parts = split_plan(moe)
+    assert len(parts) == 2 and all(p[6] <= p[7] == 6.0 for p in parts) and parts[0][5] == parts[1][5], moe
+    assert all(p[4] == 0 for p in parts), moe  # every block resident: experts are what moves to host memory
+    assert "experts of its first" in moe, moe  # 17.6 GB of experts do not fit 12 GiB

@@ -99,6 +99,73 @@ Test(options, errors_name_the_option)
     cr_assert(strstr(err, "FERRY_PORT"), "%s", err);
 }
 
+/* --gpus and --gpu-memory per device: one size keeps its meaning (every device's budget), a list gives one
+ * per device; every malformed list is refused with what is wrong. */
+Test(options, gpus_and_per_device_memory)
+{
+    struct serve_options o;
+    char err[256] = "";
+    char *one[] = {"serve", "--gpu-memory", "4GiB"};
+    cr_assert_eq(parse(&o, err, 3, one), 0, "%s", err);
+    cr_assert_eq(o.gpu_memory, 4LL << 30);
+    cr_assert_eq(o.gpus.n, 1);
+    cr_assert_eq(o.gpus.ordinal[0], 0);
+    cr_assert_eq(opt_gpus_memory(&o.gpus, 0), 4LL << 30);
+    cr_assert_eq(opt_gpus_single(&o.gpus, err), 0);
+
+    char *two[] = {"serve", "--gpus", "1,0", "--gpu-memory=20GiB,12.5GiB"};
+    cr_assert_eq(parse(&o, err, 4, two), 0, "%s", err);
+    cr_assert_eq(o.gpus.n, 2);
+    cr_assert_eq(o.gpus.ordinal[0], 1);
+    cr_assert_eq(o.gpus.ordinal[1], 0);
+    cr_assert_eq(o.gpus.n_memory, 2);
+    cr_assert_eq(opt_gpus_memory(&o.gpus, 0), 20LL << 30);
+    cr_assert_eq(opt_gpus_memory(&o.gpus, 1), 25LL << 29);
+    cr_assert_eq(o.gpu_memory, 20LL << 30, "the first device's budget");
+    cr_assert_eq(opt_gpus_single(&o.gpus, err), FERRY_ERR_UNSUPPORTED);
+    cr_assert(strstr(err, "--gpus 1,0 names 2 GPUs") && strstr(err, "not implemented yet") &&
+                  strstr(err, "ferry inspect --gpus 1,0"),
+              "%s", err);
+
+    char *shared[] = {"serve", "--gpus", "0,1,2", "--gpu-memory", "8GiB"};
+    cr_assert_eq(parse(&o, err, 5, shared), 0, "%s", err);
+    for (int d = 0; d < 3; d++)
+        cr_assert_eq(opt_gpus_memory(&o.gpus, d), 8LL << 30, "one size: every device's");
+
+    setenv("FERRY_GPUS", "3", 1);
+    char *env[] = {"serve"};
+    cr_assert_eq(parse(&o, err, 1, env), 0, "%s", err);
+    unsetenv("FERRY_GPUS");
+    cr_assert_eq(o.gpus.ordinal[0], 3);
+    cr_assert_eq(opt_gpus_single(&o.gpus, err), FERRY_ERR_UNSUPPORTED);
+    cr_assert(strstr(err, "CUDA_VISIBLE_DEVICES=3"), "%s", err);
+
+    struct {
+        int argc;
+        char *argv[5];
+        const char *want;
+    } bad[] = {
+        {3, {"serve", "--gpu-memory", "1GiB,2GiB"}, "gives 2 sizes for the 1 device of --gpus"},
+        {5, {"serve", "--gpus", "0,1,2", "--gpu-memory", "1GiB,2GiB"}, "gives 2 sizes for the 3 devices"},
+        {3, {"serve", "--gpus", "0,1,0"}, "GPU 0 is named twice"},
+        {3, {"serve", "--gpus", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"}, "more than 16 devices"},
+        {3, {"serve", "--gpus", "0,,1"}, "item 2 of '0,,1' is empty"},
+        {3, {"serve", "--gpus", "0,"}, "item 2 of '0,' is empty"},
+        {3, {"serve", "--gpus", "-1"}, "'-1' is not a device ordinal"},
+        {3, {"serve", "--gpus", "256"}, "'256' is not a device ordinal"},
+        {3, {"serve", "--gpus", "0, 1"}, "' 1' is not a device ordinal"},
+        {3, {"serve", "--gpus", ""}, "an empty list of devices"},
+        {5, {"serve", "--gpus", "0,1", "--gpu-memory", "4GiB,lots"}, "'lots' is not a size"},
+        {5, {"serve", "--gpus", "0,1", "--gpu-memory", "4GiB,-1GiB"}, "'-1GiB' is not a size"},
+        {3, {"serve", "--gpu-memory", "lots"}, "--gpu-memory: 'lots' is not a size (e.g. 512KiB, 4GiB)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        cr_assert_eq(parse(&o, err, bad[i].argc, bad[i].argv), FERRY_ERR_INVALID, "case %zu", i);
+        cr_assert(strstr(err, bad[i].want), "case %zu: '%s' should say %s", i, err, bad[i].want);
+    }
+}
+
 Test(options, help_lists_every_option_and_env)
 {
     char *buf = NULL;
@@ -106,13 +173,36 @@ Test(options, help_lists_every_option_and_env)
     FILE *f = open_memstream(&buf, &len);
     serve_options_help(f);
     fclose(f);
-    const char *must[] = {
-        "--model",      "FERRY_MODEL",         "--api-key",     "--api-key-file",  "--ctx-size",
-        "--parallel",   "--max-batch-tokens",  "--threads",     "--max-queue",     "--body-limit",
-        "--timeout",    "--shutdown-timeout",  "--cors-origin", "--chat-template", "--public-health",
-        "--log-level",  "--served-model-name", "--seed",        "--gpu-memory",    "--reserve-vram",
-        "--gpu-layers", "--cpu-moe",           "--quant",       "--deterministic", "FERRY_SHUTDOWN_TIMEOUT",
-        "default 8080"};
+    const char *must[] = {"--model",
+                          "FERRY_MODEL",
+                          "--api-key",
+                          "--api-key-file",
+                          "--ctx-size",
+                          "--parallel",
+                          "--max-batch-tokens",
+                          "--threads",
+                          "--max-queue",
+                          "--body-limit",
+                          "--timeout",
+                          "--shutdown-timeout",
+                          "--cors-origin",
+                          "--chat-template",
+                          "--public-health",
+                          "--log-level",
+                          "--served-model-name",
+                          "--seed",
+                          "--gpu-memory",
+                          "--reserve-vram",
+                          "--gpu-layers",
+                          "--cpu-moe",
+                          "--quant",
+                          "--deterministic",
+                          "FERRY_SHUTDOWN_TIMEOUT",
+                          "default 8080",
+                          "--gpus N[,N]",
+                          "--gpu-memory SIZE[,SIZE]",
+                          "FERRY_GPUS",
+                          "not implemented yet"};
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
         cr_assert(strstr(buf, must[i]), "help lacks %s", must[i]);
     free(buf);
