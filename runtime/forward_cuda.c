@@ -2603,13 +2603,15 @@ int forward_cuda_time_exchange(struct backend *be, int n, double *seconds)
         struct batch b = {.n_tokens = n};
         struct step st = {.b = &b, .max_len = 1};
         double t[9];
+        int la = 0; /* the first layer with K/V (a recurrent layer has none) */
+        while (la + 1 < f->n_layers && llm_layer_is_recurrent(hp, la)) la++;
         rc = FERRY_OK;
         for (int r = 0; r < 9 && !rc; r++) {
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
             rc = x_gather(f, f->h_x_dev, n);
             if (!rc) rc = cuda_x_out(be, f->h_x, n);
-            if (!rc) rc = cuda_attend(be, 0, &st, qkv, att);
+            if (!rc) rc = cuda_attend(be, la, &st, qkv, att);
             clock_gettime(CLOCK_MONOTONIC, &t1);
             t[r] = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
         }
