@@ -324,9 +324,11 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
     const int L = e->model.hp.n_layers;
     uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params),
              *pieces = calloc((size_t)L * LAYER_N_MATS, sizeof *pieces);
+    uint8_t *no_attend = calloc((size_t)L, 1);
     int rc = FERRY_ERR_NOMEM;
-    if (bytes && params && pieces) {
+    if (bytes && params && pieces && no_attend) {
         for (int l = 0; l < L; l++) {
+            no_attend[l] = (uint8_t)llm_layer_is_recurrent(&e->model.hp, l);
             bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
             params[l] = layer_params(&e->model.layers[l]);
             forward_cuda_layer_pieces(e->gpu, l, pieces + (size_t)l * LAYER_N_MATS);
@@ -340,6 +342,8 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             .n_layers = L,
             .where = map->where,
             .stream_only = map->stream_only,
+            .cpu_only = map->cpu_only,
+            .no_attend = no_attend,
             .layer_bytes = bytes,
             .layer_params = params,
             .head_bytes = (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *
@@ -360,6 +364,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
     free(bytes);
     free(params);
     free(pieces);
+    free(no_attend);
     return rc;
 }
 

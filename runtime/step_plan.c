@@ -116,8 +116,9 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
             case PLACEMENT_CPU:
                 if (l == 0 || where[l - 1] != PLACEMENT_CPU)
                     t += c->sync_s + m * c->run_bytes_per_token * xfer;
-                t += pace * step_cost_cpu_layer(c, in->layer_bytes[l], m) + c->sync_s +
-                     m * c->layer_bytes_per_token * xfer;
+                t += pace * step_cost_cpu_layer(c, in->layer_bytes[l], m);
+                if (!(in->no_attend && in->no_attend[l])) /* its attention on the device */
+                    t += c->sync_s + m * c->layer_bytes_per_token * xfer;
                 break;
             }
         }

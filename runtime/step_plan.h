@@ -49,8 +49,9 @@ struct step_cost {
     int cpu_m[STEP_COST_MAX_M];
     double cpu_s[STEP_COST_MAX_M];
     uint64_t cpu_ref_bytes; /* that layer's bytes */
-    /* The exchanges around host layers: a wait for the device (sync_s) per host layer (its attention) and per
-     * run of consecutive host layers (x coming down), plus bytes per token at h2d. */
+    /* The exchanges around host layers: a wait for the device (sync_s) per host layer with KV ops (its
+     * attention; step_plan_input.no_attend) and per run of consecutive host layers (x coming down), plus
+     * bytes per token at h2d. */
     double sync_s;
     double layer_bytes_per_token; /* q|k|v up, attention output down */
     double run_bytes_per_token;   /* x down, x up */
@@ -64,6 +65,9 @@ struct step_plan_input {
     const enum placement *where; /* (n_layers) the device_map's: PLACEMENT_GPU or PLACEMENT_STREAM (host) */
     const uint8_t *stream_only;  /* (n_layers) the device_map's: 1 = never on the CPU; NULL: none */
     const uint8_t *cpu_only; /* (n_layers) the device_map's: 1 = a host layer always on the CPU; NULL: none */
+    /* (n_layers) 1: a layer without KV ops (a recurrent one), which on the CPU exchanges nothing with the
+     * device beyond the run's x; NULL: every layer has them. */
+    const uint8_t *no_attend;
     const uint64_t
         *layer_bytes; /* (n_layers) bytes of each layer's block (what a copy moves, the host reads) */
     const uint64_t *layer_params; /* (n_layers) multiply-adds per token */

@@ -13,6 +13,7 @@
  * tiny Qwen3.5 golden model. Skips in a build without CUDA (no CUDA planner there).
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,6 +363,26 @@ static void check_cpu_fixed(const struct device_map *map, const struct model *m)
             if (modes[k] == STEP_MODE_AUTO && att_host && map->ring_bytes && p.tokens[b] == 512)
                 cr_assert_eq(att_cpu, 0, "at 512 tokens the attention layers stream");
         }
+        step_plan_free(&p);
+    }
+    /* A recurrent layer on the CPU exchanges no q|k|v with the device: the simulation charges the exchange
+     * of its attention only to the layers that have one. */
+    {
+        struct step_plan p;
+        char err[256] = "";
+        in.mode = STEP_MODE_CPU;
+        cr_assert_eq(step_plan_make(&in, &p, err), FERRY_OK, "%s", err);
+        uint8_t *rec = calloc((size_t)L, 1);
+        for (int l = 0; l < L; l++) rec[l] = (uint8_t)llm_layer_is_recurrent(hp, l);
+        c->sync_s = 50e-6, c->layer_bytes_per_token = 64e3;
+        const double all = step_plan_simulate(&in, p.where, 1);
+        in.no_attend = rec;
+        const double some = step_plan_simulate(&in, p.where, 1);
+        const double want = rec_host * (c->sync_s + c->layer_bytes_per_token / c->h2d);
+        cr_assert(fabs((all - some) - want) < 1e-9, "saved %g s, expected %g", all - some, want);
+        in.no_attend = NULL;
+        c->sync_s = 0, c->layer_bytes_per_token = 0;
+        free(rec);
         step_plan_free(&p);
     }
     /* A forced plan that streams a recurrent host layer does not fit the map. */
