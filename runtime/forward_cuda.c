@@ -2336,6 +2336,11 @@ static int cuda_begin(struct backend *be, const struct step *st)
     const struct batch *b = st->b;
     const int n = b->n_tokens;
     if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    /* A CPU-only host layer (its state in host memory) is never the device's to run. */
+    for (int l = 0; l < f->n_layers && f->map.cpu_only; l++)
+        if (f->map.cpu_only[l] && f->map.where[l] != PLACEMENT_GPU && st->where &&
+            st->where[l] != PLACEMENT_CPU)
+            return FERRY_ERR_INTERNAL;
     const struct kv_cache *kv = f->kv;
     int all_want = 1;
     for (int i = 0; i < n; i++) {
