@@ -490,6 +490,92 @@ Test(dn_plan, qwen35_27b_recurrent_host_layers_on_the_cpu)
     free(m.layers);
 }
 
+/* The same without the CUDA planner (device_map and step_plan are pure arithmetic; this runs in every
+ * build): the 27B shape's layers (their matrices' bytes) under 8 GiB with 1 GiB of fixed bytes, 4 slots'
+ * recurrent state counted with each recurrent layer. CPU-only: the recurrent host layers on the CPU in every
+ * mode and at every step size, the attention host layers moving with the step size, the device state of the
+ * resident recurrent layers only, and more resident layers than stream-only gets (whose recurrent host layers
+ * stream in every mode, state and ring on the device). */
+Test(dn_plan, recurrent_host_layers_fixed_by_the_map_alone)
+{
+    struct model m = qwen35_27b();
+    const struct llm_hparams *hp = &m.hp;
+    const int L = hp->n_layers, S = 4;
+    uint64_t *sizes = calloc((size_t)L, sizeof *sizes), *state = calloc((size_t)L, sizeof *state), big = 0;
+    uint8_t *rec = calloc((size_t)L, 1);
+    for (int l = 0; l < L; l++) {
+        uint64_t dn;
+        sizes[l] = layer_mats(&m, l, &dn);
+        if (sizes[l] > big) big = sizes[l];
+        rec[l] = (uint8_t)llm_layer_is_recurrent(hp, l);
+        state[l] = rec[l] ? dn_layer_state(hp, S) : 0;
+    }
+    struct device_map_input in = {.n_layers = L,
+                                  .layer_bytes = big,
+                                  .layer_sizes = sizes,
+                                  .head_bytes = GIB,
+                                  .fixed_bytes = GIB,
+                                  .budget = 8 * GIB,
+                                  .gpu_layers = -1,
+                                  .state_bytes = state,
+                                  .h2d_bytes_per_s = H2D,
+                                  .hbm_bytes_per_s = HBM};
+    struct device_map cpu, so;
+    char err[256] = "";
+    in.cpu_only = rec;
+    cr_assert_eq(device_map_plan(&in, &cpu, err), FERRY_OK, "%s", err);
+    in.cpu_only = NULL;
+    in.stream_only = rec;
+    cr_assert_eq(device_map_plan(&in, &so, err), FERRY_OK, "%s", err);
+    cr_assert_gt(cpu.n_cpu_only, 0);
+    cr_assert_eq(so.n_cpu_only, 0);
+    cr_assert_gt(so.n_stream_only, 0);
+    cr_assert_gt(cpu.n_resident, so.n_resident, "%d resident with CPU-only layers, %d stream-only",
+                 cpu.n_resident, so.n_resident);
+    int rec_dev = 0, rec_all = 0;
+    for (int l = 0; l < L; l++) rec_dev += rec[l] && cpu.where[l] == PLACEMENT_GPU, rec_all += rec[l];
+    cr_assert_eq(cpu.state_bytes, (uint64_t)rec_dev * dn_layer_state(hp, S));
+    cr_assert_eq(so.state_bytes, (uint64_t)rec_all * dn_layer_state(hp, S));
+    cr_assert_leq(cpu.bytes_total, 8 * GIB);
+    check_cpu_fixed(&cpu, &m);
+    /* stream-only: the recurrent host layers stream in every mode */
+    uint64_t *prm = calloc((size_t)L, sizeof *prm);
+    for (int l = 0; l < L; l++) prm[l] = sizes[l];
+    struct step_plan_input si = {.n_layers = L,
+                                 .where = so.where,
+                                 .stream_only = so.stream_only,
+                                 .layer_bytes = sizes,
+                                 .layer_params = prm,
+                                 .head_bytes = 1,
+                                 .ring_bytes = so.ring_bytes,
+                                 .max_tokens = 512,
+                                 .margin = 0.03};
+    si.cost = (struct step_cost){.h2d = H2D,
+                                 .hbm = HBM,
+                                 .gpu_flops = 500e12,
+                                 .gpu_layer_s = 10e-6,
+                                 .step_s = 100e-6,
+                                 .n_cpu = 1,
+                                 .cpu_m = {1},
+                                 .cpu_s = {1e-9},
+                                 .cpu_ref_bytes = big};
+    for (int k = 0; k < 3; k++) {
+        struct step_plan p;
+        si.mode = (enum step_mode)k;
+        cr_assert_eq(step_plan_make(&si, &p, err), FERRY_OK, "%s", err);
+        for (int b = 0; b < p.n_buckets; b++)
+            for (int l = 0; l < L; l++)
+                if (rec[l] && so.where[l] != PLACEMENT_GPU)
+                    cr_assert_eq(p.where[(size_t)b * L + l], PLACEMENT_STREAM, "mode %d, %d tokens, layer %d",
+                                 k, p.tokens[b], l);
+        step_plan_free(&p);
+    }
+    device_map_free(&cpu);
+    device_map_free(&so);
+    free(prm), free(sizes), free(state), free(rec);
+    free(m.layers);
+}
+
 /* The planner refuses a layer marked both stream-only and CPU-only. */
 Test(dn_plan, a_layer_cannot_be_stream_only_and_cpu_only)
 {
