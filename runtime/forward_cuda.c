@@ -758,8 +758,7 @@ struct plan_sizes {
      * (plan_experts); what the planner places. NULL for a dense model. */
     uint64_t *with_experts;
     uint64_t with_experts_max;
-    size_t
-        dn_layer_bytes; /* a recurrent layer's device state (every slot) and small tensors (not in fixed) */
+    size_t dn_layer_bytes; /* a recurrent layer's state (all slots) and small tensors (not in fixed) */
     /* Device memory the plan counts that the arena does not hold (DEVICE_PAGE, HOST_MAP_DIV): the arena's
      * rounding to a whole page, the page tables of the pinned staging buffers in whole pages, and one page
      * for the host layers' entries (device_map's host_map_bytes) ending inside a page. */
@@ -1535,8 +1534,8 @@ int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weig
         layer_weights_at(w, lay, f->host_block[l]);
     else
         *w = stored;
-    if (llm_layer_is_recurrent(&f->m->hp,
-                               l)) { /* the mixer: its matrices in the block, the rest the model's */
+    /* A recurrent layer's mixer: its matrices in the block, its small tensors the model's. */
+    if (llm_layer_is_recurrent(&f->m->hp, l)) {
         const struct cuda_dn_block *dnb = &f->dn_blocks[l];
         const char *b = f->host_block[l];
         w->dn = stored.dn;
