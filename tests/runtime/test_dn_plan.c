@@ -138,6 +138,25 @@ static void check_refusal(const char *err, uint64_t budget, uint64_t minimum)
     cr_assert_geq(sm, (double)minimum, "the minimum is named rounded up: %s", err);
 }
 
+/* The step planner's input for `map`: layers of bytes (and as many multiply-adds), steps of up to
+ * max_tokens, the device's costs of the H200 machine; the host's costs are the caller's. */
+static struct step_plan_input plan_in(const struct device_map *map, const uint64_t *bytes, int max_tokens)
+{
+    struct step_plan_input in = {.n_layers = map->n_layers,
+                                 .where = map->where,
+                                 .stream_only = map->stream_only,
+                                 .cpu_only = map->cpu_only,
+                                 .layer_bytes = bytes,
+                                 .layer_params = bytes,
+                                 .head_bytes = 1,
+                                 .ring_bytes = map->ring_bytes,
+                                 .max_tokens = max_tokens,
+                                 .margin = 0.03};
+    struct step_cost *c = &in.cost;
+    c->h2d = H2D, c->hbm = HBM, c->gpu_flops = 500e12, c->gpu_layer_s = 10e-6, c->step_s = 100e-6;
+    return in;
+}
+
 /* The recurrent layers of the map stream-only (and only they), and the step plan of the map (its host
  * layers' bytes given as each layer's share of the streamed bytes) on a host fast enough to take layers: no
  * recurrent layer on the CPU in AUTO or CPU mode, at any step size. */
@@ -153,20 +172,11 @@ static void check_never_on_cpu(const struct device_map *map, const struct llm_hp
         rec_host += map->where[l] != PLACEMENT_GPU && llm_layer_is_recurrent(hp, l);
     }
     cr_assert_eq(map->n_stream_only, rec_host);
-    uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params);
+    uint64_t *bytes = calloc((size_t)L, sizeof *bytes);
     const uint64_t each = map->n_streamed ? streamed_bytes / (uint64_t)map->n_streamed : 1;
-    for (int l = 0; l < L; l++) bytes[l] = each, params[l] = each;
-    struct step_plan_input in = {.n_layers = L,
-                                 .where = map->where,
-                                 .stream_only = map->stream_only,
-                                 .layer_bytes = bytes,
-                                 .layer_params = params,
-                                 .head_bytes = 1,
-                                 .ring_bytes = map->ring_bytes,
-                                 .max_tokens = 64,
-                                 .margin = 0.03};
+    for (int l = 0; l < L; l++) bytes[l] = each;
+    struct step_plan_input in = plan_in(map, bytes, 64);
     struct step_cost *c = &in.cost;
-    c->h2d = H2D, c->hbm = HBM, c->gpu_flops = 500e12, c->gpu_layer_s = 10e-6, c->step_s = 100e-6;
     c->cpu_ref_bytes = each, c->n_cpu = 1, c->cpu_m[0] = 1,
     c->cpu_s[0] = 1e-9; /* a host that is never slow */
     const enum step_mode modes[] = {STEP_MODE_AUTO, STEP_MODE_CPU};
@@ -185,7 +195,6 @@ static void check_never_on_cpu(const struct device_map *map, const struct llm_hp
         step_plan_free(&p);
     }
     free(bytes);
-    free(params);
 }
 
 /* `ferry bench --gpu-memory 8GiB` on the Qwen3.5-27B Q4_K_M shape was refused ("GPU budget 7.93 GiB is too
@@ -312,11 +321,11 @@ static void check_cpu_fixed(const struct device_map *map, const struct model *m)
 {
     const struct llm_hparams *hp = &m->hp;
     const int L = map->n_layers;
-    uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *prm = calloc((size_t)L, sizeof *prm), ref = 0;
+    uint64_t *bytes = calloc((size_t)L, sizeof *bytes), ref = 0;
     int rec_host = 0, att_host = 0;
     for (int l = 0; l < L; l++) {
         uint64_t dn;
-        bytes[l] = prm[l] = layer_mats(m, l, &dn);
+        bytes[l] = layer_mats(m, l, &dn);
         if (map->where[l] == PLACEMENT_GPU) continue;
         if (llm_layer_is_recurrent(hp, l))
             rec_host++;
@@ -324,18 +333,8 @@ static void check_cpu_fixed(const struct device_map *map, const struct model *m)
             att_host++, ref = bytes[l];
     }
     cr_assert_gt(rec_host, 0);
-    struct step_plan_input in = {.n_layers = L,
-                                 .where = map->where,
-                                 .stream_only = map->stream_only,
-                                 .cpu_only = map->cpu_only,
-                                 .layer_bytes = bytes,
-                                 .layer_params = prm,
-                                 .head_bytes = 1,
-                                 .ring_bytes = map->ring_bytes,
-                                 .max_tokens = 512,
-                                 .margin = 0.03};
+    struct step_plan_input in = plan_in(map, bytes, 512);
     struct step_cost *c = &in.cost;
-    c->h2d = H2D, c->hbm = HBM, c->gpu_flops = 500e12, c->gpu_layer_s = 10e-6, c->step_s = 100e-6;
     c->cpu_ref_bytes = ref ? ref : bytes[0], c->n_cpu = 2, c->cpu_m[0] = 1, c->cpu_m[1] = 512;
     c->cpu_s[0] = 0.2 * (double)c->cpu_ref_bytes / H2D, c->cpu_s[1] = 40 * (double)c->cpu_ref_bytes / H2D;
     const enum step_mode modes[] = {STEP_MODE_AUTO, STEP_MODE_STREAM, STEP_MODE_CPU};
@@ -403,7 +402,6 @@ static void check_cpu_fixed(const struct device_map *map, const struct model *m)
     cr_assert(strstr(err, "must be 'c'"), "%s", err);
     free(force);
     free(bytes);
-    free(prm);
 }
 
 /* The recurrent host layers of the Qwen3.5-27B shape computed by the host's cores (CPU-only), against the
@@ -539,26 +537,8 @@ Test(dn_plan, recurrent_host_layers_fixed_by_the_map_alone)
     cr_assert_leq(cpu.bytes_total, 8 * GIB);
     check_cpu_fixed(&cpu, &m);
     /* stream-only: the recurrent host layers stream in every mode */
-    uint64_t *prm = calloc((size_t)L, sizeof *prm);
-    for (int l = 0; l < L; l++) prm[l] = sizes[l];
-    struct step_plan_input si = {.n_layers = L,
-                                 .where = so.where,
-                                 .stream_only = so.stream_only,
-                                 .layer_bytes = sizes,
-                                 .layer_params = prm,
-                                 .head_bytes = 1,
-                                 .ring_bytes = so.ring_bytes,
-                                 .max_tokens = 512,
-                                 .margin = 0.03};
-    si.cost = (struct step_cost){.h2d = H2D,
-                                 .hbm = HBM,
-                                 .gpu_flops = 500e12,
-                                 .gpu_layer_s = 10e-6,
-                                 .step_s = 100e-6,
-                                 .n_cpu = 1,
-                                 .cpu_m = {1},
-                                 .cpu_s = {1e-9},
-                                 .cpu_ref_bytes = big};
+    struct step_plan_input si = plan_in(&so, sizes, 512);
+    si.cost.n_cpu = 1, si.cost.cpu_m[0] = 1, si.cost.cpu_s[0] = 1e-9, si.cost.cpu_ref_bytes = big;
     for (int k = 0; k < 3; k++) {
         struct step_plan p;
         si.mode = (enum step_mode)k;
@@ -572,7 +552,7 @@ Test(dn_plan, recurrent_host_layers_fixed_by_the_map_alone)
     }
     device_map_free(&cpu);
     device_map_free(&so);
-    free(prm), free(sizes), free(state), free(rec);
+    free(sizes), free(state), free(rec);
     free(m.layers);
 }
 

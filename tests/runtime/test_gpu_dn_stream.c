@@ -367,8 +367,8 @@ Test(gpu_dn_stream, recurrent_host_layers_checkpoint_restore)
             }
         if (step == 7) len[0] = 32;
         int n = 0;
-        for (int s = 0; s < 2; s++) {
-            const int rows = s == 0 && step < 3 ? 16 : 1;
+        for (int k = 0; k < 2; k++) { /* slot 1's decode row first, as the scheduler orders them */
+            const int s = 1 - k, rows = s == 0 && step < 3 ? 16 : 1;
             for (int i = 0; i < rows; i++, n++) {
                 pos[n] = len[s] + i, seq[n] = s, want[n] = i == rows - 1;
                 tok[n] = (int32_t)((pos[n] * 29 + 13 * s + (step >= 7 ? 17 : 0) + 1) % V);
