@@ -364,6 +364,32 @@ static void check_cpu_fixed(const struct device_map *map, const struct model *m)
         }
         step_plan_free(&p);
     }
+    /* The engine's re-plan from the host's pace (a host seen 8x slower than timed, the plan in use kept
+     * unless beaten): the recurrent host layers stay on the CPU, the attention ones go to the link. */
+    {
+        struct step_plan first, again;
+        char err[256] = "";
+        in.mode = STEP_MODE_AUTO;
+        cr_assert_eq(step_plan_make(&in, &first, err), FERRY_OK, "%s", err);
+        struct step_pace pace;
+        step_pace_init(&pace);
+        for (int n = 0; n <= rec_host + att_host && n < STEP_PACE_KEYS; n++) pace.seen[n] = 8.0;
+        pace.base = 8.0;
+        in.pace = &pace;
+        in.keep = &first;
+        cr_assert_eq(step_plan_make(&in, &again, err), FERRY_OK, "%s", err);
+        for (int b = 0; b < again.n_buckets; b++)
+            for (int l = 0; l < L; l++)
+                if (map->where[l] != PLACEMENT_GPU)
+                    cr_assert_eq(again.where[(size_t)b * L + l],
+                                 llm_layer_is_recurrent(hp, l) || !map->ring_bytes ? PLACEMENT_CPU
+                                                                                   : PLACEMENT_STREAM,
+                                 "re-planned at %d tokens: layer %d", again.tokens[b], l);
+        in.pace = NULL;
+        in.keep = NULL;
+        step_plan_free(&first);
+        step_plan_free(&again);
+    }
     /* A recurrent layer on the CPU exchanges no q|k|v with the device: the simulation charges the exchange
      * of its attention only to the layers that have one. */
     {
