@@ -35,6 +35,16 @@ static uint64_t layer_size(const struct device_map_input *in, int i)
     return in->layer_sizes ? in->layer_sizes[i] : in->layer_bytes;
 }
 
+static int cpu_only(const struct device_map_input *in, int i)
+{
+    return in->cpu_only && in->cpu_only[i];
+}
+
+static uint64_t state_of(const struct device_map_input *in, int i)
+{
+    return in->state_bytes ? in->state_bytes[i] : 0;
+}
+
 /* Bresenham spread: layer i streams when the running share of streamed layers steps up at i. */
 static enum placement spread(int i, int streamed, int L)
 {
@@ -48,12 +58,14 @@ static enum placement where_of(const struct device_map_input *in, int i, int res
     return spread(i, in->n_layers - resident, in->n_layers);
 }
 
-/* The largest layer that streams when `resident` layers stay on the device (0: none streams). */
+/* The largest layer that streams when `resident` layers stay on the device (0: none streams; a CPU-only
+ * host layer never does). */
 static uint64_t largest_streamed(const struct device_map_input *in, int resident)
 {
     uint64_t big = 0;
     for (int i = 0; i < in->n_layers; i++)
-        if (where_of(in, i, resident) != PLACEMENT_GPU && layer_size(in, i) > big) big = layer_size(in, i);
+        if (where_of(in, i, resident) != PLACEMENT_GPU && !cpu_only(in, i) && layer_size(in, i) > big)
+            big = layer_size(in, i);
     return big;
 }
 
@@ -89,14 +101,24 @@ static uint64_t host_layers_map(const struct device_map_input *in, int resident)
     return map;
 }
 
+/* Device bytes of the layers' state when `resident` layers stay on the device: every layer's but a CPU-only
+ * host layer's. */
+static uint64_t states_bytes(const struct device_map_input *in, int resident)
+{
+    uint64_t st = 0;
+    for (int i = 0; i < in->n_layers; i++)
+        if (where_of(in, i, resident) == PLACEMENT_GPU || !cpu_only(in, i)) st += state_of(in, i);
+    return st;
+}
+
 /* Device bytes of the weights when `resident` layers stay on the device and the rest stream through a ring
- * of ring_min (their page tables included). */
+ * of ring_min (their page tables and the layers' device state included). */
 static uint64_t weights_bytes(const struct device_map_input *in, int resident)
 {
     uint64_t res = 0;
     for (int i = 0; i < in->n_layers; i++)
         if (where_of(in, i, resident) == PLACEMENT_GPU) res += layer_size(in, i);
-    return res + ring_min(in, resident) + host_layers_map(in, resident);
+    return res + ring_min(in, resident) + host_layers_map(in, resident) + states_bytes(in, resident);
 }
 
 /* The most resident layers beside a pool of kv_floor positions (or what the smallest plan leaves, if less,
@@ -130,6 +152,11 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         snprintf(err, 256, "invalid placement request (layers %d, --gpu-layers %d)", L, in->gpu_layers);
         return FERRY_ERR_INVALID;
     }
+    for (int i = 0; i < L && in->stream_only; i++)
+        if (in->stream_only[i] && cpu_only(in, i)) {
+            snprintf(err, 256, "invalid placement request: layer %d both stream-only and CPU-only", i);
+            return FERRY_ERR_INVALID;
+        }
     const uint64_t base0 = in->fixed_bytes + in->kv_swa_bytes + in->head_bytes, kvt = in->kv_token_bytes;
     const int64_t blk = auto_kv ? in->kv_block : 1;
     const int64_t kv_max = auto_kv ? in->kv_tokens_max / blk * blk : 0;
@@ -238,6 +265,13 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
         if (!(out->stream_only = malloc((size_t)L))) return FERRY_ERR_NOMEM;
         memcpy(out->stream_only, in->stream_only, (size_t)L);
     }
+    if (in->cpu_only) {
+        if (!(out->cpu_only = malloc((size_t)L))) {
+            device_map_free(out);
+            return FERRY_ERR_NOMEM;
+        }
+        memcpy(out->cpu_only, in->cpu_only, (size_t)L);
+    }
     out->where = malloc((size_t)L * sizeof *out->where);
     if (!out->where) {
         device_map_free(out);
@@ -247,9 +281,11 @@ int device_map_plan(const struct device_map_input *in, struct device_map *out, c
     for (int i = 0; i < L; i++) {
         out->where[i] = where_of(in, i, resident);
         all_bytes += layer_size(in, i);
-        if (out->where[i] == PLACEMENT_STREAM) streamed_bytes += layer_size(in, i);
+        if (out->where[i] == PLACEMENT_STREAM && !cpu_only(in, i)) streamed_bytes += layer_size(in, i);
         out->n_stream_only += out->where[i] != PLACEMENT_GPU && in->stream_only && in->stream_only[i];
+        out->n_cpu_only += out->where[i] != PLACEMENT_GPU && cpu_only(in, i);
     }
+    out->state_bytes = states_bytes(in, resident);
     out->n_layers = L;
     out->n_resident = resident;
     out->n_streamed = L - resident;
@@ -283,6 +319,7 @@ void device_map_free(struct device_map *m)
     if (!m) return;
     free(m->where);
     free(m->stream_only);
+    free(m->cpu_only);
     memset(m, 0, sizeof *m);
 }
 
@@ -322,6 +359,14 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
         EMIT("  %d of the host layers always stream: the host's cores cannot compute them (a recurrent "
              "layer's state lives on the device)\n",
              m->n_stream_only);
+    if (m->n_cpu_only)
+        EMIT("  %d of the host layers are computed by the host's cores on every step, never streamed "
+             "(recurrent "
+             "layers: their state lives in host memory)\n",
+             m->n_cpu_only);
+    if (m->state_bytes)
+        EMIT("  recurrent state on the device: %.1f MiB (the device's recurrent layers, every slot)\n",
+             m->state_bytes / 1048576.0);
     if (m->moe_layers && m->cpu_moe)
         EMIT("  experts: those of layers 0-%d in host memory, computed by the host's cores%s; of %d layers "
              "resident\n",
@@ -332,12 +377,15 @@ int device_map_format(const struct device_map *m, char *buf, size_t cap)
              m->expert_cache_bytes / 1048576.0);
     else if (m->moe_layers && !m->cpu_moe)
         EMIT("  experts: all resident\n");
+        /* (a host layer the host's cores compute on every step: "host, cpu") */
+#define KIND(i) (m->where[i] == PLACEMENT_GPU ? 0 : m->cpu_only && m->cpu_only[i] ? 2 : 1)
     for (int i = 0; i < m->n_layers;) {
         int j = i;
-        while (j + 1 < m->n_layers && m->where[j + 1] == m->where[i]) j++;
-        EMIT("  layers %3d-%-3d %s\n", i, j, m->where[i] == PLACEMENT_GPU ? "gpu" : "host");
+        while (j + 1 < m->n_layers && KIND(j + 1) == KIND(i)) j++;
+        EMIT("  layers %3d-%-3d %s\n", i, j, KIND(i) == 0 ? "gpu" : KIND(i) == 2 ? "host, cpu" : "host");
         i = j + 1;
     }
+#undef KIND
 #undef EMIT
     return (int)n;
 }

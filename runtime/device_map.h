@@ -38,7 +38,13 @@
  * bytes the windows save go to more positions of the main pool or more resident layers.
  * Stream-only layers (stream_only: those the host's cores cannot compute, as a recurrent layer whose state
  * lives on the device) are placed like any other; in host memory they always stream (the step plan never
- * gives them to the CPU), so a map without a ring (no_ring) may not leave one there.
+ * gives them to the CPU), so a map without a ring (no_ring) may not leave one there. CPU-only layers
+ * (cpu_only: a recurrent layer whose state lives in host memory) are the opposite: in host memory they are
+ * computed by the host's cores on every step and never stream, so they size no ring (a map whose host layers
+ * are all CPU-only has none). A layer's device state (state_bytes: a recurrent layer's per-slot state on the
+ * device) is counted with it when it is resident or streams, and not at all for a CPU-only host layer, whose
+ * state is in host memory. Which recurrent layers are which is fixed for the life of a map: their state lives
+ * on one side.
  * The minimum (bytes_minimum) is that of the smallest plan the request allows (every layer streamed through
  * the smallest ring, or exactly gpu_layers or the mask resident): a budget of that many bytes gets a plan,
  * and a refusal names it rounded up (device_map_too_small).
@@ -87,8 +93,12 @@ struct device_map_input {
     const uint8_t
         *resident_mask; /* (n_layers) tests: 1 = resident, exactly these; NULL: the planner's spread */
     const uint8_t *stream_only; /* (n_layers) 1: the host's cores cannot compute it (see above); NULL: none */
-    double h2d_bytes_per_s;     /* measured pinned host→device rate (for the prediction) */
-    double hbm_bytes_per_s;     /* measured device memory rate (for the prediction) */
+    const uint8_t *cpu_only; /* (n_layers) 1: in host memory only the host's cores compute it; NULL: none */
+    /* (n_layers) device bytes of the layer's state when the device computes it (resident or streamed; a
+     * recurrent layer's slots), none for a CPU-only host layer; NULL: no layer has any (counted in fixed). */
+    const uint64_t *state_bytes;
+    double h2d_bytes_per_s; /* measured pinned host→device rate (for the prediction) */
+    double hbm_bytes_per_s; /* measured device memory rate (for the prediction) */
     /* A byte of pinned host memory costs the device 1/host_map_div of a byte (rounded up per layer): the
      * page tables through which the device addresses it (CUDA maps every pinned byte into the device's
      * address space, 8 bytes of entry per 4 KiB page: 512). Counted for the host layers and the KV pool's
@@ -125,11 +135,15 @@ struct device_map {
                               * all weight bytes / hbm) (the step plan refines it) */
     uint8_t *stream_only;    /* (n_layers) the input's, or NULL when it gave none */
     int n_stream_only;       /* of them, layers in host memory */
+    uint8_t *cpu_only;       /* (n_layers) the input's, or NULL when it gave none */
+    int n_cpu_only;          /* of them, layers in host memory (computed by the host's cores every step) */
+    uint64_t state_bytes;    /* of bytes_total: the layers' state on the device (input state_bytes) */
 };
 
 /* Fills out (free with device_map_free). FERRY_ERR_DEVICE_MEM with a message naming the minimum budget when
  * the budget is too small (out->bytes_minimum holds it then too); FERRY_ERR_INVALID for gpu_layers outside
- * [-1, n_layers]; FERRY_ERR_UNSUPPORTED when no_ring would leave a stream-only layer in host memory. */
+ * [-1, n_layers] or a layer both stream-only and CPU-only; FERRY_ERR_UNSUPPORTED when no_ring would leave a
+ * stream-only layer in host memory. */
 int device_map_plan(const struct device_map_input *in, struct device_map *out, char err[256]);
 /* "GPU budget B is too small: the minimum is M (detail)" into err, B rounded down and M up (GiB with two
  * decimals from 1 GiB, else MiB with one), so that a budget of the printed minimum fits and, the minimum

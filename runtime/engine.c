@@ -74,8 +74,10 @@ struct engine {
     enum placement
         *streamed; /* (n_layers) scratch: a step's plan with its CPU layers streamed (step_where) */
     struct engine_stats stats;
-    /* Each slot's state in the recurrent layers (empty without them). */
+    /* Each slot's state in the recurrent layers (empty without them): all of it on the CPU engine; on a GPU
+     * engine the live state of the recurrent layers its host's cores compute, and the checkpoints of all. */
     struct seq_state state;
+    int recurrent_kept; /* the recurrent host layers stay on the host's cores: streamed, they do not fit */
     /* The drawing step engine_step_draw_begin left on its way, until engine_step_draw_end. */
     struct step pend;
     int pend_active, pend_tokens;
@@ -191,6 +193,14 @@ static int int8_model(const struct model *m)
     return all > 0 && 2 * k > all;
 }
 
+/* Where a GPU engine's recurrent host layers start (forward_cuda_params.recurrent_stream): streamed when the
+ * host layers stream (--placement stream, --deterministic) or a forced plan computes none on the CPU;
+ * otherwise on the host's cores, until the cost model says their copy is faster (gpu_engine_init). */
+static int recurrent_stream_of(const struct engine_params *p)
+{
+    return p->plan_override ? strchr(p->plan_override, 'c') == NULL : p->placement == ENGINE_PLACEMENT_STREAM;
+}
+
 /* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs
  * sequences of up to 1024 positions before layers are made resident, and never less than one full-length
  * sequence unless the host's cores attend to its extension (device_map.h: KV_DEVICE_POSITIONS). */
@@ -211,7 +221,8 @@ static struct forward_cuda_params cuda_params(const struct engine_params *p, int
                                         .kv_tokens_max = (int64_t)p->n_seqs * ctx,
                                         .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
                                         .kv_tokens_min = ctx,
-                                        .kv_q8 = p->kv_type == KV_Q8_0};
+                                        .kv_q8 = p->kv_type == KV_Q8_0,
+                                        .recurrent_stream = recurrent_stream_of(p)};
 }
 
 /* ----------------------------------------------------------------------------------------------------------
@@ -236,6 +247,7 @@ static int host_backend_init(struct engine *e, char err[256])
     cp.alloc_ctx = e->gpu;
     cp.act = e->act;
     cp.plain = e->plain;
+    cp.state = &e->state; /* the recurrent host layers' own state (the device keeps the others') */
     int rc = forward_cpu_init(&e->cpu, &e->model, &cp);
     free(w);
     if (rc) snprintf(err, 256, "cannot set up the host's share of the layers (%s)", ferry_status_str(rc));
@@ -312,9 +324,11 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
     const int L = e->model.hp.n_layers;
     uint64_t *bytes = calloc((size_t)L, sizeof *bytes), *params = calloc((size_t)L, sizeof *params),
              *pieces = calloc((size_t)L * LAYER_N_MATS, sizeof *pieces);
+    uint8_t *no_attend = calloc((size_t)L, 1);
     int rc = FERRY_ERR_NOMEM;
-    if (bytes && params && pieces) {
+    if (bytes && params && pieces && no_attend) {
         for (int l = 0; l < L; l++) {
+            no_attend[l] = (uint8_t)llm_layer_is_recurrent(&e->model.hp, l);
             bytes[l] = forward_cuda_layer_bytes(e->gpu, l);
             params[l] = layer_params(&e->model.layers[l]);
             forward_cuda_layer_pieces(e->gpu, l, pieces + (size_t)l * LAYER_N_MATS);
@@ -328,6 +342,8 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
             .n_layers = L,
             .where = map->where,
             .stream_only = map->stream_only,
+            .cpu_only = map->cpu_only,
+            .no_attend = no_attend,
             .layer_bytes = bytes,
             .layer_params = params,
             .head_bytes = (uint64_t)dtype_row_size(e->model.output.type, e->model.output.cols) *
@@ -348,6 +364,7 @@ static int make_plan(struct engine *e, const struct device_map *map, const struc
     free(bytes);
     free(params);
     free(pieces);
+    free(no_attend);
     return rc;
 }
 
@@ -399,9 +416,32 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     return make_plan(e, map, cost, -1, NULL, NULL, &e->plan, err);
 }
 
+static void gpu_engine_drop(struct engine *e);
+
+/* Whether the recurrent CPU-only host layers of `map` would take longer on the host's cores at one token
+ * than their copies over the link (the cost model's times, measured beside the link's load). */
+static int recurrent_copy_faster(const struct engine *e, const struct device_map *map, double *t_cpu,
+                                 double *t_copy)
+{
+    *t_cpu = *t_copy = 0;
+    if (!map->cpu_only || e->cost.n_cpu < 1 || !(e->cost.h2d > 0)) return 0;
+    for (int l = 0; l < map->n_layers; l++)
+        if (map->where[l] != PLACEMENT_GPU && map->cpu_only[l]) {
+            const uint64_t b = forward_cuda_layer_bytes(e->gpu, l);
+            *t_cpu += step_cost_cpu_layer(&e->cost, b, 1);
+            *t_copy += (double)b / e->cost.h2d;
+        }
+    return *t_cpu > *t_copy;
+}
+
 /* The CUDA backend and, when layers live in host memory and the CPU may compute them, the host's backend;
- * then the step plan. */
-static int gpu_engine_init(struct engine *e, const struct forward_cuda_params *cp, struct step_cost *cost,
+ * then the step plan. A map's recurrent host layers are either computed by the host's cores on every step
+ * (their state in host memory) or streamed on every step (their state on the device), for the map's life.
+ * They start on the host's cores (cp->recurrent_stream 0, unless the host layers stream anyway); the backend
+ * is built again with them streamed (cp->recurrent_stream 1, which the caller keeps for later maps) where the
+ * host's backend cannot compute them, or, under --placement auto, where the cost model puts them at one token
+ * above their copies over the link. */
+static int gpu_engine_init(struct engine *e, struct forward_cuda_params *cp, struct step_cost *cost,
                            double *slow, char err[256])
 {
     int rc;
@@ -409,20 +449,43 @@ static int gpu_engine_init(struct engine *e, const struct forward_cuda_params *c
     e->p.kv_tokens = e->kv.n_blocks * e->kv.block_size;
     e->head = e->gpu;
     const struct device_map *map = forward_cuda_map(e->gpu);
-    const int host_cpu = e->p.plan_override
-                             ? strchr(e->p.plan_override, 'c') != NULL
-                             : e->p.placement != ENGINE_PLACEMENT_STREAM || map->ring_bytes == 0;
+    const int host_cpu = e->p.plan_override ? strchr(e->p.plan_override, 'c') != NULL
+                                            : e->p.placement != ENGINE_PLACEMENT_STREAM ||
+                                                  map->ring_bytes == 0 || map->n_cpu_only > 0;
+    int restream = 0;
     if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) {
         /* Layers the host's backend cannot compute beside the GPU's cache (Gemma 4's attention shapes):
          * where the plan was free to choose, the host layers stream to the GPU instead. */
-        if (rc != FERRY_ERR_UNSUPPORTED || map->ring_bytes == 0 || e->p.placement != ENGINE_PLACEMENT_AUTO ||
-            e->p.plan_override)
+        if (rc != FERRY_ERR_UNSUPPORTED || (map->ring_bytes == 0 && !map->n_cpu_only) ||
+            e->p.placement != ENGINE_PLACEMENT_AUTO || e->p.plan_override)
             return rc;
         FLOG_INFO("%s: the host layers stream to the GPU instead", err);
         err[0] = '\0';
         e->p.placement = ENGINE_PLACEMENT_STREAM;
+        restream = map->n_cpu_only > 0;
     }
-    return gpu_plan(e, cost, slow, err);
+    if (!restream && (rc = gpu_plan(e, cost, slow, err))) return rc;
+    double t_cpu, t_copy;
+    const int by_cost = !restream && map->n_cpu_only > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
+                        !e->p.plan_override && !e->recurrent_kept &&
+                        recurrent_copy_faster(e, map, &t_cpu, &t_copy);
+    if (by_cost)
+        FLOG_INFO(
+            "placement auto: the %d recurrent host layers take %.2f ms on the host's cores at one token, "
+            "%.2f ms over the link: they stream, their state on the device",
+            map->n_cpu_only, t_cpu * 1e3, t_copy * 1e3);
+    if (!restream && !by_cost) return FERRY_OK;
+    gpu_engine_drop(e);
+    cp->recurrent_stream = 1;
+    rc = gpu_engine_init(e, cp, cost, slow, err);
+    if (rc != FERRY_ERR_DEVICE_MEM || !by_cost) return rc;
+    /* Their state on the device does not fit beside the rest: they stay on the host's cores. */
+    FLOG_INFO("placement auto: %s; the recurrent host layers stay on the host's cores", err);
+    err[0] = '\0';
+    gpu_engine_drop(e);
+    cp->recurrent_stream = 0;
+    e->recurrent_kept = 1;
+    return gpu_engine_init(e, cp, cost, slow, err);
 }
 
 /* Frees what gpu_engine_init made (any part of it). */
@@ -737,12 +800,21 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     FLOG_INFO("engine: %s backend, ctx %d, %d slots, KV pool %d positions (%.1f MiB, %s%s)%s%s",
               e->stats.backend, p.ctx_size, p.n_seqs, kv_pos, kv_cache_bytes(&e->kv, kv_el) / 1048576.0,
               kv_type_names[kv_el], ext, swa, room);
-    if (e->state.n_layers > 0)
+    if (e->state.n_layers > 0) {
+        const struct device_map *map = e->gpu ? forward_cuda_map(e->gpu) : NULL;
+        char where[160] = "";
+        if (map)
+            snprintf(where, sizeof where,
+                     "; %d of them computed by the host's cores on every step with their state here, the "
+                     "others' live on the device",
+                     map->n_cpu_only);
         FLOG_INFO(
             "engine: recurrent state of %d layers, %.1f MiB for %d slots, and up to %d checkpoints a slot "
-            "in host memory (%.1f MiB in all; a slot continues, goes back to a checkpoint, or starts again)",
+            "in host memory (%.1f MiB in all; a slot continues, goes back to a checkpoint, or starts "
+            "again)%s",
             e->state.n_layers, seq_state_bytes(hp, p.n_seqs, 0) / 1048576.0, p.n_seqs, sp.n_ckpt,
-            seq_state_bytes(hp, p.n_seqs, sp.n_ckpt) / 1048576.0);
+            seq_state_bytes(hp, p.n_seqs, sp.n_ckpt) / 1048576.0, where);
+    }
     if (e->gpu && forward_cuda_map(e->gpu)->n_streamed > 0) {
         char plan[2048];
         step_plan_format(&e->plan, plan, sizeof plan);
@@ -1142,14 +1214,19 @@ static const enum placement *step_where(struct engine *e, const struct batch *b)
     const int n_cpu = e->plan.n_cpu[bk];
     const double pace = e->adapt ? step_pace_expect(&e->pace, n_cpu) : 1.0;
     const double rate = (double)e->cost.cpu_ref_bytes / (e->cost.cpu_s[0] * pace);
-    const int j = step_plan_ext_shift(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate, n_cpu);
-    if (!j) return w;
     /* j of the n_cpu CPU layers stream, spread evenly over them (the k-th CPU layer when k*j/n_cpu steps up),
-     * so that the link's copies stay spread between the layers computed meanwhile */
+     * so that the link's copies stay spread between the layers computed meanwhile; a CPU-only layer (its
+     * state in host memory) never streams, so only the others count */
+    const uint8_t *fixed = forward_cuda_map(e->gpu)->cpu_only;
+    int n_free = 0;
+    for (int l = 0; l < hp->n_layers; l++) n_free += w[l] == PLACEMENT_CPU && !(fixed && fixed[l]);
+    const int j = step_plan_ext_shift(e->plan.predicted_s[bk], e->plan.stream_s[bk], bytes, rate, n_cpu);
+    if (!j || !n_free) return w;
+    const int js = j < n_free ? j : n_free;
     for (int l = 0, k = 0; l < hp->n_layers; l++) {
         e->streamed[l] = w[l];
-        if (w[l] != PLACEMENT_CPU) continue;
-        if ((k + 1) * j / n_cpu != k * j / n_cpu) e->streamed[l] = PLACEMENT_STREAM;
+        if (w[l] != PLACEMENT_CPU || (fixed && fixed[l])) continue;
+        if ((k + 1) * js / n_free != k * js / n_free) e->streamed[l] = PLACEMENT_STREAM;
         k++;
     }
     e->stats.ext_streamed_steps++;

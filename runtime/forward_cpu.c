@@ -325,14 +325,19 @@ static void dn_unpack(const float *x, int n, int nk, const struct dn_part *parts
             }
 }
 
-/* LOP_DELTANET of layer l on the rows in xn (see program.h), its output in d. */
+/* LOP_DELTANET of layer l on the rows in xn (see program.h), its output in d. With st NULL (timing) the
+ * products run and the per-sequence part (convolution and rule over the slots' state) is skipped: the
+ * out-product then reads the gates' rows, values of the same scale. The per-sequence part's seconds go to
+ * kv_seconds (like the KV ops, it is not among the planner's timed arithmetic). */
 static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, const struct layer_weights *w,
                     float *out, const float *in)
 {
     const struct llm_hparams *hp = &f->m->hp;
     const struct layer_deltanet *dn = &w->dn;
-    const struct batch *b = st->b;
-    if (n < 1 || !dn->qkv.data || !dn->conv || !f->state || !f->dn_proj) return FERRY_ERR_INTERNAL;
+    const struct batch *b = st ? st->b : NULL;
+    if (n < 1 || !dn->qkv.data || !dn->out.data || !dn->conv || !dn->dt || !dn->a || !dn->norm ||
+        (b && !f->state) || !f->dn_proj)
+        return FERRY_ERR_INTERNAL;
     const int C = llm_ssm_conv_dim(hp), I = hp->ssm_inner, nv = hp->ssm_n_v_heads, nk = hp->ssm_n_k_heads,
               hk = hp->ssm_head_k, hv = llm_ssm_head_v(hp);
     const struct kern_dn_dims d = {
@@ -373,7 +378,14 @@ static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, 
         pb[i] = 1.0f / (1.0f + expf(-pb[i]));
         pa[i] = dn->a[j] * (t > 20.0f ? t : log1pf(expf(t)));
     }
+    if (!b) { /* timing: no state touched */
+        memcpy(f->dn_o, pz, (size_t)n * I * sizeof(float));
+        rc = kern_cpu_matmul(out, f->dn_o, dn->out.data, dn->out.type, NULL, n, hp->dim, I, f->tp);
+        f->pending = 1;
+        return rc;
+    }
     /* Each sequence's rows in order, through its own state. */
+    const double k0 = now_s();
     memset(f->dn_done, 0, (size_t)n);
     for (int i0 = 0; i0 < n; i0++) {
         if (f->dn_done[i0]) continue;
@@ -413,6 +425,7 @@ static int deltanet(struct forward_cpu *f, int l, const struct step *st, int n, 
             memcpy(f->dn_o + (size_t)f->dn_rows[t] * I, f->dn_orun + (size_t)t * I,
                    (size_t)I * sizeof(float));
     }
+    f->kv_seconds += now_s() - k0;
     kern_cpu_dn_gated_norm(f->dn_o, pz, dn->norm, n * nv, hv, hp->norm_eps);
     rc = kern_cpu_matmul(out, f->dn_o, dn->out.data, dn->out.type, NULL, n, hp->dim, I, f->tp);
     f->pending = 1;
@@ -606,10 +619,8 @@ static int run_layer(struct forward_cpu *f, int l, const struct step *st, int n,
             if (kv_ops) f->kv_seconds += now_s() - k0;
             i = p->kv_last;
             kind = PROF_KV;
-        } else if (p->ops[i].kind == LOP_DELTANET) { /* with the sequences' state, like the KV ops */
-            const double k0 = kv_ops ? now_s() : 0;
-            rc = kv_ops ? deltanet(f, l, st, n, w, act(f, p->ops[i].out), act(f, p->ops[i].in)) : FERRY_OK;
-            if (kv_ops) f->kv_seconds += now_s() - k0;
+        } else if (p->ops[i].kind == LOP_DELTANET) { /* its state's part timed like the KV ops */
+            rc = deltanet(f, l, kv_ops ? st : NULL, n, w, act(f, p->ops[i].out), act(f, p->ops[i].in));
             kind = PROF_KV;
         } else {
             const struct layer_op *op = &p->ops[i];
@@ -805,8 +816,8 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
     int rc = FERRY_ERR_NOMEM;
     f->w = calloc((size_t)hp->n_layers, sizeof *f->w);
     if (!f->w) goto fail;
-    if ((p->weights && hp->full_attn_interval > 0) || (hp->full_attn_interval > 0 && !p->state)) {
-        rc = FERRY_ERR_UNSUPPORTED; /* packed blocks carry no recurrent mixer; it needs the slots' state */
+    if (hp->full_attn_interval > 0 && !p->state) {
+        rc = FERRY_ERR_UNSUPPORTED; /* the recurrent mixer needs the slots' state */
         goto fail;
     }
     f->state = p->state;
@@ -897,11 +908,19 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static double view_bytes(const struct wview *v)
+{
+    return v->data ? (double)dtype_row_size(v->type, v->cols) * (double)v->rows : 0;
+}
+
+/* The bytes of the layer's matrices: its groups and, in a recurrent layer, the mixer's five. */
 static double layer_bytes(const struct layer_weights *w)
 {
     double b = 0;
     for (int i = 0; i < LAYER_N_MATS; i++) b += group_bytes(&w->mat[i]);
-    return b;
+    const struct layer_deltanet *d = &w->dn;
+    return b + view_bytes(&d->qkv) + view_bytes(&d->z) + view_bytes(&d->beta) + view_bytes(&d->alpha) +
+           view_bytes(&d->out);
 }
 
 int forward_cpu_time_layers(struct backend *be, const int *layers, int n, int m, int reps, double *seconds)

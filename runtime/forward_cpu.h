@@ -5,6 +5,9 @@
  * copies (params.weights), while the KV cache stays on the device: the ops that touch it (rope, K/V store,
  * attention) run on the KV cache's backend through its `attend`, and x, q|k|v and the attention output cross
  * in host buffers the caller allocates (pinned and mapped, params.host_alloc).
+ * A GPU engine's recurrent host layers (CPU-only, runtime/device_map.h) are computed here too: their mixer's
+ * matrices come in the packed blocks (params.weights' dn views), and each slot's state lives in params.state,
+ * the engine's own seq_state (runtime/seq_state.h says how the device's layers share its slot blocks).
  * Scratch activations are sized once for max_tokens rows; nothing is allocated per step. The KV rows of the
  * batch must already be reserved in the cache (engine.c does it). Results depend on the data and m only,
  * never on the thread count or the placement of the threads (kernels/cpu/matmul.h).
@@ -42,7 +45,9 @@ struct forward_cpu_params {
     /* Batch invariance of the products (kern_cpu_matmul_set_invariant), set as act is: a row's results do not
      * depend on the rows beside it in its step, at a cost in prefill (--deterministic). */
     int invariant;
-    /* Each slot's state in the recurrent layers (runtime/seq_state.h); required by a model that has them. */
+    /* Each slot's state in the recurrent layers (runtime/seq_state.h); required by a model that has them,
+     * whether or not this backend computes any of them (the CPU engine all; a GPU engine's host backend its
+     * CPU-only ones: their state lives here, the device's layers' places are never touched). */
     struct seq_state *state;
 };
 
@@ -52,10 +57,10 @@ int forward_cpu_init(struct backend **out, const struct model *m, const struct f
 int forward_cpu_threads(const struct backend *be);
 
 /* Seconds one call of layers[0] takes at m tokens (everything but the KV ops, on random activations): one
- * untimed call on layers[0], then `reps` timed calls, the i-th (from 0) on layers[i % n] and scaled to layers[0]'s
- * weight bytes; their median.
- * For the step planner's cost model: over several host layers the weights come from memory as in a real step,
- * where one layer timed again and again would sit in a large L3 (300 MiB on the H200 machine's host). */
+ * untimed call on layers[0], then `reps` timed calls, the i-th (from 0) on layers[i % n] and scaled to
+ * layers[0]'s weight bytes; their median. For the step planner's cost model: over several host layers the
+ * weights come from memory as in a real step, where one layer timed again and again would sit in a large L3
+ * (300 MiB on the H200 machine's host). */
 int forward_cpu_time_layers(struct backend *be, const int *layers, int n, int m, int reps, double *seconds);
 
 #endif

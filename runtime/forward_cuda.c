@@ -100,9 +100,11 @@ static int rope_pairs_max(const struct llm_hparams *hp)
 
 /* Qwen3.5's layer kinds (forward_cpu.c is the reference): the gated DeltaNet layers' rows between their
  * products (runtime/forward_cuda_deltanet.h), the gated attention's and the shared expert's. Each region is
- * present only in a model that has the kind; hyb_bytes is their sum (ALIGN-aligned each), the recurrent
- * state and the DeltaNet layers' small tensors included (those stay on the device whatever the layer's
- * placement; the DeltaNet matrices are part of the layer blocks: block_layout_of). */
+ * present only in a model that has the kind; hyb_bytes is their sum (ALIGN-aligned each). A recurrent
+ * layer's state and small tensors are not in it: the planner counts them with the layer (device_map_input
+ * state_bytes, plan_sizes.dn_layer_bytes), on the device whether the layer is resident or streamed, and not
+ * at all when the host's cores compute it (its state is then in host memory); hyb_bytes keeps the state
+ * region's alignment. The DeltaNet matrices are part of the layer blocks: block_layout_of. */
 static int has_recurrent(const struct llm_hparams *hp)
 {
     return hp->full_attn_interval > 0;
@@ -117,13 +119,13 @@ static int has_shared_expert(const struct model *m)
         if (layer_program_has(layer_program_of_layer(&m->hp, l), LOP_MOE_SHARED)) return 1;
     return 0;
 }
-static size_t hyb_bytes(const struct model *m, int T, int n_seqs)
+static size_t hyb_bytes(const struct model *m, int T)
 {
     const struct llm_hparams *hp = &m->hp;
     const size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t b = 0;
     if (has_recurrent(hp))
-        b += align_up(cuda_deltanet_bytes(m, T, n_seqs)) +
+        b += align_up(cuda_deltanet_scratch_bytes(m, T)) + 2 * ALIGN +
              align_up((size_t)T * dn_in_row(hp) * sizeof(float)) +
              align_up((size_t)T * hp->ssm_inner * sizeof(float)) +
              (hp->ssm_grouped ? align_up((size_t)T * dn_in_row(hp) * sizeof(float)) : 0);
@@ -756,6 +758,7 @@ struct plan_sizes {
      * (plan_experts); what the planner places. NULL for a dense model. */
     uint64_t *with_experts;
     uint64_t with_experts_max;
+    size_t dn_layer_bytes; /* a recurrent layer's state (all slots) and small tensors (not in fixed) */
     /* Device memory the plan counts that the arena does not hold (DEVICE_PAGE, HOST_MAP_DIV): the arena's
      * rounding to a whole page, the page tables of the pinned staging buffers in whole pages, and one page
      * for the host layers' entries (device_map's host_map_bytes) ending inside a page. */
@@ -840,7 +843,7 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, cons
     /* (2 * ALIGN per plane: the K/V arrays' alignment when the planner sizes the pool) */
     ps->fixed_bytes = activation_bytes(hp, T, kv->n_seqs, kv->max_blocks) + align_up(ps->attn_ws_bytes) +
                       (kv_q8 ? 4 : 2) * ALIGN + tails + cuda_moe_fixed_bytes(m, T) + ple_weight_bytes(m) +
-                      hyb_bytes(m, T, kv->n_seqs) + swa_fixed;
+                      hyb_bytes(m, T) + swa_fixed;
     /* Pinned staging (forward_cuda_init, ext_host_init, the expert stage's output): inputs, token ids and
      * block tables, logits, per-layer inputs, the extension's q/o/lse; the host backend's activations and the
      * sampler's staging counted as the device's activations. */
@@ -853,6 +856,7 @@ static void plan_sizes_of(const struct model *m, const struct kv_cache *kv, cons
     const size_t staging_map = (staging + HOST_MAP_DIV - 1) / HOST_MAP_DIV;
     /* (in whole pages: a plan's bytes move with its shapes only where a page is crossed) */
     ps->outside_bytes = 2 * DEVICE_PAGE + (staging_map + DEVICE_PAGE - 1) / DEVICE_PAGE * DEVICE_PAGE;
+    ps->dn_layer_bytes = cuda_deltanet_layer_bytes(m, kv->n_seqs);
     ps->max_x = (size_t)T * (size_t)(ffn_max(hp) > hp->dim ? ffn_max(hp) : hp->dim);
     if ((size_t)T * q_row_max(hp) > ps->max_x) ps->max_x = (size_t)T * q_row_max(hp);
     if (moe_x > ps->max_x) ps->max_x = moe_x;
@@ -905,16 +909,25 @@ static int ext_allowed(const struct llm_hparams *hp, const struct kv_cache *kv_s
     return 1;
 }
 
+/* Bytes of plan_input's scratch for n layers (malloc'd, so aligned for its uint64_t part). */
+static size_t plan_scratch_bytes(int n)
+{
+    return (size_t)n * (sizeof(uint64_t) + 2);
+}
+
 /* The planner's input for these sizes: the KV pool fixed at kv's size, or sized by the planner (p->kv_auto).
- * mask: (2 n_layers) scratch for p->force_where and the stream-only layers. Every layer of a model with
- * recurrent layers is stream-only (device_map.h): a recurrent layer's state lives on the device, where the
- * host's cores cannot reach it, and the host's backend computes no layer of such a model from packed blocks
- * (runtime/forward_cpu.c refuses them), its attention layers included, so its host layers stream. */
+ * scratch: plan_scratch_bytes(n_layers), for p->force_where, the recurrent layers' mask and their device
+ * state. A model's recurrent layers in host memory are CPU-only (their state in host memory, the host's
+ * cores compute them on every step) or, with p->recurrent_stream, stream-only (their state on the device,
+ * where the host's cores cannot reach it); its other layers are placed step by step like any model's. */
 static struct device_map_input plan_input(const struct model *m, const struct plan_sizes *ps,
                                           const struct forward_cuda_params *p, size_t other_fixed,
                                           uint64_t budget, int kv_block, double h2d, double hbm,
-                                          uint8_t *mask)
+                                          void *scratch)
 {
+    const int L = m->hp.n_layers;
+    uint64_t *state = scratch;
+    uint8_t *mask = (uint8_t *)(state + L);
     struct device_map_input in = {.n_layers = m->hp.n_layers,
                                   .layer_bytes = ps->with_experts ? ps->with_experts_max : ps->layer_bytes,
                                   .layer_sizes = ps->with_experts ? ps->with_experts : ps->layer_sizes,
@@ -936,8 +949,16 @@ static struct device_map_input plan_input(const struct model *m, const struct pl
         in.resident_mask = mask;
     }
     if (has_recurrent(&m->hp)) {
-        memset(mask + m->hp.n_layers, 1, (size_t)m->hp.n_layers);
-        in.stream_only = mask + m->hp.n_layers;
+        uint8_t *rec = mask + L;
+        for (int l = 0; l < L; l++) {
+            rec[l] = (uint8_t)llm_layer_is_recurrent(&m->hp, l);
+            state[l] = rec[l] ? ps->dn_layer_bytes : 0;
+        }
+        if (p->recurrent_stream)
+            in.stream_only = rec;
+        else
+            in.cpu_only = rec;
+        in.state_bytes = state;
     }
     if (p->kv_auto) {
         in.kv_token_bytes = ps->kv_token_bytes;
@@ -971,12 +992,11 @@ static int plan_map(const struct model *m, struct plan_sizes *ps, struct device_
     if (m->hp.n_expert <= 0) {
         const int rc = device_map_plan(in, out, err);
         if (rc == FERRY_ERR_UNSUPPORTED && in->no_ring && in->stream_only)
-            snprintf(
-                err, 256,
-                "--placement cpu: the host's cores compute no layer of a model with linear-attention "
-                "layers on the CUDA backend (their state lives on the device), so all %d layers must fit "
-                "the budget; --placement auto or stream lets host layers stream",
-                L);
+            snprintf(err, 256,
+                     "--placement cpu with linear-attention layers streamed (their state on the device): "
+                     "all %d layers must fit the budget; with their state in host memory the host's cores "
+                     "compute them",
+                     L);
         return rc;
     }
     int host = in->gpu_layers >= 0 && in->gpu_layers < L;
@@ -1039,7 +1059,7 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
 {
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
-    uint8_t *mask = malloc(2 * (size_t)m->hp.n_layers);
+    void *mask = malloc(plan_scratch_bytes(m->hp.n_layers));
     uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
     int rc = FERRY_ERR_NOMEM, cpu_moe;
     if (!sizes || !mask || !with_experts) goto out;
@@ -1071,7 +1091,7 @@ int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_re
     p.fewer_resident = fewer_resident;
     struct plan_sizes ps;
     uint64_t *sizes = malloc((size_t)m->hp.n_layers * sizeof *sizes);
-    uint8_t *mask = malloc(2 * (size_t)m->hp.n_layers);
+    void *mask = malloc(plan_scratch_bytes(m->hp.n_layers));
     uint64_t *with_experts = malloc((size_t)m->hp.n_layers * sizeof *with_experts);
     int rc = FERRY_ERR_NOMEM, cpu_moe;
     if (sizes && mask && with_experts) {
@@ -1157,7 +1177,7 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     f->parked = malloc((size_t)L * sizeof *f->parked);
     f->park_want = malloc((size_t)L * sizeof *f->park_want);
     f->moe_experts = calloc((size_t)L, sizeof *f->moe_experts);
-    uint8_t *mask = malloc(2 * (size_t)L);
+    void *mask = malloc(plan_scratch_bytes(L));
     uint64_t *with_experts = malloc((size_t)L * sizeof *with_experts);
     if (!f->layouts || !f->dn_blocks || !f->layer_sizes || !f->resident || !f->host_block || !f->tail ||
         !f->step_items || !f->step_bytes || !f->step_copy || !f->parked || !f->park_want || !f->moe_experts ||
@@ -1324,7 +1344,11 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
     tails_ok &= hp->n_expert <= 0 || moe_fixed != NULL;
     void *dn_mem = NULL;
     if (has_recurrent(hp)) {
-        dn_mem = carve(&c, cuda_deltanet_bytes(m, T, kv->n_seqs));
+        /* (the state of the recurrent layers the host's cores compute lives in host memory) */
+        uint8_t *dn_host = (uint8_t *)mask; /* (the planner's scratch, free again) */
+        for (int l = 0; l < L; l++)
+            dn_host[l] = f->map.cpu_only && f->map.cpu_only[l] && f->map.where[l] != PLACEMENT_GPU;
+        dn_mem = carve(&c, cuda_deltanet_bytes_host(m, T, kv->n_seqs, dn_host));
         f->dn_in = carve(&c, (size_t)T * dn_in_row(hp) * sizeof(float));
         f->dn_out = carve(&c, (size_t)T * hp->ssm_inner * sizeof(float));
         if (hp->ssm_grouped) f->dn_pack = carve(&c, (size_t)T * dn_in_row(hp) * sizeof(float));
@@ -1456,7 +1480,9 @@ int forward_cuda_init(struct backend **out, const struct model *m, struct kv_cac
                                            .cpu_int8 = p->cpu_int8};
         if ((rc = cuda_moe_init(&f->moe, m, &mp, err))) goto fail;
     }
-    if (has_recurrent(hp) && (rc = cuda_deltanet_init(&f->dn, m, T, kv->n_seqs, dn_mem, err))) goto fail;
+    if (has_recurrent(hp) &&
+        (rc = cuda_deltanet_init_host(&f->dn, m, T, kv->n_seqs, (uint8_t *)mask, dn_mem, err)))
+        goto fail;
     if ((rc = upload_shexp_gates(f))) {
         snprintf(err, 256, "uploading the shared experts' gates failed (%s)", ferry_status_str(rc));
         goto fail;
@@ -1508,6 +1534,13 @@ int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weig
         layer_weights_at(w, lay, f->host_block[l]);
     else
         *w = stored;
+    /* A recurrent layer's mixer: its matrices in the block, its small tensors the model's. */
+    if (llm_layer_is_recurrent(&f->m->hp, l)) {
+        const struct cuda_dn_block *dnb = &f->dn_blocks[l];
+        const char *b = f->host_block[l];
+        w->dn = stored.dn;
+        if (same) cuda_deltanet_block_place(f->m, l, dnb, b + dnb->in_off, b + dnb->out_off, &w->dn);
+    }
     return 1;
 }
 
@@ -2315,6 +2348,11 @@ static int cuda_begin(struct backend *be, const struct step *st)
     const struct batch *b = st->b;
     const int n = b->n_tokens;
     if (n <= 0 || n > f->max_tokens) return FERRY_ERR_INVALID;
+    /* A CPU-only host layer (its state in host memory) is never the device's to run. */
+    for (int l = 0; l < f->n_layers && f->map.cpu_only; l++)
+        if (f->map.cpu_only[l] && f->map.where[l] != PLACEMENT_GPU && st->where &&
+            st->where[l] != PLACEMENT_CPU)
+            return FERRY_ERR_INTERNAL;
     const struct kv_cache *kv = f->kv;
     int all_want = 1;
     for (int i = 0; i < n; i++) {
@@ -2582,13 +2620,15 @@ int forward_cuda_time_exchange(struct backend *be, int n, double *seconds)
         struct batch b = {.n_tokens = n};
         struct step st = {.b = &b, .max_len = 1};
         double t[9];
+        int la = 0; /* the first layer with K/V (a recurrent layer has none) */
+        while (la + 1 < f->n_layers && llm_layer_is_recurrent(hp, la)) la++;
         rc = FERRY_OK;
         for (int r = 0; r < 9 && !rc; r++) {
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
             rc = x_gather(f, f->h_x_dev, n);
             if (!rc) rc = cuda_x_out(be, f->h_x, n);
-            if (!rc) rc = cuda_attend(be, 0, &st, qkv, att);
+            if (!rc) rc = cuda_attend(be, la, &st, qkv, att);
             clock_gettime(CLOCK_MONOTONIC, &t1);
             t[r] = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
         }
@@ -2638,13 +2678,18 @@ int forward_cuda_link_load_begin(struct backend *be, double seconds)
 {
     struct forward_cuda *f = (struct forward_cuda *)be;
     f->load_bytes = 0;
-    if (!f->ring_buf || f->map.n_streamed == 0 || seconds <= 0) return FERRY_OK;
+    /* (layers that may stream: a CPU-only one's pieces may not fit the ring, which was not sized for them) */
+#define MAY_STREAM(l) (f->host_block[l] && !(f->map.cpu_only && f->map.cpu_only[l]))
+    int any = 0;
+    for (int l = 0; l < f->n_layers; l++) any |= MAY_STREAM(l);
+    if (!f->ring_buf || !any || seconds <= 0) return FERRY_OK;
     const double rate = f->stats.h2d_bytes_per_s > 0 ? f->stats.h2d_bytes_per_s : 50e9;
     /* The host layers' pieces straight into the ring's start, outside its bookkeeping: no step is running,
      * and the copy stream keeps order with the ring's later copies. */
     CK(cudaEventRecord(f->load_t0, f->copy));
     for (int i = 0, l = 0; f->load_bytes < rate * seconds && i < 100000; i++) {
-        while (!f->host_block[l]) l = (l + 1) % f->n_layers;
+        while (!MAY_STREAM(l)) l = (l + 1) % f->n_layers;
+#undef MAY_STREAM
         size_t off, bytes;
         block_piece(&f->layouts[l], &f->dn_blocks[l], i % LAYER_N_MATS, &off, &bytes);
         CK(cudaMemcpyAsync(f->ring_buf, (const char *)f->host_block[l] + off, bytes, cudaMemcpyHostToDevice,

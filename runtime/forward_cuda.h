@@ -20,11 +20,13 @@
  * sequence's window (forward_cuda_params.kv_swa), read through its own block table. An LRU layer cache and
  * zero-copy weights were measured against the ring and lost or tied (runtime/NOTES.md, run 3). Weights in
  * F16/BF16/F32/Q8_0 are used as stored; other types are converted to F16 at load. Recurrent (gated DeltaNet)
- * layers keep each slot's state and their small tensors on the device (runtime/forward_cuda_deltanet.h;
- * forward_cuda_state_get/put move a slot's state to and from the host for the prompt cache's checkpoints);
- * their matrices are part of the layer blocks, so such layers stream like any other, but the host's cores
- * never compute a layer of such a model (every one is stream-only: device_map.h). Without CUDA the same
- * header is served by forward_cuda_none.c (no device).
+ * layers' matrices are part of the layer blocks; each slot's state and their small tensors are on the device
+ * (runtime/forward_cuda_deltanet.h; forward_cuda_state_get/put move a slot's state to and from the host for
+ * the prompt cache's checkpoints) for the resident ones and, in host memory, either for all of them (they
+ * stream on every step: stream-only, params.recurrent_stream) or for none (the host's cores compute them on
+ * every step, CPU-only, from their blocks with their state in the host's seq_state: device_map.h); the
+ * choice is fixed for the backend's life. Without CUDA the same header is served by forward_cuda_none.c (no
+ * device).
  */
 #ifndef FERRY_FORWARD_CUDA_H
 #define FERRY_FORWARD_CUDA_H
@@ -70,6 +72,10 @@ struct forward_cuda_params {
     /* The arithmetic of the host's products for host experts: 1 x in int8 (kern_cpu_matmul.h
      * KERN_CPU_ACT_INT8, llama.cpp's), 0 x in f32 (the engine's --cpu-arith). */
     int cpu_int8;
+    /* Recurrent layers in host memory: 0 computed by the host's cores on every step, their state in host
+     * memory (runtime/seq_state.h, the host backend's), taking no device bytes; 1 streamed on every step,
+     * their state on the device (counted in the plan). */
+    int recurrent_stream;
 };
 
 /* Number of CUDA devices (0 in a build without CUDA, or without a driver). */
@@ -89,7 +95,8 @@ void forward_cuda_layer_pieces(const struct backend *be, int l, uint64_t out[LAY
 
 /* Layer l's weights as the host's cores read them: its pinned block when l lives in host memory and the
  * block holds every matrix in its stored type; the model's own tensors when the block holds converted ones
- * (the host reads stored types natively). Returns 1 for a host layer, 0 for a resident one (w untouched). */
+ * (the host reads stored types natively); a recurrent layer's mixer with its matrices in the block and its
+ * small tensors the model's. Returns 1 for a host layer, 0 for a resident one (w untouched). */
 int forward_cuda_host_weights(const struct backend *be, int l, struct layer_weights *w);
 /* Pinned, device-mapped host memory for the buffers another backend exchanges with this one
  * (forward_cpu_params.host_alloc); ctx is the backend. */
@@ -120,10 +127,11 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256]);
 
-/* Slot seq's recurrent state (every recurrent layer's convolution and rule state, laid out as
- * runtime/seq_state.h lays out one slot: n_layers * (conv_floats + rec_floats) floats) copied to the host or
- * from it, after the work queued so far and before returning (the engine checkpoints a slot with get and
- * resumes one with put). FERRY_OK and nothing copied for a model without recurrent layers;
+/* Slot seq's recurrent state on the device (the convolution and rule state of the recurrent layers whose
+ * state is here, each at its place in runtime/seq_state.h's slot block: n_layers * (conv_floats + rec_floats)
+ * floats; the places of the host's CPU-only layers are left as they are) copied to the host or from it, after
+ * the work queued so far and before returning (the engine checkpoints a slot with get and resumes one with
+ * put). FERRY_OK and nothing copied for a model without recurrent layers;
  * FERRY_ERR_INVALID for a seq outside the slots. */
 int forward_cuda_state_get(struct backend *be, int seq, float *host);
 int forward_cuda_state_put(struct backend *be, int seq, const float *host);

@@ -38,8 +38,10 @@ struct dn_layer {
 struct cuda_deltanet {
     const struct model *m;
     int n_seqs, T;
-    int n_rec;                      /* recurrent layers */
-    int *slot;                      /* (n_layers) index among the recurrent layers, or -1 */
+    int n_rec;                      /* recurrent layers whose state is here (the device's) */
+    int n_all;                      /* recurrent layers (seq_state's slot block holds them all) */
+    int *slot;                      /* (n_layers) index among the device's recurrent layers, or -1 */
+    int *all_index;                 /* (n_rec) each one's index among all the recurrent layers */
     int conv_dim, inner, width;     /* hp's */
     int nk, nv, hk, hv;             /* hp's */
     size_t conv_floats, rec_floats; /* per layer and slot (as seq_state) */
@@ -79,10 +81,17 @@ static int recurrent_layers(const struct llm_hparams *hp)
     return n;
 }
 
-static struct dn_sizes sizes_of(const struct llm_hparams *hp, int T, int n_seqs)
+/* Layer l is recurrent and its state lives in host memory (host: NULL for none). */
+static int on_host(const struct llm_hparams *hp, const uint8_t *host, int l)
+{
+    return host && llm_layer_is_recurrent(hp, l) && host[l];
+}
+
+static struct dn_sizes sizes_of(const struct llm_hparams *hp, int T, int n_seqs, const uint8_t *host)
 {
     struct dn_sizes s = {.n_rec = recurrent_layers(hp)};
     if (s.n_rec == 0 || T < 1 || n_seqs < 1 || hp->ssm_conv_kernel < 1) return (struct dn_sizes){0};
+    for (int l = 0; l < hp->n_layers; l++) s.n_rec -= on_host(hp, host, l);
     const size_t C = (size_t)llm_ssm_conv_dim(hp), nv = (size_t)hp->ssm_n_v_heads,
                  hv = (size_t)llm_ssm_head_v(hp), w = (size_t)hp->ssm_conv_kernel;
     const size_t per = (w - 1) * C + nv * (size_t)hp->ssm_head_k * hv;
@@ -155,8 +164,32 @@ void cuda_deltanet_block_place(const struct model *m, int l, const struct cuda_d
 
 size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs)
 {
-    const struct dn_sizes s = sizes_of(&m->hp, T, n_seqs);
-    return s.n_rec ? s.state + (size_t)s.n_rec * s.layer + s.y + s.plan + s.tables + s.y2 : 0;
+    return cuda_deltanet_bytes_host(m, T, n_seqs, NULL);
+}
+
+size_t cuda_deltanet_bytes_host(const struct model *m, int T, int n_seqs, const uint8_t *host)
+{
+    if (recurrent_layers(&m->hp) == 0) return 0;
+    const struct dn_sizes s = sizes_of(&m->hp, T, n_seqs, host);
+    return s.state + (size_t)s.n_rec * s.layer + s.y + s.plan + s.tables + s.y2;
+}
+
+size_t cuda_deltanet_scratch_bytes(const struct model *m, int T)
+{
+    if (recurrent_layers(&m->hp) == 0) return 0;
+    const struct dn_sizes s = sizes_of(&m->hp, T, 1, NULL);
+    return s.y + s.plan + s.tables + s.y2;
+}
+
+size_t cuda_deltanet_layer_bytes(const struct model *m, int n_seqs)
+{
+    const struct llm_hparams *hp = &m->hp;
+    if (recurrent_layers(hp) == 0 || n_seqs < 1 || hp->ssm_conv_kernel < 1) return 0;
+    const size_t C = (size_t)llm_ssm_conv_dim(hp), nv = (size_t)hp->ssm_n_v_heads,
+                 hv = (size_t)llm_ssm_head_v(hp), w = (size_t)hp->ssm_conv_kernel;
+    const size_t per = (w - 1) * C + nv * (size_t)hp->ssm_head_k * hv;
+    return (size_t)n_seqs * per * sizeof(float) + align_up(C * w * sizeof(float)) +
+           2 * align_up(nv * sizeof(float)) + align_up(hv * sizeof(float));
 }
 
 /* cuda_deltanet_check, the matrices only with mats (init needs the shape and the small tensors). */
@@ -266,6 +299,12 @@ int cuda_deltanet_unpack(struct cuda_deltanet *dn, float *in, int ld, const floa
 int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
                        char err[256])
 {
+    return cuda_deltanet_init_host(out, m, T, n_seqs, NULL, mem, err);
+}
+
+int cuda_deltanet_init_host(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs,
+                            const uint8_t *host, void *mem, char err[256])
+{
     *out = NULL;
     err[0] = '\0';
     const struct llm_hparams *hp = &m->hp;
@@ -277,11 +316,12 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
     RC(check_model(m, 0, err));
     struct cuda_deltanet *dn = calloc(1, sizeof *dn);
     if (!dn) return FERRY_ERR_NOMEM;
-    const struct dn_sizes s = sizes_of(hp, T, n_seqs);
+    const struct dn_sizes s = sizes_of(hp, T, n_seqs, host);
     *dn = (struct cuda_deltanet){.m = m,
                                  .n_seqs = n_seqs,
                                  .T = T,
                                  .n_rec = s.n_rec,
+                                 .n_all = recurrent_layers(hp),
                                  .conv_dim = llm_ssm_conv_dim(hp),
                                  .inner = hp->ssm_inner,
                                  .width = hp->ssm_conv_kernel,
@@ -294,8 +334,9 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
     dn->conv_floats = (size_t)(dn->width - 1) * dn->conv_dim;
     dn->rec_floats = (size_t)dn->nv * dn->hk * dn->hv;
     dn->slot = malloc((size_t)hp->n_layers * sizeof *dn->slot);
-    dn->layers = calloc((size_t)s.n_rec, sizeof *dn->layers);
-    if (!dn->slot || !dn->layers) {
+    dn->layers = calloc((size_t)s.n_rec + 1, sizeof *dn->layers);
+    dn->all_index = calloc((size_t)s.n_rec + 1, sizeof *dn->all_index);
+    if (!dn->slot || !dn->layers || !dn->all_index) {
         cuda_deltanet_free(dn);
         return FERRY_ERR_NOMEM;
     }
@@ -304,11 +345,16 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
     p += s.state;
     const size_t C = (size_t)dn->conv_dim, w = (size_t)dn->width, nv = (size_t)dn->nv, hv = (size_t)dn->hv;
     int rc = FERRY_OK;
-    for (int l = 0, i = 0; l < hp->n_layers; l++) {
+    for (int l = 0, i = 0, j = 0; l < hp->n_layers; l++) {
         dn->slot[l] = -1;
         if (!llm_layer_is_recurrent(hp, l)) continue;
+        if (on_host(hp, host, l)) { /* (its state and small tensors are the host's) */
+            j++;
+            continue;
+        }
         const struct model_layer *L = &m->layers[l];
         struct dn_layer *d = &dn->layers[i];
+        dn->all_index[i] = j++;
         dn->slot[l] = i++;
         d->conv = (float *)p;
         d->dt = (float *)(p + align_up(C * w * sizeof(float)));
@@ -334,7 +380,7 @@ int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T,
         if (!rc && (rc = upload_tables(dn)))
             snprintf(err, 256, "linear attention: the upload of the head tables failed");
     }
-    if (!rc && cudaMemset(dn->state, 0, s.state) != cudaSuccess) {
+    if (!rc && s.state && cudaMemset(dn->state, 0, s.state) != cudaSuccess) {
         snprintf(err, 256, "linear attention: zeroing the state failed");
         rc = FERRY_ERR_CUDA;
     }
@@ -351,12 +397,13 @@ void cuda_deltanet_free(struct cuda_deltanet *dn)
     if (!dn) return;
     free(dn->slot);
     free(dn->layers);
+    free(dn->all_index);
     free(dn);
 }
 
 size_t cuda_deltanet_slot_bytes(const struct cuda_deltanet *dn)
 {
-    return dn ? (size_t)dn->n_rec * (dn->conv_floats + dn->rec_floats) * sizeof(float) : 0;
+    return dn ? (size_t)dn->n_all * (dn->conv_floats + dn->rec_floats) * sizeof(float) : 0;
 }
 
 static float *slot_state(const struct cuda_deltanet *dn, int seq)
@@ -364,25 +411,48 @@ static float *slot_state(const struct cuda_deltanet *dn, int seq)
     return dn->state + (size_t)seq * dn->n_rec * (dn->conv_floats + dn->rec_floats);
 }
 
+/* Bytes of one slot's state on the device (its recurrent layers only). */
+static size_t device_slot_bytes(const struct cuda_deltanet *dn)
+{
+    return (size_t)dn->n_rec * (dn->conv_floats + dn->rec_floats) * sizeof(float);
+}
+
+/* Slot seq's device state to the host's slot block (down) or from it: one copy when every recurrent layer's
+ * state is here, else one per device layer into its place in the block (the host's layers left as they
+ * are). */
+static int slot_copy(const struct cuda_deltanet *dn, int seq, float *host, int down, cudaStream_t cs)
+{
+    if (!dn || !host || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
+    const size_t per = dn->conv_floats + dn->rec_floats;
+    float *dev = slot_state(dn, seq);
+    if (dn->n_rec == dn->n_all) {
+        CK(cudaMemcpyAsync(down ? host : dev, down ? dev : host, device_slot_bytes(dn),
+                           down ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs));
+        return FERRY_OK;
+    }
+    for (int i = 0; i < dn->n_rec; i++) {
+        float *d = dev + (size_t)i * per, *h = host + (size_t)dn->all_index[i] * per;
+        CK(cudaMemcpyAsync(down ? h : d, down ? d : h, per * sizeof(float),
+                           down ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs));
+    }
+    return FERRY_OK;
+}
+
 int cuda_deltanet_reset(struct cuda_deltanet *dn, int seq, cudaStream_t cs)
 {
     if (!dn || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
-    CK(cudaMemsetAsync(slot_state(dn, seq), 0, cuda_deltanet_slot_bytes(dn), cs));
+    if (dn->n_rec) CK(cudaMemsetAsync(slot_state(dn, seq), 0, device_slot_bytes(dn), cs));
     return FERRY_OK;
 }
 
 int cuda_deltanet_download(const struct cuda_deltanet *dn, int seq, float *host, cudaStream_t cs)
 {
-    if (!dn || !host || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
-    CK(cudaMemcpyAsync(host, slot_state(dn, seq), cuda_deltanet_slot_bytes(dn), cudaMemcpyDeviceToHost, cs));
-    return FERRY_OK;
+    return slot_copy(dn, seq, host, 1, cs);
 }
 
 int cuda_deltanet_upload(struct cuda_deltanet *dn, int seq, const float *host, cudaStream_t cs)
 {
-    if (!dn || !host || seq < 0 || seq >= dn->n_seqs) return FERRY_ERR_INVALID;
-    CK(cudaMemcpyAsync(slot_state(dn, seq), host, cuda_deltanet_slot_bytes(dn), cudaMemcpyHostToDevice, cs));
-    return FERRY_OK;
+    return slot_copy(dn, seq, (float *)host, 0, cs); /* (only read: the upload's source) */
 }
 
 int cuda_deltanet_run(struct cuda_deltanet *dn, int l, float *out, const struct cuda_deltanet_in *in, int n,

@@ -15,8 +15,12 @@
  * L2-normed q and k, the gated delta rule, the gated RMSNorm. A sequence whose first row in the step is
  * position 0 starts from a zero state. Steps of up to 16 rows run the rule token by token, larger ones by
  * chunks of 16 tokens (FERRY_DN_RULE=token or chunk, read at init, forces one). Everything is enqueued on the
- * caller's stream and allocates nothing after init. Usage: cuda_deltanet_bytes → init → (run per recurrent
- * layer and step; reset, download, upload per slot)* → free.
+ * caller's stream and allocates nothing after init. A recurrent layer the host's cores compute (a CPU-only
+ * host layer, device_map.h) keeps its state in host memory (the engine's seq_state) instead: the _host forms
+ * leave such layers out (no state, no small tensors here; run refuses them), and download and upload then
+ * move only the device's layers, each into its place in seq_state's slot block, leaving the host's layers'
+ * there as they are. Usage: cuda_deltanet_bytes[_host] → init[_host] → (run per recurrent layer and step;
+ * reset, download, upload per slot)* → free.
  */
 #ifndef FERRY_FORWARD_CUDA_DELTANET_H
 #define FERRY_FORWARD_CUDA_DELTANET_H
@@ -41,6 +45,17 @@ size_t cuda_deltanet_bytes(const struct model *m, int T, int n_seqs);
  * FERRY_OK. */
 int cuda_deltanet_init(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs, void *mem,
                        char err[256]);
+/* The same without the state and small tensors of the recurrent layers marked in host ((n_layers), 1: its
+ * state lives in host memory; NULL: none is), which cuda_deltanet_run then refuses. */
+size_t cuda_deltanet_bytes_host(const struct model *m, int T, int n_seqs, const uint8_t *host);
+int cuda_deltanet_init_host(struct cuda_deltanet **out, const struct model *m, int T, int n_seqs,
+                            const uint8_t *host, void *mem, char err[256]);
+/* What one recurrent layer adds to cuda_deltanet_bytes_host when its state is on the device: n_seqs slots'
+ * state and its small tensors (0 without recurrent layers). The planner counts it with the layer. */
+size_t cuda_deltanet_layer_bytes(const struct model *m, int n_seqs);
+/* The rest: the rows' scratch for steps of T rows. cuda_deltanet_bytes_host is at most this, plus
+ * cuda_deltanet_layer_bytes for each recurrent layer of the device, plus 255 (the state's alignment). */
+size_t cuda_deltanet_scratch_bytes(const struct model *m, int T);
 void cuda_deltanet_free(struct cuda_deltanet *dn); /* accepts NULL; the device memory stays the caller's */
 
 /* FERRY_OK when the kernels run the model's linear-attention shape and every recurrent layer has its small
@@ -70,13 +85,14 @@ void cuda_deltanet_block_pack(const struct model *m, int l, const struct cuda_dn
 void cuda_deltanet_block_place(const struct model *m, int l, const struct cuda_dn_block *b, const void *in,
                                const void *out, struct layer_deltanet *w);
 
-/* Bytes of one slot's state of all recurrent layers: seq_state's slot block (its data or ckpt + seq *
- * n_layers * (conv_floats + rec_floats)), 0 for NULL. */
+/* Bytes of one slot's state of all recurrent layers, the device's and the host's: seq_state's slot block (its
+ * data or ckpt + seq * n_layers * (conv_floats + rec_floats)), 0 for NULL. */
 size_t cuda_deltanet_slot_bytes(const struct cuda_deltanet *dn);
-/* Zeroes slot seq's state in every recurrent layer. */
+/* Zeroes slot seq's state in every recurrent layer of the device. */
 int cuda_deltanet_reset(struct cuda_deltanet *dn, int seq, cudaStream_t cs);
-/* Copies slot seq's state to host (cuda_deltanet_slot_bytes) or from it; asynchronous on cs (the host memory
- * must stay valid until cs reaches the copy; pinned memory lets it overlap). */
+/* Copies slot seq's state of the device's recurrent layers to their places in host (a slot block,
+ * cuda_deltanet_slot_bytes) or from them; asynchronous on cs (the host memory must stay valid until cs
+ * reaches the copy; pinned memory lets it overlap). */
 int cuda_deltanet_download(const struct cuda_deltanet *dn, int seq, float *host, cudaStream_t cs);
 int cuda_deltanet_upload(struct cuda_deltanet *dn, int seq, const float *host, cudaStream_t cs);
 

@@ -11,8 +11,15 @@
  * of each prompt). A slot keeps at most n_ckpt of them, in ascending positions; when full, a new one first
  * evicts one lying within ckpt_step positions after the one before it (neither the first nor the newest),
  * else the oldest. Invariant: every checkpoint's position is at most the slot's length, and its K/V is held.
- * Models without recurrent layers have an empty seq_state. Usage: seq_state_init → (seq_state_conv /
- * seq_state_rec per layer and slot; save, restore, drop)* → seq_state_free.
+ * Models without recurrent layers have an empty seq_state. One seq_state serves an engine, whichever backend
+ * computes a layer: the CPU engine's layers all live here; a GPU engine's recurrent layers that the host's
+ * cores compute (CPU-only host layers, runtime/device_map.h) keep their live state here too, read and written
+ * in place by the host's backend (forward_cpu_params.state), while the device keeps the others' and copies
+ * them into their places in a slot's block before a checkpoint is saved and out of it after one is restored
+ * (forward_cuda_state_get/put, which leave the host's layers' places alone). A save or restore of the whole
+ * block is then consistent across both sides, and a slot that starts again at position 0 is zeroed by
+ * whichever side computes each layer. Usage: seq_state_init → (seq_state_conv / seq_state_rec per layer and
+ * slot; save, restore, drop)* → seq_state_free.
  */
 #ifndef FERRY_SEQ_STATE_H
 #define FERRY_SEQ_STATE_H

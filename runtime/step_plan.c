@@ -116,8 +116,9 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
             case PLACEMENT_CPU:
                 if (l == 0 || where[l - 1] != PLACEMENT_CPU)
                     t += c->sync_s + m * c->run_bytes_per_token * xfer;
-                t += pace * step_cost_cpu_layer(c, in->layer_bytes[l], m) + c->sync_s +
-                     m * c->layer_bytes_per_token * xfer;
+                t += pace * step_cost_cpu_layer(c, in->layer_bytes[l], m);
+                if (!(in->no_attend && in->no_attend[l])) /* its attention on the device */
+                    t += c->sync_s + m * c->layer_bytes_per_token * xfer;
                 break;
             }
         }
@@ -128,10 +129,16 @@ double step_plan_simulate(const struct step_plan_input *in, const enum placement
     return end[SIM_STEPS - 1] - end[SIM_STEPS - 2];
 }
 
-/* 1 when host layer l may run on the CPU (not stream-only). */
+/* 1 when host layer l runs on the CPU on every step (CPU-only). */
+static int cpu_fixed(const struct step_plan_input *in, int l)
+{
+    return in->where[l] != PLACEMENT_GPU && in->cpu_only && in->cpu_only[l];
+}
+
+/* 1 when host layer l may run on the CPU or stream, step by step (neither stream-only nor CPU-only). */
 static int computable(const struct step_plan_input *in, int l)
 {
-    return in->where[l] != PLACEMENT_GPU && !(in->stream_only && in->stream_only[l]);
+    return in->where[l] != PLACEMENT_GPU && !(in->stream_only && in->stream_only[l]) && !cpu_fixed(in, l);
 }
 
 /* The device_map's host layers with c of the h computable ones (spread evenly among them) on the CPU, the
@@ -144,7 +151,7 @@ static void assign(const struct step_plan_input *in, int c, int h, enum placemen
             continue;
         }
         if (!computable(in, l)) {
-            w[l] = PLACEMENT_STREAM;
+            w[l] = cpu_fixed(in, l) ? PLACEMENT_CPU : PLACEMENT_STREAM;
             continue;
         }
         w[l] = (int64_t)(j + 1) * c / h > (int64_t)j * c / h ? PLACEMENT_CPU : PLACEMENT_STREAM;
@@ -174,7 +181,7 @@ static int park(const struct step_plan_input *in, enum placement *w, int k)
     const int np = in->piece_bytes ? in->n_pieces : 1;
     uint64_t piece = 0;
     for (int l = 0; l < in->n_layers; l++) {
-        if (in->where[l] == PLACEMENT_GPU) continue;
+        if (in->where[l] == PLACEMENT_GPU || cpu_fixed(in, l)) continue;
         for (int p = 0; p < np; p++)
             if (piece_of(in, l, p) > piece) piece = piece_of(in, l, p);
     }
@@ -269,7 +276,15 @@ static int forced(const struct step_plan_input *in, int b, enum placement *w, ch
             return FERRY_ERR_INVALID;
         }
         const int ringed = w[l] == PLACEMENT_STREAM || w[l] == PLACEMENT_PARK;
-        if (w[l] == PLACEMENT_CPU && host && !computable(in, l)) {
+        if (host && cpu_fixed(in, l) && w[l] != PLACEMENT_CPU) {
+            snprintf(
+                err, 256,
+                "forced plan: layer %d must be 'c' (the host's cores compute it on every step: its state "
+                "lives in host memory)",
+                l);
+            return FERRY_ERR_INVALID;
+        }
+        if (w[l] == PLACEMENT_CPU && host && !computable(in, l) && !cpu_fixed(in, l)) {
             snprintf(err, 256,
                      "forced plan: layer %d cannot be 'c' (the host's cores cannot compute it: it streams)",
                      l);
@@ -304,14 +319,22 @@ int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char
         return rc;
     }
     const int L = in->n_layers;
-    int h = 0, hc = 0; /* host layers; of them, computable ones */
-    for (int l = 0; l < L; l++) h += in->where[l] != PLACEMENT_GPU, hc += computable(in, l);
-    if (h > hc && in->ring_bytes == 0) {
+    int h = 0, hc = 0, hf = 0; /* host layers; of them, computable ones and CPU-only ones */
+    for (int l = 0; l < L; l++)
+        h += in->where[l] != PLACEMENT_GPU, hc += computable(in, l), hf += cpu_fixed(in, l);
+    for (int l = 0; l < L && in->stream_only && in->cpu_only; l++)
+        if (in->stream_only[l] && in->cpu_only[l]) {
+            snprintf(err, 256, "invalid step plan request: layer %d both stream-only and CPU-only", l);
+            step_plan_free(out);
+            return FERRY_ERR_INVALID;
+        }
+    if (h > hc + hf && in->ring_bytes == 0) {
         snprintf(err, 256, "invalid step plan request: %d host layers stream only, and there is no ring",
-                 h - hc);
+                 h - hc - hf);
         step_plan_free(out);
         return FERRY_ERR_INVALID;
     }
+    h -= hf; /* (the host layers that may stream) */
     enum placement *trial = malloc(sizeof *trial * (size_t)L * 3), *streamed = trial + L,
                    *tmp = trial + 2 * L;
     if (!trial) {

@@ -16,8 +16,10 @@
  * no CPU layer a prompt gains a layer's copy; beside CPU layers the ring's depth usually matters more (the
  * link can fill only what is free while the CPU computes), and the simulation then parks none. Host layers
  * the host's cores cannot compute (stream_only: a recurrent layer, whose state lives on the device) stream in
- * every mode, CPU included; only the others count among the h. The costs come from start-up measurements
- * (step_cost). Pure arithmetic: no device, tested in CI. Usage: step_plan_make →
+ * every mode, CPU included; host layers only the host's cores compute (cpu_only: a recurrent layer whose
+ * state lives in host memory) are on the CPU in every mode and bucket, STREAM included, and never stream
+ * (not even for the KV extension's shift, engine.c); only the others count among the h. The costs come from
+ * start-up measurements (step_cost). Pure arithmetic: no device, tested in CI. Usage: step_plan_make →
  * step_plan_where(n) per step → step_plan_free.
  */
 #ifndef FERRY_STEP_PLAN_H
@@ -47,8 +49,9 @@ struct step_cost {
     int cpu_m[STEP_COST_MAX_M];
     double cpu_s[STEP_COST_MAX_M];
     uint64_t cpu_ref_bytes; /* that layer's bytes */
-    /* The exchanges around host layers: a wait for the device (sync_s) per host layer (its attention) and per
-     * run of consecutive host layers (x coming down), plus bytes per token at h2d. */
+    /* The exchanges around host layers: a wait for the device (sync_s) per host layer with KV ops (its
+     * attention; step_plan_input.no_attend) and per run of consecutive host layers (x coming down), plus
+     * bytes per token at h2d. */
     double sync_s;
     double layer_bytes_per_token; /* q|k|v up, attention output down */
     double run_bytes_per_token;   /* x down, x up */
@@ -61,6 +64,10 @@ struct step_plan_input {
     int n_layers;
     const enum placement *where; /* (n_layers) the device_map's: PLACEMENT_GPU or PLACEMENT_STREAM (host) */
     const uint8_t *stream_only;  /* (n_layers) the device_map's: 1 = never on the CPU; NULL: none */
+    const uint8_t *cpu_only; /* (n_layers) the device_map's: 1 = a host layer always on the CPU; NULL: none */
+    /* (n_layers) 1: a layer without KV ops (a recurrent one), which on the CPU exchanges nothing with the
+     * device beyond the run's x; NULL: every layer has them. */
+    const uint8_t *no_attend;
     const uint64_t
         *layer_bytes; /* (n_layers) bytes of each layer's block (what a copy moves, the host reads) */
     const uint64_t *layer_params; /* (n_layers) multiply-adds per token */
@@ -97,8 +104,9 @@ struct step_plan {
     double stream_s[STEP_PLAN_MAX_BUCKETS]; /* the same with every host layer streamed (0 without a ring) */
 };
 
-/* FERRY_ERR_INVALID (err says why) for a bad input (a stream-only host layer without a ring among them) or a
- * forced plan that does not fit the device_map (a stream-only layer forced onto the CPU). */
+/* FERRY_ERR_INVALID (err says why) for a bad input (a stream-only host layer without a ring among them, a
+ * layer both stream-only and CPU-only) or a forced plan that does not fit the device_map (a stream-only layer
+ * forced onto the CPU, a CPU-only host layer forced anywhere else). */
 int step_plan_make(const struct step_plan_input *in, struct step_plan *out, char err[256]);
 /* Every layer at `where` for every size (the CPU engine: PLACEMENT_CPU). */
 int step_plan_uniform(struct step_plan *out, int n_layers, int max_tokens, enum placement where);

@@ -12,7 +12,10 @@
  *  - seq_state itself: the bound, the thinning to ckpt_step apart when full, each restore giving back the
  *    state saved at its position, a save behind later checkpoints forgetting them;
  *  - odd cases fall back to a full prefill: a slot fed token by token (no checkpoint), a prefix shorter than
- *    every checkpoint, --ctx-checkpoints 0, out-of-range slots and positions.
+ *    every checkpoint, --ctx-checkpoints 0, out-of-range slots and positions;
+ *  - a GPU engine's recurrent host layers computed by the host's cores, on two CPU backends (the host's on
+ *    packed blocks with the engine's seq_state, the other standing in for the device): bitwise the plain CPU
+ *    forward over a run of two slots with checkpoints and a restore of both sides' state.
  * Skips (with a message) when the committed model is missing.
  */
 #include <criterion/criterion.h>
@@ -24,6 +27,10 @@
 
 #include "kernels/core/status.h"
 #include "runtime/engine.h"
+#include "runtime/forward_cpu.h"
+#include "runtime/kv_cache.h"
+#include "runtime/layer.h"
+#include "runtime/model.h"
 #include "runtime/seq_state.h"
 
 #include "qwen35_fixture.h"
@@ -262,4 +269,284 @@ Test(dn_checkpoints, no_checkpoint_means_a_full_prefill)
     cr_assert_eq(engine_seq_keep(q.e, 0, 140), 0);
     free(lg);
     ck_close(&q);
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Recurrent host layers: the host's backend on packed blocks, its state in the engine's seq_state */
+
+#define HL_SEQS 2
+#define HL_ROWS 16
+
+/* Layer l of m packed as a GPU engine's host layer: its groups and tail in one block (runtime/layer.h), the
+ * mixer's five matrices and small tensors in another (forward_cuda.c keeps them between the groups and the
+ * tail; here they only have to be elsewhere than the model's tensors). *blk and *dnb are malloc'd. */
+static enum dtype hl_same(enum dtype t)
+{
+    return t;
+}
+
+static void *hl_copy(void **at, const void *src, size_t bytes)
+{
+    if (!src) return NULL;
+    void *p = *at;
+    memcpy(p, src, bytes);
+    *at = (char *)p + (bytes + 255) / 256 * 256;
+    return p;
+}
+
+static void hl_pack(const struct model *m, int l, struct layer_weights *w, void **blk, void **dnb)
+{
+    const struct model_layer *L = &m->layers[l];
+    const struct llm_hparams *hp = &m->hp;
+    struct layer_layout lay;
+    layer_layout_of(L, hp, hl_same, &lay);
+    *blk = aligned_alloc(256, (lay.bytes + 255) / 256 * 256);
+    float *tmp = malloc(sizeof(float) * 65536);
+    cr_assert(*blk && tmp);
+    cr_assert_eq(layer_pack(L, hp, &lay, *blk, tmp), FERRY_OK, "layer %d", l);
+    free(tmp);
+    layer_weights_at(w, &lay, *blk);
+    *dnb = NULL;
+    if (!llm_layer_is_recurrent(hp, l)) return;
+    const struct wview *v[5] = {&L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
+    struct wview *d[5] = {&w->dn.qkv, &w->dn.z, &w->dn.beta, &w->dn.alpha, &w->dn.out};
+    const size_t C = (size_t)llm_ssm_conv_dim(hp), nv = (size_t)hp->ssm_n_v_heads,
+                 hv = (size_t)llm_ssm_head_v(hp);
+    size_t bytes = 4 * 256 + (C * hp->ssm_conv_kernel + 2 * nv + hv) * sizeof(float);
+    for (int i = 0; i < 5; i++) bytes += wview_bytes(v[i]) + 256;
+    *dnb = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    cr_assert(*dnb);
+    void *at = *dnb;
+    for (int i = 0; i < 5; i++) {
+        *d[i] = *v[i];
+        d[i]->data = hl_copy(&at, v[i]->data, wview_bytes(v[i]));
+    }
+    w->dn.conv = hl_copy(&at, L->ssm_conv, C * hp->ssm_conv_kernel * sizeof(float));
+    w->dn.dt = hl_copy(&at, L->ssm_dt, nv * sizeof(float));
+    w->dn.a = hl_copy(&at, L->ssm_a, nv * sizeof(float));
+    w->dn.norm = hl_copy(&at, L->ssm_norm, hv * sizeof(float));
+}
+
+/* Two backends as a GPU engine has them: `dev` (the device's stand-in: the KV cache, the head, the recurrent
+ * layers it computes with its own state) and `host` (packed blocks, KV ops sent to dev, the engine's
+ * seq_state); and the reference: the plain CPU forward alone. */
+struct hl {
+    struct model_file *mf;
+    struct model m;
+    struct kv_cache kv_ref, kv_dev;
+    struct seq_state st_ref, st_dev, st_eng; /* the reference's; the device's; the engine's (host layers) */
+    struct backend *ref, *dev, *host;
+    struct layer_weights *w;
+    void **blocks;
+};
+
+static struct backend *hl_backend(struct hl *h, struct kv_cache *kv, struct backend *owner,
+                                  const struct layer_weights *w, struct seq_state *st)
+{
+    struct forward_cpu_params p = forward_cpu_default_params();
+    p.max_tokens = HL_ROWS;
+    p.n_threads = owner ? 3 : 2;
+    p.kv = kv;
+    p.kv_owner = owner;
+    p.weights = w;
+    p.state = st;
+    struct backend *be = NULL;
+    cr_assert_eq(forward_cpu_init(&be, &h->m, &p), FERRY_OK);
+    return be;
+}
+
+static int hl_open(struct hl *h)
+{
+    memset(h, 0, sizeof *h);
+    char path[1024], err[256] = "";
+    snprintf(path, sizeof path, "%s/tests/golden/models/qwen35_deltanet_f16.gguf", getenv("FERRY_SRC"));
+    if (model_file_open(path, &h->mf, NULL, NULL, err)) return 0;
+    cr_assert_eq(model_init(&h->m, h->mf, err), FERRY_OK, "%s", err);
+    const struct llm_hparams *hp = &h->m.hp;
+    const int L = hp->n_layers;
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kv_cache_init(i ? &h->kv_dev : &h->kv_ref, llm_kv_cache_layers(hp),
+                                   llm_kv_cache_heads(hp), hp->head_dim, HL_SEQS, 64, 128, 16, KV_F32),
+                     FERRY_OK);
+    const struct seq_state_params sp = {.n_ckpt = 4};
+    cr_assert_eq(seq_state_init(&h->st_ref, hp, HL_SEQS, sp), FERRY_OK);
+    cr_assert_eq(seq_state_init(&h->st_dev, hp, HL_SEQS, sp), FERRY_OK);
+    cr_assert_eq(seq_state_init(&h->st_eng, hp, HL_SEQS, sp), FERRY_OK);
+    cr_assert_gt(h->st_eng.n_layers, 1);
+    h->w = calloc((size_t)L, sizeof *h->w);
+    h->blocks = calloc(2 * (size_t)L, sizeof *h->blocks);
+    for (int l = 0; l < L; l++) hl_pack(&h->m, l, &h->w[l], &h->blocks[2 * l], &h->blocks[2 * l + 1]);
+    h->ref = hl_backend(h, &h->kv_ref, NULL, NULL, &h->st_ref);
+    h->dev = hl_backend(h, &h->kv_dev, NULL, NULL, &h->st_dev);
+    h->host = hl_backend(h, NULL, h->dev, h->w, &h->st_eng);
+    return 1;
+}
+
+static void hl_close(struct hl *h)
+{
+    h->host->ops->free(h->host);
+    h->dev->ops->free(h->dev);
+    h->ref->ops->free(h->ref);
+    for (int l = 0; l < h->m.hp.n_layers; l++) free(h->blocks[2 * l]), free(h->blocks[2 * l + 1]);
+    free(h->blocks);
+    free(h->w);
+    seq_state_free(&h->st_ref), seq_state_free(&h->st_dev), seq_state_free(&h->st_eng);
+    kv_cache_free(&h->kv_ref), kv_cache_free(&h->kv_dev);
+    model_free(&h->m);
+    model_file_close(h->mf);
+}
+
+/* One step through be[owner[l]] per layer (x moving between backends as runtime/engine.c moves it), the
+ * head on be[0]. */
+static void hl_walk(struct backend **be, const int *owner, const struct step *st, float *logits, int L)
+{
+    struct backend *cur = be[owner[0]];
+    for (int i = 0; i < 2; i++)
+        if (be[i]) cr_assert_eq(be[i]->ops->begin(be[i], st), 0);
+    cr_assert_eq(cur->ops->embed(cur, st), 0);
+    const int n = st->b->n_tokens;
+    for (int l = 0; l < L; l++) {
+        struct backend *b = be[owner[l]];
+        if (b != cur) {
+            float *x = b->ops->x_host(b);
+            cr_assert_eq(cur->ops->x_out(cur, x, n), 0);
+            cr_assert_eq(b->ops->x_in(b, x, n), 0);
+            cur = b;
+        }
+        cr_assert_eq(b->ops->layer(b, l, st), 0, "layer %d", l);
+    }
+    if (cur != be[0]) {
+        float *x = be[0]->ops->x_host(be[0]);
+        cr_assert_eq(cur->ops->x_out(cur, x, n), 0);
+        cr_assert_eq(be[0]->ops->x_in(be[0], x, n), 0);
+    }
+    cr_assert_eq(be[0]->ops->head(be[0], st, logits), 0);
+}
+
+/* The device's part of a slot's state into the engine's slot block (before a checkpoint: dir 1) or out of it
+ * (after a restore: dir 0), as forward_cuda_state_get/put move it: the layers the device computes only. */
+static void hl_state_move(struct hl *h, const int *owner, int seq, int dir)
+{
+    const struct seq_state *s = &h->st_eng;
+    const size_t per = (s->conv_floats + s->rec_floats) * sizeof(float);
+    for (int l = 0; l < h->m.hp.n_layers; l++) {
+        if (s->slot[l] < 0 || owner[l] != 0) continue;
+        float *eng = seq_state_conv(&h->st_eng, seq, l), *dev = seq_state_conv(&h->st_dev, seq, l);
+        memcpy(dir ? eng : dev, dir ? dev : eng, per);
+    }
+}
+
+/* A run of both slots: a prefill of 7 and 5 tokens together, checkpoints, three decode steps of both, slot 0
+ * sent back to its checkpoint and two steps more (slot 0 on other tokens, slot 1 going on). The pair's
+ * recurrent layers run where rec_owner says for the whole run (1: the host), the attention layer on either
+ * side by turns; every logit is bitwise the reference's. */
+static void hl_run(struct hl *h, const int *rec_owner)
+{
+    const struct llm_hparams *hp = &h->m.hp;
+    const int L = hp->n_layers, V = hp->n_vocab;
+    float *want = malloc(sizeof(float) * HL_ROWS * (size_t)V),
+          *got = malloc(sizeof(float) * HL_ROWS * (size_t)V);
+    int32_t tok[HL_ROWS], pos[HL_ROWS], seq[HL_ROWS];
+    uint8_t wl[HL_ROWS];
+    int len[HL_SEQS] = {0, 0};
+    struct backend *ref[2] = {h->ref, NULL}, *pair[2] = {h->dev, h->host};
+    int own_ref[64] = {0}, owner[64];
+    cr_assert_leq(L, 64);
+    for (int s = 0; s < HL_SEQS; s++) {
+        kv_cache_seq_free(&h->kv_ref, s), kv_cache_seq_free(&h->kv_dev, s);
+        seq_state_drop(&h->st_ref, s), seq_state_drop(&h->st_eng, s);
+    }
+    for (int step = 0; step < 7; step++) {
+        int n = 0;
+        const int rewind = step == 5;
+        for (int s = 0; s < HL_SEQS; s++) {
+            if (rewind && s == 0) { /* back to the checkpoint saved after the prefill */
+                const int at = seq_state_restore(&h->st_ref, 0, 7);
+                cr_assert_eq(at, 7);
+                cr_assert_eq(seq_state_restore(&h->st_eng, 0, 7), 7);
+                hl_state_move(h, owner, 0, 0);
+                kv_cache_trim(&h->kv_ref, 0, 7), kv_cache_trim(&h->kv_dev, 0, 7);
+                len[0] = 7;
+            }
+            const int rows = step == 0 ? 7 - 2 * s : 1;
+            for (int i = 0; i < rows; i++, n++) {
+                pos[n] = len[s] + i, seq[n] = s, wl[n] = 1;
+                tok[n] = (int32_t)((pos[n] * 37 + s * 11 + (step >= 5 && s == 0 ? 5 : 0) + 3) % V);
+            }
+            len[s] += rows;
+            cr_assert_eq(kv_cache_reserve(&h->kv_ref, s, len[s]), 0);
+            cr_assert_eq(kv_cache_reserve(&h->kv_dev, s, len[s]), 0);
+        }
+        for (int l = 0; l < L; l++)
+            owner[l] =
+                llm_layer_is_recurrent(hp, l) ? rec_owner[l] : (step + l) % 2; /* attention: by turns */
+        const struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = wl};
+        const struct step st = {.b = &b, .max_len = len[0] > len[1] ? len[0] : len[1], .n_out = n};
+        memset(got, 0xff, sizeof(float) * (size_t)n * V); /* NaN: a row never written fails */
+        hl_walk(ref, own_ref, &st, want, L);
+        hl_walk(pair, owner, &st, got, L);
+        for (int r = 0; r < n; r++)
+            cr_assert_eq(memcmp(want + (size_t)r * V, got + (size_t)r * V, sizeof(float) * V), 0,
+                         "step %d, row %d (slot %d, position %d) differs", step, r, seq[r], pos[r]);
+        if (step == 0) /* checkpoints where the prefill ends, as the engine saves them */
+            for (int s = 0; s < HL_SEQS; s++) {
+                cr_assert(seq_state_save(&h->st_ref, s, len[s]));
+                hl_state_move(h, owner, s, 1);
+                cr_assert(seq_state_save(&h->st_eng, s, len[s]));
+            }
+    }
+    /* The host's layers' live state is the engine's, the device's layers' the device's: each bitwise the
+     * reference's. */
+    for (int s = 0; s < HL_SEQS; s++)
+        for (int l = 0; l < L; l++) {
+            if (!llm_layer_is_recurrent(hp, l)) continue;
+            const struct seq_state *live = rec_owner[l] ? &h->st_eng : &h->st_dev;
+            const size_t bytes = (live->conv_floats + live->rec_floats) * sizeof(float);
+            cr_assert_eq(memcmp(seq_state_conv(live, s, l), seq_state_conv(&h->st_ref, s, l), bytes), 0,
+                         "slot %d, layer %d: the live state differs from the reference's", s, l);
+        }
+    free(want), free(got);
+}
+
+/* A GPU engine's recurrent host layers computed by the host's cores (CPU-only): the CPU backend reads their
+ * mixer from packed blocks and keeps their state in the engine's seq_state, while the "device" (here a
+ * second CPU backend lending its KV cache, as in test_host_layers) keeps the state of the recurrent layers
+ * it computes. Over a multi-step run of two slots with checkpoints and a restore that puts both sides back,
+ * the logits are bitwise those of the plain CPU forward: every recurrent layer on the host; the first on the
+ * device and the others on the host. The host backend's timing of a recurrent layer (the step planner's
+ * cost) runs its products and leaves every slot's state as it was. */
+Test(dn_checkpoints, recurrent_host_layers_on_packed_blocks_match_the_cpu_forward)
+{
+    struct hl h;
+    if (!hl_open(&h)) cr_skip_test("tests/golden/models/qwen35_deltanet_f16.gguf is missing");
+    const struct llm_hparams *hp = &h.m.hp;
+    int all_host[64], first_dev[64];
+    int first = -1;
+    for (int l = 0; l < hp->n_layers; l++) {
+        all_host[l] = 1;
+        if (llm_layer_is_recurrent(hp, l) && first < 0) first = l;
+        first_dev[l] = l != first;
+    }
+    hl_run(&h, all_host);
+    hl_run(&h, first_dev);
+    /* The timing reads the block's products and no state. */
+    const size_t all = (size_t)HL_SEQS * h.st_eng.n_layers * (h.st_eng.conv_floats + h.st_eng.rec_floats);
+    float *before = malloc(all * sizeof(float));
+    memcpy(before, h.st_eng.data, all * sizeof(float));
+    int rec[64], n_rec = 0;
+    for (int l = 0; l < hp->n_layers; l++)
+        if (llm_layer_is_recurrent(hp, l)) rec[n_rec++] = l;
+    double t = 0;
+    cr_assert_eq(forward_cpu_time_layers(h.host, rec, n_rec, 3, 3, &t), FERRY_OK);
+    cr_assert_gt(t, 0);
+    cr_assert_eq(memcmp(before, h.st_eng.data, all * sizeof(float)), 0, "timing touched the state");
+    free(before);
+    /* Without a seq_state the host's backend refuses a model with recurrent layers. */
+    struct forward_cpu_params p = forward_cpu_default_params();
+    p.kv_owner = h.dev;
+    p.weights = h.w;
+    struct backend *x = NULL;
+    cr_assert_eq(forward_cpu_init(&x, &h.m, &p), FERRY_ERR_UNSUPPORTED);
+    hl_close(&h);
 }

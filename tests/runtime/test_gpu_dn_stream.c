@@ -10,9 +10,14 @@
  * three sequences whose prompts go in one step, then decode steps of all three (each row over its own slot's
  * state). Plans: every layer streamed through the planner's ring and through rings of one and two layers,
  * one and two layers resident, and the planner's own plan at the minimum budget an over-small one names.
- * Host layers stream (--placement stream, and auto falls back to streaming: no layer of such a model is
- * computed by the host's cores). Expert models keep every layer's block resident (their experts are what
- * moves), so Qwen3.5-MoE and Qwen3-Next are not streamed here. Skips without a CUDA device.
+ * Host layers stream (--placement stream: the recurrent ones stream-only, their state on the device).
+ * Recurrent host layers computed by the host's cores instead (--placement cpu and auto: CPU-only, their
+ * state in the engine's host memory, the device keeping the resident ones' state): logits within the CUDA
+ * bound of the all-resident engine's and the CPU's, its greedy tokens wherever its top two logits are apart
+ * by more than the bound, with the attention layer on the CPU or streamed step by step, and a slot sent back
+ * to a checkpoint (state restored on both sides) continuing as the all-resident engine's does. Expert models
+ * keep every layer's block resident (their experts are what moves), so Qwen3.5-MoE and Qwen3-Next are not
+ * streamed here. Skips without a CUDA device.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -178,7 +183,7 @@ Test(gpu_dn_stream, three_sequences_batched)
 
 /* The minimum a refused budget names is a budget that works: under 1 MiB the engine refuses, naming it (the
  * first refusal loads the CUDA runtime's modules and cuBLAS, the second names the minimum as a later start
- * measures them); at that budget (--placement auto) it starts with layers streamed, and runs the three
+ * measures them); at that budget (--placement stream) it starts with layers streamed, and runs the three
  * sequences within the CPU's bound and bitwise as all resident. */
 Test(gpu_dn_stream, the_minimum_budget_works)
 {
@@ -195,7 +200,6 @@ Test(gpu_dn_stream, the_minimum_budget_works)
     e = engine_of(mf, &p);
     run(e, B, prompt, res);
     engine_free(e);
-    p.placement = ENGINE_PLACEMENT_AUTO;
     p.gpu_memory = 1 << 20;
     char err[256] = "";
     double least = 0;
@@ -228,5 +232,156 @@ Test(gpu_dn_stream, the_minimum_budget_works)
     free(ref);
     free(res);
     free(got);
+    model_file_close(mf);
+}
+
+/* ----------------------------------------------------------------------------------------------------------
+ */
+/* Recurrent host layers on the host's cores */
+
+/* got within the CUDA bound of ref row by row, and its greedy token ref's wherever ref's top two logits are
+ * further apart than the bound (nearer ones may swap within it). */
+static void expect_same_greedy(const char *what, const float *ref, const float *got, int rows, int V)
+{
+    expect_close(what, ref, got, rows, V);
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * V, *g = got + (size_t)r * V;
+        int ia = 0, ig = 0;
+        double maxref = 0;
+        for (int v = 0; v < V; v++) {
+            if (a[v] > a[ia]) ia = v;
+            if (g[v] > g[ig]) ig = v;
+            maxref = fmax(maxref, fabs(a[v]));
+        }
+        double second = -INFINITY;
+        for (int v = 0; v < V; v++)
+            if (v != ia && a[v] > second) second = a[v];
+        if (a[ia] - second > 2 * (1e-2 * maxref + 1e-3))
+            cr_expect_eq(ig, ia, "%s: row %d: greedy token %d, all resident %d", what, r, ig, ia);
+    }
+}
+
+struct host_plan {
+    const char *what;
+    enum engine_placement placement;
+    int gpu_layers;
+    const char *override; /* engine_params.plan_override, or NULL */
+};
+/* The golden model: layers 0-2 recurrent, 3 gated attention. */
+static const struct host_plan host_plans[] = {
+    {"--placement cpu, every layer on the host's cores", ENGINE_PLACEMENT_CPU, 0, NULL},
+    {"--placement cpu, layer 0 resident", ENGINE_PLACEMENT_CPU, 1, NULL},
+    /* the attention layer streams at one token and is computed by the host at more, the recurrent ones are
+     * the host's at every size; then the first recurrent layer resident beside them */
+    {"forced: recurrent on the host's cores, attention by step size", ENGINE_PLACEMENT_AUTO, -1, "cccs/cccc"},
+    {"forced: layer 0 resident, 1-2 on the host's cores, attention by step size", ENGINE_PLACEMENT_AUTO, -1,
+     "gccc/gccs"},
+};
+
+/* The workload of run() under each plan whose recurrent host layers the host's cores compute: within the
+ * CUDA bound of the all-resident engine (and of the CPU engine), its greedy tokens, the map naming them. */
+static void host_plans_run(int B, const int *prompt)
+{
+    struct model_file *mf = open_golden();
+    struct engine_params p = params(ENGINE_BACKEND_CPU, B);
+    struct engine *e = engine_of(mf, &p);
+    const int V = engine_hparams(e)->n_vocab, rows = (STEPS + 1) * B;
+    const size_t bytes = (size_t)rows * V * sizeof(float);
+    float *ref = malloc(bytes), *res = malloc(bytes), *got = malloc(bytes);
+    run(e, B, prompt, ref);
+    engine_free(e);
+    p.backend = ENGINE_BACKEND_CUDA;
+    p.cpu_int8 = 0; /* the host's products in f32, as the other hybrid tests take them (test_gpu_e2e.c) */
+    e = engine_of(mf, &p);
+    run(e, B, prompt, res);
+    engine_free(e);
+    for (size_t i = 0; i < sizeof host_plans / sizeof host_plans[0]; i++) {
+        const struct host_plan *hp = &host_plans[i];
+        p.placement = hp->placement;
+        p.gpu_layers = hp->gpu_layers;
+        p.plan_override = hp->override;
+        e = engine_of(mf, &p);
+        struct engine_stats st;
+        engine_get_stats(e, &st);
+        cr_assert_gt(st.n_streamed, 0, "%s: no layer in host memory", hp->what);
+        cr_assert(strstr(engine_placement(e), "are computed by the host's cores on every step"), "%s:\n%s",
+                  hp->what, engine_placement(e));
+        cr_assert_null(strstr(engine_placement(e), "always stream"), "%s:\n%s", hp->what,
+                       engine_placement(e));
+        for (int k = 0; k < rows * V; k++) got[k] = NAN;
+        run(e, B, prompt, got);
+        engine_get_stats(e, &st);
+        cr_assert_geq(st.cpu_layers_run, (uint64_t)(STEPS + 1) * 2, "%s: the host's cores ran %llu layers",
+                      hp->what, (unsigned long long)st.cpu_layers_run);
+        char what[200];
+        snprintf(what, sizeof what, "%d sequence(s), %s, against the CPU", B, hp->what);
+        expect_close(what, ref, got, rows, V);
+        snprintf(what, sizeof what, "%d sequence(s), %s, against all resident", B, hp->what);
+        expect_same_greedy(what, res, got, rows, V);
+        engine_free(e);
+    }
+    free(ref);
+    free(res);
+    free(got);
+    model_file_close(mf);
+}
+
+Test(gpu_dn_stream, recurrent_host_layers_one_sequence)
+{
+    host_plans_run(1, (const int[]){40});
+}
+
+Test(gpu_dn_stream, recurrent_host_layers_three_sequences)
+{
+    host_plans_run(3, (const int[]){10, 23, 5});
+}
+
+/* Checkpoints across both sides: layer 0 resident (its state on the device), layers 1-2 on the host's cores
+ * (theirs in host memory). Slot 0's prompt of 48 goes in chunks of 16 (a checkpoint where each ends), four
+ * decode steps follow, then the slot goes back to 32 (engine_seq_keep: the device's state uploaded, the
+ * host's restored in place) and takes other tokens from there; slot 1 runs beside it throughout. Every
+ * step's logits within the CUDA bound of the all-resident engine doing the same. */
+Test(gpu_dn_stream, recurrent_host_layers_checkpoint_restore)
+{
+    struct model_file *mf = open_golden();
+    struct engine_params p = params(ENGINE_BACKEND_CUDA, 2);
+    p.cpu_int8 = 0; /* (as host_plans_run) */
+    struct engine *e[2];
+    e[0] = engine_of(mf, &p);
+    p.placement = ENGINE_PLACEMENT_AUTO;
+    p.plan_override = "gccc/gccs";
+    e[1] = engine_of(mf, &p);
+    cr_assert(strstr(engine_placement(e[1]), "are computed by the host's cores on every step"), "%s",
+              engine_placement(e[1]));
+    const int V = engine_hparams(e[0])->n_vocab;
+    enum { ROWS = 24 };
+    float *out[2] = {malloc(sizeof(float) * ROWS * (size_t)V), malloc(sizeof(float) * ROWS * (size_t)V)};
+    int32_t tok[32], pos[32], seq[32];
+    uint8_t want[32];
+    int len[2] = {0, 0}, row = 0;
+    /* steps: 3 prompt chunks of slot 0 beside slot 1's decode, 4 decode steps, the rewind, 3 more */
+    for (int step = 0; step < 10; step++) {
+        if (step == 7)
+            for (int k = 0; k < 2; k++) {
+                cr_assert_eq(engine_seq_keep(e[k], 0, 32), 32, "engine %d: back to the checkpoint at 32", k);
+            }
+        if (step == 7) len[0] = 32;
+        int n = 0;
+        for (int k = 0; k < 2; k++) { /* slot 1's decode row first, as the scheduler orders them */
+            const int s = 1 - k, rows = s == 0 && step < 3 ? 16 : 1;
+            for (int i = 0; i < rows; i++, n++) {
+                pos[n] = len[s] + i, seq[n] = s, want[n] = i == rows - 1;
+                tok[n] = (int32_t)((pos[n] * 29 + 13 * s + (step >= 7 ? 17 : 0) + 1) % V);
+            }
+            len[s] += rows;
+        }
+        const struct batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+        for (int k = 0; k < 2; k++) cr_assert_eq(engine_step(e[k], &b, out[k] + (size_t)row * V), FERRY_OK);
+        row += 2;
+    }
+    expect_same_greedy("checkpoints: layer 0 resident, 1-2 on the host's cores", out[0], out[1], row, V);
+    for (int k = 0; k < 2; k++) engine_free(e[k]);
+    free(out[0]);
+    free(out[1]);
     model_file_close(mf);
 }
