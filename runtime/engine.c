@@ -104,7 +104,7 @@ struct engine_params engine_default_params(void)
         .gpu_layers = -1,
         .ring_layers = 0,
         .cpu_moe = -1,
-        .expert_cache = -1,
+        .expert_cache = 0, /* none: measured slower with evenly spread routing (docs/design.md) */
         .placement = ENGINE_PLACEMENT_AUTO,
         .cpu_threads = 0,
         .plan_override = NULL,

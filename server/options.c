@@ -165,10 +165,11 @@ static const struct opt_row rows[] = {
     {"cpu-moe", OPT_INT, OFF(cpu_moe), -1, 1 << 16, "-1", NULL,
      "expert models: the experts of the first N layers stay in host memory (the host's cores compute them, "
      "or long steps copy the chosen ones to the GPU; -1 = as few as the budget needs; CUDA backend)"},
-    {"expert-cache", OPT_SIZE, OFF(expert_cache), -1, INT64_MAX, "auto", NULL,
+    {"expert-cache", OPT_SIZE, OFF(expert_cache), -1, INT64_MAX, "0", NULL,
      "expert models: device memory for a cache of the host layers' most used experts, taken before more "
      "layers' experts stay on the GPU (auto = what the budget leaves after the resident parts and the KV "
-     "cache when --cpu-moe is -1; 0 = none; CUDA backend)"},
+     "cache when --cpu-moe is -1; 0 = none, the default: with evenly spread routing the cache's fetches "
+     "made one sequence's steps slower; CUDA backend)"},
     {"ring-layers", OPT_INT, OFF(ring_layers), 0, 1 << 16, "0", NULL,
      "the streaming ring's size in the largest streamed layers (0 = the planner's choice: two of the largest "
      "pieces, grown with what the resident layers leave up to two layers; CUDA backend)"},

@@ -9,14 +9,17 @@
 /* Per type, entries in increasing m_max; the first entry with m <= m_max gives the variant, past a type's
  * last entry KERN_QV_F16_PIECES. The entries are bench_cuda --quant's "table lines", pasted from a GPU run
  * (NOTES.md, Version 8 and 9, say which): the best variant per type and m measured on the H200 (2026-12-02b)
- * over the Llama-2-7B layer shapes. */
+ * over the Llama-2-7B layer shapes. The stream GEMV's entries (KERN_QV_STREAM, up to 4 rows, Q6_K up to 8) are
+ * bench_cuda --stream's on an H100 (2026-12-07, NOTES.md Version 10, "Measured"): faster than the best of the
+ * others by 1.06-1.26x (Q4_K, Q5_K, Q4_0, Q8_0) and 1.16-1.51x (Q6_K) at 1-4 rows, 0.74-0.97x at 8 rows
+ * (1.05x for Q6_K); types it was not timed on keep their entries. */
 struct qmm_pick {
     enum dtype t;
     int m_max;
     int variant;
 };
 static const struct qmm_pick qmm_picks[] = {
-    {DTYPE_Q4_0, 2, KERN_QV_DP4A_R1},
+    {DTYPE_Q4_0, 4, KERN_QV_STREAM},
     {DTYPE_Q4_0, 32, KERN_QV_MMA_16},
     {DTYPE_Q4_0, 64, KERN_QV_MMA_32},
     {DTYPE_Q4_0, 512, KERN_QV_F16_PIECES},
@@ -33,21 +36,19 @@ static const struct qmm_pick qmm_picks[] = {
     {DTYPE_Q5_1, 16, KERN_QV_MMA_16},
     {DTYPE_Q5_1, 128, KERN_QV_MMA_32},
     {DTYPE_Q5_1, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q8_0, 2, KERN_QV_DP4A_R4},
-    {DTYPE_Q8_0, 3, KERN_QV_Q8OLD},
+    {DTYPE_Q8_0, 4, KERN_QV_STREAM},
     {DTYPE_Q8_0, 32, KERN_QV_MMA_16},
     {DTYPE_Q8_0, 64, KERN_QV_MMA_32},
     {DTYPE_Q8_0, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q4_K, 1, KERN_QV_DP4A_R4},
+    {DTYPE_Q4_K, 4, KERN_QV_STREAM},
     {DTYPE_Q4_K, 32, KERN_QV_MMA_16},
     {DTYPE_Q4_K, 128, KERN_QV_MMA_32},
     {DTYPE_Q4_K, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q5_K, 1, KERN_QV_DP4A_R4},
+    {DTYPE_Q5_K, 4, KERN_QV_STREAM},
     {DTYPE_Q5_K, 32, KERN_QV_MMA_16},
     {DTYPE_Q5_K, 64, KERN_QV_MMA_32},
     {DTYPE_Q5_K, 512, KERN_QV_F16_PIECES},
-    {DTYPE_Q6_K, 2, KERN_QV_DP4A_R1},
-    {DTYPE_Q6_K, 8, KERN_QV_MMA_32},
+    {DTYPE_Q6_K, 8, KERN_QV_STREAM},
     {DTYPE_Q6_K, 16, KERN_QV_MMA_16},
     {DTYPE_Q6_K, 32, KERN_QV_MMA_32},
     {DTYPE_Q6_K, 512, KERN_QV_F16_PIECES},

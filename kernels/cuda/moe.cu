@@ -476,17 +476,16 @@ extern "C" int kern_cuda_moe_sort(const int32_t *ids, int P, int n_expert, int32
     return FERRY_OK;
 }
 
-/* -1: not chosen yet (the default: WARP, or FERRY_MOE_GROUPED=auto|tile, read once). */
+/* -1: not chosen yet (the default: AUTO, or FERRY_MOE_GROUPED=warp|tile, read once). */
 static int moe_grouped_kind = -1;
 
 static int grouped_kind(void)
 {
     if (moe_grouped_kind < 0) {
         const char *e = getenv("FERRY_MOE_GROUPED");
-        moe_grouped_kind = !e                   ? KERN_CUDA_MOE_GROUPED_WARP
-                           : !strcmp(e, "tile") ? KERN_CUDA_MOE_GROUPED_TILE
-                           : !strcmp(e, "auto") ? KERN_CUDA_MOE_GROUPED_AUTO
-                                                : KERN_CUDA_MOE_GROUPED_WARP;
+        moe_grouped_kind = e && !strcmp(e, "warp")   ? KERN_CUDA_MOE_GROUPED_WARP
+                           : e && !strcmp(e, "tile") ? KERN_CUDA_MOE_GROUPED_TILE
+                                                     : KERN_CUDA_MOE_GROUPED_AUTO;
     }
     return moe_grouped_kind;
 }

@@ -79,6 +79,26 @@ Test(cuda_matmul_q_pick, every_type_stays_in_its_blocks)
     }
 }
 
+/* The stream GEMV where bench_cuda --stream measured it fastest (an H100, 2026-12-07): decode steps of 1-4 rows
+ * of the types it was timed on, Q6_K up to 8; 5-8 rows of the others and every larger step take the int8 MMA or
+ * more, and the types it was not timed on never take it automatically. */
+Test(cuda_matmul_q_pick, decode_steps_take_the_stream_gemv_where_measured)
+{
+    static const enum dtype timed[] = {DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+    for (int i = 0; i < 5; i++)
+        for (int m = 1; m <= 64; m++) {
+            const int top = timed[i] == DTYPE_Q6_K ? 8 : 4, v = kern_cuda_qmm_pick(timed[i], m);
+            cr_assert_eq(v == KERN_QV_STREAM, m <= top, "%s m=%d: variant %d", dtype_name(timed[i]), m, v);
+        }
+    for (int i = 0; i < N_BLOCK_TYPES; i++) {
+        int is_timed = 0;
+        for (int j = 0; j < 5; j++) is_timed |= block_types[i] == timed[j];
+        for (int m = 1; m <= 64 && !is_timed; m++)
+            cr_assert_neq(kern_cuda_qmm_pick(block_types[i], m), KERN_QV_STREAM, "%s m=%d",
+                          dtype_name(block_types[i]), m);
+    }
+}
+
 /* Q2_K as Q4_K: dp4a at 1 row, the int8 MMA at 8 and 64 rows, and the f16 pieces only for prefill batches. */
 Test(cuda_matmul_q_pick, q2_k_takes_the_int8_paths)
 {
