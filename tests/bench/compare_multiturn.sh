@@ -1,0 +1,158 @@
+#!/bin/bash
+# compare_multiturn.sh [BUILD_DIR] — time to first token over a multi-turn chat on a model with gated DeltaNet
+# layers, ferry serve beside llama.cpp lcp0336's llama-server, CPU only, in one run: what the prompt cache with
+# state checkpoints gives each turn. Writes $RESULTS (default tests/bench/results/multiturn-cpu): commands.txt,
+# results.jsonl (one record a turn, tests/server/multiturn_ttft.py's), the servers' logs, meta.json, table.md.
+#
+# The model: a random-weight Qwen3.5-27B-shaped Q4_K_M file divided by SCALE (default 4: 16 layers, 12 of them
+# gated DeltaNet, dim 1280; tests/gpu/make_family_gguf.py --scale), written to $WORK (default /tmp/multiturn)
+# once. Its vocabulary is synthetic (make_quant_gguf.py's), so the prompts' words are spelled in byte tokens.
+# Both servers render the chat with the ChatML template (--chat-template chatml), which is Qwen3.5's without
+# its thinking block (a random-weight file carries no template of its own).
+#
+# Four settings, each a fresh server: ferry (its defaults: prompt cache on, --ctx-checkpoints 32), ferry
+# --prompt-cache=false, llama-server (its defaults: cache_prompt on, --ctx-checkpoints 32, --cache-ram 8192)
+# and llama-server with cache_prompt false in every request. Each runs two conversations
+# (multiturn_ttft.py): "chat", 8 user messages of 500 tokens, and "agent", a 3,000-token system prompt with a
+# tool list, a 500-token first message and 7 messages of 50 tokens; max_tokens 16, temperature 0.
+# THREADS: the threads of both servers (default 2, or 1 when the load average is 1.5 or more at the start: on
+# a shared machine a second thread spins against other work). LLAMA_CPU: a directory with a CPU build of
+# llama-server from lcp0336 (default /tmp/fb_lcp/bin; when it has none, lcp0336 is built into /tmp/lcp0336-cpu
+# from ../shared/peers/llama.cpp-lcp0336.tar.gz, about 20 minutes on 2 cores).
+#
+#   bash tests/bench/compare_multiturn.sh [build]
+set -u
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+F=$build/server/ferry
+[ -x "$F" ] || { echo "no $F: build ferry first"; exit 1; }
+R=${RESULTS:-tests/bench/results/multiturn-cpu}
+W=${WORK:-/tmp/multiturn}
+scale=${SCALE:-4}
+turns=${TURNS:-8}
+max_tokens=${MAX_TOKENS:-16}
+ctx=${CTX:-16384}
+load0=$(cut -d' ' -f1 /proc/loadavg)
+if [ -z "${THREADS:-}" ]; then
+  THREADS=2
+  awk -v l="$load0" 'BEGIN { exit !(l >= 1.5) }' && THREADS=1
+fi
+mkdir -p "$W" "$R"
+
+L=${LLAMA_CPU:-/tmp/fb_lcp/bin}
+if [ ! -x "$L/llama-server" ]; then
+  src=/tmp/llama.cpp-lcp0336
+  L=/tmp/lcp0336-cpu/bin
+  if [ ! -x $L/llama-server ]; then
+    [ -f $src/CMakeLists.txt ] ||
+      { mkdir -p $src && tar -xzf ../shared/peers/llama.cpp-lcp0336.tar.gz -C $src --strip-components=1; } || exit 1
+    echo "building llama-server (lcp0336, CPU) into /tmp/lcp0336-cpu: /tmp/lcp0336-cpu.log"
+    nice cmake -S $src -B /tmp/lcp0336-cpu -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release > /tmp/lcp0336-cpu.log 2>&1 &&
+      nice cmake --build /tmp/lcp0336-cpu --target llama-server -j "$(nproc)" >> /tmp/lcp0336-cpu.log 2>&1 ||
+      { echo "llama.cpp build failed (/tmp/lcp0336-cpu.log)"; exit 1; }
+  fi
+fi
+# which source the llama.cpp build came from (its CMake cache names it)
+lsrc=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$L/../CMakeCache.txt" 2>/dev/null)
+
+M=$W/qwen35-27b-s$scale.gguf
+[ -s "$M" ] || python3 tests/gpu/make_family_gguf.py "$M" qwen35-27b --scale "$scale" || exit 1
+
+res=$R/results.jsonl
+: > "$res"
+: > "$R/commands.txt"
+echo "# $(date -u '+%F %T') UTC, threads $THREADS, load average $load0" >> "$R/commands.txt"
+port=${PORT:-18230}
+srv_pid=
+
+wait_up() { # wait_up URL LOG: until /health answers 200
+  for _ in $(seq 1 240); do
+    curl -sf "$1/health" > /dev/null 2>&1 && return 0
+    kill -0 "$srv_pid" 2> /dev/null || { echo "server exited: $(tail -3 "$2")"; return 1; }
+    sleep 0.5
+  done
+  echo "server did not come up: $(tail -3 "$2")"
+  return 1
+}
+
+stop_srv() {
+  [ -n "$srv_pid" ] && kill "$srv_pid" 2> /dev/null && wait "$srv_pid" 2> /dev/null
+  srv_pid=
+}
+trap stop_srv EXIT
+
+# setting NAME LOG CLIENT_ARGS -- SERVER COMMAND...: start the server, run both conversations, stop it
+setting() {
+  local name=$1 log=$R/$2 cargs=$3
+  shift 4
+  echo "$*" >> "$R/commands.txt"
+  "$@" > "$log" 2>&1 &
+  srv_pid=$!
+  wait_up "http://127.0.0.1:$port" "$log" || { stop_srv; return 1; }
+  for v in chat agent; do
+    local c="python3 tests/server/multiturn_ttft.py --url http://127.0.0.1:$port --variant $v --turns $turns"
+    c="$c --max-tokens $max_tokens --label $name $cargs --jsonl $res"
+    echo "  $c" >> "$R/commands.txt"
+    echo "== $name, $v (load $(cut -d' ' -f1 /proc/loadavg))"
+    $c || echo "$name $v FAILED"
+  done
+  stop_srv
+}
+
+fargs=(serve --model "$M" --backend cpu --threads "$THREADS" --ctx-size "$ctx" --chat-template chatml
+  --host 127.0.0.1 --port "$port")
+largs=(-m "$M" -t "$THREADS" -c "$ctx" --chat-template chatml --host 127.0.0.1 --port "$port")
+setting ferry ferry.log "" -- "$F" "${fargs[@]}"
+setting llama.cpp llama.log "" -- "$L/llama-server" "${largs[@]}"
+setting ferry-nocache ferry-nocache.log "" -- "$F" "${fargs[@]}" --prompt-cache=false
+setting llama.cpp-nocache llama-nocache.log "--no-cache-prompt" -- "$L/llama-server" "${largs[@]}"
+load1=$(cut -d' ' -f1 /proc/loadavg)
+
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+lver=$("$L/llama-server" --version 2>&1 | grep -m1 version)
+python3 - "$R" "$res" <<PY
+import json, sys
+R, res = sys.argv[1], sys.argv[2]
+meta = {"title": "Multi-turn chat on the CPU: time to first token with the prompt cache and state checkpoints",
+        "command": "bash tests/bench/compare_multiturn.sh",
+        "date": "$(date -u '+%F %T') UTC",
+        "machine": "a $(nproc)-core machine without a GPU ($cpu), load average $load0 at the start, $load1 at the end",
+        "threads": $THREADS, "commit": "$(git rev-parse --short HEAD)",
+        "model": "random-weight Qwen3.5-27B shape / $scale (tests/gpu/make_family_gguf.py qwen35-27b --scale $scale), Q4_K_M",
+        "llama_cpp": "llama-server $lver, built from ${lsrc:-unknown source} (CPU)",
+        "max_tokens": $max_tokens, "turns": $turns}
+json.dump(meta, open(R + "/meta.json", "w"), indent=2)
+rows = [json.loads(l) for l in open(res)]
+by = {}
+for r in rows:
+    by[(r["label"], r["variant"], r["turn"])] = r
+out = ["# " + meta["title"], "",
+       f"{meta['date']}, commit {meta['commit']}, {meta['machine']}; both servers {meta['threads']} thread(s).",
+       f"Model: {meta['model']}. llama.cpp: {meta['llama_cpp']}.", ""]
+about = {"chat": "8 user messages of 500 tokens, the whole conversation sent each turn",
+         "agent": "a 3,000-token system prompt with a tool list and a 500-token first message, then 7 messages of 50 tokens"}
+for v in ("chat", "agent"):
+    out += [f"## {v}: {about[v]}", "",
+            "| turn | prompt tokens | who | cached tokens | TTFT s | / turn 1 | TTFT s, cache off | / cache off |",
+            "|---|---|---|---|---|---|---|---|"]
+    for k in range(1, $turns + 1):
+        for who in ("ferry", "llama.cpp"):
+            r, off, t1 = by.get((who, v, k)), by.get((who + "-nocache", v, k)), by.get((who, v, 1))
+            if not r:
+                continue
+            f = lambda x: "%.3f" % x
+            out.append(f"| {k} | {r['prompt_tokens']} | {who} | {r['cached_tokens']} | {f(r['ttft_s'])} | "
+                       f"{r['ttft_s'] / t1['ttft_s']:.2f}x | {f(off['ttft_s']) if off else '—'} | "
+                       f"{(r['ttft_s'] / off['ttft_s']) if off else float('nan'):.2f}x |")
+    for who in ("ferry", "llama.cpp"):
+        later = [by[(who, v, k)]["ttft_s"] / by[(who, v, 1)]["ttft_s"] for k in range(2, $turns + 1) if (who, v, k) in by]
+        if later:
+            out.append(f"\n{who}, turns 2-{$turns}: TTFT {min(later):.2f}x to {max(later):.2f}x of turn 1's.")
+    out.append("")
+out += ["TTFT: from sending the request to the first streamed token (client side, Python openai). cached tokens: the",
+        "final usage chunk's prompt_tokens_details.cached_tokens. cache off: ferry --prompt-cache=false; llama-server",
+        "with cache_prompt false in each request. prompt tokens: each server's count.", ""]
+open(R + "/table.md", "w").write("\n".join(out))
+print("\n".join(out))
+PY
