@@ -2,7 +2,8 @@
 # compare_multiturn.sh [BUILD_DIR] — time to first token over a multi-turn chat on a model with gated DeltaNet
 # layers, ferry serve beside llama.cpp lcp0336's llama-server, CPU only, in one run: what the prompt cache with
 # state checkpoints gives each turn. Writes $RESULTS (default tests/bench/results/multiturn-cpu): commands.txt,
-# results.jsonl (one record a turn, tests/server/multiturn_ttft.py's), the servers' logs, meta.json, table.md.
+# results.jsonl (one record a turn, tests/server/multiturn_ttft.py's), the servers' logs, meta.json and table.md
+# (tests/bench/multiturn_table.py, which makes it again from the other two).
 #
 # The model: a random-weight Qwen3.5-27B-shaped Q4_K_M file divided by SCALE (default 4: 16 layers, 12 of them
 # gated DeltaNet, dim 1280; tests/gpu/make_family_gguf.py --scale), written to $WORK (default /tmp/multiturn)
@@ -33,6 +34,7 @@ turns=${TURNS:-8}
 max_tokens=${MAX_TOKENS:-16}
 ctx=${CTX:-16384}
 load0=$(cut -d' ' -f1 /proc/loadavg)
+date0=$(date -u '+%F %T')
 if [ -z "${THREADS:-}" ]; then
   THREADS=2
   awk -v l="$load0" 'BEGIN { exit !(l >= 1.5) }' && THREADS=1
@@ -62,7 +64,7 @@ M=$W/qwen35-27b-s$scale.gguf
 res=$R/results.jsonl
 : > "$res"
 : > "$R/commands.txt"
-echo "# $(date -u '+%F %T') UTC, threads $THREADS, load average $load0" >> "$R/commands.txt"
+echo "# $date0 UTC, threads $THREADS, load average $load0" >> "$R/commands.txt"
 port=${PORT:-18230}
 srv_pid=
 
@@ -111,48 +113,14 @@ load1=$(cut -d' ' -f1 /proc/loadavg)
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 lver=$("$L/llama-server" --version 2>&1 | grep -m1 version)
-python3 - "$R" "$res" <<PY
+python3 - "$R/meta.json" <<PY
 import json, sys
-R, res = sys.argv[1], sys.argv[2]
-meta = {"title": "Multi-turn chat on the CPU: time to first token with the prompt cache and state checkpoints",
-        "command": "bash tests/bench/compare_multiturn.sh",
-        "date": "$(date -u '+%F %T') UTC",
-        "machine": "a $(nproc)-core machine without a GPU ($cpu), load average $load0 at the start, $load1 at the end",
-        "threads": $THREADS, "commit": "$(git rev-parse --short HEAD)",
-        "model": "random-weight Qwen3.5-27B shape / $scale (tests/gpu/make_family_gguf.py qwen35-27b --scale $scale), Q4_K_M",
-        "llama_cpp": "llama-server $lver, built from ${lsrc:-unknown source} (CPU)",
-        "max_tokens": $max_tokens, "turns": $turns}
-json.dump(meta, open(R + "/meta.json", "w"), indent=2)
-rows = [json.loads(l) for l in open(res)]
-by = {}
-for r in rows:
-    by[(r["label"], r["variant"], r["turn"])] = r
-out = ["# " + meta["title"], "",
-       f"{meta['date']}, commit {meta['commit']}, {meta['machine']}; both servers {meta['threads']} thread(s).",
-       f"Model: {meta['model']}. llama.cpp: {meta['llama_cpp']}.", ""]
-about = {"chat": "8 user messages of 500 tokens, the whole conversation sent each turn",
-         "agent": "a 3,000-token system prompt with a tool list and a 500-token first message, then 7 messages of 50 tokens"}
-for v in ("chat", "agent"):
-    out += [f"## {v}: {about[v]}", "",
-            "| turn | prompt tokens | who | cached tokens | TTFT s | / turn 1 | TTFT s, cache off | / cache off |",
-            "|---|---|---|---|---|---|---|---|"]
-    for k in range(1, $turns + 1):
-        for who in ("ferry", "llama.cpp"):
-            r, off, t1 = by.get((who, v, k)), by.get((who + "-nocache", v, k)), by.get((who, v, 1))
-            if not r:
-                continue
-            f = lambda x: "%.3f" % x
-            out.append(f"| {k} | {r['prompt_tokens']} | {who} | {r['cached_tokens']} | {f(r['ttft_s'])} | "
-                       f"{r['ttft_s'] / t1['ttft_s']:.2f}x | {f(off['ttft_s']) if off else '—'} | "
-                       f"{(r['ttft_s'] / off['ttft_s']) if off else float('nan'):.2f}x |")
-    for who in ("ferry", "llama.cpp"):
-        later = [by[(who, v, k)]["ttft_s"] / by[(who, v, 1)]["ttft_s"] for k in range(2, $turns + 1) if (who, v, k) in by]
-        if later:
-            out.append(f"\n{who}, turns 2-{$turns}: TTFT {min(later):.2f}x to {max(later):.2f}x of turn 1's.")
-    out.append("")
-out += ["TTFT: from sending the request to the first streamed token (client side, Python openai). cached tokens: the",
-        "final usage chunk's prompt_tokens_details.cached_tokens. cache off: ferry --prompt-cache=false; llama-server",
-        "with cache_prompt false in each request. prompt tokens: each server's count.", ""]
-open(R + "/table.md", "w").write("\n".join(out))
-print("\n".join(out))
+json.dump({"title": "Multi-turn chat on the CPU: time to first token with the prompt cache and state checkpoints",
+           "command": "bash tests/bench/compare_multiturn.sh", "date": "$date0 UTC",
+           "machine": "a $(nproc)-core machine without a GPU ($cpu), load average $load0 at the start, $load1 at the end",
+           "threads": $THREADS, "commit": "$(git rev-parse --short HEAD)",
+           "model": "random-weight Qwen3.5-27B shape / $scale (tests/gpu/make_family_gguf.py qwen35-27b --scale $scale), Q4_K_M",
+           "llama_cpp": "llama-server $lver, built from ${lsrc:-unknown source} (CPU)",
+           "max_tokens": $max_tokens, "turns": $turns}, open(sys.argv[1], "w"), indent=2)
 PY
+python3 tests/bench/multiturn_table.py "$R"

@@ -9,14 +9,14 @@ only the new part (the last reply, the new user message and the template's token
 
 Two variants:
   chat   TURNS user messages of TURN_TOKENS tokens each and a one-line system prompt (8 x 500 by default).
-  agent  a long first prompt (a SYSTEM_TOKENS-token system prompt carrying a tool list in text, then a
+  agent  a long first prompt (a SYSTEM_TOKENS-token system prompt carrying a list of TOOLS tools in text, then a
          TURN_TOKENS-token first user message), then TURNS-1 short user messages of SHORT_TOKENS tokens: the form
          in which later turns can take a small fraction of turn 1's time.
 
 Each turn is one streaming chat completion (temperature 0, MAX_TOKENS tokens, stream_options.include_usage):
 TTFT = from sending the request to the first chunk with content or reasoning text. Also recorded: the prompt
 and cached token counts of the final usage chunk (usage.prompt_tokens_details.cached_tokens; llama-server
-also sends timings.cache_n and timings.prompt_ms, kept as given), and the wall time of the whole request. The
+also sends timings.cache_n and timings.prompt_ms, kept as given), the wall time of the whole request and the reply's text. The
 prompts are deterministic: seeded random words from a fixed list, sized in tokens with the server's /tokenize
 (when it has none, 4 characters a token). A warm-up request with an unrelated prompt comes first.
 
@@ -76,13 +76,13 @@ def text_of(url, rng, n_tokens):
     return " ".join(words[:k])
 
 
-def system_prompt(url, rng, variant, n_tokens):
+def system_prompt(url, rng, variant, n_tokens, n_tools):
     if variant == "chat":
         return "You are a helpful assistant."
     tools = [{"type": "function", "function": {
         "name": f"tool_{i}", "description": " ".join(rng.choice(WORDS) for _ in range(12)),
         "parameters": {"type": "object", "properties": {f"arg_{j}": {"type": "string"} for j in range(3)},
-                       "required": ["arg_0"]}}} for i in range(8)]
+                       "required": ["arg_0"]}}} for i in range(n_tools)]
     head = ("You are a coding agent. You can call these tools; answer with a tool call when one helps.\n"
             "# Tools\n" + "\n".join(json.dumps(t) for t in tools) + "\n# Instructions\n")
     used = tokens_of(url, head) or len(head) // 4
@@ -123,6 +123,7 @@ def main():
     ap.add_argument("--turn-tokens", type=int, default=500, help="tokens of each user message (chat), of the "
                     "first one (agent)")
     ap.add_argument("--system-tokens", type=int, default=3000, help="agent: the system prompt's tokens")
+    ap.add_argument("--tools", type=int, default=8, help="agent: tools described in the system prompt")
     ap.add_argument("--short-tokens", type=int, default=50, help="agent: tokens of the user messages after the first")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
@@ -136,7 +137,7 @@ def main():
     if not a.model:
         a.model = client.models.list().data[0].id
     rng = random.Random(a.seed)
-    system = system_prompt(a.url, rng, a.variant, a.system_tokens)
+    system = system_prompt(a.url, rng, a.variant, a.system_tokens, a.tools)
     users = [text_of(a.url, rng, a.turn_tokens if a.variant == "chat" or k == 0 else a.short_tokens)
              for k in range(a.turns)]
     # warm-up: a short unrelated prompt, so turn 1 does not pay for the server's first request
@@ -158,7 +159,7 @@ def main():
         rec = {"label": a.label, "variant": a.variant, "turn": k + 1, "ttft_s": round(ttft, 4),
                "request_s": round(total, 4), "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached,
                "completion_tokens": usage.get("completion_tokens"), "no_cache_prompt": a.no_cache_prompt,
-               "max_tokens": a.max_tokens, "seed": a.seed}
+               "max_tokens": a.max_tokens, "seed": a.seed, "reply": reply}
         if timings:
             rec["server_timings"] = {x: timings.get(x) for x in ("cache_n", "prompt_n", "prompt_ms")}
         rows.append(rec)
