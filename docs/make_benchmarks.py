@@ -176,6 +176,20 @@ def families_cpu_section(results=os.path.join(ROOT, "tests", "bench", "results",
             f"Measured {meta['date']} on {meta['machine']}, commit `{meta['commit']}`.", "",
             f"    {meta['command']}", "", meta["about"], ""] + table + ["", note, "",
             "Raw files: " + ", ".join(f"[`{f}`]({rel}/{f})" for f in files) + ".", ""]
+def multiturn_cpu_section(results=os.path.join(ROOT, "tests", "bench", "results", "multiturn-cpu")):
+    """tests/bench/compare_multiturn.sh's table (written by tests/bench/multiturn_table.py), when in the
+    repository: its headings one level down, its raw files linked."""
+    table = os.path.join(results, "table.md")
+    if not os.path.isfile(table):
+        return []
+    rel = os.path.relpath(results, os.path.join(ROOT, "docs"))
+    out = ['<a id="multiturn-cpu"></a>']
+    with open(table) as f:
+        out += [("#" + l if l.startswith("#") else l).rstrip() for l in f]
+    files = sorted(f for f in os.listdir(results) if f != "table.md")
+    return out + ["", "Raw files: " + ", ".join(f"[`{f}`]({rel}/{f})" for f in files) + ".", ""]
+
+
 def types_rows(path):
     """compare_types.sh's rows reduced to each side's best round per (type, m, arithmetic): {(who, type, act, m):
     row}, the ferry arithmetics in order, the types in order, and the range of the rounds' load averages."""
@@ -360,6 +374,7 @@ def render(results):
         files = sorted(f for f in os.listdir(d) if f != "meta.json")
         lines += ["Raw files: " + ", ".join(f"[`{f}`](../tests/gpu/results/{n}/{f})" for f in files) + ".", ""]
     lines += families_cpu_section()
+    lines += multiturn_cpu_section()
     return "\n".join(lines)
 
 
