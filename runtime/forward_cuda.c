@@ -1081,6 +1081,28 @@ out:
     return rc;
 }
 
+int forward_cuda_plan_input(const struct model *m, const struct kv_cache *kv,
+                            const struct forward_cuda_params *p, double h2d, double hbm,
+                            uint64_t *layer_sizes, uint64_t *expert_bytes, uint64_t *stage_bytes,
+                            struct device_map_input *out, char err[256])
+{
+    if (has_recurrent(&m->hp) || p->force_where || p->gpu_memory <= 0) {
+        snprintf(err, 256, "the planner's input is given for a budget, without recurrent layers or a mask");
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    void *scratch = malloc(plan_scratch_bytes(m->hp.n_layers)); /* (unused: no mask, no recurrent state) */
+    if (!scratch) return FERRY_ERR_NOMEM;
+    struct plan_sizes ps;
+    plan_sizes_of(m, kv, p->kv_swa, p->max_tokens, p->kv_q8, NULL, NULL, layer_sizes, &ps);
+    *out = plan_input(m, &ps, p, kern_cuda_ctx_size(ps.max_x, ps.w16), (uint64_t)p->gpu_memory,
+                      kv->block_size, h2d, hbm, scratch);
+    free(scratch);
+    *stage_bytes = m->hp.n_expert > 0 ? cuda_moe_stage_bytes(m) : 0;
+    for (int l = 0; l < m->hp.n_layers && m->hp.n_expert > 0; l++)
+        expert_bytes[l] = cuda_moe_expert_bytes(m, l);
+    return FERRY_OK;
+}
+
 int forward_cuda_map_variant(const struct backend *be, int no_ring, int fewer_resident,
                              struct device_map *out, char err[256])
 {

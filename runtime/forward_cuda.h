@@ -127,6 +127,18 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256]);
 
+/* The planner's input forward_cuda_plan_offline plans p with (budget p->gpu_memory; rates h2d and hbm), for
+ * planning the model's layers elsewhere (runtime/device_split_model.h): layer_sizes (n_layers, the caller's)
+ * receive the layers' blocks and out->layer_sizes points to them; for an expert model expert_bytes (n_layers,
+ * the caller's) receive each layer's experts' device bytes and *stage_bytes the staging area host experts
+ * stream through, which the backend adds as it chooses which layers' experts stay in host memory (with their
+ * page tables at out->host_map_div). FERRY_ERR_UNSUPPORTED for recurrent layers or p->force_where (their
+ * masks are the backend's own), no budget, or a build without CUDA. */
+int forward_cuda_plan_input(const struct model *m, const struct kv_cache *kv,
+                            const struct forward_cuda_params *p, double h2d, double hbm,
+                            uint64_t *layer_sizes, uint64_t *expert_bytes, uint64_t *stage_bytes,
+                            struct device_map_input *out, char err[256]);
+
 /* Slot seq's recurrent state on the device (the convolution and rule state of the recurrent layers whose
  * state is here, each at its place in runtime/seq_state.h's slot block: n_layers * (conv_floats + rec_floats)
  * floats; the places of the host's CPU-only layers are left as they are) copied to the host or from it, after

@@ -116,6 +116,18 @@ int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
     return FERRY_ERR_UNSUPPORTED;
 }
 
+int forward_cuda_plan_input(const struct model *m, const struct kv_cache *kv,
+                            const struct forward_cuda_params *p, double h2d, double hbm,
+                            uint64_t *layer_sizes, uint64_t *expert_bytes, uint64_t *stage_bytes,
+                            struct device_map_input *out, char err[256])
+{
+    (void)m, (void)kv, (void)p, (void)h2d, (void)hbm, (void)layer_sizes, (void)expert_bytes,
+        (void)stage_bytes;
+    (void)out;
+    snprintf(err, 256, "this build has no CUDA backend");
+    return FERRY_ERR_UNSUPPORTED;
+}
+
 void forward_cuda_measure_bandwidth(double *h2d, double *d2d)
 {
     *h2d = *d2d = 0;

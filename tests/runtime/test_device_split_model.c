@@ -1,8 +1,9 @@
-/* test_device_split_model — `ferry inspect --gpus`'s plan of a model: its sizes are derived from the CUDA
- * backend's planner (forward_cuda_plan_offline) and checked against it. That planner is replaced here by one
- * whose head, fixed and per-position KV bytes are known (a CUDA build has the real one, and the cli tests
- * plan with it): the derived plan must be device_split's plan of exactly those sizes, and a backend whose
- * layer blocks are not layer.h's layouts must be refused rather than planned from the wrong sizes. */
+/* test_device_split_model — `ferry inspect --gpus`'s plan of a model: it plans with the CUDA backend's own
+ * planner input (forward_cuda_plan_input) and checks it against the backend's one-device plan
+ * (forward_cuda_plan_offline). Both are replaced here by a stand-in whose sizes are known (a CUDA build has
+ * the real ones, and the cli tests plan with them): the plan must be device_split's plan of exactly those
+ * sizes, and a backend whose plan is not that of the input it gives must be refused rather than planned from
+ * sizes that are not its own. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,7 @@
 #define GIB (1024ull * MIB)
 
 static const uint64_t HEAD = 250 * MIB + 4096, FIXED = 777 * MIB + 12288;
-static uint64_t extra; /* bytes the stand-in adds to each layer's block (0: layer.h's layout) */
+static uint64_t extra; /* bytes the stand-in's planner adds to each layer's block beyond its input's */
 static uint64_t sizes[128];
 
 static enum dtype as_stored(enum dtype t)
@@ -27,16 +28,17 @@ static enum dtype as_stored(enum dtype t)
     return t;
 }
 
-/* The stand-in's input for m under p: layer.h's blocks (plus extra), HEAD, FIXED, K and V in f16. */
+/* The stand-in's input for m under p: layer.h's blocks (plus add), HEAD, FIXED, K and V in f16. */
 static struct device_map_input stand_in(const struct model *m, const struct kv_cache *kv,
-                                        const struct forward_cuda_params *p, double h2d, double hbm)
+                                        const struct forward_cuda_params *p, double h2d, double hbm,
+                                        uint64_t add)
 {
     const struct llm_hparams *hp = &m->hp;
     uint64_t big = 0, piece = 0;
     for (int l = 0; l < hp->n_layers; l++) {
         struct layer_layout lay;
         layer_layout_of(&m->layers[l], hp, as_stored, &lay);
-        sizes[l] = lay.bytes + extra;
+        sizes[l] = lay.bytes + add;
         if (sizes[l] > big) big = sizes[l];
         for (int i = 0; i < LAYER_N_MATS; i++) {
             size_t off, bytes;
@@ -74,14 +76,32 @@ static uint64_t experts_of(int l)
     return 340000000ull + (uint64_t)l * 4096;
 }
 
-/* The stand-in: dense models as device_map plans them; expert models with every block resident and the
- * experts of the first c layers in host memory, c as few as fit (or p->cpu_moe), as forward_cuda.c's
- * plan_map. */
+/* The stand-in's planner input: layer.h's blocks into layer_sizes, and for an expert model experts_of and
+ * STAGE. */
+int forward_cuda_plan_input(const struct model *m, const struct kv_cache *kv,
+                            const struct forward_cuda_params *p, double h2d, double hbm,
+                            uint64_t *layer_sizes, uint64_t *expert_bytes, uint64_t *stage_bytes,
+                            struct device_map_input *out, char err[256])
+{
+    (void)err;
+    *out = stand_in(m, kv, p, h2d, hbm, 0);
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        layer_sizes[l] = sizes[l];
+        if (m->hp.n_expert > 0) expert_bytes[l] = experts_of(l);
+    }
+    out->layer_sizes = layer_sizes;
+    *stage_bytes = m->hp.n_expert > 0 ? STAGE : 0;
+    return FERRY_OK;
+}
+
+/* The stand-in's planner (its input with extra bytes a block): dense models as device_map plans them; expert
+ * models with every block resident and the experts of the first c layers in host memory, c as few as fit (or
+ * p->cpu_moe), as forward_cuda.c's plan_map. */
 int forward_cuda_plan_offline(const struct model *m, const struct kv_cache *kv,
                               const struct forward_cuda_params *p, double h2d, double hbm,
                               struct device_map *out, char err[256])
 {
-    struct device_map_input in = stand_in(m, kv, p, h2d, hbm);
+    struct device_map_input in = stand_in(m, kv, p, h2d, hbm, extra);
     if (m->hp.n_expert <= 0) return device_map_plan(&in, out, err);
     const int L = m->hp.n_layers;
     static uint64_t with[128];
@@ -147,13 +167,12 @@ static void expected_plan(const struct model_file *mf, const struct engine_param
                                            .kv_tokens_min = ctx};
     static uint64_t experts[128];
     for (int l = 0; l < m.hp.n_layers; l++) experts[l] = experts_of(l);
-    struct device_split_input in = {.model = stand_in(&m, &kv, &cp, 54.9e9, 4.18e12),
+    struct device_split_input in = {.model = stand_in(&m, &kv, &cp, 54.9e9, 4.18e12, 0),
                                     .expert_bytes = m.hp.n_expert > 0 ? experts : NULL,
                                     .expert_stage_bytes = m.hp.n_expert > 0 ? STAGE : 0,
                                     .cpu_moe = p->cpu_moe,
                                     .n_devices = n,
                                     .hidden_bytes = (uint64_t)m.hp.dim * 4};
-    in.model.kv_ext_max = INT64_MAX / 4 / (int64_t)in.model.kv_token_bytes;
     for (int d = 0; d < n; d++) in.ordinal[d] = d, in.budget[d] = budget[d];
     struct device_split s;
     cr_assert_eq(device_split_plan(&in, &s, err), FERRY_OK, "%s", err);
@@ -178,9 +197,9 @@ static int derived_is_expected(const struct model_file *mf, const struct engine_
     return host;
 }
 
-/* Llama-2-7B's shape in f16 (13.5 GB) on two devices and on one: the plan from the derived sizes is the plan
- * of the stand-in's own, text for text. */
-Test(device_split_model, the_derived_sizes_are_the_backends)
+/* Llama-2-7B's shape in f16 (13.5 GB) on two devices and on one: the plan from the backend's input is the
+ * plan of the stand-in's own, text for text. */
+Test(device_split_model, the_plan_is_of_the_backends_input)
 {
     setenv("FERRY_KV_EXT_ATTN", "host", 1);
     struct model_file *mf = synthetic("llama-2-7b");
@@ -200,9 +219,9 @@ Test(device_split_model, the_derived_sizes_are_the_backends)
     model_file_close(mf);
 }
 
-/* A backend whose blocks are 1 MiB larger than layer.h's layouts: the derived sizes would be wrong where
- * layers stream, and the model is refused with the budget at which the plans part. Sliding-window models are
- * not derived yet. */
+/* A backend whose planner makes its blocks 1 MiB larger than the input it gives: the plan from that input
+ * would be wrong where layers stream, and the model is refused with the budget at which the plans part.
+ * Sliding-window models are not planned there yet. */
 Test(device_split_model, sizes_that_are_not_the_backends_are_refused)
 {
     struct model_file *mf = synthetic("llama-2-7b");
@@ -213,8 +232,10 @@ Test(device_split_model, sizes_that_are_not_the_backends_are_refused)
     extra = MIB;
     cr_assert_eq(device_split_model_plan(mf, &p, 2, ordinal, budgets, buf, sizeof buf, err),
                  FERRY_ERR_UNSUPPORTED);
-    cr_assert(strstr(err, "could not be derived exactly from the CUDA backend's (one device at 6.00 GiB"),
-              "%s", err);
+    cr_assert(
+        strstr(err,
+               "is not the CUDA backend's (one device at 6.00 GiB: 10 resident layers, a ring of 714.0 MiB"),
+        "%s", err);
     extra = 0;
     p.gpu_layers = 10;
     cr_assert_eq(device_split_model_plan(mf, &p, 2, ordinal, budgets, buf, sizeof buf, err),
@@ -231,10 +252,10 @@ Test(device_split_model, sizes_that_are_not_the_backends_are_refused)
 }
 
 /* Qwen3-30B-A3B's shape with the stand-in's experts (340 MB a layer, a 700 MiB staging area) on two 6 GiB
- * devices and on one of 12: each layer's experts and the staging area are derived exactly (the plan is
+ * devices and on one of 12: each layer's experts and the staging area are the backend's (the plan is
  * device_split's of the stand-in's own sizes), with host experts where the budgets need them; --cpu-moe 30
  * too. */
-Test(device_split_model, expert_sizes_are_derived)
+Test(device_split_model, expert_sizes_are_the_backends)
 {
     setenv("FERRY_KV_EXT_ATTN", "host", 1);
     struct model_file *mf = synthetic("qwen3-30b-a3b");
