@@ -20,8 +20,9 @@ struct ec_layer {
 struct expert_cache {
     int n_layers, n_expert, can_stream;
     double decay, fetch_s;
-    struct step_cost cost;
-    uint64_t *ebytes; /* (n_layers) */
+    double call_s, busy;   /* the host call's fixed seconds; its slow-down while copies run */
+    struct step_cost cost; /* cpu_s less call_s: an expert's share of a host call */
+    uint64_t *ebytes;      /* (n_layers) */
     struct ec_layer *L;
     /* One decision's arrays (n_expert each), lent to the caller through struct expert_plan. */
     uint8_t *where;
@@ -63,6 +64,10 @@ int expert_cache_init(struct expert_cache **out, const struct expert_cache_param
     const size_t E = (size_t)p->n_expert;
     c->n_layers = p->n_layers, c->n_expert = p->n_expert, c->can_stream = p->can_stream;
     c->decay = p->decay, c->fetch_s = p->fetch_s, c->cost = p->cost;
+    c->call_s = p->cost.n_cpu > 0 ? expert_cache_call_s(p->cost.cpu_s[0], p->host_set_s, p->host_set_n) : 0;
+    for (int i = 0; i < c->cost.n_cpu && i < STEP_COST_MAX_M; i++)
+        c->cost.cpu_s[i] = fmax(0, c->cost.cpu_s[i] - c->call_s);
+    c->busy = p->host_busy > 1 ? p->host_busy : 1;
     c->ebytes = malloc((size_t)p->n_layers * sizeof *c->ebytes);
     c->L = calloc((size_t)p->n_layers, sizeof *c->L);
     c->where = malloc(E);
@@ -181,42 +186,56 @@ int expert_cache_decide(struct expert_cache *c, int l, const int32_t *ids, int n
     qsort_r(c->miss, (size_t)n_miss, sizeof *c->miss, miss_cmp, c);
     qsort_r(c->victim, (size_t)n_victim, sizeof *c->victim, victim_cmp, c);
 
-    /* Each miss to the side that ends the step sooner: the link (amortised over the score the expert brings
-     * into the cache beyond its victim's) or the host's cores. */
+    /* The misses the slots admit, in order, each against its victim: a fetch's link time counts over 1 + the
+     * score it brings beyond its victim's only when its score before this step shows recent use. */
     const struct step_cost *k = &c->cost;
     const double bytes = (double)c->ebytes[l];
     const double link_one = c->fetch_s + (k->h2d > 0 ? bytes / k->h2d : INFINITY);
-    double link_eff = 0, link = 0, host = 0;
-    int v = 0, n_fetch = 0;
+    const double dev_one = k->hbm > 0 ? bytes / k->hbm : 0;
+    int v = 0, n_cand = 0;
+    double host_rest = 0; /* the shares of the misses no slot admits */
     for (int i = 0; i < n_miss; i++) {
         const int e = c->miss[i];
-        const double host_one =
-            step_cost_cpu_layer(k, c->ebytes[l], c->rows[e]) + (out->n_host ? 0 : k->sync_s);
-        if (v < n_victim) {
-            const int old = y->expert_of[c->victim[v]];
-            const double vs = old >= 0 ? y->score[old] : 0;
-            if (old < 0 || y->score[e] >= vs) {
-                const double eff = link_one / (1 + fmax(0, y->score[e] - vs));
-                const double fetch_end = fmax(link_eff + eff, host),
-                             host_end = fmax(link_eff, host + host_one);
-                if (fetch_end <= host_end) {
-                    c->where[e] = EXPERT_FETCH;
-                    c->slot[e] = c->victim[v++];
-                    c->fetch[n_fetch++] = e;
-                    link_eff += eff;
-                    link += link_one;
-                    continue;
-                }
-            }
+        const int old = v < n_victim ? y->expert_of[c->victim[v]] : -1;
+        const double vs = old >= 0 ? y->score[old] : 0;
+        if (v < n_victim && (old < 0 || y->score[e] >= vs)) {
+            c->where[e] = EXPERT_FETCH; /* a candidate, for now */
+            c->slot[e] = c->victim[v++];
+            c->fetch[n_cand++] = e;
+        } else {
+            c->where[e] = EXPERT_HOST;
+            host_rest += step_cost_cpu_layer(k, c->ebytes[l], c->rows[e]);
         }
-        c->where[e] = EXPERT_HOST;
-        host += host_one;
-        out->n_host++;
     }
+    /* The leading j candidates fetched, the rest on the host: the j that ends the step soonest (ties: more
+     * fetches). The device's products follow the copies; the host's one call runs beside them. */
+    const int n_rest = out->n_chosen - out->n_hit - n_cand;
+    double best = INFINITY, link_eff = 0, best_host = 0;
+    int n_fetch = 0;
+    for (int j = 0; j <= n_cand; j++) {
+        if (j) {
+            const int e = c->fetch[j - 1], old = y->expert_of[c->slot[e]];
+            const double gain = y->score[e] - 1 >= EXPERT_CACHE_REUSE
+                                    ? fmax(0, y->score[e] - (old >= 0 ? y->score[old] : 0))
+                                    : 0;
+            link_eff += link_one / (1 + gain);
+        }
+        double share = host_rest;
+        for (int i = j; i < n_cand; i++) share += step_cost_cpu_layer(k, c->ebytes[l], c->rows[c->fetch[i]]);
+        const double host_j =
+            n_rest + n_cand - j > 0 ? k->sync_s + (c->call_s + share) * (j ? c->busy : 1) : 0;
+        const double end = fmax(link_eff + dev_one * (out->n_hit + j), host_j);
+        if (end <= best) best = end, n_fetch = j, best_host = host_j;
+    }
+    for (int i = n_fetch; i < n_cand; i++) { /* the candidates left to the host */
+        c->where[c->fetch[i]] = EXPERT_HOST;
+        c->slot[c->fetch[i]] = -1;
+    }
+    out->n_host = n_rest + n_cand - n_fetch;
     out->n_fetch = n_fetch;
-    const double dev_one = k->hbm > 0 ? bytes / k->hbm : 0;
-    out->link_s = link, out->host_s = host;
-    out->predicted_s = fmax(link + dev_one * (out->n_hit + n_fetch), host);
+    const double link = n_fetch ? n_fetch * link_one : 0;
+    out->link_s = link, out->host_s = best_host;
+    out->predicted_s = fmax(link + dev_one * (out->n_hit + n_fetch), best_host);
     /* Misses beyond what the slots took: streaming them all may beat the host's cores. */
     if (c->can_stream && out->n_host) {
         const double link_all = n_miss * link_one, stream_s = link_all + dev_one * out->n_chosen;
@@ -270,6 +289,13 @@ int expert_plan_pairs(const struct expert_plan *pl, const int32_t *ids, const fl
         }
     }
     return hn;
+}
+
+double expert_cache_call_s(double one_s, double set_s, int n)
+{
+    if (n < 2 || !(one_s > 0) || !(set_s > 0) || !isfinite(one_s) || !isfinite(set_s)) return 0;
+    const double fixed = one_s - (set_s - one_s) / (n - 1);
+    return fixed < 0 ? 0 : fixed > one_s ? one_s : fixed;
 }
 
 int expert_cache_split(uint64_t bytes, int n_layers, int n_expert, const uint8_t *host,

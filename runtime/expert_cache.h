@@ -9,11 +9,17 @@
  * counts and the policy is plain LRU through its tie rule). A fetch evicts the slot of the lowest score that
  * this step does not use (ties: the least recently chosen, then the lowest slot), and only when the incoming
  * expert's score is at least the victim's, so a one-off expert of a large step never displaces a hot one.
- * The cost model (runtime/step_plan.h's struct step_cost, the rates the layer planner measured) takes the
- * step's misses, most rows first, and gives each to the side that ends the step sooner: the link (its bytes
- * at h2d plus a copy's launch, counted as that over 1 + the score it adds to the cache, since a fetched
- * expert serves the steps after this one) or the host's cores (step_cost_cpu_layer at its rows, plus one
- * host round trip per step); ties fetch. A step whose misses do not fit the slots streams them all when that
+ * The cost model (runtime/step_plan.h's struct step_cost, the rates the layer planner measured) prices a
+ * step's two sides, which run side by side after the one host round trip that brings the routing down. The
+ * host computes its experts in one call: a fixed part per call plus each expert's share (its bytes at its
+ * rows), both derived from the start-up timings of one expert and of a set of host_set_n experts (without
+ * the set, every expert costs a whole single-expert call); while copies cross the link the host's part is
+ * host_busy times slower (the copies read the same memory). A fetch costs its bytes at h2d plus its
+ * launches, and the device's products of the slots follow the copies; an expert whose decayed score before
+ * this step is at least EXPERT_CACHE_REUSE (chosen in recent steps, so likely to be chosen again) has its
+ * link time counted over 1 + the score it brings beyond its victim's, any other at full price. Of the misses
+ * the slots admit (most rows first), the step fetches the leading count that ends it soonest (ties fetch)
+ * and gives the rest to the host. A step whose misses do not fit the slots streams them all when that
  * is predicted faster. The start-up residency puts experts 0, 1, ... in the slots with score 0. Pure
  * arithmetic, no device. Usage: expert_cache_init → (expert_cache_decide per layer step, issue its copies)
  * → expert_cache_free; expert_cache_stats for bench and /status.
@@ -27,6 +33,9 @@
 #include "runtime/step_plan.h"
 
 #define EXPERT_CACHE_DECAY 0.9 /* the default score decay per step of a layer */
+/* The decayed score before a step from which a fetched expert is taken to serve later steps too: with decay
+ * 0.9, chosen in about two of the last few steps (one pick last step alone scores 0.9). */
+#define EXPERT_CACHE_REUSE 1.0
 
 /* Where a chosen expert runs this step. */
 enum expert_where {
@@ -46,6 +55,9 @@ struct expert_cache_params {
     int can_stream;               /* a staging area exists: a step may stream its chosen experts */
     struct step_cost cost;        /* h2d, hbm, the host's timing (cpu_m, cpu_s, cpu_ref_bytes), sync_s */
     double fetch_s;               /* fixed seconds per fetched expert (its copies' launches) */
+    double host_set_s; /* the host's seconds for host_set_n distinct experts at 1 row each in one call */
+    int host_set_n;    /* (0: not measured; cost.cpu_s then prices every expert as a call of its own) */
+    double host_busy;  /* the host's slow-down while copies cross the link (>= 1; 0 or less: 1) */
 };
 
 /* One layer step's decision; the arrays belong to the cache and stay valid until its next decide. */
@@ -97,6 +109,11 @@ int expert_plan_pairs(const struct expert_plan *pl, const int32_t *ids, const fl
 /* Adds the device bytes of the slots to what stats reports. */
 void expert_cache_set_slot_bytes(struct expert_cache *c, uint64_t bytes);
 void expert_cache_stats(const struct expert_cache *c, struct expert_cache_stats *st);
+
+/* The fixed seconds of one host call, from one expert's time at 1 row (one_s) and n distinct experts' at 1
+ * row each in one call (set_s): one_s less the per-expert share (set_s - one_s) / (n - 1), within
+ * [0, one_s]; 0 when n < 2 or a time is not a positive number. */
+double expert_cache_call_s(double one_s, double set_s, int n);
 
 /* Slots per layer for `bytes` of device memory spread evenly over the layers with host experts (host[l] 1):
  * each of them gets the same count, the most for which sum over them of slot_bytes(l, count) fits, capped at

@@ -159,36 +159,55 @@ static void CUDART_CB noop(void *arg)
     (void)arg;
 }
 
-/* The host's seconds for one expert of layer l at m rows (best of 3 after a warm-up). */
-static double host_expert_seconds(struct cuda_moe *mo, struct moe_cache *mc, int l, int m)
+/* The host's seconds for n_ex distinct experts of layer l in one call as the host function makes it (k = 1):
+ * m rows all on expert 0 when n_ex is 1, else one row on each of n_ex experts (m = n_ex); while `copies`
+ * experts are being fetched into slots 0.. when copies > 0 (before the start-up residency, which overwrites
+ * them). The best of 3 after a warm-up. */
+static double host_set_seconds(struct cuda_moe *mo, struct moe_cache *mc, int l, int m, int n_ex, int copies)
 {
     for (size_t i = 0; i < (size_t)m * mo->dim; i++)
         mc->hx[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1;
-    for (int i = 0; i < m; i++) mc->hid[i] = 0, mc->hw[i] = 1.0f;
+    for (int i = 0; i < m; i++) mc->hid[i] = n_ex > 1 ? i * (mo->n_expert / n_ex) : 0, mc->hw[i] = 1.0f;
     const struct kern_cpu_moe_experts ex = moe_host_experts_of(mo, l);
     double best = INFINITY;
     for (int r = 0; r < 4; r++) {
+        for (int i = 0; i < copies; i++)
+            if (fetch_expert(mo, mc, l, i, i, mc->copy)) return INFINITY;
         const double t0 = moe_now_s();
         if (kern_cpu_moe_ffn(mc->hy, mc->hx, mc->hid, mc->hw, m, 1, &ex, mc->ws, mo->pool)) return INFINITY;
         const double t = moe_now_s() - t0;
+        if (copies && cudaStreamSynchronize(mc->copy) != cudaSuccess) return INFINITY;
         if (r && t < best) best = t;
     }
     return best;
 }
 
-/* The policy's costs: the link and the device as measured by the caller, one expert on the host's cores at
- * 1, 4, 16 and 64 rows (the step planner's form of a host timing), and a host function's round trip.
- * FERRY_EXPERT_CACHE_FORCE=host takes the link as unusable (every miss on the host's cores), =fetch the
- * host's cores (every miss a slot admits is fetched): tests reach both paths with them. */
-static struct step_cost cache_costs(struct cuda_moe *mo, struct moe_cache *mc, int l, double h2d, double hbm)
+/* The policy's costs into p: the link and the device as measured by the caller; the host's cores on one
+ * expert at 1, 4, 16 and 64 rows (the step planner's form of a host timing) and on a layer step's k experts
+ * at 1 row each in one call (the policy splits the two into a call's fixed part and an expert's share); the
+ * host's slow-down on a set while copies into the slots run (the copies read the host's memory too); a host
+ * function's round trip. FERRY_EXPERT_CACHE_FORCE=host takes the link as unusable (every miss on the host's
+ * cores), =fetch the host's cores (every miss a slot admits is fetched): tests reach both paths with them. */
+static void cache_costs(struct cuda_moe *mo, struct moe_cache *mc, int l, double h2d, double hbm,
+                        struct expert_cache_params *p)
 {
     const char *force = getenv("FERRY_EXPERT_CACHE_FORCE");
     struct step_cost c = {.h2d = force && !strcmp(force, "host") ? 0 : h2d, .hbm = hbm};
     const int ms[4] = {1, 4, 16, 64};
     for (int i = 0; i < 4 && ms[i] <= mc->max_rows * mo->k; i++) {
-        const double t = host_expert_seconds(mo, mc, l, ms[i]);
+        const double t = host_set_seconds(mo, mc, l, ms[i], 1, 0);
         if (!isfinite(t)) break;
         c.cpu_m[c.n_cpu] = ms[i], c.cpu_s[c.n_cpu] = t, c.n_cpu++;
+    }
+    const int k = mo->k < mo->n_expert ? mo->k : mo->n_expert;
+    if (k >= 2 && c.n_cpu) {
+        const double set = host_set_seconds(mo, mc, l, k, k, 0);
+        if (isfinite(set)) p->host_set_s = set, p->host_set_n = k;
+        /* the set a full cache step leaves the host: k less the slots' fetches */
+        const int j = mc->n_slots[l] < k - 1 ? mc->n_slots[l] : k - 1;
+        const double alone = host_set_seconds(mo, mc, l, k - j, k - j, 0),
+                     busy = host_set_seconds(mo, mc, l, k - j, k - j, j);
+        if (isfinite(alone) && isfinite(busy) && alone > 0) p->host_busy = busy / alone;
     }
     const struct dev_experts d = moe_dev_experts_at(mo, l, mo->hexp[l]);
     c.cpu_ref_bytes = d.gate_e + d.up_e + d.down_e;
@@ -200,7 +219,7 @@ static struct step_cost cache_costs(struct cuda_moe *mo, struct moe_cache *mc, i
     }
     c.sync_s = isfinite(best) ? best : 50e-6;
     if (force && !strcmp(force, "fetch")) c.n_cpu = 0;
-    return c;
+    p->cost = c;
 }
 
 void moe_cache_free(struct moe_cache *mc)
@@ -273,14 +292,14 @@ int moe_cache_init(struct cuda_moe *mo, void *mem, uint64_t bytes, double h2d, d
         cudaEventCreateWithFlags(&mc->fetched, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&mc->hosted, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
-    const struct expert_cache_params pp = {.n_layers = L,
-                                           .n_expert = mo->n_expert,
-                                           .slots = mc->n_slots,
-                                           .expert_bytes = ebytes,
-                                           .decay = EXPERT_CACHE_DECAY,
-                                           .can_stream = mo->stage != NULL,
-                                           .cost = cache_costs(mo, mc, first, h2d, hbm),
-                                           .fetch_s = MOE_CACHE_FETCH_S};
+    struct expert_cache_params pp = {.n_layers = L,
+                                     .n_expert = mo->n_expert,
+                                     .slots = mc->n_slots,
+                                     .expert_bytes = ebytes,
+                                     .decay = EXPERT_CACHE_DECAY,
+                                     .can_stream = mo->stage != NULL,
+                                     .fetch_s = MOE_CACHE_FETCH_S};
+    cache_costs(mo, mc, first, h2d, hbm, &pp);
     if ((rc = expert_cache_init(&mc->policy, &pp))) goto fail;
     expert_cache_set_slot_bytes(mc->policy, used);
     /* The start-up residency, copied once. */
@@ -291,10 +310,13 @@ int moe_cache_init(struct cuda_moe *mo, void *mem, uint64_t bytes, double h2d, d
     rc = FERRY_ERR_CUDA;
     if (cudaStreamSynchronize(mc->copy) != cudaSuccess) goto fail;
     FLOG_INFO(
-        "expert cache: %d slots in each of %d host layers (%.1f MiB); one expert on the host %.1f µs at "
-        "1 row, the link %.1f GB/s, a host round trip %.1f µs",
-        S, mo->n_host, used / 1048576.0, pp.cost.n_cpu ? pp.cost.cpu_s[0] * 1e6 : 0.0, h2d / 1e9,
-        pp.cost.sync_s * 1e6);
+        "expert cache: %d slots in each of %d host layers (%.1f MiB); on the host one expert %.1f µs at 1 "
+        "row, %d in one call %.1f µs (%.1f µs fixed), %.2fx while copies run; the link %.1f GB/s, a host "
+        "round trip %.1f µs",
+        S, mo->n_host, used / 1048576.0, pp.cost.n_cpu ? pp.cost.cpu_s[0] * 1e6 : 0.0, pp.host_set_n,
+        pp.host_set_s * 1e6,
+        pp.cost.n_cpu ? expert_cache_call_s(pp.cost.cpu_s[0], pp.host_set_s, pp.host_set_n) * 1e6 : 0.0,
+        pp.host_busy > 1 ? pp.host_busy : 1.0, h2d / 1e9, pp.cost.sync_s * 1e6);
     free(host);
     free(ebytes);
     mo->cache = mc;

@@ -226,8 +226,9 @@ Test(expert_cache, out_of_range_ids_change_nothing)
     cr_expect_null(c);
 }
 
-/* One miss, nothing else on either side: fetched exactly when its link time over (1 + the score it brings)
- * is at most the host's time for it plus the round trip; a sweep of link rates flips once, host to fetch. */
+/* One miss, nothing else on either side, never chosen before (no evidence of reuse): fetched exactly when its
+ * full link time and launches plus its product on the device are at most the host's time for it plus the
+ * round trip; a sweep of link rates flips once, host to fetch. */
 Test(expert_cache, link_rate_flips_host_and_fetch)
 {
     const uint64_t bytes = 3 * 1024 * 1024;
@@ -240,7 +241,7 @@ Test(expert_cache, link_rate_flips_host_and_fetch)
             struct expert_plan pl;
             cr_assert_eq(expert_cache_decide(c, 0, ids, rows, &pl), FERRY_OK);
             const double host = 30e-6 + (400e-6 - 30e-6) * (rows - 1) / 63.0 + 20e-6;
-            const double link = (5e-6 + bytes / h2d) / 2; /* score 1 in, victim score 0 */
+            const double link = 5e-6 + bytes / h2d + bytes / 3e12; /* the copy, then the product */
             const int want = link <= host ? EXPERT_FETCH : EXPERT_HOST;
             cr_expect_eq(pl.where[12], want,
                          "rows %d, link %.3g GB/s: %d, want %d (link %.3g s, host %.3g s)", rows, h2d / 1e9,
