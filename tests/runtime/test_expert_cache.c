@@ -444,3 +444,171 @@ Test(expert_cache, format_names_the_hit_rate)
     cr_expect_str_eq(buf, "expert cache: none");
     expert_cache_free(c);
 }
+
+/* An H100 host with a Qwen3-30B-A3B-shaped Q4_K_M file (measured at start-up on 2026-12-07): one 2.65 MB
+ * expert on the host 79.7 µs at 1 row, the layer step's 8 experts in one call 0.40 ms, a host round trip
+ * 14.5 µs, the link 55.4 GB/s, 6 µs of launches a fetch; the device reads at 3.35 TB/s. */
+#define H100_EXPERT 2650000u
+#define H100_ONE    79.7e-6
+#define H100_SET    400e-6
+#define H100_SYNC   14.5e-6
+#define H100_H2D    55.4e9
+#define H100_FETCH  6e-6
+
+static struct expert_cache *make_h100(int n_expert, int slots, double h2d, double busy)
+{
+    slots_of[0] = slots, bytes_of[0] = H100_EXPERT;
+    struct step_cost k = {
+        .h2d = h2d, .hbm = 3.35e12, .sync_s = H100_SYNC, .n_cpu = 1, .cpu_ref_bytes = H100_EXPERT};
+    k.cpu_m[0] = 1, k.cpu_s[0] = H100_ONE;
+    const struct expert_cache_params p = {.n_layers = 1,
+                                          .n_expert = n_expert,
+                                          .slots = slots_of,
+                                          .expert_bytes = bytes_of,
+                                          .decay = EXPERT_CACHE_DECAY,
+                                          .cost = k,
+                                          .fetch_s = H100_FETCH,
+                                          .host_set_s = H100_SET,
+                                          .host_set_n = 8,
+                                          .host_busy = busy};
+    struct expert_cache *c = NULL;
+    cr_assert_eq(expert_cache_init(&c, &p), FERRY_OK);
+    return c;
+}
+
+/* The fixed part of a host call: one expert's time less the per-expert share of a set's. */
+Test(expert_cache, call_split_from_one_and_set)
+{
+    const double share = (H100_SET - H100_ONE) / 7;
+    cr_expect_float_eq(expert_cache_call_s(H100_ONE, H100_SET, 8), H100_ONE - share, 1e-12);
+    cr_expect_eq(expert_cache_call_s(H100_ONE, H100_SET, 1), 0, "one expert alone tells no share");
+    cr_expect_eq(expert_cache_call_s(H100_ONE, 8 * H100_ONE + 1e-6, 8), 0, "a set dearer than its singles");
+    cr_expect_float_eq(expert_cache_call_s(H100_ONE, H100_ONE / 2, 8), H100_ONE, 1e-15, "at most one_s");
+    cr_expect_eq(expert_cache_call_s(NAN, H100_SET, 8), 0);
+    cr_expect_eq(expert_cache_call_s(H100_ONE, INFINITY, 8), 0);
+    cr_expect_eq(expert_cache_call_s(H100_ONE, -1, 8), 0);
+}
+
+/* Evenly spread routing (top-8 of 128, one token a step) on the H100's numbers with 2 slots: nothing is worth
+ * keeping, so no fetch is amortised (each costs its full link time, which the prediction waits for), the
+ * host's side of a step is its one call (0.40 ms for 8 experts, not 8 x 79.7 µs), and no step is predicted
+ * slower than all its experts on the host. With the host's measured slow-down while copies run past
+ * (the set of 8) / (the set of 6) = 0.40 / 0.309 ms, fetching two loses and the step is all-host. */
+Test(expert_cache, h100_even_routing)
+{
+    const double share = (H100_SET - H100_ONE) / 7, call = H100_ONE - share,
+                 link_one = H100_FETCH + H100_EXPERT / H100_H2D;
+    const double busy_edge = H100_SET / (call + 6 * share);
+    const double busies[3] = {1.0, busy_edge * 0.97, busy_edge * 1.03};
+    for (int b = 0; b < 3; b++) {
+        struct expert_cache *c = make_h100(128, 2, H100_H2D, busies[b]);
+        rng = 77;
+        int32_t ids[8];
+        double sum_pred = 0, sum_host = 0;
+        long full8 = 0, fetched8 = 0;
+        for (int s = 0; s < 3000; s++) {
+            pick(ids, 8, 128, 0.0);
+            struct expert_plan pl;
+            cr_assert_eq(expert_cache_decide(c, 0, ids, 8, &pl), FERRY_OK);
+            const int miss = pl.n_chosen - pl.n_hit;
+            const double all_host = H100_SYNC + call + miss * share;
+            cr_assert_leq(pl.predicted_s, all_host * (1 + 1e-12), "step %d: %.1f µs, all-host %.1f µs", s,
+                          pl.predicted_s * 1e6, all_host * 1e6);
+            cr_assert_float_eq(pl.link_s, pl.n_fetch * link_one, 1e-12, "step %d: a fetch is not amortised",
+                               s);
+            if (pl.n_host)
+                cr_assert_float_eq(pl.host_s,
+                                   H100_SYNC + (call + pl.n_host * share) * (pl.n_fetch ? busies[b] : 1),
+                                   1e-12, "step %d", s);
+            if (miss == 8) full8++, fetched8 += pl.n_fetch;
+            sum_pred += pl.predicted_s, sum_host += all_host;
+        }
+        struct expert_cache_stats st;
+        expert_cache_stats(c, &st);
+        fprintf(stderr,
+                "even routing, host slow-down %.3f: %.2f fetches a step, hit rate %.3f, predicted %.1f µs a "
+                "step against %.1f all-host\n",
+                busies[b], (double)st.fetches / st.steps, (double)st.hits / st.chosen, sum_pred / 3000 * 1e6,
+                sum_host / 3000 * 1e6);
+        cr_expect_lt((double)st.hits / st.chosen, 0.05, "2 of 128 evenly chosen experts rarely hit");
+        cr_expect_gt(full8, 2000);
+        if (b < 2) /* the copies overlap the host's call: taking experts off the host's side pays */
+            cr_expect_gt(fetched8, full8 / 2, "%ld fetches over %ld steps of 8 misses", fetched8, full8);
+        else
+            cr_expect_eq(st.fetches, 0, "the host slowed past the edge: no fetch pays");
+        expert_cache_free(c);
+    }
+}
+
+/* Skewed routing (a quarter of the experts take 90% of the picks, as tests/gpu/skew_router.py makes them)
+ * on the H100's numbers with 40 slots: the hot quarter moves into the slots and most chosen experts hit. */
+Test(expert_cache, h100_skewed_routing_keeps_the_hot_quarter)
+{
+    struct expert_cache *c = make_h100(128, 40, H100_H2D, 1.3);
+    rng = 91;
+    int32_t ids[8];
+    struct expert_plan pl;
+    for (int s = 0; s < 2000; s++) {
+        pick(ids, 8, 128, 0.9);
+        cr_assert_eq(expert_cache_decide(c, 0, ids, 8, &pl), FERRY_OK);
+    }
+    struct expert_cache_stats a, b;
+    expert_cache_stats(c, &a);
+    for (int s = 0; s < 2000; s++) {
+        pick(ids, 8, 128, 0.9);
+        cr_assert_eq(expert_cache_decide(c, 0, ids, 8, &pl), FERRY_OK);
+    }
+    expert_cache_stats(c, &b);
+    const double hit = (double)(b.hits - a.hits) / (double)(b.chosen - a.chosen);
+    int hot = 0;
+    for (int s = 0; s < 40; s++) hot += expert_cache_slot_expert(c, 0, s) % 4 == 1;
+    fprintf(stderr, "skewed routing: hit rate %.3f over the last 2000 steps, %d of 32 hot experts in slots\n",
+            hit, hot);
+    cr_expect_geq(hit, 0.8, "hit rate %.3f", hit);
+    cr_expect_geq(hot, 30, "%d hot experts in the slots", hot);
+    expert_cache_free(c);
+}
+
+/* A fast link beside a slow host: evenly spread misses are fetched whenever a slot admits them (an incoming
+ * expert's score at least its victim's); what the host gets is only what no slot admits, as with a link of no
+ * cost. */
+Test(expert_cache, fast_link_slow_host_fetches)
+{
+    struct expert_cache *c = make_h100(128, 8, 1e12, 1.0), *free_link = make_h100(128, 8, 1e18, 1.0);
+    rng = 5;
+    int32_t ids[8];
+    for (int s = 0; s < 500; s++) {
+        pick(ids, 8, 128, 0.0);
+        struct expert_plan pl, pf;
+        cr_assert_eq(expert_cache_decide(c, 0, ids, 8, &pl), FERRY_OK);
+        cr_assert_eq(expert_cache_decide(free_link, 0, ids, 8, &pf), FERRY_OK);
+        cr_assert_eq(pl.n_fetch, pf.n_fetch, "step %d: the slots admitted %d, %d fetched", s, pf.n_fetch,
+                     pl.n_fetch);
+    }
+    struct expert_cache_stats st;
+    expert_cache_stats(c, &st);
+    cr_expect_gt(st.fetches, 500, "%llu fetches", (unsigned long long)st.fetches);
+    expert_cache_free(c);
+    expert_cache_free(free_link);
+}
+
+/* A miss is amortised only on evidence of reuse: at a link where its full price loses to the host (80 µs
+ * against 30 + 20), expert 5 goes to the host on its first two steps (scores before them 0 and 0.9) and is
+ * fetched on the third (1.71 before it: 80 µs over 1 + 2.71, plus its product, beats the host). */
+Test(expert_cache, reuse_evidence_earns_the_discount)
+{
+    const double bytes = 3 * 1024 * 1024, h2d = bytes / 75e-6; /* 75 µs + 5 µs of launches */
+    struct expert_cache *c = make(1, 8, 1, EXPERT_CACHE_DECAY, h2d, 0);
+    const int32_t five[1] = {5};
+    struct expert_plan pl;
+    for (int s = 0; s < 2; s++) {
+        cr_assert_eq(expert_cache_decide(c, 0, five, 1, &pl), FERRY_OK);
+        cr_expect_eq(pl.where[5], EXPERT_HOST, "step %d", s);
+        cr_expect_float_eq(pl.predicted_s, 50e-6, 1e-12);
+    }
+    cr_assert_eq(expert_cache_decide(c, 0, five, 1, &pl), FERRY_OK);
+    cr_expect_eq(pl.where[5], EXPERT_FETCH);
+    cr_expect_float_eq(pl.link_s, 80e-6, 1e-12, "the step still waits for the whole copy");
+    cr_expect_float_eq(pl.predicted_s, 80e-6 + bytes / 3e12, 1e-12);
+    expert_cache_free(c);
+}
