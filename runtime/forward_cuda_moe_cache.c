@@ -160,10 +160,9 @@ static void CUDART_CB noop(void *arg)
 }
 
 /* The host's seconds for n_ex distinct experts of layer l in one call as the host function makes it (k = 1):
- * m rows all on expert 0 when n_ex is 1, else one row on each of n_ex experts (m = n_ex); while `copies`
- * experts are being fetched into slots 0.. when copies > 0 (before the start-up residency, which overwrites
- * them). The best of 3 after a warm-up. */
-static double host_set_seconds(struct cuda_moe *mo, struct moe_cache *mc, int l, int m, int n_ex, int copies)
+ * m rows all on expert 0 when n_ex is 1, else one row on each of n_ex experts (m = n_ex). The best of 3
+ * after a warm-up. */
+static double host_set_seconds(struct cuda_moe *mo, struct moe_cache *mc, int l, int m, int n_ex)
 {
     for (size_t i = 0; i < (size_t)m * mo->dim; i++)
         mc->hx[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1;
@@ -171,12 +170,38 @@ static double host_set_seconds(struct cuda_moe *mo, struct moe_cache *mc, int l,
     const struct kern_cpu_moe_experts ex = moe_host_experts_of(mo, l);
     double best = INFINITY;
     for (int r = 0; r < 4; r++) {
-        for (int i = 0; i < copies; i++)
-            if (fetch_expert(mo, mc, l, i, i, mc->copy)) return INFINITY;
         const double t0 = moe_now_s();
         if (kern_cpu_moe_ffn(mc->hy, mc->hx, mc->hid, mc->hw, m, 1, &ex, mc->ws, mo->pool)) return INFINITY;
         const double t = moe_now_s() - t0;
-        if (copies && cudaStreamSynchronize(mc->copy) != cudaSuccess) return INFINITY;
+        if (r && t < best) best = t;
+    }
+    return best;
+}
+
+/* The seconds from launching a step's host function for n distinct experts of layer l at 1 row each (one
+ * token) to its end, as a step runs it: with `copies` experts fetched into slots 0.. on the copy stream at
+ * the same time when copies > 0 (before the start-up residency, which overwrites them). The best of 3 after
+ * a warm-up. */
+static double host_step_seconds(struct cuda_moe *mo, struct moe_cache *mc, int l, int n, int copies)
+{
+    for (size_t i = 0; i < (size_t)mo->dim; i++) mo->h_x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1;
+    for (int q = 0; q < n; q++) mc->htok[q] = 0, mc->hid[q] = q * (mo->n_expert / n), mc->hw[q] = 1.0f;
+    mc->hn = n;
+    mc->job = (struct moe_job){.mo = mo, .l = l, .n = 1};
+    const int rc0 = mo->rc; /* a failure here is the timing's, not a step's */
+    double best = INFINITY;
+    for (int r = 0; r < 4; r++) {
+        const double t0 = moe_now_s();
+        for (int i = 0; i < copies; i++)
+            if (fetch_expert(mo, mc, l, i, i, mc->copy)) return INFINITY;
+        if (cudaLaunchHostFunc(mc->host, cache_host_experts, &mc->job) != cudaSuccess ||
+            cudaStreamSynchronize(mc->host) != cudaSuccess)
+            return INFINITY;
+        const double t = moe_now_s() - t0;
+        if (cudaStreamSynchronize(mc->copy) != cudaSuccess || mo->rc != rc0) {
+            mo->rc = rc0;
+            return INFINITY;
+        }
         if (r && t < best) best = t;
     }
     return best;
@@ -195,19 +220,9 @@ static void cache_costs(struct cuda_moe *mo, struct moe_cache *mc, int l, double
     struct step_cost c = {.h2d = force && !strcmp(force, "host") ? 0 : h2d, .hbm = hbm};
     const int ms[4] = {1, 4, 16, 64};
     for (int i = 0; i < 4 && ms[i] <= mc->max_rows * mo->k; i++) {
-        const double t = host_set_seconds(mo, mc, l, ms[i], 1, 0);
+        const double t = host_set_seconds(mo, mc, l, ms[i], 1);
         if (!isfinite(t)) break;
         c.cpu_m[c.n_cpu] = ms[i], c.cpu_s[c.n_cpu] = t, c.n_cpu++;
-    }
-    const int k = mo->k < mo->n_expert ? mo->k : mo->n_expert;
-    if (k >= 2 && c.n_cpu) {
-        const double set = host_set_seconds(mo, mc, l, k, k, 0);
-        if (isfinite(set)) p->host_set_s = set, p->host_set_n = k;
-        /* the set a full cache step leaves the host: k less the slots' fetches */
-        const int j = mc->n_slots[l] < k - 1 ? mc->n_slots[l] : k - 1;
-        const double alone = host_set_seconds(mo, mc, l, k - j, k - j, 0),
-                     busy = host_set_seconds(mo, mc, l, k - j, k - j, j);
-        if (isfinite(alone) && isfinite(busy) && alone > 0) p->host_busy = busy / alone;
     }
     const struct dev_experts d = moe_dev_experts_at(mo, l, mo->hexp[l]);
     c.cpu_ref_bytes = d.gate_e + d.up_e + d.down_e;
@@ -218,6 +233,17 @@ static void cache_costs(struct cuda_moe *mo, struct moe_cache *mc, int l, double
         best = fmin(best, moe_now_s() - t0);
     }
     c.sync_s = isfinite(best) ? best : 50e-6;
+    const int k = mo->k < mo->n_expert ? mo->k : mo->n_expert;
+    if (k >= 2 && c.n_cpu) {
+        const double set = host_set_seconds(mo, mc, l, k, k);
+        if (isfinite(set)) p->host_set_s = set, p->host_set_n = k;
+        /* the host function of a one-token step whose slots took j of its k experts, without and with the
+         * j copies beside it; the round trip is the same in both */
+        const int j = mc->n_slots[l] < k - 1 ? mc->n_slots[l] : k - 1;
+        const double alone = host_step_seconds(mo, mc, l, k - j, 0) - c.sync_s,
+                     busy = host_step_seconds(mo, mc, l, k - j, j) - c.sync_s;
+        if (isfinite(alone) && isfinite(busy) && alone > 0) p->host_busy = busy / alone;
+    }
     if (force && !strcmp(force, "fetch")) c.n_cpu = 0;
     p->cost = c;
 }
