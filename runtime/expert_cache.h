@@ -14,13 +14,13 @@
  * host computes its experts in one call: a fixed part per call plus each expert's share (its bytes at its
  * rows), both derived from the start-up timings of one expert and of a set of host_set_n experts (without
  * the set, every expert costs a whole single-expert call); while copies cross the link the host's part is
- * host_busy times slower (the copies read the same memory). A fetch costs its bytes at h2d plus its
- * launches, and the device's products of the slots follow the copies; an expert whose decayed score before
- * this step is at least EXPERT_CACHE_REUSE (chosen in recent steps, so likely to be chosen again) has its
- * link time counted over 1 + the score it brings beyond its victim's, any other at full price. Of the misses
- * the slots admit (most rows first), the step fetches the leading count that ends it soonest (ties fetch)
- * and gives the rest to the host. A step whose misses do not fit the slots streams them all when that
- * is predicted faster. The start-up residency puts experts 0, 1, ... in the slots with score 0. Pure
+ * host_busy times slower (measured with a step's host call and copies side by side). A fetch costs its bytes
+ * at h2d plus its launches, and the device's products of the slots follow the copies; an expert whose decayed
+ * score before this step is at least EXPERT_CACHE_REUSE (chosen in recent steps, so likely to be chosen
+ * again) has its link time counted over 1 + the score it brings beyond its victim's, any other at full price.
+ * Of the misses the slots admit (most rows first), the step fetches the leading count that ends it soonest
+ * (ties fetch) and gives the rest to the host. A step whose misses do not fit the slots streams them all when
+ * that is predicted faster. The start-up residency puts experts 0, 1, ... in the slots with score 0. Pure
  * arithmetic, no device. Usage: expert_cache_init → (expert_cache_decide per layer step, issue its copies)
  * → expert_cache_free; expert_cache_stats for bench and /status.
  */
@@ -57,7 +57,7 @@ struct expert_cache_params {
     double fetch_s;               /* fixed seconds per fetched expert (its copies' launches) */
     double host_set_s; /* the host's seconds for host_set_n distinct experts at 1 row each in one call */
     int host_set_n;    /* (0: not measured; cost.cpu_s then prices every expert as a call of its own) */
-    double host_busy;  /* the host's slow-down while copies cross the link (>= 1; 0 or less: 1) */
+    double host_busy;  /* the host's slow-down while copies cross the link (below 1: 1) */
 };
 
 /* One layer step's decision; the arrays belong to the cache and stay valid until its next decide. */
