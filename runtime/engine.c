@@ -193,12 +193,14 @@ static int int8_model(const struct model *m)
     return all > 0 && 2 * k > all;
 }
 
-/* Where a GPU engine's recurrent host layers start (forward_cuda_params.recurrent_stream): streamed when the
- * host layers stream (--placement stream, --deterministic) or a forced plan computes none on the CPU;
- * otherwise on the host's cores, until the cost model says their copy is faster (gpu_engine_init). */
+/* Where a GPU engine's recurrent host layers start (forward_cuda_params.recurrent_stream): on the host's cores
+ * only where asked for (--placement cpu, or a forced plan that computes layers on the CPU), then kept there
+ * unless the cost model says their copy is faster (gpu_engine_init); streamed otherwise, --placement auto
+ * included: the host's cores computing them has passed its CPU tests (tests/runtime/test_dn_checkpoints.c)
+ * but not yet its GPU ones (tests/runtime/test_gpu_dn_stream.c), where streaming them has. */
 static int recurrent_stream_of(const struct engine_params *p)
 {
-    return p->plan_override ? strchr(p->plan_override, 'c') == NULL : p->placement == ENGINE_PLACEMENT_STREAM;
+    return p->plan_override ? strchr(p->plan_override, 'c') == NULL : p->placement != ENGINE_PLACEMENT_CPU;
 }
 
 /* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs

@@ -673,8 +673,13 @@ Test(dn_plan, qwen35_golden_minimum_and_state)
     cr_assert(strstr(text, "0 layers resident, 4 in host memory"), "%s", text);
     cr_assert(strstr(text, "3 of the host layers always stream"), "%s", text);
     cr_assert_null(strstr(text, "computed by the host's cores on every step"), "%s", text);
-    /* --placement auto (and cpu): the recurrent host layers on the host's cores, named so. */
+    /* --placement auto streams them too until the host's cores computing them has passed on a GPU
+     * (engine.c recurrent_stream_of). */
     ep.placement = ENGINE_PLACEMENT_AUTO;
+    cr_assert_eq(engine_plan(mf, &ep, text, sizeof text, err), FERRY_OK, "%s", err);
+    cr_assert(strstr(text, "3 of the host layers always stream"), "%s", text);
+    /* --placement cpu: the recurrent host layers on the host's cores, named so. */
+    ep.placement = ENGINE_PLACEMENT_CPU;
     cr_assert_eq(engine_plan(mf, &ep, text, sizeof text, err), FERRY_OK, "%s", err);
     cr_assert(strstr(text, "0 layers resident, 4 in host memory"), "%s", text);
     cr_assert(strstr(text, "3 of the host layers are computed by the host's cores on every step"), "%s",
