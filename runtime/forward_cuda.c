@@ -1843,18 +1843,6 @@ static int x8_for_next(struct forward_cuda *f, const struct layer_op *op, const 
     return kern_cuda_matmul_x8_target(f->kctx, y, w->mat[next->arg].part[0].type, n, k, xq, xd);
 }
 
-/* The gated activation writes the down product's int8 x only with FERRY_GLU_X8=1 (read once) until its test
- * (test_cuda_matmul_q's glu_writes_the_down_products_int8_x) has run on a GPU. */
-static int glu_x8_enabled(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("FERRY_GLU_X8");
-        on = e && !strcmp(e, "1");
-    }
-    return on;
-}
-
 /* A layer norm (kern_cuda_norm_x8) or gated activation (kern_cuda_glu_x8) that writes its output's int8 form
  * for the product after it. FERRY_OK when it ran; anything else: run the plain op. */
 static int op_x8(struct forward_cuda *f, const struct layer_op *op, const struct layer_weights *w, int l,
@@ -1863,7 +1851,6 @@ static int op_x8(struct forward_cuda *f, const struct layer_op *op, const struct
     const struct llm_hparams *hp = &f->m->hp;
     const int glu = op->kind == LOP_SILU_MUL || op->kind == LOP_GELU_MUL,
               k = glu ? llm_layer_ffn(hp, l) : hp->dim;
-    if (glu && !glu_x8_enabled()) return FERRY_ERR_UNSUPPORTED;
     float *y = act(f, op->out);
     uint8_t *xq;
     float *xd;
