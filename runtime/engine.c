@@ -77,7 +77,6 @@ struct engine {
     /* Each slot's state in the recurrent layers (empty without them): all of it on the CPU engine; on a GPU
      * engine the live state of the recurrent layers its host's cores compute, and the checkpoints of all. */
     struct seq_state state;
-    int recurrent_kept; /* the recurrent host layers stay on the host's cores: streamed, they do not fit */
     /* The drawing step engine_step_draw_begin left on its way, until engine_step_draw_end. */
     struct step pend;
     int pend_active, pend_tokens;
@@ -193,11 +192,12 @@ static int int8_model(const struct model *m)
     return all > 0 && 2 * k > all;
 }
 
-/* Where a GPU engine's recurrent host layers start (forward_cuda_params.recurrent_stream): on the host's cores
- * only where asked for (--placement cpu, or a forced plan that computes layers on the CPU), then kept there
- * unless the cost model says their copy is faster (gpu_engine_init); streamed otherwise, --placement auto
- * included: the host's cores computing them has passed its CPU tests (tests/runtime/test_dn_checkpoints.c)
- * but not yet its GPU ones (tests/runtime/test_gpu_dn_stream.c), where streaming them has. */
+/* Where a GPU engine's recurrent host layers start (forward_cuda_params.recurrent_stream): on the host's
+ * cores only where asked for (--placement cpu, or a forced plan that computes layers on the CPU), then kept
+ * there unless the cost model says their copy is faster (gpu_engine_init); streamed otherwise, --placement
+ * auto included: the host's cores computing them has passed its CPU tests
+ * (tests/runtime/test_dn_checkpoints.c) but not yet its GPU ones (tests/runtime/test_gpu_dn_stream.c), where
+ * streaming them has. */
 static int recurrent_stream_of(const struct engine_params *p)
 {
     return p->plan_override ? strchr(p->plan_override, 'c') == NULL : p->placement != ENGINE_PLACEMENT_CPU;
@@ -418,31 +418,10 @@ static int gpu_plan(struct engine *e, struct step_cost *cost, double *slow, char
     return make_plan(e, map, cost, -1, NULL, NULL, &e->plan, err);
 }
 
-static void gpu_engine_drop(struct engine *e);
-
-/* Whether the recurrent CPU-only host layers of `map` would take longer on the host's cores at one token
- * than their copies over the link (the cost model's times, measured beside the link's load). */
-static int recurrent_copy_faster(const struct engine *e, const struct device_map *map, double *t_cpu,
-                                 double *t_copy)
-{
-    *t_cpu = *t_copy = 0;
-    if (!map->cpu_only || e->cost.n_cpu < 1 || !(e->cost.h2d > 0)) return 0;
-    for (int l = 0; l < map->n_layers; l++)
-        if (map->where[l] != PLACEMENT_GPU && map->cpu_only[l]) {
-            const uint64_t b = forward_cuda_layer_bytes(e->gpu, l);
-            *t_cpu += step_cost_cpu_layer(&e->cost, b, 1);
-            *t_copy += (double)b / e->cost.h2d;
-        }
-    return *t_cpu > *t_copy;
-}
-
 /* The CUDA backend and, when layers live in host memory and the CPU may compute them, the host's backend;
  * then the step plan. A map's recurrent host layers are either computed by the host's cores on every step
- * (their state in host memory) or streamed on every step (their state on the device), for the map's life.
- * They start on the host's cores (cp->recurrent_stream 0, unless the host layers stream anyway); the backend
- * is built again with them streamed (cp->recurrent_stream 1, which the caller keeps for later maps) where the
- * host's backend cannot compute them, or, under --placement auto, where the cost model puts them at one token
- * above their copies over the link. */
+ * (their state in host memory) or streamed on every step (their state on the device), for the map's life
+ * (cp->recurrent_stream: recurrent_stream_of). */
 static int gpu_engine_init(struct engine *e, struct forward_cuda_params *cp, struct step_cost *cost,
                            double *slow, char err[256])
 {
@@ -454,40 +433,18 @@ static int gpu_engine_init(struct engine *e, struct forward_cuda_params *cp, str
     const int host_cpu = e->p.plan_override ? strchr(e->p.plan_override, 'c') != NULL
                                             : e->p.placement != ENGINE_PLACEMENT_STREAM ||
                                                   map->ring_bytes == 0 || map->n_cpu_only > 0;
-    int restream = 0;
     if (map->n_streamed > 0 && host_cpu && (rc = host_backend_init(e, err))) {
         /* Layers the host's backend cannot compute beside the GPU's cache (Gemma 4's attention shapes):
-         * where the plan was free to choose, the host layers stream to the GPU instead. */
-        if (rc != FERRY_ERR_UNSUPPORTED || (map->ring_bytes == 0 && !map->n_cpu_only) ||
+         * where the plan was free to choose, the host layers stream to the GPU instead (a map with
+         * CPU-only layers was asked for them: --placement cpu or a forced plan). */
+        if (rc != FERRY_ERR_UNSUPPORTED || map->ring_bytes == 0 || map->n_cpu_only ||
             e->p.placement != ENGINE_PLACEMENT_AUTO || e->p.plan_override)
             return rc;
         FLOG_INFO("%s: the host layers stream to the GPU instead", err);
         err[0] = '\0';
         e->p.placement = ENGINE_PLACEMENT_STREAM;
-        restream = map->n_cpu_only > 0;
     }
-    if (!restream && (rc = gpu_plan(e, cost, slow, err))) return rc;
-    double t_cpu, t_copy;
-    const int by_cost = !restream && map->n_cpu_only > 0 && e->p.placement == ENGINE_PLACEMENT_AUTO &&
-                        !e->p.plan_override && !e->recurrent_kept &&
-                        recurrent_copy_faster(e, map, &t_cpu, &t_copy);
-    if (by_cost)
-        FLOG_INFO(
-            "placement auto: the %d recurrent host layers take %.2f ms on the host's cores at one token, "
-            "%.2f ms over the link: they stream, their state on the device",
-            map->n_cpu_only, t_cpu * 1e3, t_copy * 1e3);
-    if (!restream && !by_cost) return FERRY_OK;
-    gpu_engine_drop(e);
-    cp->recurrent_stream = 1;
-    rc = gpu_engine_init(e, cp, cost, slow, err);
-    if (rc != FERRY_ERR_DEVICE_MEM || !by_cost) return rc;
-    /* Their state on the device does not fit beside the rest: they stay on the host's cores. */
-    FLOG_INFO("placement auto: %s; the recurrent host layers stay on the host's cores", err);
-    err[0] = '\0';
-    gpu_engine_drop(e);
-    cp->recurrent_stream = 0;
-    e->recurrent_kept = 1;
-    return gpu_engine_init(e, cp, cost, slow, err);
+    return gpu_plan(e, cost, slow, err);
 }
 
 /* Frees what gpu_engine_init made (any part of it). */
