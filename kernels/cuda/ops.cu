@@ -248,6 +248,13 @@ extern "C" int kern_cuda_norm_x8(float *resid, const float *delta, float *y, con
 
 /* h (m, n) = act(gate) * up, row i's gate at gate + i * ld and its up at up + i * ld (the fused gate|up rows:
  * ld = 2n, up = gate + n; the per-layer input's: a plain gate row and a slice of a wider row). */
+/* One gated activation: act(a) * u (SiLU, or GELU with the tanh approximation). */
+template <bool GELU> __device__ __forceinline__ float glu_one(float a, float u)
+{
+    if (GELU) return 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * u;
+    return a / (1.0f + expf(-a)) * u;
+}
+
 template <bool GELU>
 __global__ void glu_kernel(float *h, const float *gate, int ldg, const float *up, int ldu, int m, int n)
 {
@@ -257,11 +264,7 @@ __global__ void glu_kernel(float *h, const float *gate, int ldg, const float *up
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = i / n, col = i - row * n;
-        const float a = gate[row * ldg + col], u = up[row * ldu + col];
-        if (GELU)
-            h[i] = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * u;
-        else
-            h[i] = a / (1.0f + expf(-a)) * u;
+        h[i] = glu_one<GELU>(gate[row * ldg + col], up[row * ldu + col]);
     }
 }
 
@@ -278,7 +281,7 @@ static int glu_launch(float *h, const float *gate, int ldg, const float *up, int
     return FERRY_OK;
 }
 
-/* The gated activation of glu_kernel (the same expression, so h is bitwise the same) that also writes h's
+/* The gated activation of glu_kernel (the same glu_one, so h is bitwise the same) that also writes h's
  * int8 form (x8.cuh) for the down product: a group of 8 lanes per block of 32 elements of a row, 4 per lane,
  * a warp 4 blocks. A group past the last block takes zeros and stores nothing (its shuffles stay in-group).
  */
@@ -297,17 +300,8 @@ __global__ void __launch_bounds__(256)
     if (live) {
         const float4 a = *reinterpret_cast<const float4 *>(gu + (size_t)row * 2 * ffn + col);
         const float4 b = *reinterpret_cast<const float4 *>(gu + (size_t)row * 2 * ffn + ffn + col);
-        float o[4];
-        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float g = av[i], up = bv[i];
-            if (GELU)
-                o[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up;
-            else
-                o[i] = g / (1.0f + expf(-g)) * up;
-        }
-        v = make_float4(o[0], o[1], o[2], o[3]);
+        v = make_float4(glu_one<GELU>(a.x, b.x), glu_one<GELU>(a.y, b.y), glu_one<GELU>(a.z, b.z),
+                        glu_one<GELU>(a.w, b.w));
         *reinterpret_cast<float4 *>(h + (size_t)row * ffn + col) = v;
     }
     const x8_part p = x8_quant4(v);
