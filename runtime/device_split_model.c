@@ -24,22 +24,17 @@ static const char *not_derived(const struct llm_hparams *hp)
     return NULL;
 }
 
-/* The backend's parameters for p at budget bytes (engine.c's, for a pool the planner sizes). */
+/* The backend's parameters for p at budget bytes, with a context of ctx positions, the planner choosing the
+ * resident layers and no expert cache. */
 static struct forward_cuda_params cuda_params_at(const struct engine_params *p, int ctx, uint64_t budget)
 {
-    const int64_t short_ctx = ctx < 1024 ? ctx : 1024;
-    return (struct forward_cuda_params){.max_tokens = p->max_batch_tokens,
-                                        .gpu_memory = (int64_t)budget,
-                                        .gpu_layers = -1,
-                                        .cpu_moe = p->cpu_moe,
-                                        .expert_cache = 0,
-                                        .ring_layers = p->ring_layers,
-                                        .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
-                                        .kv_auto = 1,
-                                        .kv_tokens_max = (int64_t)p->n_seqs * ctx,
-                                        .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
-                                        .kv_tokens_min = ctx,
-                                        .kv_q8 = p->kv_type == KV_Q8_0};
+    struct engine_params q = *p;
+    q.ctx_size = ctx;
+    q.gpu_memory = (int64_t)budget;
+    q.gpu_layers = -1;
+    q.expert_cache = 0;
+    q.plan_override = NULL;
+    return engine_cuda_params(&q, 1);
 }
 
 /* The input's one-device plan at budget against the backend's: 0 when they agree. */

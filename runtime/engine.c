@@ -192,41 +192,6 @@ static int int8_model(const struct model *m)
     return all > 0 && 2 * k > all;
 }
 
-/* Where a GPU engine's recurrent host layers start (forward_cuda_params.recurrent_stream): on the host's
- * cores only where asked for (--placement cpu, or a forced plan that computes layers on the CPU), then kept
- * there unless the cost model says their copy is faster (gpu_engine_init); streamed otherwise, --placement
- * auto included: the host's cores computing them has passed its CPU tests
- * (tests/runtime/test_dn_checkpoints.c) but not yet its GPU ones (tests/runtime/test_gpu_dn_stream.c), where
- * streaming them has. */
-static int recurrent_stream_of(const struct engine_params *p)
-{
-    return p->plan_override ? strchr(p->plan_override, 'c') == NULL : p->placement != ENGINE_PLACEMENT_CPU;
-}
-
-/* The CUDA backend's parameters; kv_auto: the KV pool is sized to the budget, keeping room for n_seqs
- * sequences of up to 1024 positions before layers are made resident, and never less than one full-length
- * sequence unless the host's cores attend to its extension (device_map.h: KV_DEVICE_POSITIONS). */
-static struct forward_cuda_params cuda_params(const struct engine_params *p, int kv_auto)
-{
-    const int64_t ctx = p->ctx_size, short_ctx = ctx < 1024 ? ctx : 1024;
-    return (struct forward_cuda_params){.max_tokens = p->max_batch_tokens,
-                                        .gpu_memory = p->gpu_memory,
-                                        .reserve_vram = p->reserve_vram,
-                                        .gpu_layers = p->gpu_layers,
-                                        .cpu_moe = p->cpu_moe,
-                                        .expert_cache = p->expert_cache,
-                                        .cpu_int8 = p->cpu_int8 > 0,
-                                        .ring_layers = p->ring_layers,
-                                        .no_ring = p->placement == ENGINE_PLACEMENT_CPU,
-                                        .force_where = p->plan_override,
-                                        .kv_auto = kv_auto,
-                                        .kv_tokens_max = (int64_t)p->n_seqs * ctx,
-                                        .kv_tokens_floor = (int64_t)p->n_seqs * short_ctx,
-                                        .kv_tokens_min = ctx,
-                                        .kv_q8 = p->kv_type == KV_Q8_0,
-                                        .recurrent_stream = recurrent_stream_of(p)};
-}
-
 /* ----------------------------------------------------------------------------------------------------------
  */
 /* Init: the host layers of a GPU engine */
@@ -683,7 +648,7 @@ static int engine_create(struct engine **out, struct model *model, const struct 
     }
     size_t at = 0;
     if (use_cuda) {
-        struct forward_cuda_params cp = cuda_params(&p, kv_auto);
+        struct forward_cuda_params cp = engine_cuda_params(&p, kv_auto);
         cp.kv_swa = e->kv_swa.n_layers ? &e->kv_swa : NULL;
         struct step_cost cost;
         double slow;
@@ -838,7 +803,7 @@ int engine_plan(const struct model_file *mf, const struct engine_params *params,
         rc = kv_cache_init(&kv_swa, n_swa, llm_kv_cache_heads(&m.hp), m.hp.head_dim, p.n_seqs, p.ctx_size,
                            swa_blocks * ENGINE_KV_BLOCK, ENGINE_KV_BLOCK, KV_NO_HOST);
     if (!rc) {
-        struct forward_cuda_params cp = cuda_params(&p, params->kv_tokens == 0);
+        struct forward_cuda_params cp = engine_cuda_params(&p, params->kv_tokens == 0);
         cp.kv_swa = swa_blocks ? &kv_swa : NULL;
         rc = forward_cuda_plan_offline(&m, &kv, &cp, 54.9e9, 4.18e12, &map, err);
         if (!rc) {

@@ -18,6 +18,7 @@
 #include "kernels/cpu/attention.h" /* enum kv_elem */
 #include "runtime/batch.h"
 #include "runtime/expert_cache.h"
+#include "runtime/forward_cuda.h"
 #include "runtime/kv_cache.h"
 #include "weights/model_file.h"
 
@@ -225,6 +226,10 @@ int engine_seq_share(struct engine *e, int src, int dst, int n);
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 /* FERRY_ERR_INVALID for n_tokens outside [1, max_batch_tokens]. */
 int engine_step_info(const struct engine *e, int n_tokens, struct engine_step_info *info);
+
+/* The CUDA backend's parameters for p (kv_auto: the planner sizes the KV pool to the budget), as engine_init
+ * and engine_plan give them to forward_cuda; for planners beside them (runtime/device_split_model.c). */
+struct forward_cuda_params engine_cuda_params(const struct engine_params *p, int kv_auto);
 
 /* The placement engine_init would choose on a CUDA device for these parameters (p->gpu_memory must be set),
  * computed without touching a device; the prediction uses the reference H200's measured ceilings

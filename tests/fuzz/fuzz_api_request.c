@@ -1,7 +1,7 @@
 // SOURCES: server/api.c server/api_chat.c server/api_render.c server/responses.c server/embeddings.c
 // SOURCES: server/scheduler.c server/sched_engine.c server/metrics.c server/sched_policy.c server/seq_output.c
 // SOURCES: server/prompt_cache.c server/anthropic.c server/llama_api.c runtime/spec.c runtime/draft_model.c runtime/mtp.c runtime/synthetic.c weights/arch/*.c
-// SOURCES: server/row_pool.c server/sreq.c runtime/seq_state.c
+// SOURCES: server/row_pool.c server/sreq.c runtime/seq_state.c runtime/engine_cuda_params.c
 // SOURCES: runtime/model.c runtime/kv_cache.c runtime/device_map.c runtime/layer.c runtime/ring.c
 // SOURCES: runtime/step_plan.c runtime/forward_cpu.c runtime/forward_cuda_none.c runtime/engine.c
 // SOURCES: runtime/sampler.c runtime/regex.c runtime/grammar*.c runtime/json_schema.c runtime/tool_call.c
